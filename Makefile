@@ -1,0 +1,40 @@
+# `make dev` and `make test` are the two commands: both create .venv on first use.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8080
+HOST ?= 127.0.0.1
+DATA ?= .edgefn
+
+# First Python >= 3.13 found: $PYTHON, python3.13, python3.14, pyenv's 3.13+, python3.
+PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9]*/bin/python3 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 13))' 2>/dev/null \
+	&& { command -v $$p; break; }; done)
+
+.PHONY: dev test lint bench clean venv
+
+venv: $(VENV)/.stamp
+
+$(VENV)/.stamp: pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then echo "edgefn needs Python >= 3.13 on PATH (or PYTHON=/path/to/python3.13)" >&2; exit 2; fi
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+dev: venv
+	$(BIN)/edgefn dev functions/examples --host $(HOST) --port $(PORT) --data $(DATA)
+
+lint: venv
+	$(BIN)/ruff check runtime functions tests bench
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: venv
+	$(BIN)/python bench/bench_runtime.py
+
+clean:
+	rm -rf $(VENV) $(DATA) .pytest_cache .mypy_cache .ruff_cache .hypothesis

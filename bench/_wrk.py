@@ -1,0 +1,126 @@
+"""Load generation for the benchmark: drive ``wrk`` and parse what it prints.
+
+``run()`` gives throughput and latency percentiles under load;
+``latency_probe()`` times sequential requests on one keep-alive connection
+(first request after a deploy versus warm ones).
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import shutil
+import subprocess
+import time
+
+INSTALL_HINT = "wrk not found; install it with: apt-get install -y wrk"
+
+_TIME_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
+
+_PERCENTILE = re.compile(r"^\s*(\d+(?:\.\d+)?)%\s+([\d.]+)(us|ms|s|m|h)\s*$", re.M)
+_RPS = re.compile(r"^Requests/sec:\s+([\d.]+)([kKMG]?)\s*$", re.M)
+_SOCKET_ERRORS = re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")
+_NON_2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)")
+
+
+def _ms(value: str, unit: str) -> float:
+    """A wrk duration such as ``1.23`` ``ms`` in milliseconds."""
+    return float(value) * _TIME_UNITS[unit]
+
+
+def _number(value: str, suffix: str) -> float:
+    """A wrk count such as ``25.3`` ``k`` as a plain number."""
+    return float(value) * _SCALE[suffix]
+
+
+def percentiles(output: str) -> dict[float, float]:
+    """Latency distribution lines (``--latency``) as {percent: milliseconds}."""
+    return {float(p): _ms(v, u) for p, v, u in _PERCENTILE.findall(output)}
+
+
+def errors(output: str) -> int:
+    """Non-2xx/3xx responses plus socket errors (connect/read/write/timeout)."""
+    total = sum(int(n) for n in _NON_2XX.findall(output))
+    for match in _SOCKET_ERRORS.findall(output):
+        total += sum(int(n) for n in match)
+    return total
+
+
+def parse(output: str) -> dict:
+    """wrk ``--latency`` output as {"rps", "p50_ms", "p99_ms", "errors"}.
+
+    Raises ValueError if the requests/sec line or the 50%/99% lines are missing.
+    """
+    rps = _RPS.search(output)
+    dist = percentiles(output)
+    if rps is None or 50.0 not in dist or 99.0 not in dist:
+        raise ValueError("unrecognised wrk output")
+    return {
+        "rps": _number(*rps.groups()),
+        "p50_ms": dist[50.0],
+        "p99_ms": dist[99.0],
+        "errors": errors(output),
+    }
+
+
+def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1) -> dict:
+    """Load ``url`` with wrk; returns {"rps", "p50_ms", "p99_ms", "errors"}.
+
+    Raises RuntimeError if wrk is missing (naming ``apt-get install -y wrk``),
+    exits non-zero, hangs well past ``seconds`` or prints something unparseable;
+    the message carries wrk's output.
+    """
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise RuntimeError(INSTALL_HINT)
+    cmd = [wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", url]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
+    except subprocess.TimeoutExpired as exc:
+        # Partial output on timeout is bytes even with text=True.
+        raw = exc.stdout or b""
+        partial = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        raise RuntimeError(f"wrk hung: {' '.join(cmd)}\n{partial}") from None
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {' '.join(cmd)}\n{output}")
+    try:
+        return parse(output)
+    except ValueError:
+        raise RuntimeError(f"could not parse wrk output:\n{output}") from None
+
+
+def latency_probe(host: str, port: int, path: str, n: int) -> list[float]:
+    """Time ``n`` sequential GETs of ``path`` over ONE keep-alive connection.
+
+    Returns each request's latency in milliseconds, from sending the request
+    to reading the whole body; the TCP connect happens before the first timer
+    starts. Raises OSError / http.client.HTTPException on connection trouble,
+    RuntimeError on a non-2xx/3xx status or if the server closes the
+    connection before the last request (http.client would silently reconnect).
+    """
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        conn.connect()
+        sock = conn.sock
+        latencies = []
+        for i in range(n):
+            if conn.sock is not sock:
+                raise RuntimeError(f"server closed the connection after {i} requests")
+            latencies.append(_timed_get(conn, path))
+        return latencies
+    finally:
+        conn.close()
+
+
+def _timed_get(conn: http.client.HTTPConnection, path: str) -> float:
+    """One GET on ``conn``, in milliseconds; RuntimeError on a non-2xx/3xx status."""
+    start = time.perf_counter()
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body = response.read()
+    elapsed = (time.perf_counter() - start) * 1e3
+    if not 200 <= response.status < 400:
+        raise RuntimeError(f"GET {path}: {response.status} {body[:200]!r}")
+    return elapsed

@@ -1,0 +1,79 @@
+"""The admin API: loopback only, bearer token from DATA/admin.token.
+
+    GET    /v1/functions                      deployed functions
+    POST   /v1/deploy                         body: tar.gz package; header x-edgefn-source
+    GET    /v1/functions/NAME/versions        versions and history
+    POST   /v1/functions/NAME/rollback        body: {"version": "..."} (optional)
+    DELETE /v1/functions/NAME
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+import msgspec
+
+from . import deploys
+from .errors import DeployError, ManifestError, NotFound
+from .http.message import Request, Response, json_response
+from .pop import PoP
+
+
+class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
+    version: str | None = None
+
+
+class AdminApp:
+    def __init__(self, pop: PoP, token: str) -> None:
+        self.pop = pop
+        self.token = f"Bearer {token}".encode()
+
+    def __call__(self, request: Request) -> Response | object:
+        if not _is_loopback(request.client):
+            return _error(403, "forbidden", "the admin API only answers loopback clients")
+        auth = request.header(b"authorization") or b""
+        if not hmac.compare_digest(auth, self.token):
+            return _error(401, "unauthorized", "missing or wrong admin token")
+        return self._route(request)
+
+    async def _route(self, request: Request) -> Response:
+        parts = request.path.decode("latin-1").strip("/").split("/")
+        method = request.method
+        try:
+            match parts:
+                case ["v1", "functions"] if method == b"GET":
+                    return json_response({"functions": self.pop.listing()})
+                case ["v1", "deploy"] if method == b"POST":
+                    source = (request.header(b"x-edgefn-source") or b"").decode("utf-8", "replace")
+                    files = deploys.from_tar(request.body)
+                    result = await self.pop.deploy(files, source)
+                    return json_response(msgspec.to_builtins(result))
+                case ["v1", "functions", name, "versions"] if method == b"GET":
+                    return json_response(msgspec.to_builtins(self.pop.versions(name)))
+                case ["v1", "functions", name, "rollback"] if method == b"POST":
+                    body = msgspec.json.decode(request.body or b"{}", type=RollbackBody)
+                    result = await self.pop.rollback(name, body.version)
+                    return json_response(msgspec.to_builtins(result))
+                case ["v1", "functions", name] if method == b"DELETE":
+                    await self.pop.delete(name)
+                    return json_response({"deleted": name})
+            return _error(404, "not_found", f"no admin endpoint {method.decode()} {request.path.decode()}")
+        except ManifestError as e:
+            return _error(400, "invalid_manifest", str(e), field=e.field)
+        except (DeployError, msgspec.ValidationError, msgspec.DecodeError) as e:
+            return _error(400, "deploy_rejected", str(e))
+        except NotFound as e:
+            return _error(404, "not_found", str(e))
+
+
+def _error(status: int, kind: str, message: str, **extra: object) -> Response:
+    return json_response({"error": {"kind": kind, "message": message, **extra}}, status)
+
+
+def _is_loopback(client: str) -> bool:
+    host = client.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,143 @@
+"""The `edgefn` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from .errors import EdgefnError
+
+DEFAULT_DATA = os.environ.get("EDGEFN_DATA", ".edgefn")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except EdgefnError as e:
+        print(f"edgefn: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgefn", description="Run and deploy edge functions.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+
+    def cmd(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help, description=help)
+        s.set_defaults(func=func)
+        s.add_argument("--data", default=DEFAULT_DATA,
+                       help="data dir (default: $EDGEFN_DATA or .edgefn)")
+        return s
+
+    for name, func, help in (("serve", _serve, "run a PoP"),
+                             ("dev", _dev, "run a PoP, deploy every function under DIR and "
+                                           "redeploy one when its files change")):
+        s = cmd(name, func, help)
+        if name == "dev":
+            s.add_argument("dir", nargs="?", default="functions")
+        s.add_argument("--host", default="127.0.0.1")
+        s.add_argument("--port", type=int, default=8080)
+        s.add_argument("--admin-port", type=int, default=0, help="loopback admin port (0: any)")
+    s = cmd("deploy", _deploy, "deploy a function folder to the running PoP")
+    s.add_argument("dir")
+    s.add_argument("--json", action="store_true")
+    s = cmd("ls", _ls, "list deployed functions")
+    s.add_argument("--json", action="store_true")
+    s = cmd("versions", _versions, "list a function's versions")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s = cmd("rollback", _rollback, "serve an older version (default: the previous one)")
+    s.add_argument("name")
+    s.add_argument("version", nargs="?")
+    s.add_argument("--json", action="store_true")
+    s = cmd("delete", _delete, "stop serving a function and delete its versions")
+    s.add_argument("name")
+    return p
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from .client import AdminClient
+
+    return AdminClient(args.data)
+
+
+def _print_deploy(r: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(r, indent=2))
+        return
+    routes = ", ".join((x.get("host") or "") + x["path"] for x in r["routes"])
+    state = "deployed" if r["changed"] else "unchanged"
+    print(f"{state} {r['name']} version {r['version']} ({r['abi']}, {r['took_ms']} ms) "
+          f"routes: {routes}")
+
+
+def _deploy(args: argparse.Namespace) -> None:
+    _print_deploy(_client(args).deploy(args.dir), args.json)
+
+
+def _ls(args: argparse.Namespace) -> None:
+    fns = _client(args).request("GET", "/v1/functions")["functions"]
+    if args.json:
+        print(json.dumps(fns, indent=2))
+        return
+    print(f"{'NAME':<20} {'VERSION':<17} {'ABI':<8} ROUTES")
+    for f in fns:
+        routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])
+        print(f"{f['name']:<20} {f['version']:<17} {f['abi']:<8} {routes}")
+
+
+def _versions(args: argparse.Namespace) -> None:
+    rec = _client(args).request("GET", f"/v1/functions/{args.name}/versions")
+    if args.json:
+        print(json.dumps(rec, indent=2))
+        return
+    for v in reversed(rec["versions"]):
+        mark = "*" if v["version"] == rec["current"] else " "
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["created_at"]))
+        print(f"{mark} {v['version']}  {when}  {v.get('source', '')}")
+
+
+def _rollback(args: argparse.Namespace) -> None:
+    body = json.dumps({"version": args.version} if args.version else {}).encode()
+    r = _client(args).request("POST", f"/v1/functions/{args.name}/rollback", body)
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"{r['name']} now serves version {r['version']}")
+
+
+def _delete(args: argparse.Namespace) -> None:
+    _client(args).request("DELETE", f"/v1/functions/{args.name}")
+    print(f"deleted {args.name}")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    _run(args, None)
+
+
+def _dev(args: argparse.Namespace) -> None:
+    _run(args, args.dir)
+
+
+def _run(args: argparse.Namespace, dev_dir: str | None) -> None:
+    import uvloop
+
+    from .dev import serve
+
+    uvloop.run(serve(args.data, args.host, args.port, args.admin_port, dev_dir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Executors run a deployed function's code for one request.
+
+Every executor has the same small interface (`Executor`); `load()` picks one
+from the manifest's ``runtime``. Executors raise `FunctionError` for anything
+the user's code did wrong; `runtime.pop` turns that into a response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Protocol
+
+from ..http.message import Request, Response
+from ..manifest import Manifest
+from .wasm_engine import WasmEngine
+
+
+class Executor(Protocol):
+    abi: str
+
+    def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:
+        """Run the function for `request` matched on `route`. Raises `FunctionError`."""
+        ...
+
+    def prewarm(self) -> None:
+        """Do everything a first request would do before user code runs."""
+        ...
+
+
+def load(manifest: Manifest, directory: Path, wasm: WasmEngine) -> Executor:
+    """Compile and validate a function. Raises `DeployError` with the reason."""
+    from .wasm import WasmFunction
+
+    return WasmFunction(wasm, manifest, directory)
+
+
+__all__ = ["Executor", "WasmEngine", "load"]

@@ -1,0 +1,154 @@
+"""The raw wasmtime C-API call path for the reactor ABI.
+
+wasmtime-py's public ``Func.__call__`` costs 50-100 us per call (it re-reads the
+function type and converts values in Python). Here each request makes a new
+Store, instantiates the pre-linked module, and calls the two exports through
+``wasmtime_func_call_unchecked`` with preallocated buffers: ~10 us for the
+instance and a few us per call. Everything in this module depends on
+wasmtime-py's private ``_ffi`` (pinned in pyproject.toml).
+
+A `ReactorCall` is not thread-safe: it reuses its buffers. Use one per thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, byref, c_bool, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+from ..errors import FunctionError
+
+V = c_void_p
+
+
+def _fn(name: str, restype: type | None, *argtypes: type) -> ctypes._CFuncPtr:
+    # A private prototype per symbol: wasmtime-py's own have typed pointer argtypes.
+    return ctypes.CFUNCTYPE(restype, *argtypes)((name, ffi.dll))
+
+
+store_new = _fn("wasmtime_store_new", V, V, V, V)
+store_context = _fn("wasmtime_store_context", V, V)
+store_delete = _fn("wasmtime_store_delete", None, V)
+store_limiter = _fn("wasmtime_store_limiter", None, V, c_int64, c_int64, c_int64, c_int64, c_int64)
+set_epoch_deadline = _fn("wasmtime_context_set_epoch_deadline", None, V, c_uint64)
+instantiate_pre = _fn("wasmtime_instance_pre_instantiate", V, V, V, V, V)
+export_get = _fn("wasmtime_instance_export_get", c_bool, V, V, V, c_size_t, V)
+call_unchecked = _fn("wasmtime_func_call_unchecked", V, V, V, V, c_size_t, V)
+memory_data = _fn("wasmtime_memory_data", c_size_t, V, V)
+memory_data_size = _fn("wasmtime_memory_data_size", c_size_t, V, V)
+
+_EXTERN_OF = ffi.wasmtime_extern_t.of.offset  # type: ignore[attr-defined]
+_NAMES = (b"memory", b"edgefn_alloc", b"edgefn_handle")
+
+
+class Outcome:
+    """Limits of one call, to classify a trap: `interrupt_kind` is what an epoch
+    interrupt means for this function (``cpu_limit`` or ``wall_limit``)."""
+
+    __slots__ = ("interrupt_kind", "limit_ms", "memory_limit")
+
+    def __init__(self, interrupt_kind: str, limit_ms: int, memory_limit: int) -> None:
+        self.interrupt_kind = interrupt_kind
+        self.limit_ms = limit_ms
+        self.memory_limit = memory_limit
+
+
+class ReactorCall:
+    """Runs one request through a fresh instance of a pre-linked reactor module."""
+
+    def __init__(self, engine: wasmtime.Engine, pre: wasmtime.InstancePre, memory_limit: int,
+                 deadline_ticks: int, outcome: Outcome, max_response: int) -> None:
+        self._keep = (engine, pre)  # the raw pointers below live as long as these
+        self.engine = ctypes.cast(engine.ptr(), V).value
+        self.pre = ctypes.cast(pre.ptr(), V).value
+        self.memory_limit = memory_limit
+        self.deadline_ticks = deadline_ticks
+        self.outcome = outcome
+        self.max_response = max_response
+        self.instance = ffi.wasmtime_instance_t()
+        self.externs = [ffi.wasmtime_extern_t() for _ in _NAMES]
+        self.names = [ctypes.c_char_p(n) for n in _NAMES]
+        self.vals = (ffi.wasmtime_val_raw_t * 2)()
+        self.u32 = (c_uint32 * 4).from_buffer(self.vals)
+        self.u64 = (c_uint64 * 2).from_buffer(self.vals)
+        self.trap = V()
+
+    def __call__(self, request: bytes) -> bytes:
+        """Instantiate, pass `request`, return the guest's encoded response.
+
+        Raises `FunctionError` for a trap, an exceeded limit or an out-of-bounds
+        response; the instance is always discarded.
+        """
+        store = store_new(self.engine, None, None)
+        try:
+            return self._run(store, store_context(store), request)
+        finally:
+            store_delete(store)
+
+    def _run(self, store: int, ctx: int, request: bytes) -> bytes:
+        store_limiter(store, self.memory_limit, -1, -1, -1, -1)
+        set_epoch_deadline(ctx, self.deadline_ticks)
+        inst = byref(self.instance)
+        trap = byref(self.trap)
+        self._check(ctx, instantiate_pre(self.pre, ctx, inst, trap), "instantiation")
+        ext = self.externs
+        for i, name in enumerate(self.names):
+            if not export_get(ctx, inst, name, len(_NAMES[i]), byref(ext[i])):
+                raise FunctionError("trap", 500, f"module has no export `{_NAMES[i].decode()}`")
+        memory = byref(ext[0], _EXTERN_OF)
+        n = len(request)
+        self.u32[0] = n
+        self._check(ctx, call_unchecked(ctx, byref(ext[1], _EXTERN_OF), self.vals, 2, trap),
+                    "edgefn_alloc", memory)
+        ptr = self.u32[0]
+        if ptr + n > memory_data_size(ctx, memory):
+            raise FunctionError("bad_response", 502,
+                                f"edgefn_alloc({n}) returned {ptr}, outside guest memory")
+        ctypes.memmove(memory_data(ctx, memory) + ptr, request, n)
+        self.u32[0] = ptr
+        self.u32[2] = n
+        self._check(ctx, call_unchecked(ctx, byref(ext[2], _EXTERN_OF), self.vals, 2, trap),
+                    "edgefn_handle", memory)
+        result = self.u64[0]
+        rptr, rlen = result >> 32, result & 0xFFFFFFFF
+        if rlen > self.max_response:
+            raise FunctionError("bad_response", 502, f"response of {rlen} bytes exceeds the "
+                                f"limit of {self.max_response} bytes")
+        if rptr + rlen > memory_data_size(ctx, memory):
+            raise FunctionError("bad_response", 502,
+                                f"edgefn_handle returned ({rptr}, {rlen}), outside guest memory")
+        return ctypes.string_at(memory_data(ctx, memory) + rptr, rlen)
+
+    def _check(self, ctx: int, error: int | None, what: str, memory: object = None) -> None:
+        if self.trap.value:
+            raw = ctypes.cast(self.trap.value, POINTER(ffi.wasm_trap_t))
+            self.trap.value = None
+            trap = wasmtime.Trap._from_ptr(raw)
+            size = memory_data_size(ctx, memory) if memory is not None else 0
+            raise trap_error(trap, what, self.outcome, size)
+        if error:
+            err = wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, POINTER(ffi.wasmtime_error_t)))
+            raise FunctionError("trap", 500, f"{what} failed: {err}")
+
+
+def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: int) -> FunctionError:
+    """Classify a trap: an epoch interrupt is the time limit; a trap with guest
+    memory at its limit is the memory limit; anything else is a guest trap."""
+    code = trap.trap_code
+    if code == wasmtime.TrapCode.INTERRUPT:
+        what_limit = "CPU" if outcome.interrupt_kind == "cpu_limit" else "wall-time"
+        status = 503 if outcome.interrupt_kind == "cpu_limit" else 504
+        return FunctionError(outcome.interrupt_kind, status,
+                             f"exceeded its {what_limit} limit of {outcome.limit_ms} ms")
+    if memory_size and memory_size + (64 << 10) > outcome.memory_limit:
+        return FunctionError("memory_limit", 503,
+                             f"trapped at its memory limit of {outcome.memory_limit >> 20} MiB "
+                             f"in {what}: {_first_line(trap.message)}")
+    label = code.name.lower().replace("_", " ") if code is not None else "trap"
+    return FunctionError("trap", 500, f"trapped in {what} ({label}): {_first_line(trap.message)}")
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""

@@ -1,0 +1,58 @@
+"""Request and Response as the HTTP front hands them to an application.
+
+An application is ``app(request) -> Response | Awaitable[Response]``. Returning
+a Response directly is the fast path (no task is created); a Response whose
+``body`` is an async iterator of bytes is streamed with chunked encoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class Request:
+    __slots__ = ("body", "client", "headers", "host", "http_version", "keep_alive", "method",
+                 "path", "query")
+
+    def __init__(self, method: bytes, path: bytes, query: bytes, headers: Headers, host: bytes,
+                 http_version: str, keep_alive: bool, client: str) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers  # names lower-cased, in arrival order
+        self.host = host
+        self.http_version = http_version
+        self.keep_alive = keep_alive
+        self.client = client
+        self.body = b""
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header `name` (lower-case), or None."""
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+class Response:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int = 200, headers: Headers | None = None,
+                 body: bytes | AsyncIterator[bytes] = b"") -> None:
+        self.status = status
+        self.headers = headers if headers is not None else []
+        self.body = body
+
+
+def json_response(data: Any, status: int = 200, headers: Headers | None = None) -> Response:
+    body = msgspec.json.encode(data) + b"\n"
+    return Response(status, [(b"content-type", b"application/json"), *(headers or [])], body)
+
+
+def text_response(text: str, status: int = 200) -> Response:
+    return Response(status, [(b"content-type", b"text/plain; charset=utf-8")], text.encode())

@@ -1,0 +1,99 @@
+"""Run a PoP: restore deployed functions, listen, write DATA/pop.json, shut down
+gracefully on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from .errors import EdgefnError
+from .http import Server, ServerConfig
+from .pop import PoP
+
+log = logging.getLogger("edgefn")
+GRACE_SECONDS = 10.0
+
+
+class PopInfo(msgspec.Struct):
+    pid: int
+    public: str
+    admin: str
+
+
+class DataDirBusy(EdgefnError):
+    pass
+
+
+def admin_token(data_dir: Path) -> str:
+    """The admin token, created (mode 0600) on first use."""
+    path = data_dir / "admin.token"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def _lock(data_dir: Path) -> IO[str]:
+    """Hold DATA/pop.lock for the PoP's life. Raises `DataDirBusy`."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    f = open(data_dir / "pop.lock", "a+")  # noqa: SIM115 - held until the PoP exits
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise DataDirBusy(f"data dir {data_dir} is in use by another PoP") from None
+    return f
+
+
+@contextlib.asynccontextmanager
+async def running_pop(data_dir: str | Path, host: str = "127.0.0.1", port: int = 8080,
+                      admin_port: int = 0,
+                      config: ServerConfig | None = None) -> AsyncIterator[tuple[PoP, Server, Server]]:
+    """A started PoP (public and admin listeners); shut down gracefully on exit.
+
+    Raises `DataDirBusy` if another PoP holds the data dir, OSError if a port is taken.
+    """
+    data = Path(data_dir)
+    lock = _lock(data)
+    pop = PoP(data)
+    try:
+        for err in pop.restore():
+            log.error("%s", err)
+        from .admin import AdminApp
+
+        public = Server(pop, config)
+        admin = Server(AdminApp(pop, admin_token(data)))
+        await public.start(host, port)
+        await admin.start("127.0.0.1", admin_port)
+        info = PopInfo(os.getpid(), "http://%s:%d" % public.address, "%s:%d" % admin.address)
+        (data / "pop.json").write_bytes(msgspec.json.encode(info))
+        try:
+            yield pop, public, admin
+        finally:
+            (data / "pop.json").unlink(missing_ok=True)
+            await admin.shutdown(1.0)
+            await public.shutdown(GRACE_SECONDS)
+    finally:
+        pop.close()
+        lock.close()
+
+
+async def wait_for_signal() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: finishing in-flight requests (grace %.0fs)", GRACE_SECONDS)
