@@ -65,7 +65,7 @@ class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
         return [Route(r) if isinstance(r, str) else r for r in self.routes]
 
 
-_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.S)
 _UNKNOWN = re.compile(r"(?:unknown|missing required) field `(?P<name>[^`]+)`")
 
 
@@ -106,6 +106,8 @@ def parse(raw: bytes, file: str) -> Manifest:
 def _from_validation(file: str, text: str) -> ManifestError:
     m = _AT.match(text)
     msg, path = (m.group("msg"), m.group("path")) if m else (text, None)
+    if m and m.group("key"):
+        msg += " (in a key)"
     fieldname = path.lstrip(".") if path else None
     unknown = _UNKNOWN.search(msg)
     if unknown:

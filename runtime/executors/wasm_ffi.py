@@ -69,11 +69,16 @@ class ReactorCall:
         self.max_response = max_response
         self.instance = ffi.wasmtime_instance_t()
         self.externs = [ffi.wasmtime_extern_t() for _ in _NAMES]
-        self.names = [ctypes.c_char_p(n) for n in _NAMES]
         self.vals = (ffi.wasmtime_val_raw_t * 2)()
-        self.u32 = (c_uint32 * 4).from_buffer(self.vals)
-        self.u64 = (c_uint64 * 2).from_buffer(self.vals)
+        # wasmtime_val_raw_t is 16 bytes: argument i starts at u32[4 * i].
+        self.u32 = (c_uint32 * 8).from_buffer(self.vals)
+        self.u64 = (c_uint64 * 4).from_buffer(self.vals)
         self.trap = V()
+        # byref() objects made once: the hot path below runs ~10 ctypes calls per request.
+        self.inst_ref = byref(self.instance)
+        self.trap_ref = byref(self.trap)
+        self.lookups = [(ctypes.c_char_p(n), len(n), byref(e)) for n, e in zip(_NAMES, self.externs)]
+        self.memory, self.alloc, self.handle = (byref(e, _EXTERN_OF) for e in self.externs)
 
     def __call__(self, request: bytes) -> bytes:
         """Instantiate, pass `request`, return the guest's encoded response.
@@ -90,27 +95,29 @@ class ReactorCall:
     def _run(self, store: int, ctx: int, request: bytes) -> bytes:
         store_limiter(store, self.memory_limit, -1, -1, -1, -1)
         set_epoch_deadline(ctx, self.deadline_ticks)
-        inst = byref(self.instance)
-        trap = byref(self.trap)
-        self._check(ctx, instantiate_pre(self.pre, ctx, inst, trap), "instantiation")
-        ext = self.externs
-        for i, name in enumerate(self.names):
-            if not export_get(ctx, inst, name, len(_NAMES[i]), byref(ext[i])):
-                raise FunctionError("trap", 500, f"module has no export `{_NAMES[i].decode()}`")
-        memory = byref(ext[0], _EXTERN_OF)
+        trap, u32 = self.trap_ref, self.u32
+        error = instantiate_pre(self.pre, ctx, self.inst_ref, trap)
+        if error or self.trap.value:
+            self._fail(ctx, error, "instantiation")
+        for name, size, out in self.lookups:
+            if not export_get(ctx, self.inst_ref, name, size, out):
+                raise FunctionError("trap", 500, f"module has no export {name.value!r}")
+        memory = self.memory
         n = len(request)
-        self.u32[0] = n
-        self._check(ctx, call_unchecked(ctx, byref(ext[1], _EXTERN_OF), self.vals, 2, trap),
-                    "edgefn_alloc", memory)
-        ptr = self.u32[0]
+        u32[0] = n
+        error = call_unchecked(ctx, self.alloc, self.vals, 2, trap)
+        if error or self.trap.value:
+            self._fail(ctx, error, "edgefn_alloc", memory)
+        ptr = u32[0]
         if ptr + n > memory_data_size(ctx, memory):
             raise FunctionError("bad_response", 502,
                                 f"edgefn_alloc({n}) returned {ptr}, outside guest memory")
         ctypes.memmove(memory_data(ctx, memory) + ptr, request, n)
-        self.u32[0] = ptr
-        self.u32[2] = n
-        self._check(ctx, call_unchecked(ctx, byref(ext[2], _EXTERN_OF), self.vals, 2, trap),
-                    "edgefn_handle", memory)
+        u32[0] = ptr
+        u32[4] = n
+        error = call_unchecked(ctx, self.handle, self.vals, 2, trap)
+        if error or self.trap.value:
+            self._fail(ctx, error, "edgefn_handle", memory)
         result = self.u64[0]
         rptr, rlen = result >> 32, result & 0xFFFFFFFF
         if rlen > self.max_response:
@@ -121,7 +128,8 @@ class ReactorCall:
                                 f"edgefn_handle returned ({rptr}, {rlen}), outside guest memory")
         return ctypes.string_at(memory_data(ctx, memory) + rptr, rlen)
 
-    def _check(self, ctx: int, error: int | None, what: str, memory: object = None) -> None:
+    def _fail(self, ctx: int, error: int | None, what: str, memory: object = None) -> None:
+        """Raise the `FunctionError` for a failed call (a trap or a wasmtime error)."""
         if self.trap.value:
             raw = ctypes.cast(self.trap.value, POINTER(ffi.wasm_trap_t))
             self.trap.value = None
@@ -131,21 +139,25 @@ class ReactorCall:
         if error:
             err = wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, POINTER(ffi.wasmtime_error_t)))
             raise FunctionError("trap", 500, f"{what} failed: {err}")
+        raise AssertionError("_fail called without a failure")
 
 
 def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: int) -> FunctionError:
-    """Classify a trap: an epoch interrupt is the time limit; a trap with guest
-    memory at its limit is the memory limit; anything else is a guest trap."""
+    """Classify a trap: an epoch interrupt is the time limit; anything else is a
+    guest trap, reported as the memory limit when guest memory is within a
+    quarter of it (at the limit ``memory.grow`` returns -1 and guests abort, so
+    the trap itself does not say why)."""
     code = trap.trap_code
     if code == wasmtime.TrapCode.INTERRUPT:
         what_limit = "CPU" if outcome.interrupt_kind == "cpu_limit" else "wall-time"
         status = 503 if outcome.interrupt_kind == "cpu_limit" else 504
         return FunctionError(outcome.interrupt_kind, status,
                              f"exceeded its {what_limit} limit of {outcome.limit_ms} ms")
-    if memory_size and memory_size + (64 << 10) > outcome.memory_limit:
+    if memory_size and memory_size >= outcome.memory_limit * 3 // 4:
         return FunctionError("memory_limit", 503,
-                             f"trapped at its memory limit of {outcome.memory_limit >> 20} MiB "
-                             f"in {what}: {_first_line(trap.message)}")
+                             f"trapped near its memory limit ({memory_size / 2**20:.1f} of "
+                             f"{outcome.memory_limit >> 20} MiB) in {what}: "
+                             f"{_first_line(trap.message)}")
     label = code.name.lower().replace("_", " ") if code is not None else "trap"
     return FunctionError("trap", 500, f"trapped in {what} ({label}): {_first_line(trap.message)}")
 

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgefn.http")
 
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in REASONS.items()}
 NO_BODY_STATUS = frozenset({204, 304})
+# Framing is the server's job: apps' values for these are dropped (names are lower-case).
 HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
 
 
@@ -92,7 +94,10 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._refuse(_Reject(400, "protocol upgrades are not supported"))
         except httptools.HttpParserError as e:
-            self._refuse(_Reject(400, f"malformed HTTP request: {e}"))
+            # httptools wraps exceptions raised in callbacks; a _Reject keeps its status.
+            cause = e.__cause__ or e.__context__
+            self._refuse(cause if isinstance(cause, _Reject) else
+                         _Reject(400, f"malformed HTTP request: {e}"))
         self._dispatch()
 
     def pause_writing(self) -> None:
@@ -163,7 +168,9 @@ class HttpProtocol(asyncio.Protocol):
             request.body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.deadline = 0.0
         self.queue.append(request)
-        if len(self.queue) > self.config.max_pipelined and self.reading and self.transport:
+        if not self.busy and len(self.queue) == 1:
+            self._dispatch()  # answer now, while still inside feed_data
+        elif len(self.queue) > self.config.max_pipelined and self.reading and self.transport:
             self.reading = False  # backpressure on a pipelining flood
             self.transport.pause_reading()
 
@@ -220,10 +227,10 @@ class HttpProtocol(asyncio.Protocol):
     # -- writing ----------------------------------------------------------------------------
     def _head(self, request: Request, response: Response, keep_alive: bool) -> list[bytes]:
         status = response.status
-        out = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Unknown"))]
+        out = [STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
         for name, value in response.headers:
-            if name.lower() not in HOP_BY_HOP:
-                out.append(b"%s: %s\r\n" % (name, value))
+            if name not in HOP_BY_HOP:
+                out += (name, b": ", value, b"\r\n")
         if not keep_alive:
             out.append(b"connection: close\r\n")
         return out

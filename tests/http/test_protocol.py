@@ -1,0 +1,341 @@
+"""HTTP protocol tests without sockets: a mock transport records what is written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from runtime.http.message import Request, Response
+from runtime.http.protocol import HttpProtocol
+from runtime.http.server import ServerConfig, ServerState
+
+
+class MockTransport:
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.closed = False
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "write after close"
+        self.buffer += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 5555) if name == "peername" else default
+
+
+def echo_app(request: Request) -> Response:
+    body = b"%s %s?%s body=%s" % (request.method, request.path, request.query, request.body)
+    return Response(200, [(b"content-type", b"text/plain")], body)
+
+
+def connect(app: Callable[[Request], Any] = echo_app, **config: Any) -> tuple[HttpProtocol, MockTransport]:
+    loop = asyncio.get_running_loop()
+    proto = HttpProtocol(app, ServerState(ServerConfig(**config), loop))
+    transport = MockTransport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    return proto, transport
+
+
+def responses(raw: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]]:
+    """Split a byte stream of HTTP/1.1 responses (content-length or chunked)."""
+    out = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ")[1])
+        headers = dict(line.split(b": ", 1) for line in lines[1:])
+        if status == 100:
+            raw = rest
+            continue
+        if headers.get(b"transfer-encoding") == b"chunked":
+            body = b""
+            while True:
+                size_line, _, rest = rest.partition(b"\r\n")
+                size = int(size_line, 16)
+                body, rest = body + rest[:size], rest[size + 2:]
+                if size == 0:
+                    break
+        else:
+            n = int(headers.get(b"content-length", b"0"))
+            body, rest = rest[:n], rest[n:]
+        out.append((status, headers, body))
+        raw = rest
+    return out
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_keep_alive_answers_several_requests_on_one_connection() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        proto.data_received(b"GET /b?q=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = responses(t.buffer)
+        assert [b for _, _, b in got] == [b"GET /a? body=", b"GET /b?q=1 body="]
+        assert not t.closed
+    run(go())
+
+
+def test_pipelined_requests_in_one_packet_are_answered_in_order() -> None:
+    def slow_then_fast(request: Request) -> Any:
+        if request.path == b"/slow":
+            async def later() -> Response:
+                await asyncio.sleep(0.05)
+                return Response(200, [], b"slow")
+            return later()
+        return Response(200, [], request.path)
+
+    async def go() -> None:
+        proto, t = connect(slow_then_fast)
+        proto.data_received(b"GET /slow HTTP/1.1\r\n\r\nGET /1 HTTP/1.1\r\n\r\n"
+                            b"POST /2 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /3 HTTP/1.1\r\n\r\n")
+        assert t.buffer == b""  # /slow is first: nothing may overtake it
+        await asyncio.sleep(0.1)
+        assert [b for _, _, b in responses(t.buffer)] == [b"slow", b"/1", b"/2", b"/3"]
+    run(go())
+
+
+def test_request_split_across_packets_byte_by_byte() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        for byte in b"POST /p HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello":
+            proto.data_received(bytes([byte]))
+        assert responses(t.buffer)[0][2] == b"POST /p? body=hello"
+    run(go())
+
+
+def test_chunked_request_body_is_reassembled() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        assert responses(t.buffer)[0][2] == b"POST /c? body=hello world"
+    run(go())
+
+
+def test_streaming_response_is_chunked_and_keeps_the_connection() -> None:
+    async def events() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield b"data: %d\n\n" % i
+            await asyncio.sleep(0)
+
+    def app(request: Request) -> Any:
+        async def stream() -> Response:
+            return Response(200, [(b"content-type", b"text/event-stream")], events())
+        return stream()
+
+    async def go() -> None:
+        proto, t = connect(app)
+        proto.data_received(b"GET /sse HTTP/1.1\r\n\r\nGET /sse HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(0.05)
+        got = responses(t.buffer)
+        assert len(got) == 2
+        status, headers, body = got[0]
+        assert headers[b"transfer-encoding"] == b"chunked"
+        assert headers[b"content-type"] == b"text/event-stream"
+        assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+        assert not t.closed
+    run(go())
+
+
+def test_stream_failing_midway_cuts_the_connection() -> None:
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"part"
+        raise RuntimeError("boom")
+
+    async def go() -> None:
+        proto, t = connect(lambda r: Response(200, [], broken()))
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(0.02)
+        assert b"4\r\npart\r\n" in t.buffer
+        assert not t.buffer.endswith(b"0\r\n\r\n")  # no clean end: the client sees a cut
+        assert t.closed
+    run(go())
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nContent-Length: zz\r\n\r\n", 400),
+    (b"GET / HTTP/9.9\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+    (b"\x16\x03\x01\x02\x00\x01\x00", 400),  # a TLS ClientHello on the plain port
+])
+def test_malformed_requests_get_400_and_close(raw: bytes, status: int) -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(raw)
+        assert responses(t.buffer)[0][0] == status
+        assert t.closed
+    run(go())
+
+
+def test_body_too_large_by_content_length_is_413_before_reading_it() -> None:
+    async def go() -> None:
+        proto, t = connect(max_body_bytes=10)
+        proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
+        assert responses(t.buffer)[0][0] == 413
+        assert t.closed
+    run(go())
+
+
+def test_chunked_body_too_large_is_413() -> None:
+    async def go() -> None:
+        proto, t = connect(max_body_bytes=10)
+        proto.data_received(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n")
+        assert responses(t.buffer)[0][0] == 413
+        assert t.closed
+    run(go())
+
+
+def test_headers_too_large_is_431_and_url_too_long_is_414() -> None:
+    async def go() -> None:
+        proto, t = connect(max_header_bytes=100)
+        proto.data_received(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 200 + b"\r\n\r\n")
+        assert responses(t.buffer)[0][0] == 431
+        proto, t = connect(max_url_bytes=50)
+        proto.data_received(b"GET /" + b"a" * 100 + b" HTTP/1.1\r\n\r\n")
+        assert responses(t.buffer)[0][0] == 414
+    run(go())
+
+
+def test_error_after_pipelined_good_request_keeps_order() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET /ok HTTP/1.1\r\n\r\nNOT HTTP\r\n\r\n")
+        got = responses(t.buffer)
+        assert [s for s, _, _ in got] == [200, 400]
+        assert t.closed
+    run(go())
+
+
+def test_slow_client_gets_408_and_idle_client_is_closed_silently() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+        proto.on_deadline()
+        assert responses(t.buffer)[0][0] == 408
+        assert t.closed
+        proto, t = connect()
+        proto.on_deadline()  # idle keep-alive connection
+        assert t.buffer == b"" and t.closed
+    run(go())
+
+
+def test_server_sweeper_expires_a_slow_client_for_real() -> None:
+    async def go() -> None:
+        from runtime.http.server import Server
+
+        server = Server(echo_app, ServerConfig(header_timeout=0.2, sweep_interval=0.05))
+        await server.start("127.0.0.1", 0)
+        host, port = server.address
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        data = await asyncio.wait_for(reader.read(), 5)
+        assert data.startswith(b"HTTP/1.1 408")
+        writer.close()
+        await server.shutdown(1)
+    run(go())
+
+
+def test_app_exception_is_a_500_and_the_connection_survives() -> None:
+    def app(request: Request) -> Response:
+        if request.path == b"/boom":
+            raise ValueError("bug")
+        return Response(200, [], b"fine")
+
+    async def go() -> None:
+        proto, t = connect(app)
+        proto.data_received(b"GET /boom HTTP/1.1\r\n\r\nGET /next HTTP/1.1\r\n\r\n")
+        got = responses(t.buffer)
+        assert [(s, b) for s, _, b in got] == [(500, b"internal server error\n"), (200, b"fine")]
+    run(go())
+
+
+def test_http10_closes_and_head_has_no_body() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"HEAD /h HTTP/1.1\r\n\r\n")
+        head = t.buffer
+        assert head.endswith(b"\r\n\r\n") and b"content-length: 14" in head
+        proto, t = connect()
+        proto.data_received(b"GET / HTTP/1.0\r\n\r\n")
+        assert b"connection: close" in t.buffer and t.closed
+    run(go())
+
+
+def test_expect_100_continue_is_answered_before_the_body() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        assert t.buffer == b"HTTP/1.1 100 Continue\r\n\r\n"
+        proto.data_received(b"ok")
+        assert responses(t.buffer)[0][2] == b"POST /? body=ok"
+    run(go())
+
+
+def test_app_headers_cannot_override_framing() -> None:
+    async def go() -> None:
+        proto, t = connect(lambda r: Response(200, [(b"content-length", b"999"),
+                                                    (b"transfer-encoding", b"chunked")], b"abc"))
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        assert t.buffer.count(b"content-length") == 1 and b"chunked" not in t.buffer
+        assert responses(t.buffer)[0][2] == b"abc"
+    run(go())
+
+
+def test_shutdown_finishes_in_flight_response_then_closes() -> None:
+    async def go() -> None:
+        def app(request: Request) -> Any:
+            async def later() -> Response:
+                await asyncio.sleep(0.05)
+                return Response(200, [], b"done")
+            return later()
+        proto, t = connect(app)
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        proto.shutdown()
+        assert not t.closed  # busy: not cut
+        await asyncio.sleep(0.1)
+        got = responses(t.buffer)
+        assert got[0][2] == b"done" and got[0][1][b"connection"] == b"close"
+        assert t.closed
+        idle, t2 = connect()
+        idle.shutdown()
+        assert t2.closed
+    run(go())
+
+
+def test_pipelining_flood_pauses_reading() -> None:
+    async def go() -> None:
+        def app(request: Request) -> Any:
+            async def later() -> Response:
+                await asyncio.sleep(0.01)
+                return Response(200, [], b"x")
+            return later()
+        proto, t = connect(app, max_pipelined=4)
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n" * 10)
+        assert not t.reading
+        await asyncio.sleep(0.3)
+        assert len(responses(t.buffer)) == 10
+        assert t.reading
+    run(go())

@@ -1,0 +1,106 @@
+"""Test helpers: a PoP on loopback in a background thread, function folders, HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from runtime.client import AdminClient
+from runtime.pop import PoP
+from runtime.serve import running_pop
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
+
+
+@dataclass
+class Running:
+    pop: PoP
+    host: str
+    port: int
+    data: Path
+    admin: AdminClient
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body, headers or {})
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def get(self, path: str, **kw: Any) -> tuple[int, dict[str, str], bytes]:
+        return self.request("GET", path, **kw)
+
+    def deploy(self, directory: Path | str) -> dict[str, Any]:
+        return self.admin.deploy(directory)
+
+
+@contextmanager
+def pop_thread(data: Path, port: int = 0) -> Iterator[Running]:
+    """Run a real PoP (public + admin listeners) on loopback in a background thread."""
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        box["stop"] = stop
+        box["loop"] = asyncio.get_running_loop()
+        try:
+            async with running_pop(data, "127.0.0.1", port) as (pop, public, _admin):
+                box["pop"], box["addr"] = pop, public.address
+                started.set()
+                await stop.wait()
+        except BaseException as e:
+            box["error"] = e
+            started.set()
+            raise
+
+    thread = threading.Thread(target=uvloop.run, args=(main(),), daemon=True)
+    thread.start()
+    started.wait(30)
+    if "error" in box:
+        raise box["error"]
+    host, bound = box["addr"]
+    try:
+        yield Running(box["pop"], host, bound, data, AdminClient(data))
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(30)
+        assert not thread.is_alive(), "PoP did not shut down"
+
+
+def function_dir(root: Path, name: str, source: str, *, entry: str = "main.wat",
+                 routes: list[str] | None = None, limits: str = "", extra: str = "") -> Path:
+    """Write a function folder with a manifest and one WAT/WASM entry file."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / entry).write_text(source) if isinstance(source, str) else (d / entry).write_bytes(source)
+    route_list = json.dumps(routes or [f"/{name}"])
+    (d / "edgefn.toml").write_text(
+        f'name = "{name}"\nruntime = "wasm"\nentry = "{entry}"\nroutes = {route_list}\n{extra}\n'
+        f"[limits]\n{limits}\n")
+    return d
+
+
+# A reactor guest whose edgefn_handle body is BODY; it answers 200 "ok" if BODY falls through.
+def reactor(body: str, prelude: str = "", memory: int = 1) -> str:
+    return f"""(module
+  (memory (export "memory") {memory})
+  (data (i32.const 16) "\\c8\\00\\00\\00\\00\\00\\00\\00\\02\\00\\00\\00ok")
+  {prelude}
+  (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "edgefn_handle") (param $p i32) (param $n i32) (result i64)
+    {body}
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 14))))
+"""

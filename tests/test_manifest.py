@@ -1,0 +1,44 @@
+"""Manifest validation. Each folder under manifest_cases/ is one case: its
+edgefn.toml and error.txt, the exact message expected ({file} and {dir} are
+replaced by the case's paths)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime import manifest
+from runtime.errors import ManifestError
+
+CASES = Path(__file__).parent / "manifest_cases"
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir()))
+def test_invalid_manifest_names_file_field_and_expectation(case: str) -> None:
+    d = CASES / case
+    expected = (d / "error.txt").read_text().strip()
+    expected = expected.replace("{file}", str(d / "edgefn.toml")).replace("{dir}", str(d))
+    with pytest.raises(ManifestError) as err:
+        manifest.load(d)
+    assert str(err.value) == expected
+
+
+def test_valid_manifest_with_defaults_and_host_routes(tmp_path: Path) -> None:
+    (tmp_path / "f.wat").write_text("(module)")
+    (tmp_path / "edgefn.toml").write_text(
+        'name = "api"\nruntime = "wasm"\nentry = "f.wat"\n'
+        'routes = ["/api", { path = "/", host = "*.example.com" }]\n'
+        '[env]\nMODE = "prod"\n[bindings]\nkv = ["cache"]\n')
+    m = manifest.load(tmp_path)
+    assert m.limits.cpu_ms == 50 and m.limits.memory_mb == 64 and m.abi == "auto"
+    assert [(r.path, r.host) for r in m.route_list()] == [("/api", None), ("/", "*.example.com")]
+    assert m.env == {"MODE": "prod"} and m.bindings.kv == ["cache"]
+
+
+def test_every_example_manifest_is_valid() -> None:
+    examples = Path(__file__).parent.parent / "functions" / "examples"
+    dirs = [p.parent for p in examples.rglob("edgefn.toml")]
+    assert len(dirs) >= 3
+    for d in dirs:
+        manifest.load(d)

@@ -1,0 +1,278 @@
+"""The WASM executor with real wasmtime: ABI round trips and hostile guests."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime import manifest
+from runtime.errors import DeployError, FunctionError
+from runtime.executors.wasm import WasmFunction
+from runtime.executors.wasm_engine import WasmEngine
+from runtime.http.message import Request, Response
+from tests.support import EXAMPLES, function_dir, reactor
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WasmEngine]:
+    e = WasmEngine(tmp_path_factory.mktemp("cache"))
+    yield e
+    e.close()
+
+
+def load(engine: WasmEngine, d: Path) -> WasmFunction:
+    fn = WasmFunction(engine, manifest.load(d), d)
+    fn.prewarm()
+    return fn
+
+
+def request(path: bytes = b"/", body: bytes = b"", method: bytes = b"GET", query: bytes = b"",
+            headers: list[tuple[bytes, bytes]] | None = None) -> Request:
+    r = Request(method, path, query, headers or [], b"localhost", "1.1", True, "127.0.0.1:1")
+    r.body = body
+    return r
+
+
+def call(fn: WasmFunction, req: Request | None = None) -> Response:
+    result = fn.handle(req or request(), "/")
+    assert isinstance(result, Response)
+    return result
+
+
+def failure(fn: WasmFunction, req: Request | None = None) -> FunctionError:
+    with pytest.raises(FunctionError) as err:
+        call(fn, req)
+    return err.value
+
+
+def test_hello_example(engine: WasmEngine) -> None:
+    r = call(load(engine, EXAMPLES / "hello-wat"))
+    assert (r.status, r.body) == (200, b"Hello from edgefn (WASM)!\n")
+    assert r.headers == [(b"content-type", b"text/plain; charset=utf-8")]
+
+
+# What httptools lets through in a request target: no controls, no spaces.
+URL_BYTES = st.lists(st.integers(0x21, 0xFF).filter(lambda b: b != 0x7F), max_size=200).map(bytes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(method=st.sampled_from([b"GET", b"POST", b"PUT", b"DELETE"]),
+       path=URL_BYTES.map(lambda b: b"/echo/" + b), query=URL_BYTES,
+       body=st.binary(max_size=5000))
+def test_echo_round_trips_any_request_through_the_abi(engine: WasmEngine, method: bytes,
+                                                      path: bytes, query: bytes, body: bytes) -> None:
+    fn = _echo(engine)
+    r = call(fn, request(path, body, method, query, [(b"x-a", b"1")]))
+    headers = dict(r.headers)
+    assert r.status == 200 and r.body == body
+    assert (headers[b"x-echo-method"], headers[b"x-echo-path"]) == (method, path)
+    assert headers[b"x-echo-query"] == query
+    assert headers[b"x-echo-greeting"] == b"hi from the manifest"
+
+
+_ECHO: dict[int, WasmFunction] = {}
+
+
+def _echo(engine: WasmEngine) -> WasmFunction:
+    return _ECHO.setdefault(id(engine), load(engine, EXAMPLES / "echo"))
+
+
+def test_echo_handles_a_body_larger_than_initial_memory(engine: WasmEngine) -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB: the guest must grow memory
+    assert call(_echo(engine), request(b"/echo", body, b"POST")).body == body
+
+
+def test_no_state_leaks_between_requests(engine: WasmEngine, tmp_path: Path) -> None:
+    counter = reactor("""
+      (global.set $n (i32.add (global.get $n) (i32.const 1)))
+      (i32.store8 (i32.const 28) (i32.add (i32.const 48) (global.get $n)))
+      (i32.store8 (i32.const 100) (i32.add (i32.load8_u (i32.const 100)) (i32.const 1)))
+      (i32.store8 (i32.const 29) (i32.add (i32.const 48) (i32.load8_u (i32.const 100))))""",
+                      prelude="(global $n (mut i32) (i32.const 0))")
+    fn = load(engine, function_dir(tmp_path, "counter", counter))
+    bodies = {call(fn).body for _ in range(50)}
+    assert bodies == {b"11"}  # a fresh global and a fresh memory every time
+
+
+def test_infinite_loop_stops_at_the_cpu_limit(engine: WasmEngine, tmp_path: Path) -> None:
+    fn = load(engine, function_dir(tmp_path, "spin", reactor("(loop $l (br $l))"),
+                                   limits="cpu_ms = 30"))
+    started = time.perf_counter()
+    err = failure(fn)
+    took = time.perf_counter() - started
+    assert (err.kind, err.status) == ("cpu_limit", 503)
+    assert "CPU limit of 30 ms" in str(err)
+    assert 0.025 < took < 0.5
+
+
+def test_wall_limit_when_it_is_the_tighter_one(engine: WasmEngine, tmp_path: Path) -> None:
+    fn = load(engine, function_dir(tmp_path, "spin2", reactor("(loop $l (br $l))"),
+                                   limits="cpu_ms = 1000\nwall_ms = 20"))
+    err = failure(fn)
+    assert (err.kind, err.status) == ("wall_limit", 504)
+
+
+def test_memory_bomb_stops_at_the_memory_limit(engine: WasmEngine, tmp_path: Path) -> None:
+    bomb = reactor("""
+      (loop $grow
+        (br_if $grow (i32.ne (memory.grow (i32.const 16)) (i32.const -1))))
+      unreachable""")
+    fn = load(engine, function_dir(tmp_path, "bomb", bomb, limits="memory_mb = 8"))
+    err = failure(fn)
+    assert (err.kind, err.status) == ("memory_limit", 503)
+    assert "of 8 MiB" in str(err)
+    assert call(load(engine, EXAMPLES / "hello-wat")).status == 200
+
+
+def test_module_needing_more_memory_than_its_limit_is_rejected_at_deploy(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "big", reactor("", memory=512), limits="memory_mb = 16")
+    with pytest.raises(DeployError, match="cannot instantiate within limits.memory_mb = 16"):
+        load(engine, d)
+
+
+def test_deep_recursion_is_a_stack_overflow_trap(engine: WasmEngine, tmp_path: Path) -> None:
+    rec = reactor("(call $down (i32.const 0))",
+                  prelude="(func $down (param i32) (call $down (i32.add (local.get 0) (i32.const 1))))")
+    err = failure(load(engine, function_dir(tmp_path, "rec", rec)))
+    assert (err.kind, err.status) == ("trap", 500)
+    assert "stack overflow" in str(err)
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ("unreachable", "unreachable"),
+    ("(drop (i32.div_u (i32.const 1) (i32.const 0)))", "integer division by zero"),
+    ("(drop (i32.load (i32.const -1)))", "memory out of bounds"),
+])
+def test_traps_are_500_with_the_reason(engine: WasmEngine, tmp_path: Path, body: str,
+                                       words: str) -> None:
+    err = failure(load(engine, function_dir(tmp_path, "trap", reactor(body))))
+    assert (err.kind, err.status) == ("trap", 500)
+    assert words in str(err)
+
+
+@pytest.mark.parametrize(("result", "words"), [
+    ("(i64.const 0x00000010ffffffff)", "exceeds the limit"),  # 4 GiB response
+    ("(i64.const 0x0000fff000001000)", "outside guest memory"),
+    ("(i64.const 0x0000001000000004)", "malformed response"),  # truncated
+])
+def test_bad_responses_are_502(engine: WasmEngine, tmp_path: Path, result: str, words: str) -> None:
+    src = reactor(f"(return {result})")
+    err = failure(load(engine, function_dir(tmp_path, "bad", src)))
+    assert (err.kind, err.status) == ("bad_response", 502)
+    assert words in str(err)
+
+
+def test_header_injection_from_guest_is_refused(engine: WasmEngine, tmp_path: Path) -> None:
+    resp = struct.pack("<II", 200, 1) + struct.pack("<I", 3) + b"x-a" + struct.pack("<I", 9) \
+        + b"1\r\nevil: 1" + struct.pack("<I", 0)
+    data = "".join(f"\\{b:02x}" for b in resp)
+    src = f"""(module (memory (export "memory") 1) (data (i32.const 16) "{data}")
+      (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1024))
+      (func (export "edgefn_handle") (param i32 i32) (result i64)
+        (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const {len(resp)}))))"""
+    err = failure(load(engine, function_dir(tmp_path, "inject", src)))
+    assert err.kind == "bad_response" and "invalid value for header 'x-a'" in str(err)
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ('(module (memory (export "memory") 1))', "exports neither `edgefn_handle`"),
+    ('(module (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))',
+     "needs an export `memory`"),
+    ('(module (memory (export "memory") 1) (func (export "edgefn_alloc") (result i32) (i32.const 0))'
+     ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))',
+     "`edgefn_alloc` of type func (i32) -> (i32), found func () -> (i32)"),
+    ('(module (import "env" "now" (func)) (func (export "_start")))',
+     "imports `env.now`, which edgefn does not provide"),
+    ("(module (func (export \"_start\") (call $nope)))", "not a valid WebAssembly module"),
+])
+def test_invalid_modules_are_rejected_at_deploy(engine: WasmEngine, tmp_path: Path, source: str,
+                                                words: str) -> None:
+    with pytest.raises(DeployError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        load(engine, function_dir(tmp_path, "bad", source))
+
+
+def test_garbage_bytes_are_not_a_module(engine: WasmEngine, tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "junk", b"\x00asm\x01\x00\x00\x00garbage", entry="f.wasm")
+    with pytest.raises(DeployError, match="not a valid WebAssembly module"):
+        load(engine, d)
+
+
+# -- WASI command modules (WAGI style) -------------------------------------------------------
+
+def run_async(fn: WasmFunction, req: Request) -> Response:
+    import asyncio
+
+    async def go() -> Response:
+        result = fn.handle(req, "/hello-c")
+        assert not isinstance(result, Response)
+        return await result
+    return asyncio.run(go())
+
+
+def test_c_example_runs_as_a_wasi_command(engine: WasmEngine) -> None:
+    fn = load(engine, EXAMPLES / "hello-c")
+    r = run_async(fn, request(b"/hello-c/x", b"12345", b"POST", b"name=Ada"))
+    assert r.status == 200
+    assert r.body == b"Hello, Ada from C! method=POST path=/hello-c/x\nbody-bytes=5\n"
+    assert (b"x-powered-by", b"edgefn-c") in r.headers
+
+
+WASI_PRELUDE = """(import "wasi_snapshot_preview1" "fd_write"
+                    (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)"""
+
+
+def wasi(body: str, data: str = "") -> str:
+    return f'(module {WASI_PRELUDE} {data} (func (export "_start") {body}))'
+
+
+def test_wasi_output_sets_status_and_headers(engine: WasmEngine, tmp_path: Path) -> None:
+    out = "Status: 404 Not Found\\nX-A: b\\n\\nmissing"
+    src = wasi(f"""(i32.store (i32.const 0) (i32.const 64)) (i32.store (i32.const 4) (i32.const {len(out) - out.count(chr(92))}))
+               (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))""",
+               f'(data (i32.const 64) "{out}")')
+    r = run_async(load(engine, function_dir(tmp_path, "w", src)), request())
+    assert (r.status, r.headers, r.body) == (404, [(b"x-a", b"b")], b"missing")
+
+
+def test_wasi_nonzero_exit_and_loop_and_flood(engine: WasmEngine, tmp_path: Path) -> None:
+    exit1 = load(engine, function_dir(tmp_path, "exit1", wasi("(call $exit (i32.const 3))")))
+    with pytest.raises(FunctionError, match="exited with status 3"):
+        run_async(exit1, request())
+    spin = load(engine, function_dir(tmp_path, "spin", wasi("(loop $l (br $l))"),
+                                     limits="cpu_ms = 20"))
+    with pytest.raises(FunctionError) as err:
+        run_async(spin, request())
+    assert err.value.kind == "cpu_limit"
+    flood = wasi("""(i32.store (i32.const 0) (i32.const 64)) (i32.store (i32.const 4) (i32.const 60000))
+      (loop $l (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+               (br $l))""")
+    fn = load(engine, function_dir(tmp_path, "flood", flood, limits="max_response_mb = 1\ncpu_ms = 2000"))
+    with pytest.raises(FunctionError) as err:
+        run_async(fn, request())
+    assert err.value.kind in ("bad_response", "cpu_limit")
+
+
+def test_compiled_modules_are_cached_on_disk(tmp_path: Path) -> None:
+    e = WasmEngine(tmp_path / "cache")
+    try:
+        load(e, EXAMPLES / "echo")
+        cached = list((tmp_path / "cache").glob("*.cwasm"))
+        assert len(cached) == 1
+        started = time.perf_counter()
+        load(e, EXAMPLES / "echo")
+        assert time.perf_counter() - started < 1.0
+        assert list((tmp_path / "cache").glob("*.cwasm")) == cached
+        cached[0].write_bytes(b"corrupt")  # a damaged cache entry is recompiled, not fatal
+        assert call(load(e, EXAMPLES / "hello-wat")).status == 200
+        assert call(load(e, EXAMPLES / "echo"), request(b"/echo")).status == 200
+    finally:
+        e.close()
