@@ -58,7 +58,8 @@ class AdminApp:
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.pop.delete(name)
                     return json_response({"deleted": name})
-            return _error(404, "not_found", f"no admin endpoint {method.decode()} {request.path.decode()}")
+            where = f"{method.decode()} {request.path.decode('latin-1')}"
+            return _error(404, "not_found", f"no admin endpoint {where}")
         except ManifestError as e:
             return _error(400, "invalid_manifest", str(e), field=e.field)
         except (DeployError, msgspec.ValidationError, msgspec.DecodeError) as e:

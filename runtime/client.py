@@ -45,7 +45,8 @@ class AdminClient:
             resp = conn.getresponse()
             data = json.loads(resp.read() or b"{}")
         except (ConnectionError, OSError) as e:
-            raise EdgefnError(f"cannot reach the PoP's admin API at {self.info.admin}: {e}") from None
+            raise EdgefnError(f"cannot reach the PoP's admin API at {self.info.admin}: "
+                              f"{e}") from None
         finally:
             conn.close()
         if resp.status >= 400:

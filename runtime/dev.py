@@ -55,9 +55,10 @@ async def watch(pop: PoP, root: Path) -> None:
 
 async def serve(data: str, host: str, port: int, admin_port: int, dev_dir: str | None) -> None:
     async with running_pop(data, host, port, admin_port) as (pop, public, admin):
-        print("edgefn PoP listening on http://%s:%d" % public.address, flush=True)
-        print(f"  admin API on {'%s:%d' % admin.address} (token in {Path(data) / 'admin.token'})",
-              flush=True)
+        host, port = public.address
+        print(f"edgefn PoP listening on http://{host}:{port}", flush=True)
+        print(f"  admin API on {admin.address[0]}:{admin.address[1]} "
+              f"(token in {Path(data) / 'admin.token'})", flush=True)
         watcher = None
         if dev_dir is not None:
             root = Path(dev_dir)

@@ -25,7 +25,7 @@ MAX_MEMORY_MB = 1024
 MAX_WALL_MS = 300_000
 
 
-class Route(Struct, forbid_unknown_fields=True, frozen=True):
+class Route(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """A path prefix, optionally only for one Host (``example.com``, ``*.example.com``)."""
 
     path: str
@@ -80,7 +80,8 @@ def load(directory: str | Path) -> Manifest:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ManifestError(str(path), "no such file: every function folder needs an edgefn.toml")
+        raise ManifestError(str(path),
+                            "no such file: every function folder needs an edgefn.toml") from None
     except OSError as e:
         raise ManifestError(str(path), f"cannot read: {e.strerror}") from e
     manifest = parse(raw, str(path))
@@ -126,7 +127,8 @@ def _check_semantics(m: Manifest, file: str) -> None:
     for i, route in enumerate(m.route_list()):
         where = f"routes[{i}]"
         if not route.path.startswith("/") or any(c in route.path for c in "?# \t\r\n"):
-            raise ManifestError(file, f"expected a path prefix starting with `/`, got {route.path!r}",
+            raise ManifestError(file,
+                                f"expected a path prefix starting with `/`, got {route.path!r}",
                                 where)
         if route.host is not None and not re.match(HOST_PATTERN, route.host):
             raise ManifestError(file, f"expected a host name, got {route.host!r}", f"{where}.host")

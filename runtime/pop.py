@@ -73,7 +73,7 @@ class PoP:
             return self.failed(fn, e)
         except Exception as e:
             return self.crashed(fn, e)
-        if type(result) is Response:
+        if isinstance(result, Response):
             result.headers.append(fn.tag)
             return result
         return self._finish(fn, result)
@@ -183,7 +183,8 @@ class PoP:
                 raise DeployError(f"{name}: no version older than {record.current} to roll back to")
             known = {v.version for v in record.versions}
             if target not in known:
-                raise NotFound(f"{name} has no version {target!r}; known: {', '.join(sorted(known))}")
+                raise NotFound(f"{name} has no version {target!r}; "
+                               f"known: {', '.join(sorted(known))}")
             d = self.store.version_dir(name, target)
             fn = await asyncio.to_thread(self._load, manifest.load(d), target)
             self._switch(fn)

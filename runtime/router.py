@@ -10,11 +10,8 @@ new one and swaps the reference, so a request sees one consistent table.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Generic, TypeVar
 
 from .manifest import Route
-
-T = TypeVar("T")
 
 
 class RouteConflict(Exception):
@@ -24,7 +21,7 @@ class RouteConflict(Exception):
         super().__init__(f"route {route.path!r}{host} is already served by function {owner!r}")
 
 
-class _Entry(Generic[T]):
+class _Entry[T]:
     __slots__ = ("exact", "prefix", "slash", "target")
 
     def __init__(self, prefix: str, target: T) -> None:
@@ -34,7 +31,7 @@ class _Entry(Generic[T]):
         self.target = target
 
 
-class Router(Generic[T]):
+class Router[T]:
     def __init__(self, routes: Iterable[tuple[Route, str, T]] = ()) -> None:
         """Build from (route, owner name, target). Raises `RouteConflict` when two
         owners claim the same (host, path)."""
@@ -49,8 +46,9 @@ class Router(Generic[T]):
         for entries in hosts.values():
             entries.sort(key=lambda e: len(e.exact), reverse=True)
         self._any = hosts.pop(None, [])
-        self._exact = {h: e for h, e in hosts.items() if not h.startswith("*.")}
-        self._wild = [(h[1:].encode(), e) for h, e in hosts.items() if h.startswith("*.")]
+        named = {h: e for h, e in hosts.items() if h is not None}
+        self._exact = {h: e for h, e in named.items() if not h.startswith("*.")}
+        self._wild = [(h[1:].encode(), e) for h, e in named.items() if h.startswith("*.")]
 
     def match(self, host: bytes, path: bytes) -> tuple[T, str] | None:
         """The target for a request and the route prefix it matched, or None."""
@@ -65,7 +63,7 @@ class Router(Generic[T]):
         return _scan(self._any, path)
 
 
-def _scan(entries: list[_Entry[T]], path: bytes) -> tuple[T, str] | None:
+def _scan[T](entries: list[_Entry[T]], path: bytes) -> tuple[T, str] | None:
     for e in entries:
         if path == e.exact or path.startswith(e.slash) or e.exact == b"/":
             return e.target, e.prefix

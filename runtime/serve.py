@@ -58,9 +58,10 @@ def _lock(data_dir: Path) -> IO[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_pop(data_dir: str | Path, host: str = "127.0.0.1", port: int = 8080,
-                      admin_port: int = 0,
-                      config: ServerConfig | None = None) -> AsyncIterator[tuple[PoP, Server, Server]]:
+async def running_pop(
+    data_dir: str | Path, host: str = "127.0.0.1", port: int = 8080, admin_port: int = 0,
+    config: ServerConfig | None = None,
+) -> AsyncIterator[tuple[PoP, Server, Server]]:
     """A started PoP (public and admin listeners); shut down gracefully on exit.
 
     Raises `DataDirBusy` if another PoP holds the data dir, OSError if a port is taken.
@@ -77,7 +78,8 @@ async def running_pop(data_dir: str | Path, host: str = "127.0.0.1", port: int =
         admin = Server(AdminApp(pop, admin_token(data)))
         await public.start(host, port)
         await admin.start("127.0.0.1", admin_port)
-        info = PopInfo(os.getpid(), "http://%s:%d" % public.address, "%s:%d" % admin.address)
+        (phost, pport), (ahost, aport) = public.address, admin.address
+        info = PopInfo(os.getpid(), f"http://{phost}:{pport}", f"{ahost}:{aport}")
         (data / "pop.json").write_bytes(msgspec.json.encode(info))
         try:
             yield pop, public, admin

@@ -61,15 +61,15 @@ def pop_thread(data: Path, port: int = 0) -> Iterator[Running]:
                 box["pop"], box["addr"] = pop, public.address
                 started.set()
                 await stop.wait()
-        except BaseException as e:
+        except Exception as e:  # handed to the test thread below
             box["error"] = e
             started.set()
-            raise
 
     thread = threading.Thread(target=uvloop.run, args=(main(),), daemon=True)
     thread.start()
     started.wait(30)
     if "error" in box:
+        thread.join(5)
         raise box["error"]
     host, bound = box["addr"]
     try:

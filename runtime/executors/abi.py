@@ -73,7 +73,8 @@ def decode_response(buf: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         if len(body) != blen:
             raise struct.error("truncated body")
     except struct.error as e:
-        raise FunctionError("bad_response", 502, f"malformed response from the guest: {e}")
+        raise FunctionError("bad_response", 502,
+                            f"malformed response from the guest: {e}") from None
     if not 100 <= status <= 599:
         raise FunctionError("bad_response", 502, f"guest returned invalid HTTP status {status}")
     return status, headers, body

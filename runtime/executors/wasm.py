@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+from collections.abc import Awaitable
 from pathlib import Path
 
 import wasmtime
@@ -83,7 +84,7 @@ class WasmFunction:
     def _detect_abi(self) -> str:
         exports = {e.name: e.type for e in self.module.exports}
         entry = self.manifest.entry
-        abi = self.manifest.abi
+        abi: str = self.manifest.abi
         if abi == "auto":
             abi = "reactor" if "edgefn_handle" in exports else "wasi" if "_start" in exports else ""
         if not abi:
@@ -125,7 +126,7 @@ class WasmFunction:
                               f"{_short(str(e))}") from None
 
     # -- request time -----------------------------------------------------------------------
-    def handle(self, request: Request, route: str) -> Response | asyncio.Future[Response]:
+    def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:
         """Raises `FunctionError` (reactor); the WASI future raises it when awaited."""
         if self.abi == "reactor":
             out = self.call(encode_request(request.method, request.path, request.query,
@@ -143,7 +144,8 @@ class WasmFunction:
             output = await asyncio.wait_for(job, wall + 0.05)
         except TimeoutError:
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
-                                f"{self.manifest.limits.wall_ms} ms (blocked in a host call)")
+                                f"{self.manifest.limits.wall_ms} ms (blocked in a host call)"
+                                ) from None
         return Response(*cgi.parse_response(output))
 
     def _run_wasi(self, env: list[tuple[str, str]], body: bytes) -> bytes:

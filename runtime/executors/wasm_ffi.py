@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import POINTER, byref, c_bool, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+from typing import Any
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -23,7 +24,7 @@ from ..errors import FunctionError
 V = c_void_p
 
 
-def _fn(name: str, restype: type | None, *argtypes: type) -> ctypes._CFuncPtr:
+def _fn(name: str, restype: type | None, *argtypes: type) -> Any:
     # A private prototype per symbol: wasmtime-py's own have typed pointer argtypes.
     return ctypes.CFUNCTYPE(restype, *argtypes)((name, ffi.dll))
 
@@ -39,7 +40,7 @@ call_unchecked = _fn("wasmtime_func_call_unchecked", V, V, V, V, c_size_t, V)
 memory_data = _fn("wasmtime_memory_data", c_size_t, V, V)
 memory_data_size = _fn("wasmtime_memory_data_size", c_size_t, V, V)
 
-_EXTERN_OF = ffi.wasmtime_extern_t.of.offset  # type: ignore[attr-defined]
+_EXTERN_OF = ffi.wasmtime_extern_t.of.offset
 _NAMES = (b"memory", b"edgefn_alloc", b"edgefn_handle")
 
 
@@ -77,7 +78,8 @@ class ReactorCall:
         # byref() objects made once: the hot path below runs ~10 ctypes calls per request.
         self.inst_ref = byref(self.instance)
         self.trap_ref = byref(self.trap)
-        self.lookups = [(ctypes.c_char_p(n), len(n), byref(e)) for n, e in zip(_NAMES, self.externs)]
+        self.lookups = [(ctypes.c_char_p(n), len(n), byref(e))
+                        for n, e in zip(_NAMES, self.externs, strict=True)]
         self.memory, self.alloc, self.handle = (byref(e, _EXTERN_OF) for e in self.externs)
 
     def __call__(self, request: bytes) -> bytes:
@@ -137,7 +139,8 @@ class ReactorCall:
             size = memory_data_size(ctx, memory) if memory is not None else 0
             raise trap_error(trap, what, self.outcome, size)
         if error:
-            err = wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, POINTER(ffi.wasmtime_error_t)))
+            ptr = ctypes.cast(error, POINTER(ffi.wasmtime_error_t))
+            err = wasmtime.WasmtimeError._from_ptr(ptr)
             raise FunctionError("trap", 500, f"{what} failed: {err}")
         raise AssertionError("_fail called without a failure")
 

@@ -270,7 +270,8 @@ class HttpProtocol(asyncio.Protocol):
                 if self.transport is None:
                     return
                 if chunk and send_body:
-                    self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    data = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
+                    self.transport.write(data)
                     if self.write_paused:
                         await self._drain()
         except asyncio.CancelledError:

@@ -84,7 +84,8 @@ class Server:
             await asyncio.sleep(0.02)
         for conn in list(self.state.connections):
             if conn.transport is not None:
-                log.warning("closing %s: still busy after the %.1fs grace period", conn.client, grace)
+                log.warning("closing %s: still busy after the %.1fs grace period",
+                            conn.client, grace)
                 conn.transport.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()

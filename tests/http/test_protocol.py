@@ -150,7 +150,7 @@ def test_streaming_response_is_chunked_and_keeps_the_connection() -> None:
         await asyncio.sleep(0.05)
         got = responses(t.buffer)
         assert len(got) == 2
-        status, headers, body = got[0]
+        _, headers, body = got[0]
         assert headers[b"transfer-encoding"] == b"chunked"
         assert headers[b"content-type"] == b"text/event-stream"
         assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"

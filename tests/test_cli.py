@@ -1,0 +1,170 @@
+"""The `edgefn` command line against a real PoP process: serve, dev, deploy, ls,
+versions, rollback, delete, and graceful shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support import EXAMPLES, function_dir, reactor
+
+EDGEFN = [sys.executable, "-m", "runtime.cli"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, data: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([*EDGEFN, *args, "--data", str(data)], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+@contextmanager
+def pop_process(data: Path, *extra: str, command: str = "serve") -> Iterator[tuple[subprocess.Popen[str], int, list[str]]]:
+    proc = subprocess.Popen([*EDGEFN, command, *extra, "--port", "0", "--data", str(data)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    port = 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line):
+            port = int(m.group(1))
+        if line.startswith("serving "):
+            break
+    assert port, "".join(lines)
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        yield proc, port, lines
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
+        reader.join(5)
+        proc.stdout.close()
+
+
+def get(port: int, path: str) -> tuple[int, bytes, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read(), dict(r.getheaders())
+    finally:
+        conn.close()
+
+
+def test_deploy_ls_versions_rollback_delete(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with pop_process(data) as (_, port, _):
+        out = json.loads(cli("deploy", str(EXAMPLES / "hello-wat"), "--json", data=data).stdout)
+        assert out["name"] == "hello" and out["routes"] == [{"path": "/hello"}]
+        assert get(port, "/hello")[0] == 200
+        text = cli("deploy", str(EXAMPLES / "echo"), data=data).stdout
+        assert text.startswith("deployed echo version ") and "routes: /echo" in text
+        listing = json.loads(cli("ls", "--json", data=data).stdout)
+        assert [f["name"] for f in listing] == ["echo", "hello"]
+        assert "hello" in cli("ls", data=data).stdout
+
+        d = function_dir(tmp_path, "hello", reactor(""), routes=["/hello"])
+        v2 = json.loads(cli("deploy", str(d), "--json", data=data).stdout)["version"]
+        assert get(port, "/hello")[1] == b"ok"
+        versions = json.loads(cli("versions", "hello", "--json", data=data).stdout)
+        assert versions["current"] == v2 and len(versions["versions"]) == 2
+        assert cli("versions", "hello", data=data).stdout.startswith(f"* {v2}")
+        assert "now serves version " + out["version"] in cli("rollback", "hello", data=data).stdout
+        assert get(port, "/hello")[1] == b"Hello from edgefn (WASM)!\n"
+        assert cli("delete", "hello", data=data).stdout == "deleted hello\n"
+        assert get(port, "/hello")[0] == 404
+
+        bad = cli("deploy", str(tmp_path / "missing"), data=data, check=False)
+        assert bad.returncode == 1 and "not a directory" in bad.stderr
+        bad = cli("rollback", "nope", data=data, check=False)
+        assert bad.returncode == 1 and "no function named 'nope'" in bad.stderr
+
+
+def test_cli_without_a_running_pop_says_so(tmp_path: Path) -> None:
+    r = cli("ls", data=tmp_path / "empty", check=False)
+    assert r.returncode == 1 and "no PoP is running" in r.stderr
+
+
+SLEEP_WASI = """(module
+  (import "wasi_snapshot_preview1" "poll_oneoff"
+    (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 256) "Content-Type: text/plain\\n\\nslept")
+  (func (export "_start")
+    ;; one clock subscription: relative timeout of 400 ms on CLOCK_MONOTONIC
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const 400000000))
+    (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))
+    (i32.store (i32.const 192) (i32.const 256))
+    (i32.store (i32.const 196) (i32.const 31))
+    (drop (call $write (i32.const 1) (i32.const 192) (i32.const 1) (i32.const 200)))))
+"""
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    d = function_dir(tmp_path, "sleepy", SLEEP_WASI, limits="wall_ms = 5000")
+    with pop_process(data) as (proc, port, _):
+        cli("deploy", str(d), data=data)
+        result: dict[str, object] = {}
+
+        def slow() -> None:
+            result["response"] = get(port, "/sleepy")
+
+        t = threading.Thread(target=slow)
+        t.start()
+        time.sleep(0.15)
+        proc.send_signal(signal.SIGTERM)
+        t.join(10)
+        assert proc.wait(15) == 0
+        status, body, _ = result["response"]  # type: ignore[misc]
+        assert (status, body) == (200, b"slept")
+        assert not (data / "pop.json").exists()
+
+
+def test_dev_deploys_a_tree_and_redeploys_on_change(tmp_path: Path) -> None:
+    tree = tmp_path / "fns"
+    shutil.copytree(EXAMPLES / "hello-wat", tree / "hello")
+    bad = tree / "broken"
+    bad.mkdir()
+    (bad / "edgefn.toml").write_text('name = "broken"\n')
+    with pop_process(tmp_path / "data", str(tree), command="dev") as (_, port, lines):
+        text = "".join(lines)
+        assert "deployed  hello" in text and "field `runtime`" in text  # bad one reported
+        assert get(port, "/hello")[1] == b"Hello from edgefn (WASM)!\n"
+        wat = tree / "hello" / "hello.wat"
+        wat.write_text(wat.read_text().replace("Hello from edgefn (WASM)!", "Hello, live reload (WASM)"))  # same length
+        deadline = time.monotonic() + 10
+        while get(port, "/hello")[1] != b"Hello, live reload (WASM)\n" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert get(port, "/hello")[1] == b"Hello, live reload (WASM)\n"
+        assert any("redeploying" in line for line in lines)
+
+
+def test_module_entry_point_runs_help() -> None:
+    r = subprocess.run([*EDGEFN, "--help"], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ})
+    assert r.returncode == 0 and "deploy" in r.stdout and "rollback" in r.stdout

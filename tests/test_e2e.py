@@ -1,0 +1,184 @@
+"""End to end over loopback: a real PoP, the admin API, real wasmtime."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from runtime.client import AdminClient, AdminError
+from tests.support import EXAMPLES, Running, function_dir, pop_thread, reactor
+
+
+def deploy_examples(pop: Running) -> None:
+    for name in ("hello-wat", "echo", "hello-c"):
+        pop.deploy(EXAMPLES / name)
+
+
+def test_examples_answer_over_http(pop: Running) -> None:
+    deploy_examples(pop)
+    status, headers, body = pop.get("/hello")
+    assert (status, body) == (200, b"Hello from edgefn (WASM)!\n")
+    assert headers["x-edgefn-function"].startswith("hello@")
+    status, headers, body = pop.request("POST", "/echo/x?y=1", b"payload")
+    assert (status, body, headers["x-echo-query"]) == (200, b"payload", "y=1")
+    status, _, body = pop.get("/hello-c?name=Ada")
+    assert body == b"Hello, Ada from C! method=GET path=/hello-c\n"
+    assert pop.get("/nothing-here")[0] == 404
+
+
+def test_hostile_guests_are_contained_while_another_function_keeps_serving(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(EXAMPLES / "echo")
+    hostile = {
+        "loop": (reactor("(loop $l (br $l))"), "cpu_ms = 20", 503, "cpu_limit"),
+        "bomb": (reactor("(loop $g (br_if $g (i32.ne (memory.grow (i32.const 1)) (i32.const -1))))"
+                         " unreachable"), "memory_mb = 4", 503, "memory_limit"),
+        "recurse": (reactor("(call $r)", prelude="(func $r (call $r))"), "", 500, "trap"),
+        "trap": (reactor("unreachable"), "", 500, "trap"),
+        "huge": (reactor("(return (i64.const 0x00000010ffffffff))"), "", 502, "bad_response"),
+    }
+    for name, (src, limits, _, _) in hostile.items():
+        pop.deploy(function_dir(tmp_path, name, src, limits=limits))
+
+    errors: list[str] = []
+    served = [0]
+    stop = threading.Event()
+
+    def bystander() -> None:
+        while not stop.is_set():
+            status, _, body = pop.request("POST", "/echo", b"still here")
+            if (status, body) != (200, b"still here"):
+                errors.append(f"{status} {body!r}")
+            served[0] += 1
+
+    t = threading.Thread(target=bystander)
+    t.start()
+    try:
+        for _ in range(5):
+            for name, (_, _, status, kind) in hostile.items():
+                got, headers, body = pop.get(f"/{name}")
+                assert (got, headers["x-edgefn-error"]) == (status, kind), body
+                assert f"function '{name}'".encode() in body
+    finally:
+        stop.set()
+        t.join()
+    assert errors == [] and served[0] > 0
+
+
+def test_invalid_deploys_are_rejected_and_the_old_version_keeps_serving(
+        pop: Running, tmp_path: Path) -> None:
+    good = function_dir(tmp_path, "svc", reactor(""), routes=["/svc"])
+    v1 = pop.deploy(good)["version"]
+    broken = {
+        "bad-manifest": ('name = "svc"\nruntime = "wasm"\n', "invalid_manifest"),
+        "bad-wasm": (None, "deploy_rejected"),
+        "missing-export": (None, "deploy_rejected"),
+    }
+    (tmp_path / "bad-manifest").mkdir()
+    (tmp_path / "bad-manifest" / "edgefn.toml").write_text(broken["bad-manifest"][0] or "")
+    function_dir(tmp_path / "x", "svc", b"not wasm at all", entry="f.wasm", routes=["/svc"])
+    function_dir(tmp_path / "y", "svc", '(module (memory (export "memory") 1))', routes=["/svc"])
+    for d, kind in ((tmp_path / "bad-manifest", "invalid_manifest"),
+                    (tmp_path / "x" / "svc", "deploy_rejected"),
+                    (tmp_path / "y" / "svc", "deploy_rejected")):
+        with pytest.raises(AdminError) as err:
+            pop.deploy(d)
+        assert (err.value.status, err.value.kind) == (400, kind)
+        status, headers, body = pop.get("/svc")
+        assert (status, body, headers["x-edgefn-function"]) == (200, b"ok", f"svc@{v1}")
+    assert "field `entry`" in str(_deploy_error(pop, tmp_path / "bad-manifest"))
+    assert [v["version"] for v in pop.admin.request("GET", "/v1/functions/svc/versions")
+            ["versions"]] == [v1]
+
+
+def _deploy_error(pop: Running, d: Path) -> AdminError:
+    with pytest.raises(AdminError) as err:
+        pop.deploy(d)
+    return err.value
+
+
+def test_route_conflicts_are_rejected(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(function_dir(tmp_path, "a", reactor(""), routes=["/shared"]))
+    err = _deploy_error(pop, function_dir(tmp_path, "b", reactor(""), routes=["/shared/"]))
+    assert "already served by function 'a'" in str(err)
+    assert pop.get("/shared")[1]["x-edgefn-function"].startswith("a@")
+
+
+def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "ver", reactor(""))
+    v1 = pop.deploy(d)["version"]
+    answer_o = '(data (i32.const 16) "\\c8\\00\\00\\00\\00\\00\\00\\00\\01\\00\\00\\00o")'
+    (d / "main.wat").write_text(reactor("(return (i64.or (i64.shl (i64.const 16) (i64.const 32))"
+                                        " (i64.const 13)))", prelude=answer_o))
+    r2 = pop.deploy(d)
+    assert r2["changed"] and r2["version"] != v1
+    assert pop.get("/ver")[2] == b"o"
+    assert pop.deploy(d)["changed"] is False  # same content, same version
+    rolled = pop.admin.request("POST", "/v1/functions/ver/rollback", b"{}")
+    assert rolled["version"] == v1 and pop.get("/ver")[2] == b"ok"
+    with pytest.raises(AdminError, match="no version older"):
+        pop.admin.request("POST", "/v1/functions/ver/rollback", b"{}")
+    forward = pop.admin.request("POST", "/v1/functions/ver/rollback",
+                                f'{{"version": "{r2["version"]}"}}'.encode())
+    assert forward["version"] == r2["version"] and pop.get("/ver")[2] == b"o"
+    with pytest.raises(AdminError) as err:
+        pop.admin.request("POST", "/v1/functions/ver/rollback", b'{"version": "deadbeef"}')
+    assert err.value.status == 404
+    record = pop.admin.request("GET", "/v1/functions/ver/versions")
+    assert [e["action"] for e in record["history"]] == ["deploy", "deploy", "rollback", "rollback"]
+    pop.admin.request("DELETE", "/v1/functions/ver")
+    assert pop.get("/ver")[0] == 404
+    with pytest.raises(AdminError) as err:
+        pop.admin.request("DELETE", "/v1/functions/ver")
+    assert err.value.status == 404
+
+
+def test_restarted_pop_serves_every_function_at_once(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with pop_thread(data) as first:
+        deploy_examples(first)
+        v = first.get("/hello")[1]["x-edgefn-function"]
+    with pop_thread(data) as second:  # no deploys: restored from the data dir, warm
+        status, headers, _ = second.get("/hello")
+        assert status == 200 and headers["x-edgefn-function"] == v
+        assert second.request("POST", "/echo", b"x")[2] == b"x"
+        assert second.get("/hello-c")[0] == 200
+
+
+def test_second_pop_on_the_same_data_dir_is_refused(pop: Running) -> None:
+    from runtime.serve import DataDirBusy
+
+    with pytest.raises(DataDirBusy, match="in use by another PoP"), pop_thread(pop.data):
+        pass
+
+
+def test_admin_api_needs_the_token(pop: Running) -> None:
+    client = AdminClient(pop.data)
+    client.token = "wrong"
+    with pytest.raises(AdminError) as err:
+        client.request("GET", "/v1/functions")
+    assert err.value.status == 401
+    with pytest.raises(AdminError) as err:
+        pop.admin.request("GET", "/v1/nope")
+    assert err.value.status == 404
+
+
+def test_oversized_and_malformed_requests_over_a_real_socket(pop: Running) -> None:
+    pop.deploy(EXAMPLES / "echo")
+    with socket.create_connection((pop.host, pop.port), timeout=5) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (64 << 20))
+        assert s.recv(100).startswith(b"HTTP/1.1 413")
+    with socket.create_connection((pop.host, pop.port), timeout=5) as s:
+        s.sendall(b"\x00\x01garbage\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 400")
+    assert pop.request("POST", "/echo", b"fine")[2] == b"fine"
+
+
+def test_first_request_after_deploy_is_served_warm(pop: Running, tmp_path: Path) -> None:
+    result = pop.deploy(EXAMPLES / "hello-wat")
+    assert result["took_ms"] < 5000
+    status, headers, _ = pop.get("/hello")
+    assert status == 200 and headers["x-edgefn-function"] == f"hello@{result['version']}"
