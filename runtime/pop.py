@@ -123,6 +123,7 @@ class PoP:
             created = self.store.write_version(m.name, version, files)
             try:
                 fn = await asyncio.to_thread(self._load, m, version)
+                fn.executor.prewarm()  # again on the loop's thread: its caches are the ones
                 self._switch(fn)
             except BaseException:
                 if created:
@@ -187,6 +188,7 @@ class PoP:
                                f"known: {', '.join(sorted(known))}")
             d = self.store.version_dir(name, target)
             fn = await asyncio.to_thread(self._load, manifest.load(d), target)
+            fn.executor.prewarm()
             self._switch(fn)
             self._record(name, target, "", "rollback")
             return self._result(fn, True, started)

@@ -124,6 +124,13 @@ class WasmFunction:
             raise DeployError(f"{self.manifest.entry}: cannot instantiate within "
                               f"limits.memory_mb = {self.manifest.limits.memory_mb}: "
                               f"{_short(str(e))}") from None
+        if self.abi == "reactor":
+            sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
+            try:
+                for _ in range(2):  # the second run reuses the slot the first one warmed
+                    self.call.prewarm(sample)
+            except FunctionError as e:
+                raise DeployError(f"{self.manifest.entry}: edgefn_alloc failed: {e}") from None
 
     # -- request time -----------------------------------------------------------------------
     def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:

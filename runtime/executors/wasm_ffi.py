@@ -94,7 +94,19 @@ class ReactorCall:
         finally:
             store_delete(store)
 
-    def _run(self, store: int, ctx: int, request: bytes) -> bytes:
+    def prewarm(self, request: bytes) -> None:
+        """Everything a request does except calling ``edgefn_handle``: pool slot,
+        memory pages and call path become hot, and no user logic runs.
+
+        Raises `FunctionError` if instantiation or ``edgefn_alloc`` fails.
+        """
+        store = store_new(self.engine, None, None)
+        try:
+            self._run(store, store_context(store), request, handle=False)
+        finally:
+            store_delete(store)
+
+    def _run(self, store: int, ctx: int, request: bytes, handle: bool = True) -> bytes:
         store_limiter(store, self.memory_limit, -1, -1, -1, -1)
         set_epoch_deadline(ctx, self.deadline_ticks)
         trap, u32 = self.trap_ref, self.u32
@@ -115,6 +127,8 @@ class ReactorCall:
             raise FunctionError("bad_response", 502,
                                 f"edgefn_alloc({n}) returned {ptr}, outside guest memory")
         ctypes.memmove(memory_data(ctx, memory) + ptr, request, n)
+        if not handle:
+            return b""
         u32[0] = ptr
         u32[4] = n
         error = call_unchecked(ctx, self.handle, self.vals, 2, trap)

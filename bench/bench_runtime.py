@@ -1,0 +1,223 @@
+"""Runtime benchmark: every figure next to a baseline measured in the same run.
+
+    python bench/bench_runtime.py [--seconds 5] [--rounds 2] [--no-workerd]
+
+1. HTTP req/s, p50, p99 (wrk -t1 -c32) for (a) a raw uvloop + httptools hello
+   server, the baseline; (b) the WASM hello through edgefn; (c) workerd's hello
+   (npm `workerd`) when it installs. Rounds alternate servers; the best round
+   of each is kept, and ratios are to the baseline (a) and to workerd (c).
+2. First request right after a deploy vs the warm p50, and deploy-to-serving.
+3. Per-request instantiate (new Store + instance from the pre-linked module)
+   on edgefn's raw path vs wasmtime-py's public API, and the full reactor call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _baseline  # noqa: E402
+import _workerd  # noqa: E402
+import _wrk  # noqa: E402
+
+from runtime.client import AdminClient  # noqa: E402
+
+HELLO = ROOT / "functions" / "examples" / "hello-wat"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_edgefn(data: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", str(port),
+                             "--data", str(data)], cwd=ROOT, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (data / "pop.json").exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("edgefn serve did not start")
+        time.sleep(0.05)
+    return proc, port
+
+
+def http_rounds(args: argparse.Namespace, data: Path) -> None:
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    port = free_port()
+    servers["raw uvloop+httptools"] = (_baseline.start(port), f"http://127.0.0.1:{port}/")
+    proc, port = start_edgefn(data)
+    AdminClient(data).deploy(HELLO)
+    servers["edgefn WASM hello"] = (proc, f"http://127.0.0.1:{port}/hello")
+    if not args.no_workerd and _workerd.available():
+        port = free_port()
+        servers["workerd hello"] = (_workerd.start(port), f"http://127.0.0.1:{port}/")
+    best: dict[str, dict[str, float]] = {}
+    try:
+        for name, (_, url) in servers.items():
+            _wrk.run(url, seconds=1)  # warm-up
+        for _ in range(args.rounds):
+            for name, (_, url) in servers.items():
+                r = _wrk.run(url, seconds=args.seconds)
+                if r["errors"]:
+                    raise RuntimeError(f"{name}: {r['errors']} errors under load")
+                if name not in best or r["rps"] > best[name]["rps"]:
+                    best[name] = r
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(20)
+    base = best["raw uvloop+httptools"]["rps"]
+    workerd = best.get("workerd hello", {}).get("rps")
+    print(f"\n== HTTP hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
+    print(f"{'server':<24}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x raw':>8}{'x workerd':>11}")
+    for name, r in best.items():
+        vs_w = f"{r['rps'] / workerd:.2f}" if workerd else "n/a"
+        print(f"{name:<24}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+              f"{r['rps'] / base:>8.2f}{vs_w:>11}")
+    if not workerd:
+        print("workerd: not available (npm install workerd failed or --no-workerd)")
+
+
+def timed_get(conn: http.client.HTTPConnection, path: str, expect: str = "") -> float:
+    """One GET in ms; checks the status and, if given, the serving version."""
+    started = time.perf_counter()
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    resp.read()
+    took = (time.perf_counter() - started) * 1000
+    if resp.status != 200 or (expect and resp.getheader("x-edgefn-function") != expect):
+        raise RuntimeError(f"GET {path}: {resp.status} {resp.getheader('x-edgefn-function')}")
+    return took
+
+
+def deploy_latency(data: Path, work: Path) -> None:
+    proc, port = start_edgefn(data)
+    client = AdminClient(data)
+    firsts, controls, warms, deploys, to_serving = [], [], [], [], []
+    # One keep-alive connection throughout, so "first" differs from "warm" only
+    # by the deploy that happened in between.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        client.deploy(HELLO)
+        timed_get(conn, "/hello")
+        for i in range(10):
+            d = work / f"hello-{i}"
+            shutil.copytree(HELLO, d)
+            with open(d / "edgefn.toml", "a") as f:
+                f.write(f'\n[env]\nROUND = "{i}"\n')  # a new version every time
+            started = time.perf_counter()
+            result = client.deploy(d)
+            first = timed_get(conn, "/hello", expect=f"hello@{result['version']}")
+            to_serving.append((time.perf_counter() - started) * 1000)
+            deploys.append(result["took_ms"])
+            firsts.append(first)
+            # Control: the same admin round trip with nothing new to load.
+            assert client.deploy(d)["changed"] is False
+            controls.append(timed_get(conn, "/hello"))
+            warms.append(statistics.median(timed_get(conn, "/hello") for _ in range(200)))
+    finally:
+        conn.close()
+        proc.terminate()
+        proc.wait(20)
+    first, warm = statistics.median(firsts), statistics.median(warms)
+    control = statistics.median(controls)
+    print("\n== Deploys (10 new versions of the hello, one at a time) ==")
+    print(f"first request after deploy, median          {first:7.3f} ms")
+    print(f"warm request p50 (same connection)          {warm:7.3f} ms   first/warm = "
+          f"{first / warm:.2f}x")
+    print(f"first request after a no-op deploy, median  {control:7.3f} ms   first/control = "
+          f"{first / control:.2f}x  (same admin round trip, nothing new loaded)")
+    print(f"deploy (validate+compile+prewarm+switch), median {statistics.median(deploys):.1f} ms;"
+          f" deploy call + first response, median {statistics.median(to_serving):.1f} ms")
+
+
+def instantiate_cost() -> None:
+    import wasmtime
+
+    from runtime import manifest
+    from runtime.executors import wasm_ffi
+    from runtime.executors.abi import encode_request
+    from runtime.executors.wasm import WasmFunction
+    from runtime.executors.wasm_engine import WasmEngine
+
+    engine = WasmEngine(None)
+    fn = WasmFunction(engine, manifest.load(HELLO), HELLO)
+    call = fn.call
+    F = wasm_ffi
+
+    def raw_instantiate() -> None:
+        store = F.store_new(call.engine, None, None)
+        ctx = F.store_context(store)
+        F.store_limiter(store, call.memory_limit, -1, -1, -1, -1)
+        F.set_epoch_deadline(ctx, call.deadline_ticks)
+        F.instantiate_pre(call.pre, ctx, call.inst_ref, call.trap_ref)
+        F.store_delete(store)
+
+    def public_instantiate() -> None:
+        store = wasmtime.Store(engine.engine)
+        store.set_limits(memory_size=call.memory_limit)
+        store.set_epoch_deadline(call.deadline_ticks)
+        fn.pre.instantiate(store)
+
+    request = encode_request(b"GET", b"/hello", b"", [(b"host", b"x")], fn.env_blob, b"")
+
+    def public_call() -> None:
+        store = wasmtime.Store(engine.engine)
+        store.set_limits(memory_size=call.memory_limit)
+        store.set_epoch_deadline(call.deadline_ticks)
+        inst = fn.pre.instantiate(store)
+        ex = inst.exports(store)
+        ptr = ex["edgefn_alloc"](store, len(request))
+        ex["memory"].write(store, request, ptr)
+        ex["edgefn_handle"](store, ptr, len(request))
+
+    def per_call_us(f: object, n: int = 3000) -> float:
+        return min(timeit.repeat(f, number=n, repeat=7)) / n * 1e6  # type: ignore[arg-type]
+
+    raw, pub = per_call_us(raw_instantiate), per_call_us(public_instantiate)
+    full_raw, full_pub = per_call_us(lambda: call(request)), per_call_us(public_call, 1000)
+    engine.close()
+    print("\n== WASM per request (min of 7 repeats; pooling allocator "
+          f"{'on' if engine.pooling else 'off'}) ==")
+    print(f"instantiate, edgefn raw path      {raw:7.1f} us")
+    print(f"instantiate, wasmtime-py public   {pub:7.1f} us   raw/public = {raw / pub:.2f}x")
+    print(f"full reactor call, edgefn         {full_raw:7.1f} us")
+    print(f"full reactor call, public API     {full_pub:7.1f} us   edgefn/public = "
+          f"{full_raw / full_pub:.2f}x")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seconds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--no-workerd", action="store_true")
+    p.add_argument("--only", choices=["http", "deploy", "instantiate"])
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.only in (None, "http"):
+            http_rounds(args, work / "data-http")
+        if args.only in (None, "deploy"):
+            deploy_latency(work / "data-deploy", work)
+        if args.only in (None, "instantiate"):
+            instantiate_cost()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
