@@ -68,7 +68,7 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
         servers["workerd hello"] = (_workerd.start(port), f"http://127.0.0.1:{port}/")
     best: dict[str, dict[str, float]] = {}
     try:
-        for name, (_, url) in servers.items():
+        for _, url in servers.values():
             _wrk.run(url, seconds=1)  # warm-up
         for _ in range(args.rounds):
             for name, (_, url) in servers.items():
@@ -157,7 +157,9 @@ def instantiate_cost() -> None:
 
     engine = WasmEngine(None)
     fn = WasmFunction(engine, manifest.load(HELLO), HELLO)
-    call = fn.call
+    native_call = fn.call
+    call = wasm_ffi.ReactorCall(engine.engine, fn.pre, fn.memory_limit, fn.deadline_ticks,
+                                fn.outcome, fn.max_response)
     F = wasm_ffi
 
     def raw_instantiate() -> None:
@@ -190,15 +192,21 @@ def instantiate_cost() -> None:
         return min(timeit.repeat(f, number=n, repeat=7)) / n * 1e6  # type: ignore[arg-type]
 
     raw, pub = per_call_us(raw_instantiate), per_call_us(public_instantiate)
-    full_raw, full_pub = per_call_us(lambda: call(request)), per_call_us(public_call, 1000)
+    full_pub = per_call_us(public_call, 1000)
+    full_ctypes = per_call_us(lambda: call(request))
+    full_native = per_call_us(lambda: native_call(request)) if engine.native else None
     engine.close()
     print("\n== WASM per request (min of 7 repeats; pooling allocator "
           f"{'on' if engine.pooling else 'off'}) ==")
-    print(f"instantiate, edgefn raw path      {raw:7.1f} us")
-    print(f"instantiate, wasmtime-py public   {pub:7.1f} us   raw/public = {raw / pub:.2f}x")
-    print(f"full reactor call, edgefn         {full_raw:7.1f} us")
-    print(f"full reactor call, public API     {full_pub:7.1f} us   edgefn/public = "
-          f"{full_raw / full_pub:.2f}x")
+    print(f"instantiate (store+limits+instance), raw C API  {raw:7.1f} us")
+    print(f"instantiate, wasmtime-py public API             {pub:7.1f} us   "
+          f"raw/public = {raw / pub:.2f}x")
+    print(f"full reactor call, wasmtime-py public API       {full_pub:7.1f} us")
+    print(f"full reactor call, edgefn ctypes path           {full_ctypes:7.1f} us   "
+          f"x public = {full_ctypes / full_pub:.2f}")
+    if full_native is not None:
+        print(f"full reactor call, edgefn native path           {full_native:7.1f} us   "
+              f"x public = {full_native / full_pub:.2f}")
 
 
 def main() -> int:

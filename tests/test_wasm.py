@@ -13,15 +13,20 @@ from hypothesis import strategies as st
 
 from runtime import manifest
 from runtime.errors import DeployError, FunctionError
+from runtime.executors import wasm_native
 from runtime.executors.wasm import WasmFunction
 from runtime.executors.wasm_engine import WasmEngine
 from runtime.http.message import Request, Response
 from tests.support import EXAMPLES, function_dir, reactor
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WasmEngine]:
-    e = WasmEngine(tmp_path_factory.mktemp("cache"))
+@pytest.fixture(scope="module", params=["native", "ctypes"])
+def engine(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[WasmEngine]:
+    """Both reactor call paths: the C fast path and the pure-ctypes fallback."""
+    if request.param == "native" and wasm_native.load() is None:
+        pytest.skip("no C compiler: the native fast path cannot be built here")
+    e = WasmEngine(tmp_path_factory.mktemp("cache"), native=request.param == "native")
     yield e
     e.close()
 
@@ -276,3 +281,21 @@ def test_compiled_modules_are_cached_on_disk(tmp_path: Path) -> None:
         assert call(load(e, EXAMPLES / "echo"), request(b"/echo")).status == 200
     finally:
         e.close()
+
+
+def test_engine_uses_the_path_it_was_asked_for(engine: WasmEngine) -> None:
+    fn = load(engine, EXAMPLES / "hello-wat")
+    native = isinstance(fn.call, wasm_native.NativeReactorCall)
+    assert native == (engine.native is not None)
+
+
+def test_native_library_builds_and_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler on PATH")
+    monkeypatch.setenv("EDGEFN_NATIVE_CACHE", str(tmp_path))
+    built = wasm_native._build()
+    assert built.parent == tmp_path and built.exists()
+    assert wasm_native._build() == built  # second call: cache hit, no rebuild
+    assert wasm_native.NativeLib(built).call is not None

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import math
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 
 import wasmtime
@@ -27,6 +29,7 @@ from . import cgi
 from .abi import decode_response, encode_pairs, encode_request
 from .wasm_engine import TICK_SECONDS, WasmEngine
 from .wasm_ffi import Outcome, ReactorCall, trap_error
+from .wasm_native import NativeReactorCall
 
 log = logging.getLogger("edgefn.wasm")
 
@@ -49,7 +52,8 @@ class WasmFunction:
         self.max_response = limits.max_response_mb << 20
         tick_ms = TICK_SECONDS * 1000
         budget_ms = min(limits.cpu_ms, limits.wall_ms)
-        self.deadline_ticks = max(1, round(budget_ms / tick_ms))
+        # +1: the first tick may come right after the deadline is set.
+        self.deadline_ticks = math.ceil(budget_ms / tick_ms) + 1
         kind = "cpu_limit" if limits.cpu_ms <= limits.wall_ms else "wall_limit"
         self.outcome = Outcome(kind, budget_ms, self.memory_limit)
         self.module = self._compile(directory / manifest.entry)
@@ -68,8 +72,10 @@ class WasmFunction:
             if uses_wasi:
                 raise DeployError(f"{manifest.entry}: a reactor module may not import "
                                   f"`{WASI_MODULE}`; build it as a WASI command (abi = \"wasi\")")
-            self.call = ReactorCall(wasm.engine, self.pre, self.memory_limit, self.deadline_ticks,
-                                    self.outcome, self.max_response)
+            call_type = ReactorCall if wasm.native is None else partial(NativeReactorCall,
+                                                                        wasm.native)
+            self.call = call_type(wasm.engine, self.pre, self.memory_limit, self.deadline_ticks,
+                                  self.outcome, self.max_response)
 
     # -- deploy time ------------------------------------------------------------------------
     def _compile(self, entry: Path) -> wasmtime.Module:

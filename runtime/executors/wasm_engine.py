@@ -30,17 +30,31 @@ WASMTIME_VERSION = version("wasmtime")
 
 
 class WasmEngine:
-    """Owns the Engine and its epoch ticker thread; `close()` stops the ticker."""
+    """Owns the Engine and its epoch ticker; `close()` stops the ticker.
 
-    def __init__(self, cache_dir: str | Path | None = None, pooling: bool = True) -> None:
+    `native`: use the C fast path (`wasm_native`) for reactor calls and the
+    ticker; None picks it when it can be built.
+    """
+
+    def __init__(self, cache_dir: str | Path | None = None, pooling: bool = True,
+                 native: bool | None = None) -> None:
+        from . import wasm_native
+
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.engine, self.pooling = _make_engine(pooling)
         self.fingerprint = (f"wasmtime={WASMTIME_VERSION};epoch=1;pooling={int(self.pooling)};"
                             f"max_memory={POOL_MAX_MEMORY}")
         self.threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="edgefn-wasi")
+        self.native = wasm_native.load() if native is not False else None
+        if native and self.native is None:
+            raise RuntimeError("the native fast path was requested but cannot be built")
         self._stop = threading.Event()
-        self._ticker = threading.Thread(target=self._tick, name="edgefn-epoch", daemon=True)
-        self._ticker.start() if not os.environ.get("XNT") else None
+        self._native_ticker = None
+        if self.native is not None:
+            self._native_ticker = wasm_native.NativeTicker(self.native, self.engine, TICK_SECONDS)
+        else:  # a Python thread: takes the GIL 1000 times a second, hence the native one
+            self._ticker = threading.Thread(target=self._tick, name="edgefn-epoch", daemon=True)
+            self._ticker.start()
 
     def _tick(self) -> None:
         increment = bindings.wasmtime_engine_increment_epoch
@@ -72,7 +86,10 @@ class WasmEngine:
 
     def close(self) -> None:
         self._stop.set()
-        self._ticker.join(timeout=1)
+        if self._native_ticker is not None:
+            self._native_ticker.stop()
+        else:
+            self._ticker.join(timeout=1)
         self.threads.shutdown(wait=False, cancel_futures=True)
 
 

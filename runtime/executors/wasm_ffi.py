@@ -146,17 +146,23 @@ class ReactorCall:
 
     def _fail(self, ctx: int, error: int | None, what: str, memory: object = None) -> None:
         """Raise the `FunctionError` for a failed call (a trap or a wasmtime error)."""
-        if self.trap.value:
-            raw = ctypes.cast(self.trap.value, POINTER(ffi.wasm_trap_t))
-            self.trap.value = None
-            trap = wasmtime.Trap._from_ptr(raw)
-            size = memory_data_size(ctx, memory) if memory is not None else 0
-            raise trap_error(trap, what, self.outcome, size)
-        if error:
-            ptr = ctypes.cast(error, POINTER(ffi.wasmtime_error_t))
-            err = wasmtime.WasmtimeError._from_ptr(ptr)
-            raise FunctionError("trap", 500, f"{what} failed: {err}")
-        raise AssertionError("_fail called without a failure")
+        trap, self.trap.value = self.trap.value, None
+        size = memory_data_size(ctx, memory) if memory is not None else 0
+        raise call_error(trap, error, what, self.outcome, size)
+
+
+def call_error(trap_ptr: int | None, error_ptr: int | None, what: str, outcome: Outcome,
+               memory_size: int) -> FunctionError:
+    """The `FunctionError` for a failed wasmtime call; takes ownership of the
+    `wasm_trap_t*` / `wasmtime_error_t*` it is given."""
+    if trap_ptr:
+        trap = wasmtime.Trap._from_ptr(ctypes.cast(trap_ptr, POINTER(ffi.wasm_trap_t)))
+        return trap_error(trap, what, outcome, memory_size)
+    if error_ptr:
+        ptr = ctypes.cast(error_ptr, POINTER(ffi.wasmtime_error_t))
+        err = wasmtime.WasmtimeError._from_ptr(ptr)
+        return FunctionError("trap", 500, f"{what} failed: {err}")
+    raise AssertionError("call_error without a trap or an error")
 
 
 def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: int) -> FunctionError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 from typing import Any
 
@@ -51,7 +50,7 @@ class Server:
         self.state = state = ServerState(self.config, loop)
         self._server = await loop.create_server(
             lambda: HttpProtocol(self.app, state), host, port, reuse_address=True, backlog=1024)
-        for sock in (self._server.sockets if not os.environ.get("XND") else ()):
+        for sock in self._server.sockets:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sweeper = loop.create_task(self._sweep())
 
