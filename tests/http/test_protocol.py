@@ -339,3 +339,37 @@ def test_pipelining_flood_pauses_reading() -> None:
         assert len(responses(t.buffer)) == 10
         assert t.reading
     run(go())
+
+
+# -- property: any way of cutting the byte stream gives the same answers -------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+REQUESTS = [
+    b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /b?q=1 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+    b"PUT /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+    b"DELETE /d HTTP/1.1\r\nX-A: 1\r\nX-B: 2\r\n\r\n",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(order=st.lists(st.sampled_from(range(len(REQUESTS))), min_size=1, max_size=6),
+       cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=12))
+def test_pipelined_stream_cut_anywhere_gives_the_same_responses(order: list[int],
+                                                                cuts: list[int]) -> None:
+    stream = b"".join(REQUESTS[i] for i in order)
+    expected = [b"GET /a? body=", b"POST /b?q=1 body=hello", b"PUT /c? body=abcde",
+                b"DELETE /d? body="]
+
+    async def go() -> list[bytes]:
+        proto, t = connect()
+        pos = 0
+        for cut in [*sorted(set(cuts)), len(stream)]:
+            if cut > pos:
+                proto.data_received(stream[pos:cut])
+                pos = cut
+        return [b for _, _, b in responses(t.buffer)]
+
+    assert run(go()) == [expected[i] for i in order]
