@@ -168,3 +168,21 @@ def test_module_entry_point_runs_help() -> None:
     r = subprocess.run([*EDGEFN, "--help"], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ})
     assert r.returncode == 0 and "deploy" in r.stdout and "rollback" in r.stdout
+
+
+def test_in_flight_request_finishes_on_the_old_version_during_a_deploy(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    d = function_dir(tmp_path, "sleepy", SLEEP_WASI, limits="wall_ms = 5000")
+    with pop_process(data) as (_, port, _):
+        v1 = json.loads(cli("deploy", str(d), "--json", data=data).stdout)["version"]
+        result: dict[str, object] = {}
+        t = threading.Thread(target=lambda: result.setdefault("r", get(port, "/sleepy")))
+        t.start()
+        time.sleep(0.1)
+        with open(d / "edgefn.toml", "a") as f:
+            f.write('\n[env]\nV = "2"\n')
+        v2 = json.loads(cli("deploy", str(d), "--json", data=data).stdout)["version"]
+        assert get(port, "/sleepy")[2]["x-edgefn-function"] == f"sleepy@{v2}"
+        t.join(10)
+        status, body, headers = result["r"]  # type: ignore[misc]
+        assert (status, body, headers["x-edgefn-function"]) == (200, b"slept", f"sleepy@{v1}")

@@ -279,7 +279,7 @@ class HttpProtocol(asyncio.Protocol):
         except Exception:
             log.exception("response stream failed for %s %s", request.method, request.path)
             if self.transport is not None:
-                self.transport.close()  # the status line is gone: only a cut stream can signal
+                self._close()  # the status line is gone: only a cut stream can signal
             return
         finally:
             aclose = getattr(body, "aclose", None)
@@ -301,8 +301,7 @@ class HttpProtocol(asyncio.Protocol):
         if not keep_alive:
             self.closing = True
             self.queue.clear()
-            if self.transport is not None:
-                self.transport.close()
+            self._close()
         elif not self.queue:
             self._idle()
 
@@ -331,14 +330,20 @@ class HttpProtocol(asyncio.Protocol):
         if self.deadline_status and not self.queue:
             self._write_error(408, "request not received in time")
         elif not self.queue:
-            self.transport.close()
+            self._close()
         self.deadline = 0.0
 
     def shutdown(self) -> None:
         """Close now if idle, else after the response in progress."""
         self.closing = True
-        if self.transport is not None and self.is_idle():
+        if self.is_idle():
+            self._close()
+
+    def _close(self) -> None:
+        """Close the transport; from here on every write path is a no-op."""
+        if self.transport is not None:
             self.transport.close()
+            self.transport = None
 
 
 def _internal_error() -> Response:

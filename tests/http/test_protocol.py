@@ -373,3 +373,18 @@ def test_pipelined_stream_cut_anywhere_gives_the_same_responses(order: list[int]
         return [b for _, _, b in responses(t.buffer)]
 
     assert run(go()) == [expected[i] for i in order]
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=300), max_size=8),
+       prefix=st.sampled_from([b"", b"GET / HTTP/1.1\r\n", b"POST /x HTTP/1.1\r\nContent-Length: 3\r\n"]))
+def test_no_input_raises_out_of_the_protocol(chunks: list[bytes], prefix: bytes) -> None:
+    async def go() -> None:
+        proto, t = connect()
+        for chunk in [prefix, *chunks]:
+            proto.data_received(chunk)  # must never raise
+        proto.on_deadline()
+        proto.connection_lost(None)
+        for status, _, _ in responses(t.buffer):
+            assert status in (200, 400, 408, 413, 414, 431)
+    run(go())
