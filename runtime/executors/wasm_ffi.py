@@ -56,8 +56,9 @@ class Outcome:
         self.memory_limit = memory_limit
 
 
-class ReactorCall:
-    """Runs one request through a fresh instance of a pre-linked reactor module."""
+class CallTarget:
+    """What every reactor call path needs: raw engine and pre-linked module
+    pointers, and the function's limits."""
 
     def __init__(self, engine: wasmtime.Engine, pre: wasmtime.InstancePre, memory_limit: int,
                  deadline_ticks: int, outcome: Outcome, max_response: int) -> None:
@@ -68,6 +69,14 @@ class ReactorCall:
         self.deadline_ticks = deadline_ticks
         self.outcome = outcome
         self.max_response = max_response
+
+
+class ReactorCall(CallTarget):
+    """Runs one request through a fresh instance of a pre-linked reactor module."""
+
+    def __init__(self, engine: wasmtime.Engine, pre: wasmtime.InstancePre, memory_limit: int,
+                 deadline_ticks: int, outcome: Outcome, max_response: int) -> None:
+        super().__init__(engine, pre, memory_limit, deadline_ticks, outcome, max_response)
         self.instance = ffi.wasmtime_instance_t()
         self.externs = [ffi.wasmtime_extern_t() for _ in _NAMES]
         self.vals = (ffi.wasmtime_val_raw_t * 2)()

@@ -28,7 +28,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 
 from ..errors import FunctionError
-from .wasm_ffi import Outcome, call_error
+from .wasm_ffi import CallTarget, Outcome, call_error
 
 log = logging.getLogger("edgefn.wasm")
 SOURCE = Path(__file__).with_name("native") / "reactor.c"
@@ -106,20 +106,14 @@ def _wasmtime_version() -> str:
     return WASMTIME_VERSION
 
 
-class NativeReactorCall:
+class NativeReactorCall(CallTarget):
     """Same contract as `wasm_ffi.ReactorCall`, one C call per request."""
 
     def __init__(self, lib: NativeLib, engine: wasmtime.Engine, pre: wasmtime.InstancePre,
                  memory_limit: int, deadline_ticks: int, outcome: Outcome,
                  max_response: int) -> None:
-        self._keep = (engine, pre)
+        super().__init__(engine, pre, memory_limit, deadline_ticks, outcome, max_response)
         self.lib = lib
-        self.engine = ctypes.cast(engine.ptr(), c_void_p).value
-        self.pre = ctypes.cast(pre.ptr(), c_void_p).value
-        self.memory_limit = memory_limit
-        self.deadline_ticks = deadline_ticks
-        self.outcome = outcome
-        self.max_response = max_response
         self.result = Result()
         self.result_ref = ctypes.byref(self.result)
 
