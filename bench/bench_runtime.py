@@ -4,7 +4,8 @@
 
 1. HTTP req/s, p50, p99 (wrk -t1 -c32) for (a) a raw uvloop + httptools hello
    server, the baseline; (b) the WASM hello through edgefn; (c) workerd's hello
-   (npm `workerd`) when it installs. Rounds alternate servers; the best round
+   (npm `workerd`) when it installs; and edgefn's HTTP front alone with a static
+   app, which splits (b) into front and function costs. Rounds alternate servers; the best round
    of each is kept, and ratios are to the baseline (a) and to workerd (c).
 2. First request right after a deploy vs the warm p50, and deploy-to-serving.
 3. Per-request instantiate (new Store + instance from the pre-linked module)
@@ -60,6 +61,11 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     port = free_port()
     servers["raw uvloop+httptools"] = (_baseline.start(port), f"http://127.0.0.1:{port}/")
+    port = free_port()
+    front = subprocess.Popen([sys.executable, str(ROOT / "bench" / "_front_only.py"), str(port)],
+                             stdout=subprocess.DEVNULL)
+    _baseline.wait_until_listening(front, "127.0.0.1", port, 10)
+    servers["edgefn front, static app"] = (front, f"http://127.0.0.1:{port}/")
     proc, port = start_edgefn(data)
     AdminClient(data).deploy(HELLO)
     servers["edgefn WASM hello"] = (proc, f"http://127.0.0.1:{port}/hello")
