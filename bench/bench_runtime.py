@@ -156,8 +156,8 @@ def instantiate_cost() -> None:
     import wasmtime
 
     from runtime import manifest
+    from runtime.abi import encode_request
     from runtime.executors import wasm_ffi
-    from runtime.executors.abi import encode_request
     from runtime.executors.wasm import WasmFunction
     from runtime.executors.wasm_engine import WasmEngine
 

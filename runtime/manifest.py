@@ -19,7 +19,7 @@ MANIFEST_NAME = "edgefn.toml"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HOST_PATTERN = r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})?(:[0-9]{1,5})?$"
-WASM_SUFFIXES = (".wasm", ".wat")
+ENTRY_SUFFIXES = {"wasm": (".wasm", ".wat"), "python": (".py",)}
 MAX_CPU_MS = 60_000
 MAX_MEMORY_MB = 1024
 MAX_WALL_MS = 300_000
@@ -39,6 +39,17 @@ class Limits(Struct, forbid_unknown_fields=True, frozen=True):
     max_response_mb: Annotated[int, Meta(ge=1, le=256)] = 16
 
 
+class Pool(Struct, forbid_unknown_fields=True, frozen=True):
+    """Python isolates: `min` start with the function, up to `max` under load; each
+    is replaced by a fresh one after `recycle_after` requests; `standby` keeps a
+    second, warm host process ready to take over if the first crashes."""
+
+    min: Annotated[int, Meta(ge=1, le=32)] = 1
+    max: Annotated[int, Meta(ge=1, le=32)] = 4
+    recycle_after: Annotated[int, Meta(ge=1)] = 10_000
+    standby: bool = True
+
+
 class Bindings(Struct, forbid_unknown_fields=True, frozen=True):
     """Capabilities a function asks for; anything not declared here is denied.
 
@@ -53,13 +64,15 @@ class Bindings(Struct, forbid_unknown_fields=True, frozen=True):
 
 class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
     name: Annotated[str, Meta(pattern=NAME_PATTERN)]
-    runtime: Literal["wasm"]
+    runtime: Literal["wasm", "python"]
     entry: str
     routes: Annotated[list[str | Route], Meta(min_length=1)]
     abi: Literal["auto", "reactor", "wasi"] = "auto"
     limits: Limits = field(default_factory=Limits)
     env: dict[Annotated[str, Meta(pattern=ENV_NAME_PATTERN)], str] = {}
     bindings: Bindings = field(default_factory=Bindings)
+    handler: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "handle"
+    pool: Pool = field(default_factory=Pool)
 
     def route_list(self) -> list[Route]:
         return [Route(r) if isinstance(r, str) else r for r in self.routes]
@@ -119,8 +132,16 @@ def _from_validation(file: str, text: str) -> ManifestError:
 
 
 def _check_semantics(m: Manifest, file: str) -> None:
-    if not m.entry.endswith(WASM_SUFFIXES):
-        raise ManifestError(file, "expected a `.wasm` or `.wat` file for runtime `wasm`", "entry")
+    suffixes = ENTRY_SUFFIXES[m.runtime]
+    if not m.entry.endswith(suffixes):
+        wanted = " or ".join(f"`{s}`" for s in suffixes)
+        raise ManifestError(file, f"expected a {wanted} file for runtime `{m.runtime}`", "entry")
+    if m.runtime == "python" and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\.py$", m.entry):
+        raise ManifestError(file, "expected a module file at the top of the function folder, "
+                            f"named like a Python module, got {m.entry!r}", "entry")
+    if m.pool.min > m.pool.max:
+        raise ManifestError(file, f"expected `pool.min` <= `pool.max`, got {m.pool.min} > "
+                            f"{m.pool.max}", "pool.min")
     if Path(m.entry).is_absolute() or ".." in Path(m.entry).parts:
         raise ManifestError(file, "expected a path inside the function folder", "entry")
     seen: set[Route] = set()

@@ -123,8 +123,7 @@ class PoP:
             created = self.store.write_version(m.name, version, files)
             try:
                 fn = await asyncio.to_thread(self._load, m, version)
-                fn.executor.prewarm()  # again on the loop's thread: its caches are the ones
-                self._switch(fn)
+                self._go_live(fn)
             except BaseException:
                 if created:
                     self.store.remove_version(m.name, version)
@@ -133,9 +132,22 @@ class PoP:
             return self._result(fn, True, started)
 
     def _load(self, m: Manifest, version: str) -> Deployment:
-        executor = load(m, self.store.version_dir(m.name, version), self.wasm)
-        executor.prewarm()
+        executor = load(m, self.store.version_dir(m.name, version), version, self.wasm)
+        try:
+            executor.prewarm()
+        except BaseException:
+            executor.close()
+            raise
         return Deployment(m, version, executor)
+
+    def _go_live(self, fn: Deployment) -> None:
+        """Activate a loaded version and route to it; on failure release it."""
+        try:
+            fn.executor.activate()
+            self._switch(fn)
+        except BaseException:
+            fn.executor.close()
+            raise
 
     def _switch(self, fn: Deployment | None, remove: str | None = None) -> None:
         """Swap in a router with `fn` replacing its namesake. Raises `DeployError` on
@@ -150,7 +162,11 @@ class PoP:
                             for r in f.manifest.route_list())
         except RouteConflict as e:
             raise DeployError(str(e)) from None
+        old = self.functions
         self.functions, self.router = functions, router
+        for name, previous in old.items():
+            if functions.get(name) is not previous:
+                previous.executor.retire()  # in-flight requests finish on it first
 
     def _record(self, name: str, version: str, source: str, action: str) -> None:
         try:
@@ -188,8 +204,7 @@ class PoP:
                                f"known: {', '.join(sorted(known))}")
             d = self.store.version_dir(name, target)
             fn = await asyncio.to_thread(self._load, manifest.load(d), target)
-            fn.executor.prewarm()
-            self._switch(fn)
+            self._go_live(fn)
             self._record(name, target, "", "rollback")
             return self._result(fn, True, started)
 
@@ -214,11 +229,13 @@ class PoP:
         for record in self.store.records():
             try:
                 d = self.store.version_dir(record.name, record.current)
-                self._switch(self._load(manifest.load(d), record.current))
+                self._go_live(self._load(manifest.load(d), record.current))
             except (ManifestError, DeployError) as e:
                 log.error("not serving %s@%s: %s", record.name, record.current, e)
                 errors.append(f"{record.name}: {e}")
         return errors
 
     def close(self) -> None:
+        for fn in self.functions.values():
+            fn.executor.close()
         self.wasm.close()

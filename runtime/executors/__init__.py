@@ -24,12 +24,29 @@ class Executor(Protocol):
         ...
 
     def prewarm(self) -> None:
-        """Do everything a first request would do before user code runs."""
+        """Do everything a first request would do before user code runs; may block
+        (it runs off the event loop). Raises `DeployError`."""
+        ...
+
+    def activate(self) -> None:
+        """Last warm-up on the event loop's thread, right before routing switches."""
+        ...
+
+    def retire(self) -> None:
+        """This version no longer receives requests: release it once in-flight ones end."""
+        ...
+
+    def close(self) -> None:
+        """Release everything now (PoP shutdown)."""
         ...
 
 
-def load(manifest: Manifest, directory: Path, wasm: WasmEngine) -> Executor:
+def load(manifest: Manifest, directory: Path, version: str, wasm: WasmEngine) -> Executor:
     """Compile and validate a function. Raises `DeployError` with the reason."""
+    if manifest.runtime == "python":
+        from .python import PythonFunction
+
+        return PythonFunction(manifest, directory, version)
     from .wasm import WasmFunction
 
     return WasmFunction(wasm, manifest, directory)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ..abi import _BAD_VALUE, _TOKEN
 from ..errors import FunctionError
 from ..http.message import Request
-from .abi import _BAD_VALUE, _TOKEN
 
 _SKIP = frozenset({b"content-length", b"content-type", b"authorization"})
 

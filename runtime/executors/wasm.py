@@ -22,11 +22,11 @@ from pathlib import Path
 import wasmtime
 from wasmtime import _ffi as ffi
 
+from ..abi import decode_response, encode_pairs, encode_request
 from ..errors import DeployError, FunctionError
 from ..http.message import Request, Response
 from ..manifest import Manifest
 from . import cgi
-from .abi import decode_response, encode_pairs, encode_request
 from .wasm_engine import TICK_SECONDS, WasmEngine
 from .wasm_ffi import Outcome, ReactorCall, trap_error
 from .wasm_native import NativeReactorCall
@@ -137,6 +137,15 @@ class WasmFunction:
                     self.call.prewarm(sample)
             except FunctionError as e:
                 raise DeployError(f"{self.manifest.entry}: edgefn_alloc failed: {e}") from None
+
+    def activate(self) -> None:
+        self.prewarm()  # again, on the loop's thread: its caches are the ones that count
+
+    def retire(self) -> None:
+        """Nothing to release: instances never outlive their request."""
+
+    def close(self) -> None:
+        """Nothing to release: the engine is the PoP's."""
 
     # -- request time -----------------------------------------------------------------------
     def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:

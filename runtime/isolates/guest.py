@@ -1,0 +1,290 @@
+"""The loop each isolate runs inside its subinterpreter: stdlib and the SDK only.
+
+It imports the function module (reporting an import that cannot load in a
+subinterpreter by name), answers READY, then serves requests from its socket
+one at a time until it has served `recycle_after` of them. A watchdog thread
+enforces the CPU and wall limits by raising an asynchronous exception in the
+handler's thread; C code that never returns to Python is the PoP's to handle
+(it kills the host process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import inspect
+import json
+import os
+import re
+import select
+import socket
+import threading
+import time
+import traceback
+from typing import Any
+
+from runtime.isolates import wire
+
+
+class Stop(Exception):
+    """Raised out of `serve` when this isolate must not be restarted."""
+
+
+class LimitExceeded(BaseException):
+    """Raised asynchronously in the handler thread; BaseException so that a
+    handler's `except Exception` does not swallow it."""
+
+    kind = "cpu_limit"
+
+
+class CpuLimit(LimitExceeded):
+    kind = "cpu_limit"
+
+
+class WallLimit(LimitExceeded):
+    kind = "wall_limit"
+
+
+_SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_SET_ASYNC_EXC.argtypes = [ctypes.c_ulong, ctypes.py_object]
+
+
+class Watchdog:
+    """Arms per request; past the deadline raises a LimitExceeded in `tid` (again
+    every 10 ms while the handler keeps running)."""
+
+    def __init__(self, tid: int, cpu_ms: int, wall_ms: int) -> None:
+        self.tid = tid
+        self.clock = time.pthread_getcpuclockid(tid)
+        self.cpu = cpu_ms / 1000
+        self.wall = wall_ms / 1000
+        self.cond = threading.Condition()
+        self.armed = False
+        self.started_wall = self.started_cpu = 0.0
+        self.stopped = False
+        threading.Thread(target=self._run, name="edgefn-watchdog", daemon=False).start()
+
+    def arm(self) -> None:
+        with self.cond:
+            self.started_wall = time.monotonic()
+            self.started_cpu = time.clock_gettime(self.clock)
+            self.armed = True
+            self.cond.notify()
+
+    def disarm(self) -> None:
+        with self.cond:
+            self.armed = False
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.armed = False
+            self.cond.notify()
+
+    def _run(self) -> None:
+        with self.cond:
+            while not self.stopped:
+                if not self.armed:
+                    self.cond.wait()
+                    continue
+                used_wall = time.monotonic() - self.started_wall
+                used_cpu = time.clock_gettime(self.clock) - self.started_cpu
+                if used_cpu >= self.cpu:
+                    _SET_ASYNC_EXC(self.tid, CpuLimit)
+                elif used_wall >= self.wall:
+                    _SET_ASYNC_EXC(self.tid, WallLimit)
+                else:
+                    self.cond.wait(min(self.cpu - used_cpu, self.wall - used_wall))
+                    continue
+                self.cond.wait(0.01)
+
+
+def serve(fd: int, module: str, handler_name: str, cpu_ms: int, wall_ms: int,
+          recycle_after: int, sdk: Any) -> None:
+    """Serve requests on socket `fd` (duplicated: the host keeps the original).
+
+    Raises `Stop` if the module cannot be imported or the PoP went away.
+    """
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        handler = _load(module, handler_name)
+    except BaseException as e:
+        sock.sendall(wire.json_frame(wire.READY, {"ok": False, **_describe(e, module)}))
+        sock.close()
+        raise Stop from None
+    sock.sendall(wire.json_frame(wire.READY, {"ok": True}))
+    Session(sock, handler, cpu_ms, wall_ms, sdk).loop(recycle_after)
+
+
+def _load(module: str, handler_name: str) -> Any:
+    mod = importlib.import_module(module)
+    handler = getattr(mod, handler_name, None)
+    if not callable(handler):
+        raise AttributeError(f"module {module!r} has no function {handler_name!r}")
+    return handler
+
+
+_UNSUPPORTED = re.compile(r"module (\S+) does not support loading in subinterpreters")
+
+
+_IMPORT_LINE = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))")
+
+
+def _describe(e: BaseException, module: str) -> dict[str, Any]:
+    """The root cause of an import failure, naming the module that cannot load
+    as the function's own code imported it (``msgspec``, not ``msgspec._core``)."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for exc in chain:
+        m = _UNSUPPORTED.search(str(exc))
+        if m:
+            top = _imported_by_user(e, module) or m.group(1).split(".")[0]
+            return {"error": f"imports `{top}`, which cannot load in a subinterpreter "
+                             f"({m.group(1)} does not support loading in subinterpreters); "
+                             "only the standard library and pure-Python packages work",
+                    "module": top}
+    where = "".join(traceback.format_exception_only(e)).strip()
+    return {"error": f"importing `{module}` failed: {where}", "module": getattr(e, "name", None)}
+
+
+def _imported_by_user(e: BaseException, module: str) -> str | None:
+    """The top-level name in the function module's import statement that failed."""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if os.path.basename(frame.filename) == f"{module}.py" and frame.line:
+            m = _IMPORT_LINE.match(frame.line)
+            if m:
+                return (m.group(1) or m.group(2)).split(".")[0]
+    return None
+
+
+def _raised(e: BaseException) -> str:
+    """``raised ValueError: nope (main.py:2 in handle)``: the innermost user frame."""
+    where = ""
+    frames = traceback.extract_tb(e.__traceback__)
+    user = [f for f in frames if not f.filename.endswith(("guest.py", "edgefn.py"))]
+    if user:
+        f = user[-1]
+        where = f" ({os.path.basename(f.filename)}:{f.lineno} in {f.name})"
+    text = "".join(traceback.format_exception_only(e)).strip().splitlines()[-1]
+    return f"raised {text}{where}"
+
+
+class Session:
+    def __init__(self, sock: socket.socket, handler: Any, cpu_ms: int, wall_ms: int,
+                 sdk: Any) -> None:
+        self.sock = sock
+        self.handler = handler
+        self.sdk = sdk
+        self.reader = wire.Reader()
+        self.pending: list[tuple[bytes, bytes]] = []
+        self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
+        self.loop_: asyncio.AbstractEventLoop | None = None
+        self.calls = 0
+
+    def loop(self, recycle_after: int) -> None:
+        try:
+            for _ in range(recycle_after):
+                f = wire.recv_frame(self.sock, self.reader, self.pending)
+                if f is None:
+                    raise Stop
+                kind, payload = f
+                if kind == wire.REQUEST:
+                    self.one(payload)
+            self.sock.sendall(wire.json_frame(wire.READY, {"ok": False, "recycling": True}))
+        finally:
+            self.dog.stop()
+            if self.loop_ is not None:
+                self.loop_.close()
+            self.sock.close()
+
+    def one(self, payload: bytes) -> None:
+        request, env_vars = self.sdk.Request._decode(payload)
+        env = self.sdk.Env(env_vars, self.call)
+        try:
+            self.dog.arm()
+            try:
+                result = self.handler(request, env)
+                if inspect.isawaitable(result):
+                    result = self._event_loop().run_until_complete(result)
+                self.respond(result)
+            finally:
+                self.dog.disarm()
+        except LimitExceeded as e:
+            self.send_error(e.kind, "exceeded its CPU limit" if e.kind == "cpu_limit"
+                            else "exceeded its wall-time limit")
+        except MemoryError:
+            self.send_error("memory_limit", "ran out of memory (MemoryError)")
+        except Exception as e:
+            self.send_error("exception", _raised(e), "".join(traceback.format_exception(e)))
+
+    def respond(self, result: Any) -> None:
+        if not isinstance(result, self.sdk.Response):
+            raise TypeError(f"handler returned {type(result).__name__}, expected edgefn.Response")
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()]
+        body = result.body
+        if not result.streaming:
+            data = body.encode() if isinstance(body, str) else bytes(body)
+            self.sock.sendall(wire.frame(wire.RESPONSE, wire.encode_response(result.status,
+                                                                             headers, data)))
+            return
+        self.sock.sendall(wire.frame(wire.HEAD, wire.encode_response(result.status, headers, b"")))
+        try:
+            for chunk in self._chunks(body):
+                data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+                if data:
+                    self.sock.sendall(wire.frame(wire.CHUNK, data))
+                if self._cancelled():
+                    break
+        finally:
+            self.sock.sendall(wire.frame(wire.END))
+
+    def _chunks(self, body: Any) -> Any:
+        if hasattr(body, "__anext__"):
+            loop = self._event_loop()
+            while True:
+                try:
+                    yield loop.run_until_complete(body.__anext__())
+                except StopAsyncIteration:
+                    return
+        else:
+            yield from body
+
+    def _cancelled(self) -> bool:
+        """A CANCEL frame (the client went away) waiting on the socket?"""
+        if select.select([self.sock], [], [], 0)[0]:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise Stop
+            self.pending.extend(self.reader.feed(data))
+        return any(kind == wire.CANCEL for kind, _ in self.pending)
+
+    def send_error(self, kind: str, message: str, tb: str = "") -> None:
+        self.pending = [f for f in self.pending if f[0] != wire.CANCEL]
+        self.sock.sendall(wire.json_frame(wire.ERROR, {"kind": kind, "message": message,
+                                                       "traceback": tb}))
+
+    def call(self, name: str, args: dict[str, Any], wait: bool = False) -> Any:
+        """A host call over the same socket; with `wait`, block for its REPLY."""
+        self.calls += 1
+        self.sock.sendall(wire.json_frame(wire.CALL, {"id": self.calls, "name": name,
+                                                      "args": args, "wait": wait}))
+        if not wait:
+            return None
+        while True:
+            f = wire.recv_frame(self.sock, self.reader, self.pending)
+            if f is None:
+                raise Stop
+            if f[0] == wire.REPLY:
+                reply = json.loads(f[1])
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return reply.get("result")
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop_ is None:
+            self.loop_ = asyncio.new_event_loop()
+        return self.loop_

@@ -1,0 +1,40 @@
+"""A small adapter over subinterpreters: 3.13's private `_interpreters`, or 3.14's
+public `concurrent.interpreters` where it exists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:  # Python 3.14+
+    from concurrent import interpreters as _public  # type: ignore[attr-defined]
+except ImportError:
+    _public = None
+import _interpreters
+
+
+def create() -> Any:
+    """A new isolated interpreter (own GIL, single-phase-init extensions refused)."""
+    if _public is not None:
+        return _public.create()
+    return _interpreters.create(_interpreters.new_config("isolated"))
+
+
+def run(interp: Any, code: str) -> str | None:
+    """Run `code` in `interp` on this thread until it returns; the name of the
+    exception type it raised, or None."""
+    if _public is not None:
+        try:
+            interp.exec(code)
+        except _public.ExecutionFailed as e:
+            return str(e.excinfo.type.__name__)
+        return None
+    # 3.13's run_string returns an exception snapshot or None (typeshed says None).
+    err: Any = _interpreters.run_string(interp, code)  # type: ignore[func-returns-value]
+    return None if err is None else str(err.type.__name__)
+
+
+def destroy(interp: Any) -> None:
+    if _public is not None:
+        interp.close()
+    else:
+        _interpreters.destroy(interp)

@@ -1,0 +1,251 @@
+"""Python functions in pre-warmed subinterpreters, end to end over loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.client import AdminError
+from tests.support import EXAMPLES, Running, pop_thread
+
+
+def py_function(root: Path, name: str, source: str, *, limits: str = "", pool: str = "",
+                env: str = "") -> Path:
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "main.py").write_text(source)
+    (d / "edgefn.toml").write_text(
+        f'name = "{name}"\nruntime = "python"\nentry = "main.py"\nroutes = ["/{name}"]\n'
+        f"[limits]\n{limits}\n[pool]\n{pool or 'min = 1\nmax = 2'}\n[env]\n{env}\n")
+    return d
+
+
+def test_examples_hello_json_api_and_stream(pop: Running) -> None:
+    for name in ("python-hello", "python-api", "python-stream"):
+        assert pop.deploy(EXAMPLES / name)["abi"] == "python"
+    status, headers, body = pop.get("/py/hello?name=Ada")
+    assert (status, body) == (200, b"Hello, Ada, from a Python isolate!\n")
+    assert headers["x-edgefn-function"].startswith("python-hello@")
+    status, _, body = pop.request("POST", "/py/api/todos", b'{"title": "ship it"}')
+    assert status == 201 and json.loads(body)["title"] == "ship it"
+    assert pop.request("POST", "/py/api/todos", b"not json")[0] == 400
+    who = json.loads(pop.get("/py/api/whoami")[2])
+    assert who["name"] == "python-api" and who["mode"] == "example" and len(who["version"]) == 16
+    status, headers, body = pop.get("/py/stream?n=3")
+    assert headers["content-type"] == "text/event-stream"
+    assert headers["transfer-encoding"] == "chunked"
+    assert body == b"data: tick 0\n\ndata: tick 1\n\ndata: tick 2\n\ndata: [DONE]\n\n"
+
+
+def test_async_handler_and_async_stream(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "aio", """
+import asyncio
+from edgefn import Response
+
+async def handle(request, env):
+    await asyncio.sleep(0.01)
+    if request.query.get("stream"):
+        async def parts():
+            for i in range(3):
+                await asyncio.sleep(0)
+                yield f"{i};"
+        return Response(parts())
+    return Response.json({"method": request.method, "len": len(request.body)})
+"""))
+    assert json.loads(pop.request("PUT", "/aio", b"12345")[2]) == {"method": "PUT", "len": 5}
+    assert pop.get("/aio?stream=1")[2] == b"0;1;2;"
+
+
+HOSTILE = {
+    "spin": ("def handle(request, env):\n    while True:\n        pass\n",
+             "cpu_ms = 50", 503, "cpu_limit"),
+    "hog": ("def handle(request, env):\n    keep = []\n    while True:\n"
+            "        keep.append(bytearray(b'x' * (8 << 20)))\n",
+            "cpu_ms = 5000\nwall_ms = 10000\nmemory_mb = 64", 503, "memory_limit"),
+    "raises": ("def handle(request, env):\n    raise ValueError('bad input')\n", "", 500, "trap"),
+    "nap": ("import time\ndef handle(request, env):\n    time.sleep(60)\n",
+            "wall_ms = 300", 504, "wall_limit"),
+    "segv": ("import ctypes\ndef handle(request, env):\n    ctypes.string_at(0)\n", "", 502, "crash"),
+}
+
+
+def test_hostile_functions_are_contained_while_others_keep_serving(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(EXAMPLES / "python-hello")
+    pop.deploy(EXAMPLES / "echo")
+    for name, (src, limits, _, _) in HOSTILE.items():
+        pop.deploy(py_function(tmp_path, name, src, limits=limits))
+    errors: list[str] = []
+    served = [0]
+    stop = threading.Event()
+
+    def bystander(path: str, body: bytes | None, expect: bytes) -> None:
+        while not stop.is_set():
+            status, _, got = pop.request("POST" if body else "GET", path, body)
+            if (status, got) != (200, expect):
+                errors.append(f"{path}: {status} {got[:200]!r}")
+            served[0] += 1
+
+    threads = [threading.Thread(target=bystander, args=args) for args in (
+        ("/py/hello", None, b"Hello, world, from a Python isolate!\n"),
+        ("/echo", b"ping", b"ping"))]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(2):
+            for name, (_, _, status, kind) in HOSTILE.items():
+                got, headers, body = pop.get(f"/{name}", timeout=20)
+                assert (got, headers["x-edgefn-error"]) == (status, kind), body
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == [] and served[0] > 10
+    assert b"raised ValueError: bad input (main.py:2 in handle)" in pop.get("/raises")[2]
+
+
+def test_crashed_host_is_replaced_by_a_warm_standby_within_a_second(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "fragile", """
+import ctypes, os
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("crash"):
+        ctypes.string_at(0)
+    return Response(str(os.getpid()))
+"""))
+    pid_before = pop.get("/fragile")[2]
+    assert pop.get("/fragile?crash=1")[1]["x-edgefn-error"] == "crash"
+    crashed_at = time.monotonic()
+    status, _, pid_after = pop.get("/fragile")
+    took = time.monotonic() - crashed_at
+    assert status == 200 and pid_after != pid_before
+    assert took < 1.0, f"replacement took {took:.2f}s"
+    # and a new standby is warmed in the background: a second crash is absorbed too
+    time.sleep(2)
+    assert pop.get("/fragile?crash=1")[0] == 502
+    assert pop.get("/fragile")[0] == 200
+
+
+def test_unsupported_import_is_rejected_at_deploy_naming_the_module(
+        pop: Running, tmp_path: Path) -> None:
+    d = py_function(tmp_path, "needsext", "import msgspec\n\ndef handle(request, env):\n    pass\n")
+    with pytest.raises(AdminError) as err:
+        pop.deploy(d)
+    assert err.value.status == 400
+    assert "main.py imports `msgspec`, which cannot load in a subinterpreter" in str(err.value)
+    for src, words in (("import nosuchmodule_xyz\n", "No module named 'nosuchmodule_xyz'"),
+                       ("def other(request, env):\n    pass\n", "has no function 'handle'"),
+                       ("def handle(:\n", "SyntaxError")):
+        (d / "main.py").write_text(src)
+        with pytest.raises(AdminError, match=words):
+            pop.deploy(d)
+    assert pop.get("/needsext")[0] == 404
+
+
+def test_isolates_recycle_after_n_requests(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "counter", """
+from edgefn import Response
+COUNT = 0
+
+def handle(request, env):
+    global COUNT
+    COUNT += 1
+    return Response(str(COUNT))
+""", pool="min = 1\nmax = 1\nrecycle_after = 3\nstandby = false"))
+    seen = [pop.get("/counter")[2] for _ in range(7)]
+    assert seen == [b"1", b"2", b"3", b"1", b"2", b"3", b"1"]
+
+
+def test_redeploy_drains_old_isolates_and_stops_their_hosts(pop: Running, tmp_path: Path) -> None:
+    src = """
+import os, time
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("slow"):
+        time.sleep(0.5)
+    return Response(f"{env.vars['V']} {os.getpid()}")
+"""
+    d = py_function(tmp_path, "gen", src, env='V = "1"', limits="wall_ms = 5000")
+    v1 = pop.deploy(d)["version"]
+    old_pid = int(pop.get("/gen")[2].split()[1])
+    result: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", pop.get("/gen?slow=1")))
+    t.start()
+    time.sleep(0.15)
+    py_function(tmp_path, "gen", src, env='V = "2"', limits="wall_ms = 5000")
+    pop.deploy(d)
+    assert pop.get("/gen")[2].startswith(b"2 ")
+    t.join(10)
+    status, headers, body = result["r"]
+    assert (status, body.split()[0], headers["x-edgefn-function"]) == (200, b"1", f"gen@{v1}")
+    deadline = time.monotonic() + 5
+    while _alive(old_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(old_pid), "old isolate host still running after drain"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as gone)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_python_functions_survive_a_pop_restart(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with pop_thread(data) as first:
+        first.deploy(EXAMPLES / "python-hello")
+    with pop_thread(data) as second:
+        assert second.get("/py/hello")[0] == 200
+
+
+ISOLATED = """
+from edgefn import Response
+import time
+LAST = None
+
+def handle(request, env):
+    global LAST
+    LAST = request.query["token"]
+    time.sleep(0.002)
+    return Response(f"{env.vars['WHO']}:{LAST}")
+"""
+
+
+@pytest.fixture(scope="module")
+def shared_pop(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("iso")
+    with pop_thread(root / "data") as running:
+        for who in ("a", "b", "c"):
+            running.deploy(py_function(root, f"iso-{who}", ISOLATED, env=f'WHO = "{who}"',
+                                       pool="min = 2\nmax = 3\nstandby = false"))
+        yield running
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 10**9)),
+                      min_size=2, max_size=12))
+def test_concurrent_requests_never_see_each_others_state(shared_pop: Running,
+                                                         calls: list[tuple[str, int]]) -> None:
+    results: dict[int, bytes] = {}
+
+    def call(i: int, who: str, token: int) -> None:
+        results[i] = shared_pop.get(f"/iso-{who}?token={token}")[2]
+
+    threads = [threading.Thread(target=call, args=(i, who, tok))
+               for i, (who, tok) in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(len(calls))] == [f"{w}:{t}".encode() for w, t in calls]
