@@ -7,7 +7,8 @@
    (npm `workerd`) when it installs; and edgefn's HTTP front alone with a static
    app, which splits (b) into front and function costs. Rounds alternate servers; the best round
    of each is kept, and ratios are to the baseline (a) and to workerd (c).
-2. First request right after a deploy vs the warm p50, and deploy-to-serving.
+2. First request right after a deploy vs the warm p50, and deploy-to-serving,
+   for the WASM hello and the Python hello.
 3. Per-request instantiate (new Store + instance from the pre-linked module)
    on edgefn's raw path vs wasmtime-py's public API, and the full reactor call.
 """
@@ -37,6 +38,7 @@ import _wrk  # noqa: E402
 from runtime.client import AdminClient  # noqa: E402
 
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
+PY_HELLO = ROOT / "functions" / "examples" / "python-hello"
 
 
 def free_port() -> int:
@@ -69,6 +71,8 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
     proc, port = start_edgefn(data)
     AdminClient(data).deploy(HELLO)
     servers["edgefn WASM hello"] = (proc, f"http://127.0.0.1:{port}/hello")
+    AdminClient(data).deploy(PY_HELLO)
+    servers["edgefn Python hello"] = (proc, f"http://127.0.0.1:{port}/py/hello")
     if not args.no_workerd and _workerd.available():
         port = free_port()
         servers["workerd hello"] = (_workerd.start(port), f"http://127.0.0.1:{port}/")
@@ -83,8 +87,12 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
                     raise RuntimeError(f"{name}: {r['errors']} errors under load")
                 if name not in best or r["rps"] > best[name]["rps"]:
                     best[name] = r
+        dispatch = {name: statistics.median(_wrk.latency_probe("127.0.0.1", int(url.split(":")[2]
+                                                               .split("/")[0]), "/" +
+                                                               url.split("/", 3)[3], 500))
+                    for name, (_, url) in servers.items() if name.startswith("edgefn ")}
     finally:
-        for proc, _ in servers.values():
+        for proc, _ in {id(p): (p, u) for p, u in servers.values()}.values():
             proc.terminate()
             proc.wait(20)
     base = best["raw uvloop+httptools"]["rps"]
@@ -97,6 +105,10 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
               f"{r['rps'] / base:>8.2f}{vs_w:>11}")
     if not workerd:
         print("workerd: not available (npm install workerd failed or --no-workerd)")
+    wasm_p50, py_p50 = dispatch["edgefn WASM hello"], dispatch["edgefn Python hello"]
+    print(f"sequential p50 on one connection: WASM hello {wasm_p50:.3f} ms, Python hello "
+          f"{py_p50:.3f} ms; Python dispatch overhead vs WASM {py_p50 - wasm_p50:+.3f} ms "
+          f"({py_p50 / wasm_p50:.2f}x)")
 
 
 def timed_get(conn: http.client.HTTPConnection, path: str, expect: str = "") -> float:
@@ -111,38 +123,39 @@ def timed_get(conn: http.client.HTTPConnection, path: str, expect: str = "") -> 
     return took
 
 
-def deploy_latency(data: Path, work: Path) -> None:
+def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int = 10) -> None:
     proc, port = start_edgefn(data)
     client = AdminClient(data)
     firsts, controls, warms, deploys, to_serving = [], [], [], [], []
+    name = ""
     # One keep-alive connection throughout, so "first" differs from "warm" only
     # by the deploy that happened in between.
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        client.deploy(HELLO)
-        timed_get(conn, "/hello")
-        for i in range(10):
-            d = work / f"hello-{i}"
-            shutil.copytree(HELLO, d)
+        name = client.deploy(example)["name"]
+        timed_get(conn, path)
+        for i in range(rounds):
+            d = work / f"{example.name}-{i}"
+            shutil.copytree(example, d)
             with open(d / "edgefn.toml", "a") as f:
                 f.write(f'\n[env]\nROUND = "{i}"\n')  # a new version every time
             started = time.perf_counter()
             result = client.deploy(d)
-            first = timed_get(conn, "/hello", expect=f"hello@{result['version']}")
+            first = timed_get(conn, path, expect=f"{name}@{result['version']}")
             to_serving.append((time.perf_counter() - started) * 1000)
             deploys.append(result["took_ms"])
             firsts.append(first)
             # Control: the same admin round trip with nothing new to load.
             assert client.deploy(d)["changed"] is False
-            controls.append(timed_get(conn, "/hello"))
-            warms.append(statistics.median(timed_get(conn, "/hello") for _ in range(200)))
+            controls.append(timed_get(conn, path))
+            warms.append(statistics.median(timed_get(conn, path) for _ in range(200)))
     finally:
         conn.close()
         proc.terminate()
         proc.wait(20)
     first, warm = statistics.median(firsts), statistics.median(warms)
     control = statistics.median(controls)
-    print("\n== Deploys (10 new versions of the hello, one at a time) ==")
+    print(f"\n== Deploys of {name} ({rounds} new versions, one at a time) ==")
     print(f"first request after deploy, median          {first:7.3f} ms")
     print(f"warm request p50 (same connection)          {warm:7.3f} ms   first/warm = "
           f"{first / warm:.2f}x")
@@ -227,7 +240,8 @@ def main() -> int:
         if args.only in (None, "http"):
             http_rounds(args, work / "data-http")
         if args.only in (None, "deploy"):
-            deploy_latency(work / "data-deploy", work)
+            deploy_latency(work / "data-deploy", work, HELLO, "/hello")
+            deploy_latency(work / "data-deploy-py", work, PY_HELLO, "/py/hello", rounds=5)
         if args.only in (None, "instantiate"):
             instantiate_cost()
     return 0

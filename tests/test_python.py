@@ -249,3 +249,28 @@ def test_concurrent_requests_never_see_each_others_state(shared_pop: Running,
     for t in threads:
         t.join()
     assert [results[i] for i in range(len(calls))] == [f"{w}:{t}".encode() for w, t in calls]
+
+
+def test_recycling_under_concurrent_load_never_mixes_up_responses(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "tokens", """
+from edgefn import Response
+
+def handle(request, env):
+    return Response(request.query["t"])
+""", pool="min = 2\nmax = 2\nrecycle_after = 5\nstandby = false"))
+    bad: list[str] = []
+
+    def client(c: int) -> None:
+        for i in range(25):
+            token = f"{c}-{i}"
+            status, _, body = pop.get(f"/tokens?t={token}")
+            if (status, body) != (200, token.encode()):
+                bad.append(f"{token}: {status} {body[:100]!r}")
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == []

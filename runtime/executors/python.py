@@ -30,7 +30,8 @@ class PythonFunction:
         """Start the host processes and import the module in every initial isolate.
         Blocks. Raises `DeployError` naming an import that cannot load."""
         if self.pool is None:
-            self.pool = Pool(self.cfg, self.standby)
+            sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
+            self.pool = Pool(self.cfg, self.standby, sample)
 
     def activate(self) -> None:
         assert self.pool is not None, "prewarm() first"

@@ -187,14 +187,20 @@ class Session:
 
     def loop(self, recycle_after: int) -> None:
         try:
-            for _ in range(recycle_after):
+            served = 0
+            while served < recycle_after:
                 f = wire.recv_frame(self.sock, self.reader, self.pending)
                 if f is None:
                     raise Stop
                 kind, payload = f
                 if kind == wire.REQUEST:
+                    served += 1
+                    if served == recycle_after:  # before the response: no new job is sent here
+                        self.sock.sendall(wire.json_frame(wire.READY,
+                                                          {"ok": False, "recycling": True}))
                     self.one(payload)
-            self.sock.sendall(wire.json_frame(wire.READY, {"ok": False, "recycling": True}))
+                elif kind == wire.WARM:
+                    self.warm(payload)
         finally:
             self.dog.stop()
             if self.loop_ is not None:
@@ -220,6 +226,14 @@ class Session:
             self.send_error("memory_limit", "ran out of memory (MemoryError)")
         except Exception as e:
             self.send_error("exception", _raised(e), "".join(traceback.format_exception(e)))
+
+    def warm(self, payload: bytes) -> None:
+        """Everything `one` does around the handler, so the first real request is warm."""
+        request, env_vars = self.sdk.Request._decode(payload)
+        self.sdk.Env(env_vars, self.call)
+        self.dog.arm()
+        self.dog.disarm()
+        self.respond(self.sdk.Response(b"", 204, {"x-warm": request.method}))
 
     def respond(self, result: Any) -> None:
         if not isinstance(result, self.sdk.Response):

@@ -32,6 +32,7 @@ from . import wire
 log = logging.getLogger("edgefn.isolates")
 
 READY_TIMEOUT = 30.0
+WARM_ROUNDS = 20
 KILL_GRACE = 1.0  # after a wall-limit timeout, how long a stuck isolate gets before its host dies
 STATUS = {"cpu_limit": 503, "memory_limit": 503, "wall_limit": 504, "exception": 500}
 
@@ -109,6 +110,7 @@ class Isolate:
         self.state = "starting"  # starting | idle | busy | recycling | dead
         self.job: Job | None = None
         self.stuck = False  # its job timed out; frames are dropped until it finishes
+        self.recycling = False  # its interpreter is replaced after the job in flight
         self.out = bytearray()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -167,10 +169,13 @@ class Isolate:
         if kind == wire.READY:
             info = _json(payload)
             if info.get("ok"):
+                if job is not None:  # never sent mid-job; if it is, the job still owns us
+                    log.error("%s: isolate restarted during a request", self.host.cfg.name)
+                    return
                 self.state = "idle"
                 self.host.pool.ready(self)
             elif info.get("recycling"):
-                self.state = "recycling"
+                self.recycling = True  # takes effect when the job in flight ends
             else:
                 log.error("%s: isolate failed to start: %s", self.host.cfg.name, info.get("error"))
                 self.close()
@@ -210,7 +215,10 @@ class Isolate:
                     job.fail(e)
             job.end()
         self.stuck = False
-        if self.state == "busy":
+        if self.recycling:  # no requests until the new interpreter says READY
+            self.recycling = False
+            self.state = "recycling"
+        elif self.state == "busy":
             self.state = "idle"
             self.host.pool.ready(self)
 
@@ -284,6 +292,12 @@ class Host:
         if not info.get("ok"):
             raise DeployError(f"{self.cfg.name}: {self.cfg.module}.py "
                               f"{info.get('error', 'failed to start')}")
+        for _ in range(WARM_ROUNDS):  # the request path, minus the handler, in both processes
+            isolate.sock.sendall(wire.frame(wire.WARM, self.pool.warm_request))
+            f = wire.recv_frame(isolate.sock, isolate.reader, pending)
+            if f is None or f[0] != wire.RESPONSE:
+                raise DeployError(f"{self.cfg.name}: isolate failed while warming up")
+            decode_response(f[1])
         isolate.state = "idle"
         assert not pending
 
@@ -351,9 +365,14 @@ class Host:
 
 
 class Pool:
-    def __init__(self, cfg: HostConfig, standby: bool) -> None:
-        """Start the active host (and a warm standby). Blocks; raises `DeployError`."""
+    def __init__(self, cfg: HostConfig, standby: bool, warm_request: bytes) -> None:
+        """Start the active host (and a warm standby). Blocks; raises `DeployError`.
+
+        `warm_request` is a sample encoded request each isolate runs through its
+        request path (not the handler) before it counts as ready.
+        """
         self.cfg = cfg
+        self.warm_request = warm_request
         self.want_standby = standby
         self.loop: asyncio.AbstractEventLoop | None = None
         self.idle: deque[Isolate] = deque()
@@ -405,7 +424,7 @@ class Pool:
 
     def _dispatch(self, job: Job) -> None:
         while self.idle:
-            isolate = self.idle.popleft()
+            isolate = self.idle.pop()  # LIFO: the most recently used isolate is the warmest
             if isolate.state == "idle" and isolate.host is self.active:
                 isolate.run(job)
                 return

@@ -6,7 +6,8 @@ subinterpreters, where msgspec and friends do not load. Requests use the
 reactor ABI's encoding (`runtime.executors.abi`), responses too, so the PoP
 validates a Python function's response exactly like a WASM one's.
 
-PoP -> isolate:  REQUEST (abi request), REPLY (host-call reply, JSON), CANCEL (stop a stream)
+PoP -> isolate:  REQUEST (abi request), REPLY (host-call reply, JSON), CANCEL (stop a stream),
+                 WARM (abi request: run the request path but not the handler; answers RESPONSE)
 isolate -> PoP:  READY (JSON), RESPONSE (abi response), HEAD (abi response, empty body,
                  a streamed body follows as CHUNKs and END), CHUNK (bytes), END,
                  ERROR (JSON {"kind", "message"}), CALL (host call, JSON)
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import struct
 
-REQUEST, REPLY, CANCEL = b"Q", b"R", b"Z"
+REQUEST, REPLY, CANCEL, WARM = b"Q", b"R", b"Z", b"W"
 READY, RESPONSE, HEAD, CHUNK, END, ERROR, CALL = b"S", b"P", b"H", b"C", b"E", b"X", b"K"
 MAX_FRAME = 64 << 20
 _LEN = struct.Struct("<I")
