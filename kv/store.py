@@ -1,0 +1,376 @@
+"""KV store on LMDB: namespaces, TTL, metadata, compare-and-swap, increment, batches.
+
+Each namespace is an LMDB named database. A record is
+``u64 version | u64 expires_at_ms (0: never) | u32 meta_len | meta (JSON) | value``.
+Versions grow by one per write of a key (a delete forgets it), so `cas` can say
+"only if nobody wrote since I read version N". Expiring keys are also indexed by
+expiry time in the ``__ttl__`` database, so `purge_expired` reclaims their
+space without scanning; reads never return an expired key, purged or not.
+
+Durability: with ``sync=True`` (default) every committed write is fsynced before
+the call returns, so it survives a crash of the machine. With ``sync=False``
+commits skip fsync: a process crash (even SIGKILL) loses nothing, but an OS
+crash or power loss can lose the last writes. Many processes may open the same
+data dir: LMDB's lock file serializes writers.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+import struct
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from .errors import Closed, InvalidValue, LimitExceeded, UnknownNamespace
+
+_HEAD = struct.Struct("<QQI")
+_EXP = struct.Struct(">Q")
+NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
+TTL_DB = b"__ttl__"
+NAMESPACES_DB = b"__namespaces__"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_key_bytes: int = 511  # LMDB's own limit with default page size
+    max_value_bytes: int = 16 << 20
+    max_metadata_bytes: int = 1024
+    max_batch_ops: int = 1000
+
+
+@dataclass
+class Entry:
+    value: bytes
+    version: int
+    expires_at: float | None = None  # unix seconds
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass
+class KeyInfo:
+    key: bytes
+    version: int
+    expires_at: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass
+class Page:
+    keys: list[KeyInfo] = field(default_factory=list)
+    cursor: str | None = None  # pass back to `list` for the next page; None at the end
+
+
+class KVStore:
+    def __init__(self, path: str | Path, *, map_size: int = 1 << 30, sync: bool = True,
+                 clock: Callable[[], float] = time.time, limits: Limits | None = None,
+                 max_namespaces: int = 126) -> None:
+        """Open (creating) the store in directory `path`.
+
+        Raises `lmdb.Error` if the directory cannot be used.
+        """
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.env = lmdb.open(str(path), map_size=map_size, max_dbs=max_namespaces + 2,
+                             sync=sync, metasync=sync, subdir=True)
+        self.clock = clock
+        self.limits = limits or Limits()
+        self._ttl = self.env.open_db(TTL_DB)
+        self._names = self.env.open_db(NAMESPACES_DB)
+        self._dbs: dict[str, Any] = {}
+        self._closed = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.env.close()
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed("KV store is closed")
+
+    # -- namespaces -------------------------------------------------------------------------
+    def create_namespace(self, name: str) -> None:
+        """Create `name` if it does not exist. Raises `InvalidValue` for a bad name."""
+        self._check_open()
+        if not name or len(name) > 64 or set(name) - NAME_OK or name.startswith("__"):
+            raise InvalidValue(f"invalid namespace name {name!r}: expected 1-64 of [a-z0-9_.-]")
+        with self.env.begin(write=True) as txn:
+            self._dbs[name] = self.env.open_db(b"ns:" + name.encode(), txn=txn)
+            txn.put(name.encode(), b"", db=self._names)
+
+    def namespaces(self) -> builtins.list[str]:
+        self._check_open()
+        with self.env.begin() as txn:
+            return [k.decode() for k, _ in txn.cursor(db=self._names)]
+
+    def _db(self, ns: str) -> Any:
+        self._check_open()
+        db = self._dbs.get(ns)
+        if db is None:
+            with self.env.begin() as txn:
+                if txn.get(ns.encode(), db=self._names) is None:
+                    raise UnknownNamespace(f"unknown namespace {ns!r}")
+            db = self._dbs[ns] = self.env.open_db(b"ns:" + ns.encode())
+        return db
+
+    # -- reads ------------------------------------------------------------------------------
+    def get(self, ns: str, key: bytes) -> bytes | None:
+        """The value, or None if absent or expired. Raises `UnknownNamespace`."""
+        entry = self.get_entry(ns, key)
+        return None if entry is None else entry.value
+
+    def get_entry(self, ns: str, key: bytes) -> Entry | None:
+        db = self._db(ns)
+        with self.env.begin(buffers=True) as txn:
+            raw = txn.get(key, db=db)
+            return None if raw is None else self._decode(raw, self._now_ms())
+
+    def list(self, ns: str, prefix: bytes = b"", cursor: str | None = None,
+             limit: int = 100) -> Page:
+        """Keys starting with `prefix` in key order, `limit` at a time.
+
+        Raises `InvalidValue` for a cursor that is not from this prefix.
+        """
+        db = self._db(ns)
+        start = prefix
+        if cursor:
+            try:
+                start = base64.urlsafe_b64decode(cursor.encode())
+            except ValueError:
+                raise InvalidValue(f"invalid cursor {cursor!r}") from None
+            if not start.startswith(prefix):
+                raise InvalidValue("cursor does not belong to this prefix")
+        now = self._now_ms()
+        page = Page()
+        with self.env.begin(buffers=True) as txn:
+            cur = txn.cursor(db=db)
+            ok = cur.set_range(start)
+            while ok:
+                key = bytes(cur.key())
+                if not key.startswith(prefix):
+                    break
+                if cursor and key == start:
+                    ok = cur.next()
+                    continue
+                entry = self._decode(cur.value(), now, with_value=False)
+                if entry is not None:
+                    if len(page.keys) == limit:
+                        page.cursor = base64.urlsafe_b64encode(page.keys[-1].key).decode()
+                        break
+                    page.keys.append(KeyInfo(key, entry.version, entry.expires_at,
+                                             entry.metadata))
+                ok = cur.next()
+        return page
+
+    # -- writes -----------------------------------------------------------------------------
+    def put(self, ns: str, key: bytes, value: bytes, *, ttl: float | None = None,
+            metadata: dict[str, Any] | None = None) -> int:
+        """Store `value`; returns the key's new version.
+
+        Raises `LimitExceeded` for an oversized key, value or metadata,
+        `InvalidValue` for a non-positive ttl, `UnknownNamespace`.
+        """
+        with self._write() as w:
+            return w.put(ns, key, value, ttl=ttl, metadata=metadata)
+
+    def delete(self, ns: str, key: bytes) -> bool:
+        """Remove `key`; True if it existed (and had not expired)."""
+        with self._write() as w:
+            return w.delete(ns, key)
+
+    def cas(self, ns: str, key: bytes, expected_version: int | None, value: bytes, *,
+            ttl: float | None = None, metadata: dict[str, Any] | None = None) -> int | None:
+        """Write only if the key's version is `expected_version` (None: only if the key
+        is absent). Returns the new version, or None if someone else wrote first."""
+        with self._write() as w:
+            return w.cas(ns, key, expected_version, value, ttl=ttl, metadata=metadata)
+
+    def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0) -> int:
+        """Atomically add `delta` to the integer stored at `key` (`initial` if absent).
+
+        Raises `InvalidValue` if the stored value is not a decimal integer.
+        """
+        with self._write() as w:
+            return w.increment(ns, key, delta, initial=initial)
+
+    def batch(self, ops: Sequence[tuple[Any, ...]]) -> builtins.list[Any]:
+        """Apply ``("put", ns, key, value[, options])``, ``("delete", ns, key)``,
+        ``("get", ns, key)`` and ``("increment", ns, key, delta)`` in one atomic
+        transaction; returns each op's result. Raises (and applies nothing) if any fails.
+        """
+        if len(ops) > self.limits.max_batch_ops:
+            raise LimitExceeded(f"batch of {len(ops)} ops exceeds the limit of "
+                                f"{self.limits.max_batch_ops}")
+        with self._write() as w:
+            return [w.apply(op) for op in ops]
+
+    def purge_expired(self) -> int:
+        """Delete every expired key; returns how many were removed."""
+        now = self._now_ms()
+        removed = 0
+        with self.env.begin(write=True) as txn:
+            due = []
+            for k, _ in txn.cursor(db=self._ttl):
+                if _EXP.unpack_from(k)[0] > now:
+                    break
+                due.append(k)
+            for k in due:
+                (exp,) = _EXP.unpack_from(k)
+                ns, key = _split_ttl_key(k[8:])
+                db = self._dbs.get(ns) or self.env.open_db(b"ns:" + ns.encode(), txn=txn)
+                raw = txn.get(key, db=db)
+                if raw is not None and _HEAD.unpack_from(raw)[1] == exp:
+                    txn.delete(key, db=db)
+                    removed += 1
+                txn.delete(k, db=self._ttl)
+        return removed
+
+    def stats(self) -> dict[str, Any]:
+        self._check_open()
+        out: dict[str, Any] = {"map_size": self.env.info()["map_size"], "namespaces": {}}
+        with self.env.begin() as txn:
+            for ns in self.namespaces():
+                out["namespaces"][ns] = txn.stat(self._db(ns))["entries"]
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+    @contextmanager
+    def _write(self) -> Iterator[_Writer]:
+        self._check_open()
+        with self.env.begin(write=True) as txn:
+            yield _Writer(self, txn, self._now_ms())
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _decode(self, raw: Any, now_ms: int, with_value: bool = True) -> Entry | None:
+        version, exp, mlen = _HEAD.unpack_from(raw)
+        if exp and exp <= now_ms:
+            return None
+        pos = _HEAD.size
+        meta = json.loads(bytes(raw[pos:pos + mlen])) if mlen else None
+        value = bytes(raw[pos + mlen:]) if with_value else b""
+        return Entry(value, version, exp / 1000 if exp else None, meta)
+
+
+def _ttl_key(exp_ms: int, ns: str, key: bytes) -> bytes:
+    n = ns.encode()
+    return _EXP.pack(exp_ms) + bytes([len(n)]) + n + key
+
+
+def _split_ttl_key(rest: bytes) -> tuple[str, bytes]:
+    n = rest[0]
+    return rest[1:1 + n].decode(), rest[1 + n:]
+
+
+class _Writer:
+    """Operations inside one write transaction."""
+
+    def __init__(self, store: KVStore, txn: Any, now_ms: int) -> None:
+        self.s = store
+        self.txn = txn
+        self.now = now_ms
+
+    def apply(self, op: tuple[Any, ...]) -> Any:
+        kind, args = op[0], op[1:]
+        if kind == "put":
+            opts = args[3] if len(args) > 3 else {}
+            return self.put(args[0], args[1], args[2], **opts)
+        if kind == "delete":
+            return self.delete(*args)
+        if kind == "get":
+            raw = self.txn.get(args[1], db=self.s._db(args[0]))
+            entry = None if raw is None else self.s._decode(raw, self.now)
+            return None if entry is None else entry.value
+        if kind == "increment":
+            return self.increment(*args)
+        raise InvalidValue(f"unknown batch op {kind!r}")
+
+    def _current(self, db: Any, key: bytes) -> tuple[int, int] | None:
+        """(version, expires_at_ms) of the live record, or None."""
+        raw = self.txn.get(key, db=db)
+        if raw is None:
+            return None
+        version, exp, _ = _HEAD.unpack_from(raw)
+        if exp and exp <= self.now:
+            return None
+        return version, exp
+
+    def put(self, ns: str, key: bytes, value: bytes, *, ttl: float | None = None,
+            metadata: dict[str, Any] | None = None) -> int:
+        db = self.s._db(ns)
+        lim = self.s.limits
+        if not key or len(key) > lim.max_key_bytes:
+            raise LimitExceeded(f"key of {len(key)} bytes in {ns!r}: keys must be 1 to "
+                                f"{lim.max_key_bytes} bytes")
+        if len(value) > lim.max_value_bytes:
+            raise LimitExceeded(f"value of {len(value)} bytes for key {key!r} in {ns!r} exceeds "
+                                f"the limit of {lim.max_value_bytes} bytes")
+        meta = json.dumps(metadata, separators=(",", ":")).encode() if metadata else b""
+        if len(meta) > lim.max_metadata_bytes:
+            raise LimitExceeded(f"metadata of {len(meta)} bytes for key {key!r} exceeds the "
+                                f"limit of {lim.max_metadata_bytes} bytes")
+        if ttl is not None and ttl <= 0:
+            raise InvalidValue(f"ttl must be positive, got {ttl}")
+        raw_old = self.txn.get(key, db=db)
+        old_version, old_exp = (_HEAD.unpack_from(raw_old)[:2] if raw_old is not None
+                                else (0, 0))
+        if old_exp:
+            self.txn.delete(_ttl_key(old_exp, ns, key), db=self.s._ttl)
+        if raw_old is not None and old_exp and old_exp <= self.now:
+            old_version = 0  # an expired key is a new key
+        exp = self.now + max(1, int(ttl * 1000)) if ttl is not None else 0
+        version = old_version + 1
+        self.txn.put(key, _HEAD.pack(version, exp, len(meta)) + meta + value, db=db)
+        if exp:
+            self.txn.put(_ttl_key(exp, ns, key), b"", db=self.s._ttl)
+        return version
+
+    def delete(self, ns: str, key: bytes) -> bool:
+        db = self.s._db(ns)
+        raw = self.txn.get(key, db=db)
+        if raw is None:
+            return False
+        _, exp, _ = _HEAD.unpack_from(raw)
+        self.txn.delete(key, db=db)
+        if exp:
+            self.txn.delete(_ttl_key(exp, ns, key), db=self.s._ttl)
+        return not (exp and exp <= self.now)
+
+    def cas(self, ns: str, key: bytes, expected: int | None, value: bytes, *,
+            ttl: float | None = None, metadata: dict[str, Any] | None = None) -> int | None:
+        current = self._current(self.s._db(ns), key)
+        if (current[0] if current else None) != expected:
+            return None
+        return self.put(ns, key, value, ttl=ttl, metadata=metadata)
+
+    def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0) -> int:
+        db = self.s._db(ns)
+        raw = self.txn.get(key, db=db)
+        entry = None if raw is None else self.s._decode(raw, self.now)
+        if entry is None:
+            number = initial
+        else:
+            try:
+                number = int(entry.value.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise InvalidValue(f"cannot increment key {key!r} in {ns!r}: its value is not "
+                                   "a decimal integer") from None
+        number += delta
+        ttl = (entry.expires_at - self.now / 1000) if entry and entry.expires_at else None
+        self.put(ns, key, str(number).encode(), ttl=ttl, metadata=entry.metadata if entry else None)
+        return number
