@@ -1,0 +1,377 @@
+"""Vector indexes on usearch, with LMDB as the source of truth.
+
+Every upsert and delete is committed to LMDB first (ids, metadata, the vector
+itself, and a log entry numbered by a per-index sequence), then applied to the
+in-memory usearch index. `save()` writes the index file and then a sidecar
+recording the sequence it contains. On open, log entries past that sequence are
+replayed from LMDB; a missing or unreadable index file is rebuilt from LMDB. So a
+crash at any point leaves an index that is repaired to agree with LMDB, and an
+acknowledged write is never lost.
+
+One process writes an index at a time (the PoP, or the CLI when no PoP runs):
+usearch indexes live in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+from usearch.index import Index
+
+from .errors import Closed, InvalidValue, LimitExceeded, NotFound, UnknownNamespace
+
+_KEY = struct.Struct(">Q")
+_ROW = struct.Struct("<HI")  # id length, metadata length; then id, metadata, vector
+METRICS = {"cos": "cos", "ip": "ip", "l2": "l2sq"}
+DTYPES = ("f32", "f16", "i8")
+MAX_DIM = 4096
+MAX_ID_BYTES = 256
+MAX_META_BYTES = 4096
+SAVE_EVERY = 10_000  # log entries between automatic saves
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    name: str
+    dim: int
+    metric: str = "cos"
+    dtype: str = "f32"
+    connectivity: int = 16
+    expansion_add: int = 128
+    expansion_search: int = 256
+
+
+@dataclass
+class Match:
+    id: str
+    distance: float  # smaller is closer (cos: 1 - cosine similarity; ip: 1 - dot; l2: squared)
+    metadata: dict[str, Any] | None
+
+
+class _Open:
+    def __init__(self, config: IndexConfig, index: Index, dbs: tuple[Any, Any, Any],
+                 seq: int, next_key: int) -> None:
+        self.config = config
+        self.index = index
+        self.ids, self.rows, self.log = dbs
+        self.seq = seq
+        self.next_key = next_key
+        self.saved_seq = 0
+
+
+class VectorStore:
+    def __init__(self, path: str | Path, *, sync: bool = True, map_size: int = 8 << 30) -> None:
+        """Open (creating) the vector store in directory `path`; existing indexes are
+        loaded and repaired against LMDB."""
+        self.dir = Path(path)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.env = lmdb.open(str(self.dir / "meta"), map_size=map_size, max_dbs=512,
+                             sync=sync, metasync=sync)
+        self._configs = self.env.open_db(b"__indexes__")
+        self._open: dict[str, _Open] = {}
+        self._closed = False
+        for name in self.names():
+            self._load(name)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        for name in list(self._open):
+            self.save(name)
+        self._closed = True
+        self.env.close()
+
+    def __enter__(self) -> VectorStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def names(self) -> list[str]:
+        with self.env.begin() as txn:
+            return [k.decode() for k, _ in txn.cursor(db=self._configs)]
+
+    # -- indexes --------------------------------------------------------------------------------
+    def create(self, name: str, dim: int, metric: str = "cos", dtype: str = "f32") -> IndexConfig:
+        """Create an index (idempotent for the same settings).
+
+        Raises `InvalidValue` for a bad name, dimension, metric or dtype, or if the
+        index exists with other settings.
+        """
+        self._check()
+        if not name or len(name) > 64 or not all(c.isalnum() or c in "_-." for c in name):
+            raise InvalidValue(f"invalid index name {name!r}")
+        if not 1 <= dim <= MAX_DIM:
+            raise InvalidValue(f"dimension must be 1..{MAX_DIM}, got {dim}")
+        if metric not in METRICS:
+            raise InvalidValue(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+        if dtype not in DTYPES:
+            raise InvalidValue(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        config = IndexConfig(name, dim, metric, dtype)
+        if name in self._open:
+            existing = self._open[name].config
+            if (existing.dim, existing.metric, existing.dtype) != (dim, metric, dtype):
+                raise InvalidValue(f"index {name!r} exists with dim={existing.dim} "
+                                   f"metric={existing.metric} dtype={existing.dtype}")
+            return existing
+        with self.env.begin(write=True) as txn:
+            txn.put(name.encode(), json.dumps({**config.__dict__, "seq": 0, "next_key": 1})
+                    .encode(), db=self._configs)
+        self._load(name)
+        return config
+
+    def _load(self, name: str) -> None:
+        with self.env.begin() as txn:
+            raw = txn.get(name.encode(), db=self._configs)
+        assert raw is not None, f"index {name!r} has no configuration"
+        state = json.loads(raw)
+        seq, next_key = state.pop("seq"), state.pop("next_key")
+        config = IndexConfig(**state)
+        ids, rows, log = (self.env.open_db(f"i:{name}:{part}".encode())
+                          for part in ("ids", "rows", "log"))
+        index = self._new_index(config)
+        opened = _Open(config, index, (ids, rows, log), seq, next_key)
+        self._open[name] = opened
+        saved = self._read_saved(config, index)
+        if saved is None:
+            self._rebuild(opened)
+        else:
+            opened.saved_seq = saved
+            self._replay(opened, saved)
+
+    def _new_index(self, c: IndexConfig) -> Index:
+        return Index(ndim=c.dim, metric=METRICS[c.metric], dtype=c.dtype,
+                     connectivity=c.connectivity, expansion_add=c.expansion_add,
+                     expansion_search=c.expansion_search)
+
+    def _paths(self, name: str) -> tuple[Path, Path]:
+        return self.dir / f"{name}.usearch", self.dir / f"{name}.saved.json"
+
+    def _read_saved(self, c: IndexConfig, index: Index) -> int | None:
+        """The sequence number the index file holds, after loading it; None if unusable."""
+        file, sidecar = self._paths(c.name)
+        try:
+            saved = json.loads(sidecar.read_text())
+            index.load(str(file))
+        except (OSError, ValueError, RuntimeError):
+            index.reset()
+            return None
+        if index.ndim != c.dim or saved.get("size") != index.size:
+            index.reset()
+            return None
+        return int(saved["seq"])
+
+    def _rebuild(self, o: _Open) -> None:
+        o.index.reset()
+        o.index = self._new_index(o.config)
+        keys, vecs = [], []
+        with self.env.begin(buffers=True) as txn:
+            for k, row in txn.cursor(db=o.rows):
+                keys.append(_KEY.unpack(bytes(k))[0])
+                vecs.append(self._row_vector(o.config, row))
+        if keys:
+            o.index.add(np.array(keys, dtype=np.uint64), np.stack(vecs))
+        o.saved_seq = 0
+
+    def _replay(self, o: _Open, after: int) -> None:
+        touched = set()
+        with self.env.begin(buffers=True) as txn:
+            cur = txn.cursor(db=o.log)
+            if cur.set_range(_KEY.pack(after + 1)):
+                for _, key in cur:
+                    touched.add(_KEY.unpack(bytes(key))[0])
+            for key in touched:
+                if o.index.contains(key):
+                    o.index.remove(key)
+                row = txn.get(_KEY.pack(key), db=o.rows)
+                if row is not None:
+                    o.index.add(key, self._row_vector(o.config, row))
+
+    # -- writes ---------------------------------------------------------------------------------
+    def upsert(self, name: str, items: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> int:
+        """Insert or replace vectors by id; returns how many were written.
+
+        Raises `UnknownNamespace`, `InvalidValue` (wrong dimension, non-finite values),
+        `LimitExceeded` (id or metadata too large). Nothing is written on error.
+        """
+        o = self._get(name)
+        rows = [self._encode(o.config, id_, vec, meta) for id_, vec, meta in items]
+        if not rows:
+            return 0
+        changes: list[tuple[int, int | None, np.ndarray]] = []
+        with self.env.begin(write=True) as txn:
+            for id_bytes, row, vec in rows:
+                old = txn.get(id_bytes, db=o.ids)
+                key = _KEY.unpack(old)[0] if old is not None else o.next_key
+                if old is None:
+                    o.next_key += 1
+                    txn.put(id_bytes, _KEY.pack(key), db=o.ids)
+                txn.put(_KEY.pack(key), row, db=o.rows)
+                o.seq += 1
+                txn.put(_KEY.pack(o.seq), _KEY.pack(key), db=o.log)
+                changes.append((key, key if old is not None else None, vec))
+            self._store_state(txn, o)
+        for key, replaced, vec in changes:
+            if replaced is not None and o.index.contains(replaced):
+                o.index.remove(replaced)
+            o.index.add(key, vec)
+        self._maybe_save(o)
+        return len(rows)
+
+    def delete(self, name: str, ids: Iterable[str]) -> int:
+        """Delete vectors by id; returns how many existed."""
+        o = self._get(name)
+        gone = []
+        with self.env.begin(write=True) as txn:
+            for id_ in ids:
+                raw = txn.get(id_.encode(), db=o.ids)
+                if raw is None:
+                    continue
+                key = _KEY.unpack(raw)[0]
+                txn.delete(id_.encode(), db=o.ids)
+                txn.delete(_KEY.pack(key), db=o.rows)
+                o.seq += 1
+                txn.put(_KEY.pack(o.seq), _KEY.pack(key), db=o.log)
+                gone.append(key)
+            self._store_state(txn, o)
+        for key in gone:
+            if o.index.contains(key):
+                o.index.remove(key)
+        self._maybe_save(o)
+        return len(gone)
+
+    # -- reads ----------------------------------------------------------------------------------
+    def query(self, name: str, vector: Any, k: int = 10,
+              filter: dict[str, Any] | None = None, exact: bool = False) -> list[Match]:
+        """The `k` nearest vectors, closest first, whose metadata matches every
+        ``filter`` item (`exact`: brute force instead of the HNSW graph).
+
+        Raises `InvalidValue` for a vector of the wrong dimension.
+        """
+        o = self._get(name)
+        q = self._vector(o.config, vector)
+        if k < 1 or o.index.size == 0:
+            return []
+        want = k if not filter else min(o.index.size, k * 4)
+        while True:
+            found = o.index.search(q, min(want, o.index.size), exact=exact)
+            out = self._matches(o, found.keys, found.distances, filter, k)
+            if len(out) >= k or want >= o.index.size:
+                return out
+            want *= 4
+
+    def _matches(self, o: _Open, keys: Any, dists: Any, filter: dict[str, Any] | None,
+                 k: int) -> list[Match]:
+        out = []
+        with self.env.begin(buffers=True) as txn:
+            for key, dist in zip(keys, dists, strict=True):
+                row = txn.get(_KEY.pack(int(key)), db=o.rows)
+                if row is None:
+                    continue
+                id_, meta = self._row_head(row)
+                if filter and not (meta and all(meta.get(f) == v for f, v in filter.items())):
+                    continue
+                out.append(Match(id_, float(dist), meta))
+                if len(out) == k:
+                    break
+        return out
+
+    def get(self, name: str, id_: str) -> tuple[np.ndarray, dict[str, Any] | None]:
+        """Raises `NotFound`."""
+        o = self._get(name)
+        with self.env.begin(buffers=True) as txn:
+            raw = txn.get(id_.encode(), db=o.ids)
+            row = txn.get(raw, db=o.rows) if raw is not None else None
+            if row is None:
+                raise NotFound(f"no vector {id_!r} in index {name!r}")
+            return self._row_vector(o.config, row).copy(), self._row_head(row)[1]
+
+    def stats(self, name: str) -> dict[str, Any]:
+        o = self._get(name)
+        with self.env.begin() as txn:
+            count = txn.stat(o.ids)["entries"]
+        return {**o.config.__dict__, "count": count, "indexed": o.index.size, "seq": o.seq,
+                "saved_seq": o.saved_seq, "memory_bytes": o.index.memory_usage}
+
+    def save(self, name: str) -> None:
+        """Write the index file, then the sidecar naming its sequence; trim the log."""
+        o = self._get(name)
+        file, sidecar = self._paths(name)
+        tmp = file.with_suffix(".tmp")
+        o.index.save(str(tmp))
+        os.replace(tmp, file)
+        side_tmp = sidecar.with_suffix(".tmp")
+        side_tmp.write_text(json.dumps({"seq": o.seq, "size": o.index.size}))
+        os.replace(side_tmp, sidecar)
+        with self.env.begin(write=True) as txn:
+            cur = txn.cursor(db=o.log)
+            while cur.first() and _KEY.unpack(bytes(cur.key()))[0] <= o.seq:
+                cur.delete()
+        o.saved_seq = o.seq
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed:
+            raise Closed("vector store is closed")
+
+    def _get(self, name: str) -> _Open:
+        self._check()
+        o = self._open.get(name)
+        if o is None:
+            raise UnknownNamespace(f"unknown vector index {name!r}")
+        return o
+
+    def _store_state(self, txn: Any, o: _Open) -> None:
+        txn.put(o.config.name.encode(), json.dumps({**o.config.__dict__, "seq": o.seq,
+                                                     "next_key": o.next_key}).encode(),
+                db=self._configs)
+
+    def _maybe_save(self, o: _Open) -> None:
+        if o.seq - o.saved_seq >= SAVE_EVERY:
+            self.save(o.config.name)
+
+    def _vector(self, c: IndexConfig, vector: Any) -> np.ndarray:
+        try:
+            v = np.asarray(vector, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError):
+            raise InvalidValue(f"index {c.name!r}: vector is not a list of numbers") from None
+        if v.shape[0] != c.dim:
+            raise InvalidValue(f"index {c.name!r} has dimension {c.dim}, got a vector of "
+                               f"{v.shape[0]}")
+        if not np.isfinite(v).all():
+            raise InvalidValue(f"index {c.name!r}: vector has NaN or infinite values")
+        return v
+
+    def _encode(self, c: IndexConfig, id_: str, vector: Any,
+                meta: dict[str, Any] | None) -> tuple[bytes, bytes, np.ndarray]:
+        id_bytes = id_.encode()
+        if not id_bytes or len(id_bytes) > MAX_ID_BYTES:
+            raise LimitExceeded(f"vector ids must be 1 to {MAX_ID_BYTES} bytes, got {id_!r:.60}")
+        meta_bytes = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
+        if len(meta_bytes) > MAX_META_BYTES:
+            raise LimitExceeded(f"metadata of {len(meta_bytes)} bytes for {id_!r} exceeds "
+                                f"{MAX_META_BYTES}")
+        v = self._vector(c, vector)
+        row = _ROW.pack(len(id_bytes), len(meta_bytes)) + id_bytes + meta_bytes + v.tobytes()
+        return id_bytes, row, v
+
+    def _row_head(self, row: Any) -> tuple[str, dict[str, Any] | None]:
+        n, m = _ROW.unpack_from(row)
+        pos = _ROW.size
+        id_ = bytes(row[pos:pos + n]).decode()
+        meta = json.loads(bytes(row[pos + n:pos + n + m])) if m else None
+        return id_, meta
+
+    def _row_vector(self, c: IndexConfig, row: Any) -> np.ndarray:
+        n, m = _ROW.unpack_from(row)
+        start = _ROW.size + n + m
+        return np.frombuffer(bytes(row[start:start + 4 * c.dim]), dtype=np.float32)

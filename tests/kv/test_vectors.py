@@ -1,0 +1,162 @@
+"""Vector index: a stateful test against exact numpy search, crash repair, bad input."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kv.errors import InvalidValue, LimitExceeded, NotFound, UnknownNamespace
+from kv.vectors import VectorStore
+
+DIM = 6
+IDS = st.sampled_from([f"doc{i}" for i in range(12)])
+VEC = st.lists(st.integers(-5, 5), min_size=DIM, max_size=DIM).filter(any)
+TAG = st.sampled_from(["red", "blue"])
+
+
+def exact_l2(model: dict[str, tuple[np.ndarray, dict]], q: np.ndarray, k: int,
+             tag: str | None) -> list[tuple[str, float]]:
+    rows = [(i, float(((v - q) ** 2).sum())) for i, (v, m) in model.items()
+            if tag is None or m["tag"] == tag]
+    return sorted(rows, key=lambda r: (r[1], r[0]))[:k]
+
+
+class VectorModel(RuleBasedStateMachine):
+    """The index against a dict of numpy vectors; exact search on both sides so the
+    bookkeeping (ids, metadata, deletes, filters, reopen) is checked exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp()
+        self.store = VectorStore(self.dir, sync=False)
+        self.store.create("v", DIM, metric="l2")
+        self.model: dict[str, tuple[np.ndarray, dict]] = {}
+
+    @rule(items=st.lists(st.tuples(IDS, VEC, TAG), min_size=1, max_size=4,
+                         unique_by=lambda t: t[0]))
+    def upsert(self, items: list[tuple[str, list[int], str]]) -> None:
+        self.store.upsert("v", [(i, v, {"tag": t}) for i, v, t in items])
+        for i, v, t in items:
+            self.model[i] = (np.array(v, dtype=np.float32), {"tag": t})
+
+    @rule(ids=st.lists(IDS, max_size=3, unique=True))
+    def delete(self, ids: list[str]) -> None:
+        assert self.store.delete("v", ids) == sum(i in self.model for i in ids)
+        for i in ids:
+            self.model.pop(i, None)
+
+    @rule(q=VEC, k=st.integers(1, 5), tag=st.none() | TAG)
+    def query(self, q: list[int], k: int, tag: str | None) -> None:
+        qv = np.array(q, dtype=np.float32)
+        got = self.store.query("v", qv, k, {"tag": tag} if tag else None, exact=True)
+        want = exact_l2(self.model, qv, k, tag)
+        assert [round(m.distance, 3) for m in got] == [round(d, 3) for _, d in want]
+        assert all(m.metadata == self.model[m.id][1] for m in got)
+
+    @rule()
+    def reopen(self) -> None:
+        self.store.close()
+        self.store = VectorStore(self.dir, sync=False)
+
+    @rule()
+    def save(self) -> None:
+        self.store.save("v")
+
+    @invariant()
+    def counts_agree(self) -> None:
+        stats = self.store.stats("v")
+        assert stats["count"] == stats["indexed"] == len(self.model)
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestVectorModel = VectorModel.TestCase
+TestVectorModel.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+
+
+WRITER = """
+import sys, numpy as np
+from kv.vectors import VectorStore
+s = VectorStore(sys.argv[1])
+s.create("crash", 16)
+rng = np.random.default_rng(0)
+i = 0
+while True:
+    s.upsert("crash", [(f"id{i}", rng.normal(size=16), {"i": i})])
+    if i % 7 == 3:
+        s.delete("crash", [f"id{i - 2}"])
+    if i % 50 == 49:
+        s.save("crash")
+    print(i, flush=True)
+    i += 1
+"""
+
+
+def test_index_is_repaired_after_a_sigkill(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True, cwd=root)
+    assert proc.stdout is not None
+    acked = []
+    for line in proc.stdout:
+        acked.append(int(line))
+        if len(acked) >= 180:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    deleted = {i - 2 for i in acked if i % 7 == 3}
+    alive = [i for i in acked if i not in deleted]
+    with VectorStore(tmp_path) as s:
+        stats = s.stats("crash")
+        assert stats["count"] == stats["indexed"]
+        assert stats["count"] in (len(alive), len(alive) + 1)  # +1: killed after a commit
+        for i in alive:
+            vec, meta = s.get("crash", f"id{i}")
+            assert meta == {"i": i}
+            assert s.query("crash", vec, 1)[0].id == f"id{i}"
+        for i in deleted:
+            with pytest.raises(NotFound):
+                s.get("crash", f"id{i}")
+    # a lost or corrupt index file is rebuilt from LMDB
+    (tmp_path / "crash.usearch").write_bytes(b"garbage")
+    with VectorStore(tmp_path) as s:
+        assert s.stats("crash")["indexed"] == s.stats("crash")["count"] >= len(alive)
+    (tmp_path / "crash.usearch").unlink()
+    with VectorStore(tmp_path) as s:
+        assert s.stats("crash")["indexed"] >= len(alive)
+
+
+def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
+    with VectorStore(tmp_path) as s:
+        s.create("docs", 3)
+        with pytest.raises(InvalidValue, match="has dimension 3, got a vector of 2"):
+            s.upsert("docs", [("a", [1, 2], None)])
+        with pytest.raises(InvalidValue, match="NaN"):
+            s.query("docs", [1, float("nan"), 0])
+        with pytest.raises(UnknownNamespace, match="unknown vector index 'nope'"):
+            s.query("nope", [1, 2, 3])
+        with pytest.raises(LimitExceeded, match="vector ids must be"):
+            s.upsert("docs", [("x" * 300, [1, 2, 3], None)])
+        with pytest.raises(InvalidValue, match="metric must be one of"):
+            s.create("other", 3, metric="hamming")
+        with pytest.raises(InvalidValue, match="exists with dim=3"):
+            s.create("docs", 4)
+        with pytest.raises(InvalidValue, match="dimension must be"):
+            s.create("big", 100_000)
+        s.upsert("docs", [("ok", [1, 2, 3], {"a": 1})])
+        with pytest.raises(InvalidValue):  # a batch with one bad vector writes nothing
+            s.upsert("docs", [("b", [1, 2, 3], None), ("c", [1], None)])
+        assert s.stats("docs")["count"] == 1
