@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from . import deploys, manifest
+from .bindings import Bindings, Stores
 from .deploys import DeployStore, Files, FunctionRecord, VersionInfo
 from .errors import DeployError, FunctionError, ManifestError, NotFound
 from .executors import Executor, WasmEngine, load
@@ -56,6 +57,7 @@ class PoP:
         self.data_dir = Path(data_dir)
         self.store = DeployStore(self.data_dir)
         self.wasm = WasmEngine(self.data_dir / "cache")
+        self.stores = Stores(self.data_dir)
         self.functions: dict[str, Deployment] = {}
         self.router: Router[Deployment] = Router()
         self.lock = asyncio.Lock()
@@ -132,7 +134,9 @@ class PoP:
             return self._result(fn, True, started)
 
     def _load(self, m: Manifest, version: str) -> Deployment:
-        executor = load(m, self.store.version_dir(m.name, version), version, self.wasm)
+        self.stores.prepare(m)
+        executor = load(m, self.store.version_dir(m.name, version), version, self.wasm,
+                        Bindings(self.stores, m))
         try:
             executor.prewarm()
         except BaseException:
@@ -239,3 +243,4 @@ class PoP:
         for fn in self.functions.values():
             fn.executor.close()
         self.wasm.close()
+        self.stores.close()

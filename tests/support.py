@@ -94,8 +94,9 @@ def function_dir(root: Path, name: str, source: str, *, entry: str = "main.wat",
 
 
 # A reactor guest whose edgefn_handle body is BODY; it answers 200 "ok" if BODY falls through.
-def reactor(body: str, prelude: str = "", memory: int = 1) -> str:
+def reactor(body: str, prelude: str = "", memory: int = 1, imports: str = "") -> str:
     return f"""(module
+  {imports}
   (memory (export "memory") {memory})
   (data (i32.const 16) "\\c8\\00\\00\\00\\00\\00\\00\\00\\02\\00\\00\\00ok")
   {prelude}

@@ -11,6 +11,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Protocol
 
+from ..bindings import Bindings
 from ..http.message import Request, Response
 from ..manifest import Manifest
 from .wasm_engine import WasmEngine
@@ -41,15 +42,16 @@ class Executor(Protocol):
         ...
 
 
-def load(manifest: Manifest, directory: Path, version: str, wasm: WasmEngine) -> Executor:
+def load(manifest: Manifest, directory: Path, version: str, wasm: WasmEngine,
+         bindings: Bindings | None = None) -> Executor:
     """Compile and validate a function. Raises `DeployError` with the reason."""
     if manifest.runtime == "python":
         from .python import PythonFunction
 
-        return PythonFunction(manifest, directory, version)
+        return PythonFunction(manifest, directory, version, bindings)
     from .wasm import WasmFunction
 
-    return WasmFunction(wasm, manifest, directory)
+    return WasmFunction(wasm, manifest, directory, bindings)
 
 
 __all__ = ["Executor", "WasmEngine", "load"]

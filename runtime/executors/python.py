@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..abi import encode_pairs, encode_request
+from ..bindings import Bindings
 from ..http.message import Request, Response
 from ..isolates.pool import HostConfig, Pool
 from ..manifest import Manifest
@@ -14,7 +15,8 @@ from ..manifest import Manifest
 class PythonFunction:
     abi = "python"
 
-    def __init__(self, manifest: Manifest, directory: Path, version: str) -> None:
+    def __init__(self, manifest: Manifest, directory: Path, version: str,
+                 bindings: Bindings | None = None) -> None:
         """Nothing starts until `prewarm()`."""
         limits, pool = manifest.limits, manifest.pool
         self.cfg = HostConfig(
@@ -25,13 +27,15 @@ class PythonFunction:
         self.standby = pool.standby
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in manifest.env.items()])
         self.pool: Pool | None = None
+        self.bindings = bindings
 
     def prewarm(self) -> None:
         """Start the host processes and import the module in every initial isolate.
         Blocks. Raises `DeployError` naming an import that cannot load."""
         if self.pool is None:
             sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
-            self.pool = Pool(self.cfg, self.standby, sample)
+            self.pool = Pool(self.cfg, self.standby, sample,
+                             self.bindings.call if self.bindings else None)
 
     def activate(self) -> None:
         assert self.pool is not None, "prewarm() first"

@@ -23,10 +23,11 @@ import wasmtime
 from wasmtime import _ffi as ffi
 
 from ..abi import decode_response, encode_pairs, encode_request
+from ..bindings import Bindings
 from ..errors import DeployError, FunctionError
 from ..http.message import Request, Response
 from ..manifest import Manifest
-from . import cgi
+from . import cgi, wasm_host
 from .wasm_engine import TICK_SECONDS, WasmEngine
 from .wasm_ffi import Outcome, ReactorCall, trap_error
 from .wasm_native import NativeReactorCall
@@ -42,7 +43,8 @@ REACTOR_EXPORTS = {
 
 
 class WasmFunction:
-    def __init__(self, wasm: WasmEngine, manifest: Manifest, directory: Path) -> None:
+    def __init__(self, wasm: WasmEngine, manifest: Manifest, directory: Path,
+                 bindings: Bindings | None = None) -> None:
         """Compile, check exports and imports, and pre-link. Raises `DeployError`."""
         self.wasm = wasm
         self.manifest = manifest
@@ -58,10 +60,18 @@ class WasmFunction:
         self.outcome = Outcome(kind, budget_ms, self.memory_limit)
         self.module = self._compile(directory / manifest.entry)
         self.abi = self._detect_abi()
-        uses_wasi = self._check_imports()
+        uses_wasi, host_funcs = self._check_imports()
         linker = wasmtime.Linker(wasm.engine)
         if uses_wasi:
             linker.define_wasi()
+        if host_funcs:
+            if bindings is None:
+                raise DeployError(f"{manifest.entry}: imports edgefn host functions, but no "
+                                  "bindings are available")
+            try:
+                wasm_host.define(linker, host_funcs, bindings)
+            except wasm_host.HostCallError as e:
+                raise DeployError(f"{manifest.entry}: {e}") from None
         try:
             self.pre = linker.instantiate_pre(self.module)
         except wasmtime.WasmtimeError as e:
@@ -106,15 +116,18 @@ class WasmFunction:
                                       f"{want}, found {got}")
         return abi
 
-    def _check_imports(self) -> bool:
+    def _check_imports(self) -> tuple[bool, set[str]]:
         uses_wasi = False
+        host: set[str] = set()
         for imp in self.module.imports:
             if imp.module == WASI_MODULE:
                 uses_wasi = True
+            elif imp.module == "edgefn" and imp.name is not None:
+                host.add(imp.name)
             else:
                 raise DeployError(f"{self.manifest.entry}: module imports "
                                   f"`{imp.module}.{imp.name}`, which edgefn does not provide")
-        return uses_wasi
+        return uses_wasi, host
 
     def prewarm(self) -> None:
         """Instantiate once so code pages and pool slots are hot. Raises `DeployError`

@@ -365,7 +365,8 @@ class Host:
 
 
 class Pool:
-    def __init__(self, cfg: HostConfig, standby: bool, warm_request: bytes) -> None:
+    def __init__(self, cfg: HostConfig, standby: bool, warm_request: bytes,
+                 bindings: Callable[[str, dict[str, Any]], Any] | None = None) -> None:
         """Start the active host (and a warm standby). Blocks; raises `DeployError`.
 
         `warm_request` is a sample encoded request each isolate runs through its
@@ -373,6 +374,7 @@ class Pool:
         """
         self.cfg = cfg
         self.warm_request = warm_request
+        self.bindings = bindings
         self.want_standby = standby
         self.loop: asyncio.AbstractEventLoop | None = None
         self.idle: deque[Isolate] = deque()
@@ -545,6 +547,11 @@ class Pool:
             reply = {"result": None}
         elif name == "deployment":
             reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}
+        elif self.bindings is not None and isinstance(name, str):
+            try:
+                reply = {"result": self.bindings(name, msg.get("args") or {})}
+            except Exception as e:  # BindingError: denied or failed; the guest raises it
+                reply = {"error": str(e)}
         else:
             reply = {"error": f"unknown host call {name!r}"}
         if wait:

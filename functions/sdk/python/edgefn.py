@@ -13,13 +13,14 @@ Only the standard library is available inside isolates (see README).
 
 from __future__ import annotations
 
+import base64
 import json as _json
 import struct
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
-__all__ = ["Env", "Headers", "Request", "Response"]
+__all__ = ["KV", "Env", "Headers", "Request", "Response", "Vectors"]
 
 _U32 = struct.Struct("<I")
 
@@ -153,7 +154,80 @@ class Env:
         """Write a line to the PoP's log, tagged with the function's name."""
         self._call("log", {"message": " ".join(str(p) for p in parts)})
 
+    def kv(self, namespace: str) -> KV:
+        """The KV namespace `namespace` (declared under [bindings] kv)."""
+        return KV(namespace, self._call)
+
+    def vectors(self, index: str) -> Vectors:
+        """The vector index `index` (declared under [bindings] vectors)."""
+        return Vectors(index, self._call)
+
     def deployment(self) -> dict[str, str]:
         """This function's name and the version serving this request (asks the PoP)."""
         result: dict[str, str] = self._call("deployment", {}, True)
         return result
+
+
+class KV:
+    """A KV namespace. Values are bytes (str is stored as UTF-8). Each call is one
+    round trip to the PoP; errors (an undeclared namespace, a value too large)
+    raise RuntimeError with the PoP's message."""
+
+    def __init__(self, namespace: str, call: Any) -> None:
+        self.namespace = namespace
+        self._call = call
+
+    def _do(self, op: str, **args: Any) -> Any:
+        return self._call(f"kv.{op}", {"namespace": self.namespace, **args}, True)
+
+    def get(self, key: str) -> bytes | None:
+        entry = self.get_with_metadata(key)
+        return None if entry is None else entry["value"]
+
+    def get_with_metadata(self, key: str) -> dict[str, Any] | None:
+        """{"value", "metadata", "version", "expires_at"} or None."""
+        entry = self._do("get", key=key)
+        if entry is not None:
+            entry["value"] = base64.b64decode(entry["value"])
+        return entry
+
+    def put(self, key: str, value: bytes | str, *, ttl: float | None = None,
+            metadata: dict[str, Any] | None = None) -> int:
+        return self._do("put", key=key, value=_b64(value), ttl=ttl, metadata=metadata)
+
+    def delete(self, key: str) -> bool:
+        return self._do("delete", key=key)
+
+    def increment(self, key: str, delta: int = 1) -> int:
+        return self._do("increment", key=key, delta=delta)
+
+    def cas(self, key: str, expected_version: int | None, value: bytes | str) -> int | None:
+        """Write only if the key is at `expected_version` (None: absent)."""
+        return self._do("cas", key=key, expected_version=expected_version, value=_b64(value))
+
+    def list(self, prefix: str = "", cursor: str | None = None, limit: int = 100) -> dict:
+        return self._do("list", prefix=prefix, cursor=cursor, limit=limit)
+
+
+class Vectors:
+    """A vector index: query by vector, with optional metadata equality filters."""
+
+    def __init__(self, index: str, call: Any) -> None:
+        self.index = index
+        self._call = call
+
+    def query(self, vector: list[float], k: int = 10,
+              filter: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return self._call("vectors.query", {"index": self.index, "vector": list(vector),
+                                            "k": k, "filter": filter}, True)
+
+    def upsert(self, items: list[dict[str, Any]]) -> int:
+        """items: [{"id", "vector", "metadata"?}]"""
+        return self._call("vectors.upsert", {"index": self.index, "items": items}, True)
+
+    def delete(self, ids: list[str]) -> int:
+        return self._call("vectors.delete", {"index": self.index, "ids": ids}, True)
+
+
+def _b64(value: bytes | str) -> str:
+    return base64.b64encode(value.encode() if isinstance(value, str) else value).decode()

@@ -1,0 +1,150 @@
+/*
+ * edgefn guest SDK for C (reactor ABI, no libc needed).
+ *
+ * Define `int64_t handle(const edgefn_request *req)` and return one of the
+ * edgefn_respond* helpers. Build (see functions/examples/counter-c/build.sh):
+ *   clang --target=wasm32 -O2 -nostdlib -Wl,--no-entry -Wl,--strip-all \
+ *         -Wl,--allow-undefined -o fn.wasm fn.c
+ * Host functions (KV, vectors) are imported from the "edgefn" module; a call the
+ * manifest did not declare traps with the reason.
+ */
+#ifndef EDGEFN_H
+#define EDGEFN_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define EDGEFN_IMPORT(n) __attribute__((import_module("edgefn"), import_name(n)))
+#define EDGEFN_EXPORT(n) __attribute__((export_name(n)))
+
+EDGEFN_IMPORT("kv_get") int64_t edgefn_kv_get(const char *ns, int32_t ns_len, const char *key,
+                                              int32_t key_len);
+EDGEFN_IMPORT("kv_put") int64_t edgefn_kv_put(const char *ns, int32_t ns_len, const char *key,
+                                              int32_t key_len, const void *val, int32_t val_len);
+EDGEFN_IMPORT("kv_delete") int32_t edgefn_kv_delete(const char *ns, int32_t ns_len,
+                                                    const char *key, int32_t key_len);
+EDGEFN_IMPORT("kv_increment") int64_t edgefn_kv_increment(const char *ns, int32_t ns_len,
+                                                          const char *key, int32_t key_len,
+                                                          int64_t delta);
+EDGEFN_IMPORT("call") int64_t edgefn_call(const char *name, int32_t name_len, const char *args,
+                                          int32_t args_len);
+
+typedef struct { const char *ptr; uint32_t len; } edgefn_str;
+
+typedef struct {
+    edgefn_str method, path, query, body;
+    uint32_t n_headers, n_env;
+    const uint8_t *headers, *env; /* (u32 len, bytes) pairs, see README "Guest ABI" */
+} edgefn_request;
+
+/* -- memory: a bump allocator (every request gets a fresh instance) ------------------------ */
+extern unsigned char __heap_base;
+static uintptr_t edgefn__top;
+
+void *memcpy(void *dst, const void *src, size_t n) {
+    unsigned char *d = dst; const unsigned char *s = src;
+    while (n--) *d++ = *s++;
+    return dst;
+}
+
+void *memset(void *dst, int c, size_t n) {
+    unsigned char *d = dst;
+    while (n--) *d++ = (unsigned char)c;
+    return dst;
+}
+
+EDGEFN_EXPORT("edgefn_alloc") int32_t edgefn_alloc(int32_t n) {
+    if (!edgefn__top) edgefn__top = (uintptr_t)&__heap_base;
+    uintptr_t p = (edgefn__top + 7) & ~(uintptr_t)7;
+    uintptr_t end = p + (uint32_t)n;
+    uintptr_t have = __builtin_wasm_memory_size(0) * 65536u;
+    if (end > have && __builtin_wasm_memory_grow(0, (end - have + 65535) / 65536) == (size_t)-1)
+        __builtin_trap();
+    edgefn__top = end;
+    return (int32_t)p;
+}
+
+/* -- strings ------------------------------------------------------------------------------- */
+static inline uint32_t edgefn_strlen(const char *s) { uint32_t n = 0; while (s[n]) n++; return n; }
+static inline edgefn_str edgefn_cstr(const char *s) { edgefn_str r = {s, edgefn_strlen(s)}; return r; }
+static inline int edgefn_eq(edgefn_str a, const char *b) {
+    uint32_t n = edgefn_strlen(b);
+    if (a.len != n) return 0;
+    for (uint32_t i = 0; i < n; i++) if (a.ptr[i] != b[i]) return 0;
+    return 1;
+}
+/* Decimal text of v into buf (at least 21 bytes); returns its length. */
+static inline uint32_t edgefn_itoa(int64_t v, char *buf) {
+    char tmp[21]; uint32_t n = 0, i = 0;
+    uint64_t u = v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v;
+    do { tmp[n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) buf[i++] = '-';
+    while (n) buf[i++] = tmp[--n];
+    return i;
+}
+/* The bytes a host call returned ((ptr << 32) | len), or {0, 0} for -1 (absent). */
+static inline edgefn_str edgefn_result(int64_t r) {
+    edgefn_str s = {0, 0};
+    if (r != -1) { s.ptr = (const char *)(uintptr_t)((uint64_t)r >> 32); s.len = (uint32_t)r; }
+    return s;
+}
+
+/* -- request ------------------------------------------------------------------------------- */
+static inline uint32_t edgefn__u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static const uint8_t *edgefn__str(const uint8_t *p, edgefn_str *out) {
+    out->len = edgefn__u32(p); out->ptr = (const char *)p + 4; return p + 4 + out->len;
+}
+static const uint8_t *edgefn__pairs(const uint8_t *p, uint32_t *count, const uint8_t **start) {
+    edgefn_str s;
+    *count = edgefn__u32(p); p += 4; *start = p;
+    for (uint32_t i = 0; i < 2 * *count; i++) p = edgefn__str(p, &s);
+    return p;
+}
+/* The first value of `name` among (name, value) pairs (headers: lower-case names). */
+static inline edgefn_str edgefn_lookup(const uint8_t *pairs, uint32_t count, const char *name) {
+    edgefn_str k, v, none = {0, 0};
+    for (uint32_t i = 0; i < count; i++) {
+        pairs = edgefn__str(edgefn__str(pairs, &k), &v);
+        if (edgefn_eq(k, name)) return v;
+    }
+    return none;
+}
+#define edgefn_header(req, name) edgefn_lookup((req)->headers, (req)->n_headers, (name))
+#define edgefn_env(req, name) edgefn_lookup((req)->env, (req)->n_env, (name))
+
+/* -- response ------------------------------------------------------------------------------ */
+static inline uint8_t *edgefn__put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+    return p + 4;
+}
+static inline uint8_t *edgefn__putstr(uint8_t *p, const void *s, uint32_t n) {
+    p = edgefn__put32(p, n); memcpy(p, s, n); return p + n;
+}
+/* A response with one content-type header; returns what edgefn_handle must return. */
+static inline int64_t edgefn_respond(uint32_t status, const char *content_type, const void *body,
+                                     uint32_t len) {
+    uint32_t ct = edgefn_strlen(content_type);
+    uint8_t *out = (uint8_t *)(uintptr_t)edgefn_alloc((int32_t)(8 + 16 + 12 + ct + len));
+    uint8_t *p = edgefn__put32(edgefn__put32(out, status), 1);
+    p = edgefn__putstr(p, "content-type", 12);
+    p = edgefn__putstr(p, content_type, ct);
+    p = edgefn__putstr(p, body, len);
+    return (int64_t)((uint64_t)(uintptr_t)out << 32 | (uint32_t)(p - out));
+}
+
+int64_t handle(const edgefn_request *req);
+
+EDGEFN_EXPORT("edgefn_handle") int64_t edgefn_handle(int32_t ptr, int32_t len) {
+    const uint8_t *p = (const uint8_t *)(uintptr_t)ptr + 4; /* skip "EFQ1" */
+    edgefn_request r;
+    (void)len;
+    p = edgefn__str(p, &r.method);
+    p = edgefn__str(p, &r.path);
+    p = edgefn__str(p, &r.query);
+    p = edgefn__pairs(p, &r.n_headers, &r.headers);
+    p = edgefn__pairs(p, &r.n_env, &r.env);
+    edgefn__str(p, &r.body);
+    return handle(&r);
+}
+#endif

@@ -1,0 +1,87 @@
+"""KV and vector bindings from WASM and Python functions, over a real PoP."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from tests.support import EXAMPLES, Running, function_dir, reactor
+
+DOCS = [{"id": "d1", "vector": [1, 0, 0], "text": "about cats"},
+        {"id": "d2", "vector": [0, 1, 0], "text": "about dogs"},
+        {"id": "d3", "vector": [0.9, 0.2, 0], "text": "kittens"}]
+
+
+def test_counters_in_wasm_and_python_count_every_concurrent_hit(pop: Running) -> None:
+    pop.deploy(EXAMPLES / "counter-c")
+    pop.deploy(EXAMPLES / "counter-py")
+    errors: list[str] = []
+
+    def hit(path: str, n: int) -> None:
+        for _ in range(n):
+            status, _, body = pop.get(path)
+            if status != 200:
+                errors.append(f"{path} {status} {body[:200]!r}")
+
+    threads = [threading.Thread(target=hit, args=(p, 25))
+               for p in ("/counter-c/x", "/counter-py/x") for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads(pop.get("/counter-c/x")[2]) == {"count": 101}
+    assert json.loads(pop.get("/counter-py/x")[2]) == {"count": 101}
+    assert pop.pop.stores.kv.get("counters", b"/counter-c/x") == b"101"
+
+
+def test_retrieval_in_python_and_c_share_the_stores(pop: Running) -> None:
+    pop.deploy(EXAMPLES / "retrieval-py")
+    pop.deploy(EXAMPLES / "retrieval-c")
+    assert pop.request("POST", "/retrieval-py/docs", json.dumps(DOCS).encode())[0] == 201
+    for path in ("/retrieval-py", "/retrieval-c"):
+        status, _, body = pop.request("POST", path, b"[1, 0, 0]")
+        assert status == 200, body
+        results = json.loads(body)["results"]
+        assert [(r["id"], r["text"]) for r in results] == [
+            ("d1", "about cats"), ("d3", "kittens"), ("d2", "about dogs")]
+    assert pop.request("POST", "/retrieval-py", b"[1, 0]")[0] == 500  # wrong dimension
+
+
+UNDECLARED_C = reactor("""
+  (drop (call $inc (i32.const 200) (i32.const 6) (i32.const 200) (i32.const 6) (i64.const 1)))""",
+                       imports="""(import "edgefn" "kv_increment"
+                            (func $inc (param i32 i32 i32 i32 i64) (result i64)))""",
+                       prelude='(data (i32.const 200) "secret")')
+
+
+def test_undeclared_bindings_are_denied_with_a_clear_error(pop: Running, tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "sneaky", UNDECLARED_C, extra='[bindings]\nkv = ["mine"]')
+    pop.deploy(d)
+    status, headers, body = pop.get("/sneaky")
+    assert (status, headers["x-edgefn-error"]) == (500, "binding")
+    assert b"did not declare KV namespace 'secret'" in body
+    py = tmp_path / "sneaky-py"
+    py.mkdir()
+    (py / "main.py").write_text(
+        "from edgefn import Response\n\ndef handle(request, env):\n"
+        "    try:\n        env.kv('secret').get('k')\n"
+        "    except RuntimeError as e:\n        return Response(str(e), status=403)\n")
+    (py / "edgefn.toml").write_text('name = "sneaky-py"\nruntime = "python"\nentry = "main.py"\n'
+                                    'routes = ["/sneaky-py"]\n[pool]\nstandby = false\n')
+    pop.deploy(py)
+    status, _, body = pop.get("/sneaky-py")
+    assert status == 403 and b"did not declare KV namespace 'secret'" in body
+
+
+def test_unknown_host_import_is_rejected_at_deploy(pop: Running, tmp_path: Path) -> None:
+    from runtime.client import AdminError
+
+    src = reactor("", imports='(import "edgefn" "teleport" (func))')
+    try:
+        pop.deploy(function_dir(tmp_path, "tele", src))
+    except AdminError as e:
+        assert "`edgefn.teleport` is not a host function edgefn provides" in str(e)
+    else:
+        raise AssertionError("deploy should have been rejected")
