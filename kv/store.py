@@ -117,14 +117,20 @@ class KVStore:
         with self.env.begin() as txn:
             return [k.decode() for k, _ in txn.cursor(db=self._names)]
 
-    def _db(self, ns: str) -> Any:
+    def _db(self, ns: str, txn: Any = None) -> Any:
+        """The handle of namespace `ns`; inside a write transaction pass it as `txn`
+        (opening a database outside it would wait for our own writer lock)."""
         self._check_open()
         db = self._dbs.get(ns)
         if db is None:
-            with self.env.begin() as txn:
-                if txn.get(ns.encode(), db=self._names) is None:
-                    raise UnknownNamespace(f"unknown namespace {ns!r}")
-            db = self._dbs[ns] = self.env.open_db(b"ns:" + ns.encode())
+            if txn is None:
+                with self.env.begin() as read:
+                    known = read.get(ns.encode(), db=self._names) is not None
+            else:
+                known = txn.get(ns.encode(), db=self._names) is not None
+            if not known:
+                raise UnknownNamespace(f"unknown namespace {ns!r}")
+            db = self._dbs[ns] = self.env.open_db(b"ns:" + ns.encode(), txn=txn, create=False)
         return db
 
     # -- reads ------------------------------------------------------------------------------
@@ -242,9 +248,10 @@ class KVStore:
     def stats(self) -> dict[str, Any]:
         self._check_open()
         out: dict[str, Any] = {"map_size": self.env.info()["map_size"], "namespaces": {}}
+        dbs = {ns: self._db(ns) for ns in self.namespaces()}
         with self.env.begin() as txn:
-            for ns in self.namespaces():
-                out["namespaces"][ns] = txn.stat(self._db(ns))["entries"]
+            for ns, db in dbs.items():
+                out["namespaces"][ns] = txn.stat(db)["entries"]
         return out
 
     # -- internals --------------------------------------------------------------------------
@@ -293,7 +300,7 @@ class _Writer:
         if kind == "delete":
             return self.delete(*args)
         if kind == "get":
-            raw = self.txn.get(args[1], db=self.s._db(args[0]))
+            raw = self.txn.get(args[1], db=self.s._db(args[0], self.txn))
             entry = None if raw is None else self.s._decode(raw, self.now)
             return None if entry is None else entry.value
         if kind == "increment":
@@ -312,7 +319,7 @@ class _Writer:
 
     def put(self, ns: str, key: bytes, value: bytes, *, ttl: float | None = None,
             metadata: dict[str, Any] | None = None) -> int:
-        db = self.s._db(ns)
+        db = self.s._db(ns, self.txn)
         lim = self.s.limits
         if not key or len(key) > lim.max_key_bytes:
             raise LimitExceeded(f"key of {len(key)} bytes in {ns!r}: keys must be 1 to "
@@ -341,7 +348,7 @@ class _Writer:
         return version
 
     def delete(self, ns: str, key: bytes) -> bool:
-        db = self.s._db(ns)
+        db = self.s._db(ns, self.txn)
         raw = self.txn.get(key, db=db)
         if raw is None:
             return False
@@ -353,13 +360,13 @@ class _Writer:
 
     def cas(self, ns: str, key: bytes, expected: int | None, value: bytes, *,
             ttl: float | None = None, metadata: dict[str, Any] | None = None) -> int | None:
-        current = self._current(self.s._db(ns), key)
+        current = self._current(self.s._db(ns, self.txn), key)
         if (current[0] if current else None) != expected:
             return None
         return self.put(ns, key, value, ttl=ttl, metadata=metadata)
 
     def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0) -> int:
-        db = self.s._db(ns)
+        db = self.s._db(ns, self.txn)
         raw = self.txn.get(key, db=db)
         entry = None if raw is None else self.s._decode(raw, self.now)
         if entry is None:

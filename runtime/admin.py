@@ -5,6 +5,8 @@
     GET    /v1/functions/NAME/versions        versions and history
     POST   /v1/functions/NAME/rollback        body: {"version": "..."} (optional)
     DELETE /v1/functions/NAME
+    POST   /v1/kv/NAMESPACE/OP                {get,put,delete,list,increment,cas,create} args
+    POST   /v1/vectors/INDEX/OP               {create,upsert,query,delete,stats} args
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ipaddress
 import msgspec
 
 from . import deploys
+from .bindings import BindingError, Bindings
 from .errors import DeployError, ManifestError, NotFound
 from .http.message import Request, Response, json_response
 from .pop import PoP
@@ -28,6 +31,7 @@ class AdminApp:
     def __init__(self, pop: PoP, token: str) -> None:
         self.pop = pop
         self.token = f"Bearer {token}".encode()
+        self.store_ops = Bindings(pop.stores, None)
 
     def __call__(self, request: Request) -> Response | object:
         if not _is_loopback(request.client):
@@ -55,6 +59,13 @@ class AdminApp:
                     body = msgspec.json.decode(request.body or b"{}", type=RollbackBody)
                     result = await self.pop.rollback(name, body.version)
                     return json_response(msgspec.to_builtins(result))
+                case ["v1", ("kv" | "vectors") as kind, target, op] if method == b"POST":
+                    args = msgspec.json.decode(request.body or b"{}")
+                    if not isinstance(args, dict):
+                        return _error(400, "bad_request", "body must be a JSON object")
+                    key = "namespace" if kind == "kv" else "index"
+                    result = self.store_ops.call(f"{kind}.{op}", {**args, key: target})
+                    return json_response({"result": result})
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.pop.delete(name)
                     return json_response({"deleted": name})
@@ -66,6 +77,8 @@ class AdminApp:
             return _error(400, "deploy_rejected", str(e))
         except NotFound as e:
             return _error(404, "not_found", str(e))
+        except BindingError as e:
+            return _error(400, "store_error", str(e))
 
 
 def _error(status: int, kind: str, message: str, **extra: object) -> Response:

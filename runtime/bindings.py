@@ -54,11 +54,13 @@ class Stores:
 
 
 class Bindings:
-    def __init__(self, stores: Stores, manifest: Manifest) -> None:
+    def __init__(self, stores: Stores, manifest: Manifest | None) -> None:
+        """`manifest` None: the operator's access (admin API, CLI), allowed everywhere."""
         self.stores = stores
-        self.name = manifest.name
-        self.kv_allowed = frozenset(manifest.bindings.kv)
-        self.vectors_allowed = frozenset(manifest.bindings.vectors)
+        self.name = manifest.name if manifest else "<admin>"
+        self.admin = manifest is None
+        self.kv_allowed = frozenset(manifest.bindings.kv if manifest else ())
+        self.vectors_allowed = frozenset(manifest.bindings.vectors if manifest else ())
 
     def call(self, name: str, args: dict[str, Any]) -> Any:
         """Run binding `name` ("kv.get", "vectors.query", ...) with JSON-ish args.
@@ -80,7 +82,10 @@ class Bindings:
 
     def _kv(self, op: str, a: dict[str, Any]) -> Any:
         ns = a["namespace"]
-        if ns not in self.kv_allowed:
+        if self.admin and op == "create":
+            self.stores.kv.create_namespace(ns)
+            return None
+        if ns not in self.kv_allowed and not self.admin:
             raise BindingError(f"function {self.name!r} did not declare KV namespace {ns!r} "
                                "(add it to [bindings] kv in edgefn.toml)")
         kv = self.stores.kv
@@ -111,7 +116,13 @@ class Bindings:
 
     def _vectors(self, op: str, a: dict[str, Any]) -> Any:
         index = a["index"]
-        if index not in self.vectors_allowed:
+        if self.admin and op in ("create", "stats"):
+            if op == "stats":
+                return self.stores.vectors.stats(index)
+            config = self.stores.vectors.create(index, int(a["dim"]), a.get("metric", "cos"),
+                                                a.get("dtype", "f32"))
+            return config.__dict__
+        if index not in self.vectors_allowed and not self.admin:
             raise BindingError(f"function {self.name!r} did not declare vector index {index!r} "
                                "(add it to [bindings] vectors in edgefn.toml)")
         vs = self.stores.vectors

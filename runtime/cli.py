@@ -63,7 +63,57 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s = cmd("delete", _delete, "stop serving a function and delete its versions")
     s.add_argument("name")
+    _store_commands(sub, cmd)
     return p
+
+
+def _store_commands(sub: Any, cmd: Any) -> None:
+    from .store_cli import kv_command, vectors_command
+
+    def op_parser(ops: Any, name: str, **kw: Any) -> Any:
+        o = ops.add_parser(name, **kw)
+        # --data may also come after the operation (it defaults on the parent parser)
+        o.add_argument("--data", default=argparse.SUPPRESS, help="data dir")
+        return o
+
+    kv = cmd("kv", kv_command, "read and write KV namespaces (via the PoP if one runs)")
+    kv_ops = kv.add_subparsers(dest="op", required=True, metavar="OP")
+    for op in ("get", "put", "delete", "increment", "list"):
+        o = op_parser(kv_ops, op)
+        o.add_argument("namespace")
+        if op != "list":
+            o.add_argument("key")
+        if op == "put":
+            o.add_argument("value", help="the value, or - to read stdin")
+            o.add_argument("--ttl", type=float)
+            o.add_argument("--metadata", help="a JSON object")
+        if op == "list":
+            o.add_argument("--prefix", default="")
+            o.add_argument("--limit", type=int, default=100)
+            o.add_argument("--cursor")
+        o.add_argument("--json", action="store_true")
+    vec = cmd("vectors", vectors_command, "create, fill and query vector indexes")
+    vec_ops = vec.add_subparsers(dest="op", required=True, metavar="OP")
+    o = op_parser(vec_ops, "create")
+    o.add_argument("index")
+    o.add_argument("--dim", type=int, required=True)
+    o.add_argument("--metric", default="cos", choices=["cos", "ip", "l2"])
+    o.add_argument("--dtype", default="f32", choices=["f32", "f16", "i8"])
+    o = op_parser(vec_ops, "upsert")
+    o.add_argument("index")
+    o.add_argument("id")
+    o.add_argument("--vector", required=True, help="a JSON list of numbers")
+    o.add_argument("--metadata", help="a JSON object")
+    o = op_parser(vec_ops, "query")
+    o.add_argument("index")
+    o.add_argument("--vector", required=True, help="a JSON list of numbers")
+    o.add_argument("-k", type=int, default=10)
+    o.add_argument("--filter", help='metadata equality, as JSON: {"lang": "en"}')
+    o = op_parser(vec_ops, "import", help="JSONL lines {id, vector, metadata} or a .npy matrix")
+    o.add_argument("index")
+    o.add_argument("file")
+    o = op_parser(vec_ops, "stats")
+    o.add_argument("index")
 
 
 def _client(args: argparse.Namespace) -> Any:

@@ -1,0 +1,71 @@
+"""`edgefn kv` and `edgefn vectors` on a data dir and through a running PoP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.support import pop_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def edgefn(*args: str, data: Path, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args, "--data", str(data)],
+                          input=stdin, capture_output=True, timeout=60, cwd=ROOT)
+
+
+def ok(*args: str, data: Path, stdin: bytes = b"") -> bytes:
+    r = edgefn(*args, data=data, stdin=stdin)
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout
+
+
+def test_kv_and_vectors_on_a_data_dir(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    ok("kv", "put", "docs", "greeting", "hello", "--metadata", '{"lang": "en"}', data=d)
+    ok("kv", "put", "docs", "bin", "-", data=d, stdin=b"\x00\x01\x02")
+    assert ok("kv", "get", "docs", "greeting", data=d) == b"hello"
+    assert ok("kv", "get", "docs", "bin", data=d) == b"\x00\x01\x02"
+    assert ok("kv", "list", "docs", data=d).split() == [b"bin", b"greeting"]
+    assert ok("kv", "increment", "docs", "n", data=d).strip() == b"1"
+    assert json.loads(ok("kv", "delete", "docs", "bin", data=d)) is True
+    ok("vectors", "create", "emb", "--dim", "3", data=d)
+    (tmp_path / "v.jsonl").write_text('{"id": "a", "vector": [1, 0, 0], "metadata": {"t": 1}}\n'
+                                      '{"id": "b", "vector": [0, 1, 0]}\n')
+    assert json.loads(ok("vectors", "import", "emb", str(tmp_path / "v.jsonl"), data=d)) == {
+        "imported": 2}
+    np.save(tmp_path / "m.npy", np.array([[0, 0, 1]], dtype=np.float32))
+    ok("vectors", "import", "emb", str(tmp_path / "m.npy"), data=d)
+    hits = json.loads(ok("vectors", "query", "emb", "--vector", "[0.9, 0.1, 0]", "-k", "2",
+                         data=d))
+    assert [h["id"] for h in hits] == ["a", "b"] and hits[0]["metadata"] == {"t": 1}
+    assert json.loads(ok("vectors", "stats", "emb", data=d))["count"] == 3
+
+
+def test_bad_input_is_reported_and_changes_nothing(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    ok("vectors", "create", "emb", "--dim", "2", data=d)
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "vector": [1, 0]}\nnot json\n')
+    r = edgefn("vectors", "import", "emb", str(tmp_path / "bad.jsonl"), data=d)
+    assert r.returncode == 1 and b"bad.jsonl:2:" in r.stderr
+    r = edgefn("vectors", "query", "emb", "--vector", "[1, 2, 3]", data=d)
+    assert r.returncode == 1 and b"has dimension 2, got a vector of 3" in r.stderr
+    r = edgefn("kv", "get", "nowhere", "k", data=d)
+    assert r.returncode == 1 and b"unknown namespace 'nowhere'" in r.stderr
+    assert json.loads(ok("vectors", "stats", "emb", data=d))["count"] == 0
+
+
+def test_commands_go_through_a_running_pop(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    with pop_thread(d) as running:
+        ok("vectors", "create", "live", "--dim", "2", data=d)
+        ok("vectors", "upsert", "live", "x", "--vector", "[1, 0]", data=d)
+        ok("kv", "put", "live", "k", "v", data=d)
+        # the PoP's own in-memory index sees the write at once
+        assert running.pop.stores.vectors.query("live", [1, 0], 1)[0].id == "x"
+        assert running.pop.stores.kv.get("live", b"k") == b"v"
