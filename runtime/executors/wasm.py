@@ -69,7 +69,7 @@ class WasmFunction:
                 raise DeployError(f"{manifest.entry}: imports edgefn host functions, but no "
                                   "bindings are available")
             try:
-                wasm_host.define(linker, host_funcs, bindings)
+                self.host_functions = wasm_host.HostFunctions(linker, host_funcs, bindings)
             except wasm_host.HostCallError as e:
                 raise DeployError(f"{manifest.entry}: {e}") from None
         try:

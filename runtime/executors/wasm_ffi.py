@@ -167,15 +167,10 @@ def call_error(trap_ptr: int | None, error_ptr: int | None, what: str, outcome: 
     if trap_ptr:
         trap = wasmtime.Trap._from_ptr(ctypes.cast(trap_ptr, POINTER(ffi.wasm_trap_t)))
         return trap_error(trap, what, outcome, memory_size)
-    host_error = _take_host_exception()
-    if host_error is not None:
-        if error_ptr:  # free it: the host exception says more
-            wasmtime.WasmtimeError._from_ptr(ctypes.cast(error_ptr, POINTER(ffi.wasmtime_error_t)))
-        return FunctionError("binding", 500, f"failed in a host call from {what}: {host_error}")
     if error_ptr:
         ptr = ctypes.cast(error_ptr, POINTER(ffi.wasmtime_error_t))
         err = wasmtime.WasmtimeError._from_ptr(ptr)
-        return FunctionError("trap", 500, f"{what} failed: {err}")
+        return _binding_error(str(err), what) or FunctionError("trap", 500, f"{what} failed: {err}")
     raise AssertionError("call_error without a trap or an error")
 
 
@@ -185,9 +180,9 @@ def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: in
     quarter of it (at the limit ``memory.grow`` returns -1 and guests abort, so
     the trap itself does not say why)."""
     code = trap.trap_code
-    host_error = _take_host_exception() if "python exception" in trap.message else None
-    if host_error is not None:
-        return FunctionError("binding", 500, f"failed in a host call from {what}: {host_error}")
+    binding = _binding_error(trap.message, what)
+    if binding is not None:
+        return binding
     if code == wasmtime.TrapCode.INTERRUPT:
         what_limit = "CPU" if outcome.interrupt_kind == "cpu_limit" else "wall-time"
         status = 503 if outcome.interrupt_kind == "cpu_limit" else 504
@@ -202,13 +197,13 @@ def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: in
     return FunctionError("trap", 500, f"trapped in {what} ({label}): {_first_line(trap.message)}")
 
 
-def _take_host_exception() -> BaseException | None:
-    """The Python exception a host function raised, which wasmtime-py parks in a
-    module global (and reports as a trap or error saying "python exception")."""
-    from wasmtime import _func
-
-    exc, _func.LAST_EXCEPTION = _func.LAST_EXCEPTION, None
-    return exc
+def _binding_error(message: str, what: str) -> FunctionError | None:
+    """A trap a host function raised (see `wasm_host.TRAP_PREFIX`), with its reason."""
+    marker = "edgefn binding: "
+    if marker not in message:
+        return None
+    reason = message.split(marker, 1)[1].strip().splitlines()[0]
+    return FunctionError("binding", 500, f"failed in a host call from {what}: {reason}")
 
 
 def _first_line(message: str) -> str:

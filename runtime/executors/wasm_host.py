@@ -1,37 +1,39 @@
 """Host functions WASM guests import from the ``edgefn`` module: KV and vector
 bindings, checked by the function's `Bindings` like Python's host calls.
 
-    kv_get(ns, ns_len, key, key_len) -> i64         value at (r >> 32, r & 0xffffffff),
-                                                    or -1 if absent
+    kv_get(ns, ns_len, key, key_len, buf, cap) -> i64   value length, or -1 if absent;
+                                                    the value is copied to buf if it fits
+                                                    (else call again with a larger buf)
     kv_put(ns, ns_len, key, key_len, val, val_len) -> i64   the key's new version
     kv_delete(ns, ns_len, key, key_len) -> i32      1 if it existed
     kv_increment(ns, ns_len, key, key_len, delta: i64) -> i64   the new value
-    call(name, name_len, args, args_len) -> i64     any binding ("vectors.query", ...)
-                                                    with JSON args; JSON result as kv_get
+    call(name, name_len, args, args_len, buf, cap) -> i64   any binding ("vectors.query",
+                                                    ...) with JSON args; JSON result as kv_get
 
-Returned bytes are copied into memory the guest allocates with its own
-``edgefn_alloc``. A denied or failed call traps with the reason.
+Results land in a buffer the guest passes, so no call re-enters the guest. A
+denied or failed call traps with the reason.
 """
 
 from __future__ import annotations
 
-import base64
 import ctypes
 import json
 from collections.abc import Callable
 from typing import Any
 
 import wasmtime
+from wasmtime import _ffi as ffi
 
-from ..bindings import Bindings
+from ..bindings import BindingError, Bindings
+from .wasm_ffi import _EXTERN_OF, _fn, memory_data, memory_data_size
 
 I32, I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
 SIGNATURES = {
-    "kv_get": ([I32] * 4, [I64]),
+    "kv_get": ([I32] * 6, [I64]),
     "kv_put": ([I32] * 6, [I64]),
     "kv_delete": ([I32] * 4, [I32]),
     "kv_increment": ([I32] * 4 + [I64], [I64]),
-    "call": ([I32] * 4, [I64]),
+    "call": ([I32] * 6, [I64]),
 }
 
 
@@ -39,76 +41,116 @@ class HostCallError(Exception):
     """Raised inside a host function; becomes the guest's trap message."""
 
 
-def _read(caller: wasmtime.Caller, ptr: int, length: int) -> bytes:
-    memory = caller["memory"]
-    assert isinstance(memory, wasmtime.Memory)
-    if ptr < 0 or length < 0 or ptr + length > memory.data_len(caller):
-        raise HostCallError(f"pointer ({ptr}, {length}) is outside guest memory")
-    return ctypes.string_at(ctypes.addressof(memory.data_ptr(caller).contents) + ptr, length)
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_size_t)
+_define = _fn("wasmtime_linker_define_func_unchecked", ctypes.c_void_p, ctypes.c_void_p,
+              ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+              ctypes.c_void_p, _CALLBACK, ctypes.c_void_p, ctypes.c_void_p)
+_caller_export = _fn("wasmtime_caller_export_get", ctypes.c_bool, ctypes.c_void_p,
+                     ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p)
+_caller_context = _fn("wasmtime_caller_context", ctypes.c_void_p, ctypes.c_void_p)
+_trap_new = _fn("wasmtime_trap_new", ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+TRAP_PREFIX = "edgefn binding: "
 
 
-def _give(caller: wasmtime.Caller, data: bytes) -> int:
-    """Copy `data` into guest memory allocated by the guest; returns (ptr << 32) | len."""
-    alloc = caller["edgefn_alloc"]
-    assert isinstance(alloc, wasmtime.Func)
-    ptr = alloc(caller, len(data))
-    memory = caller["memory"]
-    assert isinstance(memory, wasmtime.Memory)
-    if ptr < 0 or ptr + len(data) > memory.data_len(caller):
-        raise HostCallError(f"edgefn_alloc({len(data)}) returned {ptr}, outside guest memory")
-    ctypes.memmove(ctypes.addressof(memory.data_ptr(caller).contents) + ptr, data, len(data))
-    return (ptr << 32) | len(data)
+class _Memory:
+    """The calling instance's linear memory, looked up once per host call."""
+
+    def __init__(self, caller: int) -> None:
+        ext = ffi.wasmtime_extern_t()
+        if not _caller_export(caller, b"memory", 6, ctypes.byref(ext)):
+            raise HostCallError("the module exports no memory")
+        ctx = _caller_context(caller)
+        mem = ctypes.byref(ext, _EXTERN_OF)
+        self.base = memory_data(ctx, mem)
+        self.size = memory_data_size(ctx, mem)
+
+    def _check(self, ptr: int, length: int) -> None:
+        if ptr < 0 or length < 0 or ptr + length > self.size:
+            raise HostCallError(f"pointer ({ptr}, {length}) is outside guest memory")
+
+    def read(self, ptr: int, length: int) -> bytes:
+        self._check(ptr, length)
+        return ctypes.string_at(self.base + ptr, length)
+
+    def text(self, ptr: int, length: int) -> str:
+        return self.read(ptr, length).decode("utf-8", "replace")
+
+    def give(self, data: bytes, ptr: int, cap: int) -> int:
+        """Copy `data` to (ptr, cap) if it fits; its length either way."""
+        if len(data) <= cap:
+            self._check(ptr, len(data))
+            ctypes.memmove(self.base + ptr, data, len(data))
+        return len(data)
 
 
-def define(linker: wasmtime.Linker, names: set[str], bindings: Bindings) -> None:
-    """Define the host functions in `names` (as imported) on `linker`.
+class HostFunctions:
+    """The ``edgefn`` imports of one function, defined on its Linker through
+    wasmtime's unchecked (raw-value) callbacks: no per-call value conversion in
+    wasmtime-py. Keep this object alive as long as the Linker's instances."""
 
-    Raises `HostCallError` for an import that edgefn does not provide.
-    """
-    impls = _impls(bindings)
-    for name in names:
-        if name not in SIGNATURES:
-            raise HostCallError(f"`edgefn.{name}` is not a host function edgefn provides "
-                                f"(known: {', '.join(sorted(SIGNATURES))})")
-        params, results = SIGNATURES[name]
-        linker.define_func("edgefn", name, wasmtime.FuncType(params, results), impls[name],
-                           access_caller=True)
+    def __init__(self, linker: wasmtime.Linker, names: set[str], bindings: Bindings) -> None:
+        """Raises `HostCallError` for an import that edgefn does not provide."""
+        impls = _impls(bindings)
+        self.callbacks = []
+        for name in sorted(names):
+            if name not in SIGNATURES:
+                raise HostCallError(f"`edgefn.{name}` is not a host function edgefn provides "
+                                    f"(known: {', '.join(sorted(SIGNATURES))})")
+            params, results = SIGNATURES[name]
+            ty = wasmtime.FuncType(params, results)
+            cb = _CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64))
+            self.callbacks.append((cb, ty))
+            err = _define(ctypes.cast(linker.ptr(), ctypes.c_void_p).value, b"edgefn", 6,
+                          name.encode(), len(name), ctypes.cast(ty.ptr(), ctypes.c_void_p).value,
+                          cb, None, None)
+            if err:
+                raise HostCallError(f"cannot define edgefn.{name}")
+
+
+def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool) -> Callable[..., int]:
+    """Adapt `impl(memory, *args)` to wasmtime's raw callback; errors become traps."""
+    def callback(env: int, caller: int, vals: int, count: int) -> int:
+        try:
+            args = [(ctypes.c_int64 if w else ctypes.c_int32).from_address(vals + 16 * i).value
+                    for i, w in enumerate(wide)]
+            result = impl(_Memory(caller), *args)
+            (ctypes.c_int64 if wide_result else ctypes.c_int32).from_address(vals).value = result
+            return 0
+        except Exception as e:  # the guest traps with this message
+            msg = (TRAP_PREFIX + str(e)).encode()
+            return _trap_new(msg, len(msg)) or 0
+    return callback
 
 
 def _impls(b: Bindings) -> dict[str, Callable[..., Any]]:
-    def text(c: wasmtime.Caller, p: int, n: int) -> str:
-        return _read(c, p, n).decode("utf-8", "replace")
+    def kv_ns(m: _Memory, p: int, n: int) -> str:
+        ns = m.text(p, n)
+        if ns not in b.kv_allowed:
+            raise BindingError(f"function {b.name!r} did not declare KV namespace {ns!r} "
+                               "(add it to [bindings] kv in edgefn.toml)")
+        return ns
 
-    def kv_get(c: wasmtime.Caller, nsp: int, nsl: int, kp: int, kl: int) -> int:
-        entry = b.call("kv.get", {"namespace": text(c, nsp, nsl), "key": text(c, kp, kl)})
-        if entry is None:
-            return -1
-        return _give(c, base64.b64decode(entry["value"]))
+    def kv_get(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, bp: int, cap: int) -> int:
+        value = b.stores.kv.get(kv_ns(m, nsp, nsl), m.read(kp, kl))
+        return -1 if value is None else m.give(value, bp, cap)
 
-    def kv_put(c: wasmtime.Caller, nsp: int, nsl: int, kp: int, kl: int, vp: int,
-               vl: int) -> int:
-        value = base64.b64encode(_read(c, vp, vl)).decode()
-        result: int = b.call("kv.put", {"namespace": text(c, nsp, nsl), "key": text(c, kp, kl),
-                                        "value": value})
-        return result
+    def kv_put(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, vp: int, vl: int) -> int:
+        return b.stores.kv.put(kv_ns(m, nsp, nsl), m.read(kp, kl), m.read(vp, vl))
 
-    def kv_delete(c: wasmtime.Caller, nsp: int, nsl: int, kp: int, kl: int) -> int:
-        return int(bool(b.call("kv.delete", {"namespace": text(c, nsp, nsl),
-                                             "key": text(c, kp, kl)})))
+    def kv_delete(m: _Memory, nsp: int, nsl: int, kp: int, kl: int) -> int:
+        return int(b.stores.kv.delete(kv_ns(m, nsp, nsl), m.read(kp, kl)))
 
-    def kv_increment(c: wasmtime.Caller, nsp: int, nsl: int, kp: int, kl: int,
-                     delta: int) -> int:
-        result: int = b.call("kv.increment", {"namespace": text(c, nsp, nsl),
-                                              "key": text(c, kp, kl), "delta": delta})
-        return result
+    def kv_increment(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, delta: int) -> int:
+        return b.stores.kv.increment(kv_ns(m, nsp, nsl), m.read(kp, kl), delta)
 
-    def call(c: wasmtime.Caller, np_: int, nl: int, ap: int, al: int) -> int:
+    def call(m: _Memory, np_: int, nl: int, ap: int, al: int, bp: int, cap: int) -> int:
         try:
-            args = json.loads(_read(c, ap, al) or b"{}")
+            args = json.loads(m.read(ap, al) or b"{}")
         except ValueError as e:
             raise HostCallError(f"call arguments are not JSON: {e}") from None
-        result = b.call(text(c, np_, nl), args)
-        return _give(c, json.dumps(result).encode())
+        result = b.call(m.text(np_, nl), args)
+        return m.give(json.dumps(result).encode(), bp, cap)
 
     return {"kv_get": kv_get, "kv_put": kv_put, "kv_delete": kv_delete,
             "kv_increment": kv_increment, "call": call}

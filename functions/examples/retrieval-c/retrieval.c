@@ -31,13 +31,13 @@ int64_t handle(const edgefn_request *req) {
     emit("{\"index\": \"docs\", \"k\": 3, \"vector\": ", 35);
     emit(req->body.ptr, req->body.len);
     emit("}", 1);
-    edgefn_str hits = edgefn_result(edgefn_call(name, sizeof name - 1, out, (int32_t)pos));
+    edgefn_str hits = edgefn_call_str(name, sizeof name - 1, out, (int32_t)pos);
     pos = 0;
     emit("{\"results\": [", 13);
     uint32_t at = 0;
     edgefn_str id;
     for (int n = 0; next_id(hits, &at, &id); n++) {
-        edgefn_str text = edgefn_result(edgefn_kv_get(ns, sizeof ns - 1, id.ptr, (int32_t)id.len));
+        edgefn_str text = edgefn_kv_get_str(ns, sizeof ns - 1, id.ptr, (int32_t)id.len);
         if (n) emit(", ", 2);
         emit("{\"id\": \"", 8); emit(id.ptr, id.len);
         emit("\", \"text\": \"", 12); emit(text.ptr, text.len); emit("\"}", 2);

@@ -17,7 +17,7 @@
 #define EDGEFN_EXPORT(n) __attribute__((export_name(n)))
 
 EDGEFN_IMPORT("kv_get") int64_t edgefn_kv_get(const char *ns, int32_t ns_len, const char *key,
-                                              int32_t key_len);
+                                              int32_t key_len, void *buf, int32_t cap);
 EDGEFN_IMPORT("kv_put") int64_t edgefn_kv_put(const char *ns, int32_t ns_len, const char *key,
                                               int32_t key_len, const void *val, int32_t val_len);
 EDGEFN_IMPORT("kv_delete") int32_t edgefn_kv_delete(const char *ns, int32_t ns_len,
@@ -26,7 +26,7 @@ EDGEFN_IMPORT("kv_increment") int64_t edgefn_kv_increment(const char *ns, int32_
                                                           const char *key, int32_t key_len,
                                                           int64_t delta);
 EDGEFN_IMPORT("call") int64_t edgefn_call(const char *name, int32_t name_len, const char *args,
-                                          int32_t args_len);
+                                          int32_t args_len, void *buf, int32_t cap);
 
 typedef struct { const char *ptr; uint32_t len; } edgefn_str;
 
@@ -81,10 +81,33 @@ static inline uint32_t edgefn_itoa(int64_t v, char *buf) {
     while (n) buf[i++] = tmp[--n];
     return i;
 }
-/* The bytes a host call returned ((ptr << 32) | len), or {0, 0} for -1 (absent). */
-static inline edgefn_str edgefn_result(int64_t r) {
+int32_t edgefn_alloc(int32_t n);
+
+/* A KV value, or {0, 0} if absent: tries a 4 KiB buffer, then one of the right size. */
+static inline edgefn_str edgefn_kv_get_str(const char *ns, int32_t ns_len, const char *key,
+                                           int32_t key_len) {
     edgefn_str s = {0, 0};
-    if (r != -1) { s.ptr = (const char *)(uintptr_t)((uint64_t)r >> 32); s.len = (uint32_t)r; }
+    char *buf = (char *)(uintptr_t)edgefn_alloc(4096);
+    int64_t n = edgefn_kv_get(ns, ns_len, key, key_len, buf, 4096);
+    if (n > 4096) {
+        buf = (char *)(uintptr_t)edgefn_alloc((int32_t)n);
+        n = edgefn_kv_get(ns, ns_len, key, key_len, buf, (int32_t)n);
+    }
+    if (n >= 0) { s.ptr = buf; s.len = (uint32_t)n; }
+    return s;
+}
+
+/* A binding call ("vectors.query", ...) with JSON args; its JSON result. */
+static inline edgefn_str edgefn_call_str(const char *name, int32_t name_len, const char *args,
+                                         int32_t args_len) {
+    edgefn_str s = {0, 0};
+    char *buf = (char *)(uintptr_t)edgefn_alloc(8192);
+    int64_t n = edgefn_call(name, name_len, args, args_len, buf, 8192);
+    if (n > 8192) {
+        buf = (char *)(uintptr_t)edgefn_alloc((int32_t)n);
+        n = edgefn_call(name, name_len, args, args_len, buf, (int32_t)n);
+    }
+    if (n >= 0) { s.ptr = buf; s.len = (uint32_t)n; }
     return s;
 }
 

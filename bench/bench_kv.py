@@ -1,0 +1,223 @@
+"""KV and vector benchmark; every figure next to a baseline from the same run.
+
+    python bench/bench_kv.py [--n 100000] [--dim 384] [--queries 200] [--only kv|vectors]
+
+KV: get and put ops/s for raw py-lmdb (baseline), the kv API, and a function
+calling the binding (WASM host function and Python host call), where the cost
+per binding call is (request with N gets - request with 0 gets) / N.
+Vectors: recall@10 and QPS of the usearch index (through kv.vectors) against
+exact numpy search on N x DIM random-normal and clustered data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kv import KVStore  # noqa: E402
+from kv.vectors import VectorStore  # noqa: E402
+
+
+def rate(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+    """ops/s: best of 3 runs of n calls."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        fn(n)
+        best = min(best, time.perf_counter() - start)
+    return n / best
+
+
+def kv_bench(work: Path, n: int = 20000) -> None:
+    keys = [b"key:%06d" % i for i in range(n)]
+    value = b"v" * 100
+    env = lmdb.open(str(work / "raw"), map_size=1 << 30, sync=False)
+    with env.begin(write=True) as txn:
+        for k in keys:
+            txn.put(k, value)
+
+    def raw_get(m: int) -> None:
+        for i in range(m):
+            with env.begin() as txn:
+                txn.get(keys[i % n])
+
+    def raw_put(m: int) -> None:
+        for i in range(m):
+            with env.begin(write=True) as txn:
+                txn.put(keys[i % n], value)
+
+    store = KVStore(work / "kv", sync=False)
+    store.create_namespace("b")
+    for k in keys:
+        store.put("b", k, value)
+
+    def api_get(m: int) -> None:
+        for i in range(m):
+            store.get("b", keys[i % n])
+
+    def api_put(m: int) -> None:
+        for i in range(m):
+            store.put("b", keys[i % n], value)
+
+    rg, rp = rate(raw_get, n), rate(raw_put, n // 4)
+    ag, ap = rate(api_get, n), rate(api_put, n // 4)
+    store.close()
+    env.close()
+    wasm_get, py_get = binding_get_cost(work)
+    print("\n== KV, 100-byte values, one transaction per op, sync=False ==")
+    print(f"{'path':<34}{'get ops/s':>12}{'x raw':>8}{'put ops/s':>12}{'x raw':>8}")
+    print(f"{'raw py-lmdb (baseline)':<34}{rg:>12.0f}{1:>8.2f}{rp:>12.0f}{1:>8.2f}")
+    print(f"{'kv.KVStore API':<34}{ag:>12.0f}{ag / rg:>8.2f}{ap:>12.0f}{ap / rp:>8.2f}")
+    for name, per in (("WASM function, edgefn.kv_get", wasm_get),
+                      ("Python function, env.kv().get", py_get)):
+        ops = 1e6 / per
+        print(f"{name:<34}{ops:>12.0f}{ops / rg:>8.2f}{'':>12}{'':>8}"
+              f"   ({per:.1f} us per binding get = {rg * per / 1e6:.1f}x a raw get)")
+
+
+LOOP_WAT = """(module
+  (import "edgefn" "kv_get" (func $get (param i32 i32 i32 i32 i32 i32) (result i64)))
+  (memory (export "memory") 2)
+  (global $heap (mut i32) (i32.const 4096))
+  (data (i32.const 16) "\\c8\\00\\00\\00\\00\\00\\00\\00\\02\\00\\00\\00ok")
+  (data (i32.const 64) "b")
+  (data (i32.const 80) "key:000001")
+  (func (export "edgefn_alloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
+    (local.get $p))
+  (func (export "edgefn_handle") (param $p i32) (param $n i32) (result i64)
+    (local $i i32)
+    ;; the number of gets is the request body's first byte * 10
+    (local.set $i (i32.mul (i32.load8_u (i32.sub (i32.add (local.get $p) (local.get $n))
+                                                 (i32.const 1))) (i32.const 10)))
+    (block $done (loop $again
+      (br_if $done (i32.eqz (local.get $i)))
+      (drop (call $get (i32.const 64) (i32.const 1) (i32.const 80) (i32.const 10)
+                       (i32.const 1024) (i32.const 1024)))
+      (local.set $i (i32.sub (local.get $i) (i32.const 1)))
+      (br $again)))
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 14))))
+"""
+
+LOOP_PY = """from edgefn import Response
+
+def handle(request, env):
+    kv = env.kv("b")
+    for _ in range(request.body[-1] * 10 if request.body else 0):
+        kv.get("key:000001")
+    return Response("ok")
+"""
+
+
+def binding_get_cost(work: Path) -> tuple[float, float]:
+    """Microseconds per binding get, from WASM and from Python, in a real PoP."""
+    from runtime import deploys
+    from runtime.http.message import Request
+    from runtime.pop import PoP
+
+    for name, entry, src, runtime in (("loop-wasm", "main.wat", LOOP_WAT, "wasm"),
+                                      ("loop-py", "main.py", LOOP_PY, "python")):
+        d = work / name
+        d.mkdir()
+        (d / entry).write_text(src)
+        (d / "edgefn.toml").write_text(
+            f'name = "{name}"\nruntime = "{runtime}"\nentry = "{entry}"\nroutes = ["/{name}"]\n'
+            '[bindings]\nkv = ["b"]\n[limits]\ncpu_ms = 5000\nwall_ms = 20000\n'
+            + ('[pool]\nstandby = false\n' if runtime == "python" else ""))
+
+    async def run() -> tuple[float, float]:
+        pop = PoP(work / "pop")
+        try:
+            pop.stores.kv.create_namespace("b")
+            pop.stores.kv.put("b", b"key:000001", b"v" * 100)
+            out = []
+            for name in ("loop-wasm", "loop-py"):
+                await pop.deploy(deploys.pack_dir(work / name), name)
+                times = {}
+                for count in (0, 50):  # 0 and 500 gets per request
+                    req = Request(b"POST", f"/{name}".encode(), b"", [], b"x", "1.1", True, "c")
+                    req.body = bytes([count])
+                    best = float("inf")
+                    for _ in range(5):
+                        start = time.perf_counter()
+                        result = pop(req)
+                        if not hasattr(result, "status"):
+                            result = await result  # type: ignore[misc]
+                        assert result.status == 200, result.body  # type: ignore[union-attr]
+                        best = min(best, time.perf_counter() - start)
+                    times[count] = best
+                out.append((times[50] - times[0]) / 500 * 1e6)
+            return out[0], out[1]
+        finally:
+            pop.close()
+
+    return asyncio.run(run())
+
+
+def vectors_bench(work: Path, n: int, dim: int, queries: int) -> None:
+    rng = np.random.default_rng(7)
+    datasets = {
+        "random-normal": rng.standard_normal((n, dim), dtype=np.float32),
+        "clustered": (rng.standard_normal((100, dim), dtype=np.float32)[rng.integers(0, 100, n)]
+                      + 0.3 * rng.standard_normal((n, dim), dtype=np.float32)),
+    }
+    print(f"\n== Vectors: {n} x {dim}, cosine, k=10, {queries} single queries ==")
+    print(f"{'data':<15}{'build s':>9}{'exact QPS':>11}{'index QPS':>11}{'x exact':>9}"
+          f"{'recall@10':>11}")
+    for name, data in datasets.items():
+        unit = data / np.linalg.norm(data, axis=1, keepdims=True)
+        qs = rng.standard_normal((queries, dim), dtype=np.float32) if name == "random-normal" \
+            else data[rng.integers(0, n, queries)] + 0.1 * rng.standard_normal((queries, dim),
+                                                                               dtype=np.float32)
+        qunit = qs / np.linalg.norm(qs, axis=1, keepdims=True)
+        start = time.perf_counter()
+        truth = [np.argpartition(-(unit @ q), 10)[:10] for q in qunit]
+        exact_qps = queries / (time.perf_counter() - start)
+        path = work / f"vec-{name}"
+        vs = VectorStore(path, sync=False)
+        vs.create("bench", dim)
+        start = time.perf_counter()
+        for lo in range(0, n, 5000):
+            vs.upsert("bench", [(str(i), data[i], None) for i in range(lo, min(n, lo + 5000))])
+        build = time.perf_counter() - start
+        start = time.perf_counter()
+        got = [vs.query("bench", q, 10) for q in qs]
+        index_qps = queries / (time.perf_counter() - start)
+        recall = np.mean([len({int(m.id) for m in g} & set(t.tolist())) / 10
+                          for g, t in zip(got, truth, strict=True)])
+        print(f"{name:<15}{build:>9.1f}{exact_qps:>11.0f}{index_qps:>11.0f}"
+              f"{index_qps / exact_qps:>9.1f}{recall:>11.3f}")
+        vs.close()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--only", choices=["kv", "vectors"])
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "kv"):
+            kv_bench(Path(tmp))
+        if args.only in (None, "vectors"):
+            vectors_bench(Path(tmp), args.n, args.dim, args.queries)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
