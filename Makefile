@@ -35,6 +35,7 @@ test: lint
 
 bench: venv
 	$(BIN)/python bench/bench_runtime.py
+	$(BIN)/python bench/bench_kv.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -175,7 +175,7 @@ def vectors_bench(work: Path, n: int, dim: int, queries: int) -> None:
                       + 0.3 * rng.standard_normal((n, dim), dtype=np.float32)),
     }
     print(f"\n== Vectors: {n} x {dim}, cosine, k=10, {queries} single queries ==")
-    print(f"{'data':<15}{'build s':>9}{'exact QPS':>11}{'index QPS':>11}{'x exact':>9}"
+    print(f"{'data':<22}{'build s':>9}{'exact QPS':>11}{'index QPS':>11}{'x exact':>9}"
           f"{'recall@10':>11}")
     for name, data in datasets.items():
         unit = data / np.linalg.norm(data, axis=1, keepdims=True)
@@ -193,13 +193,15 @@ def vectors_bench(work: Path, n: int, dim: int, queries: int) -> None:
         for lo in range(0, n, 5000):
             vs.upsert("bench", [(str(i), data[i], None) for i in range(lo, min(n, lo + 5000))])
         build = time.perf_counter() - start
-        start = time.perf_counter()
-        got = [vs.query("bench", q, 10) for q in qs]
-        index_qps = queries / (time.perf_counter() - start)
-        recall = np.mean([len({int(m.id) for m in g} & set(t.tolist())) / 10
-                          for g, t in zip(got, truth, strict=True)])
-        print(f"{name:<15}{build:>9.1f}{exact_qps:>11.0f}{index_qps:>11.0f}"
-              f"{index_qps / exact_qps:>9.1f}{recall:>11.3f}")
+        for ef in (256, 1024):  # HNSW search breadth: recall against speed
+            vs._open["bench"].index.expansion_search = ef  # bench-only knob
+            start = time.perf_counter()
+            got = [vs.query("bench", q, 10) for q in qs]
+            index_qps = queries / (time.perf_counter() - start)
+            recall = np.mean([len({int(m.id) for m in g} & set(t.tolist())) / 10
+                              for g, t in zip(got, truth, strict=True)])
+            print(f"{name + f' ef={ef}':<22}{build:>9.1f}{exact_qps:>11.0f}{index_qps:>11.0f}"
+                  f"{index_qps / exact_qps:>9.1f}{recall:>11.3f}")
         vs.close()
         shutil.rmtree(path, ignore_errors=True)
 

@@ -220,10 +220,19 @@ class VectorStore:
                 txn.put(_KEY.pack(o.seq), _KEY.pack(key), db=o.log)
                 changes.append((key, key if old is not None else None, vec))
             self._store_state(txn, o)
+        fresh_keys, fresh_vecs = [], []
         for key, replaced, vec in changes:
             if replaced is not None and o.index.contains(replaced):
                 o.index.remove(replaced)
-            o.index.add(key, vec)
+            if replaced is None and not o.index.contains(key):
+                fresh_keys.append(key)
+                fresh_vecs.append(vec)
+            else:  # a replaced id, or one repeated within this batch
+                if o.index.contains(key):
+                    o.index.remove(key)
+                o.index.add(key, vec)
+        if fresh_keys:  # one multi-threaded insert for the new ids
+            o.index.add(np.array(fresh_keys, dtype=np.uint64), np.stack(fresh_vecs))
         self._maybe_save(o)
         return len(rows)
 

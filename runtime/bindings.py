@@ -46,6 +46,10 @@ class Stores:
         for ns in m.bindings.kv:
             self.kv.create_namespace(ns)
 
+    def purge_expired(self) -> int:
+        """Delete expired KV keys, if the KV store was ever opened."""
+        return self._kv.purge_expired() if self._kv is not None else 0
+
     def close(self) -> None:
         if self._kv is not None:
             self._kv.close()

@@ -81,15 +81,30 @@ async def running_pop(
         (phost, pport), (ahost, aport) = public.address, admin.address
         info = PopInfo(os.getpid(), f"http://{phost}:{pport}", f"{ahost}:{aport}")
         (data / "pop.json").write_bytes(msgspec.json.encode(info))
+        purger = asyncio.get_running_loop().create_task(_purge_expired(pop))
         try:
             yield pop, public, admin
         finally:
+            purger.cancel()
             (data / "pop.json").unlink(missing_ok=True)
             await admin.shutdown(1.0)
             await public.shutdown(GRACE_SECONDS)
     finally:
         pop.close()
         lock.close()
+
+
+async def _purge_expired(pop: PoP, every: float = 60.0) -> None:
+    """Reclaim the space of expired KV keys (reads never see them anyway)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            removed = pop.stores.purge_expired()
+        except Exception:
+            log.exception("purging expired KV keys failed")
+            continue
+        if removed:
+            log.info("purged %d expired KV keys", removed)
 
 
 async def wait_for_signal() -> None:
