@@ -52,3 +52,23 @@ def test_c_example_rebuilds_and_matches_the_committed_build(tmp_path: Path) -> N
             assert run(engine, rebuilt, query, body) == run(engine, HELLO_C, query, body)
     finally:
         engine.close()
+
+
+@pytest.mark.skipif(shutil.which("clang") is None or shutil.which("wasm-ld") is None,
+                    reason="clang and lld not installed (apt-get install -y clang lld)")
+@pytest.mark.parametrize("example", ["counter-c", "retrieval-c"])
+def test_c_sdk_examples_rebuild_to_the_same_interface(example: str, tmp_path: Path) -> None:
+    import wasmtime
+
+    folder = EXAMPLES / example
+    committed = next(folder.glob("*.wasm"))
+    out = tmp_path / committed.name
+    subprocess.run(["bash", str(folder / "build.sh")], check=True, timeout=120,
+                   env={**os.environ, "OUT": str(out)})
+    engine = wasmtime.Engine()
+
+    def interface(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+        m = wasmtime.Module.from_file(engine, str(path))
+        return sorted((i.module, i.name or "") for i in m.imports), sorted(e.name for e in m.exports)
+
+    assert interface(out) == interface(committed)

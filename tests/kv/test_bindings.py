@@ -16,6 +16,7 @@ DOCS = [{"id": "d1", "vector": [1, 0, 0], "text": "about cats"},
 def test_counters_in_wasm_and_python_count_every_concurrent_hit(pop: Running) -> None:
     pop.deploy(EXAMPLES / "counter-c")
     pop.deploy(EXAMPLES / "counter-py")
+    pop.deploy(EXAMPLES / "counter-as")
     errors: list[str] = []
 
     def hit(path: str, n: int) -> None:
@@ -25,7 +26,7 @@ def test_counters_in_wasm_and_python_count_every_concurrent_hit(pop: Running) ->
                 errors.append(f"{path} {status} {body[:200]!r}")
 
     threads = [threading.Thread(target=hit, args=(p, 25))
-               for p in ("/counter-c/x", "/counter-py/x") for _ in range(4)]
+               for p in ("/counter-c/x", "/counter-py/x", "/counter-as/x") for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -33,6 +34,7 @@ def test_counters_in_wasm_and_python_count_every_concurrent_hit(pop: Running) ->
     assert errors == []
     assert json.loads(pop.get("/counter-c/x")[2]) == {"count": 101}
     assert json.loads(pop.get("/counter-py/x")[2]) == {"count": 101}
+    assert json.loads(pop.get("/counter-as/x")[2]) == {"count": 101}
     assert pop.pop.stores.kv.get("counters", b"/counter-c/x") == b"101"
 
 

@@ -1,0 +1,130 @@
+// edgefn guest SDK for AssemblyScript (reactor ABI). Compile with the stub runtime:
+//   npx asc fn.ts -O3 --runtime stub --use abort= -o fn.wasm
+// and re-export the ABI from your entry file:
+//   export { edgefn_alloc, edgefn_handle } from "../../sdk/assemblyscript/edgefn";
+// then define `export function handle(req: Request): Response` there and register it
+// with `setHandler(handle)` at the top level.
+
+@external("edgefn", "kv_get")
+declare function host_kv_get(ns: usize, nsLen: i32, key: usize, keyLen: i32, buf: usize, cap: i32): i64;
+@external("edgefn", "kv_put")
+declare function host_kv_put(ns: usize, nsLen: i32, key: usize, keyLen: i32, val: usize, valLen: i32): i64;
+@external("edgefn", "kv_delete")
+declare function host_kv_delete(ns: usize, nsLen: i32, key: usize, keyLen: i32): i32;
+@external("edgefn", "kv_increment")
+declare function host_kv_increment(ns: usize, nsLen: i32, key: usize, keyLen: i32, delta: i64): i64;
+@external("edgefn", "call")
+declare function host_call(name: usize, nameLen: i32, args: usize, argsLen: i32, buf: usize, cap: i32): i64;
+
+export class Request {
+  method: string = "";
+  path: string = "";
+  query: string = "";
+  body: Uint8Array = new Uint8Array(0);
+  headers: Map<string, string> = new Map<string, string>();
+  env: Map<string, string> = new Map<string, string>();
+}
+
+export class Response {
+  constructor(public status: i32, public contentType: string, public body: string) {}
+}
+
+let userHandler: ((req: Request) => Response) | null = null;
+
+export function setHandler(h: (req: Request) => Response): void {
+  userHandler = h;
+}
+
+export function edgefn_alloc(n: i32): i32 {
+  return heap.alloc(<usize>n) as i32;
+}
+
+function readStr(ptr: usize): string {
+  const n = load<u32>(ptr);
+  return String.UTF8.decodeUnsafe(ptr + 4, <usize>n);
+}
+
+export function edgefn_handle(ptr: i32, len: i32): i64 {
+  let p = <usize>ptr + 4; // skip "EFQ1"
+  const req = new Request();
+  req.method = readStr(p); p += 4 + load<u32>(p);
+  req.path = readStr(p); p += 4 + load<u32>(p);
+  req.query = readStr(p); p += 4 + load<u32>(p);
+  for (let m = 0; m < 2; m++) {
+    const count = load<u32>(p); p += 4;
+    for (let i: u32 = 0; i < count; i++) {
+      const k = readStr(p); p += 4 + load<u32>(p);
+      const v = readStr(p); p += 4 + load<u32>(p);
+      if (m == 0) req.headers.set(k, v); else req.env.set(k, v);
+    }
+  }
+  const bodyLen = load<u32>(p);
+  const body = new Uint8Array(bodyLen);
+  memory.copy(body.dataStart, p + 4, bodyLen);
+  req.body = body;
+  return encode(userHandler!(req));
+}
+
+function encode(r: Response): i64 {
+  const ct = String.UTF8.encode(r.contentType);
+  const body = String.UTF8.encode(r.body);
+  const size = 8 + 4 + 12 + 4 + ct.byteLength + 4 + body.byteLength;
+  const out = heap.alloc(<usize>size);
+  let p = out;
+  store<u32>(p, r.status); store<u32>(p + 4, 1); p += 8;
+  store<u32>(p, 12); p += 4;
+  memory.copy(p, changetype<usize>(String.UTF8.encode("content-type")), 12); p += 12;
+  store<u32>(p, ct.byteLength); p += 4;
+  memory.copy(p, changetype<usize>(ct), <usize>ct.byteLength); p += ct.byteLength;
+  store<u32>(p, body.byteLength); p += 4;
+  memory.copy(p, changetype<usize>(body), <usize>body.byteLength);
+  return (<i64>out << 32) | <i64>size;
+}
+
+// -- bindings ---------------------------------------------------------------------------------
+
+export function kvIncrement(ns: string, key: string, delta: i64 = 1): i64 {
+  const n = String.UTF8.encode(ns), k = String.UTF8.encode(key);
+  return host_kv_increment(changetype<usize>(n), n.byteLength, changetype<usize>(k),
+                           k.byteLength, delta);
+}
+
+export function kvPut(ns: string, key: string, value: string): i64 {
+  const n = String.UTF8.encode(ns), k = String.UTF8.encode(key), v = String.UTF8.encode(value);
+  return host_kv_put(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength,
+                     changetype<usize>(v), v.byteLength);
+}
+
+export function kvDelete(ns: string, key: string): bool {
+  const n = String.UTF8.encode(ns), k = String.UTF8.encode(key);
+  return host_kv_delete(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength) == 1;
+}
+
+/** The value as a string, or null if absent. */
+export function kvGet(ns: string, key: string): string | null {
+  const n = String.UTF8.encode(ns), k = String.UTF8.encode(key);
+  let cap: i32 = 4096;
+  let buf = heap.alloc(<usize>cap);
+  let len = host_kv_get(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength, buf, cap);
+  if (len < 0) return null;
+  if (len > cap) {
+    cap = <i32>len;
+    buf = heap.alloc(<usize>cap);
+    len = host_kv_get(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength, buf, cap);
+  }
+  return String.UTF8.decodeUnsafe(buf, <usize>len);
+}
+
+/** Any binding ("vectors.query", ...) with JSON args; its JSON result. */
+export function call(name: string, argsJson: string): string {
+  const n = String.UTF8.encode(name), a = String.UTF8.encode(argsJson);
+  let cap: i32 = 8192;
+  let buf = heap.alloc(<usize>cap);
+  let len = host_call(changetype<usize>(n), n.byteLength, changetype<usize>(a), a.byteLength, buf, cap);
+  if (len > cap) {
+    cap = <i32>len;
+    buf = heap.alloc(<usize>cap);
+    len = host_call(changetype<usize>(n), n.byteLength, changetype<usize>(a), a.byteLength, buf, cap);
+  }
+  return String.UTF8.decodeUnsafe(buf, <usize>len);
+}
