@@ -122,7 +122,8 @@ def test_index_is_repaired_after_a_sigkill(tmp_path: Path) -> None:
     with VectorStore(tmp_path) as s:
         stats = s.stats("crash")
         assert stats["count"] == stats["indexed"]
-        assert stats["count"] in (len(alive), len(alive) + 1)  # +1: killed after a commit
+        # the writer ran on past the lines read here before the kill: at least these
+        assert stats["count"] >= len(alive)
         for i in alive:
             vec, meta = s.get("crash", f"id{i}")
             assert meta == {"i": i}
