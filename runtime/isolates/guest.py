@@ -102,19 +102,24 @@ class Watchdog:
                     _SET_ASYNC_EXC(self.tid, WallLimit)
 
 
-def serve(fd: int, module: str, handler_name: str, cpu_ms: int, wall_ms: int,
-          recycle_after: int, sdk: Any) -> None:
-    """Serve requests on socket `fd` (duplicated: the host keeps the original).
+def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any]:
+    """Import the function on socket `fd` (duplicated: the host keeps the original).
 
-    Raises `Stop` if the module cannot be imported or the PoP went away.
+    Raises `Stop` (after telling the PoP why) if the module cannot be imported.
     """
     sock = socket.socket(fileno=os.dup(fd))
     try:
-        handler = _load(module, handler_name)
+        return sock, _load(module, handler_name)
     except BaseException as e:
         sock.sendall(wire.json_frame(wire.READY, {"ok": False, **_describe(e, module)}))
         sock.close()
         raise Stop from None
+
+
+def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycle_after: int,
+          sdk: Any) -> None:
+    """Say READY, then serve requests until recycling. Raises `Stop` if the PoP went away."""
+    sock, handler = prepared
     sock.sendall(wire.json_frame(wire.READY, {"ok": True}))
     Session(sock, handler, cpu_ms, wall_ms, sdk).loop(recycle_after)
 

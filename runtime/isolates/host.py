@@ -23,22 +23,34 @@ SDK_DIR = Path(__file__).resolve().parents[2] / "functions" / "sdk" / "python"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def bootstrap(cfg: dict, fd: int) -> str:
-    """Code run in a fresh subinterpreter: import paths, then the guest loop."""
+# Creating interpreters and importing into them one at a time: 3.13.0 has crashed
+# (SIGSEGV) here with several isolated interpreters starting at once under load.
+STARTING = threading.Lock()
+
+
+def prepare_code(cfg: dict, fd: int) -> str:
+    """Run first in a fresh subinterpreter: import paths, the SDK and the function."""
     paths = [str(SDK_DIR), cfg["function_dir"], str(ROOT)]
-    args = (fd, cfg["module"], cfg["handler"], cfg["cpu_ms"], cfg["wall_ms"],
-            cfg["recycle_after"])
     return (f"import sys\nsys.path[:0] = {paths!r}\n"
             "import edgefn\nfrom runtime.isolates import guest\n"
-            f"guest.serve(*{args!r}, sdk=edgefn)\n")
+            f"prepared = guest.prepare({fd!r}, {cfg['module']!r}, {cfg['handler']!r})\n")
+
+
+def serve_code(cfg: dict) -> str:
+    """Run next, in the same interpreter's __main__: the request loop."""
+    args = (cfg["cpu_ms"], cfg["wall_ms"], cfg["recycle_after"])
+    return f"guest.serve(prepared, *{args!r}, sdk=edgefn)\n"
 
 
 def run_isolate(cfg: dict, fd: int) -> None:
     """Serve `fd` with a fresh interpreter, again after every recycle, until stopped."""
     while True:
-        i = interp.create()
+        with STARTING:
+            i = interp.create()
+            err = interp.run(i, prepare_code(cfg, fd))
         try:
-            err = interp.run(i, bootstrap(cfg, fd))
+            if err is None:
+                err = interp.run(i, serve_code(cfg))
         finally:
             interp.destroy(i)
         if err is not None:  # Stop (import failed, PoP gone) or an unexpected error
@@ -73,10 +85,10 @@ def main() -> None:
             threads.append(t)
             started += 1
 
+    if cfg.get("memory_mb"):  # before any isolate starts: all of them live under the cap
+        limit_memory(cfg["memory_mb"], len(fds))
     for _ in range(cfg["initial"]):
         start_next()
-    if cfg.get("memory_mb"):
-        limit_memory(cfg["memory_mb"], len(fds))
     for line in sys.stdin:  # EOF: the PoP is gone or retired us
         if line.strip() == "grow":
             start_next()
