@@ -274,7 +274,7 @@ class Host:
                 self._wait_ready(isolate)
         except BaseException:
             self.kill()
-            self.reap()
+            self.stop()
             raise
 
     def _wait_ready(self, isolate: Isolate) -> None:
@@ -338,21 +338,9 @@ class Host:
         if self.proc.poll() is None:
             self.proc.kill()
 
-    def stop(self) -> None:
-        """Close stdin (the host exits) and make sure it is gone."""
-        self.dead = True
-        for isolate in self.isolates:
-            isolate.close()
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-            self.proc.wait(2)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(5)
-
-    def reap(self) -> None:
-        """Release what a host that already died leaves behind."""
+    def stop(self, grace: float = 2.0) -> None:
+        """Close stdin (the host exits) and kill it if it is still there after `grace`
+        seconds; for a host that already died, release what it left behind."""
         self.dead = True
         for isolate in self.isolates:
             isolate.close()
@@ -361,7 +349,11 @@ class Host:
                 self.proc.stdin.close()
         except OSError:
             pass  # its reader is gone: a broken pipe on flush
-        self.proc.wait(5)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
 
 
 class Pool:
@@ -481,7 +473,7 @@ class Pool:
                 isolate.job.fail(FunctionError("crash", 502,
                                                f"crashed: its isolate host died ({why})"))
                 isolate.job = None
-        host.reap()
+        host.stop()
         if self.retired:
             return
         if host is self.active:
