@@ -85,6 +85,8 @@ class KVStore:
         self._names = self.env.open_db(NAMESPACES_DB)
         self._dbs: dict[str, Any] = {}
         self._closed = False
+        for ns in self.namespaces():  # handles opened outside any write transaction
+            self._dbs[ns] = self.env.open_db(b"ns:" + ns.encode(), create=False)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -130,7 +132,9 @@ class KVStore:
                 known = txn.get(ns.encode(), db=self._names) is not None
             if not known:
                 raise UnknownNamespace(f"unknown namespace {ns!r}")
-            db = self._dbs[ns] = self.env.open_db(b"ns:" + ns.encode(), txn=txn, create=False)
+            db = self.env.open_db(b"ns:" + ns.encode(), txn=txn, create=False)
+            if txn is None:  # a handle opened in a write transaction dies if it aborts
+                self._dbs[ns] = db
         return db
 
     # -- reads ------------------------------------------------------------------------------
@@ -151,6 +155,8 @@ class KVStore:
 
         Raises `InvalidValue` for a cursor that is not from this prefix.
         """
+        if not 1 <= limit <= 1000:
+            raise InvalidValue(f"limit must be 1..1000, got {limit}")
         db = self._db(ns)
         start = prefix
         if cursor:
@@ -318,7 +324,8 @@ class _Writer:
         return version, exp
 
     def put(self, ns: str, key: bytes, value: bytes, *, ttl: float | None = None,
-            metadata: dict[str, Any] | None = None) -> int:
+            metadata: dict[str, Any] | None = None, expires_ms: int | None = None) -> int:
+        """`expires_ms` (absolute, internal) keeps an existing expiry exactly."""
         db = self.s._db(ns, self.txn)
         lim = self.s.limits
         if not key or len(key) > lim.max_key_bytes:
@@ -340,7 +347,7 @@ class _Writer:
             self.txn.delete(_ttl_key(old_exp, ns, key), db=self.s._ttl)
         if raw_old is not None and old_exp and old_exp <= self.now:
             old_version = 0  # an expired key is a new key
-        exp = self.now + max(1, int(ttl * 1000)) if ttl is not None else 0
+        exp = self.now + max(1, int(ttl * 1000)) if ttl is not None else (expires_ms or 0)
         version = old_version + 1
         self.txn.put(key, _HEAD.pack(version, exp, len(meta)) + meta + value, db=db)
         if exp:
@@ -378,6 +385,7 @@ class _Writer:
                 raise InvalidValue(f"cannot increment key {key!r} in {ns!r}: its value is not "
                                    "a decimal integer") from None
         number += delta
-        ttl = (entry.expires_at - self.now / 1000) if entry and entry.expires_at else None
-        self.put(ns, key, str(number).encode(), ttl=ttl, metadata=entry.metadata if entry else None)
+        expires_ms = round(entry.expires_at * 1000) if entry and entry.expires_at else None
+        self.put(ns, key, str(number).encode(), metadata=entry.metadata if entry else None,
+                 expires_ms=expires_ms)
         return number

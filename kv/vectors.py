@@ -204,7 +204,8 @@ class VectorStore:
         `LimitExceeded` (id or metadata too large). Nothing is written on error.
         """
         o = self._get(name)
-        rows = [self._encode(o.config, id_, vec, meta) for id_, vec, meta in items]
+        latest = {id_: (vec, meta) for id_, vec, meta in items}  # a repeated id: last wins
+        rows = [self._encode(o.config, id_, vec, meta) for id_, (vec, meta) in latest.items()]
         if not rows:
             return 0
         changes: list[tuple[int, int | None, np.ndarray]] = []
@@ -227,9 +228,7 @@ class VectorStore:
             if replaced is None and not o.index.contains(key):
                 fresh_keys.append(key)
                 fresh_vecs.append(vec)
-            else:  # a replaced id, or one repeated within this batch
-                if o.index.contains(key):
-                    o.index.remove(key)
+            else:  # a replaced id
                 o.index.add(key, vec)
         if fresh_keys:  # one multi-threaded insert for the new ids
             o.index.add(np.array(fresh_keys, dtype=np.uint64), np.stack(fresh_vecs))
@@ -317,10 +316,13 @@ class VectorStore:
         file, sidecar = self._paths(name)
         tmp = file.with_suffix(".tmp")
         o.index.save(str(tmp))
+        _fsync(tmp)
         os.replace(tmp, file)
         side_tmp = sidecar.with_suffix(".tmp")
         side_tmp.write_text(json.dumps({"seq": o.seq, "size": o.index.size}))
+        _fsync(side_tmp)
         os.replace(side_tmp, sidecar)
+        _fsync(self.dir)  # both renames are durable before the log they replace is gone
         with self.env.begin(write=True) as txn:
             cur = txn.cursor(db=o.log)
             while cur.first() and _KEY.unpack(bytes(cur.key()))[0] <= o.seq:
@@ -384,3 +386,11 @@ class VectorStore:
         n, m = _ROW.unpack_from(row)
         start = _ROW.size + n + m
         return np.frombuffer(bytes(row[start:start + 4 * c.dim]), dtype=np.float32)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

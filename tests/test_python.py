@@ -274,3 +274,33 @@ def handle(request, env):
     for t in threads:
         t.join()
     assert bad == []
+
+
+def test_a_stream_failing_midway_or_bad_head_never_leaks_into_the_next_request(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "flaky", """
+from edgefn import Response
+
+def handle(request, env):
+    mode = request.query.get("mode")
+    if mode == "break":
+        def parts():
+            yield "first;"
+            raise ValueError("stream broke")
+        return Response(parts())
+    if mode == "badhead":
+        return Response(iter(["x"]), headers={"bad name": "x"})
+    return Response("ok:" + request.query.get("n", ""))
+""", pool="min = 1\nmax = 1\nstandby = false"))
+    import http.client
+
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    conn.request("GET", "/flaky?mode=break")
+    resp = conn.getresponse()
+    with pytest.raises(http.client.IncompleteRead):
+        resp.read()  # the stream is cut, not ended cleanly
+    conn.close()
+    status, headers, _ = pop.get("/flaky?mode=badhead")
+    assert (status, headers["x-edgefn-error"]) == (502, "bad_response")
+    for i in range(5):
+        assert pop.get(f"/flaky?n={i}")[2] == f"ok:{i}".encode()

@@ -298,7 +298,7 @@ class HttpProtocol(asyncio.Protocol):
             self.drain_waiter = None
 
     def _finish(self, keep_alive: bool) -> None:
-        if not keep_alive:
+        if not keep_alive or self.closing:  # closing: shutdown began during this response
             self.closing = True
             self.queue.clear()
             self._close()

@@ -253,15 +253,15 @@ class Session:
                                                                              headers, data)))
             return
         self.sock.sendall(wire.frame(wire.HEAD, wire.encode_response(result.status, headers, b"")))
-        try:
-            for chunk in self._chunks(body):
-                data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
-                if data:
-                    self.sock.sendall(wire.frame(wire.CHUNK, data))
-                if self._cancelled():
-                    break
-        finally:
-            self.sock.sendall(wire.frame(wire.END))
+        # A failure mid-stream propagates to `one`, which ends the request with ERROR
+        # instead of END: exactly one terminal frame per request.
+        for chunk in self._chunks(body):
+            data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+            if data:
+                self.sock.sendall(wire.frame(wire.CHUNK, data))
+            if self._cancelled():
+                break
+        self.sock.sendall(wire.frame(wire.END))
 
     def _chunks(self, body: Any) -> Any:
         if hasattr(body, "__anext__"):

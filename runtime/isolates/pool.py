@@ -186,7 +186,12 @@ class Isolate:
         elif kind == wire.RESPONSE:
             self._finish(lambda: job.respond(Response(*decode_response(payload))))
         elif kind == wire.HEAD:
-            status, headers, _ = decode_response(payload)
+            try:
+                status, headers, _ = decode_response(payload)
+            except FunctionError as e:  # answer now; drop the stream until its last frame
+                job.fail(e)
+                self.stuck = True
+                return
             if not self.stuck:
                 job.start_stream(status, headers)
         elif kind == wire.CHUNK:
@@ -213,6 +218,9 @@ class Isolate:
                     deliver()
                 except FunctionError as e:  # the response itself was invalid
                     job.fail(e)
+            if not job.future.done():  # e.g. END without a HEAD: never leave it hanging
+                job.fail(FunctionError("bad_response", 502,
+                                       "isolate ended the request without a response"))
             job.end()
         self.stuck = False
         if self.recycling:  # no requests until the new interpreter says READY
@@ -338,12 +346,17 @@ class Host:
         if self.proc.poll() is None:
             self.proc.kill()
 
-    def stop(self, grace: float = 2.0) -> None:
-        """Close stdin (the host exits) and kill it if it is still there after `grace`
-        seconds; for a host that already died, release what it left behind."""
+    def close_isolates(self) -> None:
+        """Forget the isolates' sockets (call on the event loop's thread)."""
         self.dead = True
         for isolate in self.isolates:
             isolate.close()
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Close stdin (the host exits) and kill it if it is still there after `grace`
+        seconds; for a host that already died, release what it left behind. Call
+        `close_isolates` first when not on the event loop's thread."""
+        self.close_isolates()
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -383,6 +396,7 @@ class Pool:
                 raise
         self.replacements = 0
         self.spawning: list[threading.Thread] = []
+        self.hosts_stopped = False
 
     def activate(self) -> None:
         """Attach to the running loop (call on the loop's thread, before routing)."""
@@ -516,7 +530,8 @@ class Pool:
 
     def _adopt(self, host: Host) -> None:
         if self.retired:
-            host.stop()
+            host.close_isolates()
+            threading.Thread(target=host.stop, daemon=True).start()
             return
         assert self.loop is not None
         host.attach(self.loop)
@@ -526,8 +541,11 @@ class Pool:
             self._drain_waiting()
             if self.want_standby:
                 self._replace()
-        else:
+        elif self.standby is None:
             self.standby = host
+        else:  # a standby arrived meanwhile: one is enough
+            host.close_isolates()
+            threading.Thread(target=host.stop, daemon=True).start()
 
     def host_call(self, isolate: Isolate, msg: dict[str, Any]) -> None:
         """A guest's call into the PoP (`env.log()`, `env.deployment()`, later bindings)."""
@@ -561,8 +579,12 @@ class Pool:
             self._stop_hosts()
 
     def _stop_hosts(self) -> None:
+        if self.hosts_stopped:
+            return
+        self.hosts_stopped = True
         for host in (self.active, self.standby):
             if host is not None:
+                host.close_isolates()  # loop state, on the loop's thread
                 threading.Thread(target=host.stop, daemon=True).start()
 
     def close(self) -> None:

@@ -209,3 +209,21 @@ class KVModel(RuleBasedStateMachine):
 
 TestKVModel = KVModel.TestCase
 TestKVModel.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_review_regressions(tmp_path: Path) -> None:
+    clock = Clock()
+    s = KVStore(tmp_path / "kv", clock=clock, limits=Limits(max_value_bytes=10))
+    s.create_namespace("ns")
+    s.close()
+    s = KVStore(tmp_path / "kv", clock=clock, limits=Limits(max_value_bytes=10))
+    with pytest.raises(LimitExceeded):  # an aborted first write must not break the namespace
+        s.put("ns", b"k", b"x" * 11)
+    assert s.put("ns", b"k", b"1", ttl=10) == 1 and s.get("ns", b"k") == b"1"
+    before = s.get_entry("ns", b"k")
+    s.increment("ns", b"k")
+    after = s.get_entry("ns", b"k")
+    assert before and after and after.expires_at == before.expires_at  # expiry kept exactly
+    with pytest.raises(InvalidValue, match="limit must be"):
+        s.list("ns", limit=0)
+    s.close()

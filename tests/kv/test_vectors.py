@@ -161,3 +161,12 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         with pytest.raises(InvalidValue):  # a batch with one bad vector writes nothing
             s.upsert("docs", [("b", [1, 2, 3], None), ("c", [1], None)])
         assert s.stats("docs")["count"] == 1
+
+
+def test_an_id_repeated_in_one_upsert_keeps_the_last(tmp_path: Path) -> None:
+    with VectorStore(tmp_path) as s:
+        s.create("v", 2, metric="l2")
+        assert s.upsert("v", [("a", [1, 0], {"n": 1}), ("a", [0, 1], {"n": 2})]) == 1
+        vec, meta = s.get("v", "a")
+        assert vec.tolist() == [0, 1] and meta == {"n": 2}
+        assert s.stats("v")["indexed"] == 1
