@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 
@@ -51,13 +52,15 @@ class AdminApp:
                 case ["v1", "deploy"] if method == b"POST":
                     source = (request.header(b"x-edgefn-source") or b"").decode("utf-8", "replace")
                     files = deploys.from_tar(request.body)
-                    result = await self.pop.deploy(files, source)
+                    # shielded: a client that goes away mid-deploy must not leave a
+                    # half-loaded version (and its processes) behind
+                    result = await asyncio.shield(self.pop.deploy(files, source))
                     return json_response(msgspec.to_builtins(result))
                 case ["v1", "functions", name, "versions"] if method == b"GET":
                     return json_response(msgspec.to_builtins(self.pop.versions(name)))
                 case ["v1", "functions", name, "rollback"] if method == b"POST":
                     body = msgspec.json.decode(request.body or b"{}", type=RollbackBody)
-                    result = await self.pop.rollback(name, body.version)
+                    result = await asyncio.shield(self.pop.rollback(name, body.version))
                     return json_response(msgspec.to_builtins(result))
                 case ["v1", ("kv" | "vectors") as kind, target, op] if method == b"POST":
                     args = msgspec.json.decode(request.body or b"{}")
