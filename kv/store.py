@@ -2,8 +2,9 @@
 
 Each namespace is an LMDB named database. A record is
 ``u64 version | u64 expires_at_ms (0: never) | u32 meta_len | meta (JSON) | value``.
-Versions grow by one per write of a key (a delete forgets it), so `cas` can say
-"only if nobody wrote since I read version N". Expiring keys are also indexed by
+Versions come from a counter per namespace, so every write gets a version never
+used before in that namespace (even after a delete) and `cas` can say "only if
+nobody wrote since I read version N". Expiring keys are also indexed by
 expiry time in the ``__ttl__`` database, so `purge_expired` reclaims their
 space without scanning; reads never return an expired key, purged or not.
 
@@ -112,7 +113,8 @@ class KVStore:
             raise InvalidValue(f"invalid namespace name {name!r}: expected 1-64 of [a-z0-9_.-]")
         with self.env.begin(write=True) as txn:
             self._dbs[name] = self.env.open_db(b"ns:" + name.encode(), txn=txn)
-            txn.put(name.encode(), b"", db=self._names)
+            if txn.get(name.encode(), db=self._names) is None:
+                txn.put(name.encode(), _EXP.pack(0), db=self._names)  # its version counter
 
     def namespaces(self) -> builtins.list[str]:
         self._check_open()
@@ -345,13 +347,20 @@ class _Writer:
                                 else (0, 0))
         if old_exp:
             self.txn.delete(_ttl_key(old_exp, ns, key), db=self.s._ttl)
-        if raw_old is not None and old_exp and old_exp <= self.now:
-            old_version = 0  # an expired key is a new key
         exp = self.now + max(1, int(ttl * 1000)) if ttl is not None else (expires_ms or 0)
-        version = old_version + 1
+        version = self._next_version(ns, old_version)
         self.txn.put(key, _HEAD.pack(version, exp, len(meta)) + meta + value, db=db)
         if exp:
             self.txn.put(_ttl_key(exp, ns, key), b"", db=self.s._ttl)
+        return version
+
+    def _next_version(self, ns: str, at_least: int) -> int:
+        """Versions come from one counter per namespace, so a key deleted and written
+        again never reuses a version a stale CAS could still hold."""
+        raw = self.txn.get(ns.encode(), db=self.s._names)
+        counter = _EXP.unpack(raw)[0] if raw is not None and len(raw) == 8 else 0
+        version = max(counter, at_least) + 1
+        self.txn.put(ns.encode(), _EXP.pack(version), db=self.s._names)
         return version
 
     def delete(self, ns: str, key: bytes) -> bool:

@@ -73,6 +73,14 @@ def page_cursor(store: KVStore) -> str:
     return cursor
 
 
+def test_cas_with_a_version_from_before_a_delete_fails(store: KVStore) -> None:
+    v1 = store.put("ns", b"k", b"a")
+    store.delete("ns", b"k")
+    store.put("ns", b"k", b"b")  # a new key with the same name
+    assert store.cas("ns", b"k", v1, b"stale write") is None
+    assert store.get("ns", b"k") == b"b"
+
+
 def test_cas_and_increment(store: KVStore) -> None:
     assert store.cas("ns", b"k", None, b"a") == 1  # create-only
     assert store.cas("ns", b"k", None, b"b") is None
@@ -129,15 +137,15 @@ class KVModel(RuleBasedStateMachine):
         self.store = KVStore(self.dir, clock=self.clock, sync=False)
         self.store.create_namespace("m")
         self.model: dict[bytes, tuple[bytes, int, float | None]] = {}
-        self.versions: dict[bytes, int] = {}
+        self.counter = 0  # the namespace's version counter
 
     def live(self) -> dict[bytes, tuple[bytes, int, float | None]]:
         return {k: v for k, v in self.model.items() if v[2] is None or v[2] > self.clock.now}
 
     def _write(self, key: bytes, value: bytes, ttl: float | None) -> int:
-        version = (self.live()[key][1] if key in self.live() else 0) + 1
-        self.model[key] = (value, version, self.clock.now + ttl if ttl else None)
-        return version
+        self.counter += 1  # every write, of any key, takes the next version
+        self.model[key] = (value, self.counter, self.clock.now + ttl if ttl else None)
+        return self.counter
 
     @rule(key=KEYS, value=st.binary(max_size=20), ttl=st.none() | st.integers(1, 50))
     def put(self, key: bytes, value: bytes, ttl: int | None) -> None:
