@@ -83,32 +83,34 @@ static inline uint32_t edgefn_itoa(int64_t v, char *buf) {
 }
 int32_t edgefn_alloc(int32_t n);
 
-/* A KV value, or {0, 0} if absent: tries a 4 KiB buffer, then one of the right size. */
-static inline edgefn_str edgefn_kv_get_str(const char *ns, int32_t ns_len, const char *key,
-                                           int32_t key_len) {
+/* Calls a host function that fills (buf, cap) and returns the full length (-1: none):
+ * first with a 4 KiB buffer, again with one of the right size if that was short. */
+typedef int64_t (*edgefn__filler)(const char *, int32_t, const char *, int32_t, void *, int32_t);
+static inline edgefn_str edgefn__fetch(edgefn__filler f, const char *a, int32_t a_len,
+                                       const char *b, int32_t b_len) {
     edgefn_str s = {0, 0};
-    char *buf = (char *)(uintptr_t)edgefn_alloc(4096);
-    int64_t n = edgefn_kv_get(ns, ns_len, key, key_len, buf, 4096);
-    if (n > 4096) {
-        buf = (char *)(uintptr_t)edgefn_alloc((int32_t)n);
-        n = edgefn_kv_get(ns, ns_len, key, key_len, buf, (int32_t)n);
+    int32_t cap = 4096;
+    char *buf = (char *)(uintptr_t)edgefn_alloc(cap);
+    int64_t n = f(a, a_len, b, b_len, buf, cap);
+    if (n > cap) {
+        cap = (int32_t)n;
+        buf = (char *)(uintptr_t)edgefn_alloc(cap);
+        n = f(a, a_len, b, b_len, buf, cap);
     }
     if (n >= 0) { s.ptr = buf; s.len = (uint32_t)n; }
     return s;
 }
 
+/* A KV value, or {0, 0} if absent. */
+static inline edgefn_str edgefn_kv_get_str(const char *ns, int32_t ns_len, const char *key,
+                                           int32_t key_len) {
+    return edgefn__fetch(edgefn_kv_get, ns, ns_len, key, key_len);
+}
+
 /* A binding call ("vectors.query", ...) with JSON args; its JSON result. */
 static inline edgefn_str edgefn_call_str(const char *name, int32_t name_len, const char *args,
                                          int32_t args_len) {
-    edgefn_str s = {0, 0};
-    char *buf = (char *)(uintptr_t)edgefn_alloc(8192);
-    int64_t n = edgefn_call(name, name_len, args, args_len, buf, 8192);
-    if (n > 8192) {
-        buf = (char *)(uintptr_t)edgefn_alloc((int32_t)n);
-        n = edgefn_call(name, name_len, args, args_len, buf, (int32_t)n);
-    }
-    if (n >= 0) { s.ptr = buf; s.len = (uint32_t)n; }
-    return s;
+    return edgefn__fetch(edgefn_call, name, name_len, args, args_len);
 }
 
 /* -- request ------------------------------------------------------------------------------- */
