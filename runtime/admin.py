@@ -5,6 +5,9 @@
     GET    /v1/functions/NAME/versions        versions and history
     POST   /v1/functions/NAME/rollback        body: {"version": "..."} (optional)
     DELETE /v1/functions/NAME
+    GET    /v1/ai/models                      models and LoRA adapters of the model worker
+    GET    /v1/ai/metrics                     queue depth, batch size, TTFT, tokens/s, busy
+    POST   /v1/ai/loras                       {"name", "path", "base"?, "scale"?}: add an adapter
     POST   /v1/kv/NAMESPACE/OP                {get,put,delete,list,increment,cas,create} args
     POST   /v1/vectors/INDEX/OP               {create,upsert,query,delete,stats} args
 """
@@ -17,6 +20,8 @@ import ipaddress
 
 import msgspec
 
+from gpu_worker.client import WorkerError
+
 from . import deploys
 from .bindings import BindingError, Bindings
 from .errors import DeployError, ManifestError, NotFound
@@ -26,6 +31,13 @@ from .pop import PoP
 
 class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
     version: str | None = None
+
+
+class LoraBody(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    path: str
+    base: str | None = None
+    scale: float = 1.0
 
 
 class AdminApp:
@@ -69,6 +81,8 @@ class AdminApp:
                     key = "namespace" if kind == "kv" else "index"
                     result = self.store_ops.call(f"{kind}.{op}", {**args, key: target})
                     return json_response({"result": result})
+                case ["v1", "ai", *rest]:
+                    return await self._ai(rest, method, request.body)
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.pop.delete(name)
                     return json_response({"deleted": name})
@@ -82,6 +96,25 @@ class AdminApp:
             return _error(404, "not_found", str(e))
         except BindingError as e:
             return _error(400, "store_error", str(e))
+        except WorkerError as e:
+            return _error(e.status, e.code, str(e))
+
+    async def _ai(self, rest: list[str], method: bytes, body: bytes) -> Response:
+        """Raises `WorkerError` and msgspec errors."""
+        ai = self.pop.stores.ai
+        if ai is None:
+            return _error(404, "not_found", "this PoP runs no model worker")
+        match rest:
+            case ["models"] if method == b"GET":
+                return json_response({"models": await ai.client.models()})
+            case ["metrics"] if method == b"GET":
+                return json_response(await ai.client.metrics())
+            case ["loras"] if method == b"POST":
+                lora = msgspec.json.decode(body or b"{}", type=LoraBody)
+                return json_response(await ai.add_lora(lora.name, lora.path, lora.base,
+                                                       lora.scale))
+        return _error(404, "not_found", f"no admin endpoint {method.decode()} /v1/ai/"
+                      + "/".join(rest))
 
 
 def _error(status: int, kind: str, message: str, **extra: object) -> Response:

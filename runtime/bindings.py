@@ -6,14 +6,19 @@ go through `call`, so both runtimes get the same API and the same denials.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.client import WorkerError
 from kv import KVError, KVStore
 from kv.vectors import VectorStore
 
+from .ai import AIService
 from .manifest import Manifest
+
+AI_TIMEOUT = 300.0
 
 
 class BindingError(Exception):
@@ -27,6 +32,8 @@ class Stores:
         self.data_dir = data_dir
         self._kv: KVStore | None = None
         self._vectors: VectorStore | None = None
+        self.ai: AIService | None = None  # set when the PoP runs a model worker
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def kv(self) -> KVStore:
@@ -65,6 +72,7 @@ class Bindings:
         self.admin = manifest is None
         self.kv_allowed = frozenset(manifest.bindings.kv if manifest else ())
         self.vectors_allowed = frozenset(manifest.bindings.vectors if manifest else ())
+        self.ai_allowed = manifest.bindings.ai if manifest else True
 
     def call(self, name: str, args: dict[str, Any]) -> Any:
         """Run binding `name` ("kv.get", "vectors.query", ...) with JSON-ish args.
@@ -73,6 +81,8 @@ class Bindings:
         call, or a store error (its message names what was wrong).
         """
         kind, _, op = name.partition(".")
+        if kind == "ai":
+            return self._ai(op, args)
         try:
             if kind == "kv":
                 return self._kv(op, args)
@@ -83,6 +93,35 @@ class Bindings:
         except (KeyError, TypeError, ValueError) as e:
             raise BindingError(f"bad arguments to {name}: {e}") from None
         raise BindingError(f"unknown binding {name!r}")
+
+    def _ai(self, op: str, args: dict[str, Any]) -> Any:
+        """On the event loop's thread, a coroutine (the caller awaits it); on any
+        other thread (a WASM guest), the result, waited for. Raises `BindingError`."""
+        if not self.ai_allowed:
+            raise BindingError(f"function {self.name!r} did not declare the AI binding "
+                               "(add `ai = true` to [bindings] in edgefn.toml)")
+        ai, loop = self.stores.ai, self.stores.loop
+        if ai is None or loop is None:
+            raise BindingError("this PoP runs no model worker (start it without --no-ai)")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            return self._ai_call(ai, op, args)
+        if running is not None:
+            raise BindingError("AI bindings cannot be called from this thread")
+        future = asyncio.run_coroutine_threadsafe(self._ai_call(ai, op, args), loop)
+        return future.result(AI_TIMEOUT)
+
+    @staticmethod
+    async def _ai_call(ai: AIService, op: str, args: dict[str, Any]) -> Any:
+        try:
+            return await ai.binding(op, args)
+        except WorkerError as e:
+            raise BindingError(f"ai.{op}: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise BindingError(f"bad arguments to ai.{op}: {e!r}") from None
 
     def _kv(self, op: str, a: dict[str, Any]) -> Any:
         ns = a["namespace"]

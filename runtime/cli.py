@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from .errors import EdgefnError
@@ -49,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--host", default="127.0.0.1")
         s.add_argument("--port", type=int, default=8080)
         s.add_argument("--admin-port", type=int, default=0, help="loopback admin port (0: any)")
+        s.add_argument("--no-ai", action="store_true",
+                       help="do not run the model worker (no OpenAI API, no ai binding)")
+        s.add_argument("--ai-config", help="model worker config (TOML); default: the "
+                                           "packaged SmolLM2 and MiniLM models")
+        s.add_argument("--ai-socket", help="use a model worker already listening on this "
+                                           "Unix socket instead of starting one")
     s = cmd("deploy", _deploy, "deploy a function folder to the running PoP")
     s.add_argument("dir")
     s.add_argument("--json", action="store_true")
@@ -64,7 +71,49 @@ def _parser() -> argparse.ArgumentParser:
     s = cmd("delete", _delete, "stop serving a function and delete its versions")
     s.add_argument("name")
     _store_commands(sub, cmd)
+    _ai_commands(sub, cmd)
     return p
+
+
+def _ai_commands(sub: Any, cmd: Any) -> None:
+    s = sub.add_parser("gpu-worker", help="run the model worker alone on a Unix socket",
+                       add_help=False)
+    s.set_defaults(func=_gpu_worker)
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s = cmd("lora", _lora, "manage LoRA adapters of the running PoP's model worker")
+    ops = s.add_subparsers(dest="op", required=True)
+    add = ops.add_parser("add", help="load a GGUF LoRA adapter, served as model NAME")
+    add.add_argument("name")
+    add.add_argument("path")
+    add.add_argument("--base", help="base model (default: the first llama.cpp model)")
+    add.add_argument("--scale", type=float, default=1.0)
+    ops.add_parser("ls", help="list models and adapters")
+    s = cmd("ai", _ai, "model worker status")
+    s.add_argument("what", choices=["models", "metrics"])
+
+
+def _gpu_worker(args: argparse.Namespace) -> int:
+    from gpu_worker.__main__ import main as worker_main
+
+    return worker_main(args.rest)
+
+
+def _lora(args: argparse.Namespace) -> None:
+    client = _client(args)
+    if args.op == "add":
+        body = {"name": args.name, "path": str(Path(args.path).resolve()), "base": args.base,
+                "scale": args.scale}
+        info = client.request("POST", "/v1/ai/loras", json.dumps(body).encode())
+        print(f"added {info['id']} (parent {info.get('parent')}, {info['details']['path']})")
+        return
+    for m in client.request("GET", "/v1/ai/models")["models"]:
+        parent = f"  (LoRA on {m['parent']})" if m.get("parent") else ""
+        print(f"{m['id']:<24} {m['kind']:<6} {m['engine']}{parent}")
+
+
+def _ai(args: argparse.Namespace) -> None:
+    data = _client(args).request("GET", f"/v1/ai/{args.what}")
+    print(json.dumps(data, indent=2))
 
 
 def _store_commands(sub: Any, cmd: Any) -> None:
@@ -185,7 +234,8 @@ def _run(args: argparse.Namespace, dev_dir: str | None) -> None:
 
     from .dev import serve
 
-    uvloop.run(serve(args.data, args.host, args.port, args.admin_port, dev_dir))
+    uvloop.run(serve(args.data, args.host, args.port, args.admin_port, dev_dir,
+                     not args.no_ai, args.ai_config, args.ai_socket))
 
 
 if __name__ == "__main__":

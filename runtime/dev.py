@@ -53,12 +53,18 @@ async def watch(pop: PoP, root: Path) -> None:
                 await deploy_dir(pop, d)
 
 
-async def serve(data: str, host: str, port: int, admin_port: int, dev_dir: str | None) -> None:
-    async with running_pop(data, host, port, admin_port) as (pop, public, admin):
+async def serve(data: str, host: str, port: int, admin_port: int, dev_dir: str | None,
+                ai: bool = True, ai_config: str | None = None, ai_socket: str | None = None
+                ) -> None:
+    async with running_pop(data, host, port, admin_port, ai=ai, ai_config=ai_config,
+                           ai_socket=ai_socket) as (pop, public, admin):
         host, port = public.address
         print(f"edgefn PoP listening on http://{host}:{port}", flush=True)
         print(f"  admin API on {admin.address[0]}:{admin.address[1]} "
               f"(token in {Path(data) / 'admin.token'})", flush=True)
+        if pop.stores.ai is not None:
+            print(f"  OpenAI-compatible API on http://{host}:{port}/v1 "
+                  f"(model worker pid {pop.stores.ai.client.pid or 'external'})", flush=True)
         watcher = None
         if dev_dir is not None:
             root = Path(dev_dir)

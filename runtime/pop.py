@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
@@ -26,6 +27,13 @@ from .manifest import Manifest
 from .router import RouteConflict, Router
 
 log = logging.getLogger("edgefn.pop")
+
+
+class BuiltinApi(Protocol):
+    @property
+    def paths(self) -> frozenset[bytes]: ...
+
+    def __call__(self, request: Request) -> Awaitable[Response]: ...
 
 
 class Deployment:
@@ -61,9 +69,14 @@ class PoP:
         self.functions: dict[str, Deployment] = {}
         self.router: Router[Deployment] = Router()
         self.lock = asyncio.Lock()
+        # built-in endpoints (the OpenAI-compatible API) taken before function routes
+        self.api: BuiltinApi | None = None
 
     # -- request path -----------------------------------------------------------------------
     def __call__(self, request: Request) -> Response | Awaitable[Response]:
+        api = self.api
+        if api is not None and request.path in api.paths:
+            return api(request)
         hit = self.router.match(request.host, request.path)
         if hit is None:
             return json_response({"error": {"kind": "no_route", "message":

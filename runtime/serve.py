@@ -16,8 +16,12 @@ from typing import IO
 
 import msgspec
 
+from gpu_worker.client import WorkerError
+
+from .ai import AIService
 from .errors import EdgefnError
 from .http import Server, ServerConfig
+from .openai_api import OpenAIApi
 from .pop import PoP
 
 log = logging.getLogger("edgefn")
@@ -60,16 +64,23 @@ def _lock(data_dir: Path) -> IO[str]:
 @contextlib.asynccontextmanager
 async def running_pop(
     data_dir: str | Path, host: str = "127.0.0.1", port: int = 8080, admin_port: int = 0,
-    config: ServerConfig | None = None,
+    config: ServerConfig | None = None, ai: bool = False, ai_config: str | None = None,
+    ai_socket: str | None = None,
 ) -> AsyncIterator[tuple[PoP, Server, Server]]:
     """A started PoP (public and admin listeners); shut down gracefully on exit.
+
+    With `ai`, the PoP also runs the model worker (or, with `ai_socket`, connects
+    to one already running there) and serves the OpenAI-compatible API.
 
     Raises `DataDirBusy` if another PoP holds the data dir, OSError if a port is taken.
     """
     data = Path(data_dir)
     lock = _lock(data)
     pop = PoP(data)
+    service: AIService | None = None
     try:
+        if ai:
+            service = await _start_ai(pop, data, ai_config, ai_socket)
         for err in pop.restore():
             log.error("%s", err)
         from .admin import AdminApp
@@ -90,8 +101,23 @@ async def running_pop(
             await admin.shutdown(1.0)
             await public.shutdown(GRACE_SECONDS)
     finally:
+        if service is not None:
+            await service.close()
         pop.close()
         lock.close()
+
+
+async def _start_ai(pop: PoP, data: Path, config: str | None, socket: str | None) -> AIService:
+    """Start (or reach) the model worker. A worker that does not come up is
+    logged, not fatal: functions still serve, AI requests get 503 until it does."""
+    service = AIService(data, config, socket)
+    pop.stores.ai, pop.stores.loop = service, asyncio.get_running_loop()
+    pop.api = OpenAIApi(service)
+    try:
+        await service.start()
+    except WorkerError as e:
+        log.error("model worker: %s", e)
+    return service
 
 
 async def _purge_expired(pop: PoP, every: float = 60.0) -> None:

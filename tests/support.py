@@ -47,8 +47,9 @@ class Running:
 
 
 @contextmanager
-def pop_thread(data: Path, port: int = 0) -> Iterator[Running]:
-    """Run a real PoP (public + admin listeners) on loopback in a background thread."""
+def pop_thread(data: Path, port: int = 0, **options: Any) -> Iterator[Running]:
+    """Run a real PoP (public + admin listeners) on loopback in a background thread;
+    `options` go to `running_pop` (e.g. ``ai=True``)."""
     started = threading.Event()
     box: dict[str, Any] = {}
 
@@ -57,7 +58,7 @@ def pop_thread(data: Path, port: int = 0) -> Iterator[Running]:
         box["stop"] = stop
         box["loop"] = asyncio.get_running_loop()
         try:
-            async with running_pop(data, "127.0.0.1", port) as (pop, public, _admin):
+            async with running_pop(data, "127.0.0.1", port, **options) as (pop, public, _admin):
                 box["pop"], box["addr"] = pop, public.address
                 started.set()
                 await stop.wait()
@@ -67,7 +68,7 @@ def pop_thread(data: Path, port: int = 0) -> Iterator[Running]:
 
     thread = threading.Thread(target=uvloop.run, args=(main(),), daemon=True)
     thread.start()
-    started.wait(30)
+    started.wait(180)
     if "error" in box:
         thread.join(5)
         raise box["error"]

@@ -15,6 +15,7 @@ import asyncio
 import ctypes
 import logging
 import math
+import threading
 from collections.abc import Awaitable
 from functools import partial
 from pathlib import Path
@@ -54,9 +55,14 @@ class WasmFunction:
         self.max_response = limits.max_response_mb << 20
         tick_ms = TICK_SECONDS * 1000
         budget_ms = min(limits.cpu_ms, limits.wall_ms)
+        if manifest.bindings.ai:
+            # epochs count time, and an AI call blocks for seconds: with the AI binding
+            # the deadline is the wall-time limit (time in host calls included)
+            budget_ms = limits.wall_ms
         # +1: the first tick may come right after the deadline is set.
         self.deadline_ticks = math.ceil(budget_ms / tick_ms) + 1
-        kind = "cpu_limit" if limits.cpu_ms <= limits.wall_ms else "wall_limit"
+        kind = "wall_limit" if manifest.bindings.ai or limits.cpu_ms > limits.wall_ms \
+            else "cpu_limit"
         self.outcome = Outcome(kind, budget_ms, self.memory_limit)
         self.module = self._compile(directory / manifest.entry)
         self.abi = self._detect_abi()
@@ -84,8 +90,10 @@ class WasmFunction:
                                   f"`{WASI_MODULE}`; build it as a WASI command (abi = \"wasi\")")
             call_type = ReactorCall if wasm.native is None else partial(NativeReactorCall,
                                                                         wasm.native)
-            self.call = call_type(wasm.engine, self.pre, self.memory_limit, self.deadline_ticks,
-                                  self.outcome, self.max_response)
+            self.new_call = partial(call_type, wasm.engine, self.pre, self.memory_limit,
+                                    self.deadline_ticks, self.outcome, self.max_response)
+            self.call = self.new_call()
+            self.per_thread = threading.local()  # call objects hold per-call buffers
 
     # -- deploy time ------------------------------------------------------------------------
     def _compile(self, entry: Path) -> wasmtime.Module:
@@ -164,24 +172,42 @@ class WasmFunction:
     def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:
         """Raises `FunctionError` (reactor); the WASI future raises it when awaited."""
         if self.abi == "reactor":
-            out = self.call(encode_request(request.method, request.path, request.query,
-                                           request.headers, self.env_blob, request.body))
-            status, headers, body = decode_response(out)
+            data = encode_request(request.method, request.path, request.query,
+                                  request.headers, self.env_blob, request.body)
+            if self.manifest.bindings.ai:
+                return self._handle_threaded(data)
+            status, headers, body = decode_response(self.call(data))
             return Response(status, headers, body)
         return self._handle_wasi(request, route)
+
+    async def _handle_threaded(self, data: bytes) -> Response:
+        """Reactors that may call the AI binding run on a worker thread: the call
+        waits for the model while the event loop keeps serving."""
+        job = asyncio.get_running_loop().run_in_executor(self.wasm.threads, self._call_here,
+                                                         data)
+        output = await self._within_wall(job)
+        return Response(*decode_response(output))
+
+    def _call_here(self, data: bytes) -> bytes:
+        call = getattr(self.per_thread, "call", None)
+        if call is None:
+            call = self.per_thread.call = self.new_call()
+        return call(data)
+
+    async def _within_wall(self, job: Awaitable[bytes]) -> bytes:
+        """Raises `FunctionError` (wall_limit) if `job` outlives the wall-time limit."""
+        try:
+            return await asyncio.wait_for(job, self.manifest.limits.wall_ms / 1000 + 0.05)
+        except TimeoutError:
+            raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
+                                f"{self.manifest.limits.wall_ms} ms (blocked in a host call)"
+                                ) from None
 
     async def _handle_wasi(self, request: Request, route: str) -> Response:
         env = cgi.environ(request, route, self.env)
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(self.wasm.threads, self._run_wasi, env, request.body)
-        wall = self.manifest.limits.wall_ms / 1000
-        try:
-            output = await asyncio.wait_for(job, wall + 0.05)
-        except TimeoutError:
-            raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
-                                f"{self.manifest.limits.wall_ms} ms (blocked in a host call)"
-                                ) from None
-        return Response(*cgi.parse_response(output))
+        return Response(*cgi.parse_response(await self._within_wall(job)))
 
     def _run_wasi(self, env: list[tuple[str, str]], body: bytes) -> bytes:
         """Run `_start` in a fresh store on a worker thread. Raises `FunctionError`."""

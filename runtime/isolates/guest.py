@@ -301,6 +301,8 @@ class Session:
                 raise Stop
             if f[0] == wire.REPLY:
                 reply = json.loads(f[1])
+                if reply.get("id") != self.calls:
+                    continue  # the late answer to a call of a request that was cut short
                 if "error" in reply:
                     raise RuntimeError(reply["error"])
                 return reply.get("result")

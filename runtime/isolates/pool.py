@@ -10,6 +10,7 @@ standby when the active dies. An `Isolate` is one subinterpreter's socket.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -559,13 +560,27 @@ class Pool:
             reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}
         elif self.bindings is not None and isinstance(name, str):
             try:
-                reply = {"result": self.bindings(name, msg.get("args") or {})}
+                result = self.bindings(name, msg.get("args") or {})
             except Exception as e:  # BindingError: denied or failed; the guest raises it
                 reply = {"error": str(e)}
+            else:
+                if inspect.isawaitable(result):  # the AI binding: answer when it finishes
+                    asyncio.get_running_loop().create_task(
+                        self._reply_later(isolate, msg.get("id"), result))
+                    return
+                reply = {"result": result}
         else:
             reply = {"error": f"unknown host call {name!r}"}
         if wait:
             isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
+
+    async def _reply_later(self, isolate: Isolate, call_id: Any, pending: Awaitable[Any]
+                           ) -> None:
+        try:
+            reply = {"result": await pending}
+        except Exception as e:
+            reply = {"error": str(e)}
+        isolate.send(wire.json_frame(wire.REPLY, {"id": call_id, **reply}))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def retire(self) -> None:

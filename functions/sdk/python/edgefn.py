@@ -144,7 +144,7 @@ class Response:
 
 class Env:
     """What a handler gets besides the request: the manifest's env vars as `vars`
-    and `log()`. Bindings (KV, vectors, AI) attach here in later versions."""
+    and `log()`, and the bindings: `kv()`, `vectors()`, `ai()`."""
 
     def __init__(self, vars: dict[str, str], call: Any) -> None:
         self.vars = vars
@@ -161,6 +161,10 @@ class Env:
     def vectors(self, index: str) -> Vectors:
         """The vector index `index` (declared under [bindings] vectors)."""
         return Vectors(index, self._call)
+
+    def ai(self, model: str = "smollm2-135m") -> AI:
+        """Models of the PoP's model worker (declare `ai = true` under [bindings])."""
+        return AI(model, self._call)
 
     def deployment(self) -> dict[str, str]:
         """This function's name and the version serving this request (asks the PoP)."""
@@ -227,6 +231,56 @@ class Vectors:
 
     def delete(self, ids: list[str]) -> int:
         return self._call("vectors.delete", {"index": self.index, "ids": ids}, True)
+
+
+class AI:
+    """Chat, completion, embeddings and rerank on the PoP's model worker. Each call
+    is a round trip to the PoP; errors (an unknown model, bad parameters, the
+    binding not declared) raise RuntimeError with the PoP's message."""
+
+    def __init__(self, model: str, call: Any) -> None:
+        self.model = model
+        self._call = call
+
+    def chat(self, messages: list[dict[str, Any]], *, model: str | None = None,
+             stream: bool = False, **params: Any) -> Any:
+        """{"text", "finish_reason", "usage"}; with `stream`, an iterator of text
+        chunks (its `.result` holds finish_reason and usage at the end).
+        params: max_tokens, temperature, top_p, stop, seed."""
+        args = {"model": model or self.model, "messages": messages, **params}
+        if stream:
+            return ChatStream(self._call("ai.chat_stream", args, True)["stream"], self._call)
+        return self._call("ai.chat", args, True)
+
+    def complete(self, prompt: str, *, model: str | None = None, **params: Any) -> dict:
+        return self._call("ai.complete", {"model": model or self.model, "prompt": prompt,
+                                          **params}, True)
+
+    def embed(self, texts: str | list[str], *, model: str = "all-minilm-l6-v2"
+              ) -> list[list[float]]:
+        return self._call("ai.embed", {"model": model, "input": texts}, True)["embeddings"]
+
+    def rerank(self, query: str, documents: list[str], *, model: str = "all-minilm-l6-v2",
+               top_n: int | None = None) -> list[dict[str, Any]]:
+        """[{"index", "relevance_score"}], most relevant first."""
+        return self._call("ai.rerank", {"model": model, "query": query,
+                                        "documents": documents, "top_n": top_n},
+                          True)["results"]
+
+
+class ChatStream:
+    """Text chunks of a streamed chat, as the model produces them."""
+
+    def __init__(self, stream: int, call: Any) -> None:
+        self.stream = stream
+        self._call = call
+        self.result: dict[str, Any] | None = None
+
+    def __iter__(self) -> Any:
+        while self.result is None:
+            out = self._call("ai.chat_next", {"stream": self.stream}, True)
+            yield from out["chunks"]
+            self.result = out["done"]
 
 
 def _b64(value: bytes | str) -> str:

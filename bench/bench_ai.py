@@ -1,0 +1,161 @@
+"""Model worker benchmarks: continuous batching, mixed LoRA adapters, TTFT and
+IPC overhead. Every figure is printed with its ratio to a baseline measured in
+the same run.
+
+    .venv/bin/python bench/bench_ai.py [--tokens 64] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpu_worker.adapters import write_random_lora  # noqa: E402
+from gpu_worker.client import WorkerClient  # noqa: E402
+from gpu_worker.models import packaged_model  # noqa: E402
+
+CHAT = "smollm2-135m"
+TOPICS = ["a dragon", "the sea", "a robot", "a city", "a forest", "winter", "a train",
+          "the moon", "a baker", "a storm", "a garden", "a clock", "a lighthouse", "a cat",
+          "a mountain", "a river"]
+
+
+async def stream(client: WorkerClient, model: str, i: int, tokens: int
+                 ) -> tuple[int, float, float]:
+    """(completion tokens, seconds to first chunk, seconds in all)."""
+    started = time.perf_counter()
+    gen = await client.generate(model, messages=[{"role": "user", "content":
+                                f"Write a long story about {TOPICS[i % len(TOPICS)]}."}],
+                                max_tokens=tokens, temperature=0.8, seed=i)
+    first = 0.0
+    async for _ in gen:
+        if not first:
+            first = time.perf_counter() - started
+    assert gen.done is not None
+    return gen.done.completion_tokens, first, time.perf_counter() - started
+
+
+async def load(client: WorkerClient, models: list[str], tokens: int
+               ) -> tuple[float, list[float]]:
+    """Run one stream per entry of `models` at once: (total tokens/s, TTFTs)."""
+    started = time.perf_counter()
+    results = await asyncio.gather(*(stream(client, m, i, tokens) for i, m in enumerate(models)))
+    wall = time.perf_counter() - started
+    return sum(r[0] for r in results) / wall, [r[1] for r in results]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def ipc(client: WorkerClient, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await client.ping(b"x" * 64)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def echo_baseline(path: str, n: int) -> list[float]:
+    """Round trips to a bare Unix-socket echo server in another process: what any
+    IPC costs here, before framing, msgspec and dispatch."""
+    code = ("import asyncio,sys\n"
+            "async def h(r,w):\n"
+            "    while d := await r.read(65536):\n        w.write(d)\n"
+            "async def m():\n"
+            f"    s = await asyncio.start_unix_server(h, {path!r})\n"
+            "    print('ready', flush=True)\n    await s.serve_forever()\n"
+            "asyncio.run(m())\n")
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code,
+                                                stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    await proc.stdout.readline()
+    reader, writer = await asyncio.open_unix_connection(path)
+    out = []
+    payload = b"x" * 80
+    for _ in range(n):
+        t = time.perf_counter()
+        writer.write(payload)
+        await reader.readexactly(len(payload))
+        out.append(time.perf_counter() - t)
+    writer.close()
+    proc.kill()
+    await proc.wait()
+    return out
+
+
+async def main(tokens: int, quick: bool) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="edgefn-bench-ai-"))
+    client = WorkerClient.spawning(str(tmp / "w.sock"))
+    await client.start()
+    try:
+        print("== IPC round trip (Ping over the Unix socket, 2000 sequential) ==")
+        n = 500 if quick else 2000
+        base = await echo_baseline(str(tmp / "echo.sock"), n)
+        ping = await ipc(client, n)
+        bp50, pp50 = statistics.median(base), statistics.median(ping)
+        print(f"bare echo (no framing)     p50 {bp50 * 1e6:7.1f} us  p99 "
+              f"{pct(base, 0.99) * 1e6:7.1f} us")
+        print(f"edgefn worker Ping         p50 {pp50 * 1e6:7.1f} us  p99 "
+              f"{pct(ping, 0.99) * 1e6:7.1f} us   x bare = {pp50 / bp50:.2f}  "
+              f"(target p50 <= 200 us)")
+
+        await load(client, [CHAT], 8)  # warm-up
+        print(f"\n== Continuous batching: {tokens} tokens per stream, temperature 0.8 ==")
+        one, ttft1 = await load(client, [CHAT], tokens)
+        print(f"{'streams':>8} {'tokens/s':>10} {'x 1 stream':>11} {'TTFT p50':>10} "
+              f"{'TTFT p99':>10}")
+        print(f"{1:>8} {one:>10.1f} {1.0:>11.2f} {pct(ttft1, .5) * 1e3:>8.1f}ms "
+              f"{pct(ttft1, .99) * 1e3:>8.1f}ms")
+        ttft16: list[float] = []
+        for c in (4, 16):
+            rate, ttfts = await load(client, [CHAT] * c, tokens)
+            ttft16 = ttfts
+            print(f"{c:>8} {rate:>10.1f} {rate / one:>11.2f} {pct(ttfts, .5) * 1e3:>8.1f}ms "
+                  f"{pct(ttfts, .99) * 1e3:>8.1f}ms")
+        m = await client.metrics()
+        print(f"worker metrics: busy {m['busy_fraction']:.2f}, peak batch "
+              f"{m['running_batch_peak']}, TTFT p50 {m['ttft'].get('p50_ms')} ms, "
+              f"inter-token p50 {m['inter_token'].get('p50_ms')} ms")
+        del ttft16
+
+        print("\n== 16 streams: 8 LoRA adapters mixed in vs base model only ==")
+        names = []
+        for i in range(8):
+            path = tmp / f"lora{i}.gguf"
+            write_random_lora(packaged_model(), path, rank=8, seed=100 + i, std=0.02)
+            await client.add_lora(f"bench-{i}", str(path))
+            names.append(f"bench-{i}")
+        base_rate, _ = await load(client, [CHAT] * 16, tokens)
+        mixed = [names[i % 8] for i in range(16)]
+        mixed_rate, _ = await load(client, mixed, tokens)
+        one_adapter, _ = await load(client, [names[0]] * 16, tokens)
+        print(f"base only, 16 streams          {base_rate:8.1f} tok/s   x base = 1.00")
+        print(f"one adapter, 16 streams        {one_adapter:8.1f} tok/s   x base = "
+              f"{one_adapter / base_rate:.2f}")
+        print(f"8 adapters mixed, 16 streams   {mixed_rate:8.1f} tok/s   x base = "
+              f"{mixed_rate / base_rate:.2f}  (target >= 0.8)")
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    try:
+        import uvloop
+
+        uvloop.run(main(a.tokens, a.quick))
+    except ImportError:
+        asyncio.run(main(a.tokens, a.quick))

@@ -1,0 +1,319 @@
+"""The client side of the worker IPC: one multiplexed Unix-socket connection,
+and (optionally) a supervisor that starts the worker process and restarts it
+with backoff when it dies.
+
+Errors say whether the worker is fine (`WorkerError`: a bad request, an
+unknown model, a timeout) or gone (`WorkerDead`: requests in flight when it
+died, or sent while it restarts and not served in time). Nothing waits forever:
+every wait has a timeout, and a worker that dies fails everything in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from . import protocol as p
+
+log = logging.getLogger("edgefn.gpu_worker.client")
+START_TIMEOUT = 120.0  # loading models on a cold disk
+READY_WAIT = 30.0  # how long a request waits for a restarting worker
+IDLE_TIMEOUT = 120.0  # longest silence inside a stream
+CALL_TIMEOUT = 120.0
+BACKOFF_MAX = 30.0
+
+
+class WorkerError(Exception):
+    """The worker refused or failed one request; it is still serving."""
+
+    def __init__(self, code: str, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class WorkerDead(WorkerError):
+    """The worker is not running: it died with the request in flight, or did not
+    come back in time."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("worker_unavailable", message, 503)
+
+
+class Generation:
+    """A running generation: iterate for text chunks; `done` holds the usage after."""
+
+    def __init__(self, client: WorkerClient, rid: int, window: int) -> None:
+        self.client, self.rid, self.window = client, rid, window
+        self.queue: asyncio.Queue[p.Reply | BaseException] = asyncio.Queue()
+        self.done: p.Done | None = None
+        self.finished = False
+        self.unacked = 0
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self
+
+    async def __anext__(self) -> str:
+        """The next chunk. Raises `WorkerError`/`WorkerDead`; StopAsyncIteration at the end."""
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            msg = await asyncio.wait_for(self.queue.get(), IDLE_TIMEOUT)
+        except TimeoutError:
+            await self.aclose()
+            raise WorkerError("timeout", f"no output from the model for {IDLE_TIMEOUT:.0f} s",
+                              504) from None
+        match msg:
+            case p.Chunk(text=text):
+                self.unacked += 1
+                if self.unacked >= max(1, self.window // 2):
+                    self.client.send(p.Credit(self.rid, self.unacked))
+                    self.unacked = 0
+                return text
+            case p.Done():
+                self._end()
+                self.done = msg
+                raise StopAsyncIteration
+            case p.Error(code=code, message=message, status=status):
+                self._end()
+                raise WorkerError(code, message, status)
+            case WorkerDead():
+                self._end()
+                raise msg
+        raise AssertionError(f"unexpected reply {msg!r}")
+
+    async def collect(self) -> tuple[str, p.Done]:
+        """The whole output (streamed or not) and its end. Raises `WorkerError`."""
+        parts = [chunk async for chunk in self]
+        assert self.done is not None
+        return "".join(parts) or self.done.text, self.done
+
+    async def aclose(self) -> None:
+        """Stop the generation if it is still running (the reader went away)."""
+        if not self.finished:
+            self._end()
+            self.client.send(p.Cancel(self.rid))
+
+    def _end(self) -> None:
+        self.finished = True
+        self.client.pending.pop(self.rid, None)
+
+
+class WorkerClient:
+    """Reach a worker on `socket_path`; with `command`, also run and supervise it."""
+
+    def __init__(self, socket_path: str, command: list[str] | None = None) -> None:
+        self.socket_path = socket_path
+        self.command = command
+        self.ids = itertools.count(1)
+        self.pending: dict[int, Generation | asyncio.Future[Any]] = {}
+        self.writer: asyncio.StreamWriter | None = None
+        self.connected = asyncio.Event()
+        self.closing = False
+        self.process: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self.tasks: list[asyncio.Task[None]] = []
+        # called after every (re)connection, e.g. to register run-time state again
+        self.on_connect: Callable[[], Awaitable[None]] | None = None
+
+    @classmethod
+    def spawning(cls, socket_path: str, config: str | None = None) -> WorkerClient:
+        command = [sys.executable, "-m", "gpu_worker", "--socket", socket_path]
+        if config:
+            command += ["--config", config]
+        return cls(socket_path, command)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    async def start(self, wait: bool = True) -> None:
+        """Connect (starting the worker first if this client runs it). With `wait`,
+        raises `WorkerDead` if it is not serving within START_TIMEOUT."""
+        loop = asyncio.get_running_loop()
+        if self.command is not None:
+            self.tasks.append(loop.create_task(self._supervise()))
+        else:
+            self.tasks.append(loop.create_task(self._reconnect_forever()))
+        if wait:
+            await self.ready(START_TIMEOUT)
+
+    async def ready(self, timeout: float = READY_WAIT) -> None:
+        """Raises `WorkerDead` if the worker does not serve within `timeout`."""
+        if self.connected.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.connected.wait(), timeout)
+        except TimeoutError:
+            raise WorkerDead(f"the model worker is not running (waited {timeout:.0f} s; "
+                             f"{self.restarts} restarts so far)") from None
+
+    # -- requests -------------------------------------------------------------------------
+    async def generate(self, model: str, *, window: int = p.WINDOW, **params: Any) -> Generation:
+        """Start a generation (`params`: the `protocol.Generate` fields). Raises
+        `WorkerDead`; errors from the worker come out of the iteration."""
+        await self.ready()
+        rid = next(self.ids)
+        gen = Generation(self, rid, window)
+        self.pending[rid] = gen
+        self.send(p.Generate(rid, model, window=window, **params))
+        return gen
+
+    async def call(self, make: Any, timeout: float = CALL_TIMEOUT, early: bool = False) -> Any:
+        """Send `make(id)` and return its Result's data; `early`: from `on_connect`,
+        before other requests may go. Raises `WorkerError`, `WorkerDead`."""
+        if not early:
+            await self.ready()
+        elif self.writer is None:
+            raise WorkerDead("the model worker connection closed")
+        rid = next(self.ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending[rid] = fut
+        self.send(make(rid))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise WorkerError("timeout", f"the model worker did not answer in {timeout:.0f} s",
+                              504) from None
+        finally:
+            self.pending.pop(rid, None)
+
+    async def embed(self, model: str, inputs: list[str]) -> dict[str, Any]:
+        return await self.call(lambda i: p.Embed(i, model, inputs))
+
+    async def rerank(self, model: str, query: str, documents: list[str],
+                     top_n: int | None = None) -> dict[str, Any]:
+        return await self.call(
+            lambda i: p.Rerank(i, model, query, documents, top_n))
+
+    async def models(self) -> list[dict[str, Any]]:
+        return await self.call(p.Models)
+
+    async def metrics(self) -> dict[str, Any]:
+        return await self.call(p.GetMetrics)
+
+    async def add_lora(self, name: str, path: str, base: str | None = None,
+                       scale: float = 1.0, early: bool = False) -> dict[str, Any]:
+        return await self.call(
+            lambda i: p.AddLora(i, name, path, base, scale), early=early)
+
+    async def ping(self, payload: bytes = b"") -> bytes:
+        return await self.call(lambda i: p.Ping(i, payload))
+
+    def send(self, msg: msgspec.Struct) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(p.frame(msg))
+
+    # -- connection -----------------------------------------------------------------------
+    async def _connect(self) -> bool:
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.socket_path)
+        except OSError:
+            return False
+        self.writer = writer
+        loop = asyncio.get_running_loop()
+        self.tasks.append(loop.create_task(self._read(reader, writer)))
+        if self.on_connect is not None:
+            try:
+                await self.on_connect()
+            except Exception:
+                log.exception("re-registering state with the model worker failed")
+        self.connected.set()
+        return True
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                msg = p.reply_decoder.decode(await p.read_frame(reader))
+                self._deliver(msg)
+        except (asyncio.IncompleteReadError, ConnectionError, p.FrameError, msgspec.DecodeError):
+            pass
+        finally:
+            self.connected.clear()
+            self.writer = None
+            writer.close()
+            self._fail_all("the model worker exited while serving this request; "
+                           "it is being restarted")
+
+    def _deliver(self, msg: p.Reply) -> None:
+        target = self.pending.get(msg.id)
+        if isinstance(target, Generation):
+            target.queue.put_nowait(msg)
+        elif target is not None and not target.done():
+            if isinstance(msg, p.Result):
+                target.set_result(msg.data)
+            elif isinstance(msg, p.Error):
+                target.set_exception(WorkerError(msg.code, msg.message, msg.status))
+
+    def _fail_all(self, message: str) -> None:
+        pending, self.pending = self.pending, {}
+        for target in pending.values():
+            if isinstance(target, Generation):
+                target.queue.put_nowait(WorkerDead(message))
+            elif not target.done():
+                target.set_exception(WorkerDead(message))
+
+    async def _reconnect_forever(self) -> None:
+        while not self.closing:
+            if not self.connected.is_set() and not await self._connect():
+                await asyncio.sleep(0.2)
+                continue
+            await asyncio.sleep(0.2)
+
+    # -- supervision ----------------------------------------------------------------------
+    async def _supervise(self) -> None:
+        assert self.command is not None
+        backoff = 0.5
+        while not self.closing:
+            started = time.monotonic()
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            await self._wait_serving(self.process)
+            rc = await self.process.wait()
+            if self.closing:
+                return
+            if time.monotonic() - started > 60:
+                backoff = 0.5  # it ran fine for a while: restart at once
+            self.restarts += 1
+            log.warning("model worker exited (status %s); restarting in %.1f s", rc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _wait_serving(self, proc: asyncio.subprocess.Process) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while proc.returncode is None and time.monotonic() < deadline:
+            if await self._connect():
+                return
+            await asyncio.sleep(0.05)
+        if proc.returncode is None:
+            log.error("model worker did not serve within %.0f s; killing it", START_TIMEOUT)
+            proc.kill()
+
+    async def close(self) -> None:
+        """Stop the worker this client runs (SIGTERM, then SIGKILL after 5 s)."""
+        self.closing = True
+        self._fail_all("the PoP is shutting down")
+        proc = self.process
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self.writer is not None:
+            self.writer.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

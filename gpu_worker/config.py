@@ -1,0 +1,102 @@
+"""Worker configuration: which engines serve which models, read from a TOML file.
+
+    socket = "/path/worker.sock"        # default: DATA/gpu_worker.sock
+
+    [[models]]
+    name = "smollm2-135m"               # the id requests use as ``model``
+    engine = "llamacpp"                 # llamacpp | onnx | openai
+    path = "auto"                       # auto: the model shipped in a PyPI package
+    threads = 2
+    max_batch = 16                      # sequences decoded together
+    context = 8192                      # KV cache tokens shared by the batch
+    gpu_layers = -1                     # layers offloaded when a GPU is present
+
+    [[models]]
+    name = "all-minilm-l6-v2"
+    engine = "onnx"                     # embeddings; rerank by cosine similarity
+
+    [[models]]
+    name = "upstream"
+    engine = "openai"
+    url = "http://127.0.0.1:8000/v1"    # any OpenAI-compatible server
+    models = ["served-model"]           # ids forwarded there (default: ask /v1/models)
+    api_key_env = "UPSTREAM_API_KEY"
+
+    [[loras]]
+    name = "pirate"                     # served as model "pirate"
+    path = "adapters/pirate.gguf"       # relative to the config file
+    base = "smollm2-135m"
+    scale = 1.0
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import msgspec
+
+DEFAULT_CHAT = "smollm2-135m"
+DEFAULT_EMBED = "all-minilm-l6-v2"
+
+
+class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    name: str
+    engine: str
+    path: str = "auto"
+    threads: int = 2
+    max_batch: int = 16
+    context: int = 8192
+    gpu_layers: int = -1
+    url: str = ""
+    models: list[str] = []
+    api_key_env: str = ""
+    timeout: float = 60.0
+
+
+class LoraSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    name: str
+    path: str
+    base: str = DEFAULT_CHAT
+    scale: float = 1.0
+
+
+class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    socket: str = ""
+    models: list[ModelSpec] = msgspec.field(default_factory=lambda: default_models())
+    loras: list[LoraSpec] = []
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and field."""
+
+
+def default_models() -> list[ModelSpec]:
+    return [ModelSpec(DEFAULT_CHAT, "llamacpp"), ModelSpec(DEFAULT_EMBED, "onnx")]
+
+
+def load(path: str | Path | None) -> WorkerConfig:
+    """The config in `path`, or the defaults when `path` is None.
+
+    Relative LoRA paths are resolved against the file's folder. Raises `ConfigError`.
+    """
+    if path is None:
+        return WorkerConfig()
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+        cfg = msgspec.convert(raw, WorkerConfig)
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML: {e}") from None
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    names = [m.name for m in cfg.models] + [lo.name for lo in cfg.loras]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{p}: model names must be unique; repeated: {', '.join(dupes)}")
+    for lo in cfg.loras:
+        if not Path(lo.path).is_absolute():
+            lo.path = str((p.parent / lo.path).resolve())
+    return cfg

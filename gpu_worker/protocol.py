@@ -1,0 +1,144 @@
+"""The IPC protocol between the PoP (or any client) and the model worker.
+
+Frames are a 4-byte big-endian length followed by one msgpack-encoded message.
+Messages are tagged msgspec structs (``array_like`` so a frame carries no field
+names). Every request carries an ``id`` chosen by the client; every reply names
+the ``id`` it answers.
+
+Client -> worker: Generate, Embed, Rerank, Cancel, Credit, Models, AddLora,
+GetMetrics, Ping. Worker -> client: Chunk (streamed text), Done (end of a
+generation, with usage), Result (any other answer), Error.
+
+Flow control: a streamed generation may run at most ``window`` chunks ahead of
+what the client has consumed; the client returns ``Credit`` as it reads, and a
+sequence without credit is left out of decode steps until credit arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import msgspec
+
+MAX_FRAME = 64 * 1024 * 1024
+WINDOW = 64  # chunks a stream may run ahead of its reader
+_LEN = struct.Struct(">I")
+
+
+class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class Generate(_Msg, tag="gen"):
+    id: int
+    model: str
+    prompt: str | None = None  # a completion
+    messages: list[dict[str, Any]] | None = None  # a chat (rendered with the model's template)
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = []
+    seed: int | None = None
+    stream: bool = True
+    window: int = WINDOW
+
+
+class Embed(_Msg, tag="embed"):
+    id: int
+    model: str
+    inputs: list[str]
+
+
+class Rerank(_Msg, tag="rerank"):
+    id: int
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+
+
+class Cancel(_Msg, tag="cancel"):
+    id: int
+
+
+class Credit(_Msg, tag="credit"):
+    id: int
+    n: int
+
+
+class Models(_Msg, tag="models"):
+    id: int
+
+
+class AddLora(_Msg, tag="lora"):
+    id: int
+    name: str
+    path: str
+    base: str | None = None
+    scale: float = 1.0
+
+
+class GetMetrics(_Msg, tag="metrics"):
+    id: int
+
+
+class Ping(_Msg, tag="ping"):
+    id: int
+    payload: bytes = b""
+
+
+class Chunk(_Msg, tag="chunk"):
+    id: int
+    text: str
+    tokens: int = 1
+
+
+class Done(_Msg, tag="done"):
+    id: int
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    text: str = ""  # the whole output when the request did not stream
+
+
+class Result(_Msg, tag="result"):
+    id: int
+    data: Any = None
+
+
+class Error(_Msg, tag="error"):
+    """``code``: model_not_found, invalid_request, overloaded, timeout, worker_dead,
+    internal. ``status`` is the HTTP status an OpenAI-style API should answer with."""
+
+    id: int
+    code: str
+    message: str
+    status: int = 500
+
+
+Request = Generate | Embed | Rerank | Cancel | Credit | Models | AddLora | GetMetrics | Ping
+Reply = Chunk | Done | Result | Error
+
+_encoder = msgspec.msgpack.Encoder()
+request_decoder = msgspec.msgpack.Decoder(Request)
+reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+def frame(msg: msgspec.Struct) -> bytes:
+    body = _encoder.encode(msg)
+    return _LEN.pack(len(body)) + body
+
+
+class FrameError(Exception):
+    """A frame that is too large or does not decode; the connection is unusable."""
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
+    """The next frame's body. Raises `asyncio.IncompleteReadError` at EOF and
+    `FrameError` for an oversized length."""
+    (n,) = _LEN.unpack(await reader.readexactly(4))
+    if n > MAX_FRAME:
+        raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME} byte limit")
+    return await reader.readexactly(n)

@@ -1,0 +1,267 @@
+"""The worker process: loads the configured engines and answers IPC frames on a
+Unix socket.
+
+Each connection may carry many requests at once; ids are the client's and are
+mapped to worker-wide ids for the engines. A connection that closes cancels
+everything it started (the client went away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import protocol as p
+from .config import WorkerConfig
+from .engines import Engine, EngineError, ModelInfo, create
+from .metrics import Metrics
+
+log = logging.getLogger("edgefn.gpu_worker")
+MAX_INPUTS = 2048
+
+
+class Worker:
+    """The engines and the model table; `serve()` answers clients."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.engines: list[Engine] = []
+        self.by_model: dict[str, Engine] = {}
+        self.ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """Load every configured engine and LoRA adapter. Raises `EngineError`."""
+        for spec in self.config.models:
+            engine = create(spec, self.metrics)
+            started = time.perf_counter()
+            await engine.start()
+            self.engines.append(engine)
+            for m in engine.models():
+                self.by_model[m.id] = engine
+            log.info("loaded %s (%s) in %.2f s", spec.name, spec.engine,
+                     time.perf_counter() - started)
+        for lo in self.config.loras:
+            await self.add_lora(lo.name, lo.path, lo.base, lo.scale)
+
+    def models(self) -> list[ModelInfo]:
+        return [m for e in self.engines for m in e.models()]
+
+    def engine_for(self, model: str) -> Engine:
+        """Raises `EngineError` (404) for a model no engine serves."""
+        engine = self.by_model.get(model)
+        if engine is None:
+            known = ", ".join(sorted(self.by_model)) or "none"
+            raise EngineError("model_not_found", f"model {model!r} does not exist "
+                              f"(available: {known})", 404)
+        return engine
+
+    async def add_lora(self, name: str, path: str, base: str | None, scale: float) -> ModelInfo:
+        """Raises `EngineError` for an unknown base or an adapter the engine refuses."""
+        if name in self.by_model:
+            raise EngineError("invalid_request", f"model name {name!r} is already in use")
+        if base is None:
+            base = next((m.id for m in self.models() if m.kind == "chat" and m.parent is None
+                         and self.by_model[m.id].kind == "llamacpp"), None)
+        if base is None:
+            raise EngineError("invalid_request", "no base model takes LoRA adapters")
+        engine = self.engine_for(base)
+        info = await engine.add_lora(name, path, base, scale)
+        self.by_model[name] = engine
+        log.info("LoRA adapter %s (%s) on %s", name, path, base)
+        return info
+
+    async def serve(self, path: str) -> asyncio.Server:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        server = await asyncio.start_unix_server(lambda r, w: Connection(self, r, w).run(), path)
+        os.chmod(path, 0o600)
+        return server
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
+
+
+class ReplySink:
+    """Routes one generation's output back to its connection."""
+
+    def __init__(self, conn: Connection, rid: int, gid: int, engine: Engine, stream: bool
+                 ) -> None:
+        self.conn, self.rid, self.gid, self.engine, self.stream = conn, rid, gid, engine, stream
+        self.parts: list[str] = []
+        self.finished = False
+
+    def chunk(self, text: str, tokens: int) -> None:
+        if self.finished:
+            return
+        if self.stream:
+            self.conn.send(p.Chunk(self.rid, text, tokens))
+        else:
+            self.parts.append(text)
+            self.engine.credit(self.gid, 1)  # consumed here, at once
+
+    def done(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if self._end():
+            self.conn.send(p.Done(self.rid, finish_reason, prompt_tokens, completion_tokens,
+                                  "".join(self.parts)))
+
+    def error(self, code: str, message: str, status: int) -> None:
+        if self._end():
+            self.conn.send(p.Error(self.rid, code, message, status))
+
+    def _end(self) -> bool:
+        if self.finished:
+            return False
+        self.finished = True
+        self.conn.generations.pop(self.rid, None)
+        return True
+
+
+class Connection:
+    def __init__(self, worker: Worker, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self.worker, self.reader, self.writer = worker, reader, writer
+        self.generations: dict[int, ReplySink] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, msg: msgspec.Struct) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(p.frame(msg))
+
+    async def run(self) -> None:
+        try:
+            while True:
+                body = await p.read_frame(self.reader)
+                try:
+                    msg = p.request_decoder.decode(body)
+                except msgspec.DecodeError as e:
+                    self.send(p.Error(_id_of(body), "invalid_request", f"bad message: {e}", 400))
+                    continue
+                self.dispatch(msg)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except p.FrameError as e:
+            log.warning("closing a client connection: %s", e)
+        finally:
+            for sink in list(self.generations.values()):
+                sink.engine.cancel(sink.gid)
+            for task in self.tasks:
+                task.cancel()
+            self.writer.close()
+
+    def dispatch(self, msg: p.Request) -> None:
+        match msg:
+            case p.Generate():
+                self.generate(msg)
+            case p.Cancel(id=rid):
+                sink = self.generations.get(rid)
+                if sink is not None:
+                    sink.engine.cancel(sink.gid)
+            case p.Credit(id=rid, n=n):
+                sink = self.generations.get(rid)
+                if sink is not None:
+                    sink.engine.credit(sink.gid, n)
+            case p.Ping(id=rid, payload=payload):
+                self.send(p.Result(rid, payload))
+            case _:
+                task = asyncio.get_running_loop().create_task(self.answer(msg))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    def generate(self, msg: p.Generate) -> None:
+        if msg.id in self.generations:
+            self.send(p.Error(msg.id, "invalid_request", f"id {msg.id} is already in use", 400))
+            return
+        try:
+            engine = self.worker.engine_for(msg.model)
+            gid = next(self.worker.ids)
+            sink = ReplySink(self, msg.id, gid, engine, msg.stream)
+            engine.generate(msgspec.structs.replace(msg, id=gid), sink)
+        except EngineError as e:
+            self.worker.metrics.request(error=True)
+            self.send(p.Error(msg.id, e.code, str(e), e.status))
+            return
+        self.generations[msg.id] = sink
+
+    async def answer(self, msg: p.Request) -> None:
+        try:
+            data = await self.compute(msg)
+            self.send(p.Result(msg.id, data))
+        except EngineError as e:
+            self.send(p.Error(msg.id, e.code, str(e), e.status))
+        except Exception as e:
+            log.exception("request %r failed", type(msg).__name__)
+            self.send(p.Error(msg.id, "internal", f"{type(e).__name__}: {e}", 500))
+
+    async def compute(self, msg: p.Request) -> Any:
+        """The answer to a non-streaming request. Raises `EngineError`."""
+        w = self.worker
+        match msg:
+            case p.Embed(model=model, inputs=inputs):
+                _check_texts("input", inputs)
+                vectors, tokens = await w.engine_for(model).embed(model, inputs)
+                return {"embeddings": vectors, "tokens": tokens}
+            case p.Rerank(model=model, query=query, documents=docs, top_n=top_n):
+                _check_texts("query", [query])
+                _check_texts("documents", docs)
+                scores, tokens = await w.engine_for(model).rerank(model, query, docs)
+                order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n or len(docs)]
+                return {"results": [{"index": i, "relevance_score": scores[i]} for i in order],
+                        "tokens": tokens}
+            case p.Models():
+                return [msgspec.to_builtins(m) for m in w.models()]
+            case p.AddLora(name=name, path=path, base=base, scale=scale):
+                return msgspec.to_builtins(await w.add_lora(name, path, base, scale))
+            case p.GetMetrics():
+                return w.metrics.snapshot()
+        raise EngineError("invalid_request", f"unexpected message {type(msg).__name__}")
+
+
+def _id_of(body: bytes) -> int:
+    """The id of a frame that failed validation, so its sender gets the error."""
+    try:
+        raw = msgspec.msgpack.decode(body)
+        return int(raw[1]) if isinstance(raw, list) and len(raw) > 1 else 0
+    except (msgspec.DecodeError, TypeError, ValueError):
+        return 0
+
+
+def _check_texts(field: str, texts: list[str]) -> None:
+    if not texts:
+        raise EngineError("invalid_request", f"'{field}' must not be empty")
+    if len(texts) > MAX_INPUTS:
+        raise EngineError("invalid_request", f"'{field}' has {len(texts)} items; at most "
+                          f"{MAX_INPUTS} per request")
+    for i, t in enumerate(texts):
+        if not t:
+            raise EngineError("invalid_request", f"'{field}'[{i}] is an empty string")
+
+
+async def run(config: WorkerConfig, socket_path: str) -> None:
+    """Load the engines, serve until SIGTERM/SIGINT, then release them."""
+    worker = Worker(config)
+    await worker.start()
+    server = await worker.serve(socket_path)
+    log.info("gpu worker ready on %s: %s", socket_path,
+             ", ".join(m.id for m in worker.models()))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        worker.close()
+        with contextlib.suppress(FileNotFoundError):
+            Path(socket_path).unlink()

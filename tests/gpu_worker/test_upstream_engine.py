@@ -1,0 +1,500 @@
+"""UpstreamEngine against a real OpenAI-compatible HTTP/1.1 server on loopback.
+
+The fake upstream below is a small asyncio server: GET /v1/models, streamed
+POST /v1/chat/completions (chunked SSE echoing the last user message word by
+word, then a usage chunk and ``[DONE]``), POST /v1/completions (SSE with a
+Content-Length body and no usage), POST /v1/embeddings, and an OpenAI-shaped 404
+for unknown models. Model ``forever`` streams until the client goes away and
+model ``stall`` sends one token and then nothing, model ``flood`` sends 1 MiB
+tokens and counts the bytes the network has taken; ``cut`` and ``oops`` send a
+token and then hang up mid-body or send an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from gpu_worker.config import ModelSpec
+from gpu_worker.engines import EngineError
+from gpu_worker.engines.upstream import UpstreamEngine
+from gpu_worker.protocol import Generate
+
+MODELS = ["echo", "forever", "stall", "flood", "cut", "oops", "embedder"]
+FLOOD_TOKEN = "x" * (1 << 20)
+FLOOD_TOKENS = 256  # 256 MiB: more than loopback socket buffers can hold
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
+
+
+# -- the fake upstream ------------------------------------------------------------------------
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+def delta(text: str) -> dict[str, Any]:
+    return {"object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+
+
+async def send_chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
+    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+    await writer.drain()
+
+
+def response_head(status: int, content_type: str, length: int | None = None) -> bytes:
+    framing = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
+    reason = {200: "OK", 404: "Not Found"}.get(status, "Error")
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{framing}\r\n"
+            "Connection: close\r\n\r\n").encode()
+
+
+def words_of(body: dict[str, Any]) -> list[str]:
+    if "messages" in body:
+        last = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+    else:
+        last = body["prompt"]
+    words = last.split()
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+class FakeUpstream:
+    """An OpenAI-compatible server on an ephemeral loopback port."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str], dict[str, Any]]] = []
+        self.disconnected = asyncio.Event()
+        self.flood_sent = 0  # bytes of the flood model's answer the network took
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def __aenter__(self) -> FakeUpstream:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            method, path, _ = head[0].split(" ")
+            headers = {k.strip().lower(): v.strip()
+                       for k, _, v in (line.partition(":") for line in head[1:] if line)}
+            raw = await reader.readexactly(int(headers.get("content-length", "0")))
+            body = msgspec.json.decode(raw) if raw else {}
+            self.requests.append((method, path, headers, body))
+            await self._route(method, path, body, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.disconnected.set()
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+
+    async def _route(self, method: str, path: str, body: dict[str, Any],
+                     reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if method == "GET" and path == "/v1/models":
+            return await self._json(writer, 200, {
+                "object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
+        if body.get("model") not in MODELS:
+            return await self._json(writer, 404, {"error": {
+                "message": f"The model `{body.get('model')}` does not exist.",
+                "type": "NotFoundError", "param": None, "code": 404}})
+        routes: dict[str, Handler] = {"/v1/chat/completions": self._chat,
+                                      "/v1/completions": self._completions,
+                                      "/v1/embeddings": self._embeddings}
+        await routes[path](reader, writer, body)
+
+    async def _json(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
+        data = msgspec.json.encode(obj)
+        writer.write(response_head(status, "application/json", len(data)) + data)
+        await writer.drain()
+
+    async def _chat(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    body: dict[str, Any]) -> None:
+        writer.write(response_head(200, "text/event-stream"))
+        if body["model"] == "forever":
+            return await self._forever(reader, writer)
+        if body["model"] == "flood":
+            event = sse(delta(FLOOD_TOKEN))
+            for _ in range(FLOOD_TOKENS):
+                await send_chunk(writer, event)
+                self.flood_sent += len(event)
+            return None
+        if body["model"] in ("cut", "oops"):
+            await send_chunk(writer, sse(delta("partial")))
+            if body["model"] == "oops":
+                await send_chunk(writer, sse({"error": {
+                    "message": "prompt too long", "type": "BadRequestError", "code": 400}}))
+            return None  # no last chunk: the body is cut short
+        if body["model"] == "stall":
+            await send_chunk(writer, sse(delta("first")))
+            await asyncio.sleep(30)  # cancelled when the test ends
+        words = words_of(body)
+        out = words[:body["max_tokens"]]
+        await send_chunk(writer, sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+        await send_chunk(writer, b": keep-alive comment\n\n")
+        for i, word in enumerate(out):
+            event = sse(delta(word))
+            if i == 0:  # one event split across two chunks of the transfer encoding
+                await send_chunk(writer, event[:7])
+                await send_chunk(writer, event[7:])
+            else:
+                await send_chunk(writer, event)
+        reason = "length" if len(out) < len(words) else "stop"
+        prompt_tokens = sum(len(m["content"].split()) for m in body["messages"])
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(out),
+                 "total_tokens": prompt_tokens + len(out)}
+        tail = (sse({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+                + sse({"choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+        await send_chunk(writer, tail)
+        await send_chunk(writer, b"")
+
+    async def _forever(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        i = 0
+        while not reader.at_eof():
+            await send_chunk(writer, sse(delta(f"t{i} ")))
+            i += 1
+            await asyncio.sleep(0.01)
+        self.disconnected.set()
+
+    async def _completions(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           body: dict[str, Any]) -> None:
+        events = [sse({"choices": [{"index": 0, "text": w, "finish_reason": None}]})
+                  for w in words_of(body)]
+        events.append(sse({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}))
+        data = b"".join(events).replace(b"\n", b"\r\n") + b"data: [DONE]\r\n\r\n"
+        writer.write(response_head(200, "text/event-stream; charset=utf-8", len(data)) + data)
+        await writer.drain()
+
+    async def _embeddings(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          body: dict[str, Any]) -> None:
+        inputs = body["input"]
+        data = [{"object": "embedding", "index": i, "embedding": [float(len(s)), 1.0]}
+                for i, s in enumerate(inputs)]
+        await self._json(writer, 200, {"object": "list", "data": data[::-1], "usage": {
+            "prompt_tokens": sum(len(s.split()) for s in inputs)}})
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+class RecordingSink:
+    """Records what the engine sends; a second terminal call fails the test."""
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self.end: tuple[Any, ...] | None = None
+        self.ended = asyncio.Event()
+
+    def chunk(self, text: str, tokens: int) -> None:
+        assert self.end is None, "chunk after the terminal call"
+        assert tokens == 1 and text
+        self.chunks.append(text)
+
+    def done(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self._terminal(("done", finish_reason, prompt_tokens, completion_tokens))
+
+    def error(self, code: str, message: str, status: int) -> None:
+        self._terminal(("error", code, message, status))
+
+    def _terminal(self, what: tuple[Any, ...]) -> None:
+        assert self.end is None, f"second terminal call {what} after {self.end}"
+        self.end = what
+        self.ended.set()
+
+    async def result(self) -> tuple[Any, ...]:
+        await asyncio.wait_for(self.ended.wait(), 1.5)
+        await asyncio.sleep(0.02)  # a second terminal call would fail in _terminal
+        assert self.end is not None
+        return self.end
+
+
+async def until(check: Callable[[], bool], timeout: float = 1.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+def engine_for(url: str, models: list[str] | None = None, timeout: float = 1.0,
+               api_key_env: str = "") -> UpstreamEngine:
+    return UpstreamEngine(ModelSpec("up", "openai", url=url, models=models or [],
+                                    timeout=timeout, api_key_env=api_key_env))
+
+
+def chat(rid: int, model: str, text: str, **kw: Any) -> Generate:
+    return Generate(rid, model, messages=[{"role": "system", "content": "be brief"},
+                                          {"role": "user", "content": text}], **kw)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+def test_start_lists_upstream_models_and_streams_chat_with_usage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEFN_TEST_UPSTREAM_KEY", "sekrit")
+
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url + "/", api_key_env="EDGEFN_TEST_UPSTREAM_KEY")
+            await engine.start()
+            infos = engine.models()
+            assert [m.id for m in infos] == MODELS
+            assert {(m.kind, m.engine) for m in infos} == {("chat", "openai")}
+            assert infos[0].details == {"upstream": up.url}
+
+            sink = RecordingSink()
+            engine.generate(chat(1, "echo", "hello big wide world", seed=7), sink)
+            assert await sink.result() == ("done", "stop", 6, 4)
+            assert sink.chunks == ["hello", " big", " wide", " world"]
+
+            method, path, headers, body = up.requests[-1]
+            assert (method, path) == ("POST", "/v1/chat/completions")
+            assert headers["authorization"] == "Bearer sekrit"
+            assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+            assert body["seed"] == 7 and body["max_tokens"] == 256 and "stop" not in body
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_finish_reason_length_and_prompt_completion_without_usage() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["echo"])
+            await engine.start()
+            assert up.requests == []  # models were named: nothing asked at start
+
+            sink = RecordingSink()
+            engine.generate(chat(1, "echo", "a b c d e", max_tokens=2, stop=["\n"]), sink)
+            assert await sink.result() == ("done", "length", 7, 2)
+            assert up.requests[-1][3]["stop"] == ["\n"]
+
+            sink = RecordingSink()
+            engine.generate(Generate(2, "echo", prompt="one two three"), sink)
+            # no usage from the upstream: chunks are counted, prompt tokens unknown
+            assert await sink.result() == ("done", "stop", 0, 3)
+            assert sink.chunks == ["one", " two", " three"]
+            assert up.requests[-1][1] == "/v1/completions"
+            assert "seed" not in up.requests[-1][3]
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_unknown_model_keeps_upstream_status_and_message() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["nope"])
+            await engine.start()
+            sink = RecordingSink()
+            engine.generate(chat(1, "nope", "hi"), sink)
+            assert await sink.result() == (
+                "error", "model_not_found", "The model `nope` does not exist.", 404)
+            assert sink.chunks == []
+            with pytest.raises(EngineError) as err:
+                await engine.embed("nope", ["x"])
+            assert (err.value.code, err.value.status) == ("model_not_found", 404)
+            assert "does not exist" in str(err.value)
+            with pytest.raises(EngineError) as err:
+                engine.generate(chat(2, "not-served", "hi"), RecordingSink())
+            assert err.value.status == 404
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_upstream_down_is_upstream_unavailable() -> None:
+    async def scenario() -> None:
+        url = f"http://127.0.0.1:{closed_port()}/v1"
+        with pytest.raises(EngineError) as err:
+            await engine_for(url).start()
+        assert (err.value.code, err.value.status) == ("upstream_unavailable", 502)
+        assert url in str(err.value)
+
+        engine = engine_for(url, models=["echo"])
+        await engine.start()
+        sink = RecordingSink()
+        engine.generate(chat(1, "echo", "hi"), sink)
+        code, status = (await sink.result())[1::2]
+        assert (code, status) == ("upstream_unavailable", 502)
+        with pytest.raises(EngineError) as err:
+            await engine.embed("echo", ["x"])
+        assert err.value.code == "upstream_unavailable"
+        engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_bad_config_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGEFN_TEST_UNSET_KEY", raising=False)
+
+    async def scenario() -> None:
+        for engine in (engine_for("ftp://127.0.0.1/v1", models=["m"]),
+                       engine_for("http://127.0.0.1:1/v1", models=["m"],
+                                  api_key_env="EDGEFN_TEST_UNSET_KEY")):
+            with pytest.raises(EngineError) as err:
+                await engine.start()
+            assert err.value.code == "invalid_config"
+
+    asyncio.run(scenario())
+
+
+def test_cancel_closes_the_upstream_connection() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["forever"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "forever", "go"), sink)
+            await until(lambda: len(sink.chunks) >= 3)
+            engine.cancel(1)
+            engine.cancel(1)  # twice, and unknown ids, are harmless
+            engine.credit(1, 5)
+            await asyncio.wait_for(up.disconnected.wait(), 1)
+            await asyncio.sleep(0.05)
+            assert sink.end is None
+            assert sink.chunks[:3] == ["t0 ", "t1 ", "t2 "]
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_close_stops_every_stream() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["forever"])
+            sinks = [RecordingSink(), RecordingSink()]
+            for rid, sink in enumerate(sinks):
+                engine.generate(chat(rid, "forever", "go"), sink)
+            await until(lambda: all(s.chunks for s in sinks))
+            engine.close()
+            await asyncio.wait_for(up.disconnected.wait(), 1)
+            await until(lambda: not up._handlers)
+            assert all(s.end is None for s in sinks)
+
+    asyncio.run(scenario())
+
+
+def test_window_holds_chunks_until_credit() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["echo"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "echo", "one two three four five six", window=2), sink)
+            await until(lambda: len(sink.chunks) == 2)
+            await asyncio.sleep(0.15)
+            assert sink.chunks == ["one", " two"] and sink.end is None
+            engine.credit(1, 1)
+            await until(lambda: len(sink.chunks) == 3)
+            await asyncio.sleep(0.05)
+            assert len(sink.chunks) == 3 and sink.end is None
+            engine.credit(1, 10)
+            assert await sink.result() == ("done", "stop", 8, 6)
+            assert "".join(sink.chunks) == "one two three four five six"
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_window_pushes_back_on_the_upstream_socket() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["flood"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "flood", "go", window=1), sink)
+            await until(lambda: len(sink.chunks) == 1)
+            await asyncio.sleep(0.2)
+            held = up.flood_sent
+            await asyncio.sleep(0.1)
+            # the engine stopped reading, so the upstream's writes block
+            assert up.flood_sent == held < FLOOD_TOKENS * len(FLOOD_TOKEN) // 2
+            assert len(sink.chunks) == 1
+            engine.credit(1, 2)
+            await until(lambda: len(sink.chunks) == 3)
+            assert sink.chunks[2] == FLOOD_TOKEN
+            engine.cancel(1)
+            await asyncio.wait_for(up.disconnected.wait(), 1)
+            assert sink.end is None
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_upstream_failing_mid_stream() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["cut", "oops"])
+            cut, oops = RecordingSink(), RecordingSink()
+            engine.generate(chat(1, "cut", "hi"), cut)
+            engine.generate(chat(2, "oops", "hi"), oops)
+            code, status = (await cut.result())[1::2]
+            assert (code, status) == ("upstream_unavailable", 502)
+            assert await oops.result() == ("error", "invalid_request", "prompt too long", 400)
+            assert cut.chunks == oops.chunks == ["partial"]
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_silent_upstream_times_out() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["stall"], timeout=0.2)
+            sink = RecordingSink()
+            engine.generate(chat(1, "stall", "hi"), sink)
+            end = await sink.result()
+            assert (end[1], end[3]) == ("timeout", 504)
+            assert sink.chunks == ["first"]
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_embed_returns_vectors_in_input_order_and_usage() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url)
+            await engine.start()
+            vectors, tokens = await engine.embed("embedder", ["a", "bb cc", "ddd"])
+            assert vectors == [[1.0, 1.0], [5.0, 1.0], [3.0, 1.0]]
+            assert tokens == 4
+            assert up.requests[-1][3] == {"model": "embedder", "input": ["a", "bb cc", "ddd"]}
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_generate_refuses_bad_requests() -> None:
+    async def scenario() -> None:
+        engine = engine_for("http://127.0.0.1:1/v1", models=["echo"])
+        for req in (Generate(1, "echo"), chat(1, "echo", "hi", window=0)):
+            with pytest.raises(EngineError) as err:
+                engine.generate(req, RecordingSink())
+            assert err.value.code == "invalid_request"
+        engine.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,243 @@
+"""The model worker as a real process with the real default models, reached over
+its Unix socket by `gpu_worker.client`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from gpu_worker.adapters import write_random_lora
+from gpu_worker.client import WorkerClient, WorkerDead, WorkerError
+from gpu_worker.models import packaged_model
+
+T = TypeVar("T")
+CHAT = "smollm2-135m"
+EMBED = "all-minilm-l6-v2"
+HELLO = [{"role": "user", "content": "Name three colours."}]
+
+
+class Harness:
+    """One event loop on which the worker client lives for the whole module."""
+
+    def __init__(self, sock: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.client = WorkerClient.spawning(sock)
+        self.run(self.client.start())
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        self.run(self.client.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    h = Harness(str(tmp_path_factory.mktemp("worker") / "w.sock"))
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+async def greedy(client: WorkerClient, model: str = CHAT, messages: list[Any] = HELLO,
+                 **params: Any) -> tuple[str, Any]:
+    params.setdefault("max_tokens", 24)
+    gen = await client.generate(model, messages=messages, temperature=0.0, **params)
+    return await gen.collect()
+
+
+def test_chat_streams_text_and_counts_usage(worker: Harness) -> None:
+    async def go() -> tuple[list[str], Any]:
+        gen = await worker.client.generate(CHAT, messages=HELLO, max_tokens=16, temperature=0)
+        chunks = [c async for c in gen]
+        return chunks, gen.done
+
+    chunks, done = worker.run(go())
+    assert len(chunks) > 1 and "".join(chunks).strip()
+    assert done.finish_reason in ("stop", "length")
+    assert 0 < done.completion_tokens <= 16
+    assert done.prompt_tokens > 5  # the chat template wraps the message
+
+
+def test_max_tokens_ends_with_length(worker: Harness) -> None:
+    _, done = worker.run(greedy(worker.client, max_tokens=3))
+    assert (done.finish_reason, done.completion_tokens) == ("length", 3)
+
+
+def test_seed_makes_sampling_repeatable(worker: Harness) -> None:
+    async def sample(seed: int) -> str:
+        gen = await worker.client.generate(CHAT, prompt="Once upon a time", max_tokens=20,
+                                           temperature=1.0, top_p=0.95, seed=seed)
+        return (await gen.collect())[0]
+
+    a1, a2, b = worker.run(sample(7)), worker.run(sample(7)), worker.run(sample(8))
+    assert a1 == a2
+    assert a1 != b
+
+
+def test_stop_string_cuts_the_output(worker: Harness) -> None:
+    full, _ = worker.run(greedy(worker.client, max_tokens=32))
+    word = full.split()[2]
+    cut, done = worker.run(greedy(worker.client, max_tokens=32, stop=[word]))
+    assert done.finish_reason == "stop"
+    assert word not in cut
+    assert full.startswith(cut)
+
+
+def test_concurrent_requests_share_decode_steps_and_match_solo_output(worker: Harness) -> None:
+    prompts = [[{"role": "user", "content": f"Count from {i} to {i + 5}."}] for i in range(4)]
+
+    async def go() -> tuple[list[str], list[str], dict[str, Any]]:
+        solo = [(await greedy(worker.client, messages=m))[0] for m in prompts]
+        await worker.client.metrics()  # resets the peak
+        together = await asyncio.gather(*(greedy(worker.client, messages=m) for m in prompts))
+        return solo, [t for t, _ in together], await worker.client.metrics()
+
+    solo, together, metrics = worker.run(go())
+    assert metrics["running_batch_peak"] >= 2, metrics
+    # batching changes float summation order slightly; greedy text must still agree
+    # on a solid prefix for every request
+    for s, t in zip(solo, together, strict=True):
+        assert s[:12] == t[:12], (s, t)
+
+
+def test_cancel_frees_the_slot(worker: Harness) -> None:
+    async def go() -> dict[str, Any]:
+        gen = await worker.client.generate(CHAT, prompt="Write a long story.", max_tokens=400,
+                                           temperature=0)
+        await anext(gen)
+        await anext(gen)
+        await gen.aclose()
+        for _ in range(100):
+            m = await worker.client.metrics()
+            if m["running_batch"] == 0:
+                return m
+            await asyncio.sleep(0.02)
+        return m
+
+    assert worker.run(go())["running_batch"] == 0
+    assert worker.run(greedy(worker.client, max_tokens=4))[1].completion_tokens == 4
+
+
+def test_a_stream_nobody_reads_stops_at_its_window(worker: Harness) -> None:
+    async def go() -> tuple[int, str]:
+        gen = await worker.client.generate(CHAT, prompt="List many animals:", max_tokens=200,
+                                           temperature=0, window=4)
+        await asyncio.sleep(1.0)  # plenty of time for 200 tokens if nothing held it back
+        held = gen.queue.qsize()
+        rest = "".join([c async for c in gen])
+        return held, rest
+
+    held, rest = worker.run(go())
+    assert held <= 4
+    assert len(rest) > 20  # reading resumed it
+
+
+@pytest.mark.parametrize(("params", "code", "status"), [
+    ({"model": "no-such-model"}, "model_not_found", 404),
+    ({"temperature": 5.0}, "invalid_request", 400),
+    ({"top_p": 0.0}, "invalid_request", 400),
+    ({"max_tokens": 0}, "invalid_request", 400),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_request", 400),
+    ({"max_tokens": 100_000}, "context_length_exceeded", 400),
+    ({"messages": [{"role": "user"}]}, "invalid_request", 400),
+])
+def test_bad_generation_requests_get_clear_errors(worker: Harness, params: dict[str, Any],
+                                                  code: str, status: int) -> None:
+    args: dict[str, Any] = {"messages": HELLO, **params}
+    model = args.pop("model", CHAT)
+
+    async def go() -> None:
+        gen = await worker.client.generate(model, **args)
+        await gen.collect()
+
+    with pytest.raises(WorkerError) as e:
+        worker.run(go())
+    assert (e.value.code, e.value.status) == (code, status), str(e.value)
+    assert worker.run(greedy(worker.client, max_tokens=2))[1].completion_tokens == 2
+
+
+def test_embeddings_and_rerank(worker: Harness) -> None:
+    out = worker.run(worker.client.embed(EMBED, ["a cat sat", "a kitten sat", "tax law"]))
+    a, b, c = out["embeddings"]
+    dot = lambda x, y: sum(p * q for p, q in zip(x, y, strict=True))  # noqa: E731
+    assert len(a) == 384 and abs(dot(a, a) - 1) < 1e-3
+    assert dot(a, b) > dot(a, c)
+    ranked = worker.run(worker.client.rerank(EMBED, "Where is the Eiffel Tower?", [
+        "Bananas are yellow.", "The Eiffel Tower stands in Paris.", "Tax forms are due."]))
+    assert ranked["results"][0]["index"] == 1
+    with pytest.raises(WorkerError) as e:
+        worker.run(worker.client.embed(CHAT, ["x"]))
+    assert e.value.code == "invalid_request"
+    with pytest.raises(WorkerError) as e:
+        worker.run(worker.client.embed(EMBED, [""]))
+    assert e.value.status == 400
+
+
+def test_lora_adapters_change_output_and_base_stays_the_same(worker: Harness,
+                                                             tmp_path: Path) -> None:
+    base_before = worker.run(greedy(worker.client))[0]
+    for i in (1, 2):
+        write_random_lora(packaged_model(), tmp_path / f"a{i}.gguf", rank=8, seed=i, std=0.1)
+        info = worker.run(worker.client.add_lora(f"test-a{i}", str(tmp_path / f"a{i}.gguf")))
+        assert info["parent"] == CHAT
+    models = {m["id"]: m for m in worker.run(worker.client.models())}
+    assert models["test-a1"]["parent"] == CHAT and models[CHAT].get("parent") is None
+
+    async def mixed() -> list[str]:
+        outs = await asyncio.gather(greedy(worker.client), greedy(worker.client, "test-a1"),
+                                    greedy(worker.client, "test-a2"))
+        return [t for t, _ in outs]
+
+    base, a1, a2 = worker.run(mixed())
+    assert base == base_before  # adapters in the same batch leave the base model alone
+    assert len({base, a1, a2}) == 3, (base, a1, a2)
+    assert worker.run(greedy(worker.client, "test-a1"))[0] == a1
+
+    with pytest.raises(WorkerError) as e:
+        worker.run(worker.client.add_lora("bad", str(tmp_path / "missing.gguf")))
+    assert "does not exist" in str(e.value)
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(WorkerError):
+        worker.run(worker.client.add_lora("junk", str(tmp_path / "junk.gguf")))
+    with pytest.raises(WorkerError) as e:
+        worker.run(worker.client.add_lora("test-a1", str(tmp_path / "a1.gguf")))
+    assert "already in use" in str(e.value)
+
+
+def test_ipc_round_trip(worker: Harness) -> None:
+    assert worker.run(worker.client.ping(b"x" * 1000)) == b"x" * 1000
+
+
+def test_killed_worker_fails_in_flight_cleanly_and_comes_back(worker: Harness) -> None:
+    client = worker.client
+
+    async def go() -> tuple[BaseException | None, str]:
+        gen = await client.generate(CHAT, prompt="Tell a long story.", max_tokens=300,
+                                    temperature=0)
+        await anext(gen)
+        assert client.pid is not None
+        os.kill(client.pid, signal.SIGKILL)
+        failure: BaseException | None = None
+        try:
+            async with asyncio.timeout(10):
+                async for _ in gen:
+                    pass
+        except WorkerDead as e:
+            failure = e
+        text, _ = await greedy(client, max_tokens=3)
+        return failure, text
+
+    failure, text = worker.run(go())
+    assert isinstance(failure, WorkerDead) and failure.status == 503
+    assert text
+    assert client.restarts >= 1
+

@@ -1,0 +1,245 @@
+"""The PoP's OpenAI-compatible API, driven by the official `openai` client against
+a real PoP running the real model worker; and the `ai` binding from functions."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from gpu_worker.adapters import write_random_lora
+from gpu_worker.models import packaged_model
+
+from .support import Running, pop_thread
+
+CHAT = "smollm2-135m"
+EMBED = "all-minilm-l6-v2"
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    with pop_thread(tmp_path_factory.mktemp("ai-pop"), ai=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(pop: Running) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=f"http://{pop.host}:{pop.port}/v1", api_key="unused",
+                      max_retries=0, timeout=60)
+    yield c
+    c.close()
+
+
+def raw(pop: Running, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=60)
+    try:
+        conn.request(method, path, body, {"content-type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, data
+    finally:
+        conn.close()
+
+
+def test_chat_completion(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                       max_tokens=12, temperature=0)
+    assert r.object == "chat.completion" and r.model == CHAT
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage is not None and r.usage.total_tokens == (r.usage.prompt_tokens
+                                                            + r.usage.completion_tokens)
+
+
+def test_chat_stream_with_usage_matches_the_plain_answer(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                           max_tokens=12, temperature=0)
+    stream = client.chat.completions.create(
+        model=CHAT, messages=HELLO, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] in ("stop", "length") and all(f is None for f in finals[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_stream_ends_with_done_marker(pop: Running) -> None:
+    body = json.dumps({"model": CHAT, "messages": HELLO, "max_tokens": 4, "stream": True})
+    status, data = raw(pop, "POST", "/v1/chat/completions", body.encode())
+    assert status == 200
+    events = [e for e in data.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+
+
+def test_completions(client: openai.OpenAI) -> None:
+    r = client.completions.create(model=CHAT, prompt="The capital of France is",
+                                  max_tokens=5, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text
+    assert r.usage is not None and r.usage.completion_tokens <= 5
+    s = list(client.completions.create(model=CHAT, prompt="The capital of France is",
+                                       max_tokens=5, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in s) == r.choices[0].text
+
+
+def test_embeddings_float_and_base64(client: openai.OpenAI, pop: Running) -> None:
+    r = client.embeddings.create(model=EMBED, input=["hello world", "goodbye"])
+    assert [d.index for d in r.data] == [0, 1] and len(r.data[0].embedding) == 384
+    assert r.usage.prompt_tokens > 0
+    body = json.dumps({"model": EMBED, "input": "hello world", "encoding_format": "base64"})
+    status, data = raw(pop, "POST", "/v1/embeddings", body.encode())
+    assert status == 200
+    packed = base64.b64decode(json.loads(data)["data"][0]["embedding"])
+    floats = struct.unpack(f"<{len(packed) // 4}f", packed)
+    assert max(abs(a - b) for a, b in zip(floats, r.data[0].embedding, strict=True)) < 1e-6
+
+
+def test_models_and_rerank(client: openai.OpenAI, pop: Running) -> None:
+    ids = {m.id for m in client.models.list()}
+    assert {CHAT, EMBED} <= ids
+    body = {"model": EMBED, "query": "How do I bake bread?", "top_n": 2,
+            "documents": ["Stock prices rose.", "Knead the dough and bake it.", "Cats purr."]}
+    status, data = raw(pop, "POST", "/v1/rerank", json.dumps(body).encode())
+    assert status == 200, data
+    results = json.loads(data)["results"]
+    assert len(results) == 2 and results[0]["index"] == 1
+    assert results[0]["document"]["text"] == "Knead the dough and bake it."
+    assert results[0]["relevance_score"] >= results[1]["relevance_score"]
+
+
+def test_lora_added_at_run_time_is_listed_and_served(client: openai.OpenAI, pop: Running,
+                                                     tmp_path: Path) -> None:
+    path = tmp_path / "style.gguf"
+    write_random_lora(packaged_model(), path, rank=8, seed=3, std=0.1)
+    info = pop.admin.request("POST", "/v1/ai/loras",
+                             json.dumps({"name": "style", "path": str(path)}).encode())
+    assert info["parent"] == CHAT
+    listed = {m.id: m for m in client.models.list()}
+    assert listed["style"].model_extra["parent"] == CHAT  # type: ignore[index]
+    base = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                          max_tokens=12, temperature=0)
+    tuned = client.chat.completions.create(model="style", messages=HELLO,  # type: ignore[arg-type]
+                                           max_tokens=12, temperature=0)
+    assert tuned.choices[0].message.content != base.choices[0].message.content
+    assert json.loads((pop.data / "ai" / "loras.json").read_text())[0]["name"] == "style"
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-9", messages=HELLO)  # type: ignore[arg-type]
+    assert e.value.code == "model_not_found" and "gpt-9" in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nope", input="x")
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    (b"{not json", "invalid_json"),
+    (b"", None),
+    (json.dumps({"model": CHAT}).encode(), "invalid_value"),  # no messages
+    (json.dumps({"model": CHAT, "messages": "hi"}).encode(), "invalid_value"),
+    (json.dumps({"model": CHAT, "messages": HELLO, "temperature": 9}).encode(),
+     "invalid_request"),
+    (json.dumps({"model": CHAT, "messages": HELLO, "n": 2}).encode(), None),
+    (json.dumps({"model": CHAT, "messages": []}).encode(), None),
+])
+def test_bad_requests_get_openai_errors(pop: Running, body: bytes, code: str | None) -> None:
+    status, data = raw(pop, "POST", "/v1/chat/completions", body)
+    assert status == 400, data
+    err = json.loads(data)["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if code is not None:
+        assert err["code"] == code
+
+
+def test_bad_parameters_raise_in_the_client(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                       top_p=1.5)
+    assert "top_p" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=EMBED, input=[""])
+
+
+def test_wrong_method_is_405(pop: Running) -> None:
+    assert raw(pop, "GET", "/v1/chat/completions")[0] == 405
+    assert raw(pop, "POST", "/v1/models")[0] == 405
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
+
+
+@pytest.fixture(scope="module")
+def ai_functions(pop: Running) -> Running:
+    for name in ("ai-py", "ai-c"):
+        pop.admin.deploy(EXAMPLES / name)
+    return pop
+
+
+def test_python_function_streams_a_chat_into_its_response(ai_functions: Running,
+                                                          client: openai.OpenAI) -> None:
+    q = "Why is the sky blue?"
+    conn = http.client.HTTPConnection(ai_functions.host, ai_functions.port, timeout=60)
+    conn.request("GET", "/ai-py?q=Why+is+the+sky+blue%3F&max_tokens=16")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("transfer-encoding") == "chunked"
+    streamed = resp.read().decode()
+    conn.close()
+    direct = client.chat.completions.create(
+        model=CHAT, max_tokens=16, temperature=0,
+        messages=[{"role": "system", "content": "Answer in one short sentence."},
+                  {"role": "user", "content": q}])
+    assert streamed and streamed == direct.choices[0].message.content
+    status, _, body = ai_functions.request("GET", "/ai-py?q=hi&stream=0&max_tokens=4",
+                                           timeout=60)
+    out = json.loads(body)
+    assert status == 200 and out["usage"]["completion_tokens"] <= 4 and out["text"]
+
+
+def test_python_function_reranks(ai_functions: Running) -> None:
+    body = json.dumps({"query": "fruit", "documents": ["a red car", "a ripe banana"]})
+    status, _, data = ai_functions.request("POST", "/ai-py/rank", body.encode(), timeout=60)
+    assert status == 200, data
+    assert json.loads(data)[0]["index"] == 1
+
+
+def test_wasm_function_calls_chat_and_embed(ai_functions: Running) -> None:
+    args = {"model": CHAT, "messages": HELLO, "max_tokens": 6, "temperature": 0}
+    status, _, data = ai_functions.request("POST", "/ai-c", json.dumps(args).encode(),
+                                           timeout=60)
+    assert status == 200, data
+    out = json.loads(data)
+    assert out["text"] and out["usage"]["completion_tokens"] <= 6
+    # a result larger than the guest's first 4 KiB buffer: fetched again, not recomputed
+    status, _, data = ai_functions.request(
+        "POST", "/ai-c", json.dumps({"model": EMBED, "input": ["one", "two"]}).encode(),
+        {"x-ai-op": "ai.embed"}, timeout=60)
+    assert status == 200, data
+    assert [len(v) for v in json.loads(data)["embeddings"]] == [384, 384]
+
+
+def test_ai_binding_errors_reach_the_function(ai_functions: Running, tmp_path: Path) -> None:
+    status, headers, data = ai_functions.request(
+        "POST", "/ai-c", json.dumps({"model": "nope", "messages": HELLO}).encode(), timeout=60)
+    assert status == 500 and headers.get("x-edgefn-error") == "binding", data
+    assert b"does not exist" in data
+    d = tmp_path / "no-ai"
+    d.mkdir()
+    (d / "main.py").write_text("def handle(request, env):\n"
+                               "    return env.ai().chat([{'role': 'user', 'content': 'x'}])\n")
+    (d / "edgefn.toml").write_text('name = "no-ai"\nruntime = "python"\nentry = "main.py"\n'
+                                   'routes = ["/no-ai"]\n[pool]\nstandby = false\n')
+    ai_functions.admin.deploy(d)
+    status, _, data = ai_functions.request("GET", "/no-ai", timeout=60)
+    assert status == 500 and b"did not declare the AI binding" in data, data
