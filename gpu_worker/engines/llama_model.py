@@ -19,7 +19,7 @@ from . import EngineError
 _LOG_CB: Any = None
 
 
-def _quiet() -> None:
+def quiet() -> None:
     """llama.cpp logs every load to stderr; keep only errors."""
     global _LOG_CB
 
@@ -39,7 +39,7 @@ class LlamaModel:
         """Raises `EngineError` if the file is missing or llama.cpp cannot load it."""
         if not path.is_file():
             raise EngineError("invalid_config", f"model file {path} does not exist", 500)
-        _quiet()
+        quiet()
         ll.llama_backend_init()
         self.gpu = bool(ll.llama_supports_gpu_offload())
         mp = ll.llama_model_default_params()

@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..models import packaged_model
+from ..models import converted, packaged_model
 from ..stops import StopText
 from . import Engine, EngineError, ModelInfo, Sink
 from .llama_model import LlamaModel
@@ -95,11 +95,14 @@ class LlamaEngine(Engine):
         """Load the model (and configured adapters) and start the scheduler thread.
         Raises `EngineError`."""
         self.loop = asyncio.get_running_loop()
-        path = packaged_model() if self.spec.path == "auto" else Path(self.spec.path)
+        source = packaged_model() if self.spec.path == "auto" else Path(self.spec.path)
+        if not source.is_file():
+            raise EngineError("invalid_config", f"model file {source} does not exist", 500)
+        path = await asyncio.to_thread(converted, source, self.spec.weights)
         self.lm = await asyncio.to_thread(LlamaModel, path, self.spec.context,
                                           self.spec.max_batch, self.spec.threads,
                                           self.spec.gpu_layers)
-        self.path = path
+        self.path = source
         self.limit = min(self.lm.n_ctx, self.lm.n_ctx_train or self.lm.n_ctx)
         self.thread = threading.Thread(target=self._run, name=f"llama-{self.spec.name}",
                                        daemon=True)
@@ -108,7 +111,7 @@ class LlamaEngine(Engine):
     def models(self) -> list[ModelInfo]:
         assert self.lm is not None
         base = ModelInfo(self.spec.name, "chat", self.kind, details={
-            "file": self.path.name, "context": self.limit, "max_batch": self.spec.max_batch,
+            "file": self.path.name, "weights": self.spec.weights, "context": self.limit, "max_batch": self.spec.max_batch,
             "device": "gpu" if self.lm.gpu else "cpu"})
         return [base, *(ModelInfo(name, "chat", self.kind, parent=self.spec.name,
                                   details={"path": path, "scale": scale})
