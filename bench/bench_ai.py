@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_worker.adapters import write_random_lora  # noqa: E402
-from gpu_worker.client import WorkerClient  # noqa: E402
-from gpu_worker.models import packaged_model  # noqa: E402
+from gpu_worker.adapters import write_random_lora
+from gpu_worker.client import WorkerClient
+from gpu_worker.models import packaged_model
 
 CHAT = "smollm2-135m"
 TOPICS = ["a dragon", "the sea", "a robot", "a city", "a forest", "winter", "a train",
@@ -93,6 +93,42 @@ async def echo_baseline(path: str, n: int) -> list[float]:
     return out
 
 
+def engine_limit(tmp: Path) -> None:
+    """Raw llama.cpp decode steps, in this process: the fixed cost of one decode call
+    is what mixing adapters multiplies (llama.cpp sets adapters per context, so a
+    step runs one call per adapter present)."""
+    from gpu_worker.engines.llama_model import LlamaModel
+    from gpu_worker.models import converted
+
+    print("\n== Engine limit: one llama.cpp decode step (median of 15), by batch size ==")
+    write_random_lora(packaged_model(), tmp / "limit.gguf", rank=8, seed=1, std=0.02)
+    for weights in ("as-is", "f16"):
+        lm = LlamaModel(converted(packaged_model(), weights), 4096, 16, 2, 0)
+        lm.load_adapter("a", str(tmp / "limit.gguf"))
+        prompt = lm.tokenize("A prompt of a few words to fill the cache.")
+        cost = {}
+        for b in (1, 2, 16):
+            for s in range(16):
+                lm.forget(s)
+            lm.decode([(t, i, s, False) for s in range(b) for i, t in enumerate(prompt)])
+            times = []
+            for step in range(15):
+                pos = len(prompt) + step
+                t = time.perf_counter()
+                lm.decode([(100, pos, s, True) for s in range(b)])
+                times.append(time.perf_counter() - t)
+            cost[b] = statistics.median(times)
+        t = time.perf_counter()
+        for i in range(20):
+            lm.use_adapter("a" if i % 2 == 0 else None, 1.0)
+        switch = (time.perf_counter() - t) / 20
+        lm.close()
+        print(f"weights {weights:>5}: batch 1 {cost[1] * 1e3:6.2f} ms, batch 2 "
+              f"{cost[2] * 1e3:6.2f} ms, batch 16 {cost[16] * 1e3:6.2f} ms  -> 16 streams "
+              f"{16 * cost[1] / cost[16]:.2f}x one; 8 adapters x 2 streams / 16 base = "
+              f"{cost[16] / (8 * cost[2]):.2f}; adapter switch {switch * 1e6:.0f} us")
+
+
 async def main(tokens: int, quick: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="edgefn-bench-ai-"))
     client = WorkerClient.spawning(str(tmp / "w.sock"))
@@ -146,6 +182,7 @@ async def main(tokens: int, quick: bool) -> None:
               f"{mixed_rate / base_rate:.2f}  (target >= 0.8)")
     finally:
         await client.close()
+    engine_limit(tmp)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class Generate(_Msg, tag="gen"):
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 40  # 0: off. llama.cpp's server default; it makes sampling ~4x cheaper
     stop: list[str] = []
     seed: int | None = None
     stream: bool = True

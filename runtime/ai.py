@@ -96,7 +96,7 @@ class AIService:
 
     async def _generate(self, op: str, a: dict[str, Any]) -> Any:
         params: dict[str, Any] = {k: a[k] for k in ("max_tokens", "temperature", "top_p",
-                                                     "seed") if a.get(k) is not None}
+                                                     "top_k", "seed") if a.get(k) is not None}
         stop = a.get("stop")
         params["stop"] = [stop] if isinstance(stop, str) else list(stop or [])
         if op == "complete":

@@ -87,7 +87,9 @@ def _ai_commands(sub: Any, cmd: Any) -> None:
     add.add_argument("path")
     add.add_argument("--base", help="base model (default: the first llama.cpp model)")
     add.add_argument("--scale", type=float, default=1.0)
-    ops.add_parser("ls", help="list models and adapters")
+    ls = ops.add_parser("ls", help="list models and adapters")
+    for o in (add, ls):  # `edgefn lora add ... --data DIR` reads naturally too
+        o.add_argument("--data", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     s = cmd("ai", _ai, "model worker status")
     s.add_argument("what", choices=["models", "metrics"])
 

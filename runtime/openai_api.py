@@ -44,6 +44,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     max_completion_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int | None = None  # an extension (vLLM and llama.cpp take it too)
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = 1
@@ -201,6 +202,8 @@ def _sampling(body: _Sampling) -> dict[str, Any]:
         raise ApiError(400, "only n=1 is supported", param="n")
     params: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p,
                               "seed": body.seed}
+    if body.top_k is not None:
+        params["top_k"] = body.top_k
     max_tokens = body.max_completion_tokens or body.max_tokens
     if max_tokens is not None:
         params["max_tokens"] = max_tokens

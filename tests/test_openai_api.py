@@ -243,3 +243,52 @@ def test_ai_binding_errors_reach_the_function(ai_functions: Running, tmp_path: P
     ai_functions.admin.deploy(d)
     status, _, data = ai_functions.request("GET", "/no-ai", timeout=60)
     assert status == 500 and b"did not declare the AI binding" in data, data
+
+
+def test_upstream_engine_forwards_to_another_edgefn(pop: Running, client: openai.OpenAI,
+                                                    tmp_path: Path) -> None:
+    """A second PoP whose worker serves `smollm2-135m` by forwarding to the first
+    PoP's OpenAI API: how edgefn goes past one box."""
+    config = tmp_path / "worker.toml"
+    config.write_text(f'[[models]]\nname = "first-pop"\nengine = "openai"\n'
+                      f'url = "http://{pop.host}:{pop.port}/v1"\nmodels = ["{CHAT}"]\n')
+    with pop_thread(tmp_path / "second", ai=True, ai_config=str(config)) as second:
+        remote = openai.OpenAI(base_url=f"http://{second.host}:{second.port}/v1",
+                               api_key="unused", max_retries=0, timeout=60)
+        try:
+            assert [m.id for m in remote.models.list()] == [CHAT]
+            chunks = list(remote.chat.completions.create(
+                model=CHAT, messages=HELLO, max_tokens=10, temperature=0,  # type: ignore[arg-type]
+                stream=True, stream_options={"include_usage": True}))
+            direct = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                                    max_tokens=10, temperature=0)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text == direct.choices[0].message.content
+            assert chunks[-1].usage.completion_tokens == direct.usage.completion_tokens  # type: ignore[union-attr]
+            with pytest.raises(openai.NotFoundError):
+                remote.chat.completions.create(model="nope", messages=HELLO)  # type: ignore[arg-type]
+        finally:
+            remote.close()
+
+
+def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "cli.gguf"
+    write_random_lora(packaged_model(), path, rank=4, seed=9, std=0.1)
+
+    def edgefn(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "runtime.cli", *args, "--data",
+                              str(pop.data)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "added cli-lora (parent smollm2-135m" in edgefn("lora", "add", "cli-lora", str(path))
+    assert "cli-lora" in edgefn("lora", "ls") and "LoRA on smollm2-135m" in edgefn("lora", "ls")
+    metrics = json.loads(edgefn("ai", "metrics"))
+    assert metrics["requests_total"] > 0 and "busy_fraction" in metrics
+    bad = subprocess.run([sys.executable, "-m", "runtime.cli", "lora", "add", "x",
+                          str(tmp_path / "missing.gguf"), "--data", str(pop.data)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "does not exist" in bad.stderr

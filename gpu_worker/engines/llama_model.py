@@ -151,11 +151,13 @@ class LlamaModel:
         """Drop sequence `seq`'s KV cache entries so its slot can be reused."""
         ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
-    def sampler(self, temperature: float, top_p: float, seed: int) -> Any:
+    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int) -> Any:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         if temperature <= 0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
             return chain
+        if top_k > 0:  # before the softmax: sampling over 49k logits costs ~0.5 ms
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(top_k))
         if top_p < 1.0:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))

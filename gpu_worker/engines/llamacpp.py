@@ -52,7 +52,7 @@ class Seq:
         self.adapter = adapter
         self.scale = scale
         self.max_tokens = req.max_tokens
-        self.temperature, self.top_p = req.temperature, req.top_p
+        self.temperature, self.top_p, self.top_k = req.temperature, req.top_p, req.top_k
         self.seed = req.seed if req.seed is not None else random.getrandbits(32)
         self.stop = StopText(req.stop)
         self.credit = req.window  # chunks it may send before the client reads them
@@ -111,8 +111,8 @@ class LlamaEngine(Engine):
     def models(self) -> list[ModelInfo]:
         assert self.lm is not None
         base = ModelInfo(self.spec.name, "chat", self.kind, details={
-            "file": self.path.name, "weights": self.spec.weights, "context": self.limit, "max_batch": self.spec.max_batch,
-            "device": "gpu" if self.lm.gpu else "cpu"})
+            "file": self.path.name, "weights": self.spec.weights, "context": self.limit,
+            "max_batch": self.spec.max_batch, "device": "gpu" if self.lm.gpu else "cpu"})
         return [base, *(ModelInfo(name, "chat", self.kind, parent=self.spec.name,
                                   details={"path": path, "scale": scale})
                         for name, (path, scale) in self.loras.items())]
@@ -248,7 +248,7 @@ class LlamaEngine(Engine):
                 return  # FIFO: later requests wait behind it rather than overtake
             self.waiting.popleft()
             s.slot = self.free_slots.pop()
-            s.sampler = self.lm.sampler(s.temperature, s.top_p, s.seed)
+            s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed)
             self.reserved += s.reserve
             self.running[s.rid] = s
 
@@ -354,6 +354,8 @@ def _check_params(req: Generate) -> None:
                           f"{req.temperature}")
     if not 0 < req.top_p <= 1:
         raise EngineError("invalid_request", f"top_p must be in (0, 1], got {req.top_p}")
+    if req.top_k < 0:
+        raise EngineError("invalid_request", f"top_k must be 0 (off) or more, got {req.top_k}")
     if len(req.stop) > MAX_STOPS:
         raise EngineError("invalid_request", f"at most {MAX_STOPS} stop sequences, got "
                           f"{len(req.stop)}")

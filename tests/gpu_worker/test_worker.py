@@ -145,6 +145,7 @@ def test_a_stream_nobody_reads_stops_at_its_window(worker: Harness) -> None:
     ({"model": "no-such-model"}, "model_not_found", 404),
     ({"temperature": 5.0}, "invalid_request", 400),
     ({"top_p": 0.0}, "invalid_request", 400),
+    ({"top_k": -1}, "invalid_request", 400),
     ({"max_tokens": 0}, "invalid_request", 400),
     ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_request", 400),
     ({"max_tokens": 100_000}, "context_length_exceeded", 400),

@@ -1,0 +1,57 @@
+"""Worker config files: defaults, and clear errors for bad ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_worker import config
+
+
+def test_defaults_serve_the_packaged_models() -> None:
+    cfg = config.load(None)
+    assert [(m.name, m.engine) for m in cfg.models] == [
+        ("smollm2-135m", "llamacpp"), ("all-minilm-l6-v2", "onnx")]
+
+
+def test_lora_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "w.toml"
+    f.write_text('[[loras]]\nname = "a"\npath = "adapters/a.gguf"\n')
+    cfg = config.load(f)
+    assert cfg.loras[0].path == str(tmp_path / "adapters" / "a.gguf")
+    assert cfg.models == config.default_models()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[[models]\n", "invalid TOML"),
+    ('[[models]]\nname = "x"\n', "missing required field `engine`"),
+    ('[[models]]\nname = "x"\nengine = "llamacpp"\nthreads = "two"\n', "`$.models[0].threads`"),
+    ('[[models]]\nname = "x"\nengine = "onnx"\ncolour = 1\n', "unknown field `colour`"),
+    ('[[models]]\nname = "x"\nengine = "onnx"\n[[loras]]\nname = "x"\npath = "p"\n',
+     "repeated: x"),
+])
+def test_bad_config_is_named(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "w.toml"
+    f.write_text(text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(f)
+    assert str(e.value).startswith(str(f)) and message in str(e.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[[models]]\nname = "x"\nengine = "tensorflow"\n', "unknown engine 'tensorflow'"),
+    ('[[models]]\nname = "x"\nengine = "llamacpp"\npath = "/nope.gguf"\n',
+     "/nope.gguf does not exist"),
+    ('[[models]]\nname = "x"\nengine = "llamacpp"\nweights = "q3"\n', "weights must be one of"),
+])
+def test_worker_refuses_to_start_with_a_clear_message(tmp_path: Path, text: str,
+                                                      message: str) -> None:
+    f = tmp_path / "w.toml"
+    f.write_text(text)
+    out = subprocess.run([sys.executable, "-m", "gpu_worker", "--socket", str(tmp_path / "s"),
+                          "--config", str(f)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert message in out.stderr, out.stderr
