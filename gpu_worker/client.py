@@ -277,7 +277,8 @@ class WorkerClient:
         while not self.closing:
             started = time.monotonic()
             self.process = await asyncio.create_subprocess_exec(
-                *self.command, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+                *self.command, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "EDGEFN_PARENT_PID": str(os.getpid())})
             await self._wait_serving(self.process)
             rc = await self.process.wait()
             if self.closing:

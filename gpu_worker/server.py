@@ -227,6 +227,18 @@ class Connection:
         raise EngineError("invalid_request", f"unexpected message {type(msg).__name__}")
 
 
+async def _exit_with_parent(stop: asyncio.Event) -> None:
+    """A worker started by a PoP stops when that PoP is gone, even if it was killed
+    before it could stop the worker (EDGEFN_PARENT_PID is set by the spawner)."""
+    parent = int(os.environ.get("EDGEFN_PARENT_PID", "0"))
+    while parent:
+        await asyncio.sleep(1.0)
+        if os.getppid() != parent:
+            log.warning("the PoP that started this worker is gone; stopping")
+            stop.set()
+            return
+
+
 def _id_of(body: bytes) -> int:
     """The id of a frame that failed validation, so its sender gets the error."""
     try:
@@ -258,9 +270,11 @@ async def run(config: WorkerConfig, socket_path: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watch = loop.create_task(_exit_with_parent(stop))
     try:
         await stop.wait()
     finally:
+        watch.cancel()
         server.close()
         worker.close()
         with contextlib.suppress(FileNotFoundError):

@@ -242,3 +242,33 @@ def test_killed_worker_fails_in_flight_cleanly_and_comes_back(worker: Harness) -
     assert text
     assert client.restarts >= 1
 
+
+
+def test_worker_stops_when_the_pop_that_started_it_is_killed(tmp_path: Path) -> None:
+    """The PoP (here: a parent process) is SIGKILLed; its worker must not linger."""
+    import subprocess
+    import sys
+    import time
+
+    script = ("import asyncio, sys\n"
+              "from gpu_worker.client import WorkerClient\n"
+              "async def main():\n"
+              f"    c = WorkerClient.spawning({str(tmp_path / 'w.sock')!r})\n"
+              "    await c.start()\n"
+              "    print(c.pid, flush=True)\n"
+              "    await asyncio.sleep(60)\n"
+              "asyncio.run(main())\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    worker_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    parent.stdout.close()
+    for _ in range(100):
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker_pid, signal.SIGKILL)
+    pytest.fail("the worker outlived the process that started it")
