@@ -152,17 +152,14 @@ async def main(tokens: int, quick: bool) -> None:
               f"{'TTFT p99':>10}")
         print(f"{1:>8} {one:>10.1f} {1.0:>11.2f} {pct(ttft1, .5) * 1e3:>8.1f}ms "
               f"{pct(ttft1, .99) * 1e3:>8.1f}ms")
-        ttft16: list[float] = []
         for c in (4, 16):
             rate, ttfts = await load(client, [CHAT] * c, tokens)
-            ttft16 = ttfts
             print(f"{c:>8} {rate:>10.1f} {rate / one:>11.2f} {pct(ttfts, .5) * 1e3:>8.1f}ms "
                   f"{pct(ttfts, .99) * 1e3:>8.1f}ms")
         m = await client.metrics()
         print(f"worker metrics: busy {m['busy_fraction']:.2f}, peak batch "
               f"{m['running_batch_peak']}, TTFT p50 {m['ttft'].get('p50_ms')} ms, "
               f"inter-token p50 {m['inter_token'].get('p50_ms')} ms")
-        del ttft16
 
         print("\n== 16 streams: 8 LoRA adapters mixed in vs base model only ==")
         names = []

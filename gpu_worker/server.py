@@ -108,7 +108,6 @@ class ReplySink:
             self.conn.send(p.Chunk(self.rid, text, tokens))
         else:
             self.parts.append(text)
-            self.engine.credit(self.gid, 1)  # consumed here, at once
 
     def done(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
         if self._end():
@@ -186,7 +185,9 @@ class Connection:
             engine = self.worker.engine_for(msg.model)
             gid = next(self.worker.ids)
             sink = ReplySink(self, msg.id, gid, engine, msg.stream)
-            engine.generate(msgspec.structs.replace(msg, id=gid), sink)
+            # a non-streamed answer is collected here, so it never waits for credit
+            window = msg.window if msg.stream else msg.max_tokens + 2
+            engine.generate(msgspec.structs.replace(msg, id=gid, window=window), sink)
         except EngineError as e:
             self.worker.metrics.request(error=True)
             self.send(p.Error(msg.id, e.code, str(e), e.status))
