@@ -12,8 +12,8 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.http import Response, Server
-from runtime.serve import wait_for_signal
+from runtime.app import wait_for_signal
+from runtime.net import Response, Server
 
 RESPONSE = Response(200, [(b"content-type", b"text/plain")], b"hello world\n")
 

@@ -124,8 +124,8 @@ def handle(request, env):
 
 def binding_get_cost(work: Path) -> tuple[float, float]:
     """Microseconds per binding get, from WASM and from Python, in a real PoP."""
-    from runtime import deploys
-    from runtime.http.message import Request
+    from runtime.functions import deploys
+    from runtime.net.message import Request
     from runtime.pop import PoP
 
     for name, entry, src, runtime in (("loop-wasm", "main.wat", LOOP_WAT, "wasm"),

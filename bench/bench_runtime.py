@@ -35,7 +35,7 @@ import _baseline  # noqa: E402
 import _workerd  # noqa: E402
 import _wrk  # noqa: E402
 
-from runtime.client import AdminClient  # noqa: E402
+from runtime.admin.client import AdminClient  # noqa: E402
 
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
 PY_HELLO = ROOT / "functions" / "examples" / "python-hello"
@@ -168,11 +168,11 @@ def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int
 def instantiate_cost() -> None:
     import wasmtime
 
-    from runtime import manifest
     from runtime.abi import encode_request
-    from runtime.executors import wasm_ffi
-    from runtime.executors.wasm import WasmFunction
-    from runtime.executors.wasm_engine import WasmEngine
+    from runtime.executors.wasm import ffi as wasm_ffi
+    from runtime.executors.wasm.engine import WasmEngine
+    from runtime.executors.wasm.function import WasmFunction
+    from runtime.functions import manifest
 
     engine = WasmEngine(None)
     fn = WasmFunction(engine, manifest.load(HELLO), HELLO)

@@ -23,6 +23,8 @@ from typing import Any
 
 import msgspec
 
+from edgefn_core.errors import EdgefnError
+
 from . import protocol as p
 
 log = logging.getLogger("edgefn.gpu_worker.client")
@@ -33,7 +35,7 @@ CALL_TIMEOUT = 120.0
 BACKOFF_MAX = 30.0
 
 
-class WorkerError(Exception):
+class WorkerError(EdgefnError):
     """The worker refused or failed one request; it is still serving."""
 
     def __init__(self, code: str, message: str, status: int = 500) -> None:

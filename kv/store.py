@@ -30,7 +30,7 @@ from typing import Any
 
 import lmdb
 
-from .errors import Closed, InvalidValue, LimitExceeded, UnknownNamespace
+from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
 
 _HEAD = struct.Struct("<QQI")
 _EXP = struct.Struct(">Q")
@@ -103,7 +103,7 @@ class KVStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise Closed("KV store is closed")
+            raise StoreClosed("KV store is closed")
 
     # -- namespaces -------------------------------------------------------------------------
     def create_namespace(self, name: str) -> None:

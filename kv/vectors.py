@@ -26,7 +26,13 @@ import lmdb
 import numpy as np
 from usearch.index import Index
 
-from .errors import Closed, InvalidValue, LimitExceeded, NotFound, UnknownNamespace
+from edgefn_core.errors import (
+    InvalidValue,
+    KeyNotFound,
+    LimitExceeded,
+    StoreClosed,
+    UnknownNamespace,
+)
 
 _KEY = struct.Struct(">Q")
 _ROW = struct.Struct("<HI")  # id length, metadata length; then id, metadata, vector
@@ -294,13 +300,13 @@ class VectorStore:
         return out
 
     def get(self, name: str, id_: str) -> tuple[np.ndarray, dict[str, Any] | None]:
-        """Raises `NotFound`."""
+        """Raises `KeyNotFound`."""
         o = self._get(name)
         with self.env.begin(buffers=True) as txn:
             raw = txn.get(id_.encode(), db=o.ids)
             row = txn.get(raw, db=o.rows) if raw is not None else None
             if row is None:
-                raise NotFound(f"no vector {id_!r} in index {name!r}")
+                raise KeyNotFound(f"no vector {id_!r} in index {name!r}")
             return self._row_vector(o.config, row).copy(), self._row_head(row)[1]
 
     def stats(self, name: str) -> dict[str, Any]:
@@ -332,7 +338,7 @@ class VectorStore:
     # -- helpers --------------------------------------------------------------------------------
     def _check(self) -> None:
         if self._closed:
-            raise Closed("vector store is closed")
+            raise StoreClosed("vector store is closed")
 
     def _get(self, name: str) -> _Open:
         self._check()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import struct
 
-from .errors import FunctionError
+from edgefn_core.errors import FunctionError
 
 MAGIC = b"EFQ1"
 _U32 = struct.Struct("<I")

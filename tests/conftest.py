@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from edgefn_core.process import load_system_libstdcxx
 from tests.support import Running, pop_thread
+
+# pytest runs the PoP and the ONNX engine in one process: see load_system_libstdcxx.
+load_system_libstdcxx()
 
 
 @pytest.fixture

@@ -14,9 +14,10 @@ from typing import Any
 
 import uvloop
 
-from runtime.client import AdminClient
+from runtime import config
+from runtime.admin.client import AdminClient
+from runtime.app import running_pop
 from runtime.pop import PoP
-from runtime.serve import running_pop
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
 
@@ -47,9 +48,12 @@ class Running:
 
 
 @contextmanager
-def pop_thread(data: Path, port: int = 0, **options: Any) -> Iterator[Running]:
+def pop_thread(data: Path, port: int = 0, ai: bool = False, ai_config: str | None = None,
+               **overrides: Any) -> Iterator[Running]:
     """Run a real PoP (public + admin listeners) on loopback in a background thread;
-    `options` go to `running_pop` (e.g. ``ai=True``)."""
+    `overrides` are PopConfig fields (``"http.max_body_bytes": 1024``)."""
+    cfg = config.load(None, data=str(data), **{"public.port": port, "ai.enabled": ai,
+                                               "ai.worker_config": ai_config, **overrides})
     started = threading.Event()
     box: dict[str, Any] = {}
 
@@ -58,7 +62,7 @@ def pop_thread(data: Path, port: int = 0, **options: Any) -> Iterator[Running]:
         box["stop"] = stop
         box["loop"] = asyncio.get_running_loop()
         try:
-            async with running_pop(data, "127.0.0.1", port, **options) as (pop, public, _admin):
+            async with running_pop(cfg) as (pop, public, _admin):
                 box["pop"], box["addr"] = pop, public.address
                 started.set()
                 await stop.wait()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.client import AdminClient, AdminError
+from runtime.admin.client import AdminClient, AdminError
 from tests.support import EXAMPLES, Running, function_dir, pop_thread, reactor
 
 
@@ -86,7 +86,7 @@ def test_invalid_deploys_are_rejected_and_the_old_version_keeps_serving(
                     (tmp_path / "y" / "svc", "deploy_rejected")):
         with pytest.raises(AdminError) as err:
             pop.deploy(d)
-        assert (err.value.status, err.value.kind) == (400, kind)
+        assert (err.value.status, err.value.code) == (400, kind)
         status, headers, body = pop.get("/svc")
         assert (status, body, headers["x-edgefn-function"]) == (200, b"ok", f"svc@{v1}")
     assert "field `entry`" in str(_deploy_error(pop, tmp_path / "bad-manifest"))
@@ -149,7 +149,7 @@ def test_restarted_pop_serves_every_function_at_once(tmp_path: Path) -> None:
 
 
 def test_second_pop_on_the_same_data_dir_is_refused(pop: Running) -> None:
-    from runtime.serve import DataDirBusy
+    from runtime.app import DataDirBusy
 
     with pytest.raises(DataDirBusy, match="in use by another PoP"), pop_thread(pop.data):
         pass

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime import manifest
-from runtime.executors.wasm import WasmFunction
-from runtime.executors.wasm_engine import WasmEngine
-from runtime.http.message import Request
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.executors.wasm.function import WasmFunction
+from runtime.functions import manifest
+from runtime.net.message import Request
 from tests.support import EXAMPLES
 
 HELLO_C = EXAMPLES / "hello-c"

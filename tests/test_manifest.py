@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import manifest
-from runtime.errors import ManifestError
+from edgefn_core.errors import ManifestError
+from runtime.functions import manifest
 
 CASES = Path(__file__).parent / "manifest_cases"
 

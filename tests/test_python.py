@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.client import AdminError
+from runtime.admin.client import AdminError
 from tests.support import EXAMPLES, Running, pop_thread
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.manifest import Route
-from runtime.router import RouteConflict, Router
+from runtime.functions.manifest import Route
+from runtime.functions.router import RouteConflict, Router
 
 
 def router(*routes: tuple[str, str | None, str]) -> Router[str]:

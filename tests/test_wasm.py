@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime import manifest
-from runtime.errors import DeployError, FunctionError
-from runtime.executors import wasm_native
-from runtime.executors.wasm import WasmFunction
-from runtime.executors.wasm_engine import WasmEngine
-from runtime.http.message import Request, Response
+from edgefn_core.errors import DeployError, FunctionError
+from runtime.executors.wasm import native as wasm_native
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.executors.wasm.function import WasmFunction
+from runtime.functions import manifest
+from runtime.net.message import Request, Response
 from tests.support import EXAMPLES, function_dir, reactor
 
 
@@ -111,7 +111,7 @@ def test_infinite_loop_stops_at_the_cpu_limit(engine: WasmEngine, tmp_path: Path
     started = time.perf_counter()
     err = failure(fn)
     took = time.perf_counter() - started
-    assert (err.kind, err.status) == ("cpu_limit", 503)
+    assert (err.code, err.status) == ("cpu_limit", 503)
     assert "CPU limit of 30 ms" in str(err)
     assert 0.025 < took < 0.5
 
@@ -120,7 +120,7 @@ def test_wall_limit_when_it_is_the_tighter_one(engine: WasmEngine, tmp_path: Pat
     fn = load(engine, function_dir(tmp_path, "spin2", reactor("(loop $l (br $l))"),
                                    limits="cpu_ms = 1000\nwall_ms = 20"))
     err = failure(fn)
-    assert (err.kind, err.status) == ("wall_limit", 504)
+    assert (err.code, err.status) == ("wall_limit", 504)
 
 
 def test_memory_bomb_stops_at_the_memory_limit(engine: WasmEngine, tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ def test_memory_bomb_stops_at_the_memory_limit(engine: WasmEngine, tmp_path: Pat
       unreachable""")
     fn = load(engine, function_dir(tmp_path, "bomb", bomb, limits="memory_mb = 8"))
     err = failure(fn)
-    assert (err.kind, err.status) == ("memory_limit", 503)
+    assert (err.code, err.status) == ("memory_limit", 503)
     assert "of 8 MiB" in str(err)
     assert call(load(engine, EXAMPLES / "hello-wat")).status == 200
 
@@ -146,7 +146,7 @@ def test_deep_recursion_is_a_stack_overflow_trap(engine: WasmEngine, tmp_path: P
     rec = reactor("(call $down (i32.const 0))",
                   prelude="(func $down (param i32) (call $down (i32.add (local.get 0) (i32.const 1))))")
     err = failure(load(engine, function_dir(tmp_path, "rec", rec)))
-    assert (err.kind, err.status) == ("trap", 500)
+    assert (err.code, err.status) == ("trap", 500)
     assert "stack overflow" in str(err)
 
 
@@ -158,7 +158,7 @@ def test_deep_recursion_is_a_stack_overflow_trap(engine: WasmEngine, tmp_path: P
 def test_traps_are_500_with_the_reason(engine: WasmEngine, tmp_path: Path, body: str,
                                        words: str) -> None:
     err = failure(load(engine, function_dir(tmp_path, "trap", reactor(body))))
-    assert (err.kind, err.status) == ("trap", 500)
+    assert (err.code, err.status) == ("trap", 500)
     assert words in str(err)
 
 
@@ -170,7 +170,7 @@ def test_traps_are_500_with_the_reason(engine: WasmEngine, tmp_path: Path, body:
 def test_bad_responses_are_502(engine: WasmEngine, tmp_path: Path, result: str, words: str) -> None:
     src = reactor(f"(return {result})")
     err = failure(load(engine, function_dir(tmp_path, "bad", src)))
-    assert (err.kind, err.status) == ("bad_response", 502)
+    assert (err.code, err.status) == ("bad_response", 502)
     assert words in str(err)
 
 
@@ -183,7 +183,7 @@ def test_header_injection_from_guest_is_refused(engine: WasmEngine, tmp_path: Pa
       (func (export "edgefn_handle") (param i32 i32) (result i64)
         (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const {len(resp)}))))"""
     err = failure(load(engine, function_dir(tmp_path, "inject", src)))
-    assert err.kind == "bad_response" and "invalid value for header 'x-a'" in str(err)
+    assert err.code == "bad_response" and "invalid value for header 'x-a'" in str(err)
 
 
 @pytest.mark.parametrize(("source", "words"), [
@@ -256,14 +256,14 @@ def test_wasi_nonzero_exit_and_loop_and_flood(engine: WasmEngine, tmp_path: Path
                                      limits="cpu_ms = 20"))
     with pytest.raises(FunctionError) as err:
         run_async(spin, request())
-    assert err.value.kind == "cpu_limit"
+    assert err.value.code == "cpu_limit"
     flood = wasi("""(i32.store (i32.const 0) (i32.const 64)) (i32.store (i32.const 4) (i32.const 60000))
       (loop $l (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
                (br $l))""")
     fn = load(engine, function_dir(tmp_path, "flood", flood, limits="max_response_mb = 1\ncpu_ms = 2000"))
     with pytest.raises(FunctionError) as err:
         run_async(fn, request())
-    assert err.value.kind in ("bad_response", "cpu_limit")
+    assert err.value.code in ("bad_response", "cpu_limit")
 
 
 def test_compiled_modules_are_cached_on_disk(tmp_path: Path) -> None:

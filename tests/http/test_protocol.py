@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from runtime.http.message import Request, Response
-from runtime.http.protocol import HttpProtocol
-from runtime.http.server import ServerConfig, ServerState
+from runtime.net.message import Request, Response
+from runtime.net.protocol import HttpProtocol
+from runtime.net.server import ServerConfig, ServerState
 
 
 class MockTransport:
@@ -244,7 +244,7 @@ def test_slow_client_gets_408_and_idle_client_is_closed_silently() -> None:
 
 def test_server_sweeper_expires_a_slow_client_for_real() -> None:
     async def go() -> None:
-        from runtime.http.server import Server
+        from runtime.net.server import Server
 
         server = Server(echo_app, ServerConfig(header_timeout=0.2, sweep_interval=0.05))
         await server.start("127.0.0.1", 0)

@@ -78,7 +78,7 @@ def test_undeclared_bindings_are_denied_with_a_clear_error(pop: Running, tmp_pat
 
 
 def test_unknown_host_import_is_rejected_at_deploy(pop: Running, tmp_path: Path) -> None:
-    from runtime.client import AdminError
+    from runtime.admin.client import AdminError
 
     src = reactor("", imports='(import "edgefn" "teleport" (func))')
     try:

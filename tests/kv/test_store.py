@@ -12,8 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kv import KVStore, LimitExceeded, UnknownNamespace
-from kv.errors import Closed, InvalidValue
+from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
+from kv import KVStore
 from kv.store import Limits
 
 
@@ -120,7 +120,7 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         s.batch([("get", "ns", b"k")] * 1001)
     assert s.get("ns", b"k") is None  # nothing was written by the failures
     s.close()
-    with pytest.raises(Closed):
+    with pytest.raises(StoreClosed):
         s.get("ns", b"k")
 
 

@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kv.errors import InvalidValue, LimitExceeded, NotFound, UnknownNamespace
+from edgefn_core.errors import InvalidValue, KeyNotFound, LimitExceeded, UnknownNamespace
 from kv.vectors import VectorStore
 
 DIM = 6
@@ -129,7 +129,7 @@ def test_index_is_repaired_after_a_sigkill(tmp_path: Path) -> None:
             assert meta == {"i": i}
             assert s.query("crash", vec, 1)[0].id == f"id{i}"
         for i in deleted:
-            with pytest.raises(NotFound):
+            with pytest.raises(KeyNotFound):
                 s.get("crash", f"id{i}")
     # a lost or corrupt index file is rebuilt from LMDB
     (tmp_path / "crash.usearch").write_bytes(b"garbage")

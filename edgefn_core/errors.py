@@ -1,0 +1,252 @@
+"""The one exception tree of edgefn: the runtime, kv, gpu_worker and the isolates
+all raise these.
+
+Every error has a machine-readable `code`, the HTTP `status` a client receives
+for it, and a message (``str(err)``) that points at the data: a manifest error
+names the file and the field, a function error the function and the limit it
+hit. Classes whose code and status vary take them as ``(code, status, message)``,
+in that order; the others fix both and take only the message.
+
+    EdgefnError
+    ├── InvalidConfig            a pop.toml, worker config or manifest that cannot be used
+    │   ├── ManifestError
+    │   └── WorkerConfigError
+    ├── DeployError              a deploy rejected; nothing changed
+    │   └── RouteConflict
+    ├── NotFound                 a function, version, model, key or stream that does not exist
+    │   └── NoRoute              no function serves a request
+    ├── DataDirBusy
+    ├── ProtocolError            a peer that does not speak the frame format
+    ├── HttpReject               a request the HTTP front refuses (4xx)
+    ├── Failure                  (code, status, message) chosen where it is raised
+    │   ├── FunctionError        user code failed: trap, limit, bad response, crash
+    │   ├── WorkerError          the model worker refused one request
+    │   │   ├── WorkerDead       ... or is not running
+    │   │   └── EngineError      raised inside the worker by an engine
+    │   ├── ApiError             an OpenAI API request refused (OpenAI's error shape)
+    │   └── AdminError           the admin API's answer, as the CLI sees it
+    ├── BindingError             a binding call denied or failed (the message is for the function)
+    └── StoreError               kv: the stores' errors
+        ├── StoreClosed
+        ├── UnknownNamespace
+        ├── KeyNotFound
+        ├── LimitExceeded
+        └── InvalidValue
+
+This module is stdlib-only: it is imported inside isolated subinterpreters too.
+"""
+
+from __future__ import annotations
+
+
+class EdgefnError(Exception):
+    """Base of every error edgefn raises on purpose."""
+
+    code = "internal_error"
+    status = 500
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class Failure(EdgefnError):
+    """An error whose code and HTTP status are chosen where it is raised."""
+
+    def __init__(self, code: str, status: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+# -- configuration and deploys --------------------------------------------------------------
+class InvalidConfig(EdgefnError):
+    """A config file that cannot be used. `str(err)` reads
+    ``<file>: field `<field>`: <what was expected>``."""
+
+    code = "invalid_config"
+    status = 400
+
+    def __init__(self, file: str, message: str, field: str | None = None) -> None:
+        self.file = file
+        self.field = field
+        self.reason = message
+        where = f"{file}: field `{field}`" if field else file
+        super().__init__(f"{where}: {message}")
+
+
+class ManifestError(InvalidConfig):
+    """An ``edgefn.toml`` is missing, unparsable or invalid."""
+
+    code = "invalid_manifest"
+
+
+class WorkerConfigError(InvalidConfig):
+    """A model worker config (TOML) that cannot be used."""
+
+
+class DeployError(EdgefnError):
+    """A deploy was rejected (bad package, module, route conflict); nothing changed."""
+
+    code = "deploy_rejected"
+    status = 400
+
+
+class RouteConflict(DeployError):
+    """Two functions, or a function and a built-in endpoint, claim the same route."""
+
+    code = "route_conflict"
+    status = 409
+
+    def __init__(self, message: str, path: str = "", owner: str = "") -> None:
+        super().__init__(message)
+        self.path, self.owner = path, owner
+
+
+class NotFound(EdgefnError):
+    """A function, version, model, key or stream that does not exist was named."""
+
+    code = "not_found"
+    status = 404
+
+
+class NoRoute(NotFound):
+    """No deployed function serves the request's host and path."""
+
+    code = "no_route"
+
+
+class DataDirBusy(EdgefnError):
+    """Another PoP holds this data dir."""
+
+    code = "data_dir_busy"
+    status = 409
+
+
+class ProtocolError(EdgefnError):
+    """A peer sent something that is not a frame (too large, empty, undecodable);
+    the connection is unusable."""
+
+    code = "protocol_error"
+    status = 502
+
+
+class HttpReject(EdgefnError):
+    """A request the HTTP front refuses before any application sees it."""
+
+    code = "bad_request"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# -- failures with a status chosen where they happen -------------------------------------------
+class FunctionError(Failure):
+    """A user function failed. `code` is stable: ``trap``, ``cpu_limit``,
+    ``memory_limit``, ``wall_limit``, ``bad_response``, ``binding``, ``crash``."""
+
+
+class WorkerError(Failure):
+    """The model worker refused or failed one request; it is still serving."""
+
+
+class WorkerDead(WorkerError):
+    """The model worker is not running: it died with the request in flight, or did
+    not come back in time."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("worker_unavailable", 503, message)
+
+
+class EngineError(WorkerError):
+    """A request a model engine refuses or cannot serve; the worker stays healthy."""
+
+
+class ApiError(Failure):
+    """An OpenAI API request refused; `param` names the offending field."""
+
+    def __init__(self, code: str, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(code, status, message)
+        self.param = param
+
+
+class AdminError(Failure):
+    """The PoP's admin API refused a request; code and status come from its answer."""
+
+
+class BindingError(EdgefnError):
+    """A binding call the function may not make, or one that failed; the message is
+    for the function."""
+
+    code = "binding"
+    status = 400
+
+
+# -- kv ----------------------------------------------------------------------------------------
+class StoreError(EdgefnError):
+    """Base of the KV and vector stores' errors; messages name the namespace, key or index."""
+
+    code = "store_error"
+    status = 400
+
+
+class StoreClosed(StoreError):
+    """The store or index was used after `close()`."""
+
+    code = "store_closed"
+    status = 503
+
+
+class UnknownNamespace(StoreError):
+    """A namespace or index that was never created."""
+
+    code = "unknown_namespace"
+    status = 404
+
+
+class KeyNotFound(StoreError):
+    """A key or id that does not exist where one is required."""
+
+    code = "key_not_found"
+    status = 404
+
+
+class LimitExceeded(StoreError):
+    """A key, value, metadata or batch over its size limit."""
+
+    code = "limit_exceeded"
+    status = 413
+
+
+class InvalidValue(StoreError):
+    """A value of the wrong shape: a non-integer to increment, a bad cursor, a vector
+    of the wrong dimension."""
+
+    code = "invalid_value"
+
+
+# -- inside isolates ---------------------------------------------------------------------------
+class IsolateStop(EdgefnError):
+    """Raised out of an isolate's serve loop when it must not be restarted (its module
+    cannot be imported, or the PoP went away)."""
+
+    code = "isolate_stopped"
+
+
+class IsolateInterrupt(BaseException):
+    """Raised asynchronously in a Python handler's thread when it runs past a limit.
+
+    The one class outside `EdgefnError`, on purpose: a BaseException, so that a
+    handler's ``except Exception`` cannot swallow it.
+    """
+
+    code = "cpu_limit"
+
+
+class CpuInterrupt(IsolateInterrupt):
+    code = "cpu_limit"
+
+
+class WallInterrupt(IsolateInterrupt):
+    code = "wall_limit"

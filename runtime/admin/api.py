@@ -1,0 +1,122 @@
+"""The admin API: loopback only, bearer token from DATA/admin.token.
+
+    GET    /v1/functions                      deployed functions
+    POST   /v1/deploy                         body: tar.gz package; header x-edgefn-source
+    GET    /v1/functions/NAME/versions        versions and history
+    POST   /v1/functions/NAME/rollback        body: {"version": "..."} (optional)
+    DELETE /v1/functions/NAME
+    GET    /v1/ai/models                      models and LoRA adapters of the model worker
+    GET    /v1/ai/metrics                     queue depth, batch size, TTFT, tokens/s, busy
+    POST   /v1/ai/loras                       {"name", "path", "base"?, "scale"?}: add an adapter
+    POST   /v1/kv/NAMESPACE/OP                {get,put,delete,list,increment,cas,create} args
+    POST   /v1/vectors/INDEX/OP               {create,upsert,query,delete,stats} args
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+
+import msgspec
+
+from edgefn_core.errors import EdgefnError, InvalidConfig
+from runtime.bindings import operate
+from runtime.functions import deploys
+from runtime.net.message import Request, Response, json_response
+from runtime.pop import PoP
+
+
+class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
+    version: str | None = None
+
+
+class LoraBody(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    path: str
+    base: str | None = None
+    scale: float = 1.0
+
+
+class AdminApp:
+    def __init__(self, pop: PoP, token: str) -> None:
+        self.pop = pop
+        self.token = f"Bearer {token}".encode()
+
+    def __call__(self, request: Request) -> Response | object:
+        if not _is_loopback(request.client):
+            return _error(403, "forbidden", "the admin API only answers loopback clients")
+        auth = request.header(b"authorization") or b""
+        if not hmac.compare_digest(auth, self.token):
+            return _error(401, "unauthorized", "missing or wrong admin token")
+        return self._route(request)
+
+    async def _route(self, request: Request) -> Response:
+        parts = request.path.decode("latin-1").strip("/").split("/")
+        method = request.method
+        try:
+            match parts:
+                case ["v1", "functions"] if method == b"GET":
+                    return json_response({"functions": self.pop.registry.listing()})
+                case ["v1", "deploy"] if method == b"POST":
+                    source = (request.header(b"x-edgefn-source") or b"").decode("utf-8", "replace")
+                    files = deploys.from_tar(request.body)
+                    # shielded: a client that goes away mid-deploy must not leave a
+                    # half-loaded version (and its processes) behind
+                    result = await asyncio.shield(self.pop.registry.deploy(files, source))
+                    return json_response(msgspec.to_builtins(result))
+                case ["v1", "functions", name, "versions"] if method == b"GET":
+                    return json_response(msgspec.to_builtins(self.pop.registry.versions(name)))
+                case ["v1", "functions", name, "rollback"] if method == b"POST":
+                    body = msgspec.json.decode(request.body or b"{}", type=RollbackBody)
+                    result = await asyncio.shield(self.pop.registry.rollback(name, body.version))
+                    return json_response(msgspec.to_builtins(result))
+                case ["v1", ("kv" | "vectors") as kind, target, op] if method == b"POST":
+                    args = msgspec.json.decode(request.body or b"{}")
+                    if not isinstance(args, dict):
+                        return _error(400, "bad_request", "body must be a JSON object")
+                    result = await asyncio.to_thread(operate, self.pop.stores, kind, target, op,
+                                                     args)
+                    return json_response({"result": result})
+                case ["v1", "ai", *rest]:
+                    return await self._ai(rest, method, request.body)
+                case ["v1", "functions", name] if method == b"DELETE":
+                    await self.pop.registry.delete(name)
+                    return json_response({"deleted": name})
+            where = f"{method.decode()} {request.path.decode('latin-1')}"
+            return _error(404, "not_found", f"no admin endpoint {where}")
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            return _error(400, "bad_request", f"invalid request body: {e}")
+        except InvalidConfig as e:
+            return _error(e.status, e.code, str(e), field=e.field)
+        except EdgefnError as e:
+            return _error(e.status, e.code, str(e))
+
+    async def _ai(self, rest: list[str], method: bytes, body: bytes) -> Response:
+        """Raises `WorkerError` and msgspec errors."""
+        ai = self.pop.ai
+        if ai is None:
+            return _error(404, "not_found", "this PoP runs no model worker")
+        match rest:
+            case ["models"] if method == b"GET":
+                return json_response({"models": await ai.client.models()})
+            case ["metrics"] if method == b"GET":
+                return json_response(await ai.client.metrics())
+            case ["loras"] if method == b"POST":
+                lora = msgspec.json.decode(body or b"{}", type=LoraBody)
+                return json_response(await ai.add_lora(lora.name, lora.path, lora.base,
+                                                       lora.scale))
+        return _error(404, "not_found", f"no admin endpoint {method.decode()} /v1/ai/"
+                      + "/".join(rest))
+
+
+def _error(status: int, kind: str, message: str, **extra: object) -> Response:
+    return json_response({"error": {"kind": kind, "message": message, **extra}}, status)
+
+
+def _is_loopback(client: str) -> bool:
+    host = client.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,60 @@
+"""Talks to a running PoP's admin API, found through its data dir."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from edgefn_core.errors import AdminError, EdgefnError
+from runtime.functions import deploys
+
+
+class PopInfo(msgspec.Struct):
+    """What a running PoP writes to DATA/pop.json so the CLI can find it."""
+
+    pid: int
+    public: str
+    admin: str
+
+
+class AdminClient:
+    def __init__(self, data_dir: str | Path, timeout: float = 120.0) -> None:
+        """Raises `EdgefnError` if no PoP is running on `data_dir`."""
+        data = Path(data_dir)
+        try:
+            self.info = msgspec.json.decode((data / "pop.json").read_bytes(), type=PopInfo)
+            self.token = (data / "admin.token").read_text().strip()
+        except (FileNotFoundError, msgspec.DecodeError):
+            raise EdgefnError(f"no PoP is running with data dir {data} (start one with "
+                              "`edgefn serve` or `make dev`, or pass --data)") from None
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: bytes = b"",
+                headers: dict[str, str] | None = None) -> Any:
+        """Raises `AdminError` for an error answer, `EdgefnError` if the PoP is unreachable."""
+        host, port = self.info.admin.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=self.timeout)
+        try:
+            conn.request(method, path, body, {"authorization": f"Bearer {self.token}",
+                                              **(headers or {})})
+            resp = conn.getresponse()
+            data = json.loads(resp.read() or b"{}")
+        except (ConnectionError, OSError) as e:
+            raise EdgefnError(f"cannot reach the PoP's admin API at {self.info.admin}: "
+                              f"{e}") from None
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            err = data.get("error", {})
+            raise AdminError(err.get("kind", "error"), resp.status, err.get("message", str(data)))
+        return data
+
+    def deploy(self, directory: str | Path) -> dict[str, Any]:
+        package = deploys.to_tar(deploys.pack_dir(directory))
+        result: dict[str, Any] = self.request("POST", "/v1/deploy", package,
+                                              {"x-edgefn-source": str(directory).rstrip("/")})
+        return result

@@ -1,0 +1,283 @@
+"""The OpenAI-compatible API on the PoP's public listener, served by the model
+worker:
+
+    POST /v1/chat/completions   (``stream: true``: SSE ending in ``data: [DONE]``)
+    POST /v1/completions
+    POST /v1/embeddings         (``encoding_format``: float or base64)
+    POST /v1/rerank             (Cohere/Jina shape: query, documents, top_n)
+    GET  /v1/models             (LoRA adapters list their ``parent``)
+
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
+with its status codes. These paths are taken before function routes.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import msgspec
+
+from edgefn_core.errors import ApiError, EdgefnError
+from gpu_worker.client import Generation, WorkerError
+from runtime.ai.service import AIService
+from runtime.net.message import Request, Response, json_response
+
+PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
+         b"/v1/models"})
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class _Sampling(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None  # an extension (vLLM and llama.cpp take it too)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+
+
+class ChatBody(_Sampling, kw_only=True):
+    messages: list[dict[str, Any]]
+
+
+class CompletionBody(_Sampling, kw_only=True):
+    prompt: str | list[str]
+
+
+class EmbeddingsBody(msgspec.Struct):
+    model: str
+    input: str | list[str]
+    encoding_format: str = "float"
+
+
+class RerankBody(msgspec.Struct):
+    model: str
+    query: str
+    documents: list[str | dict[str, Any]]
+    top_n: int | None = None
+    return_documents: bool = True
+
+
+class OpenAITarget:
+    """The OpenAI API as a pipeline target: its errors keep OpenAI's shape, and an
+    unexpected failure is an OpenAI-shaped 500."""
+
+    label = "openai"
+
+    def error_response(self, err: EdgefnError) -> Response:
+        return error_response(err.status, str(err), err.code, getattr(err, "param", None))
+
+    def crashed(self, exc: Exception) -> EdgefnError:
+        return EdgefnError(f"internal error in the OpenAI API ({type(exc).__name__}); see the "
+                           "PoP's log")
+
+
+def error_response(status: int, message: str, code: str | None = None,
+                   param: str | None = None) -> Response:
+    kind = {400: "invalid_request_error", 404: "invalid_request_error",
+            401: "authentication_error", 429: "rate_limit_error"}.get(status, "server_error")
+    return json_response({"error": {"message": message, "type": kind, "param": param,
+                                    "code": code}}, status)
+
+
+class OpenAIApi:
+    """The endpoints; each raises `ApiError` or `WorkerError`, which the pipeline's
+    containment renders with `OpenAITarget` (OpenAI's shape)."""
+
+    paths = PATHS
+
+    def __init__(self, ai: AIService) -> None:
+        self.ai = ai
+
+    def __call__(self, request: Request) -> Awaitable[Response]:
+        return self._route(request)
+
+    async def _route(self, request: Request) -> Response:
+        path, method = request.path, request.method
+        if path == b"/v1/models":
+            if method != b"GET":
+                raise ApiError("method_not_allowed", 405, "use GET /v1/models")
+            return await self.models()
+        if method != b"POST":
+            raise ApiError("method_not_allowed", 405, f"use POST {path.decode()}")
+        if path == b"/v1/chat/completions":
+            return await self.generate(_decode(request.body, ChatBody), chat=True)
+        if path == b"/v1/completions":
+            return await self.generate(_decode(request.body, CompletionBody), chat=False)
+        if path == b"/v1/embeddings":
+            return await self.embeddings(_decode(request.body, EmbeddingsBody))
+        return await self.rerank(_decode(request.body, RerankBody))
+
+    async def models(self) -> Response:
+        created = int(time.time())
+        data = [{"id": m["id"], "object": "model", "created": created, "owned_by": "edgefn",
+                 "kind": m["kind"], "engine": m["engine"], "parent": m.get("parent"),
+                 "root": m.get("parent") or m["id"]} for m in await self.ai.client.models()]
+        return json_response({"object": "list", "data": data})
+
+    # -- generation -----------------------------------------------------------------------
+    async def generate(self, body: ChatBody | CompletionBody, chat: bool) -> Response:
+        params = _sampling(body)
+        if isinstance(body, ChatBody):
+            if not body.messages:
+                raise ApiError("invalid_request", 400, "'messages' must not be empty",
+                               param="messages")
+            params["messages"] = body.messages
+        else:
+            prompt = body.prompt
+            if isinstance(prompt, list):
+                if len(prompt) != 1:
+                    raise ApiError("invalid_request", 400,
+                                   "only one prompt per request is supported", param="prompt")
+                prompt = prompt[0]
+            params["prompt"] = prompt
+        gen = await self.ai.client.generate(body.model, stream=body.stream, **params)
+        rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            first = await _first(gen)  # errors before any output get a real status
+            return Response(200, list(SSE_HEADERS),
+                            _sse(gen, first, rid, body.model, chat, usage))
+        text, done = await gen.collect()
+        base = {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": body.model,
+                "usage": _usage(done.prompt_tokens, done.completion_tokens)}
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
+                                                               "content": text}}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = done.finish_reason
+        return json_response({**base, "choices": [choice]})
+
+    # -- embeddings and rerank ------------------------------------------------------------
+    async def embeddings(self, body: EmbeddingsBody) -> Response:
+        if body.encoding_format not in ("float", "base64"):
+            raise ApiError("invalid_request", 400, "encoding_format must be 'float' or 'base64'",
+                           param="encoding_format")
+        inputs = [body.input] if isinstance(body.input, str) else body.input
+        out = await self.ai.client.embed(body.model, inputs)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
+                for i, v in enumerate(out["embeddings"])]
+        return json_response({"object": "list", "data": data, "model": body.model,
+                              "usage": {"prompt_tokens": out["tokens"],
+                                        "total_tokens": out["tokens"]}})
+
+    async def rerank(self, body: RerankBody) -> Response:
+        texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
+        if body.top_n is not None and body.top_n < 1:
+            raise ApiError("invalid_request", 400, "top_n must be at least 1", param="top_n")
+        out = await self.ai.client.rerank(body.model, body.query, texts, body.top_n)
+        results = [{"index": r["index"], "relevance_score": r["relevance_score"],
+                    **({"document": {"text": texts[r["index"]]}} if body.return_documents
+                       else {})} for r in out["results"]]
+        return json_response({"id": "rerank-" + secrets.token_hex(8), "model": body.model,
+                              "results": results, "usage": {"total_tokens": out["tokens"]}})
+
+
+def _decode[T](body: bytes, kind: type[T]) -> T:
+    """Raises `ApiError` (400) naming the bad field, as OpenAI does."""
+    if not body:
+        raise ApiError("invalid_request", 400, "the request body must be a JSON object")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as e:
+        param = str(e).rsplit("`$.", 1)[-1].rstrip("`") if "`$." in str(e) else None
+        raise ApiError("invalid_value", 400, f"invalid request: {e}", param) from None
+    except msgspec.DecodeError as e:
+        raise ApiError("invalid_json", 400, f"the request body is not valid JSON: {e}") from None
+
+
+def _sampling(body: _Sampling) -> dict[str, Any]:
+    if body.n != 1:
+        raise ApiError("invalid_request", 400, "only n=1 is supported", param="n")
+    params: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p,
+                              "seed": body.seed}
+    if body.top_k is not None:
+        params["top_k"] = body.top_k
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens
+    params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return params
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _b64_floats(vector: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+async def _first(gen: Generation) -> str | None:
+    """The first chunk, or None if the generation ended without output. Raises
+    `WorkerError` (so the client gets a proper status before the stream starts)."""
+    try:
+        return await anext(gen)
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        await gen.aclose()
+        raise
+
+
+def _event(data: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(data) + b"\n\n"
+
+
+async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: bool,
+               include_usage: bool) -> AsyncIterator[bytes]:
+    """The SSE body. A failure mid-stream becomes an ``error`` event (the status
+    line has gone already); a client that goes away cancels the generation."""
+    created = int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None}
+        choice["finish_reason"] = finish
+        return _event({"id": rid, "object": kind, "created": created, "model": model,
+                       "choices": [choice]})
+
+    try:
+        if chat:
+            yield chunk("", role=True)
+        if first is not None:
+            yield chunk(first)
+            async for text in gen:
+                yield chunk(text)
+        done = gen.done
+        assert done is not None
+        yield chunk(None if chat else "", done.finish_reason)
+        if include_usage:
+            yield _event({"id": rid, "object": kind, "created": created, "model": model,
+                          "choices": [], "usage": _usage(done.prompt_tokens,
+                                                         done.completion_tokens)})
+        yield b"data: [DONE]\n\n"
+    except WorkerError as e:
+        yield _event({"error": {"message": str(e), "type": "server_error", "param": None,
+                                "code": e.code}})
+    finally:
+        await gen.aclose()

@@ -1,0 +1,70 @@
+"""The PoP's side of the model worker: starts and supervises it (through
+`gpu_worker.client`), keeps the LoRA adapters added at run time (persisted in
+DATA/ai/loras.json and registered again whenever the worker restarts), and
+is what the ``ai`` binding (`runtime.bindings.ai`) and the OpenAI API call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gpu_worker.client import WorkerClient, WorkerError
+
+log = logging.getLogger("edgefn.ai")
+
+
+class Lora(msgspec.Struct):
+    name: str
+    path: str
+    base: str | None = None
+    scale: float = 1.0
+
+
+class AIService:
+    """One model worker for the PoP."""
+
+    def __init__(self, data_dir: Path, config: str | None = None, socket: str | None = None
+                 ) -> None:
+        self.dir = data_dir / "ai"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = socket or str(self.dir / "worker.sock")
+        self.client = WorkerClient.spawning(path, config) if socket is None else \
+            WorkerClient(path)
+        self.client.on_connect = self._registered_again
+        self.loras_file = self.dir / "loras.json"
+        self.loras: list[Lora] = []
+        if self.loras_file.exists():
+            self.loras = msgspec.json.decode(self.loras_file.read_bytes(), type=list[Lora])
+        self.loop: asyncio.AbstractEventLoop | None = None  # the PoP's, once started
+
+    async def start(self, wait: bool = True) -> None:
+        """Start the worker. With `wait`, raises `WorkerDead` if it does not come up."""
+        self.loop = asyncio.get_running_loop()
+        await self.client.start(wait)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # -- LoRA -----------------------------------------------------------------------------
+    async def add_lora(self, name: str, path: str, base: str | None = None,
+                       scale: float = 1.0) -> dict[str, Any]:
+        """Register an adapter now and after every restart. Raises `WorkerError`."""
+        path = str(Path(path).resolve())
+        info = await self.client.add_lora(name, path, base, scale)
+        self.loras.append(Lora(name, path, base, scale))
+        tmp = self.loras_file.with_suffix(".tmp")
+        tmp.write_bytes(msgspec.json.encode(self.loras))
+        tmp.replace(self.loras_file)
+        return info
+
+    async def _registered_again(self) -> None:
+        for lo in self.loras:
+            try:
+                await self.client.add_lora(lo.name, lo.path, lo.base, lo.scale, early=True)
+            except WorkerError as e:
+                log.error("LoRA adapter %s no longer loads: %s", lo.name, e)

@@ -1,0 +1,121 @@
+"""Run a PoP: restore deployed functions, listen, write DATA/pop.json, shut down
+gracefully on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from edgefn_core.errors import DataDirBusy
+from gpu_worker.client import WorkerError
+from runtime.admin.client import PopInfo
+from runtime.config import PopConfig
+from runtime.net import Server
+from runtime.pop import PoP
+
+log = logging.getLogger("edgefn")
+
+
+def admin_token(data_dir: Path) -> str:
+    """The admin token, created (mode 0600) on first use."""
+    path = data_dir / "admin.token"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def _lock(data_dir: Path) -> IO[str]:
+    """Hold DATA/pop.lock for the PoP's life. Raises `DataDirBusy`."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    f = open(data_dir / "pop.lock", "a+")  # noqa: SIM115 - held until the PoP exits
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise DataDirBusy(f"data dir {data_dir} is in use by another PoP") from None
+    return f
+
+
+@contextlib.asynccontextmanager
+async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Server]]:
+    """A PoP built from `config`, started (public and admin listeners, the model
+    worker when [ai] is enabled), and shut down gracefully on exit.
+
+    Raises `DataDirBusy` if another PoP holds the data dir, OSError if a port is taken.
+    """
+    data = config.data_dir
+    lock = _lock(data)
+    pop = PoP(config)
+    try:
+        await _start_ai(pop)
+        for err in pop.registry.restore():
+            log.error("%s", err)
+        from runtime.admin.api import AdminApp
+
+        public = Server(pop.pipeline, config.http)
+        admin = Server(AdminApp(pop, admin_token(data)), config.http)
+        await public.start(config.public.host, config.public.port)
+        await admin.start(config.admin.host, config.admin.port)
+        (phost, pport), (ahost, aport) = public.address, admin.address
+        info = PopInfo(os.getpid(), f"http://{phost}:{pport}", f"{ahost}:{aport}")
+        (data / "pop.json").write_bytes(msgspec.json.encode(info))
+        purger = asyncio.get_running_loop().create_task(
+            _purge_expired(pop, config.stores.purge_interval))
+        try:
+            yield pop, public, admin
+        finally:
+            purger.cancel()
+            (data / "pop.json").unlink(missing_ok=True)
+            await admin.shutdown(1.0)
+            await public.shutdown(config.grace_seconds)
+    finally:
+        if pop.ai is not None:
+            await pop.ai.close()
+        pop.close()
+        lock.close()
+
+
+async def _start_ai(pop: PoP) -> None:
+    """Start (or reach) the model worker. A worker that does not come up is
+    logged, not fatal: functions still serve, AI requests get 503 until it does."""
+    if pop.ai is None:
+        return
+    try:
+        await pop.ai.start()
+    except WorkerError as e:
+        log.error("model worker: %s", e)
+
+
+async def _purge_expired(pop: PoP, every: float) -> None:
+    """Reclaim the space of expired KV keys (reads never see them anyway)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            removed = pop.stores.purge_expired()
+        except Exception:
+            log.exception("purging expired KV keys failed")
+            continue
+        if removed:
+            log.info("purged %d expired KV keys", removed)
+
+
+async def wait_for_signal() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: finishing in-flight requests")

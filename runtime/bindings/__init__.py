@@ -1,0 +1,179 @@
+"""Bindings: what a function may reach outside itself, as capabilities.
+
+A deployment's `Bindings` is prepared once from its manifest: one capability per
+kind (`KVBinding`, `VectorsBinding`, `AIBinding`), each checking in one place
+the namespaces or indexes it declared; anything it did not declare is denied.
+The WASM host functions and the Python host-call channel both go through
+`Bindings.call`, so both runtimes get the same API and the same denials. The
+operator's access (admin API, CLI) goes through `operate`, not this path.
+
+Blocking work (a synced KV write, a vector index write, which may save the
+index) asked for on the event loop's thread comes back as an awaitable run on
+a worker thread; on any other thread (a WASM guest) it runs in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+from typing import Any
+
+from edgefn_core.errors import BindingError, StoreError
+from kv import KVStore
+from kv.vectors import VectorStore
+from runtime.ai.service import AIService
+from runtime.bindings import kv as kv_binding
+from runtime.bindings import vectors as vectors_binding
+from runtime.bindings.ai import AIBinding
+from runtime.functions.manifest import Manifest
+
+AI_TIMEOUT = 300.0
+
+
+class Stores:
+    """The PoP's KV store and vector store (opened lazily in the data dir) and its
+    model worker service, if it runs one."""
+
+    def __init__(self, data_dir: Path, ai: AIService | None = None) -> None:
+        self.data_dir = data_dir
+        self.ai = ai
+        self._kv: KVStore | None = None
+        self._vectors: VectorStore | None = None
+
+    @property
+    def kv(self) -> KVStore:
+        if self._kv is None:
+            self._kv = KVStore(self.data_dir / "kv")
+        return self._kv
+
+    @property
+    def vectors(self) -> VectorStore:
+        if self._vectors is None:
+            self._vectors = VectorStore(self.data_dir / "vectors")
+        return self._vectors
+
+    def purge_expired(self) -> int:
+        """Delete expired KV keys, if the KV store was ever opened."""
+        return self._kv.purge_expired() if self._kv is not None else 0
+
+    def close(self) -> None:
+        if self._kv is not None:
+            self._kv.close()
+        if self._vectors is not None:
+            self._vectors.close()
+
+
+class Bindings:
+    """The capabilities of one deployed version."""
+
+    def __init__(self, owner: str, kv: kv_binding.KVBinding,
+                 vectors: vectors_binding.VectorsBinding, ai: AIBinding | None = None,
+                 ai_denied: str = "") -> None:
+        self.owner = owner
+        self.kv = kv
+        self.vectors = vectors
+        self.ai = ai
+        self.ai_denied = ai_denied or (f"function {owner!r} did not declare the AI binding "
+                                       "(add `ai = true` to [bindings] in edgefn.toml)")
+
+    @classmethod
+    def prepare(cls, stores: Stores, m: Manifest) -> Bindings:
+        """The capabilities `m` declares. Creates its KV namespaces (indexes are
+        created on first write or explicitly, since they need a dimension)."""
+        b = m.bindings
+        for ns in b.kv:
+            stores.kv.create_namespace(ns)
+        kv = kv_binding.KVBinding(stores, m.name, frozenset(b.kv))
+        vectors = vectors_binding.VectorsBinding(stores, m.name, frozenset(b.vectors))
+        ai = None
+        denied = ""
+        if b.ai and stores.ai is not None:
+            ai = AIBinding(stores.ai, m.name)
+        elif b.ai:
+            denied = "this PoP runs no model worker (start it without --no-ai)"
+        return cls(m.name, kv, vectors, ai, denied)
+
+    def call(self, name: str, args: dict[str, Any]) -> Any:
+        """Run binding `name` ("kv.get", "vectors.query", "ai.chat", ...).
+
+        Returns the result, or an awaitable of it (see the module docstring).
+        Raises `BindingError` for an undeclared kind, namespace or index, an
+        unknown call, bad arguments, or a store error (its message says which).
+        """
+        kind, _, op = name.partition(".")
+        if kind == "ai":
+            return self._ai(op, args)
+        if kind not in ("kv", "vectors"):
+            raise BindingError(f"unknown binding {name!r}")
+        capability: Any = self.kv if kind == "kv" else self.vectors
+        blocking = op in (kv_binding.WRITES if kind == "kv" else vectors_binding.WRITES)
+        run = functools.partial(_checked, capability.call, name, op, args)
+        return off_loop(run) if blocking else run()
+
+    def _ai(self, op: str, args: dict[str, Any]) -> Any:
+        """On the event loop's thread, a coroutine (the caller awaits it); on any
+        other thread (a WASM guest), the result, waited for. Raises `BindingError`."""
+        if self.ai is None:
+            raise BindingError(self.ai_denied)
+        loop = self.ai.service.loop
+        if loop is None:
+            raise BindingError("the model worker has not started yet")
+        call = _ai_checked(self.ai, op, args)
+        if _on_loop(loop):
+            return call
+        return asyncio.run_coroutine_threadsafe(call, loop).result(AI_TIMEOUT)
+
+    async def close(self) -> None:
+        if self.ai is not None:
+            await self.ai.close()
+
+
+def operate(stores: Stores, kind: str, target: str, op: str, args: dict[str, Any]) -> Any:
+    """The operator's access (admin API, CLI): any namespace or index, plus
+    ``kv.create``, ``vectors.create`` and ``vectors.stats``. Raises `BindingError`
+    (an unknown kind or operation, bad arguments) and `StoreError`."""
+    try:
+        if kind == "kv":
+            return kv_binding.run(stores.kv, op, target, args)
+        if kind == "vectors":
+            return vectors_binding.run(stores.vectors, op, target, args)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BindingError(f"bad arguments to {kind}.{op}: {e!r}") from None
+    raise BindingError(f"unknown store kind {kind!r}")
+
+
+def _checked(call: Any, name: str, op: str, args: dict[str, Any]) -> Any:
+    try:
+        return call(op, args)
+    except StoreError as e:
+        raise BindingError(str(e)) from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise BindingError(f"bad arguments to {name}: {e!r}") from None
+
+
+async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any]) -> Any:
+    try:
+        return await ai.call(op, args)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BindingError(f"bad arguments to ai.{op}: {e!r}") from None
+
+
+def off_loop(run: Any) -> Any:
+    """`run()` on a worker thread as an awaitable when called on an event loop's
+    thread; else `run()` now."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    return asyncio.to_thread(run)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+__all__ = ["Bindings", "Stores", "off_loop", "operate"]

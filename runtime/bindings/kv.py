@@ -1,0 +1,77 @@
+"""The KV capability: a function's declared namespaces on the PoP's KV store.
+
+`run` is the operation codec (JSON-ish arguments in, JSON-ish results out, values
+as base64) that both `KVBinding` and the admin API use; only `KVBinding` checks
+what a function declared.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from edgefn_core.errors import BindingError
+from kv import KVStore
+from runtime.bindings.codec import b64, unb64
+
+if TYPE_CHECKING:
+    from runtime.bindings import Stores
+
+WRITES = frozenset({"put", "delete", "increment", "cas"})
+OPS = WRITES | {"get", "list"}  # what a function may call ("create" is the operator's)
+
+
+class KVBinding:
+    def __init__(self, stores: Stores, owner: str, namespaces: frozenset[str]) -> None:
+        self.stores = stores
+        self.owner = owner
+        self.namespaces = namespaces
+
+    @property
+    def store(self) -> KVStore:
+        return self.stores.kv
+
+    def namespace(self, ns: str) -> str:
+        """`ns` if the function declared it. Raises `BindingError`: the one check."""
+        if ns not in self.namespaces:
+            raise BindingError(f"function {self.owner!r} did not declare KV namespace {ns!r} "
+                               "(add it to [bindings] kv in edgefn.toml)")
+        return ns
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        """Raises `BindingError`, `StoreError`, KeyError/TypeError/ValueError."""
+        if op not in OPS:
+            raise BindingError(f"unknown KV operation {op!r}")
+        return run(self.store, op, self.namespace(args["namespace"]), args)
+
+
+def run(kv: KVStore, op: str, ns: str, a: dict[str, Any]) -> Any:
+    """One KV operation on namespace `ns`. Raises `BindingError` for an unknown
+    one, `StoreError` from the store, KeyError/TypeError/ValueError for bad args."""
+    key = a["key"].encode() if "key" in a else b""
+    match op:
+        case "get":
+            entry = kv.get_entry(ns, key)
+            if entry is None:
+                return None
+            return {"value": b64(entry.value), "metadata": entry.metadata,
+                    "version": entry.version, "expires_at": entry.expires_at}
+        case "put":
+            return kv.put(ns, key, unb64(a["value"]), ttl=a.get("ttl"),
+                          metadata=a.get("metadata"))
+        case "delete":
+            return kv.delete(ns, key)
+        case "increment":
+            return kv.increment(ns, key, int(a.get("delta", 1)))
+        case "cas":
+            return kv.cas(ns, key, a.get("expected_version"), unb64(a["value"]),
+                          ttl=a.get("ttl"), metadata=a.get("metadata"))
+        case "create":
+            kv.create_namespace(ns)
+            return None
+        case "list":
+            page = kv.list(ns, a.get("prefix", "").encode(), a.get("cursor"),
+                           int(a.get("limit", 100)))
+            return {"keys": [{"key": k.key.decode("utf-8", "replace"), "metadata": k.metadata,
+                              "expires_at": k.expires_at} for k in page.keys],
+                    "cursor": page.cursor}
+    raise BindingError(f"unknown KV operation {op!r}")

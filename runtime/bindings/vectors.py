@@ -1,0 +1,65 @@
+"""The vectors capability: a function's declared indexes on the PoP's vector store.
+
+`run` is the operation codec shared with the admin API; only `VectorsBinding`
+checks what a function declared.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from edgefn_core.errors import BindingError
+from kv.vectors import VectorStore
+
+if TYPE_CHECKING:
+    from runtime.bindings import Stores
+
+WRITES = frozenset({"upsert", "delete"})
+
+
+class VectorsBinding:
+    def __init__(self, stores: Stores, owner: str, indexes: frozenset[str]) -> None:
+        self.stores = stores
+        self.owner = owner
+        self.indexes = indexes
+
+    @property
+    def store(self) -> VectorStore:
+        return self.stores.vectors
+
+    def index(self, name: str) -> str:
+        """`name` if the function declared it. Raises `BindingError`: the one check."""
+        if name not in self.indexes:
+            raise BindingError(f"function {self.owner!r} did not declare vector index "
+                               f"{name!r} (add it to [bindings] vectors in edgefn.toml)")
+        return name
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        """Raises `BindingError`, `StoreError`, KeyError/TypeError/ValueError."""
+        if op not in ("query", "upsert", "delete"):
+            raise BindingError(f"unknown vectors operation {op!r}")
+        return run(self.store, op, self.index(args["index"]), args)
+
+
+def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:
+    """One vector operation on `index`. Raises `BindingError` for an unknown one,
+    `StoreError` from the store, KeyError/TypeError/ValueError for bad args."""
+    match op:
+        case "query":
+            matches = vs.query(index, a["vector"], int(a.get("k", 10)), a.get("filter"))
+            return [{"id": m.id, "distance": m.distance, "metadata": m.metadata}
+                    for m in matches]
+        case "upsert":
+            items = a["items"]
+            if items and index not in vs.names():  # first write: the dimension is known now
+                vs.create(index, len(items[0]["vector"]))
+            return vs.upsert(index, [(i["id"], i["vector"], i.get("metadata")) for i in items])
+        case "delete":
+            return vs.delete(index, a["ids"])
+        case "create":
+            config = vs.create(index, int(a["dim"]), a.get("metric", "cos"),
+                               a.get("dtype", "f32"))
+            return config.__dict__
+        case "stats":
+            return vs.stats(index)
+    raise BindingError(f"unknown vectors operation {op!r}")

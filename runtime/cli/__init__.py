@@ -1,0 +1,1 @@
+"""The `edgefn` command line: `main` builds the parser; commands import what they need lazily."""

@@ -1,0 +1,84 @@
+"""`edgefn serve` and `edgefn dev`: run a PoP in the foreground; in dev mode deploy
+every function folder under a directory and redeploy one when its files change."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from edgefn_core.errors import DeployError, ManifestError
+from runtime.app import running_pop, wait_for_signal
+from runtime.config import PopConfig
+from runtime.functions import deploys, manifest
+from runtime.functions.registry import Registry
+
+log = logging.getLogger("edgefn.dev")
+POLL_SECONDS = 0.5
+
+
+def function_dirs(root: Path) -> list[Path]:
+    """Folders under `root` that hold an edgefn.toml (hidden folders skipped)."""
+    found = [p.parent for p in root.rglob(manifest.MANIFEST_NAME)]
+    return sorted(d for d in found if not any(part.startswith(".") for part in d.parts))
+
+
+def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    return tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size)
+                        for p in directory.rglob("*") if p.is_file()))
+
+
+async def deploy_dir(registry: Registry, directory: Path) -> bool:
+    try:
+        r = await registry.deploy(deploys.pack_dir(directory), str(directory))
+    except (ManifestError, DeployError) as e:
+        print(f"  ! {directory}: {e}", flush=True)
+        return False
+    routes = ", ".join((x.get("host") or "") + x["path"] for x in r.routes)
+    state = "deployed" if r.changed else "unchanged"
+    print(f"  {state:<9} {r.name:<16} {r.version}  {r.abi:<7} {routes}  ({r.took_ms} ms)",
+          flush=True)
+    return True
+
+
+async def watch(registry: Registry, root: Path) -> None:
+    seen = {d: snapshot(d) for d in function_dirs(root)}
+    while True:
+        await asyncio.sleep(POLL_SECONDS)
+        for d in function_dirs(root):
+            snap = snapshot(d)
+            if seen.get(d) != snap:
+                seen[d] = snap
+                print(f"change in {d}: redeploying", flush=True)
+                await deploy_dir(registry, d)
+
+
+async def serve(config: PopConfig, dev_dir: str | None) -> None:
+    """Run a PoP until SIGINT/SIGTERM; with `dev_dir`, deploy and watch its functions."""
+    data = config.data
+    async with running_pop(config) as (pop, public, admin):
+        host, port = public.address
+        print(f"edgefn PoP listening on http://{host}:{port}", flush=True)
+        print(f"  admin API on {admin.address[0]}:{admin.address[1]} "
+              f"(token in {Path(data) / 'admin.token'})", flush=True)
+        if pop.ai is not None:
+            print(f"  OpenAI-compatible API on http://{host}:{port}/v1 "
+                  f"(model worker pid {pop.ai.client.pid or 'external'})", flush=True)
+        watcher = None
+        if dev_dir is not None:
+            root = Path(dev_dir)
+            print(f"dev mode: deploying functions under {root}", flush=True)
+            for d in function_dirs(root):
+                await deploy_dir(pop.registry, d)
+            watcher = asyncio.create_task(watch(pop.registry, root))
+        fns = pop.registry.listing()
+        print(f"serving {len(fns)} function(s):", flush=True)
+        for f in fns:
+            routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])  # type: ignore[attr-defined]
+            print(f"  {f['name']:<16} {f['version']}  {routes}", flush=True)
+        await wait_for_signal()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher

@@ -1,0 +1,200 @@
+"""`PopConfig`: one typed description that builds a whole PoP (see `runtime.pop`).
+
+Loaded from a ``pop.toml`` (every field is optional; README "PoP config" lists
+them) and overridden by CLI flags:
+
+    name = "edge-local"
+    tier = "edge"                 # edge | regional | central
+    data = ".edgefn"
+
+    [public]                      # the listener functions and the OpenAI API answer on
+    host = "127.0.0.1"
+    port = 8080
+
+    [admin]                       # the admin API: loopback only
+    port = 0                      # 0: any free port (written to DATA/pop.json)
+
+    [http]                        # limits of both listeners
+    max_body_bytes = 16777216
+
+    [ai]
+    enabled = true
+    worker_config = "models.toml" # model worker config; default: the packaged models
+    socket = ""                   # use a worker already listening here instead
+
+    [[pipeline]]                  # the request pipeline, in order (default: below)
+    stage = "request_id"
+    [[pipeline]]
+    stage = "access_log"
+    format = "text"
+    ...
+
+Errors are `InvalidConfig` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+from edgefn_core.errors import InvalidConfig
+from runtime import tomlconf
+from runtime.net.server import ServerConfig
+
+Port = Annotated[int, Meta(ge=0, le=65535)]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
+class Listener(Struct, forbid_unknown_fields=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: Port = 8080
+
+
+class AdminListener(Struct, forbid_unknown_fields=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: Port = 0
+
+
+class AIConfig(Struct, forbid_unknown_fields=True, frozen=True):
+    """The model worker: started and supervised by the PoP unless `socket` names
+    one already running."""
+
+    enabled: bool = True
+    worker_config: str | None = None
+    socket: str | None = None
+
+
+class StoresConfig(Struct, forbid_unknown_fields=True, frozen=True):
+    purge_interval: Annotated[float, Meta(gt=0)] = 60.0  # seconds between expired-key sweeps
+
+
+# -- pipeline stages: a tagged union on `stage`, each with its own settings -----------------
+class StageConfig(Struct, forbid_unknown_fields=True, frozen=True, tag_field="stage"):
+    """One stage of the request pipeline."""
+
+
+class RequestIdStage(StageConfig, frozen=True, tag="request_id"):
+    """Every response carries `header`; a well-formed incoming one is kept."""
+
+    header: str = "x-request-id"
+    trust_incoming: bool = True
+
+
+class AccessLogStage(StageConfig, frozen=True, tag="access_log"):
+    """One line per request on stderr: ``text`` (key=value) or ``json``."""
+
+    format: Literal["text", "json"] = "text"
+
+
+class OpenAIStage(StageConfig, frozen=True, tag="openai"):
+    """The OpenAI-compatible API (/v1/chat/completions, ...); inactive without [ai]."""
+
+
+class RouteStage(StageConfig, frozen=True, tag="route"):
+    """Match (host, path) to a deployed function; 404 when none serves it."""
+
+
+class DispatchStage(StageConfig, frozen=True, tag="dispatch"):
+    """Run the routed function."""
+
+
+Stage = RequestIdStage | AccessLogStage | OpenAIStage | RouteStage | DispatchStage
+
+
+def default_pipeline() -> list[Stage]:
+    return [RequestIdStage(), AccessLogStage(), OpenAIStage(), RouteStage(), DispatchStage()]
+
+
+class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    name: Annotated[str, Meta(pattern=NAME_PATTERN)] = "edge-local"
+    tier: Literal["edge", "regional", "central"] = "edge"
+    data: str = ".edgefn"
+    public: Listener = field(default_factory=Listener)
+    admin: AdminListener = field(default_factory=AdminListener)
+    http: ServerConfig = field(default_factory=ServerConfig)
+    grace_seconds: Annotated[float, Meta(ge=0)] = 10.0  # in-flight requests finish on SIGTERM
+    ai: AIConfig = field(default_factory=AIConfig)
+    stores: StoresConfig = field(default_factory=StoresConfig)
+    pipeline: list[Stage] = field(default_factory=default_pipeline)
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.data)
+
+    def stage_names(self) -> list[str]:
+        return [type(s).__struct_config__.tag for s in self.pipeline]  # type: ignore[misc]
+
+
+def load(path: str | Path | None = None, **overrides: object) -> PopConfig:
+    """The config in `path` (defaults when None), with `overrides` applied on top:
+    top-level fields by name, nested ones as ``"public.port"``.
+
+    Relative paths in the file (data, ai.worker_config, ai.socket) are resolved
+    against the file's folder. Raises `InvalidConfig` naming the file and field.
+    """
+    label = str(path) if path is not None else "<defaults>"
+    raw: dict[str, object] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_bytes()
+        except OSError as e:
+            raise InvalidConfig(label, f"cannot read: {e.strerror}") from None
+        raw = tomlconf.decode(text, dict, label)
+        _resolve_paths(raw, Path(path).resolve().parent)
+    for key, value in overrides.items():
+        if value is not None:
+            _set(raw, key, value)
+    try:
+        config = msgspec.convert(raw, PopConfig)
+    except msgspec.ValidationError as e:
+        raise tomlconf.from_validation(label, str(e)) from None
+    check(config, label)
+    return config
+
+
+def check(config: PopConfig, label: str = "<config>") -> None:
+    """What the schema cannot say. Raises `InvalidConfig`."""
+    if not _is_loopback(config.admin.host):
+        raise InvalidConfig(label, f"the admin API listens on loopback only, got "
+                            f"{config.admin.host!r}", "admin.host")
+    names = config.stage_names()
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise InvalidConfig(label, f"stage {name!r} appears twice", f"pipeline[{i}].stage")
+    if "dispatch" in names and ("route" not in names or names.index("route") > names.index(
+            "dispatch")):
+        raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",
+                            f"pipeline[{names.index('dispatch')}].stage")
+
+
+def _set(raw: dict[str, object], dotted: str, value: object) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for p in parents:
+        child = node.setdefault(p, {})
+        assert isinstance(child, dict)
+        node = child
+    node[leaf] = value
+
+
+def _resolve_paths(raw: dict[str, object], base: Path) -> None:
+    if isinstance(raw.get("data"), str):
+        raw["data"] = str(base / str(raw["data"]))
+    ai = raw.get("ai")
+    if isinstance(ai, dict):
+        for key in ("worker_config", "socket"):
+            if isinstance(ai.get(key), str) and ai[key]:
+                ai[key] = str(base / ai[key])
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,58 @@
+"""The interface every executor has, and `load()`, which picks one.
+
+Every executor has the same small interface (`Executor`); `load()` picks one
+from the manifest's ``runtime``. Executors raise `FunctionError` for anything
+the user's code did wrong; the pipeline turns that into a response
+(`runtime.pipeline.contain`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Protocol
+
+from runtime.bindings import Bindings
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.functions.manifest import Manifest
+from runtime.net.message import Request, Response
+
+
+class Executor(Protocol):
+    abi: str
+
+    def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:
+        """Run the function for `request` matched on `route`. Raises `FunctionError`."""
+        ...
+
+    def prewarm(self) -> None:
+        """Do everything a first request would do before user code runs; may block
+        (it runs off the event loop). Raises `DeployError`."""
+        ...
+
+    def activate(self) -> None:
+        """Last warm-up on the event loop's thread, right before routing switches."""
+        ...
+
+    def retire(self) -> None:
+        """This version no longer receives requests: release it once in-flight ones end."""
+        ...
+
+    def close(self) -> None:
+        """Release everything now (PoP shutdown)."""
+        ...
+
+
+def load(manifest: Manifest, directory: Path, version: str, wasm: WasmEngine,
+         bindings: Bindings | None = None) -> Executor:
+    """Compile and validate a function. Raises `DeployError` with the reason."""
+    if manifest.runtime == "python":
+        from runtime.executors.python.function import PythonFunction
+
+        return PythonFunction(manifest, directory, version, bindings)
+    from runtime.executors.wasm.function import WasmFunction
+
+    return WasmFunction(wasm, manifest, directory, bindings)
+
+
+__all__ = ["Executor", "WasmEngine", "load"]

@@ -1,0 +1,57 @@
+"""Python executor: a function's handler runs in pre-warmed subinterpreters hosted
+by supervised processes (`runtime.executors.python`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.abi import encode_pairs, encode_request
+from runtime.bindings import Bindings
+from runtime.executors.python.pool import HostConfig, Pool
+from runtime.functions.manifest import Manifest
+from runtime.net.message import Request, Response
+
+
+class PythonFunction:
+    abi = "python"
+
+    def __init__(self, manifest: Manifest, directory: Path, version: str,
+                 bindings: Bindings | None = None) -> None:
+        """Nothing starts until `prewarm()`."""
+        limits, pool = manifest.limits, manifest.pool
+        self.cfg = HostConfig(
+            name=manifest.name, version=version, function_dir=str(directory.resolve()),
+            module=Path(manifest.entry).stem, handler=manifest.handler, cpu_ms=limits.cpu_ms,
+            wall_ms=limits.wall_ms, memory_mb=limits.memory_mb,
+            recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max)
+        self.standby = pool.standby
+        self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in manifest.env.items()])
+        self.pool: Pool | None = None
+        self.bindings = bindings
+
+    def prewarm(self) -> None:
+        """Start the host processes and import the module in every initial isolate.
+        Blocks. Raises `DeployError` naming an import that cannot load."""
+        if self.pool is None:
+            sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
+            self.pool = Pool(self.cfg, self.standby, sample,
+                             self.bindings.call if self.bindings else None)
+
+    def activate(self) -> None:
+        assert self.pool is not None, "prewarm() first"
+        self.pool.activate()
+
+    async def handle(self, request: Request, route: str) -> Response:
+        """Raises `FunctionError` (see `Pool.submit`)."""
+        assert self.pool is not None
+        payload = encode_request(request.method, request.path, request.query, request.headers,
+                                 self.env_blob, request.body)
+        return await self.pool.submit(payload)
+
+    def retire(self) -> None:
+        if self.pool is not None:
+            self.pool.retire()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()

@@ -1,0 +1,294 @@
+"""The loop each isolate runs inside its subinterpreter: stdlib and the SDK only.
+
+It imports the function module (reporting an import that cannot load in a
+subinterpreter by name), answers READY, then serves requests from its socket
+one at a time until it has served `recycle_after` of them. A watchdog thread
+enforces the CPU and wall limits by raising an asynchronous exception in the
+handler's thread; C code that never returns to Python is the PoP's to handle
+(it kills the host process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import inspect
+import json
+import os
+import re
+import select
+import socket
+import threading
+import time
+import traceback
+from typing import Any
+
+from edgefn_core.errors import CpuInterrupt, IsolateInterrupt, IsolateStop, WallInterrupt
+from runtime.executors.python import wire
+
+_SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_SET_ASYNC_EXC.argtypes = [ctypes.c_ulong, ctypes.py_object]
+# The same C function with a NULL exception: clears a pending one.
+_CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+
+
+class Watchdog:
+    """Enforces the limits of the request in flight by raising a IsolateInterrupt in
+    the handler's thread (again every tick while it keeps running).
+
+    It wakes every tick (a quarter of the tighter limit, 5..100 ms) rather than
+    per request: arming is two assignments, so a fast request costs no thread
+    switch. A limit is therefore enforced within one tick.
+    """
+
+    def __init__(self, tid: int, cpu_ms: int, wall_ms: int) -> None:
+        self.tid = tid
+        self.clock = time.pthread_getcpuclockid(tid)
+        self.cpu = cpu_ms / 1000
+        self.wall = wall_ms / 1000
+        self.tick = min(max(min(self.cpu, self.wall) / 4, 0.005), 0.1)
+        self.lock = threading.Lock()
+        self.current: tuple[float, float] | None = None  # (wall start, cpu start)
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="edgefn-watchdog")
+        self.thread.start()
+
+    def arm(self) -> None:
+        self.current = (time.monotonic(), time.clock_gettime(self.clock))
+
+    def disarm(self) -> None:
+        with self.lock:  # after this, nothing can be raised for the request that ended
+            self.current = None
+            _CLEAR_ASYNC_EXC(self.tid, None)  # drop one raised too late to land
+
+    def stop(self) -> None:
+        """IsolateStop and join (within a tick): the interpreter cannot close with it running."""
+        self.stopped = True
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            time.sleep(self.tick)
+            current = self.current
+            if current is None:
+                continue
+            with self.lock:
+                if self.current is not current:
+                    continue
+                if time.clock_gettime(self.clock) - current[1] >= self.cpu:
+                    _SET_ASYNC_EXC(self.tid, CpuInterrupt)
+                elif time.monotonic() - current[0] >= self.wall:
+                    _SET_ASYNC_EXC(self.tid, WallInterrupt)
+
+
+def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any]:
+    """Import the function on socket `fd` (duplicated: the host keeps the original).
+
+    Raises `IsolateStop` (after telling the PoP why) if the module cannot be imported.
+    """
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        return sock, _load(module, handler_name)
+    except BaseException as e:
+        sock.sendall(wire.json_frame(wire.READY, {"ok": False, **_describe(e, module)}))
+        sock.close()
+        raise IsolateStop from None
+
+
+def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycle_after: int,
+          sdk: Any) -> None:
+    """Say READY, then serve requests until recycling. Raises `IsolateStop` if the PoP went away."""
+    sock, handler = prepared
+    sock.sendall(wire.json_frame(wire.READY, {"ok": True}))
+    Session(sock, handler, cpu_ms, wall_ms, sdk).loop(recycle_after)
+
+
+def _load(module: str, handler_name: str) -> Any:
+    mod = importlib.import_module(module)
+    handler = getattr(mod, handler_name, None)
+    if not callable(handler):
+        raise AttributeError(f"module {module!r} has no function {handler_name!r}")
+    return handler
+
+
+_UNSUPPORTED = re.compile(r"module (\S+) does not support loading in subinterpreters")
+
+
+_IMPORT_LINE = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))")
+
+
+def _describe(e: BaseException, module: str) -> dict[str, Any]:
+    """The root cause of an import failure, naming the module that cannot load
+    as the function's own code imported it (``msgspec``, not ``msgspec._core``)."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for exc in chain:
+        m = _UNSUPPORTED.search(str(exc))
+        if m:
+            top = _imported_by_user(e, module) or m.group(1).split(".")[0]
+            return {"error": f"imports `{top}`, which cannot load in a subinterpreter "
+                             f"({m.group(1)} does not support loading in subinterpreters); "
+                             "only the standard library and pure-Python packages work",
+                    "module": top}
+    where = "".join(traceback.format_exception_only(e)).strip()
+    return {"error": f"importing `{module}` failed: {where}", "module": getattr(e, "name", None)}
+
+
+def _imported_by_user(e: BaseException, module: str) -> str | None:
+    """The top-level name in the function module's import statement that failed."""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if os.path.basename(frame.filename) == f"{module}.py" and frame.line:
+            m = _IMPORT_LINE.match(frame.line)
+            if m:
+                return (m.group(1) or m.group(2)).split(".")[0]
+    return None
+
+
+def _raised(e: BaseException) -> str:
+    """``raised ValueError: nope (main.py:2 in handle)``: the innermost user frame."""
+    where = ""
+    frames = traceback.extract_tb(e.__traceback__)
+    user = [f for f in frames if not f.filename.endswith(("guest.py", "edgefn.py"))]
+    if user:
+        f = user[-1]
+        where = f" ({os.path.basename(f.filename)}:{f.lineno} in {f.name})"
+    text = "".join(traceback.format_exception_only(e)).strip().splitlines()[-1]
+    return f"raised {text}{where}"
+
+
+class Session:
+    def __init__(self, sock: socket.socket, handler: Any, cpu_ms: int, wall_ms: int,
+                 sdk: Any) -> None:
+        self.sock = sock
+        self.handler = handler
+        self.sdk = sdk
+        self.reader = wire.Reader()
+        self.pending: list[tuple[bytes, bytes]] = []
+        self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
+        self.loop_: asyncio.AbstractEventLoop | None = None
+        self.calls = 0
+
+    def loop(self, recycle_after: int) -> None:
+        try:
+            served = 0
+            while served < recycle_after:
+                f = wire.recv_frame(self.sock, self.reader, self.pending)
+                if f is None:
+                    raise IsolateStop
+                kind, payload = f
+                if kind == wire.REQUEST:
+                    served += 1
+                    if served == recycle_after:  # before the response: no new job is sent here
+                        self.sock.sendall(wire.json_frame(wire.READY,
+                                                          {"ok": False, "recycling": True}))
+                    self.one(payload)
+                elif kind == wire.WARM:
+                    self.warm(payload)
+        finally:
+            self.dog.stop()
+            if self.loop_ is not None:
+                self.loop_.close()
+            self.sock.close()
+
+    def one(self, payload: bytes) -> None:
+        request, env_vars = self.sdk.Request._decode(payload)
+        env = self.sdk.Env(env_vars, self.call)
+        try:
+            self.dog.arm()
+            try:
+                result = self.handler(request, env)
+                if inspect.isawaitable(result):
+                    result = self._event_loop().run_until_complete(result)
+                self.respond(result)
+            finally:
+                self.dog.disarm()
+        except IsolateInterrupt as e:
+            self.send_error(e.code, "exceeded its CPU limit" if e.code == "cpu_limit"
+                            else "exceeded its wall-time limit")
+        except MemoryError:
+            self.send_error("memory_limit", "ran out of memory (MemoryError)")
+        except Exception as e:
+            self.send_error("exception", _raised(e), "".join(traceback.format_exception(e)))
+
+    def warm(self, payload: bytes) -> None:
+        """Everything `one` does around the handler, so the first real request is warm."""
+        request, env_vars = self.sdk.Request._decode(payload)
+        self.sdk.Env(env_vars, self.call)
+        self.dog.arm()
+        self.dog.disarm()
+        self.respond(self.sdk.Response(b"", 204, {"x-warm": request.method}))
+
+    def respond(self, result: Any) -> None:
+        if not isinstance(result, self.sdk.Response):
+            raise TypeError(f"handler returned {type(result).__name__}, expected edgefn.Response")
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()]
+        body = result.body
+        if not result.streaming:
+            data = body.encode() if isinstance(body, str) else bytes(body)
+            self.sock.sendall(wire.frame(wire.RESPONSE, wire.encode_response(result.status,
+                                                                             headers, data)))
+            return
+        self.sock.sendall(wire.frame(wire.HEAD, wire.encode_response(result.status, headers, b"")))
+        # A failure mid-stream propagates to `one`, which ends the request with ERROR
+        # instead of END: exactly one terminal frame per request.
+        for chunk in self._chunks(body):
+            data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+            if data:
+                self.sock.sendall(wire.frame(wire.CHUNK, data))
+            if self._cancelled():
+                break
+        self.sock.sendall(wire.frame(wire.END))
+
+    def _chunks(self, body: Any) -> Any:
+        if hasattr(body, "__anext__"):
+            loop = self._event_loop()
+            while True:
+                try:
+                    yield loop.run_until_complete(body.__anext__())
+                except StopAsyncIteration:
+                    return
+        else:
+            yield from body
+
+    def _cancelled(self) -> bool:
+        """A CANCEL frame (the client went away) waiting on the socket?"""
+        if select.select([self.sock], [], [], 0)[0]:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise IsolateStop
+            self.pending.extend(self.reader.feed(data))
+        return any(kind == wire.CANCEL for kind, _ in self.pending)
+
+    def send_error(self, kind: str, message: str, tb: str = "") -> None:
+        self.pending = [f for f in self.pending if f[0] != wire.CANCEL]
+        self.sock.sendall(wire.json_frame(wire.ERROR, {"kind": kind, "message": message,
+                                                       "traceback": tb}))
+
+    def call(self, name: str, args: dict[str, Any], wait: bool = False) -> Any:
+        """A host call over the same socket; with `wait`, block for its REPLY."""
+        self.calls += 1
+        self.sock.sendall(wire.json_frame(wire.CALL, {"id": self.calls, "name": name,
+                                                      "args": args, "wait": wait}))
+        if not wait:
+            return None
+        while True:
+            f = wire.recv_frame(self.sock, self.reader, self.pending)
+            if f is None:
+                raise IsolateStop
+            if f[0] == wire.REPLY:
+                reply = json.loads(f[1])
+                if reply.get("id") != self.calls:
+                    continue  # the late answer to a call of a request that was cut short
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return reply.get("result")
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop_ is None:
+            self.loop_ = asyncio.new_event_loop()
+        return self.loop_

@@ -1,0 +1,297 @@
+"""WASM executor: a fresh instance per request from a pre-linked module.
+
+Two guest ABIs (see README "Guest ABI"):
+- reactor: exports ``memory``, ``edgefn_alloc``, ``edgefn_handle``; runs inline
+  on the event loop through the raw call path (`wasm_ffi`), bounded by the
+  epoch deadline.
+- wasi: a WASI command (``_start``), WAGI-style: request in the environment and
+  stdin, CGI response on stdout. Runs on a worker thread so a guest that
+  blocks in a host call cannot stall the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import math
+import threading
+from collections.abc import Awaitable
+from functools import partial
+from pathlib import Path
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+from edgefn_core.errors import BindingError, DeployError, FunctionError
+from runtime.abi import decode_response, encode_pairs, encode_request
+from runtime.bindings import Bindings
+from runtime.executors.wasm import host as wasm_host
+from runtime.executors.wasm import wasi as cgi
+from runtime.executors.wasm.engine import TICK_SECONDS, WasmEngine
+from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
+from runtime.executors.wasm.native import NativeReactorCall
+from runtime.functions.manifest import Manifest
+from runtime.net.message import Request, Response
+
+log = logging.getLogger("edgefn.wasm")
+
+WASI_MODULE = "wasi_snapshot_preview1"
+REACTOR_EXPORTS = {
+    "memory": "memory",
+    "edgefn_alloc": "func (i32) -> (i32)",
+    "edgefn_handle": "func (i32, i32) -> (i64)",
+}
+
+
+class WasmFunction:
+    def __init__(self, wasm: WasmEngine, manifest: Manifest, directory: Path,
+                 bindings: Bindings | None = None) -> None:
+        """Compile, check exports and imports, and pre-link. Raises `DeployError`."""
+        self.wasm = wasm
+        self.manifest = manifest
+        self.name = manifest.name
+        limits = manifest.limits
+        self.memory_limit = limits.memory_mb << 20
+        self.max_response = limits.max_response_mb << 20
+        tick_ms = TICK_SECONDS * 1000
+        budget_ms = min(limits.cpu_ms, limits.wall_ms)
+        if manifest.bindings.ai:
+            # epochs count time, and an AI call blocks for seconds: with the AI binding
+            # the deadline is the wall-time limit (time in host calls included)
+            budget_ms = limits.wall_ms
+        # +1: the first tick may come right after the deadline is set.
+        self.deadline_ticks = math.ceil(budget_ms / tick_ms) + 1
+        kind = "wall_limit" if manifest.bindings.ai or limits.cpu_ms > limits.wall_ms \
+            else "cpu_limit"
+        self.outcome = Outcome(kind, budget_ms, self.memory_limit)
+        self.module = self._compile(directory / manifest.entry)
+        self.abi = self._detect_abi()
+        uses_wasi, host_funcs = self._check_imports()
+        linker = wasmtime.Linker(wasm.engine)
+        if uses_wasi:
+            linker.define_wasi()
+        if host_funcs:
+            if bindings is None:
+                raise DeployError(f"{manifest.entry}: imports edgefn host functions, but no "
+                                  "bindings are available")
+            try:
+                self.host_functions = wasm_host.HostFunctions(linker, host_funcs, bindings)
+            except BindingError as e:
+                raise DeployError(f"{manifest.entry}: {e}") from None
+        try:
+            self.pre = linker.instantiate_pre(self.module)
+        except wasmtime.WasmtimeError as e:
+            raise DeployError(f"{manifest.entry}: cannot link module: {e}") from None
+        b = manifest.bindings
+        # a binding may block (a model call, a synced KV write): off the event loop
+        self.threaded = bool(b.ai or b.kv or b.vectors)
+        self.env = dict(manifest.env)
+        self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in self.env.items()])
+        if self.abi == "reactor":
+            if uses_wasi:
+                raise DeployError(f"{manifest.entry}: a reactor module may not import "
+                                  f"`{WASI_MODULE}`; build it as a WASI command (abi = \"wasi\")")
+            call_type = ReactorCall if wasm.native is None else partial(NativeReactorCall,
+                                                                        wasm.native)
+            self.new_call = partial(call_type, wasm.engine, self.pre, self.memory_limit,
+                                    self.deadline_ticks, self.outcome, self.max_response)
+            self.call = self.new_call()
+            self.per_thread = threading.local()  # call objects hold per-call buffers
+
+    # -- deploy time ------------------------------------------------------------------------
+    def _compile(self, entry: Path) -> wasmtime.Module:
+        try:
+            source = entry.read_bytes()
+            wasm = wasmtime.wat2wasm(source.decode()) if entry.suffix == ".wat" else source
+            return self.wasm.compile(bytes(wasm))
+        except (wasmtime.WasmtimeError, UnicodeDecodeError) as e:
+            raise DeployError(f"{entry.name}: not a valid WebAssembly module: "
+                              f"{_short(str(e))}") from None
+
+    def _detect_abi(self) -> str:
+        exports = {e.name: e.type for e in self.module.exports}
+        entry = self.manifest.entry
+        abi: str = self.manifest.abi
+        if abi == "auto":
+            abi = "reactor" if "edgefn_handle" in exports else "wasi" if "_start" in exports else ""
+        if not abi:
+            raise DeployError(f"{entry}: module exports neither `edgefn_handle` "
+                              "(reactor ABI) nor `_start` (WASI command)")
+        if abi == "wasi" and not isinstance(exports.get("_start"), wasmtime.FuncType):
+            raise DeployError(f"{entry}: abi = \"wasi\" needs a function export `_start`")
+        if abi == "reactor":
+            for name, want in REACTOR_EXPORTS.items():
+                got = _describe(exports.get(name))
+                if got != want:
+                    raise DeployError(f"{entry}: reactor ABI needs an export `{name}` of type "
+                                      f"{want}, found {got}")
+        return abi
+
+    def _check_imports(self) -> tuple[bool, set[str]]:
+        uses_wasi = False
+        host: set[str] = set()
+        for imp in self.module.imports:
+            if imp.module == WASI_MODULE:
+                uses_wasi = True
+            elif imp.module == "edgefn" and imp.name is not None:
+                host.add(imp.name)
+            else:
+                raise DeployError(f"{self.manifest.entry}: module imports "
+                                  f"`{imp.module}.{imp.name}`, which edgefn does not provide")
+        return uses_wasi, host
+
+    def prewarm(self) -> None:
+        """Instantiate once so code pages and pool slots are hot. Raises `DeployError`
+        if the module cannot be instantiated within its limits."""
+        store = wasmtime.Store(self.wasm.engine)
+        store.set_limits(memory_size=self.memory_limit)
+        store.set_epoch_deadline(self.deadline_ticks)
+        if self.abi == "wasi":
+            store.set_wasi(wasmtime.WasiConfig())
+        try:
+            self.pre.instantiate(store)
+        except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
+            raise DeployError(f"{self.manifest.entry}: cannot instantiate within "
+                              f"limits.memory_mb = {self.manifest.limits.memory_mb}: "
+                              f"{_short(str(e))}") from None
+        if self.abi == "reactor":
+            sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
+            try:
+                for _ in range(2):  # the second run reuses the slot the first one warmed
+                    self.call.prewarm(sample)
+            except FunctionError as e:
+                raise DeployError(f"{self.manifest.entry}: edgefn_alloc failed: {e}") from None
+
+    def activate(self) -> None:
+        self.prewarm()  # again, on the loop's thread: its caches are the ones that count
+
+    def retire(self) -> None:
+        """Nothing to release: instances never outlive their request."""
+
+    def close(self) -> None:
+        """Nothing to release: the engine is the PoP's."""
+
+    # -- request time -----------------------------------------------------------------------
+    def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:
+        """Raises `FunctionError` (reactor); the WASI future raises it when awaited."""
+        if self.abi == "reactor":
+            data = encode_request(request.method, request.path, request.query,
+                                  request.headers, self.env_blob, request.body)
+            if self.threaded:
+                return self._handle_threaded(data)
+            status, headers, body = decode_response(self.call(data))
+            return Response(status, headers, body)
+        return self._handle_wasi(request, route)
+
+    async def _handle_threaded(self, data: bytes) -> Response:
+        """Reactors that declare bindings run on a worker thread: a model call or a
+        synced KV write waits there while the event loop keeps serving."""
+        job = asyncio.get_running_loop().run_in_executor(self.wasm.threads, self._call_here,
+                                                         data)
+        output = await self._within_wall(job)
+        return Response(*decode_response(output))
+
+    def _call_here(self, data: bytes) -> bytes:
+        call = getattr(self.per_thread, "call", None)
+        if call is None:
+            call = self.per_thread.call = self.new_call()
+        return call(data)
+
+    async def _within_wall(self, job: Awaitable[bytes]) -> bytes:
+        """Raises `FunctionError` (wall_limit) if `job` outlives the wall-time limit."""
+        try:
+            return await asyncio.wait_for(job, self.manifest.limits.wall_ms / 1000 + 0.05)
+        except TimeoutError:
+            raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
+                                f"{self.manifest.limits.wall_ms} ms (blocked in a host call)"
+                                ) from None
+
+    async def _handle_wasi(self, request: Request, route: str) -> Response:
+        env = cgi.environ(request, route, self.env)
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self.wasm.threads, self._run_wasi, env, request.body)
+        return Response(*cgi.parse_response(await self._within_wall(job)))
+
+    def _run_wasi(self, env: list[tuple[str, str]], body: bytes) -> bytes:
+        """Run `_start` in a fresh store on a worker thread. Raises `FunctionError`."""
+        store = wasmtime.Store(self.wasm.engine)
+        store.set_limits(memory_size=self.memory_limit)
+        store.set_epoch_deadline(self.deadline_ticks)
+        out = _Capture(self.max_response)
+        config = wasmtime.WasiConfig()
+        config.argv = [self.name]
+        config.env = env
+        config.stdout_custom = out.write
+        config.stderr_custom = self._log_stderr
+        _set_stdin(config, body)
+        store.set_wasi(config)
+        try:
+            instance = self.pre.instantiate(store)
+            start = instance.exports(store)["_start"]
+            assert isinstance(start, wasmtime.Func)
+            start(store)
+        except wasmtime.ExitTrap as e:
+            if e.code != 0:
+                raise FunctionError("trap", 500, f"exited with status {e.code}") from None
+        except wasmtime.Trap as t:
+            raise trap_error(t, "_start", self.outcome, _memory_size(store, instance)) from None
+        except wasmtime.WasmtimeError as e:
+            raise FunctionError("trap", 500, f"failed: {_short(str(e))}") from None
+        if out.overflow:
+            raise FunctionError("bad_response", 502, f"response larger than the limit of "
+                                f"{self.max_response} bytes")
+        return b"".join(out.chunks)
+
+    def _log_stderr(self, data: bytes) -> None:
+        for line in data.decode("utf-8", "replace").splitlines():
+            log.info("[%s] %s", self.name, line)
+
+
+class _Capture:
+    """Collects WASI stdout up to a limit; past it, writes fail with EFBIG."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.chunks: list[bytes] = []
+        self.overflow = False
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        if self.size > self.limit:
+            self.overflow = True
+            return -27  # -EFBIG
+        self.chunks.append(data)
+        return len(data)
+
+
+def _set_stdin(config: wasmtime.WasiConfig, body: bytes) -> None:
+    # wasmtime-py has no public stdin-from-bytes; the C API takes ownership of the vec.
+    vec = ffi.wasm_byte_vec_t()
+    buf = (ctypes.c_uint8 * len(body)).from_buffer_copy(body) if body else None
+    ffi.wasm_byte_vec_new(ctypes.byref(vec), len(body), buf)
+    ffi.wasi_config_set_stdin_bytes(config.ptr(), ctypes.byref(vec))
+
+
+def _memory_size(store: wasmtime.Store, instance: object) -> int:
+    try:
+        memory = instance.exports(store).get("memory")  # type: ignore[attr-defined]
+        return memory.data_len(store) if isinstance(memory, wasmtime.Memory) else 0
+    except Exception:
+        return 0
+
+
+def _describe(ty: object) -> str:
+    if ty is None:
+        return "none"
+    if isinstance(ty, wasmtime.FuncType):
+        params = ", ".join(str(p) for p in ty.params)
+        results = ", ".join(str(r) for r in ty.results)
+        return f"func ({params}) -> ({results})"
+    return "memory" if isinstance(ty, wasmtime.MemoryType) else type(ty).__name__
+
+
+def _short(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[:3])

@@ -1,0 +1,167 @@
+"""Host functions WASM guests import from the ``edgefn`` module: KV and vector
+bindings, checked by the function's `Bindings` like Python's host calls.
+
+    kv_get(ns, ns_len, key, key_len, buf, cap) -> i64   value length, or -1 if absent;
+                                                    the value is copied to buf if it fits
+                                                    (else call again with a larger buf)
+    kv_put(ns, ns_len, key, key_len, val, val_len) -> i64   the key's new version
+    kv_delete(ns, ns_len, key, key_len) -> i32      1 if it existed
+    kv_increment(ns, ns_len, key, key_len, delta: i64) -> i64   the new value
+    call(name, name_len, args, args_len, buf, cap) -> i64   any binding ("vectors.query",
+                                                    ...) with JSON args; JSON result as kv_get
+
+Results land in a buffer the guest passes, so no call re-enters the guest. A
+denied or failed call traps with the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+from edgefn_core.errors import BindingError
+from kv import KVStore
+from runtime.bindings import Bindings
+from runtime.executors.wasm.ffi import _EXTERN_OF, _fn, memory_data, memory_data_size
+
+I32, I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
+SIGNATURES = {
+    "kv_get": ([I32] * 6, [I64]),
+    "kv_put": ([I32] * 6, [I64]),
+    "kv_delete": ([I32] * 4, [I32]),
+    "kv_increment": ([I32] * 4 + [I64], [I64]),
+    "call": ([I32] * 6, [I64]),
+}
+
+
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_size_t)
+_define = _fn("wasmtime_linker_define_func_unchecked", ctypes.c_void_p, ctypes.c_void_p,
+              ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+              ctypes.c_void_p, _CALLBACK, ctypes.c_void_p, ctypes.c_void_p)
+_caller_export = _fn("wasmtime_caller_export_get", ctypes.c_bool, ctypes.c_void_p,
+                     ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p)
+_caller_context = _fn("wasmtime_caller_context", ctypes.c_void_p, ctypes.c_void_p)
+_trap_new = _fn("wasmtime_trap_new", ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+TRAP_PREFIX = "edgefn binding: "
+
+
+class _Memory:
+    """The calling instance's linear memory, looked up once per host call."""
+
+    def __init__(self, caller: int) -> None:
+        ext = ffi.wasmtime_extern_t()
+        if not _caller_export(caller, b"memory", 6, ctypes.byref(ext)):
+            raise BindingError("the module exports no memory")
+        ctx = _caller_context(caller)
+        mem = ctypes.byref(ext, _EXTERN_OF)
+        self.base = memory_data(ctx, mem)
+        self.size = memory_data_size(ctx, mem)
+
+    def _check(self, ptr: int, length: int) -> None:
+        if ptr < 0 or length < 0 or ptr + length > self.size:
+            raise BindingError(f"pointer ({ptr}, {length}) is outside guest memory")
+
+    def read(self, ptr: int, length: int) -> bytes:
+        self._check(ptr, length)
+        return ctypes.string_at(self.base + ptr, length)
+
+    def text(self, ptr: int, length: int) -> str:
+        return self.read(ptr, length).decode("utf-8", "replace")
+
+    def give(self, data: bytes, ptr: int, cap: int) -> int:
+        """Copy `data` to (ptr, cap) if it fits; its length either way."""
+        if len(data) <= cap:
+            self._check(ptr, len(data))
+            ctypes.memmove(self.base + ptr, data, len(data))
+        return len(data)
+
+
+class HostFunctions:
+    """The ``edgefn`` imports of one function, defined on its Linker through
+    wasmtime's unchecked (raw-value) callbacks: no per-call value conversion in
+    wasmtime-py. Keep this object alive as long as the Linker's instances."""
+
+    def __init__(self, linker: wasmtime.Linker, names: set[str], bindings: Bindings) -> None:
+        """Raises `BindingError` for an import that edgefn does not provide."""
+        impls = _impls(bindings)
+        self.callbacks = []
+        for name in sorted(names):
+            if name not in SIGNATURES:
+                raise BindingError(f"`edgefn.{name}` is not a host function edgefn provides "
+                                    f"(known: {', '.join(sorted(SIGNATURES))})")
+            params, results = SIGNATURES[name]
+            ty = wasmtime.FuncType(params, results)
+            cb = _CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64))
+            self.callbacks.append((cb, ty))
+            err = _define(ctypes.cast(linker.ptr(), ctypes.c_void_p).value, b"edgefn", 6,
+                          name.encode(), len(name), ctypes.cast(ty.ptr(), ctypes.c_void_p).value,
+                          cb, None, None)
+            if err:
+                raise BindingError(f"cannot define edgefn.{name}")
+
+
+def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool) -> Callable[..., int]:
+    """Adapt `impl(memory, *args)` to wasmtime's raw callback; errors become traps."""
+    def callback(env: int, caller: int, vals: int, count: int) -> int:
+        try:
+            args = [(ctypes.c_int64 if w else ctypes.c_int32).from_address(vals + 16 * i).value
+                    for i, w in enumerate(wide)]
+            result = impl(_Memory(caller), *args)
+            (ctypes.c_int64 if wide_result else ctypes.c_int32).from_address(vals).value = result
+            return 0
+        except Exception as e:  # the guest traps with this message
+            msg = (TRAP_PREFIX + str(e)).encode()
+            return _trap_new(msg, len(msg)) or 0
+    return callback
+
+
+def _impls(b: Bindings) -> dict[str, Callable[..., Any]]:
+    def kv(m: _Memory, p: int, n: int) -> tuple[KVStore, str]:
+        ns = b.kv.namespace(m.text(p, n))
+        return b.kv.store, ns
+
+    def kv_get(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, bp: int, cap: int) -> int:
+        store, ns = kv(m, nsp, nsl)
+        value = store.get(ns, m.read(kp, kl))
+        return -1 if value is None else m.give(value, bp, cap)
+
+    def kv_put(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, vp: int, vl: int) -> int:
+        store, ns = kv(m, nsp, nsl)
+        return store.put(ns, m.read(kp, kl), m.read(vp, vl))
+
+    def kv_delete(m: _Memory, nsp: int, nsl: int, kp: int, kl: int) -> int:
+        store, ns = kv(m, nsp, nsl)
+        return int(store.delete(ns, m.read(kp, kl)))
+
+    def kv_increment(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, delta: int) -> int:
+        store, ns = kv(m, nsp, nsl)
+        return store.increment(ns, m.read(kp, kl), delta)
+
+    # A result too big for the guest's buffer is kept for the retry with a bigger
+    # one, so the call (a model generation, say) is not run twice.
+    short = threading.local()
+
+    def call(m: _Memory, np_: int, nl: int, ap: int, al: int, bp: int, cap: int) -> int:
+        name, raw = m.text(np_, nl), m.read(ap, al)
+        kept = getattr(short, "kept", None)
+        short.kept = None
+        if kept is not None and kept[0] == (name, raw):
+            return m.give(kept[1], bp, cap)
+        try:
+            args = json.loads(raw or b"{}")
+        except ValueError as e:
+            raise BindingError(f"call arguments are not JSON: {e}") from None
+        out = json.dumps(b.call(name, args)).encode()
+        if len(out) > cap:
+            short.kept = ((name, raw), out)
+        return m.give(out, bp, cap)
+
+    return {"kv_get": kv_get, "kv_put": kv_put, "kv_delete": kv_delete,
+            "kv_increment": kv_increment, "call": call}

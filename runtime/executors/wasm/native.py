@@ -1,0 +1,168 @@
+"""The native fast path (native/reactor.c): one C call per reactor request and an
+epoch ticker thread that never takes the GIL.
+
+The C file is compiled on first use with the system C compiler ($CC or cc)
+against wasmtime-py's own libwasmtime, and cached under
+``$EDGEFN_NATIVE_CACHE`` (default ``~/.cache/edgefn/native``) keyed by the
+source, the wasmtime version and the library path. Without a compiler, or with
+``EDGEFN_NATIVE=0``, `load()` returns None and the pure-ctypes path in
+`wasm_ffi` is used: same behaviour, slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import weakref
+from ctypes import c_char_p, c_int32, c_int64, c_long, c_size_t, c_uint64, c_void_p
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import wasmtime
+from wasmtime import _ffi as ffi
+
+from edgefn_core.errors import FunctionError
+from runtime.executors.wasm.ffi import CallTarget, Outcome, call_error
+
+log = logging.getLogger("edgefn.wasm")
+SOURCE = Path(__file__).with_name("native_src") / "reactor.c"
+
+OK, INSTANTIATE, NO_EXPORT, ALLOC, ALLOC_OOB, HANDLE, TOO_LARGE, RESPONSE_OOB, NO_MEMORY = range(9)
+EXPORTS = ("memory", "edgefn_alloc", "edgefn_handle")
+
+
+class Result(ctypes.Structure):
+    _fields_ = [("stage", c_int32), ("export_index", c_int32), ("trap", c_void_p),
+                ("error", c_void_p), ("a", c_uint64), ("b", c_uint64), ("memory_size", c_uint64),
+                ("response", c_void_p), ("response_len", c_uint64)]
+
+
+class NativeLib:
+    def __init__(self, path: Path) -> None:
+        """Raises OSError if the library does not load, RuntimeError if its layouts
+        disagree with wasmtime-py's."""
+        lib = ctypes.CDLL(str(path))
+        if lib.edgefn_extern_size() != ctypes.sizeof(ffi.wasmtime_extern_t) or \
+                lib.edgefn_result_size() != ctypes.sizeof(Result):
+            raise RuntimeError("native layouts do not match wasmtime-py's")
+        self.call = lib.edgefn_reactor_call
+        self.call.restype = c_int32
+        self.call.argtypes = [c_void_p, c_void_p, c_int64, c_uint64, c_char_p, c_size_t,
+                              c_uint64, c_int32, ctypes.POINTER(Result)]
+        self.ticker_start = lib.edgefn_ticker_start
+        self.ticker_start.restype = c_void_p
+        self.ticker_start.argtypes = [c_void_p, c_long]
+        self.ticker_stop = lib.edgefn_ticker_stop
+        self.ticker_stop.argtypes = [c_void_p]
+        self.lib = lib
+
+
+@cache
+def load() -> NativeLib | None:
+    """The native library, built if needed; None (logged) when it cannot be had."""
+    if os.environ.get("EDGEFN_NATIVE", "1") == "0":
+        return None
+    try:
+        return NativeLib(_build())
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        log.warning("native fast path unavailable (%s); using the ctypes path", e)
+        return None
+
+
+def _build() -> Path:
+    libdir = Path(ffi.filename).parent
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + wasmtime.__file__.encode() + str(ffi.filename).encode()
+                         + _wasmtime_version().encode()).hexdigest()[:16]
+    cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
+                                    Path.home() / ".cache" / "edgefn" / "native"))
+    out = cache_dir / f"reactor-{key}.so"
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(SOURCE),
+               f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}", "-lpthread"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {SOURCE.name} failed: {proc.stderr.strip()[:500]}")
+        os.replace(tmp_out, out)
+    return out
+
+
+def _wasmtime_version() -> str:
+    from runtime.executors.wasm.engine import WASMTIME_VERSION
+
+    return WASMTIME_VERSION
+
+
+class NativeReactorCall(CallTarget):
+    """Same contract as `wasm_ffi.ReactorCall`, one C call per request."""
+
+    def __init__(self, lib: NativeLib, engine: wasmtime.Engine, pre: wasmtime.InstancePre,
+                 memory_limit: int, deadline_ticks: int, outcome: Outcome,
+                 max_response: int) -> None:
+        super().__init__(engine, pre, memory_limit, deadline_ticks, outcome, max_response)
+        self.lib = lib
+        self.result = Result()
+        self.result_ref = ctypes.byref(self.result)
+
+    def __call__(self, request: bytes) -> bytes:
+        """Raises `FunctionError` for a trap, a limit or an out-of-bounds response."""
+        r = self.result
+        if self.lib.call(self.engine, self.pre, self.memory_limit, self.deadline_ticks, request,
+                         len(request), self.max_response, 1, self.result_ref):
+            raise self._error(r, len(request))
+        return ctypes.string_at(r.response, r.response_len)
+
+    def prewarm(self, request: bytes) -> None:
+        """Everything but ``edgefn_handle``. Raises `FunctionError`."""
+        if self.lib.call(self.engine, self.pre, self.memory_limit, self.deadline_ticks, request,
+                         len(request), self.max_response, 0, self.result_ref):
+            raise self._error(self.result, len(request))
+
+    def _error(self, r: Result, n: int) -> FunctionError:
+        stage = r.stage
+        if stage in (INSTANTIATE, ALLOC, HANDLE):
+            what = {INSTANTIATE: "instantiation", ALLOC: "edgefn_alloc"}.get(stage, "edgefn_handle")
+            return call_error(r.trap, r.error, what, self.outcome, r.memory_size)
+        if stage == NO_EXPORT:
+            return FunctionError("trap", 500, f"module has no export {EXPORTS[r.export_index]!r}")
+        if stage == ALLOC_OOB:
+            return FunctionError("bad_response", 502,
+                                 f"edgefn_alloc({n}) returned {r.a}, outside guest memory")
+        if stage == TOO_LARGE:
+            return FunctionError("bad_response", 502, f"response of {r.b} bytes exceeds the "
+                                 f"limit of {self.max_response} bytes")
+        if stage == RESPONSE_OOB:
+            return FunctionError("bad_response", 502,
+                                 f"edgefn_handle returned ({r.a}, {r.b}), outside guest memory")
+        return FunctionError("crash", 502, f"native call failed at stage {stage}")
+
+
+class NativeTicker:
+    """Increments the engine's epoch every `interval` seconds from a C thread."""
+
+    def __init__(self, lib: NativeLib, engine: wasmtime.Engine, interval: float) -> None:
+        self.lib = lib
+        self._engine = engine
+        handle: Any = lib.ticker_start(ctypes.cast(engine.ptr(), c_void_p).value,
+                                       int(interval * 1e9))
+        if not handle:
+            raise OSError("cannot start the epoch ticker thread")
+        # Stops the C thread even if close() is never called: at exit it must not
+        # tick an engine that interpreter teardown is freeing.
+        self._stop = weakref.finalize(self, lib.ticker_stop, handle)
+
+    def stop(self) -> None:
+        self._stop()

@@ -1,0 +1,1 @@
+"""Deployed functions: the manifest, the deploy store on disk, and the router."""

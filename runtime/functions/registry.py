@@ -1,0 +1,238 @@
+"""The registry of deployed functions: deploy, rollback, delete and restore, and the
+router that maps requests to the version that serves them.
+
+Routing switches atomically: a deploy compiles and pre-warms the new version,
+persists the record, then replaces `self.router` in one assignment. Requests
+already running keep the `Deployment` they started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import msgspec
+
+from edgefn_core.errors import (
+    DeployError,
+    EdgefnError,
+    FunctionError,
+    ManifestError,
+    NotFound,
+    RouteConflict,
+)
+from runtime.bindings import Bindings, Stores
+from runtime.executors.base import Executor, WasmEngine, load
+from runtime.functions import deploys, manifest
+from runtime.functions.deploys import DeployStore, Files, FunctionRecord, VersionInfo
+from runtime.functions.manifest import Manifest
+from runtime.functions.router import Router
+from runtime.net.message import Response, json_response
+
+log = logging.getLogger("edgefn.pop")
+
+
+class Deployment:
+    """One version of one function, loaded and warm."""
+
+    def __init__(self, manifest: Manifest, version: str, executor: Executor) -> None:
+        self.name = manifest.name
+        self.version = version
+        self.manifest = manifest
+        self.executor = executor
+        self.label = f"{manifest.name}@{version}"
+        self.tag = (b"x-edgefn-function", self.label.encode())
+
+    def error_response(self, err: EdgefnError) -> Response:
+        """A failure of this function: a 4xx/5xx that says why, in the
+        `x-edgefn-error` header and a JSON body."""
+        body = {"error": {"kind": err.code, "function": self.name, "version": self.version,
+                          "message": f"function {self.name!r} {err}"}}
+        return json_response(body, err.status, [(b"x-edgefn-error", err.code.encode()),
+                                                self.tag])
+
+    def crashed(self, exc: Exception) -> EdgefnError:
+        return FunctionError("crash", 502, f"failed inside edgefn: {exc!r}")
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "version": self.version, "abi": self.executor.abi,
+                "routes": [msgspec.to_builtins(r) for r in self.manifest.route_list()]}
+
+
+class DeployResult(msgspec.Struct):
+    name: str
+    version: str
+    routes: list[dict[str, str]]
+    changed: bool
+    abi: str
+    took_ms: float
+
+
+class Registry:
+    """The functions a PoP serves. Deploys and rollbacks are serialised by a lock;
+    reads (`router`, `listing`) never wait."""
+
+    def __init__(self, data_dir: Path, wasm: WasmEngine, stores: Stores,
+                 reserved: frozenset[bytes] = frozenset()) -> None:
+        """`reserved`: paths of built-in endpoints that no function route may cover."""
+        self.data_dir = data_dir
+        self.store = DeployStore(data_dir)
+        self.wasm = wasm
+        self.stores = stores
+        self.reserved = reserved
+        self.functions: dict[str, Deployment] = {}
+        self.router: Router[Deployment] = Router()
+        self.lock = asyncio.Lock()
+
+    # -- deploys ----------------------------------------------------------------------------
+    async def deploy(self, files: Files, source: str = "") -> DeployResult:
+        """Validate, compile, pre-warm and switch routing to a new version.
+
+        Raises `ManifestError` or `DeployError`; on error nothing changes and the
+        previous version keeps serving.
+        """
+        label = f"{source or '<package>'}/{manifest.MANIFEST_NAME}"
+        raw = files.get(manifest.MANIFEST_NAME)
+        if raw is None:
+            raise ManifestError(label, "no such file: every function folder needs an edgefn.toml")
+        m = manifest.parse(raw, label)
+        if m.entry not in files:
+            raise ManifestError(label, f"entry file {m.entry!r} is not in the package", "entry")
+        self._check_reserved(m, label)
+        version = deploys.version_of(files)
+        started = time.perf_counter()
+        async with self.lock:
+            current = self.functions.get(m.name)
+            if current is not None and current.version == version:
+                return self._result(current, False, started)
+            created = self.store.write_version(m.name, version, files)
+            try:
+                fn = await asyncio.to_thread(self._load, m, version)
+                self._go_live(fn)
+            except BaseException:
+                if created:
+                    self.store.remove_version(m.name, version)
+                raise
+            self._record(m.name, version, source, "deploy")
+            return self._result(fn, True, started)
+
+    def _check_reserved(self, m: Manifest, label: str) -> None:
+        """Raises `RouteConflict` for a route that would serve a built-in endpoint."""
+        for i, route in enumerate(m.route_list()):
+            prefix = route.path.rstrip("/").encode()
+            if not prefix:  # "/" is the catch-all: built-in endpoints still come first
+                continue
+            for path in sorted(self.reserved):
+                if path == prefix or path.startswith(prefix + b"/"):
+                    raise RouteConflict(
+                        f"{label}: field `routes[{i}]`: route {route.path!r} would cover the "
+                        f"built-in endpoint {path.decode()}; choose another path",
+                        route.path, "<built-in>")
+
+    def _load(self, m: Manifest, version: str) -> Deployment:
+        executor = load(m, self.store.version_dir(m.name, version), version, self.wasm,
+                        Bindings.prepare(self.stores, m))
+        try:
+            executor.prewarm()
+        except BaseException:
+            executor.close()
+            raise
+        return Deployment(m, version, executor)
+
+    def _go_live(self, fn: Deployment) -> None:
+        """Activate a loaded version and route to it; on failure release it."""
+        try:
+            fn.executor.activate()
+            self._switch(fn)
+        except BaseException:
+            fn.executor.close()
+            raise
+
+    def _switch(self, fn: Deployment | None, remove: str | None = None) -> None:
+        """Swap in a router with `fn` replacing its namesake. Raises `RouteConflict`
+        (a `DeployError`); then nothing changed."""
+        functions = dict(self.functions)
+        if fn is not None:
+            functions[fn.name] = fn
+        if remove is not None:
+            functions.pop(remove, None)
+        router = Router((r, f.name, f) for f in functions.values()
+                        for r in f.manifest.route_list())
+        old = self.functions
+        self.functions, self.router = functions, router
+        for name, previous in old.items():
+            if functions.get(name) is not previous:
+                previous.executor.retire()  # in-flight requests finish on it first
+
+    def _record(self, name: str, version: str, source: str, action: str) -> None:
+        try:
+            record = self.store.record(name)
+        except NotFound:
+            self.store.save(deploys.new_record(name, version, source, action))
+            return
+        now = time.time()
+        if version not in {v.version for v in record.versions}:
+            record.versions.append(VersionInfo(version, now, source))
+        record.current = version
+        record.history.append(deploys.Event(version, now, action))
+        self.store.save(record)
+
+    def _result(self, fn: Deployment, changed: bool, started: float) -> DeployResult:
+        d = fn.describe()
+        return DeployResult(fn.name, fn.version, d["routes"], changed,  # type: ignore[arg-type]
+                            fn.executor.abi, round((time.perf_counter() - started) * 1000, 2))
+
+    async def rollback(self, name: str, version: str | None = None) -> DeployResult:
+        """Serve an older version again (the one before the current by default).
+
+        Raises `NotFound` for an unknown function or version, `DeployError` if
+        there is no older version or it no longer loads.
+        """
+        started = time.perf_counter()
+        async with self.lock:
+            record = self.store.record(name)
+            target = version or record.previous()
+            if target is None:
+                raise DeployError(f"{name}: no version older than {record.current} to roll back to")
+            known = {v.version for v in record.versions}
+            if target not in known:
+                raise NotFound(f"{name} has no version {target!r}; "
+                               f"known: {', '.join(sorted(known))}")
+            d = self.store.version_dir(name, target)
+            fn = await asyncio.to_thread(self._load, manifest.load(d), target)
+            self._go_live(fn)
+            self._record(name, target, "", "rollback")
+            return self._result(fn, True, started)
+
+    async def delete(self, name: str) -> None:
+        """Stop serving `name` and remove its versions. Raises `NotFound`."""
+        async with self.lock:
+            self.store.delete(name)
+            self._switch(None, remove=name)
+
+    def versions(self, name: str) -> FunctionRecord:
+        """Raises `NotFound`."""
+        return self.store.record(name)
+
+    def listing(self) -> list[dict[str, object]]:
+        return [fn.describe() for fn in sorted(self.functions.values(), key=lambda f: f.name)]
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def restore(self) -> list[str]:
+        """Load every persisted function, warm, before the PoP listens. A function that
+        no longer loads is logged and skipped; returns their errors."""
+        errors = []
+        for record in self.store.records():
+            try:
+                d = self.store.version_dir(record.name, record.current)
+                self._go_live(self._load(manifest.load(d), record.current))
+            except (ManifestError, DeployError) as e:
+                log.error("not serving %s@%s: %s", record.name, record.current, e)
+                errors.append(f"{record.name}: {e}")
+        return errors
+
+    def close(self) -> None:
+        for fn in self.functions.values():
+            fn.executor.close()

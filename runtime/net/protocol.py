@@ -1,0 +1,345 @@
+"""HTTP/1.1 server protocol on httptools.
+
+Keep-alive, pipelining (responses strictly in request order), chunked request
+bodies, streamed responses (chunked), ``Expect: 100-continue``, size limits
+(413, 414, 431), malformed input (400) and slow clients (408). No input may
+raise out of this module: parser errors become a 4xx and a closed connection,
+and application errors a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+import httptools
+
+from edgefn_core.errors import HttpReject
+from runtime.net.message import Request, Response
+
+if TYPE_CHECKING:
+    from runtime.net.server import ServerState
+
+log = logging.getLogger("edgefn.http")
+
+REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in REASONS.items()}
+NO_BODY_STATUS = frozenset({204, 304})
+# Framing is the server's job: apps' values for these are dropped (names are lower-case).
+HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
+
+
+class HttpProtocol(asyncio.Protocol):
+    def __init__(self, app: Any, state: ServerState) -> None:
+        # Global state
+        self.app = app
+        self.state = state
+        self.config = state.config
+        self.loop = state.loop
+        self.parser = httptools.HttpRequestParser(self)
+
+        # Per-connection state
+        self.transport: asyncio.Transport | None = None
+        self.client = ""
+        self.queue: deque[Request | HttpReject] = deque()  # parsed, waiting for their turn
+        self.busy = False  # a response is being produced by a task
+        self.task: asyncio.Task[None] | None = None
+        self.closing = False  # close after the response in progress
+        self.reading = True
+        self.write_paused = False
+        self.drain_waiter: asyncio.Future[None] | None = None
+        self.deadline = 0.0  # loop.time() after which the client is too slow or idle
+        self.deadline_status = 0  # 408 while a request is arriving, 0 while idle
+
+        # Per-request state (the request being parsed)
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_size = 0
+        self.body_parts: list[bytes] = []
+        self.body_size = 0
+        self.current: Request | None = None
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        peer = transport.get_extra_info("peername")
+        self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        self.state.connections.add(self)
+        self._idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.connections.discard(self)
+        self.transport = None
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client went away: stop producing its response
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except HttpReject as r:
+            self._refuse(r)
+        except httptools.HttpParserUpgrade:
+            self._refuse(HttpReject(400, "protocol upgrades are not supported"))
+        except httptools.HttpParserError as e:
+            # httptools wraps exceptions raised in callbacks; a HttpReject keeps its status.
+            cause = e.__cause__ or e.__context__
+            self._refuse(cause if isinstance(cause, HttpReject) else
+                         HttpReject(400, f"malformed HTTP request: {e}"))
+        self._dispatch()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_result(None)
+
+    # -- httptools callbacks ----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.head_size = 0
+        self.body_parts = []
+        self.body_size = 0
+        self.deadline = self.loop.time() + self.config.header_timeout
+        self.deadline_status = 408
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.config.max_url_bytes:
+            raise HttpReject(414, f"request target longer than {self.config.max_url_bytes} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > self.config.max_header_bytes:
+            raise HttpReject(431, "request headers larger than "
+                             f"{self.config.max_header_bytes} bytes")
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        path, _, query = self.url.partition(b"?")
+        if not path.startswith(b"/"):  # absolute-form (proxy style) request target
+            parsed = httptools.parse_url(self.url)
+            path, query = parsed.path or b"/", parsed.query or b""
+        host = b""
+        length = None
+        expect = False
+        for k, v in self.headers:
+            if k == b"host":
+                host = v
+            elif k == b"content-length":
+                length = int(v) if v.isdigit() else None
+            elif k == b"expect":
+                expect = v.lower() == b"100-continue"
+        if length is not None and length > self.config.max_body_bytes:
+            raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
+        self.current = Request(parser.get_method(), path, query, self.headers, host,
+                               parser.get_http_version(), parser.should_keep_alive(), self.client)
+        self.deadline = self.loop.time() + self.config.body_timeout
+        if expect and not self.queue and not self.busy and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size > self.config.max_body_bytes:
+            raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
+        self.body_parts.append(body)
+
+    def on_message_complete(self) -> None:
+        request = self.current
+        assert request is not None
+        self.current = None
+        parts = self.body_parts
+        if parts:
+            request.body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.deadline = 0.0
+        self.queue.append(request)
+        if not self.busy and len(self.queue) == 1:
+            self._dispatch()  # answer now, while still inside feed_data
+        elif len(self.queue) > self.config.max_pipelined and self.reading and self.transport:
+            self.reading = False  # backpressure on a pipelining flood
+            self.transport.pause_reading()
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _refuse(self, reject: HttpReject) -> None:
+        """Queue an error response after the requests already parsed; read no more."""
+        self.queue.append(reject)
+        if self.reading and self.transport is not None:
+            self.reading = False
+            self.transport.pause_reading()
+
+    def _dispatch(self) -> None:
+        while self.queue and not self.busy and self.transport is not None:
+            item = self.queue.popleft()
+            if isinstance(item, HttpReject):
+                self._write_error(item.status, item.message)
+                return
+            try:
+                result = self.app(item)
+            except Exception:
+                log.exception("application raised while handling %s %s", item.method, item.path)
+                result = _internal_error()
+            if type(result) is Response and type(result.body) is bytes:
+                self._write(item, result)
+            else:
+                self.busy = True
+                self.task = self.loop.create_task(self._run(item, result))
+        if not self.queue and not self.reading and not self.closing and self.transport:
+            self.reading = True
+            self.transport.resume_reading()
+
+    async def _run(self, request: Request, result: Response | Awaitable[Response]) -> None:
+        try:
+            response = result if isinstance(result, Response) else await result
+            if not isinstance(response, Response):
+                raise TypeError(f"application returned {type(response).__name__}, not Response")
+        except asyncio.CancelledError:
+            return
+        except Exception:
+            log.exception("application failed on %s %s", request.method, request.path)
+            response = _internal_error()
+        try:
+            if isinstance(response.body, bytes):
+                self._write(request, response)
+            else:
+                await self._stream(request, response, response.body)
+        except asyncio.CancelledError:
+            return
+        finally:
+            self.busy = False
+            self.task = None
+        self._dispatch()
+
+    # -- writing ----------------------------------------------------------------------------
+    def _head(self, request: Request, response: Response, keep_alive: bool) -> list[bytes]:
+        status = response.status
+        out = [STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
+        for name, value in response.headers:
+            if name not in HOP_BY_HOP:
+                out += (name, b": ", value, b"\r\n")
+        if not keep_alive:
+            out.append(b"connection: close\r\n")
+        return out
+
+    def _write(self, request: Request, response: Response) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        body = response.body
+        assert isinstance(body, bytes)
+        keep_alive = request.keep_alive and not self.closing
+        head = self._head(request, response, keep_alive)
+        if response.status in NO_BODY_STATUS:
+            body = b""
+        else:
+            head.append(b"content-length: %d\r\n" % len(body))
+            if request.method == b"HEAD":
+                body = b""
+        head.append(b"\r\n")
+        head.append(body)
+        transport.write(b"".join(head))
+        self._finish(keep_alive)
+
+    async def _stream(self, request: Request, response: Response,
+                      body: AsyncIterator[bytes]) -> None:
+        keep_alive = request.keep_alive and not self.closing and request.http_version == "1.1"
+        head = self._head(request, response, keep_alive)
+        chunked = request.http_version == "1.1"
+        if chunked:
+            head.append(b"transfer-encoding: chunked\r\n")
+        head.append(b"\r\n")
+        send_body = request.method != b"HEAD" and response.status not in NO_BODY_STATUS
+        try:
+            assert self.transport is not None
+            self.transport.write(b"".join(head))
+            async for chunk in body:
+                if self.transport is None:
+                    return
+                if chunk and send_body:
+                    data = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
+                    self.transport.write(data)
+                    if self.write_paused:
+                        await self._drain()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("response stream failed for %s %s", request.method, request.path)
+            if self.transport is not None:
+                self._close()  # the status line is gone: only a cut stream can signal
+            return
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if self.transport is None:
+            return
+        if chunked and send_body:
+            self.transport.write(b"0\r\n\r\n")
+        self._finish(keep_alive)
+
+    async def _drain(self) -> None:
+        if self.write_paused and self.transport is not None:
+            self.drain_waiter = self.loop.create_future()
+            await self.drain_waiter
+            self.drain_waiter = None
+
+    def _finish(self, keep_alive: bool) -> None:
+        if not keep_alive or self.closing:  # closing: shutdown began during this response
+            self.closing = True
+            self.queue.clear()
+            self._close()
+        elif not self.queue:
+            self._idle()
+
+    def _write_error(self, status: int, message: str) -> None:
+        if self.transport is None:
+            return
+        body = message.encode() + b"\n"
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (status, REASONS.get(status, b"Unknown"), len(body), body))
+        self._finish(False)
+
+    # -- timeouts and shutdown (driven by the server) ------------------------------------------
+    def _idle(self) -> None:
+        self.deadline = self.loop.time() + self.config.keepalive_timeout
+        self.deadline_status = 0
+
+    def is_idle(self) -> bool:
+        return not self.busy and not self.queue and self.deadline_status == 0
+
+    def on_deadline(self) -> None:
+        """The client was idle too long (close) or too slow sending a request (408)."""
+        if self.transport is None or self.busy:
+            return
+        if self.deadline_status and not self.queue:
+            self._write_error(408, "request not received in time")
+        elif not self.queue:
+            self._close()
+        self.deadline = 0.0
+
+    def shutdown(self) -> None:
+        """Close now if idle, else after the response in progress."""
+        self.closing = True
+        if self.is_idle():
+            self._close()
+
+    def _close(self) -> None:
+        """Close the transport; from here on every write path is a no-op."""
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+
+def _internal_error() -> Response:
+    return Response(500, [(b"content-type", b"text/plain; charset=utf-8")],
+                    b"internal server error\n")

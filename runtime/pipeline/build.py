@@ -1,0 +1,64 @@
+"""Make the request pipeline a `PopConfig` describes, from the PoP's parts."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from runtime import config as c
+from runtime.pipeline.chain import Chain
+from runtime.pipeline.stage import Stage
+
+if TYPE_CHECKING:
+    from runtime.pop import PoP
+
+log = logging.getLogger("edgefn.pop")
+
+
+def build(pop: PoP) -> Chain:
+    """The chain of `pop.config.pipeline`, in order. A stage whose part this PoP
+    does not run (``openai`` without a model worker) is left out."""
+    stages = [s for s in (_make(cfg, pop) for cfg in pop.config.pipeline) if s is not None]
+    return Chain(stages)
+
+
+def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
+    """Paths built-in stages answer, which no function route may cover."""
+    if config.ai.enabled and any(isinstance(s, c.OpenAIStage) for s in config.pipeline):
+        from runtime.ai.openai_api import PATHS
+
+        return PATHS
+    return frozenset()
+
+
+def _make(cfg: c.Stage, pop: PoP) -> Stage | None:
+    match cfg:
+        case c.RequestIdStage():
+            from runtime.pipeline.stages.request_id import RequestId
+
+            return RequestId(cfg)
+        case c.AccessLogStage():
+            from runtime.pipeline.stages.access_log import AccessLog
+
+            return AccessLog(cfg)
+        case c.OpenAIStage():
+            return _openai(pop)
+        case c.RouteStage():
+            from runtime.pipeline.stages.route import Route
+
+            return Route(pop.registry)
+        case c.DispatchStage():
+            from runtime.pipeline.stages.dispatch import Dispatch
+
+            return Dispatch()
+    raise AssertionError(f"no stage for {cfg!r}")
+
+
+def _openai(pop: PoP) -> Stage | None:
+    if pop.ai is None:
+        log.info("stage openai: inactive, this PoP runs no model worker")
+        return None
+    from runtime.ai.openai_api import OpenAIApi
+    from runtime.pipeline.stages.openai import OpenAI
+
+    return OpenAI(OpenAIApi(pop.ai))

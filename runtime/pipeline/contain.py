@@ -1,0 +1,39 @@
+"""The one place where failures become responses: a WASM trap, a Python
+exception, a limit hit, a dead isolate host, a worker error in the OpenAI API
+and a bug in a stage all end here.
+
+An `EdgefnError` is expected (a function hit its CPU limit, a model is unknown)
+and is rendered by the request's target, so a function's error reads like a
+function's and the OpenAI API's like OpenAI's. Anything else is a bug: it is
+logged with its traceback and answered as a 500 (``crash``, 502, for a function).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edgefn_core.errors import EdgefnError
+from runtime.net.message import Response, json_response
+from runtime.pipeline.stage import Context
+
+log = logging.getLogger("edgefn.pop")
+
+
+def contain(ctx: Context, exc: Exception) -> Response:
+    target = ctx.target
+    where = target.label if target is not None else "pipeline"
+    if isinstance(exc, EdgefnError):
+        if exc.status >= 500:
+            log.warning("%s: %s: %s", where, exc.code, exc)
+        return target.error_response(exc) if target is not None else plain_error(exc)
+    log.error("%s: unexpected failure (request %s)", where, ctx.request_id, exc_info=exc)
+    if target is not None:
+        return target.error_response(target.crashed(exc))
+    return plain_error(EdgefnError(f"internal error ({type(exc).__name__}); see the PoP's log, "
+                                   f"request {ctx.request_id}"))
+
+
+def plain_error(err: EdgefnError) -> Response:
+    """The PoP's own error shape: ``{"error": {"kind", "message"}}``."""
+    return json_response({"error": {"kind": err.code, "message": str(err)}}, err.status,
+                         [(b"x-edgefn-error", err.code.encode())])

@@ -1,0 +1,82 @@
+"""The stage interface and the per-request context.
+
+A stage is ``stage(request, ctx, call_next) -> Response | Awaitable[Response]``. It
+answers itself (a cache hit, a 401, a 404) or calls ``call_next(request, ctx)`` and
+may change what comes back. A stage that answers synchronously keeps the
+request task-free: the HTTP front writes a plain `Response` at once and only
+creates a task for an awaitable. Use `then` to post-process whatever `call_next`
+returned without giving that up.
+
+A stage may raise: the chain contains it (see `runtime.pipeline.contain`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from edgefn_core.errors import EdgefnError
+from runtime.net.message import Request, Response
+
+type Result = Response | Awaitable[Response]
+type Next = Callable[[Request, Context], Result]
+
+
+class Target(Protocol):
+    """What serves a request once routed: a deployed function or a built-in API.
+    It decides how its errors look to a client."""
+
+    label: str  # "hello@1a2b3c" or "openai"
+
+    def error_response(self, err: EdgefnError) -> Response: ...
+
+    def crashed(self, exc: Exception) -> EdgefnError:
+        """The error to show for an unexpected exception while serving it."""
+        ...
+
+
+class Stage(Protocol):
+    name: str
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result: ...
+
+
+class Context:
+    """Per-request state the stages share."""
+
+    __slots__ = ("client", "marks", "params", "principal", "request_id", "route", "started",
+                 "target")
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+        self.request_id = ""
+        self.principal: Any = None  # who is calling, once an auth stage has run
+        self.target: Target | None = None
+        self.route = ""  # the route prefix that matched
+        self.params: dict[str, str] = {}  # captures of a /:name route
+        self.started = time.perf_counter()
+        self.marks: list[tuple[str, float]] = []  # (stage, when it started)
+
+    def timings(self) -> dict[str, float]:
+        """Milliseconds from each stage's start to the next stage's start (the last
+        one's to now): where the time of a request went."""
+        now = time.perf_counter()
+        ends = [t for _, t in self.marks[1:]] + [now]
+        return {name: round((end - t) * 1000, 3) for (name, t), end in zip(self.marks, ends,
+                                                                           strict=True)}
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+
+def then(result: Result, after: Callable[[Response], Response]) -> Result:
+    """`after(response)` applied to `result` now if it is a Response, else once it
+    resolves: the synchronous path stays synchronous."""
+    if isinstance(result, Response):
+        return after(result)
+    return _then(result, after)
+
+
+async def _then(pending: Awaitable[Response], after: Callable[[Response], Response]) -> Response:
+    return after(await pending)

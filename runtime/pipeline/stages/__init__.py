@@ -1,0 +1,1 @@
+"""One module per pipeline stage; `runtime.pipeline.build` makes them from config."""

@@ -1,0 +1,41 @@
+"""`request_id`: every response carries a request id (``x-request-id`` by default).
+
+A well-formed incoming id (1..128 of ``A-Za-z0-9._:-``) is kept, so a caller's
+trace id flows through; otherwise one is made: a per-process random prefix and
+a counter, unique and cheap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import secrets
+
+from runtime.config import RequestIdStage
+from runtime.net.message import Request, Response
+from runtime.pipeline.stage import Context, Next, Result, then
+
+WELL_FORMED = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+
+
+class RequestId:
+    name = "request_id"
+
+    def __init__(self, config: RequestIdStage) -> None:
+        self.header = config.header.lower().encode()
+        self.trust = config.trust_incoming
+        self.prefix = secrets.token_hex(6)
+        self.counter = itertools.count(1)
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        rid = request.header(self.header) if self.trust else None
+        if rid is None or not WELL_FORMED.fullmatch(rid):
+            rid = f"{self.prefix}-{next(self.counter):x}".encode()
+        ctx.request_id = rid.decode()
+        pair = (self.header, rid)
+
+        def tag(response: Response) -> Response:
+            response.headers.append(pair)
+            return response
+
+        return then(call_next(request, ctx), tag)
