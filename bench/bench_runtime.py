@@ -50,7 +50,8 @@ def free_port() -> int:
 def start_edgefn(data: Path) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", str(port),
-                             "--data", str(data)], cwd=ROOT, stdout=subprocess.DEVNULL)
+                             "--data", str(data)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # the access log
     deadline = time.monotonic() + 30
     while not (data / "pop.json").exists():
         if time.monotonic() > deadline or proc.poll() is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,21 @@ def test_first_request_after_deploy_is_served_warm(pop: Running, tmp_path: Path)
     assert result["took_ms"] < 5000
     status, headers, _ = pop.get("/hello")
     assert status == 200 and headers["x-edgefn-function"] == f"hello@{result['version']}"
+
+
+def test_responses_carry_request_ids_and_each_request_is_logged(
+        pop: Running, capfd: pytest.CaptureFixture[str]) -> None:
+    deployed = pop.deploy(EXAMPLES / "hello-wat")
+    status, headers, _ = pop.get("/hello", headers={"x-request-id": "trace-7"})
+    assert status == 200 and headers["x-request-id"] == "trace-7"
+    status, headers, _ = pop.get("/nowhere")
+    assert status == 404 and headers["x-request-id"] != "trace-7"
+    fn = f"{deployed['name']}@{deployed['version']}"
+    wanted = [f"method=GET path=/hello status=200 fn={fn} ",
+              "rid=trace-7 ", "method=GET path=/nowhere status=404 fn=- "]
+    seen = ""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(w in seen for w in wanted):
+        seen += capfd.readouterr().err  # the log is flushed once per loop iteration
+        time.sleep(0.02)
+    assert all(w in seen for w in wanted), seen

@@ -292,3 +292,66 @@ def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
                           str(tmp_path / "missing.gguf"), "--data", str(pop.data)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "does not exist" in bad.stderr
+
+
+def py_ai_function(root: Path, name: str, source: str) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "main.py").write_text(source)
+    (d / "edgefn.toml").write_text(f'name = "{name}"\nruntime = "python"\nentry = "main.py"\n'
+                                   f'routes = ["/{name}"]\n[limits]\nwall_ms = 60000\n'
+                                   '[bindings]\nai = true\n[pool]\nstandby = false\n')
+    return d
+
+
+def test_an_ai_stream_belongs_to_the_function_that_opened_it(pop: Running,
+                                                             tmp_path: Path) -> None:
+    pop.admin.deploy(py_ai_function(tmp_path, "opener", """
+from edgefn import Response
+
+
+def handle(request, env):
+    call = env._call
+    sid = call("ai.chat_stream", {"model": "smollm2-135m", "max_tokens": 8,
+               "messages": [{"role": "user", "content": "hi"}]}, True)["stream"]
+    if request.query.get("read"):
+        return Response(str(call("ai.chat_next", {"stream": sid}, True)["chunks"]))
+    return Response(str(sid))
+"""))
+    pop.admin.deploy(py_ai_function(tmp_path, "thief", """
+from edgefn import Response
+
+
+def handle(request, env):
+    try:
+        return Response(str(env._call("ai.chat_next", {"stream": int(request.query["sid"])},
+                                      True)))
+    except RuntimeError as e:
+        return Response(str(e))
+"""))
+    status, _, sid = pop.request("GET", "/opener", timeout=60)
+    assert status == 200 and sid.isdigit()
+    status, _, body = pop.request("GET", f"/thief?sid={sid.decode()}", timeout=60)
+    assert status == 200 and b"no AI stream" in body and b"not its own" in body, body
+    status, _, body = pop.request("GET", "/opener?read=1", timeout=60)  # its owner reads
+    assert status == 200 and body.startswith(b"[") and body != b"[]", body
+
+
+def test_a_function_route_may_not_cover_a_builtin_endpoint(pop: Running, tmp_path: Path
+                                                           ) -> None:
+    from runtime.admin.client import AdminError
+
+    for route in ("/v1", "/v1/chat/completions", "/v1/models"):
+        d = tmp_path / route.strip("/").replace("/", "-")
+        d.mkdir()
+        (d / "main.py").write_text("from edgefn import Response\n\n"
+                                   "def handle(request, env):\n    return Response('mine')\n")
+        (d / "edgefn.toml").write_text(f'name = "squat"\nruntime = "python"\nentry = "main.py"\n'
+                                       f'routes = ["{route}"]\n[pool]\nstandby = false\n')
+        with pytest.raises(AdminError) as err:
+            pop.admin.deploy(d)
+        assert (err.value.status, err.value.code) == (409, "route_conflict")
+        assert "would cover the built-in endpoint /v1/" in str(err.value)
+        assert "field `routes[0]`" in str(err.value)
+    names = [f["name"] for f in pop.admin.request("GET", "/v1/functions")["functions"]]
+    assert "squat" not in names

@@ -19,7 +19,9 @@ def build(pop: PoP) -> Chain:
     """The chain of `pop.config.pipeline`, in order. A stage whose part this PoP
     does not run (``openai`` without a model worker) is left out."""
     stages = [s for s in (_make(cfg, pop) for cfg in pop.config.pipeline) if s is not None]
-    return Chain(stages)
+    timed = any(isinstance(s, c.AccessLogStage) and s.format == "json"
+                for s in pop.config.pipeline)
+    return Chain(stages, timed)
 
 
 def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:

@@ -50,17 +50,18 @@ class Context:
 
     def __init__(self, client: str) -> None:
         self.client = client
-        self.request_id = ""
+        self.request_id = b""
         self.principal: Any = None  # who is calling, once an auth stage has run
         self.target: Target | None = None
         self.route = ""  # the route prefix that matched
         self.params: dict[str, str] = {}  # captures of a /:name route
         self.started = time.perf_counter()
-        self.marks: list[tuple[str, float]] = []  # (stage, when it started)
+        self.marks: list[tuple[str, float]] = []  # (stage, when it started), if timed
 
     def timings(self) -> dict[str, float]:
         """Milliseconds from each stage's start to the next stage's start (the last
-        one's to now): where the time of a request went."""
+        one's to now): where the time of a request went. Empty unless the chain
+        is timed."""
         now = time.perf_counter()
         ends = [t for _, t in self.marks[1:]] + [now]
         return {name: round((end - t) * 1000, 3) for (name, t), end in zip(self.marks, ends,
@@ -70,13 +71,14 @@ class Context:
         return (time.perf_counter() - self.started) * 1000
 
 
-def then(result: Result, after: Callable[[Response], Response]) -> Result:
-    """`after(response)` applied to `result` now if it is a Response, else once it
-    resolves: the synchronous path stays synchronous."""
+def then(result: Result, after: Callable[..., Response], *args: Any) -> Result:
+    """`after(response, *args)` applied to `result` now if it is a Response, else
+    once it resolves: the synchronous path stays synchronous."""
     if isinstance(result, Response):
-        return after(result)
-    return _then(result, after)
+        return after(result, *args)
+    return _then(result, after, args)
 
 
-async def _then(pending: Awaitable[Response], after: Callable[[Response], Response]) -> Response:
-    return after(await pending)
+async def _then(pending: Awaitable[Response], after: Callable[..., Response],
+                args: tuple[Any, ...]) -> Response:
+    return after(await pending, *args)

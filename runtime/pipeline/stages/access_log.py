@@ -23,27 +23,34 @@ from runtime.config import AccessLogStage
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result, then
 
+TEXT = b"ts=%s.%03dZ method=%s path=%s status=%d fn=%s dur_ms=%.3f bytes=%d rid=%s client=%s\n"
+_time, _clock = time.time, time.perf_counter
+
 
 class AccessLog:
     name = "access_log"
 
-    def __init__(self, config: AccessLogStage, stream: IO[str] | None = None) -> None:
+    def __init__(self, config: AccessLogStage, stream: IO[bytes] | None = None) -> None:
         self.json = config.format == "json"
         self.stream = stream
-        self.lines: list[str] = []
+        self.lines: list[bytes] = []
         self.flush_scheduled = False
         self._second = -1
-        self._stamp = ""
+        self._stamp = b""
+        self._labels: dict[str, bytes] = {"-": b"-"}
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
-        def log(response: Response) -> Response:
-            if isinstance(response.body, bytes):
-                self.write(request, ctx, response.status, len(response.body))
-            else:
-                response.body = self._counted(request, ctx, response.status, response.body)
-            return response
+        result = call_next(request, ctx)
+        if isinstance(result, Response):
+            return self._log(result, request, ctx)
+        return then(result, self._log, request, ctx)
 
-        return then(call_next(request, ctx), log)
+    def _log(self, response: Response, request: Request, ctx: Context) -> Response:
+        if type(response.body) is bytes:
+            self.write(request, ctx, response.status, len(response.body))
+        else:
+            response.body = self._counted(request, ctx, response.status, response.body)
+        return response
 
     async def _counted(self, request: Request, ctx: Context, status: int,
                        body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -59,47 +66,48 @@ class AccessLog:
             self.write(request, ctx, status, sent)
 
     def write(self, request: Request, ctx: Context, status: int, size: int) -> None:
-        target = ctx.target.label if ctx.target is not None else "-"
-        duration = round(ctx.elapsed_ms(), 3)
-        path = request.path.decode("latin-1")
+        now = _time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
+        label = ctx.target.label if ctx.target is not None else "-"
+        fn = self._labels.get(label) or self._labels.setdefault(label, label.encode())
+        duration = (_clock() - ctx.started) * 1000
         if self.json:
-            line = msgspec.json.encode({
-                "ts": self._now(), "method": request.method.decode(), "path": path,
-                "status": status, "fn": target, "dur_ms": duration, "bytes": size,
-                "rid": ctx.request_id, "client": ctx.client, "stages": ctx.timings()}).decode()
+            line = self._json(request, ctx, status, size, fn, duration, now)
         else:
-            line = (f"ts={self._now()} method={request.method.decode()} path={_quote(path)} "
-                    f"status={status} fn={target} dur_ms={duration} bytes={size} "
-                    f"rid={ctx.request_id or '-'} client={ctx.client}")
+            path = request.path
+            if b" " in path or b'"' in path or b"=" in path:
+                path = msgspec.json.encode(path.decode("latin-1"))
+            line = TEXT % (self._stamp, (now - second) * 1000, request.method, path, status, fn,
+                           duration, size, ctx.request_id or b"-", ctx.client.encode())
         self.lines.append(line)
         if not self.flush_scheduled:
-            self.flush_scheduled = True
-            try:
-                asyncio.get_running_loop().call_soon(self.flush)
-            except RuntimeError:  # no loop (a direct call in a test): write now
-                self.flush()
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self.flush_scheduled = True
+        try:
+            asyncio.get_running_loop().call_soon(self.flush)
+        except RuntimeError:  # no loop (a direct call in a test): write now
+            self.flush()
+
+    def _json(self, request: Request, ctx: Context, status: int, size: int, label: bytes,
+              duration: float, now: float) -> bytes:
+        ts = b"%s.%03dZ" % (self._stamp, (now - int(now)) * 1000)
+        return msgspec.json.encode({
+            "ts": ts.decode(), "method": request.method.decode(),
+            "path": request.path.decode("latin-1"), "status": status, "fn": label.decode(),
+            "dur_ms": round(duration, 3), "bytes": size, "rid": ctx.request_id.decode(),
+            "client": ctx.client, "stages": ctx.timings()}) + b"\n"
 
     def flush(self) -> None:
         self.flush_scheduled = False
         lines, self.lines = self.lines, []
-        stream = self.stream or sys.stderr
+        stream = self.stream or sys.stderr.buffer
         try:
-            stream.write("\n".join(lines) + "\n")
+            stream.write(b"".join(lines))
             stream.flush()
         except (OSError, ValueError):  # stderr closed or a broken pipe: drop, keep serving
             pass
-
-    def _now(self) -> str:
-        now = time.time()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
-
-
-def _quote(text: str) -> str:
-    """logfmt quoting: only values with spaces, quotes or ``=`` get quotes."""
-    if any(c in text for c in ' "='):
-        return msgspec.json.encode(text).decode()
-    return text

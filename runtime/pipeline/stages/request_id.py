@@ -24,18 +24,20 @@ class RequestId:
     def __init__(self, config: RequestIdStage) -> None:
         self.header = config.header.lower().encode()
         self.trust = config.trust_incoming
-        self.prefix = secrets.token_hex(6)
+        self.prefix = secrets.token_hex(6).encode()
         self.counter = itertools.count(1)
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         rid = request.header(self.header) if self.trust else None
         if rid is None or not WELL_FORMED.fullmatch(rid):
-            rid = f"{self.prefix}-{next(self.counter):x}".encode()
-        ctx.request_id = rid.decode()
-        pair = (self.header, rid)
+            rid = b"%s-%x" % (self.prefix, next(self.counter))
+        ctx.request_id = rid
+        result = call_next(request, ctx)
+        if isinstance(result, Response):
+            result.headers.append((self.header, rid))
+            return result
+        return then(result, self._tag, rid)
 
-        def tag(response: Response) -> Response:
-            response.headers.append(pair)
-            return response
-
-        return then(call_next(request, ctx), tag)
+    def _tag(self, response: Response, rid: bytes) -> Response:
+        response.headers.append((self.header, rid))
+        return response

@@ -1,0 +1,76 @@
+"""`pop.toml`: every field optional, flags override, errors name the file and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import InvalidConfig
+from runtime import config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pop.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_build_the_default_pipeline() -> None:
+    cfg = config.load(None)
+    assert (cfg.name, cfg.tier, cfg.public.port, cfg.admin.port) == ("edge-local", "edge",
+                                                                       8080, 0)
+    assert cfg.stage_names() == ["request_id", "access_log", "openai", "route", "dispatch"]
+    assert cfg.ai.enabled and cfg.http.max_body_bytes == 16 << 20
+
+
+def test_a_file_sets_fields_and_paths_are_relative_to_it(tmp_path: Path) -> None:
+    path = write(tmp_path, 'name = "par-1"\ntier = "regional"\ndata = "state"\n'
+                           '[public]\nport = 9000\n[http]\nmax_body_bytes = 1024\n'
+                           '[ai]\nworker_config = "models.toml"\n'
+                           '[[pipeline]]\nstage = "route"\n[[pipeline]]\nstage = "dispatch"\n')
+    cfg = config.load(path)
+    assert (cfg.name, cfg.tier, cfg.public.port, cfg.http.max_body_bytes) == (
+        "par-1", "regional", 9000, 1024)
+    assert cfg.data == str(tmp_path / "state")
+    assert cfg.ai.worker_config == str(tmp_path / "models.toml")
+    assert cfg.stage_names() == ["route", "dispatch"]
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[public]\nport = 9000\nhost = "127.0.0.2"\n')
+    cfg = config.load(path, **{"public.port": 9100, "ai.enabled": False, "data": "/x"})
+    assert (cfg.public.host, cfg.public.port, cfg.ai.enabled, cfg.data) == (
+        "127.0.0.2", 9100, False, "/x")
+    assert config.load(path, **{"public.port": None}).public.port == 9000  # None: not given
+
+
+@pytest.mark.parametrize(("text", "field", "message"), [
+    ('[public]\nport = "80"\n', "public.port", "expected `int`, got `str`"),
+    ("[public]\nport = 70000\n", "public.port", "expected `int` <= 65535"),
+    ('tier = "planet"\n', "tier", "invalid enum value 'planet'"),
+    ("colour = 1\n", "colour", "unknown field"),
+    ('[http]\nmax_body = 1\n', "http.max_body", "unknown field"),
+    ('[admin]\nhost = "0.0.0.0"\n', "admin.host", "loopback only"),
+    ('[[pipeline]]\nstage = "wat"\n', "pipeline[0].stage", "invalid value 'wat'"),
+    ('[[pipeline]]\nstage = "access_log"\nformat = "xml"\n', "pipeline[0].format",
+     "invalid enum value 'xml'"),
+    ('[[pipeline]]\nstage = "dispatch"\n[[pipeline]]\nstage = "route"\n',
+     "pipeline[0].stage", "needs a `route` stage before it"),
+    ('[[pipeline]]\nstage = "route"\n[[pipeline]]\nstage = "route"\n', "pipeline[1].stage",
+     "appears twice"),
+    ("name = \n", None, "not valid TOML"),
+])
+def test_bad_config_names_the_file_and_field(tmp_path: Path, text: str, field: str | None,
+                                             message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(InvalidConfig) as err:
+        config.load(path)
+    assert err.value.file == str(path) and err.value.field == field
+    assert message.lower() in str(err.value).lower()
+    assert str(err.value).startswith(str(path))
+
+
+def test_a_missing_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfig, match="cannot read: No such file"):
+        config.load(tmp_path / "nope.toml")
