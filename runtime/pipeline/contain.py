@@ -26,11 +26,12 @@ def contain(ctx: Context, exc: Exception) -> Response:
         if exc.status >= 500:
             log.warning("%s: %s: %s", where, exc.code, exc)
         return target.error_response(exc) if target is not None else plain_error(exc)
-    log.error("%s: unexpected failure (request %s)", where, ctx.request_id, exc_info=exc)
+    rid = ctx.request_id.decode()
+    log.error("%s: unexpected failure (request %s)", where, rid, exc_info=exc)
     if target is not None:
         return target.error_response(target.crashed(exc))
     return plain_error(EdgefnError(f"internal error ({type(exc).__name__}); see the PoP's log, "
-                                   f"request {ctx.request_id}"))
+                                   f"request {rid}"))
 
 
 def plain_error(err: EdgefnError) -> Response:

@@ -12,7 +12,6 @@ import pytest
 
 from edgefn_core.errors import ApiError, EdgefnError, FunctionError
 from runtime import config as c
-from runtime.ai.openai_api import OpenAITarget
 from runtime.net.message import Request, Response
 from runtime.pipeline.chain import Chain
 from runtime.pipeline.stage import Context, Next, Result

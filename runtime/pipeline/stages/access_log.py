@@ -46,10 +46,11 @@ class AccessLog:
         return then(result, self._log, request, ctx)
 
     def _log(self, response: Response, request: Request, ctx: Context) -> Response:
-        if type(response.body) is bytes:
-            self.write(request, ctx, response.status, len(response.body))
+        body = response.body
+        if isinstance(body, bytes):
+            self.write(request, ctx, response.status, len(body))
         else:
-            response.body = self._counted(request, ctx, response.status, response.body)
+            response.body = self._counted(request, ctx, response.status, body)
         return response
 
     async def _counted(self, request: Request, ctx: Context, status: int,
