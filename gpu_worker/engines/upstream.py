@@ -5,21 +5,27 @@ a llama.cpp server or another edgefn PoP, and chat, completion and embedding
 requests for its ``models`` are sent there; streamed answers come back as
 server-sent events and are passed to the worker's sink chunk by chunk.
 
-The HTTP/1.1 client is a small one on asyncio streams (stdlib and msgspec only):
-one request per connection (``Connection: close``), ``http://`` or ``https://``,
-response bodies with ``Content-Length``, chunked, or up to EOF.
+HTTP and server-sent events are httpx2's (the maintained httpx fork the openai
+client depends on): one `httpx2.AsyncClient` per engine (``http://`` or
+``https://`` with the system's trust store, keep-alive, no limit on connections,
+no proxy or ``.netrc`` from the environment, no compression asked for) and
+`httpx2.EventSource` for streamed answers. Its lines end at CR and LF only, as
+the SSE spec says; ``aiter_lines()`` also splits at U+2028 and U+0085, which JSON
+leaves unescaped inside strings, and would cut such a token's event in two.
 
-- Cancel closes the connection, which is how the upstream learns to stop.
+- Cancel closes the upstream response, and with it the connection (an
+  unfinished response is never reused), which is how the upstream learns to stop.
 - Flow control: a stream that has run ``window`` chunks ahead of its credit stops
-  reading the upstream socket until credit arrives, so TCP backpressure reaches
-  the upstream server.
-- ``timeout`` bounds connecting and every wait for the upstream's next bytes (not
-  a wait for the client's credit).
+  reading the upstream response until credit arrives; httpx2 reads the socket
+  only when asked, so TCP backpressure reaches the upstream server.
+- ``timeout`` bounds connecting, sending, and every wait for the upstream's next
+  bytes (not a wait for the client's credit).
 
 Upstream errors keep the upstream's HTTP status and message; the code is derived
 from the status (404 model_not_found, 408/504 timeout, 429/503 overloaded, other
 4xx invalid_request, anything else upstream_error). An upstream that cannot be
-reached is ``upstream_unavailable`` (502), one that goes silent is ``timeout`` (504).
+reached or hangs up mid-answer is ``upstream_unavailable`` (502), one that goes
+silent is ``timeout`` (504), one that does not speak HTTP is ``upstream_error``.
 """
 
 from __future__ import annotations
@@ -29,234 +35,89 @@ import functools
 import logging
 import os
 import ssl
-from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import urlsplit
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any, cast
 
+import httpx2
 import msgspec
 
 from . import Engine, EngineError, ModelInfo
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
     from ..config import ModelSpec
     from ..protocol import Generate
     from . import Sink
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 64 * 1024  # bytes asked of the socket at a time
 MAX_BODY = 64 * 1024 * 1024  # a whole (non-streamed) answer: model list, embeddings
 MAX_ERROR_BODY = 1024 * 1024  # an error answer
-MAX_LINE = 16 * 1024 * 1024  # one server-sent-events line
+MAX_EVENT = 16 * 1024 * 1024  # one server-sent event
+MAX_IDLE = 20  # keep-alive connections kept open between requests
 USER_AGENT = "edgefn-gpu-worker"
 
 
-# -- HTTP/1.1 client ------------------------------------------------------------------------
+# -- HTTP -----------------------------------------------------------------------------------
 
-class _Target(NamedTuple):
-    host: str
-    port: int
-    path: str  # the URL's path without a trailing slash, e.g. "/v1"
-    host_header: str
-    tls: ssl.SSLContext | None
-
-
-def _parse_url(url: str) -> _Target:
-    """Where `url` points. Raises `EngineError` (invalid_config) for anything but an
+def _check_url(url: str) -> httpx2.URL:
+    """`url` parsed. Raises `EngineError` (invalid_config) for anything but an
     ``http://`` or ``https://`` URL with a host."""
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as e:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL as e:
         raise EngineError("invalid_config", f"upstream url {url!r} is not valid: {e}", 500) \
             from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parsed.scheme not in ("http", "https") or not parsed.host:
         raise EngineError("invalid_config", f"upstream url {url!r} must start with http:// "
                           "or https:// and name a host", 500)
-    tls = parts.scheme == "https"
-    default = 443 if tls else 80
-    host = parts.hostname
-    shown = f"[{host}]" if ":" in host else host
-    return _Target(host, port or default, parts.path.rstrip("/"),
-                   shown if port in (None, default) else f"{shown}:{port}",
-                   ssl.create_default_context() if tls else None)
+    return parsed
 
 
-def _request_head(t: _Target, method: str, path: str, auth: str | None,
-                  body: bytes | None, accept: str) -> bytes:
-    lines = [f"{method} {t.path}{path} HTTP/1.1", f"Host: {t.host_header}",
-             f"User-Agent: {USER_AGENT}", f"Accept: {accept}", "Connection: close"]
+def _client(url: httpx2.URL, timeout: float, auth: str | None) -> httpx2.AsyncClient:
+    """The client for one upstream: paths are relative to `url`, `timeout` bounds
+    every connect, send and wait for bytes; the environment is not consulted."""
+    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if auth:
-        lines.append(f"Authorization: Bearer {auth}")
-    if body is not None:
-        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+        headers["Authorization"] = f"Bearer {auth}"
+    return httpx2.AsyncClient(
+        base_url=url, headers=headers, timeout=httpx2.Timeout(timeout), trust_env=False,
+        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=MAX_IDLE),
+        verify=ssl.create_default_context())
 
 
-def _parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
-    """Status and lower-cased headers of a response head. Raises `EngineError`
-    (upstream_error) when it is not HTTP."""
-    status_line, *lines = raw.decode("latin-1").split("\r\n")
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise EngineError("upstream_error", f"upstream answered {status_line[:100]!r}, "
-                          "not HTTP", 502)
-    headers: dict[str, str] = {}
-    for line in lines:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise EngineError("upstream_error", f"upstream sent a bad header {line[:100]!r}", 502)
-        key = name.strip().lower()
-        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-    return int(parts[1]), headers
+def _headers(accept: str, body: bytes | None) -> dict[str, str]:
+    if body is None:
+        return {"Accept": accept}
+    return {"Accept": accept, "Content-Type": "application/json"}
 
 
-async def _read_head(reader: asyncio.StreamReader, timeout: float) -> tuple[int, dict[str, str]]:
-    """The final (non-1xx) response head. Raises `TimeoutError`,
-    `asyncio.IncompleteReadError` if the upstream closes, `EngineError` if it is not HTTP."""
-    while True:
-        try:
-            async with asyncio.timeout(timeout):
-                raw = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            raise EngineError("upstream_error", "upstream sent an oversized response head",
-                              502) from None
-        status, headers = _parse_head(raw[:-4])
-        if status >= 200:
-            return status, headers
-
-
-class _Body:
-    """A response body as it arrives: ``Content-Length``, chunked, or up to EOF."""
-
-    def __init__(self, reader: asyncio.StreamReader, headers: dict[str, str],
-                 timeout: float) -> None:
-        """Raises `EngineError` (upstream_error) for a bad ``Content-Length``."""
-        self._reader = reader
-        self._timeout = timeout
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._left: int | None = 0 if self._chunked else None  # bytes left (None: to EOF)
-        self._crlf = False  # a chunk's trailing CRLF is still unread
-        self._end = False
-        if not self._chunked and "content-length" in headers:
-            length = headers["content-length"]
-            if not length.isdigit():
-                raise EngineError("upstream_error", f"upstream sent Content-Length {length!r}",
-                                  502)
-            self._left = int(length)
-
-    async def read(self) -> bytes:
-        """The next piece, or b"" at the end. Raises `TimeoutError` when the upstream
-        is silent for ``timeout`` seconds, `asyncio.IncompleteReadError` when it closes
-        mid-body, `EngineError` (upstream_error) for bad chunked framing."""
-        if self._end:
-            return b""
-        async with asyncio.timeout(self._timeout):
-            if self._chunked and self._left == 0:
-                await self._next_chunk()
-                if self._end:
-                    return b""
-            return await self._read_some()
-
-    async def read_all(self, limit: int) -> bytes:
-        """The rest of the body. Raises what `read` raises, and `EngineError`
-        (upstream_error) past `limit` bytes."""
-        parts: list[bytes] = []
-        size = 0
-        while piece := await self.read():
+async def _read_body(resp: httpx2.Response, limit: int) -> bytes:
+    """The rest of `resp`'s body. Raises `httpx2.RequestError`, and `EngineError`
+    (upstream_error) past `limit` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    async with aclosing(resp.aiter_bytes()) as pieces:
+        async for piece in pieces:
             size += len(piece)
             if size > limit:
-                raise EngineError("upstream_error", f"upstream answer exceeds {limit} bytes", 502)
+                raise EngineError("upstream_error", f"upstream answer exceeds {limit} bytes",
+                                  502)
             parts.append(piece)
-        return b"".join(parts)
-
-    async def _read_some(self) -> bytes:
-        if self._left is None:
-            data = await self._reader.read(READ_SIZE)
-            self._end = not data
-            return data
-        if self._left == 0:
-            self._end = True
-            return b""
-        data = await self._reader.read(min(self._left, READ_SIZE))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", self._left)
-        self._left -= len(data)
-        self._crlf = self._chunked and self._left == 0
-        return data
-
-    async def _next_chunk(self) -> None:
-        if self._crlf:
-            if await self._reader.readexactly(2) != b"\r\n":
-                raise EngineError("upstream_error", "upstream sent bad chunked framing", 502)
-            self._crlf = False
-        size = _chunk_size(await self._line())
-        if size == 0:
-            while (await self._line()).strip():  # trailers
-                pass
-            self._end = True
-        self._left = size
-
-    async def _line(self) -> bytes:
-        try:
-            return await self._reader.readuntil(b"\n")
-        except asyncio.LimitOverrunError:
-            raise EngineError("upstream_error", "upstream sent an oversized chunk header",
-                              502) from None
+    return b"".join(parts)
 
 
-def _chunk_size(line: bytes) -> int:
-    """The size in a chunk-size line. Raises `EngineError` (upstream_error)."""
-    digits = line.split(b";", 1)[0].strip()
-    if not digits or digits.strip(b"0123456789abcdefABCDEF"):
-        raise EngineError("upstream_error", f"upstream sent a bad chunk size {line[:40]!r}",
-                          502)
-    return int(digits, 16)
+def _hung_up(e: httpx2.RequestError) -> bool:
+    """Whether `e` says the upstream closed the connection before its answer ended
+    (h11 and httpcore tell this only in the message)."""
+    text = str(e).lower()
+    return isinstance(e, httpx2.RemoteProtocolError) and (
+        "peer closed" in text or "disconnected" in text)
 
 
-class _Sse:
-    """Splits the data of server-sent events out of a byte stream."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._data: list[str] = []
-
-    def feed(self, data: bytes) -> list[str]:
-        """The events completed by `data`. Raises `EngineError` (upstream_error) for a
-        line longer than `MAX_LINE`."""
-        searched = len(self._buf)  # what is buffered holds no newline
-        self._buf += data
-        events: list[str] = []
-        start = 0
-        while (nl := self._buf.find(b"\n", searched)) >= 0:
-            self._line(bytes(self._buf[start:nl]), events)
-            start = searched = nl + 1
-        del self._buf[:start]
-        if len(self._buf) > MAX_LINE:
-            raise EngineError("upstream_error", f"upstream sent an event line over {MAX_LINE} "
-                              "bytes", 502)
-        return events
-
-    def end(self) -> list[str]:
-        """Events left when the stream ends without a final blank line."""
-        events: list[str] = []
-        if self._buf:
-            self._line(bytes(self._buf), events)
-            self._buf.clear()
-        self._line(b"", events)
-        return events
-
-    def _line(self, line: bytes, events: list[str]) -> None:
-        line = line.removesuffix(b"\r")
-        if not line:
-            if self._data:
-                events.append("\n".join(self._data))
-                self._data = []
-            return
-        name, _, value = line.partition(b":")
-        if name == b"data":  # comments (":...") and other fields are ignored
-            self._data.append(value.removeprefix(b" ").decode("utf-8", "replace"))
+def _describe(e: BaseException) -> str:
+    return str(e) or type(e).__name__
 
 
 # -- upstream answers -----------------------------------------------------------------------
@@ -340,14 +201,6 @@ def _decode_json(data: bytes | str, what: str) -> Any:
                           f"{shown!r}", 502) from None
 
 
-def _describe(e: BaseException) -> str:
-    if isinstance(e, asyncio.IncompleteReadError):
-        return "it closed the connection mid-answer"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return str(e) or type(e).__name__
-
-
 # -- generations ----------------------------------------------------------------------------
 
 class _Progress:
@@ -380,7 +233,7 @@ class _Progress:
 
 
 class _Stream:
-    """One forwarded generation: its sink, credit window, connection and task."""
+    """One forwarded generation: its sink, credit window and task."""
 
     def __init__(self, req: Generate, sink: Sink) -> None:
         self.rid = req.id
@@ -391,7 +244,6 @@ class _Stream:
         self.room.set()
         self.sent = 0
         self.over = False  # a terminal call was made, or the request was cancelled
-        self.writer: asyncio.StreamWriter | None = None
         self.task: asyncio.Task[None] | None = None
 
     def credit(self, n: int) -> None:
@@ -419,12 +271,6 @@ class _Stream:
         if not self.over:
             self.over = True
             self.sink.error(code, message, status)
-
-    def close(self) -> None:
-        """Close the upstream connection (idempotent)."""
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
 
 
 def _generate_body(req: Generate) -> tuple[str, bytes]:
@@ -461,8 +307,8 @@ class UpstreamEngine(Engine):
         self.timeout = spec.timeout
         self._served: list[str] = list(spec.models)
         self._streams: dict[int, _Stream] = {}
-        self._target: _Target | None = None
-        self._auth: str | None = None
+        self._client: httpx2.AsyncClient | None = None
+        self._closing: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -492,31 +338,48 @@ class UpstreamEngine(Engine):
                 for m in self._served]
 
     def close(self) -> None:
-        """Cancel every stream and close its connection; no sink is called."""
+        """Cancel every stream (no sink is called) and close the HTTP client once they
+        have let go of their connections. Without a running event loop the client is
+        left to the process's end."""
+        tasks = [st.task for st in self._streams.values() if st.task is not None]
         for st in list(self._streams.values()):
             self._stop(st)
         self._streams.clear()
-
-    def _setup(self) -> None:
-        """Parse the url and read the api key once. Raises `EngineError` (invalid_config)."""
-        if self._target is not None:
+        client, self._client = self._client, None
+        if client is None:
             return
-        target = _parse_url(self.spec.url)
-        if self.spec.api_key_env:
-            key = os.environ.get(self.spec.api_key_env, "")
-            if not key or any(c in key for c in "\r\n"):
-                raise EngineError("invalid_config", f"environment variable "
-                                  f"{self.spec.api_key_env} (api_key_env of "
-                                  f"{self.spec.name!r}) is unset or not a valid key", 500)
-            self._auth = key
-        self._target = target
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._closing = loop.create_task(_close_after(client, tasks))
+
+    def _setup(self) -> httpx2.AsyncClient:
+        """The HTTP client, made on first use from the url and api key. Raises
+        `EngineError` (invalid_config)."""
+        if self._client is None:
+            url = _check_url(self.spec.url)
+            self._client = _client(url, self.timeout, self._api_key())
+        return self._client
+
+    def _api_key(self) -> str | None:
+        """Raises `EngineError` (invalid_config) if ``api_key_env`` names an unset
+        variable or one that is not a valid key."""
+        if not self.spec.api_key_env:
+            return None
+        key = os.environ.get(self.spec.api_key_env, "")
+        if not key or any(c in key for c in "\r\n"):
+            raise EngineError("invalid_config", f"environment variable "
+                              f"{self.spec.api_key_env} (api_key_env of "
+                              f"{self.spec.name!r}) is unset or not a valid key", 500)
+        return key
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, req: Generate, sink: Sink) -> None:
         """Start forwarding `req`; its output goes to `sink` (exactly one of done or
         error unless it is cancelled). Raises `EngineError`: model_not_found (404),
         invalid_request (no prompt, window < 1, id already streaming), invalid_config."""
-        self._setup()
+        client = self._setup()
         if req.model not in self._served:
             raise EngineError("model_not_found", f"model {req.model!r} does not exist", 404)
         if req.window < 1:
@@ -525,7 +388,7 @@ class UpstreamEngine(Engine):
             raise EngineError("invalid_request", f"request id {req.id} is already streaming")
         path, body = _generate_body(req)
         st = _Stream(req, sink)
-        st.task = asyncio.get_running_loop().create_task(self._run(st, path, body),
+        st.task = asyncio.get_running_loop().create_task(self._run(client, st, path, body),
                                                          name=f"upstream-{req.id}")
         st.task.add_done_callback(functools.partial(self._ended, st))
         self._streams[req.id] = st
@@ -541,8 +404,8 @@ class UpstreamEngine(Engine):
             st.credit(n)
 
     def _stop(self, st: _Stream) -> None:
+        """Silence `st` and cancel its task, which closes the upstream response."""
         st.over = True
-        st.close()
         if st.task is not None:
             st.task.cancel()
 
@@ -552,64 +415,35 @@ class UpstreamEngine(Engine):
         if not task.cancelled() and task.exception() is not None:
             log.error("upstream stream %d failed", st.rid, exc_info=task.exception())
 
-    async def _run(self, st: _Stream, path: str, body: bytes) -> None:
+    async def _run(self, client: httpx2.AsyncClient, st: _Stream, path: str, body: bytes
+                   ) -> None:
         """Forward one generation and make its terminal sink call; never raises but
         `asyncio.CancelledError`."""
         try:
-            await self._forward(st, path, body)
+            await self._forward(client, st, path, body)
         except EngineError as e:
             st.error(e.code, str(e), e.status)
-        except TimeoutError:
-            st.error("timeout", f"upstream {self.url} sent nothing for {self.timeout:g}s", 504)
-        except (OSError, asyncio.IncompleteReadError) as e:
-            st.error("upstream_unavailable", f"upstream {self.url} is unavailable: "
-                     f"{_describe(e)}", 502)
+        except httpx2.RequestError as e:
+            err = self._request_error(e, "sent nothing for")
+            st.error(err.code, str(err), err.status)
         except Exception as e:
             log.exception("forwarding request %d to %s failed", st.rid, self.url)
             st.error("internal", f"forwarding to {self.url} failed: {e!r}", 500)
-        finally:
-            st.close()
 
-    async def _forward(self, st: _Stream, path: str, body: bytes) -> None:
-        """POST `body` and pass the answer to `st`. Raises `EngineError`, `TimeoutError`,
-        `OSError`, `asyncio.IncompleteReadError`."""
-        reader, st.writer = await self._connect()
-        await self._send(st.writer, "POST", path, body, "text/event-stream")
-        status, headers = await _read_head(reader, self.timeout)
-        resp = _Body(reader, headers, self.timeout)
-        if status != 200:
-            raise _http_error(status, await resp.read_all(MAX_ERROR_BODY))
-        progress = _Progress()
-        if "text/event-stream" not in headers.get("content-type", ""):
-            obj = _decode_json(await resp.read_all(MAX_BODY), "an answer")
-            if not isinstance(obj, dict):
-                raise EngineError("upstream_error", "upstream answer is not a JSON object", 502)
-            if text := progress.read(obj):
-                await st.chunk(text)
-        else:
-            await self._events(st, resp, progress)
-        st.done(progress)
-
-    async def _events(self, st: _Stream, resp: _Body, progress: _Progress) -> None:
-        """Pass a stream of server-sent events to `st` until ``[DONE]`` or the end of
-        the body. Raises what `_Body.read` raises, and `EngineError` for an error event
-        or an event that is not a JSON object."""
-        sse = _Sse()
-        while True:
-            data = await resp.read()
-            for event in sse.feed(data) if data else sse.end():
-                if event.strip() == "[DONE]":
-                    return
-                obj = _decode_json(event, "an event")
-                if not isinstance(obj, dict):
-                    raise EngineError("upstream_error", "upstream event is not a JSON object",
-                                      502)
-                if "error" in obj:
-                    raise _event_error(obj)
-                if text := progress.read(obj):
-                    await st.chunk(text)
-            if not data:
-                return
+    async def _forward(self, client: httpx2.AsyncClient, st: _Stream, path: str, body: bytes
+                       ) -> None:
+        """POST `body` and pass the answer to `st`. Raises `EngineError` and
+        `httpx2.RequestError`."""
+        async with client.stream("POST", path, content=body,
+                                 headers=_headers("text/event-stream", body)) as resp:
+            if resp.status_code != 200:
+                raise _http_error(resp.status_code, await _read_body(resp, MAX_ERROR_BODY))
+            progress = _Progress()
+            if "text/event-stream" in resp.headers.get("content-type", ""):
+                await _events(st, resp, progress)
+            else:
+                await _whole(st, resp, progress)
+            st.done(progress)
 
     # -- embeddings ---------------------------------------------------------------------
     async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
@@ -635,40 +469,71 @@ class UpstreamEngine(Engine):
         return vectors, answer.usage.prompt_tokens if answer.usage else 0
 
     # -- plumbing -----------------------------------------------------------------------
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Raises `TimeoutError` or `OSError`."""
-        self._setup()
-        assert self._target is not None
-        t = self._target
-        async with asyncio.timeout(self.timeout):
-            return await asyncio.open_connection(t.host, t.port, ssl=t.tls)
-
-    async def _send(self, writer: asyncio.StreamWriter, method: str, path: str,
-                    body: bytes | None, accept: str) -> None:
-        """Raises `TimeoutError` or `OSError`."""
-        assert self._target is not None
-        writer.write(_request_head(self._target, method, path, self._auth, body, accept))
-        if body:
-            writer.write(body)
-        async with asyncio.timeout(self.timeout):
-            await writer.drain()
-
     async def _call(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         """One whole request and answer: status and body. Raises `EngineError`:
-        upstream_unavailable (502), timeout (504), upstream_error (502)."""
-        writer: asyncio.StreamWriter | None = None
+        invalid_config, upstream_unavailable (502), timeout (504), upstream_error (502)."""
+        client = self._setup()
         try:
-            reader, writer = await self._connect()
-            await self._send(writer, method, path, body, "application/json")
-            status, headers = await _read_head(reader, self.timeout)
-            resp = _Body(reader, headers, self.timeout)
-            return status, await resp.read_all(MAX_BODY if status == 200 else MAX_ERROR_BODY)
-        except TimeoutError:
-            raise EngineError("timeout", f"upstream {self.url} did not answer {method} {path} "
-                              f"within {self.timeout:g}s", 504) from None
-        except (OSError, asyncio.IncompleteReadError) as e:
-            raise EngineError("upstream_unavailable", f"upstream {self.url} is unavailable: "
-                              f"{_describe(e)}", 502) from None
-        finally:
-            if writer is not None:
-                writer.close()
+            async with client.stream(method, path, content=body,
+                                     headers=_headers("application/json", body)) as resp:
+                limit = MAX_BODY if resp.status_code == 200 else MAX_ERROR_BODY
+                return resp.status_code, await _read_body(resp, limit)
+        except httpx2.RequestError as e:
+            raise self._request_error(e, f"did not answer {method} {path} within") from None
+
+    def _request_error(self, e: httpx2.RequestError, silent: str) -> EngineError:
+        """An httpx2 failure as an `EngineError`: timeout (504, "upstream <url> `silent`
+        <timeout>s"), upstream_unavailable (502) when the upstream cannot be reached or
+        hangs up, upstream_error (502) when it breaks HTTP."""
+        if isinstance(e, httpx2.TimeoutException):
+            return EngineError("timeout", f"upstream {self.url} {silent} {self.timeout:g}s", 504)
+        if isinstance(e, httpx2.NetworkError) or _hung_up(e):
+            return EngineError("upstream_unavailable", f"upstream {self.url} is unavailable: "
+                               f"{_describe(e)}", 502)
+        return EngineError("upstream_error", f"upstream {self.url} broke HTTP: {_describe(e)}",
+                           502)
+
+
+async def _events(st: _Stream, resp: httpx2.Response, progress: _Progress) -> None:
+    """Pass a stream of server-sent events to `st` until ``[DONE]`` or the end of
+    the body. Raises `httpx2.RequestError` (`httpx2.SSEError` for an event over
+    `MAX_EVENT` bytes), and `EngineError` for an error event or an event that is
+    not a JSON object."""
+    source = httpx2.EventSource(resp, max_event_size=MAX_EVENT)
+    # an async generator (typed as an iterator): close it now when [DONE] ends the loop
+    events = cast("AsyncGenerator[httpx2.ServerSentEvent]", aiter(source))
+    async with aclosing(events):
+        async for sse in events:
+            if sse.data and await _event(st, sse.data, progress):
+                return
+
+
+async def _event(st: _Stream, event: str, progress: _Progress) -> bool:
+    """Pass one event's text to `st`; True for ``[DONE]``. Raises `EngineError` for
+    an error event or one that is not a JSON object."""
+    if event.strip() == "[DONE]":
+        return True
+    obj = _decode_json(event, "an event")
+    if not isinstance(obj, dict):
+        raise EngineError("upstream_error", "upstream event is not a JSON object", 502)
+    if "error" in obj:
+        raise _event_error(obj)
+    if text := progress.read(obj):
+        await st.chunk(text)
+    return False
+
+
+async def _whole(st: _Stream, resp: httpx2.Response, progress: _Progress) -> None:
+    """Pass a whole (non-streamed) JSON answer to `st` as one chunk. Raises
+    `httpx2.RequestError`, and `EngineError` for an answer that is not a JSON object."""
+    obj = _decode_json(await _read_body(resp, MAX_BODY), "an answer")
+    if not isinstance(obj, dict):
+        raise EngineError("upstream_error", "upstream answer is not a JSON object", 502)
+    if text := progress.read(obj):
+        await st.chunk(text)
+
+
+async def _close_after(client: httpx2.AsyncClient, tasks: list[asyncio.Task[None]]) -> None:
+    """Close `client` once the cancelled stream `tasks` have closed their responses."""
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.aclose()

@@ -7,7 +7,9 @@ Content-Length body and no usage), POST /v1/embeddings, and an OpenAI-shaped 404
 for unknown models. Model ``forever`` streams until the client goes away and
 model ``stall`` sends one token and then nothing, model ``flood`` sends 1 MiB
 tokens and counts the bytes the network has taken; ``cut`` and ``oops`` send a
-token and then hang up mid-body or send an error event.
+token and then hang up mid-body or send an error event; ``breaks`` streams tokens
+holding Unicode line breaks that JSON leaves unescaped (U+2028, U+0085, U+2029);
+``junk`` answers with something that is not HTTP.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import msgspec
 import pytest
 
 from gpu_worker.config import ModelSpec
-from gpu_worker.engines import EngineError
+from gpu_worker.engines import EngineError, upstream
 from gpu_worker.engines.upstream import UpstreamEngine
 from gpu_worker.protocol import Generate
 
-MODELS = ["echo", "forever", "stall", "flood", "cut", "oops", "embedder"]
+MODELS = ["echo", "forever", "stall", "flood", "cut", "oops", "breaks", "junk", "embedder"]
+BREAKS = ["one\u2028two", "\x85", "three\u2029"]  # msgspec, like pydantic, sends them raw
 FLOOD_TOKEN = "x" * (1 << 20)
 FLOOD_TOKENS = 256  # 256 MiB: more than loopback socket buffers can hold
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
@@ -119,6 +122,9 @@ class FakeUpstream:
             return await self._json(writer, 404, {"error": {
                 "message": f"The model `{body.get('model')}` does not exist.",
                 "type": "NotFoundError", "param": None, "code": 404}})
+        if body["model"] == "junk":
+            writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+            return await writer.drain()
         routes: dict[str, Handler] = {"/v1/chat/completions": self._chat,
                                       "/v1/completions": self._completions,
                                       "/v1/embeddings": self._embeddings}
@@ -146,13 +152,17 @@ class FakeUpstream:
                 await send_chunk(writer, sse({"error": {
                     "message": "prompt too long", "type": "BadRequestError", "code": 400}}))
             return None  # no last chunk: the body is cut short
+        if body["model"] == "breaks":
+            for token in BREAKS:
+                await send_chunk(writer, sse(delta(token)))
+            return await send_chunk(writer, b"data: [DONE]\n\n")
         if body["model"] == "stall":
             await send_chunk(writer, sse(delta("first")))
             await asyncio.sleep(30)  # cancelled when the test ends
         words = words_of(body)
         out = words[:body["max_tokens"]]
         await send_chunk(writer, sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
-        await send_chunk(writer, b": keep-alive comment\n\n")
+        await send_chunk(writer, b": keep-alive comment\n\nevent: ping\n\n")  # no data: skipped
         for i, word in enumerate(out):
             event = sse(delta(word))
             if i == 0:  # one event split across two chunks of the transfer encoding
@@ -496,5 +506,80 @@ def test_generate_refuses_bad_requests() -> None:
                 engine.generate(req, RecordingSink())
             assert err.value.code == "invalid_request"
         engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_unicode_line_breaks_inside_a_token_do_not_split_its_event() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["breaks"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "breaks", "hi"), sink)
+            assert await sink.result() == ("done", "stop", 0, 3)
+            assert sink.chunks == BREAKS
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_upstream_that_does_not_speak_http_is_upstream_error() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["junk"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "junk", "hi"), sink)
+            _, code, message, status = await sink.result()
+            assert (code, status) == ("upstream_error", 502) and up.url in message
+            with pytest.raises(EngineError) as err:
+                await engine.embed("junk", ["x"])
+            assert (err.value.code, err.value.status) == ("upstream_error", 502)
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_event_over_the_size_limit_fails_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upstream, "MAX_EVENT", 64 * 1024)
+
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["flood"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "flood", "go"), sink)
+            _, code, message, status = await sink.result()
+            assert (code, status) == ("upstream_error", 502) and "65536 byte" in message
+            assert sink.chunks == []
+            await asyncio.wait_for(up.disconnected.wait(), 1)  # the connection was closed
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_proxies_from_the_environment_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, dead)
+
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url)
+            await engine.start()
+            assert "echo" in [m.id for m in engine.models()]
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_close_releases_the_http_client() -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url)
+            await engine.start()
+            client = engine._client
+            assert client is not None and not client.is_closed
+            engine.close()
+            await asyncio.sleep(0.01)
+            assert client.is_closed
 
     asyncio.run(scenario())

@@ -1,0 +1,252 @@
+"""The llama.cpp engine's scheduler thread: it owns the model, runs the batching
+policy (`batching.Scheduler`) step after step, and hands output back to the
+event loop.
+
+The event loop never touches the model or the scheduler: it posts new
+sequences, cancels, credit and adapter loads to a `Mailbox`, which the thread
+drains between steps. Output goes back with ``loop.call_soon_threadsafe`` to
+each sequence's sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from . import EngineError
+from .batching import Item, Scheduler, Seq
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..metrics import Metrics
+
+log = logging.getLogger("edgefn.gpu_worker.llamacpp")
+
+
+class Model(Protocol):
+    """What the driver needs of a model (`llama_model.LlamaModel` in production)."""
+
+    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int) -> Any: ...
+
+    def free_sampler(self, sampler: Any) -> None: ...
+
+    def use_adapter(self, name: str | None, scale: float) -> None: ...
+
+    def decode(self, items: list[Item]) -> int: ...
+
+    def sample(self, sampler: Any, index: int) -> int: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def piece_bytes(self, token: int) -> bytes: ...
+
+    def forget(self, seq: int) -> None: ...
+
+    def load_adapter(self, name: str, path: str) -> None: ...
+
+
+class LoadAdapter(NamedTuple):
+    """Load LoRA adapter `name` from `path`; `done` resolves on the event loop."""
+
+    name: str
+    path: str
+    done: asyncio.Future[None]
+
+
+class Mail(NamedTuple):
+    """Everything the loop posted since the thread last looked."""
+
+    seqs: list[Seq]
+    cancels: set[int]
+    credits: dict[int, int]
+    commands: list[LoadAdapter]
+
+
+class Mailbox:
+    """Thread-safe hand-off from the event loop to the scheduler thread."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.seqs: list[Seq] = []
+        self.cancels: set[int] = set()
+        self.credits: dict[int, int] = {}
+        self.commands: list[LoadAdapter] = []
+        self.stopping = False
+
+    def post_seq(self, s: Seq) -> None:
+        with self.cond:
+            self.seqs.append(s)
+            self.cond.notify()
+
+    def post_cancel(self, rid: int) -> None:
+        with self.cond:
+            self.cancels.add(rid)
+            self.cond.notify()
+
+    def post_credit(self, rid: int, n: int) -> None:
+        with self.cond:
+            self.credits[rid] = self.credits.get(rid, 0) + n
+            self.cond.notify()
+
+    def post_command(self, command: LoadAdapter) -> None:
+        with self.cond:
+            self.commands.append(command)
+            self.cond.notify()
+
+    def post_stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+
+    def take(self, busy: Callable[[], bool]) -> Mail | None:
+        """Wait until there is mail or `busy()` is true, then empty the box. Returns
+        None once a stop was posted."""
+        with self.cond:
+            while not (self.seqs or self.cancels or self.commands or self.stopping
+                       or self.credits or busy()):
+                self.cond.wait()
+            if self.stopping:
+                return None
+            mail = Mail(self.seqs, self.cancels, self.credits, self.commands)
+            self.seqs, self.cancels, self.credits, self.commands = [], set(), {}, []
+            return mail
+
+
+class Driver:
+    """Runs `sched` over `lm` on its own thread; create it on the event loop."""
+
+    def __init__(self, lm: Model, sched: Scheduler, metrics: Metrics, name: str) -> None:
+        self.lm = lm
+        self.sched = sched
+        self.metrics = metrics
+        self.mailbox = Mailbox()
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10) -> None:
+        """Ask the thread to stop and wait up to `timeout` seconds for it; sequences
+        still queued or running get no further sink call."""
+        self.mailbox.post_stop()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    # -- scheduler thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        """The thread's body. Any exception ends the process (exit status 70) so the
+        worker's supervisor restarts it with a fresh model."""
+        try:
+            while self._take():
+                self._iterate()
+        except BaseException:
+            log.exception("llama.cpp scheduler failed; the worker exits so it is restarted")
+            os._exit(70)
+
+    def _iterate(self) -> None:
+        """Admit what fits, then one decode call per adapter group."""
+        for s in self.sched.admit():
+            s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed)
+        groups = self.sched.groups()
+        if not groups:
+            self.metrics.idle(len(self.sched.waiting))
+        for group in groups:
+            self._step(group)
+
+    def _take(self) -> bool:
+        """Wait for work, then apply what the loop posted. Returns False when stopping."""
+        mail = self.mailbox.take(self.sched.has_work)
+        if mail is None:
+            return False
+        self.sched.add(mail.seqs)
+        for s in mail.seqs:
+            self.metrics.request(len(s.prompt))
+        for rid, n in mail.credits.items():
+            self.sched.credit(rid, n)
+        for rid in mail.cancels:
+            self._cancel(rid)
+        for command in mail.commands:
+            self._load_adapter(command)
+        return True
+
+    def _cancel(self, rid: int) -> None:
+        if rid in self.sched.running:
+            self._finish(self.sched.running[rid], "cancelled")
+        elif (s := self.sched.unqueue(rid)) is not None:
+            self._send(s.sink.done, "cancelled", len(s.prompt), 0)
+
+    def _load_adapter(self, command: LoadAdapter) -> None:
+        try:
+            self.lm.load_adapter(command.name, command.path)
+        except EngineError as e:
+            self._send(_resolve, command.done, e)
+            return
+        self._send(_resolve, command.done, None)
+
+    def _step(self, group: list[Seq]) -> None:
+        """One decode call for sequences that share an adapter, then their tokens."""
+        step = self.sched.plan(group)
+        self.lm.use_adapter(group[0].adapter, group[0].scale)
+        started = time.perf_counter()
+        rc = self.lm.decode(step.items)
+        took = time.perf_counter() - started
+        if rc != 0:
+            for s in group:
+                self._fail(s, f"llama_decode failed with status {rc}")
+            return
+        for s, index in step.outputs:
+            self._token(s, self.lm.sample(s.sampler, index))
+        self.metrics.step(len(self.sched.waiting), len(self.sched.running), took,
+                          len(step.outputs))
+
+    def _token(self, s: Seq, token: int) -> None:
+        now = time.perf_counter()
+        if s.generated == 0:
+            self.metrics.first_token(now - s.submitted)
+        else:
+            self.metrics.inter_token(now - s.last_token_at)
+        s.last_token_at = now
+        piece = None if self.lm.is_eog(token) else self.lm.piece_bytes(token)
+        text, reason = s.advance(token, piece)
+        self._emit(s, text)
+        if reason is not None:
+            self._finish(s, reason)
+
+    def _emit(self, s: Seq, text: str) -> None:
+        if text:
+            s.credit -= 1
+            self._send(s.sink.chunk, text, 1)
+
+    def _release(self, s: Seq) -> None:
+        self.sched.release(s)
+        self.lm.forget(s.slot)
+        self.lm.free_sampler(s.sampler)
+
+    def _finish(self, s: Seq, reason: str) -> None:
+        if reason != "cancelled":
+            self._emit(s, s.stop.flush())
+        self._release(s)
+        self._send(s.sink.done, reason, len(s.prompt), s.generated)
+
+    def _fail(self, s: Seq, message: str) -> None:
+        self._release(s)
+        self.metrics.request(error=True)
+        self._send(s.sink.error, "internal", message, 500)
+
+    def _send(self, fn: Any, *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+
+def _resolve(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)

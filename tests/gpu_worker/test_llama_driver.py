@@ -1,0 +1,244 @@
+"""The llama.cpp scheduler thread (`gpu_worker.engines.llama_driver`) over a fake
+model: no llama.cpp and no socket, a real thread and event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpu_worker.engines import EngineError
+from gpu_worker.engines.batching import Item, Scheduler, Seq
+from gpu_worker.engines.llama_driver import Driver, LoadAdapter, Mailbox
+from gpu_worker.metrics import Metrics
+from gpu_worker.protocol import Generate
+
+EOG = 0
+
+
+class FakeModel:
+    """Samples ``prompt[0] + n`` for a sequence's n-th output token; a prompt of
+    `EOG` tokens samples `EOG`, which ends a generation; token t's text is
+    ``"<t>"``. Records each decode as (adapter, items)."""
+
+    def __init__(self, sched: Scheduler, fail_decode: int = 0) -> None:
+        self.sched = sched
+        self.fail_decode = fail_decode
+        self.decodes: list[tuple[str | None, list[Item]]] = []
+        self.adapter: str | None = None
+        self.forgotten: list[int] = []
+        self.made: list[Any] = []
+        self.freed: list[Any] = []
+        self.adapters: list[str] = []
+
+    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int) -> Any:
+        self.made.append(object())
+        return self.made[-1]
+
+    def free_sampler(self, sampler: Any) -> None:
+        self.freed.append(sampler)
+
+    def use_adapter(self, name: str | None, scale: float) -> None:
+        self.adapter = name
+
+    def decode(self, items: list[Item]) -> int:
+        self.decodes.append((self.adapter, list(items)))
+        return self.fail_decode
+
+    def sample(self, sampler: Any, index: int) -> int:
+        slot = self.decodes[-1][1][index][2]
+        s = next(s for s in self.sched.running.values() if s.slot == slot)
+        return EOG if s.prompt[0] == EOG else s.prompt[0] + s.generated + 1
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def piece_bytes(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+    def forget(self, seq: int) -> None:
+        self.forgotten.append(seq)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        if not path.endswith(".gguf"):
+            raise EngineError("invalid_request", f"{path} is not a LoRA adapter")
+        self.adapters.append(name)
+
+
+class Sink:
+    """Records output; a second terminal call fails the test."""
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self.end: tuple[Any, ...] | None = None
+        self.ended = asyncio.Event()
+
+    def chunk(self, text: str, tokens: int) -> None:
+        assert self.end is None and tokens == 1
+        self.chunks.append(text)
+
+    def done(self, reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self._end(("done", reason, prompt_tokens, completion_tokens))
+
+    def error(self, code: str, message: str, status: int) -> None:
+        self._end(("error", code, message, status))
+
+    def _end(self, what: tuple[Any, ...]) -> None:
+        assert self.end is None, f"second terminal call {what}"
+        self.end = what
+        self.ended.set()
+
+    async def result(self) -> tuple[Any, ...]:
+        await asyncio.wait_for(self.ended.wait(), 2)
+        assert self.end is not None
+        return self.end
+
+
+class Rig:
+    """A driver over a fake model, started on the running event loop."""
+
+    def __init__(self, slots: int = 4, kv_tokens: int = 1000, fail_decode: int = 0) -> None:
+        self.sched = Scheduler(slots, kv_tokens)
+        self.lm = FakeModel(self.sched, fail_decode)
+        self.driver = Driver(self.lm, self.sched, Metrics(), "test-llama")
+        self.driver.start()
+
+    def submit(self, rid: int, first: int, prompt_len: int = 3, adapter: str | None = None,
+               **params: Any) -> Sink:
+        """Queue a generation whose prompt is `prompt_len` tokens `first`."""
+        sink = Sink()
+        req = Generate(rid, "m", prompt="unused", **params)
+        self.driver.mailbox.post_seq(Seq(req, sink, [first] * prompt_len, adapter))
+        return sink
+
+    def close(self) -> None:
+        self.driver.stop(2)
+        assert not self.driver.thread.is_alive()
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+def test_sequences_stream_until_max_tokens_or_end_of_generation() -> None:
+    async def go() -> None:
+        r = Rig()
+        a = r.submit(1, first=10, max_tokens=3)
+        b = r.submit(2, first=EOG)
+        assert await a.result() == ("done", "length", 3, 3)
+        assert a.chunks == ["<11>", "<12>", "<13>"]
+        assert await b.result() == ("done", "stop", 3, 1)
+        assert b.chunks == []
+        assert len(r.lm.forgotten) == 2
+        assert len(r.lm.made) == len(r.lm.freed) == 2  # each sampler made is freed once
+        assert {id(x) for x in r.lm.freed} == {id(x) for x in r.lm.made}
+        assert r.sched.reserved == 0 and not r.sched.running
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_a_step_feeds_the_sampled_token_back_at_the_next_position() -> None:
+    async def go() -> None:
+        r = Rig()
+        sink = r.submit(1, first=10, prompt_len=2, max_tokens=3)
+        await sink.result()
+        r.close()
+        items = [items for _, items in r.lm.decodes]
+        slot = items[0][0][2]
+        assert items == [[(10, 0, slot, False), (10, 1, slot, True)],
+                         [(11, 2, slot, True)], [(12, 3, slot, True)]]
+
+    asyncio.run(go())
+
+
+def test_a_stream_out_of_credit_stops_until_credit_arrives() -> None:
+    async def go() -> None:
+        r = Rig()
+        sink = r.submit(1, first=10, max_tokens=5, window=2)
+        await asyncio.sleep(0.1)
+        assert sink.chunks == ["<11>", "<12>"] and sink.end is None
+        steps = len(r.lm.decodes)
+        await asyncio.sleep(0.05)
+        assert len(r.lm.decodes) == steps  # no decode while it has no credit
+        r.driver.mailbox.post_credit(1, 10)
+        assert await sink.result() == ("done", "length", 3, 5)
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_cancel_ends_a_running_or_waiting_sequence_and_frees_its_slot() -> None:
+    async def go() -> None:
+        r = Rig(slots=1)
+        a = r.submit(1, first=10, max_tokens=50, window=1)
+        b = r.submit(2, first=20, max_tokens=1)
+        c = r.submit(3, first=30, max_tokens=1)
+        await asyncio.sleep(0.05)
+        assert a.chunks == ["<11>"] and b.end is None  # a holds the only slot
+        r.driver.mailbox.post_cancel(3)
+        assert await c.result() == ("done", "cancelled", 3, 0)
+        r.driver.mailbox.post_cancel(1)
+        assert await a.result() == ("done", "cancelled", 3, 1)
+        assert await b.result() == ("done", "length", 3, 1)
+        assert b.chunks == ["<21>"]
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_adapter_groups_decode_in_separate_calls() -> None:
+    async def go() -> None:
+        r = Rig()
+        sinks = [r.submit(1, first=10, max_tokens=2),
+                 r.submit(2, first=20, max_tokens=2, adapter="x"),
+                 r.submit(3, first=30, max_tokens=2)]
+        for s in sinks:
+            await s.result()
+        r.close()
+        assert {adapter for adapter, _ in r.lm.decodes} == {None, "x"}
+        for adapter, items in r.lm.decodes:
+            firsts = {tok // 10 for tok, *_ in items}
+            assert firsts <= ({2} if adapter == "x" else {1, 3})
+
+    asyncio.run(go())
+
+
+def test_a_failed_decode_fails_the_group_with_an_internal_error() -> None:
+    async def go() -> None:
+        r = Rig(fail_decode=-3)
+        sink = r.submit(1, first=10)
+        code, message, status = (await sink.result())[1:]
+        assert (code, status) == ("internal", 500) and "status -3" in message
+        assert not r.sched.running and r.sched.reserved == 0
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_adapter_loads_resolve_on_the_loop() -> None:
+    async def go() -> None:
+        r = Rig()
+        loop = asyncio.get_running_loop()
+        ok, bad = loop.create_future(), loop.create_future()
+        r.driver.mailbox.post_command(LoadAdapter("a", "/tmp/a.gguf", ok))
+        r.driver.mailbox.post_command(LoadAdapter("b", "/tmp/b.txt", bad))
+        await asyncio.wait_for(ok, 2)
+        with pytest.raises(EngineError, match="not a LoRA adapter"):
+            await asyncio.wait_for(bad, 2)
+        assert r.lm.adapters == ["a"]
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_mailbox_take_waits_for_mail_or_work_and_returns_none_once_stopped() -> None:
+    box = Mailbox()
+    box.post_credit(1, 2)
+    box.post_credit(1, 3)
+    box.post_cancel(4)
+    mail = box.take(lambda: False)
+    assert mail is not None and mail.credits == {1: 5} and mail.cancels == {4}
+    empty = box.take(lambda: True)  # busy: it does not wait for mail
+    assert empty is not None and empty == ([], set(), {}, [])
+    box.post_stop()
+    assert box.take(lambda: False) is None
