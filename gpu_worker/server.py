@@ -20,9 +20,11 @@ from typing import Any
 
 import msgspec
 
+from edgefn_core.errors import EngineError, ProtocolError
+
 from . import protocol as p
 from .config import WorkerConfig
-from .engines import Engine, EngineError, ModelInfo, create
+from .engines import Engine, ModelInfo, create
 from .metrics import Metrics
 
 log = logging.getLogger("edgefn.gpu_worker")
@@ -61,19 +63,19 @@ class Worker:
         engine = self.by_model.get(model)
         if engine is None:
             known = ", ".join(sorted(self.by_model)) or "none"
-            raise EngineError("model_not_found", f"model {model!r} does not exist "
-                              f"(available: {known})", 404)
+            raise EngineError("model_not_found", 404, f"model {model!r} does not exist "
+                              f"(available: {known})")
         return engine
 
     async def add_lora(self, name: str, path: str, base: str | None, scale: float) -> ModelInfo:
         """Raises `EngineError` for an unknown base or an adapter the engine refuses."""
         if name in self.by_model:
-            raise EngineError("invalid_request", f"model name {name!r} is already in use")
+            raise EngineError("invalid_request", 400, f"model name {name!r} is already in use")
         if base is None:
             base = next((m.id for m in self.models() if m.kind == "chat" and m.parent is None
                          and self.by_model[m.id].kind == "llamacpp"), None)
         if base is None:
-            raise EngineError("invalid_request", "no base model takes LoRA adapters")
+            raise EngineError("invalid_request", 400, "no base model takes LoRA adapters")
         engine = self.engine_for(base)
         info = await engine.add_lora(name, path, base, scale)
         self.by_model[name] = engine
@@ -149,7 +151,7 @@ class Connection:
                 self.dispatch(msg)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        except p.FrameError as e:
+        except ProtocolError as e:
             log.warning("closing a client connection: %s", e)
         finally:
             for sink in list(self.generations.values()):
@@ -225,7 +227,7 @@ class Connection:
                 return msgspec.to_builtins(await w.add_lora(name, path, base, scale))
             case p.GetMetrics():
                 return w.metrics.snapshot()
-        raise EngineError("invalid_request", f"unexpected message {type(msg).__name__}")
+        raise EngineError("invalid_request", 400, f"unexpected message {type(msg).__name__}")
 
 
 async def _exit_with_parent(stop: asyncio.Event) -> None:
@@ -251,13 +253,13 @@ def _id_of(body: bytes) -> int:
 
 def _check_texts(field: str, texts: list[str]) -> None:
     if not texts:
-        raise EngineError("invalid_request", f"'{field}' must not be empty")
+        raise EngineError("invalid_request", 400, f"'{field}' must not be empty")
     if len(texts) > MAX_INPUTS:
-        raise EngineError("invalid_request", f"'{field}' has {len(texts)} items; at most "
+        raise EngineError("invalid_request", 400, f"'{field}' has {len(texts)} items; at most "
                           f"{MAX_INPUTS} per request")
     for i, t in enumerate(texts):
         if not t:
-            raise EngineError("invalid_request", f"'{field}'[{i}] is an empty string")
+            raise EngineError("invalid_request", 400, f"'{field}'[{i}] is an empty string")
 
 
 async def run(config: WorkerConfig, socket_path: str) -> None:

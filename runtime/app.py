@@ -16,8 +16,7 @@ from typing import IO
 
 import msgspec
 
-from edgefn_core.errors import DataDirBusy
-from gpu_worker.client import WorkerError
+from edgefn_core.errors import DataDirBusy, WorkerError
 from runtime.admin.client import PopInfo
 from runtime.config import PopConfig
 from runtime.net import Server

@@ -41,8 +41,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
+from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
-from runtime import tomlconf
 from runtime.net.server import ServerConfig
 
 Port = Annotated[int, Meta(ge=0, le=65535)]

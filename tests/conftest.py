@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from edgefn_core.process import load_system_libstdcxx
-from tests.support import Running, pop_thread
 
-# pytest runs the PoP and the ONNX engine in one process: see load_system_libstdcxx.
+# pytest runs the PoP (usearch) and the ONNX engine in one process: the system
+# libstdc++ must be global before anything imports usearch (load_system_libstdcxx).
 load_system_libstdcxx()
+
+from tests.support import Running, pop_thread  # noqa: E402
 
 
 @pytest.fixture

@@ -15,20 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from edgefn_core.errors import EngineError
+
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..metrics import Metrics
     from ..protocol import Generate
-
-
-class EngineError(Exception):
-    """A request the engine refuses or cannot serve. ``code`` and ``status`` follow
-    `gpu_worker.protocol.Error`; the worker stays healthy."""
-
-    def __init__(self, code: str, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):
@@ -62,7 +54,7 @@ class Engine:
 
     def generate(self, req: Generate, sink: Sink) -> None:
         """Start a generation; output goes to `sink`. Raises `EngineError`."""
-        raise EngineError("invalid_request", f"model {req.model!r} does not generate text")
+        raise EngineError("invalid_request", 400, f"model {req.model!r} does not generate text")
 
     def cancel(self, rid: int) -> None:
         """Stop generation `rid` (the client went away); unknown ids are ignored."""
@@ -72,18 +64,19 @@ class Engine:
 
     async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
         """Embeddings and the number of tokens read. Raises `EngineError`."""
-        raise EngineError("invalid_request", f"model {model!r} does not embed")
+        raise EngineError("invalid_request", 400, f"model {model!r} does not embed")
 
     async def rerank(self, model: str, query: str, documents: list[str]
                      ) -> tuple[list[float], int]:
         """One relevance score per document (higher is more relevant) and tokens read.
         Raises `EngineError`."""
-        raise EngineError("invalid_request", f"model {model!r} does not rerank")
+        raise EngineError("invalid_request", 400, f"model {model!r} does not rerank")
 
     async def add_lora(self, name: str, path: str, base: str | None, scale: float
                        ) -> ModelInfo:
         """Register a LoRA adapter served as model `name`. Raises `EngineError`."""
-        raise EngineError("invalid_request", f"engine {self.kind!r} does not take LoRA adapters")
+        raise EngineError("invalid_request", 400,
+                          f"engine {self.kind!r} does not take LoRA adapters")
 
     def close(self) -> None:
         """Release models and threads."""
@@ -103,5 +96,5 @@ def create(spec: ModelSpec, metrics: Metrics) -> Engine:
         from .upstream import UpstreamEngine
 
         return UpstreamEngine(spec)
-    raise EngineError("invalid_config", f"unknown engine {spec.engine!r} for model "
+    raise EngineError("invalid_config", 400, f"unknown engine {spec.engine!r} for model "
                       f"{spec.name!r} (expected llamacpp, onnx or openai)")

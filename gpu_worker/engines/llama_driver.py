@@ -17,7 +17,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from . import EngineError
+from edgefn_core.errors import EngineError
+
 from .batching import Item, Scheduler, Seq
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any
 
 import llama_cpp as ll
 
-from . import EngineError
+from edgefn_core.errors import EngineError
 
 _LOG_CB: Any = None
 
@@ -38,7 +38,7 @@ class LlamaModel:
     def __init__(self, path: Path, n_ctx: int, n_seq: int, threads: int, gpu_layers: int) -> None:
         """Raises `EngineError` if the file is missing or llama.cpp cannot load it."""
         if not path.is_file():
-            raise EngineError("invalid_config", f"model file {path} does not exist", 500)
+            raise EngineError("invalid_config", 500, f"model file {path} does not exist")
         quiet()
         ll.llama_backend_init()
         self.gpu = bool(ll.llama_supports_gpu_offload())
@@ -46,7 +46,7 @@ class LlamaModel:
         mp.n_gpu_layers = gpu_layers if self.gpu else 0
         self.model = ll.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
-            raise EngineError("invalid_config", f"llama.cpp could not load {path}", 500)
+            raise EngineError("invalid_config", 500, f"llama.cpp could not load {path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
         self.n_ctx_train = ll.llama_model_n_ctx_train(self.model)
         cp = ll.llama_context_default_params()
@@ -59,8 +59,8 @@ class LlamaModel:
         self.ctx = ll.llama_init_from_model(self.model, cp)
         if not self.ctx:
             ll.llama_model_free(self.model)
-            raise EngineError("invalid_config", f"llama.cpp could not create a context for "
-                              f"{path} (n_ctx={n_ctx}, n_seq={n_seq})", 500)
+            raise EngineError("invalid_config", 500, f"llama.cpp could not create a context for "
+                              f"{path} (n_ctx={n_ctx}, n_seq={n_seq})")
         self.n_ctx = ll.llama_n_ctx(self.ctx)
         self.mem = ll.llama_get_memory(self.ctx)
         self.batch = ll.llama_batch_init(512, 0, 1)
@@ -95,7 +95,7 @@ class LlamaModel:
         for i, m in enumerate(messages):
             role, content = m.get("role"), _content_text(m.get("content"))
             if not isinstance(role, str) or content is None:
-                raise EngineError("invalid_request", f"messages[{i}] needs a string 'role' "
+                raise EngineError("invalid_request", 400, f"messages[{i}] needs a string 'role' "
                                   "and a string (or text parts) 'content'")
             keep += [role.encode(), content.encode()]
             arr[i].role, arr[i].content = keep[-2], keep[-1]
@@ -106,17 +106,19 @@ class LlamaModel:
             buf = ctypes.create_string_buffer(n + 1)
             n = ll.llama_chat_apply_template(self.template, arr, len(messages), True, buf, n + 1)
         if n < 0:
-            raise EngineError("invalid_request", "the model's chat template rejected the messages")
+            raise EngineError("invalid_request", 400,
+                              "the model's chat template rejected the messages")
         return buf.raw[:n].decode("utf-8", "replace")
 
     # -- LoRA -----------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> None:
         """Raises `EngineError` if the file is missing or does not fit the model."""
         if not Path(path).is_file():
-            raise EngineError("invalid_request", f"LoRA adapter file {path} does not exist")
+            raise EngineError("invalid_request", 400, f"LoRA adapter file {path} does not exist")
         adapter = ll.llama_adapter_lora_init(self.model, path.encode())
         if not adapter:
-            raise EngineError("invalid_request", f"{path} is not a LoRA adapter for this model "
+            raise EngineError("invalid_request", 400,
+                              f"{path} is not a LoRA adapter for this model "
                               "(llama.cpp refused it; see the worker log)")
         self.adapters[name] = adapter
 

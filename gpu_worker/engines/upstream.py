@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any, cast
 import httpx2
 import msgspec
 
-from . import Engine, EngineError, ModelInfo
+from edgefn_core.errors import EngineError
+
+from . import Engine, ModelInfo
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -67,11 +69,11 @@ def _check_url(url: str) -> httpx2.URL:
     try:
         parsed = httpx2.URL(url)
     except httpx2.InvalidURL as e:
-        raise EngineError("invalid_config", f"upstream url {url!r} is not valid: {e}", 500) \
+        raise EngineError("invalid_config", 500, f"upstream url {url!r} is not valid: {e}") \
             from None
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise EngineError("invalid_config", f"upstream url {url!r} must start with http:// "
-                          "or https:// and name a host", 500)
+        raise EngineError("invalid_config", 500, f"upstream url {url!r} must start with http:// "
+                          "or https:// and name a host")
     return parsed
 
 
@@ -102,8 +104,7 @@ async def _read_body(resp: httpx2.Response, limit: int) -> bytes:
         async for piece in pieces:
             size += len(piece)
             if size > limit:
-                raise EngineError("upstream_error", f"upstream answer exceeds {limit} bytes",
-                                  502)
+                raise EngineError("upstream_error", 502, f"upstream answer exceeds {limit} bytes")
             parts.append(piece)
     return b"".join(parts)
 
@@ -179,7 +180,7 @@ def _http_error(status: int, body: bytes) -> EngineError:
     if message is None:
         text = body.decode("utf-8", "replace").strip()[:500]
         message = f"upstream answered HTTP {status}" + (f": {text}" if text else "")
-    return EngineError(_code_for(status), message, status)
+    return EngineError(_code_for(status), status, message)
 
 
 def _event_error(obj: dict[str, Any]) -> EngineError:
@@ -187,8 +188,7 @@ def _event_error(obj: dict[str, Any]) -> EngineError:
     err = obj.get("error")
     code = err.get("code") if isinstance(err, dict) else None
     status = code if isinstance(code, int) and 400 <= code < 600 else 502
-    return EngineError(_code_for(status), _error_message(obj) or "upstream stream failed",
-                       status)
+    return EngineError(_code_for(status), status, _error_message(obj) or "upstream stream failed")
 
 
 def _decode_json(data: bytes | str, what: str) -> Any:
@@ -197,8 +197,8 @@ def _decode_json(data: bytes | str, what: str) -> Any:
         return msgspec.json.decode(data)
     except msgspec.DecodeError:
         shown = data[:200] if isinstance(data, str) else data[:200].decode("utf-8", "replace")
-        raise EngineError("upstream_error", f"upstream sent {what} that is not JSON: "
-                          f"{shown!r}", 502) from None
+        raise EngineError("upstream_error", 502, f"upstream sent {what} that is not JSON: "
+                          f"{shown!r}") from None
 
 
 # -- generations ----------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def _generate_body(req: Generate) -> tuple[str, bytes]:
         path = "/completions"
         body["prompt"] = req.prompt
     else:
-        raise EngineError("invalid_request", "a generation needs a prompt or messages")
+        raise EngineError("invalid_request", 400, "a generation needs a prompt or messages")
     body |= {"max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p}
     if req.stop:
         body["stop"] = req.stop
@@ -322,16 +322,16 @@ class UpstreamEngine(Engine):
         status, body = await self._call("GET", "/models", None)
         if status != 200:
             e = _http_error(status, body)
-            raise EngineError(e.code, f"GET {self.url}/models: {e}", e.status)
+            raise EngineError(e.code, e.status, f"GET {self.url}/models: {e}")
         try:
             listed = msgspec.json.decode(body, type=_ModelList)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise EngineError("upstream_error", f"GET {self.url}/models: unexpected answer: "
-                              f"{e}", 502) from None
+            raise EngineError("upstream_error", 502, f"GET {self.url}/models: unexpected answer: "
+                              f"{e}") from None
         self._served = list(dict.fromkeys(m.id for m in listed.data))
         if not self._served:
-            raise EngineError("invalid_config", f"upstream {self.url} lists no models; name "
-                              f"them in `models` for {self.spec.name!r}", 500)
+            raise EngineError("invalid_config", 500, f"upstream {self.url} lists no models; name "
+                              f"them in `models` for {self.spec.name!r}")
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(m, "chat", self.kind, details={"upstream": self.url})
@@ -369,9 +369,9 @@ class UpstreamEngine(Engine):
             return None
         key = os.environ.get(self.spec.api_key_env, "")
         if not key or any(c in key for c in "\r\n"):
-            raise EngineError("invalid_config", f"environment variable "
+            raise EngineError("invalid_config", 500, f"environment variable "
                               f"{self.spec.api_key_env} (api_key_env of "
-                              f"{self.spec.name!r}) is unset or not a valid key", 500)
+                              f"{self.spec.name!r}) is unset or not a valid key")
         return key
 
     # -- generation ---------------------------------------------------------------------
@@ -381,11 +381,11 @@ class UpstreamEngine(Engine):
         invalid_request (no prompt, window < 1, id already streaming), invalid_config."""
         client = self._setup()
         if req.model not in self._served:
-            raise EngineError("model_not_found", f"model {req.model!r} does not exist", 404)
+            raise EngineError("model_not_found", 404, f"model {req.model!r} does not exist")
         if req.window < 1:
-            raise EngineError("invalid_request", "window must be at least 1")
+            raise EngineError("invalid_request", 400, "window must be at least 1")
         if req.id in self._streams:
-            raise EngineError("invalid_request", f"request id {req.id} is already streaming")
+            raise EngineError("invalid_request", 400, f"request id {req.id} is already streaming")
         path, body = _generate_body(req)
         st = _Stream(req, sink)
         st.task = asyncio.get_running_loop().create_task(self._run(client, st, path, body),
@@ -452,7 +452,7 @@ class UpstreamEngine(Engine):
         (its status kept), upstream_unavailable (502), timeout (504), upstream_error."""
         self._setup()
         if model not in self._served:
-            raise EngineError("model_not_found", f"model {model!r} does not exist", 404)
+            raise EngineError("model_not_found", 404, f"model {model!r} does not exist")
         status, body = await self._call("POST", "/embeddings",
                                         msgspec.json.encode({"model": model, "input": inputs}))
         if status != 200:
@@ -460,11 +460,11 @@ class UpstreamEngine(Engine):
         try:
             answer = msgspec.json.decode(body, type=_Embeddings)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise EngineError("upstream_error", f"upstream embeddings answer: {e}", 502) \
+            raise EngineError("upstream_error", 502, f"upstream embeddings answer: {e}") \
                 from None
         if len(answer.data) != len(inputs):
-            raise EngineError("upstream_error", f"upstream returned {len(answer.data)} "
-                              f"embeddings for {len(inputs)} inputs", 502)
+            raise EngineError("upstream_error", 502, f"upstream returned {len(answer.data)} "
+                              f"embeddings for {len(inputs)} inputs")
         vectors = [e.embedding for e in sorted(answer.data, key=lambda e: e.index)]
         return vectors, answer.usage.prompt_tokens if answer.usage else 0
 
@@ -486,12 +486,11 @@ class UpstreamEngine(Engine):
         <timeout>s"), upstream_unavailable (502) when the upstream cannot be reached or
         hangs up, upstream_error (502) when it breaks HTTP."""
         if isinstance(e, httpx2.TimeoutException):
-            return EngineError("timeout", f"upstream {self.url} {silent} {self.timeout:g}s", 504)
+            return EngineError("timeout", 504, f"upstream {self.url} {silent} {self.timeout:g}s")
         if isinstance(e, httpx2.NetworkError) or _hung_up(e):
-            return EngineError("upstream_unavailable", f"upstream {self.url} is unavailable: "
-                               f"{_describe(e)}", 502)
-        return EngineError("upstream_error", f"upstream {self.url} broke HTTP: {_describe(e)}",
-                           502)
+            return EngineError("upstream_unavailable", 502, f"upstream {self.url} is unavailable: "
+                               f"{_describe(e)}")
+        return EngineError("upstream_error", 502, f"upstream {self.url} broke HTTP: {_describe(e)}")
 
 
 async def _events(st: _Stream, resp: httpx2.Response, progress: _Progress) -> None:
@@ -515,7 +514,7 @@ async def _event(st: _Stream, event: str, progress: _Progress) -> bool:
         return True
     obj = _decode_json(event, "an event")
     if not isinstance(obj, dict):
-        raise EngineError("upstream_error", "upstream event is not a JSON object", 502)
+        raise EngineError("upstream_error", 502, "upstream event is not a JSON object")
     if "error" in obj:
         raise _event_error(obj)
     if text := progress.read(obj):
@@ -528,7 +527,7 @@ async def _whole(st: _Stream, resp: httpx2.Response, progress: _Progress) -> Non
     `httpx2.RequestError`, and `EngineError` for an answer that is not a JSON object."""
     obj = _decode_json(await _read_body(resp, MAX_BODY), "an answer")
     if not isinstance(obj, dict):
-        raise EngineError("upstream_error", "upstream answer is not a JSON object", 502)
+        raise EngineError("upstream_error", 502, "upstream answer is not a JSON object")
     if text := progress.read(obj):
         await st.chunk(text)
 

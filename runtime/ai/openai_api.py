@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from edgefn_core.errors import ApiError, EdgefnError
-from gpu_worker.client import Generation, WorkerError
+from edgefn_core.errors import ApiError, EdgefnError, WorkerError
+from gpu_worker.client import Generation
 from runtime.ai.service import AIService
 from runtime.net.message import Request, Response, json_response
 

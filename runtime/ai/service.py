@@ -13,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from gpu_worker.client import WorkerClient, WorkerError
+from edgefn_core.errors import WorkerError
+from gpu_worker.client import WorkerClient
 
 log = logging.getLogger("edgefn.ai")
 

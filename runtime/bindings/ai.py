@@ -13,8 +13,8 @@ import itertools
 import time
 from typing import Any
 
-from edgefn_core.errors import BindingError
-from gpu_worker.client import Generation, WorkerError
+from edgefn_core.errors import BindingError, WorkerError
+from gpu_worker.client import Generation
 from runtime.ai.service import AIService
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed

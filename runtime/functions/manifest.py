@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
 
+from edgefn_core import tomlconf
 from edgefn_core.errors import ManifestError
-from runtime import tomlconf
 
 MANIFEST_NAME = "edgefn.toml"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"

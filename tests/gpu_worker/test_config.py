@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from edgefn_core.errors import WorkerConfigError
 from gpu_worker import config
 
 
@@ -26,9 +27,9 @@ def test_lora_paths_are_relative_to_the_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("[[models]\n", "invalid TOML"),
+    ("[[models]\n", "not valid TOML"),
     ('[[models]]\nname = "x"\n', "missing required field `engine`"),
-    ('[[models]]\nname = "x"\nengine = "llamacpp"\nthreads = "two"\n', "`$.models[0].threads`"),
+    ('[[models]]\nname = "x"\nengine = "llamacpp"\nthreads = "two"\n', "field `models[0].threads`"),
     ('[[models]]\nname = "x"\nengine = "onnx"\ncolour = 1\n', "unknown field `colour`"),
     ('[[models]]\nname = "x"\nengine = "onnx"\n[[loras]]\nname = "x"\npath = "p"\n',
      "repeated: x"),
@@ -36,7 +37,7 @@ def test_lora_paths_are_relative_to_the_file(tmp_path: Path) -> None:
 def test_bad_config_is_named(tmp_path: Path, text: str, message: str) -> None:
     f = tmp_path / "w.toml"
     f.write_text(text)
-    with pytest.raises(config.ConfigError) as e:
+    with pytest.raises(WorkerConfigError) as e:
         config.load(f)
     assert str(e.value).startswith(str(f)) and message in str(e.value)
 

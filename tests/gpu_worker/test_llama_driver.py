@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.engines import EngineError
+from edgefn_core.errors import EngineError
 from gpu_worker.engines.batching import Item, Scheduler, Seq
 from gpu_worker.engines.llama_driver import Driver, LoadAdapter, Mailbox
 from gpu_worker.metrics import Metrics
@@ -62,7 +62,7 @@ class FakeModel:
 
     def load_adapter(self, name: str, path: str) -> None:
         if not path.endswith(".gguf"):
-            raise EngineError("invalid_request", f"{path} is not a LoRA adapter")
+            raise EngineError("invalid_request", 400, f"{path} is not a LoRA adapter")
         self.adapters.append(name)
 
 

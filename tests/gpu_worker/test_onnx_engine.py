@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgefn_core.errors import EngineError
 from gpu_worker.config import ModelSpec
-from gpu_worker.engines import EngineError
 from gpu_worker.engines.onnx import MAX_TOKENS, OnnxEngine, libstdcxx_clash, model_files
 
 MODEL = "all-minilm-l6-v2"
@@ -169,7 +169,7 @@ def test_usearch_loaded_first_is_a_clean_error_not_a_crash() -> None:
     code = """
 import asyncio, usearch.compiled
 from gpu_worker.config import ModelSpec
-from gpu_worker.engines import EngineError
+from edgefn_core.errors import EngineError
 from gpu_worker.engines.onnx import OnnxEngine
 eng = OnnxEngine(ModelSpec("m", "onnx"))
 try:

@@ -22,8 +22,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from edgefn_core.errors import EngineError
 from gpu_worker.config import ModelSpec
-from gpu_worker.engines import EngineError, upstream
+from gpu_worker.engines import upstream
 from gpu_worker.engines.upstream import UpstreamEngine
 from gpu_worker.protocol import Generate
 

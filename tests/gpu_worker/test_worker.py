@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from edgefn_core.errors import WorkerDead, WorkerError
 from gpu_worker.adapters import write_random_lora
-from gpu_worker.client import WorkerClient, WorkerDead, WorkerError
+from gpu_worker.client import WorkerClient
 from gpu_worker.models import packaged_model
 
 T = TypeVar("T")

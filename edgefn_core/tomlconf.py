@@ -1,6 +1,7 @@
 """Decode TOML into msgspec Structs with errors that name the file and the field.
 
-Shared by the function manifest (``edgefn.toml``) and the PoP config (``pop.toml``).
+Shared by the function manifest (``edgefn.toml``), the PoP config (``pop.toml``)
+and the model worker's config. Needs msgspec: not for use inside isolates.
 """
 
 from __future__ import annotations
