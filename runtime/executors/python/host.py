@@ -10,6 +10,7 @@ process; the PoP replaces it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
@@ -19,8 +20,17 @@ from pathlib import Path
 
 from runtime.executors.python import interp
 
-SDK_DIR = Path(__file__).resolve().parents[3] / "functions" / "sdk" / "python"
-ROOT = Path(__file__).resolve().parents[3]
+
+def import_root(package: str) -> str:
+    """The sys.path entry `package` is imported from (site-packages when installed,
+    the checkout's folder in development), found without importing it."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.origin is not None, f"{package} is not installed"
+    return str(Path(spec.origin).parent.parent)
+
+
+# the guest SDK (`edgefn`), then edgefn's own packages (`runtime`, `edgefn_core`)
+IMPORT_ROOTS = list(dict.fromkeys(import_root(p) for p in ("edgefn", "edgefn_core", "runtime")))
 
 
 # Creating interpreters and importing into them one at a time: 3.13.0 has crashed
@@ -30,7 +40,7 @@ STARTING = threading.Lock()
 
 def prepare_code(cfg: dict, fd: int) -> str:
     """Run first in a fresh subinterpreter: import paths, the SDK and the function."""
-    paths = [str(SDK_DIR), cfg["function_dir"], str(ROOT)]
+    paths = [IMPORT_ROOTS[0], cfg["function_dir"], *IMPORT_ROOTS[1:]]
     return (f"import sys\nsys.path[:0] = {paths!r}\n"
             "import edgefn\nfrom runtime.executors.python import guest\n"
             f"prepared = guest.prepare({fd!r}, {cfg['module']!r}, {cfg['handler']!r})\n")

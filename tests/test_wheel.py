@@ -1,0 +1,120 @@
+"""The wheel is the product: built from the repo, installed into a fresh venv, it
+runs `edgefn dev` on the examples from outside the checkout, compiling the native
+reactor from its packaged source and importing the packaged guest SDK."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_FILES = [
+    "runtime/executors/wasm/native_src/reactor.c",  # the native fast path, built on first use
+    "edgefn/__init__.py",  # the Python guest SDK, imported inside isolates
+    "edgefn_sdk/c/edgefn.h",
+    "edgefn_sdk/assemblyscript/edgefn.ts",
+    "edgefn_core/errors.py",
+    "runtime/pipeline/stages/dispatch.py",
+    "gpu_worker/engines/llamacpp.py",
+    "kv/store.py",
+]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w",
+                    str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
+    (built,) = out.glob("edgefn-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel installed (not editable). Its dependencies come
+    from this test run's environment through a .pth line, so nothing is
+    downloaded or compiled again; edgefn itself only from the wheel."""
+    env = tmp_path_factory.mktemp("venv") / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
+    (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"),
+                    "install", "--quiet", "--no-deps", str(wheel)], check=True,
+                   capture_output=True, timeout=300)
+    return env
+
+
+def test_the_wheel_holds_what_the_runtime_needs(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [f for f in RUNTIME_FILES if f not in names]
+    assert not missing, f"not in {wheel.name}: {missing}"
+    assert not any(n.startswith(("tests/", "bench/")) for n in names)
+
+
+def test_the_installed_package_imports_from_the_venv_not_the_checkout(venv: Path,
+                                                                      tmp_path: Path) -> None:
+    code = "import edgefn, edgefn_core, runtime, kv, gpu_worker; print(runtime.__file__, " \
+           "edgefn.__file__)"
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, check=True,
+                         capture_output=True, text=True).stdout
+    assert str(ROOT) not in out and str(venv) in out, out
+
+
+@pytest.fixture
+def dev_from_wheel(venv: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    examples = tmp_path / "examples"
+    for name in ("hello-wat", "python-hello"):
+        shutil.copytree(ROOT / "functions" / "examples" / name, examples / name)
+    env = {**os.environ, "EDGEFN_NATIVE_CACHE": str(tmp_path / "native")}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "edgefn"), "dev", str(examples), "--no-ai", "--port", "0",
+         "--data", str(tmp_path / "data")], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = _wait_for_url(proc)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def _wait_for_url(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    url, deadline, seen = "", time.monotonic() + 120, []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if m := re.search(r"listening on (http://\S+)", line):
+            url = m.group(1)
+        if line.startswith("serving "):
+            return url
+    raise AssertionError("edgefn dev from the wheel did not start:\n" + "".join(seen))
+
+
+def test_edgefn_dev_from_the_wheel_serves_wasm_and_python(
+        dev_from_wheel: tuple[str, subprocess.Popen[str]], tmp_path: Path) -> None:
+    url, _ = dev_from_wheel
+    with urllib.request.urlopen(url + "/hello", timeout=30) as r:
+        assert r.status == 200 and b"hello" in r.read().lower()
+    with urllib.request.urlopen(url + "/py/hello?name=wheel", timeout=30) as r:
+        assert r.status == 200 and b"wheel" in r.read()
+    # the native fast path was compiled here, from the reactor.c inside the wheel
+    assert list((tmp_path / "native").glob("*.so")), "native reactor not built"
