@@ -7,7 +7,8 @@ from pathlib import Path
 
 from runtime.abi import encode_pairs, encode_request
 from runtime.bindings import Bindings
-from runtime.executors.python.pool import HostConfig, Pool
+from runtime.executors.python.config import HostConfig
+from runtime.executors.python.pool import Pool
 from runtime.functions.manifest import Manifest
 from runtime.net.message import Request, Response
 
