@@ -1,7 +1,10 @@
 """One isolate-host process, as the PoP sees it: spawn it, wait until its first
 isolates are warm, start more, notice it died, stop or kill it.
 
-It exits when its stdin closes, which is how the PoP stops it.
+The process runs in its own process group, so a Ctrl-C meant for the PoP (the
+terminal signals its whole foreground group) does not reach it; it exits when
+its stdin closes, which is how the PoP stops it, and also what happens when the
+PoP dies.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ class Host:
         env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONDONTWRITEBYTECODE": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
-            stdin=subprocess.PIPE, pass_fds=theirs, env=env, cwd=cfg.function_dir)
+            stdin=subprocess.PIPE, pass_fds=theirs, env=env, cwd=cfg.function_dir,
+            process_group=0)
         for _, b in pairs:
             b.close()
         self.isolates = [Isolate(self, a, "starting" if n < cfg.min_isolates else "unstarted")

@@ -4,7 +4,8 @@ The supervisor keeps an active host and, if the pool wants one, a pre-warmed
 standby. When the active host dies (a segfault in ctypes, an isolate stuck in
 native code past its limit) its jobs fail, the standby takes over at once (a
 new generation for the scheduler) and a new standby is started in the
-background.
+background. Stopping is parallel: every host's stdin closes first, then they
+share one grace period.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 
 from runtime.executors.python.config import HostConfig
-from runtime.executors.python.hosts import READY_TIMEOUT, Host
+from runtime.executors.python.hosts import READY_TIMEOUT, STOP_GRACE, Host
 from runtime.executors.python.isolate import Events, Isolate
 from runtime.executors.python.job import Job
 from runtime.executors.python.scheduler import Scheduler
@@ -38,11 +40,13 @@ class Supervisor:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.generations = itertools.count(1)
         self.replacements = 0
+        self.closing = False  # the PoP is shutting down: abort hosts still starting
         self.stopped = False
         # Per-host state
         self.active: Host | None = None
         self.standby: Host | None = None
         self.spawning: list[threading.Thread] = []
+        self.starting: set[Host] = set()  # spawned, not ready yet
 
     def start(self) -> None:
         """Start the active host (and a warm standby). Blocks; raises `DeployError`."""
@@ -58,7 +62,13 @@ class Supervisor:
         """A new host, ready. Blocks; raises `DeployError`."""
         host = Host(self.cfg, self.events, self.host_died, generation=next(self.generations),
                     warm_request=self.warm_request)
-        host.wait_ready()
+        self.starting.add(host)
+        try:
+            if self.closing:  # `close` may have looked at `starting` just before the add
+                host.kill()
+            host.wait_ready()
+        finally:
+            self.starting.discard(host)
         return host
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -126,7 +136,8 @@ class Supervisor:
             try:
                 host = self._spawn()
             except Exception as e:
-                log.error("%s: cannot restart its isolate host: %s", self.cfg.name, e)
+                if not self.closing:
+                    log.error("%s: cannot restart its isolate host: %s", self.cfg.name, e)
                 return
             try:
                 if self.scheduler.retired:
@@ -169,9 +180,16 @@ class Supervisor:
                 self._stop_later(host)
 
     def close(self) -> None:
-        """Stop everything now (PoP shutdown)."""
+        """Stop everything now, in parallel (PoP shutdown). Blocks up to `STOP_GRACE`;
+        a host still starting is killed first."""
+        self.closing = True
+        for host in list(self.starting):
+            host.kill()
         for t in self.spawning:
             t.join(READY_TIMEOUT)
-        for host in (self.active, self.standby):
-            if host is not None:
-                host.stop()
+        hosts = [h for h in (self.active, self.standby) if h is not None]
+        for host in hosts:
+            host.begin_stop()
+        deadline = time.monotonic() + STOP_GRACE
+        for host in hosts:
+            host.finish_stop(deadline - time.monotonic())
