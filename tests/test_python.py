@@ -304,3 +304,41 @@ def handle(request, env):
     assert (status, headers["x-edgefn-error"]) == (502, "bad_response")
     for i in range(5):
         assert pop.get(f"/flaky?n={i}")[2] == f"ok:{i}".encode()
+
+
+def test_max_response_mb_caps_plain_and_streamed_bodies(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "big", """
+from edgefn import Response
+
+def handle(request, env):
+    n = int(request.query["n"])
+    if request.query.get("stream"):
+        def parts():
+            left = n
+            while left > 0:
+                yield b"x" * min(left, 65536)
+                left -= 65536
+        return Response(parts())
+    return Response(b"x" * n)
+""", limits="max_response_mb = 1", pool="min = 1\nmax = 1\nstandby = false"))
+    mib = 1 << 20
+    for n in (3 * mib, mib + 1):
+        status, headers, body = pop.get(f"/big?n={n}")
+        assert (status, headers["x-edgefn-error"]) == (502, "bad_response"), body[:200]
+        assert b"exceeds the limit of 1048576 bytes (limits.max_response_mb = 1)" in body
+    for n in (mib * 9 // 10, mib):
+        status, _, body = pop.get(f"/big?n={n}")
+        assert (status, len(body)) == (200, n)
+    import http.client
+
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    conn.request("GET", f"/big?stream=1&n={3 * mib}")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    with pytest.raises(http.client.IncompleteRead) as cut:
+        resp.read()  # the stream is cut at the limit, not ended cleanly
+    assert len(cut.value.partial) <= mib
+    conn.close()
+    for n in (mib * 9 // 10, mib):
+        status, _, body = pop.get(f"/big?stream=1&n={n}")
+        assert (status, len(body)) == (200, n)

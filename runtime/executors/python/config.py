@@ -22,8 +22,14 @@ class HostConfig:
     recycle_after: int
     min_isolates: int
     max_isolates: int
+    max_response_mb: int = 16
 
     @property
     def label(self) -> str:
         """``name@version``: how the function's log lines and errors are tagged."""
         return f"{self.name}@{self.version}"
+
+    @property
+    def max_response(self) -> int:
+        """The largest response body, in bytes (plain or streamed)."""
+        return self.max_response_mb << 20

@@ -1,7 +1,7 @@
 """The PoP's side of one subinterpreter: what its frames mean for the job it runs.
 
 An `Isolate` turns READY, RESPONSE, HEAD, CHUNK, END and ERROR frames into a
-job's response (checking it), passes CALL
+job's response (checking it, including `limits.max_response_mb`), passes CALL
 frames to the pool's host-call routing, and tells its owner (the host) when
 its socket is gone. Which job it runs is the scheduler's business.
 """
@@ -71,7 +71,8 @@ class Isolate:
         self.recycling = False  # its interpreter is replaced after the job in flight
         # Per-job state
         self.job: Job | None = None
-        self.stuck = False  # its job timed out; frames are dropped until it finishes
+        self.stuck = False  # its job ended early (timed out, cut); frames are dropped until its end
+        self.streamed = 0
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self.channel.attach(loop)
@@ -81,6 +82,7 @@ class Isolate:
 
     def run(self, job: Job) -> None:
         self.job = job
+        self.streamed = 0
         self.send(wire.frame(wire.REQUEST, job.payload))
 
     def cancel(self) -> None:
@@ -132,8 +134,12 @@ class Isolate:
             self.close()
 
     def _response(self, payload: bytes) -> Response:
-        """Raises `FunctionError` (bad_response) for an invalid response."""
-        return Response(*decode_response(payload))
+        """Raises `FunctionError` (bad_response) for an invalid or oversized response."""
+        status, headers, body = decode_response(payload)
+        if len(body) > self.cfg.max_response:
+            raise FunctionError("bad_response", 502, f"response body of {len(body)} bytes "
+                                f"exceeds the limit of {self._limit()}")
+        return Response(status, headers, body)
 
     def _head(self, job: Job, payload: bytes) -> None:
         try:
@@ -146,8 +152,16 @@ class Isolate:
             job.start_stream(status, headers)
 
     def _chunk(self, job: Job, payload: bytes) -> None:
-        if not self.stuck:
-            job.chunk(payload)
+        if self.stuck or job.chunks is None:
+            return
+        self.streamed += len(payload)
+        if self.streamed > self.cfg.max_response:  # cut the stream; the guest stops at CANCEL
+            job.fail(FunctionError("bad_response", 502, f"streamed response body exceeded the "
+                                   f"limit of {self._limit()}; the stream was cut"))
+            self.stuck = True
+            self.cancel()
+            return
+        job.chunk(payload)
 
     def _error(self, info: dict[str, Any]) -> None:
         if info.get("traceback"):
@@ -172,6 +186,10 @@ class Isolate:
             job.end()
         self.stuck = False
         self.owner.events.finished(self)
+    def _limit(self) -> str:
+        cfg = self.cfg
+        return f"{cfg.max_response} bytes (limits.max_response_mb = {cfg.max_response_mb})"
+
 
 def read_json(payload: bytes) -> dict[str, Any]:
     """A JSON object frame's payload; {} for anything else."""
