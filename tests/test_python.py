@@ -342,3 +342,26 @@ def handle(request, env):
     for n in (mib * 9 // 10, mib):
         status, _, body = pop.get(f"/big?stream=1&n={n}")
         assert (status, len(body)) == (200, n)
+
+
+def test_an_uncaught_denied_binding_call_answers_binding_not_trap(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "nosy", """
+import edgefn
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("catch"):
+        try:
+            env.kv("secret").get("k")
+        except edgefn.BindingError as e:
+            assert isinstance(e, RuntimeError)  # code written for RuntimeError still works
+            return Response(f"denied: {e}", status=403)
+    env.kv("secret").get("k")
+"""))
+    status, headers, body = pop.get("/nosy")
+    assert (status, headers["x-edgefn-error"]) == (500, "binding"), body
+    assert b"did not declare KV namespace 'secret'" in body
+    assert b"failed in a binding call at main.py:12 in handle: function 'nosy' did not" in body
+    status, _, body = pop.get("/nosy?catch=1")
+    assert status == 403 and body.startswith(b"denied: ") and b"'secret'" in body

@@ -151,14 +151,25 @@ def _imported_by_user(e: BaseException, module: str) -> str | None:
 
 def _raised(e: BaseException) -> str:
     """``raised ValueError: nope (main.py:2 in handle)``: the innermost user frame."""
-    where = ""
+    where = _user_frame(e)
+    text = "".join(traceback.format_exception_only(e)).strip().splitlines()[-1]
+    return f"raised {text}" + (f" ({where})" if where else "")
+
+
+def _binding_failed(e: BaseException) -> str:
+    """``failed in a binding call at main.py:4 in handle: <the PoP's reason>``."""
+    where = _user_frame(e)
+    return "failed in a binding call" + (f" at {where}" if where else "") + f": {e}"
+
+
+def _user_frame(e: BaseException) -> str:
+    """``main.py:2 in handle``: the innermost frame of the function's own code."""
     frames = traceback.extract_tb(e.__traceback__)
     user = [f for f in frames if not f.filename.endswith(("guest.py", "edgefn.py"))]
-    if user:
-        f = user[-1]
-        where = f" ({os.path.basename(f.filename)}:{f.lineno} in {f.name})"
-    text = "".join(traceback.format_exception_only(e)).strip().splitlines()[-1]
-    return f"raised {text}{where}"
+    if not user:
+        return ""
+    f = user[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
 
 
 class Session:
@@ -212,6 +223,8 @@ class Session:
                             else "exceeded its wall-time limit")
         except MemoryError:
             self.send_error("memory_limit", "ran out of memory (MemoryError)")
+        except self.sdk.BindingError as e:
+            self.send_error("binding", _binding_failed(e), "".join(traceback.format_exception(e)))
         except Exception as e:
             self.send_error("exception", _raised(e), "".join(traceback.format_exception(e)))
 
@@ -285,7 +298,7 @@ class Session:
                 if reply.get("id") != self.calls:
                     continue  # the late answer to a call of a request that was cut short
                 if "error" in reply:
-                    raise RuntimeError(reply["error"])
+                    raise self.sdk.BindingError(reply["error"])
                 return reply.get("result")
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:

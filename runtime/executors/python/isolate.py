@@ -26,7 +26,7 @@ from runtime.net.message import Response
 log = logging.getLogger("edgefn.isolates")
 
 # What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
-ERRORS = {"exception": ("trap", 500),
+ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
           "cpu_limit": ("cpu_limit", 503), "memory_limit": ("memory_limit", 503),
           "wall_limit": ("wall_limit", 504)}
 
