@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -365,3 +366,42 @@ def handle(request, env):
     assert b"failed in a binding call at main.py:12 in handle: function 'nosy' did not" in body
     status, _, body = pop.get("/nosy?catch=1")
     assert status == 403 and body.startswith(b"denied: ") and b"'secret'" in body
+
+
+LAZY_EXT = """
+from edgefn import Response
+
+def handle(request, env):
+    which = request.query.get("m")
+    if which == "numpy":
+        import numpy
+    elif which == "lmdb":
+        from lmdb import Environment
+    elif which == "helper":
+        import helper
+    else:
+        import msgspec.json
+    return Response("unreachable")
+"""
+
+
+def test_a_c_extension_imported_in_a_handler_fails_clearly_and_is_warned_at_deploy(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = py_function(tmp_path, "lazyext", LAZY_EXT)
+    (d / "helper.py").write_text("def f():\n    import uvloop\n")
+    with caplog.at_level(logging.WARNING, logger="edgefn.functions"):
+        version = pop.deploy(d)["version"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "edgefn.functions"]
+    for name, where in (("numpy", "main.py:7"), ("lmdb", "main.py:9"), ("msgspec", "main.py:13"),
+                        ("uvloop", "helper.py:2")):
+        assert any(m.startswith(f"lazyext@{version}: ") and f"`{name}`" in m and where in m
+                   for m in warned), (name, warned)
+    assert not any("`helper`" in m for m in warned)  # the function's own module is fine
+    for query, name, line in (("numpy", "numpy", 7), ("lmdb", "lmdb", 9), ("", "msgspec", 13)):
+        status, headers, body = pop.get(f"/lazyext?m={query}")
+        assert (status, headers["x-edgefn-error"]) == (500, "trap"), body
+        assert json.loads(body)["error"]["message"] == (
+            f"function 'lazyext' cannot import module '{name}' inside an isolate: C extensions "
+            "that do not support isolated subinterpreters are unavailable "
+            f"(main.py:{line} in handle; README: Python functions)")
+    assert pop.get("/lazyext?m=nothing")[0] == 500  # the isolate still serves

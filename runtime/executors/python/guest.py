@@ -98,10 +98,12 @@ def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any
 
 
 def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycle_after: int,
-          sdk: Any) -> None:
-    """Say READY, then serve requests until recycling. Raises `IsolateStop` if the PoP went away."""
+          sdk: Any, warnings: list[str] | None = None) -> None:
+    """Say READY (with `warnings` for the PoP's log), then serve requests until
+    recycling. Raises `IsolateStop` if the PoP went away."""
     sock, handler = prepared
-    sock.sendall(wire.json_frame(wire.READY, {"ok": True}))
+    ready: dict[str, Any] = {"ok": True, "warnings": warnings} if warnings else {"ok": True}
+    sock.sendall(wire.json_frame(wire.READY, ready))
     Session(sock, handler, cpu_ms, wall_ms, sdk).loop(recycle_after)
 
 
@@ -146,6 +148,36 @@ def _imported_by_user(e: BaseException, module: str) -> str | None:
             m = _IMPORT_LINE.match(frame.line)
             if m:
                 return (m.group(1) or m.group(2)).split(".")[0]
+    return None
+
+
+def _cannot_import(e: BaseException) -> str | None:
+    """For an import in a request that failed because a C extension refuses isolated
+    subinterpreters, a message naming the module the function's code imported."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    found = next((m for m in map(_UNSUPPORTED.search, map(str, chain)) if m), None)
+    if found is None:
+        return None
+    name, where = _user_import(e) or (found.group(1).split(".")[0], "")
+    return (f"cannot import module {name!r} inside an isolate: C extensions that do not "
+            "support isolated subinterpreters are unavailable ("
+            + (f"{where}; " if where else "") + "README: Python functions)")
+
+
+def _user_import(e: BaseException) -> tuple[str, str] | None:
+    """The module named by the outermost import statement in the failure's traceback
+    outside edgefn's own frames, and where it is (``main.py:4 in handle``)."""
+    for f in traceback.extract_tb(e.__traceback__):
+        if f.filename.endswith(("guest.py", "edgefn.py")) or not f.line:
+            continue
+        m = _IMPORT_LINE.match(f.line)
+        if m and (m.group(1) or m.group(2)).split(".")[0]:
+            name = (m.group(1) or m.group(2)).split(".")[0]
+            return name, f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
     return None
 
 
@@ -226,7 +258,8 @@ class Session:
         except self.sdk.BindingError as e:
             self.send_error("binding", _binding_failed(e), "".join(traceback.format_exception(e)))
         except Exception as e:
-            self.send_error("exception", _raised(e), "".join(traceback.format_exception(e)))
+            self.send_error("exception", _cannot_import(e) or _raised(e),
+                            "".join(traceback.format_exception(e)))
 
     def warm(self, payload: bytes) -> None:
         """Everything `one` does around the handler, so the first real request is warm."""

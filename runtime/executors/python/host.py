@@ -4,7 +4,9 @@ It owns one function version's subinterpreters. Each isolate runs on its own
 thread, inside its own interpreter, serving the socket the PoP passed for it
 (`fds`); when an isolate recycles, a fresh interpreter takes over the same
 socket. Lines on stdin are commands from the PoP: ``grow`` starts the next
-isolate. A crash here (a segfault in a C extension or ctypes) ends only this
+isolate; at EOF the host exits. With ``check_imports`` it first looks for
+imports that would fail only at request time (`importcheck`) and its first
+isolate reports them at READY. A crash here (a segfault in a C extension or ctypes) ends only this
 process; the PoP replaces it.
 """
 
@@ -17,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from runtime.executors.python import interp
+from runtime.executors.python import importcheck, interp
 
 SDK_DIR = Path(__file__).resolve().parents[3] / "functions" / "sdk" / "python"
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,29 +30,37 @@ ROOT = Path(__file__).resolve().parents[3]
 STARTING = threading.Lock()
 
 
+def import_paths(cfg: dict) -> list[str]:
+    """What a subinterpreter imports from, before its own sys.path: the SDK, the
+    function's folder, and edgefn (for the guest loop)."""
+    return [str(SDK_DIR), cfg["function_dir"], str(ROOT)]
+
+
 def prepare_code(cfg: dict, fd: int) -> str:
     """Run first in a fresh subinterpreter: import paths, the SDK and the function."""
-    paths = [str(SDK_DIR), cfg["function_dir"], str(ROOT)]
+    paths = import_paths(cfg)
     return (f"import sys\nsys.path[:0] = {paths!r}\n"
             "import edgefn\nfrom runtime.executors.python import guest\n"
             f"prepared = guest.prepare({fd!r}, {cfg['module']!r}, {cfg['handler']!r})\n")
 
 
-def serve_code(cfg: dict) -> str:
+def serve_code(cfg: dict, warnings: list[str]) -> str:
     """Run next, in the same interpreter's __main__: the request loop."""
     args = (cfg["cpu_ms"], cfg["wall_ms"], cfg["recycle_after"])
-    return f"guest.serve(prepared, *{args!r}, sdk=edgefn)\n"
+    return f"guest.serve(prepared, *{args!r}, sdk=edgefn, warnings={warnings!r})\n"
 
 
-def run_isolate(cfg: dict, fd: int) -> None:
-    """Serve `fd` with a fresh interpreter, again after every recycle, until stopped."""
+def run_isolate(cfg: dict, fd: int, warnings: list[str]) -> None:
+    """Serve `fd` with a fresh interpreter, again after every recycle, until stopped;
+    the first READY carries `warnings`."""
     while True:
         with STARTING:
             i = interp.create()
             err = interp.run(i, prepare_code(cfg, fd))
         try:
             if err is None:
-                err = interp.run(i, serve_code(cfg))
+                err = interp.run(i, serve_code(cfg, warnings))
+                warnings = []
         finally:
             interp.destroy(i)
         if err is not None:  # IsolateStop (import failed, PoP gone) or an unexpected error
@@ -76,11 +86,16 @@ def main() -> None:
     fds: list[int] = cfg["fds"]
     started = 0
     threads = []
+    warnings = []
+    if cfg.get("check_imports"):
+        warnings = importcheck.warnings(cfg["function_dir"], cfg["module"], import_paths(cfg))
 
     def start_next() -> None:
         nonlocal started
         if started < len(fds):
-            t = threading.Thread(target=run_isolate, args=(cfg, fds[started]), daemon=True)
+            first = warnings if started == 0 else []
+            t = threading.Thread(target=run_isolate, args=(cfg, fds[started], first),
+                                 daemon=True)
             t.start()
             threads.append(t)
             started += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -25,6 +26,8 @@ from runtime.executors.python import wire
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.isolate import Events, Isolate, read_json
 
+functions_log = logging.getLogger("edgefn.functions")
+
 READY_TIMEOUT = 30.0
 WARM_ROUNDS = 20
 STOP_GRACE = 2.0  # after its stdin closes, how long a host gets before it is killed
@@ -32,12 +35,14 @@ STOP_GRACE = 2.0  # after its stdin closes, how long a host gets before it is ki
 
 class Host:
     def __init__(self, cfg: HostConfig, events: Events, died: Callable[[Host, str], None], *,
-                 generation: int, warm_request: bytes) -> None:
+                 generation: int, warm_request: bytes, check_imports: bool = False) -> None:
         """Spawn the process (it starts `cfg.min_isolates` isolates); `wait_ready`
         next. `died(host, why)` is called on the event loop when it dies.
 
         `warm_request` is a sample encoded request each isolate runs through its
-        request path (not the handler) before it counts as ready.
+        request path (not the handler) before it counts as ready. With
+        `check_imports`, the host also looks for imports that cannot load in an
+        isolate but run only at request time, and `wait_ready` logs them as warnings.
         """
         # Global state
         self.cfg = cfg
@@ -47,7 +52,8 @@ class Host:
         self.warm_request = warm_request
         pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
         theirs = [b.fileno() for _, b in pairs]
-        config = {**cfg.__dict__, "fds": theirs, "initial": cfg.min_isolates}
+        config = {**cfg.__dict__, "fds": theirs, "initial": cfg.min_isolates,
+                  "check_imports": check_imports}
         env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONDONTWRITEBYTECODE": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
@@ -94,6 +100,8 @@ class Host:
         if not info.get("ok"):
             raise DeployError(f"{self.cfg.name}: {self.cfg.module}.py "
                               f"{info.get('error', 'failed to start')}")
+        for warning in info.get("warnings") or ():
+            functions_log.warning("%s: %s", self.cfg.label, warning)
         for _ in range(WARM_ROUNDS):  # the request path, minus the handler, in both processes
             sock.sendall(wire.frame(wire.WARM, self.warm_request))
             f = wire.recv_frame(sock, reader, pending)

@@ -50,7 +50,7 @@ class Supervisor:
 
     def start(self) -> None:
         """Start the active host (and a warm standby). Blocks; raises `DeployError`."""
-        self.active = self._spawn()
+        self.active = self._spawn(check_imports=True)  # at deploy: warn once, not per host
         if self.want_standby:
             try:
                 self.standby = self._spawn()
@@ -58,10 +58,10 @@ class Supervisor:
                 self.active.stop()
                 raise
 
-    def _spawn(self) -> Host:
+    def _spawn(self, check_imports: bool = False) -> Host:
         """A new host, ready. Blocks; raises `DeployError`."""
         host = Host(self.cfg, self.events, self.host_died, generation=next(self.generations),
-                    warm_request=self.warm_request)
+                    warm_request=self.warm_request, check_imports=check_imports)
         self.starting.add(host)
         try:
             if self.closing:  # `close` may have looked at `starting` just before the add
