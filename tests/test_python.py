@@ -405,3 +405,25 @@ def test_a_c_extension_imported_in_a_handler_fails_clearly_and_is_warned_at_depl
             "that do not support isolated subinterpreters are unavailable "
             f"(main.py:{line} in handle; README: Python functions)")
     assert pop.get("/lazyext?m=nothing")[0] == 500  # the isolate still serves
+
+
+def test_function_logs_and_tracebacks_go_to_the_functions_logger(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = py_function(tmp_path, "chatty", """
+from edgefn import Response
+
+def handle(request, env):
+    env.log("hello", 42)
+    if request.query.get("fail"):
+        raise KeyError("nope")
+    return Response("ok")
+""")
+    with caplog.at_level(logging.INFO, logger="edgefn.functions"):
+        version = pop.deploy(d)["version"]
+        assert pop.get("/chatty")[0] == 200
+        assert pop.get("/chatty?fail=1")[0] == 500
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "edgefn.functions"]
+    assert lines.count((logging.INFO, f"chatty@{version}: hello 42")) == 2
+    (tb,) = [(level, m) for level, m in lines if "Traceback" in m]
+    assert tb[0] >= logging.WARNING and tb[1].startswith(f"chatty@{version}: Traceback")
+    assert "main.py\", line 7, in handle" in tb[1] and tb[1].endswith("KeyError: 'nope'")

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from runtime.executors.python import wire
 from runtime.executors.python.config import HostConfig
 
-log = logging.getLogger("edgefn.isolates")
+functions_log = logging.getLogger("edgefn.functions")
 
 LOG_LINE_MAX = 4096
 
@@ -44,7 +44,8 @@ class HostCalls:
         args = msg.get("args") or {}
         reply: dict[str, Any]
         if name == "log":
-            log.info("[%s] %s", self.cfg.name, str(args.get("message", ""))[:LOG_LINE_MAX])
+            functions_log.info("%s: %s", self.cfg.label,
+                               str(args.get("message", ""))[:LOG_LINE_MAX])
             reply = {"result": None}
         elif name == "deployment":
             reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}

@@ -24,6 +24,7 @@ from runtime.executors.python.job import Job
 from runtime.net.message import Response
 
 log = logging.getLogger("edgefn.isolates")
+functions_log = logging.getLogger("edgefn.functions")  # what functions log, and their tracebacks
 
 # What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
 ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
@@ -165,7 +166,7 @@ class Isolate:
 
     def _error(self, info: dict[str, Any]) -> None:
         if info.get("traceback"):
-            log.info("%s: %s", self.cfg.label, str(info["traceback"]).rstrip())
+            functions_log.error("%s: %s", self.cfg.label, str(info["traceback"]).rstrip())
         code, status = ERRORS.get(str(info.get("kind")), ERRORS["exception"])
         message = str(info.get("message", "failed"))
         self._finish(lambda job: job.fail(FunctionError(code, status, message)))
