@@ -168,7 +168,7 @@ def test_a_job_past_its_wall_time_fails_and_its_isolate_is_reported_stuck(
     running, waiting = h.submit(), h.submit()
     for job in (running, waiting):
         with pytest.raises(FunctionError) as err:
-            loop.run_until_complete(job.future)
+            loop.run_until_complete(asyncio.wait_for(job.future, 5))
         assert (err.value.code, err.value.status) == ("wall_limit", 504)
         assert "wall-time limit of 20 ms" in str(err.value)
     assert h.stuck == [(only, running)] and only.stuck  # the waiting job had no isolate
@@ -201,3 +201,10 @@ def test_without_an_active_host_jobs_wait_for_the_next_one(
     replacement = FakeIsolate("r", generation=3)
     h.s.use(3, [replacement])
     assert replacement.jobs == [job]
+
+
+def test_an_isolate_that_died_while_idle_is_passed_over(loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=2, started=2)
+    h.isolates[1].state = "dead"  # its socket closed; it is still in the idle stack
+    assert h.runner(h.submit()) is h.isolates[0]
+    assert h.runner(h.submit()) is None and len(h.s.waiting) == 1
