@@ -44,27 +44,18 @@ class Host:
         `check_imports`, the host also looks for imports that cannot load in an
         isolate but run only at request time, and `wait_ready` logs them as warnings.
         """
-        # Global state
         self.cfg = cfg
         self.events = events
         self.died = died
         self.generation = generation
         self.warm_request = warm_request
+        self.dead = False
         pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
-        theirs = [b.fileno() for _, b in pairs]
-        config = {**cfg.__dict__, "fds": theirs, "initial": cfg.min_isolates,
-                  "check_imports": check_imports}
-        env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONDONTWRITEBYTECODE": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
-            stdin=subprocess.PIPE, pass_fds=theirs, env=env, cwd=cfg.function_dir,
-            process_group=0)
+        self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports)
         for _, b in pairs:
             b.close()
         self.isolates = [Isolate(self, a, "starting" if n < cfg.min_isolates else "unstarted")
                          for n, (a, _) in enumerate(pairs)]
-        # Per-process state
-        self.dead = False
 
     @property
     def pid(self) -> int:
@@ -183,3 +174,14 @@ class Host:
         release what it left behind."""
         self.begin_stop()
         self.finish_stop(grace)
+
+
+def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool) -> subprocess.Popen[bytes]:
+    """Start `python -m runtime.executors.python.host` serving `fds`, in its own
+    process group (see the module docstring)."""
+    config = {**cfg.__dict__, "fds": fds, "initial": cfg.min_isolates,
+              "check_imports": check_imports}
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
+        stdin=subprocess.PIPE, pass_fds=fds, env=env, cwd=cfg.function_dir, process_group=0)
