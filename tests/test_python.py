@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -304,3 +305,125 @@ def handle(request, env):
     assert (status, headers["x-edgefn-error"]) == (502, "bad_response")
     for i in range(5):
         assert pop.get(f"/flaky?n={i}")[2] == f"ok:{i}".encode()
+
+
+def test_max_response_mb_caps_plain_and_streamed_bodies(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "big", """
+from edgefn import Response
+
+def handle(request, env):
+    n = int(request.query["n"])
+    if request.query.get("stream"):
+        def parts():
+            left = n
+            while left > 0:
+                yield b"x" * min(left, 65536)
+                left -= 65536
+        return Response(parts())
+    return Response(b"x" * n)
+""", limits="max_response_mb = 1", pool="min = 1\nmax = 1\nstandby = false"))
+    mib = 1 << 20
+    for n in (3 * mib, mib + 1):
+        status, headers, body = pop.get(f"/big?n={n}")
+        assert (status, headers["x-edgefn-error"]) == (502, "bad_response"), body[:200]
+        assert b"exceeds the limit of 1048576 bytes (limits.max_response_mb = 1)" in body
+    for n in (mib * 9 // 10, mib):
+        status, _, body = pop.get(f"/big?n={n}")
+        assert (status, len(body)) == (200, n)
+    import http.client
+
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    conn.request("GET", f"/big?stream=1&n={3 * mib}")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    with pytest.raises(http.client.IncompleteRead) as cut:
+        resp.read()  # the stream is cut at the limit, not ended cleanly
+    assert len(cut.value.partial) <= mib
+    conn.close()
+    for n in (mib * 9 // 10, mib):
+        status, _, body = pop.get(f"/big?stream=1&n={n}")
+        assert (status, len(body)) == (200, n)
+
+
+def test_an_uncaught_denied_binding_call_answers_binding_not_trap(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(py_function(tmp_path, "nosy", """
+import edgefn
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("catch"):
+        try:
+            env.kv("secret").get("k")
+        except edgefn.BindingError as e:
+            assert isinstance(e, RuntimeError)  # code written for RuntimeError still works
+            return Response(f"denied: {e}", status=403)
+    env.kv("secret").get("k")
+"""))
+    status, headers, body = pop.get("/nosy")
+    assert (status, headers["x-edgefn-error"]) == (500, "binding"), body
+    assert b"did not declare KV namespace 'secret'" in body
+    assert b"failed in a binding call at main.py:12 in handle: function 'nosy' did not" in body
+    status, _, body = pop.get("/nosy?catch=1")
+    assert status == 403 and body.startswith(b"denied: ") and b"'secret'" in body
+
+
+LAZY_EXT = """
+from edgefn import Response
+
+def handle(request, env):
+    which = request.query.get("m")
+    if which == "numpy":
+        import numpy
+    elif which == "lmdb":
+        from lmdb import Environment
+    elif which == "helper":
+        import helper
+    else:
+        import msgspec.json
+    return Response("unreachable")
+"""
+
+
+def test_a_c_extension_imported_in_a_handler_fails_clearly_and_is_warned_at_deploy(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = py_function(tmp_path, "lazyext", LAZY_EXT)
+    (d / "helper.py").write_text("def f():\n    import uvloop\n")
+    with caplog.at_level(logging.WARNING, logger="edgefn.functions"):
+        version = pop.deploy(d)["version"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "edgefn.functions"]
+    for name, where in (("numpy", "main.py:7"), ("lmdb", "main.py:9"), ("msgspec", "main.py:13"),
+                        ("uvloop", "helper.py:2")):
+        assert any(m.startswith(f"lazyext@{version}: ") and f"`{name}`" in m and where in m
+                   for m in warned), (name, warned)
+    assert not any("`helper`" in m for m in warned)  # the function's own module is fine
+    for query, name, line in (("numpy", "numpy", 7), ("lmdb", "lmdb", 9), ("", "msgspec", 13)):
+        status, headers, body = pop.get(f"/lazyext?m={query}")
+        assert (status, headers["x-edgefn-error"]) == (500, "trap"), body
+        assert json.loads(body)["error"]["message"] == (
+            f"function 'lazyext' cannot import module '{name}' inside an isolate: C extensions "
+            "that do not support isolated subinterpreters are unavailable "
+            f"(main.py:{line} in handle; README: Python functions)")
+    assert pop.get("/lazyext?m=nothing")[0] == 500  # the isolate still serves
+
+
+def test_function_logs_and_tracebacks_go_to_the_functions_logger(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = py_function(tmp_path, "chatty", """
+from edgefn import Response
+
+def handle(request, env):
+    env.log("hello", 42)
+    if request.query.get("fail"):
+        raise KeyError("nope")
+    return Response("ok")
+""")
+    with caplog.at_level(logging.INFO, logger="edgefn.functions"):
+        version = pop.deploy(d)["version"]
+        assert pop.get("/chatty")[0] == 200
+        assert pop.get("/chatty?fail=1")[0] == 500
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "edgefn.functions"]
+    assert lines.count((logging.INFO, f"chatty@{version}: hello 42")) == 2
+    (tb,) = [(level, m) for level, m in lines if "Traceback" in m]
+    assert tb[0] >= logging.WARNING and tb[1].startswith(f"chatty@{version}: Traceback")
+    assert "main.py\", line 7, in handle" in tb[1] and tb[1].endswith("KeyError: 'nope'")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from runtime.abi import encode_pairs, encode_request
 from runtime.bindings import Bindings
-from runtime.executors.python.pool import HostConfig, Pool
+from runtime.executors.python.config import HostConfig
+from runtime.executors.python.pool import Pool
 from runtime.functions.manifest import Manifest
 from runtime.net.message import Request, Response
 
@@ -23,7 +24,8 @@ class PythonFunction:
             name=manifest.name, version=version, function_dir=str(directory.resolve()),
             module=Path(manifest.entry).stem, handler=manifest.handler, cpu_ms=limits.cpu_ms,
             wall_ms=limits.wall_ms, memory_mb=limits.memory_mb,
-            recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max)
+            recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max,
+            max_response_mb=limits.max_response_mb)
         self.standby = pool.standby
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in manifest.env.items()])
         self.pool: Pool | None = None

@@ -98,10 +98,12 @@ def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any
 
 
 def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycle_after: int,
-          sdk: Any) -> None:
-    """Say READY, then serve requests until recycling. Raises `IsolateStop` if the PoP went away."""
+          sdk: Any, warnings: list[str] | None = None) -> None:
+    """Say READY (with `warnings` for the PoP's log), then serve requests until
+    recycling. Raises `IsolateStop` if the PoP went away."""
     sock, handler = prepared
-    sock.sendall(wire.json_frame(wire.READY, {"ok": True}))
+    ready: dict[str, Any] = {"ok": True, "warnings": warnings} if warnings else {"ok": True}
+    sock.sendall(wire.json_frame(wire.READY, ready))
     Session(sock, handler, cpu_ms, wall_ms, sdk).loop(recycle_after)
 
 
@@ -149,16 +151,57 @@ def _imported_by_user(e: BaseException, module: str) -> str | None:
     return None
 
 
+def _cannot_import(e: BaseException) -> str | None:
+    """For an import in a request that failed because a C extension refuses isolated
+    subinterpreters, a message naming the module the function's code imported."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(chain) < 10:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    found = next((m for m in map(_UNSUPPORTED.search, map(str, chain)) if m), None)
+    if found is None:
+        return None
+    name, where = _user_import(e) or (found.group(1).split(".")[0], "")
+    return (f"cannot import module {name!r} inside an isolate: C extensions that do not "
+            "support isolated subinterpreters are unavailable ("
+            + (f"{where}; " if where else "") + "README: Python functions)")
+
+
+def _user_import(e: BaseException) -> tuple[str, str] | None:
+    """The module named by the outermost import statement in the failure's traceback
+    outside edgefn's own frames, and where it is (``main.py:4 in handle``)."""
+    for f in traceback.extract_tb(e.__traceback__):
+        if f.filename.endswith(("guest.py", "edgefn.py")) or not f.line:
+            continue
+        m = _IMPORT_LINE.match(f.line)
+        if m and (m.group(1) or m.group(2)).split(".")[0]:
+            name = (m.group(1) or m.group(2)).split(".")[0]
+            return name, f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
+    return None
+
+
 def _raised(e: BaseException) -> str:
     """``raised ValueError: nope (main.py:2 in handle)``: the innermost user frame."""
-    where = ""
+    where = _user_frame(e)
+    text = "".join(traceback.format_exception_only(e)).strip().splitlines()[-1]
+    return f"raised {text}" + (f" ({where})" if where else "")
+
+
+def _binding_failed(e: BaseException) -> str:
+    """``failed in a binding call at main.py:4 in handle: <the PoP's reason>``."""
+    where = _user_frame(e)
+    return "failed in a binding call" + (f" at {where}" if where else "") + f": {e}"
+
+
+def _user_frame(e: BaseException) -> str:
+    """``main.py:2 in handle``: the innermost frame of the function's own code."""
     frames = traceback.extract_tb(e.__traceback__)
     user = [f for f in frames if not f.filename.endswith(("guest.py", "edgefn.py"))]
-    if user:
-        f = user[-1]
-        where = f" ({os.path.basename(f.filename)}:{f.lineno} in {f.name})"
-    text = "".join(traceback.format_exception_only(e)).strip().splitlines()[-1]
-    return f"raised {text}{where}"
+    if not user:
+        return ""
+    f = user[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
 
 
 class Session:
@@ -212,8 +255,11 @@ class Session:
                             else "exceeded its wall-time limit")
         except MemoryError:
             self.send_error("memory_limit", "ran out of memory (MemoryError)")
+        except self.sdk.BindingError as e:
+            self.send_error("binding", _binding_failed(e), "".join(traceback.format_exception(e)))
         except Exception as e:
-            self.send_error("exception", _raised(e), "".join(traceback.format_exception(e)))
+            self.send_error("exception", _cannot_import(e) or _raised(e),
+                            "".join(traceback.format_exception(e)))
 
     def warm(self, payload: bytes) -> None:
         """Everything `one` does around the handler, so the first real request is warm."""
@@ -285,7 +331,7 @@ class Session:
                 if reply.get("id") != self.calls:
                     continue  # the late answer to a call of a request that was cut short
                 if "error" in reply:
-                    raise RuntimeError(reply["error"])
+                    raise self.sdk.BindingError(reply["error"])
                 return reply.get("result")
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:

@@ -4,7 +4,9 @@ It owns one function version's subinterpreters. Each isolate runs on its own
 thread, inside its own interpreter, serving the socket the PoP passed for it
 (`fds`); when an isolate recycles, a fresh interpreter takes over the same
 socket. Lines on stdin are commands from the PoP: ``grow`` starts the next
-isolate. A crash here (a segfault in a C extension or ctypes) ends only this
+isolate; at EOF the host exits. With ``check_imports`` it first looks for
+imports that would fail only at request time (`importcheck`) and its first
+isolate reports them at READY. A crash here (a segfault in a C extension or ctypes) ends only this
 process; the PoP replaces it.
 """
 
@@ -18,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from runtime.executors.python import interp
+from runtime.executors.python import importcheck, interp
 
 
 def import_root(package: str) -> str:
@@ -38,29 +40,37 @@ IMPORT_ROOTS = list(dict.fromkeys(import_root(p) for p in ("edgefn", "edgefn_cor
 STARTING = threading.Lock()
 
 
+def import_paths(cfg: dict) -> list[str]:
+    """What a subinterpreter imports from, before its own sys.path: the SDK, the
+    function's folder, and edgefn (for the guest loop)."""
+    return [IMPORT_ROOTS[0], cfg["function_dir"], *IMPORT_ROOTS[1:]]
+
+
 def prepare_code(cfg: dict, fd: int) -> str:
     """Run first in a fresh subinterpreter: import paths, the SDK and the function."""
-    paths = [IMPORT_ROOTS[0], cfg["function_dir"], *IMPORT_ROOTS[1:]]
+    paths = import_paths(cfg)
     return (f"import sys\nsys.path[:0] = {paths!r}\n"
             "import edgefn\nfrom runtime.executors.python import guest\n"
             f"prepared = guest.prepare({fd!r}, {cfg['module']!r}, {cfg['handler']!r})\n")
 
 
-def serve_code(cfg: dict) -> str:
+def serve_code(cfg: dict, warnings: list[str]) -> str:
     """Run next, in the same interpreter's __main__: the request loop."""
     args = (cfg["cpu_ms"], cfg["wall_ms"], cfg["recycle_after"])
-    return f"guest.serve(prepared, *{args!r}, sdk=edgefn)\n"
+    return f"guest.serve(prepared, *{args!r}, sdk=edgefn, warnings={warnings!r})\n"
 
 
-def run_isolate(cfg: dict, fd: int) -> None:
-    """Serve `fd` with a fresh interpreter, again after every recycle, until stopped."""
+def run_isolate(cfg: dict, fd: int, warnings: list[str]) -> None:
+    """Serve `fd` with a fresh interpreter, again after every recycle, until stopped;
+    the first READY carries `warnings`."""
     while True:
         with STARTING:
             i = interp.create()
             err = interp.run(i, prepare_code(cfg, fd))
         try:
             if err is None:
-                err = interp.run(i, serve_code(cfg))
+                err = interp.run(i, serve_code(cfg, warnings))
+                warnings = []
         finally:
             interp.destroy(i)
         if err is not None:  # IsolateStop (import failed, PoP gone) or an unexpected error
@@ -86,11 +96,16 @@ def main() -> None:
     fds: list[int] = cfg["fds"]
     started = 0
     threads = []
+    warnings = []
+    if cfg.get("check_imports"):
+        warnings = importcheck.warnings(cfg["function_dir"], cfg["module"], import_paths(cfg))
 
     def start_next() -> None:
         nonlocal started
         if started < len(fds):
-            t = threading.Thread(target=run_isolate, args=(cfg, fds[started]), daemon=True)
+            first = warnings if started == 0 else []
+            t = threading.Thread(target=run_isolate, args=(cfg, fds[started], first),
+                                 daemon=True)
             t.start()
             threads.append(t)
             started += 1

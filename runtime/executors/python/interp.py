@@ -22,15 +22,21 @@ def create() -> Any:
 def run(interp: Any, code: str) -> str | None:
     """Run `code` in `interp` on this thread until it returns; the name of the
     exception type it raised, or None."""
+    err = run_error(interp, code)
+    return None if err is None else err[0]
+
+
+def run_error(interp: Any, code: str) -> tuple[str, str] | None:
+    """Like `run`, but the exception's type name and message, or None."""
     if _public is not None:
         try:
             interp.exec(code)
         except _public.ExecutionFailed as e:
-            return str(e.excinfo.type.__name__)
+            return str(e.excinfo.type.__name__), str(e.excinfo.msg)
         return None
     # 3.13's run_string returns an exception snapshot or None (typeshed says None).
     err: Any = _interpreters.run_string(interp, code)  # type: ignore[func-returns-value]
-    return None if err is None else str(err.type.__name__)
+    return None if err is None else (str(err.type.__name__), str(err.msg))
 
 
 def destroy(interp: Any) -> None:

@@ -20,9 +20,16 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
-__all__ = ["KV", "Env", "Headers", "Request", "Response", "Vectors"]
+__all__ = ["KV", "BindingError", "Env", "Headers", "Request", "Response", "Vectors"]
 
 _U32 = struct.Struct("<I")
+
+
+class BindingError(RuntimeError):
+    """A binding call the PoP denied (a namespace, index or model the function did
+    not declare) or that failed (bad arguments, a value too large); the message
+    says which. Uncaught, the request fails with ``x-edgefn-error: binding``.
+    A RuntimeError, so ``except RuntimeError`` catches it too."""
 
 
 class Headers:
@@ -175,7 +182,7 @@ class Env:
 class KV:
     """A KV namespace. Values are bytes (str is stored as UTF-8). Each call is one
     round trip to the PoP; errors (an undeclared namespace, a value too large)
-    raise RuntimeError with the PoP's message."""
+    raise `BindingError` with the PoP's message."""
 
     def __init__(self, namespace: str, call: Any) -> None:
         self.namespace = namespace
@@ -236,7 +243,7 @@ class Vectors:
 class AI:
     """Chat, completion, embeddings and rerank on the PoP's model worker. Each call
     is a round trip to the PoP; errors (an unknown model, bad parameters, the
-    binding not declared) raise RuntimeError with the PoP's message."""
+    binding not declared) raise `BindingError` with the PoP's message."""
 
     def __init__(self, model: str, call: Any) -> None:
         self.model = model

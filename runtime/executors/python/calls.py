@@ -1,0 +1,74 @@
+"""Host calls: a guest's calls into the PoP over its isolate's socket.
+
+``log`` and ``deployment`` are answered here; anything else is a binding
+(``kv.get``, ``vectors.query``, ``ai.chat``, ...) handed to the deployment's
+capabilities, whose denials and failures go back to the guest as errors (the
+SDK raises `edgefn.BindingError`). An awaitable binding (the AI) is answered
+when it finishes, without holding up the isolate's other frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from runtime.executors.python import wire
+from runtime.executors.python.config import HostConfig
+
+functions_log = logging.getLogger("edgefn.functions")
+
+LOG_LINE_MAX = 4096
+
+Bindings = Callable[[str, dict[str, Any]], Any]
+
+
+class Caller(Protocol):
+    """The isolate a call came from."""
+
+    def send(self, data: bytes) -> None:
+        """Queue a frame to it."""
+
+
+class HostCalls:
+    def __init__(self, cfg: HostConfig, bindings: Bindings | None = None) -> None:
+        self.cfg = cfg
+        self.bindings = bindings
+
+    def handle(self, isolate: Caller, msg: dict[str, Any]) -> None:
+        """Answer `msg` ({"id", "name", "args", "wait"}); a REPLY is sent only if the
+        guest waits for one."""
+        name = msg.get("name")
+        args = msg.get("args") or {}
+        reply: dict[str, Any]
+        if name == "log":
+            functions_log.info("%s: %s", self.cfg.label,
+                               str(args.get("message", ""))[:LOG_LINE_MAX])
+            reply = {"result": None}
+        elif name == "deployment":
+            reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}
+        elif self.bindings is not None and isinstance(name, str):
+            try:
+                result = self.bindings(name, args)
+            except Exception as e:  # BindingError: denied or failed; the guest raises it
+                reply = {"error": str(e)}
+            else:
+                if inspect.isawaitable(result):
+                    asyncio.get_running_loop().create_task(
+                        self._reply_later(isolate, msg.get("id"), result))
+                    return
+                reply = {"result": result}
+        else:
+            reply = {"error": f"unknown host call {name!r}"}
+        if msg.get("wait"):
+            isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
+
+    async def _reply_later(self, isolate: Caller, call_id: Any, pending: Awaitable[Any]
+                           ) -> None:
+        try:
+            reply = {"result": await pending}
+        except Exception as e:
+            reply = {"error": str(e)}
+        isolate.send(wire.json_frame(wire.REPLY, {"id": call_id, **reply}))

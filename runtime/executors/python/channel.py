@@ -1,0 +1,96 @@
+"""One isolate's socket on the PoP's event loop: buffered non-blocking writes,
+and incoming bytes cut into frames (`wire`) for a `Receiver`.
+
+It knows nothing of what frames mean; the `Isolate` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Protocol
+
+from edgefn_core.errors import ProtocolError
+from runtime.executors.python import wire
+
+RECV_SIZE = 1 << 18
+
+
+class Receiver(Protocol):
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        """One complete frame arrived."""
+
+    def lost(self) -> None:
+        """The socket closed or failed: the peer is gone."""
+
+    def garbage(self, err: ProtocolError) -> None:
+        """The peer sent something that is not a frame; the socket is unusable."""
+
+
+class Channel:
+    def __init__(self, sock: socket.socket, receiver: Receiver) -> None:
+        self.sock = sock
+        self.reader = wire.Reader()
+        self.receiver = receiver
+        self.out = bytearray()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start reading on `loop` (until then the socket may be used blocking)."""
+        self.loop = loop
+        self.sock.setblocking(False)
+        loop.add_reader(self.sock.fileno(), self._readable)
+
+    def send(self, data: bytes) -> None:
+        """Queue `data`; a failed send reports `lost`. Dropped once closed or unattached."""
+        if self.closed or self.loop is None:
+            return
+        if self.out:
+            self.out += data
+            return
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            return self.receiver.lost()
+        if n < len(data):
+            self.out += data[n:]
+            self.loop.add_writer(self.sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        try:
+            n = self.sock.send(self.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return self.receiver.lost()
+        del self.out[:n]
+        if not self.out and self.loop is not None:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            return self.receiver.lost()
+        try:
+            frames = self.reader.feed(data)
+        except ProtocolError as e:
+            return self.receiver.garbage(e)
+        for kind, payload in frames:
+            self.receiver.frame(kind, payload)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.loop is not None:
+            self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_writer(self.sock.fileno())
+        self.sock.close()

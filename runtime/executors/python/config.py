@@ -1,0 +1,35 @@
+"""What a Python function's pool and its isolate-host processes are configured with.
+
+`HostConfig` is also the host process's command line (as JSON), so it holds
+plain values only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    name: str
+    version: str
+    function_dir: str
+    module: str
+    handler: str
+    cpu_ms: int
+    wall_ms: int
+    memory_mb: int
+    recycle_after: int
+    min_isolates: int
+    max_isolates: int
+    max_response_mb: int = 16
+
+    @property
+    def label(self) -> str:
+        """``name@version``: how the function's log lines and errors are tagged."""
+        return f"{self.name}@{self.version}"
+
+    @property
+    def max_response(self) -> int:
+        """The largest response body, in bytes (plain or streamed)."""
+        return self.max_response_mb << 20

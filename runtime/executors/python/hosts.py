@@ -1,0 +1,187 @@
+"""One isolate-host process, as the PoP sees it: spawn it, wait until its first
+isolates are warm, start more, notice it died, stop or kill it.
+
+The process runs in its own process group, so a Ctrl-C meant for the PoP (the
+terminal signals its whole foreground group) does not reach it; it exits when
+its stdin closes, which is how the PoP stops it, and also what happens when the
+PoP dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from edgefn_core.errors import DeployError, FunctionError
+from runtime.abi import decode_response
+from runtime.executors.python import wire
+from runtime.executors.python.config import HostConfig
+from runtime.executors.python.isolate import Events, Isolate, read_json
+
+functions_log = logging.getLogger("edgefn.functions")
+
+READY_TIMEOUT = 30.0
+WARM_ROUNDS = 20
+STOP_GRACE = 2.0  # after its stdin closes, how long a host gets before it is killed
+
+
+class Host:
+    def __init__(self, cfg: HostConfig, events: Events, died: Callable[[Host, str], None], *,
+                 generation: int, warm_request: bytes, check_imports: bool = False) -> None:
+        """Spawn the process (it starts `cfg.min_isolates` isolates); `wait_ready`
+        next. `died(host, why)` is called on the event loop when it dies.
+
+        `warm_request` is a sample encoded request each isolate runs through its
+        request path (not the handler) before it counts as ready. With
+        `check_imports`, the host also looks for imports that cannot load in an
+        isolate but run only at request time, and `wait_ready` logs them as warnings.
+        """
+        self.cfg = cfg
+        self.events = events
+        self.died = died
+        self.generation = generation
+        self.warm_request = warm_request
+        self.dead = False
+        pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
+        self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports)
+        for _, b in pairs:
+            b.close()
+        self.isolates = [Isolate(self, a, "starting" if n < cfg.min_isolates else "unstarted")
+                         for n, (a, _) in enumerate(pairs)]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self) -> None:
+        """Block until the initial isolates are ready and warm.
+
+        Raises `DeployError` if the module cannot be imported in a subinterpreter
+        or the host does not start (it is killed then).
+        """
+        try:
+            for isolate in self.isolates[:self.cfg.min_isolates]:
+                self._wait_ready(isolate)
+        except BaseException:
+            self.kill()
+            self.stop()
+            raise
+
+    def _wait_ready(self, isolate: Isolate) -> None:
+        sock, reader = isolate.channel.sock, isolate.channel.reader
+        sock.settimeout(READY_TIMEOUT)
+        pending: list[tuple[bytes, bytes]] = []
+        try:
+            f = wire.recv_frame(sock, reader, pending)
+        except TimeoutError:
+            raise DeployError(f"{self.cfg.name}: isolate did not start within "
+                              f"{READY_TIMEOUT:.0f}s") from None
+        if f is None or f[0] != wire.READY:
+            raise DeployError(f"{self.cfg.name}: isolate host exited while starting "
+                              f"(status {self.proc.wait(5)})")
+        info = read_json(f[1])
+        if not info.get("ok"):
+            raise DeployError(f"{self.cfg.name}: {self.cfg.module}.py "
+                              f"{info.get('error', 'failed to start')}")
+        for warning in info.get("warnings") or ():
+            functions_log.warning("%s: %s", self.cfg.label, warning)
+        for _ in range(WARM_ROUNDS):  # the request path, minus the handler, in both processes
+            sock.sendall(wire.frame(wire.WARM, self.warm_request))
+            f = wire.recv_frame(sock, reader, pending)
+            if f is None or f[0] != wire.RESPONSE:
+                raise DeployError(f"{self.cfg.name}: isolate failed while warming up")
+            decode_response(f[1])
+        isolate.state = "idle"
+        assert not pending
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        for isolate in self.isolates:
+            isolate.attach(loop)
+
+    def grow(self) -> None:
+        """Start its next isolate (the host starts them in order)."""
+        if self.dead:
+            return
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(b"grow\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it died: its sockets report that
+
+    def lost(self, isolate: Isolate) -> None:
+        """An isolate's socket closed: the host died, or that isolate alone ended."""
+        isolate.close()
+        if self.dead:
+            return
+        code = self.proc.poll()
+        if code is None:
+            time.sleep(0.01)  # EOF can beat the exit status by a hair
+            code = self.proc.poll()
+        if code is not None:
+            self.dead = True
+            why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            self.died(self, why)
+        elif isolate.job is not None:
+            isolate.job.fail(FunctionError("crash", 502, "crashed: its isolate ended unexpectedly"))
+
+    def fail_jobs(self, why: str) -> None:
+        """Fail the jobs its isolates were running (it died)."""
+        for isolate in self.isolates:
+            if isolate.job is not None:
+                isolate.job.fail(FunctionError("crash", 502,
+                                               f"crashed: its isolate host died ({why})"))
+                isolate.job = None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def close_isolates(self) -> None:
+        """Forget the isolates' sockets (call on the event loop's thread)."""
+        self.dead = True
+        for isolate in self.isolates:
+            isolate.close()
+
+    def begin_stop(self) -> None:
+        """Close its stdin: the host exits. Call `close_isolates` first when not on
+        the event loop's thread."""
+        self.close_isolates()
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass  # its reader is gone: a broken pipe on flush
+
+    def finish_stop(self, grace: float = STOP_GRACE) -> None:
+        """Wait up to `grace` seconds for it to exit after `begin_stop`, then kill it."""
+        try:
+            self.proc.wait(max(grace, 0))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop it (`begin_stop`, `finish_stop`); for a host that already died,
+        release what it left behind."""
+        self.begin_stop()
+        self.finish_stop(grace)
+
+
+def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool) -> subprocess.Popen[bytes]:
+    """Start `python -m runtime.executors.python.host` serving `fds`, in its own
+    process group (see the module docstring)."""
+    config = {**cfg.__dict__, "fds": fds, "initial": cfg.min_isolates,
+              "check_imports": check_imports}
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
+        stdin=subprocess.PIPE, pass_fds=fds, env=env, cwd=cfg.function_dir, process_group=0)

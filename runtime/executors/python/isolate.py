@@ -1,0 +1,201 @@
+"""The PoP's side of one subinterpreter: what its frames mean for the job it runs.
+
+An `Isolate` turns READY, RESPONSE, HEAD, CHUNK, END and ERROR frames into a
+job's response (checking it, including `limits.max_response_mb`), passes CALL
+frames to the pool's host-call routing, and tells its owner (the host) when
+its socket is gone. Which job it runs is the scheduler's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from edgefn_core.errors import FunctionError, ProtocolError
+from runtime.abi import decode_response
+from runtime.executors.python import wire
+from runtime.executors.python.channel import Channel
+from runtime.executors.python.config import HostConfig
+from runtime.executors.python.job import Job
+from runtime.net.message import Response
+
+log = logging.getLogger("edgefn.isolates")
+functions_log = logging.getLogger("edgefn.functions")  # what functions log, and their tracebacks
+
+# What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
+ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
+          "cpu_limit": ("cpu_limit", 503), "memory_limit": ("memory_limit", 503),
+          "wall_limit": ("wall_limit", 504)}
+
+
+class Events(Protocol):
+    """What the pool does with an isolate's news."""
+
+    def started(self, isolate: Isolate) -> None:
+        """A fresh interpreter said READY."""
+
+    def finished(self, isolate: Isolate) -> None:
+        """Its job reached its last frame."""
+
+    def call(self, isolate: Isolate, msg: dict[str, Any]) -> None:
+        """The guest called into the PoP."""
+
+
+class Owner(Protocol):
+    """The isolate-host process an isolate lives in."""
+
+    cfg: HostConfig
+    generation: int
+    events: Events
+
+    def lost(self, isolate: Isolate) -> None:
+        """The isolate's socket closed."""
+
+    def kill(self) -> None:
+        """Kill the whole host process."""
+
+
+class Isolate:
+    def __init__(self, owner: Owner, sock: socket.socket, state: str = "starting") -> None:
+        # Global state: for the life of its socket
+        self.owner = owner
+        self.cfg = owner.cfg
+        self.generation = owner.generation
+        self.channel = Channel(sock, self)
+        self.state = state  # unstarted | starting | idle | busy | recycling | dead
+        # Per-interpreter state (recycling starts a new interpreter on the same socket)
+        self.uses = 0
+        self.recycling = False  # its interpreter is replaced after the job in flight
+        # Per-job state
+        self.job: Job | None = None
+        self.stuck = False  # its job ended early (timed out, cut); frames are dropped until its end
+        self.streamed = 0
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.channel.attach(loop)
+
+    def send(self, data: bytes) -> None:
+        self.channel.send(data)
+
+    def run(self, job: Job) -> None:
+        self.job = job
+        self.streamed = 0
+        self.send(wire.frame(wire.REQUEST, job.payload))
+
+    def cancel(self) -> None:
+        self.send(wire.frame(wire.CANCEL))
+
+    def close(self) -> None:
+        if self.state != "dead":
+            self.state = "dead"
+            self.channel.close()
+
+    # -- Receiver: what the channel reports ----------------------------------------------------
+    def lost(self) -> None:
+        self.owner.lost(self)
+
+    def garbage(self, err: ProtocolError) -> None:
+        log.error("%s: isolate sent garbage (%s); killing its host", self.cfg.name, err)
+        self.owner.kill()
+        self.owner.lost(self)
+
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        if kind == wire.READY:
+            self._ready(read_json(payload))
+        elif kind == wire.CALL:
+            self.owner.events.call(self, read_json(payload))
+        elif self.job is None:
+            return  # a late frame of a job that already ended
+        elif kind == wire.RESPONSE:
+            self._finish(lambda job: job.respond(self._response(payload)))
+        elif kind == wire.HEAD:
+            self._head(self.job, payload)
+        elif kind == wire.CHUNK:
+            self._chunk(self.job, payload)
+        elif kind == wire.END:
+            self._finish(Job.end_stream)
+        elif kind == wire.ERROR:
+            self._error(read_json(payload))
+
+    # -- frames ---------------------------------------------------------------------------------
+    def _ready(self, info: dict[str, Any]) -> None:
+        if info.get("ok"):
+            if self.job is not None:  # never sent mid-job; if it is, the job still owns us
+                log.error("%s: isolate restarted during a request", self.cfg.name)
+                return
+            self.owner.events.started(self)
+        elif info.get("recycling"):
+            self.recycling = True  # takes effect when the job in flight ends
+        else:
+            log.error("%s: isolate failed to start: %s", self.cfg.name, info.get("error"))
+            self.close()
+
+    def _response(self, payload: bytes) -> Response:
+        """Raises `FunctionError` (bad_response) for an invalid or oversized response."""
+        status, headers, body = decode_response(payload)
+        if len(body) > self.cfg.max_response:
+            raise FunctionError("bad_response", 502, f"response body of {len(body)} bytes "
+                                f"exceeds the limit of {self._limit()}")
+        return Response(status, headers, body)
+
+    def _head(self, job: Job, payload: bytes) -> None:
+        try:
+            status, headers, _ = decode_response(payload)
+        except FunctionError as e:  # answer now; drop the stream until its last frame
+            job.fail(e)
+            self.stuck = True
+            return
+        if not self.stuck:
+            job.start_stream(status, headers)
+
+    def _chunk(self, job: Job, payload: bytes) -> None:
+        if self.stuck or job.chunks is None:
+            return
+        self.streamed += len(payload)
+        if self.streamed > self.cfg.max_response:  # cut the stream; the guest stops at CANCEL
+            job.fail(FunctionError("bad_response", 502, f"streamed response body exceeded the "
+                                   f"limit of {self._limit()}; the stream was cut"))
+            self.stuck = True
+            self.cancel()
+            return
+        job.chunk(payload)
+
+    def _error(self, info: dict[str, Any]) -> None:
+        if info.get("traceback"):
+            functions_log.error("%s: %s", self.cfg.label, str(info["traceback"]).rstrip())
+        code, status = ERRORS.get(str(info.get("kind")), ERRORS["exception"])
+        message = str(info.get("message", "failed"))
+        self._finish(lambda job: job.fail(FunctionError(code, status, message)))
+
+    def _finish(self, deliver: Callable[[Job], object]) -> None:
+        """The job's last frame: deliver it (unless the job already ended), then tell
+        the pool the isolate is free."""
+        job, self.job = self.job, None
+        if job is not None:
+            if not self.stuck:
+                try:
+                    deliver(job)
+                except FunctionError as e:  # the response itself was invalid
+                    job.fail(e)
+            if not job.future.done():  # e.g. END without a HEAD: never leave it hanging
+                job.fail(FunctionError("bad_response", 502,
+                                       "isolate ended the request without a response"))
+            job.end()
+        self.stuck = False
+        self.owner.events.finished(self)
+    def _limit(self) -> str:
+        cfg = self.cfg
+        return f"{cfg.max_response} bytes (limits.max_response_mb = {cfg.max_response_mb})"
+
+
+def read_json(payload: bytes) -> dict[str, Any]:
+    """A JSON object frame's payload; {} for anything else."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}

@@ -1,0 +1,78 @@
+"""One request in flight on a Python isolate: a future for the response head,
+then, for a streamed body, a queue of chunks the HTTP front reads.
+
+A job ends exactly once (its last frame arrived, or it failed); `on_end` runs
+then, which is how the scheduler counts what is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from runtime.net.message import Response
+
+
+class Runner(Protocol):
+    """The isolate a job runs on, as far as the job is concerned."""
+
+    def cancel(self) -> None:
+        """Tell the guest to stop streaming (the client went away)."""
+
+
+class Job:
+    def __init__(self, loop: asyncio.AbstractEventLoop, payload: bytes) -> None:
+        self.payload = payload
+        self.future: asyncio.Future[Response] = loop.create_future()
+        self.chunks: asyncio.Queue[bytes | BaseException | None] | None = None
+        self.isolate: Runner | None = None
+        self.done = False
+        self.on_end: Callable[[], None] | None = None
+
+    def end(self) -> None:
+        """The job reached its last frame (or failed); runs `on_end` once."""
+        if not self.done:
+            self.done = True
+            if self.on_end is not None:
+                self.on_end()
+
+    def fail(self, err: BaseException) -> None:
+        """Answer with `err`, or cut the stream with it if the head was sent."""
+        if not self.future.done():
+            self.future.set_exception(err)
+        elif self.chunks is not None and not self.done:
+            self.chunks.put_nowait(err)
+        self.end()
+
+    def respond(self, response: Response) -> None:
+        if not self.future.done():
+            self.future.set_result(response)
+        self.end()
+
+    def start_stream(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.chunks = asyncio.Queue()
+        if not self.future.done():
+            self.future.set_result(Response(status, headers, self._stream()))
+
+    def chunk(self, data: bytes) -> None:
+        if self.chunks is not None:
+            self.chunks.put_nowait(data)
+
+    def end_stream(self) -> None:
+        if self.chunks is not None:
+            self.chunks.put_nowait(None)
+
+    async def _stream(self) -> AsyncIterator[bytes]:
+        assert self.chunks is not None
+        try:
+            while True:
+                item = await self.chunks.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not self.done and self.isolate is not None:  # the client went away
+                self.isolate.cancel()

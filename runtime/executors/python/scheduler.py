@@ -1,0 +1,180 @@
+"""Which isolate takes a job: the PoP-side scheduling of one function version.
+
+LIFO dispatch (the most recently used isolate is the warmest), a FIFO queue of
+jobs waiting when all are busy, scale-up one isolate per waiting job up to the
+pool's max, recycling after `recycle_after` jobs, and a generation: only the
+isolates of the active host take jobs, and promoting a standby switches the
+generation at once. The wall-time limit covers waiting, the handler and a
+streamed body. Retiring fails the waiting jobs and reports when the last job in
+flight ends.
+
+No sockets, processes or threads: isolates are seen through `Worker`, and what
+scheduling needs done elsewhere (start an isolate, handle a stuck one, stop the
+hosts) goes through the callbacks it is built with.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
+
+from edgefn_core.errors import FunctionError
+from runtime.executors.python.job import Job
+
+TIMER_SLACK = 0.05  # past wall_ms: the guest's own watchdog should answer first
+
+
+class Worker(Protocol):
+    """An isolate as the scheduler sees it."""
+
+    state: str  # unstarted | starting | idle | busy | recycling | dead
+    generation: int  # its host's; only the current generation takes jobs
+    uses: int  # jobs since its interpreter started
+    recycling: bool  # the guest said it recycles after the job in flight
+    stuck: bool  # its job timed out: frames are dropped until that job's last one
+
+    def run(self, job: Job) -> None:
+        """Send `job` to the guest."""
+
+    def cancel(self) -> None:
+        """Tell the guest to stop streaming."""
+
+
+class Scheduler[W: Worker]:
+    def __init__(self, wall_ms: int, recycle_after: int, *, grow: Callable[[W], None],
+                 stuck: Callable[[W, Job], None], drained: Callable[[], None]) -> None:
+        """`grow(isolate)` starts an unstarted isolate; `stuck(isolate, job)` is told
+        when a running job timed out; `drained()` once a retired pool has nothing
+        in flight."""
+        # Global state
+        self.wall_ms = wall_ms
+        self.recycle_after = recycle_after
+        self.grow, self.stuck, self.drained = grow, stuck, drained
+        self.retired = False
+        self.reported_drained = False
+        # Per-generation state: the active host's isolates
+        self.generation = 0
+        self.isolates: Sequence[W] = ()
+        self.idle: deque[W] = deque()
+        # Per-request state
+        self.waiting: deque[Job] = deque()
+        self.in_flight = 0
+
+    # -- generations ----------------------------------------------------------------------------
+    def use(self, generation: int, isolates: Sequence[W]) -> None:
+        """Serve from `isolates` (a host became active) and give them waiting jobs."""
+        self.generation = generation
+        self.isolates = isolates
+        self.idle = deque(i for i in isolates if i.state == "idle")
+        self.drain_waiting()
+
+    def clear(self) -> None:
+        """No host is active: jobs wait until `use` is called again."""
+        self.generation = 0
+        self.isolates = ()
+        self.idle.clear()
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Run `job` on an idle isolate, or queue it (and start one more isolate if
+        the pool has room). It fails with `wall_limit` if it has not ended in time."""
+        self.in_flight += 1
+        timer = job.future.get_loop().call_later(self.wall_ms / 1000 + TIMER_SLACK,
+                                                 self._timeout, job)
+
+        def ended() -> None:
+            timer.cancel()
+            self._ended()
+
+        job.on_end = ended
+        self._dispatch(job)
+
+    def _ended(self) -> None:
+        self.in_flight -= 1
+        if self.retired and self.in_flight == 0:
+            self._report_drained()
+
+    def _dispatch(self, job: Job) -> None:
+        while self.idle:
+            isolate = self.idle.pop()  # LIFO: the most recently used isolate is the warmest
+            if isolate.state == "idle" and isolate.generation == self.generation:
+                self._run(isolate, job)
+                return
+        self.waiting.append(job)
+        self._scale_up()
+
+    def _scale_up(self) -> None:
+        """Start the next unstarted isolate of the active host, if there is one left."""
+        for isolate in self.isolates:
+            if isolate.state == "unstarted":
+                isolate.state = "starting"
+                self.grow(isolate)
+                return
+
+    def _run(self, isolate: W, job: Job) -> None:
+        isolate.state = "busy"
+        isolate.uses += 1
+        job.isolate = isolate
+        isolate.run(job)
+
+    def _timeout(self, job: Job) -> None:
+        if job.done:
+            return
+        isolate = cast(W | None, job.isolate)
+        job.fail(FunctionError("wall_limit", 504,
+                               f"exceeded its wall-time limit of {self.wall_ms} ms"))
+        if isolate is not None:
+            isolate.stuck = True  # its own watchdog should stop it; if not, its host goes
+            self.stuck(isolate, job)
+
+    # -- isolates -------------------------------------------------------------------------------
+    def started(self, isolate: W) -> None:
+        """A fresh interpreter said READY (its first start, or after recycling)."""
+        isolate.state = "idle"
+        isolate.uses = 0
+        self._offer(isolate)
+
+    def finished(self, isolate: W) -> None:
+        """Its job reached its last frame: idle again, or recycling (no job until READY)."""
+        if isolate.state != "busy":
+            return
+        if isolate.recycling or isolate.uses >= self.recycle_after:
+            isolate.recycling = False
+            isolate.state = "recycling"
+        else:
+            isolate.state = "idle"
+            self._offer(isolate)
+
+    def _offer(self, isolate: W) -> None:
+        """Give an idle isolate of the active host the oldest waiting job, else idle it."""
+        if isolate.generation != self.generation:
+            return
+        while self.waiting:
+            job = self.waiting.popleft()
+            if not job.done:
+                self._run(isolate, job)
+                return
+        self.idle.append(isolate)
+
+    def drain_waiting(self) -> None:
+        while self.waiting and self.idle:
+            isolate = self.idle.popleft()
+            if isolate.state == "idle":
+                self._offer(isolate)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def retire(self) -> None:
+        """Take no more jobs: fail the waiting ones; `drained()` once nothing is in flight."""
+        self.retired = True
+        waiting, self.waiting = self.waiting, deque()
+        for job in waiting:
+            job.fail(FunctionError("crash", 502,
+                                   "was replaced by a new version before this request ran"))
+        if self.in_flight == 0:
+            self._report_drained()
+
+    def _report_drained(self) -> None:
+        if not self.reported_drained:
+            self.reported_drained = True
+            self.drained()

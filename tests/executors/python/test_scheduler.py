@@ -1,0 +1,210 @@
+"""The Python pool's scheduling without sockets or processes: fake isolates stand
+in for subinterpreters (real ones are in tests/test_python.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from edgefn_core.errors import FunctionError
+from runtime.executors.python.job import Job
+from runtime.executors.python.scheduler import Scheduler
+from runtime.net.message import Response
+
+
+class FakeIsolate:
+    """Records the jobs it is given; `answer` plays the guest's last frame."""
+
+    def __init__(self, name: str, generation: int = 1, state: str = "idle") -> None:
+        self.name = name
+        self.generation = generation
+        self.state = state
+        self.uses = 0
+        self.recycling = False
+        self.stuck = False
+        self.jobs: list[Job] = []
+        self.cancels = 0
+
+    def run(self, job: Job) -> None:
+        self.jobs.append(job)
+
+    def cancel(self) -> None:
+        self.cancels += 1
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Harness:
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int = 4, started: int = 2,
+                 wall_ms: int = 10_000, recycle_after: int = 1000) -> None:
+        self.loop = loop
+        self.grown: list[FakeIsolate] = []
+        self.stuck: list[tuple[FakeIsolate, Job]] = []
+        self.drained = 0
+        self.s: Scheduler[FakeIsolate] = Scheduler(
+            wall_ms, recycle_after, grow=self.grown.append,
+            stuck=lambda i, j: self.stuck.append((i, j)), drained=self._drained)
+        self.isolates = [FakeIsolate(f"i{n}", state="idle" if n < started else "unstarted")
+                         for n in range(size)]
+        self.s.use(1, self.isolates)
+
+    def _drained(self) -> None:
+        self.drained += 1
+
+    def submit(self, tag: bytes = b"") -> Job:
+        job = Job(self.loop, tag)
+        self.s.submit(job)
+        return job
+
+    def answer(self, isolate: FakeIsolate, body: bytes = b"ok") -> None:
+        """The guest's RESPONSE for the isolate's latest job, as `Isolate._finish` does."""
+        isolate.jobs[-1].respond(Response(200, [], body))
+        self.s.finished(isolate)
+
+    def runner(self, job: Job) -> FakeIsolate | None:
+        return next((i for i in self.isolates if job in i.jobs), None)
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def test_the_most_recently_freed_isolate_takes_the_next_job(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=3, started=3)
+    a, b = h.submit(), h.submit()
+    first, second = h.runner(a), h.runner(b)
+    assert first is not None and second is not None and first is not second
+    h.answer(second)
+    h.answer(first)
+    assert h.runner(h.submit()) is first  # LIFO: the warmest
+    assert h.runner(h.submit()) is second
+    assert h.s.in_flight == 2 and not h.grown
+
+
+def test_jobs_wait_in_order_when_every_isolate_is_busy(loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=2, started=2)
+    jobs = [h.submit(bytes([n])) for n in range(5)]
+    running = [h.runner(j) for j in jobs]
+    assert running[2:] == [None, None, None] and list(h.s.waiting) == jobs[2:]
+    assert h.grown == []  # no room to scale up
+    freed = running[0]
+    assert freed is not None
+    h.answer(freed)
+    assert h.runner(jobs[2]) is freed and list(h.s.waiting) == jobs[3:]  # oldest first
+    assert jobs[0].future.result().body == b"ok"
+
+
+def test_scale_up_starts_one_isolate_per_waiting_job_up_to_max_and_no_more(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=4, started=1)
+    jobs = [h.submit() for _ in range(6)]
+    assert h.grown == h.isolates[1:]  # three more, in order, then nothing
+    assert [i.state for i in h.isolates] == ["busy", "starting", "starting", "starting"]
+    h.s.started(h.isolates[2])  # a new isolate said READY: it takes the oldest waiting job
+    assert h.runner(jobs[1]) is h.isolates[2]
+    h.submit()
+    assert len(h.grown) == 3
+
+
+def test_an_isolate_recycles_after_recycle_after_jobs(loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1, recycle_after=2)
+    (only,) = h.isolates
+    h.submit()
+    h.answer(only)
+    assert only.state == "idle"
+    h.submit()
+    h.answer(only)
+    assert only.state == "recycling" and not h.s.idle
+    waiting = h.submit()
+    assert h.runner(waiting) is None  # no job for it until its new interpreter is READY
+    h.s.started(only)
+    assert h.runner(waiting) is only and only.uses == 1
+
+
+def test_the_guests_recycling_notice_takes_effect_when_its_job_ends(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1)
+    (only,) = h.isolates
+    h.submit()
+    only.recycling = True
+    assert only.state == "busy"
+    h.answer(only)
+    assert (only.state, only.recycling) == ("recycling", False)
+
+
+def test_retiring_fails_waiting_jobs_and_reports_drained_once(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1)
+    running, *waiting = [h.submit() for _ in range(3)]
+    h.s.retire()
+    for job in waiting:
+        err = job.future.exception()
+        assert isinstance(err, FunctionError) and (err.code, err.status) == ("crash", 502)
+    assert h.drained == 0 and not running.done  # the one in flight finishes first
+    h.answer(h.isolates[0])
+    assert running.future.result().status == 200
+    assert h.drained == 1
+    h.s.retire()
+    assert h.drained == 1
+
+
+def test_retiring_an_idle_pool_reports_drained_at_once(loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop)
+    h.s.retire()
+    assert h.drained == 1
+
+
+def test_a_job_past_its_wall_time_fails_and_its_isolate_is_reported_stuck(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1, wall_ms=20)
+    (only,) = h.isolates
+    running, waiting = h.submit(), h.submit()
+    for job in (running, waiting):
+        with pytest.raises(FunctionError) as err:
+            loop.run_until_complete(asyncio.wait_for(job.future, 5))
+        assert (err.value.code, err.value.status) == ("wall_limit", 504)
+        assert "wall-time limit of 20 ms" in str(err.value)
+    assert h.stuck == [(only, running)] and only.stuck  # the waiting job had no isolate
+    assert h.s.in_flight == 0
+    h.answer(only)  # the guest's late answer: the isolate is free, the dead job is skipped
+    assert only.jobs == [running] and list(h.s.idle) == [only]
+
+
+def test_a_new_generation_takes_over_and_the_old_one_gets_no_more_jobs(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1)
+    (old,) = h.isolates
+    h.submit()
+    waiting = h.submit()
+    new = FakeIsolate("new", generation=2)
+    h.s.use(2, [new])  # the standby was promoted
+    assert h.runner(waiting) is None and new.jobs == [waiting]
+    h.answer(old)
+    assert old not in h.s.idle
+    h.submit()
+    assert len(old.jobs) == 1
+
+
+def test_without_an_active_host_jobs_wait_for_the_next_one(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=2, started=2)
+    h.s.clear()  # the active host died with no standby
+    job = h.submit()
+    assert list(h.s.waiting) == [job] and h.grown == []
+    replacement = FakeIsolate("r", generation=3)
+    h.s.use(3, [replacement])
+    assert replacement.jobs == [job]
+
+
+def test_an_isolate_that_died_while_idle_is_passed_over(loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=2, started=2)
+    h.isolates[1].state = "dead"  # its socket closed; it is still in the idle stack
+    assert h.runner(h.submit()) is h.isolates[0]
+    assert h.runner(h.submit()) is None and len(h.s.waiting) == 1
