@@ -33,6 +33,9 @@ _SET_ASYNC_EXC.argtypes = [ctypes.c_ulong, ctypes.py_object]
 _CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
     ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
 
+# frames of edgefn's own code (this loop, the guest SDK), left out of user tracebacks
+OURS = ("guest.py", "/edgefn/__init__.py")
+
 
 class Watchdog:
     """Enforces the limits of the request in flight by raising a IsolateInterrupt in
@@ -172,7 +175,7 @@ def _user_import(e: BaseException) -> tuple[str, str] | None:
     """The module named by the outermost import statement in the failure's traceback
     outside edgefn's own frames, and where it is (``main.py:4 in handle``)."""
     for f in traceback.extract_tb(e.__traceback__):
-        if f.filename.endswith(("guest.py", "edgefn.py")) or not f.line:
+        if f.filename.endswith(OURS) or not f.line:
             continue
         m = _IMPORT_LINE.match(f.line)
         if m and (m.group(1) or m.group(2)).split(".")[0]:
@@ -197,7 +200,7 @@ def _binding_failed(e: BaseException) -> str:
 def _user_frame(e: BaseException) -> str:
     """``main.py:2 in handle``: the innermost frame of the function's own code."""
     frames = traceback.extract_tb(e.__traceback__)
-    user = [f for f in frames if not f.filename.endswith(("guest.py", "edgefn.py"))]
+    user = [f for f in frames if not f.filename.endswith(OURS)]
     if not user:
         return ""
     f = user[-1]
