@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import stat
 from pathlib import Path
 
 from edgefn_core.errors import DeployError, ManifestError
@@ -19,14 +20,23 @@ POLL_SECONDS = 0.5
 
 
 def function_dirs(root: Path) -> list[Path]:
-    """Folders under `root` that hold an edgefn.toml (hidden folders skipped)."""
+    """Folders under `root` that hold an edgefn.toml (hidden folders under `root`
+    skipped; `root` itself may be inside one)."""
     found = [p.parent for p in root.rglob(manifest.MANIFEST_NAME)]
-    return sorted(d for d in found if not any(part.startswith(".") for part in d.parts))
+    return sorted(d for d in found
+                  if not any(part.startswith(".") for part in d.relative_to(root).parts))
 
 
 def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
-    return tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size)
-                        for p in directory.rglob("*") if p.is_file()))
+    """Path, mtime and size of each file under `directory` (a file removed while
+    it is read is left out; a missing `directory` gives an empty snapshot)."""
+    found = []
+    for p in directory.rglob("*"):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            st = p.stat()
+            if stat.S_ISREG(st.st_mode):
+                found.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(sorted(found))
 
 
 async def deploy_dir(registry: Registry, directory: Path) -> bool:
