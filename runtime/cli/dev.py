@@ -3,13 +3,18 @@ every function folder under a directory and redeploy one when its files change."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import stat
 from pathlib import Path
 
-from edgefn_core.errors import DeployError, ManifestError
+import uvloop
+
+from edgefn_core.errors import DeployError, Failure, ManifestError, NotFound
+from runtime import config
 from runtime.app import running_pop, wait_for_signal
 from runtime.config import PopConfig
 from runtime.functions import deploys, manifest
@@ -17,6 +22,45 @@ from runtime.functions.registry import Registry
 
 log = logging.getLogger("edgefn.dev")
 POLL_SECONDS = 0.5
+# errors binding a listener, reported in one line rather than a traceback
+LISTEN_ERRORS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+
+
+def serve_command(args: argparse.Namespace) -> None:
+    """`edgefn serve`. Raises `EdgefnError` if the PoP cannot start."""
+    run(args, None)
+
+
+def dev_command(args: argparse.Namespace) -> None:
+    """`edgefn dev DIR`. Raises `NotFound` if DIR is not a directory, `EdgefnError`
+    if the PoP cannot start."""
+    if not Path(args.dir).is_dir():
+        raise NotFound(f"{args.dir}: no such directory (`edgefn dev DIR` deploys the "
+                       "function folders under DIR)")
+    run(args, args.dir)
+
+
+def run(args: argparse.Namespace, dev_dir: str | None) -> None:
+    """Run a PoP from the command line's options until SIGINT/SIGTERM. Raises
+    `Failure` (code ``cannot_listen``) if a listener cannot bind its address."""
+    try:
+        uvloop.run(serve(pop_config(args), dev_dir))
+    except OSError as e:
+        if e.errno not in LISTEN_ERRORS:
+            raise
+        raise Failure("cannot_listen", 409, f"cannot start the PoP: {e.strerror} (is "
+                      "another PoP running? choose another --port, or 0 for any)") from None
+
+
+def pop_config(args: argparse.Namespace) -> PopConfig:
+    """The PoP config from --config and the flags that override it. Raises `InvalidConfig`."""
+    from runtime.cli.parser import DEFAULT_DATA
+
+    data = args.data if args.data != DEFAULT_DATA or args.config is None else None
+    return config.load(args.config, data=data, **{
+        "public.host": args.host, "public.port": args.port, "admin.port": args.admin_port,
+        "ai.enabled": False if args.no_ai else None, "ai.worker_config": args.ai_config,
+        "ai.socket": args.ai_socket})
 
 
 def function_dirs(root: Path) -> list[Path]:
