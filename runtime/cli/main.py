@@ -29,10 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         return fail("usage", f"{e} (see `{e.prog} --help`)", "--json" in argv, EXIT_USAGE)
     if args.logs:
-        import logging
+        from runtime.cli.logs import configure
 
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure(args.verbose)
     return run(args)
 
 

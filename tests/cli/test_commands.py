@@ -1,5 +1,6 @@
 """Commands in a real subprocess: `rollback` with a version prefix against a real
-PoP, `lora rm` against a stand-in admin API, `gpu-worker --help`."""
+PoP, `lora rm` against a stand-in admin API, `gpu-worker --help`, and the log
+lines `serve`/`dev` show at each verbosity."""
 
 from __future__ import annotations
 
@@ -90,3 +91,43 @@ def test_gpu_worker_help_lists_the_worker_options() -> None:
     # the worker's own options, all passed through by `edgefn gpu-worker`
     assert set(re.findall(r"--[a-z][a-z-]+", own)) <= set(re.findall(r"--[a-z][a-z-]+", r.stdout))
 
+
+LOG_LINES = """
+import logging, sys
+from runtime.cli.logs import configure
+configure(int(sys.argv[1]))
+logging.getLogger("edgefn.functions.hello").info("hello says hi")
+logging.getLogger("edgefn.functions").warning("a warning", extra={"function": "echo"})
+try:
+    1 / 0
+except ZeroDivisionError:
+    logging.getLogger("edgefn.functions.echo").exception("handler failed")
+logging.getLogger("edgefn.functions.hello").debug("debug detail")
+logging.getLogger("edgefn.pop").info("deployed hello")
+logging.getLogger("edgefn.pop").warning("restore failed")
+"""
+
+
+def log_lines(verbosity: int) -> list[str]:
+    r = subprocess.run([sys.executable, "-c", LOG_LINES, str(verbosity)], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    stamp = re.compile(r"^(\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(,\d+)? ")
+    return [stamp.sub("", line) for line in r.stderr.splitlines() if stamp.match(line)]
+
+
+def test_function_logs_and_warnings_show_by_default() -> None:
+    assert log_lines(0) == ["[hello] hello says hi", "[echo] WARNING a warning",
+                            "[echo] ERROR handler failed", "WARNING edgefn.pop: restore failed"]
+
+
+def test_v_shows_info_from_everything_and_vv_debug() -> None:
+    assert "INFO edgefn.pop: deployed hello" in log_lines(1)
+    assert "debug detail" not in "\n".join(log_lines(1))
+    assert "[hello] debug detail" in log_lines(2)
+
+
+def test_a_function_traceback_follows_its_line() -> None:
+    r = subprocess.run([sys.executable, "-c", LOG_LINES, "0"], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    after = r.stderr.split("[echo] ERROR handler failed\n")[1]
+    assert after.startswith("Traceback") and "ZeroDivisionError" in after
