@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
+import socket
 import stat
 from pathlib import Path
 
@@ -43,13 +45,38 @@ def dev_command(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, dev_dir: str | None) -> None:
     """Run a PoP from the command line's options until SIGINT/SIGTERM. Raises
     `Failure` (code ``cannot_listen``) if a listener cannot bind its address."""
+    cfg = pop_config(args)
+    for listener in (cfg.public, cfg.admin):  # before the model worker starts
+        check_listen(listener.host, listener.port)
     try:
-        uvloop.run(serve(pop_config(args), dev_dir))
+        uvloop.run(serve(cfg, dev_dir))
     except OSError as e:
         if e.errno not in LISTEN_ERRORS:
             raise
-        raise Failure("cannot_listen", 409, f"cannot start the PoP: {e.strerror} (is "
-                      "another PoP running? choose another --port, or 0 for any)") from None
+        raise cannot_listen(e.strerror or str(e)) from None
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind `host`:`port` for a moment, as the server will (SO_REUSEADDR). Raises
+    `Failure` (code ``cannot_listen``) if that fails now; the real bind can still
+    fail later, and is reported the same way."""
+    if port == 0:
+        return
+    try:
+        for family, kind, proto, _, addr in socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(addr)
+    except OSError as e:
+        if e.errno in LISTEN_ERRORS:
+            raise cannot_listen(f"cannot listen on {host}:{port}: "
+                                f"{os.strerror(e.errno).lower()}") from None
+
+
+def cannot_listen(reason: str) -> Failure:
+    return Failure("cannot_listen", 409, f"cannot start the PoP: {reason} (is another PoP "
+                   "running? choose another --port, or 0 for any)")
 
 
 def pop_config(args: argparse.Namespace) -> PopConfig:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from edgefn_core.errors import Failure
+from runtime.cli import dev, parser
 from tests.cli import EDGEFN, ROOT, edgefn, one_line_error
 from tests.support import EXAMPLES, Running, function_dir, reactor
 
@@ -20,9 +22,24 @@ def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        r = edgefn("serve", "--no-ai", "--port", port, "--data", str(tmp_path))
+        # the model worker is on by default: the port is checked before it starts
+        r = edgefn("serve", "--port", port, "--data", str(tmp_path))
     line = one_line_error(r)
     assert r.returncode == 1 and "address already in use" in line and port in line
+
+
+def test_a_port_taken_after_the_check_is_reported_the_same_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dev, "check_listen", lambda host, port: None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args = parser.build().parse_args(["serve", "--no-ai", "--port", port,
+                                          "--data", str(tmp_path)])
+        with pytest.raises(Failure) as e:
+            dev.serve_command(args)
+    assert e.value.code == "cannot_listen" and f"{port}): address already in use" in str(e.value)
 
 
 def test_dev_on_a_missing_directory_is_one_line(tmp_path: Path) -> None:
