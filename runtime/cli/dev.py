@@ -21,6 +21,7 @@ from runtime.app import running_pop, wait_for_signal
 from runtime.config import PopConfig
 from runtime.functions import deploys, manifest
 from runtime.functions.registry import Registry
+from runtime.pop import PoP
 
 log = logging.getLogger("edgefn.dev")
 POLL_SECONDS = 0.5
@@ -136,16 +137,10 @@ async def watch(registry: Registry, root: Path) -> None:
 
 
 async def serve(config: PopConfig, dev_dir: str | None) -> None:
-    """Run a PoP until SIGINT/SIGTERM; with `dev_dir`, deploy and watch its functions."""
-    data = config.data
+    """Run a PoP until SIGINT/SIGTERM; with `dev_dir`, deploy and watch its functions.
+    Raises what `running_pop` raises (`DataDirBusy`, OSError for a taken port)."""
     async with running_pop(config) as (pop, public, admin):
-        host, port = public.address
-        print(f"edgefn PoP listening on http://{host}:{port}", flush=True)
-        print(f"  admin API on {admin.address[0]}:{admin.address[1]} "
-              f"(token in {Path(data) / 'admin.token'})", flush=True)
-        if pop.ai is not None:
-            print(f"  OpenAI-compatible API on http://{host}:{port}/v1 "
-                  f"(model worker pid {pop.ai.client.pid or 'external'})", flush=True)
+        print_addresses(pop, public.address, admin.address, config.data_dir)
         watcher = None
         if dev_dir is not None:
             root = Path(dev_dir)
@@ -153,13 +148,27 @@ async def serve(config: PopConfig, dev_dir: str | None) -> None:
             for d in function_dirs(root):
                 await deploy_dir(pop.registry, d)
             watcher = asyncio.create_task(watch(pop.registry, root))
-        fns = pop.registry.listing()
-        print(f"serving {len(fns)} function(s):", flush=True)
-        for f in fns:
-            routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])  # type: ignore[attr-defined]
-            print(f"  {f['name']:<16} {f['version']}  {routes}", flush=True)
+        print_functions(pop)
         await wait_for_signal()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+
+def print_addresses(pop: PoP, public: tuple[str, int], admin: tuple[str, int],
+                    data: Path) -> None:
+    host, port = public
+    print(f"edgefn PoP listening on http://{host}:{port}", flush=True)
+    print(f"  admin API on {admin[0]}:{admin[1]} (token in {data / 'admin.token'})", flush=True)
+    if pop.ai is not None:
+        print(f"  OpenAI-compatible API on http://{host}:{port}/v1 "
+              f"(model worker pid {pop.ai.client.pid or 'external'})", flush=True)
+
+
+def print_functions(pop: PoP) -> None:
+    fns = pop.registry.listing()
+    print(f"serving {len(fns)} function(s):", flush=True)
+    for f in fns:
+        routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])  # type: ignore[attr-defined]
+        print(f"  {f['name']:<16} {f['version']}  {routes}", flush=True)
