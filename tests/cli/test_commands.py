@@ -15,6 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from runtime.cli.main import main
 from tests.cli import ROOT, edgefn, one_line_error
 from tests.support import EXAMPLES, Running, function_dir, reactor
 
@@ -90,6 +93,17 @@ def test_gpu_worker_help_lists_the_worker_options() -> None:
                          text=True, timeout=60, cwd=ROOT).stdout
     # the worker's own options, all passed through by `edgefn gpu-worker`
     assert set(re.findall(r"--[a-z][a-z-]+", own)) <= set(re.findall(r"--[a-z][a-z-]+", r.stdout))
+
+
+def test_gpu_worker_passes_its_options_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu_worker.__main__
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(gpu_worker.__main__, "main", lambda argv: seen.append(argv) or 3)
+    assert main(["gpu-worker", "--socket", "/tmp/w.sock"]) == 3
+    assert main(["gpu-worker", "--socket", "s", "--config", "w.toml", "--log-level", "debug"]) == 3
+    assert seen == [["--socket", "/tmp/w.sock", "--log-level", "info"],
+                    ["--socket", "s", "--log-level", "debug", "--config", "w.toml"]]
 
 
 LOG_LINES = """
