@@ -9,8 +9,7 @@ from typing import Any
 
 import msgspec
 
-from edgefn_core.errors import AdminError, EdgefnError
-from runtime.functions import deploys
+from edgefn_core.errors import AdminError, Failure
 
 
 class PopInfo(msgspec.Struct):
@@ -23,19 +22,20 @@ class PopInfo(msgspec.Struct):
 
 class AdminClient:
     def __init__(self, data_dir: str | Path, timeout: float = 120.0) -> None:
-        """Raises `EdgefnError` if no PoP is running on `data_dir`."""
+        """Raises `Failure` (code ``pop_not_running``) if no PoP runs on `data_dir`."""
         data = Path(data_dir)
         try:
             self.info = msgspec.json.decode((data / "pop.json").read_bytes(), type=PopInfo)
             self.token = (data / "admin.token").read_text().strip()
         except (FileNotFoundError, msgspec.DecodeError):
-            raise EdgefnError(f"no PoP is running with data dir {data} (start one with "
-                              "`edgefn serve` or `make dev`, or pass --data)") from None
+            raise Failure("pop_not_running", 503, f"no PoP is running with data dir {data} "
+                          "(start one with `edgefn serve` or `make dev`, or pass --data)") from None
         self.timeout = timeout
 
     def request(self, method: str, path: str, body: bytes = b"",
                 headers: dict[str, str] | None = None) -> Any:
-        """Raises `AdminError` for an error answer, `EdgefnError` if the PoP is unreachable."""
+        """Raises `AdminError` for an error answer, `Failure` (code ``pop_unreachable``)
+        if the PoP cannot be reached."""
         host, port = self.info.admin.rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=self.timeout)
         try:
@@ -44,8 +44,8 @@ class AdminClient:
             resp = conn.getresponse()
             data = json.loads(resp.read() or b"{}")
         except (ConnectionError, OSError) as e:
-            raise EdgefnError(f"cannot reach the PoP's admin API at {self.info.admin}: "
-                              f"{e}") from None
+            raise Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
+                          f"{self.info.admin}: {e}") from None
         finally:
             conn.close()
         if resp.status >= 400:
@@ -54,6 +54,10 @@ class AdminClient:
         return data
 
     def deploy(self, directory: str | Path) -> dict[str, Any]:
+        """Pack and deploy a function folder. Raises `DeployError` or `ManifestError`
+        for a folder that cannot be packed, `AdminError` if the PoP rejects it."""
+        from runtime.functions import deploys  # only deploys need it (and its imports)
+
         package = deploys.to_tar(deploys.pack_dir(directory))
         result: dict[str, Any] = self.request("POST", "/v1/deploy", package,
                                               {"x-edgefn-source": str(directory).rstrip("/")})

@@ -3,30 +3,112 @@ every function folder under a directory and redeploy one when its files change."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import errno
 import logging
+import os
+import socket
+import stat
 from pathlib import Path
 
-from edgefn_core.errors import DeployError, ManifestError
+import uvloop
+
+from edgefn_core.errors import DeployError, Failure, ManifestError, NotFound
+from runtime import config
 from runtime.app import running_pop, wait_for_signal
 from runtime.config import PopConfig
 from runtime.functions import deploys, manifest
 from runtime.functions.registry import Registry
+from runtime.pop import PoP
 
 log = logging.getLogger("edgefn.dev")
 POLL_SECONDS = 0.5
+# errors binding a listener, reported in one line rather than a traceback
+LISTEN_ERRORS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+
+
+def serve_command(args: argparse.Namespace) -> None:
+    """`edgefn serve`. Raises `EdgefnError` if the PoP cannot start."""
+    run(args, None)
+
+
+def dev_command(args: argparse.Namespace) -> None:
+    """`edgefn dev DIR`. Raises `NotFound` if DIR is not a directory, `EdgefnError`
+    if the PoP cannot start."""
+    if not Path(args.dir).is_dir():
+        raise NotFound(f"{args.dir}: no such directory (`edgefn dev DIR` deploys the "
+                       "function folders under DIR)")
+    run(args, args.dir)
+
+
+def run(args: argparse.Namespace, dev_dir: str | None) -> None:
+    """Run a PoP from the command line's options until SIGINT/SIGTERM. Raises
+    `Failure` (code ``cannot_listen``) if a listener cannot bind its address."""
+    cfg = pop_config(args)
+    for listener in (cfg.public, cfg.admin):  # before the model worker starts
+        check_listen(listener.host, listener.port)
+    try:
+        uvloop.run(serve(cfg, dev_dir))
+    except OSError as e:
+        if e.errno not in LISTEN_ERRORS:
+            raise
+        raise cannot_listen(e.strerror or str(e)) from None
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind `host`:`port` for a moment, as the server will (SO_REUSEADDR). Raises
+    `Failure` (code ``cannot_listen``) if that fails now; the real bind can still
+    fail later, and is reported the same way."""
+    if port == 0:
+        return
+    try:
+        for family, kind, proto, _, addr in socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(addr)
+    except OSError as e:
+        if e.errno in LISTEN_ERRORS:
+            raise cannot_listen(f"cannot listen on {host}:{port}: "
+                                f"{os.strerror(e.errno).lower()}") from None
+
+
+def cannot_listen(reason: str) -> Failure:
+    return Failure("cannot_listen", 409, f"cannot start the PoP: {reason} (is another PoP "
+                   "running? choose another --port, or 0 for any)")
+
+
+def pop_config(args: argparse.Namespace) -> PopConfig:
+    """The PoP config from --config and the flags that override it. Raises `InvalidConfig`."""
+    from runtime.cli.parser import DEFAULT_DATA
+
+    data = args.data if args.data != DEFAULT_DATA or args.config is None else None
+    return config.load(args.config, data=data, **{
+        "public.host": args.host, "public.port": args.port, "admin.port": args.admin_port,
+        "ai.enabled": False if args.no_ai else None, "ai.worker_config": args.ai_config,
+        "ai.socket": args.ai_socket})
 
 
 def function_dirs(root: Path) -> list[Path]:
-    """Folders under `root` that hold an edgefn.toml (hidden folders skipped)."""
+    """Folders under `root` that hold an edgefn.toml (hidden folders under `root`
+    skipped; `root` itself may be inside one)."""
     found = [p.parent for p in root.rglob(manifest.MANIFEST_NAME)]
-    return sorted(d for d in found if not any(part.startswith(".") for part in d.parts))
+    return sorted(d for d in found
+                  if not any(part.startswith(".") for part in d.relative_to(root).parts))
 
 
 def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
-    return tuple(sorted((str(p), p.stat().st_mtime_ns, p.stat().st_size)
-                        for p in directory.rglob("*") if p.is_file()))
+    """Path, mtime and size of each file under `directory` (a file removed while
+    it is read is left out; a missing `directory` gives an empty snapshot)."""
+    found = []
+    for p in directory.rglob("*"):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            st = p.stat()
+            if stat.S_ISREG(st.st_mode):
+                found.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(sorted(found))
 
 
 async def deploy_dir(registry: Registry, directory: Path) -> bool:
@@ -55,16 +137,10 @@ async def watch(registry: Registry, root: Path) -> None:
 
 
 async def serve(config: PopConfig, dev_dir: str | None) -> None:
-    """Run a PoP until SIGINT/SIGTERM; with `dev_dir`, deploy and watch its functions."""
-    data = config.data
+    """Run a PoP until SIGINT/SIGTERM; with `dev_dir`, deploy and watch its functions.
+    Raises what `running_pop` raises (`DataDirBusy`, OSError for a taken port)."""
     async with running_pop(config) as (pop, public, admin):
-        host, port = public.address
-        print(f"edgefn PoP listening on http://{host}:{port}", flush=True)
-        print(f"  admin API on {admin.address[0]}:{admin.address[1]} "
-              f"(token in {Path(data) / 'admin.token'})", flush=True)
-        if pop.ai is not None:
-            print(f"  OpenAI-compatible API on http://{host}:{port}/v1 "
-                  f"(model worker pid {pop.ai.client.pid or 'external'})", flush=True)
+        print_addresses(pop, public.address, admin.address, config.data_dir)
         watcher = None
         if dev_dir is not None:
             root = Path(dev_dir)
@@ -72,13 +148,27 @@ async def serve(config: PopConfig, dev_dir: str | None) -> None:
             for d in function_dirs(root):
                 await deploy_dir(pop.registry, d)
             watcher = asyncio.create_task(watch(pop.registry, root))
-        fns = pop.registry.listing()
-        print(f"serving {len(fns)} function(s):", flush=True)
-        for f in fns:
-            routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])  # type: ignore[attr-defined]
-            print(f"  {f['name']:<16} {f['version']}  {routes}", flush=True)
+        print_functions(pop)
         await wait_for_signal()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+
+def print_addresses(pop: PoP, public: tuple[str, int], admin: tuple[str, int],
+                    data: Path) -> None:
+    host, port = public
+    print(f"edgefn PoP listening on http://{host}:{port}", flush=True)
+    print(f"  admin API on {admin[0]}:{admin[1]} (token in {data / 'admin.token'})", flush=True)
+    if pop.ai is not None:
+        print(f"  OpenAI-compatible API on http://{host}:{port}/v1 "
+              f"(model worker pid {pop.ai.client.pid or 'external'})", flush=True)
+
+
+def print_functions(pop: PoP) -> None:
+    fns = pop.registry.listing()
+    print(f"serving {len(fns)} function(s):", flush=True)
+    for f in fns:
+        routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])  # type: ignore[attr-defined]
+        print(f"  {f['name']:<16} {f['version']}  {routes}", flush=True)

@@ -1,0 +1,302 @@
+"""The `edgefn` argument parser. Building it imports nothing but the standard
+library's argparse: each command names its handler as ``"module:function"``, and
+`main` imports the module only when that command runs, so ``edgefn --help`` stays
+fast. Every option's help shows its default, every command's help one example."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_DATA = os.environ.get("EDGEFN_DATA", ".edgefn")
+DATA_HELP = f"the PoP's data dir, $EDGEFN_DATA if set (default: {DEFAULT_DATA})"
+JSON_HELP = ("print JSON; on failure print {\"error\": {\"code\", \"message\"}} on stderr "
+             "and exit 1")
+DESCRIPTION = """Run and deploy edge functions.
+
+Errors are one line on stderr and exit status 1 (2 for a bad command line).
+With --json, an error is a JSON object on stderr: {"error": {"code": ..., "message": ...}}.
+Run `edgefn COMMAND --help` for a command's options and an example."""
+
+
+class UsageError(Exception):
+    """A command line the parser rejects; `str(err)` reads ``PROG: PROBLEM``."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(f"{prog}: {message}")
+        self.prog = prog
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps descriptions and examples as written; appends each option's default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return option_help(action)
+
+
+def option_help(action: argparse.Action) -> str:
+    """`action`'s help, with ``(default: ...)`` appended unless it already says its
+    default or has none to say (a flag, a required option, a plain positional)."""
+    text = action.help or ""
+    if "default" in text or action.required or action.nargs == 0:
+        return text
+    if action.default in (None, argparse.SUPPRESS):
+        return text
+    if not action.option_strings and action.nargs != "?":
+        return text
+    return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises `UsageError` instead of printing usage and
+    exiting, so `main` reports it in one line (or as JSON with --json)."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(self.prog, message)
+
+
+class _Version(argparse.Action):
+    """--version: looked up only when asked for (importlib.metadata is slow to import)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                         nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"edgefn {version()}")
+        parser.exit()
+
+
+def version() -> str:
+    """The installed package's version, or the checkout's (runtime.__version__)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("edgefn")
+    except metadata.PackageNotFoundError:
+        from runtime import __version__
+
+        return __version__
+
+
+def json_value(what: str, kind: type) -> Callable[[str], Any]:
+    """An argparse `type` that parses JSON and checks it is a `kind` (list or dict);
+    raises ArgumentTypeError naming `what` was expected."""
+
+    def parse(text: str) -> Any:
+        import json
+
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r} ({e})") from None
+        if not isinstance(value, kind) or (isinstance(value, list) and not _numbers(value)):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _numbers(values: list[Any]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+VECTOR = json_value("a JSON list of numbers such as [0.1, 0.2]", list)
+OBJECT = json_value('a JSON object such as {"lang": "en"}', dict)
+
+
+def build() -> Parser:
+    """The whole `edgefn` parser; ``args.handler`` names the command's function."""
+    p = Parser(prog="edgefn", description=DESCRIPTION, formatter_class=Formatter,
+               epilog="example:\n  edgefn dev functions/")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log more: -v INFO from everything, -vv DEBUG (default: warnings, "
+                        "and function logs)")
+    p.add_argument("--version", action=_Version)
+    sub = p.add_subparsers(required=True, metavar="COMMAND", title="commands",
+                           parser_class=Parser)
+    commands = Commands(sub)
+    for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
+                _ai_commands):
+        add(commands)
+    return p
+
+
+class Commands:
+    """Adds commands with the options all of them share (--data, -v, an example)."""
+
+    def __init__(self, sub: Any) -> None:
+        self.sub = sub
+
+    def add(self, name: str, handler: str, help: str, example: str, *,
+            json: bool = False, data: bool = True, logs: bool = True) -> Parser:
+        s: Parser = self.sub.add_parser(name, help=help, description=help,
+                                        formatter_class=Formatter,
+                                        epilog=f"example:\n  {example}")
+        s.set_defaults(handler=handler, json=False, logs=logs)
+        if logs:
+            s.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                           help="log more: -v INFO, -vv DEBUG (default: warnings, and "
+                                "function logs)")
+        if data:
+            s.add_argument("--data", default=DEFAULT_DATA, help=DATA_HELP)
+        if json:
+            s.add_argument("--json", action="store_true", help=JSON_HELP)
+        return s
+
+    def ops(self, parent: Parser) -> Any:
+        """The operations of `parent` (kv, vectors, lora), listed in its help."""
+        return parent.add_subparsers(dest="op", required=True, metavar="OP",
+                                     title="operations", parser_class=Parser)
+
+    @staticmethod
+    def op(ops: Any, name: str, help: str, example: str, json: bool = True) -> Parser:
+        """One operation; --data and --json may also come after it."""
+        o: Parser = ops.add_parser(name, help=help, description=help,
+                                   formatter_class=Formatter, epilog=f"example:\n  {example}")
+        o.add_argument("--data", default=argparse.SUPPRESS, help=DATA_HELP)
+        if json:
+            o.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                           help=JSON_HELP)
+        return o
+
+
+def _serve_commands(c: Commands) -> None:
+    s = c.add("serve", "runtime.cli.dev:serve_command", "run a PoP in the foreground",
+              "edgefn serve --port 8080 --no-ai")
+    _pop_options(s)
+    s = c.add("dev", "runtime.cli.dev:dev_command",
+              "run a PoP, deploy every function under DIR and redeploy one when its files "
+              "change", "edgefn dev functions/ --no-ai")
+    s.add_argument("dir", nargs="?", default="functions", help="folder of function folders")
+    _pop_options(s)
+
+
+def _pop_options(s: Parser) -> None:
+    s.add_argument("--config", help="PoP config (pop.toml); flags override it "
+                                    "(default: none, built-in settings)")
+    s.add_argument("--host", help="public listener address (default: 127.0.0.1)")
+    s.add_argument("--port", type=int, help="public listener port (default: 8080)")
+    s.add_argument("--admin-port", type=int,
+                   help="loopback admin API port (default: 0, any free port)")
+    s.add_argument("--no-ai", action="store_true",
+                   help="do not run the model worker (no OpenAI API, no ai binding)")
+    s.add_argument("--ai-config", help="model worker config (TOML) (default: the packaged "
+                                       "SmolLM2 and MiniLM models)")
+    s.add_argument("--ai-socket", help="use a model worker already listening on this Unix "
+                                       "socket (default: start one)")
+
+
+def _function_commands(c: Commands) -> None:
+    mod = "runtime.cli.commands"
+    s = c.add("deploy", f"{mod}:deploy", "deploy a function folder to the running PoP",
+              "edgefn deploy functions/hello-wat", json=True)
+    s.add_argument("dir", help="the function's folder (holds edgefn.toml)")
+    c.add("ls", f"{mod}:ls", "list deployed functions", "edgefn ls --json", json=True)
+    s = c.add("versions", f"{mod}:versions", "list a function's versions (* marks the "
+              "current one)", "edgefn versions hello", json=True)
+    s.add_argument("name")
+    s = c.add("rollback", f"{mod}:rollback", "serve another version of a function",
+              "edgefn rollback hello 3f2a", json=True)
+    s.add_argument("name")
+    s.add_argument("version", nargs="?", help="a version or a unique prefix of one "
+                                              "(default: the previous version)")
+    s = c.add("delete", f"{mod}:delete", "stop serving a function and delete its versions",
+              "edgefn delete hello", json=True)
+    s.add_argument("name")
+
+
+def _kv_command(c: Commands) -> None:
+    kv = c.add("kv", "runtime.cli.store:kv_command",
+               "read and write KV namespaces (through the PoP if one runs on the data dir)",
+               "edgefn kv put docs greeting hello")
+    ops = c.ops(kv)
+    o = c.op(ops, "get", "print a key's value (raw bytes; JSON with --json)",
+             "edgefn kv get docs greeting")
+    _ns_key(o)
+    o = c.op(ops, "put", "write a key, creating the namespace if needed",
+             "edgefn kv put docs greeting hello --ttl 3600")
+    _ns_key(o)
+    o.add_argument("value", help="the value, or - to read stdin")
+    o.add_argument("--ttl", type=float, help="seconds until it expires (default: never)")
+    o.add_argument("--metadata", type=OBJECT, help="a JSON object (default: none)")
+    o = c.op(ops, "delete", "delete a key; prints whether it existed",
+             "edgefn kv delete docs greeting")
+    _ns_key(o)
+    o = c.op(ops, "increment", "add 1 to an integer key and print it",
+             "edgefn kv increment stats hits")
+    _ns_key(o)
+    o = c.op(ops, "list", "list keys in order", "edgefn kv list docs --prefix user:")
+    o.add_argument("namespace")
+    o.add_argument("--prefix", default="", help="only keys starting with it (default: all)")
+    o.add_argument("--limit", type=int, default=100, help="at most this many keys")
+    o.add_argument("--cursor", help="continue a listing (default: from the first key)")
+
+
+def _ns_key(o: Parser) -> None:
+    o.add_argument("namespace")
+    o.add_argument("key")
+
+
+def _vectors_command(c: Commands) -> None:
+    vec = c.add("vectors", "runtime.cli.store:vectors_command",
+                "create, fill and query vector indexes (prints JSON)",
+                "edgefn vectors query emb --vector '[0.1, 0.2, 0.3]' -k 5")
+    ops = c.ops(vec)
+    o = c.op(ops, "create", "create an index", "edgefn vectors create emb --dim 384")
+    o.add_argument("index")
+    o.add_argument("--dim", type=int, required=True, help="number of dimensions")
+    o.add_argument("--metric", default="cos", choices=["cos", "ip", "l2"], help="distance")
+    o.add_argument("--dtype", default="f32", choices=["f32", "f16", "i8"],
+                   help="how vectors are stored")
+    o = c.op(ops, "upsert", "add or replace one vector",
+             "edgefn vectors upsert emb doc1 --vector '[1, 0, 0]' --metadata '{\"lang\": \"en\"}'")
+    o.add_argument("index")
+    o.add_argument("id")
+    o.add_argument("--vector", type=VECTOR, required=True, help="a JSON list of numbers")
+    o.add_argument("--metadata", type=OBJECT, help="a JSON object (default: none)")
+    o = c.op(ops, "query", "the k nearest vectors",
+             "edgefn vectors query emb --vector '[1, 0, 0]' -k 3 --filter '{\"lang\": \"en\"}'")
+    o.add_argument("index")
+    o.add_argument("--vector", type=VECTOR, required=True, help="a JSON list of numbers")
+    o.add_argument("-k", type=int, default=10, help="how many results")
+    o.add_argument("--filter", type=OBJECT,
+                   help='metadata equality, as JSON: {"lang": "en"} (default: none)')
+    o = c.op(ops, "import", "upsert JSONL lines {id, vector, metadata} or a .npy matrix",
+             "edgefn vectors import emb vectors.jsonl")
+    o.add_argument("index")
+    o.add_argument("file")
+    o = c.op(ops, "stats", "count, dimensions and settings of an index",
+             "edgefn vectors stats emb")
+    o.add_argument("index")
+
+
+def _ai_commands(c: Commands) -> None:
+    s = c.add("gpu-worker", "runtime.cli.commands:gpu_worker",
+              "run the model worker alone on a Unix socket",
+              "edgefn gpu-worker --socket /tmp/edgefn-ai.sock", data=False,
+              logs=False)  # the worker configures its own logging (--log-level)
+    s.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    s.add_argument("--config", help="worker config (TOML) (default: the packaged models)")
+    s.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    lora = c.add("lora", "runtime.cli.commands:lora",
+                 "manage LoRA adapters of the running PoP's model worker",
+                 "edgefn lora add my-style adapter.gguf")
+    _lora_ops(c, c.ops(lora))
+    s = c.add("ai", "runtime.cli.commands:ai", "model worker status (prints JSON)",
+              "edgefn ai models")
+    s.add_argument("what", choices=["models", "metrics"], help="models or metrics")
+
+
+def _lora_ops(c: Commands, ops: Any) -> None:
+    add = c.op(ops, "add", "load a GGUF LoRA adapter, served as model NAME",
+               "edgefn lora add my-style ./adapter.gguf --scale 0.8")
+    add.add_argument("name")
+    add.add_argument("path")
+    add.add_argument("--base", help="base model (default: the first llama.cpp model)")
+    add.add_argument("--scale", type=float, default=1.0, help="adapter strength")
+    c.op(ops, "ls", "list models and adapters", "edgefn lora ls")
+    rm = c.op(ops, "rm", "unload an adapter", "edgefn lora rm my-style")
+    rm.add_argument("name")

@@ -1,0 +1,117 @@
+"""Failures of the `edgefn` command in a real subprocess: one line on stderr and a
+non-zero exit, never a traceback; a JSON object on stderr with --json; quiet when
+the reader of stdout goes away."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import Failure
+from runtime.cli import dev, parser
+from tests.cli import EDGEFN, ROOT, edgefn, one_line_error
+from tests.support import EXAMPLES, Running, function_dir, reactor
+
+
+def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        # the model worker is on by default: the port is checked before it starts
+        r = edgefn("serve", "--port", port, "--data", str(tmp_path))
+    line = one_line_error(r)
+    assert r.returncode == 1 and "address already in use" in line and port in line
+
+
+def test_a_port_taken_after_the_check_is_reported_the_same_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dev, "check_listen", lambda host, port: None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args = parser.build().parse_args(["serve", "--no-ai", "--port", port,
+                                          "--data", str(tmp_path)])
+        with pytest.raises(Failure) as e:
+            dev.serve_command(args)
+    assert e.value.code == "cannot_listen" and f"{port}): address already in use" in str(e.value)
+
+
+def test_dev_on_a_missing_directory_is_one_line(tmp_path: Path) -> None:
+    r = edgefn("dev", str(tmp_path / "nowhere"), "--no-ai", "--data", str(tmp_path))
+    assert r.returncode == 1
+    assert one_line_error(r) == (f"edgefn: {tmp_path / 'nowhere'}: no such directory "
+                                 "(`edgefn dev DIR` deploys the function folders under DIR)")
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["vectors", "upsert", "emb", "a", "--vector", "[1,"], "--vector"),
+    (["vectors", "upsert", "emb", "a", "--vector", '["x"]'], "--vector"),
+    (["vectors", "upsert", "emb", "a", "--vector", "[1]", "--metadata", "{"], "--metadata"),
+    (["vectors", "query", "emb", "--vector", "[1]", "--filter", "lang=en"], "--filter"),
+    (["kv", "put", "docs", "k", "v", "--metadata", "[1, 2]"], "--metadata"),
+])
+def test_bad_json_in_an_option_is_one_line(tmp_path: Path, args: list[str], option: str) -> None:
+    r = edgefn(*args, "--data", str(tmp_path))
+    line = one_line_error(r)
+    assert r.returncode == 2 and f"argument {option}: expected a JSON" in line
+    assert not any(tmp_path.iterdir())  # rejected before any store is opened
+
+
+def test_a_usage_error_is_one_line() -> None:
+    r = edgefn("rollback")
+    assert r.returncode == 2
+    assert one_line_error(r) == ("edgefn rollback: the following arguments are required: "
+                                 "name (see `edgefn rollback --help`)")
+
+
+def json_error(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """The {"code", "message"} of a failed --json command (stdout left empty)."""
+    assert r.returncode != 0 and r.stdout == "", r.stdout
+    err: dict[str, str] = json.loads(r.stderr)["error"]
+    assert set(err) == {"code", "message"}
+    return err
+
+
+def test_json_errors_are_json_on_stderr(tmp_path: Path) -> None:
+    r = edgefn("ls", "--json", "--data", str(tmp_path / "none"))
+    assert json_error(r)["code"] == "pop_not_running" and r.returncode == 1
+    r = edgefn("kv", "get", "nowhere", "k", "--json", "--data", str(tmp_path))
+    assert json_error(r) == {"code": "unknown_namespace",
+                             "message": "unknown namespace 'nowhere'"}
+    r = edgefn("vectors", "query", "emb", "--vector", "[1,", "--json")
+    assert json_error(r)["code"] == "usage" and r.returncode == 2
+
+
+def closed_early(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run `edgefn ARGS` with its stdout closed before it writes, as `| head -0` would."""
+    proc = subprocess.Popen([*EDGEFN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    return subprocess.CompletedProcess(args, proc.wait(60), b"", err)
+
+
+def test_a_closed_stdout_stops_quietly(tmp_path: Path) -> None:
+    assert edgefn("kv", "put", "docs", "big", "-", "--data", str(tmp_path),
+                  stdin=b"x" * 1_000_000).returncode == 0
+    r = closed_early("kv", "get", "docs", "big", "--data", str(tmp_path))
+    assert (r.returncode, r.stderr) == (141, b"")
+
+
+def test_ls_json_into_a_closed_pipe_stops_quietly(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(EXAMPLES / "hello-wat")
+    for i in range(5):
+        pop.deploy(function_dir(tmp_path, f"fn{i}", reactor("")))
+    r = closed_early("ls", "--json", "--data", str(pop.data))
+    assert (r.returncode, r.stderr) == (141, b"")
+    piped = subprocess.run(f"{' '.join(EDGEFN)} ls --json --data {pop.data} | head -1",
+                           shell=True, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert (piped.stdout, piped.stderr) == ("[\n", "")
