@@ -192,6 +192,9 @@ class WorkerClient:
         return await self.call(
             lambda i: p.AddLora(i, name, path, base, scale), early=early)
 
+    async def remove_lora(self, name: str) -> dict[str, Any]:
+        return await self.call(lambda i: p.RemoveLora(i, name))
+
     async def ping(self, payload: bytes = b"") -> bytes:
         return await self.call(lambda i: p.Ping(i, payload))
 

@@ -5,7 +5,7 @@ Messages are tagged msgspec structs (``array_like`` so a frame carries no field
 names). Every request carries an ``id`` chosen by the client; every reply names
 the ``id`` it answers.
 
-Client -> worker: Generate, Embed, Rerank, Cancel, Credit, Models, AddLora,
+Client -> worker: Generate, Embed, Rerank, Cancel, Credit, Models, AddLora, RemoveLora,
 GetMetrics, Ping. Worker -> client: Chunk (streamed text), Done (end of a
 generation, with usage), Result (any other answer), Error.
 
@@ -83,6 +83,13 @@ class AddLora(_Msg, tag="lora"):
     scale: float = 1.0
 
 
+class RemoveLora(_Msg, tag="lora_rm"):
+    """Stop serving an adapter; requests already running on it finish."""
+
+    id: int
+    name: str
+
+
 class GetMetrics(_Msg, tag="metrics"):
     id: int
 
@@ -121,7 +128,8 @@ class Error(_Msg, tag="error"):
     status: int = 500
 
 
-Request = Generate | Embed | Rerank | Cancel | Credit | Models | AddLora | GetMetrics | Ping
+Request = (Generate | Embed | Rerank | Cancel | Credit | Models | AddLora | RemoveLora
+           | GetMetrics | Ping)
 Reply = Chunk | Done | Result | Error
 
 _encoder = msgspec.msgpack.Encoder()

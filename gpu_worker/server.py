@@ -82,6 +82,15 @@ class Worker:
         log.info("LoRA adapter %s (%s) on %s", name, path, base)
         return info
 
+    async def remove_lora(self, name: str) -> dict[str, str]:
+        """Stop serving adapter `name`. Raises `EngineError`: 404 for an unknown
+        model, 400 for a base model."""
+        engine = self.engine_for(name)
+        await engine.remove_lora(name)
+        del self.by_model[name]
+        log.info("LoRA adapter %s removed", name)
+        return {"removed": name}
+
     async def serve(self, path: str) -> asyncio.Server:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -225,6 +234,8 @@ class Connection:
                 return [msgspec.to_builtins(m) for m in w.models()]
             case p.AddLora(name=name, path=path, base=base, scale=scale):
                 return msgspec.to_builtins(await w.add_lora(name, path, base, scale))
+            case p.RemoveLora(name=name):
+                return await w.remove_lora(name)
             case p.GetMetrics():
                 return w.metrics.snapshot()
         raise EngineError("invalid_request", 400, f"unexpected message {type(msg).__name__}")

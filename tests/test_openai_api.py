@@ -286,12 +286,27 @@ def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
 
     assert "added cli-lora (parent smollm2-135m" in edgefn("lora", "add", "cli-lora", str(path))
     assert "cli-lora" in edgefn("lora", "ls") and "LoRA on smollm2-135m" in edgefn("lora", "ls")
+    before = json.loads(edgefn("ai", "metrics"))["requests_total"]
+    body = json.dumps({"model": "cli-lora", "messages": HELLO, "max_tokens": 2}).encode()
+    assert raw(pop, "POST", "/v1/chat/completions", body)[0] == 200
     metrics = json.loads(edgefn("ai", "metrics"))
-    assert metrics["requests_total"] > 0 and "busy_fraction" in metrics
+    assert metrics["requests_total"] == before + 1 and "busy_fraction" in metrics
     bad = subprocess.run([sys.executable, "-m", "runtime.cli", "lora", "add", "x",
                           str(tmp_path / "missing.gguf"), "--data", str(pop.data)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "does not exist" in bad.stderr
+    # lora rm: unlisted, no longer served, forgotten across restarts, base models refused
+    assert "removed cli-lora" in edgefn("lora", "rm", "cli-lora")
+    assert "cli-lora" not in edgefn("lora", "ls")
+    status, data = raw(pop, "POST", "/v1/chat/completions", body)
+    assert status == 404 and json.loads(data)["error"]["code"] == "model_not_found"
+    kept = json.loads((pop.data / "ai" / "loras.json").read_text())
+    assert "cli-lora" not in [lo["name"] for lo in kept]
+    for name, code in (("cli-lora", "model_not_found"), (CHAT, "invalid_request")):
+        again = subprocess.run([sys.executable, "-m", "runtime.cli", "lora", "rm", name,
+                                "--json", "--data", str(pop.data)], capture_output=True,
+                               text=True, timeout=60)
+        assert again.returncode == 1 and json.loads(again.stderr)["error"]["code"] == code
 
 
 def py_ai_function(root: Path, name: str, source: str) -> Path:

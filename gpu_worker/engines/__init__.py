@@ -72,6 +72,12 @@ class Engine:
         Raises `EngineError`."""
         raise EngineError("invalid_request", 400, f"model {model!r} does not rerank")
 
+    async def remove_lora(self, name: str) -> None:
+        """Stop serving adapter `name`. Raises `EngineError` (400) where `name` is
+        not an adapter of this engine."""
+        raise EngineError("invalid_request", 400, f"{name!r} is a base model, not a LoRA "
+                          "adapter")
+
     async def add_lora(self, name: str, path: str, base: str | None, scale: float
                        ) -> ModelInfo:
         """Register a LoRA adapter served as model `name`. Raises `EngineError`."""

@@ -131,6 +131,15 @@ class LlamaEngine(Engine):
         self.loras[name] = (path, scale)
         return next(m for m in self.models() if m.id == name)
 
+    async def remove_lora(self, name: str) -> None:
+        """Stop serving adapter `name`: new requests cannot use it, running ones
+        finish on it (llama.cpp frees it with the model). Raises `EngineError` (400)
+        for the base model."""
+        if name not in self.loras:
+            raise EngineError("invalid_request", 400, f"{name!r} is a base model, not a LoRA "
+                              "adapter")
+        del self.loras[name]
+
     def close(self) -> None:
         """Stop the scheduler thread (up to 10 s) and free the model."""
         if self.driver is not None:

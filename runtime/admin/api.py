@@ -8,6 +8,7 @@
     GET    /v1/ai/models                      models and LoRA adapters of the model worker
     GET    /v1/ai/metrics                     queue depth, batch size, TTFT, tokens/s, busy
     POST   /v1/ai/loras                       {"name", "path", "base"?, "scale"?}: add an adapter
+    DELETE /v1/ai/loras/NAME                  stop serving an adapter (kept off after restarts)
     POST   /v1/kv/NAMESPACE/OP                {get,put,delete,list,increment,cas,create} args
     POST   /v1/vectors/INDEX/OP               {create,upsert,query,delete,stats} args
 """
@@ -102,6 +103,8 @@ class AdminApp:
                 return json_response({"models": await ai.client.models()})
             case ["metrics"] if method == b"GET":
                 return json_response(await ai.client.metrics())
+            case ["loras", name] if method == b"DELETE":
+                return json_response(await ai.remove_lora(name))
             case ["loras"] if method == b"POST":
                 lora = msgspec.json.decode(body or b"{}", type=LoraBody)
                 return json_response(await ai.add_lora(lora.name, lora.path, lora.base,

@@ -58,10 +58,21 @@ class AIService:
         path = str(Path(path).resolve())
         info = await self.client.add_lora(name, path, base, scale)
         self.loras.append(Lora(name, path, base, scale))
+        self._save()
+        return info
+
+    async def remove_lora(self, name: str) -> dict[str, Any]:
+        """Stop serving adapter `name`, now and after restarts. Raises `WorkerError`
+        (404 for an unknown model, 400 for a base model)."""
+        info = await self.client.remove_lora(name)
+        self.loras = [lo for lo in self.loras if lo.name != name]
+        self._save()
+        return info
+
+    def _save(self) -> None:
         tmp = self.loras_file.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.encode(self.loras))
         tmp.replace(self.loras_file)
-        return info
 
     async def _registered_again(self) -> None:
         for lo in self.loras:
