@@ -112,8 +112,15 @@ class WorkerClient:
         self.on_connect: Callable[[], Awaitable[None]] | None = None
 
     @classmethod
-    def spawning(cls, socket_path: str, config: str | None = None) -> WorkerClient:
-        command = [sys.executable, "-m", "gpu_worker", "--socket", socket_path]
+    def spawning(cls, socket_path: str, config: str | None = None,
+                 log_level: str | None = None) -> WorkerClient:
+        """A client that starts (and restarts) its own worker. The worker logs at
+        `log_level`, by default that of this process's ``edgefn`` logger, so a PoP
+        at its default verbosity does not print the worker's INFO lines."""
+        level = log_level or logging.getLevelName(logging.getLogger("edgefn")
+                                                  .getEffectiveLevel()).lower()
+        command = [sys.executable, "-m", "gpu_worker", "--socket", socket_path,
+                   "--log-level", level]
         if config:
             command += ["--config", config]
         return cls(socket_path, command)
