@@ -42,6 +42,9 @@ class Stage(Protocol):
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result: ...
 
 
+NO_PARAMS: dict[str, str] = {}  # shared: stages replace `params`, never mutate it
+
+
 class Context:
     """Per-request state the stages share."""
 
@@ -54,7 +57,7 @@ class Context:
         self.principal: Any = None  # who is calling, once an auth stage has run
         self.target: Target | None = None
         self.route = ""  # the route prefix that matched
-        self.params: dict[str, str] = {}  # captures of a /:name route
+        self.params: dict[str, str] = NO_PARAMS  # captures of a /:name route (a new dict)
         self.started = time.perf_counter()
         self.marks: list[tuple[str, float]] = []  # (stage, when it started), if timed
 

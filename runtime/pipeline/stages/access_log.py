@@ -78,11 +78,10 @@ class AccessLog:
         if self.json:
             line = self._json(request, ctx, status, size, fn, duration, now)
         else:
-            path = request.path
-            if b" " in path or b'"' in path or b"=" in path:
-                path = msgspec.json.encode(path.decode("latin-1"))
-            line = TEXT % (self._stamp, (now - second) * 1000, request.method, path, status, fn,
-                           duration, size, ctx.request_id or b"-", ctx.client.encode())
+            # the path as sent: the HTTP front lets no space or control byte through
+            line = TEXT % (self._stamp, (now - second) * 1000, request.method, request.path,
+                           status, fn, duration, size, ctx.request_id or b"-",
+                           ctx.client.encode())
         self.lines.append(line)
         if not self.flush_scheduled:
             self._schedule()

@@ -15,10 +15,13 @@ class Dispatch:
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         fn = ctx.target
         assert isinstance(fn, Deployment), "dispatch runs after route"
-        tag = fn.tag
+        result = fn.executor.handle(request, ctx.route)
+        if isinstance(result, Response):
+            result.headers.append(fn.tag)
+            return result
+        return then(result, _tagged, fn.tag)
 
-        def tagged(response: Response) -> Response:
-            response.headers.append(tag)
-            return response
 
-        return then(fn.executor.handle(request, ctx.route), tagged)
+def _tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:
+    response.headers.append(tag)
+    return response
