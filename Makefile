@@ -31,7 +31,7 @@ dev: venv
 	$(BIN)/edgefn dev functions/examples --host $(HOST) --port $(PORT) --data $(DATA)
 
 lint: venv
-	$(BIN)/ruff check runtime kv gpu_worker functions tests bench
+	$(BIN)/ruff check edgefn_core runtime kv gpu_worker functions tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
