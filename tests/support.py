@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from runtime.app import running_pop
 from runtime.pop import PoP
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
+HOST_MODULE = b"runtime.executors.python.host"  # what an isolate-host process runs
 
 
 @dataclass
@@ -110,3 +112,41 @@ def reactor(body: str, prelude: str = "", memory: int = 1, imports: str = "") ->
     {body}
     (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 14))))
 """
+
+
+def python_function(root: Path, name: str, source: str, *, limits: str = "",
+                    pool: str = "min = 1\nmax = 1\nstandby = false", env: str = "") -> Path:
+    """Write a Python function folder (main.py with `source`) routed at /NAME; `limits`,
+    `pool` and `env` are the bodies of those manifest tables."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "main.py").write_text(source)
+    (d / "edgefn.toml").write_text(
+        f'name = "{name}"\nruntime = "python"\nentry = "main.py"\nroutes = ["/{name}"]\n'
+        f"[limits]\n{limits}\n[pool]\n{pool}\n[env]\n{env}\n")
+    return d
+
+
+def host_pids(name: str, parent: int | None = None) -> set[int]:
+    """The running (not zombie) isolate-host processes of Python function `name` whose
+    parent is `parent` (default: this process, which runs `pop_thread`'s PoPs)."""
+    parent = os.getpid() if parent is None else parent
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state == "Z" or int(ppid) != parent or argv[1:3] != [b"-m", HOST_MODULE]:
+            continue
+        try:
+            config = json.loads(argv[3])
+        except (IndexError, ValueError):
+            continue
+        if isinstance(config, dict) and config.get("name") == name:
+            found.add(int(entry.name))
+    return found
