@@ -124,3 +124,16 @@ def test_the_wall_limit_stops_a_pure_python_loop_inside_the_isolate(
     assert pop.get("/loop")[2] == f"{pid} 3".encode()
     assert time.monotonic() - sent < wall / 2
     assert host_pids("loop") == {pid}
+
+
+def test_the_cpu_limit_stops_a_pure_python_loop_and_the_error_names_the_limit(
+        pop: Running, tmp_path: Path) -> None:
+    deployed = pop.deploy(python_function(tmp_path, "spin", LOOP,
+                                          limits="cpu_ms = 50\nwall_ms = 20000"))
+    pid = int(pop.get("/spin")[2].split()[0])
+    status, headers, body = pop.get("/spin?loop=1", timeout=30)
+    assert (status, headers["x-edgefn-error"]) == (503, "cpu_limit"), body
+    assert json.loads(body) == {"error": {
+        "kind": "cpu_limit", "function": "spin", "version": deployed["version"],
+        "message": "function 'spin' exceeded its CPU limit of 50 ms"}}
+    assert pop.get("/spin")[2] == f"{pid} 3".encode()  # the same interpreter serves on
