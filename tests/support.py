@@ -150,3 +150,11 @@ def host_pids(name: str, parent: int | None = None) -> set[int]:
         if isinstance(config, dict) and config.get("name") == name:
             found.add(int(entry.name))
     return found
+
+
+def running(pid: int) -> bool:
+    """Process `pid` exists and is not a zombie."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
