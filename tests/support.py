@@ -174,7 +174,9 @@ def build_from_source(script: Path, out: Path, env: dict[str, str] | None = None
     proc = subprocess.run(["bash", str(script)], env={**os.environ, **(env or {}), "OUT": str(out)},
                           capture_output=True, text=True, timeout=600)
     if proc.returncode == 2:
-        why = f"{script.parent.name}/{script.name}: {proc.stderr.strip()}"
+        said = proc.stderr.strip()
+        why = (f"{script.parent.name}/{said}" if said.startswith(script.name)
+               else f"{script}: {said}")
         if in_ci():
             pytest.fail(f"{why} (under CI `make test` installs the toolchains)")
         pytest.skip(why)

@@ -11,7 +11,7 @@ missing() {
     exit 2
 }
 command -v clang >/dev/null 2>&1 || missing "clang"
-command -v wasm-ld >/dev/null 2>&1 || missing "wasm-ld (lld)"
+command -v "$(clang --target=wasm32 --print-prog-name=wasm-ld)" >/dev/null 2>&1 || missing "wasm-ld (lld)"
 [ -f /usr/lib/wasm32-wasi/libc.a ] || missing "the wasi-libc sysroot (/usr/lib/wasm32-wasi)"
 [ -f "$(clang --target=wasm32-wasi --sysroot=/usr -print-libgcc-file-name)" ] \
     || missing "the wasm32 compiler-rt builtins (libclang_rt.builtins-wasm32.a)"
