@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from runtime.net.server import ServerConfig
 from tests.support import EXAMPLES, Running, pop_thread
 
 MAX_URL = 300
 MAX_HEADERS = 600
 KEEPALIVE = 1.0
-SWEEP = 0.25  # ServerConfig.sweep_interval: how often idle connections are looked at
+SWEEP = ServerConfig().sweep_interval  # how often the server looks at idle connections
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def limited(tmp_path: Path) -> Iterator[Running]:
     """A PoP whose [http] limits are far below the defaults, serving `echo`."""
     with pop_thread(tmp_path / "data", **{
             "http.max_url_bytes": MAX_URL, "http.max_header_bytes": MAX_HEADERS,
-            "http.keepalive_timeout": KEEPALIVE, "http.sweep_interval": SWEEP}) as pop:
+            "http.keepalive_timeout": KEEPALIVE}) as pop:
         pop.deploy(EXAMPLES / "echo")
         yield pop
 
