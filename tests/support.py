@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import uvloop
 
 from runtime import config
@@ -20,6 +23,7 @@ from runtime.app import running_pop
 from runtime.pop import PoP
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
+HOST_MODULE = b"runtime.executors.python.host"  # what an isolate-host process runs
 
 
 @dataclass
@@ -110,3 +114,70 @@ def reactor(body: str, prelude: str = "", memory: int = 1, imports: str = "") ->
     {body}
     (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const 14))))
 """
+
+
+def python_function(root: Path, name: str, source: str, *, limits: str = "",
+                    pool: str = "min = 1\nmax = 1\nstandby = false", env: str = "") -> Path:
+    """Write a Python function folder (main.py with `source`) routed at /NAME; `limits`,
+    `pool` and `env` are the bodies of those manifest tables."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "main.py").write_text(source)
+    (d / "edgefn.toml").write_text(
+        f'name = "{name}"\nruntime = "python"\nentry = "main.py"\nroutes = ["/{name}"]\n'
+        f"[limits]\n{limits}\n[pool]\n{pool}\n[env]\n{env}\n")
+    return d
+
+
+def host_pids(name: str, parent: int | None = None) -> set[int]:
+    """The running (not zombie) isolate-host processes of Python function `name` whose
+    parent is `parent` (default: this process, which runs `pop_thread`'s PoPs)."""
+    parent = os.getpid() if parent is None else parent
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state == "Z" or int(ppid) != parent or argv[1:3] != [b"-m", HOST_MODULE]:
+            continue
+        try:
+            config = json.loads(argv[3])
+        except (IndexError, ValueError):
+            continue
+        if isinstance(config, dict) and config.get("name") == name:
+            found.add(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Process `pid` exists and is not a zombie."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def in_ci() -> bool:
+    """Running under CI (`CI` set, as CI services and .ci/run do)."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def build_from_source(script: Path, out: Path, env: dict[str, str] | None = None) -> None:
+    """Run a `build.sh` writing its module to `out`. A script exits 2 when a tool it
+    needs is missing: the test is skipped then with the script's install hint, except
+    under CI, where `make test` installs the toolchains and a missing one is a failure."""
+    proc = subprocess.run(["bash", str(script)], env={**os.environ, **(env or {}), "OUT": str(out)},
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode == 2:
+        said = proc.stderr.strip()
+        why = (f"{script.parent.name}/{said}" if said.startswith(script.name)
+               else f"{script}: {said}")
+        if in_ci():
+            pytest.fail(f"{why} (under CI `make test` installs the toolchains)")
+        pytest.skip(why)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}{proc.stderr}"

@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
-# Builds ai.wasm (reactor ABI, no libc). Needs clang and lld (apt-get install -y clang lld).
+# Builds ai.wasm (reactor ABI, no libc) from ai.c and the C SDK (functions/sdk/c).
+# Set OUT to write the module somewhere else: OUT=/tmp/x.wasm ./build.sh
+# Exits 2 when a tool is missing. Needs clang and lld (apt-get install -y clang lld).
 set -euo pipefail
-cd "$(dirname "$0")"
-command -v clang >/dev/null || { echo "clang not found: apt-get install -y clang lld" >&2; exit 2; }
+
+# A relative OUT is taken relative to the caller's directory, not the script's.
+if [ -n "${OUT:-}" ] && [ "${OUT#/}" = "$OUT" ]; then
+    OUT="$PWD/$OUT"
+fi
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+missing() {
+    echo "build.sh: $1 not found. On Debian/Ubuntu install: apt-get install -y clang lld" >&2
+    exit 2
+}
+command -v clang >/dev/null 2>&1 || missing "clang"
+# the linker clang itself would run (wasm-ld, or wasm-ld-NN next to clang)
+command -v "$(clang --target=wasm32 --print-prog-name=wasm-ld)" >/dev/null 2>&1 \
+    || missing "wasm-ld (lld)"
+
+OUT="${OUT:-ai.wasm}"
 clang --target=wasm32 -O2 -nostdlib -Wl,--no-entry -Wl,--strip-all -Wl,--allow-undefined \
-  -o "${OUT:-ai.wasm}" ai.c
+  -o "$OUT" ai.c
+echo "built $OUT ($(wc -c <"$OUT") bytes)"

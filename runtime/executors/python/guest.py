@@ -61,6 +61,12 @@ class Watchdog:
     def arm(self) -> None:
         self.current = (time.monotonic(), time.clock_gettime(self.clock))
 
+    def exceeded(self, code: str) -> str:
+        """What the request did, naming the limit, as the PoP words it for WASM."""
+        if code == "cpu_limit":
+            return f"exceeded its CPU limit of {round(self.cpu * 1000)} ms"
+        return f"exceeded its wall-time limit of {round(self.wall * 1000)} ms"
+
     def disarm(self) -> None:
         with self.lock:  # after this, nothing can be raised for the request that ended
             self.current = None
@@ -254,8 +260,7 @@ class Session:
             finally:
                 self.dog.disarm()
         except IsolateInterrupt as e:
-            self.send_error(e.code, "exceeded its CPU limit" if e.code == "cpu_limit"
-                            else "exceeded its wall-time limit")
+            self.send_error(e.code, self.dog.exceeded(e.code))
         except MemoryError:
             self.send_error("memory_limit", "ran out of memory (MemoryError)")
         except self.sdk.BindingError as e:

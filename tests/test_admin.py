@@ -1,0 +1,148 @@
+"""The admin API's gatekeeping: loopback peers only, the bearer token from
+DATA/admin.token (mode 0600), JSON errors."""
+
+from __future__ import annotations
+
+import fcntl
+import http.client
+import ipaddress
+import json
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.admin.api import AdminApp
+from runtime.app import admin_token
+from runtime.net.message import Request, Response
+from tests.support import EXAMPLES, Running
+
+TOKEN = "t0ken"
+
+
+def admin_request(client: str, authorization: bytes | None = b"Bearer " + TOKEN.encode(),
+                  ) -> Request:
+    headers = [(b"host", b"127.0.0.1")]
+    if authorization is not None:
+        headers.append((b"authorization", authorization))
+    return Request(b"GET", b"/v1/functions", b"", headers, b"127.0.0.1", "1.1", True, client)
+
+
+def error_of(response: object) -> tuple[int, str]:
+    assert isinstance(response, Response) and isinstance(response.body, bytes), response
+    assert (b"content-type", b"application/json") in response.headers
+    return response.status, json.loads(response.body)["error"]["kind"]
+
+
+@pytest.mark.parametrize("client", ["10.0.0.1:5555", "192.0.2.7:40000", "[2001:db8::1]:5555",
+                                    "[::ffff:10.0.0.1]:5555", "0.0.0.0:1", "", "not-an-ip:1"])
+def test_non_loopback_peers_are_refused_even_with_the_right_token(client: str) -> None:
+    # socket-free: the PoP is never reached for a refused peer
+    app = AdminApp(None, TOKEN)  # type: ignore[arg-type]
+    assert error_of(app(admin_request(client))) == (403, "forbidden")
+
+
+@pytest.mark.parametrize("client", ["127.0.0.1:5555", "127.0.0.2:80", "[::1]:5555"])
+def test_loopback_peers_get_past_the_peer_check_to_the_token_check(client: str) -> None:
+    app = AdminApp(None, TOKEN)  # type: ignore[arg-type]
+    assert error_of(app(admin_request(client, b"Bearer wrong"))) == (401, "unauthorized")
+
+
+def local_non_loopback_ipv4() -> str | None:
+    """An IPv4 address of one of this machine's interfaces outside 127/8, if any."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's address (Linux)
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # no IPv4 address
+            addr = socket.inet_ntoa(packed[20:24])
+            if not ipaddress.ip_address(addr).is_loopback:
+                return addr
+    return None
+
+
+def admin_address(pop: Running) -> tuple[str, int]:
+    host, port = pop.admin.info.admin.rsplit(":", 1)
+    return host, int(port)
+
+
+def raw_admin(pop: Running, method: str, path: str, headers: dict[str, str],
+              body: bytes = b"") -> tuple[int, str, dict[str, Any]]:
+    conn = http.client.HTTPConnection(*admin_address(pop), timeout=10)
+    try:
+        conn.request(method, path, body, headers)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader("content-type") or "", json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_a_real_non_loopback_peer_is_refused(pop: Running) -> None:
+    source = local_non_loopback_ipv4()
+    if source is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    with socket.socket() as s:
+        s.settimeout(10)
+        s.bind((source, 0))  # a peer address outside 127/8, talking to 127.0.0.1
+        s.connect(admin_address(pop))
+        s.sendall(f"GET /v1/functions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                  f"{pop.admin.token}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403 ")
+    assert json.loads(body) == {"error": {"kind": "forbidden", "message":
+                                          "the admin API only answers loopback clients"}}
+
+
+@pytest.mark.parametrize("authorization", [
+    None, "", "Bearer", "Bearer ", "Bearer wrong", "{token}", "Basic {token}", "Bearer {token}x",
+    "Bearer  {token}"])
+def test_a_missing_or_wrong_token_is_401_with_a_json_body(pop: Running,
+                                                          authorization: str | None) -> None:
+    headers = {} if authorization is None else {
+        "Authorization": authorization.format(token=pop.admin.token)}
+    status, ctype, body = raw_admin(pop, "GET", "/v1/functions", headers)
+    assert (status, ctype) == (401, "application/json")
+    assert body == {"error": {"kind": "unauthorized", "message": "missing or wrong admin token"}}
+    good = {"Authorization": f"Bearer {pop.admin.token}"}
+    assert raw_admin(pop, "GET", "/v1/functions", good)[:2] == (200, "application/json")
+
+
+def test_a_deploy_with_a_wrong_token_is_refused_and_changes_nothing(pop: Running) -> None:
+    from runtime.functions import deploys
+
+    package = deploys.to_tar(deploys.pack_dir(EXAMPLES / "hello-wat"))
+    status, _, body = raw_admin(pop, "POST", "/v1/deploy", {"Authorization": "Bearer nope"},
+                                package)
+    assert (status, body["error"]) == (401, {"kind": "unauthorized",
+                                             "message": "missing or wrong admin token"})
+    assert pop.admin.request("GET", "/v1/functions") == {"functions": []}
+    assert pop.get("/hello")[0] == 404
+
+
+def test_the_token_file_is_mode_0600_and_is_the_token_the_api_takes(pop: Running) -> None:
+    path = pop.data / "admin.token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    token = path.read_text().strip()
+    assert len(token) >= 32
+    status, _, _ = raw_admin(pop, "GET", "/v1/functions", {"Authorization": f"Bearer {token}"})
+    assert status == 200
+
+
+def test_the_token_file_is_created_0600_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)  # the most permissive umask: the mode must not come from it
+    try:
+        first = admin_token(tmp_path / "data")
+    finally:
+        os.umask(old)
+    path = tmp_path / "data" / "admin.token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert admin_token(tmp_path / "data") == first  # kept, not regenerated
+    assert admin_token(tmp_path / "other") != first

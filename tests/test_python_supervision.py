@@ -1,0 +1,102 @@
+"""Supervision of Python isolate hosts, end to end: an isolate stuck in C past its
+wall limit gets its request answered 504, the warm standby takes the next request at
+once, and the stuck host is killed; a restarted PoP serves the same bodies."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from runtime.executors.python.supervisor import KILL_GRACE
+from tests.support import EXAMPLES, Running, host_pids, pop_thread, python_function
+
+STUCK = """
+import os, time
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("stuck"):
+        time.sleep(60)  # in C: no watchdog can interrupt it
+    return Response(f"served by {os.getpid()}")
+"""
+WALL_MS = 400
+
+
+def wait_until(check: Callable[[], bool], within: float) -> float | None:
+    """Seconds until `check()` is true, or None if it is not within `within` seconds."""
+    began = time.monotonic()
+    while time.monotonic() - began < within:
+        if check():
+            return time.monotonic() - began
+        time.sleep(0.02)
+    return None
+
+
+def test_a_host_stuck_in_c_is_replaced_by_its_standby_and_killed(
+        pop: Running, tmp_path: Path) -> None:
+    deployed = pop.deploy(python_function(tmp_path, "stuck", STUCK, limits=f"wall_ms = {WALL_MS}",
+                                          pool="min = 1\nmax = 1\nstandby = true"))
+    hosts = host_pids("stuck")
+    assert len(hosts) == 2  # the active host and its warm standby
+    status, _, body = pop.get("/stuck")
+    active = int(body.split()[-1])
+    (standby,) = hosts - {active}
+
+    sent = time.monotonic()
+    status, headers, body = pop.get("/stuck?stuck=1", timeout=30)
+    took = time.monotonic() - sent
+    assert (status, headers["x-edgefn-error"]) == (504, "wall_limit"), body
+    assert headers["x-edgefn-function"] == f"stuck@{deployed['version']}"
+    assert json.loads(body) == {"error": {
+        "kind": "wall_limit", "function": "stuck", "version": deployed["version"],
+        "message": f"function 'stuck' exceeded its wall-time limit of {WALL_MS} ms"}}
+    wall = WALL_MS / 1000
+    assert wall <= took < wall * 1.6, f"answered after {took:.3f}s for wall_ms = {WALL_MS}"
+
+    # the next request goes to the promoted standby at once, not after the kill
+    sent = time.monotonic()
+    status, _, body = pop.get("/stuck")
+    assert (status, body) == (200, f"served by {standby}".encode())
+    assert time.monotonic() - sent < KILL_GRACE / 4
+
+    # the stuck host is killed KILL_GRACE after the timeout; a new standby replaces it
+    gone_after = wait_until(lambda: active not in host_pids("stuck"), KILL_GRACE * 3)
+    assert gone_after is not None, "the stuck host is still running"
+    assert wait_until(lambda: len(host_pids("stuck") - {standby}) == 1, 30) is not None
+    assert pop.get("/stuck")[2] == f"served by {standby}".encode()
+
+
+STATE = """
+from edgefn import Response
+
+def handle(request, env):
+    return Response.json({"greeting": env.vars["GREETING"], "query": request.query,
+                          "version": env.deployment()["version"]})
+"""
+
+
+def served(pop: Running, path: str) -> tuple[int, str, bytes]:
+    status, headers, body = pop.get(path)
+    return status, headers.get("x-edgefn-function", ""), body
+
+
+def test_a_restarted_pop_serves_the_same_bodies_from_the_same_versions(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    paths = ["/py/hello?name=Ada", "/hello", "/state?a=1"]
+    with pop_thread(data) as first:
+        first.deploy(EXAMPLES / "python-hello")
+        first.deploy(EXAMPLES / "hello-wat")
+        first.deploy(python_function(tmp_path, "state", STATE, env='GREETING = "first"'))
+        current = first.deploy(python_function(tmp_path, "state", STATE,
+                                               env='GREETING = "second"'))["version"]
+        before = [served(first, p) for p in paths]
+    with pop_thread(data) as second:  # no deploys: everything comes back from the data dir
+        after = [served(second, p) for p in paths]
+    assert after == before
+    assert after[0][::2] == (200, b"Hello, Ada, from a Python isolate!\n")
+    assert after[1][::2] == (200, b"Hello from edgefn (WASM)!\n")
+    assert after[2][:2] == (200, f"state@{current}")  # the version serving, not the first
+    assert json.loads(after[2][2]) == {"greeting": "second", "query": {"a": "1"},
+                                       "version": current}

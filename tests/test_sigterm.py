@@ -1,0 +1,128 @@
+"""SIGTERM on `edgefn serve`: it stops accepting, lets in-flight requests finish
+for `grace_seconds` (from pop.toml), cuts a request still running past it, and exits."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from runtime.admin.client import AdminClient
+from tests.support import host_pids, python_function, running
+
+ROOT = Path(__file__).resolve().parent.parent
+GRACE = 2.0
+
+NAP = """
+import os, time
+from edgefn import Response
+
+def handle(request, env):
+    open(os.path.join(env.vars["MARKS"], request.query["tag"]), "w").close()  # "started"
+    time.sleep(float(request.query["s"]))
+    return Response(f"slept {request.query['s']}")
+"""
+
+
+@contextmanager
+def served_pop(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, int, list[str]]]:
+    """`edgefn serve --config pop.toml` in a child process, once it serves: (process,
+    host, port, its stderr lines so far). Killed if still running after."""
+    (tmp_path / "pop.toml").write_text(f"grace_seconds = {GRACE}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "serve", "--config", str(tmp_path / "pop.toml"),
+         "--no-ai", "--port", "0", "--data", str(tmp_path / "data")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []
+    assert proc.stdout is not None and proc.stderr is not None
+    drain = threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True)
+    drain.start()  # a full pipe would block the PoP
+    try:
+        address = ""
+        for line in proc.stdout:
+            if line.startswith("edgefn PoP listening on http://"):
+                address = line.split("http://", 1)[1].strip()
+            if line.startswith("serving "):
+                break
+        assert address, "the PoP did not start"
+        host, port = address.rsplit(":", 1)
+        yield proc, host, int(port), stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        drain.join(5)  # the drain alone reads stderr (communicate() would race it)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_sigterm_lets_requests_finish_within_the_grace_then_cuts_and_exits(
+        tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with served_pop(tmp_path) as (proc, host, port, stderr_lines):
+        AdminClient(tmp_path / "data").deploy(python_function(
+            tmp_path, "nap", NAP, limits="wall_ms = 60000",
+            pool="min = 2\nmax = 2\nstandby = false", env=f'MARKS = "{marks}"'))
+        hosts = host_pids("nap", parent=proc.pid)
+        assert hosts
+        outcome: dict[str, tuple[float, object]] = {}
+
+        def call(tag: str, seconds: float) -> None:
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            try:
+                conn.request("GET", f"/nap?s={seconds}&tag={tag}")
+                resp = conn.getresponse()
+                result: object = (resp.status, resp.getheader("connection"), resp.read())
+            except (ConnectionError, http.client.HTTPException) as e:
+                result = e
+            finally:
+                conn.close()
+            outcome[tag] = (time.monotonic(), result)
+
+        threads = [threading.Thread(target=call, args=("short", GRACE / 4)),
+                   threading.Thread(target=call, args=("long", 30))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while not all((marks / tag).exists() for tag in ("short", "long")):
+            assert time.monotonic() < deadline, "the requests did not start"
+            time.sleep(0.01)
+
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        refused = False
+        while not refused and time.monotonic() - sent < GRACE / 2:
+            try:  # it stops accepting at once
+                socket.create_connection((host, port), timeout=1).close()
+                time.sleep(0.02)
+            except ConnectionRefusedError:
+                refused = True
+        assert refused, "still accepting connections after SIGTERM"
+        for t in threads:
+            t.join(30)
+        proc.wait(GRACE * 3)
+        exited = time.monotonic() - sent
+
+    # the short request finished normally (and its connection closes: we are stopping)
+    assert outcome["short"][1] == (200, "close", f"slept {GRACE / 4}".encode())
+    # the long one was cut when the grace ran out, and the PoP exited right after
+    when, what = outcome["long"]
+    assert isinstance(what, ConnectionError | http.client.HTTPException), what
+    cut_after = when - sent
+    assert GRACE * 0.95 <= cut_after <= GRACE * 1.25 + 0.25, f"cut {cut_after:.2f}s after SIGTERM"
+    assert exited <= GRACE * 1.5 + 0.5, f"exited {exited:.2f}s after SIGTERM"
+    stderr = "".join(stderr_lines)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"still busy after the {GRACE:.1f}s grace period" in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert not any(running(pid) for pid in hosts), "isolate hosts outlived the PoP"
