@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from edgefn_core.abi import BAD_HEADER_VALUE, HEADER_NAME
 from edgefn_core.errors import FunctionError
-from runtime.abi import _BAD_VALUE, _TOKEN
 from runtime.net.message import Request
 
 _SKIP = frozenset({b"content-length", b"content-type", b"authorization"})
@@ -47,7 +47,7 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
     for line in head.replace(b"\r\n", b"\n").split(b"\n"):
         name, colon, value = line.partition(b":")
         name, value = name.strip().lower(), value.strip()
-        if not colon or not _TOKEN.match(name) or _BAD_VALUE.search(value):
+        if not colon or not HEADER_NAME.match(name) or BAD_HEADER_VALUE.search(value):
             raise FunctionError("bad_response", 502, f"invalid CGI header line {line[:80]!r}")
         if name == b"status":
             status = _status(value)
