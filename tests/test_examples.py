@@ -33,7 +33,7 @@ def run(engine: WasmEngine, folder: Path, query: bytes, body: bytes) -> bytes:
     request.body = body
 
     async def go() -> bytes:
-        result = fn.handle(request, "/hello-c")
+        result = fn.handle(request, "/hello-c", {})
         response = await result  # type: ignore[misc]
         return bytes(response.body)
     return asyncio.run(go())

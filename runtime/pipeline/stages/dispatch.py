@@ -1,6 +1,6 @@
-"""`dispatch`: run the function `route` chose; its response is tagged with
-``x-edgefn-function: NAME@VERSION``. What the function does wrong is raised as
-`FunctionError` and contained by the chain."""
+"""`dispatch`: run the function `route` chose, with what its route captured; its
+response is tagged with ``x-edgefn-function: NAME@VERSION``. What the function
+does wrong is raised as `FunctionError` and contained by the chain."""
 
 from __future__ import annotations
 
@@ -21,4 +21,4 @@ class Dispatch:
             response.headers.append(tag)
             return response
 
-        return then(fn.executor.handle(request, ctx.route), tagged)
+        return then(fn.executor.handle(request, ctx.route, ctx.params), tagged)
