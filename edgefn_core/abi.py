@@ -110,11 +110,54 @@ def decode_request(buf: bytes) -> GuestRequest:
     """
     if buf[:4] != MAGIC:
         raise ProtocolError(f"request does not start with {MAGIC!r}: got {bytes(buf[:4])!r}")
+    try:  # the fast walk; on failure the careful one says where and what
+        fields, pos = _walk(buf, 4, "ssspps")
+        if pos < len(buf):
+            params, pos = _walk(buf, pos, "p")
+            fields += params
+        else:
+            fields.append([])
+        if pos > len(buf):
+            raise struct.error("short")
+    except struct.error:
+        _explain_request(buf)
+        raise ProtocolError("malformed request") from None  # not reached
+    return GuestRequest._make(fields)
+
+
+def _walk(buf: bytes, pos: int, layout: str) -> tuple[list, int]:
+    """Read strings (``s``) and pairs (``p``) from `pos` as `layout` says, with no
+    bounds checks: a field past the end raises `struct.error` at the next length
+    read, or leaves the returned offset past ``len(buf)`` (the caller checks)."""
+    out: list = []
+    unpack = _unpack
+    for kind in layout:
+        (n,) = unpack(buf, pos)
+        pos += 4
+        if kind == "s":
+            out.append(buf[pos:pos + n])
+            pos += n
+            continue
+        pairs = []
+        for _ in range(n):
+            (k,) = unpack(buf, pos)
+            pos += 4
+            name = buf[pos:pos + k]
+            (v,) = unpack(buf, pos + k)
+            pos += k + 4
+            pairs.append((name, buf[pos:pos + v]))
+            pos += v
+        out.append(pairs)
+    return out, pos
+
+
+def _explain_request(buf: bytes) -> None:
+    """Raises `ProtocolError` saying where `buf` stops being a request."""
     c = _Cursor(buf, "request", ProtocolError, 4)
-    method, path, query = c.string("method"), c.string("path"), c.string("query")
-    headers, env, body = c.pairs("header"), c.pairs("env"), c.string("body")
-    params = c.pairs("param") if c.pos < len(buf) else []
-    return GuestRequest(method, path, query, headers, env, body, params)
+    c.string("method"), c.string("path"), c.string("query")
+    c.pairs("header"), c.pairs("env"), c.string("body")
+    if c.pos < len(buf):
+        c.pairs("param")
 
 
 # -- response ----------------------------------------------------------------------------------

@@ -78,14 +78,17 @@ def test_read_from_an_asyncio_stream_big_endian() -> None:
     async def go() -> None:
         stream = asyncio.StreamReader()
         stream.feed_data(framing.pack(b"one") + framing.pack(b"") + b"\0\0")
-        stream.feed_data(b"\0\x03two" + b"\0\0\0\x11")
+        stream.feed_data(b"\0\x03two" + b"\0\0\0\x11" + b"x" * 17)
+        stream.feed_eof()
         assert await framing.read(stream) == b"one"
         assert await framing.read(stream) == b""
         assert await framing.read(stream) == b"two"
         with pytest.raises(ProtocolError, match="17 bytes exceeds the 16 byte limit"):
             await framing.read(stream)
-        stream.feed_eof()
+        cut = asyncio.StreamReader()
+        cut.feed_data(framing.pack(b"one")[:-1])
+        cut.feed_eof()
         with pytest.raises(asyncio.IncompleteReadError):
-            await framing.read(stream)
+            await framing.read(cut)
 
     asyncio.run(go())

@@ -96,8 +96,8 @@ class Request:
         """The request and the manifest's env from the PoP's encoding (the function
         ABI, `edgefn_core.abi`). Raises `ProtocolError` if `buf` is malformed."""
         r = _abi.decode_request(buf)
-        headers = Headers((k.decode("latin-1"), v.decode("utf-8", "replace"))
-                          for k, v in r.headers)
+        headers = Headers([(k.decode("latin-1"), v.decode("utf-8", "replace"))
+                           for k, v in r.headers])
         request = cls(r.method.decode("latin-1"), r.path.decode("latin-1"),
                       r.query.decode("latin-1"), headers, r.body,
                       {k.decode("latin-1"): v.decode("latin-1") for k, v in r.params})
