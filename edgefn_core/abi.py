@@ -83,8 +83,9 @@ def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> bytes:
 
 
 def encode_params(params: Mapping[str, str]) -> bytes:
-    """The params section for a route's captures (names and values are latin-1
-    text, as the router takes them from the raw path)."""
+    """The params section for a route's captures: names and values are latin-1
+    text, as the router takes them from the raw path (`NO_PAIRS` if none).
+    Raises `UnicodeEncodeError` for text outside latin-1."""
     if not params:
         return NO_PAIRS
     return encode_pairs((k.encode("latin-1"), v.encode("latin-1")) for k, v in params.items())
@@ -162,6 +163,8 @@ def _explain_request(buf: bytes) -> None:
 
 # -- response ----------------------------------------------------------------------------------
 def encode_response(status: int, headers: Pairs, body: bytes) -> bytes:
+    """What a guest returns (the Python guest via the isolate wire); unchecked:
+    `decode_response` validates on the PoP's side."""
     out = [_pack(status), _pack(len(headers))]
     for k, v in headers:
         out += (_pack(len(k)), k, _pack(len(v)), v)
