@@ -169,7 +169,7 @@ def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int
 def instantiate_cost() -> None:
     import wasmtime
 
-    from runtime.abi import encode_request
+    from edgefn_core.abi import encode_request
     from runtime.executors.wasm import ffi as wasm_ffi
     from runtime.executors.wasm.engine import WasmEngine
     from runtime.executors.wasm.function import WasmFunction

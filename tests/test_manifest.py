@@ -42,3 +42,25 @@ def test_every_example_manifest_is_valid() -> None:
     assert len(dirs) >= 3
     for d in dirs:
         manifest.load(d)
+
+
+@pytest.mark.parametrize(("path", "segments", "wildcard", "shape"), [
+    ("/", (), False, "/"),
+    ("/*", (), True, "/"),
+    ("/api/", ("api",), False, "/api"),
+    ("/api/*", ("api",), True, "/api"),
+    ("/users/:id", ("users", ":id"), False, "/users/:"),
+    ("/users/:user_id/files/*/", ("users", ":user_id", "files"), True, "/users/:/files"),
+    ("/a//b", ("a", "", "b"), False, "/a//b"),  # a literal prefix, matched as bytes as before
+])
+def test_route_paths_parse_into_segments_and_a_shape(path: str, segments: tuple[str, ...],
+                                                     wildcard: bool, shape: str) -> None:
+    pattern = manifest.parse_path(path)
+    assert (pattern.segments, pattern.wildcard, pattern.shape) == (segments, wildcard, shape)
+    assert pattern.literal == (":" not in path and "*" not in path)
+
+
+def test_one_shape_on_two_hosts_is_not_a_duplicate() -> None:
+    m = manifest.parse(b'name = "x"\nruntime = "wasm"\nentry = "f.wat"\n'
+                       b'routes = ["/u/:id", { path = "/u/:name", host = "a.test" }]\n', "m")
+    assert [r.path for r in m.route_list()] == ["/u/:id", "/u/:name"]

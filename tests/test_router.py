@@ -1,11 +1,14 @@
-"""Routing, unit cases and a property test against a plain model."""
+"""Routing, unit cases and property tests against plain models: the prefix model
+from before patterns, and a segment-by-segment reference matcher for routes
+with captures, wildcards and hosts."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.functions import router as router_module
 from runtime.functions.manifest import Route
 from runtime.functions.router import RouteConflict, Router
 
@@ -17,14 +20,14 @@ def router(*routes: tuple[str, str | None, str]) -> Router[str]:
 def test_segment_boundaries_longest_prefix_and_hosts() -> None:
     r = router(("/api", None, "api"), ("/api/v2", None, "v2"), ("/", None, "root"),
                ("/", "example.com", "site"), ("/api", "*.corp.test", "corp"))
-    assert r.match(b"localhost", b"/api") == ("api", "/api")
-    assert r.match(b"localhost", b"/api/x") == ("api", "/api")
-    assert r.match(b"localhost", b"/apix") == ("root", "/")
-    assert r.match(b"localhost", b"/api/v2/models") == ("v2", "/api/v2")
-    assert r.match(b"example.com:8080", b"/api") == ("site", "/")
-    assert r.match(b"EXAMPLE.COM", b"/x") == ("site", "/")
-    assert r.match(b"a.corp.test", b"/api/1") == ("corp", "/api")
-    assert r.match(b"a.corp.test", b"/other") == ("root", "/")
+    assert r.match(b"localhost", b"/api") == ("api", "/api", {})
+    assert r.match(b"localhost", b"/api/x") == ("api", "/api", {})
+    assert r.match(b"localhost", b"/apix") == ("root", "/", {})
+    assert r.match(b"localhost", b"/api/v2/models") == ("v2", "/api/v2", {})
+    assert r.match(b"example.com:8080", b"/api") == ("site", "/", {})
+    assert r.match(b"EXAMPLE.COM", b"/x") == ("site", "/", {})
+    assert r.match(b"a.corp.test", b"/api/1") == ("corp", "/api", {})
+    assert r.match(b"a.corp.test", b"/other") == ("root", "/", {})
 
 
 def test_no_match_and_conflicts() -> None:
@@ -54,3 +57,138 @@ def test_match_agrees_with_the_model(routes: dict[str, str], path: str) -> None:
     r = Router((Route(p), f"owner-{p}", name) for p, name in routes.items())
     hit = r.match(b"host", path.encode())
     assert (hit[0] if hit else None) == model(routes, path)
+
+
+def test_captures_and_the_wildcard_remainder() -> None:
+    r = router(("/users/:id", None, "user"), ("/users/:id/files/*", None, "files"),
+               ("/static/*", None, "static"), ("/*", "cdn.test", "cdn"))
+    assert r.match(b"h", b"/users/42") == ("user", "/users/:id", {"id": "42"})
+    assert r.match(b"h", b"/users/42/") == ("user", "/users/:id", {"id": "42"})
+    assert r.match(b"h", b"/users/42/posts") == ("user", "/users/:id", {"id": "42"})
+    assert r.match(b"h", b"/users/a%20b/files/x/y.txt") == (
+        "files", "/users/:id/files/*", {"id": "a%20b", "*": "x/y.txt"})
+    assert r.match(b"h", b"/users/7/files") == ("files", "/users/:id/files/*", {"id": "7", "*": ""})
+    assert r.match(b"h", b"/static/") == ("static", "/static/*", {"*": ""})
+    assert r.match(b"h", b"/static") == ("static", "/static/*", {"*": ""})
+    assert r.match(b"h", b"/staticx") is None
+    assert r.match(b"h", b"/users") is None  # a capture needs a segment
+    assert r.match(b"h", b"/users//x") is None  # ... a non-empty one
+    assert r.match(b"h", b"/users/\xc3\xa9") == ("user", "/users/:id", {"id": "\xc3\xa9"})
+    assert r.match(b"cdn.test:80", b"/") == ("cdn", "/*", {"*": ""})
+    assert r.match(b"cdn.test", b"/users/1") == ("cdn", "/*", {"*": "users/1"})
+
+
+def test_precedence_literal_over_capture_over_remainder() -> None:
+    r = router(("/users/me", None, "me"), ("/users/:id", None, "user"), ("/users", None, "list"),
+               ("/:section/:id/edit", None, "edit"), ("/", None, "root"),
+               ("/users/:id", "*.corp.test", "corp"), ("/", "a.corp.test", "a"))
+    assert r.match(b"h", b"/users/me/x")[0] == "me"  # literal beats capture, though shorter
+    assert r.match(b"h", b"/users/7/x")[0] == "user"
+    assert r.match(b"h", b"/users")[0] == "list"  # /users/:id needs one more segment
+    assert r.match(b"h", b"/users/7/edit")[0] == "user"  # `users` beats `:section` first
+    assert r.match(b"h", b"/posts/7/edit")[:3] == ("edit", "/:section/:id/edit",
+                                                   {"section": "posts", "id": "7"})
+    assert r.match(b"h", b"/posts/7")[0] == "root"
+    assert r.match(b"h", b"/posts/7/editor")[0] == "root"  # segments, not string prefixes
+    assert r.match(b"a.corp.test", b"/users/1")[0] == "a"  # exact host beats wildcard host
+    assert r.match(b"b.corp.test", b"/users/1")[0] == "corp"
+    assert r.match(b"b.corp.test", b"/other")[0] == "root"  # no host route matches
+    wild = router(("/", "*.test", "test"), ("/", "*.corp.test", "corp"))
+    assert wild.match(b"b.corp.test", b"/")[0] == "corp"  # the longer wildcard host first
+
+
+def test_pattern_conflicts_name_the_owner() -> None:
+    with pytest.raises(RouteConflict, match="'/users/:name' is already served by function 'a'"):
+        router(("/users/:id", None, "a"), ("/users/:name", None, "b"))
+    with pytest.raises(RouteConflict, match="'/api/\\*' is already served by function 'a'"):
+        router(("/api", None, "a"), ("/api/*", None, "b"))
+    with pytest.raises(RouteConflict, match=r"on host X\.test is already served by function 'a'"):
+        router(("/:x", "x.test", "a"), ("/:y", "X.test", "b"))
+    r = Router([(Route("/api"), "a", "x"), (Route("/api/*"), "a", "y")])  # one owner: fine
+    assert r.match(b"h", b"/api/1")[0] in ("x", "y")
+    router(("/u/:id", None, "a"), ("/u/:id/x", None, "b"), ("/u/x", None, "c"))
+
+
+def test_a_table_without_patterns_is_scanned_with_byte_comparisons_only() -> None:
+    """The hello benchmark's path: no regex runs when no route has a pattern."""
+    literal = router(("/a", None, "a"), ("/b", "h.test", "b"))
+    assert literal._any_scan is router_module._scan_literal
+    assert literal._exact["h.test"][0] is router_module._scan_literal
+    assert literal.match(b"x", b"/a")[2] is router_module.NO_PARAMS  # nothing allocated
+    mixed = router(("/a", None, "a"), ("/b/:id", None, "b"), ("/c", "h.test", "c"))
+    assert mixed._any_scan is router_module._scan
+    assert mixed._exact["h.test"][0] is router_module._scan_literal
+
+
+# -- routes with patterns and hosts against a reference matcher ---------------------------------
+HOSTS = [None, "h.test", "*.w.test"]
+REQUEST_HOSTS = [b"h.test", b"a.w.test", b"other.test"]
+PATH_SEGMENT = st.sampled_from(["a", "b", "api", "", "x", "ab"])  # "ab": segment boundaries
+REQUEST_PATHS = st.lists(PATH_SEGMENT, max_size=4).map(lambda s: "/" + "/".join(s))
+
+
+@st.composite
+def route_paths(draw: st.DrawFn) -> str:
+    segments = []
+    for i in range(draw(st.integers(0, 3))):
+        if draw(st.booleans()):
+            segments.append(draw(st.sampled_from(["a", "b", "api"])))
+        else:  # names differ between routes of one shape: those must still conflict
+            segments.append(f":{draw(st.sampled_from('pq'))}{i}")
+    if draw(st.booleans()):
+        segments.append("*")
+    return "/" + "/".join(segments) + draw(st.sampled_from(["", "/"]))
+
+
+def reference(path: str, route: str) -> tuple[tuple[int, ...], dict[str, str]] | None:
+    """(rank, captures) if `route` serves `path`, compared segment by segment."""
+    pattern = route.rstrip("/").split("/")[1:]
+    wildcard = pattern[-1:] == ["*"]
+    pattern = pattern[:-1] if wildcard else pattern
+    parts = path.split("/")[1:]
+    if len(parts) < len(pattern):
+        return None
+    params = {}
+    for want, part in zip(pattern, parts, strict=False):
+        if want.startswith(":") and part:
+            params[want[1:]] = part
+        elif want != part:
+            return None
+    if wildcard:
+        params["*"] = "/".join(parts[len(pattern):])
+    return (*(1 if s.startswith(":") else 2 for s in pattern), 0), params
+
+
+def shape(route: str) -> str:
+    pattern = [s for s in route.rstrip("/").split("/")[1:] if s != "*"]
+    return "/" + "/".join(":" if s.startswith(":") else s for s in pattern)
+
+
+def reference_match(routes: list[tuple[str, str | None, str]], host: bytes,
+                    path: str) -> tuple[str, str, dict[str, str]] | None:
+    name = host.decode()
+    tables = [[r for r in routes if r[1] == name],
+              [r for r in routes if r[1] and r[1].startswith("*.") and name.endswith(r[1][1:])],
+              [r for r in routes if r[1] is None]]
+    for table in tables:
+        hits = [(hit, r) for r in table if (hit := reference(path, r[0]))]
+        if hits:
+            (_, params), (route, _, target) = max(hits, key=lambda h: h[0][0])
+            return target, route, params
+    return None
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.tuples(route_paths(), st.sampled_from(HOSTS)),
+                       st.text("fgh", min_size=1, max_size=3), max_size=7),
+       st.sampled_from(REQUEST_HOSTS), REQUEST_PATHS)
+def test_patterns_agree_with_the_reference_matcher(routes: dict[tuple[str, str | None], str],
+                                                   host: bytes, path: str) -> None:
+    table = [(p, h, name) for (p, h), name in routes.items()]
+    shapes = [(h, shape(p)) for p, h, _ in table]
+    if len(set(shapes)) < len(shapes):  # owners are per route: one shape twice conflicts
+        with pytest.raises(RouteConflict):
+            Router((Route(p, h), f"owner-{p}", name) for p, h, name in table)
+        return
+    r = Router((Route(p, h), f"owner-{p}", name) for p, h, name in table)
+    assert r.match(host, path.encode()) == reference_match(table, host, path)

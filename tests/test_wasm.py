@@ -45,7 +45,7 @@ def request(path: bytes = b"/", body: bytes = b"", method: bytes = b"GET", query
 
 
 def call(fn: WasmFunction, req: Request | None = None) -> Response:
-    result = fn.handle(req or request(), "/")
+    result = fn.handle(req or request(), "/", {})
     assert isinstance(result, Response)
     return result
 
@@ -215,7 +215,7 @@ def run_async(fn: WasmFunction, req: Request) -> Response:
     import asyncio
 
     async def go() -> Response:
-        result = fn.handle(req, "/hello-c")
+        result = fn.handle(req, "/hello-c", {})
         assert not isinstance(result, Response)
         return await result
     return asyncio.run(go())

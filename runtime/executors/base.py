@@ -8,7 +8,7 @@ the user's code did wrong; the pipeline turns that into a response
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -21,8 +21,11 @@ from runtime.net.message import Request, Response
 class Executor(Protocol):
     abi: str
 
-    def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:
-        """Run the function for `request` matched on `route`. Raises `FunctionError`."""
+    def handle(self, request: Request, route: str,
+               params: Mapping[str, str]) -> Response | Awaitable[Response]:
+        """Run the function for `request` matched on `route`, which captured `params`
+        (``{"id": "42"}`` for ``/users/:id``; see `runtime.functions.router`).
+        Raises `FunctionError`."""
         ...
 
     def prewarm(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 from msgspec import Meta, Struct, field
 
@@ -19,6 +19,7 @@ MANIFEST_NAME = "edgefn.toml"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HOST_PATTERN = r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})?(:[0-9]{1,5})?$"
+CAPTURE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENTRY_SUFFIXES = {"wasm": (".wasm", ".wat"), "python": (".py",)}
 MAX_CPU_MS = 60_000
 MAX_MEMORY_MB = 1024
@@ -26,10 +27,75 @@ MAX_WALL_MS = 300_000
 
 
 class Route(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
-    """A path prefix, optionally only for one Host (``example.com``, ``*.example.com``)."""
+    """A path prefix, optionally only for one Host (``example.com``, ``*.example.com``).
+    The path may hold captures and end in a wildcard: see `parse_path`."""
 
     path: str
     host: str | None = None
+
+
+class PathPattern(NamedTuple):
+    """A route's path, parsed: `segments` are literals or ``:name`` captures;
+    `wildcard` is true when it ends in ``/*``."""
+
+    segments: tuple[str, ...]
+    wildcard: bool
+
+    @property
+    def literal(self) -> bool:
+        """No captures and no wildcard: a plain prefix, matched as bytes."""
+        return not self.wildcard and not any(s.startswith(":") for s in self.segments)
+
+    @property
+    def shape(self) -> str:
+        """What the pattern matches, ignoring capture names and the wildcard (which
+        only names the rest a prefix covers anyway): routes of one shape conflict."""
+        return "/" + "/".join(":" if s.startswith(":") else s for s in self.segments)
+
+
+def parse_path(path: str) -> PathPattern:
+    """Parse a route path. A segment ``:name`` captures one non-empty segment; a last
+    segment ``*`` captures the rest of the path (possibly empty) as ``*``. Every
+    route is a prefix on segment boundaries; a trailing ``/`` is ignored.
+
+    Raises `ValueError` (the message says what was expected) for a path not
+    starting with ``/`` or with ``?``, ``#`` or whitespace, a ``*`` that is not
+    the whole last segment, a ``:`` that does not start a valid capture name,
+    a capture name used twice (ignoring case), or an empty segment in a
+    pattern. Nothing that looks like a pattern is ever taken literally.
+    """
+    if not path.startswith("/") or any(c in path for c in "?# \t\r\n"):
+        raise ValueError(f"expected a path prefix starting with `/`, got {path!r}")
+    segments = tuple(path.rstrip("/").split("/")[1:])
+    wildcard = segments[-1:] == ("*",)
+    if wildcard:
+        segments = segments[:-1]
+    seen: set[str] = set()
+    for seg in segments:
+        _check_segment(seg, path, seen)
+    pattern = PathPattern(segments, wildcard)
+    if not pattern.literal and "" in segments:
+        raise ValueError(f"expected no empty segment (`//`) in a route with captures or `*`, "
+                         f"got {path!r}")
+    return pattern
+
+
+def _check_segment(seg: str, path: str, seen: set[str]) -> None:
+    if "*" in seg:
+        raise ValueError(f"expected `*` only as the whole last segment (like `/files/*`), "
+                         f"got {path!r}")
+    if ":" not in seg:
+        return
+    if not seg.startswith(":"):
+        raise ValueError(f"expected `:` only at the start of a segment (a capture like "
+                         f"`/users/:id`), got {seg!r} in {path!r}")
+    if not re.match(CAPTURE_PATTERN, seg[1:]):
+        raise ValueError(f"expected a capture name after `:` (a letter or `_`, then letters, "
+                         f"digits or `_`), got {seg!r} in {path!r}")
+    if seg[1:].lower() in seen:
+        raise ValueError(f"expected each capture name once (ignoring case), got {seg!r} twice "
+                         f"in {path!r}")
+    seen.add(seg[1:].lower())
 
 
 class Limits(Struct, forbid_unknown_fields=True, frozen=True):
@@ -121,18 +187,26 @@ def _check_semantics(m: Manifest, file: str) -> None:
                             f"{m.pool.max}", "pool.min")
     if Path(m.entry).is_absolute() or ".." in Path(m.entry).parts:
         raise ManifestError(file, "expected a path inside the function folder", "entry")
-    seen: set[Route] = set()
-    for i, route in enumerate(m.route_list()):
+    _check_routes(m.route_list(), file)
+
+
+def _check_routes(routes: list[Route], file: str) -> None:
+    """Raises `ManifestError` naming ``routes[i]`` for a bad path or host, or a route
+    that matches the same paths as an earlier one."""
+    seen: dict[tuple[str | None, str], str] = {}
+    for i, route in enumerate(routes):
         where = f"routes[{i}]"
-        if not route.path.startswith("/") or any(c in route.path for c in "?# \t\r\n"):
-            raise ManifestError(file,
-                                f"expected a path prefix starting with `/`, got {route.path!r}",
-                                where)
+        try:
+            shape = parse_path(route.path).shape
+        except ValueError as e:
+            raise ManifestError(file, str(e), where) from None
         if route.host is not None and not re.match(HOST_PATTERN, route.host):
             raise ManifestError(file, f"expected a host name, got {route.host!r}", f"{where}.host")
-        if route in seen:
-            raise ManifestError(file, f"duplicate route {route.path!r}", where)
-        seen.add(route)
+        key = (route.host.lower() if route.host else None, shape)
+        if key in seen:
+            same = "" if seen[key] == route.path else f" (it matches what {seen[key]!r} does)"
+            raise ManifestError(file, f"duplicate route {route.path!r}{same}", where)
+        seen[key] = route.path
 
 
 def _check_entry(m: Manifest, directory: Path, file: str) -> None:

@@ -27,7 +27,7 @@ from runtime.bindings import Bindings, Stores
 from runtime.executors.base import Executor, WasmEngine, load
 from runtime.functions import deploys, manifest
 from runtime.functions.deploys import DeployStore, Files, FunctionRecord, VersionInfo
-from runtime.functions.manifest import Manifest
+from runtime.functions.manifest import Manifest, Route
 from runtime.functions.router import Router
 from runtime.net.message import Response, json_response
 
@@ -119,13 +119,15 @@ class Registry:
             return self._result(fn, True, started)
 
     def _check_reserved(self, m: Manifest, label: str) -> None:
-        """Raises `RouteConflict` for a route that would serve a built-in endpoint."""
+        """Raises `RouteConflict` for a route that would serve a built-in endpoint
+        (on any host); ``/`` and ``/*``, the catch-alls, are let through: built-in
+        endpoints still come first."""
         for i, route in enumerate(m.route_list()):
-            prefix = route.path.rstrip("/").encode()
-            if not prefix:  # "/" is the catch-all: built-in endpoints still come first
+            if route.path.rstrip("/*") == "":
                 continue
+            alone = Router([(Route(route.path), m.name, None)])
             for path in sorted(self.reserved):
-                if path == prefix or path.startswith(prefix + b"/"):
+                if alone.match(b"", path) is not None:
                     raise RouteConflict(
                         f"{label}: field `routes[{i}]`: route {route.path!r} would cover the "
                         f"built-in endpoint {path.decode()}; choose another path",

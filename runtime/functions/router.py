@@ -1,18 +1,45 @@
-"""Routing: (host, path) -> the deployed function that serves it.
+"""Routing: (host, path) -> the deployed function that serves it, and its captures.
 
 A route is a path prefix matched on segment boundaries (``/api`` serves
 ``/api`` and ``/api/x`` but not ``/apix``), optionally bound to a host
-(``example.com`` or ``*.example.com``). Host-bound routes win over host-less
-ones; then the longest prefix wins. A `Router` is immutable: a deploy builds a
-new one and swaps the reference, so a request sees one consistent table.
+(``example.com`` or ``*.example.com``). Its path may capture segments and name
+the rest (`runtime.functions.manifest.parse_path`): ``/users/:id`` serves
+``/users/42`` and ``/users/42/posts`` with ``id = "42"``; ``/files/*`` serves
+``/files``, ``/files/`` and ``/files/a/b`` with ``* = ""``, ``""`` and ``"a/b"``.
+Captured values are the raw path's bytes as latin-1 text (not percent-decoded).
+A plain prefix captures nothing: its hit carries the shared, read-only
+`NO_PARAMS`, so a hit on it allocates nothing.
+
+Precedence, most specific first:
+
+1. a route bound to the request's host, then one bound to a wildcard host
+   (longer suffix first), then a host-less one: the first of these tables
+   with any match decides;
+2. within a table, compare segment by segment from the left: a literal
+   segment beats a capture, which beats the end of a route (its remainder,
+   named by ``*`` or not). So ``/users/me`` beats ``/users/:id`` on
+   ``/users/me/x``, ``/users/:id`` beats ``/users``, and among literal
+   prefixes the longer wins.
+
+Two routes that match the same paths (``/users/:id`` and ``/users/:name``;
+``/api`` and ``/api/*``) on the same host conflict unless one function owns
+both. A `Router` is immutable: a deploy builds a new one and swaps the
+reference, so a request sees one consistent table. A table with no captures or
+wildcards is scanned with plain byte comparisons, as before patterns existed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 
+from edgefn_core.abi import WILDCARD
 from edgefn_core.errors import RouteConflict
-from runtime.functions.manifest import Route
+from runtime.functions.manifest import PathPattern, Route, parse_path
+
+type Hit[T] = tuple[T, str, Mapping[str, str]]  # (target, route path as written, captures)
+NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
 
 def _conflict(route: Route, owner: str) -> RouteConflict:
@@ -21,50 +48,116 @@ def _conflict(route: Route, owner: str) -> RouteConflict:
                          route.path, owner)
 
 
-class _Entry[T]:
-    __slots__ = ("exact", "prefix", "slash", "target")
+class _Literal[T]:
+    """A plain prefix route."""
 
-    def __init__(self, prefix: str, target: T) -> None:
-        self.prefix = prefix
-        self.exact = prefix.rstrip("/").encode() or b"/"
+    __slots__ = ("exact", "hit", "rank", "route", "slash", "target")
+
+    def __init__(self, route: str, pattern: PathPattern, target: T) -> None:
+        self.route = route
+        self.rank = _rank(pattern)
+        self.exact = route.rstrip("/").encode() or b"/"
         self.slash = self.exact if self.exact.endswith(b"/") else self.exact + b"/"
         self.target = target
+        self.hit: Hit[T] = (target, route, NO_PARAMS)  # built once: a hit allocates nothing
+
+    def params(self, path: bytes) -> Mapping[str, str] | None:
+        if path == self.exact or path.startswith(self.slash) or self.exact == b"/":
+            return NO_PARAMS
+        return None
+
+
+class _Pattern[T]:
+    """A route with captures or a final wildcard, compiled to one regex."""
+
+    __slots__ = ("names", "rank", "regex", "route", "target")
+
+    def __init__(self, route: str, pattern: PathPattern, target: T) -> None:
+        self.route = route
+        self.rank = _rank(pattern)
+        self.target = target
+        self.names = [s[1:] for s in pattern.segments if s.startswith(":")]
+        parts = [b"/" + (rb"([^/]+)" if s.startswith(":") else re.escape(s.encode()))
+                 for s in pattern.segments]
+        if pattern.wildcard:
+            self.names.append(WILDCARD)
+            parts.append(rb"(?:/(.*))?\Z" if parts else rb"/?(.*)\Z")
+        else:
+            parts.append(rb"(?:/|\Z)")
+        self.regex = re.compile(b"".join(parts), re.DOTALL)
+
+    def params(self, path: bytes) -> Mapping[str, str] | None:
+        m = self.regex.match(path)
+        if m is None:
+            return None
+        return {n: (v or b"").decode("latin-1") for n, v in zip(self.names, m.groups(),
+                                                               strict=True)}
+
+
+type _Entry[T] = _Literal[T] | _Pattern[T]
+type _Table[T] = tuple[Callable[[list, bytes], Hit[T] | None], list[_Entry[T]]]  # (scan, entries)
+
+
+def _rank(pattern: PathPattern) -> tuple[int, ...]:
+    """Sorts routes most specific first (see the module docstring): per segment,
+    2 for a literal, 1 for a capture; 0 for where the route ends."""
+    return (*(1 if s.startswith(":") else 2 for s in pattern.segments), 0)
 
 
 class Router[T]:
     def __init__(self, routes: Iterable[tuple[Route, str, T]] = ()) -> None:
         """Build from (route, owner name, target). Raises `RouteConflict` when two
-        owners claim the same (host, path)."""
+        owners claim routes that match the same paths on the same host, and
+        `ValueError` for a path `parse_path` refuses (manifests are checked first)."""
         owners: dict[tuple[str | None, str], str] = {}
         hosts: dict[str | None, list[_Entry[T]]] = {}
         for route, owner, target in routes:
             host = route.host.lower() if route.host else None
-            key = (host, route.path.rstrip("/") or "/")
+            pattern = parse_path(route.path)
+            key = (host, pattern.shape)
             if owners.setdefault(key, owner) != owner:
                 raise _conflict(route, owners[key])
-            hosts.setdefault(host, []).append(_Entry(route.path, target))
-        for entries in hosts.values():
-            entries.sort(key=lambda e: len(e.exact), reverse=True)
-        self._any = hosts.pop(None, [])
-        named = {h: e for h, e in hosts.items() if h is not None}
-        self._exact = {h: e for h, e in named.items() if not h.startswith("*.")}
-        self._wild = [(h[1:].encode(), e) for h, e in named.items() if h.startswith("*.")]
+            kind = _Literal if pattern.literal else _Pattern
+            hosts.setdefault(host, []).append(kind(route.path, pattern, target))
+        self._any_scan, self._any = _table(hosts.pop(None, []))
+        named = {h: _table(e) for h, e in hosts.items() if h is not None}
+        self._exact = {h: t for h, t in named.items() if not h.startswith("*.")}
+        self._wild = sorted(((h[1:].encode(), t) for h, t in named.items() if h.startswith("*.")),
+                            key=lambda w: len(w[0]), reverse=True)
 
-    def match(self, host: bytes, path: bytes) -> tuple[T, str] | None:
-        """The target for a request and the route prefix it matched, or None."""
+    def match(self, host: bytes, path: bytes) -> Hit[T] | None:
+        """The target for a request, the route (as written) it matched and what the
+        route captured; None if no route matches."""
         if self._exact or self._wild:
             name = host.split(b":", 1)[0].lower()
-            entries = self._exact.get(name.decode("latin-1"))
-            if entries is not None and (hit := _scan(entries, path)):
+            table = self._exact.get(name.decode("latin-1"))
+            if table is not None and (hit := table[0](table[1], path)):
                 return hit
-            for suffix, entries in self._wild:
-                if name.endswith(suffix) and (hit := _scan(entries, path)):
+            for suffix, (scan, entries) in self._wild:
+                if name.endswith(suffix) and (hit := scan(entries, path)):
                     return hit
-        return _scan(self._any, path)
+        return self._any_scan(self._any, path)
 
 
-def _scan[T](entries: list[_Entry[T]], path: bytes) -> tuple[T, str] | None:
+def _table[T](entries: list[_Entry[T]]) -> _Table[T]:
+    """A scan over `entries` in precedence order; byte comparisons only when no
+    entry is a pattern."""
+    entries.sort(key=lambda e: e.rank, reverse=True)
+    if all(isinstance(e, _Literal) for e in entries):
+        return _scan_literal, entries
+    return _scan, entries
+
+
+def _scan_literal[T](entries: list[_Literal[T]], path: bytes) -> Hit[T] | None:
     for e in entries:
         if path == e.exact or path.startswith(e.slash) or e.exact == b"/":
-            return e.target, e.prefix
+            return e.hit
+    return None
+
+
+def _scan[T](entries: list[_Entry[T]], path: bytes) -> Hit[T] | None:
+    for e in entries:
+        params = e.params(path)
+        if params is not None:
+            return e.target, e.route, params
     return None

@@ -4,6 +4,11 @@
 //   export { edgefn_alloc, edgefn_handle } from "../../sdk/assemblyscript/edgefn";
 // then define `export function handle(req: Request): Response` there and register it
 // with `setHandler(handle)` at the top level.
+//
+// Route captures: for a route `/users/:id/*`, `req.params.get("id")` is the captured
+// segment and `req.params.get("*")` the rest of the path, both as raw as `req.path`
+// (still percent-encoded). They come in the request's params section, after the body
+// (README "Guest ABI"); a request that ends right after the body has none.
 
 @external("edgefn", "kv_get")
 declare function host_kv_get(ns: usize, nsLen: i32, key: usize, keyLen: i32, buf: usize, cap: i32): i64;
@@ -23,6 +28,7 @@ export class Request {
   body: Uint8Array = new Uint8Array(0);
   headers: Map<string, string> = new Map<string, string>();
   env: Map<string, string> = new Map<string, string>();
+  params: Map<string, string> = new Map<string, string>();
 }
 
 export class Response {
@@ -44,24 +50,33 @@ function readStr(ptr: usize): string {
   return String.UTF8.decodeUnsafe(ptr + 4, <usize>n);
 }
 
+// Reads a pairs section (u32 count, then name/value strings) at p into `into`;
+// returns the address after it.
+function readPairs(p: usize, into: Map<string, string>): usize {
+  const count = load<u32>(p); p += 4;
+  for (let i: u32 = 0; i < count; i++) {
+    const k = readStr(p); p += 4 + load<u32>(p);
+    const v = readStr(p); p += 4 + load<u32>(p);
+    into.set(k, v);
+  }
+  return p;
+}
+
 export function edgefn_handle(ptr: i32, len: i32): i64 {
   let p = <usize>ptr + 4; // skip "EFQ1"
+  const end = <usize>ptr + <usize>len;
   const req = new Request();
   req.method = readStr(p); p += 4 + load<u32>(p);
   req.path = readStr(p); p += 4 + load<u32>(p);
   req.query = readStr(p); p += 4 + load<u32>(p);
-  for (let m = 0; m < 2; m++) {
-    const count = load<u32>(p); p += 4;
-    for (let i: u32 = 0; i < count; i++) {
-      const k = readStr(p); p += 4 + load<u32>(p);
-      const v = readStr(p); p += 4 + load<u32>(p);
-      if (m == 0) req.headers.set(k, v); else req.env.set(k, v);
-    }
-  }
+  p = readPairs(p, req.headers);
+  p = readPairs(p, req.env);
   const bodyLen = load<u32>(p);
   const body = new Uint8Array(bodyLen);
   memory.copy(body.dataStart, p + 4, bodyLen);
   req.body = body;
+  p += 4 + bodyLen;
+  if (end - p >= 4) readPairs(p, req.params); // absent: no params
   return encode(userHandler!(req));
 }
 

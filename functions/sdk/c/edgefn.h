@@ -7,6 +7,12 @@
  *         -Wl,--allow-undefined -o fn.wasm fn.c
  * Host functions (KV, vectors) are imported from the "edgefn" module; a call the
  * manifest did not declare traps with the reason.
+ *
+ * Route captures: for a route `/users/:id` with a last segment `*`,
+ * `edgefn_param(req, "id")` is the captured segment and `edgefn_param(req, "*")`
+ * the rest of the path, both as raw as `req->path` (still percent-encoded);
+ * {0, 0} when absent. They come in the request's params section, after the body
+ * (README "Guest ABI"); a request that ends right after the body has none.
  */
 #ifndef EDGEFN_H
 #define EDGEFN_H
@@ -32,8 +38,8 @@ typedef struct { const char *ptr; uint32_t len; } edgefn_str;
 
 typedef struct {
     edgefn_str method, path, query, body;
-    uint32_t n_headers, n_env;
-    const uint8_t *headers, *env; /* (u32 len, bytes) pairs, see README "Guest ABI" */
+    uint32_t n_headers, n_env, n_params;
+    const uint8_t *headers, *env, *params; /* (u32 len, bytes) pairs, README "Guest ABI" */
 } edgefn_request;
 
 /* -- memory: a bump allocator (every request gets a fresh instance) ------------------------ */
@@ -137,6 +143,7 @@ static inline edgefn_str edgefn_lookup(const uint8_t *pairs, uint32_t count, con
 }
 #define edgefn_header(req, name) edgefn_lookup((req)->headers, (req)->n_headers, (name))
 #define edgefn_env(req, name) edgefn_lookup((req)->env, (req)->n_env, (name))
+#define edgefn_param(req, name) edgefn_lookup((req)->params, (req)->n_params, (name))
 
 /* -- response ------------------------------------------------------------------------------ */
 static inline uint8_t *edgefn__put32(uint8_t *p, uint32_t v) {
@@ -162,14 +169,17 @@ int64_t handle(const edgefn_request *req);
 
 EDGEFN_EXPORT("edgefn_handle") int64_t edgefn_handle(int32_t ptr, int32_t len) {
     const uint8_t *p = (const uint8_t *)(uintptr_t)ptr + 4; /* skip "EFQ1" */
+    const uint8_t *end = (const uint8_t *)(uintptr_t)ptr + (uint32_t)len;
     edgefn_request r;
-    (void)len;
     p = edgefn__str(p, &r.method);
     p = edgefn__str(p, &r.path);
     p = edgefn__str(p, &r.query);
     p = edgefn__pairs(p, &r.n_headers, &r.headers);
     p = edgefn__pairs(p, &r.n_env, &r.env);
-    edgefn__str(p, &r.body);
+    p = edgefn__str(p, &r.body);
+    r.n_params = 0;
+    r.params = p;
+    if (end - p >= 4) edgefn__pairs(p, &r.n_params, &r.params); /* absent: no params */
     return handle(&r);
 }
 #endif

@@ -3,9 +3,10 @@ by supervised processes (`runtime.executors.python`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from runtime.abi import encode_pairs, encode_request
+from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from runtime.bindings import Bindings
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.pool import Pool
@@ -43,11 +44,12 @@ class PythonFunction:
         assert self.pool is not None, "prewarm() first"
         self.pool.activate()
 
-    async def handle(self, request: Request, route: str) -> Response:
-        """Raises `FunctionError` (see `Pool.submit`)."""
+    async def handle(self, request: Request, route: str, params: Mapping[str, str]) -> Response:
+        """Raises `FunctionError` (see `Pool.submit`). `params` reach the handler as
+        ``request.params``."""
         assert self.pool is not None
         payload = encode_request(request.method, request.path, request.query, request.headers,
-                                 self.env_blob, request.body)
+                                 self.env_blob, request.body, encode_params(params))
         return await self.pool.submit(payload)
 
     def retire(self) -> None:

@@ -20,8 +20,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from edgefn_core.abi import decode_response
 from edgefn_core.errors import DeployError, FunctionError
-from runtime.abi import decode_response
 from runtime.executors.python import wire
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.isolate import Events, Isolate, read_json

@@ -15,8 +15,8 @@ import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from edgefn_core.abi import decode_response
 from edgefn_core.errors import FunctionError, ProtocolError
-from runtime.abi import decode_response
 from runtime.executors.python import wire
 from runtime.executors.python.channel import Channel
 from runtime.executors.python.config import HostConfig

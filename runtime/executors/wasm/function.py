@@ -16,15 +16,15 @@ import ctypes
 import logging
 import math
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from functools import partial
 from pathlib import Path
 
 import wasmtime
 from wasmtime import _ffi as ffi
 
+from edgefn_core.abi import decode_response, encode_pairs, encode_params, encode_request
 from edgefn_core.errors import BindingError, DeployError, FunctionError
-from runtime.abi import decode_response, encode_pairs, encode_request
 from runtime.bindings import Bindings
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import wasi as cgi
@@ -173,16 +173,20 @@ class WasmFunction:
         """Nothing to release: the engine is the PoP's."""
 
     # -- request time -----------------------------------------------------------------------
-    def handle(self, request: Request, route: str) -> Response | Awaitable[Response]:
-        """Raises `FunctionError` (reactor); the WASI future raises it when awaited."""
+    def handle(self, request: Request, route: str,
+               params: Mapping[str, str]) -> Response | Awaitable[Response]:
+        """Raises `FunctionError` (reactor); the WASI future raises it when awaited.
+        A reactor gets `params` in the request's params section, a WASI command as
+        ``EDGEFN_PARAM_<NAME>`` variables (see `edgefn_core.abi`, `wasi.environ`)."""
         if self.abi == "reactor":
             data = encode_request(request.method, request.path, request.query,
-                                  request.headers, self.env_blob, request.body)
+                                  request.headers, self.env_blob, request.body,
+                                  encode_params(params))
             if self.threaded:
                 return self._handle_threaded(data)
             status, headers, body = decode_response(self.call(data))
             return Response(status, headers, body)
-        return self._handle_wasi(request, route)
+        return self._handle_wasi(request, route, params)
 
     async def _handle_threaded(self, data: bytes) -> Response:
         """Reactors that declare bindings run on a worker thread: a model call or a
@@ -207,8 +211,9 @@ class WasmFunction:
                                 f"{self.manifest.limits.wall_ms} ms (blocked in a host call)"
                                 ) from None
 
-    async def _handle_wasi(self, request: Request, route: str) -> Response:
-        env = cgi.environ(request, route, self.env)
+    async def _handle_wasi(self, request: Request, route: str,
+                           params: Mapping[str, str]) -> Response:
+        env = cgi.environ(request, route, self.env, params)
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(self.wasm.threads, self._run_wasi, env, request.body)
         return Response(*cgi.parse_response(await self._within_wall(job)))

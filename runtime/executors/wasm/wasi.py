@@ -1,19 +1,28 @@
-"""CGI (WAGI-style) request environment and response parsing for WASI command modules."""
+"""CGI (WAGI-style) request environment and response parsing for WASI command modules.
+
+What a route captured arrives as variables too: ``EDGEFN_PARAM_<NAME>`` per
+capture, the name upper-cased (``/users/:id`` on ``/users/42`` sets
+``EDGEFN_PARAM_ID=42``), and ``EDGEFN_WILDCARD`` for the rest a final ``/*``
+matched. Values are as raw as ``PATH_INFO`` (still percent-encoded).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from edgefn_core.abi import BAD_HEADER_VALUE, HEADER_NAME, WILDCARD
 from edgefn_core.errors import FunctionError
-from runtime.abi import _BAD_VALUE, _TOKEN
 from runtime.net.message import Request
 
 _SKIP = frozenset({b"content-length", b"content-type", b"authorization"})
 
 
-def environ(request: Request, route: str, env: dict[str, str]) -> list[tuple[str, str]]:
-    """The CGI variables for `request`; the manifest's `env` comes first so it cannot
-    shadow request variables."""
-    out = list(env.items())
-    out += [
+def environ(request: Request, route: str, env: dict[str, str],
+            params: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The CGI variables for `request` and its route's `params`, after the manifest's
+    `env` less the names the request sets: a guest's getenv finds the first
+    entry, so the manifest must not shadow a request variable."""
+    out = [
         ("REQUEST_METHOD", request.method.decode("latin-1")),
         ("PATH_INFO", request.path.decode("latin-1")),
         ("QUERY_STRING", request.query.decode("latin-1")),
@@ -27,7 +36,14 @@ def environ(request: Request, route: str, env: dict[str, str]) -> list[tuple[str
         if name not in _SKIP:
             key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
             out.append((key, value.decode("latin-1")))
-    return out
+    out += [(param_variable(k), v) for k, v in params.items()]
+    taken = {k for k, _ in out}
+    return [(k, v) for k, v in env.items() if k not in taken] + out
+
+
+def param_variable(name: str) -> str:
+    """The variable a capture named `name` arrives in (``*``: ``EDGEFN_WILDCARD``)."""
+    return "EDGEFN_WILDCARD" if name == WILDCARD else f"EDGEFN_PARAM_{name.upper()}"
 
 
 def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -47,7 +63,7 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
     for line in head.replace(b"\r\n", b"\n").split(b"\n"):
         name, colon, value = line.partition(b":")
         name, value = name.strip().lower(), value.strip()
-        if not colon or not _TOKEN.match(name) or _BAD_VALUE.search(value):
+        if not colon or not HEADER_NAME.match(name) or BAD_HEADER_VALUE.search(value):
             raise FunctionError("bad_response", 502, f"invalid CGI header line {line[:80]!r}")
         if name == b"status":
             status = _status(value)

@@ -1,6 +1,6 @@
-"""`dispatch`: run the function `route` chose; its response is tagged with
-``x-edgefn-function: NAME@VERSION``. What the function does wrong is raised as
-`FunctionError` and contained by the chain."""
+"""`dispatch`: run the function `route` chose, with what its route captured; its
+response is tagged with ``x-edgefn-function: NAME@VERSION``. What the function
+does wrong is raised as `FunctionError` and contained by the chain."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class Dispatch:
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         fn = ctx.target
         assert isinstance(fn, Deployment), "dispatch runs after route"
-        result = fn.executor.handle(request, ctx.route)
+        result = fn.executor.handle(request, ctx.route, ctx.params)
         if isinstance(result, Response):
             result.headers.append(fn.tag)
             return result

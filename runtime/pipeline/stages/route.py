@@ -1,4 +1,5 @@
-"""`route`: find the deployed function that serves (host, path); 404 when none does."""
+"""`route`: find the deployed function that serves (host, path) and what its route
+captured (``ctx.route``, ``ctx.params``); 404 when none does."""
 
 from __future__ import annotations
 
@@ -20,5 +21,7 @@ class Route:
         if hit is None:
             path = request.path.decode("latin-1")
             return plain_error(NoRoute(f"no function serves {path}"))
-        ctx.target, ctx.route = hit
+        ctx.target, ctx.route, params = hit
+        if params:  # a plain prefix's hit carries the shared, read-only NO_PARAMS
+            ctx.params = dict(params)
         return call_next(request, ctx)

@@ -8,21 +8,23 @@
 
 A handler may be ``async def``. A Response body may be bytes, str, or a
 (sync or async) generator of bytes/str, which is streamed to the client.
-Only the standard library is available inside isolates (see README).
+Only the standard library is available inside isolates (see README). The
+request's encoding is the function ABI's (`edgefn_core.abi`, on the isolate's
+path), shared with the PoP.
 """
 
 from __future__ import annotations
 
 import base64
 import json as _json
-import struct
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl
 
+from edgefn_core import abi as _abi
+
 __all__ = ["KV", "BindingError", "Env", "Headers", "Request", "Response", "Vectors"]
 
-_U32 = struct.Struct("<I")
 
 
 class BindingError(RuntimeError):
@@ -73,16 +75,20 @@ class Headers:
 
 
 class Request:
-    """An incoming request: method, url, path, query (dict), headers, body."""
+    """An incoming request: method, url, path, query (dict), headers, body, and
+    `params`: what the route's pattern captured (``/users/:id`` on ``/users/42``
+    gives ``{"id": "42"}``; a final ``/*`` puts the rest of the path under
+    ``"*"``), as raw as `path` (still percent-encoded)."""
 
     def __init__(self, method: str, path: str, query_string: str, headers: Headers,
-                 body: bytes) -> None:
+                 body: bytes, params: dict[str, str] | None = None) -> None:
         self.method = method
         self.path = path
         self.query_string = query_string
         self.query = dict(parse_qsl(query_string, keep_blank_values=True))
         self.headers = headers
         self.body = body
+        self.params = params if params is not None else {}
         host = headers.get("host", "localhost")
         self.url = f"http://{host}{path}" + (f"?{query_string}" if query_string else "")
 
@@ -95,31 +101,16 @@ class Request:
 
     @classmethod
     def _decode(cls, buf: bytes) -> tuple[Request, dict[str, str]]:
-        """Parse the PoP's encoding (the reactor ABI's request format)."""
-        pos = 4  # magic
-        fields = []
-        for _ in range(3):
-            (n,) = _U32.unpack_from(buf, pos)
-            fields.append(buf[pos + 4:pos + 4 + n].decode("latin-1"))
-            pos += 4 + n
-        pairs: list[list[tuple[str, str]]] = []
-        for _ in range(2):
-            (count,) = _U32.unpack_from(buf, pos)
-            pos += 4
-            items = []
-            for _ in range(count):
-                (n,) = _U32.unpack_from(buf, pos)
-                k = buf[pos + 4:pos + 4 + n].decode("latin-1")
-                pos += 4 + n
-                (n,) = _U32.unpack_from(buf, pos)
-                v = buf[pos + 4:pos + 4 + n].decode("utf-8", "replace")
-                pos += 4 + n
-                items.append((k, v))
-            pairs.append(items)
-        (n,) = _U32.unpack_from(buf, pos)
-        body = buf[pos + 4:pos + 4 + n]
-        method, path, query = fields
-        return cls(method, path, query, Headers(pairs[0]), body), dict(pairs[1])
+        """The request and the manifest's env from the PoP's encoding (the function
+        ABI, `edgefn_core.abi`). Raises `ProtocolError` if `buf` is malformed."""
+        r = _abi.decode_request(buf)
+        headers = Headers([(k.decode("latin-1"), v.decode("utf-8", "replace"))
+                           for k, v in r.headers])
+        request = cls(r.method.decode("latin-1"), r.path.decode("latin-1"),
+                      r.query.decode("latin-1"), headers, r.body,
+                      {k.decode("latin-1"): v.decode("latin-1") for k, v in r.params})
+        env = {k.decode("latin-1"): v.decode("utf-8", "replace") for k, v in r.env}
+        return request, env
 
 
 Body = bytes | str | Iterable[bytes | str] | AsyncIterator[bytes | str]

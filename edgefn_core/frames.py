@@ -1,0 +1,99 @@
+"""Length-prefixed frames: one framing for edgefn's byte-stream IPC.
+
+A frame is a ``u32`` length followed by that many bytes. A `Framing` fixes the
+byte order and the size limits of one channel; both ends build it from the
+same values, write with `Framing.pack` (or `Framing.prefix` + the parts, which
+saves a copy of a large payload) and read with a `FrameReader`, which takes
+bytes in whatever chunks the socket delivers, or with `Framing.read` from an
+asyncio stream.
+
+The isolate wire (`runtime.executors.python.wire`) is ``Framing("<", 64 MiB,
+min_size=1)``: every frame carries at least its kind byte. Stdlib-only and
+importing nothing of edgefn but `edgefn_core.errors`, so isolated
+subinterpreters import it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from typing import Literal
+
+from edgefn_core.errors import ProtocolError
+
+MAX_FRAME = 64 << 20
+
+
+class Framing:
+    """The framing of one channel: byte order of the length, and the smallest and
+    largest frame body it accepts."""
+
+    def __init__(self, order: Literal["<", ">"] = "<", max_size: int = MAX_FRAME,
+                 min_size: int = 0) -> None:
+        self.length = struct.Struct(order + "I")
+        self.max_size = max_size
+        self.min_size = min_size
+
+    def check(self, n: int) -> int:
+        """`n` if it is an acceptable body size. Raises `ProtocolError` if not."""
+        if n < self.min_size:
+            raise ProtocolError(f"frame of {n} bytes is shorter than the {self.min_size} "
+                                "byte minimum")
+        if n > self.max_size:
+            raise ProtocolError(f"frame of {n} bytes exceeds the {self.max_size} byte limit")
+        return n
+
+    def prefix(self, n: int) -> bytes:
+        """The length prefix of a frame whose body is `n` bytes. Raises `ProtocolError`
+        if the peer would refuse that size."""
+        return self.length.pack(self.check(n))
+
+    def pack(self, body: bytes) -> bytes:
+        """A whole frame. Raises `ProtocolError` if `body`'s size is out of bounds."""
+        return self.prefix(len(body)) + body
+
+    def reader(self) -> FrameReader[bytes]:
+        """A reader whose `feed` returns frame bodies."""
+        return FrameReader(self, body)
+
+    async def read(self, stream: asyncio.StreamReader) -> bytes:
+        """The next frame's body from an asyncio stream. Raises
+        `asyncio.IncompleteReadError` at EOF and `ProtocolError` for a bad length."""
+        (n,) = self.length.unpack(await stream.readexactly(self.length.size))
+        return await stream.readexactly(self.check(n))
+
+
+def body(buf: bytearray, start: int, end: int) -> bytes:
+    """The default cut of a `FrameReader`: the frame's body as bytes."""
+    return bytes(buf[start:end])
+
+
+class FrameReader[T]:
+    """Accumulates bytes and returns each complete frame, as `cut(buf, start, end)`
+    makes it from the body at ``buf[start:end]`` (cutting there saves a copy)."""
+
+    def __init__(self, framing: Framing, cut: Callable[[bytearray, int, int], T]) -> None:
+        self.framing = framing
+        self.cut = cut
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list[T]:
+        """The frames `data` completes, in order; a partial frame waits for more.
+
+        Raises `ProtocolError` for a length outside the framing's bounds; the
+        stream cannot be resynchronised after that.
+        """
+        self.buf += data
+        buf, size, out, pos = self.buf, self.framing.length.size, [], 0
+        unpack, check = self.framing.length.unpack_from, self.framing.check
+        while len(buf) - pos >= size:
+            (n,) = unpack(buf, pos)
+            end = pos + size + check(n)
+            if len(buf) < end:
+                break
+            out.append(self.cut(buf, pos + size, end))
+            pos = end
+        if pos:
+            del buf[:pos]  # once per feed, not once per frame
+        return out

@@ -1,0 +1,183 @@
+"""The function ABI codec (`edgefn_core.abi`) without a guest: round trips,
+truncation anywhere, what a malformed response is told, and that the codec
+loads where the guest SDK needs it (an isolated subinterpreter)."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgefn_core import abi
+from edgefn_core.errors import FunctionError, ProtocolError
+from runtime.executors.python import interp
+
+SDK = Path(__file__).resolve().parent.parent / "functions" / "sdk" / "python" / "edgefn.py"
+
+PAIRS = st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=40)), max_size=6)
+TOKEN = st.text("abcxyzABC0123456789-_!#$%&'*+.^`|~", min_size=1, max_size=16).map(str.encode)
+VALUE = st.binary(max_size=40).filter(lambda v: not abi.BAD_HEADER_VALUE.search(v))
+REQUESTS = st.builds(abi.GuestRequest, st.binary(max_size=8), st.binary(max_size=60),
+                     st.binary(max_size=60), PAIRS, PAIRS, st.binary(max_size=300), PAIRS)
+
+
+def encode(r: abi.GuestRequest) -> bytes:
+    return abi.encode_request(r.method, r.path, r.query, r.headers, abi.encode_pairs(r.env),
+                              r.body, abi.encode_pairs(r.params))
+
+
+@given(REQUESTS)
+def test_requests_round_trip(r: abi.GuestRequest) -> None:
+    assert abi.decode_request(encode(r)) == r
+
+
+@given(REQUESTS, st.data())
+def test_a_cut_request_is_refused_unless_it_ends_right_after_the_body(
+        r: abi.GuestRequest, data: st.DataObject) -> None:
+    buf = encode(r)
+    without_params = len(buf) - len(abi.encode_pairs(r.params))
+    cut = data.draw(st.integers(0, len(buf) - 1))
+    if cut == without_params:  # what a PoP from before params sends: no params
+        assert abi.decode_request(buf[:cut]) == r._replace(params=[])
+    else:
+        with pytest.raises(ProtocolError, match=r"request (ends at byte|does not start)|says"):
+            abi.decode_request(buf[:cut])
+
+
+def old_guest_body(buf: bytes) -> bytes:
+    """How guests written before params read a request: field by field, the body by
+    its length, nothing after it."""
+    pos = 4
+    for _ in range(3):
+        pos += 4 + struct.unpack_from("<I", buf, pos)[0]
+    for _ in range(2):
+        (count,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        for _ in range(2 * count):
+            pos += 4 + struct.unpack_from("<I", buf, pos)[0]
+    (n,) = struct.unpack_from("<I", buf, pos)
+    return buf[pos + 4:pos + 4 + n]
+
+
+@given(REQUESTS)
+def test_guests_that_predate_params_still_read_the_body(r: abi.GuestRequest) -> None:
+    assert old_guest_body(encode(r)) == r.body
+
+
+def test_params_are_latin1_text_and_none_is_an_empty_section() -> None:
+    assert abi.encode_params({}) == abi.NO_PAIRS == abi.encode_pairs([])
+    blob = abi.encode_params({"id": "42", "*": "a/b\xe9"})
+    assert blob == (b"\x02\0\0\0" b"\x02\0\0\0id" b"\x02\0\0\x0042"
+                    b"\x01\0\0\0*" b"\x04\0\0\0a/b\xe9")
+
+
+@given(st.integers(100, 599), st.lists(st.tuples(TOKEN, VALUE), max_size=6),
+       st.binary(max_size=300))
+def test_responses_round_trip_with_names_lower_cased(
+        status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    decoded = abi.decode_response(abi.encode_response(status, headers, body))
+    assert decoded == (status, [(k.lower(), v) for k, v in headers], body)
+
+
+@given(st.integers(100, 599), st.lists(st.tuples(TOKEN, VALUE), max_size=4),
+       st.binary(max_size=100), st.data())
+def test_every_truncated_response_is_a_bad_response(
+        status: int, headers: list[tuple[bytes, bytes]], body: bytes,
+        data: st.DataObject) -> None:
+    buf = abi.encode_response(status, headers, body)
+    cut = data.draw(st.integers(0, len(buf) - 1))
+    with pytest.raises(FunctionError) as err:
+        abi.decode_response(buf[:cut])
+    assert (err.value.code, err.value.status) == ("bad_response", 502)
+    assert "malformed response" in str(err.value) and 'README "Guest ABI"' in str(err.value)
+
+
+# What hello.wat returns, but with the body's u32 length forgotten.
+HEAD = b"\xc8\0\0\0\x01\0\0\0\x0c\0\0\0content-type\x19\0\0\0text/plain; charset=utf-8"
+
+
+@pytest.mark.parametrize(("buf", "message"), [
+    (HEAD, "response ends at byte 53: expected a u32 body length followed by the body"),
+    (HEAD + b"Hello from edgefn!\n",
+     "the u32 body length at byte 53 says 1819043144 bytes (b'Hell' read as a length), but "
+     "the response ends 15 bytes later: expected a u32 body length followed by the body"),
+    (HEAD + b"hi", "response ends at byte 55 (2 stray bytes from byte 53: b'hi'): expected a u32 "
+                   "body length followed by the body"),
+    (b"", "response ends at byte 0: expected a u32 status"),
+    (b"\xc8\0\0\0\x01\0", "response ends at byte 6 (2 stray bytes from byte 4: b'\\x01\\x00'): "
+                          "expected a u32 header count"),
+    (b"\xc8\0\0\0\x05\0\0\0\0\0\0\0",
+     "the u32 header count at byte 4 says 5, more headers than the 4 bytes after it can hold"),
+    (b"\xc8\0\0\0\x01\0\0\0\x03\0\0\0x-a",
+     "response ends at byte 15: expected a u32 header 0 value length followed by the "
+     "header 0 value"),
+])
+def test_a_malformed_response_is_told_where_it_ends_and_what_was_expected(
+        buf: bytes, message: str) -> None:
+    with pytest.raises(FunctionError) as err:
+        abi.decode_response(buf)
+    assert (err.value.code, err.value.status) == ("bad_response", 502)
+    assert message in str(err.value)
+    assert str(err.value).endswith('(see README "Guest ABI")')
+
+
+@pytest.mark.parametrize(("status", "headers", "words"), [
+    (99, [], "invalid HTTP status 99"),
+    (600, [], "invalid HTTP status 600"),
+    (200, [(b"bad name", b"x")], "invalid header name b'bad name'"),
+    (200, [(b"", b"x")], "invalid header name b''"),
+    (200, [(b"x-a", b"1\r\nevil: 1")], "invalid value for header 'x-a'"),
+    (200, [(b"x-a", b"1\0")], "invalid value for header 'x-a'"),
+])
+def test_invalid_status_and_headers_are_bad_responses(
+        status: int, headers: list[tuple[bytes, bytes]], words: str) -> None:
+    with pytest.raises(FunctionError) as err:
+        abi.decode_response(abi.encode_response(status, headers, b"body"))
+    assert (err.value.code, err.value.status) == ("bad_response", 502)
+    assert words in str(err.value)
+
+
+def test_a_request_without_the_magic_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="does not start with b'EFQ1'"):
+        abi.decode_request(b"EFQ2" + encode(abi.GuestRequest(b"", b"", b"", [], [], b"", []))[4:])
+
+
+def load_sdk() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("edgefn_sdk_under_test", SDK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_python_sdk_decodes_with_the_shared_codec() -> None:
+    sdk = load_sdk()
+    buf = abi.encode_request(b"PUT", b"/users/42/a%20b", b"x=1", [(b"host", b"h.test")],
+                             abi.encode_pairs([(b"MODE", b"pr\xc3\xb6d")]), b"{}",
+                             abi.encode_params({"id": "42", "*": "a%20b"}))
+    request, env = sdk.Request._decode(buf)
+    assert (request.method, request.path, request.query) == ("PUT", "/users/42/a%20b", {"x": "1"})
+    assert request.params == {"id": "42", "*": "a%20b"} and request.body == b"{}"
+    assert request.url == "http://h.test/users/42/a%20b?x=1" and env == {"MODE": "pr\xf6d"}
+    old, _ = sdk.Request._decode(buf[:-len(abi.encode_params({"id": "42", "*": "a%20b"}))])
+    assert old.params == {}
+
+
+def test_the_codec_and_frames_load_in_an_isolated_subinterpreter() -> None:
+    """They run inside isolates, where msgspec and other C extensions cannot load."""
+    root = str(Path(__file__).resolve().parent.parent)
+    i = interp.create()
+    try:
+        code = (f"import sys\nsys.path.insert(0, {root!r})\n"
+                "import edgefn_core.abi, edgefn_core.frames\n"
+                "assert 'msgspec' not in sys.modules\n"
+                "buf = edgefn_core.abi.encode_response(200, [], b'ok')\n"
+                "assert edgefn_core.abi.decode_response(buf) == (200, [], b'ok')\n")
+        assert interp.run(i, code) is None
+    finally:
+        interp.destroy(i)

@@ -1,0 +1,94 @@
+"""Length-prefixed frames (`edgefn_core.frames`) and the isolate wire built on them,
+fed bytes in every chunking a socket could deliver; no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgefn_core.errors import ProtocolError
+from edgefn_core.frames import Framing
+from runtime.executors.python import wire
+
+KINDS = st.sampled_from([wire.REQUEST, wire.RESPONSE, wire.CHUNK, wire.END, wire.CALL])
+FRAMES = st.lists(st.tuples(KINDS, st.binary(max_size=300)), max_size=8)
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in itertools.pairwise(points)]
+
+
+@given(FRAMES, st.lists(st.integers(0, 10_000), max_size=20))
+def test_wire_frames_survive_any_chunking(frames: list[tuple[bytes, bytes]],
+                                          cuts: list[int]) -> None:
+    data = b"".join(wire.frame(kind, payload) for kind, payload in frames)
+    reader = wire.Reader()
+    got = [f for chunk in chunked(data, cuts) for f in reader.feed(chunk)]
+    assert got == frames
+    assert reader.buf == bytearray()  # nothing left over, nothing lost
+
+
+@given(st.lists(st.binary(max_size=200), max_size=8), st.lists(st.integers(0, 5000), max_size=12),
+       st.sampled_from(["<", ">"]))
+def test_any_framing_round_trips_bodies(bodies: list[bytes], cuts: list[int],
+                                        order: str) -> None:
+    framing = Framing(order, max_size=200)  # type: ignore[arg-type]
+    reader = framing.reader()
+    data = b"".join(framing.pack(b) for b in bodies)
+    assert [f for chunk in chunked(data, cuts) for f in reader.feed(chunk)] == bodies
+
+
+def test_a_partial_frame_waits_for_the_rest() -> None:
+    reader = wire.Reader()
+    data = wire.frame(wire.CHUNK, b"hello")
+    assert reader.feed(data[:3]) == [] and reader.feed(data[3:-1]) == []
+    assert reader.feed(data[-1:] + data[:2]) == [(wire.CHUNK, b"hello")]
+
+
+@pytest.mark.parametrize(("length", "words"), [
+    (0, "frame of 0 bytes is shorter than the 1 byte minimum"),
+    (wire.MAX_FRAME + 1, f"frame of {wire.MAX_FRAME + 1} bytes exceeds the {wire.MAX_FRAME}"),
+    (0xFFFFFFFF, "exceeds"),
+])
+def test_empty_and_oversized_wire_frames_are_protocol_errors(length: int, words: str) -> None:
+    reader = wire.Reader()
+    with pytest.raises(ProtocolError, match=words):
+        reader.feed(wire.frame(wire.END) + struct.pack("<I", length) + b"Qx")
+
+
+def test_a_frame_the_peer_would_refuse_is_not_sent() -> None:
+    small = Framing("<", max_size=8, min_size=1)
+    assert small.pack(b"12345678") == b"\x08\0\0\x0012345678"
+    with pytest.raises(ProtocolError, match="frame of 9 bytes exceeds the 8 byte limit"):
+        small.pack(b"123456789")
+    with pytest.raises(ProtocolError, match="shorter than the 1 byte minimum"):
+        small.pack(b"")
+
+
+def test_read_from_an_asyncio_stream_big_endian() -> None:
+    """The shape gpu_worker's protocol has (big-endian, msgpack bodies)."""
+    framing = Framing(">", max_size=16)
+
+    async def go() -> None:
+        stream = asyncio.StreamReader()
+        stream.feed_data(framing.pack(b"one") + framing.pack(b"") + b"\0\0")
+        stream.feed_data(b"\0\x03two" + b"\0\0\0\x11" + b"x" * 17)
+        stream.feed_eof()
+        assert await framing.read(stream) == b"one"
+        assert await framing.read(stream) == b""
+        assert await framing.read(stream) == b"two"
+        with pytest.raises(ProtocolError, match="17 bytes exceeds the 16 byte limit"):
+            await framing.read(stream)
+        cut = asyncio.StreamReader()
+        cut.feed_data(framing.pack(b"one")[:-1])
+        cut.feed_eof()
+        with pytest.raises(asyncio.IncompleteReadError):
+            await framing.read(cut)
+
+    asyncio.run(go())
