@@ -17,7 +17,7 @@ from edgefn_core import abi
 from edgefn_core.errors import FunctionError, ProtocolError
 from runtime.executors.python import interp
 
-SDK = Path(__file__).resolve().parent.parent / "functions" / "sdk" / "python" / "edgefn.py"
+SDK = Path(__file__).resolve().parent.parent / "functions" / "sdk" / "python" / "edgefn" / "__init__.py"
 
 PAIRS = st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=40)), max_size=6)
 TOKEN = st.text("abcxyzABC0123456789-_!#$%&'*+.^`|~", min_size=1, max_size=16).map(str.encode)
