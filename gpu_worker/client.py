@@ -28,6 +28,8 @@ from edgefn_core.errors import ProtocolError, WorkerDead, WorkerError
 from . import protocol as p
 
 log = logging.getLogger("edgefn.gpu_worker.client")
+# Read when used (never frozen into default arguments), so a process embedding the
+# client, or a test, can change them.
 START_TIMEOUT = 120.0  # loading models on a cold disk
 READY_WAIT = 30.0  # how long a request waits for a restarting worker
 IDLE_TIMEOUT = 120.0  # longest silence inside a stream
@@ -140,10 +142,12 @@ class WorkerClient:
         if wait:
             await self.ready(START_TIMEOUT)
 
-    async def ready(self, timeout: float = READY_WAIT) -> None:
-        """Raises `WorkerDead` if the worker does not serve within `timeout`."""
+    async def ready(self, timeout: float | None = None) -> None:
+        """Raises `WorkerDead` if the worker does not serve within `timeout`
+        (default READY_WAIT)."""
         if self.connected.is_set():
             return
+        timeout = READY_WAIT if timeout is None else timeout
         try:
             await asyncio.wait_for(self.connected.wait(), timeout)
         except TimeoutError:
@@ -161,9 +165,11 @@ class WorkerClient:
         self.send(p.Generate(rid, model, window=window, **params))
         return gen
 
-    async def call(self, make: Any, timeout: float = CALL_TIMEOUT, early: bool = False) -> Any:
-        """Send `make(id)` and return its Result's data; `early`: from `on_connect`,
-        before other requests may go. Raises `WorkerError`, `WorkerDead`."""
+    async def call(self, make: Any, timeout: float | None = None, early: bool = False) -> Any:
+        """Send `make(id)` and return its Result's data within `timeout` (default
+        CALL_TIMEOUT); `early`: from `on_connect`, before other requests may go.
+        Raises `WorkerError`, `WorkerDead`."""
+        timeout = CALL_TIMEOUT if timeout is None else timeout
         if not early:
             await self.ready()
         elif self.writer is None:

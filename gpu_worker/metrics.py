@@ -50,9 +50,10 @@ class Metrics:
             self.busy_seconds += seconds
             self.tokens_total += tokens
 
-    def idle(self, queue_depth: int) -> None:
+    def idle(self, queue_depth: int, running: int = 0) -> None:
+        """No step to run; `running` sequences (paused for credit) hold slots."""
         with self.lock:
-            self.queue_depth, self.running = queue_depth, 0
+            self.queue_depth, self.running = queue_depth, running
 
     def first_token(self, seconds: float) -> None:
         with self.lock:

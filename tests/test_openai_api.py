@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,7 +134,8 @@ def test_lora_added_at_run_time_is_listed_and_served(client: openai.OpenAI, pop:
     tuned = client.chat.completions.create(model="style", messages=HELLO,  # type: ignore[arg-type]
                                            max_tokens=12, temperature=0)
     assert tuned.choices[0].message.content != base.choices[0].message.content
-    assert json.loads((pop.data / "ai" / "loras.json").read_text())[0]["name"] == "style"
+    kept = {lo["name"]: lo for lo in json.loads((pop.data / "ai" / "loras.json").read_text())}
+    assert kept["style"]["path"] == str(path.resolve())  # kept for restarts
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
@@ -144,23 +146,23 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         client.embeddings.create(model="nope", input="x")
 
 
-@pytest.mark.parametrize(("body", "code"), [
-    (b"{not json", "invalid_json"),
-    (b"", None),
-    (json.dumps({"model": CHAT}).encode(), "invalid_value"),  # no messages
-    (json.dumps({"model": CHAT, "messages": "hi"}).encode(), "invalid_value"),
+@pytest.mark.parametrize(("body", "code", "param"), [
+    (b"{not json", "invalid_json", None),
+    (b"", "invalid_request", None),
+    (json.dumps({"model": CHAT}).encode(), "invalid_value", "messages"),  # no messages
+    (json.dumps({"model": CHAT, "messages": "hi"}).encode(), "invalid_value", "messages"),
     (json.dumps({"model": CHAT, "messages": HELLO, "temperature": 9}).encode(),
-     "invalid_request"),
-    (json.dumps({"model": CHAT, "messages": HELLO, "n": 2}).encode(), None),
-    (json.dumps({"model": CHAT, "messages": []}).encode(), None),
+     "invalid_request", None),
+    (json.dumps({"model": CHAT, "messages": HELLO, "n": 2}).encode(), "invalid_request", "n"),
+    (json.dumps({"model": CHAT, "messages": []}).encode(), "invalid_request", "messages"),
 ])
-def test_bad_requests_get_openai_errors(pop: Running, body: bytes, code: str | None) -> None:
+def test_bad_requests_get_openai_errors(pop: Running, body: bytes, code: str,
+                                        param: str | None) -> None:
     status, data = raw(pop, "POST", "/v1/chat/completions", body)
     assert status == 400, data
     err = json.loads(data)["error"]
-    assert err["type"] == "invalid_request_error" and err["message"]
-    if code is not None:
-        assert err["code"] == code
+    assert err["message"], err
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", code, param)
 
 
 def test_bad_parameters_raise_in_the_client(client: openai.OpenAI) -> None:
@@ -172,9 +174,56 @@ def test_bad_parameters_raise_in_the_client(client: openai.OpenAI) -> None:
         client.embeddings.create(model=EMBED, input=[""])
 
 
-def test_wrong_method_is_405(pop: Running) -> None:
-    assert raw(pop, "GET", "/v1/chat/completions")[0] == 405
-    assert raw(pop, "POST", "/v1/models")[0] == 405
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("GET", "/v1/chat/completions", "POST"), ("PUT", "/v1/embeddings", "POST"),
+    ("POST", "/v1/models", "GET")])
+def test_wrong_method_is_405(pop: Running, method: str, path: str, allowed: str) -> None:
+    status, data = raw(pop, method, path)
+    assert status == 405, data
+    err = json.loads(data)["error"]
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error",
+                                                        "method_not_allowed", None)
+    assert f"use {allowed} {path}" in err["message"]
+
+
+LONG = "word " * 9000  # more tokens than the model's 8192-token context
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}],
+                              "stream": True}, "messages"),
+    ("/v1/completions", {"prompt": LONG}, "prompt"),
+    ("/v1/completions", {"prompt": LONG, "stream": True}, "prompt"),
+])
+def test_a_prompt_longer_than_the_context_is_context_length_exceeded(
+        pop: Running, path: str, body: dict[str, Any], param: str) -> None:
+    status, data = raw(pop, "POST", path, json.dumps({"model": CHAT, **body}).encode())
+    assert status == 400, data  # a stream too: refused before its status line
+    err = json.loads(data)["error"]
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error",
+                                                        "context_length_exceeded", param)
+    found = re.search(r"context is (\d+) tokens; the prompt has (\d+)", err["message"])
+    assert found is not None and int(found[2]) > int(found[1]) > 0, err["message"]
+
+
+def test_more_than_four_stop_strings_is_a_400_naming_stop(pop: Running,
+                                                          client: openai.OpenAI) -> None:
+    five = ["a1", "b2", "c3", "d4", "e5"]
+    for stream in (False, True):
+        body = {"model": CHAT, "messages": HELLO, "stop": five, "stream": stream}
+        status, data = raw(pop, "POST", "/v1/chat/completions", json.dumps(body).encode())
+        assert status == 400, data
+        err = json.loads(data)["error"]
+        assert (err["type"], err["code"], err["param"]) == ("invalid_request_error",
+                                                            "invalid_request", "stop")
+        assert "at most 4" in err["message"] and "got 5" in err["message"], err
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=CHAT, prompt="Hi", stop=five, max_tokens=2)
+    assert (e.value.status_code, e.value.code, e.value.param) == (400, "invalid_request", "stop")
+    four = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                          stop=five[:4], max_tokens=2)
+    assert four.choices[0].finish_reason in ("stop", "length")
 
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"

@@ -155,8 +155,8 @@ class Driver:
         for s in self.sched.admit():
             s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed)
         groups = self.sched.groups()
-        if not groups:
-            self.metrics.idle(len(self.sched.waiting))
+        if not groups:  # sequences paused for credit still hold their slots
+            self.metrics.idle(len(self.sched.waiting), len(self.sched.running))
         for group in groups:
             self._step(group)
 

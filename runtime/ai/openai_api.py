@@ -14,6 +14,7 @@ with its status codes. These paths are taken before function routes.
 from __future__ import annotations
 
 import base64
+import re
 import secrets
 import struct
 import time
@@ -29,6 +30,7 @@ from runtime.net.message import Request, Response, json_response
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
          b"/v1/models"})
+MAX_STOPS = 4  # as OpenAI's API
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
@@ -88,8 +90,8 @@ class OpenAITarget:
 
 def error_response(status: int, message: str, code: str | None = None,
                    param: str | None = None) -> Response:
-    kind = {400: "invalid_request_error", 404: "invalid_request_error",
-            401: "authentication_error", 429: "rate_limit_error"}.get(status, "server_error")
+    kind = {401: "authentication_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error" if 400 <= status < 500 else "server_error")
     return json_response({"error": {"message": message, "type": kind, "param": param,
                                     "code": code}}, status)
 
@@ -147,12 +149,18 @@ class OpenAIApi:
             params["prompt"] = prompt
         gen = await self.ai.client.generate(body.model, stream=body.stream, **params)
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        if body.stream:
-            usage = body.stream_options is not None and body.stream_options.include_usage
-            first = await _first(gen)  # errors before any output get a real status
-            return Response(200, list(SSE_HEADERS),
-                            _sse(gen, first, rid, body.model, chat, usage))
-        text, done = await gen.collect()
+        try:
+            if body.stream:
+                usage = body.stream_options is not None and body.stream_options.include_usage
+                first = await _first(gen)  # errors before any output get a real status
+                return Response(200, list(SSE_HEADERS),
+                                _sse(gen, first, rid, body.model, chat, usage))
+            text, done = await gen.collect()
+        except WorkerError as e:
+            if e.code == "context_length_exceeded":  # OpenAI names the input
+                raise ApiError(e.code, e.status, str(e), "messages" if chat else "prompt"
+                               ) from None
+            raise
         base = {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": body.model,
                 "usage": _usage(done.prompt_tokens, done.completion_tokens)}
@@ -197,10 +205,18 @@ def _decode[T](body: bytes, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
-        param = str(e).rsplit("`$.", 1)[-1].rstrip("`") if "`$." in str(e) else None
-        raise ApiError("invalid_value", 400, f"invalid request: {e}", param) from None
+        raise ApiError("invalid_value", 400, f"invalid request: {e}", _param(str(e))) from None
     except msgspec.DecodeError as e:
         raise ApiError("invalid_json", 400, f"the request body is not valid JSON: {e}") from None
+
+
+def _param(error: str) -> str | None:
+    """The field a msgspec validation error is about: ``... - at `$.messages` ``,
+    or a missing top-level field, ``Object missing required field `messages` ``."""
+    if "`$." in error:
+        return error.rsplit("`$.", 1)[-1].rstrip("`")
+    missing = re.fullmatch(r"Object missing required field `([^`]+)`", error)
+    return missing[1] if missing else None
 
 
 def _sampling(body: _Sampling) -> dict[str, Any]:
@@ -214,6 +230,9 @@ def _sampling(body: _Sampling) -> dict[str, Any]:
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
     params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(params["stop"]) > MAX_STOPS:
+        raise ApiError("invalid_request", 400, f"'stop' takes at most {MAX_STOPS} sequences, "
+                       f"got {len(params['stop'])}", param="stop")
     return params
 
 

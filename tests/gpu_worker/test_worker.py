@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from edgefn_core.errors import WorkerDead, WorkerError
+from gpu_worker import protocol as p
 from gpu_worker.adapters import write_random_lora
 from gpu_worker.client import WorkerClient
 from gpu_worker.models import packaged_model
@@ -126,6 +127,34 @@ def test_cancel_frees_the_slot(worker: Harness) -> None:
 
     assert worker.run(go())["running_batch"] == 0
     assert worker.run(greedy(worker.client, max_tokens=4))[1].completion_tokens == 4
+
+
+def test_a_sequence_paused_for_credit_still_counts_as_running(worker: Harness) -> None:
+    """A stream whose reader stopped holds its slot: `running_batch` must keep
+    counting it even when the scheduler wakes with nothing it can step (here: a
+    cancel), or a leaked sequence would look like a freed one."""
+    client = worker.client
+
+    async def go() -> int:
+        paused = await client.generate(CHAT, prompt="List many animals:", max_tokens=200,
+                                       temperature=0, window=2)
+        try:
+            async with asyncio.timeout(30):
+                while paused.queue.qsize() < 2:  # its window is used up: it is paused
+                    await asyncio.sleep(0.01)
+            other = await client.generate(CHAT, prompt="Write a long story.", max_tokens=200,
+                                          temperature=0)
+            await anext(other)
+            client.send(p.Cancel(other.rid))  # kept pending, so its end can be awaited
+            async with asyncio.timeout(30):
+                rest = [c async for c in other]
+            assert other.done is not None and other.done.finish_reason == "cancelled", rest
+            await asyncio.sleep(0.2)  # the scheduler handles the wake-up after the cancel
+            return (await client.metrics())["running_batch"]
+        finally:
+            await paused.aclose()
+
+    assert worker.run(go()) >= 1
 
 
 def test_a_stream_nobody_reads_stops_at_its_window(worker: Harness) -> None:

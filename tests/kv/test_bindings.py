@@ -48,7 +48,9 @@ def test_retrieval_in_python_and_c_share_the_stores(pop: Running) -> None:
         results = json.loads(body)["results"]
         assert [(r["id"], r["text"]) for r in results] == [
             ("d1", "about cats"), ("d3", "kittens"), ("d2", "about dogs")]
-    assert pop.request("POST", "/retrieval-py", b"[1, 0]")[0] == 500  # wrong dimension
+    status, headers, body = pop.request("POST", "/retrieval-py", b"[1, 0]")
+    assert (status, headers["x-edgefn-error"]) == (500, "binding"), body
+    assert "index 'docs' has dimension 3, got a vector of 2" in json.loads(body)["error"]["message"]
 
 
 UNDECLARED_C = reactor("""

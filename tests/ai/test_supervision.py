@@ -1,0 +1,205 @@
+"""The model worker's supervision, seen from outside a real PoP over HTTP: the
+worker process is SIGKILLed under real requests and must be restarted with
+backoff, with its run-time LoRA adapters, while clients get OpenAI-shaped 503s.
+Each test runs its own PoP and worker, since each kills it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+import gpu_worker.client
+from gpu_worker.adapters import write_random_lora
+from gpu_worker.client import WorkerClient
+from gpu_worker.models import packaged_model
+from tests.support import Running, pop_thread
+
+CHAT = "smollm2-135m"
+STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse."}]
+FIRST_BACKOFF = 0.5  # gpu_worker.client._supervise: 0.5 s, doubling
+
+
+@pytest.fixture
+def ai_pop(tmp_path: Path) -> Iterator[Running]:
+    with pop_thread(tmp_path / "data", ai=True) as running:
+        yield running
+
+
+@pytest.fixture
+def api(ai_pop: Running) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=f"http://{ai_pop.host}:{ai_pop.port}/v1", api_key="unused",
+                      max_retries=0, timeout=30)
+    yield c
+    c.close()
+
+
+def worker(pop: Running) -> WorkerClient:
+    assert pop.pop.ai is not None
+    return pop.pop.ai.client
+
+
+def metrics(pop: Running) -> dict[str, Any]:
+    return pop.admin.request("GET", "/v1/ai/metrics")
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.01)
+
+
+def post(pop: Running, path: str, body: dict[str, Any], timeout: float = 30
+         ) -> tuple[int, Any]:
+    status, _, data = pop.request("POST", path, json.dumps(body).encode(),
+                                  {"content-type": "application/json"}, timeout=timeout)
+    return status, json.loads(data)
+
+
+def kill_worker(pop: Running) -> int:
+    pid = worker(pop).pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_a_killed_worker_fails_requests_in_flight_with_503_and_is_restarted(
+        ai_pop: Running, api: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a restart takes the first backoff plus a model load (~1 s); 15 s is ample
+    monkeypatch.setattr(gpu_worker.client, "READY_WAIT", 15.0)
+    stream = iter(api.chat.completions.create(model=CHAT, messages=STORY,  # type: ignore[arg-type]
+                                              max_tokens=2000, temperature=0, stream=True))
+    next(stream)  # the stream is under way
+    box: dict[str, Any] = {}
+    plain = threading.Thread(target=lambda: box.update(answer=post(
+        ai_pop, "/v1/chat/completions", {"model": CHAT, "messages": STORY,
+                                         "max_tokens": 2000, "temperature": 0})))
+    plain.start()
+    wait_for(lambda: metrics(ai_pop)["running_batch"] >= 2, 30, "both requests running")
+    old = kill_worker(ai_pop)
+
+    plain.join(30)
+    status, body = box["answer"]
+    assert status == 503, body
+    err = body["error"]
+    assert (err["type"], err["code"], err["param"]) == ("server_error", "worker_unavailable",
+                                                        None)
+    assert "exited while serving this request" in err["message"]
+    with pytest.raises(openai.APIError) as e:  # the stream's SSE error event
+        for _ in stream:
+            pass
+    assert not isinstance(e.value, openai.APIConnectionError)  # an event, not a cut
+    assert e.value.code == "worker_unavailable" and e.value.type == "server_error"
+
+    again = api.chat.completions.create(model=CHAT, messages=STORY,  # type: ignore[arg-type]
+                                        max_tokens=3, temperature=0)
+    assert again.choices[0].message.content  # served by a new worker process
+    assert worker(ai_pop).pid not in (None, old) and worker(ai_pop).restarts == 1
+
+
+def test_while_the_worker_stays_down_requests_get_503_and_restarts_back_off(
+        ai_pop: Running, api: openai.OpenAI, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every restart fails (the worker command becomes a process that records when
+    it started and exits): the gaps between attempts must double."""
+    ready_wait = 1.0
+    monkeypatch.setattr(gpu_worker.client, "READY_WAIT", ready_wait)
+    starts = tmp_path / "starts"
+    sh = shutil.which("sh")
+    assert sh is not None
+    client = worker(ai_pop)
+    client.command = [sh, "-c", f"date +%s.%N >> {shlex.quote(str(starts))}; exit 3"]
+    killed_at = time.time()
+    kill_worker(ai_pop)
+    wait_for(lambda: client.restarts >= 1, 10, "the PoP noticed the worker died")
+
+    began = time.monotonic()
+    status, body = post(ai_pop, "/v1/chat/completions",
+                        {"model": CHAT, "messages": STORY, "max_tokens": 3})
+    waited = time.monotonic() - began
+    assert status == 503, body
+    assert (body["error"]["type"], body["error"]["code"]) == ("server_error",
+                                                              "worker_unavailable")
+    assert "not running" in body["error"]["message"]
+    assert waited >= ready_wait * 0.9  # it waited for a restart before giving up
+    with pytest.raises(openai.InternalServerError) as e:
+        api.models.list()
+    assert (e.value.status_code, e.value.code) == (503, "worker_unavailable")
+
+    wait_for(lambda: starts.exists() and len(starts.read_text().split()) >= 3, 15,
+             "three restart attempts")
+    times = [float(t) for t in starts.read_text().split()]
+    gaps = [b - a for a, b in zip([killed_at, *times], times, strict=False)]
+    # each attempt waits at least its backoff (0.5, 1, 2 s) after the previous one ended
+    for i, gap in enumerate(gaps[:3]):
+        assert gap >= FIRST_BACKOFF * 2**i * 0.95, (i, gaps)
+    assert client.restarts >= 3
+
+
+def test_run_time_loras_are_registered_again_after_a_restart(
+        ai_pop: Running, api: openai.OpenAI, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_worker.client, "READY_WAIT", 15.0)
+    path = tmp_path / "adapter.gguf"
+    write_random_lora(packaged_model(), path, rank=4, seed=5, std=0.1)
+    for name in ("kept", "dropped"):
+        info = ai_pop.admin.request("POST", "/v1/ai/loras",
+                                    json.dumps({"name": name, "path": str(path)}).encode())
+        assert info["parent"] == CHAT
+    ai_pop.admin.request("DELETE", "/v1/ai/loras/dropped")
+    old = kill_worker(ai_pop)
+    wait_for(lambda: worker(ai_pop).restarts >= 1, 10, "the PoP noticed the worker died")
+
+    listed = {m.id: m for m in api.models.list()}  # waits for the new worker
+    assert worker(ai_pop).pid not in (None, old)
+    assert listed["kept"].model_extra["parent"] == CHAT  # type: ignore[index]
+    assert "dropped" not in listed
+    r = api.chat.completions.create(model="kept", messages=STORY,  # type: ignore[arg-type]
+                                    max_tokens=3, temperature=0)
+    assert r.model == "kept" and r.choices[0].message.content
+    with pytest.raises(openai.NotFoundError):
+        api.chat.completions.create(model="dropped", messages=STORY,  # type: ignore[arg-type]
+                                    max_tokens=3)
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_sequence(ai_pop: Running) -> None:
+    body = json.dumps({"model": CHAT, "messages": STORY, "max_tokens": 2000,
+                       "temperature": 0, "stream": True}).encode()
+    before = metrics(ai_pop)["tokens_total"]
+    conn = socket.create_connection((ai_pop.host, ai_pop.port), timeout=30)
+    try:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"content-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        received = b""
+        while received.count(b"data: ") < 3:  # the role chunk and two pieces of text
+            data = conn.recv(65536)
+            assert data, received
+            received += data
+        assert received.startswith(b"HTTP/1.1 200")
+        assert metrics(ai_pop)["running_batch"] == 1  # its sequence holds a slot
+    finally:
+        conn.close()
+
+    def freed() -> bool:
+        m = metrics(ai_pop)
+        return m["running_batch"] == 0 and m["queue_depth"] == 0
+
+    # it ends at the next decode step; a sequence left running would take far longer
+    wait_for(freed, 10, "the disconnected stream's sequence freed")
+    generated = metrics(ai_pop)["tokens_total"] - before
+    time.sleep(0.3)
+    assert metrics(ai_pop)["tokens_total"] - before == generated < 2000

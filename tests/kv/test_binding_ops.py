@@ -1,0 +1,241 @@
+"""What the KV and vector bindings promise, through a real Python function over
+HTTP on a real PoP (real LMDB, real usearch): TTL, compare-and-swap, metadata,
+list cursors, vector filters and delete, and wrong-dimension errors.
+
+Each test deploys its own function with its own KV namespace and vector index,
+so no test sees another's data."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.admin.client import AdminError
+from tests.support import Running, pop_thread
+
+# Runs the binding calls a request lists, in order, and answers their results;
+# a failed call gives {"error": message} unless the step says "uncaught".
+PROBE = '''
+from edgefn import BindingError, Response
+
+
+def handle(request, env):
+    out = []
+    for step in request.json():
+        if step["op"] == "call":  # the host call itself, for arguments the SDK lacks
+            run = lambda: env._call(step["name"], step["args"], True)
+        else:
+            target = env.kv(step["name"]) if step["kind"] == "kv" else env.vectors(step["name"])
+            method = getattr(target, step["op"])
+            run = lambda: method(*step.get("args", []), **step.get("kwargs", {}))
+        if step.get("uncaught"):
+            result = run()
+        else:
+            try:
+                result = run()
+            except BindingError as e:
+                out.append({"error": str(e)})
+                continue
+        if isinstance(result, bytes):
+            result = result.decode()
+        elif isinstance(result, dict) and isinstance(result.get("value"), bytes):
+            result = {**result, "value": result["value"].decode()}
+        out.append({"ok": result})
+    return Response.json(out)
+'''
+NAMES = itertools.count(1)
+
+
+class Probe:
+    """A deployed probe function with its own namespace `ns` and index `index`."""
+
+    def __init__(self, pop: Running, root: Path) -> None:
+        n = next(NAMES)
+        self.pop, self.name, self.ns, self.index = pop, f"probe-{n}", f"ns-{n}", f"ix-{n}"
+        d = root / self.name
+        d.mkdir()
+        (d / "main.py").write_text(PROBE)
+        (d / "edgefn.toml").write_text(
+            f'name = "{self.name}"\nruntime = "python"\nentry = "main.py"\n'
+            f'routes = ["/{self.name}"]\n[bindings]\nkv = ["{self.ns}"]\n'
+            f'vectors = ["{self.index}"]\n[pool]\nstandby = false\n')
+        pop.deploy(d)
+
+    def raw(self, *steps: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+        return self.pop.request("POST", f"/{self.name}", json.dumps(list(steps)).encode())
+
+    def run(self, *steps: dict[str, Any]) -> list[Any]:
+        status, _, body = self.raw(*steps)
+        assert status == 200, body
+        return json.loads(body)  # type: ignore[no-any-return]
+
+    def kv(self, op: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"kind": "kv", "name": self.ns, "op": op, "args": args, "kwargs": kwargs}
+
+    def vec(self, op: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"kind": "vectors", "name": self.index, "op": op, "args": args,
+                "kwargs": kwargs}
+
+    def ok(self, *steps: dict[str, Any]) -> Any:
+        """The result of each step (one step: its result); fails on any error."""
+        results = self.run(*steps)
+        assert all("ok" in r for r in results), results
+        values = [r["ok"] for r in results]
+        return values[0] if len(values) == 1 else values
+
+
+@pytest.fixture(scope="module")
+def store_pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    with pop_thread(tmp_path_factory.mktemp("stores") / "data") as running:
+        yield running
+
+
+@pytest.fixture
+def probe(store_pop: Running, tmp_path: Path) -> Probe:
+    return Probe(store_pop, tmp_path)
+
+
+# -- KV ----------------------------------------------------------------------------------------
+def test_the_kv_binding_passes_ttl_through(probe: Probe) -> None:
+    ttl, cas_ttl = 3600.0, 600.0
+    before = time.time()
+    put, forever, entry, plain = probe.ok(
+        probe.kv("put", "a", "1", ttl=ttl), probe.kv("put", "b", "1"),
+        probe.kv("get_with_metadata", "a"), probe.kv("get_with_metadata", "b"))
+    after = time.time()
+    assert isinstance(put, int) and isinstance(forever, int)
+    assert before + ttl - 1 <= entry["expires_at"] <= after + ttl + 1, entry
+    assert plain["expires_at"] is None
+    # cas takes a ttl in the binding (the SDK's cas does not pass one: the raw call)
+    swapped, entry = probe.ok(
+        {"op": "call", "name": "kv.cas", "args": {"namespace": probe.ns, "key": "b",
+                                                  "expected_version": forever,
+                                                  "value": "Mg==", "ttl": cas_ttl}},
+        probe.kv("get_with_metadata", "b"))
+    assert swapped > forever and entry["value"] == "2"
+    assert before + cas_ttl - 1 <= entry["expires_at"] <= time.time() + cas_ttl + 1, entry
+
+
+def test_a_key_put_with_a_ttl_expires(probe: Probe) -> None:
+    ttl = 1.0
+    put_at = time.time()
+    _, entry, listed = probe.ok(probe.kv("put", "brief", "here", ttl=ttl),
+                                probe.kv("get_with_metadata", "brief"), probe.kv("list"))
+    if time.time() - put_at < ttl * 0.8:  # read back well within its lifetime
+        assert entry["value"] == "here" and [k["key"] for k in listed["keys"]] == ["brief"]
+    deadline = put_at + ttl + 10  # generous: the point is that it ends, not when
+    while probe.ok(probe.kv("get", "brief")) is not None:
+        assert time.time() < deadline, "the key outlived its ttl by 10 s"
+        time.sleep(0.1)
+    assert time.time() - put_at >= ttl * 0.95  # not gone before its time
+    assert probe.ok(probe.kv("get_with_metadata", "brief")) is None
+    assert probe.ok(probe.kv("list"))["keys"] == []
+
+
+def test_compare_and_swap(probe: Probe) -> None:
+    v1 = probe.ok(probe.kv("put", "c", "one"))
+    v2 = probe.ok(probe.kv("cas", "c", v1, "two"))
+    assert isinstance(v2, int) and v2 > v1
+    # a stale version (someone wrote since v1) and "only if absent" both lose:
+    # the binding answers None and writes nothing
+    stale, absent_only, value = probe.ok(probe.kv("cas", "c", v1, "three"),
+                                         probe.kv("cas", "c", None, "four"),
+                                         probe.kv("get", "c"))
+    assert (stale, absent_only, value) == (None, None, "two")
+    created, missing, entry, never = probe.ok(
+        probe.kv("cas", "fresh", None, "new"), probe.kv("cas", "ghost", v2, "boo"),
+        probe.kv("get_with_metadata", "fresh"), probe.kv("get", "ghost"))
+    assert isinstance(created, int) and missing is None and never is None
+    assert entry["value"] == "new" and entry["version"] == created
+    deleted, after_delete = probe.ok(probe.kv("delete", "c"), probe.kv("cas", "c", v2, "x"))
+    assert deleted is True and after_delete is None  # a deleted key has no version
+
+
+def test_metadata_round_trip(probe: Probe) -> None:
+    meta = {"lang": "en", "n": 3, "ratio": 0.25, "tags": ["a", "b"], "nested": {"ok": True}}
+    _, entry, listed = probe.ok(probe.kv("put", "doc", "text", metadata=meta),
+                                probe.kv("get_with_metadata", "doc"),
+                                probe.kv("list", "do"))
+    assert entry["metadata"] == meta and entry["value"] == "text"
+    assert listed["keys"] == [{"key": "doc", "metadata": meta, "expires_at": None}]
+    _, entry = probe.ok(probe.kv("put", "doc", "text2"), probe.kv("get_with_metadata", "doc"))
+    assert entry["metadata"] is None  # a put replaces the metadata too
+    too_big = probe.run(probe.kv("put", "doc", "x", metadata={"k": "v" * 2000}))
+    assert "metadata of" in too_big[0]["error"] and "exceeds the limit" in too_big[0]["error"]
+
+
+def test_list_cursor_pages_cover_every_key_exactly_once(probe: Probe) -> None:
+    keys = [f"p/{i:02d}" for i in range(23)]
+    probe.ok(*(probe.kv("put", k, "v") for k in [*keys, "o/1", "q/1"]))
+    limit, cursor, pages = 5, None, []
+    for _ in range(20):  # a cursor that never ends must not hang the test
+        page = probe.ok(probe.kv("list", "p/", cursor, limit))
+        pages.append([k["key"] for k in page["keys"]])
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    seen = [k for page in pages for k in page]
+    assert seen == keys  # every key once, in key order, nothing outside the prefix
+    assert [len(p) for p in pages] == [limit] * 4 + [3]
+    bad = probe.run(probe.kv("list", "o/", probe.ok(probe.kv("list", "p/", None, 2))["cursor"]))
+    assert "cursor does not belong to this prefix" in bad[0]["error"]
+
+
+# -- vectors -----------------------------------------------------------------------------------
+def test_vector_metadata_filters_and_delete(probe: Probe) -> None:
+    items = [{"id": "e1", "vector": [1, 0, 0], "metadata": {"lang": "en"}},
+             {"id": "e2", "vector": [0.9, 0.1, 0], "metadata": {"lang": "en", "tier": 1}},
+             {"id": "f1", "vector": [0.95, 0.05, 0], "metadata": {"lang": "fr"}},
+             {"id": "f2", "vector": [0, 1, 0], "metadata": {"lang": "fr", "tier": 1}},
+             {"id": "x", "vector": [-1, 0, 0.1]}]
+    assert probe.ok(probe.vec("upsert", items)) == 5
+    q = [1, 0, 0]
+    everything, fr, tier1_fr, none = probe.ok(
+        probe.vec("query", q, k=10), probe.vec("query", q, k=10, filter={"lang": "fr"}),
+        probe.vec("query", q, k=10, filter={"lang": "fr", "tier": 1}),
+        probe.vec("query", q, k=10, filter={"lang": "de"}))
+    assert [m["id"] for m in everything] == ["e1", "f1", "e2", "f2", "x"]
+    assert [m["id"] for m in fr] == ["f1", "f2"]
+    assert fr[0]["metadata"] == {"lang": "fr"}
+    assert [m["id"] for m in tier1_fr] == ["f2"] and none == []
+    assert probe.ok(probe.vec("query", q, k=1, filter={"lang": "fr"}))[0]["id"] == "f1"
+
+    removed, again, fr, everything = probe.ok(
+        probe.vec("delete", ["f1", "nope"]), probe.vec("delete", ["f1"]),
+        probe.vec("query", q, k=10, filter={"lang": "fr"}), probe.vec("query", q, k=10))
+    assert (removed, again) == (1, 0)
+    assert [m["id"] for m in fr] == ["f2"]
+    assert [m["id"] for m in everything] == ["e1", "e2", "f2", "x"]
+
+
+def test_a_vector_of_the_wrong_dimension_is_refused_naming_the_dimension(
+        probe: Probe) -> None:
+    assert probe.ok(probe.vec("upsert", [{"id": "a", "vector": [1, 0, 0]}])) == 1
+    short, long_query, mixed, hits = probe.run(
+        probe.vec("upsert", [{"id": "b", "vector": [1, 0]}]),
+        probe.vec("query", [1, 0, 0, 0]),
+        probe.vec("upsert", [{"id": "c", "vector": [0, 1, 0]}, {"id": "d", "vector": [1]}]),
+        probe.vec("query", [1, 0, 0], k=10))
+    assert short["error"] == f"index '{probe.index}' has dimension 3, got a vector of 2"
+    assert long_query["error"] == f"index '{probe.index}' has dimension 3, got a vector of 4"
+    assert mixed["error"] == f"index '{probe.index}' has dimension 3, got a vector of 1"
+    assert [m["id"] for m in hits["ok"]] == ["a"]  # a refused batch writes nothing
+
+    # not caught by the function: a 500 naming the binding failure and the dimension
+    status, headers, body = probe.raw({**probe.vec("query", [1, 0]), "uncaught": True})
+    assert (status, headers["x-edgefn-error"]) == (500, "binding"), body
+    message = json.loads(body)["error"]["message"]
+    assert f"index '{probe.index}' has dimension 3, got a vector of 2" in message
+    # the operator's path (admin API, CLI): a 400 invalid_value
+    with pytest.raises(AdminError) as e:
+        probe.pop.admin.request("POST", f"/v1/vectors/{probe.index}/query",
+                                json.dumps({"vector": [1, 0]}).encode())
+    assert (e.value.status, e.value.code) == (400, "invalid_value")
+    assert "has dimension 3, got a vector of 2" in str(e.value)
+
