@@ -17,16 +17,16 @@ sequence without credit is left out of decode steps until credit arrives.
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import Any
 
 import msgspec
 
-from edgefn_core.errors import ProtocolError
+from edgefn_core.frames import Framing
 
 MAX_FRAME = 64 * 1024 * 1024
 WINDOW = 64  # chunks a stream may run ahead of its reader
-_LEN = struct.Struct(">I")
+# the same length-prefixed frames as the isolate wire (edgefn_core.frames), big-endian
+FRAMING = Framing(">", MAX_FRAME)
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -138,14 +138,11 @@ reply_decoder = msgspec.msgpack.Decoder(Reply)
 
 
 def frame(msg: msgspec.Struct) -> bytes:
-    body = _encoder.encode(msg)
-    return _LEN.pack(len(body)) + body
+    """`msg` as one frame. Raises `ProtocolError` past `MAX_FRAME`."""
+    return FRAMING.pack(_encoder.encode(msg))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> bytes:
     """The next frame's body. Raises `asyncio.IncompleteReadError` at EOF and
     `ProtocolError` for an oversized length."""
-    (n,) = _LEN.unpack(await reader.readexactly(4))
-    if n > MAX_FRAME:
-        raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME} byte limit")
-    return await reader.readexactly(n)
+    return await FRAMING.read(reader)
