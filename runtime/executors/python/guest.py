@@ -112,8 +112,13 @@ def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycl
     recycling. Raises `IsolateStop` if the PoP went away."""
     sock, handler = prepared
     ready: dict[str, Any] = {"ok": True, "warnings": warnings} if warnings else {"ok": True}
-    sock.sendall(wire.json_frame(wire.READY, ready))
-    Session(sock, handler, cpu_ms, wall_ms, sdk).loop(recycle_after)
+    # the session (its watchdog thread) first: if it cannot start, no READY was sent
+    try:
+        session = Session(sock, handler, cpu_ms, wall_ms, sdk)
+    except BaseException:
+        sock.close()
+        raise
+    session.loop(recycle_after, wire.json_frame(wire.READY, ready))
 
 
 def _load(module: str, handler_name: str) -> Any:
@@ -225,8 +230,10 @@ class Session:
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.calls = 0
 
-    def loop(self, recycle_after: int) -> None:
+    def loop(self, recycle_after: int, ready: bytes) -> None:
+        """Send `ready`, then serve until `recycle_after` requests were served."""
         try:
+            self.sock.sendall(ready)
             served = 0
             while served < recycle_after:
                 f = wire.recv_frame(self.sock, self.reader, self.pending)

@@ -8,6 +8,13 @@ isolate; at EOF the host exits. With ``check_imports`` it first looks for
 imports that would fail only at request time (`importcheck`) and its first
 isolate reports them at READY. A crash here (a segfault in a C extension or ctypes) ends only this
 process; the PoP replaces it.
+
+Its address space is capped (`budget`). Recycled interpreters leave some of it
+behind, so before starting each interpreter the host checks what is left: when
+it runs low the host asks to be replaced (a RETIRE frame on that isolate's
+socket) and keeps serving; once a fresh interpreter's share no longer fits, that
+isolate stops (the PoP has moved its work to another host by then, or queues
+it until one is ready).
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ import importlib.util
 import json
 import os
 import resource
+import socket
 import sys
 import threading
 from pathlib import Path
 
-from runtime.executors.python import importcheck, interp
+from runtime.executors.python import budget, importcheck, interp, wire
+from runtime.executors.python.budget import Room
 
 
 def import_root(package: str) -> str:
@@ -60,35 +69,92 @@ def serve_code(cfg: dict, warnings: list[str]) -> str:
     return f"guest.serve(prepared, *{args!r}, sdk=edgefn, warnings={warnings!r})\n"
 
 
-def run_isolate(cfg: dict, fd: int, warnings: list[str]) -> None:
-    """Serve `fd` with a fresh interpreter, again after every recycle, until stopped;
-    the first READY carries `warnings`."""
-    while True:
-        with STARTING:
-            i = interp.create()
-            err = interp.run(i, prepare_code(cfg, fd))
+class Retirement:
+    """The host's one request to be replaced, sent on the socket of the isolate
+    that found the room running out (by its own thread, between two interpreters:
+    nothing else writes on that socket then)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.asked = False
+
+    def ask(self, fd: int, why: str) -> None:
+        with self.lock:
+            if self.asked:
+                return
+            self.asked = True
+        print(f"edgefn isolate host: {why}; asking to be replaced", file=sys.stderr, flush=True)
         try:
-            if err is None:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.sendall(wire.json_frame(wire.RETIRE, {"why": why}))
+        except OSError:
+            pass  # the PoP is gone: stdin's EOF ends us
+
+
+def check_room(cfg: dict, fd: int, retirement: Retirement) -> bool:
+    """Whether the isolate on `fd` may start its next interpreter; asks for the
+    host to be replaced when the room under its cap runs low."""
+    left = budget.headroom()
+    verdict = budget.room(left, cfg.get("memory_mb") or 0)
+    if verdict is Room.OK:
+        return True
+    assert left is not None
+    retirement.ask(fd, f"{left / budget.MIB:.0f} MiB left under its memory cap after "
+                       "recycling interpreters")
+    if verdict is Room.FULL:
+        print(f"edgefn isolate host: isolate on fd {fd} stops: a fresh interpreter's share "
+              "no longer fits under the memory cap", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def run_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retirement) -> None:
+    """Serve `fd` with a fresh interpreter, again after every recycle, until stopped
+    or out of room; the first READY carries `warnings`. Unless the PoP stopped it,
+    `fd` is closed when it ends, so that the PoP sees the isolate gone."""
+    if serve_isolate(cfg, fd, warnings, retirement):
+        os.close(fd)
+
+
+def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retirement) -> bool:
+    """`run_isolate`'s loop: False when the PoP stopped the isolate."""
+    first = True
+    while check_room(cfg, fd, retirement):
+        with STARTING:
+            try:
+                i = interp.create()
+            except Exception as e:  # InterpreterError, MemoryError: nothing was sent on fd
+                retirement.ask(fd, f"cannot create an interpreter ({type(e).__name__}: {e})")
+                return True
+            err = interp.run(i, prepare_code(cfg, fd))
+        serving = err is None
+        try:
+            if serving:
                 err = interp.run(i, serve_code(cfg, warnings))
                 warnings = []
         finally:
             interp.destroy(i)
-        if err is not None:  # IsolateStop (import failed, PoP gone) or an unexpected error
-            if err != "IsolateStop":
-                print(f"edgefn isolate host: isolate on fd {fd} ended with {err}",
-                      file=sys.stderr, flush=True)
-            return
+        if err is None:  # recycled
+            first = False
+            continue
+        if serving and err == "IsolateStop":  # the PoP closed the socket: stopped
+            return False
+        if err != "IsolateStop":
+            print(f"edgefn isolate host: isolate on fd {fd} ended with {err}",
+                  file=sys.stderr, flush=True)
+        # The module imported before, or the loop itself failed: the host is at fault,
+        # not the function's code. (A first import that fails is the deploy's error.)
+        if serving or not first:
+            retirement.ask(fd, f"an isolate ended with {err}")
+        return True
+    return True  # out of room
 
 
 def limit_memory(memory_mb: int, isolates: int) -> None:
-    """Cap the address space: what the host uses now plus `memory_mb` per isolate."""
-    vm = 0
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmSize:"):
-            vm = int(line.split()[1]) * 1024
-    # Each isolate still to start needs its interpreter and thread stack (~64 MiB).
-    budget = vm + isolates * ((memory_mb + 64) << 20)
-    resource.setrlimit(resource.RLIMIT_AS, (budget, budget))
+    """Cap the address space (`budget.cap`): what the host uses now, a share per
+    isolate, and room for what recycled interpreters leave behind."""
+    limit = budget.cap(budget.address_space(), memory_mb, isolates)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def main() -> None:
@@ -97,6 +163,7 @@ def main() -> None:
     started = 0
     threads = []
     warnings = []
+    retirement = Retirement()
     if cfg.get("check_imports"):
         warnings = importcheck.warnings(cfg["function_dir"], cfg["module"], import_paths(cfg))
 
@@ -104,7 +171,7 @@ def main() -> None:
         nonlocal started
         if started < len(fds):
             first = warnings if started == 0 else []
-            t = threading.Thread(target=run_isolate, args=(cfg, fds[started], first),
+            t = threading.Thread(target=run_isolate, args=(cfg, fds[started], first, retirement),
                                  daemon=True)
             t.start()
             threads.append(t)

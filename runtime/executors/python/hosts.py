@@ -50,6 +50,7 @@ class Host:
         self.generation = generation
         self.warm_request = warm_request
         self.dead = False
+        self.retiring = False  # it asked to be replaced; the supervisor swaps it out
         pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
         self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports)
         for _, b in pairs:

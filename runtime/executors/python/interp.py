@@ -36,7 +36,10 @@ def run_error(interp: Any, code: str) -> tuple[str, str] | None:
         return None
     # 3.13's run_string returns an exception snapshot or None (typeshed says None).
     err: Any = _interpreters.run_string(interp, code)  # type: ignore[func-returns-value]
-    return None if err is None else (str(err.type.__name__), str(err.msg))
+    if err is None:
+        return None
+    # out of memory, the snapshot may come back without the exception's type
+    return str(getattr(err.type, "__name__", None) or "InterpreterError"), str(err.msg)
 
 
 def destroy(interp: Any) -> None:

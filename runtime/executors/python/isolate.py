@@ -2,8 +2,10 @@
 
 An `Isolate` turns READY, RESPONSE, HEAD, CHUNK, END and ERROR frames into a
 job's response (checking it, including `limits.max_response_mb`), passes CALL
-frames to the pool's host-call routing, and tells its owner (the host) when
-its socket is gone. Which job it runs is the scheduler's business.
+frames to the pool's host-call routing, tells the pool when its host asks to be
+replaced (RETIRE, or an interpreter that fails to restart after recycling), and
+tells its owner (the host) when its socket is gone. Which job it runs is the
+scheduler's business.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class Events(Protocol):
 
     def call(self, isolate: Isolate, msg: dict[str, Any]) -> None:
         """The guest called into the PoP."""
+
+    def retiring(self, isolate: Isolate, why: str) -> None:
+        """Its host asks to be replaced (it is running out of room); it still serves."""
 
 
 class Owner(Protocol):
@@ -106,6 +111,8 @@ class Isolate:
     def frame(self, kind: bytes, payload: bytes) -> None:
         if kind == wire.READY:
             self._ready(read_json(payload))
+        elif kind == wire.RETIRE:
+            self.owner.events.retiring(self, str(read_json(payload).get("why", "")))
         elif kind == wire.CALL:
             self.owner.events.call(self, read_json(payload))
         elif self.job is None:
@@ -132,6 +139,8 @@ class Isolate:
             self.recycling = True  # takes effect when the job in flight ends
         else:
             log.error("%s: isolate failed to start: %s", self.cfg.name, info.get("error"))
+            if self.state == "recycling":  # it started before: its host is failing
+                self.owner.events.retiring(self, "an isolate failed to restart")
             self.close()
 
     def _response(self, payload: bytes) -> Response:

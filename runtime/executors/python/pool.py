@@ -68,9 +68,13 @@ class Pool:
 
     def finished(self, isolate: Isolate) -> None:
         self.scheduler.finished(isolate)
+        self.hosts.finished(isolate)
 
     def call(self, isolate: Isolate, msg: dict[str, Any]) -> None:
         self.calls.handle(isolate, msg)
+
+    def retiring(self, isolate: Isolate, why: str) -> None:
+        self.hosts.retiring(isolate, why)
 
     # -- scheduler callbacks ---------------------------------------------------------------------
     def _grow(self, isolate: Isolate) -> None:

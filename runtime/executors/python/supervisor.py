@@ -4,8 +4,11 @@ The supervisor keeps an active host and, if the pool wants one, a pre-warmed
 standby. When the active host dies (a segfault in ctypes, an isolate stuck in
 native code past its limit) its jobs fail, the standby takes over at once (a
 new generation for the scheduler) and a new standby is started in the
-background. Stopping is parallel: every host's stdin closes first, then they
-share one grace period.
+background. When a host asks to be replaced (recycled interpreters have eaten
+into its memory cap: `budget`), it is swapped gracefully instead: the standby,
+or else a new host once it is warm, takes new jobs, and the old host is stopped
+when its jobs in flight have ended. Stopping is parallel: every host's stdin
+closes first, then they share one grace period.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from runtime.executors.python.scheduler import Scheduler
 log = logging.getLogger("edgefn.isolates")
 
 KILL_GRACE = 1.0  # after a wall-limit timeout, how long a stuck isolate gets before its host dies
+DRAIN_CHECK = 1.0  # how often a host being replaced is checked for jobs still in flight
+RESPAWN_DELAY = 1.0  # a replacement for a retiring host failed to start: try again after this
 
 
 class Supervisor:
@@ -46,7 +51,9 @@ class Supervisor:
         self.active: Host | None = None
         self.standby: Host | None = None
         self.spawning: list[threading.Thread] = []
+        self.pending = 0  # spawns not landed yet (on the loop's thread)
         self.starting: set[Host] = set()  # spawned, not ready yet
+        self.draining: set[Host] = set()  # replaced while serving; stopped once their jobs end
 
     def start(self) -> None:
         """Start the active host (and a warm standby). Blocks; raises `DeployError`."""
@@ -113,6 +120,9 @@ class Supervisor:
         log.warning("%s: isolate host %d died (%s)", self.cfg.label, host.pid, why)
         host.fail_jobs(why)
         host.stop()
+        if host in self.draining:  # already replaced
+            self.draining.discard(host)
+            return
         if self.scheduler.retired:
             return
         if host is self.active:
@@ -126,44 +136,122 @@ class Supervisor:
             self.standby = None
         self._replace()
 
+    # -- replacing a host that runs out of room -------------------------------------------------
+    def retiring(self, isolate: Isolate, why: str) -> None:
+        """`isolate`'s host asks to be replaced (recycling has used up its memory
+        cap): new jobs go to the standby at once, or to a new host once it is warm
+        (the old one serves meanwhile); the old host stops when its jobs in flight
+        have ended. No job fails for it."""
+        active, standby = self.active, self.standby
+        if self.scheduler.retired:
+            return
+        if active is not None and isolate.owner is active and not active.retiring:
+            log.info("%s: replacing isolate host %d (%s)", self.cfg.label, active.pid, why)
+            active.retiring = True
+            if standby is not None and not standby.dead:
+                self.active, self.standby = standby, None
+                self.scheduler.use(standby.generation, standby.isolates)
+                self._drain(active)
+            self._replace()  # the new standby, or the new active (`_adopt`)
+        elif standby is not None and isolate.owner is standby and not standby.retiring:
+            log.info("%s: replacing standby isolate host %d (%s)", self.cfg.label, standby.pid,
+                     why)
+            self.standby = None
+            self._drain(standby)
+            self._replace()
+
+    def _drain(self, host: Host) -> None:
+        """Stop `host` once none of its isolates has a job in flight (it gets no new
+        ones): checked when one of its jobs ends, and every `DRAIN_CHECK` seconds
+        for the jobs that end otherwise (timed out, their isolate lost)."""
+        host.retiring = True
+        self.draining.add(host)
+        self._check_drained(host)
+
+    def _check_drained(self, host: Host) -> None:
+        if host not in self.draining:
+            return
+        if self._stop_if_idle(host):
+            return
+        assert self.loop is not None
+        self.loop.call_later(DRAIN_CHECK, self._check_drained, host)
+
+    def finished(self, isolate: Isolate) -> None:
+        """`isolate`'s job ended: stop its host if that was the last one it drained."""
+        for host in self.draining:
+            if isolate.owner is host:
+                self._stop_if_idle(host)
+                return
+
+    def _stop_if_idle(self, host: Host) -> bool:
+        if any(i.job is not None and not i.job.done for i in host.isolates):
+            return False
+        self.draining.discard(host)
+        self._stop_later(host)
+        return True
+
+    # -- starting hosts in the background --------------------------------------------------------
     def _replace(self) -> None:
-        """Start a host in the background: the new active if there is none, else a standby."""
+        """Start a host in the background: the new active if there is none (or the
+        active is retiring), else a standby."""
         self.replacements += 1
+        self.pending += 1
         loop = self.loop
         assert loop is not None
 
         def spawn() -> None:
+            host: Host | None = None
             try:
                 host = self._spawn()
             except Exception as e:
                 if not self.closing:
                     log.error("%s: cannot restart its isolate host: %s", self.cfg.name, e)
-                return
             try:
                 if self.scheduler.retired:
                     raise RuntimeError("retired meanwhile")
-                loop.call_soon_threadsafe(self._adopt, host)
+                loop.call_soon_threadsafe(self._landed, host)
             except RuntimeError:  # the pool was retired or the loop closed meanwhile
-                host.stop()
+                if host is not None:
+                    host.stop()
 
         t = threading.Thread(target=spawn, name="edgefn-host-spawn", daemon=True)
         self.spawning = [s for s in self.spawning if s.is_alive()] + [t]
         t.start()
+
+    def _landed(self, host: Host | None) -> None:
+        """A background spawn ended: with `host` ready, or failed (None)."""
+        self.pending -= 1
+        if host is not None:
+            return self._adopt(host)
+        active = self.active
+        if (not self.scheduler.retired and self.pending == 0 and active is not None
+                and active.retiring):  # it still needs a successor
+            assert self.loop is not None
+            self.loop.call_later(RESPAWN_DELAY, self._respawn)
+
+    def _respawn(self) -> None:
+        active = self.active
+        if (not self.scheduler.retired and self.pending == 0 and active is not None
+                and active.retiring):
+            self._replace()
 
     def _adopt(self, host: Host) -> None:
         if self.scheduler.retired:
             return self._stop_later(host)
         assert self.loop is not None
         host.attach(self.loop)
-        if self.active is None:
+        old = self.active
+        if old is None or old.retiring:
             self.active = host
             self.scheduler.use(host.generation, host.isolates)
-            if self.want_standby:
-                self._replace()
-        elif self.standby is None:
+            if old is not None:
+                self._drain(old)
+        elif self.standby is None and self.want_standby:
             self.standby = host
         else:  # a standby arrived meanwhile: one is enough
             self._stop_later(host)
+        if self.want_standby and self.standby is None and self.pending == 0:
+            self._replace()
 
     # -- stopping -------------------------------------------------------------------------------
     def _stop_later(self, host: Host) -> None:
@@ -175,7 +263,8 @@ class Supervisor:
         if self.stopped:
             return
         self.stopped = True
-        for host in (self.active, self.standby):
+        draining, self.draining = self.draining, set()
+        for host in (self.active, self.standby, *draining):
             if host is not None:
                 self._stop_later(host)
 
@@ -187,7 +276,7 @@ class Supervisor:
             host.kill()
         for t in self.spawning:
             t.join(READY_TIMEOUT)
-        hosts = [h for h in (self.active, self.standby) if h is not None]
+        hosts = [h for h in (self.active, self.standby, *self.draining) if h is not None]
         for host in hosts:
             host.begin_stop()
         deadline = time.monotonic() + STOP_GRACE

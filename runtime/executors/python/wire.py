@@ -12,6 +12,8 @@ PoP -> isolate:  REQUEST (abi request), REPLY (host-call reply, JSON), CANCEL (s
 isolate -> PoP:  READY (JSON), RESPONSE (abi response), HEAD (abi response, empty body,
                  a streamed body follows as CHUNKs and END), CHUNK (bytes), END,
                  ERROR (JSON {"kind", "message"}), CALL (host call, JSON)
+host -> PoP:     RETIRE (JSON {"why"}): sent by the isolate-host process itself (between two
+                 interpreters, on one isolate's socket): replace this host, it runs out of room
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from edgefn_core.frames import MAX_FRAME, FrameReader, Framing
 
 REQUEST, REPLY, CANCEL, WARM = b"Q", b"R", b"Z", b"W"
 READY, RESPONSE, HEAD, CHUNK, END, ERROR, CALL = b"S", b"P", b"H", b"C", b"E", b"X", b"K"
+RETIRE = b"T"
 FRAMING = Framing("<", MAX_FRAME, min_size=1)
 
 __all__ = ["FRAMING", "MAX_FRAME", "Reader", "encode_response", "frame", "json_frame",
