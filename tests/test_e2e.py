@@ -95,6 +95,14 @@ def test_invalid_deploys_are_rejected_and_the_old_version_keeps_serving(
             ["versions"]] == [v1]
 
 
+def answering(body: str) -> str:
+    """A reactor guest that answers 200 with `body` (ASCII, under 256 bytes)."""
+    response = f"\\c8\\00\\00\\00\\00\\00\\00\\00\\{len(body):02x}\\00\\00\\00{body}"
+    return reactor(f"(return (i64.or (i64.shl (i64.const 16) (i64.const 32)) "
+                   f"(i64.const {12 + len(body)})))",
+                   prelude=f'(data (i32.const 16) "{response}")')
+
+
 def _deploy_error(pop: Running, d: Path) -> AdminError:
     with pytest.raises(AdminError) as err:
         pop.deploy(d)
@@ -103,33 +111,54 @@ def _deploy_error(pop: Running, d: Path) -> AdminError:
 
 def test_route_conflicts_are_rejected(pop: Running, tmp_path: Path) -> None:
     pop.deploy(function_dir(tmp_path, "a", reactor(""), routes=["/shared"]))
+    listing = pop.admin.request("GET", "/v1/functions")
     err = _deploy_error(pop, function_dir(tmp_path, "b", reactor(""), routes=["/shared/"]))
+    assert (err.status, err.code) == (409, "route_conflict")
     assert "already served by function 'a'" in str(err)
     assert pop.get("/shared")[1]["x-edgefn-function"].startswith("a@")
+    assert pop.admin.request("GET", "/v1/functions") == listing  # the rejected one is not in it
+    with pytest.raises(AdminError) as missing:
+        pop.admin.request("GET", "/v1/functions/b/versions")
+    assert missing.value.status == 404
+    fixed = pop.deploy(function_dir(tmp_path / "fixed", "b", answering("b"), routes=["/b"]))
+    status, headers, body = pop.get("/b")
+    assert (status, headers["x-edgefn-function"], body) == (200, f"b@{fixed['version']}", b"b")
+    assert pop.get("/shared")[2] == b"ok"
+    assert [f["name"] for f in pop.admin.request("GET", "/v1/functions")["functions"]] == ["a", "b"]
 
 
 def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
-    d = function_dir(tmp_path, "ver", reactor(""))
-    v1 = pop.deploy(d)["version"]
-    answer_o = '(data (i32.const 16) "\\c8\\00\\00\\00\\00\\00\\00\\00\\01\\00\\00\\00o")'
-    (d / "main.wat").write_text(reactor("(return (i64.or (i64.shl (i64.const 16) (i64.const 32))"
-                                        " (i64.const 13)))", prelude=answer_o))
-    r2 = pop.deploy(d)
-    assert r2["changed"] and r2["version"] != v1
-    assert pop.get("/ver")[2] == b"o"
+    d = function_dir(tmp_path, "ver", answering("one"))
+    versions = [pop.deploy(d)["version"]]
+    for body in ("two", "three"):
+        (d / "main.wat").write_text(answering(body))
+        deployed = pop.deploy(d)
+        assert deployed["changed"] and deployed["version"] not in versions
+        versions.append(deployed["version"])
+        assert pop.get("/ver")[2] == body.encode()
+    v1, v2, v3 = versions
     assert pop.deploy(d)["changed"] is False  # same content, same version
-    rolled = pop.admin.request("POST", "/v1/functions/ver/rollback", b"{}")
-    assert rolled["version"] == v1 and pop.get("/ver")[2] == b"ok"
+
+    def rollback(body: bytes = b"{}") -> str:
+        version: str = pop.admin.request("POST", "/v1/functions/ver/rollback", body)["version"]
+        status, headers, served = pop.get("/ver")
+        assert status == 200 and headers["x-edgefn-function"] == f"ver@{version}"
+        return f"{version}:{served.decode()}"
+
+    assert rollback() == f"{v2}:two"  # the one before the current, not the oldest
+    assert rollback() == f"{v1}:one"
     with pytest.raises(AdminError, match="no version older"):
-        pop.admin.request("POST", "/v1/functions/ver/rollback", b"{}")
-    forward = pop.admin.request("POST", "/v1/functions/ver/rollback",
-                                f'{{"version": "{r2["version"]}"}}'.encode())
-    assert forward["version"] == r2["version"] and pop.get("/ver")[2] == b"o"
+        rollback()
+    assert rollback(f'{{"version": "{v3}"}}'.encode()) == f"{v3}:three"
     with pytest.raises(AdminError) as err:
-        pop.admin.request("POST", "/v1/functions/ver/rollback", b'{"version": "deadbeef"}')
-    assert err.value.status == 404
+        rollback(b'{"version": "deadbeef"}')
+    assert err.value.status == 404 and pop.get("/ver")[2] == b"three"
     record = pop.admin.request("GET", "/v1/functions/ver/versions")
-    assert [e["action"] for e in record["history"]] == ["deploy", "deploy", "rollback", "rollback"]
+    assert record["current"] == v3
+    assert [v["version"] for v in record["versions"]] == [v1, v2, v3]
+    assert [(e["version"], e["action"]) for e in record["history"]] == [
+        (v1, "deploy"), (v2, "deploy"), (v3, "deploy"),
+        (v2, "rollback"), (v1, "rollback"), (v3, "rollback")]
     pop.admin.request("DELETE", "/v1/functions/ver")
     assert pop.get("/ver")[0] == 404
     with pytest.raises(AdminError) as err:
