@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -164,6 +169,84 @@ def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
     with pytest.raises(AdminError) as err:
         pop.admin.request("DELETE", "/v1/functions/ver")
     assert err.value.status == 404
+
+
+# Run in a child process: deploy FIRST, then deploy SECOND and die by SIGKILL the moment
+# its record is saved, printing what the router would serve at that instant.
+CRASH_AT_SAVE = """
+import os, signal, sys
+from pathlib import Path
+from edgefn_core.process import load_system_libstdcxx
+load_system_libstdcxx()
+from runtime.functions.deploys import DeployStore
+from tests.support import pop_thread
+
+data, first, second = (Path(arg) for arg in sys.argv[1:])
+with pop_thread(data) as pop:
+    print("first", pop.deploy(first)["version"], flush=True)
+    save = DeployStore.save
+
+    def save_then_crash(store, record):
+        save(store, record)
+        routed = pop.pop.registry.router.match(b"localhost", b"/svc")
+        print("routed", routed[0].version if routed else None, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    DeployStore.save = save_then_crash
+    pop.deploy(second)
+"""
+
+
+def test_a_crash_between_saving_a_deploy_and_serving_it_takes_back_nothing_served(
+        tmp_path: Path) -> None:
+    """The record is the commit point and is saved before routing switches: a crash
+    between the two leaves the new version unseen, and the restarted PoP serves it."""
+    data = tmp_path / "data"
+    one = function_dir(tmp_path / "1", "svc", answering("one"))
+    two = function_dir(tmp_path / "2", "svc", answering("two"))
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    child = subprocess.run([sys.executable, "-c", CRASH_AT_SAVE, data, one, two], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    lines = dict(line.split(" ", 1) for line in child.stdout.splitlines())
+    v1 = lines["first"]
+    assert lines["routed"] == v1  # v2 was saved but no request could have reached it yet
+    with pop_thread(data) as restarted:
+        status, headers, body = restarted.get("/svc")
+        assert status == 200 and body == b"two"
+        v2 = headers["x-edgefn-function"].removeprefix("svc@")
+        record = restarted.admin.request("GET", "/v1/functions/svc/versions")
+        assert v2 != v1 and record["current"] == v2
+
+
+def test_a_deploy_or_rollback_whose_record_cannot_be_saved_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    with pop_thread(data) as pop:
+        v1 = pop.deploy(function_dir(tmp_path / "1", "svc", answering("one")))["version"]
+        v2 = pop.deploy(function_dir(tmp_path / "2", "svc", answering("two")))["version"]
+        listing = pop.admin.request("GET", "/v1/functions")
+
+        def disk_full(record: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(pop.pop.registry.store, "save", disk_full)
+        with pytest.raises(AdminError) as err:
+            pop.deploy(function_dir(tmp_path / "3", "svc", answering("three")))
+        assert (err.value.status, err.value.code) == (500, "deploy_not_saved")
+        assert "No space left on device" in str(err.value)
+        with pytest.raises(AdminError) as err:
+            pop.admin.request("POST", "/v1/functions/svc/rollback", b"{}")
+        assert (err.value.status, err.value.code) == (500, "deploy_not_saved")
+        status, headers, body = pop.get("/svc")
+        assert (status, headers["x-edgefn-function"], body) == (200, f"svc@{v2}", b"two")
+        assert pop.admin.request("GET", "/v1/functions") == listing
+        assert sorted(os.listdir(data / "versions" / "svc")) == sorted([v1, v2])
+        monkeypatch.undo()
+    with pop_thread(data) as restarted:
+        assert restarted.get("/svc")[2] == b"two"
 
 
 def test_restarted_pop_serves_every_function_at_once(tmp_path: Path) -> None:
