@@ -43,12 +43,14 @@ bench: venv
 	$(BIN)/python bench/bench_kv.py
 
 # Mutation testing with mutmut ([tool.mutmut] in pyproject.toml says what is mutated and
-# against which fast tests), then the score per module. Results stay in mutants/: a rerun
-# tests only the functions that changed. MUTANTS='kv.store*' narrows a run to some mutants;
+# against which fast tests), then the score per module. Each run starts from a fresh
+# mutants/ (mutmut would keep results and test coverage from before a test changed).
+# MUTANTS='kv.store*' narrows a run to the mutants whose names match, e.g. one module;
 # MUTATE_MIN (%) is the score below which the target fails.
 MUTANTS ?=
 MUTATE_MIN ?= 85
 mutate: venv
+	rm -rf mutants
 	nice -n 10 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/python tests/mutation/scores.py --min $(MUTATE_MIN) $(MUTANTS)
 

@@ -67,7 +67,10 @@ def main() -> int:
         missed = sorted(k for k, s in status.items() if s in UNDETECTED)
         unrun = len(status) - detected - len(missed)
         judged = detected + len(missed)
-        score = 100 * detected / judged if judged else 100.0
+        if not judged:
+            print(f"{module:44} {'-':>7} {0:7} {0:8} {len(codes) - len(status):6} {unrun:6}")
+            continue
+        score = 100 * detected / judged
         low |= score < args.min
         print(f"{module:44} {score:6.1f}% {detected:7} {len(missed):8} "
               f"{len(codes) - len(status):6} {unrun:6}")
