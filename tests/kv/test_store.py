@@ -266,6 +266,9 @@ def test_limits_are_inclusive(tmp_path: Path) -> None:
         s.put("x" * 64, b"k", b"v", metadata={"m": "y" * 1017})
     assert s.batch([("get", "x" * 64, b"k")] * 1000) == [None] * 1000
     assert len(s.list("x" * 64, limit=1000).keys) == 1
+    s.batch([("put", "x" * 64, b"%03d" % i, b"v") for i in range(100)])
+    page = s.list("x" * 64)  # 100 keys a page by default
+    assert len(page.keys) == 100 and page.cursor is not None
     with pytest.raises(InvalidValue, match=r"limit must be 1\.\.1000, got 1001"):
         s.list("x" * 64, limit=1001)
     s.close()
