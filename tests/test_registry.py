@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefn_core.errors import FunctionError, ManifestError, RouteConflict
+from edgefn_core.errors import FunctionError, ManifestError, NotFound, RouteConflict
 from runtime.bindings import Stores
 from runtime.executors.wasm.engine import WasmEngine
 from runtime.functions import deploys
@@ -65,7 +65,7 @@ def test_a_route_may_not_cover_a_built_in_endpoint(registry: Registry, tmp_path:
 
 def test_routes_beside_the_built_in_endpoints_are_fine(registry: Registry,
                                                        tmp_path: Path) -> None:
-    routes = ["/", "/v", "/v1/model", "/v1/models-old", "/x/v1/models"]
+    routes = ["/", "/v", "/v1/model", "/v1/models-old", "/x/v1/models", "/v1/modelsX"]
     deploy(registry, function_dir(tmp_path, "f", reactor(""), routes=routes))
     assert registry.router.match(b"h", b"/v1/models-old/a") is not None
 
@@ -86,6 +86,10 @@ def test_a_package_without_its_manifest_or_entry_is_named_in_the_error(
     assert str(err.value) == ("<package>/edgefn.toml: field `entry`: entry file 'main.wat' "
                               "is not in the package")
     assert err.value.field == "entry"
+    (d / "edgefn.toml").write_text("name = 3\n")
+    with pytest.raises(ManifestError) as err:
+        deploy(registry, d, "fns/f")
+    assert str(err.value).startswith("fns/f/edgefn.toml: field `name`: ")
 
 
 def test_deploy_result_listing_and_record(registry: Registry, tmp_path: Path) -> None:
@@ -109,6 +113,10 @@ def test_deploy_result_listing_and_record(registry: Registry, tmp_path: Path) ->
     assert again.changed is False
     rolled = asyncio.run(registry.rollback("a"))
     assert (rolled.version, rolled.changed) == (a.version, True)
+    with pytest.raises(NotFound) as err:
+        asyncio.run(registry.rollback("a", "deadbeef"))
+    known = ", ".join(sorted([a.version, v2.version]))
+    assert str(err.value) == f"a has no version 'deadbeef'; known: {known}"
 
 
 def test_a_switch_retires_what_it_replaced_and_nothing_else(registry: Registry,
@@ -166,6 +174,8 @@ def test_restore_skips_a_function_that_no_longer_loads_and_says_why(
         reason = errors[0].removeprefix("bad: ")
         assert "edgefn.toml" in reason
         assert caplog.messages == [f"not serving bad@{bad.version}: {reason}"]
+        asyncio.run(second.delete("bad"))  # recorded but not served: it can still be deleted
+        assert not second.store.version_dir("bad", bad.version).exists()
     finally:
         second.close()
         stores.close()
