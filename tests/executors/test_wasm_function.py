@@ -81,11 +81,15 @@ HEADER = '(data (i32.const 64) "X-A: b\\n\\n")'  # 8 bytes: a CGI header block
     ("cpu_ms = 5000\nwall_ms = 10000", 5001, "cpu_limit", 5000),
     ("cpu_ms = 10000\nwall_ms = 5000", 5001, "wall_limit", 5000),
     ("cpu_ms = 30\nwall_ms = 30", 31, "cpu_limit", 30),  # a tie is the CPU limit
+    # an AI call blocks for seconds: with the AI binding the deadline is the wall time
+    ("cpu_ms = 5000\nwall_ms = 10000\n[bindings]\nai = true", 10001, "wall_limit", 10000),
 ])
 def test_the_deadline_is_the_tighter_limit_in_ticks(engine: WasmEngine, tmp_path: Path,
                                                     limits: str, ticks: int, kind: str,
                                                     limit_ms: int) -> None:
-    fn = load(engine, function_dir(tmp_path, "f", reactor(""), limits=limits))
+    limits, _, bindings = limits.partition("\n[bindings]\n")
+    extra = f"[bindings]\n{bindings}" if bindings else ""
+    fn = load(engine, function_dir(tmp_path, "f", reactor(""), limits=limits, extra=extra))
     assert fn.deadline_ticks == ticks  # a tick is 1 ms, +1 for a tick right after the start
     assert (fn.outcome.interrupt_kind, fn.outcome.limit_ms) == (kind, limit_ms)
 
@@ -214,6 +218,15 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
     ('(module (memory (export "memory") 1))', "auto",
      "main.wat: module exports neither `edgefn_handle` (reactor ABI) nor `_start` "
      "(WASI command)"),
+    ('(module (import "wasi_snapshot_preview1" "fd_write" (func (param i32)))'
+     ' (memory (export "memory") 1) (func (export "_start")))', "auto",
+     "main.wat: cannot link module: incompatible import type for "
+     "`wasi_snapshot_preview1::fd_write`"),
+    ('(module (func (export "_start") (call $nope)))', "auto",
+     "main.wat: not a valid WebAssembly module: unknown func: failed to find name `$nope` | "
+     "     --> <anon>:1:39 |       |"),
+    (reactor("", memory=2048), "auto", "main.wat: cannot instantiate within limits.memory_mb = 64: "
+     "memory minimum size of 2048 pages exceeds memory limits"),
 ])
 def test_deploy_checks_say_what_is_wrong(engine: WasmEngine, tmp_path: Path, source: str,
                                          abi: str, message: str) -> None:
@@ -223,6 +236,19 @@ def test_deploy_checks_say_what_is_wrong(engine: WasmEngine, tmp_path: Path, sou
     assert str(err.value).startswith(message), str(err.value)
 
 
-def test_a_wasi_command_is_detected_as_such(engine: WasmEngine, tmp_path: Path) -> None:
-    assert load(engine, EXAMPLES / "hello-c").abi == "wasi"
+def test_an_import_of_an_unknown_host_function_is_refused(engine: WasmEngine,
+                                                          tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "f", '(module (import "edgefn" "nope" (func)) (func (export "_start")))')
+    stores = Stores(tmp_path / "data")
+    try:
+        with pytest.raises(DeployError) as err:
+            load(engine, d, Bindings.prepare(stores, manifest.load(d)))
+    finally:
+        stores.close()
+    assert str(err.value).startswith("main.wat: `edgefn.nope` is not a host function edgefn "
+                                     "provides (known: ")
+
+
+def test_the_abi_is_detected_from_the_exports(engine: WasmEngine, tmp_path: Path) -> None:
+    assert load(engine, function_dir(tmp_path, "w", wasi(""))).abi == "wasi"
     assert load(engine, function_dir(tmp_path, "r", reactor(""))).abi == "reactor"

@@ -4,13 +4,13 @@
 
 One line per file in ``[tool.mutmut] only_mutate`` (pyproject.toml) that has results
 under mutants/. The score is detected / (detected + undetected): killed, timed out,
-crashed or caught by the type checker count as detected; survived, no test reached it
-or suspicious count as undetected. Mutants listed in tests/mutation/equivalent.toml
-(name = reason) are left out: no test can tell them from the original. Mutant names
-carry a number per function, so an entry there goes stale when its function changes;
-the script says which entries no longer name a mutant. With ``--survivors`` it also
-prints the diff of each undetected mutant; with ``--min N`` it exits 1 if a module
-scores below N %.
+crashed (killed by any signal) or caught by the type checker count as detected;
+survived, no test reached it or suspicious count as undetected. Mutants listed in
+tests/mutation/equivalent.toml (name = reason) are left out: no test can tell them from
+the original. Mutant names carry a number per function, so an entry there goes stale
+when its function changes; the script says which entries no longer name a mutant.
+With ``--survivors`` it also prints the diff of each undetected mutant; with ``--min N``
+it exits 1 if a module scores below N %.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+DETECTED = {"killed", "timeout", "segfault", "crashed", "caught by type check"}
 UNDETECTED = {"survived", "no tests", "suspicious"}
 
 
@@ -62,7 +62,7 @@ def main() -> int:
         if not codes:
             continue
         seen |= codes.keys() & skip.keys()
-        status = {k: status_by_exit_code[v] for k, v in codes.items() if k not in skip}
+        status = {k: _status(v, status_by_exit_code) for k, v in codes.items() if k not in skip}
         detected = sum(s in DETECTED for s in status.values())
         missed = sorted(k for k, s in status.items() if s in UNDETECTED)
         unrun = len(status) - detected - len(missed)
@@ -80,6 +80,13 @@ def main() -> int:
     for name in stale:
         print(f"equivalent.toml: {name} names no mutant any more", file=sys.stderr)
     return 1 if low else 0
+
+
+def _status(code: int | None, by_exit_code: dict[int | None, str]) -> str:
+    """mutmut's status, except that a test run killed by a signal mutmut does not name
+    (SIGABRT from a panic in native code) crashed: the mutant failed the tests."""
+    status = by_exit_code[code]
+    return "crashed" if status == "suspicious" and code is not None and code < 0 else status
 
 
 def _print_diffs(names: list[str], module: str) -> None:
