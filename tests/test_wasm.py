@@ -108,12 +108,18 @@ def test_no_state_leaks_between_requests(engine: WasmEngine, tmp_path: Path) -> 
 def test_infinite_loop_stops_at_the_cpu_limit(engine: WasmEngine, tmp_path: Path) -> None:
     fn = load(engine, function_dir(tmp_path, "spin", reactor("(loop $l (br $l))"),
                                    limits="cpu_ms = 30"))
-    started = time.perf_counter()
-    err = failure(fn)
-    took = time.perf_counter() - started
-    assert (err.code, err.status) == ("cpu_limit", 503)
-    assert "CPU limit of 30 ms" in str(err)
-    assert 0.025 < took < 0.5
+    walls, cpus = [], []
+    for _ in range(3):
+        # The loop runs inline on this thread: its CPU time is what the limit bounds, and
+        # a busy machine lengthens the wall time of a run but not its CPU time.
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        err = failure(fn)
+        cpus.append(time.thread_time() - cpu_started)
+        walls.append(time.perf_counter() - started)
+        assert (err.code, err.status) == ("cpu_limit", 503)
+        assert "CPU limit of 30 ms" in str(err)
+    assert min(walls) > 0.025  # not stopped early
+    assert min(cpus) < 0.030 * 3 + 0.01, cpus  # nor late: a deadline 4x late fails this
 
 
 def test_wall_limit_when_it_is_the_tighter_one(engine: WasmEngine, tmp_path: Path) -> None:
@@ -257,13 +263,20 @@ def test_wasi_nonzero_exit_and_loop_and_flood(engine: WasmEngine, tmp_path: Path
     with pytest.raises(FunctionError) as err:
         run_async(spin, request())
     assert err.value.code == "cpu_limit"
+    # A well-formed CGI response of 20 x 60000 bytes, written in full before a normal exit:
+    # past max_response_mb it is a 502 whatever the guest does with the write errors.
     flood = wasi("""(i32.store (i32.const 0) (i32.const 64)) (i32.store (i32.const 4) (i32.const 60000))
-      (loop $l (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
-               (br $l))""")
-    fn = load(engine, function_dir(tmp_path, "flood", flood, limits="max_response_mb = 1\ncpu_ms = 2000"))
+      (i32.store (i32.const 8) (i32.const 1024)) (i32.store (i32.const 12) (i32.const 8))
+      (drop (call $fd_write (i32.const 1) (i32.const 8) (i32.const 1) (i32.const 16)))
+      (i32.store (i32.const 20) (i32.const 20))
+      (loop $l (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))
+               (i32.store (i32.const 20) (i32.sub (i32.load (i32.const 20)) (i32.const 1)))
+               (br_if $l (i32.load (i32.const 20))))""", '(data (i32.const 1024) "X-A: b\\n\\n")')
+    fn = load(engine, function_dir(tmp_path, "flood", flood, limits="max_response_mb = 1"))
     with pytest.raises(FunctionError) as err:
         run_async(fn, request())
-    assert err.value.code in ("bad_response", "cpu_limit")
+    assert (err.value.code, err.value.status) == ("bad_response", 502)
+    assert f"larger than the limit of {1 << 20} bytes" in str(err.value)
 
 
 def test_compiled_modules_are_cached_on_disk(tmp_path: Path) -> None:
@@ -271,14 +284,22 @@ def test_compiled_modules_are_cached_on_disk(tmp_path: Path) -> None:
     try:
         load(e, EXAMPLES / "echo")
         cached = list((tmp_path / "cache").glob("*.cwasm"))
-        assert len(cached) == 1
-        started = time.perf_counter()
+        assert len(cached) == 1 and e.compiles == 1
         load(e, EXAMPLES / "echo")
-        assert time.perf_counter() - started < 1.0
+        assert e.compiles == 1  # a cache hit: machine code loaded, nothing compiled
         assert list((tmp_path / "cache").glob("*.cwasm")) == cached
+        restarted = WasmEngine(tmp_path / "cache")  # a restarted PoP on the same data dir
+        try:
+            assert call(load(restarted, EXAMPLES / "echo"), request(b"/echo")).status == 200
+            assert restarted.compiles == 0
+        finally:
+            restarted.close()
         cached[0].write_bytes(b"corrupt")  # a damaged cache entry is recompiled, not fatal
         assert call(load(e, EXAMPLES / "hello-wat")).status == 200
         assert call(load(e, EXAMPLES / "echo"), request(b"/echo")).status == 200
+        assert e.compiles == 3  # hello-wat, and echo again over its corrupt entry
+        assert call(load(e, EXAMPLES / "echo"), request(b"/echo")).status == 200
+        assert e.compiles == 3  # the recompiled entry replaced the corrupt one
     finally:
         e.close()
 

@@ -2,8 +2,14 @@
 router that maps requests to the version that serves them.
 
 Routing switches atomically: a deploy compiles and pre-warms the new version,
-persists the record, then replaces `self.router` in one assignment. Requests
-already running keep the `Deployment` they started with.
+checks its routes, persists the record, then replaces `self.router` in one
+assignment. Requests already running keep the `Deployment` they started with.
+
+The saved record is the commit point, so it comes before the switch. A crash
+between the two leaves the new version recorded but never served: the restarted
+PoP serves it, and no client saw anything that the restart takes back. The other
+order could serve a version whose record a crash then loses, so the restart would
+go back to the older one. Deletes follow the same rule: the record goes first.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -18,6 +25,7 @@ import msgspec
 from edgefn_core.errors import (
     DeployError,
     EdgefnError,
+    Failure,
     FunctionError,
     ManifestError,
     NotFound,
@@ -88,10 +96,10 @@ class Registry:
 
     # -- deploys ----------------------------------------------------------------------------
     async def deploy(self, files: Files, source: str = "") -> DeployResult:
-        """Validate, compile, pre-warm and switch routing to a new version.
+        """Validate, compile, pre-warm, save the record and switch routing to a new version.
 
-        Raises `ManifestError` or `DeployError`; on error nothing changes and the
-        previous version keeps serving.
+        Raises `ManifestError` or `DeployError`, or `Failure` (500) if the record cannot
+        be saved; on error nothing changes and the previous version keeps serving.
         """
         label = f"{source or '<package>'}/{manifest.MANIFEST_NAME}"
         raw = files.get(manifest.MANIFEST_NAME)
@@ -110,12 +118,11 @@ class Registry:
             created = self.store.write_version(m.name, version, files)
             try:
                 fn = await asyncio.to_thread(self._load, m, version)
-                self._go_live(fn)
+                self._go_live(fn, lambda: self._record(m.name, version, source, "deploy"))
             except BaseException:
                 if created:
                     self.store.remove_version(m.name, version)
                 raise
-            self._record(m.name, version, source, "deploy")
             return self._result(fn, True, started)
 
     def _check_reserved(self, m: Manifest, label: str) -> None:
@@ -143,25 +150,34 @@ class Registry:
             raise
         return Deployment(m, version, executor)
 
-    def _go_live(self, fn: Deployment) -> None:
-        """Activate a loaded version and route to it; on failure release it."""
+    def _go_live(self, fn: Deployment, persist: Callable[[], None] | None = None) -> None:
+        """Activate a loaded version, check its routes, run `persist` (saving the record:
+        the commit point), then route to it. Raises `RouteConflict` or what activating
+        or `persist` raised; then nothing changed and `fn` is released."""
         try:
             fn.executor.activate()
-            self._switch(fn)
+            table = self._table(fn)
+            if persist is not None:
+                persist()
         except BaseException:
             fn.executor.close()
             raise
+        self._switch(*table)
 
-    def _switch(self, fn: Deployment | None, remove: str | None = None) -> None:
-        """Swap in a router with `fn` replacing its namesake. Raises `RouteConflict`
-        (a `DeployError`); then nothing changed."""
+    def _table(self, fn: Deployment | None, remove: str | None = None,
+               ) -> tuple[dict[str, Deployment], Router[Deployment]]:
+        """The functions and router with `fn` replacing its namesake, without `remove`.
+        Raises `RouteConflict` (a `DeployError`)."""
         functions = dict(self.functions)
         if fn is not None:
             functions[fn.name] = fn
         if remove is not None:
             functions.pop(remove, None)
-        router = Router((r, f.name, f) for f in functions.values()
-                        for r in f.manifest.route_list())
+        return functions, Router((r, f.name, f) for f in functions.values()
+                                 for r in f.manifest.route_list())
+
+    def _switch(self, functions: dict[str, Deployment], router: Router[Deployment]) -> None:
+        """Serve from `functions` and `router` (one assignment) and retire what left."""
         old = self.functions
         self.functions, self.router = functions, router
         for name, previous in old.items():
@@ -169,17 +185,25 @@ class Registry:
                 previous.executor.retire()  # in-flight requests finish on it first
 
     def _record(self, name: str, version: str, source: str, action: str) -> None:
+        """Save `name`'s record with `version` current. Raises `Failure` (500) if the
+        data dir cannot be written; the saved record is then still the old one."""
+        try:
+            self.store.save(self._updated(name, version, source, action))
+        except OSError as e:
+            raise Failure("deploy_not_saved", 500, f"cannot save the record of {name!r}, "
+                          f"nothing changed: {e}") from e
+
+    def _updated(self, name: str, version: str, source: str, action: str) -> FunctionRecord:
         try:
             record = self.store.record(name)
         except NotFound:
-            self.store.save(deploys.new_record(name, version, source, action))
-            return
+            return deploys.new_record(name, version, source, action)
         now = time.time()
         if version not in {v.version for v in record.versions}:
             record.versions.append(VersionInfo(version, now, source))
         record.current = version
         record.history.append(deploys.Event(version, now, action))
-        self.store.save(record)
+        return record
 
     def _result(self, fn: Deployment, changed: bool, started: float) -> DeployResult:
         d = fn.describe()
@@ -187,10 +211,12 @@ class Registry:
                             fn.executor.abi, round((time.perf_counter() - started) * 1000, 2))
 
     async def rollback(self, name: str, version: str | None = None) -> DeployResult:
-        """Serve an older version again (the one before the current by default).
+        """Serve an older version again (the one before the current by default),
+        saving the record before routing to it as a deploy does.
 
         Raises `NotFound` for an unknown function or version, `DeployError` if
-        there is no older version or it no longer loads.
+        there is no older version or it no longer loads, `Failure` (500) if the
+        record cannot be saved.
         """
         started = time.perf_counter()
         async with self.lock:
@@ -204,15 +230,14 @@ class Registry:
                                f"known: {', '.join(sorted(known))}")
             d = self.store.version_dir(name, target)
             fn = await asyncio.to_thread(self._load, manifest.load(d), target)
-            self._go_live(fn)
-            self._record(name, target, "", "rollback")
+            self._go_live(fn, lambda: self._record(name, target, "", "rollback"))
             return self._result(fn, True, started)
 
     async def delete(self, name: str) -> None:
-        """Stop serving `name` and remove its versions. Raises `NotFound`."""
+        """Remove `name`'s record and versions, then stop serving it. Raises `NotFound`."""
         async with self.lock:
             self.store.delete(name)
-            self._switch(None, remove=name)
+            self._switch(*self._table(None, remove=name))
 
     def versions(self, name: str) -> FunctionRecord:
         """Raises `NotFound`."""

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -14,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
 from kv import KVStore
-from kv.store import Limits
+from kv.store import Entry, KeyInfo, Limits
 
 
 class Clock:
@@ -63,8 +68,10 @@ def test_prefix_listing_with_cursor_pages(store: KVStore) -> None:
             break
         cursor = page.cursor
     assert seen == [b"user:%03d" % i for i in range(25)]
-    with pytest.raises(InvalidValue, match="cursor does not belong"):
+    with pytest.raises(InvalidValue, match=r"^cursor does not belong to this prefix$"):
         store.list("ns", b"zzz", page_cursor(store))
+    with pytest.raises(InvalidValue, match=r"^invalid cursor 'a'$"):
+        store.list("ns", b"user:", "a")
 
 
 def page_cursor(store: KVStore) -> str:
@@ -119,8 +126,10 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(LimitExceeded, match="batch of 1001 ops"):
         s.batch([("get", "ns", b"k")] * 1001)
     assert s.get("ns", b"k") is None  # nothing was written by the failures
+    with pytest.raises(InvalidValue, match=r"^unknown batch op 'nope'$"):
+        s.batch([("nope", "ns", b"k")])
     s.close()
-    with pytest.raises(StoreClosed):
+    with pytest.raises(StoreClosed, match=r"^KV store is closed$"):
         s.get("ns", b"k")
 
 
@@ -234,4 +243,154 @@ def test_review_regressions(tmp_path: Path) -> None:
     assert before and after and after.expires_at == before.expires_at  # expiry kept exactly
     with pytest.raises(InvalidValue, match="limit must be"):
         s.list("ns", limit=0)
+    s.close()
+
+
+def ttl_index_size(store: KVStore) -> int:
+    """Entries in the expiry index: each is one key's expiry until it is purged."""
+    with store.env.begin() as txn:
+        entries: int = txn.stat(store._ttl)["entries"]
+        return entries
+
+
+def test_limits_are_inclusive(tmp_path: Path) -> None:
+    s = KVStore(tmp_path / "kv", limits=Limits(max_value_bytes=100), sync=False)
+    s.create_namespace("x" * 64)
+    for name in ("", "x" * 65, "__ttl__", "a/b"):
+        with pytest.raises(InvalidValue, match="invalid namespace name"):
+            s.create_namespace(name)
+    s.put("x" * 64, b"k" * 511, b"v" * 100, metadata={"m": "y" * 1016})  # 1024 bytes of JSON
+    with pytest.raises(LimitExceeded, match="key of 512 bytes"):
+        s.put("x" * 64, b"k" * 512, b"v")
+    with pytest.raises(LimitExceeded, match="metadata of 1025 bytes"):
+        s.put("x" * 64, b"k", b"v", metadata={"m": "y" * 1017})
+    assert s.batch([("get", "x" * 64, b"k")] * 1000) == [None] * 1000
+    assert len(s.list("x" * 64, limit=1000).keys) == 1
+    s.batch([("put", "x" * 64, b"%03d" % i, b"v") for i in range(100)])
+    page = s.list("x" * 64)  # 100 keys a page by default
+    assert len(page.keys) == 100 and page.cursor is not None
+    with pytest.raises(InvalidValue, match=r"limit must be 1\.\.1000, got 1001"):
+        s.list("x" * 64, limit=1001)
+    s.close()
+
+
+def test_namespaces_fit_in_the_databases_opened_for_them(tmp_path: Path) -> None:
+    with KVStore(tmp_path / "two", max_namespaces=2, sync=False) as s:
+        s.create_namespace("a")
+        s.create_namespace("b")
+        with pytest.raises(lmdb.DbsFullError):
+            s.create_namespace("c")
+    with KVStore(tmp_path / "default", sync=False) as s:
+        for i in range(126):
+            s.create_namespace(f"n{i}")
+        with pytest.raises(lmdb.DbsFullError):
+            s.create_namespace("one-too-many")
+
+
+def test_map_size_and_a_nested_path(tmp_path: Path) -> None:
+    with KVStore(tmp_path / "a" / "b" / "kv") as s:
+        assert s.stats() == {"map_size": 1 << 30, "namespaces": {}}
+    with KVStore(tmp_path / "small", map_size=1 << 24) as s:
+        assert s.stats()["map_size"] == 1 << 24
+
+
+def test_expiry_is_exact_to_the_millisecond(store: KVStore) -> None:
+    clock: Clock = store.clock  # type: ignore[assignment]
+    start = clock.now
+    store.put("ns", b"gone", b"1", ttl=10)
+    store.put("ns", b"del", b"2", ttl=10)
+    store.put("ns", b"cas", b"3", ttl=10)
+    store.put("ns", b"tiny", b"4", ttl=0.0001)  # rounds up to one millisecond
+    store.put("ns", b"half", b"5", ttl=0.5)
+    assert store.get_entry("ns", b"tiny").expires_at == start + 0.001  # type: ignore[union-attr]
+    assert [(k.key, k.expires_at) for k in store.list("ns").keys] == [
+        (b"cas", start + 10), (b"del", start + 10), (b"gone", start + 10),
+        (b"half", start + 0.5), (b"tiny", start + 0.001)]
+    clock.now = start + 10  # the expiry instant itself: expired
+    assert store.get("ns", b"gone") is None and store.list("ns").keys == []
+    assert store.delete("ns", b"del") is False
+    assert store.cas("ns", b"cas", None, b"new") is not None  # absent, so create-only wins
+    assert store.get_entry("ns", b"cas").expires_at is None  # type: ignore[union-attr]
+    assert ttl_index_size(store) == 3  # gone, tiny, half: the others were rewritten or deleted
+    assert store.purge_expired() == 3
+    assert ttl_index_size(store) == 0 and store.stats()["namespaces"]["ns"] == 1
+
+
+def test_overwriting_or_deleting_a_key_drops_its_old_expiry(store: KVStore) -> None:
+    clock: Clock = store.clock  # type: ignore[assignment]
+    store.put("ns", b"a", b"1", ttl=10)
+    store.put("ns", b"b", b"1", ttl=10)
+    store.put("ns", b"a", b"2", ttl=20)
+    assert ttl_index_size(store) == 2
+    store.put("ns", b"a", b"3")
+    store.delete("ns", b"b")
+    assert ttl_index_size(store) == 0
+    clock.now += 100
+    assert store.purge_expired() == 0 and store.get("ns", b"a") == b"3"
+
+
+def test_metadata_and_expiry_survive_every_kind_of_write(store: KVStore) -> None:
+    now = store.clock()
+    meta = {"i": 1, "tag": "x"}
+    store.put("ns", b"p", b"value", ttl=5, metadata=meta)
+    assert store.get_entry("ns", b"p") == Entry(b"value", 1, now + 5, meta)
+    assert store.list("ns").keys == [KeyInfo(b"p", 1, now + 5, meta)]
+    assert store.cas("ns", b"c", None, b"v", ttl=7, metadata=meta) == 2
+    assert store.get_entry("ns", b"c") == Entry(b"v", 2, now + 7, meta)
+    store.put("ns", b"n", b"41", ttl=9, metadata=meta)
+    assert store.increment("ns", b"n") == 42
+    assert store.get_entry("ns", b"n") == Entry(b"42", 4, now + 9, meta)
+    assert store.increment("ns", b"fresh", 1, initial=10) == 11
+    store.put("ns", b"e", b"v", metadata={})  # empty metadata is no metadata
+    assert store.get_entry("ns", b"e").metadata is None  # type: ignore[union-attr]
+    assert store.batch([
+        ("put", "ns", b"b", b"7", {"ttl": 3, "metadata": meta}),
+        ("get", "ns", b"b"), ("get", "ns", b"missing"), ("increment", "ns", b"b"),
+    ]) == [7, b"7", None, 8]
+    assert store.get_entry("ns", b"b") == Entry(b"8", 8, now + 3, meta)
+
+
+def test_a_reopened_store_keeps_records_and_version_counters(tmp_path: Path) -> None:
+    with KVStore(tmp_path / "kv") as s:
+        s.create_namespace("ns")
+        assert s.put("ns", b"k", b"v", metadata={"a": 1}) == 1
+        s.create_namespace("ns")  # again: a no-op, the counter is kept
+        assert s.put("ns", b"j", b"w") == 2
+    with KVStore(tmp_path / "kv") as s:
+        assert s.namespaces() == ["ns"]
+        assert s.get_entry("ns", b"k") == Entry(b"v", 1, None, {"a": 1})
+        assert s.put("ns", b"k", b"x") == 3
+
+
+CREATE_LATE = """
+import sys
+from kv import KVStore
+with KVStore(sys.argv[1]) as s:
+    s.create_namespace("late")
+    s.put("late", b"k", b"v", ttl=60)
+    s.put("late", b"t", b"v", ttl=60)
+"""
+
+
+def test_a_namespace_another_process_created_serves_every_operation(tmp_path: Path) -> None:
+    clock = Clock()
+    clock.now = time.time()
+    s = KVStore(tmp_path / "kv", clock=clock, limits=Limits(max_value_bytes=10))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    subprocess.run([sys.executable, "-c", CREATE_LATE, str(tmp_path / "kv")], env=env,
+                   check=True, timeout=60)
+    # Writes first: each opens the namespace inside its own transaction.
+    with pytest.raises(LimitExceeded):  # an aborted write leaves no dead handle behind
+        s.put("late", b"big", b"x" * 11)
+    assert s.put("late", b"w", b"1") == 3
+    assert s.cas("late", b"c", None, b"1") == 4
+    assert s.increment("late", b"n") == 1
+    assert s.delete("late", b"w") is True
+    assert s.batch([("put", "late", b"b", b"1"), ("get", "late", b"k"),
+                    ("increment", "late", b"b", 2), ("delete", "late", b"b")]) == [6, b"v", 3, True]
+    clock.now += 61
+    assert s.purge_expired() == 2
+    assert s.get("late", b"n") == b"1" and s.get("late", b"k") is None
     s.close()

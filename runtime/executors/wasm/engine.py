@@ -41,6 +41,7 @@ class WasmEngine:
         from runtime.executors.wasm import native as wasm_native
 
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.compiles = 0  # modules compiled rather than loaded from the cache (tests count them)
         self.engine, self.pooling = _make_engine(pooling)
         self.fingerprint = (f"wasmtime={WASMTIME_VERSION};epoch=1;pooling={int(self.pooling)};"
                             f"max_memory={POOL_MAX_MEMORY}")
@@ -69,6 +70,7 @@ class WasmEngine:
         Raises `wasmtime.WasmtimeError` if the module is invalid.
         """
         if self.cache_dir is None:
+            self.compiles += 1
             return wasmtime.Module(self.engine, wasm)
         key = hashlib.sha256(self.fingerprint.encode() + b"\0" + wasm).hexdigest()
         path = self.cache_dir / f"{key}.cwasm"
@@ -77,6 +79,7 @@ class WasmEngine:
                 return wasmtime.Module.deserialize_file(self.engine, str(path))
             except wasmtime.WasmtimeError:
                 log.warning("discarding unreadable compiled module %s", path)
+        self.compiles += 1
         module = wasmtime.Module(self.engine, wasm)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

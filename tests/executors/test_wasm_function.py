@@ -1,0 +1,254 @@
+"""`WasmFunction`'s limits and the checks around them, case by case: the deadline in
+ticks, a WASI guest blocked in a host call, the response size to the byte, exit codes,
+traps and stderr of WASI commands, reactors with bindings on worker threads, and the
+deploy-time checks of exports and imports."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import DeployError, FunctionError
+from runtime.bindings import Bindings, Stores
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.executors.wasm.function import WasmFunction
+from runtime.functions import manifest
+from runtime.net.message import Request, Response
+from tests.support import EXAMPLES, function_dir, reactor
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WasmEngine]:
+    e = WasmEngine(tmp_path_factory.mktemp("cache"))
+    yield e
+    e.close()
+
+
+def load(engine: WasmEngine, d: Path, bindings: Bindings | None = None) -> WasmFunction:
+    fn = WasmFunction(engine, manifest.load(d), d, bindings)
+    fn.prewarm()
+    return fn
+
+
+def request() -> Request:
+    r = Request(b"GET", b"/", b"", [], b"localhost", "1.1", True, "127.0.0.1:1")
+    r.body = b""
+    return r
+
+
+def run(fn: WasmFunction) -> Response:
+    """One request on an event loop, as the PoP serves it. Raises `FunctionError`."""
+    async def go() -> Response:
+        result = fn.handle(request(), "/")
+        return result if isinstance(result, Response) else await result
+    return asyncio.run(go())
+
+
+def failure(fn: WasmFunction) -> FunctionError:
+    with pytest.raises(FunctionError) as err:
+        run(fn)
+    return err.value
+
+
+IMPORTS = {
+    "fd_write": "(param i32 i32 i32 i32) (result i32)",
+    "poll_oneoff": "(param i32 i32 i32 i32) (result i32)",
+    "proc_exit": "(param i32)",
+}
+
+
+def wasi(body: str, data: str = "", memory: int = 1) -> str:
+    """A WASI command whose `_start` is BODY ($out writes N bytes at P to fd 1, $exit)."""
+    imports = "".join(f'(import "wasi_snapshot_preview1" "{name}" (func ${name} {sig}))'
+                      for name, sig in IMPORTS.items())
+    return f"""(module {imports} (memory (export "memory") {memory}) {data}
+  (func $write (param $fd i32) (param $p i32) (param $n i32) (result i32)
+    (i32.store (i32.const 0) (local.get $p)) (i32.store (i32.const 4) (local.get $n))
+    (call $fd_write (local.get $fd) (i32.const 0) (i32.const 1) (i32.const 8)))
+  (func (export "_start") {body}))"""
+
+
+HEADER = '(data (i32.const 64) "X-A: b\\n\\n")'  # 8 bytes: a CGI header block
+
+
+@pytest.mark.parametrize(("limits", "ticks", "kind", "limit_ms"), [
+    ("cpu_ms = 5000\nwall_ms = 10000", 5001, "cpu_limit", 5000),
+    ("cpu_ms = 10000\nwall_ms = 5000", 5001, "wall_limit", 5000),
+    ("cpu_ms = 30\nwall_ms = 30", 31, "cpu_limit", 30),  # a tie is the CPU limit
+    # an AI call blocks for seconds: with the AI binding the deadline is the wall time
+    ("cpu_ms = 5000\nwall_ms = 10000\n[bindings]\nai = true", 10001, "wall_limit", 10000),
+])
+def test_the_deadline_is_the_tighter_limit_in_ticks(engine: WasmEngine, tmp_path: Path,
+                                                    limits: str, ticks: int, kind: str,
+                                                    limit_ms: int) -> None:
+    limits, _, bindings = limits.partition("\n[bindings]\n")
+    extra = f"[bindings]\n{bindings}" if bindings else ""
+    fn = load(engine, function_dir(tmp_path, "f", reactor(""), limits=limits, extra=extra))
+    assert fn.deadline_ticks == ticks  # a tick is 1 ms, +1 for a tick right after the start
+    assert (fn.outcome.interrupt_kind, fn.outcome.limit_ms) == (kind, limit_ms)
+
+
+def test_a_wasi_guest_blocked_in_a_host_call_stops_at_the_wall_limit(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    sleep = wasi("""(i32.store8 (i32.const 1032) (i32.const 0))   ;; a clock subscription
+      (i32.store (i32.const 1040) (i32.const 1))                   ;; monotonic
+      (i64.store (i32.const 1048) (i64.const 1000000000))          ;; 1 s, relative
+      (drop (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 2100)))""")
+    fn = load(engine, function_dir(tmp_path, "sleep", sleep, limits="wall_ms = 100"))
+    started = time.perf_counter()
+    err = failure(fn)
+    took = time.perf_counter() - started
+    assert (err.code, err.status, str(err)) == (
+        "wall_limit", 504, "exceeded its wall-time limit of 100 ms (blocked in a host call)")
+    assert 0.1 <= took < 0.8
+
+
+def test_a_wasi_response_of_exactly_max_response_mb_is_served(engine: WasmEngine,
+                                                              tmp_path: Path) -> None:
+    body = (1 << 20) - 8
+    src = wasi(f"""(drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))
+      (drop (call $write (i32.const 1) (i32.const 4096) (i32.const {body})))""",
+               HEADER, memory=17)
+    r = run(load(engine, function_dir(tmp_path, "exact", src, limits="max_response_mb = 1")))
+    assert (r.status, r.headers, len(r.body)) == (200, [(b"x-a", b"b")], body)
+
+
+def test_a_wasi_write_past_max_response_mb_fails_in_the_guest(engine: WasmEngine,
+                                                              tmp_path: Path) -> None:
+    """The guest sees the write fail (and here exits with its error number)."""
+    src = wasi(f"""(drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))
+      (call $proc_exit (call $write (i32.const 1) (i32.const 4096) (i32.const {1 << 20})))""",
+               HEADER, memory=17)
+    err = failure(load(engine, function_dir(tmp_path, "over", src, limits="max_response_mb = 1")))
+    assert (err.code, err.status) == ("trap", 500)
+    assert str(err).startswith("exited with status ") and not str(err).endswith(" 0")
+
+
+@pytest.mark.parametrize(("code", "result"), [(0, (200, b"")), (1, None), (3, None)])
+def test_a_wasi_exit_status_other_than_0_is_a_trap(engine: WasmEngine, tmp_path: Path,
+                                                   code: int,
+                                                   result: tuple[int, bytes] | None) -> None:
+    src = wasi(f"""(drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))
+      (call $proc_exit (i32.const {code}))""", HEADER)
+    fn = load(engine, function_dir(tmp_path, "exit", src))
+    if result is None:
+        err = failure(fn)
+        assert (err.code, err.status, str(err)) == ("trap", 500, f"exited with status {code}")
+    else:
+        r = run(fn)
+        assert (r.status, r.body) == result
+
+
+def test_wasi_traps_name_start_and_the_memory_limit(engine: WasmEngine, tmp_path: Path) -> None:
+    err = failure(load(engine, function_dir(tmp_path, "trap", wasi("unreachable"))))
+    assert (err.code, err.status) == ("trap", 500)
+    assert str(err).startswith("trapped in _start (unreachable): ")
+    bomb = wasi("""(loop $grow
+        (br_if $grow (i32.ne (memory.grow (i32.const 16)) (i32.const -1)))) unreachable""")
+    err = failure(load(engine, function_dir(tmp_path, "bomb", bomb, limits="memory_mb = 8")))
+    assert (err.code, err.status) == ("memory_limit", 503)
+    assert re.match(r"trapped near its memory limit \(\d\.\d of 8 MiB\) in _start: ", str(err))
+
+
+def test_wasi_stderr_goes_to_the_log_line_by_line(engine: WasmEngine, tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    src = wasi("""(drop (call $write (i32.const 2) (i32.const 1024) (i32.const 11)))
+      (drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))""",
+               HEADER + '(data (i32.const 1024) "one\\ntwo \\ff!\\n")')
+    with caplog.at_level(logging.INFO, logger="edgefn.wasm"):
+        assert run(load(engine, function_dir(tmp_path, "noisy", src))).status == 200
+    assert caplog.messages == ["[noisy] one", "[noisy] two \ufffd!"]
+
+
+def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
+                                                         tmp_path: Path) -> None:
+    d = EXAMPLES / "counter-c"
+    stores = Stores(tmp_path)
+    try:
+        fn = load(engine, d, Bindings.prepare(stores, manifest.load(d)))
+
+        async def twice() -> list[bytes]:
+            bodies = []
+            for _ in range(2):
+                result = fn.handle(request(), "/counter-c")
+                assert not isinstance(result, Response)  # off the event loop
+                bodies.append((await result).body)
+            return bodies
+
+        assert asyncio.run(twice()) == [b'{"count": 1}\n', b'{"count": 2}\n']
+    finally:
+        stores.close()
+
+
+@pytest.mark.parametrize(("source", "abi", "message"), [
+    ('(module (memory (export "memory") 1)'
+     ' (func (export "edgefn_alloc") (param i32) (result i32) unreachable)'
+     ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "auto",
+     "main.wat: edgefn_alloc failed: trapped in edgefn_alloc (unreachable): "),
+    ('(module (import "wasi_snapshot_preview1" "proc_exit" (func (param i32)))'
+     ' (memory (export "memory") 1)'
+     ' (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1024))'
+     ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "auto",
+     "main.wat: a reactor module may not import `wasi_snapshot_preview1`; build it as a "
+     'WASI command (abi = "wasi")'),
+    ('(module (memory (export "memory") 1)'
+     ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "wasi",
+     'main.wat: abi = "wasi" needs a function export `_start`'),
+    ('(module (memory (export "memory") 1)'
+     ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "auto",
+     "main.wat: reactor ABI needs an export `edgefn_alloc` of type func (i32) -> (i32), "
+     "found none"),
+    ('(module (memory (export "memory") 1)'
+     ' (func (export "edgefn_alloc") (param i32) (result i32 i32) (i32.const 0) (i32.const 0))'
+     ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "auto",
+     "main.wat: reactor ABI needs an export `edgefn_alloc` of type func (i32) -> (i32), "
+     "found func (i32) -> (i32, i32)"),
+    ('(module (global (export "memory") i32 (i32.const 0))'
+     ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "auto",
+     "main.wat: reactor ABI needs an export `memory` of type memory, found GlobalType"),
+    ('(module (import "edgefn" "kv_get" (func (param i32 i32 i32 i32 i32 i32) (result i64)))'
+     ' (func (export "_start")))', "auto",
+     "main.wat: imports edgefn host functions, but no bindings are available"),
+    ('(module (memory (export "memory") 1))', "auto",
+     "main.wat: module exports neither `edgefn_handle` (reactor ABI) nor `_start` "
+     "(WASI command)"),
+    ('(module (import "wasi_snapshot_preview1" "fd_write" (func (param i32)))'
+     ' (memory (export "memory") 1) (func (export "_start")))', "auto",
+     "main.wat: cannot link module: incompatible import type for "
+     "`wasi_snapshot_preview1::fd_write`"),
+    ('(module (func (export "_start") (call $nope)))', "auto",
+     "main.wat: not a valid WebAssembly module: unknown func: failed to find name `$nope` | "
+     "     --> <anon>:1:39 |       |"),
+    (reactor("", memory=2048), "auto", "main.wat: cannot instantiate within limits.memory_mb = 64: "
+     "memory minimum size of 2048 pages exceeds memory limits"),
+])
+def test_deploy_checks_say_what_is_wrong(engine: WasmEngine, tmp_path: Path, source: str,
+                                         abi: str, message: str) -> None:
+    d = function_dir(tmp_path, "bad", source, extra=f'abi = "{abi}"')
+    with pytest.raises(DeployError) as err:
+        load(engine, d)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_an_import_of_an_unknown_host_function_is_refused(engine: WasmEngine,
+                                                          tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "f", '(module (import "edgefn" "nope" (func)) (func (export "_start")))')
+    stores = Stores(tmp_path / "data")
+    try:
+        with pytest.raises(DeployError) as err:
+            load(engine, d, Bindings.prepare(stores, manifest.load(d)))
+    finally:
+        stores.close()
+    assert str(err.value).startswith("main.wat: `edgefn.nope` is not a host function edgefn "
+                                     "provides (known: ")
+
+
+def test_the_abi_is_detected_from_the_exports(engine: WasmEngine, tmp_path: Path) -> None:
+    assert load(engine, function_dir(tmp_path, "w", wasi(""))).abi == "wasi"
+    assert load(engine, function_dir(tmp_path, "r", reactor(""))).abi == "reactor"

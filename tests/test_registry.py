@@ -1,0 +1,181 @@
+"""The registry without sockets: deploys straight into a `Registry` with real wasmtime
+(reserved routes, labels in errors, what a switch retires, restore's errors)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import FunctionError, ManifestError, NotFound, RouteConflict
+from runtime.bindings import Stores
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.functions import deploys
+from runtime.functions.registry import DeployResult, Registry
+from tests.support import EXAMPLES, function_dir, reactor
+
+RESERVED = frozenset({b"/v1/models", b"/v1/chat/completions"})
+
+
+@pytest.fixture
+def wasm(tmp_path: Path) -> Iterator[WasmEngine]:
+    engine = WasmEngine(tmp_path / "cache")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def registry(tmp_path: Path, wasm: WasmEngine) -> Iterator[Registry]:
+    stores = Stores(tmp_path / "data")
+    r = Registry(tmp_path / "data", wasm, stores, reserved=RESERVED)
+    yield r
+    r.close()
+    stores.close()
+
+
+def deploy(registry: Registry, d: Path, source: str = "") -> DeployResult:
+    return asyncio.run(registry.deploy(deploys.pack_dir(d), source))
+
+
+def test_nothing_is_routed_before_a_deploy(registry: Registry) -> None:
+    assert registry.router.match(b"localhost", b"/") is None and registry.listing() == []
+
+
+@pytest.mark.parametrize(("routes", "index", "endpoint"), [
+    (["/v1"], 0, "/v1/chat/completions"),
+    (["/v1/models/"], 0, "/v1/models"),
+    (["/", "/x", "/v1/"], 2, "/v1/chat/completions"),
+])
+def test_a_route_may_not_cover_a_built_in_endpoint(registry: Registry, tmp_path: Path,
+                                                   routes: list[str], index: int,
+                                                   endpoint: str) -> None:
+    d = function_dir(tmp_path, "f", reactor(""), routes=routes)
+    with pytest.raises(RouteConflict) as err:
+        deploy(registry, d, "src/f")
+    assert str(err.value) == (
+        f"src/f/edgefn.toml: field `routes[{index}]`: route {routes[index]!r} would cover the "
+        f"built-in endpoint {endpoint}; choose another path")
+    assert (err.value.path, err.value.owner) == (routes[index], "<built-in>")
+    assert registry.listing() == []
+
+
+def test_routes_beside_the_built_in_endpoints_are_fine(registry: Registry,
+                                                       tmp_path: Path) -> None:
+    routes = ["/", "/v", "/v1/model", "/v1/models-old", "/x/v1/models", "/v1/modelsX"]
+    deploy(registry, function_dir(tmp_path, "f", reactor(""), routes=routes))
+    assert registry.router.match(b"h", b"/v1/models-old/a") is not None
+
+
+def test_a_package_without_its_manifest_or_entry_is_named_in_the_error(
+        registry: Registry, tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "f", reactor(""))
+    files = deploys.pack_dir(d)
+    missing = {k: v for k, v in files.items() if k != "edgefn.toml"}
+    for source, label in (("", "<package>"), ("fns/f", "fns/f")):
+        with pytest.raises(ManifestError) as err:
+            asyncio.run(registry.deploy(missing, source))
+        assert str(err.value) == (f"{label}/edgefn.toml: no such file: every function folder "
+                                  "needs an edgefn.toml")
+    without_entry = {k: v for k, v in files.items() if k != "main.wat"}
+    with pytest.raises(ManifestError) as err:
+        asyncio.run(registry.deploy(without_entry))
+    assert str(err.value) == ("<package>/edgefn.toml: field `entry`: entry file 'main.wat' "
+                              "is not in the package")
+    assert err.value.field == "entry"
+    (d / "edgefn.toml").write_text("name = 3\n")
+    with pytest.raises(ManifestError) as err:
+        deploy(registry, d, "fns/f")
+    assert str(err.value).startswith("fns/f/edgefn.toml: field `name`: ")
+
+
+def test_deploy_result_listing_and_record(registry: Registry, tmp_path: Path) -> None:
+    b = deploy(registry, function_dir(tmp_path, "b", reactor("")), "src/b")
+    a = deploy(registry, function_dir(tmp_path, "a", reactor(""), routes=["/a", "/aa"]), "src/a")
+    assert (a.name, a.routes, a.changed, a.abi) == ("a", [{"path": "/a"}, {"path": "/aa"}],
+                                                    True, "reactor")
+    assert isinstance(a.took_ms, float) and a.took_ms > 0 and a.took_ms == round(a.took_ms, 2)
+    assert registry.listing() == [
+        {"name": "a", "version": a.version, "abi": "reactor",
+         "routes": [{"path": "/a"}, {"path": "/aa"}]},
+        {"name": "b", "version": b.version, "abi": "reactor", "routes": [{"path": "/b"}]}]
+    record = registry.versions("a")
+    assert (record.current, [(v.version, v.source) for v in record.versions]) == (
+        a.version, [(a.version, "src/a")])
+    assert [(e.version, e.action) for e in record.history] == [(a.version, "deploy")]
+    v2 = deploy(registry, function_dir(tmp_path / "2", "a", reactor("nop")), "src/a2")
+    assert [(v.version, v.source) for v in registry.versions("a").versions] == [
+        (a.version, "src/a"), (v2.version, "src/a2")]
+    again = deploy(registry, function_dir(tmp_path / "2", "a", reactor("nop")), "src/a2")
+    assert again.changed is False
+    rolled = asyncio.run(registry.rollback("a"))
+    assert (rolled.version, rolled.changed) == (a.version, True)
+    with pytest.raises(NotFound) as err:
+        asyncio.run(registry.rollback("a", "deadbeef"))
+    known = ", ".join(sorted([a.version, v2.version]))
+    assert str(err.value) == f"a has no version 'deadbeef'; known: {known}"
+
+
+def test_a_switch_retires_what_it_replaced_and_nothing_else(registry: Registry,
+                                                            tmp_path: Path) -> None:
+    deploy(registry, function_dir(tmp_path, "a", reactor("")))
+    deploy(registry, function_dir(tmp_path, "b", reactor("")))
+    retired: list[str] = []
+    for fn in registry.functions.values():
+        fn.executor.retire = lambda label=fn.label: retired.append(label)  # type: ignore[method-assign]
+    old_a = registry.functions["a"].label
+    deploy(registry, function_dir(tmp_path / "2", "a", reactor("nop")))
+    assert retired == [old_a]
+    old_b = registry.functions["b"].label
+    asyncio.run(registry.delete("b"))
+    assert retired == [old_a, old_b] and list(registry.functions) == ["a"]
+
+
+def test_a_function_with_bindings_gets_them_from_the_stores(registry: Registry) -> None:
+    result = deploy(registry, EXAMPLES / "counter-c")
+    assert result.name == "counter-c"
+    assert "counters" in registry.stores.kv.namespaces()  # created by its [bindings]
+
+
+def test_function_failures_answer_with_the_function_and_the_reason(registry: Registry,
+                                                                   tmp_path: Path) -> None:
+    deploy(registry, function_dir(tmp_path, "f", reactor("")))
+    fn = registry.functions["f"]
+    response = fn.error_response(FunctionError("trap", 500, "trapped: unreachable"))
+    assert response.status == 500
+    assert response.headers[-2:] == [(b"x-edgefn-error", b"trap"),
+                                     (b"x-edgefn-function", f"f@{fn.version}".encode())]
+    assert json.loads(response.body) == {"error": {
+        "kind": "trap", "function": "f", "version": fn.version,
+        "message": "function 'f' trapped: unreachable"}}
+    crash = fn.crashed(RuntimeError("boom"))
+    assert (crash.code, crash.status, str(crash)) == (
+        "crash", 502, "failed inside edgefn: RuntimeError('boom')")
+
+
+def test_restore_skips_a_function_that_no_longer_loads_and_says_why(
+        tmp_path: Path, wasm: WasmEngine, caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data"
+    stores = Stores(data)
+    first = Registry(data, wasm, stores)
+    ok = deploy(first, function_dir(tmp_path, "ok", reactor("")))
+    bad = deploy(first, function_dir(tmp_path, "bad", reactor("")))
+    first.close()
+    (first.store.version_dir("bad", bad.version) / "edgefn.toml").write_text("name = 3\n")
+    second = Registry(data, wasm, stores)
+    with caplog.at_level(logging.ERROR, logger="edgefn.pop"):
+        errors = second.restore()
+    try:
+        assert list(second.functions) == ["ok"] and second.functions["ok"].version == ok.version
+        assert len(errors) == 1 and errors[0].startswith("bad: ")
+        reason = errors[0].removeprefix("bad: ")
+        assert "edgefn.toml" in reason
+        assert caplog.messages == [f"not serving bad@{bad.version}: {reason}"]
+        asyncio.run(second.delete("bad"))  # recorded but not served: it can still be deleted
+        assert not second.store.version_dir("bad", bad.version).exists()
+    finally:
+        second.close()
+        stores.close()
