@@ -45,7 +45,7 @@ def request() -> Request:
 def run(fn: WasmFunction) -> Response:
     """One request on an event loop, as the PoP serves it. Raises `FunctionError`."""
     async def go() -> Response:
-        result = fn.handle(request(), "/")
+        result = fn.handle(request(), "/", {})
         return result if isinstance(result, Response) else await result
     return asyncio.run(go())
 
@@ -176,7 +176,7 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
         async def twice() -> list[bytes]:
             bodies = []
             for _ in range(2):
-                result = fn.handle(request(), "/counter-c")
+                result = fn.handle(request(), "/counter-c", {})
                 assert not isinstance(result, Response)  # off the event loop
                 bodies.append((await result).body)
             return bodies
