@@ -29,3 +29,12 @@ def rand() -> random.Random:
     seed = int(os.environ.get("EDGEFN_SEED", random.randrange(2**32)))
     print(f"EDGEFN_SEED={seed}")
     return random.Random(seed)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    """The random order's seed, even with -q, so a failing order can be replayed."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and getattr(config.option, "randomly_reorganize", True):
+        terminalreporter.write_line(f"tests ran in random order: replay it with "
+                                    f"--randomly-seed={seed}")
