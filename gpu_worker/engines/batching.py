@@ -126,20 +126,23 @@ class Scheduler:
             self.running[rid].credit += n
 
     def has_work(self) -> bool:
-        """Whether a step may do something: a waiting sequence and a free slot, or a
-        running sequence with credit."""
-        return bool(self.waiting and self.free_slots) or any(
-            s.credit > 0 for s in self.running.values())
+        """Whether a step may do something: a waiting sequence that `admit` would take
+        now (a free slot, and room in the KV budget), or a running sequence with
+        credit. Otherwise the thread sleeps until something changes."""
+        return self._can_admit() or any(s.credit > 0 for s in self.running.values())
+
+    def _can_admit(self) -> bool:
+        if not (self.waiting and self.free_slots):
+            return False
+        return not self.running or self.reserved + self.waiting[0].reserve <= self.kv_tokens
 
     def admit(self) -> list[Seq]:
         """Move waiting sequences into free slots, FIFO, while they fit the KV budget.
         Returns those admitted, in order."""
         admitted: list[Seq] = []
-        while self.waiting and self.free_slots:
-            s = self.waiting[0]
-            if self.running and self.reserved + s.reserve > self.kv_tokens:
-                break  # FIFO: later requests wait behind it rather than overtake
-            self.waiting.popleft()
+        # FIFO: while the head does not fit, later requests wait behind it, not overtake
+        while self._can_admit():
+            s = self.waiting.popleft()
             s.slot = self.free_slots.pop()
             self.reserved += s.reserve
             self.running[s.rid] = s

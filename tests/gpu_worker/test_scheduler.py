@@ -230,3 +230,17 @@ def test_advance_keeps_the_token_to_decode_next() -> None:
     s = seq(1)
     s.advance(41, b"x")
     assert s.last == 41
+
+
+def test_no_work_while_the_queue_head_does_not_fit_and_nothing_runs_with_credit() -> None:
+    """The scheduler thread must sleep, not spin, while a request waits for KV budget
+    that only running sequences (paused for credit) can free."""
+    sched = Scheduler(slots=4, kv_tokens=100)
+    sched.add([seq(1, prompt_len=30, max_tokens=30, window=0),  # reserves 60, no credit
+               seq(2, prompt_len=30, max_tokens=20)])           # 50 more does not fit
+    assert [s.rid for s in sched.admit()] == [1]
+    assert not sched.has_work()  # slots are free, but admit() would take nothing
+    sched.credit(1, 1)
+    assert sched.has_work()  # the running one may go on
+    sched.release(sched.running[1])
+    assert sched.has_work() and [s.rid for s in sched.admit()] == [2]
