@@ -6,8 +6,10 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -181,3 +183,21 @@ def build_from_source(script: Path, out: Path, env: dict[str, str] | None = None
             pytest.fail(f"{why} (under CI `make test` installs the toolchains)")
         pytest.skip(why)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}{proc.stderr}"
+
+
+def wait_until_serving(proc: subprocess.Popen[str], timeout: float = 180) -> str:
+    """The base URL (``http://host:port``) an `edgefn dev`/`serve` subprocess prints,
+    once it has printed ``serving N function(s)``. Raises AssertionError with what it
+    printed if it exits or does not get there in `timeout` seconds."""
+    assert proc.stdout is not None
+    url, seen, deadline = "", [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if m := re.search(r"listening on (http://\S+)", line):
+            url = m.group(1)
+        if line.startswith("serving "):
+            return url
+    raise AssertionError("edgefn did not start:\n" + "".join(seen))

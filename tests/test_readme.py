@@ -14,11 +14,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support import wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -45,27 +46,12 @@ def pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, d
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        yield _address(proc), work, env
+        yield wait_until_serving(proc).removeprefix("http://"), work, env
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(30)
         assert proc.stdout is not None
         proc.stdout.close()
-
-
-def _address(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    address, seen, deadline = "", [], time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if m := re.search(r"listening on http://(\S+)", line):
-            address = m.group(1)
-        if line.startswith("serving "):
-            return address
-    raise AssertionError("edgefn dev did not start:\n" + "".join(seen))
 
 
 def run_block(name: str, pop: tuple[str, Path, dict[str, str]]) -> str:

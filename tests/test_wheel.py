@@ -5,19 +5,19 @@ reactor from its packaged source and importing the packaged guest SDK."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
-import time
 import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support import wait_until_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_FILES = [
@@ -84,7 +84,7 @@ def dev_from_wheel(venv: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess
          "--data", str(tmp_path / "data")], cwd=tmp_path, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        url = _wait_for_url(proc)
+        url = wait_until_serving(proc, 120)
         yield url, proc
     finally:
         if proc.poll() is None:
@@ -92,21 +92,6 @@ def dev_from_wheel(venv: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess
             proc.wait(30)
         assert proc.stdout is not None
         proc.stdout.close()
-
-
-def _wait_for_url(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    url, deadline, seen = "", time.monotonic() + 120, []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if m := re.search(r"listening on (http://\S+)", line):
-            url = m.group(1)
-        if line.startswith("serving "):
-            return url
-    raise AssertionError("edgefn dev from the wheel did not start:\n" + "".join(seen))
 
 
 def test_edgefn_dev_from_the_wheel_serves_wasm_and_python(
