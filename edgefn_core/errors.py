@@ -12,7 +12,9 @@ in that order; the others fix both and take only the message.
     │   ├── ManifestError
     │   └── WorkerConfigError
     ├── DeployError              a deploy rejected; nothing changed
-    │   └── RouteConflict
+    │   ├── RouteConflict
+    │   ├── NotOwner             a namespace or index another owner holds
+    │   └── VersionTampered      stored files that no longer match their hash
     ├── NotFound                 a function, version, model, key or stream that does not exist
     │   └── NoRoute              no function serves a request
     ├── DataDirBusy
@@ -101,6 +103,22 @@ class RouteConflict(DeployError):
     def __init__(self, message: str, path: str = "", owner: str = "") -> None:
         super().__init__(message)
         self.path, self.owner = path, owner
+
+
+class NotOwner(DeployError):
+    """A function binds a KV namespace or vector index that another owner holds and
+    has not shared with it (or shares one it does not own)."""
+
+    code = "not_owner"
+    status = 403
+
+
+class VersionTampered(DeployError):
+    """A stored version's files no longer match the hash they were deployed with
+    (edited, added or removed after the deploy): that version is not loaded."""
+
+    code = "version_tampered"
+    status = 500
 
 
 class NotFound(EdgefnError):

@@ -61,7 +61,8 @@ class AdminApp:
                     return json_response({"functions": self.pop.registry.listing()})
                 case ["v1", "deploy"] if method == b"POST":
                     source = (request.header(b"x-edgefn-source") or b"").decode("utf-8", "replace")
-                    files = deploys.from_tar(request.body)
+                    # off the loop: unpacking up to the package limits takes a while
+                    files = await asyncio.to_thread(deploys.from_tar, request.body)
                     # shielded: a client that goes away mid-deploy must not leave a
                     # half-loaded version (and its processes) behind
                     result = await asyncio.shield(self.pop.registry.deploy(files, source))

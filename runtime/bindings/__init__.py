@@ -26,20 +26,35 @@ from runtime.ai.service import AIService
 from runtime.bindings import kv as kv_binding
 from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
+from runtime.bindings.owners import Owners
 from runtime.functions.manifest import Manifest
 
 AI_TIMEOUT = 300.0
 
 
 class Stores:
-    """The PoP's KV store and vector store (opened lazily in the data dir) and its
-    model worker service, if it runs one."""
+    """The PoP's KV store and vector store (opened lazily in the data dir), who owns
+    their namespaces and indexes, and its model worker service, if it runs one."""
 
     def __init__(self, data_dir: Path, ai: AIService | None = None) -> None:
         self.data_dir = data_dir
         self.ai = ai
         self._kv: KVStore | None = None
         self._vectors: VectorStore | None = None
+        self._owners: Owners | None = None
+
+    @property
+    def owners(self) -> Owners:
+        if self._owners is None:
+            self._owners = Owners(self.data_dir / "owners.json")
+        return self._owners
+
+    def claim(self, m: Manifest) -> None:
+        """Create `m`'s KV namespaces and claim what it binds for its owner (see
+        `Owners.commit`). Raises `OSError` if the claims cannot be saved."""
+        for ns in m.bindings.kv:
+            self.kv.create_namespace(ns)
+        self.owners.commit(m)
 
     @property
     def kv(self) -> KVStore:
@@ -78,14 +93,16 @@ class Bindings:
                                        "(add `ai = true` to [bindings] in edgefn.toml)")
 
     @classmethod
-    def prepare(cls, stores: Stores, m: Manifest) -> Bindings:
-        """The capabilities `m` declares. Creates its KV namespaces (indexes are
-        created on first write or explicitly, since they need a dimension)."""
+    def prepare(cls, stores: Stores, m: Manifest, create: bool = True) -> Bindings:
+        """The capabilities `m` declares, checked against their owners on every call.
+        With `create`, creates its KV namespaces now (a deploy creates them when it
+        commits, `Stores.claim`; indexes are created on first write or explicitly,
+        since they need a dimension)."""
         b = m.bindings
-        for ns in b.kv:
+        for ns in b.kv if create else ():
             stores.kv.create_namespace(ns)
-        kv = kv_binding.KVBinding(stores, m.name, frozenset(b.kv))
-        vectors = vectors_binding.VectorsBinding(stores, m.name, frozenset(b.vectors))
+        kv = kv_binding.KVBinding(stores, m.name, frozenset(b.kv), m.tenant)
+        vectors = vectors_binding.VectorsBinding(stores, m.name, frozenset(b.vectors), m.tenant)
         ai = None
         denied = ""
         if b.ai and stores.ai is not None:

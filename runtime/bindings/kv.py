@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import BindingError
 from kv import KVStore
+from runtime.bindings import owners
 from runtime.bindings.codec import b64, unb64
 
 if TYPE_CHECKING:
@@ -21,27 +22,35 @@ OPS = WRITES | {"get", "list"}  # what a function may call ("create" is the oper
 
 
 class KVBinding:
-    def __init__(self, stores: Stores, owner: str, namespaces: frozenset[str]) -> None:
+    def __init__(self, stores: Stores, owner: str, namespaces: frozenset[str],
+                 tenant: str | None = None) -> None:
+        """`owner`: the function (named in errors); `tenant`: who it binds for
+        (`Manifest.tenant`, the function's name by default)."""
         self.stores = stores
         self.owner = owner
         self.namespaces = namespaces
+        self.tenant = tenant or owner
 
     @property
     def store(self) -> KVStore:
         return self.stores.kv
 
-    def namespace(self, ns: str) -> str:
-        """`ns` if the function declared it. Raises `BindingError`: the one check."""
+    def namespace(self, ns: str, write: bool = False) -> str:
+        """`ns` if the function declared it and its owner lets the function's owner
+        read it (or write it, for a `write`). Raises `BindingError`: the one check."""
         if ns not in self.namespaces:
             raise BindingError(f"function {self.owner!r} did not declare KV namespace {ns!r} "
                                "(add it to [bindings] kv in edgefn.toml)")
+        denied = owners.denied(self.stores.owners, "kv", ns, self.tenant, write)
+        if denied:
+            raise BindingError(denied)
         return ns
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
         """Raises `BindingError`, `StoreError`, KeyError/TypeError/ValueError."""
         if op not in OPS:
             raise BindingError(f"unknown KV operation {op!r}")
-        return run(self.store, op, self.namespace(args["namespace"]), args)
+        return run(self.store, op, self.namespace(args["namespace"], op in WRITES), args)
 
 
 def run(kv: KVStore, op: str, ns: str, a: dict[str, Any]) -> Any:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import BindingError
 from kv.vectors import VectorStore
+from runtime.bindings import owners
 
 if TYPE_CHECKING:
     from runtime.bindings import Stores
@@ -18,27 +19,34 @@ WRITES = frozenset({"upsert", "delete"})
 
 
 class VectorsBinding:
-    def __init__(self, stores: Stores, owner: str, indexes: frozenset[str]) -> None:
+    def __init__(self, stores: Stores, owner: str, indexes: frozenset[str],
+                 tenant: str | None = None) -> None:
+        """`owner`: the function (named in errors); `tenant`: who it binds for."""
         self.stores = stores
         self.owner = owner
         self.indexes = indexes
+        self.tenant = tenant or owner
 
     @property
     def store(self) -> VectorStore:
         return self.stores.vectors
 
-    def index(self, name: str) -> str:
-        """`name` if the function declared it. Raises `BindingError`: the one check."""
+    def index(self, name: str, write: bool = False) -> str:
+        """`name` if the function declared it and its owner lets the function's owner
+        read it (or write it, for a `write`). Raises `BindingError`: the one check."""
         if name not in self.indexes:
             raise BindingError(f"function {self.owner!r} did not declare vector index "
                                f"{name!r} (add it to [bindings] vectors in edgefn.toml)")
+        denied = owners.denied(self.stores.owners, "vectors", name, self.tenant, write)
+        if denied:
+            raise BindingError(denied)
         return name
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
         """Raises `BindingError`, `StoreError`, KeyError/TypeError/ValueError."""
         if op not in ("query", "upsert", "delete"):
             raise BindingError(f"unknown vectors operation {op!r}")
-        return run(self.store, op, self.index(args["index"]), args)
+        return run(self.store, op, self.index(args["index"], op in WRITES), args)
 
 
 def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:

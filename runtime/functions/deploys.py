@@ -2,18 +2,31 @@
 
 Layout::
 
-    DATA/versions/NAME/VERSION/...   the function's files, never modified
-    DATA/functions/NAME.json         which version is current, and the history
-    DATA/cache/*.cwasm               compiled machine code (runtime.executors)
+    DATA/versions/NAME/VERSION/...        the function's files, never modified
+    DATA/versions/NAME/VERSION.files      their SHA-256 hashes (JSON, path -> hex)
+    DATA/functions/NAME.json              which version is current, and the history
+    DATA/cache/*.cwasm                    compiled machine code (runtime.executors)
 
 A version is the first 16 hex digits of a hash over the package's paths and
 contents, so deploying the same files twice is the same version. Records are
 written to a temp file, fsynced and renamed: a crash leaves the old record or
 the new one, never a torn one.
+
+Loading a version (`DeployStore.verify`) re-hashes its files: an edited, added or
+removed file makes that version refused (`VersionTampered`, naming the file).
+
+A package is checked before anything is written (`check_package`, and `from_tar`
+while it reads, so a package of millions of entries stops at the limit): at most
+`MAX_PACKAGE_ENTRIES` tar entries (directories included), `MAX_PACKAGE_FILES`
+files, `MAX_PACKAGE_BYTES` unpacked, paths of at most `MAX_PATH_BYTES` UTF-8 bytes,
+`MAX_NAME_BYTES` per name and `MAX_DEPTH` names deep; plain files only (no links,
+devices, FIFOs or sparse files), relative, without ``..``, and no path both a file
+and a folder. A write that fails removes what it wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -24,11 +37,16 @@ from pathlib import Path
 
 import msgspec
 
-from edgefn_core.errors import DeployError, NotFound
+from edgefn_core.errors import DeployError, NotFound, VersionTampered
 
 MAX_PACKAGE_BYTES = 64 << 20
 MAX_PACKAGE_FILES = 2000
+MAX_PACKAGE_ENTRIES = 4000
+MAX_PATH_BYTES = 256
+MAX_NAME_BYTES = 128
+MAX_DEPTH = 16
 SKIP_NAMES = frozenset({"__pycache__", "node_modules", "target"})
+SUMS_SUFFIX = ".files"
 
 Files = dict[str, bytes]
 
@@ -59,16 +77,69 @@ class FunctionRecord(msgspec.Struct):
 
 
 def version_of(files: Files) -> str:
+    return _version_of_sums(sums_of(files))
+
+
+def sums_of(files: Files) -> dict[str, str]:
+    """Each file's SHA-256, hex."""
+    return {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
+
+
+def _version_of_sums(sums: dict[str, str]) -> str:
     h = hashlib.sha256()
-    for path in sorted(files):
-        h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    for path in sorted(sums):
+        h.update(path.encode() + b"\0" + bytes.fromhex(sums[path]))
     return h.hexdigest()[:16]
+
+
+def check_path(name: str) -> str:
+    """`name` without a leading ``./``. Raises `DeployError` unless it is a relative
+    path of valid UTF-8 names within the length and depth limits, without ``..``,
+    empty names, backslashes or control characters."""
+    name = name.removeprefix("./")
+    parts = name.split("/")
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise DeployError(f"package entry {name!r} is not a plain relative path")
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise DeployError(f"package entry {name!r} is not valid UTF-8") from None
+    if any(c < " " or c in "\\\x7f" for c in name):
+        raise DeployError(f"package entry {name!r} has a backslash or control character")
+    if size > MAX_PATH_BYTES:
+        raise DeployError(f"package entry {name[:60]!r}... is {size} bytes long; the limit is "
+                          f"{MAX_PATH_BYTES}")
+    if len(parts) > MAX_DEPTH:
+        raise DeployError(f"package entry {name[:60]!r} is {len(parts)} names deep; the limit "
+                          f"is {MAX_DEPTH}")
+    if any(len(p.encode()) > MAX_NAME_BYTES for p in parts):
+        raise DeployError(f"package entry {name[:60]!r} has a name longer than "
+                          f"{MAX_NAME_BYTES} bytes")
+    return name
+
+
+def check_package(files: Files) -> None:
+    """Raises `DeployError` for a package over the limits, a bad path (`check_path`)
+    or a path that is both a file and a folder (``a`` and ``a/b``)."""
+    if len(files) > MAX_PACKAGE_FILES:
+        raise DeployError(f"package has {len(files)} files; the limit is {MAX_PACKAGE_FILES}")
+    total = sum(len(d) for d in files.values())
+    if total > MAX_PACKAGE_BYTES:
+        raise DeployError(f"package holds {total} bytes; the limit is {MAX_PACKAGE_BYTES} "
+                          f"({MAX_PACKAGE_BYTES >> 20} MiB)")
+    for name in files:
+        if check_path(name) != name:
+            raise DeployError(f"package entry {name!r} is not a plain relative path")
+    folders = {"/".join(p.split("/")[:i]) for p in files for i in range(1, p.count("/") + 1)}
+    for clash in sorted(folders & files.keys())[:1]:
+        raise DeployError(f"package entry {clash!r} is both a file and a folder")
 
 
 def pack_dir(directory: str | Path) -> Files:
     """Read a function folder (skipping dotfiles, __pycache__ and the like).
 
-    Raises `DeployError` if it is not a folder or exceeds the package limits.
+    Raises `DeployError` if it is not a folder or is not a valid package
+    (`check_package`).
     """
     root = Path(directory)
     if not root.is_dir():
@@ -85,6 +156,10 @@ def pack_dir(directory: str | Path) -> Files:
             raise DeployError(f"{directory}: package exceeds {MAX_PACKAGE_BYTES >> 20} MiB or "
                               f"{MAX_PACKAGE_FILES} files")
         files[rel.as_posix()] = data
+    try:
+        check_package(files)
+    except DeployError as e:
+        raise DeployError(f"{directory}: {e}") from None
     return files
 
 
@@ -100,27 +175,38 @@ def to_tar(files: Files) -> bytes:
 
 
 def from_tar(blob: bytes) -> Files:
-    """Unpack a deploy package. Raises `DeployError` for anything but plain files
-    with relative paths, or a package over the limits."""
+    """Unpack a deploy package in memory. Blocking (run it off the event loop).
+
+    Raises `DeployError` for anything but folders and plain files with valid paths
+    (`check_path`), a name given twice, a package over the limits (checked entry by
+    entry, before reading any data past them) or one that is not a tar archive.
+    """
     files: Files = {}
     total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
-            for info in tar:
+            for count, info in enumerate(tar, 1):
+                if count > MAX_PACKAGE_ENTRIES:
+                    raise DeployError(f"package has more than {MAX_PACKAGE_ENTRIES} entries "
+                                      "(files and folders)")
+                name = check_path(info.name)
                 if info.isdir():
                     continue
-                name = info.name
-                if not info.isfile() or name.startswith("/") or ".." in name.split("/"):
-                    raise DeployError(f"package entry {name!r} is not a plain relative file")
+                if not info.isfile() or info.issparse():
+                    raise DeployError(f"package entry {name!r} is not a plain file or folder "
+                                      "(links, devices and sparse files are refused)")
                 total += info.size
                 if total > MAX_PACKAGE_BYTES or len(files) >= MAX_PACKAGE_FILES:
                     raise DeployError(f"package exceeds {MAX_PACKAGE_BYTES >> 20} MiB or "
                                       f"{MAX_PACKAGE_FILES} files")
+                if name in files:
+                    raise DeployError(f"package entry {name!r} appears twice")
                 member = tar.extractfile(info)
                 assert member is not None
-                files[name.removeprefix("./")] = member.read()
-    except (tarfile.TarError, EOFError, OSError) as e:
+                files[name] = member.read()
+    except (tarfile.TarError, EOFError, OSError, ValueError) as e:
         raise DeployError(f"package is not a valid tar archive: {e}") from None
+    check_package(files)
     return files
 
 
@@ -135,22 +221,90 @@ class DeployStore:
     def version_dir(self, name: str, version: str) -> Path:
         return self.versions_dir / name / version
 
+    def sums_path(self, name: str, version: str) -> Path:
+        return self.versions_dir / name / f"{version}{SUMS_SUFFIX}"
+
     def write_version(self, name: str, version: str, files: Files) -> bool:
-        """Store a version's files; returns False if it was already stored."""
+        """Store a version's files and their hashes; returns False if that version was
+        already stored intact (a stored copy that fails `verify` is replaced).
+
+        Blocking. Raises `DeployError` if the files cannot be written (a name the file
+        system refuses, a full disk); then nothing of this version is left behind.
+        """
         final = self.version_dir(name, version)
         if final.is_dir():
-            return False
+            try:
+                self.verify(name, version)
+                return False
+            except VersionTampered:
+                self.remove_version(name, version)
         staging = self.versions_dir / name / f".staging-{version}-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        for rel, data in files.items():
-            path = staging / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        os.replace(staging, final)
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            for rel, data in files.items():
+                path = staging / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            _write_synced(self.sums_path(name, version),
+                          msgspec.json.encode(dict(sorted(sums_of(files).items()))))
+            os.replace(staging, final)
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            self.remove_version(name, version)
+            raise DeployError(f"cannot store the package: {e}") from None
         return True
 
     def remove_version(self, name: str, version: str) -> None:
+        """Remove a version's files and hashes, and its function's folder if empty."""
         shutil.rmtree(self.version_dir(name, version), ignore_errors=True)
+        self.sums_path(name, version).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # other versions are stored there, or none was
+            (self.versions_dir / name).rmdir()
+
+    def verify(self, name: str, version: str) -> None:
+        """Re-hash a stored version's files against the hashes it was deployed with.
+        Blocking: reads every file.
+
+        Raises `VersionTampered` naming the file edited, added, removed or not a
+        plain file, or if the stored hashes no longer give `version`; `NotFound` if
+        the version is not stored.
+        """
+        root = self.version_dir(name, version)
+        if not root.is_dir():
+            raise NotFound(f"{name} has no stored version {version!r}")
+        where = "stored file"
+        on_disk = _read_tree(root, where)
+        try:
+            expected = msgspec.json.decode(self.sums_path(name, version).read_bytes(),
+                                           type=dict[str, str])
+        except FileNotFoundError:  # stored before hashes were kept: check the whole
+            if version_of(on_disk) != version:
+                raise VersionTampered("the stored files no longer hash to their version "
+                                      "(changed after the deploy)") from None
+            return
+        except (msgspec.DecodeError, msgspec.ValidationError, OSError) as e:
+            raise VersionTampered(f"its list of file hashes is unreadable: {e}") from None
+        _compare(expected, sums_of(on_disk), where)
+        if _version_of_sums(expected) != version:
+            raise VersionTampered(f"its list of file hashes ({name}/{version}{SUMS_SUFFIX}) "
+                                  "was edited")
+
+    def cached(self) -> frozenset[str]:
+        """The names in the compiled-code cache (to undo a failed deploy's entries)."""
+        try:
+            return frozenset(os.listdir(self.root / "cache"))
+        except FileNotFoundError:
+            return frozenset()
+
+    def uncache(self, before: frozenset[str]) -> None:
+        """Remove compiled-code cache entries made since `before` (a failed deploy's),
+        and the cache folder if that leaves it empty and it was not there before."""
+        cache = self.root / "cache"
+        for name in self.cached() - before:
+            (cache / name).unlink(missing_ok=True)
+        if not before:
+            with contextlib.suppress(OSError):
+                cache.rmdir()
 
     def record(self, name: str) -> FunctionRecord:
         """Raises `NotFound` if `name` is not deployed."""
@@ -187,6 +341,43 @@ def new_record(name: str, version: str, source: str, action: str = "deploy") -> 
     now = time.time()
     return FunctionRecord(name, version, [VersionInfo(version, now, source)],
                           [Event(version, now, action)])
+
+
+def _read_tree(root: Path, where: str) -> Files:
+    """Every file under `root`, by relative path. Raises `VersionTampered` for
+    anything that is not a plain file or folder (a link, a FIFO)."""
+    files: Files = {}
+    for folder, dirs, names in os.walk(root):
+        for entry in (*dirs, *names):
+            path = Path(folder) / entry
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                raise VersionTampered(f"{where} {rel!r} is not a plain file or folder")
+            if entry in names:
+                files[rel] = path.read_bytes()
+    return files
+
+
+def _compare(expected: dict[str, str], actual: dict[str, str], where: str) -> None:
+    """Raises `VersionTampered` naming the first file added, removed or changed."""
+    for rel in sorted(expected.keys() | actual.keys()):
+        if rel not in actual:
+            raise VersionTampered(f"{where} {rel!r} was removed after the deploy")
+        if rel not in expected:
+            raise VersionTampered(f"{where} {rel!r} was added after the deploy")
+        if expected[rel] != actual[rel]:
+            raise VersionTampered(f"{where} {rel!r} was changed after the deploy "
+                                  f"(sha256 {actual[rel][:16]}..., deployed as "
+                                  f"{expected[rel][:16]}...)")
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -116,16 +116,36 @@ class Pool(Struct, forbid_unknown_fields=True, frozen=True):
     standby: bool = True
 
 
+OwnerName = Annotated[str, Meta(pattern=NAME_PATTERN)]
+
+
+class Grant(Struct, forbid_unknown_fields=True, frozen=True):
+    """Other owners that may bind one of this owner's namespaces or indexes: `read`
+    only reads it, `write` also writes it."""
+
+    read: list[OwnerName] = []
+    write: list[OwnerName] = []
+
+
+class Share(Struct, forbid_unknown_fields=True, frozen=True):
+    """What this function's owner lets other owners bind, by namespace / index name."""
+
+    kv: dict[OwnerName, Grant] = {}
+    vectors: dict[OwnerName, Grant] = {}
+
+
 class Bindings(Struct, forbid_unknown_fields=True, frozen=True):
     """Capabilities a function asks for; anything not declared here is denied.
 
-    The schema is fixed now so manifests stay valid; the host APIs behind each
-    kind arrive with kv/ (``kv``, ``vectors``) and gpu_worker/ (``ai``).
+    A KV namespace or vector index belongs to the owner of the first function that
+    binds it; a function of another owner may bind it only if `share` (in one of
+    the owner's functions) grants it.
     """
 
     kv: list[Annotated[str, Meta(pattern=NAME_PATTERN)]] = []
     vectors: list[Annotated[str, Meta(pattern=NAME_PATTERN)]] = []
     ai: bool = False
+    share: Share = field(default_factory=Share)
 
 
 class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
@@ -139,9 +159,15 @@ class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
     bindings: Bindings = field(default_factory=Bindings)
     handler: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "handle"
     pool: Pool = field(default_factory=Pool)
+    owner: OwnerName | None = None
 
     def route_list(self) -> list[Route]:
         return [Route(r) if isinstance(r, str) else r for r in self.routes]
+
+    @property
+    def tenant(self) -> str:
+        """Who owns what this function binds: `owner`, or the function's own name."""
+        return self.owner or self.name
 
 
 def load(directory: str | Path) -> Manifest:
@@ -188,6 +214,27 @@ def _check_semantics(m: Manifest, file: str) -> None:
     if Path(m.entry).is_absolute() or ".." in Path(m.entry).parts:
         raise ManifestError(file, "expected a path inside the function folder", "entry")
     _check_routes(m.route_list(), file)
+    _check_share(m, file)
+
+
+def _check_share(m: Manifest, file: str) -> None:
+    """Raises `ManifestError` for a share of a name the function does not bind, with
+    its own owner, or with one owner both to read and to write."""
+    for kind, declared in (("kv", m.bindings.kv), ("vectors", m.bindings.vectors)):
+        grants: dict[str, Grant] = getattr(m.bindings.share, kind)
+        for name, grant in grants.items():
+            where = f"bindings.share.{kind}.{name}"
+            if name not in declared:
+                raise ManifestError(file, f"expected a name listed in `bindings.{kind}` (only "
+                                    f"what the function binds can be shared), got {name!r}",
+                                    where)
+            if m.tenant in grant.read or m.tenant in grant.write:
+                raise ManifestError(file, f"{m.tenant!r} is the owner; share with other "
+                                    "owners only", where)
+            both = sorted(set(grant.read) & set(grant.write))
+            if both:
+                raise ManifestError(file, f"{both[0]!r} is in both `read` and `write` "
+                                    "(`write` includes reading)", where)
 
 
 def _check_routes(routes: list[Route], file: str) -> None:

@@ -96,10 +96,14 @@ class Registry:
 
     # -- deploys ----------------------------------------------------------------------------
     async def deploy(self, files: Files, source: str = "") -> DeployResult:
-        """Validate, compile, pre-warm, save the record and switch routing to a new version.
+        """Validate, check ownership, store, compile, pre-warm, save the record, claim
+        what it binds and switch routing to a new version. Blocking work (hashing,
+        writing files, compiling) runs on a worker thread.
 
-        Raises `ManifestError` or `DeployError`, or `Failure` (500) if the record cannot
-        be saved; on error nothing changes and the previous version keeps serving.
+        Raises `ManifestError`, `DeployError` (`NotOwner` for a namespace or index
+        of another owner, `RouteConflict`), or `Failure` (500) if the record cannot
+        be saved; on error nothing changes, the previous version keeps serving and
+        nothing this deploy wrote is left in the data dir.
         """
         label = f"{source or '<package>'}/{manifest.MANIFEST_NAME}"
         raw = files.get(manifest.MANIFEST_NAME)
@@ -109,19 +113,23 @@ class Registry:
         if m.entry not in files:
             raise ManifestError(label, f"entry file {m.entry!r} is not in the package", "entry")
         self._check_reserved(m, label)
-        version = deploys.version_of(files)
+        deploys.check_package(files)
+        version = await asyncio.to_thread(deploys.version_of, files)
         started = time.perf_counter()
         async with self.lock:
             current = self.functions.get(m.name)
             if current is not None and current.version == version:
                 return self._result(current, False, started)
-            created = self.store.write_version(m.name, version, files)
+            self.stores.owners.check(m, label)
+            cached = self.store.cached()
+            created = await asyncio.to_thread(self.store.write_version, m.name, version, files)
             try:
                 fn = await asyncio.to_thread(self._load, m, version)
-                self._go_live(fn, lambda: self._record(m.name, version, source, "deploy"))
+                self._go_live(fn, lambda: self._commit(m, version, source, "deploy"))
             except BaseException:
                 if created:
                     self.store.remove_version(m.name, version)
+                self.store.uncache(cached)
                 raise
             return self._result(fn, True, started)
 
@@ -141,8 +149,10 @@ class Registry:
                         route.path, "<built-in>")
 
     def _load(self, m: Manifest, version: str) -> Deployment:
+        """Load and pre-warm a stored version. Blocking. Raises `ManifestError`,
+        `DeployError`."""
         executor = load(m, self.store.version_dir(m.name, version), version, self.wasm,
-                        Bindings.prepare(self.stores, m))
+                        Bindings.prepare(self.stores, m, create=False))
         try:
             executor.prewarm()
         except BaseException:
@@ -183,6 +193,19 @@ class Registry:
         for name, previous in old.items():
             if functions.get(name) is not previous:
                 previous.executor.retire()  # in-flight requests finish on it first
+
+    def _commit(self, m: Manifest, version: str, source: str, action: str) -> None:
+        """Save the record (the commit point), then claim what `m` binds. Raises
+        `Failure` (500) if the record cannot be saved; a claim that cannot be saved is
+        logged (it holds in memory, and a restart makes it again from the record)."""
+        self._record(m.name, version, source, action)
+        self._claim(m)
+
+    def _claim(self, m: Manifest) -> None:
+        try:
+            self.stores.claim(m)
+        except OSError as e:
+            log.error("%s: cannot save who owns what it binds: %s", m.name, e)
 
     def _record(self, name: str, version: str, source: str, action: str) -> None:
         """Save `name`'s record with `version` current. Raises `Failure` (500) if the
@@ -228,9 +251,9 @@ class Registry:
             if target not in known:
                 raise NotFound(f"{name} has no version {target!r}; "
                                f"known: {', '.join(sorted(known))}")
-            d = self.store.version_dir(name, target)
-            fn = await asyncio.to_thread(self._load, manifest.load(d), target)
-            self._go_live(fn, lambda: self._record(name, target, "", "rollback"))
+            m = await asyncio.to_thread(self._stored, name, target)
+            fn = await asyncio.to_thread(self._load, m, target)
+            self._go_live(fn, lambda: self._commit(m, target, "", "rollback"))
             return self._result(fn, True, started)
 
     async def delete(self, name: str) -> None:
@@ -238,6 +261,20 @@ class Registry:
         async with self.lock:
             self.store.delete(name)
             self._switch(*self._table(None, remove=name))
+            try:
+                self.stores.owners.forget(name)
+            except OSError as e:
+                log.error("%s: cannot save the withdrawal of its grants: %s", name, e)
+
+    def _stored(self, name: str, version: str) -> Manifest:
+        """The manifest of a stored version whose files are intact and whose bindings
+        its owner may still use. Blocking (hashes every file). Raises
+        `VersionTampered` (naming the file), `ManifestError`, `NotOwner`."""
+        self.store.verify(name, version)
+        d = self.store.version_dir(name, version)
+        m = manifest.load(d)
+        self.stores.owners.check(m, str(d / manifest.MANIFEST_NAME))
+        return m
 
     def versions(self, name: str) -> FunctionRecord:
         """Raises `NotFound`."""
@@ -253,9 +290,9 @@ class Registry:
         errors = []
         for record in self.store.records():
             try:
-                d = self.store.version_dir(record.name, record.current)
-                self._go_live(self._load(manifest.load(d), record.current))
-            except (ManifestError, DeployError) as e:
+                m = self._stored(record.name, record.current)
+                self._go_live(self._load(m, record.current), lambda m=m: self._claim(m))
+            except (ManifestError, DeployError, NotFound) as e:
                 log.error("not serving %s@%s: %s", record.name, record.current, e)
                 errors.append(f"{record.name}: {e}")
         return errors

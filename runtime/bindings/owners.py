@@ -1,0 +1,135 @@
+"""Who owns each KV namespace and vector index, and whom its owner shares it with.
+
+A name belongs to the owner (`Manifest.tenant`: the manifest's ``owner``, else the
+function's name) of the first function whose deploy binds it; the claim outlives
+that function, as the data does. Another owner's function may bind it only if a
+function of the owner grants it in ``[bindings.share]`` (``read`` or ``write``);
+each function's grants count while it is deployed, and a new version replaces
+them. The deploy checks (`Owners.check`) and the binding checks every call
+(`Owners.access`), so a grant withdrawn stops the other function at once.
+
+Persisted in ``DATA/owners.json`` (written to a temp file, fsynced, renamed). A
+deploy saves its record first (the commit point) and then its claims, so a crash
+between the two leaves claims that `Registry.restore` makes again. Only the
+operator's own tools (admin API, CLI) reach a store without these checks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from edgefn_core.errors import NotOwner
+from runtime.functions.manifest import Manifest
+
+Access = Literal["read", "write"]
+KINDS = ("kv", "vectors")
+WHAT = {"kv": "KV namespace", "vectors": "vector index"}
+
+
+def denied(owners: Owners, kind: str, name: str, tenant: str, write: bool) -> str:
+    """Why `tenant` may not read (or `write`) `name` now, or "" if it may."""
+    access = owners.access(kind, name, tenant)
+    if access == "write" or (access == "read" and not write):
+        return ""
+    owner = owners.owner(kind, name)
+    if access == "read":
+        return f"{WHAT[kind]} {name!r} of owner {owner!r} is shared with {tenant!r} read-only"
+    return f"{WHAT[kind]} {name!r} belongs to owner {owner!r} and is not shared with {tenant!r}"
+
+
+class Claim(msgspec.Struct, omit_defaults=True):
+    owner: str
+    shares: dict[str, dict[str, Access]] = {}  # function -> {other owner: access}
+
+
+class Claims(msgspec.Struct):
+    kv: dict[str, Claim] = {}
+    vectors: dict[str, Claim] = {}
+
+
+class Owners:
+    """The claims of one data dir. Read from any thread; changed only by deploys
+    (which the registry serialises)."""
+
+    def __init__(self, path: Path) -> None:
+        """Raises `msgspec.DecodeError`/`ValidationError` if the file is corrupt
+        (refusing to start beats forgetting who owns what)."""
+        self.path = path
+        try:
+            self._claims = msgspec.json.decode(path.read_bytes(), type=Claims)
+        except FileNotFoundError:
+            self._claims = Claims()
+
+    def owner(self, kind: str, name: str) -> str | None:
+        claim = getattr(self._claims, kind).get(name)
+        return claim.owner if claim is not None else None
+
+    def access(self, kind: str, name: str, tenant: str) -> Access | None:
+        """What `tenant` may do with `name`: ``write`` if it owns it or nobody does
+        yet, else what its owner's functions grant it (None: nothing)."""
+        claim: Claim | None = getattr(self._claims, kind).get(name)
+        if claim is None or claim.owner == tenant:
+            return "write"
+        granted = {grants.get(tenant) for grants in claim.shares.values()}
+        return "write" if "write" in granted else "read" if "read" in granted else None
+
+    def check(self, m: Manifest, label: str) -> None:
+        """Raises `NotOwner` (naming the file, field, name and owner) if `m` binds a
+        name another owner holds without a grant to `m`'s owner, or shares one."""
+        for kind in KINDS:
+            for name in getattr(m.bindings, kind):
+                owner = self.owner(kind, name)
+                if owner is None or owner == m.tenant:
+                    continue
+                if name in getattr(m.bindings.share, kind):
+                    raise NotOwner(f"{label}: field `bindings.share.{kind}.{name}`: {WHAT[kind]} "
+                                   f"{name!r} belongs to owner {owner!r}; only its owner may "
+                                   "share it")
+                if self.access(kind, name, m.tenant) is None:
+                    raise NotOwner(
+                        f"{label}: field `bindings.{kind}`: {WHAT[kind]} {name!r} belongs to "
+                        f"owner {owner!r} and is not shared with {m.tenant!r}; bind another "
+                        f"name, or have its owner grant it ([bindings.share.{kind}] "
+                        f'{name} = {{ read = ["{m.tenant}"] }})')
+
+    def commit(self, m: Manifest) -> None:
+        """Claim for `m`'s owner what it binds that nobody owns, and make `m`'s grants
+        replace those of its function's earlier versions. Call after `check`.
+
+        Raises `OSError` if the file cannot be saved (the claims hold in memory).
+        """
+        claims = msgspec.convert(msgspec.to_builtins(self._claims), Claims)
+        for kind in KINDS:
+            table: dict[str, Claim] = getattr(claims, kind)
+            for claim in table.values():
+                claim.shares.pop(m.name, None)
+            for name in getattr(m.bindings, kind):
+                claim = table.setdefault(name, Claim(m.tenant))
+                grant = getattr(m.bindings.share, kind).get(name)
+                if grant is not None and claim.owner == m.tenant:
+                    claim.shares[m.name] = ({o: "read" for o in grant.read}
+                                            | {o: "write" for o in grant.write})
+        self._replace(claims)
+
+    def forget(self, function: str) -> None:
+        """Withdraw the grants of a deleted function (its owner keeps its names).
+        Raises `OSError` if the file cannot be saved."""
+        claims = msgspec.convert(msgspec.to_builtins(self._claims), Claims)
+        for kind in KINDS:
+            for claim in getattr(claims, kind).values():
+                claim.shares.pop(function, None)
+        self._replace(claims)
+
+    def _replace(self, claims: Claims) -> None:
+        self._claims = claims  # one assignment: readers see the old claims or the new
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(claims)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
