@@ -64,3 +64,16 @@ def test_one_shape_on_two_hosts_is_not_a_duplicate() -> None:
     m = manifest.parse(b'name = "x"\nruntime = "wasm"\nentry = "f.wat"\n'
                        b'routes = ["/u/:id", { path = "/u/:name", host = "a.test" }]\n', "m")
     assert [r.path for r in m.route_list()] == ["/u/:id", "/u/:name"]
+
+
+def test_owner_defaults_to_the_function_name_and_shares_parse(tmp_path: Path) -> None:
+    head = 'name = "api"\nruntime = "wasm"\nentry = "f.wat"\nroutes = ["/api"]\n'
+    plain = manifest.parse(head.encode(), "f")
+    assert (plain.owner, plain.tenant, plain.bindings.share) == (None, "api",
+                                                                 manifest.Share())
+    m = manifest.parse((head + 'owner = "acme"\n[bindings]\nkv = ["a", "b"]\nvectors = ["v"]\n'
+                        '[bindings.share.kv]\na = { read = ["bob"], write = ["carol"] }\n'
+                        '[bindings.share.vectors]\nv = { read = ["bob"] }\n').encode(), "f")
+    assert (m.owner, m.tenant) == ("acme", "acme")
+    assert m.bindings.share.kv == {"a": manifest.Grant(read=["bob"], write=["carol"])}
+    assert m.bindings.share.vectors == {"v": manifest.Grant(read=["bob"])}

@@ -29,6 +29,7 @@ from edgefn_core.errors import (
     FunctionError,
     ManifestError,
     NotFound,
+    NotOwner,
     RouteConflict,
 )
 from runtime.bindings import Bindings, Stores
@@ -286,16 +287,29 @@ class Registry:
     # -- lifecycle --------------------------------------------------------------------------
     def restore(self) -> list[str]:
         """Load every persisted function, warm, before the PoP listens. A function that
-        no longer loads is logged and skipped; returns their errors."""
-        errors = []
-        for record in self.store.records():
-            try:
-                m = self._stored(record.name, record.current)
-                self._go_live(self._load(m, record.current), lambda m=m: self._claim(m))
-            except (ManifestError, DeployError, NotFound) as e:
-                log.error("not serving %s@%s: %s", record.name, record.current, e)
-                errors.append(f"{record.name}: {e}")
-        return errors
+        no longer loads is logged and skipped; returns their errors. One refused for a
+        namespace of another owner is tried again after the others (whose grants its
+        owner's functions make again as they load)."""
+        errors: dict[str, str] = {}
+        pending = self.store.records()
+        while pending:
+            refused = []
+            for record in pending:
+                try:
+                    m = self._stored(record.name, record.current)
+                    self._go_live(self._load(m, record.current), lambda m=m: self._claim(m))
+                except NotOwner as e:
+                    refused.append(record)
+                    errors[record.name] = str(e)
+                except (ManifestError, DeployError, NotFound) as e:
+                    errors[record.name] = str(e)
+                else:
+                    errors.pop(record.name, None)
+            pending = refused if len(refused) < len(pending) else []
+        for name, e in errors.items():
+            current = self.store.record(name).current
+            log.error("not serving %s@%s: %s", name, current, e)
+        return [f"{name}: {e}" for name, e in errors.items()]
 
     def close(self) -> None:
         for fn in self.functions.values():

@@ -1,0 +1,224 @@
+"""Who owns KV namespaces and vector indexes: claims, grants and refusals, through a
+`Registry` with real wasmtime and LMDB (no sockets) and the bindings it prepares."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from edgefn_core.errors import BindingError, NotOwner, RouteConflict
+from runtime.bindings import Bindings, Stores
+from runtime.bindings.owners import Owners
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.functions import deploys, manifest
+from runtime.functions.registry import DeployResult, Registry
+from tests.support import function_dir, reactor
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def registry(data: Path, tmp_path: Path) -> Iterator[Registry]:
+    wasm = WasmEngine(data / "cache")
+    stores = Stores(data)
+    r = Registry(data, wasm, stores)
+    yield r
+    r.close()
+    stores.close()
+    wasm.close()
+
+
+def fn(root: Path, name: str, bindings: str, owner: str | None = None,
+       routes: list[str] | None = None) -> Path:
+    """A do-nothing reactor `name` with `bindings` (the body of its [bindings] table)."""
+    top = f'owner = "{owner}"\n' if owner else ""
+    d = function_dir(root / name, name, reactor(""), routes=routes)
+    text = (d / "edgefn.toml").read_text()
+    head, limits = text.split("[limits]")
+    (d / "edgefn.toml").write_text(f"{head}{top}[bindings]\n{bindings}\n[limits]{limits}")
+    return d
+
+
+def deploy(registry: Registry, d: Path) -> DeployResult:
+    return asyncio.run(registry.deploy(deploys.pack_dir(d), str(d)))
+
+
+def refused(registry: Registry, d: Path) -> NotOwner:
+    with pytest.raises(NotOwner) as err:
+        deploy(registry, d)
+    assert (err.value.code, err.value.status) == ("not_owner", 403)
+    return err.value
+
+
+def binding(registry: Registry, d: Path) -> Bindings:
+    """The bindings a deployment of `d` gets (what its host calls go through)."""
+    return Bindings.prepare(registry.stores, manifest.load(d), create=False)
+
+
+def test_the_first_function_claims_and_another_owner_is_refused(registry: Registry,
+                                                                tmp_path: Path) -> None:
+    deploy(registry, fn(tmp_path, "victim", 'kv = ["secret"]\nvectors = ["docs"]'))
+    assert registry.stores.owners.owner("kv", "secret") == "victim"
+    thief = fn(tmp_path, "thief", 'kv = ["mine", "secret"]')
+    err = refused(registry, thief)
+    assert str(err) == (
+        f"{thief}/edgefn.toml: field `bindings.kv`: KV namespace 'secret' belongs to owner "
+        "'victim' and is not shared with 'thief'; bind another name, or have its owner grant it "
+        '([bindings.share.kv] secret = { read = ["thief"] })')
+    err = refused(registry, fn(tmp_path / "2", "thief", 'vectors = ["docs"]', owner="acme"))
+    assert "field `bindings.vectors`: vector index 'docs' belongs to owner 'victim' and is " \
+           "not shared with 'acme'" in str(err)
+    assert "thief" not in registry.functions and "mine" not in registry.stores.kv.namespaces()
+    assert registry.stores.owners.owner("kv", "mine") is None  # a refused deploy claims nothing
+
+
+def test_functions_of_one_owner_share_their_names(registry: Registry, tmp_path: Path) -> None:
+    deploy(registry, fn(tmp_path, "a", 'kv = ["n"]', owner="acme"))
+    deploy(registry, fn(tmp_path, "b", 'kv = ["n"]', owner="acme"))
+    assert registry.stores.owners.owner("kv", "n") == "acme"
+    refused(registry, fn(tmp_path / "2", "c", 'kv = ["n"]'))  # owner: its own name, "c"
+
+
+def test_a_grant_lets_another_owner_read_or_write(registry: Registry, tmp_path: Path) -> None:
+    owner = fn(tmp_path, "owner", 'kv = ["n"]\n[bindings.share.kv]\nn = { read = ["r"], '
+               'write = ["w"] }')
+    deploy(registry, owner)
+    reader, writer = fn(tmp_path, "r", 'kv = ["n"]'), fn(tmp_path, "w", 'kv = ["n"]')
+    deploy(registry, reader)
+    deploy(registry, writer)
+    registry.stores.kv.put("n", b"k", b"v")
+    put = {"namespace": "n", "key": "k", "value": "eA=="}
+    assert binding(registry, reader).call("kv.get", {"namespace": "n", "key": "k"})["value"] \
+        == "dg=="
+    with pytest.raises(BindingError) as err:
+        binding(registry, reader).call("kv.put", put)
+    assert str(err.value) == "KV namespace 'n' of owner 'owner' is shared with 'r' read-only"
+    binding(registry, writer).call("kv.put", put)
+    assert registry.stores.kv.get("n", b"k") == b"x"
+    assert registry.stores.owners.owner("kv", "n") == "owner"  # binding it claims nothing
+
+
+def test_a_withdrawn_grant_stops_the_other_function_at_once(registry: Registry,
+                                                           tmp_path: Path) -> None:
+    deploy(registry, fn(tmp_path, "owner", 'vectors = ["v"]\n[bindings.share.vectors]\n'
+                        'v = { write = ["other"] }'))
+    other = fn(tmp_path, "other", 'vectors = ["v"]')
+    deploy(registry, other)
+    live = binding(registry, other)
+    upsert = {"index": "v", "items": [{"id": "a", "vector": [1.0, 0.0]}]}
+    assert live.call("vectors.upsert", upsert) == 1
+    deploy(registry, fn(tmp_path / "2", "owner", 'vectors = ["v"]'))  # a new version, no grant
+    with pytest.raises(BindingError) as err:
+        live.call("vectors.query", {"index": "v", "vector": [1.0, 0.0]})
+    assert str(err.value) == "vector index 'v' belongs to owner 'owner' and is not shared with " \
+                             "'other'"
+    refused(registry, fn(tmp_path / "2", "other", 'vectors = ["v"]\nai = false'))
+
+
+def test_grants_count_while_their_function_is_deployed(registry: Registry,
+                                                       tmp_path: Path) -> None:
+    deploy(registry, fn(tmp_path, "o1", 'kv = ["n"]\n[bindings.share.kv]\nn = { read = ["x"] }',
+                        owner="acme"))
+    deploy(registry, fn(tmp_path, "o2", 'kv = ["n"]', owner="acme"))
+    deploy(registry, fn(tmp_path, "x", 'kv = ["n"]'))
+    asyncio.run(registry.delete("o1"))
+    owners = registry.stores.owners
+    assert (owners.owner("kv", "n"), owners.access("kv", "n", "x")) == ("acme", None)
+    asyncio.run(registry.delete("o2"))  # the data stays, and so does its owner
+    assert owners.owner("kv", "n") == "acme"
+    refused(registry, fn(tmp_path / "2", "y", 'kv = ["n"]'))
+
+
+def test_only_the_owner_may_share(registry: Registry, tmp_path: Path) -> None:
+    deploy(registry, fn(tmp_path, "owner", 'kv = ["n"]\n[bindings.share.kv]\nn = { read = '
+                        '["guest"] }'))
+    guest = fn(tmp_path, "guest", 'kv = ["n"]\n[bindings.share.kv]\nn = { write = ["pal"] }')
+    assert str(refused(registry, guest)) == (
+        f"{guest}/edgefn.toml: field `bindings.share.kv.n`: KV namespace 'n' belongs to owner "
+        "'owner'; only its owner may share it")
+
+
+def test_claims_survive_a_restart_and_restore_checks_them(data: Path, tmp_path: Path,
+                                                          registry: Registry) -> None:
+    deploy(registry, fn(tmp_path, "z", 'kv = ["n"]\n[bindings.share.kv]\nn = { read = ["b"] }'))
+    deploy(registry, fn(tmp_path, "b", 'kv = ["n"]'))
+    deploy(registry, fn(tmp_path, "y", 'kv = ["m"]\n[bindings.share.kv]\nm = { read = ["c"] }'))
+    deploy(registry, fn(tmp_path, "c", 'kv = ["m"]'))
+    deploy(registry, fn(tmp_path / "2", "y", 'kv = ["m"]'))  # withdraws c's grant
+    registry.close()
+    registry.stores.close()  # the fixture closes them again: a no-op
+    claims = json.loads((data / "owners.json").read_bytes())
+    assert claims["kv"] == {"n": {"owner": "z", "shares": {"z": {"b": "read"}}},
+                            "m": {"owner": "y"}}
+    del claims["kv"]["n"]["shares"]  # a claims file that lost z's grant: z's restore makes it
+    (data / "owners.json").write_text(json.dumps(claims))
+    wasm, stores = WasmEngine(data / "cache"), Stores(data)
+    second = Registry(data, wasm, stores)
+    try:
+        errors = second.restore()
+        assert sorted(second.functions) == ["b", "y", "z"]  # b once z had loaded
+        assert len(errors) == 1 and errors[0].startswith("c: ") and \
+            "KV namespace 'm' belongs to owner 'y' and is not shared with 'c'" in errors[0]
+    finally:
+        second.close()
+        stores.close()
+        wasm.close()
+
+
+def test_a_rollback_is_checked_like_a_deploy(registry: Registry, tmp_path: Path) -> None:
+    deploy(registry, fn(tmp_path, "o", 'kv = ["n"]\n[bindings.share.kv]\nn = { read = ["f"] }'))
+    v1 = deploy(registry, fn(tmp_path, "f", 'kv = ["n"]'))
+    deploy(registry, fn(tmp_path / "2", "f", "kv = []"))
+    deploy(registry, fn(tmp_path / "2", "o", 'kv = ["n"]'))  # the grant is withdrawn
+    with pytest.raises(NotOwner) as err:
+        asyncio.run(registry.rollback("f", v1.version))
+    assert "KV namespace 'n' belongs to owner 'o' and is not shared with 'f'" in str(err.value)
+    assert registry.functions["f"].version != v1.version
+
+
+def test_a_deploy_that_fails_late_claims_and_creates_nothing(registry: Registry,
+                                                             tmp_path: Path, data: Path) -> None:
+    deploy(registry, fn(tmp_path, "a", "kv = []", routes=["/same"]))
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    with pytest.raises(RouteConflict):
+        deploy(registry, fn(tmp_path, "b", 'kv = ["n"]\nvectors = ["v"]', routes=["/same"]))
+    assert registry.stores.owners.owner("kv", "n") is None
+    assert "n" not in registry.stores.kv.namespaces()
+    after = sorted(p.relative_to(data) for p in data.rglob("*"))
+    assert [p for p in after if not str(p).startswith("kv")] == \
+           [p for p in before if not str(p).startswith("kv")]
+
+
+# -- Owners alone ----------------------------------------------------------------------------
+def parse(text: str) -> manifest.Manifest:
+    return manifest.parse(('name = "f"\nruntime = "wasm"\nentry = "m.wat"\nroutes = ["/f"]\n'
+                           + text).encode(), "f/edgefn.toml")
+
+
+def test_access_follows_owner_and_grants(tmp_path: Path) -> None:
+    owners = Owners(tmp_path / "owners.json")
+    assert owners.access("kv", "n", "anyone") == "write"  # unclaimed: whoever binds it claims it
+    owners.commit(parse('owner = "o"\n[bindings]\nkv = ["n"]\nvectors = ["n"]\n'
+                        '[bindings.share.kv]\nn = { read = ["r"], write = ["w"] }'))
+    assert [owners.access("kv", "n", t) for t in ("o", "r", "w", "z")] == [
+        "write", "read", "write", None]
+    assert [owners.access("vectors", "n", t) for t in ("o", "r", "w")] == ["write", None, None]
+    again = Owners(tmp_path / "owners.json")
+    assert again.access("kv", "n", "r") == "read" and again.owner("vectors", "n") == "o"
+    owners.forget("f")
+    assert owners.access("kv", "n", "w") is None and Owners(tmp_path / "owners.json").access(
+        "kv", "n", "w") is None
+
+
+def test_a_corrupt_claims_file_stops_the_start(tmp_path: Path) -> None:
+    (tmp_path / "owners.json").write_text('{"kv": {"n": {"owner": 3}}}')
+    with pytest.raises(msgspec.ValidationError):
+        Owners(tmp_path / "owners.json")
