@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import BindingError
 from kv import KVStore
+from kv.store import Entry, Page
 from runtime.bindings import owners
 from runtime.bindings.codec import b64, unb64
 
@@ -32,8 +33,9 @@ class KVBinding:
         self.tenant = tenant or owner
 
     @property
-    def store(self) -> KVStore:
-        return self.stores.kv
+    def store(self) -> KVView:
+        """The store as this function sees it: every call checks its namespace."""
+        return KVView(self)
 
     def namespace(self, ns: str, write: bool = False) -> str:
         """`ns` if the function declared it and its owner lets the function's owner
@@ -53,7 +55,39 @@ class KVBinding:
         return run(self.store, op, self.namespace(args["namespace"], op in WRITES), args)
 
 
-def run(kv: KVStore, op: str, ns: str, a: dict[str, Any]) -> Any:
+class KVView:
+    """The KV store as one function sees it, for the host calls that reach the store
+    directly (``kv_get``, ``kv_put``, ...): each call checks its namespace with
+    `KVBinding.namespace`, reads for reading and writes for writing."""
+
+    def __init__(self, binding: KVBinding) -> None:
+        self.binding = binding
+        self.kv = binding.stores.kv
+
+    def get(self, ns: str, key: bytes) -> bytes | None:
+        return self.kv.get(self.binding.namespace(ns), key)
+
+    def get_entry(self, ns: str, key: bytes) -> Entry | None:
+        return self.kv.get_entry(self.binding.namespace(ns), key)
+
+    def list(self, ns: str, *args: Any) -> Page:
+        return self.kv.list(self.binding.namespace(ns), *args)
+
+    def put(self, ns: str, key: bytes, value: bytes, **kw: Any) -> int:
+        return self.kv.put(self.binding.namespace(ns, True), key, value, **kw)
+
+    def delete(self, ns: str, key: bytes) -> bool:
+        return self.kv.delete(self.binding.namespace(ns, True), key)
+
+    def increment(self, ns: str, key: bytes, delta: int = 1) -> int:
+        return self.kv.increment(self.binding.namespace(ns, True), key, delta)
+
+    def cas(self, ns: str, key: bytes, expected: int | None, value: bytes,
+            **kw: Any) -> int | None:
+        return self.kv.cas(self.binding.namespace(ns, True), key, expected, value, **kw)
+
+
+def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
     """One KV operation on namespace `ns`. Raises `BindingError` for an unknown
     one, `StoreError` from the store, KeyError/TypeError/ValueError for bad args."""
     key = a["key"].encode() if "key" in a else b""
@@ -74,7 +108,7 @@ def run(kv: KVStore, op: str, ns: str, a: dict[str, Any]) -> Any:
         case "cas":
             return kv.cas(ns, key, a.get("expected_version"), unb64(a["value"]),
                           ttl=a.get("ttl"), metadata=a.get("metadata"))
-        case "create":
+        case "create" if isinstance(kv, KVStore):  # the operator's only
             kv.create_namespace(ns)
             return None
         case "list":

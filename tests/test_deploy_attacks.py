@@ -1,0 +1,171 @@
+"""Hostile deploys against a real PoP over loopback: a package of millions of entries,
+a package at the size limit, a file/folder clash, a namespace of another owner, a
+stored file edited behind the PoP's back. Each is refused with a clear error, leaves
+the data dir as it was, and another function keeps answering meanwhile."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import AdminError
+from runtime.functions import deploys
+from tests.support import Running, function_dir, pop_thread, reactor
+from tests.test_deploys import many_dirs
+
+INCREMENT = reactor("""
+  (drop (call $inc (i32.const 200) (i32.const 6) (i32.const 208) (i32.const 1) (i64.const 1)))""",
+                    imports="""(import "edgefn" "kv_increment"
+                         (func $inc (param i32 i32 i32 i32 i64) (result i64)))""",
+                    prelude='(data (i32.const 200) "secret") (data (i32.const 208) "k")')
+
+
+def listing(root: Path) -> list[str]:
+    """The data dir's files, without what changes while a PoP merely runs."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if not p.name.startswith(("pop.", "lock")))
+
+
+@contextmanager
+def probing(pop: Running, path: str) -> Iterator[list[float]]:
+    """GET `path` in a loop while the block runs; yields the latencies (s) and checks
+    every answer was 200."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            status, _, body = pop.get(path)
+            latencies.append(time.perf_counter() - t)
+            if status != 200:
+                failures.append(f"{status} {body[:100]!r}")
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        yield latencies
+    finally:
+        stop.set()
+        thread.join()
+    assert failures == []
+
+
+def refused(pop: Running, blob: bytes) -> AdminError:
+    with pytest.raises(AdminError) as err:
+        pop.admin.request("POST", "/v1/deploy", blob)
+    return err.value
+
+
+def test_hostile_packages_are_refused_and_leave_nothing(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(function_dir(tmp_path, "hello", reactor("")))
+    before = listing(pop.data)
+    millions = many_dirs(1_500_000)
+    with probing(pop, "/hello") as latencies:
+        t = time.perf_counter()
+        err = refused(pop, millions)
+        took = time.perf_counter() - t
+        assert (err.status, err.code, str(err)) == (
+            400, "deploy_rejected", "package has more than 4000 entries (files and folders)")
+        assert took < 2.0, took  # it took 58 s to read every entry
+        files = deploys.pack_dir(function_dir(tmp_path, "clash", reactor("nop")))
+        blob = deploys.to_tar({**files, "lib": b"a file", "lib/x.py": b"and a folder"})
+        err = refused(pop, blob)
+        assert (err.status, str(err)) == (400, "package entry 'lib' is both a file and a folder")
+        err = refused(pop, b"\x1f\x8b not really gzip")
+        assert err.status == 400 and str(err).startswith("package is not a valid tar archive")
+        link = tarfile.TarInfo("main.wat")
+        link.type, link.linkname = tarfile.SYMTYPE, "/work/admin.token"
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.addfile(link)
+        assert "is not a plain file or folder" in str(refused(pop, buf.getvalue()))
+        conflict = function_dir(tmp_path / "2", "other", reactor("nop nop"), routes=["/hello"])
+        with pytest.raises(AdminError) as late:  # compiled, then refused: its cache goes too
+            pop.deploy(conflict)
+        assert (late.value.status, late.value.code) == (409, "route_conflict")
+    assert len(latencies) > 0
+    assert listing(pop.data) == before
+    assert not list(pop.data.glob("versions/*/.staging-*"))
+
+
+def test_a_package_at_the_size_limit_unpacks_off_the_event_loop(pop: Running,
+                                                                tmp_path: Path) -> None:
+    pop.deploy(function_dir(tmp_path, "hello", reactor("")))
+    files = deploys.pack_dir(function_dir(tmp_path / "2", "big", "(module (func $bad"))
+    size = (deploys.MAX_PACKAGE_BYTES - sum(map(len, files.values()))) // 4
+    blob = deploys.to_tar({**files, **{f"blob{i}.bin": bytes(size) for i in range(4)}})
+    before = listing(pop.data)
+    with probing(pop, "/hello") as latencies:
+        t = time.perf_counter()
+        err = refused(pop, blob)  # unpacked, hashed, written, compiled (it fails), removed
+        took = time.perf_counter() - t
+    assert (err.status, err.code) == (400, "deploy_rejected") and "main.wat" in str(err)
+    assert listing(pop.data) == before
+    # on the loop, the unpacking alone would hold one request for a good part of `took`
+    assert took > 0.1 and max(latencies) < min(0.05, took / 3), (took, max(latencies))
+
+
+def test_a_namespace_of_another_owner_cannot_be_bound(pop: Running, tmp_path: Path) -> None:
+    victim = function_dir(tmp_path, "victim", INCREMENT, extra='[bindings]\nkv = ["secret"]')
+    pop.deploy(victim)
+    assert pop.get("/victim")[0] == 200
+    before = listing(pop.data)
+    with probing(pop, "/victim"):
+        thief = function_dir(tmp_path, "thief", INCREMENT, extra='[bindings]\nkv = ["secret"]')
+        with pytest.raises(AdminError) as err:
+            pop.deploy(thief)
+        assert (err.value.status, err.value.code) == (403, "not_owner")
+        assert str(err.value).startswith(
+            f"{thief}/edgefn.toml: field `bindings.kv`: KV namespace 'secret' belongs to owner "
+            "'victim' and is not shared with 'thief'")
+        assert pop.get("/thief")[0] == 404
+    assert listing(pop.data) == before
+    count = pop.pop.stores.kv.get("secret", b"k")
+    # shared read-only, the other owner's writes fail at run time; with `write` they work
+    (victim / "edgefn.toml").write_text((victim / "edgefn.toml").read_text().replace(
+        "[limits]", '[bindings.share.kv]\nsecret = { read = ["thief"] }\n[limits]'))
+    pop.deploy(victim)
+    pop.deploy(thief)
+    status, headers, body = pop.get("/thief")
+    assert (status, headers["x-edgefn-error"]) == (500, "binding")
+    assert "KV namespace 'secret' of owner 'victim' is shared with 'thief' read-only" in \
+           json.loads(body)["error"]["message"]
+    assert pop.pop.stores.kv.get("secret", b"k") == count
+    (victim / "edgefn.toml").write_text((victim / "edgefn.toml").read_text().replace(
+        "read = ", "write = "))
+    pop.deploy(victim)
+    assert pop.get("/thief")[0] == 200  # the running version: grants are checked per call
+
+
+def test_a_tampered_stored_file_is_refused_at_restart(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data"
+    good = function_dir(tmp_path, "good", reactor(""))
+    target = function_dir(tmp_path, "target", reactor(""))
+    with pop_thread(data) as pop:
+        pop.deploy(good)
+        version = pop.deploy(target)["version"]
+    stored = data / "versions" / "target" / version / "main.wat"
+    stored.write_text(stored.read_text().replace("ok", "no"))
+    with caplog.at_level(logging.ERROR, logger="edgefn.pop"), pop_thread(data) as pop:
+        assert pop.get("/good")[0] == 200
+        status, headers, _ = pop.get("/target")
+        assert (status, headers.get("x-edgefn-error")) == (404, "no_route")
+        assert [r.getMessage() for r in caplog.records if r.name == "edgefn.pop"] == [
+            f"not serving target@{version}: stored file 'main.wat' was changed after the "
+            f"deploy (sha256 {deploys.sums_of({'m': stored.read_bytes()})['m'][:16]}..., "
+            f"deployed as {deploys.sums_of({'m': (target / 'main.wat').read_bytes()})['m'][:16]}"
+            "...)"]
+        assert pop.deploy(target)["version"] == version  # a redeploy stores it afresh
+        assert pop.get("/target")[0] == 200
