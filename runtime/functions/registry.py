@@ -15,6 +15,7 @@ go back to the older one. Deletes follow the same rule: the record goes first.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -297,7 +298,7 @@ class Registry:
             for record in pending:
                 try:
                     m = self._stored(record.name, record.current)
-                    self._go_live(self._load(m, record.current), lambda m=m: self._claim(m))
+                    self._go_live(self._load(m, record.current), functools.partial(self._claim, m))
                 except NotOwner as e:
                     refused.append(record)
                     errors[record.name] = str(e)
@@ -306,10 +307,9 @@ class Registry:
                 else:
                     errors.pop(record.name, None)
             pending = refused if len(refused) < len(pending) else []
-        for name, e in errors.items():
-            current = self.store.record(name).current
-            log.error("not serving %s@%s: %s", name, current, e)
-        return [f"{name}: {e}" for name, e in errors.items()]
+        for name, why in errors.items():
+            log.error("not serving %s@%s: %s", name, self.store.record(name).current, why)
+        return [f"{name}: {why}" for name, why in errors.items()]
 
     def close(self) -> None:
         for fn in self.functions.values():

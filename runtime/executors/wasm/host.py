@@ -26,8 +26,8 @@ import wasmtime
 from wasmtime import _ffi as ffi
 
 from edgefn_core.errors import BindingError
-from kv import KVStore
 from runtime.bindings import Bindings
+from runtime.bindings.kv import KVView
 from runtime.executors.wasm.ffi import _EXTERN_OF, _fn, memory_data, memory_data_size
 
 I32, I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
@@ -123,7 +123,7 @@ def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool) -> Calla
 
 
 def _impls(b: Bindings) -> dict[str, Callable[..., Any]]:
-    def kv(m: _Memory, p: int, n: int) -> tuple[KVStore, str]:
+    def kv(m: _Memory, p: int, n: int) -> tuple[KVView, str]:
         ns = b.kv.namespace(m.text(p, n))
         return b.kv.store, ns
 
