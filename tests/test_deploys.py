@@ -3,6 +3,7 @@ failed write leaves behind (nothing), and the hash check of stored versions."""
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import tarfile
@@ -42,6 +43,7 @@ def info(name: str, kind: bytes, **attrs: object) -> tarfile.TarInfo:
     return i
 
 
+@functools.cache
 def many_dirs(n: int) -> bytes:
     """A tar.gz of `n` folder entries (one header repeated), compressed as it is
     made: 1.5M entries are 7 MB like the package of the issue, in about a second."""

@@ -243,7 +243,8 @@ def test_a_deploy_or_rollback_whose_record_cannot_be_saved_changes_nothing(
         status, headers, body = pop.get("/svc")
         assert (status, headers["x-edgefn-function"], body) == (200, f"svc@{v2}", b"two")
         assert pop.admin.request("GET", "/v1/functions") == listing
-        assert sorted(os.listdir(data / "versions" / "svc")) == sorted([v1, v2])
+        assert sorted(os.listdir(data / "versions" / "svc")) == sorted(
+            [v1, v2, f"{v1}.files", f"{v2}.files"])  # each version and its file hashes
         monkeypatch.undo()
     with pop_thread(data) as restarted:
         assert restarted.get("/svc")[2] == b"two"
