@@ -22,7 +22,7 @@ from typing import Literal
 
 import msgspec
 
-from edgefn_core.errors import NotOwner
+from edgefn_core.errors import Failure, NotOwner
 from runtime.functions.manifest import Manifest
 
 Access = Literal["read", "write"]
@@ -56,13 +56,16 @@ class Owners:
     (which the registry serialises)."""
 
     def __init__(self, path: Path) -> None:
-        """Raises `msgspec.DecodeError`/`ValidationError` if the file is corrupt
-        (refusing to start beats forgetting who owns what)."""
+        """Raises `Failure` (500 ``owners_unreadable``) if the file is corrupt:
+        refusing to deploy or start beats forgetting who owns what."""
         self.path = path
         try:
             self._claims = msgspec.json.decode(path.read_bytes(), type=Claims)
         except FileNotFoundError:
             self._claims = Claims()
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise Failure("owners_unreadable", 500, f"{path}: cannot read who owns which KV "
+                          f"namespace and vector index ({e}); restore it from a backup") from None
 
     def owner(self, kind: str, name: str) -> str | None:
         claim = getattr(self._claims, kind).get(name)

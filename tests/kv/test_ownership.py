@@ -8,10 +8,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from edgefn_core.errors import BindingError, NotOwner, RouteConflict
+from edgefn_core.errors import BindingError, Failure, NotOwner, RouteConflict
 from runtime.bindings import Bindings, Stores
 from runtime.bindings.owners import Owners
 from runtime.executors.wasm.engine import WasmEngine
@@ -220,5 +219,9 @@ def test_access_follows_owner_and_grants(tmp_path: Path) -> None:
 
 def test_a_corrupt_claims_file_stops_the_start(tmp_path: Path) -> None:
     (tmp_path / "owners.json").write_text('{"kv": {"n": {"owner": 3}}}')
-    with pytest.raises(msgspec.ValidationError):
+    with pytest.raises(Failure) as err:
         Owners(tmp_path / "owners.json")
+    assert (err.value.code, err.value.status) == ("owners_unreadable", 500)
+    assert str(err.value) == (f"{tmp_path}/owners.json: cannot read who owns which KV namespace "
+                              "and vector index (Expected `str`, got `int` - at `$.kv[...].owner`); "
+                              "restore it from a backup")
