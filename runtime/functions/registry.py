@@ -129,11 +129,16 @@ class Registry:
                 fn = await asyncio.to_thread(self._load, m, version)
                 self._go_live(fn, lambda: self._commit(m, version, source, "deploy"))
             except BaseException:
-                if created:
-                    self.store.remove_version(m.name, version)
-                self.store.uncache(cached)
+                await asyncio.to_thread(self._undo, m.name, version, created, cached)
                 raise
             return self._result(fn, True, started)
+
+    def _undo(self, name: str, version: str, created: bool, cached: frozenset[str]) -> None:
+        """Remove what a failed deploy wrote: its version (if it stored it) and the
+        compiled-code cache entries made since `cached`. Blocking."""
+        if created:
+            self.store.remove_version(name, version)
+        self.store.uncache(cached)
 
     def _check_reserved(self, m: Manifest, label: str) -> None:
         """Raises `RouteConflict` for a route that would serve a built-in endpoint
