@@ -234,6 +234,14 @@ class IsolateStop(EdgefnError):
     code = "isolate_stopped"
 
 
+class IsolateWedged(EdgefnError):
+    """Raised out of an isolate's serve loop when its interpreter cannot be closed: a
+    thread the function started is still running (blocked in C code) after being
+    told to stop. The host leaves that interpreter behind and asks to be replaced."""
+
+    code = "isolate_wedged"
+
+
 class IsolateInterrupt(BaseException):
     """Raised asynchronously in a Python handler's thread when it runs past a limit.
 
@@ -250,3 +258,10 @@ class CpuInterrupt(IsolateInterrupt):
 
 class WallInterrupt(IsolateInterrupt):
     code = "wall_limit"
+
+
+class ThreadStop(IsolateInterrupt):
+    """Raised asynchronously in a thread a function started that is still running
+    once its request has been answered."""
+
+    code = "thread_stopped"

@@ -11,6 +11,7 @@ handler's thread; C code that never returns to Python is the PoP's to handle
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import importlib
 import inspect
@@ -24,7 +25,14 @@ import time
 import traceback
 from typing import Any
 
-from edgefn_core.errors import CpuInterrupt, IsolateInterrupt, IsolateStop, WallInterrupt
+from edgefn_core.errors import (
+    CpuInterrupt,
+    IsolateInterrupt,
+    IsolateStop,
+    IsolateWedged,
+    ThreadStop,
+    WallInterrupt,
+)
 from runtime.executors.python import wire
 
 _SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
@@ -35,6 +43,33 @@ _CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void
 
 # frames of edgefn's own code (this loop, the guest SDK), left out of user tracebacks
 OURS = ("guest.py", "/edgefn/__init__.py")
+
+# How long the threads a request left running get to end once told to stop; and how
+# often they are told again meanwhile (an async exception lands between bytecodes, so
+# a thread blocked in C code, a sleep say, takes it only when that call returns).
+THREAD_GRACE = 0.2
+THREAD_NUDGE = 0.01
+
+
+def stop_threads(threads: list[threading.Thread], grace: float) -> list[threading.Thread]:
+    """Raise `ThreadStop` in each of `threads` until it ends or `grace` seconds
+    pass; those still running then."""
+    end = time.monotonic() + grace
+    while True:
+        threads = [t for t in threads if t.is_alive()]
+        if not threads or time.monotonic() >= end:
+            return threads
+        for t in threads:
+            if t.ident is not None:
+                _SET_ASYNC_EXC(t.ident, ThreadStop)
+        threads[0].join(THREAD_NUDGE)
+
+
+def _quiet_thread_stop(args: Any) -> None:
+    """`threading.excepthook`: a thread ended by `ThreadStop` is no error to report."""
+    if args.exc_type is not None and issubclass(args.exc_type, ThreadStop):
+        return
+    threading.__excepthook__(args)
 
 
 class Watchdog:
@@ -229,13 +264,19 @@ class Session:
         self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.calls = 0
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # The threads there before the function ran (this one, the watchdog, and the
+        # interpreter's idea of a main thread); any other was started by the function.
+        self.ours = {*threading.enumerate(), self.dog.thread}
+        self.stuck: list[threading.Thread] = []  # told to stop, still running
+        threading.excepthook = _quiet_thread_stop
 
     def loop(self, recycle_after: int, ready: bytes) -> None:
         """Send `ready`, then serve until `recycle_after` requests were served."""
         try:
             self.sock.sendall(ready)
             served = 0
-            while served < recycle_after:
+            while served < recycle_after and not self.stuck:
                 f = wire.recv_frame(self.sock, self.reader, self.pending)
                 if f is None:
                     raise IsolateStop
@@ -246,8 +287,12 @@ class Session:
                         self.sock.sendall(wire.json_frame(wire.READY,
                                                           {"ok": False, "recycling": True}))
                     self.one(payload)
+                    self.reap_threads()
                 elif kind == wire.WARM:
                     self.warm(payload)
+            if self.stuck and stop_threads(self.stuck, THREAD_GRACE):
+                names = ", ".join(repr(t.name) for t in self.stuck)
+                raise IsolateWedged(f"thread {names} is still running (blocked in C code)")
         finally:
             self.dog.stop()
             if self.loop_ is not None:
@@ -275,6 +320,27 @@ class Session:
         except Exception as e:
             self.send_error("exception", _cannot_import(e) or _raised(e),
                             "".join(traceback.format_exception(e)))
+
+    def reap_threads(self) -> None:
+        """Stop the threads the function started that outlived its request: work after
+        the response runs outside every limit. Those still running after
+        `THREAD_GRACE` (blocked in C code) end the isolate's loop, so that it recycles."""
+        if threading.active_count() <= len(self.ours):
+            return
+        if self.executor is not None:  # its idle threads wait for work: tell them to end
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor = None
+            if self.loop_ is not None:
+                self.loop_.set_default_executor(self._new_executor())
+        strays = [t for t in threading.enumerate() if t not in self.ours]
+        if not strays:
+            return
+        self.stuck = stop_threads(strays, THREAD_GRACE)
+        names = ", ".join(repr(t.name) for t in strays)
+        self.call("log", {"message": f"edgefn: stopped thread {names}: it outlived its request "
+                                     "(threads must end before the handler returns)"
+                                     + ("; it is blocked, so the isolate recycles"
+                                        if self.stuck else "")})
 
     def warm(self, payload: bytes) -> None:
         """Everything `one` does around the handler, so the first real request is warm."""
@@ -352,4 +418,11 @@ class Session:
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop_ is None:
             self.loop_ = asyncio.new_event_loop()
+            self.loop_.set_default_executor(self._new_executor())
         return self.loop_
+
+    def _new_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The event loop's executor (`asyncio.to_thread`): one per request that used
+        it, since `reap_threads` ends its threads with the request."""
+        self.executor = concurrent.futures.ThreadPoolExecutor()
+        return self.executor

@@ -133,8 +133,12 @@ def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retiremen
                 err = interp.run(i, serve_code(cfg, warnings))
                 warnings = []
         finally:
-            interp.destroy(i)
-        if err is None:  # recycled
+            if err != "IsolateWedged":  # closing it would wait for its stuck thread forever
+                interp.destroy(i)
+        if err == "IsolateWedged":
+            retirement.ask(fd, "a thread a function started could not be stopped; its "
+                               "interpreter is left behind")
+        if err in (None, "IsolateWedged"):  # recycled
             first = False
             continue
         if serving and err == "IsolateStop":  # the PoP closed the socket: stopped
