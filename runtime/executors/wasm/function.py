@@ -85,8 +85,8 @@ class WasmFunction:
         except wasmtime.WasmtimeError as e:
             raise DeployError(f"{manifest.entry}: cannot link module: {e}") from None
         b = manifest.bindings
-        # a binding may block (a model call, a synced KV write): off the event loop
-        self.threaded = bool(b.ai or b.kv or b.vectors)
+        # a binding may block (a model call, a synced KV write, a fetch): off the event loop
+        self.threaded = bool(b.ai or b.kv or b.vectors or b.fetch)
         self.env = dict(manifest.env)
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in self.env.items()])
         if self.abi == "reactor":
