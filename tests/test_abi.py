@@ -127,6 +127,10 @@ HEAD = b"\xc8\0\0\0\x01\0\0\0\x0c\0\0\0content-type\x19\0\0\0text/plain; charset
      "length), but the response ends 2 bytes later: expected a u32 header 0 name length "
      "followed by the header 0 name; and the u32 header count at byte 4 says 1, more headers "
      "than the 6 bytes after it can hold"),
+    # 8 bytes after the count: room for one header of 8 bytes, so no suspicion
+    (b"\xc8\0\0\0\x01\0\0\0\x01\0\0\0a\x05\0\0",
+     "response ends at byte 16 (3 stray bytes from byte 13: b'\\x05\\x00\\x00'): expected a "
+     "u32 header 0 value length followed by the header 0 value"),
     # 17 bytes after the count: room for two headers of 8 bytes at least, so no suspicion
     (b"\xc8\0\0\0\x02\0\0\0\x01\0\0\0a\0\0\0\0\x04\0\0\0abcd",
      "response ends at byte 25: expected a u32 header 1 value length followed by the "
@@ -194,9 +198,25 @@ def test_a_cut_request_is_told_which_field_it_ends_in(
 
 
 def test_a_request_cut_in_the_magic_is_told_what_it_got() -> None:
+    for buf, got in ((b"EFQ", "b'EFQ'"), (b"EFQ2EFQ1", "b'EFQ2'")):
+        with pytest.raises(ProtocolError) as err:
+            abi.decode_request(buf)
+        assert str(err.value) == f"request does not start with b'EFQ1': got {got}"
+
+
+FULL = abi.GuestRequest(b"GET", b"/p", b"q=1", [(b"h", b"v")], [(b"E", b"w")], b"body",
+                        [(b"id", b"7")])
+
+
+@pytest.mark.parametrize("cut", range(4, len(encode(FULL))))
+def test_every_cut_of_a_request_with_every_field_names_its_field(cut: int) -> None:
+    buf = encode(FULL)
+    if cut == len(buf) - len(abi.encode_pairs(FULL.params)):
+        assert abi.decode_request(buf[:cut]) == FULL._replace(params=[])
+        return
     with pytest.raises(ProtocolError) as err:
-        abi.decode_request(b"EFQ")
-    assert str(err.value) == "request does not start with b'EFQ1': got b'EFQ'"
+        abi.decode_request(buf[:cut])
+    assert str(err.value) == cut_message(FULL, cut)
 
 
 @pytest.mark.parametrize(("status", "headers", "words"), [
