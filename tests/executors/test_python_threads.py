@@ -57,7 +57,7 @@ def test_a_thread_left_spinning_is_stopped_after_the_response(pop: Running,
         began = time.monotonic()
         status, _, body = pop.get("/spinner")
         assert (status, body) == (200, b"started")
-        assert time.monotonic() - began < 1.0  # the wall limit is 5 s: nothing waited for it
+        assert time.monotonic() - began < 2.5  # the wall limit is 5 s: nothing waited for it
     (host,) = host_pids("spinner")
     before = cpu_seconds(host)
     time.sleep(1.0)
