@@ -9,8 +9,8 @@ imports that would fail only at request time (`importcheck`) and its first
 isolate reports them at READY. Before any of that, the host sandboxes itself
 (`sandbox.apply`): from then on it sees only what it needs, read-only, plus a
 scratch dir; each isolate gets its own subfolder of it as `tempfile.gettempdir()`,
-emptied whenever a fresh interpreter takes over. A crash here (a segfault in a C extension or ctypes) ends only this
-process; the PoP replaces it.
+emptied whenever a fresh interpreter takes over. A crash here (a segfault in a C
+extension or ctypes) ends only this process; the PoP replaces it.
 
 Its address space is capped (`budget`). Recycled interpreters leave some of it
 behind, so before starting each interpreter the host checks what is left: when

@@ -30,6 +30,7 @@ process and prints, as JSON, which ones hold on this machine (`edgefn doctor`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -187,7 +188,7 @@ def limit_resources(threads: bool) -> None:
     if threads:
         limits.append((resource.RLIMIT_NPROC, MAX_THREADS))
     for which, value in limits:
-        soft, hard = resource.getrlimit(which)
+        _, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
 
@@ -373,10 +374,8 @@ def wipe(directory: str) -> None:
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(entry.path)
-            except OSError:
-                pass
 
 
 # -- the probe (`edgefn doctor`) ---------------------------------------------------------------
