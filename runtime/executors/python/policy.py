@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,13 +33,20 @@ def probe() -> dict[str, str]:
         try:
             out = subprocess.run(
                 [sys.executable, "-m", "runtime.executors.python.sandbox", scratch],
-                capture_output=True, env=sandbox.host_environment(IMPORT_ROOTS),
+                capture_output=True, env=_probe_env(),
                 timeout=PROBE_TIMEOUT, check=False)
             state: dict[str, str] = json.loads(out.stdout)
         except (OSError, subprocess.TimeoutExpired, ValueError) as e:
             why = f"missing: the sandbox probe failed ({e})"
             return dict.fromkeys(sandbox.LAYERS, why)
     return {layer: state.get(layer, "missing: not reported") for layer in sandbox.LAYERS}
+
+
+def _probe_env() -> dict[str, str]:
+    env = sandbox.host_environment(IMPORT_ROOTS)
+    if sandbox.SKIP_ENV in os.environ:
+        env[sandbox.SKIP_ENV] = os.environ[sandbox.SKIP_ENV]
+    return env
 
 
 def missing(state: dict[str, str]) -> dict[str, str]:

@@ -58,6 +58,11 @@ UID_RANGE = 50_000
 KEEP_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/localtime")
+# Layers (comma-separated) the probe reports missing without trying them: how an
+# operator, or a test, sees what a machine lacking them does. It never weakens a
+# host: a missing layer makes the PoP refuse Python functions (or, with
+# --insecure-python, only say so).
+SKIP_ENV = "EDGEFN_SANDBOX_SKIP"
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -317,11 +322,12 @@ def single_threaded() -> bool:
 
 
 def apply(reads: list[str], scratch: str, uid: int, strict: bool = True,
-          listable: Iterable[str] = ()) -> dict[str, str]:
+          listable: Iterable[str] = (), skip: Iterable[str] = ()) -> dict[str, str]:
     """Apply every layer this machine has to this process, in order; returns each
     layer's state ("enforced", or why not). Call it while the process has one thread.
     `scratch` is the one writable dir (as root, a private tmpfs at /tmp replaces it);
-    `listable`: dirs whose entries may be listed, not read (see `landlock`).
+    `listable`: dirs whose entries may be listed, not read (see `landlock`); the
+    layers in `skip` are reported missing without being tried (`SKIP_ENV`).
 
     With `strict`, raises `SandboxError` at the first layer that cannot be applied
     (the ``ROOT_ONLY`` layers are skipped, not failed, when not running as root).
@@ -335,6 +341,9 @@ def apply(reads: list[str], scratch: str, uid: int, strict: bool = True,
     devices = [d for d in DEVICES if os.path.exists(d)]
 
     def layer(name: str, step: object, *args: object) -> None:
+        if name in skip:
+            state[name] = f"missing: skipped ({SKIP_ENV})"
+            return
         try:
             step(*args)  # type: ignore[operator]
         except (SandboxError, OSError) as e:
@@ -383,8 +392,9 @@ def probe_main(scratch: str) -> None:
     """Apply every layer to this (throwaway) process, then try what some of them
     should stop, and print {layer: state} as JSON."""
     here = str(Path(__file__).resolve().parent)
+    skip = os.environ.get(SKIP_ENV, "").split(",")
     state = apply(read_paths(here, [here]), scratch, UID_BASE + UID_RANGE - 1, strict=False,
-                  listable=[os.path.dirname(here)])
+                  listable=[os.path.dirname(here)], skip=skip)
     for name, broken in _leaks().items():
         if state.get(name) == "enforced" and broken:
             state[name] = f"missing: {broken}"
