@@ -4,7 +4,6 @@ from inside its isolate and answers what happened, as JSON: ``{"ok": true,
 "<exception type>", "errno": N, "message": "..."}``. The tests assert which."""
 
 import ctypes
-import errno
 import json
 import os
 import signal
