@@ -107,9 +107,13 @@ def test_cannot_read_etc_shadow_or_passwd(pop: Running) -> None:
     refused(attack(pop, "read", "/etc/passwd"), "FileNotFoundError")
 
 
-def test_cannot_read_another_functions_code(pop: Running) -> None:
+def test_cannot_read_or_overwrite_another_functions_code(pop: Running) -> None:
     code = data_file(pop, "versions/victim/*/main.py")
+    before = code.read_bytes()
     refused(attack(pop, "read", code), "FileNotFoundError")
+    refused(attack(pop, "write", code), "FileNotFoundError")
+    refused(attack(pop, "write", code.parent / "extra.py"), "FileNotFoundError")
+    assert code.read_bytes() == before and not (code.parent / "extra.py").exists()
 
 
 def test_cannot_truncate_the_lmdb_file(pop: Running) -> None:

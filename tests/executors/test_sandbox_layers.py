@@ -55,6 +55,9 @@ def listener() -> Any:
 
 
 def test_landlock_alone(tmp_path: Path, listener: int) -> None:
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(f"\0edgefn-test-{os.getpid()}")
+    abstract.listen()
     (tmp_path / "scratch").mkdir()
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro" / "f").write_text("readable")
@@ -69,14 +72,18 @@ def test_landlock_alone(tmp_path: Path, listener: int) -> None:
         attempt("write_ro", lambda: open({str(tmp_path / "ro" / "g")!r}, "w").write("x"))
         attempt("tcp", lambda: socket.create_connection(("127.0.0.1", {listener}), 2).close())
         attempt("signal_parent", lambda: os.kill(os.getppid(), 0))
+        attempt("abstract_unix", lambda: socket.socket(socket.AF_UNIX).connect(
+            "\\0edgefn-test-{os.getpid()}"))
         attempt("thread", thread_runs)
     """, tmp_path)
+    abstract.close()
     assert out["passwd"] == ["PermissionError", 13]
     assert out["read_allowed"] == ["ok", "readable"]
     assert out["write_scratch"] == ["ok", 1]
     assert out["write_ro"] == ["PermissionError", 13]
     assert out["tcp"] == ["PermissionError", 13]  # Landlock's TCP connect rule
     assert out["signal_parent"] == ["PermissionError", 1]  # signal scoping
+    assert out["abstract_unix"] == ["PermissionError", 1]  # abstract Unix socket scoping
     assert out["thread"] == ["ok", True]
 
 
@@ -125,6 +132,8 @@ def test_mount_and_network_namespaces_alone(tmp_path: Path, listener: int) -> No
         attempt("proc", lambda: open("/proc/self/statm").read() != "")
         attempt("others_proc", lambda: os.listdir("/proc"))
         attempt("dev_null", lambda: open("/dev/null", "w").write("x"))
+        attempt("write_root", lambda: open("/planted", "w"))
+        attempt("write_tmp", lambda: open("/tmp/mine", "w").write("x"))
     """, tmp_path)
     assert out["passwd"] == ["FileNotFoundError", 2]
     assert out["sibling"] == ["FileNotFoundError", 2]
@@ -137,6 +146,8 @@ def test_mount_and_network_namespaces_alone(tmp_path: Path, listener: int) -> No
     assert out["proc"] == ["ok", True]
     assert out["others_proc"] == ["ok", ["self"]]
     assert out["dev_null"] == ["ok", 1]
+    assert out["write_root"] == ["OSError", 30]  # EROFS: the new root is read-only
+    assert out["write_tmp"] == ["ok", 1]  # the scratch tmpfs
 
 
 @needs_root

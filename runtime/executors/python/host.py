@@ -194,6 +194,7 @@ def enter_sandbox(cfg: dict) -> None:
         print(f"edgefn isolate host: running without sandbox layers (--insecure-python): "
               f"{missing}", file=sys.stderr, flush=True)
     os.environ.update(dict(cfg["env"]))  # after the sandbox: the loader never sees them
+    os.environ["TMPDIR"] = box["scratch"]
     os.chdir(cfg["function_dir"])
 
 

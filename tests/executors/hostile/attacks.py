@@ -30,6 +30,12 @@ def read(arg):
         return f.read(200).decode(errors="replace")
 
 
+def write(arg):
+    with open(arg, "w") as f:
+        f.write("overwritten by the hostile function")
+    return "written"
+
+
 def environ(arg):
     return dict(os.environ)
 
@@ -110,7 +116,7 @@ def identity(arg):
 
 
 ATTACKS = {f.__name__: f for f in (
-    read, environ, proc_environ, run_subprocess, posix_spawn, libc_fork, libc_system, kill,
+    read, write, environ, proc_environ, run_subprocess, posix_spawn, libc_fork, libc_system, kill,
     truncate, tcp_connect, udp_send, write_tmp, write_own_code, scratch, identity)}
 
 
