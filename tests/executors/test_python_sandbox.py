@@ -244,6 +244,15 @@ def test_insecure_python_runs_them_anyway(tmp_path: Path, lacking_seccomp: None,
     assert len(said) == 1 and "--insecure-python" in said[0] and "seccomp" in said[0], said
 
 
+def test_the_insecure_python_flag_reaches_the_config() -> None:
+    from runtime.cli.dev import pop_config
+    from runtime.cli.parser import build
+
+    for command in (["serve"], ["dev", "functions"]):
+        assert pop_config(build().parse_args([*command, "--insecure-python"])).insecure_python
+        assert not pop_config(build().parse_args(command)).insecure_python
+
+
 # -- edgefn doctor ----------------------------------------------------------------------------
 def run_doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "runtime.cli.main", "doctor", *args],

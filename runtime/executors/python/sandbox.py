@@ -108,13 +108,15 @@ def _check(result: int, what: str) -> None:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
+    """mount(2). Raises `SandboxError`."""
     enc = [None if s is None else s.encode() for s in (source, target, fstype, data)]
     _check(libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]),
            f"mount {source} on {target}")
 
 
 def _bind(source: str, target: str, writable: bool = False) -> None:
-    """Bind `source` (already under the old root) at `target`, read-only unless `writable`."""
+    """Bind `source` (already under the old root) at `target`, read-only unless
+    `writable`. Raises `SandboxError` (or OSError creating the mount point)."""
     if os.path.isdir(source):
         os.makedirs(target, 0o755, exist_ok=True)
     else:
@@ -202,6 +204,8 @@ PR_SET_NO_NEW_PRIVS = 38
 
 
 def no_new_privs() -> None:
+    """No execve() of this thread or its children gains privileges (setuid bits,
+    file capabilities); Landlock and seccomp need it. Raises `SandboxError`."""
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
@@ -270,6 +274,7 @@ def landlock(reads: Iterable[str], writes: Iterable[str], devices: Iterable[str]
 
 
 def _allow(ruleset: int, path: str, access: int) -> None:
+    """Add a rule granting `access` beneath `path`. Raises `SandboxError`."""
     try:
         target = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError as e:
