@@ -97,6 +97,7 @@ def test_seccomp_alone(tmp_path: Path, listener: int) -> None:
         attempt("libc_fork", lambda: (libc.fork(), ctypes.get_errno()))
         attempt("exec", lambda: os.execv(sys.executable, [sys.executable, "-c", "pass"]))
         attempt("unshare", lambda: os.unshare(0x20000))
+        attempt("ptrace", lambda: (libc.ptrace(16, os.getppid(), 0, 0), ctypes.get_errno()))
         attempt("tcp", lambda: socket.create_connection(("127.0.0.1", {listener}), 2).close())
         attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
         attempt("unix", lambda: [s.close() for s in socket.socketpair()] and None)
@@ -107,6 +108,7 @@ def test_seccomp_alone(tmp_path: Path, listener: int) -> None:
     assert out["libc_fork"] == ["ok", [-1, 1]]  # EPERM
     assert out["exec"] == ["PermissionError", 1]
     assert out["unshare"] == ["PermissionError", 1]
+    assert out["ptrace"] == ["ok", [-1, 1]]  # PTRACE_ATTACH to the parent: EPERM
     assert out["tcp"] == ["PermissionError", 1]
     assert out["udp"] == ["PermissionError", 1]
     assert out["unix"] == ["ok", None]
