@@ -12,7 +12,9 @@ in that order; the others fix both and take only the message.
     │   ├── ManifestError
     │   └── WorkerConfigError
     ├── DeployError              a deploy rejected; nothing changed
-    │   └── RouteConflict
+    │   ├── RouteConflict
+    │   └── SandboxMissing       Python functions refused: a sandbox layer is missing
+    ├── SandboxError             an isolate host could not apply a sandbox layer
     ├── NotFound                 a function, version, model, key or stream that does not exist
     │   └── NoRoute              no function serves a request
     ├── DataDirBusy
@@ -90,6 +92,21 @@ class DeployError(EdgefnError):
 
     code = "deploy_rejected"
     status = 400
+
+
+class SandboxMissing(DeployError):
+    """This machine lacks a layer of the Python sandbox and the PoP was not started
+    with ``--insecure-python``: Python functions are refused."""
+
+    code = "sandbox_missing"
+    status = 503
+
+
+class SandboxError(EdgefnError):
+    """Raised inside an isolate host that could not apply one of its sandbox layers
+    (the message names the layer and the system call that failed)."""
+
+    code = "sandbox_failed"
 
 
 class RouteConflict(DeployError):

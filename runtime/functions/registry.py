@@ -83,8 +83,10 @@ class Registry:
     reads (`router`, `listing`) never wait."""
 
     def __init__(self, data_dir: Path, wasm: WasmEngine, stores: Stores,
-                 reserved: frozenset[bytes] = frozenset()) -> None:
-        """`reserved`: paths of built-in endpoints that no function route may cover."""
+                 reserved: frozenset[bytes] = frozenset(), insecure_python: bool = False) -> None:
+        """`reserved`: paths of built-in endpoints that no function route may cover.
+        `insecure_python`: run Python functions even without their full sandbox."""
+        self.insecure_python = insecure_python
         self.data_dir = data_dir
         self.store = DeployStore(data_dir)
         self.wasm = wasm
@@ -142,7 +144,7 @@ class Registry:
 
     def _load(self, m: Manifest, version: str) -> Deployment:
         executor = load(m, self.store.version_dir(m.name, version), version, self.wasm,
-                        Bindings.prepare(self.stores, m))
+                        Bindings.prepare(self.stores, m), self.insecure_python)
         try:
             executor.prewarm()
         except BaseException:
