@@ -14,7 +14,9 @@ in that order; the others fix both and take only the message.
     ├── DeployError              a deploy rejected; nothing changed
     │   ├── RouteConflict
     │   ├── NotOwner             a namespace or index another owner holds
-    │   └── VersionTampered      stored files that no longer match their hash
+    │   ├── VersionTampered      stored files that no longer match their hash
+    │   └── SandboxMissing       Python functions refused: a sandbox layer is missing
+    ├── SandboxError             an isolate host could not apply a sandbox layer
     ├── NotFound                 a function, version, model, key or stream that does not exist
     │   └── NoRoute              no function serves a request
     ├── DataDirBusy
@@ -92,6 +94,21 @@ class DeployError(EdgefnError):
 
     code = "deploy_rejected"
     status = 400
+
+
+class SandboxMissing(DeployError):
+    """This machine lacks a layer of the Python sandbox and the PoP was not started
+    with ``--insecure-python``: Python functions are refused."""
+
+    code = "sandbox_missing"
+    status = 503
+
+
+class SandboxError(EdgefnError):
+    """Raised inside an isolate host that could not apply one of its sandbox layers
+    (the message names the layer and the system call that failed)."""
+
+    code = "sandbox_failed"
 
 
 class RouteConflict(DeployError):
@@ -252,6 +269,14 @@ class IsolateStop(EdgefnError):
     code = "isolate_stopped"
 
 
+class IsolateWedged(EdgefnError):
+    """Raised out of an isolate's serve loop when its interpreter cannot be closed: a
+    thread the function started is still running (blocked in C code) after being
+    told to stop. The host leaves that interpreter behind and asks to be replaced."""
+
+    code = "isolate_wedged"
+
+
 class IsolateInterrupt(BaseException):
     """Raised asynchronously in a Python handler's thread when it runs past a limit.
 
@@ -268,3 +293,10 @@ class CpuInterrupt(IsolateInterrupt):
 
 class WallInterrupt(IsolateInterrupt):
     code = "wall_limit"
+
+
+class ThreadStop(IsolateInterrupt):
+    """Raised asynchronously in a thread a function started that is still running
+    once its request has been answered."""
+
+    code = "thread_stopped"

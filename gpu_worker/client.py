@@ -35,6 +35,7 @@ READY_WAIT = 30.0  # how long a request waits for a restarting worker
 IDLE_TIMEOUT = 120.0  # longest silence inside a stream
 CALL_TIMEOUT = 120.0
 BACKOFF_MAX = 30.0
+STABLE_AFTER = 60.0  # a worker that ran this long before exiting restarts after the first backoff
 
 
 class Generation:
@@ -284,8 +285,8 @@ class WorkerClient:
             rc = await self.process.wait()
             if self.closing:
                 return
-            if time.monotonic() - started > 60:
-                backoff = 0.5  # it ran fine for a while: restart at once
+            if time.monotonic() - started > STABLE_AFTER:
+                backoff = 0.5  # it ran fine for a while: no longer a crash loop
             self.restarts += 1
             log.warning("model worker exited (status %s); restarting in %.1f s", rc, backoff)
             await asyncio.sleep(backoff)

@@ -59,6 +59,9 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Ser
     lock = _lock(data)
     pop = PoP(config)
     try:
+        from runtime.executors.python import policy
+
+        await asyncio.to_thread(policy.report, config.insecure_python)
         await _start_ai(pop)
         for err in pop.registry.restore():
             log.error("%s", err)

@@ -117,6 +117,8 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     admin: AdminListener = field(default_factory=AdminListener)
     http: ServerConfig = field(default_factory=ServerConfig)
     grace_seconds: Annotated[float, Meta(ge=0)] = 10.0  # in-flight requests finish on SIGTERM
+    # run Python functions even where a layer of their sandbox is missing (`edgefn doctor`)
+    insecure_python: bool = False
     ai: AIConfig = field(default_factory=AIConfig)
     stores: StoresConfig = field(default_factory=StoresConfig)
     pipeline: list[Stage] = field(default_factory=default_pipeline)

@@ -28,7 +28,7 @@ class PoP:
         self.stores = Stores(self.data_dir, self.ai)
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
-                                 build.reserved_paths(config))
+                                 build.reserved_paths(config), config.insecure_python)
         self.pipeline = build.build(self)
 
     def close(self) -> None:

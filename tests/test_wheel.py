@@ -50,9 +50,18 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # --ignore-installed: pip sees the checkout's editable edgefn through deps.pth
     subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"),
-                    "install", "--quiet", "--no-deps", str(wheel)], check=True,
-                   capture_output=True, timeout=300)
+                    "install", "--quiet", "--no-deps", "--ignore-installed", str(wheel)],
+                   check=True, capture_output=True, timeout=300, env=without_pythonpath())
+    return env
+
+
+def without_pythonpath() -> dict[str, str]:
+    """This environment less PYTHONPATH (a test run from a checkout may set it), so
+    that the venv imports only what is installed in it."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
     return env
 
 
@@ -68,7 +77,7 @@ def test_the_installed_package_imports_from_the_venv_not_the_checkout(venv: Path
     code = "import edgefn, edgefn_core, runtime, kv, gpu_worker; print(runtime.__file__, " \
            "edgefn.__file__)"
     out = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, check=True,
-                         capture_output=True, text=True).stdout
+                         capture_output=True, text=True, env=without_pythonpath()).stdout
     assert str(ROOT) not in out and str(venv) in out, out
 
 
@@ -77,8 +86,7 @@ def dev_from_wheel(venv: Path, tmp_path: Path) -> Iterator[tuple[str, subprocess
     examples = tmp_path / "examples"
     for name in ("hello-wat", "python-hello"):
         shutil.copytree(ROOT / "functions" / "examples" / name, examples / name)
-    env = {**os.environ, "EDGEFN_NATIVE_CACHE": str(tmp_path / "native")}
-    env.pop("PYTHONPATH", None)
+    env = {**without_pythonpath(), "EDGEFN_NATIVE_CACHE": str(tmp_path / "native")}
     proc = subprocess.Popen(
         [str(venv / "bin" / "edgefn"), "dev", str(examples), "--no-ai", "--port", "0",
          "--data", str(tmp_path / "data")], cwd=tmp_path, env=env, text=True,

@@ -1,7 +1,7 @@
 """Bindings: what a function may reach outside itself, as capabilities.
 
 A deployment's `Bindings` is prepared once from its manifest: one capability per
-kind (`KVBinding`, `VectorsBinding`, `AIBinding`), each checking in one place
+kind (`KVBinding`, `VectorsBinding`, `AIBinding`, `FetchBinding`), each checking in one place
 the namespaces or indexes it declared; anything it did not declare is denied.
 The WASM host functions and the Python host-call channel both go through
 `Bindings.call`, so both runtimes get the same API and the same denials. The
@@ -26,6 +26,7 @@ from runtime.ai.service import AIService
 from runtime.bindings import kv as kv_binding
 from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
+from runtime.bindings.fetch import FetchBinding
 from runtime.bindings.owners import Owners
 from runtime.functions.manifest import Manifest
 
@@ -84,11 +85,12 @@ class Bindings:
 
     def __init__(self, owner: str, kv: kv_binding.KVBinding,
                  vectors: vectors_binding.VectorsBinding, ai: AIBinding | None = None,
-                 ai_denied: str = "") -> None:
+                 ai_denied: str = "", fetch: FetchBinding | None = None) -> None:
         self.owner = owner
         self.kv = kv
         self.vectors = vectors
         self.ai = ai
+        self.fetch = fetch or FetchBinding(owner, [], 0)
         self.ai_denied = ai_denied or (f"function {owner!r} did not declare the AI binding "
                                        "(add `ai = true` to [bindings] in edgefn.toml)")
 
@@ -109,7 +111,8 @@ class Bindings:
             ai = AIBinding(stores.ai, m.name)
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
-        return cls(m.name, kv, vectors, ai, denied)
+        fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms)
+        return cls(m.name, kv, vectors, ai, denied, fetch)
 
     def call(self, name: str, args: dict[str, Any]) -> Any:
         """Run binding `name` ("kv.get", "vectors.query", "ai.chat", ...).
@@ -121,6 +124,8 @@ class Bindings:
         kind, _, op = name.partition(".")
         if kind == "ai":
             return self._ai(op, args)
+        if name == "fetch":
+            return self._fetch(args)
         if kind not in ("kv", "vectors"):
             raise BindingError(f"unknown binding {name!r}")
         capability: Any = self.kv if kind == "kv" else self.vectors
@@ -140,6 +145,16 @@ class Bindings:
         if _on_loop(loop):
             return call
         return asyncio.run_coroutine_threadsafe(call, loop).result(AI_TIMEOUT)
+
+    def _fetch(self, args: dict[str, Any]) -> Any:
+        """A coroutine on an event loop's thread; on any other thread (a WASM guest),
+        the result, fetched on a loop of that thread's own. Raises `BindingError`."""
+        call = _fetch_checked(self.fetch, args)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(call)
+        return call
 
     async def close(self) -> None:
         if self.ai is not None:
@@ -174,6 +189,13 @@ async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any]) -> Any:
         return await ai.call(op, args)
     except (KeyError, TypeError, ValueError) as e:
         raise BindingError(f"bad arguments to ai.{op}: {e!r}") from None
+
+
+async def _fetch_checked(fetch: FetchBinding, args: dict[str, Any]) -> Any:
+    try:
+        return await fetch.call(args)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BindingError(f"bad arguments to fetch: {e!r}") from None
 
 
 def off_loop(run: Any) -> Any:

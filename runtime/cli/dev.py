@@ -88,7 +88,8 @@ def pop_config(args: argparse.Namespace) -> PopConfig:
     return config.load(args.config, data=data, **{
         "public.host": args.host, "public.port": args.port, "admin.port": args.admin_port,
         "ai.enabled": False if args.no_ai else None, "ai.worker_config": args.ai_config,
-        "ai.socket": args.ai_socket})
+        "ai.socket": args.ai_socket,
+        "insecure_python": True if args.insecure_python else None})
 
 
 def function_dirs(root: Path) -> list[Path]:

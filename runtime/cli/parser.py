@@ -119,7 +119,7 @@ def build() -> Parser:
                            parser_class=Parser)
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
-                _ai_commands):
+                _ai_commands, _doctor_command):
         add(commands)
     return p
 
@@ -174,6 +174,11 @@ def _serve_commands(c: Commands) -> None:
     _pop_options(s)
 
 
+def _doctor_command(c: Commands) -> None:
+    c.add("doctor", "runtime.cli.doctor:doctor", "list the layers of the Python sandbox and "
+          "whether this machine enforces each", "edgefn doctor --json", json=True, data=False)
+
+
 def _pop_options(s: Parser) -> None:
     s.add_argument("--config", help="PoP config (pop.toml); flags override it "
                                     "(default: none, built-in settings)")
@@ -187,6 +192,9 @@ def _pop_options(s: Parser) -> None:
                                        "SmolLM2 and MiniLM models)")
     s.add_argument("--ai-socket", help="use a model worker already listening on this Unix "
                                        "socket (default: start one)")
+    s.add_argument("--insecure-python", action="store_true",
+                   help="run Python functions even where a layer of their sandbox is missing "
+                        "on this machine (see `edgefn doctor`)")
 
 
 def _function_commands(c: Commands) -> None:

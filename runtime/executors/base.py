@@ -47,12 +47,13 @@ class Executor(Protocol):
 
 
 def load(manifest: Manifest, directory: Path, version: str, wasm: WasmEngine,
-         bindings: Bindings | None = None) -> Executor:
-    """Compile and validate a function. Raises `DeployError` with the reason."""
+         bindings: Bindings | None = None, insecure_python: bool = False) -> Executor:
+    """Compile and validate a function. Raises `DeployError` with the reason.
+    `insecure_python`: run Python functions even without their full sandbox."""
     if manifest.runtime == "python":
         from runtime.executors.python.function import PythonFunction
 
-        return PythonFunction(manifest, directory, version, bindings)
+        return PythonFunction(manifest, directory, version, bindings, insecure_python)
     from runtime.executors.wasm.function import WasmFunction
 
     return WasmFunction(wasm, manifest, directory, bindings)

@@ -145,6 +145,9 @@ class Bindings(Struct, forbid_unknown_fields=True, frozen=True):
     kv: list[Annotated[str, Meta(pattern=NAME_PATTERN)]] = []
     vectors: list[Annotated[str, Meta(pattern=NAME_PATTERN)]] = []
     ai: bool = False
+    # URL patterns (fnmatch) the function may fetch: "https://api.example.com/*"
+    fetch: list[Annotated[str, Meta(pattern=r"^https?://[^/*?\[]*[^/]*(/.*)?$",
+                                    max_length=2048)]] = []
     share: Share = field(default_factory=Share)
 
 

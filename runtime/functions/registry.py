@@ -85,8 +85,10 @@ class Registry:
     reads (`router`, `listing`) never wait."""
 
     def __init__(self, data_dir: Path, wasm: WasmEngine, stores: Stores,
-                 reserved: frozenset[bytes] = frozenset()) -> None:
-        """`reserved`: paths of built-in endpoints that no function route may cover."""
+                 reserved: frozenset[bytes] = frozenset(), insecure_python: bool = False) -> None:
+        """`reserved`: paths of built-in endpoints that no function route may cover.
+        `insecure_python`: run Python functions even without their full sandbox."""
+        self.insecure_python = insecure_python
         self.data_dir = data_dir
         self.store = DeployStore(data_dir)
         self.wasm = wasm
@@ -159,7 +161,7 @@ class Registry:
         """Load and pre-warm a stored version. Blocking. Raises `ManifestError`,
         `DeployError`."""
         executor = load(m, self.store.version_dir(m.name, version), version, self.wasm,
-                        Bindings.prepare(self.stores, m, create=False))
+                        Bindings.prepare(self.stores, m, create=False), self.insecure_python)
         try:
             executor.prewarm()
         except BaseException:

@@ -5,6 +5,7 @@ Each test runs its own PoP and worker, since each kills it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -147,6 +148,28 @@ def test_while_the_worker_stays_down_requests_get_503_and_restarts_back_off(
     for i, gap in enumerate(gaps[:3]):
         assert gap >= FIRST_BACKOFF * 2**i * 0.95, (i, gaps)
     assert client.restarts >= 3
+
+
+def test_a_worker_that_ran_for_a_while_restarts_after_the_first_backoff_again(
+        ai_pop: Running, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backoff doubles only while the worker keeps dying young: one that ran
+    longer than STABLE_AFTER before it exited is restarted after FIRST_BACKOFF."""
+    monkeypatch.setattr(gpu_worker.client, "STABLE_AFTER", 1.0)
+    starts = tmp_path / "starts"
+    sh = shutil.which("sh")
+    assert sh is not None
+    client = worker(ai_pop)
+    runs = 1.5  # each worker lives this long, past STABLE_AFTER, then exits
+    client.command = [sh, "-c", f"date +%s.%N >> {shlex.quote(str(starts))}; sleep {runs}; "
+                                "exit 3"]
+    kill_worker(ai_pop)
+    wait_for(lambda: starts.exists() and len(starts.read_text().split()) >= 4, 20,
+             "four restart attempts")
+    times = [float(t) for t in starts.read_text().split()]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # without the reset the gaps would be runs + 1, 2, 4 s
+    for gap in gaps[:3]:
+        assert runs + FIRST_BACKOFF * 0.95 <= gap < runs + FIRST_BACKOFF + 0.4, gaps
 
 
 def test_run_time_loras_are_registered_again_after_a_restart(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from pathlib import Path
@@ -89,3 +90,44 @@ def test_unknown_host_import_is_rejected_at_deploy(pop: Running, tmp_path: Path)
         assert "`edgefn.teleport` is not a host function edgefn provides" in str(e)
     else:
         raise AssertionError("deploy should have been rejected")
+
+
+# Each odd request asks for `kv.get` with a buffer too small for the result and gives up;
+# each even one asks again with room and answers what it got. The host keeps an
+# oversized result only for the retry inside the same request.
+GET_TWICE = reactor("""
+  (local $turn i64) (local $len i64)
+  (local.set $turn (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 4)
+                             (i64.const 1)))
+  (if (i64.eqz (i64.rem_u (local.get $turn) (i64.const 2)))
+    (then
+      (local.set $len (call $call (i32.const 300) (i32.const 6) (i32.const 400)
+                                  (i32.const 27) (i32.const 2060) (i32.const 1024)))
+      (i32.store (i32.const 2048) (i32.const 200))
+      (i32.store (i32.const 2052) (i32.const 0))
+      (i32.store (i32.const 2056) (i32.wrap_i64 (local.get $len)))
+      (return (i64.or (i64.shl (i64.const 2048) (i64.const 32))
+                      (i64.add (i64.const 12) (local.get $len)))))
+    (else
+      (drop (call $call (i32.const 300) (i32.const 6) (i32.const 400) (i32.const 27)
+                        (i32.const 2060) (i32.const 0)))))""",
+                    imports="""(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32)
+                                                              (result i64)))
+                            (import "edgefn" "kv_increment"
+                              (func $inc (param i32 i32 i32 i32 i64) (result i64)))""",
+                    prelude="""(data (i32.const 200) "n") (data (i32.const 210) "turn")
+                               (data (i32.const 300) "kv.get")
+                               (data (i32.const 400) "{\\"namespace\\":\\"n\\",\\"key\\":\\"k\\"}")""")
+
+
+def test_a_call_result_kept_for_a_retry_never_reaches_a_later_request(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(function_dir(tmp_path, "get-twice", GET_TWICE, extra='[bindings]\nkv = ["n"]'))
+    kv = pop.pop.stores.kv
+    for n in range(6):
+        kv.put("n", b"k", f"value {n}".encode())
+        assert pop.get("/get-twice")[2] == b"ok"  # asked with no room: the result is kept
+        kv.put("n", b"k", f"newer {n}".encode())
+        status, _, body = pop.get("/get-twice")
+        assert status == 200, body
+        assert base64.b64decode(json.loads(body)["value"]) == f"newer {n}".encode()

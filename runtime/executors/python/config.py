@@ -23,6 +23,8 @@ class HostConfig:
     min_isolates: int
     max_isolates: int
     max_response_mb: int = 16
+    env: tuple[tuple[str, str], ...] = ()  # the manifest's `env`, also set in the host's environ
+    insecure: bool = False  # run even where a sandbox layer is missing (--insecure-python)
 
     @property
     def label(self) -> str:

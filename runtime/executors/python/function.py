@@ -8,6 +8,7 @@ from pathlib import Path
 
 from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from runtime.bindings import Bindings
+from runtime.executors.python import policy
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.pool import Pool
 from runtime.functions.manifest import Manifest
@@ -18,15 +19,17 @@ class PythonFunction:
     abi = "python"
 
     def __init__(self, manifest: Manifest, directory: Path, version: str,
-                 bindings: Bindings | None = None) -> None:
-        """Nothing starts until `prewarm()`."""
+                 bindings: Bindings | None = None, insecure: bool = False) -> None:
+        """Nothing starts until `prewarm()`. `insecure`: run even where a layer of
+        the sandbox is missing on this machine (``--insecure-python``)."""
         limits, pool = manifest.limits, manifest.pool
         self.cfg = HostConfig(
             name=manifest.name, version=version, function_dir=str(directory.resolve()),
             module=Path(manifest.entry).stem, handler=manifest.handler, cpu_ms=limits.cpu_ms,
             wall_ms=limits.wall_ms, memory_mb=limits.memory_mb,
             recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max,
-            max_response_mb=limits.max_response_mb)
+            max_response_mb=limits.max_response_mb, env=tuple(manifest.env.items()),
+            insecure=insecure)
         self.standby = pool.standby
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in manifest.env.items()])
         self.pool: Pool | None = None
@@ -34,8 +37,10 @@ class PythonFunction:
 
     def prewarm(self) -> None:
         """Start the host processes and import the module in every initial isolate.
-        Blocks. Raises `DeployError` naming an import that cannot load."""
+        Blocks. Raises `DeployError` naming an import that cannot load, or
+        `SandboxMissing` where this machine lacks a sandbox layer (unless insecure)."""
         if self.pool is None:
+            policy.require(self.cfg.insecure, self.cfg.label)
             sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
             self.pool = Pool(self.cfg, self.standby, sample,
                              self.bindings.call if self.bindings else None)

@@ -11,7 +11,7 @@ handler's thread; C code that never returns to Python is the PoP's to handle
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import concurrent.futures
 import importlib
 import inspect
 import json
@@ -20,76 +20,20 @@ import re
 import select
 import socket
 import threading
-import time
 import traceback
 from typing import Any
 
-from edgefn_core.errors import CpuInterrupt, IsolateInterrupt, IsolateStop, WallInterrupt
+from edgefn_core.errors import IsolateInterrupt, IsolateStop, IsolateWedged
 from runtime.executors.python import wire
-
-_SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
-_SET_ASYNC_EXC.argtypes = [ctypes.c_ulong, ctypes.py_object]
-# The same C function with a NULL exception: clears a pending one.
-_CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+from runtime.executors.python.watchdog import (
+    THREAD_GRACE,
+    Watchdog,
+    quiet_thread_stop,
+    stop_threads,
+)
 
 # frames of edgefn's own code (this loop, the guest SDK), left out of user tracebacks
 OURS = ("guest.py", "/edgefn/__init__.py")
-
-
-class Watchdog:
-    """Enforces the limits of the request in flight by raising a IsolateInterrupt in
-    the handler's thread (again every tick while it keeps running).
-
-    It wakes every tick (a quarter of the tighter limit, 5..100 ms) rather than
-    per request: arming is two assignments, so a fast request costs no thread
-    switch. A limit is therefore enforced within one tick.
-    """
-
-    def __init__(self, tid: int, cpu_ms: int, wall_ms: int) -> None:
-        self.tid = tid
-        self.clock = time.pthread_getcpuclockid(tid)
-        self.cpu = cpu_ms / 1000
-        self.wall = wall_ms / 1000
-        self.tick = min(max(min(self.cpu, self.wall) / 4, 0.005), 0.1)
-        self.lock = threading.Lock()
-        self.current: tuple[float, float] | None = None  # (wall start, cpu start)
-        self.stopped = False
-        self.thread = threading.Thread(target=self._run, name="edgefn-watchdog")
-        self.thread.start()
-
-    def arm(self) -> None:
-        self.current = (time.monotonic(), time.clock_gettime(self.clock))
-
-    def exceeded(self, code: str) -> str:
-        """What the request did, naming the limit, as the PoP words it for WASM."""
-        if code == "cpu_limit":
-            return f"exceeded its CPU limit of {round(self.cpu * 1000)} ms"
-        return f"exceeded its wall-time limit of {round(self.wall * 1000)} ms"
-
-    def disarm(self) -> None:
-        with self.lock:  # after this, nothing can be raised for the request that ended
-            self.current = None
-            _CLEAR_ASYNC_EXC(self.tid, None)  # drop one raised too late to land
-
-    def stop(self) -> None:
-        """IsolateStop and join (within a tick): the interpreter cannot close with it running."""
-        self.stopped = True
-        self.thread.join()
-
-    def _run(self) -> None:
-        while not self.stopped:
-            time.sleep(self.tick)
-            current = self.current
-            if current is None:
-                continue
-            with self.lock:
-                if self.current is not current:
-                    continue
-                if time.clock_gettime(self.clock) - current[1] >= self.cpu:
-                    _SET_ASYNC_EXC(self.tid, CpuInterrupt)
-                elif time.monotonic() - current[0] >= self.wall:
-                    _SET_ASYNC_EXC(self.tid, WallInterrupt)
 
 
 def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any]:
@@ -229,13 +173,19 @@ class Session:
         self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.calls = 0
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # The threads there before the function ran (this one, the watchdog, and the
+        # interpreter's idea of a main thread); any other was started by the function.
+        self.ours = {*threading.enumerate(), self.dog.thread}
+        self.stuck: list[threading.Thread] = []  # told to stop, still running
+        threading.excepthook = quiet_thread_stop
 
     def loop(self, recycle_after: int, ready: bytes) -> None:
         """Send `ready`, then serve until `recycle_after` requests were served."""
         try:
             self.sock.sendall(ready)
             served = 0
-            while served < recycle_after:
+            while served < recycle_after and not self.stuck:
                 f = wire.recv_frame(self.sock, self.reader, self.pending)
                 if f is None:
                     raise IsolateStop
@@ -246,8 +196,12 @@ class Session:
                         self.sock.sendall(wire.json_frame(wire.READY,
                                                           {"ok": False, "recycling": True}))
                     self.one(payload)
+                    self.reap_threads()
                 elif kind == wire.WARM:
                     self.warm(payload)
+            if self.stuck and stop_threads(self.stuck, THREAD_GRACE):
+                names = ", ".join(repr(t.name) for t in self.stuck)
+                raise IsolateWedged(f"thread {names} is still running (blocked in C code)")
         finally:
             self.dog.stop()
             if self.loop_ is not None:
@@ -275,6 +229,27 @@ class Session:
         except Exception as e:
             self.send_error("exception", _cannot_import(e) or _raised(e),
                             "".join(traceback.format_exception(e)))
+
+    def reap_threads(self) -> None:
+        """Stop the threads the function started that outlived its request: work after
+        the response runs outside every limit. Those still running after
+        `THREAD_GRACE` (blocked in C code) end the isolate's loop, so that it recycles."""
+        if threading.active_count() <= len(self.ours):
+            return
+        if self.executor is not None:  # its idle threads wait for work: tell them to end
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.executor = None
+            if self.loop_ is not None:
+                self.loop_.set_default_executor(self._new_executor())
+        strays = [t for t in threading.enumerate() if t not in self.ours]
+        if not strays:
+            return
+        self.stuck = stop_threads(strays, THREAD_GRACE)
+        names = ", ".join(repr(t.name) for t in strays)
+        self.call("log", {"message": f"edgefn: stopped thread {names}: it outlived its request "
+                                     "(threads must end before the handler returns)"
+                                     + ("; it is blocked, so the isolate recycles"
+                                        if self.stuck else "")})
 
     def warm(self, payload: bytes) -> None:
         """Everything `one` does around the handler, so the first real request is warm."""
@@ -352,4 +327,11 @@ class Session:
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop_ is None:
             self.loop_ = asyncio.new_event_loop()
+            self.loop_.set_default_executor(self._new_executor())
         return self.loop_
+
+    def _new_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The event loop's executor (`asyncio.to_thread`): one per request that used
+        it, since `reap_threads` ends its threads with the request."""
+        self.executor = concurrent.futures.ThreadPoolExecutor()
+        return self.executor

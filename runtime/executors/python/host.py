@@ -6,8 +6,11 @@ thread, inside its own interpreter, serving the socket the PoP passed for it
 socket. Lines on stdin are commands from the PoP: ``grow`` starts the next
 isolate; at EOF the host exits. With ``check_imports`` it first looks for
 imports that would fail only at request time (`importcheck`) and its first
-isolate reports them at READY. A crash here (a segfault in a C extension or ctypes) ends only this
-process; the PoP replaces it.
+isolate reports them at READY. Before any of that, the host sandboxes itself
+(`sandbox.apply`): from then on it sees only what it needs, read-only, plus a
+scratch dir; each isolate gets its own subfolder of it as `tempfile.gettempdir()`,
+emptied whenever a fresh interpreter takes over. A crash here (a segfault in a C
+extension or ctypes) ends only this process; the PoP replaces it.
 
 Its address space is capped (`budget`). Recycled interpreters leave some of it
 behind, so before starting each interpreter the host checks what is left: when
@@ -28,7 +31,8 @@ import sys
 import threading
 from pathlib import Path
 
-from runtime.executors.python import budget, importcheck, interp, wire
+from edgefn_core.errors import SandboxError
+from runtime.executors.python import budget, importcheck, interp, sandbox, wire
 from runtime.executors.python.budget import Room
 
 
@@ -41,7 +45,8 @@ def import_root(package: str) -> str:
 
 
 # the guest SDK (`edgefn`), then edgefn's own packages (`runtime`, `edgefn_core`)
-IMPORT_ROOTS = list(dict.fromkeys(import_root(p) for p in ("edgefn", "edgefn_core", "runtime")))
+PACKAGES = ("edgefn", "edgefn_core", "runtime")
+IMPORT_ROOTS = list(dict.fromkeys(import_root(p) for p in PACKAGES))
 
 
 # Creating interpreters and importing into them one at a time: 3.13.0 has crashed
@@ -55,10 +60,23 @@ def import_paths(cfg: dict) -> list[str]:
     return [IMPORT_ROOTS[0], cfg["function_dir"], *IMPORT_ROOTS[1:]]
 
 
+def package_dirs() -> list[str]:
+    """The folders of `PACKAGES` (what the sandbox lets the host read of edgefn)."""
+    return [os.path.join(root, name) for name in PACKAGES for root in IMPORT_ROOTS
+            if os.path.isdir(os.path.join(root, name))]
+
+
+def isolate_scratch(cfg: dict, fd: int) -> str:
+    """The scratch folder of the isolate serving `fd`."""
+    return os.path.join(cfg["sandbox"]["scratch"], f"isolate-{fd}")
+
+
 def prepare_code(cfg: dict, fd: int) -> str:
-    """Run first in a fresh subinterpreter: import paths, the SDK and the function."""
+    """Run first in a fresh subinterpreter: import paths, its scratch dir as the
+    temp dir, the SDK and the function."""
     paths = import_paths(cfg)
-    return (f"import sys\nsys.path[:0] = {paths!r}\n"
+    return (f"import sys, tempfile\nsys.path[:0] = {paths!r}\n"
+            f"tempfile.tempdir = {isolate_scratch(cfg, fd)!r}\n"
             "import edgefn\nfrom runtime.executors.python import guest\n"
             f"prepared = guest.prepare({fd!r}, {cfg['module']!r}, {cfg['handler']!r})\n")
 
@@ -120,6 +138,7 @@ def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retiremen
     """`run_isolate`'s loop: False when the PoP stopped the isolate."""
     first = True
     while check_room(cfg, fd, retirement):
+        sandbox.wipe(isolate_scratch(cfg, fd))
         with STARTING:
             try:
                 i = interp.create()
@@ -133,8 +152,12 @@ def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retiremen
                 err = interp.run(i, serve_code(cfg, warnings))
                 warnings = []
         finally:
-            interp.destroy(i)
-        if err is None:  # recycled
+            if err != "IsolateWedged":  # closing it would wait for its stuck thread forever
+                interp.destroy(i)
+        if err == "IsolateWedged":
+            retirement.ask(fd, "a thread a function started could not be stopped; its "
+                               "interpreter is left behind")
+        if err in (None, "IsolateWedged"):  # recycled
             first = False
             continue
         if serving and err == "IsolateStop":  # the PoP closed the socket: stopped
@@ -157,6 +180,28 @@ def limit_memory(memory_mb: int, isolates: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def enter_sandbox(cfg: dict) -> None:
+    """Apply the sandbox (`sandbox.apply`), then hand the function the environment
+    its manifest grants, and make its folder the working directory. A layer that
+    fails ends the host (status 3) unless the PoP runs with --insecure-python."""
+    box = cfg["sandbox"]
+    reads = sandbox.read_paths(cfg["function_dir"], package_dirs())
+    try:
+        state = sandbox.apply(reads, box["scratch"], box["uid"], strict=not box["insecure"],
+                              listable=IMPORT_ROOTS)
+    except SandboxError as e:
+        print(f"edgefn isolate host: {e}; refusing to run the function", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+    missing = {k: v for k, v in state.items() if v != "enforced"}
+    if missing:
+        print(f"edgefn isolate host: running without sandbox layers (--insecure-python): "
+              f"{missing}", file=sys.stderr, flush=True)
+    os.environ.update(dict(cfg["env"]))  # after the sandbox: the loader never sees them
+    os.environ["TMPDIR"] = box["scratch"]
+    os.chdir(cfg["function_dir"])
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     fds: list[int] = cfg["fds"]
@@ -164,6 +209,7 @@ def main() -> None:
     threads = []
     warnings = []
     retirement = Retirement()
+    enter_sandbox(cfg)
     if cfg.get("check_imports"):
         warnings = importcheck.warnings(cfg["function_dir"], cfg["module"], import_paths(cfg))
 

@@ -10,20 +10,24 @@ PoP dies.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import DeployError, FunctionError
-from runtime.executors.python import wire
+from runtime.executors.python import sandbox, wire
 from runtime.executors.python.config import HostConfig
+from runtime.executors.python.host import IMPORT_ROOTS
 from runtime.executors.python.isolate import Events, Isolate, read_json
 
 functions_log = logging.getLogger("edgefn.functions")
@@ -52,7 +56,9 @@ class Host:
         self.dead = False
         self.retiring = False  # it asked to be replaced; the supervisor swaps it out
         pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
-        self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports)
+        # as root the host makes a private tmpfs its scratch dir; otherwise it gets one here
+        self.scratch = None if os.geteuid() == 0 else tempfile.mkdtemp(prefix="edgefn-scratch-")
+        self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports, self.scratch)
         for _, b in pairs:
             b.close()
         self.isolates = [Isolate(self, a, "starting" if n < cfg.min_isolates else "unstarted")
@@ -169,6 +175,8 @@ class Host:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop it (`begin_stop`, `finish_stop`); for a host that already died,
@@ -177,12 +185,20 @@ class Host:
         self.finish_stop(grace)
 
 
-def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool) -> subprocess.Popen[bytes]:
+_uids = itertools.count(os.getpid() * 1000)
+
+
+def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
+           scratch: str | None) -> subprocess.Popen[bytes]:
     """Start `python -m runtime.executors.python.host` serving `fds`, in its own
-    process group (see the module docstring)."""
+    process group (see the module docstring), with a scrubbed environment and its
+    sandbox settings: a uid of its own (used when the PoP runs as root) and its
+    scratch dir (`scratch`, or None: a private /tmp)."""
+    box = {"uid": sandbox.UID_BASE + next(_uids) % sandbox.UID_RANGE, "insecure": cfg.insecure,
+           "scratch": scratch or "/tmp"}
     config = {**cfg.__dict__, "fds": fds, "initial": cfg.min_isolates,
-              "check_imports": check_imports}
-    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONDONTWRITEBYTECODE": "1"}
+              "check_imports": check_imports, "sandbox": box}
+    env = sandbox.host_environment(IMPORT_ROOTS)
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
         stdin=subprocess.PIPE, pass_fds=fds, env=env, cwd=cfg.function_dir, process_group=0)

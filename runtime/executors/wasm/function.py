@@ -69,6 +69,7 @@ class WasmFunction:
         self.abi = self._detect_abi()
         uses_wasi, host_funcs = self._check_imports()
         linker = wasmtime.Linker(wasm.engine)
+        self.host_functions: wasm_host.HostFunctions | None = None
         if uses_wasi:
             linker.define_wasi()
         if host_funcs:
@@ -84,8 +85,8 @@ class WasmFunction:
         except wasmtime.WasmtimeError as e:
             raise DeployError(f"{manifest.entry}: cannot link module: {e}") from None
         b = manifest.bindings
-        # a binding may block (a model call, a synced KV write): off the event loop
-        self.threaded = bool(b.ai or b.kv or b.vectors)
+        # a binding may block (a model call, a synced KV write, a fetch): off the event loop
+        self.threaded = bool(b.ai or b.kv or b.vectors or b.fetch)
         self.env = dict(manifest.env)
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in self.env.items()])
         if self.abi == "reactor":
@@ -197,6 +198,8 @@ class WasmFunction:
         return Response(*decode_response(output))
 
     def _call_here(self, data: bytes) -> bytes:
+        if self.host_functions is not None:
+            self.host_functions.begin_request()
         call = getattr(self.per_thread, "call", None)
         if call is None:
             call = self.per_thread.call = self.new_call()
@@ -220,6 +223,8 @@ class WasmFunction:
 
     def _run_wasi(self, env: list[tuple[str, str]], body: bytes) -> bytes:
         """Run `_start` in a fresh store on a worker thread. Raises `FunctionError`."""
+        if self.host_functions is not None:
+            self.host_functions.begin_request()
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
         store.set_epoch_deadline(self.deadline_ticks)

@@ -90,7 +90,8 @@ class HostFunctions:
 
     def __init__(self, linker: wasmtime.Linker, names: set[str], bindings: Bindings) -> None:
         """Raises `BindingError` for an import that edgefn does not provide."""
-        impls = _impls(bindings)
+        self.short = threading.local()
+        impls = _impls(bindings, self.short)
         self.callbacks = []
         for name in sorted(names):
             if name not in SIGNATURES:
@@ -105,6 +106,11 @@ class HostFunctions:
                           cb, None, None)
             if err:
                 raise BindingError(f"cannot define edgefn.{name}")
+
+    def begin_request(self) -> None:
+        """Forget a result kept for a retry on this thread: it belonged to an earlier
+        request (one that never asked again with a bigger buffer)."""
+        self.short.kept = None
 
 
 def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool) -> Callable[..., int]:
@@ -122,7 +128,7 @@ def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool) -> Calla
     return callback
 
 
-def _impls(b: Bindings) -> dict[str, Callable[..., Any]]:
+def _impls(b: Bindings, short: threading.local) -> dict[str, Callable[..., Any]]:
     def kv(m: _Memory, p: int, n: int) -> tuple[KVView, str]:
         ns = b.kv.namespace(m.text(p, n))
         return b.kv.store, ns
@@ -144,9 +150,9 @@ def _impls(b: Bindings) -> dict[str, Callable[..., Any]]:
         store, ns = kv(m, nsp, nsl)
         return store.increment(ns, m.read(kp, kl), delta)
 
-    # A result too big for the guest's buffer is kept for the retry with a bigger
-    # one, so the call (a model generation, say) is not run twice.
-    short = threading.local()
+    # A result too big for the guest's buffer is kept (per thread, until the thread's
+    # next request: `HostFunctions.begin_request`) for the retry with a bigger one, so
+    # the call (a model generation, say) is not run twice.
 
     def call(m: _Memory, np_: int, nl: int, ap: int, al: int, bp: int, cap: int) -> int:
         name, raw = m.text(np_, nl), m.read(ap, al)

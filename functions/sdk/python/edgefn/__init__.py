@@ -23,7 +23,8 @@ from urllib.parse import parse_qsl
 
 from edgefn_core import abi as _abi
 
-__all__ = ["KV", "BindingError", "Env", "Headers", "Request", "Response", "Vectors"]
+__all__ = ["KV", "BindingError", "Env", "FetchResponse", "Headers", "Request", "Response",
+           "Vectors"]
 
 
 
@@ -142,7 +143,7 @@ class Response:
 
 class Env:
     """What a handler gets besides the request: the manifest's env vars as `vars`
-    and `log()`, and the bindings: `kv()`, `vectors()`, `ai()`."""
+    and `log()`, and the bindings: `kv()`, `vectors()`, `ai()`, `fetch()`."""
 
     def __init__(self, vars: dict[str, str], call: Any) -> None:
         self.vars = vars
@@ -164,10 +165,40 @@ class Env:
         """Models of the PoP's model worker (declare `ai = true` under [bindings])."""
         return AI(model, self._call)
 
+    def fetch(self, url: str, *, method: str = "GET", headers: dict[str, str] | None = None,
+              body: bytes | str | None = None, timeout: float | None = None) -> FetchResponse:
+        """An HTTP(S) request made by the PoP to a URL the manifest allows (``fetch =
+        ["https://api.example.com/*"]`` under [bindings]); redirects are not followed.
+        It counts against the function's wall-time limit. Raises `BindingError` (a URL
+        not allowed, a private address, a timeout, a response over 8 MiB)."""
+        data = body.encode() if isinstance(body, str) else body
+        args: dict[str, Any] = {"url": url, "method": method, "headers": headers or {}}
+        if data:
+            args["body"] = base64.b64encode(data).decode()
+        if timeout is not None:
+            args["timeout_ms"] = max(1, int(timeout * 1000))
+        out = self._call("fetch", args, True)
+        return FetchResponse(out["status"], out["headers"], base64.b64decode(out["body"]))
+
     def deployment(self) -> dict[str, str]:
         """This function's name and the version serving this request (asks the PoP)."""
         result: dict[str, str] = self._call("deployment", {}, True)
         return result
+
+
+class FetchResponse:
+    """What `Env.fetch` got back: `status`, `headers` (names lower-cased) and `body`."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = Headers(headers.items())
+        self.body = body
+
+    def text(self) -> str:
+        return self.body.decode()
+
+    def json(self) -> Any:
+        return _json.loads(self.body)
 
 
 class KV:

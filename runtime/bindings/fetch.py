@@ -1,0 +1,199 @@
+"""The fetch capability: a function's only way out of its sandbox, an HTTP(S) request
+made by the PoP to a URL its manifest allows (``[bindings] fetch = [patterns]``).
+
+    fetch {url, method?, headers?, body? (base64), timeout_ms?}
+        -> {status, headers: {name: value}, body (base64)}
+
+Rules, checked here in one place:
+- the URL must match one of the manifest's patterns (`fnmatch` on the whole URL,
+  ``https://api.example.com/*``), scheme http or https;
+- the host's addresses are resolved once and the connection goes to the address
+  that was checked (no second lookup a DNS answer could change): loopback,
+  private, link-local, multicast and reserved addresses are refused unless the
+  pattern names that host literally (no wildcard in its host part);
+- a timeout (the call's ``timeout_ms``, at most the function's wall-time limit, which
+  the subrequest counts against anyway) and a response cap (`MAX_RESPONSE`);
+- redirects are not followed: a 3xx comes back to the function as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import ssl
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+from urllib.parse import urlsplit
+
+import httptools
+
+from edgefn_core.errors import BindingError
+from runtime.bindings.codec import b64, unb64
+
+MAX_RESPONSE = 8 << 20  # bytes of response body a subrequest may bring back
+MAX_REQUEST = 8 << 20
+DEFAULT_TIMEOUT_MS = 10_000
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# set by the PoP, not the function
+HOP_BY_HOP = frozenset({"host", "connection", "content-length", "transfer-encoding", "keep-alive",
+                        "upgrade", "te", "trailer", "proxy-authorization", "proxy-connection"})
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str  # with the query
+
+
+def parse_url(url: str) -> Target:
+    """Raises `BindingError` for a URL that is not absolute http(s)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise BindingError(f"fetch: bad URL {url!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BindingError(f"fetch: bad URL {url!r}: expected http:// or https:// and a host")
+    if parts.username or parts.password:
+        raise BindingError(f"fetch: bad URL {url!r}: credentials in URLs are not allowed")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Target(parts.scheme, parts.hostname.lower(), port or (443 if parts.scheme == "https"
+                                                                   else 80), path)
+
+
+def _pattern_host(pattern: str) -> str:
+    rest = pattern.split("://", 1)[-1]
+    host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0].lower()
+    return host.rsplit(":", 1)[0].lower() if host.count(":") == 1 else host.lower()
+
+
+def _public(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return not (addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_multicast
+                or addr.is_reserved or addr.is_unspecified)
+
+
+class FetchBinding:
+    def __init__(self, owner: str, patterns: list[str], wall_ms: int) -> None:
+        self.owner = owner
+        self.patterns = list(patterns)
+        self.wall_ms = wall_ms
+
+    def allowed(self, url: str) -> tuple[Target, bool]:
+        """The target, and whether a matching pattern names its host literally (then
+        a private address is allowed). Raises `BindingError` if no pattern matches."""
+        target = parse_url(url)
+        matching = [p for p in self.patterns if fnmatchcase(url, p)]
+        if not matching:
+            allowed = ", ".join(self.patterns) or "none: add `fetch = [...]` to [bindings]"
+            raise BindingError(f"fetch: {url!r} is not allowed for function {self.owner!r} "
+                               f"(allowed: {allowed})")
+        literal = any(_pattern_host(p) == target.host for p in matching)
+        return target, literal
+
+    async def call(self, args: dict[str, Any]) -> dict[str, Any]:
+        """One subrequest. Raises `BindingError` (denied, unreachable, timed out, too
+        large) and KeyError/TypeError/ValueError for bad arguments."""
+        url = str(args["url"])
+        method = str(args.get("method") or "GET").upper()
+        if method not in METHODS:
+            raise BindingError(f"fetch: method {method!r} is not one of "
+                               f"{', '.join(sorted(METHODS))}")
+        body = unb64(args["body"]) if args.get("body") else b""
+        if len(body) > MAX_REQUEST:
+            raise BindingError(f"fetch: request body larger than {MAX_REQUEST} bytes")
+        headers = {str(k).lower(): str(v) for k, v in dict(args.get("headers") or {}).items()}
+        for k, v in headers.items():
+            if any(c in k + v for c in "\r\n\0") or not k:
+                raise BindingError(f"fetch: invalid header {k!r}")
+        timeout_ms = min(int(args.get("timeout_ms") or DEFAULT_TIMEOUT_MS), self.wall_ms)
+        target, literal = self.allowed(url)
+        try:
+            return await asyncio.wait_for(self._fetch(target, literal, method, headers, body),
+                                          timeout_ms / 1000)
+        except TimeoutError:
+            raise BindingError(f"fetch: {url!r} timed out after {timeout_ms} ms") from None
+        except (OSError, ssl.SSLError) as e:
+            raise BindingError(f"fetch: {url!r} failed: {e}") from None
+
+    async def _fetch(self, t: Target, literal: bool, method: str, headers: dict[str, str],
+                     body: bytes) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(t.host, t.port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise BindingError(f"fetch: cannot resolve {t.host!r}")
+        ip = infos[0][4][0]
+        if not literal and not _public(ip):
+            raise BindingError(f"fetch: {t.host!r} resolves to {ip}, a loopback or private "
+                               "address: list that host in the pattern explicitly to allow it")
+        ctx = ssl.create_default_context() if t.scheme == "https" else None
+        reader, writer = await asyncio.open_connection(
+            ip, t.port, ssl=ctx, server_hostname=t.host if ctx else None)
+        try:
+            default_port = 443 if t.scheme == "https" else 80
+            host = t.host if t.port == default_port else f"{t.host}:{t.port}"
+            if ":" in t.host and not t.host.startswith("["):
+                host = f"[{t.host}]" if t.port == default_port else f"[{t.host}]:{t.port}"
+            lines = [f"{method} {t.path} HTTP/1.1", f"host: {host}", "connection: close",
+                     "user-agent: edgefn-fetch", f"content-length: {len(body)}"]
+            lines += [f"{k}: {v}" for k, v in headers.items() if k not in HOP_BY_HOP]
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+            return await _read_response(reader, method == "HEAD")
+        finally:
+            writer.close()
+
+
+class _Response:
+    """httptools callbacks collecting one response, its body capped."""
+
+    def __init__(self, head: bool) -> None:
+        self.head = head  # an answer to HEAD has no body, whatever its content-length says
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.done = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        if self.head:
+            self.done = True
+
+    def on_body(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > MAX_RESPONSE:
+            raise BindingError(f"fetch: response larger than {MAX_RESPONSE} bytes")
+        self.chunks.append(data)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+async def _read_response(reader: asyncio.StreamReader, head: bool) -> dict[str, Any]:
+    r = _Response(head)
+    parser = httptools.HttpResponseParser(r)
+    try:
+        while not r.done:
+            data = await reader.read(1 << 16)
+            if not data:  # the server closed: a body without a length ends here
+                if parser.get_status_code():
+                    break
+                raise BindingError("fetch: the server closed the connection before answering")
+            parser.feed_data(data)
+    except httptools.HttpParserError as e:
+        if isinstance(e.__context__, BindingError):
+            raise e.__context__ from None
+        raise BindingError(f"fetch: malformed response: {e}") from None
+    return {"status": parser.get_status_code(), "headers": r.headers,
+            "body": b64(b"".join(r.chunks))}

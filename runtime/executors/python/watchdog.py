@@ -1,0 +1,118 @@
+"""What limits a Python isolate's threads, from inside its interpreter: the
+watchdog that stops a handler at its CPU or wall-time limit, and the stopping of
+threads a function left running after its request.
+
+Both raise an exception asynchronously in another thread of the same interpreter
+(`PyThreadState_SetAsyncExc`): it lands between two bytecodes, so code blocked in
+a C call takes it only when that call returns. Stdlib only: it runs inside isolates.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from typing import Any
+
+from edgefn_core.errors import CpuInterrupt, ThreadStop, WallInterrupt
+
+_SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_SET_ASYNC_EXC.argtypes = [ctypes.c_ulong, ctypes.py_object]
+# The same C function with a NULL exception: clears a pending one.
+_CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+
+# How long the threads a request left running get to end once told to stop; and how
+# often they are told again meanwhile (an async exception lands between bytecodes, so
+# a thread blocked in C code, a sleep say, takes it only when that call returns).
+THREAD_GRACE = 0.2
+THREAD_NUDGE = 0.01
+
+
+def stop_threads(threads: list[threading.Thread], grace: float) -> list[threading.Thread]:
+    """Raise `ThreadStop` in each of `threads` until it ends or `grace` seconds
+    pass; those still running then."""
+    end = time.monotonic() + grace
+    while True:
+        threads = [t for t in threads if t.is_alive()]
+        if not threads or time.monotonic() >= end:
+            return threads
+        for t in threads:
+            if t.ident is not None:
+                _SET_ASYNC_EXC(t.ident, ThreadStop)
+        threads[0].join(THREAD_NUDGE)
+
+
+def quiet_thread_stop(args: Any) -> None:
+    """`threading.excepthook`: a thread ended by `ThreadStop` is no error to report."""
+    if args.exc_type is not None and issubclass(args.exc_type, ThreadStop):
+        return
+    threading.__excepthook__(args)
+
+
+# A handler that swallowed its interrupt (``except BaseException``) is interrupted
+# again this long after; not at every tick, since a second interrupt landing in the
+# request loop's own cleanup, before it disarms, would escape that loop.
+RERAISE_AFTER = 1.0
+
+
+class Watchdog:
+    """Enforces the limits of the request in flight by raising an IsolateInterrupt in
+    the handler's thread (once; again every `RERAISE_AFTER` while it keeps running).
+
+    It wakes every tick (a quarter of the tighter limit, 5..100 ms) rather than
+    per request: arming is two assignments, so a fast request costs no thread
+    switch. A limit is therefore enforced within one tick.
+    """
+
+    def __init__(self, tid: int, cpu_ms: int, wall_ms: int) -> None:
+        self.tid = tid
+        self.clock = time.pthread_getcpuclockid(tid)
+        self.cpu = cpu_ms / 1000
+        self.wall = wall_ms / 1000
+        self.tick = min(max(min(self.cpu, self.wall) / 4, 0.005), 0.1)
+        self.lock = threading.Lock()
+        self.current: tuple[float, float] | None = None  # (wall start, cpu start)
+        self.raised_at = 0.0  # when it last interrupted the request in flight (0: not yet)
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="edgefn-watchdog")
+        self.thread.start()
+
+    def arm(self) -> None:
+        self.raised_at = 0.0
+        self.current = (time.monotonic(), time.clock_gettime(self.clock))
+
+    def exceeded(self, code: str) -> str:
+        """What the request did, naming the limit, as the PoP words it for WASM."""
+        if code == "cpu_limit":
+            return f"exceeded its CPU limit of {round(self.cpu * 1000)} ms"
+        return f"exceeded its wall-time limit of {round(self.wall * 1000)} ms"
+
+    def disarm(self) -> None:
+        with self.lock:  # after this, nothing can be raised for the request that ended
+            self.current = None
+            _CLEAR_ASYNC_EXC(self.tid, None)  # drop one raised too late to land
+
+    def stop(self) -> None:
+        """IsolateStop and join (within a tick): the interpreter cannot close with it running."""
+        self.stopped = True
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            time.sleep(self.tick)
+            current = self.current
+            if current is None:
+                continue
+            with self.lock:
+                now = time.monotonic()
+                if self.current is not current or (self.raised_at
+                                                   and now - self.raised_at < RERAISE_AFTER):
+                    continue
+                if time.clock_gettime(self.clock) - current[1] >= self.cpu:
+                    _SET_ASYNC_EXC(self.tid, CpuInterrupt)
+                elif now - current[0] >= self.wall:
+                    _SET_ASYNC_EXC(self.tid, WallInterrupt)
+                else:
+                    continue
+                self.raised_at = now

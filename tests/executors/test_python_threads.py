@@ -1,0 +1,90 @@
+"""Threads a Python function starts may not outlive its request: once the response
+is sent they are stopped (work after it would run outside every limit), and one
+that cannot be stopped (blocked in C code) costs a recycle, never the function."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from tests.support import Running, host_pids, python_function
+
+SPINNER = """
+import threading
+from edgefn import Response
+
+def spin():
+    while True:
+        pass
+
+def handle(request, env):
+    threading.Thread(target=spin, name="spinner").start()
+    return Response("started")
+"""
+
+SLEEPER = """
+import os, threading, time
+from edgefn import Response
+
+def handle(request, env):
+    threading.Thread(target=time.sleep, args=(3600,), name="sleeper").start()
+    return Response(str(os.getpid()))
+"""
+
+TO_THREAD = """
+import asyncio, os
+from edgefn import Response
+
+async def handle(request, env):
+    pid = await asyncio.to_thread(os.getpid)
+    return Response(str(pid))
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid`, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_thread_left_spinning_is_stopped_after_the_response(pop: Running,
+                                                               tmp_path: Path) -> None:
+    pool = "min = 1\nmax = 1\nrecycle_after = 2\nstandby = false"
+    pop.deploy(python_function(tmp_path, "spinner", SPINNER, pool=pool))
+    for _ in range(5):  # two recycles: each interpreter closes, no thread holds it open
+        began = time.monotonic()
+        status, _, body = pop.get("/spinner")
+        assert (status, body) == (200, b"started")
+        assert time.monotonic() - began < 2.5  # the wall limit is 5 s: nothing waited for it
+    (host,) = host_pids("spinner")
+    before = cpu_seconds(host)
+    time.sleep(1.0)
+    # a spinner still running would burn most of a core meanwhile (the host idles)
+    assert cpu_seconds(host) - before < 0.3
+
+
+def test_a_thread_blocked_in_c_costs_a_recycle_and_a_new_host(pop: Running,
+                                                              tmp_path: Path) -> None:
+    pop.deploy(python_function(tmp_path, "sleeper", SLEEPER,
+                               pool="min = 1\nmax = 1\nstandby = false"))
+    pids = []
+    for _ in range(6):
+        status, _, body = pop.get("/sleeper")
+        assert status == 200, body
+        pids.append(int(body))
+    # its interpreter cannot close while `sleeper` sleeps: the host asks to be replaced
+    assert len(set(pids)) >= 2, pids
+    deadline = time.monotonic() + 10
+    while pids[0] in host_pids("sleeper") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pids[0] not in host_pids("sleeper")
+
+
+def test_an_async_handler_may_use_threads_for_its_own_work(pop: Running,
+                                                           tmp_path: Path) -> None:
+    pop.deploy(python_function(tmp_path, "to-thread", TO_THREAD,
+                               pool="min = 1\nmax = 1\nstandby = false"))
+    bodies = {pop.get("/to-thread")[2] for _ in range(5)}
+    assert len(bodies) == 1  # one host served them all: nothing had to be replaced

@@ -1,0 +1,158 @@
+"""The Python isolate's watchdog and thread stopping, in this process (the same code
+runs inside each isolate's interpreter): limits land within one tick of the
+configured figure, never early, and a disarmed watchdog raises nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from edgefn_core.errors import CpuInterrupt, IsolateInterrupt, ThreadStop, WallInterrupt
+from runtime.executors.python import watchdog
+from runtime.executors.python.watchdog import Watchdog, quiet_thread_stop, stop_threads
+
+
+def run_guarded(cpu_ms: int, wall_ms: int, work: str, seconds: float = 2.0
+                ) -> tuple[type[BaseException] | None, float, float]:
+    """Run `work` ("spin" burns CPU, "sleep" naps in 1 ms steps) on a fresh thread under
+    a watchdog for up to `seconds`: what interrupted it, and the thread's CPU and wall
+    time until then."""
+    out: dict[str, object] = {}
+
+    def handler(wall0: float) -> None:
+        # In its own frame, as a handler is: CPython 3.13.0 lets an asynchronous
+        # exception raised in a `while <call>:` test skip that frame's own handlers.
+        while time.monotonic() - wall0 < seconds:
+            if work == "sleep":
+                time.sleep(0.001)
+
+    def target() -> None:
+        dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
+        wall0, cpu0 = time.monotonic(), time.thread_time()
+        try:
+            dog.arm()
+            try:
+                handler(wall0)
+            finally:
+                dog.disarm()
+        except IsolateInterrupt as e:
+            out["raised"] = type(e)
+        out["cpu"], out["wall"] = time.thread_time() - cpu0, time.monotonic() - wall0
+        dog.stop()
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    return out.get("raised"), out["cpu"], out["wall"]  # type: ignore[return-value]
+
+
+def test_the_tick_is_a_quarter_of_the_tighter_limit_within_5_to_100_ms() -> None:
+    ticks = []
+    for cpu, wall in ((40, 1000), (1000, 80), (1, 1), (10_000, 60_000)):
+        dog = Watchdog(threading.get_ident(), cpu, wall)
+        ticks.append(dog.tick)
+        dog.stop()
+    assert ticks == [0.01, 0.02, 0.005, 0.1]
+
+
+def test_a_spinning_handler_stops_within_a_tick_of_its_cpu_limit() -> None:
+    raised, cpu, _ = run_guarded(cpu_ms=40, wall_ms=5000, work="spin")
+    assert raised is CpuInterrupt
+    assert 0.040 <= cpu < 0.040 + 0.030  # a tick is 10 ms: three of slack for a busy box
+
+
+def test_a_sleeping_handler_stops_within_a_tick_of_its_wall_limit() -> None:
+    raised, cpu, wall = run_guarded(cpu_ms=1000, wall_ms=80, work="sleep")
+    assert raised is WallInterrupt
+    assert 0.080 <= wall < 0.080 + 0.060
+    assert cpu < 0.080  # it was the wall limit, not the CPU one
+
+
+def test_a_handler_within_its_limits_is_never_interrupted() -> None:
+    raised, _, wall = run_guarded(cpu_ms=1000, wall_ms=1000, work="sleep", seconds=0.2)
+    assert raised is None and wall >= 0.2
+
+
+def test_an_interrupt_is_raised_once_then_again_only_after_a_second() -> None:
+    """A handler that swallows its interrupt gets another one, but not within the
+    moment the request loop needs to disarm."""
+    landed: list[tuple[float, float]] = []  # (wall, CPU) since arming
+
+    def target() -> None:
+        dog = Watchdog(threading.get_ident(), 20, 5000)
+        began, cpu0 = time.monotonic(), time.thread_time()
+        dog.arm()
+        while len(landed) < 2 and time.monotonic() - began < 3:
+            try:
+                while True:
+                    pass
+            except CpuInterrupt:
+                landed.append((time.monotonic() - began, time.thread_time() - cpu0))
+        dog.disarm()
+        dog.stop()
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    assert len(landed) == 2, landed
+    assert 0.020 <= landed[0][1] < 0.020 + 0.015  # within 3 ticks of 5 ms of CPU
+    gap = landed[1][0] - landed[0][0]
+    assert watchdog.RERAISE_AFTER <= gap < watchdog.RERAISE_AFTER + 0.5
+
+
+def test_the_limit_is_named_in_the_message() -> None:
+    dog = Watchdog(threading.get_ident(), 40, 3000)
+    try:
+        assert dog.exceeded("cpu_limit") == "exceeded its CPU limit of 40 ms"
+        assert dog.exceeded("wall_limit") == "exceeded its wall-time limit of 3000 ms"
+    finally:
+        dog.stop()
+
+
+def test_stop_threads_ends_spinning_threads_and_reports_blocked_ones() -> None:
+    halt = threading.Event()
+
+    def spin() -> None:
+        while not halt.is_set():
+            pass
+
+    spinners = [threading.Thread(target=spin) for _ in range(2)]
+    blocked = threading.Thread(target=halt.wait, args=(5,))
+    for t in (*spinners, blocked):
+        t.start()
+    hook, threading.excepthook = threading.excepthook, quiet_thread_stop
+    try:
+        began = time.monotonic()
+        left = stop_threads([*spinners, blocked], grace=0.3)
+        assert left == [blocked]  # waiting in C (a lock): the exception cannot land yet
+        assert time.monotonic() - began >= 0.3
+        assert not any(t.is_alive() for t in spinners)
+    finally:
+        halt.set()
+        blocked.join()
+        threading.excepthook = hook
+    # once it returns to Python it takes the pending ThreadStop and ends
+    assert not blocked.is_alive()
+
+
+def test_stop_threads_returns_at_once_when_none_runs() -> None:
+    began = time.monotonic()
+    assert stop_threads([], grace=5) == []
+    assert time.monotonic() - began < 0.1
+
+
+def test_a_thread_stop_is_not_reported_as_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    hook, threading.excepthook = threading.excepthook, quiet_thread_stop
+    try:
+        def boom(exc: type[BaseException]) -> None:
+            raise exc
+        for exc in (ThreadStop, ValueError):
+            t = threading.Thread(target=boom, args=(exc,))
+            t.start()
+            t.join()
+    finally:
+        threading.excepthook = hook
+    err = capsys.readouterr().err
+    assert "ValueError" in err and "ThreadStop" not in err

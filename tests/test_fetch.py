@@ -1,0 +1,180 @@
+"""The fetch binding: a function's only way out, to the URLs its manifest allows,
+from Python and WASM, against a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from runtime.admin.client import AdminError
+from runtime.bindings.fetch import MAX_RESPONSE, FetchBinding, _pattern_host
+from tests.support import Running, function_dir, python_function, reactor
+
+
+class Upstream(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/slow":
+            time.sleep(2)
+        if self.path == "/big":
+            body = b"x" * (MAX_RESPONSE + 1)
+        elif self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("location", "http://example.com/")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        else:
+            body = json.dumps({"path": self.path, "ua": self.headers.get("user-agent"),
+                               "x": self.headers.get("x-test")}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        data = self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(201)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[::-1])
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client (the PoP) that hung up on /slow or /big: expected
+
+
+@pytest.fixture
+def upstream() -> Iterator[str]:
+    server = Server(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+FETCHER = """
+import json
+from edgefn import BindingError, Response
+
+def handle(request, env):
+    try:
+        r = env.fetch(request.query["url"], method=request.method,
+                      headers={"x-test": "from-py"}, body=request.body or None,
+                      timeout=float(request.query.get("t", "5")))
+    except BindingError as e:
+        return Response(str(e), status=403)
+    return Response(r.body, status=r.status, headers={"x-upstream": r.headers.get("content-type", "")})
+"""
+
+
+def deploy_fetcher(pop: Running, tmp_path: Path, patterns: list[str]) -> None:
+    d = python_function(tmp_path, "fetcher", FETCHER, limits="wall_ms = 1000")
+    with open(d / "edgefn.toml", "a") as f:
+        f.write(f"[bindings]\nfetch = {json.dumps(patterns)}\n")
+    pop.deploy(d)
+
+
+def test_a_python_function_fetches_an_allowed_url(pop: Running, tmp_path: Path,
+                                                  upstream: str) -> None:
+    deploy_fetcher(pop, tmp_path, [f"{upstream}/*"])
+    status, headers, body = pop.get(f"/fetcher?url={upstream}/data?q=1")
+    assert status == 200, body
+    assert json.loads(body) == {"path": "/data?q=1", "ua": "edgefn-fetch", "x": "from-py"}
+    assert headers["x-upstream"] == "application/json"
+    status, _, body = pop.request("POST", f"/fetcher?url={upstream}/echo", b"abc")
+    assert (status, body) == (201, b"cba")
+    # a redirect comes back as it is, not followed
+    assert pop.get(f"/fetcher?url={upstream}/redirect")[0] == 302
+
+
+@pytest.mark.parametrize(("patterns", "path", "words"), [
+    ([], "/x", "is not allowed for function 'fetcher' (allowed: none"),
+    (["http://127.0.0.1:1/*"], "/x", "is not allowed for function 'fetcher' (allowed: "
+                                     "http://127.0.0.1:1/*)"),
+    # a wildcard host does not reach loopback: only a pattern naming it does
+    (["http://*"], "/x", "resolves to 127.0.0.1, a loopback or private address"),
+])
+def test_fetch_is_denied_outside_the_allowlist_and_to_private_addresses(
+        pop: Running, tmp_path: Path, upstream: str, patterns: list[str], path: str,
+        words: str) -> None:
+    deploy_fetcher(pop, tmp_path, patterns)
+    status, _, body = pop.get(f"/fetcher?url={upstream}{path}")
+    assert status == 403 and words in body.decode(), body
+
+
+def test_localhost_under_a_wildcard_is_refused_too(pop: Running, tmp_path: Path,
+                                                   upstream: str) -> None:
+    deploy_fetcher(pop, tmp_path, ["http://*"])
+    url = upstream.replace("127.0.0.1", "localhost")
+    status, _, body = pop.get(f"/fetcher?url={url}/x")
+    assert status == 403 and b"'localhost' resolves to" in body, body
+
+
+def test_fetch_times_out_and_caps_the_response(pop: Running, tmp_path: Path,
+                                               upstream: str) -> None:
+    deploy_fetcher(pop, tmp_path, [f"{upstream}/*"])
+    began = time.monotonic()
+    status, _, body = pop.get(f"/fetcher?url={upstream}/slow&t=0.3")
+    assert status == 403 and b"timed out after 300 ms" in body, body
+    assert time.monotonic() - began < 1.5  # the upstream takes 2 s
+    status, _, body = pop.get(f"/fetcher?url={upstream}/big")
+    assert status == 403 and f"response larger than {MAX_RESPONSE} bytes".encode() in body
+
+
+def test_a_wasm_function_fetches_through_the_call_host_function(
+        pop: Running, tmp_path: Path, upstream: str) -> None:
+    args = json.dumps({"url": f"{upstream}/from-wasm"}).replace('"', '\\"')
+    n = len(json.dumps({"url": f"{upstream}/from-wasm"}))
+    src = reactor(f"""
+      (local $len i64)
+      (local.set $len (call $call (i32.const 300) (i32.const 5) (i32.const 400) (i32.const {n})
+                                  (i32.const 4108) (i32.const 4096)))
+      (i32.store (i32.const 4096) (i32.const 200))
+      (i32.store (i32.const 4100) (i32.const 0))
+      (i32.store (i32.const 4104) (i32.wrap_i64 (local.get $len)))
+      (return (i64.or (i64.shl (i64.const 4096) (i64.const 32))
+                      (i64.add (i64.const 12) (local.get $len))))""",
+                  imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
+                          '(result i64)))',
+                  prelude=f'(data (i32.const 300) "fetch") (data (i32.const 400) "{args}")')
+    pop.deploy(function_dir(tmp_path, "wasm-fetch", src,
+                            extra=f'[bindings]\nfetch = ["{upstream}/*"]'))
+    status, _, body = pop.get("/wasm-fetch")
+    assert status == 200, body
+    out = json.loads(body)
+    assert out["status"] == 200
+    assert json.loads(base64.b64decode(out["body"]))["path"] == "/from-wasm"
+
+
+def test_patterns_must_be_http_urls(pop: Running, tmp_path: Path) -> None:
+    d = python_function(tmp_path, "bad-fetch", FETCHER)
+    with open(d / "edgefn.toml", "a") as f:
+        f.write('[bindings]\nfetch = ["ftp://files.example.com/*"]\n')
+    with pytest.raises(AdminError, match=r"bindings\.fetch"):
+        pop.deploy(d)
+
+
+def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
+    f = FetchBinding("f", ["https://api.example.com/v1/*", "http://10.0.0.*/*"], 1000)
+    assert f.allowed("https://api.example.com/v1/x")[1] is True
+    assert f.allowed("http://10.0.0.7/x")[1] is False  # a wildcard host: no private addresses
+    for url in ("https://api.example.com/v2/x", "http://api.example.com/v1/x",
+                "https://api.example.com.evil.test/v1/x"):
+        with pytest.raises(Exception, match="is not allowed"):
+            f.allowed(url)
+    assert _pattern_host("http://[::1]:8080/*") == "::1"
+    assert _pattern_host("https://Example.com:443/a") == "example.com"
