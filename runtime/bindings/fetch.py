@@ -130,7 +130,7 @@ class FetchBinding:
         infos = await loop.getaddrinfo(t.host, t.port, type=socket.SOCK_STREAM)
         if not infos:
             raise BindingError(f"fetch: cannot resolve {t.host!r}")
-        ip = infos[0][4][0]
+        ip = str(infos[0][4][0])
         if not literal and not _public(ip):
             raise BindingError(f"fetch: {t.host!r} resolves to {ip}, a loopback or private "
                                "address: list that host in the pattern explicitly to allow it")
