@@ -5,6 +5,12 @@ bodies, streamed responses (chunked), ``Expect: 100-continue``, size limits
 (413, 414, 431), malformed input (400) and slow clients (408). No input may
 raise out of this module: parser errors become a 4xx and a closed connection,
 and application errors a 500.
+
+Memory per connection is bounded by backpressure: while the transport holds more
+than ``write_buffer_bytes`` unsent, no further response is started (pipelined
+requests wait, reading stops) and a streamed body is not pulled further, so at
+most ``write_buffer_bytes`` plus one response (or one chunk) is buffered. Past
+``max_connections`` or ``max_connections_per_client`` a connection gets 503.
 """
 
 from __future__ import annotations
@@ -45,12 +51,15 @@ class HttpProtocol(asyncio.Protocol):
         # Per-connection state
         self.transport: asyncio.Transport | None = None
         self.client = ""
+        self.address = ""  # the client's IP address, what the per-client cap counts
         self.queue: deque[Request | HttpReject] = deque()  # parsed, waiting for their turn
         self.busy = False  # a response is being produced by a task
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # close after the response in progress
         self.reading = True
         self.write_paused = False
+        self.write_deadline = 0.0  # loop.time() after which a client that reads nothing is cut
+        self.admitted = False  # counted in the server's connection caps
         self.drain_waiter: asyncio.Future[None] | None = None
         self.deadline = 0.0  # loop.time() after which the client is too slow or idle
         self.deadline_status = 0  # 408 while a request is arriving, 0 while idle
@@ -68,11 +77,22 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        self.address = peer[0] if isinstance(peer, tuple) else ""
+        refused = self.state.admit(self.address)
+        if refused is not None:
+            self._turn_away(refused)
+            return
+        self.admitted = True
         self.state.connections.add(self)
+        cap = self.config.write_buffer_bytes
+        transport.set_write_buffer_limits(high=cap, low=cap // 4)  # type: ignore[attr-defined]
         self._idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.state.connections.discard(self)
+        if self.admitted:
+            self.admitted = False
+            self.state.connections.discard(self)
+            self.state.release(self.address)
         self.transport = None
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client went away: stop producing its response
@@ -95,11 +115,15 @@ class HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.write_deadline = self.loop.time() + self.config.send_timeout
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.write_deadline = 0.0
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_result(None)
+        elif not self.busy:
+            self._dispatch()  # pipelined requests held back while the client was not reading
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -177,7 +201,7 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _dispatch(self) -> None:
-        while self.queue and not self.busy and self.transport is not None:
+        while self.queue and not self.busy and not self.write_paused and self.transport:
             item = self.queue.popleft()
             if isinstance(item, HttpReject):
                 self._write_error(item.status, item.message)
@@ -192,7 +216,13 @@ class HttpProtocol(asyncio.Protocol):
             else:
                 self.busy = True
                 self.task = self.loop.create_task(self._run(item, result))
-        if not self.queue and not self.reading and not self.closing and self.transport:
+        if self.queue and self.write_paused:
+            # The client is not reading what was already sent: answer nothing more, and
+            # read nothing more, until it does (`resume_writing` comes back here).
+            if self.reading and self.transport is not None:
+                self.reading = False
+                self.transport.pause_reading()
+        elif not self.queue and not self.reading and not self.closing and self.transport:
             self.reading = True
             self.transport.resume_reading()
 
@@ -309,6 +339,18 @@ class HttpProtocol(asyncio.Protocol):
             % (status, REASONS.get(status, b"Unknown"), len(body), body))
         self._finish(False)
 
+    def _turn_away(self, why: str) -> None:
+        """Answer 503 with Retry-After and close: a connection cap is reached."""
+        self.state.refused += 1
+        log.debug("refusing %s: %s", self.client, why)
+        assert self.transport is not None
+        body = b"server busy: too many connections\n"
+        self.transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"retry-after: %d\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (self.config.retry_after, len(body), body))
+        self._close()
+
     # -- timeouts and shutdown (driven by the server) ------------------------------------------
     def _idle(self) -> None:
         self.deadline = self.loop.time() + self.config.keepalive_timeout
@@ -326,6 +368,14 @@ class HttpProtocol(asyncio.Protocol):
         elif not self.queue:
             self._close()
         self.deadline = 0.0
+
+    def on_write_stalled(self) -> None:
+        """The client read nothing for `send_timeout` while a response waited: cut it
+        (its response task is cancelled in `connection_lost`)."""
+        self.write_deadline = 0.0
+        if self.transport is not None:
+            log.info("closing %s: read nothing for %.0fs", self.client, self.config.send_timeout)
+            self.transport.abort()
 
     def shutdown(self) -> None:
         """Close now if idle, else after the response in progress."""

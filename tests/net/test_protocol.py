@@ -37,6 +37,9 @@ class MockTransport:
     def resume_reading(self) -> None:
         self.reading = True
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high_water = high
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return ("127.0.0.1", 5555) if name == "peername" else default
 
