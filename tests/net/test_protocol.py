@@ -391,3 +391,92 @@ def test_no_input_raises_out_of_the_protocol(chunks: list[bytes], prefix: bytes)
         for status, _, _ in responses(t.buffer):
             assert status in (200, 400, 408, 413, 414, 431)
     run(go())
+
+
+class SlowReaderTransport(MockTransport):
+    """A transport whose client reads nothing: past the high-water mark it tells the
+    protocol to pause writing, as uvloop does; `drain` is the client catching up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: HttpProtocol | None = None
+        self.unsent = 0
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.unsent += len(data)
+        assert self.protocol is not None
+        if self.unsent > (self.high_water or 0) and not self.protocol.write_paused:
+            self.protocol.pause_writing()
+
+    def drain(self) -> None:
+        self.unsent = 0
+        assert self.protocol is not None
+        self.protocol.resume_writing()
+
+
+def slow_reader(app: Callable[[Request], Any], **config: Any) -> tuple[HttpProtocol,
+                                                                        SlowReaderTransport]:
+    proto = HttpProtocol(app, ServerState(ServerConfig(**config), asyncio.get_running_loop()))
+    t = SlowReaderTransport()
+    t.protocol = proto
+    proto.connection_made(t)  # type: ignore[arg-type]
+    return proto, t
+
+
+def test_pipelined_responses_wait_while_the_client_reads_nothing() -> None:
+    async def go() -> None:
+        proto, t = slow_reader(lambda r: Response(200, [], b"z" * 3000), write_buffer_bytes=1024)
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n" * 10)
+        assert len(responses(t.buffer)) == 1  # the first one went past the mark
+        assert not t.reading
+        t.drain()
+        assert len(responses(t.buffer)) == 2
+        for _ in range(8):
+            t.drain()
+        assert len(responses(t.buffer)) == 10
+        assert t.reading  # all answered: read again
+    run(go())
+
+
+def test_a_stream_is_not_pulled_while_the_client_reads_nothing() -> None:
+    pulled = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        while len(pulled) < 100:
+            pulled.append(1)
+            yield b"c" * 600
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        async def stream() -> Response:
+            return Response(200, [], endless())
+        proto, t = slow_reader(lambda r: stream(), write_buffer_bytes=1024)
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(0.05)
+        assert len(pulled) == 2  # 1200 bytes unsent: past 1024, so no third chunk
+        t.drain()
+        await asyncio.sleep(0.05)
+        assert len(pulled) == 4
+    run(go())
+
+
+def test_a_connection_past_a_cap_gets_503_with_retry_after_and_is_closed() -> None:
+    async def go() -> None:
+        state = ServerState(ServerConfig(max_connections=2, retry_after=7),
+                            asyncio.get_running_loop())
+        admitted = []
+        for _ in range(3):
+            proto, t = HttpProtocol(echo_app, state), MockTransport()
+            proto.connection_made(t)  # type: ignore[arg-type]
+            admitted.append((proto, t))
+        (status, headers, _), = responses(admitted[2][1].buffer)
+        assert (status, headers[b"retry-after"], admitted[2][1].closed) == (503, b"7", True)
+        assert [t.buffer for _, t in admitted[:2]] == [b"", b""]
+        admitted[2][0].connection_lost(None)  # a refused one frees no slot it never held
+        assert len(state.connections) == 2
+        admitted[0][0].connection_lost(None)
+        proto, t = HttpProtocol(echo_app, state), MockTransport()
+        proto.connection_made(t)  # type: ignore[arg-type]
+        assert not t.closed
+    run(go())
