@@ -439,6 +439,16 @@ def test_pipelined_responses_wait_while_the_client_reads_nothing() -> None:
     run(go())
 
 
+async def settled(reached: Callable[[], bool]) -> None:
+    """Wait (up to 5 s) for `reached`, then give the loop a few more turns."""
+    for _ in range(500):
+        if reached():
+            break
+        await asyncio.sleep(0.01)
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 def test_a_stream_is_not_pulled_while_the_client_reads_nothing() -> None:
     pulled = []
 
@@ -453,10 +463,10 @@ def test_a_stream_is_not_pulled_while_the_client_reads_nothing() -> None:
             return Response(200, [], endless())
         proto, t = slow_reader(lambda r: stream(), write_buffer_bytes=1024)
         proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
-        await asyncio.sleep(0.05)
+        await settled(lambda: len(pulled) >= 2)
         assert len(pulled) == 2  # 1200 bytes unsent: past 1024, so no third chunk
         t.drain()
-        await asyncio.sleep(0.05)
+        await settled(lambda: len(pulled) >= 4)
         assert len(pulled) == 4
     run(go())
 
