@@ -37,6 +37,10 @@ STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in
 NO_BODY_STATUS = frozenset({204, 304})
 # Framing is the server's job: apps' values for these are dropped (names are lower-case).
 HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
+# Connections past a cap wait at most this long (seconds) for their request before
+# the 503; at most MAX_REFUSING wait at once, past that they are cut without one.
+REFUSE_WAIT = 1.0
+MAX_REFUSING = 256
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -60,6 +64,7 @@ class HttpProtocol(asyncio.Protocol):
         self.write_paused = False
         self.write_deadline = 0.0  # loop.time() after which a client that reads nothing is cut
         self.admitted = False  # counted in the server's connection caps
+        self.refusing = False  # past a cap: answered 503 once its first bytes are read
         self.drain_waiter: asyncio.Future[None] | None = None
         self.deadline = 0.0  # loop.time() after which the client is too slow or idle
         self.deadline_status = 0  # 408 while a request is arriving, 0 while idle
@@ -80,7 +85,7 @@ class HttpProtocol(asyncio.Protocol):
         self.address = peer[0] if isinstance(peer, tuple) else ""
         refused = self.state.admit(self.address)
         if refused is not None:
-            self._turn_away(refused)
+            self._refuse_connection(refused)
             return
         self.admitted = True
         self.state.connections.add(self)
@@ -89,6 +94,7 @@ class HttpProtocol(asyncio.Protocol):
         self._idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.state.refusing.discard(self)
         if self.admitted:
             self.admitted = False
             self.state.connections.discard(self)
@@ -100,6 +106,8 @@ class HttpProtocol(asyncio.Protocol):
             self.drain_waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.refusing:
+            return self._turn_away()  # what it sent is read, so the close is a clean FIN
         try:
             self.parser.feed_data(data)
         except HttpReject as r:
@@ -339,11 +347,27 @@ class HttpProtocol(asyncio.Protocol):
             % (status, REASONS.get(status, b"Unknown"), len(body), body))
         self._finish(False)
 
-    def _turn_away(self, why: str) -> None:
-        """Answer 503 with Retry-After and close: a connection cap is reached."""
+    def _refuse_connection(self, why: str) -> None:
+        """A connection cap is reached: answer 503 once the request arrives (closing
+        with its bytes unread would send a reset that loses the answer), or at once
+        after `REFUSE_WAIT`. Past `MAX_REFUSING` such connections, cut at once."""
         self.state.refused += 1
         log.debug("refusing %s: %s", self.client, why)
         assert self.transport is not None
+        if len(self.state.refusing) >= MAX_REFUSING:
+            self.transport.abort()
+            self.transport = None
+            return
+        self.refusing = True
+        self.state.refusing.add(self)
+        self.deadline = self.loop.time() + min(REFUSE_WAIT, self.config.header_timeout)
+
+    def _turn_away(self) -> None:
+        """Answer 503 with Retry-After and close."""
+        self.state.refusing.discard(self)
+        self.refusing = False
+        if self.transport is None:
+            return
         body = b"server busy: too many connections\n"
         self.transport.write(
             b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -361,6 +385,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_deadline(self) -> None:
         """The client was idle too long (close) or too slow sending a request (408)."""
+        if self.refusing:
+            return self._turn_away()
         if self.transport is None or self.busy:
             return
         if self.deadline_status and not self.queue:

@@ -52,6 +52,7 @@ class ServerState:
         self.connections: set[HttpProtocol] = set()
         self.per_client: Counter[str] = Counter()  # open connections by client address
         self.refused = 0  # connections turned away at a cap
+        self.refusing: set[HttpProtocol] = set()  # past a cap, waiting for their 503
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from `address`; None if admitted, else why not."""
@@ -105,7 +106,7 @@ class Server:
         while True:
             await asyncio.sleep(self.config.sweep_interval)
             now = self.state.loop.time()
-            for conn in list(self.state.connections):
+            for conn in [*self.state.connections, *self.state.refusing]:
                 if conn.deadline and now > conn.deadline:
                     conn.on_deadline()
                 if conn.write_deadline and now > conn.write_deadline:
@@ -116,7 +117,7 @@ class Server:
         if self._server is None or self.state is None:
             return
         self._server.close()
-        for conn in list(self.state.connections):
+        for conn in [*self.state.connections, *self.state.refusing]:
             conn.shutdown()
         loop = self.state.loop
         end = loop.time() + grace

@@ -4,6 +4,7 @@ on unread connections, while a second client keeps getting `/hello`."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -49,7 +50,7 @@ def handle(request, env):
 
 def test_pop_rss_stays_bounded_under_slow_readers_and_a_pipelined_flood(
         tmp_path: Path) -> None:
-    with pop_process(tmp_path) as pop:
+    with pop_process(tmp_path) as pop, contextlib.ExitStack() as sockets:
         admin = AdminClient(tmp_path / "data")
         admin.deploy(python_function(tmp_path, "flood", FLOOD,
                                      limits="wall_ms = 60000\nmax_response_mb = 256",
@@ -64,10 +65,9 @@ def test_pop_rss_stays_bounded_under_slow_readers_and_a_pipelined_flood(
         prober = Prober(pop.host, pop.port, "/hello", hello)
         probing = threading.Thread(target=prober.run)
         probing.start()
-        hostile = [non_reader(pop.host, pop.port, b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n")
-                   for _ in range(2)]
-        hostile += [non_reader(pop.host, pop.port, b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n" * 1000)
-                    for _ in range(2)]
+        for raw in [b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n"] * 2 + [
+                b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n" * 1000] * 2:
+            sockets.enter_context(non_reader(pop.host, pop.port, raw))
         peak, end = baseline, time.monotonic() + FLOOD_SECONDS
         while time.monotonic() < end:
             peak = max(peak, pop.rss())
@@ -81,8 +81,7 @@ def test_pop_rss_stays_bounded_under_slow_readers_and_a_pipelined_flood(
         assert len(prober.latencies) > 100
         assert peak - baseline <= RSS_BOUND
 
-        for s in hostile:
-            s.close()
+        sockets.close()
         # The cut streams were cancelled: both isolates of `flood` serve again.
         for _ in range(2):
             status, _, body = get(pop.host, pop.port, "/flood?n=2", timeout=10)

@@ -480,6 +480,8 @@ def test_a_connection_past_a_cap_gets_503_with_retry_after_and_is_closed() -> No
             proto, t = HttpProtocol(echo_app, state), MockTransport()
             proto.connection_made(t)  # type: ignore[arg-type]
             admitted.append((proto, t))
+        assert admitted[2][1].buffer == b""  # the answer waits for the request (no RST)
+        admitted[2][0].data_received(b"GET / HTTP/1.1\r\n\r\n")
         (status, headers, _), = responses(admitted[2][1].buffer)
         assert (status, headers[b"retry-after"], admitted[2][1].closed) == (503, b"7", True)
         assert [t.buffer for _, t in admitted[:2]] == [b"", b""]
@@ -489,4 +491,19 @@ def test_a_connection_past_a_cap_gets_503_with_retry_after_and_is_closed() -> No
         proto, t = HttpProtocol(echo_app, state), MockTransport()
         proto.connection_made(t)  # type: ignore[arg-type]
         assert not t.closed
+    run(go())
+
+
+def test_a_refused_connection_that_sends_nothing_gets_its_503_at_the_deadline() -> None:
+    async def go() -> None:
+        state = ServerState(ServerConfig(max_connections_per_client=1),
+                            asyncio.get_running_loop())
+        first, refused = HttpProtocol(echo_app, state), HttpProtocol(echo_app, state)
+        first.connection_made(MockTransport())  # type: ignore[arg-type]
+        t = MockTransport()
+        refused.connection_made(t)  # type: ignore[arg-type]
+        assert 0 < refused.deadline - state.loop.time() <= 1.0
+        refused.on_deadline()
+        assert responses(t.buffer)[0][0] == 503 and t.closed
+        assert not state.refusing
     run(go())
