@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from runtime.admin.client import AdminClient
+from runtime.net.server import ServerConfig
 from tests.net.pop_process import Prober, get, non_reader, pop_process
-from tests.support import EXAMPLES, python_function
+from tests.support import EXAMPLES, pop_thread, python_function
 
 MIB = 1 << 20
 # What the PoP may grow by during the floods below (README "Bounded memory"): per
@@ -20,6 +21,7 @@ MIB = 1 << 20
 # read: under 4 MiB for each of the 4 connections. The rest is allocator slack.
 RSS_BOUND = 64 * MIB
 FLOOD_SECONDS = 6.0
+SWEEP = ServerConfig().sweep_interval
 
 FLOOD = """
 from edgefn import Response
@@ -87,3 +89,23 @@ def test_pop_rss_stays_bounded_under_slow_readers_and_a_pipelined_flood(
             status, _, body = get(pop.host, pop.port, "/flood?n=2", timeout=10)
             assert status == 200
             assert body.count(b"x") == 2 * MIB
+
+
+def test_a_client_that_reads_nothing_is_cut_after_send_timeout_and_its_stream_cancelled(
+        tmp_path: Path) -> None:
+    send_timeout = 1.0
+    with pop_thread(tmp_path / "data", **{"http.send_timeout": send_timeout}) as pop:
+        pop.deploy(python_function(tmp_path, "flood", FLOOD,
+                                   limits="wall_ms = 60000\nmax_response_mb = 256"))
+        with non_reader(pop.host, pop.port, b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n") as s:
+            time.sleep(send_timeout + 2 * SWEEP)
+            s.settimeout(10)
+            received = bytearray()
+            while data := s.recv(1 << 20):
+                received += data
+        # Cut (no last chunk) with only what the kernel buffers held, not 256 MiB streamed.
+        assert not received.endswith(b"\r\n0\r\n\r\n")
+        assert MIB <= len(received) < 16 * MIB
+        # Its one isolate was freed by the cancel: it serves the next request.
+        status, _, body = get(pop.host, pop.port, "/flood?n=1", timeout=10)
+        assert (status, body.count(b"x")) == (200, MIB)
