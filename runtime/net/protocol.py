@@ -196,9 +196,17 @@ class HttpProtocol(asyncio.Protocol):
         self.queue.append(request)
         if not self.busy and len(self.queue) == 1:
             self._dispatch()  # answer now, while still inside feed_data
-        elif len(self.queue) > self.config.max_pipelined and self.reading and self.transport:
+        elif self.reading and self.transport and self._queue_full():
             self.reading = False  # backpressure on a pipelining flood
             self.transport.pause_reading()
+
+    def _queue_full(self) -> bool:
+        """Over `max_pipelined` requests, or over one `max_body_bytes` of their bodies,
+        wait on this connection: read no more until they are answered."""
+        if len(self.queue) > self.config.max_pipelined:
+            return True
+        queued = sum(len(r.body) for r in self.queue if isinstance(r, Request))
+        return queued > self.config.max_body_bytes
 
     # -- dispatch ---------------------------------------------------------------------------
     def _refuse(self, reject: HttpReject) -> None:

@@ -507,3 +507,22 @@ def test_a_refused_connection_that_sends_nothing_gets_its_503_at_the_deadline() 
         assert responses(t.buffer)[0][0] == 503 and t.closed
         assert not state.refusing
     run(go())
+
+
+def test_pipelined_bodies_past_max_body_bytes_pause_reading() -> None:
+    async def go() -> None:
+        def app(request: Request) -> Any:
+            async def later() -> Response:
+                await asyncio.sleep(0.01)
+                return Response(200, [], b"%d" % len(request.body))
+            return later()
+        proto, t = connect(app, max_body_bytes=1000)
+        post = b"POST / HTTP/1.1\r\nContent-Length: 600\r\n\r\n" + b"b" * 600
+        proto.data_received(post * 2)  # one in the app, one queued: 600 bytes waiting
+        assert t.reading
+        proto.data_received(post)  # 1200 bytes of bodies waiting: past 1000
+        assert not t.reading
+        await settled(lambda: len(responses(t.buffer)) == 3)
+        assert [b for _, _, b in responses(t.buffer)] == [b"600"] * 3
+        assert t.reading
+    run(go())
