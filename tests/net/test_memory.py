@@ -21,6 +21,7 @@ MIB = 1 << 20
 # read: under 4 MiB for each of the 4 connections. The rest is allocator slack.
 RSS_BOUND = 64 * MIB
 FLOOD_SECONDS = 6.0
+P99_TARGET = 0.020  # issue 10: other clients' p99 during a hostile one
 SWEEP = ServerConfig().sweep_interval
 
 FLOOD = """
@@ -81,6 +82,7 @@ def test_pop_rss_stays_bounded_under_slow_readers_and_a_pipelined_flood(
               f"over {len(prober.latencies)} requests")
         assert prober.errors == []
         assert len(prober.latencies) > 100
+        assert prober.p99() <= P99_TARGET
         assert peak - baseline <= RSS_BOUND
 
         sockets.close()
