@@ -5,6 +5,12 @@ bodies, streamed responses (chunked), ``Expect: 100-continue``, size limits
 (413, 414, 431), malformed input (400) and slow clients (408). No input may
 raise out of this module: parser errors become a 4xx and a closed connection,
 and application errors a 500.
+
+Memory per connection is bounded by backpressure: while the transport holds more
+than ``write_buffer_bytes`` unsent, no further response is started (pipelined
+requests wait, reading stops) and a streamed body is not pulled further, so at
+most ``write_buffer_bytes`` plus one response (or one chunk) is buffered. Past
+``max_connections`` or ``max_connections_per_client`` a connection gets 503.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in
 NO_BODY_STATUS = frozenset({204, 304})
 # Framing is the server's job: apps' values for these are dropped (names are lower-case).
 HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
+# Connections past a cap wait at most this long (seconds) for their request before
+# the 503; at most MAX_REFUSING wait at once, past that they are cut without one.
+REFUSE_WAIT = 1.0
+MAX_REFUSING = 256
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -45,12 +55,16 @@ class HttpProtocol(asyncio.Protocol):
         # Per-connection state
         self.transport: asyncio.Transport | None = None
         self.client = ""
+        self.address = ""  # the client's IP address, what the per-client cap counts
         self.queue: deque[Request | HttpReject] = deque()  # parsed, waiting for their turn
         self.busy = False  # a response is being produced by a task
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # close after the response in progress
         self.reading = True
         self.write_paused = False
+        self.write_deadline = 0.0  # loop.time() after which a client that reads nothing is cut
+        self.admitted = False  # counted in the server's connection caps
+        self.refusing = False  # past a cap: answered 503 once its first bytes are read
         self.drain_waiter: asyncio.Future[None] | None = None
         self.deadline = 0.0  # loop.time() after which the client is too slow or idle
         self.deadline_status = 0  # 408 while a request is arriving, 0 while idle
@@ -68,11 +82,23 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        self.address = peer[0] if isinstance(peer, tuple) else ""
+        refused = self.state.admit(self.address)
+        if refused is not None:
+            self._refuse_connection(refused)
+            return
+        self.admitted = True
         self.state.connections.add(self)
+        cap = self.config.write_buffer_bytes
+        transport.set_write_buffer_limits(high=cap, low=cap // 4)  # type: ignore[attr-defined]
         self._idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.state.connections.discard(self)
+        self.state.refusing.discard(self)
+        if self.admitted:
+            self.admitted = False
+            self.state.connections.discard(self)
+            self.state.release(self.address)
         self.transport = None
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client went away: stop producing its response
@@ -80,6 +106,8 @@ class HttpProtocol(asyncio.Protocol):
             self.drain_waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.refusing:
+            return self._turn_away()  # what it sent is read, so the close is a clean FIN
         try:
             self.parser.feed_data(data)
         except HttpReject as r:
@@ -95,11 +123,15 @@ class HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.write_deadline = self.loop.time() + self.config.send_timeout
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.write_deadline = 0.0
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_result(None)
+        elif not self.busy:
+            self._dispatch()  # pipelined requests held back while the client was not reading
 
     # -- httptools callbacks ----------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -164,9 +196,17 @@ class HttpProtocol(asyncio.Protocol):
         self.queue.append(request)
         if not self.busy and len(self.queue) == 1:
             self._dispatch()  # answer now, while still inside feed_data
-        elif len(self.queue) > self.config.max_pipelined and self.reading and self.transport:
+        elif self.reading and self.transport and self._queue_full():
             self.reading = False  # backpressure on a pipelining flood
             self.transport.pause_reading()
+
+    def _queue_full(self) -> bool:
+        """Over `max_pipelined` requests, or over one `max_body_bytes` of their bodies,
+        wait on this connection: read no more until they are answered."""
+        if len(self.queue) > self.config.max_pipelined:
+            return True
+        queued = sum(len(r.body) for r in self.queue if isinstance(r, Request))
+        return queued > self.config.max_body_bytes
 
     # -- dispatch ---------------------------------------------------------------------------
     def _refuse(self, reject: HttpReject) -> None:
@@ -177,7 +217,7 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _dispatch(self) -> None:
-        while self.queue and not self.busy and self.transport is not None:
+        while self.queue and not self.busy and not self.write_paused and self.transport:
             item = self.queue.popleft()
             if isinstance(item, HttpReject):
                 self._write_error(item.status, item.message)
@@ -192,7 +232,13 @@ class HttpProtocol(asyncio.Protocol):
             else:
                 self.busy = True
                 self.task = self.loop.create_task(self._run(item, result))
-        if not self.queue and not self.reading and not self.closing and self.transport:
+        if self.queue and self.write_paused:
+            # The client is not reading what was already sent: answer nothing more, and
+            # read nothing more, until it does (`resume_writing` comes back here).
+            if self.reading and self.transport is not None:
+                self.reading = False
+                self.transport.pause_reading()
+        elif not self.queue and not self.reading and not self.closing and self.transport:
             self.reading = True
             self.transport.resume_reading()
 
@@ -309,6 +355,34 @@ class HttpProtocol(asyncio.Protocol):
             % (status, REASONS.get(status, b"Unknown"), len(body), body))
         self._finish(False)
 
+    def _refuse_connection(self, why: str) -> None:
+        """A connection cap is reached: answer 503 once the request arrives (closing
+        with its bytes unread would send a reset that loses the answer), or at once
+        after `REFUSE_WAIT`. Past `MAX_REFUSING` such connections, cut at once."""
+        self.state.refused += 1
+        log.debug("refusing %s: %s", self.client, why)
+        assert self.transport is not None
+        if len(self.state.refusing) >= MAX_REFUSING:
+            self.transport.abort()
+            self.transport = None
+            return
+        self.refusing = True
+        self.state.refusing.add(self)
+        self.deadline = self.loop.time() + min(REFUSE_WAIT, self.config.header_timeout)
+
+    def _turn_away(self) -> None:
+        """Answer 503 with Retry-After and close."""
+        self.state.refusing.discard(self)
+        self.refusing = False
+        if self.transport is None:
+            return
+        body = b"server busy: too many connections\n"
+        self.transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"retry-after: %d\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (self.config.retry_after, len(body), body))
+        self._close()
+
     # -- timeouts and shutdown (driven by the server) ------------------------------------------
     def _idle(self) -> None:
         self.deadline = self.loop.time() + self.config.keepalive_timeout
@@ -319,6 +393,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_deadline(self) -> None:
         """The client was idle too long (close) or too slow sending a request (408)."""
+        if self.refusing:
+            return self._turn_away()
         if self.transport is None or self.busy:
             return
         if self.deadline_status and not self.queue:
@@ -326,6 +402,14 @@ class HttpProtocol(asyncio.Protocol):
         elif not self.queue:
             self._close()
         self.deadline = 0.0
+
+    def on_write_stalled(self) -> None:
+        """The client read nothing for `send_timeout` while a response waited: cut it
+        (its response task is cancelled in `connection_lost`)."""
+        self.write_deadline = 0.0
+        if self.transport is not None:
+            log.info("closing %s: read nothing for %.0fs", self.client, self.config.send_timeout)
+            self.transport.abort()
 
     def shutdown(self) -> None:
         """Close now if idle, else after the response in progress."""

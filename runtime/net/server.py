@@ -1,17 +1,25 @@
-"""Listening sockets, timeouts and graceful shutdown around `HttpProtocol`."""
+"""Listening sockets, connection caps, timeouts and graceful shutdown around
+`HttpProtocol`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
-from typing import Any
+from collections import Counter
+from typing import Annotated, Any
 
 import msgspec
 
 from runtime.net.protocol import HttpProtocol
 
 log = logging.getLogger("edgefn.http")
+
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+# File descriptors kept free of connections: listeners, isolate sockets, LMDB, logs.
+FD_RESERVE = 256
 
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -23,8 +31,16 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     header_timeout: float = 10.0  # from the first byte of a request to its last header
     body_timeout: float = 30.0  # from the last header to the last body byte
     keepalive_timeout: float = 5.0
-    max_pipelined: int = 64
+    max_pipelined: Positive = 64  # parsed requests queued on one connection before it stops reading
     sweep_interval: float = 0.25
+    # Past either cap a new connection gets 503 with `Retry-After: retry_after` and is closed.
+    max_connections: Positive = 4096  # open connections on this listener
+    max_connections_per_client: Positive = 256  # from one client address
+    retry_after: Annotated[int, msgspec.Meta(ge=0)] = 1
+    # Unsent response bytes one connection may hold before the response stops being
+    # produced (streams pause, pipelined requests wait): the transport's high-water mark.
+    write_buffer_bytes: Positive = 64 << 10
+    send_timeout: float = 60.0  # a client that reads nothing for this long is cut off
 
 
 class ServerState:
@@ -34,6 +50,27 @@ class ServerState:
         self.config = config
         self.loop = loop
         self.connections: set[HttpProtocol] = set()
+        self.per_client: Counter[str] = Counter()  # open connections by client address
+        self.refused = 0  # connections turned away at a cap
+        self.refusing: set[HttpProtocol] = set()  # past a cap, waiting for their 503
+
+    def admit(self, address: str) -> str | None:
+        """Count a new connection from `address`; None if admitted, else why not."""
+        if len(self.connections) >= self.config.max_connections:
+            return f"{self.config.max_connections} connections are open (http.max_connections)"
+        if self.per_client[address] >= self.config.max_connections_per_client:
+            return (f"{self.config.max_connections_per_client} connections are open from "
+                    f"{address} (http.max_connections_per_client)")
+        self.per_client[address] += 1
+        return None
+
+    def release(self, address: str) -> None:
+        """An admitted connection from `address` closed."""
+        left = self.per_client[address] - 1
+        if left > 0:
+            self.per_client[address] = left
+        else:
+            del self.per_client[address]
 
 
 class Server:
@@ -49,6 +86,7 @@ class Server:
     async def start(self, host: str, port: int) -> None:
         """Bind and start accepting. Raises OSError if the address is unavailable."""
         loop = asyncio.get_running_loop()
+        raise_fd_limit(self.config.max_connections)
         self.state = state = ServerState(self.config, loop)
         self._server = await loop.create_server(
             lambda: HttpProtocol(self.app, state), host, port, reuse_address=True, backlog=1024)
@@ -68,16 +106,18 @@ class Server:
         while True:
             await asyncio.sleep(self.config.sweep_interval)
             now = self.state.loop.time()
-            for conn in list(self.state.connections):
+            for conn in [*self.state.connections, *self.state.refusing]:
                 if conn.deadline and now > conn.deadline:
                     conn.on_deadline()
+                if conn.write_deadline and now > conn.write_deadline:
+                    conn.on_write_stalled()
 
     async def shutdown(self, grace: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish for `grace` seconds, then cut."""
         if self._server is None or self.state is None:
             return
         self._server.close()
-        for conn in list(self.state.connections):
+        for conn in [*self.state.connections, *self.state.refusing]:
             conn.shutdown()
         loop = self.state.loop
         end = loop.time() + grace
@@ -92,3 +132,20 @@ class Server:
             self._sweeper.cancel()
         await self._server.wait_closed()
         self._server = None
+
+
+def raise_fd_limit(connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one; warn when `connections` (plus
+    `FD_RESERVE`) do not fit under it. Returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, e)
+    if soft != resource.RLIM_INFINITY and connections + FD_RESERVE > soft:
+        log.warning("http.max_connections = %d does not fit under the open-file limit %d "
+                    "(%d kept for the PoP itself): past it connections are refused by the "
+                    "kernel, not answered 503", connections, soft, FD_RESERVE)
+    return soft

@@ -37,6 +37,9 @@ class MockTransport:
     def resume_reading(self) -> None:
         self.reading = True
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.high_water = high
+
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return ("127.0.0.1", 5555) if name == "peername" else default
 
@@ -387,4 +390,139 @@ def test_no_input_raises_out_of_the_protocol(chunks: list[bytes], prefix: bytes)
         proto.connection_lost(None)
         for status, _, _ in responses(t.buffer):
             assert status in (200, 400, 408, 413, 414, 431)
+    run(go())
+
+
+class SlowReaderTransport(MockTransport):
+    """A transport whose client reads nothing: past the high-water mark it tells the
+    protocol to pause writing, as uvloop does; `drain` is the client catching up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: HttpProtocol | None = None
+        self.unsent = 0
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.unsent += len(data)
+        assert self.protocol is not None
+        if self.unsent > (self.high_water or 0) and not self.protocol.write_paused:
+            self.protocol.pause_writing()
+
+    def drain(self) -> None:
+        self.unsent = 0
+        assert self.protocol is not None
+        self.protocol.resume_writing()
+
+
+def slow_reader(app: Callable[[Request], Any], **config: Any) -> tuple[HttpProtocol,
+                                                                        SlowReaderTransport]:
+    proto = HttpProtocol(app, ServerState(ServerConfig(**config), asyncio.get_running_loop()))
+    t = SlowReaderTransport()
+    t.protocol = proto
+    proto.connection_made(t)  # type: ignore[arg-type]
+    return proto, t
+
+
+def test_pipelined_responses_wait_while_the_client_reads_nothing() -> None:
+    async def go() -> None:
+        proto, t = slow_reader(lambda r: Response(200, [], b"z" * 3000), write_buffer_bytes=1024)
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n" * 10)
+        assert len(responses(t.buffer)) == 1  # the first one went past the mark
+        assert not t.reading
+        t.drain()
+        assert len(responses(t.buffer)) == 2
+        for _ in range(8):
+            t.drain()
+        assert len(responses(t.buffer)) == 10
+        assert t.reading  # all answered: read again
+    run(go())
+
+
+async def settled(reached: Callable[[], bool]) -> None:
+    """Wait (up to 5 s) for `reached`, then give the loop a few more turns."""
+    for _ in range(500):
+        if reached():
+            break
+        await asyncio.sleep(0.01)
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_a_stream_is_not_pulled_while_the_client_reads_nothing() -> None:
+    pulled = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        while len(pulled) < 100:
+            pulled.append(1)
+            yield b"c" * 600
+            await asyncio.sleep(0)
+
+    async def go() -> None:
+        async def stream() -> Response:
+            return Response(200, [], endless())
+        proto, t = slow_reader(lambda r: stream(), write_buffer_bytes=1024)
+        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        await settled(lambda: len(pulled) >= 2)
+        assert len(pulled) == 2  # 1200 bytes unsent: past 1024, so no third chunk
+        t.drain()
+        await settled(lambda: len(pulled) >= 4)
+        assert len(pulled) == 4
+    run(go())
+
+
+def test_a_connection_past_a_cap_gets_503_with_retry_after_and_is_closed() -> None:
+    async def go() -> None:
+        state = ServerState(ServerConfig(max_connections=2, retry_after=7),
+                            asyncio.get_running_loop())
+        admitted = []
+        for _ in range(3):
+            proto, t = HttpProtocol(echo_app, state), MockTransport()
+            proto.connection_made(t)  # type: ignore[arg-type]
+            admitted.append((proto, t))
+        assert admitted[2][1].buffer == b""  # the answer waits for the request (no RST)
+        admitted[2][0].data_received(b"GET / HTTP/1.1\r\n\r\n")
+        (status, headers, _), = responses(admitted[2][1].buffer)
+        assert (status, headers[b"retry-after"], admitted[2][1].closed) == (503, b"7", True)
+        assert [t.buffer for _, t in admitted[:2]] == [b"", b""]
+        admitted[2][0].connection_lost(None)  # a refused one frees no slot it never held
+        assert len(state.connections) == 2
+        admitted[0][0].connection_lost(None)
+        proto, t = HttpProtocol(echo_app, state), MockTransport()
+        proto.connection_made(t)  # type: ignore[arg-type]
+        assert not t.closed
+    run(go())
+
+
+def test_a_refused_connection_that_sends_nothing_gets_its_503_at_the_deadline() -> None:
+    async def go() -> None:
+        state = ServerState(ServerConfig(max_connections_per_client=1),
+                            asyncio.get_running_loop())
+        first, refused = HttpProtocol(echo_app, state), HttpProtocol(echo_app, state)
+        first.connection_made(MockTransport())  # type: ignore[arg-type]
+        t = MockTransport()
+        refused.connection_made(t)  # type: ignore[arg-type]
+        assert 0 < refused.deadline - state.loop.time() <= 1.0
+        refused.on_deadline()
+        assert responses(t.buffer)[0][0] == 503 and t.closed
+        assert not state.refusing
+    run(go())
+
+
+def test_pipelined_bodies_past_max_body_bytes_pause_reading() -> None:
+    async def go() -> None:
+        def app(request: Request) -> Any:
+            async def later() -> Response:
+                await asyncio.sleep(0.01)
+                return Response(200, [], b"%d" % len(request.body))
+            return later()
+        proto, t = connect(app, max_body_bytes=1000)
+        post = b"POST / HTTP/1.1\r\nContent-Length: 600\r\n\r\n" + b"b" * 600
+        proto.data_received(post * 2)  # one in the app, one queued: 600 bytes waiting
+        assert t.reading
+        proto.data_received(post)  # 1200 bytes of bodies waiting: past 1000
+        assert not t.reading
+        await settled(lambda: len(responses(t.buffer)) == 3)
+        assert [b for _, _, b in responses(t.buffer)] == [b"600"] * 3
+        assert t.reading
     run(go())

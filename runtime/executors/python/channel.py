@@ -35,12 +35,25 @@ class Channel:
         self.out = bytearray()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        self.reading = False
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start reading on `loop` (until then the socket may be used blocking)."""
         self.loop = loop
         self.sock.setblocking(False)
-        loop.add_reader(self.sock.fileno(), self._readable)
+        self.resume_reading()
+
+    def pause_reading(self) -> None:
+        """Stop reading the socket (the peer then blocks in its send). Frames already
+        read in the current pass are still delivered."""
+        if self.reading and not self.closed and self.loop is not None:
+            self.reading = False
+            self.loop.remove_reader(self.sock.fileno())
+
+    def resume_reading(self) -> None:
+        if not self.reading and not self.closed and self.loop is not None:
+            self.reading = True
+            self.loop.add_reader(self.sock.fileno(), self._readable)
 
     def send(self, data: bytes) -> None:
         """Queue `data`; a failed send reports `lost`. Dropped once closed or unattached."""

@@ -94,6 +94,13 @@ class Isolate:
     def cancel(self) -> None:
         self.send(wire.frame(wire.CANCEL))
 
+    def pause(self) -> None:
+        """Backpressure from the job's reader: read no frames until `resume`."""
+        self.channel.pause_reading()
+
+    def resume(self) -> None:
+        self.channel.resume_reading()
+
     def close(self) -> None:
         if self.state != "dead":
             self.state = "dead"

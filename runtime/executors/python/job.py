@@ -1,6 +1,12 @@
 """One request in flight on a Python isolate: a future for the response head,
 then, for a streamed body, a queue of chunks the HTTP front reads.
 
+The queue is bounded by backpressure: past `STREAM_HIGH` unread bytes the
+isolate's socket is no longer read (so the guest blocks in its send) until the
+reader has taken the queue down to `STREAM_LOW`. What is queued is then at most
+`STREAM_HIGH` plus what one read of the socket delivered (`channel.RECV_SIZE`,
+or one frame when a single chunk is larger).
+
 A job ends exactly once (its last frame arrived, or it failed); `on_end` runs
 then, which is how the scheduler counts what is in flight.
 """
@@ -13,12 +19,21 @@ from typing import Protocol
 
 from runtime.net.message import Response
 
+STREAM_HIGH = 256 << 10
+STREAM_LOW = 64 << 10
+
 
 class Runner(Protocol):
     """The isolate a job runs on, as far as the job is concerned."""
 
     def cancel(self) -> None:
         """Tell the guest to stop streaming (the client went away)."""
+
+    def pause(self) -> None:
+        """Stop taking frames from the guest (its reader is behind)."""
+
+    def resume(self) -> None:
+        """Take frames again."""
 
 
 class Job:
@@ -29,11 +44,14 @@ class Job:
         self.isolate: Runner | None = None
         self.done = False
         self.on_end: Callable[[], None] | None = None
+        self.queued = 0  # bytes in `chunks` not yet taken by the reader
+        self.paused = False  # the isolate was told to pause for this job
 
     def end(self) -> None:
         """The job reached its last frame (or failed); runs `on_end` once."""
         if not self.done:
             self.done = True
+            self._resume()  # its isolate is free for the next job, whatever is queued here
             if self.on_end is not None:
                 self.on_end()
 
@@ -58,6 +76,16 @@ class Job:
     def chunk(self, data: bytes) -> None:
         if self.chunks is not None:
             self.chunks.put_nowait(data)
+            self.queued += len(data)
+            if self.queued > STREAM_HIGH and not self.paused and self.isolate is not None:
+                self.paused = True
+                self.isolate.pause()
+
+    def _resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            if self.isolate is not None:
+                self.isolate.resume()
 
     def end_stream(self) -> None:
         if self.chunks is not None:
@@ -72,7 +100,13 @@ class Job:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                self.queued -= len(item)
+                if self.queued <= STREAM_LOW:
+                    self._resume()
                 yield item
         finally:
+            self.chunks = None  # what still arrives is dropped, not queued for no one
+            self.queued = 0
+            self._resume()
             if not self.done and self.isolate is not None:  # the client went away
                 self.isolate.cancel()
