@@ -77,7 +77,9 @@ class WasmFunction:
         # +1: the first tick may come right after the deadline is set.
         self.deadline_ticks = math.ceil(budget_ms / tick_ms) + 1
         self.slice_ticks = min(self.deadline_ticks, math.ceil(INLINE_SLICE_MS / tick_ms) + 1)
-        self.thread_slots = asyncio.Semaphore(min(THREAD_SHARE, limits.concurrency))
+        self.thread_share = min(THREAD_SHARE, limits.concurrency)
+        # the share as a semaphore of the loop serving it (a test may run several loops)
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         kind = "wall_limit" if manifest.bindings.ai or limits.cpu_ms > limits.wall_ms \
             else "cpu_limit"
         self.outcome = Outcome(kind, budget_ms, self.memory_limit)
@@ -234,12 +236,15 @@ class WasmFunction:
         free. Raises `FunctionError` (wall_limit) if waiting and running outlive the
         wall-time limit; the slot is released when `job` really returns."""
         wall_ms = self.manifest.limits.wall_ms
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.thread_share))
+        slots = self._slots[1]
         try:
             async with asyncio.timeout(wall_ms / 1000 + 0.05):
-                await self.thread_slots.acquire()
+                await slots.acquire()
                 future = self.wasm.threads.submit(job, *args)
-                future.add_done_callback(partial(_release, asyncio.get_running_loop(),
-                                                 self.thread_slots))
+                future.add_done_callback(partial(_release, loop, slots))
                 return await asyncio.wrap_future(future)
         except TimeoutError:
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
