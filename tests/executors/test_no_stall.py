@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgefn_core.errors import FunctionError
-from runtime.executors.wasm.engine import THREAD_SHARE, WasmEngine
+from runtime.executors.wasm.engine import THREAD_SHARE, WORKER_THREADS, WasmEngine
 from runtime.executors.wasm.function import INLINE_SLICE_MS, WasmFunction
 from runtime.functions import manifest
 from runtime.net.message import Response
@@ -117,23 +117,25 @@ def test_sleeping_wasi_requests_free_their_threads_at_the_wall_limit(engine: Was
                                                                      tmp_path: Path) -> None:
     sleepy = load(engine, function_dir(tmp_path, "sleepy", sleeper(60 * 10**9),
                                        limits="cpu_ms = 60000\nwall_ms = 200"))
-    nap = load(engine, function_dir(tmp_path, "nap", sleeper(20 * 10**6),
-                                    limits="cpu_ms = 1000"))
+    # enough functions to need every worker thread at once
+    naps = [load(engine, function_dir(tmp_path, f"nap{i}", sleeper(400 * 10**6),
+                                      limits="cpu_ms = 1000"))
+            for i in range(WORKER_THREADS // THREAD_SHARE)]
 
     async def go() -> tuple[list[tuple[int, str]], float, list[tuple[int, str]], float]:
         started = time.perf_counter()
         stuck = await asyncio.gather(*(outcome(sleepy) for _ in range(2 * THREAD_SHARE)))
         took = time.perf_counter() - started
         started = time.perf_counter()
-        # as many short sleeps as the share: each needs a thread now
-        naps = await asyncio.gather(*(outcome(nap) for _ in range(THREAD_SHARE)))
-        return stuck, took, naps, time.perf_counter() - started
+        napped = await asyncio.gather(*(outcome(fn) for fn in naps for _ in range(THREAD_SHARE)))
+        return stuck, took, napped, time.perf_counter() - started
 
-    stuck, took, naps, nap_took = asyncio.run(go())
+    stuck, took, napped, nap_took = asyncio.run(go())
     assert stuck == [(504, "wall_limit")] * (2 * THREAD_SHARE)
     assert took < 0.2 + 0.15, took  # the wall limit (+ the 50 ms grace), not 60 s
-    assert naps == [(200, "")] * THREAD_SHARE
-    assert nap_took < 0.15, nap_took  # 20 ms sleeps, side by side: the threads were free
+    assert napped == [(200, "")] * WORKER_THREADS
+    # 400 ms naps, all side by side (one thread short would take two rounds: 800 ms)
+    assert nap_took < 0.7, nap_took
 
 
 def test_a_sleep_within_the_wall_limit_is_served(engine: WasmEngine, tmp_path: Path) -> None:

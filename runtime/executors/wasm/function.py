@@ -284,12 +284,14 @@ class WasmFunction:
         except wasmtime.ExitTrap as e:
             if e.code != 0:
                 raise FunctionError("trap", 500, f"exited with status {e.code}") from None
-        except wasmtime.Trap as t:
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
+            # wasmtime-py reports a trap raised in a host function as either
             if deadlines.expired:
                 raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
                                     f"{self.manifest.limits.wall_ms} ms (sleeping)") from None
-            raise trap_error(t, "_start", self.outcome, _memory_size(store, instance)) from None
-        except wasmtime.WasmtimeError as e:
+            if isinstance(e, wasmtime.Trap):
+                raise trap_error(e, "_start", self.outcome,
+                                 _memory_size(store, instance)) from None
             raise FunctionError("trap", 500, f"failed: {_short(str(e))}") from None
         if out.overflow:
             raise FunctionError("bad_response", 502, f"response larger than the limit of "
