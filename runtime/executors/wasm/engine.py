@@ -64,11 +64,16 @@ class WasmEngine:
             self._ticker.start()
 
     def _tick(self) -> None:
+        """One epoch per tick of real time, catching up after a late wake-up."""
         increment = bindings.wasmtime_engine_increment_epoch
         ptr = self.engine.ptr()
+        start, done = time.monotonic(), 0
         while not self._stop.is_set():
-            time.sleep(TICK_SECONDS)
-            increment(ptr)
+            time.sleep(max(start + (done + 1) * TICK_SECONDS - time.monotonic(), 0))
+            due = int((time.monotonic() - start) / TICK_SECONDS)
+            for _ in range(due - done):
+                increment(ptr)
+            done = max(done, due)
 
     @property
     def stopping(self) -> threading.Event:
