@@ -132,7 +132,7 @@ def test_sleeping_wasi_requests_free_their_threads_at_the_wall_limit(engine: Was
 
     stuck, took, napped, nap_took = asyncio.run(go())
     assert stuck == [(504, "wall_limit")] * (2 * THREAD_SHARE)
-    assert took < 0.2 + 0.15, took  # the wall limit (+ the 50 ms grace), not 60 s
+    assert took < 0.5, took  # the wall limit (+ the 50 ms grace, + a loaded machine), not 60 s
     assert napped == [(200, "")] * WORKER_THREADS
     # 400 ms naps, all side by side (one thread short would take two rounds: 800 ms)
     assert nap_took < 0.7, nap_took
