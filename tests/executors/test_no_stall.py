@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgefn_core.errors import FunctionError
+from runtime.bindings import Bindings, Stores
 from runtime.executors.wasm.engine import THREAD_SHARE, WORKER_THREADS, WasmEngine
 from runtime.executors.wasm.function import INLINE_SLICE_MS, WasmFunction
 from runtime.functions import manifest
@@ -202,3 +203,29 @@ def test_linear_memory_goes_back_to_the_system_after_a_burst(engine: WasmEngine,
     peak, after = peak_mib(), rss_mib()
     assert peak - baseline >= 2 * 48, (baseline, peak)  # the burst did hold guest memory
     assert after - baseline < 16, (baseline, peak, after)  # and gave it all back
+
+
+# -- host calls do not eat the CPU budget -------------------------------------------------------
+def test_time_in_host_calls_does_not_count_against_cpu_ms(engine: WasmEngine,
+                                                          tmp_path: Path) -> None:
+    counter = reactor("""(local.set $i (i32.const 300))
+      (loop $l
+        (drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) (i64.const 1)))
+        (local.set $i (i32.sub (local.get $i) (i32.const 1))) (br_if $l (local.get $i)))""",
+                      prelude='(data (i32.const 200) "c") (data (i32.const 210) "k")',
+                      imports='(import "edgefn" "kv_increment" '
+                              '(func $inc (param i32 i32 i32 i32 i64) (result i64)))')
+    counter = counter.replace("(result i64)\n", "(result i64) (local $i i32)\n", 1)
+    d = function_dir(tmp_path, "inc", counter, limits="cpu_ms = 10",
+                     extra='[bindings]\nkv = ["c"]')
+    stores = Stores(tmp_path / "data")
+    try:
+        fn = WasmFunction(engine, manifest.load(d), d, Bindings.prepare(stores, manifest.load(d)))
+        fn.prewarm()
+        started = time.perf_counter()
+        assert asyncio.run(outcome(fn)) == (200, "")
+        took = time.perf_counter() - started
+        assert took > 0.010, took  # 300 synced KV writes: longer than the CPU budget
+        assert stores.kv.get("c", b"k") == b"300"
+    finally:
+        stores.close()

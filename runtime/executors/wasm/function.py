@@ -90,6 +90,7 @@ class WasmFunction:
         if uses_wasi:
             linker.define_wasi()
             wasi_poll.define(linker, wasm.deadlines, wasm.stopping)
+        self.host_functions: wasm_host.HostFunctions | None = None
         if host_funcs:
             if bindings is None:
                 raise DeployError(f"{manifest.entry}: imports edgefn host functions, but no "
@@ -229,6 +230,9 @@ class WasmFunction:
         call = getattr(self.per_thread, "call", None)
         if call is None:
             call = self.per_thread.call = self.new_call()
+        if self.host_functions is not None and self.outcome.interrupt_kind == "cpu_limit":
+            # host calls push this back by what they take (see `wasm_host`)
+            self.host_functions.clock.deadline = time.monotonic() + self.outcome.limit_ms / 1000
         return call(data)
 
     async def _on_thread(self, job: Callable[..., bytes], *args: object) -> bytes:
