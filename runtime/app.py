@@ -18,6 +18,7 @@ import msgspec
 
 from edgefn_core.errors import DataDirBusy, WorkerError
 from runtime.admin.client import PopInfo
+from runtime.admin.thread import AdminThread
 from runtime.config import PopConfig
 from runtime.net import Server
 from runtime.pop import PoP
@@ -49,7 +50,7 @@ def _lock(data_dir: Path) -> IO[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Server]]:
+async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, AdminThread]]:
     """A PoP built from `config`, started (public and admin listeners, the model
     worker when [ai] is enabled), and shut down gracefully on exit.
 
@@ -68,7 +69,9 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Ser
         from runtime.admin.api import AdminApp
 
         public = Server(pop.pipeline, config.http)
-        admin = Server(AdminApp(pop, admin_token(data)), config.http)
+        # the admin API on its own thread and loop: a busy public loop cannot delay it
+        admin = AdminThread(AdminApp(pop, admin_token(data), asyncio.get_running_loop()),
+                            config.http)
         await public.start(config.public.host, config.public.port)
         await admin.start(config.admin.host, config.admin.port)
         (phost, pport), (ahost, aport) = public.address, admin.address

@@ -35,6 +35,7 @@ class Running:
     port: int
     data: Path
     admin: AdminClient
+    loop: asyncio.AbstractEventLoop | None = None  # the loop serving public requests
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
@@ -84,7 +85,7 @@ def pop_thread(data: Path, port: int = 0, ai: bool = False, ai_config: str | Non
         raise box["error"]
     host, bound = box["addr"]
     try:
-        yield Running(box["pop"], host, bound, data, AdminClient(data))
+        yield Running(box["pop"], host, bound, data, AdminClient(data), box["loop"])
     finally:
         box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(30)

@@ -32,6 +32,7 @@ def test_valid_manifest_with_defaults_and_host_routes(tmp_path: Path) -> None:
         '[env]\nMODE = "prod"\n[bindings]\nkv = ["cache"]\n')
     m = manifest.load(tmp_path)
     assert m.limits.cpu_ms == 50 and m.limits.memory_mb == 64 and m.abi == "auto"
+    assert m.limits.concurrency == manifest.DEFAULT_CONCURRENCY == 32
     assert [(r.path, r.host) for r in m.route_list()] == [("/api", None), ("/", "*.example.com")]
     assert m.env == {"MODE": "prod"} and m.bindings.kv == ["cache"]
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+from collections.abc import Coroutine
+from typing import Any
 
 import msgspec
 
@@ -40,9 +42,23 @@ class LoraBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class AdminApp:
-    def __init__(self, pop: PoP, token: str) -> None:
+    """Serves the admin API on its own loop (see `runtime.admin.thread`); `pop_loop`,
+    the loop that serves the PoP's requests, runs what changes routing or talks to
+    the model worker. None: the same loop as the admin API's (tests)."""
+
+    def __init__(self, pop: PoP, token: str,
+                 pop_loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.pop = pop
         self.token = f"Bearer {token}".encode()
+        self.pop_loop = pop_loop
+
+    async def on_pop[T](self, coro: Coroutine[Any, Any, T]) -> T:
+        """The result of `coro`, run to the end on the PoP's loop even if this
+        request goes away (a deploy must not stop half-way)."""
+        if self.pop_loop is None or self.pop_loop is asyncio.get_running_loop():
+            return await asyncio.shield(coro)
+        done = asyncio.run_coroutine_threadsafe(_shielded(coro), self.pop_loop)
+        return await asyncio.wrap_future(done)
 
     def __call__(self, request: Request) -> Response | object:
         if not _is_loopback(request.client):
@@ -65,13 +81,13 @@ class AdminApp:
                     files = await asyncio.to_thread(deploys.from_tar, request.body)
                     # shielded: a client that goes away mid-deploy must not leave a
                     # half-loaded version (and its processes) behind
-                    result = await asyncio.shield(self.pop.registry.deploy(files, source))
+                    result = await self.on_pop(self.pop.registry.deploy(files, source))
                     return json_response(msgspec.to_builtins(result))
                 case ["v1", "functions", name, "versions"] if method == b"GET":
                     return json_response(msgspec.to_builtins(self.pop.registry.versions(name)))
                 case ["v1", "functions", name, "rollback"] if method == b"POST":
                     body = msgspec.json.decode(request.body or b"{}", type=RollbackBody)
-                    result = await asyncio.shield(self.pop.registry.rollback(name, body.version))
+                    result = await self.on_pop(self.pop.registry.rollback(name, body.version))
                     return json_response(msgspec.to_builtins(result))
                 case ["v1", ("kv" | "vectors") as kind, target, op] if method == b"POST":
                     args = msgspec.json.decode(request.body or b"{}")
@@ -83,7 +99,7 @@ class AdminApp:
                 case ["v1", "ai", *rest]:
                     return await self._ai(rest, method, request.body)
                 case ["v1", "functions", name] if method == b"DELETE":
-                    await self.pop.registry.delete(name)
+                    await self.on_pop(self.pop.registry.delete(name))
                     return json_response({"deleted": name})
             where = f"{method.decode()} {request.path.decode('latin-1')}"
             return _error(404, "not_found", f"no admin endpoint {where}")
@@ -101,17 +117,21 @@ class AdminApp:
             return _error(404, "not_found", "this PoP runs no model worker")
         match rest:
             case ["models"] if method == b"GET":
-                return json_response({"models": await ai.client.models()})
+                return json_response({"models": await self.on_pop(ai.client.models())})
             case ["metrics"] if method == b"GET":
-                return json_response(await ai.client.metrics())
+                return json_response(await self.on_pop(ai.client.metrics()))
             case ["loras", name] if method == b"DELETE":
-                return json_response(await ai.remove_lora(name))
+                return json_response(await self.on_pop(ai.remove_lora(name)))
             case ["loras"] if method == b"POST":
                 lora = msgspec.json.decode(body or b"{}", type=LoraBody)
-                return json_response(await ai.add_lora(lora.name, lora.path, lora.base,
-                                                       lora.scale))
+                return json_response(await self.on_pop(ai.add_lora(lora.name, lora.path,
+                                                                   lora.base, lora.scale)))
         return _error(404, "not_found", f"no admin endpoint {method.decode()} /v1/ai/"
                       + "/".join(rest))
+
+
+async def _shielded[T](coro: Coroutine[Any, Any, T]) -> T:
+    return await asyncio.shield(coro)
 
 
 def _error(status: int, kind: str, message: str, **extra: object) -> Response:

@@ -21,9 +21,11 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HOST_PATTERN = r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})?(:[0-9]{1,5})?$"
 CAPTURE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENTRY_SUFFIXES = {"wasm": (".wasm", ".wat"), "python": (".py",)}
-MAX_CPU_MS = 60_000
-MAX_MEMORY_MB = 1024
+MAX_CPU_MS = 60_000  # documented maxima (README "Manifest reference"); a longer budget never
+MAX_MEMORY_MB = 1024  # delays other requests: see `runtime.executors.wasm.function.INLINE_SLICE_MS`
 MAX_WALL_MS = 300_000
+MAX_CONCURRENCY = 256
+DEFAULT_CONCURRENCY = 32
 
 
 class Route(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
@@ -99,10 +101,14 @@ def _check_segment(seg: str, path: str, seen: set[str]) -> None:
 
 
 class Limits(Struct, forbid_unknown_fields=True, frozen=True):
+    """Per-request limits, and `concurrency`: the most requests of the function in
+    flight at once on this PoP (past it: 503 ``concurrency_limit``)."""
+
     cpu_ms: Annotated[int, Meta(ge=1, le=MAX_CPU_MS)] = 50
     memory_mb: Annotated[int, Meta(ge=1, le=MAX_MEMORY_MB)] = 64
     wall_ms: Annotated[int, Meta(ge=1, le=MAX_WALL_MS)] = 5_000
     max_response_mb: Annotated[int, Meta(ge=1, le=256)] = 16
+    concurrency: Annotated[int, Meta(ge=1, le=MAX_CONCURRENCY)] = DEFAULT_CONCURRENCY
 
 
 class Pool(Struct, forbid_unknown_fields=True, frozen=True):

@@ -54,14 +54,18 @@ class Deployment:
         self.executor = executor
         self.label = f"{manifest.name}@{version}"
         self.tag = (b"x-edgefn-function", self.label.encode())
+        self.concurrency = manifest.limits.concurrency
+        self.inflight = 0  # requests being served (see `runtime.pipeline.stages.dispatch`)
 
     def error_response(self, err: EdgefnError) -> Response:
         """A failure of this function: a 4xx/5xx that says why, in the
         `x-edgefn-error` header and a JSON body."""
         body = {"error": {"kind": err.code, "function": self.name, "version": self.version,
                           "message": f"function {self.name!r} {err}"}}
-        return json_response(body, err.status, [(b"x-edgefn-error", err.code.encode()),
-                                                self.tag])
+        headers = [(b"x-edgefn-error", err.code.encode()), self.tag]
+        if err.code == "concurrency_limit":
+            headers.append((b"retry-after", b"1"))
+        return json_response(body, err.status, headers)
 
     def crashed(self, exc: Exception) -> EdgefnError:
         return FunctionError("crash", 502, f"failed inside edgefn: {exc!r}")

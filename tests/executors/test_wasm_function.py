@@ -105,8 +105,8 @@ def test_a_wasi_guest_blocked_in_a_host_call_stops_at_the_wall_limit(
     err = failure(fn)
     took = time.perf_counter() - started
     assert (err.code, err.status, str(err)) == (
-        "wall_limit", 504, "exceeded its wall-time limit of 100 ms (blocked in a host call)")
-    assert 0.1 <= took < 0.8
+        "wall_limit", 504, "exceeded its wall-time limit of 100 ms (sleeping)")
+    assert 0.1 <= took < 0.3  # the sleep itself ended at the deadline (see test_no_stall)
 
 
 def test_a_wasi_response_of_exactly_max_response_mb_is_served(engine: WasmEngine,

@@ -40,6 +40,12 @@ class Worker(Protocol):
     def cancel(self) -> None:
         """Tell the guest to stop streaming."""
 
+    def pause(self) -> None:
+        """Stop taking frames from the guest (its reader is behind)."""
+
+    def resume(self) -> None:
+        """Take frames again."""
+
 
 class Scheduler[W: Worker]:
     def __init__(self, wall_ms: int, recycle_after: int, *, grow: Callable[[W], None],

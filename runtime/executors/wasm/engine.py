@@ -21,11 +21,15 @@ from pathlib import Path
 import wasmtime
 from wasmtime import _bindings as bindings
 
+from runtime.executors.wasm.wasi_poll import Deadlines
+
 log = logging.getLogger("edgefn.wasm")
 
 TICK_SECONDS = 0.001  # one epoch tick; CPU and wall limits are counted in ticks
 POOL_INSTANCES = 128  # live instances at once (inline reactor calls + WASI threads)
 POOL_MAX_MEMORY = 1 << 30  # the largest `limits.memory_mb` the pool can host
+WORKER_THREADS = 16  # WASI commands and reactors that may block or run long
+THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at once
 WASMTIME_VERSION = version("wasmtime")
 
 
@@ -45,11 +49,13 @@ class WasmEngine:
         self.engine, self.pooling = _make_engine(pooling)
         self.fingerprint = (f"wasmtime={WASMTIME_VERSION};epoch=1;pooling={int(self.pooling)};"
                             f"max_memory={POOL_MAX_MEMORY}")
-        self.threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="edgefn-wasi")
+        self.threads = ThreadPoolExecutor(max_workers=WORKER_THREADS,
+                                          thread_name_prefix="edgefn-wasm")
         self.native = wasm_native.load() if native is not False else None
         if native and self.native is None:
             raise RuntimeError("the native fast path was requested but cannot be built")
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # set by close(): ends the ticker and WASI sleeps
+        self.deadlines = Deadlines()  # per worker thread: the running WASI request's deadline
         self._native_ticker = None
         if self.native is not None:
             self._native_ticker = wasm_native.NativeTicker(self.native, self.engine, TICK_SECONDS)
@@ -58,11 +64,21 @@ class WasmEngine:
             self._ticker.start()
 
     def _tick(self) -> None:
+        """One epoch per tick of real time, catching up after a late wake-up."""
         increment = bindings.wasmtime_engine_increment_epoch
         ptr = self.engine.ptr()
+        start, done = time.monotonic(), 0
         while not self._stop.is_set():
-            time.sleep(TICK_SECONDS)
-            increment(ptr)
+            time.sleep(max(start + (done + 1) * TICK_SECONDS - time.monotonic(), 0))
+            due = int((time.monotonic() - start) / TICK_SECONDS)
+            for _ in range(due - done):
+                increment(ptr)
+            done = max(done, due)
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once the engine closes."""
+        return self._stop
 
     def compile(self, wasm: bytes) -> wasmtime.Module:
         """Compile `wasm` (binary), or load its machine code from the cache.

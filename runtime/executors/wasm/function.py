@@ -2,21 +2,32 @@
 
 Two guest ABIs (see README "Guest ABI"):
 - reactor: exports ``memory``, ``edgefn_alloc``, ``edgefn_handle``; runs inline
-  on the event loop through the raw call path (`wasm_ffi`), bounded by the
-  epoch deadline.
+  on the event loop through the raw call path (`wasm_ffi`), for at most
+  `INLINE_SLICE_MS`. A reactor whose budget is longer and that overruns the
+  slice is stopped there (epoch deadline), moved to the worker threads for
+  good, and the request runs again there with its full budget. That is safe
+  because an inline reactor has no host imports: it is a pure function of the
+  request. Reactors with host imports (bindings) always run on the threads.
 - wasi: a WASI command (``_start``), WAGI-style: request in the environment and
   stdin, CGI response on stdout. Runs on a worker thread so a guest that
-  blocks in a host call cannot stall the loop.
+  blocks in a host call cannot stall the loop; its sleeps end at the wall-time
+  deadline (`wasi_poll`), so a timed-out request frees its thread.
+
+A function holds at most `THREAD_SHARE` (or `limits.concurrency`, if smaller)
+worker threads at once; further requests wait for one within their wall time.
+A thread counts as held until its job really ends, not when the request gives up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import math
 import threading
-from collections.abc import Awaitable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -28,7 +39,8 @@ from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import wasi as cgi
-from runtime.executors.wasm.engine import TICK_SECONDS, WasmEngine
+from runtime.executors.wasm import wasi_poll
+from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine
 from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
 from runtime.executors.wasm.native import NativeReactorCall
 from runtime.functions.manifest import Manifest
@@ -37,6 +49,8 @@ from runtime.net.message import Request, Response
 log = logging.getLogger("edgefn.wasm")
 
 WASI_MODULE = "wasi_snapshot_preview1"
+INLINE_SLICE_MS = 5  # the longest one request runs on the event loop
+SLICE_EXPIRED = "inline_slice"  # the Outcome kind of a reactor stopped at the slice
 REACTOR_EXPORTS = {
     "memory": "memory",
     "edgefn_alloc": "func (i32) -> (i32)",
@@ -62,6 +76,10 @@ class WasmFunction:
             budget_ms = limits.wall_ms
         # +1: the first tick may come right after the deadline is set.
         self.deadline_ticks = math.ceil(budget_ms / tick_ms) + 1
+        self.slice_ticks = min(self.deadline_ticks, math.ceil(INLINE_SLICE_MS / tick_ms) + 1)
+        self.thread_share = min(THREAD_SHARE, limits.concurrency)
+        # the share as a semaphore of the loop serving it (a test may run several loops)
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         kind = "wall_limit" if manifest.bindings.ai or limits.cpu_ms > limits.wall_ms \
             else "cpu_limit"
         self.outcome = Outcome(kind, budget_ms, self.memory_limit)
@@ -69,9 +87,10 @@ class WasmFunction:
         self.abi = self._detect_abi()
         uses_wasi, host_funcs = self._check_imports()
         linker = wasmtime.Linker(wasm.engine)
-        self.host_functions: wasm_host.HostFunctions | None = None
         if uses_wasi:
             linker.define_wasi()
+            wasi_poll.define(linker, wasm.deadlines, wasm.stopping)
+        self.host_functions: wasm_host.HostFunctions | None = None
         if host_funcs:
             if bindings is None:
                 raise DeployError(f"{manifest.entry}: imports edgefn host functions, but no "
@@ -85,8 +104,8 @@ class WasmFunction:
         except wasmtime.WasmtimeError as e:
             raise DeployError(f"{manifest.entry}: cannot link module: {e}") from None
         b = manifest.bindings
-        # a binding may block (a model call, a synced KV write, a fetch): off the event loop
-        self.threaded = bool(b.ai or b.kv or b.vectors or b.fetch)
+        # a host call may block (a model call, a synced KV write, a fetch): off the event loop
+        self.threaded = bool(b.ai or b.kv or b.vectors or b.fetch or host_funcs)
         self.env = dict(manifest.env)
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in self.env.items()])
         if self.abi == "reactor":
@@ -97,7 +116,11 @@ class WasmFunction:
                                                                         wasm.native)
             self.new_call = partial(call_type, wasm.engine, self.pre, self.memory_limit,
                                     self.deadline_ticks, self.outcome, self.max_response)
-            self.call = self.new_call()
+            # inline: stopped at the slice, reported as SLICE_EXPIRED if the budget is longer
+            sliced = self.slice_ticks < self.deadline_ticks
+            self.call = call_type(wasm.engine, self.pre, self.memory_limit, self.slice_ticks,
+                                  Outcome(SLICE_EXPIRED, INLINE_SLICE_MS, self.memory_limit)
+                                  if sliced else self.outcome, self.max_response)
             self.per_thread = threading.local()  # call objects hold per-call buffers
 
     # -- deploy time ------------------------------------------------------------------------
@@ -185,16 +208,22 @@ class WasmFunction:
                                   encode_params(params))
             if self.threaded:
                 return self._handle_threaded(data)
-            status, headers, body = decode_response(self.call(data))
-            return Response(status, headers, body)
+            try:
+                output = self.call(data)
+            except FunctionError as e:
+                if e.code != SLICE_EXPIRED:
+                    raise
+                log.info("%s: ran past the %d ms inline slice; runs on worker threads from now "
+                         "on", self.name, INLINE_SLICE_MS)
+                self.threaded = True
+                return self._handle_threaded(data)
+            return Response(*decode_response(output))
         return self._handle_wasi(request, route, params)
 
     async def _handle_threaded(self, data: bytes) -> Response:
         """Reactors that declare bindings run on a worker thread: a model call or a
         synced KV write waits there while the event loop keeps serving."""
-        job = asyncio.get_running_loop().run_in_executor(self.wasm.threads, self._call_here,
-                                                         data)
-        output = await self._within_wall(job)
+        output = await self._on_thread(self._call_here, data)
         return Response(*decode_response(output))
 
     def _call_here(self, data: bytes) -> bytes:
@@ -203,26 +232,43 @@ class WasmFunction:
         call = getattr(self.per_thread, "call", None)
         if call is None:
             call = self.per_thread.call = self.new_call()
+        if self.host_functions is not None and self.outcome.interrupt_kind == "cpu_limit":
+            # host calls push this back by what they take (see `wasm_host`)
+            self.host_functions.clock.deadline = time.monotonic() + self.outcome.limit_ms / 1000
         return call(data)
 
-    async def _within_wall(self, job: Awaitable[bytes]) -> bytes:
-        """Raises `FunctionError` (wall_limit) if `job` outlives the wall-time limit."""
+    async def _on_thread(self, job: Callable[..., bytes], *args: object) -> bytes:
+        """`job(*args)` on a worker thread, once one of this function's thread slots is
+        free. Raises `FunctionError` (wall_limit) if waiting and running outlive the
+        wall-time limit; the slot is released when `job` really returns."""
+        wall_ms = self.manifest.limits.wall_ms
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.thread_share))
+        slots = self._slots[1]
         try:
-            return await asyncio.wait_for(job, self.manifest.limits.wall_ms / 1000 + 0.05)
+            async with asyncio.timeout(wall_ms / 1000 + 0.05):
+                await slots.acquire()
+                future = self.wasm.threads.submit(job, *args)
+                future.add_done_callback(partial(_release, loop, slots))
+                return await asyncio.wrap_future(future)
         except TimeoutError:
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
-                                f"{self.manifest.limits.wall_ms} ms (blocked in a host call)"
-                                ) from None
+                                f"{wall_ms} ms (blocked in a host call)") from None
 
     async def _handle_wasi(self, request: Request, route: str,
                            params: Mapping[str, str]) -> Response:
         env = cgi.environ(request, route, self.env, params)
-        loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(self.wasm.threads, self._run_wasi, env, request.body)
-        return Response(*cgi.parse_response(await self._within_wall(job)))
+        deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000
+        return Response(*cgi.parse_response(await self._on_thread(self._run_wasi, env,
+                                                                  request.body, deadline)))
 
-    def _run_wasi(self, env: list[tuple[str, str]], body: bytes) -> bytes:
-        """Run `_start` in a fresh store on a worker thread. Raises `FunctionError`."""
+    def _run_wasi(self, env: list[tuple[str, str]], body: bytes, deadline: float) -> bytes:
+        """Run `_start` in a fresh store on a worker thread; its sleeps end at
+        `deadline` (`time.monotonic()`). Raises `FunctionError`."""
+        if time.monotonic() >= deadline:  # it waited for a thread that long: nobody waits now
+            raise FunctionError("wall_limit", 504, "exceeded its wall-time limit of "
+                                f"{self.manifest.limits.wall_ms} ms waiting for a thread")
         if self.host_functions is not None:
             self.host_functions.begin_request()
         store = wasmtime.Store(self.wasm.engine)
@@ -236,6 +282,8 @@ class WasmFunction:
         config.stderr_custom = self._log_stderr
         _set_stdin(config, body)
         store.set_wasi(config)
+        deadlines = self.wasm.deadlines
+        deadlines.start(deadline)
         try:
             instance = self.pre.instantiate(store)
             start = instance.exports(store)["_start"]
@@ -244,9 +292,14 @@ class WasmFunction:
         except wasmtime.ExitTrap as e:
             if e.code != 0:
                 raise FunctionError("trap", 500, f"exited with status {e.code}") from None
-        except wasmtime.Trap as t:
-            raise trap_error(t, "_start", self.outcome, _memory_size(store, instance)) from None
-        except wasmtime.WasmtimeError as e:
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
+            # wasmtime-py reports a trap raised in a host function as either
+            if deadlines.expired:
+                raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
+                                    f"{self.manifest.limits.wall_ms} ms (sleeping)") from None
+            if isinstance(e, wasmtime.Trap):
+                raise trap_error(e, "_start", self.outcome,
+                                 _memory_size(store, instance)) from None
             raise FunctionError("trap", 500, f"failed: {_short(str(e))}") from None
         if out.overflow:
             raise FunctionError("bad_response", 502, f"response larger than the limit of "
@@ -256,6 +309,12 @@ class WasmFunction:
     def _log_stderr(self, data: bytes) -> None:
         for line in data.decode("utf-8", "replace").splitlines():
             log.info("[%s] %s", self.name, line)
+
+
+def _release(loop: asyncio.AbstractEventLoop, slots: asyncio.Semaphore, _: object) -> None:
+    """A worker job ended (on its thread): give its slot back on the loop."""
+    with contextlib.suppress(RuntimeError):  # the loop closed first: nobody waits any more
+        loop.call_soon_threadsafe(slots.release)
 
 
 class _Capture:

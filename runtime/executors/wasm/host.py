@@ -12,13 +12,21 @@ bindings, checked by the function's `Bindings` like Python's host calls.
 
 Results land in a buffer the guest passes, so no call re-enters the guest. A
 denied or failed call traps with the reason.
+
+Epochs count real time, and a host call may wait (a synced KV write behind
+others). Where the deadline is the CPU budget, each host call pushes it back by
+the time the call took (`GuestClock`), so `cpu_ms` bounds the guest's own
+execution; where it is the wall time (the AI binding, or `wall_ms` < `cpu_ms`)
+host calls count.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +36,14 @@ from wasmtime import _ffi as ffi
 from edgefn_core.errors import BindingError
 from runtime.bindings import Bindings
 from runtime.bindings.kv import KVView
-from runtime.executors.wasm.ffi import _EXTERN_OF, _fn, memory_data, memory_data_size
+from runtime.executors.wasm.engine import TICK_SECONDS
+from runtime.executors.wasm.ffi import (
+    _EXTERN_OF,
+    _fn,
+    memory_data,
+    memory_data_size,
+    set_epoch_deadline,
+)
 
 I32, I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
 SIGNATURES = {
@@ -83,6 +98,13 @@ class _Memory:
         return len(data)
 
 
+class GuestClock(threading.local):
+    """Per worker thread: when the running call's CPU budget ends (`time.monotonic()`
+    seconds), or 0 when host calls count against its deadline."""
+
+    deadline: float = 0.0
+
+
 class HostFunctions:
     """The ``edgefn`` imports of one function, defined on its Linker through
     wasmtime's unchecked (raw-value) callbacks: no per-call value conversion in
@@ -92,6 +114,7 @@ class HostFunctions:
         """Raises `BindingError` for an import that edgefn does not provide."""
         self.short = threading.local()
         impls = _impls(bindings, self.short)
+        self.clock = GuestClock()
         self.callbacks = []
         for name in sorted(names):
             if name not in SIGNATURES:
@@ -99,7 +122,8 @@ class HostFunctions:
                                     f"(known: {', '.join(sorted(SIGNATURES))})")
             params, results = SIGNATURES[name]
             ty = wasmtime.FuncType(params, results)
-            cb = _CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64))
+            cb = _CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64,
+                                self.clock))
             self.callbacks.append((cb, ty))
             err = _define(ctypes.cast(linker.ptr(), ctypes.c_void_p).value, b"edgefn", 6,
                           name.encode(), len(name), ctypes.cast(ty.ptr(), ctypes.c_void_p).value,
@@ -113,9 +137,11 @@ class HostFunctions:
         self.short.kept = None
 
 
-def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool) -> Callable[..., int]:
+def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool,
+         clock: GuestClock) -> Callable[..., int]:
     """Adapt `impl(memory, *args)` to wasmtime's raw callback; errors become traps."""
     def callback(env: int, caller: int, vals: int, count: int) -> int:
+        started = time.monotonic()
         try:
             args = [(ctypes.c_int64 if w else ctypes.c_int32).from_address(vals + 16 * i).value
                     for i, w in enumerate(wide)]
@@ -125,7 +151,18 @@ def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool) -> Calla
         except Exception as e:  # the guest traps with this message
             msg = (TRAP_PREFIX + str(e)).encode()
             return _trap_new(msg, len(msg)) or 0
+        finally:
+            if clock.deadline:
+                _push_back(clock, started, caller)
     return callback
+
+
+def _push_back(clock: GuestClock, started: float, caller: int) -> None:
+    """Move the CPU deadline back by the time this host call took."""
+    now = time.monotonic()
+    clock.deadline += now - started
+    ticks = math.ceil(max(clock.deadline - now, 0) / TICK_SECONDS) + 1
+    set_epoch_deadline(_caller_context(caller), ticks)
 
 
 def _impls(b: Bindings, short: threading.local) -> dict[str, Callable[..., Any]]:

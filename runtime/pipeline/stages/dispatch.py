@@ -1,9 +1,18 @@
 """`dispatch`: run the function `route` chose, with what its route captured; its
 response is tagged with ``x-edgefn-function: NAME@VERSION``. What the function
-does wrong is raised as `FunctionError` and contained by the chain."""
+does wrong is raised as `FunctionError` and contained by the chain.
+
+A function has at most `limits.concurrency` requests in flight (counted per
+deployed version, on the public loop's thread): past it the request is refused
+at once with 503 ``concurrency_limit`` and ``Retry-After``, so one function
+cannot queue up the PoP's worker threads or isolates for everyone.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
+from edgefn_core.errors import FunctionError
 from runtime.functions.registry import Deployment
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result, then
@@ -15,11 +24,22 @@ class Dispatch:
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         fn = ctx.target
         assert isinstance(fn, Deployment), "dispatch runs after route"
+        if fn.inflight >= fn.concurrency:
+            raise FunctionError("concurrency_limit", 503, f"has {fn.inflight} requests in "
+                                f"flight, its limit (limits.concurrency = {fn.concurrency})")
         result = fn.executor.handle(request, ctx.route, ctx.params)
         if isinstance(result, Response):
             result.headers.append(fn.tag)
             return result
-        return then(result, _tagged, fn.tag)
+        fn.inflight += 1
+        return then(_counted(result, fn), _tagged, fn.tag)
+
+
+async def _counted(pending: Awaitable[Response], fn: Deployment) -> Response:
+    try:
+        return await pending
+    finally:
+        fn.inflight -= 1
 
 
 def _tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:

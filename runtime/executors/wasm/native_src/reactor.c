@@ -9,6 +9,7 @@
  * declared here by layout (checked against wasmtime-py's ctypes definitions at
  * load time), so no wasmtime headers are needed.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_nanosleep */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -139,12 +140,23 @@ typedef struct {
     pthread_t thread;
 } edgefn_ticker;
 
+static int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* One epoch per interval of real time: a late wake-up (a loaded machine) catches
+ * up with the ticks it missed, so deadlines in ticks stay deadlines in time. */
 static void *tick(void *arg) {
     edgefn_ticker *t = arg;
-    struct timespec ts = {t->interval_ns / 1000000000L, t->interval_ns % 1000000000L};
+    int64_t start = monotonic_ns(), done = 0;
     while (!atomic_load(&t->stop)) {
-        nanosleep(&ts, NULL);
-        wasmtime_engine_increment_epoch(t->engine);
+        int64_t next = start + (done + 1) * t->interval_ns;
+        struct timespec ts = {next / 1000000000L, next % 1000000000L};
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        int64_t due = (monotonic_ns() - start) / t->interval_ns;
+        for (; done < due; done++) wasmtime_engine_increment_epoch(t->engine);
     }
     return NULL;
 }

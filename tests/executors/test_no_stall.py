@@ -1,0 +1,233 @@
+"""No WASM function stalls the others: a long reactor leaves the event loop after its
+inline slice, WASI sleeps end at the wall deadline and free their threads, a function
+holds at most its share of worker threads, and linear memory goes back to the system
+after a burst. Real wasmtime; requests run on a real event loop, as the PoP runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import FunctionError
+from runtime.bindings import Bindings, Stores
+from runtime.executors.wasm.engine import THREAD_SHARE, WORKER_THREADS, WasmEngine
+from runtime.executors.wasm.function import INLINE_SLICE_MS, WasmFunction
+from runtime.functions import manifest
+from runtime.net.message import Response
+from tests.executors.test_wasm_function import HEADER, request, wasi
+from tests.support import function_dir, reactor
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WasmEngine]:
+    e = WasmEngine(tmp_path_factory.mktemp("cache"))
+    yield e
+    e.close()
+
+
+def load(engine: WasmEngine, d: Path) -> WasmFunction:
+    fn = WasmFunction(engine, manifest.load(d), d)
+    fn.prewarm()
+    return fn
+
+
+async def serve(fn: WasmFunction) -> Response:
+    result = fn.handle(request(), "/", {})
+    return result if isinstance(result, Response) else await result
+
+
+async def outcome(fn: WasmFunction) -> tuple[int, str]:
+    """(status, error code or "") of one request."""
+    try:
+        return (await serve(fn)).status, ""
+    except FunctionError as e:
+        return e.status, e.code
+
+
+def sleeper(ns: int, flags: int = 0, clock: int = 1) -> str:
+    """A WASI command that sleeps `ns` nanoseconds in poll_oneoff (one clock
+    subscription), then answers 200; it exits 1 if poll_oneoff returned an error.
+    (Epochs count wall time: its `cpu_ms` must cover the sleep.)"""
+    return wasi(f"""(i32.store8 (i32.const 1032) (i32.const 0))   ;; a clock subscription
+      (i32.store (i32.const 1040) (i32.const {clock}))
+      (i64.store (i32.const 1048) (i64.const {ns}))
+      (i32.store16 (i32.const 1064) (i32.const {flags}))
+      (if (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 2100))
+        (then (call $proc_exit (i32.const 1))))
+      (drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))""", HEADER)
+
+
+# -- reactors: the inline slice ----------------------------------------------------------------
+def test_a_long_budget_reactor_leaves_the_loop_after_its_slice(engine: WasmEngine,
+                                                               tmp_path: Path) -> None:
+    spin = load(engine, function_dir(tmp_path, "spin", reactor("(loop $l (br $l))"),
+                                     limits="cpu_ms = 60000\nwall_ms = 1000"))
+
+    async def go() -> tuple[float, float, float, tuple[int, str]]:
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        pending = spin.handle(request(), "/", {})  # the part that runs on the loop
+        inline, inline_cpu = time.perf_counter() - started, time.thread_time() - cpu_started
+        assert not isinstance(pending, Response)
+        result = await outcome_of(pending)
+        again = time.perf_counter()
+        second = spin.handle(request(), "/", {})  # moved to the threads for good
+        straight = time.perf_counter() - again
+        assert not isinstance(second, Response)
+        await outcome_of(second)
+        return inline, inline_cpu, straight, result
+
+    inline, inline_cpu, straight, result = asyncio.run(go())
+    assert result == (504, "wall_limit")  # its own limit, in full, on a worker thread
+    # the loop's thread spent the slice on it, not the 1 s budget (its wall time on a
+    # loaded 2-core machine also holds the time it waited for a core)
+    assert inline_cpu < INLINE_SLICE_MS / 1000 * 3, inline_cpu
+    assert INLINE_SLICE_MS / 1000 <= inline < 0.25, inline
+    assert straight < 0.002, straight
+
+
+async def outcome_of(pending: object) -> tuple[int, str]:
+    try:
+        return (await pending).status, ""  # type: ignore[misc]
+    except FunctionError as e:
+        return e.status, e.code
+
+
+def test_a_reactor_past_its_slice_runs_again_on_a_thread_with_its_full_budget(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    # ~10^8 iterations: far past the slice, far within 20 s of CPU
+    count = reactor("""(local.set $i (i32.const 100000000))
+      (loop $l (local.set $i (i32.sub (local.get $i) (i32.const 1))) (br_if $l (local.get $i)))""")
+    count = count.replace("(result i64)", "(result i64) (local $i i32)")
+    fn = load(engine, function_dir(tmp_path, "count", count, limits="cpu_ms = 20000"))
+    r = asyncio.run(serve(fn))
+    assert (r.status, r.body) == (200, b"ok")
+
+
+def test_a_reactor_within_the_slice_stays_inline(engine: WasmEngine, tmp_path: Path) -> None:
+    spin = load(engine, function_dir(tmp_path, "short", reactor("(loop $l (br $l))"),
+                                     limits=f"cpu_ms = {INLINE_SLICE_MS}"))
+    with pytest.raises(FunctionError) as err:  # raised synchronously: no thread involved
+        spin.handle(request(), "/", {})
+    assert (err.value.code, err.value.status) == ("cpu_limit", 503)
+
+
+# -- WASI: sleeps end at the deadline, threads come back ---------------------------------------
+def test_sleeping_wasi_requests_free_their_threads_at_the_wall_limit(engine: WasmEngine,
+                                                                     tmp_path: Path) -> None:
+    sleepy = load(engine, function_dir(tmp_path, "sleepy", sleeper(60 * 10**9),
+                                       limits="cpu_ms = 60000\nwall_ms = 200"))
+    # enough functions to need every worker thread at once
+    naps = [load(engine, function_dir(tmp_path, f"nap{i}", sleeper(400 * 10**6),
+                                      limits="cpu_ms = 1000"))
+            for i in range(WORKER_THREADS // THREAD_SHARE)]
+
+    async def go() -> tuple[list[tuple[int, str]], float, list[tuple[int, str]], float]:
+        started = time.perf_counter()
+        stuck = await asyncio.gather(*(outcome(sleepy) for _ in range(2 * THREAD_SHARE)))
+        took = time.perf_counter() - started
+        started = time.perf_counter()
+        napped = await asyncio.gather(*(outcome(fn) for fn in naps for _ in range(THREAD_SHARE)))
+        return stuck, took, napped, time.perf_counter() - started
+
+    stuck, took, napped, nap_took = asyncio.run(go())
+    assert stuck == [(504, "wall_limit")] * (2 * THREAD_SHARE)
+    assert took < 0.5, took  # the wall limit (+ the 50 ms grace, + a loaded machine), not 60 s
+    assert napped == [(200, "")] * WORKER_THREADS
+    # 400 ms naps, all side by side (one thread short would take two rounds: 800 ms)
+    assert nap_took < 0.7, nap_took
+
+
+def test_a_sleep_within_the_wall_limit_is_served(engine: WasmEngine, tmp_path: Path) -> None:
+    fn = load(engine, function_dir(tmp_path, "short-nap", sleeper(30 * 10**6),
+                                     limits="cpu_ms = 1000"))
+    started = time.perf_counter()
+    assert asyncio.run(outcome(fn)) == (200, "")
+    assert time.perf_counter() - started >= 0.03
+
+
+def test_an_absolute_monotonic_sleep_is_refused_not_blocked(engine: WasmEngine,
+                                                            tmp_path: Path) -> None:
+    fn = load(engine, function_dir(tmp_path, "abs", sleeper(10**18, flags=1, clock=1)))
+    with pytest.raises(FunctionError, match="exited with status 1"):  # ENOTSUP, at once
+        asyncio.run(serve(fn))
+
+
+def test_a_function_holds_at_most_its_share_of_worker_threads(engine: WasmEngine,
+                                                              tmp_path: Path) -> None:
+    hog = load(engine, function_dir(tmp_path, "hog", sleeper(300 * 10**6),
+                                    limits="cpu_ms = 5000\nwall_ms = 5000"))
+    other = load(engine, function_dir(tmp_path, "other", sleeper(0)))
+
+    async def go() -> tuple[float, float]:
+        started = time.perf_counter()
+        hogs = [asyncio.ensure_future(outcome(hog)) for _ in range(4 * THREAD_SHARE)]
+        await asyncio.sleep(0.05)
+        assert await outcome(other) == (200, "")  # 12 worker threads are still free
+        answered = time.perf_counter() - started
+        assert set(await asyncio.gather(*hogs)) == {(200, "")}
+        return answered, time.perf_counter() - started
+
+    answered, all_done = asyncio.run(go())
+    assert answered < 0.2, answered
+    # 16 naps of 300 ms, THREAD_SHARE at a time: four rounds, never all at once
+    assert 4 * 0.3 <= all_done < 4 * 0.3 + 0.5, all_done
+
+
+# -- memory ------------------------------------------------------------------------------------
+def rss_mib() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+
+def peak_mib() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1]) / 1024
+
+
+def test_linear_memory_goes_back_to_the_system_after_a_burst(engine: WasmEngine,
+                                                             tmp_path: Path) -> None:
+    grow = wasi("""(drop (memory.grow (i32.const 768)))          ;; +48 MiB, then touch it all
+      (memory.fill (i32.const 65536) (i32.const 7) (i32.const 50331648))
+      (drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))""", HEADER)
+    fn = load(engine, function_dir(tmp_path, "grow", grow, limits="memory_mb = 64\ncpu_ms = 5000"))
+
+    async def burst() -> list[tuple[int, str]]:
+        return await asyncio.gather(*(outcome(fn) for _ in range(4 * THREAD_SHARE)))
+
+    asyncio.run(burst())  # once, so allocator and pool slots are warm
+    baseline = rss_mib()
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM
+    for _ in range(3):
+        assert asyncio.run(burst()) == [(200, "")] * (4 * THREAD_SHARE)
+    peak, after = peak_mib(), rss_mib()
+    assert peak - baseline >= 2 * 48, (baseline, peak)  # the burst did hold guest memory
+    assert after - baseline < 16, (baseline, peak, after)  # and gave it all back
+
+
+# -- host calls do not eat the CPU budget -------------------------------------------------------
+def test_time_in_host_calls_does_not_count_against_cpu_ms(engine: WasmEngine,
+                                                          tmp_path: Path) -> None:
+    counter = reactor("""(local.set $i (i32.const 300))
+      (loop $l
+        (drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) (i64.const 1)))
+        (local.set $i (i32.sub (local.get $i) (i32.const 1))) (br_if $l (local.get $i)))""",
+                      prelude='(data (i32.const 200) "c") (data (i32.const 210) "k")',
+                      imports='(import "edgefn" "kv_increment" '
+                              '(func $inc (param i32 i32 i32 i32 i64) (result i64)))')
+    counter = counter.replace("(result i64)\n", "(result i64) (local $i i32)\n", 1)
+    d = function_dir(tmp_path, "inc", counter, limits="cpu_ms = 10",
+                     extra='[bindings]\nkv = ["c"]')
+    stores = Stores(tmp_path / "data")
+    try:
+        fn = WasmFunction(engine, manifest.load(d), d, Bindings.prepare(stores, manifest.load(d)))
+        fn.prewarm()
+        started = time.perf_counter()
+        assert asyncio.run(outcome(fn)) == (200, "")
+        took = time.perf_counter() - started
+        assert took > 0.010, took  # 300 synced KV writes: longer than the CPU budget
+        assert stores.kv.get("c", b"k") == b"300"
+    finally:
+        stores.close()

@@ -1,0 +1,122 @@
+"""No function stalls the PoP, end to end over loopback: `/hello` keeps its p99 under
+20 ms with 0 errors while reactors with a 60 s CPU budget spin, the admin API answers
+while the public loop is blocked outright, and a function past `limits.concurrency`
+is refused at once with 503 and Retry-After while others keep answering."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.executors.wasm.engine import THREAD_SHARE
+from tests.executors.test_no_stall import sleeper
+from tests.support import EXAMPLES, Running, function_dir, pop_thread, reactor
+
+P99_MS = 20  # the issue's target for other functions during any hostile one
+
+
+@pytest.fixture
+def pop(tmp_path: Path) -> Iterator[Running]:
+    with pop_thread(tmp_path / "data") as running:
+        running.deploy(EXAMPLES / "hello-wat")
+        yield running
+
+
+def get_in_thread(pop: Running, path: str, out: list[tuple[int, dict[str, str]]],
+                  timeout: float = 30) -> threading.Thread:
+    def go() -> None:
+        status, headers, _ = pop.get(path, timeout=timeout)
+        out.append((status, headers))
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def hello_latencies(pop: Running, seconds: float) -> tuple[list[float], list[int]]:
+    """Sequential `/hello` requests on one keep-alive connection for `seconds`:
+    their latencies (ms) and the statuses that were not 200."""
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=5)
+    latencies, errors = [], []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        conn.request("GET", "/hello")
+        resp = conn.getresponse()
+        body = resp.read()
+        latencies.append((time.perf_counter() - started) * 1000)
+        if resp.status != 200 or not body.startswith(b"Hello"):
+            errors.append(resp.status)
+    conn.close()
+    return latencies, errors
+
+
+def p99(values: list[float]) -> float:
+    return sorted(values)[int(len(values) * 0.99)]
+
+
+def test_hello_p99_stays_under_20ms_while_60s_budget_reactors_spin(pop: Running,
+                                                                    tmp_path: Path) -> None:
+    pop.deploy(function_dir(tmp_path, "spin", reactor("(loop $l (br $l))"),
+                            limits="cpu_ms = 60000\nwall_ms = 3000"))
+    spins: list[tuple[int, dict[str, str]]] = []
+    threads = [get_in_thread(pop, "/spin", spins) for _ in range(THREAD_SHARE)]
+    time.sleep(0.05)
+    admin_ms = []
+    for _ in range(5):  # the admin API answers too, and fast, while they spin
+        started = time.perf_counter()
+        listing = pop.admin.request("GET", "/v1/functions")
+        admin_ms.append((time.perf_counter() - started) * 1000)
+        assert {f["name"] for f in listing["functions"]} == {"hello", "spin"}
+    latencies, errors = hello_latencies(pop, 2.0)
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(latencies) > 200, len(latencies)
+    assert p99(latencies) <= P99_MS, (p99(latencies), max(latencies))
+    assert max(admin_ms) < 50, admin_ms
+    # each spin ran to its own limit, on a worker thread: the 3 s wall time
+    assert [(s, h["x-edgefn-error"]) for s, h in spins] == [(504, "wall_limit")] * THREAD_SHARE
+
+
+def test_the_admin_api_answers_while_the_public_loop_is_blocked(pop: Running) -> None:
+    assert pop.loop is not None
+    pop.loop.call_soon_threadsafe(time.sleep, 1.5)  # stands for any stall of that loop
+    time.sleep(0.05)
+    hello: list[tuple[int, dict[str, str]]] = []
+    blocked = get_in_thread(pop, "/hello", hello)
+    started = time.perf_counter()
+    listing = pop.admin.request("GET", "/v1/functions")
+    took = time.perf_counter() - started
+    assert [f["name"] for f in listing["functions"]] == ["hello"]
+    assert took < 0.1, took  # the public loop sleeps for 1.5 s meanwhile
+    assert hello == []  # ... as this public request shows: it has no answer yet
+    blocked.join()
+    assert hello[0][0] == 200
+
+
+def test_a_function_past_its_concurrency_limit_gets_503_with_retry_after(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(function_dir(tmp_path, "nap", sleeper(500 * 10**6), entry="main.wat",
+                            limits="cpu_ms = 2000\nconcurrency = 2"))
+    naps: list[tuple[int, dict[str, str]]] = []
+    threads = [get_in_thread(pop, "/nap", naps) for _ in range(2)]
+    time.sleep(0.2)  # both are asleep in the function now
+    started = time.perf_counter()
+    status, headers, body = pop.get("/nap")
+    refused_in = time.perf_counter() - started
+    assert (status, headers["x-edgefn-error"], headers["retry-after"]) == (
+        503, "concurrency_limit", "1")
+    assert json.loads(body)["error"]["message"] == (
+        "function 'nap' has 2 requests in flight, its limit (limits.concurrency = 2)")
+    assert refused_in < 0.1, refused_in  # refused at once, not queued
+    assert pop.get("/hello")[0] == 200  # others are not limited by it
+    for t in threads:
+        t.join()
+    assert [s for s, _ in naps] == [200, 200]
+    assert pop.get("/nap")[0] == 200  # the two that ended gave their places back
