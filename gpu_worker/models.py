@@ -52,9 +52,11 @@ def converted(source: Path, weights: str) -> Path:
         return out
     import llama_cpp as ll
 
+    from .engines.llama_backends import load_backends
     from .engines.llama_model import quiet
 
     quiet()
+    load_backends()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     params = ll.llama_model_quantize_default_params()

@@ -16,6 +16,8 @@ import llama_cpp as ll
 
 from edgefn_core.errors import EngineError
 
+from .llama_backends import load_backends
+
 _LOG_CB: Any = None
 
 
@@ -40,6 +42,7 @@ class LlamaModel:
         if not path.is_file():
             raise EngineError("invalid_config", 500, f"model file {path} does not exist")
         quiet()
+        load_backends()
         ll.llama_backend_init()
         self.gpu = bool(ll.llama_supports_gpu_offload())
         mp = ll.llama_model_default_params()
