@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,8 @@ from runtime.admin.client import AdminClient
 from runtime.app import running_pop
 from runtime.pop import PoP
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "functions" / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "functions" / "examples"
 HOST_MODULE = b"runtime.executors.python.host"  # what an isolate-host process runs
 
 
@@ -202,3 +204,54 @@ def wait_until_serving(proc: subprocess.Popen[str], timeout: float = 180) -> str
         if line.startswith("serving "):
             return url
     raise AssertionError("edgefn did not start:\n" + "".join(seen))
+
+
+@dataclass
+class PopProcess:
+    proc: subprocess.Popen[str]
+    host: str
+    port: int
+    stderr: list[str]
+
+    def rss(self) -> int:
+        """The PoP's resident set size in bytes (VmRSS)."""
+        return rss_of(self.proc.pid)
+
+
+def rss_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+@contextmanager
+def pop_process(tmp_path: Path, pop_toml: str = "") -> Iterator[PopProcess]:
+    """`edgefn serve --no-ai` with `pop_toml` as its config, once it serves. Killed after."""
+    (tmp_path / "pop.toml").write_text(pop_toml)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "serve", "--config", str(tmp_path / "pop.toml"),
+         "--no-ai", "--port", "0", "--data", str(tmp_path / "data")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []
+    assert proc.stdout is not None and proc.stderr is not None
+    drain = threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True)
+    drain.start()  # a full pipe would block the PoP
+    try:
+        address = ""
+        for line in proc.stdout:
+            if line.startswith("edgefn PoP listening on http://"):
+                address = line.split("http://", 1)[1].strip()
+            if line.startswith("serving "):
+                break
+        assert address, "the PoP did not start:\n" + "".join(stderr)
+        host, port = address.rsplit(":", 1)
+        yield PopProcess(proc, host, int(port), stderr)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        drain.join(5)
+        proc.stdout.close()
+        proc.stderr.close()

@@ -4,21 +4,15 @@ for `grace_seconds` (from pop.toml), cuts a request still running past it, and e
 from __future__ import annotations
 
 import http.client
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from runtime.admin.client import AdminClient
-from tests.support import host_pids, python_function, running
+from tests.support import host_pids, pop_process, python_function, running
 
-ROOT = Path(__file__).resolve().parent.parent
 GRACE = 2.0
 
 NAP = """
@@ -32,44 +26,12 @@ def handle(request, env):
 """
 
 
-@contextmanager
-def served_pop(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, int, list[str]]]:
-    """`edgefn serve --config pop.toml` in a child process, once it serves: (process,
-    host, port, its stderr lines so far). Killed if still running after."""
-    (tmp_path / "pop.toml").write_text(f"grace_seconds = {GRACE}\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--config", str(tmp_path / "pop.toml"),
-         "--no-ai", "--port", "0", "--data", str(tmp_path / "data")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stderr: list[str] = []
-    assert proc.stdout is not None and proc.stderr is not None
-    drain = threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True)
-    drain.start()  # a full pipe would block the PoP
-    try:
-        address = ""
-        for line in proc.stdout:
-            if line.startswith("edgefn PoP listening on http://"):
-                address = line.split("http://", 1)[1].strip()
-            if line.startswith("serving "):
-                break
-        assert address, "the PoP did not start"
-        host, port = address.rsplit(":", 1)
-        yield proc, host, int(port), stderr
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        drain.join(5)  # the drain alone reads stderr (communicate() would race it)
-        proc.stdout.close()
-        proc.stderr.close()
-
-
 def test_sigterm_lets_requests_finish_within_the_grace_then_cuts_and_exits(
         tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    with served_pop(tmp_path) as (proc, host, port, stderr_lines):
+    with pop_process(tmp_path, f"grace_seconds = {GRACE}\n") as pop:
+        proc, host, port, stderr_lines = pop.proc, pop.host, pop.port, pop.stderr
         AdminClient(tmp_path / "data").deploy(python_function(
             tmp_path, "nap", NAP, limits="wall_ms = 60000",
             pool="min = 2\nmax = 2\nstandby = false", env=f'MARKS = "{marks}"'))

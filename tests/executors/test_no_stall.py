@@ -20,6 +20,7 @@ from runtime.functions import manifest
 from runtime.net.message import Response
 from tests.executors.test_wasm_function import HEADER, request, wasi
 from tests.support import function_dir, reactor
+from tests.test_wasm import load
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +28,6 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WasmEngine]:
     e = WasmEngine(tmp_path_factory.mktemp("cache"))
     yield e
     e.close()
-
-
-def load(engine: WasmEngine, d: Path) -> WasmFunction:
-    fn = WasmFunction(engine, manifest.load(d), d)
-    fn.prewarm()
-    return fn
 
 
 async def serve(fn: WasmFunction) -> Response:

@@ -1,71 +1,16 @@
-"""A real PoP in a child process (its RSS is its own), and the loopback clients the
-memory and cap tests drive it with."""
+"""The loopback clients the memory and cap tests drive a real PoP in a child process
+with (`tests.support.pop_process`: its RSS is its own)."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import PopProcess, pop_process, rss_of
 
-
-@dataclass
-class PopProcess:
-    proc: subprocess.Popen[str]
-    host: str
-    port: int
-    stderr: list[str]
-
-    def rss(self) -> int:
-        """The PoP's resident set size in bytes (VmRSS)."""
-        return rss_of(self.proc.pid)
-
-
-def rss_of(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
-
-
-@contextmanager
-def pop_process(tmp_path: Path, pop_toml: str = "") -> Iterator[PopProcess]:
-    """`edgefn serve --no-ai` with `pop_toml` as its config, once it serves. Killed after."""
-    (tmp_path / "pop.toml").write_text(pop_toml)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--config", str(tmp_path / "pop.toml"),
-         "--no-ai", "--port", "0", "--data", str(tmp_path / "data")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stderr: list[str] = []
-    assert proc.stdout is not None and proc.stderr is not None
-    drain = threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True)
-    drain.start()  # a full pipe would block the PoP
-    try:
-        address = ""
-        for line in proc.stdout:
-            if line.startswith("edgefn PoP listening on http://"):
-                address = line.split("http://", 1)[1].strip()
-            if line.startswith("serving "):
-                break
-        assert address, "the PoP did not start:\n" + "".join(stderr)
-        host, port = address.rsplit(":", 1)
-        yield PopProcess(proc, host, int(port), stderr)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        drain.join(5)
-        proc.stdout.close()
-        proc.stderr.close()
+__all__ = ["PopProcess", "non_reader", "pop_process", "rss_of"]
 
 
 def non_reader(host: str, port: int, raw: bytes, source: str = "") -> socket.socket:
