@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support import Running, host_pids, python_function
 
 # Each isolate imports main.py into its own interpreter, so ISOLATE names the isolate.
@@ -38,15 +40,19 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
     return peak
 
 
+# (pool.max, memory_mb): every isolate of the largest pool gets its share under the
+# host's address-space cap, at the largest memory_mb too
+@pytest.mark.parametrize(("pool_max", "memory_mb"), [(POOL_MAX, 64), (4, 1024)])
 def test_the_pool_scales_up_to_pool_max_under_load_and_not_beyond(
-        pop: Running, tmp_path: Path) -> None:
-    pop.deploy(python_function(tmp_path, "scale", SLEEPER, limits="wall_ms = 20000",
-                               pool=f"min = 1\nmax = {POOL_MAX}\nstandby = false"))
+        pop: Running, tmp_path: Path, pool_max: int, memory_mb: int) -> None:
+    pop.deploy(python_function(tmp_path, "scale", SLEEPER,
+                               limits=f"wall_ms = 20000\nmemory_mb = {memory_mb}",
+                               pool=f"min = 1\nmax = {pool_max}\nstandby = false"))
     # idle: the one isolate `pool.min` started serves everything
     alone = {pop.get("/scale")[2].split()[0] for _ in range(5)}
     assert len(alone) == 1
 
-    n = 3 * POOL_MAX  # three waves' worth
+    n = 3 * pool_max  # three waves' worth
     results: dict[int, tuple[int, bytes]] = {}
 
     def call(i: int) -> None:
@@ -64,11 +70,11 @@ def test_the_pool_scales_up_to_pool_max_under_load_and_not_beyond(
     fields = [body.split() for _, body in results.values()]
     isolates = {f[0] for f in fields}
     spans = [(float(f[2]), float(f[3])) for f in fields]
-    assert len(isolates) == POOL_MAX, isolates
+    assert len(isolates) == pool_max, isolates
     assert alone <= isolates  # the first isolate kept serving; the others joined it
     assert len({f[1] for f in fields}) == 1 == len(host_pids("scale"))  # one host process
-    assert most_at_once(spans) == POOL_MAX
-    assert took >= (n // POOL_MAX) * HOLD * 0.95, "more requests ran at once than pool.max"
+    assert most_at_once(spans) == pool_max
+    assert took >= (n // pool_max) * HOLD * 0.95, "more requests ran at once than pool.max"
 
 
 LOOP = """
