@@ -8,9 +8,11 @@ Layout::
     DATA/cache/*.cwasm                    compiled machine code (runtime.executors)
 
 A version is the first 16 hex digits of a hash over the package's paths and
-contents, so deploying the same files twice is the same version. Records are
-written to a temp file, fsynced and renamed: a crash leaves the old record or
-the new one, never a torn one.
+contents, so deploying the same files twice is the same version. A version's
+files and folders are fsynced, then renamed into place (and that rename fsynced),
+before any record names it; records are written to a temp file, fsynced and
+renamed: a crash leaves the old record or the new one, never a torn one, and
+never one naming a version whose files did not reach the disk.
 
 Loading a version (`DeployStore.verify`) re-hashes its files: an edited, added or
 removed file makes that version refused (`VersionTampered`, naming the file).
@@ -241,13 +243,20 @@ class DeployStore:
         staging = self.versions_dir / name / f".staging-{version}-{os.getpid()}"
         try:
             shutil.rmtree(staging, ignore_errors=True)
+            folders = {staging}
             for rel, data in files.items():
                 path = staging / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
+                folders.add(path.parent)
+                with open(path, "wb") as f:  # on disk before the record names this version
+                    f.write(data)
+                    os.fsync(f.fileno())
+            for folder in folders:
+                _fsync_dir(folder)
             _write_synced(self.sums_path(name, version),
                           msgspec.json.encode(dict(sorted(sums_of(files).items()))))
             os.replace(staging, final)
+            _fsync_dir(final.parent)  # the rename too
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)
             self.remove_version(name, version)
