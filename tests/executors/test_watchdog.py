@@ -14,11 +14,13 @@ from runtime.executors.python import watchdog
 from runtime.executors.python.watchdog import Watchdog, quiet_thread_stop, stop_threads
 
 
-def run_guarded(cpu_ms: int, wall_ms: int, work: str, seconds: float = 2.0
-                ) -> tuple[type[BaseException] | None, float, float]:
+def run_guarded(cpu_ms: int, wall_ms: int, work: str, seconds: float = 2.0,
+                before: float = 0.03) -> tuple[type[BaseException] | None, float, float]:
     """Run `work` ("spin" burns CPU, "sleep" naps in 1 ms steps) on a fresh thread under
     a watchdog for up to `seconds`: what interrupted it, and the thread's CPU and wall
-    time until then."""
+    time until then. The thread first burns `before` seconds of CPU and then idles a
+    few ticks with the watchdog disarmed, as an isolate between two requests does: only
+    this request's own time may count."""
     out: dict[str, object] = {}
 
     def handler(wall0: float) -> None:
@@ -30,6 +32,10 @@ def run_guarded(cpu_ms: int, wall_ms: int, work: str, seconds: float = 2.0
 
     def target() -> None:
         dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
+        spent = time.thread_time()
+        while time.thread_time() - spent < before:  # an earlier request's CPU
+            pass
+        time.sleep(3 * dog.tick)  # idle: the watchdog wakes and finds nothing armed
         wall0, cpu0 = time.monotonic(), time.thread_time()
         try:
             dog.arm()
@@ -103,9 +109,9 @@ def test_an_interrupt_is_raised_once_then_again_only_after_a_second() -> None:
 
 
 def test_the_limit_is_named_in_the_message() -> None:
-    dog = Watchdog(threading.get_ident(), 40, 3000)
+    dog = Watchdog(threading.get_ident(), 1000, 3000)
     try:
-        assert dog.exceeded("cpu_limit") == "exceeded its CPU limit of 40 ms"
+        assert dog.exceeded("cpu_limit") == "exceeded its CPU limit of 1000 ms"
         assert dog.exceeded("wall_limit") == "exceeded its wall-time limit of 3000 ms"
     finally:
         dog.stop()
@@ -122,7 +128,12 @@ def test_stop_threads_ends_spinning_threads_and_reports_blocked_ones() -> None:
     blocked = threading.Thread(target=halt.wait, args=(5,))
     for t in (*spinners, blocked):
         t.start()
-    hook, threading.excepthook = threading.excepthook, quiet_thread_stop
+    ended_by: list[type[BaseException] | None] = []
+
+    def hook_(args: threading.ExceptHookArgs) -> None:
+        ended_by.append(args.exc_type)
+
+    hook, threading.excepthook = threading.excepthook, hook_
     try:
         began = time.monotonic()
         left = stop_threads([*spinners, blocked], grace=0.3)
@@ -135,6 +146,7 @@ def test_stop_threads_ends_spinning_threads_and_reports_blocked_ones() -> None:
         threading.excepthook = hook
     # once it returns to Python it takes the pending ThreadStop and ends
     assert not blocked.is_alive()
+    assert ended_by == [ThreadStop] * 3
 
 
 def test_stop_threads_returns_at_once_when_none_runs() -> None:
