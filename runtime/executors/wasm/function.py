@@ -227,14 +227,14 @@ class WasmFunction:
         return Response(*decode_response(output))
 
     def _call_here(self, data: bytes) -> bytes:
-        if self.host_functions is not None:
-            self.host_functions.begin_request()
         call = getattr(self.per_thread, "call", None)
         if call is None:
             call = self.per_thread.call = self.new_call()
-        if self.host_functions is not None and self.outcome.interrupt_kind == "cpu_limit":
-            # host calls push this back by what they take (see `wasm_host`)
-            self.host_functions.clock.deadline = time.monotonic() + self.outcome.limit_ms / 1000
+        if self.host_functions is not None:
+            # host calls push a CPU deadline back by what they take (see `wasm_host`)
+            self.host_functions.begin_request(
+                time.monotonic() + self.outcome.limit_ms / 1000
+                if self.outcome.interrupt_kind == "cpu_limit" else 0.0)
         return call(data)
 
     async def _on_thread(self, job: Callable[..., bytes], *args: object) -> bytes:

@@ -15,7 +15,7 @@ denied or failed call traps with the reason.
 
 Epochs count real time, and a host call may wait (a synced KV write behind
 others). Where the deadline is the CPU budget, each host call pushes it back by
-the time the call took (`GuestClock`), so `cpu_ms` bounds the guest's own
+the time the call took (`GuestRequest.deadline`), so `cpu_ms` bounds the guest's own
 execution; where it is the wall time (the AI binding, or `wall_ms` < `cpu_ms`)
 host calls count.
 """
@@ -98,11 +98,14 @@ class _Memory:
         return len(data)
 
 
-class GuestClock(threading.local):
-    """Per worker thread: when the running call's CPU budget ends (`time.monotonic()`
-    seconds), or 0 when host calls count against its deadline."""
+class GuestRequest(threading.local):
+    """Per worker thread, the request its guest is running (`HostFunctions.begin_request`
+    starts each): when its CPU budget ends (`time.monotonic()` seconds, or 0 when host
+    calls count against its deadline), and a `call` result kept for the retry with a
+    bigger buffer (``((name, args), result)``)."""
 
     deadline: float = 0.0
+    kept: tuple[tuple[str, bytes], bytes] | None = None
 
 
 class HostFunctions:
@@ -112,9 +115,8 @@ class HostFunctions:
 
     def __init__(self, linker: wasmtime.Linker, names: set[str], bindings: Bindings) -> None:
         """Raises `BindingError` for an import that edgefn does not provide."""
-        self.short = threading.local()
-        impls = _impls(bindings, self.short)
-        self.clock = GuestClock()
+        self.request = GuestRequest()
+        impls = _impls(bindings, self.request)
         self.callbacks = []
         for name in sorted(names):
             if name not in SIGNATURES:
@@ -123,7 +125,7 @@ class HostFunctions:
             params, results = SIGNATURES[name]
             ty = wasmtime.FuncType(params, results)
             cb = _CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64,
-                                self.clock))
+                                self.request))
             self.callbacks.append((cb, ty))
             err = _define(ctypes.cast(linker.ptr(), ctypes.c_void_p).value, b"edgefn", 6,
                           name.encode(), len(name), ctypes.cast(ty.ptr(), ctypes.c_void_p).value,
@@ -131,14 +133,17 @@ class HostFunctions:
             if err:
                 raise BindingError(f"cannot define edgefn.{name}")
 
-    def begin_request(self) -> None:
-        """Forget a result kept for a retry on this thread: it belonged to an earlier
-        request (one that never asked again with a bigger buffer)."""
-        self.short.kept = None
+    def begin_request(self, cpu_deadline: float = 0.0) -> None:
+        """A request starts on this thread; its CPU budget ends at `cpu_deadline`
+        (`time.monotonic()`), or 0: host calls count against its deadline. A result
+        kept for a retry belonged to an earlier request (one that never asked again
+        with a bigger buffer): it is forgotten."""
+        self.request.deadline = cpu_deadline
+        self.request.kept = None
 
 
 def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool,
-         clock: GuestClock) -> Callable[..., int]:
+         request: GuestRequest) -> Callable[..., int]:
     """Adapt `impl(memory, *args)` to wasmtime's raw callback; errors become traps."""
     def callback(env: int, caller: int, vals: int, count: int) -> int:
         started = time.monotonic()
@@ -152,20 +157,20 @@ def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool,
             msg = (TRAP_PREFIX + str(e)).encode()
             return _trap_new(msg, len(msg)) or 0
         finally:
-            if clock.deadline:
-                _push_back(clock, started, caller)
+            if request.deadline:
+                _push_back(request, started, caller)
     return callback
 
 
-def _push_back(clock: GuestClock, started: float, caller: int) -> None:
+def _push_back(request: GuestRequest, started: float, caller: int) -> None:
     """Move the CPU deadline back by the time this host call took."""
     now = time.monotonic()
-    clock.deadline += now - started
-    ticks = math.ceil(max(clock.deadline - now, 0) / TICK_SECONDS) + 1
+    request.deadline += now - started
+    ticks = math.ceil(max(request.deadline - now, 0) / TICK_SECONDS) + 1
     set_epoch_deadline(_caller_context(caller), ticks)
 
 
-def _impls(b: Bindings, short: threading.local) -> dict[str, Callable[..., Any]]:
+def _impls(b: Bindings, request: GuestRequest) -> dict[str, Callable[..., Any]]:
     def kv(m: _Memory, p: int, n: int) -> tuple[KVView, str]:
         ns = b.kv.namespace(m.text(p, n))
         return b.kv.store, ns
@@ -193,8 +198,7 @@ def _impls(b: Bindings, short: threading.local) -> dict[str, Callable[..., Any]]
 
     def call(m: _Memory, np_: int, nl: int, ap: int, al: int, bp: int, cap: int) -> int:
         name, raw = m.text(np_, nl), m.read(ap, al)
-        kept = getattr(short, "kept", None)
-        short.kept = None
+        kept, request.kept = request.kept, None
         if kept is not None and kept[0] == (name, raw):
             return m.give(kept[1], bp, cap)
         try:
@@ -203,7 +207,7 @@ def _impls(b: Bindings, short: threading.local) -> dict[str, Callable[..., Any]]
             raise BindingError(f"call arguments are not JSON: {e}") from None
         out = json.dumps(b.call(name, args)).encode()
         if len(out) > cap:
-            short.kept = ((name, raw), out)
+            request.kept = ((name, raw), out)
         return m.give(out, bp, cap)
 
     return {"kv_get": kv_get, "kv_put": kv_put, "kv_delete": kv_delete,
