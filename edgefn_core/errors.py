@@ -28,6 +28,7 @@ in that order; the others fix both and take only the message.
     │   │   ├── WorkerDead       ... or is not running
     │   │   └── EngineError      raised inside the worker by an engine
     │   ├── ApiError             an OpenAI API request refused (OpenAI's error shape)
+    │   ├── Rejected             a security stage refused a request (401, 403, 429)
     │   └── AdminError           the admin API's answer, as the CLI sees it
     ├── BindingError             a binding call denied or failed (the message is for the function)
     └── StoreError               kv: the stores' errors
@@ -204,6 +205,21 @@ class ApiError(Failure):
     def __init__(self, code: str, status: int, message: str, param: str | None = None) -> None:
         super().__init__(code, status, message)
         self.param = param
+
+
+class Rejected(Failure):
+    """A security stage (auth, WAF, bots, rate limits) refused the request: 401
+    ``unauthorized``, 403 ``forbidden`` / ``waf_blocked`` / ``bot_blocked``, 429
+    ``rate_limited`` / ``token_budget`` / ``challenge``. `headers` go on the response
+    (``Retry-After``, ``RateLimit``, ``WWW-Authenticate``); `detail` is added to the
+    error body (the WAF's rule ids, a challenge's instructions)."""
+
+    def __init__(self, code: str, status: int, message: str,
+                 headers: list[tuple[bytes, bytes]] | None = None,
+                 detail: dict[str, object] | None = None) -> None:
+        super().__init__(code, status, message)
+        self.headers = headers or []
+        self.detail = detail or {}
 
 
 class AdminError(Failure):

@@ -22,6 +22,14 @@ them) and overridden by CLI flags:
     worker_config = "models.toml" # model worker config; default: the packaged models
     socket = ""                   # use a worker already listening here instead
 
+    [auth]                        # the security stages' settings (runtime.security.settings)
+    openai = "auto"
+    [waf]
+    mode = "off"
+    [bots]
+    [ratelimit]
+    storage = "memory://"
+
     [[pipeline]]                  # the request pipeline, in order (default: below)
     stage = "request_id"
     [[pipeline]]
@@ -44,6 +52,7 @@ from msgspec import Meta, Struct, field
 from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
 from runtime.net.server import ServerConfig
+from runtime.security.settings import AuthSettings, BotSettings, RateLimitSettings, WafSettings
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -90,6 +99,23 @@ class AccessLogStage(StageConfig, frozen=True, tag="access_log"):
     format: Literal["text", "json"] = "text"
 
 
+class WafStage(StageConfig, frozen=True, tag="waf"):
+    """The OWASP Core Rule Set on libmodsecurity; settings in ``[waf]``."""
+
+
+class BotsStage(StageConfig, frozen=True, tag="bots"):
+    """Classify every client (browser, verified / declared AI agent, automation,
+    abusive) and apply the class's policy; settings in ``[bots]``."""
+
+
+class AuthStage(StageConfig, frozen=True, tag="auth"):
+    """API keys and JWTs: who is calling (`Context.principal`); settings in ``[auth]``."""
+
+
+class RateLimitStage(StageConfig, frozen=True, tag="ratelimit"):
+    """Request rates and AI token budgets; settings in ``[ratelimit]``."""
+
+
 class OpenAIStage(StageConfig, frozen=True, tag="openai"):
     """The OpenAI-compatible API (/v1/chat/completions, ...); inactive without [ai]."""
 
@@ -102,11 +128,13 @@ class DispatchStage(StageConfig, frozen=True, tag="dispatch"):
     """Run the routed function."""
 
 
-Stage = RequestIdStage | AccessLogStage | OpenAIStage | RouteStage | DispatchStage
+Stage = (RequestIdStage | AccessLogStage | WafStage | BotsStage | AuthStage | RateLimitStage
+         | OpenAIStage | RouteStage | DispatchStage)
 
 
 def default_pipeline() -> list[Stage]:
-    return [RequestIdStage(), AccessLogStage(), OpenAIStage(), RouteStage(), DispatchStage()]
+    return [RequestIdStage(), AccessLogStage(), WafStage(), BotsStage(), AuthStage(),
+            RateLimitStage(), OpenAIStage(), RouteStage(), DispatchStage()]
 
 
 class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -121,6 +149,10 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     insecure_python: bool = False
     ai: AIConfig = field(default_factory=AIConfig)
     stores: StoresConfig = field(default_factory=StoresConfig)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    waf: WafSettings = field(default_factory=WafSettings)
+    bots: BotSettings = field(default_factory=BotSettings)
+    ratelimit: RateLimitSettings = field(default_factory=RateLimitSettings)
     pipeline: list[Stage] = field(default_factory=default_pipeline)
 
     @property

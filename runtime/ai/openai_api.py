@@ -19,14 +19,18 @@ import secrets
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from edgefn_core.errors import ApiError, EdgefnError, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai.service import AIService
+
+if TYPE_CHECKING:
+    from runtime.pipeline.stage import Context
 from runtime.net.message import Request, Response, json_response
+from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
          b"/v1/models"})
@@ -79,6 +83,10 @@ class OpenAITarget:
     unexpected failure is an OpenAI-shaped 500."""
 
     label = "openai"
+    kind = "openai"
+    name = "openai"
+    tenant: str | None = None
+    policy: TargetPolicy = NO_POLICY
 
     def error_response(self, err: EdgefnError) -> Response:
         return error_response(err.status, str(err), err.code, getattr(err, "param", None))
@@ -90,7 +98,7 @@ class OpenAITarget:
 
 def error_response(status: int, message: str, code: str | None = None,
                    param: str | None = None) -> Response:
-    kind = {401: "authentication_error", 429: "rate_limit_error"}.get(
+    kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
         status, "invalid_request_error" if 400 <= status < 500 else "server_error")
     return json_response({"error": {"message": message, "type": kind, "param": param,
                                     "code": code}}, status)
@@ -105,7 +113,7 @@ class OpenAIApi:
     def __init__(self, ai: AIService) -> None:
         self.ai = ai
 
-    def __call__(self, request: Request) -> Awaitable[Response]:
+    def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
         return self._route(request)
 
     async def _route(self, request: Request) -> Response:

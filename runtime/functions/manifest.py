@@ -14,6 +14,7 @@ from msgspec import Meta, Struct, field
 
 from edgefn_core import tomlconf
 from edgefn_core.errors import ManifestError
+from runtime.security.settings import AuthMode, BotOverride, RateRule, TargetPolicy, WafOverride
 
 MANIFEST_NAME = "edgefn.toml"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -169,9 +170,18 @@ class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
     handler: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "handle"
     pool: Pool = field(default_factory=Pool)
     owner: OwnerName | None = None
+    # what it asks of the security stages; None: the PoP's settings (README "Security")
+    auth: AuthMode | None = None
+    waf: WafOverride | None = None
+    bots: BotOverride | None = None
+    rate_limits: list[RateRule] = []
 
     def route_list(self) -> list[Route]:
         return [Route(r) if isinstance(r, str) else r for r in self.routes]
+
+    @property
+    def policy(self) -> TargetPolicy:
+        return TargetPolicy(self.auth, self.waf, self.bots, self.rate_limits)
 
     @property
     def tenant(self) -> str:

@@ -49,6 +49,9 @@ class Deployment:
 
     def __init__(self, manifest: Manifest, version: str, executor: Executor) -> None:
         self.name = manifest.name
+        self.kind = "function"
+        self.tenant: str | None = manifest.tenant
+        self.policy = manifest.policy
         self.version = version
         self.manifest = manifest
         self.executor = executor

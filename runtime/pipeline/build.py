@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from runtime import config as c
 from runtime.pipeline.chain import Chain
-from runtime.pipeline.stage import Stage
+from runtime.pipeline.stage import Stage, Target
+from runtime.pipeline.targets import Targets
 
 if TYPE_CHECKING:
     from runtime.pop import PoP
@@ -18,7 +19,9 @@ log = logging.getLogger("edgefn.pop")
 def build(pop: PoP) -> Chain:
     """The chain of `pop.config.pipeline`, in order. A stage whose part this PoP
     does not run (``openai`` without a model worker) is left out."""
-    stages = [s for s in (_make(cfg, pop) for cfg in pop.config.pipeline) if s is not None]
+    targets = _targets(pop)
+    stages = [s for s in (_make(cfg, pop, targets) for cfg in pop.config.pipeline)
+              if s is not None]
     timed = any(isinstance(s, c.AccessLogStage) and s.format == "json"
                 for s in pop.config.pipeline)
     return Chain(stages, timed)
@@ -33,7 +36,17 @@ def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
     return frozenset()
 
 
-def _make(cfg: c.Stage, pop: PoP) -> Stage | None:
+def _targets(pop: PoP) -> Targets:
+    builtin: dict[bytes, Target] = {}
+    if pop.ai is not None and any(isinstance(s, c.OpenAIStage) for s in pop.config.pipeline):
+        from runtime.ai.openai_api import PATHS, OpenAITarget
+
+        target = OpenAITarget()
+        builtin = dict.fromkeys(PATHS, target)
+    return Targets(pop.registry, builtin)
+
+
+def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
     match cfg:
         case c.RequestIdStage():
             from runtime.pipeline.stages.request_id import RequestId
@@ -44,11 +57,13 @@ def _make(cfg: c.Stage, pop: PoP) -> Stage | None:
 
             return AccessLog(cfg)
         case c.OpenAIStage():
-            return _openai(pop)
+            return _openai(pop, targets)
         case c.RouteStage():
             from runtime.pipeline.stages.route import Route
 
-            return Route(pop.registry)
+            return Route(targets)
+        case c.WafStage() | c.BotsStage() | c.AuthStage() | c.RateLimitStage():
+            return None  # not yet
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch
 
@@ -56,11 +71,11 @@ def _make(cfg: c.Stage, pop: PoP) -> Stage | None:
     raise AssertionError(f"no stage for {cfg!r}")
 
 
-def _openai(pop: PoP) -> Stage | None:
+def _openai(pop: PoP, targets: Targets) -> Stage | None:
     if pop.ai is None:
         log.info("stage openai: inactive, this PoP runs no model worker")
         return None
     from runtime.ai.openai_api import OpenAIApi
     from runtime.pipeline.stages.openai import OpenAI
 
-    return OpenAI(OpenAIApi(pop.ai))
+    return OpenAI(OpenAIApi(pop.ai), targets)

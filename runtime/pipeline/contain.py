@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from edgefn_core.errors import EdgefnError
+from edgefn_core.errors import EdgefnError, Rejected
 from runtime.net.message import Response, json_response
 from runtime.pipeline.stage import Context
 
@@ -25,6 +25,11 @@ def contain(ctx: Context, exc: Exception) -> Response:
     if isinstance(exc, EdgefnError):
         if exc.status >= 500:
             log.warning("%s: %s: %s", where, exc.code, exc)
+        if isinstance(exc, Rejected):  # the PoP refused: its shape, but OpenAI's on /v1/*
+            openai = target is not None and target.kind == "openai"
+            response = target.error_response(exc) if openai else plain_error(exc)
+            response.headers.extend(exc.headers)
+            return response
         return target.error_response(exc) if target is not None else plain_error(exc)
     rid = ctx.request_id.decode()
     log.error("%s: unexpected failure (request %s)", where, rid, exc_info=exc)
@@ -35,6 +40,8 @@ def contain(ctx: Context, exc: Exception) -> Response:
 
 
 def plain_error(err: EdgefnError) -> Response:
-    """The PoP's own error shape: ``{"error": {"kind", "message"}}``."""
-    return json_response({"error": {"kind": err.code, "message": str(err)}}, err.status,
+    """The PoP's own error shape: ``{"error": {"kind", "message"}}`` (and a
+    `Rejected`'s detail)."""
+    body = {"kind": err.code, "message": str(err), **getattr(err, "detail", {})}
+    return json_response({"error": body}, err.status,
                          [(b"x-edgefn-error", err.code.encode())])

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from edgefn_core.errors import EdgefnError
 from runtime.net.message import Request, Response
+from runtime.security.principal import Principal
+from runtime.security.settings import TargetPolicy
 
 type Result = Response | Awaitable[Response]
 type Next = Callable[[Request, Context], Result]
@@ -25,9 +27,14 @@ type Next = Callable[[Request, Context], Result]
 
 class Target(Protocol):
     """What serves a request once routed: a deployed function or a built-in API.
-    It decides how its errors look to a client."""
+    It decides how its errors look to a client, and what it asks of the security
+    stages (`policy`)."""
 
     label: str  # "hello@1a2b3c" or "openai"
+    kind: str  # "function" or "openai"
+    name: str  # the function's name, or "openai"
+    tenant: str | None  # who owns it (a function's owner); None for built-in APIs
+    policy: TargetPolicy
 
     def error_response(self, err: EdgefnError) -> Response: ...
 
@@ -48,18 +55,33 @@ NO_PARAMS: dict[str, str] = {}  # shared: stages replace `params`, never mutate 
 class Context:
     """Per-request state the stages share."""
 
-    __slots__ = ("client", "marks", "params", "principal", "request_id", "route", "started",
-                 "target")
+    __slots__ = ("agent", "bot", "client", "decisions", "marks", "params", "principal",
+                 "request_id", "resolved", "route", "started", "target")
 
     def __init__(self, client: str) -> None:
-        self.client = client
+        self.client = client  # "address:port"
         self.request_id = b""
-        self.principal: Any = None  # who is calling, once an auth stage has run
+        self.principal: Principal | None = None  # who is calling, once `auth` has run
+        self.bot: str | None = None  # the client's class, once `bots` has run
+        self.agent: str | None = None  # a verified agent's identity (Web Bot Auth)
+        self.decisions: dict[str, Any] | None = None  # stage -> what it decided (`decide`)
+        self.resolved = False  # `target` was looked up (see `runtime.pipeline.targets`)
         self.target: Target | None = None
         self.route = ""  # the route prefix that matched
         self.params: dict[str, str] = NO_PARAMS  # captures of a /:name route (a new dict)
         self.started = time.perf_counter()
         self.marks: list[tuple[str, float]] = []  # (stage, when it started), if timed
+
+    @property
+    def ip(self) -> str:
+        """The client's address without its port."""
+        return self.client.rpartition(":")[0] or self.client
+
+    def decide(self, stage: str, record: Any) -> None:
+        """Record what `stage` decided (for events and logs): a small JSON-able value."""
+        if self.decisions is None:
+            self.decisions = {}
+        self.decisions[stage] = record
 
     def timings(self) -> dict[str, float]:
         """Milliseconds from each stage's start to the next stage's start (the last

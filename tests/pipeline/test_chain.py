@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import AsyncIterator, Awaitable
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -12,12 +13,15 @@ import pytest
 
 from edgefn_core.errors import ApiError, EdgefnError, FunctionError
 from runtime import config as c
+from runtime.ai.openai_api import OpenAITarget
+from runtime.functions.router import Router
 from runtime.net.message import Request, Response
 from runtime.pipeline.chain import Chain
 from runtime.pipeline.stage import Context, Next, Result
 from runtime.pipeline.stages.access_log import AccessLog
 from runtime.pipeline.stages.openai import OpenAI
 from runtime.pipeline.stages.request_id import RequestId
+from runtime.pipeline.targets import Targets
 
 
 def request(path: bytes = b"/hello", headers: list[tuple[bytes, bytes]] | None = None
@@ -152,8 +156,15 @@ class ExplodingApi:
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
-    async def __call__(self, req: Request) -> Response:
+    async def __call__(self, req: Request, ctx: object = None) -> Response:
         raise self.exc
+
+
+def openai_stage(api: ExplodingApi) -> OpenAI:
+    """The openai stage over an empty function registry."""
+    registry = SimpleNamespace(router=Router())
+    targets = Targets(registry, dict.fromkeys(api.paths, OpenAITarget()))  # type: ignore[arg-type]
+    return OpenAI(api, targets)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("exc", "status", "kind", "code"), [
@@ -162,7 +173,7 @@ class ExplodingApi:
      "invalid_value")])
 def test_openai_errors_keep_openais_shape(exc: Exception, status: int, kind: str,
                                           code: str) -> None:
-    response = run(front(OpenAI(ExplodingApi(exc)))(request(b"/v1/models")))  # type: ignore[arg-type]
+    response = run(front(openai_stage(ExplodingApi(exc)))(request(b"/v1/models")))
     err = msgspec.json.decode(response.body)["error"]
     assert response.status == status
     assert (err["type"], err["code"]) == (kind, code)
@@ -170,7 +181,7 @@ def test_openai_errors_keep_openais_shape(exc: Exception, status: int, kind: str
 
 
 def test_the_openai_stage_passes_other_paths_on() -> None:
-    chain = front(OpenAI(ExplodingApi(ZeroDivisionError())), Answer(b"fn"))  # type: ignore[arg-type]
+    chain = front(openai_stage(ExplodingApi(ZeroDivisionError())), Answer(b"fn"))
     assert run(chain(request(b"/v1/modelsx"))).body == b"fn"
 
 

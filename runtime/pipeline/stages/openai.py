@@ -6,19 +6,17 @@ from __future__ import annotations
 from runtime.ai.openai_api import OpenAIApi, OpenAITarget
 from runtime.net.message import Request
 from runtime.pipeline.stage import Context, Next, Result
-
-TARGET = OpenAITarget()
+from runtime.pipeline.targets import Targets
 
 
 class OpenAI:
     name = "openai"
 
-    def __init__(self, api: OpenAIApi) -> None:
+    def __init__(self, api: OpenAIApi, targets: Targets) -> None:
         self.api = api
-        self.paths = api.paths
+        self.targets = targets
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
-        if request.path not in self.paths:
+        if not isinstance(self.targets.resolve(request, ctx), OpenAITarget):
             return call_next(request, ctx)
-        ctx.target = TARGET
-        return self.api(request)
+        return self.api(request, ctx)

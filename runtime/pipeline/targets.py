@@ -1,0 +1,45 @@
+"""`Targets`: what a request is for, looked up once and early.
+
+The security stages run before `route` but act per target (a function's
+``auth``, ``[waf]``, ``[bots]``, ``[[rate_limits]]``; the OpenAI API's auth), so
+the first stage that needs the target resolves it here, and `route` and
+`openai` reuse the answer (``ctx.resolved``). A path no one serves resolves to
+None; `route` answers its 404.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.net.message import Request
+from runtime.pipeline.stage import Context, Target
+
+if TYPE_CHECKING:
+    from runtime.functions.registry import Registry
+
+
+class Targets:
+    def __init__(self, registry: Registry, builtin: dict[bytes, Target] | None = None) -> None:
+        """`builtin`: exact paths a built-in API answers (the OpenAI API's), taken
+        before function routes. Routes are read from `registry.router` per request:
+        a deploy replaces it."""
+        self.registry = registry
+        self.builtin = builtin or {}
+
+    def resolve(self, request: Request, ctx: Context) -> Target | None:
+        """The request's target (also set as ``ctx.target``, with ``ctx.route`` and
+        ``ctx.params`` for a function), looked up at most once per request."""
+        if ctx.resolved:
+            return ctx.target
+        ctx.resolved = True
+        builtin = self.builtin.get(request.path)
+        if builtin is not None:
+            ctx.target = builtin
+            return builtin
+        hit = self.registry.router.match(request.host, request.path)
+        if hit is None:
+            return None
+        ctx.target, ctx.route, params = hit
+        if params:  # a plain prefix's hit carries the shared, read-only NO_PARAMS
+            ctx.params = dict(params)
+        return ctx.target

@@ -1,0 +1,40 @@
+"""`Principal`: who is calling, as the auth stage found it; every later stage and
+the function see it (``request.principal`` in Python, the principal section of
+the ABI for WASM)."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Literal
+
+from msgspec import Struct
+
+
+class Principal(Struct, frozen=True, omit_defaults=True):
+    """`kind`: how it was proven. `key_id` is the key's public id (never the key);
+    `subject` a JWT's ``sub``. Limits of None fall back to the tenant's."""
+
+    kind: Literal["key", "jwt"]
+    tenant: str
+    scopes: tuple[str, ...] = ()
+    key_id: str | None = None
+    subject: str | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    max_streams: int | None = None
+
+    def allows(self, kind: str, name: str) -> bool:
+        """Whether a scope grants `kind` (fn, model, route, admin) on `name`: ``*``,
+        or ``kind:pattern`` where the pattern is an fnmatch glob."""
+        for scope in self.scopes:
+            if scope == "*":
+                return True
+            k, _, pattern = scope.partition(":")
+            if k == kind and fnmatch.fnmatchcase(name, pattern):
+                return True
+        return False
+
+    @property
+    def identity(self) -> str:
+        """What limits count this principal by: its key id, else tenant/subject."""
+        return self.key_id or f"{self.tenant}/{self.subject or ''}"
