@@ -27,7 +27,7 @@ def contain(ctx: Context, exc: Exception) -> Response:
             log.warning("%s: %s: %s", where, exc.code, exc)
         if isinstance(exc, Rejected):  # the PoP refused: its shape, but OpenAI's on /v1/*
             openai = target is not None and target.kind == "openai"
-            response = target.error_response(exc) if openai else plain_error(exc)
+            response = target.error_response(exc) if target and openai else plain_error(exc)
             response.headers.extend(exc.headers)
             return response
         return target.error_response(exc) if target is not None else plain_error(exc)
