@@ -2,6 +2,7 @@
 
     config ─┬─ stores (KV, vectors)        bound to functions through bindings
             ├─ ai (model worker service)   when [ai] is enabled
+            ├─ keys (API keys, hashed in DATA/keys.json)
             ├─ registry (deployed functions, router)
             └─ pipeline (the stages, in config order): the public listener's app
 
@@ -16,6 +17,7 @@ from runtime.config import PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.registry import Registry
 from runtime.pipeline import build
+from runtime.security.keys import KeyRing, KeyStore
 
 
 class PoP:
@@ -25,6 +27,7 @@ class PoP:
         self.ai: AIService | None = None
         if config.ai.enabled:
             self.ai = AIService(self.data_dir, config.ai.worker_config, config.ai.socket)
+        self.keys = KeyRing(KeyStore(self.data_dir))  # API keys (`edgefn keys`)
         self.stores = Stores(self.data_dir, self.ai)
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,

@@ -96,6 +96,9 @@ class AdminApp:
                     result = await asyncio.to_thread(operate, self.pop.stores, kind, target, op,
                                                      args)
                     return json_response({"result": result})
+                case ["v1", "keys", "reload"] if method == b"POST":
+                    self.pop.keys.reload()  # `edgefn keys` changed DATA/keys.json
+                    return json_response({"keys": len(self.pop.keys)})
                 case ["v1", "ai", *rest]:
                     return await self._ai(rest, method, request.body)
                 case ["v1", "functions", name] if method == b"DELETE":
