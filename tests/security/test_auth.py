@@ -355,3 +355,37 @@ def test_the_cli_creates_lists_and_revokes_keys(tmp_path: Path,
     [row] = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert (row["id"], row["state"]) == (stored.id, "revoked") and "key" not in row
     assert main(["keys", "revoke", "--data", data, "0" * 12]) == 1
+
+
+def test_admin_keys_act_for_their_tenant_within_their_admin_scopes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgefn_core.errors import AdminError
+    from runtime.admin.client import AdminClient
+
+    with pop_thread(tmp_path / "data") as pop:
+        store = KeyStore(pop.data)
+        deployer, _ = store.create("acme", ("admin:deploy", "admin:read"))
+        other, _ = store.create("beta", ("admin:*",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        mine = python_function(tmp_path / "a", "mine", WHO, extra='owner = "acme"\n')
+        monkeypatch.setenv("EDGEFN_API_KEY", deployer)
+        acme = AdminClient(pop.data)
+        assert acme.deploy(mine)["name"] == "mine"
+        assert [f["name"] for f in acme.request("GET", "/v1/functions")["functions"]] == ["mine"]
+        with pytest.raises(AdminError) as err:  # no owner: the function's own name
+            acme.deploy(python_function(tmp_path / "b", "loose", WHO))
+        assert (err.value.status, err.value.code) == (403, "not_owner")
+        assert "set owner = 'acme'" in str(err.value)
+        with pytest.raises(AdminError) as err:
+            acme.request("DELETE", "/v1/functions/mine")
+        assert (err.value.status, err.value.code) == (403, "forbidden")
+        assert "no scope admin:delete" in str(err.value)
+        monkeypatch.setenv("EDGEFN_API_KEY", other)
+        with pytest.raises(AdminError) as err:
+            AdminClient(pop.data).request("DELETE", "/v1/functions/mine")
+        assert (err.value.status, err.value.code) == (403, "not_owner")
+        monkeypatch.setenv("EDGEFN_API_KEY", "efn_" + "0" * 12 + "_" + "x" * 43)
+        with pytest.raises(AdminError) as err:
+            AdminClient(pop.data).request("GET", "/v1/functions")
+        assert err.value.status == 401
+        assert pop.get("/mine")[0] == 200  # still served
