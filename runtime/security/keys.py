@@ -141,13 +141,16 @@ class KeyRing:
     def __init__(self, store: KeyStore) -> None:
         self.store = store
         self._by_hash: dict[str, KeyRecord] = {}
+        self._live = 0
         self._stamp: tuple[int, int, int] | None = None
         self._checked = 0.0
         self.reload()
 
     def __len__(self) -> int:
+        """How many keys are not revoked (an OpenAI API in ``auto`` mode asks for a
+        key once there is one)."""
         self._maybe_reload()
-        return len(self._by_hash)
+        return self._live
 
     def lookup(self, key: str) -> KeyRecord | None:
         """The record of `key`, whatever its state; None if unknown."""
@@ -160,6 +163,7 @@ class KeyRing:
         self._checked = time.monotonic()
         self._stamp = self._identity()
         self._by_hash = {k.hash: k for k in self.store.read()}
+        self._live = sum(k.revoked is None for k in self._by_hash.values())
 
     def _identity(self) -> tuple[int, int, int] | None:
         try:
