@@ -389,3 +389,47 @@ def test_admin_keys_act_for_their_tenant_within_their_admin_scopes(
             AdminClient(pop.data).request("GET", "/v1/functions")
         assert err.value.status == 401
         assert pop.get("/mine")[0] == 200  # still served
+
+
+WHO_C = r"""
+#include "edgefn.h"
+int64_t handle(const edgefn_request *req) {
+    edgefn_str t = edgefn_principal(req, "tenant"), k = edgefn_principal(req, "key_id");
+    edgefn_str p = edgefn_param(req, "x");
+    char out[256];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < t.len; i++) out[n++] = t.ptr[i];
+    out[n++] = '/';
+    for (uint32_t i = 0; i < k.len; i++) out[n++] = k.ptr[i];
+    out[n++] = '/';
+    for (uint32_t i = 0; i < p.len; i++) out[n++] = p.ptr[i];
+    return edgefn_respond(200, "text/plain", out, n);
+}
+"""
+
+
+def test_a_c_reactor_reads_the_principal_after_the_params(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from tests.support import in_ci
+
+    if shutil.which("clang") is None:
+        if in_ci():
+            raise AssertionError("clang is missing: `make toolchains` installs it")
+        pytest.skip("clang is missing: run `make toolchains`")
+    sdk = Path(__file__).resolve().parents[2] / "functions" / "sdk" / "c"
+    fn = tmp_path / "who-c"
+    fn.mkdir()
+    (fn / "who.c").write_text(WHO_C)
+    subprocess.run(["clang", "--target=wasm32", "-O2", "-nostdlib", "-Wl,--no-entry",
+                    "-Wl,--allow-undefined", f"-I{sdk}", "-o", str(fn / "who.wasm"),
+                    str(fn / "who.c")], check=True)
+    (fn / "edgefn.toml").write_text('name = "who-c"\nruntime = "wasm"\nentry = "who.wasm"\n'
+                                    'routes = ["/who-c/:x"]\n')
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(fn)
+        key, record = KeyStore(pop.data).create("acme", ("fn:who-c",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        assert pop.get("/who-c/7")[2] == b"//7"  # anonymous: no principal section
+        assert pop.get("/who-c/8", headers={"x-api-key": key})[2] == f"acme/{record.id}/8".encode()
