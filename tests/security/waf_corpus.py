@@ -191,7 +191,7 @@ ATTACKS: list[Case] = [
     q(PROTOCOL_ATTACK, "GET /admin HTTP/1.1\r\nHost: internal", param="x"),
     form(PROTOCOL_ATTACK, "x\nContent-Type: text/html", param="name"),
     q(PROTOCOL_ATTACK, "foo%0d%0aSet-Cookie:%20sid=1", param="x"),
-    Case(PROTOCOL_ATTACK, "GET", "/?a=1&a=2&" + quote("x[", safe="") + "=\r\nHeader: y"),
+    Case(PROTOCOL_ATTACK, "GET", "/?a=1&a=2&" + quote("x[", safe="") + "=" + quote("\r\nHeader: y")),
     # 943: session fixation
     q(SESSION, "<script>document.cookie=\"sessionid=1234; domain=.example.com\";</script>", param="x"),
     q(SESSION, "<meta http-equiv=\"Set-Cookie\" content=\"PHPSESSID=abc\">", param="x"),
