@@ -22,7 +22,7 @@ from runtime.net.message import Request
 from runtime.security.waf import crs
 
 if TYPE_CHECKING:
-    from libmodsecurity import ModSecurity, RulesSet
+    from libmodsecurity import ModSecurity, RuleMessage, RulesSet
 
 
 class Verdict(Struct, frozen=True, gc=False):
@@ -95,7 +95,7 @@ class WafEngine:
         return _verdict(t.get_rule_messages(), truncated)
 
 
-def _verdict(messages: list, truncated: bool) -> Verdict:  # type: ignore[type-arg]
+def _verdict(messages: list[RuleMessage], truncated: bool) -> Verdict:
     rules: list[int] = []
     score = 0
     blocked = False
