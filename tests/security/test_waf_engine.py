@@ -185,3 +185,26 @@ def test_missing_rules_named(tmp_path: object) -> None:
         WafEngine(Profile.of(settings))
     assert e.value.field == "waf"
     assert missing(WafSettings()) is None
+
+
+PROBE = ("import sys\n{first}\nfrom runtime.security.settings import WafSettings\n"
+         "from runtime.security.waf import missing\nprint(missing(WafSettings()))\n")
+
+
+@pytest.mark.parametrize("first,expect", [
+    ("import usearch.index", "cannot parse rules in this process"),
+    ("from edgefn_core.process import load_system_libstdcxx\nload_system_libstdcxx()\n"
+     "import usearch.index", "None")])
+def test_a_libstdcxx_clash_is_named(first: str, expect: str) -> None:
+    """usearch (kv's vectors) exports its own libstdc++: loaded before the system's,
+    libmodsecurity's rule parser breaks. `missing` says so instead of a parse error."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    out = subprocess.run([sys.executable, "-c", PROBE.format(first=first)], capture_output=True,
+                         text=True, timeout=60, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert expect in out

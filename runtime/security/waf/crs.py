@@ -71,6 +71,9 @@ PROMPTS = "\n".join(f'SecRuleUpdateTargetByTag "OWASP_CRS" "!ARGS:/{field}/"'
                     for field in PROMPT_FIELDS) + "\n"
 
 
+PROBE = 'SecRule ARGS "@rx ^probe$" "id:10009,phase:1,pass,nolog"\n'
+
+
 class Profile(NamedTuple):
     """What makes one rules set differ from another: one engine per profile."""
 
@@ -117,9 +120,13 @@ def rule_files(folder: str) -> list[Path]:
 def missing(settings: WafSettings) -> str | None:
     """Why a WAF with these settings cannot run (no engine, no rules), or None."""
     try:
-        import libmodsecurity  # noqa: F401
+        from libmodsecurity import RulesSet
     except ImportError as e:
         return f"libmodsecurity is not installed ({e}); pip install libmodsecurity"
+    if RulesSet().load(PROBE) < 0:
+        return ("libmodsecurity cannot parse rules in this process: a C++ library that "
+                "carries its own libstdc++ (usearch) was loaded before the system's; call "
+                "edgefn_core.process.load_system_libstdcxx() where the process starts")
     try:
         _existing(settings.crs_setup)
         rule_files(settings.crs_rules)
