@@ -84,6 +84,9 @@ def stage_figures(n: int) -> None:
     targets = Targets(SimpleNamespace(router=router))  # type: ignore[arg-type]
     off, block = Waf(WafSettings(mode="off"), targets), Waf(WafSettings(mode="block"), targets)
     print("(a) the waf stage alone, per call")
+    bare = min(per_call_us(lambda r, c, n: n(r, c), REQUESTS["GET + args"], n * 20)  # type: ignore[arg-type]
+               for _ in range(3))
+    print(f"  no stage (a Context and the next stage): {bare:5.2f} us")
     for name, spec in REQUESTS.items():
         base = min(per_call_us(off, spec, n * 20) for _ in range(3))
         cost = min(per_call_us(block, spec, n) for _ in range(3))

@@ -163,12 +163,14 @@ def test_unparsable_body_blocked_unless_cut(pl1: WafEngine) -> None:
     assert pl1.inspect(request(deep), "1.2.3.4:5", 1024).rules == [crs.BODY_ERROR_RULE]
 
 
-def test_chunked_body_still_parsed(pl1: WafEngine) -> None:
-    """No Content-Length (the client sent chunks): the engine is given one, so the
-    JSON processor still sees the arguments."""
-    case = Case("json", "POST", "/api", {"content-type": "application/json",
-                                         "transfer-encoding": "chunked"},
-                b'{"q": "1\' OR \'1\'=\'1"}')
+@pytest.mark.parametrize("content_type,body", [
+    ("application/json", b'{"q": "1\' OR \'1\'=\'1"}'),
+    ("application/x-www-form-urlencoded", b"q=1%27%20OR%20%271%27%3D%271")])
+def test_chunked_body_still_parsed(content_type: str, body: bytes, pl1: WafEngine) -> None:
+    """No Content-Length (the client sent chunks): the body processors still see
+    the arguments."""
+    case = Case("json", "POST", "/api", {"content-type": content_type,
+                                         "transfer-encoding": "chunked"}, body)
     r = request(case)
     r.headers = [(k, v) for k, v in r.headers if k != b"content-length"]
     assert 942100 in pl1.inspect(r, "1.2.3.4:5", 1024).rules

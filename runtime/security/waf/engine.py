@@ -82,12 +82,8 @@ class WafEngine:
                       request.http_version)
         truncated = len(request.body) > max_body_bytes
         body = request.body[:max_body_bytes] if truncated else request.body
-        has_length = False
-        for name, value in request.headers:
-            has_length = has_length or name == b"content-length"
+        for name, value in request.headers:  # Content-Type picks the body processor
             t.add_request_header(name.decode("latin-1"), value.decode("latin-1"))
-        if body and not has_length:  # a chunked body: the body processors need a length
-            t.add_request_header("content-length", str(len(request.body)))
         t.process_request_headers()
         if body:
             t.append_request_body(body)
