@@ -127,3 +127,16 @@ def test_pop_refuses_block_without_rules(tmp_path: Path) -> None:
         PoP(cfg)
     assert e.value.field == "waf.mode" and "modsecurity-crs" in str(e.value)
     assert str(tmp_path / "none") in str(e.value)
+
+
+def test_body_past_max_body_bytes_is_not_inspected(tmp_path: Path) -> None:
+    pad = b'{"note": "' + b"n" * 80 + b'", '
+    attack = b'"q": "<script>alert(1)</script>"}'
+    early = Case("json", "POST", "/api", {"content-type": "application/json"},
+                 b'{' + attack[:-1] + b', "note": "' + b"n" * 80 + b'"}')
+    late = Case("json", "POST", "/api", {"content-type": "application/json"}, pad + attack)
+    with pop_thread(tmp_path / "data", **{"waf.mode": "block", "waf.max_body_bytes": 64}) as pop:
+        pop.deploy(catch_all(tmp_path))
+        assert send(pop, early)[0] == 403  # inside the first 64 bytes
+        # starts at byte 92, past the limit; the JSON cut there does not count as unparsable
+        assert send(pop, late)[0] == 200
