@@ -64,7 +64,11 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             return Route(targets)
         case c.AuthStage():
             return _auth(pop, targets)
-        case c.WafStage() | c.BotsStage() | c.RateLimitStage():
+        case c.WafStage():
+            from runtime.pipeline.stages.waf import Waf
+
+            return Waf(pop.config.waf, targets)
+        case c.BotsStage() | c.RateLimitStage():
             return None  # not yet
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch

@@ -58,13 +58,17 @@ class AuthSettings(Struct, forbid_unknown_fields=True, frozen=True):
 class WafSettings(Struct, forbid_unknown_fields=True, frozen=True):
     """The OWASP Core Rule Set on libmodsecurity. `anomaly_threshold` is CRS's
     inbound anomaly score threshold; `exclude_rules` are rule ids removed
-    (``SecRuleRemoveById``); request bodies are inspected up to `max_body_bytes`."""
+    (``SecRuleRemoveById``); request bodies are inspected up to `max_body_bytes`.
+    `crs_setup` and `crs_rules` (PoP-wide only): CRS's setup file and its rules
+    folder (default: Debian's ``modsecurity-crs``)."""
 
     mode: WafMode = "off"
     paranoia: Paranoia = 1
     anomaly_threshold: Annotated[int, Meta(ge=1, le=1000)] = 5
     exclude_rules: list[RuleId] = []
     max_body_bytes: Annotated[int, Meta(ge=0, le=16 * 1024 * 1024)] = 128 * 1024
+    crs_setup: str = "/etc/modsecurity/crs/crs-setup.conf"
+    crs_rules: str = "/usr/share/modsecurity-crs/rules"
 
 
 class WafOverride(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
