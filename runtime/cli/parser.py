@@ -164,10 +164,10 @@ class Commands:
 
 
 def _serve_commands(c: Commands) -> None:
-    s = c.add("serve", "runtime.cli.dev:serve_command", "run a PoP in the foreground",
+    s = c.add("serve", "runtime.cli.start:serve_command", "run a PoP in the foreground",
               "edgefn serve --port 8080 --no-ai")
     _pop_options(s)
-    s = c.add("dev", "runtime.cli.dev:dev_command",
+    s = c.add("dev", "runtime.cli.start:dev_command",
               "run a PoP, deploy every function under DIR and redeploy one when its files "
               "change", "edgefn dev functions/ --no-ai")
     s.add_argument("dir", nargs="?", default="functions", help="folder of function folders")

@@ -92,10 +92,14 @@ class Registry:
     reads (`router`, `listing`) never wait."""
 
     def __init__(self, data_dir: Path, wasm: WasmEngine, stores: Stores,
-                 reserved: frozenset[bytes] = frozenset(), insecure_python: bool = False) -> None:
+                 reserved: frozenset[bytes] = frozenset(), insecure_python: bool = False,
+                 vet: Callable[[Manifest], None] | None = None) -> None:
         """`reserved`: paths of built-in endpoints that no function route may cover.
-        `insecure_python`: run Python functions even without their full sandbox."""
+        `insecure_python`: run Python functions even without their full sandbox.
+        `vet`: the PoP's own checks of a manifest at deploy (a function asking for
+        a WAF this PoP cannot run); raises `DeployError` to refuse it."""
         self.insecure_python = insecure_python
+        self.vet = vet
         self.data_dir = data_dir
         self.store = DeployStore(data_dir)
         self.wasm = wasm
@@ -127,6 +131,8 @@ class Registry:
         if m.entry not in files:
             raise ManifestError(label, f"entry file {m.entry!r} is not in the package", "entry")
         self._check_reserved(m, label)
+        if self.vet is not None:
+            self.vet(m)
         if tenant is not None:
             self._check_tenant(m, tenant, label)
         deploys.check_package(files)

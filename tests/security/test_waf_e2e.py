@@ -140,3 +140,39 @@ def test_body_past_max_body_bytes_is_not_inspected(tmp_path: Path) -> None:
         assert send(pop, early)[0] == 403  # inside the first 64 bytes
         # starts at byte 92, past the limit; the JSON cut there does not count as unparsable
         assert send(pop, late)[0] == 200
+
+
+def test_a_function_asking_to_block_is_refused_where_the_rules_are_missing(
+        tmp_path: Path) -> None:
+    from edgefn_core.errors import AdminError
+
+    with pop_thread(tmp_path / "data", **{"waf.crs_rules": str(tmp_path / "no-rules")}) as pop:
+        with pytest.raises(AdminError) as err:
+            pop.deploy(catch_all(tmp_path, '[waf]\nmode = "block"\n', name="guarded"))
+        assert err.value.code == "deploy_rejected" and 'mode = "block" needs the WAF' in str(
+            err.value)
+        assert "no-rules" in str(err.value)
+        pop.deploy(catch_all(tmp_path, '[waf]\nmode = "detect"\n', name="watched"))
+        assert pop.get("/")[0] == 200
+
+
+def test_edgefn_serve_runs_the_waf_in_block_mode(tmp_path: Path) -> None:
+    """The CLI's own process: libmodsecurity parses CRS after usearch is loaded
+    (`runtime.cli.start` makes the system libstdc++ global first)."""
+    import http.client
+
+    from runtime.admin.client import AdminClient
+    from tests.support import pop_process
+
+    with pop_process(tmp_path, '[waf]\nmode = "block"\n') as proc:
+        AdminClient(tmp_path / "data").deploy(catch_all(tmp_path))
+        conn = http.client.HTTPConnection(proc.host, proc.port, timeout=10)
+        conn.request("GET", "/?id=1%27%20OR%20%271%27=%271")
+        blocked = conn.getresponse()
+        blocked.read()
+        conn.request("GET", "/?q=edge+functions")
+        clean = conn.getresponse()
+        clean.read()
+        conn.close()
+    assert (blocked.status, blocked.getheader("x-edgefn-error")) == (403, "waf_blocked")
+    assert clean.status == 200
