@@ -62,7 +62,11 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.route import Route
 
             return Route(targets)
-        case c.WafStage() | c.BotsStage() | c.AuthStage() | c.RateLimitStage():
+        case c.BotsStage():
+            from runtime.pipeline.stages.bots import Bots
+
+            return Bots.from_settings(pop.config.bots, targets)
+        case c.WafStage() | c.AuthStage() | c.RateLimitStage():
             return None  # not yet
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch
