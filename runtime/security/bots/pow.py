@@ -59,7 +59,8 @@ class Challenger:
 
     def check(self, value: bytes, now: float) -> str | None:
         """Why the ``x-edgefn-pow`` header `value` does not pass (``malformed``,
-        ``forged``, ``expired``, ``wrong``, ``reused``), or None when it passes (its
+        ``forged``, ``expired``, ``wrong``, ``reused``; ``busy`` when too many solved
+        nonces are still alive to remember one more), or None when it passes (its
         nonce is then used up)."""
         nonce, sep, solution = value.partition(b":")
         raw = _unb64(nonce)
@@ -73,9 +74,9 @@ class Challenger:
             return "expired"
         if not solves(value, difficulty):
             return "wrong"
-        if not self._used.add(raw, now):  # the bytes: one nonce has one spelling
+        if self._used.seen(raw, now):  # the bytes: one nonce has one spelling
             return "reused"
-        return None
+        return None if self._used.add(raw, now) else "busy"
 
 
 def solves(candidate: bytes, difficulty: int) -> bool:
