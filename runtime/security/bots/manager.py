@@ -6,9 +6,10 @@ Signals, in order: a Web Bot Auth signature when the request carries one
 ``abusive``, signal ``bad_signature`` / ``replayed_signature``, and the policy
 for ``abusive`` decides; a key no trusted directory holds only adds
 ``unknown_key``), else the User-Agent and header consistency
-(`runtime.security.bots.classify`); then the client's request rate, counted per
-identity (the verified agent's, else the client address): past ``abusive_rate``
-the class becomes ``abusive`` (signal ``rate``).
+(`runtime.security.bots.classify`); then, when ``abusive_rate`` is set, the
+client's request rate, counted per identity (the verified agent's, else the
+client address): past it the class becomes
+``abusive`` (signal ``rate``).
 
 Actions: ``allow``; ``limit`` (the class's budget, counted per identity, so an
 agent spread over many addresses is limited as one: 429 ``rate_limited`` with
@@ -69,7 +70,8 @@ class BotManager:
         storage = MemoryStorage()
         self._watch = FixedWindowRateLimiter(storage)  # cheapest: it runs on every request
         self._limiter = MovingWindowRateLimiter(storage)
-        self._abusive_rate = _rates(settings.abusive_rate, "bots.abusive_rate")
+        self._abusive_rate = (_rates(settings.abusive_rate, "bots.abusive_rate")
+                              if settings.abusive_rate else [])
         budgets = {**BotSettings().budgets, **settings.budgets}
         self._budgets = {c: _rates(r, f"bots.budgets.{c}") for c, r in budgets.items()}
         self._policies: dict[BotOverride, BotPolicy] = {}
@@ -92,9 +94,12 @@ class BotManager:
             cls, agent, signals, reason = self._signed(request, headers)
         else:
             cls, signals = self.classifier.classify(headers)
-        if not all(self._watch.hit(r, "bots", agent or ip) for r in self._abusive_rate):
+        if self._abusive_rate and self._too_fast(agent or ip):
             cls, signals = "abusive", (*signals, "rate")
         return Verdict(cls, agent, signals, reason)
+
+    def _too_fast(self, identity: str) -> bool:
+        return not all([self._watch.hit(r, "bots", identity) for r in self._abusive_rate])
 
     def policy(self, override: BotOverride | None) -> BotPolicy:
         """The PoP's policy with a target's ``[bots]`` `override` merged over it."""
