@@ -96,3 +96,13 @@ def test_used_nonces_are_bounded() -> None:
     assert c.check(answers[0], NOW) == "reused"
     # once the first two expire there is room again
     assert c.check(pow.solve(c.issue(NOW + 200)).encode(), NOW + 200) is None
+
+
+def test_solves_counts_leading_zero_bits_exactly() -> None:
+    # a digest starting 0x01: exactly 7 zero bits; 0x00 0x80: exactly 8
+    seven = next(c for n in range(100_000) if hashlib.sha256(c := b"n:%d" % n).digest()[0] == 1)
+    eight = next(c for n in range(1_000_000)
+                 if hashlib.sha256(c := b"n:%d" % n).digest()[:2] >= b"\x00\x80"
+                 and hashlib.sha256(c).digest()[0] == 0)
+    assert pow.solves(seven, 7) and not pow.solves(seven, 8)
+    assert pow.solves(eight, 8) and not pow.solves(eight, 9)

@@ -129,6 +129,16 @@ def test_an_agent_rotating_addresses_is_limited_as_one_identity() -> None:
     assert refused(bots, request("/fn", CURL, client="203.0.113.0:1000")).code == "rate_limited"
 
 
+def test_a_class_without_its_own_budget_keeps_the_default_one() -> None:
+    # budgets names only verified_agent: automation keeps its default, 30/minute
+    s = BotSettings(policy=BotPolicy(automation="limit"), budgets={"verified_agent": "3/minute"})
+    bots = stage(s)
+    for _ in range(30):
+        run(bots, request("/fn", CURL))
+    err = refused(bots, request("/fn", CURL))
+    assert err.code == "rate_limited" and "30 per 1 minute" in str(err)
+
+
 def test_past_the_abusive_rate_a_client_is_abusive() -> None:
     bots = stage(BotSettings(abusive_rate="5/minute"), keys=directory((KEY, AGENT)))
     for _ in range(5):

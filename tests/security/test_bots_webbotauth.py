@@ -274,3 +274,13 @@ def _nonce(req: object) -> str:
 def test_sign_makes_a_fresh_nonce_of_32_bytes() -> None:
     a, b = _nonce(signed(KEY)), _nonce(signed(KEY))
     assert a != b and len(base64.urlsafe_b64decode(a + "=")) == 32
+
+
+def test_a_directory_over_a_mebibyte_is_refused() -> None:
+    padded = {"keys": [webbotauth.public_jwk(KEY)], "pad": "x" * webbotauth.MAX_DIRECTORY_BYTES}
+    with (served_directory(padded) as origin,
+          pytest.raises(InvalidConfig, match="over 1048576 bytes")):
+        webbotauth.load_directories([origin])
+    small = {"keys": [webbotauth.public_jwk(KEY)], "pad": "x" * 1000}
+    with served_directory(small) as origin:
+        assert len(webbotauth.load_directories([origin]).keys) == 1
