@@ -25,6 +25,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 import ua_parser
+from ua_parser import Domain
 
 from runtime.security.bots.agents import AgentList
 from runtime.security.settings import BotClass
@@ -92,7 +93,7 @@ class Classifier:
         if agent is not None:
             cls: BotClass = "automation" if agent.kind == "tool" else "declared_agent"
             return UaView(cls, (f"ua:{agent.name}",), False, 0, False)
-        parsed = ua_parser.parse(ua)
+        parsed = ua_parser.parser(ua, Domain.USER_AGENT | Domain.DEVICE)  # not the OS
         family = parsed.user_agent.family if parsed.user_agent else "Other"
         if parsed.device is not None and parsed.device.family == "Spider":
             if _CRAWLER.search(ua):
