@@ -33,14 +33,15 @@ class Bots:
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
         policy = self.manager.policy(target.policy.bots if target is not None else None)
-        verdict = self.manager.judge(request, ctx.ip)
-        action = getattr(policy, verdict.cls)
-        ctx.bot, ctx.agent = verdict.cls, verdict.agent
-        record: dict[str, Any] = {"class": verdict.cls, "agent": verdict.agent,
-                                  "signals": verdict.signals, "action": action}
-        if verdict.reason is not None:
-            record["reason"] = verdict.reason
+        verdict = self.manager.judge(request, ctx.client)
+        cls, agent, signals, reason = verdict
+        action = getattr(policy, cls)
+        ctx.bot, ctx.agent = cls, agent
+        record: dict[str, Any] = {"class": cls, "agent": agent, "signals": signals,
+                                  "action": action}
+        if reason is not None:
+            record["reason"] = reason
         ctx.decide("bots", record)
         if action != "allow":
-            self.manager.enforce(action, verdict, verdict.agent or ctx.ip, request)
+            self.manager.enforce(action, verdict, ctx.client, request)
         return call_next(request, ctx)

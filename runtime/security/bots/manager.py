@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import limits
 from limits.storage import MemoryStorage
@@ -48,11 +47,9 @@ _CONFIG = "pop.toml [bots]"
 _ABUSIVE = frozenset({"bad_signature", "replayed_signature"})
 
 
-class Verdict(NamedTuple):
-    cls: BotClass
-    agent: str | None  # the verified agent's identity
-    signals: tuple[str, ...]
-    reason: str | None  # why a signature was refused
+# (class, the verified agent's identity, signals, why a signature was refused): a plain
+# tuple, as it is made on every request
+type Verdict = tuple[BotClass, str | None, tuple[str, ...], str | None]
 
 
 class BotManager:
@@ -86,17 +83,18 @@ class BotManager:
                                 settings.signature_max_age)
         return cls(settings, Classifier(agent_list.load(settings.agents)), verifier)
 
-    def judge(self, request: Request, ip: str) -> Verdict:
-        """`request`'s class, the verified agent's identity and the signals used."""
+    def judge(self, request: Request, client: str) -> Verdict:
+        """`request`'s class, the verified agent's identity, the signals used and
+        why a signature was refused; `client` is its ``address:port``."""
         headers = dict(request.headers)
-        agent = reason = None
         if b"signature-input" in headers or b"signature" in headers:
-            cls, agent, signals, reason = self._signed(request, headers)
+            verdict = self._signed(request, headers)
         else:
             cls, signals = self.classifier.classify(headers)
-        if self._abusive_rate and self._too_fast(agent or ip):
-            cls, signals = "abusive", (*signals, "rate")
-        return Verdict(cls, agent, signals, reason)
+            verdict = (cls, None, signals, None)
+        if self._abusive_rate and self._too_fast(verdict[1] or address(client)):
+            return ("abusive", verdict[1], (*verdict[2], "rate"), verdict[3])
+        return verdict
 
     def _too_fast(self, identity: str) -> bool:
         return not all([self._watch.hit(r, "bots", identity) for r in self._abusive_rate])
@@ -110,32 +108,33 @@ class BotManager:
             merged = self._policies[override] = merge(self.settings.policy, override)
         return merged
 
-    def enforce(self, action: BotAction, verdict: Verdict, identity: str,
+    def enforce(self, action: BotAction, verdict: Verdict, client: str,
                 request: Request) -> None:
-        """Apply `action` to a request judged `verdict` from `identity`. Raises
+        """Apply `action` to a request judged `verdict` from `client` (``address:port``;
+        budgets count a verified agent by its identity, others by address). Raises
         `Rejected`: ``bot_blocked`` (403), ``rate_limited`` or ``challenge`` (429)."""
+        cls, agent, signals, reason = verdict
         if action == "block":
-            why = f" ({verdict.reason})" if verdict.reason else ""
-            raise Rejected("bot_blocked", 403, f"requests from {verdict.cls} clients are "
-                           f"blocked here{why}",
-                           detail={"class": verdict.cls, "signals": list(verdict.signals)})
+            why = f" ({reason})" if reason else ""
+            raise Rejected("bot_blocked", 403, f"requests from {cls} clients are "
+                           f"blocked here{why}", detail={"class": cls, "signals": list(signals)})
         if action == "limit":
-            self._limit(verdict.cls, identity)
+            self._limit(cls, agent or address(client))
         elif action == "challenge":
             self._challenge(request)
 
     def _signed(self, request: Request, headers: dict[bytes, bytes]) -> Verdict:
         if self.verifier is None:
             cls, signals = self.classifier.classify(headers)
-            return Verdict(cls, None, (*signals, "unknown_key"), "no key directory is trusted")
+            return (cls, None, (*signals, "unknown_key"), "no key directory is trusted")
         try:
             verified = self.verifier.verify(request, self.clock())
         except Rejected as e:
             if e.code in _ABUSIVE:
-                return Verdict("abusive", None, (e.code,), str(e))
+                return ("abusive", None, (e.code,), str(e))
             cls, signals = self.classifier.classify(headers)
-            return Verdict(cls, None, (*signals, e.code), str(e))
-        return Verdict("verified_agent", verified.identity, ("web_bot_auth",), None)
+            return (cls, None, (*signals, e.code), str(e))
+        return ("verified_agent", verified.identity, ("web_bot_auth",), None)
 
     def _limit(self, cls: BotClass, identity: str) -> None:
         for rate in self._budgets[cls]:
@@ -162,6 +161,11 @@ class BotManager:
             detail["solution"] = why
         raise Rejected("challenge", 429, "prove some work to continue: " + INSTRUCTIONS,
                        headers=[(CHALLENGE_HEADER, challenge.encode())], detail=detail)
+
+
+def address(client: str) -> str:
+    """The address of an ``address:port`` client (as `Context.ip`)."""
+    return client.rpartition(":")[0] or client
 
 
 def _rates(text: str, field: str) -> list[limits.RateLimitItem]:
