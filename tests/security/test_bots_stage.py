@@ -86,7 +86,6 @@ def test_an_expired_signature_is_abusive_unless_the_policy_allows_it() -> None:
 @pytest.mark.parametrize("headers", [
     {"signature-input": "sig1=(", "signature": "sig1=:AAAA:"},
     {"signature-input": 'sig1=("@authority");keyid="x";tag="web-bot-auth"'},
-    {"signature": "sig1=:%%%:"},
     {"signature-input": 'sig1=("@authority");created=1;keyid="x";tag="web-bot-auth"',
      "signature": "sig1=:AAAA:", "signature-agent": "(("},
     {"signature-input": "\xff" * 100, "signature": "\x00"},
@@ -98,6 +97,21 @@ def test_malformed_signature_headers_get_a_clear_403_through_the_chain(
     assert isinstance(response, Response)
     assert response.status == 403
     assert b'"kind":"bot_blocked"' in bytes(response.body)  # type: ignore[arg-type]
+
+
+def test_signatures_of_other_protocols_are_not_web_bot_auth() -> None:
+    bots = stage(keys=directory((KEY, AGENT)))
+    # a draft-cavage Signature (ActivityPub servers send one) has no Signature-Input
+    cavage = {**CURL, "signature": 'keyId="https://a.example/actor#main-key",'
+                                   'headers="(request-target) host date",signature="AAAA"'}
+    _, ctx = run(bots, request("/fn", cavage))
+    assert ctx.decisions and ctx.decisions["bots"]["signals"] == ("ua:curl",)
+    # an RFC 9421 signature without the web-bot-auth tag (a webhook's) is someone else's
+    webhook = {**CURL, "signature-input": 'hook=("@method");created=1;keyid="k"',
+               "signature": "hook=:AAAA:"}
+    response, ctx = run(bots, request("/fn", webhook))
+    assert response.body == b"passed" and ctx.bot == "automation"
+    assert ctx.decisions and ctx.decisions["bots"]["signals"] == ("ua:curl", "not_web_bot_auth")
 
 
 def test_without_a_directory_a_signature_proves_nothing() -> None:

@@ -140,7 +140,7 @@ def test_the_signature_must_cover_the_authority_and_the_agent() -> None:
         assert err.code == "bad_signature" and "not covered" in str(err)
 
 
-def test_a_signature_without_expires_or_tag_is_refused() -> None:
+def test_a_signature_without_expires_is_refused_and_one_without_the_tag_is_not_ours() -> None:
     v = verifier()
     url = f"http://{HOST.decode()}/fn"
     signer = _signer()
@@ -151,7 +151,9 @@ def test_a_signature_without_expires_or_tag_is_refused() -> None:
     untagged = webbotauth._Outgoing("GET", url, {})
     signer.sign(untagged, key_id=_keyid(KEY), covered_component_ids=("@authority",),
                 expires=webbotauth._when(time.time() + 60))
-    assert refused(v, request("/fn", untagged.headers)).code == "bad_signature"
+    err = refused(v, request("/fn", untagged.headers))  # another protocol's signature
+    assert (err.code, str(err)) == ("not_web_bot_auth", "the request's signatures are not "
+                                    "tagged 'web-bot-auth': not Web Bot Auth")
 
 
 def test_signature_agent_must_name_the_keys_directory() -> None:

@@ -1,11 +1,12 @@
 """`BotManager`: a request's bot class (`judge`) and what its class may do
 (`policy`, `enforce`).
 
-Signals, in order: a Web Bot Auth signature when the request carries one
-(verified: ``verified_agent``; forged, expired, malformed or replayed:
-``abusive``, signal ``bad_signature`` / ``replayed_signature``, and the policy
-for ``abusive`` decides; a key no trusted directory holds only adds
-``unknown_key``), else the User-Agent and header consistency
+Signals, in order: a Web Bot Auth signature when the request carries a
+``Signature-Input`` (verified: ``verified_agent``; forged, expired, malformed or
+replayed: ``abusive``, signal ``bad_signature`` / ``replayed_signature``, and the
+policy for ``abusive`` decides; a key no trusted directory holds, or signatures
+of another protocol (no ``web-bot-auth`` tag), only add ``unknown_key`` /
+``not_web_bot_auth`` to what the headers say), else the User-Agent and header consistency
 (`runtime.security.bots.classify`); then, when ``abusive_rate`` is set, the
 client's request rate, counted per identity (the verified agent's, else the
 client address): past it the class becomes
