@@ -89,3 +89,4 @@ def test_a_challenged_crawler_passes_with_a_solution(tmp_path: Path) -> None:
         assert get(pop, "/hello", solution)[0] == 200
         status, _, body = get(pop, "/hello", solution)
         assert status == 429 and json.loads(body)["error"]["solution"] == "reused"
+

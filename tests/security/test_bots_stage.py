@@ -212,6 +212,15 @@ def test_declared_agents_can_be_blocked_with_a_clear_message() -> None:
     assert err.detail == {"class": "declared_agent", "signals": ["ua:GPTBot"]}
 
 
+def test_a_key_directory_that_cannot_be_read_stops_the_stage_being_built(tmp_path) -> None:
+    from runtime.pipeline.stages.bots import Bots
+
+    missing = str(tmp_path / "no-such-jwks.json")
+    with pytest.raises(InvalidConfig, match=r"no-such-jwks.json: field `bots.directories`: "
+                                            r"cannot read the key directory"):
+        Bots.from_settings(BotSettings(directories=[missing]), stage().targets)
+
+
 def test_a_rate_that_cannot_be_parsed_names_its_field() -> None:
     with pytest.raises(InvalidConfig, match=r"field `bots.budgets.automation`"):
         stage(BotSettings(budgets={"automation": "lots please"}))

@@ -286,3 +286,23 @@ def test_a_directory_over_a_mebibyte_is_refused() -> None:
     small = {"keys": [webbotauth.public_jwk(KEY)], "pad": "x" * 1000}
     with served_directory(small) as origin:
         assert len(webbotauth.load_directories([origin]).keys) == 1
+
+
+def test_the_command_line_makes_a_key_and_signs_for_curl(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    module = [sys.executable, "-m", "runtime.security.bots.webbotauth"]
+    pem = tmp_path / "agent.pem"
+    jwks = json.loads(subprocess.run([*module, str(pem), "--keygen"], capture_output=True,
+                                     text=True, check=True).stdout)
+    out = subprocess.run([*module, str(pem), f"http://{HOST.decode()}/fn", "--agent", AGENT],
+                         capture_output=True, text=True, check=True).stdout
+    flags = dict(re.findall(r"-H '([^:]+): ([^']*)'", out))
+    assert set(flags) == {"Signature-Agent", "Signature-Input", "Signature"}
+    keys = webbotauth.KeyDirectory()
+    keys.add(jwks, AGENT, "printed")
+    assert Verifier(keys, 60).verify(request("/fn", flags)).identity == AGENT
+    bad = subprocess.run([*module, str(pem)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "needs an Ed25519 PEM key and a URL" in bad.stderr

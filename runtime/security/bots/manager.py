@@ -6,11 +6,10 @@ Signals, in order: a Web Bot Auth signature when the request carries a
 replayed: ``abusive``, signal ``bad_signature`` / ``replayed_signature``, and the
 policy for ``abusive`` decides; a key no trusted directory holds, or signatures
 of another protocol (no ``web-bot-auth`` tag), only add ``unknown_key`` /
-``not_web_bot_auth`` to what the headers say), else the User-Agent and header consistency
-(`runtime.security.bots.classify`); then, when ``abusive_rate`` is set, the
-client's request rate, counted per identity (the verified agent's, else the
-client address): past it the class becomes
-``abusive`` (signal ``rate``).
+``not_web_bot_auth`` to what the headers say), else the User-Agent and header
+consistency (`runtime.security.bots.classify`); then, when ``abusive_rate`` is
+set, the client's request rate, counted per identity (the verified agent's, else
+the client address): past it the class becomes ``abusive`` (signal ``rate``).
 
 Actions: ``allow``; ``limit`` (the class's budget, counted per identity, so an
 agent spread over many addresses is limited as one: 429 ``rate_limited`` with
@@ -88,7 +87,7 @@ class BotManager:
         """`request`'s class, the verified agent's identity, the signals used and
         why a signature was refused; `client` is its ``address:port``."""
         headers = dict(request.headers)
-        if b"signature-input" in headers or b"signature" in headers:
+        if b"signature-input" in headers:  # RFC 9421 (a bare Signature is Cavage's)
             verdict = self._signed(request, headers)
         else:
             cls, signals = self.classifier.classify(headers)

@@ -174,11 +174,15 @@ class Verifier:
     def verify(self, request: Request, now: float | None = None) -> Verified:
         """Who signed `request`. Raises `Rejected` with code ``bad_signature``
         (malformed, forged, expired, not covering what it must), ``replayed_signature``,
-        ``unknown_key`` (no trusted directory holds the key) or ``replay_cache_full``;
-        its message says why."""
+        ``unknown_key`` (no trusted directory holds the key), ``not_web_bot_auth``
+        (well-formed signatures, none tagged ``web-bot-auth``: another protocol's) or
+        ``replay_cache_full``; its message says why."""
         resolver = _Resolver(self.directory)
         message = _Message(request, self.scheme)
         try:
+            if not _tagged(request):
+                raise Rejected("not_web_bot_auth", 401, "the request's signatures are not "
+                               f"tagged {TAG!r}: not Web Bot Auth")
             agent = _signature_agent(request.header(b"signature-agent"))
             required = ("@authority", "signature-agent") if agent else ("@authority",)
             verifier = HTTPMessageVerifier(signature_algorithm=algorithms.ED25519,
@@ -215,6 +219,18 @@ class Verifier:
 def _unknown(keyid: str) -> Rejected:
     return Rejected("unknown_key", 401, f"Web Bot Auth: no trusted key directory holds "
                     f"key {keyid[:64]!r}")
+
+
+def _tagged(request: Request) -> bool:
+    """Whether a ``Signature-Input`` member is tagged ``web-bot-auth``. Raises
+    ValueError when the header is missing or not a structured dictionary."""
+    lines = [v for k, v in request.headers if k == b"signature-input"]
+    if not lines:
+        raise ValueError('Expected "Signature-Input" header field to be present')
+    parse: Any = http_sf.parse
+    members = parse(b", ".join(lines), tltype="dictionary")
+    return any(isinstance(params, dict) and params.get("tag") == TAG
+               for _, params in members.values())
 
 
 def _signature_agent(value: bytes | None) -> str | None:
