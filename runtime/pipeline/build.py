@@ -68,7 +68,11 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.waf import Waf
 
             return Waf(pop.config.waf, targets)
-        case c.BotsStage() | c.RateLimitStage():
+        case c.BotsStage():
+            from runtime.pipeline.stages.bots import Bots
+
+            return Bots.from_settings(pop.config.bots, targets)
+        case c.RateLimitStage():
             return None  # not yet
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch

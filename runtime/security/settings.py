@@ -107,7 +107,9 @@ class BotSettings(Struct, forbid_unknown_fields=True, frozen=True):
     """`agents`: a TOML list of known AI agents and crawlers (default: the packaged
     one). `directories`: Web Bot Auth key directories (JWKS files or URLs) whose
     signatures are trusted. `budgets`: the rate of the ``limit`` action per class.
-    `abusive_rate`: a client past this rate is classed abusive."""
+    `abusive_rate`: a client (a verified agent's identity, else its address) past
+    this rate is classed abusive; None (the default) turns the rate signal off, so
+    that one busy client (a load test, a NAT) is not blocked unless asked."""
 
     policy: BotPolicy = field(default_factory=BotPolicy)
     agents: str | None = None
@@ -116,7 +118,7 @@ class BotSettings(Struct, forbid_unknown_fields=True, frozen=True):
     budgets: dict[BotClass, RateString] = field(default_factory=lambda: {
         "verified_agent": "600/minute", "declared_agent": "60/minute",
         "automation": "30/minute", "browser": "600/minute", "abusive": "1/minute"})
-    abusive_rate: RateString = "50/second"
+    abusive_rate: RateString | None = None  # e.g. "50/second"
     pow_difficulty: Annotated[int, Meta(ge=1, le=32)] = 16
 
 
