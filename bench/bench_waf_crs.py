@@ -243,7 +243,7 @@ def report(outcomes: list[Outcome], show_misses: bool) -> None:
     by_file: dict[str, list[Outcome]] = defaultdict(list)
     for o in outcomes:
         by_file[o.case.file].append(o)
-    print(f"{'CRS file':44} {'pos':>5} {'fired':>7} {'blocked':>8}")
+    print(f"{'CRS file':48} {'pos':>5} {'fired':>7} {'blocked':>8}")
     for name, group in sorted(by_file.items()):
         _row(name, group)
     _row("total", outcomes)
@@ -252,6 +252,8 @@ def report(outcomes: list[Outcome], show_misses: bool) -> None:
           f"({', '.join(front)})")
     staged = len(outcomes) - len(front)
     print(f"  the waf stage (block) and WafEngine.inspect agreed on all {staged} others")
+    rates = [sum(o.blocked for o in g) / len(g) * 100 for g in by_file.values()]
+    print(f"  blocked, the mean of the {len(rates)} files' rates: {sum(rates) / len(rates):.1f}%")
     for kind in ("encoded_request", "raw_request"):
         group = [o for o in outcomes if o.case.kind == kind]
         if group:
@@ -273,7 +275,7 @@ def _row(name: str, group: list[Outcome]) -> None:
     n = len(group)
     fired = sum(o.fired for o in group) / n * 100
     blocked = sum(o.blocked for o in group) / n * 100
-    print(f"{name:44} {n:5} {fired:6.1f}% {blocked:7.1f}%")
+    print(f"{name:48} {n:5} {fired:6.1f}% {blocked:7.1f}%")
 
 
 def _group(reason: str) -> str:
