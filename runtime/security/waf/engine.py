@@ -77,13 +77,15 @@ class WafEngine:
         address, _, port = client.rpartition(":")
         t.process_connection(address or client, int(port) if port.isdigit() else 0,
                              "0.0.0.0", 0)
+        # The URI and headers go in as bytes, as received: the bindings encode a str
+        # as UTF-8, so a str decoded from latin-1 would double every byte >= 0x80
         uri = request.path + b"?" + request.query if request.query else request.path
-        t.process_uri(uri.decode("latin-1"), request.method.decode("latin-1"),
+        t.process_uri(uri, request.method.decode("latin-1"),  # type: ignore[arg-type]
                       request.http_version)
         truncated = len(request.body) > max_body_bytes
         body = request.body[:max_body_bytes] if truncated else request.body
         for name, value in request.headers:  # Content-Type picks the body processor
-            t.add_request_header(name.decode("latin-1"), value.decode("latin-1"))
+            t.add_request_header(name, value)  # type: ignore[arg-type]
         t.process_request_headers()
         if body:
             t.append_request_body(body)
