@@ -110,7 +110,8 @@ def test_a_missing_or_wrong_token_is_401_with_a_json_body(pop: Running,
         "Authorization": authorization.format(token=pop.admin.token)}
     status, ctype, body = raw_admin(pop, "GET", "/v1/functions", headers)
     assert (status, ctype) == (401, "application/json")
-    assert body == {"error": {"kind": "unauthorized", "message": "missing or wrong admin token"}}
+    assert body == {"error": {"kind": "unauthorized",
+                              "message": "missing or wrong admin token or API key"}}
     good = {"Authorization": f"Bearer {pop.admin.token}"}
     assert raw_admin(pop, "GET", "/v1/functions", good)[:2] == (200, "application/json")
 
@@ -122,7 +123,8 @@ def test_a_deploy_with_a_wrong_token_is_refused_and_changes_nothing(pop: Running
     status, _, body = raw_admin(pop, "POST", "/v1/deploy", {"Authorization": "Bearer nope"},
                                 package)
     assert (status, body["error"]) == (401, {"kind": "unauthorized",
-                                             "message": "missing or wrong admin token"})
+                                             "message": "missing or wrong admin token or "
+                                                        "API key"})
     assert pop.admin.request("GET", "/v1/functions") == {"functions": []}
     assert pop.get("/hello")[0] == 404
 
