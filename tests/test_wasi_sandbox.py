@@ -77,7 +77,10 @@ def test_wasi_guest_environment_is_the_request_and_the_manifest_env_only(
     lines, probe_dir = probe(pop, tmp_path, sandbox_wasm, monkeypatch)
     env = dict(line[4:].split("=", 1) for line in lines if line.startswith("env "))
     headers = {"HTTP_HOST", "HTTP_X_PROBE", "HTTP_CONNECTION"}  # content-* are CGI's own
-    assert set(env) == CGI | headers | {"ALLOWED", "PROBE_DIR"}, sorted(env)
+    # the bot manager's class of this client (no User-Agent): the principal section
+    assert set(env) == CGI | headers | {"ALLOWED", "PROBE_DIR", "EDGEFN_PRINCIPAL_BOT"}, \
+        sorted(env)
+    assert env["EDGEFN_PRINCIPAL_BOT"] == "automation"
     assert (env["ALLOWED"], env["PROBE_DIR"]) == ("from the manifest", str(probe_dir))
     assert (env["REQUEST_METHOD"], env["PATH_INFO"], env["QUERY_STRING"]) == ("POST", "/sandbox/x",
                                                                               "q=1")
