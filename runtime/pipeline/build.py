@@ -62,7 +62,11 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.route import Route
 
             return Route(targets)
-        case c.WafStage() | c.BotsStage() | c.AuthStage() | c.RateLimitStage():
+        case c.RateLimitStage():
+            from runtime.pipeline.stages.ratelimit import RateLimit
+
+            return RateLimit(pop.config.ratelimit, targets, where="pop.toml")
+        case c.WafStage() | c.BotsStage() | c.AuthStage():
             return None  # not yet
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch
