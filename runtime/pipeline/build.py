@@ -82,4 +82,9 @@ def _openai(pop: PoP, targets: Targets) -> Stage | None:
     from runtime.ai.openai_api import OpenAIApi
     from runtime.pipeline.stages.openai import OpenAI
 
-    return OpenAI(OpenAIApi(pop.ai), targets)
+    budgets = None
+    if any(isinstance(s, c.RateLimitStage) for s in pop.config.pipeline):
+        from runtime.security.ratelimit.admission import TokenBudgets
+
+        budgets = TokenBudgets(pop.config.ratelimit)
+    return OpenAI(OpenAIApi(pop.ai, budgets), targets)

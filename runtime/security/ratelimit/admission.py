@@ -53,10 +53,12 @@ class Ticket:
     """One admitted call's reservation. `settle` once with the real usage (more
     calls do nothing)."""
 
-    def __init__(self, store: BudgetStore, payer: Payer, reserved: int, window: int | None,
-                 stream: bool) -> None:
+    def __init__(self, store: BudgetStore, payer: Payer, prompt: int, reserved: int,
+                 window: int | None, stream: bool) -> None:
+        """`prompt`: the tokens counted in the input; `reserved`: those plus the
+        output allowed; `window`: where they were reserved (None: no token budget)."""
         self.store, self.payer, self.reserved, self.window = store, payer, reserved, window
-        self.stream = stream
+        self.prompt, self.stream = prompt, stream
         self.settled = False
 
     async def settle(self, used: int | None) -> None:
@@ -88,8 +90,9 @@ class TokenBudgets:
     """Reservations against ``[ratelimit]``'s tenants and each key's limits."""
 
     def __init__(self, settings: RateLimitSettings, store: BudgetStore | None = None) -> None:
+        """`store`: default, the one `settings.storage` names (memory or Redis)."""
         self.settings = settings
-        self.store = store if store is not None else MemoryBudgetStore()
+        self.store = store if store is not None else store_for(settings.storage)
 
     def payer(self, principal: Principal | None, tenant: str | None = None) -> Payer:
         """The buckets a call is charged to: the principal's key and tenant, else
@@ -108,9 +111,10 @@ class TokenBudgets:
     async def admit(self, payer: Payer, count: Callable[[], Awaitable[int]],
                     max_tokens: int | None, stream: bool) -> Ticket:
         """Reserve for one call. `count` gives the prompt's tokens (only called when
-        a token budget applies). Raises `Rejected`: 429 ``too_many_streams``, 429
-        ``token_budget`` (with Retry-After) when the reservation does not fit now,
-        400 ``token_budget`` when it can never fit."""
+        a token budget applies); `max_tokens` None reserves ``default_max_tokens``.
+        Raises `Rejected`: 429 ``too_many_streams``, 429 ``token_budget`` (with
+        Retry-After) when the reservation does not fit now, 400 ``token_budget``
+        when it can never fit; and what `count` raises."""
         if stream and payer.slots:
             full = await self.store.acquire(payer.slots, payer.caps)
             if full is not None:
@@ -127,8 +131,9 @@ class TokenBudgets:
     async def _reserve(self, payer: Payer, count: Callable[[], Awaitable[int]],
                        max_tokens: int | None, stream: bool) -> Ticket:
         if not payer.buckets:
-            return Ticket(self.store, payer, 0, None, stream)
-        amount = await count() + (max_tokens or self.settings.default_max_tokens)
+            return Ticket(self.store, payer, 0, 0, None, stream)
+        prompt = await count()
+        amount = prompt + (self.settings.default_max_tokens if max_tokens is None else max_tokens)
         smallest = min(range(len(payer.limits)), key=payer.limits.__getitem__)
         if amount > payer.limits[smallest]:
             raise Rejected("token_budget", 400, f"this request reserves {amount} tokens (its "
@@ -137,7 +142,7 @@ class TokenBudgets:
         got = await self.store.reserve(payer.buckets, payer.limits, amount)
         if isinstance(got, Refusal):
             raise self._refused(payer, got, amount)
-        return Ticket(self.store, payer, amount, got, stream)
+        return Ticket(self.store, payer, prompt, amount, got, stream)
 
     def _refused(self, payer: Payer, r: Refusal, amount: int) -> Rejected:
         limit = payer.limits[r.index]
@@ -148,6 +153,15 @@ class TokenBudgets:
         return Rejected("token_budget", 429, f"token budget of {_who(payer.buckets[r.index])} "
                         f"exhausted: {int(r.used)} of {limit} tokens per minute in use, this "
                         f"request reserves {amount}", headers=headers)
+
+
+def store_for(storage: str) -> BudgetStore:
+    """The budget store of a ``[ratelimit] storage`` URI (checked by `Limiter`)."""
+    if storage.startswith(("redis://", "rediss://", "redis+unix://")):
+        from runtime.security.ratelimit.redis_budget import RedisBudgetStore
+
+        return RedisBudgetStore(storage.replace("redis+unix://", "unix://", 1))
+    return MemoryBudgetStore()
 
 
 def _who(bucket: str) -> str:
