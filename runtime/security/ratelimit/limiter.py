@@ -145,6 +145,13 @@ class Limiter:
         if not self.remote:
             self.store.timer.cancel()
 
+    async def aclose(self) -> None:
+        """Close the Redis connections (`limits` has no call of its own for it)."""
+        if self.remote:
+            await self.astore.bridge.storage.aclose()
+        else:
+            self.close()
+
 
 def _quota(limit: Limit, remaining: int, reset_time: float) -> Quota:
     return Quota(limit.name, limit.item.amount, limit.window, remaining,
