@@ -122,6 +122,11 @@ class OpenAIApi:
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
         return self._route(request, ctx)
 
+    async def aclose(self) -> None:
+        """Close the token budgets' store (a Redis connection)."""
+        if self.budgets is not None:
+            await self.budgets.store.close()
+
     async def _route(self, request: Request, ctx: Context | None) -> Response:
         path, method = request.path, request.method
         if path == b"/v1/models":

@@ -160,7 +160,12 @@ class RateLimit:
         return limit
 
     def close(self) -> None:
+        """Stop the memory storage's timer (the sync part of `aclose`)."""
         self.limiter.close()
+
+    async def aclose(self) -> None:
+        """Close the limiter's storage (its Redis connections)."""
+        await self.limiter.aclose()
 
 
 def _model(request: Request) -> str | None:
