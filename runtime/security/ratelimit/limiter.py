@@ -148,7 +148,8 @@ class Limiter:
     async def aclose(self) -> None:
         """Close the Redis connections (`limits` has no call of its own for it)."""
         if self.remote:
-            await self.astore.bridge.storage.aclose()
+            bridge: Any = self.astore.bridge  # the redis-py bridge holds the client
+            await bridge.storage.aclose()
         else:
             self.close()
 
