@@ -78,6 +78,11 @@ def test_a_reservation_is_all_or_nothing(make_store: Callable[[], BudgetStore]) 
         assert isinstance(refused, Refusal) and refused.index == 1
         # nothing was charged to the key: its whole 10 is still free
         assert isinstance(await store.reserve([key], [10], 10), int)
+        # and an admitted one is charged to every bucket
+        other, team = fresh(), fresh()
+        assert isinstance(await store.reserve([other, team], [100, 100], 60), int)
+        assert isinstance(await store.reserve([team], [100], 41), Refusal)
+        assert isinstance(await store.reserve([other], [100], 41), Refusal)
         await close(store)
 
     run(main())
