@@ -306,29 +306,35 @@ class OnnxEngine(Engine):
         """The tokens an embedding of `req.inputs` reads (its ``tokens``). Raises
         `EngineError` as `embed` does."""
         texts = _check_texts(req.inputs, "input", MAX_INPUTS)
-        return await self._infer(req.model, texts, lambda _: 0, run=False)
+        tokenizer = self._embedder_for(req.model).tokenizer
 
-    async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T],
-                        run: bool = True) -> Any:
+        def count() -> int:
+            return sum(len(tokenizer.encode(t).ids) for t in texts)
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, count)
+
+    async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T]
+                     ) -> tuple[T, int]:
         """``(finish(embeddings), tokens)`` for `texts`, both computed on the
-        engine's thread; without `run`, only the tokens. Raises `EngineError`."""
+        engine's thread. Raises `EngineError`."""
+        embedder = self._embedder_for(model)
+
+        def work() -> tuple[T, int]:
+            vecs, tokens = embedder.embed(texts)
+            return finish(vecs), tokens
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    def _embedder_for(self, model: str) -> Embedder:
+        """Raises `EngineError`: model_not_found for another model, internal when
+        the engine is not started or closed."""
         if model != self.spec.name:
             raise EngineError("model_not_found", 404, f"engine serves {self.spec.name!r}, "
                               f"not {model!r}")
         if self._embedder is None or self._closed:
             state = "closed" if self._closed else "not started"
             raise EngineError("internal", 503, f"model {model!r} is {state}")
-        embedder = self._embedder
-
-        def count() -> int:
-            return sum(len(embedder.tokenizer.encode(t).ids) for t in texts)
-
-        def work() -> tuple[T, int]:
-            vecs, tokens = embedder.embed(texts)
-            return finish(vecs), tokens
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool,
-                                                                work if run else count)
+        return self._embedder
 
     def close(self) -> None:
         """Stop the inference thread; a batch already running finishes on it."""

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import pytest
 
-from edgefn_core.errors import EdgefnError, InvalidConfig, Rejected
+from edgefn_core.errors import EdgefnError, InvalidConfig, ManifestError, Rejected
+from runtime import config
 from runtime.ai.openai_api import OpenAITarget
+from runtime.functions import manifest
 from runtime.functions.router import Router
 from runtime.net.message import Request, Response, json_response
 from runtime.pipeline.chain import Chain
@@ -20,6 +23,7 @@ from runtime.pipeline.stage import Context, Next, Result
 from runtime.pipeline.stages.ratelimit import RateLimit
 from runtime.pipeline.targets import Targets
 from runtime.security.principal import Principal
+from runtime.security.ratelimit.limiter import compile_rules
 from runtime.security.settings import (
     NO_POLICY,
     RateLimitSettings,
@@ -235,23 +239,31 @@ def test_model_rules_count_per_model_on_the_openai_api(closing: list[RateLimit])
         == [200] * 3
 
 
-def test_bad_rates_and_storages_name_the_field() -> None:
+@pytest.mark.parametrize("rate", ["often", "lots/minute", "10/fortnight", "10/minute;", ""])
+def test_a_bad_rate_in_pop_toml_is_refused_naming_the_rule(rate: str) -> None:
+    rules = [{"by": "ip", "limit": "1/minute"}, {"by": "ip", "limit": rate}]
+    with pytest.raises(InvalidConfig, match=r"ratelimit\.rules\[1\].*(not a rate like|>= 3)"):
+        config.load(None, **{"ratelimit.rules": rules})
+
+
+def test_a_bad_rate_in_edgefn_toml_refuses_the_deploy(tmp_path: Path) -> None:
+    (tmp_path / "edgefn.toml").write_text(
+        'name = "f"\nruntime = "wasm"\nentry = "main.wat"\nroutes = ["/f"]\n'
+        '[[rate_limits]]\nby = "ip"\nlimit = "lots/minute"\n')
+    (tmp_path / "main.wat").write_text("(module)")
+    with pytest.raises(ManifestError, match=r"rate_limits\[0\].*'lots/minute' is not a rate"):
+        manifest.load(tmp_path)
+
+
+def test_rates_limits_reads_are_accepted() -> None:
+    for rate in ("100/minute", "10 per 2 seconds", "1000/hour;50/minute", "5/Second"):
+        assert compile_rules([RateRule("ip", rate)], "by", "t", "rules")
+
+
+def test_a_storage_other_than_memory_or_redis_is_refused() -> None:
     targets = Targets(SimpleNamespace(router=Router()), {})  # type: ignore[arg-type]
-    with pytest.raises(InvalidConfig, match=r"ratelimit\.rules\[1\]\.limit.*'often'"):
-        RateLimit(RateLimitSettings(rules=[RateRule("ip", "1/minute"),
-                                           RateRule("ip", "often")]), targets)
     with pytest.raises(InvalidConfig, match=r"ratelimit\.storage.*'memcached://x'"):
         RateLimit(RateLimitSettings(storage="memcached://x"), targets)
-
-
-def test_a_functions_bad_rate_is_a_clear_error_naming_it(closing: list[RateLimit]) -> None:
-    bad = Function("bad", TargetPolicy(rate_limits=[RateRule("ip", "lots/minute")]))
-    targets = Targets(SimpleNamespace(router=Router()), {b"/bad": bad})  # type: ignore[arg-type]
-    stage = RateLimit(RateLimitSettings(), targets)
-    closing.append(stage)
-    response = call(Chain([stage, Answer()]), path=b"/bad")
-    assert response.status == 400
-    assert msgspec.json.decode(response.body) == {"function": "bad", "error": "invalid_config"}
 
 
 def test_decisions_are_recorded(closing: list[RateLimit]) -> None:

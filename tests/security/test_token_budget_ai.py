@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
