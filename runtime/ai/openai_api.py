@@ -34,7 +34,7 @@ from runtime.ai.service import AIService
 if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
 from runtime.net.message import Request, Response, json_response
-from runtime.security.ratelimit.admission import Ticket, TokenBudgets
+from runtime.security.ratelimit.admission import Ticket, TokenBudgets, used_by
 from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
@@ -186,7 +186,7 @@ class OpenAIApi:
                 await ticket.settle(done.prompt_tokens + done.completion_tokens)
         except BaseException as e:
             if ticket is not None:
-                await ticket.settle(_used(ticket, gen, e))
+                await ticket.settle(used_by(ticket, gen, e))
             if not isinstance(e, WorkerError):
                 raise
             if e.code == "context_length_exceeded":  # OpenAI names the input
@@ -229,25 +229,12 @@ class OpenAIApi:
     async def _admit(self, ctx: Context | None, model: str, stream: bool,
                      max_tokens: int | None, **text: Any) -> Ticket | None:
         """The caller's token reservation (None where no budget or stream cap
-        applies). `text`: the input as `WorkerClient.count_tokens` takes it; an
-        engine that cannot count (an upstream server) reserves the input's UTF-8
-        JSON length, more than its tokens. Raises `Rejected` (429, 400) and the
-        worker's refusal of the input (`WorkerError`: unknown model, empty prompt)."""
+        applies; see `TokenBudgets.admit_ai`). Raises `Rejected` (429, 400) and
+        `WorkerError` for an input the worker refuses."""
         if self.budgets is None or ctx is None or ctx.principal is None:
             return None
-        payer = self.budgets.payer(ctx.principal)
-        if not payer:
-            return None
-
-        async def count() -> int:
-            try:
-                return await self.ai.client.count_tokens(model, **text)
-            except WorkerError as e:
-                if e.code != "count_unsupported":
-                    raise
-                return len(msgspec.json.encode(text))
-
-        return await self.budgets.admit(payer, count, max_tokens, stream)
+        return await self.budgets.admit_ai(self.budgets.payer(ctx.principal), self.ai.client,
+                                           model, stream, max_tokens, **text)
 
     async def rerank(self, body: RerankBody) -> Response:
         texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
@@ -324,18 +311,6 @@ def _event(data: Any) -> bytes:
     return b"data: " + msgspec.json.encode(data) + b"\n\n"
 
 
-def _used(ticket: Ticket, gen: Generation | None, error: BaseException | None) -> int:
-    """The tokens a generation that ended early is charged: none if the worker
-    refused it (4xx: nothing ran), else its prompt, what was read and what may
-    have been generated unread (one token a chunk, at most its window), never
-    more than reserved. A finished one is charged its usage."""
-    if gen is not None and gen.done is not None:
-        return gen.done.prompt_tokens + gen.done.completion_tokens
-    if gen is None or (isinstance(error, WorkerError) and error.status < 500 and not gen.tokens):
-        return 0
-    return min(ticket.reserved, ticket.prompt + gen.tokens + gen.window)
-
-
 async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: bool,
                include_usage: bool, ticket: Ticket | None = None) -> AsyncIterator[bytes]:
     """The SSE body. A failure mid-stream becomes an ``error`` event (the status
@@ -376,5 +351,5 @@ async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: b
                                 "code": e.code}})
     finally:
         if ticket is not None:
-            await ticket.settle(_used(ticket, gen, None))
+            await ticket.settle(used_by(ticket, gen, None))
         await gen.aclose()

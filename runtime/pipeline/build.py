@@ -12,6 +12,7 @@ from runtime.pipeline.targets import Targets
 
 if TYPE_CHECKING:
     from runtime.pop import PoP
+    from runtime.security.ratelimit.admission import TokenBudgets
 
 log = logging.getLogger("edgefn.pop")
 
@@ -34,6 +35,18 @@ def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
 
         return PATHS
     return frozenset()
+
+
+def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
+    """The token budgets AI calls are charged to (the OpenAI API's and functions'
+    ``ai`` binding's, one store for both): with a model worker and a
+    ``ratelimit`` stage only."""
+    if not config.ai.enabled or not any(isinstance(s, c.RateLimitStage)
+                                        for s in config.pipeline):
+        return None
+    from runtime.security.ratelimit.admission import TokenBudgets
+
+    return TokenBudgets(config.ratelimit)
 
 
 def _targets(pop: PoP) -> Targets:
@@ -82,9 +95,4 @@ def _openai(pop: PoP, targets: Targets) -> Stage | None:
     from runtime.ai.openai_api import OpenAIApi
     from runtime.pipeline.stages.openai import OpenAI
 
-    budgets = None
-    if any(isinstance(s, c.RateLimitStage) for s in pop.config.pipeline):
-        from runtime.security.ratelimit.admission import TokenBudgets
-
-        budgets = TokenBudgets(pop.config.ratelimit)
-    return OpenAI(OpenAIApi(pop.ai, budgets), targets)
+    return OpenAI(OpenAIApi(pop.ai, pop.stores.budgets), targets)

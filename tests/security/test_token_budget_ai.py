@@ -9,7 +9,10 @@ sets the caller (a `Principal`, as auth would) and the PoP's own `openai` stage.
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -21,13 +24,15 @@ from runtime.pipeline.chain import Chain
 from runtime.pipeline.stage import Context, Next, Result
 from runtime.security.principal import Principal
 from runtime.security.ratelimit.budget import MemoryBudgetStore
-from tests.support import Running, pop_thread
+from tests.support import EXAMPLES, Running, pop_thread
 
 CHAT = "smollm2-135m"
 EMBED = "all-minilm-l6-v2"
 HELLO = [{"role": "user", "content": "Say hello."}]
 TENANTS = {"refund": {"tpm": 10_000}, "crowd": {"tpm": 600}, "streams": {"max_streams": 2},
-           "cut": {"tpm": 10_000}, "bad": {"tpm": 5_000}, "count": {"tpm": 100_000}}
+           "cut": {"tpm": 10_000}, "bad": {"tpm": 5_000}, "count": {"tpm": 100_000},
+           "fn-team": {"tpm": 300}}
+AI_C = EXAMPLES / "ai-c"
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +220,31 @@ def test_bad_input_is_a_clear_4xx_and_reserves_nothing(pop: Running, path: bytes
     assert (response.status, err["code"]) == (status, code), err
     assert err["message"]
     assert used(pop, "bad") == 0
+
+
+def test_a_functions_ai_calls_are_charged_to_its_tenant(pop: Running, tmp_path: Path) -> None:
+    d = tmp_path / "ai-budget"
+    d.mkdir()
+    shutil.copy(AI_C / "ai.wasm", d / "ai.wasm")
+    (d / "edgefn.toml").write_text(
+        (AI_C / "edgefn.toml").read_text().replace('name = "ai-c"', 'name = "ai-budget"\n'
+                                                   'owner = "fn-team"')
+        .replace('["/ai-c"]', '["/ai-budget"]'))
+    pop.deploy(d)
+    chat = {"model": CHAT, "messages": HELLO, "temperature": 0}
+    status, headers, body = pop.request("POST", "/ai-budget", json.dumps(
+        {**chat, "max_tokens": 1000}).encode(), timeout=60)
+    assert status == 500 and headers.get("x-edgefn-error") == "binding", body
+    assert b"more than the 300 per minute of tenant 'fn-team'" in body
+    assert used(pop, "fn-team") == 0
+    status, _, body = pop.request("POST", "/ai-budget", json.dumps(
+        {**chat, "max_tokens": 200, "stop": [" "]}).encode(), timeout=60)
+    assert status == 200, body
+    usage = json.loads(body)["usage"]
+    assert used(pop, "fn-team") == usage["prompt_tokens"] + usage["completion_tokens"]
+    before = used(pop, "fn-team")
+    status, _, body = pop.request("POST", "/ai-budget", json.dumps(
+        {"model": EMBED, "input": ["one", "two"]}).encode(), {"x-ai-op": "ai.embed"},
+        timeout=60)
+    assert status == 200, body
+    assert used(pop, "fn-team") == before + json.loads(body)["tokens"] > before

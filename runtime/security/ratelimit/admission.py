@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from edgefn_core.errors import Rejected
+import msgspec
+
+from edgefn_core.errors import Rejected, WorkerError
 from runtime.security.principal import Principal
 from runtime.security.ratelimit.budget import WINDOW, BudgetStore, MemoryBudgetStore, Refusal
 from runtime.security.ratelimit.headers import Quota, fields, retry_after
 from runtime.security.settings import RateLimitSettings
+
+if TYPE_CHECKING:
+    from gpu_worker.client import Generation, WorkerClient
 
 _settling: set[asyncio.Task[None]] = set()  # abandoned tickets being settled
 
@@ -108,6 +114,26 @@ class TokenBudgets:
             payer.charge("tenant-tpm", f"tenant:{tenant}", limits.tpm, limits.max_streams)
         return payer
 
+    async def admit_ai(self, payer: Payer, client: WorkerClient, model: str, stream: bool,
+                       max_tokens: int | None, **text: Any) -> Ticket | None:
+        """`admit` for one model call, its prompt counted by the worker (`text`: what
+        `WorkerClient.count_tokens` takes); None when `payer` has no limit. An
+        engine that cannot count (an upstream server) reserves the input's UTF-8
+        JSON length, more than its tokens. Raises what `admit` raises and the
+        worker's refusal of the input (`WorkerError`: unknown model, empty prompt)."""
+        if not payer:
+            return None
+
+        async def count() -> int:
+            try:
+                return await client.count_tokens(model, **text)
+            except WorkerError as e:
+                if e.code != "count_unsupported":
+                    raise
+                return len(msgspec.json.encode(text))
+
+        return await self.admit(payer, count, max_tokens, stream)
+
     async def admit(self, payer: Payer, count: Callable[[], Awaitable[int]],
                     max_tokens: int | None, stream: bool) -> Ticket:
         """Reserve for one call. `count` gives the prompt's tokens (only called when
@@ -153,6 +179,18 @@ class TokenBudgets:
         return Rejected("token_budget", 429, f"token budget of {_who(payer.buckets[r.index])} "
                         f"exhausted: {int(r.used)} of {limit} tokens per minute in use, this "
                         f"request reserves {amount}", headers=headers)
+
+
+def used_by(ticket: Ticket, gen: Generation | None, error: BaseException | None) -> int:
+    """The tokens a generation is charged: its usage once it finished; none if
+    the worker refused it (4xx, nothing read: nothing ran); else, ended early,
+    its prompt, what was read and what may have been generated unread (one token
+    a chunk, at most its window), never more than reserved."""
+    if gen is not None and gen.done is not None:
+        return gen.done.prompt_tokens + gen.done.completion_tokens
+    if gen is None or (isinstance(error, WorkerError) and error.status < 500 and not gen.tokens):
+        return 0
+    return min(ticket.reserved, ticket.prompt + gen.tokens + gen.window)
 
 
 def store_for(storage: str) -> BudgetStore:
