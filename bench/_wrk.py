@@ -64,7 +64,8 @@ def parse(output: str) -> dict:
     }
 
 
-def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1) -> dict:
+def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1,
+        headers: dict[str, str] | None = None) -> dict:
     """Load ``url`` with wrk; returns {"rps", "p50_ms", "p99_ms", "errors"}.
 
     Raises RuntimeError if wrk is missing (naming ``apt-get install -y wrk``),
@@ -75,6 +76,8 @@ def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1) -> 
     if wrk is None:
         raise RuntimeError(INSTALL_HINT)
     cmd = [wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", url]
+    for name, value in (headers or {}).items():
+        cmd[1:1] = ["-H", f"{name}: {value}"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
     except subprocess.TimeoutExpired as exc:

@@ -13,6 +13,7 @@ that many bytes; *pairs* are a ``u32`` count followed by that many
 (name string, value string)::
 
     request  = "EFQ1" method path query  headers:pairs  env:pairs  body  params:pairs
+               [principal:pairs]
     response = u32 status  headers:pairs  body
 
 Request header names are lower-case. ``env`` is the manifest's ``[env]``.
@@ -26,6 +27,12 @@ before it existed keep working: they read the body by its length and never
 look past it. A guest that reads params checks the request's length first: a
 request that ends right after the body has no params. Sections added later go
 after ``params`` in the same way, so a decoder ignores bytes it does not know.
+
+``principal`` is who is calling, as the PoP's security stages found it:
+``kind`` (key, jwt), ``tenant``, ``key_id``, ``subject``, ``scopes``
+(space-separated), and ``bot`` / ``agent`` (the client's class and a verified
+agent's identity); absent or empty for an anonymous caller. It is the section
+after ``params``, so older guests never see it.
 
 A reactor module exports ``memory``, ``edgefn_alloc(len: i32) -> i32`` and
 ``edgefn_handle(ptr: i32, len: i32) -> i64``: the host calls ``edgefn_alloc``
@@ -70,6 +77,7 @@ class GuestRequest(NamedTuple):
     env: Pairs
     body: bytes
     params: Pairs
+    principal: Pairs
 
 
 # -- request -----------------------------------------------------------------------------------
@@ -82,6 +90,11 @@ def encode_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> bytes:
     return b"".join(out)
 
 
+def encode_principal(fields: Mapping[str, str | None]) -> bytes:
+    """The principal section: the fields that are set, as UTF-8."""
+    return encode_pairs((k.encode(), v.encode()) for k, v in fields.items() if v)
+
+
 def encode_params(params: Mapping[str, str]) -> bytes:
     """The params section for a route's captures: names and values are latin-1
     text, as the router takes them from the raw path (`NO_PAIRS` if none).
@@ -92,14 +105,16 @@ def encode_params(params: Mapping[str, str]) -> bytes:
 
 
 def encode_request(method: bytes, path: bytes, query: bytes, headers: Pairs, env_blob: bytes,
-                   body: bytes, params_blob: bytes = NO_PAIRS) -> bytes:
+                   body: bytes, params_blob: bytes = NO_PAIRS, principal_blob: bytes = b""
+                   ) -> bytes:
     """Encode a request. `env_blob` is `encode_pairs(env)`, computed once per deploy;
-    `params_blob` is `encode_params(captures)`."""
+    `params_blob` is `encode_params(captures)`; `principal_blob` is empty or
+    `encode_pairs` of the principal's fields."""
     out = [MAGIC, _pack(len(method)), method, _pack(len(path)), path, _pack(len(query)), query,
            _pack(len(headers))]
     for k, v in headers:
         out += (_pack(len(k)), k, _pack(len(v)), v)
-    out += (env_blob, _pack(len(body)), body, params_blob)
+    out += (env_blob, _pack(len(body)), body, params_blob, principal_blob)
     return b"".join(out)
 
 
@@ -116,6 +131,11 @@ def decode_request(buf: bytes) -> GuestRequest:
         if pos < len(buf):
             params, pos = _walk(buf, pos, "p")
             fields += params
+        else:
+            fields.append([])
+        if pos < len(buf):
+            principal, pos = _walk(buf, pos, "p")
+            fields += principal
         else:
             fields.append([])
         if pos > len(buf):
@@ -159,6 +179,8 @@ def _explain_request(buf: bytes) -> None:
     c.pairs("header"), c.pairs("env"), c.string("body")
     if c.pos < len(buf):
         c.pairs("param")
+    if c.pos < len(buf):
+        c.pairs("principal")
 
 
 # -- response ----------------------------------------------------------------------------------

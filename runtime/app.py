@@ -58,7 +58,11 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
     """
     data = config.data_dir
     lock = _lock(data)
-    pop = PoP(config)
+    try:
+        pop = PoP(config)
+    except BaseException:
+        lock.close()
+        raise
     try:
         from runtime.executors.python import policy
 

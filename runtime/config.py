@@ -167,7 +167,8 @@ def load(path: str | Path | None = None, **overrides: object) -> PopConfig:
     """The config in `path` (defaults when None), with `overrides` applied on top:
     top-level fields by name, nested ones as ``"public.port"``.
 
-    Relative paths in the file (data, ai.worker_config, ai.socket) are resolved
+    Relative paths in the file (data, ai.worker_config, ai.socket, auth.jwt.jwks,
+    bots.agents, bots.directories) are resolved
     against the file's folder. Raises `InvalidConfig` naming the file and field.
     """
     label = str(path) if path is not None else "<defaults>"
@@ -223,6 +224,17 @@ def _resolve_paths(raw: dict[str, object], base: Path) -> None:
         for key in ("worker_config", "socket"):
             if isinstance(ai.get(key), str) and ai[key]:
                 ai[key] = str(base / ai[key])
+    auth = raw.get("auth")
+    jwt = auth.get("jwt") if isinstance(auth, dict) else None
+    if isinstance(jwt, dict) and isinstance(jwt.get("jwks"), str):
+        jwt["jwks"] = str(base / jwt["jwks"])
+    bots = raw.get("bots")
+    if isinstance(bots, dict):
+        if isinstance(bots.get("agents"), str):
+            bots["agents"] = str(base / bots["agents"])
+        if isinstance(bots.get("directories"), list):
+            bots["directories"] = [d if not isinstance(d, str) or "://" in d else str(base / d)
+                                   for d in bots["directories"]]
 
 
 def _is_loopback(host: str) -> bool:

@@ -2,6 +2,7 @@
 
     config ─┬─ stores (KV, vectors)        bound to functions through bindings
             ├─ ai (model worker service)   when [ai] is enabled
+            ├─ keys (API keys, hashed in DATA/keys.json)
             ├─ registry (deployed functions, router)
             └─ pipeline (the stages, in config order): the public listener's app
 
@@ -14,8 +15,11 @@ from runtime.ai.service import AIService
 from runtime.bindings import Stores
 from runtime.config import PopConfig
 from runtime.executors.base import WasmEngine
+from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Registry
 from runtime.pipeline import build
+from runtime.security.keys import KeyRing, KeyStore
+from runtime.security.settings import merge
 
 
 class PoP:
@@ -25,11 +29,24 @@ class PoP:
         self.ai: AIService | None = None
         if config.ai.enabled:
             self.ai = AIService(self.data_dir, config.ai.worker_config, config.ai.socket)
+        self.keys = KeyRing(KeyStore(self.data_dir))  # API keys (`edgefn keys`)
         self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config))
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
-                                 build.reserved_paths(config), config.insecure_python)
-        self.pipeline = build.build(self)
+                                 build.reserved_paths(config), config.insecure_python,
+                                 self._vet)
+        try:
+            self.pipeline = build.build(self)
+        except BaseException:  # a stage that cannot start (the WAF without rules)
+            self.close()
+            raise
+
+    def _vet(self, m: Manifest) -> None:
+        """Raises `DeployError` for a function asking for a WAF this PoP cannot run."""
+        if m.waf is not None and m.waf.mode == "block":
+            from runtime.security.waf import check_available
+
+            check_available(merge(self.config.waf, m.waf), f"function {m.name!r}")
 
     def close(self) -> None:
         """Release functions and stores (the model worker is closed by `runtime.app`)."""

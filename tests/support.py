@@ -122,15 +122,17 @@ def reactor(body: str, prelude: str = "", memory: int = 1, imports: str = "") ->
 
 
 def python_function(root: Path, name: str, source: str, *, limits: str = "",
-                    pool: str = "min = 1\nmax = 1\nstandby = false", env: str = "") -> Path:
+                    pool: str = "min = 1\nmax = 1\nstandby = false", env: str = "",
+                    extra: str = "") -> Path:
     """Write a Python function folder (main.py with `source`) routed at /NAME; `limits`,
-    `pool` and `env` are the bodies of those manifest tables."""
+    `pool` and `env` are the bodies of those manifest tables, `extra` top-level
+    lines (``auth = "key"``) or tables of its own, written after them."""
     d = root / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "main.py").write_text(source)
     (d / "edgefn.toml").write_text(
         f'name = "{name}"\nruntime = "python"\nentry = "main.py"\nroutes = ["/{name}"]\n'
-        f"[limits]\n{limits}\n[pool]\n{pool}\n[env]\n{env}\n")
+        f"{extra}\n[limits]\n{limits}\n[pool]\n{pool}\n[env]\n{env}\n")
     return d
 
 

@@ -23,12 +23,27 @@ PAIRS = st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=40)), max_
 TOKEN = st.text("abcxyzABC0123456789-_!#$%&'*+.^`|~", min_size=1, max_size=16).map(str.encode)
 VALUE = st.binary(max_size=40).filter(lambda v: not abi.BAD_HEADER_VALUE.search(v))
 REQUESTS = st.builds(abi.GuestRequest, st.binary(max_size=8), st.binary(max_size=60),
-                     st.binary(max_size=60), PAIRS, PAIRS, st.binary(max_size=300), PAIRS)
+                     st.binary(max_size=60), PAIRS, PAIRS, st.binary(max_size=300), PAIRS,
+                     PAIRS)
 
 
 def encode(r: abi.GuestRequest) -> bytes:
+    """As the PoP sends it: no principal section for an anonymous caller."""
     return abi.encode_request(r.method, r.path, r.query, r.headers, abi.encode_pairs(r.env),
-                              r.body, abi.encode_pairs(r.params))
+                              r.body, abi.encode_pairs(r.params),
+                              abi.encode_pairs(r.principal) if r.principal else b"")
+
+
+def short_forms(r: abi.GuestRequest) -> dict[int, abi.GuestRequest]:
+    """The cuts of `encode(r)` that still decode: what a PoP from before params, or
+    before the principal, sends."""
+    buf = encode(r)
+    tail = len(abi.encode_pairs(r.principal)) if r.principal else 0
+    forms = {len(buf) - tail - len(abi.encode_pairs(r.params)): r._replace(params=[],
+                                                                            principal=[])}
+    if tail:
+        forms[len(buf) - tail] = r._replace(principal=[])
+    return forms
 
 
 @given(REQUESTS)
@@ -40,10 +55,10 @@ def test_requests_round_trip(r: abi.GuestRequest) -> None:
 def test_a_cut_request_is_refused_unless_it_ends_right_after_the_body(
         r: abi.GuestRequest, data: st.DataObject) -> None:
     buf = encode(r)
-    without_params = len(buf) - len(abi.encode_pairs(r.params))
     cut = data.draw(st.integers(0, len(buf) - 1))
-    if cut == without_params:  # what a PoP from before params sends: no params
-        assert abi.decode_request(buf[:cut]) == r._replace(params=[])
+    short = short_forms(r)
+    if cut in short:
+        assert abi.decode_request(buf[:cut]) == short[cut]
     else:
         with pytest.raises(ProtocolError, match=r"request (ends at byte|does not start)|says"):
             abi.decode_request(buf[:cut])
@@ -161,6 +176,10 @@ def request_fields(r: abi.GuestRequest) -> list[tuple[str, str, bytes]]:
     out.append(("n", "param count", struct.pack("<I", len(r.params))))
     for i, (k, v) in enumerate(r.params):
         out += [("s", f"param {i} name", k), ("s", f"param {i} value", v)]
+    if r.principal:
+        out.append(("n", "principal count", struct.pack("<I", len(r.principal))))
+        for i, (k, v) in enumerate(r.principal):
+            out += [("s", f"principal {i} name", k), ("s", f"principal {i} value", v)]
     return out
 
 
@@ -190,8 +209,8 @@ def test_a_cut_request_is_told_which_field_it_ends_in(
         r: abi.GuestRequest, data: st.DataObject) -> None:
     buf = encode(r)
     cut = data.draw(st.integers(4, len(buf) - 1))
-    if cut == len(buf) - len(abi.encode_pairs(r.params)):
-        return  # a request from before params: it decodes (the test above)
+    if cut in short_forms(r):
+        return  # a request from before params or the principal: it decodes (the test above)
     with pytest.raises(ProtocolError) as err:
         abi.decode_request(buf[:cut])
     assert str(err.value) == cut_message(r, cut)
@@ -205,14 +224,14 @@ def test_a_request_cut_in_the_magic_is_told_what_it_got() -> None:
 
 
 FULL = abi.GuestRequest(b"GET", b"/p", b"q=1", [(b"h", b"v")], [(b"E", b"w")], b"body",
-                        [(b"id", b"7")])
+                        [(b"id", b"7")], [(b"tenant", b"acme")])
 
 
 @pytest.mark.parametrize("cut", range(4, len(encode(FULL))))
 def test_every_cut_of_a_request_with_every_field_names_its_field(cut: int) -> None:
     buf = encode(FULL)
-    if cut == len(buf) - len(abi.encode_pairs(FULL.params)):
-        assert abi.decode_request(buf[:cut]) == FULL._replace(params=[])
+    if cut in short_forms(FULL):
+        assert abi.decode_request(buf[:cut]) == short_forms(FULL)[cut]
         return
     with pytest.raises(ProtocolError) as err:
         abi.decode_request(buf[:cut])
@@ -237,7 +256,7 @@ def test_invalid_status_and_headers_are_bad_responses(
 
 def test_a_request_without_the_magic_is_refused() -> None:
     with pytest.raises(ProtocolError, match="does not start with b'EFQ1'"):
-        abi.decode_request(b"EFQ2" + encode(abi.GuestRequest(b"", b"", b"", [], [], b"", []))[4:])
+        abi.decode_request(b"EFQ2" + encode(abi.GuestRequest(b"", b"", b"", [], [], b"", [], []))[4:])
 
 
 def load_sdk() -> ModuleType:

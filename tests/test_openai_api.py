@@ -419,3 +419,33 @@ def test_a_function_route_may_not_cover_a_builtin_endpoint(pop: Running, tmp_pat
         assert "field `routes[0]`" in str(err.value)
     names = [f["name"] for f in pop.admin.request("GET", "/v1/functions")["functions"]]
     assert "squat" not in names
+
+
+def test_v1_asks_for_a_key_once_one_exists_and_scopes_pick_the_models(
+        pop: Running, tmp_path: Path) -> None:
+    """A second PoP on the same model worker, with keys: the official client gets
+    OpenAI's 401/403 errors and only the models its key's scopes name."""
+    from runtime.security.keys import KeyStore
+
+    assert pop.pop.ai is not None
+    with pop_thread(tmp_path / "keyed", ai=True,
+                    **{"ai.socket": pop.pop.ai.client.socket_path}) as keyed:
+        store = KeyStore(keyed.data)
+        chat_only, _ = store.create("acme", ("model:smollm2*",))
+        keyed.admin.request("POST", "/v1/keys/reload")
+        base = f"http://{keyed.host}:{keyed.port}/v1"
+        with openai.OpenAI(base_url=base, api_key="efn_nope", max_retries=0) as anon:
+            with pytest.raises(openai.AuthenticationError) as err:
+                anon.models.list()
+            assert err.value.status_code == 401
+            assert err.value.body["code"] == "unauthorized"  # type: ignore[index]
+        with openai.OpenAI(base_url=base, api_key=chat_only, max_retries=0,
+                           timeout=60) as acme:
+            assert [m.id for m in acme.models.list()] == [CHAT]
+            r = acme.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                             max_tokens=4)
+            assert r.choices[0].message.content
+            with pytest.raises(openai.PermissionDeniedError) as denied:
+                acme.embeddings.create(model=EMBED, input="hi")
+            assert denied.value.body["param"] == "model"  # type: ignore[index]
+            assert f"model {EMBED!r}" in denied.value.body["message"]  # type: ignore[index]

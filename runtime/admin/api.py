@@ -1,5 +1,10 @@
-"""The admin API: loopback only, bearer token from DATA/admin.token.
+"""The admin API: loopback only, bearer token from DATA/admin.token, or an API key
+whose scopes grant the operation (``admin:deploy``, ``admin:rollback``,
+``admin:delete``, ``admin:read``, ``admin:kv``, ``admin:vectors``, ``admin:ai``,
+``admin:keys``; ``admin:*`` for all). A key acts for its tenant: it deploys,
+rolls back and deletes only functions whose ``owner`` is that tenant.
 
+    POST   /v1/keys/reload                    re-read DATA/keys.json now (`edgefn keys` does)
     GET    /v1/functions                      deployed functions
     POST   /v1/deploy                         body: tar.gz package; header x-edgefn-source
     GET    /v1/functions/NAME/versions        versions and history
@@ -18,16 +23,19 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
 
-from edgefn_core.errors import EdgefnError, InvalidConfig
+from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
 from runtime.bindings import operate
 from runtime.functions import deploys
 from runtime.net.message import Request, Response, json_response
 from runtime.pop import PoP
+from runtime.security.keys import is_well_formed
+from runtime.security.principal import Principal
 
 
 class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -64,14 +72,26 @@ class AdminApp:
         if not _is_loopback(request.client):
             return _error(403, "forbidden", "the admin API only answers loopback clients")
         auth = request.header(b"authorization") or b""
-        if not hmac.compare_digest(auth, self.token):
-            return _error(401, "unauthorized", "missing or wrong admin token")
-        return self._route(request)
+        if hmac.compare_digest(auth, self.token):
+            return self._route(request, None)
+        key = request.header(b"x-api-key") or auth.removeprefix(b"Bearer ")
+        record = self.pop.keys.lookup(key.decode("latin-1")) if is_well_formed(
+            key.decode("latin-1")) else None
+        if record is None or record.state(time.time()) != "active":
+            return _error(401, "unauthorized", "missing or wrong admin token or API key")
+        who = record.principal()
+        op = operation(request)
+        if not who.allows("admin", op):
+            return _error(403, "forbidden", f"API key {record.id} has no scope admin:{op}")
+        return self._route(request, who)
 
-    async def _route(self, request: Request) -> Response:
+    async def _route(self, request: Request, who: Principal | None) -> Response:
+        """`who`: the key's principal (None: the admin token, which may do anything)."""
         parts = request.path.decode("latin-1").strip("/").split("/")
         method = request.method
         try:
+            if who is not None:
+                self._check_tenant(parts, who)
             match parts:
                 case ["v1", "functions"] if method == b"GET":
                     return json_response({"functions": self.pop.registry.listing()})
@@ -81,7 +101,8 @@ class AdminApp:
                     files = await asyncio.to_thread(deploys.from_tar, request.body)
                     # shielded: a client that goes away mid-deploy must not leave a
                     # half-loaded version (and its processes) behind
-                    result = await self.on_pop(self.pop.registry.deploy(files, source))
+                    tenant = who.tenant if who is not None else None
+                    result = await self.on_pop(self.pop.registry.deploy(files, source, tenant))
                     return json_response(msgspec.to_builtins(result))
                 case ["v1", "functions", name, "versions"] if method == b"GET":
                     return json_response(msgspec.to_builtins(self.pop.registry.versions(name)))
@@ -96,6 +117,9 @@ class AdminApp:
                     result = await asyncio.to_thread(operate, self.pop.stores, kind, target, op,
                                                      args)
                     return json_response({"result": result})
+                case ["v1", "keys", "reload"] if method == b"POST":
+                    self.pop.keys.reload()  # `edgefn keys` changed DATA/keys.json
+                    return json_response({"keys": len(self.pop.keys)})
                 case ["v1", "ai", *rest]:
                     return await self._ai(rest, method, request.body)
                 case ["v1", "functions", name] if method == b"DELETE":
@@ -109,6 +133,14 @@ class AdminApp:
             return _error(e.status, e.code, str(e), field=e.field)
         except EdgefnError as e:
             return _error(e.status, e.code, str(e))
+
+    def _check_tenant(self, parts: list[str], who: Principal) -> None:
+        """Raises `NotOwner` when a key changes a function of another tenant."""
+        if len(parts) >= 3 and parts[:2] == ["v1", "functions"]:
+            fn = self.pop.registry.functions.get(parts[2])
+            if fn is not None and fn.tenant != who.tenant and parts[-1] != "versions":
+                raise NotOwner(f"function {parts[2]!r} belongs to {fn.tenant!r}, not to this "
+                               f"key's tenant {who.tenant!r}")
 
     async def _ai(self, rest: list[str], method: bytes, body: bytes) -> Response:
         """Raises `WorkerError` and msgspec errors."""
@@ -132,6 +164,20 @@ class AdminApp:
 
 async def _shielded[T](coro: Coroutine[Any, Any, T]) -> T:
     return await asyncio.shield(coro)
+
+
+def operation(request: Request) -> str:
+    """The admin scope a request needs: ``admin:<this>``."""
+    parts = request.path.split(b"/")
+    section = parts[2] if len(parts) > 2 else b""
+    if section == b"deploy":
+        return "deploy"
+    if section == b"functions":
+        if request.method == b"DELETE":
+            return "delete"
+        return "rollback" if parts[-1] == b"rollback" else "read"
+    return section.decode("latin-1") if section in (b"kv", b"vectors", b"ai", b"keys") \
+        else "read"
 
 
 def _error(status: int, kind: str, message: str, **extra: object) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,14 @@ class PopInfo(msgspec.Struct):
 
 class AdminClient:
     def __init__(self, data_dir: str | Path, timeout: float = 120.0) -> None:
-        """Raises `Failure` (code ``pop_not_running``) if no PoP runs on `data_dir`."""
+        """Authenticates with the admin token, or with the API key in
+        ``EDGEFN_API_KEY`` when set (its ``admin:*`` scopes decide what it may do).
+        Raises `Failure` (code ``pop_not_running``) if no PoP runs on `data_dir`."""
         data = Path(data_dir)
         try:
             self.info = msgspec.json.decode((data / "pop.json").read_bytes(), type=PopInfo)
-            self.token = (data / "admin.token").read_text().strip()
+            key = os.environ.get("EDGEFN_API_KEY")
+            self.token = key or (data / "admin.token").read_text().strip()
         except (FileNotFoundError, msgspec.DecodeError):
             raise Failure("pop_not_running", 503, f"no PoP is running with data dir {data} "
                           "(start one with `edgefn serve` or `make dev`, or pass --data)") from None

@@ -33,6 +33,7 @@ from runtime.ai.service import AIService
 
 if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
+    from runtime.security.principal import Principal
 from runtime.net.message import Request, Response, json_response
 from runtime.security.ratelimit.admission import Ticket, TokenBudgets, used_by
 from runtime.security.settings import NO_POLICY, TargetPolicy
@@ -101,6 +102,15 @@ class OpenAITarget:
                            "PoP's log")
 
 
+def _allowed[B: (ChatBody, CompletionBody, EmbeddingsBody, RerankBody)](
+        body: B, who: Principal | None) -> B:
+    """`body`, if `who` may use its model. Raises `ApiError` (403)."""
+    if who is not None and not who.allows("model", body.model):
+        raise ApiError("model_not_allowed", 403, f"this API key's scopes do not include model "
+                       f"{body.model!r}", param="model")
+    return body
+
+
 def error_response(status: int, message: str, code: str | None = None,
                    param: str | None = None) -> Response:
     kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
@@ -120,6 +130,8 @@ class OpenAIApi:
         self.budgets = budgets
 
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
+        """`ctx.principal`, when set, limits the models a caller may use and pays
+        for what it generates (token budgets)."""
         return self._route(request, ctx)
 
     async def aclose(self) -> None:
@@ -128,27 +140,32 @@ class OpenAIApi:
             await self.budgets.store.close()
 
     async def _route(self, request: Request, ctx: Context | None) -> Response:
+        who = ctx.principal if ctx is not None else None
         path, method = request.path, request.method
         if path == b"/v1/models":
             if method != b"GET":
                 raise ApiError("method_not_allowed", 405, "use GET /v1/models")
-            return await self.models()
+            return await self.models(who)
         if method != b"POST":
             raise ApiError("method_not_allowed", 405, f"use POST {path.decode()}")
         if path == b"/v1/chat/completions":
-            return await self.generate(_decode(request.body, ChatBody), chat=True, ctx=ctx)
-        if path == b"/v1/completions":
-            return await self.generate(_decode(request.body, CompletionBody), chat=False,
+            return await self.generate(_allowed(_decode(request.body, ChatBody), who), chat=True,
                                        ctx=ctx)
+        if path == b"/v1/completions":
+            return await self.generate(_allowed(_decode(request.body, CompletionBody), who),
+                                       chat=False, ctx=ctx)
         if path == b"/v1/embeddings":
-            return await self.embeddings(_decode(request.body, EmbeddingsBody), ctx)
-        return await self.rerank(_decode(request.body, RerankBody))
+            return await self.embeddings(_allowed(_decode(request.body, EmbeddingsBody), who),
+                                         ctx)
+        return await self.rerank(_allowed(_decode(request.body, RerankBody), who))
 
-    async def models(self) -> Response:
+    async def models(self, who: Principal | None = None) -> Response:
+        """The models `who` may use (all of them for an anonymous caller)."""
         created = int(time.time())
         data = [{"id": m["id"], "object": "model", "created": created, "owned_by": "edgefn",
                  "kind": m["kind"], "engine": m["engine"], "parent": m.get("parent"),
-                 "root": m.get("parent") or m["id"]} for m in await self.ai.client.models()]
+                 "root": m.get("parent") or m["id"]} for m in await self.ai.client.models()
+                if who is None or who.allows("model", m["id"])]
         return json_response({"object": "list", "data": data})
 
     # -- generation -----------------------------------------------------------------------

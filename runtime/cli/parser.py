@@ -119,7 +119,7 @@ def build() -> Parser:
                            parser_class=Parser)
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
-                _ai_commands, _doctor_command):
+                _ai_commands, _keys_command, _limits_command, _doctor_command):
         add(commands)
     return p
 
@@ -164,10 +164,10 @@ class Commands:
 
 
 def _serve_commands(c: Commands) -> None:
-    s = c.add("serve", "runtime.cli.dev:serve_command", "run a PoP in the foreground",
+    s = c.add("serve", "runtime.cli.start:serve_command", "run a PoP in the foreground",
               "edgefn serve --port 8080 --no-ai")
     _pop_options(s)
-    s = c.add("dev", "runtime.cli.dev:dev_command",
+    s = c.add("dev", "runtime.cli.start:dev_command",
               "run a PoP, deploy every function under DIR and redeploy one when its files "
               "change", "edgefn dev functions/ --no-ai")
     s.add_argument("dir", nargs="?", default="functions", help="folder of function folders")
@@ -241,6 +241,39 @@ def _kv_command(c: Commands) -> None:
     o.add_argument("--prefix", default="", help="only keys starting with it (default: all)")
     o.add_argument("--limit", type=int, default=100, help="at most this many keys")
     o.add_argument("--cursor", help="continue a listing (default: from the first key)")
+
+
+def _keys_command(c: Commands) -> None:
+    keys = c.add("keys", "runtime.cli.keys:keys_command",
+                 "create, list and revoke API keys (stored hashed in DATA/keys.json)",
+                 "edgefn keys create --tenant acme --scopes 'fn:*,model:*' --tpm 20000")
+    ops = c.ops(keys)
+    o = c.op(ops, "create", "create a key and print it (shown once, never stored)",
+             "edgefn keys create --tenant acme --scopes 'fn:chat,model:*' --rpm 60 "
+             "--expires 30d")
+    o.add_argument("--tenant", required=True, help="who the key acts for (owns functions "
+                                                   "and stores)")
+    o.add_argument("--scopes", required=True,
+                   help="comma-separated: '*', fn:NAME, route:/PATH*, model:NAME, admin:OP "
+                        "(globs allowed)")
+    for flag, what in (("--rpm", "requests per minute"), ("--tpm", "AI tokens per minute"),
+                       ("--max-streams", "AI streams at once")):
+        o.add_argument(flag, type=int, help=f"{what} for this key (default: unlimited)")
+    o.add_argument("--expires", help="when it stops working: a duration (90m, 12h, 30d) or "
+                                     "an ISO 8601 time (default: never)")
+    c.op(ops, "ls", "list keys: id, tenant, scopes, limits, state (never the key)",
+         "edgefn keys ls --json")
+    o = c.op(ops, "revoke", "revoke a key at once (it stays listed)", "edgefn keys revoke "
+             "1a2b3c4d5e6f")
+    o.add_argument("id", help="the key's id (the part after efn_, as `keys ls` shows it)")
+
+
+def _limits_command(c: Commands) -> None:
+    s = c.add("limits", "runtime.cli.keys:limits_command",
+              "show the rate limits and token budgets a PoP config and its keys set",
+              "edgefn limits show --config pop.toml", json=True)
+    s.add_argument("what", choices=["show"], help="show")
+    s.add_argument("--config", help="PoP config (pop.toml) (default: built-in settings)")
 
 
 def _ns_key(o: Parser) -> None:

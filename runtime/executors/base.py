@@ -17,15 +17,18 @@ from runtime.executors.wasm.engine import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.net.message import Request, Response
 
+NO_PRINCIPAL: Mapping[str, str] = {}  # an anonymous caller (shared: never mutated)
+
 
 class Executor(Protocol):
     abi: str
 
-    def handle(self, request: Request, route: str,
-               params: Mapping[str, str]) -> Response | Awaitable[Response]:
+    def handle(self, request: Request, route: str, params: Mapping[str, str],
+               principal: Mapping[str, str] = NO_PRINCIPAL) -> Response | Awaitable[Response]:
         """Run the function for `request` matched on `route`, which captured `params`
-        (``{"id": "42"}`` for ``/users/:id``; see `runtime.functions.router`).
-        Raises `FunctionError`."""
+        (``{"id": "42"}`` for ``/users/:id``; see `runtime.functions.router`), for
+        the caller `principal` describes (the ABI's principal section: tenant,
+        key_id, ...; empty for an anonymous caller). Raises `FunctionError`."""
         ...
 
     def prewarm(self) -> None:

@@ -92,10 +92,14 @@ class Registry:
     reads (`router`, `listing`) never wait."""
 
     def __init__(self, data_dir: Path, wasm: WasmEngine, stores: Stores,
-                 reserved: frozenset[bytes] = frozenset(), insecure_python: bool = False) -> None:
+                 reserved: frozenset[bytes] = frozenset(), insecure_python: bool = False,
+                 vet: Callable[[Manifest], None] | None = None) -> None:
         """`reserved`: paths of built-in endpoints that no function route may cover.
-        `insecure_python`: run Python functions even without their full sandbox."""
+        `insecure_python`: run Python functions even without their full sandbox.
+        `vet`: the PoP's own checks of a manifest at deploy (a function asking for
+        a WAF this PoP cannot run); raises `DeployError` to refuse it."""
         self.insecure_python = insecure_python
+        self.vet = vet
         self.data_dir = data_dir
         self.store = DeployStore(data_dir)
         self.wasm = wasm
@@ -106,10 +110,13 @@ class Registry:
         self.lock = asyncio.Lock()
 
     # -- deploys ----------------------------------------------------------------------------
-    async def deploy(self, files: Files, source: str = "") -> DeployResult:
+    async def deploy(self, files: Files, source: str = "", tenant: str | None = None
+                     ) -> DeployResult:
         """Validate, check ownership, store, compile, pre-warm, save the record, claim
         what it binds and switch routing to a new version. Blocking work (hashing,
-        writing files, compiling) runs on a worker thread.
+        writing files, compiling) runs on a worker thread. `tenant`: the deploy acts
+        for this tenant (an API key's), so the manifest's ``owner`` must name it and
+        a function of that name must not belong to another.
 
         Raises `ManifestError`, `DeployError` (`NotOwner` for a namespace or index
         of another owner, `RouteConflict`), or `Failure` (500) if the record cannot
@@ -124,6 +131,10 @@ class Registry:
         if m.entry not in files:
             raise ManifestError(label, f"entry file {m.entry!r} is not in the package", "entry")
         self._check_reserved(m, label)
+        if self.vet is not None:
+            self.vet(m)
+        if tenant is not None:
+            self._check_tenant(m, tenant, label)
         deploys.check_package(files)
         version = await asyncio.to_thread(deploys.version_of, files)
         started = time.perf_counter()
@@ -148,6 +159,15 @@ class Registry:
         if created:
             self.store.remove_version(name, version)
         self.store.uncache(cached)
+
+    def _check_tenant(self, m: Manifest, tenant: str, label: str) -> None:
+        """Raises `NotOwner` unless `tenant` may deploy `m`."""
+        if m.owner != tenant:
+            raise NotOwner(f"{label}: this API key deploys for tenant {tenant!r}: set "
+                           f"owner = {tenant!r} in edgefn.toml (it says {m.owner!r})")
+        current = self.functions.get(m.name)
+        if current is not None and current.tenant != tenant:
+            raise NotOwner(f"function {m.name!r} belongs to {current.tenant!r}")
 
     def _check_reserved(self, m: Manifest, label: str) -> None:
         """Raises `RouteConflict` for a route that would serve a built-in endpoint

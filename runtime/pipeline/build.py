@@ -75,17 +75,34 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.route import Route
 
             return Route(targets)
+        case c.AuthStage():
+            return _auth(pop, targets)
+        case c.WafStage():
+            from runtime.pipeline.stages.waf import Waf
+
+            return Waf(pop.config.waf, targets)
+        case c.BotsStage():
+            from runtime.pipeline.stages.bots import Bots
+
+            return Bots.from_settings(pop.config.bots, targets)
         case c.RateLimitStage():
             from runtime.pipeline.stages.ratelimit import RateLimit
 
             return RateLimit(pop.config.ratelimit, targets, where="pop.toml")
-        case c.WafStage() | c.BotsStage() | c.AuthStage():
-            return None  # not yet
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch
 
             return Dispatch()
     raise AssertionError(f"no stage for {cfg!r}")
+
+
+def _auth(pop: PoP, targets: Targets) -> Stage:
+    from runtime.pipeline.stages.auth import Auth
+    from runtime.security.jwt_auth import JwtVerifier
+
+    settings = pop.config.auth
+    jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
+    return Auth(settings, pop.keys, targets, jwt)
 
 
 def _openai(pop: PoP, targets: Targets) -> Stage | None:

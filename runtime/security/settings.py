@@ -59,13 +59,17 @@ class AuthSettings(Struct, forbid_unknown_fields=True, frozen=True):
 class WafSettings(Struct, forbid_unknown_fields=True, frozen=True):
     """The OWASP Core Rule Set on libmodsecurity. `anomaly_threshold` is CRS's
     inbound anomaly score threshold; `exclude_rules` are rule ids removed
-    (``SecRuleRemoveById``); request bodies are inspected up to `max_body_bytes`."""
+    (``SecRuleRemoveById``); request bodies are inspected up to `max_body_bytes`.
+    `crs_setup` and `crs_rules` (PoP-wide only): CRS's setup file and its rules
+    folder (default: Debian's ``modsecurity-crs``)."""
 
     mode: WafMode = "off"
     paranoia: Paranoia = 1
     anomaly_threshold: Annotated[int, Meta(ge=1, le=1000)] = 5
     exclude_rules: list[RuleId] = []
     max_body_bytes: Annotated[int, Meta(ge=0, le=16 * 1024 * 1024)] = 128 * 1024
+    crs_setup: str = "/etc/modsecurity/crs/crs-setup.conf"
+    crs_rules: str = "/usr/share/modsecurity-crs/rules"
 
 
 class WafOverride(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
@@ -104,7 +108,9 @@ class BotSettings(Struct, forbid_unknown_fields=True, frozen=True):
     """`agents`: a TOML list of known AI agents and crawlers (default: the packaged
     one). `directories`: Web Bot Auth key directories (JWKS files or URLs) whose
     signatures are trusted. `budgets`: the rate of the ``limit`` action per class.
-    `abusive_rate`: a client past this rate is classed abusive."""
+    `abusive_rate`: a client (a verified agent's identity, else its address) past
+    this rate is classed abusive; None (the default) turns the rate signal off, so
+    that one busy client (a load test, a NAT) is not blocked unless asked."""
 
     policy: BotPolicy = field(default_factory=BotPolicy)
     agents: str | None = None
@@ -113,7 +119,7 @@ class BotSettings(Struct, forbid_unknown_fields=True, frozen=True):
     budgets: dict[BotClass, RateString] = field(default_factory=lambda: {
         "verified_agent": "600/minute", "declared_agent": "60/minute",
         "automation": "30/minute", "browser": "600/minute", "abusive": "1/minute"})
-    abusive_rate: RateString = "50/second"
+    abusive_rate: RateString | None = None  # e.g. "50/second"
     pow_difficulty: Annotated[int, Meta(ge=1, le=32)] = 16
 
 

@@ -74,7 +74,8 @@ async def post(pop: Running, tenant: str, path: bytes, body: dict[str, Any] | by
     """One request as `tenant`'s key `key`, through the PoP's openai stage."""
     request = Request(b"POST", path, b"", [], b"localhost", "1.1", True, "127.0.0.1:1")
     request.body = body if isinstance(body, bytes) else msgspec.json.encode(body)
-    app = Chain([Caller(Principal("key", tenant, key_id=f"{tenant}-{key}")), openai_stage(pop)])
+    who = Principal("key", tenant, scopes=("*",), key_id=f"{tenant}-{key}")
+    app = Chain([Caller(who), openai_stage(pop)])
     result = app(request)
     return result if isinstance(result, Response) else await result
 

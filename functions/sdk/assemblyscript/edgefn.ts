@@ -9,6 +9,8 @@
 // segment and `req.params.get("*")` the rest of the path, both as raw as `req.path`
 // (still percent-encoded). They come in the request's params section, after the body
 // (README "Guest ABI"); a request that ends right after the body has none.
+// The caller: `req.principal.get("tenant")` (also "kind", "key_id", "subject",
+// "scopes", "bot", "agent"); empty for an anonymous caller.
 
 @external("edgefn", "kv_get")
 declare function host_kv_get(ns: usize, nsLen: i32, key: usize, keyLen: i32, buf: usize, cap: i32): i64;
@@ -29,6 +31,7 @@ export class Request {
   headers: Map<string, string> = new Map<string, string>();
   env: Map<string, string> = new Map<string, string>();
   params: Map<string, string> = new Map<string, string>();
+  principal: Map<string, string> = new Map<string, string>();
 }
 
 export class Response {
@@ -76,7 +79,8 @@ export function edgefn_handle(ptr: i32, len: i32): i64 {
   memory.copy(body.dataStart, p + 4, bodyLen);
   req.body = body;
   p += 4 + bodyLen;
-  if (end - p >= 4) readPairs(p, req.params); // absent: no params
+  if (end - p >= 4) p = readPairs(p, req.params); // absent: no params
+  if (end - p >= 4) readPairs(p, req.principal); // anonymous: none
   return encode(userHandler!(req));
 }
 

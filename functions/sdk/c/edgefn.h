@@ -13,6 +13,10 @@
  * the rest of the path, both as raw as `req->path` (still percent-encoded);
  * {0, 0} when absent. They come in the request's params section, after the body
  * (README "Guest ABI"); a request that ends right after the body has none.
+ *
+ * The caller: `edgefn_principal(req, "tenant")` (also "kind", "key_id", "subject",
+ * "scopes", "bot", "agent"), from the principal section after the params; {0, 0}
+ * for an anonymous caller.
  */
 #ifndef EDGEFN_H
 #define EDGEFN_H
@@ -38,8 +42,9 @@ typedef struct { const char *ptr; uint32_t len; } edgefn_str;
 
 typedef struct {
     edgefn_str method, path, query, body;
-    uint32_t n_headers, n_env, n_params;
-    const uint8_t *headers, *env, *params; /* (u32 len, bytes) pairs, README "Guest ABI" */
+    uint32_t n_headers, n_env, n_params, n_principal;
+    /* (u32 len, bytes) pairs, README "Guest ABI" */
+    const uint8_t *headers, *env, *params, *principal;
 } edgefn_request;
 
 /* -- memory: a bump allocator (every request gets a fresh instance) ------------------------ */
@@ -144,6 +149,8 @@ static inline edgefn_str edgefn_lookup(const uint8_t *pairs, uint32_t count, con
 #define edgefn_header(req, name) edgefn_lookup((req)->headers, (req)->n_headers, (name))
 #define edgefn_env(req, name) edgefn_lookup((req)->env, (req)->n_env, (name))
 #define edgefn_param(req, name) edgefn_lookup((req)->params, (req)->n_params, (name))
+#define edgefn_principal(req, name) \
+    edgefn_lookup((req)->principal, (req)->n_principal, (name))
 
 /* -- response ------------------------------------------------------------------------------ */
 static inline uint8_t *edgefn__put32(uint8_t *p, uint32_t v) {
@@ -177,9 +184,10 @@ EDGEFN_EXPORT("edgefn_handle") int64_t edgefn_handle(int32_t ptr, int32_t len) {
     p = edgefn__pairs(p, &r.n_headers, &r.headers);
     p = edgefn__pairs(p, &r.n_env, &r.env);
     p = edgefn__str(p, &r.body);
-    r.n_params = 0;
-    r.params = p;
-    if (end - p >= 4) edgefn__pairs(p, &r.n_params, &r.params); /* absent: no params */
+    r.n_params = r.n_principal = 0;
+    r.params = r.principal = p;
+    if (end - p >= 4) p = edgefn__pairs(p, &r.n_params, &r.params); /* absent: no params */
+    if (end - p >= 4) edgefn__pairs(p, &r.n_principal, &r.principal); /* anonymous: none */
     return handle(&r);
 }
 #endif

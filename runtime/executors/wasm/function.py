@@ -34,9 +34,16 @@ from pathlib import Path
 import wasmtime
 from wasmtime import _ffi as ffi
 
-from edgefn_core.abi import decode_response, encode_pairs, encode_params, encode_request
+from edgefn_core.abi import (
+    decode_response,
+    encode_pairs,
+    encode_params,
+    encode_principal,
+    encode_request,
+)
 from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
+from runtime.executors.base import NO_PRINCIPAL
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import wasi as cgi
 from runtime.executors.wasm import wasi_poll
@@ -197,15 +204,17 @@ class WasmFunction:
         """Nothing to release: the engine is the PoP's."""
 
     # -- request time -----------------------------------------------------------------------
-    def handle(self, request: Request, route: str,
-               params: Mapping[str, str]) -> Response | Awaitable[Response]:
+    def handle(self, request: Request, route: str, params: Mapping[str, str],
+               principal: Mapping[str, str] = NO_PRINCIPAL) -> Response | Awaitable[Response]:
         """Raises `FunctionError` (reactor); the WASI future raises it when awaited.
-        A reactor gets `params` in the request's params section, a WASI command as
-        ``EDGEFN_PARAM_<NAME>`` variables (see `edgefn_core.abi`, `wasi.environ`)."""
+        A reactor gets `params` and `principal` in the request's params and principal
+        sections, a WASI command as ``EDGEFN_PARAM_<NAME>`` and
+        ``EDGEFN_PRINCIPAL_<FIELD>`` variables (see `edgefn_core.abi`, `wasi.environ`)."""
         if self.abi == "reactor":
             data = encode_request(request.method, request.path, request.query,
                                   request.headers, self.env_blob, request.body,
-                                  encode_params(params))
+                                  encode_params(params),
+                                  encode_principal(principal) if principal else b"")
             if self.threaded:
                 return self._handle_threaded(data)
             try:
@@ -218,7 +227,7 @@ class WasmFunction:
                 self.threaded = True
                 return self._handle_threaded(data)
             return Response(*decode_response(output))
-        return self._handle_wasi(request, route, params)
+        return self._handle_wasi(request, route, params, principal)
 
     async def _handle_threaded(self, data: bytes) -> Response:
         """Reactors that declare bindings run on a worker thread: a model call or a
@@ -256,9 +265,9 @@ class WasmFunction:
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
                                 f"{wall_ms} ms (blocked in a host call)") from None
 
-    async def _handle_wasi(self, request: Request, route: str,
-                           params: Mapping[str, str]) -> Response:
-        env = cgi.environ(request, route, self.env, params)
+    async def _handle_wasi(self, request: Request, route: str, params: Mapping[str, str],
+                           principal: Mapping[str, str]) -> Response:
+        env = cgi.environ(request, route, self.env, params, principal)
         deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000
         return Response(*cgi.parse_response(await self._on_thread(self._run_wasi, env,
                                                                   request.body, deadline)))

@@ -17,11 +17,12 @@ from runtime.net.message import Request
 _SKIP = frozenset({b"content-length", b"content-type", b"authorization"})
 
 
-def environ(request: Request, route: str, env: dict[str, str],
-            params: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The CGI variables for `request` and its route's `params`, after the manifest's
-    `env` less the names the request sets: a guest's getenv finds the first
-    entry, so the manifest must not shadow a request variable."""
+def environ(request: Request, route: str, env: dict[str, str], params: Mapping[str, str],
+            principal: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """The CGI variables for `request`, its route's `params` and the caller's
+    `principal` (``EDGEFN_PRINCIPAL_TENANT``, ...; ``REMOTE_USER`` is the tenant),
+    after the manifest's `env` less the names the request sets: a guest's getenv
+    finds the first entry, so the manifest must not shadow a request variable."""
     out = [
         ("REQUEST_METHOD", request.method.decode("latin-1")),
         ("PATH_INFO", request.path.decode("latin-1")),
@@ -37,6 +38,10 @@ def environ(request: Request, route: str, env: dict[str, str],
             key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
             out.append((key, value.decode("latin-1")))
     out += [(param_variable(k), v) for k, v in params.items()]
+    if principal:
+        out += [(f"EDGEFN_PRINCIPAL_{k.upper()}", v) for k, v in principal.items()]
+        if "tenant" in principal:
+            out.append(("REMOTE_USER", principal["tenant"]))
     taken = {k for k, _ in out}
     return [(k, v) for k, v in env.items() if k not in taken] + out
 

@@ -27,12 +27,33 @@ class Dispatch:
         if fn.inflight >= fn.concurrency:
             raise FunctionError("concurrency_limit", 503, f"has {fn.inflight} requests in "
                                 f"flight, its limit (limits.concurrency = {fn.concurrency})")
-        result = fn.executor.handle(request, ctx.route, ctx.params)
+        who = ctx.principal
+        if who is None and ctx.bot is None:
+            result = fn.executor.handle(request, ctx.route, ctx.params)
+        else:
+            result = fn.executor.handle(request, ctx.route, ctx.params, _principal(ctx))
         if isinstance(result, Response):
             result.headers.append(fn.tag)
             return result
         fn.inflight += 1
         return then(_counted(result, fn), _tagged, fn.tag)
+
+
+def _principal(ctx: Context) -> dict[str, str]:
+    """The ABI's principal section: who is calling and what kind of client it is."""
+    out: dict[str, str] = {}
+    p = ctx.principal
+    if p is not None:
+        out = {"kind": p.kind, "tenant": p.tenant, "scopes": " ".join(p.scopes)}
+        if p.key_id:
+            out["key_id"] = p.key_id
+        if p.subject:
+            out["subject"] = p.subject
+    if ctx.bot is not None:
+        out["bot"] = ctx.bot
+    if ctx.agent is not None:
+        out["agent"] = ctx.agent
+    return out
 
 
 async def _counted(pending: Awaitable[Response], fn: Deployment) -> Response:

@@ -23,8 +23,8 @@ from urllib.parse import parse_qsl
 
 from edgefn_core import abi as _abi
 
-__all__ = ["KV", "BindingError", "Env", "FetchResponse", "Headers", "Request", "Response",
-           "Vectors"]
+__all__ = ["KV", "BindingError", "Env", "FetchResponse", "Headers", "Principal", "Request",
+           "Response", "Vectors"]
 
 
 
@@ -75,11 +75,34 @@ class Headers:
         return f"Headers({self._items!r})"
 
 
+class Principal:
+    """Who is calling, as the PoP's auth stage proved it: `kind` ("key" or "jwt"),
+    `tenant`, `scopes`, `key_id` (an API key's public id, never the key), `subject`
+    (a JWT's ``sub``)."""
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        self.kind = fields.get("kind", "")
+        self.tenant = fields.get("tenant", "")
+        self.scopes = tuple(fields.get("scopes", "").split())
+        self.key_id = fields.get("key_id")
+        self.subject = fields.get("subject")
+
+    def __repr__(self) -> str:
+        return f"Principal(kind={self.kind!r}, tenant={self.tenant!r}, key_id={self.key_id!r})"
+
+
 class Request:
-    """An incoming request: method, url, path, query (dict), headers, body, and
+    """An incoming request: method, url, path, query (dict), headers, body,
     `params`: what the route's pattern captured (``/users/:id`` on ``/users/42``
     gives ``{"id": "42"}``; a final ``/*`` puts the rest of the path under
-    ``"*"``), as raw as `path` (still percent-encoded)."""
+    ``"*"``), as raw as `path` (still percent-encoded); `principal`: who is
+    calling (a `Principal`, None when anonymous); `bot`: the client's class
+    (browser, verified_agent, declared_agent, automation, abusive; None when the
+    PoP does not classify) and `agent`: a verified AI agent's identity."""
+
+    principal: Principal | None = None
+    bot: str | None = None
+    agent: str | None = None
 
     def __init__(self, method: str, path: str, query_string: str, headers: Headers,
                  body: bytes, params: dict[str, str] | None = None) -> None:
@@ -110,6 +133,11 @@ class Request:
         request = cls(r.method.decode("latin-1"), r.path.decode("latin-1"),
                       r.query.decode("latin-1"), headers, r.body,
                       {k.decode("latin-1"): v.decode("latin-1") for k, v in r.params})
+        if r.principal:
+            who = {k.decode(): v.decode("utf-8", "replace") for k, v in r.principal}
+            if "tenant" in who:
+                request.principal = Principal(who)
+            request.bot, request.agent = who.get("bot"), who.get("agent")
         env = {k.decode("latin-1"): v.decode("utf-8", "replace") for k, v in r.env}
         return request, env
 

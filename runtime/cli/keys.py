@@ -1,0 +1,140 @@
+"""`edgefn keys ...` and `edgefn limits show`. Keys live in the data dir (works
+with or without a PoP running); a running PoP is told to reload them at once."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from edgefn_core.errors import EdgefnError, InvalidValue
+from runtime.security.keys import KeyRecord, KeyStore
+
+SCOPE = re.compile(r"^(\*|(fn|model|route|admin):[^\s,]{1,200})$")
+DURATION = re.compile(r"^(\d+)([mhd])$")
+TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+def keys_command(args: argparse.Namespace) -> None:
+    """Raises `InvalidValue` for bad options, `NotFound` for an unknown key id."""
+    store = KeyStore(Path(args.data))
+    match args.op:
+        case "create":
+            key, record = store.create(_tenant(args.tenant), _scopes(args.scopes),
+                                       expires=_expires(args.expires), rpm=args.rpm,
+                                       tpm=args.tpm, max_streams=args.max_streams)
+            _reload(args.data)
+            if args.json:
+                print(json.dumps({"key": key, **_row(record)}))
+            else:
+                print(key)
+                print(f"key {record.id} for tenant {record.tenant}: store it now, it is not "
+                      "shown again", file=sys.stderr)
+        case "ls":
+            rows = [_row(k) for k in store.read()]
+            if args.json:
+                print(json.dumps(rows))
+            else:
+                _table(rows)
+        case "revoke":
+            record = store.revoke(args.id)
+            _reload(args.data)
+            print(json.dumps(_row(record)) if args.json else f"revoked {record.id}")
+
+
+def limits_command(args: argparse.Namespace) -> None:
+    """Raises `InvalidConfig` for a bad config or key file."""
+    from runtime import config
+
+    cfg = config.load(args.config, data=args.data if args.config is None else None)
+    rl = cfg.ratelimit
+    keys = [{"id": k.id, "tenant": k.tenant, "rpm": k.rpm, "tpm": k.tpm,
+             "max_streams": k.max_streams} for k in KeyStore(cfg.data_dir).read()
+            if k.state(time.time()) == "active"]
+    out: dict[str, Any] = {
+           "storage": rl.storage, "ip_aggregation": f"/{rl.ipv4_prefix} /{rl.ipv6_prefix}",
+           "rules": [{"by": r.by, "limit": r.limit, "algorithm": r.algorithm} for r in rl.rules],
+           "tenants": {t: {"rpm": v.rpm, "tpm": v.tpm, "max_streams": v.max_streams}
+                       for t, v in rl.tenants.items()},
+           "keys": keys, "bots": cfg.bots.budgets}
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"storage {out['storage']}, client addresses aggregated to {out['ip_aggregation']}")
+    for r in out["rules"]:
+        print(f"rule: {r['limit']} per {r['by']} ({r['algorithm']})")
+    for t, v in out["tenants"].items():
+        print(f"tenant {t}: " + _limits(v))
+    for k in keys:
+        print(f"key {k['id']} ({k['tenant']}): " + _limits(k))
+    for cls, rate in cfg.bots.budgets.items():
+        print(f"bots: {cls} limited to {rate} when its policy is `limit`")
+
+
+def _limits(v: Mapping[str, object]) -> str:
+    parts = [f"{v[n]} {n}" for n in ("rpm", "tpm", "max_streams") if v.get(n) is not None]
+    return ", ".join(parts) or "unlimited"
+
+
+def _reload(data: str) -> None:
+    """Tell a PoP running on `data` to re-read the keys now (else it notices
+    within a second)."""
+    from runtime.admin.client import AdminClient
+
+    # no PoP running, or one going away: it reads the file when it starts
+    with contextlib.suppress(EdgefnError):
+        AdminClient(data, timeout=5).request("POST", "/v1/keys/reload")
+
+
+def _tenant(text: str) -> str:
+    if not TENANT.match(text):
+        raise InvalidValue(f"--tenant: expected lower-case letters, digits, _ and -, got "
+                           f"{text!r}")
+    return text
+
+
+def _scopes(text: str) -> tuple[str, ...]:
+    scopes = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [s for s in scopes if not SCOPE.match(s)]
+    if bad or not scopes:
+        raise InvalidValue(f"--scopes: expected '*', fn:NAME, route:/PATH, model:NAME or "
+                           f"admin:OP, got {bad[0] if bad else text!r}")
+    return scopes
+
+
+def _expires(text: str | None) -> float | None:
+    if text is None:
+        return None
+    m = DURATION.match(text)
+    if m:
+        return time.time() + int(m[1]) * {"m": 60, "h": 3600, "d": 86400}[m[2]]
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidValue(f"--expires: expected a duration (90m, 12h, 30d) or an ISO 8601 "
+                           f"time, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    if when.timestamp() <= time.time():
+        raise InvalidValue(f"--expires: {text} is in the past")
+    return when.timestamp()
+
+
+def _row(k: KeyRecord) -> dict[str, object]:
+    return {"id": k.id, "tenant": k.tenant, "scopes": list(k.scopes), "rpm": k.rpm,
+            "tpm": k.tpm, "max_streams": k.max_streams, "created": k.created,
+            "expires": k.expires, "state": k.state(time.time())}
+
+
+def _table(rows: list[dict[str, object]]) -> None:
+    print(f"{'ID':<14}{'TENANT':<16}{'STATE':<9}{'LIMITS':<28}SCOPES")
+    for r in rows:
+        print(f"{r['id']!s:<14}{r['tenant']!s:<16}{r['state']!s:<9}{_limits(r):<28}"
+              f"{','.join(r['scopes'])}")  # type: ignore[arg-type]

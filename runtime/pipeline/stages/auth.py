@@ -1,0 +1,156 @@
+"""`auth`: who is calling. Sets ``ctx.principal`` from an API key
+(``Authorization: Bearer efn_...`` or ``x-api-key``) or a JWT bearer token, and
+refuses what the target's mode and the principal's scopes do not allow:
+
+    mode (function: its ``auth``, else ``[auth] functions``; OpenAI API: ``[auth] openai``)
+      none  anyone; a valid credential still sets the principal, an invalid one is ignored
+      key   an active API key: 401 without one, 403 when no scope grants the target
+      jwt   a JWT bearer token that verifies: 401 otherwise, 403 as for keys
+      auto  (OpenAI API only) ``key`` once any key exists, else ``none``
+
+A function is granted by ``*``, ``fn:<name glob>`` or ``route:<path glob>``; the
+OpenAI API by ``*`` or any ``model:`` scope (the API checks the model itself).
+Requests nothing serves pass on to `route` (its 404).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+
+from edgefn_core.errors import Rejected
+from runtime.net.message import Request
+from runtime.pipeline.stage import Context, Next, Result, Target
+from runtime.pipeline.targets import Targets
+from runtime.security.jwt_auth import JwtVerifier, TokenInvalid
+from runtime.security.keys import KeyRing, is_well_formed
+from runtime.security.principal import Principal
+from runtime.security.settings import AuthSettings
+
+CHALLENGE = [(b"www-authenticate", b'Bearer realm="edgefn"')]
+MAX_CREDENTIAL = 8192
+
+
+class Auth:
+    name = "auth"
+
+    def __init__(self, settings: AuthSettings, keys: KeyRing, targets: Targets,
+                 jwt: JwtVerifier | None = None) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.targets = targets
+        self.jwt = jwt
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        target = self.targets.resolve(request, ctx)
+        if target is None:
+            return call_next(request, ctx)
+        mode = self._mode(target)
+        if mode == "none":
+            if request.headers and _has_credential(request):
+                ctx.principal = self._optional(request)
+            return call_next(request, ctx)
+        try:
+            principal = self._authenticate(mode, request, target)
+        except Rejected as e:
+            ctx.decide("auth", {"mode": mode, "result": e.code})
+            raise
+        ctx.principal = principal
+        ctx.decide("auth", {"mode": mode, "result": "ok", "key_id": principal.key_id,
+                            "tenant": principal.tenant})
+        return call_next(request, ctx)
+
+    def _authenticate(self, mode: str, request: Request, target: Target) -> Principal:
+        """Raises `Rejected`: 401 without a valid credential, 403 outside its scopes."""
+        credential = _credential(request)
+        if credential is None:
+            raise Rejected("unauthorized", 401, f"{_what(target)} needs an API key: send "
+                           "`Authorization: Bearer <key>` or `x-api-key: <key>`", CHALLENGE)
+        principal = self._verify(mode, *credential)
+        if not _grants(principal, target, request):
+            raise Rejected("forbidden", 403, f"this credential's scopes do not include "
+                           f"{_what(target)} (tenant {principal.tenant!r})")
+        return principal
+
+    def _mode(self, target: Target) -> str:
+        if target.kind == "openai":
+            mode = target.policy.auth or self.settings.openai
+            if mode == "auto":
+                return "key" if len(self.keys) else "none"
+            return mode
+        return target.policy.auth or self.settings.functions
+
+    def _verify(self, mode: str, kind: str, value: str) -> Principal:
+        """Raises `Rejected` (401) for a credential that does not prove anyone."""
+        if mode == "jwt":
+            if kind != "bearer" or self.jwt is None:
+                raise Rejected("unauthorized", 401, "expected a JWT in `Authorization: Bearer`"
+                               + ("" if self.jwt else " (this PoP has no [auth.jwt])"),
+                               CHALLENGE)
+            try:
+                return self.jwt.verify(value)
+            except TokenInvalid as e:
+                raise Rejected("unauthorized", 401, str(e), CHALLENGE) from None
+        if not is_well_formed(value):
+            raise Rejected("unauthorized", 401, "malformed API key: expected `efn_<id>_<secret>`"
+                           " as `edgefn keys create` prints it", CHALLENGE)
+        record = self.keys.lookup(value)
+        if record is None:
+            raise Rejected("unauthorized", 401, "unknown API key", CHALLENGE)
+        state = record.state(time.time())
+        if state != "active":
+            raise Rejected("unauthorized", 401, f"API key {record.id} is {state}", CHALLENGE)
+        return record.principal()
+
+    def _optional(self, request: Request) -> Principal | None:
+        """The principal a credential proves, if it proves one: where auth is off,
+        the header may well be the function's own (Basic auth, a foreign token)."""
+        try:
+            credential = _credential(request)
+            if credential is None:
+                return None
+            kind, value = credential
+            mode = "jwt" if self.jwt is not None and not value.startswith("efn_") else "key"
+            return self._verify(mode, kind, value)
+        except Rejected:
+            return None
+
+
+def _has_credential(request: Request) -> bool:
+    return any(n == b"authorization" or n == b"x-api-key" for n, _ in request.headers)
+
+
+def _credential(request: Request) -> tuple[str, str] | None:
+    """``("bearer" | "x-api-key", value)`` from the headers, or None. Raises
+    `Rejected` (401) for a malformed Authorization header."""
+    for name, value in request.headers:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() != b"bearer" or not token.strip():
+                raise Rejected("unauthorized", 401, "expected `Authorization: Bearer <key>`",
+                               CHALLENGE)
+            return "bearer", _text(token.strip())
+        if name == b"x-api-key":
+            return "x-api-key", _text(value.strip())
+    return None
+
+
+def _text(raw: bytes) -> str:
+    if len(raw) > MAX_CREDENTIAL:
+        raise Rejected("unauthorized", 401, f"credential longer than {MAX_CREDENTIAL} bytes",
+                       CHALLENGE)
+    return raw.decode("latin-1")
+
+
+def _grants(principal: Principal, target: Target, request: Request) -> bool:
+    if target.kind == "openai":
+        return any(s == "*" or s.startswith("model:") for s in principal.scopes)
+    if principal.allows("fn", target.name):
+        return True
+    path = request.path.decode("latin-1")
+    return any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
+               for s in principal.scopes)
+
+
+def _what(target: Target) -> str:
+    return "the OpenAI API" if target.kind == "openai" else f"function {target.name!r}"

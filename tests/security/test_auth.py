@@ -1,0 +1,435 @@
+"""API keys, JWTs and the auth stage: socket-free through the stage, end to end
+over loopback with a Python function that reports `request.principal`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import jwt as pyjwt
+import msgspec
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from edgefn_core.errors import InvalidConfig, NotFound, Rejected
+from runtime.functions.router import Router
+from runtime.net.message import Request, Response
+from runtime.pipeline.stage import Context
+from runtime.pipeline.stages.auth import Auth
+from runtime.pipeline.targets import Targets
+from runtime.security import keys as keymod
+from runtime.security.jwt_auth import JwtVerifier, TokenInvalid
+from runtime.security.keys import KeyRing, KeyStore
+from runtime.security.settings import AuthSettings, JwtSettings, TargetPolicy
+from tests.support import Running, pop_thread, python_function
+
+
+# -- key store ------------------------------------------------------------------------------
+def test_a_key_is_shown_once_and_stored_only_as_its_hash(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path)
+    key, record = store.create("acme", ("fn:*",), rpm=60)
+    raw = (tmp_path / "keys.json").read_bytes()
+    secret = key.rsplit("_", 1)[1]
+    assert key.encode() not in raw and secret.encode() not in raw
+    assert record.hash.encode() in raw and keymod.digest(key) == record.hash
+    assert (tmp_path / "keys.json").stat().st_mode & 0o777 == 0o600
+    assert keymod.is_well_formed(key) and key.startswith(f"efn_{record.id}_")
+    assert KeyRing(store).lookup(key) == record
+
+
+def test_revoke_keeps_the_key_listed_and_unknown_ids_are_not_found(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path)
+    _, a = store.create("acme", ("*",))
+    _, b = store.create("beta", ("*",))
+    revoked = store.revoke(a.id)
+    assert revoked.state(time.time()) == "revoked"
+    assert [k.state(time.time()) for k in store.read()] == ["revoked", "active"]
+    assert store.read()[1] == b
+    with pytest.raises(NotFound, match="no key 'nope'"):
+        store.revoke("nope")
+
+
+def test_a_ring_sees_changes_to_the_file_within_its_reload_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = KeyStore(tmp_path)
+    ring = KeyRing(store)
+    key, record = store.create("acme", ("*",))
+    assert ring.lookup(key) is None  # checked less than RELOAD_INTERVAL ago
+    clock = [time.monotonic() + keymod.RELOAD_INTERVAL]
+    monkeypatch.setattr(keymod.time, "monotonic", lambda: clock[0])
+    assert ring.lookup(key) == record
+    store.revoke(record.id)
+    clock[0] += keymod.RELOAD_INTERVAL
+    found = ring.lookup(key)
+    assert found is not None and found.state(time.time()) == "revoked"
+
+
+def test_a_corrupt_key_file_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "keys.json").write_text("{not json")
+    with pytest.raises(InvalidConfig, match=r"keys\.json: not a key file"):
+        KeyStore(tmp_path).read()
+
+
+# -- the stage, without sockets ---------------------------------------------------------------
+class Fn:
+    """A function target as `Targets` resolves it."""
+
+    kind = "function"
+    tenant = "acme"
+
+    def __init__(self, name: str, auth: str | None = None) -> None:
+        self.name = name
+        self.label = f"{name}@1"
+        self.policy = TargetPolicy(auth=auth)  # type: ignore[arg-type]
+
+
+class OpenAITarget:
+    kind, name, label, tenant = "openai", "openai", "openai", None
+    policy = TargetPolicy()
+
+
+def stage(tmp_path: Path, target: Any, settings: AuthSettings | None = None,
+          jwt: JwtVerifier | None = None) -> tuple[Auth, KeyStore]:
+    """The stage over an empty router, with `target` serving every path (None:
+    nothing does)."""
+    store = KeyStore(tmp_path)
+    targets = Targets(SimpleNamespace(router=Router()))  # type: ignore[arg-type]
+    if target is not None:
+        targets.resolve = lambda request, ctx: _set(ctx, target)  # type: ignore[method-assign]
+    return Auth(settings or AuthSettings(), KeyRing(store), targets, jwt), store
+
+
+def _set(ctx: Context, target: Any) -> Any:
+    ctx.target = target
+    return target
+
+
+def call(auth: Auth, headers: list[tuple[bytes, bytes]] | None = None,
+         path: bytes = b"/x") -> tuple[Context, Response]:
+    request = Request(b"GET", path, b"", headers or [], b"h", "1.1", True, "1.2.3.4:5")
+    ctx = Context(request.client)
+    response = auth(request, ctx, lambda r, c: Response(200, [], b"ok"))
+    assert isinstance(response, Response)
+    return ctx, response
+
+
+def refused(auth: Auth, headers: list[tuple[bytes, bytes]] | None = None,
+            path: bytes = b"/x") -> Rejected:
+    with pytest.raises(Rejected) as err:
+        call(auth, headers, path)
+    return err.value
+
+
+def bearer(key: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {key}".encode())]
+
+
+def test_key_mode_admits_a_valid_key_by_either_header_and_sets_the_principal(
+        tmp_path: Path) -> None:
+    auth, store = stage(tmp_path, Fn("chat", auth="key"))
+    key, record = store.create("acme", ("fn:chat",), tpm=500)
+    auth.keys.reload()
+    for headers in (bearer(key), [(b"x-api-key", key.encode())]):
+        ctx, response = call(auth, headers)
+        assert response.body == b"ok"
+        assert ctx.principal == record.principal() and ctx.principal.tpm == 500
+        assert ctx.decisions == {"auth": {"mode": "key", "result": "ok", "key_id": record.id,
+                                          "tenant": "acme"}}
+
+
+@pytest.mark.parametrize(("headers", "words"), [
+    ([], "needs an API key"),
+    ([(b"authorization", b"Basic dXNlcjpwdw==")], "expected `Authorization: Bearer <key>`"),
+    ([(b"authorization", b"Bearer")], "expected `Authorization: Bearer <key>`"),
+    ([(b"authorization", b"Bearer sk-not-ours")], "malformed API key"),
+    ([(b"x-api-key", b"efn_" + b"a" * 12 + b"_" + b"b" * 43)], "unknown API key"),
+    ([(b"x-api-key", b"x" * 9000)], "longer than 8192 bytes"),
+    ([(b"x-api-key", "efn_\u00e9".encode())], "malformed API key"),
+])
+def test_key_mode_refuses_what_proves_no_one_with_401(
+        tmp_path: Path, headers: list[tuple[bytes, bytes]], words: str) -> None:
+    auth, _ = stage(tmp_path, Fn("chat", auth="key"))
+    err = refused(auth, headers)
+    assert (err.status, err.code) == (401, "unauthorized") and words in str(err)
+    assert (b"www-authenticate", b'Bearer realm="edgefn"') in err.headers
+
+
+def test_revoked_and_expired_keys_are_401_naming_their_state(tmp_path: Path) -> None:
+    auth, store = stage(tmp_path, Fn("chat", auth="key"))
+    revoked, r = store.create("acme", ("*",))
+    store.revoke(r.id)
+    expired, e = store.create("acme", ("*",), expires=time.time() - 1)
+    auth.keys.reload()
+    assert f"API key {r.id} is revoked" in str(refused(auth, bearer(revoked)))
+    assert f"API key {e.id} is expired" in str(refused(auth, bearer(expired)))
+
+
+@pytest.mark.parametrize(("scopes", "ok"), [
+    (("fn:chat",), True), (("fn:ch*",), True), (("*",), True), (("route:/x*",), True),
+    (("fn:other",), False), (("model:*",), False), (("route:/y*",), False),
+    (("admin:deploy",), False)])
+def test_scopes_decide_between_the_function_and_403(
+        tmp_path: Path, scopes: tuple[str, ...], ok: bool) -> None:
+    auth, store = stage(tmp_path, Fn("chat", auth="key"))
+    key, _ = store.create("acme", scopes)
+    auth.keys.reload()
+    if ok:
+        assert call(auth, bearer(key))[1].body == b"ok"
+    else:
+        err = refused(auth, bearer(key))
+        assert (err.status, err.code) == (403, "forbidden")
+        assert "function 'chat'" in str(err) and "tenant 'acme'" in str(err)
+
+
+def test_none_mode_sets_a_valid_principal_and_ignores_foreign_credentials(
+        tmp_path: Path) -> None:
+    auth, store = stage(tmp_path, Fn("open"))
+    key, record = store.create("acme", ("fn:other",))
+    auth.keys.reload()
+    ctx, response = call(auth, bearer(key))
+    assert response.body == b"ok" and ctx.principal == record.principal()
+    for foreign in ([(b"authorization", b"Basic dXNlcjpwdw==")], bearer("sk-theirs"), []):
+        ctx, response = call(auth, foreign)
+        assert response.body == b"ok" and ctx.principal is None
+
+
+def test_the_pop_default_mode_applies_to_functions_that_say_nothing(tmp_path: Path) -> None:
+    auth, _ = stage(tmp_path, Fn("quiet"), AuthSettings(functions="key"))
+    assert refused(auth).status == 401
+    auth, _ = stage(tmp_path, Fn("loud", auth="none"), AuthSettings(functions="key"))
+    assert call(auth)[1].body == b"ok"
+
+
+def test_the_openai_api_asks_for_a_key_once_any_key_exists(tmp_path: Path) -> None:
+    auth, store = stage(tmp_path, OpenAITarget())
+    assert call(auth)[1].body == b"ok"  # auto, no keys yet
+    fn_only, _ = store.create("acme", ("fn:*",))
+    models, _ = store.create("acme", ("model:smollm2*",))
+    auth.keys.reload()
+    assert refused(auth).status == 401
+    assert refused(auth, bearer(fn_only)).status == 403
+    assert call(auth, bearer(models))[1].body == b"ok"
+    auth, _ = stage(tmp_path, OpenAITarget(), AuthSettings(openai="none"))
+    assert call(auth)[1].body == b"ok"
+
+
+def test_unrouted_requests_pass_on_to_route(tmp_path: Path) -> None:
+    auth, _ = stage(tmp_path, None, AuthSettings(functions="key"))
+    assert call(auth, path=b"/nothing-here")[1].body == b"ok"
+
+
+# -- JWT --------------------------------------------------------------------------------------
+@pytest.fixture
+def es256(tmp_path: Path) -> tuple[Any, Path]:
+    private = ec.generate_private_key(ec.SECP256R1())
+    jwk = json.loads(pyjwt.algorithms.ECAlgorithm.to_jwk(private.public_key()))
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig", "alg": "ES256"}]}))
+    return private, path
+
+
+def token(key: Any, alg: str = "ES256", kid: str | None = "k1", **claims: Any) -> str:
+    body = {"tenant": "acme", "sub": "user-7", "scope": "fn:chat model:*",
+            "exp": int(time.time()) + 60, "iss": "https://idp.test", **claims}
+    return pyjwt.encode({k: v for k, v in body.items() if v is not None}, key, algorithm=alg,
+                        headers={"kid": kid} if kid else None)
+
+
+def test_jwt_mode_verifies_es256_against_the_jwks(tmp_path: Path,
+                                                  es256: tuple[Any, Path]) -> None:
+    private, jwks = es256
+    verifier = JwtVerifier(JwtSettings(jwks=str(jwks), issuer="https://idp.test"))
+    auth, _ = stage(tmp_path, Fn("chat", auth="jwt"), jwt=verifier)
+    ctx, _ = call(auth, bearer(token(private)))
+    assert ctx.principal is not None
+    assert (ctx.principal.kind, ctx.principal.tenant, ctx.principal.subject,
+            ctx.principal.scopes) == ("jwt", "acme", "user-7", ("fn:chat", "model:*"))
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda k: token(k, exp=int(time.time()) - 120), "expired"),
+    (lambda k: token(k, iss="https://evil.test"), "issuer"),
+    (lambda k: token(k, tenant=None), "no 'tenant' claim"),
+    (lambda k: token(k, kid="k2"), "no key with kid 'k2'"),
+    (lambda k: token(ec.generate_private_key(ec.SECP256R1())), "Signature verification"),
+    (lambda k: token(k, exp=None), 'missing the "exp" claim'),
+    (lambda k: token("shared-secret-that-is-long-enough-32b", alg="HS256"), "HS256"),
+    (lambda k: pyjwt.encode({"tenant": "acme", "exp": int(time.time()) + 60}, None,
+                            algorithm="none"), "algorithm 'none' is not accepted"),
+    (lambda k: "not.a.jwt", "invalid token"),
+])
+def test_jwts_that_do_not_verify_are_401_saying_why(tmp_path: Path, es256: tuple[Any, Path],
+                                                    make: Any, words: str) -> None:
+    private, jwks = es256
+    verifier = JwtVerifier(JwtSettings(jwks=str(jwks), issuer="https://idp.test"))
+    auth, _ = stage(tmp_path, Fn("chat", auth="jwt"), jwt=verifier)
+    err = refused(auth, bearer(make(private)))
+    assert err.status == 401 and words in str(err), str(err)
+
+
+def test_hs256_uses_the_secret_from_the_environment(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s" * 40
+    monkeypatch.setenv("EDGEFN_TEST_JWT", secret)
+    verifier = JwtVerifier(JwtSettings(secret_env="EDGEFN_TEST_JWT", algorithms=["HS256"]))
+    assert verifier.verify(token(secret, alg="HS256", kid=None)).tenant == "acme"
+    with pytest.raises(TokenInvalid, match="Signature verification"):
+        verifier.verify(token("t" * 40, alg="HS256", kid=None))
+    monkeypatch.delenv("EDGEFN_TEST_JWT")
+    with pytest.raises(InvalidConfig, match="'EDGEFN_TEST_JWT' is not set"):
+        JwtVerifier(JwtSettings(secret_env="EDGEFN_TEST_JWT", algorithms=["HS256"]))
+
+
+def test_a_jwks_file_that_cannot_be_loaded_is_an_invalid_config(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text('{"keys": [{"kty": "nope"}]}')
+    for path in (tmp_path / "bad.json", tmp_path / "missing.json"):
+        with pytest.raises(InvalidConfig, match=r"auth\.jwt\.jwks"):
+            JwtVerifier(JwtSettings(jwks=str(path)))
+
+
+# -- end to end -------------------------------------------------------------------------------
+WHO = """
+from edgefn import Response
+
+def handle(request, env):
+    p = request.principal
+    return Response.json(None if p is None else {"tenant": p.tenant, "kind": p.kind,
+                          "key_id": p.key_id, "scopes": list(p.scopes)})
+"""
+
+
+@pytest.fixture
+def authed(tmp_path: Path) -> Any:
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(python_function(tmp_path, "who", WHO, extra='auth = "key"\n'))
+        pop.deploy(python_function(tmp_path, "open", WHO))
+        yield pop
+
+
+def test_a_python_function_sees_the_principal_and_a_revoke_takes_effect(
+        authed: Running) -> None:
+    store = KeyStore(authed.data)
+    key, record = store.create("acme", ("fn:who", "fn:open"))
+    authed.admin.request("POST", "/v1/keys/reload")
+    status, headers, body = authed.get("/who", headers={"authorization": f"Bearer {key}"})
+    assert status == 200, body
+    assert json.loads(body) == {"tenant": "acme", "kind": "key", "key_id": record.id,
+                                "scopes": ["fn:who", "fn:open"]}
+    assert json.loads(authed.get("/open")[2]) is None
+    assert json.loads(authed.get("/open", headers={"x-api-key": key})[2])["tenant"] == "acme"
+    status, headers, body = authed.get("/who")
+    error = msgspec.json.decode(body)["error"]
+    assert status == 401 and error["kind"] == "unauthorized"
+    assert headers["www-authenticate"] == 'Bearer realm="edgefn"'
+    assert headers["x-request-id"] and "x-edgefn-function" not in headers
+    store.revoke(record.id)
+    authed.admin.request("POST", "/v1/keys/reload")
+    status, _, body = authed.get("/who", headers={"x-api-key": key})
+    assert status == 401 and b"revoked" in body
+
+
+def test_the_cli_creates_lists_and_revokes_keys(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.cli.main import main
+
+    data = str(tmp_path / "d")
+    assert main(["keys", "create", "--data", data, "--tenant", "acme", "--scopes",
+                 "fn:*,model:*", "--tpm", "900", "--expires", "2d", "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["tpm"] == 900 and created["state"] == "active"
+    assert 2 * 86400 - 60 < created["expires"] - time.time() <= 2 * 86400
+    assert keymod.is_well_formed(created["key"])
+    [stored] = KeyStore(Path(data)).read()
+    assert stored.id == created["id"] and stored.hash == keymod.digest(created["key"])
+    for bad, words in ((["--tenant", "Bad Name", "--scopes", "*"], "--tenant"),
+                       (["--tenant", "a", "--scopes", "fn:*", "--expires", "yesterday"],
+                        "--expires"),
+                       (["--tenant", "a", "--scopes", "fn"], "--scopes")):
+        assert main(["keys", "create", "--data", data, *bad]) == 1
+        assert words in capsys.readouterr().err
+    assert main(["keys", "revoke", "--data", data, stored.id]) == 0
+    assert main(["keys", "ls", "--data", data, "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (row["id"], row["state"]) == (stored.id, "revoked") and "key" not in row
+    assert main(["keys", "revoke", "--data", data, "0" * 12]) == 1
+
+
+def test_admin_keys_act_for_their_tenant_within_their_admin_scopes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgefn_core.errors import AdminError
+    from runtime.admin.client import AdminClient
+
+    with pop_thread(tmp_path / "data") as pop:
+        store = KeyStore(pop.data)
+        deployer, _ = store.create("acme", ("admin:deploy", "admin:read"))
+        other, _ = store.create("beta", ("admin:*",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        mine = python_function(tmp_path / "a", "mine", WHO, extra='owner = "acme"\n')
+        monkeypatch.setenv("EDGEFN_API_KEY", deployer)
+        acme = AdminClient(pop.data)
+        assert acme.deploy(mine)["name"] == "mine"
+        assert [f["name"] for f in acme.request("GET", "/v1/functions")["functions"]] == ["mine"]
+        with pytest.raises(AdminError) as err:  # no owner: the function's own name
+            acme.deploy(python_function(tmp_path / "b", "loose", WHO))
+        assert (err.value.status, err.value.code) == (403, "not_owner")
+        assert "set owner = 'acme'" in str(err.value)
+        with pytest.raises(AdminError) as err:
+            acme.request("DELETE", "/v1/functions/mine")
+        assert (err.value.status, err.value.code) == (403, "forbidden")
+        assert "no scope admin:delete" in str(err.value)
+        monkeypatch.setenv("EDGEFN_API_KEY", other)
+        with pytest.raises(AdminError) as err:
+            AdminClient(pop.data).request("DELETE", "/v1/functions/mine")
+        assert (err.value.status, err.value.code) == (403, "not_owner")
+        monkeypatch.setenv("EDGEFN_API_KEY", "efn_" + "0" * 12 + "_" + "x" * 43)
+        with pytest.raises(AdminError) as err:
+            AdminClient(pop.data).request("GET", "/v1/functions")
+        assert err.value.status == 401
+        assert pop.get("/mine")[0] == 200  # still served
+
+
+WHO_C = r"""
+#include "edgefn.h"
+int64_t handle(const edgefn_request *req) {
+    edgefn_str t = edgefn_principal(req, "tenant"), k = edgefn_principal(req, "key_id");
+    edgefn_str p = edgefn_param(req, "x");
+    char out[256];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < t.len; i++) out[n++] = t.ptr[i];
+    out[n++] = '/';
+    for (uint32_t i = 0; i < k.len; i++) out[n++] = k.ptr[i];
+    out[n++] = '/';
+    for (uint32_t i = 0; i < p.len; i++) out[n++] = p.ptr[i];
+    return edgefn_respond(200, "text/plain", out, n);
+}
+"""
+
+
+def test_a_c_reactor_reads_the_principal_after_the_params(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from tests.support import in_ci
+
+    if shutil.which("clang") is None:
+        if in_ci():
+            raise AssertionError("clang is missing: `make toolchains` installs it")
+        pytest.skip("clang is missing: run `make toolchains`")
+    sdk = Path(__file__).resolve().parents[2] / "functions" / "sdk" / "c"
+    fn = tmp_path / "who-c"
+    fn.mkdir()
+    (fn / "who.c").write_text(WHO_C)
+    subprocess.run(["clang", "--target=wasm32", "-O2", "-nostdlib", "-Wl,--no-entry",
+                    "-Wl,--allow-undefined", f"-I{sdk}", "-o", str(fn / "who.wasm"),
+                    str(fn / "who.c")], check=True)
+    (fn / "edgefn.toml").write_text('name = "who-c"\nruntime = "wasm"\nentry = "who.wasm"\n'
+                                    'routes = ["/who-c/:x"]\n')
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(fn)
+        key, record = KeyStore(pop.data).create("acme", ("fn:who-c",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        assert pop.get("/who-c/7")[2] == b"//7"  # anonymous: no principal section
+        assert pop.get("/who-c/8", headers={"x-api-key": key})[2] == f"acme/{record.id}/8".encode()
