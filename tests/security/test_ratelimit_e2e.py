@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from runtime.security.keys import KeyStore
 from tests.support import function_dir, pop_thread, reactor
 
 from .redis_server import RedisServer, redis_server  # noqa: F401
@@ -38,3 +39,19 @@ def test_two_pops_sharing_redis_admit_the_limit_together(tmp_path: Path,
     assert statuses.count(404) == 5 and statuses.count(429) == 7
     assert statuses[:5] == [404] * 5  # admitted first, by both PoPs in turn
     assert after[0] == 429 and after[1]["ratelimit-policy"] == '"by-ip";q=5;w=60'
+
+
+def test_an_api_keys_rpm_limits_it_over_http(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    key, _ = KeyStore(tmp_path / "data").create("acme", ("*",), rpm=2)  # before the PoP reads
+    other, _ = KeyStore(tmp_path / "data").create("acme", ("*",))
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(function_dir(tmp_path, "hello", reactor("")))
+        bearer = {"authorization": f"Bearer {key}"}
+        statuses = [pop.get("/hello", headers=bearer)[0] for _ in range(3)]
+        refused = pop.get("/hello", headers={"x-api-key": key})
+        anonymous = [pop.get("/hello")[0] for _ in range(3)]
+        others = [pop.get("/hello", headers={"x-api-key": other})[0] for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert refused[0] == 429 and refused[1]["ratelimit-policy"] == '"key-rpm";q=2;w=60'
+    assert anonymous == others == [200] * 3  # no key, or a key without an rpm: no limit

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import openai
 import pytest
 
 from runtime.ai.openai_api import OpenAIApi
 from runtime.net.message import Request, Response
 from runtime.pipeline.chain import Chain
 from runtime.pipeline.stage import Context, Next, Result
+from runtime.security.keys import KeyStore
 from runtime.security.principal import Principal
 from runtime.security.ratelimit.budget import MemoryBudgetStore
 from tests.support import EXAMPLES, Running, pop_thread
@@ -36,10 +38,19 @@ AI_C = EXAMPLES / "ai-c"
 
 
 @pytest.fixture(scope="module")
-def pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    with pop_thread(tmp_path_factory.mktemp("budget-pop"), ai=True,
-                    **{"ratelimit.tenants": TENANTS}) as running:
-        yield running
+def pop_and_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str]]:
+    """The PoP, and an API key of tenant "http" with 100 tokens a minute (made
+    before the PoP starts: it reads new keys only every few seconds)."""
+    data = tmp_path_factory.mktemp("budget-pop") / "data"
+    data.mkdir()
+    key, _ = KeyStore(data).create("http", ("*",), tpm=100)
+    with pop_thread(data, ai=True, **{"ratelimit.tenants": TENANTS}) as running:
+        yield running, key
+
+
+@pytest.fixture(scope="module")
+def pop(pop_and_key: tuple[Running, str]) -> Running:
+    return pop_and_key[0]
 
 
 class Caller:
@@ -249,3 +260,24 @@ def test_a_functions_ai_calls_are_charged_to_its_tenant(pop: Running, tmp_path: 
         timeout=60)
     assert status == 200, body
     assert used(pop, "fn-team") == before + json.loads(body)["tokens"] > before
+
+
+def test_a_keys_token_budget_over_http_in_openais_shape(pop_and_key: tuple[Running, str]
+                                                        ) -> None:
+    pop, key = pop_and_key
+    client = openai.OpenAI(base_url=f"http://{pop.host}:{pop.port}/v1", api_key=key,
+                           max_retries=0, timeout=60)
+    try:
+        first = client.chat.completions.create(  # 12 prompt tokens + 80: 92 reserved
+            model=CHAT, messages=HELLO, max_tokens=80, stop=[" "], temperature=0)  # type: ignore[arg-type]
+        assert first.usage is not None and first.usage.total_tokens < 30
+        with pytest.raises(openai.RateLimitError) as e:  # the first's usage + 92 > 100
+            client.chat.completions.create(model=CHAT, messages=HELLO, max_tokens=80)  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError) as never:
+            client.chat.completions.create(model=CHAT, messages=HELLO, max_tokens=10**6)  # type: ignore[arg-type]
+    finally:
+        client.close()
+    headers = e.value.response.headers
+    assert e.value.code == "token_budget" and 1 <= int(headers["retry-after"]) <= 60
+    assert headers["ratelimit-policy"] == '"key-tpm";q=100;w=60'
+    assert never.value.code == "token_budget" and "lower max_tokens" in never.value.message
