@@ -137,7 +137,9 @@ class RateRule(Struct, forbid_unknown_fields=True, frozen=True):
 
     by: LimitKey
     limit: RateString
-    algorithm: Algorithm = "moving_window"
+    # the sliding window counter costs O(1) per hit, in memory and on Redis; a moving
+    # window keeps every hit of its window (exact, but O(limit) per hit in memory)
+    algorithm: Algorithm = "sliding_window"
 
     def __post_init__(self) -> None:
         if not _RATES.fullmatch(self.limit):

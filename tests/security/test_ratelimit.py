@@ -137,9 +137,11 @@ def test_an_ip_rule_admits_its_limit_then_429(algorithm: str, closing: list[Rate
     assert call(app, ip="10.0.0.2").status == 200  # another client has its own window
 
 
-def test_admitted_responses_carry_the_headers_counting_down(closing: list[RateLimit]) -> None:
-    app, stage = chain(RateLimitSettings(rules=[RateRule("ip", "3/minute"),
-                                                RateRule("ip", "100/hour")]))
+@pytest.mark.parametrize("algorithm", ["moving_window", "sliding_window", "fixed_window"])
+def test_admitted_responses_carry_the_headers_counting_down(algorithm: Any,
+                                                            closing: list[RateLimit]) -> None:
+    app, stage = chain(RateLimitSettings(rules=[RateRule("ip", "3/minute", algorithm),
+                                                RateRule("ip", "100/hour", algorithm)]))
     closing.append(stage)
     seen = []
     for _ in range(3):
