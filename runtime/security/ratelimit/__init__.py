@@ -8,5 +8,6 @@
 - `admission`: what an AI call reserves, for whom (a key, a tenant).
 
 The stage that applies request rates is `runtime.pipeline.stages.ratelimit`; the
-OpenAI API applies token budgets itself (it knows the prompt and the usage).
+OpenAI API and the ``ai`` binding apply token budgets themselves (they know the
+prompt and the usage), with one `TokenBudgets` per PoP (`Stores.budgets`).
 """
