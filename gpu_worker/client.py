@@ -39,7 +39,8 @@ STABLE_AFTER = 60.0  # a worker that ran this long before exiting restarts after
 
 
 class Generation:
-    """A running generation: iterate for text chunks; `done` holds the usage after."""
+    """A running generation: iterate for text chunks; `done` holds the usage after,
+    `tokens` the tokens read so far."""
 
     def __init__(self, client: WorkerClient, rid: int, window: int) -> None:
         self.client, self.rid, self.window = client, rid, window
@@ -47,6 +48,7 @@ class Generation:
         self.done: p.Done | None = None
         self.finished = False
         self.unacked = 0
+        self.tokens = 0
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self
@@ -62,7 +64,8 @@ class Generation:
             raise WorkerError("timeout", 504,
                               f"no output from the model for {IDLE_TIMEOUT:.0f} s") from None
         match msg:
-            case p.Chunk(text=text):
+            case p.Chunk(text=text, tokens=tokens):
+                self.tokens += tokens
                 self.unacked += 1
                 if self.unacked >= max(1, self.window // 2):
                     self.client.send(p.Credit(self.rid, self.unacked))
@@ -189,6 +192,14 @@ class WorkerClient:
 
     async def embed(self, model: str, inputs: list[str]) -> dict[str, Any]:
         return await self.call(lambda i: p.Embed(i, model, inputs))
+
+    async def count_tokens(self, model: str, *, prompt: str | None = None,
+                           messages: list[dict[str, Any]] | None = None,
+                           inputs: list[str] | None = None) -> int:
+        """The tokens `model` reads for one input (see `protocol.CountTokens`).
+        Raises `WorkerError` (``count_unsupported`` where the engine cannot
+        tell), `WorkerDead`."""
+        return int(await self.call(lambda i: p.CountTokens(i, model, prompt, messages, inputs)))
 
     async def rerank(self, model: str, query: str, documents: list[str],
                      top_n: int | None = None) -> dict[str, Any]:

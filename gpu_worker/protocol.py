@@ -5,7 +5,7 @@ Messages are tagged msgspec structs (``array_like`` so a frame carries no field
 names). Every request carries an ``id`` chosen by the client; every reply names
 the ``id`` it answers.
 
-Client -> worker: Generate, Embed, Rerank, Cancel, Credit, Models, AddLora, RemoveLora,
+Client -> worker: Generate, Embed, Rerank, CountTokens, Cancel, Credit, Models, AddLora, RemoveLora,
 GetMetrics, Ping. Worker -> client: Chunk (streamed text), Done (end of a
 generation, with usage), Result (any other answer), Error.
 
@@ -60,6 +60,18 @@ class Rerank(_Msg, tag="rerank"):
     query: str
     documents: list[str]
     top_n: int | None = None
+
+
+class CountTokens(_Msg, tag="count"):
+    """How many tokens the model reads for an input: a completion's `prompt`, a
+    chat's `messages` (rendered with the chat template, as `Generate` does) or
+    texts to embed (`inputs`). Answered with a Result whose data is an int."""
+
+    id: int
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    inputs: list[str] | None = None
 
 
 class Cancel(_Msg, tag="cancel"):
@@ -128,7 +140,7 @@ class Error(_Msg, tag="error"):
     status: int = 500
 
 
-Request = (Generate | Embed | Rerank | Cancel | Credit | Models | AddLora | RemoveLora
+Request = (Generate | Embed | Rerank | CountTokens | Cancel | Credit | Models | AddLora | RemoveLora
            | GetMetrics | Ping)
 Reply = Chunk | Done | Result | Error
 

@@ -230,6 +230,8 @@ class Connection:
                 order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n or len(docs)]
                 return {"results": [{"index": i, "relevance_score": scores[i]} for i in order],
                         "tokens": tokens}
+            case p.CountTokens(model=model):
+                return await w.engine_for(model).count_tokens(msg)
             case p.Models():
                 return [msgspec.to_builtins(m) for m in w.models()]
             case p.AddLora(name=name, path=path, base=base, scale=scale):

@@ -90,6 +90,7 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
             (data / "pop.json").unlink(missing_ok=True)
             await admin.shutdown(1.0)
             await public.shutdown(config.grace_seconds)
+            await pop.pipeline.aclose()
     finally:
         if pop.ai is not None:
             await pop.ai.close()

@@ -20,7 +20,7 @@ from edgefn_core.errors import EngineError
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..metrics import Metrics
-    from ..protocol import Generate
+    from ..protocol import CountTokens, Generate
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):
@@ -71,6 +71,13 @@ class Engine:
         """One relevance score per document (higher is more relevant) and tokens read.
         Raises `EngineError`."""
         raise EngineError("invalid_request", 400, f"model {model!r} does not rerank")
+
+    async def count_tokens(self, req: CountTokens) -> int:
+        """The tokens the model reads for `req`'s input. Raises `EngineError`:
+        ``count_unsupported`` (400) where the engine cannot tell, invalid_request
+        for an empty input."""
+        raise EngineError("count_unsupported", 400, f"model {req.model!r} cannot count tokens "
+                          "(its engine has no tokenizer here)")
 
     async def remove_lora(self, name: str) -> None:
         """Stop serving adapter `name`. Raises `EngineError` (400) where `name` is

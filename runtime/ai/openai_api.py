@@ -9,6 +9,9 @@ worker:
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
 with its status codes. These paths are taken before function routes.
+
+With `TokenBudgets`, a caller's generation or embedding reserves its tokens at
+admission and is settled with its usage when it ends (`OpenAIApi._admit`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import re
 import secrets
 import struct
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
     from runtime.security.principal import Principal
 from runtime.net.message import Request, Response, json_response
+from runtime.security.ratelimit.admission import Ticket, TokenBudgets, used_by
 from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
@@ -120,14 +125,22 @@ class OpenAIApi:
 
     paths = PATHS
 
-    def __init__(self, ai: AIService) -> None:
+    def __init__(self, ai: AIService, budgets: TokenBudgets | None = None) -> None:
         self.ai = ai
+        self.budgets = budgets
 
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
-        """`ctx.principal`, when set, limits the models a caller may use."""
-        return self._route(request, ctx.principal if ctx is not None else None)
+        """`ctx.principal`, when set, limits the models a caller may use and pays
+        for what it generates (token budgets)."""
+        return self._route(request, ctx)
 
-    async def _route(self, request: Request, who: Principal | None) -> Response:
+    async def aclose(self) -> None:
+        """Close the token budgets' store (a Redis connection)."""
+        if self.budgets is not None:
+            await self.budgets.store.close()
+
+    async def _route(self, request: Request, ctx: Context | None) -> Response:
+        who = ctx.principal if ctx is not None else None
         path, method = request.path, request.method
         if path == b"/v1/models":
             if method != b"GET":
@@ -136,12 +149,14 @@ class OpenAIApi:
         if method != b"POST":
             raise ApiError("method_not_allowed", 405, f"use POST {path.decode()}")
         if path == b"/v1/chat/completions":
-            return await self.generate(_allowed(_decode(request.body, ChatBody), who), chat=True)
+            return await self.generate(_allowed(_decode(request.body, ChatBody), who), chat=True,
+                                       ctx=ctx)
         if path == b"/v1/completions":
             return await self.generate(_allowed(_decode(request.body, CompletionBody), who),
-                                       chat=False)
+                                       chat=False, ctx=ctx)
         if path == b"/v1/embeddings":
-            return await self.embeddings(_allowed(_decode(request.body, EmbeddingsBody), who))
+            return await self.embeddings(_allowed(_decode(request.body, EmbeddingsBody), who),
+                                         ctx)
         return await self.rerank(_allowed(_decode(request.body, RerankBody), who))
 
     async def models(self, who: Principal | None = None) -> Response:
@@ -154,7 +169,8 @@ class OpenAIApi:
         return json_response({"object": "list", "data": data})
 
     # -- generation -----------------------------------------------------------------------
-    async def generate(self, body: ChatBody | CompletionBody, chat: bool) -> Response:
+    async def generate(self, body: ChatBody | CompletionBody, chat: bool,
+                       ctx: Context | None = None) -> Response:
         params = _sampling(body)
         if isinstance(body, ChatBody):
             if not body.messages:
@@ -169,16 +185,27 @@ class OpenAIApi:
                                    "only one prompt per request is supported", param="prompt")
                 prompt = prompt[0]
             params["prompt"] = prompt
-        gen = await self.ai.client.generate(body.model, stream=body.stream, **params)
+        ticket = await self._admit(ctx, body.model, body.stream, params.get("max_tokens"),
+                                   prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        gen: Generation | None = None
         try:
+            gen = await self.ai.client.generate(body.model, stream=body.stream, **params)
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
-                return Response(200, list(SSE_HEADERS),
-                                _sse(gen, first, rid, body.model, chat, usage))
+                sse = _sse(gen, first, rid, body.model, chat, usage, ticket)
+                if ticket is not None:  # a body never read settles when it is dropped
+                    weakref.finalize(sse, ticket.abandon)
+                return Response(200, list(SSE_HEADERS), sse)
             text, done = await gen.collect()
-        except WorkerError as e:
+            if ticket is not None:
+                await ticket.settle(done.prompt_tokens + done.completion_tokens)
+        except BaseException as e:
+            if ticket is not None:
+                await ticket.settle(used_by(ticket, gen, e))
+            if not isinstance(e, WorkerError):
+                raise
             if e.code == "context_length_exceeded":  # OpenAI names the input
                 raise ApiError(e.code, e.status, str(e), "messages" if chat else "prompt"
                                ) from None
@@ -195,18 +222,36 @@ class OpenAIApi:
         return json_response({**base, "choices": [choice]})
 
     # -- embeddings and rerank ------------------------------------------------------------
-    async def embeddings(self, body: EmbeddingsBody) -> Response:
+    async def embeddings(self, body: EmbeddingsBody, ctx: Context | None = None) -> Response:
         if body.encoding_format not in ("float", "base64"):
             raise ApiError("invalid_request", 400, "encoding_format must be 'float' or 'base64'",
                            param="encoding_format")
         inputs = [body.input] if isinstance(body.input, str) else body.input
-        out = await self.ai.client.embed(body.model, inputs)
+        ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
+        try:
+            out = await self.ai.client.embed(body.model, inputs)
+        except BaseException:
+            if ticket is not None:  # an embedding that failed read nothing
+                await ticket.settle(0)
+            raise
+        if ticket is not None:
+            await ticket.settle(out["tokens"])
         data = [{"object": "embedding", "index": i,
                  "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
                 for i, v in enumerate(out["embeddings"])]
         return json_response({"object": "list", "data": data, "model": body.model,
                               "usage": {"prompt_tokens": out["tokens"],
                                         "total_tokens": out["tokens"]}})
+
+    async def _admit(self, ctx: Context | None, model: str, stream: bool,
+                     max_tokens: int | None, **text: Any) -> Ticket | None:
+        """The caller's token reservation (None where no budget or stream cap
+        applies; see `TokenBudgets.admit_ai`). Raises `Rejected` (429, 400) and
+        `WorkerError` for an input the worker refuses."""
+        if self.budgets is None or ctx is None or ctx.principal is None:
+            return None
+        return await self.budgets.admit_ai(self.budgets.payer(ctx.principal), self.ai.client,
+                                           model, stream, max_tokens, **text)
 
     async def rerank(self, body: RerankBody) -> Response:
         texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
@@ -284,9 +329,10 @@ def _event(data: Any) -> bytes:
 
 
 async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: bool,
-               include_usage: bool) -> AsyncIterator[bytes]:
+               include_usage: bool, ticket: Ticket | None = None) -> AsyncIterator[bytes]:
     """The SSE body. A failure mid-stream becomes an ``error`` event (the status
-    line has gone already); a client that goes away cancels the generation."""
+    line has gone already); a client that goes away cancels the generation. Its
+    end settles `ticket`."""
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -321,4 +367,6 @@ async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: b
         yield _event({"error": {"message": str(e), "type": "server_error", "param": None,
                                 "code": e.code}})
     finally:
+        if ticket is not None:
+            await ticket.settle(used_by(ticket, gen, None))
         await gen.aclose()

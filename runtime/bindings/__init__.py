@@ -29,6 +29,7 @@ from runtime.bindings.ai import AIBinding
 from runtime.bindings.fetch import FetchBinding
 from runtime.bindings.owners import Owners
 from runtime.functions.manifest import Manifest
+from runtime.security.ratelimit.admission import TokenBudgets
 
 AI_TIMEOUT = 300.0
 
@@ -37,9 +38,13 @@ class Stores:
     """The PoP's KV store and vector store (opened lazily in the data dir), who owns
     their namespaces and indexes, and its model worker service, if it runs one."""
 
-    def __init__(self, data_dir: Path, ai: AIService | None = None) -> None:
+    def __init__(self, data_dir: Path, ai: AIService | None = None,
+                 budgets: TokenBudgets | None = None) -> None:
+        """`budgets`: what functions' ``ai`` calls are charged to (their tenant's
+        token budget and stream cap); None: not limited."""
         self.data_dir = data_dir
         self.ai = ai
+        self.budgets = budgets
         self._kv: KVStore | None = None
         self._vectors: VectorStore | None = None
         self._owners: Owners | None = None
@@ -108,7 +113,7 @@ class Bindings:
         ai = None
         denied = ""
         if b.ai and stores.ai is not None:
-            ai = AIBinding(stores.ai, m.name)
+            ai = AIBinding(stores.ai, m.name, m.tenant, stores.budgets)
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
         fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms)

@@ -4,6 +4,10 @@ worker.
 
 A stream belongs to the deployment that opened it: each `AIBinding` keeps its
 own streams, so a stream id means nothing to another function.
+
+With `TokenBudgets`, a call is charged to the function's tenant (its owner):
+reserved at admission, settled with the usage when it ends (see
+`runtime.security.ratelimit.admission`), as the OpenAI API does for a key.
 """
 
 from __future__ import annotations
@@ -13,29 +17,35 @@ import itertools
 import time
 from typing import Any
 
-from edgefn_core.errors import BindingError, WorkerError
+from edgefn_core.errors import BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai.service import AIService
+from runtime.security.ratelimit.admission import Ticket, TokenBudgets, used_by
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
 OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
 
 
 class AIBinding:
-    def __init__(self, service: AIService, owner: str) -> None:
+    def __init__(self, service: AIService, owner: str, tenant: str | None = None,
+                 budgets: TokenBudgets | None = None) -> None:
+        """`owner`: the function; `tenant`: who its calls are charged to."""
         self.service = service
         self.owner = owner
-        self.streams: dict[int, tuple[Generation, float]] = {}
+        self.tenant = tenant or owner
+        self.budgets = budgets
+        self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
         self.ids = itertools.count(1)
 
     async def call(self, op: str, a: dict[str, Any]) -> Any:
         """Run one AI operation. Raises `BindingError` (with the worker's reason for
-        a refused request) and KeyError/TypeError/ValueError for bad arguments."""
+        a refused request, or the tenant's exhausted budget) and
+        KeyError/TypeError/ValueError for bad arguments."""
         if op not in OPS:
             raise BindingError(f"unknown AI operation {op!r}")
         try:
             return await self._run(op, a)
-        except WorkerError as e:
+        except (WorkerError, Rejected) as e:
             raise BindingError(f"ai.{op}: {e}") from None
 
     async def _run(self, op: str, a: dict[str, Any]) -> Any:
@@ -46,10 +56,7 @@ class AIBinding:
             case "chat_next":
                 return await self._next(int(a["stream"]))
             case "embed":
-                inputs = a["input"]
-                out = await client.embed(a["model"], [inputs] if isinstance(inputs, str)
-                                         else list(inputs))
-                return {"embeddings": out["embeddings"], "tokens": out["tokens"]}
+                return await self._embed(str(a["model"]), a["input"])
             case "rerank":
                 return await client.rerank(a["model"], a["query"], list(a["documents"]),
                                            a.get("top_n"))
@@ -64,14 +71,24 @@ class AIBinding:
             params["prompt"] = str(a["prompt"])
         else:
             params["messages"] = list(a["messages"])
-        gen = await self.service.client.generate(str(a["model"]), stream=op == "chat_stream",
-                                                 **params)
-        if op == "chat_stream":
-            self._sweep()
-            sid = next(self.ids)
-            self.streams[sid] = (gen, time.monotonic())
-            return {"stream": sid}
-        text, done = await gen.collect()
+        model, stream = str(a["model"]), op == "chat_stream"
+        ticket = await self._admit(model, stream, params.get("max_tokens"),
+                                   prompt=params.get("prompt"), messages=params.get("messages"))
+        gen: Generation | None = None
+        try:
+            gen = await self.service.client.generate(model, stream=stream, **params)
+            if stream:
+                self._sweep()
+                sid = next(self.ids)
+                self.streams[sid] = (gen, time.monotonic(), ticket)
+                return {"stream": sid}
+            text, done = await gen.collect()
+        except BaseException as e:
+            if ticket is not None:
+                await ticket.settle(used_by(ticket, gen, e))
+            raise
+        if ticket is not None:
+            await ticket.settle(done.prompt_tokens + done.completion_tokens)
         return {"text": text, "finish_reason": done.finish_reason,
                 "usage": {"prompt_tokens": done.prompt_tokens,
                           "completion_tokens": done.completion_tokens}}
@@ -84,8 +101,8 @@ class AIBinding:
         if entry is None:
             raise BindingError(f"no AI stream {sid} for function {self.owner!r} (finished, "
                                f"closed after {STREAM_IDLE:.0f} s unread, or not its own)")
-        gen = entry[0]
-        self.streams[sid] = (gen, time.monotonic())
+        gen, _, ticket = entry
+        self.streams[sid] = (gen, time.monotonic(), ticket)
         chunks: list[str] = []
         try:
             chunks.append(await anext(gen))
@@ -93,27 +110,61 @@ class AIBinding:
                 chunks.append(await anext(gen))
         except StopAsyncIteration:
             pass
-        except WorkerError:
+        except WorkerError as e:
             del self.streams[sid]
+            if ticket is not None:
+                await ticket.settle(used_by(ticket, gen, e))
             raise
         if not gen.finished:
             return {"chunks": chunks, "done": None}
         del self.streams[sid]
+        if ticket is not None:
+            await ticket.settle(used_by(ticket, gen, None))
         d = gen.done
         assert d is not None
         return {"chunks": chunks, "done": {"finish_reason": d.finish_reason,
                                            "usage": {"prompt_tokens": d.prompt_tokens,
                                                      "completion_tokens": d.completion_tokens}}}
 
+    async def _embed(self, model: str, inputs: Any) -> dict[str, Any]:
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        ticket = await self._admit(model, False, 0, inputs=texts)
+        try:
+            out = await self.service.client.embed(model, texts)
+        except BaseException:
+            if ticket is not None:  # an embedding that failed read nothing
+                await ticket.settle(0)
+            raise
+        if ticket is not None:
+            await ticket.settle(out["tokens"])
+        return {"embeddings": out["embeddings"], "tokens": out["tokens"]}
+
+    async def _admit(self, model: str, stream: bool, max_tokens: int | None, **text: Any
+                     ) -> Ticket | None:
+        """The tenant's reservation for one call (None without a budget). Raises
+        `Rejected` and `WorkerError` (see `TokenBudgets.admit_ai`)."""
+        if self.budgets is None:
+            return None
+        return await self.budgets.admit_ai(self.budgets.payer(None, self.tenant),
+                                           self.service.client, model, stream, max_tokens,
+                                           **text)
+
     def _sweep(self) -> None:
         now = time.monotonic()
-        for sid, (gen, seen) in list(self.streams.items()):
+        for sid, (gen, seen, ticket) in list(self.streams.items()):
             if now - seen > STREAM_IDLE:
                 del self.streams[sid]
-                asyncio.get_running_loop().create_task(gen.aclose())
+                asyncio.get_running_loop().create_task(_end(gen, ticket))
 
     async def close(self) -> None:
         """Close the streams still open (the deployment is going away)."""
         streams, self.streams = self.streams, {}
-        for gen, _ in streams.values():
-            await gen.aclose()
+        for gen, _, ticket in streams.values():
+            await _end(gen, ticket)
+
+
+async def _end(gen: Generation, ticket: Ticket | None) -> None:
+    """Stop a stream nobody reads any more and settle what it may have used."""
+    if ticket is not None:
+        await ticket.settle(used_by(ticket, gen, None))
+    await gen.aclose()

@@ -12,6 +12,7 @@ from runtime.pipeline.targets import Targets
 
 if TYPE_CHECKING:
     from runtime.pop import PoP
+    from runtime.security.ratelimit.admission import TokenBudgets
 
 log = logging.getLogger("edgefn.pop")
 
@@ -34,6 +35,18 @@ def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
 
         return PATHS
     return frozenset()
+
+
+def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
+    """The token budgets AI calls are charged to (the OpenAI API's and functions'
+    ``ai`` binding's, one store for both): with a model worker and a
+    ``ratelimit`` stage only."""
+    if not config.ai.enabled or not any(isinstance(s, c.RateLimitStage)
+                                        for s in config.pipeline):
+        return None
+    from runtime.security.ratelimit.admission import TokenBudgets
+
+    return TokenBudgets(config.ratelimit)
 
 
 def _targets(pop: PoP) -> Targets:
@@ -73,7 +86,9 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
 
             return Bots.from_settings(pop.config.bots, targets)
         case c.RateLimitStage():
-            return None  # not yet
+            from runtime.pipeline.stages.ratelimit import RateLimit
+
+            return RateLimit(pop.config.ratelimit, targets, where="pop.toml")
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch
 
@@ -97,4 +112,4 @@ def _openai(pop: PoP, targets: Targets) -> Stage | None:
     from runtime.ai.openai_api import OpenAIApi
     from runtime.pipeline.stages.openai import OpenAI
 
-    return OpenAI(OpenAIApi(pop.ai), targets)
+    return OpenAI(OpenAIApi(pop.ai, pop.stores.budgets), targets)

@@ -36,6 +36,14 @@ class Chain:
     def names(self) -> list[str]:
         return [s.name for s in self.stages]
 
+    async def aclose(self) -> None:
+        """Release what stages hold on this loop (a Redis connection): each stage's
+        ``aclose()``, if it has one, once the server has stopped."""
+        for stage in self.stages:
+            aclose = getattr(stage, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
 
 def _link(stage: Stage, nxt: Next) -> Next:
     def handler(request: Request, ctx: Context) -> Result:

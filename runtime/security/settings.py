@@ -9,6 +9,7 @@ PoP's: a field the function leaves out keeps the PoP's value (`merge`).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -123,13 +124,27 @@ class BotSettings(Struct, forbid_unknown_fields=True, frozen=True):
 
 
 # -- rate limits ----------------------------------------------------------------------------
+# what `limits.parse_many` reads ("100/minute", "10 per 2 seconds", "1000/hour;50/minute")
+_ONE_RATE = r"\s*[0-9]+\s*(/|per)\s*([0-9]+)?\s*(second|minute|hour|day|month|year)s?\s*"
+_RATES = re.compile(rf"{_ONE_RATE}([,;|]{_ONE_RATE})*", re.IGNORECASE)
+
+
 class RateRule(Struct, forbid_unknown_fields=True, frozen=True):
     """`limit` requests per window for each value of `by` (every client address,
-    every key, ...). A rule by ``model`` counts OpenAI API and ``ai`` binding calls."""
+    every key, ...). A rule by ``model`` counts OpenAI API and ``ai`` binding calls.
+    Raises ValueError (a ValidationError when decoded) for a `limit` that is not a
+    rate, so pop.toml and edgefn.toml are refused when they load."""
 
     by: LimitKey
     limit: RateString
-    algorithm: Algorithm = "moving_window"
+    # the sliding window counter costs O(1) per hit, in memory and on Redis; a moving
+    # window keeps every hit of its window (exact, but O(limit) per hit in memory)
+    algorithm: Algorithm = "sliding_window"
+
+    def __post_init__(self) -> None:
+        if not _RATES.fullmatch(self.limit):
+            raise ValueError(f"limit {self.limit!r} is not a rate like '100/minute', "
+                             "'10 per 2 seconds' or '1000/hour;50/minute'")
 
 
 class TenantLimits(Struct, forbid_unknown_fields=True, frozen=True):

@@ -1,0 +1,186 @@
+"""`ratelimit`: request rates per client address (aggregated to /24, /64 when
+configured), API key, tenant, verified agent, function and model.
+
+The limits a request meets: the PoP's ``[ratelimit] rules``, its function's
+``[[rate_limits]]`` (counted per function), its key's ``rpm`` and its tenant's
+``rpm``. A full limit answers 429 ``rate_limited`` with ``Retry-After`` and the
+``RateLimit-Policy`` / ``RateLimit`` fields, which also go on admitted responses
+when ``headers = true``. A request no limit applies to costs a few attribute
+reads. In memory the stage stays synchronous; on Redis it awaits only when a
+limit applies. Token budgets are the OpenAI API's (`runtime.security.ratelimit.admission`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from edgefn_core.errors import Rejected
+from runtime.net.message import Request, Response
+from runtime.pipeline.stage import Context, Next, Result, then
+from runtime.pipeline.targets import Targets
+from runtime.security.ratelimit.addresses import Aggregator
+from runtime.security.ratelimit.headers import fields, retry_after
+from runtime.security.ratelimit.limiter import (
+    Check,
+    Limit,
+    Limiter,
+    Outcome,
+    compile_rules,
+    per_minute,
+)
+from runtime.security.settings import RateLimitSettings, TargetPolicy
+
+if TYPE_CHECKING:
+    from runtime.pipeline.stage import Target
+
+log = logging.getLogger("edgefn.pop")
+
+
+class _Model(msgspec.Struct):
+    model: str
+
+
+_model_decoder = msgspec.json.Decoder(_Model)
+
+
+class RateLimit:
+    name = "ratelimit"
+
+    def __init__(self, settings: RateLimitSettings, targets: Targets,
+                 limiter: Limiter | None = None, where: str = "<config>") -> None:
+        """Raises `InvalidConfig` for a rule or storage the PoP cannot use."""
+        self.settings = settings
+        self.targets = targets
+        self.limiter = limiter if limiter is not None else Limiter(settings.storage, where)
+        self.rules = compile_rules(settings.rules, "by", where, "ratelimit.rules")
+        self.tenants = {t: per_minute("tenant-rpm", "tenant", lim.rpm)
+                        for t, lim in settings.tenants.items() if lim.rpm is not None}
+        self.address = Aggregator(settings.ipv4_prefix, settings.ipv6_prefix)
+        self.rpm: dict[int, Limit] = {}  # a key's rpm -> its limit
+        self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        target = self.targets.resolve(request, ctx)
+        if not self.rules and ctx.principal is None and (
+                target is None or not target.policy.rate_limits):
+            return call_next(request, ctx)  # the fast path: nothing applies
+        checks = self._checks(request, ctx, target)
+        if not checks:
+            return call_next(request, ctx)
+        if self.limiter.remote:
+            return self._remote(request, ctx, call_next, checks)
+        return self._decided(self.limiter.hit(checks, self.settings.headers), request, ctx,
+                             call_next)
+
+    async def _remote(self, request: Request, ctx: Context, call_next: Next,
+                      checks: list[Check]) -> Response:
+        outcome = await self.limiter.hit_async(checks, self.settings.headers)
+        return await _resolved(self._decided(outcome, request, ctx, call_next))
+
+    def _decided(self, outcome: Outcome, request: Request, ctx: Context, call_next: Next
+                 ) -> Result:
+        """Raises `Rejected` (429) when a limit is full."""
+        refused = outcome.refused
+        if refused is not None:
+            ctx.decide("ratelimit", {"limited": refused.name})
+            headers = [retry_after(outcome.retry_after)]
+            if self.settings.headers:
+                headers += fields(outcome.quotas[-1:])
+            raise Rejected("rate_limited", 429, f"rate limit {refused.name!r} reached: "
+                           f"{refused.item.amount} requests per {refused.window} s; retry "
+                           f"after {headers[0][1].decode()} s", headers=headers,
+                           detail={"policy": refused.name})
+        ctx.decide("ratelimit", {"checked": len(outcome.quotas) or True})
+        if not outcome.quotas:
+            return call_next(request, ctx)
+        return then(call_next(request, ctx), _add, fields(outcome.quotas))
+
+    def _checks(self, request: Request, ctx: Context, target: Target | None) -> list[Check]:
+        """The limits this request meets, each with who it counts."""
+        checks: list[Check] = []
+        for limit in self.rules:
+            value = self._value(limit.by, request, ctx, target)
+            if value is not None:
+                checks.append((limit, ("pop", limit.name, value)))
+        if target is not None and target.policy.rate_limits:
+            for limit in self._function_limits(target):
+                value = self._value(limit.by, request, ctx, target)
+                if value is not None:
+                    checks.append((limit, ("fn", target.name, limit.name, value)))
+        principal = ctx.principal
+        if principal is not None:
+            if principal.rpm is not None:
+                checks.append((self._rpm(principal.rpm), ("key", principal.identity)))
+            tenant = self.tenants.get(principal.tenant)
+            if tenant is not None:
+                checks.append((tenant, ("tenant", principal.tenant)))
+        return checks
+
+    def _value(self, by: str, request: Request, ctx: Context, target: Target | None
+               ) -> str | None:
+        """Who `by` counts for this request; None where it does not apply (no key,
+        not a verified agent, not a function, no model)."""
+        match by:
+            case "ip":
+                return self.address(ctx.ip)
+            case "key":
+                return ctx.principal.identity if ctx.principal is not None else None
+            case "tenant":
+                return ctx.principal.tenant if ctx.principal is not None else None
+            case "agent":
+                return ctx.agent
+            case "function":
+                return target.name if target is not None and target.kind == "function" \
+                    else None
+            case "model":
+                return _model(request) if target is not None and target.kind == "openai" \
+                    else None
+        return None
+
+    def _function_limits(self, target: Target) -> list[Limit]:
+        """A function's rules, compiled once per deployed policy. Raises
+        `InvalidConfig` naming the function for a rate that does not parse."""
+        policy = target.policy
+        hit = self.functions.get(id(policy))
+        if hit is None or hit[0] is not policy:
+            if len(self.functions) >= 4096:  # policies of deployments long replaced
+                self.functions.clear()
+            limits = compile_rules(policy.rate_limits, "fn", f"function {target.name!r}",
+                                   "rate_limits")
+            hit = self.functions[id(policy)] = (policy, limits)
+        return hit[1]
+
+    def _rpm(self, rpm: int) -> Limit:
+        limit = self.rpm.get(rpm)
+        if limit is None:
+            limit = self.rpm[rpm] = per_minute("key-rpm", "key", rpm)
+        return limit
+
+    def close(self) -> None:
+        """Stop the memory storage's timer (the sync part of `aclose`)."""
+        self.limiter.close()
+
+    async def aclose(self) -> None:
+        """Close the limiter's storage (its Redis connections)."""
+        await self.limiter.aclose()
+
+
+def _model(request: Request) -> str | None:
+    """The ``model`` of an OpenAI API request; None for a body without one (the
+    API answers that 400 itself)."""
+    try:
+        return _model_decoder.decode(request.body).model
+    except msgspec.DecodeError:
+        return None
+
+
+def _add(response: Response, headers: list[tuple[bytes, bytes]]) -> Response:
+    response.headers.extend(headers)
+    return response
+
+
+async def _resolved(result: Result) -> Response:
+    return result if isinstance(result, Response) else await result

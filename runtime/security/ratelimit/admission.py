@@ -1,0 +1,207 @@
+"""`TokenBudgets`: what an AI call reserves, for whom, and its settlement.
+
+A call is paid for by a key (the principal's ``tpm`` / ``max_streams``) and its
+tenant (``[ratelimit.tenants.T]``); an ``ai`` binding call by its function's
+tenant. At admission it reserves its prompt's tokens (counted with the model's
+tokenizer) plus ``max_tokens`` (``default_max_tokens`` when it sets none); a
+stream also takes a slot under each stream cap. The `Ticket` it gets is settled
+with the real usage when the answer or stream ends, which refunds what was not
+used and gives the slot back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from edgefn_core.errors import Rejected, WorkerError
+from runtime.security.principal import Principal
+from runtime.security.ratelimit.budget import WINDOW, BudgetStore, MemoryBudgetStore, Refusal
+from runtime.security.ratelimit.headers import Quota, fields, retry_after
+from runtime.security.settings import RateLimitSettings
+
+if TYPE_CHECKING:
+    from gpu_worker.client import Generation, WorkerClient
+
+_settling: set[asyncio.Task[None]] = set()  # abandoned tickets being settled
+
+
+class Payer:
+    """Who a call is charged to: token buckets with their per-minute limits, and
+    stream slots with their caps."""
+
+    __slots__ = ("buckets", "caps", "limits", "names", "slots")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.buckets: list[str] = []
+        self.limits: list[int] = []
+        self.slots: list[str] = []
+        self.caps: list[int] = []
+
+    def charge(self, name: str, bucket: str, tpm: int | None, streams: int | None) -> None:
+        if tpm is not None:
+            self.names.append(name)
+            self.buckets.append(bucket)
+            self.limits.append(tpm)
+        if streams is not None:
+            self.slots.append(bucket)
+            self.caps.append(streams)
+
+    def __bool__(self) -> bool:
+        return bool(self.buckets or self.slots)
+
+
+class Ticket:
+    """One admitted call's reservation. `settle` once with the real usage (more
+    calls do nothing)."""
+
+    def __init__(self, store: BudgetStore, payer: Payer, prompt: int, reserved: int,
+                 window: int | None, stream: bool) -> None:
+        """`prompt`: the tokens counted in the input; `reserved`: those plus the
+        output allowed; `window`: where they were reserved (None: no token budget)."""
+        self.store, self.payer, self.reserved, self.window = store, payer, reserved, window
+        self.prompt, self.stream = prompt, stream
+        self.settled = False
+
+    async def settle(self, used: int | None) -> None:
+        """Charge `used` tokens instead of the reservation; None (the usage is not
+        known: a failure) keeps the whole reservation charged."""
+        if self.settled:
+            return
+        self.settled = True
+        if self.window is not None and used is not None:
+            await self.store.settle(self.payer.buckets, self.window, used - self.reserved)
+        if self.stream and self.payer.slots:
+            await self.store.release(self.payer.slots)
+
+    def abandon(self) -> None:
+        """Settle later as a failure (from a finalizer: a stream whose body was
+        never read)."""
+        if self.settled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop any more: the PoP and its memory are gone
+            return
+        task = loop.create_task(self.settle(None))
+        _settling.add(task)
+        task.add_done_callback(_settling.discard)
+
+
+class TokenBudgets:
+    """Reservations against ``[ratelimit]``'s tenants and each key's limits."""
+
+    def __init__(self, settings: RateLimitSettings, store: BudgetStore | None = None) -> None:
+        """`store`: default, the one `settings.storage` names (memory or Redis)."""
+        self.settings = settings
+        self.store = store if store is not None else store_for(settings.storage)
+
+    def payer(self, principal: Principal | None, tenant: str | None = None) -> Payer:
+        """The buckets a call is charged to: the principal's key and tenant, else
+        `tenant` (an ``ai`` binding call's function owner). Empty when none has a
+        limit."""
+        payer = Payer()
+        if principal is not None:
+            payer.charge("key-tpm", f"key:{principal.identity}", principal.tpm,
+                         principal.max_streams)
+            tenant = principal.tenant
+        limits = self.settings.tenants.get(tenant) if tenant is not None else None
+        if limits is not None:
+            payer.charge("tenant-tpm", f"tenant:{tenant}", limits.tpm, limits.max_streams)
+        return payer
+
+    async def admit_ai(self, payer: Payer, client: WorkerClient, model: str, stream: bool,
+                       max_tokens: int | None, **text: Any) -> Ticket | None:
+        """`admit` for one model call, its prompt counted by the worker (`text`: what
+        `WorkerClient.count_tokens` takes); None when `payer` has no limit. An
+        engine that cannot count (an upstream server) reserves the input's UTF-8
+        JSON length, more than its tokens. Raises what `admit` raises and the
+        worker's refusal of the input (`WorkerError`: unknown model, empty prompt)."""
+        if not payer:
+            return None
+
+        async def count() -> int:
+            try:
+                return await client.count_tokens(model, **text)
+            except WorkerError as e:
+                if e.code != "count_unsupported":
+                    raise
+                return len(msgspec.json.encode(text))
+
+        return await self.admit(payer, count, max_tokens, stream)
+
+    async def admit(self, payer: Payer, count: Callable[[], Awaitable[int]],
+                    max_tokens: int | None, stream: bool) -> Ticket:
+        """Reserve for one call. `count` gives the prompt's tokens (only called when
+        a token budget applies); `max_tokens` None reserves ``default_max_tokens``.
+        Raises `Rejected`: 429 ``too_many_streams``, 429 ``token_budget`` (with
+        Retry-After) when the reservation does not fit now, 400 ``token_budget``
+        when it can never fit; and what `count` raises."""
+        if stream and payer.slots:
+            full = await self.store.acquire(payer.slots, payer.caps)
+            if full is not None:
+                raise Rejected("too_many_streams", 429, f"at most {payer.caps[full]} "
+                               f"concurrent streams for {_who(payer.slots[full])}",
+                               headers=[retry_after(1)])
+        try:
+            return await self._reserve(payer, count, max_tokens, stream)
+        except BaseException:
+            if stream and payer.slots:
+                await self.store.release(payer.slots)
+            raise
+
+    async def _reserve(self, payer: Payer, count: Callable[[], Awaitable[int]],
+                       max_tokens: int | None, stream: bool) -> Ticket:
+        if not payer.buckets:
+            return Ticket(self.store, payer, 0, 0, None, stream)
+        prompt = await count()
+        amount = prompt + (self.settings.default_max_tokens if max_tokens is None else max_tokens)
+        smallest = min(range(len(payer.limits)), key=payer.limits.__getitem__)
+        if amount > payer.limits[smallest]:
+            raise Rejected("token_budget", 400, f"this request reserves {amount} tokens (its "
+                           f"prompt plus max_tokens), more than the {payer.limits[smallest]} "
+                           f"per minute of {_who(payer.buckets[smallest])}: lower max_tokens")
+        got = await self.store.reserve(payer.buckets, payer.limits, amount)
+        if isinstance(got, Refusal):
+            raise self._refused(payer, got, amount)
+        return Ticket(self.store, payer, prompt, amount, got, stream)
+
+    def _refused(self, payer: Payer, r: Refusal, amount: int) -> Rejected:
+        limit = payer.limits[r.index]
+        quota = Quota(payer.names[r.index], limit, WINDOW, int(limit - r.used), r.retry_after)
+        headers = [retry_after(r.retry_after)]
+        if self.settings.headers:
+            headers += fields([quota])
+        return Rejected("token_budget", 429, f"token budget of {_who(payer.buckets[r.index])} "
+                        f"exhausted: {int(r.used)} of {limit} tokens per minute in use, this "
+                        f"request reserves {amount}", headers=headers)
+
+
+def used_by(ticket: Ticket, gen: Generation | None, error: BaseException | None) -> int:
+    """The tokens a generation is charged: its usage once it finished; none if
+    the worker refused it (4xx, nothing read: nothing ran); else, ended early,
+    its prompt, what was read and what may have been generated unread (one token
+    a chunk, at most its window), never more than reserved."""
+    if gen is not None and gen.done is not None:
+        return gen.done.prompt_tokens + gen.done.completion_tokens
+    if gen is None or (isinstance(error, WorkerError) and error.status < 500 and not gen.tokens):
+        return 0
+    return min(ticket.reserved, ticket.prompt + gen.tokens + gen.window)
+
+
+def store_for(storage: str) -> BudgetStore:
+    """The budget store of a ``[ratelimit] storage`` URI (checked by `Limiter`)."""
+    if storage.startswith(("redis://", "rediss://", "redis+unix://")):
+        from runtime.security.ratelimit.redis_budget import RedisBudgetStore
+
+        return RedisBudgetStore(storage.replace("redis+unix://", "unix://", 1))
+    return MemoryBudgetStore()
+
+
+def _who(bucket: str) -> str:
+    kind, _, name = bucket.partition(":")
+    return f"{kind} {name!r}"

@@ -1,0 +1,200 @@
+"""`Limiter`: request rates counted by the `limits` library, in this process's
+memory or on Redis (shared by every PoP that names the same server).
+
+A `Limit` is one rate of one rule (``"1000/hour;50/minute"`` is two). Checking
+a request hits each of its limits in order and stops at the first one that is
+full; the limits hit before it keep that hit, as in flask-limiter. In memory
+every call is synchronous; on Redis every call is a coroutine (the event loop
+never blocks on the network).
+
+In memory the strategies' steps are taken here on `limits`' own MemoryStorage,
+with each counter's key built once, and the window's state read from the hit
+itself where the storage returns it: the same counts as the library's
+strategies (the property tests hold both to the same bound), at about half
+the cost per rule (bench/bench_ratelimit.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import limits
+import limits.aio.storage
+import limits.aio.strategies
+import limits.storage
+from limits import RateLimitItem
+
+from edgefn_core.errors import InvalidConfig
+from runtime.security.ratelimit.headers import Quota
+from runtime.security.settings import Algorithm, RateRule
+
+_ASYNC: dict[str, Callable[[Any], limits.aio.strategies.RateLimiter]] = {
+    "moving_window": limits.aio.strategies.MovingWindowRateLimiter,
+    "sliding_window": limits.aio.strategies.SlidingWindowCounterRateLimiter,
+    "fixed_window": limits.aio.strategies.FixedWindowRateLimiter}
+
+
+class Limit:
+    """One rate (`item`) of one rule, named for the RateLimit headers."""
+
+    __slots__ = ("algorithm", "amount", "by", "item", "name", "window")
+
+    def __init__(self, name: str, by: str, item: RateLimitItem, algorithm: Algorithm) -> None:
+        self.name, self.by, self.item, self.algorithm = name, by, item, algorithm
+        self.amount = item.amount
+        self.window = int(item.get_expiry())
+
+
+def compile_rules(rules: Sequence[RateRule], prefix: str, where: str, field: str
+                  ) -> list[Limit]:
+    """The limits of `rules`, named ``<prefix>-<by>`` (``-2``, ``-3`` when a name
+    repeats). Raises `InvalidConfig` naming `where` and ``<field>[i].limit`` for a
+    rate `limits` cannot parse."""
+    out: list[Limit] = []
+    for i, rule in enumerate(rules):
+        try:
+            items = limits.parse_many(rule.limit)
+        except ValueError as e:
+            raise InvalidConfig(where, f"{rule.limit!r} is not a rate like '100/minute' "
+                                f"({e})", f"{field}[{i}].limit") from None
+        for item in items:
+            out.append(Limit(_unique(f"{prefix}-{rule.by}", out), rule.by, item,
+                             rule.algorithm))
+    return out
+
+
+def per_minute(name: str, by: str, amount: int) -> Limit:
+    """A sliding-window limit of `amount` per minute (a key's or a tenant's rpm)."""
+    return Limit(name, by, limits.RateLimitItemPerMinute(amount), "sliding_window")
+
+
+def _unique(name: str, taken: list[Limit]) -> str:
+    names = {lim.name for lim in taken}
+    if name not in names:
+        return name
+    n = 2
+    while f"{name}-{n}" in names:
+        n += 1
+    return f"{name}-{n}"
+
+
+type Check = tuple[Limit, tuple[str, ...]]  # a limit and who it counts (its identifiers)
+KEYS_KEPT = 100_000  # counters' keys remembered; all dropped when full
+
+
+class Outcome:
+    """`refused`: the first full limit (None when all admitted the request);
+    `quotas`: each limit's state when asked for (and the refused one's)."""
+
+    __slots__ = ("quotas", "refused", "retry_after")
+
+    def __init__(self, refused: Limit | None, quotas: list[Quota], retry_after: float) -> None:
+        self.refused, self.quotas, self.retry_after = refused, quotas, retry_after
+
+
+class Limiter:
+    """Counts hits. `storage`: ``memory://`` or ``redis://host:port[/db]``
+    (``rediss://`` for TLS). `remote` says which of `hit` / `hit_async` to call."""
+
+    def __init__(self, storage: str = "memory://", where: str = "<config>") -> None:
+        """Raises `InvalidConfig` (field ``ratelimit.storage``) for another scheme.
+        A Redis server is not contacted until the first hit."""
+        scheme = storage.partition("://")[0]
+        self.remote = scheme in ("redis", "rediss", "redis+unix")
+        if self.remote:
+            self.astore = limits.aio.storage.RedisStorage(
+                "async+" + storage, implementation="redispy", key_prefix="edgefn-rl")
+            self.astrategies = {k: v(self.astore) for k, v in _ASYNC.items()}
+        elif scheme == "memory":
+            self.store = limits.storage.MemoryStorage()
+            self.keys: dict[tuple[Limit, tuple[str, ...]], str] = {}
+        else:
+            raise InvalidConfig(where, f"storage must be memory:// or redis://host:port, got "
+                                f"{storage!r}", "ratelimit.storage")
+
+    def hit(self, checks: list[Check], stats: bool) -> Outcome:
+        """Hit each limit (memory only). With `stats`, the quotas of all."""
+        quotas: list[Quota] = []
+        for limit, ids in checks:
+            key = self.keys.get((limit, ids))
+            if key is None:
+                if len(self.keys) >= KEYS_KEPT:
+                    self.keys.clear()
+                key = self.keys[(limit, ids)] = limit.item.key_for(*ids)
+            match limit.algorithm:
+                case "sliding_window":
+                    admitted = self.store.acquire_sliding_window_entry(key, limit.amount,
+                                                                       limit.window)
+                    remaining, reset = self._sliding(limit, key) if stats or not admitted \
+                        else (0, 0.0)
+                case "fixed_window":
+                    count = self.store.incr(key, limit.window)
+                    admitted = count <= limit.amount
+                    remaining, reset = limit.amount - count, self.store.get_expiry(key)
+                case _:
+                    admitted = self.store.acquire_entry(key, limit.amount, limit.window)
+                    remaining, reset = self._moving(limit, key) if stats or not admitted \
+                        else (0, 0.0)
+            if not admitted:
+                return _refused(limit, reset, quotas)
+            if stats:
+                quotas.append(_quota(limit, remaining, reset))
+        return Outcome(None, quotas, 0.0)
+
+    def _sliding(self, limit: Limit, key: str) -> tuple[int, float]:
+        """(remaining, reset time) of a sliding window counter, as
+        `limits.strategies.SlidingWindowCounterRateLimiter.get_window_stats`."""
+        prev, prev_expires_in, cur, cur_expires_in = self.store.get_sliding_window(
+            key, limit.window)
+        remaining = limit.amount - math.floor(prev * prev_expires_in / limit.window + cur)
+        reset = math.inf
+        if prev:
+            reset = prev_expires_in % (limit.window / prev)
+        if cur:
+            reset = min(reset, cur_expires_in % limit.window)
+        return remaining, time.time() + (0.0 if reset == math.inf else reset)
+
+    def _moving(self, limit: Limit, key: str) -> tuple[int, float]:
+        """(remaining, reset time) of a moving window: when its oldest hit expires."""
+        start, count = self.store.get_moving_window(key, limit.amount, limit.window)
+        return limit.amount - count, start + limit.window
+
+    async def hit_async(self, checks: list[Check], stats: bool) -> Outcome:
+        """`hit` on Redis. Raises the redis client's errors (ConnectionError)."""
+        quotas: list[Quota] = []
+        for limit, ids in checks:
+            strategy = self.astrategies[limit.algorithm]
+            if not await strategy.hit(limit.item, *ids):
+                window = await strategy.get_window_stats(limit.item, *ids)
+                return _refused(limit, window.reset_time, quotas)
+            if stats:
+                window = await strategy.get_window_stats(limit.item, *ids)
+                quotas.append(_quota(limit, window.remaining, window.reset_time))
+        return Outcome(None, quotas, 0.0)
+
+    def close(self) -> None:
+        """Stop the memory storage's expiry timer."""
+        if not self.remote:
+            self.store.timer.cancel()
+
+    async def aclose(self) -> None:
+        """Close the Redis connections (`limits` has no call of its own for it)."""
+        if self.remote:
+            bridge: Any = self.astore.bridge  # the redis-py bridge holds the client
+            await bridge.storage.aclose()
+        else:
+            self.close()
+
+
+def _quota(limit: Limit, remaining: int, reset_time: float) -> Quota:
+    return Quota(limit.name, limit.item.amount, limit.window, remaining,
+                 reset_time - time.time())
+
+
+def _refused(limit: Limit, reset_time: float, quotas: list[Quota]) -> Outcome:
+    wait = max(0.0, reset_time - time.time())
+    quotas.append(_quota(limit, 0, reset_time))
+    return Outcome(limit, quotas, wait)
