@@ -79,3 +79,49 @@ def test_redis_windows_admit_at_most_their_limit(redis_server: RedisServer,  # n
         return sum(counts)
 
     assert asyncio.run(run()) == min(limit, pops * clients * hits)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@settings(max_examples=60, deadline=None)
+@given(algorithm=ALGORITHMS, limit=st.integers(1, 6),
+       steps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1)), min_size=1,
+                      max_size=60))
+def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
+                                                    steps: list[tuple[int, int]]) -> None:
+    """The memory counters against `limits`' own MemoryStorage and strategy, on the
+    same clock: every decision and every remaining count agree. Steps advance the
+    clock by eighths of the 8 s window, for one of two clients."""
+    import limits
+    import limits.storage.memory
+    import limits.strategies
+
+    from runtime.security.ratelimit.counters import Counters
+
+    clock = FakeClock()
+    strategies = {"moving_window": limits.strategies.MovingWindowRateLimiter,
+                  "sliding_window": limits.strategies.SlidingWindowCounterRateLimiter,
+                  "fixed_window": limits.strategies.FixedWindowRateLimiter}
+    saved = limits.storage.memory.time
+    limits.storage.memory.time = clock  # type: ignore[assignment]
+    storage = limits.storage.MemoryStorage()
+    try:
+        theirs = strategies[algorithm](storage)
+        item = limits.RateLimitItemPerSecond(limit, 8)
+        ours = Counters(clock=clock.time)
+        for dt, who in steps:
+            clock.now += dt / 8
+            admitted, remaining, _ = ours.hit(f"k{who}", algorithm, limit, 8)
+            assert admitted == theirs.hit(item, str(who)), (clock.now, who)
+            if algorithm != "moving_window":  # limits counts a refused moving hit too
+                assert remaining == max(0, theirs.get_window_stats(item, str(who)).remaining) \
+                    or remaining < 0
+    finally:
+        storage.timer.cancel()
+        limits.storage.memory.time = saved

@@ -1,0 +1,101 @@
+"""`Counters`: the three algorithms of the `limits` library for one PoP's memory,
+as plain per-key state behind one lock.
+
+`limits`' own MemoryStorage costs 7-10 us per rule on the hello path (a lock per
+key, expiry events, a timer thread; bench/bench_ratelimit.py), a third of the
+whole request: these counters keep the same arithmetic in about a microsecond.
+
+- ``fixed_window``: a count that starts over `window` seconds after its first hit.
+- ``sliding_window`` (the sliding window counter): windows aligned on multiples
+  of `window`; a request is admitted while ``floor(previous * (1 - elapsed) +
+  current) + 1 <= amount``, ``elapsed`` being the fraction of the current window
+  gone (limits' `SlidingWindowCounterRateLimiter`).
+- ``moving_window``: the time of every admitted hit in the last `window`
+  seconds, admitted while fewer than `amount` (exact; memory O(amount) per key).
+
+State whose window has passed is dropped by a sweep once more than `SWEEP_AT`
+keys are held, so memory follows the clients active in one window.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+SWEEP_AT = 50_000
+
+
+class Counters:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.state: dict[str, list] = {}  # key -> [algorithm's state..., expires]
+        self.lock = threading.Lock()  # the stage runs on one loop; tests hit from threads
+        self.sweep_at = SWEEP_AT
+
+    def hit(self, key: str, algorithm: str, amount: int, window: int
+            ) -> tuple[bool, int, float]:
+        """Count one request: (admitted, remaining after it, reset time (epoch s))."""
+        now = self.clock()
+        with self.lock:
+            if len(self.state) >= self.sweep_at:
+                self._sweep(now)
+            if algorithm == "sliding_window":
+                return self._sliding(key, amount, window, now)
+            if algorithm == "fixed_window":
+                return self._fixed(key, amount, window, now)
+            return self._moving(key, amount, window, now)
+
+    def _fixed(self, key: str, amount: int, window: int, now: float
+               ) -> tuple[bool, int, float]:
+        s = self.state.get(key)
+        if s is None or now >= s[1]:
+            s = self.state[key] = [0, now + window]
+        s[0] += 1
+        return s[0] <= amount, amount - s[0], s[1]
+
+    def _sliding(self, key: str, amount: int, window: int, now: float
+                 ) -> tuple[bool, int, float]:
+        index = int(now // window)
+        s = self.state.get(key)
+        if s is None or s[0] < index - 1:
+            s = self.state[key] = [index, 0, 0, 0.0]  # index, previous, current, expires
+        elif s[0] == index - 1:
+            s[0], s[1], s[2] = index, s[2], 0
+        s[3] = (index + 2) * window
+        left = window - (now - index * window)  # seconds to the end of the current window
+        previous, current = s[1], s[2]
+        admitted = math.floor(previous * left / window + current) + 1 <= amount
+        if admitted:
+            current = s[2] = current + 1
+        remaining = amount - math.floor(previous * left / window + current)
+        reset = math.inf
+        if previous:
+            reset = left % (window / previous)
+        if current:
+            reset = min(reset, left % window)
+        return admitted, remaining, now + (0.0 if reset == math.inf else reset)
+
+    def _moving(self, key: str, amount: int, window: int, now: float
+                ) -> tuple[bool, int, float]:
+        s = self.state.get(key)
+        if s is None:
+            s = self.state[key] = [deque(), 0.0]
+        hits: deque[float] = s[0]
+        while hits and hits[0] <= now - window:
+            hits.popleft()
+        admitted = len(hits) < amount
+        if admitted:
+            hits.append(now)
+        s[1] = now + window
+        return admitted, amount - len(hits), (hits[0] if hits else now) + window
+
+    def _sweep(self, now: float) -> None:
+        """Drop state whose windows have passed; if nothing could be dropped, wait
+        for twice as many keys before the next sweep."""
+        before = len(self.state)
+        self.state = {k: s for k, s in self.state.items() if s[-1] > now}
+        if len(self.state) > before // 2:
+            self.sweep_at = max(SWEEP_AT, 2 * len(self.state))
