@@ -101,11 +101,80 @@ def served(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
     return best
 
 
-def per_stage(n: int) -> dict[str, float]:
-    """Microseconds each stage adds per request, in process."""
-    from stage_costs import costs
+def per_stage(n: int, work: Path) -> dict[str, float]:
+    """Microseconds each stage adds per request, in process: the best of 5 runs of
+    `n` requests through [stage, answer], minus the same through [answer]."""
+    from types import SimpleNamespace
 
-    return costs(n)
+    from runtime.functions.router import Router
+    from runtime.net.message import Request, Response
+    from runtime.pipeline.chain import Chain
+    from runtime.pipeline.stages.auth import Auth
+    from runtime.pipeline.stages.bots import Bots
+    from runtime.pipeline.stages.ratelimit import RateLimit
+    from runtime.pipeline.stages.waf import Waf
+    from runtime.pipeline.targets import Targets
+    from runtime.security import settings as s
+    from runtime.security.keys import KeyRing, KeyStore
+
+    class Fn:
+        kind, name, label, tenant = "function", "hello", "hello@1", "bench"
+
+        def __init__(self, policy: s.TargetPolicy) -> None:
+            self.policy = policy
+
+    class Answer:
+        name = "answer"
+        response = Response(200, [], b"hi")
+
+        def __call__(self, request: Request, ctx: object, call_next: object) -> Response:
+            return self.response
+
+    def targets(policy: s.TargetPolicy) -> Targets:
+        return Targets(SimpleNamespace(router=Router()),  # type: ignore[arg-type]
+                       {b"/hello": Fn(policy)})  # type: ignore[dict-item]
+
+    store = KeyStore(work / "keys")
+    key, _ = store.create("bench", ("fn:*",))
+    ring = KeyRing(store)
+    browser = [(b"host", b"localhost"), (b"user-agent", b"Mozilla/5.0 (X11; Linux x86_64) "
+                b"AppleWebKit/537.36 (KHTML, like Gecko) Chrome/126.0 Safari/537.36"),
+               (b"accept", b"text/html"), (b"accept-language", b"en"),
+               (b"sec-fetch-mode", b"navigate")]
+    keyed = [*browser, (b"x-api-key", key.encode())]
+    rules = [s.RateRule(by, "100000000/minute") for by in ("ip", "key", "function")]  # type: ignore[arg-type]
+    none, key_auth = s.TargetPolicy(), s.TargetPolicy(auth="key")
+    cases = {
+        "waf (off)": ([Waf(s.WafSettings(), targets(none))], browser),
+        "bots (cached browser UA)": ([Bots.from_settings(s.BotSettings(), targets(none))],
+                                     browser),
+        "auth (none)": ([Auth(s.AuthSettings(), ring, targets(none))], browser),
+        "auth (key)": ([Auth(s.AuthSettings(), ring, targets(key_auth))], keyed),
+        "ratelimit (no rule applies)": ([RateLimit(s.RateLimitSettings(), targets(none))],
+                                        browser),
+        "ratelimit (1 rule by ip)": ([RateLimit(s.RateLimitSettings(rules=rules[:1]),
+                                                targets(none))], browser),
+        "auth (key) + ratelimit (3 rules)": (
+            [Auth(s.AuthSettings(), ring, (t := targets(key_auth))),
+             RateLimit(s.RateLimitSettings(rules=rules), t)], keyed),
+    }
+
+    def timed(chain: Chain, headers: list[tuple[bytes, bytes]]) -> float:
+        request = Request(b"GET", b"/hello", b"", headers, b"localhost", "1.1", True,
+                          "10.1.2.3:5000")
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                chain(request)
+            best = min(best, time.perf_counter() - t)
+        return best / n * 1e6
+
+    base = timed(Chain([Answer()]), browser)
+    out = {"[answer] alone (baseline)": base}
+    for name, (stages, headers) in cases.items():
+        out[name] = timed(Chain([*stages, Answer()]), headers) - base
+    return out
 
 
 def main() -> None:
@@ -116,6 +185,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("EDGEFN_LOG", "warning")
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-security-"))
+    costs = per_stage(args.n, work)
     best = served(args, work)
     base = best["(a) no security stages"]["rps"]
     print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
@@ -124,7 +194,7 @@ def main() -> None:
         print(f"{name:<28}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
               f"{r['rps'] / base:>8.2f}")
     print(f"\n== per-stage cost, in process, {args.n} requests (us per request) ==")
-    for name, us in per_stage(args.n).items():
+    for name, us in costs.items():
         print(f"{name:<40}{us:>8.2f}")
 
 

@@ -12,12 +12,29 @@ from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+from edgefn_core.abi import encode_principal
 from runtime.bindings import Bindings
 from runtime.executors.wasm.engine import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.net.message import Request, Response
 
 NO_PRINCIPAL: Mapping[str, str] = {}  # an anonymous caller (shared: never mutated)
+
+
+class Caller(dict[str, str]):
+    """The ABI's principal section (tenant, key_id, bot, ...) with its encoding,
+    made once: the pipeline keeps one per distinct caller."""
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        super().__init__(fields)
+        self.blob = encode_principal(fields) if fields else b""
+
+
+def principal_blob(principal: Mapping[str, str]) -> bytes:
+    """The encoded principal section of `principal` (empty for an anonymous one)."""
+    if isinstance(principal, Caller):
+        return principal.blob
+    return encode_principal(principal) if principal else b""
 
 
 class Executor(Protocol):

@@ -141,6 +141,7 @@ class KeyRing:
     def __init__(self, store: KeyStore) -> None:
         self.store = store
         self._by_hash: dict[str, KeyRecord] = {}
+        self._principals: dict[str, Principal] = {}
         self._live = 0
         self._stamp: tuple[int, int, int] | None = None
         self._checked = 0.0
@@ -157,12 +158,21 @@ class KeyRing:
         self._maybe_reload()
         return self._by_hash.get(digest(key))
 
+    def principal(self, record: KeyRecord) -> Principal:
+        """`record.principal()`, made once per key (the same object every request,
+        so later stages can key caches on it)."""
+        p = self._principals.get(record.hash)
+        if p is None:
+            p = self._principals[record.hash] = record.principal()
+        return p
+
     def reload(self) -> None:
         """Re-read the file. Raises `InvalidConfig` for a corrupt one (the PoP keeps
         the keys it had when a reload fails later; see `_maybe_reload`)."""
         self._checked = time.monotonic()
         self._stamp = self._identity()
         self._by_hash = {k.hash: k for k in self.store.read()}
+        self._principals = {}
         self._live = sum(k.revoked is None for k in self._by_hash.values())
 
     def _identity(self) -> tuple[int, int, int] | None:

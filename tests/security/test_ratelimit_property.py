@@ -10,6 +10,7 @@ the admitted count must be exactly min(limit, attempts).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import uuid
 
@@ -89,7 +90,7 @@ class FakeClock:
         return self.now
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
 @given(algorithm=ALGORITHMS, limit=st.integers(1, 6),
        steps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1)), min_size=1,
                       max_size=60))

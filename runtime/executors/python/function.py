@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from edgefn_core.abi import encode_pairs, encode_params, encode_principal, encode_request
+from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from runtime.bindings import Bindings
-from runtime.executors.base import NO_PRINCIPAL
+from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.python import policy
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.pool import Pool
@@ -57,7 +57,7 @@ class PythonFunction:
         assert self.pool is not None
         payload = encode_request(request.method, request.path, request.query, request.headers,
                                  self.env_blob, request.body, encode_params(params),
-                                 encode_principal(principal) if principal else b"")
+                                 principal_blob(principal))
         return await self.pool.submit(payload)
 
     def retire(self) -> None:

@@ -38,12 +38,11 @@ from edgefn_core.abi import (
     decode_response,
     encode_pairs,
     encode_params,
-    encode_principal,
     encode_request,
 )
 from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
-from runtime.executors.base import NO_PRINCIPAL
+from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import wasi as cgi
 from runtime.executors.wasm import wasi_poll
@@ -214,7 +213,7 @@ class WasmFunction:
             data = encode_request(request.method, request.path, request.query,
                                   request.headers, self.env_blob, request.body,
                                   encode_params(params),
-                                  encode_principal(principal) if principal else b"")
+                                  principal_blob(principal))
             if self.threaded:
                 return self._handle_threaded(data)
             try:

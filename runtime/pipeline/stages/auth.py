@@ -29,6 +29,7 @@ from runtime.security.settings import AuthSettings
 
 CHALLENGE = [(b"www-authenticate", b'Bearer realm="edgefn"')]
 MAX_CREDENTIAL = 8192
+MAX_GRANTS = 4096  # (principal, target) scope decisions kept
 
 
 class Auth:
@@ -40,6 +41,7 @@ class Auth:
         self.keys = keys
         self.targets = targets
         self.jwt = jwt
+        self.grants: dict[tuple[Principal, str, str], bool] = {}  # scope checks, cached
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
@@ -67,7 +69,15 @@ class Auth:
             raise Rejected("unauthorized", 401, f"{_what(target)} needs an API key: send "
                            "`Authorization: Bearer <key>` or `x-api-key: <key>`", CHALLENGE)
         principal = self._verify(mode, *credential)
-        if not _grants(principal, target, request):
+        grant = (principal, target.kind, target.name)
+        granted = self.grants.get(grant)
+        if granted is None:
+            if len(self.grants) >= MAX_GRANTS:
+                self.grants.clear()
+            granted = _grants(principal, target, request)
+            if not any(s.startswith("route:") for s in principal.scopes):
+                self.grants[grant] = granted  # a route scope depends on the path
+        if not granted:
             raise Rejected("forbidden", 403, f"this credential's scopes do not include "
                            f"{_what(target)} (tenant {principal.tenant!r})")
         return principal
@@ -100,7 +110,7 @@ class Auth:
         state = record.state(time.time())
         if state != "active":
             raise Rejected("unauthorized", 401, f"API key {record.id} is {state}", CHALLENGE)
-        return record.principal()
+        return self.keys.principal(record)
 
     def _optional(self, request: Request) -> Principal | None:
         """The principal a credential proves, if it proves one: where auth is off,

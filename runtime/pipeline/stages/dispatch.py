@@ -13,13 +13,19 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from edgefn_core.errors import FunctionError
+from runtime.executors.base import Caller
 from runtime.functions.registry import Deployment
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result, then
 
+MAX_CALLERS = 4096  # distinct callers whose principal section is kept encoded
+
 
 class Dispatch:
     name = "dispatch"
+
+    def __init__(self) -> None:
+        self.callers: dict[tuple[object, ...], Caller] = {}
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         fn = ctx.target
@@ -27,11 +33,16 @@ class Dispatch:
         if fn.inflight >= fn.concurrency:
             raise FunctionError("concurrency_limit", 503, f"has {fn.inflight} requests in "
                                 f"flight, its limit (limits.concurrency = {fn.concurrency})")
-        who = ctx.principal
-        if who is None and ctx.bot is None:
+        if ctx.principal is None and ctx.bot is None:
             result = fn.executor.handle(request, ctx.route, ctx.params)
         else:
-            result = fn.executor.handle(request, ctx.route, ctx.params, _principal(ctx))
+            key = (ctx.principal, ctx.bot, ctx.agent)
+            caller = self.callers.get(key)
+            if caller is None:
+                if len(self.callers) >= MAX_CALLERS:
+                    self.callers.clear()
+                caller = self.callers[key] = Caller(_principal(ctx))
+            result = fn.executor.handle(request, ctx.route, ctx.params, caller)
         if isinstance(result, Response):
             result.headers.append(fn.tag)
             return result

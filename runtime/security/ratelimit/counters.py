@@ -34,19 +34,19 @@ class Counters:
         self.state: dict[str, list] = {}  # key -> [algorithm's state..., expires]
         self.lock = threading.Lock()  # the stage runs on one loop; tests hit from threads
         self.sweep_at = SWEEP_AT
+        self.steps = {"sliding_window": self._sliding, "fixed_window": self._fixed,
+                      "moving_window": self._moving}
 
-    def hit(self, key: str, algorithm: str, amount: int, window: int
-            ) -> tuple[bool, int, float]:
-        """Count one request: (admitted, remaining after it, reset time (epoch s))."""
-        now = self.clock()
+    def hit(self, key: str, algorithm: str, amount: int, window: int,
+            now: float | None = None) -> tuple[bool, int, float]:
+        """Count one request at `now` (default: the clock): (admitted, remaining
+        after it, reset time (epoch s))."""
+        if now is None:
+            now = self.clock()
         with self.lock:
             if len(self.state) >= self.sweep_at:
                 self._sweep(now)
-            if algorithm == "sliding_window":
-                return self._sliding(key, amount, window, now)
-            if algorithm == "fixed_window":
-                return self._fixed(key, amount, window, now)
-            return self._moving(key, amount, window, now)
+            return self.steps[algorithm](key, amount, window, now)
 
     def _fixed(self, key: str, amount: int, window: int, now: float
                ) -> tuple[bool, int, float]:
@@ -66,17 +66,16 @@ class Counters:
             s[0], s[1], s[2] = index, s[2], 0
         s[3] = (index + 2) * window
         left = window - (now - index * window)  # seconds to the end of the current window
-        previous, current = s[1], s[2]
-        admitted = math.floor(previous * left / window + current) + 1 <= amount
+        previous = s[1]
+        weighted = previous * left / window + s[2]
+        admitted = weighted < amount  # floor(weighted) + 1 <= amount, weighted >= 0
         if admitted:
-            current = s[2] = current + 1
-        remaining = amount - math.floor(previous * left / window + current)
-        reset = math.inf
-        if previous:
-            reset = left % (window / previous)
-        if current:
+            s[2] += 1
+            weighted += 1
+        reset = left % (window / previous) if previous else math.inf
+        if s[2]:
             reset = min(reset, left % window)
-        return admitted, remaining, now + (0.0 if reset == math.inf else reset)
+        return admitted, amount - int(weighted), now + (0.0 if reset == math.inf else reset)
 
     def _moving(self, key: str, amount: int, window: int, now: float
                 ) -> tuple[bool, int, float]:
@@ -84,7 +83,7 @@ class Counters:
         if s is None:
             s = self.state[key] = [deque(), 0.0]
         hits: deque[float] = s[0]
-        while hits and hits[0] <= now - window:
+        while hits and hits[0] < now - window:  # a hit exactly one window old still counts
             hits.popleft()
         admitted = len(hits) < amount
         if admitted:

@@ -11,30 +11,40 @@ seconds until the quota resets. Several policies are one comma-separated list.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 POLICY = b"ratelimit-policy"
 STATE = b"ratelimit"
 RETRY_AFTER = b"retry-after"
 
 
-class Quota:
-    """One policy's state for this request."""
+class Quota(NamedTuple):
+    """One policy's state for this request: `remaining` may be below 0 and `reset`
+    (seconds from now) fractional; the fields show them clamped and rounded up."""
 
-    __slots__ = ("name", "quota", "remaining", "reset", "window")
+    name: str
+    quota: int
+    window: int
+    remaining: int
+    reset: float
 
-    def __init__(self, name: str, quota: int, window: int, remaining: int, reset: float
-                 ) -> None:
-        self.name, self.quota, self.window = name, quota, window
-        self.remaining = max(0, remaining)
-        self.reset = max(0, math.ceil(reset))
+
+_policies: dict[tuple[tuple[str, int, int], ...], tuple[bytes, bytes]] = {}
 
 
 def fields(quotas: list[Quota]) -> list[tuple[bytes, bytes]]:
     """The two header fields for `quotas` (names are sf-strings: no quotes or
     backslashes, which `limiter` names never contain)."""
-    policy = ", ".join(f'"{q.name}";q={q.quota};w={q.window}' for q in quotas)
-    state = ", ".join(f'"{q.name}";r={q.remaining};t={q.reset}' for q in quotas)
-    return [(POLICY, policy.encode()), (STATE, state.encode())]
+    shape = tuple([q[:3] for q in quotas])
+    policy = _policies.get(shape)
+    if policy is None:
+        if len(_policies) >= 1024:
+            _policies.clear()
+        policy = _policies[shape] = (POLICY, ", ".join(
+            [f'"{q[0]}";q={q[1]};w={q[2]}' for q in quotas]).encode())
+    state = ", ".join([f'"{q[0]}";r={max(0, q[3])};t={max(0, math.ceil(q[4]))}'
+                       for q in quotas])
+    return [policy, (STATE, state.encode())]
 
 
 def retry_after(seconds: float) -> tuple[bytes, bytes]:

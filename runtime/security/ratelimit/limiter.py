@@ -118,6 +118,7 @@ class Limiter:
         """Hit each limit (memory only). With `stats`, the quotas of all."""
         quotas: list[Quota] = []
         counters = self.counters
+        now = time.time()
         for limit, ids in checks:
             key = self.keys.get((limit, ids))
             if key is None:
@@ -125,11 +126,12 @@ class Limiter:
                     self.keys.clear()
                 key = self.keys[(limit, ids)] = limit.item.key_for(*ids)
             admitted, remaining, reset = counters.hit(key, limit.algorithm, limit.amount,
-                                                      limit.window)
+                                                      limit.window, now)
             if not admitted:
                 return _refused(limit, reset, quotas)
             if stats:
-                quotas.append(_quota(limit, remaining, reset))
+                quotas.append(Quota(limit.name, limit.amount, limit.window, remaining,
+                                    reset - now))
         return Outcome(None, quotas, 0.0)
 
     async def hit_async(self, checks: list[Check], stats: bool) -> Outcome:
