@@ -277,5 +277,5 @@ def test_decisions_are_recorded(closing: list[RateLimit]) -> None:
     stage(request, first, lambda r, c: Response(200, [], b""))
     with pytest.raises(Rejected):
         stage(request, second, lambda r, c: Response(200, [], b""))
-    assert first.decisions == {"ratelimit": {"checked": 1}}
+    assert first.decisions == {"ratelimit": {"limited": None}}
     assert second.decisions == {"ratelimit": {"limited": "by-ip"}}

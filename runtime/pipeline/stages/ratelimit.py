@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from runtime.pipeline.stage import Target
 
 log = logging.getLogger("edgefn.pop")
+PASSED = {"limited": None}  # the decision of an admitted request (shared, never changed)
 
 
 class _Model(msgspec.Struct):
@@ -93,7 +94,7 @@ class RateLimit:
                            f"{refused.item.amount} requests per {refused.window} s; retry "
                            f"after {headers[0][1].decode()} s", headers=headers,
                            detail={"policy": refused.name})
-        ctx.decide("ratelimit", {"checked": len(outcome.quotas) or True})
+        ctx.decide("ratelimit", PASSED)
         if not outcome.quotas:
             return call_next(request, ctx)
         return then(call_next(request, ctx), _add, fields(outcome.quotas))

@@ -31,13 +31,13 @@ SWEEP_AT = 50_000
 class Counters:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self.state: dict[str, list] = {}  # key -> [algorithm's state..., expires]
+        self.state: dict[object, list] = {}  # key -> [algorithm's state..., expires]
         self.lock = threading.Lock()  # the stage runs on one loop; tests hit from threads
         self.sweep_at = SWEEP_AT
         self.steps = {"sliding_window": self._sliding, "fixed_window": self._fixed,
                       "moving_window": self._moving}
 
-    def hit(self, key: str, algorithm: str, amount: int, window: int,
+    def hit(self, key: object, algorithm: str, amount: int, window: int,
             now: float | None = None) -> tuple[bool, int, float]:
         """Count one request at `now` (default: the clock): (admitted, remaining
         after it, reset time (epoch s))."""
@@ -48,7 +48,7 @@ class Counters:
                 self._sweep(now)
             return self.steps[algorithm](key, amount, window, now)
 
-    def _fixed(self, key: str, amount: int, window: int, now: float
+    def _fixed(self, key: object, amount: int, window: int, now: float
                ) -> tuple[bool, int, float]:
         s = self.state.get(key)
         if s is None or now >= s[1]:
@@ -56,7 +56,7 @@ class Counters:
         s[0] += 1
         return s[0] <= amount, amount - s[0], s[1]
 
-    def _sliding(self, key: str, amount: int, window: int, now: float
+    def _sliding(self, key: object, amount: int, window: int, now: float
                  ) -> tuple[bool, int, float]:
         index = int(now // window)
         s = self.state.get(key)
@@ -77,7 +77,7 @@ class Counters:
             reset = min(reset, left % window)
         return admitted, amount - int(weighted), now + (0.0 if reset == math.inf else reset)
 
-    def _moving(self, key: str, amount: int, window: int, now: float
+    def _moving(self, key: object, amount: int, window: int, now: float
                 ) -> tuple[bool, int, float]:
         s = self.state.get(key)
         if s is None:

@@ -39,12 +39,15 @@ _ASYNC: dict[str, Callable[[Any], limits.aio.strategies.RateLimiter]] = {
 class Limit:
     """One rate (`item`) of one rule, named for the RateLimit headers."""
 
-    __slots__ = ("algorithm", "amount", "by", "item", "name", "window")
+    __slots__ = ("algorithm", "amount", "by", "item", "name", "shape", "window")
 
     def __init__(self, name: str, by: str, item: RateLimitItem, algorithm: Algorithm) -> None:
         self.name, self.by, self.item, self.algorithm = name, by, item, algorithm
         self.amount = item.amount
         self.window = int(item.get_expiry())
+        # what its counters are keyed by besides who they count (a rule changed by a
+        # redeploy starts new counters)
+        self.shape = f"{name}/{self.amount}/{self.window}/{algorithm}"
 
 
 def compile_rules(rules: Sequence[RateRule], prefix: str, where: str, field: str
@@ -81,7 +84,6 @@ def _unique(name: str, taken: list[Limit]) -> str:
 
 
 type Check = tuple[Limit, tuple[str, ...]]  # a limit and who it counts (its identifiers)
-KEYS_KEPT = 100_000  # counters' keys remembered; all dropped when full
 
 
 class Outcome:
@@ -109,7 +111,6 @@ class Limiter:
             self.astrategies = {k: v(self.astore) for k, v in _ASYNC.items()}
         elif scheme == "memory":
             self.counters = Counters()
-            self.keys: dict[tuple[Limit, tuple[str, ...]], str] = {}
         else:
             raise InvalidConfig(where, f"storage must be memory:// or redis://host:port, got "
                                 f"{storage!r}", "ratelimit.storage")
@@ -117,16 +118,11 @@ class Limiter:
     def hit(self, checks: list[Check], stats: bool) -> Outcome:
         """Hit each limit (memory only). With `stats`, the quotas of all."""
         quotas: list[Quota] = []
-        counters = self.counters
+        hit = self.counters.hit
         now = time.time()
         for limit, ids in checks:
-            key = self.keys.get((limit, ids))
-            if key is None:
-                if len(self.keys) >= KEYS_KEPT:
-                    self.keys.clear()
-                key = self.keys[(limit, ids)] = limit.item.key_for(*ids)
-            admitted, remaining, reset = counters.hit(key, limit.algorithm, limit.amount,
-                                                      limit.window, now)
+            admitted, remaining, reset = hit((limit.shape, ids), limit.algorithm,
+                                             limit.amount, limit.window, now)
             if not admitted:
                 return _refused(limit, reset, quotas)
             if stats:
