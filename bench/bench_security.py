@@ -4,13 +4,13 @@ each stage's own cost in microseconds, in process.
 
     python bench/bench_security.py [--seconds 5] [--rounds 3] [--n 20000]
 
-Servers (all `edgefn serve --no-ai`, the hello-wat example; wrk -t1 -c32, rounds
-alternated, best round of each kept; ratios are to (a)):
+Servers (all `edgefn serve --no-ai`, the hello-wat example; wrk -t1 -c32 sending
+an API key, rounds alternated, best round of each kept; ratios are to (a)):
   (a) no security stages: request_id, access_log, route, dispatch (the pipeline
       before this issue);
-  (b) + auth + ratelimit: the function asks for a key (`auth = "key"`), wrk sends
-      one; three rate-limit rules apply (by ip, by key, by function), each far above
-      the load so nothing is refused;
+  (b1-b4) + auth, the function asking for a key (`auth = "key"`), + ratelimit with
+      1 or 3 rules (by key; by ip, key, function), each far above the load so
+      nothing is refused, with and without the RateLimit headers;
   (c) the default pipeline: waf (off), bots, auth (none), ratelimit (no rules).
 Then per stage, in process: a Context and the stage in front of a stage that
 answers at once, per request, minus the same chain without the stage.
@@ -35,15 +35,33 @@ import _wrk  # noqa: E402
 from bench_runtime import free_port  # noqa: E402
 
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
-OFF = "".join(f'[[pipeline]]\nstage = "{s}"\n' for s in
-              ("request_id", "access_log", "route", "dispatch"))
-AUTH_RL = "".join(f'[[pipeline]]\nstage = "{s}"\n' for s in
-                  ("request_id", "access_log", "auth", "ratelimit", "route", "dispatch")) + "".join(
-    f'[[ratelimit.rules]]\nby = "{by}"\nlimit = "100000000/minute"\n'
-    for by in ("ip", "key", "function"))
+
+def pipeline(*stages: str) -> str:
+    return "".join(f'[[pipeline]]\nstage = "{s}"\n' for s in stages)
 
 
-def start(work: Path, name: str, pop_toml: str, fn: Path) -> tuple[subprocess.Popen[bytes], int]:
+def rules(*by: str) -> str:
+    """Rate-limit rules far above the load: every request is counted, none refused."""
+    return "".join(f'[[ratelimit.rules]]\nby = "{b}"\nlimit = "100000000/minute"\n' for b in by)
+
+
+SECURED = pipeline("request_id", "access_log", "auth", "ratelimit", "route", "dispatch")
+# name -> (pop.toml, whether the function asks for a key)
+SERVERS = {
+    "(a) no security stages": (pipeline("request_id", "access_log", "route", "dispatch"),
+                               False),
+    "(b1) auth (key)": (pipeline("request_id", "access_log", "auth", "route", "dispatch"),
+                        True),
+    "(b2) auth + 1 rule (by key)": (SECURED + rules("key"), True),
+    "(b3) auth + 3 rules": (SECURED + rules("ip", "key", "function"), True),
+    "(b4) auth + 3 rules, no headers": (SECURED + "[ratelimit]\nheaders = false\n"
+                                        + rules("ip", "key", "function"), True),
+    "(c) default pipeline": ("", False),
+}
+
+
+def start(work: Path, name: str, pop_toml: str, fn: Path
+          ) -> tuple[subprocess.Popen[bytes], int]:
     """`edgefn serve` with `pop_toml`, `fn` deployed; the process and its port."""
     (work / f"{name}.toml").write_text(pop_toml)
     data = work / name
@@ -71,23 +89,21 @@ def keyed_hello(work: Path) -> Path:
 
 
 def served(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
-    fn = keyed_hello(work)
-    servers = {"(a) no security stages": (start(work, "a", OFF, HELLO), {}),
-               "(b) + auth + ratelimit": (start(work, "b", AUTH_RL, fn), {}),
-               "(c) default pipeline": (start(work, "c", "", HELLO), {})}
     from runtime.security.keys import KeyStore
 
-    key, _ = KeyStore(work / "b").create("bench", ("fn:*",))
-    servers["(b) + auth + ratelimit"][1]["x-api-key"] = key
-    subprocess.run([sys.executable, "-m", "runtime.cli", "keys", "ls", "--data",
-                    str(work / "b")], cwd=ROOT, check=True, capture_output=True)
-    time.sleep(1.2)  # the PoP re-reads keys.json within a second
+    fn = keyed_hello(work)
+    servers = {}
+    for i, (name, (toml, keyed)) in enumerate(SERVERS.items()):
+        servers[name] = start(work, f"s{i}", toml, fn if keyed else HELLO)
+        key, _ = KeyStore(work / f"s{i}").create("bench", ("fn:*",))
+        servers[name] += ({"x-api-key": key},)
+    time.sleep(1.2)  # a PoP re-reads keys.json within a second
     best: dict[str, dict[str, float]] = {}
     try:
-        for (_, port), headers in servers.values():
+        for _, port, headers in servers.values():
             _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1, headers=headers)
         for _ in range(args.rounds):
-            for name, ((_, port), headers) in servers.items():
+            for name, (_, port, headers) in servers.items():
                 r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds,
                              headers=headers)
                 if r["errors"]:
@@ -95,7 +111,7 @@ def served(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
                 if name not in best or r["rps"] > best[name]["rps"]:
                     best[name] = r
     finally:
-        for (proc, _), _h in servers.values():
+        for proc, _, _ in servers.values():
             proc.terminate()
             proc.wait(20)
     return best
@@ -189,9 +205,9 @@ def main() -> None:
     best = served(args, work)
     base = best["(a) no security stages"]["rps"]
     print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
-    print(f"{'server':<28}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x (a)':>8}")
+    print(f"{'server':<34}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x (a)':>8}")
     for name, r in best.items():
-        print(f"{name:<28}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+        print(f"{name:<34}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
               f"{r['rps'] / base:>8.2f}")
     print(f"\n== per-stage cost, in process, {args.n} requests (us per request) ==")
     for name, us in costs.items():
