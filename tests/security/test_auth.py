@@ -433,3 +433,23 @@ def test_a_c_reactor_reads_the_principal_after_the_params(tmp_path: Path) -> Non
         pop.admin.request("POST", "/v1/keys/reload")
         assert pop.get("/who-c/7")[2] == b"//7"  # anonymous: no principal section
         assert pop.get("/who-c/8", headers={"x-api-key": key})[2] == f"acme/{record.id}/8".encode()
+
+
+def test_limits_show_lists_rules_tenants_and_active_keys(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from runtime.cli.main import main
+
+    data = tmp_path / "data"
+    (tmp_path / "pop.toml").write_text(
+        'data = "data"\n[ratelimit]\nipv4_prefix = 24\n[[ratelimit.rules]]\nby = "ip"\n'
+        'limit = "100/minute"\n[ratelimit.tenants.acme]\ntpm = 5000\nmax_streams = 2\n')
+    store = KeyStore(data)
+    _, kept = store.create("acme", ("*",), rpm=60)
+    _, gone = store.create("acme", ("*",), rpm=1)
+    store.revoke(gone.id)
+    assert main(["limits", "show", "--config", str(tmp_path / "pop.toml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ip_aggregation"] == "/24 /128"
+    assert out["rules"] == [{"by": "ip", "limit": "100/minute", "algorithm": "sliding_window"}]
+    assert out["tenants"] == {"acme": {"rpm": None, "tpm": 5000, "max_streams": 2}}
+    assert [k["id"] for k in out["keys"]] == [kept.id] and out["keys"][0]["rpm"] == 60
