@@ -35,7 +35,12 @@ if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
     from runtime.security.principal import Principal
 from runtime.net.message import Request, Response, json_response
-from runtime.security.ratelimit.admission import Ticket, TokenBudgets, used_by
+from runtime.security.ratelimit.admission import (
+    Ticket,
+    TokenBudgets,
+    settled_embedding,
+    used_by,
+)
 from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
@@ -228,14 +233,7 @@ class OpenAIApi:
                            param="encoding_format")
         inputs = [body.input] if isinstance(body.input, str) else body.input
         ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
-        try:
-            out = await self.ai.client.embed(body.model, inputs)
-        except BaseException:
-            if ticket is not None:  # an embedding that failed read nothing
-                await ticket.settle(0)
-            raise
-        if ticket is not None:
-            await ticket.settle(out["tokens"])
+        out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs))
         data = [{"object": "embedding", "index": i,
                  "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
                 for i, v in enumerate(out["embeddings"])]

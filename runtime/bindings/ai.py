@@ -20,7 +20,12 @@ from typing import Any
 from edgefn_core.errors import BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai.service import AIService
-from runtime.security.ratelimit.admission import Ticket, TokenBudgets, used_by
+from runtime.security.ratelimit.admission import (
+    Ticket,
+    TokenBudgets,
+    settled_embedding,
+    used_by,
+)
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
 OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
@@ -129,14 +134,7 @@ class AIBinding:
     async def _embed(self, model: str, inputs: Any) -> dict[str, Any]:
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
         ticket = await self._admit(model, False, 0, inputs=texts)
-        try:
-            out = await self.service.client.embed(model, texts)
-        except BaseException:
-            if ticket is not None:  # an embedding that failed read nothing
-                await ticket.settle(0)
-            raise
-        if ticket is not None:
-            await ticket.settle(out["tokens"])
+        out = await settled_embedding(ticket, self.service.client.embed(model, texts))
         return {"embeddings": out["embeddings"], "tokens": out["tokens"]}
 
     async def _admit(self, model: str, stream: bool, max_tokens: int | None, **text: Any

@@ -205,3 +205,18 @@ def store_for(storage: str) -> BudgetStore:
 def _who(bucket: str) -> str:
     kind, _, name = bucket.partition(":")
     return f"{kind} {name!r}"
+
+
+async def settled_embedding(ticket: Ticket | None, pending: Awaitable[dict[str, Any]]
+                            ) -> dict[str, Any]:
+    """The result of an embedding call (``{"tokens", ...}``), with `ticket` settled
+    for the tokens it read: none when the call fails."""
+    try:
+        out = await pending
+    except BaseException:
+        if ticket is not None:
+            await ticket.settle(0)
+        raise
+    if ticket is not None:
+        await ticket.settle(out["tokens"])
+    return out
