@@ -7,6 +7,7 @@ the settings name."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import jwt
 from edgefn_core.errors import InvalidConfig
 from runtime.security.principal import Principal
 from runtime.security.settings import JwtSettings
+
+MAX_VERIFIED = 4096  # verified tokens remembered; all dropped when full
 
 
 class TokenInvalid(Exception):
@@ -28,6 +31,7 @@ class JwtVerifier:
         self.settings = settings
         self.keys: dict[str | None, Any] = {}  # kid -> PyJWK (None: the only key)
         self.secret: bytes | None = None
+        self.verified: dict[str, tuple[Principal, float]] = {}  # token -> (who, until)
         if settings.jwks:
             self._load_jwks(Path(settings.jwks), label)
         if "HS256" in settings.algorithms and settings.secret_env:
@@ -52,7 +56,21 @@ class JwtVerifier:
             self.keys[None] = jwks.keys[0]
 
     def verify(self, token: str) -> Principal:
-        """Raises `TokenInvalid` saying why the token is refused."""
+        """Raises `TokenInvalid` saying why the token is refused. A token that
+        verified is remembered until it expires (one principal per token, so the
+        caches keyed on principals stay small)."""
+        hit = self.verified.get(token)
+        if hit is not None:
+            if time.time() < hit[1]:
+                return hit[0]
+            del self.verified[token]
+        principal, expires = self._verify(token)
+        if len(self.verified) >= MAX_VERIFIED:
+            self.verified.clear()
+        self.verified[token] = (principal, expires)
+        return principal
+
+    def _verify(self, token: str) -> tuple[Principal, float]:
         s = self.settings
         try:
             header = jwt.get_unverified_header(token)
@@ -65,7 +83,7 @@ class JwtVerifier:
                                 options={"require": ["exp"]})
         except jwt.InvalidTokenError as e:
             raise TokenInvalid(f"invalid token: {e}") from None
-        return self._principal(claims)
+        return self._principal(claims), float(claims["exp"]) + s.leeway_seconds
 
     def _key(self, alg: str, kid: object) -> Any:
         if alg == "HS256":

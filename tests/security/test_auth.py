@@ -453,3 +453,16 @@ def test_limits_show_lists_rules_tenants_and_active_keys(
     assert out["rules"] == [{"by": "ip", "limit": "100/minute", "algorithm": "sliding_window"}]
     assert out["tenants"] == {"acme": {"rpm": None, "tpm": 5000, "max_streams": 2}}
     assert [k["id"] for k in out["keys"]] == [kept.id] and out["keys"][0]["rpm"] == 60
+
+
+def test_a_verified_jwt_is_remembered_only_until_it_expires(es256: tuple[Any, Path]) -> None:
+    private, jwks = es256
+    verifier = JwtVerifier(JwtSettings(jwks=str(jwks), leeway_seconds=0))
+    long_lived = token(private)
+    assert verifier.verify(long_lived) is verifier.verify(long_lived)
+    short = token(private, exp=int(time.time()) + 1)
+    assert verifier.verify(short).tenant == "acme"
+    time.sleep(max(0.0, pyjwt.decode(short, options={"verify_signature": False})["exp"]
+                   - time.time()) + 0.2)
+    with pytest.raises(TokenInvalid, match="expired"):
+        verifier.verify(short)
