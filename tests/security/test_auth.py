@@ -466,3 +466,32 @@ def test_a_verified_jwt_is_remembered_only_until_it_expires(es256: tuple[Any, Pa
                    - time.time()) + 0.2)
     with pytest.raises(TokenInvalid, match="expired"):
         verifier.verify(short)
+
+
+def test_a_route_scope_is_decided_per_path_not_remembered_per_function(tmp_path: Path) -> None:
+    auth, store = stage(tmp_path, Fn("site", auth="key"))
+    key, _ = store.create("acme", ("route:/x*",))
+    auth.keys.reload()
+    for _ in range(2):  # twice: a remembered decision must not leak to the other path
+        assert call(auth, bearer(key), path=b"/x/1")[1].body == b"ok"
+        assert refused(auth, bearer(key), path=b"/y/1").status == 403
+    fn_key, _ = store.create("acme", ("fn:site",))
+    auth.keys.reload()
+    for path in (b"/x/1", b"/y/1", b"/x/1"):
+        assert call(auth, bearer(fn_key), path=path)[1].body == b"ok"
+    assert len(auth.grants) == 1  # the function-wide scope's decision, kept
+
+
+def test_jwt_mode_takes_only_a_bearer_token(tmp_path: Path, es256: tuple[Any, Path]) -> None:
+    private, jwks = es256
+    auth, _ = stage(tmp_path, Fn("chat", auth="jwt"),
+                    jwt=JwtVerifier(JwtSettings(jwks=str(jwks))))
+    err = refused(auth, [(b"x-api-key", token(private).encode())])
+    assert err.status == 401 and "expected a JWT in `Authorization: Bearer`" in str(err)
+    assert (b"www-authenticate", b'Bearer realm="edgefn"') in err.headers
+    auth, _ = stage(tmp_path, Fn("chat", auth="jwt"))  # a PoP without [auth.jwt]
+    err = refused(auth, bearer(token(private)))
+    assert "this PoP has no [auth.jwt]" in str(err) and err.headers
+    err = refused(stage(tmp_path, Fn("chat", auth="jwt"),
+                        jwt=JwtVerifier(JwtSettings(jwks=str(jwks))))[0], bearer("nope"))
+    assert (b"www-authenticate", b'Bearer realm="edgefn"') in err.headers
