@@ -14,7 +14,8 @@ import os
 import threading
 import uuid
 
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from runtime.security.ratelimit.limiter import Limiter, compile_rules
@@ -91,6 +92,9 @@ class FakeClock:
 
 
 @settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
+@example(algorithm="moving_window", limit=1, steps=[(0, 0), (64, 0)])  # exactly one window
+@example(algorithm="fixed_window", limit=1, steps=[(0, 0), (64, 0)])
+@example(algorithm="sliding_window", limit=2, steps=[(0, 0), (60, 0), (10, 0), (4, 0)])
 @given(algorithm=ALGORITHMS, limit=st.integers(1, 6),
        steps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1)), min_size=1,
                       max_size=60))
@@ -111,6 +115,7 @@ def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
                   "fixed_window": limits.strategies.FixedWindowRateLimiter}
     saved = limits.storage.memory.time
     limits.storage.memory.time = clock  # type: ignore[assignment]
+    limits.strategies.time = clock  # type: ignore[attr-defined]
     storage = limits.storage.MemoryStorage()
     try:
         theirs = strategies[algorithm](storage)
@@ -118,11 +123,36 @@ def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
         ours = Counters(clock=clock.time)
         for dt, who in steps:
             clock.now += dt / 8
-            admitted, remaining, _ = ours.hit(f"k{who}", algorithm, limit, 8)
+            admitted, remaining, reset = ours.hit(f"k{who}", algorithm, limit, 8)
             assert admitted == theirs.hit(item, str(who)), (clock.now, who)
-            if algorithm != "moving_window":  # limits counts a refused moving hit too
-                assert remaining == max(0, theirs.get_window_stats(item, str(who)).remaining) \
-                    or remaining < 0
+            stats = theirs.get_window_stats(item, str(who))
+            if algorithm == "moving_window" and clock.now - 8 in ours.state[f"k{who}"][0]:
+                continue  # limits counts a hit exactly one window old when it decides,
+                # not in its stats: the decision above is the one that matters
+            assert max(0, remaining) == stats.remaining, (clock.now, who)
+            assert reset == pytest.approx(stats.reset_time, abs=1e-6), (clock.now, who)
     finally:
         storage.timer.cancel()
         limits.storage.memory.time = saved
+        limits.strategies.time = saved  # type: ignore[attr-defined]
+
+
+def test_counters_drop_state_whose_window_has_passed_and_keep_live_counts() -> None:
+    from runtime.security.ratelimit.counters import Counters
+
+    clock = FakeClock()
+    counters = Counters(clock=clock.time)
+    counters.sweep_at = 4
+    for i, algorithm in enumerate(["fixed_window", "sliding_window", "moving_window"]):
+        counters.hit(f"old{i}", algorithm, 5, 10)
+    clock.now += 25  # past every window of the three (a sliding one lasts two)
+    assert counters.hit("live", "fixed_window", 2, 60)[:2] == (True, 1)
+    assert len(counters.state) == 4  # the sweep waits for sweep_at keys
+    clock.now += 1
+    assert counters.hit("live", "fixed_window", 2, 60)[:2] == (True, 0)  # swept here
+    assert set(counters.state) == {"live"} and counters.sweep_at == 4
+    assert counters.hit("live", "fixed_window", 2, 60)[0] is False  # its count survived
+    for i in range(3):  # four live keys: nothing to drop, so wait for twice as many
+        counters.hit(f"new{i}", "sliding_window", 5, 60)
+    counters.hit("new3", "moving_window", 5, 60)
+    assert len(counters.state) == 5 and counters.sweep_at == max(50_000, 8)
