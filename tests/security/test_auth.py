@@ -495,3 +495,30 @@ def test_jwt_mode_takes_only_a_bearer_token(tmp_path: Path, es256: tuple[Any, Pa
     err = refused(stage(tmp_path, Fn("chat", auth="jwt"),
                         jwt=JwtVerifier(JwtSettings(jwks=str(jwks))))[0], bearer("nope"))
     assert (b"www-authenticate", b'Bearer realm="edgefn"') in err.headers
+
+
+def test_a_keys_limits_reach_its_principal_once_per_key(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path)
+    _, record = store.create("acme", ("fn:*",), rpm=60, tpm=5000, max_streams=3)
+    assert (record.rpm, record.tpm, record.max_streams) == (60, 5000, 3)
+    assert store.read() == [record]
+    ring = KeyRing(store)
+    who = ring.principal(record)
+    assert (who.rpm, who.tpm, who.max_streams, who.key_id) == (60, 5000, 3, record.id)
+    assert ring.principal(record) is who  # made once: caches downstream key on it
+    at = record.created + 10
+    assert msgspec.structs.replace(record, expires=at).state(at) == "expired"
+    assert msgspec.structs.replace(record, expires=at).state(at - 0.001) == "active"
+
+
+def test_a_corrupted_key_file_keeps_the_keys_a_pop_had(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = KeyStore(tmp_path)
+    key, record = store.create("acme", ("*",))
+    ring = KeyRing(store)
+    (tmp_path / "keys.json").write_text("{broken")
+    clock = [time.monotonic() + keymod.RELOAD_INTERVAL]
+    monkeypatch.setattr(keymod.time, "monotonic", lambda: clock[0])
+    assert ring.lookup(key) == record
+    assert "keeping the previous keys" in caplog.text and "not a key file" in caplog.text
