@@ -267,7 +267,8 @@ def test_jwts_that_do_not_verify_are_401_saying_why(tmp_path: Path, es256: tuple
     verifier = JwtVerifier(JwtSettings(jwks=str(jwks), issuer="https://idp.test"))
     auth, _ = stage(tmp_path, Fn("chat", auth="jwt"), jwt=verifier)
     err = refused(auth, bearer(make(private)))
-    assert err.status == 401 and words in str(err), str(err)
+    assert (err.status, err.code) == (401, "unauthorized") and words in str(err), str(err)
+    assert (b"www-authenticate", b'Bearer realm="edgefn"') in err.headers
 
 
 def test_hs256_uses_the_secret_from_the_environment(tmp_path: Path,
@@ -522,3 +523,31 @@ def test_a_corrupted_key_file_keeps_the_keys_a_pop_had(
     monkeypatch.setattr(keymod.time, "monotonic", lambda: clock[0])
     assert ring.lookup(key) == record
     assert "keeping the previous keys" in caplog.text and "not a key file" in caplog.text
+
+
+def test_a_refusal_is_recorded_for_the_events_stage(tmp_path: Path) -> None:
+    auth, store = stage(tmp_path, Fn("chat", auth="key"))
+    key, _ = store.create("acme", ("fn:other",))
+    auth.keys.reload()
+    for headers, result in (([], "unauthorized"), (bearer(key), "forbidden")):
+        request = Request(b"GET", b"/x", b"", headers, b"h", "1.1", True, "1.2.3.4:5")
+        ctx = Context(request.client)
+        with pytest.raises(Rejected):
+            auth(request, ctx, lambda r, c: Response(200, [], b"ok"))
+        assert ctx.decisions == {"auth": {"mode": "key", "result": result}}
+        assert ctx.principal is None
+
+
+def test_where_auth_is_off_a_jwt_or_a_key_still_names_the_caller(
+        tmp_path: Path, es256: tuple[Any, Path]) -> None:
+    private, jwks = es256
+    auth, store = stage(tmp_path, Fn("open"), jwt=JwtVerifier(JwtSettings(jwks=str(jwks))))
+    key, record = store.create("beta", ("fn:*",))
+    auth.keys.reload()
+    ctx, _ = call(auth, bearer(token(private)))
+    assert ctx.principal is not None and (ctx.principal.kind, ctx.principal.tenant) == (
+        "jwt", "acme")
+    ctx, _ = call(auth, bearer(key))
+    assert ctx.principal == record.principal()
+    ctx, _ = call(auth, bearer(token(ec.generate_private_key(ec.SECP256R1()))))
+    assert ctx.principal is None  # a token that does not verify names no one
