@@ -91,6 +91,8 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
             await admin.shutdown(1.0)
             await public.shutdown(config.grace_seconds)
             await pop.pipeline.aclose()
+            if pop.stores.budgets is not None:  # shared by the OpenAI API and ai bindings
+                await pop.stores.budgets.store.close()
     finally:
         if pop.ai is not None:
             await pop.ai.close()

@@ -139,11 +139,6 @@ class OpenAIApi:
         for what it generates (token budgets)."""
         return self._route(request, ctx)
 
-    async def aclose(self) -> None:
-        """Close the token budgets' store (a Redis connection)."""
-        if self.budgets is not None:
-            await self.budgets.store.close()
-
     async def _route(self, request: Request, ctx: Context | None) -> Response:
         who = ctx.principal if ctx is not None else None
         path, method = request.path, request.method

@@ -28,6 +28,8 @@ from runtime.security.principal import Principal
 from runtime.security.ratelimit.budget import MemoryBudgetStore
 from tests.support import EXAMPLES, Running, pop_thread
 
+from .redis_server import RedisServer, redis_server  # noqa: F401
+
 CHAT = "smollm2-135m"
 EMBED = "all-minilm-l6-v2"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -281,3 +283,25 @@ def test_a_keys_token_budget_over_http_in_openais_shape(pop_and_key: tuple[Runni
     assert e.value.code == "token_budget" and 1 <= int(headers["retry-after"]) <= 60
     assert headers["ratelimit-policy"] == '"key-tpm";q=100;w=60'
     assert never.value.code == "token_budget" and "lower max_tokens" in never.value.message
+
+
+def test_a_redis_budget_is_shared_by_pops_and_closed_when_they_stop(
+        pop: Running, tmp_path: Path, redis_server: RedisServer) -> None:  # noqa: F811
+    """Two PoPs on the module's model worker and one Redis: a tenant's tokens are
+    one budget across them, and each PoP closes its connections when it stops."""
+    assert pop.pop.ai is not None
+    shared = {"ai.socket": pop.pop.ai.client.socket_path, "ratelimit.storage": redis_server.url,
+              "ratelimit.tenants": {"edge": {"tpm": 100}}}
+    before = len(redis_server.client().client_list())
+    with pop_thread(tmp_path / "a", ai=True, **shared) as a, \
+            pop_thread(tmp_path / "b", ai=True, **shared) as b:
+        body = {"model": CHAT, "messages": HELLO, "max_tokens": 60, "temperature": 0}
+        first = on_pop(a, post(a, "edge", b"/v1/chat/completions", body))
+        assert first.status == 200, first.body
+        spent = json.loads(first.body)["usage"]["total_tokens"]
+        second = on_pop(b, post(b, "edge", b"/v1/chat/completions", body))
+        # the other PoP sees what the first spent: its 60 + prompt no longer fit in 100
+        assert (second.status, json.loads(second.body)["error"]["code"]) == (
+            429, "token_budget"), (spent, second.body)
+        assert len(redis_server.client().client_list()) > before
+    assert len(redis_server.client().client_list()) == before

@@ -20,6 +20,3 @@ class OpenAI:
         if not isinstance(self.targets.resolve(request, ctx), OpenAITarget):
             return call_next(request, ctx)
         return self.api(request, ctx)
-
-    async def aclose(self) -> None:
-        await self.api.aclose()
