@@ -15,18 +15,16 @@ Ratios are to (a). Needs git and wrk (apt-get install -y wrk).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import _wrk  # noqa: E402
-from bench_runtime import free_port  # noqa: E402
+from bench_runtime import start_edgefn  # noqa: E402
 
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
 MINIMAL = '[[pipeline]]\nstage = "route"\n[[pipeline]]\nstage = "dispatch"\n'
@@ -43,20 +41,8 @@ def baseline_tree(rev: str) -> Path:
 
 
 def start(tree: Path, data: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    """`edgefn serve` from `tree`; returns the process and its port once it listens."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", str(port),
-                             "--data", str(data), "--no-ai", *extra], cwd=tree, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not (data / "pop.json").exists():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"edgefn serve from {tree} did not start")
-        time.sleep(0.05)
-    subprocess.run([sys.executable, "-m", "runtime.cli", "deploy", str(HELLO), "--data",
-                    str(data)], cwd=tree, env=env, check=True, capture_output=True)
-    return proc, port
+    """`edgefn serve --no-ai` from `tree`, hello-wat deployed."""
+    return start_edgefn(data, ["--no-ai", *extra], tree, HELLO)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import shutil
 import socket
 import statistics
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import timeit
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,16 +49,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_edgefn(data: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_edgefn(data: Path, extra: Sequence[str] = (), tree: Path = ROOT,
+                 deploy: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """`edgefn serve` from the checkout `tree` with `extra` options, `deploy` (a
+    function folder) deployed once it listens; the process and its port. Raises
+    RuntimeError if it does not start, CalledProcessError if the deploy fails."""
     port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", str(port),
-                             "--data", str(data)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             "--data", str(data), *extra], cwd=tree, env=env,
+                            stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # the access log
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while not (data / "pop.json").exists():
         if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError("edgefn serve did not start")
+            raise RuntimeError(f"edgefn serve {' '.join(extra)} (from {tree}) did not start")
         time.sleep(0.05)
+    if deploy is not None:
+        subprocess.run([sys.executable, "-m", "runtime.cli", "deploy", str(deploy), "--data",
+                        str(data)], cwd=tree, env=env, check=True, capture_output=True)
     return proc, port
 
 

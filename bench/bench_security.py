@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import _wrk  # noqa: E402
-from bench_runtime import free_port  # noqa: E402
+from bench_runtime import start_edgefn  # noqa: E402
 
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
 
@@ -64,20 +64,8 @@ def start(work: Path, name: str, pop_toml: str, fn: Path
           ) -> tuple[subprocess.Popen[bytes], int]:
     """`edgefn serve` with `pop_toml`, `fn` deployed; the process and its port."""
     (work / f"{name}.toml").write_text(pop_toml)
-    data = work / name
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", str(port),
-                             "--data", str(data), "--no-ai", "--config",
-                             str(work / f"{name}.toml")], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not (data / "pop.json").exists():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"edgefn serve ({name}) did not start")
-        time.sleep(0.05)
-    subprocess.run([sys.executable, "-m", "runtime.cli", "deploy", str(fn), "--data",
-                    str(data)], cwd=ROOT, check=True, capture_output=True)
-    return proc, port
+    return start_edgefn(work / name, ["--no-ai", "--config", str(work / f"{name}.toml")],
+                        deploy=fn)
 
 
 def keyed_hello(work: Path) -> Path:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from edgefn_core.process import load_system_libstdcxx  # noqa: E402
 
 load_system_libstdcxx()
 
-from bench_runtime import free_port  # noqa: E402
+from bench_runtime import start_edgefn  # noqa: E402
 
 from runtime.functions.manifest import Route  # noqa: E402
 from runtime.functions.router import Router  # noqa: E402
@@ -113,27 +112,9 @@ def pop_ms(port: int, spec: tuple, n: int) -> float:  # type: ignore[type-arg]
         conn.close()
 
 
-# `edgefn serve` with the system libstdc++ loaded first (see crs.missing)
-SERVE = ("from edgefn_core.process import load_system_libstdcxx; load_system_libstdcxx(); "
-         "import sys; from runtime.cli.main import main; sys.argv[0] = 'edgefn'; main()")
-
-
 def start(data: Path, config: Path) -> tuple[subprocess.Popen[bytes], int]:
     """A PoP serving hello-wat; returns the process and its port once it listens."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, "serve", "--port", str(port),
-                             "--data", str(data), "--no-ai", "--config", str(config)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not (data / "pop.json").exists():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"the PoP with {config.read_text()!r} did not start")
-        time.sleep(0.05)
-    subprocess.run([sys.executable, "-m", "runtime.cli", "deploy", str(HELLO), "--data",
-                    str(data)], cwd=ROOT, env=env, check=True, capture_output=True)
-    return proc, port
+    return start_edgefn(data, ["--no-ai", "--config", str(config)], deploy=HELLO)
 
 
 def pop_figures(n: int, rounds: int) -> None:

@@ -138,13 +138,16 @@ class KeyStore:
 class KeyRing:
     """A PoP's view of the key file: ``lookup(key)`` in one hash and one dict access."""
 
+    # all set by `reload`
+    _by_hash: dict[str, KeyRecord]
+    _principals: dict[str, Principal]  # hash -> the key's principal, made on first use
+    _live: int  # keys not revoked
+    _stamp: tuple[int, int, int] | None  # the file's identity when read
+    _checked: float  # when the identity was last compared
+
     def __init__(self, store: KeyStore) -> None:
+        """Raises `InvalidConfig` for a key file that cannot be read."""
         self.store = store
-        self._by_hash: dict[str, KeyRecord] = {}
-        self._principals: dict[str, Principal] = {}
-        self._live = 0
-        self._stamp: tuple[int, int, int] | None = None
-        self._checked = 0.0
         self.reload()
 
     def __len__(self) -> int:

@@ -49,7 +49,7 @@ class Auth:
             return call_next(request, ctx)
         mode = self._mode(target)
         if mode == "none":
-            if request.headers and _has_credential(request):
+            if request.headers:
                 ctx.principal = self._optional(request)
             return call_next(request, ctx)
         try:
@@ -124,10 +124,6 @@ class Auth:
             return self._verify(mode, kind, value)
         except Rejected:
             return None
-
-
-def _has_credential(request: Request) -> bool:
-    return any(n == b"authorization" or n == b"x-api-key" for n, _ in request.headers)
 
 
 def _credential(request: Request) -> tuple[str, str] | None:
