@@ -162,10 +162,14 @@ def host_pids(name: str, parent: int | None = None) -> set[int]:
 
 
 def running(pid: int) -> bool:
-    """Process `pid` exists and is not a zombie."""
+    """Process `pid` exists and is not a zombie.
+
+    A process that exits while its status is read makes the read fail with
+    ESRCH (ProcessLookupError) rather than ENOENT: both mean it is gone.
+    """
     try:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 

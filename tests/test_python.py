@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.admin.client import AdminError
-from tests.support import EXAMPLES, Running, pop_thread
+from tests.support import EXAMPLES, Running, pop_thread, running
 
 
 def py_function(root: Path, name: str, source: str, *, limits: str = "", pool: str = "",
@@ -189,17 +189,9 @@ def handle(request, env):
     status, headers, body = result["r"]
     assert (status, body.split()[0], headers["x-edgefn-function"]) == (200, b"1", f"gen@{v1}")
     deadline = time.monotonic() + 5
-    while _alive(old_pid) and time.monotonic() < deadline:
+    while running(old_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(old_pid), "old isolate host still running after drain"
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting to be reaped counts as gone)."""
-    try:
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
+    assert not running(old_pid), "old isolate host still running after drain"
 
 
 def test_python_functions_survive_a_pop_restart(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support import EXAMPLES
+from tests.support import EXAMPLES, running
 
 ROOT = Path(__file__).resolve().parents[3]
 STARTUP_TIMEOUT = 120.0
@@ -95,14 +95,9 @@ def _gone(pids: list[int], within: float = 2.0) -> bool:
     """None of `pids` is running (a zombie counts as gone) within `within` seconds."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not any(_running(p) for p in pids):
+        if not any(running(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
 
 
-def _running(pid: int) -> bool:
-    try:
-        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
