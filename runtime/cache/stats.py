@@ -1,0 +1,55 @@
+"""What the caches decided, counted per cache, function, model and tenant, for
+``edgefn cache stats`` (admin ``GET /v1/cache/stats``) and the events stage."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+# outcomes that served the request from the cache
+SERVED = frozenset({"HIT", "STALE", "hit-exact", "hit-semantic"})
+
+
+class Tally:
+    __slots__ = ("bytes", "count", "saved_ms")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0  # bytes served from the cache
+        self.saved_ms = 0.0  # origin time not spent (the stored entry's origin time)
+
+
+class CacheStats:
+    """Counters keyed by (cache, function, model, tenant, outcome). `function`
+    is "" for the OpenAI API, `model` "" for the HTTP cache, `tenant` "" for
+    an anonymous caller."""
+
+    def __init__(self) -> None:
+        self.tallies: defaultdict[tuple[str, str, str, str, str], Tally] = defaultdict(Tally)
+
+    def record(self, cache: str, outcome: str, *, function: str = "", model: str = "",
+               tenant: str | None = None, nbytes: int = 0, saved_ms: float = 0.0) -> None:
+        t = self.tallies[(cache, function, model, tenant or "", outcome)]
+        t.count += 1
+        if outcome in SERVED:
+            t.bytes += nbytes
+            t.saved_ms += saved_ms
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """One row per (cache, function, model, tenant): its counts by outcome,
+        requests, hits and hit rate, bytes served and origin time saved."""
+        rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        for (cache, function, model, tenant, outcome), t in sorted(self.tallies.items()):
+            row = rows.setdefault((cache, function, model, tenant), {
+                "cache": cache, "function": function, "model": model, "tenant": tenant,
+                "outcomes": {}, "requests": 0, "hits": 0, "bytes_served": 0,
+                "saved_ms": 0.0})
+            row["outcomes"][outcome] = t.count
+            row["requests"] += t.count
+            if outcome in SERVED:
+                row["hits"] += t.count
+                row["bytes_served"] += t.bytes
+                row["saved_ms"] = round(row["saved_ms"] + t.saved_ms, 3)
+        for row in rows.values():
+            row["hit_rate"] = round(row["hits"] / row["requests"], 4)
+        return list(rows.values())
