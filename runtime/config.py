@@ -51,6 +51,7 @@ from msgspec import Meta, Struct, field
 
 from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
+from runtime.cache.settings import AICacheSettings, HttpCacheSettings
 from runtime.net.server import ServerConfig
 from runtime.security.settings import AuthSettings, BotSettings, RateLimitSettings, WafSettings
 
@@ -116,6 +117,14 @@ class RateLimitStage(StageConfig, frozen=True, tag="ratelimit"):
     """Request rates and AI token budgets; settings in ``[ratelimit]``."""
 
 
+class HttpCacheStage(StageConfig, frozen=True, tag="http_cache"):
+    """The RFC 9111 cache of function responses; settings in ``[http_cache]``."""
+
+
+class AICacheStage(StageConfig, frozen=True, tag="ai_cache"):
+    """The exact and semantic caches of the OpenAI API; settings in ``[ai_cache]``."""
+
+
 class OpenAIStage(StageConfig, frozen=True, tag="openai"):
     """The OpenAI-compatible API (/v1/chat/completions, ...); inactive without [ai]."""
 
@@ -129,12 +138,13 @@ class DispatchStage(StageConfig, frozen=True, tag="dispatch"):
 
 
 Stage = (RequestIdStage | AccessLogStage | WafStage | BotsStage | AuthStage | RateLimitStage
-         | OpenAIStage | RouteStage | DispatchStage)
+         | HttpCacheStage | AICacheStage | OpenAIStage | RouteStage | DispatchStage)
 
 
 def default_pipeline() -> list[Stage]:
     return [RequestIdStage(), AccessLogStage(), WafStage(), BotsStage(), AuthStage(),
-            RateLimitStage(), OpenAIStage(), RouteStage(), DispatchStage()]
+            RateLimitStage(), HttpCacheStage(), AICacheStage(), OpenAIStage(), RouteStage(),
+            DispatchStage()]
 
 
 class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -153,6 +163,8 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     waf: WafSettings = field(default_factory=WafSettings)
     bots: BotSettings = field(default_factory=BotSettings)
     ratelimit: RateLimitSettings = field(default_factory=RateLimitSettings)
+    http_cache: HttpCacheSettings = field(default_factory=HttpCacheSettings)
+    ai_cache: AICacheSettings = field(default_factory=AICacheSettings)
     pipeline: list[Stage] = field(default_factory=default_pipeline)
 
     @property

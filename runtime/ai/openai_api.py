@@ -30,6 +30,7 @@ import msgspec
 from edgefn_core.errors import ApiError, EdgefnError, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai.service import AIService
+from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
 
 if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
@@ -98,6 +99,7 @@ class OpenAITarget:
     name = "openai"
     tenant: str | None = None
     policy: TargetPolicy = NO_POLICY
+    cache: CacheOverride = NO_CACHE_OVERRIDE
 
     def error_response(self, err: EdgefnError) -> Response:
         return error_response(err.status, str(err), err.code, getattr(err, "param", None))

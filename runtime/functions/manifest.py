@@ -14,6 +14,7 @@ from msgspec import Meta, Struct, field
 
 from edgefn_core import tomlconf
 from edgefn_core.errors import ManifestError
+from runtime.cache.settings import CacheOverride
 from runtime.security.settings import AuthMode, BotOverride, RateRule, TargetPolicy, WafOverride
 
 MANIFEST_NAME = "edgefn.toml"
@@ -175,6 +176,7 @@ class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
     waf: WafOverride | None = None
     bots: BotOverride | None = None
     rate_limits: list[RateRule] = []
+    cache: CacheOverride = field(default_factory=CacheOverride)  # README "Caches"
 
     def route_list(self) -> list[Route]:
         return [Route(r) if isinstance(r, str) else r for r in self.routes]

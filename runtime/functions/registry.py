@@ -52,6 +52,7 @@ class Deployment:
         self.kind = "function"
         self.tenant: str | None = manifest.tenant
         self.policy = manifest.policy
+        self.cache = manifest.cache  # its [cache] settings (runtime.cache.settings)
         self.version = version
         self.manifest = manifest
         self.executor = executor

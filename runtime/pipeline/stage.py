@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from edgefn_core.errors import EdgefnError
+from runtime.cache.settings import CacheOverride
 from runtime.net.message import Request, Response
 from runtime.security.principal import Principal
 from runtime.security.settings import TargetPolicy
@@ -35,6 +36,7 @@ class Target(Protocol):
     name: str  # the function's name, or "openai"
     tenant: str | None  # who owns it (a function's owner); None for built-in APIs
     policy: TargetPolicy
+    cache: CacheOverride  # what it asks of the caches (a function's [cache])
 
     def error_response(self, err: EdgefnError) -> Response: ...
 
