@@ -28,6 +28,7 @@ from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
 from runtime.bindings.fetch import FetchBinding
 from runtime.bindings.owners import Owners
+from runtime.cache.stats import CacheStats
 from runtime.functions.manifest import Manifest
 from runtime.security.ratelimit.admission import TokenBudgets
 
@@ -48,6 +49,7 @@ class Stores:
         self._kv: KVStore | None = None
         self._vectors: VectorStore | None = None
         self._owners: Owners | None = None
+        self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
 
     @property
     def owners(self) -> Owners:
