@@ -147,17 +147,17 @@ class AICache:
             return Lookup(call, policy, "bypass", reason=reason)
         found = Lookup(call, policy, "miss")
         embedded = not (policy.semantic and call.scope is not None and self.embed is not None)
-        waited = False
+        waited: list[Flight] = []
         while True:
             entry = self._fresh(call.key)
             if entry is not None:
-                found.outcome, found.entry, found.coalesced = "hit-exact", entry, waited
+                found.outcome, found.entry, found.coalesced = "hit-exact", entry, bool(waited)
                 return found
             flight = self.flights.get(call.key)
-            if flight is not None and not waited:
-                waited = True
-                if await flight.wait() is not None:
-                    continue  # its entry is in the cache now (unless its TTL is 0)
+            if flight is not None and flight not in waited:
+                waited.append(flight)  # if it fails, one waiter leads and the others wait again
+                await flight.wait()
+                continue
             if not embedded:
                 embedded = True
                 found.vector = await self._embedding(call.query)
