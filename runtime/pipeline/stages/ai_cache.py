@@ -10,8 +10,9 @@ not ask for it). A request the OpenAI API would refuse (bad JSON, a model the
 caller's key may not use, n != 1) goes on untouched and gets its error there.
 
 Every answer says ``x-edgefn-cache: hit-exact | hit-semantic | miss | bypass``;
-a hit adds ``x-edgefn-cache-entry`` and a semantic one
-``x-edgefn-cache-similarity``. What was decided goes to
+a hit adds ``x-edgefn-cache-entry`` (the entry served) and a semantic one
+``x-edgefn-cache-similarity``; a JSON answer stored says its new entry's id in
+``x-edgefn-cache-entry`` too (a stream is stored after its headers went). What was decided goes to
 ``ctx.decide("ai_cache", ...)`` and `CacheStats`.
 """
 
@@ -104,7 +105,9 @@ class AICacheStage:
             if result is None:
                 self.cache.abandon(found)
             else:
-                self.cache.complete(found, result, (time.perf_counter() - started) * 1000)
+                entry = self.cache.complete(found, result, (time.perf_counter() - started) * 1000)
+                if entry is not None:  # stored as this entry
+                    response.headers.append((b"x-edgefn-cache-entry", entry.id.encode()))
         else:
             tee = self._tee(response.body, found, started, injected)
             weakref.finalize(tee, self.cache.abandon, found)  # a stream nobody reads

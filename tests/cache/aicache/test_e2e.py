@@ -16,7 +16,6 @@ import openai
 import pytest
 
 from runtime.cache.ai.guards import DEFAULT_THRESHOLD, normalize
-
 from tests.support import Running, pop_thread, python_function
 
 CHAT = "smollm2-135m"
