@@ -54,8 +54,10 @@ class Model:
     """What the ``openai`` stage answers, in its shapes; `bodies` are the request
     bodies it got."""
 
-    def __init__(self, fail_stream: bool = False) -> None:
-        self.bodies: list[dict[str, Any]] = []
+    def __init__(self, fail_stream: str = "") -> None:
+        """`fail_stream`: "end" (an error event instead of the end, as the API
+        does), "done" (an error event, then the end and ``[DONE]``)."""
+        self.bodies: list[dict[str, Any] | None] = []
         self.fail_stream = fail_stream
 
     def __call__(self, request: Request, ctx: Context) -> Any:
@@ -92,7 +94,8 @@ class Model:
                                               "finish_reason": None}]})
         if self.fail_stream:
             yield event({"error": {"message": "worker died", "type": "server_error"}})
-            return
+            if self.fail_stream == "end":
+                return
         yield event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         if (body.get("stream_options") or {}).get("include_usage"):
             yield event({**base, "choices": [], "usage": {
@@ -185,8 +188,9 @@ def test_a_streamed_miss_is_relayed_as_asked_stored_and_replayed(usage: bool) ->
     assert replay_body.endswith(b"data: [DONE]\n\n")
 
 
-def test_a_stream_that_fails_is_not_stored() -> None:
-    s, model = stage(), Model(fail_stream=True)
+@pytest.mark.parametrize("how", ["end", "done"])
+def test_a_stream_that_fails_is_not_stored(how: str) -> None:
+    s, model = stage(), Model(fail_stream=how)
 
     async def main() -> None:
         for _ in range(2):
