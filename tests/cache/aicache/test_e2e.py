@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from runtime.cache.ai.guards import DEFAULT_THRESHOLD, normalize
+from runtime.security.keys import KeyStore
 from tests.support import Running, pop_thread, python_function
 
 CHAT = "smollm2-135m"
@@ -38,8 +39,8 @@ def client(pop: Running) -> Iterator[openai.OpenAI]:
 def ask(client: openai.OpenAI, question: str, headers: dict[str, str] | None = None,
         **kw: Any) -> Any:
     return client.chat.completions.with_raw_response.create(  # type: ignore[call-overload]
-        model=CHAT, messages=[{"role": "user", "content": question}], max_tokens=12,
-        temperature=0, extra_headers=headers, **kw)
+        model=CHAT, messages=[{"role": "user", "content": question}],
+        extra_headers=headers, **{"max_tokens": 12, "temperature": 0, **kw})
 
 
 def test_a_repeated_question_is_an_exact_hit(client: openai.OpenAI) -> None:
@@ -169,3 +170,34 @@ def test_a_function_may_turn_its_cache_off(pop: Running, tmp_path: Path) -> None
     status, _, body = pop.request("GET", "/uncached?q=Name+a+tree.", timeout=60)
     assert status == 200, body
     assert [c[0] for c in json.loads(body)["chats"]] == ["bypass"] * 3
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str, str]]:
+    """A PoP whose callers have API keys: tenant "acme" with 100 tokens a minute,
+    tenant "globex" with plenty."""
+    data = tmp_path_factory.mktemp("aicache-keys") / "data"
+    data.mkdir()
+    acme, _ = KeyStore(data).create("acme", ("*",), tpm=100)
+    globex, _ = KeyStore(data).create("globex", ("*",), tpm=100_000)
+    with pop_thread(data, ai=True) as running:
+        yield running, acme, globex
+
+
+def test_hits_spend_no_tokens_and_tenants_do_not_share(keyed: tuple[Running, str, str]
+                                                       ) -> None:
+    pop, acme, globex = keyed
+    clients = [openai.OpenAI(base_url=f"http://{pop.host}:{pop.port}/v1", api_key=k,
+                             max_retries=0, timeout=60) for k in (acme, globex)]
+    try:
+        outcomes = [ask(clients[0], "Say yes.").headers["x-edgefn-cache"] for _ in range(8)]
+        other = ask(clients[1], "Say yes.")
+        with pytest.raises(openai.RateLimitError):  # a miss still pays: 8 x 30 > 100 tokens
+            for i in range(4):
+                ask(clients[0], f"Say yes {i} times.", max_tokens=60)
+    finally:
+        for c in clients:
+            c.close()
+    # 8 asks of ~20 tokens each would be over 100: only the first reached the model
+    assert outcomes == ["miss"] + ["hit-exact"] * 7
+    assert other.headers["x-edgefn-cache"] == "miss"  # acme's entry is not globex's
