@@ -201,3 +201,16 @@ def test_hits_spend_no_tokens_and_tenants_do_not_share(keyed: tuple[Running, str
     # 8 asks of ~20 tokens each would be over 100: only the first reached the model
     assert outcomes == ["miss"] + ["hit-exact"] * 7
     assert other.headers["x-edgefn-cache"] == "miss"  # acme's entry is not globex's
+
+
+def test_completions_are_cached_and_replayed_streamed(client: openai.OpenAI) -> None:
+    ask_ = {"model": CHAT, "prompt": "The sky is", "max_tokens": 8, "temperature": 0}
+    miss = client.completions.with_raw_response.create(**ask_)  # type: ignore[call-overload]
+    hit = client.completions.with_raw_response.create(**ask_)  # type: ignore[call-overload]
+    assert (miss.headers["x-edgefn-cache"], hit.headers["x-edgefn-cache"]) == ("miss",
+                                                                               "hit-exact")
+    text = miss.parse().choices[0].text
+    assert hit.parse().choices[0].text == text
+    chunks = list(client.completions.create(stream=True, **ask_))  # type: ignore[call-overload]
+    assert "".join(c.choices[0].text for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == miss.parse().choices[0].finish_reason
