@@ -105,6 +105,9 @@ class HttpCache:
         new = _fields(response.headers)
         headers = [(k, v) for k, v in entry.headers if k not in new]
         headers += _stored(response.headers)
+        tags = new.get(b"cache-tag") or ",".join(entry.tags).encode()
+        if tags:  # kept from the stored response unless the 304 names others
+            headers.append((b"cache-tag", tags))
         updated = Response(entry.status, headers, entry.body)
         result = self.admit(key, request, scope, updated, entry.origin_ms, default_ttl)
         if isinstance(result, str):

@@ -99,7 +99,9 @@ class HttpCacheStage:
     def _miss(self, request: Request, ctx: Context, call_next: Next, target: Target,
               key: bytes, scope: str, s: HttpCacheSettings, lead: bool) -> Result:
         started = time.perf_counter()
-        result = call_next(request, ctx)
+        # a full response to store; the client's validators are answered from it
+        result = call_next(_conditional(request, None) if request.method == b"GET" else request,
+                           ctx)
         if isinstance(result, Response):
             return self._fetched(result, started, request, ctx, target, key, scope, s)
         if not lead:
@@ -261,13 +263,15 @@ def _scope(request: Request, ctx: Context) -> str:
     return "c:" + blake2b(credential, digest_size=12).hexdigest()
 
 
-def _conditional(request: Request, entry: Entry) -> Request:
+def _conditional(request: Request, entry: Entry | None) -> Request:
     """`request` asking the origin to validate `entry` (RFC 9111 4.3.1): its own
-    conditionals replaced by the entry's validators."""
+    conditionals replaced by the entry's validators (None: none, a plain GET)."""
+    if entry is None and not any(k in CONDITIONALS for k, _ in request.headers):
+        return request
     headers = [(k, v) for k, v in request.headers if k not in CONDITIONALS]
-    if entry.etag is not None:
+    if entry is not None and entry.etag is not None:
         headers.append((b"if-none-match", entry.etag))
-    if entry.last_modified is not None:
+    if entry is not None and entry.last_modified is not None:
         headers.append((b"if-modified-since", entry.last_modified))
     copy = Request(request.method, request.path, request.query, headers, request.host,
                    request.http_version, request.keep_alive, request.client)

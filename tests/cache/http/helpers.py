@@ -118,7 +118,10 @@ class Harness:
 
     async def _call(self, req: Request, ctx: Context) -> Response:
         result: Any = self.stage(req, ctx, self.origin)
-        return result if isinstance(result, Response) else await result
+        response = result if isinstance(result, Response) else await result
+        while self.stage.tasks:  # background revalidations, before the loop goes
+            await asyncio.sleep(0)
+        return response
 
     def close(self) -> None:
         self.cache.close()
