@@ -276,10 +276,12 @@ def _cache_command(c: Commands) -> None:
     ops = c.ops(cache)
     o = c.op(ops, "purge", "drop cached responses: one URL, a path prefix, a Cache-Tag or "
              "a function (all versions)", "edgefn cache purge --prefix /shop/")
-    o.add_argument("--key", help="a URL: http://host/path?query, or /path?query on any host")
-    o.add_argument("--prefix", help="a path prefix such as /shop/")
-    o.add_argument("--tag", help="a Cache-Tag the function's responses carry")
-    o.add_argument("--function", help="a function's name")
+    one = o.add_mutually_exclusive_group(required=True)
+    for flag, what in (("--key", "a URL: http://host/path?query, or /path?query on any host"),
+                       ("--prefix", "a path prefix such as /shop/"),
+                       ("--tag", "a Cache-Tag the function's responses carry"),
+                       ("--function", "a function's name (all its versions)")):
+        one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
     c.op(ops, "stats", "hit rates per cache, function, model and tenant",
          "edgefn cache stats --json")
 

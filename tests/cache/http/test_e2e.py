@@ -120,3 +120,12 @@ def test_bad_function_settings_name_the_field(table: str, field: str) -> None:
     with pytest.raises(ManifestError) as err:
         parse(raw.encode(), "edgefn.toml")
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("args", [["--tag", "a", "--prefix", "/a/"], []])
+def test_cli_purge_wants_exactly_one_target(tmp_path: Path, args: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "cache", "purge", *args,
+                        "--data", str(tmp_path)], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    assert r.returncode == 2 and "cache purge" in r.stderr
+    assert ("not allowed with" if args else "one of the arguments") in r.stderr
