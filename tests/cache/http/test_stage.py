@@ -272,6 +272,11 @@ def test_cache_tag_is_stripped_from_what_clients_see(h: Harness) -> None:
         r, _ = h.call(request())
         assert header(r, b"cache-tag") is None
     assert h.cache.store.index  # stored with its tags
+    h.origin.answer = lambda r: ok("no-store", cache_tag="a")  # answered, not stored
+    r, _ = h.call(request(b"/shop/other"))
+    assert outcome(r) == "MISS" and header(r, b"cache-tag") is None
+    r, _ = h.call(request(b"/shop/other", method=b"POST"))
+    assert outcome(r) == "BYPASS" and header(r, b"cache-tag") is None
 
 
 @pytest.mark.parametrize(("purge", "gone"), [
