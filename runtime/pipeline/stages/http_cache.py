@@ -5,8 +5,11 @@ API). Every answer to a cacheable request says ``x-edgefn-cache``:
     STALE    served stale: within stale-while-revalidate (one background
              revalidation per key) or stale-if-error (the origin failed)
     MISS     no usable entry: the origin answered (and the response was stored
-             if it may be); concurrent misses of one key make one origin call
+             if it may be)
     EXPIRED  there was an entry, stale: revalidated (304 refreshes it) or refetched
+
+Concurrent misses and revalidations of one key make one origin call; the others
+wait for it and serve what it stored (or go to the origin if it stored nothing).
     BYPASS   a request the cache does not serve (unsafe method, Range); a
              successful unsafe method drops the URL's entries (RFC 9111 4.4)
 
@@ -73,6 +76,9 @@ class HttpCacheStage:
         if policy.may_serve_stale(age, entry, req, entry.swr):
             self._revalidate_later(request, ctx, call_next, key, scope, entry, s)
             return self._serve(entry, age, "STALE", request, ctx, target, key)
+        flight = self.cache.flights.waiting(key)
+        if flight is not None:  # being revalidated or refetched: wait for that
+            return self._follow(flight, request, ctx, call_next, target, key, scope, s)
         return self._revalidate(request, ctx, call_next, target, key, scope, entry, s, req)
 
     # -- answers from the cache -------------------------------------------------------------
@@ -85,9 +91,10 @@ class HttpCacheStage:
 
     def _bypass(self, request: Request, ctx: Context, call_next: Next, target: Target
                 ) -> Result:
-        self._record(ctx, target, b"", "BYPASS")
-        key = HttpCache.key(target.label, request) if request.method in UNSAFE else None
-        return then(call_next(request, ctx), self._bypassed, key)
+        key = HttpCache.key(target.label, request)
+        self._record(ctx, target, key, "BYPASS")
+        return then(call_next(request, ctx), self._bypassed,
+                    key if request.method in UNSAFE else None)
 
     def _bypassed(self, response: Response, key: bytes | None) -> Response:
         if key is not None and response.status < 400:
@@ -125,8 +132,9 @@ class HttpCacheStage:
     async def _follow(self, flight: asyncio.Future[None], request: Request, ctx: Context,
                       call_next: Next, target: Target, key: bytes, scope: str,
                       s: HttpCacheSettings) -> Response:
-        """Wait for the origin call in flight, then serve what it stored, or go to
-        the origin (without leading a flight) if it stored nothing for us."""
+        """Wait for the origin call in flight (a miss or a revalidation), then serve
+        what it stored, or go to the origin (without leading a flight) if it
+        stored nothing fresh for us."""
         await asyncio.shield(flight)
         entry = self.cache.lookup(key, request, scope)
         req = policy.directives(request.header(b"cache-control"))
@@ -163,6 +171,7 @@ class HttpCacheStage:
         if isinstance(result, Response):
             return self._revalidated(result, started, request, ctx, target, key, scope,
                                      entry, s, req)
+        self.cache.flights.take_off(key)
         return self._revalidating(result, started, request, ctx, target, key, scope, entry,
                                   s, req)
 
@@ -170,8 +179,11 @@ class HttpCacheStage:
                             request: Request, ctx: Context, target: Target, key: bytes,
                             scope: str, entry: Entry, s: HttpCacheSettings,
                             req: policy.Directives) -> Response:
-        return self._revalidated(await pending, started, request, ctx, target, key, scope,
-                                 entry, s, req)
+        try:
+            return self._revalidated(await pending, started, request, ctx, target, key,
+                                     scope, entry, s, req)
+        finally:
+            self.cache.flights.land(key)
 
     def _revalidated(self, response: Response, started: float, request: Request,
                      ctx: Context, target: Target, key: bytes, scope: str, entry: Entry,

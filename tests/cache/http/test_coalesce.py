@@ -72,3 +72,28 @@ def test_one_origin_call_per_key_in_flight(arrivals: list[tuple[bytes, int]], ti
     # every request was either a hit or an origin call, never both or neither
     hits = sum(1 for r in responses if header(r, b"x-edgefn-cache") == b"HIT")
     assert hits == len(arrivals) - sum(origin.calls.values())
+
+
+def test_concurrent_revalidations_of_one_key_make_one_origin_call() -> None:
+    h = Harness()
+    h.origin.answer = lambda r: (Response(304, [(b"etag", b'"v1"'),
+                                                (b"cache-control", b"max-age=10")])
+                                 if r.header(b"if-none-match") == b'"v1"'
+                                 else ok("max-age=10", etag='"v1"'))
+    h.call(request())
+    h.clock.now += 11
+    h.origin.slow = True
+
+    async def burst() -> list[Response]:
+        async def one() -> Response:
+            result = h.stage(request(), Context("192.0.2.7:1"), h.origin)
+            return result if isinstance(result, Response) else await result
+        return await asyncio.gather(*(one() for _ in range(5)))
+
+    try:
+        responses = asyncio.run(burst())
+    finally:
+        h.close()
+    assert h.origin.calls == 2 and h.origin.max_inflight == 1
+    assert sorted(header(r, b"x-edgefn-cache") for r in responses) == [b"EXPIRED"] + [b"HIT"] * 4
+    assert {r.body for r in responses} == {b"hello"}
