@@ -8,6 +8,8 @@ max-age=3600``) and `direct` (the same code, ``[cache.http] enabled = false``).
    vs a MISS of the same function (a new query string each time, so each is
    stored), the baseline measured in the same run; and the function uncached.
 2. req/s with wrk (-t1 -c32) on a HIT vs the uncached function (the baseline).
+3. In process: the http_cache stage answering a HIT vs calling the next stage
+   directly (the baseline: what a request costs past this point without a cache).
 Target: HIT p50 <= 1 ms.
 """
 
@@ -74,6 +76,35 @@ def line(name: str, ms: list[float], base: float | None) -> float:
     return p50
 
 
+def stage_cost() -> None:
+    """Microseconds per call of the stage on a HIT vs the next stage called directly."""
+    import asyncio
+    import timeit
+
+    from runtime.pipeline.stage import Context
+    from tests.cache.http.helpers import Harness, request
+
+    h = Harness()
+    h.call(request())
+    req, origin = request(), h.origin
+
+    def hit() -> object:
+        return h.stage(req, Context("192.0.2.7:1"), origin)
+
+    def direct() -> object:
+        return origin(req, Context("192.0.2.7:1"))
+
+    async def measure() -> dict[str, float]:
+        return {f.__name__: min(timeit.repeat(f, number=20000, repeat=5)) / 20000 * 1e6
+                for f in (direct, hit)}
+
+    us = asyncio.run(measure())
+    h.close()
+    print("in process, per call:")
+    print(f"  {'next stage directly (baseline)':<28} {us['direct']:6.2f} us")
+    print(f"  {'http_cache HIT':<28} {us['hit']:6.2f} us  {us['hit'] / us['direct']:.1f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=2000)
@@ -112,6 +143,7 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(20)
+    stage_cost()
 
 
 if __name__ == "__main__":
