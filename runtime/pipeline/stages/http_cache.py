@@ -74,8 +74,11 @@ class HttpCacheStage:
         if policy.fresh_enough(age, entry, req):
             return self._serve(entry, age, "HIT", request, ctx, target, key)
         if policy.may_serve_stale(age, entry, req, entry.swr):
-            self._revalidate_later(request, ctx, call_next, key, scope, entry, s)
+            if request.method == b"GET":  # a HEAD's answer could not refresh it
+                self._revalidate_later(request, ctx, call_next, key, scope, entry, s)
             return self._serve(entry, age, "STALE", request, ctx, target, key)
+        if request.method == b"HEAD":  # leaves the stale GET entry for a GET to refresh
+            return self._miss(request, ctx, call_next, target, key, scope, s, False)
         flight = self.cache.flights.waiting(key)
         if flight is not None:  # being revalidated or refetched: wait for that
             return self._follow(flight, request, ctx, call_next, target, key, scope, s)

@@ -70,6 +70,18 @@ def test_head_is_served_from_the_get_entry(h: Harness) -> None:
     assert h.origin.calls == 1
 
 
+def test_head_on_a_stale_entry_leaves_it_for_a_get_to_revalidate(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=10", etag='"v1"')
+    h.call(request())
+    h.clock.now += 11
+    r, _ = h.call(request(method=b"HEAD"))
+    assert outcome(r) == "MISS" and h.origin.seen[-1].method == b"HEAD"
+    h.origin.answer = lambda r: Response(304, [(b"etag", b'"v1"'),
+                                               (b"cache-control", b"max-age=10")])
+    r, _ = h.call(request())
+    assert (outcome(r), r.body) == ("EXPIRED", b"hello")  # the entry was still there
+
+
 def test_head_miss_goes_to_the_origin_and_stores_nothing(h: Harness) -> None:
     r, _ = h.call(request(method=b"HEAD"))
     r, _ = h.call(request())
