@@ -1,9 +1,9 @@
 """A hypothesis state machine of the HTTP cache against a small reference model
 of RFC 9111 freshness and validation, with a controlled clock.
 
-The origin's behaviour changes at random (Cache-Control, ETag, Vary, Cache-Tag);
-requests come with random Vary'd headers and validators; time moves; tags and
-prefixes are purged. After every request the stage's outcome, body, status and
+The origin's behaviour changes at random (Cache-Control, ETag, Vary, Cache-Tag,
+failing with 500s); requests come with random Vary'd headers and validators;
+time moves; URLs, tags, prefixes and the function are purged. After every request the stage's outcome, body, status and
 Age must be what the model predicts: never a stale entry outside its window,
 never across Vary, never after a purge."""
 
@@ -33,6 +33,7 @@ class Option:
     swr: float = 0.0
     revalidate: bool = False
     no_cache: bool = False
+    sie: float = 0.0
 
 
 OPTIONS = [
@@ -42,6 +43,8 @@ OPTIONS = [
     Option("max-age=10, must-revalidate", True, 10, revalidate=True),
     Option("max-age=10, stale-while-revalidate=15, must-revalidate", True, 10, swr=15,
            revalidate=True),
+    Option("max-age=10, stale-if-error=20", True, 10, sie=20),
+    Option("max-age=5, stale-while-revalidate=5, stale-if-error=30", True, 5, swr=5, sie=30),
     Option("s-maxage=20", True, 20, revalidate=True),  # s-maxage implies proxy-revalidate
     Option("public, max-age=5", True, 5),
     Option("no-cache", True, 0, no_cache=True),  # stored only with a validator
@@ -59,6 +62,7 @@ class Origin:
     vary: str | None = None  # None, "accept-language" or "*"
     tag: str = "red"
     generation: int = 0
+    down: bool = False  # answers 500
 
     def etag_value(self) -> bytes:
         return b'"g%d"' % self.generation
@@ -92,6 +96,8 @@ class HttpCacheModel(RuleBasedStateMachine):
     # -- the origin -------------------------------------------------------------------------
     def answer(self, r: Request) -> Response:
         o = self.origins[r.path]
+        if o.down:
+            return Response(500, [(b"cache-control", b"max-age=60")], b"down")
         headers = [(b"cache-tag", o.tag.encode())]
         if o.option.cc is not None:
             headers.append((b"cache-control", o.option.cc.encode()))
@@ -113,6 +119,10 @@ class HttpCacheModel(RuleBasedStateMachine):
         o.option, o.etag, o.vary, o.tag = option, etag, vary, tag
         o.generation += 1
 
+    @rule(path=st.sampled_from(PATHS), down=st.booleans())
+    def origin_fails(self, path: bytes, down: bool) -> None:
+        self.origins[path].down = down
+
     # -- time and purges --------------------------------------------------------------------
     @rule(seconds=st.sampled_from([0, 1, 4, 5, 9, 10, 15, 20, 25, 40]))  # at the edges
     def time_passes(self, seconds: int) -> None:
@@ -132,6 +142,19 @@ class HttpCacheModel(RuleBasedStateMachine):
         for p in gone:
             self.model[p] = []
 
+    @rule(path=st.sampled_from(PATHS), host=st.sampled_from(["http://example.com", "",
+                                                              "http://other.com"]))
+    def purge_key(self, path: bytes, host: str) -> None:
+        gone = bool(self.model[path]) and host != "http://other.com"
+        assert self.h.cache.purge(key=host + path.decode()) == gone
+        if gone:
+            self.model[path] = []
+
+    @rule()
+    def purge_function(self) -> None:
+        assert self.h.cache.purge(function="shop") == sum(1 for e in self.model.values() if e)
+        self.model = {p: [] for p in PATHS}
+
     # -- requests ---------------------------------------------------------------------------
     @rule(path=st.sampled_from(PATHS), lang=st.sampled_from(LANGS),
           validator=st.sampled_from([None, "current", "old", "*"]))
@@ -144,14 +167,14 @@ class HttpCacheModel(RuleBasedStateMachine):
         req = request(path, **headers)
         now = self.h.clock.now
         entry = self._select(path, lang)
-        expect = self._expect(entry, now)
+        expect = self._expect(entry, now, o.down)
         calls = self.h.origin.calls
         response, _ = self.h.call(req)
         got = (header(response, b"x-edgefn-cache") or b"").decode()
         assert got == expect, (got, expect, entry)
         if expect in ("HIT", "STALE"):
             assert entry is not None
-            assert self.h.origin.calls == calls + (expect == "STALE")
+            assert self.h.origin.calls == calls + (expect == "STALE")  # revalidation
             assert header(response, b"age") == b"%d" % (now - entry.stored_at)
             if inm is not None and _weak_match(inm, entry.etag):
                 assert response.status == 304 and response.body == b""
@@ -159,6 +182,9 @@ class HttpCacheModel(RuleBasedStateMachine):
                 assert (response.status, response.body) == (200, entry.body)
                 assert response.body.endswith(b"|" + (lang or "-").encode()) or \
                     entry.lang == ANY  # never across Vary
+        if o.down and expect != "HIT":
+            assert response.status in ((200, 304) if expect == "STALE" else (500,))
+            return  # nothing stored, nothing dropped
         if expect == "STALE" or (expect == "EXPIRED"):
             assert entry is not None
             self._revalidated(path, lang, entry, now)
@@ -175,14 +201,17 @@ class HttpCacheModel(RuleBasedStateMachine):
         return None
 
     @staticmethod
-    def _expect(entry: Stored | None, now: float) -> str:
+    def _expect(entry: Stored | None, now: float, down: bool) -> str:
         if entry is None:
             return "MISS"
         age, opt = now - entry.stored_at, entry.option
         if not opt.no_cache and age < opt.lifetime:
             return "HIT"  # RFC 9111 4.2
-        if not opt.no_cache and not opt.revalidate and age - opt.lifetime < opt.swr:
+        may_be_stale = not opt.no_cache and not opt.revalidate
+        if may_be_stale and age - opt.lifetime < opt.swr:
             return "STALE"  # RFC 5861 3
+        if down and may_be_stale and age - opt.lifetime < opt.sie:
+            return "STALE"  # RFC 5861 4
         return "EXPIRED"  # RFC 9111 4.3
 
     def _revalidated(self, path: bytes, lang: str | None, entry: Stored, now: float) -> None:
@@ -223,3 +252,21 @@ def _weak_match(inm: str, etag: bytes | None) -> bool:
 TestHttpCacheModel = HttpCacheModel.TestCase
 TestHttpCacheModel.settings = settings(max_examples=400, stateful_step_count=40,
                                        deadline=None)
+
+
+def test_the_model_replays_stale_if_error() -> None:
+    """A sequence the random search reaches rarely: an entry past its lifetime,
+    within stale-if-error, while the origin fails."""
+    m = HttpCacheModel()
+    try:
+        sie = next(o for o in OPTIONS if o.sie and not o.swr)
+        m.origin_changes(path=PATHS[0], option=sie, etag=False, vary=None, tag="red")
+        m.get(path=PATHS[0], lang=None, validator=None)
+        for seconds, expect in ((15, "STALE"), (20, "EXPIRED")):
+            m.time_passes(seconds=seconds)
+            m.origin_fails(path=PATHS[0], down=True)
+            m.get(path=PATHS[0], lang=None, validator=None)
+            assert m._expect(m._select(PATHS[0], None), m.h.clock.now, True) == expect
+        m.held_urls_match()
+    finally:
+        m.teardown()
