@@ -161,9 +161,13 @@ class AdminApp:
         if problem:
             return _error(400, "bad_request", f"field `{name}`: {problem}", field=name)
         cache = self.pop.http_cache
-        if who is not None and name == "function":
-            self._check_tenant(["v1", "functions", value], who)
-        purged = cache.purge(**given) if cache is not None else 0
+        only = None
+        if who is not None:  # a key purges its own tenant's functions only
+            if name == "function":
+                self._check_tenant(["v1", "functions", value], who)
+            only = frozenset(n for n, fn in self.pop.registry.functions.items()
+                             if fn.tenant == who.tenant)
+        purged = cache.purge(**given, only=only) if cache is not None else 0
         return json_response({"purged": purged, name: value})
 
     def _check_tenant(self, parts: list[str], who: Principal) -> None:

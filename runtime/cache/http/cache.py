@@ -125,12 +125,15 @@ class HttpCache:
         return self.store.delete(key)
 
     def purge(self, *, key: str | None = None, prefix: str | None = None,
-              tag: str | None = None, function: str | None = None) -> int:
+              tag: str | None = None, function: str | None = None,
+              only: frozenset[str] | None = None) -> int:
         """Drop the entries of one URL (``http://host/path?query``, or a path and
         query on any host), a path prefix, a ``Cache-Tag`` or a function (all its
-        versions): how many URLs went. Exactly one argument is given."""
+        versions): how many URLs went. Exactly one of those is given; `only`:
+        the functions whose entries may go (None: all)."""
         match = _matcher(key, prefix, tag, function)
-        gone = [k for k, tags in self.store.items() if match(k, tags)]
+        gone = [k for k, tags in self.store.items() if match(k, tags)
+                and (only is None or k.split(b"@", 1)[0].decode() in only)]
         for k in gone:
             self.store.delete(k)
         return len(gone)

@@ -14,6 +14,7 @@ import pytest
 from edgefn_core.errors import AdminError, InvalidConfig, ManifestError
 from runtime import config
 from runtime.functions.manifest import parse
+from runtime.security.keys import KeyStore
 from tests.support import ROOT, Running, python_function
 
 COUNTING = '''
@@ -82,6 +83,23 @@ def test_post_invalidates_and_a_function_can_turn_it_off(pop: Running, tmp_path:
     for n in (1, 2):
         status, h, body = pop.get("/live/x")
         assert "x-edgefn-cache" not in h and body == f"/live/x call {n} of \n".encode()
+
+
+def test_a_tenants_key_purges_its_own_functions_only(pop: Running, tmp_path: Path) -> None:
+    for name, owner in (("shop", "acme"), ("news", "globex")):
+        pop.deploy(python_function(tmp_path, name, COUNTING, extra=f'owner = "{owner}"'))
+        pop.get(f"/{name}/x")
+    key, _ = KeyStore(pop.data).create("acme", ("admin:cache",))
+    pop.admin.request("POST", "/v1/keys/reload")
+    as_acme = {"authorization": f"Bearer {key}"}
+    out = pop.admin.request("POST", "/v1/cache/purge", b'{"prefix": "/"}', as_acme)
+    assert out["purged"] == 1
+    assert pop.get("/shop/x")[1]["x-edgefn-cache"] == "MISS"
+    assert pop.get("/news/x")[1]["x-edgefn-cache"] == "HIT"
+    with pytest.raises(AdminError) as err:
+        pop.admin.request("POST", "/v1/cache/purge", b'{"function": "news"}', as_acme)
+    assert err.value.status == 403
+    assert pop.get("/news/x")[1]["x-edgefn-cache"] == "HIT"
 
 
 @pytest.mark.parametrize(("body", "names"), [
