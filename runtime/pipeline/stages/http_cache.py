@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable
 from hashlib import blake2b
 
+from edgefn_core.errors import StoreClosed
 from runtime.cache.http import policy
 from runtime.cache.http.cache import HttpCache, client_view, served
 from runtime.cache.http.store import Entry
@@ -228,8 +229,9 @@ class HttpCacheStage:
                 self.cache.refresh(key, request, scope, entry, response, s.default_ttl)
             elif response.status < 500:
                 self.cache.invalidate(key)
-                if request.method == b"GET":
-                    self.cache.admit(key, request, scope, response, 0.0, s.default_ttl)
+                self.cache.admit(key, request, scope, response, 0.0, s.default_ttl)
+        except StoreClosed:
+            pass  # the PoP is closing
         finally:
             self.cache.flights.land(key)
 

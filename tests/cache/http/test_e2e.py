@@ -15,7 +15,7 @@ from edgefn_core.errors import AdminError, InvalidConfig, ManifestError
 from runtime import config
 from runtime.functions.manifest import parse
 from runtime.security.keys import KeyStore
-from tests.support import ROOT, Running, python_function
+from tests.support import ROOT, Running, pop_thread, python_function
 
 COUNTING = '''
 from edgefn import Response
@@ -100,6 +100,18 @@ def test_a_tenants_key_purges_its_own_functions_only(pop: Running, tmp_path: Pat
         pop.admin.request("POST", "/v1/cache/purge", b'{"function": "news"}', as_acme)
     assert err.value.status == 403
     assert pop.get("/news/x")[1]["x-edgefn-cache"] == "HIT"
+
+
+def test_a_pop_can_run_without_it(tmp_path: Path) -> None:
+    with pop_thread(tmp_path / "data", **{"http_cache.enabled": False}) as pop:
+        assert "http_cache" not in pop.pop.pipeline.names and pop.pop.http_cache is None
+        pop.deploy(python_function(tmp_path, "shop", COUNTING))
+        assert [pop.get("/shop/x")[2] for _ in range(2)] == [
+            b"/shop/x call 1 of \n", b"/shop/x call 2 of \n"]
+        assert "x-edgefn-cache" not in pop.get("/shop/x")[1]
+        out = pop.admin.request("POST", "/v1/cache/purge", b'{"tag": "shop"}')
+        assert out["purged"] == 0
+    assert not (tmp_path / "data" / "cache" / "http").exists()
 
 
 @pytest.mark.parametrize(("body", "names"), [
