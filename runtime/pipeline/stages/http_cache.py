@@ -63,13 +63,18 @@ class HttpCacheStage:
         key = HttpCache.key(target.label, request)
         scope = _scope(request, ctx)
         entry = self.cache.lookup(key, request, scope)
-        if entry is None:
-            if request.method == b"HEAD":  # nothing to store from a HEAD
-                return self._miss(request, ctx, call_next, target, key, scope, s, False)
-            flight = self.cache.flights.waiting(key)
-            if flight is not None:
-                return self._follow(flight, request, ctx, call_next, target, key, scope, s)
-            return self._miss(request, ctx, call_next, target, key, scope, s, True)
+        if entry is not None:
+            return self._found(entry, request, ctx, call_next, target, key, scope, s)
+        if request.method == b"HEAD":  # nothing to store from a HEAD
+            return self._miss(request, ctx, call_next, target, key, scope, s, False)
+        flight = self.cache.flights.waiting(key)
+        if flight is not None:
+            return self._follow(flight, request, ctx, call_next, target, key, scope, s)
+        return self._miss(request, ctx, call_next, target, key, scope, s, True)
+
+    def _found(self, entry: Entry, request: Request, ctx: Context, call_next: Next,
+               target: Target, key: bytes, scope: str, s: HttpCacheSettings) -> Result:
+        """Serve a stored `entry` fresh or stale, or revalidate it."""
         req = policy.directives(request.header(b"cache-control"))
         age = self.cache.age(entry)
         if policy.fresh_enough(age, entry, req):
