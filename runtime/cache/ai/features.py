@@ -1,0 +1,295 @@
+"""What the semantic cache's guards compare: the features of one prompt.
+
+`features(text)` reads a prompt once (cached per text) into a `Features`: its
+negation count, the axes its polarity and comparative words take, its numbers,
+dates, units, named entities, constraint words, a from/to direction and its
+content words. The word lists are in `runtime.cache.ai.lexicon`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from . import lexicon as lx
+from .text import normalize, tokens
+
+type Axes = frozenset[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """One prompt as the guards see it (all fields are compared between two)."""
+
+    words: frozenset[str]            # every token, for the entity check
+    negations: int                   # not, never, n't, ... (compared by parity)
+    polarity: Axes                   # (axis, sign): enable/disable, buy/sell, ...
+    comparative: Axes                # (axis, sign): cheaper/cheapest, before/after, ...
+    numbers: tuple[str, ...]         # sorted canonical numbers: "2" for 2, two, twice
+    dates: frozenset[str]            # months, weekdays, "next-week", seasons, am/pm
+    units: tuple[frozenset[str], frozenset[str]]  # (after a number, elsewhere)
+    entities: tuple[tuple[str, ...], ...]  # capitalised/CamelCase/code names, folded
+    constraints: frozenset[str]      # only, except, include, at_least, without, ...
+    direction: tuple[str, str] | None  # "from X ... to Y" content words
+    content: frozenset[str]          # the rest: stemmed, synonyms folded
+
+
+@lru_cache(maxsize=8192)
+def features(text: str) -> Features:
+    """The features of prompt `text` (raw or already normalized). Never raises."""
+    norm = normalize(text)
+    toks = tokens(norm)
+    phrased = _phrases(toks)
+    numbers, number_at = _numbers(toks)
+    return Features(
+        words=frozenset(toks),
+        negations=sum(t in lx.NEGATIONS for t in toks),
+        polarity=_axes(phrased, lx.POLARITY, degree=False),
+        comparative=_axes(phrased, lx.COMPARATIVE, degree=True),
+        numbers=tuple(sorted(numbers)),
+        dates=_dates(toks),
+        units=_units(toks, number_at),
+        entities=_entities(text),
+        constraints=_constraints(phrased, norm),
+        direction=_direction(toks),
+        content=_content(phrased, number_at),
+    )
+
+
+# Phrases of two words that the tables name ("turn on", "at least", "went up").
+_PHRASES = frozenset(w for table in (lx.POLARITY, lx.COMPARATIVE, lx.CONSTRAINTS)
+                     for w in table if " " in w)
+
+
+def _phrases(toks: list[str]) -> list[str]:
+    """`toks` with the tables' two- and three-word phrases joined into one item."""
+    out: list[str] = []
+    i = 0
+    while i < len(toks):
+        for n in (3, 2):
+            p = " ".join(toks[i:i + n])
+            if len(toks) - i >= n and p in _PHRASES:
+                out.append(p)
+                i += n
+                break
+        else:
+            out.append(toks[i])
+            i += 1
+    return out
+
+
+def _axes(items: list[str], table: dict[str, tuple[tuple[str, int], ...]],
+          degree: bool) -> Axes:
+    """The (axis, sign) pairs of `items`; with `degree`, "more/less X" takes X's
+    axis (sign flipped by less/least) instead of counting "more" on its own."""
+    out: set[tuple[str, int]] = set()
+    skip = False
+    for i, w in enumerate(items):
+        if skip:
+            skip = False
+            continue
+        nxt = items[i + 1] if i + 1 < len(items) else ""
+        if degree and w in lx.DEGREE and nxt in table and nxt not in lx.DEGREE:
+            out |= {(axis, sign * lx.DEGREE[w]) for axis, sign in table[nxt]}
+            skip = True
+        elif w in table:
+            out |= set(table[w])
+    return frozenset(out)
+
+
+_DIGITS = re.compile(r"\d+(?:\.\d+)*")
+_WORD_VALUES = lx.UNITS_WORDS | lx.ORDINALS
+
+
+def _numbers(toks: list[str]) -> tuple[list[str], set[int]]:
+    """The canonical numbers in `toks` ("12" for 12, twelve, a dozen) and the
+    index of the last token of each."""
+    out: list[str] = []
+    at: set[int] = set()
+    i = 0
+    while i < len(toks):
+        value, j = _number_at(toks, i)
+        if value is None:
+            i += 1
+            continue
+        out.append(value)
+        at.add(j - 1)
+        i = j
+    return out, at
+
+
+def _number_at(toks: list[str], i: int) -> tuple[str | None, int]:
+    """``(canonical number, index after it)`` for a number starting at `i`, or
+    ``(None, i)``."""
+    t = toks[i]
+    nxt = toks[i + 1] if i + 1 < len(toks) else ""
+    if _DIGITS.fullmatch(t):
+        if nxt not in lx.MULTIPLIERS:
+            return t.lstrip("0") or "0", i + 1
+        value, j = float(t) if t.count(".") < 2 else 0.0, i + 1
+    elif t in lx.UNITS_WORDS or t in lx.ORDINALS and _ordinal(toks, i):
+        value, j = float(_WORD_VALUES[t]), i + 1
+        while j < len(toks) and toks[j] in lx.UNITS_WORDS and lx.UNITS_WORDS[toks[j]] < 10 \
+                and value >= 20 and value % 10 == 0:
+            value += lx.UNITS_WORDS[toks[j]]  # twenty five
+            j += 1
+    elif t in ("a", "an", "one") and nxt in lx.MULTIPLIERS and nxt != "k":
+        value, j = 1.0, i + 1
+    else:
+        return None, i
+    while j < len(toks) and toks[j] in lx.MULTIPLIERS and (toks[j] != "k" or j == i + 1):
+        value *= lx.MULTIPLIERS[toks[j]]
+        j += 1
+    return (str(int(value)) if value == int(value) else str(value)), j
+
+
+def _ordinal(toks: list[str], i: int) -> bool:
+    """Whether an ordinal word at `i` is one: "second" after a/per/each or a number
+    is the unit."""
+    prev = toks[i - 1] if i else ""
+    return toks[i] != "second" or prev not in lx.RATE_MARKERS and not _DIGITS.fullmatch(prev)
+
+
+def _dates(toks: list[str]) -> frozenset[str]:
+    """Months, weekdays, relative days ("next-week"), seasons, holidays, parts of
+    the day and am/pm, each by its canonical name."""
+    out: set[str] = set()
+    for i, t in enumerate(toks):
+        prev = toks[i - 1] if i else ""
+        nxt = toks[i + 1] if i + 1 < len(toks) else ""
+        name = lx.MONTHS.get(t) or lx.WEEKDAYS.get(t) or lx.DATE_WORDS.get(t)
+        if t in lx.AMBIGUOUS_MONTHS and (prev in {"in", "of", "early", "late", "mid", "since",
+                                                  "until", "by", "during"}
+                                         or _DIGITS.fullmatch(prev) or _DIGITS.fullmatch(nxt)):
+            name = t
+        elif t == "fall" and prev in lx.RELATIVE | {"in", "the"}:
+            name = "autumn"
+        elif t in ("am", "pm") and _DIGITS.fullmatch(prev):
+            name = t
+        elif t == "new" and nxt in ("year", "years"):
+            name = "new-year"
+        if t in lx.RELATIVE and nxt in lx.RELATIVE_UNITS:
+            rel = {"past": "last", "previous": "last", "coming": "next"}.get(t, t)
+            out.add(f"{rel}-{lx.WEEKDAYS.get(nxt, nxt)}")
+        if name:
+            out.add(name)
+    return frozenset(out)
+
+
+def _units(toks: list[str], number_at: set[int]) -> tuple[frozenset[str], frozenset[str]]:
+    """``(units right after or before a number, other units)``: "5 km in miles" →
+    ({km}, {mile}); "a day" and "daily" → per-day among the others."""
+    attached: set[str] = set()
+    free: set[str] = set()
+    for i, t in enumerate(toks):
+        prev = i - 1
+        while prev >= 0 and toks[prev] in lx.UNIT_FILLERS | {"°"}:
+            prev -= 1
+        after_number = prev in number_at
+        if t in lx.RATES:
+            free.add("per-" + lx.RATES[t])
+        elif t in lx.UNITS or t in lx.AMBIGUOUS_UNITS and after_number:
+            unit = lx.UNITS.get(t) or lx.AMBIGUOUS_UNITS[t]
+            before_number = i + 1 in number_at or (i + 1 < len(toks)
+                                                   and _DIGITS.fullmatch(toks[i + 1]))
+            (attached if after_number or before_number else free).add(unit)
+        elif t in lx.AMBIGUOUS_UNITS and prev >= 0 and toks[prev] in lx.RATE_MARKERS:
+            free.add("per-" + lx.AMBIGUOUS_UNITS[t])
+    return frozenset(attached), frozenset(free)
+
+
+_RAW = re.compile(r"[^\W_][\w'’.+#-]*")
+_SENTENCE_END = re.compile(r"[.?!:;\n]\s*$")
+
+
+def _entities(text: str) -> tuple[tuple[str, ...], ...]:
+    """The names in the raw `text`, each as its folded tokens without digits:
+    capitalised words not starting a sentence, CamelCase and acronyms anywhere,
+    code identifiers (``snake_case``, ``os.path``, ``f()``)."""
+    out: list[tuple[str, ...]] = []
+    for m in _RAW.finditer(text):
+        tok = m.group().rstrip(".'’-")
+        initial = m.start() == 0 or bool(_SENTENCE_END.search(text[:m.start()]))
+        if not tok or not _is_name(tok, initial) and not _is_code(text, m.end(), tok):
+            continue
+        parts = tuple(t for t in tokens(normalize(tok)) if not _DIGITS.fullmatch(t))
+        if parts:
+            out.append(parts)
+    return tuple(out)
+
+
+def _is_name(tok: str, initial: bool) -> bool:
+    letters = [c for c in tok if c.isalpha()]
+    if len(letters) < 1 or tok == "I":
+        return False
+    inner_upper = any(c.isupper() for c in tok[1:])
+    if inner_upper and (len(letters) > 1):
+        return True  # iPhone, useEffect, TCP, USB-C
+    return tok[0].isupper() and not initial and len(letters) > 1
+
+
+def _is_code(text: str, end: int, tok: str) -> bool:
+    return "_" in tok or bool(re.search(r"[a-z]\.[a-z]", tok)) or text[end:end + 2] == "()"
+
+
+def _constraints(items: list[str], norm: str) -> frozenset[str]:
+    """only, except, include, at_least, at_most, exactly, without ("no", "with no",
+    and "-free" compounds such as gluten-free)."""
+    out = {lx.CONSTRAINTS[w] for w in items if w in lx.CONSTRAINTS}
+    if re.search(r"\w-free\b", norm):
+        out.add("without")
+    return frozenset(out)
+
+
+def _direction(toks: list[str]) -> tuple[str, str] | None:
+    """The first content words after "from" and after a later "to", if both."""
+    if "from" not in toks:
+        return None
+    i = toks.index("from")
+    if "to" not in toks[i + 1:]:
+        return None
+    j = toks.index("to", i + 1)
+    src = _next_content(toks, i + 1)
+    dst = _next_content(toks, j + 1)
+    return (src, dst) if src and dst else None
+
+
+def _next_content(toks: list[str], i: int) -> str | None:
+    for t in toks[i:]:
+        if t not in lx.STOPWORDS:
+            return _stem(t)
+    return None
+
+
+_GUARDED = (lx.NEGATIONS | set(lx.POLARITY) | set(lx.COMPARATIVE) | set(lx.DEGREE)
+            | set(lx.UNITS_WORDS) | set(lx.MULTIPLIERS) | set(lx.ORDINALS)
+            | set(lx.MONTHS) | set(lx.WEEKDAYS) | set(lx.DATE_WORDS) | set(lx.RATES)
+            | set(lx.UNITS) | set(lx.CONSTRAINTS) | lx.RELATIVE)
+
+
+def _content(items: list[str], number_at: set[int]) -> frozenset[str]:
+    """The words no other guard reads, stemmed with synonyms folded."""
+    out = set()
+    for w in items:
+        if w in lx.STOPWORDS or w in _GUARDED or len(w) < 2 or not w.isalpha():
+            continue
+        w = lx.SYNONYMS.get(w, w)
+        out.add(lx.SYNONYMS.get(_stem(w), _stem(w)))
+    return frozenset(out)
+
+
+def _stem(w: str) -> str:
+    """A light suffix stripper: both prompts go through it, so it need only be
+    consistent ("stretching"/"stretch", "bonds"/"bond", "invoices"/"invoice")."""
+    for suffix, keep in (("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3:
+            if suffix == "s" and w.endswith(("ss", "us", "is")):
+                return w
+            if suffix == "es" and not w.endswith(("sses", "xes", "ches", "shes", "oes")):
+                continue
+            w = w[: len(w) - len(suffix)] + keep
+            if suffix in ("ing", "ed") and len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz":
+                w = w[:-1]  # running → run
+            return w
+    return w
