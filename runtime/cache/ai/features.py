@@ -9,8 +9,8 @@ content words. The word lists are in `runtime.cache.ai.lexicon`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from . import lexicon as lx
 from .text import normalize, tokens
@@ -18,8 +18,7 @@ from .text import normalize, tokens
 type Axes = frozenset[tuple[str, int]]
 
 
-@dataclass(frozen=True, slots=True)
-class Features:
+class Features(NamedTuple):
     """One prompt as the guards see it (all fields are compared between two)."""
 
     words: frozenset[str]            # every token, for the entity check
@@ -60,6 +59,7 @@ def features(text: str) -> Features:
 # Phrases of two words that the tables name ("turn on", "at least", "went up").
 _PHRASES = frozenset(w for table in (lx.POLARITY, lx.COMPARATIVE, lx.CONSTRAINTS)
                      for w in table if " " in w)
+_PHRASE_STARTS = frozenset(p.split()[0] for p in _PHRASES)
 
 
 def _phrases(toks: list[str]) -> list[str]:
@@ -67,7 +67,7 @@ def _phrases(toks: list[str]) -> list[str]:
     out: list[str] = []
     i = 0
     while i < len(toks):
-        for n in (3, 2):
+        for n in (3, 2) if toks[i] in _PHRASE_STARTS else ():
             p = " ".join(toks[i:i + n])
             if len(toks) - i >= n and p in _PHRASES:
                 out.append(p)
@@ -200,7 +200,7 @@ def _units(toks: list[str], number_at: set[int]) -> tuple[frozenset[str], frozen
 
 
 _RAW = re.compile(r"[^\W_][\w'’.+#-]*")
-_SENTENCE_END = re.compile(r"[.?!:;\n]\s*$")
+_SENTENCE_ENDS = frozenset(".?!:;\n")
 
 
 def _entities(text: str) -> tuple[tuple[str, ...], ...]:
@@ -208,29 +208,40 @@ def _entities(text: str) -> tuple[tuple[str, ...], ...]:
     capitalised words not starting a sentence, CamelCase and acronyms anywhere,
     code identifiers (``snake_case``, ``os.path``, ``f()``)."""
     out: list[tuple[str, ...]] = []
+    if text.islower() and "_" not in text and "." not in text and "(" not in text:
+        return ()  # no capital and nothing code-like: a normalized prompt, say
     for m in _RAW.finditer(text):
         tok = m.group().rstrip(".'’-")
-        initial = m.start() == 0 or bool(_SENTENCE_END.search(text[:m.start()]))
-        if not tok or not _is_name(tok, initial) and not _is_code(text, m.end(), tok):
+        if not tok or tok.islower() or tok.isdigit():
+            if tok and _is_code(text, m.end(), tok):
+                out.append(tuple(tokens(normalize(tok))))
             continue
-        parts = tuple(t for t in tokens(normalize(tok)) if not _DIGITS.fullmatch(t))
-        if parts:
-            out.append(parts)
+        j = m.start() - 1
+        while j >= 0 and text[j].isspace():
+            j -= 1
+        if _is_name(tok, initial=j < 0 or text[j] in _SENTENCE_ENDS) \
+                or _is_code(text, m.end(), tok):
+            parts = tuple(t for t in tokens(normalize(tok)) if not _DIGITS.fullmatch(t))
+            if parts:
+                out.append(parts)
     return tuple(out)
 
 
 def _is_name(tok: str, initial: bool) -> bool:
-    letters = [c for c in tok if c.isalpha()]
-    if len(letters) < 1 or tok == "I":
+    """CamelCase and acronyms anywhere (iPhone, useEffect, TCP, USB-C), a
+    capitalised word (not "I") anywhere but at the start of a sentence."""
+    letters = sum(c.isalpha() for c in tok)
+    if letters < 2:
         return False
-    inner_upper = any(c.isupper() for c in tok[1:])
-    if inner_upper and (len(letters) > 1):
-        return True  # iPhone, useEffect, TCP, USB-C
-    return tok[0].isupper() and not initial and len(letters) > 1
+    return not tok[1:].islower() and any(c.isupper() for c in tok[1:]) \
+        or tok[0].isupper() and not initial
 
 
 def _is_code(text: str, end: int, tok: str) -> bool:
-    return "_" in tok or bool(re.search(r"[a-z]\.[a-z]", tok)) or text[end:end + 2] == "()"
+    return "_" in tok or "." in tok and bool(_DOTTED.search(tok)) or text[end:end + 2] == "()"
+
+
+_DOTTED = re.compile(r"[a-zA-Z]\.[a-zA-Z]")
 
 
 def _constraints(items: list[str], norm: str) -> frozenset[str]:

@@ -73,7 +73,7 @@ def _constraint(a: Features, b: Features) -> bool:
 
 def _direction(a: Features, b: Features) -> bool:
     """"from X to Y" against "from Y to X"."""
-    if a.direction is None or b.direction is None:
+    if a.direction is None or b.direction is None or a.direction == b.direction:
         return False
     return a.direction[0] == b.direction[1] or a.direction[1] == b.direction[0]
 

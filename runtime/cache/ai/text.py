@@ -8,8 +8,10 @@ import unicodedata
 
 # Punctuation that never changes a prompt's meaning goes; what can ("c++", "c#",
 # "15%", "$5", "3.12", "°c", "don't", "usb-c", "os.path", "km/h") stays.
-_DROP = re.compile(r"[^\w\s'%$€£¥°+#./_-]")
-_EDGE = re.compile(r"(?<!\w)[.'/_-]+|[.'/_-]+(?!\w)")
+# One pass: what never carries meaning, and . ' / - not between two word characters
+# (a dropped character becomes a space, so the look-arounds see what they would
+# after dropping it).
+_PUNCT = re.compile(r"[^\w\s'%$€£¥°+#./-]+|(?<!\w)[.'/-]+|[.'/-]+(?!\w)")
 _QUOTES = str.maketrans({"‘": "'", "’": "'", "ʼ": "'", "`": "'", "´": "'",
                          "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-"})
 _TOKEN = re.compile(r"\d+(?:\.\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?|[%$€£¥°+#]")
@@ -18,20 +20,24 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
 def _fold(text: str) -> str:
-    text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
-    text = "".join(c for c in text if not unicodedata.combining(c))
-    text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
-    text = _EDGE.sub(" ", _DROP.sub(" ", _THOUSANDS.sub("", text)))
-    return " ".join(text.split())
+    if text.isascii():  # NFKC is the identity and casefold is lower
+        text = text.lower().replace("`", "'")
+    else:
+        text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+        text = "".join(c for c in text if not unicodedata.combining(c))
+        text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    return " ".join(_PUNCT.sub(" ", _THOUSANDS.sub("", text)).split())
 
 
 def normalize(text: str) -> str:
     """`text` with unicode compatibility forms, case, diacritics, quotes and dashes,
     punctuation that carries no meaning, thousands separators ("1,000" → "1000")
-    and runs of whitespace folded: what the
-    exact and semantic caches hash and embed. Idempotent; never raises."""
-    for _ in range(4):  # case and unicode folds can feed each other; settle them
-        folded = _fold(text)
+    and runs of whitespace folded: what the exact and semantic caches hash and
+    embed. Idempotent; never raises."""
+    if text.isascii():
+        return _fold(text)  # one pass settles ASCII: every . ' / - kept sits between
+    for _ in range(4):      # two word characters, which no pass changes
+        folded = _fold(text)  # case and unicode folds can feed each other: settle them
         if folded == text:
             break
         text = folded
