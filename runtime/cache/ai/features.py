@@ -204,7 +204,8 @@ _SENTENCE_ENDS = frozenset(".?!:;\n")
 
 
 def _entities(text: str) -> tuple[tuple[str, ...], ...]:
-    """The names in the raw `text`, each as its folded tokens without digits:
+    """The names in the raw `text`, each as its folded tokens less the numbers,
+    units, dates and other words another guard compares:
     capitalised words not starting a sentence, CamelCase and acronyms anywhere,
     code identifiers (``snake_case``, ``os.path``, ``f()``)."""
     out: list[tuple[str, ...]] = []
@@ -221,7 +222,8 @@ def _entities(text: str) -> tuple[tuple[str, ...], ...]:
             j -= 1
         if _is_name(tok, initial=j < 0 or text[j] in _SENTENCE_ENDS) \
                 or _is_code(text, m.end(), tok):
-            parts = tuple(t for t in tokens(normalize(tok)) if not _DIGITS.fullmatch(t))
+            parts = tuple(t for t in tokens(normalize(tok))
+                          if not _DIGITS.fullmatch(t) and t not in _GUARDED)
             if parts:
                 out.append(parts)
     return tuple(out)
@@ -292,7 +294,7 @@ def _content(items: list[str], number_at: set[int]) -> frozenset[str]:
 
 def _stem(w: str) -> str:
     """A light suffix stripper: both prompts go through it, so it need only be
-    consistent ("stretching"/"stretch", "bonds"/"bond", "invoices"/"invoice")."""
+    consistent ("stretching"/"stretch", "bonds"/"bond", "baking"/"bake" → "bak")."""
     for suffix, keep in (("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
         if w.endswith(suffix) and len(w) - len(suffix) >= 3:
             if suffix == "s" and w.endswith(("ss", "us", "is")):
@@ -302,5 +304,5 @@ def _stem(w: str) -> str:
             w = w[: len(w) - len(suffix)] + keep
             if suffix in ("ing", "ed") and len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz":
                 w = w[:-1]  # running → run
-            return w
-    return w
+            break
+    return w[:-1] if w.endswith("e") and len(w) > 3 else w  # move, moving → mov

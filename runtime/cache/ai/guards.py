@@ -79,21 +79,25 @@ def _direction(a: Features, b: Features) -> bool:
 
 
 def _scope(a: Features, b: Features) -> bool:
-    """One content word swapped for another that is neither a synonym nor a typo
-    of it: the same question about something else ("boil an egg" / "boil potatoes")."""
-    only_a, only_b = _unmatched(a.content - b.content, b.content - a.content)
+    """Content words swapped for others that are neither synonyms, typos nor a
+    compound split ("goldfish"/"gold fish") of them, at most three in all: the
+    same question about something else ("boil an egg" / "boil potatoes")."""
+    only_a, only_b = _unmatched(a.content, b.content)
     return bool(only_a) and bool(only_b) and len(only_a) + len(only_b) <= 3
 
 
-def _unmatched(only_a: frozenset[str], only_b: frozenset[str]
-               ) -> tuple[set[str], set[str]]:
-    """`only_a` and `only_b` less the words (5+ letters) one edit away from a word
-    on the other side: typos and stems ("arrive"/"arrived"). Symmetric."""
-    def typo(x: str, others: frozenset[str]) -> bool:
-        return len(x) >= 5 and any(len(y) >= 5 and _one_edit(x, y) for y in others)
+def _unmatched(a: frozenset[str], b: frozenset[str]) -> tuple[set[str], set[str]]:
+    """The content words of each side with no counterpart on the other: not the
+    same, not one edit apart (words of 5+ letters), not two of the other's joined.
+    Symmetric."""
+    def matched(x: str, own: frozenset[str], other: frozenset[str]) -> bool:
+        if x in other:
+            return True
+        if len(x) >= 5 and any(len(y) >= 5 and _one_edit(x, y) for y in other - own):
+            return True
+        return any(x.startswith(y) and x[len(y):] in other for y in other if y != x)
 
-    return ({x for x in only_a if not typo(x, only_b)},
-            {y for y in only_b if not typo(y, only_a)})
+    return ({x for x in a if not matched(x, a, b)}, {y for y in b if not matched(y, b, a)})
 
 
 def _one_edit(x: str, y: str) -> bool:
