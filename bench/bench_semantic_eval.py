@@ -63,9 +63,9 @@ def similarities(rows: list[dict]) -> np.ndarray:
 def rates(rows: list[dict], sims: np.ndarray, vetoes: list[str | None], t: float,
           guarded: bool) -> tuple[float, float]:
     """(share of hits served, share of traps served) at threshold `t`."""
-    served = [s >= t and (not guarded or v is None) for s, v in zip(sims, vetoes)]
-    hits = [s for s, r in zip(served, rows) if r["label"] == "hit"]
-    traps = [s for s, r in zip(served, rows) if r["label"] == "trap"]
+    served = [s >= t and (not guarded or v is None) for s, v in zip(sims, vetoes, strict=True)]
+    hits = [s for s, r in zip(served, rows, strict=True) if r["label"] == "hit"]
+    traps = [s for s, r in zip(served, rows, strict=True) if r["label"] == "trap"]
     return sum(hits) / len(hits), sum(traps) / len(traps)
 
 
@@ -109,7 +109,7 @@ def report(name: str, rows: list[dict], sims: np.ndarray, vetoes: list[str | Non
           f"wrong {wb:.1%} (similarity alone there: served {ha:.1%}, wrong {wa:.1%}); "
           f"served ratio (b) / baseline (a) = {ratio}")
     kinds: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for r, s, v in zip(rows, sims, vetoes):
+    for r, s, v in zip(rows, sims, vetoes, strict=True):
         if r["label"] == "trap":
             k = kinds[r["kind"]]
             k[0] += 1

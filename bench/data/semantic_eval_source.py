@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (one prompt pair or intent per line: the data reads best unwrapped)
 """The source of ``semantic_eval.jsonl``: hand-written paraphrase intents and trap pairs.
 
 Run ``python bench/data/semantic_eval_source.py`` to rewrite the JSONL. The split is

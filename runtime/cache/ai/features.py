@@ -128,7 +128,7 @@ def _number_at(toks: list[str], i: int) -> tuple[str | None, int]:
         if nxt not in lx.MULTIPLIERS:
             return t.lstrip("0") or "0", i + 1
         value, j = float(t) if t.count(".") < 2 else 0.0, i + 1
-    elif t in lx.UNITS_WORDS or t in lx.ORDINALS and _ordinal(toks, i):
+    elif t in lx.UNITS_WORDS or (t in lx.ORDINALS and _ordinal(toks, i)):
         value, j = float(_WORD_VALUES[t]), i + 1
         while j < len(toks) and toks[j] in lx.UNITS_WORDS and lx.UNITS_WORDS[toks[j]] < 10 \
                 and value >= 20 and value % 10 == 0:
@@ -148,7 +148,8 @@ def _ordinal(toks: list[str], i: int) -> bool:
     """Whether an ordinal word at `i` is one: "second" after a/per/each or a number
     is the unit."""
     prev = toks[i - 1] if i else ""
-    return toks[i] != "second" or prev not in lx.RATE_MARKERS and not _DIGITS.fullmatch(prev)
+    return toks[i] != "second" or (prev not in lx.RATE_MARKERS
+                                   and not _DIGITS.fullmatch(prev))
 
 
 def _dates(toks: list[str]) -> frozenset[str]:
@@ -189,7 +190,7 @@ def _units(toks: list[str], number_at: set[int]) -> tuple[frozenset[str], frozen
         after_number = prev in number_at
         if t in lx.RATES:
             free.add("per-" + lx.RATES[t])
-        elif t in lx.UNITS or t in lx.AMBIGUOUS_UNITS and after_number:
+        elif t in lx.UNITS or (t in lx.AMBIGUOUS_UNITS and after_number):
             unit = lx.UNITS.get(t) or lx.AMBIGUOUS_UNITS[t]
             before_number = i + 1 in number_at or (i + 1 < len(toks)
                                                    and _DIGITS.fullmatch(toks[i + 1]))
@@ -199,7 +200,7 @@ def _units(toks: list[str], number_at: set[int]) -> tuple[frozenset[str], frozen
     return frozenset(attached), frozenset(free)
 
 
-_RAW = re.compile(r"[^\W_][\w'’.+#-]*")
+_RAW = re.compile(r"[^\W_][\w'\u2019.+#-]*")
 _SENTENCE_ENDS = frozenset(".?!:;\n")
 
 
@@ -212,7 +213,7 @@ def _entities(text: str) -> tuple[tuple[str, ...], ...]:
     if text.islower() and "_" not in text and "." not in text and "(" not in text:
         return ()  # no capital and nothing code-like: a normalized prompt, say
     for m in _RAW.finditer(text):
-        tok = m.group().rstrip(".'’-")
+        tok = m.group().rstrip(".'\u2019-")
         if not tok or tok.islower() or tok.isdigit():
             if tok and _is_code(text, m.end(), tok):
                 out.append(tuple(tokens(normalize(tok))))
@@ -235,12 +236,13 @@ def _is_name(tok: str, initial: bool) -> bool:
     letters = sum(c.isalpha() for c in tok)
     if letters < 2:
         return False
-    return not tok[1:].islower() and any(c.isupper() for c in tok[1:]) \
-        or tok[0].isupper() and not initial
+    return (not tok[1:].islower() and any(c.isupper() for c in tok[1:])) \
+        or (tok[0].isupper() and not initial)
 
 
 def _is_code(text: str, end: int, tok: str) -> bool:
-    return "_" in tok or "." in tok and bool(_DOTTED.search(tok)) or text[end:end + 2] == "()"
+    return "_" in tok or ("." in tok and bool(_DOTTED.search(tok))) \
+        or text[end:end + 2] == "()"
 
 
 _DOTTED = re.compile(r"[a-zA-Z]\.[a-zA-Z]")

@@ -211,22 +211,23 @@ CONSTRAINTS = {
 
 # Words that frame a question rather than say what it is about: left out of the
 # content words that the scope guard compares.
-STOPWORDS = frozenset("""
+_STOPWORDS = """
 a an the and or but if of to in on at by for with from into onto about as than then
 so very too also just really please kindly quick quickly briefly simply
 i me my mine we us our you your yours he she it its they them their this that these
-those there here who whom whose which what whats when where why how whats wheres
+those there here who whom whose which what whats when where why how wheres
 is are was were be been being am do does did done doing have has had having
 can could would should will shall may might must need needs want wants wanted like
-would'd i'm i'd i've it's what's where's that's there's let let's
-tell give show explain describe define summarize list find help know get got
+i'm i'd i've it's what's where's that's there's let let's
+tell give explain describe define summarize list find help know get got
 way ways best steps step method methods tips tip process procedure guide
-possible okay ok fine allowed able able
+possible okay ok fine allowed able
 some any all every each one ones thing things something anything
 usually typically typical generally normally common commonly
 many much number amount between vs versus work works available offer offers provide
 again still already yet now right currently
-""".split()) - frozenset({"show"})
+"""
+STOPWORDS = frozenset(_STOPWORDS.split())
 
 # Spellings and synonyms folded before content words are compared.
 SYNONYMS = {

@@ -12,8 +12,9 @@ import unicodedata
 # (a dropped character becomes a space, so the look-arounds see what they would
 # after dropping it).
 _PUNCT = re.compile(r"[^\w\s'%$€£¥°+#./-]+|(?<!\w)[.'/-]+|[.'/-]+(?!\w)")
-_QUOTES = str.maketrans({"‘": "'", "’": "'", "ʼ": "'", "`": "'", "´": "'",
-                         "‐": "-", "‑": "-", "‒": "-", "–": "-", "—": "-"})
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'", "`": "'",
+                         "\u00b4": "'", "\u2010": "-", "\u2011": "-", "\u2012": "-",
+                         "\u2013": "-", "\u2014": "-"})
 _TOKEN = re.compile(r"\d+(?:\.\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?|[%$€£¥°+#]")
 _CONTRACTED = frozenset({"s", "m", "re", "ve", "ll", "d"})
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
