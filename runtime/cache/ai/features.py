@@ -49,7 +49,7 @@ def features(text: str) -> Features:
         numbers=tuple(sorted(numbers)),
         dates=_dates(toks),
         units=_units(toks, number_at),
-        entities=_entities(text),
+        entities=_entities(text, frozenset(toks)),
         constraints=_constraints(phrased, norm),
         direction=_direction(toks),
         content=_content(phrased, number_at),
@@ -204,11 +204,12 @@ _RAW = re.compile(r"[^\W_][\w'\u2019.+#-]*")
 _SENTENCE_ENDS = frozenset(".?!:;\n")
 
 
-def _entities(text: str) -> tuple[tuple[str, ...], ...]:
+def _entities(text: str, words: frozenset[str]) -> tuple[tuple[str, ...], ...]:
     """The names in the raw `text`, each as its folded tokens less the numbers,
     units, dates and other words another guard compares:
     capitalised words not starting a sentence, CamelCase and acronyms anywhere,
-    code identifiers (``snake_case``, ``os.path``, ``f()``)."""
+    code identifiers (``snake_case``, ``os.path``, ``f()``). Only parts among the
+    prompt's own `words` count (the raw text splits a few characters otherwise)."""
     out: list[tuple[str, ...]] = []
     if text.islower() and "_" not in text and "." not in text and "(" not in text:
         return ()  # no capital and nothing code-like: a normalized prompt, say
@@ -216,7 +217,7 @@ def _entities(text: str) -> tuple[tuple[str, ...], ...]:
         tok = m.group().rstrip(".'\u2019-")
         if not tok or tok.islower() or tok.isdigit():
             if tok and _is_code(text, m.end(), tok):
-                out.append(tuple(tokens(normalize(tok))))
+                out.append(tuple(t for t in tokens(normalize(tok)) if t in words))
             continue
         j = m.start() - 1
         while j >= 0 and text[j].isspace():
@@ -224,7 +225,7 @@ def _entities(text: str) -> tuple[tuple[str, ...], ...]:
         if _is_name(tok, initial=j < 0 or text[j] in _SENTENCE_ENDS) \
                 or _is_code(text, m.end(), tok):
             parts = tuple(t for t in tokens(normalize(tok))
-                          if not _DIGITS.fullmatch(t) and t not in _GUARDED)
+                          if t in words and not _DIGITS.fullmatch(t) and t not in _GUARDED)
             if parts:
                 out.append(parts)
     return tuple(out)
