@@ -26,9 +26,10 @@ prompts = st.lists(st.sampled_from(_GUARD_WORDS + _PLAIN), min_size=1, max_size=
 
 @settings(max_examples=300)
 @given(st.text())
-def test_normalize_is_idempotent(text: str) -> None:
+def test_normalize_is_idempotent_and_nfkc(text: str) -> None:
     once = normalize(text)
     assert normalize(once) == once
+    assert unicodedata.normalize("NFKC", once) == once
 
 
 @settings(max_examples=300)
