@@ -81,23 +81,30 @@ def _direction(a: Features, b: Features) -> bool:
 def _scope(a: Features, b: Features) -> bool:
     """Content words swapped for others that are neither synonyms, typos nor a
     compound split ("goldfish"/"gold fish") of them, at most three in all: the
-    same question about something else ("boil an egg" / "boil potatoes")."""
-    only_a, only_b = _unmatched(a.content, b.content)
-    return bool(only_a) and bool(only_b) and len(only_a) + len(only_b) <= 3
+    same question about something else ("boil an egg" / "boil potatoes"). Prompts
+    that differ in more words are left to the similarity threshold."""
+    only_a, only_b = a.content - b.content, b.content - a.content
+    if not only_a or not only_b or len(only_a) + len(only_b) > _MAX_SCOPE_DIFF:
+        return False  # matching only removes words: nothing left to swap, or too many
+    left_a, left_b = _unmatched(only_a, only_b, a.content, b.content)
+    return bool(left_a) and bool(left_b) and len(left_a) + len(left_b) <= 3
 
 
-def _unmatched(a: frozenset[str], b: frozenset[str]) -> tuple[set[str], set[str]]:
-    """The content words of each side with no counterpart on the other: not the
-    same, not one edit apart (words of 5+ letters), not two of the other's joined.
-    Symmetric."""
-    def matched(x: str, own: frozenset[str], other: frozenset[str]) -> bool:
-        if x in other:
-            return True
-        if len(x) >= 5 and any(len(y) >= 5 and _one_edit(x, y) for y in other - own):
+_MAX_SCOPE_DIFF = 12  # keeps the pairwise matching cheap on long prompts
+
+
+def _unmatched(only_a: frozenset[str], only_b: frozenset[str], a: frozenset[str],
+               b: frozenset[str]) -> tuple[set[str], set[str]]:
+    """The words of `only_a` and `only_b` with no counterpart on the other side:
+    not one edit apart (words of 5+ letters) and not two words of the other side
+    joined. Symmetric."""
+    def matched(x: str, other_only: frozenset[str], other: frozenset[str]) -> bool:
+        if len(x) >= 5 and any(len(y) >= 5 and _one_edit(x, y) for y in other_only):
             return True
         return any(x.startswith(y) and x[len(y):] in other for y in other if y != x)
 
-    return ({x for x in a if not matched(x, a, b)}, {y for y in b if not matched(y, b, a)})
+    return ({x for x in only_a if not matched(x, only_b, b)},
+            {y for y in only_b if not matched(y, only_a, a)})
 
 
 def _one_edit(x: str, y: str) -> bool:
