@@ -216,26 +216,32 @@ def _entities(text: str, words: frozenset[str]) -> tuple[tuple[str, ...], ...]:
     for m in _RAW.finditer(text):
         tok = m.group().rstrip(".'\u2019-")
         if not tok or tok.islower() or tok.isdigit():
-            if tok and _is_code(text, m.end(), tok):
-                out.append(tuple(t for t in tokens(normalize(tok)) if t in words))
+            if "_" in tok or "." in tok or text.startswith("()", m.end()):
+                if _is_code(text, m.end(), tok):
+                    out.append(tuple(t for t in _fold_name(tok) if t in words))
             continue
         j = m.start() - 1
         while j >= 0 and text[j].isspace():
             j -= 1
         if _is_name(tok, initial=j < 0 or text[j] in _SENTENCE_ENDS) \
                 or _is_code(text, m.end(), tok):
-            parts = tuple(t for t in tokens(normalize(tok))
+            parts = tuple(t for t in _fold_name(tok)
                           if t in words and not _DIGITS.fullmatch(t) and t not in _GUARDED)
             if parts:
                 out.append(parts)
     return tuple(out)
 
 
+def _fold_name(tok: str) -> list[str]:
+    """The tokens of one raw word (only those also in the prompt's tokens count,
+    so ASCII can skip `normalize`: its punctuation never makes a token)."""
+    return tokens(tok.lower() if tok.isascii() else normalize(tok))
+
+
 def _is_name(tok: str, initial: bool) -> bool:
     """CamelCase and acronyms anywhere (iPhone, useEffect, TCP, USB-C), a
-    capitalised word (not "I") anywhere but at the start of a sentence."""
-    letters = sum(c.isalpha() for c in tok)
-    if letters < 2:
+    capitalised word (not "I", "I'm") anywhere but at the start of a sentence."""
+    if len(tok) < 2 or tok.partition("'")[0] == "I" or not tok[:2].isalpha():
         return False
     return (not tok[1:].islower() and any(c.isupper() for c in tok[1:])) \
         or (tok[0].isupper() and not initial)
