@@ -216,7 +216,8 @@ def _entities(text: str, words: frozenset[str]) -> tuple[tuple[str, ...], ...]:
     for m in _RAW.finditer(text):
         tok = m.group().rstrip(".'\u2019-")
         if not tok or tok.islower() or tok.isdigit():
-            if "_" in tok or "." in tok or text.startswith("()", m.end()):
+            if "_" in tok or "." in tok or "+" in tok or "#" in tok \
+                    or text.startswith("()", m.end()):
                 if _is_code(text, m.end(), tok):
                     out.append(tuple(t for t in _fold_name(tok) if t in words))
             continue
@@ -248,7 +249,8 @@ def _is_name(tok: str, initial: bool) -> bool:
 
 
 def _is_code(text: str, end: int, tok: str) -> bool:
-    return "_" in tok or ("." in tok and bool(_DOTTED.search(tok))) \
+    """snake_case, dotted names, calls, and names with + or # (C++, C#, F#)."""
+    return "_" in tok or "+" in tok or "#" in tok or ("." in tok and bool(_DOTTED.search(tok))) \
         or text[end:end + 2] == "()"
 
 

@@ -33,6 +33,8 @@ VETOED = [
     ("How do I update Kubernetes on AWS?", "How do I update Kubernetes on Azure?", "entity"),
     ("Does the Pixel 8 support eSIM?", "Does the Galaxy 8 support eSIM?", "entity"),
     ("What does useMemo do?", "What does useCallback do?", "entity"),
+    ("How do I read a file in C++?", "How do I read a file in C#?", "entity"),
+    ("What does os.path.join return?", "What does os.path.split return?", "entity"),
     ("What is the cheapest hotel in Oslo?", "What is the most expensive hotel in Oslo?",
      "comparative"),
     ("Should I eat before swimming?", "Should I eat after swimming?", "comparative"),
