@@ -216,10 +216,8 @@ def _entities(text: str, words: frozenset[str]) -> tuple[tuple[str, ...], ...]:
     for m in _RAW.finditer(text):
         tok = m.group().rstrip(".'\u2019-")
         if not tok or tok.islower() or tok.isdigit():
-            if "_" in tok or "." in tok or "+" in tok or "#" in tok \
-                    or text.startswith("()", m.end()):
-                if _is_code(text, m.end(), tok):
-                    out.append(tuple(t for t in _fold_name(tok) if t in words))
+            if tok and _is_code(text, m.end(), tok):
+                out.append(tuple(t for t in _fold_name(tok) if t in words))
             continue
         j = m.start() - 1
         while j >= 0 and text[j].isspace():

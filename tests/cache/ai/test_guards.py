@@ -68,7 +68,7 @@ PASSED = [
     ("How often should I feed a goldfish?", "how often should i feed a gold fish"),
     ("What's the recomended dose of vitamin D?", "What's the recommended dose of vitamin D?"),
     ("So what am I allowed to bring on board?", "what i'm allowed to bring on board"),
-    ("Tell me, what I'd need for a passport renewal", "what do i need for a passport renewal"),
+    ("Which documents I'd need for a passport renewal?", "documents needed for passport renewal"),
 ]
 
 
