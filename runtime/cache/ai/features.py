@@ -240,7 +240,7 @@ def _fold_name(tok: str) -> list[str]:
 def _is_name(tok: str, initial: bool) -> bool:
     """CamelCase and acronyms anywhere (iPhone, useEffect, TCP, USB-C), a
     capitalised word (not "I", "I'm") anywhere but at the start of a sentence."""
-    if len(tok) < 2 or tok.partition("'")[0] == "I" or not tok[:2].isalpha():
+    if len(tok) < 2 or tok.partition("'")[0] == "I" or not tok[0].isalpha():
         return False
     return (not tok[1:].islower() and any(c.isupper() for c in tok[1:])) \
         or (tok[0].isupper() and not initial)

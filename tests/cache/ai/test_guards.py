@@ -35,6 +35,7 @@ VETOED = [
     ("What does useMemo do?", "What does useCallback do?", "entity"),
     ("How do I read a file in C++?", "How do I read a file in C#?", "entity"),
     ("What does os.path.join return?", "What does os.path.split return?", "entity"),
+    ("Who is Conan O'Brien married to?", "Who is Conan Doyle married to?", "entity"),
     ("What is the cheapest hotel in Oslo?", "What is the most expensive hotel in Oslo?",
      "comparative"),
     ("Should I eat before swimming?", "Should I eat after swimming?", "comparative"),
