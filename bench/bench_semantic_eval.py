@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +115,10 @@ def report(name: str, rows: list[dict], sims: np.ndarray, vetoes: list[str | Non
             k[0] += 1
             k[1] += bool(s >= DEFAULT_THRESHOLD)
             k[2] += bool(s >= DEFAULT_THRESHOLD and v is None)
+    lost = Counter(v for r, s, v in zip(rows, sims, vetoes, strict=True)
+                   if r["label"] == "hit" and s >= DEFAULT_THRESHOLD and v is not None)
+    print(f"should-hit pairs above {DEFAULT_THRESHOLD} that a guard vetoed (false vetoes): "
+          + (", ".join(f"{k} {n}" for k, n in lost.most_common()) or "none"))
     print(f"traps per kind at {DEFAULT_THRESHOLD}: kind  n  served by (a)  served by (b)")
     for kind, (n, sa, sb) in sorted(kinds.items()):
         print(f"  {kind:12s} {n:3d}  {sa:3d} ({sa / n:5.1%})  {sb:3d} ({sb / n:5.1%})")
