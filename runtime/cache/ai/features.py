@@ -52,7 +52,7 @@ def features(text: str) -> Features:
         entities=_entities(text, frozenset(toks)),
         constraints=_constraints(phrased, norm),
         direction=_direction(toks),
-        content=_content(phrased, number_at),
+        content=_content(phrased),
     )
 
 
@@ -152,11 +152,17 @@ def _ordinal(toks: list[str], i: int) -> bool:
                                    and not _DIGITS.fullmatch(prev))
 
 
+_DATE_KEYS = (set(lx.MONTHS) | set(lx.WEEKDAYS) | set(lx.DATE_WORDS) | set(lx.AMBIGUOUS_MONTHS)
+              | lx.RELATIVE | {"fall", "am", "pm", "new"})
+
+
 def _dates(toks: list[str]) -> frozenset[str]:
     """Months, weekdays, relative days ("next-week"), seasons, holidays, parts of
     the day and am/pm, each by its canonical name."""
     out: set[str] = set()
     for i, t in enumerate(toks):
+        if t not in _DATE_KEYS:
+            continue
         prev = toks[i - 1] if i else ""
         nxt = toks[i + 1] if i + 1 < len(toks) else ""
         name = lx.MONTHS.get(t) or lx.WEEKDAYS.get(t) or lx.DATE_WORDS.get(t)
@@ -178,14 +184,20 @@ def _dates(toks: list[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+_UNIT_KEYS = set(lx.RATES) | set(lx.UNITS) | set(lx.AMBIGUOUS_UNITS)
+_FILLERS = lx.UNIT_FILLERS | {"°"}
+
+
 def _units(toks: list[str], number_at: set[int]) -> tuple[frozenset[str], frozenset[str]]:
     """``(units right after or before a number, other units)``: "5 km in miles" →
     ({km}, {mile}); "a day" and "daily" → per-day among the others."""
     attached: set[str] = set()
     free: set[str] = set()
     for i, t in enumerate(toks):
+        if t not in _UNIT_KEYS:
+            continue
         prev = i - 1
-        while prev >= 0 and toks[prev] in lx.UNIT_FILLERS | {"°"}:
+        while prev >= 0 and toks[prev] in _FILLERS:
             prev -= 1
         after_number = prev in number_at
         if t in lx.RATES:
@@ -288,16 +300,17 @@ _GUARDED = (lx.NEGATIONS | set(lx.POLARITY) | set(lx.COMPARATIVE) | set(lx.DEGRE
             | set(lx.UNITS_WORDS) | set(lx.MULTIPLIERS) | set(lx.ORDINALS)
             | set(lx.MONTHS) | set(lx.WEEKDAYS) | set(lx.DATE_WORDS) | set(lx.RATES)
             | set(lx.UNITS) | set(lx.CONSTRAINTS) | lx.RELATIVE)
+_NOT_CONTENT = _GUARDED | lx.STOPWORDS
 
 
-def _content(items: list[str], number_at: set[int]) -> frozenset[str]:
+def _content(items: list[str]) -> frozenset[str]:
     """The words no other guard reads, stemmed with synonyms folded."""
     out = set()
     for w in items:
-        if w in lx.STOPWORDS or w in _GUARDED or len(w) < 2 or not w.isalpha():
+        if w in _NOT_CONTENT or len(w) < 2 or not w.isalpha():
             continue
-        w = lx.SYNONYMS.get(w, w)
-        out.add(lx.SYNONYMS.get(_stem(w), _stem(w)))
+        stem = _stem(lx.SYNONYMS.get(w, w))
+        out.add(lx.SYNONYMS.get(stem, stem))
     return frozenset(out)
 
 
