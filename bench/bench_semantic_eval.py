@@ -36,7 +36,7 @@ load_system_libstdcxx()
 import numpy as np  # noqa: E402
 
 from gpu_worker.engines.onnx import Embedder, load_session, load_tokenizer, model_files  # noqa: E402
-from runtime.cache.ai.features import features  # noqa: E402
+from runtime.cache.ai.features import clear_cache, features  # noqa: E402
 from runtime.cache.ai.guards import DEFAULT_THRESHOLD, normalize, veto  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "semantic_eval.jsonl"
@@ -134,7 +134,7 @@ def veto_cost(rows: list[dict], rounds: int) -> tuple[float, float, float]:
         total = 0.0
         for _ in range(rounds):
             for a, b in pairs:
-                features.cache_clear()
+                clear_cache()
                 if warm_a:
                     features(a)
                 if warm_b:

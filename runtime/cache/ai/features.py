@@ -34,9 +34,21 @@ class Features(NamedTuple):
     content: frozenset[str]          # the rest: stemmed, synonyms folded
 
 
-@lru_cache(maxsize=8192)
+CACHED_CHARS = 2048  # longer prompts are read each time: the cache holds 4096 at most
+
+
 def features(text: str) -> Features:
-    """The features of prompt `text` (raw or already normalized). Never raises."""
+    """The features of prompt `text` (raw or already normalized), remembered for
+    the last 4096 prompts of up to `CACHED_CHARS`. Never raises."""
+    return _cached(text) if len(text) <= CACHED_CHARS else _read(text)
+
+
+def clear_cache() -> None:
+    """Forget the remembered features (for measurements)."""
+    _cached.cache_clear()
+
+
+def _read(text: str) -> Features:
     norm = normalize(text)
     toks = tokens(norm)
     phrased = _phrases(toks)
@@ -54,6 +66,9 @@ def features(text: str) -> Features:
         direction=_direction(toks),
         content=_content(phrased),
     )
+
+
+_cached = lru_cache(maxsize=4096)(_read)
 
 
 # Phrases of two words that the tables name ("turn on", "at least", "went up").
@@ -141,7 +156,7 @@ def _number_at(toks: list[str], i: int) -> tuple[str | None, int]:
     while j < len(toks) and toks[j] in lx.MULTIPLIERS and (toks[j] != "k" or j == i + 1):
         value *= lx.MULTIPLIERS[toks[j]]
         j += 1
-    return (str(int(value)) if value == int(value) else str(value)), j
+    return (str(int(value)) if value.is_integer() else str(value)), j
 
 
 def _ordinal(toks: list[str], i: int) -> bool:

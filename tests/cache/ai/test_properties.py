@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.cache.ai import lexicon as lx
-from runtime.cache.ai.guards import normalize, veto
+from runtime.cache.ai.guards import GUARDS, normalize, veto
 
 # Words that wake every guard, and plain ones, so random prompts reach the guards.
 _GUARD_WORDS = sorted({"not", "never", "don't", "without", "no", "only", "except",
@@ -68,3 +68,17 @@ def test_a_prompt_never_vetoes_itself(text: str) -> None:
 @given(prompts, prompts)
 def test_veto_is_symmetric(a: str, b: str) -> None:
     assert (veto(a, b) is None) == (veto(b, a) is None)
+
+
+_NUMBERISH = st.lists(st.one_of(st.text("0123456789.,%$k", min_size=1, max_size=400),
+                                st.sampled_from(["thousand", "dozen", "a", "twenty", "five",
+                                                 "second", "per", "km", "°", "am", "from",
+                                                 "to", "I'd", "C++", "os.path", "()"])),
+                      max_size=12).map(" ".join)
+
+
+@settings(max_examples=300)
+@given(st.one_of(_NUMBERISH, st.text()), st.one_of(_NUMBERISH, st.text()))
+def test_veto_never_raises(a: str, b: str) -> None:
+    """Huge numbers ("9" * 400 + " thousand" once overflowed), odd symbols, any text."""
+    assert veto(a, b) in {None} | {name for name, _ in GUARDS}
