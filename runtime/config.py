@@ -5,6 +5,7 @@ them) and overridden by CLI flags:
 
     name = "edge-local"
     tier = "edge"                 # edge | regional | central
+    geo = "fra"                   # a label on events and metrics
     data = ".edgefn"
 
     [public]                      # the listener functions and the OpenAI API answer on
@@ -150,6 +151,7 @@ def default_pipeline() -> list[Stage]:
 class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     name: Annotated[str, Meta(pattern=NAME_PATTERN)] = "edge-local"
     tier: Literal["edge", "regional", "central"] = "edge"
+    geo: Annotated[str, Meta(max_length=64)] = ""  # where it runs ("fra", "us-east"): a label
     data: str = ".edgefn"
     public: Listener = field(default_factory=Listener)
     admin: AdminListener = field(default_factory=AdminListener)

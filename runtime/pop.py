@@ -4,6 +4,8 @@
             ├─ ai (model worker service)   when [ai] is enabled
             ├─ keys (API keys, hashed in DATA/keys.json)
             ├─ registry (deployed functions, router)
+            ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
+            ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
             └─ pipeline (the stages, in config order): the public listener's app
 
 Nothing is patched in after construction; `runtime.app` starts and stops it.
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 from runtime.ai.service import AIService
 from runtime.bindings import Stores
-from runtime.config import PopConfig
+from runtime.cache.http.cache import HttpCache
+from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Registry
@@ -36,7 +39,11 @@ class PoP:
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,
                                  self._vet)
+        self.http_cache: HttpCache | None = None
         try:
+            if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
+                                                 for s in config.pipeline):
+                self.http_cache = HttpCache(config.http_cache, self.data_dir)
             self.pipeline = build.build(self)
         except BaseException:  # a stage that cannot start (the WAF without rules)
             self.close()
@@ -54,3 +61,5 @@ class PoP:
         self.registry.close()
         self.wasm.close()
         self.stores.close()
+        if self.http_cache is not None:
+            self.http_cache.close()

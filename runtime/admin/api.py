@@ -1,7 +1,7 @@
 """The admin API: loopback only, bearer token from DATA/admin.token, or an API key
 whose scopes grant the operation (``admin:deploy``, ``admin:rollback``,
 ``admin:delete``, ``admin:read``, ``admin:kv``, ``admin:vectors``, ``admin:ai``,
-``admin:keys``; ``admin:*`` for all). A key acts for its tenant: it deploys,
+``admin:keys``, ``admin:cache``; ``admin:*`` for all). A key acts for its tenant: it deploys,
 rolls back and deletes only functions whose ``owner`` is that tenant.
 
     POST   /v1/keys/reload                    re-read DATA/keys.json now (`edgefn keys` does)
@@ -16,6 +16,9 @@ rolls back and deletes only functions whose ``owner`` is that tenant.
     DELETE /v1/ai/loras/NAME                  stop serving an adapter (kept off after restarts)
     POST   /v1/kv/NAMESPACE/OP                {get,put,delete,list,increment,cas,create} args
     POST   /v1/vectors/INDEX/OP               {create,upsert,query,delete,stats} args
+    POST   /v1/cache/purge                    exactly one of {"key": URL}, {"prefix": "/p/"},
+                                              {"tag": "t"}, {"function": "name"}
+    GET    /v1/cache/stats                    what the caches decided (CacheStats.snapshot)
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ class LoraBody(msgspec.Struct, forbid_unknown_fields=True):
     path: str
     base: str | None = None
     scale: float = 1.0
+
+
+class PurgeBody(msgspec.Struct, forbid_unknown_fields=True):
+    key: str | None = None  # a URL: http://host/path?query, or /path?query on any host
+    prefix: str | None = None  # a path prefix
+    tag: str | None = None  # a Cache-Tag
+    function: str | None = None  # every version of a function
 
 
 class AdminApp:
@@ -122,6 +132,10 @@ class AdminApp:
                     return json_response({"keys": len(self.pop.keys)})
                 case ["v1", "ai", *rest]:
                     return await self._ai(rest, method, request.body)
+                case ["v1", "cache", "purge"] if method == b"POST":
+                    return self._purge(request.body, who)
+                case ["v1", "cache", "stats"] if method == b"GET":
+                    return json_response({"stats": self.pop.stores.cache_stats.snapshot()})
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.on_pop(self.pop.registry.delete(name))
                     return json_response({"deleted": name})
@@ -133,6 +147,28 @@ class AdminApp:
             return _error(e.status, e.code, str(e), field=e.field)
         except EdgefnError as e:
             return _error(e.status, e.code, str(e))
+
+    def _purge(self, body: bytes, who: Principal | None) -> Response:
+        """Raises msgspec errors for a body that does not decode, `NotOwner` when a
+        key purges another tenant's function."""
+        purge = msgspec.json.decode(body or b"{}", type=PurgeBody)
+        given = {k: v for k, v in msgspec.structs.asdict(purge).items() if v is not None}
+        if len(given) != 1:
+            return _error(400, "bad_request", "give exactly one of key, prefix, tag, function; "
+                          f"got {', '.join(given) or 'none'}", field=",".join(given) or None)
+        (name, value), = given.items()
+        problem = _purge_problem(name, value)
+        if problem:
+            return _error(400, "bad_request", f"field `{name}`: {problem}", field=name)
+        cache = self.pop.http_cache
+        only = None
+        if who is not None:  # a key purges its own tenant's functions only
+            if name == "function":
+                self._check_tenant(["v1", "functions", value], who)
+            only = frozenset(n for n, fn in self.pop.registry.functions.items()
+                             if fn.tenant == who.tenant)
+        purged = cache.purge(**given, only=only) if cache is not None else 0
+        return json_response({"purged": purged, name: value})
 
     def _check_tenant(self, parts: list[str], who: Principal) -> None:
         """Raises `NotOwner` when a key changes a function of another tenant."""
@@ -176,8 +212,21 @@ def operation(request: Request) -> str:
         if request.method == b"DELETE":
             return "delete"
         return "rollback" if parts[-1] == b"rollback" else "read"
-    return section.decode("latin-1") if section in (b"kv", b"vectors", b"ai", b"keys") \
+    return section.decode("latin-1") if section in (b"kv", b"vectors", b"ai", b"keys",
+                                                    b"cache") \
         else "read"
+
+
+def _purge_problem(name: str, value: str) -> str | None:
+    """What is wrong with a purge's value, or None."""
+    if not value.strip() or len(value) > 2048:
+        return "expected a non-empty string of at most 2048 characters"
+    if name == "prefix" and not value.startswith("/"):
+        return f"expected a path starting with /, got {value!r}"
+    if name == "key" and not (value.startswith("/") or value.startswith(("http://",
+                                                                          "https://"))):
+        return f"expected http://host/path?query or /path?query, got {value!r}"
+    return None
 
 
 def _error(status: int, kind: str, message: str, **extra: object) -> Response:

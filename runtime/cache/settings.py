@@ -8,20 +8,30 @@ from typing import Annotated
 
 from msgspec import Meta, Struct
 
+Bytes = Annotated[int, Meta(ge=0, le=1 << 40)]
+Seconds = Annotated[int, Meta(ge=1, le=365 * 86400)]
 Similarity = Annotated[float, Meta(gt=0.0, le=1.0)]
 TtlSeconds = Annotated[float, Meta(gt=0.0, le=365 * 86400.0)]
 
 
 class HttpCacheSettings(Struct, forbid_unknown_fields=True, frozen=True):
-    """pop.toml ``[http_cache]``."""
+    """pop.toml ``[http_cache]``: the RFC 9111 cache of function responses
+    (`runtime.cache.http`)."""
 
     enabled: bool = True
+    memory_bytes: Bytes = 64 << 20  # the memory tier's budget (LRU)
+    disk_bytes: Bytes = 256 << 20  # the LMDB tier under DATA/cache/http; 0: no disk tier
+    max_entry_bytes: Annotated[int, Meta(ge=1, le=1 << 30)] = 8 << 20  # larger: not stored
+    # freshness for a response that says nothing of it (no Cache-Control/Expires);
+    # None: RFC behaviour, such a response is not stored
+    default_ttl: Seconds | None = None
 
 
 class HttpCacheOverride(Struct, forbid_unknown_fields=True, frozen=True):
-    """A function's ``[cache.http]``."""
+    """A function's ``[cache.http]``: `enabled` and `default_ttl` of `HttpCacheSettings`."""
 
     enabled: bool | None = None
+    default_ttl: Seconds | None = None
 
 
 class AICacheSettings(Struct, forbid_unknown_fields=True, frozen=True):

@@ -119,7 +119,8 @@ def build() -> Parser:
                            parser_class=Parser)
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
-                _ai_commands, _keys_command, _limits_command, _doctor_command):
+                _ai_commands, _keys_command, _limits_command, _cache_command,
+                _doctor_command):
         add(commands)
     return p
 
@@ -266,6 +267,23 @@ def _keys_command(c: Commands) -> None:
     o = c.op(ops, "revoke", "revoke a key at once (it stays listed)", "edgefn keys revoke "
              "1a2b3c4d5e6f")
     o.add_argument("id", help="the key's id (the part after efn_, as `keys ls` shows it)")
+
+
+def _cache_command(c: Commands) -> None:
+    cache = c.add("cache", "runtime.cli.cache:cache_command",
+                  "purge the HTTP cache of a running PoP, or show what its caches decided",
+                  "edgefn cache purge --tag products")
+    ops = c.ops(cache)
+    o = c.op(ops, "purge", "drop cached responses: one URL, a path prefix, a Cache-Tag or "
+             "a function (all versions)", "edgefn cache purge --prefix /shop/")
+    one = o.add_mutually_exclusive_group(required=True)
+    for flag, what in (("--key", "a URL: http://host/path?query, or /path?query on any host"),
+                       ("--prefix", "a path prefix such as /shop/"),
+                       ("--tag", "a Cache-Tag the function's responses carry"),
+                       ("--function", "a function's name (all its versions)")):
+        one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
+    c.op(ops, "stats", "hit rates per cache, function, model and tenant",
+         "edgefn cache stats --json")
 
 
 def _limits_command(c: Commands) -> None:

@@ -90,8 +90,7 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
 
             return RateLimit(pop.config.ratelimit, targets, where="pop.toml")
         case c.HttpCacheStage():
-            log.info("stage http_cache: not built yet")  # issue 12, being written
-            return None
+            return _http_cache(pop, targets)
         case c.AICacheStage():
             return _ai_cache(pop, targets)
         case c.DispatchStage():
@@ -108,6 +107,15 @@ def _auth(pop: PoP, targets: Targets) -> Stage:
     settings = pop.config.auth
     jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
     return Auth(settings, pop.keys, targets, jwt)
+
+
+def _http_cache(pop: PoP, targets: Targets) -> Stage | None:
+    if pop.http_cache is None:
+        log.info("stage http_cache: inactive, [http_cache] enabled = false")
+        return None
+    from runtime.pipeline.stages.http_cache import HttpCacheStage
+
+    return HttpCacheStage(pop.http_cache, targets, pop.stores.cache_stats)
 
 
 def _openai(pop: PoP, targets: Targets) -> Stage | None:

@@ -225,16 +225,18 @@ def test_a_semantic_hit_needs_the_same_scope(clock: Clock, minilm: MiniLM) -> No
     assert run(c, ask(PARIS2)).outcome == "hit-semantic"
 
 
-def test_a_guard_veto_refuses_a_semantic_hit(clock: Clock, minilm: MiniLM,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    # guards.veto is the guards engineer's (a placeholder that allows all, for now):
-    # this pins that the cache asks it and honours its answer
-    monkeypatch.setattr(guards, "veto", lambda q, cached: "negation" if "not" in q else None)
-    c = cache(clock, minilm, threshold=0.5)
-    run(c, ask("Is Paris the capital of France?"))
-    found = run(c, ask("Is Paris not the capital of France?"))
-    assert (found.outcome, found.guard) == ("miss", "negation")
-    assert c.account(found)["guard"] == "negation" and found.similarity is not None
+@pytest.mark.parametrize(("stored", "asked", "guard"), [
+    ("Is Paris the capital of France?", "Is Paris not the capital of France?", "negation"),
+    ("How many days are in 3 weeks?", "How many days are in 4 weeks?", "number"),
+])
+def test_a_guard_veto_refuses_a_semantic_hit(clock: Clock, minilm: MiniLM, stored: str,
+                                             asked: str, guard: str) -> None:
+    c = cache(clock, minilm, threshold=0.5)  # similar enough: only the guard can refuse
+    run(c, ask(stored))
+    found = run(c, ask(asked))
+    assert (found.outcome, found.guard) == ("miss", guard)
+    assert c.account(found)["guard"] == guard and found.similarity is not None
+    assert found.similarity >= 0.5
 
 
 def test_an_expired_entry_is_no_semantic_hit(clock: Clock, minilm: MiniLM) -> None:

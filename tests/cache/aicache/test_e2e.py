@@ -160,7 +160,8 @@ def test_a_functions_ai_binding_goes_through_the_cache(pop: Running, tmp_path: P
     assert (o1, o2, o3) == ("miss", "hit-exact", "bypass") and t1 == t2 == t3
     assert c1 is None and c2 is not None and c2 > 0
     assert out["embeds"] == ["miss", "hit-exact"]
-    rows = [r for r in pop.pop.stores.cache_stats.snapshot() if r["function"] == "asker"]
+    rows = [r for r in pop.pop.stores.cache_stats.snapshot()
+            if (r["cache"], r["function"]) == ("ai", "asker")]
     assert {r["model"]: r["hits"] for r in rows} == {CHAT: 1, "all-minilm-l6-v2": 1}
 
 

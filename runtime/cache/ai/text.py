@@ -1,0 +1,63 @@
+"""Prompt text folded for the AI caches: `normalize` (what both caches hash and
+embed) and `tokens` (the words the semantic cache's guards read)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Punctuation that never changes a prompt's meaning goes; what can ("c++", "c#",
+# "15%", "$5", "3.12", "°c", "don't", "usb-c", "os.path", "km/h") stays.
+# One pass: what never carries meaning, and . ' / - not between two word characters
+# (a dropped character becomes a space, so the look-arounds see what they would
+# after dropping it).
+_PUNCT = re.compile(r"[^\w\s'%$€£¥°+#./-]+|(?<!\w)[.'/-]+|[.'/-]+(?!\w)")
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u02bc": "'", "`": "'",
+                         "\u00b4": "'", "\u2010": "-", "\u2011": "-", "\u2012": "-",
+                         "\u2013": "-", "\u2014": "-"})
+_TOKEN = re.compile(r"\d+(?:\.\d+)*|[^\W\d_]+(?:'[^\W\d_]+)?|[%$€£¥°+#]")
+_CONTRACTED = frozenset({"s", "m", "re", "ve", "ll", "d"})
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def _fold(text: str) -> str:
+    if text.isascii():  # NFKC is the identity and casefold is lower
+        text = text.lower().replace("`", "'")
+    else:
+        text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+        text = "".join(c for c in text if not unicodedata.combining(c))
+        text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    return " ".join(_PUNCT.sub(" ", _THOUSANDS.sub("", text)).split())
+
+
+def normalize(text: str) -> str:
+    """`text` with unicode compatibility forms, case, diacritics, quotes and dashes,
+    punctuation that carries no meaning, thousands separators ("1,000" → "1000")
+    and runs of whitespace folded: what the exact and semantic caches hash and
+    embed. Idempotent; never raises."""
+    if text.isascii():
+        return _fold(text)  # one pass settles ASCII: every . ' / - kept sits between
+    for _ in range(4):      # two word characters, which no pass changes
+        folded = _fold(text)  # case and unicode folds can feed each other: settle them
+        if folded == text:
+            break
+        text = folded
+    return text
+
+
+def tokens(normalized: str) -> list[str]:
+    """The words, numbers and symbols of a `normalize`d text. Digits split from
+    letters ("5km" → 5, km; "v15" → v, 15); a contraction splits off "n't" and
+    drops "'s", "'re", ...."""
+    out: list[str] = []
+    for t in _TOKEN.findall(normalized):
+        if "'" in t:
+            base, _, tail = t.partition("'")
+            if tail == "t" and base.endswith("n"):
+                out += [base[:-1] or base, "n't"]
+                continue
+            if tail in _CONTRACTED:
+                out.append(base)
+                continue
+        out.append(t)
+    return out

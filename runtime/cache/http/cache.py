@@ -1,0 +1,232 @@
+"""`HttpCache`: the store, the policy and single flight tied together, with
+purges by key, path prefix, ``Cache-Tag`` and function. The ``http_cache``
+stage (`runtime.pipeline.stages.http_cache`) drives it per request.
+
+A primary key is the function's ``name@version`` label, the host, the path
+and the query: a deploy or a rollback never meets the other version's entries.
+Within one, a variant is chosen by the request headers its response's ``Vary``
+names and by the caller's scope: a response that is not ``public`` is only
+served to the caller scope it was stored for (anonymous, a tenant, or a
+credential's hash), so tenants never share a non-public response.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from runtime.cache.http import policy
+from runtime.cache.http.coalesce import Flights
+from runtime.cache.http.store import Entry, TieredStore, Variants
+from runtime.cache.settings import HttpCacheSettings
+from runtime.net.message import Headers, Request, Response
+
+MAX_VARIANTS = 8  # per URL; the oldest goes first
+PUBLIC = "*"  # the scope of a `public` response: any caller
+# not stored with a response: hop-by-hop, computed per answer, or for the cache only
+UNSTORED = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive",
+                      b"age", b"cache-tag", b"x-edgefn-cache"})
+# what a 304 carries over from the stored response (RFC 9110 15.4.5)
+NOT_MODIFIED_FIELDS = frozenset({b"cache-control", b"content-location", b"date", b"etag",
+                                 b"expires", b"vary", b"x-edgefn-function"})
+
+
+class HttpCache:
+    def __init__(self, settings: HttpCacheSettings, data_dir: Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`data_dir`: the PoP's; the disk tier lives in DATA/cache/http (None: memory
+        only). `clock`: wall-clock seconds (stored entries outlive a restart).
+        Raises `lmdb.Error` if the disk tier cannot be opened."""
+        self.settings = settings
+        self.clock = clock
+        disk = data_dir / "cache" / "http" if data_dir is not None else None
+        self.store = TieredStore(settings.memory_bytes, disk, settings.disk_bytes)
+        self.flights = Flights()
+
+    # -- lookups ----------------------------------------------------------------------------
+    @staticmethod
+    def key(label: str, request: Request) -> bytes:
+        """`label`: the deployment's ``name@version``."""
+        return b"\0".join((label.encode(), request.host, request.path, request.query))
+
+    def lookup(self, key: bytes, request: Request, scope: str) -> Entry | None:
+        """The stored variant `request` selects, fresh or not. Raises `StoreClosed`."""
+        variants = self.store.get(key)
+        if variants is None:
+            return None
+        for entry in variants:
+            if _selects(entry, request, scope):
+                return entry
+        return None
+
+    def age(self, entry: Entry) -> float:
+        return entry.initial_age + max(0.0, self.clock() - entry.stored_at)
+
+    # -- storing ----------------------------------------------------------------------------
+    def admit(self, key: bytes, request: Request, scope: str, response: Response,
+              origin_ms: float, default_ttl: int | None) -> Entry | str:
+        """Store `response` to `request` if RFC 9111 allows it: the new entry, or
+        why it was not stored. Raises `StoreClosed`."""
+        body = response.body
+        if not isinstance(body, bytes):
+            return "streamed"
+        if len(body) > self.settings.max_entry_bytes:
+            return "too large"
+        fields = _fields(response.headers)
+        if b"set-cookie" in fields:
+            return "set-cookie"
+        vary = _vary(fields.get(b"vary"), request)
+        if vary is None:
+            return "vary *"
+        now = self.clock()
+        f = policy.freshness(response.status, policy.directives(fields.get(b"cache-control")),
+                             fields.get(b"expires"), fields.get(b"date"), now,
+                             scope != "", default_ttl)
+        if isinstance(f, str):
+            return f
+        etag, modified = fields.get(b"etag"), fields.get(b"last-modified")
+        if f.no_cache and etag is None and modified is None:
+            return "no-cache without validator"
+        tags = [t.strip() for t in fields.get(b"cache-tag", b"").decode("latin-1").split(",")
+                if t.strip()]
+        entry = Entry(response.status, _stored(response.headers), body, now,
+                      _age(fields.get(b"age")), f.lifetime, f.swr, f.sie, f.revalidate,
+                      f.no_cache, f.public, etag, modified, vary,
+                      PUBLIC if f.public else scope, tags, origin_ms)
+        self._put(key, request, scope, entry)
+        return entry
+
+    def refresh(self, key: bytes, request: Request, scope: str, entry: Entry,
+                response: Response, default_ttl: int | None) -> Entry | str:
+        """`entry` updated with a 304 from the origin (RFC 9111 4.3.4): its fields
+        replace the stored ones and freshness starts again. Returns the entry to
+        serve; a reason string if it may no longer be stored (it is dropped)."""
+        new = _fields(response.headers)
+        headers = [(k, v) for k, v in entry.headers if k not in new]
+        headers += _stored(response.headers)
+        tags = new.get(b"cache-tag") or ",".join(entry.tags).encode()
+        if tags:  # kept from the stored response unless the 304 names others
+            headers.append((b"cache-tag", tags))
+        updated = Response(entry.status, headers, entry.body)
+        result = self.admit(key, request, scope, updated, entry.origin_ms, default_ttl)
+        if isinstance(result, str):
+            self.invalidate(key)
+        return result
+
+    def _put(self, key: bytes, request: Request, scope: str, entry: Entry) -> None:
+        old = self.store.get(key) or []
+        kept: Variants = [e for e in old if not _selects(e, request, scope)]
+        self.store.put(key, [entry, *kept][:MAX_VARIANTS])
+
+    # -- invalidation and purges ------------------------------------------------------------
+    def invalidate(self, key: bytes) -> bool:
+        """Drop every variant of one URL (an unsafe method succeeded on it)."""
+        return self.store.delete(key)
+
+    def purge(self, *, key: str | None = None, prefix: str | None = None,
+              tag: str | None = None, function: str | None = None,
+              only: frozenset[str] | None = None) -> int:
+        """Drop the entries of one URL (``http://host/path?query``, or a path and
+        query on any host), a path prefix, a ``Cache-Tag`` or a function (all its
+        versions): how many URLs went. Exactly one of those is given; `only`:
+        the functions whose entries may go (None: all)."""
+        match = _matcher(key, prefix, tag, function)
+        gone = [k for k, tags in self.store.items() if match(k, tags)
+                and (only is None or k.split(b"@", 1)[0].decode() in only)]
+        for k in gone:
+            self.store.delete(k)
+        return len(gone)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def served(entry: Entry, age: float, outcome: bytes, request: Request) -> Response:
+    """The stored response as served: with ``Age`` and ``x-edgefn-cache``; a 304
+    when the request's validators match it."""
+    inm, ims = request.header(b"if-none-match"), request.header(b"if-modified-since")
+    if (inm is not None or ims is not None) and entry.status == 200 and policy.not_modified(
+            inm, ims, entry.etag, entry.last_modified):
+        headers = [(k, v) for k, v in entry.headers if k in NOT_MODIFIED_FIELDS]
+        return Response(304, [*headers, (b"age", b"%d" % age), (b"x-edgefn-cache", outcome)])
+    return Response(entry.status, [*entry.headers, (b"age", b"%d" % age),
+                                   (b"x-edgefn-cache", outcome)], entry.body)
+
+
+def client_view(response: Response) -> Response:
+    """`response` without what is for the cache only (``Cache-Tag``)."""
+    if any(k == b"cache-tag" for k, _ in response.headers):
+        response.headers = [(k, v) for k, v in response.headers if k != b"cache-tag"]
+    return response
+
+
+def _selects(entry: Entry, request: Request, scope: str) -> bool:
+    if entry.scope != scope and entry.scope != PUBLIC:
+        return False
+    return all(_value(request.headers, name) == value for name, value in entry.vary)
+
+
+def _value(headers: Headers, name: bytes) -> bytes | None:
+    """All values of `name` joined with ", " (RFC 9110 5.3), or None."""
+    values = [v.strip() for k, v in headers if k == name]
+    return b", ".join(values) if values else None
+
+
+def _vary(value: bytes | None, request: Request) -> list[tuple[bytes, bytes | None]] | None:
+    """The Vary'd request headers and their values; None for ``Vary: *``."""
+    if not value:
+        return []
+    names = [n.strip().lower() for n in value.split(b",") if n.strip()]
+    if b"*" in names:
+        return None
+    return [(n, _value(request.headers, n)) for n in sorted(set(names))]
+
+
+def _fields(headers: Headers) -> dict[bytes, bytes]:
+    """Header values by lower-case name; repeated ones joined with ", "."""
+    out: dict[bytes, bytes] = {}
+    for k, v in headers:
+        k = k.lower()
+        out[k] = out[k] + b", " + v if k in out else v
+    return out
+
+
+def _stored(headers: Headers) -> Headers:
+    return [(k.lower(), v) for k, v in headers if k.lower() not in UNSTORED]
+
+
+def _age(value: bytes | None) -> float:
+    return float(value) if value is not None and value.strip().isdigit() else 0.0
+
+
+def _matcher(key: str | None, prefix: str | None, tag: str | None,
+             function: str | None) -> Callable[[bytes, frozenset[str]], bool]:
+    if key is not None:
+        host, target = _split_url(key)
+        return lambda k, _: _url(k, host) == target
+    if prefix is not None:
+        p = prefix.encode()
+        return lambda k, _: k.split(b"\0")[2].startswith(p)
+    if tag is not None:
+        return lambda _, tags: tag in tags
+    assert function is not None
+    name = function.encode() + b"@"
+    return lambda k, _: k.startswith(name)
+
+
+def _split_url(url: str) -> tuple[bytes | None, bytes]:
+    """``http://host/p?q`` -> (host, b"/p?q"); ``/p?q`` -> (None, b"/p?q")."""
+    _, sep, rest = url.partition("://")
+    if not sep:
+        return None, url.encode()
+    host, slash, path = rest.partition("/")
+    return host.encode(), (slash + path).encode() or b"/"
+
+
+def _url(k: bytes, host: bytes | None) -> bytes | None:
+    """A primary key's path?query, if its host is `host` (any when None)."""
+    _, khost, path, query = k.split(b"\0")
+    if host is not None and khost != host:
+        return None
+    return path + b"?" + query if query else path

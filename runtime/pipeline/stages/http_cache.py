@@ -1,0 +1,320 @@
+"""`http_cache`: the RFC 9111 shared cache in front of functions (not the OpenAI
+API). Every answer to a cacheable request says ``x-edgefn-cache``:
+
+    HIT      served fresh from the cache (synchronously, no task)
+    STALE    served stale: within stale-while-revalidate (one background
+             revalidation per key) or stale-if-error (the origin failed)
+    MISS     no usable entry: the origin answered (and the response was stored
+             if it may be)
+    EXPIRED  there was an entry, stale: revalidated (304 refreshes it) or refetched
+
+Concurrent misses and revalidations of one key make one origin call; the others
+wait for it and serve what it stored (or go to the origin if it stored nothing).
+    BYPASS   a request the cache does not serve (unsafe method, Range); a
+             successful unsafe method drops the URL's entries (RFC 9111 4.4)
+
+A function with ``[cache.http] enabled = false`` passes straight through. Each
+decision goes to ``ctx.decide("http_cache", ...)`` and `CacheStats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from hashlib import blake2b
+
+from edgefn_core.errors import StoreClosed
+from runtime.cache.http import policy
+from runtime.cache.http.cache import HttpCache, client_view, served
+from runtime.cache.http.store import Entry
+from runtime.cache.settings import HttpCacheOverride, HttpCacheSettings
+from runtime.cache.stats import CacheStats
+from runtime.net.message import Request, Response
+from runtime.pipeline.stage import Context, Next, Result, Target, then
+from runtime.pipeline.targets import Targets
+from runtime.security.settings import merge
+
+CACHED_METHODS = (b"GET", b"HEAD")
+UNSAFE = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
+CONDITIONALS = (b"if-none-match", b"if-modified-since")
+
+
+class HttpCacheStage:
+    name = "http_cache"
+
+    def __init__(self, cache: HttpCache, targets: Targets, stats: CacheStats) -> None:
+        self.cache = cache
+        self.targets = targets
+        self.stats = stats
+        self.settings = cache.settings
+        self.merged: dict[int, tuple[HttpCacheOverride, HttpCacheSettings]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()  # background revalidations
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        target = self.targets.resolve(request, ctx)
+        if target is None or target.kind != "function" or not self.settings.enabled:
+            return call_next(request, ctx)
+        s = self._settings(target)
+        if not s.enabled:
+            return call_next(request, ctx)
+        if request.method not in CACHED_METHODS or request.header(b"range") is not None:
+            return self._bypass(request, ctx, call_next, target)
+        key = HttpCache.key(target.label, request)
+        scope = _scope(request, ctx)
+        entry = self.cache.lookup(key, request, scope)
+        if entry is not None:
+            return self._found(entry, request, ctx, call_next, target, key, scope, s)
+        if request.method == b"HEAD":  # nothing to store from a HEAD
+            return self._miss(request, ctx, call_next, target, key, scope, s, False)
+        flight = self.cache.flights.waiting(key)
+        if flight is not None:
+            return self._follow(flight, request, ctx, call_next, target, key, scope, s)
+        return self._miss(request, ctx, call_next, target, key, scope, s, True)
+
+    def _found(self, entry: Entry, request: Request, ctx: Context, call_next: Next,
+               target: Target, key: bytes, scope: str, s: HttpCacheSettings) -> Result:
+        """Serve a stored `entry` fresh or stale, or revalidate it."""
+        req = policy.directives(request.header(b"cache-control"))
+        age = self.cache.age(entry)
+        if policy.fresh_enough(age, entry, req):
+            return self._serve(entry, age, "HIT", request, ctx, target, key)
+        if policy.may_serve_stale(age, entry, req, entry.swr):
+            if request.method == b"GET":  # a HEAD's answer could not refresh it
+                self._revalidate_later(request, ctx, call_next, key, scope, entry, s)
+            return self._serve(entry, age, "STALE", request, ctx, target, key)
+        if request.method == b"HEAD":  # leaves the stale GET entry for a GET to refresh
+            return self._miss(request, ctx, call_next, target, key, scope, s, False)
+        flight = self.cache.flights.waiting(key)
+        if flight is not None:  # being revalidated or refetched: wait for that
+            return self._follow(flight, request, ctx, call_next, target, key, scope, s)
+        return self._revalidate(request, ctx, call_next, target, key, scope, entry, s, req)
+
+    # -- answers from the cache -------------------------------------------------------------
+    def _serve(self, entry: Entry, age: float, outcome: str, request: Request, ctx: Context,
+               target: Target, key: bytes) -> Response:
+        response = served(entry, age, outcome.encode(), request)
+        self._record(ctx, target, key, outcome, age=age, nbytes=len(entry.body),
+                     saved_ms=entry.origin_ms)
+        return response
+
+    def _bypass(self, request: Request, ctx: Context, call_next: Next, target: Target
+                ) -> Result:
+        key = HttpCache.key(target.label, request)
+        self._record(ctx, target, key, "BYPASS")
+        return then(call_next(request, ctx), self._bypassed,
+                    key if request.method in UNSAFE else None)
+
+    def _bypassed(self, response: Response, key: bytes | None) -> Response:
+        if key is not None and response.status < 400:
+            self.cache.invalidate(key)
+        response.headers.append((b"x-edgefn-cache", b"BYPASS"))
+        return client_view(response)
+
+    # -- misses: one origin call per key ----------------------------------------------------
+    def _miss(self, request: Request, ctx: Context, call_next: Next, target: Target,
+              key: bytes, scope: str, s: HttpCacheSettings, lead: bool) -> Result:
+        started = time.perf_counter()
+        # a full response to store; the client's validators are answered from it
+        result = call_next(_conditional(request, None) if request.method == b"GET" else request,
+                           ctx)
+        if isinstance(result, Response):
+            return self._fetched(result, started, request, ctx, target, key, scope, s)
+        if not lead:
+            return self._awaited(result, started, request, ctx, target, key, scope, s)
+        self.cache.flights.take_off(key)
+        return self._leading(result, started, request, ctx, target, key, scope, s)
+
+    async def _leading(self, pending: Awaitable[Response], started: float, request: Request,
+                       ctx: Context, target: Target, key: bytes, scope: str,
+                       s: HttpCacheSettings) -> Response:
+        try:
+            return self._fetched(await pending, started, request, ctx, target, key, scope, s)
+        finally:
+            self.cache.flights.land(key)
+
+    async def _awaited(self, pending: Awaitable[Response], started: float, request: Request,
+                       ctx: Context, target: Target, key: bytes, scope: str,
+                       s: HttpCacheSettings) -> Response:
+        return self._fetched(await pending, started, request, ctx, target, key, scope, s)
+
+    async def _follow(self, flight: asyncio.Future[None], request: Request, ctx: Context,
+                      call_next: Next, target: Target, key: bytes, scope: str,
+                      s: HttpCacheSettings) -> Response:
+        """Wait for the origin call in flight (a miss or a revalidation), then serve
+        what it stored, or go to the origin (without leading a flight) if it
+        stored nothing fresh for us."""
+        await asyncio.shield(flight)
+        entry = self.cache.lookup(key, request, scope)
+        req = policy.directives(request.header(b"cache-control"))
+        if entry is not None:
+            age = self.cache.age(entry)
+            if policy.fresh_enough(age, entry, req):
+                return self._serve(entry, age, "HIT", request, ctx, target, key)
+        result = self._miss(request, ctx, call_next, target, key, scope, s, False)
+        return result if isinstance(result, Response) else await result
+
+    def _fetched(self, response: Response, started: float, request: Request, ctx: Context,
+                 target: Target, key: bytes, scope: str, s: HttpCacheSettings,
+                 outcome: str = "MISS") -> Response:
+        """Store the origin's `response` if allowed, and answer it."""
+        origin_ms = (time.perf_counter() - started) * 1000
+        stored: Entry | str = "HEAD"
+        req = policy.directives(request.header(b"cache-control"))
+        if request.method == b"GET":
+            stored = "request no-store" if "no-store" in req else self.cache.admit(
+                key, request, scope, response, origin_ms, s.default_ttl)
+        self._record(ctx, target, key, outcome, stored=stored)
+        if isinstance(stored, Entry):
+            return served(stored, stored.initial_age, outcome.encode(), request)
+        response.headers.append((b"x-edgefn-cache", outcome.encode()))
+        return client_view(response)
+
+    # -- stale entries ----------------------------------------------------------------------
+    def _revalidate(self, request: Request, ctx: Context, call_next: Next, target: Target,
+                    key: bytes, scope: str, entry: Entry, s: HttpCacheSettings,
+                    req: policy.Directives) -> Result:
+        """Ask the origin about a stale `entry` (conditionally when it has validators)."""
+        started = time.perf_counter()
+        result = call_next(_conditional(request, entry), ctx)
+        if isinstance(result, Response):
+            return self._revalidated(result, started, request, ctx, target, key, scope,
+                                     entry, s, req)
+        self.cache.flights.take_off(key)
+        return self._revalidating(result, started, request, ctx, target, key, scope, entry,
+                                  s, req)
+
+    async def _revalidating(self, pending: Awaitable[Response], started: float,
+                            request: Request, ctx: Context, target: Target, key: bytes,
+                            scope: str, entry: Entry, s: HttpCacheSettings,
+                            req: policy.Directives) -> Response:
+        try:
+            return self._revalidated(await pending, started, request, ctx, target, key,
+                                     scope, entry, s, req)
+        finally:
+            self.cache.flights.land(key)
+
+    def _revalidated(self, response: Response, started: float, request: Request,
+                     ctx: Context, target: Target, key: bytes, scope: str, entry: Entry,
+                     s: HttpCacheSettings, req: policy.Directives) -> Response:
+        if response.status == 304 and entry.status == 200:
+            fresh = self.cache.refresh(key, request, scope, entry, response, s.default_ttl)
+            self._record(ctx, target, key, "EXPIRED", stored=fresh)
+            if isinstance(fresh, Entry):
+                return served(fresh, fresh.initial_age, b"EXPIRED", request)
+            return served(entry, 0.0, b"EXPIRED", request)
+        if response.status >= 500:
+            age = self.cache.age(entry)
+            if policy.may_serve_stale(age, entry, req, entry.sie):
+                return self._serve(entry, age, "STALE", request, ctx, target, key)
+        else:
+            self.cache.invalidate(key)  # replaced, or no longer storable
+        return self._fetched(response, started, request, ctx, target, key, scope, s,
+                             "EXPIRED")
+
+    def _revalidate_later(self, request: Request, ctx: Context, call_next: Next, key: bytes,
+                          scope: str, entry: Entry, s: HttpCacheSettings) -> None:
+        """Revalidate `entry` in the background, unless the key already has an origin
+        call in flight."""
+        if self.cache.flights.waiting(key) is not None:
+            return
+        self.cache.flights.take_off(key)
+        task = asyncio.get_running_loop().create_task(
+            self._background(request, ctx, call_next, key, scope, entry, s))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _background(self, request: Request, ctx: Context, call_next: Next, key: bytes,
+                          scope: str, entry: Entry, s: HttpCacheSettings) -> None:
+        try:
+            quiet = _detached(ctx)
+            result = call_next(_conditional(request, entry), quiet)
+            response = result if isinstance(result, Response) else await result
+            if response.status == 304 and entry.status == 200:
+                self.cache.refresh(key, request, scope, entry, response, s.default_ttl)
+            elif response.status < 500:
+                self.cache.invalidate(key)
+                self.cache.admit(key, request, scope, response, 0.0, s.default_ttl)
+        except StoreClosed:
+            pass  # the PoP is closing
+        finally:
+            self.cache.flights.land(key)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def _settings(self, target: Target) -> HttpCacheSettings:
+        """The PoP's settings with the function's ``[cache.http]`` over them."""
+        override = target.cache.http
+        if override is None:
+            return self.settings
+        hit = self.merged.get(id(override))
+        if hit is None or hit[0] is not override:
+            if len(self.merged) >= 4096:  # overrides of deployments long replaced
+                self.merged.clear()
+            hit = self.merged[id(override)] = (override, merge(self.settings, override))
+        return hit[1]
+
+    def _record(self, ctx: Context, target: Target, key: bytes, outcome: str, *,
+                age: float = 0.0, nbytes: int = 0, saved_ms: float = 0.0,
+                stored: Entry | str | None = None) -> None:
+        record: dict[str, object] = {"outcome": outcome, "key": _label(key)}
+        if outcome in ("HIT", "STALE"):
+            record.update(age=int(age), bytes=nbytes, saved_ms=round(saved_ms, 3))
+        if stored is not None:
+            record["stored"] = True if isinstance(stored, Entry) else stored
+        ctx.decide("http_cache", record)
+        principal = ctx.principal
+        self.stats.record("http", outcome, function=target.name,
+                          tenant=principal.tenant if principal is not None else None,
+                          nbytes=nbytes, saved_ms=saved_ms)
+
+    async def aclose(self) -> None:
+        """Cancel background revalidations still running."""
+        for task in list(self.tasks):
+            task.cancel()
+
+
+def _scope(request: Request, ctx: Context) -> str:
+    """Who a non-public response is for: "" (anonymous), the principal's tenant,
+    or a hash of the credential a request carries that no stage verified."""
+    principal = ctx.principal
+    if principal is not None:
+        return "t:" + principal.tenant
+    credential = request.header(b"authorization") or request.header(b"x-api-key")
+    if credential is None:
+        return ""
+    return "c:" + blake2b(credential, digest_size=12).hexdigest()
+
+
+def _conditional(request: Request, entry: Entry | None) -> Request:
+    """`request` asking the origin to validate `entry` (RFC 9111 4.3.1): its own
+    conditionals replaced by the entry's validators (None: none, a plain GET)."""
+    if entry is None and not any(k in CONDITIONALS for k, _ in request.headers):
+        return request
+    headers = [(k, v) for k, v in request.headers if k not in CONDITIONALS]
+    if entry is not None and entry.etag is not None:
+        headers.append((b"if-none-match", entry.etag))
+    if entry is not None and entry.last_modified is not None:
+        headers.append((b"if-modified-since", entry.last_modified))
+    copy = Request(request.method, request.path, request.query, headers, request.host,
+                   request.http_version, request.keep_alive, request.client)
+    copy.body = request.body
+    return copy
+
+
+def _detached(ctx: Context) -> Context:
+    """A context for a background origin call: the request's target and caller,
+    none of its decisions."""
+    quiet = Context(ctx.client)
+    quiet.request_id, quiet.principal, quiet.bot, quiet.agent = (
+        ctx.request_id, ctx.principal, ctx.bot, ctx.agent)
+    quiet.resolved, quiet.target, quiet.route, quiet.params = (
+        True, ctx.target, ctx.route, ctx.params)
+    return quiet
+
+
+def _label(key: bytes) -> str:
+    """A primary key as text: ``name@version host/path?query``."""
+    if not key:
+        return ""
+    label, host, path, query = key.decode("latin-1").split("\0")
+    return f"{label} {host}{path}" + (f"?{query}" if query else "")

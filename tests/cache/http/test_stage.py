@@ -1,0 +1,384 @@
+"""The http_cache stage, rule by rule (RFC 9111 sections), without sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from runtime.ai.openai_api import OpenAITarget
+from runtime.cache.settings import HttpCacheOverride, HttpCacheSettings
+from runtime.net.message import Response
+from runtime.pipeline.stage import Context
+from runtime.security.principal import Principal
+from tests.cache.http.helpers import Function, Harness, header, ok, request
+
+LM = "Tue, 14 Nov 2023 22:00:00 GMT"
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def outcome(r: Response) -> str:
+    return (header(r, b"x-edgefn-cache") or b"").decode()
+
+
+def test_miss_then_hit_with_age(h: Harness) -> None:
+    r, ctx = h.call(request())
+    assert (r.status, outcome(r), r.body) == (200, "MISS", b"hello")
+    h.clock.now += 42
+    r, ctx = h.call(request())
+    assert (outcome(r), header(r, b"age"), r.body) == ("HIT", b"42", b"hello")
+    assert h.origin.calls == 1
+    assert ctx.decisions is not None
+    d = ctx.decisions["http_cache"]
+    assert (d["outcome"], d["key"], d["age"], d["bytes"]) == (
+        "HIT", "shop@v1 example.com/shop/item", 42, 5)
+
+
+def test_a_hit_is_synchronous_even_when_the_origin_is_not(h: Harness) -> None:
+    h.origin.slow = True
+    h.call(request())
+
+    async def hit() -> object:
+        return h.stage(request(), Context("192.0.2.7:1"), h.origin)
+
+    result = asyncio.run(hit())
+    assert isinstance(result, Response) and outcome(result) == "HIT"
+
+
+def test_origin_age_counts_and_expiry_at_lifetime(h: Harness) -> None:  # 4.2.3
+    h.origin.answer = lambda r: ok("max-age=60", age="50")
+    h.call(request())
+    h.clock.now += 9
+    r, _ = h.call(request())
+    assert (outcome(r), header(r, b"age")) == ("HIT", b"59")
+    h.clock.now += 1
+    r, _ = h.call(request())
+    assert outcome(r) == "EXPIRED" and h.origin.calls == 2
+
+
+def test_head_is_served_from_the_get_entry(h: Harness) -> None:
+    h.call(request())
+    r, _ = h.call(request(method=b"HEAD"))
+    assert (outcome(r), r.body) == ("HIT", b"hello")  # the front sends no body for HEAD
+    assert h.origin.calls == 1
+
+
+def test_head_on_a_stale_entry_leaves_it_for_a_get_to_revalidate(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=10", etag='"v1"')
+    h.call(request())
+    h.clock.now += 11
+    r, _ = h.call(request(method=b"HEAD"))
+    assert outcome(r) == "MISS" and h.origin.seen[-1].method == b"HEAD"
+    h.origin.answer = lambda r: Response(304, [(b"etag", b'"v1"'),
+                                               (b"cache-control", b"max-age=10")])
+    r, _ = h.call(request())
+    assert (outcome(r), r.body) == ("EXPIRED", b"hello")  # the entry was still there
+
+
+def test_head_miss_goes_to_the_origin_and_stores_nothing(h: Harness) -> None:
+    r, _ = h.call(request(method=b"HEAD"))
+    r, _ = h.call(request())
+    assert outcome(r) == "MISS" and h.origin.calls == 2
+
+
+@pytest.mark.parametrize("cond", [{"if_none_match": '"v1"'}, {"if_none_match": 'W/"v1"'},
+                                  {"if_modified_since": LM}])
+def test_304_from_the_cache(h: Harness, cond: dict[str, str]) -> None:
+    h.origin.answer = lambda r: ok(etag='"v1"', last_modified=LM)
+    h.call(request())
+    r, _ = h.call(request(**cond))
+    assert (r.status, outcome(r), r.body) == (304, "HIT", b"")
+    assert header(r, b"etag") == b'"v1"' and header(r, b"content-type") is None
+
+
+def test_stale_entry_revalidated_with_validators_and_refreshed_by_304(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=10", etag='"v1"', last_modified=LM)
+    h.call(request())
+    h.clock.now += 11
+    h.origin.answer = lambda r: Response(304, [(b"cache-control", b"max-age=100"),
+                                               (b"etag", b'"v1"')])
+    r, _ = h.call(request())
+    sent = h.origin.seen[-1]
+    assert sent.header(b"if-none-match") == b'"v1"'
+    assert sent.header(b"if-modified-since") == LM.encode()
+    assert (r.status, outcome(r), r.body, header(r, b"cache-control")) == (
+        200, "EXPIRED", b"hello", b"max-age=100")
+    h.clock.now += 99
+    r, _ = h.call(request())
+    assert outcome(r) == "HIT" and h.origin.calls == 2  # 304 restarted freshness
+
+
+def test_stale_entry_replaced_by_a_new_response(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=10", etag='"v1"')
+    h.call(request())
+    h.clock.now += 11
+    h.origin.answer = lambda r: ok("max-age=10", body=b"new", etag='"v2"')
+    r, _ = h.call(request())
+    assert (outcome(r), r.body) == ("EXPIRED", b"new")
+    r, _ = h.call(request())
+    assert (outcome(r), r.body) == ("HIT", b"new")
+
+
+def test_client_conditionals_are_answered_after_revalidation(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=10", etag='"v1"')
+    h.call(request())
+    h.clock.now += 11
+    h.origin.answer = lambda r: Response(304, [(b"etag", b'"v1"'),
+                                               (b"cache-control", b"max-age=10")])
+    r, _ = h.call(request(if_none_match='"v1"'))
+    assert (r.status, outcome(r)) == (304, "EXPIRED")
+
+
+def test_no_cache_response_is_validated_every_time(h: Harness) -> None:  # 5.2.2.4
+    h.origin.answer = lambda r: ok("no-cache", etag='"v1"')
+    h.call(request())
+    h.origin.answer = lambda r: Response(304, [(b"etag", b'"v1"'),
+                                               (b"cache-control", b"no-cache")])
+    for _ in range(2):
+        r, _ = h.call(request())
+        assert (outcome(r), r.body) == ("EXPIRED", b"hello")
+    assert h.origin.calls == 3
+
+
+def test_request_no_cache_goes_to_the_origin(h: Harness) -> None:  # 5.2.1.4
+    h.call(request())
+    r, _ = h.call(request(cache_control="no-cache"))
+    assert outcome(r) != "HIT" and h.origin.calls == 2
+
+
+def test_request_no_store_is_not_stored(h: Harness) -> None:  # 5.2.1.5
+    h.call(request(cache_control="no-store"))
+    r, _ = h.call(request())
+    assert outcome(r) == "MISS"
+
+
+def test_stale_while_revalidate_serves_at_once_and_revalidates_once(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=10, stale-while-revalidate=30", etag='"v1"')
+    h.call(request())
+    h.clock.now += 15
+    h.origin.slow = True
+    h.origin.answer = lambda r: ok("max-age=10, stale-while-revalidate=30", body=b"new")
+
+    async def burst() -> list[Response]:
+        out = []
+        for _ in range(5):
+            result = h.stage(request(), Context("192.0.2.7:1"), h.origin)
+            assert isinstance(result, Response)  # served at once
+            out.append(result)
+        while h.stage.tasks:
+            await asyncio.sleep(0)
+        return out
+
+    served = asyncio.run(burst())
+    assert [outcome(r) for r in served] == ["STALE"] * 5
+    assert h.origin.calls == 2 and h.origin.seen[1].header(b"if-none-match") == b'"v1"'
+    r, _ = h.call(request())
+    assert (outcome(r), r.body) == ("HIT", b"new")
+
+
+def test_stale_while_revalidate_window_ends(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=10, stale-while-revalidate=30")
+    h.call(request())
+    h.clock.now += 40
+    r, _ = h.call(request())
+    assert outcome(r) == "EXPIRED"
+
+
+@pytest.mark.parametrize(("elapsed", "expect"), [(25, (200, "STALE")), (31, (500, "EXPIRED"))])
+def test_stale_if_error(h: Harness, elapsed: int, expect: tuple[int, str]) -> None:
+    h.origin.answer = lambda r: ok("max-age=10, stale-if-error=20")
+    h.call(request())
+    h.clock.now += elapsed
+    h.origin.answer = lambda r: Response(500, [], b"boom")
+    r, _ = h.call(request())
+    assert (r.status, outcome(r)) == expect
+
+
+def test_must_revalidate_never_serves_stale(h: Harness) -> None:  # 5.2.2.2
+    h.origin.answer = lambda r: ok("max-age=10, stale-if-error=60, must-revalidate")
+    h.call(request())
+    h.clock.now += 11
+    h.origin.answer = lambda r: Response(502, [], b"down")
+    r, _ = h.call(request())
+    assert (r.status, outcome(r)) == (502, "EXPIRED")
+
+
+def test_vary_selects_variants(h: Harness) -> None:  # 4.1
+    h.origin.answer = lambda r: ok(vary="Accept-Language",
+                                   body=r.header(b"accept-language") or b"none")
+    h.call(request(accept_language="fr"))
+    h.call(request(accept_language="de"))
+    r, _ = h.call(request(accept_language="fr"))
+    assert (outcome(r), r.body) == ("HIT", b"fr")
+    r, _ = h.call(request())
+    assert (outcome(r), r.body) == ("MISS", b"none")
+    r, _ = h.call(request(accept_language="de"))
+    assert (outcome(r), r.body) == ("HIT", b"de")
+
+
+def test_vary_star_is_never_served(h: Harness) -> None:
+    h.origin.answer = lambda r: ok(vary="*")
+    h.call(request())
+    r, _ = h.call(request())
+    assert outcome(r) == "MISS" and h.origin.calls == 2
+
+
+@pytest.mark.parametrize(("cc", "other_caller_hits"), [
+    ("max-age=60", None), ("s-maxage=60", False), ("public, max-age=60", True)])
+def test_authorization(h: Harness, cc: str, other_caller_hits: bool | None) -> None:  # 3.5
+    h.origin.answer = lambda r: ok(cc)
+    h.call(request(authorization="Bearer alice"))
+    r, _ = h.call(request(authorization="Bearer alice"))
+    if other_caller_hits is None:
+        assert outcome(r) == "MISS"  # never stored
+        return
+    assert outcome(r) == "HIT"
+    r, _ = h.call(request(authorization="Bearer bob"))
+    assert (outcome(r) == "HIT") is other_caller_hits
+    r, _ = h.call(request())
+    assert (outcome(r) == "HIT") is other_caller_hits
+
+
+def test_tenants_never_share_a_non_public_response(h: Harness) -> None:
+    a, b = (Principal("key", t, ("*",), key_id=t) for t in ("acme", "globex"))
+    h.origin.answer = lambda r: ok("s-maxage=60")
+    h.call(request(x_api_key="ka"), a)
+    assert outcome(h.call(request(x_api_key="ka"), a)[0]) == "HIT"
+    assert outcome(h.call(request(x_api_key="kb"), b)[0]) == "MISS"
+    assert outcome(h.call(request())[0]) == "MISS"
+    rows = {r["tenant"]: r["outcomes"] for r in h.stats.snapshot()}
+    assert rows == {"acme": {"MISS": 1, "HIT": 1}, "globex": {"MISS": 1}, "": {"MISS": 1}}
+
+
+def test_a_new_version_never_serves_the_old_ones_entries(h: Harness) -> None:
+    h.call(request())
+    h.deploy(Function("v2"))
+    r, ctx = h.call(request())
+    assert outcome(r) == "MISS" and ctx.decisions["http_cache"]["key"].startswith("shop@v2")
+
+
+@pytest.mark.parametrize(("method", "status", "invalidated"), [
+    (b"POST", 200, True), (b"PUT", 204, True), (b"DELETE", 200, True), (b"PATCH", 302, True),
+    (b"POST", 500, False), (b"POST", 404, False)])
+def test_unsafe_methods_invalidate(h: Harness, method: bytes, status: int,
+                                   invalidated: bool) -> None:  # 4.4
+    h.call(request())
+    h.origin.answer = lambda r: Response(status, [], b"")
+    r, _ = h.call(request(method=method))
+    assert outcome(r) == "BYPASS"
+    h.origin.answer = lambda r: ok()
+    r, _ = h.call(request())
+    assert (outcome(r) == "MISS") is invalidated
+
+
+def test_cache_tag_is_stripped_from_what_clients_see(h: Harness) -> None:
+    h.origin.answer = lambda r: ok(cache_tag="a, b")
+    for _ in range(2):
+        r, _ = h.call(request())
+        assert header(r, b"cache-tag") is None
+    assert h.cache.store.index  # stored with its tags
+    h.origin.answer = lambda r: ok("no-store", cache_tag="a")  # answered, not stored
+    r, _ = h.call(request(b"/shop/other"))
+    assert outcome(r) == "MISS" and header(r, b"cache-tag") is None
+    r, _ = h.call(request(b"/shop/other", method=b"POST"))
+    assert outcome(r) == "BYPASS" and header(r, b"cache-tag") is None
+
+
+@pytest.mark.parametrize(("purge", "gone"), [
+    ({"tag": "red"}, {b"/shop/a"}), ({"tag": "blue"}, {b"/shop/a", b"/shop/sub/b"}),
+    ({"prefix": "/shop/sub/"}, {b"/shop/sub/b"}), ({"key": "http://example.com/shop/a"}, {b"/shop/a"}),
+    ({"key": "/shop/c?x=1"}, {b"/shop/c"}), ({"key": "/shop/c"}, set()),
+    ({"key": "http://other.com/shop/a"}, set()), ({"function": "shop"}, {b"/shop/a", b"/shop/sub/b", b"/shop/c"}),
+    ({"function": "sho"}, set())])
+def test_purge(h: Harness, purge: dict[str, str], gone: set[bytes]) -> None:
+    tags = {b"/shop/a": "red, blue", b"/shop/sub/b": "blue", b"/shop/c": "green"}
+    h.origin.answer = lambda r: ok(cache_tag=tags[r.path])
+    paths = [(b"/shop/a", b""), (b"/shop/sub/b", b""), (b"/shop/c", b"x=1")]
+    for p, q in paths:
+        h.call(request(p, query=q))
+    assert h.cache.purge(**purge) == len(gone)
+    for p, q in paths:
+        r, _ = h.call(request(p, query=q))
+        assert (outcome(r) == "MISS") is (p in gone), p
+
+
+@pytest.mark.parametrize(("response", "why"), [
+    (lambda r: ok(body=b"x" * 1025), "too large"),
+    (lambda r: ok(status=206), "status"),
+    (lambda r: ok(set_cookie="s=1"), "set-cookie"),
+    (lambda r: Response(200, [(b"cache-control", b"max-age=60")], _stream()), "streamed"),
+    (lambda r: ok(None), "no freshness"),
+])
+def test_not_stored(response, why: str) -> None:  # type: ignore[no-untyped-def]
+    h = Harness(HttpCacheSettings(disk_bytes=0, max_entry_bytes=1024))
+    h.origin.answer = response
+    _, ctx = h.call(request())
+    assert ctx.decisions["http_cache"]["stored"] == why
+    _, ctx = h.call(request())
+    assert ctx.decisions["http_cache"]["outcome"] == "MISS"
+
+
+async def _stream():  # type: ignore[no-untyped-def]
+    yield b"chunk"
+
+
+def test_range_requests_bypass(h: Harness) -> None:
+    h.call(request())
+    r, _ = h.call(request(range="bytes=0-1"))
+    assert outcome(r) == "BYPASS" and h.origin.calls == 2
+
+
+def test_default_ttl_of_a_function() -> None:
+    h = Harness(fn=Function(http=HttpCacheOverride(default_ttl=30)))
+    h.origin.answer = lambda r: ok(None)
+    h.call(request())
+    h.clock.now += 29
+    assert outcome(h.call(request())[0]) == "HIT"
+    h.clock.now += 1
+    assert outcome(h.call(request())[0]) == "EXPIRED"  # no validator: refetched
+    assert h.origin.calls == 2
+
+
+def test_a_function_turns_it_off() -> None:
+    h = Harness(fn=Function(http=HttpCacheOverride(enabled=False)))
+    h.call(request())
+    r, ctx = h.call(request())
+    assert header(r, b"x-edgefn-cache") is None and ctx.decisions is None
+    assert h.origin.calls == 2
+
+
+def test_the_openai_api_is_not_cached(h: Harness) -> None:
+    h.targets.builtin = {b"/v1/embeddings": OpenAITarget()}
+    for _ in range(2):
+        r, ctx = h.call(request(b"/v1/embeddings"))
+        assert header(r, b"x-edgefn-cache") is None and ctx.decisions is None
+
+
+def test_stats_count_outcomes_bytes_and_saved_time(h: Harness) -> None:
+    h.call(request())
+    h.call(request())
+    h.call(request())
+    row, = h.stats.snapshot()
+    assert (row["cache"], row["function"], row["requests"], row["hits"], row["bytes_served"]) \
+        == ("http", "shop", 3, 2, 10)
+    assert row["outcomes"] == {"HIT": 2, "MISS": 1}
+
+
+def test_stored_entries_outlive_a_restart_on_the_disk_tier(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = HttpCacheSettings(memory_bytes=1 << 20, disk_bytes=1 << 20)
+    h = Harness(settings, tmp_path)
+    h.call(request())
+    h.close()
+    h2 = Harness(settings, tmp_path)
+    h2.clock.now += 5
+    r, _ = h2.call(request())
+    assert (outcome(r), header(r, b"age"), r.body) == ("HIT", b"5", b"hello")
+    h2.close()
+

@@ -1,0 +1,55 @@
+"""The tiered store: the memory LRU keeps to its byte budget, the LMDB tier to
+its own (oldest written first out), and the purge index follows both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import StoreClosed
+from runtime.cache.http.store import OVERHEAD, Entry, TieredStore
+
+
+def entry(nbytes: int, tag: str = "t") -> Entry:
+    return Entry(200, [], b"x" * (nbytes - OVERHEAD), 0.0, 0.0, 60.0, 0.0, 0.0, False, False,
+                 False, None, None, [], "", [tag], 1.0)
+
+
+def test_memory_lru_keeps_its_budget_and_evicts_the_least_recent() -> None:
+    s = TieredStore(memory_bytes=3000)
+    for k in (b"a", b"b", b"c"):
+        s.put(k, [entry(1000)])
+    assert s.get(b"a") is not None  # a is now the most recent
+    s.put(b"d", [entry(1000)])
+    assert s.memory_used == 3000 and s.get(b"b") is None
+    assert {k for k, _ in s.items()} == {b"a", b"c", b"d"}
+
+
+def test_an_entry_over_every_budget_is_not_kept() -> None:
+    s = TieredStore(memory_bytes=1000)
+    s.put(b"big", [entry(1001)])
+    assert s.get(b"big") is None and not s.index and s.memory_used == 0
+
+
+def test_disk_tier_keeps_what_memory_dropped_within_its_own_budget(tmp_path: Path) -> None:
+    s = TieredStore(memory_bytes=1000, disk=tmp_path, disk_bytes=2000)
+    for k in (b"a", b"b", b"c"):
+        s.put(k, [entry(1000, tag=k.decode())])
+    assert s.disk_used == 2000 and list(s.disk) == [b"b", b"c"]
+    assert s.get(b"a") is None  # out of both tiers
+    got = s.get(b"b")  # from disk, back into memory
+    assert got is not None and got[0].tags == ["b"] and list(s.memory) == [b"b"]
+    assert dict(s.items()) == {b"b": frozenset({"b"}), b"c": frozenset({"c"})}
+    assert s.delete(b"c") and not s.delete(b"c")
+    s.close()
+    reopened = TieredStore(memory_bytes=1000, disk=tmp_path, disk_bytes=2000)
+    assert dict(reopened.items()) == {b"b": frozenset({"b"})} and reopened.disk_used == 1000
+    reopened.close()
+
+
+def test_closed_store_says_so(tmp_path: Path) -> None:
+    s = TieredStore(memory_bytes=1000, disk=tmp_path, disk_bytes=1000)
+    s.close()
+    with pytest.raises(StoreClosed):
+        s.put(b"a", [entry(500)])
