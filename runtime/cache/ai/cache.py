@@ -39,7 +39,7 @@ import numpy as np
 
 from edgefn_core.errors import EdgefnError
 from runtime.cache.ai import guards
-from runtime.cache.ai.entry import Entry, Result
+from runtime.cache.ai.entry import Embedded, Entry, Result
 from runtime.cache.ai.keys import Call
 from runtime.cache.ai.semantic import ScopeIndex, as_vector, cosine
 from runtime.cache.settings import AICacheOverride, AICacheSettings
@@ -339,6 +339,8 @@ class AICache:
                 record[name] = getattr(found, name)
         if entry is not None:
             record["entry"] = entry.id
+            r = entry.result  # the prompt tokens the hit did not send to the model
+            record["cached_tokens"] = r.tokens if isinstance(r, Embedded) else r.prompt_tokens
         if found.coalesced:
             record["coalesced"] = True
         return record

@@ -65,7 +65,7 @@ def test_a_stored_answer_is_an_exact_hit_and_counted(clock: Clock) -> None:
     assert found.entry.result == ANSWER and found.entry.origin_ms == 5.0
     record = c.account(found)
     assert record == {"outcome": "hit-exact", "bytes": 6, "saved_ms": 5.0,
-                      "entry": found.entry.id}
+                      "entry": found.entry.id, "cached_tokens": 12}
     (row,) = c.stats.snapshot()
     assert (row["tenant"], row["model"], row["outcomes"]) == ("acme", "smollm2-135m",
                                                              {"hit-exact": 1})
