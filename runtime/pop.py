@@ -5,6 +5,7 @@
             ├─ keys (API keys, hashed in DATA/keys.json)
             ├─ registry (deployed functions, router)
             ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
+            ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
             └─ pipeline (the stages, in config order): the public listener's app
 
 Nothing is patched in after construction; `runtime.app` starts and stops it.
@@ -32,7 +33,8 @@ class PoP:
         if config.ai.enabled:
             self.ai = AIService(self.data_dir, config.ai.worker_config, config.ai.socket)
         self.keys = KeyRing(KeyStore(self.data_dir))  # API keys (`edgefn keys`)
-        self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config))
+        self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config),
+                             config.ai_cache)  # stores.ai_cache: the AI caches (with `ai`)
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,

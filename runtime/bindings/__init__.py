@@ -28,6 +28,8 @@ from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
 from runtime.bindings.fetch import FetchBinding
 from runtime.bindings.owners import Owners
+from runtime.cache.ai.cache import AICache
+from runtime.cache.settings import AICacheSettings
 from runtime.cache.stats import CacheStats
 from runtime.functions.manifest import Manifest
 from runtime.security.ratelimit.admission import TokenBudgets
@@ -40,9 +42,12 @@ class Stores:
     their namespaces and indexes, and its model worker service, if it runs one."""
 
     def __init__(self, data_dir: Path, ai: AIService | None = None,
-                 budgets: TokenBudgets | None = None) -> None:
+                 budgets: TokenBudgets | None = None,
+                 ai_cache: AICacheSettings | None = None) -> None:
         """`budgets`: what functions' ``ai`` calls are charged to (their tenant's
-        token budget and stream cap); None: not limited."""
+        token budget and stream cap); None: not limited. `ai_cache`: the AI
+        caches' settings (with `ai`, one `AICache` for the OpenAI API's
+        ``ai_cache`` stage and every function's ``ai`` binding)."""
         self.data_dir = data_dir
         self.ai = ai
         self.budgets = budgets
@@ -50,6 +55,10 @@ class Stores:
         self._vectors: VectorStore | None = None
         self._owners: Owners | None = None
         self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
+        self.ai_cache: AICache | None = None
+        if ai is not None:
+            self.ai_cache = AICache(ai_cache or AICacheSettings(), _embedder(ai),
+                                    self.cache_stats)
 
     @property
     def owners(self) -> Owners:
@@ -115,7 +124,8 @@ class Bindings:
         ai = None
         denied = ""
         if b.ai and stores.ai is not None:
-            ai = AIBinding(stores.ai, m.name, m.tenant, stores.budgets)
+            ai = AIBinding(stores.ai, m.name, m.tenant, stores.budgets, stores.ai_cache,
+                           m.cache.ai)
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
         fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms)
@@ -166,6 +176,14 @@ class Bindings:
     async def close(self) -> None:
         if self.ai is not None:
             await self.ai.close()
+
+
+def _embedder(ai: AIService) -> Any:
+    """The worker's embeddings, for the semantic cache's lookups."""
+    async def embed(model: str, texts: list[str]) -> dict[str, Any]:
+        return await ai.client.embed(model, texts)
+
+    return embed
 
 
 def operate(stores: Stores, kind: str, target: str, op: str, args: dict[str, Any]) -> Any:

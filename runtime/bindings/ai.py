@@ -8,6 +8,12 @@ own streams, so a stream id means nothing to another function.
 With `TokenBudgets`, a call is charged to the function's tenant (its owner):
 reserved at admission, settled with the usage when it ends (see
 `runtime.security.ratelimit.admission`), as the OpenAI API does for a key.
+
+With the PoP's `AICache`, ``chat``, ``complete`` and ``embed`` go through the
+exact and semantic caches (scoped by the function's tenant) unless the
+function's ``[cache.ai]`` turns them off or a call passes ``cache: false``
+(neither looked up nor stored). A hit is not admitted against the token budget
+(it spends no model tokens); its result says ``"cache": {"outcome", ...}``.
 """
 
 from __future__ import annotations
@@ -15,11 +21,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from edgefn_core.errors import BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai.service import AIService
+from runtime.cache.ai import replay
+from runtime.cache.ai.cache import AICache
+from runtime.cache.ai.entry import Embedded, Generated, Result
+from runtime.cache.ai.keys import Call, chat_call, completion_call, embedding_call
+from runtime.cache.settings import AICacheOverride
 from runtime.security.ratelimit.admission import (
     Ticket,
     TokenBudgets,
@@ -33,12 +45,16 @@ OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "reran
 
 class AIBinding:
     def __init__(self, service: AIService, owner: str, tenant: str | None = None,
-                 budgets: TokenBudgets | None = None) -> None:
-        """`owner`: the function; `tenant`: who its calls are charged to."""
+                 budgets: TokenBudgets | None = None, cache: AICache | None = None,
+                 cache_settings: AICacheOverride | None = None) -> None:
+        """`owner`: the function; `tenant`: who its calls are charged to (and the
+        scope of its cache entries); `cache_settings`: its ``[cache.ai]``."""
         self.service = service
         self.owner = owner
         self.tenant = tenant or owner
         self.budgets = budgets
+        self.cache = cache
+        self.cache_settings = cache_settings
         self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
         self.ids = itertools.count(1)
 
@@ -61,7 +77,7 @@ class AIBinding:
             case "chat_next":
                 return await self._next(int(a["stream"]))
             case "embed":
-                return await self._embed(str(a["model"]), a["input"])
+                return await self._embed(str(a["model"]), a["input"], a)
             case "rerank":
                 return await client.rerank(a["model"], a["query"], list(a["documents"]),
                                            a.get("top_n"))
@@ -77,16 +93,32 @@ class AIBinding:
         else:
             params["messages"] = list(a["messages"])
         model, stream = str(a["model"]), op == "chat_stream"
+        if not stream:
+            call = (completion_call(self.tenant, model, params["prompt"], params)
+                    if op == "complete" else chat_call(self.tenant, model, params["messages"],
+                                                       params))
+            return await self._cached(call, a, lambda: self._generated(model, params))
         ticket = await self._admit(model, stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
-            gen = await self.service.client.generate(model, stream=stream, **params)
-            if stream:
-                self._sweep()
-                sid = next(self.ids)
-                self.streams[sid] = (gen, time.monotonic(), ticket)
-                return {"stream": sid}
+            gen = await self.service.client.generate(model, stream=True, **params)
+        except BaseException as e:
+            if ticket is not None:
+                await ticket.settle(used_by(ticket, gen, e))
+            raise
+        self._sweep()
+        sid = next(self.ids)
+        self.streams[sid] = (gen, time.monotonic(), ticket)
+        return {"stream": sid}
+
+    async def _generated(self, model: str, params: dict[str, Any]) -> Generated:
+        """One model call, admitted and settled. Raises `Rejected`, `WorkerError`."""
+        ticket = await self._admit(model, False, params.get("max_tokens"),
+                                   prompt=params.get("prompt"), messages=params.get("messages"))
+        gen: Generation | None = None
+        try:
+            gen = await self.service.client.generate(model, stream=False, **params)
             text, done = await gen.collect()
         except BaseException as e:
             if ticket is not None:
@@ -94,9 +126,27 @@ class AIBinding:
             raise
         if ticket is not None:
             await ticket.settle(done.prompt_tokens + done.completion_tokens)
-        return {"text": text, "finish_reason": done.finish_reason,
-                "usage": {"prompt_tokens": done.prompt_tokens,
-                          "completion_tokens": done.completion_tokens}}
+        return Generated((text,), done.finish_reason, done.prompt_tokens, done.completion_tokens)
+
+    async def _cached(self, call: Call, a: dict[str, Any],
+                      origin: Callable[[], Awaitable[Result]]) -> dict[str, Any]:
+        """`origin()`'s result as the binding returns it, through the cache."""
+        if self.cache is None:
+            return _plain(await origin())
+        off = a.get("cache") is False
+        found = await self.cache.lookup(call, self.cache.policy(
+            self.cache_settings, lookup=not off, store=not off))
+        record = self.cache.account(found, self.owner)
+        if found.entry is not None:
+            return {**replay.binding(found.entry.result), "cache": record}
+        started = time.perf_counter()
+        try:
+            result = await origin()
+        except BaseException:
+            self.cache.abandon(found)
+            raise
+        self.cache.complete(found, result, (time.perf_counter() - started) * 1000)
+        return {**_plain(result), "cache": record}
 
     async def _next(self, sid: int) -> dict[str, Any]:
         """At least one chunk (or the end) of this deployment's stream `sid`, plus
@@ -131,11 +181,15 @@ class AIBinding:
                                            "usage": {"prompt_tokens": d.prompt_tokens,
                                                      "completion_tokens": d.completion_tokens}}}
 
-    async def _embed(self, model: str, inputs: Any) -> dict[str, Any]:
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+    async def _embed(self, model: str, inputs: Any, a: dict[str, Any]) -> dict[str, Any]:
+        texts = [inputs] if isinstance(inputs, str) else [str(t) for t in inputs]
+        return await self._cached(embedding_call(self.tenant, model, texts), a,
+                                  lambda: self._embedded(model, texts))
+
+    async def _embedded(self, model: str, texts: list[str]) -> Embedded:
         ticket = await self._admit(model, False, 0, inputs=texts)
         out = await settled_embedding(ticket, self.service.client.embed(model, texts))
-        return {"embeddings": out["embeddings"], "tokens": out["tokens"]}
+        return Embedded(out["embeddings"], out["tokens"])
 
     async def _admit(self, model: str, stream: bool, max_tokens: int | None, **text: Any
                      ) -> Ticket | None:
@@ -159,6 +213,13 @@ class AIBinding:
         streams, self.streams = self.streams, {}
         for gen, _, ticket in streams.values():
             await _end(gen, ticket)
+
+
+def _plain(r: Result) -> dict[str, Any]:
+    if isinstance(r, Embedded):
+        return {"embeddings": r.embeddings, "tokens": r.tokens}
+    return {"text": r.text, "finish_reason": r.finish_reason,
+            "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens}}
 
 
 async def _end(gen: Generation, ticket: Ticket | None) -> None:

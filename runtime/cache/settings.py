@@ -10,6 +10,8 @@ from msgspec import Meta, Struct
 
 Bytes = Annotated[int, Meta(ge=0, le=1 << 40)]
 Seconds = Annotated[int, Meta(ge=1, le=365 * 86400)]
+Similarity = Annotated[float, Meta(gt=0.0, le=1.0)]
+TtlSeconds = Annotated[float, Meta(gt=0.0, le=365 * 86400.0)]
 
 
 class HttpCacheSettings(Struct, forbid_unknown_fields=True, frozen=True):
@@ -33,15 +35,28 @@ class HttpCacheOverride(Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class AICacheSettings(Struct, forbid_unknown_fields=True, frozen=True):
-    """pop.toml ``[ai_cache]``."""
+    """pop.toml ``[ai_cache]`` (see `runtime.cache.ai`)."""
 
     enabled: bool = True
+    semantic: bool = True  # also serve similar prompts (chat and completions)
+    # cache only calls whose output is reproducible: temperature 0 or a fixed seed
+    deterministic_only: bool = True
+    # cosine similarity a semantic hit needs; None: the guards' `DEFAULT_THRESHOLD`
+    threshold: Similarity | None = None
+    ttl_seconds: TtlSeconds = 3600.0  # how long an entry is served (x-edgefn-cache-ttl per request)
+    max_entries_per_scope: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000  # LRU beyond
+    max_scopes: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000  # least recently used go
+    embedding_model: Annotated[str, Meta(min_length=1, max_length=200)] = "all-minilm-l6-v2"
 
 
 class AICacheOverride(Struct, forbid_unknown_fields=True, frozen=True):
     """A function's ``[cache.ai]`` (its ``ai`` binding's calls)."""
 
     enabled: bool | None = None
+    semantic: bool | None = None
+    deterministic_only: bool | None = None
+    threshold: Similarity | None = None
+    ttl_seconds: TtlSeconds | None = None
 
 
 class CacheOverride(Struct, forbid_unknown_fields=True, frozen=True):

@@ -92,8 +92,7 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
         case c.HttpCacheStage():
             return _http_cache(pop, targets)
         case c.AICacheStage():
-            log.info("stage ai_cache: not built yet")  # issue 12, being written
-            return None
+            return _ai_cache(pop, targets)
         case c.DispatchStage():
             from runtime.pipeline.stages.dispatch import Dispatch
 
@@ -127,3 +126,14 @@ def _openai(pop: PoP, targets: Targets) -> Stage | None:
     from runtime.pipeline.stages.openai import OpenAI
 
     return OpenAI(OpenAIApi(pop.ai, pop.stores.budgets), targets)
+
+
+def _ai_cache(pop: PoP, targets: Targets) -> Stage | None:
+    cache = pop.stores.ai_cache
+    if cache is None or not pop.config.ai_cache.enabled:
+        log.info("stage ai_cache: inactive (%s)", "[ai_cache] enabled = false" if cache
+                 else "this PoP runs no model worker")
+        return None
+    from runtime.pipeline.stages.ai_cache import AICacheStage
+
+    return AICacheStage(cache, targets)

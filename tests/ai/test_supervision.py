@@ -34,7 +34,8 @@ FIRST_BACKOFF = 0.5  # gpu_worker.client._supervise: 0.5 s, doubling
 
 @pytest.fixture
 def ai_pop(tmp_path: Path) -> Iterator[Running]:
-    with pop_thread(tmp_path / "data", ai=True) as running:
+    # no AI cache: identical requests must each reach the worker (not wait for one another)
+    with pop_thread(tmp_path / "data", ai=True, **{"ai_cache.enabled": False}) as running:
         yield running
 
 

@@ -1,0 +1,119 @@
+"""What identifies a model call to the AI caches: its exact key, its semantic
+scope and its query text (`Call`).
+
+- exact key: blake2b of the kind, tenant, model (a LoRA adapter is its own model
+  id), every message (role kept, text through `guards.normalize`) or the prompt,
+  and every sampling parameter that changes the output, with the worker's
+  defaults filled in (so leaving out ``top_k`` and sending 40 are one key).
+  Embeddings hash their inputs as sent: their output depends on every byte.
+- semantic scope: the same without the query (chat: the last user message;
+  completion: the prompt), i.e. tenant x model x system prompt x the earlier
+  turns of a conversation x sampling. A conversation is served a semantic hit
+  only after the very same (normalized) earlier turns; only its last user
+  message may be a paraphrase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from runtime.cache.ai.guards import normalize
+
+# the worker's defaults (gpu_worker.protocol.Generate): a parameter left out means these
+DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 40,
+                            "stop": [], "seed": None}
+SAMPLING = tuple(DEFAULTS)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    kind: str  # "chat" | "completion" | "embedding"
+    tenant: str  # "" for an anonymous caller
+    model: str
+    key: bytes  # the exact key
+    scope: bytes | None  # the semantic scope; None: no semantic lookup (embeddings)
+    query: str  # the normalized text that is embedded ("" without a scope)
+    deterministic: bool  # temperature 0 or a fixed seed (embeddings always)
+    bucket: bytes  # where its entry counts against max_entries_per_scope: its scope,
+    # or (without one) its kind x tenant x model
+
+
+
+def sampling(params: dict[str, Any]) -> list[Any]:
+    """The output-relevant sampling parameters of `params`, defaults filled in,
+    in a fixed order. Raises `TypeError`/`ValueError` for values of the wrong kind."""
+    out = []
+    for name, default in DEFAULTS.items():
+        value = params.get(name)
+        if value is None:
+            value = default
+        if name == "stop":
+            value = [value] if isinstance(value, str) else [str(s) for s in value]
+        elif name in ("temperature", "top_p"):
+            value = float(value)
+        elif value is not None:
+            value = int(value)
+        out.append(value)
+    return out
+
+
+def _deterministic(sampled: list[Any]) -> bool:
+    temperature, seed = sampled[SAMPLING.index("temperature")], sampled[SAMPLING.index("seed")]
+    return temperature == 0 or seed is not None
+
+
+def _hash(*parts: Any) -> bytes:
+    return hashlib.blake2b(msgspec.json.encode(parts), digest_size=20).digest()
+
+
+def text_of(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content
+                         if isinstance(p, dict) and p.get("type", "text") == "text")
+    return "" if content is None else str(content)
+
+
+def _message(m: dict[str, Any]) -> list[Any]:
+    """[role, normalized text, the other fields (name, tool calls...) as sent]."""
+    rest = sorted((k, v) for k, v in m.items() if k not in ("role", "content"))
+    return [str(m.get("role", "")), normalize(text_of(m.get("content"))), rest]
+
+
+def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],
+              params: dict[str, Any]) -> Call:
+    """Raises `TypeError`/`ValueError`/`AttributeError` for malformed messages or
+    parameters."""
+    tenant = tenant or ""
+    s = sampling(params)
+    msgs = [_message(m) for m in messages]
+    key = _hash("chat", tenant, model, msgs, s)
+    scope, query = None, ""
+    if msgs and msgs[-1][0] == "user" and msgs[-1][1]:
+        system = [m for m in msgs[:-1] if m[0] in ("system", "developer")]
+        turns = [m for m in msgs[:-1] if m[0] not in ("system", "developer")]
+        scope = _hash("chat-scope", tenant, model, system, turns, msgs[-1][2], s)
+        query = msgs[-1][1]
+    return Call("chat", tenant, model, key, scope, query, _deterministic(s),
+                scope or _hash("chat-bucket", tenant, model))
+
+
+def completion_call(tenant: str | None, model: str, prompt: str, params: dict[str, Any]) -> Call:
+    tenant = tenant or ""
+    s = sampling(params)
+    text = normalize(prompt)
+    scope = _hash("completion-scope", tenant, model, s)
+    return Call("completion", tenant, model, _hash("completion", tenant, model, text, s),
+                scope if text else None, text, _deterministic(s), scope)
+
+
+def embedding_call(tenant: str | None, model: str, inputs: list[str]) -> Call:
+    tenant = tenant or ""
+    return Call("embedding", tenant, model, _hash("embedding", tenant, model, inputs), None, "",
+                True, _hash("embedding-bucket", tenant, model))

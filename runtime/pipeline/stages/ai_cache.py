@@ -1,0 +1,282 @@
+"""`ai_cache`: the exact and semantic caches (`runtime.cache.ai`) in front of
+the OpenAI API's /v1/chat/completions, /v1/completions and /v1/embeddings.
+
+A hit is answered here, so it never reaches the ``openai`` stage: it spends no
+model tokens (no token-budget admission) and no worker time. A miss goes on;
+its answer is stored once it is complete: a JSON body at once, a stream when
+it ends with ``data: [DONE]`` and no error event (the stream is teed; the
+stage asks the model for the usage chunk and drops it again if the client did
+not ask for it). A request the OpenAI API would refuse (bad JSON, a model the
+caller's key may not use, n != 1) goes on untouched and gets its error there.
+
+Every answer says ``x-edgefn-cache: hit-exact | hit-semantic | miss | bypass``;
+a hit adds ``x-edgefn-cache-entry`` (the entry served) and a semantic one
+``x-edgefn-cache-similarity``; a JSON answer stored says its new entry's id in
+``x-edgefn-cache-entry`` too (a stream is stored after its headers went). What was decided goes to
+``ctx.decide("ai_cache", ...)`` and `CacheStats`.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from runtime.ai.openai_api import (
+    MAX_STOPS,
+    SSE_HEADERS,
+    ChatBody,
+    CompletionBody,
+    EmbeddingsBody,
+    OpenAITarget,
+)
+from runtime.cache.ai import control, replay
+from runtime.cache.ai.cache import AICache, Lookup
+from runtime.cache.ai.entry import Embedded, Generated, Result
+from runtime.cache.ai.keys import Call, chat_call, completion_call, embedding_call
+from runtime.net.message import Request, Response, json_response
+from runtime.pipeline.stage import Context, Next
+from runtime.pipeline.stage import Result as StageResult
+from runtime.pipeline.targets import Targets
+from runtime.security.principal import Principal
+
+KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
+         b"/v1/embeddings": "embedding"}
+BODIES: dict[str, type[Any]] = {"chat": ChatBody, "completion": CompletionBody,
+                                "embedding": EmbeddingsBody}
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a cacheable request asks for, and how its answer must look."""
+
+    call: Call
+    stream: bool = False
+    include_usage: bool = False
+    encoding_format: str = "float"
+
+
+class AICacheStage:
+    name = "ai_cache"
+
+    def __init__(self, cache: AICache, targets: Targets) -> None:
+        self.cache = cache
+        self.targets = targets
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> StageResult:
+        kind = KINDS.get(request.path)
+        if (kind is None or request.method != b"POST"
+                or not isinstance(self.targets.resolve(request, ctx), OpenAITarget)):
+            return call_next(request, ctx)
+        wishes = control.wishes(request)  # ApiError (400) for a bad header: before anything
+        asked = _asked(kind, request.body, ctx.principal)
+        if asked is None:
+            return call_next(request, ctx)
+        return self._serve(asked, wishes, request, ctx, call_next)
+
+    async def _serve(self, asked: Asked, wishes: control.Wishes, request: Request,
+                     ctx: Context, call_next: Next) -> Response:
+        policy = self.cache.policy(None, lookup=wishes.lookup, store=wishes.store,
+                                   ttl=wishes.ttl)
+        found = await self.cache.lookup(asked.call, policy)
+        ctx.decide("ai_cache", self.cache.account(found))
+        if found.entry is not None:
+            return _hit(asked, found)
+        injected = asked.stream and not asked.include_usage and _want_store(found)
+        try:
+            if injected:
+                request.body = _with_usage(request.body)
+            started = time.perf_counter()
+            response = await _resolved(call_next(request, ctx))
+        except BaseException:
+            self.cache.abandon(found)
+            raise
+        response.headers.append((b"x-edgefn-cache", found.outcome.encode()))
+        if response.status != 200 or not _want_store(found):
+            self.cache.abandon(found)
+        elif isinstance(response.body, bytes):
+            result = _parsed(asked, response.body)
+            if result is None:
+                self.cache.abandon(found)
+            else:
+                entry = self.cache.complete(found, result, (time.perf_counter() - started) * 1000)
+                if entry is not None:  # stored as this entry
+                    response.headers.append((b"x-edgefn-cache-entry", entry.id.encode()))
+        else:
+            tee = self._tee(response.body, found, started, injected)
+            weakref.finalize(tee, self.cache.abandon, found)  # a stream nobody reads
+            response.body = tee
+        return response
+
+    async def _tee(self, body: AsyncIterator[bytes], found: Lookup, started: float,
+                   drop_usage: bool) -> AsyncIterator[bytes]:
+        """`body`, relayed event by event, stored when it ends well."""
+        seen = _Stream(found.call.kind == "chat")
+        pending = b""
+        try:
+            async for data in body:
+                pending += data
+                while b"\n\n" in pending:
+                    event, pending = pending.split(b"\n\n", 1)
+                    if seen.add(event) or not drop_usage:
+                        yield event + b"\n\n"
+            if pending:
+                yield pending
+        finally:
+            result = seen.result()
+            if result is None:
+                self.cache.abandon(found)
+            else:
+                self.cache.complete(found, result, (time.perf_counter() - started) * 1000)
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def _want_store(found: Lookup) -> bool:
+    return found.flight is not None or found.reason == "no-cache"
+
+
+async def _resolved(result: StageResult) -> Response:
+    return result if isinstance(result, Response) else await result
+
+
+def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
+    """What a cacheable request asks, or None for one the OpenAI API refuses or
+    the caches do not take."""
+    try:
+        b = msgspec.json.decode(body, type=BODIES[kind])
+    except msgspec.MsgspecError:
+        return None
+    if who is not None and not who.allows("model", b.model):
+        return None  # the caller gets its 403 from the API, never a cached answer
+    tenant = who.tenant if who is not None else ""
+    try:
+        if isinstance(b, EmbeddingsBody):
+            inputs = [b.input] if isinstance(b.input, str) else b.input
+            return Asked(embedding_call(tenant, b.model, inputs), encoding_format=b.encoding_format)
+        stop = [b.stop] if isinstance(b.stop, str) else list(b.stop or [])
+        if b.n != 1 or len(stop) > MAX_STOPS:
+            return None
+        params = {"temperature": b.temperature, "top_p": b.top_p, "top_k": b.top_k,
+                  "seed": b.seed, "stop": stop,
+                  "max_tokens": b.max_completion_tokens or b.max_tokens}
+        usage = b.stream_options is not None and b.stream_options.include_usage
+        if isinstance(b, ChatBody):
+            if not b.messages:
+                return None
+            call = chat_call(tenant, b.model, b.messages, params)
+        else:
+            prompt = b.prompt
+            if isinstance(prompt, list):
+                if len(prompt) != 1:
+                    return None
+                prompt = prompt[0]
+            call = completion_call(tenant, b.model, prompt, params)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return Asked(call, b.stream, usage)
+
+
+def _hit(asked: Asked, found: Lookup) -> Response:
+    entry = found.entry
+    assert entry is not None
+    headers = [(b"x-edgefn-cache", found.outcome.encode()),
+               (b"x-edgefn-cache-entry", entry.id.encode())]
+    if found.outcome == "hit-semantic" and found.similarity is not None:
+        headers.append((b"x-edgefn-cache-similarity", f"{found.similarity:.4f}".encode()))
+    r, model, chat = entry.result, asked.call.model, asked.call.kind == "chat"
+    if isinstance(r, Embedded):
+        return json_response(replay.embeddings(r, model, asked.encoding_format),
+                             headers=headers)
+    if asked.stream:
+        return Response(200, [*SSE_HEADERS, *headers],
+                        replay.sse(r, model, chat, asked.include_usage))
+    return json_response(replay.completion(r, model, chat), headers=headers)
+
+
+def _with_usage(body: bytes) -> bytes:
+    data = msgspec.json.decode(body)
+    data["stream_options"] = {**(data.get("stream_options") or {}), "include_usage": True}
+    return msgspec.json.encode(data)
+
+
+def _parsed(asked: Asked, body: bytes) -> Result | None:
+    """The result in a 200 JSON answer, or None if it has not the expected shape."""
+    try:
+        data = msgspec.json.decode(body)
+        if asked.call.kind == "embedding":
+            vectors = [_floats(d["embedding"]) for d in data["data"]]
+            return Embedded(vectors, int(data["usage"]["prompt_tokens"]))
+        choice, usage = data["choices"][0], data["usage"]
+        text = choice["message"]["content"] if asked.call.kind == "chat" else choice["text"]
+        return Generated((str(text),), str(choice["finish_reason"]),
+                         int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+    except (msgspec.MsgspecError, KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _floats(v: list[float] | str) -> list[float]:
+    if isinstance(v, str):
+        raw = base64.b64decode(v)
+        return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return [float(x) for x in v]
+
+
+class _Stream:
+    """What a streamed answer said so far, event by event."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.chunks: list[str] = []
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.failed = False
+
+    def add(self, event: bytes) -> bool:
+        """Take one event; False for the usage chunk (which may be dropped)."""
+        if not event.startswith(b"data: "):
+            return True
+        payload = event[6:]
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            data = msgspec.json.decode(payload)
+            return self._data(data)
+        except (msgspec.MsgspecError, KeyError, IndexError, TypeError, AttributeError):
+            self.failed = True
+            return True
+
+    def _data(self, data: dict[str, Any]) -> bool:
+        if "error" in data:
+            self.failed = True
+            return True
+        choices = data["choices"]
+        if not choices:
+            self.usage = data.get("usage")
+            return False
+        c = choices[0]
+        if c.get("finish_reason") is not None:
+            self.finish = c["finish_reason"]
+        elif self.chat:
+            delta = c["delta"]
+            if "role" not in delta and delta.get("content") is not None:
+                self.chunks.append(delta["content"])
+        else:
+            self.chunks.append(c["text"])
+        return True
+
+    def result(self) -> Generated | None:
+        if not self.done or self.failed or self.finish is None or self.usage is None:
+            return None
+        return Generated(tuple(self.chunks), self.finish, int(self.usage["prompt_tokens"]),
+                         int(self.usage["completion_tokens"]))
+

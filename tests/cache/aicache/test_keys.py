@@ -1,0 +1,95 @@
+"""Keys and scopes of the AI caches (`runtime.cache.ai.keys`): what changes the
+output changes the key; what normalisation folds does not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.cache.ai.guards import normalize
+from runtime.cache.ai.keys import DEFAULTS, chat_call, completion_call, embedding_call
+
+BASE: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 40, "seed": None,
+                        "max_tokens": 64, "stop": []}
+MSGS = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is the capital of France?"}]
+
+# a different value for each output-relevant parameter
+CHANGED: dict[str, list[Any]] = {"temperature": [0.5, 1e-6], "top_p": [0.9, 0.5],
+                                 "top_k": [1, 0], "seed": [0, 7], "max_tokens": [65, 1],
+                                 "stop": [["\n"], ["x", "y"]]}
+words = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=12)
+
+
+@given(name=st.sampled_from(sorted(CHANGED)), pick=st.integers(0, 1))
+def test_every_sampling_parameter_changes_the_key_and_the_scope(name: str, pick: int) -> None:
+    a = chat_call("t", "m", MSGS, BASE)
+    b = chat_call("t", "m", MSGS, {**BASE, name: CHANGED[name][pick]})
+    assert a.key != b.key and a.scope != b.scope
+
+
+@given(tenant=words, model=words)
+def test_tenant_and_model_change_key_and_scope(tenant: str, model: str) -> None:
+    a = chat_call("t", "m", MSGS, BASE)
+    for b in (chat_call(tenant, "m", MSGS, BASE), chat_call("t", model, MSGS, BASE)):
+        same = (b.tenant, b.model) == ("t", "m")
+        assert (a.key == b.key) is same and (a.scope == b.scope) is same
+
+
+@given(word=words)
+def test_a_different_message_changes_the_key(word: str) -> None:
+    other = [MSGS[0], {"role": "user", "content": MSGS[1]["content"] + " " + word}]
+    a, b = chat_call("t", "m", MSGS, BASE), chat_call("t", "m", other, BASE)
+    assert a.key != b.key
+    assert a.scope == b.scope  # only the last user message differs: one scope
+
+
+@given(space=st.sampled_from([" ", "  ", "\t", "\n", " \u3000"]), upper=st.booleans())
+def test_normalisation_only_changes_keep_the_key(space: str, upper: bool) -> None:
+    text = "What is the capital of France?"
+    folded = (text.upper() if upper else text).replace(" ", space)
+    varied = [MSGS[0], {"role": "user", "content": f"{space}{folded}{space}"}]
+    a, b = chat_call("t", "m", MSGS, BASE), chat_call("t", "m", varied, BASE)
+    assert a.key == b.key and a.query == b.query == normalize(text)
+    assert normalize(text).startswith("what is the capital of france")
+
+
+def test_defaults_are_filled_in_so_leaving_a_parameter_out_is_the_same_call() -> None:
+    given_ = {**DEFAULTS, "temperature": 0.0}
+    assert chat_call("t", "m", MSGS, {"temperature": 0}).key == chat_call(
+        "t", "m", MSGS, given_).key
+    assert chat_call("t", "m", MSGS, {"stop": "x"}).key == chat_call(
+        "t", "m", MSGS, {"stop": ["x"]}).key
+
+
+def test_roles_system_prompt_and_earlier_turns_matter() -> None:
+    a = chat_call("t", "m", MSGS, BASE)
+    as_assistant = [MSGS[0], {**MSGS[1], "role": "assistant"}]
+    other_system = [{"role": "system", "content": "You are verbose."}, MSGS[1]]
+    longer = [MSGS[0], {"role": "user", "content": "Hi"},
+              {"role": "assistant", "content": "Hello!"}, MSGS[1]]
+    for msgs in (as_assistant, other_system, longer):
+        b = chat_call("t", "m", msgs, BASE)
+        assert b.key != a.key and b.scope != a.scope
+    assert chat_call("t", "m", as_assistant, BASE).scope is None  # no user question: no scope
+
+
+def test_deterministic_means_temperature_zero_or_a_fixed_seed() -> None:
+    assert chat_call("t", "m", MSGS, {"temperature": 0}).deterministic
+    assert chat_call("t", "m", MSGS, {"temperature": 0.7, "seed": 3}).deterministic
+    assert not chat_call("t", "m", MSGS, {"temperature": 0.7}).deterministic
+    assert not chat_call("t", "m", MSGS, {}).deterministic  # the worker's default is 1.0
+
+
+def test_completions_and_embeddings() -> None:
+    a = completion_call("t", "m", "Once upon a time", BASE)
+    assert a.key == completion_call("t", "m", "once  upon a TIME", BASE).key
+    assert a.key != chat_call("t", "m", [{"role": "user", "content": "Once upon a time"}],
+                              BASE).key
+    e = embedding_call("t", "m", ["Hello"])
+    # embeddings hash the inputs as sent: "hello" embeds differently
+    assert e.key != embedding_call("t", "m", ["hello"]).key and e.scope is None
+    assert e.key != embedding_call("u", "m", ["Hello"]).key and e.deterministic
+    assert e.bucket != embedding_call("u", "m", ["Hello"]).bucket
