@@ -19,6 +19,9 @@ rolls back and deletes only functions whose ``owner`` is that tenant.
     POST   /v1/cache/purge                    exactly one of {"key": URL}, {"prefix": "/p/"},
                                               {"tag": "t"}, {"function": "name"}
     GET    /v1/cache/stats                    what the caches decided (CacheStats.snapshot)
+    GET    /v1/events?since=10m&function=F&status=5xx&tenant=T&path=/p&method=GET&min_ms=N&limit=N
+                                              the ring's events, oldest first (`edgefn events`)
+    GET    /v1/events/stream?...              the same filters, live as SSE (`edgefn tail`)
 """
 
 from __future__ import annotations
@@ -36,9 +39,13 @@ from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
 from runtime.bindings import operate
 from runtime.functions import deploys
 from runtime.net.message import Request, Response, json_response
+from runtime.observe import stream
 from runtime.pop import PoP
 from runtime.security.keys import is_well_formed
 from runtime.security.principal import Principal
+
+JSON = (b"content-type", b"application/json")
+SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
 class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -69,6 +76,7 @@ class AdminApp:
         self.pop = pop
         self.token = f"Bearer {token}".encode()
         self.pop_loop = pop_loop
+        self.heartbeat = stream.HEARTBEAT  # seconds between SSE heartbeats of /v1/events/stream
 
     async def on_pop[T](self, coro: Coroutine[Any, Any, T]) -> T:
         """The result of `coro`, run to the end on the PoP's loop even if this
@@ -136,6 +144,13 @@ class AdminApp:
                     return self._purge(request.body, who)
                 case ["v1", "cache", "stats"] if method == b"GET":
                     return json_response({"stats": self.pop.stores.cache_stats.snapshot()})
+                case ["v1", "events"] if method == b"GET":
+                    return Response(200, [JSON], stream.listing(self.pop.ring,
+                                                                stream.parse(request.query)))
+                case ["v1", "events", "stream"] if method == b"GET":
+                    return Response(200, list(SSE), stream.follow(
+                        self.pop.ring, stream.parse(request.query),
+                        self.pop.config.events.subscriber_queue, self.heartbeat))
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.on_pop(self.pop.registry.delete(name))
                     return json_response({"deleted": name})

@@ -29,6 +29,7 @@ class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True):
     tokens_per_s: float | None = None
     finish_reason: str | None = None
     stream: bool = False
+    prompt: str | None = None  # only with `[events] prompts = true`, PII-scrubbed, truncated
 
 
 class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -47,6 +48,7 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
     method: str
     host: str
     path: str
+    query: str = ""  # the query string, without "?"
     status: int
     target: str | None = None  # "hello@1a2b3c4d", "openai", None when nothing served it
     route: str | None = None
@@ -57,6 +59,7 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
     duration_ms: float = 0.0
     error: str | None = None  # x-edgefn-error / the OpenAI error code
     ai: AIUsage | None = None
+    sampled: bool = True  # False: metrics-only, the ring and the file skip it (`[events] sample`)
 
 
 class Observer(Protocol):
