@@ -62,8 +62,8 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
 
         def match(e: Event) -> bool:
             return ((after is None or e.ts >= after)
-                    and (self.function is None or _function(e.target) in (
-                        self.function, e.target))
+                    and (self.function is None or self.function in (
+                        _function(e.target), e.target))
                     and (self.status is None or e.status == self.status)
                     and (self.status_class is None or e.status // 100 == self.status_class)
                     and (self.tenant is None or e.tenant == self.tenant)

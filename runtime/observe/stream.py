@@ -22,7 +22,7 @@ def parse(query: bytes) -> Query:
     naming the bad parameter."""
     try:
         params = dict(parse_qsl(query.decode("utf-8"), keep_blank_values=True,
-                                strict_parsing=False))
+                                errors="strict"))
     except UnicodeDecodeError:
         raise InvalidConfig("query", "the query string is not UTF-8") from None
     return Query.parse(params)
