@@ -15,7 +15,7 @@ import msgspec
 V = 1  # bump when a field changes meaning or goes away (adding one does not)
 
 
-class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True):
+class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     """A model call made for the request (the OpenAI API's; the ``ai`` binding's
     calls are counted per call by the metrics, not per request)."""
 
@@ -32,7 +32,9 @@ class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True):
     prompt: str | None = None  # only with `[events] prompts = true`, PII-scrubbed, truncated
 
 
-class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
+# gc=False: a ring holds thousands of events; they never form reference cycles, so the
+# collector need not track them (their `decisions` dicts are tracked on their own).
+class Event(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     v: int = V
     ts: float  # when the request arrived, Unix seconds
     rid: str  # request id (x-request-id)

@@ -127,8 +127,11 @@ class Ring:
     def observe(self, event: Event) -> None:
         if not event.sampled:
             return
-        if len(event.path) + len(event.query) > MAX_TEXT or (
-                event.decisions and _too_big(event, self.max_event_bytes)):
+        size = len(event.path) + len(event.query) + len(event.host)
+        # the stages' records are small unless they quote the request (the HTTP cache's
+        # key: host and path) or list WAF rules: only then is their size measured
+        if size > MAX_TEXT or ((size > 256 or "waf" in event.decisions)
+                               and _too_big(event, self.max_event_bytes)):
             event = _bounded(event, self.max_event_bytes)
         self.events.append(event)
         for sub in self.subscribers:
@@ -165,7 +168,7 @@ def encoded_size(event: Event) -> int:
 
 
 def _too_big(event: Event, cap: int) -> bool:
-    return len(msgspec.json.encode(event.decisions)) > cap // 2
+    return bool(event.decisions) and len(msgspec.json.encode(event.decisions)) > cap // 2
 
 
 def _bounded(event: Event, cap: int) -> Event:
@@ -175,7 +178,8 @@ def _bounded(event: Event, cap: int) -> Event:
     if decisions and (size := len(msgspec.json.encode(decisions))) > cap // 2:
         decisions = {"truncated": size}
     return msgspec.structs.replace(event, path=event.path[:MAX_TEXT // 2],
-                                   query=event.query[:MAX_TEXT // 2], decisions=decisions)
+                                   query=event.query[:MAX_TEXT // 2],
+                                   host=event.host[:MAX_TEXT // 4], decisions=decisions)
 
 
 def _function(label: str | None) -> str | None:

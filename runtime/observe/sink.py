@@ -69,7 +69,7 @@ class JsonlSink:
     def _run(self) -> None:
         encoder = msgspec.json.Encoder()
         while (batch := self.batches.get()) is not _STOP:
-            data = b"".join(encoder.encode(e) + b"\n" for e in batch)
+            data = encoder.encode_lines(batch)  # one C call for the whole batch
             try:
                 self._write(data)
             except OSError as e:  # a full disk: lose this batch, keep serving

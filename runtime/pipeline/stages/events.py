@@ -79,32 +79,63 @@ class Events:
 
     def emit(self, request: Request, ctx: Context, response: Response, ts: float,
              sent: int) -> None:
-        """Build the event and hand it to every observer."""
+        """Build the event and hand it to every observer. Only the fields that
+        usually hold something are passed to the constructor; the rest are set
+        when present (the constructor's cost grows with its arguments)."""
         status = response.status
-        decisions = ctx.decisions
-        ai = decisions.pop("ai", None) if decisions else None
-        if decisions and ai is None and "ai_cache" in decisions:
-            ai = _cached(request, decisions["ai_cache"])
-        if ai is not None and ai.prompt is not None:
-            ai.prompt = scrub(ai.prompt) if self.prompts else None
-        who, target = ctx.principal, ctx.target
-        event = Event(
-            ts=ts, rid=ctx.request_id.decode("latin-1"), pop=self.pop, tier=self.tier,
-            geo=self.geo, client=ctx.ip, bot=ctx.bot, agent=ctx.agent,
-            tenant=who.tenant if who is not None else None,
-            key_id=who.key_id if who is not None else None,
-            subject=who.subject if who is not None else None,
-            method=request.method.decode("latin-1"), host=request.host.decode("latin-1"),
-            path=request.path.decode("latin-1"), query=request.query.decode("latin-1"),
-            status=status, target=target.label if target is not None else None,
-            route=ctx.route or None, decisions=decisions or {},
-            stages_ms=ctx.timings() if ctx.marks else {}, bytes_in=len(request.body),
-            bytes_out=sent, duration_ms=round(ctx.elapsed_ms(), 3),
-            error=_error(response) if status >= 400 else None, ai=ai,
-            sampled=status >= 500 or self.sample >= 1.0 or self.rand() < self.sample)
+        target = ctx.target
+        event = Event(ts=ts, rid=ctx.request_id.decode("latin-1"), pop=self.pop, tier=self.tier,
+                      client=ctx.ip, method=_text(request.method), host=_text(request.host),
+                      path=request.path.decode("latin-1"), status=status,
+                      target=target.label if target is not None else None,
+                      bytes_out=sent, duration_ms=round(ctx.elapsed_ms(), 3))
+        if self.geo:
+            event.geo = self.geo
+        if request.query:
+            event.query = request.query.decode("latin-1")
+        if request.body:
+            event.bytes_in = len(request.body)
+        if ctx.route:
+            event.route = ctx.route
+        if ctx.marks:
+            event.stages_ms = ctx.timings()
+        if ctx.bot is not None or ctx.agent is not None:
+            event.bot, event.agent = ctx.bot, ctx.agent
+        who = ctx.principal
+        if who is not None:
+            event.tenant, event.key_id, event.subject = who.tenant, who.key_id, who.subject
+        if ctx.decisions:
+            self._decisions(event, request, ctx.decisions)
+        if status >= 400:
+            event.error = _error(response)
+        if status < 500 and self.sample < 1.0 and self.rand() >= self.sample:
+            event.sampled = False
         if self.redact is not None:
             event = self.redact(event)
         self.observers.observe(event)
+
+    def _decisions(self, event: Event, request: Request, decisions: dict[str, Any]) -> None:
+        """The stages' records, the AI call's moved to `Event.ai`."""
+        ai = decisions.pop("ai", None)
+        if ai is None and "ai_cache" in decisions:
+            ai = _cached(request, decisions["ai_cache"])
+        if ai is not None:
+            if ai.prompt is not None:
+                ai.prompt = scrub(ai.prompt) if self.prompts else None
+            event.ai = ai
+        event.decisions = decisions
+
+
+_texts: dict[bytes, str] = {}  # methods and hosts: few distinct values, decoded once
+
+
+def _text(raw: bytes) -> str:
+    text = _texts.get(raw)
+    if text is None:
+        text = raw.decode("latin-1")
+        if len(_texts) < 1024:
+            _texts[raw] = text
+    return text
 
 
 def _error(response: Response) -> str | None:
