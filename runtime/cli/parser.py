@@ -301,10 +301,10 @@ def _events_commands(c: Commands) -> None:
 
 
 def _event_filters(s: Parser) -> None:
-    s.add_argument("--function", help="only this function (name, or name@version)")
-    s.add_argument("--status", help="only this status (404) or class (5xx)")
-    s.add_argument("--tenant", help="only requests of this tenant")
-    s.add_argument("--path", help="only paths starting with this prefix")
+    s.add_argument("--function", help="only this function, name or name@version (default: all)")
+    s.add_argument("--status", help="only this status (404) or class (5xx) (default: all)")
+    s.add_argument("--tenant", help="only requests of this tenant (default: all)")
+    s.add_argument("--path", help="only paths starting with this prefix (default: all)")
 
 
 def _limits_command(c: Commands) -> None:
