@@ -190,3 +190,17 @@ def test_redacted_fields_are_blanked_before_any_observer_sees_them() -> None:
     assert (e.query, e.client, e.tenant, e.path) == ("[redacted]", "[redacted]", None,
                                                      "[redacted]")
     assert e.key_id == "k_123"  # not asked for
+
+
+def test_a_waf_refusal_is_an_event_with_the_rules_that_matched() -> None:
+    from runtime.security.settings import WafSettings
+    from tests.security.test_waf_stage import SQLI
+    from tests.security.test_waf_stage import stage as waf_stage
+
+    app, seen, _ = events_chain(waf_stage(WafSettings(mode="block")), Answer())
+    req = request(b"/shop", SQLI)
+    assert run(app(req)).status == 403
+    (event,) = seen.events
+    assert (event.status, event.error, event.query) == (403, "waf_blocked", SQLI.decode())
+    assert event.decisions["waf"]["blocked"] is True
+    assert event.decisions["waf"]["rules"] == [942100, 949110]
