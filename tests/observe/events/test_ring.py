@@ -138,19 +138,20 @@ def test_the_jsonl_file_rotates_at_max_bytes_keeping_backups(tmp_path: Path) -> 
     assert all(f.stat().st_size <= one * 3 for f in files)
 
 
-def test_the_sink_batches_events_of_one_loop_iteration(tmp_path: Path) -> None:
+def test_the_sink_hands_a_burst_over_as_one_batch_and_close_writes_it(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
     sink = JsonlSink(path, max_bytes=1 << 20, backups=1)
 
-    async def burst() -> int:
+    async def burst() -> tuple[int, int]:
         for i in range(50):
             sink.observe(event(i))
         queued = sink.batches.qsize()
-        await asyncio.sleep(0)  # the loop turns once: one batch handed over
-        return queued
-    assert asyncio.run(burst()) == 0
+        await asyncio.sleep(0)  # a turn of the loop is not enough: batches are timed
+        return queued, len(sink.pending)
+    assert asyncio.run(burst()) == (0, 50)
     sink.close()
-    assert len(path.read_text().splitlines()) == 50
+    assert [json.loads(x)["rid"] for x in path.read_text().splitlines()] == [
+        f"r{i}" for i in range(50)]
 
 
 @pytest.mark.parametrize(("field", "value"), [
