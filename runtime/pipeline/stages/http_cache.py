@@ -67,6 +67,8 @@ class HttpCacheStage:
             return self._found(entry, request, ctx, call_next, target, key, scope, s)
         if request.method == b"HEAD":  # nothing to store from a HEAD
             return self._miss(request, ctx, call_next, target, key, scope, s, False)
+        if not self.cache.coalesces(key, target.label, s.default_ttl):
+            return self._miss(request, ctx, call_next, target, key, scope, s, False)
         flight = self.cache.flights.waiting(key)
         if flight is not None:
             return self._follow(flight, request, ctx, call_next, target, key, scope, s)
@@ -165,6 +167,10 @@ class HttpCacheStage:
             stored = "request no-store" if "no-store" in req else self.cache.admit(
                 key, request, scope, response, origin_ms, s.default_ttl)
         self._record(ctx, target, key, outcome, stored=stored)
+        if isinstance(stored, Entry):
+            self.cache.stored(key, target.label)
+        elif request.method == b"GET":
+            self.cache.passed(key)
         if isinstance(stored, Entry):
             return served(stored, stored.initial_age, outcome.encode(), request)
         response.headers.append((b"x-edgefn-cache", outcome.encode()))
