@@ -47,7 +47,9 @@ class HttpCache:
         disk = data_dir / "cache" / "http" if data_dir is not None else None
         self.store = TieredStore(settings.memory_bytes, disk, settings.disk_bytes)
         self.flights = Flights()
-        self.caching: set[str] = set()  # deployments (name@version) that stored a response
+        # deployments (name@version) that stored a response: nothing of any other is
+        # stored, so their requests need no lookup (see `HttpCacheStage`)
+        self.caching: set[str] = {k.split(b"\0", 1)[0].decode() for k, _ in self.store.items()}
         self.passes: dict[bytes, float] = {}  # key -> until when misses go straight through
 
     # -- single flight ----------------------------------------------------------------------

@@ -9,10 +9,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.net.message import Request, Response
-from runtime.pipeline.stage import Context
 from runtime.cache.http.cache import PASS_SECONDS
 from runtime.cache.settings import HttpCacheOverride
+from runtime.net.message import Request, Response
+from runtime.pipeline.stage import Context
 from tests.cache.http.helpers import Function, Harness, header, ok, request
 
 PATHS = (b"/shop/a", b"/shop/b", b"/shop/c")
