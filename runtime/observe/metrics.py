@@ -74,10 +74,11 @@ class Histogram:
     """Counts per bucket (not cumulative; the last one is +Inf) and the sum, in one
     list so that a scrape copies them together."""
 
-    __slots__ = ("bounds", "n")
+    __slots__ = ("bounds", "les", "n")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
+        self.les = [floatToGoString(b) for b in (*self.bounds, float("inf"))]
         self.n = len(self.bounds) + 1  # index of the sum in a state list
 
     def new(self) -> list[float]:
@@ -90,9 +91,9 @@ class Histogram:
     def sample(self, state: list[float]) -> tuple[list[tuple[str, float]], float, float]:
         """(cumulative buckets, count, sum) of a copied state."""
         buckets, total = [], 0.0
-        for bound, count in zip((*self.bounds, float("inf")), state[:self.n], strict=True):
+        for le, count in zip(self.les, state[:self.n], strict=True):
             total += count
-            buckets.append((floatToGoString(bound), total))
+            buckets.append((le, total))
         return buckets, total, state[self.n]
 
 
