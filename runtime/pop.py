@@ -6,7 +6,9 @@
             ├─ registry (deployed functions, router)
             ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
             ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
-            └─ pipeline (the stages, in config order): the public listener's app
+            ├─ pipeline (the stages, in config order): the public listener's app
+            ├─ observers (get every request's `Event` from the events stage)
+            └─ metrics (Prometheus, `runtime.observe.metrics_pop`) when [metrics] is on
 
 Nothing is patched in after construction; `runtime.app` starts and stops it.
 """
@@ -20,6 +22,8 @@ from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Registry
+from runtime.observe.event import Observer
+from runtime.observe.metrics_pop import PopMetrics
 from runtime.pipeline import build
 from runtime.security.keys import KeyRing, KeyStore
 from runtime.security.settings import merge
@@ -40,7 +44,12 @@ class PoP:
                                  build.reserved_paths(config), config.insecure_python,
                                  self._vet)
         self.http_cache: HttpCache | None = None
+        self.observers: list[Observer] = []  # the events stage calls each for every request
+        self.metrics: PopMetrics | None = None
         try:
+            if config.metrics.enabled:
+                self.metrics = self._metrics()
+                self.observers.append(self.metrics.requests)
             if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
                                                  for s in config.pipeline):
                 self.http_cache = HttpCache(config.http_cache, self.data_dir)
@@ -48,6 +57,14 @@ class PoP:
         except BaseException:  # a stage that cannot start (the WAF without rules)
             self.close()
             raise
+
+    def _metrics(self) -> PopMetrics:
+        """Raises `InvalidConfig` for a metrics token file that cannot be read."""
+        ai = self.ai
+        return PopMetrics(self.config.name, self.config.tier, self.config.geo,
+                          self.config.metrics,
+                          lambda: [(n, d.executor) for n, d in self.registry.functions.items()],
+                          ai.client.metrics if ai is not None else None)
 
     def _vet(self, m: Manifest) -> None:
         """Raises `DeployError` for a function asking for a WAF this PoP cannot run."""

@@ -120,7 +120,7 @@ def build() -> Parser:
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
                 _ai_commands, _keys_command, _limits_command, _cache_command,
-                _doctor_command):
+                _metrics_command, _doctor_command):
         add(commands)
     return p
 
@@ -284,6 +284,14 @@ def _cache_command(c: Commands) -> None:
         one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
     c.op(ops, "stats", "hit rates per cache, function, model and tenant",
          "edgefn cache stats --json")
+
+
+def _metrics_command(c: Commands) -> None:
+    s = c.add("metrics", "runtime.cli.metrics:metrics_command",
+              "print a running PoP's Prometheus metrics (what GET /metrics serves)",
+              "edgefn metrics --match edgefn_requests")
+    s.add_argument("--match", metavar="PREFIX", default=None,
+                   help="only the metrics whose name starts with PREFIX (default: all)")
 
 
 def _limits_command(c: Commands) -> None:
