@@ -79,6 +79,7 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
                             config.http)
         await public.start(config.public.host, config.public.port)
         await admin.start(config.admin.host, config.admin.port)
+        scrapes = await _metrics_listener(pop, config)
         (phost, pport), (ahost, aport) = public.address, admin.address
         info = PopInfo(os.getpid(), f"http://{phost}:{pport}", f"{ahost}:{aport}")
         (data / "pop.json").write_bytes(msgspec.json.encode(info))
@@ -90,6 +91,8 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
             purger.cancel()
             (data / "pop.json").unlink(missing_ok=True)
             await admin.shutdown(1.0)
+            if scrapes is not None:
+                await scrapes.shutdown(1.0)
             await public.shutdown(config.grace_seconds)
             await pop.pipeline.aclose()
             if pop.stores.budgets is not None:  # shared by the OpenAI API and ai bindings
@@ -99,6 +102,18 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
             await pop.ai.close()
         pop.close()
         lock.close()
+
+
+async def _metrics_listener(pop: PoP, config: PopConfig) -> AdminThread | None:
+    """``[metrics] listen``: GET /metrics on a listener (and thread) of its own.
+    Raises OSError if the address is unavailable."""
+    address = config.metrics.address()
+    if pop.metrics is None or address is None:
+        return None
+    endpoint = pop.metrics.endpoint(asyncio.get_running_loop())
+    scrapes = AdminThread(endpoint, config.http)
+    await scrapes.start(*address)
+    return scrapes
 
 
 async def _start_ai(pop: PoP) -> None:

@@ -55,6 +55,7 @@ from edgefn_core.errors import InvalidConfig
 from runtime.cache.settings import AICacheSettings, HttpCacheSettings
 from runtime.net.server import ServerConfig
 from runtime.observe.settings import EventsSettings, HealthSettings
+from runtime.observe.settings_metrics import MetricsSettings
 from runtime.security.settings import AuthSettings, BotSettings, RateLimitSettings, WafSettings
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -181,6 +182,7 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     ai_cache: AICacheSettings = field(default_factory=AICacheSettings)
     events: EventsSettings = field(default_factory=EventsSettings)
     health: HealthSettings = field(default_factory=HealthSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)  # runtime.observe.metrics
     pipeline: list[Stage] = field(default_factory=default_pipeline)
 
     @property
@@ -196,7 +198,7 @@ def load(path: str | Path | None = None, **overrides: object) -> PopConfig:
     top-level fields by name, nested ones as ``"public.port"``.
 
     Relative paths in the file (data, ai.worker_config, ai.socket, auth.jwt.jwks,
-    bots.agents, bots.directories) are resolved
+    bots.agents, bots.directories, metrics.token_file) are resolved
     against the file's folder. Raises `InvalidConfig` naming the file and field.
     """
     label = str(path) if path is not None else "<defaults>"
@@ -224,6 +226,9 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     if not _is_loopback(config.admin.host):
         raise InvalidConfig(label, f"the admin API listens on loopback only, got "
                             f"{config.admin.host!r}", "admin.host")
+    problem = config.metrics.problem()
+    if problem is not None:
+        raise InvalidConfig(label, problem[1], f"metrics.{problem[0]}")
     names = config.stage_names()
     for i, name in enumerate(names):
         if names.index(name) != i:
@@ -252,6 +257,9 @@ def _resolve_paths(raw: dict[str, object], base: Path) -> None:
         for key in ("worker_config", "socket"):
             if isinstance(ai.get(key), str) and ai[key]:
                 ai[key] = str(base / ai[key])
+    metrics = raw.get("metrics")
+    if isinstance(metrics, dict) and isinstance(metrics.get("token_file"), str):
+        metrics["token_file"] = str(base / metrics["token_file"])
     auth = raw.get("auth")
     jwt = auth.get("jwt") if isinstance(auth, dict) else None
     if isinstance(jwt, dict) and isinstance(jwt.get("jwks"), str):

@@ -6,8 +6,10 @@
             ├─ registry (deployed functions, router)
             ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
             ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
-            ├─ observers (the events stage's fan-out: ring, JSONL file; metrics add theirs)
-            └─ pipeline (the stages, in config order): the public listener's app
+            ├─ observers (the events stage's fan-out of every request's `Event`: the ring,
+            │  the JSONL file, metrics)
+            ├─ pipeline (the stages, in config order): the public listener's app
+            └─ metrics (Prometheus, `runtime.observe.metrics_pop`) when [metrics] is on
 
 Nothing is patched in after construction; `runtime.app` starts and stops it.
 """
@@ -21,6 +23,7 @@ from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Registry
+from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.observers import Observers
 from runtime.observe.ring import Ring
 from runtime.observe.sink import JsonlSink
@@ -50,11 +53,15 @@ class PoP:
         self.observers = Observers()  # every request's Event (the `events` stage)
         self.observers.add(self.ring)
         self.events_file: JsonlSink | None = None
+        self.metrics: PopMetrics | None = None
         try:
             if events.file:
                 self.events_file = JsonlSink(self.data_dir / events.file, events.max_bytes,
                                              events.backups)
                 self.observers.add(self.events_file)
+            if config.metrics.enabled:
+                self.metrics = self._metrics()
+                self.observers.add(self.metrics.requests)
             if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
                                                  for s in config.pipeline):
                 self.http_cache = HttpCache(config.http_cache, self.data_dir)
@@ -62,6 +69,14 @@ class PoP:
         except BaseException:  # a stage that cannot start (the WAF without rules)
             self.close()
             raise
+
+    def _metrics(self) -> PopMetrics:
+        """Raises `InvalidConfig` for a metrics token file that cannot be read."""
+        ai = self.ai
+        return PopMetrics(self.config.name, self.config.tier, self.config.geo,
+                          self.config.metrics,
+                          lambda: [(n, d.executor) for n, d in self.registry.functions.items()],
+                          ai.client.metrics if ai is not None else None)
 
     def _vet(self, m: Manifest) -> None:
         """Raises `DeployError` for a function asking for a WAF this PoP cannot run."""

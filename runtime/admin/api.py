@@ -22,6 +22,8 @@ rolls back and deletes only functions whose ``owner`` is that tenant.
     GET    /v1/events?since=10m&function=F&status=5xx&tenant=T&path=/p&method=GET&min_ms=N&limit=N
                                               the ring's events, oldest first (`edgefn events`)
     GET    /v1/events/stream?...              the same filters, live as SSE (`edgefn tail`)
+    GET    /metrics                           Prometheus metrics ([metrics]; its own token,
+                                              or none: see `runtime.observe.metrics_http`)
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ class AdminApp:
         self.token = f"Bearer {token}".encode()
         self.pop_loop = pop_loop
         self.heartbeat = stream.HEARTBEAT  # seconds between SSE heartbeats of /v1/events/stream
+        metrics = getattr(pop, "metrics", None)  # None: a socket-free test's stand-in PoP
+        self.metrics = metrics.endpoint(pop_loop, token) if metrics is not None else None
 
     async def on_pop[T](self, coro: Coroutine[Any, Any, T]) -> T:
         """The result of `coro`, run to the end on the PoP's loop even if this
@@ -89,6 +93,8 @@ class AdminApp:
     def __call__(self, request: Request) -> Response | object:
         if not _is_loopback(request.client):
             return _error(403, "forbidden", "the admin API only answers loopback clients")
+        if request.path == b"/metrics" and self.metrics is not None:
+            return self.metrics(request)  # a scraper's token, not an admin credential
         auth = request.header(b"authorization") or b""
         if hmac.compare_digest(auth, self.token):
             return self._route(request, None)

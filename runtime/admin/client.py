@@ -78,6 +78,29 @@ class AdminClient:
         finally:
             conn.close()
 
+    def metrics(self) -> str:
+        """The PoP's Prometheus exposition (``GET /metrics``). Raises `AdminError`,
+        `Failure` as `request` does."""
+        host, port = self.info.admin.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=self.timeout)
+        try:
+            conn.request("GET", "/metrics", headers={"authorization": f"Bearer {self.token}"})
+            resp = conn.getresponse()
+            body = resp.read()
+        except (ConnectionError, OSError) as e:
+            raise Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
+                          f"{self.info.admin}: {e}") from None
+        finally:
+            conn.close()
+        if resp.status >= 400:
+            try:
+                err = json.loads(body).get("error", {})
+            except ValueError:
+                err = {}
+            raise AdminError(err.get("kind", "error"), resp.status,
+                             err.get("message", f"GET /metrics answered {resp.status}"))
+        return body.decode()
+
     def deploy(self, directory: str | Path) -> dict[str, Any]:
         """Pack and deploy a function folder. Raises `DeployError` or `ManifestError`
         for a folder that cannot be packed, `AdminError` if the PoP rejects it."""

@@ -120,7 +120,7 @@ def build() -> Parser:
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
                 _ai_commands, _keys_command, _limits_command, _cache_command,
-                _events_commands, _doctor_command):
+                _events_commands, _metrics_command, _doctor_command):
         add(commands)
     return p
 
@@ -305,6 +305,14 @@ def _event_filters(s: Parser) -> None:
     s.add_argument("--status", help="only this status (404) or class (5xx) (default: all)")
     s.add_argument("--tenant", help="only requests of this tenant (default: all)")
     s.add_argument("--path", help="only paths starting with this prefix (default: all)")
+
+
+def _metrics_command(c: Commands) -> None:
+    s = c.add("metrics", "runtime.cli.metrics:metrics_command",
+              "print a running PoP's Prometheus metrics (what GET /metrics serves)",
+              "edgefn metrics --match edgefn_requests")
+    s.add_argument("--match", metavar="PREFIX", default=None,
+                   help="only the metrics whose name starts with PREFIX (default: all)")
 
 
 def _limits_command(c: Commands) -> None:

@@ -4,6 +4,7 @@ the JSONL file, and whatever other parts add: metrics, traces)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from runtime.observe.event import Event, Observer
 
@@ -34,6 +35,9 @@ class Observers:
                     self.failed.add(id(o))
                     log.exception("event observer %r failed (logged once; it keeps being "
                                   "called)", o)
+
+    def __iter__(self) -> Iterator[Observer]:
+        return iter(self.observers)
 
     def __len__(self) -> int:
         return len(self.observers)

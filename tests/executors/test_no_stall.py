@@ -80,7 +80,9 @@ def test_a_long_budget_reactor_leaves_the_loop_after_its_slice(engine: WasmEngin
     # the loop's thread spent the slice on it, not the 1 s budget (its wall time on a
     # loaded 2-core machine also holds the time it waited for a core)
     assert inline_cpu < INLINE_SLICE_MS / 1000 * 3, inline_cpu
-    assert INLINE_SLICE_MS / 1000 <= inline < 0.25, inline
+    # at least most of the slice: an epoch ticker that woke late catches up several
+    # ticks at once, which can end a slice up to a few ticks early (seen: 3.7 ms)
+    assert INLINE_SLICE_MS / 1000 / 2 <= inline < 0.25, inline
     assert straight < 0.002, straight
 
 

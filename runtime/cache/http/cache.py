@@ -32,6 +32,10 @@ NOT_MODIFIED_FIELDS = frozenset({b"cache-control", b"content-location", b"date",
                                  b"expires", b"vary", b"x-edgefn-function"})
 
 
+PASS_SECONDS = 120.0  # a key whose response could not be stored is not coalesced this long
+MAX_PASSES = 65536
+
+
 class HttpCache:
     def __init__(self, settings: HttpCacheSettings, data_dir: Path | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -43,6 +47,39 @@ class HttpCache:
         disk = data_dir / "cache" / "http" if data_dir is not None else None
         self.store = TieredStore(settings.memory_bytes, disk, settings.disk_bytes)
         self.flights = Flights()
+        # deployments (name@version) that stored a response: nothing of any other is
+        # stored, so their requests need no lookup (see `HttpCacheStage`)
+        self.caching: set[str] = {k.split(b"\0", 1)[0].decode() for k, _ in self.store.items()}
+        self.passes: dict[bytes, float] = {}  # key -> until when misses go straight through
+
+    # -- single flight ----------------------------------------------------------------------
+    def coalesces(self, key: bytes, label: str, default_ttl: int | None) -> bool:
+        """Whether concurrent misses of `key` should wait for one origin call: only
+        for a deployment that has stored a response before (or stores every
+        response, `default_ttl`), and not while `key`'s last response could not be
+        stored (for `PASS_SECONDS`: Varnish's hit-for-miss). Otherwise the
+        concurrent requests of a function that never caches would queue behind
+        each other, one origin call at a time."""
+        if default_ttl is None and label not in self.caching:
+            return False
+        until = self.passes.get(key)
+        if until is None:
+            return True
+        if until > self.clock():
+            return False
+        del self.passes[key]
+        return True
+
+    def stored(self, key: bytes, label: str) -> None:
+        """A response to `key` was stored: its misses coalesce from now on."""
+        self.caching.add(label)
+        self.passes.pop(key, None)
+
+    def passed(self, key: bytes) -> None:
+        """A response to `key` could not be stored: don't make its misses wait."""
+        if len(self.passes) >= MAX_PASSES:
+            self.passes.clear()
+        self.passes[key] = self.clock() + PASS_SECONDS
 
     # -- lookups ----------------------------------------------------------------------------
     @staticmethod

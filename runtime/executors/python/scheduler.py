@@ -59,6 +59,7 @@ class Scheduler[W: Worker]:
         self.grow, self.stuck, self.drained = grow, stuck, drained
         self.retired = False
         self.reported_drained = False
+        self.recycled = 0  # interpreters recycled after their jobs (for the metrics)
         # Per-generation state: the active host's isolates
         self.generation = 0
         self.isolates: Sequence[W] = ()
@@ -148,6 +149,7 @@ class Scheduler[W: Worker]:
         if isolate.recycling or isolate.uses >= self.recycle_after:
             isolate.recycling = False
             isolate.state = "recycling"
+            self.recycled += 1
         else:
             isolate.state = "idle"
             self._offer(isolate)

@@ -45,6 +45,7 @@ class Supervisor:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.generations = itertools.count(1)
         self.replacements = 0
+        self.crashed = 0  # hosts that died unexpectedly (for the metrics)
         self.closing = False  # the PoP is shutting down: abort hosts still starting
         self.stopped = False
         # Per-host state
@@ -118,6 +119,7 @@ class Supervisor:
     def host_died(self, host: Host, why: str) -> None:
         """Fail its jobs, promote the standby, and start a new standby."""
         log.warning("%s: isolate host %d died (%s)", self.cfg.label, host.pid, why)
+        self.crashed += not self.closing
         host.fail_jobs(why)
         host.stop()
         if host in self.draining:  # already replaced

@@ -38,6 +38,7 @@ from runtime.security.settings import merge
 CACHED_METHODS = (b"GET", b"HEAD")
 UNSAFE = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
 CONDITIONALS = (b"if-none-match", b"if-modified-since")
+MISS_HEADER = (b"x-edgefn-cache", b"MISS")
 
 
 class HttpCacheStage:
@@ -60,12 +61,20 @@ class HttpCacheStage:
             return call_next(request, ctx)
         if request.method not in CACHED_METHODS or request.header(b"range") is not None:
             return self._bypass(request, ctx, call_next, target)
+        if s.default_ttl is None and target.label not in self.cache.caching:
+            # nothing of this deployment is stored: no lookup, no flight to wait for
+            # (a full response, as on any miss: it may be the first one stored)
+            return then(call_next(_conditional(request, None) if request.method == b"GET"
+                                  else request, ctx),
+                        self._first, request, ctx, target, s, time.perf_counter())
         key = HttpCache.key(target.label, request)
         scope = _scope(request, ctx)
         entry = self.cache.lookup(key, request, scope)
         if entry is not None:
             return self._found(entry, request, ctx, call_next, target, key, scope, s)
         if request.method == b"HEAD":  # nothing to store from a HEAD
+            return self._miss(request, ctx, call_next, target, key, scope, s, False)
+        if not self.cache.coalesces(key, target.label, s.default_ttl):
             return self._miss(request, ctx, call_next, target, key, scope, s, False)
         flight = self.cache.flights.waiting(key)
         if flight is not None:
@@ -166,8 +175,28 @@ class HttpCacheStage:
                 key, request, scope, response, origin_ms, s.default_ttl)
         self._record(ctx, target, key, outcome, stored=stored)
         if isinstance(stored, Entry):
+            self.cache.stored(key, target.label)
+        elif request.method == b"GET":
+            self.cache.passed(key)
+        if isinstance(stored, Entry):
             return served(stored, stored.initial_age, outcome.encode(), request)
         response.headers.append((b"x-edgefn-cache", outcome.encode()))
+        return client_view(response)
+
+    def _first(self, response: Response, request: Request, ctx: Context, target: Target,
+               s: HttpCacheSettings, started: float) -> Response:
+        """The origin's answer for a deployment with nothing stored: stored if it
+        says it may be (then the deployment takes the full path from now on)."""
+        if request.method == b"GET" and any(k == b"cache-control" or k == b"expires"
+                                            for k, _ in response.headers):
+            key = HttpCache.key(target.label, request)
+            return self._fetched(response, started, request, ctx, target, key,
+                                 _scope(request, ctx), s)
+        ctx.decide("http_cache", {"outcome": "MISS", "stored": "no freshness"})
+        principal = ctx.principal
+        self.stats.record("http", "MISS", function=target.name,
+                          tenant=principal.tenant if principal is not None else None)
+        response.headers.append(MISS_HEADER)
         return client_view(response)
 
     # -- stale entries ----------------------------------------------------------------------

@@ -9,9 +9,11 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.cache.http.cache import PASS_SECONDS
+from runtime.cache.settings import HttpCacheOverride
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context
-from tests.cache.http.helpers import Harness, header, ok, request
+from tests.cache.http.helpers import Function, Harness, header, ok, request
 
 PATHS = (b"/shop/a", b"/shop/b", b"/shop/c")
 
@@ -46,6 +48,7 @@ class SlowOrigin:
 def test_one_origin_call_per_key_in_flight(arrivals: list[tuple[bytes, int]], ticks: int,
                                            cacheable: list[bool]) -> None:
     h = Harness()
+    h.call(request(b"/shop/primer"))  # the function has stored a response: misses coalesce
     origin = SlowOrigin(ticks, dict(zip(PATHS, cacheable, strict=True)))
 
     async def one(path: bytes, delay: int) -> Response:
@@ -97,3 +100,58 @@ def test_concurrent_revalidations_of_one_key_make_one_origin_call() -> None:
     assert h.origin.calls == 2 and h.origin.max_inflight == 1
     assert sorted(header(r, b"x-edgefn-cache") for r in responses) == [b"EXPIRED"] + [b"HIT"] * 4
     assert {r.body for r in responses} == {b"hello"}
+
+
+def burst(h: Harness, n: int, path: bytes = b"/shop/item") -> list[Response]:
+    """`n` concurrent requests for `path` through the stage to `h.origin`."""
+    async def one() -> Response:
+        result = h.stage(request(path), Context("192.0.2.7:1"), h.origin)
+        return result if isinstance(result, Response) else await result
+
+    async def everyone() -> list[Response]:
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+    return asyncio.run(everyone())
+
+
+def test_a_function_that_never_stored_a_response_is_not_queued_behind_one_call() -> None:
+    h = Harness()
+    h.origin.answer = lambda r: ok(None)  # no Cache-Control: never stored
+    h.origin.slow = True
+    try:
+        responses = burst(h, 5)
+    finally:
+        h.close()
+    assert h.origin.calls == 5 and h.origin.max_inflight == 5  # all at once, none waited
+    assert {header(r, b"x-edgefn-cache") for r in responses} == {b"MISS"}
+
+
+def test_a_function_that_stores_everything_coalesces_from_its_first_request() -> None:
+    h = Harness(fn=Function(http=HttpCacheOverride(default_ttl=60)))
+    h.origin.answer = lambda r: ok(None)
+    h.origin.slow = True
+    try:
+        responses = burst(h, 5)
+    finally:
+        h.close()
+    assert h.origin.calls == 1
+    assert sorted(header(r, b"x-edgefn-cache") for r in responses) == [b"HIT"] * 4 + [b"MISS"]
+
+
+def test_a_key_that_could_not_be_stored_passes_until_its_mark_expires() -> None:
+    h = Harness()
+    h.call(request(b"/shop/primer"))  # the function caches
+    h.origin.answer = lambda r: ok("no-store")
+    h.call(request())  # this key's response cannot be stored: hit-for-miss
+    h.origin.slow = True
+    try:
+        burst(h, 4)
+        assert h.origin.max_inflight == 4  # passed straight through, concurrently
+        h.clock.now += PASS_SECONDS + 1  # the mark expires; the URL is cacheable now
+        h.origin.answer = lambda r: ok("max-age=60")
+        before = h.origin.calls
+        responses = burst(h, 4)
+    finally:
+        h.close()
+    assert h.origin.calls == before + 1  # coalesced again: one origin call for the burst
+    assert sorted(header(r, b"x-edgefn-cache") for r in responses) == [b"HIT"] * 3 + [b"MISS"]

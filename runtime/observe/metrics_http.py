@@ -1,0 +1,59 @@
+"""``GET /metrics``: the Prometheus exposition of one PoP's `CollectorRegistry`,
+served on the admin listener and, with ``[metrics] listen``, on a listener of its
+own. With a token (``[metrics] token`` / ``token_file``) a scrape must send
+``Authorization: Bearer <token>`` (401 otherwise); the admin token works too.
+The format follows the scraper's ``Accept`` (Prometheus text or OpenMetrics).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from runtime.net.message import Request, Response, json_response
+
+PATH = b"/metrics"
+
+
+class MetricsEndpoint:
+    def __init__(self, registry: CollectorRegistry, tokens: list[str],
+                 refresh: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`tokens`: the bearer tokens a scrape may send; empty: no token needed.
+        `refresh()` runs before each scrape (the model worker's figures)."""
+        self.registry = registry
+        self.tokens = [f"Bearer {t}".encode() for t in tokens]
+        self.refresh = refresh
+
+    def allowed(self, request: Request) -> bool:
+        if not self.tokens:
+            return True
+        sent = request.header(b"authorization") or b""
+        return any(hmac.compare_digest(sent, t) for t in self.tokens)
+
+    def __call__(self, request: Request) -> Response | Awaitable[Response]:
+        if request.path != PATH:
+            return _error(404, "not_found", "this listener serves GET /metrics only")
+        if request.method not in (b"GET", b"HEAD"):
+            return _error(405, "method_not_allowed", "use GET /metrics")
+        if not self.allowed(request):
+            return _error(401, "unauthorized", "missing or wrong metrics token: send "
+                          "`Authorization: Bearer <[metrics] token>`",
+                          [(b"www-authenticate", b'Bearer realm="metrics"')])
+        return self._scrape(request)
+
+    async def _scrape(self, request: Request) -> Response:
+        if self.refresh is not None:
+            await self.refresh()
+        accept = (request.header(b"accept") or b"").decode("latin-1")
+        encoder, content_type = choose_encoder(accept)
+        body = encoder(self.registry)  # on the admin (or metrics) thread, not the PoP's loop
+        return Response(200, [(b"content-type", content_type.encode())],
+                        b"" if request.method == b"HEAD" else body)
+
+
+def _error(status: int, kind: str, message: str,
+           headers: list[tuple[bytes, bytes]] | None = None) -> Response:
+    return json_response({"error": {"kind": kind, "message": message}}, status, headers)

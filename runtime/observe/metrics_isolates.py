@@ -1,0 +1,50 @@
+"""Python isolates as Prometheus metrics, read at scrape time from the deployed
+functions' pools (`runtime.executors.python`): their schedulers' isolate states
+and counters. A function's counters start again from 0 when a deploy replaces
+its pool (Prometheus' `rate` reads that as a counter reset).
+
+    edgefn_isolates{function, state="warm|busy"}   idle (ready) and busy interpreters
+    edgefn_isolates_recycled_total{function}       interpreters recycled after N jobs
+    edgefn_isolates_crashed_total{function}        isolate hosts that died unexpectedly
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+BASE = ("pop", "tier", "geo")
+STATES = {"idle": "warm", "busy": "busy"}
+
+
+class IsolateMetrics:
+    def __init__(self, base: tuple[str, str, str],
+                 functions: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        """`functions()`: (name, executor) of every deployed function; executors
+        without a ``pool`` (WASM) are skipped."""
+        self.base = base
+        self.functions = functions
+
+    def collect(self) -> Iterator[Metric]:
+        isolates = GaugeMetricFamily("edgefn_isolates", "Python isolates per state.",
+                                     labels=(*BASE, "function", "state"))
+        recycled = CounterMetricFamily("edgefn_isolates_recycled_total", "Python isolates "
+                                       "recycled after their jobs.", labels=(*BASE, "function"))
+        crashed = CounterMetricFamily("edgefn_isolates_crashed_total", "Isolate hosts that "
+                                      "died unexpectedly.", labels=(*BASE, "function"))
+        for name, executor in self.functions():
+            pool = getattr(executor, "pool", None)
+            if pool is None:
+                continue
+            counts = dict.fromkeys(STATES.values(), 0)
+            for isolate in tuple(pool.scheduler.isolates):
+                state = STATES.get(isolate.state)
+                if state is not None:
+                    counts[state] += 1
+            for state, n in counts.items():
+                isolates.add_metric((*self.base, name, state), n)
+            recycled.add_metric((*self.base, name), pool.scheduler.recycled)
+            crashed.add_metric((*self.base, name), pool.hosts.crashed)
+        return iter((isolates, recycled, crashed))

@@ -1,0 +1,139 @@
+"""``GET /metrics`` on a real PoP over loopback: the token, the separate listener,
+the format, and the isolates' figures read at scrape time."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.observe.event import Event
+from tests.observe.metrics.support import event, samples, value
+from tests.support import Running, host_pids, pop_thread, python_function
+
+TOKEN = "scrape-token-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(address: str, path: str = "/metrics", token: str | None = None,
+        accept: str | None = None, method: str = "GET") -> tuple[int, dict[str, str], str]:
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    if accept:
+        headers["accept"] = accept
+    try:
+        conn.request(method, path, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def observe(running: Running, *events: Event) -> None:
+    """Hand `events` to the PoP's observers on its loop, as the events stage does."""
+    async def on_loop() -> None:
+        for e in events:
+            for observer in running.pop.observers:
+                observer.observe(e)
+
+    assert running.loop is not None
+    asyncio.run_coroutine_threadsafe(on_loop(), running.loop).result(10)
+
+
+@pytest.fixture
+def secured(tmp_path: Path):
+    port = free_port()
+    with pop_thread(tmp_path / "data", **{"metrics.token": TOKEN, "name": "edge-test",
+                                          "geo": "fra",
+                                          "metrics.listen": f"127.0.0.1:{port}"}) as running:
+        yield running, f"127.0.0.1:{port}"
+
+
+def test_the_token_guards_both_listeners(secured):
+    running, listener = secured
+    admin = running.admin.info.admin
+    for address in (admin, listener):
+        status, headers, _ = get(address)
+        assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+        assert get(address, token="wrong-token-0123456789")[0] == 401
+        status, headers, body = get(address, token=TOKEN)
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain; version=")
+        assert "edgefn_requests_total" in body
+    # the admin token scrapes the admin listener too; it is not the metrics listener's
+    assert get(admin, token=running.admin.token)[0] == 200
+    assert get(listener, token=running.admin.token)[0] == 401
+    assert get(listener, path="/v1/functions", token=TOKEN)[0] == 404
+    assert get(listener, token=TOKEN, method="POST")[0] == 405
+
+
+def test_events_observed_on_the_pops_loop_show_in_the_scrape(secured):
+    running, listener = secured
+    observe(running, *(event(status=s, duration_ms=2.0) for s in (200, 200, 500)))
+    found = samples(get(listener, token=TOKEN)[2])
+    assert value(found, "edgefn_requests_total", function="hello", route="/hello",
+                 status_class="2xx", method="GET") == 2
+    assert value(found, "edgefn_requests_total", function="hello", route="/hello",
+                 status_class="5xx", method="GET") == 1
+
+
+def test_openmetrics_when_the_scraper_asks_for_it(secured):
+    _, listener = secured
+    status, headers, body = get(listener, token=TOKEN,
+                                accept="application/openmetrics-text; version=1.0.0")
+    assert status == 200
+    assert headers["content-type"].startswith("application/openmetrics-text")
+    assert body.rstrip().endswith("# EOF")
+
+
+def test_without_a_token_loopback_scrapes_are_open(tmp_path):
+    with pop_thread(tmp_path / "data") as running:
+        status, _, body = get(running.admin.info.admin)
+        assert status == 200 and "# TYPE edgefn_requests_total counter" in body
+        # the rest of the admin API still wants its token
+        assert get(running.admin.info.admin, path="/v1/functions")[0] == 401
+
+
+PY = """
+from edgefn import Response
+def handle(request, env):
+    return Response("hi")
+"""
+
+
+def test_isolates_warm_recycled_and_crashed(pop: Running, tmp_path: Path):
+    pop.deploy(python_function(tmp_path, "py", PY,
+                               pool="min = 1\nmax = 1\nstandby = false\nrecycle_after = 2"))
+    admin = pop.admin.info.admin
+    assert pop.get("/py")[0] == 200
+
+    def scrape() -> dict:
+        return samples(get(admin)[2])
+
+    found = scrape()
+    labels = {"pop": "edge-local", "tier": "edge", "geo": ""}
+    key = lambda name, **kw: (name, frozenset({**labels, "function": "py", **kw}.items()))  # noqa: E731
+    assert found[key("edgefn_isolates", state="warm")] == 1
+    assert found[key("edgefn_isolates", state="busy")] == 0
+    assert found[key("edgefn_isolates_recycled_total")] == 0
+    assert pop.get("/py")[0] == 200  # its second job: recycled after it
+    assert scrape()[key("edgefn_isolates_recycled_total")] == 1
+    assert scrape()[key("edgefn_isolates_crashed_total")] == 0
+    pid, = host_pids("py")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20  # the PoP notices the host's death on its own
+    while scrape()[key("edgefn_isolates_crashed_total")] != 1:
+        assert time.monotonic() < deadline, "the crash was never counted"
+        time.sleep(0.05)
