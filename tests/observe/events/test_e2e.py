@@ -34,6 +34,12 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
+def requests_total(pop: Running) -> float:
+    """The sum of ``edgefn_requests_total`` over its series, from a real scrape."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in pop.admin.metrics().splitlines()
+               if line.startswith("edgefn_requests_total{"))
+
+
 def events_of(pop: Running) -> list[Event]:
     return list(pop.pop.ring.events.copy())
 
@@ -53,6 +59,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 @given(kinds=st.lists(st.sampled_from(sorted(KINDS)), min_size=1, max_size=40))
 def test_n_concurrent_requests_make_exactly_n_events(served: Running, kinds: list[str]) -> None:
     rids = [f"t-{uuid.uuid4().hex[:16]}" for _ in kinds]
+    counted = requests_total(served)
 
     def send(i: int) -> int:
         status, _, _ = served.get(KINDS[kinds[i]][0], headers={"x-request-id": rids[i]})
@@ -67,6 +74,7 @@ def test_n_concurrent_requests_make_exactly_n_events(served: Running, kinds: lis
     time.sleep(0.05)  # a duplicate would come right after the first: give it a chance
     got = mine()
     assert sorted(e.rid for e in got) == sorted(expected)  # one each, and none for probes
+    assert requests_total(served) - counted == len(expected)  # events = requests = metric
     by_rid = {e.rid: e for e in got}
     for rid, k in zip(rids, kinds, strict=True):
         if k != "health":
