@@ -5,9 +5,11 @@ and the JSONL file) next to the same pipeline without it, measured in the same r
 
 Servers, all serving functions/examples/hello-wat with ``--no-ai``, alternated
 round by round (wrk -t1 -c32), best round of each kept:
-  (a) the default pipeline without the events stage;
-  (b) the default pipeline: events into the ring (10000 events);
-  (c) the same, and every event appended to DATA/events.jsonl.
+  (a) the default pipeline without the events stage (so no metrics are counted either:
+      they are an observer of the events);
+  (b) the default pipeline, events into the ring (10000 events), [metrics] off;
+  (c) the default pipeline: events into the ring and the Prometheus metrics;
+  (d) the same, and every event appended to DATA/events.jsonl.
 Ratios are to (a), of the best rounds and (median) within each round, which is
 steadier on a shared machine; the target is >= 0.9. Also the PoP process's CPU
 time per request (from /proc), which other load on the machine barely moves:
@@ -38,10 +40,11 @@ from runtime.admin.client import AdminClient  # noqa: E402
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
 
 
-def pop_toml(events: bool, file: bool) -> str:
+def pop_toml(events: bool, file: bool, metrics: bool = True) -> str:
     names = [n for n in config.load(None).stage_names() if events or n != "events"]
     text = "".join(f'[[pipeline]]\nstage = "{n}"\n' for n in names)
-    return text + ('[events]\nfile = "events.jsonl"\n' if file else "")
+    text += '[events]\nfile = "events.jsonl"\n' if file else ""
+    return text + ("" if metrics else "[metrics]\nenabled = false\n")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -57,10 +60,12 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-events-"))
     servers = {}
-    for name, events, file in (("no events stage", False, False), ("events, ring", True, False),
-                               ("events, ring + JSONL", True, True)):
+    for name, events, file, metrics in (
+            ("no events stage", False, False, True), ("events, ring, no metrics", True, False,
+                                                      False),
+            ("events, ring", True, False, True), ("events, ring + JSONL", True, True, True)):
         toml = work / f"{len(servers)}.toml"
-        toml.write_text(pop_toml(events, file))
+        toml.write_text(pop_toml(events, file, metrics))
         data = work / str(len(servers))
         servers[name] = (*start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO),
                          data)
@@ -94,17 +99,17 @@ def main() -> None:
             proc.wait(20)
     base = best["no events stage"]["rps"]
     print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
-    print(f"{'server':<24}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x without':>11}"
+    print(f"{'server':<26}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x without':>11}"
           f"{'median x/round':>16}")
     for name, r in best.items():
-        print(f"{name:<24}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+        print(f"{name:<26}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
               f"{r['rps'] / base:>11.2f}{statistics.median(ratios[name]):>16.2f}")
     base_cpu = statistics.median(cpu["no events stage"])
     print("\nCPU time of the PoP process per request (median of rounds; what other load on "
           "the machine barely changes):")
     for name, spent in cpu.items():
         us = statistics.median(spent)
-        print(f"  {name:<24}{us:>8.1f} us{base_cpu / us:>8.2f}x the req/s it allows")
+        print(f"  {name:<26}{us:>8.1f} us{base_cpu / us:>8.2f}x the req/s it allows")
     size = sum(len(str(e)) for e in ring)
     print(f"\nring: {len(ring)} events kept (ring_size 10000), about {size / 1e6:.1f} MB as "
           f"JSON ({size / max(len(ring), 1):.0f} B/event); JSONL file: {lines} lines")
