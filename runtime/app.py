@@ -70,6 +70,7 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
         await _start_ai(pop)
         for err in pop.registry.restore():
             log.error("%s", err)
+        pop.restored = True
         from runtime.admin.api import AdminApp
 
         public = Server(pop.pipeline, config.http)

@@ -54,6 +54,7 @@ from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
 from runtime.cache.settings import AICacheSettings, HttpCacheSettings
 from runtime.net.server import ServerConfig
+from runtime.observe.settings import EventsSettings, HealthSettings
 from runtime.observe.settings_metrics import MetricsSettings
 from runtime.security.settings import AuthSettings, BotSettings, RateLimitSettings, WafSettings
 
@@ -94,6 +95,16 @@ class RequestIdStage(StageConfig, frozen=True, tag="request_id"):
 
     header: str = "x-request-id"
     trust_incoming: bool = True
+
+
+class HealthStage(StageConfig, frozen=True, tag="health"):
+    """``[health]`` live/ready paths (and the OpenAI API's ``/health``), answered
+    before everything else: probes make no event and no metric."""
+
+
+class EventsStage(StageConfig, frozen=True, tag="events"):
+    """One `Event` per request to the PoP's observers (ring, JSONL file, metrics);
+    settings in ``[events]``."""
 
 
 class AccessLogStage(StageConfig, frozen=True, tag="access_log"):
@@ -139,14 +150,15 @@ class DispatchStage(StageConfig, frozen=True, tag="dispatch"):
     """Run the routed function."""
 
 
-Stage = (RequestIdStage | AccessLogStage | WafStage | BotsStage | AuthStage | RateLimitStage
-         | HttpCacheStage | AICacheStage | OpenAIStage | RouteStage | DispatchStage)
+Stage = (HealthStage | RequestIdStage | EventsStage | AccessLogStage | WafStage | BotsStage
+         | AuthStage | RateLimitStage | HttpCacheStage | AICacheStage | OpenAIStage | RouteStage
+         | DispatchStage)
 
 
 def default_pipeline() -> list[Stage]:
-    return [RequestIdStage(), AccessLogStage(), WafStage(), BotsStage(), AuthStage(),
-            RateLimitStage(), HttpCacheStage(), AICacheStage(), OpenAIStage(), RouteStage(),
-            DispatchStage()]
+    return [HealthStage(), RequestIdStage(), EventsStage(), AccessLogStage(), WafStage(),
+            BotsStage(), AuthStage(), RateLimitStage(), HttpCacheStage(), AICacheStage(),
+            OpenAIStage(), RouteStage(), DispatchStage()]
 
 
 class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -168,6 +180,8 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     ratelimit: RateLimitSettings = field(default_factory=RateLimitSettings)
     http_cache: HttpCacheSettings = field(default_factory=HttpCacheSettings)
     ai_cache: AICacheSettings = field(default_factory=AICacheSettings)
+    events: EventsSettings = field(default_factory=EventsSettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)  # runtime.observe.metrics
     pipeline: list[Stage] = field(default_factory=default_pipeline)
 

@@ -6,8 +6,9 @@
             ├─ registry (deployed functions, router)
             ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
             ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
+            ├─ observers (the events stage's fan-out of every request's `Event`: the ring,
+            │  the JSONL file, metrics)
             ├─ pipeline (the stages, in config order): the public listener's app
-            ├─ observers (get every request's `Event` from the events stage)
             └─ metrics (Prometheus, `runtime.observe.metrics_pop`) when [metrics] is on
 
 Nothing is patched in after construction; `runtime.app` starts and stops it.
@@ -22,8 +23,10 @@ from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Registry
-from runtime.observe.event import Observer
 from runtime.observe.metrics_pop import PopMetrics
+from runtime.observe.observers import Observers
+from runtime.observe.ring import Ring
+from runtime.observe.sink import JsonlSink
 from runtime.pipeline import build
 from runtime.security.keys import KeyRing, KeyStore
 from runtime.security.settings import merge
@@ -44,12 +47,21 @@ class PoP:
                                  build.reserved_paths(config), config.insecure_python,
                                  self._vet)
         self.http_cache: HttpCache | None = None
-        self.observers: list[Observer] = []  # the events stage calls each for every request
+        self.restored = False  # deployed functions are loaded (`runtime.app` sets it)
+        events = config.events
+        self.ring = Ring(events.ring_size, events.max_event_bytes)
+        self.observers = Observers()  # every request's Event (the `events` stage)
+        self.observers.add(self.ring)
+        self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
         try:
+            if events.file:
+                self.events_file = JsonlSink(self.data_dir / events.file, events.max_bytes,
+                                             events.backups)
+                self.observers.add(self.events_file)
             if config.metrics.enabled:
                 self.metrics = self._metrics()
-                self.observers.append(self.metrics.requests)
+                self.observers.add(self.metrics.requests)
             if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
                                                  for s in config.pipeline):
                 self.http_cache = HttpCache(config.http_cache, self.data_dir)
@@ -73,8 +85,17 @@ class PoP:
 
             check_available(merge(self.config.waf, m.waf), f"function {m.name!r}")
 
+    def waiting_for(self) -> list[str]:
+        """What keeps the PoP from being ready (``/readyz``): empty when ready."""
+        waiting = [] if self.restored else ["functions"]
+        if self.ai is not None and not self.ai.client.connected.is_set():
+            waiting.append("model_worker")
+        return waiting
+
     def close(self) -> None:
         """Release functions and stores (the model worker is closed by `runtime.app`)."""
+        if self.events_file is not None:
+            self.events_file.close()
         self.registry.close()
         self.wasm.close()
         self.stores.close()

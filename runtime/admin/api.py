@@ -19,6 +19,9 @@ rolls back and deletes only functions whose ``owner`` is that tenant.
     POST   /v1/cache/purge                    exactly one of {"key": URL}, {"prefix": "/p/"},
                                               {"tag": "t"}, {"function": "name"}
     GET    /v1/cache/stats                    what the caches decided (CacheStats.snapshot)
+    GET    /v1/events?since=10m&function=F&status=5xx&tenant=T&path=/p&method=GET&min_ms=N&limit=N
+                                              the ring's events, oldest first (`edgefn events`)
+    GET    /v1/events/stream?...              the same filters, live as SSE (`edgefn tail`)
     GET    /metrics                           Prometheus metrics ([metrics]; its own token,
                                               or none: see `runtime.observe.metrics_http`)
 """
@@ -38,9 +41,13 @@ from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
 from runtime.bindings import operate
 from runtime.functions import deploys
 from runtime.net.message import Request, Response, json_response
+from runtime.observe import stream
 from runtime.pop import PoP
 from runtime.security.keys import is_well_formed
 from runtime.security.principal import Principal
+
+JSON = (b"content-type", b"application/json")
+SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
 class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -71,6 +78,7 @@ class AdminApp:
         self.pop = pop
         self.token = f"Bearer {token}".encode()
         self.pop_loop = pop_loop
+        self.heartbeat = stream.HEARTBEAT  # seconds between SSE heartbeats of /v1/events/stream
         metrics = getattr(pop, "metrics", None)  # None: a socket-free test's stand-in PoP
         self.metrics = metrics.endpoint(pop_loop, token) if metrics is not None else None
 
@@ -142,6 +150,13 @@ class AdminApp:
                     return self._purge(request.body, who)
                 case ["v1", "cache", "stats"] if method == b"GET":
                     return json_response({"stats": self.pop.stores.cache_stats.snapshot()})
+                case ["v1", "events"] if method == b"GET":
+                    return Response(200, [JSON], stream.listing(self.pop.ring,
+                                                                stream.parse(request.query)))
+                case ["v1", "events", "stream"] if method == b"GET":
+                    return Response(200, list(SSE), stream.follow(
+                        self.pop.ring, stream.parse(request.query),
+                        self.pop.config.events.subscriber_queue, self.heartbeat))
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.on_pop(self.pop.registry.delete(name))
                     return json_response({"deleted": name})

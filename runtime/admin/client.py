@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,26 @@ class AdminClient:
             err = data.get("error", {})
             raise AdminError(err.get("kind", "error"), resp.status, err.get("message", str(data)))
         return data
+
+    def stream(self, path: str) -> Iterator[bytes]:
+        """The lines of a streamed answer (SSE), as they come, until the PoP ends it.
+        Raises `AdminError` for an error answer, `Failure` (``pop_unreachable``)."""
+        host, port = self.info.admin.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=None)
+        try:
+            try:
+                conn.request("GET", path, headers={"authorization": f"Bearer {self.token}"})
+                resp = conn.getresponse()
+            except (ConnectionError, OSError) as e:
+                raise Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
+                              f"{self.info.admin}: {e}") from None
+            if resp.status >= 400:
+                err = json.loads(resp.read() or b"{}").get("error", {})
+                raise AdminError(err.get("kind", "error"), resp.status, err.get("message", ""))
+            while line := resp.readline():
+                yield line
+        finally:
+            conn.close()
 
     def metrics(self) -> str:
         """The PoP's Prometheus exposition (``GET /metrics``). Raises `AdminError`,

@@ -29,7 +29,9 @@ import msgspec
 
 from edgefn_core.errors import ApiError, EdgefnError, WorkerError
 from gpu_worker.client import Generation
+from gpu_worker.protocol import Done
 from runtime.ai.service import AIService
+from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
 
 if TYPE_CHECKING:
@@ -159,7 +161,7 @@ class OpenAIApi:
         if path == b"/v1/embeddings":
             return await self.embeddings(_allowed(_decode(request.body, EmbeddingsBody), who),
                                          ctx)
-        return await self.rerank(_allowed(_decode(request.body, RerankBody), who))
+        return await self.rerank(_allowed(_decode(request.body, RerankBody), who), ctx)
 
     async def models(self, who: Principal | None = None) -> Response:
         """The models `who` may use (all of them for an anonymous caller)."""
@@ -187,6 +189,9 @@ class OpenAIApi:
                                    "only one prompt per request is supported", param="prompt")
                 prompt = prompt[0]
             params["prompt"] = prompt
+        record = UsageRecord(ctx, "chat" if chat else "text_completion", body.model,
+                             stream=body.stream, adapter=self._base_of(body.model),
+                             prompt=prompt_of(params))
         ticket = await self._admit(ctx, body.model, body.stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
@@ -196,14 +201,16 @@ class OpenAIApi:
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
-                sse = _sse(gen, first, rid, body.model, chat, usage, ticket)
+                record.first_token()
+                sse = _sse(gen, first, rid, body.model, chat, usage, ticket, record)
                 if ticket is not None:  # a body never read settles when it is dropped
                     weakref.finalize(sse, ticket.abandon)
                 return Response(200, list(SSE_HEADERS), sse)
-            text, done = await gen.collect()
+            text, done = await _collect(gen, record)
             if ticket is not None:
                 await ticket.settle(done.prompt_tokens + done.completion_tokens)
         except BaseException as e:
+            record.finish(None, gen.tokens if gen is not None else 0, "error")
             if ticket is not None:
                 await ticket.settle(used_by(ticket, gen, e))
             if not isinstance(e, WorkerError):
@@ -229,8 +236,10 @@ class OpenAIApi:
             raise ApiError("invalid_request", 400, "encoding_format must be 'float' or 'base64'",
                            param="encoding_format")
         inputs = [body.input] if isinstance(body.input, str) else body.input
+        record = UsageRecord(ctx, "embeddings", body.model)
         ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
         out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs))
+        record.counted(out["tokens"])
         data = [{"object": "embedding", "index": i,
                  "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
                 for i, v in enumerate(out["embeddings"])]
@@ -248,11 +257,17 @@ class OpenAIApi:
         return await self.budgets.admit_ai(self.budgets.payer(ctx.principal), self.ai.client,
                                            model, stream, max_tokens, **text)
 
-    async def rerank(self, body: RerankBody) -> Response:
+    def _base_of(self, model: str) -> str | None:
+        """The base model of LoRA adapter `model`, or None for a base model."""
+        return next((lo.base for lo in self.ai.loras if lo.name == model), None)
+
+    async def rerank(self, body: RerankBody, ctx: Context | None = None) -> Response:
         texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
         if body.top_n is not None and body.top_n < 1:
             raise ApiError("invalid_request", 400, "top_n must be at least 1", param="top_n")
+        record = UsageRecord(ctx, "rerank", body.model)
         out = await self.ai.client.rerank(body.model, body.query, texts, body.top_n)
+        record.counted(out["tokens"])
         results = [{"index": r["index"], "relevance_score": r["relevance_score"],
                     **({"document": {"text": texts[r["index"]]}} if body.return_documents
                        else {})} for r in out["results"]]
@@ -307,6 +322,18 @@ def _b64_floats(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
+async def _collect(gen: Generation, record: UsageRecord) -> tuple[str, Done]:
+    """`Generation.collect`, noting when the first chunk came. Raises `WorkerError`."""
+    parts = []
+    async for chunk in gen:
+        record.first_token()
+        parts.append(chunk)
+    done = gen.done
+    assert done is not None
+    record.finish(done)
+    return "".join(parts) or done.text, done
+
+
 async def _first(gen: Generation) -> str | None:
     """The first chunk, or None if the generation ended without output. Raises
     `WorkerError` (so the client gets a proper status before the stream starts)."""
@@ -324,7 +351,8 @@ def _event(data: Any) -> bytes:
 
 
 async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: bool,
-               include_usage: bool, ticket: Ticket | None = None) -> AsyncIterator[bytes]:
+               include_usage: bool, ticket: Ticket | None = None,
+               record: UsageRecord | None = None) -> AsyncIterator[bytes]:
     """The SSE body. A failure mid-stream becomes an ``error`` event (the status
     line has gone already); a client that goes away cancels the generation. Its
     end settles `ticket`."""
@@ -362,6 +390,8 @@ async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: b
         yield _event({"error": {"message": str(e), "type": "server_error", "param": None,
                                 "code": e.code}})
     finally:
+        if record is not None:
+            record.finish(gen.done, gen.tokens)
         if ticket is not None:
             await ticket.settle(used_by(ticket, gen, None))
         await gen.aclose()

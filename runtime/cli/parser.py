@@ -120,7 +120,7 @@ def build() -> Parser:
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
                 _ai_commands, _keys_command, _limits_command, _cache_command,
-                _metrics_command, _doctor_command):
+                _events_commands, _metrics_command, _doctor_command):
         add(commands)
     return p
 
@@ -284,6 +284,27 @@ def _cache_command(c: Commands) -> None:
         one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
     c.op(ops, "stats", "hit rates per cache, function, model and tenant",
          "edgefn cache stats --json")
+
+
+def _events_commands(c: Commands) -> None:
+    t = c.add("tail", "runtime.cli.events:tail_command",
+              "follow a running PoP's requests live, one line each (Ctrl-C stops)",
+              "edgefn tail --function hello --status 5xx", json=True)
+    _event_filters(t)
+    e = c.add("events", "runtime.cli.events:events_command",
+              "the recent requests a running PoP kept in its events ring",
+              "edgefn events --since 10m --status 5xx", json=True)
+    e.add_argument("--since", default="10m",
+                   help="how far back: seconds or a duration (90, 10m, 2h, 1d)")
+    e.add_argument("--limit", type=int, default=100, help="at most this many (the newest)")
+    _event_filters(e)
+
+
+def _event_filters(s: Parser) -> None:
+    s.add_argument("--function", help="only this function, name or name@version (default: all)")
+    s.add_argument("--status", help="only this status (404) or class (5xx) (default: all)")
+    s.add_argument("--tenant", help="only requests of this tenant (default: all)")
+    s.add_argument("--path", help="only paths starting with this prefix (default: all)")
 
 
 def _metrics_command(c: Commands) -> None:

@@ -15,7 +15,7 @@ import msgspec
 V = 1  # bump when a field changes meaning or goes away (adding one does not)
 
 
-class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True):
+class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     """A model call made for the request (the OpenAI API's; the ``ai`` binding's
     calls are counted per call by the metrics, not per request)."""
 
@@ -29,9 +29,12 @@ class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True):
     tokens_per_s: float | None = None
     finish_reason: str | None = None
     stream: bool = False
+    prompt: str | None = None  # only with `[events] prompts = true`, PII-scrubbed, truncated
 
 
-class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
+# gc=False: a ring holds thousands of events; they never form reference cycles, so the
+# collector need not track them (their `decisions` dicts are tracked on their own).
+class Event(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     v: int = V
     ts: float  # when the request arrived, Unix seconds
     rid: str  # request id (x-request-id)
@@ -47,6 +50,7 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
     method: str
     host: str
     path: str
+    query: str = ""  # the query string, without "?"
     status: int
     target: str | None = None  # "hello@1a2b3c4d", "openai", None when nothing served it
     route: str | None = None
@@ -57,6 +61,7 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True):
     duration_ms: float = 0.0
     error: str | None = None  # x-edgefn-error / the OpenAI error code
     ai: AIUsage | None = None
+    sampled: bool = True  # False: metrics-only, the ring and the file skip it (`[events] sample`)
 
 
 class Observer(Protocol):

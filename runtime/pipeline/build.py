@@ -23,18 +23,24 @@ def build(pop: PoP) -> Chain:
     targets = _targets(pop)
     stages = [s for s in (_make(cfg, pop, targets) for cfg in pop.config.pipeline)
               if s is not None]
-    timed = any(isinstance(s, c.AccessLogStage) and s.format == "json"
+    timed = any((isinstance(s, c.AccessLogStage) and s.format == "json")
+                or (isinstance(s, c.EventsStage) and pop.config.events.stage_timings)
                 for s in pop.config.pipeline)
     return Chain(stages, timed)
 
 
 def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
     """Paths built-in stages answer, which no function route may cover."""
+    reserved: set[bytes] = set()
     if config.ai.enabled and any(isinstance(s, c.OpenAIStage) for s in config.pipeline):
         from runtime.ai.openai_api import PATHS
 
-        return PATHS
-    return frozenset()
+        reserved |= PATHS
+    if any(isinstance(s, c.HealthStage) for s in config.pipeline):
+        from runtime.pipeline.stages.health import paths
+
+        reserved |= paths(config)
+    return frozenset(reserved)
 
 
 def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
@@ -65,6 +71,14 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.request_id import RequestId
 
             return RequestId(cfg)
+        case c.HealthStage():
+            from runtime.pipeline.stages.health import Health
+
+            return Health.for_pop(pop)
+        case c.EventsStage():
+            from runtime.pipeline.stages.events import Events
+
+            return Events(pop.config, pop.observers)
         case c.AccessLogStage():
             from runtime.pipeline.stages.access_log import AccessLog
 

@@ -1,0 +1,51 @@
+"""Redaction of event fields (`[events] redact`) and a PII scrubber for the
+prompts an operator chose to record (`[events] prompts`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from runtime.observe.event import Event
+
+MASK = "[redacted]"
+PROMPT_CHARS = 512  # a recorded prompt is cut to this many characters
+# Order matters: a card number would also read as a phone number.
+_PII = [
+    ("[email]", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")),
+    ("[card]", re.compile(r"\b(?:\d[ -]?){12,18}\d\b")),
+    ("[ip]", re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b"
+                        r"|\b[0-9a-fA-F]{1,4}:(?:[0-9a-fA-F]{0,4}:){1,6}[0-9a-fA-F]{1,4}\b")),
+    ("[phone]", re.compile(r"(?<![\w])\+?\(?\d{1,4}\)?(?:[ .-]?\(?\d{2,4}\)?){2,5}(?![\w])")),
+]
+
+
+def scrub(text: str) -> str:
+    """`text` with e-mail addresses, card numbers, IP addresses and phone numbers
+    masked, cut to `PROMPT_CHARS`."""
+    text = text[:PROMPT_CHARS]
+    for mask, pattern in _PII:
+        text = pattern.sub(mask, text)
+    return text
+
+
+class Redactor:
+    """Blanks the fields named in `[events] redact` (a name `Redactable` lists)."""
+
+    def __init__(self, fields: Iterable[str]) -> None:
+        names = set(fields)
+        self.prompt = "prompt" in names
+        self.changes: dict[str, Any] = {}
+        for name in names - {"prompt"}:
+            self.changes[name] = {} if name == "decisions" else (
+                None if name in ("tenant", "key_id", "subject", "agent") else MASK)
+
+    def __call__(self, event: Event) -> Event:
+        if self.changes:
+            event = msgspec.structs.replace(event, **self.changes)
+        if self.prompt and event.ai is not None and event.ai.prompt is not None:
+            event.ai = msgspec.structs.replace(event.ai, prompt=MASK)
+        return event

@@ -1,0 +1,248 @@
+"""`Ring`: the last `[events] ring_size` events in memory, queried by the admin
+API (`edgefn events`) and followed live by subscribers (`edgefn tail`).
+
+The ring is fed on the PoP's loop and read from the admin API's thread: the
+deque is only appended to there, and a reader copies it (one C call under the
+GIL) before filtering. A subscriber's buffer is bounded: when it is full, newer
+events are dropped and counted, and the subscriber is told how many it missed;
+the PoP never waits for a reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+import msgspec
+
+from edgefn_core.errors import InvalidConfig
+from runtime.observe.event import Event
+
+MAX_TEXT = 1024  # path and query characters a ring event keeps
+MAX_LIMIT = 10_000
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+Clock = Callable[[], float]
+
+
+class Query(msgspec.Struct, frozen=True, kw_only=True):
+    """Which events to return: all given filters must match."""
+
+    since: float | None = None  # seconds back from now
+    function: str | None = None  # a function's name ("hello") or target label ("hello@1a2b")
+    status: int | None = None  # an exact status ...
+    status_class: int | None = None  # ... or its class: 5 for "5xx"
+    tenant: str | None = None
+    path: str | None = None  # a path prefix
+    method: str | None = None
+    min_ms: float | None = None
+    limit: int = 100
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str]) -> Query:
+        """From the admin API's query parameters. Raises `InvalidConfig` naming the
+        parameter (`field`) for an unknown one or a bad value."""
+        known = {"since", "function", "status", "tenant", "path", "method", "min_ms", "limit"}
+        for name in params:
+            if name not in known:
+                raise _bad(name, f"unknown filter; use one of {', '.join(sorted(known))}")
+        status, status_class = _status(params.get("status"))
+        return cls(since=_since(params.get("since")), function=params.get("function") or None,
+                   status=status, status_class=status_class, tenant=params.get("tenant") or None,
+                   path=_prefix(params.get("path")), method=_method(params.get("method")),
+                   min_ms=_number("min_ms", params.get("min_ms")),
+                   limit=_limit(params.get("limit")))
+
+    def matcher(self, now: float) -> Callable[[Event], bool]:
+        """A predicate for this query's filters (`since` relative to `now`)."""
+        after = now - self.since if self.since is not None else None
+
+        def match(e: Event) -> bool:
+            return ((after is None or e.ts >= after)
+                    and (self.function is None or self.function in (
+                        _function(e.target), e.target))
+                    and (self.status is None or e.status == self.status)
+                    and (self.status_class is None or e.status // 100 == self.status_class)
+                    and (self.tenant is None or e.tenant == self.tenant)
+                    and (self.path is None or e.path.startswith(self.path))
+                    and (self.method is None or e.method == self.method)
+                    and (self.min_ms is None or e.duration_ms >= self.min_ms))
+
+        return match
+
+
+class Subscriber:
+    """A live follower on its own loop (the admin API's): `get()` waits for the
+    next batch. Fed from the PoP's loop through `push`, which never blocks."""
+
+    def __init__(self, match: Callable[[Event], bool], size: int,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.match, self.size, self.loop = match, size, loop
+        self.buffer: deque[Event] = deque()
+        self.dropped = 0  # events lost since the last `get`
+        self._ready = asyncio.Event()
+        self._wake_pending = False
+
+    def push(self, event: Event) -> None:
+        if not self.match(event):
+            return
+        if len(self.buffer) >= self.size:
+            self.dropped += 1
+        else:
+            self.buffer.append(event)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_pending = False
+        self._ready.set()
+
+    async def get(self, timeout: float) -> tuple[list[Event], int]:
+        """The events buffered (oldest first) and how many were dropped since the
+        last call; both empty/0 after `timeout` seconds without any."""
+        if not self.buffer and not self.dropped:
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout)
+            except TimeoutError:
+                return [], 0
+        self._ready.clear()
+        events = [self.buffer.popleft() for _ in range(len(self.buffer))]
+        dropped, self.dropped = self.dropped, 0
+        return events, dropped
+
+
+class Ring:
+    """The last `size` sampled events; an `Observer`."""
+
+    def __init__(self, size: int, max_event_bytes: int = 4096, clock: Clock = time.time) -> None:
+        self.events: deque[Event] = deque(maxlen=size)
+        self.max_event_bytes = max_event_bytes
+        self.clock = clock
+        self.subscribers: list[Subscriber] = []
+
+    def observe(self, event: Event) -> None:
+        if not event.sampled:
+            return
+        size = len(event.path) + len(event.query) + len(event.host)
+        # the stages' records are small unless they quote the request (the HTTP cache's
+        # key: host and path) or list WAF rules: only then is their size measured
+        if size > MAX_TEXT or ((size > 256 or "waf" in event.decisions)
+                               and _too_big(event, self.max_event_bytes)):
+            event = _bounded(event, self.max_event_bytes)
+        self.events.append(event)
+        for sub in self.subscribers:
+            sub.push(event)
+
+    def query(self, q: Query) -> list[Event]:
+        """The newest `q.limit` events matching `q`, oldest first."""
+        match = q.matcher(self.clock())
+        out: list[Event] = []
+        for e in reversed(self.events.copy()):  # copy: the PoP's loop appends meanwhile
+            if match(e):
+                out.append(e)
+                if len(out) >= q.limit:
+                    break
+        out.reverse()
+        return out
+
+    def subscribe(self, q: Query, size: int) -> Subscriber:
+        """A follower of new events matching `q` (its `since` and `limit` are
+        ignored), on the running loop; `unsubscribe` it when done."""
+        sub = Subscriber(q.matcher(0.0), size, asyncio.get_running_loop())
+        self.subscribers = [*self.subscribers, sub]  # replaced, never mutated: read elsewhere
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers = [s for s in self.subscribers if s is not sub]
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+def encoded_size(event: Event) -> int:
+    return len(msgspec.json.encode(event))
+
+
+def _too_big(event: Event, cap: int) -> bool:
+    return bool(event.decisions) and len(msgspec.json.encode(event.decisions)) > cap // 2
+
+
+def _bounded(event: Event, cap: int) -> Event:
+    """`event` with a long path/query cut and oversized decisions replaced by
+    their size, so that one event holds about `cap` bytes at most."""
+    decisions = event.decisions
+    if decisions and (size := len(msgspec.json.encode(decisions))) > cap // 2:
+        decisions = {"truncated": size}
+    return msgspec.structs.replace(event, path=event.path[:MAX_TEXT // 2],
+                                   query=event.query[:MAX_TEXT // 2],
+                                   host=event.host[:MAX_TEXT // 4], decisions=decisions)
+
+
+def _function(label: str | None) -> str | None:
+    return label.partition("@")[0] if label is not None else None
+
+
+def _bad(name: str, message: str) -> InvalidConfig:
+    return InvalidConfig("query", message, name)
+
+
+def _since(text: str | None) -> float | None:
+    """``"90"``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``: seconds."""
+    if not text:
+        return None
+    m = _DURATION.match(text.strip())
+    if m is None:
+        raise _bad("since", f"expected seconds or a duration like 10m, 2h, 1d; got {text!r}")
+    return float(m[1]) * _UNITS[m[2]]
+
+
+def _status(text: str | None) -> tuple[int | None, int | None]:
+    """``"404"`` -> (404, None); ``"5xx"`` -> (None, 5)."""
+    if not text:
+        return None, None
+    t = text.strip().lower()
+    if re.fullmatch(r"[1-5]xx", t):
+        return None, int(t[0])
+    if re.fullmatch(r"[1-5]\d\d", t):
+        return int(t), None
+    raise _bad("status", f"expected a status (404) or a class (5xx), got {text!r}")
+
+
+def _prefix(text: str | None) -> str | None:
+    if not text:
+        return None
+    if not text.startswith("/"):
+        raise _bad("path", f"expected a path prefix starting with /, got {text!r}")
+    return text
+
+
+def _method(text: str | None) -> str | None:
+    if not text:
+        return None
+    if not re.fullmatch(r"[A-Za-z]{1,16}", text):
+        raise _bad("method", f"expected an HTTP method (GET), got {text!r}")
+    return text.upper()
+
+
+def _number(name: str, text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise _bad(name, f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _limit(text: str | None) -> int:
+    if not text:
+        return 100
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise _bad("limit", f"expected an integer 1..{MAX_LIMIT}, got {text!r}")
+    return int(text)

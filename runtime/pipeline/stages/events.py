@@ -1,0 +1,160 @@
+"""`events`: one `Event` per request, handed to the PoP's `Observers` once the
+response is done (a streamed body: when its stream ends or the client goes
+away, with the bytes actually sent).
+
+Placed right after ``request_id``, it sees the final response of everything
+after it, contained errors and refusals included. The event is a msgspec
+Struct holding references to what the stages recorded (``ctx.decisions`` is
+not copied); nothing is encoded here. Sampling (`[events] sample`, errors always
+kept) marks an event for the ring and the file only; redaction applies before
+any observer sees it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+
+from runtime.config import PopConfig
+from runtime.net.message import Request, Response
+from runtime.observe.event import AIUsage, Event
+from runtime.observe.observers import Observers
+from runtime.observe.redact import Redactor, scrub
+from runtime.pipeline.stage import Context, Next, Result, then
+
+AI_OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
+                 "/v1/embeddings": "embeddings", "/v1/rerank": "rerank"}
+
+
+class _Asked(msgspec.Struct):
+    model: str = ""
+    stream: bool = False
+
+
+class Events:
+    name = "events"
+
+    def __init__(self, config: PopConfig, observers: Observers,
+                 clock: Callable[[], float] = time.time,
+                 rand: Callable[[], float] = random.random) -> None:
+        settings = config.events
+        self.observers = observers
+        self.pop, self.tier, self.geo = config.name, config.tier, config.geo
+        self.sample = settings.sample
+        self.prompts = settings.prompts
+        self.redact = Redactor(settings.redact) if settings.redact else None
+        self.clock, self.rand = clock, rand
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        ts = self.clock()
+        result = call_next(request, ctx)
+        if isinstance(result, Response):
+            return self._done(result, request, ctx, ts)
+        return then(result, self._done, request, ctx, ts)
+
+    def _done(self, response: Response, request: Request, ctx: Context, ts: float) -> Response:
+        body = response.body
+        if isinstance(body, bytes):
+            self.emit(request, ctx, response, ts, len(body))
+        else:
+            response.body = self._counted(request, ctx, response, ts, body)
+        return response
+
+    async def _counted(self, request: Request, ctx: Context, response: Response, ts: float,
+                       body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        sent = 0
+        try:
+            async for chunk in body:
+                sent += len(chunk)
+                yield chunk
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            self.emit(request, ctx, response, ts, sent)
+
+    def emit(self, request: Request, ctx: Context, response: Response, ts: float,
+             sent: int) -> None:
+        """Build the event and hand it to every observer. Only the fields that
+        usually hold something are passed to the constructor; the rest are set
+        when present (the constructor's cost grows with its arguments)."""
+        status = response.status
+        target = ctx.target
+        event = Event(ts=ts, rid=ctx.request_id.decode("latin-1"), pop=self.pop, tier=self.tier,
+                      client=ctx.ip, method=_text(request.method), host=_text(request.host),
+                      path=request.path.decode("latin-1"), status=status,
+                      target=target.label if target is not None else None,
+                      bytes_out=sent, duration_ms=round(ctx.elapsed_ms(), 3))
+        if self.geo:
+            event.geo = self.geo
+        if request.query:
+            event.query = request.query.decode("latin-1")
+        if request.body:
+            event.bytes_in = len(request.body)
+        if ctx.route:
+            event.route = ctx.route
+        if ctx.marks:
+            event.stages_ms = ctx.timings()
+        if ctx.bot is not None or ctx.agent is not None:
+            event.bot, event.agent = ctx.bot, ctx.agent
+        who = ctx.principal
+        if who is not None:
+            event.tenant, event.key_id, event.subject = who.tenant, who.key_id, who.subject
+        if ctx.decisions:
+            self._decisions(event, request, ctx.decisions)
+        if status >= 400:
+            event.error = _error(response)
+        if status < 500 and self.sample < 1.0 and self.rand() >= self.sample:
+            event.sampled = False
+        if self.redact is not None:
+            event = self.redact(event)
+        self.observers.observe(event)
+
+    def _decisions(self, event: Event, request: Request, decisions: dict[str, Any]) -> None:
+        """The stages' records, the AI call's moved to `Event.ai`."""
+        ai = decisions.pop("ai", None)
+        if ai is None and "ai_cache" in decisions:
+            ai = _cached(request, decisions["ai_cache"])
+        if ai is not None:
+            if ai.prompt is not None:
+                ai.prompt = scrub(ai.prompt) if self.prompts else None
+            event.ai = ai
+        event.decisions = decisions
+
+
+_texts: dict[bytes, str] = {}  # methods and hosts: few distinct values, decoded once
+
+
+def _text(raw: bytes) -> str:
+    text = _texts.get(raw)
+    if text is None:
+        text = raw.decode("latin-1")
+        if len(_texts) < 1024:
+            _texts[raw] = text
+    return text
+
+
+def _error(response: Response) -> str | None:
+    for name, value in response.headers:
+        if name == b"x-edgefn-error":
+            return value.decode("latin-1")
+    return None
+
+
+def _cached(request: Request, record: Any) -> AIUsage | None:
+    """What an AI-cache hit (answered before the OpenAI API) saved: the prompt
+    tokens it did not send to the model."""
+    if not isinstance(record, dict) or not str(record.get("outcome", "")).startswith("hit"):
+        return None
+    try:
+        asked = msgspec.json.decode(request.body, type=_Asked)
+    except msgspec.MsgspecError:
+        asked = _Asked()
+    tokens = int(record.get("cached_tokens", 0))
+    return AIUsage(operation=AI_OPERATIONS.get(request.path.decode("latin-1"), "chat"),
+                   model=asked.model, prompt_tokens=tokens, cached_tokens=tokens,
+                   stream=asked.stream)

@@ -1,0 +1,91 @@
+"""AI fields of events and readiness with a real model worker (the packaged
+chat model): what a completion and a stream did, and /readyz and /health
+flipping to 503 while the worker is down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.observe.event import Event
+from tests.support import Running, pop_thread
+
+CHAT = "smollm2-135m"
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def ai_pop(tmp_path: Path) -> Iterator[Running]:
+    with pop_thread(tmp_path / "data", ai=True, **{"ai_cache.enabled": False}) as running:
+        yield running
+
+
+def event_of(pop: Running, rid: str) -> Event:
+    found: list[Event] = []
+
+    def seen() -> bool:
+        found[:] = [e for e in pop.pop.ring.events.copy() if e.rid == rid]
+        return bool(found)
+    wait_for(seen, 10, f"the event of {rid}")
+    assert len(found) == 1
+    return found[0]
+
+
+def chat(pop: Running, stream: bool) -> tuple[str, bytes]:
+    rid = f"ai-{uuid.uuid4().hex[:12]}"
+    body = {"model": CHAT, "max_tokens": 8, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": "Say hello to ann@example.com"}]}
+    status, _, data = pop.request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                                  {"content-type": "application/json", "x-request-id": rid},
+                                  timeout=60)
+    assert status == 200
+    return rid, data
+
+
+def test_a_completion_and_a_stream_record_model_tokens_ttft_and_finish(ai_pop: Running
+                                                                       ) -> None:
+    rid, data = chat(ai_pop, stream=False)
+    usage = json.loads(data)["usage"]
+    ai = event_of(ai_pop, rid).ai
+    assert ai is not None and (ai.operation, ai.model, ai.stream) == ("chat", CHAT, False)
+    assert (ai.prompt_tokens, ai.completion_tokens) == (usage["prompt_tokens"],
+                                                        usage["completion_tokens"])
+    assert ai.finish_reason in ("stop", "length") and ai.prompt is None
+    e = event_of(ai_pop, rid)
+    assert ai.ttft_ms is not None and 0 < ai.ttft_ms <= e.duration_ms
+    assert ai.completion_tokens <= 1 or (ai.tokens_per_s or 0) > 0
+
+    rid, data = chat(ai_pop, stream=True)
+    assert data.endswith(b"data: [DONE]\n\n")
+    e = event_of(ai_pop, rid)
+    assert e.ai is not None and e.ai.stream and e.ai.finish_reason in ("stop", "length")
+    assert 1 <= e.ai.completion_tokens <= 8 and e.bytes_out == len(data)
+    assert e.ai.ttft_ms is not None and 0 < e.ai.ttft_ms <= e.duration_ms
+
+
+def test_readyz_and_health_are_503_while_the_worker_is_down(ai_pop: Running) -> None:
+    assert ai_pop.get("/readyz")[0] == 200 and ai_pop.get("/health")[0] == 200
+    assert ai_pop.pop.ai is not None
+    pid = ai_pop.pop.ai.client.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: ai_pop.get("/readyz")[0] == 503, 10, "/readyz says not ready")
+    status, _, body = ai_pop.get("/readyz")
+    assert status == 503 and json.loads(body)["waiting_for"] == ["model_worker"]
+    assert ai_pop.get("/health")[0] == 503  # the worker takes seconds to load its models
+    wait_for(lambda: ai_pop.get("/readyz")[0] == 200, 120, "ready again after the restart")
+    assert ai_pop.get("/health")[0] == 200

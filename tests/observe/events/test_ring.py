@@ -1,0 +1,166 @@
+"""The ring: bounds (events and bytes), queries and their bad filters,
+subscribers that lag; the JSONL file and its rotation; `[events]` settings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from edgefn_core.errors import InvalidConfig
+from runtime import config
+from runtime.observe.event import Event
+from runtime.observe.ring import MAX_TEXT, Query, Ring, encoded_size
+from runtime.observe.sink import JsonlSink
+from runtime.observe.stream import follow, parse
+
+
+def event(i: int = 0, **kw: Any) -> Event:
+    fields: dict[str, Any] = {"ts": 1000.0 + i, "rid": f"r{i}", "pop": "p", "tier": "edge",
+                              "client": "192.0.2.1", "method": "GET", "host": "h",
+                              "path": f"/p{i}", "status": 200, "duration_ms": 1.0}
+    return Event(**{**fields, **kw})
+
+
+def test_the_ring_keeps_the_newest_ring_size_events() -> None:
+    ring = Ring(5)
+    for i in range(12):
+        ring.observe(event(i))
+    assert [e.rid for e in ring.query(Query(limit=100))] == ["r7", "r8", "r9", "r10", "r11"]
+
+
+def test_one_event_holds_at_most_about_max_event_bytes() -> None:
+    cap = 2048
+    ring = Ring(3, cap)
+    huge = event(path="/" + "a" * 100_000, query="q=" + "b" * 100_000,
+                 decisions={"waf": {"rules": list(range(5000))}})
+    ring.observe(huge)
+    ring.observe(event(1, decisions={"waf": {"rules": [942100]}}))
+    kept, small = ring.events
+    assert encoded_size(kept) <= cap and len(kept.path) == MAX_TEXT // 2
+    assert kept.decisions == {"truncated": len(msgspec.json.encode(huge.decisions))}
+    assert small.decisions == {"waf": {"rules": [942100]}}  # a small one is kept whole
+
+
+def test_queries_filter_by_every_field() -> None:
+    now = 2000.0
+    ring = Ring(100, clock=lambda: now)
+    ring.observe(event(0, ts=now - 3600, target="hello@1", status=200))
+    ring.observe(event(1, ts=now - 30, target="hello@2", status=503, tenant="acme",
+                       duration_ms=80.0))
+    ring.observe(event(2, ts=now - 10, target="other@1", status=404, method="POST",
+                       path="/api/x"))
+    ring.observe(event(3, ts=now - 5, target="hello@2", status=200, tenant="acme"))
+
+    def rids(**params: str) -> list[str]:
+        return [e.rid for e in ring.query(Query.parse(params))]
+    assert rids(since="1m") == ["r1", "r2", "r3"]
+    assert rids(since="2h") == ["r0", "r1", "r2", "r3"]
+    assert rids(since="20") == ["r2", "r3"]
+    assert rids(function="hello") == ["r0", "r1", "r3"]
+    assert rids(function="hello@1") == ["r0"]
+    assert rids(status="5xx") == ["r1"] and rids(status="404") == ["r2"]
+    assert rids(tenant="acme") == ["r1", "r3"]
+    assert rids(path="/api/") == ["r2"] and rids(method="post") == ["r2"]
+    assert rids(min_ms="50") == ["r1"]
+    assert rids(limit="2") == ["r2", "r3"]  # the newest, oldest first
+    assert rids(function="hello", status="200", tenant="acme") == ["r3"]
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("since", "10 minutes"), ("since", "-5m"), ("status", "5x"), ("status", "600"),
+    ("status", "ok"), ("limit", "0"), ("limit", "10001"), ("limit", "ten"),
+    ("min_ms", "-1"), ("min_ms", "nan"), ("path", "api"), ("method", "GET /"),
+    ("colour", "red")])
+def test_a_bad_filter_is_refused_naming_it(name: str, value: str) -> None:
+    with pytest.raises(InvalidConfig) as e:
+        Query.parse({name: value})
+    assert e.value.field == name and e.value.status == 400
+
+
+def test_a_query_string_is_parsed_and_must_be_utf8() -> None:
+    assert parse(b"status=5xx&since=10m") == Query(status_class=5, since=600.0)
+    with pytest.raises(InvalidConfig):
+        parse(b"tenant=%ff")
+
+
+def test_a_follower_gets_new_matching_events_and_a_slow_one_is_told_what_it_missed() -> None:
+    ring = Ring(100)
+
+    async def main() -> list[bytes]:
+        out = []
+        body = follow(ring, Query.parse({"status": "5xx"}), queue=3, heartbeat=5.0)
+        out.append(await anext(body))  # subscribed
+        for i in range(8):  # nobody reads meanwhile: 3 fit, 5 are dropped
+            ring.observe(event(i, status=500 + i % 2))
+            ring.observe(event(100 + i, status=200))
+        out.append(await anext(body))
+        out.append(await anext(body))
+        ring.observe(event(50, status=502))
+        out.append(await anext(body))
+        await body.aclose()  # type: ignore[attr-defined]
+        assert ring.subscribers == []
+        return out
+    hello, dropped, first, later = asyncio.run(main())
+    assert hello.startswith(b":")
+    assert dropped == b'event: dropped\ndata: {"dropped":5}\n\n'
+    got = [json.loads(line[6:])["rid"] for line in first.split(b"\n\n") if line]
+    assert got == ["r0", "r1", "r2"]
+    assert json.loads(later[6:])["rid"] == "r50"
+
+
+def test_a_silent_follower_gets_heartbeats() -> None:
+    async def main() -> bytes:
+        body = follow(Ring(10), Query(), queue=3, heartbeat=0.01)
+        await anext(body)
+        beat = await anext(body)
+        await body.aclose()  # type: ignore[attr-defined]
+        return beat
+    assert asyncio.run(main()) == b": heartbeat\n\n"
+
+
+def test_the_jsonl_file_rotates_at_max_bytes_keeping_backups(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    one = len(msgspec.json.encode(event(0))) + 1
+    sink = JsonlSink(path, max_bytes=one * 3, backups=2)
+    for i in range(10):  # no loop running: each event is handed over at once
+        sink.observe(event(i))
+    sink.observe(event(99, sampled=False))  # not sampled: not in the file
+    sink.close()
+    files = [path, Path(f"{path}.1"), Path(f"{path}.2")]
+    assert not Path(f"{path}.3").exists()
+    rids = [[json.loads(line)["rid"] for line in f.read_text().splitlines()] for f in files]
+    assert rids == [["r9"], ["r6", "r7", "r8"], ["r3", "r4", "r5"]]
+    assert all(f.stat().st_size <= one * 3 for f in files)
+
+
+def test_the_sink_hands_a_burst_over_as_one_batch_and_close_writes_it(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    sink = JsonlSink(path, max_bytes=1 << 20, backups=1)
+
+    async def burst() -> tuple[int, int]:
+        for i in range(50):
+            sink.observe(event(i))
+        queued = sink.batches.qsize()
+        await asyncio.sleep(0)  # a turn of the loop is not enough: batches are timed
+        return queued, len(sink.pending)
+    assert asyncio.run(burst()) == (0, 50)
+    sink.close()
+    assert [json.loads(x)["rid"] for x in path.read_text().splitlines()] == [
+        f"r{i}" for i in range(50)]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("events.ring_size", 0), ("events.sample", 1.5), ("events.sample", -0.1),
+    ("events.redact", ["body"]), ("events.max_bytes", 10), ("events.backups", -1),
+    ("events.max_event_bytes", 10), ("events.nope", 1), ("health.live", "healthz"),
+    ("health.ready", "/ready z")])
+def test_bad_events_and_health_settings_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(InvalidConfig) as e:
+        config.load(None, **{field: value})
+    assert e.value.field is not None and e.value.field.startswith(field.split(".")[0])
+    assert e.value.field in (field, f"{field}[0]") or field.endswith("nope")

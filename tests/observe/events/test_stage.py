@@ -1,0 +1,206 @@
+"""The events stage without sockets: Requests through a Chain with the real
+request_id, events and (where it matters) security stages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import pytest
+
+from runtime.functions.router import Router
+from runtime.net.message import Request, Response
+from runtime.observe.event import AIUsage, Event
+from runtime.pipeline.stage import Context, Next, Result
+from runtime.pipeline.stages.ratelimit import RateLimit
+from runtime.pipeline.targets import Targets
+from runtime.security.principal import Principal
+from runtime.security.settings import RateLimitSettings, RateRule
+from tests.observe.events.helpers import Answer, Decide, events_chain, request, run
+
+
+class Boom:
+    name = "boom"
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        raise RuntimeError("a stage that breaks")
+
+
+class Who:
+    name = "who"
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        ctx.principal = Principal(kind="key", tenant="acme", key_id="k_123", subject="user-9")
+        ctx.bot = "browser"
+        return call_next(request, ctx)
+
+
+class Stream:
+    name = "stream"
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                for part in (b"abc", b"defg", b"hi"):
+                    yield part
+            finally:
+                self.closed = True
+        return Response(200, [], body())
+
+
+def test_one_event_per_request_with_what_the_request_was() -> None:
+    app, seen, _ = events_chain(Who(), Answer(201, b"hello!"))
+    req = request(b"/hello", b"a=1", b"POST", b"12345")
+    response = run(app(req))
+    assert isinstance(app(request()), Response), "the events stage keeps the chain synchronous"
+    first = seen.events[0]
+    assert len(seen.events) == 2
+    rid = dict(response.headers)[b"x-request-id"].decode()
+    assert (first.rid, first.ts, first.pop, first.tier, first.geo) == (rid, 1000.0, "pop-a",
+                                                                       "regional", "fra")
+    assert (first.method, first.host, first.path, first.query, first.status) == (
+        "POST", "example.com", "/hello", "a=1", 201)
+    assert (first.client, first.bot, first.tenant, first.key_id, first.subject) == (
+        "192.0.2.7", "browser", "acme", "k_123", "user-9")
+    assert (first.bytes_in, first.bytes_out) == (5, 6)
+    assert set(first.stages_ms) == {"request_id", "events", "who", "answer"}
+    assert 0 <= first.duration_ms < 1000
+    assert seen.events[1].rid != rid
+
+
+def test_a_contained_error_and_a_404_are_events_too() -> None:
+    app, seen, _ = events_chain(Boom())
+    assert run(app(request())).status == 500
+    app404, seen404, _ = events_chain()
+    assert run(app404(request(b"/nowhere"))).status == 404
+    (crashed,), (missing,) = seen.events, seen404.events
+    assert (crashed.status, crashed.error) == (500, "internal_error")
+    assert (missing.status, missing.path) == (404, "/nowhere")
+
+
+def test_a_rate_limit_refusal_is_an_event_with_its_decision() -> None:
+    targets = Targets(SimpleNamespace(router=Router()), {})  # type: ignore[arg-type]
+    limit = RateLimit(RateLimitSettings(rules=[RateRule("ip", "1/minute")]), targets)
+    try:
+        app, seen, _ = events_chain(limit, Answer())
+        statuses = [run(app(request())).status for _ in range(2)]
+    finally:
+        limit.close()
+    assert statuses == [200, 429]
+    assert [e.status for e in seen.events] == [200, 429]
+    assert seen.events[0].decisions["ratelimit"] == {"limited": None}
+    assert seen.events[1].decisions["ratelimit"]["limited"] is not None
+    assert seen.events[1].error == "rate_limited"
+
+
+def test_a_stream_is_an_event_when_it_ends_with_the_bytes_sent() -> None:
+    stream = Stream()
+    app, seen, _ = events_chain(stream)
+    response = run(app(request()))
+    assert seen.events == []  # not before the body went
+
+    async def read() -> bytes:
+        assert not isinstance(response.body, bytes)
+        return b"".join([c async for c in response.body])
+    assert asyncio.run(read()) == b"abcdefghi"
+    (event,) = seen.events
+    assert (event.status, event.bytes_out) == (200, 9)
+
+
+def test_a_client_going_away_mid_stream_is_one_event_with_what_was_sent() -> None:
+    stream = Stream()
+    app, seen, _ = events_chain(stream)
+    response = run(app(request()))
+
+    async def read_one_then_leave() -> None:
+        body = response.body
+        assert not isinstance(body, bytes)
+        it = aiter(body)
+        assert await anext(it) == b"abc"
+        await it.aclose()  # type: ignore[attr-defined]
+    asyncio.run(read_one_then_leave())
+    (event,) = seen.events
+    assert event.bytes_out == 3 and stream.closed
+
+
+def test_an_observer_that_raises_is_logged_once_and_the_rest_still_get_events(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def observe(self, event: Event) -> None:
+            raise ValueError("observer bug")
+
+    app, seen, ring = events_chain(Answer())
+    app.stages[1].observers.observers = (Broken(), *app.stages[1].observers.observers)  # type: ignore[attr-defined]
+    with caplog.at_level(logging.ERROR, "edgefn.events"):
+        statuses = [run(app(request())).status for _ in range(3)]
+    assert statuses == [200] * 3 and len(seen.events) == 3 and len(ring) == 3
+    assert [r.message.count("failed") for r in caplog.records] == [1]
+
+
+def test_the_openai_apis_record_becomes_the_events_ai_and_leaves_decisions() -> None:
+    usage = AIUsage(operation="chat", model="smollm2-135m", prompt_tokens=12,
+                    completion_tokens=30, ttft_ms=40.0, tokens_per_s=90.0,
+                    finish_reason="stop", prompt="mail me at bob@example.com")
+    app, seen, _ = events_chain(Decide("ai", usage), Answer())
+    run(app(request(b"/v1/chat/completions", method=b"POST")))
+    (event,) = seen.events
+    assert event.ai is usage and "ai" not in event.decisions
+    assert event.ai.prompt is None  # [events] prompts = false: never recorded
+    app, seen, _ = events_chain(Decide("ai", AIUsage(operation="chat", model="m",
+                                                     prompt="mail me at bob@example.com")),
+                                Answer(), prompts=True)
+    run(app(request(b"/v1/chat/completions", method=b"POST")))
+    assert seen.events[0].ai is not None and seen.events[0].ai.prompt == "mail me at [email]"
+
+
+def test_an_ai_cache_hit_says_its_prompt_tokens_were_cached() -> None:
+    hit = {"outcome": "hit-semantic", "similarity": 0.97, "cached_tokens": 21}
+    app, seen, _ = events_chain(Decide("ai_cache", hit), Answer())
+    run(app(request(b"/v1/chat/completions", method=b"POST",
+                    body=b'{"model": "smollm2-135m", "stream": true, "messages": []}')))
+    (event,) = seen.events
+    assert event.ai == AIUsage(operation="chat", model="smollm2-135m", prompt_tokens=21,
+                               cached_tokens=21, stream=True)
+    assert event.decisions["ai_cache"] is hit
+    app, seen, _ = events_chain(Decide("ai_cache", {"outcome": "miss"}), Answer())
+    run(app(request(b"/v1/chat/completions", method=b"POST", body=b"{}")))
+    assert seen.events[0].ai is None
+
+
+def test_sampling_keeps_the_share_asked_for_and_every_error() -> None:
+    draws = iter([0.2, 0.7, 0.9])
+    app, seen, ring = events_chain(Answer(), rand=lambda: next(draws), sample=0.5)
+    run(app(request()))
+    run(app(request()))
+    app500, seen500, ring500 = events_chain(Boom(), rand=lambda: next(draws), sample=0.5)
+    run(app500(request()))
+    assert [e.sampled for e in seen.events] == [True, False]  # observers still see both
+    assert len(ring) == 1 and len(ring500) == 1 and seen500.events[0].sampled
+
+
+def test_redacted_fields_are_blanked_before_any_observer_sees_them() -> None:
+    app, seen, _ = events_chain(Who(), Answer(), redact=["query", "client", "tenant", "path"])
+    run(app(request(b"/secret/place", b"token=abc")))
+    (e,) = seen.events
+    assert (e.query, e.client, e.tenant, e.path) == ("[redacted]", "[redacted]", None,
+                                                     "[redacted]")
+    assert e.key_id == "k_123"  # not asked for
+
+
+def test_a_waf_refusal_is_an_event_with_the_rules_that_matched() -> None:
+    from runtime.security.settings import WafSettings
+    from tests.security.test_waf_stage import SQLI
+    from tests.security.test_waf_stage import stage as waf_stage
+
+    app, seen, _ = events_chain(waf_stage(WafSettings(mode="block")), Answer())
+    req = request(b"/shop", SQLI)
+    assert run(app(req)).status == 403
+    (event,) = seen.events
+    assert (event.status, event.error, event.query) == (403, "waf_blocked", SQLI.decode())
+    assert event.decisions["waf"]["blocked"] is True
+    assert event.decisions["waf"]["rules"] == [942100, 949110]
