@@ -7,7 +7,7 @@
             ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
             ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
             ├─ observers (the events stage's fan-out of every request's `Event`: the ring,
-            │  the JSONL file, metrics)
+            │  the dashboard's aggregator, the JSONL file, metrics)
             ├─ pipeline (the stages, in config order): the public listener's app
             └─ metrics (Prometheus, `runtime.observe.metrics_pop`) when [metrics] is on
 
@@ -23,6 +23,7 @@ from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Registry
+from runtime.observe.dashboard.aggregator import Rolling
 from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.observers import Observers
 from runtime.observe.ring import Ring
@@ -52,6 +53,8 @@ class PoP:
         self.ring = Ring(events.ring_size, events.max_event_bytes)
         self.observers = Observers()  # every request's Event (the `events` stage)
         self.observers.add(self.ring)
+        self.dashboard = Rolling()  # the dashboard's last 60 s (`runtime.observe.dashboard`)
+        self.observers.add(self.dashboard)
         self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
         try:
