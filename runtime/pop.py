@@ -53,8 +53,10 @@ class PoP:
         self.ring = Ring(events.ring_size, events.max_event_bytes)
         self.observers = Observers()  # every request's Event (the `events` stage)
         self.observers.add(self.ring)
-        self.dashboard = Rolling()  # the dashboard's last 60 s (`runtime.observe.dashboard`)
-        self.observers.add(self.dashboard)
+        self.dashboard: Rolling | None = None  # the dashboard's last 60 s ([dashboard])
+        if config.dashboard.enabled:
+            self.dashboard = Rolling()
+            self.observers.add(self.dashboard)
         self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
         try:

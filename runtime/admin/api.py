@@ -103,7 +103,7 @@ class AdminApp:
             return _error(403, "forbidden", "the admin API only answers loopback clients")
         if request.path == b"/metrics" and self.metrics is not None:
             return self.metrics(request)  # a scraper's token, not an admin credential
-        if dashboard.is_dashboard(request.path):
+        if dashboard.is_dashboard(request.path) and getattr(self.pop, "dashboard", None):
             return self._dashboard(request)  # a dashboard session, not an admin credential
         auth = request.header(b"authorization") or b""
         if hmac.compare_digest(auth, self.token):
@@ -167,7 +167,8 @@ class AdminApp:
                     return Response(200, list(SSE), stream.follow(
                         self.pop.ring, stream.parse(request.query),
                         self.pop.config.events.subscriber_queue, self.heartbeat))
-                case ["v1", "dashboard", "login"] if method == b"POST":
+                case ["v1", "dashboard", "login"] if method == b"POST" and \
+                        getattr(self.pop, "dashboard", None) is not None:
                     token = self.logins.issue()
                     return json_response({"token": token, "path": f"/dashboard?token={token}",
                                           "expires_in": self.logins.token_ttl})
@@ -190,6 +191,7 @@ class AdminApp:
         if refused is not None:
             return refused
         pop, ai = self.pop, self.pop.ai
+        assert pop.dashboard is not None  # `__call__` checked
         figures = dashboard.Figures(pop.dashboard, pop.stores.cache_stats.snapshot,
                                     pop.registry.listing,
                                     ai.client.metrics if ai is not None else None)

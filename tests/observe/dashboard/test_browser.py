@@ -110,3 +110,16 @@ def test_bad_and_reused_tokens_are_401(served: Running) -> None:
     assert admin_get(served, path)[0] == 200
     status, body = admin_get(served, path)
     assert status == 401 and b"already used" in body
+
+
+def test_dashboard_off_answers_404(tmp_path: Path) -> None:
+    from edgefn_core.errors import AdminError
+
+    with pop_thread(tmp_path / "data", **{"dashboard.enabled": False}) as pop:
+        assert pop.pop.dashboard is None and pop.pop.dashboard not in pop.pop.observers
+        with pytest.raises(AdminError) as e:
+            pop.admin.request("POST", "/v1/dashboard/login")
+        assert e.value.status == 404
+        with pytest.raises(AdminError) as e:
+            pop.admin.request("GET", "/dashboard")
+        assert e.value.status == 404
