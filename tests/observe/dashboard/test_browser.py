@@ -37,7 +37,8 @@ def admin_get(pop: Running, path: str, cookie: str = "") -> tuple[int, bytes]:
     try:
         conn.request("GET", path, headers={"cookie": cookie} if cookie else {})
         resp = conn.getresponse()
-        return resp.status, resp.read()
+        streaming = resp.getheader("content-type") == "text/event-stream"
+        return resp.status, b"" if streaming else resp.read()  # a stream never ends
     finally:
         conn.close()
 

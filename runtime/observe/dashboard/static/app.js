@@ -73,6 +73,9 @@ function events(list) {
   while (body.rows.length > MAX_ROWS) body.deleteRow(-1);
 }
 
+// the login token is used up: keep it out of the address bar (and out of a reload)
+if (location.search) history.replaceState(null, "", "/dashboard");
+
 const source = new EventSource("/v1/dashboard/stream");
 source.addEventListener("snapshot", (m) => snapshot(JSON.parse(m.data)));
 source.addEventListener("events", (m) => events(JSON.parse(m.data)));
