@@ -124,3 +124,17 @@ def test_dashboard_off_answers_404(tmp_path: Path) -> None:
         with pytest.raises(AdminError) as e:
             pop.admin.request("GET", "/dashboard")
         assert e.value.status == 404
+
+
+def test_edgefn_dashboard_prints_a_login_url_that_works_once(served: Running) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "runtime.cli", "dashboard", "--data",
+                          str(served.data), "--json"], capture_output=True, text=True,
+                         timeout=60, check=True, env={**os.environ, "EDGEFN_API_KEY": ""})
+    url = json.loads(out.stdout)["url"]
+    prefix = f"http://{served.admin.info.admin}/dashboard?token="
+    assert url.startswith(prefix) and len(url) > len(prefix) + 20
+    assert admin_get(served, url.removeprefix(f"http://{served.admin.info.admin}"))[0] == 200
