@@ -53,10 +53,8 @@ class PoP:
         self.ring = Ring(events.ring_size, events.max_event_bytes)
         self.observers = Observers()  # every request's Event (the `events` stage)
         self.observers.add(self.ring)
-        self.dashboard: Rolling | None = None  # the dashboard's last 60 s ([dashboard])
-        if config.dashboard.enabled:
-            self.dashboard = Rolling()
-            self.observers.add(self.dashboard)
+        # the dashboard's last 60 s ([dashboard]); it observes from the first login on
+        self.dashboard: Rolling | None = Rolling() if config.dashboard.enabled else None
         self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
         try:
@@ -74,6 +72,19 @@ class PoP:
         except BaseException:  # a stage that cannot start (the WAF without rules)
             self.close()
             raise
+
+    def watch_dashboard(self) -> None:
+        """Make the dashboard's aggregator an observer, if it is not yet, first
+        replaying the ring's events of its window: a PoP nobody watches pays nothing
+        for it. Call on the PoP's loop (the observers run there)."""
+        rolling = self.dashboard
+        if rolling is None or rolling in self.observers:
+            return
+        since = rolling.clock() - rolling.window
+        for event in self.ring.events.copy():
+            if event.ts >= since:
+                rolling.observe(event)
+        self.observers.add(rolling)
 
     def _metrics(self) -> PopMetrics:
         """Raises `InvalidConfig` for a metrics token file that cannot be read."""

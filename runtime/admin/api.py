@@ -36,7 +36,7 @@ import asyncio
 import hmac
 import ipaddress
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -169,6 +169,7 @@ class AdminApp:
                         self.pop.config.events.subscriber_queue, self.heartbeat))
                 case ["v1", "dashboard", "login"] if method == b"POST" and \
                         getattr(self.pop, "dashboard", None) is not None:
+                    await self.on_pop(_call(self.pop.watch_dashboard))
                     token = self.logins.issue()
                     return json_response({"token": token, "path": f"/dashboard?token={token}",
                                           "expires_in": self.logins.token_ttl})
@@ -246,6 +247,10 @@ class AdminApp:
                                                                    lora.base, lora.scale)))
         return _error(404, "not_found", f"no admin endpoint {method.decode()} /v1/ai/"
                       + "/".join(rest))
+
+
+async def _call(fn: Callable[[], None]) -> None:
+    fn()
 
 
 async def _shielded[T](coro: Coroutine[Any, Any, T]) -> T:

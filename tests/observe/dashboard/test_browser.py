@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.dashboard import login_url
+from runtime.observe.dashboard.aggregator import Rolling
 from tests.support import Running, function_dir, pop_thread, python_function, reactor
 
 CHROMIUM = "/usr/bin/chromium"
@@ -117,10 +118,12 @@ def test_dashboard_off_answers_404(tmp_path: Path) -> None:
     from edgefn_core.errors import AdminError
 
     with pop_thread(tmp_path / "data", **{"dashboard.enabled": False}) as pop:
-        assert pop.pop.dashboard is None and pop.pop.dashboard not in pop.pop.observers
+        assert pop.pop.dashboard is None
         with pytest.raises(AdminError) as e:
             pop.admin.request("POST", "/v1/dashboard/login")
         assert e.value.status == 404
+        pop.pop.watch_dashboard()  # nothing to watch
+        assert not any(isinstance(o, Rolling) for o in pop.pop.observers)
         with pytest.raises(AdminError) as e:
             pop.admin.request("GET", "/dashboard")
         assert e.value.status == 404
@@ -138,3 +141,19 @@ def test_edgefn_dashboard_prints_a_login_url_that_works_once(served: Running) ->
     prefix = f"http://{served.admin.info.admin}/dashboard?token="
     assert url.startswith(prefix) and len(url) > len(prefix) + 20
     assert admin_get(served, url.removeprefix(f"http://{served.admin.info.admin}"))[0] == 200
+
+
+def test_the_aggregator_observes_from_the_first_login_with_the_rings_history(
+        tmp_path: Path) -> None:
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(function_dir(tmp_path, "hello", reactor("")))
+        for _ in range(5):
+            assert pop.get("/hello")[0] == 200
+        rolling = pop.pop.dashboard
+        assert rolling is not None and rolling not in pop.pop.observers  # nobody watches
+        login_url(str(pop.data))
+        login_url(str(pop.data))  # a second login adds no second observer
+        assert list(pop.pop.observers).count(rolling) == 1
+        assert rolling.total == 5  # replayed from the ring
+        pop.get("/hello")
+        assert rolling.total == 6
