@@ -1,6 +1,7 @@
 """What the dashboard costs: the aggregator's µs per event (in process, on events
 like the PoP's: two functions, some 5xx, cache and WAF decisions), and WASM hello
-req/s of a PoP with ``[dashboard] enabled`` next to one without, measured in the
+req/s of a PoP with ``[dashboard] enabled`` and logged into (the aggregator
+observes from the first login on) next to one with it off, measured in the
 same run, round by round (wrk -t1 -c32; target ratio >= 0.9). Also the memory a
 full window holds.
 
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 import _wrk  # noqa: E402
 from bench_runtime import start_edgefn  # noqa: E402
 
+from runtime.admin.client import AdminClient  # noqa: E402
 from runtime.observe.dashboard.aggregator import Rolling  # noqa: E402
 from runtime.observe.event import Event  # noqa: E402
 
@@ -87,8 +89,10 @@ def main() -> None:
     for name, on in (("dashboard off", False), ("dashboard on", True)):
         toml = work / f"{len(servers)}.toml"
         toml.write_text(pop_toml(on))
-        servers[name] = start_edgefn(work / str(len(servers)),
-                                     ["--no-ai", "--config", str(toml)], ROOT, HELLO)
+        data = work / str(len(servers))
+        servers[name] = start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO)
+        if on:  # the aggregator observes from the first login on
+            AdminClient(data).request("POST", "/v1/dashboard/login")
     best: dict[str, float] = {}
     ratios: list[float] = []
     try:
