@@ -192,6 +192,8 @@ class OpenAIApi:
         record = UsageRecord(ctx, "chat" if chat else "text_completion", body.model,
                              stream=body.stream, adapter=self._base_of(body.model),
                              prompt=prompt_of(params))
+        record.usage.temperature = params.get("temperature")
+        record.usage.max_tokens = params.get("max_tokens")
         ticket = await self._admit(ctx, body.model, body.stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
