@@ -33,6 +33,7 @@ from gpu_worker.protocol import Done
 from runtime.ai.service import AIService
 from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
+from runtime.observe.traceparent import traceparent_of
 
 if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
@@ -199,7 +200,9 @@ class OpenAIApi:
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         gen: Generation | None = None
         try:
-            gen = await self.ai.client.generate(body.model, stream=body.stream, **params)
+            gen = await self.ai.client.generate(body.model, stream=body.stream,
+                                                traceparent=traceparent_of(ctx and ctx.decisions),
+                                                **params)
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from typing import Any
 
 # version 00 (later versions: the first four fields, anything after); all-zero ids are invalid
 _PARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -45,3 +46,12 @@ def new_span_id() -> str:
 
 def format_parent(trace_id: str, span_id: str, sampled: bool) -> bytes:
     return f"00-{trace_id}-{span_id}-{'01' if sampled else '00'}".encode()
+
+
+def traceparent_of(decisions: dict[str, Any] | None) -> str | None:
+    """The ``traceparent`` naming the request's server span, for the calls it
+    makes (model worker, upstream, fetch); None when tracing is off."""
+    record = decisions.get("trace") if decisions is not None else None
+    if not isinstance(record, dict):
+        return None
+    return format_parent(record["trace_id"], record["span_id"], record["sampled"]).decode()
