@@ -200,9 +200,9 @@ class OpenAIApi:
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         gen: Generation | None = None
         try:
+            trace = traceparent_of(ctx.decisions) if ctx is not None else None
             gen = await self.ai.client.generate(body.model, stream=body.stream,
-                                                traceparent=traceparent_of(ctx and ctx.decisions),
-                                                **params)
+                                                traceparent=trace, **params)
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
