@@ -244,6 +244,9 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     for i, name in enumerate(names):
         if names.index(name) != i:
             raise InvalidConfig(label, f"stage {name!r} appears twice", f"pipeline[{i}].stage")
+    if config.tracing.enabled and "events" not in names:
+        raise InvalidConfig(label, "tracing makes its spans from the `events` stage's events: "
+                            "add `events` to the pipeline", "tracing.enabled")
     if "dispatch" in names and ("route" not in names or names.index("route") > names.index(
             "dispatch")):
         raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",

@@ -39,6 +39,15 @@ def test_bad_values_name_the_field(tmp_path: Path, table: str, field: str, says:
     assert says in str(err.value)
 
 
+def test_tracing_without_the_events_stage_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "pop.toml"
+    path.write_text('data = "data"\n[[pipeline]]\nstage = "route"\n[[pipeline]]\n'
+                    'stage = "dispatch"\n[tracing]\nenabled = true\n')
+    with pytest.raises(InvalidConfig) as err:
+        config.load(path)
+    assert err.value.field == "tracing.enabled" and "`events` stage" in str(err.value)
+
+
 def test_good_values_load(tmp_path: Path) -> None:
     cfg = load(tmp_path, 'enabled = true\nendpoint = "https://otel.example:4318/v1/traces"\n'
                'service_name = "edge-fra"\nsample = 0.25\nheaders = { authorization = "Bearer t" }')
