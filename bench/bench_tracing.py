@@ -2,7 +2,8 @@
 (a) no ``[tracing]`` table, (b) ``[tracing] enabled = false`` — "no cost when
 off": the same chain, so ~1.0x — and (c) tracing on, every request sampled
 (``sample = 1.0``), its spans (server + one per stage) exported over OTLP/HTTP to
-a local sink (an HTTP server in this process that reads and drops each export).
+a local sink (an HTTP server in this process that reads and drops each export);
+(d) the same with ``stage_spans = false`` (the request's span only).
 Measured in the same run, alternated round by round (wrk -t1 -c32), best round
 of each kept; ratios are to (a), of the best rounds and (median) within each
 round. Also the PoP process's CPU time per request.
@@ -68,7 +69,10 @@ def main() -> None:
     tables = {"no [tracing] table": "",
               "tracing off": "[tracing]\nenabled = false\n",
               "tracing on, sample 1.0": f'[tracing]\nenabled = true\nsample = 1.0\n'
-                                        f'endpoint = "{sink.url}"\nbatch_delay_ms = 200\n'}
+                                        f'endpoint = "{sink.url}"\nbatch_delay_ms = 200\n',
+              "on, no stage spans": f'[tracing]\nenabled = true\nsample = 1.0\n'
+                                    f'endpoint = "{sink.url}"\nbatch_delay_ms = 200\n'
+                                    'stage_spans = false\n'}
     servers = {}
     for i, (name, table) in enumerate(tables.items()):
         toml = work / f"{i}.toml"

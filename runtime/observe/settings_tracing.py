@@ -9,6 +9,9 @@ the pipeline is exactly what it is without the table.
     sample = 0.1                                    # share of new traces kept (0..1);
                                                     # a client's traceparent decides its own
     headers = { authorization = "Bearer ..." }      # sent with every export
+    stage_spans = true                              # a child span per stage (about 20 us
+                                                    # each); false: the request's span and
+                                                    # the model call's only
 
 `runtime.config.load` refuses bad values with `InvalidConfig` naming the field
 (the schema's, and `TracingSettings.problem`'s).
@@ -31,6 +34,7 @@ class TracingSettings(Struct, forbid_unknown_fields=True, frozen=True):
     service_name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     sample: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
     headers: dict[HeaderName, HeaderValue] = {}
+    stage_spans: bool = True
     timeout: Annotated[float, Meta(gt=0, le=60)] = 5.0  # seconds per export
     batch_delay_ms: Annotated[int, Meta(ge=1, le=60_000)] = 1000  # between exports
     max_queue: Annotated[int, Meta(ge=16, le=1_000_000)] = 8192  # spans; more are dropped

@@ -71,6 +71,7 @@ class Tracer:
             exporter, max_queue_size=settings.max_queue,
             schedule_delay_millis=settings.batch_delay_ms))
         self.tracer = self.provider.get_tracer("edgefn")
+        self.stage_spans = settings.stage_spans
         self.pop = {"edgefn.pop": pop, "edgefn.tier": tier, "edgefn.geo": geo}
 
     def observe(self, event: Event) -> None:
@@ -101,7 +102,7 @@ class Tracer:
         self.ids.trace_id = self.ids.span_id = None
         inside = trace.set_span_in_context(server)
         at = start
-        for name, ms in event.stages_ms.items():
+        for name, ms in event.stages_ms.items() if self.stage_spans else ():
             until = at + int(ms * 1e6)
             span = self.tracer.start_span(f"stage {name}", context=inside,
                                           kind=SpanKind.INTERNAL, start_time=at,
@@ -110,11 +111,21 @@ class Tracer:
                 self._model(event, trace.set_span_in_context(span), at, until, start)
             span.end(end_time=until)
             at = until
-        if event.ai is not None and "openai" not in event.stages_ms:
-            self._model(event, inside, start, end, start)
+        if event.ai is not None and not (self.stage_spans and "openai" in event.stages_ms):
+            self._model(event, inside, *self._openai(event, start, end), start)
         if event.status >= 500:
             server.set_status(trace.StatusCode.ERROR, event.error or "")
         server.end(end_time=end)
+
+    @staticmethod
+    def _openai(event: Event, start: int, end: int) -> tuple[int, int]:
+        """When the ``openai`` stage ran (from the stage timings), else the request's."""
+        at = start
+        for name, ms in event.stages_ms.items():
+            if name == "openai":
+                return at, at + int(ms * 1e6)
+            at += int(ms * 1e6)
+        return start, end
 
     def _server(self, event: Event) -> dict[str, Any]:
         a: dict[str, Any] = {"http.request.method": event.method, "url.path": event.path,

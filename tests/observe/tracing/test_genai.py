@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from runtime.observe.traceparent import parse
 from tests.observe.tracing.receiver import otlp_receiver
 from tests.support import pop_thread
@@ -14,10 +16,15 @@ CHAT = "smollm2-135m"
 CLIENT = 3  # opentelemetry.proto SpanKind.SPAN_KIND_CLIENT
 
 
-def test_a_chat_completion_is_a_genai_span_under_the_openai_stage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage_spans", [True, False])
+def test_a_chat_completion_is_a_genai_span_under_the_openai_stage(tmp_path: Path,
+                                                                  stage_spans: bool) -> None:
+    """With `stage_spans = false` the model span hangs from the request's span,
+    over the openai stage's time, and there are no stage spans."""
     with otlp_receiver() as receiver, pop_thread(
             tmp_path / "data", ai=True, **{"ai_cache.enabled": False, "tracing.enabled": True,
-                                          "tracing.endpoint": receiver.url}) as pop:
+                                          "tracing.endpoint": receiver.url,
+                                          "tracing.stage_spans": stage_spans}) as pop:
         body = {"model": CHAT, "max_tokens": 6, "temperature": 0.5,
                 "messages": [{"role": "user", "content": "Say hello"}]}
         status, headers, data = pop.request(
@@ -32,9 +39,15 @@ def test_a_chat_completion_is_a_genai_span_under_the_openai_stage(tmp_path: Path
             pop.pop.tracer.flush)
     spans = [s for s in spans if s["trace_id"] == back.trace_id]
     model = next(s for s in spans if s["kind"] == CLIENT)
-    openai = next(s for s in spans if s["name"] == "stage openai")
-    assert model["parent_id"] == openai["span_id"]
-    assert openai["parent_id"] == back.span_id
+    if stage_spans:
+        openai = next(s for s in spans if s["name"] == "stage openai")
+        assert model["parent_id"] == openai["span_id"]
+        assert openai["parent_id"] == back.span_id
+    else:
+        assert [s["name"] for s in spans if s["name"].startswith("stage ")] == []
+        assert model["parent_id"] == back.span_id
+        openai = next(s for s in spans if s["span_id"] == back.span_id)  # the server span
+        assert model["start"] > openai["start"]  # from the openai stage's start, not the request's
     assert model["name"] == f"chat {CHAT}"
     a = model["attributes"]
     assert (a["gen_ai.operation.name"], a["gen_ai.system"]) == ("chat", "edgefn")
