@@ -3,7 +3,8 @@
 off": the same chain, so ~1.0x — and (c) tracing on, every request sampled
 (``sample = 1.0``), its spans (server + one per stage) exported over OTLP/HTTP to
 a local sink (an HTTP server in this process that reads and drops each export);
-(d) the same with ``stage_spans = false`` (the request's span only).
+(d) the same with ``stage_spans = false`` (the request's span only); (e) on with
+``sample = 0.0`` (what a request not sampled pays: ids, traceparent, timed chain).
 Measured in the same run, alternated round by round (wrk -t1 -c32), best round
 of each kept; ratios are to (a), of the best rounds and (median) within each
 round. Also the PoP process's CPU time per request.
@@ -72,7 +73,9 @@ def main() -> None:
                                         f'endpoint = "{sink.url}"\nbatch_delay_ms = 200\n',
               "on, no stage spans": f'[tracing]\nenabled = true\nsample = 1.0\n'
                                     f'endpoint = "{sink.url}"\nbatch_delay_ms = 200\n'
-                                    'stage_spans = false\n'}
+                                    'stage_spans = false\n',
+              "on, sample 0.0": f'[tracing]\nenabled = true\nsample = 0.0\n'
+                                f'endpoint = "{sink.url}"\n'}
     servers = {}
     for i, (name, table) in enumerate(tables.items()):
         toml = work / f"{i}.toml"
