@@ -66,6 +66,26 @@ def test_a_request_is_a_server_span_with_a_child_per_stage(traced: tuple[Running
     assert receiver.posts[-1]["authorization"] == "Bearer otlp-secret"
 
 
+def test_stage_decisions_are_attributes_of_their_stage_spans(traced: tuple[Running, Receiver]
+                                                             ) -> None:
+    pop, receiver = traced
+    _, headers, _ = pop.get("/hello", headers={"user-agent": "curl/8.5.0"})
+    back = parse(headers["traceparent"].encode())
+    assert back is not None
+    spans = {s["name"]: s for s in trace_of(pop, receiver, back.trace_id,
+                                            1 + len(pop.pop.pipeline.names))}
+    event = next(e for e in pop.pop.ring.events.copy() if e.rid == headers["x-request-id"])
+    assert {"bots", "http_cache"} <= set(event.decisions)  # what a GET of hello decides
+    for stage in ("bots", "http_cache"):
+        a = spans[f"stage {stage}"]["attributes"]
+        for key, value in event.decisions[stage].items():
+            if value is not None:
+                want = list(value) if isinstance(value, tuple) else value
+                assert a[f"edgefn.{stage}.{key}"] == want, (stage, key)
+    assert spans["stage http_cache"]["attributes"]["edgefn.http_cache.outcome"] in (
+        "MISS", "HIT", "STALE", "BYPASS")
+
+
 def test_the_clients_traceparent_is_the_parent(traced: tuple[Running, Receiver]) -> None:
     pop, receiver = traced
     trace_id, caller = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
