@@ -95,7 +95,9 @@ class Tracer:
                 break
             before += ms
         start = int((event.ts - before / 1000) * 1e9)
-        end = start + int(max(event.duration_ms, sum(event.stages_ms.values())) * 1e6)
+        # in whole ns as the stage spans add them up, so the last one ends within the request
+        end = start + max(int(event.duration_ms * 1e6),
+                          sum(int(ms * 1e6) for ms in event.stages_ms.values()))
         server = self.tracer.start_span(f"{event.method} {event.route or event.path}",
                                         context=parent, kind=SpanKind.SERVER,
                                         attributes=self._server(event), start_time=start)

@@ -5,7 +5,9 @@ flag decides); an absent or invalid one starts a new trace, kept with
 probability `[tracing] sample`. The request's trace id and its server span's id
 are recorded as ``ctx.decisions["trace"]`` (so the `Event` carries them to the
 tracing observer, which makes the spans once the response is done) and sent back
-to the client as ``traceparent``. Only in the pipeline when tracing is on.
+to the client as ``traceparent``; the request's own ``traceparent`` header is
+replaced by the same value, so a function sees the span it runs in (and may
+pass it on in its ``fetch`` calls). Only in the pipeline when tracing is on.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class Tracing:
                       "sampled": self.sample >= 1.0 or self.rand() < self.sample}
         ctx.decide("trace", record)
         header = format_parent(str(record["trace_id"]), span_id, bool(record["sampled"]))
+        # the function sees (and may pass on in its own calls) this request's span
+        if parent is not None or request.header(TRACEPARENT) is not None:
+            request.headers = [h for h in request.headers if h[0] != TRACEPARENT]
+        request.headers.append((TRACEPARENT, header))
         result = call_next(request, ctx)
         if isinstance(result, Response):
             result.headers.append((TRACEPARENT, header))

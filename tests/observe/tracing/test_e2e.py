@@ -5,6 +5,7 @@ all with tracing off."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ import pytest
 
 from runtime.observe.traceparent import parse
 from tests.observe.tracing.receiver import Receiver, otlp_receiver
-from tests.support import Running, function_dir, pop_thread, reactor
+from tests.support import Running, function_dir, pop_thread, python_function, reactor
 
 SERVER, INTERNAL = 2, 1  # opentelemetry.proto SpanKind values
+SEEN = ("from edgefn import Response\n\n\ndef handle(request, env):\n"
+        "    return Response(request.headers.get('traceparent', 'none'))\n")
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +29,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, 
                 "tracing.enabled": True, "tracing.endpoint": receiver.url,
                 "tracing.headers": {"authorization": "Bearer otlp-secret"}}) as pop:
         pop.deploy(function_dir(root, "hello", reactor("")))
+        pop.deploy(python_function(root, "seen", SEEN))
         yield pop, receiver
 
 
@@ -88,7 +92,7 @@ def test_stage_decisions_are_attributes_of_their_stage_spans(traced: tuple[Runni
 
 def test_the_clients_traceparent_is_the_parent(traced: tuple[Running, Receiver]) -> None:
     pop, receiver = traced
-    trace_id, caller = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    trace_id, caller = secrets.token_hex(16), "00f067aa0ba902b7"  # a trace of this test's own
     status, headers, _ = pop.get("/hello", headers={
         "traceparent": f"00-{trace_id}-{caller}-01", "tracestate": "vendor=abc"})
     assert status == 200
@@ -102,7 +106,7 @@ def test_the_clients_traceparent_is_the_parent(traced: tuple[Running, Receiver])
 
 def test_a_client_that_does_not_sample_is_not_traced(traced: tuple[Running, Receiver]) -> None:
     pop, receiver = traced
-    trace_id = "5bf92f3577b34da6a3ce929d0e0e4736"
+    trace_id = secrets.token_hex(16)
     _, headers, _ = pop.get("/hello", headers={
         "traceparent": f"00-{trace_id}-00f067aa0ba902b7-00"})
     assert headers["traceparent"].startswith(f"00-{trace_id}-")
@@ -143,3 +147,13 @@ def test_tracing_off_sends_nothing_and_no_traceparent(tmp_path: Path) -> None:
             assert status == 200 and "traceparent" not in headers
         assert pop.pop.tracer is None and "tracing" not in pop.pop.pipeline.names
     assert receiver.posts == [] and receiver.spans == []
+
+
+def test_the_function_sees_the_traceparent_of_its_requests_span(
+        traced: tuple[Running, Receiver]) -> None:
+    pop, _ = traced
+    for sent in ({}, {"traceparent": f"00-{secrets.token_hex(16)}-00f067aa0ba902b7-01"},
+                 {"traceparent": "garbage"}):
+        status, headers, body = pop.get("/seen", headers=sent)
+        assert status == 200
+        assert body.decode() == headers["traceparent"], sent
