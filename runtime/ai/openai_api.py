@@ -33,6 +33,7 @@ from gpu_worker.protocol import Done
 from runtime.ai.service import AIService
 from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
+from runtime.observe.traceparent import traceparent_of
 
 if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
@@ -193,12 +194,16 @@ class OpenAIApi:
         record = UsageRecord(ctx, "chat" if chat else "text_completion", body.model,
                              stream=body.stream, adapter=self._base_of(body.model),
                              prompt=prompt_of(params))
+        record.usage.temperature = params.get("temperature")
+        record.usage.max_tokens = params.get("max_tokens")
         ticket = await self._admit(ctx, body.model, body.stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         gen: Generation | None = None
         try:
-            gen = await self.ai.client.generate(body.model, stream=body.stream, **params)
+            trace = traceparent_of(ctx.decisions) if ctx is not None else None
+            gen = await self.ai.client.generate(body.model, stream=body.stream,
+                                                traceparent=trace, **params)
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
