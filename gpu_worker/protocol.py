@@ -46,6 +46,8 @@ class Generate(_Msg, tag="gen"):
     seed: int | None = None
     stream: bool = True
     window: int = WINDOW
+    # W3C traceparent of the request that asked (tracing on): the upstream engine forwards it
+    traceparent: str | None = None
 
 
 class Embed(_Msg, tag="embed"):

@@ -57,6 +57,7 @@ from runtime.net.server import ServerConfig
 from runtime.observe.dashboard.settings import DashboardSettings
 from runtime.observe.settings import EventsSettings, HealthSettings
 from runtime.observe.settings_metrics import MetricsSettings
+from runtime.observe.settings_tracing import TracingSettings
 from runtime.security.settings import AuthSettings, BotSettings, RateLimitSettings, WafSettings
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -108,6 +109,12 @@ class EventsStage(StageConfig, frozen=True, tag="events"):
     settings in ``[events]``."""
 
 
+class TracingStage(StageConfig, frozen=True, tag="tracing"):
+    """W3C ``traceparent`` in and out, and the request's trace ids for its spans;
+    settings in ``[tracing]``. Put first by `runtime.pipeline.build` when tracing
+    is on and the pipeline does not name it; left out when tracing is off."""
+
+
 class AccessLogStage(StageConfig, frozen=True, tag="access_log"):
     """One line per request on stderr: ``text`` (key=value) or ``json``."""
 
@@ -151,9 +158,9 @@ class DispatchStage(StageConfig, frozen=True, tag="dispatch"):
     """Run the routed function."""
 
 
-Stage = (HealthStage | RequestIdStage | EventsStage | AccessLogStage | WafStage | BotsStage
-         | AuthStage | RateLimitStage | HttpCacheStage | AICacheStage | OpenAIStage | RouteStage
-         | DispatchStage)
+Stage = (HealthStage | RequestIdStage | TracingStage | EventsStage | AccessLogStage | WafStage
+         | BotsStage | AuthStage | RateLimitStage | HttpCacheStage | AICacheStage | OpenAIStage
+         | RouteStage | DispatchStage)
 
 
 def default_pipeline() -> list[Stage]:
@@ -186,6 +193,7 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     metrics: MetricsSettings = field(default_factory=MetricsSettings)  # runtime.observe.metrics
     dashboard: DashboardSettings = field(  # runtime.observe.dashboard
         default_factory=DashboardSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)  # runtime.observe.tracing
     pipeline: list[Stage] = field(default_factory=default_pipeline)
 
     @property
@@ -232,10 +240,16 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     problem = config.metrics.problem()
     if problem is not None:
         raise InvalidConfig(label, problem[1], f"metrics.{problem[0]}")
+    problem = config.tracing.problem()
+    if problem is not None:
+        raise InvalidConfig(label, problem[1], f"tracing.{problem[0]}")
     names = config.stage_names()
     for i, name in enumerate(names):
         if names.index(name) != i:
             raise InvalidConfig(label, f"stage {name!r} appears twice", f"pipeline[{i}].stage")
+    if config.tracing.enabled and "events" not in names:
+        raise InvalidConfig(label, "tracing makes its spans from the `events` stage's events: "
+                            "add `events` to the pipeline", "tracing.enabled")
     if "dispatch" in names and ("route" not in names or names.index("route") > names.index(
             "dispatch")):
         raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",

@@ -7,7 +7,9 @@
             ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
             ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
             ├─ observers (the events stage's fan-out of every request's `Event`: the ring,
-            │  the dashboard's aggregator, the JSONL file, metrics)
+            │  the dashboard's aggregator once watched, the JSONL file, metrics)
+            ├─ tracer (OpenTelemetry spans of every request, an observer) when
+            │  [tracing] is on
             ├─ pipeline (the stages, in config order): the public listener's app
             └─ metrics (Prometheus, `runtime.observe.metrics_pop`) when [metrics] is on
 
@@ -15,6 +17,8 @@ Nothing is patched in after construction; `runtime.app` starts and stops it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from runtime.ai.service import AIService
 from runtime.bindings import Stores
@@ -31,6 +35,9 @@ from runtime.observe.sink import JsonlSink
 from runtime.pipeline import build
 from runtime.security.keys import KeyRing, KeyStore
 from runtime.security.settings import merge
+
+if TYPE_CHECKING:
+    from runtime.observe.tracing import Tracer
 
 
 class PoP:
@@ -57,6 +64,7 @@ class PoP:
         self.dashboard: Rolling | None = Rolling() if config.dashboard.enabled else None
         self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
+        self.tracer: Tracer | None = None
         try:
             if events.file:
                 self.events_file = JsonlSink(self.data_dir / events.file, events.max_bytes,
@@ -65,6 +73,11 @@ class PoP:
             if config.metrics.enabled:
                 self.metrics = self._metrics()
                 self.observers.add(self.metrics.requests)
+            if config.tracing.enabled:
+                from runtime.observe.tracing import Tracer  # the SDK: only when on
+
+                self.tracer = Tracer(config.name, config.tier, config.geo, config.tracing)
+                self.observers.add(self.tracer)
             if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
                                                  for s in config.pipeline):
                 self.http_cache = HttpCache(config.http_cache, self.data_dir)
@@ -112,6 +125,8 @@ class PoP:
         """Release functions and stores (the model worker is closed by `runtime.app`)."""
         if self.events_file is not None:
             self.events_file.close()
+        if self.tracer is not None:
+            self.tracer.close()  # exports what is queued
         self.registry.close()
         self.wasm.close()
         self.stores.close()

@@ -238,6 +238,7 @@ class _Stream:
     def __init__(self, req: Generate, sink: Sink) -> None:
         self.rid = req.id
         self.sink = sink
+        self.traceparent = req.traceparent
         self.window = req.window
         self.ahead = 0  # chunks sent minus chunks credited
         self.room = asyncio.Event()
@@ -434,8 +435,10 @@ class UpstreamEngine(Engine):
                        ) -> None:
         """POST `body` and pass the answer to `st`. Raises `EngineError` and
         `httpx2.RequestError`."""
-        async with client.stream("POST", path, content=body,
-                                 headers=_headers("text/event-stream", body)) as resp:
+        headers = _headers("text/event-stream", body)
+        if st.traceparent is not None:
+            headers["traceparent"] = st.traceparent  # the trace goes on upstream
+        async with client.stream("POST", path, content=body, headers=headers) as resp:
             if resp.status_code != 200:
                 raise _http_error(resp.status_code, await _read_body(resp, MAX_ERROR_BODY))
             progress = _Progress()

@@ -33,11 +33,13 @@ from gpu_worker.protocol import Done
 from runtime.ai.service import AIService
 from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
+from runtime.observe.traceparent import traceparent_of
 
 if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
     from runtime.security.principal import Principal
 from runtime.net.message import Request, Response, json_response
+from runtime.net.openai_sse import DONE, Chunks, event
 from runtime.security.ratelimit.admission import (
     Ticket,
     TokenBudgets,
@@ -192,12 +194,16 @@ class OpenAIApi:
         record = UsageRecord(ctx, "chat" if chat else "text_completion", body.model,
                              stream=body.stream, adapter=self._base_of(body.model),
                              prompt=prompt_of(params))
+        record.usage.temperature = params.get("temperature")
+        record.usage.max_tokens = params.get("max_tokens")
         ticket = await self._admit(ctx, body.model, body.stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         gen: Generation | None = None
         try:
-            gen = await self.ai.client.generate(body.model, stream=body.stream, **params)
+            trace = traceparent_of(ctx.decisions) if ctx is not None else None
+            gen = await self.ai.client.generate(body.model, stream=body.stream,
+                                                traceparent=trace, **params)
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
@@ -346,48 +352,28 @@ async def _first(gen: Generation) -> str | None:
         raise
 
 
-def _event(data: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(data) + b"\n\n"
-
-
 async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: bool,
                include_usage: bool, ticket: Ticket | None = None,
                record: UsageRecord | None = None) -> AsyncIterator[bytes]:
     """The SSE body. A failure mid-stream becomes an ``error`` event (the status
     line has gone already); a client that goes away cancels the generation. Its
     end settles `ticket`."""
-    created = int(time.time())
-    kind = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
-        choice["finish_reason"] = finish
-        return _event({"id": rid, "object": kind, "created": created, "model": model,
-                       "choices": [choice]})
-
+    chunks = Chunks(rid, model, chat)
     try:
-        if chat:
-            yield chunk("", role=True)
+        for opening in chunks.opening():
+            yield opening
         if first is not None:
-            yield chunk(first)
+            yield chunks.chunk(first)
             async for text in gen:
-                yield chunk(text)
+                yield chunks.chunk(text)
         done = gen.done
         assert done is not None
-        yield chunk(None if chat else "", done.finish_reason)
+        yield chunks.closing(done.finish_reason)
         if include_usage:
-            yield _event({"id": rid, "object": kind, "created": created, "model": model,
-                          "choices": [], "usage": _usage(done.prompt_tokens,
-                                                         done.completion_tokens)})
-        yield b"data: [DONE]\n\n"
+            yield chunks.usage(_usage(done.prompt_tokens, done.completion_tokens))
+        yield DONE
     except WorkerError as e:
-        yield _event({"error": {"message": str(e), "type": "server_error", "param": None,
+        yield event({"error": {"message": str(e), "type": "server_error", "param": None,
                                 "code": e.code}})
     finally:
         if record is not None:

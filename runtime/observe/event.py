@@ -29,6 +29,8 @@ class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     tokens_per_s: float | None = None
     finish_reason: str | None = None
     stream: bool = False
+    temperature: float | None = None  # as asked (generation calls)
+    max_tokens: int | None = None  # as asked, when the request set a limit
     prompt: str | None = None  # only with `[events] prompts = true`, PII-scrubbed, truncated
 
 

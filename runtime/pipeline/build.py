@@ -21,11 +21,14 @@ def build(pop: PoP) -> Chain:
     """The chain of `pop.config.pipeline`, in order. A stage whose part this PoP
     does not run (``openai`` without a model worker) is left out."""
     targets = _targets(pop)
-    stages = [s for s in (_make(cfg, pop, targets) for cfg in pop.config.pipeline)
-              if s is not None]
-    timed = any((isinstance(s, c.AccessLogStage) and s.format == "json")
-                or (isinstance(s, c.EventsStage) and pop.config.events.stage_timings)
-                for s in pop.config.pipeline)
+    configs = pop.config.pipeline
+    tracing = pop.config.tracing.enabled
+    if tracing and not any(isinstance(s, c.TracingStage) for s in configs):
+        configs = [c.TracingStage(), *configs]  # first: its span covers the whole request
+    stages = [s for s in (_make(cfg, pop, targets) for cfg in configs) if s is not None]
+    timed = tracing or any((isinstance(s, c.AccessLogStage) and s.format == "json")
+                           or (isinstance(s, c.EventsStage) and pop.config.events.stage_timings)
+                           for s in configs)
     return Chain(stages, timed)
 
 
@@ -75,6 +78,12 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.health import Health
 
             return Health.for_pop(pop)
+        case c.TracingStage():
+            if not pop.config.tracing.enabled:
+                return None
+            from runtime.pipeline.stages.tracing import Tracing
+
+            return Tracing(pop.config.tracing)
         case c.EventsStage():
             from runtime.pipeline.stages.events import Events
 

@@ -12,9 +12,8 @@ import struct
 import time
 from typing import Any
 
-import msgspec
-
 from runtime.cache.ai.entry import Embedded, Generated
+from runtime.net.openai_sse import DONE, Chunks
 
 
 def usage(r: Generated) -> dict[str, Any]:
@@ -38,34 +37,15 @@ def completion(r: Generated, model: str, chat: bool) -> dict[str, Any]:
             "created": int(time.time()), "model": model, "choices": [choice], "usage": usage(r)}
 
 
-def _event(data: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(data) + b"\n\n"
-
-
 def sse(r: Generated, model: str, chat: bool, include_usage: bool) -> bytes:
     """The whole SSE body of a streamed request, ending in ``data: [DONE]``."""
-    rid, created = _rid(chat), int(time.time())
-    kind = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(text: str | None, finish: str | None = None, role: bool = False) -> bytes:
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
-        choice["finish_reason"] = finish
-        return _event({"id": rid, "object": kind, "created": created, "model": model,
-                       "choices": [choice]})
-
-    out = [chunk("", role=True)] if chat else []
-    out += [chunk(c) for c in r.chunks]
-    out.append(chunk(None if chat else "", r.finish_reason))
+    chunks = Chunks(_rid(chat), model, chat)
+    out = chunks.opening()
+    out += [chunks.chunk(c) for c in r.chunks]
+    out.append(chunks.closing(r.finish_reason))
     if include_usage:
-        out.append(_event({"id": rid, "object": kind, "created": created, "model": model,
-                           "choices": [], "usage": usage(r)}))
-    out.append(b"data: [DONE]\n\n")
+        out.append(chunks.usage(usage(r)))
+    out.append(DONE)
     return b"".join(out)
 
 

@@ -1,0 +1,54 @@
+"""The OpenAI streaming wire format, written once: the events of a streamed
+``/v1/chat/completions`` (``chat.completion.chunk``) or ``/v1/completions``
+(``text_completion``) body. The OpenAI API streams with it and the AI cache
+replays stored answers with it, so a hit looks exactly like a generation."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(data: Any) -> bytes:
+    """One SSE event: ``data: <json>`` and a blank line."""
+    return b"data: " + msgspec.json.encode(data) + b"\n\n"
+
+
+class Chunks:
+    """The chunks of one streamed completion (`rid`, `model`, chat or text)."""
+
+    __slots__ = ("chat", "created", "head")
+
+    def __init__(self, rid: str, model: str, chat: bool) -> None:
+        self.chat = chat
+        self.created = int(time.time())
+        self.head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": self.created, "model": model}
+
+    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> bytes:
+        """A content chunk (chat: a ``delta``; text: ``text``), the role chunk that
+        opens a chat stream (`role`), or the closing one with its `finish` reason."""
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None}
+        choice["finish_reason"] = finish
+        return event({**self.head, "choices": [choice]})
+
+    def opening(self) -> list[bytes]:
+        """What a stream starts with: the role chunk for chat, nothing for text."""
+        return [self.chunk("", role=True)] if self.chat else []
+
+    def closing(self, finish: str | None) -> bytes:
+        return self.chunk(None if self.chat else "", finish)
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        """The usage chunk (``stream_options.include_usage``): no choices."""
+        return event({**self.head, "choices": [], "usage": usage})

@@ -1,0 +1,62 @@
+"""`tracing`: the request's place in a trace (W3C Trace Context).
+
+A valid ``traceparent`` from the client makes its span the parent (its sampled
+flag decides); an absent or invalid one starts a new trace, kept with
+probability `[tracing] sample`. The request's trace id and its server span's id
+are recorded as ``ctx.decisions["trace"]`` (so the `Event` carries them to the
+tracing observer, which makes the spans once the response is done) and sent back
+to the client as ``traceparent``; the request's own ``traceparent`` header is
+replaced by the same value, so a function sees the span it runs in (and may
+pass it on in its ``fetch`` calls). Only in the pipeline when tracing is on.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from runtime.net.message import Request, Response
+from runtime.observe.settings_tracing import TracingSettings
+from runtime.observe.traceparent import format_parent, new_span_id, new_trace_id, parse
+from runtime.pipeline.stage import Context, Next, Result, then
+
+TRACEPARENT, TRACESTATE = b"traceparent", b"tracestate"
+
+
+class Tracing:
+    name = "tracing"
+
+    def __init__(self, settings: TracingSettings,
+                 rand: Callable[[], float] = random.random) -> None:
+        self.sample = settings.sample
+        self.rand = rand
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        parent = parse(request.header(TRACEPARENT))
+        span_id = new_span_id()
+        record: dict[str, object]
+        if parent is not None:
+            record = {"trace_id": parent.trace_id, "span_id": span_id,
+                      "parent_id": parent.span_id, "sampled": parent.sampled}
+            state = request.header(TRACESTATE)
+            if state:
+                record["tracestate"] = state[:512].decode("latin-1")
+        else:
+            record = {"trace_id": new_trace_id(), "span_id": span_id,
+                      "sampled": self.sample >= 1.0 or self.rand() < self.sample}
+        ctx.decide("trace", record)
+        header = format_parent(str(record["trace_id"]), span_id, bool(record["sampled"]))
+        # the function sees (and may pass on in its own calls) this request's span
+        if parent is not None or request.header(TRACEPARENT) is not None:
+            request.headers = [h for h in request.headers if h[0] != TRACEPARENT]
+        request.headers.append((TRACEPARENT, header))
+        result = call_next(request, ctx)
+        if isinstance(result, Response):
+            result.headers.append((TRACEPARENT, header))
+            return result
+        return then(result, _tag, header)
+
+
+def _tag(response: Response, header: bytes) -> Response:
+    response.headers.append((TRACEPARENT, header))
+    return response
