@@ -54,6 +54,7 @@ from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
 from runtime.cache.settings import AICacheSettings, HttpCacheSettings
 from runtime.net.server import ServerConfig
+from runtime.observe.dashboard.settings import DashboardSettings
 from runtime.observe.settings import EventsSettings, HealthSettings
 from runtime.observe.settings_metrics import MetricsSettings
 from runtime.observe.settings_tracing import TracingSettings
@@ -190,6 +191,8 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     events: EventsSettings = field(default_factory=EventsSettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)  # runtime.observe.metrics
+    dashboard: DashboardSettings = field(  # runtime.observe.dashboard
+        default_factory=DashboardSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)  # runtime.observe.tracing
     pipeline: list[Stage] = field(default_factory=default_pipeline)
 

@@ -7,7 +7,7 @@
             ├─ http_cache (function responses; DATA/cache/http) when [http_cache] is on
             ├─ stores.ai_cache (model calls' answers, in memory) with a model worker
             ├─ observers (the events stage's fan-out of every request's `Event`: the ring,
-            │  the JSONL file, metrics)
+            │  the dashboard's aggregator once watched, the JSONL file, metrics)
             ├─ tracer (OpenTelemetry spans of every request, an observer) when
             │  [tracing] is on
             ├─ pipeline (the stages, in config order): the public listener's app
@@ -27,6 +27,7 @@ from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Registry
+from runtime.observe.dashboard.aggregator import Rolling
 from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.observers import Observers
 from runtime.observe.ring import Ring
@@ -59,6 +60,8 @@ class PoP:
         self.ring = Ring(events.ring_size, events.max_event_bytes)
         self.observers = Observers()  # every request's Event (the `events` stage)
         self.observers.add(self.ring)
+        # the dashboard's last 60 s ([dashboard]); it observes from the first login on
+        self.dashboard: Rolling | None = Rolling() if config.dashboard.enabled else None
         self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
         self.tracer: Tracer | None = None
@@ -82,6 +85,19 @@ class PoP:
         except BaseException:  # a stage that cannot start (the WAF without rules)
             self.close()
             raise
+
+    def watch_dashboard(self) -> None:
+        """Make the dashboard's aggregator an observer, if it is not yet, first
+        replaying the ring's events of its window: a PoP nobody watches pays nothing
+        for it. Call on the PoP's loop (the observers run there)."""
+        rolling = self.dashboard
+        if rolling is None or rolling in self.observers:
+            return
+        since = rolling.clock() - rolling.window
+        for event in self.ring.events.copy():
+            if event.ts >= since:
+                rolling.observe(event)
+        self.observers.add(rolling)
 
     def _metrics(self) -> PopMetrics:
         """Raises `InvalidConfig` for a metrics token file that cannot be read."""

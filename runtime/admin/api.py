@@ -22,6 +22,10 @@ rolls back and deletes only functions whose ``owner`` is that tenant.
     GET    /v1/events?since=10m&function=F&status=5xx&tenant=T&path=/p&method=GET&min_ms=N&limit=N
                                               the ring's events, oldest first (`edgefn events`)
     GET    /v1/events/stream?...              the same filters, live as SSE (`edgefn tail`)
+    POST   /v1/dashboard/login                a one-time login token for the dashboard
+                                              (`edgefn dashboard`); the page and its stream
+                                              (`runtime.observe.dashboard.serve`) need the
+                                              session it is exchanged for, not admin auth
     GET    /metrics                           Prometheus metrics ([metrics]; its own token,
                                               or none: see `runtime.observe.metrics_http`)
 """
@@ -32,7 +36,7 @@ import asyncio
 import hmac
 import ipaddress
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -42,6 +46,8 @@ from runtime.bindings import operate
 from runtime.functions import deploys
 from runtime.net.message import Request, Response, json_response
 from runtime.observe import stream
+from runtime.observe.dashboard import serve as dashboard
+from runtime.observe.dashboard.login import Logins
 from runtime.pop import PoP
 from runtime.security.keys import is_well_formed
 from runtime.security.principal import Principal
@@ -81,6 +87,8 @@ class AdminApp:
         self.heartbeat = stream.HEARTBEAT  # seconds between SSE heartbeats of /v1/events/stream
         metrics = getattr(pop, "metrics", None)  # None: a socket-free test's stand-in PoP
         self.metrics = metrics.endpoint(pop_loop, token) if metrics is not None else None
+        self.logins = Logins()
+        self.dashboard_period = dashboard.PERIOD
 
     async def on_pop[T](self, coro: Coroutine[Any, Any, T]) -> T:
         """The result of `coro`, run to the end on the PoP's loop even if this
@@ -95,6 +103,8 @@ class AdminApp:
             return _error(403, "forbidden", "the admin API only answers loopback clients")
         if request.path == b"/metrics" and self.metrics is not None:
             return self.metrics(request)  # a scraper's token, not an admin credential
+        if dashboard.is_dashboard(request.path) and getattr(self.pop, "dashboard", None):
+            return self._dashboard(request)  # a dashboard session, not an admin credential
         auth = request.header(b"authorization") or b""
         if hmac.compare_digest(auth, self.token):
             return self._route(request, None)
@@ -157,6 +167,12 @@ class AdminApp:
                     return Response(200, list(SSE), stream.follow(
                         self.pop.ring, stream.parse(request.query),
                         self.pop.config.events.subscriber_queue, self.heartbeat))
+                case ["v1", "dashboard", "login"] if method == b"POST" and \
+                        getattr(self.pop, "dashboard", None) is not None:
+                    await self.on_pop(_call(self.pop.watch_dashboard))
+                    token = self.logins.issue()
+                    return json_response({"token": token, "path": f"/dashboard?token={token}",
+                                          "expires_in": self.logins.token_ttl})
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.on_pop(self.pop.registry.delete(name))
                     return json_response({"deleted": name})
@@ -168,6 +184,20 @@ class AdminApp:
             return _error(e.status, e.code, str(e), field=e.field)
         except EdgefnError as e:
             return _error(e.status, e.code, str(e))
+
+    def _dashboard(self, request: Request) -> Response:
+        if request.path != b"/v1/dashboard/stream":
+            return dashboard.page(request, self.logins)
+        refused = dashboard.allowed(request, self.logins)
+        if refused is not None:
+            return refused
+        pop, ai = self.pop, self.pop.ai
+        assert pop.dashboard is not None  # `__call__` checked
+        figures = dashboard.Figures(pop.dashboard, pop.stores.cache_stats.snapshot,
+                                    pop.registry.listing,
+                                    ai.client.metrics if ai is not None else None)
+        return Response(200, list(SSE), dashboard.follow(
+            pop.ring, lambda: self.on_pop(figures()), self.dashboard_period))
 
     def _purge(self, body: bytes, who: Principal | None) -> Response:
         """Raises msgspec errors for a body that does not decode, `NotOwner` when a
@@ -219,6 +249,10 @@ class AdminApp:
                       + "/".join(rest))
 
 
+async def _call(fn: Callable[[], None]) -> None:
+    fn()
+
+
 async def _shielded[T](coro: Coroutine[Any, Any, T]) -> T:
     return await asyncio.shield(coro)
 
@@ -234,7 +268,7 @@ def operation(request: Request) -> str:
             return "delete"
         return "rollback" if parts[-1] == b"rollback" else "read"
     return section.decode("latin-1") if section in (b"kv", b"vectors", b"ai", b"keys",
-                                                    b"cache") \
+                                                    b"cache", b"dashboard") \
         else "read"
 
 

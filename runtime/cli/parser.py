@@ -120,7 +120,7 @@ def build() -> Parser:
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
                 _ai_commands, _keys_command, _limits_command, _cache_command,
-                _events_commands, _metrics_command, _doctor_command):
+                _events_commands, _metrics_command, _dashboard_command, _doctor_command):
         add(commands)
     return p
 
@@ -313,6 +313,13 @@ def _metrics_command(c: Commands) -> None:
               "edgefn metrics --match edgefn_requests")
     s.add_argument("--match", metavar="PREFIX", default=None,
                    help="only the metrics whose name starts with PREFIX (default: all)")
+
+
+def _dashboard_command(c: Commands) -> None:
+    s = c.add("dashboard", "runtime.cli.dashboard:dashboard_command",
+              "print the URL of a running PoP's live dashboard, with a one-time login "
+              "token (valid 60 s, for one browser)", "edgefn dashboard --open", json=True)
+    s.add_argument("--open", action="store_true", help="also open it in the default browser")
 
 
 def _limits_command(c: Commands) -> None:
