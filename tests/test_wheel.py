@@ -29,6 +29,11 @@ RUNTIME_FILES = [
     "runtime/pipeline/stages/dispatch.py",
     "gpu_worker/engines/llamacpp.py",
     "kv/store.py",
+    "runtime/observe/dashboard/static/index.html",  # the dashboard's page (package data)
+    "runtime/observe/dashboard/static/app.js",
+    "runtime/observe/dashboard/static/style.css",
+    "runtime/security/bots/agents.toml",
+    "runtime/net/openai_sse.py",
 ]
 
 
