@@ -13,7 +13,7 @@ A stage may raise: the chain contains it (see `runtime.pipeline.contain`).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from edgefn_core.errors import EdgefnError
@@ -109,3 +109,19 @@ def then(result: Result, after: Callable[..., Response], *args: Any) -> Result:
 async def _then(pending: Awaitable[Response], after: Callable[..., Response],
                 args: tuple[Any, ...]) -> Response:
     return after(await pending, *args)
+
+
+async def counted(body: AsyncIterator[bytes], done: Callable[[int], None]
+                  ) -> AsyncIterator[bytes]:
+    """`body` relayed chunk by chunk; once it ends, fails or the client goes away,
+    `body` is closed and ``done(bytes sent)`` is called (what observing stages log)."""
+    sent = 0
+    try:
+        async for chunk in body:
+            sent += len(chunk)
+            yield chunk
+    finally:
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        done(sent)

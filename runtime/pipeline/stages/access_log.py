@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator
+from functools import partial
 from typing import IO
 
 import msgspec
 
 from runtime.config import AccessLogStage
 from runtime.net.message import Request, Response
-from runtime.pipeline.stage import Context, Next, Result, then
+from runtime.pipeline.stage import Context, Next, Result, counted, then
 
 TEXT = b"ts=%s.%03dZ method=%s path=%s status=%d fn=%s dur_ms=%.3f bytes=%d rid=%s client=%s\n"
 _time, _clock = time.time, time.perf_counter
@@ -50,21 +50,8 @@ class AccessLog:
         if isinstance(body, bytes):
             self.write(request, ctx, response.status, len(body))
         else:
-            response.body = self._counted(request, ctx, response.status, body)
+            response.body = counted(body, partial(self.write, request, ctx, response.status))
         return response
-
-    async def _counted(self, request: Request, ctx: Context, status: int,
-                       body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        sent = 0
-        try:
-            async for chunk in body:
-                sent += len(chunk)
-                yield chunk
-        finally:
-            aclose = getattr(body, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            self.write(request, ctx, status, sent)
 
     def write(self, request: Request, ctx: Context, status: int, size: int) -> None:
         now = _time()

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -24,7 +25,7 @@ from runtime.net.message import Request, Response
 from runtime.observe.event import AIUsage, Event
 from runtime.observe.observers import Observers
 from runtime.observe.redact import Redactor, scrub
-from runtime.pipeline.stage import Context, Next, Result, then
+from runtime.pipeline.stage import Context, Next, Result, counted, then
 
 AI_OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
                  "/v1/embeddings": "embeddings", "/v1/rerank": "rerank"}
@@ -61,21 +62,8 @@ class Events:
         if isinstance(body, bytes):
             self.emit(request, ctx, response, ts, len(body))
         else:
-            response.body = self._counted(request, ctx, response, ts, body)
+            response.body = counted(body, partial(self.emit, request, ctx, response, ts))
         return response
-
-    async def _counted(self, request: Request, ctx: Context, response: Response, ts: float,
-                       body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        sent = 0
-        try:
-            async for chunk in body:
-                sent += len(chunk)
-                yield chunk
-        finally:
-            aclose = getattr(body, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            self.emit(request, ctx, response, ts, sent)
 
     def emit(self, request: Request, ctx: Context, response: Response, ts: float,
              sent: int) -> None:
