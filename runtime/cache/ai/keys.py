@@ -75,14 +75,24 @@ def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content
-                         if isinstance(p, dict) and p.get("type", "text") == "text")
+        return "\n".join(str(p.get("text", "")) for p in content if _is_text(p))
     return "" if content is None else str(content)
 
 
+def _is_text(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type", "text") == "text"
+
+
 def _message(m: dict[str, Any]) -> list[Any]:
-    """[role, normalized text, the other fields (name, tool calls...) as sent]."""
+    """[role, normalized text, the other fields (name, tool calls...) as sent]. The
+    parts of a content list that are not text (an image, audio, a file) are
+    among the other fields, as sent: two prompts that differ only there differ."""
     rest = sorted((k, v) for k, v in m.items() if k not in ("role", "content"))
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = [p for p in content if not _is_text(p)]
+        if parts:
+            rest.append(("content parts", parts))
     return [str(m.get("role", "")), normalize(text_of(m.get("content"))), rest]
 
 

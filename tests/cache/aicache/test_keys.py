@@ -93,3 +93,29 @@ def test_completions_and_embeddings() -> None:
     assert e.key != embedding_call("t", "m", ["hello"]).key and e.scope is None
     assert e.key != embedding_call("u", "m", ["Hello"]).key and e.deterministic
     assert e.bucket != embedding_call("u", "m", ["Hello"]).bucket
+
+
+def image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_content_parts_that_are_not_text_change_the_key_and_the_scope() -> None:
+    def ask(*parts: dict[str, Any]) -> Any:
+        return chat_call("t", "m", [MSGS[0], {"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"}, *parts]}], BASE)
+
+    cat, dog = ask(image("https://x.test/cat.png")), ask(image("https://x.test/dog.png"))
+    assert cat.key != dog.key and cat.scope != dog.scope  # same words, another picture
+    again = ask(image("https://x.test/cat.png"))
+    assert (again.key, again.scope) == (cat.key, cat.scope)
+
+
+@given(texts=st.lists(words, min_size=1, max_size=4))
+def test_the_text_parts_of_a_content_list_are_its_text(texts: list[str]) -> None:
+    parts = [{"type": "text", "text": t} for t in texts]
+    listed = chat_call("t", "m", [{"role": "user", "content": parts}], BASE)
+    plain = chat_call("t", "m", [{"role": "user", "content": "\n".join(texts)}], BASE)
+    assert (listed.key, listed.scope, listed.query) == (plain.key, plain.scope, plain.query)
+    other = chat_call("t", "m", [{"role": "user", "content": [*parts, {"type": "text",
+                                                                       "text": "more"}]}], BASE)
+    assert other.key != listed.key
