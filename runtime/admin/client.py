@@ -41,38 +41,24 @@ class AdminClient:
                 headers: dict[str, str] | None = None) -> Any:
         """Raises `AdminError` for an error answer, `Failure` (code ``pop_unreachable``)
         if the PoP cannot be reached."""
-        host, port = self.info.admin.rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=self.timeout)
+        conn, resp = self._send(method, path, body, headers, self.timeout)
         try:
-            conn.request(method, path, body, {"authorization": f"Bearer {self.token}",
-                                              **(headers or {})})
-            resp = conn.getresponse()
-            data = json.loads(resp.read() or b"{}")
+            raw = resp.read()
         except (ConnectionError, OSError) as e:
-            raise Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
-                          f"{self.info.admin}: {e}") from None
+            raise self._unreachable(e) from None
         finally:
             conn.close()
         if resp.status >= 400:
-            err = data.get("error", {})
-            raise AdminError(err.get("kind", "error"), resp.status, err.get("message", str(data)))
-        return data
+            raise _refused(resp.status, raw, raw.decode("utf-8", "replace"))
+        return json.loads(raw or b"{}")
 
     def stream(self, path: str) -> Iterator[bytes]:
         """The lines of a streamed answer (SSE), as they come, until the PoP ends it.
         Raises `AdminError` for an error answer, `Failure` (``pop_unreachable``)."""
-        host, port = self.info.admin.rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=None)
+        conn, resp = self._send("GET", path, timeout=None)
         try:
-            try:
-                conn.request("GET", path, headers={"authorization": f"Bearer {self.token}"})
-                resp = conn.getresponse()
-            except (ConnectionError, OSError) as e:
-                raise Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
-                              f"{self.info.admin}: {e}") from None
             if resp.status >= 400:
-                err = json.loads(resp.read() or b"{}").get("error", {})
-                raise AdminError(err.get("kind", "error"), resp.status, err.get("message", ""))
+                raise _refused(resp.status, resp.read(), "")
             while line := resp.readline():
                 yield line
         finally:
@@ -81,25 +67,35 @@ class AdminClient:
     def metrics(self) -> str:
         """The PoP's Prometheus exposition (``GET /metrics``). Raises `AdminError`,
         `Failure` as `request` does."""
-        host, port = self.info.admin.rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=self.timeout)
+        conn, resp = self._send("GET", "/metrics", timeout=self.timeout)
         try:
-            conn.request("GET", "/metrics", headers={"authorization": f"Bearer {self.token}"})
-            resp = conn.getresponse()
             body = resp.read()
         except (ConnectionError, OSError) as e:
-            raise Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
-                          f"{self.info.admin}: {e}") from None
+            raise self._unreachable(e) from None
         finally:
             conn.close()
         if resp.status >= 400:
-            try:
-                err = json.loads(body).get("error", {})
-            except ValueError:
-                err = {}
-            raise AdminError(err.get("kind", "error"), resp.status,
-                             err.get("message", f"GET /metrics answered {resp.status}"))
+            raise _refused(resp.status, body, f"GET /metrics answered {resp.status}")
         return body.decode()
+
+    def _send(self, method: str, path: str, body: bytes = b"",
+              headers: dict[str, str] | None = None, timeout: float | None = None
+              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """The connection (the caller closes it) and the head of its answer.
+        Raises `Failure` (``pop_unreachable``)."""
+        host, port = self.info.admin.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        try:
+            conn.request(method, path, body, {"authorization": f"Bearer {self.token}",
+                                              **(headers or {})})
+            return conn, conn.getresponse()
+        except (ConnectionError, OSError) as e:
+            conn.close()
+            raise self._unreachable(e) from None
+
+    def _unreachable(self, e: OSError) -> Failure:
+        return Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
+                       f"{self.info.admin}: {e}")
 
     def deploy(self, directory: str | Path) -> dict[str, Any]:
         """Pack and deploy a function folder. Raises `DeployError` or `ManifestError`
@@ -110,3 +106,13 @@ class AdminClient:
         result: dict[str, Any] = self.request("POST", "/v1/deploy", package,
                                               {"x-edgefn-source": str(directory).rstrip("/")})
         return result
+
+
+def _refused(status: int, body: bytes, fallback: str) -> AdminError:
+    """The PoP's error answer (``{"error": {"kind", "message"}}``) as an `AdminError`;
+    `fallback` is its message when the body does not say."""
+    try:
+        err = json.loads(body or b"{}").get("error", {})
+    except (ValueError, AttributeError):
+        err = {}
+    return AdminError(err.get("kind", "error"), status, err.get("message", fallback))
