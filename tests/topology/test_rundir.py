@@ -1,0 +1,16 @@
+"""The run-dir layout the topology runner and the control plane share."""
+
+from runtime.topology.rundir import PopEntry, RunState, pop_dir, pop_names, read_state, write_state
+
+
+def test_state_round_trips_and_names_come_from_data_dirs(tmp_path):
+    assert read_state(tmp_path) is None and pop_names(tmp_path) == []
+    state = RunState(source="topology.toml", pops=[
+        PopEntry(name="edge-eu", tier="edge", geo="eu-west", region="eu", parents=["reg-eu"]),
+        PopEntry(name="central", tier="central")])
+    write_state(tmp_path, state)
+    for entry in state.pops:
+        pop_dir(tmp_path, entry.name).mkdir(parents=True)
+    assert read_state(tmp_path) == state
+    assert pop_names(tmp_path) == ["central", "edge-eu"]
+    assert not list(tmp_path.glob("*.tmp"))
