@@ -93,6 +93,7 @@ class PoP:
         rolling = self.dashboard
         if rolling is None or rolling in self.observers:
             return
+        self.observers.flush()  # events not yet delivered are in neither the ring nor it
         since = rolling.clock() - rolling.window
         for event in self.ring.events.copy():
             if event.ts >= since:
@@ -123,6 +124,7 @@ class PoP:
 
     def close(self) -> None:
         """Release functions and stores (the model worker is closed by `runtime.app`)."""
+        self.observers.flush()  # the last loop iteration's events reach the file and traces
         if self.events_file is not None:
             self.events_file.close()
         if self.tracer is not None:
