@@ -110,7 +110,7 @@ async def _metrics_listener(pop: PoP, config: PopConfig) -> AdminThread | None:
     address = config.metrics.address()
     if pop.metrics is None or address is None:
         return None
-    endpoint = pop.metrics.endpoint(asyncio.get_running_loop())
+    endpoint = pop.metrics.endpoint(asyncio.get_running_loop(), settle=pop.observers.flush)
     scrapes = AdminThread(endpoint, config.http)
     await scrapes.start(*address)
     return scrapes

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +54,16 @@ class Running:
 
     def deploy(self, directory: Path | str) -> dict[str, Any]:
         return self.admin.deploy(directory)
+
+    def delivered(self) -> None:
+        """Return once the PoP's loop has handed the events of every response sent so
+        far to its observers (it does so in batches, right after sending)."""
+        assert self.loop is not None
+
+        async def flush() -> None:
+            self.pop.observers.flush()
+
+        asyncio.run_coroutine_threadsafe(flush(), self.loop).result(10)
 
 
 @contextmanager
@@ -171,6 +181,15 @@ def running(pid: int) -> bool:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `check` every 10 ms; fail the test with `what` past `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.01)
 
 
 def in_ci() -> bool:

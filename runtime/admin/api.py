@@ -86,7 +86,9 @@ class AdminApp:
         self.pop_loop = pop_loop
         self.heartbeat = stream.HEARTBEAT  # seconds between SSE heartbeats of /v1/events/stream
         metrics = getattr(pop, "metrics", None)  # None: a socket-free test's stand-in PoP
-        self.metrics = metrics.endpoint(pop_loop, token) if metrics is not None else None
+        observers = getattr(pop, "observers", None)
+        self.metrics = metrics.endpoint(pop_loop, token, observers.flush if observers is not None
+                                        else None) if metrics is not None else None
         self.logins = Logins()
         self.dashboard_period = dashboard.PERIOD
 
@@ -161,6 +163,7 @@ class AdminApp:
                 case ["v1", "cache", "stats"] if method == b"GET":
                     return json_response({"stats": self.pop.stores.cache_stats.snapshot()})
                 case ["v1", "events"] if method == b"GET":
+                    await self.on_pop(_call(self.pop.observers.flush))  # what is sent is listed
                     return Response(200, [JSON], stream.listing(self.pop.ring,
                                                                 stream.parse(request.query)))
                 case ["v1", "events", "stream"] if method == b"GET":

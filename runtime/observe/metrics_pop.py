@@ -44,26 +44,47 @@ class PopMetrics:
         self.registry.register(self.isolates)
 
     def endpoint(self, pop_loop: asyncio.AbstractEventLoop | None,
-                 admin_token: str | None = None) -> MetricsEndpoint:
+                 admin_token: str | None = None,
+                 settle: Callable[[], None] | None = None) -> MetricsEndpoint:
         """What serves ``GET /metrics``; the worker is asked on `pop_loop` (None:
         the loop the endpoint runs on). `admin_token` is accepted besides the
-        metrics token (on the admin listener)."""
+        metrics token (on the admin listener). `settle()` runs on `pop_loop` before
+        each scrape (the PoP delivers its events in batches: see
+        `runtime.observe.observers`), so a scrape counts every response already sent."""
         if self.worker_call is not None and self.worker is None:
-            call = self.worker_call
-
-            async def fetch() -> dict[str, Any]:
-                if pop_loop is None or pop_loop is asyncio.get_running_loop():
-                    return await call()
-                return await asyncio.wrap_future(
-                    asyncio.run_coroutine_threadsafe(call(), pop_loop))
-
-            self.worker = WorkerFigures(self.requests.base, fetch, self.settings.worker_timeout)
+            self.worker = WorkerFigures(self.requests.base, _on(pop_loop, self.worker_call),
+                                        self.settings.worker_timeout)
             self.registry.register(self.worker)
         tokens = [self.token] if self.token else []
         if tokens and admin_token:
             tokens.append(admin_token)
-        return MetricsEndpoint(self.registry, tokens,
-                               self.worker.refresh if self.worker is not None else None)
+        steps = [_on(pop_loop, _coroutine(settle))] if settle is not None else []
+        if self.worker is not None:
+            steps.append(self.worker.refresh)
+
+        async def before() -> None:
+            for step in steps:
+                await step()
+
+        return MetricsEndpoint(self.registry, tokens, before if steps else None)
+
+
+def _coroutine(fn: Callable[[], None]) -> Callable[[], Coroutine[Any, Any, None]]:
+    async def run() -> None:
+        fn()
+
+    return run
+
+
+def _on[T](loop: asyncio.AbstractEventLoop | None,
+           call: Callable[[], Coroutine[Any, Any, T]]) -> Callable[[], Coroutine[Any, Any, T]]:
+    """`call`, run on `loop` (None: the caller's loop) when awaited from any loop."""
+    async def run() -> T:
+        if loop is None or loop is asyncio.get_running_loop():
+            return await call()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), loop))
+
+    return run
 
 
 def _read_token(path: str | None) -> str | None:

@@ -82,7 +82,10 @@ class Subscriber:
                  loop: asyncio.AbstractEventLoop) -> None:
         self.match, self.size, self.loop = match, size, loop
         self.buffer: deque[Event] = deque()
-        self.dropped = 0  # events lost since the last `get`
+        # events lost: a total only `push` writes and what `get` has reported, which
+        # only `get` writes (two threads; neither has to lock the other out)
+        self.lost = 0
+        self.reported = 0
         self._ready = asyncio.Event()
         self._wake_pending = False
 
@@ -90,12 +93,17 @@ class Subscriber:
         if not self.match(event):
             return
         if len(self.buffer) >= self.size:
-            self.dropped += 1
+            self.lost += 1
         else:
             self.buffer.append(event)
         if not self._wake_pending:
             self._wake_pending = True
             self.loop.call_soon_threadsafe(self._wake)
+
+    @property
+    def dropped(self) -> int:
+        """Events lost since the last `get`."""
+        return self.lost - self.reported
 
     def _wake(self) -> None:
         self._wake_pending = False
@@ -111,7 +119,8 @@ class Subscriber:
                 return [], 0
         self._ready.clear()
         events = [self.buffer.popleft() for _ in range(len(self.buffer))]
-        dropped, self.dropped = self.dropped, 0
+        lost = self.lost  # read once: `push` may count more meanwhile, for the next call
+        dropped, self.reported = lost - self.reported, lost
         return events, dropped
 
 

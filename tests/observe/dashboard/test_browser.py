@@ -15,7 +15,7 @@ import pytest
 
 from runtime.cli.dashboard import login_url
 from runtime.observe.dashboard.aggregator import Rolling
-from tests.support import Running, function_dir, pop_thread, python_function, reactor
+from tests.support import Running, function_dir, pop_thread, python_function, reactor, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -156,4 +156,5 @@ def test_the_aggregator_observes_from_the_first_login_with_the_rings_history(
         assert list(pop.pop.observers).count(rolling) == 1
         assert rolling.total == 5  # replayed from the ring
         pop.get("/hello")
-        assert rolling.total == 6
+        # events are delivered right after the response is sent, in a batch
+        wait_for(lambda: rolling.total == 6, 2.0, "the new request counted")

@@ -7,25 +7,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runtime.observe.event import Event
-from tests.support import Running, pop_thread
+from tests.support import Running, pop_thread, wait_for
 
 CHAT = "smollm2-135m"
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
 
 
 @pytest.fixture

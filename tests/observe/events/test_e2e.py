@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,18 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.observe.event import Event
-from tests.support import EXAMPLES, ROOT, Running, function_dir, pop_thread, reactor
+from tests.support import EXAMPLES, ROOT, Running, function_dir, pop_thread, reactor, wait_for
 
 KINDS = {"hello": ("/hello", 200), "missing": ("/nowhere", 404), "trap": ("/trap", 500),
          "stream": ("/py/stream?n=3", 200), "health": ("/healthz", 200)}
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
 
 
 def requests_total(pop: Running) -> float:
@@ -41,6 +33,7 @@ def requests_total(pop: Running) -> float:
 
 
 def events_of(pop: Running) -> list[Event]:
+    pop.delivered()
     return list(pop.pop.ring.events.copy())
 
 

@@ -164,3 +164,34 @@ def test_bad_events_and_health_settings_name_the_field(field: str, value: object
         config.load(None, **{field: value})
     assert e.value.field is not None and e.value.field.startswith(field.split(".")[0])
     assert e.value.field in (field, f"{field}[0]") or field.endswith("nope")
+
+
+def test_a_follower_fed_from_another_thread_accounts_for_every_event() -> None:
+    """The PoP's loop pushes while the admin loop drains: delivered + dropped is
+    every event pushed, however the two threads interleave."""
+    import sys
+    import threading
+
+    from runtime.observe.ring import Subscriber
+
+    pushed = 20_000
+
+    async def main() -> tuple[int, int]:
+        sub = Subscriber(lambda e: True, 4, asyncio.get_running_loop())
+        e = event(1)
+        feeder = threading.Thread(target=lambda: [sub.push(e) for _ in range(pushed)])
+        delivered = dropped = 0
+        feeder.start()
+        while feeder.is_alive() or sub.buffer or sub.dropped:
+            got, lost = await sub.get(0.01)
+            delivered, dropped = delivered + len(got), dropped + lost
+        feeder.join()
+        return delivered, dropped
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        delivered, dropped = asyncio.run(main())
+    finally:
+        sys.setswitchinterval(interval)
+    assert dropped > 0 and delivered + dropped == pushed
