@@ -91,7 +91,11 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
         case c.AccessLogStage():
             from runtime.pipeline.stages.access_log import AccessLog
 
-            return AccessLog(cfg)
+            log = AccessLog(cfg)
+            if any(isinstance(s, c.EventsStage) for s in pop.config.pipeline):
+                pop.observers.add(log)  # each line from the request's event: no stage
+                return None
+            return log
         case c.OpenAIStage():
             return _openai(pop, targets)
         case c.RouteStage():

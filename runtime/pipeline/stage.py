@@ -89,6 +89,8 @@ class Context:
         """Milliseconds from each stage's start to the next stage's start (the last
         one's to now): where the time of a request went. Empty unless the chain
         is timed."""
+        if not self.marks:
+            return {}
         now = time.perf_counter()
         ends = [t for _, t in self.marks[1:]] + [now]
         return {name: round((end - t) * 1000, 3) for (name, t), end in zip(self.marks, ends,

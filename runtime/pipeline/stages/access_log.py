@@ -1,12 +1,17 @@
 """`access_log`: one structured line per request on stderr.
 
-    ts=2026-11-30T11:00:00Z method=GET path=/hello status=200 fn=hello@1a2b3c4d
-    dur_ms=0.21 bytes=13 rid=9f2c41d0aa3e-1 client=127.0.0.1:50312
+    ts=2026-11-30T11:00:00.123Z method=GET path=/hello status=200 fn=hello@1a2b3c4d
+    dur_ms=0.21 bytes=13 rid=9f2c41d0aa3e-1 client=127.0.0.1
 
-(one line; ``format = "json"`` writes the same fields, plus per-stage timings, as
-a JSON object). A streamed response is logged when its stream ends, with the
-bytes actually sent. Lines are buffered and written once per event-loop
-iteration, so a busy PoP pays one write for many requests.
+(one line; ``ts`` is when the request arrived; ``format = "json"`` writes the same
+fields, plus per-stage timings, as a JSON object). A streamed response is logged
+when its stream ends, with the bytes actually sent. Lines are buffered and
+written once per event-loop iteration, so a busy PoP pays one write for many
+requests.
+
+With an ``events`` stage in the pipeline, the log is written from each request's
+`Event` (an observer: `AccessLog.observe`) instead of gathering the same fields a
+second time as a stage: `runtime.pipeline.build` decides.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import msgspec
 
 from runtime.config import AccessLogStage
 from runtime.net.message import Request, Response
+from runtime.observe.event import Event
 from runtime.pipeline.stage import Context, Next, Result, counted, then
 
 TEXT = b"ts=%s.%03dZ method=%s path=%s status=%d fn=%s dur_ms=%.3f bytes=%d rid=%s client=%s\n"
+TEXT_STR = "ts=%s.%03dZ method=%s path=%s status=%d fn=%s dur_ms=%.3f bytes=%d rid=%s client=%s\n"
 _time, _clock = time.time, time.perf_counter
 
 
@@ -54,21 +61,42 @@ class AccessLog:
         return response
 
     def write(self, request: Request, ctx: Context, status: int, size: int) -> None:
-        now = _time()
-        second = int(now)
+        duration = (_clock() - ctx.started) * 1000
+        arrived = _time() - duration / 1000
+        stamp = self._stamp_of(int(arrived))
+        label = ctx.target.label if ctx.target is not None else "-"
+        fn = self._labels.get(label) or self._labels.setdefault(label, label.encode())
+        if self.json:
+            line = self._json(request.method.decode(), request.path.decode("latin-1"), status,
+                              fn.decode(), duration, size, ctx.request_id.decode(), ctx.ip,
+                              ctx.timings(), arrived)
+        else:
+            # the path as sent: the HTTP front lets no space or control byte through
+            line = TEXT % (stamp, (arrived % 1) * 1000, request.method, request.path,
+                           status, fn, duration, size, ctx.request_id or b"-",
+                           ctx.ip.encode())
+        self._add(line)
+
+    def observe(self, event: Event) -> None:
+        """The request's line, from its `Event` (fields the events stage gathered)."""
+        if self.json:
+            line = self._json(event.method, event.path, event.status, event.target or "-",
+                              event.duration_ms, event.bytes_out, event.rid, event.client,
+                              event.stages_ms, event.ts)
+        else:
+            line = (TEXT_STR % (self._stamp_of(int(event.ts)).decode(), (event.ts % 1) * 1000,
+                                event.method, event.path, event.status, event.target or "-",
+                                event.duration_ms, event.bytes_out, event.rid or "-",
+                                event.client)).encode("latin-1", "replace")
+        self._add(line)
+
+    def _stamp_of(self, second: int) -> bytes:
         if second != self._second:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
-        label = ctx.target.label if ctx.target is not None else "-"
-        fn = self._labels.get(label) or self._labels.setdefault(label, label.encode())
-        duration = (_clock() - ctx.started) * 1000
-        if self.json:
-            line = self._json(request, ctx, status, size, fn, duration, now)
-        else:
-            # the path as sent: the HTTP front lets no space or control byte through
-            line = TEXT % (self._stamp, (now - second) * 1000, request.method, request.path,
-                           status, fn, duration, size, ctx.request_id or b"-",
-                           ctx.client.encode())
+        return self._stamp
+
+    def _add(self, line: bytes) -> None:
         self.lines.append(line)
         if not self.flush_scheduled:
             self._schedule()
@@ -80,14 +108,13 @@ class AccessLog:
         except RuntimeError:  # no loop (a direct call in a test): write now
             self.flush()
 
-    def _json(self, request: Request, ctx: Context, status: int, size: int, label: bytes,
-              duration: float, now: float) -> bytes:
-        ts = b"%s.%03dZ" % (self._stamp, (now - int(now)) * 1000)
+    def _json(self, method: str, path: str, status: int, fn: str, duration: float, size: int,
+              rid: str, client: str, stages: dict[str, float], arrived: float) -> bytes:
+        ts = b"%s.%03dZ" % (self._stamp_of(int(arrived)), (arrived % 1) * 1000)
         return msgspec.json.encode({
-            "ts": ts.decode(), "method": request.method.decode(),
-            "path": request.path.decode("latin-1"), "status": status, "fn": label.decode(),
-            "dur_ms": round(duration, 3), "bytes": size, "rid": ctx.request_id.decode(),
-            "client": ctx.client, "stages": ctx.timings()}) + b"\n"
+            "ts": ts.decode(), "method": method, "path": path, "status": status, "fn": fn,
+            "dur_ms": round(duration, 3), "bytes": size, "rid": rid, "client": client,
+            "stages": stages}) + b"\n"
 
     def flush(self) -> None:
         self.flush_scheduled = False

@@ -1,0 +1,64 @@
+"""With an events stage, the access log is written from each request's event: the
+same line as the stage writes, and no access_log stage in the chain."""
+
+import io
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from runtime import config
+from runtime.pipeline.chain import Chain
+from runtime.pipeline.stages.access_log import AccessLog
+from runtime.pipeline.stages.request_id import RequestId
+from runtime.pop import PoP
+from tests.observe.events.helpers import Answer, events_chain, request, run
+
+VARYING = re.compile(r"(ts|dur_ms|rid)=\S+")
+
+
+def lines(log: io.BytesIO) -> list[str]:
+    return [VARYING.sub(r"\1=*", line) for line in log.getvalue().decode().splitlines()]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_line_from_an_event_is_the_line_the_stage_writes(fmt: str) -> None:
+    staged, observed = io.BytesIO(), io.BytesIO()
+    stage = AccessLog(config.AccessLogStage(format=fmt), staged)
+    run(Chain([RequestId(config.RequestIdStage()), stage, Answer(404, b"nope")])(
+        request(b"/a/b", client="192.0.2.7:50000")))
+    chain, _, _ = events_chain(Answer(404, b"nope"))
+    chain.stages[1].observers.add(AccessLog(config.AccessLogStage(format=fmt), observed))  # type: ignore[attr-defined]
+    run(chain(request(b"/a/b", client="192.0.2.7:50000")))
+    if fmt == "json":
+        a, b = (msgspec.json.decode(log.getvalue()) for log in (staged, observed))
+        keep = {"method", "path", "status", "fn", "bytes", "client"}
+        assert {k: a[k] for k in keep} == {k: b[k] for k in keep} == {
+            "method": "GET", "path": "/a/b", "status": 404, "fn": "-", "bytes": 4,
+            "client": "192.0.2.7"}
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", b["ts"])
+        return
+    assert lines(staged) == lines(observed) == [
+        "ts=* method=GET path=/a/b status=404 fn=- dur_ms=* bytes=4 rid=* client=192.0.2.7"]
+    assert re.search(r"ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", observed.getvalue().decode())
+
+
+def test_a_pop_with_events_logs_through_them_and_one_without_through_the_stage(
+        tmp_path: Path) -> None:
+    with_events = PoP(config.load(None, data=str(tmp_path / "a"), **{"ai.enabled": False}))
+    try:
+        assert "events" in with_events.pipeline.names
+        assert "access_log" not in with_events.pipeline.names
+        assert any(isinstance(o, AccessLog) for o in with_events.observers)
+    finally:
+        with_events.close()
+    cfg = config.load(None, data=str(tmp_path / "b"), **{"ai.enabled": False})
+    cfg = msgspec.structs.replace(cfg, pipeline=[
+        s for s in cfg.pipeline if not isinstance(s, config.EventsStage)])
+    without = PoP(cfg)
+    try:
+        assert "access_log" in without.pipeline.names
+        assert not any(isinstance(o, AccessLog) for o in without.observers)
+    finally:
+        without.close()
