@@ -1,11 +1,14 @@
-"""Python isolates as Prometheus metrics, read at scrape time from the deployed
-functions' pools (`runtime.executors.python`): their schedulers' isolate states
-and counters. A function's counters start again from 0 when a deploy replaces
-its pool (Prometheus' `rate` reads that as a counter reset).
+"""Isolates as Prometheus metrics, read at scrape time from the deployed functions:
+Python functions' pools (`runtime.executors.python`: their schedulers' isolate
+states and counters) and WASM reactors' instantiation times (filled in C by the
+call path: `runtime.executors.wasm.timing`). A function's counters start again
+from 0 when a deploy replaces its version (Prometheus' `rate` reads that as a
+counter reset).
 
     edgefn_isolates{function, state="warm|busy"}   idle (ready) and busy interpreters
     edgefn_isolates_recycled_total{function}       interpreters recycled after N jobs
     edgefn_isolates_crashed_total{function}        isolate hosts that died unexpectedly
+    edgefn_wasm_instantiate_seconds{function}      a fresh store + instance per request
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 BASE = ("pop", "tier", "geo")
 STATES = {"idle": "warm", "busy": "busy"}
@@ -34,7 +43,14 @@ class IsolateMetrics:
                                        "recycled after their jobs.", labels=(*BASE, "function"))
         crashed = CounterMetricFamily("edgefn_isolates_crashed_total", "Isolate hosts that "
                                       "died unexpectedly.", labels=(*BASE, "function"))
+        instantiate = HistogramMetricFamily(
+            "edgefn_wasm_instantiate_seconds", "Time to a fresh store and instance of a WASM "
+            "reactor, per request.", labels=(*BASE, "function"))
         for name, executor in self.functions():
+            times = getattr(executor, "instantiate_times", None)
+            if times is not None:
+                bounds, counts, total = times.snapshot()
+                instantiate.add_metric([*self.base, name], _cumulative(bounds, counts), total)
             pool = getattr(executor, "pool", None)
             if pool is None:
                 continue
@@ -47,4 +63,13 @@ class IsolateMetrics:
                 isolates.add_metric((*self.base, name, state), n)
             recycled.add_metric((*self.base, name), pool.scheduler.recycled)
             crashed.add_metric((*self.base, name), pool.hosts.crashed)
-        return iter((isolates, recycled, crashed))
+        return iter((isolates, recycled, crashed, instantiate))
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Prometheus' buckets: cumulative counts by ``le``, +Inf last."""
+    running, out = 0, []
+    for bound, n in zip((*bounds, float("inf")), counts, strict=True):
+        running += n
+        out.append((floatToGoString(bound), float(running)))
+    return out

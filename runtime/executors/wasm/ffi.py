@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import POINTER, byref, c_bool, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+from time import perf_counter_ns
 from typing import Any
 
 import wasmtime
 from wasmtime import _ffi as ffi
 
 from edgefn_core.errors import FunctionError
+from runtime.executors.wasm.timing import InstantiateTimes
 
 V = c_void_p
 
@@ -61,8 +63,11 @@ class CallTarget:
     pointers, and the function's limits."""
 
     def __init__(self, engine: wasmtime.Engine, pre: wasmtime.InstancePre, memory_limit: int,
-                 deadline_ticks: int, outcome: Outcome, max_response: int) -> None:
+                 deadline_ticks: int, outcome: Outcome, max_response: int,
+                 times: InstantiateTimes | None = None) -> None:
+        """`times`: where requests' instantiation times go (not warm-ups')."""
         self._keep = (engine, pre)  # the raw pointers below live as long as these
+        self.times = times
         self.engine = ctypes.cast(engine.ptr(), V).value
         self.pre = ctypes.cast(pre.ptr(), V).value
         self.memory_limit = memory_limit
@@ -75,8 +80,10 @@ class ReactorCall(CallTarget):
     """Runs one request through a fresh instance of a pre-linked reactor module."""
 
     def __init__(self, engine: wasmtime.Engine, pre: wasmtime.InstancePre, memory_limit: int,
-                 deadline_ticks: int, outcome: Outcome, max_response: int) -> None:
-        super().__init__(engine, pre, memory_limit, deadline_ticks, outcome, max_response)
+                 deadline_ticks: int, outcome: Outcome, max_response: int,
+                 times: InstantiateTimes | None = None) -> None:
+        super().__init__(engine, pre, memory_limit, deadline_ticks, outcome, max_response,
+                         times)
         self.instance = ffi.wasmtime_instance_t()
         self.externs = [ffi.wasmtime_extern_t() for _ in _NAMES]
         self.vals = (ffi.wasmtime_val_raw_t * 2)()
@@ -97,9 +104,10 @@ class ReactorCall(CallTarget):
         Raises `FunctionError` for a trap, an exceeded limit or an out-of-bounds
         response; the instance is always discarded.
         """
+        started = perf_counter_ns() if self.times is not None else 0
         store = store_new(self.engine, None, None)
         try:
-            return self._run(store, store_context(store), request)
+            return self._run(store, store_context(store), request, started=started)
         finally:
             store_delete(store)
 
@@ -115,13 +123,16 @@ class ReactorCall(CallTarget):
         finally:
             store_delete(store)
 
-    def _run(self, store: int, ctx: int, request: bytes, handle: bool = True) -> bytes:
+    def _run(self, store: int, ctx: int, request: bytes, handle: bool = True,
+             started: int = 0) -> bytes:
         store_limiter(store, self.memory_limit, -1, -1, -1, -1)
         set_epoch_deadline(ctx, self.deadline_ticks)
         trap, u32 = self.trap_ref, self.u32
         error = instantiate_pre(self.pre, ctx, self.inst_ref, trap)
         if error or self.trap.value:
             self._fail(ctx, error, "instantiation")
+        if started and self.times is not None:
+            self.times.record(perf_counter_ns() - started)
         for name, size, out in self.lookups:
             if not export_get(ctx, self.inst_ref, name, size, out):
                 raise FunctionError("trap", 500, f"module has no export {name.value!r}")

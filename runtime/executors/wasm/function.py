@@ -49,6 +49,7 @@ from runtime.executors.wasm import wasi_poll
 from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine
 from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
 from runtime.executors.wasm.native import NativeReactorCall
+from runtime.executors.wasm.timing import InstantiateTimes
 from runtime.functions.manifest import Manifest
 from runtime.net.message import Request, Response
 
@@ -120,13 +121,16 @@ class WasmFunction:
                                   f"`{WASI_MODULE}`; build it as a WASI command (abi = \"wasi\")")
             call_type = ReactorCall if wasm.native is None else partial(NativeReactorCall,
                                                                         wasm.native)
+            self.instantiate_times = InstantiateTimes()  # edgefn_wasm_instantiate_seconds
             self.new_call = partial(call_type, wasm.engine, self.pre, self.memory_limit,
-                                    self.deadline_ticks, self.outcome, self.max_response)
+                                    self.deadline_ticks, self.outcome, self.max_response,
+                                    self.instantiate_times)
             # inline: stopped at the slice, reported as SLICE_EXPIRED if the budget is longer
             sliced = self.slice_ticks < self.deadline_ticks
             self.call = call_type(wasm.engine, self.pre, self.memory_limit, self.slice_ticks,
                                   Outcome(SLICE_EXPIRED, INLINE_SLICE_MS, self.memory_limit)
-                                  if sliced else self.outcome, self.max_response)
+                                  if sliced else self.outcome, self.max_response,
+                                  self.instantiate_times)
             self.per_thread = threading.local()  # call objects hold per-call buffers
 
     # -- deploy time ------------------------------------------------------------------------

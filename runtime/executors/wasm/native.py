@@ -29,6 +29,7 @@ from wasmtime import _ffi as ffi
 
 from edgefn_core.errors import FunctionError
 from runtime.executors.wasm.ffi import CallTarget, Outcome, call_error
+from runtime.executors.wasm.timing import InstantiateTimes
 
 log = logging.getLogger("edgefn.wasm")
 SOURCE = Path(__file__).with_name("native_src") / "reactor.c"
@@ -49,12 +50,13 @@ class NativeLib:
         disagree with wasmtime-py's."""
         lib = ctypes.CDLL(str(path))
         if lib.edgefn_extern_size() != ctypes.sizeof(ffi.wasmtime_extern_t) or \
-                lib.edgefn_result_size() != ctypes.sizeof(Result):
+                lib.edgefn_result_size() != ctypes.sizeof(Result) or \
+                lib.edgefn_hist_size() != ctypes.sizeof(InstantiateTimes):
             raise RuntimeError("native layouts do not match wasmtime-py's")
         self.call = lib.edgefn_reactor_call
         self.call.restype = c_int32
         self.call.argtypes = [c_void_p, c_void_p, c_int64, c_uint64, c_char_p, c_size_t,
-                              c_uint64, c_int32, ctypes.POINTER(Result)]
+                              c_uint64, c_int32, ctypes.POINTER(Result), c_void_p]
         self.ticker_start = lib.edgefn_ticker_start
         self.ticker_start.restype = c_void_p
         self.ticker_start.argtypes = [c_void_p, c_long]
@@ -111,24 +113,26 @@ class NativeReactorCall(CallTarget):
 
     def __init__(self, lib: NativeLib, engine: wasmtime.Engine, pre: wasmtime.InstancePre,
                  memory_limit: int, deadline_ticks: int, outcome: Outcome,
-                 max_response: int) -> None:
-        super().__init__(engine, pre, memory_limit, deadline_ticks, outcome, max_response)
+                 max_response: int, times: InstantiateTimes | None = None) -> None:
+        super().__init__(engine, pre, memory_limit, deadline_ticks, outcome, max_response,
+                         times)
         self.lib = lib
         self.result = Result()
         self.result_ref = ctypes.byref(self.result)
+        self.times_ref = ctypes.byref(times) if times is not None else None
 
     def __call__(self, request: bytes) -> bytes:
         """Raises `FunctionError` for a trap, a limit or an out-of-bounds response."""
         r = self.result
         if self.lib.call(self.engine, self.pre, self.memory_limit, self.deadline_ticks, request,
-                         len(request), self.max_response, 1, self.result_ref):
+                         len(request), self.max_response, 1, self.result_ref, self.times_ref):
             raise self._error(r, len(request))
         return ctypes.string_at(r.response, r.response_len)
 
     def prewarm(self, request: bytes) -> None:
         """Everything but ``edgefn_handle``. Raises `FunctionError`."""
         if self.lib.call(self.engine, self.pre, self.memory_limit, self.deadline_ticks, request,
-                         len(request), self.max_response, 0, self.result_ref):
+                         len(request), self.max_response, 0, self.result_ref, None):
             raise self._error(self.result, len(request))
 
     def _error(self, r: Result, n: int) -> FunctionError:

@@ -15,7 +15,7 @@ import pytest
 
 from runtime.observe.event import Event
 from tests.observe.metrics.support import event, samples, value
-from tests.support import Running, host_pids, pop_thread, python_function
+from tests.support import Running, function_dir, host_pids, pop_thread, python_function, reactor
 
 TOKEN = "scrape-token-0123456789"
 
@@ -137,3 +137,39 @@ def test_isolates_warm_recycled_and_crashed(pop: Running, tmp_path: Path):
     while scrape()[key("edgefn_isolates_crashed_total")] != 1:
         assert time.monotonic() < deadline, "the crash was never counted"
         time.sleep(0.05)
+
+
+def test_wasm_instantiate_seconds_counts_each_request_not_the_warm_ups(pop: Running,
+                                                                        tmp_path: Path):
+    pop.deploy(function_dir(tmp_path, "hello", reactor("")))
+    for _ in range(7):
+        assert pop.get("/hello")[0] == 200
+    found = samples(get(pop.admin.info.admin)[2])
+    labels = {"pop": "edge-local", "tier": "edge", "geo": "", "function": "hello"}
+    key = lambda name, **kw: (name, frozenset({**labels, **kw}.items()))  # noqa: E731
+    assert found[key("edgefn_wasm_instantiate_seconds_count")] == 7
+    assert found[key("edgefn_wasm_instantiate_seconds_bucket", le="+Inf")] == 7
+    assert 0 < found[key("edgefn_wasm_instantiate_seconds_sum")] < 7 * 0.1
+    assert found[key("edgefn_wasm_instantiate_seconds_bucket", le="1e-05")] <= \
+        found[key("edgefn_wasm_instantiate_seconds_bucket", le="0.01")]
+
+
+def test_the_ctypes_path_records_instantiation_times_too(tmp_path: Path):
+    """Without the native library (no C compiler, EDGEFN_NATIVE=0) the same histogram."""
+    import wasmtime
+
+    from runtime.executors.wasm.ffi import Outcome, ReactorCall
+    from runtime.executors.wasm.timing import InstantiateTimes
+
+    engine = wasmtime.Engine()
+    module = wasmtime.Module(engine, reactor(""))
+    pre = wasmtime.Linker(engine).instantiate_pre(module)
+    times = InstantiateTimes()
+    call = ReactorCall(engine, pre, 1 << 24, 1 << 40, Outcome("timeout", 1000, 1 << 24),
+                       1 << 20, times)
+    from edgefn_core.abi import encode_request
+    for _ in range(3):
+        call(encode_request(b"GET", b"/", b"", [], b"", b""))
+    call.prewarm(encode_request(b"GET", b"/", b"", [], b"", b""))
+    bounds, counts, total = times.snapshot()
+    assert sum(counts) == 3 and len(counts) == len(bounds) + 1 and 0 < total < 0.3

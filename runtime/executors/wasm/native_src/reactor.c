@@ -59,6 +59,28 @@ typedef struct {
     uint64_t response_len;
 } edgefn_result;
 
+/* Instantiation times (store + instance): counts per bucket, the one past the last
+ * bound is +Inf, and the sum; added to atomically (worker threads share one). */
+typedef struct {
+    uint64_t n_bounds;
+    uint64_t bounds_ns[16];
+    uint64_t counts[17];
+    uint64_t sum_ns;
+} edgefn_hist;
+
+static int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void record(edgefn_hist *h, uint64_t ns) {
+    uint64_t i = 0;
+    while (i < h->n_bounds && ns > h->bounds_ns[i]) i++;
+    __atomic_fetch_add(&h->counts[i], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&h->sum_ns, ns, __ATOMIC_RELAXED);
+}
+
 static const char *NAMES[3] = {"memory", "edgefn_alloc", "edgefn_handle"};
 static const size_t NAME_LENS[3] = {6, 12, 13};
 static _Thread_local uint8_t *out_buf;
@@ -79,12 +101,14 @@ static int copy_out(edgefn_result *r, const uint8_t *src, size_t n) {
 }
 
 static int run(wasmtime_context_t *cx, const wasmtime_instance_pre_t *pre, const uint8_t *req,
-               size_t req_len, uint64_t max_response, int handle, edgefn_result *r) {
+               size_t req_len, uint64_t max_response, int handle, edgefn_result *r,
+               edgefn_hist *times, int64_t started) {
     wasmtime_instance_t inst;
     wasmtime_extern_t ex[3];
     wasmtime_val_raw_t vals[2];
     r->error = wasmtime_instance_pre_instantiate(pre, cx, &inst, &r->trap);
     if (r->error || r->trap) return INSTANTIATE;
+    if (times) record(times, (uint64_t)(monotonic_ns() - started));
     for (int i = 0; i < 3; i++) {
         if (!wasmtime_instance_export_get(cx, &inst, NAMES[i], NAME_LENS[i], &ex[i])) {
             r->export_index = i;
@@ -114,23 +138,26 @@ static int run(wasmtime_context_t *cx, const wasmtime_instance_pre_t *pre, const
     return OK;
 }
 
-/* Run one request (handle=1) or only warm the path (handle=0) in a fresh store. */
+/* Run one request (handle=1) or only warm the path (handle=0) in a fresh store;
+ * `times` (may be NULL) gets how long the store and instance took. */
 int32_t edgefn_reactor_call(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
                             int64_t memory_limit, uint64_t deadline_ticks,
                             const uint8_t *req, size_t req_len, uint64_t max_response,
-                            int32_t handle, edgefn_result *r) {
+                            int32_t handle, edgefn_result *r, edgefn_hist *times) {
     memset(r, 0, sizeof *r);
+    int64_t started = times ? monotonic_ns() : 0;
     wasmtime_store_t *store = wasmtime_store_new(engine, NULL, NULL);
     wasmtime_context_t *cx = wasmtime_store_context(store);
     wasmtime_store_limiter(store, memory_limit, -1, -1, -1, -1);
     wasmtime_context_set_epoch_deadline(cx, deadline_ticks);
-    r->stage = run(cx, pre, req, req_len, max_response, handle, r);
+    r->stage = run(cx, pre, req, req_len, max_response, handle, r, times, started);
     wasmtime_store_delete(store);
     return r->stage;
 }
 
 int32_t edgefn_result_size(void) { return (int32_t)sizeof(edgefn_result); }
 int32_t edgefn_extern_size(void) { return (int32_t)sizeof(wasmtime_extern_t); }
+int32_t edgefn_hist_size(void) { return (int32_t)sizeof(edgefn_hist); }
 
 /* The epoch ticker: a native thread, so ticking never takes the GIL. */
 typedef struct {
@@ -139,12 +166,6 @@ typedef struct {
     atomic_int stop;
     pthread_t thread;
 } edgefn_ticker;
-
-static int64_t monotonic_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
 
 /* One epoch per interval of real time: a late wake-up (a loaded machine) catches
  * up with the ticks it missed, so deadlines in ticks stay deadlines in time. */
