@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.admin.client import AdminClient
+from tests.support import Running
 
 TIERS = {"edge-a": "edge", "edge-b": "edge", "central": "central"}
 
@@ -53,7 +54,7 @@ class Topology:
 class Client:
     """One keep-alive connection to a PoP's public listener."""
 
-    def __init__(self, pop: Member) -> None:
+    def __init__(self, pop: Member | Running) -> None:
         self.conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
 
     def version(self, path: str, key: str = "k") -> str:
@@ -69,7 +70,7 @@ class Client:
         self.conn.close()
 
 
-def versions(pop: Member, path: str, keys: list[str]) -> dict[str, str]:
+def versions(pop: Member | Running, path: str, keys: list[str]) -> dict[str, str]:
     """The version that served `path` on `pop` for each canary key (one connection)."""
     client = Client(pop)
     try:
