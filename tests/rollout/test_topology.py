@@ -24,10 +24,6 @@ def package(root: Path, name: str, rev: int, routes: list[str] | None = None) ->
     return deploys.to_tar(deploys.pack_dir(d))
 
 
-def version_of(root: Path, name: str, rev: int) -> str:
-    return deploys.version_of(deploys.from_tar(package(root, name, rev)))
-
-
 def everywhere(topology: Topology, path: str, key: str = "k") -> dict[str, str]:
     """The version each PoP serves `path` with, for canary key `key`."""
     return {n: versions(p, path, [key])[key] for n, p in topology.pops.items()}
@@ -62,9 +58,10 @@ def test_a_pop_that_refuses_the_version_leaves_every_pop_unchanged(
     v1 = rollout.deploy(pops, package(tmp_path, "t2", 1)).version
     topology.pops["central"].deploy(function_dir(tmp_path, "t2x", reactor(""),
                                                  routes=["/t2-extra"]))
-    v2 = version_of(tmp_path, "t2", 2)
+    blob = package(tmp_path, "t2", 2, ["/t2", "/t2-extra"])
+    v2 = deploys.version_of(deploys.from_tar(blob))
     with Poller(topology.pops, "/t2") as poller, pytest.raises(RolloutError) as err:
-        rollout.deploy(pops, package(tmp_path, "t2", 2, ["/t2", "/t2-extra"]))
+        rollout.deploy(pops, blob)
     assert str(err.value).startswith("stage failed on PoP central: ")
     assert "'/t2-extra'" in str(err.value)
     assert str(err.value).endswith("; aborted everywhere: no PoP changed")
