@@ -10,6 +10,14 @@ between the two leaves the new version recorded but never served: the restarted
 PoP serves it, and no client saw anything that the restart takes back. The other
 order could serve a version whose record a crash then loses, so the restart would
 go back to the older one. Deletes follow the same rule: the record goes first.
+
+A deploy may also be split in two (for rollouts across PoPs): `stage` does all but
+the switch (the version is stored, loaded, warm and its routes checked; it lives in
+memory, so a restart forgets it), `activate` switches to it, `abort` drops it. A
+version activated as a canary serves a share of request keys beside the live one
+(`canaries`, consulted by `runtime.pipeline.targets`); the record keeps it, so a
+restart serves it again; a promote, a rollback or any change of the live version
+ends it.
 """
 
 from __future__ import annotations
