@@ -127,3 +127,9 @@ def test_a_canary_on_one_pop_survives_its_restart(tmp_path: Path,
         assert edgefn(capsys, "rollback", "c6", "--data", str(data))[0] == 0  # drops it
         assert set(versions(pop, "/c6", keys).values()) == {
             version(fn(tmp_path, "c6", 1))}
+
+
+def test_versions_needs_a_name_without_a_topology(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert edgefn(capsys, "versions", "--data", str(tmp_path)) == (
+        1, "", "edgefn: edgefn versions: give a function NAME, or --topology RUN_DIR\n")
