@@ -51,6 +51,7 @@ import msgspec
 from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
 from runtime.bindings import operate
 from runtime.functions import deploys
+from runtime.functions.registry import Deployment
 from runtime.net.message import Request, Response, json_response
 from runtime.observe import stream
 from runtime.observe.dashboard import serve as dashboard
@@ -269,10 +270,14 @@ class AdminApp:
     def _check_tenant(self, parts: list[str], who: Principal) -> None:
         """Raises `NotOwner` when a key changes a function of another tenant."""
         if len(parts) >= 3 and parts[:2] == ["v1", "functions"]:
-            fn = self.pop.registry.functions.get(parts[2])
+            fn = self.pop.registry.functions.get(parts[2]) or self._staged(parts[2])
             if fn is not None and fn.tenant != who.tenant and parts[-1] != "versions":
                 raise NotOwner(f"function {parts[2]!r} belongs to {fn.tenant!r}, not to this "
                                f"key's tenant {who.tenant!r}")
+
+    def _staged(self, name: str) -> Deployment | None:
+        """A staged version of `name` (a function not live yet has its owner there)."""
+        return next((s.fn for (n, _), s in self.pop.registry.staged.items() if n == name), None)
 
     async def _ai(self, rest: list[str], method: bytes, body: bytes) -> Response:
         """Raises `WorkerError` and msgspec errors."""

@@ -1,14 +1,21 @@
 """The admin endpoints of two-phase deploys: the scope each needs (an ``admin:read``
-key must not switch versions), and clear 4xx answers for bad bodies."""
+key must not switch versions), a key of another tenant may not switch or drop a
+staged version, and clear 4xx answers for bad bodies."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from edgefn_core.errors import AdminError
 from runtime.admin.api import operation
+from runtime.admin.client import AdminClient
+from runtime.functions import deploys
 from runtime.net.message import Request
+from runtime.security.keys import KeyStore
 from tests.rollout.helpers import Topology
+from tests.support import function_dir, pop_thread, reactor
 
 
 @pytest.mark.parametrize(("path", "scope"), [
@@ -44,3 +51,27 @@ def test_a_bad_phase_request_gets_a_clear_4xx(topology: Topology, op: str, body:
         topology.pops["edge-a"].admin.request("POST", f"/v1/functions/a0/{op}", body)
     assert (err.value.status, err.value.code) == (status, kind)
     assert says in str(err.value)
+
+
+def test_a_key_switches_only_its_own_tenants_staged_versions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pop_thread(tmp_path / "data") as pop:
+        store = KeyStore(pop.data)
+        acme, _ = store.create("acme", ("admin:deploy", "admin:read"))
+        beta, _ = store.create("beta", ("admin:*",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        d = function_dir(tmp_path, "mine", reactor(""), extra='owner = "acme"')
+        blob = deploys.to_tar(deploys.pack_dir(d))
+        monkeypatch.setenv("EDGEFN_API_KEY", acme)
+        v = AdminClient(pop.data).request("POST", "/v1/stage", blob)["version"]
+        monkeypatch.setenv("EDGEFN_API_KEY", beta)
+        for op in ("activate", "abort"):
+            with pytest.raises(AdminError) as err:
+                AdminClient(pop.data).request("POST", f"/v1/functions/mine/{op}",
+                                              f'{{"version": "{v}"}}'.encode())
+            assert (err.value.status, err.value.code) == (403, "not_owner")
+        assert pop.get("/mine")[0] == 404
+        monkeypatch.setenv("EDGEFN_API_KEY", acme)
+        AdminClient(pop.data).request("POST", "/v1/functions/mine/activate",
+                                      f'{{"version": "{v}"}}'.encode())
+        assert pop.get("/mine")[0] == 200
