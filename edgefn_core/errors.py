@@ -139,6 +139,14 @@ class VersionTampered(DeployError):
     status = 500
 
 
+class RolloutError(DeployError):
+    """A rollout across PoPs did not happen; the message names each PoP that failed,
+    why, and what was done about the others (aborted, put back)."""
+
+    code = "rollout_failed"
+    status = 409
+
+
 class NotFound(EdgefnError):
     """A function, version, model, key or stream that does not exist was named."""
 

@@ -7,8 +7,15 @@ rolls back and deletes only functions whose ``owner`` is that tenant.
     POST   /v1/keys/reload                    re-read DATA/keys.json now (`edgefn keys` does)
     GET    /v1/functions                      deployed functions
     POST   /v1/deploy                         body: tar.gz package; header x-edgefn-source
+    POST   /v1/stage                          the same, staged: loaded and warm, not routed to
+    POST   /v1/functions/NAME/stage           {"version"}: stage a stored version (a rollback)
+    POST   /v1/functions/NAME/activate        {"version", "canary"?: percent}: route to a staged
+                                              version, or split requests with it as a canary
+    POST   /v1/functions/NAME/abort           {"version"}: drop a staged version
+    POST   /v1/functions/NAME/promote         the canary becomes the live version
     GET    /v1/functions/NAME/versions        versions and history
-    POST   /v1/functions/NAME/rollback        body: {"version": "..."} (optional)
+    POST   /v1/functions/NAME/rollback        body: {"version": "..."} (optional; without
+                                              it during a canary: drop the canary)
     DELETE /v1/functions/NAME
     GET    /v1/ai/models                      models and LoRA adapters of the model worker
     GET    /v1/ai/metrics                     queue depth, batch size, TTFT, tokens/s, busy
@@ -44,6 +51,7 @@ import msgspec
 from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
 from runtime.bindings import operate
 from runtime.functions import deploys
+from runtime.functions.registry import Deployment
 from runtime.net.message import Request, Response, json_response
 from runtime.observe import stream
 from runtime.observe.dashboard import serve as dashboard
@@ -58,6 +66,15 @@ SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
     version: str | None = None
+
+
+class VersionBody(msgspec.Struct, forbid_unknown_fields=True):
+    version: str
+
+
+class ActivateBody(msgspec.Struct, forbid_unknown_fields=True):
+    version: str
+    canary: float | None = None  # percent of request keys
 
 
 class LoraBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -140,6 +157,11 @@ class AdminApp:
                     tenant = who.tenant if who is not None else None
                     result = await self.on_pop(self.pop.registry.deploy(files, source, tenant))
                     return json_response(msgspec.to_builtins(result))
+                case ["v1", "stage"] if method == b"POST":
+                    return await self._stage(request, who)
+                case ["v1", "functions", name, ("stage" | "activate" | "abort" | "promote") as op
+                      ] if method == b"POST":
+                    return json_response(await self.on_pop(self._phase(name, op, request.body)))
                 case ["v1", "functions", name, "versions"] if method == b"GET":
                     return json_response(msgspec.to_builtins(self.pop.registry.versions(name)))
                 case ["v1", "functions", name, "rollback"] if method == b"POST":
@@ -188,6 +210,30 @@ class AdminApp:
         except EdgefnError as e:
             return _error(e.status, e.code, str(e))
 
+    async def _stage(self, request: Request, who: Principal | None) -> Response:
+        """``POST /v1/stage``. Raises what `Registry.stage` raises."""
+        source = (request.header(b"x-edgefn-source") or b"").decode("utf-8", "replace")
+        files = await asyncio.to_thread(deploys.from_tar, request.body)
+        tenant = who.tenant if who is not None else None
+        result = await self.on_pop(self.pop.registry.stage(files, source, tenant))
+        return json_response(msgspec.to_builtins(result))
+
+    async def _phase(self, name: str, op: str, body: bytes) -> Any:
+        """A step of a two-phase deploy or a canary, as JSON-able data (runs on the
+        PoP's loop). Raises msgspec errors for a bad body, and what the registry
+        raises."""
+        registry = self.pop.registry
+        if op == "promote":
+            return msgspec.to_builtins(await registry.promote(name))
+        if op == "activate":
+            act = msgspec.json.decode(body or b"{}", type=ActivateBody)
+            return msgspec.to_builtins(await registry.activate(name, act.version, act.canary))
+        version = msgspec.json.decode(body or b"{}", type=VersionBody).version
+        if op == "abort":
+            return {"name": name, "version": version,
+                    "aborted": await registry.abort(name, version)}
+        return msgspec.to_builtins(await registry.stage_stored(name, version))
+
     def _dashboard(self, request: Request) -> Response:
         if request.path != b"/v1/dashboard/stream":
             return dashboard.page(request, self.logins)
@@ -227,10 +273,14 @@ class AdminApp:
     def _check_tenant(self, parts: list[str], who: Principal) -> None:
         """Raises `NotOwner` when a key changes a function of another tenant."""
         if len(parts) >= 3 and parts[:2] == ["v1", "functions"]:
-            fn = self.pop.registry.functions.get(parts[2])
+            fn = self.pop.registry.functions.get(parts[2]) or self._staged(parts[2])
             if fn is not None and fn.tenant != who.tenant and parts[-1] != "versions":
                 raise NotOwner(f"function {parts[2]!r} belongs to {fn.tenant!r}, not to this "
                                f"key's tenant {who.tenant!r}")
+
+    def _staged(self, name: str) -> Deployment | None:
+        """A staged version of `name` (a function not live yet has its owner there)."""
+        return next((s.fn for (n, _), s in self.pop.registry.staged.items() if n == name), None)
 
     async def _ai(self, rest: list[str], method: bytes, body: bytes) -> Response:
         """Raises `WorkerError` and msgspec errors."""
@@ -264,11 +314,13 @@ def operation(request: Request) -> str:
     """The admin scope a request needs: ``admin:<this>``."""
     parts = request.path.split(b"/")
     section = parts[2] if len(parts) > 2 else b""
-    if section == b"deploy":
+    if section in (b"deploy", b"stage"):
         return "deploy"
     if section == b"functions":
         if request.method == b"DELETE":
             return "delete"
+        if len(parts) > 4 and parts[-1] in (b"activate", b"abort", b"promote", b"stage"):
+            return "deploy"
         return "rollback" if parts[-1] == b"rollback" else "read"
     return section.decode("latin-1") if section in (b"kv", b"vectors", b"ai", b"keys",
                                                     b"cache", b"dashboard") \

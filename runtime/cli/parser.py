@@ -200,21 +200,40 @@ def _pop_options(s: Parser) -> None:
 
 def _function_commands(c: Commands) -> None:
     mod = "runtime.cli.commands"
-    s = c.add("deploy", f"{mod}:deploy", "deploy a function folder to the running PoP",
-              "edgefn deploy functions/hello-wat", json=True)
+    s = c.add("deploy", "runtime.cli.rollout:deploy", "deploy a function folder to the running "
+              "PoP, or stage it on every PoP of a topology and then switch them all",
+              "edgefn deploy functions/hello-wat --topology run/ --canary 10%", json=True)
     s.add_argument("dir", help="the function's folder (holds edgefn.toml)")
+    s.add_argument("--canary", metavar="PERCENT", help="run it beside the live version for "
+                   "this share of request keys, such as 10%% (default: it replaces the live "
+                   "version)")
+    _topology_option(s)
     c.add("ls", f"{mod}:ls", "list deployed functions", "edgefn ls --json", json=True)
-    s = c.add("versions", f"{mod}:versions", "list a function's versions (* marks the "
-              "current one)", "edgefn versions hello", json=True)
-    s.add_argument("name")
-    s = c.add("rollback", f"{mod}:rollback", "serve another version of a function",
-              "edgefn rollback hello 3f2a", json=True)
+    s = c.add("versions", "runtime.cli.rollout:versions", "list a function's versions (* marks "
+              "the current one), or with --topology what every PoP serves and where it drifts",
+              "edgefn versions hello", json=True)
+    s.add_argument("name", nargs="?", help="the function (optional with --topology)")
+    _topology_option(s)
+    s = c.add("rollback", "runtime.cli.rollout:rollback", "serve another version of a "
+              "function; during a canary, drop the canary", "edgefn rollback hello 3f2a",
+              json=True)
     s.add_argument("name")
     s.add_argument("version", nargs="?", help="a version or a unique prefix of one "
                                               "(default: the previous version)")
+    s.add_argument("--to", help="the same as VERSION (default: the previous version)")
+    _topology_option(s)
+    s = c.add("promote", "runtime.cli.rollout:promote", "make a function's canary its live "
+              "version", "edgefn promote hello --topology run/", json=True)
+    s.add_argument("name")
+    _topology_option(s)
     s = c.add("delete", f"{mod}:delete", "stop serving a function and delete its versions",
               "edgefn delete hello", json=True)
     s.add_argument("name")
+
+
+def _topology_option(s: Parser) -> None:
+    s.add_argument("--topology", metavar="RUN_DIR", help="act on every PoP of the topology "
+                   "running in RUN_DIR, consistently (default: the one PoP on --data)")
 
 
 def _kv_command(c: Commands) -> None:

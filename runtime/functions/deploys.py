@@ -56,7 +56,7 @@ Files = dict[str, bytes]
 class Event(msgspec.Struct):
     version: str
     at: float
-    action: str  # "deploy" | "rollback"
+    action: str  # "deploy" | "rollback" | "canary" | "promote" | "canary_dropped"
 
 
 class VersionInfo(msgspec.Struct):
@@ -65,11 +65,19 @@ class VersionInfo(msgspec.Struct):
     source: str = ""
 
 
+class CanaryInfo(msgspec.Struct):
+    """A version serving `percent` % of the requests beside the current one."""
+
+    version: str
+    percent: float
+
+
 class FunctionRecord(msgspec.Struct):
     name: str
     current: str
     versions: list[VersionInfo] = []  # oldest first
     history: list[Event] = []
+    canary: CanaryInfo | None = None
 
     def previous(self) -> str | None:
         """The version created just before the current one, or None."""

@@ -4,13 +4,15 @@ The security stages run before `route` but act per target (a function's
 ``auth``, ``[waf]``, ``[bots]``, ``[[rate_limits]]``; the OpenAI API's auth), so
 the first stage that needs the target resolves it here, and `route` and
 `openai` reuse the answer (``ctx.resolved``). A path no one serves resolves to
-None; `route` answers its 404.
+None; `route` answers its 404. A function with a canary resolves to the
+version the request's key is split to (`runtime.functions.canary`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from runtime.functions import canary
 from runtime.net.message import Request
 from runtime.pipeline.stage import Context, Target
 
@@ -39,7 +41,9 @@ class Targets:
         hit = self.registry.router.match(request.host, request.path)
         if hit is None:
             return None
-        ctx.target, ctx.route, params = hit
+        fn, ctx.route, params = hit
+        split = self.registry.canaries.get(fn.name) if self.registry.canaries else None
+        ctx.target = fn if split is None else canary.choose(split, fn, request, ctx)
         if params:  # a plain prefix's hit carries the shared, read-only NO_PARAMS
             ctx.params = dict(params)
         return ctx.target

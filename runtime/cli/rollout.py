@@ -1,0 +1,110 @@
+"""`deploy`, `rollback`, `promote` and `versions` across the PoPs of a running
+topology (``--topology RUN_DIR``), and canaries (``--canary 10%``) on one PoP or
+all; without those options they are the one-PoP commands of `runtime.cli.commands`.
+Each raises `EdgefnError` for `main` to report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from edgefn_core.errors import Failure
+from runtime.cli import commands
+
+
+def _pops(args: argparse.Namespace) -> Any:
+    """The PoPs a command acts on: the topology's, or the one on ``--data``.
+    Raises `InvalidConfig` for a run dir without a topology."""
+    from runtime.topology import rollout
+
+    if args.topology is not None:
+        return rollout.pops_of(args.topology)
+    return [(str(args.data), Path(args.data))]
+
+
+def _where(pops: list[tuple[str, Path]]) -> str:
+    return f"{len(pops)} PoPs ({', '.join(p[0] for p in pops)})" if len(pops) > 1 else pops[0][0]
+
+
+def deploy(args: argparse.Namespace) -> None:
+    """Stage everywhere, then switch everywhere (or start a canary)."""
+    if args.topology is None and args.canary is None:
+        return commands.deploy(args)
+    from runtime.functions import deploys
+    from runtime.functions.canary import parse_percent
+    from runtime.topology import rollout
+
+    canary = parse_percent(args.canary) if args.canary is not None else None
+    pops = _pops(args)
+    package = deploys.to_tar(deploys.pack_dir(args.dir))
+    r = rollout.deploy(pops, package, str(args.dir).rstrip("/"), canary)
+    if args.json:
+        return commands._print_json(_builtins(r))
+    what = f"canary {r.name} version {r.version} at {canary:g}%" if canary is not None else \
+        f"{'deployed' if r.changed else 'unchanged'} {r.name} version {r.version}"
+    print(f"{what} on {_where(pops)}; switch window {r.window_ms} ms")
+
+
+def rollback(args: argparse.Namespace) -> None:
+    """Go back everywhere, or drop a canary everywhere."""
+    version = args.version or args.to
+    if args.topology is None:
+        args.version = version
+        return commands.rollback(args)
+    from runtime.topology import rollout
+
+    pops = _pops(args)
+    if version is not None:
+        recs = rollout.records(pops, args.name)
+        known = set.intersection(*({v["version"] for v in r["versions"]} for r in recs.values()))
+        version = commands.resolve_version(args.name, version, sorted(known))
+    r = rollout.rollback(pops, args.name, version)
+    if args.json:
+        return commands._print_json(_builtins(r))
+    print(f"{r.name} now serves version {r.version} on {_where(pops)}")
+
+
+def promote(args: argparse.Namespace) -> None:
+    """The canary becomes the live version everywhere."""
+    from runtime.topology import rollout
+
+    pops = _pops(args)
+    r = rollout.promote(pops, args.name)
+    if args.json:
+        return commands._print_json(_builtins(r))
+    print(f"promoted {r.name} version {r.version} on {_where(pops)}")
+
+
+def versions(args: argparse.Namespace) -> None:
+    """One PoP's versions of NAME, or what every PoP of a topology serves, with drift."""
+    if args.topology is None:
+        if args.name is None:
+            raise Failure("usage", 400, "edgefn versions: give a function NAME, or --topology "
+                          "RUN_DIR")
+        return commands.versions(args)
+    from runtime.topology.versions import ABSENT, drift, served_versions
+
+    v = served_versions(args.topology)
+    if args.name is not None:
+        v.pops = {pop: {n: s for n, s in fns.items() if n == args.name}
+                  for pop, fns in v.pops.items()}
+    drifted = drift(v.pops)
+    if args.json:
+        return commands._print_json({**_builtins(v), "drift": drifted})
+    print(f"{'POP':<16} {'FUNCTION':<20} VERSION")
+    for pop, fns in v.pops.items():
+        for name, s in sorted(fns.items()):
+            print(f"{pop:<16} {name:<20} {s.label()}{'  DRIFT' if name in drifted else ''}")
+    for pop, why in v.unreachable.items():
+        print(f"{pop:<16} {'(unreachable)':<20} {why}")
+    for name, labels in drifted.items():
+        print(f"drift: {name}: " + ", ".join(f"{p}={lab}" for p, lab in labels.items()
+                                             if lab) + f" ({ABSENT}: not served)")
+
+
+def _builtins(value: Any) -> Any:
+    import msgspec
+
+    return json.loads(msgspec.json.encode(value))

@@ -1,0 +1,1 @@
+"""Two-phase deploys, canaries and rollouts across the PoPs of a topology."""

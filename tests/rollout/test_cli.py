@@ -1,0 +1,135 @@
+"""The rollout commands end to end: `edgefn deploy/rollback/promote/versions` with
+--topology on three real PoPs and --canary on one (kept across its restart), and
+the clear one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.cli.main import main
+from runtime.functions import deploys
+from tests.rollout.helpers import Topology, versions
+from tests.support import function_dir, pop_thread, reactor
+
+
+def fn(root: Path, name: str, rev: int) -> str:
+    return str(function_dir(root / f"{name}-{rev}", name, reactor(""), extra=f"# rev {rev}"))
+
+
+def version(d: str) -> str:
+    return deploys.version_of(deploys.pack_dir(d))
+
+
+def edgefn(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_deploy_canary_promote_and_rollback_across_the_topology(
+        topology: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(topology.run)
+    v1, v2 = version(fn(tmp_path, "c1", 1)), version(fn(tmp_path, "c1", 2))
+    status, out, _ = edgefn(capsys, "deploy", fn(tmp_path, "c1", 1), "--topology", run)
+    assert status == 0 and out.startswith(f"deployed c1 version {v1} on 3 PoPs (edge-a, "
+                                          "edge-b, central); switch window ")
+    status, out, _ = edgefn(capsys, "deploy", fn(tmp_path, "c1", 2), "--canary", "10%",
+                            "--topology", run)
+    assert status == 0 and out.startswith(f"canary c1 version {v2} at 10% on 3 PoPs")
+    status, out, _ = edgefn(capsys, "versions", "c1", "--topology", run, "--json")
+    shown = json.loads(out)
+    assert shown["drift"] == {} and shown["pops"]["central"]["c1"] == {
+        "version": v1, "canary": f"{v2}@10%"}
+    assert edgefn(capsys, "promote", "c1", "--topology", run)[1] == \
+        f"promoted c1 version {v2} on 3 PoPs (edge-a, edge-b, central)\n"
+    assert edgefn(capsys, "rollback", "c1", "--to", v1[:6], "--topology", run)[1] == \
+        f"c1 now serves version {v1} on 3 PoPs (edge-a, edge-b, central)\n"
+
+
+def test_versions_flags_drift(topology: Topology, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(topology.run)
+    assert edgefn(capsys, "deploy", fn(tmp_path, "c2", 1), "--topology", run)[0] == 0
+    v1 = version(fn(tmp_path, "c2", 1))
+    v9 = topology.pops["edge-b"].deploy(Path(fn(tmp_path, "c2", 9)))["version"]
+    status, out, _ = edgefn(capsys, "versions", "c2", "--topology", run)
+    assert status == 0
+    assert f"edge-b           c2                   {v9}  DRIFT\n" in out
+    assert out.endswith(f"drift: c2: edge-a={v1}, edge-b={v9}, central={v1} (-: not served)\n")
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("0%", "expected a share strictly between 0% and 100% (promote the canary to serve it "
+           "everywhere), got 0%"),
+    ("150%", "expected a share strictly between 0% and 100% (promote the canary to serve it "
+             "everywhere), got 150%"),
+    ("abc", "expected a percentage such as 10%, got 'abc'"),
+])
+def test_a_bad_canary_share_is_refused_before_anything_is_sent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, why: str) -> None:
+    status, out, err = edgefn(capsys, "deploy", fn(tmp_path, "c3", 1), "--canary", value,
+                              "--data", str(tmp_path / "no-pop"))
+    assert (status, out, err) == (1, "", f"edgefn: --canary: field `canary`: {why}\n")
+
+
+def test_promote_of_an_unknown_function_or_without_a_canary(
+        topology: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(topology.run)
+    status, _, err = edgefn(capsys, "promote", "nope", "--topology", run)
+    assert status == 1
+    assert err.startswith("edgefn: reading versions failed on PoP edge-a: no function named "
+                          "'nope' is deployed; reading versions failed on PoP edge-b: ")
+    edgefn(capsys, "deploy", fn(tmp_path, "c4", 1), "--topology", run)
+    v1 = version(fn(tmp_path, "c4", 1))
+    status, _, err = edgefn(capsys, "promote", "c4", "--topology", run, "--json")
+    assert status == 1 and json.loads(err) == {"error": {"code": "rollout_failed", "message": (
+        "c4: every PoP must run the same canary to promote it (central: None, edge-a: None, "
+        "edge-b: None); no PoP changed")}}
+    status, _, err = edgefn(capsys, "promote", "c4", "--data", str(topology.pops["edge-a"].data))
+    assert status == 1 and "every PoP must run the same canary" in err
+    assert topology.pops["edge-a"].admin.request("GET", "/v1/functions/c4/versions")[
+        "current"] == v1
+
+
+def test_a_run_dir_without_a_topology_is_refused(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["deploy", fn(tmp_path, "c5", 1)], ["promote", "c5"], ["rollback", "c5"],
+                 ["versions"]):
+        status, _, err = edgefn(capsys, *argv, "--topology", str(tmp_path))
+        assert (status, err) == (1, f"edgefn: {tmp_path}/topology.json: no such file: no "
+                                    "topology runs in this folder (start one with `edgefn "
+                                    "topology up`, or pass its run dir)\n")
+    (tmp_path / "topology.json").write_text("{not json")
+    status, _, err = edgefn(capsys, "versions", "--topology", str(tmp_path))
+    assert status == 1 and err.startswith(f"edgefn: {tmp_path}/topology.json: unreadable: ")
+    (tmp_path / "topology.json").write_text('{"pops": []}')
+    status, _, err = edgefn(capsys, "versions", "--topology", str(tmp_path))
+    assert err == f"edgefn: {tmp_path}/topology.json: field `pops`: names no PoP\n"
+
+
+def test_a_canary_on_one_pop_survives_its_restart(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    keys = [f"user-{i}" for i in range(400)]
+    with pop_thread(data) as pop:
+        assert edgefn(capsys, "deploy", fn(tmp_path, "c6", 1), "--data", str(data))[0] == 0
+        status, out, _ = edgefn(capsys, "deploy", fn(tmp_path, "c6", 2), "--canary", "20%",
+                                "--data", str(data))
+        assert status == 0 and out.startswith(f"canary c6 version {version(fn(tmp_path, 'c6', 2))}"
+                                              f" at 20% on {data}")
+        before = versions(pop, "/c6", keys)
+    assert abs(list(before.values()).count(version(fn(tmp_path, "c6", 2))) / 4 - 20) <= 3
+    with pop_thread(data) as pop:
+        assert versions(pop, "/c6", keys) == before
+        assert edgefn(capsys, "rollback", "c6", "--data", str(data))[0] == 0  # drops it
+        assert set(versions(pop, "/c6", keys).values()) == {
+            version(fn(tmp_path, "c6", 1))}
+
+
+def test_versions_needs_a_name_without_a_topology(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert edgefn(capsys, "versions", "--data", str(tmp_path)) == (
+        1, "", "edgefn versions: give a function NAME, or --topology RUN_DIR\n")
