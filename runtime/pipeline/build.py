@@ -26,10 +26,16 @@ def build(pop: PoP) -> Chain:
     if tracing and not any(isinstance(s, c.TracingStage) for s in configs):
         configs = [c.TracingStage(), *configs]  # first: its span covers the whole request
     stages = [s for s in (_make(cfg, pop, targets) for cfg in configs) if s is not None]
-    timed = tracing or any((isinstance(s, c.AccessLogStage) and s.format == "json")
-                           or (isinstance(s, c.EventsStage) and pop.config.events.stage_timings)
-                           for s in configs)
+    timed = tracing or _keep_timings(pop.config)
     return Chain(stages, timed)
+
+
+def _keep_timings(config: c.PopConfig) -> bool:
+    """Whether something wants every request's stage timings (the tracer wants only
+    the sampled requests')."""
+    return any((isinstance(s, c.AccessLogStage) and s.format == "json")
+               or (isinstance(s, c.EventsStage) and config.events.stage_timings)
+               for s in config.pipeline)
 
 
 def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
@@ -83,7 +89,7 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
                 return None
             from runtime.pipeline.stages.tracing import Tracing
 
-            return Tracing(pop.config.tracing)
+            return Tracing(pop.config.tracing, keep_timings=_keep_timings(pop.config))
         case c.EventsStage():
             from runtime.pipeline.stages.events import Events
 

@@ -58,7 +58,7 @@ class Context:
     """Per-request state the stages share."""
 
     __slots__ = ("agent", "bot", "client", "decisions", "marks", "params", "principal",
-                 "request_id", "resolved", "route", "started", "target")
+                 "request_id", "resolved", "route", "started", "target", "timing")
 
     def __init__(self, client: str) -> None:
         self.client = client  # "address:port"
@@ -73,6 +73,7 @@ class Context:
         self.params: dict[str, str] = NO_PARAMS  # captures of a /:name route (a new dict)
         self.started = time.perf_counter()
         self.marks: list[tuple[str, float]] = []  # (stage, when it started), if timed
+        self.timing = True  # a timed chain marks this request's stages (`tracing` may say no)
 
     @property
     def ip(self) -> str:

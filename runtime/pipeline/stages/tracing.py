@@ -8,6 +8,10 @@ tracing observer, which makes the spans once the response is done) and sent back
 to the client as ``traceparent``; the request's own ``traceparent`` header is
 replaced by the same value, so a function sees the span it runs in (and may
 pass it on in its ``fetch`` calls). Only in the pipeline when tracing is on.
+
+Tracing times the chain (its spans are the stages' timings); a request that is not
+sampled is not timed, unless the events or the access log want every request's
+stage timings (`keep_timings`).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ class Tracing:
     name = "tracing"
 
     def __init__(self, settings: TracingSettings,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random, keep_timings: bool = False) -> None:
         self.sample = settings.sample
         self.rand = rand
+        self.keep_timings = keep_timings
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         parent = parse(request.header(TRACEPARENT))
@@ -45,6 +50,9 @@ class Tracing:
             record = {"trace_id": new_trace_id(), "span_id": span_id,
                       "sampled": self.sample >= 1.0 or self.rand() < self.sample}
         ctx.decide("trace", record)
+        if not record["sampled"] and not self.keep_timings:
+            ctx.timing = False  # no span will be made of them
+            ctx.marks.clear()
         header = format_parent(str(record["trace_id"]), span_id, bool(record["sampled"]))
         # the function sees (and may pass on in its own calls) this request's span
         if parent is not None or request.header(TRACEPARENT) is not None:

@@ -1,0 +1,48 @@
+"""Tracing times the chain for the requests it samples, not the others (unless the
+events or the access log want every request's stage timings)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import config
+from runtime.observe.observers import Observers
+from runtime.observe.settings_tracing import TracingSettings
+from runtime.pipeline.chain import Chain
+from runtime.pipeline.stages.events import Events
+from runtime.pipeline.stages.request_id import RequestId
+from runtime.pipeline.stages.tracing import Tracing
+from tests.observe.events.helpers import Answer, Collect, request, run
+
+NOT_SAMPLED = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+SAMPLED = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def stages_ms(traceparent: bytes | None, keep_timings: bool) -> dict[str, float]:
+    observers, seen = Observers(), Collect()
+    observers.add(seen)
+    cfg = config.load(None)
+    tracing = Tracing(TracingSettings(enabled=True, sample=0.0), keep_timings=keep_timings)
+    chain = Chain([tracing, RequestId(config.RequestIdStage()), Events(cfg, observers),
+                   Answer()], timed=True)
+    r = request()
+    if traceparent is not None:
+        r.headers.append((b"traceparent", traceparent))
+    run(chain(r))
+    event, = seen.events
+    return event.stages_ms
+
+
+@pytest.mark.parametrize("traceparent", [None, NOT_SAMPLED])
+def test_a_request_not_sampled_is_not_timed(traceparent: bytes | None) -> None:
+    assert stages_ms(traceparent, keep_timings=False) == {}
+
+
+def test_a_sampled_request_is_timed_stage_by_stage() -> None:
+    assert list(stages_ms(SAMPLED, keep_timings=False)) == [
+        "tracing", "request_id", "events", "answer"]
+
+
+def test_every_request_is_timed_when_events_want_the_timings() -> None:
+    assert list(stages_ms(NOT_SAMPLED, keep_timings=True)) == [
+        "tracing", "request_id", "events", "answer"]
