@@ -32,7 +32,8 @@ class Upstream(BaseHTTPRequestHandler):
             return
         else:
             body = json.dumps({"path": self.path, "ua": self.headers.get("user-agent"),
-                               "x": self.headers.get("x-test")}).encode()
+                               "x": self.headers.get("x-test"),
+                               "tp": self.headers.get("traceparent")}).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -93,7 +94,8 @@ def test_a_python_function_fetches_an_allowed_url(pop: Running, tmp_path: Path,
     deploy_fetcher(pop, tmp_path, [f"{upstream}/*"])
     status, headers, body = pop.get(f"/fetcher?url={upstream}/data?q=1")
     assert status == 200, body
-    assert json.loads(body) == {"path": "/data?q=1", "ua": "edgefn-fetch", "x": "from-py"}
+    assert json.loads(body) == {"path": "/data?q=1", "ua": "edgefn-fetch", "x": "from-py",
+                                "tp": None}
     assert headers["x-upstream"] == "application/json"
     status, _, body = pop.request("POST", f"/fetcher?url={upstream}/echo", b"abc")
     assert (status, body) == (201, b"cba")
@@ -158,6 +160,39 @@ def test_a_wasm_function_fetches_through_the_call_host_function(
     out = json.loads(body)
     assert out["status"] == 200
     assert json.loads(base64.b64decode(out["body"]))["path"] == "/from-wasm"
+    # the request's trace context goes along (tracing off: the client's, as it came)
+    status, _, body = pop.get("/wasm-fetch", headers={"traceparent": TRACEPARENT})
+    assert json.loads(base64.b64decode(json.loads(body)["body"]))["tp"] == TRACEPARENT
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(("sent", "seen"), [
+    (TRACEPARENT, TRACEPARENT),
+    ("00-not-a-trace", None),  # not well-formed: not passed on
+    (None, None)])
+def test_a_fetch_carries_the_requests_traceparent(pop: Running, tmp_path: Path, upstream: str,
+                                                   sent: str | None, seen: str | None) -> None:
+    deploy_fetcher(pop, tmp_path, [f"{upstream}/*"])
+    headers = {"traceparent": sent} if sent else {}
+    status, _, body = pop.get(f"/fetcher?url={upstream}/t", headers=headers)
+    assert status == 200, body
+    assert json.loads(body)["tp"] == seen
+
+
+def test_a_traceparent_the_function_sets_itself_is_kept(pop: Running, tmp_path: Path,
+                                                         upstream: str) -> None:
+    own = "00-11111111111111111111111111111111-2222222222222222-01"
+    d = python_function(tmp_path, "own-trace", FETCHER.replace(
+        '{"x-test": "from-py"}', f'{{"traceparent": "{own}"}}'), limits="wall_ms = 1000")
+    with open(d / "edgefn.toml", "a") as f:
+        f.write(f'[bindings]\nfetch = ["{upstream}/*"]\n')
+    pop.deploy(d)
+    status, _, body = pop.get(f"/own-trace?url={upstream}/t",
+                              headers={"traceparent": TRACEPARENT})
+    assert status == 200, body
+    assert json.loads(body)["tp"] == own
 
 
 def test_patterns_must_be_http_urls(pop: Running, tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from runtime.cache.ai.cache import AICache
 from runtime.cache.settings import AICacheSettings
 from runtime.cache.stats import CacheStats
 from runtime.functions.manifest import Manifest
+from runtime.observe.traceparent import parse
 from runtime.security.ratelimit.admission import TokenBudgets
 
 AI_TIMEOUT = 300.0
@@ -140,9 +141,9 @@ class Bindings:
         """
         kind, _, op = name.partition(".")
         if kind == "ai":
-            return self._ai(op, args)
+            return self._ai(op, args, _trace_of(args))
         if name == "fetch":
-            return self._fetch(args)
+            return self._fetch(args, _trace_of(args))
         if kind not in ("kv", "vectors"):
             raise BindingError(f"unknown binding {name!r}")
         capability: Any = self.kv if kind == "kv" else self.vectors
@@ -150,7 +151,7 @@ class Bindings:
         run = functools.partial(_checked, capability.call, name, op, args)
         return off_loop(run) if blocking else run()
 
-    def _ai(self, op: str, args: dict[str, Any]) -> Any:
+    def _ai(self, op: str, args: dict[str, Any], traceparent: str | None) -> Any:
         """On the event loop's thread, a coroutine (the caller awaits it); on any
         other thread (a WASM guest), the result, waited for. Raises `BindingError`."""
         if self.ai is None:
@@ -158,15 +159,15 @@ class Bindings:
         loop = self.ai.service.loop
         if loop is None:
             raise BindingError("the model worker has not started yet")
-        call = _ai_checked(self.ai, op, args)
+        call = _ai_checked(self.ai, op, args, traceparent)
         if _on_loop(loop):
             return call
         return asyncio.run_coroutine_threadsafe(call, loop).result(AI_TIMEOUT)
 
-    def _fetch(self, args: dict[str, Any]) -> Any:
+    def _fetch(self, args: dict[str, Any], traceparent: str | None) -> Any:
         """A coroutine on an event loop's thread; on any other thread (a WASM guest),
         the result, fetched on a loop of that thread's own. Raises `BindingError`."""
-        call = _fetch_checked(self.fetch, args)
+        call = _fetch_checked(self.fetch, args, traceparent)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -209,16 +210,29 @@ def _checked(call: Any, name: str, op: str, args: dict[str, Any]) -> Any:
         raise BindingError(f"bad arguments to {name}: {e!r}") from None
 
 
-async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any]) -> Any:
+def _trace_of(args: dict[str, Any]) -> str | None:
+    """The calling request's ``traceparent``, which the executors put under that key
+    (the WASM host, or the Python isolate's guest runner from the request it runs):
+    removed from `args`, and only if well-formed. A guest could name another span
+    there; trace context is not a credential."""
+    value = args.pop("traceparent", None)
+    if not isinstance(value, str) or parse(value.encode("latin-1", "replace")) is None:
+        return None
+    return value
+
+
+async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any],
+                      traceparent: str | None = None) -> Any:
     try:
-        return await ai.call(op, args)
+        return await ai.call(op, args, traceparent)
     except (KeyError, TypeError, ValueError) as e:
         raise BindingError(f"bad arguments to ai.{op}: {e!r}") from None
 
 
-async def _fetch_checked(fetch: FetchBinding, args: dict[str, Any]) -> Any:
+async def _fetch_checked(fetch: FetchBinding, args: dict[str, Any],
+                         traceparent: str | None = None) -> Any:
     try:
-        return await fetch.call(args)
+        return await fetch.call(args, traceparent)
     except (KeyError, TypeError, ValueError) as e:
         raise BindingError(f"bad arguments to fetch: {e!r}") from None
 

@@ -58,22 +58,23 @@ class AIBinding:
         self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
         self.ids = itertools.count(1)
 
-    async def call(self, op: str, a: dict[str, Any]) -> Any:
-        """Run one AI operation. Raises `BindingError` (with the worker's reason for
-        a refused request, or the tenant's exhausted budget) and
+    async def call(self, op: str, a: dict[str, Any], traceparent: str | None = None) -> Any:
+        """Run one AI operation; a model call carries `traceparent` (the calling
+        request's span) to the worker. Raises `BindingError` (with the worker's
+        reason for a refused request, or the tenant's exhausted budget) and
         KeyError/TypeError/ValueError for bad arguments."""
         if op not in OPS:
             raise BindingError(f"unknown AI operation {op!r}")
         try:
-            return await self._run(op, a)
+            return await self._run(op, a, traceparent)
         except (WorkerError, Rejected) as e:
             raise BindingError(f"ai.{op}: {e}") from None
 
-    async def _run(self, op: str, a: dict[str, Any]) -> Any:
+    async def _run(self, op: str, a: dict[str, Any], traceparent: str | None) -> Any:
         client = self.service.client
         match op:
             case "chat" | "complete" | "chat_stream":
-                return await self._generate(op, a)
+                return await self._generate(op, a, traceparent)
             case "chat_next":
                 return await self._next(int(a["stream"]))
             case "embed":
@@ -83,7 +84,7 @@ class AIBinding:
                                            a.get("top_n"))
         return await client.models()
 
-    async def _generate(self, op: str, a: dict[str, Any]) -> Any:
+    async def _generate(self, op: str, a: dict[str, Any], traceparent: str | None) -> Any:
         params: dict[str, Any] = {k: a[k] for k in ("max_tokens", "temperature", "top_p",
                                                      "top_k", "seed") if a.get(k) is not None}
         stop = a.get("stop")
@@ -97,12 +98,14 @@ class AIBinding:
             call = (completion_call(self.tenant, model, params["prompt"], params)
                     if op == "complete" else chat_call(self.tenant, model, params["messages"],
                                                        params))
-            return await self._cached(call, a, lambda: self._generated(model, params))
+            return await self._cached(call, a,
+                                      lambda: self._generated(model, params, traceparent))
         ticket = await self._admit(model, stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
-            gen = await self.service.client.generate(model, stream=True, **params)
+            gen = await self.service.client.generate(model, stream=True,
+                                                     traceparent=traceparent, **params)
         except BaseException as e:
             if ticket is not None:
                 await ticket.settle(used_by(ticket, gen, e))
@@ -112,13 +115,15 @@ class AIBinding:
         self.streams[sid] = (gen, time.monotonic(), ticket)
         return {"stream": sid}
 
-    async def _generated(self, model: str, params: dict[str, Any]) -> Generated:
+    async def _generated(self, model: str, params: dict[str, Any],
+                         traceparent: str | None = None) -> Generated:
         """One model call, admitted and settled. Raises `Rejected`, `WorkerError`."""
         ticket = await self._admit(model, False, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
-            gen = await self.service.client.generate(model, stream=False, **params)
+            gen = await self.service.client.generate(model, stream=False,
+                                                     traceparent=traceparent, **params)
             text, done = await gen.collect()
         except BaseException as e:
             if ticket is not None:

@@ -99,9 +99,12 @@ class FetchBinding:
         literal = any(_pattern_host(p) == target.host for p in matching)
         return target, literal
 
-    async def call(self, args: dict[str, Any]) -> dict[str, Any]:
-        """One subrequest. Raises `BindingError` (denied, unreachable, timed out, too
-        large) and KeyError/TypeError/ValueError for bad arguments."""
+    async def call(self, args: dict[str, Any], traceparent: str | None = None
+                   ) -> dict[str, Any]:
+        """One subrequest; it carries `traceparent` (the calling request's span) unless
+        the function set that header itself. Raises `BindingError` (denied,
+        unreachable, timed out, too large) and KeyError/TypeError/ValueError for bad
+        arguments."""
         url = str(args["url"])
         method = str(args.get("method") or "GET").upper()
         if method not in METHODS:
@@ -114,6 +117,8 @@ class FetchBinding:
         for k, v in headers.items():
             if any(c in k + v for c in "\r\n\0") or not k:
                 raise BindingError(f"fetch: invalid header {k!r}")
+        if traceparent is not None:
+            headers.setdefault("traceparent", traceparent)
         timeout_ms = min(int(args.get("timeout_ms") or DEFAULT_TIMEOUT_MS), self.wall_ms)
         target, literal = self.allowed(url)
         try:

@@ -227,7 +227,7 @@ class WasmFunction:
                                   encode_params(params),
                                   principal_blob(principal))
             if self.threaded:
-                return self._handle_threaded(data)
+                return self._handle_threaded(data, _traceparent(request))
             try:
                 output = self.call(data)
             except FunctionError as e:
@@ -236,17 +236,18 @@ class WasmFunction:
                 log.info("%s: ran past the %d ms inline slice; runs on worker threads from now "
                          "on", self.name, INLINE_SLICE_MS)
                 self.threaded = True
-                return self._handle_threaded(data)
+                return self._handle_threaded(data, _traceparent(request))
             return Response(*decode_response(output))
         return self._handle_wasi(request, route, params, principal)
 
-    async def _handle_threaded(self, data: bytes) -> Response:
+    async def _handle_threaded(self, data: bytes, traceparent: str | None = None) -> Response:
         """Reactors that declare bindings run on a worker thread: a model call or a
-        synced KV write waits there while the event loop keeps serving."""
-        output = await self._on_thread(self._call_here, data)
+        synced KV write waits there while the event loop keeps serving. Their fetch
+        and model calls carry the request's `traceparent`."""
+        output = await self._on_thread(self._call_here, data, traceparent)
         return Response(*decode_response(output))
 
-    def _call_here(self, data: bytes) -> bytes:
+    def _call_here(self, data: bytes, traceparent: str | None = None) -> bytes:
         call = getattr(self.per_thread, "call", None)
         if call is None:
             call = self.per_thread.call = self.new_call()
@@ -254,7 +255,7 @@ class WasmFunction:
             # host calls push a CPU deadline back by what they take (see `wasm_host`)
             self.host_functions.begin_request(
                 time.monotonic() + self.outcome.limit_ms / 1000
-                if self.outcome.interrupt_kind == "cpu_limit" else 0.0)
+                if self.outcome.interrupt_kind == "cpu_limit" else 0.0, traceparent)
         return call(data)
 
     async def _on_thread(self, job: Callable[..., bytes], *args: object) -> bytes:
@@ -280,17 +281,18 @@ class WasmFunction:
                            principal: Mapping[str, str]) -> Response:
         env = cgi.environ(request, route, self.env, params, principal)
         deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000
-        return Response(*cgi.parse_response(await self._on_thread(self._run_wasi, env,
-                                                                  request.body, deadline)))
+        return Response(*cgi.parse_response(await self._on_thread(
+            self._run_wasi, env, request.body, deadline, _traceparent(request))))
 
-    def _run_wasi(self, env: list[tuple[str, str]], body: bytes, deadline: float) -> bytes:
+    def _run_wasi(self, env: list[tuple[str, str]], body: bytes, deadline: float,
+                  traceparent: str | None = None) -> bytes:
         """Run `_start` in a fresh store on a worker thread; its sleeps end at
         `deadline` (`time.monotonic()`). Raises `FunctionError`."""
         if time.monotonic() >= deadline:  # it waited for a thread that long: nobody waits now
             raise FunctionError("wall_limit", 504, "exceeded its wall-time limit of "
                                 f"{self.manifest.limits.wall_ms} ms waiting for a thread")
         if self.host_functions is not None:
-            self.host_functions.begin_request()
+            self.host_functions.begin_request(0.0, traceparent)
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
         store.set_epoch_deadline(self.deadline_ticks)
@@ -384,3 +386,10 @@ def _describe(ty: object) -> str:
 def _short(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return " | ".join(lines[:3])
+
+
+def _traceparent(request: Request) -> str | None:
+    """The request's ``traceparent`` (the tracing stage's span when tracing is on),
+    for the function's fetch and model calls."""
+    value = request.header(b"traceparent")
+    return value.decode("latin-1") if value is not None else None

@@ -106,6 +106,7 @@ class GuestRequest(threading.local):
 
     deadline: float = 0.0
     kept: tuple[tuple[str, bytes], bytes] | None = None
+    traceparent: str | None = None  # the request's: fetch and model calls carry it
 
 
 class HostFunctions:
@@ -133,13 +134,14 @@ class HostFunctions:
             if err:
                 raise BindingError(f"cannot define edgefn.{name}")
 
-    def begin_request(self, cpu_deadline: float = 0.0) -> None:
+    def begin_request(self, cpu_deadline: float = 0.0, traceparent: str | None = None) -> None:
         """A request starts on this thread; its CPU budget ends at `cpu_deadline`
         (`time.monotonic()`), or 0: host calls count against its deadline. A result
         kept for a retry belonged to an earlier request (one that never asked again
         with a bigger buffer): it is forgotten."""
         self.request.deadline = cpu_deadline
         self.request.kept = None
+        self.request.traceparent = traceparent
 
 
 def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool,
@@ -205,6 +207,9 @@ def _impls(b: Bindings, request: GuestRequest) -> dict[str, Callable[..., Any]]:
             args = json.loads(raw or b"{}")
         except ValueError as e:
             raise BindingError(f"call arguments are not JSON: {e}") from None
+        if request.traceparent is not None and isinstance(args, dict) and (
+                name == "fetch" or name.startswith("ai.")):
+            args["traceparent"] = request.traceparent  # the request's, not the guest's
         out = json.dumps(b.call(name, args)).encode()
         if len(out) > cap:
             request.kept = ((name, raw), out)

@@ -9,11 +9,13 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from gpu_worker.protocol import Generate
 from runtime.observe.traceparent import parse
 from tests.gpu_worker.test_upstream_engine import FakeUpstream, RecordingSink, chat, engine_for
 from tests.observe.tracing.receiver import otlp_receiver
-from tests.support import pop_thread
+from tests.support import pop_thread, python_function
 
 CHAT = "smollm2-135m"
 SERVER = 2
@@ -39,7 +41,21 @@ def test_the_upstream_engine_forwards_the_traceparent_it_is_given() -> None:
     asyncio.run(scenario())
 
 
-def test_one_trace_from_the_client_through_two_pops(tmp_path: Path) -> None:
+ASKS_THE_MODEL = """
+from edgefn import Response
+
+def handle(request, env):
+    out = env.ai("%s").chat([{"role": "user", "content": "Say hello"}], max_tokens=4,
+                            temperature=0)
+    return Response(out["text"])
+"""
+
+
+@pytest.mark.parametrize("through", ["openai", "binding"])
+def test_one_trace_from_the_client_through_two_pops(tmp_path: Path, through: str) -> None:
+    """The second PoP asks the first for the model: through its OpenAI API, or from a
+    function's `ai` binding; either way the first PoP's span is the child of the
+    second's request span."""
     trace_id, caller = "6bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     tracing = {"tracing.enabled": True, "ai_cache.enabled": False}
     with otlp_receiver() as receiver, pop_thread(
@@ -52,11 +68,17 @@ def test_one_trace_from_the_client_through_two_pops(tmp_path: Path) -> None:
                         **tracing, **{"tracing.endpoint": receiver.url}) as second:
             body = {"model": CHAT, "max_tokens": 4, "temperature": 0,
                     "messages": [{"role": "user", "content": "Say hello"}]}
-            status, headers, _ = second.request(
-                "POST", "/v1/chat/completions", json.dumps(body).encode(),
+            path = "/v1/chat/completions"
+            if through == "binding":
+                second.deploy(python_function(tmp_path, "asks", ASKS_THE_MODEL % CHAT,
+                                              limits="wall_ms = 30000",
+                                              extra="[bindings]\nai = true"))
+                path = "/asks"
+            status, headers, out = second.request(
+                "POST", path, json.dumps(body).encode(),
                 {"content-type": "application/json",
                  "traceparent": f"00-{trace_id}-{caller}-01"}, timeout=60)
-            assert status == 200
+            assert status == 200, out
             back = parse(headers["traceparent"].encode())
             assert back is not None and back.trace_id == trace_id
             tracers = [p.pop.tracer for p in (first, second)]
