@@ -162,7 +162,7 @@ class ExplodingApi:
 
 def openai_stage(api: ExplodingApi) -> OpenAI:
     """The openai stage over an empty function registry."""
-    registry = SimpleNamespace(router=Router())
+    registry = SimpleNamespace(router=Router(), canaries={})
     targets = Targets(registry, dict.fromkeys(api.paths, OpenAITarget()))  # type: ignore[arg-type]
     return OpenAI(api, targets)  # type: ignore[arg-type]
 

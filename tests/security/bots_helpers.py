@@ -87,7 +87,7 @@ def stage(settings: BotSettings | None = None,
     manager = BotManager(settings, Classifier(agents.load()), verifier)
     routes = routes or {"fn": None}
     router = Router([(Route(f"/{n}"), n, FnTarget(n, o)) for n, o in routes.items()])
-    return Bots(manager, Targets(SimpleNamespace(router=router)))  # type: ignore[arg-type]
+    return Bots(manager, Targets(SimpleNamespace(router=router, canaries={})))  # type: ignore[arg-type]
 
 
 def ok(request: Request, ctx: Context) -> Response:

@@ -96,7 +96,7 @@ def stage(tmp_path: Path, target: Any, settings: AuthSettings | None = None,
     """The stage over an empty router, with `target` serving every path (None:
     nothing does)."""
     store = KeyStore(tmp_path)
-    targets = Targets(SimpleNamespace(router=Router()))  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}))  # type: ignore[arg-type]
     if target is not None:
         targets.resolve = lambda request, ctx: _set(ctx, target)  # type: ignore[method-assign]
     return Auth(settings or AuthSettings(), KeyRing(store), targets, jwt), store

@@ -81,7 +81,7 @@ FUNCTIONS = {b"/a": Function("a"), b"/b": Function("b"),
 
 def chain(settings: RateLimitSettings, principal: Principal | None = None,
           agent: str | None = None) -> tuple[Chain, RateLimit]:
-    targets = Targets(SimpleNamespace(router=Router()), FUNCTIONS)  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}), FUNCTIONS)  # type: ignore[arg-type]
     stage = RateLimit(settings, targets)
     return Chain([SetContext(principal, agent), stage, Answer()]), stage
 
@@ -263,13 +263,13 @@ def test_rates_limits_reads_are_accepted() -> None:
 
 
 def test_a_storage_other_than_memory_or_redis_is_refused() -> None:
-    targets = Targets(SimpleNamespace(router=Router()), {})  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}), {})  # type: ignore[arg-type]
     with pytest.raises(InvalidConfig, match=r"ratelimit\.storage.*'memcached://x'"):
         RateLimit(RateLimitSettings(storage="memcached://x"), targets)
 
 
 def test_decisions_are_recorded(closing: list[RateLimit]) -> None:
-    targets = Targets(SimpleNamespace(router=Router()), FUNCTIONS)  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}), FUNCTIONS)  # type: ignore[arg-type]
     stage = RateLimit(RateLimitSettings(rules=[RateRule("ip", "1/minute")]), targets)
     closing.append(stage)
     request = Request(b"GET", b"/a", b"", [], b"h", "1.1", True, "10.9.9.9:1")

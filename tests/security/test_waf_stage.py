@@ -42,7 +42,7 @@ class Function:
 
 def stage(pop: WafSettings, fn: WafOverride | None = None) -> Waf:
     router = Router([(Route("/shop"), "shop", Function(fn))])
-    targets = Targets(SimpleNamespace(router=router),  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=router, canaries={}),  # type: ignore[arg-type]
                       {b"/v1/chat/completions": OpenAITarget()})
     return Waf(pop, targets)
 

@@ -108,7 +108,7 @@ def request_path_is_embeddings(body: dict[str, Any]) -> bool:
 
 
 def stage(**settings: Any) -> AICacheStage:
-    targets = Targets(SimpleNamespace(router=Router()),  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}),  # type: ignore[arg-type]
                       dict.fromkeys(PATHS, OpenAITarget()))
     return AICacheStage(AICache(AICacheSettings(**settings), None, clock=Clock()), targets)
 

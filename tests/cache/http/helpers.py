@@ -100,7 +100,7 @@ class Harness:
         self.cache = HttpCache(settings or HttpCacheSettings(disk_bytes=0), data, self.clock)
         self.fn = fn or Function()
         self.router = Router([(Route("/shop"), "shop", self.fn)])
-        self.targets = Targets(SimpleNamespace(router=self.router))  # type: ignore[arg-type]
+        self.targets = Targets(SimpleNamespace(router=self.router, canaries={}))  # type: ignore[arg-type]
         self.stats = CacheStats()
         self.stage = HttpCacheStage(self.cache, self.targets, self.stats)
         self.origin = Origin()
@@ -108,7 +108,7 @@ class Harness:
     def deploy(self, fn: Function) -> None:
         self.fn = fn
         self.router = Router([(Route("/shop"), "shop", fn)])
-        self.targets.registry = SimpleNamespace(router=self.router)  # type: ignore[assignment]
+        self.targets.registry = SimpleNamespace(router=self.router, canaries={})  # type: ignore[assignment]
 
     def call(self, req: Request, principal: Principal | None = None) -> tuple[Response, Context]:
         """One request through the stage, run to its end (a loop only when needed)."""

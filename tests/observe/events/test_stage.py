@@ -84,7 +84,7 @@ def test_a_contained_error_and_a_404_are_events_too() -> None:
 
 
 def test_a_rate_limit_refusal_is_an_event_with_its_decision() -> None:
-    targets = Targets(SimpleNamespace(router=Router()), {})  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}), {})  # type: ignore[arg-type]
     limit = RateLimit(RateLimitSettings(rules=[RateRule("ip", "1/minute")]), targets)
     try:
         app, seen, _ = events_chain(limit, Answer())
