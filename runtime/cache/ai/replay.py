@@ -39,7 +39,7 @@ def completion(r: Generated, model: str, chat: bool) -> dict[str, Any]:
 
 def sse(r: Generated, model: str, chat: bool, include_usage: bool) -> bytes:
     """The whole SSE body of a streamed request, ending in ``data: [DONE]``."""
-    chunks = Chunks(_rid(chat), model, chat)
+    chunks = Chunks(_rid(chat), model, chat, include_usage=include_usage)
     out = chunks.opening()
     out += [chunks.chunk(c) for c in r.chunks]
     out.append(chunks.closing(r.finish_reason))

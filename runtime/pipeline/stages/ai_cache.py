@@ -36,6 +36,7 @@ from runtime.ai.openai_api import (
     EmbeddingsBody,
     OpenAITarget,
 )
+from runtime.ai.openai_fields import refusal
 from runtime.cache.ai import control, replay
 from runtime.cache.ai.cache import AICache, Lookup
 from runtime.cache.ai.entry import Embedded, Generated, Result
@@ -153,6 +154,8 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
     try:
         b = msgspec.json.decode(body, type=BODIES[kind])
     except msgspec.MsgspecError:
+        return None
+    if refusal(body, BODIES[kind]) is not None:  # a field the API refuses: never a hit
         return None
     if who is not None and not who.allows("model", b.model):
         return None  # the caller gets its 403 from the API, never a cached answer
