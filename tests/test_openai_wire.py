@@ -79,8 +79,9 @@ def test_n_2_gives_two_choices_with_summed_usage(client: openai.OpenAI) -> None:
 
 def test_same_seed_same_sampled_output_and_a_stable_fingerprint(client: openai.OpenAI) -> None:
     def sampled(seed: int) -> Any:
-        return client.completions.create(model=CHAT, prompt="Once upon a time", max_tokens=12,
-                                         temperature=1.0, seed=seed)
+        return client.completions.create(model=CHAT, prompt="Once upon a time", max_tokens=8,
+                                         temperature=1.0, seed=seed,
+                                         extra_headers={"cache-control": "no-store"})
 
     a, b, c = sampled(7), sampled(7), sampled(8)
     assert a.choices[0].text == b.choices[0].text
@@ -88,6 +89,22 @@ def test_same_seed_same_sampled_output_and_a_stable_fingerprint(client: openai.O
     assert len(texts) > 1  # the seed does steer sampling
     fps = {a.system_fingerprint, b.system_fingerprint, c.system_fingerprint}
     assert len(fps) == 1 and next(iter(fps)).startswith("fp_")  # type: ignore[union-attr]
+
+
+def test_an_ai_cache_hit_keeps_the_fingerprint_and_usage_nulls(pop: Running) -> None:
+    body = {"model": CHAT, "messages": [{"role": "user", "content": "Name a colour."}],
+            "max_tokens": 3, "temperature": 0}
+    _, _, miss = post(pop, "/v1/chat/completions", body)
+    _, h, hit = post(pop, "/v1/chat/completions", body)
+    assert h["x-edgefn-cache"] == "hit-exact"
+    fp = json.loads(miss)["system_fingerprint"]
+    assert fp.startswith("fp_") and json.loads(hit)["system_fingerprint"] == fp
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    post(pop, "/v1/chat/completions", streamed)
+    _, h, data = post(pop, "/v1/chat/completions", streamed)
+    events = sse_events(data)
+    assert h["x-edgefn-cache"] == "hit-exact" and {e["system_fingerprint"] for e in events} == {fp}
+    assert [e["usage"] is None for e in events] == [True] * (len(events) - 1) + [False]
 
 
 def test_stream_with_include_usage_has_usage_null_until_the_end(pop: Running) -> None:

@@ -220,7 +220,8 @@ def _parsed(asked: Asked, body: bytes) -> Result | None:
         choice, usage = data["choices"][0], data["usage"]
         text = choice["message"]["content"] if asked.call.kind == "chat" else choice["text"]
         return Generated((str(text),), str(choice["finish_reason"]),
-                         int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+                         int(usage["prompt_tokens"]), int(usage["completion_tokens"]),
+                         data.get("system_fingerprint"))
     except (msgspec.MsgspecError, KeyError, IndexError, TypeError, ValueError):
         return None
 
@@ -240,6 +241,7 @@ class _Stream:
         self.chunks: list[str] = []
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.fingerprint: str | None = None
         self.done = False
         self.failed = False
 
@@ -262,6 +264,7 @@ class _Stream:
         if "error" in data:
             self.failed = True
             return True
+        self.fingerprint = data.get("system_fingerprint")
         choices = data["choices"]
         if not choices:
             self.usage = data.get("usage")
@@ -281,5 +284,5 @@ class _Stream:
         if not self.done or self.failed or self.finish is None or self.usage is None:
             return None
         return Generated(tuple(self.chunks), self.finish, int(self.usage["prompt_tokens"]),
-                         int(self.usage["completion_tokens"]))
+                         int(self.usage["completion_tokens"]), self.fingerprint)
 
