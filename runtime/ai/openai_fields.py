@@ -24,6 +24,7 @@ from edgefn_core.errors import ApiError
 
 MAX_N = 8  # choices per request; each is a sequence slot of the model's batch
 MAX_STOPS = 4  # as OpenAI's API
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])  # top-level fields, values left raw
 
 
 def _none(v: Any) -> bool:
@@ -64,7 +65,7 @@ def check_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
     `kind` does not declare and that asks for something. A body that is not a
     JSON object is left to the typed decode to refuse."""
     try:
-        fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+        fields = _KEYS.decode(body)
     except msgspec.MsgspecError:
         return
     honoured = kind.__struct_fields__
