@@ -16,9 +16,12 @@ _NEEDS_TOOLS = {"tool": "a 'tool' message answers a tool call, and this server d
                 "'tool') and this server does not call functions"}
 
 
-def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES) -> None:
+def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES,
+                   roles_fields: frozenset[str] = frozenset()) -> None:
     """Raises `ApiError` (400) naming the first bad message field: an empty list,
-    a role outside `roles`, content that is neither text nor a list of parts."""
+    a role outside `roles`, a tool call field not in `roles_fields` (the tool
+    calls of an assistant message), content that is neither text nor a list of
+    parts."""
     if not messages:
         raise ApiError("invalid_request", 400, "'messages' must not be empty", "messages")
     for i, message in enumerate(messages):
@@ -27,10 +30,17 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
             why = _NEEDS_TOOLS.get(role) if isinstance(role, str) else None
             raise ApiError("invalid_value", 400, why or f"messages[{i}].role must be one of "
                            f"{', '.join(sorted(roles))}; got {role!r}", f"messages[{i}].role")
+        for key in _TOOL_FIELDS:
+            if message.get(key) is not None and key not in roles_fields:
+                raise ApiError("unsupported_parameter", 400, f"messages[{i}].{key}: this "
+                               "server does not call tools", f"messages[{i}].{key}")
         content = message.get("content")
         if not isinstance(content, (str, list)) and not (role == "assistant" and content is None):
             raise ApiError("invalid_value", 400, f"messages[{i}].content must be a string or "
                            f"a list of content parts", f"messages[{i}].content")
+
+
+_TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")
 
 
 def _range(name: str, value: float | None, low: float, high: float, low_open: bool = False

@@ -127,6 +127,8 @@ def test_an_unknown_field_is_unrecognized_as_openai_says() -> None:
     ([{"role": "tool", "content": "42", "tool_call_id": "c1"}], "messages[0].role"),
     ([{"role": "function", "content": "42", "name": "f"}], "messages[0].role"),
     ([{"role": "user", "content": 7}], "messages[0].content"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}],
+     "messages[0].tool_calls"),
     ([{"role": "system"}], "messages[0].content"),
     ([], "messages")])
 def test_a_bad_message_is_refused_naming_it(messages: list[dict[str, Any]], param: str
