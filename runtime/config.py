@@ -121,6 +121,25 @@ class AccessLogStage(StageConfig, frozen=True, tag="access_log"):
     format: Literal["text", "json"] = "text"
 
 
+Origin = Annotated[str, Meta(pattern=r"^(\*|https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?)$")]
+Token = Annotated[str, Meta(pattern=r"^(\*|[!#$%&'*+.^_`|~0-9A-Za-z-]+)$")]  # RFC 9110 token
+
+
+class CorsStage(StageConfig, frozen=True, tag="cors"):
+    """CORS for browsers (vLLM's ``--allowed-origins`` and its defaults), on the
+    paths starting with one of `paths`: preflight ``OPTIONS`` answered (204), and
+    ``access-control-allow-origin`` on responses to an allowed origin. ``"*"``
+    allows any origin, method or header. Not in the default pipeline: add it
+    before ``auth`` (a preflight carries no credentials)."""
+
+    allowed_origins: tuple[Origin, ...] = ("*",)
+    allowed_methods: tuple[Token, ...] = ("*",)
+    allowed_headers: tuple[Token, ...] = ("*",)
+    allow_credentials: bool = False
+    max_age: Annotated[int, Meta(ge=0, le=86400)] = 600  # seconds a browser keeps a preflight
+    paths: tuple[Annotated[str, Meta(pattern=r"^/")], ...] = ("/v1/",)
+
+
 class WafStage(StageConfig, frozen=True, tag="waf"):
     """The OWASP Core Rule Set on libmodsecurity; settings in ``[waf]``."""
 
@@ -158,9 +177,9 @@ class DispatchStage(StageConfig, frozen=True, tag="dispatch"):
     """Run the routed function."""
 
 
-Stage = (HealthStage | RequestIdStage | TracingStage | EventsStage | AccessLogStage | WafStage
-         | BotsStage | AuthStage | RateLimitStage | HttpCacheStage | AICacheStage | OpenAIStage
-         | RouteStage | DispatchStage)
+Stage = (HealthStage | RequestIdStage | TracingStage | EventsStage | AccessLogStage | CorsStage
+         | WafStage | BotsStage | AuthStage | RateLimitStage | HttpCacheStage | AICacheStage
+         | OpenAIStage | RouteStage | DispatchStage)
 
 
 def default_pipeline() -> list[Stage]:
@@ -250,10 +269,27 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     if config.tracing.enabled and "events" not in names:
         raise InvalidConfig(label, "tracing makes its spans from the `events` stage's events: "
                             "add `events` to the pipeline", "tracing.enabled")
+    _check_cors(config, names, label)
     if "dispatch" in names and ("route" not in names or names.index("route") > names.index(
             "dispatch")):
         raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",
                             f"pipeline[{names.index('dispatch')}].stage")
+
+
+def _check_cors(config: PopConfig, names: list[str], label: str) -> None:
+    """Raises `InvalidConfig` for a ``cors`` stage after ``auth``, or one that
+    allows credentials from any origin (browsers refuse that)."""
+    if "cors" not in names:
+        return
+    at = names.index("cors")
+    cors = config.pipeline[at]
+    assert isinstance(cors, CorsStage)
+    if "auth" in names and names.index("auth") < at:
+        raise InvalidConfig(label, "stage `cors` must come before `auth`: a browser's preflight "
+                            "carries no credentials", f"pipeline[{at}].stage")
+    if cors.allow_credentials and "*" in cors.allowed_origins:
+        raise InvalidConfig(label, "allow_credentials needs the origins listed: browsers refuse "
+                            "credentials with `*`", f"pipeline[{at}].allow_credentials")
 
 
 def _set(raw: dict[str, object], dotted: str, value: object) -> None:

@@ -74,8 +74,10 @@ class LlamaEngine(Engine):
 
     def models(self) -> list[ModelInfo]:
         assert self.lm is not None
+        file = self.path.stat()  # its identity: the API's created and system_fingerprint
         base = ModelInfo(self.spec.name, "chat", self.kind, details={
-            "file": self.path.name, "weights": self.spec.weights, "context": self.limit,
+            "file": self.path.name, "bytes": file.st_size, "mtime": int(file.st_mtime),
+            "weights": self.spec.weights, "context": self.limit,
             "max_batch": self.spec.max_batch, "device": "gpu" if self.lm.gpu else "cpu"})
         return [base, *(ModelInfo(name, "chat", self.kind, parent=self.spec.name,
                                   details={"path": path, "scale": scale})

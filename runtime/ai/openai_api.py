@@ -6,9 +6,12 @@ worker:
     POST /v1/embeddings         (``encoding_format``: float or base64)
     POST /v1/rerank             (Cohere/Jina shape: query, documents, top_n)
     GET  /v1/models             (LoRA adapters list their ``parent``)
+    GET  /v1/models/{id}        (``/`` in an id may be written as is or as %2F)
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
-with its status codes. These paths are taken before function routes.
+with its status codes (`runtime.ai.openai_errors`), on every ``/v1/`` path; a
+field this PoP does not implement is refused, never ignored
+(`runtime.ai.openai_fields`). These paths are taken before function routes.
 
 With `TokenBudgets`, a caller's generation or embedding reserves its tokens at
 admission and is settled with its usage when it ends (`OpenAIApi._admit`).
@@ -17,19 +20,24 @@ admission and is settled with its usage when it ends (`OpenAIApi._admit`).
 from __future__ import annotations
 
 import base64
-import re
 import secrets
 import struct
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import msgspec
 
 from edgefn_core.errors import ApiError, EdgefnError, WorkerError
 from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
+from runtime.ai import openai_choices as choices
+from runtime.ai.openai_checks import check_messages, check_sampling
+from runtime.ai.openai_errors import error_response, unknown_url, validation_error
+from runtime.ai.openai_fields import MAX_STOPS, check_fields
+from runtime.ai.openai_models import Catalog
 from runtime.ai.service import AIService
 from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
@@ -39,18 +47,16 @@ if TYPE_CHECKING:
     from runtime.pipeline.stage import Context
     from runtime.security.principal import Principal
 from runtime.net.message import Request, Response, json_response
-from runtime.net.openai_sse import DONE, Chunks, event
-from runtime.security.ratelimit.admission import (
-    Ticket,
-    TokenBudgets,
-    settled_embedding,
-    used_by,
-)
+from runtime.net.openai_sse import Chunks
+from runtime.security.ratelimit.admission import Ticket, TokenBudgets, settled_embedding
 from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
          b"/v1/models"})
-MAX_STOPS = 4  # as OpenAI's API
+PREFIX = b"/v1/"  # every path under it answers in OpenAI's shape
+MODELS = b"/v1/models/"
+__all__ = ["MAX_STOPS", "PATHS", "ChatBody", "CompletionBody", "OpenAIApi", "OpenAITarget",
+           "error_response"]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
@@ -70,10 +76,12 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = 1
+    user: str | None = None  # the end user, recorded in the request's event
 
 
 class ChatBody(_Sampling, kw_only=True):
     messages: list[dict[str, Any]]
+    safety_identifier: str | None = None  # OpenAI's successor of `user`: recorded as it
 
 
 class CompletionBody(_Sampling, kw_only=True):
@@ -84,6 +92,7 @@ class EmbeddingsBody(msgspec.Struct):
     model: str
     input: str | list[str]
     encoding_format: str = "float"
+    user: str | None = None
 
 
 class RerankBody(msgspec.Struct):
@@ -122,14 +131,6 @@ def _allowed[B: (ChatBody, CompletionBody, EmbeddingsBody, RerankBody)](
     return body
 
 
-def error_response(status: int, message: str, code: str | None = None,
-                   param: str | None = None) -> Response:
-    kind = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
-        status, "invalid_request_error" if 400 <= status < 500 else "server_error")
-    return json_response({"error": {"message": message, "type": kind, "param": param,
-                                    "code": code}}, status)
-
-
 class OpenAIApi:
     """The endpoints; each raises `ApiError` or `WorkerError`, which the pipeline's
     containment renders with `OpenAITarget` (OpenAI's shape)."""
@@ -139,6 +140,7 @@ class OpenAIApi:
     def __init__(self, ai: AIService, budgets: TokenBudgets | None = None) -> None:
         self.ai = ai
         self.budgets = budgets
+        self.catalog = Catalog(ai.client)
 
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
         """`ctx.principal`, when set, limits the models a caller may use and pays
@@ -148,10 +150,14 @@ class OpenAIApi:
     async def _route(self, request: Request, ctx: Context | None) -> Response:
         who = ctx.principal if ctx is not None else None
         path, method = request.path, request.method
-        if path == b"/v1/models":
+        if path == b"/v1/models" or path.startswith(MODELS):
             if method != b"GET":
-                raise ApiError("method_not_allowed", 405, "use GET /v1/models")
-            return await self.models(who)
+                raise ApiError("method_not_allowed", 405, f"use GET {path.decode()}")
+            if path == b"/v1/models":
+                return await self.models(who)
+            return await self.model(unquote(path[len(MODELS):].decode()), who)
+        if path not in PATHS:
+            raise unknown_url(method.decode(), path.decode())
         if method != b"POST":
             raise ApiError("method_not_allowed", 405, f"use POST {path.decode()}")
         if path == b"/v1/chat/completions":
@@ -167,74 +173,77 @@ class OpenAIApi:
 
     async def models(self, who: Principal | None = None) -> Response:
         """The models `who` may use (all of them for an anonymous caller)."""
-        created = int(time.time())
-        data = [{"id": m["id"], "object": "model", "created": created, "owned_by": "edgefn",
-                 "kind": m["kind"], "engine": m["engine"], "parent": m.get("parent"),
-                 "root": m.get("parent") or m["id"]} for m in await self.ai.client.models()
+        data = [_model(m) for m in await self.catalog.listing()
                 if who is None or who.allows("model", m["id"])]
         return json_response({"object": "list", "data": data})
+
+    async def model(self, name: str, who: Principal | None = None) -> Response:
+        """One model, as `models` lists it. Raises `ApiError` (404 ``model_not_found``
+        also for a model `who` may not use: OpenAI does not say it exists)."""
+        found = await self.catalog.get(name)
+        if found is None or (who is not None and not who.allows("model", name)):
+            raise ApiError("model_not_found", 404, f"The model {name!r} does not exist or you "
+                           "do not have access to it.", "model")
+        return json_response(_model(found))
 
     # -- generation -----------------------------------------------------------------------
     async def generate(self, body: ChatBody | CompletionBody, chat: bool,
                        ctx: Context | None = None) -> Response:
+        """`body.n` choices of one completion (see `runtime.ai.openai_choices`)."""
         params = _sampling(body)
         if isinstance(body, ChatBody):
-            if not body.messages:
-                raise ApiError("invalid_request", 400, "'messages' must not be empty",
-                               param="messages")
+            check_messages(body.messages)
             params["messages"] = body.messages
         else:
-            prompt = body.prompt
-            if isinstance(prompt, list):
-                if len(prompt) != 1:
-                    raise ApiError("invalid_request", 400,
-                                   "only one prompt per request is supported", param="prompt")
-                prompt = prompt[0]
-            params["prompt"] = prompt
+            params["prompt"] = _one_prompt(body.prompt)
         record = UsageRecord(ctx, "chat" if chat else "text_completion", body.model,
                              stream=body.stream, adapter=self._base_of(body.model),
                              prompt=prompt_of(params))
         record.usage.temperature = params.get("temperature")
         record.usage.max_tokens = params.get("max_tokens")
-        ticket = await self._admit(ctx, body.model, body.stream, params.get("max_tokens"),
+        record.usage.user = body.user or getattr(body, "safety_identifier", None)
+        found = await self.catalog.get(body.model)  # unknown: the worker's 404 below
+        fingerprint = found["fingerprint"] if found is not None else None
+        ticket = await self._admit(ctx, body.model, body.stream,
+                                   self._reserved(params.get("max_tokens"), body.n),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        gen: Generation | None = None
+        gens: list[Generation] = []
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
-            gen = await self.ai.client.generate(body.model, stream=body.stream,
-                                                traceparent=trace, **params)
+            for _ in range(body.n):
+                gens.append(await self.ai.client.generate(body.model, stream=body.stream,
+                                                          traceparent=trace, **params))
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
-                first = await _first(gen)  # errors before any output get a real status
+                firsts = [await choices.first(g) for g in gens]  # errors get a real status
                 record.first_token()
-                sse = _sse(gen, first, rid, body.model, chat, usage, ticket, record)
+                sse = choices.sse(gens, firsts, Chunks(rid, body.model, chat, fingerprint, usage),
+                                  usage, ticket, record)
                 if ticket is not None:  # a body never read settles when it is dropped
                     weakref.finalize(sse, ticket.abandon)
                 return Response(200, list(SSE_HEADERS), sse)
-            text, done = await _collect(gen, record)
+            results = await choices.collect_all(gens, record)
             if ticket is not None:
-                await ticket.settle(done.prompt_tokens + done.completion_tokens)
+                await ticket.settle(choices.charged(ticket, gens, None))
         except BaseException as e:
-            record.finish(None, gen.tokens if gen is not None else 0, "error")
+            record.finish(None, sum(g.tokens for g in gens), "error")
+            await choices.close_all(gens)
             if ticket is not None:
-                await ticket.settle(used_by(ticket, gen, e))
+                await ticket.settle(choices.charged(ticket, gens, e))
             if not isinstance(e, WorkerError):
                 raise
             if e.code == "context_length_exceeded":  # OpenAI names the input
                 raise ApiError(e.code, e.status, str(e), "messages" if chat else "prompt"
                                ) from None
             raise
-        base = {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": body.model,
-                "usage": _usage(done.prompt_tokens, done.completion_tokens)}
-        if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
-                                                               "content": text}}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None}
-        choice["finish_reason"] = done.finish_reason
-        return json_response({**base, "choices": [choice]})
+        return json_response(_completion(rid, body.model, chat, fingerprint, results))
+
+    def _reserved(self, max_tokens: int | None, n: int) -> int | None:
+        """What `n` choices of up to `max_tokens` each reserve of a token budget."""
+        if n == 1 or self.budgets is None:
+            return max_tokens
+        return n * (max_tokens or self.budgets.settings.default_max_tokens)
 
     # -- embeddings and rerank ------------------------------------------------------------
     async def embeddings(self, body: EmbeddingsBody, ctx: Context | None = None) -> Response:
@@ -243,6 +252,7 @@ class OpenAIApi:
                            param="encoding_format")
         inputs = [body.input] if isinstance(body.input, str) else body.input
         record = UsageRecord(ctx, "embeddings", body.model)
+        record.usage.user = body.user
         ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
         out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs))
         record.counted(out["tokens"])
@@ -281,103 +291,66 @@ class OpenAIApi:
                               "results": results, "usage": {"total_tokens": out["tokens"]}})
 
 
-def _decode[T](body: bytes, kind: type[T]) -> T:
-    """Raises `ApiError` (400) naming the bad field, as OpenAI does."""
+def _decode[T: msgspec.Struct](body: bytes, kind: type[T]) -> T:
+    """Raises `ApiError` (400) naming the bad field, as OpenAI does, also for a
+    field OpenAI defines that this PoP refuses (`check_fields`)."""
     if not body:
         raise ApiError("invalid_request", 400, "the request body must be a JSON object")
+    check_fields(body, kind)
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
-        raise ApiError("invalid_value", 400, f"invalid request: {e}", _param(str(e))) from None
+        raise validation_error(str(e)) from None
     except msgspec.DecodeError as e:
         raise ApiError("invalid_json", 400, f"the request body is not valid JSON: {e}") from None
 
 
-def _param(error: str) -> str | None:
-    """The field a msgspec validation error is about: ``... - at `$.messages` ``,
-    or a missing top-level field, ``Object missing required field `messages` ``."""
-    if "`$." in error:
-        return error.rsplit("`$.", 1)[-1].rstrip("`")
-    missing = re.fullmatch(r"Object missing required field `([^`]+)`", error)
-    return missing[1] if missing else None
-
-
 def _sampling(body: _Sampling) -> dict[str, Any]:
-    if body.n != 1:
-        raise ApiError("invalid_request", 400, "only n=1 is supported", param="n")
+    """The worker's sampling parameters of `body`. Raises `ApiError` (400) naming
+    the first one out of range."""
     params: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p,
                               "seed": body.seed}
     if body.top_k is not None:
         params["top_k"] = body.top_k
-    max_tokens = body.max_completion_tokens or body.max_tokens
+    name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None \
+        else body.max_tokens
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
     params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if len(params["stop"]) > MAX_STOPS:
-        raise ApiError("invalid_request", 400, f"'stop' takes at most {MAX_STOPS} sequences, "
-                       f"got {len(params['stop'])}", param="stop")
+    check_sampling(body.n, body.temperature, body.top_p, max_tokens, name, len(params["stop"]))
     return params
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+def _one_prompt(prompt: str | list[str]) -> str:
+    """Raises `ApiError` (400) for more than one prompt."""
+    if isinstance(prompt, str):
+        return prompt
+    if len(prompt) != 1:
+        raise ApiError("invalid_request", 400, "only one prompt per request is supported",
+                       param="prompt")
+    return prompt[0]
+
+
+def _completion(rid: str, model: str, chat: bool, fingerprint: str | None,
+                results: list[tuple[str, Done]]) -> dict[str, Any]:
+    """The response body of a completion with `results` as its choices."""
+    out: list[dict[str, Any]] = []
+    for i, (text, done) in enumerate(results):
+        choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text}
+                                  } if chat else {"index": i, "text": text, "logprobs": None}
+        choice["finish_reason"] = done.finish_reason
+        out.append(choice)
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "system_fingerprint": fingerprint,
+            "choices": out, "usage": choices.usage(choices.merged([d for _, d in results]))}
+
+
+def _model(m: dict[str, Any]) -> dict[str, Any]:
+    return {"id": m["id"], "object": "model", "created": m["created"], "owned_by": "edgefn",
+            "kind": m["kind"], "engine": m["engine"], "parent": m.get("parent"),
+            "root": m.get("parent") or m["id"]}
 
 
 def _b64_floats(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-
-
-async def _collect(gen: Generation, record: UsageRecord) -> tuple[str, Done]:
-    """`Generation.collect`, noting when the first chunk came. Raises `WorkerError`."""
-    parts = []
-    async for chunk in gen:
-        record.first_token()
-        parts.append(chunk)
-    done = gen.done
-    assert done is not None
-    record.finish(done)
-    return "".join(parts) or done.text, done
-
-
-async def _first(gen: Generation) -> str | None:
-    """The first chunk, or None if the generation ended without output. Raises
-    `WorkerError` (so the client gets a proper status before the stream starts)."""
-    try:
-        return await anext(gen)
-    except StopAsyncIteration:
-        return None
-    except BaseException:
-        await gen.aclose()
-        raise
-
-
-async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: bool,
-               include_usage: bool, ticket: Ticket | None = None,
-               record: UsageRecord | None = None) -> AsyncIterator[bytes]:
-    """The SSE body. A failure mid-stream becomes an ``error`` event (the status
-    line has gone already); a client that goes away cancels the generation. Its
-    end settles `ticket`."""
-    chunks = Chunks(rid, model, chat)
-    try:
-        for opening in chunks.opening():
-            yield opening
-        if first is not None:
-            yield chunks.chunk(first)
-            async for text in gen:
-                yield chunks.chunk(text)
-        done = gen.done
-        assert done is not None
-        yield chunks.closing(done.finish_reason)
-        if include_usage:
-            yield chunks.usage(_usage(done.prompt_tokens, done.completion_tokens))
-        yield DONE
-    except WorkerError as e:
-        yield event({"error": {"message": str(e), "type": "server_error", "param": None,
-                                "code": e.code}})
-    finally:
-        if record is not None:
-            record.finish(gen.done, gen.tokens)
-        if ticket is not None:
-            await ticket.settle(used_by(ticket, gen, None))
-        await gen.aclose()

@@ -32,6 +32,7 @@ class AIUsage(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     temperature: float | None = None  # as asked (generation calls)
     max_tokens: int | None = None  # as asked, when the request set a limit
     prompt: str | None = None  # only with `[events] prompts = true`, PII-scrubbed, truncated
+    user: str | None = None  # the request's `user` (or `safety_identifier`): blank with redact
 
 
 # gc=False: a ring holds thousands of events; they never form reference cycles, so the

@@ -38,8 +38,9 @@ class Redactor:
     def __init__(self, fields: Iterable[str]) -> None:
         names = set(fields)
         self.prompt = "prompt" in names
+        self.user = "user" in names  # an AI call's end user (`AIUsage.user`)
         self.changes: dict[str, Any] = {}
-        for name in names - {"prompt"}:
+        for name in names - {"prompt", "user"}:
             self.changes[name] = {} if name == "decisions" else (
                 None if name in ("tenant", "key_id", "subject", "agent") else MASK)
 
@@ -48,4 +49,6 @@ class Redactor:
             event = msgspec.structs.replace(event, **self.changes)
         if self.prompt and event.ai is not None and event.ai.prompt is not None:
             event.ai = msgspec.structs.replace(event.ai, prompt=MASK)
+        if self.user and event.ai is not None and event.ai.user is not None:
+            event.ai = msgspec.structs.replace(event.ai, user=MASK)
         return event

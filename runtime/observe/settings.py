@@ -10,7 +10,7 @@ from msgspec import Meta, Struct
 
 # Event fields an operator may blank out (`[events] redact`): who called and what they asked.
 Redactable = Literal["query", "client", "host", "path", "tenant", "key_id", "subject", "agent",
-                     "decisions", "prompt"]
+                     "decisions", "prompt", "user"]
 Path = Annotated[str, Meta(pattern=r"^(/[!-~]*)?$", max_length=256)]  # "" : off
 
 

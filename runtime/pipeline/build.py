@@ -65,13 +65,18 @@ def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
 
 
 def _targets(pop: PoP) -> Targets:
-    builtin: dict[bytes, Target] = {}
-    if pop.ai is not None and any(isinstance(s, c.OpenAIStage) for s in pop.config.pipeline):
-        from runtime.ai.openai_api import PATHS, OpenAITarget
+    """With an ``openai`` stage, ``/v1/`` paths no function serves are the OpenAI
+    API's (its 404 in OpenAI's shape; with no model worker, its "API is off");
+    with a worker, its endpoints and ``/v1/models/{id}`` come before functions."""
+    if not any(isinstance(s, c.OpenAIStage) for s in pop.config.pipeline):
+        return Targets(pop.registry)
+    from runtime.ai.openai_api import MODELS, PATHS, PREFIX, OpenAITarget
 
-        target = OpenAITarget()
-        builtin = dict.fromkeys(PATHS, target)
-    return Targets(pop.registry, builtin)
+    target = OpenAITarget()
+    if pop.ai is None:
+        return Targets(pop.registry, after=((PREFIX, target),))
+    builtin: dict[bytes, Target] = dict.fromkeys(PATHS, target)
+    return Targets(pop.registry, builtin, ((MODELS, target),), ((PREFIX, target),))
 
 
 def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
@@ -110,6 +115,10 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             return Route(targets)
         case c.AuthStage():
             return _auth(pop, targets)
+        case c.CorsStage():
+            from runtime.pipeline.stages.cors import Cors
+
+            return Cors(cfg)
         case c.WafStage():
             from runtime.pipeline.stages.waf import Waf
 
@@ -151,12 +160,14 @@ def _http_cache(pop: PoP, targets: Targets) -> Stage | None:
     return HttpCacheStage(pop.http_cache, targets, pop.stores.cache_stats)
 
 
-def _openai(pop: PoP, targets: Targets) -> Stage | None:
-    if pop.ai is None:
-        log.info("stage openai: inactive, this PoP runs no model worker")
-        return None
-    from runtime.ai.openai_api import OpenAIApi
+def _openai(pop: PoP, targets: Targets) -> Stage:
     from runtime.pipeline.stages.openai import OpenAI
+
+    if pop.ai is None:
+        log.info("stage openai: /v1/ answers that the API is off, this PoP runs no model "
+                 "worker")
+        return OpenAI(None, targets)
+    from runtime.ai.openai_api import OpenAIApi
 
     return OpenAI(OpenAIApi(pop.ai, pop.stores.budgets), targets)
 

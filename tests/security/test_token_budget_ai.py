@@ -35,7 +35,7 @@ EMBED = "all-minilm-l6-v2"
 HELLO = [{"role": "user", "content": "Say hello."}]
 TENANTS = {"refund": {"tpm": 10_000}, "crowd": {"tpm": 600}, "streams": {"max_streams": 2},
            "cut": {"tpm": 10_000}, "bad": {"tpm": 5_000}, "count": {"tpm": 100_000},
-           "fn-team": {"tpm": 300}}
+           "fn-team": {"tpm": 300}, "choices": {"tpm": 100}}
 AI_C = EXAMPLES / "ai-c"
 
 
@@ -146,6 +146,25 @@ def test_a_short_answer_is_refunded_what_it_did_not_use(pop: Running) -> None:
     held, usage = on_pop(pop, main())
     assert usage["completion_tokens"] < 20  # short: the stop sequence ended it
     assert held == usage["total_tokens"]  # 400 - completion refunded, to the token
+
+
+def test_n_choices_reserve_n_times_max_tokens_and_pay_the_prompt_once(pop: Running) -> None:
+    def asking(n: int) -> dict[str, Any]:
+        return {"model": CHAT, "messages": HELLO, "max_tokens": 40, "n": n, "temperature": 0}
+
+    async def main() -> tuple[Response, Response, int]:
+        three = await post(pop, "choices", b"/v1/chat/completions", asking(3))
+        two = await post(pop, "choices", b"/v1/chat/completions", asking(2))
+        return three, two, used(pop, "choices")
+
+    three, two, held = on_pop(pop, main())
+    # 3 x 40 and the prompt can never fit 100 a minute; 2 x 40 and the prompt can
+    err = msgspec.json.decode(three.body)["error"]
+    assert (three.status, err["code"]) == (400, "token_budget") and "reserves 13" in err[
+        "message"], err
+    assert two.status == 200, two.body
+    usage = msgspec.json.decode(two.body)["usage"]
+    assert held == usage["total_tokens"] and usage["completion_tokens"] > 40 // 2
 
 
 def test_a_stream_cut_short_is_charged_what_it_could_have_used(pop: Running) -> None:

@@ -17,6 +17,7 @@ class Generated:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    fingerprint: str | None = None  # the system_fingerprint of the build that answered
 
     @property
     def text(self) -> str:

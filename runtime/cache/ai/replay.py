@@ -34,12 +34,13 @@ def completion(r: Generated, model: str, chat: bool) -> dict[str, Any]:
         choice = {"index": 0, "text": r.text, "logprobs": None}
     choice["finish_reason"] = r.finish_reason
     return {"id": _rid(chat), "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice], "usage": usage(r)}
+            "created": int(time.time()), "model": model, "system_fingerprint": r.fingerprint,
+            "choices": [choice], "usage": usage(r)}
 
 
 def sse(r: Generated, model: str, chat: bool, include_usage: bool) -> bytes:
     """The whole SSE body of a streamed request, ending in ``data: [DONE]``."""
-    chunks = Chunks(_rid(chat), model, chat)
+    chunks = Chunks(_rid(chat), model, chat, r.fingerprint, include_usage)
     out = chunks.opening()
     out += [chunks.chunk(c) for c in r.chunks]
     out.append(chunks.closing(r.finish_reason))

@@ -36,6 +36,7 @@ from runtime.ai.openai_api import (
     EmbeddingsBody,
     OpenAITarget,
 )
+from runtime.ai.openai_fields import refusal
 from runtime.cache.ai import control, replay
 from runtime.cache.ai.cache import AICache, Lookup
 from runtime.cache.ai.entry import Embedded, Generated, Result
@@ -154,6 +155,8 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
         b = msgspec.json.decode(body, type=BODIES[kind])
     except msgspec.MsgspecError:
         return None
+    if refusal(body, BODIES[kind]) is not None:  # a field the API refuses: never a hit
+        return None
     if who is not None and not who.allows("model", b.model):
         return None  # the caller gets its 403 from the API, never a cached answer
     tenant = who.tenant if who is not None else ""
@@ -217,7 +220,8 @@ def _parsed(asked: Asked, body: bytes) -> Result | None:
         choice, usage = data["choices"][0], data["usage"]
         text = choice["message"]["content"] if asked.call.kind == "chat" else choice["text"]
         return Generated((str(text),), str(choice["finish_reason"]),
-                         int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+                         int(usage["prompt_tokens"]), int(usage["completion_tokens"]),
+                         data.get("system_fingerprint"))
     except (msgspec.MsgspecError, KeyError, IndexError, TypeError, ValueError):
         return None
 
@@ -237,6 +241,7 @@ class _Stream:
         self.chunks: list[str] = []
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.fingerprint: str | None = None
         self.done = False
         self.failed = False
 
@@ -259,6 +264,7 @@ class _Stream:
         if "error" in data:
             self.failed = True
             return True
+        self.fingerprint = data.get("system_fingerprint")
         choices = data["choices"]
         if not choices:
             self.usage = data.get("usage")
@@ -278,5 +284,5 @@ class _Stream:
         if not self.done or self.failed or self.finish is None or self.usage is None:
             return None
         return Generated(tuple(self.chunks), self.finish, int(self.usage["prompt_tokens"]),
-                         int(self.usage["completion_tokens"]))
+                         int(self.usage["completion_tokens"]), self.fingerprint)
 

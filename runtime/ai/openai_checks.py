@@ -1,0 +1,66 @@
+"""Values of an OpenAI request checked before the worker sees them, each refusal
+a 400 whose ``param`` names the field: chat messages (``messages[1].role``) and
+the sampling parameters' ranges (OpenAI's own ranges)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgefn_core.errors import ApiError
+from runtime.ai.openai_fields import MAX_N, MAX_STOPS
+
+# OpenAI's roles; "tool" needs tool calling and "function" is its deprecated form
+ROLES = frozenset({"system", "developer", "user", "assistant"})
+_NEEDS_TOOLS = {"tool": "a 'tool' message answers a tool call, and this server does not call "
+                "tools", "function": "'function' messages are deprecated by OpenAI (use "
+                "'tool') and this server does not call functions"}
+
+
+def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES,
+                   roles_fields: frozenset[str] = frozenset()) -> None:
+    """Raises `ApiError` (400) naming the first bad message field: an empty list,
+    a role outside `roles`, a tool call field not in `roles_fields` (the tool
+    calls of an assistant message), content that is neither text nor a list of
+    parts."""
+    if not messages:
+        raise ApiError("invalid_request", 400, "'messages' must not be empty", "messages")
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in roles:
+            why = _NEEDS_TOOLS.get(role) if isinstance(role, str) else None
+            raise ApiError("invalid_value", 400, why or f"messages[{i}].role must be one of "
+                           f"{', '.join(sorted(roles))}; got {role!r}", f"messages[{i}].role")
+        for key in _TOOL_FIELDS:
+            if message.get(key) is not None and key not in roles_fields:
+                raise ApiError("unsupported_parameter", 400, f"messages[{i}].{key}: this "
+                               "server does not call tools", f"messages[{i}].{key}")
+        content = message.get("content")
+        if not isinstance(content, (str, list)) and not (role == "assistant" and content is None):
+            raise ApiError("invalid_value", 400, f"messages[{i}].content must be a string or "
+                           f"a list of content parts", f"messages[{i}].content")
+
+
+_TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")
+
+
+def _range(name: str, value: float | None, low: float, high: float, low_open: bool = False
+           ) -> None:
+    if value is None or (low < value <= high if low_open else low <= value <= high):
+        return
+    bound = "(" if low_open else "["
+    raise ApiError("invalid_value", 400, f"{name} must be in {bound}{low:g}, {high:g}], got "
+                   f"{value:g}", name)
+
+
+def check_sampling(n: int, temperature: float, top_p: float, max_tokens: int | None,
+                   max_tokens_name: str, stops: int) -> None:
+    """Raises `ApiError` (400) naming the first parameter out of OpenAI's range."""
+    _range("n", n, 1, MAX_N)
+    _range("temperature", temperature, 0, 2)
+    _range("top_p", top_p, 0, 1, low_open=True)
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError("invalid_value", 400, f"{max_tokens_name} must be at least 1, got "
+                       f"{max_tokens}", max_tokens_name)
+    if stops > MAX_STOPS:
+        raise ApiError("invalid_request", 400, f"'stop' takes at most {MAX_STOPS} sequences, "
+                       f"got {stops}", "stop")

@@ -1,0 +1,70 @@
+"""The OpenAI API's error shape, ``{"error": {"message", "type", "param", "code"}}``:
+the `type` each status gets, and the `param` a validation message is about.
+
+Types follow OpenAI's own API: 401 ``authentication_error``, 403
+``permission_error``, 429 ``rate_limit_error``, 5xx ``server_error``, and every
+other 4xx (400, 404, 405, 413, 415, 422) ``invalid_request_error`` -- OpenAI
+answers an unknown model (404 ``model_not_found``) and an unknown URL with
+``invalid_request_error`` too; clients pick their exception by status
+(``openai.NotFoundError``), not by type.
+"""
+
+from __future__ import annotations
+
+import re
+
+from edgefn_core.errors import ApiError
+from runtime.net.message import Response, json_response
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+# msgspec: ``Expected `str`, got `int` - at `$.messages[0].role` ``
+_AT = re.compile(r" - at `\$\.?([^`]*)`$")
+_MISSING = re.compile(r"Object missing required field `([^`]+)`")
+_UNKNOWN = re.compile(r"Object contains unknown field `([^`]+)`")
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP `status`."""
+    if status in _TYPES:
+        return _TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "server_error"
+
+
+def error_response(status: int, message: str, code: str | None = None,
+                   param: str | None = None) -> Response:
+    return json_response({"error": {"message": message, "type": error_type(status),
+                                    "param": param, "code": code}}, status)
+
+
+def param_of(error: str) -> str | None:
+    """The field a msgspec validation error is about, as OpenAI names it:
+    ``messages[0].role`` for ``... - at `$.messages[0].role` ``, and a missing
+    or unknown field joined to where it was missing (``messages[1].content``)."""
+    at = _AT.search(error)
+    where = at[1] if at else ""
+    named = _MISSING.match(error) or _UNKNOWN.match(error)
+    if named is not None:
+        return f"{where}.{named[1]}" if where else named[1]
+    return where or None
+
+
+def validation_error(error: str) -> ApiError:
+    """The 400 for a msgspec validation `error` of a request body; an unknown
+    top-level field reads as OpenAI's ``Unrecognized request argument supplied``."""
+    param = param_of(error)
+    unknown = _UNKNOWN.match(error)
+    if unknown is not None and param == unknown[1]:
+        return ApiError("unrecognized_argument", 400,
+                        f"Unrecognized request argument supplied: {param}", param)
+    return ApiError("invalid_value", 400, f"invalid request: {error}", param)
+
+
+def unknown_url(method: str, path: str) -> ApiError:
+    """OpenAI's answer to a path it does not serve (404)."""
+    return ApiError("unknown_url", 404, f"Invalid URL ({method} {path})")
+
+
+def api_off(method: str, path: str) -> ApiError:
+    """The 404 of a PoP that runs no model worker (``--no-ai``, ``[ai] enabled = false``)."""
+    return ApiError("api_disabled", 404, f"the OpenAI API is off on this PoP ([ai] enabled = "
+                    f"false or --no-ai): {method} {path}")

@@ -1,0 +1,92 @@
+"""Which request fields the OpenAI API honours and which it refuses: nothing a
+client sends is silently ignored.
+
+A field is *honoured* when the endpoint's body struct declares it (its
+``__struct_fields__``; adding a field there honours it). A field OpenAI defines
+that this PoP does not implement is *refused* -- a 400 whose ``param`` names
+it -- unless its value asks for nothing (``"logprobs": false``,
+``"tools": []``, ``"presence_penalty": 0``: what OpenAI does by default, which
+some clients send explicitly). Any other field is OpenAI's 400
+``Unrecognized request argument supplied``.
+
+The same checks name the field of a bad message (``messages[2].role``) and of
+a sampling parameter out of range, before the request reaches the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from edgefn_core.errors import ApiError
+
+MAX_N = 8  # choices per request; each is a sequence slot of the model's batch
+MAX_STOPS = 4  # as OpenAI's API
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])  # top-level fields, values left raw
+
+
+def _none(v: Any) -> bool:
+    return v is None
+
+
+def _falsy(v: Any) -> bool:
+    return v is None or v is False or v == [] or v == {}
+
+
+def _zero(v: Any) -> bool:
+    return v is None or v == 0
+
+
+# OpenAI's fields this PoP does not implement, with the values that ask for nothing.
+_INERT: dict[str, Callable[[Any], bool]] = {
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "tools": _falsy, "tool_choice": lambda v: v in (None, "none"), "parallel_tool_calls": _none,
+    "functions": _falsy, "function_call": lambda v: v in (None, "none"),
+    "logprobs": _falsy, "top_logprobs": _zero,
+    "presence_penalty": _zero, "frequency_penalty": _zero, "logit_bias": _falsy,
+    "audio": _none, "modalities": lambda v: v is None or v == ["text"], "prediction": _none,
+    "reasoning_effort": _none, "verbosity": _none, "web_search_options": _none,
+    "moderation": _none, "store": _falsy, "metadata": _falsy,
+    "service_tier": lambda v: v in (None, "auto", "default"),  # one tier here
+    "prompt_cache_key": _none, "prompt_cache_retention": _none, "prompt_cache_options": _none,
+    "best_of": lambda v: v in (None, 1), "echo": _falsy, "suffix": _none,
+    "dimensions": _none,  # embeddings: the model's own size only
+}
+_WHY = {"tools": "tool calling", "tool_choice": "tool calling", "response_format":
+        "structured output", "logprobs": "log probabilities", "top_logprobs":
+        "log probabilities", "functions": "function calling (deprecated by OpenAI: use tools)",
+        "function_call": "function calling (deprecated by OpenAI: use tools)"}
+
+
+def check_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
+    """Raises `ApiError` (400, ``param`` the field) for a field of `body` that
+    `kind` does not declare and that asks for something. A body that is not a
+    JSON object is left to the typed decode to refuse."""
+    try:
+        fields = _KEYS.decode(body)
+    except msgspec.MsgspecError:
+        return
+    honoured = kind.__struct_fields__
+    for name, raw in fields.items():
+        if name in honoured:
+            continue
+        inert = _INERT.get(name)
+        if inert is None:
+            raise ApiError("unrecognized_argument", 400,
+                           f"Unrecognized request argument supplied: {name}", name)
+        if not inert(msgspec.json.decode(raw)):
+            what = _WHY.get(name, name)
+            raise ApiError("unsupported_parameter", 400, f"{name!r} is not supported by this "
+                           f"server ({what}); leave it out or set it to null", name)
+
+
+def refusal(body: bytes, kind: type[msgspec.Struct]) -> ApiError | None:
+    """`check_fields`'s refusal of `body`, or None (for the caches: never answer a
+    request the API would refuse)."""
+    try:
+        check_fields(body, kind)
+    except ApiError as e:
+        return e
+    return None
