@@ -30,6 +30,8 @@ import msgspec
 from edgefn_core.errors import ApiError, EdgefnError, WorkerError
 from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
+from runtime.ai import structured
+from runtime.ai.choices import ChoiceStream, choice
 from runtime.ai.service import AIService
 from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
@@ -70,14 +72,24 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
 
 
 class ChatBody(_Sampling, kw_only=True):
     messages: list[dict[str, Any]]
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class CompletionBody(_Sampling, kw_only=True):
     prompt: str | list[str]
+    logprobs: int | None = None
 
 
 class EmbeddingsBody(msgspec.Struct):
@@ -208,7 +220,7 @@ class OpenAIApi:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
                 record.first_token()
-                sse = _sse(gen, first, rid, body.model, chat, usage, ticket, record)
+                sse = _sse(gen, first, rid, body.model, chat, usage, ticket, record, params)
                 if ticket is not None:  # a body never read settles when it is dropped
                     weakref.finalize(sse, ticket.abandon)
                 return Response(200, list(SSE_HEADERS), sse)
@@ -221,6 +233,8 @@ class OpenAIApi:
                 await ticket.settle(used_by(ticket, gen, e))
             if not isinstance(e, WorkerError):
                 raise
+            if (param := structured.param_of(e)) is not None:
+                raise ApiError(e.code, e.status, str(e), param) from None
             if e.code == "context_length_exceeded":  # OpenAI names the input
                 raise ApiError(e.code, e.status, str(e), "messages" if chat else "prompt"
                                ) from None
@@ -228,13 +242,8 @@ class OpenAIApi:
         base = {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": body.model,
                 "usage": _usage(done.prompt_tokens, done.completion_tokens)}
-        if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
-                                                               "content": text}}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None}
-        choice["finish_reason"] = done.finish_reason
-        return json_response({**base, "choices": [choice]})
+        return json_response({**base, "choices": [
+            choice(chat, params, text, done.finish_reason, gen.logprobs)]})
 
     # -- embeddings and rerank ------------------------------------------------------------
     async def embeddings(self, body: EmbeddingsBody, ctx: Context | None = None) -> Response:
@@ -316,7 +325,7 @@ def _sampling(body: _Sampling) -> dict[str, Any]:
     if len(params["stop"]) > MAX_STOPS:
         raise ApiError("invalid_request", 400, f"'stop' takes at most {MAX_STOPS} sequences, "
                        f"got {len(params['stop'])}", param="stop")
-    return params
+    return params | structured.params_of(body)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -354,21 +363,27 @@ async def _first(gen: Generation) -> str | None:
 
 async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: bool,
                include_usage: bool, ticket: Ticket | None = None,
-               record: UsageRecord | None = None) -> AsyncIterator[bytes]:
+               record: UsageRecord | None = None, params: dict[str, Any] | None = None
+               ) -> AsyncIterator[bytes]:
     """The SSE body. A failure mid-stream becomes an ``error`` event (the status
     line has gone already); a client that goes away cancels the generation. Its
     end settles `ticket`."""
     chunks = Chunks(rid, model, chat)
+    shape = ChoiceStream(chunks, params or {})
     try:
         for opening in chunks.opening():
             yield opening
         if first is not None:
-            yield chunks.chunk(first)
+            for out in _shaped(shape, chunks, first, gen):
+                yield out
             async for text in gen:
-                yield chunks.chunk(text)
+                for out in _shaped(shape, chunks, text, gen):
+                    yield out
+        for out in shape.end():
+            yield out
         done = gen.done
         assert done is not None
-        yield chunks.closing(done.finish_reason)
+        yield chunks.closing(shape.finish(done.finish_reason))
         if include_usage:
             yield chunks.usage(_usage(done.prompt_tokens, done.completion_tokens))
         yield DONE
@@ -381,3 +396,8 @@ async def _sse(gen: Generation, first: str | None, rid: str, model: str, chat: b
         if ticket is not None:
             await ticket.settle(used_by(ticket, gen, None))
         await gen.aclose()
+
+
+def _shaped(shape: ChoiceStream, chunks: Chunks, text: str, gen: Generation) -> list[bytes]:
+    """The chunks for `text`: plain ones unless tools or logprobs shape them."""
+    return [chunks.chunk(text)] if shape.plain() else shape.events(text, gen)

@@ -32,7 +32,8 @@ class FakeModel:
         self.freed: list[Any] = []
         self.adapters: list[str] = []
 
-    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int) -> Any:
+    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int,
+                shaping: Any = None) -> Any:
         self.made.append(object())
         return self.made[-1]
 
