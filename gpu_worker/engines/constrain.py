@@ -33,6 +33,9 @@ ENFORCED = frozenset({"type", "properties", "required", "additionalProperties", 
                       "$defs", "definitions", "pattern", "format", "minLength", "maxLength"})
 FORMATS = frozenset(name.removesuffix("-string") for name in STRING_FORMAT_RULES) | {
     "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
+# the converter follows these and ignores the other keywords beside them
+EXCLUSIVE = ("$ref", "anyOf")
+BESIDE_EXCLUSIVE = ANNOTATIONS | {"$defs", "definitions", "type"}
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 # a plain answer next to tool calls: anything that does not open a call
 FREE_TEXT = 'text ::= [^<] [^\\x00]*'
@@ -57,6 +60,11 @@ def _check_keyword(schema: dict[str, Any], key: str, value: Any, where: str) -> 
     types = value if isinstance(value, list) else [value]
     if key == "type" and not all(t in TYPES for t in types):
         raise _unsupported(f"{where}.type", f"unknown type {value!r}")
+    ignored = sorted(set(schema) - (BESIDE_EXCLUSIVE if key in EXCLUSIVE else ANNOTATIONS)
+                     - {key})
+    if (key in EXCLUSIVE or (key == "type" and isinstance(value, list))) and ignored:
+        raise _unsupported(f"{where}.{ignored[0]}", f"{ignored[0]} beside {key} (a list of "
+                           "types, $ref and anyOf take no other constraints; use anyOf)")
     if key == "format" and value not in FORMATS:
         raise _unsupported(f"{where}.format", f"format {value!r} is not supported; "
                            "supported: " + ", ".join(sorted(FORMATS)))

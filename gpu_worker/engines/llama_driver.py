@@ -158,7 +158,11 @@ class Driver:
     def _iterate(self) -> None:
         """Admit what fits, then one decode call per adapter group."""
         for s in self.sched.admit():
-            s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed, s.shaping)
+            try:
+                s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed, s.shaping)
+            except EngineError as e:  # e.g. a grammar llama.cpp refuses: this request only
+                self.sched.release(s)
+                self._send(s.sink.error, e.code, str(e), e.status)
         groups = self.sched.groups()
         if not groups:  # sequences paused for credit still hold their slots
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))

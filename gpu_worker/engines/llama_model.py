@@ -187,7 +187,7 @@ class LlamaModel:
                 self.n_vocab, len(shaping.logit_bias), bias))
         if shaping.presence_penalty or shaping.frequency_penalty:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_penalties(
-                shaping.penalty_window, 1.0, shaping.frequency_penalty,
+                self.n_vocab, shaping.penalty_window, 1.0, shaping.frequency_penalty,
                 shaping.presence_penalty))
 
     def _grammar(self, grammar: str) -> Any:
