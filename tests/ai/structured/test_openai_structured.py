@@ -229,3 +229,24 @@ def test_bad_inputs_are_400_with_param(client: openai.OpenAI, fields: dict[str, 
     body: Any = e.value.body
     assert e.value.status_code == 400 and body["param"] == param
     assert body["type"] == "invalid_request_error" and body["message"]
+
+
+AGENT = Path(__file__).resolve().parents[3] / "functions" / "examples" / "agent-py"
+
+
+def test_agent_example_calls_a_tool_and_answers_with_its_result(pop: Running) -> None:
+    pop.admin.deploy(AGENT)
+    facts = {"capital_of_norway": "Oslo", "boiling_point_of_water": "100 degrees Celsius"}
+    status, _, _ = pop.request("POST", "/agent-py/facts", json.dumps(facts).encode(),
+                               timeout=60)
+    assert status == 201
+    status, _, body = pop.request("GET", "/agent-py?q=What+is+the+capital+of+Norway%3F",
+                                  timeout=300)
+    out = json.loads(body)
+    assert status == 200, out
+    [call] = out["calls"]  # the grammar allows exactly one call, naming a stored key
+    key = json.loads(call["function"]["arguments"])["key"]
+    assert call["function"]["name"] == "lookup" and key in facts
+    assert out["results"] == [{"key": key, "value": facts[key]}]
+    assert out["answer"]  # the second turn saw the tool's result and answered in text
+
