@@ -250,3 +250,19 @@ def test_agent_example_calls_a_tool_and_answers_with_its_result(pop: Running) ->
     assert out["results"] == [{"key": key, "value": facts[key]}]
     assert out["answer"]  # the second turn saw the tool's result and answered in text
 
+
+
+def test_langchain_structured_output_and_bound_tools(pop: Running) -> None:
+    from langchain_core.messages import AIMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=CHAT, base_url=f"http://{pop.host}:{pop.port}/v1", api_key="unused",
+                     temperature=0, max_tokens=60, max_retries=0, timeout=300)
+    person = llm.with_structured_output(Person, method="json_schema", strict=True).invoke(
+        "Invent a person with a name and an age.")
+    assert isinstance(person, Person) and person.name
+    reply = llm.bind_tools(TOOLS, tool_choice="get_weather",
+                           parallel_tool_calls=False).invoke("What is the weather in Oslo?")
+    assert isinstance(reply, AIMessage) and [c["name"] for c in reply.tool_calls] == [
+        "get_weather"]
+    jsonschema.validate(reply.tool_calls[0]["args"], PARAMS["get_weather"])
