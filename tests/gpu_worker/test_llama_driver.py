@@ -132,6 +132,7 @@ def test_a_sampler_the_model_refuses_fails_only_its_request() -> None:
                                       "llama.cpp refused the grammar", 400)
         assert await good.result() == ("done", "length", 3, 2)
         assert r.sched.reserved == 0 and not r.sched.running and len(r.sched.free_slots) == 4
+        assert len({item[2] for _, items in r.lm.decodes for item in items}) == 1  # good's
         r.close()
 
     asyncio.run(go())

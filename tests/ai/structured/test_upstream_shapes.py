@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from gpu_worker.engines.upstream import _generate_body, _Progress
-from gpu_worker.protocol import Generate
+from gpu_worker.protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Generate
 from runtime.ai.tool_calls import CallReader, message
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather"}}]
@@ -43,9 +43,12 @@ def test_streamed_upstream_tool_calls_read_back_as_calls() -> None:
               chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
                                      "function": {"name": "now", "arguments": "{}"}}]}),
               chunk({}, "tool_calls")]
-    progress, reader, pieces = _Progress(), CallReader(), []
+    progress, reader, pieces, text = _Progress(), CallReader(), [], ""
     for obj in stream:
-        pieces += reader.feed(progress.read(obj))
+        part = progress.read(obj)
+        text += part
+        pieces += reader.feed(part)
+    assert text.endswith("}" + TOOL_CALL_CLOSE) and text.count(TOOL_CALL_OPEN) == 2
     msg = message(pieces + reader.end())
     assert progress.finish_reason == "tool_calls" and msg["content"] is None
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
