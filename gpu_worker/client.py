@@ -49,6 +49,7 @@ class Generation:
         self.finished = False
         self.unacked = 0
         self.tokens = 0
+        self.logprobs: list[p.TokenLogprob] = []  # of the chunks read so far (when asked)
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self
@@ -64,8 +65,10 @@ class Generation:
             raise WorkerError("timeout", 504,
                               f"no output from the model for {IDLE_TIMEOUT:.0f} s") from None
         match msg:
-            case p.Chunk(text=text, tokens=tokens):
+            case p.Chunk(text=text, tokens=tokens, logprobs=logprobs):
                 self.tokens += tokens
+                if logprobs:
+                    self.logprobs += logprobs
                 self.unacked += 1
                 if self.unacked >= max(1, self.window // 2):
                     self.client.send(p.Credit(self.rid, self.unacked))
@@ -74,6 +77,7 @@ class Generation:
             case p.Done():
                 self._end()
                 self.done = msg
+                self.logprobs += msg.logprobs or []
                 raise StopAsyncIteration
             case p.Error(code=code, message=message, status=status):
                 self._end()

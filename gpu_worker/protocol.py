@@ -25,6 +25,11 @@ from edgefn_core.frames import Framing
 
 MAX_FRAME = 64 * 1024 * 1024
 WINDOW = 64  # chunks a stream may run ahead of its reader
+# How a generation's text carries tool calls (every engine writes them so; the API turns
+# them into OpenAI's `tool_calls`): OPEN {"name": "<name>", "arguments": <JSON>} CLOSE,
+# several separated by a newline.
+TOOL_CALL_OPEN = "<tool_call>\n"
+TOOL_CALL_CLOSE = "\n</tool_call>"
 # the same length-prefixed frames as the isolate wire (edgefn_core.frames), big-endian
 FRAMING = Framing(">", MAX_FRAME)
 
@@ -48,6 +53,16 @@ class Generate(_Msg, tag="gen"):
     window: int = WINDOW
     # W3C traceparent of the request that asked (tracing on): the upstream engine forwards it
     traceparent: str | None = None
+    # OpenAI's shapes, checked by the API (runtime.ai.structured); the engine constrains
+    # decoding to them (llamacpp: a grammar) or passes them on (upstream)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool = True
+    logprobs: int | None = None  # top alternatives per token (0: only the chosen one)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = {}
 
 
 class Embed(_Msg, tag="embed"):
@@ -113,10 +128,20 @@ class Ping(_Msg, tag="ping"):
     payload: bytes = b""
 
 
+class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
+    """One generated token's log-probability and the `top` most likely tokens at
+    its step (as (bytes, logprob), most likely first)."""
+
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]] = []
+
+
 class Chunk(_Msg, tag="chunk"):
     id: int
     text: str
     tokens: int = 1
+    logprobs: list[TokenLogprob] | None = None  # the tokens behind `text` (when asked)
 
 
 class Done(_Msg, tag="done"):
@@ -125,6 +150,7 @@ class Done(_Msg, tag="done"):
     prompt_tokens: int
     completion_tokens: int
     text: str = ""  # the whole output when the request did not stream
+    logprobs: list[TokenLogprob] | None = None  # the whole output's, when it did not stream
 
 
 class Result(_Msg, tag="result"):

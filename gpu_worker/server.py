@@ -110,20 +110,24 @@ class ReplySink:
                  ) -> None:
         self.conn, self.rid, self.gid, self.engine, self.stream = conn, rid, gid, engine, stream
         self.parts: list[str] = []
+        self.logprobs: list[p.TokenLogprob] | None = None
         self.finished = False
 
-    def chunk(self, text: str, tokens: int) -> None:
+    def chunk(self, text: str, tokens: int, logprobs: list[p.TokenLogprob] | None = None
+              ) -> None:
         if self.finished:
             return
         if self.stream:
-            self.conn.send(p.Chunk(self.rid, text, tokens))
-        else:
-            self.parts.append(text)
+            self.conn.send(p.Chunk(self.rid, text, tokens, logprobs))
+            return
+        self.parts.append(text)
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or []) + logprobs
 
     def done(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
         if self._end():
             self.conn.send(p.Done(self.rid, finish_reason, prompt_tokens, completion_tokens,
-                                  "".join(self.parts)))
+                                  "".join(self.parts), self.logprobs))
 
     def error(self, code: str, message: str, status: int) -> None:
         if self._end():

@@ -222,11 +222,11 @@ def test_an_unknown_field_is_unrecognized(pop: Running) -> None:
     assert err["message"] == "Unrecognized request argument supplied: foo"
 
 
-def test_logprobs_is_refused_through_the_client_with_its_param(client: openai.OpenAI) -> None:
+def test_a_refused_field_is_named_to_the_client(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
-                                       logprobs=True, max_tokens=2)
-    assert (e.value.param, e.value.code) == ("logprobs", "unsupported_parameter")
+                                       reasoning_effort="low", max_tokens=2)
+    assert (e.value.param, e.value.code) == ("reasoning_effort", "unsupported_parameter")
 
 
 def test_a_wizard_message_is_refused_naming_its_role(client: openai.OpenAI) -> None:

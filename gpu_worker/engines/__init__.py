@@ -20,7 +20,7 @@ from edgefn_core.errors import EngineError
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..metrics import Metrics
-    from ..protocol import CountTokens, Generate
+    from ..protocol import CountTokens, Generate, TokenLogprob
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):
@@ -34,7 +34,8 @@ class ModelInfo(msgspec.Struct, omit_defaults=True):
 class Sink(Protocol):
     """Where one generation's output goes; methods are called on the event loop."""
 
-    def chunk(self, text: str, tokens: int) -> None: ...
+    def chunk(self, text: str, tokens: int, logprobs: list[TokenLogprob] | None = None
+              ) -> None: ...
 
     def done(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None: ...
 

@@ -23,12 +23,12 @@ import random
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..stops import StopText
 
 if TYPE_CHECKING:
-    from ..protocol import Generate
+    from ..protocol import Generate, TokenLogprob
     from . import Sink
 
 STEP_TOKENS = 512  # tokens per decode call (llama.cpp's n_batch)
@@ -36,11 +36,31 @@ STEP_TOKENS = 512  # tokens per decode call (llama.cpp's n_batch)
 Item = tuple[int, int, int, bool]  # (token, position, sequence slot, wants logits)
 
 
+class Shaping(NamedTuple):
+    """What a request asks of its sampler beyond temperature and top-k/top-p."""
+
+    grammar: str | None  # GBNF (`constrain.grammar_for`)
+    logit_bias: dict[int, float]
+    presence_penalty: float
+    frequency_penalty: float
+    penalty_window: int  # the last tokens penalties look at: all of the output
+
+
+def shaping_of(req: Generate, grammar: str | None) -> Shaping | None:
+    """`req`'s shaping, or None where it asks for none (the plain, cheaper chain)."""
+    if grammar is None and not req.logit_bias and not (req.presence_penalty
+                                                       or req.frequency_penalty):
+        return None
+    return Shaping(grammar, req.logit_bias, req.presence_penalty, req.frequency_penalty,
+                   req.max_tokens)
+
+
 class Seq:
     """One generation: its prompt, sampling parameters, KV slot and output state."""
 
     def __init__(self, req: Generate, sink: Sink, prompt: list[int],
-                 adapter: str | None = None, scale: float = 1.0) -> None:
+                 adapter: str | None = None, scale: float = 1.0,
+                 shaping: Shaping | None = None) -> None:
         self.rid = req.id
         self.sink = sink
         self.prompt = prompt
@@ -50,6 +70,9 @@ class Seq:
         self.temperature, self.top_p, self.top_k = req.temperature, req.top_p, req.top_k
         self.seed = req.seed if req.seed is not None else random.getrandbits(32)
         self.stop = StopText(req.stop)
+        self.shaping = shaping
+        self.logprobs = req.logprobs  # top alternatives per token; None: no logprobs
+        self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not sent yet
         self.credit = req.window  # chunks it may send before the client reads them
         self.slot = -1
         self.fed = 0  # prompt tokens decoded so far

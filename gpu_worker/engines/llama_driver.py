@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from edgefn_core.errors import EngineError
 
-from .batching import Item, Scheduler, Seq
+from .batching import Item, Scheduler, Seq, Shaping
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..metrics import Metrics
+    from ..protocol import TokenLogprob
 
 log = logging.getLogger("edgefn.gpu_worker.llamacpp")
 
@@ -32,7 +33,11 @@ log = logging.getLogger("edgefn.gpu_worker.llamacpp")
 class Model(Protocol):
     """What the driver needs of a model (`llama_model.LlamaModel` in production)."""
 
-    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int) -> Any: ...
+    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int,
+                shaping: Shaping | None = None) -> Any: ...
+
+    def logprob(self, index: int, token: int, top: int, bias: dict[int, float]
+                ) -> TokenLogprob: ...
 
     def free_sampler(self, sampler: Any) -> None: ...
 
@@ -153,7 +158,11 @@ class Driver:
     def _iterate(self) -> None:
         """Admit what fits, then one decode call per adapter group."""
         for s in self.sched.admit():
-            s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed)
+            try:
+                s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed, s.shaping)
+            except EngineError as e:  # e.g. a grammar llama.cpp refuses: this request only
+                self.sched.release(s)
+                self._send(s.sink.error, e.code, str(e), e.status)
         groups = self.sched.groups()
         if not groups:  # sequences paused for credit still hold their slots
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))
@@ -202,7 +211,11 @@ class Driver:
                 self._fail(s, f"llama_decode failed with status {rc}")
             return
         for s, index in step.outputs:
-            self._token(s, self.lm.sample(s.sampler, index))
+            token = self.lm.sample(s.sampler, index)
+            if s.logprobs is not None and not self.lm.is_eog(token):
+                bias = s.shaping.logit_bias if s.shaping is not None else {}
+                s.pending.append(self.lm.logprob(index, token, s.logprobs, bias))
+            self._token(s, token)
         self.metrics.step(len(self.sched.waiting), len(self.sched.running), took,
                           len(step.outputs))
 
@@ -220,9 +233,14 @@ class Driver:
             self._finish(s, reason)
 
     def _emit(self, s: Seq, text: str) -> None:
-        if text:
-            s.credit -= 1
+        if not text:
+            return
+        s.credit -= 1
+        if s.logprobs is None:
             self._send(s.sink.chunk, text, 1)
+        else:  # the logprobs of the tokens this text comes from
+            self._send(s.sink.chunk, text, 1, s.pending)
+            s.pending = []
 
     def _release(self, s: Seq) -> None:
         self.sched.release(s)

@@ -10,13 +10,19 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp as ll
+import numpy as np
 
 from edgefn_core.errors import EngineError
 
+from ..protocol import TokenLogprob
 from .llama_backends import load_backends
+from .llama_sampling import GrammarSampler
+
+if TYPE_CHECKING:
+    from .batching import Shaping
 
 _LOG_CB: Any = None
 
@@ -51,6 +57,7 @@ class LlamaModel:
         if not self.model:
             raise EngineError("invalid_config", 500, f"llama.cpp could not load {path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = ll.llama_model_n_ctx_train(self.model)
         cp = ll.llama_context_default_params()
         cp.n_ctx = n_ctx
@@ -156,25 +163,73 @@ class LlamaModel:
         """Drop sequence `seq`'s KV cache entries so its slot can be reused."""
         ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
-    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int) -> Any:
+    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int,
+                shaping: Shaping | None = None) -> Any:
+        """A sampler: `shaping`'s logit bias and penalties (over the whole
+        vocabulary, so they come first), then greedy or top-k/top-p/temperature
+        sampling; with a grammar, a `GrammarSampler` around that chain. Raises
+        `EngineError` for a grammar llama.cpp refuses."""
+        grammar = None
+        if shaping is not None and shaping.grammar is not None:
+            grammar = self._grammar(shaping.grammar)
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        if temperature <= 0:
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
-            return chain
-        if top_k > 0:  # before the softmax: sampling over 49k logits costs ~0.5 ms
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(top_k))
-        if top_p < 1.0:
-            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
-        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        return chain
+        if shaping is not None:
+            self._shape(chain, shaping)
+        _pick(chain, temperature, top_p, top_k, seed)
+        return chain if grammar is None else GrammarSampler(chain, grammar, self.n_vocab)
+
+    def _shape(self, chain: Any, shaping: Shaping) -> None:
+        if shaping.logit_bias:
+            bias = (ll.llama_logit_bias * len(shaping.logit_bias))()
+            for i, (token, value) in enumerate(shaping.logit_bias.items()):
+                bias[i].token, bias[i].bias = token, value  # type: ignore[assignment]
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_logit_bias(
+                self.n_vocab, len(shaping.logit_bias), bias))
+        if shaping.presence_penalty or shaping.frequency_penalty:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_penalties(
+                self.n_vocab, shaping.penalty_window, 1.0, shaping.frequency_penalty,
+                shaping.presence_penalty))
+
+    def _grammar(self, grammar: str) -> Any:
+        """Raises `EngineError` (400) if llama.cpp cannot parse `grammar`."""
+        sampler = ll.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not sampler:
+            raise EngineError("invalid_request", 400, "llama.cpp refused the grammar built "
+                              "for this request's response_format or tools")
+        return sampler
+
+    def check_grammar(self, grammar: str) -> None:
+        """Raises `EngineError` (400) if llama.cpp cannot parse `grammar`. Reads only
+        the vocabulary, so it may run beside the scheduler thread."""
+        ll.llama_sampler_free(self._grammar(grammar))
+
+    def logprob(self, index: int, token: int, top: int, bias: dict[int, float]
+                ) -> TokenLogprob:
+        """`token`'s log-probability at output row `index` and the `top` most likely
+        tokens there: a log-softmax over the whole vocabulary after `bias` (costs
+        ~0.3 ms a token, so only when asked)."""
+        ptr = ll.llama_get_logits_ith(self.ctx, index)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
+        for t, value in bias.items():
+            logits[t] += value
+        logits -= logits.max()
+        logits -= np.log(np.exp(logits).sum())
+        best = np.argpartition(-logits, top)[:top] if top else np.empty(0, dtype=np.int64)
+        best = best[np.argsort(-logits[best], kind="stable")]
+        return TokenLogprob(self.piece_bytes(token), float(logits[token]),
+                            [(self.piece_bytes(int(t)), float(logits[t])) for t in best])
 
     def sample(self, sampler: Any, index: int) -> int:
+        if isinstance(sampler, GrammarSampler):
+            return sampler.sample(self.ctx, index)
         return int(ll.llama_sampler_sample(sampler, self.ctx, index))
 
     @staticmethod
     def free_sampler(sampler: Any) -> None:
-        ll.llama_sampler_free(sampler)
+        if isinstance(sampler, GrammarSampler):
+            sampler.free()
+        else:
+            ll.llama_sampler_free(sampler)
 
     def close(self) -> None:
         if self.ctx:
@@ -187,6 +242,19 @@ class LlamaModel:
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+def _pick(chain: Any, temperature: float, top_p: float, top_k: int, seed: int) -> None:
+    """End `chain` with greedy or top-k/top-p/temperature sampling."""
+    if temperature <= 0:
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+        return
+    if top_k > 0:  # before the softmax: sampling over 49k logits costs ~0.5 ms
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(top_k))
+    if top_p < 1.0:
+        ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
 
 def _content_text(content: Any) -> str | None:

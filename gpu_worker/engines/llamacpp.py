@@ -31,17 +31,21 @@ from typing import TYPE_CHECKING
 from edgefn_core.errors import EngineError
 
 from ..models import converted, packaged_model
+from ..protocol import Generate
 from . import Engine, ModelInfo, Sink
-from .batching import Scheduler, Seq
+from .batching import Scheduler, Seq, shaping_of
+from .constrain import grammar_for
 from .llama_driver import Driver, LoadAdapter
 from .llama_model import LlamaModel
+from .tool_prompt import with_tools
 
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..metrics import Metrics
-    from ..protocol import CountTokens, Generate
+    from ..protocol import CountTokens
 
 MAX_STOPS = 4
+MAX_TOP_LOGPROBS = 20  # as OpenAI
 
 
 class LlamaEngine(Engine):
@@ -88,12 +92,17 @@ class LlamaEngine(Engine):
         adapter, an empty prompt or a prompt that does not fit the context."""
         assert self.lm is not None and self.driver is not None
         _check_params(req)
+        _check_shaping(req, self.lm.n_vocab)
         adapter = None if req.model == self.spec.name else req.model
         if adapter is not None and adapter not in self.loras:
             raise EngineError("model_not_found", 404, f"model {req.model!r} does not exist")
         prompt = self._tokenize(req)
+        grammar = grammar_for(req)
+        if grammar is not None:
+            self.lm.check_grammar(grammar)
         scale = self.loras[adapter][1] if adapter else 1.0
-        self.driver.mailbox.post_seq(Seq(req, sink, prompt, adapter, scale))
+        self.driver.mailbox.post_seq(Seq(req, sink, prompt, adapter, scale,
+                                         shaping_of(req, grammar)))
 
     def _tokenize(self, req: Generate) -> list[int]:
         """The prompt's tokens. Raises `EngineError` for an empty prompt, messages the
@@ -108,7 +117,10 @@ class LlamaEngine(Engine):
     def _prompt(self, req: Generate | CountTokens) -> list[int]:
         """Raises `EngineError` for an empty prompt or messages the template refuses."""
         assert self.lm is not None
-        text = self.lm.render_chat(req.messages) if req.messages is not None else req.prompt
+        text = req.prompt
+        if req.messages is not None:
+            tools = req.tools if isinstance(req, Generate) and req.tool_choice != "none" else None
+            text = self.lm.render_chat(with_tools(req.messages, tools))
         if not text:
             raise EngineError("invalid_request", 400, "the prompt is empty")
         return self.lm.tokenize(text)
@@ -180,3 +192,23 @@ def _check_params(req: Generate) -> None:
                           f"{len(req.stop)}")
     if req.window < 1:
         raise EngineError("invalid_request", 400, "window must be at least 1")
+
+
+def _check_shaping(req: Generate, n_vocab: int) -> None:
+    """Raises `EngineError` naming the first sampling field out of range: penalties
+    in [-2, 2], logit bias values in [-100, 100] on token ids the model has,
+    top logprobs in [0, 20]."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not -2 <= getattr(req, name) <= 2:
+            raise EngineError("invalid_request", 400, f"{name} must be between -2 and 2, "
+                              f"got {getattr(req, name)}")
+    for token, bias in req.logit_bias.items():
+        if not 0 <= token < n_vocab:
+            raise EngineError("invalid_request", 400, f"logit_bias: token {token} is not in "
+                              f"this model's vocabulary (0..{n_vocab - 1})")
+        if not -100 <= bias <= 100:
+            raise EngineError("invalid_request", 400, f"logit_bias: the bias of token {token} "
+                              f"must be between -100 and 100, got {bias}")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+        raise EngineError("invalid_request", 400, f"top_logprobs must be between 0 and "
+                          f"{MAX_TOP_LOGPROBS}, got {req.logprobs}")

@@ -44,12 +44,13 @@ import msgspec
 from edgefn_core.errors import EngineError
 
 from . import Engine, ModelInfo
+from .upstream_shapes import CallText, forwarded, token_logprobs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from ..config import ModelSpec
-    from ..protocol import Generate
+    from ..protocol import Generate, TokenLogprob
     from . import Sink
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,13 @@ class _Progress:
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.calls = CallText()
+        self.logprobs: list[TokenLogprob] = []  # read since the last `take`
+
+    def take(self) -> list[TokenLogprob] | None:
+        """The logprobs read since the last call (None when there are none)."""
+        out, self.logprobs = self.logprobs or None, []
+        return out
 
     def read(self, obj: dict[str, Any]) -> str:
         """Take usage and finish reason from one chunk object; its text delta."""
@@ -227,8 +235,12 @@ class _Progress:
             piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             if isinstance(piece, str):
                 text += piece
+            if isinstance(delta, dict):
+                text += self.calls.feed(delta.get("tool_calls"))
+            self.logprobs += token_logprobs(choice)
             if isinstance(choice.get("finish_reason"), str):
                 self.finish_reason = choice["finish_reason"]
+                text += self.calls.close()
         return text
 
 
@@ -252,7 +264,7 @@ class _Stream:
         if self.ahead < self.window:
             self.room.set()
 
-    async def chunk(self, text: str) -> None:
+    async def chunk(self, text: str, logprobs: list[TokenLogprob] | None = None) -> None:
         """Send one chunk once the window has room (the upstream is not read meanwhile)."""
         while self.ahead >= self.window:
             self.room.clear()
@@ -260,7 +272,10 @@ class _Stream:
         if not self.over:
             self.ahead += 1
             self.sent += 1
-            self.sink.chunk(text, 1)
+            if logprobs is None:
+                self.sink.chunk(text, 1)
+            else:
+                self.sink.chunk(text, 1, logprobs)
 
     def done(self, p: _Progress) -> None:
         if not self.over:
@@ -291,7 +306,7 @@ def _generate_body(req: Generate) -> tuple[str, bytes]:
         body["stop"] = req.stop
     if req.seed is not None:
         body["seed"] = req.seed
-    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    body |= forwarded(req) | {"stream": True, "stream_options": {"include_usage": True}}
     return path, msgspec.json.encode(body)
 
 
@@ -521,7 +536,7 @@ async def _event(st: _Stream, event: str, progress: _Progress) -> bool:
     if "error" in obj:
         raise _event_error(obj)
     if text := progress.read(obj):
-        await st.chunk(text)
+        await st.chunk(text, progress.take())
     return False
 
 
@@ -532,7 +547,7 @@ async def _whole(st: _Stream, resp: httpx2.Response, progress: _Progress) -> Non
     if not isinstance(obj, dict):
         raise EngineError("upstream_error", 502, "upstream answer is not a JSON object")
     if text := progress.read(obj):
-        await st.chunk(text)
+        await st.chunk(text, progress.take())
 
 
 async def _close_after(client: httpx2.AsyncClient, tasks: list[asyncio.Task[None]]) -> None:

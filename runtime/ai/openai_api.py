@@ -34,6 +34,8 @@ from edgefn_core.errors import ApiError, EdgefnError, WorkerError
 from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
 from runtime.ai import openai_choices as choices
+from runtime.ai import structured
+from runtime.ai.choices import choice
 from runtime.ai.openai_checks import check_messages, check_sampling
 from runtime.ai.openai_errors import error_response, unknown_url, validation_error
 from runtime.ai.openai_fields import MAX_STOPS, check_fields
@@ -77,15 +79,25 @@ class _Sampling(msgspec.Struct, kw_only=True):
     seed: int | None = None
     n: int = 1
     user: str | None = None  # the end user, recorded in the request's event
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
 
 
 class ChatBody(_Sampling, kw_only=True):
     messages: list[dict[str, Any]]
     safety_identifier: str | None = None  # OpenAI's successor of `user`: recorded as it
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class CompletionBody(_Sampling, kw_only=True):
     prompt: str | list[str]
+    logprobs: int | None = None
 
 
 class EmbeddingsBody(msgspec.Struct):
@@ -219,7 +231,7 @@ class OpenAIApi:
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status
                 record.first_token()
                 sse = choices.sse(gens, firsts, Chunks(rid, body.model, chat, fingerprint, usage),
-                                  usage, ticket, record)
+                                  usage, ticket, record, params)
                 if ticket is not None:  # a body never read settles when it is dropped
                     weakref.finalize(sse, ticket.abandon)
                 return Response(200, list(SSE_HEADERS), sse)
@@ -233,11 +245,14 @@ class OpenAIApi:
                 await ticket.settle(choices.charged(ticket, gens, e))
             if not isinstance(e, WorkerError):
                 raise
+            if (param := structured.param_of(e)) is not None:
+                raise ApiError(e.code, e.status, str(e), param) from None
             if e.code == "context_length_exceeded":  # OpenAI names the input
                 raise ApiError(e.code, e.status, str(e), "messages" if chat else "prompt"
                                ) from None
             raise
-        return json_response(_completion(rid, body.model, chat, fingerprint, results))
+        return json_response(_completion(rid, body.model, chat, fingerprint, results, params,
+                                         gens))
 
     def _reserved(self, max_tokens: int | None, n: int) -> int | None:
         """What `n` choices of up to `max_tokens` each reserve of a token budget."""
@@ -319,7 +334,7 @@ def _sampling(body: _Sampling) -> dict[str, Any]:
         params["max_tokens"] = max_tokens
     params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     check_sampling(body.n, body.temperature, body.top_p, max_tokens, name, len(params["stop"]))
-    return params
+    return params | structured.params_of(body)
 
 
 def _one_prompt(prompt: str | list[str]) -> str:
@@ -333,14 +348,12 @@ def _one_prompt(prompt: str | list[str]) -> str:
 
 
 def _completion(rid: str, model: str, chat: bool, fingerprint: str | None,
-                results: list[tuple[str, Done]]) -> dict[str, Any]:
-    """The response body of a completion with `results` as its choices."""
-    out: list[dict[str, Any]] = []
-    for i, (text, done) in enumerate(results):
-        choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text}
-                                  } if chat else {"index": i, "text": text, "logprobs": None}
-        choice["finish_reason"] = done.finish_reason
-        out.append(choice)
+                results: list[tuple[str, Done]], params: dict[str, Any],
+                gens: list[Generation]) -> dict[str, Any]:
+    """The response body of a completion with `results` (of `gens`) as its choices,
+    shaped as `params` ask (tool calls, logprobs)."""
+    out = [choice(chat, params, text, done.finish_reason, gen.logprobs, index=i)
+           for i, ((text, done), gen) in enumerate(zip(results, gens, strict=True))]
     return {"id": rid, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model, "system_fingerprint": fingerprint,
             "choices": out, "usage": choices.usage(choices.merged([d for _, d in results]))}

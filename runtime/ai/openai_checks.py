@@ -9,15 +9,16 @@ from typing import Any
 from edgefn_core.errors import ApiError
 from runtime.ai.openai_fields import MAX_N, MAX_STOPS
 
-# OpenAI's roles; "tool" needs tool calling and "function" is its deprecated form
-ROLES = frozenset({"system", "developer", "user", "assistant"})
-_NEEDS_TOOLS = {"tool": "a 'tool' message answers a tool call, and this server does not call "
-                "tools", "function": "'function' messages are deprecated by OpenAI (use "
-                "'tool') and this server does not call functions"}
+# OpenAI's roles ("tool" answers an assistant's tool call); "function" is the deprecated
+# form of "tool", refused with a pointer to it
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_NEEDS_TOOLS = {"function": "'function' messages are deprecated by OpenAI (use 'tool' "
+                "messages with tool_call_id) and this server does not take them"}
+TOOL_FIELDS = frozenset({"tool_calls", "tool_call_id"})  # in the history of a tools chat
 
 
 def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES,
-                   roles_fields: frozenset[str] = frozenset()) -> None:
+                   roles_fields: frozenset[str] = TOOL_FIELDS) -> None:
     """Raises `ApiError` (400) naming the first bad message field: an empty list,
     a role outside `roles`, a tool call field not in `roles_fields` (the tool
     calls of an assistant message), content that is neither text nor a list of
@@ -32,8 +33,9 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
                            f"{', '.join(sorted(roles))}; got {role!r}", f"messages[{i}].role")
         for key in _TOOL_FIELDS:
             if message.get(key) is not None and key not in roles_fields:
-                raise ApiError("unsupported_parameter", 400, f"messages[{i}].{key}: this "
-                               "server does not call tools", f"messages[{i}].{key}")
+                raise ApiError("unsupported_parameter", 400, f"messages[{i}].{key} is not "
+                               f"taken (use {', '.join(sorted(roles_fields)) or 'plain text'})",
+                               f"messages[{i}].{key}")
         content = message.get("content")
         if not isinstance(content, (str, list)) and not (role == "assistant" and content is None):
             raise ApiError("invalid_value", 400, f"messages[{i}].content must be a string or "

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from edgefn_core.errors import WorkerError
 from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
+from runtime.ai.choices import ChoiceStream
 from runtime.ai.usage import UsageRecord
 from runtime.net.openai_sse import DONE, Chunks, event
 from runtime.security.ratelimit.admission import Ticket, used_by
@@ -75,18 +77,22 @@ async def close_all(gens: Sequence[Generation]) -> None:
 
 async def sse(gens: Sequence[Generation], firsts: Sequence[str | None], chunks: Chunks,
               include_usage: bool, ticket: Ticket | None = None,
-              record: UsageRecord | None = None) -> AsyncIterator[bytes]:
+              record: UsageRecord | None = None, params: dict[str, Any] | None = None
+              ) -> AsyncIterator[bytes]:
     """The SSE body of `gens` (`firsts`: the chunk each has given already): each
-    round takes one chunk of every choice still running. A failure mid-stream
-    becomes an ``error`` event (the status line has gone already); a client that
-    goes away cancels every generation. Its end settles `ticket`."""
+    round takes one chunk of every choice still running, shaped as `params` ask
+    (tool call deltas, logprobs: `ChoiceStream`). A failure mid-stream becomes an
+    ``error`` event (the status line has gone already); a client that goes away
+    cancels every generation. Its end settles `ticket`."""
+    shapes = [ChoiceStream(chunks, params or {}, i) for i in range(len(gens))]
     try:
         for opening in chunks.opening(len(gens)):
             yield opening
         for i, text in enumerate(firsts):
             if text is not None:
-                yield chunks.chunk(text, index=i)
-        async for piece in _interleaved(gens, chunks):
+                for out in _shaped(shapes[i], chunks, text, gens[i]):
+                    yield out
+        async for piece in _interleaved(gens, chunks, shapes):
             yield piece
         done = merged([g.done for g in gens if g.done is not None])
         if include_usage:
@@ -107,8 +113,10 @@ async def sse(gens: Sequence[Generation], firsts: Sequence[str | None], chunks: 
         await close_all(gens)
 
 
-async def _interleaved(gens: Sequence[Generation], chunks: Chunks) -> AsyncIterator[bytes]:
-    """Round robin over the running choices; each one's end is its closing chunk."""
+async def _interleaved(gens: Sequence[Generation], chunks: Chunks,
+                       shapes: Sequence[ChoiceStream]) -> AsyncIterator[bytes]:
+    """Round robin over the running choices; each one's end is what its shaping
+    still held, then its closing chunk."""
     running = list(range(len(gens)))
     while running:
         for i in list(running):
@@ -116,7 +124,16 @@ async def _interleaved(gens: Sequence[Generation], chunks: Chunks) -> AsyncItera
                 text = await anext(gens[i])
             except StopAsyncIteration:
                 running.remove(i)
+                for out in shapes[i].end():
+                    yield out
                 done = gens[i].done
-                yield chunks.closing(done.finish_reason if done else None, i)
+                yield chunks.closing(shapes[i].finish(done.finish_reason) if done else None, i)
                 continue
-            yield chunks.chunk(text, index=i)
+            for out in _shaped(shapes[i], chunks, text, gens[i]):
+                yield out
+
+
+def _shaped(shape: ChoiceStream, chunks: Chunks, text: str, gen: Generation) -> list[bytes]:
+    """The chunks for `text` of choice ``shape.index``: plain ones unless tools or
+    logprobs shape them."""
+    return [chunks.chunk(text, index=shape.index)] if shape.plain() else shape.events(text, gen)

@@ -9,6 +9,13 @@ With `TokenBudgets`, a call is charged to the function's tenant (its owner):
 reserved at admission, settled with the usage when it ends (see
 `runtime.security.ratelimit.admission`), as the OpenAI API does for a key.
 
+``ai.chat`` takes OpenAI's ``response_format``, ``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``presence_penalty``, ``frequency_penalty`` and
+``logit_bias`` (checked as the OpenAI API checks them); its result then carries
+the assistant ``message`` and its ``tool_calls`` (a list, empty when the model
+answered in text). Such calls skip the AI cache, which keeps plain text only.
+``chat_stream`` takes ``response_format`` and the sampling fields, not tools.
+
 With the PoP's `AICache`, ``chat``, ``complete`` and ``embed`` go through the
 exact and semantic caches (scoped by the function's tenant) unless the
 function's ``[cache.ai]`` turns them off or a call passes ``cache: false``
@@ -24,8 +31,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from edgefn_core.errors import BindingError, Rejected, WorkerError
+from edgefn_core.errors import ApiError, BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
+from runtime.ai import structured
+from runtime.ai.choices import choice
 from runtime.ai.service import AIService
 from runtime.cache.ai import replay
 from runtime.cache.ai.cache import AICache
@@ -94,6 +103,10 @@ class AIBinding:
         else:
             params["messages"] = list(a["messages"])
         model, stream = str(a["model"]), op == "chat_stream"
+        shaping = _shaping(op, a)
+        params |= shaping
+        if shaping and op == "chat":
+            return _message(await self._generated(model, params), params)
         if not stream:
             call = (completion_call(self.tenant, model, params["prompt"], params)
                     if op == "complete" else chat_call(self.tenant, model, params["messages"],
@@ -218,6 +231,32 @@ class AIBinding:
         streams, self.streams = self.streams, {}
         for gen, _, ticket in streams.values():
             await _end(gen, ticket)
+
+
+def _shaping(op: str, a: dict[str, Any]) -> dict[str, Any]:
+    """The Generate fields for a call's structured-output, tool and penalty
+    arguments. Raises `BindingError` naming a bad one, or tools outside ``chat``."""
+    if op != "chat" and (a.get("tools") or a.get("tool_choice")):
+        raise BindingError(f"ai.{op} takes no tools (use ai.chat)")
+    if op == "complete" and a.get("response_format") is not None:
+        raise BindingError("ai.complete takes no response_format (use ai.chat)")
+    try:
+        out = structured.penalties(float(a.get("presence_penalty") or 0),
+                                   float(a.get("frequency_penalty") or 0), a.get("logit_bias"))
+        out |= structured.response_format(a.get("response_format"))
+        out |= structured.tools(a.get("tools"), a.get("tool_choice"),
+                                a.get("parallel_tool_calls"))
+    except ApiError as e:
+        raise BindingError(f"ai.{op}: {a.get('model')!r}: {e} (param {e.param})") from None
+    return out
+
+
+def _message(r: Generated, params: dict[str, Any]) -> dict[str, Any]:
+    """A shaped chat's result: the text, and the message with its tool calls."""
+    shaped = choice(True, params, "".join(r.text), r.finish_reason, [])
+    msg = shaped["message"]
+    return {**_plain(r), "text": msg["content"] or "", "message": msg,
+            "tool_calls": msg.get("tool_calls", []), "finish_reason": shaped["finish_reason"]}
 
 
 def _plain(r: Result) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from edgefn_core.errors import EngineError
-from gpu_worker.engines.batching import Item, Scheduler, Seq
+from gpu_worker.engines.batching import Item, Scheduler, Seq, Shaping
 from gpu_worker.engines.llama_driver import Driver, LoadAdapter, Mailbox
 from gpu_worker.metrics import Metrics
 from gpu_worker.protocol import Generate
@@ -32,7 +32,10 @@ class FakeModel:
         self.freed: list[Any] = []
         self.adapters: list[str] = []
 
-    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int) -> Any:
+    def sampler(self, temperature: float, top_p: float, top_k: int, seed: int,
+                shaping: Any = None) -> Any:
+        if shaping is not None and shaping.grammar == "refused":
+            raise EngineError("invalid_request", 400, "llama.cpp refused the grammar")
         self.made.append(object())
         return self.made[-1]
 
@@ -105,11 +108,12 @@ class Rig:
         self.driver.start()
 
     def submit(self, rid: int, first: int, prompt_len: int = 3, adapter: str | None = None,
-               **params: Any) -> Sink:
+               shaping: Shaping | None = None, **params: Any) -> Sink:
         """Queue a generation whose prompt is `prompt_len` tokens `first`."""
         sink = Sink()
         req = Generate(rid, "m", prompt="unused", **params)
-        self.driver.mailbox.post_seq(Seq(req, sink, [first] * prompt_len, adapter))
+        self.driver.mailbox.post_seq(Seq(req, sink, [first] * prompt_len, adapter,
+                                         shaping=shaping))
         return sink
 
     def close(self) -> None:
@@ -118,6 +122,21 @@ class Rig:
 
 
 # -- tests -----------------------------------------------------------------------------------
+
+def test_a_sampler_the_model_refuses_fails_only_its_request() -> None:
+    async def go() -> None:
+        r = Rig()
+        bad = r.submit(1, first=10, shaping=Shaping("refused", {}, 0, 0, 3), max_tokens=3)
+        good = r.submit(2, first=10, max_tokens=2)
+        assert await bad.result() == ("error", "invalid_request",
+                                      "llama.cpp refused the grammar", 400)
+        assert await good.result() == ("done", "length", 3, 2)
+        assert r.sched.reserved == 0 and not r.sched.running and len(r.sched.free_slots) == 4
+        assert len({item[2] for _, items in r.lm.decodes for item in items}) == 1  # good's
+        r.close()
+
+    asyncio.run(go())
+
 
 def test_sequences_stream_until_max_tokens_or_end_of_generation() -> None:
     async def go() -> None:

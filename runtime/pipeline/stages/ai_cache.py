@@ -37,6 +37,7 @@ from runtime.ai.openai_api import (
     OpenAITarget,
 )
 from runtime.ai.openai_fields import refusal
+from runtime.ai.structured import shaped
 from runtime.cache.ai import control, replay
 from runtime.cache.ai.cache import AICache, Lookup
 from runtime.cache.ai.entry import Embedded, Generated, Result
@@ -165,7 +166,7 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
             inputs = [b.input] if isinstance(b.input, str) else b.input
             return Asked(embedding_call(tenant, b.model, inputs), encoding_format=b.encoding_format)
         stop = [b.stop] if isinstance(b.stop, str) else list(b.stop or [])
-        if b.n != 1 or len(stop) > MAX_STOPS:
+        if b.n != 1 or len(stop) > MAX_STOPS or shaped(b):  # replays keep plain text only
             return None
         params = {"temperature": b.temperature, "top_p": b.top_p, "top_k": b.top_k,
                   "seed": b.seed, "stop": stop,

@@ -303,7 +303,11 @@ class AI:
              stream: bool = False, **params: Any) -> Any:
         """{"text", "finish_reason", "usage"}; with `stream`, an iterator of text
         chunks (its `.result` holds finish_reason and usage at the end).
-        params: max_tokens, temperature, top_p, stop, seed."""
+        params: max_tokens, temperature, top_p, stop, seed, presence_penalty,
+        frequency_penalty, logit_bias, response_format (the text is then JSON that
+        follows it) and, without `stream`, tools, tool_choice, parallel_tool_calls:
+        the result then also has "message" (OpenAI's assistant message, to append
+        to `messages`) and "tool_calls" (empty when the model answered in text)."""
         args = {"model": model or self.model, "messages": messages, **params}
         if stream:
             return ChatStream(self._call("ai.chat_stream", args, True)["stream"], self._call)

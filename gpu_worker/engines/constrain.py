@@ -1,0 +1,163 @@
+"""Grammars for constrained decoding: OpenAI's ``response_format`` and ``tools``
+turned into one llama.cpp GBNF grammar, so that what the model writes always
+parses (and validates against the schema it was given).
+
+- ``{"type": "json_object"}``: any JSON object.
+- ``{"type": "json_schema", "json_schema": {"schema": ...}}``: llama-cpp-python's
+  JSON Schema converter (`llama_cpp.llama_grammar.SchemaConverter`). It enforces
+  only part of JSON Schema; `check_schema` refuses every keyword outside that
+  part (a 400 naming it) rather than produce output that may not validate.
+- tools: each call is written as ``TOOL_CALL_OPEN{"name": "<name>", "arguments":
+  <args>}TOOL_CALL_CLOSE`` (`gpu_worker.protocol`), with ``<args>`` held to that
+  function's ``parameters`` schema. ``tool_choice`` ``auto`` also allows a plain
+  answer (any text not starting with ``<``, or the ``response_format`` JSON),
+  ``required`` only calls, a named function only that one; with
+  ``parallel_tool_calls`` false, exactly one call.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llama_cpp.llama_grammar import STRING_FORMAT_RULES, SchemaConverter
+
+from edgefn_core.errors import EngineError
+
+from ..protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Generate
+
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
+                         "$comment", "deprecated", "readOnly", "writeOnly", "strict"})
+ENFORCED = frozenset({"type", "properties", "required", "additionalProperties", "items",
+                      "prefixItems", "minItems", "maxItems", "enum", "const", "anyOf", "$ref",
+                      "$defs", "definitions", "pattern", "format", "minLength", "maxLength"})
+FORMATS = frozenset(name.removesuffix("-string") for name in STRING_FORMAT_RULES) | {
+    "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
+# the converter follows these and ignores the other keywords beside them
+EXCLUSIVE = ("$ref", "anyOf")
+BESIDE_EXCLUSIVE = ANNOTATIONS | {"$defs", "definitions", "type"}
+TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+# a plain answer next to tool calls: anything that does not open a call
+FREE_TEXT = 'text ::= [^<] [^\\x00]*'
+
+
+def check_schema(schema: Any, where: str) -> None:
+    """Raises `EngineError` (400, code ``unsupported_schema``) naming the first part
+    of `schema` (at JSON path `where`) the grammar cannot enforce."""
+    if not isinstance(schema, dict):
+        raise _unsupported(where, f"a schema must be an object, got {type(schema).__name__}")
+    for key, value in schema.items():
+        if key not in ENFORCED and key not in ANNOTATIONS:
+            raise _unsupported(f"{where}.{key}", f"JSON Schema keyword {key!r} is not supported "
+                               "by constrained decoding; supported: " + ", ".join(sorted(ENFORCED)))
+        _check_keyword(schema, key, value, where)
+    for key, sub in _children(schema, where):
+        check_schema(sub, key)
+
+
+def _check_keyword(schema: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """Raises `EngineError` for a keyword the converter would take but not enforce."""
+    types = value if isinstance(value, list) else [value]
+    if key == "type" and not all(t in TYPES for t in types):
+        raise _unsupported(f"{where}.type", f"unknown type {value!r}")
+    ignored = sorted(set(schema) - (BESIDE_EXCLUSIVE if key in EXCLUSIVE else ANNOTATIONS)
+                     - {key})
+    if (key in EXCLUSIVE or (key == "type" and isinstance(value, list))) and ignored:
+        raise _unsupported(f"{where}.{ignored[0]}", f"{ignored[0]} beside {key} (a list of "
+                           "types, $ref and anyOf take no other constraints; use anyOf)")
+    if key == "format" and value not in FORMATS:
+        raise _unsupported(f"{where}.format", f"format {value!r} is not supported; "
+                           "supported: " + ", ".join(sorted(FORMATS)))
+    if key in ("minLength", "maxLength") and ("pattern" in schema or "format" in schema):
+        raise _unsupported(f"{where}.{key}", f"{key} together with pattern or format")
+    if key == "$ref" and not (isinstance(value, str) and value.startswith("#/")):
+        raise _unsupported(f"{where}.$ref", "only local references (#/...) are supported")
+
+
+def _children(schema: dict[str, Any], where: str) -> list[tuple[str, Any]]:
+    """The subschemas of `schema`, each with its JSON path."""
+    out: list[tuple[str, Any]] = []
+    for key in ("properties", "$defs", "definitions"):
+        out += [(f"{where}.{key}.{k}", v) for k, v in _mapping(schema, key, where).items()]
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            out.append((f"{where}.{key}", schema[key]))
+    for key in ("prefixItems", "anyOf", "items"):
+        if isinstance(schema.get(key), list):
+            out += [(f"{where}.{key}[{i}]", v) for i, v in enumerate(schema[key])]
+    return out
+
+
+def _mapping(schema: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = schema.get(key, {})
+    if not isinstance(value, dict):
+        raise _unsupported(f"{where}.{key}", f"{key} must be an object")
+    return value
+
+
+def _unsupported(where: str, why: str) -> EngineError:
+    return EngineError("unsupported_schema", 400, f"{where}: {why}")
+
+
+def grammar_for(req: Generate) -> str | None:
+    """The GBNF grammar that `req`'s ``response_format`` and tools ask for, or None
+    for free text. Raises `EngineError` (400) for a schema the grammar cannot
+    enforce."""
+    conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    answer = _answer_rule(conv, req.response_format)
+    tools = req.tools if req.tools and req.tool_choice != "none" else []
+    if not tools:
+        return None if answer is None else _grammar(conv, answer)
+    calls = _calls_rule(conv, tools, req.tool_choice, req.parallel_tool_calls)
+    if req.tool_choice in (None, "auto"):
+        if answer is None:
+            conv._rules["text"] = FREE_TEXT.split(" ::= ", 1)[1]
+            answer = "text"
+        return _grammar(conv, f"{calls} | {answer}")
+    return _grammar(conv, calls)
+
+
+def _answer_rule(conv: SchemaConverter, fmt: dict[str, Any] | None) -> str | None:
+    """The rule a plain answer follows (None: free text). Raises `EngineError`."""
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return _visit(conv, {"type": "object"}, "answer", "response_format")
+    schema = (fmt.get("json_schema") or {}).get("schema", {"type": "object"})
+    check_schema(schema, "response_format.json_schema.schema")
+    return _visit(conv, schema, "answer", "response_format.json_schema.schema")
+
+
+def _calls_rule(conv: SchemaConverter, tools: list[dict[str, Any]], choice: Any,
+                parallel: bool) -> str:
+    """The rule for the tool calls `choice` allows. Raises `EngineError`."""
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    alts = []
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        if named is not None and fn["name"] != named:
+            continue
+        where = f"tools[{i}].function.parameters"
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        check_schema(params, where)
+        args = _visit(conv, params, f"args-{i}", where)
+        head = f'{TOOL_CALL_OPEN}{{"name": "{fn["name"]}", "arguments": '
+        alts.append(f'{conv._format_literal(head)} {args} '
+                    f'{conv._format_literal("}" + TOOL_CALL_CLOSE)}')
+    conv._rules["call"] = " | ".join(alts)
+    conv._rules["calls"] = 'call ("\\n" call)*' if parallel else "call"
+    return "calls"
+
+
+def _visit(conv: SchemaConverter, schema: dict[str, Any], name: str, where: str) -> str:
+    """The converter's rule for `schema`. Raises `EngineError` where it fails."""
+    try:
+        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), name)
+        return str(conv.visit(resolved, name))
+    except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as e:
+        raise _unsupported(where, f"cannot be turned into a grammar ({e})") from None
+
+
+def _grammar(conv: SchemaConverter, root: str) -> str:
+    conv._rules["root"] = root
+    return str(conv.format_grammar())

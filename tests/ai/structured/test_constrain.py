@@ -1,0 +1,160 @@
+"""The grammar a request's response_format and tools become (`constrain`), the
+schema parts it refuses, and the API's checks of those fields (`structured`);
+no model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from edgefn_core.errors import ApiError, EngineError, WorkerError
+from gpu_worker.engines.constrain import grammar_for
+from gpu_worker.protocol import Generate
+from runtime.ai import structured
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+NOW = {"type": "function", "function": {"name": "now"}}
+
+
+def fmt(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def rules(grammar: str | None) -> dict[str, str]:
+    assert grammar is not None
+    return dict(line.split(" ::= ", 1) for line in grammar.splitlines())
+
+
+@pytest.mark.parametrize(("schema", "where"), [
+    ({"type": "integer", "minimum": 1}, "minimum"),
+    ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}]}}},
+     "properties.a.oneOf"),
+    ({"type": "string", "format": "email"}, "format"),
+    ({"$ref": "https://example.com/s.json"}, "$ref"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength"),
+    ({"type": "tuple"}, "type"),
+    ({"type": "array", "items": [{"type": "string"}, {"not": {}}]}, "items[1].not"),
+    ({"type": "object", "$defs": {"d": {"uniqueItems": True}}}, "$defs.d.uniqueItems"),
+    ({"type": ["string", "null"], "maxLength": 3}, "maxLength"),
+    ({"anyOf": [{"type": "string"}], "minLength": 2}, "minLength"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {}}, "enum": [1]}, "enum"),
+    ({"type": "string", "pattern": "no-anchors"}, ""),  # the converter refuses the pattern
+])
+def test_schema_parts_the_grammar_cannot_enforce_are_refused(schema: dict[str, Any],
+                                                             where: str) -> None:
+    with pytest.raises(EngineError) as e:
+        grammar_for(Generate(1, "m", response_format=fmt(schema)))
+    path = "response_format.json_schema.schema" + (f".{where}" if where else "")
+    assert e.value.status == 400 and e.value.code == "unsupported_schema"
+    assert str(e.value).startswith(f"{path}: ")
+    err = WorkerError(e.value.code, 400, str(e.value))
+    assert structured.param_of(err) == path  # what the API answers in `param`
+
+
+def test_a_tool_schema_refusal_names_the_tool() -> None:
+    bad = {"type": "function", "function": {"name": "n", "parameters": {
+        "type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}}}
+    with pytest.raises(EngineError, match=r"^tools\[1\]\.function\.parameters\.properties\.n"
+                                          r"\.multipleOf: "):
+        grammar_for(Generate(1, "m", tools=[WEATHER, bad], tool_choice="auto"))
+
+
+def test_json_object_and_schema_become_the_root() -> None:
+    assert rules(grammar_for(Generate(1, "m", response_format={"type": "json_object"})))[
+        "root"] == "answer"
+    r = rules(grammar_for(Generate(1, "m", response_format=fmt({
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))))
+    assert '"\\"n\\""' in r["answer-n-kv"]
+    assert grammar_for(Generate(1, "m", response_format={"type": "text"})) is None
+    assert grammar_for(Generate(1, "m")) is None
+
+
+@pytest.mark.parametrize(("choice", "parallel", "root", "calls", "names"), [
+    ("auto", True, "calls | text", 'call ("\\n" call)*', ["get_weather", "now"]),
+    (None, True, "calls | text", 'call ("\\n" call)*', ["get_weather", "now"]),
+    ("required", True, "calls", 'call ("\\n" call)*', ["get_weather", "now"]),
+    ("required", False, "calls", "call", ["get_weather", "now"]),
+    ({"type": "function", "function": {"name": "now"}}, True, "calls", 'call ("\\n" call)*',
+     ["now"]),
+])
+def test_tool_choice_shapes_the_grammar(choice: Any, parallel: bool, root: str, calls: str,
+                                        names: list[str]) -> None:
+    r = rules(grammar_for(Generate(1, "m", tools=[WEATHER, NOW], tool_choice=choice,
+                                   parallel_tool_calls=parallel)))
+    assert r["root"] == root and r["calls"] == calls
+    named = [n for n in ("get_weather", "now") if f'\\"name\\": \\"{n}\\"' in r["call"]]
+    assert named == names
+
+
+def test_tool_choice_none_and_auto_with_a_format() -> None:
+    assert grammar_for(Generate(1, "m", tools=[WEATHER], tool_choice="none")) is None
+    r = rules(grammar_for(Generate(1, "m", tools=[WEATHER], tool_choice="auto",
+                                   response_format={"type": "json_object"})))
+    assert r["root"] == "calls | answer" and "text" not in r
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b"}}},
+     "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": 3}}},
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [WEATHER, {"type": "function", "function": {"name": "bad name"}}]},
+     "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "now"}}},
+     "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {"12": 101}}, "logit_bias"),
+])
+def test_bad_fields_are_refused_naming_them(fields: dict[str, Any], param: str) -> None:
+    from runtime.ai.openai_api import ChatBody
+
+    body = ChatBody(model="m", messages=[{"role": "user", "content": "x"}], **fields)
+    with pytest.raises(ApiError) as e:
+        structured.params_of(body)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_good_fields_become_generate_fields() -> None:
+    from runtime.ai.openai_api import ChatBody, CompletionBody
+
+    body = ChatBody(model="m", messages=[], tools=[WEATHER], logprobs=True, top_logprobs=3,
+                    presence_penalty=0.5, logit_bias={"42": -100})
+    assert structured.params_of(body) == {
+        "tools": [WEATHER], "tool_choice": None, "parallel_tool_calls": True, "logprobs": 3,
+        "presence_penalty": 0.5, "logit_bias": {42: -100.0}}
+    assert structured.params_of(CompletionBody(model="m", prompt="p", logprobs=2)) == {
+        "logprobs": 2}
+    with pytest.raises(ApiError, match="between 0 and 5"):
+        structured.params_of(CompletionBody(model="m", prompt="p", logprobs=6))
+    assert structured.shaped(body) and not structured.shaped(ChatBody(model="m", messages=[]))
+
+
+def test_the_ai_binding_checks_the_same_fields() -> None:
+    from edgefn_core.errors import BindingError
+    from runtime.bindings.ai import _shaping
+
+    with pytest.raises(BindingError, match=r"\(param tools\[0\]\.function\.name\)"):
+        _shaping("chat", {"model": "m", "tools": [{"type": "function",
+                                                   "function": {"name": "bad name"}}]})
+    with pytest.raises(BindingError, match=r"ai\.chat_stream takes no tools"):
+        _shaping("chat_stream", {"model": "m", "tools": [WEATHER]})
+    assert _shaping("chat", {"model": "m", "tools": [WEATHER], "tool_choice": "required",
+                             "response_format": {"type": "json_object"}}) == {
+        "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": True,
+        "response_format": {"type": "json_object"}}
+    with pytest.raises(BindingError, match=r"ai\.complete takes no response_format"):
+        _shaping("complete", {"model": "m", "response_format": {"type": "json_object"}})
