@@ -35,12 +35,12 @@ from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
 from runtime.ai import openai_choices as choices
 from runtime.ai import structured
-from runtime.ai.choices import choice
 from runtime.ai.openai_checks import check_messages, check_sampling
 from runtime.ai.openai_errors import error_response, unknown_url, validation_error
 from runtime.ai.openai_fields import MAX_STOPS, check_fields
 from runtime.ai.openai_models import Catalog
 from runtime.ai.service import AIService
+from runtime.ai.shaping import choice
 from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
 from runtime.observe.traceparent import traceparent_of

@@ -13,7 +13,7 @@ from typing import Any
 from edgefn_core.errors import WorkerError
 from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
-from runtime.ai.choices import ChoiceStream
+from runtime.ai.shaping import ChoiceStream
 from runtime.ai.usage import UsageRecord
 from runtime.net.openai_sse import DONE, Chunks, event
 from runtime.security.ratelimit.admission import Ticket, used_by

@@ -34,8 +34,8 @@ from typing import Any
 from edgefn_core.errors import ApiError, BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai import structured
-from runtime.ai.choices import choice
 from runtime.ai.service import AIService
+from runtime.ai.shaping import choice
 from runtime.cache.ai import replay
 from runtime.cache.ai.cache import AICache
 from runtime.cache.ai.entry import Embedded, Generated, Result
