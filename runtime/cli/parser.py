@@ -120,7 +120,8 @@ def build() -> Parser:
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
                 _ai_commands, _keys_command, _limits_command, _cache_command,
-                _events_commands, _metrics_command, _dashboard_command, _doctor_command):
+                _events_commands, _metrics_command, _dashboard_command, _doctor_command,
+                _topology_command):
         add(commands)
     return p
 
@@ -284,6 +285,27 @@ def _cache_command(c: Commands) -> None:
         one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
     c.op(ops, "stats", "hit rates per cache, function, model and tenant",
          "edgefn cache stats --json")
+
+
+def _topology_command(c: Commands) -> None:
+    t = c.add("topology", "runtime.cli.topology:topology_command",
+              "run an emulated network of edge, regional and central PoPs on this machine",
+              "edgefn topology up functions/examples/topology.toml --dir .topology", data=False)
+    ops = c.ops(t)
+    dir_help = "the run's folder: topology.json, network.json, pops/NAME/ (default: .topology)"
+    up = c.op(ops, "up", "start every PoP and link of a topology file and wait until all "
+              "are ready", "edgefn topology up topology.toml", json=False)
+    up.add_argument("file", nargs="?", default="functions/examples/topology.toml",
+                    help="the topology (default: functions/examples/topology.toml)")
+    up.add_argument("--timeout", type=float, default=180.0,
+                    help="seconds to wait for every PoP's /readyz (default: 180)")
+    for name, help, json in (("status", "each PoP's tier, geography, pid, health and address",
+                              True),
+                             ("down", "stop every PoP, link and Redis of the run", True)):
+        o = c.op(ops, name, help, f"edgefn topology {name}", json=json)
+        o.set_defaults(json=False)
+    for o in ops.choices.values():
+        o.add_argument("--dir", default=".topology", help=dir_help)
 
 
 def _events_commands(c: Commands) -> None:
