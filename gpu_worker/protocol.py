@@ -48,6 +48,9 @@ class Generate(_Msg, tag="gen"):
     window: int = WINDOW
     # W3C traceparent of the request that asked (tracing on): the upstream engine forwards it
     traceparent: str | None = None
+    # the asking request's x-request-id: the upstream engine forwards it, so one id
+    # names the request on every tier it crosses
+    request_id: str | None = None
 
 
 class Embed(_Msg, tag="embed"):

@@ -202,8 +202,10 @@ class OpenAIApi:
         gen: Generation | None = None
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
-            gen = await self.ai.client.generate(body.model, stream=body.stream,
-                                                traceparent=trace, **params)
+            gen = await self.ai.client.generate(
+                body.model, stream=body.stream, traceparent=trace,
+                request_id=ctx.request_id.decode() if ctx is not None and ctx.request_id
+                else None, **params)
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
