@@ -45,6 +45,12 @@ class Client:
         self.geo, self.port, self.timeout = geo, port, timeout
         self.conn: http.client.HTTPConnection | None = None
 
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
