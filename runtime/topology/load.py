@@ -107,3 +107,21 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
         if line.startswith((name + "{", name + " ")) and all(w in line for w in want):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def failed_beyond(samples: list[Sample], kills: list[float], grace: float) -> list[Sample]:
+    """Failed samples that were not in flight at a kill: sent more than `grace`
+    seconds (the time the news takes to cross a link) after every kill before them,
+    or finished before it."""
+    def in_flight(s: Sample) -> bool:
+        return any(s.started <= k + grace and s.started + s.seconds >= k for k in kills)
+    return [s for s in samples if s.status != 200 and not in_flight(s)]
+
+
+def recovery(samples: list[Sample], kill: float, geos: set[str], kind: str = "") -> float:
+    """Seconds from `kill` to the sending of the first request from `geos` (of
+    `kind`, if given) that then succeeded: how long new requests could not get
+    through. inf if none did."""
+    starts = [s.started - kill for s in samples
+              if s.started >= kill and s.status == 200 and s.geo in geos and kind in ("", s.kind)]
+    return min(starts, default=float("inf"))
