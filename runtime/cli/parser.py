@@ -283,6 +283,9 @@ def _cache_command(c: Commands) -> None:
                        ("--tag", "a Cache-Tag the function's responses carry"),
                        ("--function", "a function's name (all its versions)")):
         one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
+    o.add_argument("--topology", metavar="RUN_DIR",
+                   help="purge on every PoP of the topology running in RUN_DIR (`edgefn "
+                        "topology up --dir`) instead of the one at --data (default: none)")
     c.op(ops, "stats", "hit rates per cache, function, model and tenant",
          "edgefn cache stats --json")
 

@@ -38,12 +38,16 @@ tier = "edge"
 geo = "eu-west"
 parents = ["reg", "central"]
 functions = ["{EXAMPLES / 'hello-wat'}", "{EXAMPLES / 'ai-py'}"]
+[pop.settings.http_cache]
+default_ttl = 600
 [[pop]]
 name = "edge-us"
 tier = "edge"
 geo = "us-east"
 parents = ["reg", "central"]
 functions = ["{EXAMPLES / 'hello-wat'}"]
+[pop.settings.http_cache]
+default_ttl = 600
 """
 
 
@@ -79,10 +83,14 @@ def _entry(run: Path, geo: str) -> Client:
     return Client(geo, runner.read_network(run).entries[geo])
 
 
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *argv], cwd=ROOT, text=True,
+                          capture_output=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
 def test_status_shows_every_pop_ready(run: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "runtime.cli", "topology", "status", "--dir",
-                          str(run), "--json"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = _cli("topology", "status", "--dir", str(run), "--json")
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert {n: (r["tier"], r["health"]) for n, r in rows.items()} == {
@@ -131,3 +139,14 @@ def test_the_link_delay_is_paid_on_the_way_in(run: Path) -> None:
     assert first.seconds >= 0.020
     assert min(s.seconds for s in warm) >= 0.010
     assert min(s.seconds for s in warm) <= 0.010 + 0.025
+
+
+def test_a_purge_reaches_every_pop(run: Path) -> None:
+    for geo in ("eu-west", "us-east"):
+        with _entry(run, geo) as client:
+            client.send("fn", "GET", "/hello")
+            assert client.send("fn", "GET", "/hello").status == 200
+    out = _cli("cache", "purge", "--topology", str(run), "--prefix", "/hello", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"purged": {"central": 0, "edge-eu": 1, "edge-us": 1,
+                                                 "reg": 0}}
