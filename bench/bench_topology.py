@@ -235,12 +235,12 @@ def report(a: list[Sample], b: list[Sample], ca: dict[str, dict[str, float]],
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="two edges, 16 requests per geo")
+    ap.add_argument("--quick", action="store_true", help="two edges, 10 requests per geo")
     ap.add_argument("--per-geo", type=int, default=60, help="requests per geography")
     ap.add_argument("--tokens", type=int, default=12, help="max_tokens of chat requests")
     ap.add_argument("--seed", type=int, default=14)
     args = ap.parse_args(argv)
-    per_geo = 16 if args.quick else args.per_geo
+    per_geo = 10 if args.quick else args.per_geo
     topo = topology(args.quick)
     geos = [p.geo for p in topo.edges()]
     load = workload(args.seed, geos, per_geo)
