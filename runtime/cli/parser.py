@@ -297,7 +297,8 @@ def _topology_command(c: Commands) -> None:
     ops = c.ops(t)
     dir_help = "the run's folder: topology.json, network.json, pops/NAME/ (default: .topology)"
     up = c.op(ops, "up", "start every PoP and link of a topology file and wait until all "
-              "are ready", "edgefn topology up topology.toml", json=False)
+              "are ready", "edgefn topology up topology.toml")
+    up.set_defaults(json=False)
     up.add_argument("file", nargs="?", default="functions/examples/topology.toml",
                     help="the topology (default: functions/examples/topology.toml)")
     up.add_argument("--timeout", type=float, default=180.0,
@@ -307,6 +308,17 @@ def _topology_command(c: Commands) -> None:
                              ("down", "stop every PoP, link and Redis of the run", True)):
         o = c.op(ops, name, help, f"edgefn topology {name}", json=json)
         o.set_defaults(json=False)
+    load = c.op(ops, "load", "send requests as clients of one geography do (through its "
+                "edge, or the nearest healthy one) and print latency and failures",
+                "edgefn topology load --geo eu-west -n 100 --path /hello")
+    load.add_argument("--geo", required=True, help="the clients' geography (an edge's geo)")
+    load.add_argument("-n", type=int, default=100, help="requests, one after another "
+                                                        "(default: 100)")
+    load.add_argument("--path", default="/hello", help="GET this path (default: /hello)")
+    load.add_argument("--central", action="store_true",
+                      help="go straight to central over the long-haul link, as clients of a "
+                           "centralized service do (default: enter at the edge)")
+    load.set_defaults(json=False)
     for o in ops.choices.values():
         o.add_argument("--dir", default=".topology", help=dir_help)
 

@@ -22,12 +22,18 @@ def topology_command(args: argparse.Namespace) -> None:
         case "up":
             topo = spec.load(args.file)
             state = runner.up(topo, run, str(Path(args.file).resolve()), args.timeout)
-            net = runner.read_network(run)
+            entries = {geo: f"http://127.0.0.1:{port}"
+                       for geo, port in runner.read_network(run).entries.items()}
+            if args.json:
+                print(json.dumps({"pops": len(state.pops), "clients": entries}))
+                return
             print(f"{len(state.pops)} PoPs ready in {run}")
-            for geo, port in net.entries.items():
-                print(f"clients in {geo}: http://127.0.0.1:{port}")
+            for geo, url in entries.items():
+                print(f"clients in {geo}: {url}")
         case "status":
             _status(run, args.json)
+        case "load":
+            _load(run, args)
         case "down":
             stopped = runner.down(run)
             print(json.dumps({"stopped": stopped}) if args.json else
@@ -50,6 +56,25 @@ def _status(run: Path, as_json: bool) -> None:
         cells = [r["name"], r["tier"], r["geo"] or "-", r["region"] or "-", r["pid"],
                  r["health"], r["address"], r["parents"] or "-"]
         print("".join(f"{c!s:<{w}}" for c, (_, w) in zip(cells, COLUMNS, strict=True)).rstrip())
+
+
+def _load(run: Path, args: argparse.Namespace) -> None:
+    """Raises `Failure` (no_topology), `NotFound` for a geography with no edge."""
+    from edgefn_core.errors import NotFound
+    from runtime.topology.load import Client, percentile
+
+    net = runner.read_network(run)
+    ports = net.direct if args.central else net.entries
+    if args.geo not in ports:
+        raise NotFound(f"no edge serves geography {args.geo!r}; the topology has: "
+                       f"{', '.join(sorted(ports))}")
+    with Client(args.geo, ports[args.geo]) as client:
+        samples = [client.send("fn", "GET", args.path) for _ in range(args.n)]
+    ok = [s.seconds * 1000 for s in samples if s.status == 200]
+    result = {"requests": len(samples), "failed": len(samples) - len(ok),
+              **{f"p{q}_ms": round(percentile(ok, q / 100), 2) for q in (50, 95, 99)}}
+    print(json.dumps(result) if args.json else
+          " ".join(f"{k}={v}" for k, v in result.items()))
 
 
 def _health(pid: int, url: str) -> str:

@@ -150,3 +150,13 @@ def test_a_purge_reaches_every_pop(run: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"purged": {"central": 0, "edge-eu": 1, "edge-us": 1,
                                                  "reg": 0}}
+
+
+def test_the_load_command_enters_at_a_geography(run: Path) -> None:
+    out = _cli("topology", "load", "--geo", "us-east", "-n", "5", "--dir", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert (result["requests"], result["failed"]) == (5, 0)
+    assert result["p50_ms"] >= 10.0  # the client-edge round trip, at least
+    out = _cli("topology", "load", "--geo", "mars", "--dir", str(run), "--json")
+    assert out.returncode == 1 and "us-east" in json.loads(out.stderr)["error"]["message"]
