@@ -132,12 +132,20 @@ def _wait_ready(run: Path, state: RunState, deadline: float) -> None:
 
 
 def _deploy(run: Path, topo: Topology) -> None:
-    """Raises `EdgefnError` for a function a PoP refuses."""
+    """Raises `EdgefnError` for a function a PoP refuses. A deploy whose pre-warm ran
+    past a time limit (seen on a machine busy starting every PoP at once) is tried
+    once more; any other refusal is final."""
     from runtime.admin.client import AdminClient
 
     for p in topo.pop:
         for folder in p.functions:
-            AdminClient(pop_dir(run, p.name)).deploy(folder)
+            admin = AdminClient(pop_dir(run, p.name))
+            try:
+                admin.deploy(folder)
+            except EdgefnError as e:
+                if "wall-time limit" not in str(e):
+                    raise
+                admin.deploy(folder)
 
 
 def alive(pid: int) -> bool:
