@@ -41,17 +41,7 @@ def up(topo: Topology, run: Path, source: str, timeout: float = 180.0) -> RunSta
         raise Failure("topology_running", 409, f"a topology already runs in {run}: "
                       f"`edgefn topology down --dir {run}` first")
     run.mkdir(parents=True, exist_ok=True)
-    ports, links = plan.network(topo)
-    for wanted in topo.region:
-        if wanted.redis:
-            ports.redis[wanted.name] = plan.free_port()
-    plan.write(run, topo, ports)
-    (run / "links.json").write_bytes(msgspec.json.encode(links))
-    ports.links_pid = _spawn(run / "links.log", "-m", "runtime.topology.links",
-                             str(run / "links.json"))
-    for region, port in ports.redis.items():
-        ports.redis_pids[region] = _spawn_redis(run, region, port)
-    _write_network(run, ports)
+    ports = _start_network(run, topo)
     pops = [PopEntry(name=p.name, tier=p.tier, geo=p.geo, region=p.region,
                      parents=list(p.parents), public=f"http://127.0.0.1:{ports.public[p.name]}",
                      pid=_spawn(pop_dir(run, p.name) / "pop.log", "-m", "runtime.cli", "serve",
@@ -66,6 +56,22 @@ def up(topo: Topology, run: Path, source: str, timeout: float = 180.0) -> RunSta
         down(run)
         raise
     return state
+
+
+def _start_network(run: Path, topo: Topology) -> plan.Network:
+    """Write every PoP's config, start the links and Redis; RUN_DIR/network.json."""
+    ports, links = plan.network(topo)
+    for wanted in topo.region:
+        if wanted.redis:
+            ports.redis[wanted.name] = plan.free_port()
+    plan.write(run, topo, ports)
+    (run / "links.json").write_bytes(msgspec.json.encode(links))
+    ports.links_pid = _spawn(run / "links.log", "-m", "runtime.topology.links",
+                             str(run / "links.json"))
+    for region, port in ports.redis.items():
+        ports.redis_pids[region] = _spawn_redis(run, region, port)
+    _write_network(run, ports)
+    return ports
 
 
 def _spawn(log: Path, *argv: str) -> int:
