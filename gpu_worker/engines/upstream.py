@@ -251,6 +251,7 @@ class _Stream:
         self.rid = req.id
         self.sink = sink
         self.traceparent = req.traceparent
+        self.request_id = req.request_id
         self.window = req.window
         self.ahead = 0  # chunks sent minus chunks credited
         self.room = asyncio.Event()
@@ -453,6 +454,8 @@ class UpstreamEngine(Engine):
         headers = _headers("text/event-stream", body)
         if st.traceparent is not None:
             headers["traceparent"] = st.traceparent  # the trace goes on upstream
+        if st.request_id is not None:
+            headers["x-request-id"] = st.request_id
         async with client.stream("POST", path, content=body, headers=headers) as resp:
             if resp.status_code != 200:
                 raise _http_error(resp.status_code, await _read_body(resp, MAX_ERROR_BODY))

@@ -223,9 +223,11 @@ class OpenAIApi:
         gens: list[Generation] = []
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
+            request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
             for _ in range(body.n):
                 gens.append(await self.ai.client.generate(body.model, stream=body.stream,
-                                                          traceparent=trace, **params))
+                                                          traceparent=trace,
+                                                          request_id=request_id, **params))
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status

@@ -120,7 +120,8 @@ def build() -> Parser:
     commands = Commands(sub)
     for add in (_serve_commands, _function_commands, _kv_command, _vectors_command,
                 _ai_commands, _keys_command, _limits_command, _cache_command,
-                _events_commands, _metrics_command, _dashboard_command, _doctor_command):
+                _events_commands, _metrics_command, _dashboard_command, _doctor_command,
+                _topology_command):
         add(commands)
     return p
 
@@ -301,8 +302,44 @@ def _cache_command(c: Commands) -> None:
                        ("--tag", "a Cache-Tag the function's responses carry"),
                        ("--function", "a function's name (all its versions)")):
         one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
+    o.add_argument("--topology", metavar="RUN_DIR",
+                   help="purge on every PoP of the topology running in RUN_DIR (`edgefn "
+                        "topology up --dir`) instead of the one at --data (default: none)")
     c.op(ops, "stats", "hit rates per cache, function, model and tenant",
          "edgefn cache stats --json")
+
+
+def _topology_command(c: Commands) -> None:
+    t = c.add("topology", "runtime.cli.topology:topology_command",
+              "run an emulated network of edge, regional and central PoPs on this machine",
+              "edgefn topology up functions/examples/topology.toml --dir .topology", data=False)
+    ops = c.ops(t)
+    dir_help = "the run's folder: topology.json, network.json, pops/NAME/ (default: .topology)"
+    up = c.op(ops, "up", "start every PoP and link of a topology file and wait until all "
+              "are ready", "edgefn topology up topology.toml")
+    up.set_defaults(json=False)
+    up.add_argument("file", nargs="?", default="functions/examples/topology.toml",
+                    help="the topology (default: functions/examples/topology.toml)")
+    up.add_argument("--timeout", type=float, default=180.0,
+                    help="seconds to wait for every PoP's /readyz (default: 180)")
+    for name, help, json in (("status", "each PoP's tier, geography, pid, health and address",
+                              True),
+                             ("down", "stop every PoP, link and Redis of the run", True)):
+        o = c.op(ops, name, help, f"edgefn topology {name}", json=json)
+        o.set_defaults(json=False)
+    load = c.op(ops, "load", "send requests as clients of one geography do (through its "
+                "edge, or the nearest healthy one) and print latency and failures",
+                "edgefn topology load --geo eu-west -n 100 --path /hello")
+    load.add_argument("--geo", required=True, help="the clients' geography (an edge's geo)")
+    load.add_argument("-n", type=int, default=100, help="requests, one after another "
+                                                        "(default: 100)")
+    load.add_argument("--path", default="/hello", help="GET this path (default: /hello)")
+    load.add_argument("--central", action="store_true",
+                      help="go straight to central over the long-haul link, as clients of a "
+                           "centralized service do (default: enter at the edge)")
+    load.set_defaults(json=False)
+    for o in ops.choices.values():
+        o.add_argument("--dir", default=".topology", help=dir_help)
 
 
 def _events_commands(c: Commands) -> None:

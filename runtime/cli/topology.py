@@ -1,0 +1,83 @@
+"""`edgefn topology up|status|down`: an emulated network of PoPs on this machine
+(`runtime.topology`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from runtime.topology import runner, spec
+from runtime.topology.rundir import read_state
+
+COLUMNS = (("POP", 12), ("TIER", 10), ("GEO", 10), ("REGION", 11), ("PID", 8),
+           ("HEALTH", 8), ("ADDRESS", 24), ("PARENTS", 0))
+
+
+def topology_command(args: argparse.Namespace) -> None:
+    """Raises `InvalidConfig` for a bad topology file, `Failure` when a topology
+    already runs (up), does not come up (up) or was never started (status)."""
+    run = Path(args.dir)
+    match args.op:
+        case "up":
+            topo = spec.load(args.file)
+            state = runner.up(topo, run, str(Path(args.file).resolve()), args.timeout)
+            entries = {geo: f"http://127.0.0.1:{port}"
+                       for geo, port in runner.read_network(run).entries.items()}
+            if args.json:
+                print(json.dumps({"pops": len(state.pops), "clients": entries}))
+                return
+            print(f"{len(state.pops)} PoPs ready in {run}")
+            for geo, url in entries.items():
+                print(f"clients in {geo}: {url}")
+        case "status":
+            _status(run, args.json)
+        case "load":
+            _load(run, args)
+        case "down":
+            stopped = runner.down(run)
+            print(json.dumps({"stopped": stopped}) if args.json else
+                  f"stopped {len(stopped)} processes")
+
+
+def _status(run: Path, as_json: bool) -> None:
+    state = read_state(run)
+    if state is None:
+        runner.read_network(run)  # raises no_topology
+        return
+    rows = [{"name": p.name, "tier": p.tier, "geo": p.geo, "region": p.region, "pid": p.pid,
+             "health": _health(p.pid, p.public), "address": p.public,
+             "parents": ",".join(p.parents)} for p in state.pops]
+    if as_json:
+        print(json.dumps(rows))
+        return
+    print("".join(f"{t:<{w}}" for t, w in COLUMNS).rstrip())
+    for r in rows:
+        cells = [r["name"], r["tier"], r["geo"] or "-", r["region"] or "-", r["pid"],
+                 r["health"], r["address"], r["parents"] or "-"]
+        print("".join(f"{c!s:<{w}}" for c, (_, w) in zip(cells, COLUMNS, strict=True)).rstrip())
+
+
+def _load(run: Path, args: argparse.Namespace) -> None:
+    """Raises `Failure` (no_topology), `NotFound` for a geography with no edge."""
+    from edgefn_core.errors import NotFound
+    from runtime.topology.load import Client, percentile
+
+    net = runner.read_network(run)
+    ports = net.direct if args.central else net.entries
+    if args.geo not in ports:
+        raise NotFound(f"no edge serves geography {args.geo!r}; the topology has: "
+                       f"{', '.join(sorted(ports))}")
+    with Client(args.geo, ports[args.geo]) as client:
+        samples = [client.send("fn", "GET", args.path) for _ in range(args.n)]
+    ok = [s.seconds * 1000 for s in samples if s.status == 200]
+    result = {"requests": len(samples), "failed": len(samples) - len(ok),
+              **{f"p{q}_ms": round(percentile(ok, q / 100), 2) for q in (50, 95, 99)}}
+    print(json.dumps(result) if args.json else
+          " ".join(f"{k}={v}" for k, v in result.items()))
+
+
+def _health(pid: int, url: str) -> str:
+    if not runner.alive(pid):
+        return "dead"
+    return "ready" if runner.ready(url) else "starting"

@@ -1,0 +1,194 @@
+"""The emulated network: one user-space TCP relay per link (this kernel has no
+``netem``), all of a topology's links in one asyncio process.
+
+A link listens on a loopback port and relays each connection to the first healthy
+of its routes (a PoP's public listener), in order: that is the failover (a client
+geography's anycast address, or a PoP's way to its parents). Every route has its
+own one-way delay; on a connection:
+
+- set-up pays one round trip (the TCP handshake) before the relay reads a byte;
+- every chunk, either way, is delivered one-way delay later, +- up to `jitter_ms`,
+  never before the chunk that was read before it (order is kept);
+- a "lost" chunk (probability `loss`) arrives `retransmit_ms` late, holding up the
+  ones behind it, as TCP's retransmission does: loss is a delayed retransmit, never
+  a dropped connection, so it costs latency and not correctness;
+- a close (FIN) travels like a chunk; a reset closes the other side at once.
+
+Health: each route's ``/readyz`` is asked every `health_interval_s`; a route that
+does not answer 200, or that refuses a connection, is skipped until it answers
+again. Buffers are not bounded (no flow control through the relay): fine for
+request/response traffic, not for bulk transfers.
+
+Run as ``python -m runtime.topology.links CONFIG.json``; it runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import sys
+from pathlib import Path
+
+import msgspec
+
+READ = 65536
+PROBE = b"GET /readyz HTTP/1.1\r\nHost: link\r\nConnection: close\r\n\r\n"
+
+
+class Route(msgspec.Struct, kw_only=True):
+    """One place a link leads: a PoP's listener, `delay_ms` away (one way)."""
+
+    name: str
+    host: str = "127.0.0.1"
+    port: int
+    delay_ms: float
+    up: bool = True
+
+
+class LinkSpec(msgspec.Struct, kw_only=True):
+    name: str
+    port: int  # listened on, loopback
+    routes: list[Route]
+
+
+class LinksConfig(msgspec.Struct, kw_only=True):
+    jitter_ms: float = 0.0
+    loss: float = 0.0
+    retransmit_ms: float = 200.0
+    health_interval_s: float = 0.2
+    seed: int = 0
+    links: list[LinkSpec] = []
+
+
+class Link:
+    """One link: its listener, routes and their health."""
+
+    def __init__(self, spec: LinkSpec, net: LinksConfig, rng: random.Random) -> None:
+        self.spec, self.net, self.rng = spec, net, rng
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        """Raises OSError if the port is taken."""
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.spec.port,
+                                                 reuse_address=True)
+
+    async def watch(self) -> None:
+        """Probe every route's health forever."""
+        while True:
+            await asyncio.gather(*(self._probe(r) for r in self.spec.routes))
+            await asyncio.sleep(self.net.health_interval_s)
+
+    async def _probe(self, route: Route) -> None:
+        timeout = max(0.5, 2 * self.net.health_interval_s)
+        try:
+            async with asyncio.timeout(timeout):
+                r, w = await asyncio.open_connection(route.host, route.port)
+                w.write(PROBE)
+                line = await r.readline()
+                w.close()
+            route.up = line.split(b" ")[1:2] == [b"200"]
+        except (OSError, TimeoutError, IndexError):
+            route.up = False
+
+    async def _connect(self) -> tuple[Route, asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The first healthy route that accepts a connection (then the others, in
+        case every probe is stale), or None."""
+        ordered = ([r for r in self.spec.routes if r.up]
+                   + [r for r in self.spec.routes if not r.up])
+        for route in ordered:
+            try:
+                reader, writer = await asyncio.open_connection(route.host, route.port)
+            except OSError:
+                route.up = False
+                continue
+            return route, reader, writer
+        return None
+
+    async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        found = await self._connect()
+        if found is None:
+            cwriter.transport.abort()
+            return
+        route, sreader, swriter = found
+        delay = route.delay_ms / 1000
+        await asyncio.sleep(2 * delay)  # the handshake's round trip
+        try:
+            await asyncio.gather(self._pipe(creader, swriter, delay),
+                                 self._pipe(sreader, cwriter, delay))
+        finally:
+            cwriter.close()
+            swriter.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    delay: float) -> None:
+        """Relay `reader` to `writer`, each chunk `delay` (+ jitter, + loss) later;
+        returns once the end (FIN or reset) has been passed on."""
+        loop = asyncio.get_running_loop()
+        last = 0.0
+        while True:
+            try:
+                chunk = await reader.read(READ)
+            except OSError:  # reset: the other side goes at once
+                writer.transport.abort()
+                return
+            last = max(loop.time() + delay + self._extra(), last + 1e-6)
+            if not chunk:
+                await asyncio.sleep(last - loop.time())
+                _close(writer)
+                return
+            loop.call_at(last, _write, writer, chunk)
+
+    def _extra(self) -> float:
+        net = self.net
+        extra = self.rng.uniform(-net.jitter_ms, net.jitter_ms) / 1000 if net.jitter_ms else 0.0
+        if net.loss and self.rng.random() < net.loss:
+            extra += net.retransmit_ms / 1000
+        return extra
+
+
+def _write(writer: asyncio.StreamWriter, chunk: bytes) -> None:
+    if not writer.transport.is_closing():
+        writer.write(chunk)
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    """The FIN arrives: half-close when the transport can, else close."""
+    if writer.transport.is_closing():
+        return
+    if writer.can_write_eof():
+        try:
+            writer.write_eof()
+            return
+        except OSError:
+            pass
+    writer.close()
+
+
+async def serve(config: LinksConfig) -> None:
+    """Run every link of `config` until SIGTERM/SIGINT. Raises OSError if a port is taken."""
+    rng = random.Random(config.seed)
+    links = [Link(spec, config, rng) for spec in config.links]
+    for link in links:
+        await link.start()
+    watchers = [asyncio.create_task(link.watch()) for link in links]
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for w in watchers:
+        w.cancel()
+    for link in links:
+        assert link.server is not None
+        link.server.close()
+
+
+def main() -> None:
+    import uvloop
+
+    config = msgspec.json.decode(Path(sys.argv[1]).read_bytes(), type=LinksConfig)
+    uvloop.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Start, inspect and stop a topology: the links process, Redis where a region asks
+for it, and one `edgefn serve` process per PoP, each in a session of its own (so a
+terminal's Ctrl-C does not reach it, and `down` can end its whole process group:
+model worker and isolate hosts included).
+
+RUN_DIR is laid out as `runtime.topology.rundir` says, plus RUN_DIR/network.json
+(`plan.Network`) and RUN_DIR/links.json; each process logs to a file there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from edgefn_core.errors import EdgefnError, Failure
+from runtime.topology import plan
+from runtime.topology.rundir import PopEntry, RunState, pop_dir, read_state, write_state
+from runtime.topology.spec import Topology
+
+NETWORK = "network.json"
+ROOT = Path(__file__).resolve().parents[2]
+# what this process started: kept, so no Popen is collected (and warns) while it runs
+_children: list[subprocess.Popen[bytes]] = []
+
+
+def up(topo: Topology, run: Path, source: str, timeout: float = 180.0) -> RunState:
+    """Start everything in `topo` under `run` and wait until every PoP is ready
+    (``/readyz``) and has its functions deployed. Raises `Failure` (code
+    ``topology_running``) if a topology already runs there, ``topology_failed``
+    (after stopping what it started) if a PoP exits or is not ready in `timeout`."""
+    state = read_state(run)
+    if state is not None and any(alive(p.pid) for p in state.pops):
+        raise Failure("topology_running", 409, f"a topology already runs in {run}: "
+                      f"`edgefn topology down --dir {run}` first")
+    run.mkdir(parents=True, exist_ok=True)
+    ports = _start_network(run, topo)
+    pops = [PopEntry(name=p.name, tier=p.tier, geo=p.geo, region=p.region,
+                     parents=list(p.parents), public=f"http://127.0.0.1:{ports.public[p.name]}",
+                     pid=_spawn(pop_dir(run, p.name) / "pop.log", "-m", "runtime.cli", "serve",
+                                "--config", str(pop_dir(run, p.name) / "pop.toml")))
+            for p in topo.pop]
+    state = RunState(source=source, pops=pops)
+    write_state(run, state)
+    try:
+        _wait_ready(run, state, time.monotonic() + timeout)
+        _deploy(run, topo)
+    except EdgefnError:
+        down(run)
+        raise
+    return state
+
+
+def _start_network(run: Path, topo: Topology) -> plan.Network:
+    """Write every PoP's config, start the links and Redis; RUN_DIR/network.json."""
+    ports, links = plan.network(topo)
+    for wanted in topo.region:
+        if wanted.redis:
+            ports.redis[wanted.name] = plan.free_port()
+    plan.write(run, topo, ports)
+    (run / "links.json").write_bytes(msgspec.json.encode(links))
+    ports.links_pid = _spawn(run / "links.log", "-m", "runtime.topology.links",
+                             str(run / "links.json"))
+    for region, port in ports.redis.items():
+        ports.redis_pids[region] = _spawn_redis(run, region, port)
+    _write_network(run, ports)
+    return ports
+
+
+def _spawn(log: Path, *argv: str) -> int:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    _children.append(proc)
+    return proc.pid
+
+
+def _spawn_redis(run: Path, region: str, port: int) -> int:
+    folder = run / f"redis-{region}"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "redis.log", "ab") as out:
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(folder)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+    _children.append(proc)
+    return proc.pid
+
+
+def read_network(run: Path) -> plan.Network:
+    """Raises `Failure` (``no_topology``) if nothing was started under `run`."""
+    try:
+        return msgspec.json.decode((run / NETWORK).read_bytes(), type=plan.Network)
+    except FileNotFoundError:
+        raise Failure("no_topology", 404, f"no topology was started in {run}") from None
+
+
+def _write_network(run: Path, ports: plan.Network) -> None:
+    (run / NETWORK).write_bytes(msgspec.json.format(msgspec.json.encode(ports)))
+
+
+def ready(url: str, timeout: float = 1.0) -> bool:
+    """Whether the PoP at `url` answers 200 on ``/readyz``."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def _wait_ready(run: Path, state: RunState, deadline: float) -> None:
+    waiting = list(state.pops)
+    while waiting:
+        for p in list(waiting):
+            if not alive(p.pid):
+                raise Failure("topology_failed", 500, f"PoP {p.name} exited while starting; "
+                              f"its log: {pop_dir(run, p.name) / 'pop.log'}")
+            if ready(p.public):
+                waiting.remove(p)
+        if waiting and time.monotonic() > deadline:
+            raise Failure("topology_failed", 504, "not ready in time: " + ", ".join(
+                p.name for p in waiting))
+        time.sleep(0.1)
+
+
+def _deploy(run: Path, topo: Topology) -> None:
+    """Raises `EdgefnError` for a function a PoP refuses. A deploy whose pre-warm ran
+    past a time limit (seen on a machine busy starting every PoP at once) is tried
+    once more; any other refusal is final."""
+    from runtime.admin.client import AdminClient
+
+    for p in topo.pop:
+        for folder in p.functions:
+            admin = AdminClient(pop_dir(run, p.name))
+            try:
+                admin.deploy(folder)
+            except EdgefnError as e:
+                if "wall-time limit" not in str(e):
+                    raise
+                admin.deploy(folder)
+
+
+def alive(pid: int) -> bool:
+    """Process `pid` exists and is not a zombie."""
+    if pid <= 0:
+        return False
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def down(run: Path, grace: float = 15.0) -> list[str]:
+    """SIGTERM every PoP, the links and Redis; SIGKILL each process group still there
+    after `grace` seconds. Returns the names of what was stopped."""
+    state = read_state(run) or RunState()
+    groups = {p.name: p.pid for p in state.pops}
+    with contextlib.suppress(Failure):
+        net = read_network(run)
+        groups |= {"links": net.links_pid, **{f"redis-{r}": p for r, p in net.redis_pids.items()}}
+    for pid in groups.values():
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_group_alive(pid) for pid in groups.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in groups.values():
+        _signal_group(pid, signal.SIGKILL)
+    for pid in stragglers(run):  # a model worker whose PoP was killed (-9) outlives it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return [name for name, pid in groups.items() if pid > 0]
+
+
+def stragglers(run: Path) -> list[int]:
+    """Live processes whose command line names a path under `run`."""
+    needle = str(run.resolve()).encode() + b"/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    if pid > 0:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live process is in process group `pgid`."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[3]) == pgid:
+                return True
+    return False
+
+
+def group_alive(pgid: int) -> bool:
+    return pgid > 0 and _group_alive(pgid)

@@ -1,0 +1,27 @@
+"""bench/bench_topology.py --quick runs end to end: both modes, every request
+answered, and what needs no model never reaches central in the distributed run.
+(The speed figures are the bench's to print, not this test's to time.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support import ROOT
+
+
+def test_the_quick_bench_runs_and_prints_the_table() -> None:
+    out = subprocess.run([sys.executable, "bench/bench_topology.py", "--quick"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    failed = next(line for line in lines if line.startswith("failed requests"))
+    assert failed == "failed requests: (a) 0 of 20, (b) 0 of 20", out.stdout
+    origin = next(line for line in lines if line.startswith("origin requests")).split()
+    assert int(origin[4]) < int(origin[3]), out.stdout  # (b) < (a): functions ran at the edge
+    for label in ("global p50", "global ttft50", "hit rates of", "cold start", "eu-west",
+                  "us-east"):
+        assert any(line.startswith(label) for line in lines), label
+    colds = [line for line in lines if line.startswith("  ") and "x" in line.split()[-1]]
+    assert len(colds) == 4 * 2  # 4 PoPs x 2 functions

@@ -1,0 +1,124 @@
+"""kill -9 one edge and one regional under load: clients of the dead edge's
+geography go to the nearest healthy edge, edges go around the dead regional, no
+request fails beyond those in flight on the killed node, recovery <= 2 s; and
+`topology down` afterwards leaves no process behind (the killed PoPs' model
+workers included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from runtime.topology import runner, spec
+from runtime.topology.load import Client, Sample, failed_beyond, recovery
+from runtime.topology.rundir import read_state
+from tests.support import EXAMPLES
+
+TOPOLOGY = f"""
+[network]
+client_edge_rtt_ms = [10, 10]
+reroute_rtt_ms = [40, 40]
+edge_regional_rtt_ms = [30, 30]
+central_rtt_ms = [100, 100]
+health_interval_s = 0.2
+[[pop]]
+name = "central"
+tier = "central"
+[[pop]]
+name = "reg-a"
+tier = "regional"
+parents = ["central"]
+[[pop]]
+name = "reg-b"
+tier = "regional"
+parents = ["central"]
+[[pop]]
+name = "edge-1"
+tier = "edge"
+geo = "g1"
+parents = ["reg-a", "reg-b", "central"]
+functions = ["{EXAMPLES / 'hello-wat'}"]
+[[pop]]
+name = "edge-2"
+tier = "edge"
+geo = "g2"
+parents = ["reg-a", "reg-b", "central"]
+functions = ["{EXAMPLES / 'hello-wat'}"]
+"""
+GRACE = 0.1  # a link's one-way delay, rounded up: how long the news of a death travels
+
+
+def _load(port: int, geo: str, stop: threading.Event, out: list[Sample]) -> None:
+    """Alternate a function call and a chat nobody asked before (it must reach central)."""
+    with Client(geo, port, timeout=30) as client:
+        while not stop.is_set():
+            out.append(client.send("fn", "GET", "/hello"))
+            body = json.dumps({"model": "smollm2-135m", "max_tokens": 1, "temperature": 0,
+                               "messages": [{"role": "user", "content": uuid.uuid4().hex}]})
+            out.append(client.send("chat", "POST", "/v1/chat/completions", body.encode(),
+                                   {"content-type": "application/json"}))
+
+
+class _Once(threading.Event):
+    """An Event that is set after one round."""
+
+    def is_set(self) -> bool:
+        done, self.done = getattr(self, "done", False), True
+        return done
+
+
+def _chats_after(samples: list[Sample], t: float) -> int:
+    """Chats from g1 (whose edge is dead) sent after `t` that succeeded."""
+    return sum(s.geo == "g1" and s.kind == "chat" and s.status == 200 and s.started > t
+               for s in list(samples))
+
+
+def test_kill_an_edge_and_a_regional_under_load(tmp_path: Path) -> None:
+    (tmp_path / "topology.toml").write_text(TOPOLOGY)
+    run = tmp_path / "run"
+    runner.up(spec.load(tmp_path / "topology.toml"), run, "test", timeout=300)
+    try:
+        state, net = read_state(run), runner.read_network(run)
+        assert state is not None
+        pids = {p.name: p.pid for p in state.pops}
+        for g in ("g1", "g2"):  # each tier's model worker and its first call, uncounted
+            _load(net.entries[g], g, _Once(), [])
+        samples: list[Sample] = []
+        stop = threading.Event()
+        threads = [threading.Thread(target=_load, args=(net.entries[g], g, stop, samples))
+                   for g in ("g1", "g2")]
+        for t in threads:
+            t.start()
+        time.sleep(3)  # load runs through edge-1, edge-2 and reg-a
+        kills = [time.monotonic()]
+        os.kill(pids["edge-1"], signal.SIGKILL)
+        time.sleep(3)
+        kills.append(time.monotonic())
+        os.kill(pids["reg-a"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _chats_after(samples, kills[1] + GRACE) < 2:
+            time.sleep(0.1)
+        stop.set()
+        for t in threads:
+            t.join(60)
+    finally:
+        runner.down(run)
+    beyond = failed_beyond(samples, kills, GRACE)
+    failed = [s for s in samples if s.status != 200]
+    edge_back = recovery(samples, kills[0], {"g1"})
+    regional_back = recovery(samples, kills[1], {"g1", "g2"}, "chat")
+    chats = sorted(s.seconds for s in samples if s.kind == "chat" and s.status == 200)
+    print(f"{len(samples)} requests, {len(failed)} failed (in flight on a killed PoP), "
+          f"{len(beyond)} beyond; recovery after the edge: {edge_back:.3f} s, after the "
+          f"regional: {regional_back:.3f} s; chat p50 {chats[len(chats) // 2]:.3f} s")
+    assert beyond == [], beyond
+    assert edge_back <= 2.0 and regional_back <= 2.0
+    # the load really went on through the other edge and around the regional
+    assert _chats_after(samples, kills[1] + GRACE) >= 2
+    assert runner.stragglers(run) == []
+    assert not any(runner.alive(pid) for pid in pids.values())

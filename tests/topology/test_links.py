@@ -1,0 +1,122 @@
+"""The emulated link: added delay vs configured (set-up, each way), loss as a
+delayed retransmit, order kept under jitter, failover to the next route. An echo
+server on loopback behind a real `Link`; no PoP."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import statistics
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from runtime.topology.links import Link, LinksConfig, LinkSpec, Route
+
+SLACK = 0.012  # loopback, two event loops and a busy 2-core machine, per round trip
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while line := await reader.readline():
+        writer.write(line)
+    writer.close()
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def _link(delays: list[float | None], **net: float) -> AsyncIterator[tuple[Link, int]]:
+    """A link whose routes are echo servers `delays` ms away (None: a dead port)."""
+    servers, routes = [], []
+    for i, delay in enumerate(delays):
+        port = _dead_port()
+        if delay is not None:
+            servers.append(await asyncio.start_server(_echo, "127.0.0.1", port))
+        routes.append(Route(name=f"r{i}", port=port, delay_ms=delay or 0.0))
+    spec = LinkSpec(name="t", port=_dead_port(), routes=routes)
+    link = Link(spec, LinksConfig(**net), random.Random(1))  # type: ignore[arg-type]
+    await link.start()
+    try:
+        yield link, spec.port
+    finally:
+        assert link.server is not None
+        link.server.close()
+        for s in servers:
+            s.close()
+
+
+async def _round_trips(port: int, n: int, line: bytes = b"ping\n") -> tuple[float, list[float]]:
+    """Seconds to the first echo on a fresh connection, then `n` more on it."""
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(line)
+    assert await reader.readline() == line
+    first, rest = time.perf_counter() - t0, []
+    for _ in range(n):
+        t = time.perf_counter()
+        writer.write(line)
+        assert await reader.readline() == line
+        rest.append(time.perf_counter() - t)
+    writer.close()
+    return first, rest
+
+
+def test_every_byte_pays_the_one_way_delay_and_setup_a_round_trip() -> None:
+    async def main() -> None:
+        async with _link([20.0], jitter_ms=0.0) as (_, port):
+            first, rest = await _round_trips(port, 10)
+        # fresh connection: handshake (2 x 20) + request (20) + answer (20)
+        assert 0.080 <= first <= 0.080 + SLACK, first
+        rtts = sorted(rest)
+        assert rtts[0] >= 0.040 and statistics.median(rtts) <= 0.040 + SLACK, rtts
+    asyncio.run(main())
+
+
+def test_loss_is_a_late_retransmit_not_a_lost_byte() -> None:
+    async def main() -> None:
+        async with _link([5.0], jitter_ms=0.0, loss=1.0, retransmit_ms=50.0) as (_, port):
+            _, rest = await _round_trips(port, 3)
+        # every chunk lost once: both ways pay 50 ms more, and the bytes all arrive
+        assert all(0.110 <= r <= 0.110 + SLACK for r in rest), rest
+    asyncio.run(main())
+
+
+def test_jitter_never_reorders_bytes() -> None:
+    async def main() -> None:
+        async with _link([2.0], jitter_ms=2.0) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            lines = [f"{i}\n".encode() for i in range(300)]
+            for line in lines:  # each write its own chunk, jittered on its own
+                writer.write(line)
+                await asyncio.sleep(0)
+            got = [await reader.readline() for _ in lines]
+            writer.close()
+        assert got == lines
+    asyncio.run(main())
+
+
+def test_a_dead_route_is_skipped_and_marked_down() -> None:
+    async def main() -> None:
+        async with _link([None, 5.0]) as (link, port):
+            first, _ = await _round_trips(port, 0)
+            assert [r.up for r in link.spec.routes] == [False, True]
+            assert first <= 0.020 + SLACK  # the live route's delay only: no retry cost
+            await link._probe(link.spec.routes[1])  # an echo server is not a PoP: not ready
+            assert not link.spec.routes[1].up
+    asyncio.run(main())
+
+
+def test_with_no_route_alive_the_connection_is_closed_at_once() -> None:
+    async def main() -> None:
+        async with _link([None, None]) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            t = time.perf_counter()
+            assert await reader.read() == b""
+            assert time.perf_counter() - t < 0.5
+            writer.close()
+    asyncio.run(main())

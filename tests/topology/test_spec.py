@@ -1,0 +1,124 @@
+"""topology.toml: the default file loads, and each bad file is an `InvalidConfig`
+naming the file and the field."""
+
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import InvalidConfig
+from runtime.topology import plan, spec
+from tests.support import EXAMPLES
+
+SMALL = """
+[[pop]]
+name = "central"
+tier = "central"
+[[pop]]
+name = "reg"
+tier = "regional"
+parents = ["central"]
+[[pop]]
+name = "edge"
+tier = "edge"
+geo = "eu-west"
+parents = ["reg", "central"]
+"""
+
+# (what is wrong, the file's text, the field named, a word of the message)
+BAD = [
+    ("unknown top-level table", SMALL + "[tiers]\n", "tiers", "unknown field"),
+    ("rtt range not two numbers", "[network]\ncentral_rtt_ms = [100]\n" + SMALL,
+     "network.central_rtt_ms", "length"),
+    ("negative delay", "[network]\nclient_edge_rtt_ms = [-1, 5]\n" + SMALL,
+     "network.client_edge_rtt_ms[0]", ">= 0"),
+    ("range that goes down", "[network]\nedge_regional_rtt_ms = [40, 20]\n" + SMALL,
+     "network.edge_regional_rtt_ms", "goes down"),
+    ("loss of 1", "[network]\nloss = 1.0\n" + SMALL, "network.loss", "< 1"),
+    ("bad tier", SMALL + '[[pop]]\nname = "x"\ntier = "satellite"\nparents = ["central"]\n',
+     "pop[3].tier", "satellite"),
+    ("duplicate name", SMALL + '[[pop]]\nname = "reg"\ntier = "regional"\nparents = ["central"]\n',
+     "pop[3].name", "twice"),
+    ("unknown parent", SMALL.replace('parents = ["central"]', 'parents = ["centrl"]'),
+     "pop[1].parents[0]", "centrl"),
+    ("edge as a parent", SMALL + '[[pop]]\nname = "e2"\ntier = "edge"\ngeo = "x"\n'
+     'parents = ["edge"]\n', "pop[3].parents[0]", "regional or the central"),
+    ("edge without parents", SMALL + '[[pop]]\nname = "e2"\ntier = "edge"\ngeo = "x"\n',
+     "pop[3].parents", "at least one parent"),
+    ("edge without geo", SMALL.replace('geo = "eu-west"\n', ""), "pop[2].geo", "geography"),
+    ("two centrals", SMALL + '[[pop]]\nname = "c2"\ntier = "central"\n', "pop",
+     "exactly one central"),
+    ("unknown region", '[[region]]\nname = "emea"\n' + SMALL.replace(
+        'tier = "regional"', 'tier = "regional"\nregion = "emae"'), "pop[1].region", "emae"),
+    ("worker config on an edge", SMALL.replace('geo = "eu-west"', 'geo = "eu-west"\n'
+     'worker_config = "m.toml"'), "pop[2].worker_config", "only the central"),
+    ("bad pop.toml setting", SMALL + '[pop.settings.waf]\nmode = "sometimes"\n',
+     "pop[2].settings.waf.mode", "sometimes"),
+    ("bad name", SMALL.replace('name = "reg"', 'name = "re g"'), "pop[1].name", "regex"),
+]
+
+
+@pytest.mark.parametrize(("why", "text", "field", "word"), BAD, ids=[b[0] for b in BAD])
+def test_a_bad_topology_names_the_file_and_field(tmp_path: Path, why: str, text: str,
+                                                 field: str, word: str) -> None:
+    path = tmp_path / "topology.toml"
+    path.write_text(text)
+    with pytest.raises(InvalidConfig) as caught:
+        spec.load(path)
+    err = caught.value
+    assert (err.file, err.field) == (str(path), field), why
+    assert word in str(err), str(err)
+
+
+def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfig, match=r"missing\.toml: cannot read"):
+        spec.load(tmp_path / "missing.toml")
+
+
+def test_the_default_topology_has_four_edges_two_regionals_one_central() -> None:
+    topo = spec.load(EXAMPLES / "topology.toml")
+    tiers = [p.tier for p in topo.pop]
+    assert (tiers.count("edge"), tiers.count("regional"), tiers.count("central")) == (4, 2, 1)
+    assert {p.geo for p in topo.edges()} == {"sa-east", "us-east", "eu-west", "ap-south"}
+    assert all(Path(f).is_dir() for p in topo.pop for f in p.functions)
+
+
+def test_link_delays_come_from_the_configured_ranges(tmp_path: Path) -> None:
+    topo = spec.load(EXAMPLES / "topology.toml")
+    ports, links = plan.network(topo)
+    net = topo.network
+    ranges = {"edge": net.edge_regional_rtt_ms, "central": net.central_rtt_ms}
+    for link in links.links:
+        for route in link.routes:
+            tier = topo.named(route.name).tier
+            if link.name.startswith("direct-"):
+                low, high = net.central_rtt_ms
+            elif link.name.startswith("client-"):
+                home = link.routes[0] is route
+                low, high = net.client_edge_rtt_ms if home else net.reroute_rtt_ms
+            else:
+                low, high = ranges["central" if tier == "central" else "edge"]
+            assert low / 2 <= route.delay_ms <= high / 2, (link.name, route)
+    # anycast: home edge first, then the others nearest first
+    entry = next(li for li in links.links if li.name == "client-eu-west")
+    assert entry.routes[0].name == "eu-west"
+    assert [r.delay_ms for r in entry.routes[1:]] == sorted(r.delay_ms for r in entry.routes[1:])
+    assert len({ports.public[p.name] for p in topo.pop}) == len(topo.pop)
+
+
+def test_roles_come_from_config_only(tmp_path: Path) -> None:
+    """Every PoP runs the same program; the generated pop.toml says its role, and a
+    non-central PoP's worker forwards chat through its uplink."""
+    topo = spec.load(EXAMPLES / "topology.toml")
+    ports, _ = plan.network(topo)
+    ports.redis["americas"] = 6390
+    plan.write(tmp_path, topo, ports)
+    from runtime import config
+
+    edge = config.load(tmp_path / "pops" / "sa-east" / "pop.toml")
+    assert (edge.tier, edge.geo, edge.public.port) == ("edge", "sa-east", ports.public["sa-east"])
+    assert edge.ratelimit.storage == "redis://127.0.0.1:6390"
+    models = (tmp_path / "pops" / "sa-east" / "models.toml").read_text()
+    assert f"http://127.0.0.1:{ports.uplinks['sa-east']}/v1" in models
+    central = config.load(tmp_path / "pops" / "central" / "pop.toml")
+    assert (central.tier, central.ai.worker_config) == ("central", None)
+    assert not (tmp_path / "pops" / "central" / "models.toml").exists()
