@@ -31,6 +31,7 @@ from runtime.observe.dashboard.aggregator import Rolling
 from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.observers import Observers
 from runtime.observe.ring import Ring
+from runtime.observe.samples import Sampler
 from runtime.observe.sink import JsonlSink
 from runtime.pipeline import build
 from runtime.security.keys import KeyRing, KeyStore
@@ -65,6 +66,7 @@ class PoP:
         self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
         self.tracer: Tracer | None = None
+        self.samples: Sampler | None = None  # [residency.samples]: to central
         try:
             if events.file:
                 self.events_file = JsonlSink(self.data_dir / events.file, events.max_bytes,
@@ -78,6 +80,10 @@ class PoP:
 
                 self.tracer = Tracer(config.name, config.tier, config.geo, config.tracing)
                 self.observers.add(self.tracer)
+            if config.residency.samples.rate > 0:
+                self.samples = Sampler(config.residency.samples, config.residency.secret,
+                                       config.region, self.data_dir / "samples" / "out")
+                self.observers.add(self.samples)
             if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
                                                  for s in config.pipeline):
                 self.http_cache = HttpCache(config.http_cache, self.data_dir)
@@ -127,6 +133,8 @@ class PoP:
             self.events_file.close()
         if self.tracer is not None:
             self.tracer.close()  # exports what is queued
+        if self.samples is not None:
+            self.samples.close()  # seals the open batch: shipped on the next start
         self.registry.close()
         self.wasm.close()
         self.stores.close()

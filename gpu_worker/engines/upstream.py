@@ -240,6 +240,7 @@ class _Stream:
         self.sink = sink
         self.traceparent = req.traceparent
         self.request_id = req.request_id
+        self.tenant = req.tenant
         self.window = req.window
         self.ahead = 0  # chunks sent minus chunks credited
         self.room = asyncio.Event()
@@ -441,6 +442,8 @@ class UpstreamEngine(Engine):
             headers["traceparent"] = st.traceparent  # the trace goes on upstream
         if st.request_id is not None:
             headers["x-request-id"] = st.request_id
+        if st.tenant is not None:
+            headers["x-edgefn-tenant"] = st.tenant
         async with client.stream("POST", path, content=body, headers=headers) as resp:
             if resp.status_code != 200:
                 raise _http_error(resp.status_code, await _read_body(resp, MAX_ERROR_BODY))

@@ -46,6 +46,7 @@ from runtime.security.ratelimit.admission import (
     settled_embedding,
     used_by,
 )
+from runtime.security.residency import forward_of
 from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
@@ -205,7 +206,8 @@ class OpenAIApi:
             gen = await self.ai.client.generate(
                 body.model, stream=body.stream, traceparent=trace,
                 request_id=ctx.request_id.decode() if ctx is not None and ctx.request_id
-                else None, **params)
+                else None, tenant=forward_of(ctx.decisions) if ctx is not None else None,
+                **params)
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 first = await _first(gen)  # errors before any output get a real status
