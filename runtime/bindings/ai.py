@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +39,7 @@ from runtime.security.ratelimit.admission import (
     settled_embedding,
     used_by,
 )
+from runtime.security.residency import ResidencySettings, sign
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
 OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
@@ -46,9 +48,11 @@ OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "reran
 class AIBinding:
     def __init__(self, service: AIService, owner: str, tenant: str | None = None,
                  budgets: TokenBudgets | None = None, cache: AICache | None = None,
-                 cache_settings: AICacheOverride | None = None) -> None:
+                 cache_settings: AICacheOverride | None = None,
+                 residency: ResidencySettings | None = None) -> None:
         """`owner`: the function; `tenant`: who its calls are charged to (and the
-        scope of its cache entries); `cache_settings`: its ``[cache.ai]``."""
+        scope of its cache entries); `cache_settings`: its ``[cache.ai]``;
+        `residency`: where `tenant` is pinned, its calls carry it, signed."""
         self.service = service
         self.owner = owner
         self.tenant = tenant or owner
@@ -57,6 +61,16 @@ class AIBinding:
         self.cache_settings = cache_settings
         self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
         self.ids = itertools.count(1)
+        self.residency = residency
+
+    def _hop(self) -> dict[str, Any]:
+        """For a pinned tenant: a request id of its own and the tenant signed for
+        it, which the upstream engine sends on so the next tier enforces the pin."""
+        res = self.residency
+        if res is None or not res.secret or self.tenant not in res.tenants:
+            return {}
+        rid = f"ai-{secrets.token_hex(12)}"
+        return {"request_id": rid, "tenant": sign(res.secret, self.tenant, rid)}
 
     async def call(self, op: str, a: dict[str, Any]) -> Any:
         """Run one AI operation. Raises `BindingError` (with the worker's reason for
@@ -102,7 +116,8 @@ class AIBinding:
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
-            gen = await self.service.client.generate(model, stream=True, **params)
+            gen = await self.service.client.generate(model, stream=True, **params,
+                                                     **self._hop())
         except BaseException as e:
             if ticket is not None:
                 await ticket.settle(used_by(ticket, gen, e))
@@ -118,7 +133,8 @@ class AIBinding:
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
-            gen = await self.service.client.generate(model, stream=False, **params)
+            gen = await self.service.client.generate(model, stream=False, **params,
+                                                     **self._hop())
             text, done = await gen.collect()
         except BaseException as e:
             if ticket is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from tests.support import EXAMPLES, ROOT
 
 MARK = f"RESMARK{uuid.uuid4().hex[:12]}"  # in paths, bodies, prompts and KV of acme-eu
 FUNCTIONS = f'functions = ["{EXAMPLES / "counter-py"}", "{EXAMPLES / "retrieval-py"}"]'
+EU_FUNCTIONS = FUNCTIONS.replace("]", ', "ai-acme"]')  # acme-eu's own, calling the model
 SETTINGS = """[pop.settings.events]
 file = "events.jsonl"
 prompts = true
@@ -70,7 +72,7 @@ tier = "edge"
 geo = "eu-west"
 region = "emea"
 parents = ["reg-eu", "central"]
-{FUNCTIONS}
+{EU_FUNCTIONS}
 {SETTINGS}
 [[pop]]
 name = "edge-us"
@@ -90,6 +92,11 @@ RESTARTED: list[subprocess.Popen[bytes]] = []  # PoPs a test started again
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("residency")
     (folder / "topology.toml").write_text(TOPOLOGY)
+    shutil.copytree(EXAMPLES / "ai-py", folder / "ai-acme")
+    manifest = (folder / "ai-acme" / "edgefn.toml").read_text()
+    (folder / "ai-acme" / "edgefn.toml").write_text(manifest.replace(
+        'name = "ai-py"', 'name = "ai-acme"\nowner = "acme-eu"').replace(
+        'routes = ["/ai-py", "/ai-py/rank"]', 'routes = ["/ai-acme"]'))
     runner.up(spec.load(folder / "topology.toml"), folder / "run", "test", timeout=300)
     try:
         yield folder / "run"
@@ -133,6 +140,8 @@ def workload(run: Path, keys: dict[tuple[str, str], str]) -> dict[str, list[int]
         ("pinned", "eu-west", eu, "POST", "/retrieval-py/docs", doc),
         ("pinned", "eu-west", eu, "POST", "/retrieval-py?k=1", [0.1, 0.2, 0.3]),
         ("pinned_chat", "eu-west", eu, "POST", "/v1/chat/completions", chat(f"Hi {MARK}")),
+        ("pinned_fn_ai", "eu-west", eu, "GET", f"/ai-acme?q=Hi+{MARK}&stream=0&max_tokens=3",
+         None),
         ("pinned_abroad", "us-east", keys["edge-us", "acme-eu"], "GET",
          f"/counter-py/{MARK}?q={MARK}", None),
         ("other", "us-east", us, "GET", "/counter-py/globex", None),
@@ -141,7 +150,7 @@ def workload(run: Path, keys: dict[tuple[str, str], str]) -> dict[str, list[int]
     ]:
         s = send(run, geo, key, method, path, body)
         out.setdefault(kind, []).append(s.status)
-        if kind == "pinned_chat" or kind == "pinned_abroad":
+        if kind in ("pinned_chat", "pinned_abroad", "pinned_fn_ai"):
             out.setdefault(kind + "_error", []).append(s.error)  # type: ignore[arg-type]
     return out
 
@@ -170,6 +179,9 @@ def test_a_pinned_tenants_data_stays_in_its_region(run: Path,
     # a miss in emea would need central (americas): central refuses instead of serving
     assert out["pinned_chat"] == [451], out
     assert "pinned to region 'emea'" in out["pinned_chat_error"][0]  # type: ignore[operator]
+    # acme-eu's function calls the model through the same tiers: refused at central too
+    assert out["pinned_fn_ai"] != [200], out
+    assert "ai.chat: tenant 'acme-eu' is pinned" in out["pinned_fn_ai_error"][0]  # type: ignore[operator]
     needle = MARK.encode()
     inside = _wait_for(lambda: files_with(pop_dir(run, "edge-eu"), needle), "events.jsonl")
     # the out-of-region event files hold these requests' events (3 at edge-us; at
