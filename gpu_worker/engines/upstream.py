@@ -152,6 +152,8 @@ def _code_for(status: int) -> str:
         return "timeout"
     if status in (429, 503):
         return "overloaded"
+    if status == 451:  # a tier of an edgefn topology serves no tenant pinned elsewhere
+        return "residency_violation"
     if 400 <= status < 500:
         return "invalid_request"
     return "upstream_error"

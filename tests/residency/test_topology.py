@@ -179,6 +179,7 @@ def test_a_pinned_tenants_data_stays_in_its_region(run: Path,
     # a miss in emea would need central (americas): central refuses instead of serving
     assert out["pinned_chat"] == [451], out
     assert "pinned to region 'emea'" in out["pinned_chat_error"][0]  # type: ignore[operator]
+    assert '"code":"residency_violation"' in out["pinned_chat_error"][0]  # type: ignore[operator]
     # acme-eu's function calls the model through the same tiers: refused at central too
     assert out["pinned_fn_ai"] != [200], out
     assert "ai.chat: tenant 'acme-eu' is pinned" in out["pinned_fn_ai_error"][0]  # type: ignore[operator]
