@@ -66,6 +66,9 @@ class Generate(_Msg, tag="gen"):
     # the asking request's x-request-id: the upstream engine forwards it, so one id
     # names the request on every tier it crosses
     request_id: str | None = None
+    # the signed x-edgefn-tenant of a pinned tenant's request (runtime.security.residency):
+    # the upstream engine forwards it, so the next tier enforces the pin too
+    tenant: str | None = None
 
 
 class Embed(_Msg, tag="embed"):

@@ -85,10 +85,13 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
         (data / "pop.json").write_bytes(msgspec.json.encode(info))
         purger = asyncio.get_running_loop().create_task(
             _purge_expired(pop, config.stores.purge_interval))
+        shipper = _ship_samples(pop)
         try:
             yield pop, public, admin
         finally:
             purger.cancel()
+            if shipper is not None:
+                shipper.cancel()
             (data / "pop.json").unlink(missing_ok=True)
             await admin.shutdown(1.0)
             if scrapes is not None:
@@ -102,6 +105,17 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
             await pop.ai.close()
         pop.close()
         lock.close()
+
+
+def _ship_samples(pop: PoP) -> asyncio.Task[None] | None:
+    """``[residency.samples]``: the task sending spooled batches to central."""
+    if pop.samples is None:
+        return None
+    from runtime.observe.samples import Shipper, http_post
+
+    res = pop.config.residency
+    shipper = Shipper(pop.samples, http_post(res.samples.to, res.secret))
+    return asyncio.get_running_loop().create_task(shipper.forever())
 
 
 async def _metrics_listener(pop: PoP, config: PopConfig) -> AdminThread | None:

@@ -58,6 +58,8 @@ from runtime.observe.dashboard.settings import DashboardSettings
 from runtime.observe.settings import EventsSettings, HealthSettings
 from runtime.observe.settings_metrics import MetricsSettings
 from runtime.observe.settings_tracing import TracingSettings
+from runtime.security import residency
+from runtime.security.residency import ResidencySettings
 from runtime.security.settings import AuthSettings, BotSettings, RateLimitSettings, WafSettings
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
@@ -153,6 +155,10 @@ class AuthStage(StageConfig, frozen=True, tag="auth"):
     """API keys and JWTs: who is calling (`Context.principal`); settings in ``[auth]``."""
 
 
+class ResidencyStage(StageConfig, frozen=True, tag="residency"):
+    """Tenants pinned to a region are served only in it; settings in ``[residency]``."""
+
+
 class RateLimitStage(StageConfig, frozen=True, tag="ratelimit"):
     """Request rates and AI token budgets; settings in ``[ratelimit]``."""
 
@@ -178,20 +184,21 @@ class DispatchStage(StageConfig, frozen=True, tag="dispatch"):
 
 
 Stage = (HealthStage | RequestIdStage | TracingStage | EventsStage | AccessLogStage | CorsStage
-         | WafStage | BotsStage | AuthStage | RateLimitStage | HttpCacheStage | AICacheStage
-         | OpenAIStage | RouteStage | DispatchStage)
+         | WafStage | BotsStage | AuthStage | ResidencyStage | RateLimitStage | HttpCacheStage
+         | AICacheStage | OpenAIStage | RouteStage | DispatchStage)
 
 
 def default_pipeline() -> list[Stage]:
     return [HealthStage(), RequestIdStage(), EventsStage(), AccessLogStage(), WafStage(),
-            BotsStage(), AuthStage(), RateLimitStage(), HttpCacheStage(), AICacheStage(),
-            OpenAIStage(), RouteStage(), DispatchStage()]
+            BotsStage(), AuthStage(), ResidencyStage(), RateLimitStage(), HttpCacheStage(),
+            AICacheStage(), OpenAIStage(), RouteStage(), DispatchStage()]
 
 
 class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     name: Annotated[str, Meta(pattern=NAME_PATTERN)] = "edge-local"
     tier: Literal["edge", "regional", "central"] = "edge"
     geo: Annotated[str, Meta(max_length=64)] = ""  # where it runs ("fra", "us-east"): a label
+    region: Annotated[str, Meta(max_length=64)] = ""  # its compliance region ([residency])
     data: str = ".edgefn"
     public: Listener = field(default_factory=Listener)
     admin: AdminListener = field(default_factory=AdminListener)
@@ -213,6 +220,8 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     dashboard: DashboardSettings = field(  # runtime.observe.dashboard
         default_factory=DashboardSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)  # runtime.observe.tracing
+    residency: ResidencySettings = field(  # runtime.security.residency
+        default_factory=ResidencySettings)
     pipeline: list[Stage] = field(default_factory=default_pipeline)
 
     @property
@@ -262,6 +271,7 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     problem = config.tracing.problem()
     if problem is not None:
         raise InvalidConfig(label, problem[1], f"tracing.{problem[0]}")
+    residency.check(config.residency, label)
     names = config.stage_names()
     for i, name in enumerate(names):
         if names.index(name) != i:

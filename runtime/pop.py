@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edgefn_core.errors import DeployError
 from runtime.ai.service import AIService
 from runtime.bindings import Stores
 from runtime.cache.http.cache import HttpCache
@@ -31,6 +32,7 @@ from runtime.observe.dashboard.aggregator import Rolling
 from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.observers import Observers
 from runtime.observe.ring import Ring
+from runtime.observe.samples import Sampler
 from runtime.observe.sink import JsonlSink
 from runtime.pipeline import build
 from runtime.security.keys import KeyRing, KeyStore
@@ -49,7 +51,8 @@ class PoP:
             self.ai = AIService(self.data_dir, config.ai.worker_config, config.ai.socket)
         self.keys = KeyRing(KeyStore(self.data_dir))  # API keys (`edgefn keys`)
         self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config),
-                             config.ai_cache)  # stores.ai_cache: the AI caches (with `ai`)
+                             config.ai_cache,  # stores.ai_cache: the AI caches (with `ai`)
+                             config.residency)
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,
@@ -65,6 +68,7 @@ class PoP:
         self.events_file: JsonlSink | None = None
         self.metrics: PopMetrics | None = None
         self.tracer: Tracer | None = None
+        self.samples: Sampler | None = None  # [residency.samples]: to central
         try:
             if events.file:
                 self.events_file = JsonlSink(self.data_dir / events.file, events.max_bytes,
@@ -78,6 +82,10 @@ class PoP:
 
                 self.tracer = Tracer(config.name, config.tier, config.geo, config.tracing)
                 self.observers.add(self.tracer)
+            if config.residency.samples.rate > 0:
+                self.samples = Sampler(config.residency.samples, config.residency.secret,
+                                       config.region, self.data_dir / "samples" / "out")
+                self.observers.add(self.samples)
             if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
                                                  for s in config.pipeline):
                 self.http_cache = HttpCache(config.http_cache, self.data_dir)
@@ -109,7 +117,13 @@ class PoP:
                           ai.client.metrics if ai is not None else None)
 
     def _vet(self, m: Manifest) -> None:
-        """Raises `DeployError` for a function asking for a WAF this PoP cannot run."""
+        """Raises `DeployError` for a function asking for a WAF this PoP cannot run,
+        or owned by a tenant pinned to another region ([residency])."""
+        home = self.config.residency.tenants.get(m.tenant)
+        if home is not None and home != self.config.region:
+            raise DeployError(f"function {m.name!r} belongs to tenant {m.tenant!r}, pinned to "
+                              f"region {home!r}; PoP {self.config.name!r} is in region "
+                              f"{self.config.region or '(none)'!r}")
         if m.waf is not None and m.waf.mode == "block":
             from runtime.security.waf import check_available
 
@@ -129,6 +143,8 @@ class PoP:
             self.events_file.close()
         if self.tracer is not None:
             self.tracer.close()  # exports what is queued
+        if self.samples is not None:
+            self.samples.close()  # seals the open batch: shipped on the next start
         self.registry.close()
         self.wasm.close()
         self.stores.close()

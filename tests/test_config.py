@@ -21,7 +21,7 @@ def test_defaults_build_the_default_pipeline() -> None:
     assert (cfg.name, cfg.tier, cfg.public.port, cfg.admin.port) == ("edge-local", "edge",
                                                                        8080, 0)
     assert cfg.stage_names() == ["health", "request_id", "events", "access_log", "waf", "bots",
-                                 "auth", "ratelimit", "http_cache", "ai_cache", "openai", "route", "dispatch"]
+                                 "auth", "residency", "ratelimit", "http_cache", "ai_cache", "openai", "route", "dispatch"]
     assert cfg.ai.enabled and cfg.http.max_body_bytes == 16 << 20
 
 

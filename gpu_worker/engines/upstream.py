@@ -153,6 +153,8 @@ def _code_for(status: int) -> str:
         return "timeout"
     if status in (429, 503):
         return "overloaded"
+    if status == 451:  # a tier of an edgefn topology serves no tenant pinned elsewhere
+        return "residency_violation"
     if 400 <= status < 500:
         return "invalid_request"
     return "upstream_error"
@@ -252,6 +254,7 @@ class _Stream:
         self.sink = sink
         self.traceparent = req.traceparent
         self.request_id = req.request_id
+        self.tenant = req.tenant
         self.window = req.window
         self.ahead = 0  # chunks sent minus chunks credited
         self.room = asyncio.Event()
@@ -456,6 +459,8 @@ class UpstreamEngine(Engine):
             headers["traceparent"] = st.traceparent  # the trace goes on upstream
         if st.request_id is not None:
             headers["x-request-id"] = st.request_id
+        if st.tenant is not None:
+            headers["x-edgefn-tenant"] = st.tenant
         async with client.stream("POST", path, content=body, headers=headers) as resp:
             if resp.status_code != 200:
                 raise _http_error(resp.status_code, await _read_body(resp, MAX_ERROR_BODY))

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 from runtime.net.message import Request, Response, json_response
 from runtime.net.openai_sse import Chunks
 from runtime.security.ratelimit.admission import Ticket, TokenBudgets, settled_embedding
+from runtime.security.residency import forward_of
 from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
@@ -224,10 +225,11 @@ class OpenAIApi:
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
             request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
+            tenant = forward_of(ctx.decisions) if ctx is not None else None
             for _ in range(body.n):
-                gens.append(await self.ai.client.generate(body.model, stream=body.stream,
-                                                          traceparent=trace,
-                                                          request_id=request_id, **params))
+                gens.append(await self.ai.client.generate(
+                    body.model, stream=body.stream, traceparent=trace, request_id=request_id,
+                    tenant=tenant, **params))
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status

@@ -34,6 +34,7 @@ from runtime.cache.stats import CacheStats
 from runtime.functions.manifest import Manifest
 from runtime.observe.traceparent import parse
 from runtime.security.ratelimit.admission import TokenBudgets
+from runtime.security.residency import ResidencySettings
 
 AI_TIMEOUT = 300.0
 
@@ -44,12 +45,15 @@ class Stores:
 
     def __init__(self, data_dir: Path, ai: AIService | None = None,
                  budgets: TokenBudgets | None = None,
-                 ai_cache: AICacheSettings | None = None) -> None:
+                 ai_cache: AICacheSettings | None = None,
+                 residency: ResidencySettings | None = None) -> None:
         """`budgets`: what functions' ``ai`` calls are charged to (their tenant's
         token budget and stream cap); None: not limited. `ai_cache`: the AI
         caches' settings (with `ai`, one `AICache` for the OpenAI API's
-        ``ai_cache`` stage and every function's ``ai`` binding)."""
+        ``ai_cache`` stage and every function's ``ai`` binding). `residency`: a
+        pinned tenant's ``ai`` calls carry its signed tenant to the next tier."""
         self.data_dir = data_dir
+        self.residency = residency or ResidencySettings()
         self.ai = ai
         self.budgets = budgets
         self._kv: KVStore | None = None
@@ -126,7 +130,7 @@ class Bindings:
         denied = ""
         if b.ai and stores.ai is not None:
             ai = AIBinding(stores.ai, m.name, m.tenant, stores.budgets, stores.ai_cache,
-                           m.cache.ai)
+                           m.cache.ai, stores.residency)
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
         fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms)

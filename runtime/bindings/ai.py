@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -47,6 +48,7 @@ from runtime.security.ratelimit.admission import (
     settled_embedding,
     used_by,
 )
+from runtime.security.residency import ResidencySettings, sign
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
 OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
@@ -55,9 +57,11 @@ OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "reran
 class AIBinding:
     def __init__(self, service: AIService, owner: str, tenant: str | None = None,
                  budgets: TokenBudgets | None = None, cache: AICache | None = None,
-                 cache_settings: AICacheOverride | None = None) -> None:
+                 cache_settings: AICacheOverride | None = None,
+                 residency: ResidencySettings | None = None) -> None:
         """`owner`: the function; `tenant`: who its calls are charged to (and the
-        scope of its cache entries); `cache_settings`: its ``[cache.ai]``."""
+        scope of its cache entries); `cache_settings`: its ``[cache.ai]``;
+        `residency`: where `tenant` is pinned, its calls carry it, signed."""
         self.service = service
         self.owner = owner
         self.tenant = tenant or owner
@@ -66,6 +70,16 @@ class AIBinding:
         self.cache_settings = cache_settings
         self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
         self.ids = itertools.count(1)
+        self.residency = residency
+
+    def _hop(self) -> dict[str, Any]:
+        """For a pinned tenant: a request id of its own and the tenant signed for
+        it, which the upstream engine sends on so the next tier enforces the pin."""
+        res = self.residency
+        if res is None or not res.secret or self.tenant not in res.tenants:
+            return {}
+        rid = f"ai-{secrets.token_hex(12)}"
+        return {"request_id": rid, "tenant": sign(res.secret, self.tenant, rid)}
 
     async def call(self, op: str, a: dict[str, Any], traceparent: str | None = None) -> Any:
         """Run one AI operation; a model call carries `traceparent` (the calling
@@ -118,7 +132,8 @@ class AIBinding:
         gen: Generation | None = None
         try:
             gen = await self.service.client.generate(model, stream=True,
-                                                     traceparent=traceparent, **params)
+                                                     traceparent=traceparent, **params,
+                                                     **self._hop())
         except BaseException as e:
             if ticket is not None:
                 await ticket.settle(used_by(ticket, gen, e))
@@ -136,7 +151,8 @@ class AIBinding:
         gen: Generation | None = None
         try:
             gen = await self.service.client.generate(model, stream=False,
-                                                     traceparent=traceparent, **params)
+                                                     traceparent=traceparent, **params,
+                                                     **self._hop())
             text, done = await gen.collect()
         except BaseException as e:
             if ticket is not None:

@@ -127,6 +127,8 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.bots import Bots
 
             return Bots.from_settings(pop.config.bots, targets)
+        case c.ResidencyStage():
+            return _residency(pop)
         case c.RateLimitStage():
             from runtime.pipeline.stages.ratelimit import RateLimit
 
@@ -149,6 +151,16 @@ def _auth(pop: PoP, targets: Targets) -> Stage:
     settings = pop.config.auth
     jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
     return Auth(settings, pop.keys, targets, jwt)
+
+
+def _residency(pop: PoP) -> Stage:
+    from runtime.observe.samples import Ingest
+    from runtime.pipeline.stages.residency import Residency
+
+    cfg = pop.config
+    ingest = Ingest(cfg.residency.secret, cfg.data_dir / "samples" / "in") \
+        if cfg.residency.samples.ingest else None
+    return Residency(cfg.residency, cfg.name, cfg.region, ingest)
 
 
 def _http_cache(pop: PoP, targets: Targets) -> Stage | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.topology import residency
 from runtime.topology.links import LinksConfig, LinkSpec, Route
 from runtime.topology.rundir import pop_dir
 from runtime.topology.spec import PopSpec, Topology
@@ -120,6 +121,7 @@ def write(run: Path, topo: Topology, ports: Network) -> None:
     for p in topo.pop:
         data = pop_dir(run, p.name)
         data.mkdir(parents=True, exist_ok=True)
-        (data / "pop.toml").write_bytes(msgspec.toml.encode(pop_settings(run, p, ports)))
+        settings = {**pop_settings(run, p, ports), **residency.pop_fields(run, topo, p, ports)}
+        (data / "pop.toml").write_bytes(msgspec.toml.encode(settings))
         if p.parents:
             (data / "models.toml").write_bytes(msgspec.toml.encode(worker_settings(p, ports)))

@@ -66,6 +66,17 @@ class Region(Struct, forbid_unknown_fields=True, frozen=True):
     redis: bool = False
 
 
+class Tenant(Struct, forbid_unknown_fields=True, frozen=True):
+    name: Annotated[str, Meta(min_length=1, max_length=128)]
+    residency: Name
+
+
+class Samples(Struct, forbid_unknown_fields=True, frozen=True):
+    rate: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    batch: Annotated[int, Meta(ge=1, le=100_000)] = 200
+    interval_s: Annotated[float, Meta(gt=0, le=3600)] = 1.0
+
+
 class PopSpec(Struct, forbid_unknown_fields=True, frozen=True):
     name: Name
     tier: Literal["edge", "regional", "central"]
@@ -81,6 +92,8 @@ class Topology(Struct, forbid_unknown_fields=True, frozen=True):
     network: Network = field(default_factory=Network)
     region: list[Region] = []
     pop: list[PopSpec] = []
+    tenant: list[Tenant] = []
+    samples: Samples = field(default_factory=Samples)
 
     def named(self, name: str) -> PopSpec:
         return next(p for p in self.pop if p.name == name)
@@ -116,6 +129,10 @@ def check(topo: Topology, label: str) -> None:
     regions = {r.name for r in topo.region}
     for i, p in enumerate(topo.pop):
         _check_pop(topo, i, p, regions, label)
+    for i, t in enumerate(topo.tenant):
+        if t.residency not in regions:
+            raise InvalidConfig(label, f"no [[region]] is named {t.residency!r}",
+                                f"tenant[{i}].residency")
 
 
 def _check_ranges(net: Network, label: str) -> None:

@@ -1,0 +1,60 @@
+"""`residency`: a tenant pinned to a region (``[residency] tenants``) is served only
+by PoPs of that region. Runs after `auth`: the tenant is the principal's, or, on a
+request another PoP of the topology forwarded, the signed ``x-edgefn-tenant``
+header's (`runtime.security.residency`).
+
+Outside its region a pinned tenant's request is refused (451 ``residency_violation``)
+before any cache, store or function sees it, and its path and query are blanked so
+the refusal's event and log line carry none of its content. In its region the
+stage records the signed header for the hops the request makes (`forward_of`).
+On a PoP with ``[residency.samples] ingest`` it also answers the samples' ingest path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.net.message import Request
+from runtime.pipeline.stage import Context, Next, Result
+from runtime.security import residency as r
+
+BLANK_PATH = b"/[residency]"
+
+
+class Residency:
+    name = "residency"
+
+    def __init__(self, settings: r.ResidencySettings, pop: str, region: str,
+                 ingest: Any = None) -> None:
+        self.settings = settings
+        self.pop = pop
+        self.region = region
+        self.ingest = ingest  # runtime.observe.samples.Ingest, on central
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        if self.ingest is not None and request.path == self.ingest.path:
+            return self.ingest(request)
+        tenant = self._tenant(request, ctx)
+        home = self.settings.tenants.get(tenant) if tenant is not None else None
+        if tenant is None or home is None:
+            return call_next(request, ctx)
+        if home != self.region:
+            request.path, request.query = BLANK_PATH, b""
+            ctx.decide("residency", {"tenant_region": home, "result": "refused"})
+            raise r.refusal(tenant, home, self.pop, self.region)
+        record = {"tenant_region": home, "result": "ok"}
+        if self.settings.secret:
+            record["forward"] = r.sign(self.settings.secret, tenant, ctx.request_id.decode())
+        ctx.decide("residency", record)
+        return call_next(request, ctx)
+
+    def _tenant(self, request: Request, ctx: Context) -> str | None:
+        """The principal's tenant, else the signed header's. Raises `Rejected` (403)
+        for a header this topology did not sign."""
+        if ctx.principal is not None and ctx.principal.tenant:
+            return ctx.principal.tenant
+        value = request.header(r.TENANT_HEADER)
+        if value is None:
+            return None
+        return r.verify(self.settings.secret, value.decode("latin-1"), ctx.request_id.decode())
+

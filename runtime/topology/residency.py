@@ -1,0 +1,43 @@
+"""What a topology's ``[[tenant]]`` pins and ``[samples]`` become in each PoP's
+pop.toml: its ``region`` and a ``[residency]`` table (the pins, the topology's
+shared secret, and the samples: every non-central PoP ships to central, which
+ingests). The secret is drawn once per run folder (RUN_DIR/secret, mode 0600)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runtime.observe.samples import INGEST_PATH
+
+if TYPE_CHECKING:
+    from runtime.topology.plan import Network
+    from runtime.topology.spec import PopSpec, Topology
+
+
+def secret(run: Path) -> str:
+    """The run's shared secret, drawn on first use."""
+    path = run / "secret"
+    if not path.exists():
+        run.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(24))
+    return path.read_text().strip()
+
+
+def pop_fields(run: Path, topo: Topology, p: PopSpec, ports: Network) -> dict[str, Any]:
+    """``region`` and ``[residency]`` for `p`'s pop.toml."""
+    central = next(q for q in topo.pop if q.tier == "central")
+    samples: dict[str, Any] = {"rate": 0.0, "batch": topo.samples.batch,
+                               "interval_s": topo.samples.interval_s}
+    if p.tier == "central":
+        samples["ingest"] = True
+    else:
+        samples["rate"] = topo.samples.rate
+        samples["to"] = f"http://127.0.0.1:{ports.public[central.name]}{INGEST_PATH.decode()}"
+    return {"region": p.region, "residency": {
+        "tenants": {t.name: t.residency for t in topo.tenant}, "secret": secret(run),
+        "samples": samples}}

@@ -1,0 +1,46 @@
+"""A function owned by a pinned tenant is deployed only on PoPs of its region: its
+KV namespaces and vector indexes would otherwise be written outside it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import DeployError
+from runtime import config
+from runtime.functions import deploys
+from runtime.pop import PoP
+from tests.support import EXAMPLES
+
+
+def pop(tmp_path: Path, region: str) -> PoP:
+    return PoP(config.load(None, data=str(tmp_path), name="pop-a", region=region, **{
+        "ai.enabled": False, "residency.tenants": {"examples": "emea"}}))
+
+
+def deploy(p: PoP, folder: str) -> object:
+    return asyncio.run(p.registry.deploy(deploys.pack_dir(EXAMPLES / folder)))
+
+
+def test_a_pinned_owners_function_is_refused_outside_its_region(tmp_path: Path) -> None:
+    p = pop(tmp_path, "americas")
+    try:
+        with pytest.raises(DeployError, match=r"tenant 'examples', pinned to region 'emea'; "
+                                              r"PoP 'pop-a' is in region 'americas'"):
+            deploy(p, "counter-py")  # owner = "examples"
+        assert "counter-py" not in p.registry.functions
+        deploy(p, "hello-wat")  # no owner: its own tenant, not pinned
+        assert "hello" in p.registry.functions
+    finally:
+        p.close()
+
+
+def test_in_its_region_it_deploys(tmp_path: Path) -> None:
+    p = pop(tmp_path, "emea")
+    try:
+        deploy(p, "counter-py")
+        assert "counter-py" in p.registry.functions
+    finally:
+        p.close()

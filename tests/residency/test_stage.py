@@ -1,0 +1,119 @@
+"""The `residency` stage without sockets: the real request_id and events stages in
+front of it, a stage that plays `auth` (sets the principal) before it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.net.message import Request, Response
+from runtime.pipeline.stage import Context, Next, Result
+from runtime.pipeline.stages.residency import BLANK_PATH, Residency
+from runtime.security import residency as r
+from runtime.security.principal import Principal
+from tests.observe.events.helpers import events_chain, request, run
+
+SECRET = "s3cret-of-this-topology"
+SETTINGS = r.ResidencySettings(tenants={"acme-eu": "emea"}, secret=SECRET)
+
+
+class As:
+    """Plays `auth`: the request comes from `tenant`."""
+
+    name = "as"
+
+    def __init__(self, tenant: str | None) -> None:
+        self.tenant = tenant
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        if self.tenant is not None:
+            ctx.principal = Principal(kind="key", tenant=self.tenant, key_id="k_1")
+        return call_next(request, ctx)
+
+
+class Forwarded:
+    """Keeps the ``x-edgefn-tenant`` a hop from this request would carry."""
+
+    name = "forwarded"
+
+    def __init__(self) -> None:
+        self.values: list[str | None] = []
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        self.values.append(r.forward_of(ctx.decisions))
+        return Response(200, [], b"served")
+
+
+def chain(tenant: str | None, region: str, settings: r.ResidencySettings = SETTINGS):
+    tail = Forwarded()
+    app, seen, _ = events_chain(As(tenant), Residency(settings, "pop-a", region), tail)
+    return app, seen, tail
+
+
+def with_rid(rid: bytes, *headers: tuple[bytes, bytes]) -> Request:
+    req = request(b"/v1/chat/completions", method=b"POST")
+    req.headers += [(b"x-request-id", rid), *headers]
+    return req
+
+
+def test_a_pinned_tenant_outside_its_region_is_refused_and_leaves_no_path() -> None:
+    app, seen, tail = chain("acme-eu", region="americas")
+    response = run(app(request(b"/orders/MARKER-123", b"q=MARKER-456")))
+    assert response.status == 451
+    error = json.loads(response.body)["error"]  # type: ignore[arg-type]
+    assert error["kind"] == "residency_violation"  # the PoP's shape (OpenAI's on /v1: e2e)
+    assert "'emea'" in error["message"] and "'americas'" in error["message"]
+    assert tail.values == [], "nothing after the stage saw it"
+    event = seen.events[0]
+    assert event.path == BLANK_PATH.decode() and event.query == ""
+    assert "MARKER" not in json.dumps(event.decisions)
+
+
+def test_in_its_region_it_is_served_and_its_hops_carry_a_signed_tenant() -> None:
+    app, seen, tail = chain("acme-eu", region="emea")
+    response = run(app(with_rid(b"rid-1")))
+    assert response.status == 200 and seen.events[0].path == "/v1/chat/completions"
+    assert tail.values == [r.sign(SECRET, "acme-eu", "rid-1")]
+
+
+@pytest.mark.parametrize("tenant", [None, "someone-else"])
+def test_tenants_not_pinned_pass_anywhere_and_carry_nothing(tenant: str | None) -> None:
+    app, _, tail = chain(tenant, region="americas")
+    assert run(app(request())).status == 200
+    assert tail.values == [None]
+
+
+def test_the_next_tier_enforces_the_pin_from_the_signed_header() -> None:
+    app, _, tail = chain(None, region="americas")
+    header = (r.TENANT_HEADER, r.sign(SECRET, "acme-eu", "rid-2").encode())
+    response = run(app(with_rid(b"rid-2", header)))
+    assert response.status == 451 and tail.values == []
+    app, _, tail = chain(None, region="emea")
+    assert run(app(with_rid(b"rid-2", header))).status == 200
+    assert tail.values == [header[1].decode()], "and passes it on to the tier after it"
+
+
+@pytest.mark.parametrize("value", [
+    b"acme-eu;" + b"0" * 32,  # a made-up tag
+    r.sign("another-topology-secret", "acme-eu", "rid-3").encode(),
+    r.sign(SECRET, "acme-eu", "another-request").encode(),  # replayed from another request
+    b"acme-eu",
+])
+def test_a_tenant_header_this_topology_did_not_sign_is_forbidden(value: bytes) -> None:
+    app, _, tail = chain(None, region="emea")
+    response = run(app(with_rid(b"rid-3", (r.TENANT_HEADER, value))))
+    assert response.status == 403 and tail.values == []
+    assert b"x-edgefn-tenant" in response.body  # type: ignore[operator]
+
+
+def test_without_a_secret_a_tenant_header_is_not_trusted() -> None:
+    app, _, _ = chain(None, region="emea", settings=r.ResidencySettings(
+        tenants={"acme-eu": "emea"}))
+    header = (r.TENANT_HEADER, r.sign(SECRET, "acme-eu", "rid-4").encode())
+    assert run(app(with_rid(b"rid-4", header))).status == 403
+
+
+def test_answers_on_the_chain_without_a_task() -> None:
+    app, _, _ = chain("acme-eu", region="emea")
+    assert isinstance(app(request()), Response)

@@ -1,0 +1,297 @@
+"""Data residency on a small topology of real processes: two regions, a pinned
+tenant (``acme-eu`` -> emea) whose requests carry a unique marker, an unpinned one
+(``globex``) beside it; then every file of every out-of-region PoP (LMDB, events,
+caches, spools, logs) is searched for the marker.
+
+    emea:     edge-eu (eu-west) -> reg-eu -> central
+    americas: edge-us (us-east) -> central (the model)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.admin.client import AdminClient
+from runtime.security.keys import KeyStore
+from runtime.topology import runner, spec
+from runtime.topology.load import Client, Sample
+from runtime.topology.rundir import pop_dir, read_state, write_state
+from tests.support import EXAMPLES, ROOT
+
+MARK = f"RESMARK{uuid.uuid4().hex[:12]}"  # in paths, bodies, prompts and KV of acme-eu
+FUNCTIONS = f'functions = ["{EXAMPLES / "counter-py"}", "{EXAMPLES / "retrieval-py"}"]'
+EU_FUNCTIONS = FUNCTIONS.replace("]", ', "ai-acme"]')  # acme-eu's own, calling the model
+SETTINGS = """[pop.settings.events]
+file = "events.jsonl"
+prompts = true
+[pop.settings.http_cache]
+default_ttl = 600
+"""
+TOPOLOGY = f"""
+[network]
+client_edge_rtt_ms = [4, 4]
+edge_regional_rtt_ms = [10, 10]
+central_rtt_ms = [20, 20]
+jitter_ms = 0.0
+[samples]
+rate = 1.0
+interval_s = 0.3
+[[region]]
+name = "emea"
+[[region]]
+name = "americas"
+[[tenant]]
+name = "acme-eu"
+residency = "emea"
+[[pop]]
+name = "central"
+tier = "central"
+region = "americas"
+{SETTINGS}
+[[pop]]
+name = "reg-eu"
+tier = "regional"
+region = "emea"
+parents = ["central"]
+{SETTINGS}
+[[pop]]
+name = "edge-eu"
+tier = "edge"
+geo = "eu-west"
+region = "emea"
+parents = ["reg-eu", "central"]
+{EU_FUNCTIONS}
+{SETTINGS}
+[[pop]]
+name = "edge-us"
+tier = "edge"
+geo = "us-east"
+region = "americas"
+parents = ["central"]
+{FUNCTIONS}
+{SETTINGS}
+"""
+
+
+RESTARTED: list[subprocess.Popen[bytes]] = []  # PoPs a test started again
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("residency")
+    (folder / "topology.toml").write_text(TOPOLOGY)
+    shutil.copytree(EXAMPLES / "ai-py", folder / "ai-acme")
+    manifest = (folder / "ai-acme" / "edgefn.toml").read_text()
+    (folder / "ai-acme" / "edgefn.toml").write_text(manifest.replace(
+        'name = "ai-py"', 'name = "ai-acme"\nowner = "acme-eu"').replace(
+        'routes = ["/ai-py", "/ai-py/rank"]', 'routes = ["/ai-acme"]'))
+    runner.up(spec.load(folder / "topology.toml"), folder / "run", "test", timeout=300)
+    try:
+        yield folder / "run"
+    finally:
+        runner.down(folder / "run")
+        for proc in RESTARTED:  # stopped by `down` (the run's state names them)
+            proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def keys(run: Path) -> dict[tuple[str, str], str]:
+    """(edge, tenant) -> an API key of that tenant on that edge."""
+    made = {}
+    for edge in ("edge-eu", "edge-us"):
+        for tenant in ("acme-eu", "globex"):
+            made[edge, tenant] = KeyStore(pop_dir(run, edge)).create(tenant, ("*",))[0]
+        AdminClient(pop_dir(run, edge), timeout=30).request("POST", "/v1/keys/reload")
+    return made
+
+
+def send(run: Path, geo: str, key: str, method: str, path: str,
+         body: object = None) -> Sample:
+    raw = json.dumps(body).encode() if body is not None else None
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    with Client(geo, runner.read_network(run).entries[geo]) as client:
+        return client.send("r", method, path, raw, headers)
+
+
+def chat(text: str) -> dict[str, object]:
+    return {"model": "smollm2-135m", "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": text}]}
+
+
+def workload(run: Path, keys: dict[tuple[str, str], str]) -> dict[str, list[int]]:
+    """The mixed workload; returns the statuses per kind."""
+    eu, us = keys["edge-eu", "acme-eu"], keys["edge-us", "globex"]
+    doc = [{"id": f"doc-{MARK}", "vector": [0.1, 0.2, 0.3], "text": f"contract {MARK}"}]
+    out: dict[str, list[int]] = {}
+    for kind, geo, key, method, path, body in [
+        ("pinned", "eu-west", eu, "GET", f"/counter-py/{MARK}", None),
+        ("pinned", "eu-west", eu, "POST", "/retrieval-py/docs", doc),
+        ("pinned", "eu-west", eu, "POST", "/retrieval-py?k=1", [0.1, 0.2, 0.3]),
+        ("pinned_chat", "eu-west", eu, "POST", "/v1/chat/completions", chat(f"Hi {MARK}")),
+        ("pinned_fn_ai", "eu-west", eu, "GET", f"/ai-acme?q=Hi+{MARK}&stream=0&max_tokens=3",
+         None),
+        ("pinned_abroad", "us-east", keys["edge-us", "acme-eu"], "GET",
+         f"/counter-py/{MARK}?q={MARK}", None),
+        ("other", "us-east", us, "GET", "/counter-py/globex", None),
+        ("other", "eu-west", keys["edge-eu", "globex"], "GET", "/counter-py/globex", None),
+        ("other_chat", "us-east", us, "POST", "/v1/chat/completions", chat("Say hi.")),
+    ]:
+        s = send(run, geo, key, method, path, body)
+        out.setdefault(kind, []).append(s.status)
+        if kind in ("pinned_chat", "pinned_abroad", "pinned_fn_ai"):
+            out.setdefault(kind + "_error", []).append(s.error)  # type: ignore[arg-type]
+    return out
+
+
+def files_with(root: Path, needle: bytes) -> list[str]:
+    """Every file under `root` (binary included) that holds `needle`."""
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            try:
+                if needle in path.read_bytes():
+                    found.append(str(path.relative_to(root)))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_pinned_tenants_data_stays_in_its_region(run: Path,
+                                                   keys: dict[tuple[str, str], str]) -> None:
+    before = {p: _events(run, p) for p in ("edge-us", "central")}
+    out = workload(run, keys)
+    assert out["pinned"] == [200, 201, 200] and out["other"] == [200, 200]
+    assert out["other_chat"] == [200], "unpinned traffic crosses regions as before"
+    assert out["pinned_abroad"] == [451], out
+    assert "residency_violation" in out["pinned_abroad_error"][0]  # type: ignore[operator]
+    # a miss in emea would need central (americas): central refuses instead of serving
+    assert out["pinned_chat"] == [451], out
+    assert "pinned to region 'emea'" in out["pinned_chat_error"][0]  # type: ignore[operator]
+    assert '"code":"residency_violation"' in out["pinned_chat_error"][0]  # type: ignore[operator]
+    # acme-eu's function calls the model through the same tiers: refused at central too
+    assert out["pinned_fn_ai"] != [200], out
+    assert "ai.chat: tenant 'acme-eu' is pinned" in out["pinned_fn_ai_error"][0]  # type: ignore[operator]
+    needle = MARK.encode()
+    inside = _wait_for(lambda: files_with(pop_dir(run, "edge-eu"), needle), "events.jsonl")
+    # the out-of-region event files hold these requests' events (3 at edge-us; at
+    # central globex's chat and acme-eu's refused one) before they are searched
+    _wait_for(lambda: [p for p, n in (("edge-us", 3), ("central", 2))
+                       if _events(run, p) >= before[p] + n], "central", "edge-us")
+    everywhere = files_with(run, needle)  # every PoP's data dir and log, the links' log
+    outside = [f for f in everywhere if not f.startswith(("pops/edge-eu/", "pops/reg-eu/"))]
+    assert outside == [], outside
+    # the search sees what it looks for: emea holds the marker in KV, vectors' docs, events
+    assert any(f.endswith(".mdb") for f in inside), inside
+    assert "events.jsonl" in inside and "pop.toml" not in inside
+
+
+def _wait_for(find: Callable[[], list[str]], *names: str) -> list[str]:
+    """`find()` once it lists every one of `names` (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = find()
+        if set(names) <= set(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def _sample_rows(run: Path) -> list[dict[str, object]]:
+    folder = pop_dir(run, "central") / "samples" / "in"
+    return [json.loads(line) for f in sorted(folder.glob("*.jsonl"))
+            for line in f.read_text().splitlines()]
+
+
+def _events(run: Path, pop: str) -> int:
+    path = pop_dir(run, pop) / "events.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _settled(run: Path, least: int, deadline: float) -> tuple[int, int]:
+    """(sample rows at central, events at the non-central PoPs) once they agree
+    and there are at least `least` events."""
+    while True:
+        rows = len(_sample_rows(run))
+        events = sum(_events(run, p) for p in ("edge-eu", "edge-us", "reg-eu"))
+        if (rows == events >= least) or time.monotonic() > deadline:
+            return rows, events
+        time.sleep(0.1)
+
+
+def test_samples_reach_central_scrubbed_and_survive_its_outage(
+        run: Path, keys: dict[tuple[str, str], str]) -> None:
+    eu, us = keys["edge-eu", "acme-eu"], keys["edge-us", "globex"]
+    first = sum(_events(run, p) for p in ("edge-eu", "edge-us", "reg-eu")) + 1
+    assert send(run, "eu-west", eu, "GET", f"/counter-py/{MARK}").status == 200
+    rows, events = _settled(run, first, time.monotonic() + 30)
+    assert rows == events > 0, "every event of the edges and regionals is sampled once"
+    text = json.dumps(_sample_rows(run))
+    assert MARK not in text and "acme-eu" not in text and "globex" not in text
+    state = read_state(run)
+    assert state is not None
+    central = next(p for p in state.pops if p.name == "central")
+    os.kill(central.pid, signal.SIGTERM)
+    _wait_gone(central.pid, time.monotonic() + 30)
+    for i in range(6):
+        assert send(run, "eu-west", eu, "GET", f"/counter-py/{MARK}-{i}").status == 200
+        assert send(run, "us-east", us, "GET", f"/counter-py/x{i}").status == 200
+    spooled = _spooled(run)
+    deadline = time.monotonic() + 10
+    while not spooled and time.monotonic() < deadline:
+        time.sleep(0.1)
+        spooled = _spooled(run)
+    assert spooled, "with central down the batches wait on disk"
+    pid = _restart(run, central.public)
+    write_state(run, type(state)(source=state.source, pops=[
+        type(p)(**{**{f: getattr(p, f) for f in p.__struct_fields__},
+                   "pid": pid if p.name == "central" else p.pid}) for p in state.pops]))
+    rows, events = _settled(run, first + 12, time.monotonic() + 60)
+    assert rows == events, "none lost, none twice"
+    arrived = {f.stem for f in (pop_dir(run, "central") / "samples" / "in").glob("*.jsonl")}
+    assert spooled <= arrived and _spooled(run) == set()
+
+
+def _spooled(run: Path) -> set[str]:
+    return {f.stem for p in ("edge-eu", "edge-us", "reg-eu")
+            for f in (pop_dir(run, p) / "samples" / "out").glob("*.jsonl")}
+
+
+def _wait_gone(pid: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # runner started it from this process
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still runs")
+
+
+def _restart(run: Path, public: str) -> int:
+    log = open(pop_dir(run, "central") / "pop.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config",
+                             str(pop_dir(run, "central") / "pop.toml")], cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log.close()
+    RESTARTED.append(proc)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{public}/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc.pid
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError("central did not come back")
