@@ -19,6 +19,7 @@ admission and is settled with its usage when it ends (`OpenAIApi._admit`).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import secrets
 import struct
@@ -215,13 +216,14 @@ class OpenAIApi:
         record.usage.temperature = params.get("temperature")
         record.usage.max_tokens = params.get("max_tokens")
         record.usage.user = body.user or getattr(body, "safety_identifier", None)
-        found = await self.catalog.get(body.model)  # unknown: the worker's 404 below
-        fingerprint = found["fingerprint"] if found is not None else None
         ticket = await self._admit(ctx, body.model, body.stream,
                                    self._reserved(params.get("max_tokens"), body.n),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         gens: list[Generation] = []
+        # the model build's fingerprint, asked beside the generation (never in front of
+        # it: a worker that does not answer is the generation's own timeout)
+        lookup = asyncio.ensure_future(self.catalog.get(body.model))
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
             request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
@@ -234,15 +236,18 @@ class OpenAIApi:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status
                 record.first_token()
+                fingerprint = await _fingerprint(lookup)
                 sse = choices.sse(gens, firsts, Chunks(rid, body.model, chat, fingerprint, usage),
                                   usage, ticket, record, params)
                 if ticket is not None:  # a body never read settles when it is dropped
                     weakref.finalize(sse, ticket.abandon)
                 return Response(200, list(SSE_HEADERS), sse)
             results = await choices.collect_all(gens, record)
+            fingerprint = await _fingerprint(lookup)
             if ticket is not None:
                 await ticket.settle(choices.charged(ticket, gens, None))
         except BaseException as e:
+            _drop(lookup)
             record.finish(None, sum(g.tokens for g in gens), "error")
             await choices.close_all(gens)
             if ticket is not None:
@@ -349,6 +354,25 @@ def _one_prompt(prompt: str | list[str]) -> str:
         raise ApiError("invalid_request", 400, "only one prompt per request is supported",
                        param="prompt")
     return prompt[0]
+
+
+async def _fingerprint(lookup: asyncio.Future[dict[str, Any] | None]) -> str | None:
+    """The fingerprint `lookup` found, or None (an unknown model, a worker that could
+    not say: the answer goes out without one)."""
+    try:
+        found = await lookup
+    except WorkerError:
+        return None
+    return found["fingerprint"] if found is not None else None
+
+
+def _drop(lookup: asyncio.Future[Any]) -> None:
+    """Stop a lookup nobody will read (its failure, if any, is not logged)."""
+    if lookup.done():
+        if not lookup.cancelled():
+            lookup.exception()
+    else:
+        lookup.cancel()
 
 
 def _completion(rid: str, model: str, chat: bool, fingerprint: str | None,
