@@ -91,5 +91,5 @@ def test_quick_run_sweeps_real_embeddings_and_picks_a_setting_meeting_recall() -
     assert float(pick[5]) >= 0.98
     best_met = max(int(g[5]) for g in sweep if float(g[4]) >= 0.98)
     assert int(pick[6]) == best_met  # the fastest of those meeting the target
-    store = re.search(r"through kv.vectors.VectorStore: .* recall ([\d.]+)", out)
+    store = re.search(r"through kv.vectors.VectorStore, the pick .* recall ([\d.]+)", out)
     assert store is not None and float(store[1]) >= 0.97, out
