@@ -55,7 +55,7 @@ class IndexConfig:
     dtype: str = "f32"
     connectivity: int = 16
     expansion_add: int = 128
-    expansion_search: int = 256
+    expansion_search: int = 64
 
 
 @dataclass
