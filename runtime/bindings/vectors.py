@@ -65,9 +65,8 @@ def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:
         case "delete":
             return vs.delete(index, a["ids"])
         case "create":
-            config = vs.create(index, int(a["dim"]), a.get("metric", "cos"),
-                               a.get("dtype", "f32"), **{k: a[k] for k in GRAPH_LIMITS if
-                                                         a.get(k) is not None})
+            config = vs.create(index, int(a["dim"]), a.get("metric", "cos"), a.get("dtype"),
+                               **{k: a[k] for k in GRAPH_LIMITS if a.get(k) is not None})
             return config.__dict__
         case "stats":
             return vs.stats(index)
