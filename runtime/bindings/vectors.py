@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import BindingError
-from kv.vectors import VectorStore
+from kv.vectors import GRAPH_LIMITS, VectorStore
 from runtime.bindings import owners
 
 if TYPE_CHECKING:
@@ -65,8 +65,8 @@ def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:
         case "delete":
             return vs.delete(index, a["ids"])
         case "create":
-            config = vs.create(index, int(a["dim"]), a.get("metric", "cos"),
-                               a.get("dtype", "f32"))
+            config = vs.create(index, int(a["dim"]), a.get("metric", "cos"), a.get("dtype"),
+                               **{k: a[k] for k in GRAPH_LIMITS if a.get(k) is not None})
             return config.__dict__
         case "stats":
             return vs.stats(index)

@@ -400,8 +400,16 @@ def _vectors_command(c: Commands) -> None:
     o.add_argument("index")
     o.add_argument("--dim", type=int, required=True, help="number of dimensions")
     o.add_argument("--metric", default="cos", choices=["cos", "ip", "l2"], help="distance")
-    o.add_argument("--dtype", default="f32", choices=["f32", "f16", "i8"],
-                   help="how vectors are stored")
+    o.add_argument("--dtype", choices=["f32", "f16", "i8"],
+                   help="how the index holds vectors; LMDB keeps them as f32 (default: "
+                        "kv.vectors.IndexConfig's)")
+    o.add_argument("--connectivity", type=int,
+                   help="HNSW graph links per node (default: kv.vectors.IndexConfig's)")
+    o.add_argument("--expansion-add", type=int,
+                   help="candidates considered per insert (default: IndexConfig's)")
+    o.add_argument("--expansion-search", type=int,
+                   help="candidates considered per query: recall against speed "
+                        "(default: IndexConfig's)")
     o = c.op(ops, "upsert", "add or replace one vector",
              "edgefn vectors upsert emb doc1 --vector '[1, 0, 0]' --metadata '{\"lang\": \"en\"}'")
     o.add_argument("index")

@@ -106,7 +106,9 @@ def vectors_command(args: argparse.Namespace) -> None:
 def _vector_args(args: argparse.Namespace) -> dict[str, Any]:
     match args.op:
         case "create":
-            return {"dim": args.dim, "metric": args.metric, "dtype": args.dtype}
+            return {"dim": args.dim, "metric": args.metric, "dtype": args.dtype,
+                    "connectivity": args.connectivity, "expansion_add": args.expansion_add,
+                    "expansion_search": args.expansion_search}
         case "upsert":
             return {"items": [{"id": args.id, "vector": args.vector,
                                "metadata": args.metadata}]}

@@ -69,3 +69,13 @@ def test_commands_go_through_a_running_pop(tmp_path: Path) -> None:
         # the PoP's own in-memory index sees the write at once
         assert running.pop.stores.vectors.query("live", [1, 0], 1)[0].id == "x"
         assert running.pop.stores.kv.get("live", b"k") == b"v"
+
+
+def test_vectors_create_takes_graph_settings_and_refuses_bad_ones(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    ok("vectors", "create", "emb", "--dim", "2", "--connectivity", "8",
+       "--expansion-search", "32", data=d)
+    stats = json.loads(ok("vectors", "stats", "emb", data=d))
+    assert (stats["connectivity"], stats["expansion_search"]) == (8, 32)
+    r = edgefn("vectors", "create", "other", "--dim", "2", "--expansion-add", "5", data=d)
+    assert r.returncode == 1 and b"expansion_add must be an integer 8..4096, got 5" in r.stderr

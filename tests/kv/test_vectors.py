@@ -170,3 +170,36 @@ def test_an_id_repeated_in_one_upsert_keeps_the_last(tmp_path: Path) -> None:
         vec, meta = s.get("v", "a")
         assert vec.tolist() == [0, 1] and meta == {"n": 2}
         assert s.stats("v")["indexed"] == 1
+
+
+def test_graph_settings_are_stored_applied_and_kept_across_reopen(tmp_path: Path) -> None:
+    with VectorStore(tmp_path) as s:
+        s.create("g", 4, connectivity=8, expansion_add=64, expansion_search=24)
+        s.upsert("g", [("a", [1, 0, 0, 0], None)])
+        assert s.create("g", 4).connectivity == 8  # settings left out are not compared
+        s.create("old", 4, dtype="f32")  # made before f16 was the default
+        assert s.create("old", 4).dtype == "f32"
+        assert s.create("new", 4).dtype == "f16"
+    with VectorStore(tmp_path) as s:
+        stats = s.stats("g")
+        assert (stats["connectivity"], stats["expansion_add"], stats["expansion_search"]) == (
+            8, 64, 24)
+        index = s._open["g"].index  # the usearch index itself runs with them
+        assert (index.connectivity, index.expansion_add, index.expansion_search) == (8, 64, 24)
+        with pytest.raises(InvalidValue, match="exists with dim=4 metric=cos connectivity=8"):
+            s.create("g", 4, connectivity=16)
+        with pytest.raises(InvalidValue, match="exists with dim=4 metric=cos dtype=f16"):
+            s.create("g", 4, dtype="f32")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("connectivity", 1), ("connectivity", 129), ("expansion_add", 7),
+    ("expansion_search", 4097), ("expansion_search", "64"), ("connectivity", True),
+    ("expansion_add", 64.0),
+])
+def test_bad_graph_settings_are_refused_by_name(tmp_path: Path, field: str,
+                                                value: object) -> None:
+    with VectorStore(tmp_path) as s:
+        with pytest.raises(InvalidValue, match=f"{field} must be an integer .*got {value!r}"):
+            s.create("g", 4, **{field: value})  # type: ignore[arg-type]
+        assert s.names() == []
