@@ -17,6 +17,7 @@ from typing import IO
 import msgspec
 
 from edgefn_core.errors import DataDirBusy, WorkerError
+from edgefn_core.secret_file import secret_file
 from runtime.admin.client import PopInfo
 from runtime.admin.thread import AdminThread
 from runtime.config import PopConfig
@@ -28,13 +29,7 @@ log = logging.getLogger("edgefn")
 
 def admin_token(data_dir: Path) -> str:
     """The admin token, created (mode 0600) on first use."""
-    path = data_dir / "admin.token"
-    if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
-    return path.read_text().strip()
+    return secret_file(data_dir / "admin.token", lambda: secrets.token_urlsafe(32))
 
 
 def _lock(data_dir: Path) -> IO[str]:

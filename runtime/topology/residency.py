@@ -5,11 +5,11 @@ ingests). The secret is drawn once per run folder (RUN_DIR/secret, mode 0600).""
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgefn_core.secret_file import secret_file
 from runtime.observe.samples import INGEST_PATH
 
 if TYPE_CHECKING:
@@ -18,14 +18,8 @@ if TYPE_CHECKING:
 
 
 def secret(run: Path) -> str:
-    """The run's shared secret, drawn on first use."""
-    path = run / "secret"
-    if not path.exists():
-        run.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(24))
-    return path.read_text().strip()
+    """The run's shared secret, drawn on first use (mode 0600)."""
+    return secret_file(run / "secret", lambda: secrets.token_hex(24))
 
 
 def pop_fields(run: Path, topo: Topology, p: PopSpec, ports: Network) -> dict[str, Any]:

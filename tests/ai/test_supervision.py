@@ -14,7 +14,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import gpu_worker.client
 from gpu_worker.adapters import write_random_lora
 from gpu_worker.client import WorkerClient
 from gpu_worker.models import packaged_model
-from tests.support import Running, pop_thread
+from tests.support import Running, pop_thread, wait_for
 
 CHAT = "smollm2-135m"
 STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse."}]
@@ -54,14 +54,6 @@ def worker(pop: Running) -> WorkerClient:
 
 def metrics(pop: Running) -> dict[str, Any]:
     return pop.admin.request("GET", "/v1/ai/metrics")
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.01)
 
 
 def post(pop: Running, path: str, body: dict[str, Any], timeout: float = 30
