@@ -224,6 +224,9 @@ def report(a: list[Sample], b: list[Sample], ca: dict[str, dict[str, float]],
           f"semantic {edge_sem / n:.1%}, regional exact {reg_exact / n:.1%}, regional "
           f"semantic {reg_sem / n:.1%}: total {hit:.1%}   (seeds: 20-40 %)")
     print(f"failed requests: (a) {sa['failed']} of {sa['n']}, (b) {sb['failed']} of {sb['n']}")
+    for mode, samples in (("a", a), ("b", b)):
+        for s in [s for s in samples if s.status != 200][:5]:  # what went wrong, said
+            print(f"  ({mode}) {s.geo} {s.kind}: status {s.status} {s.error[:160]}")
     worst = max(first / warm for _, _, first, warm in colds)
     print("cold start (first / warm median, straight to the PoP):   seeds: <= 1.2x")
     for pop, path, first, warm in colds:

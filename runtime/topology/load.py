@@ -68,14 +68,32 @@ class Client:
                                                           timeout=self.timeout)
         return conn
 
+    def _exchange(self, method: str, path: str, body: bytes | None,
+                  headers: dict[str, str]) -> http.client.HTTPResponse:
+        """Send and read the status line. An idempotent request (GET, HEAD) on a
+        kept-alive connection the far side closed just as it went out (no byte of an
+        answer came back) is sent once more on a fresh connection, as HTTP clients do
+        with a stale pooled connection (RFC 9110 9.2.2); any other failure is the
+        request's. Raises OSError and `http.client.HTTPException`."""
+        reused = self.conn is not None
+        conn = self._connection()
+        try:
+            conn.request(method, path, body, headers)
+            return conn.getresponse()
+        except (ConnectionError, http.client.RemoteDisconnected):
+            if not reused or method not in ("GET", "HEAD"):
+                raise
+            self.close()
+            conn = self._connection()
+            conn.request(method, path, body, headers)
+            return conn.getresponse()
+
     def send(self, kind: str, method: str, path: str, body: bytes | None = None,
              headers: dict[str, str] | None = None) -> Sample:
         """One request; never raises for what the network or the PoPs do."""
         sample = Sample(geo=self.geo, kind=kind, started=time.monotonic())
         try:
-            conn = self._connection()
-            conn.request(method, path, body, headers or {})
-            resp = conn.getresponse()
+            resp = self._exchange(method, path, body, headers or {})
             first = resp.read1(65536)
             sample.ttfb = time.monotonic() - sample.started
             rest = resp.read()

@@ -69,9 +69,13 @@ async def _round_trips(port: int, n: int, line: bytes = b"ping\n") -> tuple[floa
 def test_every_byte_pays_the_one_way_delay_and_setup_a_round_trip() -> None:
     async def main() -> None:
         async with _link([20.0], jitter_ms=0.0) as (_, port):
-            first, rest = await _round_trips(port, 10)
-        # fresh connection: handshake (2 x 20) + request (20) + answer (20)
-        assert 0.080 <= first <= 0.080 + SLACK, first
+            trips = [await _round_trips(port, 10) for _ in range(3)]
+        # a fresh connection: handshake (2 x 20) + request (20) + answer (20); the
+        # quickest of three, so that one scheduling stall of a busy machine (a CI run
+        # once saw +32 ms) is not read as a wrong delay
+        firsts = [first for first, _ in trips]
+        assert all(f >= 0.080 for f in firsts) and min(firsts) <= 0.080 + SLACK, firsts
+        rest = [rtt for _, more in trips for rtt in more]
         rtts = sorted(rest)
         assert rtts[0] >= 0.040 and statistics.median(rtts) <= 0.040 + SLACK, rtts
     asyncio.run(main())
