@@ -124,6 +124,7 @@ def test_lora_added_at_run_time_is_listed_and_served(client: openai.OpenAI, pop:
                                                      tmp_path: Path) -> None:
     path = tmp_path / "style.gguf"
     write_random_lora(packaged_model(), path, rank=8, seed=3, std=0.1)
+    assert "style" not in {m.id for m in client.models.list()}  # listed a moment before
     info = pop.admin.request("POST", "/v1/ai/loras",
                              json.dumps({"name": "style", "path": str(path)}).encode())
     assert info["parent"] == CHAT

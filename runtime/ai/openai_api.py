@@ -194,7 +194,7 @@ class OpenAIApi:
     async def model(self, name: str, who: Principal | None = None) -> Response:
         """One model, as `models` lists it. Raises `ApiError` (404 ``model_not_found``
         also for a model `who` may not use: OpenAI does not say it exists)."""
-        found = await self.catalog.get(name)
+        found = next((m for m in await self.catalog.listing() if m["id"] == name), None)
         if found is None or (who is not None and not who.allows("model", name)):
             raise ApiError("model_not_found", 404, f"The model {name!r} does not exist or you "
                            "do not have access to it.", "model")

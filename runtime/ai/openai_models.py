@@ -39,7 +39,8 @@ def fingerprint(model: dict[str, Any], parent: dict[str, Any] | None = None) -> 
 
 
 class Catalog:
-    """The worker's models, fetched at most every `TTL` seconds."""
+    """The worker's models: listed fresh, looked up (per generation, for its
+    fingerprint) from a copy at most `TTL` seconds old."""
 
     def __init__(self, client: WorkerClient) -> None:
         self.client = client
@@ -48,9 +49,10 @@ class Catalog:
         self.fetched = -TTL
 
     async def listing(self) -> list[dict[str, Any]]:
-        """Every model with ``created`` and ``fingerprint``. Raises `WorkerError`."""
-        if time.monotonic() - self.fetched >= TTL:
-            await self._fetch()
+        """Every model with ``created`` and ``fingerprint``, asked of the worker now
+        (``GET /v1/models`` must show an adapter added a moment ago). Raises
+        `WorkerError`."""
+        await self._fetch()
         return list(self.models.values())
 
     async def get(self, model: str) -> dict[str, Any] | None:
