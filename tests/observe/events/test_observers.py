@@ -94,3 +94,33 @@ def test_a_failing_observer_is_logged_once_and_the_others_get_every_event(caplog
         assert asyncio.run(run()) == ["0", "1", "2", "3"]
     assert [r.message for r in caplog.records].count(
         next(r.message for r in caplog.records)) == 1 and len(caplog.records) == 1
+
+
+def test_a_removed_observer_gets_what_was_pending_and_nothing_after():
+    async def run() -> tuple[list[str], list[str]]:
+        observers, kept, gone = Observers(), Seen(), Seen()
+        observers.add(kept)
+        observers.add(gone)
+        observers.observe(event(1))
+        observers.remove(gone)
+        observers.observe(event(2))
+        await asyncio.sleep(0)
+        return kept.rids, gone.rids
+
+    assert asyncio.run(run()) == (["1", "2"], ["1"])
+
+
+def test_two_failing_observers_are_each_logged_once_by_name(caplog):
+    class Other(Broken):
+        pass
+
+    observers = Observers()
+    first, second = Broken(), Other()
+    observers.add(first)
+    observers.add(second)
+    with caplog.at_level(logging.ERROR, logger="edgefn.events"):
+        for n in range(3):
+            observers.observe(event(n))
+    assert len(caplog.records) == 2
+    assert repr(first) in caplog.records[0].getMessage()
+    assert repr(second) in caplog.records[1].getMessage()
