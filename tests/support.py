@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import uvloop
 
@@ -54,6 +55,12 @@ class Running:
 
     def deploy(self, directory: Path | str) -> dict[str, Any]:
         return self.admin.deploy(directory)
+
+    def openai(self, timeout: float = 60.0) -> openai.OpenAI:
+        """The official client on this PoP's ``/v1`` (no retries: a test sees each
+        answer as it came); close it, or use it as a context manager."""
+        return openai.OpenAI(base_url=f"http://{self.host}:{self.port}/v1", api_key="unused",
+                             max_retries=0, timeout=timeout)
 
     def delivered(self) -> None:
         """Return once the PoP's loop has handed the events of every response sent so

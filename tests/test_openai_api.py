@@ -33,10 +33,8 @@ def pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def client(pop: Running) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=f"http://{pop.host}:{pop.port}/v1", api_key="unused",
-                      max_retries=0, timeout=60)
-    yield c
-    c.close()
+    with pop.openai(timeout=60) as c:
+        yield c
 
 
 def raw(pop: Running, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
@@ -303,8 +301,7 @@ def test_upstream_engine_forwards_to_another_edgefn(pop: Running, client: openai
     config.write_text(f'[[models]]\nname = "first-pop"\nengine = "openai"\n'
                       f'url = "http://{pop.host}:{pop.port}/v1"\nmodels = ["{CHAT}"]\n')
     with pop_thread(tmp_path / "second", ai=True, ai_config=str(config)) as second:
-        remote = openai.OpenAI(base_url=f"http://{second.host}:{second.port}/v1",
-                               api_key="unused", max_retries=0, timeout=60)
+        remote = second.openai()
         try:
             assert [m.id for m in remote.models.list()] == [CHAT]
             chunks = list(remote.chat.completions.create(

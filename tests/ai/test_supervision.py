@@ -41,10 +41,8 @@ def ai_pop(tmp_path: Path) -> Iterator[Running]:
 
 @pytest.fixture
 def api(ai_pop: Running) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=f"http://{ai_pop.host}:{ai_pop.port}/v1", api_key="unused",
-                      max_retries=0, timeout=30)
-    yield c
-    c.close()
+    with ai_pop.openai(timeout=30) as c:
+        yield c
 
 
 def worker(pop: Running) -> WorkerClient:

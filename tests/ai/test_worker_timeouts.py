@@ -144,8 +144,7 @@ def test_a_call_the_worker_never_answers_is_504(tmp_path: Path) -> None:
 
 def test_a_stream_that_goes_silent_ends_with_a_timeout_error_event(tmp_path: Path) -> None:
     with pop_on_hung_worker(tmp_path, first_chunk=True) as (pop, hung):
-        api = openai.OpenAI(base_url=f"http://{pop.host}:{pop.port}/v1", api_key="unused",
-                            max_retries=0, timeout=30)
+        api = pop.openai(timeout=30)
         try:
             stream = api.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
                                                  max_tokens=4, stream=True)

@@ -30,10 +30,8 @@ def pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def client(pop: Running) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=f"http://{pop.host}:{pop.port}/v1", api_key="unused",
-                      max_retries=0, timeout=60)
-    yield c
-    c.close()
+    with pop.openai(timeout=60) as c:
+        yield c
 
 
 def ask(client: openai.OpenAI, question: str, headers: dict[str, str] | None = None,
