@@ -10,7 +10,7 @@
     max_batch = 16                      # sequences decoded together
     context = 8192                      # KV cache tokens shared by the batch
     gpu_layers = -1                     # layers offloaded when a GPU is present
-    weights = "f16"                     # as-is | f16 | q8_0 | f32: converted once, cached;
+    weights = "f16"                     # as-is | f16 | q8_0 | q4_0 | f32: converted once, cached;
                                         # f16 batches far better on CPU than 4-bit Q4_1
 
     [[models]]
@@ -52,7 +52,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     max_batch: int = 16
     context: int = 8192
     gpu_layers: int = -1
-    weights: str = "f16"  # llamacpp: as-is | f16 | q8_0 | f32 (converted once, cached)
+    weights: str = "f16"  # llamacpp: as-is | f16 | q8_0 | q4_0 | f32 (converted once, cached)
     url: str = ""
     models: list[str] = []
     api_key_env: str = ""

@@ -1,6 +1,6 @@
 """The installed llama.cpp runs on this CPU whatever machine compiled it: it picks its
-CPU code at run time (`.ci/llama-wheel`), and decodes with both the packaged
-Q4_1 weights and F16. Each decode runs in a child process, so an illegal
+CPU code at run time (`.ci/llama-wheel`), and decodes with the packaged
+Q4_1 weights, F16 and the repacked Q8_0 and Q4_0. Each decode runs in a child process, so an illegal
 instruction (SIGILL) fails the test instead of killing pytest."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def decode(weights: str, cwd: Path) -> dict[str, object]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("weights", ["as-is", "f16"])
+@pytest.mark.parametrize("weights", ["as-is", "f16", "q8_0", "q4_0"])
 def test_decodes_with_packaged_and_converted_weights(weights: str, tmp_path: Path) -> None:
     got = decode(weights, tmp_path)
     tokens = got["tokens"]
