@@ -8,6 +8,7 @@ must not be read. Real wasmtime and LMDB, no sockets."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from edgefn_core.abi import decode_response, encode_params, encode_request
 from edgefn_core.errors import FunctionError
 from runtime.bindings import Bindings, Stores
 from runtime.executors.wasm import native_kv
@@ -217,3 +219,40 @@ def test_a_closed_store_is_not_read(engine: WasmEngine, stores: Stores, tmp_path
     with pytest.raises(FunctionError) as err:
         call(fn)
     assert "KV store is closed" in str(err.value)
+
+
+def test_concurrent_reads_see_whole_values_while_the_pop_writes(
+        engine: WasmEngine, stores: Stores, tmp_path: Path, path: str) -> None:
+    """Four guest threads share the pool of read transactions while the PoP rewrites
+    the key: every read is one whole value that was written, never a mix."""
+    fn = deploy(engine, stores, tmp_path, "me", guest("docs", "k"), 'kv = ["docs"]')
+    values = [bytes([65 + i]) * (1 + i % 16) for i in range(26)]
+    stores.kv.put("docs", b"k", values[0])
+    data = encode_request(b"GET", b"/", b"", [], b"", b"", encode_params({}), b"")
+    fn._call_here(data)  # fills the table of readable namespaces
+    native = fn.host_functions.native_kv if fn.host_functions else None
+    fallbacks = native.fallbacks if native else 0
+    seen: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            for _ in range(200):
+                status, _, body = decode_response(fn._call_here(data))
+                assert status == 200
+                n = int.from_bytes(body[:8], "little", signed=True)
+                seen.append(body[8:8 + n])
+        except BaseException as e:  # reported below, with the thread's failure
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for i in range(200):
+        stores.kv.put("docs", b"k", values[i % 26])
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(seen) == 800 and set(seen) <= set(values)
+    if native is not None:  # all of them served in C
+        assert native.fallbacks == fallbacks
