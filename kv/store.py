@@ -31,6 +31,7 @@ from typing import Any
 import lmdb
 
 from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
+from kv import lmdb_handles
 
 _HEAD = struct.Struct("<QQI")
 _EXP = struct.Struct(">Q")
@@ -86,6 +87,7 @@ class KVStore:
         self._names = self.env.open_db(NAMESPACES_DB)
         self._dbs: dict[str, Any] = {}
         self._closed = False
+        self._closing: builtins.list[Callable[[], None]] = []
         for ns in self.namespaces():  # handles opened outside any write transaction
             self._dbs[ns] = self.env.open_db(b"ns:" + ns.encode(), create=False)
 
@@ -93,7 +95,25 @@ class KVStore:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            for release in self._closing:
+                release()
             self.env.close()
+
+    def on_close(self, release: Callable[[], None]) -> None:
+        """Call `release()` when the store closes, before its environment does: native
+        readers of `raw_handles` let go of it there."""
+        self._check_open()
+        self._closing.append(release)
+
+    def raw_handles(self) -> tuple[int, int]:
+        """``(MdbApi *, MDB_env *)``: py-lmdb's LMDB vtable and environment, for native
+        readers in this process (see `kv.lmdb_handles`). Raises `NativeUnavailable`."""
+        self._check_open()
+        return lmdb_handles.env_handles(self.env)
+
+    def raw_dbi(self, ns: str) -> int:
+        """The ``MDB_dbi`` of namespace `ns`. Raises `UnknownNamespace`, `NativeUnavailable`."""
+        return lmdb_handles.dbi(self.env, self._db(ns))
 
     def __enter__(self) -> KVStore:
         return self

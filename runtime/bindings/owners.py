@@ -16,6 +16,7 @@ operator's own tools (admin API, CLI) reach a store without these checks.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 from typing import Literal
@@ -59,6 +60,9 @@ class Owners:
         """Raises `Failure` (500 ``owners_unreadable``) if the file is corrupt:
         refusing to deploy or start beats forgetting who owns what."""
         self.path = path
+        # moves whenever the claims change: native readers (the WASM kv_get in C)
+        # check their table of readable namespaces against it on every read
+        self.generation = ctypes.c_uint64(1)
         try:
             self._claims = msgspec.json.decode(path.read_bytes(), type=Claims)
         except FileNotFoundError:
@@ -129,6 +133,7 @@ class Owners:
 
     def _replace(self, claims: Claims) -> None:
         self._claims = claims  # one assignment: readers see the old claims or the new
+        self.generation.value += 1  # after the claims: a table built from older ones is stale
         tmp = self.path.with_name(self.path.name + ".tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:

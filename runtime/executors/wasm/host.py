@@ -36,6 +36,7 @@ from wasmtime import _ffi as ffi
 from edgefn_core.errors import BindingError
 from runtime.bindings import Bindings
 from runtime.bindings.kv import KVView
+from runtime.executors.wasm import native_kv
 from runtime.executors.wasm.engine import TICK_SECONDS
 from runtime.executors.wasm.ffi import (
     _EXTERN_OF,
@@ -44,6 +45,7 @@ from runtime.executors.wasm.ffi import (
     memory_data_size,
     set_epoch_deadline,
 )
+from runtime.executors.wasm.native_kv import NativeKVGet
 
 I32, I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
 SIGNATURES = {
@@ -118,7 +120,8 @@ class HostFunctions:
         """Raises `BindingError` for an import that edgefn does not provide."""
         self.request = GuestRequest()
         impls = _impls(bindings, self.request)
-        self.callbacks = []
+        self.callbacks: list[Any] = []
+        self.native_kv: NativeKVGet | None = None  # kv_get in C, when it can run
         for name in sorted(names):
             if name not in SIGNATURES:
                 raise BindingError(f"`edgefn.{name}` is not a host function edgefn provides "
@@ -128,9 +131,14 @@ class HostFunctions:
             cb = _CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64,
                                 self.request))
             self.callbacks.append((cb, ty))
+            env = None
+            if name == "kv_get":
+                self.native_kv = native_kv.attach(bindings.kv, cb)
+                if self.native_kv is not None:
+                    cb, env = self.native_kv.callback, self.native_kv.env
             err = _define(ctypes.cast(linker.ptr(), ctypes.c_void_p).value, b"edgefn", 6,
                           name.encode(), len(name), ctypes.cast(ty.ptr(), ctypes.c_void_p).value,
-                          cb, None, None)
+                          cb, env, None)
             if err:
                 raise BindingError(f"cannot define edgefn.{name}")
 
