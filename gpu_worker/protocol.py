@@ -69,6 +69,9 @@ class Generate(_Msg, tag="gen"):
     # the signed x-edgefn-tenant of a pinned tenant's request (runtime.security.residency):
     # the upstream engine forwards it, so the next tier enforces the pin too
     tenant: str | None = None
+    # a pinned tenant's call its PoP de-sensitised to let it leave the region (the
+    # tenant's keyed hash): forwarded as x-edgefn-desensitised, the mark
+    desensitised: str | None = None
 
 
 class Embed(_Msg, tag="embed"):

@@ -52,7 +52,7 @@ class PoP:
         self.keys = KeyRing(KeyStore(self.data_dir))  # API keys (`edgefn keys`)
         self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config),
                              config.ai_cache,  # stores.ai_cache: the AI caches (with `ai`)
-                             config.residency)
+                             config.residency, config.name)
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,

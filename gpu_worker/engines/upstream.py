@@ -255,6 +255,7 @@ class _Stream:
         self.traceparent = req.traceparent
         self.request_id = req.request_id
         self.tenant = req.tenant
+        self.desensitised = req.desensitised
         self.window = req.window
         self.ahead = 0  # chunks sent minus chunks credited
         self.room = asyncio.Event()
@@ -461,6 +462,8 @@ class UpstreamEngine(Engine):
             headers["x-request-id"] = st.request_id
         if st.tenant is not None:
             headers["x-edgefn-tenant"] = st.tenant
+        if st.desensitised is not None:
+            headers["x-edgefn-desensitised"] = st.desensitised
         async with client.stream("POST", path, content=body, headers=headers) as resp:
             if resp.status_code != 200:
                 raise _http_error(resp.status_code, await _read_body(resp, MAX_ERROR_BODY))

@@ -36,6 +36,7 @@ from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
 from runtime.ai import openai_choices as choices
 from runtime.ai import structured
+from runtime.ai.egress import Egress
 from runtime.ai.openai_checks import check_messages, check_sampling
 from runtime.ai.openai_errors import error_response, unknown_url, validation_error
 from runtime.ai.openai_fields import MAX_STOPS, check_fields
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 from runtime.net.message import Request, Response, json_response
 from runtime.net.openai_sse import Chunks
 from runtime.security.ratelimit.admission import Ticket, TokenBudgets, settled_embedding
-from runtime.security.residency import forward_of
+from runtime.security.residency import forward_of, mark_of, tenant_of
 from runtime.security.settings import NO_POLICY, TargetPolicy
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
@@ -151,9 +152,12 @@ class OpenAIApi:
 
     paths = PATHS
 
-    def __init__(self, ai: AIService, budgets: TokenBudgets | None = None) -> None:
+    def __init__(self, ai: AIService, budgets: TokenBudgets | None = None,
+                 egress: Egress | None = None) -> None:
+        """`egress`: where a pinned tenant's calls may go (``[residency]``)."""
         self.ai = ai
         self.budgets = budgets
+        self.egress = egress
         self.catalog = Catalog(ai.client)
 
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
@@ -201,6 +205,19 @@ class OpenAIApi:
         return json_response(_model(found))
 
     # -- generation -----------------------------------------------------------------------
+    def _hop(self, ctx: Context | None, model: str, request_id: str | None,
+             params: dict[str, Any]) -> dict[str, Any]:
+        """The residency overrides of this call (`Egress.hop`; a call that came
+        de-sensitised goes on marked). Raises `Rejected` (451) for a pinned tenant's
+        call that may not leave this PoP."""
+        if ctx is None or self.egress is None:
+            return {}
+        if (mark := mark_of(ctx.decisions)) is not None:
+            return {"desensitised": mark}
+        who = ctx.principal.tenant if ctx.principal is not None else None
+        tenant = who or tenant_of(forward_of(ctx.decisions))
+        return self.egress.hop(tenant, model, request_id or "", params)
+
     async def generate(self, body: ChatBody | CompletionBody, chat: bool,
                        ctx: Context | None = None) -> Response:
         """`body.n` choices of one completion (see `runtime.ai.openai_choices`)."""
@@ -216,6 +233,9 @@ class OpenAIApi:
         record.usage.temperature = params.get("temperature")
         record.usage.max_tokens = params.get("max_tokens")
         record.usage.user = body.user or getattr(body, "safety_identifier", None)
+        request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
+        call = {"request_id": request_id, **params,
+                **self._hop(ctx, body.model, request_id, params)}  # refused before any charge
         ticket = await self._admit(ctx, body.model, body.stream,
                                    self._reserved(params.get("max_tokens"), body.n),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
@@ -226,12 +246,9 @@ class OpenAIApi:
         lookup = asyncio.ensure_future(self.catalog.get(body.model))
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
-            request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
-            tenant = forward_of(ctx.decisions) if ctx is not None else None
             for _ in range(body.n):
                 gens.append(await self.ai.client.generate(
-                    body.model, stream=body.stream, traceparent=trace, request_id=request_id,
-                    tenant=tenant, **params))
+                    body.model, stream=body.stream, traceparent=trace, **call))
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status

@@ -22,6 +22,7 @@ from typing import Any
 from edgefn_core.errors import BindingError, StoreError
 from kv import KVStore
 from kv.vectors import VectorStore
+from runtime.ai.egress import Egress
 from runtime.ai.service import AIService
 from runtime.bindings import kv as kv_binding
 from runtime.bindings import vectors as vectors_binding
@@ -46,14 +47,14 @@ class Stores:
     def __init__(self, data_dir: Path, ai: AIService | None = None,
                  budgets: TokenBudgets | None = None,
                  ai_cache: AICacheSettings | None = None,
-                 residency: ResidencySettings | None = None) -> None:
+                 residency: ResidencySettings | None = None, pop: str = "") -> None:
         """`budgets`: what functions' ``ai`` calls are charged to (their tenant's
         token budget and stream cap); None: not limited. `ai_cache`: the AI
         caches' settings (with `ai`, one `AICache` for the OpenAI API's
-        ``ai_cache`` stage and every function's ``ai`` binding). `residency`: a
-        pinned tenant's ``ai`` calls carry its signed tenant to the next tier."""
+        ``ai_cache`` stage and every function's ``ai`` binding). `residency`
+        (on PoP `pop`): where a pinned tenant's model calls may go (`egress`)."""
         self.data_dir = data_dir
-        self.residency = residency or ResidencySettings()
+        self.egress = Egress(residency or ResidencySettings(), pop)
         self.ai = ai
         self.budgets = budgets
         self._kv: KVStore | None = None
@@ -130,7 +131,7 @@ class Bindings:
         denied = ""
         if b.ai and stores.ai is not None:
             ai = AIBinding(stores.ai, m.name, m.tenant, stores.budgets, stores.ai_cache,
-                           m.cache.ai, stores.residency)
+                           m.cache.ai, stores.egress)
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
         fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms)

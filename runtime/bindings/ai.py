@@ -35,6 +35,7 @@ from typing import Any
 from edgefn_core.errors import ApiError, BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai import structured
+from runtime.ai.egress import Egress
 from runtime.ai.service import AIService
 from runtime.ai.shaping import choice
 from runtime.cache.ai import replay
@@ -48,7 +49,6 @@ from runtime.security.ratelimit.admission import (
     settled_embedding,
     used_by,
 )
-from runtime.security.residency import ResidencySettings, sign
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
 OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
@@ -58,10 +58,10 @@ class AIBinding:
     def __init__(self, service: AIService, owner: str, tenant: str | None = None,
                  budgets: TokenBudgets | None = None, cache: AICache | None = None,
                  cache_settings: AICacheOverride | None = None,
-                 residency: ResidencySettings | None = None) -> None:
+                 egress: Egress | None = None) -> None:
         """`owner`: the function; `tenant`: who its calls are charged to (and the
         scope of its cache entries); `cache_settings`: its ``[cache.ai]``;
-        `residency`: where `tenant` is pinned, its calls carry it, signed."""
+        `egress`: where `tenant`'s model calls may go, if it is pinned."""
         self.service = service
         self.owner = owner
         self.tenant = tenant or owner
@@ -70,16 +70,16 @@ class AIBinding:
         self.cache_settings = cache_settings
         self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
         self.ids = itertools.count(1)
-        self.residency = residency
+        self.egress = egress
 
-    def _hop(self) -> dict[str, Any]:
-        """For a pinned tenant: a request id of its own and the tenant signed for
-        it, which the upstream engine sends on so the next tier enforces the pin."""
-        res = self.residency
-        if res is None or not res.secret or self.tenant not in res.tenants:
-            return {}
-        rid = f"ai-{secrets.token_hex(12)}"
-        return {"request_id": rid, "tenant": sign(res.secret, self.tenant, rid)}
+    def _hop(self, model: str, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` with the residency overrides of a pinned tenant's call (a
+        request id of its own, `Egress.hop`). Raises `Rejected` (451) for one that
+        may not leave this PoP."""
+        if self.egress is None:
+            return params
+        return {**params, **self.egress.hop(self.tenant, model, f"ai-{secrets.token_hex(12)}",
+                                            params)}
 
     async def call(self, op: str, a: dict[str, Any], traceparent: str | None = None) -> Any:
         """Run one AI operation; a model call carries `traceparent` (the calling
@@ -127,13 +127,13 @@ class AIBinding:
                                                        params))
             return await self._cached(call, a,
                                       lambda: self._generated(model, params, traceparent))
+        hop = self._hop(model, params)  # refused before any charge
         ticket = await self._admit(model, stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
             gen = await self.service.client.generate(model, stream=True,
-                                                     traceparent=traceparent, **params,
-                                                     **self._hop())
+                                                     traceparent=traceparent, **hop)
         except BaseException as e:
             if ticket is not None:
                 await ticket.settle(used_by(ticket, gen, e))
@@ -146,13 +146,13 @@ class AIBinding:
     async def _generated(self, model: str, params: dict[str, Any],
                          traceparent: str | None = None) -> Generated:
         """One model call, admitted and settled. Raises `Rejected`, `WorkerError`."""
+        hop = self._hop(model, params)  # refused before any charge
         ticket = await self._admit(model, False, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
             gen = await self.service.client.generate(model, stream=False,
-                                                     traceparent=traceparent, **params,
-                                                     **self._hop())
+                                                     traceparent=traceparent, **hop)
             text, done = await gen.collect()
         except BaseException as e:
             if ticket is not None:

@@ -26,7 +26,13 @@ _PII = [
 def scrub(text: str) -> str:
     """`text` with e-mail addresses, card numbers, IP addresses and phone numbers
     masked, cut to `PROMPT_CHARS`."""
-    text = text[:PROMPT_CHARS]
+    return scrub_pii(text[:PROMPT_CHARS])
+
+
+def scrub_pii(text: str) -> str:
+    """`text` whole, with e-mail addresses, card numbers, IP addresses and phone
+    numbers masked (``[email]``, ``[card]``, ``[ip]``, ``[phone]``). Regular
+    expressions: names, street addresses and other free-text identifiers stay."""
     for mask, pattern in _PII:
         text = pattern.sub(mask, text)
     return text

@@ -27,7 +27,7 @@ import msgspec
 
 from runtime.net.message import Request, Response, json_response
 from runtime.observe.event import Event
-from runtime.security.residency import SampleSettings, mac
+from runtime.security.residency import SampleSettings, hashed_id, mac
 
 log = logging.getLogger("edgefn.samples")
 INGEST_PATH = b"/_edgefn/samples"
@@ -141,7 +141,7 @@ class Sampler:
         return int.from_bytes(h[:8]) < rate * 2**64
 
     def _hash(self, value: str | None) -> str | None:
-        return None if value is None else mac(self.secret, "id", value)[:16]
+        return None if value is None else hashed_id(self.secret, value)
 
 
 def _code(error: str | None) -> str | None:

@@ -5,6 +5,12 @@ refuses it anywhere else. Between the PoPs of a topology the tenant travels as
 the ``x-edgefn-tenant`` header, signed with the topology's shared ``secret``
 (HMAC-SHA256 over the tenant and the request id, so a token does not outlive its
 request), and the receiving PoP enforces the pin again.
+
+A PoP also knows where its model calls go when it forwards them (``[residency.uplink]``:
+the forwarded models and the PoPs its uplink may reach, in order). A pinned tenant's
+call that could reach a PoP outside its region is refused here, before it leaves
+(`before_hop`), or, for a tenant in ``allow_desensitised``, sent de-sensitised
+(`runtime.ai.egress`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from msgspec import Meta, Struct, field
 from edgefn_core.errors import InvalidConfig, Rejected
 
 TENANT_HEADER = b"x-edgefn-tenant"
+# marks a call a PoP de-sensitised before it left the tenant's region; its value is
+# the tenant's keyed hash (`hashed_id`)
+DESENSITISED_HEADER = b"x-edgefn-desensitised"
 _REGION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 MIN_SECRET = 16
 
@@ -33,10 +42,35 @@ class SampleSettings(Struct, forbid_unknown_fields=True, frozen=True):
     ingest: bool = False  # this PoP (central) accepts batches at /_edgefn/samples
 
 
+class UplinkPop(Struct, forbid_unknown_fields=True, frozen=True):
+    """A PoP this PoP's forwarded model calls may reach."""
+
+    pop: str
+    tier: str = ""
+    region: str = ""
+
+
+class Uplink(Struct, forbid_unknown_fields=True, frozen=True):
+    """``[residency.uplink]``: where this PoP's model calls go when it forwards them."""
+
+    models: list[str] = []  # the models its worker forwards (an `openai` engine)
+    pops: list[UplinkPop] = []  # every PoP they may reach, in failover order
+
+
 class ResidencySettings(Struct, forbid_unknown_fields=True, frozen=True):
     tenants: dict[str, str] = {}  # tenant -> the region its data stays in
     secret: str = ""  # shared by a topology's PoPs: signs tenant headers and batches
     samples: SampleSettings = field(default_factory=SampleSettings)
+    uplink: Uplink = field(default_factory=Uplink)
+    # pinned tenants whose model calls may leave their region de-sensitised
+    allow_desensitised: list[str] = []
+
+    def leaving(self, home: str, model: str) -> UplinkPop | None:
+        """The first PoP outside region `home` that a call for `model` may reach
+        from here, or None when it is not forwarded or stays in `home`."""
+        if model not in self.uplink.models:
+            return None
+        return next((p for p in self.uplink.pops if p.region != home), None)
 
     def problem(self) -> tuple[str, str] | None:
         """(field, reason) for what the schema cannot say, or None."""
@@ -47,6 +81,11 @@ class ResidencySettings(Struct, forbid_unknown_fields=True, frozen=True):
                 return f"tenants.{tenant}", f"{region!r} is not a region name"
         if self.secret and len(self.secret) < MIN_SECRET:
             return "secret", f"at least {MIN_SECRET} characters"
+        for i, tenant in enumerate(self.allow_desensitised):
+            if tenant not in self.tenants:
+                return f"allow_desensitised[{i}]", f"{tenant!r} is not a pinned tenant"
+        if self.allow_desensitised and not self.secret:
+            return "allow_desensitised", "identifiers are hashed with `secret`: set it"
         s = self.samples
         if (s.rate > 0 or s.ingest) and not self.secret:
             return "samples", "samples are hashed and authenticated with `secret`: set it"
@@ -89,6 +128,37 @@ def refusal(tenant: str, home: str, pop: str, region: str) -> Rejected:
                     f"tenant {tenant!r} is pinned to region {home!r}; PoP {pop!r} is in "
                     f"region {region or '(none)'!r} and does not serve it",
                     detail={"tenant_region": home, "pop_region": region})
+
+
+def before_hop(tenant: str, home: str, pop: str, away: UplinkPop, model: str) -> Rejected:
+    """The 451 a pinned tenant gets where its model call would leave its region."""
+    return Rejected("residency_violation", 451,
+                    f"tenant {tenant!r} is pinned to region {home!r}: model {model!r} "
+                    f"would need {away.tier or 'PoP'} {away.pop!r} in region "
+                    f"{away.region or '(none)'!r}; not forwarded by PoP {pop!r}",
+                    detail={"tenant_region": home, "needed_pop": away.pop,
+                            "needed_tier": away.tier, "needed_region": away.region})
+
+
+def hashed_id(secret: str, value: str) -> str:
+    """An identifier as it may leave its region: keyed (only the topology can link
+    it back), 16 hex characters."""
+    return mac(secret, "id", value)[:16]
+
+
+def tenant_of(forward: str | None) -> str | None:
+    """The tenant a signed ``x-edgefn-tenant`` value names (unverified: for values
+    this PoP made), or None."""
+    return forward.rpartition(";")[0] or None if forward else None
+
+
+def mark_of(decisions: dict[str, Any] | None) -> str | None:
+    """The ``x-edgefn-desensitised`` mark a request came with (what the `residency`
+    stage recorded), which its hops carry on, or None."""
+    record = decisions.get("residency") if decisions is not None else None
+    if isinstance(record, dict) and record.get("result") == "desensitised":
+        return str(record.get("tenant", ""))
+    return None
 
 
 def forward_of(decisions: dict[str, Any] | None) -> str | None:

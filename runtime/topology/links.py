@@ -16,8 +16,16 @@ own one-way delay; on a connection:
 
 Health: each route's ``/readyz`` is asked every `health_interval_s`; a route that
 does not answer 200, or that refuses a connection, is skipped until it answers
-again. Buffers are not bounded (no flow control through the relay): fine for
-request/response traffic, not for bulk transfers.
+again.
+
+Flow control: each direction of a connection holds the bytes it has read and not
+yet handed to the other side (in the delay line, then in the writing transport's
+buffer). Above `high_water` it stops reading from the sender until they are back
+at `low_water`, so a slow reader pushes back on a fast sender (through the
+reader's own bounded buffer, then TCP) instead of filling the relay's memory.
+Like a TCP window, that caps one connection at about `high_water` bytes per
+one-way delay (1 MiB / 100 ms = 10 MiB/s). `Link.peak` is the most one
+direction ever held.
 
 Run as ``python -m runtime.topology.links CONFIG.json``; it runs until SIGTERM.
 """
@@ -58,7 +66,36 @@ class LinksConfig(msgspec.Struct, kw_only=True):
     retransmit_ms: float = 200.0
     health_interval_s: float = 0.2
     seed: int = 0
+    high_water: int = 1 << 20  # bytes a direction may hold before it stops reading
+    low_water: int = 256 << 10  # ...and resumes once it is back at this
     links: list[LinkSpec] = []
+
+
+class _Held:
+    """The bytes one direction holds: read, not yet written (`scheduled`), and
+    the writing transport's buffer; `room` is set while it may read again."""
+
+    def __init__(self, writer: asyncio.StreamWriter, net: LinksConfig) -> None:
+        self.writer = writer
+        self.scheduled = 0
+        self.high, self.low = net.high_water, net.low_water
+        self.room = asyncio.Event()
+        self.room.set()
+        # the transport pauses (and `drain` waits) above high_water, resumes at low_water
+        writer.transport.set_write_buffer_limits(high=net.high_water, low=net.low_water)
+
+    def now(self) -> int:
+        return self.scheduled + self.writer.transport.get_write_buffer_size()
+
+    def add(self, n: int) -> None:
+        self.scheduled += n
+        if self.scheduled > self.high:
+            self.room.clear()
+
+    def sent(self, n: int) -> None:
+        self.scheduled -= n
+        if self.scheduled <= self.low:
+            self.room.set()
 
 
 class Link:
@@ -67,6 +104,7 @@ class Link:
     def __init__(self, spec: LinkSpec, net: LinksConfig, rng: random.Random) -> None:
         self.spec, self.net, self.rng = spec, net, rng
         self.server: asyncio.Server | None = None
+        self.peak = 0  # the most bytes one direction of a connection held (flow control)
 
     async def start(self) -> None:
         """Raises OSError if the port is taken."""
@@ -125,9 +163,12 @@ class Link:
         """Relay `reader` to `writer`, each chunk `delay` (+ jitter, + loss) later;
         returns once the end (FIN or reset) has been passed on."""
         loop = asyncio.get_running_loop()
+        held = _Held(writer, self.net)
         last = 0.0
         while True:
             try:
+                await held.room.wait()  # the delay line is back at low_water
+                await writer.drain()  # so is the transport's buffer
                 chunk = await reader.read(READ)
             except OSError:  # reset: the other side goes at once
                 writer.transport.abort()
@@ -137,7 +178,14 @@ class Link:
                 await asyncio.sleep(last - loop.time())
                 _close(writer)
                 return
-            loop.call_at(last, _write, writer, chunk)
+            held.add(len(chunk))
+            self.peak = max(self.peak, held.now())
+            loop.call_at(last, self._deliver, held, chunk)
+
+    def _deliver(self, held: _Held, chunk: bytes) -> None:
+        _write(held.writer, chunk)  # from the delay line into the transport's buffer
+        held.sent(len(chunk))
+        self.peak = max(self.peak, held.now())
 
     def _extra(self) -> float:
         net = self.net

@@ -121,7 +121,8 @@ def write(run: Path, topo: Topology, ports: Network) -> None:
     for p in topo.pop:
         data = pop_dir(run, p.name)
         data.mkdir(parents=True, exist_ok=True)
-        settings = {**pop_settings(run, p, ports), **residency.pop_fields(run, topo, p, ports)}
+        settings = {**pop_settings(run, p, ports), **residency.pop_fields(run, topo, p, ports,
+                                                                              CHAT_MODELS)}
         (data / "pop.toml").write_bytes(msgspec.toml.encode(settings))
         if p.parents:
             (data / "models.toml").write_bytes(msgspec.toml.encode(worker_settings(p, ports)))

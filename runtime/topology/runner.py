@@ -182,7 +182,23 @@ def down(run: Path, grace: float = 15.0) -> list[str]:
     for pid in stragglers(run):  # a model worker whose PoP was killed (-9) outlives it
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    _reap(set(groups.values()))
     return [name for name, pid in groups.items() if pid > 0]
+
+
+def _reap(pids: set[int]) -> None:
+    """Wait for those of `pids` this process started (SIGKILLed by now), and collect
+    any other child that has ended (a PoP someone stopped and replaced): no zombie
+    stays, and no `Popen` is collected still running (a ResourceWarning)."""
+    for proc in [c for c in _children if c.pid in pids]:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+    _children[:] = [c for c in _children if c.poll() is None]
+
+
+def unreaped() -> list[int]:
+    """The processes this process started that no `down` has waited for."""
+    return [c.pid for c in _children]
 
 
 def stragglers(run: Path) -> list[int]:

@@ -69,6 +69,8 @@ class Region(Struct, forbid_unknown_fields=True, frozen=True):
 class Tenant(Struct, forbid_unknown_fields=True, frozen=True):
     name: Annotated[str, Meta(min_length=1, max_length=128)]
     residency: Name
+    # its model calls that would leave the region go de-sensitised instead of refused
+    allow_desensitised: bool = False
 
 
 class Samples(Struct, forbid_unknown_fields=True, frozen=True):

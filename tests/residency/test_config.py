@@ -41,6 +41,12 @@ def test_a_pinned_tenant_and_samples_load(tmp_path: Path) -> None:
     (f'[residency]\n{SECRET}\n[residency.samples]\nbatch = 0\n', "residency.samples.batch",
      ">= 1"),
     ('[residency]\ntenant = {}\n', "residency", "unknown field"),
+    (f'[residency]\n{SECRET}\nallow_desensitised = ["nobody"]\n',
+     "residency.allow_desensitised[0]", "'nobody' is not a pinned tenant"),
+    ('[residency]\nallow_desensitised = ["acme"]\n[residency.tenants]\n"acme" = "emea"\n',
+     "residency.allow_desensitised", "hashed with `secret`"),
+    ('[residency.uplink]\npops = [{ pop = "c", where = "x" }]\n', "residency.uplink.pops",
+     "unknown field"),
     ("region = 7\n", "region", "expected `str`"),
 ])
 def test_bad_values_name_the_file_and_the_field(tmp_path: Path, text: str, field: str,

@@ -117,3 +117,14 @@ def test_without_a_secret_a_tenant_header_is_not_trusted() -> None:
 def test_answers_on_the_chain_without_a_task() -> None:
     app, _, _ = chain("acme-eu", region="emea")
     assert isinstance(app(request()), Response)
+
+
+def test_a_desensitised_call_is_served_and_recorded_with_its_mark() -> None:
+    app, seen, tail = chain(None, region="americas")
+    mark = r.hashed_id(SECRET, "acme-eu")
+    response = run(app(with_rid(b"ds-1", (r.DESENSITISED_HEADER, mark.encode()))))
+    assert response.status == 200 and tail.values == [None]  # it carries no tenant on
+    assert seen.events[0].decisions["residency"] == {"result": "desensitised", "tenant": mark}
+    app, seen, _ = chain(None, region="americas")
+    run(app(with_rid(b"ds-2")))
+    assert "residency" not in (seen.events[0].decisions or {})  # unmarked: nothing recorded

@@ -1,7 +1,9 @@
 """Data residency on a small topology of real processes: two regions, a pinned
 tenant (``acme-eu`` -> emea) whose requests carry a unique marker, an unpinned one
 (``globex``) beside it; then every file of every out-of-region PoP (LMDB, events,
-caches, spools, logs) is searched for the marker.
+caches, spools, logs) is searched for the marker. A model call of the pinned
+tenant is refused at the edge, before it leaves (central never hears of it); one
+of ``acme-ds`` (pinned, ``allow_desensitised``) leaves de-sensitised and is answered.
 
     emea:     edge-eu (eu-west) -> reg-eu -> central
     americas: edge-us (us-east) -> central (the model)
@@ -20,32 +22,30 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runtime.admin.client import AdminClient
+from runtime.ai.egress import DESENSITISED_RID
 from runtime.security.keys import KeyStore
-from runtime.topology import runner, spec
+from runtime.security.residency import hashed_id
+from runtime.topology import runner
 from runtime.topology.load import Client, Sample
 from runtime.topology.rundir import pop_dir, read_state, write_state
 from tests.support import EXAMPLES, ROOT
+from tests.topologies import network, pop, running
 
 MARK = f"RESMARK{uuid.uuid4().hex[:12]}"  # in paths, bodies, prompts and KV of acme-eu
-FUNCTIONS = f'functions = ["{EXAMPLES / "counter-py"}", "{EXAMPLES / "retrieval-py"}"]'
-EU_FUNCTIONS = FUNCTIONS.replace("]", ', "ai-acme"]')  # acme-eu's own, calling the model
+DSMARK = f"dsmark{uuid.uuid4().hex[:12]}"  # in the e-mail address acme-ds's prompt holds
+FUNCTIONS = [EXAMPLES / "counter-py", EXAMPLES / "retrieval-py"]
 SETTINGS = """[pop.settings.events]
 file = "events.jsonl"
 prompts = true
 [pop.settings.http_cache]
 default_ttl = 600
 """
-TOPOLOGY = f"""
-[network]
-client_edge_rtt_ms = [4, 4]
-edge_regional_rtt_ms = [10, 10]
-central_rtt_ms = [20, 20]
-jitter_ms = 0.0
-[samples]
+PINS = """[samples]
 rate = 1.0
 interval_s = 0.3
 [[region]]
@@ -55,55 +55,40 @@ name = "americas"
 [[tenant]]
 name = "acme-eu"
 residency = "emea"
-[[pop]]
-name = "central"
-tier = "central"
-region = "americas"
-{SETTINGS}
-[[pop]]
-name = "reg-eu"
-tier = "regional"
-region = "emea"
-parents = ["central"]
-{SETTINGS}
-[[pop]]
-name = "edge-eu"
-tier = "edge"
-geo = "eu-west"
-region = "emea"
-parents = ["reg-eu", "central"]
-{EU_FUNCTIONS}
-{SETTINGS}
-[[pop]]
-name = "edge-us"
-tier = "edge"
-geo = "us-east"
-region = "americas"
-parents = ["central"]
-{FUNCTIONS}
-{SETTINGS}
+[[tenant]]
+name = "acme-ds"
+residency = "emea"
+allow_desensitised = true
 """
+TOPOLOGY = (network(4, 10, 20) + PINS
+            + pop("central", "central", region="americas", settings=SETTINGS)
+            + pop("reg-eu", "regional", region="emea", parents=["central"], settings=SETTINGS)
+            + pop("edge-eu", "edge", geo="eu-west", region="emea", parents=["reg-eu", "central"],
+                  functions=[*FUNCTIONS, "ai-acme"], settings=SETTINGS)  # acme-eu's own
+            + pop("edge-us", "edge", geo="us-east", region="americas", parents=["central"],
+                  functions=FUNCTIONS, settings=SETTINGS))
 
 
 RESTARTED: list[subprocess.Popen[bytes]] = []  # PoPs a test started again
+STOPPED: list[int] = []  # pids of PoPs `up` started that a test stopped
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("residency")
-    (folder / "topology.toml").write_text(TOPOLOGY)
     shutil.copytree(EXAMPLES / "ai-py", folder / "ai-acme")
     manifest = (folder / "ai-acme" / "edgefn.toml").read_text()
     (folder / "ai-acme" / "edgefn.toml").write_text(manifest.replace(
         'name = "ai-py"', 'name = "ai-acme"\nowner = "acme-eu"').replace(
         'routes = ["/ai-py", "/ai-py/rank"]', 'routes = ["/ai-acme"]'))
-    runner.up(spec.load(folder / "topology.toml"), folder / "run", "test", timeout=300)
     try:
-        yield folder / "run"
+        with running(folder, TOPOLOGY) as run:
+            yield run
     finally:
-        runner.down(folder / "run")
         for proc in RESTARTED:  # stopped by `down` (the run's state names them)
             proc.wait(30)
+    # the PoP a test stopped (and replaced) was collected too
+    assert set(STOPPED).isdisjoint(runner.unreaped()), STOPPED
 
 
 @pytest.fixture(scope="module")
@@ -111,16 +96,17 @@ def keys(run: Path) -> dict[tuple[str, str], str]:
     """(edge, tenant) -> an API key of that tenant on that edge."""
     made = {}
     for edge in ("edge-eu", "edge-us"):
-        for tenant in ("acme-eu", "globex"):
+        for tenant in ("acme-eu", "acme-ds", "globex"):
             made[edge, tenant] = KeyStore(pop_dir(run, edge)).create(tenant, ("*",))[0]
         AdminClient(pop_dir(run, edge), timeout=30).request("POST", "/v1/keys/reload")
     return made
 
 
 def send(run: Path, geo: str, key: str, method: str, path: str,
-         body: object = None) -> Sample:
+         body: object = None, rid: str = "") -> Sample:
     raw = json.dumps(body).encode() if body is not None else None
-    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json",
+               **({"x-request-id": rid} if rid else {})}
     with Client(geo, runner.read_network(run).entries[geo]) as client:
         return client.send("r", method, path, raw, headers)
 
@@ -171,24 +157,31 @@ def files_with(root: Path, needle: bytes) -> list[str]:
 def test_a_pinned_tenants_data_stays_in_its_region(run: Path,
                                                    keys: dict[tuple[str, str], str]) -> None:
     before = {p: _events(run, p) for p in ("edge-us", "central")}
+    chats = {p: _chats(run, p) for p in ("reg-eu", "central")}
     out = workload(run, keys)
     assert out["pinned"] == [200, 201, 200] and out["other"] == [200, 200]
     assert out["other_chat"] == [200], "unpinned traffic crosses regions as before"
     assert out["pinned_abroad"] == [451], out
     assert "residency_violation" in out["pinned_abroad_error"][0]  # type: ignore[operator]
-    # a miss in emea would need central (americas): central refuses instead of serving
+    # a miss at edge-eu could reach central (americas), its failover parent: edge-eu
+    # refuses before the hop, naming the tier it would have needed
     assert out["pinned_chat"] == [451], out
-    assert "pinned to region 'emea'" in out["pinned_chat_error"][0]  # type: ignore[operator]
-    assert '"code":"residency_violation"' in out["pinned_chat_error"][0]  # type: ignore[operator]
-    # acme-eu's function calls the model through the same tiers: refused at central too
+    error = out["pinned_chat_error"][0]  # OpenAI's shape, cut to 200 characters
+    assert error.startswith('{"error":{"message":"tenant \'acme-eu\' ')  # type: ignore[union-attr]
+    assert "is pinned to region 'emea': model 'smollm2-135m' would need central 'central' " \
+        "in region 'americas'; not forwarded by PoP 'edge-eu'" in error  # type: ignore[operator]
+    # acme-eu's function calls the model through the same path: refused at edge-eu too
+    # (its message is cut before the PoP's name: the chat counts below show where)
     assert out["pinned_fn_ai"] != [200], out
     assert "ai.chat: tenant 'acme-eu' is pinned" in out["pinned_fn_ai_error"][0]  # type: ignore[operator]
     needle = MARK.encode()
     inside = _wait_for(lambda: files_with(pop_dir(run, "edge-eu"), needle), "events.jsonl")
     # the out-of-region event files hold these requests' events (3 at edge-us; at
-    # central globex's chat and acme-eu's refused one) before they are searched
-    _wait_for(lambda: [p for p, n in (("edge-us", 3), ("central", 2))
+    # central globex's chat, sent after the pinned ones) before they are searched
+    _wait_for(lambda: [p for p, n in (("edge-us", 3), ("central", 1))
                        if _events(run, p) >= before[p] + n], "central", "edge-us")
+    # neither pinned model call left edge-eu: central got globex's chat only, reg-eu none
+    assert {p: _chats(run, p) - n for p, n in chats.items()} == {"reg-eu": 0, "central": 1}
     everywhere = files_with(run, needle)  # every PoP's data dir and log, the links' log
     outside = [f for f in everywhere if not f.startswith(("pops/edge-eu/", "pops/reg-eu/"))]
     assert outside == [], outside
@@ -213,8 +206,42 @@ def _sample_rows(run: Path) -> list[dict[str, object]]:
             for line in f.read_text().splitlines()]
 
 
-def _events(run: Path, pop: str) -> int:
-    path = pop_dir(run, pop) / "events.jsonl"
+def _event_rows(run: Path, name: str) -> list[dict[str, Any]]:
+    path = pop_dir(run, name) / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _chats(run: Path, name: str) -> int:
+    """Chat completions `name` has an event of (served or refused)."""
+    return sum(e["path"] == "/v1/chat/completions" for e in _event_rows(run, name))
+
+
+def test_a_tenant_that_allows_it_leaves_the_region_desensitised(
+        run: Path, keys: dict[tuple[str, str], str]) -> None:
+    rid = f"ds-test-{uuid.uuid4().hex[:8]}"
+    prompt = f"Reply to {DSMARK}@example.com or +44 20 7946 0958. Say ok."
+    s = send(run, "eu-west", keys["edge-eu", "acme-ds"], "POST", "/v1/chat/completions",
+             chat(prompt), rid)
+    assert s.status == 200, s.error
+    # central served a call marked de-sensitised, under a hashed request id, its
+    # prompt scrubbed (central records prompts)
+    hashed = DESENSITISED_RID + hashed_id((run / "secret").read_text().strip(), rid)
+    found = _wait_for(lambda: [e["rid"] for e in _event_rows(run, "central")], hashed)
+    assert hashed in found
+    event = next(e for e in _event_rows(run, "central") if e["rid"] == hashed)
+    assert event["status"] == 200 and event.get("tenant") is None, event
+    assert event.get("decisions", {}).get("residency") == {
+        "result": "desensitised",
+        "tenant": hashed_id((run / "secret").read_text().strip(), "acme-ds")}, event
+    assert "[email]" in event["ai"]["prompt"] and "[phone]" in event["ai"]["prompt"]
+    outside = [f for f in files_with(run, DSMARK.encode())
+               if not f.startswith(("pops/edge-eu/", "pops/reg-eu/"))]
+    assert outside == [], outside
+    assert all(rid not in json.dumps(e) for e in _event_rows(run, "central"))
+
+
+def _events(run: Path, name: str) -> int:
+    path = pop_dir(run, name) / "events.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
@@ -242,6 +269,7 @@ def test_samples_reach_central_scrubbed_and_survive_its_outage(
     assert state is not None
     central = next(p for p in state.pops if p.name == "central")
     os.kill(central.pid, signal.SIGTERM)
+    STOPPED.append(central.pid)
     _wait_gone(central.pid, time.monotonic() + 30)
     for i in range(6):
         assert send(run, "eu-west", eu, "GET", f"/counter-py/{MARK}-{i}").status == 200

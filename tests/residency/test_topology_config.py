@@ -11,23 +11,11 @@ import pytest
 from edgefn_core.errors import InvalidConfig
 from runtime import config
 from runtime.topology import plan, spec
+from tests.topologies import pop
 
-TOPO = """
-[[region]]
-name = "emea"
-[[region]]
-name = "americas"
-[[pop]]
-name = "central"
-tier = "central"
-region = "americas"
-[[pop]]
-name = "edge"
-tier = "edge"
-geo = "eu-west"
-region = "emea"
-parents = ["central"]
-"""
+TOPO = ('[[region]]\nname = "emea"\n[[region]]\nname = "americas"\n'
+        + pop("central", "central", region="americas")
+        + pop("edge", "edge", geo="eu-west", region="emea", parents=["central"]))
 PIN = '[[tenant]]\nname = "acme-eu"\nresidency = "emea"\n'
 
 BAD = [
@@ -67,3 +55,21 @@ def test_every_pop_gets_its_region_the_pins_and_one_secret(tmp_path: Path) -> No
     assert edge.residency.samples.to == \
         f"http://127.0.0.1:{ports.public['central']}/_edgefn/samples"
     assert (central.residency.samples.rate, central.residency.samples.ingest) == (0.0, True)
+
+
+def test_a_pop_knows_where_its_model_calls_go_and_who_may_leave_desensitised(
+        tmp_path: Path) -> None:
+    pins = PIN + '[[tenant]]\nname = "acme-ds"\nresidency = "emea"\nallow_desensitised = true\n'
+    (tmp_path / "topology.toml").write_text(pins + TOPO)
+    topo = spec.load(tmp_path / "topology.toml")
+    ports, _ = plan.network(topo)
+    plan.write(tmp_path / "run", topo, ports)
+    edge = config.load(tmp_path / "run" / "pops" / "edge" / "pop.toml")
+    central = config.load(tmp_path / "run" / "pops" / "central" / "pop.toml")
+    assert edge.residency.allow_desensitised == central.residency.allow_desensitised == [
+        "acme-ds"]
+    assert edge.residency.uplink.models == plan.CHAT_MODELS
+    assert [(u.pop, u.tier, u.region) for u in edge.residency.uplink.pops] == [
+        ("central", "central", "americas")]
+    assert edge.residency.leaving("emea", plan.CHAT_MODELS[0]) is not None
+    assert central.residency.uplink == type(central.residency.uplink)()  # forwards nothing

@@ -14,42 +14,17 @@ import time
 import uuid
 from pathlib import Path
 
-from runtime.topology import runner, spec
+from runtime.topology import runner
 from runtime.topology.load import Client, Sample, failed_beyond, recovery
 from runtime.topology.rundir import read_state
-from tests.support import EXAMPLES
+from tests.topologies import HELLO, network, pop, running
 
-TOPOLOGY = f"""
-[network]
-client_edge_rtt_ms = [10, 10]
-reroute_rtt_ms = [40, 40]
-edge_regional_rtt_ms = [30, 30]
-central_rtt_ms = [100, 100]
-health_interval_s = 0.2
-[[pop]]
-name = "central"
-tier = "central"
-[[pop]]
-name = "reg-a"
-tier = "regional"
-parents = ["central"]
-[[pop]]
-name = "reg-b"
-tier = "regional"
-parents = ["central"]
-[[pop]]
-name = "edge-1"
-tier = "edge"
-geo = "g1"
-parents = ["reg-a", "reg-b", "central"]
-functions = ["{EXAMPLES / 'hello-wat'}"]
-[[pop]]
-name = "edge-2"
-tier = "edge"
-geo = "g2"
-parents = ["reg-a", "reg-b", "central"]
-functions = ["{EXAMPLES / 'hello-wat'}"]
-"""
+REGIONALS = ["reg-a", "reg-b", "central"]
+TOPOLOGY = (network(10, 30, 100, reroute_rtt_ms=[40, 40], health_interval_s=0.2, jitter_ms=1.0)
+            + pop("central", "central") + pop("reg-a", "regional", parents=["central"])
+            + pop("reg-b", "regional", parents=["central"])
+            + pop("edge-1", "edge", geo="g1", parents=REGIONALS, functions=[HELLO])
+            + pop("edge-2", "edge", geo="g2", parents=REGIONALS, functions=[HELLO]))
 GRACE = 0.1  # a link's one-way delay, rounded up: how long the news of a death travels
 
 
@@ -79,10 +54,7 @@ def _chats_after(samples: list[Sample], t: float) -> int:
 
 
 def test_kill_an_edge_and_a_regional_under_load(tmp_path: Path) -> None:
-    (tmp_path / "topology.toml").write_text(TOPOLOGY)
-    run = tmp_path / "run"
-    runner.up(spec.load(tmp_path / "topology.toml"), run, "test", timeout=300)
-    try:
+    with running(tmp_path, TOPOLOGY) as run:
         state, net = read_state(run), runner.read_network(run)
         assert state is not None
         pids = {p.name: p.pid for p in state.pops}
@@ -106,8 +78,6 @@ def test_kill_an_edge_and_a_regional_under_load(tmp_path: Path) -> None:
         stop.set()
         for t in threads:
             t.join(60)
-    finally:
-        runner.down(run)
     beyond = failed_beyond(samples, kills, GRACE)
     failed = [s for s in samples if s.status != 200]
     edge_back = recovery(samples, kills[0], {"g1"})

@@ -14,53 +14,25 @@ from pathlib import Path
 import pytest
 
 from runtime.admin.client import AdminClient
-from runtime.topology import runner, spec
+from runtime.topology import runner
 from runtime.topology.load import Client, metric_sum
 from runtime.topology.rundir import pop_dir, read_state
 from tests.support import EXAMPLES, ROOT
+from tests.topologies import HELLO, network, pop, running
 
-SMALL = f"""
-[network]
-client_edge_rtt_ms = [10, 10]
-edge_regional_rtt_ms = [30, 30]
-central_rtt_ms = [100, 100]
-jitter_ms = 0.0
-[[pop]]
-name = "central"
-tier = "central"
-[[pop]]
-name = "reg"
-tier = "regional"
-parents = ["central"]
-[[pop]]
-name = "edge-eu"
-tier = "edge"
-geo = "eu-west"
-parents = ["reg", "central"]
-functions = ["{EXAMPLES / 'hello-wat'}", "{EXAMPLES / 'ai-py'}"]
-[pop.settings.http_cache]
-default_ttl = 600
-[[pop]]
-name = "edge-us"
-tier = "edge"
-geo = "us-east"
-parents = ["reg", "central"]
-functions = ["{EXAMPLES / 'hello-wat'}"]
-[pop.settings.http_cache]
-default_ttl = 600
-"""
+CACHED = "[pop.settings.http_cache]\ndefault_ttl = 600\n"
+SMALL = (network(10, 30, 100) + pop("central", "central")
+         + pop("reg", "regional", parents=["central"])
+         + pop("edge-eu", "edge", geo="eu-west", parents=["reg", "central"],
+               functions=[HELLO, EXAMPLES / "ai-py"], settings=CACHED)
+         + pop("edge-us", "edge", geo="us-east", parents=["reg", "central"], functions=[HELLO],
+               settings=CACHED))
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("topo")
-    (folder / "topology.toml").write_text(SMALL)
-    topo = spec.load(folder / "topology.toml")
-    runner.up(topo, folder / "run", "test", timeout=300)
-    try:
-        yield folder / "run"
-    finally:
-        runner.down(folder / "run")
+    with running(tmp_path_factory.mktemp("topo"), SMALL) as run:
+        yield run
 
 
 def _chat(run: Path, geo: str, question: str, rid: str = "") -> tuple[int, str, str]:
@@ -116,10 +88,10 @@ def test_the_request_id_goes_with_the_request_to_every_tier(run: Path) -> None:
     rid = f"topo-{uuid.uuid4().hex[:12]}"
     status, _, err = _chat(run, "eu-west", f"Name a fruit. ({rid})", rid)
     assert status == 200, err
-    for pop in ("edge-eu", "reg", "central"):
-        events = AdminClient(pop_dir(run, pop), timeout=30).request(
+    for name in ("edge-eu", "reg", "central"):
+        events = AdminClient(pop_dir(run, name), timeout=30).request(
             "GET", "/v1/events?path=/v1/chat/completions&limit=100")
-        assert rid in [e["rid"] for e in events["events"]], pop
+        assert rid in [e["rid"] for e in events["events"]], name
 
 
 def test_a_function_at_the_edge_calls_the_model_through_the_tiers(run: Path) -> None:

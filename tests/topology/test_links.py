@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from runtime.topology.links import Link, LinksConfig, LinkSpec, Route
+from runtime.topology.links import READ, Link, LinksConfig, LinkSpec, Route
 
 SLACK = 0.012  # loopback, two event loops and a busy 2-core machine, per round trip
 
@@ -124,3 +124,45 @@ def test_with_no_route_alive_the_connection_is_closed_at_once() -> None:
             assert time.perf_counter() - t < 0.5
             writer.close()
     asyncio.run(main())
+
+
+def test_a_slow_reader_keeps_the_relays_buffer_bounded_and_loses_nothing() -> None:
+    """8 MiB from a fast sender to a reader that takes 16 KiB per 2 ms, through a
+    link that may hold 256 KiB a direction: the relay pauses the sender instead of
+    buffering, and every byte arrives, in order."""
+    high, low = 256 << 10, 64 << 10
+    data = random.Random(7).randbytes(8 << 20)
+    got = bytearray()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while chunk := await reader.read(16 << 10):
+            got.extend(chunk)
+            await asyncio.sleep(0.002)
+        writer.close()
+
+    async def main() -> int:
+        server = await asyncio.start_server(slow, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        spec = LinkSpec(name="t", port=_dead_port(), routes=[
+            Route(name="slow", port=port, delay_ms=5.0)])
+        link = Link(spec, LinksConfig(high_water=high, low_water=low), random.Random(1))
+        await link.start()
+        _, writer = await asyncio.open_connection("127.0.0.1", spec.port)
+        writer.write(data)  # all at once: the sender never waits by itself
+        await writer.drain()
+        writer.write_eof()
+        async with asyncio.timeout(120):
+            while len(got) < len(data):
+                await asyncio.sleep(0.05)
+        writer.close()
+        assert link.server is not None
+        link.server.close()
+        server.close()
+        return link.peak
+
+    peak = asyncio.run(main())
+    print(f"relay peak {peak} bytes held for 8 MiB sent (high water {high})")
+    assert bytes(got) == data
+    # above high_water it reads no more: one read (READ) past it at most, in the
+    # delay line, and the transport's buffer filled up to high_water from it
+    assert high <= peak <= 2 * high + 2 * READ, peak

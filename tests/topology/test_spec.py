@@ -8,21 +8,7 @@ import pytest
 from edgefn_core.errors import InvalidConfig
 from runtime.topology import plan, spec
 from tests.support import EXAMPLES
-
-SMALL = """
-[[pop]]
-name = "central"
-tier = "central"
-[[pop]]
-name = "reg"
-tier = "regional"
-parents = ["central"]
-[[pop]]
-name = "edge"
-tier = "edge"
-geo = "eu-west"
-parents = ["reg", "central"]
-"""
+from tests.topologies import SMALL
 
 # (what is wrong, the file's text, the field named, a word of the message)
 BAD = [

@@ -7,6 +7,8 @@ Outside its region a pinned tenant's request is refused (451 ``residency_violati
 before any cache, store or function sees it, and its path and query are blanked so
 the refusal's event and log line carry none of its content. In its region the
 stage records the signed header for the hops the request makes (`forward_of`).
+A call another PoP de-sensitised (``x-edgefn-desensitised``) is recorded as such,
+with the tenant's keyed hash the mark carries.
 On a PoP with ``[residency.samples] ingest`` it also answers the samples' ingest path.
 """
 
@@ -37,6 +39,9 @@ class Residency:
         tenant = self._tenant(request, ctx)
         home = self.settings.tenants.get(tenant) if tenant is not None else None
         if tenant is None or home is None:
+            if (mark := request.header(r.DESENSITISED_HEADER)) is not None:
+                ctx.decide("residency", {"result": "desensitised",
+                                         "tenant": mark.decode("latin-1")[:32]})
             return call_next(request, ctx)
         if home != self.region:
             request.path, request.query = BLANK_PATH, b""

@@ -1,0 +1,72 @@
+"""What a pinned tenant's model call may take out of this PoP (``[residency]``).
+
+A model this PoP forwards (``[residency.uplink] models``) may be served by any PoP
+its uplink reaches (``uplink.pops``: the link's routes, so failover included). A
+pinned tenant's call for it that could reach a PoP outside the tenant's region is
+refused here, before it leaves (451 ``residency_violation`` naming the tenant's
+region and the tier it would have needed); the next tier's own refusal stays, as
+defence in depth. A tenant in ``allow_desensitised`` gets its call sent
+de-sensitised instead (`desensitised`): no tenant, a keyed hash of the request id,
+PII masked in the prompt and the messages, and the ``x-edgefn-desensitised`` mark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.observe.redact import scrub_pii
+from runtime.security.residency import ResidencySettings, before_hop, hashed_id, sign
+
+DESENSITISED_RID = "ds-"  # the prefix of a de-sensitised call's hashed request id
+
+
+class Egress:
+    def __init__(self, settings: ResidencySettings, pop: str) -> None:
+        """`settings`: the PoP's ``[residency]``; `pop`: its name (for the refusal)."""
+        self.settings = settings
+        self.pop = pop
+
+    def hop(self, tenant: str | None, model: str, request_id: str,
+            params: dict[str, Any]) -> dict[str, Any]:
+        """What the worker's ``generate`` gets for `tenant`'s call, over `params`:
+        nothing for a tenant that is not pinned; the request id and the tenant
+        signed for it (the next tier enforces the pin) when the call stays in its
+        region; the de-sensitised form when it may leave and the tenant allows it.
+        Raises `Rejected` (451 ``residency_violation``) when it may leave otherwise."""
+        s = self.settings
+        home = s.tenants.get(tenant) if tenant is not None else None
+        if tenant is None or home is None:
+            return {}
+        away = s.leaving(home, model)
+        if away is None:
+            return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
+                if s.secret else {}
+        if tenant not in s.allow_desensitised:
+            raise before_hop(tenant, home, self.pop, away, model)
+        return desensitised(s.secret, tenant, request_id, params)
+
+
+def desensitised(secret: str, tenant: str, request_id: str,
+                 params: dict[str, Any]) -> dict[str, Any]:
+    """The overrides that make a call leave its region de-sensitised: no tenant,
+    the request id hashed, every string of `messages` (contents, text parts, tool
+    call arguments) and the `prompt` PII-scrubbed (`scrub_pii`), and the mark (the
+    tenant's keyed hash). Sampling, stops, tools and response formats go unchanged."""
+    out: dict[str, Any] = {"tenant": None, "desensitised": hashed_id(secret, tenant),
+                           "request_id": DESENSITISED_RID + hashed_id(secret, request_id)}
+    if "messages" in params:
+        out["messages"] = _scrubbed(params["messages"])
+    if "prompt" in params:
+        out["prompt"] = scrub_pii(params["prompt"])
+    return out
+
+
+def _scrubbed(value: Any) -> Any:
+    """`value` (JSON-like) with every string PII-scrubbed; keys kept."""
+    if isinstance(value, str):
+        return scrub_pii(value)
+    if isinstance(value, list):
+        return [_scrubbed(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _scrubbed(v) for k, v in value.items()}
+    return value

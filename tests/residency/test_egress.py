@@ -1,0 +1,91 @@
+"""`Egress`: what a pinned tenant's model call may take out of a PoP, without
+sockets: refused before the hop where the uplink may reach another region, sent
+de-sensitised where the tenant allows it, signed where it stays in the region."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgefn_core.errors import Rejected
+from runtime.ai.egress import DESENSITISED_RID, Egress
+from runtime.observe.redact import scrub_pii
+from runtime.security import residency as r
+
+SECRET = "0123456789abcdef0123"
+REG = r.UplinkPop(pop="reg-eu", tier="regional", region="emea")
+CENTRAL = r.UplinkPop(pop="central", tier="central", region="americas")
+PII = "mail jane.doe@example.com or call +44 20 7946 0958, card 4111 1111 1111 1111"
+
+
+def egress(*pops: r.UplinkPop, allow: tuple[str, ...] = ()) -> Egress:
+    return Egress(r.ResidencySettings(
+        tenants={"acme-eu": "emea", "acme-ds": "emea"}, secret=SECRET,
+        uplink=r.Uplink(models=["chat-model"], pops=list(pops)),
+        allow_desensitised=list(allow)), "edge-eu")
+
+
+def chat(text: str) -> dict[str, object]:
+    return {"max_tokens": 3, "messages": [
+        {"role": "user", "content": text},
+        {"role": "user", "content": [{"type": "text", "text": text}]},
+        {"role": "assistant", "tool_calls": [{"function": {"arguments": json.dumps(
+            {"to": "jane.doe@example.com"})}}]}]}
+
+
+def test_an_unpinned_tenant_goes_as_it_came() -> None:
+    assert egress(CENTRAL).hop("globex", "chat-model", "rid-1", chat(PII)) == {}
+    assert egress(CENTRAL).hop(None, "chat-model", "rid-1", chat(PII)) == {}
+
+
+@pytest.mark.parametrize("pops", [(REG,), ()], ids=["uplink in region", "no uplink"])
+def test_a_call_that_stays_in_the_region_carries_the_signed_tenant(
+        pops: tuple[r.UplinkPop, ...]) -> None:
+    hop = egress(*pops).hop("acme-eu", "chat-model", "rid-1", chat(PII))
+    assert hop == {"request_id": "rid-1", "tenant": r.sign(SECRET, "acme-eu", "rid-1")}
+
+
+def test_a_model_served_here_is_not_a_hop() -> None:
+    hop = egress(CENTRAL).hop("acme-eu", "local-embedder", "rid-1", {"prompt": PII})
+    assert hop["tenant"] == r.sign(SECRET, "acme-eu", "rid-1")
+
+
+@pytest.mark.parametrize("pops", [(CENTRAL,), (REG, CENTRAL)],
+                         ids=["parent abroad", "failover route abroad"])
+def test_a_call_that_may_leave_is_refused_before_the_hop(pops: tuple[r.UplinkPop, ...]) -> None:
+    with pytest.raises(Rejected) as e:
+        egress(*pops).hop("acme-eu", "chat-model", "rid-1", chat(PII))
+    assert (e.value.code, e.value.status) == ("residency_violation", 451)
+    message = str(e.value)
+    assert "tenant 'acme-eu' is pinned to region 'emea'" in message
+    assert "central 'central' in region 'americas'" in message
+    assert "PoP 'edge-eu'" in message and "not forwarded" in message
+    assert e.value.detail == {"tenant_region": "emea", "needed_pop": "central",
+                              "needed_tier": "central", "needed_region": "americas"}
+
+
+def test_only_the_tenants_that_allow_it_leave_desensitised() -> None:
+    with pytest.raises(Rejected):
+        egress(CENTRAL, allow=("acme-ds",)).hop("acme-eu", "chat-model", "rid-1", chat(PII))
+    hop = egress(CENTRAL, allow=("acme-ds",)).hop("acme-ds", "chat-model", "rid-1", chat(PII))
+    assert hop["tenant"] is None  # the next tier does not learn who it is...
+    assert hop["desensitised"] == r.hashed_id(SECRET, "acme-ds")  # ...only its keyed hash
+    assert hop["request_id"] == DESENSITISED_RID + r.hashed_id(SECRET, "rid-1")
+    text = json.dumps(hop)
+    for leaked in ("jane.doe", "7946", "4111", "rid-1", "acme-ds"):
+        assert leaked not in text, leaked
+    scrubbed = scrub_pii(PII)
+    assert scrubbed == "mail [email] or call [phone], card [card]"
+    messages = hop["messages"]
+    assert messages[0] == {"role": "user", "content": scrubbed}
+    assert messages[1]["content"] == [{"type": "text", "text": scrubbed}]
+    assert json.loads(messages[2]["tool_calls"][0]["function"]["arguments"]) == {"to": "[email]"}
+    assert "max_tokens" not in hop  # only what it changes: sampling goes unchanged
+
+
+def test_a_prompt_is_scrubbed_whole() -> None:
+    prompt = "x" * 600 + " jane.doe@example.com"  # past the events' 512-character cut
+    hop = egress(CENTRAL, allow=("acme-ds",)).hop("acme-ds", "chat-model", "r",
+                                                  {"prompt": prompt})
+    assert hop["prompt"] == "x" * 600 + " [email]"

@@ -1,0 +1,108 @@
+"""What leaves a PoP for a pinned tenant's chat, over real HTTP: a real PoP in
+region emea whose model worker forwards ``echo`` to an OpenAI-compatible upstream
+in region americas (a fake server on loopback that records every request it
+gets). A pinned tenant's chat is refused before the hop (the upstream gets
+nothing); one allowed to leave de-sensitised reaches it scrubbed and marked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from runtime.ai.egress import DESENSITISED_RID
+from runtime.security.keys import KeyStore
+from runtime.security.residency import hashed_id
+from tests.gpu_worker.test_upstream_engine import FakeUpstream
+from tests.support import Running, pop_thread
+
+SECRET = "0123456789abcdef0123"
+RESIDENCY = {"tenants": {"acme-eu": "emea", "acme-ds": "emea"}, "secret": SECRET,
+             "allow_desensitised": ["acme-ds"],
+             "uplink": {"models": ["echo"],
+                        "pops": [{"pop": "central", "tier": "central", "region": "americas"}]}}
+
+
+@contextmanager
+def upstream() -> Iterator[FakeUpstream]:
+    """The fake upstream, served by a loop of its own on a thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    up = FakeUpstream()
+    asyncio.run_coroutine_threadsafe(up.__aenter__(), loop).result(10)
+    try:
+        yield up
+    finally:
+        asyncio.run_coroutine_threadsafe(up.__aexit__(None, None, None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, FakeUpstream,
+                                                                      dict[str, str]]]:
+    tmp = tmp_path_factory.mktemp("egress")
+    with upstream() as up:
+        worker = tmp / "worker.toml"
+        worker.write_text(f'[[models]]\nname = "central"\nengine = "openai"\n'
+                          f'url = "{up.url}"\nmodels = ["echo"]\n')
+        with pop_thread(tmp / "data", ai=True, ai_config=str(worker), name="edge-eu",
+                        region="emea", residency=RESIDENCY,
+                        **{"ai_cache.enabled": False}) as pop:
+            store = KeyStore(pop.data)
+            keys = {t: store.create(t, ("*",))[0] for t in ("acme-eu", "acme-ds", "globex")}
+            pop.admin.request("POST", "/v1/keys/reload")
+            yield pop, up, keys
+
+
+def chat(pop: Running, key: str, text: str, rid: str) -> tuple[int, bytes]:
+    body = {"model": "echo", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}
+    status, _, out = pop.request("POST", "/v1/chat/completions", json.dumps(body).encode(), {
+        "authorization": f"Bearer {key}", "content-type": "application/json",
+        "x-request-id": rid}, timeout=30)
+    return status, out
+
+
+def chats_sent(up: FakeUpstream) -> list[tuple[dict[str, str], dict[str, object]]]:
+    return [(h, b) for m, p, h, b in list(up.requests) if p == "/v1/chat/completions"]
+
+
+def test_a_pinned_tenants_chat_is_refused_before_it_leaves(setup: tuple[
+        Running, FakeUpstream, dict[str, str]]) -> None:
+    pop, up, keys = setup
+    before = len(chats_sent(up))
+    status, out = chat(pop, keys["acme-eu"], "hello", "rid-pinned")
+    assert status == 451, out
+    error = json.loads(out)["error"]
+    assert error["code"] == "residency_violation"
+    assert error["message"] == ("tenant 'acme-eu' is pinned to region 'emea': model 'echo' "
+                                "would need central 'central' in region 'americas'; not "
+                                "forwarded by PoP 'edge-eu'")
+    assert len(chats_sent(up)) == before, "the upstream got nothing"
+    assert chat(pop, keys["globex"], "hello", "rid-other")[0] == 200  # unpinned: as before
+    assert len(chats_sent(up)) == before + 1
+
+
+def test_a_tenant_that_allows_it_leaves_scrubbed_and_marked(setup: tuple[
+        Running, FakeUpstream, dict[str, str]]) -> None:
+    pop, up, keys = setup
+    mark = f"dsmark{uuid.uuid4().hex[:8]}"
+    rid = f"rid-{mark}"
+    status, out = chat(pop, keys["acme-ds"], f"write to {mark}@example.com or "
+                       "+44 20 7946 0958 from 10.1.2.3", rid)
+    assert status == 200, out
+    headers, body = chats_sent(up)[-1]
+    assert body["messages"] == [{"role": "user",
+                                 "content": "write to [email] or [phone] from [ip]"}]
+    assert headers["x-edgefn-desensitised"] == hashed_id(SECRET, "acme-ds")
+    assert headers["x-request-id"] == DESENSITISED_RID + hashed_id(SECRET, rid)
+    assert "x-edgefn-tenant" not in headers
+    sent = json.dumps([headers, body])
+    assert mark not in sent and "acme-ds" not in sent and "7946" not in sent
