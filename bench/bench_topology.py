@@ -2,6 +2,7 @@
 emulated network (`edgefn topology`, the default functions/examples/topology.toml).
 
     python bench/bench_topology.py [--quick] [--per-geo 60] [--tokens 12] [--seed 14]
+                                   [--log requests.jsonl]
 
 (a) centralized: every geography's clients talk to the central PoP over the
     long-haul link (central_rtt_ms), which runs the functions and the model; no cache.
@@ -26,7 +27,10 @@ from its metrics), exact and semantic hit rates (edge: x-edgefn-cache; regional:
 metrics), and the cold-start penalty: the first request to each function on each PoP
 (a fresh connection, straight to the PoP: no link) against the median of the next five.
 Seeds' claims beside them: p50 cut >= 75 %, origin load cut >= 60 % at a 20-40 % hit
-rate, first request <= 1.2x warm.
+rate, first request <= 1.2x warm. Then why chat requests reached the origin
+(`_topology_origin`): the floor (each intent's first request in a region must) and
+every origin call beyond it, with what the edge's and the regional's caches decided;
+--log writes that per request (geo, intent, wording, edge and regional decisions).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from typing import Any
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _topology_origin as origin
 
 from runtime.admin.client import AdminClient
 from runtime.topology import runner, spec
@@ -109,20 +115,25 @@ def chat_body(question: str, tokens: int) -> bytes:
                        "max_tokens": tokens, "temperature": 0, "stream": True}).encode()
 
 
-def replay(ports: dict[str, int], load: dict[str, list[tuple[str, str]]], tokens: int
+def replay(ports: dict[str, int], load: dict[str, list[tuple[str, str]]], tokens: int,
+           sent: dict[str, tuple[str, str, Sample]] | None = None, mode: str = "w"
            ) -> list[Sample]:
-    """Every geography's sequence at once, one thread each."""
+    """Every geography's sequence at once, one thread each. Each chat request has
+    the id MODE-GEO-I; `sent` gets id -> (geo, question, sample)."""
     samples: list[Sample] = []
 
     def one(geo: str) -> None:
         client = Client(geo, ports[geo])
-        for kind, what in load[geo]:
+        for i, (kind, what) in enumerate(load[geo]):
             if kind == "fn":
                 samples.append(client.send("fn", "GET", what))
-            else:
-                samples.append(client.send("chat", "POST", "/v1/chat/completions",
-                                           chat_body(what, tokens),
-                                           {"content-type": "application/json"}))
+                continue
+            rid = f"{mode}-{geo}-{i}"
+            samples.append(client.send("chat", "POST", "/v1/chat/completions",
+                                       chat_body(what, tokens),
+                                       {"content-type": "application/json", "x-request-id": rid}))
+            if sent is not None:
+                sent[rid] = (geo, what, samples[-1])
         client.close()
 
     threads = [threading.Thread(target=one, args=(g,)) for g in load]
@@ -236,12 +247,24 @@ def report(a: list[Sample], b: list[Sample], ca: dict[str, dict[str, float]],
             "worst_cold": worst, "failed": sa["failed"] + sb["failed"]}
 
 
+def explain_origin(run: Path, topo: spec.Topology, sent: dict[str, tuple[str, str, Sample]],
+                   total: int, log: Path | None) -> None:
+    """Which chat requests of the distributed run reached central, and why."""
+    edges = topo.edges()
+    region_of = {p.geo: p.parents[0] for p in edges}
+    seen = origin.decisions(run, [p.name for p in topo.pop if p.tier != "central"] + ["central"])
+    table = origin.rows(sent, {p.geo: p.name for p in edges}, region_of, seen)
+    origin.report(table, region_of, total, log)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two edges, 10 requests per geo")
     ap.add_argument("--per-geo", type=int, default=60, help="requests per geography")
     ap.add_argument("--tokens", type=int, default=12, help="max_tokens of chat requests")
     ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument("--log", type=Path, help="write one JSON line per chat request of the "
+                    "distributed run: geo, intent, wording, edge and regional decisions")
     args = ap.parse_args(argv)
     per_geo = 10 if args.quick else args.per_geo
     topo = topology(args.quick)
@@ -262,11 +285,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 replay(ports, {g: [("chat", f"Warm-up {i} from {g}.")] for i, g in
                                enumerate(geos)}, args.tokens)
             before = counters(run, names)
-            a = replay(net.direct, load, args.tokens)
+            a = replay(net.direct, load, args.tokens, mode="a")
             mid = counters(run, names)
-            b = replay(net.entries, load, args.tokens)
+            sent: dict[str, tuple[str, str, Sample]] = {}
+            b = replay(net.entries, load, args.tokens, sent, "b")
             after = counters(run, names)
-            return report(a, b, delta(mid, before), delta(after, mid), colds, regionals)
+            result = report(a, b, delta(mid, before), delta(after, mid), colds, regionals)
+            explain_origin(run, topo, sent, len(b), args.log)
+            return result
         finally:
             runner.down(run)
 

@@ -25,6 +25,8 @@ rolls back and deletes only functions whose ``owner`` is that tenant.
     POST   /v1/vectors/INDEX/OP               {create,upsert,query,delete,stats} args
     POST   /v1/cache/purge                    exactly one of {"key": URL}, {"prefix": "/p/"},
                                               {"tag": "t"}, {"function": "name"}
+    POST   /v1/cache/ai/purge                 the AI cache: {"all": true}, or {"model": M},
+                                              {"tenant": T} ("" = anonymous callers) or both
     GET    /v1/cache/stats                    what the caches decided (CacheStats.snapshot)
     GET    /v1/events?since=10m&function=F&status=5xx&tenant=T&path=/p&method=GET&min_ms=N&limit=N
                                               the ring's events, oldest first (`edgefn events`)
@@ -89,6 +91,12 @@ class PurgeBody(msgspec.Struct, forbid_unknown_fields=True):
     prefix: str | None = None  # a path prefix
     tag: str | None = None  # a Cache-Tag
     function: str | None = None  # every version of a function
+
+
+class AIPurgeBody(msgspec.Struct, forbid_unknown_fields=True):
+    model: str | None = None  # a model id (a LoRA adapter is its own)
+    tenant: str | None = None  # a tenant; "" is the anonymous caller
+    all: bool = False  # every entry (of the key's tenant, for a key)
 
 
 class AdminApp:
@@ -182,6 +190,8 @@ class AdminApp:
                     return await self._ai(rest, method, request.body)
                 case ["v1", "cache", "purge"] if method == b"POST":
                     return self._purge(request.body, who)
+                case ["v1", "cache", "ai", "purge"] if method == b"POST":
+                    return await self._purge_ai(request.body, who)
                 case ["v1", "cache", "stats"] if method == b"GET":
                     return json_response({"stats": self.pop.stores.cache_stats.snapshot()})
                 case ["v1", "events"] if method == b"GET":
@@ -270,6 +280,23 @@ class AdminApp:
         purged = cache.purge(**given, only=only) if cache is not None else 0
         return json_response({"purged": purged, name: value})
 
+    async def _purge_ai(self, body: bytes, who: Principal | None) -> Response:
+        """Raises msgspec errors for a body that does not decode, `NotOwner` when a
+        key names another tenant."""
+        purge = msgspec.json.decode(body or b"{}", type=AIPurgeBody)
+        problem = _ai_purge_problem(purge)
+        if problem:
+            return _error(400, "bad_request", problem)
+        tenant = purge.tenant
+        if who is not None:  # a key purges its own tenant's entries only
+            if tenant is not None and tenant != who.tenant:
+                raise NotOwner(f"tenant {tenant!r} is not this key's tenant {who.tenant!r}")
+            tenant = who.tenant
+        cache = self.pop.stores.ai_cache
+        purged = 0 if cache is None else await self.on_pop(
+            _value(lambda: cache.purge(model=purge.model, tenant=tenant)))
+        return json_response({"purged": purged, "model": purge.model, "tenant": tenant})
+
     def _check_tenant(self, parts: list[str], who: Principal) -> None:
         """Raises `NotOwner` when a key changes a function of another tenant."""
         if len(parts) >= 3 and parts[:2] == ["v1", "functions"]:
@@ -306,6 +333,10 @@ async def _call(fn: Callable[[], None]) -> None:
     fn()
 
 
+async def _value[T](fn: Callable[[], T]) -> T:
+    return fn()  # on the PoP's loop, which owns what `fn` changes
+
+
 async def _shielded[T](coro: Coroutine[Any, Any, T]) -> T:
     return await asyncio.shield(coro)
 
@@ -336,6 +367,19 @@ def _purge_problem(name: str, value: str) -> str | None:
     if name == "key" and not (value.startswith("/") or value.startswith(("http://",
                                                                           "https://"))):
         return f"expected http://host/path?query or /path?query, got {value!r}"
+    return None
+
+
+def _ai_purge_problem(purge: AIPurgeBody) -> str | None:
+    """What is wrong with an AI cache purge, or None."""
+    named = [n for n in ("model", "tenant") if getattr(purge, n) is not None]
+    if purge.all == bool(named):
+        return ('give "all": true, or "model" and/or "tenant"' if not named else
+                f'"all" purges everything: leave out {", ".join(named)}')
+    if purge.model is not None and not 0 < len(purge.model) <= 256:
+        return "field `model`: expected a model id of 1 to 256 characters"
+    if purge.tenant is not None and len(purge.tenant) > 256:
+        return "field `tenant`: expected at most 256 characters"
     return None
 
 

@@ -1,5 +1,9 @@
 """`edgefn cache purge ...` and `edgefn cache stats`: through a running PoP's
-admin API (with ``EDGEFN_API_KEY`` when set, as the other commands)."""
+admin API (with ``EDGEFN_API_KEY`` when set, as the other commands).
+
+On a topology a purge goes to the central PoP first, then the regionals, then the
+edges: an edge miss between two of the purges can then not be refilled from a
+tier above that still holds the purged answer."""
 
 from __future__ import annotations
 
@@ -20,13 +24,11 @@ def cache_command(args: argparse.Namespace) -> None:
 
     match args.op:
         case "purge":
-            # the parser let exactly one through
-            given = {k: v for k in ("key", "prefix", "tag", "function")
-                     if (v := getattr(args, k)) is not None}
+            path, given = _purge_request(args)
             if getattr(args, "topology", None):
-                _purge_everywhere(args.topology, given, args.json)
+                _purge_everywhere(args.topology, path, given, args.json)
                 return
-            result = _purge(AdminClient(args.data, timeout=30), given)
+            result = _purge(AdminClient(args.data, timeout=30), path, given)
             print(json.dumps(result) if args.json else f"purged {result['purged']} entries")
         case "stats":
             rows = AdminClient(args.data, timeout=30).request("GET", "/v1/cache/stats")["stats"]
@@ -36,24 +38,52 @@ def cache_command(args: argparse.Namespace) -> None:
                 _table(rows)
 
 
-def _purge(client: Any, given: dict[str, str]) -> dict[str, Any]:
-    result: dict[str, Any] = client.request("POST", "/v1/cache/purge", json.dumps(given).encode(),
+def _purge_request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The admin path and body of a purge. Raises `Failure` (usage) for --model or
+    --tenant without --ai."""
+    from edgefn_core.errors import Failure
+
+    if args.ai:
+        given = {k: v for k in ("model", "tenant") if (v := getattr(args, k)) is not None}
+        return "/v1/cache/ai/purge", given or {"all": True}
+    if args.model is not None or args.tenant is not None:
+        raise Failure("usage", 400, "--model and --tenant select AI cache entries: add --ai")
+    # the parser let exactly one through
+    return "/v1/cache/purge", {k: v for k in ("key", "prefix", "tag", "function")
+                               if (v := getattr(args, k)) is not None}
+
+
+def _purge(client: Any, path: str, given: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = client.request("POST", path, json.dumps(given).encode(),
                                             {"content-type": "application/json"})
     return result
 
 
-def _purge_everywhere(run: str, given: dict[str, str], as_json: bool) -> None:
-    """The same purge on every PoP of a topology, edges to central. Raises
-    `AdminError` for what a PoP refuses, `Failure` when one cannot be reached."""
-    from runtime.admin.client import AdminClient
-    from runtime.topology.rundir import pop_dir, pop_names
+TIER_ORDER = {"central": 0, "regional": 1, "edge": 2}
 
-    purged = {name: _purge(AdminClient(pop_dir(run, name), timeout=30), given)["purged"]
-              for name in pop_names(run)}
+
+def _purge_everywhere(run: str, path: str, given: dict[str, Any], as_json: bool) -> None:
+    """The same purge on every PoP of a topology, from central to the edges.
+    Raises `AdminError` for what a PoP refuses, `Failure` when one cannot be reached."""
+    from runtime.admin.client import AdminClient
+    from runtime.topology.rundir import pop_dir
+
+    purged = {name: _purge(AdminClient(pop_dir(run, name), timeout=30), path, given)["purged"]
+              for name in _top_down(run)}
     if as_json:
         print(json.dumps({"purged": purged}))
     else:
         print(f"purged {sum(purged.values())} entries on {len(purged)} PoPs")
+
+
+def _top_down(run: str) -> list[str]:
+    """The PoPs of `run`: central, then regionals, then edges (by name within a
+    tier; a PoP the state file does not list goes last)."""
+    from runtime.topology.rundir import pop_names, read_state
+
+    state = read_state(run)
+    tier = {p.name: p.tier for p in state.pops} if state is not None else {}
+    return sorted(pop_names(run), key=lambda n: (TIER_ORDER.get(tier.get(n, ""), 3), n))
 
 
 def _table(rows: list[dict[str, Any]]) -> None:

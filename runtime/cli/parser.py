@@ -291,20 +291,30 @@ def _keys_command(c: Commands) -> None:
 
 def _cache_command(c: Commands) -> None:
     cache = c.add("cache", "runtime.cli.cache:cache_command",
-                  "purge the HTTP cache of a running PoP, or show what its caches decided",
+                  "purge the HTTP or AI cache of a running PoP, or show what its caches "
+                  "decided",
                   "edgefn cache purge --tag products")
     ops = c.ops(cache)
     o = c.op(ops, "purge", "drop cached responses: one URL, a path prefix, a Cache-Tag or "
-             "a function (all versions)", "edgefn cache purge --prefix /shop/")
+             "a function (all versions); or, with --ai, model calls' answers",
+             "edgefn cache purge --ai --model smollm2-135m --topology .topology")
     one = o.add_mutually_exclusive_group(required=True)
     for flag, what in (("--key", "a URL: http://host/path?query, or /path?query on any host"),
                        ("--prefix", "a path prefix such as /shop/"),
                        ("--tag", "a Cache-Tag the function's responses carry"),
                        ("--function", "a function's name (all its versions)")):
-        one.add_argument(flag, help=f"{what} (default: none; give exactly one of the four)")
+        one.add_argument(flag, help=f"{what} (default: none; give exactly one of the five)")
+    one.add_argument("--ai", action="store_true",
+                     help="the AI cache (exact and semantic) instead: every entry, or those "
+                          "of --model and/or --tenant (default: off)")
+    o.add_argument("--model", help="with --ai: only this model's entries (a LoRA adapter is "
+                   "its own model) (default: every model)")
+    o.add_argument("--tenant", help="with --ai: only this tenant's entries; '' is anonymous "
+                   "callers (default: every tenant)")
     o.add_argument("--topology", metavar="RUN_DIR",
                    help="purge on every PoP of the topology running in RUN_DIR (`edgefn "
-                        "topology up --dir`) instead of the one at --data (default: none)")
+                        "topology up --dir`), central and regionals before edges, instead "
+                        "of the one at --data (default: none)")
     c.op(ops, "stats", "hit rates per cache, function, model and tenant",
          "edgefn cache stats --json")
 

@@ -18,6 +18,11 @@ key) waits for it and is served its answer, and so does a call of the same
 scope whose query passes the semantic test against the in-flight one's (both
 are embedded anyway). If the leader fails, the waiters go on as misses.
 
+`purge(model=..., tenant=...)` drops the entries of a model, a tenant, both or
+all. A call in flight that a purge matches stores nothing, and the calls waiting
+for it look up again (and lead a model call of their own): its answer was asked
+for before the purge, theirs is given after it.
+
 Entries live ``ttl`` seconds on `clock` (lazily removed), at most
 ``max_entries_per_scope`` per scope (least recently used go first) and at most
 ``max_scopes`` scopes (the least recently used scope goes with its entries).
@@ -73,6 +78,7 @@ class Flight:
     def __init__(self, call: Call, vector: np.ndarray | None) -> None:
         self.call = call
         self.vector = vector
+        self.purged = False  # a purge matched it: its answer is handed on, not stored
         self.done: asyncio.Future[Entry | None] = asyncio.get_running_loop().create_future()
 
     def end(self, entry: Entry | None) -> None:
@@ -255,6 +261,9 @@ class AICache:
         call = found.call
         entry = Entry("aic-" + secrets.token_hex(8), call, result, time.time(),
                       self.clock() + p.ttl, round(origin_ms, 3))
+        if found.flight is not None and found.flight.purged:
+            self.abandon(found)  # asked for before a purge: its waiters ask again
+            return None
         old = self.exact.get(call.key)
         if old is not None:
             self._remove(old)
@@ -321,6 +330,35 @@ class AICache:
         if entry.label is not None and scope.labels.pop(entry.label, None) is not None:
             assert scope.index is not None
             scope.index.remove(entry.label)
+
+    # -- purges ---------------------------------------------------------------------------
+    def purge(self, *, model: str | None = None, tenant: str | None = None) -> int:
+        """Drop every entry of `model` (a LoRA adapter is its own model) and of
+        `tenant` ("" is the anonymous caller); None matches any, so both None
+        drops everything. Calls in flight that match store nothing. Returns how
+        many entries went."""
+        def matches(call: Call) -> bool:
+            return (model is None or call.model == model) and \
+                (tenant is None or call.tenant == tenant)
+
+        gone = [e for e in entries(self) if matches(e.call)]
+        for entry in gone:
+            self._remove(entry)
+        flying = {*self.flights.values(), *(f for sc in self.scopes.values() for f in sc.flights)}
+        for flight in [f for f in flying if matches(f.call)]:
+            self._forget(flight)
+        for bucket in [b for b, sc in self.scopes.items() if not sc.entries and not sc.flights]:
+            del self.scopes[bucket]
+        return len(gone)
+
+    def _forget(self, flight: Flight) -> None:
+        """New calls no longer join `flight`; its answer will not be stored."""
+        flight.purged = True
+        if self.flights.get(flight.call.key) is flight:
+            del self.flights[flight.call.key]
+        scope = self.scopes.get(flight.call.bucket)
+        if scope is not None and flight in scope.flights:
+            scope.flights.remove(flight)
 
     # -- accounting -----------------------------------------------------------------------
     def account(self, found: Lookup, function: str = "") -> dict[str, Any]:
