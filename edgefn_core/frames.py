@@ -78,8 +78,9 @@ class FrameReader[T]:
         self.cut = cut
         self.buf = bytearray()
 
-    def feed(self, data: bytes) -> list[T]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[T]:
         """The frames `data` completes, in order; a partial frame waits for more.
+        `data` is copied: the caller may reuse its buffer.
 
         Raises `ProtocolError` for a length outside the framing's bounds; the
         stream cannot be resynchronised after that.

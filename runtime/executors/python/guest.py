@@ -173,7 +173,7 @@ class Session:
         self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.calls = 0
-        self.traceparent: str | None = None  # the running request's (`one`)
+        self.request: Any = None  # the running request (`one`), for its traceparent
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         # The threads there before the function ran (this one, the watchdog, and the
         # interpreter's idea of a main thread); any other was started by the function.
@@ -211,13 +211,14 @@ class Session:
 
     def one(self, payload: bytes) -> None:
         request, env_vars = self.sdk.Request._decode(payload)
-        self.traceparent = request.headers.get("traceparent")  # for its fetch and model calls
+        self.request = request  # its traceparent goes with its fetch and model calls
         env = self.sdk.Env(env_vars, self.call)
         try:
             self.dog.arm()
             try:
                 result = self.handler(request, env)
-                if inspect.isawaitable(result):
+                # a Response first: `isawaitable` asks an ABC, ~2 us a request
+                if type(result) is not self.sdk.Response and inspect.isawaitable(result):
                     result = self._event_loop().run_until_complete(result)
                 self.respond(result)
             finally:
@@ -310,8 +311,10 @@ class Session:
     def call(self, name: str, args: dict[str, Any], wait: bool = False) -> Any:
         """A host call over the same socket; with `wait`, block for its REPLY."""
         self.calls += 1
-        if self.traceparent and (name == "fetch" or name.startswith("ai.")):
-            args = {**args, "traceparent": self.traceparent}
+        if name == "fetch" or name.startswith("ai."):
+            traceparent = self.request.headers.get("traceparent") if self.request else None
+            if traceparent:
+                args = {**args, "traceparent": traceparent}
         self.sock.sendall(wire.json_frame(wire.CALL, {"id": self.calls, "name": name,
                                                       "args": args, "wait": wait}))
         if not wait:

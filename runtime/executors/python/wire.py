@@ -51,6 +51,9 @@ class Reader(FrameReader[tuple[bytes, bytes]]):
 
     def __init__(self) -> None:
         super().__init__(FRAMING, _kind_and_payload)
+        # `recv_frame` reads into this rather than allocating 64 KiB per read
+        self.inbox = bytearray(1 << 16)
+        self.inbox_view = memoryview(self.inbox)
 
 
 def recv_frame(sock: object, reader: Reader,
@@ -58,8 +61,8 @@ def recv_frame(sock: object, reader: Reader,
     """Blocking read of the next frame from a socket; None at EOF. Raises
     `ProtocolError` (see `Reader.feed`)."""
     while not pending:
-        data = sock.recv(1 << 16)  # type: ignore[attr-defined]
-        if not data:
+        n = sock.recv_into(reader.inbox)  # type: ignore[attr-defined]
+        if not n:
             return None
-        pending.extend(reader.feed(data))
+        pending.extend(reader.feed(reader.inbox_view[:n]))
     return pending.pop(0)

@@ -1,0 +1,85 @@
+"""The guest SDK's Request as the isolate loop makes it from the PoP's encoding:
+headers, params, query and url are decoded when first read, and read the same as
+a Request built by hand. No processes: the SDK is plain Python.
+
+The SDK imported is this checkout's (``functions/sdk/python``), not whatever
+``edgefn`` the environment has installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from edgefn_core.abi import encode_pairs, encode_params, encode_request
+from edgefn_core.errors import ProtocolError
+
+
+def load_sdk() -> ModuleType:
+    path = Path(__file__).resolve().parents[3] / "functions/sdk/python/edgefn/__init__.py"
+    spec = importlib.util.spec_from_file_location("edgefn_checkout_sdk", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sdk = load_sdk()
+HEADERS = [(b"host", b"edge.example"), (b"x-name", "café".encode()), (b"x-two", b"1"),
+           (b"x-two", b"2"), (b"traceparent", b"00-abc-def-01")]
+
+
+def decode(query: bytes = b"a=1&b=&a=3", params: dict[str, str] | None = None,
+           principal: list[tuple[bytes, bytes]] | None = None) -> tuple[object, dict[str, str]]:
+    buf = encode_request(b"POST", b"/users/42", query, HEADERS,
+                         encode_pairs([(b"MODE", b"test")]), b"{}",
+                         encode_params(params or {"id": "42"}),
+                         encode_pairs(principal) if principal else b"")
+    return sdk.Request._decode(buf)
+
+
+def test_a_decoded_request_reads_every_field() -> None:
+    request, env = decode()
+    assert (request.method, request.path, request.query_string, request.body) == (
+        "POST", "/users/42", "a=1&b=&a=3", b"{}")
+    assert request.query == {"a": "3", "b": ""}
+    assert request.params == {"id": "42"}
+    assert request.headers.get("X-Name") == "café"
+    assert request.headers.get_all("x-two") == ["1", "2"]
+    assert request.url == "http://edge.example/users/42?a=1&b=&a=3"
+    assert env == {"MODE": "test"}
+    assert (request.principal, request.bot, request.agent) == (None, None, None)
+
+
+def test_a_decoded_request_without_a_query_or_host_header() -> None:
+    buf = encode_request(b"GET", b"/", b"", [], b"", b"")
+    request, env = sdk.Request._decode(buf)
+    assert (request.query, request.params, request.headers.items(), env) == ({}, {}, [], {})
+    assert request.url == "http://localhost/"
+
+
+def test_the_principal_is_decoded_with_the_request() -> None:
+    request, _ = decode(principal=[(b"kind", b"key"), (b"tenant", b"acme"), (b"bot", b"browser")])
+    assert (request.principal.tenant, request.bot) == ("acme", "browser")
+
+
+def test_decoded_fields_are_read_once_and_can_be_replaced() -> None:
+    request, _ = decode()
+    assert request.headers is request.headers  # decoded once, then the same object
+    request.headers = sdk.Headers([("host", "other")])
+    request.query = {"q": "1"}
+    assert (request.headers.get("host"), request.query) == ("other", {"q": "1"})
+
+
+def test_a_request_built_by_hand_reads_as_before() -> None:
+    request = sdk.Request("GET", "/p", "x=1", sdk.Headers([("Host", "h")]), b"")
+    assert (request.query, request.params, request.url) == ({"x": "1"}, {}, "http://h/p?x=1")
+
+
+def test_a_malformed_request_is_refused_naming_the_field() -> None:
+    buf = encode_request(b"GET", b"/p", b"", HEADERS, b"", b"")
+    with pytest.raises(ProtocolError, match="header"):
+        sdk.Request._decode(buf[:30])
