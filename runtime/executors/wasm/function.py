@@ -227,20 +227,24 @@ class WasmFunction:
         sections, a WASI command as ``EDGEFN_PARAM_<NAME>`` and
         ``EDGEFN_PRINCIPAL_<FIELD>`` variables (see `edgefn_core.abi`, `wasi.environ`)."""
         if self.abi == "reactor":
-            data = encode_request(request.method, request.path, request.query,
-                                  request.headers, self.env_blob, request.body,
-                                  encode_params(params),
-                                  principal_blob(principal))
+            params_blob, who = encode_params(params), principal_blob(principal)
             if self.threaded:
-                return self._handle_threaded(data, _traceparent(request))
-            try:
-                output = self.call(data)
+                return self._handle_threaded(self._encode(request, params_blob, who),
+                                             _traceparent(request))
+            try:  # one C call with the native extension: encode, run, decode
+                return Response(*self.call.serve(request.method, request.path, request.query,
+                                                 request.headers, self.env_blob, request.body,
+                                                 params_blob, who))
             except FunctionError as e:
                 if e.code != SLICE_EXPIRED:
                     raise
-                return self._rerun_threaded(data, _traceparent(request))
-            return Response(*decode_response(output))
+                return self._rerun_threaded(self._encode(request, params_blob, who),
+                                            _traceparent(request))
         return self._handle_wasi(request, route, params, principal)
+
+    def _encode(self, request: Request, params_blob: bytes, principal: bytes) -> bytes:
+        return encode_request(request.method, request.path, request.query, request.headers,
+                              self.env_blob, request.body, params_blob, principal)
 
     async def _handle_threaded(self, data: bytes, traceparent: str | None = None) -> Response:
         """Reactors that declare bindings run on a worker thread: a model call or a
