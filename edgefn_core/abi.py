@@ -55,7 +55,8 @@ from edgefn_core.errors import FunctionError, ProtocolError
 MAGIC = b"EFQ1"
 NO_PAIRS = b"\0\0\0\0"  # an empty pairs section: encode_pairs([]) and encode_params({})
 WILDCARD = "*"  # the param name of the rest of the path a final `/*` matched
-HEADER_NAME = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an RFC 9110 token
+# an RFC 9110 token and nothing after it (`$` would also match before a final newline)
+HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 BAD_HEADER_VALUE = re.compile(rb"[\r\n\x00]")
 README = 'see README "Guest ABI"'
 

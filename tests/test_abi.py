@@ -243,6 +243,7 @@ def test_every_cut_of_a_request_with_every_field_names_its_field(cut: int) -> No
     (600, [], "invalid HTTP status 600"),
     (200, [(b"bad name", b"x")], "invalid header name b'bad name'"),
     (200, [(b"", b"x")], "invalid header name b''"),
+    (200, [(b"x-a\n", b"x")], "invalid header name b'x-a\\n'"),  # `$` matched before \n
     (200, [(b"x-a", b"1\r\nevil: 1")], "invalid value for header 'x-a'"),
     (200, [(b"x-a", b"1\0")], "invalid value for header 'x-a'"),
 ])

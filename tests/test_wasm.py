@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edgefn_core import abi
 from edgefn_core.errors import DeployError, FunctionError
 from runtime.executors.wasm import native as wasm_native
 from runtime.executors.wasm.engine import WasmEngine
@@ -328,3 +329,105 @@ def test_native_library_builds_and_is_cached(tmp_path: Path, monkeypatch: pytest
     assert built.parent == tmp_path and built.exists()
     assert wasm_native._build() == built  # second call: cache hit, no rebuild
     assert wasm_native.NativeLib(built).call is not None
+
+
+# -- the native serve: the request encoded and the response decoded in C ----------------------
+# A guest whose response is the request's body: GET / with no query, headers, env, params
+# or principal puts the body at byte 32 (magic, 3 strings, 2 empty pair counts, body
+# length), and 4 bytes of empty params follow it.
+MIRROR = """(module (memory (export "memory") 1)
+  (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "edgefn_handle") (param $p i32) (param $n i32) (result i64)
+    (i64.or (i64.shl (i64.extend_i32_u (i32.add (local.get $p) (i32.const 32))) (i64.const 32))
+            (i64.extend_i32_u (i32.sub (local.get $n) (i32.const 36))))))"""
+ROOMY = "cpu_ms = 5000\nwall_ms = 5000"  # epochs count wall time: a loaded machine is slow
+NAME_BYTES = st.sampled_from([b"x-a", b"Content-Type", b"X-UPPER", b"a b", b"", b"x\n", b"x\r",
+                              b"x:y", b"\xff", b"~!#$%&'*+-.^_`|", b"k\0"])
+VALUE_BYTES = st.sampled_from([b"", b"v", b"a\r\nb: c", b"x\n", b"x\ry", b"\0", b"\xff\xfe",
+                               b" sp "])
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> bytes:
+    """Response frames: well-formed, with invalid names, values or status, cut short, or
+    with bytes flipped or appended."""
+    headers = draw(st.lists(st.tuples(NAME_BYTES, VALUE_BYTES), max_size=4))
+    status = draw(st.sampled_from([200, 99, 100, 599, 600, 0, 2**32 - 1]))
+    frame = bytearray(abi.encode_response(status, headers, draw(st.binary(max_size=64))))
+    match draw(st.sampled_from(["as is", "cut", "flip", "append"])):
+        case "cut":
+            del frame[draw(st.integers(0, len(frame))):]
+        case "flip":
+            frame[draw(st.integers(0, len(frame) - 1))] ^= draw(st.integers(1, 255))
+        case "append":
+            frame += draw(st.binary(min_size=1, max_size=8))
+    return bytes(frame)
+
+
+def _outcome(f: Callable[[], object]) -> object:
+    try:
+        return f()
+    except FunctionError as e:
+        return (e.code, e.status, str(e))
+
+
+@settings(max_examples=400, deadline=None)
+@given(frame=frames())
+def test_any_response_decodes_as_the_python_decoder_decodes_it(engine: WasmEngine,
+                                                               frame: bytes) -> None:
+    fn = _MIRROR.get(id(engine)) or _MIRROR.setdefault(id(engine), _mirror(engine))
+    full = fn.new_call()  # its whole budget: the 5 ms inline slice could cut a preempted run
+    got = _outcome(lambda: full.serve(b"GET", b"/", b"", [], fn.env_blob, frame,
+                                      abi.NO_PAIRS, b""))
+    assert got == _outcome(lambda: abi.decode_response(frame))
+
+
+_MIRROR: dict[int, WasmFunction] = {}
+
+
+def _mirror(engine: WasmEngine) -> WasmFunction:
+    import tempfile
+
+    return load(engine, function_dir(Path(tempfile.mkdtemp()), "mirror", MIRROR, limits=ROOMY))
+
+
+# A guest that answers 200 with its whole request as the body: it frames the request
+# in place (status, no headers, the body length, in the 12 bytes before it).
+WHOLE = """(module (memory (export "memory") 1)
+  (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1036))
+  (func (export "edgefn_handle") (param $p i32) (param $n i32) (result i64)
+    (i32.store (i32.const 1024) (i32.const 200)) (i32.store (i32.const 1028) (i32.const 0))
+    (i32.store (i32.const 1032) (local.get $n))
+    (i64.or (i64.shl (i64.const 1024) (i64.const 32))
+            (i64.extend_i32_u (i32.add (local.get $n) (i32.const 12))))))"""
+
+
+@pytest.mark.parametrize("headers", [[], [(b"x-a", b"1"), (b"x-b", b""), (b"k", b"\xff\x00")]])
+def test_the_request_is_encoded_as_the_python_encoder_encodes_it(
+        engine: WasmEngine, tmp_path: Path, headers: list[tuple[bytes, bytes]]) -> None:
+    fn = load(engine, function_dir(tmp_path, "whole", WHOLE, extra='[env]\nA = "b"',
+                                   limits=ROOMY))
+    fields = (b"PATCH", b"/a%20b", b"q=1", headers, fn.env_blob, b"body\0",
+              abi.encode_params({"id": "7"}), abi.encode_principal({"tenant": "t"}))
+    assert fn.new_call().serve(*fields) == (200, [], abi.encode_request(*fields))
+
+
+@pytest.mark.parametrize("fields", [
+    ("GET", b"/", b"", [], b"\0\0\0\0", b"", b"\0\0\0\0", b""),  # a str method
+    (b"GET", b"/", b"", [(b"x", "y")], b"\0\0\0\0", b"", b"\0\0\0\0", b""),
+    (b"GET", b"/", b"", [(b"x",)], b"\0\0\0\0", b"", b"\0\0\0\0", b""),
+    (b"GET", b"/", b"", ((b"x", b"y"),), b"\0\0\0\0", b"", b"\0\0\0\0", b""),
+    (b"GET", b"/", b"", [], b"\0\0\0\0", bytearray(b"x"), b"\0\0\0\0", b""),
+])
+def test_a_field_of_the_wrong_type_is_a_type_error(fields: tuple[object, ...]) -> None:
+    e = WasmEngine(None, native=True) if wasm_native.load() is not None else None
+    if e is None or wasm_native.load().serve is None:  # type: ignore[union-attr]
+        pytest.skip("the native extension cannot be built here")
+    try:
+        fn = load(e, EXAMPLES / "hello-wat")
+        with pytest.raises(TypeError):
+            fn.call.serve(*fields)  # type: ignore[arg-type]
+        assert fn.call.serve(b"GET", b"/", b"", [], fn.env_blob, b"", abi.NO_PAIRS,
+                             b"")[0] == 200  # and the next request is served
+    finally:
+        e.close()

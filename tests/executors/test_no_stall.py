@@ -6,6 +6,7 @@ after a burst. Real wasmtime; requests run on a real event loop, as the PoP runs
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,13 @@ def test_a_long_budget_reactor_leaves_the_loop_after_its_slice(engine: WasmEngin
         inline, inline_cpu = time.perf_counter() - started, time.thread_time() - cpu_started
         assert not isinstance(pending, Response)
         result = await outcome_of(pending)
+        # moved once that run, which took its whole budget of CPU, ends on its thread
+        # (at its own deadline: the caller's timeout may come a little before)
+        for _ in range(100):
+            if spin.threaded:
+                break
+            await asyncio.sleep(0.01)
+        assert spin.threaded
         again = time.thread_time()
         second = spin.handle(request(), "/", {})  # moved to the threads for good
         straight = time.thread_time() - again  # CPU time: a wait for a core is not the loop's
@@ -102,6 +110,37 @@ def test_a_reactor_past_its_slice_runs_again_on_a_thread_with_its_full_budget(
     fn = load(engine, function_dir(tmp_path, "count", count, limits="cpu_ms = 20000"))
     r = asyncio.run(serve(fn))
     assert (r.status, r.body) == (200, b"ok")
+
+
+def test_a_short_reactor_cut_only_by_preemption_stays_inline(engine: WasmEngine,
+                                                             tmp_path: Path) -> None:
+    # Epochs count wall time: a thread bumping the epoch stands in for the loop's
+    # thread being preempted mid-call, so a ~0.1 ms guest is cut at the slice.
+    short = reactor("""(local.set $i (i32.const 100000))
+      (loop $l (local.set $i (i32.sub (local.get $i) (i32.const 1))) (br_if $l (local.get $i)))""")
+    short = short.replace("(result i64)", "(result i64) (local $i i32)")
+    fn = load(engine, function_dir(tmp_path, "short", short, limits="cpu_ms = 1000"))
+    stop = threading.Event()
+
+    def bump() -> None:
+        while not stop.is_set():
+            engine.engine.increment_epoch()
+
+    bumper = threading.Thread(target=bump)
+    bumper.start()
+    try:
+        for _ in range(1000):
+            pending = fn.handle(request(), "/", {})
+            if not isinstance(pending, Response):
+                break
+    finally:
+        stop.set()
+        bumper.join()
+    assert not isinstance(pending, Response), "never cut at the slice"
+    assert asyncio.run(outcome_of(pending)) == (200, "")  # run again, on a thread
+    assert fn.threaded is False  # that run took far less CPU than SLICE_CPU_S
+    again = fn.handle(request(), "/", {})
+    assert isinstance(again, Response) and again.body == b"ok"  # still inline
 
 
 def test_a_reactor_within_the_slice_stays_inline(engine: WasmEngine, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import wasmtime
 from wasmtime import _ffi as ffi
 
+from edgefn_core.abi import Pairs, decode_response, encode_request
 from edgefn_core.errors import FunctionError
 from runtime.executors.wasm.timing import InstantiateTimes
 
@@ -74,6 +75,17 @@ class CallTarget:
         self.deadline_ticks = deadline_ticks
         self.outcome = outcome
         self.max_response = max_response
+
+    def __call__(self, request: bytes) -> bytes:
+        raise NotImplementedError
+
+    def serve(self, method: bytes, path: bytes, query: bytes, headers: Pairs, env_blob: bytes,
+              body: bytes, params_blob: bytes, principal_blob: bytes
+              ) -> tuple[int, Pairs, bytes]:
+        """One request from its fields (see `edgefn_core.abi.encode_request`) to the
+        decoded response. Raises `FunctionError` as `__call__` and `decode_response` do."""
+        return decode_response(self(encode_request(method, path, query, headers, env_blob,
+                                                   body, params_blob, principal_blob)))
 
 
 class ReactorCall(CallTarget):

@@ -4,10 +4,12 @@ Two guest ABIs (see README "Guest ABI"):
 - reactor: exports ``memory``, ``edgefn_alloc``, ``edgefn_handle``; runs inline
   on the event loop through the raw call path (`wasm_ffi`), for at most
   `INLINE_SLICE_MS`. A reactor whose budget is longer and that overruns the
-  slice is stopped there (epoch deadline), moved to the worker threads for
-  good, and the request runs again there with its full budget. That is safe
-  because an inline reactor has no host imports: it is a pure function of the
-  request. Reactors with host imports (bindings) always run on the threads.
+  slice is stopped there (epoch deadline) and the request runs again on a
+  worker thread with its full budget; if that run takes `SLICE_CPU_S` of CPU
+  the function moves to the threads for good (less: the cut was the loop's
+  thread being preempted). That is safe because an inline reactor has no host
+  imports: it is a pure function of the request. Reactors with host imports
+  (bindings) always run on the threads.
 - wasi: a WASI command (``_start``), WAGI-style: request in the environment and
   stdin, CGI response on stdout. Runs on a worker thread so a guest that
   blocks in a host call cannot stall the loop; its sleeps end at the wall-time
@@ -57,6 +59,9 @@ log = logging.getLogger("edgefn.wasm")
 
 WASI_MODULE = "wasi_snapshot_preview1"
 INLINE_SLICE_MS = 5  # the longest one request runs on the event loop
+# CPU time (s) a run cut at the slice must take again on a thread for the function to
+# leave the loop for good; less means the cut was the thread's preemption, not the guest
+SLICE_CPU_S = INLINE_SLICE_MS / 1000 / 2
 PREWARM_WINDOW_S = 0.5  # how long warm-up runs cut at the time slice are tried again
 SLICE_EXPIRED = "inline_slice"  # the Outcome kind of a reactor stopped at the slice
 REACTOR_EXPORTS = {
@@ -222,23 +227,24 @@ class WasmFunction:
         sections, a WASI command as ``EDGEFN_PARAM_<NAME>`` and
         ``EDGEFN_PRINCIPAL_<FIELD>`` variables (see `edgefn_core.abi`, `wasi.environ`)."""
         if self.abi == "reactor":
-            data = encode_request(request.method, request.path, request.query,
-                                  request.headers, self.env_blob, request.body,
-                                  encode_params(params),
-                                  principal_blob(principal))
+            params_blob, who = encode_params(params), principal_blob(principal)
             if self.threaded:
-                return self._handle_threaded(data, _traceparent(request))
-            try:
-                output = self.call(data)
+                return self._handle_threaded(self._encode(request, params_blob, who),
+                                             _traceparent(request))
+            try:  # one C call with the native extension: encode, run, decode
+                return Response(*self.call.serve(request.method, request.path, request.query,
+                                                 request.headers, self.env_blob, request.body,
+                                                 params_blob, who))
             except FunctionError as e:
                 if e.code != SLICE_EXPIRED:
                     raise
-                log.info("%s: ran past the %d ms inline slice; runs on worker threads from now "
-                         "on", self.name, INLINE_SLICE_MS)
-                self.threaded = True
-                return self._handle_threaded(data, _traceparent(request))
-            return Response(*decode_response(output))
+                return self._rerun_threaded(self._encode(request, params_blob, who),
+                                            _traceparent(request))
         return self._handle_wasi(request, route, params, principal)
+
+    def _encode(self, request: Request, params_blob: bytes, principal: bytes) -> bytes:
+        return encode_request(request.method, request.path, request.query, request.headers,
+                              self.env_blob, request.body, params_blob, principal)
 
     async def _handle_threaded(self, data: bytes, traceparent: str | None = None) -> Response:
         """Reactors that declare bindings run on a worker thread: a model call or a
@@ -246,6 +252,28 @@ class WasmFunction:
         and model calls carry the request's `traceparent`."""
         output = await self._on_thread(self._call_here, data, traceparent)
         return Response(*decode_response(output))
+
+    async def _rerun_threaded(self, data: bytes, traceparent: str | None) -> Response:
+        """A request cut at the inline slice, run again on a worker thread with its
+        full budget. The function moves to the threads for good only if that run
+        shows the guest needs the slice (`SLICE_CPU_S` of its thread's CPU time):
+        epochs count wall time, so on a busy machine a short guest is also cut
+        when the loop's thread is preempted mid-call, and moving it for that
+        would cost every later request a thread hop."""
+        output = await self._on_thread(self._timed_call, data, traceparent)
+        return Response(*decode_response(output))
+
+    def _timed_call(self, data: bytes, traceparent: str | None) -> bytes:
+        cpu = time.thread_time()
+        try:
+            return self._call_here(data, traceparent)
+        finally:  # a limit hit counts too: it took at least its budget
+            used = time.thread_time() - cpu
+            if used >= SLICE_CPU_S and not self.threaded:
+                self.threaded = True
+                log.info("%s: ran past the %d ms inline slice and takes %.1f ms of CPU; runs "
+                         "on worker threads from now on", self.name, INLINE_SLICE_MS,
+                         used * 1000)
 
     def _call_here(self, data: bytes, traceparent: str | None = None) -> bytes:
         call = getattr(self.per_thread, "call", None)

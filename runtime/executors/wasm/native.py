@@ -4,29 +4,41 @@ epoch ticker thread that never takes the GIL.
 The C file is compiled on first use with the system C compiler ($CC or cc)
 against wasmtime-py's own libwasmtime, and cached under
 ``$EDGEFN_NATIVE_CACHE`` (default ``~/.cache/edgefn/native``) keyed by the
-source, the wasmtime version and the library path. Without a compiler, or with
-``EDGEFN_NATIVE=0``, `load()` returns None and the pure-ctypes path in
-`wasm_ffi` is used: same behaviour, slower.
+source, the wasmtime version, the library path and the Python build. Without a
+compiler, or with ``EDGEFN_NATIVE=0``, `load()` returns None and the pure-ctypes
+path in `wasm_ffi` is used: same behaviour, slower.
+
+Where Python's headers are installed the same file is also built as a CPython
+extension (``_edgefn_reactor``): its ``serve`` takes the request's fields, writes
+the encoded request straight into guest memory and returns the decoded response
+(`NativeReactorCall.serve`), so a request makes no ctypes call and neither the
+request nor the response exists as one bytes object. Without the headers the
+ctypes entry point is used, with the encoding and decoding in `edgefn_core.abi`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import weakref
 from ctypes import c_char_p, c_int32, c_int64, c_long, c_size_t, c_uint64, c_void_p
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
 import wasmtime
 from wasmtime import _ffi as ffi
 
+from edgefn_core.abi import Pairs, decode_response
 from edgefn_core.errors import FunctionError
 from runtime.executors.wasm.ffi import CallTarget, Outcome, call_error
 from runtime.executors.wasm.timing import InstantiateTimes
@@ -34,7 +46,9 @@ from runtime.executors.wasm.timing import InstantiateTimes
 log = logging.getLogger("edgefn.wasm")
 SOURCE = Path(__file__).with_name("native_src") / "reactor.c"
 
-OK, INSTANTIATE, NO_EXPORT, ALLOC, ALLOC_OOB, HANDLE, TOO_LARGE, RESPONSE_OOB, NO_MEMORY = range(9)
+(OK, INSTANTIATE, NO_EXPORT, ALLOC, ALLOC_OOB, HANDLE, TOO_LARGE, RESPONSE_OOB, NO_MEMORY,
+ BAD_FRAME) = range(10)
+EXTENSION = "_edgefn_reactor"  # the module name the C file's PyInit_ is for
 EXPORTS = ("memory", "edgefn_alloc", "edgefn_handle")
 
 
@@ -63,6 +77,25 @@ class NativeLib:
         self.ticker_stop = lib.edgefn_ticker_stop
         self.ticker_stop.argtypes = [c_void_p]
         self.lib = lib
+        self.serve: Any = _extension(path).serve if _python_headers() else None
+
+
+def _extension(path: Path) -> Any:
+    """The library imported as the CPython extension it also is. Raises ImportError."""
+    loader = importlib.machinery.ExtensionFileLoader(EXTENSION, str(path))
+    spec = importlib.util.spec_from_file_location(EXTENSION, path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot import {path} as {EXTENSION}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@cache
+def _python_headers() -> Path | None:
+    """Where ``Python.h`` is, if this Python's headers are installed."""
+    include = Path(sysconfig.get_paths()["include"])
+    return include if (include / "Python.h").exists() else None
 
 
 @cache
@@ -72,7 +105,7 @@ def load() -> NativeLib | None:
         return None
     try:
         return NativeLib(_build())
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+    except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as e:
         log.warning("native fast path unavailable (%s); using the ctypes path", e)
         return None
 
@@ -80,8 +113,10 @@ def load() -> NativeLib | None:
 def _build() -> Path:
     libdir = Path(ffi.filename).parent
     source = SOURCE.read_bytes()
+    headers = _python_headers()
     key = hashlib.sha256(source + wasmtime.__file__.encode() + str(ffi.filename).encode()
-                         + _wasmtime_version().encode()).hexdigest()[:16]
+                         + _wasmtime_version().encode() + sys.version.encode()
+                         + str(headers).encode()).hexdigest()[:16]
     cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
                                     Path.home() / ".cache" / "edgefn" / "native"))
     out = cache_dir / f"reactor-{key}.so"
@@ -95,6 +130,8 @@ def _build() -> Path:
         tmp_out = Path(tmp) / out.name
         cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(SOURCE),
                f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}", "-lpthread"]
+        if headers is not None:  # a CPython extension too (see the module docstring)
+            cmd += ["-DEDGEFN_PYEXT", f"-I{headers}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"building {SOURCE.name} failed: {proc.stderr.strip()[:500]}")
@@ -120,6 +157,10 @@ class NativeReactorCall(CallTarget):
         self.result = Result()
         self.result_ref = ctypes.byref(self.result)
         self.times_ref = ctypes.byref(times) if times is not None else None
+        # the extension's serve with this function's pointers and limits bound
+        self.fast = None if lib.serve is None else partial(
+            lib.serve, self.engine, self.pre, memory_limit, deadline_ticks, max_response,
+            ctypes.addressof(self.result), ctypes.addressof(times) if times is not None else None)
 
     def __call__(self, request: bytes) -> bytes:
         """Raises `FunctionError` for a trap, a limit or an out-of-bounds response."""
@@ -128,6 +169,24 @@ class NativeReactorCall(CallTarget):
                          len(request), self.max_response, 1, self.result_ref, self.times_ref):
             raise self._error(r, len(request))
         return ctypes.string_at(r.response, r.response_len)
+
+    def serve(self, method: bytes, path: bytes, query: bytes, headers: Pairs, env_blob: bytes,
+              body: bytes, params_blob: bytes, principal_blob: bytes
+              ) -> tuple[int, Pairs, bytes]:
+        """`CallTarget.serve` in one C call where the extension was built. Raises
+        `FunctionError` as `__call__` does, and for a malformed response as
+        `decode_response` does; TypeError for a field that is not bytes."""
+        fast = self.fast
+        if fast is None:
+            return super().serve(method, path, query, headers, env_blob, body, params_blob,
+                                 principal_blob)
+        out = fast(method, path, query, headers, env_blob, body, params_blob, principal_blob)
+        if type(out) is tuple:
+            return out
+        r = self.result
+        if out == BAD_FRAME:  # the decoder's own words for what is wrong with it
+            return decode_response(ctypes.string_at(r.response, r.response_len))
+        raise self._error(r, r.b)
 
     def prewarm(self, request: bytes) -> None:
         """Everything but ``edgefn_handle``. Raises `FunctionError`."""

@@ -4,12 +4,21 @@
  * One call per request instead of ~14 ctypes calls: new store, limits, epoch
  * deadline, instantiate the pre-linked module, look up the three exports, call
  * edgefn_alloc, copy the request in, call edgefn_handle, copy the response out,
- * delete the store. Built by runtime/executors/wasm_native.py with the system C
+ * delete the store. Built with -DEDGEFN_PYEXT it is also a CPython extension whose
+ * `serve` encodes the request straight into guest memory and builds the decoded
+ * response (status, headers, body) from it: no request or response bytes object,
+ * no ctypes argument conversion. Built by runtime/executors/wasm/native.py with the system C
  * compiler against wasmtime-py's own libwasmtime; the wasmtime C API types are
  * declared here by layout (checked against wasmtime-py's ctypes definitions at
  * load time), so no wasmtime headers are needed.
  */
+#ifdef EDGEFN_PYEXT  /* also a CPython extension: `serve` below (Python.h comes first) */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#endif
+#ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* clock_nanosleep */
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -44,9 +53,10 @@ extern uint8_t *wasmtime_memory_data(const wasmtime_context_t *, const void *);
 extern size_t wasmtime_memory_data_size(const wasmtime_context_t *, const void *);
 extern void wasmtime_engine_increment_epoch(wasm_engine_t *);
 
-/* Where a call stopped; mirrored in wasm_native.py. */
+/* Where a call stopped; mirrored in native.py. BAD_FRAME: `serve` found the response
+ * malformed (the Python decoder says how; the bytes are in the result). */
 enum { OK = 0, INSTANTIATE = 1, NO_EXPORT = 2, ALLOC = 3, ALLOC_OOB = 4, HANDLE = 5,
-       TOO_LARGE = 6, RESPONSE_OOB = 7, NO_MEMORY = 8 };
+       TOO_LARGE = 6, RESPONSE_OOB = 7, NO_MEMORY = 8, BAD_FRAME = 9 };
 
 typedef struct {
     int32_t stage;
@@ -55,7 +65,7 @@ typedef struct {
     wasmtime_error_t *error;
     uint64_t a, b;         /* the offending pointer and length */
     uint64_t memory_size;  /* guest memory size when the call stopped */
-    const uint8_t *response;  /* valid until the next call on this thread */
+    const uint8_t *response;  /* a copy, valid until the next call on this thread */
     uint64_t response_len;
 } edgefn_result;
 
@@ -134,7 +144,8 @@ static int run(wasmtime_context_t *cx, const wasmtime_instance_pre_t *pre, const
     r->b = result & 0xffffffffu;
     if (r->b > max_response) return TOO_LARGE;
     if (r->a + r->b > r->memory_size) return RESPONSE_OOB;
-    if (copy_out(r, wasmtime_memory_data(cx, mem) + r->a, r->b)) return NO_MEMORY;
+    r->response = wasmtime_memory_data(cx, mem) + r->a;  /* in guest memory: the caller copies */
+    r->response_len = r->b;
     return OK;
 }
 
@@ -151,6 +162,8 @@ int32_t edgefn_reactor_call(wasm_engine_t *engine, const wasmtime_instance_pre_t
     wasmtime_store_limiter(store, memory_limit, -1, -1, -1, -1);
     wasmtime_context_set_epoch_deadline(cx, deadline_ticks);
     r->stage = run(cx, pre, req, req_len, max_response, handle, r, times, started);
+    if (r->stage == OK && handle && copy_out(r, r->response, r->response_len))
+        r->stage = NO_MEMORY;
     wasmtime_store_delete(store);
     return r->stage;
 }
@@ -197,3 +210,193 @@ void edgefn_ticker_stop(edgefn_ticker *t) {
     pthread_join(t->thread, NULL);
     free(t);
 }
+
+#ifdef EDGEFN_PYEXT
+/* ---- the CPython extension: one call from the request's fields to the response's ---- */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ABI's u32s are written as is");
+
+static _Thread_local uint8_t *in_buf;  /* the encoded request, staged while the GIL is held */
+static _Thread_local size_t in_cap;
+
+static uint8_t *put_u32(uint8_t *o, uint32_t v) { memcpy(o, &v, 4); return o + 4; }
+static uint8_t *put_raw(uint8_t *o, PyObject *b) {
+    Py_ssize_t n = PyBytes_GET_SIZE(b);
+    memcpy(o, PyBytes_AS_STRING(b), (size_t)n);
+    return o + n;
+}
+static uint8_t *put_str(uint8_t *o, PyObject *b) {
+    return put_raw(put_u32(o, (uint32_t)PyBytes_GET_SIZE(b)), b);
+}
+
+static int need_bytes(PyObject *o, const char *what) {
+    if (PyBytes_CheckExact(o)) return 0;
+    PyErr_Format(PyExc_TypeError, "%s must be bytes, not %.100s", what, Py_TYPE(o)->tp_name);
+    return -1;
+}
+
+/* The request (see edgefn_core/abi.py) from args: method, path, query, headers (a list
+ * of (bytes, bytes)), env blob, body, params blob, principal blob; into in_buf. */
+static int encode(PyObject *const *a, size_t *out_len) {
+    static const char *NAMES_[8] = {"method", "path", "query", "headers", "env", "body",
+                                    "params", "principal"};
+    for (int i = 0; i < 8; i++)
+        if (i != 3 && need_bytes(a[i], NAMES_[i])) return -1;
+    if (!PyList_CheckExact(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "headers must be a list of (bytes, bytes)");
+        return -1;
+    }
+    Py_ssize_t nh = PyList_GET_SIZE(a[3]);
+    uint64_t n = 4 + 12 + 4 + 4;  /* magic, three lengths, header count, body length */
+    for (int i = 0; i < 8; i++) if (i != 3) n += (uint64_t)PyBytes_GET_SIZE(a[i]);
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        PyObject *t = PyList_GET_ITEM(a[3], i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 ||
+                need_bytes(PyTuple_GET_ITEM(t, 0), "a header name") ||
+                need_bytes(PyTuple_GET_ITEM(t, 1), "a header value")) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "headers must be a list of (bytes, bytes)");
+            return -1;
+        }
+        n += 8 + (uint64_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 0))
+               + (uint64_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(t, 1));
+    }
+    if (n > 0x7fffffff) {
+        PyErr_SetString(PyExc_OverflowError, "request too large for a 32-bit guest");
+        return -1;
+    }
+    if (n > in_cap) {
+        size_t cap = n < 65536 ? 65536 : (size_t)n;
+        uint8_t *p = realloc(in_buf, cap);
+        if (!p) { PyErr_NoMemory(); return -1; }
+        in_buf = p;
+        in_cap = cap;
+    }
+    uint8_t *o = in_buf;
+    memcpy(o, "EFQ1", 4);
+    o = put_str(put_str(put_str(o + 4, a[0]), a[1]), a[2]);
+    o = put_u32(o, (uint32_t)nh);
+    for (Py_ssize_t i = 0; i < nh; i++) {
+        PyObject *t = PyList_GET_ITEM(a[3], i);
+        o = put_str(put_str(o, PyTuple_GET_ITEM(t, 0)), PyTuple_GET_ITEM(t, 1));
+    }
+    o = put_raw(o, a[4]);
+    o = put_str(o, a[5]);
+    o = put_raw(put_raw(o, a[6]), a[7]);
+    *out_len = (size_t)(o - in_buf);
+    return 0;
+}
+
+static unsigned char TCHAR[256];  /* RFC 9110 token characters */
+
+static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* (status, [(name.lower(), value)], body), or NULL with no exception set when the
+ * frame is malformed or a header is invalid (abi.decode_response then says why). */
+static PyObject *decode(const uint8_t *p, uint64_t len) {
+    if (len < 8) return NULL;
+    uint32_t status = get_u32(p), count = get_u32(p + 4);
+    if (status < 100 || status > 599 || (uint64_t)count * 8 > len - 8) return NULL;
+    PyObject *headers = PyList_New(count);
+    if (!headers) return NULL;
+    uint64_t pos = 8;
+    for (uint32_t i = 0; i < count; i++) {
+        if (len - pos < 4) goto bad;
+        uint32_t n = get_u32(p + pos);
+        if (n == 0 || n > len - pos - 4) goto bad;
+        const uint8_t *name = p + pos + 4;
+        pos += 4 + (uint64_t)n;
+        if (len - pos < 4) goto bad;
+        uint32_t m = get_u32(p + pos);
+        if (m > len - pos - 4) goto bad;
+        const uint8_t *value = p + pos + 4;
+        pos += 4 + (uint64_t)m;
+        for (uint32_t j = 0; j < n; j++) if (!TCHAR[name[j]]) goto bad;
+        for (uint32_t j = 0; j < m; j++)
+            if (value[j] == '\r' || value[j] == '\n' || value[j] == 0) goto bad;
+        PyObject *k = PyBytes_FromStringAndSize(NULL, n);
+        PyObject *v = PyBytes_FromStringAndSize((const char *)value, m);
+        PyObject *t = k && v ? PyTuple_New(2) : NULL;
+        if (!t) { Py_XDECREF(k); Py_XDECREF(v); goto bad; }
+        char *lower = PyBytes_AS_STRING(k);
+        for (uint32_t j = 0; j < n; j++)
+            lower[j] = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
+        PyTuple_SET_ITEM(t, 0, k);
+        PyTuple_SET_ITEM(t, 1, v);
+        PyList_SET_ITEM(headers, i, t);
+    }
+    if (len - pos < 4) goto bad;
+    uint32_t nb = get_u32(p + pos);
+    if (nb > len - pos - 4) goto bad;
+    PyObject *body = PyBytes_FromStringAndSize((const char *)p + pos + 4, nb);
+    if (!body) goto bad;
+    return Py_BuildValue("(INN)", status, headers, body);
+bad:
+    Py_DECREF(headers);
+    return NULL;
+}
+
+/* serve(engine, pre, memory_limit, deadline_ticks, max_response, result, times,
+ *       method, path, query, headers, env, body, params, principal)
+ * -> (status, headers, body), or the stage (an int) where it stopped, with the
+ * details in *result (see edgefn_result). Raises TypeError for fields of the
+ * wrong type, MemoryError. The GIL is released while wasm runs. */
+static PyObject *py_serve(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    (void)mod;
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "serve() takes 15 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    wasm_engine_t *engine = PyLong_AsVoidPtr(args[0]);
+    const wasmtime_instance_pre_t *pre = PyLong_AsVoidPtr(args[1]);
+    int64_t memory_limit = PyLong_AsLongLong(args[2]);
+    uint64_t deadline = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t max_response = PyLong_AsUnsignedLongLong(args[4]);
+    edgefn_result *r = PyLong_AsVoidPtr(args[5]);
+    edgefn_hist *times = args[6] == Py_None ? NULL : PyLong_AsVoidPtr(args[6]);
+    size_t n = 0;
+    if (PyErr_Occurred() || !engine || !pre || !r || encode(args + 7, &n)) return NULL;
+    memset(r, 0, sizeof *r);
+    wasmtime_store_t *store;
+    wasmtime_context_t *cx;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t started = times ? monotonic_ns() : 0;
+    store = wasmtime_store_new(engine, NULL, NULL);
+    cx = wasmtime_store_context(store);
+    wasmtime_store_limiter(store, memory_limit, -1, -1, -1, -1);
+    wasmtime_context_set_epoch_deadline(cx, deadline);
+    r->stage = run(cx, pre, in_buf, n, max_response, 1, r, times, started);
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (r->stage == OK) {
+        out = decode(r->response, r->response_len);
+        if (!out && !PyErr_Occurred())
+            r->stage = copy_out(r, r->response, r->response_len) ? NO_MEMORY : BAD_FRAME;
+    }
+    wasmtime_store_delete(store);
+    if (PyErr_Occurred()) { Py_XDECREF(out); return NULL; }
+    return out ? out : PyLong_FromLong(r->stage);
+}
+
+static PyMethodDef METHODS[] = {
+    {"serve", (PyCFunction)(void (*)(void))py_serve, METH_FASTCALL,
+     "One reactor request: encode, instantiate, call, decode."},
+    {NULL, NULL, 0, NULL}};
+
+static PyModuleDef_Slot SLOTS[] = {
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL}};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_edgefn_reactor",
+    "edgefn's native reactor call (runtime/executors/wasm/native.py)", 0, METHODS, SLOTS,
+    NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__edgefn_reactor(void) {
+    const char *extra = "!#$%&'*+-.^_`|~";
+    for (int c = '0'; c <= '9'; c++) TCHAR[c] = 1;
+    for (int c = 'a'; c <= 'z'; c++) TCHAR[c] = TCHAR[c - 32] = 1;
+    for (const char *c = extra; *c; c++) TCHAR[(unsigned char)*c] = 1;
+    return PyModuleDef_Init(&MODULE);
+}
+#endif
