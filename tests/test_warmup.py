@@ -72,6 +72,18 @@ def test_a_pure_reactor_runs_its_handler_before_the_switch(registry: Registry,
     assert calls(fn) == warmup.DRY_RUNS
 
 
+def test_a_staged_and_a_rolled_back_version_are_warm_before_they_serve(
+        registry: Registry, tmp_path: Path) -> None:
+    v1 = deploy(registry, function_dir(tmp_path / "1", "f", reactor("")))
+    deploy(registry, function_dir(tmp_path / "2", "f", reactor("nop")))
+    asyncio.run(registry.rollback("f"))
+    back = registry.functions["f"]
+    assert back.version == v1.version and back is not v1 and calls(back) == warmup.DRY_RUNS
+    staged = asyncio.run(registry.stage(deploys.pack_dir(function_dir(tmp_path / "3", "f",
+                                                                      reactor("nop nop")))))
+    assert calls(registry.staged[("f", staged.version)].fn) == warmup.DRY_RUNS
+
+
 def test_a_reactor_with_host_imports_is_not_run(registry: Registry, tmp_path: Path) -> None:
     d = function_dir(tmp_path, "g", reactor("", imports=KV_IMPORT),
                      extra='[bindings]\nkv = ["ns"]')
