@@ -7,8 +7,9 @@
    (npm `workerd`) when it installs; and edgefn's HTTP front alone with a static
    app, which splits (b) into front and function costs. Rounds alternate servers; the best round
    of each is kept, and ratios are to the baseline (a) and to workerd (c).
-2. First request right after a deploy vs the warm p50, and deploy-to-serving,
-   for the WASM hello and the Python hello.
+2. First request right after a deploy vs the warm p50, vs the first after a no-op
+   deploy and vs the first after as long a pause with no deploy; deploy-to-serving;
+   for the WASM hello and the Python hello (`--tree DIR`: another checkout's PoP).
 3. Per-request instantiate (new Store + instance from the pre-linked module)
    on edgefn's raw path vs wasmtime-py's public API, and the full reactor call.
 """
@@ -135,10 +136,24 @@ def timed_get(conn: http.client.HTTPConnection, path: str, expect: str = "") -> 
     return took
 
 
-def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int = 10) -> None:
-    proc, port = start_edgefn(data)
+WARM_RUNS = 200  # warm requests per round
+
+
+def server_ms(client: AdminClient, path: str, n: int) -> list[float]:
+    """The PoP's own durations (its events' ``duration_ms``) of the last `n` requests
+    to `path`, oldest first."""
+    events = client.request("GET", f"/v1/events?path={path}&limit={n}")["events"]
+    if len(events) != n:
+        raise RuntimeError(f"expected {n} events of {path}, the ring has {len(events)}")
+    return [float(e["duration_ms"]) for e in events]
+
+
+def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int = 10,
+                   tree: Path = ROOT) -> None:
+    proc, port = start_edgefn(data, tree=tree)
     client = AdminClient(data)
-    firsts, controls, warms, deploys, to_serving = [], [], [], [], []
+    firsts, controls, idles, warms, deploys, to_serving = [], [], [], [], [], []
+    server: list[list[float]] = []  # per round: the PoP's own durations of those requests
     name = ""
     # One keep-alive connection throughout, so "first" differs from "warm" only
     # by the deploy that happened in between.
@@ -160,7 +175,11 @@ def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int
             # Control: the same admin round trip with nothing new to load.
             assert client.deploy(d)["changed"] is False
             controls.append(timed_get(conn, path))
-            warms.append(statistics.median(timed_get(conn, path) for _ in range(200)))
+            warms.append(statistics.median(timed_get(conn, path) for _ in range(WARM_RUNS)))
+            # Control: as long without requests as the deploy took, nothing deployed.
+            time.sleep(min(to_serving[-1] / 1000, 4.0))  # under the 5 s keep-alive timeout
+            idles.append(timed_get(conn, path))
+            server.append(server_ms(client, path, WARM_RUNS + 3))
     finally:
         conn.close()
         proc.terminate()
@@ -173,6 +192,16 @@ def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int
           f"{first / warm:.2f}x")
     print(f"first request after a no-op deploy, median  {control:7.3f} ms   first/control = "
           f"{first / control:.2f}x  (same admin round trip, nothing new loaded)")
+    idle = statistics.median(idles)
+    print(f"first request after as long idle, median     {idle:7.3f} ms   first/idle = "
+          f"{first / idle:.2f}x  (no deploy: what any pause costs)")
+    at = {"first": 0, "control": 1, "idle": WARM_RUNS + 2}
+    pop = {k: statistics.median(r[i] for r in server) for k, i in at.items()}
+    pop_warm = statistics.median(statistics.median(r[2:WARM_RUNS + 2]) for r in server)
+    print(f"inside the PoP (events' duration_ms, medians): first {pop['first']:.3f} ms, warm "
+          f"{pop_warm:.3f} ms, first/warm = {pop['first'] / pop_warm:.2f}x, "
+          f"first/control = {pop['first'] / pop['control']:.2f}x, "
+          f"first/idle = {pop['first'] / pop['idle']:.2f}x")
     print(f"deploy (validate+compile+prewarm+switch), median {statistics.median(deploys):.1f} ms;"
           f" deploy call + first response, median {statistics.median(to_serving):.1f} ms")
 
@@ -246,14 +275,19 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--no-workerd", action="store_true")
     p.add_argument("--only", choices=["http", "deploy", "instantiate"])
+    p.add_argument("--tree", type=Path, default=ROOT,
+                   help="deploys: serve from this checkout and its examples (before/after)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.only in (None, "http"):
             http_rounds(args, work / "data-http")
         if args.only in (None, "deploy"):
-            deploy_latency(work / "data-deploy", work, HELLO, "/hello")
-            deploy_latency(work / "data-deploy-py", work, PY_HELLO, "/py/hello", rounds=5)
+            examples = args.tree / "functions" / "examples"
+            deploy_latency(work / "data-deploy", work, examples / HELLO.name, "/hello",
+                           tree=args.tree)
+            deploy_latency(work / "data-deploy-py", work, examples / PY_HELLO.name, "/py/hello",
+                           rounds=5, tree=args.tree)
         if args.only in (None, "instantiate"):
             instantiate_cost()
     return 0

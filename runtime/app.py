@@ -65,6 +65,10 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
         await _start_ai(pop)
         for err in pop.registry.restore():
             log.error("%s", err)
+        from runtime.functions import warmup
+
+        await warmup.warm_all([*pop.registry.functions.values(),
+                               *(s.fn for s in pop.registry.canaries.values())])
         pop.restored = True
         from runtime.admin.api import AdminApp
 

@@ -177,6 +177,9 @@ class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
     bots: BotOverride | None = None
     rate_limits: list[RateRule] = []
     cache: CacheOverride = field(default_factory=CacheOverride)  # README "Caches"
+    # a side-effect-free path the PoP GETs before switching to a new version
+    # (`runtime.functions.warmup`); it must be served by one of `routes`
+    warmup: Annotated[str, Meta(pattern=r"^/[^#\s]*$", max_length=2048)] | None = None
 
     def route_list(self) -> list[Route]:
         return [Route(r) if isinstance(r, str) else r for r in self.routes]

@@ -43,7 +43,7 @@ from edgefn_core.errors import (
 )
 from runtime.bindings import Bindings, Stores
 from runtime.executors.base import Executor, WasmEngine, load
-from runtime.functions import deploys, manifest
+from runtime.functions import deploys, manifest, warmup
 from runtime.functions.canary import Split, check_percent
 from runtime.functions.deploys import (
     CanaryInfo,
@@ -181,6 +181,7 @@ class Registry:
             created = await asyncio.to_thread(self.store.write_version, m.name, version, files)
             try:
                 fn = await asyncio.to_thread(self._load, m, version)
+                await self._warm(fn)
                 self._go_live(fn, lambda: self._commit(m, version, source, "deploy"))
             except BaseException:
                 await asyncio.to_thread(self._undo, m.name, version, created, cached)
@@ -249,6 +250,16 @@ class Registry:
             executor.close()
             raise
         return Deployment(m, version, executor)
+
+    async def _warm(self, fn: Deployment) -> None:
+        """Activate `fn` and run its request path (`runtime.functions.warmup`) before
+        any request is routed to it. Raises `DeployError`; then `fn` is released."""
+        try:
+            fn.executor.activate()
+            await warmup.warm(fn)
+        except BaseException:
+            fn.executor.close()
+            raise
 
     def _go_live(self, fn: Deployment, persist: Callable[[], None] | None = None) -> None:
         """Activate a loaded version, check its routes, run `persist` (saving the record:
@@ -351,6 +362,7 @@ class Registry:
             try:
                 fn = await asyncio.to_thread(self._load, m, version)
                 self._prepare(fn)
+                await self._warm(fn)
             except BaseException:
                 await asyncio.to_thread(self._undo, m.name, version, created, cached)
                 raise
@@ -373,6 +385,7 @@ class Registry:
             m = await asyncio.to_thread(self._stored, name, version)
             fn = await asyncio.to_thread(self._load, m, version)
             self._prepare(fn)
+            await self._warm(fn)
             self.staged[(name, version)] = Staged(fn, False, "", "rollback")
             return self._staged(name, version, True, started)
 
@@ -530,6 +543,7 @@ class Registry:
                                f"known: {', '.join(sorted(known))}")
             m = await asyncio.to_thread(self._stored, name, target)
             fn = await asyncio.to_thread(self._load, m, target)
+            await self._warm(fn)
             self._go_live(fn, lambda: self._commit(m, target, "", "rollback"))
             return self._result(fn, True, started)
 

@@ -210,6 +210,12 @@ class WasmFunction:
                         raise DeployError(f"{self.manifest.entry}: edgefn_alloc failed: "
                                           f"{e}") from None
 
+    @property
+    def pure(self) -> bool:
+        """A reactor without host imports: its response is a function of the request
+        alone, so a warm-up may run it (`runtime.functions.warmup`)."""
+        return self.abi == "reactor" and self.host_functions is None
+
     def activate(self) -> None:
         self.prewarm()  # again, on the loop's thread: its caches are the ones that count
 

@@ -1,0 +1,165 @@
+"""Warm-up before the switch (`runtime.functions.warmup`): what runs, what it must not
+touch, and what a failing warm-up does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import AdminError, DeployError
+from runtime.bindings import Stores
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.executors.wasm.function import WasmFunction
+from runtime.functions import deploys, warmup
+from runtime.functions.manifest import Route, parse
+from runtime.functions.registry import Deployment, Registry
+from tests.support import Running, function_dir, pop_thread, python_function, reactor
+
+TRAPS = reactor("unreachable")
+KV_IMPORT = '(import "edgefn" "kv_delete" (func (param i32 i32 i32 i32) (result i32)))'
+
+# Lists its calls per isolate, each marked with the warm-up header's value or "-";
+# /NAME/slow takes 0.3 s, /NAME/fail answers 500, /NAME/raise raises.
+COUNTING = """\
+import time
+
+from edgefn import Response
+
+calls = []
+
+def handle(request, env):
+    if request.path.endswith("/fail"):
+        return Response("no", 500)
+    if request.path.endswith("/raise"):
+        raise ValueError("warm-up refused")
+    calls.append(request.headers.get("x-edgefn-warmup", "-"))
+    if request.path.endswith("/slow"):
+        time.sleep(0.3)
+    return Response(" ".join(calls))
+"""
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    wasm = WasmEngine(tmp_path / "cache")
+    stores = Stores(tmp_path / "data")
+    r = Registry(tmp_path / "data", wasm, stores)
+    yield r
+    r.close()
+    stores.close()
+    wasm.close()
+
+
+def deploy(registry: Registry, d: Path) -> Deployment:
+    name = asyncio.run(registry.deploy(deploys.pack_dir(d))).name
+    return registry.functions[name]
+
+
+def calls(fn: Deployment) -> int:
+    """Requests the reactor ran so far (its instantiations, warm-up included)."""
+    assert isinstance(fn.executor, WasmFunction)
+    return sum(fn.executor.instantiate_times.counts)
+
+
+def test_a_pure_reactor_runs_its_handler_before_the_switch(registry: Registry,
+                                                           tmp_path: Path) -> None:
+    fn = deploy(registry, function_dir(tmp_path, "f", reactor("")))
+    assert calls(fn) == warmup.DRY_RUNS
+
+
+def test_a_staged_and_a_rolled_back_version_are_warm_before_they_serve(
+        registry: Registry, tmp_path: Path) -> None:
+    v1 = deploy(registry, function_dir(tmp_path / "1", "f", reactor("")))
+    deploy(registry, function_dir(tmp_path / "2", "f", reactor("nop")))
+    asyncio.run(registry.rollback("f"))
+    back = registry.functions["f"]
+    assert back.version == v1.version and back is not v1 and calls(back) == warmup.DRY_RUNS
+    staged = asyncio.run(registry.stage(deploys.pack_dir(function_dir(tmp_path / "3", "f",
+                                                                      reactor("nop nop")))))
+    assert calls(registry.staged[("f", staged.version)].fn) == warmup.DRY_RUNS
+
+
+def test_a_reactor_with_host_imports_is_not_run(registry: Registry, tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "g", reactor("", imports=KV_IMPORT),
+                     extra='[bindings]\nkv = ["ns"]')
+    fn = deploy(registry, d)
+    assert not fn.executor.pure and calls(fn) == 0  # type: ignore[attr-defined]
+
+
+def test_a_reactor_that_traps_on_its_warm_up_still_deploys(
+        registry: Registry, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, "edgefn.pop"):
+        fn = deploy(registry, function_dir(tmp_path, "t", TRAPS))
+    assert registry.functions["t"] is fn and calls(fn) == 1  # the first trap ends it
+    assert "t@" in caplog.text and "warm-up GET /t failed (deploying anyway)" in caplog.text
+
+
+def test_a_declared_route_that_does_not_match_refuses_the_deploy(registry: Registry,
+                                                                 tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "r", reactor(""), extra='warmup = "/elsewhere"')
+    with pytest.raises(DeployError, match=r"r: warm-up route '/elsewhere' \(manifest `warmup`\) "
+                                          "is not served by any of its routes"):
+        deploy(registry, d)
+    assert "r" not in registry.functions
+    assert not (tmp_path / "data" / "functions" / "r").exists() or \
+        not any((tmp_path / "data" / "functions" / "r").iterdir())
+
+
+@pytest.mark.parametrize(("route", "path"), [
+    ("/", "/"), ("/a/b/", "/a/b"), ("/users/:id", "/users/warmup"),
+    ("/u/:id/posts/:post", "/u/warmup/posts/warmup"), ("/static/*", "/static"), ("/*", "/"),
+])
+def test_the_dry_run_gets_a_path_its_route_matches(route: str, path: str) -> None:
+    m = parse(f'name = "x"\nruntime = "wasm"\nentry = "x.wasm"\nroutes = ["{route}"]\n'.encode(),
+              "x/edgefn.toml")
+    assert warmup.sample_path(Route(route)) == path
+    request, matched, _ = warmup.request_for(m, path)
+    assert matched == route and request.path == path.encode()
+
+
+# -- a declared route, end to end: Python isolates behind a real PoP ----------------------
+def test_a_declared_route_warms_every_initial_isolate_unseen(pop: Running,
+                                                             tmp_path: Path) -> None:
+    d = python_function(tmp_path, "cnt", COUNTING, pool="min = 2\nmax = 2\nstandby = false",
+                        extra='warmup = "/cnt"')
+    pop.deploy(d)
+    with ThreadPoolExecutor(2) as pool:  # two at once: one on each isolate
+        bodies = sorted(pool.map(lambda _: pop.get("/cnt/slow")[2], range(2)))
+    # each isolate ran the warm-up (with its header) before its first request
+    assert bodies == [b"1 -", b"1 -"]
+    pop.delivered()
+    assert [e.path for e in pop.pop.ring.events] == ["/cnt/slow"] * 2  # none for warm-ups
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in pop.admin.metrics().splitlines()
+               if line.startswith("edgefn_requests_total{")) == 2
+
+
+@pytest.mark.parametrize(("route", "why"), [
+    ("/bad/fail", "answered 500"),
+    ("/bad/raise", "failed: trap: raised ValueError: warm-up refused"),
+])
+def test_a_failing_declared_route_refuses_the_deploy_and_the_old_version_serves(
+        pop: Running, tmp_path: Path, route: str, why: str) -> None:
+    good = python_function(tmp_path / "v1", "bad", COUNTING)
+    v1 = pop.deploy(good)["version"]
+    bad = python_function(tmp_path / "v2", "bad", COUNTING + "# v2\n",
+                          extra=f'warmup = "{route}"')
+    with pytest.raises(AdminError) as err:
+        pop.deploy(bad)
+    assert f"warm-up GET {route} (manifest `warmup`) {why}" in str(err.value)
+    assert "nothing was switched" in str(err.value)
+    status, headers, body = pop.get("/bad")
+    assert status == 200 and body == b"-"  # v1, which had no warm-up
+    assert headers["x-edgefn-function"] == f"bad@{v1}"
+
+
+def test_a_restarted_pop_warms_what_it_restores_before_it_listens(tmp_path: Path) -> None:
+    d = python_function(tmp_path, "cnt", COUNTING, extra='warmup = "/cnt"')
+    with pop_thread(tmp_path / "data") as first:
+        first.deploy(d)
+    with pop_thread(tmp_path / "data") as again:
+        assert again.get("/cnt")[2] == b"1 -"
