@@ -46,6 +46,7 @@ from runtime.functions.deploys import (
     FunctionRecord,
     VersionInfo,
 )
+from runtime.functions.following import Following
 from runtime.functions.manifest import Manifest, Route
 from runtime.functions.router import Router
 from runtime.functions.staging import Staged, Staging
@@ -98,7 +99,7 @@ class DeployResult(msgspec.Struct):
     took_ms: float
 
 
-class Registry(Staging):
+class Registry(Staging, Following):
     """The functions a PoP serves. Deploys and rollbacks are serialised by a lock;
     reads (`router`, `listing`) never wait."""
 
