@@ -96,3 +96,19 @@ def test_a_version_that_no_longer_loads_is_reported(registry: Registry,  # noqa:
     errors = asyncio.run(follower.follow())
     assert len(errors) == 1 and errors[0].startswith("f: ") and "main.wat" in errors[0]
     assert live(follower) == v1  # what it had: the admin worker then kills it
+
+
+def test_follow_reads_the_grants_the_leader_saved(registry: Registry,  # noqa: F811
+                                                  follower: Registry, tmp_path: Path) -> None:
+    follower.stores.owners.path = registry.stores.owners.path  # one data dir's owners.json
+    assert follower.stores.owners.owner("kv", "n") is None
+    d = function_dir(tmp_path / "o", "o", reactor(""))
+    text = (d / "edgefn.toml").read_text().replace("[limits]", '[bindings]\nkv = ["n"]\n'
+                                                   '[bindings.share.kv]\nn = { read = ["r"] }'
+                                                   "\n[limits]")
+    (d / "edgefn.toml").write_text(text)
+    asyncio.run(registry.deploy(deploys.pack_dir(d)))
+    assert follower.stores.owners.owner("kv", "n") is None  # not read yet
+    asyncio.run(follower.follow())
+    assert follower.stores.owners.owner("kv", "n") == "o"
+    assert follower.stores.owners.access("kv", "n", "r") == "read"

@@ -19,12 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from edgefn_core.errors import InvalidConfig
+from edgefn_core.errors import AdminError, InvalidConfig
 from runtime import config
 from runtime.admin.client import AdminClient
 from tests.support import ROOT, function_dir, reactor, running, wait_for
 
-POP_TOML = "workers = 2\nworker_header = true\nworker_ack_timeout = 3\n"
+POP_TOML = """workers = 2
+worker_header = true
+worker_ack_timeout = 3
+[events]
+file = "events.jsonl"
+"""
 
 
 @dataclass
@@ -167,9 +172,18 @@ class Load:
 
 def test_requests_land_on_both_workers(workers: Workers, tmp_path: Path) -> None:
     deploy(workers, tmp_path, 1)
-    served = {workers.get()[2] for _ in range(60)}
+    answers = [workers.get() for _ in range(60)]
+    served = {a[2] for a in answers}
     assert {int(p) for p in served} == workers.children()
     assert len(served) == 2
+    # each worker writes its own events file: one writer rotates each
+    files = [workers.data / "events.jsonl", workers.data / "events.w1.jsonl"]
+
+    def logged() -> list[int]:
+        return [len(f.read_text().splitlines()) if f.exists() else 0 for f in files]
+
+    wait_for(lambda: sum(logged()) == 60, 10, "every request's event in a file")
+    assert all(n > 0 for n in logged())
 
 
 def test_no_worker_serves_the_old_version_after_a_deploy_or_rollback(
@@ -239,6 +253,15 @@ def test_one_admin_listener_and_both_workers_on_the_public_port(workers: Workers
     assert all(workers.port in p for p in ports)
     assert listening(workers.proc.pid) == set()  # the parent only holds the ports
     assert workers.admin.request("GET", "/v1/functions") == {"functions": []}
+
+
+def test_vector_bindings_are_refused_with_several_workers(workers: Workers,
+                                                         tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "v", reactor(""), extra='[bindings]\nvectors = ["idx"]')
+    with pytest.raises(AdminError) as e:
+        workers.admin.deploy(d)
+    assert "binds vector indexes, which live in one process's memory: they need " \
+        "workers = 1 in pop.toml (this PoP runs 2)" in str(e.value)
 
 
 def test_sigterm_drains_every_worker(workers: Workers, tmp_path: Path) -> None:

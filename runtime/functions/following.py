@@ -23,6 +23,7 @@ from runtime.functions.deploys import DeployStore, FunctionRecord
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from runtime.bindings import Stores
     from runtime.functions.manifest import Manifest
     from runtime.functions.registry import Deployment
     from runtime.functions.router import Router
@@ -38,6 +39,7 @@ class Following:
         canaries: dict[str, Split]
         lock: asyncio.Lock
         store: DeployStore
+        stores: Stores
 
         def _load(self, m: Manifest, version: str) -> Deployment: ...
         def _stored(self, name: str, version: str) -> Manifest: ...
@@ -55,6 +57,7 @@ class Following:
         loads keeps the one this worker had, and is logged)."""
         async with self.lock:
             records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
+            self.stores.owners.reload()  # the grants the admin worker's deploys saved
             for name in [n for n in self.functions if n not in records]:
                 self._switch(*self._table(None, remove=name))
             errors = []

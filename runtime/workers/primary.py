@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -70,8 +71,8 @@ class Primary:
         """Start worker `index`; the connection it says ``ready`` on."""
         ours, theirs = self._ctx.Pipe(duplex=False)
         role = Role(index, self.count, self.config.data_dir, self.config.worker_ack_timeout)
-        proc = self._ctx.Process(target=worker_main, args=(self.config, role, theirs,
-                                                           self.verbosity),
+        proc = self._ctx.Process(target=worker_main, args=(for_worker(self.config, index), role,
+                                                           theirs, self.verbosity),
                                  name=f"edgefn-worker-{index}", daemon=False)
         proc.start()
         theirs.close()
@@ -142,6 +143,18 @@ class Primary:
                 log.error("worker pid %s still runs after %.0fs: killing it", proc.pid, wait)
                 proc.kill()
                 await asyncio.to_thread(proc.join)
+
+
+def for_worker(config: PopConfig, index: int) -> PopConfig:
+    """Worker `index`'s config: its own events file (``events.w2.jsonl`` beside the
+    admin worker's ``events.jsonl``: each file rotates by its own writer's count)."""
+    file = config.events.file
+    if index == 0 or not file:
+        return config
+    path = Path(file)
+    mine = str(path.with_name(f"{path.stem}.w{index}{path.suffix}"))
+    return msgspec.structs.replace(config, events=msgspec.structs.replace(config.events,
+                                                                          file=mine))
 
 
 def _wait_ready(conn: Connection, proc: BaseProcess, timeout: float) -> bool:
