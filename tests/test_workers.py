@@ -108,6 +108,7 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
     stderr: list[str] = []
     drain = threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True)
     drain.start()
+    pids: set[int] = set()
     try:
         address = ""
         for line in proc.stdout:
@@ -117,9 +118,11 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
                 break
         assert address, "the PoP did not start:\n" + "".join(stderr)
         host, port = address.rsplit(":", 1)
-        yield Workers(proc, host, int(port), data, stderr)
+        w = Workers(proc, host, int(port), data, stderr)
+        pids = w.children()  # kept: a worker orphaned by a failed test is killed too
+        yield w
     finally:
-        pids = _children(proc.pid)
+        pids |= _children(proc.pid)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -287,3 +290,11 @@ def test_invalid_workers_values_name_the_key(tmp_path: Path, value: object, said
 def test_auto_is_one_worker_a_core() -> None:
     assert config.load(None, workers="auto").worker_count() == os.cpu_count()
     assert config.load(None).worker_count() == 1
+
+
+def test_workers_stop_when_the_parent_is_killed(workers: Workers) -> None:
+    pids = workers.children()
+    assert len(pids) == 2
+    workers.proc.kill()
+    workers.proc.wait(10)
+    wait_for(lambda: not any(running(p) for p in pids), 30, "the workers gone")

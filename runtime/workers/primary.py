@@ -35,6 +35,7 @@ from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn.workers")
 START_TIMEOUT = 300.0  # seconds a worker has to restore its functions and listen
+PR_SET_PDEATHSIG = 1  # prctl(2)
 BACKOFF = (0.1, 5.0)  # restart delay: first, most (doubling while workers die young)
 
 
@@ -172,10 +173,16 @@ def _wait_ready(conn: Connection, proc: BaseProcess, timeout: float) -> bool:
 
 def worker_main(config: PopConfig, role: Role, ready: Connection, verbosity: int) -> None:
     """A worker process: run its PoP until SIGTERM (then drain)."""
+    import ctypes
+
     import uvloop
 
     from runtime.cli.logs import configure
 
+    # SIGTERM (drain) if the parent dies without stopping us: no orphaned workers
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # it died before the line above
+        return
     configure(verbosity)
     uvloop.run(_worker(config, role, ready))
 
