@@ -20,9 +20,12 @@ from edgefn_core.errors import DataDirBusy, WorkerError
 from edgefn_core.secret_file import secret_file
 from runtime.admin.client import PopInfo
 from runtime.admin.thread import AdminThread
+from runtime.ai.service import AIService
 from runtime.config import PopConfig
 from runtime.net import Server
 from runtime.pop import PoP
+from runtime.workers.control import Fanout, control_server
+from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn")
 
@@ -51,18 +54,35 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
 
     Raises `DataDirBusy` if another PoP holds the data dir, OSError if a port is taken.
     """
-    data = config.data_dir
-    lock = _lock(data)
+    lock = _lock(config.data_dir)
     try:
-        pop = PoP(config)
-    except BaseException:
+        async with running_worker(config, None) as (pop, public, admin):
+            assert admin is not None  # a lone PoP has its admin API
+            yield pop, public, admin
+    finally:
         lock.close()
-        raise
+
+
+@contextlib.asynccontextmanager
+async def running_worker(config: PopConfig, role: Role | None
+                         ) -> AsyncIterator[tuple[PoP, Server, AdminThread | None]]:
+    """A PoP started as `running_pop` does, without taking the data dir's lock; as
+    one of ``workers = N`` (`role`), it listens beside the others (SO_REUSEPORT),
+    follows the admin worker's changes, and only the admin worker has the admin
+    API and the metrics listener, purges expired keys and ships samples.
+
+    Raises OSError if a port is taken.
+    """
+    data = config.data_dir
+    pop = PoP(config)
     try:
         from runtime.executors.python import policy
 
         await asyncio.to_thread(policy.report, config.insecure_python)
-        await _start_ai(pop)
+        await _start_ai(pop.ai)
+        # bound before the restore: a change told meanwhile waits, then is followed
+        control = await control_server(pop, role) if role is not None and not role.leader \
+            else None
         for err in pop.registry.restore():
             log.error("%s", err)
         from runtime.functions import warmup
@@ -70,29 +90,31 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
         await warmup.warm_all([*pop.registry.functions.values(),
                                *(s.fn for s in pop.registry.canaries.values())])
         pop.restored = True
-        from runtime.admin.api import AdminApp
-
         public = Server(pop.pipeline, config.http)
-        # the admin API on its own thread and loop: a busy public loop cannot delay it
-        admin = AdminThread(AdminApp(pop, admin_token(data), asyncio.get_running_loop()),
-                            config.http)
-        await public.start(config.public.host, config.public.port)
-        await admin.start(config.admin.host, config.admin.port)
-        scrapes = await _metrics_listener(pop, config)
-        (phost, pport), (ahost, aport) = public.address, admin.address
-        info = PopInfo(os.getpid(), f"http://{phost}:{pport}", f"{ahost}:{aport}")
-        (data / "pop.json").write_bytes(msgspec.json.encode(info))
+        await public.start(config.public.host, config.public.port, role is not None,
+                           b"x-edgefn-worker: %d\r\n" % os.getpid() if config.worker_header
+                           else b"")
+        admin = await _admin(pop, config, role)
+        scrapes = await _metrics_listener(pop, config) if admin is not None else None
+        if role is None and admin is not None:
+            (phost, pport), (ahost, aport) = public.address, admin.address
+            info = PopInfo(os.getpid(), f"http://{phost}:{pport}", f"{ahost}:{aport}")
+            (data / "pop.json").write_bytes(msgspec.json.encode(info))
         purger = asyncio.get_running_loop().create_task(
-            _purge_expired(pop, config.stores.purge_interval))
-        shipper = _ship_samples(pop)
+            _purge_expired(pop, config.stores.purge_interval)) if admin is not None else None
+        shipper = _ship_samples(pop) if admin is not None else None
         try:
             yield pop, public, admin
         finally:
-            purger.cancel()
-            if shipper is not None:
-                shipper.cancel()
-            (data / "pop.json").unlink(missing_ok=True)
-            await admin.shutdown(1.0)
+            for task in (purger, shipper):
+                if task is not None:
+                    task.cancel()
+            if role is None:
+                (data / "pop.json").unlink(missing_ok=True)
+            if control is not None:
+                control.close()
+            if admin is not None:
+                await admin.shutdown(1.0)
             if scrapes is not None:
                 await scrapes.shutdown(1.0)
             await public.shutdown(config.grace_seconds)
@@ -103,7 +125,22 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
         if pop.ai is not None:
             await pop.ai.close()
         pop.close()
-        lock.close()
+
+
+async def _admin(pop: PoP, config: PopConfig, role: Role | None) -> AdminThread | None:
+    """The admin API on its own thread and loop (a busy public loop cannot delay
+    it), telling the other workers each change; None on a worker that is not the
+    admin worker. Raises OSError if the address is unavailable."""
+    if role is not None and not role.leader:
+        return None
+    from runtime.admin.api import AdminApp
+
+    app = AdminApp(pop, admin_token(config.data_dir), asyncio.get_running_loop())
+    if role is not None:
+        app.workers = Fanout(role)
+    admin = AdminThread(app, config.http)
+    await admin.start(config.admin.host, config.admin.port, role is not None)
+    return admin
 
 
 def _ship_samples(pop: PoP) -> asyncio.Task[None] | None:
@@ -129,13 +166,13 @@ async def _metrics_listener(pop: PoP, config: PopConfig) -> AdminThread | None:
     return scrapes
 
 
-async def _start_ai(pop: PoP) -> None:
+async def _start_ai(ai: AIService | None) -> None:
     """Start (or reach) the model worker. A worker that does not come up is
     logged, not fatal: functions still serve, AI requests get 503 until it does."""
-    if pop.ai is None:
+    if ai is None:
         return
     try:
-        await pop.ai.start()
+        await ai.start()
     except WorkerError as e:
         log.error("model worker: %s", e)
 

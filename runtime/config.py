@@ -7,6 +7,7 @@ them) and overridden by CLI flags:
     tier = "edge"                 # edge | regional | central
     geo = "fra"                   # a label on events and metrics
     data = ".edgefn"
+    workers = 1                   # PoP processes on the public port; "auto": one a core
 
     [public]                      # the listener functions and the OpenAI API answer on
     host = "127.0.0.1"
@@ -44,6 +45,7 @@ Errors are `InvalidConfig` naming the file and the field.
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -204,6 +206,11 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     admin: AdminListener = field(default_factory=AdminListener)
     http: ServerConfig = field(default_factory=ServerConfig)
     grace_seconds: Annotated[float, Meta(ge=0)] = 10.0  # in-flight requests finish on SIGTERM
+    # PoP processes accepting on the public port (runtime.workers); "auto": os.cpu_count()
+    workers: Annotated[int, Meta(ge=1, le=1024)] | Literal["auto"] = 1
+    worker_header: bool = False  # debug: each response says which worker's pid served it
+    # seconds a worker has to follow a deploy before it is killed and restarted
+    worker_ack_timeout: Annotated[float, Meta(gt=0)] = 30.0
     # run Python functions even where a layer of their sandbox is missing (`edgefn doctor`)
     insecure_python: bool = False
     ai: AIConfig = field(default_factory=AIConfig)
@@ -227,6 +234,10 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     @property
     def data_dir(self) -> Path:
         return Path(self.data)
+
+    def worker_count(self) -> int:
+        """How many PoP processes serve: `workers`, with ``"auto"`` one a core."""
+        return self.workers if isinstance(self.workers, int) else (os.cpu_count() or 1)
 
     def stage_names(self) -> list[str]:
         return [type(s).__struct_config__.tag for s in self.pipeline]  # type: ignore[misc]

@@ -61,6 +61,7 @@ from runtime.observe.dashboard.login import Logins
 from runtime.pop import PoP
 from runtime.security.keys import is_well_formed
 from runtime.security.principal import Principal
+from runtime.workers.control import Fanout
 
 JSON = (b"content-type", b"application/json")
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -116,6 +117,7 @@ class AdminApp:
                                         else None) if metrics is not None else None
         self.logins = Logins()
         self.dashboard_period = dashboard.PERIOD
+        self.workers: Fanout | None = None  # ``workers = N``: the others, told each change
 
     async def on_pop[T](self, coro: Coroutine[Any, Any, T]) -> T:
         """The result of `coro`, run to the end on the PoP's loop even if this
@@ -134,7 +136,7 @@ class AdminApp:
             return self._dashboard(request)  # a dashboard session, not an admin credential
         auth = request.header(b"authorization") or b""
         if hmac.compare_digest(auth, self.token):
-            return self._route(request, None)
+            return self._routed(request, None)
         key = request.header(b"x-api-key") or auth.removeprefix(b"Bearer ")
         record = self.pop.keys.lookup(key.decode("latin-1")) if is_well_formed(
             key.decode("latin-1")) else None
@@ -144,7 +146,15 @@ class AdminApp:
         op = operation(request)
         if not who.allows("admin", op):
             return _error(403, "forbidden", f"API key {record.id} has no scope admin:{op}")
-        return self._route(request, who)
+        return self._routed(request, who)
+
+    async def _routed(self, request: Request, who: Principal | None) -> Response:
+        """`_route`, then, with ``workers = N``, every other worker told of a change
+        it made (the call returns once all switched: see `runtime.workers.control`)."""
+        response = await self._route(request, who)
+        if self.workers is not None and response.status < 400 and _changes_routing(request):
+            await asyncio.shield(self.workers.tell({"op": "sync"}))
+        return response
 
     async def _route(self, request: Request, who: Principal | None) -> Response:
         """`who`: the key's principal (None: the admin token, which may do anything)."""
@@ -185,11 +195,12 @@ class AdminApp:
                     return json_response({"result": result})
                 case ["v1", "keys", "reload"] if method == b"POST":
                     self.pop.keys.reload()  # `edgefn keys` changed DATA/keys.json
+                    await self._tell({"op": "keys"})
                     return json_response({"keys": len(self.pop.keys)})
                 case ["v1", "ai", *rest]:
                     return await self._ai(rest, method, request.body)
                 case ["v1", "cache", "purge"] if method == b"POST":
-                    return self._purge(request.body, who)
+                    return await self._purge(request.body, who)
                 case ["v1", "cache", "ai", "purge"] if method == b"POST":
                     return await self._purge_ai(request.body, who)
                 case ["v1", "cache", "stats"] if method == b"GET":
@@ -258,7 +269,12 @@ class AdminApp:
         return Response(200, list(SSE), dashboard.follow(
             pop.ring, lambda: self.on_pop(figures()), self.dashboard_period))
 
-    def _purge(self, body: bytes, who: Principal | None) -> Response:
+    async def _tell(self, msg: dict[str, Any]) -> None:
+        """With ``workers = N``: tell the other workers and wait (see `_routed`)."""
+        if self.workers is not None:
+            await asyncio.shield(self.workers.tell(msg))
+
+    async def _purge(self, body: bytes, who: Principal | None) -> Response:
         """Raises msgspec errors for a body that does not decode, `NotOwner` when a
         key purges another tenant's function."""
         purge = msgspec.json.decode(body or b"{}", type=PurgeBody)
@@ -278,6 +294,8 @@ class AdminApp:
             only = frozenset(n for n, fn in self.pop.registry.functions.items()
                              if fn.tenant == who.tenant)
         purged = cache.purge(**given, only=only) if cache is not None else 0
+        await self._tell({"op": "purge", "args": given,
+                          "only": sorted(only) if only is not None else None})
         return json_response({"purged": purged, name: value})
 
     async def _purge_ai(self, body: bytes, who: Principal | None) -> Response:
@@ -339,6 +357,17 @@ async def _value[T](fn: Callable[[], T]) -> T:
 
 async def _shielded[T](coro: Coroutine[Any, Any, T]) -> T:
     return await asyncio.shield(coro)
+
+
+def _changes_routing(request: Request) -> bool:
+    """A call that changes which version of a function serves (a deploy, rollback,
+    activation, promotion or delete), after which the other workers follow."""
+    parts = request.path.rstrip(b"/").split(b"/")
+    if request.method == b"DELETE":
+        return len(parts) == 4 and parts[2] == b"functions"
+    return request.method == b"POST" and (parts[2:] == [b"deploy"] or (
+        len(parts) == 5 and parts[2] == b"functions"
+        and parts[4] in (b"rollback", b"activate", b"promote")))
 
 
 def operation(request: Request) -> str:

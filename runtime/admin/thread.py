@@ -34,12 +34,12 @@ class AdminThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="edgefn-admin",
                                         daemon=True)
 
-    async def start(self, host: str, port: int) -> None:
-        """Start the thread and bind. Raises OSError if the address is unavailable
-        (the thread is stopped again then)."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> None:
+        """Start the thread and bind (`reuse_port`: see `Server.start`). Raises
+        OSError if the address is unavailable (the thread is stopped again then)."""
         self._thread.start()
         try:
-            await self._on_admin(self.server.start(host, port))
+            await self._on_admin(self.server.start(host, port, reuse_port))
         except BaseException:
             await self._stop_thread()
             raise

@@ -71,6 +71,12 @@ class Owners:
             raise Failure("owners_unreadable", 500, f"{path}: cannot read who owns which KV "
                           f"namespace and vector index ({e}); restore it from a backup") from None
 
+    def reload(self) -> None:
+        """Re-read the file, which another process (the admin worker of
+        ``workers = N``) saved. Raises `Failure` as reading it at start does."""
+        self._claims = Owners(self.path)._claims
+        self.generation.value += 1  # native kv_get tables built from the old claims are stale
+
     def owner(self, kind: str, name: str) -> str | None:
         claim = getattr(self._claims, kind).get(name)
         return claim.owner if claim is not None else None
@@ -134,7 +140,8 @@ class Owners:
     def _replace(self, claims: Claims) -> None:
         self._claims = claims  # one assignment: readers see the old claims or the new
         self.generation.value += 1  # after the claims: a table built from older ones is stale
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        # a temp file of this process's own: ``workers = N`` restore (and claim) at once
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(msgspec.json.format(msgspec.json.encode(claims)))

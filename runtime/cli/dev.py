@@ -50,7 +50,8 @@ def run(args: argparse.Namespace, dev_dir: str | None) -> None:
     for listener in (cfg.public, cfg.admin):  # before the model worker starts
         check_listen(listener.host, listener.port)
     try:
-        uvloop.run(serve(cfg, dev_dir))
+        uvloop.run(serve(cfg, dev_dir) if cfg.worker_count() == 1 or dev_dir is not None
+                   else serve_workers(cfg, getattr(args, "verbose", 0)))
     except OSError as e:
         if e.errno not in LISTEN_ERRORS:
             raise
@@ -135,6 +136,13 @@ async def watch(registry: Registry, root: Path) -> None:
                 seen[d] = snap
                 print(f"change in {d}: redeploying", flush=True)
                 await deploy_dir(registry, d)
+
+
+async def serve_workers(config: PopConfig, verbosity: int) -> None:
+    """``workers = N``: see `runtime.workers.primary.serve`."""
+    from runtime.workers.primary import serve as serve_n
+
+    await serve_n(config, verbosity)
 
 
 async def serve(config: PopConfig, dev_dir: str | None) -> None:

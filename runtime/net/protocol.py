@@ -268,6 +268,8 @@ class HttpProtocol(asyncio.Protocol):
     def _head(self, request: Request, response: Response, keep_alive: bool) -> list[bytes]:
         status = response.status
         out = [STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
+        if self.state.extra_head:
+            out.append(self.state.extra_head)
         for name, value in response.headers:
             if name not in HOP_BY_HOP:
                 out += (name, b": ", value, b"\r\n")

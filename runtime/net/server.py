@@ -53,6 +53,7 @@ class ServerState:
         self.per_client: Counter[str] = Counter()  # open connections by client address
         self.refused = 0  # connections turned away at a cap
         self.refusing: set[HttpProtocol] = set()  # past a cap, waiting for their 503
+        self.extra_head = b""  # a header line every response carries (`worker_header`)
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from `address`; None if admitted, else why not."""
@@ -83,13 +84,19 @@ class Server:
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        """Bind and start accepting. Raises OSError if the address is unavailable."""
+    async def start(self, host: str, port: int, reuse_port: bool = False,
+                    extra_head: bytes = b"") -> None:
+        """Bind and start accepting; with `reuse_port`, beside other processes'
+        listeners on the same port (SO_REUSEPORT: the kernel spreads connections).
+        `extra_head`: a ``name: value\r\n`` line added to every response. Raises
+        OSError if the address is unavailable."""
         loop = asyncio.get_running_loop()
         raise_fd_limit(self.config.max_connections)
         self.state = state = ServerState(self.config, loop)
+        state.extra_head = extra_head
         self._server = await loop.create_server(
-            lambda: HttpProtocol(self.app, state), host, port, reuse_address=True, backlog=1024)
+            lambda: HttpProtocol(self.app, state), host, port, reuse_address=True,
+            reuse_port=reuse_port or None, backlog=1024)
         for sock in self._server.sockets:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sweeper = loop.create_task(self._sweep())

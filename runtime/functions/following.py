@@ -1,0 +1,101 @@
+"""A worker's registry following the records another process saved (``workers = N``).
+
+With several PoP processes on one data dir, only the admin worker deploys: it
+saves each function's record (the commit point) and then tells every other
+worker to `follow`, which makes its own routing match the records: the current
+version of each function, its canary, and no function whose record is gone. A
+worker that starts reads the same records (`Registry.restore`), so one that was
+restarted mid-deploy serves what was committed.
+
+`Following` is a mixin of `runtime.functions.registry.Registry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from edgefn_core.errors import DeployError, ManifestError, NotFound
+from runtime.functions.canary import Split
+from runtime.functions.deploys import DeployStore, FunctionRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from runtime.bindings import Stores
+    from runtime.functions.manifest import Manifest
+    from runtime.functions.registry import Deployment
+    from runtime.functions.router import Router
+
+log = logging.getLogger("edgefn.pop")
+
+
+class Following:
+    """`follow`: serve what the saved records say."""
+
+    if TYPE_CHECKING:  # the registry's state and steps this mixin uses
+        functions: dict[str, Deployment]
+        canaries: dict[str, Split]
+        lock: asyncio.Lock
+        store: DeployStore
+        stores: Stores
+
+        def _load(self, m: Manifest, version: str) -> Deployment: ...
+        def _stored(self, name: str, version: str) -> Manifest: ...
+        def _table(self, fn: Deployment | None, remove: str | None = None,
+                   ) -> tuple[dict[str, Deployment], Router[Deployment]]: ...
+        def _switch(self, functions: dict[str, Deployment],
+                    router: Router[Deployment]) -> None: ...
+        def _go_live(self, fn: Deployment,
+                     persist: Callable[[], None] | None = None) -> None: ...
+
+    async def follow(self) -> list[str]:
+        """Route as the saved records say, saving nothing: load the current version
+        (and canary) of each function whose record changed, stop serving those whose
+        record is gone. Returns what could not be served (a version that no longer
+        loads keeps the one this worker had, and is logged)."""
+        async with self.lock:
+            records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
+            self.stores.owners.reload()  # the grants the admin worker's deploys saved
+            for name in [n for n in self.functions if n not in records]:
+                self._switch(*self._table(None, remove=name))
+            errors = []
+            for record in records.values():
+                try:
+                    await self._follow_live(record)
+                    await self._follow_canary(record)
+                except (ManifestError, DeployError, NotFound) as e:
+                    log.error("worker cannot serve %s as recorded: %s", record.name, e)
+                    errors.append(f"{record.name}: {e}")
+            return errors
+
+    async def _follow_live(self, record: FunctionRecord) -> None:
+        live = self.functions.get(record.name)
+        if live is not None and live.version == record.current:
+            return
+        fn = await asyncio.to_thread(self._loaded, record.name, record.current)
+        self._go_live(fn)
+
+    async def _follow_canary(self, record: FunctionRecord) -> None:
+        """Start, change or end `record`'s canary as it says."""
+        want, have = record.canary, self.canaries.get(record.name)
+        if want is None:
+            if have is not None:
+                self.canaries = {n: s for n, s in self.canaries.items() if n != record.name}
+                have.fn.executor.retire()
+            return
+        if have is not None and have.fn.version == want.version:
+            if have.percent != want.percent:
+                self.canaries = {**self.canaries, record.name: Split(have.fn, want.percent)}
+            return
+        fn = await asyncio.to_thread(self._loaded, record.name, want.version)
+        fn.executor.activate()
+        self.canaries = {**self.canaries, record.name: Split(fn, want.percent)}
+        if have is not None:
+            have.fn.executor.retire()
+
+    def _loaded(self, name: str, version: str) -> Deployment:
+        """A stored version, verified, loaded and warm. Blocking. Raises
+        `ManifestError`, `DeployError`, `NotFound`."""
+        return self._load(self._stored(name, version), version)

@@ -1,0 +1,149 @@
+"""The control channel from the admin worker to the others (``workers = N``).
+
+After a change is saved (a deploy's record, DATA/keys.json) the admin worker
+tells every other worker over its control socket, one JSON line, and waits for
+each to answer that it switched. A worker that does not answer within
+`Role.ack_timeout`, or answers that it could not switch, is killed (SIGKILL)
+before the admin call returns; its parent starts it again and it restores the
+saved records, so after the call no worker serves what the change replaced. A
+worker that is not running (it died, or is starting) is not waited for: it
+binds its control socket before it restores, so it either gets the message or
+reads the record already saved.
+
+    {"op": "sync"}                       follow the deploy store's records
+    {"op": "keys"}                       re-read DATA/keys.json
+    {"op": "purge", "args": {...}, "only": [names] | null}   purge the HTTP cache
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runtime.workers.role import Role
+
+if TYPE_CHECKING:
+    from runtime.pop import PoP
+
+log = logging.getLogger("edgefn.workers")
+MAX_LINE = 1 << 20
+
+
+async def control_server(pop: PoP, role: Role) -> asyncio.AbstractServer:
+    """Listen on this worker's control socket. Raises OSError if it is taken."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:  # bound here: uvloop takes no abstract address (leading NUL) by name
+        sock.bind(role.address(role.index))
+    except OSError:
+        sock.close()
+        raise
+    return await asyncio.start_unix_server(lambda r, w: _serve(pop, r, w), sock=sock,
+                                           limit=MAX_LINE)
+
+
+async def _serve(pop: PoP, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                 ) -> None:
+    try:
+        msg = json.loads(await reader.readline())
+        errors = await apply(pop, msg)
+        reply = {"ok": not errors, "pid": os.getpid(), "errors": errors}
+    except Exception as e:  # a bad message or a failed change: the admin worker decides
+        log.exception("worker control message failed")
+        reply = {"ok": False, "pid": os.getpid(), "errors": [repr(e)]}
+    writer.write(json.dumps(reply).encode() + b"\n")
+    try:
+        await writer.drain()
+    finally:
+        writer.close()
+
+
+async def apply(pop: PoP, msg: dict[str, Any]) -> list[str]:
+    """Carry out one control message; what could not be done (empty: all).
+    Raises ValueError for an unknown op."""
+    match msg.get("op"):
+        case "sync":
+            return await pop.registry.follow()
+        case "keys":
+            pop.keys.reload()
+        case "purge":
+            only = msg.get("only")
+            if pop.http_cache is not None:
+                pop.http_cache.purge(**msg["args"],
+                                     only=frozenset(only) if only is not None else None)
+        case "ping":
+            pass
+        case op:
+            raise ValueError(f"unknown worker control op {op!r}")
+    return []
+
+
+class Fanout:
+    """The admin worker's side: `tell` every other worker and wait for them."""
+
+    def __init__(self, role: Role) -> None:
+        self.role = role
+
+    async def tell(self, msg: dict[str, Any]) -> None:
+        """Send `msg` to every other worker and wait until each switched or was
+        killed (a message is never lost: see the module's docstring)."""
+        await asyncio.gather(*(self._tell(i, msg) for i in range(1, self.role.count)))
+
+    async def _tell(self, index: int, msg: dict[str, Any]) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, self.role.address(index))
+        except (ConnectionRefusedError, FileNotFoundError):
+            sock.close()
+            return  # not running: when it starts it restores what was saved
+        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE)
+        pid = peer_pid(writer.get_extra_info("socket"))
+        try:
+            writer.write(json.dumps(msg).encode() + b"\n")
+            line = await asyncio.wait_for(reader.readline(), self.role.ack_timeout)
+            reply = json.loads(line) if line else {"errors": ["closed without an answer"]}
+            if reply.get("ok"):
+                return
+            why = "; ".join(reply.get("errors") or ["no answer"])
+        except TimeoutError:
+            why = f"no answer in {self.role.ack_timeout:g}s"
+        except (OSError, ValueError) as e:
+            why = repr(e)
+        finally:
+            writer.close()
+        log.error("worker %d (pid %d) did not follow %s: %s; killing it (it restarts from "
+                  "the saved records)", index, pid, msg.get("op"), why)
+        await asyncio.to_thread(kill_and_wait, pid)
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of the process at the other end of a unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[0])
+
+
+def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
+    """SIGKILL `pid` and wait until it is gone or a zombie (its sockets are closed
+    then: it serves nothing). Blocking."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    log.error("pid %d still runs %.0fs after SIGKILL", pid, timeout)

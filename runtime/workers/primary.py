@@ -1,0 +1,265 @@
+"""The parent of ``workers = N`` PoP processes (see `runtime.workers`).
+
+It holds DATA/pop.lock, reserves the public and admin ports (a socket bound with
+SO_REUSEPORT that never listens: the workers bind the same port beside it, and a
+restarted worker finds its port still free), runs the one model worker the
+workers share (they reach it on its socket), starts the workers, starts again one
+that dies, and on SIGTERM/SIGINT drains them all (each finishes its in-flight
+requests for `grace_seconds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from edgefn_core.errors import Failure
+from runtime.admin.client import PopInfo
+from runtime.ai.service import AIService
+from runtime.app import _lock, _start_ai, admin_token, wait_for_signal
+from runtime.config import AdminListener, Listener, PopConfig
+from runtime.workers.role import Role
+
+log = logging.getLogger("edgefn.workers")
+START_TIMEOUT = 300.0  # seconds a worker has to restore its functions and listen
+PR_SET_PDEATHSIG = 1  # prctl(2)
+BACKOFF = (0.1, 5.0)  # restart delay: first, most (doubling while workers die young)
+
+
+def reserve(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` with SO_REUSEPORT, never listening: it holds
+    the port (0: any free one) for the workers. Raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class Primary:
+    """Starts, restarts and stops the workers of one PoP config."""
+
+    def __init__(self, config: PopConfig, verbosity: int = 0) -> None:
+        self.config = config
+        self.count = config.worker_count()
+        self.verbosity = verbosity
+        self.procs: list[BaseProcess | None] = [None] * self.count
+        self.started: list[float] = [0.0] * self.count
+        self.delay: list[float] = [BACKOFF[0]] * self.count
+        self.stopping = False
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent
+
+    def start(self, index: int) -> Connection:
+        """Start worker `index`; the connection it says ``ready`` on."""
+        ours, theirs = self._ctx.Pipe(duplex=False)
+        role = Role(index, self.count, self.config.data_dir, self.config.worker_ack_timeout)
+        proc = self._ctx.Process(target=worker_main, args=(for_worker(self.config, index), role,
+                                                           theirs, self.verbosity),
+                                 name=f"edgefn-worker-{index}", daemon=False)
+        proc.start()
+        theirs.close()
+        self.procs[index], self.started[index] = proc, time.monotonic()
+        return ours
+
+    async def ready(self, index: int, conn: Connection) -> None:
+        """Wait for worker `index` to listen. Raises `Failure` if it exits first
+        or takes longer than `START_TIMEOUT`."""
+        proc = self.procs[index]
+        assert proc is not None
+        ok = await asyncio.to_thread(_wait_ready, conn, proc, START_TIMEOUT)
+        conn.close()
+        if not ok:
+            raise Failure("worker_failed", 500, f"worker {index} did not start (exit code "
+                          f"{proc.exitcode}); see its log above")
+
+    async def supervise(self) -> None:
+        """Start again each worker that exits, until `stop`."""
+        loop = asyncio.get_running_loop()
+        while not self.stopping:
+            exited = asyncio.Event()
+            for proc in self.procs:
+                if proc is not None:
+                    loop.add_reader(proc.sentinel, exited.set)
+            try:
+                await exited.wait()
+            finally:
+                for proc in self.procs:
+                    if proc is not None:
+                        loop.remove_reader(proc.sentinel)
+            await self._restart_exited()
+
+    async def _restart_exited(self) -> None:
+        for index, proc in enumerate(self.procs):
+            if self.stopping or proc is None or proc.is_alive():
+                continue
+            proc.join()
+            young = time.monotonic() - self.started[index] < 10.0
+            self.delay[index] = min(self.delay[index] * 2, BACKOFF[1]) if young else BACKOFF[0]
+            log.error("worker %d (pid %s) exited with %s; starting it again in %.1fs",
+                      index, proc.pid, proc.exitcode, self.delay[index])
+            self.procs[index] = None
+            await asyncio.sleep(self.delay[index])
+            if not self.stopping:
+                self.restarts += 1
+                conn = self.start(index)
+                asyncio.get_running_loop().create_task(self._ready_logged(index, conn))
+
+    async def _ready_logged(self, index: int, conn: Connection) -> None:
+        try:
+            await self.ready(index, conn)
+        except Failure as e:
+            log.error("%s", e)
+
+    async def stop(self) -> None:
+        """SIGTERM every worker, wait for each to drain (`grace_seconds` and a
+        margin), SIGKILL any still running."""
+        self.stopping = True
+        live = [p for p in self.procs if p is not None and p.is_alive()]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid or 0, signal.SIGTERM)
+        wait = self.config.grace_seconds + 15.0
+        for proc in live:
+            await asyncio.to_thread(proc.join, wait)
+            if proc.is_alive():
+                log.error("worker pid %s still runs after %.0fs: killing it", proc.pid, wait)
+                proc.kill()
+                await asyncio.to_thread(proc.join)
+
+
+def for_worker(config: PopConfig, index: int) -> PopConfig:
+    """Worker `index`'s config: its own events file (``events.w2.jsonl`` beside the
+    admin worker's ``events.jsonl``: each file rotates by its own writer's count)."""
+    file = config.events.file
+    if index == 0 or not file:
+        return config
+    path = Path(file)
+    mine = str(path.with_name(f"{path.stem}.w{index}{path.suffix}"))
+    return msgspec.structs.replace(config, events=msgspec.structs.replace(config.events,
+                                                                          file=mine))
+
+
+def _wait_ready(conn: Connection, proc: BaseProcess, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if conn.poll(0.1):
+            try:
+                return bool(conn.recv() == "ready")
+            except EOFError:
+                return False
+        if not proc.is_alive():
+            return False
+    return False
+
+
+def worker_main(config: PopConfig, role: Role, ready: Connection, verbosity: int) -> None:
+    """A worker process: run its PoP until SIGTERM (then drain)."""
+    import ctypes
+
+    import uvloop
+
+    from runtime.cli.logs import configure
+
+    # SIGTERM (drain) if the parent dies without stopping us: no orphaned workers
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # it died before the line above
+        return
+    configure(verbosity)
+    uvloop.run(_worker(config, role, ready))
+
+
+async def _worker(config: PopConfig, role: Role, ready: Connection) -> None:
+    from runtime.app import running_worker
+
+    async with running_worker(config, role):
+        ready.send("ready")
+        ready.close()
+        await wait_for_signal()
+
+
+@contextlib.asynccontextmanager
+async def running_workers(config: PopConfig, verbosity: int = 0
+                          ) -> AsyncIterator[tuple[Primary, PopInfo]]:
+    """``workers = N``: the lock, the ports, the model worker and N workers,
+    started; stopped (drained) on exit. Raises `DataDirBusy`, OSError for a taken
+    port, `Failure` if a worker does not start."""
+    data = config.data_dir
+    lock = _lock(data)
+    held: list[socket.socket] = []
+    ai: AIService | None = None
+    primary: Primary | None = None
+    try:
+        held = [reserve(config.public.host, config.public.port),
+                reserve(config.admin.host, config.admin.port)]
+        ai, shared = await _shared_ai(config)
+        admin_token(data)  # made once here, not raced by the workers
+        (_, pport), (_, aport) = (s.getsockname()[:2] for s in held)
+        fixed = msgspec.structs.replace(
+            config, public=Listener(config.public.host, pport),
+            admin=AdminListener(config.admin.host, aport), ai=shared)
+        primary = Primary(fixed, verbosity)
+        conns = [primary.start(i) for i in range(primary.count)]
+        await asyncio.gather(*(primary.ready(i, c) for i, c in enumerate(conns)))
+        info = PopInfo(os.getpid(), f"http://{config.public.host}:{pport}",
+                       f"{config.admin.host}:{aport}")
+        (data / "pop.json").write_bytes(msgspec.json.encode(info))
+        supervisor = asyncio.get_running_loop().create_task(primary.supervise())
+        try:
+            yield primary, info
+        finally:
+            supervisor.cancel()
+            (data / "pop.json").unlink(missing_ok=True)
+    finally:
+        if primary is not None:
+            await primary.stop()
+        if ai is not None:
+            await ai.close()
+        for sock in held:
+            sock.close()
+        lock.close()
+
+
+async def _shared_ai(config: PopConfig) -> tuple[AIService | None, Any]:
+    """The model worker the workers share: started here unless [ai] is off or
+    names a socket already; returns it and the [ai] settings the workers get."""
+    if not config.ai.enabled or config.ai.socket is not None:
+        return None, config.ai
+    ai = AIService(config.data_dir, config.ai.worker_config, None)
+    await _start_ai(ai)
+    socket_path = str(config.data_dir / "ai" / "worker.sock")
+    return ai, msgspec.structs.replace(config.ai, socket=socket_path)
+
+
+async def serve(config: PopConfig, verbosity: int = 0) -> None:
+    """`edgefn serve` with ``workers = N``: run until SIGTERM/SIGINT, then drain."""
+    async with running_workers(config, verbosity) as (primary, info):
+        print(f"edgefn PoP listening on {info.public} ({primary.count} workers, "
+              f"SO_REUSEPORT)", flush=True)
+        print(f"  admin API on {info.admin} (token in {config.data_dir / 'admin.token'})",
+              flush=True)
+        from runtime.functions.deploys import DeployStore
+
+        records = DeployStore(config.data_dir).records()
+        print(f"serving {len(records)} function(s):", flush=True)
+        for r in records:
+            print(f"  {r.name:<16} {r.current}", flush=True)
+        await wait_for_signal()

@@ -1,0 +1,300 @@
+"""``workers = 2``: real `edgefn serve` processes, real HTTP over loopback. Requests
+land on both workers; after a deploy or rollback call returns no worker serves the
+old version; a worker killed with SIGKILL loses no later request and comes back;
+one that cannot follow a deploy is killed before the call returns; there is one
+admin listener; SIGTERM drains them all; bad `workers` values are refused."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from edgefn_core.errors import AdminError, InvalidConfig
+from runtime import config
+from runtime.admin.client import AdminClient
+from tests.support import ROOT, function_dir, reactor, running, wait_for
+
+POP_TOML = """workers = 2
+worker_header = true
+worker_ack_timeout = 3
+[events]
+file = "events.jsonl"
+"""
+
+
+@dataclass
+class Workers:
+    proc: subprocess.Popen[str]
+    host: str
+    port: int
+    data: Path
+    stderr: list[str] = field(default_factory=list)
+
+    @property
+    def admin(self) -> AdminClient:
+        return AdminClient(self.data)
+
+    def get(self, path: str = "/f") -> tuple[int, str, str]:
+        """Status, ``x-edgefn-function`` and ``x-edgefn-worker`` of a GET on a fresh
+        connection (so the kernel picks a worker for each)."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            resp.read()
+            return (resp.status, resp.getheader("x-edgefn-function") or "",
+                    resp.getheader("x-edgefn-worker") or "")
+        finally:
+            conn.close()
+
+    def children(self) -> set[int]:
+        """The worker processes: children of the PoP running `runtime.workers`."""
+        return {pid for pid in _children(self.proc.pid) if running(pid)
+                and b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+
+
+def _children(parent: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            except (OSError, IndexError):
+                continue
+            if int(ppid) == parent:
+                found.add(int(entry.name))
+    return found
+
+
+def listening(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (its socket inodes in /proc/net/tcp)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    (tmp_path / "pop.toml").write_text(POP_TOML)
+    data = tmp_path / "data"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli", "serve", "--config", str(tmp_path / "pop.toml"),
+         "--no-ai", "--port", "0", "--data", str(data)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    stderr: list[str] = []
+    drain = threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True)
+    drain.start()
+    pids: set[int] = set()
+    try:
+        address = ""
+        for line in proc.stdout:
+            if line.startswith("edgefn PoP listening on http://"):
+                address = line.split("http://", 1)[1].split()[0]
+            if line.startswith("serving "):
+                break
+        assert address, "the PoP did not start:\n" + "".join(stderr)
+        host, port = address.rsplit(":", 1)
+        w = Workers(proc, host, int(port), data, stderr)
+        pids = w.children()  # kept: a worker orphaned by a failed test is killed too
+        yield w
+    finally:
+        pids |= _children(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for pid in pids:  # none is left behind, even by a failed test
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        drain.join(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def deploy(w: Workers, root: Path, rev: int) -> str:
+    """Deploy function `f` at revision `rev`; its version."""
+    d = function_dir(root / f"r{rev}", "f", reactor(""), extra=f"# rev {rev}")
+    return str(w.admin.deploy(d)["version"])
+
+
+class Load:
+    """Threads sending GET /f on fresh connections until stopped; each result with
+    the time its request was sent."""
+
+    def __init__(self, w: Workers, threads: int = 6) -> None:
+        self.w = w
+        self.results: list[tuple[float, int, str, str]] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            sent = time.monotonic()
+            self.results.append((sent, *self.w.get()))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def after(self, t: float) -> list[tuple[float, int, str, str]]:
+        return [r for r in self.results if r[0] > t]
+
+
+def test_requests_land_on_both_workers(workers: Workers, tmp_path: Path) -> None:
+    deploy(workers, tmp_path, 1)
+    answers = [workers.get() for _ in range(60)]
+    served = {a[2] for a in answers}
+    assert {int(p) for p in served} == workers.children()
+    assert len(served) == 2
+    # each worker writes its own events file: one writer rotates each
+    files = [workers.data / "events.jsonl", workers.data / "events.w1.jsonl"]
+
+    def logged() -> list[int]:
+        return [len(f.read_text().splitlines()) if f.exists() else 0 for f in files]
+
+    wait_for(lambda: sum(logged()) == 60, 10, "every request's event in a file")
+    assert all(n > 0 for n in logged())
+
+
+def test_no_worker_serves_the_old_version_after_a_deploy_or_rollback(
+        workers: Workers, tmp_path: Path) -> None:
+    v1 = deploy(workers, tmp_path, 1)
+    with Load(workers) as load:
+        time.sleep(0.5)
+        v2 = deploy(workers, tmp_path, 2)
+        deployed = time.monotonic()
+        time.sleep(1.0)
+        workers.admin.request("POST", "/v1/functions/f/rollback", b"{}")
+        rolled_back = time.monotonic()
+        time.sleep(1.0)
+    assert v1 != v2
+    assert {r[1] for r in load.results} == {200}  # nothing lost while switching
+    between = [r for r in load.after(deployed) if r[0] <= rolled_back - 0.3]
+    assert {r[2] for r in between} == {f"f@{v2}"}
+    assert len({r[3] for r in between}) == 2  # both workers served the new version
+    after = load.after(rolled_back)
+    assert {r[2] for r in after} == {f"f@{v1}"} and len({r[3] for r in after}) == 2
+
+
+def test_a_killed_worker_loses_no_later_request_and_comes_back(
+        workers: Workers, tmp_path: Path) -> None:
+    v1 = deploy(workers, tmp_path, 1)
+    before = workers.children()
+    victim = max(before)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: not running(victim), 10, "the killed worker gone")
+    answers = [workers.get() for _ in range(40)]
+    assert {a[0] for a in answers} == {200}
+    wait_for(lambda: len(workers.children()) == 2, 60, "a worker started again")
+    wait_for(lambda: len({workers.get()[2] for _ in range(20)}) == 2, 60,
+             "the new worker serving")
+    (replacement,) = workers.children() - before
+    assert {a for a in (workers.get() for _ in range(30)) if a[2] == str(replacement)} \
+        == {(200, f"f@{v1}", str(replacement))}
+    assert any("exited with -9" in line for line in workers.stderr)
+
+
+def test_a_worker_that_cannot_follow_a_deploy_is_killed_before_the_call_returns(
+        workers: Workers, tmp_path: Path) -> None:
+    deploy(workers, tmp_path, 1)
+    admin_port = int(workers.admin.info.admin.rsplit(":", 1)[1])
+    (stuck,) = [p for p in workers.children() if admin_port not in listening(p)]
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        v2 = deploy(workers, tmp_path, 2)
+        took = time.monotonic() - started
+        assert not running(stuck)  # killed before the call returned
+    finally:
+        if running(stuck):
+            os.kill(stuck, signal.SIGCONT)
+    assert took >= 3  # it waited worker_ack_timeout for the answer
+    answers = [workers.get() for _ in range(30)]
+    assert {a[:2] for a in answers} == {(200, f"f@{v2}")}
+    wait_for(lambda: len(workers.children()) == 2, 60, "the killed worker started again")
+    assert any(f"pid {stuck}) did not follow sync: no answer in 3s" in line
+               for line in workers.stderr)
+
+
+def test_one_admin_listener_and_both_workers_on_the_public_port(workers: Workers) -> None:
+    admin_port = int(workers.admin.info.admin.rsplit(":", 1)[1])
+    ports = [listening(p) for p in sorted(workers.children())]
+    assert [admin_port in p for p in ports].count(True) == 1
+    assert all(workers.port in p for p in ports)
+    assert listening(workers.proc.pid) == set()  # the parent only holds the ports
+    assert workers.admin.request("GET", "/v1/functions") == {"functions": []}
+
+
+def test_vector_bindings_are_refused_with_several_workers(workers: Workers,
+                                                         tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "v", reactor(""), extra='[bindings]\nvectors = ["idx"]')
+    with pytest.raises(AdminError) as e:
+        workers.admin.deploy(d)
+    assert "binds vector indexes, which live in one process's memory: they need " \
+        "workers = 1 in pop.toml (this PoP runs 2)" in str(e.value)
+
+
+def test_sigterm_drains_every_worker(workers: Workers, tmp_path: Path) -> None:
+    deploy(workers, tmp_path, 1)
+    pids = workers.children()
+    workers.proc.send_signal(signal.SIGTERM)
+    assert workers.proc.wait(60) == 0
+    assert not any(running(p) for p in pids)
+    assert not (workers.data / "pop.json").exists()
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    (0, "expected `int` >= 1"), (-1, "expected `int` >= 1"),
+    ("many", "invalid enum value 'many'"), (2.5, "expected `int | str`, got `float`")])
+def test_invalid_workers_values_name_the_key(tmp_path: Path, value: object, said: str) -> None:
+    text = f"workers = {value!r}\n".replace("'", '"')
+    (tmp_path / "pop.toml").write_text(text)
+    with pytest.raises(InvalidConfig) as e:
+        config.load(tmp_path / "pop.toml")
+    assert str(e.value) == f"{tmp_path / 'pop.toml'}: field `workers`: {said}"
+
+
+def test_auto_is_one_worker_a_core() -> None:
+    assert config.load(None, workers="auto").worker_count() == os.cpu_count()
+    assert config.load(None).worker_count() == 1
+
+
+def test_workers_stop_when_the_parent_is_killed(workers: Workers) -> None:
+    pids = workers.children()
+    assert len(pids) == 2
+    workers.proc.kill()
+    workers.proc.wait(10)
+    wait_for(lambda: not any(running(p) for p in pids), 30, "the workers gone")
