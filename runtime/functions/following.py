@@ -42,6 +42,7 @@ class Following:
         stores: Stores
 
         def _load(self, m: Manifest, version: str) -> Deployment: ...
+        async def _warm(self, fn: Deployment) -> None: ...
         def _stored(self, name: str, version: str) -> Manifest: ...
         def _table(self, fn: Deployment | None, remove: str | None = None,
                    ) -> tuple[dict[str, Deployment], Router[Deployment]]: ...
@@ -75,6 +76,7 @@ class Following:
         if live is not None and live.version == record.current:
             return
         fn = await asyncio.to_thread(self._loaded, record.name, record.current)
+        await self._warm(fn)  # as the admin worker did before its switch
         self._go_live(fn)
 
     async def _follow_canary(self, record: FunctionRecord) -> None:
@@ -90,7 +92,7 @@ class Following:
                 self.canaries = {**self.canaries, record.name: Split(have.fn, want.percent)}
             return
         fn = await asyncio.to_thread(self._loaded, record.name, want.version)
-        fn.executor.activate()
+        await self._warm(fn)  # activates it
         self.canaries = {**self.canaries, record.name: Split(fn, want.percent)}
         if have is not None:
             have.fn.executor.retire()

@@ -225,3 +225,16 @@ def test_a_corrupt_claims_file_stops_the_start(tmp_path: Path) -> None:
     assert str(err.value) == (f"{tmp_path}/owners.json: cannot read who owns which KV namespace "
                               "and vector index (Expected `str`, got `int` - at `$.kv[...].owner`); "
                               "restore it from a backup")
+
+
+def test_a_reload_moves_the_generation_native_readers_check(registry: Registry,
+                                                            data: Path, tmp_path: Path) -> None:
+    """A worker of ``workers = N`` re-reads grants another process saved; the C kv_get's
+    table of readable namespaces is only refilled when the generation moves."""
+    owners = registry.stores.owners
+    other = Owners(owners.path)  # another worker's view of the same file
+    before = other.generation.value
+    deploy(registry, fn(tmp_path, "a", 'kv = ["ns"]'))
+    other.reload()
+    assert other.generation.value > before
+    assert other.owner("kv", "ns") == owners.owner("kv", "ns") is not None
