@@ -298,3 +298,11 @@ def test_workers_stop_when_the_parent_is_killed(workers: Workers) -> None:
     workers.proc.kill()
     workers.proc.wait(10)
     wait_for(lambda: not any(running(p) for p in pids), 30, "the workers gone")
+
+
+def test_request_migration_is_turned_on_or_reported(tmp_path: Path) -> None:
+    from runtime.workers.primary import migrate_requests
+    knob = tmp_path / "tcp_migrate_req"
+    knob.write_text("0\n")
+    assert migrate_requests(knob) and knob.read_text() == "1\n"
+    assert not migrate_requests(tmp_path / "absent" / "tcp_migrate_req")

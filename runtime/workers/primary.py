@@ -196,6 +196,26 @@ async def _worker(config: PopConfig, role: Role, ready: Connection) -> None:
         await wait_for_signal()
 
 
+MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
+
+
+def migrate_requests(path: Path = MIGRATE_REQ) -> bool:
+    """Turn on Linux's ``net.ipv4.tcp_migrate_req`` (5.14+) where it is off: the
+    connections a dying worker's listener had queued (not yet accepted) then move
+    to another worker's listener on the port instead of being reset. Without it,
+    a few connections opened just after a worker was killed were reset (seen in
+    tests/test_workers.py about one run in two). A sysctl of the network
+    namespace: needs root; otherwise logged. Returns whether it is on."""
+    try:
+        if path.read_text().strip() != "1":
+            path.write_text("1\n")
+        return True
+    except OSError as e:
+        log.warning("cannot turn on %s (%s): connections queued at a worker that dies "
+                    "are reset instead of moved to another worker", path, e)
+        return False
+
+
 @contextlib.asynccontextmanager
 async def running_workers(config: PopConfig, verbosity: int = 0
                           ) -> AsyncIterator[tuple[Primary, PopInfo]]:
@@ -208,6 +228,7 @@ async def running_workers(config: PopConfig, verbosity: int = 0
     ai: AIService | None = None
     primary: Primary | None = None
     try:
+        migrate_requests()
         held = [reserve(config.public.host, config.public.port),
                 reserve(config.admin.host, config.admin.port)]
         ai, shared = await _shared_ai(config)
