@@ -64,9 +64,12 @@ def deploy(registry: Registry, d: Path) -> Deployment:
 def handled(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
     """Calls of each WASM executor's request path, by `id` of the executor."""
     seen: dict[int, int] = {}
+    held: list[WasmFunction] = []  # kept alive: a freed executor's id may be reused
     real = WasmFunction.handle
 
     def counting(self: WasmFunction, *args: object, **kw: object) -> object:
+        if id(self) not in seen:
+            held.append(self)
         seen[id(self)] = seen.get(id(self), 0) + 1
         return real(self, *args, **kw)  # type: ignore[arg-type]
     monkeypatch.setattr(WasmFunction, "handle", counting)
