@@ -111,15 +111,24 @@ def load() -> NativeLib | None:
 
 
 def _build() -> Path:
-    libdir = Path(ffi.filename).parent
-    source = SOURCE.read_bytes()
     headers = _python_headers()
-    key = hashlib.sha256(source + wasmtime.__file__.encode() + str(ffi.filename).encode()
-                         + _wasmtime_version().encode() + sys.version.encode()
-                         + str(headers).encode()).hexdigest()[:16]
+    flags = [] if headers is None else ["-DEDGEFN_PYEXT", f"-I{headers}"]  # an extension too
+    return build_library(SOURCE, "reactor", wasmtime.__file__ + sys.version + str(headers),
+                         flags)
+
+
+def build_library(source: Path, stem: str, key: str = "", flags: list[str] | None = None
+                  ) -> Path:
+    """`source` compiled against wasmtime-py's libwasmtime into the native cache
+    (``$EDGEFN_NATIVE_CACHE``, default ``~/.cache/edgefn/native``) as
+    ``STEM-HASH.so``, keyed by the source, the library, wasmtime's version and `key`;
+    built once. Raises RuntimeError without a C compiler or if the build fails."""
+    libdir = Path(ffi.filename).parent
+    digest = hashlib.sha256(source.read_bytes() + str(ffi.filename).encode()
+                            + _wasmtime_version().encode() + key.encode()).hexdigest()[:16]
     cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
                                     Path.home() / ".cache" / "edgefn" / "native"))
-    out = cache_dir / f"reactor-{key}.so"
+    out = cache_dir / f"{stem}-{digest}.so"
     if out.exists():
         return out
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -128,13 +137,12 @@ def _build() -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         tmp_out = Path(tmp) / out.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(SOURCE),
-               f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}", "-lpthread"]
-        if headers is not None:  # a CPython extension too (see the module docstring)
-            cmd += ["-DEDGEFN_PYEXT", f"-I{headers}"]
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(source),
+               f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}", "-lpthread",
+               *(flags or [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed: {proc.stderr.strip()[:500]}")
+            raise RuntimeError(f"building {source.name} failed: {proc.stderr.strip()[:500]}")
         os.replace(tmp_out, out)
     return out
 

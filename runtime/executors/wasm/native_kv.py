@@ -17,12 +17,9 @@ and the first of them fills it again.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 import weakref
 from ctypes import POINTER, c_int32, c_uint32, c_uint64, c_void_p
@@ -30,12 +27,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from wasmtime import _ffi as ffi
-
 from edgefn_core.errors import BindingError, StoreError
 from kv import KVStore
 from kv.lmdb_handles import NativeUnavailable
 from runtime.bindings.kv import KVBinding
+from runtime.executors.wasm.native import build_library
 
 log = logging.getLogger("edgefn.wasm")
 SOURCE = Path(__file__).with_name("native_src") / "kv_get.c"
@@ -76,31 +72,8 @@ def load() -> NativeKVLib | None:
 
 
 def _build() -> Path:
-    """Compile kv_get.c against wasmtime-py's libwasmtime into the native cache
-    (``$EDGEFN_NATIVE_CACHE``), keyed by the source and the library."""
-    from runtime.executors.wasm.engine import WASMTIME_VERSION
-
-    libdir = Path(ffi.filename).parent
-    key = hashlib.sha256(SOURCE.read_bytes() + str(ffi.filename).encode()
-                         + WASMTIME_VERSION.encode()).hexdigest()[:16]
-    cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
-                                    Path.home() / ".cache" / "edgefn" / "native"))
-    out = cache_dir / f"kv_get-{key}.so"
-    if out.exists():
-        return out
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        tmp_out = Path(tmp) / out.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(SOURCE),
-               f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}", "-lpthread"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed: {proc.stderr.strip()[:500]}")
-        os.replace(tmp_out, out)
-    return out
+    """kv_get.c built into the native cache. Raises RuntimeError."""
+    return build_library(SOURCE, "kv_get")
 
 
 # One native reader per open KVStore: it holds pooled read transactions on the
