@@ -36,11 +36,13 @@ import asyncio
 import random
 import signal
 import sys
+from collections import deque
 from pathlib import Path
 
 import msgspec
 
 READ = 65536
+TICK = 0.0005  # uvloop rounds a timer to whole milliseconds: it may fire this early
 PROBE = b"GET /readyz HTTP/1.1\r\nHost: link\r\nConnection: close\r\n\r\n"
 
 
@@ -71,12 +73,21 @@ class LinksConfig(msgspec.Struct, kw_only=True):
     links: list[LinkSpec] = []
 
 
-class _Held:
-    """The bytes one direction holds: read, not yet written (`scheduled`), and
-    the writing transport's buffer; `room` is set while it may read again."""
+class _Line:
+    """One direction of a connection: the delay line and the bytes it holds.
 
-    def __init__(self, writer: asyncio.StreamWriter, net: LinksConfig) -> None:
-        self.writer = writer
+    Chunks wait in a FIFO with their due times, and one timer at a time serves its
+    head: order never depends on timers firing in order (uvloop's are whole
+    milliseconds, and two due a microsecond apart can fire the wrong way round).
+    `room` is set while the direction may read again: what it holds (`scheduled`,
+    plus the writing transport's buffer) is back at low water."""
+
+    def __init__(self, writer: asyncio.StreamWriter, net: LinksConfig, link: Link) -> None:
+        self.writer, self.link = writer, link
+        self.loop = asyncio.get_running_loop()
+        self.queue: deque[tuple[float, bytes | None]] = deque()  # (due, chunk); None: FIN
+        self.timer: asyncio.TimerHandle | None = None
+        self.ended = self.loop.create_future()  # set once the FIN was passed on
         self.scheduled = 0
         self.high, self.low = net.high_water, net.low_water
         self.room = asyncio.Event()
@@ -87,15 +98,44 @@ class _Held:
     def now(self) -> int:
         return self.scheduled + self.writer.transport.get_write_buffer_size()
 
-    def add(self, n: int) -> None:
-        self.scheduled += n
-        if self.scheduled > self.high:
-            self.room.clear()
+    def push(self, due: float, chunk: bytes | None) -> None:
+        """Deliver `chunk` (None: the FIN) at `due`, after everything pushed before."""
+        if chunk:
+            self.scheduled += len(chunk)
+            if self.scheduled > self.high:
+                self.room.clear()
+        self.queue.append((due, chunk))
+        if self.timer is None:
+            self.timer = self.loop.call_at(due, self._serve)
 
-    def sent(self, n: int) -> None:
-        self.scheduled -= n
-        if self.scheduled <= self.low:
-            self.room.set()
+    def _serve(self) -> None:
+        """Deliver the chunks that are due, in order; wait for the next one."""
+        self.timer = None
+        now = self.loop.time() + TICK
+        while self.queue and self.queue[0][0] <= now:
+            _, chunk = self.queue.popleft()
+            if chunk is None:
+                _close(self.writer)
+                if not self.ended.done():
+                    self.ended.set_result(None)
+                return
+            _write(self.writer, chunk)  # into the transport's buffer
+            self.scheduled -= len(chunk)
+            if self.scheduled <= self.low:
+                self.room.set()
+            self.link.peak = max(self.link.peak, self.now())
+        if self.queue:
+            self.timer = self.loop.call_at(self.queue[0][0], self._serve)
+
+    def reset(self) -> None:
+        """The sender reset: the other side goes at once, with nothing still held."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.queue.clear()
+        self.writer.transport.abort()
+        if not self.ended.done():
+            self.ended.set_result(None)
 
 
 class Link:
@@ -160,32 +200,26 @@ class Link:
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     delay: float) -> None:
-        """Relay `reader` to `writer`, each chunk `delay` (+ jitter, + loss) later;
-        returns once the end (FIN or reset) has been passed on."""
+        """Relay `reader` to `writer`, each chunk `delay` (+ jitter, + loss) later and
+        never before the one read before it; returns once the end (FIN or reset) has
+        been passed on."""
         loop = asyncio.get_running_loop()
-        held = _Held(writer, self.net)
+        line = _Line(writer, self.net, self)
         last = 0.0
         while True:
             try:
-                await held.room.wait()  # the delay line is back at low_water
+                await line.room.wait()  # the delay line is back at low_water
                 await writer.drain()  # so is the transport's buffer
                 chunk = await reader.read(READ)
             except OSError:  # reset: the other side goes at once
-                writer.transport.abort()
+                line.reset()
                 return
-            last = max(loop.time() + delay + self._extra(), last + 1e-6)
+            last = max(loop.time() + delay + self._extra(), last)
+            line.push(last, chunk or None)
+            self.peak = max(self.peak, line.now())
             if not chunk:
-                await asyncio.sleep(last - loop.time())
-                _close(writer)
+                await line.ended
                 return
-            held.add(len(chunk))
-            self.peak = max(self.peak, held.now())
-            loop.call_at(last, self._deliver, held, chunk)
-
-    def _deliver(self, held: _Held, chunk: bytes) -> None:
-        _write(held.writer, chunk)  # from the delay line into the transport's buffer
-        held.sent(len(chunk))
-        self.peak = max(self.peak, held.now())
 
     def _extra(self) -> float:
         net = self.net
