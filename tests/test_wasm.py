@@ -201,6 +201,26 @@ def test_header_injection_from_guest_is_refused(engine: WasmEngine, tmp_path: Pa
     assert err.code == "bad_response" and "invalid value for header 'x-a'" in str(err)
 
 
+def test_a_response_cut_inside_a_header_name_length_is_refused(engine: WasmEngine,
+                                                               tmp_path: Path) -> None:
+    """The declared length ends 2 bytes into header 1's u32 name length, and the
+    guest's memory holds the rest of a valid frame after it: a decoder that reads
+    that u32 without checking the room left would answer 200 from bytes the guest
+    never returned."""
+    resp = (struct.pack("<II", 200, 2) + struct.pack("<I", 12) + b"content-type"
+            + struct.pack("<I", 10) + b"text/plain" + struct.pack("<I", 3) + b"x-b"
+            + struct.pack("<I", 1) + b"1" + struct.pack("<I", 2) + b"hi")
+    cut = 8 + 4 + 12 + 4 + 10 + 2
+    data = "".join(f"\\{b:02x}" for b in resp)
+    src = f"""(module (memory (export "memory") 1) (data (i32.const 16) "{data}")
+      (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1024))
+      (func (export "edgefn_handle") (param i32 i32) (result i64)
+        (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const {cut}))))"""
+    err = failure(load(engine, function_dir(tmp_path, "cut", src)))
+    assert (err.code, err.status) == ("bad_response", 502)
+    assert "header 1 name length" in str(err), str(err)
+
+
 @pytest.mark.parametrize(("source", "words"), [
     ('(module (memory (export "memory") 1))', "exports neither `edgefn_handle`"),
     ('(module (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))',
