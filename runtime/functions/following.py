@@ -18,36 +18,21 @@ from typing import TYPE_CHECKING
 
 from edgefn_core.errors import DeployError, ManifestError, NotFound
 from runtime.functions.canary import Split
-from runtime.functions.deploys import DeployStore, FunctionRecord
+from runtime.functions.deploys import FunctionRecord
+from runtime.functions.registry_core import RegistryCore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from runtime.bindings import Stores
-    from runtime.functions.manifest import Manifest
     from runtime.functions.registry import Deployment
-    from runtime.functions.router import Router
 
 log = logging.getLogger("edgefn.pop")
 
 
-class Following:
+class Following(RegistryCore):
     """`follow`: serve what the saved records say."""
 
-    if TYPE_CHECKING:  # the registry's state and steps this mixin uses
-        functions: dict[str, Deployment]
-        canaries: dict[str, Split]
-        lock: asyncio.Lock
-        store: DeployStore
-        stores: Stores
-
-        def _load(self, m: Manifest, version: str) -> Deployment: ...
-        async def _warm(self, fn: Deployment) -> None: ...
-        def _stored(self, name: str, version: str) -> Manifest: ...
-        def _table(self, fn: Deployment | None, remove: str | None = None,
-                   ) -> tuple[dict[str, Deployment], Router[Deployment]]: ...
-        def _switch(self, functions: dict[str, Deployment],
-                    router: Router[Deployment]) -> None: ...
+    if TYPE_CHECKING:  # the registry's step only this mixin uses
         def _go_live(self, fn: Deployment,
                      persist: Callable[[], None] | None = None) -> None: ...
 

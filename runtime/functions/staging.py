@@ -23,13 +23,12 @@ import msgspec
 from edgefn_core.errors import DeployError, Failure, NotFound
 from runtime.functions import deploys
 from runtime.functions.canary import Split, check_percent
-from runtime.functions.deploys import CanaryInfo, DeployStore, Files, VersionInfo
+from runtime.functions.deploys import CanaryInfo, Files, VersionInfo
+from runtime.functions.registry_core import RegistryCore
 
 if TYPE_CHECKING:
-    from runtime.bindings import Stores
     from runtime.functions.manifest import Manifest
     from runtime.functions.registry import Deployment, DeployResult
-    from runtime.functions.router import Router
 
 
 class StageResult(msgspec.Struct):
@@ -61,28 +60,16 @@ class Staged:
         self.action = action  # what the record says when it goes live: deploy | rollback
 
 
-class Staging:
+class Staging(RegistryCore):
     """Stage, activate, abort, promote and the canary split of a `Registry`."""
 
-    if TYPE_CHECKING:  # the registry's state and steps this mixin uses
-        functions: dict[str, Deployment]
-        canaries: dict[str, Split]
+    if TYPE_CHECKING:  # the registry's state and steps only this mixin uses
         staged: dict[tuple[str, str], Staged]
-        lock: asyncio.Lock
-        store: DeployStore
-        stores: Stores
 
         async def _checked(self, files: Files, source: str, tenant: str | None
                            ) -> tuple[Manifest, str, str]: ...
         def _undo(self, name: str, version: str, created: bool,
                   cached: frozenset[str]) -> None: ...
-        def _load(self, m: Manifest, version: str) -> Deployment: ...
-        async def _warm(self, fn: Deployment) -> None: ...
-        def _stored(self, name: str, version: str) -> Manifest: ...
-        def _table(self, fn: Deployment | None, remove: str | None = None,
-                   ) -> tuple[dict[str, Deployment], Router[Deployment]]: ...
-        def _switch(self, functions: dict[str, Deployment],
-                    router: Router[Deployment]) -> None: ...
         def _commit(self, m: Manifest, version: str, source: str, action: str) -> None: ...
         def _claim(self, m: Manifest) -> None: ...
         def _result(self, fn: Deployment, changed: bool, started: float) -> DeployResult: ...
