@@ -320,7 +320,8 @@ def test_a_redis_budget_is_shared_by_pops_and_closed_when_they_stop(
         spent = json.loads(first.body)["usage"]["total_tokens"]
         second = on_pop(b, post(b, "edge", b"/v1/chat/completions", body))
         # the other PoP sees what the first spent: its 60 + prompt no longer fit in 100
-        assert (second.status, json.loads(second.body)["error"]["code"]) == (
-            429, "token_budget"), (spent, second.body)
+        error = json.loads(second.body).get("error") or {}  # a 200 shows its body below
+        assert (second.status, error.get("code")) == (429, "token_budget"), (
+            spent, second.status, second.body)
         assert len(redis_server.client().client_list()) > before
     assert len(redis_server.client().client_list()) == before
