@@ -319,12 +319,19 @@ _NOT_CONTENT = _GUARDED | lx.STOPWORDS
 
 
 def _content(items: list[str]) -> frozenset[str]:
-    """The words no other guard reads, stemmed with synonyms folded."""
+    """The words no other guard reads, stemmed with synonyms folded. An inflected
+    stopword ("lists", "gives", "provided") is a stopword too: one prompt says
+    "list", the other "lists", and only one of them would count otherwise."""
     out = set()
     for w in items:
         if w in _NOT_CONTENT or len(w) < 2 or not w.isalpha():
             continue
-        stem = _stem(lx.SYNONYMS.get(w, w))
+        w = lx.SYNONYMS.get(w, w)
+        base = _uninflect(w)
+        if base in lx.STOPWORDS or (base != w and base + "e" in lx.STOPWORDS
+                                    and w.endswith(("ing", "ed"))):
+            continue
+        stem = _drop_e(base)
         out.add(lx.SYNONYMS.get(stem, stem))
     return frozenset(out)
 
@@ -332,6 +339,12 @@ def _content(items: list[str]) -> frozenset[str]:
 def _stem(w: str) -> str:
     """A light suffix stripper: both prompts go through it, so it need only be
     consistent ("stretching"/"stretch", "bonds"/"bond", "baking"/"bake" → "bak")."""
+    return _drop_e(_uninflect(w))
+
+
+def _uninflect(w: str) -> str:
+    """`w` less one inflection (-ies, -ing, -ed, -es, -s): "lists" → "list",
+    "running" → "run", "provided" → "provid", "gives" → "give"."""
     for suffix, keep in (("ies", "y"), ("ing", ""), ("ed", ""), ("es", ""), ("s", "")):
         if w.endswith(suffix) and len(w) - len(suffix) >= 3:
             if suffix == "s" and w.endswith(("ss", "us", "is")):
@@ -342,4 +355,8 @@ def _stem(w: str) -> str:
             if suffix in ("ing", "ed") and len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz":
                 w = w[:-1]  # running → run
             break
+    return w
+
+
+def _drop_e(w: str) -> str:
     return w[:-1] if w.endswith("e") and len(w) > 3 else w  # move, moving → mov

@@ -23,7 +23,10 @@ __all__ = ["DEFAULT_THRESHOLD", "GUARDS", "normalize", "veto"]
 # highest threshold at which similarity + guards serve no train trap and at least
 # 60 % (twice the 30 % target) of train paraphrases. The guards were written
 # against that split, so its traps reach them as few as the target allows.
-DEFAULT_THRESHOLD = 0.88  # cosine similarity a semantic hit needs at least
+# 0.88 until the scope guard read "lists" as a content word next to the stopword
+# "list" and "difference" as another word than "differ": with those fixed, 0.90
+# serves 60.2 % of train paraphrases (74 of 123) and the rule moved to it.
+DEFAULT_THRESHOLD = 0.90  # cosine similarity a semantic hit needs at least
 
 
 def _negation(a: Features, b: Features) -> bool:

@@ -249,4 +249,7 @@ SYNONYMS = {
     "approximately": "about", "travel": "visit", "trip": "visit",
     "keep": "prevent", "pack": "bring", "arrive": "shipping", "arrived": "shipping",
     "turn": "convert",
+    # "differ" and the words made from it (the stemmer strips inflections only)
+    "difference": "differ", "differences": "differ", "different": "differ",
+    "differently": "differ", "differing": "differ",
 }

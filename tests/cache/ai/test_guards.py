@@ -50,6 +50,8 @@ VETOED = [
      "How do I move files from Google Drive to Dropbox?", "direction"),
     ("How do I descale a kettle?", "How do I descale a coffee machine?", "scope"),
     ("How often should I feed a goldfish?", "How often should I feed a turtle?", "scope"),
+    # after the stopword and differ/difference folding, a swap is still a swap
+    ("How do Python lists differ from sets?", "python list vs tuple difference", "scope"),
 ]
 
 PASSED = [
@@ -70,6 +72,14 @@ PASSED = [
     ("What's the recomended dose of vitamin D?", "What's the recommended dose of vitamin D?"),
     ("So what am I allowed to bring on board?", "what i'm allowed to bring on board"),
     ("Which documents I'd need for a passport renewal?", "documents needed for passport renewal"),
+    # An inflected stopword ("lists", "gives") is a stopword: the stem is checked too
+    ("How do I sort lists in Python?", "python code to sort a list"),
+    ("What gives bread its crust?", "bread crust: give me the chemistry"),
+    ("Which snacks are provided on the flight?", "snacks the airline will provide on a flight"),
+    # differ, differs, difference, differences, different are one word
+    ("How does a crocodile differ from an alligator?",
+     "crocodile vs alligator: what's the difference"),
+    ("How do Rust vectors differ from slices?", "rust vector vs slice differences"),
 ]
 
 

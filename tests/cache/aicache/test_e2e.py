@@ -78,11 +78,11 @@ def test_a_streamed_answer_is_stored_and_replayed_as_a_valid_stream(
 
 
 def test_a_paraphrase_is_a_semantic_hit_and_says_so(client: openai.OpenAI) -> None:
-    first, paraphrase = "What is the capital of Italy?", "Tell me the capital of Italy."
+    first, paraphrase = "What is the capital of Italy?", "What's Italy's capital city?"
     vectors = [np.asarray(d.embedding) for d in client.embeddings.create(
         model="all-minilm-l6-v2", input=[normalize(first), normalize(paraphrase)]).data]
     similarity = float(vectors[0] @ vectors[1])
-    assert similarity >= DEFAULT_THRESHOLD  # the premise (0.949 with MiniLM)
+    assert similarity >= DEFAULT_THRESHOLD  # the premise (0.954 with MiniLM)
     a = ask(client, first).parse()
     hit = ask(client, paraphrase)
     assert hit.headers["x-edgefn-cache"] == "hit-semantic"
