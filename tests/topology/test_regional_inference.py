@@ -4,13 +4,14 @@ edge's chat for the regional's model is generated there and never reaches
 central; a model only central runs still reaches central; a tenant pinned to the
 region is served by the regional model and refused (451) for the central-only
 one; and with the regional's model worker down, an edge's chat is answered by
-central."""
+central, and killing it under load fails only the chats in flight on it."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ import pytest
 from runtime.admin.client import AdminClient
 from runtime.security.keys import KeyStore
 from runtime.topology import runner
-from runtime.topology.load import Client, Sample, metric_sum
+from runtime.topology.load import Client, Sample, failed_beyond, metric_sum
 from runtime.topology.rundir import pop_dir, read_state
 from tests.topologies import network, pop, running
 
@@ -59,6 +60,7 @@ TOPOLOGY = (network(4, 10, 20, health_interval_s=0.2) + REGIONS
             + pop("edge-eu", "edge", geo="eu-west", region="emea", parents=["reg"])
             + pop("edge-ap", "edge", geo="ap-south", region="emea", parents=["reg", "central"]))
 SETTLE = 1.0  # five of the links' health probes: edge-ap's link has seen reg go down
+GRACE = 0.1  # news of a death crossing the links: a chat sent later is not in flight
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +172,50 @@ def test_with_the_regionals_worker_down_an_edge_is_answered_by_central(run: Path
     finally:
         config.write_bytes(good)
         _until(lambda: runner.ready(reg_url), 120)  # the next test finds it serving
+
+
+def _chats(port: int, stop: threading.Event, out: list[Sample]) -> None:
+    """Chats nobody asked before, one after another, until `stop`."""
+    with Client("ap-south", port, timeout=120) as client:
+        while not stop.is_set():
+            body = json.dumps({"model": LOCAL, "max_tokens": 1, "temperature": 0,
+                               "messages": [{"role": "user", "content": uuid.uuid4().hex}]})
+            out.append(client.send("chat", "POST", "/v1/chat/completions", body.encode(),
+                                   {"content-type": "application/json"}))
+
+
+def test_kill_the_regionals_worker_under_load(run: Path) -> None:
+    """kill -9 of the regional's model worker (it restarts): only chats in flight on
+    it fail; those sent meanwhile are answered (by central once edge-ap's link has
+    seen reg not ready, else by reg's restarted worker); then reg serves again."""
+    state = read_state(run)
+    assert state is not None
+    reg_url = next(p.public for p in state.pops if p.name == "reg")
+    port = runner.read_network(run).entries["ap-south"]
+    samples: list[Sample] = []
+    stop = threading.Event()
+    threads = [threading.Thread(target=_chats, args=(port, stop, samples)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        _until(lambda: len(samples) >= 4, 120)  # the load runs through reg
+        before, kill = calls(run), time.monotonic()
+        os.kill(_worker_pid(run, "reg"), signal.SIGKILL)
+        _until(lambda: not runner.ready(reg_url), 30)
+        _until(lambda: runner.ready(reg_url), 120)  # restarted
+        down, back = time.monotonic() - kill, len(samples)
+        _until(lambda: len(samples) >= back + 4, 120)  # and serving again
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(130)
+    beyond = failed_beyond(samples, [kill], GRACE)
+    failed = [s for s in samples if s.status != 200]
+    after = calls(run)
+    slowest = max(s.seconds for s in samples if s.started > kill)
+    print(f"{len(samples)} chats, {len(failed)} failed (in flight on the killed worker), "
+          f"{len(beyond)} beyond; reg not ready for {down:.2f} s; after the kill "
+          f"{after[1] - before[1]:.0f} generated at central, {after[0]:.0f} by reg's new "
+          f"worker; slowest chat sent after the kill {slowest:.2f} s")
+    assert beyond == [], [s.error for s in beyond]
+    assert after[0] >= 1  # the restarted worker generates again (its count starts at 0)
