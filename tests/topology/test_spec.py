@@ -132,6 +132,8 @@ def test_a_regional_runs_the_models_it_names_and_forwards_the_others(tmp_path: P
         '[[models]]\nname = "smollm2-135m"\nengine = "llamacpp"\nthreads = 1\ncontext = 2048\n'
         '[[models]]\nname = "other"\nengine = "llamacpp"\n'
         '[[models]]\nname = "all-minilm-l6-v2"\nengine = "onnx"\n'
+        '[[models]]\nname = "vllm"\nengine = "openai"\nurl = "http://10.0.0.5:8000/v1"\n'
+        'models = ["llama-3-70b"]\n'
         '[[loras]]\nname = "pirate"\npath = "p.gguf"\n')
     text = SMALL.replace('tier = "central"', 'tier = "central"\nworker_config = "central.toml"')
     (tmp_path / "topology.toml").write_text(text.replace(
@@ -146,13 +148,14 @@ def test_a_regional_runs_the_models_it_names_and_forwards_the_others(tmp_path: P
     assert [(m.name, m.engine, m.threads, m.context) for m in reg.models] == [
         ("all-minilm-l6-v2", "onnx", 1, 8192), ("smollm2-135m", "llamacpp", 1, 2048),
         ("parents", "openai", 2, 8192)]
-    assert reg.models[2].models == ["other", "pirate"]
+    assert reg.models[2].models == ["other", "pirate", "llama-3-70b"]
     assert config.load(tmp_path / "run" / "pops" / "reg" / "pop.toml"
-                       ).residency.uplink.models == ["other", "pirate"]
+                       ).residency.uplink.models == ["other", "pirate", "llama-3-70b"]
     edge = config.load(tmp_path / "run" / "pops" / "edge" / "pop.toml")
-    assert edge.residency.uplink.models == ["smollm2-135m", "other", "pirate"]
+    assert edge.residency.uplink.models == ["smollm2-135m", "other", "pirate", "llama-3-70b"]
     up = worker.load(tmp_path / "run" / "pops" / "edge" / "models.toml").models[1]
-    assert (up.engine, up.models) == ("openai", ["smollm2-135m", "other", "pirate"])
+    assert (up.engine, up.models) == ("openai", ["smollm2-135m", "other", "pirate",
+                                                 "llama-3-70b"])
 
 
 def test_a_regional_that_serves_every_chat_model_forwards_none(tmp_path: Path) -> None:
