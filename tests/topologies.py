@@ -18,9 +18,11 @@ HELLO = EXAMPLES / "hello-wat"
 
 def pop(name: str, tier: str, *, geo: str = "", region: str = "",
         parents: Iterable[str] = (), functions: Iterable[Path | str] = (),
-        settings: str = "") -> str:
+        settings: str = "", models: Iterable[str] = (), worker_config: str = "") -> str:
     """One ``[[pop]]`` table; `settings`: TOML after it (``[pop.settings.x]`` tables)."""
     lines = ["[[pop]]", f'name = "{name}"', f'tier = "{tier}"']
+    lines += [f"models = {json.dumps(list(models))}"] if models else []
+    lines += [f'worker_config = "{worker_config}"'] if worker_config else []
     lines += [f'geo = "{geo}"'] if geo else []
     lines += [f'region = "{region}"'] if region else []
     lines += [f"parents = {json.dumps(list(parents))}"] if parents else []

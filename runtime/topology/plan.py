@@ -3,9 +3,11 @@ PoP's generated pop.toml and model-worker config. Pure: writes files, starts not
 
 Every PoP runs the same `edgefn serve`; its role is its config. The central PoP runs
 the model worker (the packaged models, or `worker_config`); every other PoP's worker
-embeds locally (MiniLM, for its semantic cache) and sends chat and completion
-requests for `CHAT_MODELS` through its uplink, a link whose routes are its parents in
-order, so each tier's ``ai_cache`` is a cache tier and a dead parent is skipped.
+embeds locally (MiniLM, for its semantic cache), runs the chat models its ``models``
+names (a regional's, `runtime.topology.models`) and sends chat and completion
+requests for the others central serves through its uplink, a link whose routes are
+its parents in order, so each tier's ``ai_cache`` is a cache tier and a dead parent
+is skipped.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Any
 
 import msgspec
 
-from runtime.topology import residency
+from gpu_worker.config import DEFAULT_EMBED, ModelSpec, WorkerConfig
+from runtime.topology import models, residency
 from runtime.topology.links import LinksConfig, LinkSpec, Route
 from runtime.topology.rundir import pop_dir
 from runtime.topology.spec import PopSpec, Topology
 
-CHAT_MODELS = ["smollm2-135m"]
+CHAT_MODELS = models.chat_models(WorkerConfig())  # what the packaged models serve
 
 
 class Network(msgspec.Struct, kw_only=True):
@@ -108,21 +111,31 @@ def pop_settings(run: Path, p: PopSpec, ports: Network) -> dict[str, Any]:
     return raw
 
 
-def worker_settings(p: PopSpec, ports: Network) -> dict[str, Any]:
-    """A non-central PoP's model worker: MiniLM here, chat through the uplink."""
-    return {"models": [
-        {"name": "all-minilm-l6-v2", "engine": "onnx", "threads": 1},
-        {"name": "parents", "engine": "openai", "models": CHAT_MODELS, "timeout": 120.0,
-         "url": f"http://127.0.0.1:{ports.uplinks[p.name]}/v1"}]}
+def worker_settings(p: PopSpec, ports: Network, central: WorkerConfig | None = None
+                    ) -> dict[str, Any]:
+    """A non-central PoP's model worker: MiniLM here, the models `p` serves itself
+    (as `central`, default the packaged config, declares them), the other chat
+    models through the uplink (no `openai` entry when none is left)."""
+    central = central or WorkerConfig()
+    entries: list[ModelSpec] = [ModelSpec(DEFAULT_EMBED, "onnx", threads=1),
+                                *models.local_specs(central, p)]
+    up = models.forwarded(central, p)
+    if up:
+        entries.append(ModelSpec("parents", "openai", models=up, timeout=120.0,
+                                 url=f"http://127.0.0.1:{ports.uplinks[p.name]}/v1"))
+    return {"models": msgspec.to_builtins(entries)}
 
 
 def write(run: Path, topo: Topology, ports: Network) -> None:
-    """Each PoP's data dir with its pop.toml (and models.toml where it forwards)."""
+    """Each PoP's data dir with its pop.toml (and models.toml where it forwards).
+    Raises `WorkerConfigError` if central's worker config cannot be read."""
+    central = models.central_config(topo)
     for p in topo.pop:
         data = pop_dir(run, p.name)
         data.mkdir(parents=True, exist_ok=True)
-        settings = {**pop_settings(run, p, ports), **residency.pop_fields(run, topo, p, ports,
-                                                                              CHAT_MODELS)}
+        settings = {**pop_settings(run, p, ports), **residency.pop_fields(
+            run, topo, p, ports, models.forwarded(central, p))}
         (data / "pop.toml").write_bytes(msgspec.toml.encode(settings))
         if p.parents:
-            (data / "models.toml").write_bytes(msgspec.toml.encode(worker_settings(p, ports)))
+            (data / "models.toml").write_bytes(
+                msgspec.toml.encode(worker_settings(p, ports, central)))

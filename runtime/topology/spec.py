@@ -28,6 +28,8 @@
     region = "americas"
     parents = ["americas", "central"]  # tried in order: the first healthy one serves
     functions = ["hello-wat"]          # deployed once it is ready (relative to the file)
+    # models = ["smollm2-135m"]        # regional only: central's llamacpp models it runs
+                                       # itself (regional inference); others go to parents
     [pop.settings]                     # any pop.toml fields (waf, ai_cache, ...)
 
 Errors are `InvalidConfig` naming the file and the field.
@@ -44,6 +46,7 @@ from msgspec import Meta, Struct, field
 from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
 from runtime.config import NAME_PATTERN, PopConfig
+from runtime.topology import models
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 Ms = Annotated[float, Meta(ge=0, le=60_000)]
@@ -87,6 +90,7 @@ class PopSpec(Struct, forbid_unknown_fields=True, frozen=True):
     parents: list[str] = []
     functions: list[str] = []
     worker_config: str = ""
+    models: list[str] = []  # regional inference: see `runtime.topology.models`
     settings: dict[str, Any] = {}
 
 
@@ -114,7 +118,9 @@ def load(path: str | Path) -> Topology:
         raise InvalidConfig(label, f"cannot read: {e.strerror}") from None
     topo = tomlconf.decode(raw, Topology, label)
     check(topo, label)
-    return _resolved(topo, Path(path).resolve().parent)
+    topo = _resolved(topo, Path(path).resolve().parent)
+    models.check(topo, label)  # reads central's worker config: paths resolved first
+    return topo
 
 
 def check(topo: Topology, label: str) -> None:

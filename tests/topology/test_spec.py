@@ -40,6 +40,21 @@ BAD = [
     ("bad pop.toml setting", SMALL + '[pop.settings.waf]\nmode = "sometimes"\n',
      "pop[2].settings.waf.mode", "sometimes"),
     ("bad name", SMALL.replace('name = "reg"', 'name = "re g"'), "pop[1].name", "regex"),
+    ("unknown regional model", SMALL.replace('parents = ["central"]', 'parents = ["central"]\n'
+     'models = ["smollm2-135"]'), "pop[1].models[0]", "no llamacpp model 'smollm2-135'"),
+    ("embedding model served by a regional", SMALL.replace(
+        'parents = ["central"]', 'parents = ["central"]\nmodels = ["all-minilm-l6-v2"]'),
+     "pop[1].models[0]", "may serve: smollm2-135m"),
+    ("regional model twice", SMALL.replace('parents = ["central"]', 'parents = ["central"]\n'
+     'models = ["smollm2-135m", "smollm2-135m"]'), "pop[1].models[1]", "twice"),
+    ("models on an edge", SMALL.replace('geo = "eu-west"', 'geo = "eu-west"\n'
+     'models = ["smollm2-135m"]'), "pop[2].models", "only a regional PoP"),
+    ("models on central", SMALL.replace('tier = "central"', 'tier = "central"\n'
+     'models = ["smollm2-135m"]'), "pop[0].models", "only a regional PoP"),
+    ("central's worker config unreadable", SMALL.replace(
+        'tier = "central"', 'tier = "central"\nworker_config = "nowhere.toml"').replace(
+        'parents = ["central"]', 'parents = ["central"]\nmodels = ["smollm2-135m"]'),
+     "pop[0].worker_config", "cannot read"),
 ]
 
 
@@ -108,3 +123,52 @@ def test_roles_come_from_config_only(tmp_path: Path) -> None:
     central = config.load(tmp_path / "pops" / "central" / "pop.toml")
     assert (central.tier, central.ai.worker_config) == ("central", None)
     assert not (tmp_path / "pops" / "central" / "models.toml").exists()
+
+
+def test_a_regional_runs_the_models_it_names_and_forwards_the_others(tmp_path: Path) -> None:
+    """Its models.toml has central's entry for each model it names and an uplink for
+    the rest; its residency uplink lists only those; an edge still forwards all."""
+    (tmp_path / "central.toml").write_text(
+        '[[models]]\nname = "smollm2-135m"\nengine = "llamacpp"\nthreads = 1\ncontext = 2048\n'
+        '[[models]]\nname = "other"\nengine = "llamacpp"\n'
+        '[[models]]\nname = "all-minilm-l6-v2"\nengine = "onnx"\n'
+        '[[models]]\nname = "vllm"\nengine = "openai"\nurl = "http://10.0.0.5:8000/v1"\n'
+        'models = ["llama-3-70b"]\n'
+        '[[loras]]\nname = "pirate"\npath = "p.gguf"\n')
+    text = SMALL.replace('tier = "central"', 'tier = "central"\nworker_config = "central.toml"')
+    (tmp_path / "topology.toml").write_text(text.replace(
+        'parents = ["central"]', 'parents = ["central"]\nmodels = ["smollm2-135m"]'))
+    topo = spec.load(tmp_path / "topology.toml")
+    ports, _ = plan.network(topo)
+    plan.write(tmp_path / "run", topo, ports)
+    from gpu_worker import config as worker
+    from runtime import config
+
+    reg = worker.load(tmp_path / "run" / "pops" / "reg" / "models.toml")
+    assert [(m.name, m.engine, m.threads, m.context) for m in reg.models] == [
+        ("all-minilm-l6-v2", "onnx", 1, 8192), ("smollm2-135m", "llamacpp", 1, 2048),
+        ("parents", "openai", 2, 8192)]
+    assert reg.models[2].models == ["other", "pirate", "llama-3-70b"]
+    assert config.load(tmp_path / "run" / "pops" / "reg" / "pop.toml"
+                       ).residency.uplink.models == ["other", "pirate", "llama-3-70b"]
+    edge = config.load(tmp_path / "run" / "pops" / "edge" / "pop.toml")
+    assert edge.residency.uplink.models == ["smollm2-135m", "other", "pirate", "llama-3-70b"]
+    up = worker.load(tmp_path / "run" / "pops" / "edge" / "models.toml").models[1]
+    assert (up.engine, up.models) == ("openai", ["smollm2-135m", "other", "pirate",
+                                                 "llama-3-70b"])
+
+
+def test_a_regional_that_serves_every_chat_model_forwards_none(tmp_path: Path) -> None:
+    (tmp_path / "topology.toml").write_text(SMALL.replace(
+        'parents = ["central"]', 'parents = ["central"]\nmodels = ["smollm2-135m"]'))
+    topo = spec.load(tmp_path / "topology.toml")
+    ports, _ = plan.network(topo)
+    plan.write(tmp_path / "run", topo, ports)
+    from gpu_worker import config as worker
+    from runtime import config
+
+    reg = worker.load(tmp_path / "run" / "pops" / "reg" / "models.toml")
+    assert [(m.name, m.engine) for m in reg.models] == [
+        ("all-minilm-l6-v2", "onnx"), ("smollm2-135m", "llamacpp")]
+    assert config.load(tmp_path / "run" / "pops" / "reg" / "pop.toml"
+                       ).residency.uplink.models == []
