@@ -145,6 +145,8 @@ class Bindings:
         unknown call, bad arguments, or a store error (its message says which).
         """
         kind, _, op = name.partition(".")
+        if name == "kv.readable":  # a Python host that reads KV in place asks what it may
+            return self.kv.readable()
         if kind == "ai":
             return self._ai(op, args, _trace_of(args))
         if name == "fetch":
