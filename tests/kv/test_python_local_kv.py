@@ -65,10 +65,11 @@ def local(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def steps_fn(root: Path, name: str, kv: str = '["docs"]', owner: str = "me",
-             share: str = "") -> Path:
+             share: str = "", note: str = "") -> Path:
+    """`note`: a comment that makes the version new (versions are content hashes)."""
     d = root / name
     d.mkdir(parents=True, exist_ok=True)
-    (d / "main.py").write_text(STEPS)
+    (d / "main.py").write_text(STEPS + f"# {note}\n")
     (d / "edgefn.toml").write_text(
         f'name = "{name}"\nowner = "{owner}"\nruntime = "python"\nentry = "main.py"\n'
         f'routes = ["/{name}"]\n[pool]\nstandby = false\n[bindings]\nkv = {kv}\n{share}')
@@ -163,11 +164,13 @@ def test_bad_reads_are_answered_as_over_the_socket(pop: Running, tmp_path: Path,
     answers = []
     for n, mode in enumerate(("pop", "local")):
         monkeypatch.setenv("EDGEFN_PYTHON_KV", mode)
-        pop.deploy(steps_fn(tmp_path / str(n), "fn"))
+        pop.deploy(steps_fn(tmp_path / str(n), "fn", note=mode))
         answers.append(run(pop, "fn", step))
     assert answers[0] == answers[1]
     assert answers[0][0] == status and answers[0][1], answers
     assert len(gets) == 2  # the local path handed its read to the PoP
+    assert run(pop, "fn", ["get", "docs", "a"]) == (200, [None])
+    assert len(gets) == 2  # while a plain read stays in the host: the switch is on
 
 
 @pytest.mark.parametrize("mode", ["pop", "local"])
