@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import time
-from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_void_p
+from ctypes import POINTER, addressof, byref, c_int, c_size_t, c_uint, c_void_p
 from typing import Any
 
 MDB_RDONLY = 0x20000
@@ -36,6 +36,10 @@ class MDBVal(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("data", c_void_p)]
 
 
+class MDBKey(ctypes.Structure):  # an MDB_val made from bytes, which it keeps alive
+    _fields_ = [("size", c_size_t), ("data", ctypes.c_char_p)]
+
+
 def _fn(api: int, index: int, *sig: Any) -> Any:
     """The vtable entry `index` of `api` as a ctypes function of signature `sig`."""
     return ctypes.CFUNCTYPE(*sig)(c_void_p.from_address(api + API_FNS + index * PTR).value or 0)
@@ -48,7 +52,7 @@ class LocalKV:
 
     def __init__(self, handles: dict[str, Any], call: Any) -> None:
         api = handles["api"]
-        self.env = c_void_p(handles["env"])
+        self.env: int = handles["env"]
         self.dbis: dict[str, int] = {}  # namespace -> LMDB handle, opened on first grant
         self.generation = ctypes.c_uint64.from_address(handles["generation"])
         self.lock = c_void_p(handles["lock"])
@@ -56,12 +60,13 @@ class LocalKV:
         self.call = call
         self.readable: dict[str, int] = {}
         self.table_generation = 0  # 0: never asked
-        self.begin = _fn(api, TXN_BEGIN, c_int, c_void_p, c_void_p, c_uint, POINTER(c_void_p))
+        # plain addresses in and out: ctypes converts them fastest (~1 us a call here)
+        self.begin = _fn(api, TXN_BEGIN, c_int, c_void_p, c_void_p, c_uint, c_void_p)
         self.abort = _fn(api, TXN_ABORT, None, c_void_p)
         self.commit = _fn(api, TXN_COMMIT, c_int, c_void_p)
         self.dbi_open = _fn(api, DBI_OPEN, c_int, c_void_p, ctypes.c_char_p, c_uint,
                             POINTER(c_uint))
-        self.get_ = _fn(api, GET, c_int, c_void_p, c_uint, POINTER(MDBVal), POINTER(MDBVal))
+        self.get_ = _fn(api, GET, c_int, c_void_p, c_uint, c_void_p, c_void_p)
 
     def get(self, ns: str, key: Any) -> tuple[bytes | None] | None:
         """``(value,)`` (None: absent or expired), or None: ask the PoP. Raises
@@ -101,7 +106,7 @@ class LocalKV:
         txn, dbi = c_void_p(), c_uint()
         self.libc.pthread_mutex_lock(self.lock)
         try:
-            if self.begin(self.env, None, MDB_RDONLY, byref(txn)):
+            if self.begin(self.env, None, MDB_RDONLY, addressof(txn)):
                 return -1
             if self.dbi_open(txn, b"ns:" + ns.encode(), 0, byref(dbi)):
                 self.abort(txn)
@@ -113,16 +118,16 @@ class LocalKV:
     def read(self, dbi: int, key: bytes) -> bytes | None:
         """The raw record of `key` (b"": absent), or None on an LMDB error."""
         txn = c_void_p()
-        if self.begin(self.env, None, MDB_RDONLY, byref(txn)):
+        if self.begin(self.env, None, MDB_RDONLY, addressof(txn)):
             return None  # readers full, map resized, ...: the PoP answers
         try:
-            k, v = MDBVal(len(key), ctypes.cast(ctypes.c_char_p(key), c_void_p)), MDBVal()
-            rc = self.get_(txn, dbi, byref(k), byref(v))
+            k, v = MDBKey(len(key), key), MDBVal()
+            rc = self.get_(txn.value, dbi, addressof(k), addressof(v))
             if rc:
                 return b"" if rc == MDB_NOTFOUND else None
             return ctypes.string_at(v.data, v.size) if v.size >= HEAD.size else None
         finally:
-            self.abort(txn)  # with MDB_NOTLS this frees the reader slot too
+            self.abort(txn.value)  # with MDB_NOTLS this frees the reader slot too
 
 
 def _live_value(raw: bytes) -> tuple[bytes | None] | None:
