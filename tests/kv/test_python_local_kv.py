@@ -9,6 +9,7 @@ from the PoP: the ``kv.get`` binding calls that reached it are counted."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,9 @@ def test_reads_are_served_in_the_host(pop: Running, tmp_path: Path, gets: list[A
     assert run(pop, "fn", *[["get", "docs", "a"]] * 5, ["get", "docs", "nope"]) == \
         (200, ["one"] * 5 + [None])
     assert gets == []
+    # each read gave its LMDB reader slot back: only the PoP's own readers are listed
+    readers = pop.pop.stores.kv.env.readers().splitlines()[1:]
+    assert {line.split()[0] for line in readers} <= {str(os.getpid())}, readers
 
 
 @pytest.mark.parametrize("switch", [{}, {"EDGEFN_PYTHON_KV": "pop"},

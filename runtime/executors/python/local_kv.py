@@ -117,17 +117,18 @@ class LocalKV:
 
     def read(self, dbi: int, key: bytes) -> bytes | None:
         """The raw record of `key` (b"": absent), or None on an LMDB error."""
-        txn = c_void_p()
-        if self.begin(self.env, None, MDB_RDONLY, addressof(txn)):
-            return None  # readers full, map resized, ...: the PoP answers
-        try:
+        txn = c_void_p()  # set only once begun: then aborted, whatever interrupts
+        try:  # (the watchdog's asynchronous exception may land on any line)
+            if self.begin(self.env, None, MDB_RDONLY, addressof(txn)):
+                return None  # readers full, map resized, ...: the PoP answers
             k, v = MDBKey(len(key), key), MDBVal()
             rc = self.get_(txn.value, dbi, addressof(k), addressof(v))
             if rc:
                 return b"" if rc == MDB_NOTFOUND else None
             return ctypes.string_at(v.data, v.size) if v.size >= HEAD.size else None
         finally:
-            self.abort(txn.value)  # with MDB_NOTLS this frees the reader slot too
+            if txn.value:
+                self.abort(txn.value)  # with MDB_NOTLS this frees the reader slot too
 
 
 def _live_value(raw: bytes) -> tuple[bytes | None] | None:
