@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from runtime.bindings import Bindings
+from runtime.bindings import Bindings, Stores
 from tests.support import Running
 
 # Runs the steps in the body: [op, namespace, key, value?] -> one result each.
@@ -203,3 +206,25 @@ def test_a_host_maps_the_kv_store_only_when_switched_on(pop: Running, tmp_path: 
     status, _, body = pop.get("/look")
     assert status == 200, body
     assert (b"kv/data.mdb" in body, b"kv/lock.mdb" in body) == ((mode == "local",) * 2)
+
+
+def test_the_purge_frees_the_slot_of_a_reader_killed_mid_read(tmp_path: Path) -> None:
+    """A host killed inside a read leaves its LMDB reader slot (and the pages it pins)
+    taken; the PoP's periodic purge gives it back."""
+    stores = Stores(tmp_path / "data")
+    try:
+        stores.kv.create_namespace("docs")
+        reader = subprocess.Popen(
+            [sys.executable, "-c", "import lmdb, sys, time\n"
+             f"env = lmdb.open({str(stores.kv.env.path())!r}, readonly=True, max_dbs=4)\n"
+             "txn = env.begin()\nprint('reading', flush=True)\ntime.sleep(60)\n"],
+            stdout=subprocess.PIPE, text=True)
+        assert reader.stdout is not None and reader.stdout.readline() == "reading\n"
+        reader.send_signal(signal.SIGKILL)
+        reader.wait(10)
+        reader.stdout.close()
+        assert str(reader.pid) in stores.kv.env.readers()
+        stores.purge_expired()
+        assert str(reader.pid) not in stores.kv.env.readers()
+    finally:
+        stores.close()
