@@ -4,7 +4,8 @@
 
 KV: get and put ops/s for raw py-lmdb (baseline), the kv API, and a function
 calling the binding (WASM: the native kv_get, and the Python host function as
-EDGEFN_NATIVE_KV=0 gives it; Python: the host call), where the cost per binding
+EDGEFN_NATIVE_KV=0 gives it; Python: the host call over the isolate's socket, and
+the read in the isolate host that EDGEFN_PYTHON_KV=local turns on), where the cost per binding
 call is (request with N gets - request with 0 gets) / N: the guests make 10 gets
 per byte of request, and the two requests differ only in their body's length.
 Vectors: recall@10 and QPS of the usearch index (through kv.vectors) against
@@ -78,14 +79,15 @@ def kv_bench(work: Path, n: int = 20000) -> None:
     ag, ap = rate(api_get, n), rate(api_put, n // 4)
     store.close()
     env.close()
-    wasm_get, wasm_py_get, py_get = binding_get_cost(work)
+    wasm_get, wasm_py_get, py_get, py_local_get = binding_get_cost(work)
     print("\n== KV, 100-byte values, one transaction per op, sync=False ==")
     print(f"{'path':<34}{'get ops/s':>12}{'x raw':>8}{'put ops/s':>12}{'x raw':>8}")
     print(f"{'raw py-lmdb (baseline)':<34}{rg:>12.0f}{1:>8.2f}{rp:>12.0f}{1:>8.2f}")
     print(f"{'kv.KVStore API':<34}{ag:>12.0f}{ag / rg:>8.2f}{ap:>12.0f}{ap / rp:>8.2f}")
     for name, per in (("WASM function, edgefn.kv_get", wasm_get),
                       ("  same, EDGEFN_NATIVE_KV=0", wasm_py_get),
-                      ("Python function, env.kv().get", py_get)):
+                      ("Python function, env.kv().get", py_get),
+                      ("  same, EDGEFN_PYTHON_KV=local", py_local_get)):
         ops = 1e6 / per
         print(f"{name:<34}{ops:>12.0f}{ops / rg:>8.2f}{'':>12}{'':>8}"
               f"   ({per:.1f} us per binding get = {rg * per / 1e6:.1f}x a raw get)")
@@ -129,7 +131,8 @@ def handle(request, env):
 
 def binding_get_cost(work: Path) -> list[float]:
     """Microseconds per binding get in a real PoP: WASM with the native kv_get,
-    WASM with the Python host function (EDGEFN_NATIVE_KV=0), Python."""
+    WASM with the Python host function (EDGEFN_NATIVE_KV=0), Python over the
+    isolate's socket, Python with reads in its host (EDGEFN_PYTHON_KV=local)."""
     from runtime import config
     from runtime.functions import deploys
     from runtime.net.message import Request
@@ -137,7 +140,8 @@ def binding_get_cost(work: Path) -> list[float]:
 
     for name, entry, src, runtime in (("loop-wasm", "main.wat", LOOP_WAT, "wasm"),
                                       ("loop-wasm-py", "main.wat", LOOP_WAT, "wasm"),
-                                      ("loop-py", "main.py", LOOP_PY, "python")):
+                                      ("loop-py", "main.py", LOOP_PY, "python"),
+                                      ("loop-py-local", "main.py", LOOP_PY, "python")):
         d = work / name
         d.mkdir()
         (d / entry).write_text(src)
@@ -154,9 +158,11 @@ def binding_get_cost(work: Path) -> list[float]:
             pop.stores.kv.put("b", b"key:000001", b"v" * 100)
             out = []
             # (function, body bytes: 10 more gets each, native kv_get)
-            for name, count, native in (("loop-wasm", 2000, "1"), ("loop-wasm-py", 500, "0"),
-                                        ("loop-py", 500, "1")):
-                os.environ["EDGEFN_NATIVE_KV"] = native  # read at deploy
+            for name, count, native, py_kv in (
+                    ("loop-wasm", 2000, "1", ""), ("loop-wasm-py", 500, "0", ""),
+                    ("loop-py", 500, "1", ""), ("loop-py-local", 2000, "1", "local")):
+                os.environ["EDGEFN_NATIVE_KV"] = native  # both read at deploy
+                os.environ["EDGEFN_PYTHON_KV"] = py_kv
                 await pop.registry.deploy(deploys.pack_dir(work / name), name)
                 times = {}
                 for n in (0, count):
@@ -165,6 +171,7 @@ def binding_get_cost(work: Path) -> list[float]:
             return out
         finally:
             os.environ.pop("EDGEFN_NATIVE_KV", None)
+            os.environ.pop("EDGEFN_PYTHON_KV", None)
             pop.close()
 
     async def best_of(pop: Any, name: str, count: int) -> float:

@@ -92,8 +92,14 @@ class Stores:
         return self._vectors
 
     def purge_expired(self) -> int:
-        """Delete expired KV keys, if the KV store was ever opened."""
-        return self._kv.purge_expired() if self._kv is not None else 0
+        """Delete expired KV keys, if the KV store was ever opened. First free the LMDB
+        reader slots of processes that died inside a read (an isolate host killed
+        while reading in place, ``EDGEFN_PYTHON_KV=local``): LMDB keeps them, and the
+        old pages they pin, until asked. Raises `lmdb.Error` on a closed store."""
+        if self._kv is None:
+            return 0
+        self._kv.env.reader_check()
+        return self._kv.purge_expired()
 
     def close(self) -> None:
         if self._kv is not None:
@@ -145,6 +151,8 @@ class Bindings:
         unknown call, bad arguments, or a store error (its message says which).
         """
         kind, _, op = name.partition(".")
+        if name == "kv.readable":  # a Python host that reads KV in place asks what it may
+            return self.kv.readable()
         if kind == "ai":
             return self._ai(op, args, _trace_of(args))
         if name == "fetch":

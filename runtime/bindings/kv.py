@@ -48,6 +48,19 @@ class KVBinding:
             raise BindingError(denied)
         return ns
 
+    def readable(self) -> dict[str, Any]:
+        """The declared namespaces the function may read now, with the owners'
+        generation they were checked at (read first: if the claims change meanwhile,
+        the generation has moved on and the answer is stale at once)."""
+        generation = self.stores.owners.generation.value
+        names = []
+        for ns in sorted(self.namespaces):
+            try:
+                names.append(self.namespace(ns))
+            except BindingError:
+                continue
+        return {"generation": generation, "namespaces": names}
+
     def call(self, op: str, args: dict[str, Any]) -> Any:
         """Raises `BindingError`, `StoreError`, KeyError/TypeError/ValueError."""
         if op not in OPS:

@@ -17,7 +17,9 @@ operator's own tools (admin API, CLI) reach a store without these checks.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
+import weakref
 from pathlib import Path
 from typing import Literal
 
@@ -42,6 +44,21 @@ def denied(owners: Owners, kind: str, name: str, tenant: str, write: bool) -> st
     return f"{WHAT[kind]} {name!r} belongs to owner {owner!r} and is not shared with {tenant!r}"
 
 
+def _shared_counter() -> tuple[ctypes.c_uint64, int]:
+    """A u64 (starting at 1) in a memfd of its own, and a read-only descriptor of
+    that memfd for other processes: a mapping made from it cannot be made writable,
+    so a host can watch the counter but never set it. Raises OSError."""
+    fd = os.memfd_create("edgefn-owners-generation", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, 8)
+        counter = ctypes.c_uint64.from_buffer(mmap.mmap(fd, 8))  # keeps the mapping alive
+        readonly = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+    counter.value = 1
+    return counter, readonly
+
+
 class Claim(msgspec.Struct, omit_defaults=True):
     owner: str
     shares: dict[str, dict[str, Access]] = {}  # function -> {other owner: access}
@@ -60,9 +77,11 @@ class Owners:
         """Raises `Failure` (500 ``owners_unreadable``) if the file is corrupt:
         refusing to deploy or start beats forgetting who owns what."""
         self.path = path
-        # moves whenever the claims change: native readers (the WASM kv_get in C)
-        # check their table of readable namespaces against it on every read
-        self.generation = ctypes.c_uint64(1)
+        # moves whenever the claims change: native readers (the WASM kv_get in C,
+        # Python isolate hosts reading KV in place) check their table of readable
+        # namespaces against it on every read; shared memory, so that hosts can
+        self.generation, self.generation_fd = _shared_counter()
+        weakref.finalize(self, os.close, self.generation_fd)
         try:
             self._claims = msgspec.json.decode(path.read_bytes(), type=Claims)
         except FileNotFoundError:

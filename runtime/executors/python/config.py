@@ -25,6 +25,12 @@ class HostConfig:
     max_response_mb: int = 16
     env: tuple[tuple[str, str], ...] = ()  # the manifest's `env`, also set in the host's environ
     insecure: bool = False  # run even where a sandbox layer is missing (--insecure-python)
+    # KV reads in the host (`local_kv_env.plan`): the store's folder ("": off), its map
+    # size, the declared namespaces, the owners' generation (a descriptor passed down)
+    kv_dir: str = ""
+    kv_map_size: int = 0
+    kv_namespaces: tuple[str, ...] = ()
+    kv_generation_fd: int = -1
 
     @property
     def label(self) -> str:

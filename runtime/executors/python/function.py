@@ -9,7 +9,7 @@ from pathlib import Path
 from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from runtime.bindings import Bindings
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
-from runtime.executors.python import policy
+from runtime.executors.python import local_kv_env, policy
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.pool import Pool
 from runtime.functions.manifest import Manifest
@@ -30,7 +30,7 @@ class PythonFunction:
             wall_ms=limits.wall_ms, memory_mb=limits.memory_mb,
             recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max,
             max_response_mb=limits.max_response_mb, env=tuple(manifest.env.items()),
-            insecure=insecure)
+            insecure=insecure, **local_kv_env.plan(bindings))
         self.standby = pool.standby
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in manifest.env.items()])
         self.pool: Pool | None = None

@@ -51,14 +51,16 @@ def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any
 
 
 def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycle_after: int,
-          sdk: Any, warnings: list[str] | None = None) -> None:
+          sdk: Any, warnings: list[str] | None = None, kv: dict[str, Any] | None = None
+          ) -> None:
     """Say READY (with `warnings` for the PoP's log), then serve requests until
-    recycling. Raises `IsolateStop` if the PoP went away."""
+    recycling; `kv`: the host's KV handles (`local_kv`), None: KV over the socket.
+    Raises `IsolateStop` if the PoP went away."""
     sock, handler = prepared
     ready: dict[str, Any] = {"ok": True, "warnings": warnings} if warnings else {"ok": True}
     # the session (its watchdog thread) first: if it cannot start, no READY was sent
     try:
-        session = Session(sock, handler, cpu_ms, wall_ms, sdk)
+        session = Session(sock, handler, cpu_ms, wall_ms, sdk, kv)
     except BaseException:
         sock.close()
         raise
@@ -164,8 +166,12 @@ def _user_frame(e: BaseException) -> str:
 
 class Session:
     def __init__(self, sock: socket.socket, handler: Any, cpu_ms: int, wall_ms: int,
-                 sdk: Any) -> None:
+                 sdk: Any, kv: dict[str, Any] | None = None) -> None:
         self.sock = sock
+        self.kv: Any = None
+        if kv is not None:  # only then: ctypes is not imported into every isolate
+            from runtime.executors.python.local_kv import LocalKV
+            self.kv = LocalKV(kv, self.call)
         self.handler = handler
         self.sdk = sdk
         self.reader = wire.Reader()
@@ -212,7 +218,7 @@ class Session:
     def one(self, payload: bytes) -> None:
         request, env_vars = self.sdk.Request._decode(payload)
         self.request = request  # its traceparent goes with its fetch and model calls
-        env = self.sdk.Env(env_vars, self.call)
+        env = self.sdk.Env(env_vars, self.call, self.kv)
         try:
             self.dog.arm()
             try:
@@ -257,7 +263,7 @@ class Session:
     def warm(self, payload: bytes) -> None:
         """Everything `one` does around the handler, so the first real request is warm."""
         request, env_vars = self.sdk.Request._decode(payload)
-        self.sdk.Env(env_vars, self.call)
+        self.sdk.Env(env_vars, self.call, self.kv)
         self.dog.arm()
         self.dog.disarm()
         self.respond(self.sdk.Response(b"", 204, {"x-warm": request.method}))

@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 
 from edgefn_core.errors import SandboxError
-from runtime.executors.python import budget, importcheck, interp, sandbox, wire
+from runtime.executors.python import budget, importcheck, interp, local_kv_env, sandbox, wire
 from runtime.executors.python.budget import Room
 
 
@@ -82,9 +82,11 @@ def prepare_code(cfg: dict, fd: int) -> str:
 
 
 def serve_code(cfg: dict, warnings: list[str]) -> str:
-    """Run next, in the same interpreter's __main__: the request loop."""
+    """Run next, in the same interpreter's __main__: the request loop (with the
+    host's KV handles, `cfg["kv"]`, when it reads KV in place)."""
     args = (cfg["cpu_ms"], cfg["wall_ms"], cfg["recycle_after"])
-    return f"guest.serve(prepared, *{args!r}, sdk=edgefn, warnings={warnings!r})\n"
+    return (f"guest.serve(prepared, *{args!r}, sdk=edgefn, warnings={warnings!r}, "
+            f"kv={cfg.get('kv')!r})\n")
 
 
 class Retirement:
@@ -209,6 +211,7 @@ def main() -> None:
     threads = []
     warnings = []
     retirement = Retirement()
+    cfg["kv"] = local_kv_env.open_env(cfg)  # before the sandbox hides the data dir
     enter_sandbox(cfg)
     if cfg.get("check_imports"):
         warnings = importcheck.warnings(cfg["function_dir"], cfg["module"], import_paths(cfg))

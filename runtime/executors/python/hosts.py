@@ -199,6 +199,8 @@ def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
     config = {**cfg.__dict__, "fds": fds, "initial": cfg.min_isolates,
               "check_imports": check_imports, "sandbox": box}
     env = sandbox.host_environment(IMPORT_ROOTS)
+    shared = [cfg.kv_generation_fd] if cfg.kv_generation_fd >= 0 else []
     return subprocess.Popen(
         [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
-        stdin=subprocess.PIPE, pass_fds=fds, env=env, cwd=cfg.function_dir, process_group=0)
+        stdin=subprocess.PIPE, pass_fds=[*fds, *shared], env=env, cwd=cfg.function_dir,
+        process_group=0)

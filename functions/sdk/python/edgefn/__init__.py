@@ -193,9 +193,10 @@ class Env:
     """What a handler gets besides the request: the manifest's env vars as `vars`
     and `log()`, and the bindings: `kv()`, `vectors()`, `ai()`, `fetch()`."""
 
-    def __init__(self, vars: dict[str, str], call: Any) -> None:
+    def __init__(self, vars: dict[str, str], call: Any, kv_reader: Any = None) -> None:
         self.vars = vars
         self._call = call
+        self._kv_reader = kv_reader  # reads served in the isolate's host, if it may
 
     def log(self, *parts: object) -> None:
         """Write a line to the PoP's log, tagged with the function's name."""
@@ -203,7 +204,7 @@ class Env:
 
     def kv(self, namespace: str) -> KV:
         """The KV namespace `namespace` (declared under [bindings] kv)."""
-        return KV(namespace, self._call)
+        return KV(namespace, self._call, self._kv_reader)
 
     def vectors(self, index: str) -> Vectors:
         """The vector index `index` (declared under [bindings] vectors)."""
@@ -251,17 +252,23 @@ class FetchResponse:
 
 class KV:
     """A KV namespace. Values are bytes (str is stored as UTF-8). Each call is one
-    round trip to the PoP; errors (an undeclared namespace, a value too large)
+    round trip to the PoP, except a `get` the host may serve in place (README: KV
+    reads in the isolate host); errors (an undeclared namespace, a value too large)
     raise `BindingError` with the PoP's message."""
 
-    def __init__(self, namespace: str, call: Any) -> None:
+    def __init__(self, namespace: str, call: Any, reader: Any = None) -> None:
         self.namespace = namespace
         self._call = call
+        self._reader = reader
 
     def _do(self, op: str, **args: Any) -> Any:
         return self._call(f"kv.{op}", {"namespace": self.namespace, **args}, True)
 
     def get(self, key: str) -> bytes | None:
+        if self._reader is not None:
+            got = self._reader.get(self.namespace, key)  # None: only the PoP can answer
+            if got is not None:
+                return got[0]
         entry = self.get_with_metadata(key)
         return None if entry is None else entry["value"]
 
