@@ -23,6 +23,8 @@ from runtime.admin.thread import AdminThread
 from runtime.ai.service import AIService
 from runtime.config import PopConfig
 from runtime.net import Server
+from runtime.observe.metrics_merge import Wire
+from runtime.observe.metrics_pop import PeersCall
 from runtime.pop import PoP
 from runtime.workers.control import Fanout, control_server
 from runtime.workers.role import Role
@@ -94,6 +96,8 @@ async def running_worker(config: PopConfig, role: Role | None
         await public.start(config.public.host, config.public.port, role is not None,
                            b"x-edgefn-worker: %d\r\n" % os.getpid() if config.worker_header
                            else b"")
+        if role is not None and role.leader and pop.metrics is not None:
+            pop.metrics.peers = _peer_metrics(Fanout(role))  # one scrape: every worker
         admin = await _admin(pop, config, role)
         scrapes = await _metrics_listener(pop, config) if admin is not None else None
         if role is None and admin is not None:
@@ -141,6 +145,14 @@ async def _admin(pop: PoP, config: PopConfig, role: Role | None) -> AdminThread 
     admin = AdminThread(app, config.http)
     await admin.start(config.admin.host, config.admin.port, role is not None)
     return admin
+
+
+def _peer_metrics(fanout: Fanout) -> PeersCall:
+    """The other workers' metric families, asked at each scrape."""
+    async def ask(timeout: float) -> tuple[list[Wire], int]:
+        return await fanout.ask({"op": "metrics"}, timeout)
+
+    return ask
 
 
 def _ship_samples(pop: PoP) -> asyncio.Task[None] | None:

@@ -13,6 +13,11 @@ reads the record already saved.
     {"op": "sync"}                       follow the deploy store's records
     {"op": "keys"}                       re-read DATA/keys.json
     {"op": "purge", "args": {...}, "only": [names] | null}   purge the HTTP cache
+
+The admin worker also asks, without killing a worker that is slow to answer
+(`Fanout.ask`: a scrape is not a change, and a missing answer loses nothing):
+
+    {"op": "metrics"}                    this worker's metric families, in "result"
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.observe.metrics_merge import Wire, to_wire
 from runtime.workers.role import Role
 
 if TYPE_CHECKING:
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgefn.workers")
 MAX_LINE = 1 << 20
+MAX_ANSWER = 64 << 20  # a worker's metrics: up to max_series label sets per metric
 
 
 async def control_server(pop: PoP, role: Role) -> asyncio.AbstractServer:
@@ -53,8 +60,11 @@ async def _serve(pop: PoP, reader: asyncio.StreamReader, writer: asyncio.StreamW
                  ) -> None:
     try:
         msg = json.loads(await reader.readline())
-        errors = await apply(pop, msg)
-        reply = {"ok": not errors, "pid": os.getpid(), "errors": errors}
+        if msg.get("op") == "metrics":
+            reply = {"ok": True, "pid": os.getpid(), "result": metrics(pop)}
+        else:
+            errors = await apply(pop, msg)
+            reply = {"ok": not errors, "pid": os.getpid(), "errors": errors}
     except Exception as e:  # a bad message or a failed change: the admin worker decides
         log.exception("worker control message failed")
         reply = {"ok": False, "pid": os.getpid(), "errors": [repr(e)]}
@@ -85,6 +95,15 @@ async def apply(pop: PoP, msg: dict[str, Any]) -> list[str]:
     return []
 
 
+def metrics(pop: PoP) -> Wire:
+    """This worker's metric families (empty without [metrics]), with every
+    response already sent counted (the events are delivered in batches)."""
+    pop.observers.flush()
+    if pop.metrics is None:
+        return []
+    return to_wire(pop.metrics.registry.collect())
+
+
 class Fanout:
     """The admin worker's side: `tell` every other worker and wait for them."""
 
@@ -96,15 +115,48 @@ class Fanout:
         killed (a message is never lost: see the module's docstring)."""
         await asyncio.gather(*(self._tell(i, msg) for i in range(1, self.role.count)))
 
-    async def _tell(self, index: int, msg: dict[str, Any]) -> None:
+    async def ask(self, msg: dict[str, Any], timeout: float) -> tuple[list[Any], int]:
+        """Send `msg` to every other worker; the "result" of each that answered
+        within `timeout` seconds, and how many did not (not running, slow, or a
+        bad answer). Nobody is killed: an answer is asked for, nothing changed."""
+        answers = await asyncio.gather(*(self._ask(i, msg, timeout)
+                                         for i in range(1, self.role.count)))
+        got = [a for a in answers if a is not None]
+        return [a[0] for a in got], len(answers) - len(got)
+
+    async def _ask(self, index: int, msg: dict[str, Any], timeout: float
+                   ) -> tuple[Any] | None:
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await self._connect(index, MAX_ANSWER)
+                try:
+                    writer.write(json.dumps(msg).encode() + b"\n")
+                    reply = json.loads(await reader.readline())
+                finally:
+                    writer.close()
+            return (reply["result"],)
+        except (OSError, ValueError, KeyError, TypeError, TimeoutError) as e:
+            log.warning("worker %d did not answer %s: %r", index, msg.get("op"), e)
+            return None
+
+    async def _connect(self, index: int, limit: int
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to worker `index`'s control socket. Raises OSError
+        (ConnectionRefusedError: it is not running)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
-        try:
+        try:  # connected here: uvloop takes no abstract address by name
             await asyncio.get_running_loop().sock_connect(sock, self.role.address(index))
-        except (ConnectionRefusedError, FileNotFoundError):
+        except BaseException:
             sock.close()
+            raise
+        return await asyncio.open_unix_connection(sock=sock, limit=limit)
+
+    async def _tell(self, index: int, msg: dict[str, Any]) -> None:
+        try:
+            reader, writer = await self._connect(index, MAX_LINE)
+        except (ConnectionRefusedError, FileNotFoundError):
             return  # not running: when it starts it restores what was saved
-        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE)
         pid = peer_pid(writer.get_extra_info("socket"))
         try:
             writer.write(json.dumps(msg).encode() + b"\n")
