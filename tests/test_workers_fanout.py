@@ -7,6 +7,7 @@ loopback; a request is sent to a chosen worker on a keep-alive connection that
 from __future__ import annotations
 
 import http.client
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -16,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.test_workers import POP_TOML, Workers, deploy, serving
 
 METRICS_TOML = POP_TOML + "[metrics]\nworker_timeout = 10\n"  # the most: a loaded box
+# a pinned connection waits while the other worker's first model call runs (seconds)
+AI_TOML = POP_TOML + "[http]\nkeepalive_timeout = 300\n"
 
 
 @contextmanager
@@ -79,3 +82,30 @@ def test_one_scrape_counts_the_requests_of_every_worker(tmp_path: Path) -> None:
     assert total(samples, "edgefn_requests_total", function="f") == n
     assert total(samples, "edgefn_request_duration_seconds_count", function="f") == n
     assert total(samples, "edgefn_scrape_workers_missing") == 0
+
+
+def chat(conn: http.client.HTTPConnection, worker: str, question: str) -> str:
+    """Ask the model on `conn` (served by `worker`); the AI cache's outcome."""
+    body = json.dumps({"model": "smollm2-135m", "max_tokens": 4, "temperature": 0,
+                       "messages": [{"role": "user", "content": question}]})
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    resp = conn.getresponse()
+    text = resp.read()
+    assert resp.status == 200, text
+    assert resp.getheader("x-edgefn-worker") == worker
+    return resp.getheader("x-edgefn-cache") or ""
+
+
+def test_ai_purge_reaches_every_worker(tmp_path: Path) -> None:
+    """Before the purge answers, every worker's AI cache lost its entries. (A short
+    name: DATA/ai/worker.sock under pytest's tmp_path must fit a unix socket's 108
+    bytes.)"""
+    with serving(tmp_path, AI_TOML, ai=True) as w, pinned(w, "/healthz") as (conns, _):
+        for question in ("Name a colour.", "Name a fruit."):
+            for pid, conn in conns.items():  # each worker has an AI cache of its own
+                assert chat(conn, pid, question) == "miss"
+                assert chat(conn, pid, question) == "hit-exact"
+        out = w.admin.request("POST", "/v1/cache/ai/purge", b'{"model": "smollm2-135m"}')
+        assert out == {"purged": 4, "model": "smollm2-135m", "tenant": None}
+        for pid, conn in conns.items():
+            assert chat(conn, pid, "Name a fruit.") == "miss"

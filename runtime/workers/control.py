@@ -13,6 +13,8 @@ reads the record already saved.
     {"op": "sync"}                       follow the deploy store's records
     {"op": "keys"}                       re-read DATA/keys.json
     {"op": "purge", "args": {...}, "only": [names] | null}   purge the HTTP cache
+    {"op": "ai_purge", "model": M | null, "tenant": T | null}  purge the AI cache
+                                         ("result": how many entries went)
 
 The admin worker also asks, without killing a worker that is slow to answer
 (`Fanout.ask`: a scrape is not a change, and a missing answer loses nothing):
@@ -62,6 +64,8 @@ async def _serve(pop: PoP, reader: asyncio.StreamReader, writer: asyncio.StreamW
         msg = json.loads(await reader.readline())
         if msg.get("op") == "metrics":
             reply = {"ok": True, "pid": os.getpid(), "result": metrics(pop)}
+        elif msg.get("op") == "ai_purge":
+            reply = {"ok": True, "pid": os.getpid(), "result": ai_purge(pop, msg)}
         else:
             errors = await apply(pop, msg)
             reply = {"ok": not errors, "pid": os.getpid(), "errors": errors}
@@ -95,6 +99,12 @@ async def apply(pop: PoP, msg: dict[str, Any]) -> list[str]:
     return []
 
 
+def ai_purge(pop: PoP, msg: dict[str, Any]) -> int:
+    """Purge this worker's AI cache as `msg` says; how many entries went."""
+    cache = pop.stores.ai_cache
+    return 0 if cache is None else cache.purge(model=msg.get("model"), tenant=msg.get("tenant"))
+
+
 def metrics(pop: PoP) -> Wire:
     """This worker's metric families (empty without [metrics]), with every
     response already sent counted (the events are delivered in batches)."""
@@ -110,10 +120,12 @@ class Fanout:
     def __init__(self, role: Role) -> None:
         self.role = role
 
-    async def tell(self, msg: dict[str, Any]) -> None:
+    async def tell(self, msg: dict[str, Any]) -> list[Any]:
         """Send `msg` to every other worker and wait until each switched or was
-        killed (a message is never lost: see the module's docstring)."""
-        await asyncio.gather(*(self._tell(i, msg) for i in range(1, self.role.count)))
+        killed (a message is never lost: see the module's docstring); the
+        "result" each that switched answered (None: it has none, or was killed
+        or not running)."""
+        return await asyncio.gather(*(self._tell(i, msg) for i in range(1, self.role.count)))
 
     async def ask(self, msg: dict[str, Any], timeout: float) -> tuple[list[Any], int]:
         """Send `msg` to every other worker; the "result" of each that answered
@@ -152,18 +164,18 @@ class Fanout:
             raise
         return await asyncio.open_unix_connection(sock=sock, limit=limit)
 
-    async def _tell(self, index: int, msg: dict[str, Any]) -> None:
+    async def _tell(self, index: int, msg: dict[str, Any]) -> Any:
         try:
             reader, writer = await self._connect(index, MAX_LINE)
         except (ConnectionRefusedError, FileNotFoundError):
-            return  # not running: when it starts it restores what was saved
+            return None  # not running: when it starts it restores what was saved
         pid = peer_pid(writer.get_extra_info("socket"))
         try:
             writer.write(json.dumps(msg).encode() + b"\n")
             line = await asyncio.wait_for(reader.readline(), self.role.ack_timeout)
             reply = json.loads(line) if line else {"errors": ["closed without an answer"]}
             if reply.get("ok"):
-                return
+                return reply.get("result")
             why = "; ".join(reply.get("errors") or ["no answer"])
         except TimeoutError:
             why = f"no answer in {self.role.ack_timeout:g}s"
@@ -174,6 +186,7 @@ class Fanout:
         log.error("worker %d (pid %d) did not follow %s: %s; killing it (it restarts from "
                   "the saved records)", index, pid, msg.get("op"), why)
         await asyncio.to_thread(kill_and_wait, pid)
+        return None
 
 
 def peer_pid(sock: socket.socket) -> int:
