@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import wait_for
 from tests.test_workers import POP_TOML, Workers, deploy, serving
 
 METRICS_TOML = POP_TOML + "[metrics]\nworker_timeout = 10\n"  # the most: a loaded box
@@ -39,10 +40,14 @@ def pinned(w: Workers, path: str = "/f") -> Iterator[tuple[dict[str, http.client
         yield found, sent
 
 
-def get(conn: http.client.HTTPConnection, path: str) -> tuple[int, str]:
+def get(conn: http.client.HTTPConnection, path: str, rids: list[str] | None = None
+        ) -> tuple[int, str]:
+    """Status and worker of a GET on `conn`; its request id is added to `rids`."""
     conn.request("GET", path)
     resp = conn.getresponse()
     resp.read()
+    if rids is not None:
+        rids.append(resp.getheader("x-request-id") or "")
     return resp.status, resp.getheader("x-edgefn-worker") or ""
 
 
@@ -109,3 +114,20 @@ def test_ai_purge_reaches_every_worker(tmp_path: Path) -> None:
         assert out == {"purged": 4, "model": "smollm2-135m", "tenant": None}
         for pid, conn in conns.items():
             assert chat(conn, pid, "Name a fruit.") == "miss"
+
+
+def test_the_events_of_every_worker_reach_the_admin_workers_ring(tmp_path: Path) -> None:
+    with serving(tmp_path) as w:
+        deploy(w, tmp_path, 1)
+        with pinned(w) as (conns, _):
+            rids: dict[str, list[str]] = {pid: [] for pid in conns}
+            for pid, conn in conns.items():
+                assert {get(conn, "/f", rids[pid]) for _ in range(9)} == {(200, pid)}
+        sent = {r for mine in rids.values() for r in mine}
+        assert len(sent) == 18 and "" not in sent
+
+        def listed() -> set[str]:
+            out = w.admin.request("GET", "/v1/events?function=f&limit=1000")
+            return {e["rid"] for e in out["events"]}
+
+        wait_for(lambda: sent <= listed(), 30, "every worker's events in the ring")
