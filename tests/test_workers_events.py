@@ -10,6 +10,7 @@ import asyncio
 import socket
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from runtime.observe.event import Event
@@ -125,3 +126,35 @@ def test_the_admin_worker_rings_them_and_its_dashboard_counts_them_once_watched(
 def _now(running: Running) -> float:
     assert running.pop.dashboard is not None
     return running.pop.dashboard.clock()
+
+
+def test_a_backlog_is_sent_in_frames_of_at_most_frame_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "FRAME_EVENTS", 4)
+
+    async def main() -> list[int]:
+        forwarder = Forwarder(role(tmp_path, 1), 100)
+        for i in range(10):  # queued before the admin worker listens: one backlog
+            forwarder.observe(event(rid=f"r-{i}"))
+        sizes: list[int] = []
+        done = asyncio.Event()
+
+        async def frames(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while sum(sizes) < 10:
+                (n,) = HEADER.unpack(await r.readexactly(HEADER.size))
+                sizes.append(len(msgspec.msgpack.decode(await r.readexactly(n))))
+            done.set()
+            w.close()
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(role(tmp_path, 0).events_address())
+        server = await asyncio.start_unix_server(frames, sock=sock)
+        forwarder.start()
+        try:
+            await asyncio.wait_for(done.wait(), 10)
+        finally:
+            forwarder.close()
+            server.close()
+        return sizes
+
+    assert asyncio.run(main()) == [4, 4, 2]

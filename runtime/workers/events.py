@@ -36,6 +36,9 @@ log = logging.getLogger("edgefn.workers")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 << 20
 RETRY = 0.5  # seconds between attempts to reach the admin worker
+# events a frame holds at most: a backlog (up to ring_size) is decoded a frame per loop
+# iteration by the admin worker, never all at once while its requests wait
+FRAME_EVENTS = 256
 
 
 class Forwarder:
@@ -100,9 +103,9 @@ class Forwarder:
                 log.warning("dropped %d events the admin worker could not take in time",
                             self.dropped)
                 self.dropped = 0
-            batch = list(self.pending)
-            self.pending.clear()
-            if batch:
+            while self.pending:  # frames of at most FRAME_EVENTS: see `_read`
+                batch = [self.pending.popleft()
+                         for _ in range(min(FRAME_EVENTS, len(self.pending)))]
                 body = self._encode(batch)
                 writer.write(HEADER.pack(len(body)) + body)
                 await writer.drain()  # meanwhile events queue (bounded) in `pending`
@@ -130,6 +133,8 @@ async def _read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                 raise ValueError(f"an events frame of {size} bytes (at most {MAX_FRAME})")
             for event in decode(await reader.readexactly(size)):
                 deliver(event)
+            # a backlog arrives as many frames already read: let requests run between them
+            await asyncio.sleep(0)
     except asyncio.IncompleteReadError:
         pass  # the worker went away
     except (ValueError, msgspec.DecodeError) as e:
