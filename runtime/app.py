@@ -23,8 +23,11 @@ from runtime.admin.thread import AdminThread
 from runtime.ai.service import AIService
 from runtime.config import PopConfig
 from runtime.net import Server
+from runtime.observe.metrics_merge import Wire
+from runtime.observe.metrics_pop import PeersCall
 from runtime.pop import PoP
 from runtime.workers.control import Fanout, control_server
+from runtime.workers.events import Forwarder, peer_observers, receive
 from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn")
@@ -69,7 +72,8 @@ async def running_worker(config: PopConfig, role: Role | None
     """A PoP started as `running_pop` does, without taking the data dir's lock; as
     one of ``workers = N`` (`role`), it listens beside the others (SO_REUSEPORT),
     follows the admin worker's changes, and only the admin worker has the admin
-    API and the metrics listener, purges expired keys and ships samples.
+    API and the metrics listener (its scrapes sum every worker's series), takes
+    every worker's events into its ring, purges expired keys and ships samples.
 
     Raises OSError if a port is taken.
     """
@@ -83,6 +87,7 @@ async def running_worker(config: PopConfig, role: Role | None
         # bound before the restore: a change told meanwhile waits, then is followed
         control = await control_server(pop, role) if role is not None and not role.leader \
             else None
+        peers = await _peer_events(pop, role)
         for err in pop.registry.restore():
             log.error("%s", err)
         from runtime.functions import warmup
@@ -94,6 +99,8 @@ async def running_worker(config: PopConfig, role: Role | None
         await public.start(config.public.host, config.public.port, role is not None,
                            b"x-edgefn-worker: %d\r\n" % os.getpid() if config.worker_header
                            else b"")
+        if role is not None and role.leader and pop.metrics is not None:
+            pop.metrics.peers = _peer_metrics(Fanout(role))  # one scrape: every worker
         admin = await _admin(pop, config, role)
         scrapes = await _metrics_listener(pop, config) if admin is not None else None
         if role is None and admin is not None:
@@ -113,6 +120,8 @@ async def running_worker(config: PopConfig, role: Role | None
                 (data / "pop.json").unlink(missing_ok=True)
             if control is not None:
                 control.close()
+            if peers is not None:
+                peers.close()
             if admin is not None:
                 await admin.shutdown(1.0)
             if scrapes is not None:
@@ -141,6 +150,28 @@ async def _admin(pop: PoP, config: PopConfig, role: Role | None) -> AdminThread 
     admin = AdminThread(app, config.http)
     await admin.start(config.admin.host, config.admin.port, role is not None)
     return admin
+
+
+async def _peer_events(pop: PoP, role: Role | None) -> Forwarder | asyncio.AbstractServer | None:
+    """``workers = N``: the admin worker takes the others' events into its ring and
+    dashboard; each other worker forwards its events there. Raises OSError if the
+    admin worker's address is taken."""
+    if role is None or role.count == 1:
+        return None
+    if role.leader:
+        return await receive(role, peer_observers(pop))
+    forwarder = Forwarder(role, pop.config.events.ring_size)
+    pop.observers.add(forwarder)
+    forwarder.start()
+    return forwarder
+
+
+def _peer_metrics(fanout: Fanout) -> PeersCall:
+    """The other workers' metric families, asked at each scrape."""
+    async def ask(timeout: float) -> tuple[list[Wire], int]:
+        return await fanout.ask({"op": "metrics"}, timeout)
+
+    return ask
 
 
 def _ship_samples(pop: PoP) -> asyncio.Task[None] | None:

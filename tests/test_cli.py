@@ -164,6 +164,36 @@ def test_dev_deploys_a_tree_and_redeploys_on_change(tmp_path: Path) -> None:
         assert any("redeploying" in line for line in lines)
 
 
+def test_dev_with_two_workers_deploys_and_redeploys_to_both(tmp_path: Path) -> None:
+    tree = tmp_path / "fns"
+    shutil.copytree(EXAMPLES / "hello-wat", tree / "hello")
+    (tmp_path / "pop.toml").write_text("workers = 2\nworker_header = true\n")
+    with pop_process(tmp_path / "data", str(tree), "--config", str(tmp_path / "pop.toml"),
+                     "--no-ai", command="dev") as (_, port, lines):
+        assert "(2 workers, SO_REUSEPORT)" in "".join(lines)
+        assert "deployed  hello" in "".join(lines)
+
+        def bodies() -> dict[str, set[bytes]]:
+            seen: dict[str, set[bytes]] = {}
+            for _ in range(60):  # fresh connections: the kernel spreads them
+                _, body, headers = get(port, "/hello")
+                seen.setdefault(headers["x-edgefn-worker"], set()).add(body)
+            return seen
+
+        old = b"Hello from edgefn (WASM)!\n"
+        assert list(bodies().values()) == [{old}, {old}]
+        wat = tree / "hello" / "hello.wat"
+        wat.write_text(wat.read_text().replace("Hello from edgefn (WASM)!",
+                                               "Hello, live reload (WASM)"))
+        deadline = time.monotonic() + 30
+        while "".join(lines).count("deployed  hello") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert any("redeploying" in line for line in lines)
+        # the redeploy is printed once both workers switched: neither serves the old text
+        new = b"Hello, live reload (WASM)\n"
+        assert list(bodies().values()) == [{new}, {new}]
+
+
 def test_module_entry_point_runs_help() -> None:
     r = subprocess.run([*EDGEFN, "--help"], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ})

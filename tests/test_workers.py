@@ -6,6 +6,7 @@ admin listener; SIGTERM drains them all; bad `workers` values are refused."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import signal
@@ -97,12 +98,20 @@ def listening(pid: int) -> set[int]:
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
-    (tmp_path / "pop.toml").write_text(POP_TOML)
+    with serving(tmp_path) as w:
+        yield w
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, pop_toml: str = POP_TOML, ai: bool = False) -> Iterator[Workers]:
+    """`edgefn serve` with `pop_toml` (and the model worker with `ai`), stopped and
+    every worker gone on exit."""
+    (tmp_path / "pop.toml").write_text(pop_toml)
     data = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", "serve", "--config", str(tmp_path / "pop.toml"),
-         "--no-ai", "--port", "0", "--data", str(data)],
+         *([] if ai else ["--no-ai"]), "--port", "0", "--data", str(data)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stderr is not None
     stderr: list[str] = []

@@ -269,10 +269,12 @@ class AdminApp:
         return Response(200, list(SSE), dashboard.follow(
             pop.ring, lambda: self.on_pop(figures()), self.dashboard_period))
 
-    async def _tell(self, msg: dict[str, Any]) -> None:
-        """With ``workers = N``: tell the other workers and wait (see `_routed`)."""
-        if self.workers is not None:
-            await asyncio.shield(self.workers.tell(msg))
+    async def _tell(self, msg: dict[str, Any]) -> list[Any]:
+        """With ``workers = N``: tell the other workers and wait (see `_routed`);
+        what each answered (`Fanout.tell`)."""
+        if self.workers is None:
+            return []
+        return await asyncio.shield(self.workers.tell(msg))
 
     async def _purge(self, body: bytes, who: Principal | None) -> Response:
         """Raises msgspec errors for a body that does not decode, `NotOwner` when a
@@ -313,6 +315,10 @@ class AdminApp:
         cache = self.pop.stores.ai_cache
         purged = 0 if cache is None else await self.on_pop(
             _value(lambda: cache.purge(model=purge.model, tenant=tenant)))
+        # each worker has its own AI cache: the purge answers once every one purged (a
+        # worker that does not answer is killed: it restarts with an empty cache)
+        counts = await self._tell({"op": "ai_purge", "model": purge.model, "tenant": tenant})
+        purged += sum(n for n in counts if isinstance(n, int))
         return json_response({"purged": purged, "model": purge.model, "tenant": tenant})
 
     def _check_tenant(self, parts: list[str], who: Principal) -> None:

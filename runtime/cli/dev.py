@@ -11,16 +11,20 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import uvloop
 
-from edgefn_core.errors import DeployError, Failure, ManifestError, NotFound
+from edgefn_core.errors import AdminError, DeployError, Failure, ManifestError, NotFound
 from runtime import config
+from runtime.admin.client import AdminClient
 from runtime.app import running_pop, wait_for_signal
 from runtime.config import PopConfig
 from runtime.functions import deploys, manifest
-from runtime.functions.registry import Registry
+from runtime.functions.registry import DeployResult, Registry
 from runtime.pop import PoP
 
 log = logging.getLogger("edgefn.dev")
@@ -50,8 +54,8 @@ def run(args: argparse.Namespace, dev_dir: str | None) -> None:
     for listener in (cfg.public, cfg.admin):  # before the model worker starts
         check_listen(listener.host, listener.port)
     try:
-        uvloop.run(serve(cfg, dev_dir) if cfg.worker_count() == 1 or dev_dir is not None
-                   else serve_workers(cfg, getattr(args, "verbose", 0)))
+        uvloop.run(serve(cfg, dev_dir) if cfg.worker_count() == 1
+                   else serve_workers(cfg, getattr(args, "verbose", 0), dev_dir))
     except OSError as e:
         if e.errno not in LISTEN_ERRORS:
             raise
@@ -113,10 +117,33 @@ def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found))
 
 
-async def deploy_dir(registry: Registry, directory: Path) -> bool:
+type Deploy = Callable[[Path], Awaitable[DeployResult]]
+
+
+def in_process(registry: Registry) -> Deploy:
+    """Deploy a folder to this process's PoP."""
+    async def deploy(directory: Path) -> DeployResult:
+        return await registry.deploy(deploys.pack_dir(directory), str(directory))
+
+    return deploy
+
+
+def through_admin(data: Path) -> Deploy:
+    """Deploy a folder through the admin API of the PoP on `data` (``workers = N``:
+    the admin worker deploys and every other worker follows before it answers)."""
+    client = AdminClient(data)
+
+    async def deploy(directory: Path) -> DeployResult:
+        answer = await asyncio.to_thread(client.deploy, directory)
+        return msgspec.convert(answer, DeployResult)
+
+    return deploy
+
+
+async def deploy_dir(deploy: Deploy, directory: Path) -> bool:
     try:
-        r = await registry.deploy(deploys.pack_dir(directory), str(directory))
-    except (ManifestError, DeployError) as e:
+        r = await deploy(directory)
+    except (ManifestError, DeployError, AdminError) as e:
         print(f"  ! {directory}: {e}", flush=True)
         return False
     routes = ", ".join((x.get("host") or "") + x["path"] for x in r.routes)
@@ -126,7 +153,7 @@ async def deploy_dir(registry: Registry, directory: Path) -> bool:
     return True
 
 
-async def watch(registry: Registry, root: Path) -> None:
+async def watch(deploy: Deploy, root: Path) -> None:
     seen = {d: snapshot(d) for d in function_dirs(root)}
     while True:
         await asyncio.sleep(POLL_SECONDS)
@@ -135,14 +162,26 @@ async def watch(registry: Registry, root: Path) -> None:
             if seen.get(d) != snap:
                 seen[d] = snap
                 print(f"change in {d}: redeploying", flush=True)
-                await deploy_dir(registry, d)
+                await deploy_dir(deploy, d)
 
 
-async def serve_workers(config: PopConfig, verbosity: int) -> None:
-    """``workers = N``: see `runtime.workers.primary.serve`."""
+async def serve_workers(config: PopConfig, verbosity: int, dev_dir: str | None) -> None:
+    """``workers = N``: see `runtime.workers.primary.serve`; with `dev_dir`, deploy
+    and watch its functions through the admin API (every worker follows)."""
+    from runtime.workers.primary import running_workers
     from runtime.workers.primary import serve as serve_n
 
-    await serve_n(config, verbosity)
+    if dev_dir is None:
+        await serve_n(config, verbosity)
+        return
+    async with running_workers(config, verbosity) as (primary, info):
+        print(f"edgefn PoP listening on {info.public} ({primary.count} workers, "
+              f"SO_REUSEPORT)", flush=True)
+        print(f"  admin API on {info.admin} (token in {config.data_dir / 'admin.token'})",
+              flush=True)
+        await develop(through_admin(config.data_dir), Path(dev_dir),
+                      lambda: AdminClient(config.data_dir).request("GET", "/v1/functions")
+                      ["functions"])
 
 
 async def serve(config: PopConfig, dev_dir: str | None) -> None:
@@ -150,19 +189,25 @@ async def serve(config: PopConfig, dev_dir: str | None) -> None:
     Raises what `running_pop` raises (`DataDirBusy`, OSError for a taken port)."""
     async with running_pop(config) as (pop, public, admin):
         print_addresses(pop, public.address, admin.address, config.data_dir)
-        watcher = None
-        if dev_dir is not None:
-            root = Path(dev_dir)
-            print(f"dev mode: deploying functions under {root}", flush=True)
-            for d in function_dirs(root):
-                await deploy_dir(pop.registry, d)
-            watcher = asyncio.create_task(watch(pop.registry, root))
-        print_functions(pop)
-        await wait_for_signal()
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+        if dev_dir is None:
+            print_functions(pop.registry.listing())
+            await wait_for_signal()
+        else:
+            await develop(in_process(pop.registry), Path(dev_dir), pop.registry.listing)
+
+
+async def develop(deploy: Deploy, root: Path, listing: Callable[[], list[Any]]) -> None:
+    """`edgefn dev`: deploy every function folder under `root`, then redeploy one
+    when its files change, until SIGINT/SIGTERM."""
+    print(f"dev mode: deploying functions under {root}", flush=True)
+    for d in function_dirs(root):
+        await deploy_dir(deploy, d)
+    watcher = asyncio.create_task(watch(deploy, root))
+    print_functions(await asyncio.to_thread(listing))
+    await wait_for_signal()
+    watcher.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
 
 
 def print_addresses(pop: PoP, public: tuple[str, int], admin: tuple[str, int],
@@ -175,9 +220,8 @@ def print_addresses(pop: PoP, public: tuple[str, int], admin: tuple[str, int],
               f"(model worker pid {pop.ai.client.pid or 'external'})", flush=True)
 
 
-def print_functions(pop: PoP) -> None:
-    fns = pop.registry.listing()
+def print_functions(fns: list[Any]) -> None:
     print(f"serving {len(fns)} function(s):", flush=True)
     for f in fns:
-        routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])  # type: ignore[attr-defined]
+        routes = ", ".join((r.get("host") or "") + r["path"] for r in f["routes"])
         print(f"  {f['name']:<16} {f['version']}  {routes}", flush=True)

@@ -20,12 +20,16 @@ PATH = b"/metrics"
 
 class MetricsEndpoint:
     def __init__(self, registry: CollectorRegistry, tokens: list[str],
-                 refresh: Callable[[], Awaitable[None]] | None = None) -> None:
+                 refresh: Callable[[], Awaitable[None]] | None = None,
+                 source: Callable[[], Awaitable[CollectorRegistry]] | None = None) -> None:
         """`tokens`: the bearer tokens a scrape may send; empty: no token needed.
-        `refresh()` runs before each scrape (the model worker's figures)."""
+        `refresh()` runs before each scrape (the model worker's figures);
+        `source()`, when given, is what a scrape encodes instead of `registry`
+        (``workers = N``: every worker's, merged)."""
         self.registry = registry
         self.tokens = [f"Bearer {t}".encode() for t in tokens]
         self.refresh = refresh
+        self.source = source
 
     def allowed(self, request: Request) -> bool:
         if not self.tokens:
@@ -49,7 +53,8 @@ class MetricsEndpoint:
             await self.refresh()
         accept = (request.header(b"accept") or b"").decode("latin-1")
         encoder, content_type = choose_encoder(accept)
-        body = encoder(self.registry)  # on the admin (or metrics) thread, not the PoP's loop
+        registry = self.registry if self.source is None else await self.source()
+        body = encoder(registry)  # on the admin (or metrics) thread, not the PoP's loop
         return Response(200, [(b"content-type", content_type.encode())],
                         b"" if request.method == b"HEAD" else body)
 

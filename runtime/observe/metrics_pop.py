@@ -3,13 +3,17 @@ prometheus_client's global one: several PoPs run in one test process).
 
     PopMetrics ─┬─ requests: RequestMetrics   an Observer of every event
                 ├─ worker: WorkerFigures      the model worker's figures, per scrape
-                └─ isolates: IsolateMetrics   Python isolates, per scrape
+                ├─ isolates: IsolateMetrics   Python isolates, per scrape
+                └─ peers                      ``workers = N``: the other workers' families,
+                                              asked at each scrape and summed in
+                                              (`runtime.observe.metrics_merge`)
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +23,14 @@ from edgefn_core.errors import InvalidConfig
 from runtime.observe.metrics import RequestMetrics
 from runtime.observe.metrics_http import MetricsEndpoint
 from runtime.observe.metrics_isolates import IsolateMetrics
+from runtime.observe.metrics_merge import Merged, Wire, from_wire
 from runtime.observe.metrics_worker import WorkerFigures
 from runtime.observe.settings_metrics import MetricsSettings
 
 type WorkerCall = Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+# (timeout) -> (each answering worker's `to_wire` families, how many did not answer)
+type PeersCall = Callable[[float], Awaitable[tuple[list[Wire], int]]]
+log = logging.getLogger("edgefn.metrics")
 
 
 class PopMetrics:
@@ -40,6 +48,7 @@ class PopMetrics:
         self.isolates = IsolateMetrics(base, functions)
         self.worker_call = worker
         self.worker: WorkerFigures | None = None
+        self.peers: PeersCall | None = None  # set before `endpoint` (runtime.app)
         self.registry.register(self.requests)
         self.registry.register(self.isolates)
 
@@ -66,7 +75,23 @@ class PopMetrics:
             for step in steps:
                 await step()
 
-        return MetricsEndpoint(self.registry, tokens, before if steps else None)
+        return MetricsEndpoint(self.registry, tokens, before if steps else None,
+                               self._merged if self.peers is not None else None)
+
+    async def _merged(self) -> CollectorRegistry:
+        """This worker's families and the other workers', summed, for one scrape."""
+        assert self.peers is not None
+        wires, missing = await self.peers(self.settings.worker_timeout)
+        families = []
+        for wire in wires:
+            try:
+                families.append(from_wire(wire))
+            except (ValueError, TypeError, AttributeError) as e:
+                log.warning("a worker's metrics did not decode: %r", e)
+                missing += 1
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Merged(self.registry, families, missing, self.requests.base))
+        return registry
 
 
 def _coroutine(fn: Callable[[], None]) -> Callable[[], Coroutine[Any, Any, None]]:

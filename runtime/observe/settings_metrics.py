@@ -6,7 +6,8 @@
                                   # `Authorization: Bearer <token>`; none: open (loopback)
     listen = "127.0.0.1:9464"     # a listener of its own for scrapers (besides the admin's)
     max_series = 10000            # per metric; more label sets are counted as `_overflow`
-    worker_timeout = 0.5          # seconds a scrape waits for the model worker's figures
+    worker_timeout = 0.5          # seconds a scrape waits for the model worker's figures and,
+                                  # with workers = N, for each other worker's series
 
 `runtime.config.load` refuses bad values with `InvalidConfig` naming the field
 (the schema's, and `MetricsSettings.problem`'s).

@@ -13,6 +13,13 @@ reads the record already saved.
     {"op": "sync"}                       follow the deploy store's records
     {"op": "keys"}                       re-read DATA/keys.json
     {"op": "purge", "args": {...}, "only": [names] | null}   purge the HTTP cache
+    {"op": "ai_purge", "model": M | null, "tenant": T | null}  purge the AI cache
+                                         ("result": how many entries went)
+
+The admin worker also asks, without killing a worker that is slow to answer
+(`Fanout.ask`: a scrape is not a change, and a missing answer loses nothing):
+
+    {"op": "metrics"}                    this worker's metric families, in "result"
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.observe.metrics_merge import Wire, to_wire
 from runtime.workers.role import Role
 
 if TYPE_CHECKING:
@@ -35,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgefn.workers")
 MAX_LINE = 1 << 20
+MAX_ANSWER = 64 << 20  # a worker's metrics: up to max_series label sets per metric
 
 
 async def control_server(pop: PoP, role: Role) -> asyncio.AbstractServer:
@@ -53,8 +62,13 @@ async def _serve(pop: PoP, reader: asyncio.StreamReader, writer: asyncio.StreamW
                  ) -> None:
     try:
         msg = json.loads(await reader.readline())
-        errors = await apply(pop, msg)
-        reply = {"ok": not errors, "pid": os.getpid(), "errors": errors}
+        if msg.get("op") == "metrics":
+            reply = {"ok": True, "pid": os.getpid(), "result": metrics(pop)}
+        elif msg.get("op") == "ai_purge":
+            reply = {"ok": True, "pid": os.getpid(), "result": ai_purge(pop, msg)}
+        else:
+            errors = await apply(pop, msg)
+            reply = {"ok": not errors, "pid": os.getpid(), "errors": errors}
     except Exception as e:  # a bad message or a failed change: the admin worker decides
         log.exception("worker control message failed")
         reply = {"ok": False, "pid": os.getpid(), "errors": [repr(e)]}
@@ -85,33 +99,83 @@ async def apply(pop: PoP, msg: dict[str, Any]) -> list[str]:
     return []
 
 
+def ai_purge(pop: PoP, msg: dict[str, Any]) -> int:
+    """Purge this worker's AI cache as `msg` says; how many entries went."""
+    cache = pop.stores.ai_cache
+    return 0 if cache is None else cache.purge(model=msg.get("model"), tenant=msg.get("tenant"))
+
+
+def metrics(pop: PoP) -> Wire:
+    """This worker's metric families (empty without [metrics]), with every
+    response already sent counted (the events are delivered in batches)."""
+    pop.observers.flush()
+    if pop.metrics is None:
+        return []
+    return to_wire(pop.metrics.registry.collect())
+
+
 class Fanout:
     """The admin worker's side: `tell` every other worker and wait for them."""
 
     def __init__(self, role: Role) -> None:
         self.role = role
 
-    async def tell(self, msg: dict[str, Any]) -> None:
+    async def tell(self, msg: dict[str, Any]) -> list[Any]:
         """Send `msg` to every other worker and wait until each switched or was
-        killed (a message is never lost: see the module's docstring)."""
-        await asyncio.gather(*(self._tell(i, msg) for i in range(1, self.role.count)))
+        killed (a message is never lost: see the module's docstring); the
+        "result" each that switched answered (None: it has none, or was killed
+        or not running)."""
+        return await asyncio.gather(*(self._tell(i, msg) for i in range(1, self.role.count)))
 
-    async def _tell(self, index: int, msg: dict[str, Any]) -> None:
+    async def ask(self, msg: dict[str, Any], timeout: float) -> tuple[list[Any], int]:
+        """Send `msg` to every other worker; the "result" of each that answered
+        within `timeout` seconds, and how many did not (not running, slow, or a
+        bad answer). Nobody is killed: an answer is asked for, nothing changed."""
+        answers = await asyncio.gather(*(self._ask(i, msg, timeout)
+                                         for i in range(1, self.role.count)))
+        got = [a for a in answers if a is not None]
+        return [a[0] for a in got], len(answers) - len(got)
+
+    async def _ask(self, index: int, msg: dict[str, Any], timeout: float
+                   ) -> tuple[Any] | None:
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await self._connect(index, MAX_ANSWER)
+                try:
+                    writer.write(json.dumps(msg).encode() + b"\n")
+                    reply = json.loads(await reader.readline())
+                finally:
+                    writer.close()
+            return (reply["result"],)
+        except (OSError, ValueError, KeyError, TypeError, TimeoutError) as e:
+            log.warning("worker %d did not answer %s: %r", index, msg.get("op"), e)
+            return None
+
+    async def _connect(self, index: int, limit: int
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to worker `index`'s control socket. Raises OSError
+        (ConnectionRefusedError: it is not running)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
-        try:
+        try:  # connected here: uvloop takes no abstract address by name
             await asyncio.get_running_loop().sock_connect(sock, self.role.address(index))
-        except (ConnectionRefusedError, FileNotFoundError):
+        except BaseException:
             sock.close()
-            return  # not running: when it starts it restores what was saved
-        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE)
+            raise
+        return await asyncio.open_unix_connection(sock=sock, limit=limit)
+
+    async def _tell(self, index: int, msg: dict[str, Any]) -> Any:
+        try:
+            reader, writer = await self._connect(index, MAX_LINE)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None  # not running: when it starts it restores what was saved
         pid = peer_pid(writer.get_extra_info("socket"))
         try:
             writer.write(json.dumps(msg).encode() + b"\n")
             line = await asyncio.wait_for(reader.readline(), self.role.ack_timeout)
             reply = json.loads(line) if line else {"errors": ["closed without an answer"]}
             if reply.get("ok"):
-                return
+                return reply.get("result")
             why = "; ".join(reply.get("errors") or ["no answer"])
         except TimeoutError:
             why = f"no answer in {self.role.ack_timeout:g}s"
@@ -122,6 +186,7 @@ class Fanout:
         log.error("worker %d (pid %d) did not follow %s: %s; killing it (it restarts from "
                   "the saved records)", index, pid, msg.get("op"), why)
         await asyncio.to_thread(kill_and_wait, pid)
+        return None
 
 
 def peer_pid(sock: socket.socket) -> int:

@@ -22,5 +22,12 @@ class Role:
     def address(self, index: int) -> str:
         """Worker `index`'s control socket: in the abstract namespace (no file to
         clean up after a SIGKILL, no path-length limit), named after the data dir."""
-        key = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:24]
-        return f"\0edgefn-workers-{key}-{index}"
+        return f"\0edgefn-workers-{self._key()}-{index}"
+
+    def events_address(self) -> str:
+        """Where the admin worker takes the other workers' events
+        (`runtime.workers.events`), in the abstract namespace as `address`."""
+        return f"\0edgefn-workers-{self._key()}-events"
+
+    def _key(self) -> str:
+        return hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:24]

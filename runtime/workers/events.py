@@ -1,0 +1,154 @@
+"""Every worker's events in the admin worker's ring (``workers = N``).
+
+The events ring (``/v1/events``, ``edgefn tail``) and the dashboard live in the
+admin worker, the one with the admin API. Each other worker forwards its events
+there: `Forwarder` is one of its observers; it queues events (never blocking the
+worker's loop) and a task sends them in batches over a unix socket to the admin
+worker's `receive` server, which hands them to its ring and, once somebody watches
+the dashboard, to its aggregator. Not to its metrics (a scrape asks each worker
+for its own: `runtime.observe.metrics_merge`), its events file (each worker writes
+its own) or its traces (each worker exports its own).
+
+A frame is a 4-byte big-endian length and a msgpack array of events. When the
+admin worker is down or slower than the traffic, at most `max_pending` events wait;
+older ones are dropped, counted, and logged once per outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from runtime.observe.event import Event
+from runtime.workers.role import Role
+
+if TYPE_CHECKING:
+    from runtime.pop import PoP
+
+log = logging.getLogger("edgefn.workers")
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 << 20
+RETRY = 0.5  # seconds between attempts to reach the admin worker
+# events a frame holds at most: a backlog (up to ring_size) is decoded a frame per loop
+# iteration by the admin worker, never all at once while its requests wait
+FRAME_EVENTS = 256
+
+
+class Forwarder:
+    """A worker's observer that sends its events to the admin worker. `start()`
+    on the worker's loop; `close()` stops it."""
+
+    def __init__(self, role: Role, max_pending: int) -> None:
+        self.role = role
+        self.pending: deque[Event] = deque()
+        self.max_pending = max_pending
+        self.dropped = 0
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self._encode = msgspec.msgpack.Encoder().encode
+
+    def observe(self, event: Event) -> None:
+        if len(self.pending) >= self.max_pending:
+            self.pending.popleft()  # the newest matter most to a live tail
+            self.dropped += 1
+        self.pending.append(event)
+        self.wake.set()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._forever())
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def _forever(self) -> None:
+        while True:
+            try:
+                writer = await self._connect()
+            except OSError:
+                await asyncio.sleep(RETRY)
+                continue
+            try:
+                await self._send_all(writer)
+            except OSError as e:
+                log.warning("forwarding events to the admin worker: %r; reconnecting", e)
+            finally:
+                writer.close()
+            await asyncio.sleep(RETRY)
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:  # connected here: uvloop takes no abstract address by name
+            await asyncio.get_running_loop().sock_connect(sock, self.role.events_address())
+        except BaseException:
+            sock.close()
+            raise
+        _, writer = await asyncio.open_unix_connection(sock=sock)
+        return writer
+
+    async def _send_all(self, writer: asyncio.StreamWriter) -> None:
+        """Send batches while connected. Raises OSError when the connection goes."""
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if self.dropped:
+                log.warning("dropped %d events the admin worker could not take in time",
+                            self.dropped)
+                self.dropped = 0
+            while self.pending:  # frames of at most FRAME_EVENTS: see `_read`
+                batch = [self.pending.popleft()
+                         for _ in range(min(FRAME_EVENTS, len(self.pending)))]
+                body = self._encode(batch)
+                writer.write(HEADER.pack(len(body)) + body)
+                await writer.drain()  # meanwhile events queue (bounded) in `pending`
+
+
+async def receive(role: Role, deliver: Callable[[Event], None]) -> asyncio.AbstractServer:
+    """The admin worker's end: `deliver(event)` for each event the others send.
+    Raises OSError if the address is taken."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:  # bound here: uvloop takes no abstract address (leading NUL) by name
+        sock.bind(role.events_address())
+    except OSError:
+        sock.close()
+        raise
+    return await asyncio.start_unix_server(lambda r, w: _read(r, w, deliver), sock=sock)
+
+
+async def _read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                deliver: Callable[[Event], None]) -> None:
+    decode = msgspec.msgpack.Decoder(list[Event]).decode
+    try:
+        while True:
+            (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+            if size > MAX_FRAME:
+                raise ValueError(f"an events frame of {size} bytes (at most {MAX_FRAME})")
+            for event in decode(await reader.readexactly(size)):
+                deliver(event)
+            # a backlog arrives as many frames already read: let requests run between them
+            await asyncio.sleep(0)
+    except asyncio.IncompleteReadError:
+        pass  # the worker went away
+    except (ValueError, msgspec.DecodeError) as e:
+        log.error("a worker sent events that do not decode (%s); closing its connection", e)
+    finally:
+        writer.close()
+
+
+def peer_observers(pop: PoP) -> Callable[[Event], None]:
+    """What the admin worker does with another worker's event: its ring, and the
+    dashboard's aggregator while it is watched (as `PoP.watch_dashboard` added it)."""
+    def deliver(event: Event) -> None:
+        pop.ring.observe(event)
+        if pop.dashboard is not None and pop.dashboard in pop.observers:
+            pop.dashboard.observe(event)
+
+    return deliver

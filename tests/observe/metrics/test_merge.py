@@ -1,0 +1,87 @@
+"""`runtime.observe.metrics_merge`: the families of ``workers = N`` summed into one
+scrape, across the wire format the workers send, without processes (the real
+2-worker scrape: tests/test_workers_fanout.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from runtime.observe.metrics import RequestMetrics
+from runtime.observe.metrics_merge import Merged, from_wire, to_wire
+from runtime.observe.metrics_pop import PopMetrics
+from runtime.observe.settings_metrics import MetricsSettings
+from tests.observe.metrics.support import event, scrape, value
+
+
+def worker(*statuses: int) -> RequestMetrics:
+    observer = RequestMetrics("edge-test", "edge", "fra")
+    for status in statuses:
+        observer.observe(event(status=status, duration_ms=2.0 * status / 100))
+    return observer
+
+
+def merged(local: RequestMetrics, *peers: RequestMetrics, missing: int = 0
+           ) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(local)
+    wires = [json.loads(json.dumps(to_wire(p.collect()))) for p in peers]  # as sent
+    out = CollectorRegistry(auto_describe=False)
+    out.register(Merged(registry, [from_wire(w) for w in wires], missing, local.base))
+    return scrape(out)
+
+
+def test_counters_and_histograms_of_every_worker_are_summed() -> None:
+    found = merged(worker(200, 200, 404), worker(200, 503), worker(200))
+    total = "edgefn_requests_total"
+    assert value(found, total, function="hello", route="/hello", status_class="2xx",
+                 method="GET") == 4
+    assert value(found, total, function="hello", route="/hello", status_class="4xx",
+                 method="GET") == 1
+    assert value(found, total, function="hello", route="/hello", status_class="5xx",
+                 method="GET") == 1
+    labels = {"function": "hello", "route": "/hello", "status_class": "2xx"}
+    assert value(found, "edgefn_request_duration_seconds_count", **labels) == 4
+    assert value(found, "edgefn_request_duration_seconds_sum", **labels) == pytest.approx(0.016)
+    assert value(found, "edgefn_request_duration_seconds_bucket", le="0.001", **labels) == 0
+    assert value(found, "edgefn_request_duration_seconds_bucket", le="0.005", **labels) == 4
+    assert value(found, "edgefn_response_bytes_total", **labels) == 40
+    assert value(found, "edgefn_scrape_workers_missing") == 0
+
+
+def test_a_series_only_one_worker_has_is_kept_and_missing_workers_are_counted() -> None:
+    found = merged(worker(), worker(404), missing=1)
+    assert value(found, "edgefn_requests_total", function="hello", route="/hello",
+                 status_class="4xx", method="GET") == 1
+    assert value(found, "edgefn_scrape_workers_missing") == 1
+
+
+@pytest.mark.parametrize("wire", [
+    [["edgefn_x", "doc", "no-such-type", "", []]],
+    [["edgefn_x", "doc", "counter", ""]],
+    [["edgefn_x", "doc", "counter", "", [["edgefn_x_total", {}, "many"]]]],
+])
+def test_a_bad_wire_is_refused_with_an_error(wire: list) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        from_wire(wire)
+
+
+def test_a_worker_whose_answer_does_not_decode_is_counted_missing() -> None:
+    metrics = PopMetrics("edge-test", "edge", "fra", MetricsSettings(), lambda: [])
+    metrics.requests.observe(event())
+    good = to_wire(worker(200).collect())
+
+    async def peers(timeout: float) -> tuple[list, int]:
+        assert timeout == MetricsSettings().worker_timeout
+        return [[["edgefn_x", "doc"]], good], 1  # one bad answer, one worker silent
+
+    metrics.peers = peers
+    source = metrics.endpoint(None).source
+    assert source is not None
+    found = scrape(asyncio.run(source()))
+    assert value(found, "edgefn_requests_total", function="hello", route="/hello",
+                 status_class="2xx", method="GET") == 2
+    assert value(found, "edgefn_scrape_workers_missing") == 2

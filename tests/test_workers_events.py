@@ -1,0 +1,160 @@
+"""`runtime.workers.events` in one process, over a real abstract unix socket: a
+worker's events reach the admin worker's side in order; while the admin worker is
+away they wait, bounded (the oldest dropped and counted); a frame that does not
+decode closes that connection only; the admin worker's ring takes them, and its
+dashboard once watched. (Two real workers: tests/test_workers_fanout.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from runtime.observe.event import Event
+from runtime.workers import events
+from runtime.workers.events import HEADER, Forwarder, peer_observers, receive
+from runtime.workers.role import Role
+from tests.observe.metrics.support import event
+from tests.support import Running, pop_thread
+
+
+def role(tmp_path: Path, index: int) -> Role:
+    return Role(index, 2, tmp_path)
+
+
+async def until(check: object, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+def test_events_reach_the_admin_worker_in_order(tmp_path: Path) -> None:
+    async def main() -> list[str]:
+        got: list[Event] = []
+        server = await receive(role(tmp_path, 0), got.append)
+        forwarder = Forwarder(role(tmp_path, 1), 100)
+        forwarder.start()
+        try:
+            for i in range(50):
+                forwarder.observe(event(rid=f"r-{i}"))
+                if i % 7 == 0:
+                    await asyncio.sleep(0)  # several batches
+            await until(lambda: len(got) == 50)
+        finally:
+            forwarder.close()
+            server.close()
+        return [e.rid for e in got]
+
+    assert asyncio.run(main()) == [f"r-{i}" for i in range(50)]
+
+
+def test_while_the_admin_worker_is_away_the_newest_events_wait_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "RETRY", 0.05)
+
+    async def main() -> tuple[int, list[str]]:
+        forwarder = Forwarder(role(tmp_path, 1), 10)
+        forwarder.start()
+        for i in range(25):
+            forwarder.observe(event(rid=f"r-{i}"))
+        await asyncio.sleep(0.2)  # it tried and failed to connect meanwhile
+        dropped = forwarder.dropped
+        got: list[Event] = []
+        server = await receive(role(tmp_path, 0), got.append)
+        try:
+            await until(lambda: len(got) == 10)
+            await asyncio.sleep(0.1)
+        finally:
+            forwarder.close()
+            server.close()
+        return dropped, [e.rid for e in got]
+
+    dropped, rids = asyncio.run(main())
+    assert dropped == 15 and rids == [f"r-{i}" for i in range(15, 25)]
+
+
+def test_a_frame_that_does_not_decode_closes_that_connection_only(tmp_path: Path) -> None:
+    async def main() -> tuple[bytes, list[str]]:
+        got: list[Event] = []
+        server = await receive(role(tmp_path, 0), got.append)
+        loop = asyncio.get_running_loop()
+        bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bad.setblocking(False)
+        forwarder = Forwarder(role(tmp_path, 1), 10)
+        try:
+            await loop.sock_connect(bad, role(tmp_path, 0).events_address())
+            await loop.sock_sendall(bad, HEADER.pack(5) + b"\xc1oops")
+            closed = await asyncio.wait_for(loop.sock_recv(bad, 10), 10)
+            forwarder.start()
+            forwarder.observe(event(rid="after"))
+            await until(lambda: len(got) == 1)
+        finally:
+            bad.close()
+            forwarder.close()
+            server.close()
+        return closed, [e.rid for e in got]
+
+    assert asyncio.run(main()) == (b"", ["after"])
+
+
+def test_the_admin_worker_rings_them_and_its_dashboard_counts_them_once_watched(
+        tmp_path: Path) -> None:
+    with pop_thread(tmp_path / "data") as running:
+        deliver = peer_observers(running.pop)
+        rolling = running.pop.dashboard
+        assert rolling is not None
+
+        def on_loop(fn: object) -> None:
+            async def run() -> None:
+                fn()  # type: ignore[operator]
+
+            assert running.loop is not None
+            asyncio.run_coroutine_threadsafe(run(), running.loop).result(10)
+
+        now = _now(running)
+        on_loop(lambda: deliver(event(rid="unwatched", ts=now)))
+        assert rolling.total == 0
+        on_loop(running.pop.watch_dashboard)  # replays the ring: 1
+        on_loop(lambda: deliver(event(rid="watched", ts=now)))
+        assert rolling.total == 2
+        assert [e.rid for e in running.pop.ring.events] == ["unwatched", "watched"]
+
+
+def _now(running: Running) -> float:
+    assert running.pop.dashboard is not None
+    return running.pop.dashboard.clock()
+
+
+def test_a_backlog_is_sent_in_frames_of_at_most_frame_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "FRAME_EVENTS", 4)
+
+    async def main() -> list[int]:
+        forwarder = Forwarder(role(tmp_path, 1), 100)
+        for i in range(10):  # queued before the admin worker listens: one backlog
+            forwarder.observe(event(rid=f"r-{i}"))
+        sizes: list[int] = []
+        done = asyncio.Event()
+
+        async def frames(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while sum(sizes) < 10:
+                (n,) = HEADER.unpack(await r.readexactly(HEADER.size))
+                sizes.append(len(msgspec.msgpack.decode(await r.readexactly(n))))
+            done.set()
+            w.close()
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(role(tmp_path, 0).events_address())
+        server = await asyncio.start_unix_server(frames, sock=sock)
+        forwarder.start()
+        try:
+            await asyncio.wait_for(done.wait(), 10)
+        finally:
+            forwarder.close()
+            server.close()
+        return sizes
+
+    assert asyncio.run(main()) == [4, 4, 2]

@@ -1,0 +1,133 @@
+"""``workers = 2``, what must cover the whole PoP and not only the admin worker:
+one scrape of /metrics counts every worker's requests; an AI-cache purge empties
+every worker's AI cache before it answers. Real `edgefn serve` processes over
+loopback; a request is sent to a chosen worker on a keep-alive connection that
+``worker_header`` showed to be served by it."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import wait_for
+from tests.test_workers import POP_TOML, Workers, deploy, serving
+
+METRICS_TOML = POP_TOML + "[metrics]\nworker_timeout = 10\n"  # the most: a loaded box
+# a pinned connection waits while the other worker's first model call runs (seconds)
+AI_TOML = POP_TOML + "[http]\nkeepalive_timeout = 300\n"
+
+
+@contextmanager
+def pinned(w: Workers, path: str = "/f") -> Iterator[tuple[dict[str, http.client.HTTPConnection],
+                                                           int]]:
+    """One keep-alive connection per worker (pid -> connection), found by sending
+    GET `path` on fresh connections; and how many GETs that took."""
+    found: dict[str, http.client.HTTPConnection] = {}
+    sent = 0
+    with ExitStack() as stack:
+        while len(found) < 2:
+            assert sent < 200, f"the kernel sent {sent} connections to one worker"
+            conn = http.client.HTTPConnection(w.host, w.port, timeout=30)
+            stack.callback(conn.close)
+            worker = get(conn, path)[1]
+            sent += 1
+            found.setdefault(worker, conn)
+        yield found, sent
+
+
+def get(conn: http.client.HTTPConnection, path: str, rids: list[str] | None = None
+        ) -> tuple[int, str]:
+    """Status and worker of a GET on `conn`; its request id is added to `rids`."""
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    resp.read()
+    if rids is not None:
+        rids.append(resp.getheader("x-request-id") or "")
+    return resp.status, resp.getheader("x-edgefn-worker") or ""
+
+
+def scrape(w: Workers) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The admin listener's /metrics: (sample name, sorted labels) -> value."""
+    host, port = w.admin.info.admin.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        assert resp.status == 200, text
+    finally:
+        conn.close()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+          **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    return sum(v for (n, ls), v in samples.items()
+               if n == name and set(labels.items()) <= set(ls))
+
+
+def test_one_scrape_counts_the_requests_of_every_worker(tmp_path: Path) -> None:
+    with serving(tmp_path, METRICS_TOML) as w:
+        deploy(w, tmp_path, 1)
+        with pinned(w) as (conns, sent):
+            served = {}
+            for extra, (pid, conn) in enumerate(sorted(conns.items())):
+                answers = [get(conn, "/f") for _ in range(7 + 5 * extra)]
+                assert set(answers) == {(200, pid)}  # this worker served them all
+                served[pid] = len(answers)
+        samples = scrape(w)
+    n = sent + sum(served.values())
+    assert total(samples, "edgefn_requests_total", function="f") == n
+    assert total(samples, "edgefn_request_duration_seconds_count", function="f") == n
+    assert total(samples, "edgefn_scrape_workers_missing") == 0
+
+
+def chat(conn: http.client.HTTPConnection, worker: str, question: str) -> str:
+    """Ask the model on `conn` (served by `worker`); the AI cache's outcome."""
+    body = json.dumps({"model": "smollm2-135m", "max_tokens": 4, "temperature": 0,
+                       "messages": [{"role": "user", "content": question}]})
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    resp = conn.getresponse()
+    text = resp.read()
+    assert resp.status == 200, text
+    assert resp.getheader("x-edgefn-worker") == worker
+    return resp.getheader("x-edgefn-cache") or ""
+
+
+def test_ai_purge_reaches_every_worker(tmp_path: Path) -> None:
+    """Before the purge answers, every worker's AI cache lost its entries. (A short
+    name: DATA/ai/worker.sock under pytest's tmp_path must fit a unix socket's 108
+    bytes.)"""
+    with serving(tmp_path, AI_TOML, ai=True) as w, pinned(w, "/healthz") as (conns, _):
+        for question in ("Name a colour.", "Name a fruit."):
+            for pid, conn in conns.items():  # each worker has an AI cache of its own
+                assert chat(conn, pid, question) == "miss"
+                assert chat(conn, pid, question) == "hit-exact"
+        out = w.admin.request("POST", "/v1/cache/ai/purge", b'{"model": "smollm2-135m"}')
+        assert out == {"purged": 4, "model": "smollm2-135m", "tenant": None}
+        for pid, conn in conns.items():
+            assert chat(conn, pid, "Name a fruit.") == "miss"
+
+
+def test_the_events_of_every_worker_reach_the_admin_workers_ring(tmp_path: Path) -> None:
+    with serving(tmp_path) as w:
+        deploy(w, tmp_path, 1)
+        with pinned(w) as (conns, _):
+            rids: dict[str, list[str]] = {pid: [] for pid in conns}
+            for pid, conn in conns.items():
+                assert {get(conn, "/f", rids[pid]) for _ in range(9)} == {(200, pid)}
+        sent = {r for mine in rids.values() for r in mine}
+        assert len(sent) == 18 and "" not in sent
+
+        def listed() -> set[str]:
+            out = w.admin.request("GET", "/v1/events?function=f&limit=1000")
+            return {e["rid"] for e in out["events"]}
+
+        wait_for(lambda: sent <= listed(), 30, "every worker's events in the ring")
