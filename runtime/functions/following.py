@@ -43,6 +43,7 @@ class Following:
 
         def _load(self, m: Manifest, version: str) -> Deployment: ...
         async def _warm(self, fn: Deployment) -> None: ...
+        async def _after_switch(self, fn: Deployment) -> None: ...
         def _stored(self, name: str, version: str) -> Manifest: ...
         def _table(self, fn: Deployment | None, remove: str | None = None,
                    ) -> tuple[dict[str, Deployment], Router[Deployment]]: ...
@@ -78,6 +79,7 @@ class Following:
         fn = await asyncio.to_thread(self._loaded, record.name, record.current)
         await self._warm(fn)  # as the admin worker did before its switch
         self._go_live(fn)
+        await self._after_switch(fn)
 
     async def _follow_canary(self, record: FunctionRecord) -> None:
         """Start, change or end `record`'s canary as it says."""
@@ -96,6 +98,7 @@ class Following:
         self.canaries = {**self.canaries, record.name: Split(fn, want.percent)}
         if have is not None:
             have.fn.executor.retire()
+        await self._after_switch(fn)
 
     def _loaded(self, name: str, version: str) -> Deployment:
         """A stored version, verified, loaded and warm. Blocking. Raises
