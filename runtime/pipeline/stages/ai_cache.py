@@ -73,7 +73,7 @@ class AICacheStage:
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> StageResult:
         kind = KINDS.get(request.path)
-        if (kind is None or request.method != b"POST" or ctx.quiet
+        if (kind is None or request.method != b"POST"
                 or not isinstance(self.targets.resolve(request, ctx), OpenAITarget)):
             return call_next(request, ctx)
         wishes = control.wishes(request)  # ApiError (400) for a bad header: before anything
