@@ -188,7 +188,22 @@ def cold_starts(run: Path, topo: spec.Topology) -> list[tuple[str, str, float, f
         back = statistics.median(_timed_get(name, port, path) for _ in range(5))
         first, *later = rounds[(name, path)]
         out.append((name, path, first, statistics.median(later), back))
+    inside(run, targets)
     return out
+
+
+def inside(run: Path, targets: list[tuple[str, int, str]]) -> None:
+    """The same rounds as the PoPs' events saw them: each request's time inside the
+    PoP's pipeline (`duration_ms`, from the first stage to the response), so the
+    first request's extra time splits into the pipeline's share and the rest
+    (connection, parsing, the loop waking up, the client)."""
+    print(f"inside the PoP (events' duration_ms): first / median of rounds 2-{ROUNDS}")
+    for name, _, path in targets:
+        listed = AdminClient(pop_dir(run, name), timeout=30).request(
+            "GET", f"/v1/events?path={path}&limit=100")
+        ms_ = [e["duration_ms"] for e in listed["events"] if e["path"] == path][:ROUNDS]
+        print(f"  {name:<12}{path:<11}{ms_[0]:8.3f} ms / {statistics.median(ms_[1:]):.3f} ms"
+              f" = {ms_[0] / statistics.median(ms_[1:]):.2f}")
 
 
 def _timed_get(pop: str, port: int, path: str) -> float:
