@@ -98,7 +98,9 @@ class PoP:
     async def warm(self, *fns: Deployment) -> None:
         """A quiet warm-up request to each of `fns` through the whole pipeline
         (`runtime.pipeline.warm`): at boot, and after each switch. Never raises."""
-        await warm.quiet(self.pipeline, list(fns))
+        live = self.registry.functions
+        await warm.quiet(self.pipeline, list(fns),
+                         frozenset(f.label for f in fns if live.get(f.name) is not f))
 
     def watch_dashboard(self) -> None:
         """Make the dashboard's aggregator an observer, if it is not yet, first

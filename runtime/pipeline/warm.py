@@ -43,12 +43,14 @@ QUIET_CLIENT = "127.0.0.1:0"
 TIMEOUT = 30.0  # seconds a warm-up request may take before it is given up (logged)
 
 
-async def quiet(chain: Chain, fns: list[Deployment]) -> None:
+async def quiet(chain: Chain, fns: list[Deployment], pinned: frozenset[str] = frozenset()
+                ) -> None:
     """One quiet request per function in `fns`, in turn; a failure is logged, never
-    raised: the versions are live already."""
+    raised: the versions are live already. `pinned`: labels of versions the router
+    does not send their path to (a canary), whose request is routed to them."""
     for fn in fns:
         try:
-            status = await quiet_request(chain, fn)
+            status = await quiet_request(chain, fn, fn.label in pinned)
         except Exception as e:  # a warm-up never fails a switch: it is logged
             log.info("%s: quiet warm-up request failed: %r", fn.label, e)
             continue
@@ -56,10 +58,11 @@ async def quiet(chain: Chain, fns: list[Deployment]) -> None:
             log.info("%s: quiet warm-up request answered %d", fn.label, status)
 
 
-async def quiet_request(chain: Chain, fn: Deployment) -> int:
+async def quiet_request(chain: Chain, fn: Deployment, pin: bool = False) -> int:
     """`fn`'s quiet request (see the module docstring) through the HTTP front and
-    `chain`; its status. Raises `DeployError` when no route of `fn` serves its path,
-    TimeoutError past `TIMEOUT`."""
+    `chain`; its status. Routed as any request (the route lookup runs too), unless
+    `pin`: then straight to `fn`. Raises `DeployError` when no route of `fn` serves
+    its path, TimeoutError past `TIMEOUT`."""
     path, dry = _path_of(fn)
     request, route, params = request_for(fn.manifest, path)
     raw = b"GET %s HTTP/1.1\r\nhost: %s\r\naccept: */*\r\nconnection: close\r\n\r\n" % (
@@ -67,7 +70,7 @@ async def quiet_request(chain: Chain, fn: Deployment) -> int:
 
     def app(parsed: Request) -> Any:
         parsed.headers.append(HEADER)  # after parsing: the front refuses it from clients
-        return chain.run(parsed, _context(fn, route, params, dry))
+        return chain.run(parsed, _context(fn, route, params, dry, pin))
 
     return await asyncio.wait_for(_exchange(app, raw), TIMEOUT)
 
@@ -85,14 +88,16 @@ def _path_of(fn: Deployment) -> tuple[str, bool]:
     return path, not (synchronous and (declared is not None or getattr(executor, "pure", False)))
 
 
-def _context(fn: Deployment, route: str, params: dict[str, str], dry: bool) -> Context:
-    """A quiet context already resolved to `fn` (the version warmed, even beside a
-    canary of the same routes)."""
+def _context(fn: Deployment, route: str, params: dict[str, str], dry: bool,
+             pin: bool) -> Context:
+    """A quiet context; with `pin`, already resolved to `fn` (a canary beside the
+    live version of the same routes)."""
     ctx = Context(QUIET_CLIENT)
     ctx.quiet, ctx.dry = True, dry
-    ctx.resolved, ctx.target, ctx.route = True, fn, route
-    if params:
-        ctx.params = params
+    if pin:
+        ctx.resolved, ctx.target, ctx.route = True, fn, route
+        if params:
+            ctx.params = params
     return ctx
 
 

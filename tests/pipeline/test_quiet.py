@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from runtime.config import AccessLogStage
+from runtime.functions import deploys
 from runtime.functions.registry import Deployment
 from runtime.net.message import Request, Response
 from runtime.pipeline import warm
@@ -39,8 +40,8 @@ def quiet_statuses(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     seen: dict[str, int] = {}
     real = warm.quiet_request
 
-    async def spy(chain: Chain, fn: Deployment) -> int:
-        seen[fn.label] = status = await real(chain, fn)
+    async def spy(chain: Chain, fn: Deployment, pin: bool = False) -> int:
+        seen[fn.label] = status = await real(chain, fn, pin)
         return status
 
     monkeypatch.setattr(warm, "quiet_request", spy)
@@ -112,6 +113,27 @@ def test_a_python_function_gets_it_with_the_header_and_undeclared_ones_a_dry_one
         # one isolate: its executor warm-up, then the quiet request, then the client
         assert pop.get("/declared")[2] == b"1 1 -"
         assert pop.get("/undeclared")[2] == b"-"  # the dry request never reached it
+
+
+def test_a_canary_gets_its_own_quiet_request(tmp_path: Path,
+                                            quiet_statuses: dict[str, int]) -> None:
+    with pop_thread(tmp_path / "data") as pop:
+        v1 = pop.deploy(python_function(tmp_path / "v1", "c", COUNTED, extra='warmup = "/c"'))
+        v2 = pop.admin.request("POST", "/v1/stage", deploys.to_tar(deploys.pack_dir(
+            python_function(tmp_path / "v2", "c", COUNTED + "# v2\n", extra='warmup = "/c"'))))
+        pop.admin.request("POST", "/v1/functions/c/activate",
+                          f'{{"version": "{v2['version']}", "canary": 10}}'.encode())
+        # each version's quiet request reached that version: the canary's is pinned to
+        # it (the router would send most keys, this one's too, to the live version)
+        assert quiet_statuses == {f"c@{v1['version']}": 200, f"c@{v2['version']}": 200}
+        canary = pop.pop.registry.canaries["c"].fn.executor
+        live = pop.pop.registry.functions["c"].executor
+        assert _served(canary) == _served(live) == 2  # executor warm-up + quiet request
+
+
+def _served(executor: Any) -> int:
+    """Jobs the single isolate of a Python executor ran."""
+    return sum(i.uses for i in executor.pool.scheduler.isolates)
 
 
 def test_a_client_cannot_send_the_warm_up_header(hello: Running) -> None:
