@@ -1,6 +1,8 @@
 """Where a first request's time goes inside the PoP: per pipeline stage, request 1
 vs 2 vs 6, after a redeploy (same keep-alive connection) or after boot (a fresh
-connection each).
+connection each; each round restarts a PoP on a data dir holding both functions,
+so it restores them as a restarted PoP does, and the measured function gets the
+PoP's first request).
 
     python bench/bench_cold.py [--mode redeploy|boot|pause] [--rounds 5]
     EDGEFN_TREE=/other/checkout python bench/bench_cold.py   # that checkout's PoP
@@ -57,7 +59,12 @@ class Timed:
 
 
 def instrument(pop: Running) -> None:
-    """Mark arrival and response writing on the HTTP front, and every stage."""
+    """Mark arrival and response writing on the HTTP front (once per process), and
+    every stage of `pop`."""
+    chain = pop.pop.pipeline
+    chain._first = Chain([Timed(s) for s in chain.stages])._first
+    if getattr(protocol.HttpProtocol, "timed", False):
+        return
     received, write = protocol.HttpProtocol.data_received, protocol.HttpProtocol._write
 
     def on_data(self: Any, data: bytes) -> None:
@@ -72,8 +79,7 @@ def instrument(pop: Running) -> None:
 
     protocol.HttpProtocol.data_received = on_data  # type: ignore[method-assign]
     protocol.HttpProtocol._write = on_write  # type: ignore[method-assign]
-    chain = pop.pop.pipeline
-    chain._first = Chain([Timed(s) for s in chain.stages])._first
+    protocol.HttpProtocol.timed = True  # type: ignore[attr-defined]
 
 
 def exclusive() -> dict[str, int]:
@@ -138,13 +144,33 @@ def main() -> int:
     p.add_argument("--mode", choices=["redeploy", "boot", "pause"], default="redeploy")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, pop_thread(Path(tmp) / "data") as pop:
-        instrument(pop)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.mode == "boot":
+            boots(Path(tmp), args.rounds)
+            return 0
+        with pop_thread(Path(tmp) / "data") as pop:
+            instrument(pop)
+            for example in PATHS:
+                pop.deploy(EXAMPLES / example)
+            for example, path in PATHS.items():
+                report(path, args.mode, measure(pop, Path(tmp), example, args.mode, args.rounds))
+    return 0
+
+
+def boots(tmp: Path, rounds: int) -> None:
+    """Per function, `rounds` restarts of a PoP that has both functions deployed;
+    the function gets the restarted PoP's first request."""
+    data = tmp / "data"
+    with pop_thread(data) as pop:
         for example in PATHS:
             pop.deploy(EXAMPLES / example)
-        for example, path in PATHS.items():
-            report(path, args.mode, measure(pop, Path(tmp), example, args.mode, args.rounds))
-    return 0
+    for example, path in PATHS.items():
+        rows = []
+        for _ in range(rounds):
+            with pop_thread(data) as pop:
+                instrument(pop)
+                rows += measure(pop, tmp, example, "boot", 1)
+        report(path, "boot", rows)
 
 
 if __name__ == "__main__":

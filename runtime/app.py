@@ -92,8 +92,10 @@ async def running_worker(config: PopConfig, role: Role | None
             log.error("%s", err)
         from runtime.functions import warmup
 
-        await warmup.warm_all([*pop.registry.functions.values(),
-                               *(s.fn for s in pop.registry.canaries.values())])
+        restored = [*pop.registry.functions.values(),
+                    *(s.fn for s in pop.registry.canaries.values())]
+        await warmup.warm_all(restored)
+        await pop.warm(*restored)  # the pipeline's first run, before the first client
         pop.restored = True
         public = Server(pop.pipeline, config.http)
         await public.start(config.public.host, config.public.port, role is not None,

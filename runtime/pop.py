@@ -27,14 +27,14 @@ from runtime.cache.http.cache import HttpCache
 from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
 from runtime.functions.manifest import Manifest
-from runtime.functions.registry import Registry
+from runtime.functions.registry import Deployment, Registry
 from runtime.observe.dashboard.aggregator import Rolling
 from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.observers import Observers
 from runtime.observe.ring import Ring
 from runtime.observe.samples import Sampler
 from runtime.observe.sink import JsonlSink
-from runtime.pipeline import build
+from runtime.pipeline import build, warm
 from runtime.security.keys import KeyRing, KeyStore
 from runtime.security.settings import merge
 
@@ -90,9 +90,17 @@ class PoP:
                                                  for s in config.pipeline):
                 self.http_cache = HttpCache(config.http_cache, self.data_dir)
             self.pipeline = build.build(self)
+            self.registry.switched = self.warm
         except BaseException:  # a stage that cannot start (the WAF without rules)
             self.close()
             raise
+
+    async def warm(self, *fns: Deployment) -> None:
+        """A quiet warm-up request to each of `fns` through the whole pipeline
+        (`runtime.pipeline.warm`): at boot, and after each switch. Never raises."""
+        live = self.registry.functions
+        await warm.quiet(self.pipeline, list(fns),
+                         frozenset(f.label for f in fns if live.get(f.name) is not f))
 
     def watch_dashboard(self) -> None:
         """Make the dashboard's aggregator an observer, if it is not yet, first

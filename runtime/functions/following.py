@@ -63,6 +63,7 @@ class Following(RegistryCore):
         fn = await asyncio.to_thread(self._loaded, record.name, record.current)
         await self._warm(fn)  # as the admin worker did before its switch
         self._go_live(fn)
+        await self._after_switch(fn)
 
     async def _follow_canary(self, record: FunctionRecord) -> None:
         """Start, change or end `record`'s canary as it says."""
@@ -81,6 +82,7 @@ class Following(RegistryCore):
         self.canaries = {**self.canaries, record.name: Split(fn, want.percent)}
         if have is not None:
             have.fn.executor.retire()
+        await self._after_switch(fn)
 
     def _loaded(self, name: str, version: str) -> Deployment:
         """A stored version, verified, loaded and warm. Blocking. Raises

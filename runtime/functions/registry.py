@@ -21,7 +21,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -122,6 +122,9 @@ class Registry(Staging, Following):
         self.canaries: dict[str, Split] = {}  # replaced, never changed in place
         self.staged: dict[tuple[str, str], Staged] = {}  # (name, version)
         self.lock = asyncio.Lock()
+        # after routing switched to a version: the PoP's quiet warm-up request through
+        # its pipeline (`runtime.pipeline.warm`), which this layer cannot import
+        self.switched: Callable[[Deployment], Awaitable[None]] | None = None
 
     # -- deploys ----------------------------------------------------------------------------
     async def deploy(self, files: Files, source: str = "", tenant: str | None = None
@@ -153,6 +156,7 @@ class Registry(Staging, Following):
             except BaseException:
                 await asyncio.to_thread(self._undo, m.name, version, created, cached)
                 raise
+            await self._after_switch(fn)
             return self._result(fn, True, started)
 
     async def _checked(self, files: Files, source: str, tenant: str | None
@@ -227,6 +231,12 @@ class Registry(Staging, Following):
         except BaseException:
             fn.executor.close()
             raise
+
+    async def _after_switch(self, fn: Deployment) -> None:
+        """`switched(fn)`, if set, once requests are routed to `fn`. It never raises
+        (`runtime.pipeline.warm` logs what fails)."""
+        if self.switched is not None:
+            await self.switched(fn)
 
     def _go_live(self, fn: Deployment, persist: Callable[[], None] | None = None) -> None:
         """Activate a loaded version, check its routes, run `persist` (saving the record:
@@ -333,6 +343,7 @@ class Registry(Staging, Following):
             fn = await asyncio.to_thread(self._load, m, target)
             await self._warm(fn)
             self._go_live(fn, lambda: self._commit(m, target, "", "rollback"))
+            await self._after_switch(fn)
             return self._result(fn, True, started)
 
     async def delete(self, name: str) -> None:

@@ -172,6 +172,7 @@ class Staging(RegistryCore):
                 self._start_canary(staged, live, canary)
             at = time.time()
             del self.staged[(name, version)]
+            await self._after_switch(staged.fn)
             return Activated(name, version, previous, canary, True, at)
 
     def _switch_to(self, staged: Staged) -> None:

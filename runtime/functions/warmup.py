@@ -29,9 +29,11 @@ path around the handler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from edgefn_core.errors import DeployError, EdgefnError
@@ -53,17 +55,25 @@ DRY_RUNS = 2  # the second reuses the pool slot and pages the first one warmed
 async def warm(fn: Deployment) -> None:
     """Run `fn`'s warm-up (see the module docstring) on the running loop, after
     `fn.executor.activate()`. Raises `DeployError` if a declared route fails."""
-    times = getattr(fn.executor, "instantiate_times", None)
-    saved = bytes(times) if times is not None else b""
-    try:
+    with unmetered(fn.executor):
         path = fn.manifest.warmup
         if path is not None:
             await _declared(fn, path)
         elif getattr(fn.executor, "pure", False):
             await _dry(fn)
+
+
+@contextlib.contextmanager
+def unmetered(executor: object) -> Iterator[None]:
+    """`executor`'s instantiation histogram (edgefn_wasm_instantiate_seconds, which
+    counts requests) as it was before the block: a warm-up is not a request.
+    Requests that run meanwhile on the same loop are undone too, so use it only
+    while none can (before a switch), or around one request's few milliseconds."""
+    times = getattr(executor, "instantiate_times", None)
+    saved = bytes(times) if times is not None else b""
+    try:
+        yield
     finally:
-        # edgefn_wasm_instantiate_seconds counts requests: no request reaches `fn`
-        # before its switch, so putting the histogram back undoes the warm-up's alone
         if times is not None:
             ctypes.memmove(ctypes.addressof(times), saved, len(saved))
 

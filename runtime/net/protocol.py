@@ -37,6 +37,9 @@ STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in
 NO_BODY_STATUS = frozenset({204, 304})
 # Framing is the server's job: apps' values for these are dropped (names are lower-case).
 HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
+# Marks the PoP's own warm-up requests for handlers (`runtime.functions.warmup`): a
+# handler may trust it, so a client that sends it is refused.
+WARMUP_HEADER = b"x-edgefn-warmup"
 # Connections past a cap wait at most this long (seconds) for their request before
 # the 503; at most MAX_REFUSING wait at once, past that they are cut without one.
 REFUSE_WAIT = 1.0
@@ -171,6 +174,9 @@ class HttpProtocol(asyncio.Protocol):
                 length = int(v) if v.isdigit() else None
             elif k == b"expect":
                 expect = v.lower() == b"100-continue"
+            elif k == WARMUP_HEADER:
+                raise HttpReject(400, "header x-edgefn-warmup is reserved: it marks the "
+                                 "PoP's own warm-up requests")
         if length is not None and length > self.config.max_body_bytes:
             raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
         self.current = Request(parser.get_method(), path, query, self.headers, host,

@@ -32,6 +32,10 @@ class Chain:
     def __call__(self, request: Request) -> Result:
         return self._first(request, Context(request.client))
 
+    def run(self, request: Request, ctx: Context) -> Result:
+        """`request` through the chain with a context the caller made (a warm-up's)."""
+        return self._first(request, ctx)
+
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.stages]

@@ -57,8 +57,8 @@ NO_PARAMS: dict[str, str] = {}  # shared: stages replace `params`, never mutate 
 class Context:
     """Per-request state the stages share."""
 
-    __slots__ = ("agent", "bot", "client", "decisions", "marks", "params", "principal",
-                 "request_id", "resolved", "route", "started", "target", "timing")
+    __slots__ = ("agent", "bot", "client", "decisions", "dry", "marks", "params", "principal",
+                 "quiet", "request_id", "resolved", "route", "started", "target", "timing")
 
     def __init__(self, client: str) -> None:
         self.client = client  # "address:port"
@@ -74,6 +74,11 @@ class Context:
         self.started = time.perf_counter()
         self.marks: list[tuple[str, float]] = []  # (stage, when it started), if timed
         self.timing = True  # a timed chain marks this request's stages (`tracing` may say no)
+        # A warm-up (`runtime.pipeline.warm`): every stage runs, but nothing of it is
+        # logged, counted, limited, cached or sent to events. Only the PoP sets it (in
+        # process); no header or byte from a client can.
+        self.quiet = False
+        self.dry = False  # a quiet request that `dispatch` answers without the function
 
     @property
     def ip(self) -> str:

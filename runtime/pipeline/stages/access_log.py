@@ -61,6 +61,8 @@ class AccessLog:
         return response
 
     def write(self, request: Request, ctx: Context, status: int, size: int) -> None:
+        if ctx.quiet:  # a warm-up is not logged
+            return
         duration = (_clock() - ctx.started) * 1000
         arrived = _time() - duration / 1000
         stamp = self._stamp_of(int(arrived))

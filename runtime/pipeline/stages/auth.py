@@ -48,6 +48,8 @@ class Auth:
         if target is None:
             return call_next(request, ctx)
         mode = self._mode(target)
+        if ctx.quiet:  # a warm-up carries no credential; only the PoP can make one
+            return call_next(request, ctx)
         if mode == "none":
             if request.headers:
                 ctx.principal = self._optional(request)

@@ -33,7 +33,7 @@ class Bots:
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
         policy = self.manager.policy(target.policy.bots if target is not None else None)
-        verdict = self.manager.judge(request, ctx.client)
+        verdict = self.manager.judge(request, ctx.client, count=not ctx.quiet)
         cls, agent, signals, reason = verdict
         action = getattr(policy, cls)
         ctx.bot, ctx.agent = cls, agent
@@ -42,6 +42,6 @@ class Bots:
         if reason is not None:
             record["reason"] = reason
         ctx.decide("bots", record)
-        if action != "allow":
+        if action != "allow" and not ctx.quiet:  # a warm-up is neither counted nor refused
             self.manager.enforce(action, verdict, ctx.client, request)
         return call_next(request, ctx)

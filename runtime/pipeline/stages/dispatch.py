@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from edgefn_core.errors import FunctionError
 from runtime.executors.base import Caller
 from runtime.functions.registry import Deployment
+from runtime.functions.warmup import unmetered
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result, then
 
@@ -30,6 +31,8 @@ class Dispatch:
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         fn = ctx.target
         assert isinstance(fn, Deployment), "dispatch runs after route"
+        if ctx.quiet:
+            return _quiet(fn, request, ctx)
         if fn.inflight >= fn.concurrency:
             raise FunctionError("concurrency_limit", 503, f"has {fn.inflight} requests in "
                                 f"flight, its limit (limits.concurrency = {fn.concurrency})")
@@ -48,6 +51,17 @@ class Dispatch:
             return result
         fn.inflight += 1
         return then(_counted(result, fn), _tagged, fn.tag)
+
+
+def _quiet(fn: Deployment, request: Request, ctx: Context) -> Result:
+    """A warm-up request (`runtime.pipeline.warm`): a dry one is answered here; else
+    the function runs without taking a concurrency slot, and a synchronous call's
+    instantiation is not counted in edgefn_wasm_instantiate_seconds."""
+    if ctx.dry:
+        return Response(204, [fn.tag])
+    with unmetered(fn.executor):
+        result = fn.executor.handle(request, ctx.route, ctx.params)
+    return then(result, _tagged, fn.tag)
 
 
 def _principal(ctx: Context) -> dict[str, str]:

@@ -110,6 +110,8 @@ class Events:
             event.sampled = False
         if self.redact is not None:
             event = self.redact(event)
+        if ctx.quiet:  # a warm-up: built (that code is warm now), seen by no observer
+            return
         self.observers.observe(event)
 
     def _decisions(self, event: Event, request: Request, decisions: dict[str, Any]) -> None:

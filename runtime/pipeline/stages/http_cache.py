@@ -54,7 +54,8 @@ class HttpCacheStage:
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
-        if target is None or target.kind != "function" or not self.settings.enabled:
+        if target is None or target.kind != "function" or not self.settings.enabled \
+                or ctx.quiet:  # a warm-up is neither looked up, stored nor counted
             return call_next(request, ctx)
         s = self._settings(target)
         if not s.enabled:

@@ -69,7 +69,7 @@ class RateLimit:
                 target is None or not target.policy.rate_limits):
             return call_next(request, ctx)  # the fast path: nothing applies
         checks = self._checks(request, ctx, target)
-        if not checks:
+        if not checks or ctx.quiet:  # a warm-up's checks are made (and cached), not counted
             return call_next(request, ctx)
         if self.limiter.remote:
             return self._remote(request, ctx, call_next, checks)

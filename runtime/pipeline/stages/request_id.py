@@ -16,6 +16,7 @@ from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result, then
 
 WELL_FORMED = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+QUIET_ID = b"warmup"  # the id of every warm-up request (`runtime.pipeline.warm`)
 
 
 class RequestId:
@@ -29,7 +30,9 @@ class RequestId:
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         rid = request.header(self.header) if self.trust else None
-        if rid is None or not WELL_FORMED.fullmatch(rid):
+        if ctx.quiet:  # a warm-up takes no number: the ids clients see stay consecutive
+            rid = QUIET_ID
+        elif rid is None or not WELL_FORMED.fullmatch(rid):
             rid = b"%s-%x" % (self.prefix, next(self.counter))
         ctx.request_id = rid
         result = call_next(request, ctx)

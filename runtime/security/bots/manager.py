@@ -83,16 +83,17 @@ class BotManager:
                                 settings.signature_max_age)
         return cls(settings, Classifier(agent_list.load(settings.agents)), verifier)
 
-    def judge(self, request: Request, client: str) -> Verdict:
+    def judge(self, request: Request, client: str, count: bool = True) -> Verdict:
         """`request`'s class, the verified agent's identity, the signals used and
-        why a signature was refused; `client` is its ``address:port``."""
+        why a signature was refused; `client` is its ``address:port``. `count`:
+        count it toward ``abusive_rate`` (a warm-up is not counted)."""
         headers = dict(request.headers)
         if b"signature-input" in headers:  # RFC 9421 (a bare Signature is Cavage's)
             verdict = self._signed(request, headers)
         else:
             cls, signals = self.classifier.classify(headers)
             verdict = (cls, None, signals, None)
-        if self._abusive_rate and self._too_fast(verdict[1] or address(client)):
+        if count and self._abusive_rate and self._too_fast(verdict[1] or address(client)):
             return ("abusive", verdict[1], (*verdict[2], "rate"), verdict[3])
         return verdict
 
