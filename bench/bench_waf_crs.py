@@ -55,6 +55,7 @@ from runtime.net.server import ServerConfig, ServerState  # noqa: E402
 from runtime.pipeline.stage import Context  # noqa: E402
 from runtime.pipeline.stages.waf import Waf  # noqa: E402
 from runtime.pipeline.targets import Targets  # noqa: E402
+from runtime.pipeline.warm import MemoryTransport  # noqa: E402
 from runtime.security.settings import NO_POLICY, WafSettings  # noqa: E402
 from runtime.security.waf.crs import Profile  # noqa: E402
 from runtime.security.waf.engine import Verdict, WafEngine  # noqa: E402
@@ -152,31 +153,6 @@ def _encoded(data: str, content_type: str) -> bytes:
 
 
 # -- the HTTP front, socket-free ------------------------------------------------------------
-class Transport:
-    def __init__(self) -> None:
-        self.written = b""
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        pass
-
-    abort = close
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("192.0.2.10", 40000) if name == "peername" else default
-
-
 def through_front(raw: bytes, loop: asyncio.AbstractEventLoop) -> Request | int:
     """The first request edgefn's HTTP front makes of `raw`, or the status it
     refused it with (a 4xx written before any request was handed on)."""
@@ -187,12 +163,12 @@ def through_front(raw: bytes, loop: asyncio.AbstractEventLoop) -> Request | int:
         return Response(200, [], b"")
 
     proto = HttpProtocol(app, ServerState(ServerConfig(), loop))
-    transport = Transport()
+    transport = MemoryTransport(loop, ("192.0.2.10", 40000))
     proto.connection_made(transport)  # type: ignore[arg-type]
     proto.data_received(raw)
     if seen:
         return seen[0]
-    status = re.match(rb"HTTP/1\.1 (\d+)", transport.written)
+    status = re.match(rb"HTTP/1\.1 (\d+)", transport.sent)
     return int(status.group(1)) if status else 0
 
 
@@ -306,7 +282,7 @@ def main() -> None:
     engine = WafEngine(Profile.of(settings))
     router = Router([(Route("/"), "f", SimpleNamespace(
         label="f@1", kind="function", name="f", tenant=None, policy=NO_POLICY))])
-    stage = Waf(settings, Targets(SimpleNamespace(router=router)))  # type: ignore[arg-type]
+    stage = Waf(settings, Targets(SimpleNamespace(router=router, canaries={})))  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     try:
         outcomes = [replay(c, engine, stage, rules, loop) for c in chosen]

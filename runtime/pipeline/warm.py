@@ -105,7 +105,7 @@ async def _exchange(app: Any, raw: bytes) -> int:
     """`raw` fed to an `HttpProtocol` serving `app` on an in-memory transport; the
     status of the response it wrote once it closed the connection."""
     loop = asyncio.get_running_loop()
-    transport = _Memory(loop)
+    transport = MemoryTransport(loop)
     protocol = HttpProtocol(app, ServerState(ServerConfig(), loop))
     protocol.connection_made(transport)  # type: ignore[arg-type]
     try:
@@ -119,12 +119,15 @@ async def _exchange(app: Any, raw: bytes) -> int:
     return int(head[9:12])
 
 
-class _Memory:
-    """The transport of a quiet request: keeps what is written, and says when the
-    protocol closes it (it does after its one response: ``connection: close``)."""
+class MemoryTransport:
+    """A transport with no socket: keeps what is written, and says when the protocol
+    closes it (a quiet request's does after its one response: ``connection: close``).
+    `peer` is the address the protocol reads as its client's."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 peer: tuple[str, int] = ("warmup", 0)) -> None:
         self.sent = bytearray()
+        self.peer = peer
         self.closed: asyncio.Future[None] = loop.create_future()
 
     def write(self, data: bytes) -> None:
@@ -149,4 +152,4 @@ class _Memory:
         pass
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("warmup", 0) if name == "peername" else default
+        return self.peer if name == "peername" else default
