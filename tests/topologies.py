@@ -37,6 +37,16 @@ def network(client_edge: float, edge_regional: float, central: float, **more: ob
     return "[network]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in rows.items())
 
 
+# two regions, and tenant acme-eu pinned to emea
+EMEA_PINNED = """[[region]]
+name = "emea"
+[[region]]
+name = "americas"
+[[tenant]]
+name = "acme-eu"
+residency = "emea"
+"""
+
 # central, one regional and one edge (geography eu-west): the smallest with every tier
 SMALL = (pop("central", "central") + pop("reg", "regional", parents=["central"])
          + pop("edge", "edge", geo="eu-west", parents=["reg", "central"]))

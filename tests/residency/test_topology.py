@@ -34,7 +34,7 @@ from runtime.topology import runner
 from runtime.topology.load import Client, Sample
 from runtime.topology.rundir import pop_dir, read_state, write_state
 from tests.support import EXAMPLES, ROOT
-from tests.topologies import network, pop, running
+from tests.topologies import EMEA_PINNED, network, pop, running
 
 MARK = f"RESMARK{uuid.uuid4().hex[:12]}"  # in paths, bodies, prompts and KV of acme-eu
 DSMARK = f"dsmark{uuid.uuid4().hex[:12]}"  # in the e-mail address acme-ds's prompt holds
@@ -48,13 +48,7 @@ default_ttl = 600
 PINS = """[samples]
 rate = 1.0
 interval_s = 0.3
-[[region]]
-name = "emea"
-[[region]]
-name = "americas"
-[[tenant]]
-name = "acme-eu"
-residency = "emea"
+""" + EMEA_PINNED + """
 [[tenant]]
 name = "acme-ds"
 residency = "emea"

@@ -24,7 +24,7 @@ from runtime.security.keys import KeyStore
 from runtime.topology import runner
 from runtime.topology.load import Client, Sample, failed_beyond, metric_sum
 from runtime.topology.rundir import pop_dir, read_state
-from tests.topologies import network, pop, running
+from tests.topologies import EMEA_PINNED, network, pop, running
 
 LOCAL, CENTRAL_ONLY = "smollm2-135m", "smollm2-central"
 CENTRAL_MODELS = f"""
@@ -43,15 +43,7 @@ name = "all-minilm-l6-v2"
 engine = "onnx"
 threads = 1
 """
-REGIONS = """
-[[region]]
-name = "emea"
-[[region]]
-name = "americas"
-[[tenant]]
-name = "acme-eu"
-residency = "emea"
-"""
+REGIONS = "\n" + EMEA_PINNED
 # edge-eu's only parent is in its region (a pinned tenant may leave through it);
 # edge-ap fails over to central
 TOPOLOGY = (network(4, 10, 20, health_interval_s=0.2) + REGIONS

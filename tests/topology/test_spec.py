@@ -125,6 +125,15 @@ def test_roles_come_from_config_only(tmp_path: Path) -> None:
     assert not (tmp_path / "pops" / "central" / "models.toml").exists()
 
 
+def _written(tmp_path: Path, text: str) -> None:
+    """Plan `text` with the regional "reg" running smollm2-135m; configs in tmp_path/run."""
+    (tmp_path / "topology.toml").write_text(text.replace(
+        'parents = ["central"]', 'parents = ["central"]\nmodels = ["smollm2-135m"]'))
+    topo = spec.load(tmp_path / "topology.toml")
+    ports, _ = plan.network(topo)
+    plan.write(tmp_path / "run", topo, ports)
+
+
 def test_a_regional_runs_the_models_it_names_and_forwards_the_others(tmp_path: Path) -> None:
     """Its models.toml has central's entry for each model it names and an uplink for
     the rest; its residency uplink lists only those; an edge still forwards all."""
@@ -136,11 +145,7 @@ def test_a_regional_runs_the_models_it_names_and_forwards_the_others(tmp_path: P
         'models = ["llama-3-70b"]\n'
         '[[loras]]\nname = "pirate"\npath = "p.gguf"\n')
     text = SMALL.replace('tier = "central"', 'tier = "central"\nworker_config = "central.toml"')
-    (tmp_path / "topology.toml").write_text(text.replace(
-        'parents = ["central"]', 'parents = ["central"]\nmodels = ["smollm2-135m"]'))
-    topo = spec.load(tmp_path / "topology.toml")
-    ports, _ = plan.network(topo)
-    plan.write(tmp_path / "run", topo, ports)
+    _written(tmp_path, text)
     from gpu_worker import config as worker
     from runtime import config
 
@@ -159,11 +164,7 @@ def test_a_regional_runs_the_models_it_names_and_forwards_the_others(tmp_path: P
 
 
 def test_a_regional_that_serves_every_chat_model_forwards_none(tmp_path: Path) -> None:
-    (tmp_path / "topology.toml").write_text(SMALL.replace(
-        'parents = ["central"]', 'parents = ["central"]\nmodels = ["smollm2-135m"]'))
-    topo = spec.load(tmp_path / "topology.toml")
-    ports, _ = plan.network(topo)
-    plan.write(tmp_path / "run", topo, ports)
+    _written(tmp_path, SMALL)
     from gpu_worker import config as worker
     from runtime import config
 
