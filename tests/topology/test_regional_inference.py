@@ -51,7 +51,7 @@ TOPOLOGY = (network(4, 10, 20, health_interval_s=0.2) + REGIONS
             + pop("reg", "regional", region="emea", parents=["central"], models=[LOCAL])
             + pop("edge-eu", "edge", geo="eu-west", region="emea", parents=["reg"])
             + pop("edge-ap", "edge", geo="ap-south", region="emea", parents=["reg", "central"]))
-SETTLE = 1.0  # five of the links' health probes: edge-ap's link has seen reg go down
+SETTLE = 1.0  # five of the links' health probes: edge-ap's link has seen reg go down (or up)
 GRACE = 0.1  # news of a death crossing the links: a chat sent later is not in flight
 
 
@@ -145,6 +145,14 @@ def _until(what: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.05)
 
 
+def _serving_again(reg_url: str) -> None:
+    """Until reg is ready and the links' probes have seen it (the tests run in any
+    order: the next one may need edge-ap's link to route to reg; a CI run once sent
+    the next chat to central in the probes' gap)."""
+    _until(lambda: runner.ready(reg_url), 120)
+    time.sleep(SETTLE)
+
+
 def test_with_the_regionals_worker_down_an_edge_is_answered_by_central(run: Path) -> None:
     state = read_state(run)
     assert state is not None
@@ -163,7 +171,7 @@ def test_with_the_regionals_worker_down_an_edge_is_answered_by_central(run: Path
         assert (reached(run, "reg", rid), reached(run, "central", rid)) == (False, True)
     finally:
         config.write_bytes(good)
-        _until(lambda: runner.ready(reg_url), 120)  # the next test finds it serving
+        _serving_again(reg_url)
 
 
 def _chats(port: int, stop: threading.Event, out: list[Sample]) -> None:
@@ -201,6 +209,7 @@ def test_kill_the_regionals_worker_under_load(run: Path) -> None:
         stop.set()
         for t in threads:
             t.join(130)
+        _serving_again(reg_url)
     beyond = failed_beyond(samples, [kill], GRACE)
     failed = [s for s in samples if s.status != 200]
     after = calls(run)
