@@ -4,8 +4,15 @@ with backoff when it dies.
 
 Errors say whether the worker is fine (`WorkerError`: a bad request, an
 unknown model, a timeout) or gone (`WorkerDead`: requests in flight when it
-died, or sent while it restarts and not served in time). Nothing waits forever:
-every wait has a timeout, and a worker that dies fails everything in flight.
+died, sent while it restarts and not served in time, or sent while it is down).
+Nothing waits forever: every wait has a timeout, and a worker that dies fails
+everything in flight.
+
+A request waits (READY_WAIT) for a worker that is restarting after it died, but
+not for one that is down: once a start has failed (the process exited before it
+served), requests fail at once, and those waiting are failed too, until a later
+start serves. A worker whose config no longer loads thus costs a request a
+503 in about a second, not a 30 s wait per model call.
 """
 
 from __future__ import annotations
@@ -117,6 +124,8 @@ class WorkerClient:
         self.closing = False
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.down: str | None = None  # why the last start failed, until one serves
+        self.start_failed = asyncio.Event()  # wakes the requests waiting for that start
         self.tasks: list[asyncio.Task[None]] = []
         # called after every (re)connection, e.g. to register run-time state again
         self.on_connect: Callable[[], Awaitable[None]] | None = None
@@ -151,16 +160,24 @@ class WorkerClient:
             await self.ready(START_TIMEOUT)
 
     async def ready(self, timeout: float | None = None) -> None:
-        """Raises `WorkerDead` if the worker does not serve within `timeout`
-        (default READY_WAIT)."""
+        """Raises `WorkerDead` if the worker is down (its last start failed), or
+        does not serve within `timeout` (default READY_WAIT) or before a start fails."""
         if self.connected.is_set():
             return
+        if self.down is not None:
+            raise WorkerDead(self.down)
         timeout = READY_WAIT if timeout is None else timeout
+        waits = [asyncio.ensure_future(self.connected.wait()),
+                 asyncio.ensure_future(self.start_failed.wait())]
         try:
-            await asyncio.wait_for(self.connected.wait(), timeout)
-        except TimeoutError:
-            raise WorkerDead(f"the model worker is not running (waited {timeout:.0f} s; "
-                             f"{self.restarts} restarts so far)") from None
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if self.connected.is_set():
+            return
+        raise WorkerDead(self.down or f"the model worker is not running (waited "
+                         f"{timeout:.0f} s; {self.restarts} restarts so far)")
 
     # -- requests -------------------------------------------------------------------------
     async def generate(self, model: str, *, window: int = p.WINDOW, **params: Any) -> Generation:
@@ -245,6 +262,8 @@ class WorkerClient:
                 await self.on_connect()
             except Exception:
                 log.exception("re-registering state with the model worker failed")
+        self.down = None
+        self.start_failed.clear()
         self.connected.set()
         return True
 
@@ -296,26 +315,38 @@ class WorkerClient:
             self.process = await asyncio.create_subprocess_exec(
                 *self.command, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, "EDGEFN_PARENT_PID": str(os.getpid())})
-            await self._wait_serving(self.process)
+            served = await self._wait_serving(self.process)
             rc = await self.process.wait()
             if self.closing:
                 return
             if time.monotonic() - started > STABLE_AFTER:
                 backoff = 0.5  # it ran fine for a while: no longer a crash loop
+            if not served:
+                self._failed_start(rc, backoff)
             self.restarts += 1
             log.warning("model worker exited (status %s); restarting in %.1f s", rc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    async def _wait_serving(self, proc: asyncio.subprocess.Process) -> None:
+    async def _wait_serving(self, proc: asyncio.subprocess.Process) -> bool:
+        """Whether `proc` served (the client connected) before it exited or
+        START_TIMEOUT passed (then it is killed)."""
         deadline = time.monotonic() + START_TIMEOUT
         while proc.returncode is None and time.monotonic() < deadline:
             if await self._connect():
-                return
+                return True
             await asyncio.sleep(0.05)
         if proc.returncode is None:
             log.error("model worker did not serve within %.0f s; killing it", START_TIMEOUT)
             proc.kill()
+        return False
+
+    def _failed_start(self, rc: int | None, backoff: float) -> None:
+        """The worker is down: fail those waiting for it, and the next requests at
+        once, until a start serves."""
+        self.down = (f"the model worker is down: its last start failed (exit status {rc}); "
+                     f"the next try is in {backoff:.1f} s (see the PoP's log)")
+        self.start_failed.set()
 
     async def close(self) -> None:
         """Stop the worker this client runs (SIGTERM, then SIGKILL after 5 s)."""

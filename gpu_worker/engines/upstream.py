@@ -20,6 +20,11 @@ leaves unescaped inside strings, and would cut such a token's event in two.
   only when asked, so TCP backpressure reaches the upstream server.
 - ``timeout`` bounds connecting, sending, and every wait for the upstream's next
   bytes (not a wait for the client's credit).
+- A 503 that closes its connection is tried once more, on a new connection, before
+  anything was passed on: that is how a PoP whose model worker is down answers
+  (`runtime.pipeline.contain`), and through a topology link or a load balancer the
+  new connection reaches a server that is ready. A 503 on a kept connection (an
+  overloaded vLLM) is passed on as it is; the client chooses when to retry.
 
 Upstream errors keep the upstream's HTTP status and message; the code is derived
 from the status (404 model_not_found, 408/504 timeout, 429/503 overloaded, other
@@ -464,15 +469,15 @@ class UpstreamEngine(Engine):
             headers["x-edgefn-tenant"] = st.tenant
         if st.desensitised is not None:
             headers["x-edgefn-desensitised"] = st.desensitised
-        async with client.stream("POST", path, content=body, headers=headers) as resp:
-            if resp.status_code != 200:
-                raise _http_error(resp.status_code, await _read_body(resp, MAX_ERROR_BODY))
-            progress = _Progress()
-            if "text/event-stream" in resp.headers.get("content-type", ""):
-                await _events(st, resp, progress)
-            else:
-                await _whole(st, resp, progress)
-            st.done(progress)
+        for again in (True, False):
+            async with client.stream("POST", path, content=body, headers=headers) as resp:
+                if resp.status_code != 200:
+                    error = await _read_body(resp, MAX_ERROR_BODY)
+                    if again and _elsewhere(resp):
+                        continue
+                    raise _http_error(resp.status_code, error)
+                await _answer(st, resp)
+                return
 
     # -- embeddings ---------------------------------------------------------------------
     async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
@@ -501,14 +506,22 @@ class UpstreamEngine(Engine):
     async def _call(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         """One whole request and answer: status and body. Raises `EngineError`:
         invalid_config, upstream_unavailable (502), timeout (504), upstream_error (502)."""
-        client = self._setup()
         try:
-            async with client.stream(method, path, content=body,
-                                     headers=_headers("application/json", body)) as resp:
-                limit = MAX_BODY if resp.status_code == 200 else MAX_ERROR_BODY
-                return resp.status_code, await _read_body(resp, limit)
+            status, answer, elsewhere = await self._call_once(method, path, body)
+            if elsewhere:
+                status, answer, _ = await self._call_once(method, path, body)
+            return status, answer
         except httpx2.RequestError as e:
             raise self._request_error(e, f"did not answer {method} {path} within") from None
+
+    async def _call_once(self, method: str, path: str, body: bytes | None
+                         ) -> tuple[int, bytes, bool]:
+        """Status, body, and whether to try again elsewhere (`_elsewhere`). Raises
+        `EngineError` (invalid_config, the body too long), `httpx2.RequestError`."""
+        async with self._setup().stream(method, path, content=body,
+                                        headers=_headers("application/json", body)) as resp:
+            limit = MAX_BODY if resp.status_code == 200 else MAX_ERROR_BODY
+            return resp.status_code, await _read_body(resp, limit), _elsewhere(resp)
 
     def _request_error(self, e: httpx2.RequestError, silent: str) -> EngineError:
         """An httpx2 failure as an `EngineError`: timeout (504, "upstream <url> `silent`
@@ -520,6 +533,22 @@ class UpstreamEngine(Engine):
             return EngineError("upstream_unavailable", 502, f"upstream {self.url} is unavailable: "
                                f"{_describe(e)}")
         return EngineError("upstream_error", 502, f"upstream {self.url} broke HTTP: {_describe(e)}")
+
+
+def _elsewhere(resp: httpx2.Response) -> bool:
+    """Whether `resp` is a 503 that closed its connection: another try, on a new
+    connection, may reach a server that is ready."""
+    return resp.status_code == 503 and resp.headers.get("connection", "").lower() == "close"
+
+
+async def _answer(st: _Stream, resp: httpx2.Response) -> None:
+    """Pass a 200 answer (streamed or whole) to `st`, then its end."""
+    progress = _Progress()
+    if "text/event-stream" in resp.headers.get("content-type", ""):
+        await _events(st, resp, progress)
+    else:
+        await _whole(st, resp, progress)
+    st.done(progress)
 
 
 async def _events(st: _Stream, resp: httpx2.Response, progress: _Progress) -> None:

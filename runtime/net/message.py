@@ -40,13 +40,18 @@ class Request:
 
 
 class Response:
-    __slots__ = ("body", "headers", "status")
+    """`close`: the PoP's own say (never a function's: hop-by-hop headers are
+    dropped) that the connection ends after this response, so the client's next
+    request opens a new one, which a load balancer or link may send elsewhere."""
+
+    __slots__ = ("body", "close", "headers", "status")
 
     def __init__(self, status: int = 200, headers: Headers | None = None,
-                 body: bytes | AsyncIterator[bytes] = b"") -> None:
+                 body: bytes | AsyncIterator[bytes] = b"", close: bool = False) -> None:
         self.status = status
         self.headers = headers if headers is not None else []
         self.body = body
+        self.close = close
 
 
 def json_response(data: Any, status: int = 200, headers: Headers | None = None) -> Response:

@@ -289,7 +289,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         body = response.body
         assert isinstance(body, bytes)
-        keep_alive = request.keep_alive and not self.closing
+        keep_alive = request.keep_alive and not self.closing and not response.close
         head = self._head(request, response, keep_alive)
         if response.status in NO_BODY_STATUS:
             body = b""
@@ -304,7 +304,8 @@ class HttpProtocol(asyncio.Protocol):
 
     async def _stream(self, request: Request, response: Response,
                       body: AsyncIterator[bytes]) -> None:
-        keep_alive = request.keep_alive and not self.closing and request.http_version == "1.1"
+        keep_alive = (request.keep_alive and not self.closing and not response.close
+                      and request.http_version == "1.1")
         head = self._head(request, response, keep_alive)
         chunked = request.http_version == "1.1"
         if chunked:

@@ -6,13 +6,17 @@ An `EdgefnError` is expected (a function hit its CPU limit, a model is unknown)
 and is rendered by the request's target, so a function's error reads like a
 function's and the OpenAI API's like OpenAI's. Anything else is a bug: it is
 logged with its traceback and answered as a 500 (``crash``, 502, for a function).
+
+A `WorkerDead` (this PoP's model worker is not running) also closes the
+connection: a client that retries (an edge's upstream engine does, once) opens
+a new one, which a link or load balancer sends to a PoP that is ready.
 """
 
 from __future__ import annotations
 
 import logging
 
-from edgefn_core.errors import EdgefnError, Rejected
+from edgefn_core.errors import EdgefnError, Rejected, WorkerDead
 from runtime.net.message import Response, json_response
 from runtime.pipeline.stage import Context
 
@@ -30,7 +34,9 @@ def contain(ctx: Context, exc: Exception) -> Response:
             response = target.error_response(exc) if target and openai else plain_error(exc)
             response.headers.extend(exc.headers)
             return response
-        return target.error_response(exc) if target is not None else plain_error(exc)
+        response = target.error_response(exc) if target is not None else plain_error(exc)
+        response.close = isinstance(exc, WorkerDead)
+        return response
     rid = ctx.request_id.decode()
     log.error("%s: unexpected failure (request %s)", where, rid, exc_info=exc)
     if target is not None:

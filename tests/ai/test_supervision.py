@@ -106,8 +106,10 @@ def test_while_the_worker_stays_down_requests_get_503_and_restarts_back_off(
         ai_pop: Running, api: openai.OpenAI, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every restart fails (the worker command becomes a process that records when
-    it started and exits): the gaps between attempts must double."""
-    ready_wait = 1.0
+    it started and exits): a request waits for the restart under way, not READY_WAIT,
+    and gets 503 once it fails; later ones get it at once; the gaps between attempts
+    double."""
+    ready_wait = 20.0
     monkeypatch.setattr(gpu_worker.client, "READY_WAIT", ready_wait)
     starts = tmp_path / "starts"
     sh = shutil.which("sh")
@@ -119,20 +121,25 @@ def test_while_the_worker_stays_down_requests_get_503_and_restarts_back_off(
     wait_for(lambda: client.restarts >= 1, 10, "the PoP noticed the worker died")
 
     began = time.monotonic()
-    status, body = post(ai_pop, "/v1/chat/completions",
-                        {"model": CHAT, "messages": STORY, "max_tokens": 3})
-    waited = time.monotonic() - began
+    status, headers, data = ai_pop.request(
+        "POST", "/v1/chat/completions", json.dumps({"model": CHAT, "messages": STORY,
+                                                    "max_tokens": 3}).encode(),
+        {"content-type": "application/json"}, timeout=30)
+    waited, body = time.monotonic() - began, json.loads(data)
     assert status == 503, body
     assert (body["error"]["type"], body["error"]["code"]) == ("server_error",
                                                               "worker_unavailable")
-    assert "not running" in body["error"]["message"]
-    assert waited >= ready_wait * 0.9  # it waited for a restart before giving up
-    with pytest.raises(openai.InternalServerError) as e:
+    assert headers["connection"] == "close"  # a retry opens a new connection
+    assert "its last start failed (exit status 3)" in body["error"]["message"]
+    assert starts.exists()  # answered after the restart under way had failed
+    assert waited < ready_wait / 2  # and not after READY_WAIT
+    tried = len(starts.read_text().split())
+    with pytest.raises(openai.InternalServerError) as e:  # at once: before the next try
         api.models.list()
     assert (e.value.status_code, e.value.code) == (503, "worker_unavailable")
+    assert len(starts.read_text().split()) == tried
 
-    wait_for(lambda: starts.exists() and len(starts.read_text().split()) >= 3, 15,
-             "three restart attempts")
+    wait_for(lambda: len(starts.read_text().split()) >= 3, 15, "three restart attempts")
     times = [float(t) for t in starts.read_text().split()]
     gaps = [b - a for a, b in zip([killed_at, *times], times, strict=False)]
     # each attempt waits at least its backoff (0.5, 1, 2 s) after the previous one ended

@@ -9,7 +9,8 @@ model ``stall`` sends one token and then nothing, model ``flood`` sends 1 MiB
 tokens and counts the bytes the network has taken; ``cut`` and ``oops`` send a
 token and then hang up mid-body or send an error event; ``breaks`` streams tokens
 holding Unicode line breaks that JSON leaves unescaped (U+2028, U+0085, U+2029);
-``junk`` answers with something that is not HTTP.
+``junk`` answers with something that is not HTTP. `FakeUpstream.unavailable`
+lists 503 answers to give first, each closing its connection or not.
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ async def send_chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
     await writer.drain()
 
 
-def response_head(status: int, content_type: str, length: int | None = None) -> bytes:
+def response_head(status: int, content_type: str, length: int | None = None,
+                  close: bool = True) -> bytes:
     framing = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
     reason = {200: "OK", 404: "Not Found"}.get(status, "Error")
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n{framing}\r\n"
-            "Connection: close\r\n\r\n").encode()
+            f"{'Connection: close' if close else 'Connection: keep-alive'}\r\n\r\n").encode()
 
 
 def words_of(body: dict[str, Any]) -> list[str]:
@@ -74,6 +76,7 @@ class FakeUpstream:
         self.requests: list[tuple[str, str, dict[str, str], dict[str, Any]]] = []
         self.disconnected = asyncio.Event()
         self.flood_sent = 0  # bytes of the flood model's answer the network took
+        self.unavailable: list[bool] = []  # 503s to answer POSTs with first: closing or not
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -116,6 +119,12 @@ class FakeUpstream:
 
     async def _route(self, method: str, path: str, body: dict[str, Any],
                      reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if method == "POST" and self.unavailable:
+            data = msgspec.json.encode({"error": {"message": "the model worker is down",
+                                                  "type": "server_error", "code": "busy"}})
+            close = self.unavailable.pop(0)
+            writer.write(response_head(503, "application/json", len(data), close) + data)
+            return await writer.drain()
         if method == "GET" and path == "/v1/models":
             return await self._json(writer, 200, {
                 "object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
@@ -494,6 +503,39 @@ def test_embed_returns_vectors_in_input_order_and_usage() -> None:
             assert vectors == [[1.0, 1.0], [5.0, 1.0], [3.0, 1.0]]
             assert tokens == 4
             assert up.requests[-1][3] == {"model": "embedder", "input": ["a", "bb cc", "ddd"]}
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_503_that_closes_its_connection_is_tried_once_more() -> None:
+    """Once, on a new connection (a PoP whose model worker is down says so); a 503
+    on a kept connection is passed on at once."""
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url)
+            await engine.start()
+            up.unavailable = [True]
+            sink = RecordingSink()
+            engine.generate(chat(1, "echo", "still here"), sink)
+            assert await sink.result() == ("done", "stop", 4, 2)
+            up.unavailable = [True]
+            assert (await engine.embed("embedder", ["a"]))[0] == [[1.0, 1.0]]
+            posts = [r for r in up.requests if r[0] == "POST"]
+            assert [r[1] for r in posts] == ["/v1/chat/completions"] * 2 + ["/v1/embeddings"] * 2
+
+            for answers, tries in (([True, True], 2), ([False], 1)):
+                up.unavailable, before = list(answers), len(up.requests)
+                sink = RecordingSink()
+                engine.generate(chat(2, "echo", "gone"), sink)
+                assert await sink.result() == (
+                    "error", "overloaded", "the model worker is down", 503)
+                assert len(up.requests) - before == tries
+                up.unavailable, before = list(answers), len(up.requests)
+                with pytest.raises(EngineError) as err:
+                    await engine.embed("embedder", ["a"])
+                assert (err.value.code, err.value.status) == ("overloaded", 503)
+                assert len(up.requests) - before == tries
             engine.close()
 
     asyncio.run(scenario())

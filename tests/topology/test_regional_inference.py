@@ -4,7 +4,8 @@ edge's chat for the regional's model is generated there and never reaches
 central; a model only central runs still reaches central; a tenant pinned to the
 region is served by the regional model and refused (451) for the central-only
 one; and with the regional's model worker down, an edge's chat is answered by
-central, and killing it under load fails only the chats in flight on it."""
+central (also one that reached the regional before the links' probes saw it
+down), and killing it under load fails only the chats in flight on it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import gpu_worker.client
 from runtime.admin.client import AdminClient
 from runtime.security.keys import KeyStore
 from runtime.topology import runner
@@ -169,6 +171,44 @@ def test_with_the_regionals_worker_down_an_edge_is_answered_by_central(run: Path
         assert sample.status == 200, sample.error
         assert generated(run, "central") == central + 1
         assert (reached(run, "reg", rid), reached(run, "central", rid)) == (False, True)
+    finally:
+        config.write_bytes(good)
+        _serving_again(reg_url)
+
+
+def test_a_chat_that_reaches_the_regional_as_its_worker_goes_down_is_answered_by_central(
+        run: Path) -> None:
+    """The chat is sent right after reg's worker is killed (its restarts fail), before
+    the links' probes see reg not ready, so it reaches reg: reg answers 503 once the
+    first restart has failed (not after READY_WAIT, 30 s, per model call) and closes
+    the connection; edge-ap tries once more on a new one, which the link sends to
+    central. A probe may land in that ~20 ms gap (then the chat goes straight to
+    central): up to three tries, and one must reach reg."""
+    for _ in range(3):
+        central = generated(run, "central")
+        sample, rid = _chat_as_regs_worker_goes_down(run)
+        assert sample.status == 200, sample.error
+        assert reached(run, "central", rid) and generated(run, "central") == central + 1
+        if reached(run, "reg", rid):
+            break
+    else:
+        raise AssertionError("no chat reached reg before the probes saw it down")
+    print(f"answered by central in {sample.seconds:.2f} s")
+    assert sample.seconds < gpu_worker.client.READY_WAIT / 3, sample.seconds
+
+
+def _chat_as_regs_worker_goes_down(run: Path) -> tuple[Sample, str]:
+    """A chat sent from ap-south right after reg's worker is killed with a config
+    that no longer loads; then reg serves again."""
+    state = read_state(run)
+    assert state is not None
+    reg_url = next(p.public for p in state.pops if p.name == "reg")
+    config = pop_dir(run, "reg") / "models.toml"
+    good = config.read_bytes()
+    try:
+        config.write_text("[[models]]\nname = 1\n")  # every restart fails: it stays down
+        os.kill(_worker_pid(run, "reg"), signal.SIGKILL)
+        return chat(run, "ap-south", LOCAL)
     finally:
         config.write_bytes(good)
         _serving_again(reg_url)
