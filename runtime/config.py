@@ -283,6 +283,7 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     if problem is not None:
         raise InvalidConfig(label, problem[1], f"tracing.{problem[0]}")
     residency.check(config.residency, label)
+    _check_cache_embedder(config, label)
     names = config.stage_names()
     for i, name in enumerate(names):
         if names.index(name) != i:
@@ -295,6 +296,18 @@ def check(config: PopConfig, label: str = "<config>") -> None:
             "dispatch")):
         raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",
                             f"pipeline[{names.index('dispatch')}].stage")
+
+
+def _check_cache_embedder(config: PopConfig, label: str) -> None:
+    """Raises `InvalidConfig` for a semantic cache whose embedding model this PoP
+    forwards while tenants are pinned: every prompt it looks up would leave with no
+    tenant to check (the embedding call carries none)."""
+    model = config.ai_cache.embedding_model
+    if config.residency.tenants and model in config.residency.uplink.models:
+        raise InvalidConfig(label, f"the AI cache's embedding model {model!r} is forwarded "
+                            "([residency.uplink] models) while tenants are pinned: their "
+                            "prompts would leave the PoP; use a model served here",
+                            "ai_cache.embedding_model")
 
 
 def _check_cors(config: PopConfig, names: list[str], label: str) -> None:

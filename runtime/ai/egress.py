@@ -8,6 +8,8 @@ region and the tier it would have needed); the next tier's own refusal stays, as
 defence in depth. A tenant in ``allow_desensitised`` gets its call sent
 de-sensitised instead (`desensitised`): no tenant, a keyed hash of the request id,
 PII masked in the prompt and the messages, and the ``x-edgefn-desensitised`` mark.
+Embeddings of a forwarded model follow the same rule (`inputs`): refused, or sent
+with their texts PII-masked (the worker's embedding call carries no tenant or mark).
 """
 
 from __future__ import annotations
@@ -34,16 +36,33 @@ class Egress:
         region; the de-sensitised form when it may leave and the tenant allows it.
         Raises `Rejected` (451 ``residency_violation``) when it may leave otherwise."""
         s = self.settings
-        home = s.tenants.get(tenant) if tenant is not None else None
-        if tenant is None or home is None:
+        if tenant is None or tenant not in s.tenants:
             return {}
-        away = s.leaving(home, model)
-        if away is None:
+        if not self._leaves(tenant, model):
             return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
                 if s.secret else {}
+        return desensitised(s.secret, tenant, request_id, params)
+
+    def inputs(self, tenant: str | None, model: str, texts: list[str]) -> list[str]:
+        """The texts `tenant`'s embeddings call for `model` takes out of this PoP:
+        `texts` unless it may leave the tenant's region, then PII-masked for a
+        tenant that allows it. Raises `Rejected` (451) when it may leave otherwise."""
+        if tenant is None or tenant not in self.settings.tenants:
+            return texts
+        return [scrub_pii(t) for t in texts] if self._leaves(tenant, model) else texts
+
+    def _leaves(self, tenant: str, model: str) -> bool:
+        """Whether pinned `tenant`'s call for `model` may reach a PoP outside its
+        region; raises `Rejected` (451) when it may and the tenant does not allow
+        it de-sensitised."""
+        s = self.settings
+        home = s.tenants[tenant]
+        away = s.leaving(home, model)
+        if away is None:
+            return False
         if tenant not in s.allow_desensitised:
             raise before_hop(tenant, home, self.pop, away, model)
-        return desensitised(s.secret, tenant, request_id, params)
+        return True
 
 
 def desensitised(secret: str, tenant: str, request_id: str,

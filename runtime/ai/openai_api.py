@@ -214,9 +214,14 @@ class OpenAIApi:
             return {}
         if (mark := mark_of(ctx.decisions)) is not None:
             return {"desensitised": mark}
-        who = ctx.principal.tenant if ctx.principal is not None else None
-        tenant = who or tenant_of(forward_of(ctx.decisions))
-        return self.egress.hop(tenant, model, request_id or "", params)
+        return self.egress.hop(_tenant(ctx), model, request_id or "", params)
+
+    def _inputs(self, ctx: Context | None, model: str, texts: list[str]) -> list[str]:
+        """The texts of an embeddings call that may leave this PoP (`Egress.inputs`;
+        a call that came de-sensitised is already masked). Raises `Rejected` (451)."""
+        if ctx is None or self.egress is None or mark_of(ctx.decisions) is not None:
+            return texts
+        return self.egress.inputs(_tenant(ctx), model, texts)
 
     async def generate(self, body: ChatBody | CompletionBody, chat: bool,
                        ctx: Context | None = None) -> Response:
@@ -292,6 +297,7 @@ class OpenAIApi:
             raise ApiError("invalid_request", 400, "encoding_format must be 'float' or 'base64'",
                            param="encoding_format")
         inputs = [body.input] if isinstance(body.input, str) else body.input
+        inputs = self._inputs(ctx, body.model, inputs)  # refused before any charge
         record = UsageRecord(ctx, "embeddings", body.model)
         record.usage.user = body.user
         ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
@@ -330,6 +336,12 @@ class OpenAIApi:
                        else {})} for r in out["results"]]
         return json_response({"id": "rerank-" + secrets.token_hex(8), "model": body.model,
                               "results": results, "usage": {"total_tokens": out["tokens"]}})
+
+
+def _tenant(ctx: Context) -> str | None:
+    """Whose call this is: the API key's tenant, or the one a lower tier forwarded."""
+    who = ctx.principal.tenant if ctx.principal is not None else None
+    return who or tenant_of(forward_of(ctx.decisions))
 
 
 def _decode[T: msgspec.Struct](body: bytes, kind: type[T]) -> T:

@@ -221,6 +221,8 @@ class AIBinding:
                                   lambda: self._embedded(model, texts))
 
     async def _embedded(self, model: str, texts: list[str]) -> Embedded:
+        if self.egress is not None:  # refused before any charge
+            texts = self.egress.inputs(self.tenant, model, texts)
         ticket = await self._admit(model, False, 0, inputs=texts)
         out = await settled_embedding(ticket, self.service.client.embed(model, texts))
         return Embedded(out["embeddings"], out["tokens"])

@@ -48,6 +48,9 @@ def test_a_pinned_tenant_and_samples_load(tmp_path: Path) -> None:
     ('[residency.uplink]\npops = [{ pop = "c", where = "x" }]\n', "residency.uplink.pops",
      "unknown field"),
     ("region = 7\n", "region", "expected `str`"),
+    ('[ai_cache]\nembedding_model = "far"\n[residency.tenants]\n"acme" = "emea"\n'
+     '[residency.uplink]\nmodels = ["far"]\n', "ai_cache.embedding_model",
+     "prompts would leave the PoP"),
 ])
 def test_bad_values_name_the_file_and_the_field(tmp_path: Path, text: str, field: str,
                                                 says: str) -> None:
@@ -56,3 +59,9 @@ def test_bad_values_name_the_file_and_the_field(tmp_path: Path, text: str, field
     assert str(tmp_path / "pop.toml") in str(e.value)
     assert e.value.field is not None and e.value.field.startswith(field), e.value.field
     assert says in str(e.value)
+
+
+def test_a_forwarded_cache_embedder_is_fine_with_no_tenant_pinned(tmp_path: Path) -> None:
+    cfg = load(tmp_path, '[ai_cache]\nembedding_model = "far"\n'
+               '[residency.uplink]\nmodels = ["far"]\n')
+    assert cfg.ai_cache.embedding_model == "far"

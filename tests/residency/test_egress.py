@@ -89,3 +89,18 @@ def test_a_prompt_is_scrubbed_whole() -> None:
     hop = egress(CENTRAL, allow=("acme-ds",)).hop("acme-ds", "chat-model", "r",
                                                   {"prompt": prompt})
     assert hop["prompt"] == "x" * 600 + " [email]"
+
+
+def test_embeddings_texts_follow_the_same_rule() -> None:
+    """`inputs`: unchanged unless they may leave; then refused, or PII-masked for a
+    tenant that allows it."""
+    texts = [PII, "plain"]
+    assert egress(CENTRAL).inputs("globex", "chat-model", texts) == texts  # not pinned
+    assert egress(CENTRAL).inputs(None, "chat-model", texts) == texts
+    assert egress(REG).inputs("acme-eu", "chat-model", texts) == texts  # stays in region
+    assert egress(CENTRAL).inputs("acme-eu", "local-embedder", texts) == texts  # served here
+    with pytest.raises(Rejected) as e:
+        egress(REG, CENTRAL).inputs("acme-eu", "chat-model", texts)
+    assert (e.value.code, e.value.status) == ("residency_violation", 451)
+    masked = egress(CENTRAL, allow=("acme-ds",)).inputs("acme-ds", "chat-model", texts)
+    assert masked == ["mail [email] or call [phone], card [card]", "plain"]

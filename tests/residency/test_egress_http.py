@@ -1,8 +1,9 @@
 """What leaves a PoP for a pinned tenant's chat, over real HTTP: a real PoP in
 region emea whose model worker forwards ``echo`` to an OpenAI-compatible upstream
 in region americas (a fake server on loopback that records every request it
-gets). A pinned tenant's chat is refused before the hop (the upstream gets
-nothing); one allowed to leave de-sensitised reaches it scrubbed and marked."""
+gets). A pinned tenant's chat, and its embeddings of a forwarded embedding model,
+are refused before the hop (the upstream gets nothing); one allowed to leave
+de-sensitised reaches it scrubbed (and a chat marked)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,7 @@ from tests.support import Running, pop_thread
 SECRET = "0123456789abcdef0123"
 RESIDENCY = {"tenants": {"acme-eu": "emea", "acme-ds": "emea"}, "secret": SECRET,
              "allow_desensitised": ["acme-ds"],
-             "uplink": {"models": ["echo"],
+             "uplink": {"models": ["echo", "embedder"],
                         "pops": [{"pop": "central", "tier": "central", "region": "americas"}]}}
 
 
@@ -52,13 +54,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, F
     with upstream() as up:
         worker = tmp / "worker.toml"
         worker.write_text(f'[[models]]\nname = "central"\nengine = "openai"\n'
-                          f'url = "{up.url}"\nmodels = ["echo"]\n')
+                          f'url = "{up.url}"\nmodels = ["echo", "embedder"]\n')
         with pop_thread(tmp / "data", ai=True, ai_config=str(worker), name="edge-eu",
                         region="emea", residency=RESIDENCY,
                         **{"ai_cache.enabled": False}) as pop:
             store = KeyStore(pop.data)
             keys = {t: store.create(t, ("*",))[0] for t in ("acme-eu", "acme-ds", "globex")}
             pop.admin.request("POST", "/v1/keys/reload")
+            for owner in ("acme-eu", "acme-ds"):
+                pop.deploy(embedder_function(tmp / owner, owner))
             yield pop, up, keys
 
 
@@ -68,6 +72,33 @@ def chat(pop: Running, key: str, text: str, rid: str) -> tuple[int, bytes]:
         "authorization": f"Bearer {key}", "content-type": "application/json",
         "x-request-id": rid}, timeout=30)
     return status, out
+
+
+def embedder_function(folder: Path, owner: str) -> Path:
+    """A Python function of `owner` that embeds ?q= with the forwarded model."""
+    folder.mkdir()
+    (folder / "edgefn.toml").write_text(
+        f'name = "embed-{owner}"\nruntime = "python"\nentry = "main.py"\n'
+        f'routes = ["/embed/{owner}"]\nowner = "{owner}"\n[bindings]\nai = true\n')
+    (folder / "main.py").write_text(
+        "from edgefn import Response\n\n\ndef handle(request, env):\n"
+        "    try:\n"
+        "        env.ai().embed([request.query['q']], model='embedder')\n"
+        "    except Exception as e:\n"
+        "        return Response(str(e), status=502)\n"
+        "    return Response('embedded')\n")
+    return folder
+
+
+def embed(pop: Running, key: str, text: str) -> tuple[int, bytes]:
+    body = {"model": "embedder", "input": [text]}
+    status, _, out = pop.request("POST", "/v1/embeddings", json.dumps(body).encode(), {
+        "authorization": f"Bearer {key}", "content-type": "application/json"}, timeout=30)
+    return status, out
+
+
+def embeddings_sent(up: FakeUpstream) -> list[object]:
+    return [b["input"] for m, p, h, b in list(up.requests) if p == "/v1/embeddings"]
 
 
 def chats_sent(up: FakeUpstream) -> list[tuple[dict[str, str], dict[str, object]]]:
@@ -106,3 +137,41 @@ def test_a_tenant_that_allows_it_leaves_scrubbed_and_marked(setup: tuple[
     assert "x-edgefn-tenant" not in headers
     sent = json.dumps([headers, body])
     assert mark not in sent and "acme-ds" not in sent and "7946" not in sent
+
+
+def test_a_pinned_tenants_embeddings_are_refused_before_they_leave(setup: tuple[
+        Running, FakeUpstream, dict[str, str]]) -> None:
+    pop, up, keys = setup
+    before = len(embeddings_sent(up))
+    status, out = embed(pop, keys["acme-eu"], "hello")
+    assert status == 451, out
+    error = json.loads(out)["error"]
+    assert error["code"] == "residency_violation"
+    assert "model 'embedder' would need central 'central' in region 'americas'" in \
+        error["message"]
+    assert len(embeddings_sent(up)) == before, "the upstream got nothing"
+    assert embed(pop, keys["globex"], "hello there")[0] == 200  # unpinned: as before
+    assert embeddings_sent(up)[-1] == ["hello there"]
+
+
+def test_embeddings_a_tenant_allows_to_leave_go_scrubbed(setup: tuple[
+        Running, FakeUpstream, dict[str, str]]) -> None:
+    pop, up, keys = setup
+    mark = f"dsmark{uuid.uuid4().hex[:8]}"
+    status, out = embed(pop, keys["acme-ds"], f"mail {mark}@example.com from 10.1.2.3")
+    assert status == 200, out
+    assert embeddings_sent(up)[-1] == ["mail [email] from [ip]"]
+
+
+def test_a_function_of_a_pinned_tenant_embeds_under_the_same_rule(setup: tuple[
+        Running, FakeUpstream, dict[str, str]]) -> None:
+    """The ai binding's embed: refused for acme-eu, masked for acme-ds."""
+    pop, up, _ = setup
+    before = len(embeddings_sent(up))
+    status, _, out = pop.get("/embed/acme-eu?q=hello", timeout=30)
+    assert status == 502, out
+    assert b"ai.embed: tenant 'acme-eu' is pinned to region 'emea': model 'embedder'" in out, out
+    assert len(embeddings_sent(up)) == before, "the upstream got nothing"
+    status, _, out = pop.get("/embed/acme-ds?q=jane.doe%40example.com", timeout=30)
+    assert (status, out) == (200, b"embedded")
+    assert embeddings_sent(up)[-1] == ["[email]"]
