@@ -1,7 +1,7 @@
 """Regional inference on a small topology of real processes (central runs two chat
 models, regional ``reg`` runs one of them itself, two edges in its region): an
 edge's chat for the regional's model is generated there and never reaches
-central; a model only central runs still reaches central; a tenant pinned to the
+central, and so is a call of an edge function's `ai` binding; a model only central runs still reaches central; a tenant pinned to the
 region is served by the regional model and refused (451) for the central-only
 one; and with the regional's model worker down, an edge's chat is answered by
 central (also one that reached the regional before the links' probes saw it
@@ -26,6 +26,7 @@ from runtime.security.keys import KeyStore
 from runtime.topology import runner
 from runtime.topology.load import Client, Sample, failed_beyond, metric_sum
 from runtime.topology.rundir import pop_dir, read_state
+from tests.support import EXAMPLES
 from tests.topologies import EMEA_PINNED, network, pop, running
 
 LOCAL, CENTRAL_ONLY = "smollm2-135m", "smollm2-central"
@@ -52,7 +53,8 @@ TOPOLOGY = (network(4, 10, 20, health_interval_s=0.2) + REGIONS
             + pop("central", "central", region="americas", worker_config="central-models.toml")
             + pop("reg", "regional", region="emea", parents=["central"], models=[LOCAL])
             + pop("edge-eu", "edge", geo="eu-west", region="emea", parents=["reg"])
-            + pop("edge-ap", "edge", geo="ap-south", region="emea", parents=["reg", "central"]))
+            + pop("edge-ap", "edge", geo="ap-south", region="emea", parents=["reg", "central"],
+                  functions=[EXAMPLES / "ai-py"]))
 SETTLE = 1.0  # five of the links' health probes: edge-ap's link has seen reg go down (or up)
 GRACE = 0.1  # news of a death crossing the links: a chat sent later is not in flight
 
@@ -107,6 +109,15 @@ def test_the_regional_generates_its_models_chat_and_central_never_hears_of_it(
     assert (sample.status, sample.cache) == (200, "miss"), sample.error
     assert calls(run) == (before[0] + 1, before[1])
     assert (reached(run, "reg", rid), reached(run, "central", rid)) == (True, False)
+
+
+def test_an_edge_functions_ai_binding_is_served_by_the_regionals_model(run: Path) -> None:
+    """functions/examples/ai-py on edge-ap asks the default model (the regional's)."""
+    before = calls(run)
+    with Client("ap-south", runner.read_network(run).entries["ap-south"], timeout=120) as c:
+        s = c.send("fn", "GET", f"/ai-py?q=Say+{uuid.uuid4().hex[:8]}&stream=0&max_tokens=2")
+    assert s.status == 200, s.error
+    assert calls(run) == (before[0] + 1, before[1])
 
 
 def test_a_model_the_regional_does_not_run_still_reaches_central(run: Path) -> None:
