@@ -85,6 +85,9 @@ class AIConfig(Struct, forbid_unknown_fields=True, frozen=True):
     enabled: bool = True
     worker_config: str | None = None
     socket: str | None = None
+    # model -> the model that answers instead when its origin fails (overloaded, down,
+    # silent) before any output; one hop, marked `x-edgefn-fallback` (runtime.ai.fallback)
+    fallback: dict[str, str] = {}
 
 
 class StoresConfig(Struct, forbid_unknown_fields=True, frozen=True):
@@ -284,6 +287,10 @@ def check(config: PopConfig, label: str = "<config>") -> None:
         raise InvalidConfig(label, problem[1], f"tracing.{problem[0]}")
     residency.check(config.residency, label)
     _check_cache_embedder(config, label)
+    for model, other in config.ai.fallback.items():
+        if not model.strip() or not other.strip() or model == other:
+            raise InvalidConfig(label, f"fallback {model!r} -> {other!r}: two different model "
+                                "names", f"ai.fallback.{model}")
     names = config.stage_names()
     for i, name in enumerate(names):
         if names.index(name) != i:

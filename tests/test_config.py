@@ -60,6 +60,9 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
      "pipeline[0].stage", "needs a `route` stage before it"),
     ('[[pipeline]]\nstage = "route"\n[[pipeline]]\nstage = "route"\n', "pipeline[1].stage",
      "appears twice"),
+    ('[ai.fallback]\nbig = "big"\n', "ai.fallback.big", "two different model names"),
+    ('[ai.fallback]\nbig = 3\n', "ai.fallback[...]", "expected `str`"),
+    ('[ai_cache]\nstale_if_error_s = -1\n', "ai_cache.stale_if_error_s", ">= 0"),
     ("name = \n", None, "not valid TOML"),
 ])
 def test_bad_config_names_the_file_and_field(tmp_path: Path, text: str, field: str | None,

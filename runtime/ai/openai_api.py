@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import secrets
 import struct
 import time
@@ -41,7 +42,7 @@ from runtime.ai.openai_checks import check_messages, check_sampling
 from runtime.ai.openai_errors import error_response, unknown_url, validation_error
 from runtime.ai.openai_fields import MAX_STOPS, check_fields
 from runtime.ai.openai_models import Catalog
-from runtime.ai.service import AIService
+from runtime.ai.service import ORIGIN_DOWN, AIService
 from runtime.ai.shaping import choice
 from runtime.ai.usage import UsageRecord, prompt_of
 from runtime.cache.settings import NO_CACHE_OVERRIDE, CacheOverride
@@ -55,6 +56,8 @@ from runtime.net.openai_sse import Chunks
 from runtime.security.ratelimit.admission import Ticket, TokenBudgets, settled_embedding
 from runtime.security.residency import forward_of, mark_of, tenant_of
 from runtime.security.settings import NO_POLICY, TargetPolicy
+
+log = logging.getLogger("edgefn.ai")
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
          b"/v1/models"})
@@ -153,11 +156,14 @@ class OpenAIApi:
     paths = PATHS
 
     def __init__(self, ai: AIService, budgets: TokenBudgets | None = None,
-                 egress: Egress | None = None) -> None:
-        """`egress`: where a pinned tenant's calls may go (``[residency]``)."""
+                 egress: Egress | None = None, fallback: dict[str, str] | None = None
+                 ) -> None:
+        """`egress`: where a pinned tenant's calls may go (``[residency]``);
+        `fallback`: ``[ai] fallback``, the model that answers when one's origin fails."""
         self.ai = ai
         self.budgets = budgets
         self.egress = egress
+        self.fallback = fallback or {}
         self.catalog = Catalog(ai.client)
 
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
@@ -225,41 +231,61 @@ class OpenAIApi:
 
     async def generate(self, body: ChatBody | CompletionBody, chat: bool,
                        ctx: Context | None = None) -> Response:
-        """`body.n` choices of one completion (see `runtime.ai.openai_choices`)."""
+        """`body.n` choices of one completion (see `runtime.ai.openai_choices`); when
+        the model's origin fails before any output and ``[ai] fallback`` names another
+        model for it, that model's, marked ``x-edgefn-fallback: model=<it>;
+        origin=<code>``. Raises `ApiError`, `WorkerError`, `Rejected`."""
+        try:
+            return await self._generate(body, chat, ctx, body.model)
+        except WorkerError as e:
+            other = self.fallback.get(body.model)
+            if other is None or e.code not in ORIGIN_DOWN:
+                raise
+            failed = e.code
+        log.warning("model %s: its origin failed (%s); %s answers instead", body.model,
+                    failed, other)
+        response = await self._generate(body, chat, ctx, other)
+        response.headers.append((b"x-edgefn-fallback",
+                                 f"model={other}; origin={failed}".encode()))
+        return response
+
+    async def _generate(self, body: ChatBody | CompletionBody, chat: bool,
+                        ctx: Context | None, model: str) -> Response:
+        """`generate` with `model`."""
         params = _sampling(body)
         if isinstance(body, ChatBody):
             check_messages(body.messages)
             params["messages"] = body.messages
         else:
             params["prompt"] = _one_prompt(body.prompt)
-        record = UsageRecord(ctx, "chat" if chat else "text_completion", body.model,
-                             stream=body.stream, adapter=self._base_of(body.model),
+        record = UsageRecord(ctx, "chat" if chat else "text_completion", model,
+                             stream=body.stream, adapter=self._base_of(model),
                              prompt=prompt_of(params))
         record.usage.temperature = params.get("temperature")
         record.usage.max_tokens = params.get("max_tokens")
         record.usage.user = body.user or getattr(body, "safety_identifier", None)
         request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
         call = {"request_id": request_id, **params,
-                **self._hop(ctx, body.model, request_id, params)}  # refused before any charge
-        ticket = await self._admit(ctx, body.model, body.stream,
+                **self._hop(ctx, model, request_id, params)}  # refused before any charge
+        ticket = await self._admit(ctx, model, body.stream,
                                    self._reserved(params.get("max_tokens"), body.n),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         gens: list[Generation] = []
         # the model build's fingerprint, asked beside the generation (never in front of
         # it: a worker that does not answer is the generation's own timeout)
-        lookup = asyncio.ensure_future(self.catalog.get(body.model))
+        lookup = asyncio.ensure_future(self.catalog.get(model))
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
             for _ in range(body.n):
                 gens.append(await self.ai.client.generate(
-                    body.model, stream=body.stream, traceparent=trace, **call))
+                    model, stream=body.stream, traceparent=trace, **call))
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status
                 record.first_token()
                 fingerprint = await _fingerprint(lookup)
-                sse = choices.sse(gens, firsts, Chunks(rid, body.model, chat, fingerprint, usage),
+                sse = choices.sse(gens, firsts, Chunks(rid, model, chat, fingerprint, usage),
                                   usage, ticket, record, params)
                 if ticket is not None:  # a body never read settles when it is dropped
                     weakref.finalize(sse, ticket.abandon)
@@ -282,7 +308,7 @@ class OpenAIApi:
                 raise ApiError(e.code, e.status, str(e), "messages" if chat else "prompt"
                                ) from None
             raise
-        return json_response(_completion(rid, body.model, chat, fingerprint, results, params,
+        return json_response(_completion(rid, model, chat, fingerprint, results, params,
                                          gens))
 
     def _reserved(self, max_tokens: int | None, n: int) -> int | None:

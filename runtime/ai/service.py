@@ -17,6 +17,10 @@ from edgefn_core.errors import WorkerError
 from gpu_worker.client import WorkerClient
 
 log = logging.getLogger("edgefn.ai")
+# a model call's failures that say its origin is down, overloaded or silent, not that
+# the call was refused: what a fallback ([ai] fallback, a stale cache entry) answers
+ORIGIN_DOWN = frozenset({"worker_unavailable", "overloaded", "upstream_unavailable",
+                         "upstream_error", "timeout"})
 
 
 class Lora(msgspec.Struct):

@@ -36,7 +36,7 @@ from edgefn_core.errors import ApiError, BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai import structured
 from runtime.ai.egress import Egress
-from runtime.ai.service import AIService
+from runtime.ai.service import ORIGIN_DOWN, AIService
 from runtime.ai.shaping import choice
 from runtime.cache.ai import replay
 from runtime.cache.ai.cache import AICache
@@ -176,6 +176,13 @@ class AIBinding:
         started = time.perf_counter()
         try:
             result = await origin()
+        except WorkerError as e:
+            stale = self.cache.stale(found) if e.code in ORIGIN_DOWN else None
+            self.cache.abandon(found)
+            if stale is None:
+                raise
+            return {**replay.binding(stale.result),
+                    "cache": self.cache.account_stale(found, self.owner)}
         except BaseException:
             self.cache.abandon(found)
             raise

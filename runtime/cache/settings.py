@@ -44,6 +44,9 @@ class AICacheSettings(Struct, forbid_unknown_fields=True, frozen=True):
     # cosine similarity a semantic hit needs; None: the guards' `DEFAULT_THRESHOLD`
     threshold: Similarity | None = None
     ttl_seconds: TtlSeconds = 3600.0  # how long an entry is served (x-edgefn-cache-ttl per request)
+    # how long past its TTL an entry is kept to answer a call whose model origin failed
+    # (502, 503, 504), marked `x-edgefn-cache: stale`; 0: never
+    stale_if_error_s: Annotated[float, Meta(ge=0, le=30 * 86400)] = 0.0
     max_entries_per_scope: Annotated[int, Meta(ge=1, le=1_000_000)] = 1000  # LRU beyond
     max_scopes: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000  # least recently used go
     embedding_model: Annotated[str, Meta(min_length=1, max_length=200)] = "all-minilm-l6-v2"

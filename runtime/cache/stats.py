@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 # outcomes that served the request from the cache
-SERVED = frozenset({"HIT", "STALE", "hit-exact", "hit-semantic"})
+SERVED = frozenset({"HIT", "STALE", "hit-exact", "hit-semantic", "stale"})
 
 
 class Tally:
@@ -34,6 +34,17 @@ class CacheStats:
         if outcome in SERVED:
             t.bytes += nbytes
             t.saved_ms += saved_ms
+
+    def reclassify(self, cache: str, was: str, now: str, *, function: str = "",
+                   model: str = "", tenant: str | None = None, nbytes: int = 0,
+                   saved_ms: float = 0.0) -> None:
+        """One request counted as `was` turned out `now` (an AI-cache miss whose
+        origin failed, answered stale)."""
+        old = self.tallies.get((cache, function, model, tenant or "", was))
+        if old is not None and old.count > 0:
+            old.count -= 1
+        self.record(cache, now, function=function, model=model, tenant=tenant, nbytes=nbytes,
+                    saved_ms=saved_ms)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """One row per (cache, function, model, tenant): its counts by outcome,

@@ -23,6 +23,11 @@ all. A call in flight that a purge matches stores nothing, and the calls waiting
 for it look up again (and lead a model call of their own): its answer was asked
 for before the purge, theirs is given after it.
 
+Stale if error: with ``stale_if_error_s``, an entry is kept that long past its
+TTL (never a hit then) so that `stale` can answer a miss whose model call failed
+(the origin overloaded or down) with it: the exact key's entry, else the nearest
+of the scope that passes the semantic test and the guards.
+
 Entries live ``ttl`` seconds on `clock` (lazily removed), at most
 ``max_entries_per_scope`` per scope (least recently used go first) and at most
 ``max_scopes`` scopes (the least recently used scope goes with its entries).
@@ -190,8 +195,10 @@ class AICache:
         entry = self.exact.get(key)
         if entry is None:
             return None
-        if entry.expires <= self.clock():
-            self._remove(entry)
+        now = self.clock()
+        if entry.expires <= now:
+            if entry.expires + self.settings.stale_if_error_s <= now:
+                self._remove(entry)
             return None
         scope = self.scopes.get(entry.call.bucket)
         if scope is not None:
@@ -249,6 +256,36 @@ class AICache:
                     return True
                 return False
         return False
+
+    def stale(self, found: Lookup) -> Entry | None:
+        """For a miss whose model call failed: an entry past its TTL by less than
+        ``stale_if_error_s`` (or a fresh one stored meanwhile) for `found`'s call:
+        its exact key's, else the nearest of its scope that passes the semantic test
+        and the guards. Sets `found`'s outcome to ``stale``; None when there is none."""
+        window = self.settings.stale_if_error_s
+        if not window or found.outcome != "miss":
+            return None
+        deadline = self.clock() - window  # an entry that expired after this may serve
+        entry = self.exact.get(found.call.key)
+        if entry is None or entry.expires <= deadline:
+            entry = self._stale_near(found, deadline)
+        if entry is not None:
+            found.outcome, found.entry = "stale", entry
+        return entry
+
+    def _stale_near(self, found: Lookup, deadline: float) -> Entry | None:
+        scope = self.scopes.get(found.call.bucket)
+        if found.vector is None or scope is None or scope.index is None:
+            return None
+        for label, sim in scope.index.nearest(found.vector):
+            if sim < found.policy.threshold:
+                break
+            entry = scope.labels.get(label)
+            if entry is not None and entry.expires > deadline and \
+                    self._allowed(found, entry.call.query, sim):
+                found.similarity = sim
+                return entry
+        return None
 
     # -- store ----------------------------------------------------------------------------
     def complete(self, found: Lookup, result: Result, origin_ms: float) -> Entry | None:
@@ -381,6 +418,22 @@ class AICache:
             record["cached_tokens"] = r.tokens if isinstance(r, Embedded) else r.prompt_tokens
         if found.coalesced:
             record["coalesced"] = True
+        return record
+
+    def account_stale(self, found: Lookup, function: str = "") -> dict[str, Any]:
+        """Count a miss answered stale (`stale`) as such, and return its decision
+        record (the miss's, now ``stale``, with the entry and its age past expiry)."""
+        entry = found.entry
+        assert entry is not None and found.outcome == "stale"
+        r = entry.result
+        self.stats.reclassify("ai", "miss", "stale", function=function, model=found.call.model,
+                              tenant=found.call.tenant, nbytes=r.nbytes,
+                              saved_ms=entry.origin_ms)
+        record: dict[str, Any] = {"outcome": "stale", "bytes": r.nbytes,
+                                  "saved_ms": entry.origin_ms, "entry": entry.id,
+                                  "expired_s": round(max(0.0, self.clock() - entry.expires), 3)}
+        if found.similarity is not None:
+            record["similarity"] = round(found.similarity, 4)
         return record
 
     def __len__(self) -> int:

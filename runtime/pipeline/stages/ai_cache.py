@@ -9,7 +9,14 @@ stage asks the model for the usage chunk and drops it again if the client did
 not ask for it). A request the OpenAI API would refuse (bad JSON, a model the
 caller's key may not use, n != 1) goes on untouched and gets its error there.
 
-Every answer says ``x-edgefn-cache: hit-exact | hit-semantic | miss | bypass``;
+Stale if error (``[ai_cache] stale_if_error_s``): a miss whose model call failed
+with 502, 503 or 504 (the origin down, overloaded or silent) is answered from an
+entry past its TTL by less than that, if the cache has one (`AICache.stale`),
+with ``x-edgefn-cache: stale``, ``x-edgefn-fallback: stale; origin=<status>``
+and ``x-edgefn-cache-expired: <seconds past its TTL>``. An answer another
+fallback gave (``x-edgefn-fallback``: a smaller model) is passed on, never stored.
+
+Every answer says ``x-edgefn-cache: hit-exact | hit-semantic | miss | bypass | stale``;
 a hit adds ``x-edgefn-cache-entry`` (the entry served) and a semantic one
 ``x-edgefn-cache-similarity``; a JSON answer stored says its new entry's id in
 ``x-edgefn-cache-entry`` too (a stream is stored after its headers went). What was decided goes to
@@ -52,6 +59,8 @@ KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
          b"/v1/embeddings": "embedding"}
 BODIES: dict[str, type[Any]] = {"chat": ChatBody, "completion": CompletionBody,
                                 "embedding": EmbeddingsBody}
+ORIGIN_FAILED = frozenset({502, 503, 504})  # what a stale entry may answer instead
+FALLBACK = b"x-edgefn-fallback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +108,13 @@ class AICacheStage:
         except BaseException:
             self.cache.abandon(found)
             raise
+        if response.status in ORIGIN_FAILED and self.cache.stale(found) is not None:
+            self.cache.abandon(found)
+            record = self.cache.account_stale(found)
+            ctx.decide("ai_cache", record)
+            return _stale(asked, found, response.status, record["expired_s"])
         response.headers.append((b"x-edgefn-cache", found.outcome.encode()))
-        if response.status != 200 or not _want_store(found):
+        if response.status != 200 or not _want_store(found) or _fell_back(response):
             self.cache.abandon(found)
         elif isinstance(response.body, bytes):
             result = _parsed(asked, response.body)
@@ -139,6 +153,19 @@ class AICacheStage:
             aclose = getattr(body, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def _fell_back(response: Response) -> bool:
+    """Whether a fallback answered (another model than the one asked): not stored."""
+    return any(name == FALLBACK for name, _ in response.headers)
+
+
+def _stale(asked: Asked, found: Lookup, status: int, expired_s: float) -> Response:
+    """`found`'s stale entry as the answer, marked, instead of the origin's `status`."""
+    response = _hit(asked, found)
+    response.headers += [(FALLBACK, b"stale; origin=%d" % status),
+                         (b"x-edgefn-cache-expired", b"%.3f" % expired_s)]
+    return response
 
 
 def _want_store(found: Lookup) -> bool:
