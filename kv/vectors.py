@@ -262,13 +262,6 @@ class VectorStore:
         if fresh_keys:  # one multi-threaded insert
             o.index.add(np.array(fresh_keys, dtype=np.uint64), np.stack(fresh_vecs))
 
-    def refresh(self, name: str) -> None:
-        """Apply what other processes wrote to index `name` since this one last looked
-        (queries, stats and writes do this themselves). Raises `UnknownNamespace`."""
-        o = self._get(name)
-        with self.env.begin(buffers=True) as txn:
-            self._sync(o, txn)
-
     # -- writes ---------------------------------------------------------------------------------
     def upsert(self, name: str, items: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> int:
         """Insert or replace vectors by id; returns how many were written.

@@ -2,7 +2,8 @@
 on one directory, this process's and a peer's (`tests/kv/vector_peer.py`). A write
 in one is seen by the other's next query; keys are never reused, also by writers
 running at once; a reader behind a trimmed log reloads the saved file; random
-interleavings end in the state a plain dict predicts."""
+interleavings end in the state a plain dict predicts; threads of one process
+writing and querying at once apply each entry once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -253,3 +255,31 @@ def apply(side: Local | Peer, op: str, arg: Any,
         case "reopen":
             side.call("close")
             side.call("open", path)
+
+
+def test_threads_writing_and_querying_at_once_keep_one_copy(tmp_path: Path) -> None:
+    """Writes run on worker threads in a PoP: each catches the copy up after its
+    commit, one thread at a time, so no entry is applied twice or missed."""
+
+    with kv.vectors.VectorStore(tmp_path, sync=False) as vs:
+        vs.create("v", 8, "l2")
+
+        def write(prefix: str) -> None:
+            for i in range(60):
+                vs.upsert("v", [(f"{prefix}{i}", vector_peer.vector(prefix, i, 8), None)])
+                if i % 5 == 4:
+                    vs.delete("v", [f"{prefix}{i - 2}"])
+
+        threads = [threading.Thread(target=write, args=(p,)) for p in "abcd"]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            vs.query("v", [0.0] * 8, 5)
+        for t in threads:
+            t.join()
+        stats = vs.stats("v")
+        assert stats["count"] == stats["indexed"] == 4 * (60 - 12)
+        for p in "abcd":
+            for i in range(60):
+                (hit,) = vs.query("v", vector_peer.vector(p, i, 8), 1, exact=True)
+                assert (hit.id == f"{p}{i}") == (i % 5 != 2)  # every i % 5 == 2 was deleted
