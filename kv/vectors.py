@@ -8,16 +8,26 @@ replayed from LMDB; a missing or unreadable index file is rebuilt from LMDB. So 
 crash at any point leaves an index that is repaired to agree with LMDB, and an
 acknowledged write is never lost.
 
-One process writes an index at a time (the PoP, or the CLI when no PoP runs):
-usearch indexes live in memory.
+Several processes may open one store (the PoP's workers): each holds its own
+copy of every index in memory and LMDB is what they share. The sequence and the
+next key are read inside each write transaction (LMDB's one writer lock spans
+processes), so keys are never reused; before each query, stats, save and after
+each write a process applies the log entries past the sequence its copy has
+applied (`_sync`: one LMDB get compared with the record last seen when nothing
+changed). A save (one at a time across processes: a file lock) trims the log up
+to the sequence it saved; a process whose copy is older than the log's first
+entry loads the saved file, then replays.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import struct
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,14 +78,19 @@ class Match:
 
 
 class _Open:
-    def __init__(self, config: IndexConfig, index: Index, dbs: tuple[Any, Any, Any],
-                 seq: int, next_key: int) -> None:
+    """One index as this process holds it: its usearch copy and the sequence that copy
+    has applied (`applied`; `state`: the LMDB record seen at that sequence)."""
+
+    def __init__(self, config: IndexConfig, index: Index, dbs: tuple[Any, Any, Any]) -> None:
         self.config = config
+        self.key = config.name.encode()
         self.index = index
         self.ids, self.rows, self.log = dbs
-        self.seq = seq
-        self.next_key = next_key
+        self.applied = 0
+        self.state = b""
         self.saved_seq = 0
+        # held while the copy changes or is saved: writes run on several threads
+        self.lock = threading.RLock()
 
 
 class VectorStore:
@@ -88,6 +103,7 @@ class VectorStore:
                              sync=sync, metasync=sync)
         self._configs = self.env.open_db(b"__indexes__")
         self._open: dict[str, _Open] = {}
+        self._loading = threading.Lock()
         self._closed = False
         for name in self.names():
             self._load(name)
@@ -115,9 +131,9 @@ class VectorStore:
     def create(self, name: str, dim: int, metric: str = "cos", dtype: str | None = None, *,
                connectivity: int | None = None, expansion_add: int | None = None,
                expansion_search: int | None = None) -> IndexConfig:
-        """Create an index (idempotent for the same settings). `dtype` and the
-        graph settings default to `IndexConfig`'s; one left out is not compared
-        with an existing index's.
+        """Create an index (idempotent for the same settings, also when another
+        process created it). `dtype` and the graph settings default to
+        `IndexConfig`'s; one left out is not compared with an existing index's.
 
         Raises `InvalidValue` for a bad name, dimension, metric, dtype or graph
         setting (outside `GRAPH_LIMITS`), or if the index exists with other settings.
@@ -129,32 +145,32 @@ class VectorStore:
         _check_graph(graph)
         chosen = {**graph, "dtype": dtype} if dtype is not None else graph
         config = IndexConfig(name, dim, metric, **chosen)
-        if name in self._open:
-            return _same(self._open[name].config, config, chosen)
-        with self.env.begin(write=True) as txn:
-            txn.put(name.encode(), json.dumps({**config.__dict__, "seq": 0, "next_key": 1})
-                    .encode(), db=self._configs)
-        self._load(name)
-        return config
+        if name not in self._open:
+            with self.env.begin(write=True) as txn:  # the check and the put in one writer
+                if txn.get(name.encode(), db=self._configs) is None:
+                    _put_state(txn, self._configs, config, 0, 1)
+            self._load(name)
+        return _same(self._open[name].config, config, chosen)
 
     def _load(self, name: str) -> None:
-        with self.env.begin() as txn:
-            raw = txn.get(name.encode(), db=self._configs)
-        assert raw is not None, f"index {name!r} has no configuration"
-        state = json.loads(raw)
-        seq, next_key = state.pop("seq"), state.pop("next_key")
-        config = IndexConfig(**state)
-        ids, rows, log = (self.env.open_db(f"i:{name}:{part}".encode())
-                          for part in ("ids", "rows", "log"))
-        index = self._new_index(config)
-        opened = _Open(config, index, (ids, rows, log), seq, next_key)
-        self._open[name] = opened
-        saved = self._read_saved(config, index)
-        if saved is None:
-            self._rebuild(opened)
-        else:
-            opened.saved_seq = saved
-            self._replay(opened, saved)
+        """Open index `name` (once, if two threads ask), from its saved file and the log."""
+        with self._loading:
+            if name in self._open:
+                return
+            with self.env.begin() as txn:
+                raw = txn.get(name.encode(), db=self._configs)
+            assert raw is not None, f"index {name!r} has no configuration"
+            state = json.loads(raw)
+            del state["seq"], state["next_key"]
+            config = IndexConfig(**state)
+            ids, rows, log = (self.env.open_db(f"i:{name}:{part}".encode())
+                              for part in ("ids", "rows", "log"))
+            opened = _Open(config, self._new_index(config), (ids, rows, log))
+            with self.env.begin(buffers=True) as txn:
+                seq = _seq(txn.get(opened.key, db=self._configs))
+                self._reload(opened, txn, seq)
+                self._sync(opened, txn)
+            self._open[name] = opened
 
     def _new_index(self, c: IndexConfig) -> Index:
         return Index(ndim=c.dim, metric=METRICS[c.metric], dtype=c.dtype,
@@ -165,7 +181,9 @@ class VectorStore:
         return self.dir / f"{name}.usearch", self.dir / f"{name}.saved.json"
 
     def _read_saved(self, c: IndexConfig, index: Index) -> int | None:
-        """The sequence number the index file holds, after loading it; None if unusable."""
+        """The sequence number the index file holds, after loading it; None if unusable.
+        The sidecar is read first: a save replaces the file before the sidecar, so
+        the file read after it holds at least the sequence it names."""
         file, sidecar = self._paths(c.name)
         try:
             saved = json.loads(sidecar.read_text())
@@ -178,31 +196,71 @@ class VectorStore:
             return None
         return int(saved["seq"])
 
-    def _rebuild(self, o: _Open) -> None:
-        o.index.reset()
-        o.index = self._new_index(o.config)
-        keys, vecs = [], []
-        with self.env.begin(buffers=True) as txn:
-            for k, row in txn.cursor(db=o.rows):
-                keys.append(_KEY.unpack(bytes(k))[0])
-                vecs.append(self._row_vector(o.config, row))
-        if keys:
-            o.index.add(np.array(keys, dtype=np.uint64), np.stack(vecs))
-        o.saved_seq = 0
+    # -- catching up ----------------------------------------------------------------------------
+    def _sync(self, o: _Open, txn: Any) -> None:
+        """Bring `o`'s copy up to the sequence in `txn`'s snapshot (a read txn with
+        buffers). The common case, nothing written since, is one get and a compare."""
+        raw = txn.get(o.key, db=self._configs)
+        if raw == o.state:
+            return
+        with o.lock:
+            seq = _seq(raw)
+            if seq > o.applied:  # else another thread applied as much (or more)
+                if not self._covers(o, txn, o.applied, seq):  # trimmed past this copy
+                    self._reload(o, txn, seq)
+                if o.applied < seq:
+                    self._replay(o, txn, o.applied)
+                    o.applied = seq
+            if o.applied == seq:
+                o.state = bytes(raw)
 
-    def _replay(self, o: _Open, after: int) -> None:
+    def _covers(self, o: _Open, txn: Any, after: int, seq: int) -> bool:
+        """Whether `txn`'s log holds every entry in (`after`, `seq`]."""
+        if after >= seq:
+            return True
+        cur = txn.cursor(db=o.log)
+        return bool(cur.first()) and _KEY.unpack(bytes(cur.key()))[0] <= after + 1
+
+    def _reload(self, o: _Open, txn: Any, seq: int) -> None:
+        """Replace `o`'s copy with the saved file (or, if that is unusable or older than
+        the log's first entry, a rebuild from `txn`'s rows at `seq`). A new Index, not
+        a reset one: a query on another thread may still be searching the old."""
+        index = self._new_index(o.config)
+        saved = self._read_saved(o.config, index)
+        if saved is not None and self._covers(o, txn, saved, seq):
+            o.index, o.applied, o.saved_seq = index, saved, saved
+            return
+        self._rebuild(o, txn)
+        o.applied, o.saved_seq = seq, 0
+
+    def _rebuild(self, o: _Open, txn: Any) -> None:
+        index = self._new_index(o.config)
+        keys, vecs = [], []
+        for k, row in txn.cursor(db=o.rows):
+            keys.append(_KEY.unpack(bytes(k))[0])
+            vecs.append(self._row_vector(o.config, row))
+        if keys:
+            index.add(np.array(keys, dtype=np.uint64), np.stack(vecs))
+        o.index = index
+
+    def _replay(self, o: _Open, txn: Any, after: int) -> None:
+        """Set every key the log touched after `after` to its row in `txn`: keys are
+        never reused, so a key's row (or its absence) is its latest state."""
         touched = set()
-        with self.env.begin(buffers=True) as txn:
-            cur = txn.cursor(db=o.log)
-            if cur.set_range(_KEY.pack(after + 1)):
-                for _, key in cur:
-                    touched.add(_KEY.unpack(bytes(key))[0])
-            for key in touched:
-                if o.index.contains(key):
-                    o.index.remove(key)
-                row = txn.get(_KEY.pack(key), db=o.rows)
-                if row is not None:
-                    o.index.add(key, self._row_vector(o.config, row))
+        cur = txn.cursor(db=o.log)
+        if cur.set_range(_KEY.pack(after + 1)):
+            for _, key in cur:
+                touched.add(_KEY.unpack(bytes(key))[0])
+        fresh_keys, fresh_vecs = [], []
+        for key in touched:
+            if o.index.contains(key):
+                o.index.remove(key)
+            row = txn.get(_KEY.pack(key), db=o.rows)
+            if row is not None:
+                fresh_keys.append(key)
+                fresh_vecs.append(self._row_vector(o.config, row))
+        if fresh_keys:  # one multi-threaded insert
+            o.index.add(np.array(fresh_keys, dtype=np.uint64), np.stack(fresh_vecs))
 
     # -- writes ---------------------------------------------------------------------------------
     def upsert(self, name: str, items: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> int:
@@ -216,38 +274,28 @@ class VectorStore:
         rows = [self._encode(o.config, id_, vec, meta) for id_, (vec, meta) in latest.items()]
         if not rows:
             return 0
-        changes: list[tuple[int, int | None, np.ndarray]] = []
         with self.env.begin(write=True) as txn:
-            for id_bytes, row, vec in rows:
+            seq, next_key = _state(txn.get(o.key, db=self._configs))
+            for id_bytes, row, _ in rows:
                 old = txn.get(id_bytes, db=o.ids)
-                key = _KEY.unpack(old)[0] if old is not None else o.next_key
+                key = _KEY.unpack(old)[0] if old is not None else next_key
                 if old is None:
-                    o.next_key += 1
+                    next_key += 1
                     txn.put(id_bytes, _KEY.pack(key), db=o.ids)
                 txn.put(_KEY.pack(key), row, db=o.rows)
-                o.seq += 1
-                txn.put(_KEY.pack(o.seq), _KEY.pack(key), db=o.log)
-                changes.append((key, key if old is not None else None, vec))
-            self._store_state(txn, o)
-        fresh_keys, fresh_vecs = [], []
-        for key, replaced, vec in changes:
-            if replaced is not None and o.index.contains(replaced):
-                o.index.remove(replaced)
-            if replaced is None and not o.index.contains(key):
-                fresh_keys.append(key)
-                fresh_vecs.append(vec)
-            else:  # a replaced id
-                o.index.add(key, vec)
-        if fresh_keys:  # one multi-threaded insert for the new ids
-            o.index.add(np.array(fresh_keys, dtype=np.uint64), np.stack(fresh_vecs))
-        self._maybe_save(o)
+                seq += 1
+                txn.put(_KEY.pack(seq), _KEY.pack(key), db=o.log)
+            _put_state(txn, self._configs, o.config, seq, next_key)
+            full = txn.stat(o.log)["entries"] >= SAVE_EVERY
+        self._after_write(o, full)
         return len(rows)
 
     def delete(self, name: str, ids: Iterable[str]) -> int:
         """Delete vectors by id; returns how many existed."""
         o = self._get(name)
-        gone = []
+        gone = 0
         with self.env.begin(write=True) as txn:
+            seq, next_key = _state(txn.get(o.key, db=self._configs))
             for id_ in ids:
                 raw = txn.get(id_.encode(), db=o.ids)
                 if raw is None:
@@ -255,54 +303,65 @@ class VectorStore:
                 key = _KEY.unpack(raw)[0]
                 txn.delete(id_.encode(), db=o.ids)
                 txn.delete(_KEY.pack(key), db=o.rows)
-                o.seq += 1
-                txn.put(_KEY.pack(o.seq), _KEY.pack(key), db=o.log)
-                gone.append(key)
-            self._store_state(txn, o)
-        for key in gone:
-            if o.index.contains(key):
-                o.index.remove(key)
-        self._maybe_save(o)
-        return len(gone)
+                seq += 1
+                txn.put(_KEY.pack(seq), _KEY.pack(key), db=o.log)
+                gone += 1
+            if gone:
+                _put_state(txn, self._configs, o.config, seq, next_key)
+            full = txn.stat(o.log)["entries"] >= SAVE_EVERY
+        self._after_write(o, full)
+        return gone
+
+    def _after_write(self, o: _Open, full: bool) -> None:
+        """Apply the committed write (and any other process's before it) to this copy;
+        save when the log holds `SAVE_EVERY` entries."""
+        with self.env.begin(buffers=True) as txn:
+            self._sync(o, txn)
+        if full:
+            self._save(o, only_if_full=True)
 
     # -- reads ----------------------------------------------------------------------------------
     def query(self, name: str, vector: Any, k: int = 10,
               filter: dict[str, Any] | None = None, exact: bool = False) -> list[Match]:
         """The `k` nearest vectors, closest first, whose metadata matches every
-        ``filter`` item (`exact`: brute force instead of the HNSW graph).
+        ``filter`` item (`exact`: brute force instead of the HNSW graph). Sees every
+        write that returned before it was called, in any process.
 
         Raises `InvalidValue` for a vector of the wrong dimension.
         """
         o = self._get(name)
         q = self._vector(o.config, vector)
-        if k < 1 or o.index.size == 0:
-            return []
-        want = k if not filter else min(o.index.size, k * 4)
-        while True:
-            found = o.index.search(q, min(want, o.index.size), exact=exact)
-            out = self._matches(o, found.keys, found.distances, filter, k)
-            if len(out) >= k or want >= o.index.size:
-                return out
-            want *= 4
-
-    def _matches(self, o: _Open, keys: Any, dists: Any, filter: dict[str, Any] | None,
-                 k: int) -> list[Match]:
-        out = []
         with self.env.begin(buffers=True) as txn:
-            for key, dist in zip(keys, dists, strict=True):
-                row = txn.get(_KEY.pack(int(key)), db=o.rows)
-                if row is None:
-                    continue
-                id_, meta = self._row_head(row)
-                if filter and not (meta and all(meta.get(f) == v for f, v in filter.items())):
-                    continue
-                out.append(Match(id_, float(dist), meta))
-                if len(out) == k:
-                    break
+            self._sync(o, txn)
+            index = o.index  # a reload on another thread swaps it
+            if k < 1 or index.size == 0:
+                return []
+            want = k if not filter else min(index.size, k * 4)
+            while True:
+                found = index.search(q, min(want, index.size), exact=exact)
+                out = self._matches(o, txn, found.keys, found.distances, filter, k)
+                if len(out) >= k or want >= index.size:
+                    return out
+                want *= 4
+
+    def _matches(self, o: _Open, txn: Any, keys: Any, dists: Any,
+                 filter: dict[str, Any] | None, k: int) -> list[Match]:
+        out = []
+        for key, dist in zip(keys, dists, strict=True):
+            row = txn.get(_KEY.pack(int(key)), db=o.rows)
+            if row is None:  # deleted, or newer than this snapshot
+                continue
+            id_, meta = self._row_head(row)
+            if filter and not (meta and all(meta.get(f) == v for f, v in filter.items())):
+                continue
+            out.append(Match(id_, float(dist), meta))
+            if len(out) == k:
+                break
         return out
 
     def get(self, name: str, id_: str) -> tuple[np.ndarray, dict[str, Any] | None]:
-        """Raises `KeyNotFound`."""
+        """The vector and metadata of `id_`, read from LMDB (so current without a
+        catch-up). Raises `KeyNotFound`."""
         o = self._get(name)
         with self.env.begin(buffers=True) as txn:
             raw = txn.get(id_.encode(), db=o.ids)
@@ -313,29 +372,37 @@ class VectorStore:
 
     def stats(self, name: str) -> dict[str, Any]:
         o = self._get(name)
-        with self.env.begin() as txn:
+        with self.env.begin(buffers=True) as txn:
+            self._sync(o, txn)
             count = txn.stat(o.ids)["entries"]
-        return {**o.config.__dict__, "count": count, "indexed": o.index.size, "seq": o.seq,
+        return {**o.config.__dict__, "count": count, "indexed": o.index.size, "seq": o.applied,
                 "saved_seq": o.saved_seq, "memory_bytes": o.index.memory_usage}
 
     def save(self, name: str) -> None:
-        """Write the index file, then the sidecar naming its sequence; trim the log."""
-        o = self._get(name)
-        file, sidecar = self._paths(name)
-        tmp = file.with_suffix(".tmp")
-        o.index.save(str(tmp))
-        _fsync(tmp)
-        os.replace(tmp, file)
-        side_tmp = sidecar.with_suffix(".tmp")
-        side_tmp.write_text(json.dumps({"seq": o.seq, "size": o.index.size}))
-        _fsync(side_tmp)
-        os.replace(side_tmp, sidecar)
-        _fsync(self.dir)  # both renames are durable before the log they replace is gone
-        with self.env.begin(write=True) as txn:
-            cur = txn.cursor(db=o.log)
-            while cur.first() and _KEY.unpack(bytes(cur.key()))[0] <= o.seq:
-                cur.delete()
-        o.saved_seq = o.seq
+        """Catch up, write the index file, then the sidecar naming its sequence; trim
+        the log up to it."""
+        self._save(self._get(name), only_if_full=False)
+
+    def _save(self, o: _Open, only_if_full: bool) -> None:
+        """`save`; with `only_if_full`, only if the log (read under the save lock:
+        another process may have just saved) still holds `SAVE_EVERY` entries.
+        Catching up under the save lock means each save holds at least what the one
+        before it held (in any process), so the log it trims is never needed again."""
+        file, sidecar = self._paths(o.config.name)
+        with o.lock, _file_lock(self.dir / f"{o.config.name}.save.lock"):
+            with self.env.begin(buffers=True) as txn:
+                self._sync(o, txn)
+                if only_if_full and txn.stat(o.log)["entries"] < SAVE_EVERY:
+                    return
+            _write_atomically(file, lambda tmp: o.index.save(str(tmp)))
+            _write_atomically(sidecar, lambda tmp: tmp.write_text(
+                json.dumps({"seq": o.applied, "size": o.index.size})))
+            _fsync(self.dir)  # both renames are durable before the log they replace is gone
+            with self.env.begin(write=True) as txn:
+                cur = txn.cursor(db=o.log)
+                while cur.first() and _KEY.unpack(bytes(cur.key()))[0] <= o.applied:
+                    cur.delete()
+            o.saved_seq = o.applied
 
     # -- helpers --------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -343,20 +410,16 @@ class VectorStore:
             raise StoreClosed("vector store is closed")
 
     def _get(self, name: str) -> _Open:
+        """Raises `StoreClosed`, `UnknownNamespace`. An index another process created
+        is opened here on first use."""
         self._check()
         o = self._open.get(name)
         if o is None:
-            raise UnknownNamespace(f"unknown vector index {name!r}")
+            if name not in self.names():
+                raise UnknownNamespace(f"unknown vector index {name!r}")
+            self._load(name)
+            o = self._open[name]
         return o
-
-    def _store_state(self, txn: Any, o: _Open) -> None:
-        txn.put(o.config.name.encode(), json.dumps({**o.config.__dict__, "seq": o.seq,
-                                                     "next_key": o.next_key}).encode(),
-                db=self._configs)
-
-    def _maybe_save(self, o: _Open) -> None:
-        if o.seq - o.saved_seq >= SAVE_EVERY:
-            self.save(o.config.name)
 
     def _vector(self, c: IndexConfig, vector: Any) -> np.ndarray:
         try:
@@ -430,5 +493,39 @@ def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _state(raw: Any) -> tuple[int, int]:
+    """``(seq, next_key)`` of an index's LMDB record."""
+    state = json.loads(bytes(raw))
+    return state["seq"], state["next_key"]
+
+
+def _seq(raw: Any) -> int:
+    return _state(raw)[0]
+
+
+def _put_state(txn: Any, db: Any, c: IndexConfig, seq: int, next_key: int) -> None:
+    txn.put(c.name.encode(), json.dumps({**c.__dict__, "seq": seq, "next_key": next_key})
+            .encode(), db=db)
+
+
+def _write_atomically(path: Path, write: Any) -> None:
+    """`write(tmp)`, fsync it, then rename it over `path`."""
+    tmp = path.with_suffix(".tmp")
+    write(tmp)
+    _fsync(tmp)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` across processes (flock; released if one dies)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)

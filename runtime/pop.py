@@ -125,13 +125,8 @@ class PoP:
                           ai.client.metrics if ai is not None else None)
 
     def _vet(self, m: Manifest) -> None:
-        """Raises `DeployError` for a function asking for a WAF this PoP cannot run,
-        owned by a tenant pinned to another region ([residency]), or binding vector
-        indexes on a PoP of several workers."""
-        if m.bindings.vectors and self.config.worker_count() > 1:
-            raise DeployError(f"function {m.name!r} binds vector indexes, which live in one "
-                              "process's memory: they need workers = 1 in pop.toml (this PoP "
-                              f"runs {self.config.worker_count()})")
+        """Raises `DeployError` for a function asking for a WAF this PoP cannot run, or
+        owned by a tenant pinned to another region ([residency])."""
         home = self.config.residency.tenants.get(m.tenant)
         if home is not None and home != self.config.region:
             raise DeployError(f"function {m.name!r} belongs to tenant {m.tenant!r}, pinned to "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from edgefn_core.errors import AdminError, InvalidConfig
+from edgefn_core.errors import InvalidConfig
 from runtime import config
 from runtime.admin.client import AdminClient
-from tests.support import ROOT, function_dir, reactor, running, wait_for
+from tests.support import ROOT, function_dir, python_function, reactor, running, wait_for
 
 POP_TOML = """workers = 2
 worker_header = true
@@ -55,6 +56,18 @@ class Workers:
             resp.read()
             return (resp.status, resp.getheader("x-edgefn-function") or "",
                     resp.getheader("x-edgefn-worker") or "")
+        finally:
+            conn.close()
+
+    def post(self, path: str, body: object) -> tuple[int, object, str]:
+        """Status, JSON body and ``x-edgefn-worker`` of a POST of JSON `body` on a fresh
+        connection."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        try:
+            conn.request("POST", path, json.dumps(body).encode(),
+                         {"content-type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read()), resp.getheader("x-edgefn-worker") or ""
         finally:
             conn.close()
 
@@ -267,13 +280,61 @@ def test_one_admin_listener_and_both_workers_on_the_public_port(workers: Workers
     assert workers.admin.request("GET", "/v1/functions") == {"functions": []}
 
 
-def test_vector_bindings_are_refused_with_several_workers(workers: Workers,
-                                                         tmp_path: Path) -> None:
-    d = function_dir(tmp_path, "v", reactor(""), extra='[bindings]\nvectors = ["idx"]')
-    with pytest.raises(AdminError) as e:
-        workers.admin.deploy(d)
-    assert "binds vector indexes, which live in one process's memory: they need " \
-        "workers = 1 in pop.toml (this PoP runs 2)" in str(e.value)
+VECTORS_FN = """
+from edgefn import Response
+
+
+def handle(request, env):
+    index = env.vectors("notes")
+    body = request.json()
+    op = request.query.get("op")
+    if op == "put":
+        return Response.json(index.upsert([{"id": body["id"], "vector": body["vector"]}]))
+    if op == "delete":
+        return Response.json(index.delete([body["id"]]))
+    return Response.json(sorted(hit["id"] for hit in index.query(body["vector"], k=50)))
+"""
+
+
+def note(i: int) -> list[float]:
+    return [1.0 if j == i % 16 else 0.1 * (i // 16) for j in range(16)]
+
+
+def query_on(w: Workers, want: set[str], *, not_on: str = "", on: str = "") -> None:
+    """Query (fresh connections) until a worker other than `not_on` (or worker `on`,
+    which may still be starting) answers; every answer, from any worker, must be the
+    ids `want`."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, ids, served = w.post("/vec?op=query", {"vector": [1.0] * 16})
+        assert status == 200 and isinstance(ids, list), (status, ids)
+        assert set(ids) == want, f"worker {served}"
+        if served != not_on and served == (on or served):
+            return
+    raise AssertionError(f"the kernel never picked {'worker ' + on if on else 'another'}")
+
+
+def test_a_vector_write_in_one_worker_is_seen_by_the_other_at_once(
+        workers: Workers, tmp_path: Path) -> None:
+    d = python_function(tmp_path, "vec", VECTORS_FN, extra='[bindings]\nvectors = ["notes"]')
+    workers.admin.deploy(d)
+    stored: set[str] = set()
+    for i in range(10):
+        status, n, writer = workers.post("/vec?op=put", {"id": f"n{i}", "vector": note(i)})
+        assert (status, n) == (200, 1)
+        stored.add(f"n{i}")
+        if i % 3 == 2:  # and a delete, through whichever worker
+            assert workers.post("/vec?op=delete", {"id": f"n{i - 1}"})[:2] == (200, 1)
+            stored.discard(f"n{i - 1}")
+        query_on(workers, stored, not_on=writer)
+    # a worker killed and started again loads the index and follows later writes
+    before = workers.children()
+    os.kill(max(before), signal.SIGKILL)
+    wait_for(lambda: len(workers.children() - before) == 1, 60, "a worker started again")
+    fresh = str(next(iter(workers.children() - before)))
+    query_on(workers, stored, on=fresh)
+    assert workers.post("/vec?op=put", {"id": "late", "vector": note(40)})[:2] == (200, 1)
+    query_on(workers, stored | {"late"}, on=fresh)
 
 
 def test_sigterm_drains_every_worker(workers: Workers, tmp_path: Path) -> None:
