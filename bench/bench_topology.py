@@ -71,7 +71,7 @@ CHAT = "smollm2-135m"
 FN_SHARE = 0.4
 ONE_OFF = 0.3
 POOL = 24
-BOOTS = 3  # cold-start boots by default: the whole bench stays under ~3 min, quiet
+BOOTS = 3  # cold-start boots by default: the whole bench takes about 3 min, quiet
 
 
 def topology(quick: bool, regional_models: bool = False) -> spec.Topology:
