@@ -2,7 +2,7 @@
 emulated network (`edgefn topology`, the default functions/examples/topology.toml).
 
     python bench/bench_topology.py [--quick] [--per-geo 60] [--tokens 12] [--seed 14]
-                                   [--log requests.jsonl] [--regional-models]
+                                   [--log requests.jsonl] [--regional-models] [--boots 3]
 
 (a) centralized: every geography's clients talk to the central PoP over the
     long-haul link (central_rtt_ms), which runs the functions and the model; no cache.
@@ -28,7 +28,10 @@ requests, origin load (requests reaching the central PoP, and model calls it mad
 from its metrics), exact and semantic hit rates (edge: x-edgefn-cache; regional: its
 metrics), and the cold-start penalty: the first request to each function on each PoP
 (a fresh connection, straight to the PoP: no link, after a pause) against the median of
-the next five requests after the same pause, and against five back-to-back ones.
+the next five requests after the same pause, and against five back-to-back ones, with a
+noise control beside it (round 2 alone against rounds 3-6); then, over --boots boots of
+the topology (the extra ones run only those rounds), the median of the first requests
+against the median of the warm ones (bench/_topology_cold.py).
 Seeds' claims beside them: p50 cut >= 75 %, origin load cut >= 60 % at a 20-40 % hit
 rate, first request <= 1.2x warm. Then why chat requests reached the origin
 (`_topology_origin`): the floor (each intent's first request in a region must) and
@@ -39,10 +42,8 @@ every origin call beyond it, with what the edge's and the regional's caches deci
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -54,6 +55,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _topology_cold as cold
 import _topology_origin as origin
 
 from runtime.admin.client import AdminClient
@@ -69,6 +71,7 @@ CHAT = "smollm2-135m"
 FN_SHARE = 0.4
 ONE_OFF = 0.3
 POOL = 24
+BOOTS = 3  # cold-start boots by default: the whole bench takes about 3 min, quiet
 
 
 def topology(quick: bool, regional_models: bool = False) -> spec.Topology:
@@ -173,59 +176,6 @@ def delta(after: dict[str, dict[str, float]], before: dict[str, dict[str, float]
     return {p: {k: after[p][k] - before[p][k] for k in after[p]} for p in after}
 
 
-PAUSE = 0.25  # seconds before each request of a cold-start round
-ROUNDS = 6  # cold-start rounds: the first one's requests are each function's first
-
-
-def cold_starts(run: Path, topo: spec.Topology) -> list[tuple[str, str, float, float, float]]:
-    """(PoP, path, first request, median of the next rounds, median of five
-    back-to-back requests) in seconds. Each request is on a fresh connection,
-    straight to the PoP. A round sends one request to each function on each PoP,
-    each after a PAUSE: the first round's requests are the first ones, and the
-    next rounds' come after the same pauses, so only first-time costs set them
-    apart. The back-to-back requests (the old baseline) come after no pause."""
-    state = runner.read_network(run)
-    targets = [(p.name, state.public[p.name], path) for p in topo.pop for path in PATHS]
-    rounds: dict[tuple[str, str], list[float]] = {(n, path): [] for n, _, path in targets}
-    for _ in range(ROUNDS):
-        for name, port, path in targets:
-            time.sleep(PAUSE)
-            rounds[(name, path)].append(_timed_get(name, port, path))
-    out = []
-    for name, port, path in targets:
-        back = statistics.median(_timed_get(name, port, path) for _ in range(5))
-        first, *later = rounds[(name, path)]
-        out.append((name, path, first, statistics.median(later), back))
-    inside(run, targets)
-    return out
-
-
-def inside(run: Path, targets: list[tuple[str, int, str]]) -> None:
-    """The same rounds as the PoPs' events saw them: each request's time inside the
-    PoP's pipeline (`duration_ms`, from the first stage to the response), so the
-    first request's extra time splits into the pipeline's share and the rest
-    (connection, parsing, the loop waking up, the client)."""
-    print(f"inside the PoP (events' duration_ms): first / median of rounds 2-{ROUNDS}")
-    for name, _, path in targets:
-        listed = AdminClient(pop_dir(run, name), timeout=30).request(
-            "GET", f"/v1/events?path={path}&limit=100")
-        ms_ = [e["duration_ms"] for e in listed["events"] if e["path"] == path][:ROUNDS]
-        print(f"  {name:<12}{path:<11}{ms_[0]:8.3f} ms / {statistics.median(ms_[1:]):.3f} ms"
-              f" = {ms_[0] / statistics.median(ms_[1:]):.2f}")
-
-
-def _timed_get(pop: str, port: int, path: str) -> float:
-    """Seconds for one GET on a new connection (connect to the last byte read)."""
-    t = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", path)
-    resp = conn.getresponse()
-    resp.read()
-    conn.close()
-    assert resp.status == 200, (pop, path, resp.status)
-    return time.perf_counter() - t
-
-
 def ms(s: float) -> str:
     return f"{s * 1000:8.1f}"
 
@@ -245,7 +195,7 @@ def cut(a: float, b: float) -> str:
 
 
 def report(a: list[Sample], b: list[Sample], ca: dict[str, dict[str, float]],
-           cb: dict[str, dict[str, float]], colds: list[tuple[str, str, float, float, float]],
+           cb: dict[str, dict[str, float]], colds: list[list[cold.Cold]],
            regionals: list[str]) -> dict[str, Any]:
     sa, sb = summary("a", a), summary("b", b)
     print(f"\n{'':28}{'(a) central':>14}{'(b) distributed':>17}{'cut':>10}   seeds' claim")
@@ -282,12 +232,7 @@ def report(a: list[Sample], b: list[Sample], ca: dict[str, dict[str, float]],
     for mode, samples in (("a", a), ("b", b)):
         for s in [s for s in samples if s.status != 200][:5]:  # what went wrong, said
             print(f"  ({mode}) {s.geo} {s.kind}: status {s.status} {s.error[:160]}")
-    worst = max(first / warm for _, _, first, warm, _ in colds)
-    print(f"cold start (first / warm median, straight to the PoP, each after a {PAUSE} s "
-          "pause; then against back-to-back warm requests):   seeds: <= 1.2x")
-    for pop, path, first, warm, back in colds:
-        print(f"  {pop:<12}{path:<11}{ms(first)} ms / {ms(warm).strip()} ms = {first / warm:.2f}x"
-              f"   back-to-back {ms(back).strip()} ms: {first / back:.2f}x")
+    worst = cold.report(colds)
     return {"p50_cut": 1 - sb["p50"] / sa["p50"] if sa["p50"] else 0.0,
             "origin_cut": 1 - origin_b / origin_a if origin_a else 0.0, "hit_rate": hit,
             "worst_cold": worst, "failed": sa["failed"] + sb["failed"]}
@@ -303,6 +248,19 @@ def explain_origin(run: Path, topo: spec.Topology, sent: dict[str, tuple[str, st
     origin.report(table, region_of, total, log)
 
 
+def extra_boot(topo: spec.Topology, k: int) -> list[cold.Cold]:
+    """Boot `k` (of --boots): the topology up in a new directory, the cold-start
+    rounds, down."""
+    with tempfile.TemporaryDirectory(prefix="bench-topology-boot-") as tmp:
+        t = time.monotonic()
+        runner.up(topo, Path(tmp), "bench_topology", timeout=300)
+        print(f"boot {k}: topology up in {time.monotonic() - t:.1f} s, cold-start rounds only")
+        try:
+            return cold.measure(Path(tmp), topo, PATHS, back=False)
+        finally:
+            runner.down(Path(tmp))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two edges, 10 requests per geo")
@@ -313,11 +271,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "distributed run: geo, intent, wording, edge and regional decisions")
     ap.add_argument("--regional-models", action="store_true", help="every regional runs "
                     "the chat model itself (regional inference)")
+    ap.add_argument("--boots", type=int, default=BOOTS, help="bring the topology up this "
+                    "many times for the cold-start rounds (only they run on the extra boots); "
+                    "the pooled table compares the median of the first requests")
     args = ap.parse_args(argv)
+    if args.boots < 1:
+        ap.error(f"--boots must be at least 1, got {args.boots}")
     per_geo = 10 if args.quick else args.per_geo
     topo = topology(args.quick, args.regional_models)
     geos = [p.geo for p in topo.edges()]
     load = workload(args.seed, geos, per_geo)
+    colds = [extra_boot(topo, k) for k in range(1, args.boots)]
     with tempfile.TemporaryDirectory(prefix="bench-topology-") as tmp:
         run = Path(tmp)
         t = time.monotonic()
@@ -325,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"topology up: {len(topo.pop)} PoPs in {time.monotonic() - t:.1f} s; "
               f"workload: {per_geo} requests x {len(geos)} geographies, seed {args.seed}")
         try:
-            colds = cold_starts(run, topo)
+            colds.append(cold.measure(run, topo, PATHS, back=True))
             net = runner.read_network(run)
             names = [p.name for p in topo.pop]
             regionals = [p.name for p in topo.pop if p.tier == "regional"]

@@ -4,6 +4,7 @@ send one."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import socket
 from collections.abc import Iterator
@@ -129,6 +130,54 @@ def test_a_canary_gets_its_own_quiet_request(tmp_path: Path,
         canary = pop.pop.registry.canaries["c"].fn.executor
         live = pop.pop.registry.functions["c"].executor
         assert _served(canary) == _served(live) == 2  # executor warm-up + quiet request
+
+
+# Answers the bot class of each call's caller: "-" for none (the executor's warm-up).
+CLASSES = """\
+from edgefn import Response
+
+seen = []
+
+def handle(request, env):
+    seen.append(request.bot or "-")
+    return Response(" ".join(seen))
+"""
+
+
+def test_the_function_gets_the_caller_a_client_of_its_class_gets_made_once(
+        tmp_path: Path, quiet_statuses: dict[str, int]) -> None:
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(python_function(tmp_path, "classes", CLASSES, extra='warmup = "/classes"'))
+        assert list(quiet_statuses.values()) == [200]
+        dispatch = next(s for s in pop.pop.pipeline.stages if s.name == "dispatch")
+        # the quiet request carries no credential: its caller is that of an anonymous
+        # client of its bot class, encoded once and then found by that client
+        assert [(k, dict(c)) for k, c in dispatch.callers.items()] == [
+            ((None, "automation", None), {"bot": "automation"})]
+        made = next(iter(dispatch.callers.values()))
+        # executor warm-up (no caller), quiet request, client: the same principal section
+        assert pop.get("/classes")[2] == b"- automation automation"
+        assert list(dispatch.callers.values()) == [made]
+        assert next(iter(dispatch.callers.values())) is made
+
+
+def test_a_public_function_s_quiet_request_looks_for_a_credential_and_proves_nobody(
+        hello: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    auth = next(s for s in hello.pop.pipeline.stages if s.name == "auth")
+    scanned: list[object] = []
+    real = auth._optional
+
+    def spy(request: Request) -> Any:
+        scanned.append(principal := real(request))
+        return principal
+
+    monkeypatch.setattr(auth, "_optional", spy)
+    assert hello.loop is not None
+    asyncio.run_coroutine_threadsafe(hello.pop.warm(hello.pop.registry.functions["hello"]),
+                                     hello.loop).result(30)
+    assert scanned == [None]  # the path a client without a key takes, run
+    hello.delivered()
+    assert list(hello.pop.ring.events) == []
 
 
 def _served(executor: Any) -> int:

@@ -1,5 +1,6 @@
 """bench/bench_topology.py --quick runs end to end: both modes, every request
-answered, and what needs no model never reaches central in the distributed run.
+answered, what needs no model never reaches central in the distributed run, and
+the cold-start tables (one boot and pooled over three) carry their noise control.
 (The speed figures are the bench's to print, not this test's to time.)"""
 
 from __future__ import annotations
@@ -25,3 +26,20 @@ def test_the_quick_bench_runs_and_prints_the_table() -> None:
         assert any(line.startswith(label) for line in lines), label
     colds = [line for line in lines if line.startswith("  ") and "x" in line.split()[-1]]
     assert len(colds) == 4 * 2  # 4 PoPs x 2 functions
+    assert all("control" in line for line in colds), colds  # the noise control beside each
+    # --boots' default (3): the pooled tables, inside the PoP and end to end, 8 rows each
+    # and how many ratios (first, control) exceed 1.2x
+    for where in ("inside the PoP", "end to end"):
+        at = lines.index(next(line for line in lines
+                              if line.startswith(f"cold start over 3 boots, {where}")))
+        assert all("control" in line for line in lines[at + 1:at + 9]), out.stdout
+        assert lines[at + 9].startswith(f"  above 1.2x ({where}, 3 boots): first "), out.stdout
+
+
+def test_boots_below_one_is_refused_before_anything_starts() -> None:
+    out = subprocess.run([sys.executable, "bench/bench_topology.py", "--boots", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--boots must be at least 1, got 0" in out.stderr
+    assert "topology up" not in out.stdout

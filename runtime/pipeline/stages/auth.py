@@ -48,11 +48,11 @@ class Auth:
         if target is None:
             return call_next(request, ctx)
         mode = self._mode(target)
-        if ctx.quiet:  # a warm-up carries no credential; only the PoP can make one
-            return call_next(request, ctx)
-        if mode == "none":
+        if mode == "none":  # a warm-up too: it carries no credential, so it proves nobody
             if request.headers:
                 ctx.principal = self._optional(request)
+            return call_next(request, ctx)
+        if ctx.quiet:  # a warm-up carries no credential; only the PoP can make one
             return call_next(request, ctx)
         try:
             principal = self._authenticate(mode, request, target)

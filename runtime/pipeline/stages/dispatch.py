@@ -32,19 +32,14 @@ class Dispatch:
         fn = ctx.target
         assert isinstance(fn, Deployment), "dispatch runs after route"
         if ctx.quiet:
-            return _quiet(fn, request, ctx)
+            return _quiet(fn, request, ctx, self._caller(ctx))
         if fn.inflight >= fn.concurrency:
             raise FunctionError("concurrency_limit", 503, f"has {fn.inflight} requests in "
                                 f"flight, its limit (limits.concurrency = {fn.concurrency})")
-        if ctx.principal is None and ctx.bot is None:
+        caller = self._caller(ctx)
+        if caller is None:
             result = fn.executor.handle(request, ctx.route, ctx.params)
         else:
-            key = (ctx.principal, ctx.bot, ctx.agent)
-            caller = self.callers.get(key)
-            if caller is None:
-                if len(self.callers) >= MAX_CALLERS:
-                    self.callers.clear()
-                caller = self.callers[key] = Caller(_principal(ctx))
             result = fn.executor.handle(request, ctx.route, ctx.params, caller)
         if isinstance(result, Response):
             result.headers.append(fn.tag)
@@ -52,15 +47,36 @@ class Dispatch:
         fn.inflight += 1
         return then(_counted(result, fn), _tagged, fn.tag)
 
+    def _caller(self, ctx: Context) -> Caller | None:
+        """`ctx`'s caller (None: anonymous and not classed), its principal section
+        encoded once per distinct (principal, bot class, agent). A quiet request's
+        is kept too: it carries no credential, so its key is the one a client of
+        its bot class gets, and that client then finds the encoding made (making
+        it cost the first client 20-30 us; README "Cold starts"). It holds no
+        count and nothing a client or an operator can see."""
+        if ctx.principal is None and ctx.bot is None:
+            return None
+        key = (ctx.principal, ctx.bot, ctx.agent)
+        caller = self.callers.get(key)
+        if caller is None:
+            if len(self.callers) >= MAX_CALLERS:
+                self.callers.clear()
+            caller = self.callers[key] = Caller(_principal(ctx))
+        return caller
 
-def _quiet(fn: Deployment, request: Request, ctx: Context) -> Result:
+
+def _quiet(fn: Deployment, request: Request, ctx: Context, caller: Caller | None) -> Result:
     """A warm-up request (`runtime.pipeline.warm`): a dry one is answered here; else
-    the function runs without taking a concurrency slot, and a synchronous call's
-    instantiation is not counted in edgefn_wasm_instantiate_seconds."""
+    the function runs with `caller` (as a client's request does) without taking a
+    concurrency slot, and a synchronous call's instantiation is not counted in
+    edgefn_wasm_instantiate_seconds."""
     if ctx.dry:
         return Response(204, [fn.tag])
     with unmetered(fn.executor):
-        result = fn.executor.handle(request, ctx.route, ctx.params)
+        if caller is None:
+            result = fn.executor.handle(request, ctx.route, ctx.params)
+        else:
+            result = fn.executor.handle(request, ctx.route, ctx.params, caller)
     return then(result, _tagged, fn.tag)
 
 
