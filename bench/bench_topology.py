@@ -3,6 +3,7 @@ emulated network (`edgefn topology`, the default functions/examples/topology.tom
 
     python bench/bench_topology.py [--quick] [--per-geo 60] [--tokens 12] [--seed 14]
                                    [--log requests.jsonl] [--regional-models] [--boots 3]
+                                   [--one-off 0.3]
 
 (a) centralized: every geography's clients talk to the central PoP over the
     long-haul link (central_rtt_ms), which runs the functions and the model; no cache.
@@ -18,8 +19,9 @@ connection; all geographies at once, after one warm-up chat per geography and mo
 The workload (random.Random(--seed), the same in both runs): per geography, FN_SHARE
 of requests need no model (GET /hello, a WASM function, and /py/hello, a Python one,
 alternating); the rest are chat requests (streamed, temperature 0, --tokens tokens).
-A chat request is a one-off question (ONE_OFF of them: the `a` side of the "trap"
-pairs of bench/data/semantic_eval.jsonl, each used once) or one of POOL support/search
+A chat request is a one-off question (a share --one-off of them, ONE_OFF by default: the
+`a` side of the "trap" pairs of bench/data/semantic_eval.jsonl, each used once; more of
+them, a lower hit rate) or one of POOL support/search
 intents (that file's paraphrase groups), picked by Zipf-like frequency (1/rank^1.1),
 asked in any of its wordings: exact repeats and paraphrases, across geographies.
 
@@ -93,8 +95,10 @@ def topology(quick: bool, regional_models: bool = False) -> spec.Topology:
     return msgspec.structs.replace(topo, pop=pops, region=[])
 
 
-def workload(seed: int, geos: list[str], per_geo: int) -> dict[str, list[tuple[str, str]]]:
-    """Per geography: (kind, what) with kind fn (a path) or chat (a question)."""
+def workload(seed: int, geos: list[str], per_geo: int, one_off: float = ONE_OFF
+             ) -> dict[str, list[tuple[str, str]]]:
+    """Per geography: (kind, what) with kind fn (a path) or chat (a question);
+    `one_off`: the share of chat requests that are one-off questions."""
     rows = [json.loads(line) for line in (ROOT / "bench/data/semantic_eval.jsonl").open()]
     groups: dict[str, list[str]] = {}
     for r in rows:
@@ -112,7 +116,7 @@ def workload(seed: int, geos: list[str], per_geo: int) -> dict[str, list[tuple[s
         for i in range(per_geo):
             if rng.random() < FN_SHARE:
                 seq.append(("fn", PATHS[i % 2]))
-            elif rng.random() < ONE_OFF and oneoffs:
+            elif rng.random() < one_off and oneoffs:
                 seq.append(("chat", oneoffs.pop()))
             else:
                 seq.append(("chat", rng.choice(rng.choices(pool, weights)[0])))
@@ -274,20 +278,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--boots", type=int, default=BOOTS, help="bring the topology up this "
                     "many times for the cold-start rounds (only they run on the extra boots); "
                     "the pooled table compares the median of the first requests")
+    ap.add_argument("--one-off", type=float, default=ONE_OFF, help="share of chat requests "
+                    "that are one-off questions (more: a lower hit rate)")
     args = ap.parse_args(argv)
     if args.boots < 1:
         ap.error(f"--boots must be at least 1, got {args.boots}")
+    if not 0 <= args.one_off <= 1:
+        ap.error(f"--one-off must be between 0 and 1, got {args.one_off}")
     per_geo = 10 if args.quick else args.per_geo
     topo = topology(args.quick, args.regional_models)
     geos = [p.geo for p in topo.edges()]
-    load = workload(args.seed, geos, per_geo)
+    load = workload(args.seed, geos, per_geo, args.one_off)
     colds = [extra_boot(topo, k) for k in range(1, args.boots)]
     with tempfile.TemporaryDirectory(prefix="bench-topology-") as tmp:
         run = Path(tmp)
         t = time.monotonic()
         runner.up(topo, run, "bench_topology", timeout=300)
         print(f"topology up: {len(topo.pop)} PoPs in {time.monotonic() - t:.1f} s; "
-              f"workload: {per_geo} requests x {len(geos)} geographies, seed {args.seed}")
+              f"workload: {per_geo} requests x {len(geos)} geographies, seed {args.seed}, "
+              f"one-off share {args.one_off}")
         try:
             colds.append(cold.measure(run, topo, PATHS, back=True))
             net = runner.read_network(run)
