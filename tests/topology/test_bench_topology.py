@@ -43,3 +43,18 @@ def test_boots_below_one_is_refused_before_anything_starts() -> None:
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--boots must be at least 1, got 0" in out.stderr
     assert "topology up" not in out.stdout
+
+
+def test_with_regional_models_the_regional_generates_what_central_did() -> None:
+    """--regional-models: the regional runs the chat model, so in the distributed run
+    central generates nothing and the regional generates the misses."""
+    out = subprocess.run([sys.executable, "bench/bench_topology.py", "--quick", "--boots", "1",
+                          "--regional-models"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "failed requests: (a) 0 of 20, (b) 0 of 20" in lines, out.stdout
+    model = next(line for line in lines if line.startswith("model calls (central)")).split()
+    regional = next(line for line in lines if line.startswith("generated at regionals")).split()
+    assert int(model[3]) > 0 and int(model[4]) == 0, out.stdout  # (a) central, (b) none
+    assert int(regional[3]) == 0 and int(regional[4]) > 0, out.stdout
