@@ -48,7 +48,8 @@ class PoP:
         self.data_dir = config.data_dir
         self.ai: AIService | None = None
         if config.ai.enabled:
-            self.ai = AIService(self.data_dir, config.ai.worker_config, config.ai.socket)
+            self.ai = AIService(self.data_dir, config.ai.worker_config, config.ai.socket,
+                                config.ai.fallback)
         self.keys = KeyRing(KeyStore(self.data_dir))  # API keys (`edgefn keys`)
         self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config),
                              config.ai_cache,  # stores.ai_cache: the AI caches (with `ai`)

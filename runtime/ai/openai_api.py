@@ -156,14 +156,11 @@ class OpenAIApi:
     paths = PATHS
 
     def __init__(self, ai: AIService, budgets: TokenBudgets | None = None,
-                 egress: Egress | None = None, fallback: dict[str, str] | None = None
-                 ) -> None:
-        """`egress`: where a pinned tenant's calls may go (``[residency]``);
-        `fallback`: ``[ai] fallback``, the model that answers when one's origin fails."""
+                 egress: Egress | None = None) -> None:
+        """`egress`: where a pinned tenant's calls may go (``[residency]``)."""
         self.ai = ai
         self.budgets = budgets
         self.egress = egress
-        self.fallback = fallback or {}
         self.catalog = Catalog(ai.client)
 
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
@@ -238,7 +235,7 @@ class OpenAIApi:
         try:
             return await self._generate(body, chat, ctx, body.model)
         except WorkerError as e:
-            other = self.fallback.get(body.model)
+            other = self.ai.fallback.get(body.model)
             if other is None or e.code not in ORIGIN_DOWN:
                 raise
             failed = e.code

@@ -33,8 +33,11 @@ class Lora(msgspec.Struct):
 class AIService:
     """One model worker for the PoP."""
 
-    def __init__(self, data_dir: Path, config: str | None = None, socket: str | None = None
-                 ) -> None:
+    def __init__(self, data_dir: Path, config: str | None = None, socket: str | None = None,
+                 fallback: dict[str, str] | None = None) -> None:
+        """`fallback`: ``[ai] fallback``, the model that answers for another when that
+        one's origin fails (`ORIGIN_DOWN`), for the OpenAI API and the ``ai`` binding."""
+        self.fallback = fallback or {}
         self.dir = data_dir / "ai"
         self.dir.mkdir(parents=True, exist_ok=True)
         path = socket or str(self.dir / "worker.sock")

@@ -54,6 +54,16 @@ STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
 OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
 
 
+class FellBack(Exception):  # not an error: how an answer came (it skips the cache)
+    """A fallback model answered (`AIBinding._answered`): its result, and what to
+    tell the function (``{"model", "origin"}``)."""
+
+    def __init__(self, result: Generated, said: dict[str, str]) -> None:
+        super().__init__(said["model"])
+        self.result = result
+        self.said = said
+
+
 class AIBinding:
     def __init__(self, service: AIService, owner: str, tenant: str | None = None,
                  budgets: TokenBudgets | None = None, cache: AICache | None = None,
@@ -126,7 +136,7 @@ class AIBinding:
                     if op == "complete" else chat_call(self.tenant, model, params["messages"],
                                                        params))
             return await self._cached(call, a,
-                                      lambda: self._generated(model, params, traceparent))
+                                      lambda: self._answered(model, params, traceparent))
         hop = self._hop(model, params)  # refused before any charge
         ticket = await self._admit(model, stream, params.get("max_tokens"),
                                    prompt=params.get("prompt"), messages=params.get("messages"))
@@ -142,6 +152,24 @@ class AIBinding:
         sid = next(self.ids)
         self.streams[sid] = (gen, time.monotonic(), ticket)
         return {"stream": sid}
+
+    async def _answered(self, model: str, params: dict[str, Any],
+                        traceparent: str | None = None) -> Generated:
+        """`_generated`, or when `model`'s origin fails and ``[ai] fallback`` names
+        another model for it, that model's answer as `FellBack` (never cached as
+        `model`'s). Raises the first failure when the fallback fails too."""
+        try:
+            return await self._generated(model, params, traceparent)
+        except WorkerError as e:
+            other = self.service.fallback.get(model)
+            if other is None or e.code not in ORIGIN_DOWN:
+                raise
+            first = e
+        try:
+            result = await self._generated(other, params, traceparent)
+        except WorkerError:
+            raise first from None
+        raise FellBack(result, {"model": other, "origin": first.code})
 
     async def _generated(self, model: str, params: dict[str, Any],
                          traceparent: str | None = None) -> Generated:
@@ -166,7 +194,10 @@ class AIBinding:
                       origin: Callable[[], Awaitable[Result]]) -> dict[str, Any]:
         """`origin()`'s result as the binding returns it, through the cache."""
         if self.cache is None:
-            return _plain(await origin())
+            try:
+                return _plain(await origin())
+            except FellBack as fb:
+                return {**_plain(fb.result), "fallback": fb.said}
         off = a.get("cache") is False
         found = await self.cache.lookup(call, self.cache.policy(
             self.cache_settings, lookup=not off, store=not off))
@@ -176,6 +207,9 @@ class AIBinding:
         started = time.perf_counter()
         try:
             result = await origin()
+        except FellBack as fb:
+            self.cache.abandon(found)
+            return {**_plain(fb.result), "cache": record, "fallback": fb.said}
         except WorkerError as e:
             stale = self.cache.stale(found) if e.code in ORIGIN_DOWN else None
             self.cache.abandon(found)

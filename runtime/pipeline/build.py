@@ -181,8 +181,7 @@ def _openai(pop: PoP, targets: Targets) -> Stage:
         return OpenAI(None, targets)
     from runtime.ai.openai_api import OpenAIApi
 
-    return OpenAI(OpenAIApi(pop.ai, pop.stores.budgets, pop.stores.egress,
-                            pop.config.ai.fallback), targets)
+    return OpenAI(OpenAIApi(pop.ai, pop.stores.budgets, pop.stores.egress), targets)
 
 
 def _ai_cache(pop: PoP, targets: Targets) -> Stage | None:

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 
@@ -41,8 +41,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, F
 
 
 def asker(folder: Path) -> Path:
-    """A Python function that asks ``breaks`` ?q= through its ai binding (entries
-    live 1 s) and answers the binding's result as JSON."""
+    """A Python function that asks ?m= (default ``breaks``) ?q= through its ai
+    binding (entries live 1 s) and answers the binding's result as JSON."""
     folder.mkdir()
     (folder / "edgefn.toml").write_text(
         'name = "asker"\nruntime = "python"\nentry = "main.py"\nroutes = ["/ask"]\n'
@@ -51,7 +51,8 @@ def asker(folder: Path) -> Path:
         "from edgefn import Response\n\n\ndef handle(request, env):\n"
         "    messages = [{'role': 'user', 'content': request.query['q']}]\n"
         "    try:\n"
-        "        said = env.ai().chat(messages, model='breaks', max_tokens=3, temperature=0)\n"
+        "        model = request.query.get('m', 'breaks')\n"
+        "        said = env.ai().chat(messages, model=model, max_tokens=3, temperature=0)\n"
         "    except Exception as e:\n"
         "        return Response(str(e), status=502)\n"
         "    return Response.json(said)\n")
@@ -123,3 +124,19 @@ def test_an_expired_entry_answers_a_functions_call_when_the_origin_fails(
     up.unavailable = [False]
     status, _, out = pop.get(f"/ask?q=zeta+{uuid.uuid4().hex[:6]}", timeout=60)
     assert status == 502 and b"ai.chat" in out, out
+
+
+def test_a_smaller_model_answers_a_functions_call_and_is_not_cached(
+        setup: tuple[Running, FakeUpstream]) -> None:
+    pop, up = setup
+    q = quote(f"one two {uuid.uuid4().hex[:6]}")
+    up.unavailable = [False]
+    status, _, out = pop.get(f"/ask?m=echo&q={q}", timeout=60)
+    assert status == 200, out
+    said = json.loads(out)
+    assert said["fallback"] == {"model": LOCAL, "origin": "overloaded"}
+    assert said["cache"]["outcome"] == "miss"
+    status, _, out = pop.get(f"/ask?m=echo&q={q}", timeout=60)  # the origin is back
+    again = json.loads(out)
+    assert status == 200 and again["cache"]["outcome"] == "miss", out  # nothing was stored
+    assert "fallback" not in again and again["text"] == unquote(q)  # the echo
