@@ -231,12 +231,15 @@ class OpenAIApi:
         """`body.n` choices of one completion (see `runtime.ai.openai_choices`); when
         the model's origin fails before any output and ``[ai] fallback`` names another
         model for it, that model's, marked ``x-edgefn-fallback: model=<it>;
-        origin=<code>``. Raises `ApiError`, `WorkerError`, `Rejected`."""
+        origin=<code>`` (not for a caller whose key may not use that model).
+        Raises `ApiError`, `WorkerError`, `Rejected`."""
         try:
             return await self._generate(body, chat, ctx, body.model)
         except WorkerError as e:
             other = self.ai.fallback.get(body.model)
-            if other is None or e.code not in ORIGIN_DOWN:
+            who = ctx.principal if ctx is not None else None
+            if other is None or e.code not in ORIGIN_DOWN or (
+                    who is not None and not who.allows("model", other)):
                 raise
             failed = e.code
         log.warning("model %s: its origin failed (%s); %s answers instead", body.model,

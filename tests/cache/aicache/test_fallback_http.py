@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 
 import pytest
 
+from runtime.security.keys import KeyStore
 from tests.gpu_worker.test_upstream_engine import FakeUpstream
 from tests.residency.test_egress_http import upstream
 from tests.support import Running, pop_thread
@@ -24,20 +25,24 @@ from tests.support import Running, pop_thread
 LOCAL = "smollm2-135m"
 
 
+def worker_config(folder: Path, up: FakeUpstream) -> Path:
+    worker = folder / "worker.toml"
+    worker.write_text(f'[[models]]\nname = "far"\nengine = "openai"\nurl = "{up.url}"\n'
+                      'models = ["echo", "breaks"]\n'
+                      f'[[models]]\nname = "{LOCAL}"\nengine = "llamacpp"\nthreads = 1\n'
+                      'context = 512\n')
+    return worker
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, FakeUpstream]]:
     tmp = tmp_path_factory.mktemp("fallback")
-    with upstream() as up:
-        worker = tmp / "worker.toml"
-        worker.write_text(f'[[models]]\nname = "far"\nengine = "openai"\nurl = "{up.url}"\n'
-                          'models = ["echo", "breaks"]\n'
-                          f'[[models]]\nname = "{LOCAL}"\nengine = "llamacpp"\nthreads = 1\n'
-                          'context = 512\n')
-        with pop_thread(tmp / "data", ai=True, ai_config=str(worker),
-                        **{"ai.fallback": {"echo": LOCAL},
-                           "ai_cache.stale_if_error_s": 600.0}) as pop:
-            pop.deploy(asker(tmp / "asker"))
-            yield pop, up
+    with upstream() as up, pop_thread(tmp / "data", ai=True,
+                                      ai_config=str(worker_config(tmp, up)),
+                                      **{"ai.fallback": {"echo": LOCAL},
+                                         "ai_cache.stale_if_error_s": 600.0}) as pop:
+        pop.deploy(asker(tmp / "asker"))
+        yield pop, up
 
 
 def asker(folder: Path) -> Path:
@@ -140,3 +145,19 @@ def test_a_smaller_model_answers_a_functions_call_and_is_not_cached(
     again = json.loads(out)
     assert status == 200 and again["cache"]["outcome"] == "miss", out  # nothing was stored
     assert "fallback" not in again and again["text"] == unquote(q)  # the echo
+
+
+def test_no_fallback_to_a_model_the_callers_key_may_not_use(tmp_path: Path) -> None:
+    with upstream() as up, pop_thread(tmp_path / "data", ai=True,
+                                      ai_config=str(worker_config(tmp_path, up)),
+                                      **{"ai.fallback": {"echo": LOCAL}}) as pop:
+        store = KeyStore(pop.data)
+        only_echo, both = (store.create("acme", scopes)[0]
+                           for scopes in (("model:echo",), ("model:echo", f"model:{LOCAL}")))
+        pop.admin.request("POST", "/v1/keys/reload")
+        for key, status in ((only_echo, 503), (both, 200)):
+            up.unavailable = [False]
+            got, headers, out = chat(pop, "echo", f"x {uuid.uuid4().hex[:6]}",
+                                     headers={"authorization": f"Bearer {key}"})
+            assert got == status, out
+            assert ("x-edgefn-fallback" in headers) is (status == 200)
