@@ -83,15 +83,17 @@ def _check_url(url: str) -> httpx2.URL:
     return parsed
 
 
-def _client(url: httpx2.URL, timeout: float, auth: str | None) -> httpx2.AsyncClient:
+def _client(url: httpx2.URL, timeout: float, auth: str | None, idle: int = MAX_IDLE
+            ) -> httpx2.AsyncClient:
     """The client for one upstream: paths are relative to `url`, `timeout` bounds
-    every connect, send and wait for bytes; the environment is not consulted."""
+    every connect, send and wait for bytes; the environment is not consulted;
+    `idle`: keep-alive connections kept (0: a new connection per request)."""
     headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
     if auth:
         headers["Authorization"] = f"Bearer {auth}"
     return httpx2.AsyncClient(
         base_url=url, headers=headers, timeout=httpx2.Timeout(timeout), trust_env=False,
-        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=MAX_IDLE),
+        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=idle),
         verify=ssl.create_default_context())
 
 
@@ -388,6 +390,12 @@ class UpstreamEngine(Engine):
             self._client = _client(url, self.timeout, self._api_key())
         return self._client
 
+    def _one_off(self) -> httpx2.AsyncClient:
+        """A client whose request takes a new connection, closed after it: for the
+        second try of a 503 that closed its connection (`_elsewhere`). The pool's
+        other idle connections may lead where that one did."""
+        return _client(_check_url(self.spec.url), self.timeout, self._api_key(), idle=0)
+
     def _api_key(self) -> str | None:
         """Raises `EngineError` (invalid_config) if ``api_key_env`` names an unset
         variable or one that is not a valid key."""
@@ -469,15 +477,9 @@ class UpstreamEngine(Engine):
             headers["x-edgefn-tenant"] = st.tenant
         if st.desensitised is not None:
             headers["x-edgefn-desensitised"] = st.desensitised
-        for again in (True, False):
-            async with client.stream("POST", path, content=body, headers=headers) as resp:
-                if resp.status_code != 200:
-                    error = await _read_body(resp, MAX_ERROR_BODY)
-                    if again and _elsewhere(resp):
-                        continue
-                    raise _http_error(resp.status_code, error)
-                await _answer(st, resp)
-                return
+        if not await _post(client, st, path, body, headers):
+            async with self._one_off() as fresh:
+                await _post(fresh, st, path, body, headers, last=True)
 
     # -- embeddings ---------------------------------------------------------------------
     async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
@@ -507,21 +509,13 @@ class UpstreamEngine(Engine):
         """One whole request and answer: status and body. Raises `EngineError`:
         invalid_config, upstream_unavailable (502), timeout (504), upstream_error (502)."""
         try:
-            status, answer, elsewhere = await self._call_once(method, path, body)
+            status, answer, elsewhere = await _call_once(self._setup(), method, path, body)
             if elsewhere:
-                status, answer, _ = await self._call_once(method, path, body)
+                async with self._one_off() as fresh:
+                    status, answer, _ = await _call_once(fresh, method, path, body)
             return status, answer
         except httpx2.RequestError as e:
             raise self._request_error(e, f"did not answer {method} {path} within") from None
-
-    async def _call_once(self, method: str, path: str, body: bytes | None
-                         ) -> tuple[int, bytes, bool]:
-        """Status, body, and whether to try again elsewhere (`_elsewhere`). Raises
-        `EngineError` (invalid_config, the body too long), `httpx2.RequestError`."""
-        async with self._setup().stream(method, path, content=body,
-                                        headers=_headers("application/json", body)) as resp:
-            limit = MAX_BODY if resp.status_code == 200 else MAX_ERROR_BODY
-            return resp.status_code, await _read_body(resp, limit), _elsewhere(resp)
 
     def _request_error(self, e: httpx2.RequestError, silent: str) -> EngineError:
         """An httpx2 failure as an `EngineError`: timeout (504, "upstream <url> `silent`
@@ -533,6 +527,31 @@ class UpstreamEngine(Engine):
             return EngineError("upstream_unavailable", 502, f"upstream {self.url} is unavailable: "
                                f"{_describe(e)}")
         return EngineError("upstream_error", 502, f"upstream {self.url} broke HTTP: {_describe(e)}")
+
+
+async def _post(client: httpx2.AsyncClient, st: _Stream, path: str, body: bytes,
+                headers: dict[str, str], last: bool = False) -> bool:
+    """POST `body` and pass the answer to `st`; False (nothing passed) for a 503 to
+    try once more elsewhere (`_elsewhere`) unless `last`. Raises `EngineError` and
+    `httpx2.RequestError`."""
+    async with client.stream("POST", path, content=body, headers=headers) as resp:
+        if resp.status_code != 200:
+            error = await _read_body(resp, MAX_ERROR_BODY)
+            if not last and _elsewhere(resp):
+                return False
+            raise _http_error(resp.status_code, error)
+        await _answer(st, resp)
+        return True
+
+
+async def _call_once(client: httpx2.AsyncClient, method: str, path: str, body: bytes | None
+                     ) -> tuple[int, bytes, bool]:
+    """Status, body, and whether to try again elsewhere (`_elsewhere`). Raises
+    `EngineError` (the body too long), `httpx2.RequestError`."""
+    async with client.stream(method, path, content=body,
+                             headers=_headers("application/json", body)) as resp:
+        limit = MAX_BODY if resp.status_code == 200 else MAX_ERROR_BODY
+        return resp.status_code, await _read_body(resp, limit), _elsewhere(resp)
 
 
 def _elsewhere(resp: httpx2.Response) -> bool:

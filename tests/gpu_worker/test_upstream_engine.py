@@ -72,7 +72,13 @@ def words_of(body: dict[str, Any]) -> list[str]:
 class FakeUpstream:
     """An OpenAI-compatible server on an ephemeral loopback port."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_alive: bool = False) -> None:
+        """`keep_alive`: serve request after request on a connection until an answer
+        says ``Connection: close`` (else one, and close); `connections` counts those
+        accepted."""
+        self.keep_alive = keep_alive
+        self.connections = 0
+        self.closing = False  # the answer being written says Connection: close
         self.requests: list[tuple[str, str, dict[str, str], dict[str, Any]]] = []
         self.disconnected = asyncio.Event()
         self.flood_sent = 0  # bytes of the flood model's answer the network took
@@ -102,15 +108,20 @@ class FakeUpstream:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
+        self.connections += 1
         try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            method, path, _ = head[0].split(" ")
-            headers = {k.strip().lower(): v.strip()
-                       for k, _, v in (line.partition(":") for line in head[1:] if line)}
-            raw = await reader.readexactly(int(headers.get("content-length", "0")))
-            body = msgspec.json.decode(raw) if raw else {}
-            self.requests.append((method, path, headers, body))
-            await self._route(method, path, body, reader, writer)
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                method, path, _ = head[0].split(" ")
+                headers = {k.strip().lower(): v.strip()
+                           for k, _, v in (line.partition(":") for line in head[1:] if line)}
+                raw = await reader.readexactly(int(headers.get("content-length", "0")))
+                body = msgspec.json.decode(raw) if raw else {}
+                self.requests.append((method, path, headers, body))
+                self.closing = not self.keep_alive
+                await self._route(method, path, body, reader, writer)
+                if self.closing:
+                    break
         except (ConnectionError, asyncio.IncompleteReadError):
             self.disconnected.set()
         finally:
@@ -122,8 +133,9 @@ class FakeUpstream:
         if method == "POST" and self.unavailable:
             data = msgspec.json.encode({"error": {"message": "the model worker is down",
                                                   "type": "server_error", "code": "busy"}})
-            close = self.unavailable.pop(0)
+            close = self.unavailable.pop(0)  # what the answer says; closed after it if so
             writer.write(response_head(503, "application/json", len(data), close) + data)
+            self.closing = self.closing or close
             return await writer.drain()
         if method == "GET" and path == "/v1/models":
             return await self._json(writer, 200, {
@@ -142,7 +154,7 @@ class FakeUpstream:
 
     async def _json(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
         data = msgspec.json.encode(obj)
-        writer.write(response_head(status, "application/json", len(data)) + data)
+        writer.write(response_head(status, "application/json", len(data), self.closing) + data)
         await writer.drain()
 
     async def _chat(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -536,6 +548,24 @@ def test_a_503_that_closes_its_connection_is_tried_once_more() -> None:
                     await engine.embed("embedder", ["a"])
                 assert (err.value.code, err.value.status) == ("overloaded", 503)
                 assert len(up.requests) - before == tries
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_second_try_takes_a_new_connection_not_another_idle_one() -> None:
+    """The pool's other idle connections may lead where the 503 came from (through
+    a link, to the PoP whose worker is down): the second try opens its own."""
+    async def scenario() -> None:
+        async with FakeUpstream(keep_alive=True) as up:
+            engine = engine_for(up.url)
+            await engine.start()
+            await asyncio.gather(*(engine.embed("embedder", ["a"]) for _ in range(3)))
+            idle = up.connections
+            assert idle >= 2  # answers read whole: their connections wait in the pool
+            up.unavailable = [True]
+            assert (await engine.embed("embedder", ["a"]))[0] == [[1.0, 1.0]]
+            assert up.connections == idle + 1  # the second try's own
             engine.close()
 
     asyncio.run(scenario())
