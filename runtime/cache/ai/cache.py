@@ -223,18 +223,28 @@ class AICache:
         scope = self.scopes.get(call.bucket)
         if scope is None:
             return False
-        if scope.index is not None:
-            for label, sim in scope.index.nearest(vector):
-                entry = scope.labels.get(label)
-                if sim < found.policy.threshold:
-                    break
-                if entry is None or self._fresh(entry.call.key) is not entry:
-                    continue
-                if self._allowed(found, entry.call.query, sim):
-                    found.outcome, found.entry, found.similarity = "hit-semantic", entry, sim
-                    self.scopes.move_to_end(call.bucket)
-                    return True
+        entry = self._nearest(found, scope, lambda e: self._fresh(e.call.key) is e)
+        if entry is not None:
+            found.outcome, found.entry = "hit-semantic", entry
+            self.scopes.move_to_end(call.bucket)
+            return True
         return await self._near_flight(found, scope)
+
+    def _nearest(self, found: Lookup, scope: Scope, usable: Callable[[Entry], bool]
+                 ) -> Entry | None:
+        """The nearest `usable` entry of `scope` at or above the threshold that no
+        guard vetoes (its similarity into `found`), or None."""
+        if scope.index is None or found.vector is None:
+            return None
+        for label, sim in scope.index.nearest(found.vector):
+            if sim < found.policy.threshold:
+                break
+            entry = scope.labels.get(label)
+            if entry is not None and usable(entry) and \
+                    self._allowed(found, entry.call.query, sim):
+                found.similarity = sim
+                return entry
+        return None
 
     def _allowed(self, found: Lookup, cached: str, sim: float) -> bool:
         guard = guards.veto(found.call.query, cached)
@@ -267,25 +277,12 @@ class AICache:
             return None
         deadline = self.clock() - window  # an entry that expired after this may serve
         entry = self.exact.get(found.call.key)
-        if entry is None or entry.expires <= deadline:
-            entry = self._stale_near(found, deadline)
+        scope = self.scopes.get(found.call.bucket)
+        if (entry is None or entry.expires <= deadline) and scope is not None:
+            entry = self._nearest(found, scope, lambda e: e.expires > deadline)
         if entry is not None:
             found.outcome, found.entry = "stale", entry
         return entry
-
-    def _stale_near(self, found: Lookup, deadline: float) -> Entry | None:
-        scope = self.scopes.get(found.call.bucket)
-        if found.vector is None or scope is None or scope.index is None:
-            return None
-        for label, sim in scope.index.nearest(found.vector):
-            if sim < found.policy.threshold:
-                break
-            entry = scope.labels.get(label)
-            if entry is not None and entry.expires > deadline and \
-                    self._allowed(found, entry.call.query, sim):
-                found.similarity = sim
-                return entry
-        return None
 
     # -- store ----------------------------------------------------------------------------
     def complete(self, found: Lookup, result: Result, origin_ms: float) -> Entry | None:
@@ -406,38 +403,41 @@ class AICache:
         saved = entry.origin_ms if entry is not None else 0.0
         self.stats.record("ai", found.outcome, function=function, model=found.call.model,
                           tenant=found.call.tenant, nbytes=nbytes, saved_ms=saved)
-        record: dict[str, Any] = {"outcome": found.outcome, "bytes": nbytes, "saved_ms": saved}
-        if found.similarity is not None:
-            record["similarity"] = round(found.similarity, 4)
-        for name in ("guard", "reason"):
-            if getattr(found, name) is not None:
-                record[name] = getattr(found, name)
-        if entry is not None:
-            record["entry"] = entry.id
-            r = entry.result  # the prompt tokens the hit did not send to the model
-            record["cached_tokens"] = r.tokens if isinstance(r, Embedded) else r.prompt_tokens
-        if found.coalesced:
-            record["coalesced"] = True
-        return record
+        return _record(found)
 
     def account_stale(self, found: Lookup, function: str = "") -> dict[str, Any]:
         """Count a miss answered stale (`stale`) as such, and return its decision
         record (the miss's, now ``stale``, with the entry and its age past expiry)."""
         entry = found.entry
         assert entry is not None and found.outcome == "stale"
-        r = entry.result
         self.stats.reclassify("ai", "miss", "stale", function=function, model=found.call.model,
-                              tenant=found.call.tenant, nbytes=r.nbytes,
+                              tenant=found.call.tenant, nbytes=entry.result.nbytes,
                               saved_ms=entry.origin_ms)
-        record: dict[str, Any] = {"outcome": "stale", "bytes": r.nbytes,
-                                  "saved_ms": entry.origin_ms, "entry": entry.id,
-                                  "expired_s": round(max(0.0, self.clock() - entry.expires), 3)}
-        if found.similarity is not None:
-            record["similarity"] = round(found.similarity, 4)
-        return record
+        return {**_record(found),
+                "expired_s": round(max(0.0, self.clock() - entry.expires), 3)}
 
     def __len__(self) -> int:
         return len(self.exact)
+
+
+def _record(found: Lookup) -> dict[str, Any]:
+    """The decision record of `found` for ``ctx.decide("ai_cache", ...)``."""
+    entry = found.entry
+    record: dict[str, Any] = {"outcome": found.outcome,
+                              "bytes": entry.result.nbytes if entry is not None else 0,
+                              "saved_ms": entry.origin_ms if entry is not None else 0.0}
+    if found.similarity is not None:
+        record["similarity"] = round(found.similarity, 4)
+    for name in ("guard", "reason"):
+        if getattr(found, name) is not None:
+            record[name] = getattr(found, name)
+    if entry is not None:
+        record["entry"] = entry.id
+        r = entry.result  # the prompt tokens the hit did not send to the model
+        record["cached_tokens"] = r.tokens if isinstance(r, Embedded) else r.prompt_tokens
+    if found.coalesced:
+        record["coalesced"] = True
+    return record
 
 
 def entries(cache: AICache) -> list[Entry]:
