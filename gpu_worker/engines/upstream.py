@@ -20,6 +20,11 @@ leaves unescaped inside strings, and would cut such a token's event in two.
   only when asked, so TCP backpressure reaches the upstream server.
 - ``timeout`` bounds connecting, sending, and every wait for the upstream's next
   bytes (not a wait for the client's credit).
+- Connections are kept: a streamed answer's body is read to its end after ``[DONE]``
+  (for at most `DRAIN_S`, after the sink was told it is done), so the next
+  request through a topology link skips the handshake's round trip. A connection
+  that hangs up before the answer's head (a kept one the upstream or a link closed
+  meanwhile, its FIN still on the way) is tried once more on a new connection.
 - A 503 that closes its connection is tried once more, on a new connection, before
   anything was passed on: that is how a PoP whose model worker is down answers
   (`runtime.pipeline.contain`), and through a topology link or a load balancer the
@@ -64,6 +69,7 @@ MAX_BODY = 64 * 1024 * 1024  # a whole (non-streamed) answer: model list, embedd
 MAX_ERROR_BODY = 1024 * 1024  # an error answer
 MAX_EVENT = 16 * 1024 * 1024  # one server-sent event
 MAX_IDLE = 20  # keep-alive connections kept open between requests
+DRAIN_S = 1.0  # how long the end of a body may take after [DONE] for its connection to be kept
 USER_AGENT = "edgefn-gpu-worker"
 
 
@@ -509,11 +515,12 @@ class UpstreamEngine(Engine):
         """One whole request and answer: status and body. Raises `EngineError`:
         invalid_config, upstream_unavailable (502), timeout (504), upstream_error (502)."""
         try:
-            status, answer, elsewhere = await _call_once(self._setup(), method, path, body)
-            if elsewhere:
+            answered = await _call_once(self._setup(), method, path, body)
+            if answered is None:
                 async with self._one_off() as fresh:
-                    status, answer, _ = await _call_once(fresh, method, path, body)
-            return status, answer
+                    answered = await _call_once(fresh, method, path, body, last=True)
+            assert answered is not None  # `last`: never None
+            return answered
         except httpx2.RequestError as e:
             raise self._request_error(e, f"did not answer {method} {path} within") from None
 
@@ -529,12 +536,31 @@ class UpstreamEngine(Engine):
         return EngineError("upstream_error", 502, f"upstream {self.url} broke HTTP: {_describe(e)}")
 
 
+async def _open(client: httpx2.AsyncClient, method: str, path: str, body: bytes | None,
+                headers: dict[str, str], last: bool) -> httpx2.Response | None:
+    """Send a request and read its answer's head (the body is left to read, then
+    `aclose`); None, unless `last`, when the connection hung up before the head: a
+    kept connection the upstream closed meanwhile, to try once more on a new one.
+    Raises `httpx2.RequestError`."""
+    request = client.build_request(method, path, content=body, headers=headers)
+    try:
+        return await client.send(request, stream=True)
+    except (httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError) as e:
+        if last or (isinstance(e, httpx2.RemoteProtocolError) and not _hung_up(e)):
+            raise  # the second try, or an upstream that breaks HTTP
+        return None
+
+
 async def _post(client: httpx2.AsyncClient, st: _Stream, path: str, body: bytes,
                 headers: dict[str, str], last: bool = False) -> bool:
-    """POST `body` and pass the answer to `st`; False (nothing passed) for a 503 to
-    try once more elsewhere (`_elsewhere`) unless `last`. Raises `EngineError` and
-    `httpx2.RequestError`."""
-    async with client.stream("POST", path, content=body, headers=headers) as resp:
+    """POST `body` and pass the answer to `st`; False (nothing passed) to try once
+    more on a new connection (a 503 that closed its connection, `_elsewhere`, or a
+    connection that hung up before the head) unless `last`. Raises `EngineError`
+    and `httpx2.RequestError`."""
+    resp = await _open(client, "POST", path, body, headers, last)
+    if resp is None:
+        return False
+    try:
         if resp.status_code != 200:
             error = await _read_body(resp, MAX_ERROR_BODY)
             if not last and _elsewhere(resp):
@@ -542,16 +568,25 @@ async def _post(client: httpx2.AsyncClient, st: _Stream, path: str, body: bytes,
             raise _http_error(resp.status_code, error)
         await _answer(st, resp)
         return True
+    finally:
+        await resp.aclose()
 
 
-async def _call_once(client: httpx2.AsyncClient, method: str, path: str, body: bytes | None
-                     ) -> tuple[int, bytes, bool]:
-    """Status, body, and whether to try again elsewhere (`_elsewhere`). Raises
-    `EngineError` (the body too long), `httpx2.RequestError`."""
-    async with client.stream(method, path, content=body,
-                             headers=_headers("application/json", body)) as resp:
+async def _call_once(client: httpx2.AsyncClient, method: str, path: str, body: bytes | None,
+                     last: bool = False) -> tuple[int, bytes] | None:
+    """Status and body; None (unless `last`) to try once more on a new connection
+    (as `_post`). Raises `EngineError` (the body too long), `httpx2.RequestError`."""
+    resp = await _open(client, method, path, body, _headers("application/json", body), last)
+    if resp is None:
+        return None
+    try:
         limit = MAX_BODY if resp.status_code == 200 else MAX_ERROR_BODY
-        return resp.status_code, await _read_body(resp, limit), _elsewhere(resp)
+        answer = await _read_body(resp, limit)
+        if not last and _elsewhere(resp):
+            return None
+        return resp.status_code, answer
+    finally:
+        await resp.aclose()
 
 
 def _elsewhere(resp: httpx2.Response) -> bool:
@@ -572,16 +607,30 @@ async def _answer(st: _Stream, resp: httpx2.Response) -> None:
 
 async def _events(st: _Stream, resp: httpx2.Response, progress: _Progress) -> None:
     """Pass a stream of server-sent events to `st` until ``[DONE]`` or the end of
-    the body. Raises `httpx2.RequestError` (`httpx2.SSEError` for an event over
-    `MAX_EVENT` bytes), and `EngineError` for an error event or an event that is
-    not a JSON object."""
+    the body; after ``[DONE]``, tell `st` it is done and read what is left of the
+    body (`_rest`). Raises `httpx2.RequestError` (`httpx2.SSEError` for an event
+    over `MAX_EVENT` bytes), and `EngineError` for an error event or an event that
+    is not a JSON object."""
     source = httpx2.EventSource(resp, max_event_size=MAX_EVENT)
-    # an async generator (typed as an iterator): close it now when [DONE] ends the loop
+    # an async generator (typed as an iterator): closed on the way out
     events = cast("AsyncGenerator[httpx2.ServerSentEvent]", aiter(source))
     async with aclosing(events):
         async for sse in events:
             if sse.data and await _event(st, sse.data, progress):
-                return
+                st.done(progress)
+                return await _rest(events)
+
+
+async def _rest(events: AsyncGenerator[httpx2.ServerSentEvent]) -> None:
+    """Read the body past ``[DONE]`` to its end (nothing more is passed on), so that
+    its connection is kept; given up after `DRAIN_S` or a failure (the connection
+    is then closed, and the answer stands)."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            async for _ in events:
+                pass
+    except (TimeoutError, httpx2.RequestError):
+        pass
 
 
 async def _event(st: _Stream, event: str, progress: _Progress) -> bool:

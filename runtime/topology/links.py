@@ -16,7 +16,17 @@ own one-way delay; on a connection:
 
 Health: each route's ``/readyz`` is asked every `health_interval_s`; a route that
 does not answer 200, or that refuses a connection, is skipped until it answers
-again.
+again. After each probe round the idle connections that lead elsewhere than a
+new one would (to a route that is down, or to a later route once an earlier one
+is healthy again) are closed (both ways, FIN), as a load balancer closes
+connections to a host that fails its health checks (Envoy's
+``close_connections_on_host_health_failure``): a client keeps connections
+between requests, and a kept one would still lead there. Idle means
+between two HTTP requests: every request begun has been answered in full and
+nothing is on its way either way, told by parsing the HTTP/1.1 messages as they
+pass (a streamed answer that pauses between tokens is not idle). A connection
+whose answer is unfinished is left alone, and one that turns idle later is
+closed at the next probe round.
 
 Flow control: each direction of a connection holds the bytes it has read and not
 yet handed to the other side (in the delay line, then in the writing transport's
@@ -39,6 +49,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
+import httptools
 import msgspec
 
 READ = 65536
@@ -138,6 +149,57 @@ class _Line:
             self.ended.set_result(None)
 
 
+class _Messages:
+    """httptools callbacks: counts the HTTP messages begun and completed."""
+
+    def __init__(self) -> None:
+        self.begun = self.completed = 0
+
+    def on_message_begin(self) -> None:
+        self.begun += 1
+
+    def on_message_complete(self) -> None:
+        self.completed += 1
+
+
+class _Conn:
+    """One relayed connection: where it leads, its two directions, and how many HTTP
+    requests it carried and responses it completed (parsed as they pass, so that
+    `idle` knows when it sits between two requests; a streamed answer that pauses
+    between tokens is not idle)."""
+
+    def __init__(self, route: Route, client: asyncio.StreamWriter,
+                 server: asyncio.StreamWriter) -> None:
+        self.route, self.client, self.server = route, client, server
+        self.lines: list[_Line] = []
+        self.requests, self.responses = _Messages(), _Messages()
+        self.parsers = (httptools.HttpRequestParser(self.requests),
+                        httptools.HttpResponseParser(self.responses))
+        self.opaque = False  # not HTTP/1.1 as parsed: never called idle
+
+    def saw(self, chunk: bytes, from_server: bool) -> None:
+        """Count the messages in `chunk`, read from the server or the client."""
+        if self.opaque:
+            return
+        try:
+            self.parsers[from_server].feed_data(chunk)
+        except httptools.HttpParserError:  # an upgrade, or not HTTP: leave it alone
+            self.opaque = True
+
+    def idle(self) -> bool:
+        """Whether it sits between two requests: every request begun was answered in
+        full, and nothing is on its way in either direction."""
+        return (not self.opaque and self.requests.begun == self.responses.completed
+                and len(self.lines) == 2 and not any(
+                    line.queue or line.writer.transport.get_write_buffer_size()
+                    for line in self.lines))
+
+    def close(self) -> None:
+        """Close both sides (a FIN each way); the relay's pipes then end."""
+        self.client.close()
+        self.server.close()
+
+
 class Link:
     """One link: its listener, routes and their health."""
 
@@ -145,6 +207,7 @@ class Link:
         self.spec, self.net, self.rng = spec, net, rng
         self.server: asyncio.Server | None = None
         self.peak = 0  # the most bytes one direction of a connection held (flow control)
+        self.conns: set[_Conn] = set()
 
     async def start(self) -> None:
         """Raises OSError if the port is taken."""
@@ -155,7 +218,17 @@ class Link:
         """Probe every route's health forever."""
         while True:
             await asyncio.gather(*(self._probe(r) for r in self.spec.routes))
+            self.close_idle()
             await asyncio.sleep(self.net.health_interval_s)
+
+    def close_idle(self) -> None:
+        """Close the idle connections (`_Conn.idle`) that lead elsewhere than a new
+        one would: to a route that is down, or past the first healthy route (back
+        from a failover)."""
+        best = next((r for r in self.spec.routes if r.up), None)
+        for conn in [c for c in self.conns if c.route is not best and c.idle()]:
+            self.conns.discard(conn)
+            conn.close()
 
     async def _probe(self, route: Route) -> None:
         timeout = max(0.5, 2 * self.net.health_interval_s)
@@ -190,21 +263,25 @@ class Link:
             return
         route, sreader, swriter = found
         delay = route.delay_ms / 1000
+        conn = _Conn(route, cwriter, swriter)
+        self.conns.add(conn)
         await asyncio.sleep(2 * delay)  # the handshake's round trip
         try:
-            await asyncio.gather(self._pipe(creader, swriter, delay),
-                                 self._pipe(sreader, cwriter, delay))
+            await asyncio.gather(self._pipe(creader, swriter, delay, conn, False),
+                                 self._pipe(sreader, cwriter, delay, conn, True))
         finally:
+            self.conns.discard(conn)
             cwriter.close()
             swriter.close()
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    delay: float) -> None:
+                    delay: float, conn: _Conn, from_server: bool) -> None:
         """Relay `reader` to `writer`, each chunk `delay` (+ jitter, + loss) later and
         never before the one read before it; returns once the end (FIN or reset) has
         been passed on."""
         loop = asyncio.get_running_loop()
         line = _Line(writer, self.net, self)
+        conn.lines.append(line)
         last = 0.0
         while True:
             try:
@@ -214,6 +291,8 @@ class Link:
             except OSError:  # reset: the other side goes at once
                 line.reset()
                 return
+            if chunk:
+                conn.saw(chunk, from_server)
             last = max(loop.time() + delay + self._extra(), last)
             line.push(last, chunk or None)
             self.peak = max(self.peak, line.now())

@@ -10,7 +10,9 @@ tokens and counts the bytes the network has taken; ``cut`` and ``oops`` send a
 token and then hang up mid-body or send an error event; ``breaks`` streams tokens
 holding Unicode line breaks that JSON leaves unescaped (U+2028, U+0085, U+2029);
 ``junk`` answers with something that is not HTTP. `FakeUpstream.unavailable`
-lists 503 answers to give first, each closing its connection or not.
+lists 503 answers to give first, each closing its connection or not;
+`FakeUpstream.hang_up` is how many requests to read and then close the connection
+on, answering nothing.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class FakeUpstream:
         self.disconnected = asyncio.Event()
         self.flood_sent = 0  # bytes of the flood model's answer the network took
         self.unavailable: list[bool] = []  # 503s to answer POSTs with first: closing or not
+        self.hang_up = 0  # requests to read and then close the connection on, unanswered
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -118,6 +121,9 @@ class FakeUpstream:
                 raw = await reader.readexactly(int(headers.get("content-length", "0")))
                 body = msgspec.json.decode(raw) if raw else {}
                 self.requests.append((method, path, headers, body))
+                if self.hang_up:
+                    self.hang_up -= 1
+                    break
                 self.closing = not self.keep_alive
                 await self._route(method, path, body, reader, writer)
                 if self.closing:
@@ -159,7 +165,7 @@ class FakeUpstream:
 
     async def _chat(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     body: dict[str, Any]) -> None:
-        writer.write(response_head(200, "text/event-stream"))
+        writer.write(response_head(200, "text/event-stream", close=self.closing))
         if body["model"] == "forever":
             return await self._forever(reader, writer)
         if body["model"] == "flood":
@@ -566,6 +572,55 @@ def test_the_second_try_takes_a_new_connection_not_another_idle_one() -> None:
             up.unavailable = [True]
             assert (await engine.embed("embedder", ["a"]))[0] == [[1.0, 1.0]]
             assert up.connections == idle + 1  # the second try's own
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_streamed_answer_leaves_its_connection_to_the_next_request() -> None:
+    """Every generation is streamed upstream; reading past [DONE] to the body's end
+    keeps the connection, so the next request skips the handshake (a round trip on
+    each link of a topology)."""
+    async def scenario() -> None:
+        async with FakeUpstream(keep_alive=True) as up:
+            engine = engine_for(up.url, models=["echo"])
+            for rid in (1, 2, 3):
+                sink = RecordingSink()
+                engine.generate(chat(rid, "echo", "one two"), sink)
+                assert (await sink.result())[:2] == ("done", "stop")
+                assert sink.chunks == ["one", " two"]
+            assert (len(up.requests), up.connections) == (3, 1)
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_kept_connection_that_hangs_up_before_the_head_is_tried_once_more() -> None:
+    """A kept connection may be closed by the upstream (or a link whose route died)
+    while a request is on its way: the request goes once more on a new connection.
+    A second hang-up is the answer (upstream_unavailable)."""
+    async def scenario() -> None:
+        async with FakeUpstream(keep_alive=True) as up:
+            engine = engine_for(up.url, models=["echo", "embedder"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "echo", "warm"), sink)
+            assert (await sink.result())[0] == "done"
+            up.hang_up = 1
+            sink = RecordingSink()
+            engine.generate(chat(2, "echo", "again please"), sink)
+            assert (await sink.result())[:2] == ("done", "stop")
+            assert sink.chunks == ["again", " please"]
+            assert (len(up.requests), up.connections) == (3, 2)  # the second try's own
+            up.hang_up = 1
+            assert (await engine.embed("embedder", ["abc"]))[0] == [[3.0, 1.0]]
+            # the pool had none left: a new one, hung up on, then the second try's own
+            assert (len(up.requests), up.connections) == (5, 4)
+            up.hang_up = 2
+            sink = RecordingSink()
+            engine.generate(chat(3, "echo", "gone"), sink)
+            end = await sink.result()
+            assert end[:2] == ("error", "upstream_unavailable") and end[3] == 502, end
+            assert len(up.requests) == 7
             engine.close()
 
     asyncio.run(scenario())

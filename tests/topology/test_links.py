@@ -127,6 +127,114 @@ def test_a_dead_route_is_skipped_and_marked_down() -> None:
     asyncio.run(main())
 
 
+class _Http:
+    """A keep-alive HTTP/1.1 server: ``GET /fast`` is answered at once (chunked);
+    ``GET /slow`` gets its head and a first chunk, then a pause (as a streamed
+    answer between tokens) until `release` is set, then its end."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+                if head.startswith(b"GET /slow "):
+                    await self.release.wait()
+                writer.write(b"0\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> None:
+    """Send ``GET path`` and read its answer to the end."""
+    writer.write(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
+    assert (await reader.readuntil(b"hi\r\n")).startswith(b"HTTP/1.1 200 OK")
+    assert await reader.readuntil(b"0\r\n\r\n") == b"0\r\n\r\n"
+
+
+@asynccontextmanager
+async def _http_link(routes: int) -> AsyncIterator[tuple[Link, int, _Http]]:
+    """A link to `routes` `_Http` servers, each 5 ms away."""
+    http = _Http()
+    servers = [await asyncio.start_server(http, "127.0.0.1", 0) for _ in range(routes)]
+    spec = LinkSpec(name="t", port=_dead_port(), routes=[
+        Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=5.0)
+        for i, s in enumerate(servers)])
+    link = Link(spec, LinksConfig(), random.Random(1))
+    await link.start()
+    try:
+        yield link, spec.port, http
+    finally:
+        assert link.server is not None
+        link.server.close()
+        for s in servers:
+            s.close()
+
+
+def test_a_route_that_goes_down_loses_its_idle_connections_not_a_busy_one() -> None:
+    """A client keeps connections between requests; one kept to a route that went
+    down would still lead there. The link closes those that are idle (every request
+    answered in full), and leaves one whose streamed answer pauses between tokens
+    until it is idle."""
+    async def main() -> None:
+        async with _http_link(1) as (link, port, http):
+            idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
+            busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
+            for r, w in ((idle_r, idle_w), (busy_r, busy_w)):
+                await _get(r, w, "/fast")
+            link.close_idle()  # the route is up: nothing is closed
+            busy_w.write(b"GET /slow HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert (await busy_r.readuntil(b"hi\r\n")).startswith(b"HTTP/1.1 200 OK")
+            link.spec.routes[0].up = False  # the server spoke last, but its answer goes on
+            link.close_idle()
+            assert await asyncio.wait_for(idle_r.read(), 1) == b""  # FIN, at once
+            http.release.set()
+            assert await asyncio.wait_for(busy_r.readuntil(b"0\r\n\r\n"), 1) == b"0\r\n\r\n"
+            link.close_idle()  # idle now, and its route still down
+            assert await asyncio.wait_for(busy_r.read(), 1) == b""
+            assert not link.conns
+            idle_w.close()
+            busy_w.close()
+    asyncio.run(main())
+
+
+def test_back_from_a_failover_the_kept_connections_of_the_later_route_are_closed() -> None:
+    """Kept connections made while the first route was down lead to the second; once
+    the first is healthy again, new connections go there, and the idle kept ones
+    are closed so that their client's next request follows."""
+    async def main() -> None:
+        async with _http_link(2) as (link, port, _):
+            first, second = link.spec.routes
+            first.up = False
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            await _get(r, w, "/fast")
+            assert [c.route for c in link.conns] == [second]
+            link.close_idle()  # the second is where a new connection goes
+            await _get(r, w, "/fast")
+            first.up = True
+            link.close_idle()
+            assert await asyncio.wait_for(r.read(), 1) == b""
+            w.close()
+    asyncio.run(main())
+
+
+def test_a_connection_that_is_not_http_is_never_closed_as_idle() -> None:
+    async def main() -> None:
+        async with _link([5.0]) as (link, port):
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"ping\n")
+            assert await r.readline() == b"ping\n"
+            link.spec.routes[0].up = False
+            link.close_idle()
+            w.write(b"pong\n")
+            assert await asyncio.wait_for(r.readline(), 1) == b"pong\n"
+            w.close()
+    asyncio.run(main())
+
+
 def test_with_no_route_alive_the_connection_is_closed_at_once() -> None:
     async def main() -> None:
         async with _link([None, None]) as (_, port):
