@@ -92,3 +92,40 @@ def test_kill_an_edge_and_a_regional_under_load(tmp_path: Path) -> None:
     assert _chats_after(samples, kills[1] + GRACE) >= 2
     assert runner.stragglers(run) == []
     assert not any(runner.alive(pid) for pid in pids.values())
+
+
+def test_a_hung_regional_is_gone_around_though_edges_kept_connections_to_it(
+        tmp_path: Path) -> None:
+    """SIGSTOP of a regional (it accepts, and answers nothing): edge-1's worker keeps
+    its connection to its parent between model calls, which leads to reg-a. Once the
+    link's probes see reg-a not ready, the link closes that idle connection, so the
+    next chat goes to reg-b; kept, it would wait out the upstream's timeout."""
+    topology = (network(10, 30, 100, health_interval_s=0.2)
+                + pop("central", "central") + pop("reg-a", "regional", parents=["central"])
+                + pop("reg-b", "regional", parents=["central"])
+                + pop("edge-1", "edge", geo="g1", parents=REGIONALS))
+    with running(tmp_path, topology) as run:
+        state, net = read_state(run), runner.read_network(run)
+        assert state is not None
+        reg_a = next(p for p in state.pops if p.name == "reg-a")
+        with Client("g1", net.entries["g1"], timeout=30) as client:
+            def chat() -> Sample:
+                body = json.dumps({"model": "smollm2-135m", "max_tokens": 1,
+                                   "messages": [{"role": "user", "content": uuid.uuid4().hex}]})
+                return client.send("chat", "POST", "/v1/chat/completions", body.encode(),
+                                   {"content-type": "application/json"})
+
+            for _ in range(2):  # the second on the kept connection, through reg-a
+                assert chat().status == 200
+            os.kill(reg_a.pid, signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 10
+                while runner.ready(reg_a.public) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(1.0)  # a probe round times out (0.5 s), then the idle close
+                sample = chat()
+            finally:
+                os.kill(reg_a.pid, signal.SIGCONT)
+        print(f"chat after reg-a hung: {sample.status} in {sample.seconds:.3f} s")
+        assert sample.status == 200, sample.error
+        assert sample.seconds < 5.0  # the upstream's timeout is 30 s or more
