@@ -69,6 +69,9 @@ MAX_BODY = 64 * 1024 * 1024  # a whole (non-streamed) answer: model list, embedd
 MAX_ERROR_BODY = 1024 * 1024  # an error answer
 MAX_EVENT = 16 * 1024 * 1024  # one server-sent event
 MAX_IDLE = 20  # keep-alive connections kept open between requests
+# a kept connection is dropped after this long idle: before the servers' own 5 s (a PoP's
+# `keepalive_timeout`, uvicorn's for vLLM), so a request rarely meets their close
+IDLE_S = 4.0
 DRAIN_S = 1.0  # how long the end of a body may take after [DONE] for its connection to be kept
 USER_AGENT = "edgefn-gpu-worker"
 
@@ -99,7 +102,8 @@ def _client(url: httpx2.URL, timeout: float, auth: str | None, idle: int = MAX_I
         headers["Authorization"] = f"Bearer {auth}"
     return httpx2.AsyncClient(
         base_url=url, headers=headers, timeout=httpx2.Timeout(timeout), trust_env=False,
-        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=idle),
+        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=idle,
+                             keepalive_expiry=IDLE_S),
         verify=ssl.create_default_context())
 
 

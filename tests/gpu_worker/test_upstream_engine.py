@@ -711,3 +711,14 @@ def test_close_releases_the_http_client() -> None:
             assert client.is_closed
 
     asyncio.run(scenario())
+
+
+def test_a_kept_connection_is_dropped_before_a_pop_would_close_it() -> None:
+    """Dropped idle before the server's own timeout (a PoP's keepalive_timeout, 5 s),
+    so a request rarely meets the server's close on its way."""
+    from runtime.net.server import ServerConfig
+
+    engine = engine_for("http://127.0.0.1:1/v1", models=["echo"])
+    pool = engine._setup()._transport._pool  # type: ignore[attr-defined]
+    assert pool._keepalive_expiry == upstream.IDLE_S < ServerConfig().keepalive_timeout
+    engine.close()
