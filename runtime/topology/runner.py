@@ -36,6 +36,7 @@ def up(topo: Topology, run: Path, source: str, timeout: float = 180.0) -> RunSta
     (``/readyz``) and has its functions deployed. Raises `Failure` (code
     ``topology_running``) if a topology already runs there, ``topology_failed``
     (after stopping what it started) if a PoP exits or is not ready in `timeout`."""
+    run = run.resolve()  # each PoP runs in its own folder: the paths its config names are whole
     state = read_state(run)
     if state is not None and any(alive(p.pid) for p in state.pops):
         raise Failure("topology_running", 409, f"a topology already runs in {run}: "

@@ -34,3 +34,32 @@ def test_status_and_load_where_nothing_runs(tmp_path: Path) -> None:
         out = _cli("topology", *argv, "--dir", str(tmp_path))
         assert out.returncode == 1
         assert json.loads(out.stderr)["error"]["code"] == "no_topology", argv
+
+
+def test_up_status_and_down_with_a_relative_dir(tmp_path: Path) -> None:
+    """`make topology` passes ``--dir .topology``: every path a PoP's config names must
+    still lead to the run directory (it once led to RUN/pops/NAME/RUN/pops/NAME, so no
+    model worker started and no PoP became ready)."""
+    from tests.topologies import network, pop
+
+    (tmp_path / "topology.toml").write_text(
+        network(10, 20, 40) + pop("central", "central")
+        + pop("edge", "edge", geo="g", parents=["central"]))
+
+    def cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runtime.cli", "topology", *argv,
+                               "--dir", "run", "--json"], cwd=tmp_path, text=True,
+                              capture_output=True, timeout=timeout,
+                              env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+    try:
+        up = cli("up", "topology.toml", "--timeout", "90", timeout=150)
+        assert up.returncode == 0, up.stderr
+        assert json.loads(up.stdout)["pops"] == 2
+        status = json.loads(cli("status").stdout)
+        assert [(p["name"], p["health"]) for p in status] == [("central", "ready"),
+                                                              ("edge", "ready")]
+    finally:
+        down = cli("down")
+    assert down.returncode == 0, down.stderr
+    assert not list(tmp_path.glob("run/pops/*/run"))  # nothing made under a doubled path
