@@ -119,6 +119,12 @@ def activate(pops: Pops, staged: list[Outcome], canary: float | None = None) -> 
     previous = {o.pop: o.value["previous"] for o in staged}
     if canary is None and not any(o.value["changed"] for o in staged):
         return Rollout(name, version, previous, False)
+    live = sorted(o.pop for o in staged if not o.value["changed"])
+    if canary is not None and live:  # nothing was staged there: it has no canary to run
+        abort(pops, staged)
+        raise RolloutError(f"{name}@{version} is already the live version on "
+                           f"{', '.join(live)}: a canary must differ from the live version; "
+                           "no PoP changed")
     body = json.dumps({"version": version, "canary": canary}).encode()
     done = each(pops, lambda _, c: c.request("POST", f"/v1/functions/{name}/activate", body))
     failed = [o for o in done if o.error is not None]
@@ -180,12 +186,25 @@ def _previous(name: str, recs: dict[str, dict[str, Any]]) -> str:
     if len(set(currents.values())) > 1:
         raise RolloutError(f"PoPs serve different versions of {name!r} ({_listed(currents)}): "
                            "name the version to go back to")
-    r = next(iter(recs.values()))
-    order = [v["version"] for v in r["versions"]]
-    i = order.index(r["current"])
-    if i == 0:
-        raise RolloutError(f"{name}: no version older than {r['current']} to roll back to")
-    return str(order[i - 1])
+    before = {pop: _before(r) for pop, r in recs.items()}
+    missing = sorted(pop for pop, v in before.items() if v is None)
+    current = next(iter(currents.values()))
+    if missing:
+        others = sorted({v for v in before.values() if v is not None})
+        had = f" (the others had {', '.join(others)})" if others else ""
+        raise RolloutError(f"{name}: {', '.join(missing)} had no version before {current}"
+                           f"{had}; no PoP changed")
+    if len(set(before.values())) > 1:
+        raise RolloutError(f"PoPs served different versions of {name!r} before {current} "
+                           f"({_listed(before)}): name the version to go back to")
+    return str(next(iter(before.values())))
+
+
+def _before(record: dict[str, Any]) -> str | None:
+    """The version deployed before `record`'s current one on its PoP, or None."""
+    order = [v["version"] for v in record["versions"]]
+    i = order.index(record["current"])
+    return str(order[i - 1]) if i > 0 else None
 
 
 def _listed(per_pop: dict[str, Any]) -> str:

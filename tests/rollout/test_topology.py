@@ -142,6 +142,36 @@ def test_rollback_refuses_when_pops_disagree(topology: Topology, tmp_path: Path)
                               f"edge-a: {v9}, edge-b: {v1}): name the version to go back to")
 
 
+def test_rollback_names_the_pops_that_had_nothing_before(topology: Topology,
+                                                          tmp_path: Path) -> None:
+    """A function deployed on one PoP, then rolled out to all: the others have nothing
+    to go back to, and the error says which (it once said only "no version older"
+    than the current one, from the first PoP's record)."""
+    pops = rollout.pops_of(topology.run)
+    d = function_dir(tmp_path / "only-a", "t5c", reactor(""), extra="# edge-a's own")
+    v1 = topology.pops["edge-a"].deploy(d)["version"]
+    v2 = rollout.deploy(pops, package(tmp_path, "t5c", 2)).version
+    with pytest.raises(RolloutError) as err:
+        rollout.rollback(pops, "t5c")
+    assert str(err.value) == (f"t5c: central, edge-b had no version before {v2} (the others "
+                              f"had {v1}); no PoP changed")
+    assert current(topology, "t5c") == dict.fromkeys(topology.pops, v2)
+
+
+def test_a_canary_of_the_live_version_is_refused_and_changes_nothing(
+        topology: Topology, tmp_path: Path) -> None:
+    pops = rollout.pops_of(topology.run)
+    v1 = rollout.deploy(pops, package(tmp_path, "t5d", 1)).version
+    with pytest.raises(RolloutError) as err:
+        rollout.deploy(pops, package(tmp_path, "t5d", 1), canary=10.0)
+    assert str(err.value) == (f"t5d@{v1} is already the live version on central, edge-a, "
+                              "edge-b: a canary must differ from the live version; no PoP "
+                              "changed")
+    records = rollout.records(pops, "t5d")
+    assert {pop: (r["current"], r.get("canary")) for pop, r in records.items()} == \
+        dict.fromkeys(topology.pops, (v1, None))
+
+
 KEYS = [f"user-{i}" for i in range(1000)]
 
 
