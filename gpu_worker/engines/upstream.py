@@ -31,9 +31,10 @@ leaves unescaped inside strings, and would cut such a token's event in two.
   new connection reaches a server that is ready. A 503 on a kept connection (an
   overloaded vLLM) is passed on as it is; the client chooses when to retry.
 
-Upstream errors keep the upstream's HTTP status and message; the code is derived
-from the status (404 model_not_found, 408/504 timeout, 429/503 overloaded, other
-4xx invalid_request, anything else upstream_error). An upstream that cannot be
+Upstream errors keep the upstream's HTTP status and message; the code is the
+upstream's own when it is one edgefn uses (`KEPT_CODES`: another PoP's), else
+derived from the status (404 model_not_found, 408/504 timeout, 429/503 overloaded,
+other 4xx invalid_request, anything else upstream_error). An upstream that cannot be
 reached or hangs up mid-answer is ``upstream_unavailable`` (502), one that goes
 silent is ``timeout`` (504), one that does not speak HTTP is ``upstream_error``.
 """
@@ -135,8 +136,17 @@ def _hung_up(e: httpx2.RequestError) -> bool:
         "peer closed" in text or "disconnected" in text)
 
 
+# what a failure that carries no message of its own meant (httpx2 gives ReadError none
+# when the peer reset the connection: a topology link with no route left does)
+_SILENT = {httpx2.ReadError: "the connection was reset before the answer ended",
+           httpx2.WriteError: "the connection was closed while the request was sent"}
+
+
 def _describe(e: BaseException) -> str:
-    return str(e) or type(e).__name__
+    if str(e):
+        return str(e)
+    meaning = next((text for kind, text in _SILENT.items() if isinstance(e, kind)), None)
+    return f"{meaning} ({type(e).__name__})" if meaning else type(e).__name__
 
 
 # -- upstream answers -----------------------------------------------------------------------
@@ -191,16 +201,28 @@ def _error_message(obj: Any) -> str | None:
     return None
 
 
+# codes an upstream's error keeps when it names one (another edgefn PoP does: its 502
+# upstream_unavailable stays that, tier after tier, and is not read as upstream_error)
+KEPT_CODES = frozenset({"model_not_found", "timeout", "overloaded", "worker_unavailable",
+                        "residency_violation", "invalid_request", "upstream_unavailable",
+                        "upstream_error"})
+
+
 def _http_error(status: int, body: bytes) -> EngineError:
-    """An upstream error answer as an `EngineError` keeping its status and message."""
+    """An upstream error answer as an `EngineError` keeping its status and message,
+    and its code when it is one of `KEPT_CODES` (else the code follows the status)."""
     try:
-        message = _error_message(msgspec.json.decode(body))
+        obj = msgspec.json.decode(body)
     except msgspec.DecodeError:
-        message = None
+        obj = None
+    message = _error_message(obj)
     if message is None:
         text = body.decode("utf-8", "replace").strip()[:500]
         message = f"upstream answered HTTP {status}" + (f": {text}" if text else "")
-    return EngineError(_code_for(status), status, message)
+    err = obj.get("error") if isinstance(obj, dict) else None
+    named = err.get("code") if isinstance(err, dict) else None
+    code = named if isinstance(named, str) and named in KEPT_CODES else _code_for(status)
+    return EngineError(code, status, message)
 
 
 def _event_error(obj: dict[str, Any]) -> EngineError:

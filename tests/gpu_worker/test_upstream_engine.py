@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -722,3 +723,62 @@ def test_a_kept_connection_is_dropped_before_a_pop_would_close_it() -> None:
     pool = engine._setup()._transport._pool  # type: ignore[attr-defined]
     assert pool._keepalive_expiry == upstream.IDLE_S < ServerConfig().keepalive_timeout
     engine.close()
+
+
+async def _answering(reply: Callable[[asyncio.StreamWriter], None]) -> asyncio.Server:
+    """A server that reads one request head and then does `reply`."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        reply(writer)
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def test_an_upstream_edgefn_pops_error_code_is_kept() -> None:
+    """A regional's 502 upstream_unavailable (its central is gone) stays that at the
+    edge; a code edgefn does not use follows the status."""
+    def answer(code: str) -> Callable[[asyncio.StreamWriter], None]:
+        def reply(writer: asyncio.StreamWriter) -> None:
+            body = msgspec.json.encode({"error": {"message": "central is gone", "code": code,
+                                                  "type": "server_error"}})
+            writer.write(response_head(502, "application/json", len(body)) + body)
+            writer.close()
+        return reply
+
+    async def scenario() -> None:
+        for code, kept in (("upstream_unavailable", "upstream_unavailable"),
+                           ("BadGateway", "upstream_error")):
+            server = await _answering(answer(code))
+            port = server.sockets[0].getsockname()[1]
+            engine = engine_for(f"http://127.0.0.1:{port}/v1", models=["echo"])
+            sink = RecordingSink()
+            engine.generate(chat(1, "echo", "hi"), sink)
+            assert await sink.result() == ("error", kept, "central is gone", 502)
+            engine.close()
+            server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reset_says_so() -> None:
+    """A reset carries no message of its own (a link with no route left resets): the
+    error says what happened, not only ``ReadError``."""
+    def reset(writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def scenario() -> None:
+        server = await _answering(reset)
+        port = server.sockets[0].getsockname()[1]
+        engine = engine_for(f"http://127.0.0.1:{port}/v1", models=["echo"])
+        sink = RecordingSink()
+        engine.generate(chat(1, "echo", "hi"), sink)
+        _, code, message, status = await sink.result()
+        assert (code, status) == ("upstream_unavailable", 502)
+        assert message.endswith("is unavailable: the connection was reset before the answer "
+                                "ended (ReadError)"), message
+        engine.close()
+        server.close()
+
+    asyncio.run(scenario())
