@@ -90,7 +90,7 @@ def versions(args: argparse.Namespace) -> None:
     if args.name is not None:
         v.pops = {pop: {n: s for n, s in fns.items() if n == args.name}
                   for pop, fns in v.pops.items()}
-    drifted = drift(v.pops)
+    drifted = drift(v.pops, v.declared)
     if args.json:
         return commands._print_json({**_builtins(v), "drift": drifted})
     print(f"{'POP':<16} {'FUNCTION':<20} VERSION")

@@ -28,6 +28,7 @@ class PopEntry(msgspec.Struct, frozen=True, kw_only=True):
     parents: list[str] = []
     public: str = ""  # the PoP's own listener, http://host:port
     pid: int = 0
+    functions: list[str] = []  # the names of the functions `topology up` deployed on it
 
 
 class RunState(msgspec.Struct, kw_only=True):

@@ -52,10 +52,12 @@ def up(topo: Topology, run: Path, source: str, timeout: float = 180.0) -> RunSta
     write_state(run, state)
     try:
         _wait_ready(run, state, time.monotonic() + timeout)
-        _deploy(run, topo)
+        deployed = _deploy(run, topo)
     except EdgefnError:
         down(run)
         raise
+    state.pops = [msgspec.structs.replace(p, functions=deployed[p.name]) for p in pops]
+    write_state(run, state)
     return state
 
 
@@ -138,21 +140,26 @@ def _wait_ready(run: Path, state: RunState, deadline: float) -> None:
         time.sleep(0.1)
 
 
-def _deploy(run: Path, topo: Topology) -> None:
-    """Raises `EdgefnError` for a function a PoP refuses. A deploy whose pre-warm ran
-    past a time limit (seen on a machine busy starting every PoP at once) is tried
-    once more; any other refusal is final."""
+def _deploy(run: Path, topo: Topology) -> dict[str, list[str]]:
+    """Deploy each PoP's `functions`; the names deployed, per PoP. Raises `EdgefnError`
+    for a function a PoP refuses. A deploy whose pre-warm ran past a time limit (seen
+    on a machine busy starting every PoP at once) is tried once more; any other
+    refusal is final."""
     from runtime.admin.client import AdminClient
 
+    deployed: dict[str, list[str]] = {}
     for p in topo.pop:
+        names = deployed[p.name] = []
         for folder in p.functions:
             admin = AdminClient(pop_dir(run, p.name))
             try:
-                admin.deploy(folder)
+                result = admin.deploy(folder)
             except EdgefnError as e:
                 if "wall-time limit" not in str(e):
                     raise
-                admin.deploy(folder)
+                result = admin.deploy(folder)
+            names.append(str(result["name"]))
+    return deployed
 
 
 def alive(pid: int) -> bool:

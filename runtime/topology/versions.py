@@ -1,6 +1,12 @@
 """Which version of each function every PoP of a topology serves, and drift: a
-function whose served version (or canary) is not the same on every PoP, or
-that some PoPs do not serve at all."""
+function whose served version (or canary) is not the same on every PoP that
+should serve it, or that one of those does not serve.
+
+Which PoPs should: those the topology file gave it (`topology up` deployed it
+there), as long as no other PoP serves it; once one does (a `deploy --topology`
+rolls out to every PoP, or a deploy out of band), every PoP. So the default
+topology's edges-only function is not drift, and a PoP a rollout missed is.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any
 import msgspec
 
 from runtime.topology import rollout
+from runtime.topology.rundir import read_state
 
 ABSENT = "-"  # a PoP that does not serve the function
 
@@ -25,6 +32,7 @@ class Served(msgspec.Struct):
 class Versions(msgspec.Struct):
     pops: dict[str, dict[str, Served]]  # PoP -> function -> what it serves
     unreachable: dict[str, str] = {}  # PoP -> why it did not answer
+    declared: dict[str, list[str]] = {}  # PoP -> the functions `topology up` deployed there
 
 
 def served_versions(run: str | Path) -> Versions:
@@ -32,8 +40,10 @@ def served_versions(run: str | Path) -> Versions:
     if no topology runs there; a PoP that does not answer is listed as unreachable."""
     got = rollout.each(rollout.pops_of(run),
                        lambda _, c: c.request("GET", "/v1/functions")["functions"], 10.0)
+    state = read_state(run)
+    declared = {p.name: p.functions for p in state.pops} if state is not None else {}
     return Versions({o.pop: _served(o.value) for o in got if o.error is None},
-                    {o.pop: o.error for o in got if o.error is not None})
+                    {o.pop: o.error for o in got if o.error is not None}, declared)
 
 
 def _served(functions: list[dict[str, Any]]) -> dict[str, Served]:
@@ -44,13 +54,20 @@ def _served(functions: list[dict[str, Any]]) -> dict[str, Served]:
     return out
 
 
-def drift(pops: dict[str, dict[str, Served]]) -> dict[str, dict[str, str]]:
-    """The functions not served the same on every PoP: function -> PoP -> label
-    (`ABSENT` where that PoP does not serve it)."""
+def drift(pops: dict[str, dict[str, Served]], declared: dict[str, list[str]] | None = None
+          ) -> dict[str, dict[str, str]]:
+    """The functions not served the same on every PoP that should serve them (see the
+    module docstring; without `declared`, every PoP should): function -> PoP ->
+    label (`ABSENT` where such a PoP does not serve it)."""
+    declared = declared or {}
     names = sorted({name for served in pops.values() for name in served})
     out = {}
     for name in names:
-        labels = {pop: s[name].label() if name in s else ABSENT for pop, s in pops.items()}
+        serving = {pop for pop, s in pops.items() if name in s}
+        given = {pop for pop in pops if name in declared.get(pop, ())}
+        should = given if given and serving <= given else set(pops)
+        labels = {pop: s[name].label() if name in s else ABSENT for pop, s in pops.items()
+                  if pop in should or pop in serving}
         if len(set(labels.values())) > 1:
             out[name] = labels
     return out

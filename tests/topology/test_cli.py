@@ -36,15 +36,16 @@ def test_status_and_load_where_nothing_runs(tmp_path: Path) -> None:
         assert json.loads(out.stderr)["error"]["code"] == "no_topology", argv
 
 
-def test_up_status_and_down_with_a_relative_dir(tmp_path: Path) -> None:
+def test_up_status_versions_and_down_with_a_relative_dir(tmp_path: Path) -> None:
     """`make topology` passes ``--dir .topology``: every path a PoP's config names must
     still lead to the run directory (it once led to RUN/pops/NAME/RUN/pops/NAME, so no
-    model worker started and no PoP became ready)."""
-    from tests.topologies import network, pop
+    model worker started and no PoP became ready). Then `edgefn versions --topology`
+    flags no drift for a function the file gave one PoP only."""
+    from tests.topologies import HELLO, network, pop
 
     (tmp_path / "topology.toml").write_text(
         network(10, 20, 40) + pop("central", "central")
-        + pop("edge", "edge", geo="g", parents=["central"]))
+        + pop("edge", "edge", geo="g", parents=["central"], functions=[HELLO]))
 
     def cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "runtime.cli", "topology", *argv,
@@ -59,6 +60,13 @@ def test_up_status_and_down_with_a_relative_dir(tmp_path: Path) -> None:
         status = json.loads(cli("status").stdout)
         assert [(p["name"], p["health"]) for p in status] == [("central", "ready"),
                                                               ("edge", "ready")]
+        # the edge-only function the file gave is not drift (central never had it)
+        out = subprocess.run([sys.executable, "-m", "runtime.cli", "versions", "--topology",
+                              "run", "--json"], cwd=tmp_path, text=True, capture_output=True,
+                             timeout=60, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        shown = json.loads(out.stdout)
+        assert (shown["declared"], shown["drift"]) == ({"central": [], "edge": ["hello"]}, {})
+        assert list(shown["pops"]["edge"]) == ["hello"] and shown["pops"]["central"] == {}
     finally:
         down = cli("down")
     assert down.returncode == 0, down.stderr
