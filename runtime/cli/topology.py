@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from runtime.topology import runner, spec
 from runtime.topology.rundir import read_state
 
-COLUMNS = (("POP", 12), ("TIER", 10), ("GEO", 10), ("REGION", 11), ("PID", 8),
-           ("HEALTH", 8), ("ADDRESS", 24), ("PARENTS", 0))
+COLUMNS = (("POP", 12), ("TIER", 10), ("GEO", 12), ("REGION", 11), ("PID", 8),
+           ("HEALTH", 8), ("ADDRESS", 24), ("PARENTS", 28), ("FUNCTIONS", 0))
 
 
 def topology_command(args: argparse.Namespace) -> None:
@@ -45,17 +46,32 @@ def _status(run: Path, as_json: bool) -> None:
     if state is None:
         runner.read_network(run)  # raises no_topology
         return
-    rows = [{"name": p.name, "tier": p.tier, "geo": p.geo, "region": p.region, "pid": p.pid,
-             "health": _health(p.pid, p.public), "address": p.public,
-             "parents": ",".join(p.parents)} for p in state.pops]
+    from runtime.topology.versions import drift, served_versions
+
+    versions = served_versions(run)
+    drifted = drift(versions.pops, versions.declared)
+    rows: list[dict[str, Any]] = []
+    for p in state.pops:
+        served = versions.pops.get(p.name)  # None: it did not answer
+        rows.append({
+            "name": p.name, "tier": p.tier, "geo": p.geo, "region": p.region, "pid": p.pid,
+            "health": _health(p.pid, p.public), "address": p.public,
+            "parents": ",".join(p.parents),
+            "functions": None if served is None else {n: s.label() for n, s in served.items()},
+            "drift": sorted(n for n, labels in drifted.items() if p.name in labels)})
     if as_json:
         print(json.dumps(rows))
         return
     print("".join(f"{t:<{w}}" for t, w in COLUMNS).rstrip())
     for r in rows:
+        fns = "?" if r["functions"] is None else ", ".join(
+            f"{n}@{label}{' DRIFT' if n in r['drift'] else ''}"
+            for n, label in sorted(r["functions"].items())) or "-"
         cells = [r["name"], r["tier"], r["geo"] or "-", r["region"] or "-", r["pid"],
-                 r["health"], r["address"], r["parents"] or "-"]
+                 r["health"], r["address"], r["parents"] or "-", fns]
         print("".join(f"{c!s:<{w}}" for c, (_, w) in zip(cells, COLUMNS, strict=True)).rstrip())
+    print(f"drift: {', '.join(drifted) if drifted else 'none'}"
+          + (" (`edgefn versions --topology` says where)" if drifted else ""))
 
 
 def _load(run: Path, args: argparse.Namespace) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,27 @@ def test_up_status_versions_and_down_with_a_relative_dir(tmp_path: Path) -> None
         shown = json.loads(out.stdout)
         assert (shown["declared"], shown["drift"]) == ({"central": [], "edge": ["hello"]}, {})
         assert list(shown["pops"]["edge"]) == ["hello"] and shown["pops"]["central"] == {}
+        rows = {r["name"]: r for r in json.loads(cli("status").stdout)}
+        assert rows["central"]["functions"] == {} and rows["central"]["drift"] == []
+        assert list(rows["edge"]["functions"]) == ["hello"] and rows["edge"]["drift"] == []
+        # another version of it on central, out of band: that is drift, on both
+        other = tmp_path / "hello-2"
+        shutil.copytree(HELLO, other)
+        with open(other / "edgefn.toml", "a") as f:
+            f.write('\n[env]\nV = "2"\n')
+        deployed = subprocess.run([sys.executable, "-m", "runtime.cli", "deploy", str(other),
+                                   "--data", "run/pops/central"], cwd=tmp_path, text=True,
+                                  capture_output=True, timeout=60,
+                                  env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        assert deployed.returncode == 0, deployed.stderr
+        rows = {r["name"]: r for r in json.loads(cli("status").stdout)}
+        assert rows["central"]["drift"] == rows["edge"]["drift"] == ["hello"]
+        text = subprocess.run([sys.executable, "-m", "runtime.cli", "topology", "status",
+                               "--dir", "run"], cwd=tmp_path, text=True, capture_output=True,
+                              timeout=60, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        assert text.stdout.splitlines()[-1] == ("drift: hello (`edgefn versions --topology` "
+                                                "says where)"), text.stdout
+        assert "FUNCTIONS" in text.stdout.splitlines()[0] and " DRIFT" in text.stdout
     finally:
         down = cli("down")
     assert down.returncode == 0, down.stderr
