@@ -25,8 +25,9 @@ between requests, and a kept one would still lead there. Idle means
 between two HTTP requests: every request begun has been answered in full and
 nothing is on its way either way, told by parsing the HTTP/1.1 messages as they
 pass (a streamed answer that pauses between tokens is not idle). A connection
-whose answer is unfinished is left alone, and one that turns idle later is
-closed at the next probe round.
+whose answer is unfinished is left alone; it is closed as soon as the answer's
+last bytes are delivered, if that leaves it idle (a client that sends its next
+request at once is never idle at a probe round).
 
 Flow control: each direction of a connection holds the bytes it has read and not
 yet handed to the other side (in the delay line, then in the writing transport's
@@ -47,6 +48,7 @@ import random
 import signal
 import sys
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import httptools
@@ -99,6 +101,7 @@ class _Line:
         self.queue: deque[tuple[float, bytes | None]] = deque()  # (due, chunk); None: FIN
         self.timer: asyncio.TimerHandle | None = None
         self.ended = self.loop.create_future()  # set once the FIN was passed on
+        self.emptied: Callable[[], None] | None = None  # called when it delivered all it held
         self.scheduled = 0
         self.high, self.low = net.high_water, net.low_water
         self.room = asyncio.Event()
@@ -137,6 +140,8 @@ class _Line:
             self.link.peak = max(self.link.peak, self.now())
         if self.queue:
             self.timer = self.loop.call_at(self.queue[0][0], self._serve)
+        elif self.emptied is not None:
+            self.emptied()
 
     def reset(self) -> None:
         """The sender reset: the other side goes at once, with nothing still held."""
@@ -168,9 +173,9 @@ class _Conn:
     `idle` knows when it sits between two requests; a streamed answer that pauses
     between tokens is not idle)."""
 
-    def __init__(self, route: Route, client: asyncio.StreamWriter,
+    def __init__(self, link: Link, route: Route, client: asyncio.StreamWriter,
                  server: asyncio.StreamWriter) -> None:
-        self.route, self.client, self.server = route, client, server
+        self.link, self.route, self.client, self.server = link, route, client, server
         self.lines: list[_Line] = []
         self.requests, self.responses = _Messages(), _Messages()
         self.parsers = (httptools.HttpRequestParser(self.requests),
@@ -193,6 +198,14 @@ class _Conn:
                 and len(self.lines) == 2 and not any(
                     line.queue or line.writer.transport.get_write_buffer_size()
                     for line in self.lines))
+
+    def answered(self) -> None:
+        """The server's bytes were all delivered: if that left it idle on a route a new
+        connection would not take, close it now (a client that sends its next request
+        at once is never idle at a probe round)."""
+        if self.route is not self.link.best() and self.idle():
+            self.link.conns.discard(self)
+            self.close()
 
     def close(self) -> None:
         """Close both sides (a FIN each way); the relay's pipes then end."""
@@ -225,10 +238,14 @@ class Link:
         """Close the idle connections (`_Conn.idle`) that lead elsewhere than a new
         one would: to a route that is down, or past the first healthy route (back
         from a failover)."""
-        best = next((r for r in self.spec.routes if r.up), None)
+        best = self.best()
         for conn in [c for c in self.conns if c.route is not best and c.idle()]:
             self.conns.discard(conn)
             conn.close()
+
+    def best(self) -> Route | None:
+        """Where a new connection goes: the first route that is up."""
+        return next((r for r in self.spec.routes if r.up), None)
 
     async def _probe(self, route: Route) -> None:
         timeout = max(0.5, 2 * self.net.health_interval_s)
@@ -263,7 +280,7 @@ class Link:
             return
         route, sreader, swriter = found
         delay = route.delay_ms / 1000
-        conn = _Conn(route, cwriter, swriter)
+        conn = _Conn(self, route, cwriter, swriter)
         self.conns.add(conn)
         await asyncio.sleep(2 * delay)  # the handshake's round trip
         try:
@@ -281,6 +298,8 @@ class Link:
         been passed on."""
         loop = asyncio.get_running_loop()
         line = _Line(writer, self.net, self)
+        if from_server:
+            line.emptied = conn.answered
         conn.lines.append(line)
         last = 0.0
         while True:

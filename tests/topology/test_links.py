@@ -286,3 +286,24 @@ def test_a_slow_reader_keeps_the_relays_buffer_bounded_and_loses_nothing() -> No
     # above high_water it reads no more: one read (READ) past it at most, in the
     # delay line, and the transport's buffer filled up to high_water from it
     assert high <= peak <= 2 * high + 2 * READ, peak
+
+
+def test_back_from_a_failover_a_busy_connection_closes_once_its_answer_is_delivered() -> None:
+    """A client that sends its next request as soon as an answer arrives is never idle
+    at a probe round: its connection to the later route is closed right after the
+    answer in flight is delivered (without waiting for another round)."""
+    async def main() -> None:
+        async with _http_link(2) as (link, port, http):
+            first, _ = link.spec.routes
+            first.up = False
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /slow HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert (await r.readuntil(b"hi\r\n")).startswith(b"HTTP/1.1 200 OK")
+            first.up = True
+            link.close_idle()  # its answer is not finished: left alone
+            http.release.set()
+            assert await asyncio.wait_for(r.readuntil(b"0\r\n\r\n"), 1) == b"0\r\n\r\n"
+            assert await asyncio.wait_for(r.read(), 1) == b""  # closed once delivered
+            assert not link.conns
+            w.close()
+    asyncio.run(main())
