@@ -203,7 +203,12 @@ class _Conn:
         """The server's bytes were all delivered: if that left it idle on a route a new
         connection would not take, close it now (a client that sends its next request
         at once is never idle at a probe round)."""
-        if self.route is not self.link.best() and self.idle():
+        self.close_if_astray(self.link.best())
+
+    def close_if_astray(self, best: Route | None) -> None:
+        """Close it if it is idle and leads elsewhere than a new connection would
+        (`best`: the link's first healthy route)."""
+        if self.route is not best and self.idle():
             self.link.conns.discard(self)
             self.close()
 
@@ -239,9 +244,8 @@ class Link:
         one would: to a route that is down, or past the first healthy route (back
         from a failover)."""
         best = self.best()
-        for conn in [c for c in self.conns if c.route is not best and c.idle()]:
-            self.conns.discard(conn)
-            conn.close()
+        for conn in list(self.conns):
+            conn.close_if_astray(best)
 
     def best(self) -> Route | None:
         """Where a new connection goes: the first route that is up."""

@@ -67,7 +67,7 @@ def drift(pops: dict[str, dict[str, Served]], declared: dict[str, list[str]] | N
         given = {pop for pop in pops if name in declared.get(pop, ())}
         should = given if given and serving <= given else set(pops)
         labels = {pop: s[name].label() if name in s else ABSENT for pop, s in pops.items()
-                  if pop in should or pop in serving}
+                  if pop in should}  # every PoP serving it is one of them
         if len(set(labels.values())) > 1:
             out[name] = labels
     return out
