@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,33 +119,53 @@ async def echo_baseline(path: str, n: int) -> list[float]:
 
 
 def engine_limit(tmp: Path, sweep: list[tuple[str, int]]) -> None:
-    """Raw llama.cpp decode steps, in this process: how a step's cost grows with the
-    batch (the ceiling for continuous batching) and the fixed cost of one decode call
-    (what mixing adapters multiplies: llama.cpp sets adapters per context, so a step
-    runs one call per adapter present), for each (weights, threads) in `sweep`."""
+    """Raw llama.cpp decode steps: how a step's cost grows with the batch (the ceiling
+    for continuous batching), and what a step of 16 sequences mixing 8 adapters costs,
+    for each (weights, threads) in `sweep`: in one call with per-sequence adapters (the
+    patched build), and the floor of llama.cpp's own way (one call per adapter present:
+    8 calls of 2). Each point runs in a child process, so a crash (e.g. SIGILL from a
+    CPU variant's kernels) is reported and the sweep goes on."""
     print(f"\n== Engine limit: one llama.cpp decode step (fastest of 15), by batch size "
           f"({uptime()}) ==")
-    write_random_lora(packaged_model(), tmp / "limit.gguf", rank=8, seed=1, std=0.02)
+    for i in range(8):
+        write_random_lora(packaged_model(), tmp / f"limit{i}.gguf", rank=8, seed=1 + i,
+                          std=0.02)
     for weights, threads in sweep:
-        cost, switch = _step_costs(tmp / "limit.gguf", weights, threads)
-        print(f"{weights:>5} x{threads}: batch 1 {cost[1] * 1e3:6.2f} ms, batch 2 "
-              f"{cost[2] * 1e3:6.2f} ms, batch 16 {cost[16] * 1e3:6.2f} ms  -> 16 streams "
-              f"{16 * cost[1] / cost[16]:.2f}x one; 8 adapters x 2 streams / 16 base = "
-              f"{cost[16] / (8 * cost[2]):.2f}; adapter switch {switch * 1e6:.0f} us")
+        run = subprocess.run([sys.executable, __file__, "--step-costs", weights, str(threads),
+                              str(tmp)], capture_output=True, text=True)
+        if run.returncode != 0:
+            why = (f"signal {-run.returncode} ({signal.Signals(-run.returncode).name})"
+                   if run.returncode < 0 else f"exit status {run.returncode}")
+            print(f"{weights:>5} x{threads}: crashed, {why}: {run.stderr.strip()[-200:]}")
+            continue
+        cost = json.loads(run.stdout.splitlines()[-1])
+        mixed = (f"{cost['16'] / cost['mixed']:.2f}" if cost.get("mixed")
+                 else "n/a (a stock llama.cpp)")
+        print(f"{weights:>5} x{threads}: batch 1 {cost['1'] * 1e3:6.2f} ms, batch 2 "
+              f"{cost['2'] * 1e3:6.2f} ms, batch 16 {cost['16'] * 1e3:6.2f} ms  -> 16 streams "
+              f"{16 * cost['1'] / cost['16']:.2f}x one; 8 adapters mixed / 16 base: one call "
+              f"{mixed}, 8 calls of 2 {cost['16'] / (8 * cost['2']):.2f}")
 
 
-def _step_costs(lora: Path, weights: str, threads: int) -> tuple[dict[int, float], float]:
-    """{batch: seconds of its fastest decode step}, and one adapter switch's seconds."""
+def _step_costs(tmp: Path, weights: str, threads: int) -> dict[str, float]:
+    """{batch: seconds of its fastest decode step} for batches of 1, 2 and 16, and
+    "mixed": 16 sequences on 8 adapters (2 each) in one call, where the build can."""
     from gpu_worker.engines.llama_model import LlamaModel
     from gpu_worker.models import converted
 
     lm = LlamaModel(converted(packaged_model(), weights), 4096, 16, threads, 0)
-    lm.load_adapter("a", str(lora))
+    for i in range(8):
+        lm.load_adapter(f"a{i}", str(tmp / f"limit{i}.gguf"))
     prompt = lm.tokenize("A prompt of a few words to fill the cache.")
     cost = {}
-    for b in (1, 2, 16):
+    shapes: list[tuple[str, int, bool]] = [("1", 1, False), ("2", 2, False), ("16", 16, False)]
+    if lm.per_seq:
+        shapes.append(("mixed", 16, True))
+    for key, b, mixed in shapes:
         for s in range(16):
             lm.forget(s)
+        if lm.per_seq:
+            lm.use_adapters([(s, f"a{s // 2}" if mixed else None, 1.0) for s in range(16)])
         lm.decode([(t, i, s, False) for s in range(b) for i, t in enumerate(prompt)])
         times = []
         for step in range(15):
@@ -150,13 +173,9 @@ def _step_costs(lora: Path, weights: str, threads: int) -> tuple[dict[int, float
             t = time.perf_counter()
             lm.decode([(100, pos, s, True) for s in range(b)])
             times.append(time.perf_counter() - t)
-        cost[b] = min(times)  # the step's own cost: other work only adds to it
-    t = time.perf_counter()
-    for i in range(20):
-        lm.use_adapter("a" if i % 2 == 0 else None, 1.0)
-    switch = (time.perf_counter() - t) / 20
+        cost[key] = min(times)  # the step's own cost: other work only adds to it
     lm.close()
-    return cost, switch
+    return cost
 
 
 def worker_config(tmp: Path, weights: str, threads: int) -> str:
@@ -224,6 +243,9 @@ async def main(a: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--step-costs"]:  # one point of engine_limit, in its own process
+        print(json.dumps(_step_costs(Path(sys.argv[4]), sys.argv[2], int(sys.argv[3]))))
+        sys.exit(0)
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)

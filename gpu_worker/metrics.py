@@ -34,6 +34,7 @@ class Metrics:
         self.ttft: deque[float] = deque(maxlen=SAMPLES)
         self.itl: deque[float] = deque(maxlen=SAMPLES)
         self.tokens_total = 0
+        self.decode_calls_total = 0
         self.prompt_tokens_total = 0
         self.requests_total = 0
         self.errors_total = 0
@@ -43,12 +44,14 @@ class Metrics:
         self._mark_busy = 0.0
 
     def step(self, queue_depth: int, running: int, seconds: float, tokens: int) -> None:
-        """One decode step of `running` sequences that took `seconds`."""
+        """One decode call, made while `running` sequences held slots, that took
+        `seconds` and sampled `tokens`."""
         with self.lock:
             self.queue_depth, self.running = queue_depth, running
             self.running_peak = max(self.running_peak, running)
             self.busy_seconds += seconds
             self.tokens_total += tokens
+            self.decode_calls_total += 1
 
     def idle(self, queue_depth: int, running: int = 0) -> None:
         """No step to run; `running` sequences (paused for credit) hold slots."""
@@ -86,6 +89,7 @@ class Metrics:
                 "ttft": _percentiles(self.ttft), "inter_token": _percentiles(self.itl),
                 "tokens_per_second": round(rate, 2), "busy_fraction": round(busy, 4),
                 "tokens_total": self.tokens_total,
+                "decode_calls_total": self.decode_calls_total,
                 "prompt_tokens_total": self.prompt_tokens_total,
                 "requests_total": self.requests_total, "errors_total": self.errors_total,
                 "uptime_s": round(now - self.started, 1),

@@ -13,8 +13,9 @@ each rule has a unit test without a model (the split vLLM makes between
 - Prompts are fed in chunks within the step's token budget (llama.cpp's
   ``n_batch``), after the running sequences' tokens, so a long prompt never
   stalls the streams already running.
-- Sequences are grouped by LoRA adapter: llama.cpp applies an adapter to a whole
-  context, so each group is its own decode call.
+- Sequences are grouped by LoRA adapter where llama.cpp applies an adapter to a
+  whole context (a stock build): each group is its own decode call. The build
+  .ci/llama-wheel patches selects the adapter per sequence, so one call runs all.
 """
 
 from __future__ import annotations
@@ -187,12 +188,13 @@ class Scheduler:
         self.free_slots.append(s.slot)
         self.reserved -= s.reserve
 
-    def groups(self) -> list[list[Seq]]:
-        """The running sequences with credit, grouped by adapter (one decode call each)."""
+    def groups(self, per_seq: bool = False) -> list[list[Seq]]:
+        """The running sequences with credit, grouped by adapter (one decode call
+        each), or all in one group when the model selects adapters per sequence."""
         groups: dict[str | None, list[Seq]] = {}
         for s in self.running.values():
             if s.credit > 0:
-                groups.setdefault(s.adapter, []).append(s)
+                groups.setdefault(None if per_seq else s.adapter, []).append(s)
         return list(groups.values())
 
     def plan(self, group: list[Seq]) -> Step:

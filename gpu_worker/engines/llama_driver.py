@@ -41,7 +41,11 @@ class Model(Protocol):
 
     def free_sampler(self, sampler: Any) -> None: ...
 
+    per_seq: bool  # whether one decode call may mix adapters (`use_adapters`)
+
     def use_adapter(self, name: str | None, scale: float) -> None: ...
+
+    def use_adapters(self, seqs: list[tuple[int, str | None, float]]) -> None: ...
 
     def decode(self, items: list[Item]) -> int: ...
 
@@ -163,7 +167,7 @@ class Driver:
             except EngineError as e:  # e.g. a grammar llama.cpp refuses: this request only
                 self.sched.release(s)
                 self._send(s.sink.error, e.code, str(e), e.status)
-        groups = self.sched.groups()
+        groups = self.sched.groups(self.lm.per_seq)
         if not groups:  # sequences paused for credit still hold their slots
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))
         for group in groups:
@@ -200,9 +204,13 @@ class Driver:
         self._send(_resolve, command.done, None)
 
     def _step(self, group: list[Seq]) -> None:
-        """One decode call for sequences that share an adapter, then their tokens."""
+        """One decode call for `group` (sequences that share an adapter, or any where
+        the model selects adapters per sequence), then their tokens."""
         step = self.sched.plan(group)
-        self.lm.use_adapter(group[0].adapter, group[0].scale)
+        if self.lm.per_seq:
+            self.lm.use_adapters([(s.slot, s.adapter, s.scale) for s in group])
+        else:
+            self.lm.use_adapter(group[0].adapter, group[0].scale)
         started = time.perf_counter()
         rc = self.lm.decode(step.items)
         took = time.perf_counter() - started

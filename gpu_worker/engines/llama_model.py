@@ -77,6 +77,8 @@ class LlamaModel:
         self.template = ll.llama_model_chat_template(self.model, None)
         self.adapters: dict[str, Any] = {}
         self.current_adapter: str | None = None
+        self.per_seq = _PER_SEQ is not None  # this build selects adapters per sequence
+        self.stacked: dict[str, int] = {}  # adapter -> its index in the per-sequence stack
         self.piece = ctypes.create_string_buffer(256)
 
     # -- text -----------------------------------------------------------------------------
@@ -131,6 +133,33 @@ class LlamaModel:
                               f"{path} is not a LoRA adapter for this model "
                               "(llama.cpp refused it; see the worker log)")
         self.adapters[name] = adapter
+        if self.per_seq:
+            self._stack()
+
+    def _stack(self) -> None:
+        """Stack every loaded adapter for per-sequence selection (a copy of their
+        weights, made once per load). A stack llama.cpp refuses (an adapter of
+        token embeddings, say) leaves one adapter per decode call."""
+        assert _PER_SEQ is not None
+        names = list(self.adapters)
+        arr = (ll.llama_adapter_lora_p_ctypes * len(names))(*(self.adapters[n] for n in names))
+        if _PER_SEQ[0](self.ctx, arr, len(names)) != 0:
+            self.per_seq = False
+            self.stacked = {}
+            _PER_SEQ[0](self.ctx, None, 0)
+            return
+        self.stacked = {n: i for i, n in enumerate(names)}
+
+    def use_adapters(self, seqs: list[tuple[int, str | None, float]]) -> None:
+        """Per sequence slot, the adapter (None: the base model) and scale its tokens
+        decode with, all in one decode call (``per_seq`` builds only)."""
+        assert _PER_SEQ is not None
+        if not self.stacked:  # no adapter loaded yet: every sequence is the base model's
+            return
+        for slot, name, scale in seqs:
+            index = -1 if name is None else self.stacked[name]
+            if _PER_SEQ[1](self.ctx, slot, index, scale) != 0:
+                raise RuntimeError(f"llama_set_seq_adapter_lora failed for slot {slot}")
 
     def use_adapter(self, name: str | None, scale: float) -> None:
         """Apply adapter `name` (None: the base model) to the next decodes."""
@@ -242,6 +271,26 @@ class LlamaModel:
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+def _per_seq_api() -> tuple[Any, Any] | None:
+    """llama_set_adapters_lora_per_seq and llama_set_seq_adapter_lora, where this
+    llama.cpp has them (the build .ci/llama-wheel patches; a stock one has not)."""
+    lib = ll.llama_cpp._lib
+    try:
+        stack, select = lib.llama_set_adapters_lora_per_seq, lib.llama_set_seq_adapter_lora
+    except AttributeError:
+        return None
+    stack.argtypes = [ll.llama_context_p_ctypes,
+                      ctypes.POINTER(ll.llama_adapter_lora_p_ctypes), ctypes.c_size_t]
+    stack.restype = ctypes.c_int32
+    select.argtypes = [ll.llama_context_p_ctypes, ll.llama_seq_id, ctypes.c_int32,
+                       ctypes.c_float]
+    select.restype = ctypes.c_int32
+    return stack, select
+
+
+_PER_SEQ = _per_seq_api()
 
 
 def _pick(chain: Any, temperature: float, top_p: float, top_k: int, seed: int) -> None:

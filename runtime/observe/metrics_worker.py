@@ -18,6 +18,11 @@ for all its models, so these have no model label.
     edgefn_ai_worker_tokens_total, edgefn_ai_worker_prompt_tokens_total,
     edgefn_ai_worker_requests_total, edgefn_ai_worker_errors_total
                                      every model call, the ``ai`` binding's included
+    edgefn_ai_worker_decode_calls_total
+                                     llama.cpp decode calls: tokens_total over it is
+                                     the tokens a call yields (a batch mixing LoRA
+                                     adapters is one call per adapter on a stock
+                                     llama.cpp, one on edgefn's patched build)
     edgefn_ai_worker_up, edgefn_ai_worker_figures_age_seconds
 """
 
@@ -45,7 +50,9 @@ COUNTERS = (("edgefn_ai_worker_tokens_total", "tokens_total", "Tokens the worker
             ("edgefn_ai_worker_prompt_tokens_total", "prompt_tokens_total",
              "Prompt tokens the worker read."),
             ("edgefn_ai_worker_requests_total", "requests_total", "Model calls the worker ran."),
-            ("edgefn_ai_worker_errors_total", "errors_total", "Model calls that failed."))
+            ("edgefn_ai_worker_errors_total", "errors_total", "Model calls that failed."),
+            ("edgefn_ai_worker_decode_calls_total", "decode_calls_total",
+             "llama.cpp decode calls the worker made."))
 
 
 class WorkerFigures:

@@ -22,8 +22,10 @@ class FakeModel:
     `EOG` tokens samples `EOG`, which ends a generation; token t's text is
     ``"<t>"``. Records each decode as (adapter, items)."""
 
-    def __init__(self, sched: Scheduler, fail_decode: int = 0) -> None:
+    def __init__(self, sched: Scheduler, fail_decode: int = 0, per_seq: bool = False) -> None:
         self.sched = sched
+        self.per_seq = per_seq
+        self.selected: dict[int, tuple[str | None, float]] = {}  # slot -> (adapter, scale)
         self.fail_decode = fail_decode
         self.decodes: list[tuple[str | None, list[Item]]] = []
         self.adapter: str | None = None
@@ -45,7 +47,13 @@ class FakeModel:
     def use_adapter(self, name: str | None, scale: float) -> None:
         self.adapter = name
 
+    def use_adapters(self, seqs: list[tuple[int, str | None, float]]) -> None:
+        assert self.per_seq
+        self.selected = {slot: (name, scale) for slot, name, scale in seqs}
+
     def decode(self, items: list[Item]) -> int:
+        if self.per_seq:  # every token's sequence had its adapter chosen for this call
+            assert {slot for _, _, slot, _ in items} <= set(self.selected)
         self.decodes.append((self.adapter, list(items)))
         return self.fail_decode
 
@@ -101,9 +109,10 @@ class Sink:
 class Rig:
     """A driver over a fake model, started on the running event loop."""
 
-    def __init__(self, slots: int = 4, kv_tokens: int = 1000, fail_decode: int = 0) -> None:
+    def __init__(self, slots: int = 4, kv_tokens: int = 1000, fail_decode: int = 0,
+                 per_seq: bool = False) -> None:
         self.sched = Scheduler(slots, kv_tokens)
-        self.lm = FakeModel(self.sched, fail_decode)
+        self.lm = FakeModel(self.sched, fail_decode, per_seq)
         self.driver = Driver(self.lm, self.sched, Metrics(), "test-llama")
         self.driver.start()
 
@@ -218,6 +227,27 @@ def test_adapter_groups_decode_in_separate_calls() -> None:
         for adapter, items in r.lm.decodes:
             firsts = {tok // 10 for tok, *_ in items}
             assert firsts <= ({2} if adapter == "x" else {1, 3})
+
+    asyncio.run(go())
+
+
+def test_adapters_chosen_per_sequence_share_one_decode_call() -> None:
+    async def go() -> None:
+        r = Rig(per_seq=True)
+        sinks = [r.submit(1, first=10, max_tokens=3),
+                 r.submit(2, first=20, max_tokens=3, adapter="x"),
+                 r.submit(3, first=30, max_tokens=3, adapter="y")]
+        firsts = [await s.result() for s in sinks]
+        r.close()
+        assert firsts == [("done", "length", 3, 3)] * 3
+        assert sinks[1].chunks == ["<21>", "<22>", "<23>"]
+        assert r.lm.adapter is None  # the context-wide adapter was never set
+        # all three in each call (they were admitted together), each with its adapter
+        assert [sorted({tok // 10 for tok, *_ in items}) for _, items in r.lm.decodes] == [
+            [1, 2, 3]] * 3
+        last = r.lm.decodes[-1][1]  # which request each token is -> the adapter its slot had
+        assert {tok // 10: r.lm.selected[slot] for tok, _, slot, _ in last} == {
+            1: (None, 1.0), 2: ("x", 1.0), 3: ("y", 1.0)}
 
     asyncio.run(go())
 

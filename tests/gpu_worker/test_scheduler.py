@@ -141,6 +141,7 @@ def test_groups_split_by_adapter_in_running_order() -> None:
     sched.add([seq(1, adapter="a"), seq(2), seq(3, adapter="a"), seq(4, adapter="b")])
     sched.admit()
     assert [[s.rid for s in g] for g in sched.groups()] == [[1, 3], [2], [4]]
+    assert [[s.rid for s in g] for g in sched.groups(per_seq=True)] == [[1, 2, 3, 4]]
 
 
 # -- steps -----------------------------------------------------------------------------------

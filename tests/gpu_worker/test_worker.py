@@ -228,10 +228,17 @@ def test_lora_adapters_change_output_and_base_stays_the_same(worker: Harness,
                                     greedy(worker.client, "test-a2"))
         return [t for t, _ in outs]
 
+    calls_before = worker.run(worker.client.metrics())["decode_calls_total"]
     base, a1, a2 = worker.run(mixed())
-    assert base == base_before  # adapters in the same batch leave the base model alone
+    calls = worker.run(worker.client.metrics())["decode_calls_total"] - calls_before
+    # adapters in the same batch leave the base model alone; batching may change the
+    # float summation order slightly, so greedy text agrees on a solid prefix
+    assert base[:12] == base_before[:12], (base, base_before)
     assert len({base, a1, a2}) == 3, (base, a1, a2)
-    assert worker.run(greedy(worker.client, "test-a1"))[0] == a1
+    assert worker.run(greedy(worker.client, "test-a1"))[0][:12] == a1[:12]
+    # the patched llama.cpp (.ci/llama-wheel) decodes the three in one call a step:
+    # 24 tokens each, prompts in a call or two; a stock build needs three calls a step
+    assert calls <= 24 + 3, calls
 
     with pytest.raises(WorkerError) as e:
         worker.run(worker.client.add_lora("bad", str(tmp_path / "missing.gguf")))
