@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,10 @@ def _status(run: Path, as_json: bool) -> None:
 
 
 def _load(run: Path, args: argparse.Namespace) -> None:
-    """Raises `Failure` (no_topology), `NotFound` for a geography with no edge."""
+    """Sends `args.n` requests for `args.path` in sequence through a geography's edge
+    and prints their latency percentiles (of the 200s; none when no request got one)
+    and the statuses they got. Raises `Failure` (no_topology), `NotFound` for a
+    geography with no edge."""
     from edgefn_core.errors import NotFound
     from runtime.topology.load import Client, percentile
 
@@ -87,10 +91,23 @@ def _load(run: Path, args: argparse.Namespace) -> None:
     with Client(args.geo, ports[args.geo]) as client:
         samples = [client.send("fn", "GET", args.path) for _ in range(args.n)]
     ok = [s.seconds * 1000 for s in samples if s.status == 200]
-    result = {"requests": len(samples), "failed": len(samples) - len(ok),
-              **{f"p{q}_ms": round(percentile(ok, q / 100), 2) for q in (50, 95, 99)}}
-    print(json.dumps(result) if args.json else
-          " ".join(f"{k}={v}" for k, v in result.items()))
+    statuses = Counter(str(s.status) for s in samples)  # "0": no answer
+    result: dict[str, Any] = {
+        "requests": len(samples), "failed": len(samples) - len(ok),
+        **{f"p{q}_ms": round(percentile(ok, q / 100), 2) if ok else None
+           for q in (50, 95, 99)},
+        "statuses": dict(sorted(statuses.items()))}
+    print(json.dumps(result) if args.json else " ".join(
+        f"{k}={_field(v)}" for k, v in result.items()))
+
+
+def _field(value: Any) -> str:
+    """One value of `_load`'s text line: "-" for none, "200:28,503:2" for statuses."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{n}" for k, n in value.items())
+    return str(value)
 
 
 def _health(pid: int, url: str) -> str:

@@ -133,5 +133,11 @@ def test_the_load_command_enters_at_a_geography(run: Path) -> None:
     result = json.loads(out.stdout)
     assert (result["requests"], result["failed"]) == (5, 0)
     assert result["p50_ms"] >= 10.0  # the client-edge round trip, at least
+    assert result["statuses"] == {"200": 5}
+    out = _cli("topology", "load", "--geo", "us-east", "-n", "3", "--path", "/nope",
+               "--dir", str(run))
+    assert out.returncode == 0, out.stderr  # nothing answered 200: no latency to quote
+    assert out.stdout.split() == ["requests=3", "failed=3", "p50_ms=-", "p95_ms=-", "p99_ms=-",
+                                  "statuses=404:3"]
     out = _cli("topology", "load", "--geo", "mars", "--dir", str(run), "--json")
     assert out.returncode == 1 and "us-east" in json.loads(out.stderr)["error"]["message"]
