@@ -72,6 +72,9 @@ class Generate(_Msg, tag="gen"):
     # a pinned tenant's call its PoP de-sensitised to let it leave the region (the
     # tenant's keyed hash): forwarded as x-edgefn-desensitised, the mark
     desensitised: str | None = None
+    # the signed query embedding of the PoP's AI cache (runtime.cache.ai.forward): the
+    # upstream engine forwards it as x-edgefn-embedding, so the next tier need not embed
+    embedding: str | None = None
 
 
 class Embed(_Msg, tag="embed"):

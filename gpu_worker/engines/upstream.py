@@ -295,6 +295,7 @@ class _Stream:
         self.request_id = req.request_id
         self.tenant = req.tenant
         self.desensitised = req.desensitised
+        self.embedding = req.embedding
         self.window = req.window
         self.ahead = 0  # chunks sent minus chunks credited
         self.room = asyncio.Event()
@@ -509,6 +510,8 @@ class UpstreamEngine(Engine):
             headers["x-edgefn-tenant"] = st.tenant
         if st.desensitised is not None:
             headers["x-edgefn-desensitised"] = st.desensitised
+        if st.embedding is not None:
+            headers["x-edgefn-embedding"] = st.embedding
         if not await _post(client, st, path, body, headers):
             async with self._one_off() as fresh:
                 await _post(fresh, st, path, body, headers, last=True)

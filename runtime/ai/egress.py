@@ -65,6 +65,16 @@ class Egress:
         return True
 
 
+def with_embedding(call: dict[str, Any], embedding: str | None) -> dict[str, Any]:
+    """`call` (the worker's ``generate`` arguments) with the AI cache's signed query
+    embedding (`runtime.cache.ai.forward`) for the next tier, unless there is none or
+    the call leaves de-sensitised: a vector of the unscrubbed text must not go with
+    the scrubbed one."""
+    if embedding is None or call.get("desensitised") is not None:
+        return call
+    return {**call, "embedding": embedding}
+
+
 def desensitised(secret: str, tenant: str, request_id: str,
                  params: dict[str, Any]) -> dict[str, Any]:
     """The overrides that make a call leave its region de-sensitised: no tenant,

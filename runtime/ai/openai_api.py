@@ -37,7 +37,7 @@ from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
 from runtime.ai import openai_choices as choices
 from runtime.ai import structured
-from runtime.ai.egress import Egress
+from runtime.ai.egress import Egress, with_embedding
 from runtime.ai.openai_checks import check_messages, check_sampling
 from runtime.ai.openai_errors import error_response, unknown_url, validation_error
 from runtime.ai.openai_fields import MAX_STOPS, check_fields
@@ -265,8 +265,9 @@ class OpenAIApi:
         record.usage.max_tokens = params.get("max_tokens")
         record.usage.user = body.user or getattr(body, "safety_identifier", None)
         request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
-        call = {"request_id": request_id, **params,
-                **self._hop(ctx, model, request_id, params)}  # refused before any charge
+        call = with_embedding({"request_id": request_id, **params,
+                               **self._hop(ctx, model, request_id, params)},  # refused first
+                              ctx.embedding if ctx is not None else None)
         ticket = await self._admit(ctx, model, body.stream,
                                    self._reserved(params.get("max_tokens"), body.n),
                                    prompt=params.get("prompt"), messages=params.get("messages"))

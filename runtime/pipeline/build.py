@@ -192,4 +192,4 @@ def _ai_cache(pop: PoP, targets: Targets) -> Stage | None:
         return None
     from runtime.pipeline.stages.ai_cache import AICacheStage
 
-    return AICacheStage(cache, targets)
+    return AICacheStage(cache, targets, pop.config.residency.secret)

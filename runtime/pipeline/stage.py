@@ -57,8 +57,9 @@ NO_PARAMS: dict[str, str] = {}  # shared: stages replace `params`, never mutate 
 class Context:
     """Per-request state the stages share."""
 
-    __slots__ = ("agent", "bot", "client", "decisions", "dry", "marks", "params", "principal",
-                 "quiet", "request_id", "resolved", "route", "started", "target", "timing")
+    __slots__ = ("agent", "bot", "client", "decisions", "dry", "embedding", "marks", "params",
+                 "principal", "quiet", "request_id", "resolved", "route", "started", "target",
+                 "timing")
 
     def __init__(self, client: str) -> None:
         self.client = client  # "address:port"
@@ -79,6 +80,9 @@ class Context:
         # process); no header or byte from a client can.
         self.quiet = False
         self.dry = False  # a quiet request that `dispatch` answers without the function
+        # the signed query embedding `ai_cache` computed on a miss, for the tier the model
+        # call goes to next (`runtime.cache.ai.forward`); kept out of `decisions` (events)
+        self.embedding: str | None = None
 
     @property
     def ip(self) -> str:

@@ -104,3 +104,16 @@ def test_embeddings_texts_follow_the_same_rule() -> None:
     assert (e.value.code, e.value.status) == ("residency_violation", 451)
     masked = egress(CENTRAL, allow=("acme-ds",)).inputs("acme-ds", "chat-model", texts)
     assert masked == ["mail [email] or call [phone], card [card]", "plain"]
+
+
+def test_the_query_embedding_goes_on_only_with_the_query_as_it_came() -> None:
+    from runtime.ai.egress import with_embedding
+
+    signed = "all-minilm-l6-v2;AAAAAA==;tag"
+    kept = egress(REG).hop("acme-eu", "chat-model", "rid-1", chat(PII))
+    assert with_embedding(kept, signed) == {**kept, "embedding": signed}
+    assert with_embedding({}, signed) == {"embedding": signed}  # an unpinned tenant's
+    scrubbed = egress(CENTRAL, allow=("acme-ds",)).hop("acme-ds", "chat-model", "rid-1",
+                                                       chat(PII))
+    assert scrubbed["desensitised"] and "embedding" not in with_embedding(scrubbed, signed)
+    assert with_embedding(kept, None) == kept

@@ -13,6 +13,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,35 @@ def test_an_ai_purge_reaches_every_tier(run: Path) -> None:
     assert (regional_hits(run), model_calls(run)) == (hits + 1, calls + 1)
     assert chat(run, "us-east", question).cache == "miss"  # filled from the regional again
     assert (regional_hits(run), model_calls(run)) == (hits + 2, calls + 1)
+
+
+def decisions(run: Path, rid: str) -> dict[str, dict[str, Any]]:
+    """Per PoP that saw request `rid`: its ``ai_cache`` decision."""
+    out = {}
+    for pop in ("edge-eu", "edge-us", "reg", "central"):
+        events = AdminClient(pop_dir(run, pop), timeout=30).request(
+            "GET", "/v1/events?path=/v1/chat/completions&limit=1000")["events"]
+        for e in events:
+            if e["rid"] == rid:
+                out[pop] = e.get("decisions", {}).get("ai_cache", {})
+    return out
+
+
+def test_a_miss_hands_its_query_embedding_to_the_tiers_above(run: Path) -> None:
+    """The edge embeds the question once; the regional and central look it up with that
+    vector (``embedding: given``), and the regional's semantic hit for a paraphrase
+    asked at the other edge comes from the vector that edge computed."""
+    purge(run, "--topology", str(run))
+    first, again = (f"emb-{i}-{uuid.uuid4().hex[:8]}" for i in (1, 2))
+    sample = chat(run, "eu-west", "How do I stop my cat from scratching furniture?", first)
+    assert (sample.status, sample.cache) == (200, "miss"), sample.error
+    seen = decisions(run, first)
+    assert [seen[p]["outcome"] for p in ("edge-eu", "reg", "central")] == ["miss"] * 3
+    assert "embedding" not in seen["edge-eu"]  # embedded there
+    assert seen["reg"]["embedding"] == seen["central"]["embedding"] == "given"
+    sample = chat(run, "us-east", "How can I keep my cat from scratching the furniture?", again)
+    assert (sample.status, sample.cache) == (200, "miss"), sample.error  # edge-us had nothing
+    seen = decisions(run, again)
+    assert "central" not in seen  # answered at the regional
+    assert (seen["reg"]["outcome"], seen["reg"]["embedding"]) == ("hit-semantic", "given")
+    assert seen["reg"]["similarity"] > 0.95

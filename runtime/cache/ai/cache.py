@@ -108,6 +108,7 @@ class Lookup:
     reason: str | None = None  # why a bypass (off, nondeterministic, no-cache, no-store)
     coalesced: bool = False  # served the answer of a call in flight
     vector: np.ndarray | None = None  # the query's embedding
+    embedded: str | None = None  # where `vector` came from: "here" | "given" (another tier's)
     flight: Flight | None = None  # a miss this caller leads: `complete` or `abandon` it
 
     @property
@@ -150,9 +151,11 @@ class AICache:
                       s.ttl_seconds if ttl is None else ttl, lookup, store)
 
     # -- lookup ---------------------------------------------------------------------------
-    async def lookup(self, call: Call, policy: Policy) -> Lookup:
+    async def lookup(self, call: Call, policy: Policy, vector: np.ndarray | None = None
+                     ) -> Lookup:
         """What the cache has for `call`. A ``miss`` with a `flight` must be ended
-        with `complete` or `abandon`."""
+        with `complete` or `abandon`. `vector`: the query's embedding if another tier
+        computed it (`runtime.cache.ai.forward`), used instead of embedding it here."""
         reason = self._bypass(call, policy)
         if reason is not None:
             return Lookup(call, policy, "bypass", reason=reason)
@@ -171,7 +174,11 @@ class AICache:
                 continue
             if not embedded:
                 embedded = True
+                if vector is not None:
+                    found.vector, found.embedded = vector, "given"
+                    continue
                 found.vector = await self._embedding(call.query)
+                found.embedded = "here" if found.vector is not None else None
                 continue  # the exact entry or flight may have come meanwhile
             if found.vector is not None and await self._semantic(found):
                 return found
@@ -437,6 +444,8 @@ def _record(found: Lookup) -> dict[str, Any]:
         record["cached_tokens"] = r.tokens if isinstance(r, Embedded) else r.prompt_tokens
     if found.coalesced:
         record["coalesced"] = True
+    if found.embedded == "given":
+        record["embedding"] = "given"  # by the tier below (`runtime.cache.ai.forward`)
     return record
 
 

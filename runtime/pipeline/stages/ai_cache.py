@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from runtime.ai.openai_api import (
     MAX_STOPS,
@@ -45,7 +46,7 @@ from runtime.ai.openai_api import (
 )
 from runtime.ai.openai_fields import refusal
 from runtime.ai.structured import shaped
-from runtime.cache.ai import control, replay
+from runtime.cache.ai import control, forward, replay
 from runtime.cache.ai.cache import AICache, Lookup
 from runtime.cache.ai.entry import Embedded, Generated, Result
 from runtime.cache.ai.keys import Call, chat_call, completion_call, embedding_call
@@ -76,9 +77,12 @@ class Asked:
 class AICacheStage:
     name = "ai_cache"
 
-    def __init__(self, cache: AICache, targets: Targets) -> None:
+    def __init__(self, cache: AICache, targets: Targets, secret: str = "") -> None:
+        """`secret`: the topology's shared one (``[residency] secret``), which signs the
+        query embeddings handed between tiers (`forward`); "" hands none on."""
         self.cache = cache
         self.targets = targets
+        self.secret = secret
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> StageResult:
         kind = KINDS.get(request.path)
@@ -95,10 +99,13 @@ class AICacheStage:
                      ctx: Context, call_next: Next) -> Response:
         policy = self.cache.policy(None, lookup=wishes.lookup, store=wishes.store,
                                    ttl=wishes.ttl)
-        found = await self.cache.lookup(asked.call, policy)
+        found = await self.cache.lookup(asked.call, policy, self._given(request, asked.call))
         ctx.decide("ai_cache", self.cache.account(found))
         if found.entry is not None:
             return _hit(asked, found)
+        if found.vector is not None and found.flight is not None:  # the call goes on
+            ctx.embedding = forward.sign(self.secret, self.cache.settings.embedding_model,
+                                         asked.call.query, found.vector)
         injected = asked.stream and not asked.include_usage and _want_store(found)
         try:
             if injected:
@@ -129,6 +136,14 @@ class AICacheStage:
             weakref.finalize(tee, self.cache.abandon, found)  # a stream nobody reads
             response.body = tee
         return response
+
+    def _given(self, request: Request, call: Call) -> np.ndarray | None:
+        """The query embedding the tier below signed for this very query, if any."""
+        value = request.header(forward.HEADER)
+        if value is None or call.scope is None:
+            return None
+        return forward.verify(self.secret, value, self.cache.settings.embedding_model,
+                              call.query)
 
     async def _tee(self, body: AsyncIterator[bytes], found: Lookup, started: float,
                    drop_usage: bool) -> AsyncIterator[bytes]:

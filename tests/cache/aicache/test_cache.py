@@ -225,6 +225,37 @@ def test_a_semantic_hit_needs_the_same_scope(clock: Clock, minilm: MiniLM) -> No
     assert run(c, ask(PARIS2)).outcome == "hit-semantic"
 
 
+def test_a_vector_the_tier_below_gave_is_looked_up_without_embedding(
+        clock: Clock, minilm: MiniLM) -> None:
+    import numpy as np
+
+    asked: list[list[str]] = []
+
+    async def embed(model: str, texts: list[str]) -> dict[str, Any]:
+        asked.append(texts)
+        return await minilm(model, texts)
+
+    c = cache(clock, embed, threshold=0.5)
+    run(c, ask(PARIS))
+    assert len(asked) == 1  # the stored query, embedded here
+    given = np.asarray((asyncio.run(minilm(EMBED_MODEL, [guards.normalize(PARIS2)])))
+                       ["embeddings"][0], dtype=np.float32)
+    found = asyncio.run(c.lookup(ask(PARIS2), c.policy(), given))
+    assert (found.outcome, found.embedded, len(asked)) == ("hit-semantic", "given", 1)
+    assert c.account(found)["embedding"] == "given"
+    # a vector far from every entry: a miss, still not embedded here, and its flight
+    # carries the given vector (what the tier above gets)
+    far = asyncio.run(c.lookup(ask("How do I bake bread?"), c.policy(), -given))
+    assert (far.outcome, far.embedded, len(asked)) == ("miss", "given", 1)
+    assert far.flight is not None and far.vector is not None and np.array_equal(far.vector,
+                                                                                -given)
+    c.abandon(far)
+    # without one it embeds, as before, and says nothing of it
+    own = asyncio.run(c.lookup(ask(PARIS2), c.policy()))
+    assert (own.outcome, own.embedded, len(asked)) == ("hit-semantic", "here", 2)
+    assert "embedding" not in c.account(own)
+
+
 @pytest.mark.parametrize(("stored", "asked", "guard"), [
     ("Is Paris the capital of France?", "Is Paris not the capital of France?", "negation"),
     ("How many days are in 3 weeks?", "How many days are in 4 weeks?", "number"),
