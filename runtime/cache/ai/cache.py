@@ -247,14 +247,16 @@ class AICache:
             if sim < found.policy.threshold:
                 break
             entry = scope.labels.get(label)
-            if entry is not None and usable(entry) and \
-                    self._allowed(found, entry.call.query, sim):
+            if entry is not None and usable(entry) and self._allowed(found, entry.call, sim):
                 found.similarity = sim
                 return entry
         return None
 
-    def _allowed(self, found: Lookup, cached: str, sim: float) -> bool:
-        guard = guards.veto(found.call.query, cached)
+    def _allowed(self, found: Lookup, cached: Call, sim: float) -> bool:
+        """Whether `cached`'s answer may serve `found` (similar enough): the same
+        numbers and operators (`text.formula`), and no guard that vetoes."""
+        guard = "formula" if found.call.formula != cached.formula else \
+            guards.veto(found.call.query, cached.query)
         if guard is not None and found.guard is None:
             found.guard, found.similarity = guard, sim
         return guard is None
@@ -265,7 +267,7 @@ class AICache:
             if flight.vector is None or flight.call.key == found.call.key:
                 continue
             sim = cosine(found.vector, flight.vector)
-            if sim >= found.policy.threshold and self._allowed(found, flight.call.query, sim):
+            if sim >= found.policy.threshold and self._allowed(found, flight.call, sim):
                 entry = await flight.wait()
                 if entry is not None:
                     found.outcome, found.entry, found.similarity = "hit-semantic", entry, sim

@@ -2,15 +2,17 @@
 scope and its query text (`Call`).
 
 - exact key: blake2b of the kind, tenant, model (a LoRA adapter is its own model
-  id), every message (role kept, text through `guards.normalize`) or the prompt,
+  id), every message (role kept, text through `text.exact`: whitespace and the
+  closing punctuation only, never a symbol that may change the answer) or the prompt,
   and every sampling parameter that changes the output, with the worker's
   defaults filled in (so leaving out ``top_k`` and sending 40 are one key).
   Embeddings hash their inputs as sent: their output depends on every byte.
 - semantic scope: the same without the query (chat: the last user message;
   completion: the prompt), i.e. tenant x model x system prompt x the earlier
   turns of a conversation x sampling. A conversation is served a semantic hit
-  only after the very same (normalized) earlier turns; only its last user
-  message may be a paraphrase.
+  only after the very same earlier turns; only its last user message may be a
+  paraphrase. Its query is that message through `guards.normalize`, and its
+  `formula` (`text.formula`) the numbers and operators a hit must share.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import msgspec
 
 from runtime.cache.ai.guards import normalize
+from runtime.cache.ai.text import exact, formula
 
 # the worker's defaults (gpu_worker.protocol.Generate): a parameter left out means these
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 1.0, "top_p": 1.0, "top_k": 40,
@@ -40,6 +43,7 @@ class Call:
     deterministic: bool  # temperature 0 or a fixed seed (embeddings always)
     bucket: bytes  # where its entry counts against max_entries_per_scope: its scope,
     # or (without one) its kind x tenant x model
+    formula: str = ""  # the query's numbers and operators (`text.formula`)
 
 
 
@@ -84,7 +88,7 @@ def _is_text(part: Any) -> bool:
 
 
 def _message(m: dict[str, Any]) -> list[Any]:
-    """[role, normalized text, the other fields (name, tool calls...) as sent]. The
+    """[role, text (`exact`), the other fields (name, tool calls...) as sent]. The
     parts of a content list that are not text (an image, audio, a file) are
     among the other fields, as sent: two prompts that differ only there differ."""
     rest = sorted((k, v) for k, v in m.items() if k not in ("role", "content"))
@@ -93,7 +97,7 @@ def _message(m: dict[str, Any]) -> list[Any]:
         parts = [p for p in content if not _is_text(p)]
         if parts:
             rest.append(("content parts", parts))
-    return [str(m.get("role", "")), normalize(text_of(m.get("content"))), rest]
+    return [str(m.get("role", "")), exact(text_of(m.get("content"))), rest]
 
 
 def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],
@@ -104,14 +108,15 @@ def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],
     s = sampling(params)
     msgs = [_message(m) for m in messages]
     key = _hash("chat", tenant, model, msgs, s)
-    scope, query = None, ""
-    if msgs and msgs[-1][0] == "user" and msgs[-1][1]:
+    scope, query, shape = None, "", ""
+    last = text_of(messages[-1].get("content")) if msgs and msgs[-1][0] == "user" else ""
+    if (query := normalize(last)):
         system = [m for m in msgs[:-1] if m[0] in ("system", "developer")]
         turns = [m for m in msgs[:-1] if m[0] not in ("system", "developer")]
         scope = _hash("chat-scope", tenant, model, system, turns, msgs[-1][2], s)
-        query = msgs[-1][1]
+        shape = formula(last)
     return Call("chat", tenant, model, key, scope, query, _deterministic(s),
-                scope or _hash("chat-bucket", tenant, model))
+                scope or _hash("chat-bucket", tenant, model), shape)
 
 
 def completion_call(tenant: str | None, model: str, prompt: str, params: dict[str, Any]) -> Call:
@@ -119,8 +124,8 @@ def completion_call(tenant: str | None, model: str, prompt: str, params: dict[st
     s = sampling(params)
     text = normalize(prompt)
     scope = _hash("completion-scope", tenant, model, s)
-    return Call("completion", tenant, model, _hash("completion", tenant, model, text, s),
-                scope if text else None, text, _deterministic(s), scope)
+    return Call("completion", tenant, model, _hash("completion", tenant, model, exact(prompt), s),
+                scope if text else None, text, _deterministic(s), scope, formula(prompt))
 
 
 def embedding_call(tenant: str | None, model: str, inputs: list[str]) -> Call:

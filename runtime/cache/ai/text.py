@@ -1,8 +1,10 @@
-"""Prompt text folded for the AI caches: `normalize` (what both caches hash and
-embed) and `tokens` (the words the semantic cache's guards read)."""
+"""Prompt text folded for the AI caches: `exact` (what the exact cache hashes),
+`normalize` (what the semantic cache embeds and its guards read, as `tokens`) and
+`formula` (the numbers and operators a semantic hit must share)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -43,6 +45,55 @@ def normalize(text: str) -> str:
             break
         text = folded
     return text
+
+
+_TRAILING = re.compile(r"[\s.?!]+$")
+
+
+def exact(text: str) -> str:
+    """`text` as the exact cache's key reads it: unicode compatibility forms folded
+    (NFKC), runs of whitespace made one space, and the sentence's closing ``.``, ``?``
+    and ``!`` dropped; case and every other character kept. What `normalize` also
+    folds ("7 * 3" and "7 - 3" both become "7 3") may change the answer, and the
+    exact cache has no guards to catch it: the semantic cache serves such variants
+    only past its guards. Never raises."""
+    return _TRAILING.sub("", " ".join(unicodedata.normalize("NFKC", text).split()))
+
+
+_OPERATORS = frozenset("*=<>^&|~\\()[]{}\"+")
+
+
+@functools.lru_cache(maxsize=4096)
+def formula(text: str) -> str:
+    """The numbers and operator symbols of `text`, in order ("7*3" for "What is
+    7 * 3?"), or "" when it has no operator: what two prompts must share for the
+    semantic cache to serve one's answer for the other ("7 * 3" and "7 - 3" embed
+    alike and have the same numbers). Operators: ``* = < > ^ & | ~ \\ ( ) [ ] { } "
+    +``, ``!=``, and ``-``, ``/`` and ``'`` unless between two letters ("e-mail",
+    "km/h", "don't"). Never raises."""
+    t = unicodedata.normalize("NFKC", text)
+    parts: list[str] = []
+    has_operator = False
+    i, n = 0, len(t)
+    while i < n:
+        c = t[i]
+        if c.isdigit():
+            j = i + 1
+            while j < n and (t[j].isdigit() or (t[j] in ".," and j + 1 < n and t[j + 1].isdigit())):
+                j += 1
+            parts.append(t[i:j])
+            i = j
+            continue
+        if c in _OPERATORS or (c == "!" and t[i + 1:i + 2] == "=") or (
+                c in "-/'" and not (_letter(t, i - 1) and _letter(t, i + 1))):
+            parts.append(c)
+            has_operator = True
+        i += 1
+    return "".join(parts) if has_operator else ""
+
+
+def _letter(t: str, i: int) -> bool:
+    return 0 <= i < len(t) and t[i].isalpha()
 
 
 def tokens(normalized: str) -> list[str]:

@@ -60,7 +60,7 @@ def run(c: AICache, call: Call, **policy: Any) -> Lookup:
 def test_a_stored_answer_is_an_exact_hit_and_counted(clock: Clock) -> None:
     c = cache(clock)
     assert run(c, ask("Capital of France?")).outcome == "miss"
-    found = run(c, ask("capital of   FRANCE?"))
+    found = run(c, ask("Capital of   France ?!"))
     assert found.outcome == "hit-exact" and found.entry is not None
     assert found.entry.result == ANSWER and found.entry.origin_ms == 5.0
     record = c.account(found)
@@ -254,6 +254,20 @@ def test_a_vector_the_tier_below_gave_is_looked_up_without_embedding(
     own = asyncio.run(c.lookup(ask(PARIS2), c.policy()))
     assert (own.outcome, own.embedded, len(asked)) == ("hit-semantic", "here", 2)
     assert "embedding" not in c.account(own)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("What is 7 * 3?", "What is 7 - 3?"), ("Is 5 < 3?", "Is 5 > 3?"),
+    ('How do I print("a") in Python?', "How do I print(a) in Python?")])
+def test_another_operator_is_no_semantic_hit(clock: Clock, minilm: MiniLM, stored: str,
+                                             asked: str) -> None:
+    """Operators embed alike and no word guard reads them: the formula decides."""
+    c = cache(clock, minilm, threshold=0.5)
+    run(c, ask(stored))
+    found = run(c, ask(asked))
+    assert (found.outcome, found.guard) == ("miss", "formula")
+    assert found.similarity is not None and found.similarity >= 0.5
+    assert run(c, ask(stored.lower())).outcome == "hit-semantic"  # the same formula
 
 
 @pytest.mark.parametrize(("stored", "asked", "guard"), [

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from runtime.cache.ai.guards import normalize
 from runtime.cache.ai.keys import DEFAULTS, chat_call, completion_call, embedding_call
+from runtime.cache.ai.text import exact
 
 BASE: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 40, "seed": None,
                         "max_tokens": 64, "stop": []}
@@ -42,23 +44,42 @@ def test_tenant_and_model_change_key_and_scope(tenant: str, model: str) -> None:
 @example(word="Paris")
 @example(word="\u02bc")  # a letter (Lm) that folds to an apostrophe, dropped at the end
 def test_a_different_message_changes_the_key(word: str) -> None:
-    """Different unless normalisation folds the difference away (a found case: a
-    trailing U+02BC MODIFIER LETTER APOSTROPHE is a quote, and means nothing)."""
+    """Different unless the exact text folds the difference away (NFKC: a trailing
+    U+02BC MODIFIER LETTER APOSTROPHE stays an apostrophe, and changes the key)."""
     text = MSGS[1]["content"] + " " + word
     other = [MSGS[0], {"role": "user", "content": text}]
     a, b = chat_call("t", "m", MSGS, BASE), chat_call("t", "m", other, BASE)
-    assert (a.key != b.key) is (normalize(text) != normalize(MSGS[1]["content"]))
+    assert (a.key != b.key) is (exact(text) != exact(MSGS[1]["content"]))
     assert a.scope == b.scope  # only the last user message differs: one scope
 
 
-@given(space=st.sampled_from([" ", "  ", "\t", "\n", " \u3000"]), upper=st.booleans())
-def test_normalisation_only_changes_keep_the_key(space: str, upper: bool) -> None:
-    text = "What is the capital of France?"
-    folded = (text.upper() if upper else text).replace(" ", space)
-    varied = [MSGS[0], {"role": "user", "content": f"{space}{folded}{space}"}]
+@given(space=st.sampled_from([" ", "  ", "\t", "\n", " \u3000"]),
+       end=st.sampled_from(["?", "", " ?", "?!", "...", "\uff1f"]), upper=st.booleans())
+def test_whitespace_and_closing_punctuation_keep_the_key_and_case_the_query(
+        space: str, end: str, upper: bool) -> None:
+    text = "What is the capital of France"
+    varied_text = (text.upper() if upper else text).replace(" ", space) + end
+    varied = [MSGS[0], {"role": "user", "content": f"{space}{varied_text}{space}"}]
     a, b = chat_call("t", "m", MSGS, BASE), chat_call("t", "m", varied, BASE)
-    assert a.key == b.key and a.query == b.query == normalize(text)
-    assert normalize(text).startswith("what is the capital of france")
+    assert (a.key == b.key) is not upper  # case can change an answer (code): kept
+    assert a.query == b.query == normalize(text) == "what is the capital of france"
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("What is 7 * 3?", "What is 7 - 3?"), ("What is 7 / 3?", "What is 7 + 3?"),
+    ("Is 5 < 3?", "Is 5 > 3?"), ('print("a")', "print(a)"), ("a != b", "a = b"),
+    ("What is x^2?", "What is x2?"), ("Is -5 less than 3?", "Is 5 less than 3?"),
+])
+def test_operators_change_the_key_and_the_formula(a: str, b: str) -> None:
+    ca, cb = (chat_call("t", "m", [{"role": "user", "content": x}], BASE) for x in (a, b))
+    assert ca.key != cb.key and ca.formula != cb.formula
+    assert ca.scope == cb.scope  # both may be looked up semantically: the formula decides
+
+
+def test_plain_prose_has_no_formula() -> None:
+    for text in ("How do I use e-mail and/or km/h? I don't know.", "Hi! What's up?",
+                 "What is the capital of France?", "Book 2 tickets for 3 May"):
+        assert chat_call("t", "m", [{"role": "user", "content": text}], BASE).formula == ""
 
 
 def test_defaults_are_filled_in_so_leaving_a_parameter_out_is_the_same_call() -> None:
@@ -90,7 +111,9 @@ def test_deterministic_means_temperature_zero_or_a_fixed_seed() -> None:
 
 def test_completions_and_embeddings() -> None:
     a = completion_call("t", "m", "Once upon a time", BASE)
-    assert a.key == completion_call("t", "m", "once  upon a TIME", BASE).key
+    assert a.key == completion_call("t", "m", "Once  upon a time.", BASE).key
+    b = completion_call("t", "m", "once upon a TIME", BASE)
+    assert a.key != b.key and a.query == b.query  # case: another key, the same query
     assert a.key != chat_call("t", "m", [{"role": "user", "content": "Once upon a time"}],
                               BASE).key
     e = embedding_call("t", "m", ["Hello"])
