@@ -334,8 +334,22 @@ def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
     assert "added cli-lora (parent smollm2-135m" in edgefn("lora", "add", "cli-lora", str(path))
     assert "cli-lora" in edgefn("lora", "ls") and "LoRA on smollm2-135m" in edgefn("lora", "ls")
     before = json.loads(edgefn("ai", "metrics"))["requests_total"]
-    body = json.dumps({"model": "cli-lora", "messages": HELLO, "max_tokens": 2}).encode()
-    assert raw(pop, "POST", "/v1/chat/completions", body)[0] == 200
+    body = json.dumps({"model": "cli-lora", "messages": HELLO, "max_tokens": 2,
+                       "temperature": 0}).encode()  # deterministic: the AI cache keeps it
+
+    def cached(status: int = 200) -> str:
+        conn = http.client.HTTPConnection(pop.host, pop.port, timeout=60)
+        try:
+            conn.request("POST", "/v1/chat/completions", body,
+                         {"content-type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+            assert resp.status == status, data
+            return resp.getheader("x-edgefn-cache") or ""
+        finally:
+            conn.close()
+
+    assert (cached(), cached()) == ("miss", "hit-exact")
     metrics = json.loads(edgefn("ai", "metrics"))
     assert metrics["requests_total"] == before + 1 and "busy_fraction" in metrics
     bad = subprocess.run([sys.executable, "-m", "runtime.cli", "lora", "add", "x",
@@ -345,7 +359,7 @@ def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
     # lora rm: unlisted, no longer served, forgotten across restarts, base models refused
     assert "removed cli-lora" in edgefn("lora", "rm", "cli-lora")
     assert "cli-lora" not in edgefn("lora", "ls")
-    status, data = raw(pop, "POST", "/v1/chat/completions", body)
+    status, data = raw(pop, "POST", "/v1/chat/completions", body)  # its answers went too
     assert status == 404 and json.loads(data)["error"]["code"] == "model_not_found"
     kept = json.loads((pop.data / "ai" / "loras.json").read_text())
     assert "cli-lora" not in [lo["name"] for lo in kept]
@@ -354,6 +368,15 @@ def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
                                 "--json", "--data", str(pop.data)], capture_output=True,
                                text=True, timeout=60)
         assert again.returncode == 1 and json.loads(again.stderr)["error"]["code"] == code
+    # another adapter under the name: none of the old one's answers
+    other = tmp_path / "other.gguf"
+    write_random_lora(packaged_model(), other, rank=4, seed=10, std=0.1)
+    edgefn("lora", "add", "cli-lora", str(path))
+    assert cached() == "miss"
+    edgefn("lora", "rm", "cli-lora")
+    edgefn("lora", "add", "cli-lora", str(other))
+    assert cached() == "miss"
+    edgefn("lora", "rm", "cli-lora")
 
 
 def py_ai_function(root: Path, name: str, source: str) -> Path:

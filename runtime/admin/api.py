@@ -312,14 +312,19 @@ class AdminApp:
             if tenant is not None and tenant != who.tenant:
                 raise NotOwner(f"tenant {tenant!r} is not this key's tenant {who.tenant!r}")
             tenant = who.tenant
+        purged = await self._purged_ai(purge.model, tenant)
+        return json_response({"purged": purged, "model": purge.model, "tenant": tenant})
+
+    async def _purged_ai(self, model: str | None, tenant: str | None) -> int:
+        """Purge the AI cache entries of `model` and `tenant` (None: any) on every
+        worker of this PoP; returns how many went."""
         cache = self.pop.stores.ai_cache
         purged = 0 if cache is None else await self.on_pop(
-            _value(lambda: cache.purge(model=purge.model, tenant=tenant)))
+            _value(lambda: cache.purge(model=model, tenant=tenant)))
         # each worker has its own AI cache: the purge answers once every one purged (a
         # worker that does not answer is killed: it restarts with an empty cache)
-        counts = await self._tell({"op": "ai_purge", "model": purge.model, "tenant": tenant})
-        purged += sum(n for n in counts if isinstance(n, int))
-        return json_response({"purged": purged, "model": purge.model, "tenant": tenant})
+        counts = await self._tell({"op": "ai_purge", "model": model, "tenant": tenant})
+        return purged + sum(n for n in counts if isinstance(n, int))
 
     def _check_tenant(self, parts: list[str], who: Principal) -> None:
         """Raises `NotOwner` when a key changes a function of another tenant."""
@@ -343,12 +348,17 @@ class AdminApp:
                 return json_response({"models": await self.on_pop(ai.client.models())})
             case ["metrics"] if method == b"GET":
                 return json_response(await self.on_pop(ai.client.metrics()))
+            # an adapter's answers go with it: none is served once it is removed, nor
+            # for another adapter added under its name later
             case ["loras", name] if method == b"DELETE":
-                return json_response(await self.on_pop(ai.remove_lora(name)))
+                info = await self.on_pop(ai.remove_lora(name))
+                return json_response({**info, "purged": await self._purged_ai(name, None)})
             case ["loras"] if method == b"POST":
                 lora = msgspec.json.decode(body or b"{}", type=LoraBody)
-                return json_response(await self.on_pop(ai.add_lora(lora.name, lora.path,
-                                                                   lora.base, lora.scale)))
+                info = await self.on_pop(ai.add_lora(lora.name, lora.path, lora.base,
+                                                     lora.scale))
+                await self._purged_ai(lora.name, None)
+                return json_response(info)
         return _error(404, "not_found", f"no admin endpoint {method.decode()} /v1/ai/"
                       + "/".join(rest))
 
