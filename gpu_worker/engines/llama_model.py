@@ -106,6 +106,9 @@ class LlamaModel:
         keep = []
         for i, m in enumerate(messages):
             role, content = m.get("role"), _content_text(m.get("content"))
+            if isinstance(content, int):
+                raise EngineError("invalid_request", 400, f"messages[{i}].content[{content}] is "
+                                  "not a text part: this model reads text only")
             if not isinstance(role, str) or content is None:
                 raise EngineError("invalid_request", 400, f"messages[{i}] needs a string 'role' "
                                   "and a string (or text parts) 'content'")
@@ -306,12 +309,17 @@ def _pick(chain: Any, temperature: float, top_p: float, top_k: int, seed: int) -
     ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
 
-def _content_text(content: Any) -> str | None:
-    """OpenAI message content: a string, or a list of parts of which text ones count."""
+def _content_text(content: Any) -> str | int | None:
+    """OpenAI message content: a string, or a list of text parts, as one text; the
+    index of the first part that is not text (an image, audio, a file: never
+    dropped unread); None for anything else."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                return j
+        parts = [p.get("text") for p in content]
         if all(isinstance(p, str) for p in parts):
-            return "".join(parts)  # type: ignore[arg-type]
+            return "".join(parts)
     return None

@@ -180,6 +180,12 @@ def test_a_stream_nobody_reads_stops_at_its_window(worker: Harness) -> None:
     ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_request", 400),
     ({"max_tokens": 100_000}, "context_length_exceeded", 400),
     ({"messages": [{"role": "user"}]}, "invalid_request", 400),
+    ({"messages": [{"role": "user", "content": [  # read text only: never dropped unread
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "invalid_request", 400),
+    ({"messages": [{"role": "user", "content": [{"type": "bogus", "x": 1}]}]},
+     "invalid_request", 400),
 ])
 def test_bad_generation_requests_get_clear_errors(worker: Harness, params: dict[str, Any],
                                                   code: str, status: int) -> None:
