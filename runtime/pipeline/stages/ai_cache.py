@@ -16,7 +16,9 @@ with ``x-edgefn-cache: stale``, ``x-edgefn-fallback: stale; origin=<status>``
 and ``x-edgefn-cache-expired: <seconds past its TTL>``. An answer another
 fallback gave (``x-edgefn-fallback``: a smaller model) is passed on, never stored.
 
-Every answer says ``x-edgefn-cache: hit-exact | hit-semantic | miss | bypass | stale``;
+Every answer says ``x-edgefn-cache: hit-exact | hit-semantic | miss | bypass | stale``
+(``bypass`` also for a call the caches never take: ``n`` > 1, logprobs, a shaped
+answer, or one the API refuses);
 a hit adds ``x-edgefn-cache-entry`` (the entry served) and a semantic one
 ``x-edgefn-cache-similarity``; a JSON answer stored says its new entry's id in
 ``x-edgefn-cache-entry`` too (a stream is stored after its headers went). What was decided goes to
@@ -91,8 +93,9 @@ class AICacheStage:
             return call_next(request, ctx)
         wishes = control.wishes(request)  # ApiError (400) for a bad header: before anything
         asked = _asked(kind, request.body, ctx.principal)
-        if asked is None:
-            return call_next(request, ctx)
+        if asked is None:  # n > 1, logprobs, a shaped answer, or one the API refuses
+            ctx.decide("ai_cache", {"outcome": "bypass", "reason": "uncacheable"})
+            return _bypassed(call_next(request, ctx))
         return self._serve(asked, wishes, request, ctx, call_next)
 
     async def _serve(self, asked: Asked, wishes: control.Wishes, request: Request,
@@ -168,6 +171,12 @@ class AICacheStage:
             aclose = getattr(body, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+async def _bypassed(result: StageResult) -> Response:
+    response = await _resolved(result)
+    response.headers.append((b"x-edgefn-cache", b"bypass"))
+    return response
 
 
 def _fell_back(response: Response) -> bool:

@@ -268,7 +268,8 @@ def test_a_caller_not_allowed_the_model_gets_no_cached_answer() -> None:
         return ctx
 
     ctx = asyncio.run(main())
-    assert len(model.bodies) == 2 and ctx.decisions is None  # passed on: the API says 403
+    assert len(model.bodies) == 2  # passed on, no cached answer: the API says 403
+    assert ctx.decisions == {"ai_cache": {"outcome": "bypass", "reason": "uncacheable"}}
 
 
 def test_tenants_do_not_share_entries() -> None:
@@ -305,11 +306,14 @@ def test_requests_it_does_not_take_pass_through_synchronously() -> None:
     ctx = Context("c")
     r = Request(b"GET", b"/v1/models", b"", [], b"h", "1.1", True, "c")
     assert s(r, ctx, lambda req, c: answer) is answer
-    for bad in (b"{", b'{"model": "m"}', chat_body(n=2)):  # the API answers these with a 400
+    # the API answers the first two with a 400; n = 2 is never cached: each says bypass
+    for bad in (b"{", b'{"model": "m"}', chat_body(n=2)):
         ctx = Context("c")
         result = s(request(bad), ctx, model)
-        assert not isinstance(result, Response) and ctx.decisions is None
-        asyncio.run(result)  # type: ignore[arg-type]
+        assert not isinstance(result, Response)
+        assert ctx.decisions == {"ai_cache": {"outcome": "bypass", "reason": "uncacheable"}}
+        response = asyncio.run(result)  # type: ignore[arg-type]
+        assert dict(response.headers)[b"x-edgefn-cache"] == b"bypass"
     assert len(model.bodies) == 3
 
 
