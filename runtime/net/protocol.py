@@ -16,6 +16,7 @@ most ``write_buffer_bytes`` plus one response (or one chunk) is buffered. Past
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable
@@ -26,6 +27,10 @@ import httptools
 
 from edgefn_core.errors import HttpReject
 from runtime.net.message import Request, Response
+
+# the code of a front error in a JSON body (`_write_error`)
+ERROR_CODES = {400: "invalid_request", 408: "timeout", 413: "request_too_large",
+               414: "url_too_long", 431: "headers_too_large"}
 
 if TYPE_CHECKING:
     from runtime.net.server import ServerState
@@ -355,13 +360,23 @@ class HttpProtocol(asyncio.Protocol):
             self._idle()
 
     def _write_error(self, status: int, message: str) -> None:
+        """The front's own error (a request it would not read) and close: plain text,
+        or, to a client that sent or accepts JSON, ``{"error": {...}}`` in OpenAI's
+        shape (what an API client such as the `openai` package parses)."""
         if self.transport is None:
             return
-        body = message.encode() + b"\n"
+        if any(k in (b"content-type", b"accept") and b"json" in v for k, v in self.headers):
+            ctype = b"application/json"
+            body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                         "param": None,
+                                         "code": ERROR_CODES.get(status, "invalid_request")}
+                               }).encode()
+        else:
+            ctype, body = b"text/plain; charset=utf-8", message.encode() + b"\n"
         self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-            % (status, REASONS.get(status, b"Unknown"), len(body), body))
+            % (status, REASONS.get(status, b"Unknown"), ctype, len(body), body))
         self._finish(False)
 
     def _refuse_connection(self, why: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -198,6 +199,27 @@ def test_body_too_large_by_content_length_is_413_before_reading_it() -> None:
         proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
         assert responses(t.buffer)[0][0] == 413
         assert t.closed
+    run(go())
+
+
+def test_a_json_client_gets_the_front_errors_as_json() -> None:
+    """An API client (the `openai` package sends JSON) parses the error it gets; a
+    plain one reads text."""
+    async def go() -> None:
+        for head, ctype in ((b"Content-Type: application/json\r\n", b"application/json"),
+                            (b"Accept: application/json\r\n", b"application/json"),
+                            (b"Content-Type: text/plain\r\n", b"text/plain; charset=utf-8")):
+            proto, t = connect(max_body_bytes=10)
+            proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\n" + head +
+                                b"Content-Length: 11\r\n\r\n")
+            ((status, headers, body),) = responses(t.buffer)
+            assert (status, headers[b"content-type"]) == (413, ctype) and t.closed
+            if ctype == b"application/json":
+                assert json.loads(body) == {"error": {
+                    "message": "request body larger than 10 bytes",
+                    "type": "invalid_request_error", "param": None, "code": "request_too_large"}}
+            else:
+                assert body == b"request body larger than 10 bytes\n"
     run(go())
 
 
