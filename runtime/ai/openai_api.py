@@ -285,14 +285,14 @@ class OpenAIApi:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status
                 record.first_token()
-                fingerprint = await _fingerprint(lookup)
+                fingerprint = await _fingerprint(lookup, record)
                 sse = choices.sse(gens, firsts, Chunks(rid, model, chat, fingerprint, usage),
                                   usage, ticket, record, params)
                 if ticket is not None:  # a body never read settles when it is dropped
                     weakref.finalize(sse, ticket.abandon)
                 return Response(200, list(SSE_HEADERS), sse)
             results = await choices.collect_all(gens, record)
-            fingerprint = await _fingerprint(lookup)
+            fingerprint = await _fingerprint(lookup, record)
             if ticket is not None:
                 await ticket.settle(choices.charged(ticket, gens, None))
         except BaseException as e:
@@ -412,14 +412,21 @@ def _one_prompt(prompt: str | list[str]) -> str:
     return prompt[0]
 
 
-async def _fingerprint(lookup: asyncio.Future[dict[str, Any] | None]) -> str | None:
+async def _fingerprint(lookup: asyncio.Future[dict[str, Any] | None],
+                       record: UsageRecord | None = None) -> str | None:
     """The fingerprint `lookup` found, or None (an unknown model, a worker that could
-    not say: the answer goes out without one)."""
+    not say: the answer goes out without one). The base model the worker says an
+    adapter has goes into `record`'s ``adapter`` (an adapter added without ``--base``
+    was recorded with none)."""
     try:
         found = await lookup
     except WorkerError:
         return None
-    return found["fingerprint"] if found is not None else None
+    if found is None:
+        return None
+    if record is not None and found.get("parent"):
+        record.usage.adapter = found["parent"]
+    return found["fingerprint"]
 
 
 def _drop(lookup: asyncio.Future[Any]) -> None:
