@@ -210,7 +210,7 @@ def operate(stores: Stores, kind: str, target: str, op: str, args: dict[str, Any
         if kind == "vectors":
             return vectors_binding.run(stores.vectors, op, target, args)
     except (KeyError, TypeError, ValueError) as e:
-        raise BindingError(f"bad arguments to {kind}.{op}: {e!r}") from None
+        raise BindingError(f"bad arguments to {kind}.{op}: {_why(e)}") from None
     raise BindingError(f"unknown store kind {kind!r}")
 
 
@@ -220,7 +220,7 @@ def _checked(call: Any, name: str, op: str, args: dict[str, Any]) -> Any:
     except StoreError as e:
         raise BindingError(str(e)) from None
     except (KeyError, TypeError, ValueError) as e:
-        raise BindingError(f"bad arguments to {name}: {e!r}") from None
+        raise BindingError(f"bad arguments to {name}: {_why(e)}") from None
 
 
 def _trace_of(args: dict[str, Any]) -> str | None:
@@ -239,7 +239,7 @@ async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any],
     try:
         return await ai.call(op, args, traceparent)
     except (KeyError, TypeError, ValueError) as e:
-        raise BindingError(f"bad arguments to ai.{op}: {e!r}") from None
+        raise BindingError(f"bad arguments to ai.{op}: {_why(e)}") from None
 
 
 async def _fetch_checked(fetch: FetchBinding, args: dict[str, Any],
@@ -247,7 +247,15 @@ async def _fetch_checked(fetch: FetchBinding, args: dict[str, Any],
     try:
         return await fetch.call(args, traceparent)
     except (KeyError, TypeError, ValueError) as e:
-        raise BindingError(f"bad arguments to fetch: {e!r}") from None
+        raise BindingError(f"bad arguments to fetch: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    """A bad binding call's reason, for the function: a missing key named, not a
+    Python repr."""
+    if isinstance(e, KeyError) and e.args:
+        return f"missing argument {e.args[0]!r}"
+    return str(e) or type(e).__name__
 
 
 def off_loop(run: Any) -> Any:

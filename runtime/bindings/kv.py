@@ -103,7 +103,7 @@ class KVView:
 def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
     """One KV operation on namespace `ns`. Raises `BindingError` for an unknown
     one, `StoreError` from the store, KeyError/TypeError/ValueError for bad args."""
-    key = a["key"].encode() if "key" in a else b""
+    key = a["key"].encode() if op in ("get", "put", "delete", "increment", "cas") else b""
     match op:
         case "get":
             entry = kv.get_entry(ns, key)

@@ -87,12 +87,17 @@ def _top_down(run: str) -> list[str]:
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
-    print("".join(f"{title:<{width}}" for title, _, width in COLUMNS).rstrip())
-    for row in rows:
-        cells = []
-        for _, field, width in COLUMNS:
-            value = row[field]
-            if field == "hit_rate":
-                value = f"{value:.1%}"
-            cells.append(f"{(value if value != '' else '-')!s:<{width}}")
-        print("".join(cells).rstrip())
+    """Each column as wide as its longest cell and two spaces (at least its set width)."""
+    cells = [[_cell(row[field], field) for _, field, _ in COLUMNS] for row in rows]
+    widths = [max([width, len(title) + 2, *(len(c[i]) + 2 for c in cells)])
+              for i, (title, _, width) in enumerate(COLUMNS)]
+    print("".join(f"{title:<{w}}" for (title, _, _), w in zip(COLUMNS, widths, strict=True))
+          .rstrip())
+    for line in cells:
+        print("".join(f"{c:<{w}}" for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any, field: str) -> str:
+    if field == "hit_rate":
+        return f"{value:.1%}"
+    return "-" if value == "" else str(value)

@@ -239,3 +239,8 @@ def test_a_vector_of_the_wrong_dimension_is_refused_naming_the_dimension(
     assert (e.value.status, e.value.code) == (400, "invalid_value")
     assert "has dimension 3, got a vector of 2" in str(e.value)
 
+
+
+def test_a_missing_argument_is_named_not_a_python_repr(probe: Probe) -> None:
+    (missing,) = probe.run({"op": "call", "name": "kv.get", "args": {"namespace": probe.ns}})
+    assert missing["error"] == "bad arguments to kv.get: missing argument 'key'"
