@@ -224,7 +224,11 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
      "`wasi_snapshot_preview1::fd_write`"),
     ('(module (func (export "_start") (call $nope)))', "auto",
      "main.wat: not a valid WebAssembly module: unknown func: failed to find name `$nope` | "
-     "     --> <anon>:1:39 |       |"),
+     "--> main.wat:1:39 | 1 | (module (func (export \"_start\") (call $nope)))"),
+    ('(module (func (export "_start") (result i32) i64.const 1))', "auto",
+     "main.wat: not a valid WebAssembly module: failed to compile: wasm[0]::function[0] | "
+     "Caused by: | 0: WebAssembly translation error | 1: Invalid input WebAssembly code at "
+     "offset 38: type mismatch: expected i32, found i64"),
     (reactor("", memory=2048), "auto", "main.wat: cannot instantiate within limits.memory_mb = 64: "
      "memory minimum size of 2048 pages exceeds memory limits"),
 ])

@@ -147,7 +147,7 @@ class WasmFunction:
             return self.wasm.compile(bytes(wasm))
         except (wasmtime.WasmtimeError, UnicodeDecodeError) as e:
             raise DeployError(f"{entry.name}: not a valid WebAssembly module: "
-                              f"{_short(str(e))}") from None
+                              f"{_short(str(e), entry.name)}") from None
 
     def _detect_abi(self) -> str:
         exports = {e.name: e.type for e in self.module.exports}
@@ -417,9 +417,14 @@ def _describe(ty: object) -> str:
     return "memory" if isinstance(ty, wasmtime.MemoryType) else type(ty).__name__
 
 
-def _short(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(lines[:3])
+def _short(text: str, name: str = "") -> str:
+    """wasmtime's error on one line: its first five lines that say something (a bare
+    gutter `|` does not), `<anon>` named `name`. Five keep both a WAT error's source
+    line and a compile error's cause ("Caused by: ... type mismatch ...")."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    said = [line for line in lines if line and line != "|"]
+    out = " | ".join(said[:5])
+    return out.replace("<anon>", name) if name else out
 
 
 def _traceparent(request: Request) -> str | None:
