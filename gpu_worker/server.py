@@ -276,7 +276,8 @@ def _check_texts(field: str, texts: list[str]) -> None:
                           f"{MAX_INPUTS} per request")
     for i, t in enumerate(texts):
         if not t:
-            raise EngineError("invalid_request", 400, f"'{field}'[{i}] is an empty string")
+            where = f"'{field}'" if field == "query" else f"'{field}'[{i}]"  # query: one string
+            raise EngineError("invalid_request", 400, f"{where} is an empty string")
 
 
 async def run(config: WorkerConfig, socket_path: str) -> None:

@@ -216,7 +216,13 @@ def test_embeddings_and_rerank(worker: Harness) -> None:
     assert e.value.code == "invalid_request"
     with pytest.raises(WorkerError) as e:
         worker.run(worker.client.embed(EMBED, [""]))
-    assert e.value.status == 400
+    assert (e.value.status, str(e.value)) == (400, "'input'[0] is an empty string")
+    with pytest.raises(WorkerError) as e:  # the query is one string, not a list
+        worker.run(worker.client.rerank(EMBED, "", ["a"]))
+    assert (e.value.status, str(e.value)) == (400, "'query' is an empty string")
+    with pytest.raises(WorkerError) as e:
+        worker.run(worker.client.rerank(EMBED, "q", ["a", ""]))
+    assert (e.value.status, str(e.value)) == (400, "'documents'[1] is an empty string")
 
 
 def test_lora_adapters_change_output_and_base_stays_the_same(worker: Harness,
