@@ -333,6 +333,8 @@ def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
 
     assert "added cli-lora (parent smollm2-135m" in edgefn("lora", "add", "cli-lora", str(path))
     assert "cli-lora" in edgefn("lora", "ls") and "LoRA on smollm2-135m" in edgefn("lora", "ls")
+    status, data = raw(pop, "GET", "/v1/models/cli-lora")
+    assert (status, json.loads(data)["created"]) == (200, int(path.stat().st_mtime))  # its file's
     before = json.loads(edgefn("ai", "metrics"))["requests_total"]
     body = json.dumps({"model": "cli-lora", "messages": HELLO, "max_tokens": 2,
                        "temperature": 0}).encode()  # deterministic: the AI cache keeps it

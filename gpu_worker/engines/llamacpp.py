@@ -84,7 +84,7 @@ class LlamaEngine(Engine):
             "weights": self.spec.weights, "context": self.limit,
             "max_batch": self.spec.max_batch, "device": "gpu" if self.lm.gpu else "cpu"})
         return [base, *(ModelInfo(name, "chat", self.kind, parent=self.spec.name,
-                                  details={"path": path, "scale": scale})
+                                  details={"path": path, "scale": scale, **_identity(path)})
                         for name, (path, scale) in self.loras.items())]
 
     def generate(self, req: Generate, sink: Sink) -> None:
@@ -212,3 +212,13 @@ def _check_shaping(req: Generate, n_vocab: int) -> None:
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise EngineError("invalid_request", 400, f"top_logprobs must be between 0 and "
                           f"{MAX_TOP_LOGPROBS}, got {req.logprobs}")
+
+
+def _identity(path: str) -> dict[str, int]:
+    """An adapter file's size and mtime (the API's ``created``; with them, another file
+    under the same name has another fingerprint); none for a file gone since it loaded."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return {}
+    return {"bytes": st.st_size, "mtime": int(st.st_mtime)}
