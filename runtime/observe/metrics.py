@@ -328,9 +328,9 @@ def request_labels(target: str | None, route: str | None, status: int,
 
 def limit_key(name: str) -> str:
     """What a rate limit counts, from its name (`runtime.security.ratelimit.limiter`
-    names them ``pop-<by>``, ``fn-<by>``, ``key-rpm``, ``tenant-rpm``; ``-2`` when a
-    name repeats)."""
+    names them ``by-<by>`` (the PoP's ``[[ratelimit.rules]]``), ``fn-<by>``,
+    ``key-rpm``, ``tenant-rpm``; ``-2`` when a name repeats)."""
     head, _, rest = name.partition("-")
-    if head in ("pop", "fn"):
+    if head in ("by", "pop", "fn"):
         return rest.partition("-")[0] or "other"
     return head if rest.startswith("rpm") else "other"

@@ -96,7 +96,8 @@ def test_stage_outcomes_from_decisions(metrics):
                  outcome="hit-semantic") == 1
 
 
-@pytest.mark.parametrize(("name", "key"), [("pop-ip", "ip"), ("pop-ip-2", "ip"),
+@pytest.mark.parametrize(("name", "key"), [("by-ip", "ip"), ("by-tenant-2", "tenant"),
+                                           ("pop-ip", "ip"), ("pop-ip-2", "ip"),
                                            ("fn-function", "function"), ("key-rpm", "key"),
                                            ("tenant-rpm", "tenant"), ("weird", "other")])
 def test_limit_key_from_the_limiters_names(name, key):
