@@ -99,6 +99,18 @@ def json_value(what: str, kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def positive_int(text: str) -> int:
+    """An argparse `type` for a count that must be 1 or more (a limit of 0 or -5
+    would refuse every request with a retry hint that is never true)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def _numbers(values: list[Any]) -> bool:
     return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
@@ -279,7 +291,8 @@ def _keys_command(c: Commands) -> None:
                         "(globs allowed)")
     for flag, what in (("--rpm", "requests per minute"), ("--tpm", "AI tokens per minute"),
                        ("--max-streams", "AI streams at once")):
-        o.add_argument(flag, type=int, help=f"{what} for this key (default: unlimited)")
+        o.add_argument(flag, type=positive_int, help=f"{what} for this key (default: "
+                                                     "unlimited)")
     o.add_argument("--expires", help="when it stops working: a duration (90m, 12h, 30d) or "
                                      "an ISO 8601 time (default: never)")
     c.op(ops, "ls", "list keys: id, tenant, scopes, limits, state (never the key)",

@@ -24,9 +24,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from edgefn_core.errors import InvalidConfig, NotFound
 from runtime.security.principal import Principal
@@ -49,9 +50,9 @@ class KeyRecord(Struct, omit_defaults=True, frozen=True):
     created: float
     expires: float | None = None
     revoked: float | None = None
-    rpm: int | None = None
-    tpm: int | None = None
-    max_streams: int | None = None
+    rpm: Annotated[int, Meta(ge=1)] | None = None  # a file saying 0 or less does not load
+    tpm: Annotated[int, Meta(ge=1)] | None = None
+    max_streams: Annotated[int, Meta(ge=1)] | None = None
 
     def principal(self) -> Principal:
         return Principal("key", self.tenant, self.scopes, key_id=self.id, rpm=self.rpm,
@@ -99,7 +100,11 @@ class KeyStore:
     def create(self, tenant: str, scopes: tuple[str, ...], *, expires: float | None = None,
                rpm: int | None = None, tpm: int | None = None,
                max_streams: int | None = None) -> tuple[str, KeyRecord]:
-        """A new key (the plain text, shown once) and its stored record."""
+        """A new key (the plain text, shown once) and its stored record. Raises
+        `ValueError` for a limit under 1 (the file would no longer load)."""
+        for name, limit in (("rpm", rpm), ("tpm", tpm), ("max_streams", max_streams)):
+            if limit is not None and limit < 1:
+                raise ValueError(f"{name} must be 1 or more, got {limit}")
         with self._locked() as keys:
             key_id = secrets.token_hex(6)
             key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"

@@ -352,6 +352,20 @@ def test_the_cli_creates_lists_and_revokes_keys(tmp_path: Path,
                        (["--tenant", "a", "--scopes", "fn"], "--scopes")):
         assert main(["keys", "create", "--data", data, *bad]) == 1
         assert words in capsys.readouterr().err
+    for limit in ("--rpm", "--tpm", "--max-streams"):  # a limit that refuses everything
+        for value in ("0", "-5"):
+            assert main(["keys", "create", "--data", data, "--tenant", "a", "--scopes", "*",
+                         limit, value]) == 2
+            assert "must be 1 or more" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rpm must be 1 or more, got 0"):
+        KeyStore(Path(data)).create("a", ("*",), rpm=0)
+    assert len(KeyStore(Path(data)).read()) == 1  # nothing stored
+    (Path(data) / "keys.json").write_text((Path(data) / "keys.json").read_text().replace(
+        '"tpm": 900', '"tpm": -5'))  # a file edited by hand does not load with it
+    with pytest.raises(InvalidConfig, match="tpm"):
+        KeyStore(Path(data)).read()
+    (Path(data) / "keys.json").write_text((Path(data) / "keys.json").read_text().replace(
+        '"tpm": -5', '"tpm": 900'))
     assert main(["keys", "revoke", "--data", data, stored.id]) == 0
     assert main(["keys", "ls", "--data", data, "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out.splitlines()[-1])
