@@ -135,6 +135,13 @@ def test_verdict_reports_rules_score_and_threshold(pl1: WafEngine) -> None:
         [942100], 5, False, False)
 
 
+def test_a_rule_that_matches_twice_is_reported_once(pl1: WafEngine) -> None:
+    """930110 matches a traversal in both ARGS and REQUEST_URI: one request, one id."""
+    case = Case("930-lfi", "GET", "/wafy?file=../../../../etc/passwd")
+    rules = pl1.inspect(request(case), "1.2.3.4:5", 0).rules
+    assert 930110 in rules and len(rules) == len(set(rules)), rules
+
+
 ATTACK_TAIL = b', "x": "<script>alert(1)</script>"}'
 
 

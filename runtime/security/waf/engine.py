@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
 
 class Verdict(Struct, frozen=True, gc=False):
-    """What the rules found: the ids of the rules that matched, in the order they
-    ran (CRS's anomaly score report, rule 10004, left out), the inbound anomaly
+    """What the rules found: the ids of the rules that matched, each once, in the
+    order they first matched (a rule matching two variables, as 930110 does for a
+    traversal in ARGS and REQUEST_URI, reports twice; CRS's anomaly score report,
+    rule 10004, left out), the inbound anomaly
     score, whether the request is to be blocked, and whether its body was cut."""
 
     rules: list[int]
@@ -108,7 +110,8 @@ def _verdict(messages: list[RuleMessage], truncated: bool) -> Verdict:
             blocked = True
         elif rid == crs.BLOCKING_RULE:
             blocked = True
-        rules.append(rid)
+        if rid not in rules:
+            rules.append(rid)
     return Verdict(rules, score, blocked, truncated)
 
 
