@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def login_url(data: str) -> str:
@@ -23,7 +24,8 @@ def dashboard_command(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({"url": url, "expires_in": 60}))
     else:
-        print(f"dashboard: {url}\n(the token works once, within 60 s)")
+        print(url)  # alone on stdout: `curl "$(edgefn dashboard)"`, `xdg-open "$(...)"`
+        print("(the login token works once, within 60 s)", file=sys.stderr)
     if args.open:
         import webbrowser
 

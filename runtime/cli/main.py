@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         status = handler(args.handler)(args)
         sys.stdout.flush()  # here, so a closed pipe is seen here and not at exit
-    except EdgefnError as e:
-        return fail(e.code, str(e), args.json, EXIT_ERROR)
+    except EdgefnError as e:  # a command line only the command could judge: still usage
+        return fail(e.code, str(e), args.json, EXIT_USAGE if e.code == "usage" else EXIT_ERROR)
     except BrokenPipeError:
         return stdout_closed()
     except KeyboardInterrupt:

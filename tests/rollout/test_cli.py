@@ -131,5 +131,5 @@ def test_a_canary_on_one_pop_survives_its_restart(tmp_path: Path,
 
 def test_versions_needs_a_name_without_a_topology(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    assert edgefn(capsys, "versions", "--data", str(tmp_path)) == (
-        1, "", "edgefn versions: give a function NAME, or --topology RUN_DIR\n")
+    assert edgefn(capsys, "versions", "--data", str(tmp_path)) == (  # a usage error: 2
+        2, "", "edgefn versions: give a function NAME, or --topology RUN_DIR\n")

@@ -141,6 +141,12 @@ def test_edgefn_dashboard_prints_a_login_url_that_works_once(served: Running) ->
     prefix = f"http://{served.admin.info.admin}/dashboard?token="
     assert url.startswith(prefix) and len(url) > len(prefix) + 20
     assert admin_get(served, url.removeprefix(f"http://{served.admin.info.admin}"))[0] == 200
+    out = subprocess.run([sys.executable, "-m", "runtime.cli", "dashboard", "--data",
+                          str(served.data)], capture_output=True, text=True, timeout=60,
+                         check=True, env={**os.environ, "EDGEFN_API_KEY": ""})
+    (url,) = out.stdout.split()  # the URL alone: curl "$(edgefn dashboard)" works
+    assert url.startswith(prefix) and "works once" in out.stderr
+    assert admin_get(served, url.removeprefix(f"http://{served.admin.info.admin}"))[0] == 200
 
 
 def test_the_aggregator_observes_from_the_first_login_with_the_rings_history(
