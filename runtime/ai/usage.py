@@ -47,11 +47,13 @@ class UsageRecord:
             u.finish_reason = done.finish_reason
         else:
             u.completion_tokens, u.finish_reason = tokens_so_far, reason
+        chunked = self.first is not None
         self.first_token()  # a reply with no chunk: its first token came with the end
         assert self.first is not None
         spent = _clock() - self.first
-        # tokens after the first over the time they took (vLLM's inter-token rate)
-        if u.completion_tokens > 1 and spent > 0:
+        # tokens after the first over the time they took (vLLM's inter-token rate); a
+        # reply that came whole (not streamed) says nothing of it: none
+        if chunked and u.completion_tokens > 1 and spent > 0:
             u.tokens_per_s = round((u.completion_tokens - 1) / spent, 2)
 
     def counted(self, tokens: int) -> None:

@@ -58,7 +58,7 @@ def test_a_completion_and_a_stream_record_model_tokens_ttft_and_finish(ai_pop: R
     assert ai.finish_reason in ("stop", "length") and ai.prompt is None
     e = event_of(ai_pop, rid)
     assert ai.ttft_ms is not None and 0 < ai.ttft_ms <= e.duration_ms
-    assert ai.completion_tokens <= 1 or (ai.tokens_per_s or 0) > 0
+    assert ai.tokens_per_s is None  # the reply came whole: no inter-token rate (was ~175k/s)
 
     rid, data = chat(ai_pop, stream=True)
     assert data.endswith(b"data: [DONE]\n\n")
@@ -66,6 +66,8 @@ def test_a_completion_and_a_stream_record_model_tokens_ttft_and_finish(ai_pop: R
     assert e.ai is not None and e.ai.stream and e.ai.finish_reason in ("stop", "length")
     assert 1 <= e.ai.completion_tokens <= 8 and e.bytes_out == len(data)
     assert e.ai.ttft_ms is not None and 0 < e.ai.ttft_ms <= e.duration_ms
+    # a 135M model on a CPU: tens to a few hundred tokens a second
+    assert e.ai.completion_tokens <= 1 or 1 < (e.ai.tokens_per_s or 0) < 2000
 
 
 def test_readyz_and_health_are_503_while_the_worker_is_down(ai_pop: Running) -> None:
