@@ -297,7 +297,8 @@ class OpenAIApi:
                 await ticket.settle(choices.charged(ticket, gens, None))
         except BaseException as e:
             _drop(lookup)
-            record.finish(None, sum(g.tokens for g in gens), "error")
+            record.finish(None, sum(g.tokens for g in gens),
+                          "cancelled" if isinstance(e, asyncio.CancelledError) else "error")
             await choices.close_all(gens)
             if ticket is not None:
                 await ticket.settle(choices.charged(ticket, gens, e))

@@ -12,9 +12,10 @@ any observer sees it.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from time import perf_counter
 from typing import Any
@@ -26,7 +27,9 @@ from runtime.net.message import Request, Response
 from runtime.observe.event import AIUsage, Event
 from runtime.observe.observers import Observers
 from runtime.observe.redact import Redactor, scrub
-from runtime.pipeline.stage import Context, Next, Result, counted, then
+from runtime.pipeline.stage import Context, Next, Result, counted
+
+CLIENT_GONE = 499  # the status of a request whose client left before its answer
 
 AI_OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
                  "/v1/embeddings": "embeddings", "/v1/rerank": "rerank"}
@@ -60,7 +63,22 @@ class Events:
                 self.emit(request, ctx, result, ts, len(body))
                 return result
             return self._done(result, request, ctx, ts)
-        return then(result, self._done, request, ctx, ts)
+        return self._awaited(result, request, ctx, ts)
+
+    async def _awaited(self, pending: Awaitable[Response], request: Request, ctx: Context,
+                       ts: float) -> Response:
+        """`pending`'s response, observed; a request whose client went away before it
+        (the task cancelled) or whose handling raised still becomes an event: status
+        499 (nginx's "client closed request") or 500, nothing sent."""
+        try:
+            response = await pending
+        except asyncio.CancelledError:
+            self.emit(request, ctx, Response(CLIENT_GONE), ts, 0)
+            raise
+        except Exception:
+            self.emit(request, ctx, Response(500), ts, 0)
+            raise
+        return self._done(response, request, ctx, ts)
 
     def _done(self, response: Response, request: Request, ctx: Context, ts: float) -> Response:
         body = response.body

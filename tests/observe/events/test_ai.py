@@ -82,3 +82,23 @@ def test_readyz_and_health_are_503_while_the_worker_is_down(ai_pop: Running) -> 
     assert ai_pop.get("/health")[0] == 503  # the worker takes seconds to load its models
     wait_for(lambda: ai_pop.get("/readyz")[0] == 200, 120, "ready again after the restart")
     assert ai_pop.get("/health")[0] == 200
+
+
+def test_a_client_that_leaves_before_the_answer_still_makes_an_event(ai_pop: Running) -> None:
+    """A non-streamed chat whose client hangs up mid-generation: status 499, the
+    generation cancelled (it left no event and no access-log line before)."""
+    import socket
+    import time
+
+    rid = f"gone-{uuid.uuid4().hex[:12]}"
+    body = json.dumps({"model": CHAT, "max_tokens": 200, "temperature": 0, "messages": [
+        {"role": "user", "content": "Write a long story about a dragon."}]}).encode()
+    with socket.create_connection((ai_pop.host, ai_pop.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                  b"application/json\r\nx-request-id: " + rid.encode() +
+                  b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.3)
+    e = event_of(ai_pop, rid)
+    assert (e.status, e.bytes_out) == (499, 0)
+    assert e.ai is not None and e.ai.finish_reason == "cancelled"
+    assert e.ai.completion_tokens < 200
