@@ -376,3 +376,25 @@ def test_request_migration_is_turned_on_or_reported(tmp_path: Path) -> None:
     knob.write_text("0\n")
     assert migrate_requests(knob) and knob.read_text() == "1\n"
     assert not migrate_requests(tmp_path / "absent" / "tcp_migrate_req")
+
+
+def test_the_waf_blocks_in_every_worker(tmp_path: Path) -> None:
+    """libmodsecurity parses its rules only after the system libstdc++: each spawned
+    worker loads it before anything imports usearch (both exited at start before)."""
+    with serving(tmp_path, POP_TOML + '[waf]\nmode = "block"\n') as w:
+        deploy(w, tmp_path, 1)
+        seen = set()
+        for _ in range(40):
+            conn = http.client.HTTPConnection(w.host, w.port, timeout=10)
+            try:
+                conn.request("GET", "/f?q=%3Cscript%3Ealert(1)%3C/script%3E")
+                resp = conn.getresponse()
+                resp.read()
+                assert (resp.status, resp.getheader("x-edgefn-error")) == (403, "waf_blocked")
+                seen.add(resp.getheader("x-edgefn-worker"))
+            finally:
+                conn.close()
+            if len(seen) == 2:
+                break
+        assert len(seen) == 2, seen  # both workers answered, both blocked
+        assert w.get()[0] == 200

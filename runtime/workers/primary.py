@@ -31,6 +31,7 @@ from runtime.admin.client import PopInfo
 from runtime.ai.service import AIService
 from runtime.app import _lock, _start_ai, admin_token, wait_for_signal
 from runtime.config import AdminListener, Listener, PopConfig
+from runtime.workers import child
 from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn.workers")
@@ -72,7 +73,7 @@ class Primary:
         """Start worker `index`; the connection it says ``ready`` on."""
         ours, theirs = self._ctx.Pipe(duplex=False)
         role = Role(index, self.count, self.config.data_dir, self.config.worker_ack_timeout)
-        proc = self._ctx.Process(target=worker_main, args=(for_worker(self.config, index), role,
+        proc = self._ctx.Process(target=child.main, args=(for_worker(self.config, index), role,
                                                            theirs, self.verbosity),
                                  name=f"edgefn-worker-{index}", daemon=False)
         proc.start()
