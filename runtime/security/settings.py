@@ -125,7 +125,8 @@ class BotSettings(Struct, forbid_unknown_fields=True, frozen=True):
 
 # -- rate limits ----------------------------------------------------------------------------
 # what `limits.parse_many` reads ("100/minute", "10 per 2 seconds", "1000/hour;50/minute")
-_ONE_RATE = r"\s*[0-9]+\s*(/|per)\s*([0-9]+)?\s*(second|minute|hour|day|month|year)s?\s*"
+# (an amount or a window of 0 would refuse every request with a retry hint never true)
+_ONE_RATE = r"\s*[1-9][0-9]*\s*(/|per)\s*([1-9][0-9]*)?\s*(second|minute|hour|day|month|year)s?\s*"
 _RATES = re.compile(rf"{_ONE_RATE}([,;|]{_ONE_RATE})*", re.IGNORECASE)
 
 
@@ -144,7 +145,8 @@ class RateRule(Struct, forbid_unknown_fields=True, frozen=True):
     def __post_init__(self) -> None:
         if not _RATES.fullmatch(self.limit):
             raise ValueError(f"limit {self.limit!r} is not a rate like '100/minute', "
-                             "'10 per 2 seconds' or '1000/hour;50/minute'")
+                             "'10 per 2 seconds' or '1000/hour;50/minute' (amounts and "
+                             "windows of 1 or more)")
 
 
 class TenantLimits(Struct, forbid_unknown_fields=True, frozen=True):

@@ -241,7 +241,8 @@ def test_model_rules_count_per_model_on_the_openai_api(closing: list[RateLimit])
         == [200] * 3
 
 
-@pytest.mark.parametrize("rate", ["often", "lots/minute", "10/fortnight", "10/minute;", ""])
+@pytest.mark.parametrize("rate", ["often", "lots/minute", "10/fortnight", "10/minute;", "",
+                                  "0/minute", "10 per 0 seconds", "100/hour;0/minute"])
 def test_a_bad_rate_in_pop_toml_is_refused_naming_the_rule(rate: str) -> None:
     rules = [{"by": "ip", "limit": "1/minute"}, {"by": "ip", "limit": rate}]
     with pytest.raises(InvalidConfig, match=r"ratelimit\.rules\[1\].*(not a rate like|>= 3)"):
