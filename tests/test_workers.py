@@ -398,3 +398,26 @@ def test_the_waf_blocks_in_every_worker(tmp_path: Path) -> None:
                 break
         assert len(seen) == 2, seen  # both workers answered, both blocked
         assert w.get()[0] == 200
+
+
+def test_a_function_no_worker_loads_costs_no_worker_its_life(tmp_path: Path) -> None:
+    """A recorded version every worker refused at start (a stored file changed after
+    its deploy) is not served, and another function's deploy does not kill the
+    workers over it (each follow retried it and failed, and the admin worker killed
+    the other one, deploy after deploy)."""
+    g = function_dir(tmp_path / "g", "g", reactor(""))
+    with serving(tmp_path) as w:
+        deploy(w, tmp_path, 1)
+        g_version = str(w.admin.deploy(g)["version"])
+    stored = tmp_path / "data" / "versions" / "g" / g_version / "main.wat"
+    stored.write_text(stored.read_text() + "\n;; changed after the deploy\n")
+    with serving(tmp_path) as w:
+        before = w.children()
+        assert len(before) == 2
+        v2 = deploy(w, tmp_path, 2)
+        v3 = deploy(w, tmp_path, 3)
+        assert w.children() == before  # nobody killed
+        answers = [w.get() for _ in range(20)]
+        assert {a[:2] for a in answers} == {(200, f"f@{v3}")} and v2 != v3
+        assert {w.get("/g")[0] for _ in range(10)} == {404}  # not served by any worker
+        assert not any("did not follow sync" in line for line in w.stderr), w.stderr

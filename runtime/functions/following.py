@@ -40,20 +40,31 @@ class Following(RegistryCore):
         """Route as the saved records say, saving nothing: load the current version
         (and canary) of each function whose record changed, stop serving those whose
         record is gone. Returns what could not be served (a version that no longer
-        loads keeps the one this worker had, and is logged)."""
+        loads keeps the one this worker had, and is logged). A recorded version that
+        did not load here before (`unserved`: refused at start, as the admin worker
+        refused it too, or in an earlier follow) is not tried again, nor reported:
+        another function's deploy must not cost this worker its life."""
         async with self.lock:
             records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
             self.stores.owners.reload()  # the grants the admin worker's deploys saved
             for name in [n for n in self.functions if n not in records]:
                 self._switch(*self._table(None, remove=name))
+            self.unserved = {n: v for n, v in self.unserved.items() if n in records}
             errors = []
             for record in records.values():
+                if record.name not in self.functions and \
+                        self.unserved.get(record.name) == record.current:
+                    continue
                 try:
                     await self._follow_live(record)
                     await self._follow_canary(record)
                 except (ManifestError, DeployError, NotFound) as e:
                     log.error("worker cannot serve %s as recorded: %s", record.name, e)
                     errors.append(f"{record.name}: {e}")
+                    if record.name not in self.functions:
+                        self.unserved[record.name] = record.current
+                else:
+                    self.unserved.pop(record.name, None)
             return errors
 
     async def _follow_live(self, record: FunctionRecord) -> None:

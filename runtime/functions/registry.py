@@ -121,6 +121,9 @@ class Registry(Staging, Following):
         self.router: Router[Deployment] = Router()
         self.canaries: dict[str, Split] = {}  # replaced, never changed in place
         self.staged: dict[tuple[str, str], Staged] = {}  # (name, version)
+        # function -> the recorded version that did not load here (at `restore` or a
+        # `follow`): not served, and not tried again until its record names another
+        self.unserved: dict[str, str] = {}
         self.lock = asyncio.Lock()
         # after routing switched to a version: the PoP's quiet warm-up request through
         # its pipeline (`runtime.pipeline.warm`), which this layer cannot import
@@ -408,7 +411,8 @@ class Registry(Staging, Following):
                     errors.pop(record.name, None)
             pending = refused if len(refused) < len(pending) else []
         for name, why in errors.items():
-            log.error("not serving %s@%s: %s", name, self.store.record(name).current, why)
+            self.unserved[name] = self.store.record(name).current
+            log.error("not serving %s@%s: %s", name, self.unserved[name], why)
         return [f"{name}: {why}" for name, why in errors.items()]
 
     def _restore_canary(self, record: FunctionRecord) -> None:

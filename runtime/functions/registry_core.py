@@ -22,6 +22,7 @@ class RegistryCore:
     if TYPE_CHECKING:
         functions: dict[str, Deployment]
         canaries: dict[str, Split]
+        unserved: dict[str, str]
         lock: asyncio.Lock
         store: DeployStore
         stores: Stores
