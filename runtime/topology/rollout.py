@@ -227,6 +227,10 @@ def promote(pops: Pops, name: str) -> Rollout:
     switch, those that did go back to their previous live version."""
     recs = records(pops, name)
     canaries = {pop: (r.get("canary") or {}).get("version") for pop, r in recs.items()}
+    if set(canaries.values()) == {None}:
+        where = "this PoP" if len(canaries) == 1 else "any PoP"
+        raise RolloutError(f"{name} has no canary on {where} to promote (start one with "
+                           f"`edgefn deploy DIR --canary 10%`); no PoP changed")
     if None in canaries.values() or len(set(canaries.values())) > 1:
         raise RolloutError(f"{name}: every PoP must run the same canary to promote it "
                            f"({_listed(canaries)}); no PoP changed")

@@ -86,10 +86,10 @@ def test_promote_of_an_unknown_function_or_without_a_canary(
     v1 = version(fn(tmp_path, "c4", 1))
     status, _, err = edgefn(capsys, "promote", "c4", "--topology", run, "--json")
     assert status == 1 and json.loads(err) == {"error": {"code": "rollout_failed", "message": (
-        "c4: every PoP must run the same canary to promote it (central: None, edge-a: None, "
-        "edge-b: None); no PoP changed")}}
+        "c4 has no canary on any PoP to promote (start one with `edgefn deploy DIR --canary "
+        "10%`); no PoP changed")}}
     status, _, err = edgefn(capsys, "promote", "c4", "--data", str(topology.pops["edge-a"].data))
-    assert status == 1 and "every PoP must run the same canary" in err
+    assert status == 1 and "c4 has no canary on this PoP to promote" in err
     assert topology.pops["edge-a"].admin.request("GET", "/v1/functions/c4/versions")[
         "current"] == v1
 
