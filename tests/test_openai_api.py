@@ -260,6 +260,9 @@ def test_python_function_reranks(ai_functions: Running) -> None:
     status, _, data = ai_functions.request("POST", "/ai-py/rank", body.encode(), timeout=60)
     assert status == 200, data
     assert json.loads(data)[0]["index"] == 1
+    for bad in (b"", b"not json", b'{"query": "fruit"}'):  # a 400 that says what to send
+        status, _, data = ai_functions.request("POST", "/ai-py/rank", bad, timeout=60)
+        assert status == 400 and "documents" in json.loads(data)["error"], data
 
 
 def test_wasm_function_calls_chat_and_embed(ai_functions: Running) -> None:

@@ -11,8 +11,13 @@ from edgefn import Response
 def handle(request, env):
     ai = env.ai()
     if request.path.endswith("/rank"):
-        body = request.json()
-        return Response.json(ai.rerank(body["query"], body["documents"]))
+        try:
+            body = request.json()
+            query, documents = body["query"], body["documents"]
+        except (ValueError, KeyError, TypeError):  # no body, not JSON, a field missing
+            return Response.json({"error": 'POST {"query": "...", "documents": ["...", ...]}'},
+                                 status=400)
+        return Response.json(ai.rerank(query, documents))
     question = request.query.get("q", "What is an edge function?")
     messages = [{"role": "system", "content": "Answer in one short sentence."},
                 {"role": "user", "content": question}]
