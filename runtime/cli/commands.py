@@ -50,10 +50,13 @@ def versions(args: argparse.Namespace) -> None:
     rec = _client(args).request("GET", f"/v1/functions/{args.name}/versions")
     if args.json:
         return _print_json(rec)
+    canary = rec.get("canary") or {}
     for v in reversed(rec["versions"]):
-        mark = "*" if v["version"] == rec["current"] else " "
+        is_canary = v["version"] == canary.get("version")
+        mark = "*" if v["version"] == rec["current"] else "~" if is_canary else " "
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["created_at"]))
-        print(f"{mark} {v['version']}  {when}  {v.get('source', '')}")
+        share = f"  (canary, {canary['percent']:g}% of requests)" if is_canary else ""
+        print(f"{mark} {v['version']}  {when}  {v.get('source', '')}{share}")
 
 
 def rollback(args: argparse.Namespace) -> None:

@@ -116,7 +116,7 @@ async def _dry(fn: Deployment) -> None:
         try:
             await _run(fn, request, route, params)
         except EdgefnError as e:
-            log.info("%s: warm-up GET %s failed (deploying anyway): %s", fn.label, path, e)
+            log.warning("%s: warm-up GET %s failed (deploying anyway): %s", fn.label, path, e)
             return
 
 

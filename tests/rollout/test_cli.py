@@ -133,3 +133,18 @@ def test_versions_needs_a_name_without_a_topology(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert edgefn(capsys, "versions", "--data", str(tmp_path)) == (  # a usage error: 2
         2, "", "edgefn versions: give a function NAME, or --topology RUN_DIR\n")
+
+
+def test_versions_marks_a_live_canary(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pop_thread(tmp_path / "data") as pop:
+        data = str(pop.data)
+        assert edgefn(capsys, "deploy", fn(tmp_path, "c7", 1), "--data", data)[0] == 0
+        assert edgefn(capsys, "deploy", fn(tmp_path, "c7", 2), "--canary", "25%",
+                      "--data", data)[0] == 0
+        status, out, _ = edgefn(capsys, "versions", "c7", "--data", data)
+    v1, v2 = version(fn(tmp_path, "c7", 1)), version(fn(tmp_path, "c7", 2))
+    lines = out.splitlines()
+    assert status == 0 and len(lines) == 2
+    assert lines[0].startswith(f"~ {v2}  ") and lines[0].endswith("  (canary, 25% of requests)")
+    assert lines[1].startswith(f"* {v1}  ") and "canary" not in lines[1]
