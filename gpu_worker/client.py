@@ -300,10 +300,18 @@ class WorkerClient:
                 target.set_exception(WorkerDead(message))
 
     async def _reconnect_forever(self) -> None:
+        """Connect to a worker this client does not run, again whenever it goes; says
+        once, at the first miss, that it is waiting (a PoP's start waits for it)."""
+        said = False
         while not self.closing:
             if not self.connected.is_set() and not await self._connect():
+                if not said:
+                    log.warning("model worker: nothing serves %s yet; waiting for it",
+                                self.socket_path)
+                    said = True
                 await asyncio.sleep(0.2)
                 continue
+            said = False
             await asyncio.sleep(0.2)
 
     # -- supervision ----------------------------------------------------------------------

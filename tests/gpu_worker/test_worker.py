@@ -321,3 +321,21 @@ def test_worker_stops_when_the_pop_that_started_it_is_killed(tmp_path: Path) -> 
         time.sleep(0.1)
     os.kill(worker_pid, signal.SIGKILL)
     pytest.fail("the worker outlived the process that started it")
+
+
+def test_a_socket_nobody_serves_is_said_once_while_waiting(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A PoP pointed at a worker it does not run (``[ai] socket``) says what it waits
+    for, once, instead of nothing until its start times out."""
+    sock = str(tmp_path / "nobody.sock")
+
+    async def go() -> None:
+        client = WorkerClient(sock)
+        await client.start(wait=False)
+        await asyncio.sleep(1.0)  # five tries
+        await client.close()
+
+    with caplog.at_level("WARNING", logger="edgefn.gpu_worker.client"):
+        asyncio.run(go())
+    said = [r.getMessage() for r in caplog.records if "nothing serves" in r.getMessage()]
+    assert said == [f"model worker: nothing serves {sock} yet; waiting for it"]
