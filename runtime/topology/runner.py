@@ -125,13 +125,24 @@ def ready(url: str, timeout: float = 1.0) -> bool:
         conn.close()
 
 
+def _tail(log_file: Path, lines: int = 8) -> str:
+    """The last `lines` lines of `log_file`, indented on lines of their own (the log
+    may go with its run folder before anyone reads it), or "" when it is unreadable."""
+    try:
+        last = log_file.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"\n    {line}" for line in last)
+
+
 def _wait_ready(run: Path, state: RunState, deadline: float) -> None:
     waiting = list(state.pops)
     while waiting:
         for p in list(waiting):
             if not alive(p.pid):
+                log_file = pop_dir(run, p.name) / "pop.log"
                 raise Failure("topology_failed", 500, f"PoP {p.name} exited while starting; "
-                              f"its log: {pop_dir(run, p.name) / 'pop.log'}")
+                              f"its log: {log_file}{_tail(log_file)}")
             if ready(p.public):
                 waiting.remove(p)
         if waiting and time.monotonic() > deadline:

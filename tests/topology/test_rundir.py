@@ -14,3 +14,12 @@ def test_state_round_trips_and_names_come_from_data_dirs(tmp_path):
     assert read_state(tmp_path) == state
     assert pop_names(tmp_path) == ["central", "edge-eu"]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_pop_that_exits_while_starting_is_reported_with_its_logs_last_lines(tmp_path):
+    from runtime.topology.runner import _tail
+
+    log = tmp_path / "pop.log"
+    log.write_text("".join(f"line {i}\n" for i in range(20)))
+    assert _tail(log) == "".join(f"\n    line {i}" for i in range(12, 20))
+    assert _tail(tmp_path / "gone.log") == ""  # its run folder went first
