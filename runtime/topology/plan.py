@@ -41,10 +41,37 @@ class Network(msgspec.Struct, kw_only=True):
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now (it may be taken before it is used)."""
-    with socket.socket() as s:
+    """A loopback port nothing listens on now, below the kernel's ephemeral range when
+    one is free there: a port from that range may be taken, before the PoP or link
+    binds it, by any process's outgoing connection (a PoP then exits while starting),
+    while one below it is taken only by a listener that asks for it."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(50):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:  # not twice to one process: a plan holds none of them open
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _GIVEN.add(port)
+            return port
+    with socket.socket() as s:  # nothing free below the range: any port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def one_way_ms(seed: int, a: str, b: str, rtt: tuple[float, float]) -> float:

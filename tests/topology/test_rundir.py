@@ -23,3 +23,18 @@ def test_a_pop_that_exits_while_starting_is_reported_with_its_logs_last_lines(tm
     log.write_text("".join(f"line {i}\n" for i in range(20)))
     assert _tail(log) == "".join(f"\n    line {i}" for i in range(12, 20))
     assert _tail(tmp_path / "gone.log") == ""  # its run folder went first
+
+
+def test_ports_for_a_topology_come_from_below_the_ephemeral_range_and_never_twice():
+    """An outgoing connection of any process takes its port from the ephemeral range,
+    so a port chosen there could be taken before the PoP binds it."""
+    import socket
+    from pathlib import Path
+
+    from runtime.topology.plan import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == 200 and all(1024 <= p < low for p in ports)
+    with socket.socket() as s:  # each was free when it was chosen
+        s.bind(("127.0.0.1", ports[-1]))
