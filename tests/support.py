@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +30,13 @@ from runtime.pop import PoP
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "functions" / "examples"
 HOST_MODULE = b"runtime.executors.python.host"  # what an isolate-host process runs
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass

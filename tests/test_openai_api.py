@@ -18,16 +18,18 @@ import pytest
 from gpu_worker.adapters import write_random_lora
 from gpu_worker.models import packaged_model
 
-from .support import Running, pop_thread
+from .support import Running, free_port, pop_thread
 
 CHAT = "smollm2-135m"
 EMBED = "all-minilm-l6-v2"
 HELLO = [{"role": "user", "content": "Say hello."}]
+METRICS_PORT = free_port()
 
 
 @pytest.fixture(scope="module")
 def pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    with pop_thread(tmp_path_factory.mktemp("ai-pop"), ai=True) as running:
+    with pop_thread(tmp_path_factory.mktemp("ai-pop"), ai=True,
+                    **{"metrics.listen": f"127.0.0.1:{METRICS_PORT}"}) as running:
         yield running
 
 
@@ -143,6 +145,24 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     assert e.value.code == "model_not_found" and "gpt-9" in e.value.message
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="x")
+
+
+def test_unknown_models_are_named_in_the_event_not_in_metric_labels(pop: Running) -> None:
+    """The code goes in x-edgefn-error (the request's event reads it there); a model
+    name a client made up never becomes a metric label."""
+    body = json.dumps({"model": "made-up-model", "messages": HELLO}).encode()
+    status, headers, _ = pop.request("POST", "/v1/chat/completions", body)
+    assert (status, headers.get("x-edgefn-error")) == (404, "model_not_found")
+    pop.delivered()
+    conn = http.client.HTTPConnection("127.0.0.1", METRICS_PORT, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        status, text = resp.status, resp.read().decode()
+    finally:
+        conn.close()
+    assert status == 200 and "edgefn_requests_total" in text
+    assert "made-up-model" not in text
 
 
 @pytest.mark.parametrize(("body", "code", "param"), [

@@ -32,8 +32,11 @@ def error_type(status: int) -> str:
 
 def error_response(status: int, message: str, code: str | None = None,
                    param: str | None = None) -> Response:
+    """OpenAI's error body; the code also goes in ``x-edgefn-error`` (as the PoP's own
+    errors do), where the request's event reads it."""
+    headers = [(b"x-edgefn-error", code.encode())] if code else []
     return json_response({"error": {"message": message, "type": error_type(status),
-                                    "param": param, "code": code}}, status)
+                                    "param": param, "code": code}}, status, headers)
 
 
 def param_of(error: str) -> str | None:

@@ -162,7 +162,9 @@ class RequestMetrics:
                 handle = self.decisions.get(stage)
                 if handle is not None and isinstance(record, dict):
                     handle(stage, record)
-        if event.ai is not None:
+        if event.ai is not None and event.error != "model_not_found":
+            # a model nobody serves made no call; its name is the client's, so as a
+            # label it would let any client fill `max_series` and fold real models
             self._ai(event)
 
     def _resolve(self, key: tuple[Any, ...]) -> list[float]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import redis
+
+from tests.support import free_port
 
 
 class RedisServer:
@@ -28,12 +29,6 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     exe = shutil.which("redis-server")
@@ -43,7 +38,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         pytest.skip("redis-server is missing: run `make services` (apt-get install "
                     "redis-server)")
     folder: Path = tmp_path_factory.mktemp("redis")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(folder)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support import free_port
 
 CONFIG = """global:
   scrape_interval: 1s
@@ -34,12 +35,6 @@ scrape_configs:
     static_configs:
       - targets: ["{target}"]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:

@@ -7,7 +7,6 @@ import asyncio
 import http.client
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -15,15 +14,17 @@ import pytest
 
 from runtime.observe.event import Event
 from tests.observe.metrics.support import event, samples, value
-from tests.support import Running, function_dir, host_pids, pop_thread, python_function, reactor
+from tests.support import (
+    Running,
+    free_port,
+    function_dir,
+    host_pids,
+    pop_thread,
+    python_function,
+    reactor,
+)
 
 TOKEN = "scrape-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(address: str, path: str = "/metrics", token: str | None = None,

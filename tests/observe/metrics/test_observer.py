@@ -175,3 +175,21 @@ def test_two_pops_in_one_process_keep_their_own_series():
     assert pops == {"a": 2}
     labels, = series(scrape(rb), "edgefn_requests_total")
     assert dict(labels)["geo"] == "iad" and dict(labels)["tier"] == "regional"
+
+
+def test_unknown_models_make_no_ai_series(metrics):
+    """A client's made-up model names (404 model_not_found) never become labels, so
+    they cannot push the served models into the overflow series."""
+    observer, registry = metrics  # max_series=10
+    for i in range(30):
+        observer.observe(event(target="openai", status=404, error="model_not_found",
+                               ai=AIUsage(operation="chat", model=f"made-up-{i}",
+                                          finish_reason="error")))
+    observer.observe(event(target="openai", duration_ms=5.0, ai=AIUsage(
+        operation="chat", model="smollm2", prompt_tokens=3, completion_tokens=4,
+        finish_reason="stop")))
+    found = scrape(registry)
+    models = {dict(labels)["model"] for labels in
+              series(found, "edgefn_ai_prompt_tokens_total")}
+    assert models == {"smollm2"}
+    assert value(found, "edgefn_ai_generation_tokens_total", model="smollm2", adapter="") == 4
