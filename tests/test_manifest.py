@@ -78,3 +78,12 @@ def test_owner_defaults_to_the_function_name_and_shares_parse(tmp_path: Path) ->
     assert (m.owner, m.tenant) == ("acme", "acme")
     assert m.bindings.share.kv == {"a": manifest.Grant(read=["bob"], write=["carol"])}
     assert m.bindings.share.vectors == {"v": manifest.Grant(read=["bob"])}
+
+
+def test_a_stored_version_skips_the_checks_only_new_deploys_get() -> None:
+    """What an older edgefn stored (a WASM manifest with a `[pool]`, since refused)
+    keeps loading at start; a new deploy of it is refused."""
+    d = CASES / "wasm-pool"
+    assert manifest.load(d, new=False).pool.min == 2
+    with pytest.raises(ManifestError):
+        manifest.load(d)

@@ -194,8 +194,10 @@ class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
         return self.owner or self.name
 
 
-def load(directory: str | Path) -> Manifest:
-    """Read and validate ``DIR/edgefn.toml``.
+def load(directory: str | Path, *, new: bool = True) -> Manifest:
+    """Read and validate ``DIR/edgefn.toml``. `new` False: a version already stored,
+    which skips the checks only new deploys get (`_check_new`), so what an older
+    edgefn stored keeps loading.
 
     Raises `ManifestError` (naming the file and the field) if the file is
     missing, is not valid TOML, does not match the schema, or names an entry
@@ -209,18 +211,21 @@ def load(directory: str | Path) -> Manifest:
                             "no such file: every function folder needs an edgefn.toml") from None
     except OSError as e:
         raise ManifestError(str(path), f"cannot read: {e.strerror}") from e
-    manifest = parse(raw, str(path))
+    manifest = parse(raw, str(path), new=new)
     _check_entry(manifest, Path(directory), str(path))
     return manifest
 
 
-def parse(raw: bytes, file: str) -> Manifest:
-    """Decode and validate manifest bytes; `file` is only used in messages.
+def parse(raw: bytes, file: str, *, new: bool = True) -> Manifest:
+    """Decode and validate manifest bytes; `file` is only used in messages; `new` as
+    for `load`.
 
     Raises `ManifestError`.
     """
     manifest = tomlconf.decode(raw, Manifest, file, ManifestError)
     _check_semantics(manifest, file)
+    if new:
+        _check_new(manifest, file)
     return manifest
 
 
@@ -239,6 +244,23 @@ def _check_semantics(m: Manifest, file: str) -> None:
         raise ManifestError(file, "expected a path inside the function folder", "entry")
     _check_routes(m.route_list(), file)
     _check_share(m, file)
+
+
+def _check_new(m: Manifest, file: str) -> None:
+    """Checks added after versions were stored (so a new deploy gets them, a stored
+    version does not). Raises `ManifestError` for a field the function's runtime
+    never reads, set to something other than its default (it would be silently
+    ignored): `handler` and `pool` are Python's (a WASM module exports its own entry
+    points and gets a fresh instance per request), `abi` is WASM's."""
+    if m.runtime == "wasm":
+        if m.handler != "handle":
+            raise ManifestError(file, "`handler` applies to Python functions only (a WASM "
+                                "module's entry points are its exports)", "handler")
+        if m.pool != Pool():
+            raise ManifestError(file, "`pool` applies to Python functions only (a WASM "
+                                "function gets a fresh instance per request)", "pool")
+    elif m.abi != "auto":
+        raise ManifestError(file, "`abi` applies to WASM functions only", "abi")
 
 
 def _check_share(m: Manifest, file: str) -> None:

@@ -367,7 +367,7 @@ class Registry(Staging, Following):
         `VersionTampered` (naming the file), `ManifestError`, `NotOwner`."""
         self.store.verify(name, version)
         d = self.store.version_dir(name, version)
-        m = manifest.load(d)
+        m = manifest.load(d, new=False)  # what an older edgefn stored keeps loading
         self.stores.owners.check(m, str(d / manifest.MANIFEST_NAME))
         return m
 
