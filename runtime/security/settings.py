@@ -170,6 +170,8 @@ class RateLimitSettings(Struct, forbid_unknown_fields=True, frozen=True):
     tenants: dict[str, TenantLimits] = {}
     headers: bool = True  # RateLimit-Policy / RateLimit on every limited response
     default_max_tokens: Annotated[int, Meta(ge=1)] = 1024  # reserved when a request sets none
+    # storage unreachable (Redis down): "open" admits uncounted, "closed" answers 503
+    on_storage_error: Literal["open", "closed"] = "open"
 
 
 # -- what a target asks -----------------------------------------------------------------------

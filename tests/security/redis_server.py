@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,14 +32,22 @@ class RedisServer:
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with started_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@contextmanager
+def started_redis(folder: Path, port: int | None = None) -> Iterator[RedisServer]:
+    """A redis-server on `port` (default: a free one), stopped on exit (if it is
+    still running)."""
     exe = shutil.which("redis-server")
     if exe is None:
         if os.environ.get("CI") == "true":
             pytest.fail("redis-server is missing: `make services` installs it")
         pytest.skip("redis-server is missing: run `make services` (apt-get install "
                     "redis-server)")
-    folder: Path = tmp_path_factory.mktemp("redis")
-    port = free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(folder)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -47,7 +56,8 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         _wait_ready(server)
         yield server
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         proc.wait(10)
 
 

@@ -7,7 +7,9 @@ The limits a request meets: the PoP's ``[ratelimit] rules``, its function's
 ``RateLimit-Policy`` / ``RateLimit`` fields, which also go on admitted responses
 when ``headers = true``. A request no limit applies to costs a few attribute
 reads. In memory the stage stays synchronous; on Redis it awaits only when a
-limit applies. Token budgets are the OpenAI API's (`runtime.security.ratelimit.admission`).
+limit applies, and while Redis cannot be reached ``on_storage_error`` decides
+(`runtime.security.ratelimit.outage`: admitted uncounted, or 503). Token budgets
+are the OpenAI API's (`runtime.security.ratelimit.admission`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from runtime.security.ratelimit.limiter import (
     compile_rules,
     per_minute,
 )
+from runtime.security.ratelimit.outage import Outage, StorageDown
 from runtime.security.settings import RateLimitSettings, TargetPolicy
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class RateLimit:
         self.address = Aggregator(settings.ipv4_prefix, settings.ipv6_prefix)
         self.rpm: dict[int, Limit] = {}  # a key's rpm -> its limit
         self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
+        self.outage = Outage(settings.on_storage_error, "rate limits")
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
@@ -78,7 +82,12 @@ class RateLimit:
 
     async def _remote(self, request: Request, ctx: Context, call_next: Next,
                       checks: list[Check]) -> Response:
-        outcome = await self.limiter.hit_async(checks, self.settings.headers)
+        try:
+            outcome = await self.limiter.hit_async(checks, self.settings.headers)
+        except StorageDown as e:
+            ctx.decide("ratelimit", {"limited": None, "storage": "unreachable"})
+            self.outage.admit(e)  # raises Rejected (503) when closed
+            return await _resolved(call_next(request, ctx))
         return await _resolved(self._decided(outcome, request, ctx, call_next))
 
     def _decided(self, outcome: Outcome, request: Request, ctx: Context, call_next: Next

@@ -12,6 +12,7 @@ used and gives the slot back.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +22,13 @@ from edgefn_core.errors import Rejected, WorkerError
 from runtime.security.principal import Principal
 from runtime.security.ratelimit.budget import WINDOW, BudgetStore, MemoryBudgetStore, Refusal
 from runtime.security.ratelimit.headers import Quota, fields, retry_after
+from runtime.security.ratelimit.outage import Outage, StorageDown
 from runtime.security.settings import RateLimitSettings
 
 if TYPE_CHECKING:
     from gpu_worker.client import Generation, WorkerClient
 
+log = logging.getLogger("edgefn.pop")
 _settling: set[asyncio.Task[None]] = set()  # abandoned tickets being settled
 
 
@@ -73,10 +76,14 @@ class Ticket:
         if self.settled:
             return
         self.settled = True
-        if self.window is not None and used is not None:
-            await self.store.settle(self.payer.buckets, self.window, used - self.reserved)
-        if self.stream and self.payer.slots:
-            await self.store.release(self.payer.slots)
+        try:
+            if self.window is not None and used is not None:
+                await self.store.settle(self.payer.buckets, self.window, used - self.reserved)
+            if self.stream and self.payer.slots:
+                await self.store.release(self.payer.slots)
+        except StorageDown as e:  # the reservation stays charged; a slot expires in Redis
+            log.warning("a token budget could not be settled: the store is unreachable (%s)",
+                        e)
 
     def abandon(self) -> None:
         """Settle later as a failure (from a finalizer: a stream whose body was
@@ -99,6 +106,7 @@ class TokenBudgets:
         """`store`: default, the one `settings.storage` names (memory or Redis)."""
         self.settings = settings
         self.store = store if store is not None else store_for(settings.storage)
+        self.outage = Outage(settings.on_storage_error, "token budgets")
 
     def payer(self, principal: Principal | None, tenant: str | None = None) -> Payer:
         """The buckets a call is charged to: the principal's key and tenant, else
@@ -140,7 +148,17 @@ class TokenBudgets:
         a token budget applies); `max_tokens` None reserves ``default_max_tokens``.
         Raises `Rejected`: 429 ``too_many_streams``, 429 ``token_budget`` (with
         Retry-After) when the reservation does not fit now, 400 ``token_budget``
-        when it can never fit; and what `count` raises."""
+        when it can never fit; 503 ``ratelimit_unavailable`` when the store cannot be
+        reached and ``on_storage_error = "closed"`` (with "open", an unmetered ticket);
+        and what `count` raises."""
+        try:
+            return await self._admit(payer, count, max_tokens, stream)
+        except StorageDown as e:
+            self.outage.admit(e)  # raises Rejected (503) when closed
+            return Ticket(self.store, payer, 0, 0, None, False)
+
+    async def _admit(self, payer: Payer, count: Callable[[], Awaitable[int]],
+                     max_tokens: int | None, stream: bool) -> Ticket:
         if stream and payer.slots:
             full = await self.store.acquire(payer.slots, payer.caps)
             if full is not None:

@@ -28,6 +28,7 @@ from limits import RateLimitItem
 from edgefn_core.errors import InvalidConfig
 from runtime.security.ratelimit.counters import Counters
 from runtime.security.ratelimit.headers import Quota
+from runtime.security.ratelimit.outage import TIMEOUT_S, down
 from runtime.security.settings import Algorithm, RateRule
 
 _ASYNC: dict[str, Callable[[Any], limits.aio.strategies.RateLimiter]] = {
@@ -107,7 +108,8 @@ class Limiter:
         self.remote = scheme in ("redis", "rediss", "redis+unix")
         if self.remote:
             self.astore = limits.aio.storage.RedisStorage(
-                "async+" + storage, implementation="redispy", key_prefix="edgefn-rl")
+                "async+" + storage, implementation="redispy", key_prefix="edgefn-rl",
+                socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S)
             self.astrategies = {k: v(self.astore) for k, v in _ASYNC.items()}
         elif scheme == "memory":
             self.counters = Counters()
@@ -131,7 +133,13 @@ class Limiter:
         return Outcome(None, quotas, 0.0)
 
     async def hit_async(self, checks: list[Check], stats: bool) -> Outcome:
-        """`hit` on Redis. Raises the redis client's errors (ConnectionError)."""
+        """`hit` on Redis. Raises `StorageDown` when Redis does not answer."""
+        try:
+            return await self._hit_async(checks, stats)
+        except Exception as e:
+            raise down(e) from e
+
+    async def _hit_async(self, checks: list[Check], stats: bool) -> Outcome:
         quotas: list[Quota] = []
         for limit, ids in checks:
             strategy = self.astrategies[limit.algorithm]

@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio
 
 from runtime.security.ratelimit.budget import WINDOW, BudgetStore, Refusal
+from runtime.security.ratelimit.outage import TIMEOUT_S, down
 
 PREFIX = "edgefn-tb:"
 
@@ -79,10 +80,12 @@ return 1
 
 class RedisBudgetStore(BudgetStore):
     """`url`: ``redis://host:port[/db]``. A stream slot left by a PoP that died
-    mid-stream expires an hour after the last stream of its key started."""
+    mid-stream expires an hour after the last stream of its key started. Every
+    operation raises `StorageDown` when the server does not answer."""
 
     def __init__(self, url: str) -> None:
-        self.client: Any = redis.asyncio.Redis.from_url(url)
+        self.client: Any = redis.asyncio.Redis.from_url(
+            url, socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S)
         self.scripts = {name: self.client.register_script(src) for name, src in (
             ("reserve", RESERVE), ("settle", SETTLE), ("acquire", ACQUIRE),
             ("release", RELEASE))}
@@ -90,22 +93,27 @@ class RedisBudgetStore(BudgetStore):
     async def reserve(self, buckets: Sequence[str], limits: Sequence[int], amount: int
                       ) -> int | Refusal:
         keys = [PREFIX + b for b in buckets]
-        out = await self.scripts["reserve"](keys=keys, args=[amount, WINDOW, *limits])
+        out = await self._run("reserve", keys, [amount, WINDOW, *limits])
         if int(out[0]) == 1:
             return int(out[1])
         return Refusal(int(out[1]) - 1, float(out[2]), float(out[3]))
 
     async def settle(self, buckets: Sequence[str], window: int, delta: int) -> None:
         if delta:
-            await self.scripts["settle"](keys=[PREFIX + b for b in buckets],
-                                         args=[window, delta])
+            await self._run("settle", [PREFIX + b for b in buckets], [window, delta])
 
     async def acquire(self, slots: Sequence[str], caps: Sequence[int]) -> int | None:
-        full = int(await self.scripts["acquire"](keys=[PREFIX + s for s in slots], args=caps))
+        full = int(await self._run("acquire", [PREFIX + s for s in slots], list(caps)))
         return full - 1 if full else None
 
     async def release(self, slots: Sequence[str]) -> None:
-        await self.scripts["release"](keys=[PREFIX + s for s in slots], args=[])
+        await self._run("release", [PREFIX + s for s in slots], [])
+
+    async def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self.scripts[script](keys=keys, args=args)
+        except Exception as e:
+            raise down(e) from e
 
     async def close(self) -> None:
         await self.client.aclose()
