@@ -51,9 +51,8 @@ def forwarded(cfg: worker.WorkerConfig, p: PopSpec) -> list[str]:
 
 def check(topo: Topology, label: str) -> None:
     """Every PoP's `models`: only on regionals, each a llamacpp model of central's
-    worker config, none twice. Raises `InvalidConfig` naming the field."""
-    if not any(p.models for p in topo.pop):
-        return
+    worker config, none twice; and that central's worker config can be read. Raises
+    `InvalidConfig` naming the field."""
     at = next(i for i, p in enumerate(topo.pop) if p.tier == "central")
     try:
         cfg = central_config(topo)

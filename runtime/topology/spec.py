@@ -119,6 +119,11 @@ def load(path: str | Path) -> Topology:
     topo = tomlconf.decode(raw, Topology, label)
     check(topo, label)
     topo = _resolved(topo, Path(path).resolve().parent)
+    for i, p in enumerate(topo.pop):
+        for j, folder in enumerate(p.functions):
+            if not Path(folder).is_dir():
+                raise InvalidConfig(label, f"no function folder {folder}",
+                                    f"pop[{i}].functions[{j}]")
     models.check(topo, label)  # reads central's worker config: paths resolved first
     return topo
 
@@ -134,13 +139,51 @@ def check(topo: Topology, label: str) -> None:
     if len(centrals) != 1:
         raise InvalidConfig(label, f"a topology has exactly one central PoP, found "
                             f"{len(centrals)}", "pop")
+    _once([r.name for r in topo.region], "region", label)
+    _once([t.name for t in topo.tenant], "tenant", label)
+    geos = [p.geo for p in topo.edges()]
+    for i, p in enumerate(topo.pop):
+        if p.tier == "edge" and p.geo and geos.count(p.geo) > 1:
+            raise InvalidConfig(label, f"geography {p.geo!r} has two edges: its clients enter "
+                                "at one edge (the others are its failover)", f"pop[{i}].geo")
     regions = {r.name for r in topo.region}
     for i, p in enumerate(topo.pop):
         _check_pop(topo, i, p, regions, label)
+    _check_acyclic(topo, label)
     for i, t in enumerate(topo.tenant):
         if t.residency not in regions:
             raise InvalidConfig(label, f"no [[region]] is named {t.residency!r}",
                                 f"tenant[{i}].residency")
+
+
+def _once(names: list[str], table: str, label: str) -> None:
+    """Raises `InvalidConfig` for a name that appears twice in ``[[table]]``."""
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise InvalidConfig(label, f"{table} name {name!r} appears twice",
+                                f"{table}[{i}].name")
+
+
+def _check_acyclic(topo: Topology, label: str) -> None:
+    """Raises `InvalidConfig` when following parents can come back to a PoP: a call
+    would go round between them until its client gave up."""
+    parents = {p.name: p.parents for p in topo.pop}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = " -> ".join([*path[path.index(name):], name])
+            i = next(k for k, p in enumerate(topo.pop) if p.name == path[-1])
+            raise InvalidConfig(label, f"parents go round in a cycle ({cycle}); every "
+                                "path must end at the central PoP", f"pop[{i}].parents")
+        if name in done:
+            return
+        for parent in parents.get(name, []):
+            visit(parent, [*path, name])
+        done.add(name)
+
+    for p in topo.pop:
+        visit(p.name, [])
 
 
 def _check_ranges(net: Network, label: str) -> None:
@@ -153,7 +196,12 @@ def _check_ranges(net: Network, label: str) -> None:
 
 def _check_pop(topo: Topology, i: int, p: PopSpec, regions: set[str], label: str) -> None:
     tiers = {q.name: q.tier for q in topo.pop}
+    if p.tier == "central" and p.parents:
+        raise InvalidConfig(label, "the central PoP is the top tier: it has no parents",
+                            f"pop[{i}].parents")
     for j, parent in enumerate(p.parents):
+        if p.parents.index(parent) != j:
+            raise InvalidConfig(label, f"{parent!r} is listed twice", f"pop[{i}].parents[{j}]")
         if parent not in tiers:
             raise InvalidConfig(label, f"no PoP is named {parent!r}", f"pop[{i}].parents[{j}]")
         if parent == p.name or tiers[parent] == "edge":

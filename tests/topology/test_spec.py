@@ -55,6 +55,27 @@ BAD = [
         'tier = "central"', 'tier = "central"\nworker_config = "nowhere.toml"').replace(
         'parents = ["central"]', 'parents = ["central"]\nmodels = ["smollm2-135m"]'),
      "pop[0].worker_config", "cannot read"),
+    ("central's worker config unreadable, no regional models", SMALL.replace(
+        'tier = "central"', 'tier = "central"\nworker_config = "nowhere.toml"'),
+     "pop[0].worker_config", "cannot read"),
+    ("parents in a cycle", SMALL.replace('parents = ["central"]', 'parents = ["reg2"]')
+     + '[[pop]]\nname = "reg2"\ntier = "regional"\nparents = ["reg"]\n', "pop[3].parents",
+     "reg -> reg2 -> reg"),
+    ("central with parents", SMALL.replace('tier = "central"', 'tier = "central"\n'
+     'parents = ["reg"]'), "pop[0].parents", "no parents"),
+    ("a parent twice", SMALL.replace('parents = ["reg", "central"]',
+                                     'parents = ["central", "central"]'),
+     "pop[2].parents[1]", "twice"),
+    ("two edges of one geography", SMALL + '[[pop]]\nname = "e2"\ntier = "edge"\n'
+     'geo = "eu-west"\nparents = ["reg"]\n', "pop[2].geo", "two edges"),
+    ("a region twice", '[[region]]\nname = "emea"\n[[region]]\nname = "emea"\n' + SMALL,
+     "region[1].name", "twice"),
+    ("a tenant twice", SMALL + '[[region]]\nname = "emea"\n[[tenant]]\nname = "acme"\n'
+     'residency = "emea"\n[[tenant]]\nname = "acme"\nresidency = "emea"\n',
+     "tenant[1].name", "twice"),
+    ("a function folder that is not there", SMALL.replace(
+        'geo = "eu-west"', 'geo = "eu-west"\nfunctions = ["nope-dir"]'),
+     "pop[2].functions[0]", "nope-dir"),
 ]
 
 
