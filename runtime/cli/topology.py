@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,12 @@ def topology_command(args: argparse.Namespace) -> None:
     match args.op:
         case "up":
             topo = spec.load(args.file)
-            state = runner.up(topo, run, str(Path(args.file).resolve()), args.timeout)
+            try:
+                state = runner.up(topo, run, str(Path(args.file).resolve()), args.timeout)
+            except KeyboardInterrupt:
+                print(f"edgefn: interrupted; stopped what had started in {run}",
+                      file=sys.stderr)
+                raise
             entries = {geo: f"http://127.0.0.1:{port}"
                        for geo, port in runner.read_network(run).entries.items()}
             if args.json:
@@ -39,7 +45,8 @@ def topology_command(args: argparse.Namespace) -> None:
         case "down":
             stopped = runner.down(run)
             print(json.dumps({"stopped": stopped}) if args.json else
-                  f"stopped {len(stopped)} processes")
+                  f"stopped {len(stopped)} processes" if stopped else
+                  f"nothing was running in {run}")
 
 
 def _status(run: Path, as_json: bool) -> None:
@@ -71,8 +78,15 @@ def _status(run: Path, as_json: bool) -> None:
         cells = [r["name"], r["tier"], r["geo"] or "-", r["region"] or "-", r["pid"],
                  r["health"], r["address"], r["parents"] or "-", fns]
         print("".join(f"{c!s:<{w}}" for c, (_, w) in zip(cells, COLUMNS, strict=True)).rstrip())
+    net = runner.read_network(run)
+    for name, pid in (("links", net.links_pid),
+                      *((f"redis {r}", pid) for r, pid in sorted(net.redis_pids.items()))):
+        print(f"{name}: " + ("stopped" if pid == 0 else
+                             f"pid {pid} {'running' if runner.alive(pid) else 'dead'}"))
+    silent = [r["name"] for r in rows if r["functions"] is None]
     print(f"drift: {', '.join(drifted) if drifted else 'none'}"
-          + (" (`edgefn versions --topology` says where)" if drifted else ""))
+          + (" (`edgefn versions --topology` says where)" if drifted else "")
+          + (f"; not checked on {', '.join(silent)} (not answering)" if silent else ""))
 
 
 def _load(run: Path, args: argparse.Namespace) -> None:
@@ -111,6 +125,8 @@ def _field(value: Any) -> str:
 
 
 def _health(pid: int, url: str) -> str:
+    if pid == 0:  # `topology down` stopped it
+        return "stopped"
     if not runner.alive(pid):
         return "dead"
     return "ready" if runner.ready(url) else "starting"

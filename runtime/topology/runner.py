@@ -42,19 +42,26 @@ def up(topo: Topology, run: Path, source: str, timeout: float = 180.0) -> RunSta
         raise Failure("topology_running", 409, f"a topology already runs in {run}: "
                       f"`edgefn topology down --dir {run}` first")
     run.mkdir(parents=True, exist_ok=True)
-    ports = _start_network(run, topo)
-    pops = [PopEntry(name=p.name, tier=p.tier, geo=p.geo, region=p.region,
-                     parents=list(p.parents), public=f"http://127.0.0.1:{ports.public[p.name]}",
-                     pid=_spawn(pop_dir(run, p.name) / "pop.log", "-m", "runtime.cli", "serve",
-                                "--config", str(pop_dir(run, p.name) / "pop.toml")))
-            for p in topo.pop]
-    state = RunState(source=source, pops=pops)
-    write_state(run, state)
+    down(run)  # what a run whose PoPs all died left: its links, Redis, model workers
+    started = len(_children)
     try:
+        ports = _start_network(run, topo)
+        pops = [PopEntry(name=p.name, tier=p.tier, geo=p.geo, region=p.region,
+                         parents=list(p.parents),
+                         public=f"http://127.0.0.1:{ports.public[p.name]}",
+                         pid=_spawn(pop_dir(run, p.name) / "pop.log", "-m", "runtime.cli",
+                                    "serve", "--config", str(pop_dir(run, p.name) / "pop.toml")))
+                for p in topo.pop]
+        state = RunState(source=source, pops=pops)
+        write_state(run, state)
         _wait_ready(run, state, time.monotonic() + timeout)
         deployed = _deploy(run, topo)
-    except EdgefnError:
+    except BaseException:  # a refusal, a PoP that died, Ctrl-C: nothing is left running
         down(run)
+        for proc in _children[started:]:  # started before its pid was written down
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        _reap({c.pid for c in _children[started:]})
         raise
     state.pops = [msgspec.structs.replace(p, functions=deployed[p.name]) for p in pops]
     write_state(run, state)
@@ -185,12 +192,16 @@ def alive(pid: int) -> bool:
 
 def down(run: Path, grace: float = 15.0) -> list[str]:
     """SIGTERM every PoP, the links and Redis; SIGKILL each process group still there
-    after `grace` seconds. Returns the names of what was stopped."""
-    state = read_state(run) or RunState()
-    groups = {p.name: p.pid for p in state.pops}
+    after `grace` seconds. Returns the names of what was running and is stopped; the
+    run's files then name no process (pid 0), so a second `down` stops nothing and
+    never signals a process group whose id has been reused since."""
+    state = read_state(run)
+    groups = {p.name: p.pid for p in state.pops} if state is not None else {}
+    net: plan.Network | None = None
     with contextlib.suppress(Failure):
         net = read_network(run)
         groups |= {"links": net.links_pid, **{f"redis-{r}": p for r, p in net.redis_pids.items()}}
+    groups = {name: pid for name, pid in groups.items() if group_alive(pid)}
     for pid in groups.values():
         _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -202,7 +213,13 @@ def down(run: Path, grace: float = 15.0) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _reap(set(groups.values()))
-    return [name for name, pid in groups.items() if pid > 0]
+    if state is not None:
+        state.pops = [msgspec.structs.replace(p, pid=0) for p in state.pops]
+        write_state(run, state)
+    if net is not None:
+        net.links_pid, net.redis_pids = 0, {}
+        _write_network(run, net)
+    return list(groups)
 
 
 def _reap(pids: set[int]) -> None:

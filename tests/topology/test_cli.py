@@ -93,3 +93,76 @@ def test_up_status_versions_and_down_with_a_relative_dir(tmp_path: Path) -> None
         down = cli("down")
     assert down.returncode == 0, down.stderr
     assert not list(tmp_path.glob("run/pops/*/run"))  # nothing made under a doubled path
+
+
+def _two_pops_with_redis(folder: Path) -> Path:
+    from tests.topologies import network, pop
+
+    (folder / "topology.toml").write_text(
+        network(5, 10, 20) + '[[region]]\nname = "r"\nredis = true\n'
+        + pop("central", "central", region="r")
+        + pop("edge", "edge", geo="g", region="r", parents=["central"]))
+    return folder / "topology.toml"
+
+
+def test_up_after_a_crash_down_twice_and_status_after_down(tmp_path: Path) -> None:
+    """An `up` over a run whose PoPs all died stops what that run left (links, Redis)
+    instead of leaking it; `down` stops everything, and a second `down` stops nothing
+    (no stale process group is signalled)."""
+    from runtime.topology import runner
+    from runtime.topology.rundir import read_state
+
+    toml, run = _two_pops_with_redis(tmp_path), tmp_path / "run"
+    cli = ["topology", "--dir", str(run)]
+    try:
+        assert _cli(*cli[:1], "up", str(toml), *cli[1:]).returncode == 0
+        first = runner.read_network(run)
+        state = read_state(run)
+        assert state is not None
+        for p in state.pops:
+            runner.os.kill(p.pid, 9)
+        up = _cli(*cli[:1], "up", str(toml), *cli[1:])
+        assert up.returncode == 0, up.stderr
+        old = [first.links_pid, *first.redis_pids.values()]
+        assert not any(runner.alive(pid) for pid in old)
+        second = runner.read_network(run)
+        new = [second.links_pid, *second.redis_pids.values()]
+        down = json.loads(_cli(*cli[:1], "down", *cli[1:]).stdout)
+        assert sorted(down["stopped"]) == ["central", "edge", "links", "redis-r"]
+        assert not any(runner.alive(pid) for pid in new) and runner.stragglers(run) == []
+        assert json.loads(_cli(*cli[:1], "down", *cli[1:]).stdout) == {"stopped": []}
+        rows = json.loads(_cli(*cli[:1], "status", *cli[1:]).stdout)
+        assert [r["health"] for r in rows] == ["stopped", "stopped"]
+    finally:
+        from runtime.topology import runner as r
+
+        r.down(run)
+
+
+def test_ctrl_c_during_up_stops_what_had_started(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from runtime.topology import runner
+
+    toml, run = _two_pops_with_redis(tmp_path), tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "topology", "up", str(toml),
+                             "--dir", str(run)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "topology.json").exists():  # links, Redis and the PoPs started
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        net = runner.read_network(run)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0 and "interrupted; stopped what had started" in err
+        assert not any(runner.alive(pid) for pid in [net.links_pid, *net.redis_pids.values()])
+        assert runner.stragglers(run) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        runner.down(run)
