@@ -63,27 +63,41 @@ TIER_ORDER = {"central": 0, "regional": 1, "edge": 2}
 
 
 def _purge_everywhere(run: str, path: str, given: dict[str, Any], as_json: bool) -> None:
-    """The same purge on every PoP of a topology, from central to the edges.
-    Raises `AdminError` for what a PoP refuses, `Failure` when one cannot be reached."""
+    """The same purge on every PoP of a topology, from central to the edges. A PoP
+    that refuses or cannot be reached does not stop the others: the result names it.
+    Raises `Failure` (``partial_purge``) after printing, when any PoP was not purged."""
+    from edgefn_core.errors import EdgefnError, Failure
     from runtime.admin.client import AdminClient
     from runtime.topology.rundir import pop_dir
 
-    purged = {name: _purge(AdminClient(pop_dir(run, name), timeout=30), path, given)["purged"]
-              for name in _top_down(run)}
+    purged: dict[str, int] = {}
+    failed: dict[str, str] = {}
+    for name in _top_down(run):
+        try:
+            purged[name] = _purge(AdminClient(pop_dir(run, name), timeout=30), path,
+                                  given)["purged"]
+        except EdgefnError as e:
+            failed[name] = str(e)
     if as_json:
-        print(json.dumps({"purged": purged}))
+        print(json.dumps({"purged": purged, **({"failed": failed} if failed else {})}))
     else:
         print(f"purged {sum(purged.values())} entries on {len(purged)} PoPs")
+    if failed:
+        raise Failure("partial_purge", 502, "not purged on " + "; ".join(
+            f"{name} ({why})" for name, why in failed.items())
+            + ": purge again once they run (their entries stay until then)")
 
 
 def _top_down(run: str) -> list[str]:
-    """The PoPs of `run`: central, then regionals, then edges (by name within a
-    tier; a PoP the state file does not list goes last)."""
+    """The PoPs of `run` (as its state file lists them; without one, every data dir):
+    central, then regionals, then edges, by name within a tier."""
     from runtime.topology.rundir import pop_names, read_state
 
     state = read_state(run)
-    tier = {p.name: p.tier for p in state.pops} if state is not None else {}
-    return sorted(pop_names(run), key=lambda n: (TIER_ORDER.get(tier.get(n, ""), 3), n))
+    if state is None:
+        return pop_names(run)
+    return [p.name for p in sorted(state.pops, key=lambda p: (TIER_ORDER.get(p.tier, 3),
+                                                              p.name))]
 
 
 def _table(rows: list[dict[str, Any]]) -> None:

@@ -119,8 +119,18 @@ def test_up_after_a_crash_down_twice_and_status_after_down(tmp_path: Path) -> No
         first = runner.read_network(run)
         state = read_state(run)
         assert state is not None
+        (run / "pops" / "ghost").mkdir()  # a data dir no PoP of this run has
+        edge = next(p for p in state.pops if p.name == "edge")
+        runner.os.kill(edge.pid, 9)
+        purge = _cli("cache", "purge", "--ai", "--topology", str(run))
+        assert purge.returncode == 1
+        result = json.loads(purge.stdout)
+        assert result["purged"] == {"central": 0} and list(result["failed"]) == ["edge"]
+        message = json.loads(purge.stderr)["error"]["message"]
+        assert message.startswith("not purged on edge (") and "ghost" not in message
         for p in state.pops:
-            runner.os.kill(p.pid, 9)
+            if p is not edge:
+                runner.os.kill(p.pid, 9)
         up = _cli(*cli[:1], "up", str(toml), *cli[1:])
         assert up.returncode == 0, up.stderr
         old = [first.links_pid, *first.redis_pids.values()]
