@@ -200,7 +200,7 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
 
     Raises `FunctionError` (``bad_response``, 502) if it is truncated (the
     message names the byte where it ends and what was expected there), has a
-    status outside 100..599, or carries an invalid header name or value.
+    status outside 200..599 (a 1xx is never a final response), or carries an invalid header name or value.
     """
     try:  # the hot path: inline, and only on failure the careful walk that explains it
         status, count = _unpack2(buf, 0)
@@ -223,9 +223,9 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
     except struct.error:
         raise FunctionError("bad_response", 502, "malformed response from the guest: "
                             f"{_explain_response(buf)} ({README})") from None
-    if not 100 <= status <= 599:
-        raise FunctionError("bad_response", 502,
-                            f"guest returned invalid HTTP status {status} (expected 100..599)")
+    if not 200 <= status <= 599:
+        raise FunctionError("bad_response", 502, f"guest returned invalid HTTP status {status} "
+                            "(expected 200..599: a final status)")
     return status, headers, body
 
 

@@ -327,6 +327,17 @@ def handle(request, env):
         return Response(parts())
     if mode == "badhead":
         return Response(iter(["x"]), headers={"bad name": "x"})
+    if mode == "status":
+        return Response("x", status=int(request.query["s"]))
+    if mode == "strstatus":
+        return Response("x", status="200")
+    if mode == "intbody":
+        return Response(123)
+    if mode == "intchunk":
+        def parts():
+            yield b"a"
+            yield 42
+        return Response(parts())
     return Response("ok:" + request.query.get("n", ""))
 """, pool="min = 1\nmax = 1\nstandby = false"))
     import http.client
@@ -339,6 +350,21 @@ def handle(request, env):
     conn.close()
     status, headers, _ = pop.get("/flaky?mode=badhead")
     assert (status, headers["x-edgefn-error"]) == (502, "bad_response")
+    # a status or body no HTTP response can carry: a 502 before anything is sent
+    for query, words in (("mode=status&s=100", b"invalid HTTP status 100"),
+                         ("mode=status&s=101", b"invalid HTTP status 101"),
+                         ("mode=status&s=-1", b"invalid HTTP status -1"),
+                         ("mode=strstatus", b"invalid HTTP status '200'"),
+                         ("mode=intbody", b"response body is int")):
+        status, headers, body = pop.get(f"/flaky?{query}")
+        assert (status, headers["x-edgefn-error"]) == (502, "bad_response"), query
+        assert words in body, (query, body)
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    conn.request("GET", "/flaky?mode=intchunk")  # not 42 NUL bytes: the stream is cut
+    resp = conn.getresponse()
+    with pytest.raises(http.client.IncompleteRead):
+        resp.read()
+    conn.close()
     for i in range(5):
         assert pop.get(f"/flaky?n={i}")[2] == f"ok:{i}".encode()
 

@@ -164,6 +164,10 @@ def _user_frame(e: BaseException) -> str:
     return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
 
 
+class BadResponse(Exception):
+    """A Response no HTTP response can carry (the PoP answers 502 ``bad_response``)."""
+
+
 class Session:
     def __init__(self, sock: socket.socket, handler: Any, cpu_ms: int, wall_ms: int,
                  sdk: Any, kv: dict[str, Any] | None = None) -> None:
@@ -231,6 +235,8 @@ class Session:
                 self.dog.disarm()
         except IsolateInterrupt as e:
             self.send_error(e.code, self.dog.exceeded(e.code))
+        except BadResponse as e:
+            self.send_error("bad_response", str(e))
         except MemoryError:
             self.send_error("memory_limit", "ran out of memory (MemoryError)")
         except self.sdk.BindingError as e:
@@ -269,8 +275,19 @@ class Session:
         self.respond(self.sdk.Response(b"", 204, {"x-warm": request.method}))
 
     def respond(self, result: Any) -> None:
+        """Send `result`. Raises `TypeError` for a handler that returned something else
+        and `BadResponse` for a status or body no HTTP response can carry (checked
+        before anything is sent, so the client gets a 502 and not a broken 200)."""
         if not isinstance(result, self.sdk.Response):
             raise TypeError(f"handler returned {type(result).__name__}, expected edgefn.Response")
+        status = result.status
+        if type(status) is not int or not 200 <= status <= 599:
+            raise BadResponse(f"invalid HTTP status {status!r} (expected an int 200..599: a "
+                              "final status)")
+        if result.streaming and not (hasattr(result.body, "__iter__")
+                                     or hasattr(result.body, "__anext__")):
+            raise BadResponse(f"response body is {type(result.body).__name__}: expected bytes, "
+                              "str or a (async) generator of them")
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()]
         body = result.body
         if not result.streaming:
@@ -282,7 +299,13 @@ class Session:
         # A failure mid-stream propagates to `one`, which ends the request with ERROR
         # instead of END: exactly one terminal frame per request.
         for chunk in self._chunks(body):
-            data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+            if isinstance(chunk, str):
+                data = chunk.encode()
+            elif isinstance(chunk, bytes | bytearray | memoryview):
+                data = bytes(chunk)
+            else:  # bytes(42) would be 42 NUL bytes
+                raise BadResponse(f"a streamed chunk is {type(chunk).__name__}: expected bytes "
+                                  "or str; the stream was cut")
             if data:
                 self.sock.sendall(wire.frame(wire.CHUNK, data))
             if self._cancelled():

@@ -31,7 +31,7 @@ functions_log = logging.getLogger("edgefn.functions")  # what functions log, and
 # What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
 ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
           "cpu_limit": ("cpu_limit", 503), "memory_limit": ("memory_limit", 503),
-          "wall_limit": ("wall_limit", 504)}
+          "wall_limit": ("wall_limit", 504), "bad_response": ("bad_response", 502)}
 
 
 class Events(Protocol):

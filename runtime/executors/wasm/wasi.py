@@ -81,6 +81,6 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
 
 def _status(value: bytes) -> int:
     code = value.split(b" ", 1)[0]
-    if not code.isdigit() or not 100 <= int(code) <= 599:
+    if not code.isdigit() or not 200 <= int(code) <= 599:
         raise FunctionError("bad_response", 502, f"invalid CGI Status {value[:40]!r}")
     return int(code)

@@ -295,7 +295,7 @@ static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return
 static PyObject *decode(const uint8_t *p, uint64_t len) {
     if (len < 8) return NULL;
     uint32_t status = get_u32(p), count = get_u32(p + 4);
-    if (status < 100 || status > 599 || (uint64_t)count * 8 > len - 8) return NULL;
+    if (status < 200 || status > 599 || (uint64_t)count * 8 > len - 8) return NULL;
     PyObject *headers = PyList_New(count);
     if (!headers) return NULL;
     uint64_t pos = 8;
