@@ -37,6 +37,7 @@ _HEAD = struct.Struct("<QQI")
 _EXP = struct.Struct(">Q")
 NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 TTL_DB = b"__ttl__"
+MAX_TTL_S = 10 * 365 * 86400
 NAMESPACES_DB = b"__namespaces__"
 
 
@@ -166,10 +167,23 @@ class KVStore:
         return None if entry is None else entry.value
 
     def get_entry(self, ns: str, key: bytes) -> Entry | None:
+        """None also for a key longer than any stored one. Raises `UnknownNamespace`,
+        `LimitExceeded` for an empty key."""
         db = self._db(ns)
+        if len(key) > self.limits.max_key_bytes:
+            return None
+        self.check_key(ns, key)
         with self.env.begin(buffers=True) as txn:
             raw = txn.get(key, db=db)
             return None if raw is None else self._decode(raw, self._now_ms())
+
+    def check_key(self, ns: str, key: bytes) -> None:
+        """Raises `InvalidValue` for an empty key, `LimitExceeded` for one over
+        `max_key_bytes` (LMDB's own error for either names nothing)."""
+        if not key or len(key) > self.limits.max_key_bytes:
+            error = InvalidValue if not key else LimitExceeded
+            raise error(f"key of {len(key)} bytes in {ns!r}: keys must be 1 to "
+                        f"{self.limits.max_key_bytes} bytes")
 
     def list(self, ns: str, prefix: bytes = b"", cursor: str | None = None,
              limit: int = 100) -> Page:
@@ -350,9 +364,7 @@ class _Writer:
         """`expires_ms` (absolute, internal) keeps an existing expiry exactly."""
         db = self.s._db(ns, self.txn)
         lim = self.s.limits
-        if not key or len(key) > lim.max_key_bytes:
-            raise LimitExceeded(f"key of {len(key)} bytes in {ns!r}: keys must be 1 to "
-                                f"{lim.max_key_bytes} bytes")
+        self.s.check_key(ns, key)
         if len(value) > lim.max_value_bytes:
             raise LimitExceeded(f"value of {len(value)} bytes for key {key!r} in {ns!r} exceeds "
                                 f"the limit of {lim.max_value_bytes} bytes")
@@ -360,8 +372,9 @@ class _Writer:
         if len(meta) > lim.max_metadata_bytes:
             raise LimitExceeded(f"metadata of {len(meta)} bytes for key {key!r} exceeds the "
                                 f"limit of {lim.max_metadata_bytes} bytes")
-        if ttl is not None and ttl <= 0:
-            raise InvalidValue(f"ttl must be positive, got {ttl}")
+        if ttl is not None and not 0 < ttl <= MAX_TTL_S:  # NaN fails both
+            raise InvalidValue(f"ttl must be a number of seconds above 0 and at most "
+                               f"{MAX_TTL_S} (10 years), got {ttl}")
         raw_old = self.txn.get(key, db=db)
         old_version, old_exp = (_HEAD.unpack_from(raw_old)[:2] if raw_old is not None
                                 else (0, 0))
@@ -385,6 +398,9 @@ class _Writer:
 
     def delete(self, ns: str, key: bytes) -> bool:
         db = self.s._db(ns, self.txn)
+        if len(key) > self.s.limits.max_key_bytes:  # never stored
+            return False
+        self.s.check_key(ns, key)
         raw = self.txn.get(key, db=db)
         if raw is None:
             return False

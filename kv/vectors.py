@@ -327,14 +327,20 @@ class VectorStore:
         ``filter`` item (`exact`: brute force instead of the HNSW graph). Sees every
         write that returned before it was called, in any process.
 
-        Raises `InvalidValue` for a vector of the wrong dimension.
+        Raises `InvalidValue` for a vector of the wrong dimension, a `k` that is not
+        a positive int, a `filter` that is not an object.
         """
         o = self._get(name)
         q = self._vector(o.config, vector)
+        if type(k) is not int or k < 1:
+            raise InvalidValue(f"k must be a positive integer, got {k!r}")
+        if filter is not None and not isinstance(filter, dict):
+            raise InvalidValue(f"filter must be an object of metadata fields, got "
+                               f"{type(filter).__name__}")
         with self.env.begin(buffers=True) as txn:
             self._sync(o, txn)
             index = o.index  # a reload on another thread swaps it
-            if k < 1 or index.size == 0:
+            if index.size == 0:
                 return []
             want = k if not filter else min(index.size, k * 4)
             while True:
@@ -352,7 +358,8 @@ class VectorStore:
             if row is None:  # deleted, or newer than this snapshot
                 continue
             id_, meta = self._row_head(row)
-            if filter and not (meta and all(meta.get(f) == v for f, v in filter.items())):
+            if filter and not (isinstance(meta, dict)
+                               and all(meta.get(f) == v for f, v in filter.items())):
                 continue
             out.append(Match(id_, float(dist), meta))
             if len(out) == k:
@@ -438,6 +445,9 @@ class VectorStore:
         id_bytes = id_.encode()
         if not id_bytes or len(id_bytes) > MAX_ID_BYTES:
             raise LimitExceeded(f"vector ids must be 1 to {MAX_ID_BYTES} bytes, got {id_!r:.60}")
+        if meta is not None and not isinstance(meta, dict):  # a filter reads it as an object
+            raise InvalidValue(f"metadata of {id_!r} must be an object (or null), got "
+                               f"{type(meta).__name__}")
         meta_bytes = json.dumps(meta, separators=(",", ":")).encode() if meta else b""
         if len(meta_bytes) > MAX_META_BYTES:
             raise LimitExceeded(f"metadata of {len(meta_bytes)} bytes for {id_!r} exceeds "

@@ -134,7 +134,7 @@ CASES: list[tuple[str, str, str, int, int, Any]] = [
      "did not declare KV namespace 'secret'"),
     ("buffer outside memory", "docs", "k", 65534, 16,
      "pointer (65534, 5) is outside guest memory"),
-    ("empty key", "docs", "", BUF, 16, "BAD_VALSIZE"),
+    ("empty key", "docs", "", BUF, 16, "key of 0 bytes in 'docs': keys must be 1 to 511 bytes"),
     ("key over 511 bytes: never stored, so absent", "docs", "k" * 512, BUF, 16, (-1, Z)),
 ]
 

@@ -119,8 +119,15 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         s.put("ns", b"k" * 600, b"x")
     with pytest.raises(LimitExceeded, match="metadata"):
         s.put("ns", b"k", b"x", metadata={"big": "y" * 2000})
-    with pytest.raises(InvalidValue, match="ttl must be positive"):
-        s.put("ns", b"k", b"x", ttl=0)
+    for ttl in (0, -1, float("nan"), float("inf"), 1e30):
+        with pytest.raises(InvalidValue, match="ttl must be a number of seconds above 0"):
+            s.put("ns", b"k", b"x", ttl=ttl)
+    # an empty key: LMDB's own error (MDB_BAD_VALSIZE) named nothing
+    with pytest.raises(InvalidValue, match="key of 0 bytes in 'ns': keys must be 1 to 511"):
+        s.get("ns", b"")
+    with pytest.raises(InvalidValue, match="key of 0 bytes in 'ns': keys must be 1 to 511"):
+        s.delete("ns", b"")
+    assert s.get("ns", b"k" * 512) is None and not s.delete("ns", b"k" * 512)  # never stored
     with pytest.raises(InvalidValue, match="invalid namespace name"):
         s.create_namespace("Bad Name")
     with pytest.raises(LimitExceeded, match="batch of 1001 ops"):

@@ -161,6 +161,16 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         with pytest.raises(InvalidValue):  # a batch with one bad vector writes nothing
             s.upsert("docs", [("b", [1, 2, 3], None), ("c", [1], None)])
         assert s.stats("docs")["count"] == 1
+        # metadata a filter could not read (it broke every filtered query of the index)
+        for meta in ("oops", [1], 3):
+            with pytest.raises(InvalidValue, match="metadata of 'p' must be an object"):
+                s.upsert("docs", [("p", [1, 0, 0], meta)])  # type: ignore[list-item]
+        for k in (0, -1, "3", 2.0, True):
+            with pytest.raises(InvalidValue, match="k must be a positive integer"):
+                s.query("docs", [1, 2, 3], k=k)  # type: ignore[arg-type]
+        with pytest.raises(InvalidValue, match="filter must be an object"):
+            s.query("docs", [1, 2, 3], filter=["a"])  # type: ignore[arg-type]
+        assert [m.id for m in s.query("docs", [1, 2, 3], filter={"a": 1})] == ["ok"]
 
 
 def test_an_id_repeated_in_one_upsert_keeps_the_last(tmp_path: Path) -> None:
