@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,14 +67,16 @@ def handled(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
     """Calls of each WASM executor's request path, by `id` of the executor."""
     seen: dict[int, int] = {}
     held: list[WasmFunction] = []  # kept alive: a freed executor's id may be reused
-    real = WasmFunction.handle
 
-    def counting(self: WasmFunction, *args: object, **kw: object) -> object:
-        if id(self) not in seen:
-            held.append(self)
-        seen[id(self)] = seen.get(id(self), 0) + 1
-        return real(self, *args, **kw)  # type: ignore[arg-type]
-    monkeypatch.setattr(WasmFunction, "handle", counting)
+    def counted(real: Any) -> Any:
+        def counting(self: WasmFunction, *args: object, **kw: object) -> object:
+            if id(self) not in seen:
+                held.append(self)
+            seen[id(self)] = seen.get(id(self), 0) + 1
+            return real(self, *args, **kw)
+        return counting
+    monkeypatch.setattr(WasmFunction, "handle", counted(WasmFunction.handle))
+    monkeypatch.setattr(WasmFunction, "dry_run", counted(WasmFunction.dry_run))
     return seen
 
 
@@ -116,6 +120,21 @@ def test_a_reactor_that_traps_on_its_warm_up_still_deploys(
         fn = deploy(registry, function_dir(tmp_path, "t", TRAPS))
     assert registry.functions["t"] is fn and calls(fn, handled) == 1  # the first trap ends it
     assert "t@" in caplog.text and "warm-up GET /t failed (deploying anyway)" in caplog.text
+
+
+def test_a_looping_pure_reactor_costs_its_deploy_one_inline_slice(
+        registry: Registry, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        handled: dict[int, int]) -> None:
+    """Its warm-up stops at the 5 ms inline slice instead of running the whole 60 s
+    budget (which held every other deploy, and a restarted PoP's listener, behind it)."""
+    d = function_dir(tmp_path, "spin", reactor("(loop $l (br $l))"),
+                     limits="cpu_ms = 60000\nwall_ms = 120000")
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, "edgefn.pop"):
+        fn = deploy(registry, d)
+    assert time.monotonic() - started < 5  # compile + two 5 ms runs; it took 60 s
+    assert registry.functions["spin"] is fn and calls(fn, handled) == 1
+    assert "warm-up GET /spin stopped at the 5 ms inline slice" in caplog.text
 
 
 def test_a_declared_route_that_does_not_match_refuses_the_deploy(registry: Registry,

@@ -175,6 +175,8 @@ def test_traps_are_500_with_the_reason(engine: WasmEngine, tmp_path: Path, body:
     err = failure(load(engine, function_dir(tmp_path, "trap", reactor(body))))
     assert (err.code, err.status) == ("trap", 500)
     assert words in str(err)
+    # the cause and where, not wasmtime's first line ("... at wasm backtrace:") alone
+    assert "backtrace:" not in str(err) and "(at <unknown>!" in str(err), str(err)
 
 
 @pytest.mark.parametrize(("result", "words"), [

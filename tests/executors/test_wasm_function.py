@@ -231,6 +231,9 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
      "offset 38: type mismatch: expected i32, found i64"),
     (reactor("", memory=2048), "auto", "main.wat: cannot instantiate within limits.memory_mb = 64: "
      "memory minimum size of 2048 pages exceeds memory limits"),
+    # a start function that loops: its CPU budget, not the memory limit, stopped it
+    (reactor("", prelude="(func $s (loop $l (br $l))) (start $s)"), "auto",
+     "main.wat: its start function did not finish within 50 ms (limits.cpu_ms / wall_ms)"),
 ])
 def test_deploy_checks_say_what_is_wrong(engine: WasmEngine, tmp_path: Path, source: str,
                                          abi: str, message: str) -> None:

@@ -230,4 +230,16 @@ def _binding_error(message: str, what: str) -> FunctionError | None:
 
 
 def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else ""
+    """What a wasmtime trap message says on one line: its cause ("wasm `unreachable`
+    instruction executed") and the innermost frame, not the first line alone, which
+    is "error while executing at wasm backtrace:" with nothing after it."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    causes = [line.removeprefix("wasm trap: ") for line in lines if line.startswith("wasm trap:")]
+    frames = [line.split(" - ", 1)[1] for line in lines
+              if line[:1].isdigit() and " - " in line]
+    if not causes and not lines[0].endswith("backtrace:"):
+        return lines[0]
+    cause = causes[-1] if causes else "trap"
+    return f"{cause} (at {frames[0]})" if frames else cause

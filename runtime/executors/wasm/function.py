@@ -192,6 +192,10 @@ class WasmFunction:
         try:
             self.pre.instantiate(store)
         except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
+            if "wasm trap: interrupt" in str(e):  # the epoch deadline: a start function looping
+                raise DeployError(f"{self.manifest.entry}: its start function did not finish "
+                                  f"within {self.outcome.limit_ms} ms (limits.cpu_ms / "
+                                  "wall_ms)") from None
             raise DeployError(f"{self.manifest.entry}: cannot instantiate within "
                               f"limits.memory_mb = {self.manifest.limits.memory_mb}: "
                               f"{_short(str(e))}") from None
@@ -215,6 +219,15 @@ class WasmFunction:
         """A reactor without host imports: its response is a function of the request
         alone, so a warm-up may run it (`runtime.functions.warmup`)."""
         return self.abi == "reactor" and self.host_functions is None
+
+    def dry_run(self, request: Request, params: Mapping[str, str]) -> Response:
+        """`request` on a pure reactor, inline only: a run past the inline slice is cut
+        there (`FunctionError` with code `SLICE_EXPIRED`), never moved to a thread with
+        the full budget, so a warm-up costs a deploy at most the slice. Raises
+        `FunctionError`."""
+        return Response(*self.call.serve(request.method, request.path, request.query,
+                                         request.headers, self.env_blob, request.body,
+                                         encode_params(params), principal_blob(NO_PRINCIPAL)))
 
     def activate(self) -> None:
         self.prewarm()  # again, on the loop's thread: its caches are the ones that count
