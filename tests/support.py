@@ -177,11 +177,7 @@ def host_pids(name: str, parent: int | None = None) -> set[int]:
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
         if state == "Z" or int(ppid) != parent or argv[1:3] != [b"-m", HOST_MODULE]:
             continue
-        try:
-            config = json.loads(argv[3])
-        except (IndexError, ValueError):
-            continue
-        if isinstance(config, dict) and config.get("name") == name:
+        if argv[4:5] == [name.encode()]:  # python -m runtime.executors.python.host fd:N NAME
             found.add(int(entry.name))
     return found
 

@@ -489,3 +489,31 @@ def handle(request, env):
     (tb,) = [(level, m) for level, m in lines if "Traceback" in m]
     assert tb[0] >= logging.WARNING and tb[1].startswith(f"chatty@{version}: Traceback")
     assert "main.py\", line 7, in handle" in tb[1] and tb[1].endswith("KeyError: 'nope'")
+
+
+def test_env_values_are_not_on_a_hosts_command_line_and_stdin_is_empty(
+        pop: Running, tmp_path: Path) -> None:
+    """`[env]` (where API keys go) reached every isolate host's argv, readable by any
+    local user in /proc/PID/cmdline; and a handler's `input()` waited on the PoP's
+    command pipe until the wall-time limit, then the host was killed."""
+    from tests.support import host_pids
+
+    pop.deploy(py_function(tmp_path, "stdin", """
+import os
+from edgefn import Response
+
+def handle(request, env):
+    try:
+        line = input()
+    except EOFError:
+        line = "<eof>"
+    return Response(line + " " + os.environ["API_KEY"][:3])
+""", env='API_KEY = "sk-very-secret-value"', pool="min = 1\nmax = 1\nstandby = false"))
+    started = time.monotonic()
+    status, _, body = pop.get("/stdin")
+    assert (status, body) == (200, b"<eof> sk-")
+    assert time.monotonic() - started < 2  # at once, not at the 5 s wall limit
+    pids = host_pids("stdin")
+    assert pids  # found by the name it carries on its command line
+    for pid in pids:
+        assert b"sk-very-secret-value" not in Path(f"/proc/{pid}/cmdline").read_bytes()

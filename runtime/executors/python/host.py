@@ -1,4 +1,5 @@
-"""An isolate-host process: `python -m runtime.executors.python.host CONFIG_JSON`.
+"""An isolate-host process: `python -m runtime.executors.python.host fd:N NAME`, its
+config (JSON) in the memfd N the PoP passed, NAME the function's (for `ps`).
 
 It owns one function version's subinterpreters. Each isolate runs on its own
 thread, inside its own interpreter, serving the socket the PoP passed for it
@@ -23,6 +24,7 @@ it until one is ready).
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import resource
@@ -204,8 +206,29 @@ def enter_sandbox(cfg: dict) -> None:
     os.chdir(cfg["function_dir"])
 
 
+def read_config(arg: str) -> dict:
+    """The config the PoP wrote to memfd ``fd:N`` (closed after reading)."""
+    fd = int(arg.removeprefix("fd:"))
+    with os.fdopen(fd, "rb") as f:
+        f.seek(0)
+        cfg: dict = json.loads(f.read())
+    return cfg
+
+
+def private_commands() -> io.TextIOWrapper:
+    """The PoP's command pipe, moved off fd 0, which becomes /dev/null: a handler's
+    `input()` reads EOF at once instead of waiting on (or eating) the PoP's commands."""
+    commands = os.fdopen(os.dup(0), "r", closefd=True)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 (the process's stdin for its lifetime)
+    return commands
+
+
 def main() -> None:
-    cfg = json.loads(sys.argv[1])
+    cfg = read_config(sys.argv[1])
+    commands = private_commands()
     fds: list[int] = cfg["fds"]
     started = 0
     threads = []
@@ -230,7 +253,7 @@ def main() -> None:
         limit_memory(cfg["memory_mb"], len(fds))
     for _ in range(cfg["initial"]):
         start_next()
-    for line in sys.stdin:  # EOF: the PoP is gone or retired us
+    for line in commands:  # EOF: the PoP is gone or retired us
         if line.strip() == "grow":
             start_next()
     os._exit(0)  # isolate threads may be blocked in user code; do not wait for them

@@ -200,7 +200,15 @@ def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
               "check_imports": check_imports, "sandbox": box}
     env = sandbox.host_environment(IMPORT_ROOTS)
     shared = [cfg.kv_generation_fd] if cfg.kv_generation_fd >= 0 else []
-    return subprocess.Popen(
-        [sys.executable, "-m", "runtime.executors.python.host", json.dumps(config)],
-        stdin=subprocess.PIPE, pass_fds=[*fds, *shared], env=env, cwd=cfg.function_dir,
-        process_group=0)
+    # the config (the function's [env] values included) in a memfd, not on the command
+    # line, which any local user reads in /proc/PID/cmdline
+    config_fd = os.memfd_create("edgefn-host-config", os.MFD_CLOEXEC)
+    try:
+        os.write(config_fd, json.dumps(config).encode())
+        return subprocess.Popen(
+            [sys.executable, "-m", "runtime.executors.python.host", f"fd:{config_fd}",
+             cfg.name],  # the name only says in `ps` whose host it is
+            stdin=subprocess.PIPE, pass_fds=[*fds, *shared, config_fd], env=env,
+            cwd=cfg.function_dir, process_group=0)
+    finally:
+        os.close(config_fd)
