@@ -502,3 +502,38 @@ def test_v1_asks_for_a_key_once_one_exists_and_scopes_pick_the_models(
                 acme.embeddings.create(model=EMBED, input="hi")
             assert denied.value.body["param"] == "model"  # type: ignore[index]
             assert f"model {EMBED!r}" in denied.value.body["message"]  # type: ignore[index]
+
+
+def test_the_ai_binding_refuses_unknown_arguments_and_bad_roles(pop: Running,
+                                                                tmp_path: Path) -> None:
+    """As /v1/chat/completions does: a typo (`max_token`) ran uncapped until the wall
+    limit, and a role the API refuses went to the model."""
+    from tests.support import python_function
+
+    pop.deploy(python_function(tmp_path, "aiargs", """
+import edgefn
+from edgefn import Response
+
+def handle(request, env):
+    ai = env.ai()
+    case = request.query["case"]
+    try:
+        if case == "typo":
+            ai.chat([{"role": "user", "content": "hi"}], max_token=4)
+        elif case == "role":
+            ai.chat([{"role": "robot", "content": "hi"}], max_tokens=2)
+        elif case == "embed":  # raw arguments, as a WASM guest passes them
+            ai._call("ai.embed", {"model": "all-minilm-l6-v2", "input": "x", "dims": 3}, True)
+        else:
+            return Response(ai.chat([{"role": "user", "content": "hi"}],
+                                    max_tokens=2)["finish_reason"])
+    except edgefn.BindingError as e:
+        return Response(str(e), status=400)
+    return Response("no error")
+""", extra="[bindings]\nai = true"))
+    for case, words in (("typo", "ai.chat: unrecognized argument 'max_token'; it takes"),
+                        ("role", "ai.chat: messages[0].role must be one of"),
+                        ("embed", "ai.embed: unrecognized argument 'dims'")):
+        status, _, body = pop.get(f"/aiargs?case={case}")
+        assert status == 400 and words.encode() in body, (case, body)
+    assert pop.get("/aiargs?case=ok")[:3:2] == (200, b"length")

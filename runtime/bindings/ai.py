@@ -36,6 +36,7 @@ from edgefn_core.errors import ApiError, BindingError, Rejected, WorkerError
 from gpu_worker.client import Generation
 from runtime.ai import structured
 from runtime.ai.egress import Egress
+from runtime.ai.openai_checks import check_messages
 from runtime.ai.service import ORIGIN_DOWN, AIService
 from runtime.ai.shaping import choice
 from runtime.cache.ai import replay
@@ -52,6 +53,15 @@ from runtime.security.ratelimit.admission import (
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
 OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
+_SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                       "cache", "presence_penalty", "frequency_penalty", "logit_bias",
+                       "response_format"})
+# the arguments each operation reads: any other is refused (a typo such as `max_token`
+# ran uncapped until the wall-time limit)
+ARGS = {"chat": _SAMPLING | {"messages", "tools", "tool_choice", "parallel_tool_calls"},
+        "chat_stream": _SAMPLING | {"messages"}, "complete": _SAMPLING | {"prompt"},
+        "chat_next": frozenset({"stream"}), "embed": frozenset({"model", "input", "cache"}),
+        "rerank": frozenset({"model", "query", "documents", "top_n"}), "models": frozenset()}
 
 
 class FellBack(Exception):  # not an error: how an answer came (it skips the cache)
@@ -98,6 +108,15 @@ class AIBinding:
         KeyError/TypeError/ValueError for bad arguments."""
         if op not in OPS:
             raise BindingError(f"unknown AI operation {op!r}")
+        unknown = sorted(set(a) - ARGS[op])
+        if unknown:
+            raise BindingError(f"ai.{op}: unrecognized argument {unknown[0]!r}; it takes "
+                               f"{', '.join(sorted(ARGS[op])) or 'none'}")
+        if op in ("chat", "chat_stream") and isinstance(a.get("messages"), list):
+            try:
+                check_messages(a["messages"])
+            except ApiError as e:
+                raise BindingError(f"ai.{op}: {e}") from None
         try:
             return await self._run(op, a, traceparent)
         except (WorkerError, Rejected) as e:
