@@ -517,3 +517,37 @@ def handle(request, env):
     assert pids  # found by the name it carries on its command line
     for pid in pids:
         assert b"sk-very-secret-value" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_a_response_over_64_mib_goes_up_to_max_response_mb(pop: Running, tmp_path: Path) -> None:
+    """`max_response_mb` goes to 256, but a body over the isolate wire's 64 MiB frame
+    failed as an internal error (500 trap, 'frame ... exceeds')."""
+    import msgspec
+
+    from runtime.executors.python import wire
+    from runtime.functions.manifest import Limits
+
+    info = msgspec.inspect.type_info(Limits)  # the manifest's ceiling is the wire's
+    assert isinstance(info, msgspec.inspect.StructType)
+    field = next(f.type for f in info.fields if f.name == "max_response_mb")
+    assert isinstance(field, msgspec.inspect.IntType)
+    ceiling = field.le
+    assert ceiling is not None and ceiling << 20 == wire.MAX_BODY
+    src = """
+from edgefn import Response
+
+def handle(request, env):
+    return Response(b"z" * int(request.query["n"]))
+"""
+    pop.deploy(py_function(tmp_path, "huge", src,
+                           limits="max_response_mb = 80\nmemory_mb = 512\ncpu_ms = 5000",
+                           pool="min = 1\nmax = 1\nstandby = false"))
+    pop.deploy(py_function(tmp_path, "capped", src, limits="memory_mb = 512\ncpu_ms = 5000",
+                           pool="min = 1\nmax = 1\nstandby = false"))
+    n = 70 << 20
+    status, headers, body = pop.get(f"/huge?n={n}", timeout=60)
+    assert (status, len(body), headers["content-length"]) == (200, n, str(n)), body[:300]
+    status, headers, body = pop.get(f"/capped?n={n}", timeout=60)
+    assert (status, headers["x-edgefn-error"]) == (502, "bad_response")
+    assert b"exceeds the limit of 16777216 bytes (limits.max_response_mb = 16)" in body
+    assert pop.get("/huge?n=5")[2] == b"zzzzz"  # the isolate serves on

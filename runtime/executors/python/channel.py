@@ -11,6 +11,7 @@ import socket
 from typing import Protocol
 
 from edgefn_core.errors import ProtocolError
+from edgefn_core.frames import Framing
 from runtime.executors.python import wire
 
 RECV_SIZE = 1 << 18  # what one read takes at most (job.py bounds a stream's queue by it)
@@ -28,9 +29,11 @@ class Receiver(Protocol):
 
 
 class Channel:
-    def __init__(self, sock: socket.socket, receiver: Receiver) -> None:
+    def __init__(self, sock: socket.socket, receiver: Receiver,
+                 max_frame: int = wire.MAX_FRAME) -> None:
+        """`max_frame`: the largest frame the peer may send."""
         self.sock = sock
-        self.reader = wire.Reader()
+        self.reader = wire.Reader(Framing("<", max_frame, min_size=1))
         self.receiver = receiver
         self.out = bytearray()
         # One buffer for every read: `recv(RECV_SIZE)` would allocate 256 KiB per call,

@@ -51,16 +51,18 @@ def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any
 
 
 def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycle_after: int,
-          sdk: Any, warnings: list[str] | None = None, kv: dict[str, Any] | None = None
-          ) -> None:
+          sdk: Any, warnings: list[str] | None = None, kv: dict[str, Any] | None = None,
+          max_response: int = wire.MAX_BODY) -> None:
     """Say READY (with `warnings` for the PoP's log), then serve requests until
-    recycling; `kv`: the host's KV handles (`local_kv`), None: KV over the socket.
-    Raises `IsolateStop` if the PoP went away."""
+    recycling; `kv`: the host's KV handles (`local_kv`), None: KV over the socket;
+    `max_response`: the function's `limits.max_response_mb` in bytes (a larger
+    body is refused here, never sent). Raises `IsolateStop` if the PoP went away."""
     sock, handler = prepared
     ready: dict[str, Any] = {"ok": True, "warnings": warnings} if warnings else {"ok": True}
     # the session (its watchdog thread) first: if it cannot start, no READY was sent
     try:
         session = Session(sock, handler, cpu_ms, wall_ms, sdk, kv)
+        session.max_response = max_response
     except BaseException:
         sock.close()
         raise
@@ -164,6 +166,9 @@ def _user_frame(e: BaseException) -> str:
     return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
 
 
+CHUNK_MAX = 16 << 20  # a streamed chunk larger than this goes in several frames
+
+
 class BadResponse(Exception):
     """A Response no HTTP response can carry (the PoP answers 502 ``bad_response``)."""
 
@@ -172,6 +177,7 @@ class Session:
     def __init__(self, sock: socket.socket, handler: Any, cpu_ms: int, wall_ms: int,
                  sdk: Any, kv: dict[str, Any] | None = None) -> None:
         self.sock = sock
+        self.max_response = wire.MAX_BODY  # `serve` sets the function's own
         self.kv: Any = None
         if kv is not None:  # only then: ctypes is not imported into every isolate
             from runtime.executors.python.local_kv import LocalKV
@@ -292,8 +298,12 @@ class Session:
         body = result.body
         if not result.streaming:
             data = body.encode() if isinstance(body, str) else bytes(body)
-            self.sock.sendall(wire.frame(wire.RESPONSE, wire.encode_response(result.status,
-                                                                             headers, data)))
+            if len(data) > self.max_response:  # the PoP would refuse the frame: never sent
+                raise BadResponse(f"response body of {len(data)} bytes exceeds the limit of "
+                                  f"{self.max_response} bytes (limits.max_response_mb = "
+                                  f"{self.max_response >> 20})")
+            self.sock.sendall(wire.frame(wire.RESPONSE, wire.encode_response(
+                result.status, headers, data), wire.RESPONSE_FRAMING))
             return
         self.sock.sendall(wire.frame(wire.HEAD, wire.encode_response(result.status, headers, b"")))
         # A failure mid-stream propagates to `one`, which ends the request with ERROR
@@ -306,8 +316,8 @@ class Session:
             else:  # bytes(42) would be 42 NUL bytes
                 raise BadResponse(f"a streamed chunk is {type(chunk).__name__}: expected bytes "
                                   "or str; the stream was cut")
-            if data:
-                self.sock.sendall(wire.frame(wire.CHUNK, data))
+            for at in range(0, len(data), CHUNK_MAX):  # one frame never outgrows the wire's
+                self.sock.sendall(wire.frame(wire.CHUNK, data[at:at + CHUNK_MAX]))
             if self._cancelled():
                 break
         self.sock.sendall(wire.frame(wire.END))

@@ -70,7 +70,9 @@ class Isolate:
         self.owner = owner
         self.cfg = owner.cfg
         self.generation = owner.generation
-        self.channel = Channel(sock, self)
+        # a whole response up to its limit (and its head) fits one frame
+        self.channel = Channel(sock, self, max(wire.MAX_FRAME,
+                                               self.cfg.max_response + (1 << 20)))
         self.state = state  # unstarted | starting | idle | busy | recycling | dead
         # Per-interpreter state (recycling starts a new interpreter on the same socket)
         self.uses = 0

@@ -27,14 +27,18 @@ REQUEST, REPLY, CANCEL, WARM = b"Q", b"R", b"Z", b"W"
 READY, RESPONSE, HEAD, CHUNK, END, ERROR, CALL = b"S", b"P", b"H", b"C", b"E", b"X", b"K"
 RETIRE = b"T"
 FRAMING = Framing("<", MAX_FRAME, min_size=1)
+MAX_BODY = 256 << 20  # the ceiling of limits.max_response_mb
+# a whole response in one frame: a body up to MAX_BODY and its head
+RESPONSE_FRAMING = Framing("<", MAX_BODY + (1 << 20), min_size=1)
 
-__all__ = ["FRAMING", "MAX_FRAME", "Reader", "encode_response", "frame", "json_frame",
-           "recv_frame"]
+__all__ = ["FRAMING", "MAX_BODY", "MAX_FRAME", "RESPONSE_FRAMING", "Reader", "encode_response",
+           "frame", "json_frame", "recv_frame"]
 
 
-def frame(kind: bytes, payload: bytes = b"") -> bytes:
-    """Raises `ProtocolError` if the payload is over `MAX_FRAME` (the peer would refuse it)."""
-    return FRAMING.prefix(len(payload) + 1) + kind + payload
+def frame(kind: bytes, payload: bytes = b"", framing: Framing = FRAMING) -> bytes:
+    """Raises `ProtocolError` if the payload is over `framing`'s limit (the peer would
+    refuse it)."""
+    return framing.prefix(len(payload) + 1) + kind + payload
 
 
 def json_frame(kind: bytes, obj: object) -> bytes:
@@ -49,8 +53,10 @@ class Reader(FrameReader[tuple[bytes, bytes]]):
     """Accumulates bytes and returns complete frames as (kind, payload); `feed`
     raises `ProtocolError` for a frame over `MAX_FRAME` or an empty one."""
 
-    def __init__(self) -> None:
-        super().__init__(FRAMING, _kind_and_payload)
+    def __init__(self, framing: Framing = FRAMING) -> None:
+        """`framing`: the largest frame it takes (the PoP's reader of one function's
+        isolate takes a whole response up to its `limits.max_response_mb`)."""
+        super().__init__(framing, _kind_and_payload)
         # `recv_frame` reads into this rather than allocating 64 KiB per read
         self.inbox = bytearray(1 << 16)
         self.inbox_view = memoryview(self.inbox)
