@@ -164,6 +164,11 @@ def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
     assert [(e["version"], e["action"]) for e in record["history"]] == [
         (v1, "deploy"), (v2, "deploy"), (v3, "deploy"),
         (v2, "rollback"), (v1, "rollback"), (v3, "rollback")]
+    # older files deployed again serve as their old version; a rollback then goes to
+    # what served before them, not to a version created before theirs (there was none)
+    (d / "main.wat").write_text(answering("one"))
+    assert pop.deploy(d)["version"] == v1 and pop.get("/ver")[2] == b"one"
+    assert rollback() == f"{v3}:three"
     pop.admin.request("DELETE", "/v1/functions/ver")
     assert pop.get("/ver")[0] == 404
     with pytest.raises(AdminError) as err:

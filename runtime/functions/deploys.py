@@ -80,7 +80,23 @@ class FunctionRecord(msgspec.Struct):
     canary: CanaryInfo | None = None
 
     def previous(self) -> str | None:
-        """The version created just before the current one, or None."""
+        """The version that served before the current one, or None. The history is a
+        stack of what served: a deploy or promote pushes its version (a redeploy of
+        older files too), a rollback pops back to its target, so rollbacks walk back
+        one step each. A record without that history: the version created before
+        the current one."""
+        served: list[str] = []
+        for e in self.history:
+            if e.action in ("deploy", "promote"):
+                if not served or served[-1] != e.version:
+                    served.append(e.version)
+            elif e.action == "rollback":
+                if e.version in served:
+                    del served[len(served) - served[::-1].index(e.version):]
+                else:
+                    served.append(e.version)
+        if len(served) >= 2 and served[-1] == self.current:
+            return served[-2]
         order = [v.version for v in self.versions]
         i = order.index(self.current) if self.current in order else 0
         return order[i - 1] if i > 0 else None
