@@ -200,7 +200,8 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
 
     Raises `FunctionError` (``bad_response``, 502) if it is truncated (the
     message names the byte where it ends and what was expected there), has a
-    status outside 200..599 (a 1xx is never a final response), or carries an invalid header name or value.
+    status outside 200..599 (a 1xx is never a final response), or carries an
+    invalid header name or value.
     """
     try:  # the hot path: inline, and only on failure the careful walk that explains it
         status, count = _unpack2(buf, 0)

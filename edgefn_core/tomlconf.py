@@ -25,9 +25,47 @@ def decode[T](raw: bytes, kind: type[T], file: str,
     try:
         return msgspec.toml.decode(raw, type=kind)
     except msgspec.ValidationError as e:
-        raise from_validation(file, str(e), error) from None
+        found = from_validation(file, str(e), error)
+        if found.field and "[...]" in found.field:  # a table's value: name its key
+            named = _named(raw, found.field, found.reason)
+            if named is not None:
+                found = error(file, found.reason, named)
+        raise found from None
     except msgspec.DecodeError as e:
         raise error(file, f"not valid TOML: {e}") from None
+
+
+_GOT = re.compile(r"got `(?P<type>\w+)`")
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "array": list, "object": dict}
+
+
+def _named(raw: bytes, field: str, reason: str) -> str | None:
+    """`field` (``env[...]``, msgspec's placeholder for a table's value) with the key
+    of the first value of the type `reason` says it got (``env.PORT``), or None."""
+    got = _GOT.search(reason)
+    wanted = _TYPES.get(got.group("type")) if got else None
+    try:
+        node: object = msgspec.toml.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    out: list[str] = []
+    for part in re.findall(r"[^.\[\]]+|\[[^\]]*\]", field):
+        if part == "[...]" and isinstance(node, dict):
+            key = next((k for k, v in node.items() if wanted is not None
+                        and type(v) is wanted), None)
+            if key is None:
+                return None
+            out.append(f".{key}")
+            node = node[key]
+        elif part.startswith("[") and isinstance(node, list):
+            out.append(part)
+            node = node[int(part[1:-1])] if part[1:-1].isdigit() else None
+        elif isinstance(node, dict):
+            out.append(f".{part}" if out else part)
+            node = node.get(part)
+        else:
+            return None
+    return "".join(out).lstrip(".")
 
 
 def from_validation(file: str, text: str,

@@ -333,6 +333,9 @@ def handle(request, env):
         return Response("x", status="200")
     if mode == "intbody":
         return Response(123)
+    if mode == "exit":
+        import sys
+        sys.exit(3)
     if mode == "intchunk":
         def parts():
             yield b"a"
@@ -359,6 +362,9 @@ def handle(request, env):
         status, headers, body = pop.get(f"/flaky?{query}")
         assert (status, headers["x-edgefn-error"]) == (502, "bad_response"), query
         assert words in body, (query, body)
+    # sys.exit() is the handler's exception, named, not its isolate ending (502 crash)
+    status, headers, body = pop.get("/flaky?mode=exit")
+    assert (status, headers["x-edgefn-error"]) == (500, "trap") and b"raised SystemExit: 3" in body
     conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
     conn.request("GET", "/flaky?mode=intchunk")  # not 42 NUL bytes: the stream is cut
     resp = conn.getresponse()

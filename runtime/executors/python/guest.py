@@ -247,7 +247,7 @@ class Session:
             self.send_error("memory_limit", "ran out of memory (MemoryError)")
         except self.sdk.BindingError as e:
             self.send_error("binding", _binding_failed(e), "".join(traceback.format_exception(e)))
-        except Exception as e:
+        except (Exception, SystemExit, KeyboardInterrupt) as e:  # sys.exit() in a handler too
             self.send_error("exception", _cannot_import(e) or _raised(e),
                             "".join(traceback.format_exception(e)))
 
