@@ -14,6 +14,7 @@ in that order; the others fix both and take only the message.
     ├── DeployError              a deploy rejected; nothing changed
     │   ├── RouteConflict
     │   ├── NotOwner             a namespace or index another owner holds
+    │   ├── OutOfRegion          a pinned tenant's function outside its region (451)
     │   ├── VersionTampered      stored files that no longer match their hash
     │   └── SandboxMissing       Python functions refused: a sandbox layer is missing
     ├── SandboxError             an isolate host could not apply a sandbox layer
@@ -95,6 +96,14 @@ class DeployError(EdgefnError):
 
     code = "deploy_rejected"
     status = 400
+
+
+class OutOfRegion(DeployError):
+    """A function of a tenant pinned to another region: this PoP does not take it (a
+    topology rollout leaves such PoPs as they were)."""
+
+    code = "residency_violation"
+    status = 451
 
 
 class SandboxMissing(DeployError):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgefn_core.errors import DeployError
+from edgefn_core.errors import OutOfRegion
 from runtime.ai.service import AIService
 from runtime.bindings import Stores
 from runtime.cache.http.cache import HttpCache
@@ -126,11 +126,11 @@ class PoP:
                           ai.client.metrics if ai is not None else None)
 
     def _vet(self, m: Manifest) -> None:
-        """Raises `DeployError` for a function asking for a WAF this PoP cannot run, or
-        owned by a tenant pinned to another region ([residency])."""
+        """Raises `DeployError` for a function asking for a WAF this PoP cannot run,
+        `OutOfRegion` for one owned by a tenant pinned to another region ([residency])."""
         home = self.config.residency.tenants.get(m.tenant)
         if home is not None and home != self.config.region:
-            raise DeployError(f"function {m.name!r} belongs to tenant {m.tenant!r}, pinned to "
+            raise OutOfRegion(f"function {m.name!r} belongs to tenant {m.tenant!r}, pinned to "
                               f"region {home!r}; PoP {self.config.name!r} is in region "
                               f"{self.config.region or '(none)'!r}")
         if m.waf is not None and m.waf.mode == "block":

@@ -44,7 +44,10 @@ def deploy(args: argparse.Namespace) -> None:
         return commands._print_json(_builtins(r))
     what = f"canary {r.name} version {r.version} at {canary:g}%" if canary is not None else \
         f"{'deployed' if r.changed else 'unchanged'} {r.name} version {r.version}"
-    print(f"{what} on {_where(pops)}; switch window {r.window_ms} ms")
+    served = [p for p in pops if p[0] not in r.skipped]
+    print(f"{what} on {_where(served)}; switch window {r.window_ms} ms")
+    for pop, why in sorted(r.skipped.items()):
+        print(f"  left as it was: {pop}: {why}")
 
 
 def rollback(args: argparse.Namespace) -> None:

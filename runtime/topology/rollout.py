@@ -25,6 +25,7 @@ import msgspec
 
 from edgefn_core.errors import EdgefnError, InvalidConfig, RolloutError
 from runtime.admin.client import AdminClient
+from runtime.functions.deploys import FunctionRecord
 from runtime.topology import rundir
 
 Pops = list[tuple[str, Path]]  # (PoP name, its data dir), in the topology's order
@@ -35,6 +36,7 @@ class Outcome(msgspec.Struct):
     pop: str
     value: Any = None
     error: str | None = None  # what the PoP (or reaching it) said
+    code: str | None = None  # its error code (``pop_unreachable``, ``residency_violation``)
 
 
 class Rollout(msgspec.Struct):
@@ -44,6 +46,7 @@ class Rollout(msgspec.Struct):
     changed: bool
     canary: float | None = None
     window_ms: float = 0.0  # first to last PoP switch
+    skipped: dict[str, str] = {}  # PoP -> why the rollout left it as it was
 
 
 def pops_of(run: str | Path) -> Pops:
@@ -72,31 +75,69 @@ def _one(name: str, data: Path, call: Call, timeout: float) -> Outcome:
     try:
         return Outcome(name, call(name, AdminClient(data, timeout)))
     except EdgefnError as e:
-        return Outcome(name, error=str(e))
+        return Outcome(name, error=str(e), code=e.code)
 
 
 def _failures(phase: str, failed: list[Outcome]) -> str:
-    return "; ".join(f"{phase} failed on PoP {o.pop}: {o.error}" for o in failed)
+    """Each failure once: PoPs that said the same thing are named together (a bad
+    package fails alike on every PoP)."""
+    by_error: dict[str | None, list[str]] = {}
+    for o in failed:
+        by_error.setdefault(o.error, []).append(o.pop)
+    return "; ".join(f"{phase} failed on PoP{'s' if len(names) > 1 else ''} "
+                     f"{', '.join(sorted(names))}: {error}" for error, names in by_error.items())
+
+
+def _only(pops: Pops, outcomes: list[Outcome]) -> Pops:
+    """The PoPs of `outcomes`, in `pops`' order."""
+    names = {o.pop for o in outcomes}
+    return [p for p in pops if p[0] in names]
 
 
 # -- deploy --------------------------------------------------------------------------------
 def deploy(pops: Pops, package: bytes, source: str = "", canary: float | None = None
            ) -> Rollout:
     """Stage `package` (a tar.gz) on every PoP, then switch every PoP to it (as the
-    live version, or as a canary for `canary` percent of request keys). Raises
-    `RolloutError`: nothing changed on any PoP if staging failed; if switching
-    failed, the PoPs that switched went back (the message says which)."""
+    live version, or as a canary for `canary` percent of request keys). Two kinds of
+    PoP are left as they were, named in `Rollout.skipped`: one outside the region
+    its owner is pinned to (it refuses the function: ``residency_violation``), and
+    for a canary one that does not serve the function (a canary splits a live
+    version's traffic). Raises `RolloutError`: nothing changed on any PoP if
+    staging failed; if switching failed, the PoPs that switched went back (the
+    message says which)."""
     staged = stage(pops, lambda _, c: c.request("POST", "/v1/stage", package,
-                                             {"x-edgefn-source": source}))
-    return activate(pops, staged, canary)
+                                             {"x-edgefn-source": source}),
+                   skip={"residency_violation"})
+    skipped = {o.pop: str(o.error) for o in staged if o.error is not None}
+    staged = [o for o in staged if o.error is None]
+    if canary is not None:
+        idle = [o for o in staged if o.value["previous"] is None]
+        if len(idle) == len(staged):
+            abort(pops, staged)
+            raise RolloutError(f"{staged[0].value['name']} is not live on any PoP: a canary "
+                               "splits a live version's traffic (deploy it first); no PoP "
+                               "changed")
+        abort(pops, idle)
+        skipped |= {o.pop: "does not serve the function (no live version to split)"
+                    for o in idle}
+        staged = [o for o in staged if o.value["previous"] is not None]
+    done = activate(_only(pops, staged), staged, canary)
+    done.skipped = skipped
+    return done
 
 
-def stage(pops: Pops, call: Call) -> list[Outcome]:
+def stage(pops: Pops, call: Call, skip: frozenset[str] | set[str] = frozenset()
+          ) -> list[Outcome]:
     """Run a stage `call` on every PoP; all staged the same version, or raises
-    `RolloutError` after aborting it on every PoP that staged it."""
+    `RolloutError` after aborting it on every PoP that staged it. A PoP that refused
+    with a code in `skip` is no failure (its outcome keeps the error) as long as
+    another PoP staged."""
     staged = each(pops, call)
-    failed = [o for o in staged if o.error is not None]
-    versions = {(o.value["name"], o.value["version"]) for o in staged if o.error is None}
+    failed = [o for o in staged if o.error is not None and o.code not in skip]
+    ok = [o for o in staged if o.error is None]
+    if not ok:
+        failed = [o for o in staged if o.error is not None]
+    versions = {(o.value["name"], o.value["version"]) for o in ok}
     if failed or len(versions) > 1:
         abort(pops, staged)
         why = _failures("stage", failed) or f"PoPs staged different versions: {versions}"
@@ -171,9 +212,21 @@ def rollback(pops: Pops, name: str, to: str | None = None) -> Rollout:
     """During a canary (and without `to`): drop the canary everywhere. Otherwise
     stage version `to` (default: the one before the current, which must be the
     same on every PoP) everywhere, then switch. Raises `RolloutError`."""
-    recs = records(pops, name)
-    if to is None and any(r.get("canary") for r in recs.values()):
-        return _drop_canaries(pops, name, recs)
+    got = each(pops, lambda _, c: c.request("GET", f"/v1/functions/{name}/versions"))
+    unreachable = [o for o in got if o.code == "pop_unreachable"]
+    recs = {o.pop: o.value for o in got if o.error is None}
+    failed = [o for o in got if o.error is not None and o.code != "pop_unreachable"]
+    if to is None and not failed and any(r.get("canary") for r in recs.values()):
+        # an emergency: drop a bad canary wherever it can be reached, and say where not
+        dropped = _drop_canaries(_only(pops, [o for o in got if o.error is None]), name, recs)
+        if unreachable:
+            raise RolloutError(f"dropped the canary of {name} on {', '.join(sorted(recs))}; "
+                               f"{_failures('reaching', unreachable)}: its canary runs there "
+                               "until the PoP is back; run the rollback again then")
+        return dropped
+    if failed or unreachable:
+        raise RolloutError(f"{_failures('reading versions', failed + unreachable)}; "
+                           "no PoP changed")
     target = to or _previous(name, recs)
     staged = stage(pops, lambda _, c: c.request("POST", f"/v1/functions/{name}/stage",
                                              json.dumps({"version": target}).encode()))
@@ -201,10 +254,9 @@ def _previous(name: str, recs: dict[str, dict[str, Any]]) -> str:
 
 
 def _before(record: dict[str, Any]) -> str | None:
-    """The version deployed before `record`'s current one on its PoP, or None."""
-    order = [v["version"] for v in record["versions"]]
-    i = order.index(record["current"])
-    return str(order[i - 1]) if i > 0 else None
+    """The version that served before `record`'s current one on its PoP (as
+    `FunctionRecord.previous` says), or None."""
+    return msgspec.convert(record, FunctionRecord).previous()
 
 
 def _listed(per_pop: dict[str, Any]) -> str:

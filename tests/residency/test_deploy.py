@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefn_core.errors import DeployError
+from edgefn_core.errors import DeployError, RolloutError
 from runtime import config
 from runtime.functions import deploys
 from runtime.pop import PoP
@@ -44,3 +44,26 @@ def test_in_its_region_it_deploys(tmp_path: Path) -> None:
         assert "counter-py" in p.registry.functions
     finally:
         p.close()
+
+
+def test_a_topology_rollout_skips_the_pops_outside_the_owners_region(tmp_path: Path) -> None:
+    """`edgefn deploy --topology` of a pinned owner's function: the PoPs of its region
+    take it, the others are left as they were (it aborted everywhere)."""
+    from runtime.topology import rollout
+    from tests.support import pop_process
+
+    settings = 'region = "{}"\n[residency.tenants]\nexamples = "emea"\n'
+    (tmp_path / "eu").mkdir()
+    (tmp_path / "us").mkdir()
+    with pop_process(tmp_path / "eu", settings.format("emea")) as eu, \
+            pop_process(tmp_path / "us", settings.format("americas")) as us:
+        assert eu.port and us.port
+        pops = [("eu", tmp_path / "eu" / "data"), ("us", tmp_path / "us" / "data")]
+        package = deploys.to_tar(deploys.pack_dir(EXAMPLES / "counter-py"))
+        r = rollout.deploy(pops, package)
+        assert r.changed and list(r.skipped) == ["us"]
+        assert "pinned to region 'emea'" in r.skipped["us"]
+        assert r.previous == {"eu": None}
+        with pytest.raises(RolloutError, match="stage failed on PoP us: function 'counter-py' "
+                                               "belongs to tenant 'examples', pinned to"):
+            rollout.deploy(pops[1:], package)  # no PoP of its region: refused, named

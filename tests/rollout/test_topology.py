@@ -226,8 +226,8 @@ def test_promote_refuses_unless_every_pop_runs_the_canary(topology: Topology,
     assert str(err.value) == (f"t9: every PoP must run the same canary to promote it (central: "
                               f"None, edge-a: {v2}, edge-b: {v2}); no PoP changed")
     assert current(topology, "t9") == dict.fromkeys(topology.pops, v1)
-    with pytest.raises(RolloutError, match="reading versions failed on PoP edge-a: no "
-                                           "function named 'nope' is deployed"):
+    with pytest.raises(RolloutError, match="reading versions failed on PoPs central, edge-a, "
+                                           "edge-b: no function named 'nope' is deployed"):
         rollout.promote(pops, "nope")
 
 
@@ -243,3 +243,52 @@ def test_drift_names_the_pop_deployed_out_of_band(topology: Topology, tmp_path: 
     assert found["t10only"] == {"edge-a": ABSENT, "edge-b": ABSENT,
                                 "central": found["t10only"]["central"]}
     assert found["t10only"]["central"] != ABSENT
+
+
+def test_a_canary_goes_to_the_pops_that_serve_the_function(topology: Topology,
+                                                           tmp_path: Path) -> None:
+    """A function only some PoPs serve (the default topology's edge-only hello-wat):
+    the canary splits it there and leaves the others as they were (it failed at the
+    switch on them, after the edges had switched)."""
+    pops = rollout.pops_of(topology.run)
+    d = function_dir(tmp_path / "only-a", "t10", reactor(""), extra="# edge-a's own")
+    v1 = topology.pops["edge-a"].deploy(d)["version"]
+    r = rollout.deploy(pops, package(tmp_path, "t10", 2), canary=30.0)
+    assert sorted(r.skipped) == ["central", "edge-b"]
+    assert all("does not serve the function" in why for why in r.skipped.values())
+    record = topology.pops["edge-a"].admin.request("GET", "/v1/functions/t10/versions")
+    assert (record["current"], record["canary"]["version"]) == (v1, r.version)
+    for name in ("central", "edge-b"):  # nothing staged stays behind, nothing serves
+        with pytest.raises(AdminError) as err:
+            topology.pops[name].admin.request("GET", "/v1/functions/t10/versions")
+        assert err.value.status == 404
+    with pytest.raises(RolloutError, match="t11 is not live on any PoP: a canary splits"):
+        rollout.deploy(pops, package(tmp_path, "t11", 1), canary=30.0)
+
+
+def test_a_bad_package_is_reported_once_for_every_pop(topology: Topology,
+                                                      tmp_path: Path) -> None:
+    pops = rollout.pops_of(topology.run)
+    d = function_dir(tmp_path, "t12", "(module (func (export \"_start\") (call $nope)))")
+    with pytest.raises(RolloutError) as err:
+        rollout.deploy(pops, deploys.to_tar(deploys.pack_dir(d)))
+    message = str(err.value)
+    assert message.startswith("stage failed on PoPs central, edge-a, edge-b: ")
+    assert message.count("failed to find name `$nope`") == 1
+
+
+def test_a_canary_is_dropped_where_pops_can_be_reached(topology: Topology,
+                                                       tmp_path: Path) -> None:
+    """A bad canary must go even while one PoP is down: the rollback drops it on the
+    others and names the PoP it could not reach (it changed nothing before)."""
+    pops = rollout.pops_of(topology.run)
+    v1 = rollout.deploy(pops, package(tmp_path, "t13", 1)).version
+    rollout.deploy(pops, package(tmp_path, "t13", 2), canary=50.0)
+    with pop_process(tmp_path) as gone:  # a PoP that ran here and stopped
+        assert gone.port
+    with pytest.raises(RolloutError) as err:
+        rollout.rollback([*pops, ("gone", tmp_path / "data")], "t13")
+    assert str(err.value).startswith("dropped the canary of t13 on central, edge-a, edge-b; "
+                                     "reaching failed on PoP gone: cannot reach")
+    for p in topology.pops.values():
+        assert set(versions(p, "/t13", KEYS[:100]).values()) == {v1}
