@@ -85,13 +85,16 @@ def test_tenants_not_pinned_pass_anywhere_and_carry_nothing(tenant: str | None) 
 
 
 def test_the_next_tier_enforces_the_pin_from_the_signed_header() -> None:
-    app, _, tail = chain(None, region="americas")
+    app, seen, tail = chain(None, region="americas")
     header = (r.TENANT_HEADER, r.sign(SECRET, "acme-eu", "rid-2").encode())
     response = run(app(with_rid(b"rid-2", header)))
     assert response.status == 451 and tail.values == []
-    app, _, tail = chain(None, region="emea")
+    # its event names the tenant and the error (its de-sensitised sample hashes them)
+    assert [(e.tenant, e.error) for e in seen.events] == [("acme-eu", "residency_violation")]
+    app, seen, tail = chain(None, region="emea")
     assert run(app(with_rid(b"rid-2", header))).status == 200
     assert tail.values == [header[1].decode()], "and passes it on to the tier after it"
+    assert [e.tenant for e in seen.events] == ["acme-eu"]
 
 
 @pytest.mark.parametrize("value", [

@@ -120,6 +120,8 @@ class Events:
         who = ctx.principal
         if who is not None:
             event.tenant, event.key_id, event.subject = who.tenant, who.key_id, who.subject
+        elif ctx.decisions and isinstance(pinned := ctx.decisions.get("residency"), dict):
+            event.tenant = pinned.get("forwarded")  # signed by the tier below
         if ctx.decisions:
             self._decisions(event, request, ctx.decisions)
         if status >= 400:

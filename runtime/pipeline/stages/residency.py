@@ -43,11 +43,13 @@ class Residency:
                 ctx.decide("residency", {"result": "desensitised",
                                          "tenant": mark.decode("latin-1")[:32]})
             return call_next(request, ctx)
+        # a tenant a lower tier forwarded is no principal here: its event still names it
+        named = {"forwarded": tenant} if ctx.principal is None else {}
         if home != self.region:
             request.path, request.query = BLANK_PATH, b""
-            ctx.decide("residency", {"tenant_region": home, "result": "refused"})
+            ctx.decide("residency", {"tenant_region": home, "result": "refused", **named})
             raise r.refusal(tenant, home, self.pop, self.region)
-        record = {"tenant_region": home, "result": "ok"}
+        record = {"tenant_region": home, "result": "ok", **named}
         if self.settings.secret:
             record["forward"] = r.sign(self.settings.secret, tenant, ctx.request_id.decode())
         ctx.decide("residency", record)
