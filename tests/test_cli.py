@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -162,6 +162,22 @@ def test_dev_deploys_a_tree_and_redeploys_on_change(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert get(port, "/hello")[1] == b"Hello, live reload (WASM)\n"
         assert any("redeploying" in line for line in lines)
+
+        def until(done: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 10
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+        # a renamed function takes its routes over (it was refused: "already served")
+        toml = tree / "hello" / "edgefn.toml"
+        toml.write_text(toml.read_text().replace('name = "hello"', 'name = "hi"'))
+        until(lambda: get(port, "/hello")[2].get("x-edgefn-function", "").startswith("hi@"))
+        assert get(port, "/hello")[2]["x-edgefn-function"].startswith("hi@")
+        assert "removed   hello" in "".join(lines)
+        # a folder that goes takes its function with it
+        shutil.rmtree(tree / "hello")
+        until(lambda: get(port, "/hello")[0] == 404)
+        assert get(port, "/hello")[0] == 404 and "removed   hi" in "".join(lines)
 
 
 def test_dev_with_two_workers_deploys_and_redeploys_to_both(tmp_path: Path) -> None:

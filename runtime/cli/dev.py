@@ -13,7 +13,7 @@ import socket
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import uvloop
@@ -118,34 +118,58 @@ def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 type Deploy = Callable[[Path], Awaitable[DeployResult]]
+type Remove = Callable[[str], Awaitable[None]]
 
 
-def in_process(registry: Registry) -> Deploy:
-    """Deploy a folder to this process's PoP."""
+class Target(NamedTuple):
+    """Where `edgefn dev` deploys: how to deploy a folder and to remove a function."""
+
+    deploy: Deploy
+    remove: Remove
+
+
+def in_process(registry: Registry) -> Target:
+    """This process's PoP."""
     async def deploy(directory: Path) -> DeployResult:
         return await registry.deploy(deploys.pack_dir(directory), str(directory))
 
-    return deploy
+    return Target(deploy, registry.delete)
 
 
-def through_admin(data: Path) -> Deploy:
-    """Deploy a folder through the admin API of the PoP on `data` (``workers = N``:
-    the admin worker deploys and every other worker follows before it answers)."""
+def through_admin(data: Path) -> Target:
+    """The admin API of the PoP on `data` (``workers = N``: the admin worker deploys
+    and every other worker follows before it answers)."""
     client = AdminClient(data)
 
     async def deploy(directory: Path) -> DeployResult:
         answer = await asyncio.to_thread(client.deploy, directory)
         return msgspec.convert(answer, DeployResult)
 
-    return deploy
+    async def remove(name: str) -> None:
+        await asyncio.to_thread(client.request, "DELETE", f"/v1/functions/{name}")
+
+    return Target(deploy, remove)
 
 
-async def deploy_dir(deploy: Deploy, directory: Path) -> bool:
+async def deploy_dir(target: Target, directory: Path, served: dict[Path, str]) -> bool:
+    """Deploy `directory`; `served` (folder -> the function it deployed) is kept up to
+    date: a folder whose manifest now names another function first removes the one
+    it deployed (else its routes would refuse the renamed one)."""
     try:
-        r = await deploy(directory)
+        name = manifest.load(directory).name
+    except ManifestError as e:
+        print(f"  ! {directory}: {e}", flush=True)
+        return False
+    before = served.get(directory)
+    if before is not None and before != name:
+        await remove(target, before, f"{directory} is {name!r} now")
+        served.pop(directory)
+    try:
+        r = await target.deploy(directory)
     except (ManifestError, DeployError, AdminError) as e:
         print(f"  ! {directory}: {e}", flush=True)
         return False
+    served[directory] = r.name
     routes = ", ".join((x.get("host") or "") + x["path"] for x in r.routes)
     state = "deployed" if r.changed else "unchanged"
     print(f"  {state:<9} {r.name:<16} {r.version}  {r.abi:<7} {routes}  ({r.took_ms} ms)",
@@ -153,16 +177,31 @@ async def deploy_dir(deploy: Deploy, directory: Path) -> bool:
     return True
 
 
-async def watch(deploy: Deploy, root: Path) -> None:
+async def remove(target: Target, name: str, why: str) -> None:
+    try:
+        await target.remove(name)
+    except (NotFound, AdminError) as e:
+        print(f"  ! cannot remove {name}: {e}", flush=True)
+        return
+    print(f"  removed   {name:<16} ({why})", flush=True)
+
+
+async def watch(target: Target, root: Path, served: dict[Path, str]) -> None:
+    """Redeploy a folder when its files change; remove the function of a folder that
+    is gone (or holds no edgefn.toml any more)."""
     seen = {d: snapshot(d) for d in function_dirs(root)}
     while True:
         await asyncio.sleep(POLL_SECONDS)
-        for d in function_dirs(root):
+        dirs = function_dirs(root)
+        for d in dirs:
             snap = snapshot(d)
             if seen.get(d) != snap:
                 seen[d] = snap
                 print(f"change in {d}: redeploying", flush=True)
-                await deploy_dir(deploy, d)
+                await deploy_dir(target, d, served)
+        for d in [d for d in served if d not in dirs]:
+            seen.pop(d, None)
+            await remove(target, served.pop(d), f"{d} is gone")
 
 
 async def serve_workers(config: PopConfig, verbosity: int, dev_dir: str | None) -> None:
@@ -196,13 +235,15 @@ async def serve(config: PopConfig, dev_dir: str | None) -> None:
             await develop(in_process(pop.registry), Path(dev_dir), pop.registry.listing)
 
 
-async def develop(deploy: Deploy, root: Path, listing: Callable[[], list[Any]]) -> None:
+async def develop(target: Target, root: Path, listing: Callable[[], list[Any]]) -> None:
     """`edgefn dev`: deploy every function folder under `root`, then redeploy one
-    when its files change, until SIGINT/SIGTERM."""
+    when its files change and remove the function of one that goes, until
+    SIGINT/SIGTERM."""
     print(f"dev mode: deploying functions under {root}", flush=True)
+    served: dict[Path, str] = {}
     for d in function_dirs(root):
-        await deploy_dir(deploy, d)
-    watcher = asyncio.create_task(watch(deploy, root))
+        await deploy_dir(target, d, served)
+    watcher = asyncio.create_task(watch(target, root, served))
     print_functions(await asyncio.to_thread(listing))
     await wait_for_signal()
     watcher.cancel()
