@@ -351,6 +351,13 @@ def _topology_command(c: Commands) -> None:
                              ("down", "stop every PoP, link and Redis of the run", True)):
         o = c.op(ops, name, help, f"edgefn topology {name}", json=json)
         o.set_defaults(json=False)
+    restart = c.op(ops, "restart", "start one PoP of the run again (after a kill -9, say), "
+                   "stopping it first if it runs; it comes back with what it served",
+                   "edgefn topology restart us-east")
+    restart.add_argument("pop", help="the PoP's name (`edgefn topology status` lists them)")
+    restart.add_argument("--timeout", type=float, default=120.0,
+                         help="seconds to wait for its /readyz (default: 120)")
+    restart.set_defaults(json=False)
     load = c.op(ops, "load", "send requests as clients of one geography do (through its "
                 "edge, or the nearest healthy one) and print latency and failures",
                 "edgefn topology load --geo eu-west -n 100 --path /hello")

@@ -42,6 +42,10 @@ def topology_command(args: argparse.Namespace) -> None:
             _status(run, args.json)
         case "load":
             _load(run, args)
+        case "restart":
+            entry = runner.restart(run, args.pop, args.timeout)
+            print(json.dumps({"pop": entry.name, "pid": entry.pid}) if args.json else
+                  f"{entry.name} ready again (pid {entry.pid}) at {entry.public}")
         case "down":
             stopped = runner.down(run)
             print(json.dumps({"stopped": stopped}) if args.json else

@@ -68,6 +68,39 @@ def up(topo: Topology, run: Path, source: str, timeout: float = 180.0) -> RunSta
     return state
 
 
+def restart(run: Path, name: str, timeout: float = 120.0) -> PopEntry:
+    """Start PoP `name` of the topology running in `run` again, with its own config
+    and data dir (so it serves what it served, on the same port the links reach),
+    stopping it first if it runs; returns its entry once it is ready. Raises
+    `Failure`: ``no_topology``, ``not_found`` for a PoP the run does not have,
+    ``topology_failed`` if it exits or is not ready in `timeout`."""
+    run = run.resolve()
+    state = read_state(run)
+    if state is None:
+        raise Failure("no_topology", 404, f"no topology was started in {run}")
+    entry = next((p for p in state.pops if p.name == name), None)
+    if entry is None:
+        raise Failure("not_found", 404, f"the topology in {run} has no PoP {name!r}; it has "
+                      f"{', '.join(p.name for p in state.pops)}")
+    if group_alive(entry.pid):
+        _signal_group(entry.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while _group_alive(entry.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal_group(entry.pid, signal.SIGKILL)
+        _reap({entry.pid})
+    for pid in stragglers(pop_dir(run, name)):  # its model worker, orphaned by a kill -9
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    pid = _spawn(pop_dir(run, name) / "pop.log", "-m", "runtime.cli", "serve", "--config",
+                 str(pop_dir(run, name) / "pop.toml"))
+    entry = msgspec.structs.replace(entry, pid=pid)
+    state.pops = [entry if p.name == name else p for p in state.pops]
+    write_state(run, state)
+    _wait_ready(run, RunState(pops=[entry]), time.monotonic() + timeout)
+    return entry
+
+
 def _start_network(run: Path, topo: Topology) -> plan.Network:
     """Write every PoP's config, start the links and Redis; RUN_DIR/network.json."""
     ports, links = plan.network(topo)

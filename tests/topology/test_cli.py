@@ -128,9 +128,16 @@ def test_up_after_a_crash_down_twice_and_status_after_down(tmp_path: Path) -> No
         assert result["purged"] == {"central": 0} and list(result["failed"]) == ["edge"]
         message = json.loads(purge.stderr)["error"]["message"]
         assert message.startswith("not purged on edge (") and "ghost" not in message
+        # the killed edge comes back on its own: same port, same functions
+        back = json.loads(_cli("topology", "restart", "edge", "--dir", str(run)).stdout)
+        assert back["pid"] != edge.pid and runner.alive(back["pid"])
+        rows = json.loads(_cli("topology", "status", "--dir", str(run)).stdout)
+        assert [(r["name"], r["health"]) for r in rows] == [("central", "ready"),
+                                                             ("edge", "ready")]
+        state = read_state(run)
+        assert state is not None
         for p in state.pops:
-            if p is not edge:
-                runner.os.kill(p.pid, 9)
+            runner.os.kill(p.pid, 9)
         up = _cli(*cli[:1], "up", str(toml), *cli[1:])
         assert up.returncode == 0, up.stderr
         old = [first.links_pid, *first.redis_pids.values()]
