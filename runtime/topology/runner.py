@@ -82,13 +82,7 @@ def restart(run: Path, name: str, timeout: float = 120.0) -> PopEntry:
     if entry is None:
         raise Failure("not_found", 404, f"the topology in {run} has no PoP {name!r}; it has "
                       f"{', '.join(p.name for p in state.pops)}")
-    if group_alive(entry.pid):
-        _signal_group(entry.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while _group_alive(entry.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _signal_group(entry.pid, signal.SIGKILL)
-        _reap({entry.pid})
+    _stop_groups([entry.pid] if group_alive(entry.pid) else [])
     for pid in stragglers(pop_dir(run, name)):  # its model worker, orphaned by a kill -9
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -235,13 +229,7 @@ def down(run: Path, grace: float = 15.0) -> list[str]:
         net = read_network(run)
         groups |= {"links": net.links_pid, **{f"redis-{r}": p for r, p in net.redis_pids.items()}}
     groups = {name: pid for name, pid in groups.items() if group_alive(pid)}
-    for pid in groups.values():
-        _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(_group_alive(pid) for pid in groups.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in groups.values():
-        _signal_group(pid, signal.SIGKILL)
+    _stop_groups(list(groups.values()), grace)
     for pid in stragglers(run):  # a model worker whose PoP was killed (-9) outlives it
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -253,6 +241,19 @@ def down(run: Path, grace: float = 15.0) -> list[str]:
         net.links_pid, net.redis_pids = 0, {}
         _write_network(run, net)
     return list(groups)
+
+
+def _stop_groups(pgids: list[int], grace: float = 15.0) -> None:
+    """SIGTERM each process group, SIGKILL those still there after `grace` seconds,
+    and wait for the ones this process started."""
+    for pid in pgids:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_group_alive(pid) for pid in pgids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pgids:
+        _signal_group(pid, signal.SIGKILL)
+    _reap(set(pgids))
 
 
 def _reap(pids: set[int]) -> None:
