@@ -39,6 +39,7 @@ log = logging.getLogger("edgefn.gpu_worker.client")
 # client, or a test, can change them.
 START_TIMEOUT = 120.0  # loading models on a cold disk
 READY_WAIT = 30.0  # how long a request waits for a restarting worker
+RECONNECT_S = 2.0  # a live worker whose connection closed must take another within this
 IDLE_TIMEOUT = 120.0  # longest silence inside a stream
 CALL_TIMEOUT = 120.0
 BACKOFF_MAX = 30.0
@@ -121,6 +122,8 @@ class WorkerClient:
         self.pending: dict[int, Generation | asyncio.Future[Any]] = {}
         self.writer: asyncio.StreamWriter | None = None
         self.connected = asyncio.Event()
+        self.lost = asyncio.Event()  # set when a connection drops (`_watch`)
+        self.connects = 0  # connections made, the first included
         self.closing = False
         self.process: asyncio.subprocess.Process | None = None
         self.restarts = 0
@@ -264,6 +267,8 @@ class WorkerClient:
                 log.exception("re-registering state with the model worker failed")
         self.down = None
         self.start_failed.clear()
+        self.lost.clear()
+        self.connects += 1
         self.connected.set()
         return True
 
@@ -276,6 +281,7 @@ class WorkerClient:
             pass
         finally:
             self.connected.clear()
+            self.lost.set()
             self.writer = None
             writer.close()
             self._fail_all("the model worker exited while serving this request; "
@@ -324,7 +330,7 @@ class WorkerClient:
                 *self.command, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, "EDGEFN_PARENT_PID": str(os.getpid())})
             served = await self._wait_serving(self.process)
-            rc = await self.process.wait()
+            rc = await self._watch(self.process) if served else await self.process.wait()
             if self.closing:
                 return
             if time.monotonic() - started > STABLE_AFTER:
@@ -335,6 +341,34 @@ class WorkerClient:
             log.warning("model worker exited (status %s); restarting in %.1f s", rc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> int:
+        """Wait for `proc` to exit; if its connection drops while it lives (it closed
+        it), connect again, or kill it when it takes no connection within
+        `RECONNECT_S` (it is then restarted). A worker alive but unreachable left
+        every model call waiting for a restart that never came. Returns its status."""
+        while True:
+            exited = asyncio.ensure_future(proc.wait())
+            lost = asyncio.ensure_future(self.lost.wait())
+            done, _ = await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
+            lost.cancel()
+            if exited in done:
+                return exited.result()
+            exited.cancel()
+            self.lost.clear()
+            if self.closing:
+                return await proc.wait()
+            deadline = time.monotonic() + RECONNECT_S
+            while proc.returncode is None and time.monotonic() < deadline:
+                if await self._connect():
+                    log.warning("model worker: its connection closed; connected again")
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                if proc.returncode is None:
+                    log.error("model worker: its connection closed and it takes no other; "
+                              "killing it (it is restarted)")
+                    proc.kill()
 
     async def _wait_serving(self, proc: asyncio.subprocess.Process) -> bool:
         """Whether `proc` served (the client connected) before it exited or

@@ -161,7 +161,12 @@ class Connection:
                 except msgspec.DecodeError as e:
                     self.send(p.Error(_id_of(body), "invalid_request", f"bad message: {e}", 400))
                     continue
-                self.dispatch(msg)
+                try:
+                    self.dispatch(msg)
+                except Exception as e:  # a bug answers its own request, never the connection
+                    log.exception("request %r failed", type(msg).__name__)
+                    self.send(p.Error(getattr(msg, "id", 0), "internal",
+                                      f"{type(e).__name__}: {e}", 500))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except ProtocolError as e:
@@ -206,6 +211,11 @@ class Connection:
         except EngineError as e:
             self.worker.metrics.request(error=True)
             self.send(p.Error(msg.id, e.code, str(e), e.status))
+            return
+        except Exception as e:  # an input no check foresaw: this request's 500, nothing more
+            log.exception("generate for model %r failed", msg.model)
+            self.worker.metrics.request(error=True)
+            self.send(p.Error(msg.id, "internal", f"{type(e).__name__}: {e}", 500))
             return
         self.generations[msg.id] = sink
 

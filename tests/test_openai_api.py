@@ -174,6 +174,19 @@ def test_unknown_models_are_named_in_the_event_not_in_metric_labels(pop: Running
      "invalid_value", "temperature"),
     (json.dumps({"model": CHAT, "messages": HELLO, "n": 9}).encode(), "invalid_value", "n"),
     (json.dumps({"model": CHAT, "messages": []}).encode(), "invalid_request", "messages"),
+    # past the worker wire's integers: a 400, not a 500 (OverflowError)
+    (json.dumps({"model": CHAT, "messages": HELLO, "seed": 2**64}).encode(), "invalid_value",
+     "seed"),
+    (json.dumps({"model": CHAT, "messages": HELLO, "max_completion_tokens": 2**64}).encode(),
+     "invalid_value", "max_completion_tokens"),
+    (json.dumps({"model": CHAT, "messages": HELLO, "max_tokens": 10**9}).encode(),
+     "invalid_value", "max_tokens"),
+    (json.dumps({"model": CHAT, "messages": HELLO, "logit_bias": {"9" * 23: 1}}).encode(),
+     "invalid_request", "logit_bias"),
+    # a tool call in the history that is not OpenAI's shape (it crashed the worker)
+    (json.dumps({"model": CHAT, "messages": [*HELLO, {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "type": "function", "function": "get_weather"}]}]}
+                ).encode(), "invalid_value", "messages[1].tool_calls[0].function"),
 ])
 def test_bad_requests_get_openai_errors(pop: Running, body: bytes, code: str,
                                         param: str | None) -> None:
@@ -537,3 +550,34 @@ def handle(request, env):
         status, _, body = pop.get(f"/aiargs?case={case}")
         assert status == 400 and words.encode() in body, (case, body)
     assert pop.get("/aiargs?case=ok")[:3:2] == (200, b"length")
+
+
+def test_null_reads_as_the_default_as_openai_reads_it(client: openai.OpenAI) -> None:
+    """The official client sends ``"temperature": null`` for ``temperature=None``."""
+    out = client.chat.completions.create(model=CHAT, messages=HELLO, max_tokens=2,  # type: ignore[arg-type]
+                                         temperature=None, top_p=None, n=None,
+                                         presence_penalty=None, frequency_penalty=None)
+    assert out.choices[0].finish_reason == "length"
+    emb = client.embeddings.create(model=EMBED, input="null format",
+                                   encoding_format=None)  # type: ignore[arg-type]
+    assert len(emb.data[0].embedding) == 384
+
+
+def test_n_choices_with_a_seed_differ_and_repeat(client: openai.OpenAI) -> None:
+    """A seed makes the whole answer reproducible; it once made n identical choices."""
+    def ask() -> list[str | None]:
+        out = client.chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": "Write a short poem about the sea."}],
+            temperature=1, seed=7, n=3, max_tokens=12, extra_headers={"cache-control": "no-store"})
+        return [c.message.content for c in out.choices]
+
+    first = ask()
+    assert len(set(first)) > 1 and ask() == first
+
+
+def test_an_embedding_cache_hit_is_validated_as_a_miss_is(pop: Running) -> None:
+    body = {"model": EMBED, "input": "probe one"}
+    assert raw(pop, "POST", "/v1/embeddings", json.dumps(body).encode())[0] == 200  # cached
+    status, data = raw(pop, "POST", "/v1/embeddings",
+                       json.dumps({**body, "encoding_format": "hex"}).encode())
+    assert status == 400 and json.loads(data)["error"]["param"] == "encoding_format"

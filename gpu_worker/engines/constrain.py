@@ -102,7 +102,19 @@ def _unsupported(where: str, why: str) -> EngineError:
 def grammar_for(req: Generate) -> str | None:
     """The GBNF grammar that `req`'s ``response_format`` and tools ask for, or None
     for free text. Raises `EngineError` (400) for a schema the grammar cannot
-    enforce."""
+    enforce, also one the converter trips over (a value of the wrong type where it
+    expects a schema, nesting past Python's recursion limit)."""
+    try:
+        return _grammar_for(req)
+    except EngineError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError) as e:
+        where = "tools" if req.tools and req.tool_choice != "none" else "response_format"
+        raise EngineError("unsupported_schema", 400, f"{where}: the schema cannot be turned "
+                          f"into a grammar ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _grammar_for(req: Generate) -> str | None:
     conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     answer = _answer_rule(conv, req.response_format)
     tools = req.tools if req.tools and req.tool_choice != "none" else []

@@ -179,7 +179,7 @@ def _check_params(req: Generate) -> None:
     """Raises `EngineError` naming the first parameter out of range."""
     if not 1 <= req.max_tokens <= 1_000_000:
         raise EngineError("invalid_request", 400,
-                          f"max_tokens must be at least 1, got {req.max_tokens}")
+                          f"max_tokens must be between 1 and 1000000, got {req.max_tokens}")
     if not 0 <= req.temperature <= 2:
         raise EngineError("invalid_request", 400, f"temperature must be between 0 and 2, got "
                           f"{req.temperature}")

@@ -27,10 +27,11 @@ import struct
 import time
 import weakref
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import unquote
 
 import msgspec
+from msgspec import Meta
 
 from edgefn_core.errors import ApiError, EdgefnError, WorkerError
 from gpu_worker.client import Generation
@@ -72,18 +73,23 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
+# integers the worker's wire (msgpack) carries: past them a value is a 400, not a 500
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+
+
 class _Sampling(msgspec.Struct, kw_only=True):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int | None = None  # an extension (vLLM and llama.cpp take it too)
+    top_k: Count | None = None  # an extension (vLLM and llama.cpp take it too)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
+    seed: Int64 | None = None
+    n: Count = 1
     user: str | None = None  # the end user, recorded in the request's event
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -98,12 +104,12 @@ class ChatBody(_Sampling, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Count | None = None
 
 
 class CompletionBody(_Sampling, kw_only=True):
     prompt: str | list[str]
-    logprobs: int | None = None
+    logprobs: Count | None = None
 
 
 class EmbeddingsBody(msgspec.Struct):
@@ -117,7 +123,7 @@ class RerankBody(msgspec.Struct):
     model: str
     query: str
     documents: list[str | dict[str, Any]]
-    top_n: int | None = None
+    top_n: Count | None = None
     return_documents: bool = True
 
 
@@ -278,9 +284,9 @@ class OpenAIApi:
         lookup = asyncio.ensure_future(self.catalog.get(model))
         try:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
-            for _ in range(body.n):
+            for i in range(body.n):
                 gens.append(await self.ai.client.generate(
-                    model, stream=body.stream, traceparent=trace, **call))
+                    model, stream=body.stream, traceparent=trace, **_choice(call, i)))
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status
@@ -379,11 +385,33 @@ def _decode[T: msgspec.Struct](body: bytes, kind: type[T]) -> T:
         raise ApiError("invalid_request", 400, "the request body must be a JSON object")
     check_fields(body, kind)
     try:
-        return msgspec.json.decode(body, type=kind)
+        return decode_body(body, kind)
     except msgspec.ValidationError as e:
         raise validation_error(str(e)) from None
     except msgspec.DecodeError as e:
         raise ApiError("invalid_json", 400, f"the request body is not valid JSON: {e}") from None
+
+
+def _choice(call: dict[str, Any], i: int) -> dict[str, Any]:
+    """Choice `i`'s generate arguments: with a `seed`, seed + i, so n choices differ
+    and the whole answer still comes back the same for the same seed."""
+    seed = call.get("seed")
+    if not i or seed is None:
+        return call
+    return {**call, "seed": (seed + i + 2**63) % 2**64 - 2**63}
+
+
+def decode_body[T: msgspec.Struct](body: bytes, kind: type[T]) -> T:
+    """`body` as `kind`, a top-level ``null`` read as the field's default, as OpenAI
+    reads it (the official client sends ``"temperature": null`` for
+    ``temperature=None``). Raises `msgspec.ValidationError`, `msgspec.DecodeError`."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError:
+        data = msgspec.json.decode(body)
+        if not isinstance(data, dict) or None not in data.values():
+            raise
+    return msgspec.convert({k: v for k, v in data.items() if v is not None}, kind)
 
 
 def _sampling(body: _Sampling) -> dict[str, Any]:

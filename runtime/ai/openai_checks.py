@@ -15,6 +15,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _NEEDS_TOOLS = {"function": "'function' messages are deprecated by OpenAI (use 'tool' "
                 "messages with tool_call_id) and this server does not take them"}
 TOOL_FIELDS = frozenset({"tool_calls", "tool_call_id"})  # in the history of a tools chat
+MAX_TOKENS = 1_000_000  # the worker's own ceiling (a context is far smaller)
 
 
 def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES,
@@ -36,6 +37,9 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
                 raise ApiError("unsupported_parameter", 400, f"messages[{i}].{key} is not "
                                f"taken (use {', '.join(sorted(roles_fields)) or 'plain text'})",
                                f"messages[{i}].{key}")
+        calls = message.get("tool_calls")
+        if calls is not None and "tool_calls" in roles_fields:
+            _check_tool_calls(calls, f"messages[{i}].tool_calls")
         content = message.get("content")
         if not isinstance(content, (str, list)) and not (role == "assistant" and content is None):
             raise ApiError("invalid_value", 400, f"messages[{i}].content must be a string or "
@@ -43,6 +47,20 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
 
 
 _TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    """Raises `ApiError` (400) unless `calls` is OpenAI's list of
+    ``{"id", "type": "function", "function": {"name", "arguments"}}``."""
+    if not isinstance(calls, list):
+        raise ApiError("invalid_value", 400, f"{where} must be a list", where)
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments", ""), str):
+            raise ApiError("invalid_value", 400, f"{where}[{j}] must be an object whose "
+                           "'function' is {\"name\": string, \"arguments\": string}",
+                           f"{where}[{j}].function")
 
 
 def _range(name: str, value: float | None, low: float, high: float, low_open: bool = False
@@ -60,9 +78,9 @@ def check_sampling(n: int, temperature: float, top_p: float, max_tokens: int | N
     _range("n", n, 1, MAX_N)
     _range("temperature", temperature, 0, 2)
     _range("top_p", top_p, 0, 1, low_open=True)
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError("invalid_value", 400, f"{max_tokens_name} must be at least 1, got "
-                       f"{max_tokens}", max_tokens_name)
+    if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
+        raise ApiError("invalid_value", 400, f"{max_tokens_name} must be between 1 and "
+                       f"{MAX_TOKENS}, got {max_tokens}", max_tokens_name)
     if stops > MAX_STOPS:
         raise ApiError("invalid_request", 400, f"'stop' takes at most {MAX_STOPS} sequences, "
                        f"got {stops}", "stop")

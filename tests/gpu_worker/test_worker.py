@@ -339,3 +339,49 @@ def test_a_socket_nobody_serves_is_said_once_while_waiting(
         asyncio.run(go())
     said = [r.getMessage() for r in caplog.records if "nothing serves" in r.getMessage()]
     assert said == [f"model worker: nothing serves {sock} yet; waiting for it"]
+
+
+def test_a_connection_the_worker_closes_is_made_again(worker: Harness) -> None:
+    """The worker closes a connection that sends garbage (as it did for any request
+    that raised an unexpected error); while the worker lives, the client connects
+    again (it waited for a restart that never came: every call failed until the
+    PoP restarted)."""
+    import time
+
+    from gpu_worker.client import RECONNECT_S
+
+    pid, connects, restarts = worker.client.pid, worker.client.connects, worker.client.restarts
+
+    async def go() -> float:
+        assert worker.client.writer is not None
+        worker.client.writer.write(b"\xff\xff\xff\xff")  # a frame length past the limit
+        dropped = time.monotonic()
+        while worker.client.connects == connects and time.monotonic() - dropped < 5:
+            await asyncio.sleep(0.01)
+        text, _ = await greedy(worker.client, max_tokens=4)
+        assert text
+        return time.monotonic() - dropped
+
+    took = worker.run(go())
+    assert worker.client.connects == connects + 1, "it did not connect again"
+    assert worker.client.pid == pid and worker.client.restarts == restarts  # the same worker
+    assert took < RECONNECT_S + 2
+
+
+def test_a_request_that_raises_unexpectedly_fails_alone(worker: Harness) -> None:
+    """An input no check foresaw (a tool call that is a string) is that request's
+    500; the worker keeps the connection (it closed it, taking every model call down)."""
+    from edgefn_core.errors import WorkerError
+
+    connects = worker.client.connects
+    odd = [*HELLO, {"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]}]
+
+    async def go() -> str:
+        with pytest.raises(WorkerError) as e:
+            await greedy(worker.client, messages=odd, max_tokens=4)
+        assert e.value.status in (400, 500)
+        text, _ = await greedy(worker.client, max_tokens=4)
+        return text
+
+    assert worker.run(go())
+    assert worker.client.connects == connects

@@ -45,6 +45,7 @@ from runtime.ai.openai_api import (
     CompletionBody,
     EmbeddingsBody,
     OpenAITarget,
+    decode_body,
 )
 from runtime.ai.openai_fields import refusal
 from runtime.ai.structured import shaped
@@ -204,7 +205,7 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
     """What a cacheable request asks, or None for one the OpenAI API refuses or
     the caches do not take."""
     try:
-        b = msgspec.json.decode(body, type=BODIES[kind])
+        b = decode_body(body, BODIES[kind])
     except msgspec.MsgspecError:
         return None
     if refusal(body, BODIES[kind]) is not None:  # a field the API refuses: never a hit
@@ -214,6 +215,8 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
     tenant = who.tenant if who is not None else ""
     try:
         if isinstance(b, EmbeddingsBody):
+            if b.encoding_format not in ("float", "base64"):  # the API's 400, never a hit
+                return None
             inputs = [b.input] if isinstance(b.input, str) else b.input
             return Asked(embedding_call(tenant, b.model, inputs), encoding_format=b.encoding_format)
         stop = [b.stop] if isinstance(b.stop, str) else list(b.stop or [])

@@ -53,6 +53,29 @@ def test_schema_parts_the_grammar_cannot_enforce_are_refused(schema: dict[str, A
     assert structured.param_of(err) == path  # what the API answers in `param`
 
 
+def _deep(n: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(n):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": {}}, {"type": [["string"]]}, {"type": "string", "format": ["date"]},
+    {"type": "array", "items": 5}, {"anyOf": {"type": "string"}},
+    {"type": "string", "pattern": 5}, _deep(1000)])
+def test_schemas_the_converter_trips_over_are_a_400_not_a_crash(schema: dict[str, Any]) -> None:
+    """Each of these raised TypeError/RecursionError in the worker, which closed the
+    PoP's connection to it: every model call failed until the PoP restarted."""
+    for req in (Generate(1, "m", response_format=fmt(schema)),
+                Generate(1, "m", tools=[{"type": "function", "function": {
+                    "name": "f", "parameters": schema}}], tool_choice="auto")):
+        try:
+            grammar_for(req)
+        except EngineError as e:
+            assert (e.code, e.status) == ("unsupported_schema", 400)
+
+
 def test_a_tool_schema_refusal_names_the_tool() -> None:
     bad = {"type": "function", "function": {"name": "n", "parameters": {
         "type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}}}
