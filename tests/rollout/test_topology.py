@@ -251,19 +251,19 @@ def test_a_canary_goes_to_the_pops_that_serve_the_function(topology: Topology,
     the canary splits it there and leaves the others as they were (it failed at the
     switch on them, after the edges had switched)."""
     pops = rollout.pops_of(topology.run)
-    d = function_dir(tmp_path / "only-a", "t10", reactor(""), extra="# edge-a's own")
+    d = function_dir(tmp_path / "only-a", "t14", reactor(""), extra="# edge-a's own")
     v1 = topology.pops["edge-a"].deploy(d)["version"]
-    r = rollout.deploy(pops, package(tmp_path, "t10", 2), canary=30.0)
+    r = rollout.deploy(pops, package(tmp_path, "t14", 2), canary=30.0)
     assert sorted(r.skipped) == ["central", "edge-b"]
     assert all("does not serve the function" in why for why in r.skipped.values())
-    record = topology.pops["edge-a"].admin.request("GET", "/v1/functions/t10/versions")
+    record = topology.pops["edge-a"].admin.request("GET", "/v1/functions/t14/versions")
     assert (record["current"], record["canary"]["version"]) == (v1, r.version)
     for name in ("central", "edge-b"):  # nothing staged stays behind, nothing serves
         with pytest.raises(AdminError) as err:
-            topology.pops[name].admin.request("GET", "/v1/functions/t10/versions")
+            topology.pops[name].admin.request("GET", "/v1/functions/t14/versions")
         assert err.value.status == 404
-    with pytest.raises(RolloutError, match="t11 is not live on any PoP: a canary splits"):
-        rollout.deploy(pops, package(tmp_path, "t11", 1), canary=30.0)
+    with pytest.raises(RolloutError, match="t15 is not live on any PoP: a canary splits"):
+        rollout.deploy(pops, package(tmp_path, "t15", 1), canary=30.0)
 
 
 def test_a_bad_package_is_reported_once_for_every_pop(topology: Topology,
