@@ -235,8 +235,10 @@ def test_streams_over_the_cap_are_refused_until_one_ends(pop: Running) -> None:
 @pytest.mark.parametrize(("path", "body", "status", "code"), [
     (b"/v1/chat/completions", b"{not json", 400, "invalid_json"),
     (b"/v1/chat/completions", b"", 400, "invalid_request"),
+    (b"/v1/chat/completions", {"model": CHAT, "messages": HELLO, "max_tokens": 10**5}, 400,
+     "token_budget"),  # more than the tenant's 5 000 a minute: it can never fit
     (b"/v1/chat/completions", {"model": CHAT, "messages": HELLO, "max_tokens": 10**9}, 400,
-     "token_budget"),
+     "invalid_value"),  # past any model: refused before a budget is asked
     (b"/v1/chat/completions", {"model": "no-such-model", "messages": HELLO}, 404,
      "model_not_found"),
     (b"/v1/chat/completions", {"model": CHAT, "messages": HELLO, "max_tokens": "many"}, 400,
