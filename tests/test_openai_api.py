@@ -183,6 +183,14 @@ def test_unknown_models_are_named_in_the_event_not_in_metric_labels(pop: Running
      "invalid_value", "max_tokens"),
     (json.dumps({"model": CHAT, "messages": HELLO, "logit_bias": {"9" * 23: 1}}).encode(),
      "invalid_request", "logit_bias"),
+    # refused by OpenAI too: usage options for an answer that is not streamed, and a
+    # stream option nobody reads
+    (json.dumps({"model": CHAT, "messages": HELLO,
+                 "stream_options": {"include_usage": True}}).encode(),
+     "invalid_value", "stream_options"),
+    (json.dumps({"model": CHAT, "messages": HELLO, "stream": True,
+                 "stream_options": {"bogus": True}}).encode(),
+     "invalid_value", "stream_options.bogus"),
     # a tool call in the history that is not OpenAI's shape (it crashed the worker)
     (json.dumps({"model": CHAT, "messages": [*HELLO, {"role": "assistant", "content": None,
                  "tool_calls": [{"id": "c1", "type": "function", "function": "get_weather"}]}]}

@@ -8,7 +8,9 @@ thread-safe.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,15 +84,48 @@ class LlamaModel:
         self.piece = ctypes.create_string_buffer(256)
 
     # -- text -----------------------------------------------------------------------------
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, special: bool = True, first: bool = True) -> list[int]:
+        """`text`'s tokens; `special`: read special-token text ("<|im_end|>") as those
+        tokens; `first`: the start of a prompt (the model's BOS, if it takes one)."""
         data = text.encode()
         cap = len(data) + 8
         buf = (ll.llama_token * cap)()
-        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, True, special)
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, first, special)
         if n < 0:
             buf = (ll.llama_token * -n)()
-            n = ll.llama_tokenize(self.vocab, data, len(data), buf, -n, True, special)
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, -n, first, special)
         return list(buf[:n])
+
+    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """A chat's prompt tokens: the template's own text with its special tokens read
+        as such, each message's content as plain text, so a user who types
+        "<|im_end|>" sends those characters and cannot end their turn or forge
+        another role's (the whole prompt read with special tokens let them; and
+        llama.cpp's special-token pass over it took time quadratic in their
+        number). Raises `EngineError` as `render_chat` does."""
+        texts = [_content_text(m.get("content")) for m in messages]
+        marked = [{**m, "content": _MARK.format(i) if isinstance(t, str) else m.get("content")}
+                  for i, (m, t) in enumerate(zip(messages, texts, strict=True))]
+        parts = _MARKS.split(self.render_chat(marked))  # template, index, template, ...
+        order = [int(x) for x in parts[1::2]]
+        if order != [i for i, t in enumerate(texts) if isinstance(t, str)]:
+            # a template that moved or changed a content: its text, read as it was
+            return self.tokenize(self.render_chat(messages))
+        out: list[int] = []
+        for k, part in enumerate(parts):
+            if k % 2:
+                text = texts[int(part)]
+                assert isinstance(text, str)
+                out += self.tokenize(text, special=False, first=False)
+            elif part or k == 0:
+                out += self.tokenize(part, special=True, first=k == 0)
+        return out
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest token's text, in bytes: a prompt longer than the context times
+        this cannot fit, and is refused before it is tokenized."""
+        return max(max(len(self.piece_bytes(t)) for t in range(self.n_vocab)), 1)
 
     def piece_bytes(self, token: int) -> bytes:
         n = ll.llama_token_to_piece(self.vocab, token, self.piece, 256, 0, False)
@@ -307,6 +342,10 @@ def _pick(chain: Any, temperature: float, top_p: float, top_k: int, seed: int) -
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
     ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
     ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+
+_MARK = "\ue000{}\ue001"  # private-use characters: where a content goes in the template
+_MARKS = re.compile("\ue000([0-9]+)\ue001")
 
 
 def _content_text(content: Any) -> str | int | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import EngineError
 
@@ -115,15 +115,35 @@ class LlamaEngine(Engine):
         return prompt
 
     def _prompt(self, req: Generate | CountTokens) -> list[int]:
-        """Raises `EngineError` for an empty prompt or messages the template refuses."""
+        """Raises `EngineError` for an empty prompt, messages the template refuses, or
+        text longer than the context could hold however it tokenized (refused before
+        tokenizing it: megabytes of text held the worker's loop for seconds)."""
         assert self.lm is not None
-        text = req.prompt
         if req.messages is not None:
             tools = req.tools if isinstance(req, Generate) and req.tool_choice != "none" else None
-            text = self.lm.render_chat(with_tools(req.messages, tools))
-        if not text:
+            messages = with_tools(req.messages, tools)
+            if len(messages) > self.limit:  # each message takes a token at least
+                raise EngineError("context_length_exceeded", 400, f"this model's context is "
+                                  f"{self.limit} tokens; the chat has {len(messages)} messages")
+            self._fits(sum(_text_bytes(m.get("content")) for m in messages))
+            tokens = self.lm.tokenize_chat(messages)
+            if not tokens:
+                raise EngineError("invalid_request", 400, "the prompt is empty")
+            return tokens
+        if not req.prompt:
             raise EngineError("invalid_request", 400, "the prompt is empty")
-        return self.lm.tokenize(text)
+        self._fits(len(req.prompt.encode()))
+        return self.lm.tokenize(req.prompt)
+
+    def _fits(self, size: int) -> None:
+        """Raises `EngineError` (context_length_exceeded) for `size` bytes of text that
+        no tokenization fits in the context."""
+        assert self.lm is not None
+        most = self.limit * self.lm.max_token_bytes
+        if size > most:
+            raise EngineError("context_length_exceeded", 400, f"this model's context is "
+                              f"{self.limit} tokens; the prompt's {size} bytes of text are "
+                              f"more than that many tokens can hold ({most} bytes)")
 
     async def count_tokens(self, req: CountTokens) -> int:
         """The prompt's tokens, exactly as a generation counts them (``prompt_tokens``).
@@ -173,6 +193,15 @@ class LlamaEngine(Engine):
         if self.lm is not None:
             self.lm.close()
             self.lm = None
+
+
+def _text_bytes(content: Any) -> int:
+    """The bytes of a message content's text (a string, or text parts)."""
+    if isinstance(content, str):
+        return len(content.encode())
+    if isinstance(content, list):
+        return sum(_text_bytes(p.get("text")) for p in content if isinstance(p, dict))
+    return 0
 
 
 def _check_params(req: Generate) -> None:

@@ -69,7 +69,7 @@ __all__ = ["MAX_STOPS", "PATHS", "ChatBody", "CompletionBody", "OpenAIApi", "Ope
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
-class StreamOptions(msgspec.Struct):
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
 
 
@@ -427,6 +427,9 @@ def _sampling(body: _Sampling) -> dict[str, Any]:
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
     params["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if body.stream_options is not None and not body.stream:  # as OpenAI refuses it
+        raise ApiError("invalid_value", 400, "stream_options is only allowed when stream is "
+                       "true", "stream_options")
     check_sampling(body.n, body.temperature, body.top_p, max_tokens, name, len(params["stop"]))
     return params | structured.params_of(body)
 

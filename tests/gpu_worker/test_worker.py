@@ -385,3 +385,27 @@ def test_a_request_that_raises_unexpectedly_fails_alone(worker: Harness) -> None
 
     assert worker.run(go())
     assert worker.client.connects == connects
+
+
+@pytest.mark.parametrize("kind", ["text", "messages"])
+def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized(
+        worker: Harness, kind: str) -> None:
+    """15 MB of text held the worker's loop for ~7 s, and 200 000 messages for
+    minutes; both are refused at once, and the worker answers the next call."""
+    import time
+
+    from edgefn_core.errors import WorkerError
+
+    async def go() -> float:
+        args: dict[str, Any] = ({"prompt": "word " * 3_000_000} if kind == "text" else
+                                {"messages": [{"role": "user", "content": "x"}] * 200_000})
+        started = time.monotonic()
+        with pytest.raises(WorkerError) as e:
+            await (await worker.client.generate(CHAT, max_tokens=4, **args)).collect()
+        took = time.monotonic() - started
+        assert (e.value.code, e.value.status) == ("context_length_exceeded", 400)
+        text, _ = await greedy(worker.client, max_tokens=2)
+        assert text
+        return took
+
+    assert worker.run(go()) < 3  # most of it the 15 MB on the socket
