@@ -3,7 +3,7 @@ emulated network (`edgefn topology`, the default functions/examples/topology.tom
 
     python bench/bench_topology.py [--quick] [--per-geo 60] [--tokens 12] [--seed 14]
                                    [--log requests.jsonl] [--regional-models] [--boots 3]
-                                   [--one-off 0.3]
+                                   [--one-off 0.4]
 
 (a) centralized: every geography's clients talk to the central PoP over the
     long-haul link (central_rtt_ms), which runs the functions and the model; no cache.
@@ -71,7 +71,7 @@ FUNCTIONS = [str(EXAMPLES / "hello-wat"), str(EXAMPLES / "python-hello")]
 PATHS = ["/hello", "/py/hello"]
 CHAT = "smollm2-135m"
 FN_SHARE = 0.4
-ONE_OFF = 0.3
+ONE_OFF = 0.4
 POOL = 24
 BOOTS = 3  # cold-start boots by default: the whole bench takes about 3 min, quiet
 
