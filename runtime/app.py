@@ -31,6 +31,7 @@ from runtime.workers.events import Forwarder, peer_observers, receive
 from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn")
+ADMIN_MAX_BODY = 32 << 20  # at least: a 16 MiB KV value, base64 in JSON, fits
 
 
 def admin_token(data_dir: Path) -> str:
@@ -149,7 +150,11 @@ async def _admin(pop: PoP, config: PopConfig, role: Role | None) -> AdminThread 
     app = AdminApp(pop, admin_token(config.data_dir), asyncio.get_running_loop())
     if role is not None:
         app.workers = Fanout(role)
-    admin = AdminThread(app, config.http)
+    # a KV value at its 16 MiB limit arrives base64 in JSON (~21.4 MiB): the admin
+    # listener takes that much even where the public one takes less
+    limits = msgspec.structs.replace(
+        config.http, max_body_bytes=max(config.http.max_body_bytes, ADMIN_MAX_BODY))
+    admin = AdminThread(app, limits)
     await admin.start(config.admin.host, config.admin.port, role is not None)
     return admin
 

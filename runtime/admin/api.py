@@ -47,6 +47,7 @@ import ipaddress
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 
@@ -158,7 +159,7 @@ class AdminApp:
 
     async def _route(self, request: Request, who: Principal | None) -> Response:
         """`who`: the key's principal (None: the admin token, which may do anything)."""
-        parts = request.path.decode("latin-1").strip("/").split("/")
+        parts = [unquote(p) for p in request.path.decode("latin-1").strip("/").split("/")]
         method = request.method
         try:
             if who is not None:

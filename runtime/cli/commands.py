@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from edgefn_core.errors import Failure, NotFound
 
@@ -47,7 +48,7 @@ def ls(args: argparse.Namespace) -> None:
 
 
 def versions(args: argparse.Namespace) -> None:
-    rec = _client(args).request("GET", f"/v1/functions/{args.name}/versions")
+    rec = _client(args).request("GET", f"/v1/functions/{quote(args.name, safe='')}/versions")
     if args.json:
         return _print_json(rec)
     canary = rec.get("canary") or {}
@@ -63,10 +64,11 @@ def rollback(args: argparse.Namespace) -> None:
     client = _client(args)
     body = {}
     if args.version is not None:
-        rec = client.request("GET", f"/v1/functions/{args.name}/versions")
+        rec = client.request("GET", f"/v1/functions/{quote(args.name, safe='')}/versions")
         known = [v["version"] for v in rec["versions"]]
         body["version"] = resolve_version(args.name, args.version, known)
-    r = client.request("POST", f"/v1/functions/{args.name}/rollback", json.dumps(body).encode())
+    r = client.request("POST", f"/v1/functions/{quote(args.name, safe='')}/rollback",
+                       json.dumps(body).encode())
     if args.json:
         return _print_json(r)
     print(f"{r['name']} now serves version {r['version']}")
@@ -89,7 +91,7 @@ def resolve_version(name: str, prefix: str, known: list[str]) -> str:
 
 
 def delete(args: argparse.Namespace) -> None:
-    _client(args).request("DELETE", f"/v1/functions/{args.name}")
+    _client(args).request("DELETE", f"/v1/functions/{quote(args.name, safe='')}")
     if args.json:
         return _print_json({"deleted": args.name})
     print(f"deleted {args.name}")

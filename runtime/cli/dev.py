@@ -14,6 +14,7 @@ import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 import msgspec
 import uvloop
@@ -146,7 +147,7 @@ def through_admin(data: Path) -> Target:
         return msgspec.convert(answer, DeployResult)
 
     async def remove(name: str) -> None:
-        await asyncio.to_thread(client.request, "DELETE", f"/v1/functions/{name}")
+        await asyncio.to_thread(client.request, "DELETE", f"/v1/functions/{quote(name, safe='')}")
 
     return Target(deploy, remove)
 

@@ -109,22 +109,32 @@ def _scopes(text: str) -> tuple[str, ...]:
     return scopes
 
 
+MAX_EXPIRY_S = 100 * 365 * 86400
+
+
 def _expires(text: str | None) -> float | None:
     if text is None:
         return None
     m = DURATION.match(text)
     if m:
-        return time.time() + int(m[1]) * {"m": 60, "h": 3600, "d": 86400}[m[2]]
+        seconds = int(m[1]) * {"m": 60, "h": 3600, "d": 86400}[m[2]]
+        if not 0 < seconds <= MAX_EXPIRY_S:  # 0: a key expired when it is made
+            raise InvalidValue(f"--expires: expected a duration from 1m to 100 years, got "
+                               f"{text!r}")
+        return time.time() + seconds
     try:
         when = datetime.fromisoformat(text)
-    except ValueError:
+        if when.tzinfo is None:
+            when = when.astimezone()
+        at = when.timestamp()
+    except (ValueError, OverflowError):  # not a time, or one past year 9999 in UTC
         raise InvalidValue(f"--expires: expected a duration (90m, 12h, 30d) or an ISO 8601 "
                            f"time, got {text!r}") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    if when.timestamp() <= time.time():
+    if at <= time.time():
         raise InvalidValue(f"--expires: {text} is in the past")
-    return when.timestamp()
+    if at - time.time() > MAX_EXPIRY_S:
+        raise InvalidValue(f"--expires: {text} is more than 100 years away")
+    return at
 
 
 def _row(k: KeyRecord) -> dict[str, object]:

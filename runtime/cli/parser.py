@@ -112,10 +112,15 @@ def positive_int(text: str) -> int:
 
 
 def _numbers(values: list[Any]) -> bool:
-    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    """Finite numbers only: Python's json reads NaN and 1e999 (inf), which the PoP's
+    JSON then refuses as malformed."""
+    import math
+
+    return all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+               for v in values)
 
 
-VECTOR = json_value("a JSON list of numbers such as [0.1, 0.2]", list)
+VECTOR = json_value("a JSON list of finite numbers such as [0.1, 0.2]", list)
 OBJECT = json_value('a JSON object such as {"lang": "en"}', dict)
 
 

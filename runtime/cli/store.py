@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from edgefn_core.errors import EdgefnError, InvalidValue, KeyNotFound
 
@@ -42,7 +43,9 @@ class StoreAccess:
         with the store's message."""
         if self.client is not None:
             body = json.dumps(args).encode()
-            return self.client.request("POST", f"/v1/{kind}/{target}/{op}", body)["result"]
+            # quoted: a name with a space, "/" or "?" reaches the store's own check
+            path = f"/v1/{kind}/{quote(target, safe='')}/{op}"
+            return self.client.request("POST", path, body)["result"]
         from runtime.bindings import operate
 
         assert self.stores is not None

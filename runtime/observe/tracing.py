@@ -98,7 +98,11 @@ class Tracer:
         # in whole ns as the stage spans add them up, so the last one ends within the request
         end = start + max(int(event.duration_ms * 1e6),
                           sum(int(ms * 1e6) for ms in event.stages_ms.values()))
-        server = self.tracer.start_span(f"{event.method} {event.route or event.path}",
+        # the route; a built-in target's own path (/v1/chat/completions); else, nothing
+        # served it (a 404), the method alone, as OpenTelemetry's HTTP conventions say:
+        # span names stay few (the path is in url.path)
+        where = event.route or (event.path if event.target else "")
+        server = self.tracer.start_span(f"{event.method} {where}" if where else event.method,
                                         context=parent, kind=SpanKind.SERVER,
                                         attributes=self._server(event), start_time=start)
         self.ids.trace_id = self.ids.span_id = None

@@ -71,6 +71,23 @@ def test_commands_go_through_a_running_pop(tmp_path: Path) -> None:
         assert running.pop.stores.kv.get("live", b"k") == b"v"
 
 
+def test_a_value_at_the_limit_and_odd_names_through_a_running_pop(tmp_path: Path) -> None:
+    """A 16 MiB value arrives base64 in JSON (~21.4 MiB): it was refused by the admin
+    listener's body limit, and the CLI said the PoP could not be reached. A name with
+    a space or "/" crashed the CLI (InvalidURL) or reached another endpoint."""
+    d = tmp_path / "data"
+    value = np.random.default_rng(1).bytes(16 << 20)
+    with pop_thread(d):
+        ok("kv", "put", "big", "v", "-", data=d, stdin=value)
+        assert ok("kv", "get", "big", "v", data=d) == value
+        for name in ("BAD NS", "a/b", "a?b"):
+            r = edgefn("kv", "get", name, "k", data=d)
+            assert r.returncode == 1, name  # the store's own answer about that very name
+            assert r.stderr == f"edgefn: unknown namespace {name!r}\n".encode(), r.stderr
+    r = edgefn("vectors", "query", "emb", "--vector", "[NaN, 0]", data=d)
+    assert r.returncode == 2 and b"finite numbers" in r.stderr  # a usage error, at once
+
+
 def test_vectors_create_takes_graph_settings_and_refuses_bad_ones(tmp_path: Path) -> None:
     d = tmp_path / "data"
     ok("vectors", "create", "emb", "--dim", "2", "--connectivity", "8",

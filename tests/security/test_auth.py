@@ -349,6 +349,9 @@ def test_the_cli_creates_lists_and_revokes_keys(tmp_path: Path,
     for bad, words in ((["--tenant", "Bad Name", "--scopes", "*"], "--tenant"),
                        (["--tenant", "a", "--scopes", "fn:*", "--expires", "yesterday"],
                         "--expires"),
+                       # expired when made; a traceback (year 10000); 8.6e15 s stored
+                       *([["--tenant", "a", "--scopes", "fn:*", "--expires", when], "--expires"]
+                         for when in ("0d", "0m", "9999-12-31T23:59:59", "99999999999d")),
                        (["--tenant", "a", "--scopes", "fn"], "--scopes")):
         assert main(["keys", "create", "--data", data, *bad]) == 1
         assert words in capsys.readouterr().err

@@ -157,3 +157,15 @@ def test_the_function_sees_the_traceparent_of_its_requests_span(
         status, headers, body = pop.get("/seen", headers=sent)
         assert status == 200
         assert body.decode() == headers["traceparent"], sent
+
+
+def test_a_request_nothing_serves_is_named_by_its_method_alone(
+        traced: tuple[Running, Receiver]) -> None:
+    """Its path as the name made as many span names as URLs (404s for random paths)."""
+    pop, receiver = traced
+    status, headers, _ = pop.get("/q19874/27232")
+    assert status == 404
+    back = parse(headers["traceparent"].encode())
+    assert back is not None
+    server = next(s for s in trace_of(pop, receiver, back.trace_id, 1) if s["kind"] == SERVER)
+    assert server["name"] == "GET" and server["attributes"]["url.path"] == "/q19874/27232"
