@@ -234,7 +234,8 @@ def _stored(headers: Headers) -> Headers:
 
 
 def _age(value: bytes | None) -> float:
-    return float(value) if value is not None and value.strip().isdigit() else 0.0
+    """An origin's Age header, as RFC 9111 delta-seconds (0 if invalid, at most 2^31)."""
+    return float(policy.delta_seconds(value.strip())) if value is not None else 0.0
 
 
 def _matcher(key: str | None, prefix: str | None, tag: str | None,

@@ -75,11 +75,21 @@ def directives(value: bytes | None) -> Directives:
 
 def delta(d: Directives, name: str) -> int | None:
     """`name`'s delta-seconds; None when absent. An invalid value reads as 0
-    (RFC 9111 1.2.2: treat as stale)."""
+    (RFC 9111 1.2.2: treat as stale); one past 2^31 as 2^31 (1.2.2's cap)."""
     if name not in d:
         return None
-    arg = d[name]
-    return int(arg) if arg is not None and arg.isdigit() else 0
+    return delta_seconds(d[name])
+
+
+MAX_DELTA = 2**31
+
+
+def delta_seconds(arg: str | bytes | None) -> int:
+    """RFC 9111's delta-seconds: ASCII digits ("²" passed `isdigit` and failed
+    `int`, a client's 502), capped at 2^31 (5000 digits passed it too); 0 if invalid."""
+    if not arg or not arg.isascii() or not arg.isdigit():
+        return 0
+    return MAX_DELTA if len(arg) > 10 else min(int(arg), MAX_DELTA)
 
 
 def http_date(value: bytes | None) -> float | None:
@@ -153,8 +163,8 @@ def fresh_enough(age: float, f: Stored, req: Directives) -> bool:
 def may_serve_stale(age: float, f: Stored, req: Directives, window: float) -> bool:
     """Whether a stale entry may still be served within `window` seconds of
     staleness (its swr or sie)."""
-    if f.revalidate or f.no_cache or "no-cache" in req:
-        return False
+    if f.revalidate or f.no_cache or "no-cache" in req or window <= 0:
+        return False  # no swr/sie: an entry the request found too old is never served
     return age - f.lifetime < window
 
 

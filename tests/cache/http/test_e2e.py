@@ -159,3 +159,16 @@ def test_cli_purge_wants_exactly_one_target(tmp_path: Path, args: list[str]) -> 
                        cwd=ROOT)
     assert r.returncode == 2 and "cache purge" in r.stderr
     assert ("not allowed with" if args else "one of the arguments") in r.stderr
+
+
+def test_a_clients_odd_cache_control_is_no_crash_and_a_reload_refetches(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(python_function(tmp_path, "odd", COUNTING))
+    assert pop.get("/odd/a")[1]["x-edgefn-cache"] == "MISS"
+    for value in ("max-age=\u00b2", "min-fresh=" + "9" * 5000):
+        status, h, body = pop.get("/odd/a", headers={"cache-control": value})
+        assert status == 200 and b"call" in body, (value[:20], status, body[:200])
+    # a reload (max-age=0) asks the function again: it was served the old copy as STALE
+    status, h, body = pop.get("/odd/a", headers={"cache-control": "max-age=0"})
+    assert h["x-edgefn-cache"] != "STALE" and body.endswith(b"of \n")
+    assert body != b"/odd/a call 1 of \n"

@@ -100,6 +100,28 @@ def test_stale_windows(cc: bytes, age: float, may: bool) -> None:
     assert policy.may_serve_stale(age, f, EMPTY, f.swr) is may
 
 
+@pytest.mark.parametrize("req", [{"max-age": "0"}, {"min-fresh": "120"}])
+def test_a_request_that_wants_fresher_is_not_served_the_entry_without_a_window(
+        req: policy.Directives) -> None:
+    """A browser's reload (max-age=0) got the old copy as STALE: a fresh entry failed
+    the request's limit, and its negative staleness passed the empty window."""
+    f = fresh(b"max-age=60")
+    assert isinstance(f, Freshness)
+    assert not policy.fresh_enough(5.0, f, req)
+    assert not policy.may_serve_stale(5.0, f, req, f.swr)
+    assert not policy.may_serve_stale(5.0, f, req, f.sie)
+
+
+@pytest.mark.parametrize(("arg", "seconds"), [
+    ("60", 60), ("0", 0), ("²", 0), ("٣", 0), ("-1", 0), ("1.5", 0), ("", 0), (None, 0),
+    ("9" * 5000, 2**31), ("2147483649", 2**31), ("2147483647", 2**31 - 1)])
+def test_delta_seconds_are_ascii_digits_capped_at_2_31(arg: str | None, seconds: int) -> None:
+    """"²" passed `isdigit` and failed `int`, 5000 digits passed Python's digit limit:
+    each was a 502 crash a client's Cache-Control caused on any cached URL."""
+    assert policy.delta_seconds(arg) == seconds
+    assert policy.delta({"max-age": arg}, "max-age") == seconds
+
+
 @pytest.mark.parametrize(("inm", "ims", "etag", "modified", "answer"), [
     (b'"a"', None, b'"a"', None, True),
     (b'W/"a"', None, b'"a"', None, True),  # weak comparison
