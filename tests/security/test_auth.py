@@ -501,6 +501,18 @@ def test_a_route_scope_is_decided_per_path_not_remembered_per_function(tmp_path:
     assert len(auth.grants) == 1  # the function-wide scope's decision, kept
 
 
+@pytest.mark.parametrize("path", [b"/x/a/../b", b"/x/a/%2e%2e/b", b"/x/a/..%2fb",
+                                  b"/x/./../y", b"/x/a/%2E%2E/b"])
+def test_a_route_scope_is_not_escaped_with_dot_segments(tmp_path: Path, path: bytes) -> None:
+    """A function that normalises its path read these as another route: /x/b, /y."""
+    auth, store = stage(tmp_path, Fn("site", auth="key"))
+    key, _ = store.create("acme", ("route:/x/*",))
+    auth.keys.reload()
+    assert call(auth, bearer(key), path=b"/x/a/b")[1].body == b"ok"
+    assert call(auth, bearer(key), path=b"/x/a%20b")[1].body == b"ok"  # decoded, still /x/
+    assert refused(auth, bearer(key), path=path).status == 403
+
+
 def test_jwt_mode_takes_only_a_bearer_token(tmp_path: Path, es256: tuple[Any, Path]) -> None:
     private, jwks = es256
     auth, _ = stage(tmp_path, Fn("chat", auth="jwt"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
+from urllib.parse import unquote
 
 from edgefn_core.errors import Rejected
 from runtime.net.message import Request
@@ -155,9 +156,20 @@ def _grants(principal: Principal, target: Target, request: Request) -> bool:
         return any(s == "*" or s.startswith("model:") for s in principal.scopes)
     if principal.allows("fn", target.name):
         return True
-    path = request.path.decode("latin-1")
-    return any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
-               for s in principal.scopes)
+    path = scoped_path(request.path)
+    return path is not None and any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
+                                    for s in principal.scopes)
+
+
+def scoped_path(raw: bytes) -> str | None:
+    """The path a ``route:`` scope is matched against: percent-decoded; None (no
+    route scope grants it) when a segment is ``.`` or ``..`` once decoded, which a
+    function that normalises its path would read as another route (``/k/a/../b``,
+    ``/k/a/%2e%2e/b`` and ``/k/a/..%2fb`` passed ``route:/k/a/*`` and served /k/b)."""
+    path = unquote(raw.decode("latin-1"), encoding="latin-1")
+    if any(seg in (".", "..") for seg in path.replace("\\", "/").split("/")):
+        return None
+    return path
 
 
 def _what(target: Target) -> str:
