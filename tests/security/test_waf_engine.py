@@ -183,6 +183,19 @@ def test_chunked_body_still_parsed(content_type: str, body: bytes, pl1: WafEngin
     assert 942100 in pl1.inspect(r, "1.2.3.4:5", 1024).rules
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "text/plain; charset=utf-8", None])
+def test_a_json_body_sent_as_text_is_read_as_json(content_type: str | None,
+                                                  pl1: WafEngine) -> None:
+    """A function parses JSON whatever the type says: a text/plain body was never
+    inspected (a bypass). Plain text that is not JSON still passes, unparsed."""
+    headers = {"content-type": content_type} if content_type else {}
+    attack = Case("text", "POST", "/api", headers, b'{"q": "<script>alert(1)</script>"}')
+    assert pl1.inspect(request(attack), "1.2.3.4:5", 1024).blocked
+    prose = Case("text", "POST", "/api", headers, b"{not json, just a note about scripts}")
+    verdict = pl1.inspect(request(prose), "1.2.3.4:5", 1024)
+    assert not verdict.blocked and crs.BODY_ERROR_RULE not in verdict.rules
+
+
 def test_missing_rules_named(tmp_path: object) -> None:
     settings = WafSettings(mode="block", crs_rules=str(tmp_path))
     reason = missing(settings)
