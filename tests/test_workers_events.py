@@ -76,6 +76,44 @@ def test_while_the_admin_worker_is_away_the_newest_events_wait_bounded(
     assert dropped == 15 and rids == [f"r-{i}" for i in range(15, 25)]
 
 
+def test_no_event_is_lost_when_the_admin_worker_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first event after the admin worker came back went into the dead socket of
+    the old connection and was lost: the forwarder noticed only at its next write."""
+    monkeypatch.setattr(events, "RETRY", 0.05)
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # the first admin worker
+        old.bind(role(tmp_path, 0).events_address())
+        old.listen()
+        old.setblocking(False)
+        forwarder = Forwarder(role(tmp_path, 1), 100)
+        forwarder.start()
+        got: list[Event] = []
+        server = None
+        try:
+            conn, _ = await loop.sock_accept(old)
+            forwarder.observe(event(rid="before"))
+            assert await asyncio.wait_for(loop.sock_recv(conn, 1 << 16), 5)
+            conn.close()  # it dies, with its connection and its address
+            old.close()
+            await asyncio.sleep(0.3)
+            server = await receive(role(tmp_path, 0), got.append)  # and comes back
+            await asyncio.sleep(0.3)
+            for i in range(3):
+                forwarder.observe(event(rid=f"after-{i}"))
+                await asyncio.sleep(0.01)
+            await until(lambda: len(got) == 3, timeout=5)
+        finally:
+            forwarder.close()
+            if server is not None:
+                server.close()
+        return [e.rid for e in got]
+
+    assert asyncio.run(main()) == ["after-0", "after-1", "after-2"]
+
+
 def test_a_frame_that_does_not_decode_closes_that_connection_only(tmp_path: Path) -> None:
     async def main() -> tuple[bytes, list[str]]:
         got: list[Event] = []

@@ -71,19 +71,19 @@ class Forwarder:
     async def _forever(self) -> None:
         while True:
             try:
-                writer = await self._connect()
+                reader, writer = await self._connect()
             except OSError:
                 await asyncio.sleep(RETRY)
                 continue
             try:
-                await self._send_all(writer)
+                await self._send_all(reader, writer)
             except OSError as e:
                 log.warning("forwarding events to the admin worker: %r; reconnecting", e)
             finally:
                 writer.close()
             await asyncio.sleep(RETRY)
 
-    async def _connect(self) -> asyncio.StreamWriter:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:  # connected here: uvloop takes no abstract address by name
@@ -91,24 +91,38 @@ class Forwarder:
         except BaseException:
             sock.close()
             raise
-        _, writer = await asyncio.open_unix_connection(sock=sock)
-        return writer
+        return await asyncio.open_unix_connection(sock=sock)
 
-    async def _send_all(self, writer: asyncio.StreamWriter) -> None:
-        """Send batches while connected. Raises OSError when the connection goes."""
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            if self.dropped:
-                log.warning("dropped %d events the admin worker could not take in time",
-                            self.dropped)
-                self.dropped = 0
-            while self.pending:  # frames of at most FRAME_EVENTS: see `_read`
-                batch = [self.pending.popleft()
-                         for _ in range(min(FRAME_EVENTS, len(self.pending)))]
-                body = self._encode(batch)
-                writer.write(HEADER.pack(len(body)) + body)
-                await writer.drain()  # meanwhile events queue (bounded) in `pending`
+    async def _send_all(self, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
+        """Send batches while connected. Raises OSError when the connection goes: at
+        once when the admin worker closes it (it sends nothing, so a read ends only
+        then), not at the next write, which went into the dead socket and lost its
+        batch (the first event after the admin worker restarted)."""
+        closed = asyncio.ensure_future(reader.read())
+        try:
+            while True:
+                woken = asyncio.ensure_future(self.wake.wait())
+                await asyncio.wait({woken, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if closed.done():
+                    woken.cancel()
+                    raise ConnectionResetError("the admin worker closed the connection")
+                await self._send_pending(writer)
+        finally:
+            closed.cancel()
+
+    async def _send_pending(self, writer: asyncio.StreamWriter) -> None:
+        self.wake.clear()
+        if self.dropped:
+            log.warning("dropped %d events the admin worker could not take in time",
+                        self.dropped)
+            self.dropped = 0
+        while self.pending:  # frames of at most FRAME_EVENTS: see `_read`
+            batch = [self.pending.popleft()
+                     for _ in range(min(FRAME_EVENTS, len(self.pending)))]
+            body = self._encode(batch)
+            writer.write(HEADER.pack(len(body)) + body)
+            await writer.drain()  # meanwhile events queue (bounded) in `pending`
 
 
 async def receive(role: Role, deliver: Callable[[Event], None]) -> asyncio.AbstractServer:
