@@ -519,6 +519,9 @@ def test_jwt_mode_takes_only_a_bearer_token(tmp_path: Path, es256: tuple[Any, Pa
                     jwt=JwtVerifier(JwtSettings(jwks=str(jwks))))
     err = refused(auth, [(b"x-api-key", token(private).encode())])
     assert err.status == 401 and "expected a JWT in `Authorization: Bearer`" in str(err)
+    err = refused(auth, [])  # it said "needs an API key" in JWT mode too
+    assert err.status == 401 and "function 'chat' needs a JWT: send `Authorization: Bearer " \
+        "<token>`" in str(err)
     assert (b"www-authenticate", b'Bearer realm="edgefn"') in err.headers
     auth, _ = stage(tmp_path, Fn("chat", auth="jwt"))  # a PoP without [auth.jwt]
     err = refused(auth, bearer(token(private)))

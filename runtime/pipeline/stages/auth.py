@@ -69,6 +69,9 @@ class Auth:
         """Raises `Rejected`: 401 without a valid credential, 403 outside its scopes."""
         credential = _credential(request)
         if credential is None:
+            if mode == "jwt":
+                raise Rejected("unauthorized", 401, f"{_what(target)} needs a JWT: send "
+                               "`Authorization: Bearer <token>`", CHALLENGE)
             raise Rejected("unauthorized", 401, f"{_what(target)} needs an API key: send "
                            "`Authorization: Bearer <key>` or `x-api-key: <key>`", CHALLENGE)
         principal = self._verify(mode, *credential)
