@@ -205,7 +205,10 @@ class AdminApp:
                 case ["v1", "cache", "ai", "purge"] if method == b"POST":
                     return await self._purge_ai(request.body, who)
                 case ["v1", "cache", "stats"] if method == b"GET":
-                    return json_response({"stats": self.pop.stores.cache_stats.snapshot()})
+                    rows = self.pop.stores.cache_stats.snapshot()
+                    if who is not None:  # a key sees its own tenant's rows only
+                        rows = [r for r in rows if self._owns(who, r)]
+                    return json_response({"stats": rows})
                 case ["v1", "events"] if method == b"GET":
                     await self.on_pop(_call(self.pop.observers.flush))  # what is sent is listed
                     return Response(200, [JSON], stream.listing(self.pop.ring,
@@ -326,6 +329,14 @@ class AdminApp:
         # worker that does not answer is killed: it restarts with an empty cache)
         counts = await self._tell({"op": "ai_purge", "model": model, "tenant": tenant})
         return purged + sum(n for n in counts if isinstance(n, int))
+
+    def _owns(self, who: Principal, row: dict[str, Any]) -> bool:
+        """Whether a cache stats row is `who`'s tenant's: its function's owner, or (the
+        AI cache, no function) the tenant it was asked for."""
+        fn = self.pop.registry.functions.get(row.get("function") or "")
+        if fn is not None:
+            return fn.tenant == who.tenant
+        return not row.get("function") and row.get("tenant") == who.tenant
 
     def _check_tenant(self, parts: list[str], who: Principal) -> None:
         """Raises `NotOwner` when a key changes a function of another tenant."""

@@ -100,6 +100,11 @@ def test_a_tenants_key_purges_its_own_functions_only(pop: Running, tmp_path: Pat
         pop.admin.request("POST", "/v1/cache/purge", b'{"function": "news"}', as_acme)
     assert err.value.status == 403
     assert pop.get("/news/x")[1]["x-edgefn-cache"] == "HIT"
+    # its stats are its own functions' too (every tenant's functions and names showed)
+    mine = pop.admin.request("GET", "/v1/cache/stats", headers=as_acme)["stats"]
+    assert {r["function"] for r in mine} == {"shop"}
+    every = pop.admin.request("GET", "/v1/cache/stats")["stats"]  # the admin token: all
+    assert {"shop", "news"} <= {r["function"] for r in every}
 
 
 def test_a_pop_can_run_without_it(tmp_path: Path) -> None:
