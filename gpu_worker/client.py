@@ -40,6 +40,7 @@ log = logging.getLogger("edgefn.gpu_worker.client")
 START_TIMEOUT = 120.0  # loading models on a cold disk
 READY_WAIT = 30.0  # how long a request waits for a restarting worker
 RECONNECT_S = 2.0  # a live worker whose connection closed must take another within this
+EXIT_GRACE_S = 0.5  # how long a closed connection waits to see whether its worker exits
 IDLE_TIMEOUT = 120.0  # longest silence inside a stream
 CALL_TIMEOUT = 120.0
 BACKOFF_MAX = 30.0
@@ -354,10 +355,17 @@ class WorkerClient:
             lost.cancel()
             if exited in done:
                 return exited.result()
-            exited.cancel()
             self.lost.clear()
             if self.closing:
-                return await proc.wait()
+                return await exited
+            # a worker that is dying closes its connections before its listener, and a
+            # connect made in between is accepted by the kernel, then reset: give its
+            # exit a moment to be seen before taking it for one that closed on purpose
+            try:
+                return await asyncio.wait_for(asyncio.shield(exited), EXIT_GRACE_S)
+            except TimeoutError:
+                pass
+            exited.cancel()
             deadline = time.monotonic() + RECONNECT_S
             while proc.returncode is None and time.monotonic() < deadline:
                 if await self._connect():
