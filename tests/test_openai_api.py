@@ -589,3 +589,18 @@ def test_an_embedding_cache_hit_is_validated_as_a_miss_is(pop: Running) -> None:
     status, data = raw(pop, "POST", "/v1/embeddings",
                        json.dumps({**body, "encoding_format": "hex"}).encode())
     assert status == 400 and json.loads(data)["error"]["param"] == "encoding_format"
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/embeddings", {"model": EMBED, "input": []}, "input"),
+    ("/v1/embeddings", {"model": EMBED, "input": ["a", ""]}, "input[1]"),
+    ("/v1/embeddings", {"model": CHAT, "input": "x"}, "model"),
+    ("/v1/rerank", {"model": EMBED, "query": "q", "documents": []}, "documents"),
+    ("/v1/completions", {"model": CHAT, "prompt": ""}, "prompt"),
+])
+def test_a_worker_refusal_names_its_field_in_param(pop: Running, path: str,
+                                                   body: dict[str, Any], param: str) -> None:
+    """OpenAI names the field; these worker refusals had `param: null`."""
+    status, data = raw(pop, "POST", path, json.dumps(body).encode())
+    assert status == 400, data
+    assert json.loads(data)["error"]["param"] == param, data

@@ -40,7 +40,12 @@ from runtime.ai import openai_choices as choices
 from runtime.ai import structured
 from runtime.ai.egress import Egress, with_embedding
 from runtime.ai.openai_checks import check_messages, check_sampling
-from runtime.ai.openai_errors import error_response, unknown_url, validation_error
+from runtime.ai.openai_errors import (
+    error_response,
+    unknown_url,
+    validation_error,
+    worker_param,
+)
 from runtime.ai.openai_fields import MAX_STOPS, check_fields
 from runtime.ai.openai_models import Catalog
 from runtime.ai.service import ORIGIN_DOWN, AIService
@@ -139,7 +144,10 @@ class OpenAITarget:
     cache: CacheOverride = NO_CACHE_OVERRIDE
 
     def error_response(self, err: EdgefnError) -> Response:
-        return error_response(err.status, str(err), err.code, getattr(err, "param", None))
+        param = getattr(err, "param", None)
+        if param is None and isinstance(err, WorkerError) and err.status < 500:
+            param = worker_param(str(err))  # the field a worker's refusal names
+        return error_response(err.status, str(err), err.code, param)
 
     def crashed(self, exc: Exception) -> EdgefnError:
         return EdgefnError(f"internal error in the OpenAI API ({type(exc).__name__}); see the "

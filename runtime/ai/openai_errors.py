@@ -51,6 +51,28 @@ def param_of(error: str) -> str | None:
     return where or None
 
 
+_QUOTED = re.compile(r"^'([a-z_]+)'((?:\[\d+\])*)")  # "'input' must not be empty", "'input'[1] ..."
+# "input[0] is an empty string", "logit_bias: token ..."
+_FIELD = re.compile(r"^([a-z_]+)((?:\[\d+\])*)(?:\.[\w.\[\]]+)?:? ")
+_WORKER_FIELDS = frozenset({"input", "documents", "query", "prompt", "messages", "model",
+                            "max_tokens", "top_n", "logit_bias", "tools", "response_format"})
+
+
+def worker_param(message: str) -> str | None:
+    """The request field a model worker's refusal names at its start (``'input' must
+    not be empty``, ``input[0] is an empty string``, ``model 'x' does not embed``,
+    ``the prompt is empty``), or None: OpenAI's errors carry it in ``param``."""
+    if message == "the prompt is empty":
+        return "prompt"
+    quoted = _QUOTED.match(message)
+    if quoted and quoted[1] in _WORKER_FIELDS:
+        return quoted[1] + quoted[2]
+    field = _FIELD.match(message)
+    if field and field[1] in _WORKER_FIELDS:
+        return field[1] + field[2]
+    return None
+
+
 def validation_error(error: str) -> ApiError:
     """The 400 for a msgspec validation `error` of a request body; an unknown
     top-level field reads as OpenAI's ``Unrecognized request argument supplied``."""
