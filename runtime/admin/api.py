@@ -59,6 +59,7 @@ from runtime.net.message import Request, Response, json_response
 from runtime.observe import stream
 from runtime.observe.dashboard import serve as dashboard
 from runtime.observe.dashboard.login import Logins
+from runtime.observe.ring import Query
 from runtime.pop import PoP
 from runtime.security.keys import is_well_formed
 from runtime.security.principal import Principal
@@ -211,11 +212,11 @@ class AdminApp:
                     return json_response({"stats": rows})
                 case ["v1", "events"] if method == b"GET":
                     await self.on_pop(_call(self.pop.observers.flush))  # what is sent is listed
-                    return Response(200, [JSON], stream.listing(self.pop.ring,
-                                                                stream.parse(request.query)))
+                    return Response(200, [JSON], stream.listing(
+                        self.pop.ring, self._visible(stream.parse(request.query), who)))
                 case ["v1", "events", "stream"] if method == b"GET":
                     return Response(200, list(SSE), stream.follow(
-                        self.pop.ring, stream.parse(request.query),
+                        self.pop.ring, self._visible(stream.parse(request.query), who),
                         self.pop.config.events.subscriber_queue, self.heartbeat))
                 case ["v1", "dashboard", "login"] if method == b"POST" and \
                         getattr(self.pop, "dashboard", None) is not None:
@@ -329,6 +330,15 @@ class AdminApp:
         # worker that does not answer is killed: it restarts with an empty cache)
         counts = await self._tell({"op": "ai_purge", "model": model, "tenant": tenant})
         return purged + sum(n for n in counts if isinstance(n, int))
+
+    def _visible(self, query: Query, who: Principal | None) -> Query:
+        """`query`, for a tenant's key narrowed to its tenant's events: those it made
+        and those of its functions (every tenant's showed)."""
+        if who is None:
+            return query
+        mine = frozenset(n for n, fn in self.pop.registry.functions.items()
+                         if fn.tenant == who.tenant)
+        return msgspec.structs.replace(query, viewer=who.tenant, viewer_functions=mine)
 
     def _owns(self, who: Principal, row: dict[str, Any]) -> bool:
         """Whether a cache stats row is `who`'s tenant's: its function's owner, or (the

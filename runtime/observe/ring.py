@@ -40,6 +40,9 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     method: str | None = None
     min_ms: float | None = None
     limit: int = 100
+    # a tenant's API key sees only its tenant's: events it made, or of its functions
+    viewer: str | None = None
+    viewer_functions: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> Query:
@@ -69,7 +72,9 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
                     and (self.tenant is None or e.tenant == self.tenant)
                     and (self.path is None or e.path.startswith(self.path))
                     and (self.method is None or e.method == self.method)
-                    and (self.min_ms is None or e.duration_ms >= self.min_ms))
+                    and (self.min_ms is None or e.duration_ms >= self.min_ms)
+                    and (self.viewer is None or e.tenant == self.viewer
+                         or _function(e.target) in self.viewer_functions))
 
         return match
 

@@ -105,6 +105,14 @@ def test_a_tenants_key_purges_its_own_functions_only(pop: Running, tmp_path: Pat
     assert {r["function"] for r in mine} == {"shop"}
     every = pop.admin.request("GET", "/v1/cache/stats")["stats"]  # the admin token: all
     assert {"shop", "news"} <= {r["function"] for r in every}
+    # and its events too (with admin:read): those of its functions, not globex's
+    reader, _ = KeyStore(pop.data).create("acme", ("admin:read",))
+    pop.admin.request("POST", "/v1/keys/reload")
+    seen = pop.admin.request("GET", "/v1/events?limit=1000",
+                             headers={"authorization": f"Bearer {reader}"})["events"]
+    assert seen and {e["target"].partition("@")[0] for e in seen if e.get("target")} == {"shop"}
+    everyone = pop.admin.request("GET", "/v1/events?limit=1000")["events"]
+    assert "news" in {e["target"].partition("@")[0] for e in everyone if e.get("target")}
 
 
 def test_a_pop_can_run_without_it(tmp_path: Path) -> None:
