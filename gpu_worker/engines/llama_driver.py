@@ -59,6 +59,8 @@ class Model(Protocol):
 
     def load_adapter(self, name: str, path: str) -> None: ...
 
+    def unload_adapter(self, name: str) -> None: ...
+
 
 class LoadAdapter(NamedTuple):
     """Load LoRA adapter `name` from `path`; `done` resolves on the event loop."""
@@ -68,13 +70,22 @@ class LoadAdapter(NamedTuple):
     done: asyncio.Future[None]
 
 
+class UnloadAdapter(NamedTuple):
+    """Stop carrying adapter `name` in per-sequence steps, once no sequence uses it."""
+
+    name: str
+
+
+type Command = LoadAdapter | UnloadAdapter
+
+
 class Mail(NamedTuple):
     """Everything the loop posted since the thread last looked."""
 
     seqs: list[Seq]
     cancels: set[int]
     credits: dict[int, int]
-    commands: list[LoadAdapter]
+    commands: list[Command]
 
 
 class Mailbox:
@@ -85,7 +96,7 @@ class Mailbox:
         self.seqs: list[Seq] = []
         self.cancels: set[int] = set()
         self.credits: dict[int, int] = {}
-        self.commands: list[LoadAdapter] = []
+        self.commands: list[Command] = []
         self.stopping = False
 
     def post_seq(self, s: Seq) -> None:
@@ -103,7 +114,7 @@ class Mailbox:
             self.credits[rid] = self.credits.get(rid, 0) + n
             self.cond.notify()
 
-    def post_command(self, command: LoadAdapter) -> None:
+    def post_command(self, command: Command) -> None:
         with self.cond:
             self.commands.append(command)
             self.cond.notify()
@@ -135,6 +146,7 @@ class Driver:
         self.sched = sched
         self.metrics = metrics
         self.mailbox = Mailbox()
+        self.retiring: set[str] = set()  # adapters removed, unloaded once no sequence uses them
         self.loop = asyncio.get_running_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -172,6 +184,7 @@ class Driver:
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))
         for group in groups:
             self._step(group)
+        self._retire()
 
     def _take(self) -> bool:
         """Wait for work, then apply what the loop posted. Returns False when stopping."""
@@ -186,8 +199,24 @@ class Driver:
         for rid in mail.cancels:
             self._cancel(rid)
         for command in mail.commands:
-            self._load_adapter(command)
+            if isinstance(command, UnloadAdapter):
+                self.retiring.add(command.name)
+            else:
+                self.retiring.discard(command.name)  # added again under its old name
+                self._load_adapter(command)
+        self._retire()
         return True
+
+    def _retire(self) -> None:
+        """Unload each removed adapter that no running or waiting sequence uses: a
+        per-sequence step carries every loaded adapter's rows, so a removed one kept
+        costing every mixed step."""
+        if not self.retiring:
+            return
+        used = {s.adapter for s in (*self.sched.running.values(), *self.sched.waiting)}
+        for name in [n for n in self.retiring if n not in used]:
+            self.retiring.discard(name)
+            self.lm.unload_adapter(name)
 
     def _cancel(self, rid: int) -> None:
         if rid in self.sched.running:

@@ -174,6 +174,17 @@ class LlamaModel:
         if self.per_seq:
             self._stack()
 
+    def unload_adapter(self, name: str) -> None:
+        """Stop carrying adapter `name` (no sequence uses it any more): restacked
+        without it. Its weights stay with the model (llama.cpp frees adapters with
+        it); a later load under the name is a new adapter."""
+        if self.adapters.pop(name, None) is None:
+            return
+        if self.current_adapter == name:
+            self.use_adapter(None, 1.0)
+        if self.per_seq:
+            self._stack()
+
     def _stack(self) -> None:
         """Stack every loaded adapter for per-sequence selection (a copy of their
         weights, made once per load). A stack llama.cpp refuses (an adapter of

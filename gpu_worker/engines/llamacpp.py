@@ -35,7 +35,7 @@ from ..protocol import Generate
 from . import Engine, ModelInfo, Sink
 from .batching import Scheduler, Seq, shaping_of
 from .constrain import grammar_for
-from .llama_driver import Driver, LoadAdapter
+from .llama_driver import Driver, LoadAdapter, UnloadAdapter
 from .llama_model import LlamaModel
 from .tool_prompt import with_tools
 
@@ -185,6 +185,8 @@ class LlamaEngine(Engine):
             raise EngineError("invalid_request", 400, f"{name!r} is a base model, not a LoRA "
                               "adapter")
         del self.loras[name]
+        if self.driver is not None:  # unloaded once no sequence uses it
+            self.driver.mailbox.post_command(UnloadAdapter(name))
 
     def close(self) -> None:
         """Stop the scheduler thread (up to 10 s) and free the model."""

@@ -10,7 +10,7 @@ import pytest
 
 from edgefn_core.errors import EngineError
 from gpu_worker.engines.batching import Item, Scheduler, Seq, Shaping
-from gpu_worker.engines.llama_driver import Driver, LoadAdapter, Mailbox
+from gpu_worker.engines.llama_driver import Driver, LoadAdapter, Mailbox, UnloadAdapter
 from gpu_worker.metrics import Metrics
 from gpu_worker.protocol import Generate
 
@@ -33,6 +33,7 @@ class FakeModel:
         self.made: list[Any] = []
         self.freed: list[Any] = []
         self.adapters: list[str] = []
+        self.unloaded: list[tuple[str, list[int]]] = []  # (adapter, requests running then)
 
     def sampler(self, temperature: float, top_p: float, top_k: int, seed: int,
                 shaping: Any = None) -> Any:
@@ -75,6 +76,9 @@ class FakeModel:
         if not path.endswith(".gguf"):
             raise EngineError("invalid_request", 400, f"{path} is not a LoRA adapter")
         self.adapters.append(name)
+
+    def unload_adapter(self, name: str) -> None:
+        self.unloaded.append((name, sorted(s.rid for s in self.sched.running.values())))
 
 
 class Sink:
@@ -276,6 +280,29 @@ def test_adapter_loads_resolve_on_the_loop() -> None:
             await asyncio.wait_for(bad, 2)
         assert r.lm.adapters == ["a"]
         r.close()
+
+    asyncio.run(go())
+
+
+def test_a_removed_adapter_is_unloaded_once_no_sequence_uses_it() -> None:
+    async def go() -> None:
+        r = Rig(per_seq=True)
+        on_x = r.submit(1, first=10, max_tokens=2, adapter="x", stream=True, window=1)
+        other = r.submit(2, first=20, max_tokens=6, adapter="y")
+        while not on_x.chunks:  # request 1 runs on x, then waits for credit
+            await asyncio.sleep(0.01)
+        r.driver.mailbox.post_command(UnloadAdapter("x"))
+        await other.result()
+        assert r.lm.unloaded == []  # request 1 still runs on it
+        r.driver.mailbox.post_credit(1, 5)
+        await on_x.result()
+        r.driver.mailbox.post_command(UnloadAdapter("z"))  # nothing left: at once
+        for _ in range(100):
+            if len(r.lm.unloaded) == 2:
+                break
+            await asyncio.sleep(0.01)
+        r.close()
+        assert r.lm.unloaded == [("x", []), ("z", [])]
 
     asyncio.run(go())
 

@@ -115,3 +115,35 @@ def test_adapters_loaded_later_join_the_stack(lm: LlamaModel, tmp_path: Path) ->
     assert lm.decode(_prompt(lm, 0, tokens)) == 0
     assert np.abs(late - _logits(lm, len(tokens) - 1)).max() > 1
     lm.forget(0)
+
+
+def test_an_unloaded_adapter_leaves_the_stack_and_the_others_keep_theirs(
+        tmp_path: Path) -> None:
+    """`lora rm` kept a removed adapter's rows in every mixed step; unloading restacks
+    without it, and the adapters left answer as they did."""
+    model = LlamaModel(converted(packaged_model(), "f16"), 512, 2, 1, 0)
+    try:
+        for i, name in enumerate(("x", "y")):
+            path = tmp_path / f"{name}.gguf"
+            write_random_lora(packaged_model(), path, rank=8, seed=20 + i, std=0.1)
+            model.load_adapter(name, str(path))
+        tokens = model.tokenize("Hello there")
+
+        def with_y() -> np.ndarray:
+            model.use_adapters([(0, "y", 1.0)])
+            assert model.decode(_prompt(model, 0, tokens)) == 0
+            out = _logits(model, len(tokens) - 1)
+            model.forget(0)
+            return out
+
+        before = with_y()
+        model.unload_adapter("x")
+        assert model.per_seq and model.stacked == {"y": 0}
+        after = with_y()  # a stack of another shape: the same sums in another order
+        assert np.abs(after - before).max() < 0.05 and after.argmax() == before.argmax()
+        model.unload_adapter("y")
+        assert model.stacked == {} and "y" not in model.adapters
+        model.use_adapters([(0, None, 1.0)])
+        assert model.decode(_prompt(model, 0, tokens)) == 0  # the base model, no stack
+    finally:
+        model.close()
