@@ -103,7 +103,7 @@ class LlamaModel:
         another role's (the whole prompt read with special tokens let them; and
         llama.cpp's special-token pass over it took time quadratic in their
         number). Raises `EngineError` as `render_chat` does."""
-        texts = [_content_text(m.get("content")) for m in messages]
+        texts = [content_text(m.get("content")) for m in messages]
         marked = [{**m, "content": _MARK.format(i) if isinstance(t, str) else m.get("content")}
                   for i, (m, t) in enumerate(zip(messages, texts, strict=True))]
         parts = _MARKS.split(self.render_chat(marked))  # template, index, template, ...
@@ -140,7 +140,7 @@ class LlamaModel:
         arr = (ll.llama_chat_message * len(messages))()
         keep = []
         for i, m in enumerate(messages):
-            role, content = m.get("role"), _content_text(m.get("content"))
+            role, content = m.get("role"), content_text(m.get("content"))
             if isinstance(content, int):
                 raise EngineError("invalid_request", 400, f"messages[{i}].content[{content}] is "
                                   "not a text part: this model reads text only")
@@ -359,7 +359,7 @@ _MARK = "\ue000{}\ue001"  # private-use characters: where a content goes in the 
 _MARKS = re.compile("\ue000([0-9]+)\ue001")
 
 
-def _content_text(content: Any) -> str | int | None:
+def content_text(content: Any) -> str | int | None:
     """OpenAI message content: a string, or a list of text parts, as one text; the
     index of the first part that is not text (an image, audio, a file: never
     dropped unread); None for anything else."""

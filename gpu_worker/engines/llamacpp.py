@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edgefn_core.errors import EngineError
 
@@ -36,7 +36,7 @@ from . import Engine, ModelInfo, Sink
 from .batching import Scheduler, Seq, shaping_of
 from .constrain import grammar_for
 from .llama_driver import Driver, LoadAdapter, UnloadAdapter
-from .llama_model import LlamaModel
+from .llama_model import LlamaModel, content_text
 from .tool_prompt import with_tools
 
 if TYPE_CHECKING:
@@ -125,7 +125,8 @@ class LlamaEngine(Engine):
             if len(messages) > self.limit:  # each message takes a token at least
                 raise EngineError("context_length_exceeded", 400, f"this model's context is "
                                   f"{self.limit} tokens; the chat has {len(messages)} messages")
-            self._fits(sum(_text_bytes(m.get("content")) for m in messages))
+            texts = [content_text(m.get("content")) for m in messages]
+            self._fits(sum(len(t.encode()) for t in texts if isinstance(t, str)))
             tokens = self.lm.tokenize_chat(messages)
             if not tokens:
                 raise EngineError("invalid_request", 400, "the prompt is empty")
@@ -195,15 +196,6 @@ class LlamaEngine(Engine):
         if self.lm is not None:
             self.lm.close()
             self.lm = None
-
-
-def _text_bytes(content: Any) -> int:
-    """The bytes of a message content's text (a string, or text parts)."""
-    if isinstance(content, str):
-        return len(content.encode())
-    if isinstance(content, list):
-        return sum(_text_bytes(p.get("text")) for p in content if isinstance(p, dict))
-    return 0
 
 
 def _check_params(req: Generate) -> None:

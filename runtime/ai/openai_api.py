@@ -68,6 +68,7 @@ log = logging.getLogger("edgefn.ai")
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
          b"/v1/models"})
 PREFIX = b"/v1/"  # every path under it answers in OpenAI's shape
+ENCODINGS = ("float", "base64")  # an embedding's encoding_format
 MODELS = b"/v1/models/"
 __all__ = ["MAX_STOPS", "PATHS", "ChatBody", "CompletionBody", "OpenAIApi", "OpenAITarget",
            "error_response"]
@@ -335,7 +336,7 @@ class OpenAIApi:
 
     # -- embeddings and rerank ------------------------------------------------------------
     async def embeddings(self, body: EmbeddingsBody, ctx: Context | None = None) -> Response:
-        if body.encoding_format not in ("float", "base64"):
+        if body.encoding_format not in ENCODINGS:
             raise ApiError("invalid_request", 400, "encoding_format must be 'float' or 'base64'",
                            param="encoding_format")
         inputs = [body.input] if isinstance(body.input, str) else body.input

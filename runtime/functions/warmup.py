@@ -109,17 +109,14 @@ async def _dry(fn: Deployment) -> None:
     """A synthetic GET of `fn`'s first route, `DRY_RUNS` times; a failure is logged."""
     path = sample_path(fn.manifest.route_list()[0])
     try:
-        request, route, params = request_for(fn.manifest, path)
+        request, _, params = request_for(fn.manifest, path)
     except DeployError as e:  # a route the sample path misses: nothing to warm, not an error
         log.info("%s: no warm-up: %s", fn.label, e)
         return
-    dry_run = getattr(fn.executor, "dry_run", None)
+    dry_run = fn.executor.dry_run  # type: ignore[attr-defined]  # only pure reactors: WASM
     for _ in range(DRY_RUNS):
-        try:
-            if dry_run is not None:  # inline, cut at the slice: a looping handler costs 5 ms
-                dry_run(request, params)
-            else:
-                await _run(fn, request, route, params)
+        try:  # inline, cut at the slice: a looping handler costs a deploy 5 ms
+            dry_run(request, params)
         except EdgefnError as e:
             if e.code == SLICE_EXPIRED:
                 log.info("%s: warm-up GET %s stopped at the %d ms inline slice (the handler "

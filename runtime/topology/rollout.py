@@ -199,9 +199,14 @@ def undo(pops: Pops, name: str, switched: list[Outcome], previous: dict[str, str
 
 
 # -- rollback and promote ------------------------------------------------------------------
+def _read(pops: Pops, name: str) -> list[Outcome]:
+    """`name`'s deploy record as each PoP answers (or fails to)."""
+    return each(pops, lambda _, c: c.request("GET", f"/v1/functions/{name}/versions"))
+
+
 def records(pops: Pops, name: str) -> dict[str, dict[str, Any]]:
     """`name`'s deploy record on every PoP. Raises `RolloutError` if one cannot say."""
-    got = each(pops, lambda _, c: c.request("GET", f"/v1/functions/{name}/versions"))
+    got = _read(pops, name)
     failed = [o for o in got if o.error is not None]
     if failed:
         raise RolloutError(f"{_failures('reading versions', failed)}; no PoP changed")
@@ -212,7 +217,7 @@ def rollback(pops: Pops, name: str, to: str | None = None) -> Rollout:
     """During a canary (and without `to`): drop the canary everywhere. Otherwise
     stage version `to` (default: the one before the current, which must be the
     same on every PoP) everywhere, then switch. Raises `RolloutError`."""
-    got = each(pops, lambda _, c: c.request("GET", f"/v1/functions/{name}/versions"))
+    got = _read(pops, name)
     unreachable = [o for o in got if o.code == "pop_unreachable"]
     recs = {o.pop: o.value for o in got if o.error is None}
     failed = [o for o in got if o.error is not None and o.code != "pop_unreachable"]

@@ -233,7 +233,6 @@ def down(run: Path, grace: float = 15.0) -> list[str]:
     for pid in stragglers(run):  # a model worker whose PoP was killed (-9) outlives it
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    _reap(set(groups.values()))
     if state is not None:
         state.pops = [msgspec.structs.replace(p, pid=0) for p in state.pops]
         write_state(run, state)

@@ -39,6 +39,7 @@ import msgspec
 import numpy as np
 
 from runtime.ai.openai_api import (
+    ENCODINGS,
     MAX_STOPS,
     SSE_HEADERS,
     ChatBody,
@@ -215,7 +216,7 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
     tenant = who.tenant if who is not None else ""
     try:
         if isinstance(b, EmbeddingsBody):
-            if b.encoding_format not in ("float", "base64"):  # the API's 400, never a hit
+            if b.encoding_format not in ENCODINGS:  # the API's 400, never a hit
                 return None
             inputs = [b.input] if isinstance(b.input, str) else b.input
             return Asked(embedding_call(tenant, b.model, inputs), encoding_format=b.encoding_format)
