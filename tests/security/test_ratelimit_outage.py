@@ -82,3 +82,12 @@ def test_token_budgets_apply_the_policy_when_redis_is_unreachable(policy: str) -
 
 async def _count() -> int:
     return 5
+
+
+def test_a_policy_it_does_not_know_is_refused_naming_the_field(tmp_path: Path) -> None:
+    from edgefn_core.errors import InvalidConfig
+    from runtime import config
+
+    with pytest.raises(InvalidConfig) as err:
+        config.load(None, data=str(tmp_path), **{"ratelimit.on_storage_error": "sometimes"})
+    assert err.value.field == "ratelimit.on_storage_error" and "sometimes" in str(err.value)

@@ -128,6 +128,10 @@ def test_up_after_a_crash_down_twice_and_status_after_down(tmp_path: Path) -> No
         assert result["purged"] == {"central": 0} and list(result["failed"]) == ["edge"]
         message = json.loads(purge.stderr)["error"]["message"]
         assert message.startswith("not purged on edge (") and "ghost" not in message
+        nope = _cli("topology", "restart", "nope", "--dir", str(run))  # a PoP it has not
+        assert nope.returncode == 1
+        assert json.loads(nope.stderr)["error"]["message"].endswith("has no PoP 'nope'; it "
+                                                                   "has central, edge")
         # the killed edge comes back on its own: same port, same functions
         back = json.loads(_cli("topology", "restart", "edge", "--dir", str(run)).stdout)
         assert back["pid"] != edge.pid and runner.alive(back["pid"])
