@@ -191,6 +191,28 @@ def served(entry: Entry, age: float, outcome: bytes, request: Request) -> Respon
                                    (b"x-edgefn-cache", outcome)], entry.body)
 
 
+def answered(response: Response, request: Request, outcome: bytes) -> Response:
+    """The origin's `response`, which was not stored, as the client gets it: its
+    client view with ``x-edgefn-cache``, or a 304 when the client's validators
+    (which the origin did not see: a miss asks for the full response) match a 200
+    with a whole body (RFC 9110 13.2.2, as a server would answer them)."""
+    response.headers.append((b"x-edgefn-cache", outcome))
+    inm, ims = request.header(b"if-none-match"), request.header(b"if-modified-since")
+    if ((inm is None and ims is None) or response.status != 200
+            or not isinstance(response.body, bytes) or request.method != b"GET"):
+        return client_view(response)
+    etag = last_modified = None
+    for k, v in response.headers:
+        if k == b"etag":
+            etag = v
+        elif k == b"last-modified":
+            last_modified = v
+    if not policy.not_modified(inm, ims, etag, last_modified):
+        return client_view(response)
+    return Response(304, [(k, v) for k, v in response.headers
+                          if k in NOT_MODIFIED_FIELDS or k == b"x-edgefn-cache"])
+
+
 def client_view(response: Response) -> Response:
     """`response` without what is for the cache only (``Cache-Tag``)."""
     if any(k == b"cache-tag" for k, _ in response.headers):

@@ -26,7 +26,7 @@ from hashlib import blake2b
 
 from edgefn_core.errors import StoreClosed
 from runtime.cache.http import policy
-from runtime.cache.http.cache import HttpCache, client_view, served
+from runtime.cache.http.cache import HttpCache, answered, client_view, served
 from runtime.cache.http.store import Entry
 from runtime.cache.settings import HttpCacheOverride, HttpCacheSettings
 from runtime.cache.stats import CacheStats
@@ -38,7 +38,6 @@ from runtime.security.settings import merge
 CACHED_METHODS = (b"GET", b"HEAD")
 UNSAFE = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
 CONDITIONALS = (b"if-none-match", b"if-modified-since")
-MISS_HEADER = (b"x-edgefn-cache", b"MISS")
 
 
 class HttpCacheStage:
@@ -182,8 +181,7 @@ class HttpCacheStage:
             self.cache.passed(key)
         if isinstance(stored, Entry):
             return served(stored, stored.initial_age, outcome.encode(), request)
-        response.headers.append((b"x-edgefn-cache", outcome.encode()))
-        return client_view(response)
+        return answered(response, request, outcome.encode())
 
     def _quiet(self, request: Request, ctx: Context, call_next: Next, target: Target) -> Result:
         """A warm-up (`runtime.pipeline.warm`): what a miss does before and after the
@@ -209,8 +207,7 @@ class HttpCacheStage:
         principal = ctx.principal
         self.stats.record("http", "MISS", function=target.name,
                           tenant=principal.tenant if principal is not None else None)
-        response.headers.append(MISS_HEADER)
-        return client_view(response)
+        return answered(response, request, b"MISS")
 
     # -- stale entries ----------------------------------------------------------------------
     def _revalidate(self, request: Request, ctx: Context, call_next: Next, target: Target,

@@ -136,6 +136,32 @@ def test_client_conditionals_are_answered_after_revalidation(h: Harness) -> None
     assert (r.status, outcome(r)) == (304, "EXPIRED")
 
 
+@pytest.mark.parametrize("cc", ["private", "no-store", None])
+def test_client_conditionals_are_answered_from_a_response_not_stored(
+        h: Harness, cc: str | None) -> None:
+    """A miss asks the origin for the full response (its validators are the
+    cache's to answer), so when that response is not stored the client still
+    gets its 304 (it got a 200 before: the function never saw If-None-Match)."""
+    h.origin.answer = lambda r: ok(cc, etag='"v1"', last_modified=LM)
+    for cond in ({"if_none_match": '"v1"'}, {"if_modified_since": LM}):
+        r, _ = h.call(request(**cond))
+        assert (r.status, outcome(r), r.body) == (304, "MISS", b"")
+        assert header(r, b"etag") == b'"v1"' and header(r, b"content-type") is None
+        assert h.origin.seen[-1].header(b"if-none-match") is None
+    r, _ = h.call(request(if_none_match='"v2"'))
+    assert (r.status, r.body) == (200, b"hello")
+    r, _ = h.call(request(method=b"POST", if_none_match='"v1"'))
+    assert r.status == 200  # a conditional POST is the function's to answer
+
+
+def test_a_stored_miss_answers_the_clients_validators(h: Harness) -> None:
+    h.origin.answer = lambda r: ok(etag='"v1"')
+    r, _ = h.call(request(if_none_match='"v1"'))
+    assert (r.status, outcome(r)) == (304, "MISS")
+    r, _ = h.call(request())
+    assert (r.status, outcome(r), r.body) == (200, "HIT", b"hello")
+
+
 def test_no_cache_response_is_validated_every_time(h: Harness) -> None:  # 5.2.2.4
     h.origin.answer = lambda r: ok("no-cache", etag='"v1"')
     h.call(request())
