@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 from http import HTTPStatus
@@ -122,6 +123,8 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(r)
         except httptools.HttpParserUpgrade:
             self._refuse(HttpReject(400, "protocol upgrades are not supported"))
+        except httptools.HttpParserInvalidMethodError as e:
+            self._refuse(_unknown_method(data, e))
         except httptools.HttpParserError as e:
             # httptools wraps exceptions raised in callbacks; a HttpReject keeps its status.
             cause = e.__cause__ or e.__context__
@@ -446,6 +449,28 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
+
+
+# a request line with a method token the parser does not know (not garbage, not TLS)
+REQUEST_LINE = re.compile(rb"(?:^|\n)([!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}) [^ \r\n]+ "
+                          rb"HTTP/1\.[01]\r?\n")
+
+# what llhttp parses (its HTTP methods; RTSP's are not accepted on a request parser)
+PARSED_METHODS = frozenset(b"""DELETE GET HEAD POST PUT CONNECT OPTIONS TRACE COPY LOCK MKCOL MOVE
+    PROPFIND PROPPATCH SEARCH UNLOCK BIND REBIND UNBIND ACL REPORT MKACTIVITY CHECKOUT MERGE
+    M-SEARCH NOTIFY SUBSCRIBE UNSUBSCRIBE PATCH PURGE MKCALENDAR LINK UNLINK SOURCE QUERY
+    PRI""".split())
+
+
+def _unknown_method(data: bytes, e: Exception) -> HttpReject:
+    """501 for a well-formed request line whose method is not one HTTP knows (RFC 9110
+    9.1); 400 for anything else the parser refused at the method."""
+    methods = [m.group(1) for m in REQUEST_LINE.finditer(data)]
+    method = next((m.decode("ascii") for m in methods if m not in PARSED_METHODS), None)
+    if method is None:
+        return HttpReject(400, f"malformed HTTP request: {e}")
+    return HttpReject(501, f"request method {method!r} is not recognized (HTTP methods: GET, "
+                           "HEAD, POST, PUT, PATCH, DELETE, OPTIONS, ...)")
 
 
 def _internal_error() -> Response:
