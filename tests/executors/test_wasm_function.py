@@ -199,7 +199,8 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
      'WASI command (abi = "wasi")'),
     ('(module (memory (export "memory") 1)'
      ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "wasi",
-     'main.wat: abi = "wasi" needs a function export `_start`'),
+     'main.wat: edgefn.toml says abi = "wasi", which needs a function export `_start`; this '
+     'module has none (a reactor exporting `edgefn_handle` wants abi = "reactor" or "auto")'),
     ('(module (memory (export "memory") 1)'
      ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "auto",
      "main.wat: reactor ABI needs an export `edgefn_alloc` of type func (i32) -> (i32), "

@@ -159,7 +159,9 @@ class WasmFunction:
             raise DeployError(f"{entry}: module exports neither `edgefn_handle` "
                               "(reactor ABI) nor `_start` (WASI command)")
         if abi == "wasi" and not isinstance(exports.get("_start"), wasmtime.FuncType):
-            raise DeployError(f"{entry}: abi = \"wasi\" needs a function export `_start`")
+            raise DeployError(f"{entry}: edgefn.toml says abi = \"wasi\", which needs a "
+                              "function export `_start`; this module has none (a reactor "
+                              "exporting `edgefn_handle` wants abi = \"reactor\" or \"auto\")")
         if abi == "reactor":
             for name, want in REACTOR_EXPORTS.items():
                 got = _describe(exports.get(name))
