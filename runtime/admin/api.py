@@ -1,8 +1,11 @@
 """The admin API: loopback only, bearer token from DATA/admin.token, or an API key
 whose scopes grant the operation (``admin:deploy``, ``admin:rollback``,
 ``admin:delete``, ``admin:read``, ``admin:kv``, ``admin:vectors``, ``admin:ai``,
-``admin:keys``, ``admin:cache``; ``admin:*`` for all). A key acts for its tenant: it deploys,
-rolls back and deletes only functions whose ``owner`` is that tenant.
+``admin:keys``, ``admin:cache``; ``admin:*`` for all), chosen from the percent-decoded
+path the request is routed on. A key acts for its tenant: it lists, reads, deploys, rolls
+back and deletes only functions whose ``owner`` is that tenant, reaches only the
+namespaces and indexes its tenant owns or is granted, and cannot open the dashboard
+(which shows every tenant's traffic).
 
     POST   /v1/keys/reload                    re-read DATA/keys.json now (`edgefn keys` does)
     GET    /v1/functions                      deployed functions
@@ -52,7 +55,9 @@ from urllib.parse import unquote
 import msgspec
 
 from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
+from runtime.bindings import kv as kv_binding
 from runtime.bindings import operate
+from runtime.bindings.owners import WHAT, denied
 from runtime.functions import deploys
 from runtime.functions.registry import Deployment
 from runtime.net.message import Request, Response, json_response
@@ -145,7 +150,7 @@ class AdminApp:
         if record is None or record.state(time.time()) != "active":
             return _error(401, "unauthorized", "missing or wrong admin token or API key")
         who = record.principal()
-        op = operation(request)
+        op = operation(request.method, path_parts(request.path))
         if not who.allows("admin", op):
             return _error(403, "forbidden", f"API key {record.id} has no scope admin:{op}")
         return self._routed(request, who)
@@ -153,21 +158,28 @@ class AdminApp:
     async def _routed(self, request: Request, who: Principal | None) -> Response:
         """`_route`, then, with ``workers = N``, every other worker told of a change
         it made (the call returns once all switched: see `runtime.workers.control`)."""
-        response = await self._route(request, who)
-        if self.workers is not None and response.status < 400 and _changes_routing(request):
+        parts = path_parts(request.path)
+        response = await self._route(request, who, parts)
+        if self.workers is not None and response.status < 400 and _changes_routing(
+                request.method, parts):
             await asyncio.shield(self.workers.tell({"op": "sync"}))
         return response
 
-    async def _route(self, request: Request, who: Principal | None) -> Response:
-        """`who`: the key's principal (None: the admin token, which may do anything)."""
-        parts = [unquote(p) for p in request.path.decode("latin-1").strip("/").split("/")]
+    async def _route(self, request: Request, who: Principal | None,
+                     parts: list[str]) -> Response:
+        """`who`: the key's principal (None: the admin token, which may do anything);
+        `parts`: the path's decoded segments, as the scope was chosen from."""
         method = request.method
         try:
             if who is not None:
                 self._check_tenant(parts, who)
             match parts:
                 case ["v1", "functions"] if method == b"GET":
-                    return json_response({"functions": self.pop.registry.listing()})
+                    listing = self.pop.registry.listing()
+                    if who is not None:  # a key lists its own tenant's functions
+                        listing = [f for f in listing if self._owner_of(str(f["name"]))
+                                   == who.tenant]
+                    return json_response({"functions": listing})
                 case ["v1", "deploy"] if method == b"POST":
                     source = (request.header(b"x-edgefn-source") or b"").decode("utf-8", "replace")
                     # off the loop: unpacking up to the package limits takes a while
@@ -192,6 +204,8 @@ class AdminApp:
                     args = msgspec.json.decode(request.body or b"{}")
                     if not isinstance(args, dict):
                         return _error(400, "bad_request", "body must be a JSON object")
+                    if who is not None:
+                        self._check_store(kind, target, op, who)
                     result = await asyncio.to_thread(operate, self.pop.stores, kind, target, op,
                                                      args)
                     return json_response({"result": result})
@@ -220,6 +234,9 @@ class AdminApp:
                         self.pop.config.events.subscriber_queue, self.heartbeat))
                 case ["v1", "dashboard", "login"] if method == b"POST" and \
                         getattr(self.pop, "dashboard", None) is not None:
+                    if who is not None:
+                        raise NotOwner("the dashboard shows every tenant's traffic and "
+                                       "functions: log in with the admin token")
                     await self.on_pop(_call(self.pop.watch_dashboard))
                     token = self.logins.issue()
                     return json_response({"token": token, "path": f"/dashboard?token={token}",
@@ -349,12 +366,33 @@ class AdminApp:
         return not row.get("function") and row.get("tenant") == who.tenant
 
     def _check_tenant(self, parts: list[str], who: Principal) -> None:
-        """Raises `NotOwner` when a key changes a function of another tenant."""
+        """Raises `NotOwner` when a key reads or changes a function of another tenant."""
         if len(parts) >= 3 and parts[:2] == ["v1", "functions"]:
-            fn = self.pop.registry.functions.get(parts[2]) or self._staged(parts[2])
-            if fn is not None and fn.tenant != who.tenant and parts[-1] != "versions":
-                raise NotOwner(f"function {parts[2]!r} belongs to {fn.tenant!r}, not to this "
+            owner = self._owner_of(parts[2])
+            if owner is not None and owner != who.tenant:
+                raise NotOwner(f"function {parts[2]!r} belongs to {owner!r}, not to this "
                                f"key's tenant {who.tenant!r}")
+
+    def _owner_of(self, name: str) -> str | None:
+        """The tenant of function `name` (live or staged), or None if none is."""
+        fn = self.pop.registry.functions.get(name) or self._staged(name)
+        return fn.tenant if fn is not None else None
+
+    def _check_store(self, kind: str, name: str, op: str, who: Principal) -> None:
+        """Raises `NotOwner` unless `who`'s tenant owns the namespace or index `name`
+        (claimed by a deploy of its functions), or is granted it (reads: read or
+        write; anything else: write)."""
+        owners = self.pop.stores.owners
+        access = owners.access(kind, name, who.tenant)
+        if owners.owner(kind, name) is None:
+            raise NotOwner(f"{WHAT[kind]} {name!r} is not claimed: a tenant's key reaches "
+                           f"the names its functions bind once one of them is deployed "
+                           f"(owner {who.tenant!r})")
+        if access == "write" or (access == "read" and op in READS[kind]):
+            return
+        raise NotOwner(denied(owners, kind, name, who.tenant, True) if access is None else
+                       f"{WHAT[kind]} {name!r} is shared with {who.tenant!r} read-only; "
+                       f"{op} is not a read")
 
     def _staged(self, name: str) -> Deployment | None:
         """A staged version of `name` (a function not live yet has its owner there)."""
@@ -397,31 +435,40 @@ async def _shielded[T](coro: Coroutine[Any, Any, T]) -> T:
     return await asyncio.shield(coro)
 
 
-def _changes_routing(request: Request) -> bool:
+# what a tenant's key may do with a namespace or index it is granted read-only
+READS = {"kv": kv_binding.OPS - kv_binding.WRITES,
+         "vectors": frozenset({"query", "stats"})}
+
+
+def path_parts(path: bytes) -> list[str]:
+    """The path's segments, percent-decoded: what a request is routed on, and so
+    what its scope is chosen from (``/v1/%6bv/...`` is the KV endpoint)."""
+    return [unquote(p) for p in path.decode("latin-1").strip("/").split("/")]
+
+
+def _changes_routing(method: bytes, parts: list[str]) -> bool:
     """A call that changes which version of a function serves (a deploy, rollback,
     activation, promotion or delete), after which the other workers follow."""
-    parts = request.path.rstrip(b"/").split(b"/")
-    if request.method == b"DELETE":
-        return len(parts) == 4 and parts[2] == b"functions"
-    return request.method == b"POST" and (parts[2:] == [b"deploy"] or (
-        len(parts) == 5 and parts[2] == b"functions"
-        and parts[4] in (b"rollback", b"activate", b"promote")))
+    if method == b"DELETE":
+        return len(parts) == 3 and parts[:2] == ["v1", "functions"]
+    return method == b"POST" and (parts == ["v1", "deploy"] or (
+        len(parts) == 4 and parts[:2] == ["v1", "functions"]
+        and parts[3] in ("rollback", "activate", "promote")))
 
 
-def operation(request: Request) -> str:
-    """The admin scope a request needs: ``admin:<this>``."""
-    parts = request.path.split(b"/")
-    section = parts[2] if len(parts) > 2 else b""
-    if section in (b"deploy", b"stage"):
+def operation(method: bytes, parts: list[str]) -> str:
+    """The admin scope a request with these (decoded) path `parts` needs:
+    ``admin:<this>``."""
+    section = parts[1] if len(parts) > 1 else ""
+    if section in ("deploy", "stage"):
         return "deploy"
-    if section == b"functions":
-        if request.method == b"DELETE":
+    if section == "functions":
+        if method == b"DELETE":
             return "delete"
-        if len(parts) > 4 and parts[-1] in (b"activate", b"abort", b"promote", b"stage"):
+        if len(parts) > 3 and parts[-1] in ("activate", "abort", "promote", "stage"):
             return "deploy"
-        return "rollback" if parts[-1] == b"rollback" else "read"
-    return section.decode("latin-1") if section in (b"kv", b"vectors", b"ai", b"keys",
-                                                    b"cache", b"dashboard") \
+        return "rollback" if parts[-1] == "rollback" else "read"
+    return section if section in ("kv", "vectors", "ai", "keys", "cache", "dashboard") \
         else "read"
 
 

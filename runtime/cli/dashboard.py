@@ -10,7 +10,7 @@ import sys
 
 def login_url(data: str) -> str:
     """``http://ADMIN/dashboard?token=T``. Raises `AdminError` if the admin API
-    refuses (a key without ``admin:dashboard``), `Failure` if no PoP runs."""
+    refuses (an API key: the dashboard takes the admin token), `Failure` if no PoP runs."""
     from runtime.admin.client import AdminClient
 
     client = AdminClient(data, timeout=30)

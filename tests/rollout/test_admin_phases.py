@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from edgefn_core.errors import AdminError
-from runtime.admin.api import operation
+from runtime.admin.api import operation, path_parts
 from runtime.admin.client import AdminClient
 from runtime.functions import deploys
-from runtime.net.message import Request
 from runtime.security.keys import KeyStore
 from tests.rollout.helpers import Topology
 from tests.support import function_dir, pop_thread, reactor
@@ -26,9 +25,12 @@ from tests.support import function_dir, pop_thread, reactor
     (b"/v1/functions/f/promote", "deploy"),
     (b"/v1/functions/f/rollback", "rollback"),
     (b"/v1/functions/activate", "read"),  # a function named "activate" is only read here
+    (b"/v1/%6bv/ns/get", "kv"),  # decoded as it is routed: not "read"
+    (b"/v1/%64eploy", "deploy"),
+    (b"/v1/functions/f/%72ollback", "rollback"),
 ])
 def test_each_phase_needs_the_deploy_scope(path: bytes, scope: str) -> None:
-    assert operation(Request(b"POST", path, b"", [], b"h", "1.1", True, "127.0.0.1:1")) == scope
+    assert operation(b"POST", path_parts(path)) == scope
 
 
 @pytest.mark.parametrize(("op", "body", "status", "kind", "says"), [

@@ -410,6 +410,62 @@ def test_admin_keys_act_for_their_tenant_within_their_admin_scopes(
         assert pop.get("/mine")[0] == 200  # still served
 
 
+def test_a_tenants_key_reaches_only_its_own_functions_and_stores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scope is chosen from the path as it is routed (``%6bv`` is ``kv``), and a
+    tenant's key lists, reads and changes only its tenant's functions, namespaces
+    and indexes (or what their owner granted it)."""
+    from edgefn_core.errors import AdminError
+    from runtime.admin.client import AdminClient
+
+    def refused(client: AdminClient, method: str, path: str, body: object = None) -> str:
+        with pytest.raises(AdminError) as err:
+            client.request(method, path, b"" if body is None else _j(body))
+        assert err.value.status == 403, (path, err.value)
+        return str(err.value.code)
+
+    with pop_thread(tmp_path / "data") as pop:
+        store = KeyStore(pop.data)
+        reader, _ = store.create("beta", ("admin:read",))
+        beta, _ = store.create("beta", ("admin:*",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        for name, kv in (("versions", "acmedata"), ("reads", "shared")):
+            pop.deploy(python_function(tmp_path / "a", name, WHO, extra=(
+                f'owner = "acme"\n[bindings]\nkv = ["{kv}"]\n'
+                '[bindings.share.kv]\nshared = { read = ["beta"] }\n' if kv == "shared" else
+                f'owner = "acme"\n[bindings]\nkv = ["{kv}"]\n')))
+        for ns in ("acmedata", "shared"):
+            pop.admin.request("POST", f"/v1/kv/{ns}/put", _j({"key": "k", "value": "c2VjcmV0"}))
+        monkeypatch.setenv("EDGEFN_API_KEY", reader)
+        r = AdminClient(pop.data)
+        for path in ("/v1/%6bv/acmedata/get", "/v1/%6Bv/acmedata/put", "/v1/%64ashboard/login",
+                     "/v1/%76ectors/x/stats", "/v1/%63ache/purge"):
+            assert refused(r, "POST", path, {"key": "k"}) == "forbidden"
+        assert refused(r, "POST", "/v1/functions/reads/%72ollback") == "forbidden"
+        monkeypatch.setenv("EDGEFN_API_KEY", beta)
+        b = AdminClient(pop.data)
+        assert b.request("GET", "/v1/functions")["functions"] == []
+        assert refused(b, "GET", "/v1/functions/reads/versions") == "not_owner"
+        assert refused(b, "POST", "/v1/dashboard/login") == "not_owner"  # every tenant's
+        assert refused(b, "DELETE", "/v1/functions/versions") == "not_owner"
+        assert refused(b, "POST", "/v1/kv/acmedata/get", {"key": "k"}) == "not_owner"
+        assert refused(b, "POST", "/v1/kv/acmedata/list", {}) == "not_owner"
+        assert refused(b, "POST", "/v1/kv/nobody/put", {"key": "k", "value": "eA=="}) \
+            == "not_owner"  # unclaimed: a later owner's function would read what it planted
+        got = b.request("POST", "/v1/kv/shared/get", _j({"key": "k"}))
+        assert got["result"]["value"] == "c2VjcmV0"  # granted read
+        assert refused(b, "POST", "/v1/kv/shared/put", {"key": "k", "value": "eA=="}) \
+            == "not_owner"
+        assert pop.get("/versions")[0] == 200  # still served
+        monkeypatch.delenv("EDGEFN_API_KEY")
+        got = AdminClient(pop.data).request("POST", "/v1/kv/acmedata/get", _j({"key": "k"}))
+        assert got["result"]["value"] == "c2VjcmV0"  # untouched; the operator reaches any store
+
+
+def _j(body: object) -> bytes:
+    return json.dumps(body).encode()
+
+
 WHO_C = r"""
 #include "edgefn.h"
 int64_t handle(const edgefn_request *req) {
