@@ -350,12 +350,11 @@ class AdminApp:
 
     def _visible(self, query: Query, who: Principal | None) -> Query:
         """`query`, for a tenant's key narrowed to its tenant's events: those it made
-        and those of its functions (every tenant's showed)."""
+        and those its functions served (by the owner each event recorded, so a name
+        another tenant used before shows none of theirs)."""
         if who is None:
             return query
-        mine = frozenset(n for n, fn in self.pop.registry.functions.items()
-                         if fn.tenant == who.tenant)
-        return msgspec.structs.replace(query, viewer=who.tenant, viewer_functions=mine)
+        return msgspec.structs.replace(query, viewer=who.tenant)
 
     def _owns(self, who: Principal, row: dict[str, Any]) -> bool:
         """Whether a cache stats row is `who`'s tenant's: its function's owner, or (the

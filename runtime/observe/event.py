@@ -56,6 +56,7 @@ class Event(msgspec.Struct, omit_defaults=True, kw_only=True, gc=False):
     query: str = ""  # the query string, without "?"
     status: int
     target: str | None = None  # "hello@1a2b3c4d", "openai", None when nothing served it
+    owner: str | None = None  # the tenant that owns the function that served it
     route: str | None = None
     decisions: dict[str, Any] = {}  # stage -> its record (`Context.decide`)
     stages_ms: dict[str, float] = {}  # stage -> ms, when the chain is timed

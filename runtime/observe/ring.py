@@ -42,7 +42,6 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     limit: int = 100
     # a tenant's API key sees only its tenant's: events it made, or of its functions
     viewer: str | None = None
-    viewer_functions: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> Query:
@@ -74,7 +73,7 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
                     and (self.method is None or e.method == self.method)
                     and (self.min_ms is None or e.duration_ms >= self.min_ms)
                     and (self.viewer is None or e.tenant == self.viewer
-                         or _function(e.target) in self.viewer_functions))
+                         or e.owner == self.viewer))
 
         return match
 

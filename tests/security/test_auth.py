@@ -457,6 +457,14 @@ def test_a_tenants_key_reaches_only_its_own_functions_and_stores(
         assert refused(b, "POST", "/v1/kv/shared/put", {"key": "k", "value": "eA=="}) \
             == "not_owner"
         assert pop.get("/versions")[0] == 200  # still served
+        # a name acme used before: beta sees the events of its own version only
+        assert pop.get("/reads?card=4111")[0] == 200
+        pop.admin.request("DELETE", "/v1/functions/reads")
+        b.deploy(python_function(tmp_path / "b", "reads", WHO, extra='owner = "beta"\n'))
+        assert pop.get("/reads?mine=1")[0] == 200
+        seen = b.request("GET", "/v1/events?function=reads&limit=1000")["events"]
+        assert [e["query"] for e in seen] == ["mine=1"]
+        assert {e["owner"] for e in seen} == {"beta"}
         monkeypatch.delenv("EDGEFN_API_KEY")
         got = AdminClient(pop.data).request("POST", "/v1/kv/acmedata/get", _j({"key": "k"}))
         assert got["result"]["value"] == "c2VjcmV0"  # untouched; the operator reaches any store

@@ -113,6 +113,8 @@ class Events:
             event.bytes_in = len(request.body)
         if ctx.route:
             event.route = ctx.route
+        if target is not None and target.tenant is not None:
+            event.owner = target.tenant
         if ctx.marks:
             event.stages_ms = ctx.timings()
         if ctx.bot is not None or ctx.agent is not None:
