@@ -211,5 +211,16 @@ def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
                 "https://api.example.com.evil.test/v1/x"):
         with pytest.raises(Exception, match="is not allowed"):
             f.allowed(url)
+    # a host wildcard matches within the host: `*` once took `/`, `?` and `#` too
+    w = FetchBinding("f", ["https://*.example.com/*"], 1000)
+    assert w.allowed("https://a.example.com/x?q=1")[0].host == "a.example.com"
+    assert w.allowed("https://A.Example.COM")[0].host == "a.example.com"  # path "/"
+    for url in ("https://evil.net/x.example.com/", "https://evil.net?.example.com/",
+                "https://evil.net#.example.com/", "https://evil.net:443/.example.com/",
+                "http://a.example.com/x"):
+        with pytest.raises(Exception, match="is not allowed"):
+            w.allowed(url)
+    assert FetchBinding("f", ["https://api.example.com"], 1).allowed(
+        "https://api.example.com/a/b?c")[0].path == "/a/b?c"  # no path: every path
     assert _pattern_host("http://[::1]:8080/*") == "::1"
     assert _pattern_host("https://Example.com:443/a") == "example.com"

@@ -5,8 +5,9 @@ made by the PoP to a URL its manifest allows (``[bindings] fetch = [patterns]``)
         -> {status, headers: {name: value}, body (base64)}
 
 Rules, checked here in one place:
-- the URL must match one of the manifest's patterns (`fnmatch` on the whole URL,
-  ``https://api.example.com/*``), scheme http or https;
+- the URL must match one of the manifest's patterns (``https://api.example.com/*``:
+  shell wildcards, matched part by part: scheme, host[:port], path and query; see
+  `matches`), scheme http or https;
 - the host's addresses are resolved once and the connection goes to the address
   that was checked (no second lookup a DNS answer could change): loopback,
   private, link-local, multicast and reserved addresses are refused unless the
@@ -65,6 +66,34 @@ def parse_url(url: str) -> Target:
                                                                    else 80), path)
 
 
+def matches(pattern: str, url: str) -> bool:
+    """Whether `url` is one `pattern` allows, part by part: a wildcard in the scheme or
+    the host part matches within that part only (``https://*.example.com/*`` does not
+    take ``https://evil.net/x.example.com/`` or ``https://evil.net?.example.com/``);
+    the rest is a shell pattern over the path and query (an empty path is ``/``). A
+    pattern with no path allows any (``https://api.example.com``, as in a CSP source)."""
+    p_scheme, p_sep, p_rest = pattern.partition("://")
+    u_scheme, u_sep, u_rest = url.partition("://")
+    if not p_sep or not u_sep:
+        return False
+    p_host, p_path = _authority(p_rest)
+    u_host, u_path = _authority(u_rest)
+    if not (fnmatchcase(u_scheme.lower(), p_scheme.lower())
+            and fnmatchcase(u_host.lower(), p_host.lower())):
+        return False
+    return not p_path or fnmatchcase(_rooted(u_path), _rooted(p_path))
+
+
+def _rooted(path: str) -> str:
+    return path if path.startswith("/") else "/" + path
+
+
+def _authority(rest: str) -> tuple[str, str]:
+    """``host[:port]`` and what follows it (from the first ``/``, ``?`` or ``#``)."""
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    return rest[:end], rest[end:]
+
+
 def _pattern_host(pattern: str) -> str:
     rest = pattern.split("://", 1)[-1]
     host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
@@ -91,7 +120,7 @@ class FetchBinding:
         """The target, and whether a matching pattern names its host literally (then
         a private address is allowed). Raises `BindingError` if no pattern matches."""
         target = parse_url(url)
-        matching = [p for p in self.patterns if fnmatchcase(url, p)]
+        matching = [p for p in self.patterns if matches(p, url)]
         if not matching:
             allowed = ", ".join(self.patterns) or "none: add `fetch = [...]` to [bindings]"
             raise BindingError(f"fetch: {url!r} is not allowed for function {self.owner!r} "
