@@ -52,6 +52,8 @@ MAX_DIM = 4096
 MAX_ID_BYTES = 256
 MAX_META_BYTES = 4096
 SAVE_EVERY = 10_000  # log entries between automatic saves
+MAX_K = 1000  # nearest neighbours one query returns at most
+FILTER_SCAN = 16_384  # candidates a filtered query looks among (or 4k, if more)
 # allowed ranges of the usearch HNSW settings a caller may choose per index
 GRAPH_LIMITS = {"connectivity": (2, 128), "expansion_add": (8, 4096),
                 "expansion_search": (8, 4096)}
@@ -324,16 +326,19 @@ class VectorStore:
     def query(self, name: str, vector: Any, k: int = 10,
               filter: dict[str, Any] | None = None, exact: bool = False) -> list[Match]:
         """The `k` nearest vectors, closest first, whose metadata matches every
-        ``filter`` item (`exact`: brute force instead of the HNSW graph). Sees every
-        write that returned before it was called, in any process.
+        ``filter`` item (`exact`: brute force instead of the HNSW graph). A filtered
+        query looks among the ``max(FILTER_SCAN, 4k)`` nearest at most, so a filter
+        that few vectors match may return fewer than `k` (a filter matching none
+        had scanned the whole index, on the caller's thread). Sees every write that
+        returned before it was called, in any process.
 
         Raises `InvalidValue` for a vector of the wrong dimension, a `k` that is not
-        a positive int, a `filter` that is not an object.
+        an int from 1 to `MAX_K`, a `filter` that is not an object.
         """
         o = self._get(name)
         q = self._vector(o.config, vector)
-        if type(k) is not int or k < 1:
-            raise InvalidValue(f"k must be a positive integer, got {k!r}")
+        if type(k) is not int or not 1 <= k <= MAX_K:
+            raise InvalidValue(f"k must be an integer from 1 to {MAX_K}, got {k!r}")
         if filter is not None and not isinstance(filter, dict):
             raise InvalidValue(f"filter must be an object of metadata fields, got "
                                f"{type(filter).__name__}")
@@ -343,10 +348,11 @@ class VectorStore:
             if index.size == 0:
                 return []
             want = k if not filter else min(index.size, k * 4)
+            scan = max(FILTER_SCAN, k * 4)
             while True:
-                found = index.search(q, min(want, index.size), exact=exact)
+                found = index.search(q, min(want, index.size, scan), exact=exact)
                 out = self._matches(o, txn, found.keys, found.distances, filter, k)
-                if len(out) >= k or want >= index.size:
+                if len(out) >= k or want >= min(index.size, scan):
                     return out
                 want *= 4
 

@@ -160,7 +160,9 @@ class Bindings:
         if kind not in ("kv", "vectors"):
             raise BindingError(f"unknown binding {name!r}")
         capability: Any = self.kv if kind == "kv" else self.vectors
-        blocking = op in (kv_binding.WRITES if kind == "kv" else vectors_binding.WRITES)
+        # writes wait for fsync; a vector query can take milliseconds (a large k, a
+        # filter): neither holds the PoP's loop
+        blocking = op in (kv_binding.WRITES if kind == "kv" else vectors_binding.SLOW)
         run = functools.partial(_checked, capability.call, name, op, args)
         return off_loop(run) if blocking else run()
 

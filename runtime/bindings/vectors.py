@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from runtime.bindings import Stores
 
 WRITES = frozenset({"upsert", "delete"})
+SLOW = WRITES | {"query"}  # run off the PoP's event loop (see `Bindings.call`)
 
 
 class VectorsBinding:

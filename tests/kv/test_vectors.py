@@ -140,6 +140,26 @@ def test_index_is_repaired_after_a_sigkill(tmp_path: Path) -> None:
         assert s.stats("crash")["indexed"] >= len(alive)
 
 
+def test_a_filtered_query_looks_among_a_bounded_number_of_candidates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filter that matches only far vectors (or none) used to widen the search to
+    the whole index: one request held the PoP's loop for 0.5 s on 100k vectors."""
+    import kv.vectors
+
+    rng = np.random.default_rng(7)
+    with VectorStore(tmp_path) as s:
+        s.create("docs", 4)
+        near = rng.normal(0, 0.1, (600, 4)) + np.array([10, 0, 0, 0])
+        s.upsert("docs", [(f"n{i}", v.tolist(), {"t": "near"}) for i, v in enumerate(near)])
+        s.upsert("docs", [("far", [-10, 0, 0, 0], {"t": "far"})])
+        q = [10, 0, 0, 0]
+        assert [m.id for m in s.query("docs", q, k=1, filter={"t": "far"})] == ["far"]
+        monkeypatch.setattr(kv.vectors, "FILTER_SCAN", 64)
+        assert s.query("docs", q, k=1, filter={"t": "far"}) == []  # beyond the 64 nearest
+        assert s.query("docs", q, k=1, filter={"t": "none"}) == []
+        assert len(s.query("docs", q, k=5, filter={"t": "near"})) == 5
+
+
 def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
     with VectorStore(tmp_path) as s:
         s.create("docs", 3)
@@ -165,8 +185,8 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         for meta in ("oops", [1], 3):
             with pytest.raises(InvalidValue, match="metadata of 'p' must be an object"):
                 s.upsert("docs", [("p", [1, 0, 0], meta)])  # type: ignore[list-item]
-        for k in (0, -1, "3", 2.0, True):
-            with pytest.raises(InvalidValue, match="k must be a positive integer"):
+        for k in (0, -1, "3", 2.0, True, 1001, 10**6):
+            with pytest.raises(InvalidValue, match="k must be an integer from 1 to 1000"):
                 s.query("docs", [1, 2, 3], k=k)  # type: ignore[arg-type]
         with pytest.raises(InvalidValue, match="filter must be an object"):
             s.query("docs", [1, 2, 3], filter=["a"])  # type: ignore[arg-type]

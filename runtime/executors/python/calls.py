@@ -36,6 +36,7 @@ class HostCalls:
     def __init__(self, cfg: HostConfig, bindings: Bindings | None = None) -> None:
         self.cfg = cfg
         self.bindings = bindings
+        self.dropped = 0  # calls sent without waiting that are not `log`
 
     def handle(self, isolate: Caller, msg: dict[str, Any]) -> None:
         """Answer `msg` ({"id", "name", "args", "wait"}); a REPLY is sent only if the
@@ -43,6 +44,15 @@ class HostCalls:
         name = msg.get("name")
         args = msg.get("args") or {}
         reply: dict[str, Any]
+        if not msg.get("wait") and name != "log":
+            # the SDK waits for every call but `log`; one it does not wait for would
+            # run unanswered work for nobody (a flood of them queued the PoP's loop)
+            self.dropped += 1
+            if self.dropped == 1:  # once: the flood itself must not flood the log
+                functions_log.warning("%s: dropped host call %r sent without waiting for "
+                                      "its answer (later ones are dropped silently)",
+                                      self.cfg.label, str(name)[:64])
+            return
         if name == "log":
             functions_log.info("%s: %s", self.cfg.label,
                                str(args.get("message", ""))[:LOG_LINE_MAX])

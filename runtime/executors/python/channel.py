@@ -15,6 +15,9 @@ from edgefn_core.frames import Framing
 from runtime.executors.python import wire
 
 RECV_SIZE = 1 << 18  # what one read takes at most (job.py bounds a stream's queue by it)
+# bytes queued for a peer that does not read them (answers to calls it never reads):
+# past this it is broken or hostile, and reported as `garbage`
+MAX_UNREAD = 2 * wire.MAX_FRAME
 
 
 class Receiver(Protocol):
@@ -68,6 +71,9 @@ class Channel:
             return
         if self.out:
             self.out += data
+            if len(self.out) > MAX_UNREAD:
+                self.receiver.garbage(ProtocolError(
+                    f"{len(self.out)} bytes sent to it are unread: it does not read its socket"))
             return
         try:
             n = self.sock.send(data)

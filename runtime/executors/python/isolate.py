@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import socket
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -27,6 +28,11 @@ from runtime.net.message import Response
 
 log = logging.getLogger("edgefn.isolates")
 functions_log = logging.getLogger("edgefn.functions")  # what functions log, and their tracebacks
+
+# Host calls one isolate gets answered per turn of the PoP's loop: past them its frames
+# wait (and its socket is not read) until the next turn, so a guest that writes
+# thousands of CALL frames at once holds the loop no longer than these take.
+CALLS_PER_TURN = 16
 
 # What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
 ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
@@ -81,6 +87,10 @@ class Isolate:
         self.job: Job | None = None
         self.stuck = False  # its job ended early (timed out, cut); frames are dropped until its end
         self.streamed = 0
+        # Fairness: CALL frames answered this loop turn, and the frames that wait for the next
+        self.turn_calls = 0
+        self.backlog: deque[tuple[bytes, bytes]] | None = None
+        self.job_paused = False  # the job's reader asked for no more frames (`pause`)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self.channel.attach(loop)
@@ -98,10 +108,13 @@ class Isolate:
 
     def pause(self) -> None:
         """Backpressure from the job's reader: read no frames until `resume`."""
+        self.job_paused = True
         self.channel.pause_reading()
 
     def resume(self) -> None:
-        self.channel.resume_reading()
+        self.job_paused = False
+        if self.backlog is None:
+            self.channel.resume_reading()
 
     def close(self) -> None:
         if self.state != "dead":
@@ -118,6 +131,34 @@ class Isolate:
         self.owner.lost(self)
 
     def frame(self, kind: bytes, payload: bytes) -> None:
+        """One frame from the guest, in order; CALL frames past `CALLS_PER_TURN` in
+        one loop turn wait, with every frame after them, for the next turn."""
+        if self.backlog is not None:
+            self.backlog.append((kind, payload))
+            return
+        if kind == wire.CALL:
+            if self.turn_calls >= CALLS_PER_TURN:
+                self.backlog = deque([(kind, payload)])
+                self.channel.pause_reading()
+                return
+            if self.turn_calls == 0 and self.channel.loop is not None:
+                self.channel.loop.call_soon(self._next_turn)
+            self.turn_calls += 1
+        self._frame(kind, payload)
+
+    def _next_turn(self) -> None:
+        """A new loop turn: answer waiting frames up to the turn's share of calls."""
+        self.turn_calls = 0
+        backlog, self.backlog = self.backlog, None
+        while backlog and self.state != "dead":
+            if backlog[0][0] == wire.CALL and self.turn_calls >= CALLS_PER_TURN:
+                self.backlog = backlog  # the next turn goes on (it is scheduled)
+                return
+            self.frame(*backlog.popleft())
+        if not self.job_paused:
+            self.channel.resume_reading()
+
+    def _frame(self, kind: bytes, payload: bytes) -> None:
         if kind == wire.READY:
             self._ready(read_json(payload))
         elif kind == wire.RETIRE:
