@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ class Stores:
         self._kv: KVStore | None = None
         self._vectors: VectorStore | None = None
         self._owners: Owners | None = None
+        self._opening = threading.Lock()  # the stores are opened lazily, from any thread
         self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
         self.ai_cache: AICache | None = None
         if ai is not None:
@@ -81,14 +83,20 @@ class Stores:
 
     @property
     def kv(self) -> KVStore:
+        """Opened at first use, once: WASM host calls and off-loop writes reach here
+        from several threads (two opening it raced: "already open in this process")."""
         if self._kv is None:
-            self._kv = KVStore(self.data_dir / "kv")
+            with self._opening:
+                if self._kv is None:
+                    self._kv = KVStore(self.data_dir / "kv")
         return self._kv
 
     @property
     def vectors(self) -> VectorStore:
         if self._vectors is None:
-            self._vectors = VectorStore(self.data_dir / "vectors")
+            with self._opening:
+                if self._vectors is None:
+                    self._vectors = VectorStore(self.data_dir / "vectors")
         return self._vectors
 
     def purge_expired(self) -> int:

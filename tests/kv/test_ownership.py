@@ -238,3 +238,41 @@ def test_a_reload_moves_the_generation_native_readers_check(registry: Registry,
     other.reload()
     assert other.generation.value > before
     assert other.owner("kv", "ns") == owners.owner("kv", "ns") is not None
+
+
+
+def _race_to_first_use(stores: object, n: int) -> tuple[list[object], list[BaseException]]:
+    import threading
+
+    start = threading.Barrier(n)
+    got: list[object] = []
+    errors: list[BaseException] = []
+
+    def first_use(which: str) -> None:
+        start.wait()
+        try:
+            got.append(getattr(stores, which))
+        except BaseException as e:  # the race's error is the finding
+            errors.append(e)
+
+    threads = [threading.Thread(target=first_use, args=("kv" if i % 2 else "vectors",))
+               for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert not any(t.is_alive() for t in threads)  # it also hung in open_db
+    return got, errors
+
+
+def test_the_stores_open_once_when_threads_race_to_first_use(tmp_path: Path) -> None:
+    """WASM host calls and off-loop writes reach `Stores.kv` from several threads; two
+    opening it at once got "already open in this process" (a 500) or hung."""
+    from runtime.bindings import Stores
+
+    for trial in range(5):
+        stores = Stores(tmp_path / str(trial))
+        got, errors = _race_to_first_use(stores, 6)
+        assert errors == []
+        assert len({id(s) for s in got}) == 2  # one KV store, one vector store
+        stores.close()
