@@ -89,7 +89,8 @@ class PoP:
                 self.observers.add(self.samples)
             if config.http_cache.enabled and any(isinstance(s, HttpCacheStage)
                                                  for s in config.pipeline):
-                self.http_cache = HttpCache(config.http_cache, self.data_dir)
+                self.http_cache = HttpCache(config.http_cache, self.data_dir,
+                                            writers=config.worker_count())
             self.pipeline = build.build(self)
             self.registry.switched = self.warm
         except BaseException:  # a stage that cannot start (the WAF without rules)

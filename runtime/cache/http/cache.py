@@ -38,14 +38,15 @@ MAX_PASSES = 65536
 
 class HttpCache:
     def __init__(self, settings: HttpCacheSettings, data_dir: Path | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, writers: int = 1) -> None:
         """`data_dir`: the PoP's; the disk tier lives in DATA/cache/http (None: memory
-        only). `clock`: wall-clock seconds (stored entries outlive a restart).
-        Raises `lmdb.Error` if the disk tier cannot be opened."""
+        only), shared by `writers` processes (``workers = N``). `clock`: wall-clock
+        seconds (stored entries outlive a restart). Raises `lmdb.Error` if the disk
+        tier cannot be opened."""
         self.settings = settings
         self.clock = clock
         disk = data_dir / "cache" / "http" if data_dir is not None else None
-        self.store = TieredStore(settings.memory_bytes, disk, settings.disk_bytes)
+        self.store = TieredStore(settings.memory_bytes, disk, settings.disk_bytes, writers)
         self.flights = Flights()
         # deployments (name@version) that stored a response: nothing of any other is
         # stored, so their requests need no lookup (see `HttpCacheStage`)

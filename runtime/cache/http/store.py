@@ -6,6 +6,7 @@ headers and caller scope)."""
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,13 +54,17 @@ def size(variants: Variants) -> int:
     return sum(e.size for e in variants)
 
 
+log = logging.getLogger("edgefn.cache")
+
+
 class TieredStore:
     """`get`/`put`/`delete` variants by primary key; `index` maps every key held in
     either tier to its tags (for purges)."""
 
     def __init__(self, memory_bytes: int, disk: Path | None = None,
-                 disk_bytes: int = 0) -> None:
-        """`disk`: the LMDB folder (None or `disk_bytes` 0: memory only). Raises
+                 disk_bytes: int = 0, writers: int = 1) -> None:
+        """`disk`: the LMDB folder (None or `disk_bytes` 0: memory only), which
+        `writers` processes (a PoP's workers) each fill up to `disk_bytes`. Raises
         `lmdb.Error` if the folder cannot be used."""
         self.memory_bytes = memory_bytes
         self.memory: OrderedDict[bytes, Variants] = OrderedDict()  # LRU: oldest first
@@ -73,9 +78,10 @@ class TieredStore:
         if disk is not None and disk_bytes > 0:
             disk.mkdir(parents=True, exist_ok=True)
             # room for LMDB's own pages beyond the budget; no fsync: a cache
-            self.env = lmdb.open(str(disk), map_size=disk_bytes * 2 + (16 << 20),
+            self.env = lmdb.open(str(disk), map_size=disk_bytes * 2 * writers + (16 << 20),
                                  sync=False, metasync=False)
             self._load()
+        self.write_failed = False  # a disk write failed (logged once)
 
     def _load(self) -> None:
         """Index what an earlier run left on disk."""
@@ -114,17 +120,35 @@ class TieredStore:
         self.index[key] = _tags(variants)
         self._remember(key, variants, n)
         if self.env is not None and n <= self.disk_bytes:
-            with self.env.begin(write=True) as txn:
-                txn.put(key, _encoder.encode(variants))
-                self.disk[key] = n
-                self.disk_used += n
-                while self.disk_used > self.disk_bytes:
-                    old, m = self.disk.popitem(last=False)
-                    txn.delete(old)
-                    self.disk_used -= m
-                    self._forget(old)
+            try:
+                self._write(key, variants, n)
+            except lmdb.Error as e:  # a cache: the entry stays in memory, the answer goes out
+                self.disk.pop(key, None)
+                if not self.write_failed:
+                    self.write_failed = True
+                    log.error("HTTP cache: a disk write failed (%s); entries that do not "
+                              "fit it stay in memory only (logged once)", e)
         if key not in self.memory and key not in self.disk:
             del self.index[key]  # larger than both budgets
+
+    def _write(self, key: bytes, variants: Variants, n: int) -> None:
+        """Raises `lmdb.Error` (the whole transaction is undone)."""
+        assert self.env is not None
+        evicted: list[tuple[bytes, int]] = []
+        with self.env.begin(write=True) as txn:
+            txn.put(key, _encoder.encode(variants))
+            used = self.disk_used + n
+            order = iter(self.disk.items())
+            while used > self.disk_bytes:
+                old, m = next(order)
+                txn.delete(old)
+                used -= m
+                evicted.append((old, m))
+        for old, m in evicted:  # committed: now the index follows
+            del self.disk[old]
+            self._forget(old)
+        self.disk[key] = n
+        self.disk_used = used
 
     def delete(self, key: bytes) -> bool:
         """Drop `key` from both tiers; whether it was held."""

@@ -53,3 +53,27 @@ def test_closed_store_says_so(tmp_path: Path) -> None:
     s.close()
     with pytest.raises(StoreClosed):
         s.put(b"a", [entry(500)])
+
+
+def test_a_full_disk_tier_never_fails_a_put(tmp_path: Path) -> None:
+    """Each of a PoP's workers keeps its own disk budget in one LMDB file: three of
+    them filled a map sized for one, and MDB_MAP_FULL turned every cacheable 200
+    into a 502. The map now has room for every writer, and a failed write keeps
+    the entry in memory only."""
+    s = TieredStore(memory_bytes=1 << 20, disk=tmp_path, disk_bytes=1 << 20, writers=3)
+    assert s.env is not None and s.env.info()["map_size"] >= 6 << 20
+    import lmdb
+
+    for i in range(10_000):  # what the other writers stored, until the map is full
+        try:
+            with s.env.begin(write=True) as txn:
+                txn.put(b"other%d" % i, b"y" * 65536)
+        except lmdb.MapFullError:
+            break
+    s.put(b"k", [entry(50_000, tag="k")])  # does not raise
+    assert s.write_failed and b"k" not in s.disk
+    got = s.get(b"k")
+    assert got is not None and got[0].tags == ["k"]  # served from memory
+    s.put(b"k2", [entry(2000)])  # and the next put goes on too
+    assert s.get(b"k2") is not None
+    s.close()
