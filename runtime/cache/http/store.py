@@ -134,7 +134,7 @@ class TieredStore:
     def _write(self, key: bytes, variants: Variants, n: int) -> None:
         """Raises `lmdb.Error` (the whole transaction is undone)."""
         assert self.env is not None
-        evicted: list[tuple[bytes, int]] = []
+        evicted: list[bytes] = []
         with self.env.begin(write=True) as txn:
             txn.put(key, _encoder.encode(variants))
             used = self.disk_used + n
@@ -143,8 +143,8 @@ class TieredStore:
                 old, m = next(order)
                 txn.delete(old)
                 used -= m
-                evicted.append((old, m))
-        for old, m in evicted:  # committed: now the index follows
+                evicted.append(old)
+        for old in evicted:  # committed: now the index follows
             del self.disk[old]
             self._forget(old)
         self.disk[key] = n
