@@ -22,7 +22,7 @@ import builtins
 import json
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +82,7 @@ class KVStore:
         Path(path).mkdir(parents=True, exist_ok=True)
         self.env = lmdb.open(str(path), map_size=map_size, max_dbs=max_namespaces + 2,
                              sync=sync, metasync=sync, subdir=True)
+        self.max_namespaces = max_namespaces
         self.clock = clock
         self.limits = limits or Limits()
         self._ttl = self.env.open_db(TTL_DB)
@@ -136,6 +137,16 @@ class KVStore:
             self._dbs[name] = self.env.open_db(b"ns:" + name.encode(), txn=txn)
             if txn.get(name.encode(), db=self._names) is None:
                 txn.put(name.encode(), _EXP.pack(0), db=self._names)  # its version counter
+
+    def check_room(self, names: Iterable[str]) -> None:
+        """Raises `LimitExceeded` if creating `names` (those that do not exist yet)
+        would pass the store's `max_namespaces`."""
+        have = set(self.namespaces())
+        new = sorted(set(names) - have)
+        if new and len(have) + len(new) > self.max_namespaces:
+            raise LimitExceeded(f"the KV store holds at most {self.max_namespaces} namespaces "
+                                f"and has {len(have)}; {len(new)} more would not fit "
+                                f"({', '.join(new[:5])}{', ...' if len(new) > 5 else ''})")
 
     def namespaces(self) -> builtins.list[str]:
         self._check_open()

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import lmdb
 import msgspec
 
 from edgefn_core.errors import (
@@ -150,6 +151,7 @@ class Registry(Staging, Following):
             if current is not None and current.version == version:
                 return self._result(current, False, started)
             self.stores.owners.check(m, label)
+            self.stores.kv.check_room(m.bindings.kv)  # before anything is saved
             cached = self.store.cached()
             created = await asyncio.to_thread(self.store.write_version, m.name, version, files)
             try:
@@ -291,7 +293,7 @@ class Registry(Staging, Following):
     def _claim(self, m: Manifest) -> None:
         try:
             self.stores.claim(m)
-        except OSError as e:
+        except (OSError, lmdb.Error) as e:  # the record is saved: a restart claims again
             log.error("%s: cannot save who owns what it binds: %s", m.name, e)
 
     def _record(self, name: str, version: str, source: str, action: str) -> None:

@@ -196,6 +196,22 @@ def test_a_deploy_that_fails_late_claims_and_creates_nothing(registry: Registry,
            [p for p in before if not str(p).startswith("kv")]
 
 
+
+def test_a_deploy_past_the_namespace_limit_is_refused_before_anything_is_saved(
+        registry: Registry, tmp_path: Path, data: Path) -> None:
+    """It failed after saving its record (a 500), left its namespaces created and the
+    limit used up for every other tenant's next deploy."""
+    from edgefn_core.errors import LimitExceeded
+
+    limit = registry.stores.kv.max_namespaces
+    names = ", ".join(f'"n{i}"' for i in range(limit + 4))
+    with pytest.raises(LimitExceeded, match=f"at most {limit} namespaces and has 0"):
+        deploy(registry, fn(tmp_path, "greedy", f"kv = [{names}]"))
+    assert registry.stores.kv.namespaces() == [] and registry.store.records() == []
+    deploy(registry, fn(tmp_path, "fits", 'kv = ["a", "b"]'))  # the limit is untouched
+    assert registry.stores.kv.namespaces() == ["a", "b"]
+
+
 # -- Owners alone ----------------------------------------------------------------------------
 def parse(text: str) -> manifest.Manifest:
     return manifest.parse(('name = "f"\nruntime = "wasm"\nentry = "m.wat"\nroutes = ["/f"]\n'
