@@ -349,7 +349,9 @@ def _resolve_paths(raw: dict[str, object], base: Path) -> None:
     ai = raw.get("ai")
     if isinstance(ai, dict):
         for key in ("worker_config", "socket"):
-            if isinstance(ai.get(key), str) and ai[key]:
+            if ai.get(key) == "":  # as README's sample writes it: not set (the PoP's own
+                del ai[key]  # worker, the packaged models); "" had named a socket to wait on
+            elif isinstance(ai.get(key), str):
                 ai[key] = str(base / ai[key])
     metrics = raw.get("metrics")
     if isinstance(metrics, dict) and isinstance(metrics.get("token_file"), str):

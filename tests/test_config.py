@@ -46,7 +46,17 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert config.load(path, **{"public.port": None}).public.port == 9000  # None: not given
 
 
+def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
+    """As README's sample pop.toml writes them; `socket = ""` had named a socket to
+    wait on, and the PoP waited for it forever."""
+    cfg = config.load(write(tmp_path, '[ai]\nsocket = ""\nworker_config = ""\n'))
+    assert (cfg.ai.socket, cfg.ai.worker_config) == (None, None)
+
+
 @pytest.mark.parametrize(("text", "field", "message"), [
+    ('[http]\nmax_body_bytes = -1\n', "http.max_body_bytes", ">= 0"),
+    ('[http]\nmax_header_bytes = 0\n', "http.max_header_bytes", ">= 256"),
+    ('[http]\nkeepalive_timeout = 0\n', "http.keepalive_timeout", "> 0"),
     ('[public]\nport = "80"\n', "public.port", "expected `int`, got `str`"),
     ("[public]\nport = 70000\n", "public.port", "expected `int` <= 65535"),
     ('tier = "planet"\n', "tier", "invalid enum value 'planet'"),

@@ -18,6 +18,7 @@ log = logging.getLogger("edgefn.http")
 
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
 # File descriptors kept free of connections: listeners, isolate sockets, LMDB, logs.
 FD_RESERVE = 256
 
@@ -25,14 +26,15 @@ FD_RESERVE = 256
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Limits and timeouts of one HTTP listener (`[http]` in pop.toml)."""
 
-    max_body_bytes: int = 16 << 20
-    max_header_bytes: int = 32 << 10
-    max_url_bytes: int = 8 << 10
-    header_timeout: float = 10.0  # from the first byte of a request to its last header
-    body_timeout: float = 30.0  # from the last header to the last body byte
-    keepalive_timeout: float = 5.0
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=0)] = 16 << 20  # 0: no body at all
+    # a request line and a Host header fit the least of these (-1 or 0 answered 431 to all)
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=256)] = 32 << 10
+    max_url_bytes: Annotated[int, msgspec.Meta(ge=16)] = 8 << 10
+    header_timeout: Seconds = 10.0  # from the first byte of a request to its last header
+    body_timeout: Seconds = 30.0  # from the last header to the last body byte
+    keepalive_timeout: Seconds = 5.0
     max_pipelined: Positive = 64  # parsed requests queued on one connection before it stops reading
-    sweep_interval: float = 0.25
+    sweep_interval: Seconds = 0.25
     # Past either cap a new connection gets 503 with `Retry-After: retry_after` and is closed.
     max_connections: Positive = 4096  # open connections on this listener
     max_connections_per_client: Positive = 256  # from one client address
@@ -40,7 +42,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Unsent response bytes one connection may hold before the response stops being
     # produced (streams pause, pipelined requests wait): the transport's high-water mark.
     write_buffer_bytes: Positive = 64 << 10
-    send_timeout: float = 60.0  # a client that reads nothing for this long is cut off
+    send_timeout: Seconds = 60.0  # a client that reads nothing for this long is cut off
 
 
 class ServerState:
