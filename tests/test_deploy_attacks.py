@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefn_core.errors import AdminError
+from edgefn_core.errors import AdminError, DeployError
 from runtime.functions import deploys
 from tests.support import Running, function_dir, pop_thread, reactor
 from tests.test_deploys import many_dirs
@@ -200,3 +200,14 @@ def test_a_tampered_stored_file_is_refused_at_restart(tmp_path: Path,
             "...)"]
         assert pop.deploy(target)["version"] == version  # a redeploy stores it afresh
         assert pop.get("/target")[0] == 200
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "/etc"])
+def test_pack_dir_refuses_a_symbolic_link_instead_of_sending_what_it_points_to(
+        tmp_path: Path, target: str) -> None:
+    d = function_dir(tmp_path, "lnk", reactor("nop"))
+    (d / "passwd").symlink_to(target)
+    with pytest.raises(DeployError, match="passwd is a symbolic link"):
+        deploys.pack_dir(d)
+    (d / "passwd").unlink()
+    assert "passwd" not in deploys.pack_dir(d)

@@ -164,8 +164,8 @@ def check_package(files: Files) -> None:
 def pack_dir(directory: str | Path) -> Files:
     """Read a function folder (skipping dotfiles, __pycache__ and the like).
 
-    Raises `DeployError` if it is not a folder or is not a valid package
-    (`check_package`).
+    Raises `DeployError` if it is not a folder, holds a symbolic link, or is not a
+    valid package (`check_package`).
     """
     root = Path(directory)
     if not root.is_dir():
@@ -174,7 +174,12 @@ def pack_dir(directory: str | Path) -> Files:
     total = 0
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if any(p.startswith(".") or p in SKIP_NAMES for p in rel.parts) or not path.is_file():
+        if any(p.startswith(".") or p in SKIP_NAMES for p in rel.parts):
+            continue
+        if path.is_symlink():  # what it points to (/etc/passwd) is not the function's
+            raise DeployError(f"{directory}: {rel.as_posix()} is a symbolic link; a package "
+                              "holds plain files and folders only (copy the file in)")
+        if not path.is_file():
             continue
         data = path.read_bytes()
         total += len(data)
