@@ -430,6 +430,11 @@ def test_cli_lora_and_metrics(pop: Running, tmp_path: Path) -> None:
     edgefn("lora", "add", "cli-lora", str(other))
     assert cached() == "miss"
     edgefn("lora", "rm", "cli-lora")
+    # a name with a slash or a space is removed as it was added (the path was not quoted)
+    for name in ("org/pirate", "Bad Name"):
+        edgefn("lora", "add", name, str(path))
+        assert f"removed {name}" in edgefn("lora", "rm", name)
+    assert "pirate" not in edgefn("lora", "ls")
 
 
 def py_ai_function(root: Path, name: str, source: str) -> Path:

@@ -121,7 +121,7 @@ def _lora_ls(args: argparse.Namespace, client: Any) -> None:
 
 
 def _lora_rm(args: argparse.Namespace, client: Any) -> None:
-    client.request("DELETE", f"/v1/ai/loras/{args.name}")
+    client.request("DELETE", f"/v1/ai/loras/{quote(args.name, safe='')}")
     if args.json:
         return _print_json({"removed": args.name})
     print(f"removed {args.name}")
