@@ -8,6 +8,10 @@ from typing import Any
 
 # outcomes that served the request from the cache
 SERVED = frozenset({"HIT", "STALE", "hit-exact", "hit-semantic", "stale"})
+# counters kept at most: a model name is the client's to choose, so past this many every
+# new (function, model, tenant) is counted under OVERFLOW (as `[metrics] max_series` does)
+MAX_TALLIES = 4096
+OVERFLOW = "_overflow"
 
 
 class Tally:
@@ -22,14 +26,19 @@ class Tally:
 class CacheStats:
     """Counters keyed by (cache, function, model, tenant, outcome). `function`
     is "" for the OpenAI API, `model` "" for the HTTP cache, `tenant` "" for
-    an anonymous caller."""
+    an anonymous caller; at most `MAX_TALLIES` of them (then `OVERFLOW`)."""
 
     def __init__(self) -> None:
         self.tallies: defaultdict[tuple[str, str, str, str, str], Tally] = defaultdict(Tally)
 
     def record(self, cache: str, outcome: str, *, function: str = "", model: str = "",
                tenant: str | None = None, nbytes: int = 0, saved_ms: float = 0.0) -> None:
-        t = self.tallies[(cache, function, model, tenant or "", outcome)]
+        key = (cache, function, model, tenant or "", outcome)
+        t = self.tallies.get(key)
+        if t is None:
+            if len(self.tallies) >= MAX_TALLIES:
+                key = (cache, OVERFLOW, OVERFLOW, OVERFLOW, outcome)
+            t = self.tallies[key]
         t.count += 1
         if outcome in SERVED:
             t.bytes += nbytes

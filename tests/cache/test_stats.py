@@ -1,0 +1,23 @@
+"""`CacheStats`: counts by cache, function, model and tenant, bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.cache import stats
+from runtime.cache.stats import OVERFLOW, CacheStats
+
+
+def test_counts_fold_into_overflow_past_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client names the model: 30 made-up names made 30 permanent rows."""
+    monkeypatch.setattr(stats, "MAX_TALLIES", 4)
+    s = CacheStats()
+    s.record("ai", "hit-exact", model="real", nbytes=10)
+    for i in range(30):
+        s.record("ai", "miss", model=f"rnd{i}")
+    s.record("ai", "hit-exact", model="real", nbytes=10)  # a known row keeps counting
+    rows = {(r["model"], r["function"]): r for r in s.snapshot()}
+    assert len(s.tallies) == 5  # the cap, plus one overflow row per outcome it met
+    assert rows[("real", "")]["hits"] == 2 and rows[("real", "")]["bytes_served"] == 20
+    assert rows[(OVERFLOW, OVERFLOW)]["requests"] == 27
+    assert sum(r["requests"] for r in rows.values()) == 32
