@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import json
 import re
 import sys
@@ -18,6 +19,9 @@ from edgefn_core.errors import EdgefnError, InvalidValue
 from runtime.security.keys import KeyRecord, KeyStore
 
 SCOPE = re.compile(r"^(\*|(fn|model|route|admin):[^\s,]{1,200})$")
+# the operations `admin:OP` may grant (`runtime.admin.api.operation`); OP is a glob
+ADMIN_OPS = frozenset({"deploy", "rollback", "delete", "read", "kv", "vectors", "ai", "keys",
+                       "cache", "dashboard"})
 DURATION = re.compile(r"^(\d+)([mhd])$")
 TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -106,6 +110,11 @@ def _scopes(text: str) -> tuple[str, ...]:
     if bad or not scopes:
         raise InvalidValue(f"--scopes: expected '*', fn:NAME, route:/PATH, model:NAME or "
                            f"admin:OP, got {bad[0] if bad else text!r}")
+    for s in scopes:
+        op = s.partition(":")[2] if s.startswith("admin:") else None
+        if op is not None and not any(fnmatch.fnmatchcase(o, op) for o in ADMIN_OPS):
+            raise InvalidValue(f"--scopes: {s!r} grants no admin operation; expected admin:OP "
+                               f"with OP (a glob) one of {', '.join(sorted(ADMIN_OPS))}")
     return scopes
 
 

@@ -352,7 +352,9 @@ def test_the_cli_creates_lists_and_revokes_keys(tmp_path: Path,
                        # expired when made; a traceback (year 10000); 8.6e15 s stored
                        *([["--tenant", "a", "--scopes", "fn:*", "--expires", when], "--expires"]
                          for when in ("0d", "0m", "9999-12-31T23:59:59", "99999999999d")),
-                       (["--tenant", "a", "--scopes", "fn"], "--scopes")):
+                       (["--tenant", "a", "--scopes", "fn"], "--scopes"),
+                       (["--tenant", "a", "--scopes", "admin:bogus"], "grants no admin"),
+                       (["--tenant", "a", "--scopes", "fn:*,admin:delet"], "grants no admin")):
         assert main(["keys", "create", "--data", data, *bad]) == 1
         assert words in capsys.readouterr().err
     for limit in ("--rpm", "--tpm", "--max-streams"):  # a limit that refuses everything
