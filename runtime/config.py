@@ -45,6 +45,7 @@ Errors are `InvalidConfig` naming the file and the field.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -63,6 +64,8 @@ from runtime.observe.settings_tracing import TracingSettings
 from runtime.security import residency
 from runtime.security.residency import ResidencySettings
 from runtime.security.settings import AuthSettings, BotSettings, RateLimitSettings, WafSettings
+
+log = logging.getLogger("edgefn.config")
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -299,6 +302,10 @@ def check(config: PopConfig, label: str = "<config>") -> None:
         raise InvalidConfig(label, "tracing makes its spans from the `events` stage's events: "
                             "add `events` to the pipeline", "tracing.enabled")
     _check_cors(config, names, label)
+    if "dispatch" not in names:
+        log.warning("%s: the pipeline has no `dispatch` stage, so no function is served; a "
+                    "[[pipeline]] list replaces the default one: list every stage (README, "
+                    "\"PoP config\")", label)
     if "dispatch" in names and ("route" not in names or names.index("route") > names.index(
             "dispatch")):
         raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",

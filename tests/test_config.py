@@ -88,3 +88,15 @@ def test_bad_config_names_the_file_and_field(tmp_path: Path, text: str, field: s
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfig, match="cannot read: No such file"):
         config.load(tmp_path / "nope.toml")
+
+
+def test_a_pipeline_without_dispatch_is_warned_about(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """README's CORS block alone replaced the whole pipeline: every path was a 404."""
+    with caplog.at_level("WARNING", logger="edgefn.config"):
+        config.load(write(tmp_path, '[[pipeline]]\nstage = "cors"\n'))
+    assert "no `dispatch` stage, so no function is served" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edgefn.config"):
+        config.load(None)
+    assert "dispatch" not in caplog.text
