@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,4 +281,25 @@ def test_doctor_names_a_missing_layer() -> None:
     assert "NO  landlock" in out.stdout and "--insecure-python" in out.stdout
     report = json.loads(run_doctor("--json", env={sandbox.SKIP_ENV: "landlock"}).stdout)
     assert report["complete"] is False and report["python_sandbox"]["landlock"].startswith("missing")
+
+
+def test_its_stdout_and_stderr_are_a_pipe_into_the_log_not_the_pops(
+        pop: Running, capfd: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A host had the PoP's fds 1 and 2: a function forged lines of the PoP's log and
+    truncated the file it was redirected to."""
+    capfd.readouterr()
+    with caplog.at_level("WARNING", logger="edgefn.functions"):
+        result = attack(pop, "pop_output", "m4rk")
+        assert result["ok"] and result["result"].startswith("ftruncate refused")  # a pipe
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and caplog.text.count("m4rk") < 2:
+            time.sleep(0.02)
+    lines = [r.getMessage() for r in caplog.records if "m4rk" in r.getMessage()]
+    assert len(lines) == 2 and all(m.startswith("hostile@") and ": host output: " in m
+                                   for m in lines), lines
+    assert any("\\x1b[2Jansi m4rk" in m for m in lines), lines  # escapes shown, not run
+    out = capfd.readouterr()
+    assert not any(line.startswith(("2099-01-01", "\x1b[2J"))
+                   for line in (out.out + out.err).splitlines())
 

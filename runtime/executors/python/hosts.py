@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import DeployError, FunctionError
-from runtime.executors.python import sandbox, wire
+from runtime.executors.python import host_output, sandbox, wire
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.host import IMPORT_ROOTS
 from runtime.executors.python.isolate import Events, Isolate, read_json
@@ -59,6 +59,8 @@ class Host:
         # as root the host makes a private tmpfs its scratch dir; otherwise it gets one here
         self.scratch = None if os.geteuid() == 0 else tempfile.mkdtemp(prefix="edgefn-scratch-")
         self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports, self.scratch)
+        assert self.proc.stdout is not None
+        host_output.relay(self.proc.stdout, cfg.label)  # its stdout/stderr: never the PoP's
         for _, b in pairs:
             b.close()
         self.isolates = [Isolate(self, a, "starting" if n < cfg.min_isolates else "unstarted")
@@ -208,7 +210,8 @@ def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
         return subprocess.Popen(
             [sys.executable, "-m", "runtime.executors.python.host", f"fd:{config_fd}",
              cfg.name],  # the name only says in `ps` whose host it is
-            stdin=subprocess.PIPE, pass_fds=[*fds, *shared, config_fd], env=env,
-            cwd=cfg.function_dir, process_group=0)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=[*fds, *shared, config_fd], env=env, cwd=cfg.function_dir,
+            process_group=0)
     finally:
         os.close(config_fd)

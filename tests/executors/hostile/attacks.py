@@ -110,6 +110,17 @@ def scratch(arg):
     return {"dir": d, "before": before}
 
 
+def pop_output(arg):
+    """Write a forged line to fds 1 and 2, then truncate fd 1: what they are."""
+    os.write(2, b"2099-01-01 00:00:00 ERROR edgefn.pop: FORGED " + arg.encode() + b"\n")
+    os.write(1, b"\x1b[2Jansi " + arg.encode() + b"\n")
+    try:
+        os.ftruncate(1, 0)
+    except OSError as e:
+        return f"ftruncate refused: {e.errno}"
+    return "ftruncate worked"
+
+
 def identity(arg):
     return {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
             "pid": os.getpid()}
@@ -117,7 +128,7 @@ def identity(arg):
 
 ATTACKS = {f.__name__: f for f in (
     read, write, environ, proc_environ, run_subprocess, posix_spawn, libc_fork, libc_system, kill,
-    truncate, tcp_connect, udp_send, write_tmp, write_own_code, scratch, identity)}
+    truncate, tcp_connect, udp_send, write_tmp, write_own_code, scratch, identity, pop_output)}
 
 
 def handle(request, env):
