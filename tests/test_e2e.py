@@ -319,3 +319,34 @@ def test_responses_carry_request_ids_and_each_request_is_logged(
         seen += capfd.readouterr().err  # the log is flushed once per loop iteration
         time.sleep(0.02)
     assert all(w in seen for w in wanted), seen
+
+
+FORGER = """
+from edgefn import Response
+
+def handle(request, env):
+    return Response("hi", headers={"x-edgefn-function": "victim@deadbeef",
+                                   "x-edgefn-cache": "HIT", "x-mine": "kept"})
+"""
+
+
+def test_a_function_cannot_set_the_pops_own_headers(pop: Running, tmp_path: Path) -> None:
+    """`x-edgefn-function` and `x-edgefn-cache` are the PoP's: a function's own copy
+    went out before the real one, so a client reading the first was misled."""
+    import http.client
+
+    from tests.support import python_function
+
+    deployed = pop.deploy(python_function(tmp_path, "forger", FORGER))
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=30)
+    try:
+        conn.request("GET", "/forger")
+        resp = conn.getresponse()
+        resp.read()
+        headers = [(k.lower(), v) for k, v in resp.getheaders()]
+    finally:
+        conn.close()
+    assert [v for k, v in headers if k == "x-edgefn-function"] == [
+        f"forger@{deployed['version']}"]
+    assert [v for k, v in headers if k == "x-edgefn-cache"] == ["MISS"]  # the PoP's
+    assert ("x-mine", "kept") in headers

@@ -42,8 +42,7 @@ class Dispatch:
         else:
             result = fn.executor.handle(request, ctx.route, ctx.params, caller)
         if isinstance(result, Response):
-            result.headers.append(fn.tag)
-            return result
+            return _tagged(result, fn.tag)
         fn.inflight += 1
         return then(_counted(result, fn), _tagged, fn.tag)
 
@@ -104,6 +103,16 @@ async def _counted(pending: Awaitable[Response], fn: Deployment) -> Response:
         fn.inflight -= 1
 
 
+# the PoP's to set: a function's own (a forged `x-edgefn-function: other@v1` reached the
+# client before the real one) is dropped
+RESERVED = frozenset({b"x-edgefn-function", b"x-edgefn-cache"})
+
+
 def _tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:
-    response.headers.append(tag)
+    headers = response.headers
+    for name, _ in headers:
+        if name in RESERVED:
+            headers[:] = [h for h in headers if h[0] not in RESERVED]
+            break
+    headers.append(tag)
     return response
