@@ -112,3 +112,24 @@ def test_follow_reads_the_grants_the_leader_saved(registry: Registry,  # noqa: F
     asyncio.run(follower.follow())
     assert follower.stores.owners.owner("kv", "n") == "o"
     assert follower.stores.owners.access("kv", "n", "r") == "read"
+
+
+def test_a_version_that_did_not_load_is_tried_again_unreported(
+        registry: Registry, follower: Registry, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was remembered as unserved for good: a worker whose load failed once (a
+    flaky import) answered 404 for that function until another version came."""
+    from runtime.functions import following
+
+    v1 = asyncio.run(registry.deploy(package(tmp_path, 1))).version
+    wat = registry.store.version_dir("f", v1) / "main.wat"
+    good = wat.read_bytes()
+    wat.write_text("(module)")  # fails at this worker's start
+    assert len(follower.restore()) == 1 and live(follower) is None
+    assert asyncio.run(follower.follow()) == [] and live(follower) is None  # too soon
+    monkeypatch.setattr(following, "RETRY_UNSERVED_S", 0.0)
+    assert asyncio.run(follower.follow()) == [] and live(follower) is None  # fails: unreported
+    wat.write_bytes(good)
+    assert asyncio.run(follower.follow()) == [] and live(follower) == v1
+    assert follower.unserved == {} and follower.router.match(b"", b"/f") is not None
+

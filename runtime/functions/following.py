@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from edgefn_core.errors import DeployError, ManifestError, NotFound
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from runtime.functions.registry import Deployment
 
 log = logging.getLogger("edgefn.pop")
+RETRY_UNSERVED_S = 5.0  # a recorded version that did not load here is tried again this often
 
 
 class Following(RegistryCore):
@@ -42,7 +44,9 @@ class Following(RegistryCore):
         record is gone. Returns what could not be served (a version that no longer
         loads keeps the one this worker had, and is logged). A recorded version that
         did not load here before (`unserved`: refused at start, as the admin worker
-        refused it too, or in an earlier follow) is not tried again, nor reported:
+        refused it too, or in an earlier follow) is tried again at most every
+        `RETRY_UNSERVED_S` (a failure that passes, such as a flaky import, must not
+        leave this worker without the function for good), and never reported:
         another function's deploy must not cost this worker its life."""
         async with self.lock:
             records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
@@ -52,19 +56,24 @@ class Following(RegistryCore):
             self.unserved = {n: v for n, v in self.unserved.items() if n in records}
             errors = []
             for record in records.values():
-                if record.name not in self.functions and \
-                        self.unserved.get(record.name) == record.current:
+                retry = record.name not in self.functions and \
+                    self.unserved.get(record.name) == record.current
+                if retry and time.monotonic() - self.unserved_tried.get(record.name, 0.0) \
+                        < RETRY_UNSERVED_S:
                     continue
                 try:
                     await self._follow_live(record)
                     await self._follow_canary(record)
                 except (ManifestError, DeployError, NotFound) as e:
                     log.error("worker cannot serve %s as recorded: %s", record.name, e)
-                    errors.append(f"{record.name}: {e}")
+                    if not retry:
+                        errors.append(f"{record.name}: {e}")
                     if record.name not in self.functions:
                         self.unserved[record.name] = record.current
+                        self.unserved_tried[record.name] = time.monotonic()
                 else:
                     self.unserved.pop(record.name, None)
+                    self.unserved_tried.pop(record.name, None)
             return errors
 
     async def _follow_live(self, record: FunctionRecord) -> None:

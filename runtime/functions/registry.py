@@ -125,6 +125,7 @@ class Registry(Staging, Following):
         # function -> the recorded version that did not load here (at `restore` or a
         # `follow`): not served, and not tried again until its record names another
         self.unserved: dict[str, str] = {}
+        self.unserved_tried: dict[str, float] = {}  # when each was last tried (monotonic)
         self.lock = asyncio.Lock()
         # after routing switched to a version: the PoP's quiet warm-up request through
         # its pipeline (`runtime.pipeline.warm`), which this layer cannot import
@@ -414,6 +415,7 @@ class Registry(Staging, Following):
             pending = refused if len(refused) < len(pending) else []
         for name, why in errors.items():
             self.unserved[name] = self.store.record(name).current
+            self.unserved_tried[name] = time.monotonic()
             log.error("not serving %s@%s: %s", name, self.unserved[name], why)
         return [f"{name}: {why}" for name, why in errors.items()]
 

@@ -23,6 +23,7 @@ class RegistryCore:
         functions: dict[str, Deployment]
         canaries: dict[str, Split]
         unserved: dict[str, str]
+        unserved_tried: dict[str, float]
         lock: asyncio.Lock
         store: DeployStore
         stores: Stores
