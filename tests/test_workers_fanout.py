@@ -1,5 +1,6 @@
 """``workers = 2``, what must cover the whole PoP and not only the admin worker:
-one scrape of /metrics counts every worker's requests; an AI-cache purge empties
+one scrape of /metrics (and `edgefn cache stats`) counts every worker's requests; an
+AI-cache purge empties
 every worker's AI cache before it answers. Real `edgefn serve` processes over
 loopback; a request is sent to a chosen worker on a keep-alive connection that
 ``worker_header`` showed to be served by it."""
@@ -83,7 +84,9 @@ def test_one_scrape_counts_the_requests_of_every_worker(tmp_path: Path) -> None:
                 assert set(answers) == {(200, pid)}  # this worker served them all
                 served[pid] = len(answers)
         samples = scrape(w)
+        stats = w.admin.request("GET", "/v1/cache/stats")["stats"]  # summed too
     n = sent + sum(served.values())
+    assert [r["requests"] for r in stats if r["function"] == "f"] == [n]
     assert total(samples, "edgefn_requests_total", function="f") == n
     assert total(samples, "edgefn_request_duration_seconds_count", function="f") == n
     assert total(samples, "edgefn_scrape_workers_missing") == 0
@@ -131,3 +134,27 @@ def test_the_events_of_every_worker_reach_the_admin_workers_ring(tmp_path: Path)
             return {e["rid"] for e in out["events"]}
 
         wait_for(lambda: sent <= listed(), 30, "every worker's events in the ring")
+
+
+CACHED = """
+from edgefn import Response
+
+def handle(request, env):
+    return Response("cached", headers={"cache-control": "public, max-age=3600"})
+"""
+
+
+def test_a_purge_counts_the_entries_of_every_worker(tmp_path: Path) -> None:
+    """It said the admin worker's count only ("purged 1" for a URL both held)."""
+    from tests.support import python_function
+
+    with serving(tmp_path, POP_TOML) as w:
+        d = python_function(tmp_path, "c", CACHED)
+        (d / "edgefn.toml").write_text((d / "edgefn.toml").read_text().replace(
+            'routes = ["/c"]', 'routes = ["/c/*"]'))
+        w.admin.deploy(d)
+        with pinned(w, "/c/x") as (conns, _):
+            for pid, conn in conns.items():
+                assert get(conn, "/c/x") == (200, pid)  # stored by each worker
+        out = w.admin.request("POST", "/v1/cache/purge", b'{"prefix": "/c/"}')
+    assert out == {"purged": 2, "prefix": "/c/"}

@@ -58,6 +58,7 @@ from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
 from runtime.bindings import kv as kv_binding
 from runtime.bindings import operate
 from runtime.bindings.owners import WHAT, denied
+from runtime.cache.stats import merged
 from runtime.functions import deploys
 from runtime.functions.registry import Deployment
 from runtime.net.message import Request, Response, json_response
@@ -221,6 +222,9 @@ class AdminApp:
                     return await self._purge_ai(request.body, who)
                 case ["v1", "cache", "stats"] if method == b"GET":
                     rows = self.pop.stores.cache_stats.snapshot()
+                    if self.workers is not None:  # every worker's counts, summed
+                        got, _ = await self.workers.ask({"op": "cache_stats"}, 5.0)
+                        rows = merged([rows, *(r for r in got if isinstance(r, list))])
                     if who is not None:  # a key sees its own tenant's rows only
                         rows = [r for r in rows if self._owns(who, r)]
                     return json_response({"stats": rows})
@@ -318,8 +322,9 @@ class AdminApp:
             only = frozenset(n for n, fn in self.pop.registry.functions.items()
                              if fn.tenant == who.tenant)
         purged = cache.purge(**given, only=only) if cache is not None else 0
-        await self._tell({"op": "purge", "args": given,
-                          "only": sorted(only) if only is not None else None})
+        others = await self._tell({"op": "purge", "args": given,
+                                   "only": sorted(only) if only is not None else None})
+        purged += sum(n for n in others if isinstance(n, int))  # every worker's entries
         return json_response({"purged": purged, name: value})
 
     async def _purge_ai(self, body: bytes, who: Principal | None) -> Response:

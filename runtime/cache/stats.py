@@ -73,3 +73,25 @@ class CacheStats:
         for row in rows.values():
             row["hit_rate"] = round(row["hits"] / row["requests"], 4)
         return list(rows.values())
+
+
+def merged(snapshots: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Several processes' `CacheStats.snapshot()` rows as one (``workers = N``): the
+    counts of a (cache, function, model, tenant) summed, its hit rate made again."""
+    rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for snapshot in snapshots:
+        for r in snapshot:
+            key = (r["cache"], r["function"], r["model"], r["tenant"])
+            row = rows.get(key)
+            if row is None:
+                rows[key] = {**r, "outcomes": dict(r["outcomes"])}
+                continue
+            for outcome, n in r["outcomes"].items():
+                row["outcomes"][outcome] = row["outcomes"].get(outcome, 0) + n
+            for field in ("requests", "hits", "bytes_served"):
+                row[field] += r[field]
+            row["saved_ms"] = round(row["saved_ms"] + r["saved_ms"], 3)
+    for row in rows.values():
+        row["hit_rate"] = round(row["hits"] / row["requests"], 4) if row["requests"] else 0.0
+    return [rows[k] for k in sorted(rows)]
+

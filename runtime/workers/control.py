@@ -13,6 +13,7 @@ reads the record already saved.
     {"op": "sync"}                       follow the deploy store's records
     {"op": "keys"}                       re-read DATA/keys.json
     {"op": "purge", "args": {...}, "only": [names] | null}   purge the HTTP cache
+                                         ("result": how many entries went)
     {"op": "ai_purge", "model": M | null, "tenant": T | null}  purge the AI cache
                                          ("result": how many entries went)
 
@@ -20,6 +21,7 @@ The admin worker also asks, without killing a worker that is slow to answer
 (`Fanout.ask`: a scrape is not a change, and a missing answer loses nothing):
 
     {"op": "metrics"}                    this worker's metric families, in "result"
+    {"op": "cache_stats"}                this worker's `CacheStats.snapshot()` rows
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ async def _serve(pop: PoP, reader: asyncio.StreamReader, writer: asyncio.StreamW
             reply = {"ok": True, "pid": os.getpid(), "result": metrics(pop)}
         elif msg.get("op") == "ai_purge":
             reply = {"ok": True, "pid": os.getpid(), "result": ai_purge(pop, msg)}
+        elif msg.get("op") == "purge":
+            reply = {"ok": True, "pid": os.getpid(), "result": purge(pop, msg)}
+        elif msg.get("op") == "cache_stats":
+            reply = {"ok": True, "pid": os.getpid(),
+                     "result": pop.stores.cache_stats.snapshot()}
         else:
             errors = await apply(pop, msg)
             reply = {"ok": not errors, "pid": os.getpid(), "errors": errors}
@@ -88,15 +95,21 @@ async def apply(pop: PoP, msg: dict[str, Any]) -> list[str]:
         case "keys":
             pop.keys.reload()
         case "purge":
-            only = msg.get("only")
-            if pop.http_cache is not None:
-                pop.http_cache.purge(**msg["args"],
-                                     only=frozenset(only) if only is not None else None)
+            purge(pop, msg)
         case "ping":
             pass
         case op:
             raise ValueError(f"unknown worker control op {op!r}")
     return []
+
+
+def purge(pop: PoP, msg: dict[str, Any]) -> int:
+    """Purge this worker's HTTP cache as `msg` says; how many entries went."""
+    only = msg.get("only")
+    if pop.http_cache is None:
+        return 0
+    return pop.http_cache.purge(**msg["args"], only=frozenset(only) if only is not None
+                                else None)
 
 
 def ai_purge(pop: PoP, msg: dict[str, Any]) -> int:
