@@ -46,8 +46,7 @@ def deploy(args: argparse.Namespace) -> None:
         f"{'deployed' if r.changed else 'unchanged'} {r.name} version {r.version}"
     served = [p for p in pops if p[0] not in r.skipped]
     print(f"{what} on {_where(served)}; switch window {r.window_ms} ms")
-    for pop, why in sorted(r.skipped.items()):
-        print(f"  left as it was: {pop}: {why}")
+    _left(r)
 
 
 def rollback(args: argparse.Namespace) -> None:
@@ -66,7 +65,9 @@ def rollback(args: argparse.Namespace) -> None:
     r = rollout.rollback(pops, args.name, version)
     if args.json:
         return commands._print_json(_builtins(r))
-    print(f"{r.name} now serves version {r.version} on {_where(pops)}")
+    print(f"{r.name} now serves version {r.version} on "
+          f"{_where([p for p in pops if p[0] not in r.skipped])}")
+    _left(r)
 
 
 def promote(args: argparse.Namespace) -> None:
@@ -77,7 +78,15 @@ def promote(args: argparse.Namespace) -> None:
     r = rollout.promote(pops, args.name)
     if args.json:
         return commands._print_json(_builtins(r))
-    print(f"promoted {r.name} version {r.version} on {_where(pops)}")
+    print(f"promoted {r.name} version {r.version} on "
+          f"{_where([p for p in pops if p[0] not in r.skipped])}")
+    _left(r)
+
+
+def _left(r: Any) -> None:
+    """The PoPs a rollout left as they were, and why."""
+    for pop, why in sorted(r.skipped.items()):
+        print(f"  left as it was: {pop}: {why}")
 
 
 def versions(args: argparse.Namespace) -> None:

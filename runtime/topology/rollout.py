@@ -204,9 +204,25 @@ def _read(pops: Pops, name: str) -> list[Outcome]:
     return each(pops, lambda _, c: c.request("GET", f"/v1/functions/{name}/versions"))
 
 
-def records(pops: Pops, name: str) -> dict[str, dict[str, Any]]:
-    """`name`'s deploy record on every PoP. Raises `RolloutError` if one cannot say."""
+NOT_SERVED = "does not serve the function"
+
+
+def _serving(pops: Pops, name: str) -> tuple[Pops, list[Outcome], dict[str, str]]:
+    """The PoPs that have a record of `name`, what each said, and those that have
+    none (left as they are, as a deploy leaves them: a canary went only where the
+    function was live). Raises `RolloutError` if no PoP has one."""
     got = _read(pops, name)
+    absent = {o.pop for o in got if o.code == "not_found"}
+    if absent and len(absent) == len(got):
+        raise RolloutError(f"no PoP of the topology serves {name!r}; no PoP changed")
+    return ([p for p in pops if p[0] not in absent], [o for o in got if o.pop not in absent],
+            dict.fromkeys(sorted(absent), NOT_SERVED))
+
+
+def records(pops: Pops, name: str) -> dict[str, dict[str, Any]]:
+    """`name`'s deploy record on every PoP that has one. Raises `RolloutError` if one
+    cannot say, or none has one."""
+    _, got, _ = _serving(pops, name)
     failed = [o for o in got if o.error is not None]
     if failed:
         raise RolloutError(f"{_failures('reading versions', failed)}; no PoP changed")
@@ -216,8 +232,15 @@ def records(pops: Pops, name: str) -> dict[str, dict[str, Any]]:
 def rollback(pops: Pops, name: str, to: str | None = None) -> Rollout:
     """During a canary (and without `to`): drop the canary everywhere. Otherwise
     stage version `to` (default: the one before the current, which must be the
-    same on every PoP) everywhere, then switch. Raises `RolloutError`."""
-    got = _read(pops, name)
+    same on every PoP) everywhere, then switch. PoPs without the function are
+    left as they are (`Rollout.skipped`). Raises `RolloutError`."""
+    serving, got, skipped = _serving(pops, name)
+    r = _rollback(serving, got, name, to)
+    r.skipped = {**skipped, **r.skipped}
+    return r
+
+
+def _rollback(pops: Pops, got: list[Outcome], name: str, to: str | None) -> Rollout:
     unreachable = [o for o in got if o.code == "pop_unreachable"]
     recs = {o.pop: o.value for o in got if o.error is None}
     failed = [o for o in got if o.error is not None and o.code != "pop_unreachable"]
@@ -279,10 +302,14 @@ def _drop_canaries(pops: Pops, name: str, recs: dict[str, dict[str, Any]]) -> Ro
 
 
 def promote(pops: Pops, name: str) -> Rollout:
-    """Make the canary the live version on every PoP. Raises `RolloutError` (no PoP
-    changed) unless every PoP runs the same canary of `name`; if a PoP fails to
-    switch, those that did go back to their previous live version."""
-    recs = records(pops, name)
+    """Make the canary the live version on every PoP that serves `name`. Raises
+    `RolloutError` (no PoP changed) unless each of them runs the same canary; if a
+    PoP fails to switch, those that did go back to their previous live version."""
+    pops, got, skipped = _serving(pops, name)
+    failed = [o for o in got if o.error is not None]
+    if failed:
+        raise RolloutError(f"{_failures('reading versions', failed)}; no PoP changed")
+    recs = {o.pop: o.value for o in got}
     canaries = {pop: (r.get("canary") or {}).get("version") for pop, r in recs.items()}
     if set(canaries.values()) == {None}:
         where = "this PoP" if len(canaries) == 1 else "any PoP"
@@ -300,4 +327,4 @@ def promote(pops: Pops, name: str) -> Rollout:
         raise RolloutError(f"{_failures('promote', failed)}; "
                            f"{undo(pops, name, ok, dict(previous), None)}")
     version = next(iter(canaries.values()))
-    return Rollout(name, str(version), dict(previous), True)
+    return Rollout(name, str(version), dict(previous), True, skipped=skipped)

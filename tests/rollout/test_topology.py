@@ -226,8 +226,8 @@ def test_promote_refuses_unless_every_pop_runs_the_canary(topology: Topology,
     assert str(err.value) == (f"t9: every PoP must run the same canary to promote it (central: "
                               f"None, edge-a: {v2}, edge-b: {v2}); no PoP changed")
     assert current(topology, "t9") == dict.fromkeys(topology.pops, v1)
-    with pytest.raises(RolloutError, match="reading versions failed on PoPs central, edge-a, "
-                                           "edge-b: no function named 'nope' is deployed"):
+    with pytest.raises(RolloutError, match="no PoP of the topology serves 'nope'; no PoP "
+                                           "changed"):
         rollout.promote(pops, "nope")
 
 
@@ -264,6 +264,15 @@ def test_a_canary_goes_to_the_pops_that_serve_the_function(topology: Topology,
         assert err.value.status == 404
     with pytest.raises(RolloutError, match="t15 is not live on any PoP: a canary splits"):
         rollout.deploy(pops, package(tmp_path, "t15", 1), canary=30.0)
+    # promote and rollback act where it is served (they failed reading the others)
+    p = rollout.promote(pops, "t14")
+    assert (p.version, sorted(p.skipped)) == (r.version, ["central", "edge-b"])
+    assert topology.pops["edge-a"].admin.request(
+        "GET", "/v1/functions/t14/versions")["current"] == r.version
+    back = rollout.rollback(pops, "t14")
+    assert (back.version, sorted(back.skipped)) == (v1, ["central", "edge-b"])
+    with pytest.raises(RolloutError, match="no PoP of the topology serves 'nowhere'"):
+        rollout.rollback(pops, "nowhere")
 
 
 def test_a_bad_package_is_reported_once_for_every_pop(topology: Topology,
