@@ -365,13 +365,16 @@ class Registry(Staging, Following):
                 log.error("%s: cannot save the withdrawal of its grants: %s", name, e)
 
     def _stored(self, name: str, version: str) -> Manifest:
-        """The manifest of a stored version whose files are intact and whose bindings
-        its owner may still use. Blocking (hashes every file). Raises
-        `VersionTampered` (naming the file), `ManifestError`, `NotOwner`."""
+        """The manifest of a stored version whose files are intact, whose bindings
+        its owner may still use and which this PoP takes (`vet`). Blocking (hashes
+        every file). Raises `VersionTampered` (naming the file), `ManifestError`,
+        `NotOwner`, and what `vet` raises (`OutOfRegion`, `DeployError`)."""
         self.store.verify(name, version)
         d = self.store.version_dir(name, version)
         m = manifest.load(d, new=False)  # what an older edgefn stored keeps loading
         self.stores.owners.check(m, str(d / manifest.MANIFEST_NAME))
+        if self.vet is not None:  # this PoP's config may have changed since (a tenant
+            self.vet(m)  # pinned to another region: a restart served its functions here)
         return m
 
     def versions(self, name: str) -> FunctionRecord:

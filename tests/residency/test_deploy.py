@@ -46,6 +46,31 @@ def test_in_its_region_it_deploys(tmp_path: Path) -> None:
         p.close()
 
 
+def test_a_restart_outside_the_owners_region_does_not_serve_its_functions(
+        tmp_path: Path) -> None:
+    """Deployed where it was allowed, then the PoP restarted with the tenant pinned
+    elsewhere: restore served it (a deploy of the same files was refused)."""
+    p = PoP(config.load(None, data=str(tmp_path), name="pop-a", region="americas",
+                        **{"ai.enabled": False}))
+    try:
+        deploy(p, "hello-wat")
+        deploy(p, "counter-py")  # nobody is pinned yet
+    finally:
+        p.close()
+    p = pop(tmp_path, "americas")
+
+    async def restore() -> list[str]:  # on the loop, as `edgefn serve` does
+        return p.registry.restore()
+
+    try:
+        errors = asyncio.run(restore())
+        assert "counter-py" not in p.registry.functions and "hello" in p.registry.functions
+        assert any(e.startswith("counter-py: ") and "pinned to region 'emea'" in e
+                   for e in errors), errors
+    finally:
+        p.close()
+
+
 def test_a_topology_rollout_skips_the_pops_outside_the_owners_region(tmp_path: Path) -> None:
     """`edgefn deploy --topology` of a pinned owner's function: the PoPs of its region
     take it, the others are left as they were (it aborted everywhere)."""
