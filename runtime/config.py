@@ -289,6 +289,11 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     if problem is not None:
         raise InvalidConfig(label, problem[1], f"tracing.{problem[0]}")
     residency.check(config.residency, label)
+    ai = config.ai
+    if ai.enabled and ai.socket is None and ai.worker_config is not None and \
+            not Path(ai.worker_config).is_file():
+        raise InvalidConfig(label, f"no such file: {ai.worker_config} (the model worker's "
+                            "config; leave it out for the packaged models)", "ai.worker_config")
     _check_cache_embedder(config, label)
     for model, other in config.ai.fallback.items():
         if not model.strip() or not other.strip() or model == other:

@@ -30,6 +30,7 @@ def test_a_file_sets_fields_and_paths_are_relative_to_it(tmp_path: Path) -> None
                            '[public]\nport = 9000\n[http]\nmax_body_bytes = 1024\n'
                            '[ai]\nworker_config = "models.toml"\n'
                            '[[pipeline]]\nstage = "route"\n[[pipeline]]\nstage = "dispatch"\n')
+    (tmp_path / "models.toml").write_text("")  # a worker config must exist
     cfg = config.load(path)
     assert (cfg.name, cfg.tier, cfg.public.port, cfg.http.max_body_bytes) == (
         "par-1", "regional", 9000, 1024)
@@ -54,6 +55,7 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "field", "message"), [
+    ('[ai]\nworker_config = "nope.toml"\n', "ai.worker_config", "no such file: "),
     ('[http]\nmax_body_bytes = -1\n', "http.max_body_bytes", ">= 0"),
     ('[http]\nmax_header_bytes = 0\n', "http.max_header_bytes", ">= 256"),
     ('[http]\nkeepalive_timeout = 0\n', "http.keepalive_timeout", "> 0"),
