@@ -169,7 +169,8 @@ class RateLimitSettings(Struct, forbid_unknown_fields=True, frozen=True):
     rules: list[RateRule] = []
     tenants: dict[str, TenantLimits] = {}
     headers: bool = True  # RateLimit-Policy / RateLimit on every limited response
-    default_max_tokens: Annotated[int, Meta(ge=1)] = 1024  # reserved when a request sets none
+    # reserved when a request sets none: what the model worker generates then (256)
+    default_max_tokens: Annotated[int, Meta(ge=1)] = 256
     # storage unreachable (Redis down): "open" admits uncounted, "closed" answers 503
     on_storage_error: Literal["open", "closed"] = "open"
 

@@ -182,7 +182,11 @@ def test_a_reservation_over_the_whole_budget_is_a_400_without_counting_twice() -
         with pytest.raises(Rejected) as e:
             await budgets.admit(payer, counter(10), 10**9, stream=False)
         assert e.value.status == 400 and "lower max_tokens" in str(e.value)
-        # nothing was reserved by the refused request
+        with pytest.raises(Rejected) as e:  # sets none: says what was reserved instead
+            await budgets.admit(payer, counter(60), None, stream=False)
+        assert "(its prompt plus 50, [ratelimit] default_max_tokens, as it sets no " \
+            "max_tokens)" in str(e.value) and "set a lower max_tokens" in str(e.value)
+        # nothing was reserved by the refused requests
         assert (await budgets.admit(payer, counter(10), 90, stream=False)).reserved == 100
 
     run(main())

@@ -180,9 +180,13 @@ class TokenBudgets:
         amount = prompt + (self.settings.default_max_tokens if max_tokens is None else max_tokens)
         smallest = min(range(len(payer.limits)), key=payer.limits.__getitem__)
         if amount > payer.limits[smallest]:
+            why = "max_tokens" if max_tokens is not None else (
+                f"{self.settings.default_max_tokens}, [ratelimit] default_max_tokens, as it "
+                "sets no max_tokens")
             raise Rejected("token_budget", 400, f"this request reserves {amount} tokens (its "
-                           f"prompt plus max_tokens), more than the {payer.limits[smallest]} "
-                           f"per minute of {_who(payer.buckets[smallest])}: lower max_tokens")
+                           f"prompt plus {why}), more than the {payer.limits[smallest]} "
+                           f"per minute of {_who(payer.buckets[smallest])}: "
+                           f"{'lower' if max_tokens is not None else 'set a lower'} max_tokens")
         got = await self.store.reserve(payer.buckets, payer.limits, amount)
         if isinstance(got, Refusal):
             raise self._refused(payer, got, amount)
