@@ -36,8 +36,15 @@ AI_OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_comple
 
 
 class _Asked(msgspec.Struct):
+    """What an AI-cache hit's event says of the request (as a miss's does)."""
+
     model: str = ""
-    stream: bool = False
+    stream: bool | None = False
+    user: str | None = None
+    safety_identifier: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
 
 
 class Events:
@@ -179,4 +186,6 @@ def _cached(request: Request, record: Any) -> AIUsage | None:
     tokens = int(record.get("cached_tokens", 0))
     return AIUsage(operation=AI_OPERATIONS.get(request.path.decode("latin-1"), "chat"),
                    model=asked.model, prompt_tokens=tokens, cached_tokens=tokens,
-                   stream=asked.stream)
+                   stream=bool(asked.stream), user=asked.user or asked.safety_identifier,
+                   temperature=asked.temperature,
+                   max_tokens=asked.max_completion_tokens or asked.max_tokens)

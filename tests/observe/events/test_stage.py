@@ -167,6 +167,14 @@ def test_an_ai_cache_hit_says_its_prompt_tokens_were_cached() -> None:
     assert event.ai == AIUsage(operation="chat", model="smollm2-135m", prompt_tokens=21,
                                cached_tokens=21, stream=True)
     assert event.decisions["ai_cache"] is hit
+    # what a miss's event says of the request, a hit's says too (user, sampling, cap)
+    app, seen, _ = events_chain(Decide("ai_cache", hit), Answer())
+    run(app(request(b"/v1/chat/completions", method=b"POST", body=(
+        b'{"model": "m", "user": "alice@example.com", "temperature": 0.2, '
+        b'"max_completion_tokens": 9, "stream": null}'))))
+    assert seen.events[0].ai == AIUsage(operation="chat", model="m", prompt_tokens=21,
+                                        cached_tokens=21, user="alice@example.com",
+                                        temperature=0.2, max_tokens=9)
     app, seen, _ = events_chain(Decide("ai_cache", {"outcome": "miss"}), Answer())
     run(app(request(b"/v1/chat/completions", method=b"POST", body=b"{}")))
     assert seen.events[0].ai is None
