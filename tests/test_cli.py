@@ -174,6 +174,17 @@ def test_dev_deploys_a_tree_and_redeploys_on_change(tmp_path: Path) -> None:
         until(lambda: get(port, "/hello")[2].get("x-edgefn-function", "").startswith("hi@"))
         assert get(port, "/hello")[2]["x-edgefn-function"].startswith("hi@")
         assert "removed   hello" in "".join(lines)
+        # a second folder declaring that name is refused, not deployed over the first
+        twin = tree / "twin"
+        shutil.copytree(tree / "hello", twin)
+        (twin / "edgefn.toml").write_text((twin / "edgefn.toml").read_text().replace(
+            '"/hello"', '"/twin"'))
+        until(lambda: "declares name 'hi', which" in "".join(lines))
+        assert "declares name 'hi', which" in "".join(lines)
+        assert get(port, "/hello")[0] == 200 and get(port, "/twin")[0] == 404
+        shutil.rmtree(twin)  # and its going takes nothing with it
+        time.sleep(1.0)
+        assert get(port, "/hello")[0] == 200
         # a folder that goes takes its function with it
         shutil.rmtree(tree / "hello")
         until(lambda: get(port, "/hello")[0] == 404)

@@ -161,6 +161,11 @@ async def deploy_dir(target: Target, directory: Path, served: dict[Path, str]) -
     except ManifestError as e:
         print(f"  ! {directory}: {e}", flush=True)
         return False
+    other = next((d for d, n in served.items() if n == name and d != directory), None)
+    if other is not None:  # it would replace the other folder's function
+        print(f"  ! {directory}: declares name {name!r}, which {other} serves; not deployed "
+              "(give one of them another name)", flush=True)
+        return False
     before = served.get(directory)
     if before is not None and before != name:
         await remove(target, before, f"{directory} is {name!r} now")
