@@ -15,7 +15,12 @@ import pytest
 
 from edgefn_core.errors import FunctionError
 from runtime.bindings import Bindings, Stores
-from runtime.executors.wasm.engine import THREAD_SHARE, WORKER_THREADS, WasmEngine
+from runtime.executors.wasm.engine import (
+    TENANT_SHARE,
+    THREAD_SHARE,
+    WORKER_THREADS,
+    WasmEngine,
+)
 from runtime.executors.wasm.function import INLINE_SLICE_MS, WasmFunction
 from runtime.functions import manifest
 from runtime.net.message import Response
@@ -211,6 +216,32 @@ def test_a_function_holds_at_most_its_share_of_worker_threads(engine: WasmEngine
     assert answered < 0.2, answered
     # 16 naps of 300 ms, THREAD_SHARE at a time: four rounds, never all at once
     assert 4 * 0.3 <= all_done < 4 * 0.3 + 0.5, all_done
+
+
+def test_one_owners_functions_hold_at_most_its_share_of_worker_threads(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    """Four functions of one owner, each at its THREAD_SHARE, held every worker
+    thread: another owner's request waited (in the helper's run, 504s for 60 s)."""
+    hogs = [load(engine, function_dir(tmp_path, f"evil{i}", sleeper(600 * 10**6),
+                                      limits="cpu_ms = 5000\nwall_ms = 5000",
+                                      extra='owner = "evil"'))
+            for i in range(WORKER_THREADS // THREAD_SHARE)]
+    victim = load(engine, function_dir(tmp_path, "victim", sleeper(0), extra='owner = "good"'))
+
+    async def go() -> tuple[float, float]:
+        started = time.perf_counter()
+        held = [asyncio.ensure_future(outcome(fn)) for fn in hogs for _ in range(THREAD_SHARE)]
+        await asyncio.sleep(0.1)
+        assert await outcome(victim) == (200, "")
+        answered = time.perf_counter() - started
+        assert set(await asyncio.gather(*held)) == {(200, "")}
+        return answered, time.perf_counter() - started
+
+    answered, all_done = asyncio.run(go())
+    assert TENANT_SHARE < WORKER_THREADS
+    assert answered < 0.45, answered  # not after the first round of 600 ms naps
+    # 16 naps, TENANT_SHARE at a time: two rounds of 600 ms
+    assert 2 * 0.6 <= all_done < 2 * 0.6 + 0.6, all_done
 
 
 # -- memory ------------------------------------------------------------------------------------

@@ -8,12 +8,14 @@ restarted PoP loads machine code in ~100 us instead of compiling again.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import hashlib
 import logging
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
@@ -30,6 +32,7 @@ POOL_INSTANCES = 128  # live instances at once (inline reactor calls + WASI thre
 POOL_MAX_MEMORY = 1 << 30  # the largest `limits.memory_mb` the pool can host
 WORKER_THREADS = 16  # WASI commands and reactors that may block or run long
 THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at once
+TENANT_SHARE = WORKER_THREADS // 2  # ... and all the functions of one owner together
 WASMTIME_VERSION = version("wasmtime")
 
 
@@ -56,12 +59,27 @@ class WasmEngine:
             raise RuntimeError("the native fast path was requested but cannot be built")
         self._stop = threading.Event()  # set by close(): ends the ticker and WASI sleeps
         self.deadlines = Deadlines()  # per worker thread: the running WASI request's deadline
+        # per event loop and owner: the worker threads its functions hold (`tenant_slots`)
+        self._tenant_slots: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
         self._native_ticker = None
         if self.native is not None:
             self._native_ticker = wasm_native.NativeTicker(self.native, self.engine, TICK_SECONDS)
         else:  # a Python thread: takes the GIL 1000 times a second, hence the native one
             self._ticker = threading.Thread(target=self._tick, name="edgefn-epoch", daemon=True)
             self._ticker.start()
+
+    def tenant_slots(self, loop: asyncio.AbstractEventLoop, owner: str) -> asyncio.Semaphore:
+        """The worker threads `owner`'s functions may hold at once on `loop`
+        (`TENANT_SHARE`): one owner's functions that block or loop (four of them at
+        their `THREAD_SHARE` fill every thread) leave threads to the others."""
+        per_owner = self._tenant_slots.get(loop)
+        if per_owner is None:
+            per_owner = self._tenant_slots[loop] = {}
+        slots = per_owner.get(owner)
+        if slots is None:
+            slots = per_owner[owner] = asyncio.Semaphore(TENANT_SHARE)
+        return slots
 
     def _tick(self) -> None:
         """One epoch per tick of real time, catching up after a late wake-up."""

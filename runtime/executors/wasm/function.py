@@ -16,7 +16,8 @@ Two guest ABIs (see README "Guest ABI"):
   deadline (`wasi_poll`), so a timed-out request frees its thread.
 
 A function holds at most `THREAD_SHARE` (or `limits.concurrency`, if smaller)
-worker threads at once; further requests wait for one within their wall time.
+worker threads at once, and the functions of one owner `TENANT_SHARE` together;
+further requests wait for one within their wall time.
 A thread counts as held until its job really ends, not when the request gives up.
 """
 
@@ -315,16 +316,24 @@ class WasmFunction:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots[0] is not loop:
             self._slots = (loop, asyncio.Semaphore(self.thread_share))
-        slots = self._slots[1]
+        slots, owned = self._slots[1], self.wasm.tenant_slots(loop, self.manifest.tenant)
+        held: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout(wall_ms / 1000 + 0.05):
                 await slots.acquire()
+                held.append(slots)
+                await owned.acquire()
+                held.append(owned)
                 future = self.wasm.threads.submit(job, *args)
-                future.add_done_callback(partial(_release, loop, slots))
+                held = []  # the job gives them back when it really ends
+                future.add_done_callback(partial(_release, loop, (slots, owned)))
                 return await asyncio.wrap_future(future)
         except TimeoutError:
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
                                 f"{wall_ms} ms (blocked in a host call)") from None
+        finally:
+            for s in held:  # acquired, then the wait for the next one gave up
+                s.release()
 
     async def _handle_wasi(self, request: Request, route: str, params: Mapping[str, str],
                            principal: Mapping[str, str]) -> Response:
@@ -382,10 +391,12 @@ class WasmFunction:
             log.info("[%s] %s", self.name, line)
 
 
-def _release(loop: asyncio.AbstractEventLoop, slots: asyncio.Semaphore, _: object) -> None:
-    """A worker job ended (on its thread): give its slot back on the loop."""
+def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore, ...],
+             _: object) -> None:
+    """A worker job ended (on its thread): give its slots back on the loop."""
     with contextlib.suppress(RuntimeError):  # the loop closed first: nobody waits any more
-        loop.call_soon_threadsafe(slots.release)
+        for s in slots:
+            loop.call_soon_threadsafe(s.release)
 
 
 class _Capture:
