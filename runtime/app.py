@@ -10,9 +10,9 @@ import logging
 import os
 import secrets
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import msgspec
 
@@ -150,6 +150,9 @@ async def _admin(pop: PoP, config: PopConfig, role: Role | None) -> AdminThread 
     app = AdminApp(pop, admin_token(config.data_dir), asyncio.get_running_loop())
     if role is not None:
         app.workers = Fanout(role)
+        if role.count > 1:  # restarted between saving a change and telling the others?
+            # they follow the saved records now (a no-op when nothing changed)
+            _background(app.workers.tell({"op": "sync"}))
     # a KV value at its 16 MiB limit arrives base64 in JSON (~21.4 MiB): the admin
     # listener takes that much even where the public one takes less
     limits = msgspec.structs.replace(
@@ -157,6 +160,16 @@ async def _admin(pop: PoP, config: PopConfig, role: Role | None) -> AdminThread 
     admin = AdminThread(app, limits)
     await admin.start(config.admin.host, config.admin.port, role is not None)
     return admin
+
+
+_tasks: set[asyncio.Task[Any]] = set()
+
+
+def _background(coro: Coroutine[Any, Any, Any]) -> None:
+    """Run `coro` on the loop without waiting for it (kept until it ends)."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
 
 
 async def _peer_events(pop: PoP, role: Role | None) -> Forwarder | asyncio.AbstractServer | None:

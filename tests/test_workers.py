@@ -271,6 +271,39 @@ def test_a_worker_that_cannot_follow_a_deploy_is_killed_before_the_call_returns(
                for line in workers.stderr)
 
 
+def test_a_restarted_admin_worker_brings_the_others_to_what_was_saved(
+        workers: Workers, tmp_path: Path) -> None:
+    """The admin worker saves a deploy's record, then tells the others: killed in
+    between, it came back serving the new version while the others kept the old one
+    for good. Here the record is saved by a registry of this process (as the admin
+    worker would), and nobody is told."""
+    import asyncio
+
+    from runtime.bindings import Stores
+    from runtime.executors.wasm.engine import WasmEngine
+    from runtime.functions import deploys
+    from runtime.functions.registry import Registry
+
+    deploy(workers, tmp_path, 1)
+    engine, stores = WasmEngine(tmp_path / "cache"), Stores(workers.data)
+    saver = Registry(workers.data, engine, stores)
+    try:
+        d = function_dir(tmp_path / "r2", "f", reactor(""), extra="# rev 2")
+        v2 = asyncio.run(saver.deploy(deploys.pack_dir(d))).version
+    finally:
+        saver.close()
+        stores.close()
+        engine.close()
+    assert {workers.get()[1] for _ in range(20)} != {f"f@{v2}"}  # not followed yet
+    admin_port = int(workers.admin.info.admin.rsplit(":", 1)[1])
+    (leader,) = [p for p in workers.children() if admin_port in listening(p)]
+    os.kill(leader, signal.SIGKILL)
+    wait_for(lambda: len(workers.children() - {leader}) == 2, 60, "the admin worker back")
+    wait_for(lambda: {workers.get()[1] for _ in range(20)} == {f"f@{v2}"}, 30,
+             "every worker serving what was saved")
+    assert len({workers.get()[2] for _ in range(30)}) == 2  # both workers answered
+
+
 def test_one_admin_listener_and_both_workers_on_the_public_port(workers: Workers) -> None:
     admin_port = int(workers.admin.info.admin.rsplit(":", 1)[1])
     ports = [listening(p) for p in sorted(workers.children())]
