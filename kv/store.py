@@ -438,10 +438,19 @@ class _Writer:
             try:
                 number = int(entry.value.decode("ascii"))
             except (UnicodeDecodeError, ValueError):
-                raise InvalidValue(f"cannot increment key {key!r} in {ns!r}: its value is not "
-                                   "a decimal integer") from None
+                raise InvalidValue(f"cannot increment key {_shown(key)} in {ns!r}: its value "
+                                   "is not a decimal integer") from None
         number += delta
         expires_ms = round(entry.expires_at * 1000) if entry and entry.expires_at else None
         self.put(ns, key, str(number).encode(), metadata=entry.metadata if entry else None,
                  expires_ms=expires_ms)
         return number
+
+
+def _shown(key: bytes) -> str:
+    """A key as a message shows it: its text, quoted (a bytes repr if not UTF-8)."""
+    try:
+        return repr(key.decode())
+    except UnicodeDecodeError:
+        return repr(key)
+

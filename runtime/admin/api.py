@@ -49,7 +49,7 @@ import hmac
 import ipaddress
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import unquote
 
 import msgspec
@@ -92,7 +92,7 @@ class LoraBody(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     path: str
     base: str | None = None
-    scale: float = 1.0
+    scale: Annotated[float, msgspec.Meta(gt=0, le=100)] = 1.0
 
 
 class PurgeBody(msgspec.Struct, forbid_unknown_fields=True):

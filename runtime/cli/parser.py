@@ -491,7 +491,20 @@ def _lora_ops(c: Commands, ops: Any) -> None:
     add.add_argument("name")
     add.add_argument("path")
     add.add_argument("--base", help="base model (default: the first llama.cpp model)")
-    add.add_argument("--scale", type=float, default=1.0, help="adapter strength")
+    add.add_argument("--scale", type=_scale, default=1.0, help="adapter strength (0 < s <= 100)")
     c.op(ops, "ls", "list models and adapters", "edgefn lora ls")
     rm = c.op(ops, "rm", "unload an adapter", "edgefn lora rm my-style")
     rm.add_argument("name")
+
+
+def _scale(text: str) -> float:
+    """A LoRA scale: a finite number above 0 and at most 100 (nan is no JSON)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 100:  # nan fails both
+        raise argparse.ArgumentTypeError(f"expected a number above 0 and at most 100, "
+                                         f"got {text!r}")
+    return value
+

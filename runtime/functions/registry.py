@@ -195,8 +195,9 @@ class Registry(Staging, Following):
     def _check_tenant(self, m: Manifest, tenant: str, label: str) -> None:
         """Raises `NotOwner` unless `tenant` may deploy `m`."""
         if m.owner != tenant:
+            says = f"it says owner = {m.owner!r}" if m.owner is not None else "it sets none"
             raise NotOwner(f"{label}: this API key deploys for tenant {tenant!r}: set "
-                           f"owner = {tenant!r} in edgefn.toml (it says {m.owner!r})")
+                           f"owner = {tenant!r} in edgefn.toml ({says})")
         current = self.functions.get(m.name)
         if current is not None and current.tenant != tenant:
             raise NotOwner(f"function {m.name!r} belongs to {current.tenant!r}")

@@ -112,3 +112,14 @@ def test_an_ambiguous_version_prefix_lists_the_candidates() -> None:
 def test_an_unknown_version_prefix_says_so(prefix: str) -> None:
     with pytest.raises(commands.NotFound, match=f"has no version {prefix!r}"):
         commands.resolve_version("hello", prefix, KNOWN)
+
+
+@pytest.mark.parametrize("scale", ["nan", "0", "-1", "inf", "x"])
+def test_a_lora_scale_that_is_no_positive_number_is_refused_by_the_cli(
+        scale: str) -> None:
+    """`--scale nan` went out as JSON no parser reads ("JSON is malformed")."""
+    with pytest.raises(parser.UsageError, match="argument --scale: expected a number"):
+        parser.build().parse_args(["lora", "add", "x", "a.gguf", "--scale", scale])
+    assert parser.build().parse_args(["lora", "add", "x", "a.gguf", "--scale", "0.5"]).scale \
+        == 0.5
+

@@ -96,7 +96,8 @@ def test_cas_and_increment(store: KVStore) -> None:
     assert store.get("ns", b"k") == b"c"
     assert [store.increment("ns", b"n") for _ in range(3)] == [1, 2, 3]
     assert store.increment("ns", b"n", -10) == -7
-    with pytest.raises(InvalidValue, match="not a decimal integer"):
+    with pytest.raises(InvalidValue, match="cannot increment key 'k' in 'ns': its value is not "
+                                           "a decimal integer"):  # the key as text, not b'k'
         store.increment("ns", b"k")
 
 

@@ -396,7 +396,7 @@ def test_admin_keys_act_for_their_tenant_within_their_admin_scopes(
         with pytest.raises(AdminError) as err:  # no owner: the function's own name
             acme.deploy(python_function(tmp_path / "b", "loose", WHO))
         assert (err.value.status, err.value.code) == (403, "not_owner")
-        assert "set owner = 'acme'" in str(err.value)
+        assert "set owner = 'acme' in edgefn.toml (it sets none)" in str(err.value)
         with pytest.raises(AdminError) as err:
             acme.request("DELETE", "/v1/functions/mine")
         assert (err.value.status, err.value.code) == (403, "forbidden")
