@@ -289,6 +289,11 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     if problem is not None:
         raise InvalidConfig(label, problem[1], f"tracing.{problem[0]}")
     residency.check(config.residency, label)
+    for field_name in ("functions", "openai"):
+        if getattr(config.auth, field_name) == "jwt" and config.auth.jwt is None:
+            raise InvalidConfig(label, 'mode "jwt" needs an [auth.jwt] table (jwks or '
+                                "secret_env) to verify tokens with; without it every request "
+                                "would get 401", f"auth.{field_name}")
     ai = config.ai
     if ai.enabled and ai.socket is None and ai.worker_config is not None and \
             not Path(ai.worker_config).is_file():
