@@ -70,6 +70,8 @@ HOSTILE = {
             "        keep.append(bytearray(b'x' * (8 << 20)))\n",
             "cpu_ms = 5000\nwall_ms = 10000\nmemory_mb = 64", 503, "memory_limit"),
     "raises": ("def handle(request, env):\n    raise ValueError('bad input')\n", "", 500, "trap"),
+    "badjson": ("import json\ndef handle(request, env):\n    return json.loads('{bad')\n", "",
+                500, "trap"),
     "nap": ("import time\ndef handle(request, env):\n    time.sleep(60)\n",
             "wall_ms = 300", 504, "wall_limit"),
     "segv": ("import ctypes\ndef handle(request, env):\n    ctypes.string_at(0)\n", "", 502, "crash"),
@@ -109,6 +111,8 @@ def test_hostile_functions_are_contained_while_others_keep_serving(
             t.join()
     assert errors == [] and served[0] > 10
     assert b"raised ValueError: bad input (main.py:2 in handle)" in pop.get("/raises")[2]
+    # the user's line, not the library's (it said "decoder.py:... in raw_decode")
+    assert b"(main.py:3 in handle)" in pop.get("/badjson")[2]
 
 
 def test_crashed_host_is_replaced_by_a_warm_standby_within_a_second(

@@ -157,12 +157,16 @@ def _binding_failed(e: BaseException) -> str:
 
 
 def _user_frame(e: BaseException) -> str:
-    """``main.py:2 in handle``: the innermost frame of the function's own code."""
+    """``main.py:2 in handle``: the innermost frame of the function's own files (its
+    folder is the host's working directory), else of any code but edgefn's (a
+    `json.loads` failing is reported at the user's line, not at decoder.py's)."""
     frames = traceback.extract_tb(e.__traceback__)
     user = [f for f in frames if not f.filename.endswith(OURS)]
     if not user:
         return ""
-    f = user[-1]
+    here = os.getcwd() + os.sep
+    own = [f for f in user if f.filename.startswith(here) or not os.path.isabs(f.filename)]
+    f = (own or user)[-1]
     return f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
 
 
