@@ -10,7 +10,6 @@ PoP dies.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from collections.abc import Callable
 
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import DeployError, FunctionError
-from runtime.executors.python import host_output, sandbox, wire
+from runtime.executors.python import host_output, sandbox, uids, wire
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.host import IMPORT_ROOTS
 from runtime.executors.python.isolate import Events, Isolate, read_json
@@ -58,7 +57,14 @@ class Host:
         pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
         # as root the host makes a private tmpfs its scratch dir; otherwise it gets one here
         self.scratch = None if os.geteuid() == 0 else tempfile.mkdtemp(prefix="edgefn-scratch-")
-        self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports, self.scratch)
+        # as root, a uid of its own on this machine (released in `finish_stop`)
+        self.uid, self.uid_lock = uids.claim() if os.geteuid() == 0 else (sandbox.UID_BASE, -1)
+        try:
+            self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports, self.scratch,
+                               self.uid)
+        except BaseException:
+            uids.release(self.uid_lock)
+            raise
         assert self.proc.stdout is not None
         host_output.relay(self.proc.stdout, cfg.label)  # its stdout/stderr: never the PoP's
         for _, b in pairs:
@@ -179,6 +185,8 @@ class Host:
             self.proc.wait(5)
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+        uids.release(self.uid_lock)  # it is gone: its uid may go to another host
+        self.uid_lock = -1
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop it (`begin_stop`, `finish_stop`); for a host that already died,
@@ -187,17 +195,13 @@ class Host:
         self.finish_stop(grace)
 
 
-_uids = itertools.count(os.getpid() * 1000)
-
-
 def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
-           scratch: str | None) -> subprocess.Popen[bytes]:
+           scratch: str | None, uid: int) -> subprocess.Popen[bytes]:
     """Start `python -m runtime.executors.python.host` serving `fds`, in its own
     process group (see the module docstring), with a scrubbed environment and its
     sandbox settings: a uid of its own (used when the PoP runs as root) and its
     scratch dir (`scratch`, or None: a private /tmp)."""
-    box = {"uid": sandbox.UID_BASE + next(_uids) % sandbox.UID_RANGE, "insecure": cfg.insecure,
-           "scratch": scratch or "/tmp"}
+    box = {"uid": uid, "insecure": cfg.insecure, "scratch": scratch or "/tmp"}
     config = {**cfg.__dict__, "fds": fds, "initial": cfg.min_isolates,
               "check_imports": check_imports, "sandbox": box}
     env = sandbox.host_environment(IMPORT_ROOTS)
