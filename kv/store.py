@@ -39,6 +39,9 @@ NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
 TTL_DB = b"__ttl__"
 MAX_TTL_S = 10 * 365 * 86400
 NAMESPACES_DB = b"__namespaces__"
+# namespace -> the bytes its keys and records take (>Q), kept in each write's
+# transaction: what an owner's quota (`runtime.bindings.kv`) counts
+USAGE_DB = b"__usage__"
 
 
 @dataclass(frozen=True)
@@ -80,18 +83,41 @@ class KVStore:
         Raises `lmdb.Error` if the directory cannot be used.
         """
         Path(path).mkdir(parents=True, exist_ok=True)
-        self.env = lmdb.open(str(path), map_size=map_size, max_dbs=max_namespaces + 2,
+        self.env = lmdb.open(str(path), map_size=map_size, max_dbs=max_namespaces + 3,
                              sync=sync, metasync=sync, subdir=True)
         self.max_namespaces = max_namespaces
         self.clock = clock
         self.limits = limits or Limits()
         self._ttl = self.env.open_db(TTL_DB)
         self._names = self.env.open_db(NAMESPACES_DB)
+        self._usage = self.env.open_db(USAGE_DB)
         self._dbs: dict[str, Any] = {}
         self._closed = False
         self._closing: builtins.list[Callable[[], None]] = []
         for ns in self.namespaces():  # handles opened outside any write transaction
             self._dbs[ns] = self.env.open_db(b"ns:" + ns.encode(), create=False)
+        self._count_usage()
+
+    def _count_usage(self) -> None:
+        """Count what each namespace takes if nothing was counted yet (a store
+        written before usage was kept): once, in one write transaction."""
+        with self.env.begin() as txn:
+            counted = txn.stat(self._usage)["entries"] > 0
+        if counted or not self._dbs:
+            return
+        with self.env.begin(write=True) as txn:
+            if txn.stat(self._usage)["entries"] > 0:  # another process counted first
+                return
+            for ns, db in self._dbs.items():
+                total = sum(len(k) + len(v) for k, v in txn.cursor(db=db))
+                txn.put(ns.encode(), _EXP.pack(total), db=self._usage)
+
+    def usage(self, names: Iterable[str]) -> int:
+        """The bytes the keys and records of namespaces `names` take together."""
+        self._check_open()
+        with self.env.begin() as txn:
+            return sum(_EXP.unpack(raw)[0] for n in names
+                       if (raw := txn.get(n.encode(), db=self._usage)) is not None)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -294,6 +320,7 @@ class KVStore:
                 raw = txn.get(key, db=db)
                 if raw is not None and _HEAD.unpack_from(raw)[1] == exp:
                     txn.delete(key, db=db)
+                    _account(txn, self._usage, ns, -len(key) - len(raw))
                     removed += 1
                 txn.delete(k, db=self._ttl)
         return removed
@@ -393,7 +420,10 @@ class _Writer:
             self.txn.delete(_ttl_key(old_exp, ns, key), db=self.s._ttl)
         exp = self.now + max(1, int(ttl * 1000)) if ttl is not None else (expires_ms or 0)
         version = self._next_version(ns, old_version)
-        self.txn.put(key, _HEAD.pack(version, exp, len(meta)) + meta + value, db=db)
+        record = _HEAD.pack(version, exp, len(meta)) + meta + value
+        took = len(raw_old) if raw_old is not None else -len(key)  # before the write moves it
+        self.txn.put(key, record, db=db)
+        _account(self.txn, self.s._usage, ns, len(record) - took)
         if exp:
             self.txn.put(_ttl_key(exp, ns, key), b"", db=self.s._ttl)
         return version
@@ -417,6 +447,7 @@ class _Writer:
             return False
         _, exp, _ = _HEAD.unpack_from(raw)
         self.txn.delete(key, db=db)
+        _account(self.txn, self.s._usage, ns, -len(key) - len(raw))
         if exp:
             self.txn.delete(_ttl_key(exp, ns, key), db=self.s._ttl)
         return not (exp and exp <= self.now)
@@ -453,4 +484,11 @@ def _shown(key: bytes) -> str:
         return repr(key.decode())
     except UnicodeDecodeError:
         return repr(key)
+
+
+def _account(txn: Any, usage: Any, ns: str, delta: int) -> None:
+    """Add `delta` bytes to namespace `ns`'s usage, inside the write `txn`."""
+    raw = txn.get(ns.encode(), db=usage)
+    total = (_EXP.unpack(raw)[0] if raw is not None else 0) + delta
+    txn.put(ns.encode(), _EXP.pack(max(0, total)), db=usage)
 

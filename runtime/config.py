@@ -95,6 +95,9 @@ class AIConfig(Struct, forbid_unknown_fields=True, frozen=True):
 
 class StoresConfig(Struct, forbid_unknown_fields=True, frozen=True):
     purge_interval: Annotated[float, Meta(gt=0)] = 60.0  # seconds between expired-key sweeps
+    # MiB the KV namespaces of one owner may hold through its functions' writes (0: no
+    # quota); the KV store (1 GiB) is shared, so one tenant cannot fill it for all
+    kv_owner_quota_mb: Annotated[int, Meta(ge=0, le=1 << 20)] = 256
 
 
 # -- pipeline stages: a tagged union on `stage`, each with its own settings -----------------

@@ -54,6 +54,7 @@ class PoP:
         self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config),
                              config.ai_cache,  # stores.ai_cache: the AI caches (with `ai`)
                              config.residency, config.name)
+        self.stores.kv_quota = config.stores.kv_owner_quota_mb << 20
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,

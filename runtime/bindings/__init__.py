@@ -61,6 +61,9 @@ class Stores:
         self._kv: KVStore | None = None
         self._vectors: VectorStore | None = None
         self._owners: Owners | None = None
+        # bytes the KV namespaces of one owner may hold together through functions'
+        # writes (0: no quota; the operator's tools are not held to it)
+        self.kv_quota = 0
         self._opening = threading.Lock()  # the stores are opened lazily, from any thread
         self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
         self.ai_cache: AICache | None = None

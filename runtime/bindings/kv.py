@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edgefn_core.errors import BindingError
+from edgefn_core.errors import BindingError, LimitExceeded
 from kv import KVStore
 from kv.store import Entry, Page
 from runtime.bindings import owners
@@ -47,6 +47,21 @@ class KVBinding:
         if denied:
             raise BindingError(denied)
         return ns
+
+    def room(self, ns: str, adding: int) -> None:
+        """Raises `LimitExceeded` if namespace `ns`'s owner already holds its quota
+        (`Stores.kv_quota`) in all its namespaces, or would with `adding` more bytes:
+        one tenant filled the store every tenant shares (MDB_MAP_FULL for all)."""
+        quota = self.stores.kv_quota
+        if not quota:
+            return
+        owners = self.stores.owners
+        owner = owners.owner("kv", ns) or self.tenant
+        used = self.stores.kv.usage(owners.names("kv", owner) or [ns])
+        if used + adding > quota:
+            raise LimitExceeded(f"the KV namespaces of owner {owner!r} hold {used} bytes; "
+                                f"{adding} more would pass its quota of {quota} bytes "
+                                "([stores] kv_owner_quota_mb): delete keys first")
 
     def readable(self) -> dict[str, Any]:
         """The declared namespaces the function may read now, with the owners'
@@ -87,17 +102,20 @@ class KVView:
         return self.kv.list(self.binding.namespace(ns), *args)
 
     def put(self, ns: str, key: bytes, value: bytes, **kw: Any) -> int:
-        return self.kv.put(self.binding.namespace(ns, True), key, value, **kw)
+        self.binding.room(self.binding.namespace(ns, True), len(key) + len(value))
+        return self.kv.put(ns, key, value, **kw)
 
     def delete(self, ns: str, key: bytes) -> bool:
         return self.kv.delete(self.binding.namespace(ns, True), key)
 
     def increment(self, ns: str, key: bytes, delta: int = 1) -> int:
-        return self.kv.increment(self.binding.namespace(ns, True), key, delta)
+        self.binding.room(self.binding.namespace(ns, True), len(key) + 20)
+        return self.kv.increment(ns, key, delta)
 
     def cas(self, ns: str, key: bytes, expected: int | None, value: bytes,
             **kw: Any) -> int | None:
-        return self.kv.cas(self.binding.namespace(ns, True), key, expected, value, **kw)
+        self.binding.room(self.binding.namespace(ns, True), len(key) + len(value))
+        return self.kv.cas(ns, key, expected, value, **kw)
 
 
 def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:

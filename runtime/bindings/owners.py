@@ -100,6 +100,10 @@ class Owners:
         claim = getattr(self._claims, kind).get(name)
         return claim.owner if claim is not None else None
 
+    def names(self, kind: str, owner: str) -> list[str]:
+        """The names of `kind` that `owner` holds."""
+        return [n for n, claim in getattr(self._claims, kind).items() if claim.owner == owner]
+
     def access(self, kind: str, name: str, tenant: str) -> Access | None:
         """What `tenant` may do with `name`: ``write`` if it owns it or nobody does
         yet, else what its owner's functions grant it (None: nothing)."""

@@ -212,6 +212,50 @@ def test_a_deploy_past_the_namespace_limit_is_refused_before_anything_is_saved(
     assert registry.stores.kv.namespaces() == ["a", "b"]
 
 
+
+def test_an_owner_holds_at_most_its_kv_quota_across_its_namespaces(
+        registry: Registry, tmp_path: Path) -> None:
+    """The KV store is shared: one tenant's function filled it (MDB_MAP_FULL) and every
+    tenant's next write failed."""
+    from edgefn_core.errors import LimitExceeded
+
+    registry.stores.kv_quota = 10_000
+    a = fn(tmp_path, "a", 'kv = ["a1", "a2"]', owner="acme")
+    b = fn(tmp_path, "b", 'kv = ["b1"]', owner="beta")
+    deploy(registry, a)
+    deploy(registry, b)
+    ka, kb = binding(registry, a).kv.store, binding(registry, b).kv.store
+    ka.put("a1", b"k1", b"x" * 6000)
+    assert registry.stores.kv.usage(["a1"]) == 2 + 20 + 6000  # key, record head, value
+    with pytest.raises(LimitExceeded, match="owner 'acme' hold 6022 bytes; 6002 more would "
+                                            "pass its quota of 10000 bytes"):
+        ka.put("a2", b"k2", b"x" * 6000)  # both namespaces count
+    assert ka.get("a2", b"k2") is None
+    kb.put("b1", b"k", b"x" * 6000)  # another owner's quota is its own
+    ka.put("a1", b"k1", b"x" * 100)  # a smaller value: room again
+    ka.put("a2", b"k2", b"x" * 3000)
+    assert registry.stores.kv.usage(["a1", "a2"]) == (22 + 100) + (22 + 3000)
+    ka.delete("a1", b"k1")
+    assert registry.stores.kv.usage(["a1"]) == 0
+    registry.stores.kv.put("a1", b"big", b"x" * 20_000)  # the operator is not held to it
+    with pytest.raises(LimitExceeded):
+        ka.increment("a2", b"n")
+
+
+def test_usage_is_counted_for_a_store_written_before_it_was_kept(tmp_path: Path) -> None:
+    from kv import KVStore
+    from kv.store import USAGE_DB
+
+    with KVStore(tmp_path / "kv") as s:
+        s.create_namespace("n")
+        s.put("n", b"ab", b"xyz")
+        s.put("n", b"c", b"")
+        with s.env.begin(write=True) as txn:  # as an older edgefn left it: nothing counted
+            txn.drop(s.env.open_db(USAGE_DB, txn=txn), delete=False)
+    with KVStore(tmp_path / "kv") as s:
+        assert s.usage(["n"]) == (2 + 20 + 3) + (1 + 20)
+
+
 # -- Owners alone ----------------------------------------------------------------------------
 def parse(text: str) -> manifest.Manifest:
     return manifest.parse(('name = "f"\nruntime = "wasm"\nentry = "m.wat"\nroutes = ["/f"]\n'
