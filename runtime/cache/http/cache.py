@@ -198,9 +198,16 @@ def answered(response: Response, request: Request, outcome: bytes) -> Response:
     (which the origin did not see: a miss asks for the full response) match a 200
     with a whole body (RFC 9110 13.2.2, as a server would answer them)."""
     response.headers.append((b"x-edgefn-cache", outcome))
-    inm, ims = request.header(b"if-none-match"), request.header(b"if-modified-since")
-    if ((inm is None and ims is None) or response.status != 200
-            or not isinstance(response.body, bytes) or request.method != b"GET"):
+    if response.status != 200 or request.method != b"GET" or not isinstance(response.body,
+                                                                             bytes):
+        return client_view(response)
+    inm = ims = None
+    for k, v in request.headers:  # one pass (most requests carry neither)
+        if k == b"if-none-match":
+            inm = v if inm is None else inm
+        elif k == b"if-modified-since":
+            ims = v if ims is None else ims
+    if inm is None and ims is None:
         return client_view(response)
     etag = last_modified = None
     for k, v in response.headers:
@@ -216,8 +223,10 @@ def answered(response: Response, request: Request, outcome: bytes) -> Response:
 
 def client_view(response: Response) -> Response:
     """`response` without what is for the cache only (``Cache-Tag``)."""
-    if any(k == b"cache-tag" for k, _ in response.headers):
-        response.headers = [(k, v) for k, v in response.headers if k != b"cache-tag"]
+    for k, _ in response.headers:
+        if k == b"cache-tag":
+            response.headers = [(k, v) for k, v in response.headers if k != b"cache-tag"]
+            break
     return response
 
 
