@@ -31,6 +31,7 @@ namespaces and indexes its tenant owns or is granted, and cannot open the dashbo
     POST   /v1/cache/ai/purge                 the AI cache: {"all": true}, or {"model": M},
                                               {"tenant": T} ("" = anonymous callers) or both
     GET    /v1/cache/stats                    what the caches decided (CacheStats.snapshot)
+    GET    /v1/limits                         the rate limits and budgets in force
     GET    /v1/events?since=10m&function=F&status=5xx&tenant=T&path=/p&method=GET&min_ms=N&limit=N
                                               the ring's events, oldest first (`edgefn events`)
     GET    /v1/events/stream?...              the same filters, live as SSE (`edgefn tail`)
@@ -220,6 +221,8 @@ class AdminApp:
                     return await self._purge(request.body, who)
                 case ["v1", "cache", "ai", "purge"] if method == b"POST":
                     return await self._purge_ai(request.body, who)
+                case ["v1", "limits"] if method == b"GET":
+                    return json_response(self._limits(who))
                 case ["v1", "cache", "stats"] if method == b"GET":
                     rows = self.pop.stores.cache_stats.snapshot()
                     if self.workers is not None:  # every worker's counts, summed
@@ -376,6 +379,22 @@ class AdminApp:
             if owner is not None and owner != who.tenant:
                 raise NotOwner(f"function {parts[2]!r} belongs to {owner!r}, not to this "
                                f"key's tenant {who.tenant!r}")
+
+    def _limits(self, who: Principal | None) -> dict[str, Any]:
+        """What this PoP enforces (`edgefn limits show`); for a tenant's key, of its
+        tenant's keys, budget and functions only. Raises `InvalidConfig` for a key
+        file that does not read."""
+        from runtime.security.ratelimit.in_force import in_force
+
+        cfg = self.pop.config
+        out = in_force(cfg.ratelimit, cfg.bots, self.pop.keys.store,
+                       ((n, fn.manifest.rate_limits)
+                        for n, fn in sorted(self.pop.registry.functions.items())
+                        if who is None or fn.tenant == who.tenant))
+        if who is not None:
+            out["keys"] = [k for k in out["keys"] if k["tenant"] == who.tenant]
+            out["tenants"] = {t: v for t, v in out["tenants"].items() if t == who.tenant}
+        return out
 
     def _owner_of(self, name: str) -> str | None:
         """The tenant of function `name` (live or staged), or None if none is."""

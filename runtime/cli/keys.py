@@ -56,18 +56,13 @@ def keys_command(args: argparse.Namespace) -> None:
 def limits_command(args: argparse.Namespace) -> None:
     """Raises `InvalidConfig` for a bad config or key file."""
     from runtime import config
+    from runtime.security.ratelimit.in_force import in_force
 
-    cfg = config.load(args.config, data=args.data if args.config is None else None)
-    rl = cfg.ratelimit
-    keys = [{"id": k.id, "tenant": k.tenant, "rpm": k.rpm, "tpm": k.tpm,
-             "max_streams": k.max_streams} for k in KeyStore(cfg.data_dir).read()
-            if k.state(time.time()) == "active"]
-    out: dict[str, Any] = {
-           "storage": rl.storage, "ip_aggregation": f"/{rl.ipv4_prefix} /{rl.ipv6_prefix}",
-           "rules": [{"by": r.by, "limit": r.limit, "algorithm": r.algorithm} for r in rl.rules],
-           "tenants": {t: {"rpm": v.rpm, "tpm": v.tpm, "max_streams": v.max_streams}
-                       for t, v in rl.tenants.items()},
-           "keys": keys, "bots": cfg.bots.budgets}
+    out: dict[str, Any] | None = _running_limits(args.data) if args.config is None else None
+    if out is None:  # no PoP runs on the data dir: what the config says
+        cfg = config.load(args.config, data=args.data if args.config is None else None)
+        out = in_force(cfg.ratelimit, cfg.bots, KeyStore(cfg.data_dir))
+    keys = out["keys"]
     if args.json:
         print(json.dumps(out))
         return
@@ -78,8 +73,24 @@ def limits_command(args: argparse.Namespace) -> None:
         print(f"tenant {t}: " + _limits(v))
     for k in keys:
         print(f"key {k['id']} ({k['tenant']}): " + _limits(k))
-    for cls, rate in cfg.bots.budgets.items():
+    for cls, rate in out["bots"].items():
         print(f"bots: {cls} limited to {rate} when its policy is `limit`")
+    for name, rules in out.get("functions", {}).items():
+        for r in rules:
+            print(f"function {name}: {r['limit']} per {r['by']} ({r['algorithm']})")
+
+
+def _running_limits(data: str) -> dict[str, Any] | None:
+    """What the PoP running on `data` enforces (its own config and the functions it
+    serves), or None if none runs there."""
+    from runtime.admin.client import AdminClient
+
+    try:
+        client = AdminClient(data)
+    except EdgefnError:
+        return None
+    result: dict[str, Any] = client.request("GET", "/v1/limits")
+    return result
 
 
 def _limits(v: Mapping[str, object]) -> str:

@@ -540,6 +540,26 @@ def test_limits_show_lists_rules_tenants_and_active_keys(
     assert [k["id"] for k in out["keys"]] == [kept.id] and out["keys"][0]["rpm"] == 60
 
 
+def test_limits_show_asks_the_running_pop_and_lists_functions_limits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --config it printed the defaults, not what the PoP on the data dir
+    enforces, and never a function's own [[rate_limits]]."""
+    from runtime.cli.main import main
+
+    with pop_thread(tmp_path / "data", **{"ratelimit.ipv4_prefix": 24}) as pop:
+        pop.deploy(python_function(tmp_path, "rl", WHO, extra=(
+            '[[rate_limits]]\nby = "ip"\nlimit = "3/minute"\n')))
+        KeyStore(pop.data).create("acme", ("*",), rpm=60)
+        assert main(["limits", "show", "--data", str(pop.data), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["ip_aggregation"].startswith("/24 ")  # the running PoP's own config
+        assert out["functions"] == {"rl": [{"by": "ip", "limit": "3/minute",
+                                            "algorithm": "sliding_window"}]}
+        assert [k["rpm"] for k in out["keys"]] == [60]
+        assert main(["limits", "show", "--data", str(pop.data)]) == 0
+        assert "function rl: 3/minute per ip (sliding_window)" in capsys.readouterr().out
+
+
 def test_a_verified_jwt_is_remembered_only_until_it_expires(es256: tuple[Any, Path]) -> None:
     private, jwks = es256
     verifier = JwtVerifier(JwtSettings(jwks=str(jwks), leeway_seconds=0))
