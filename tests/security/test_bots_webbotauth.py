@@ -297,6 +297,9 @@ def test_the_command_line_makes_a_key_and_signs_for_curl(tmp_path: Path) -> None
     pem = tmp_path / "agent.pem"
     jwks = json.loads(subprocess.run([*module, str(pem), "--keygen"], capture_output=True,
                                      text=True, check=True).stdout)
+    assert pem.stat().st_mode & 0o777 == 0o600  # a private key: its owner's only
+    again = subprocess.run([*module, str(pem), "--keygen"], capture_output=True, text=True)
+    assert again.returncode == 2 and "never replaces one" in again.stderr
     out = subprocess.run([*module, str(pem), f"http://{HOST.decode()}/fn", "--agent", AGENT],
                          capture_output=True, text=True, check=True).stdout
     flags = dict(re.findall(r"-H '([^:]+): ([^']*)'", out))

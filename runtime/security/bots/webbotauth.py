@@ -346,9 +346,15 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.keygen:
         key = Ed25519PrivateKey.generate()
-        Path(args.key).write_bytes(key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption()))
+        # the private key: readable by its owner only (it was 0644), never overwritten
+        try:
+            fd = os.open(args.key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            p.error(f"{args.key} exists: --keygen writes a new key file, it never replaces one")
+        with os.fdopen(fd, "wb") as f:
+            f.write(key.private_bytes(serialization.Encoding.PEM,
+                                      serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
         print(json.dumps({"keys": [public_jwk(key)]}))
         return
     loaded = serialization.load_pem_private_key(Path(args.key).read_bytes(), None)
