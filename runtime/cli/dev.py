@@ -19,7 +19,14 @@ from urllib.parse import quote
 import msgspec
 import uvloop
 
-from edgefn_core.errors import AdminError, DeployError, Failure, ManifestError, NotFound
+from edgefn_core.errors import (
+    AdminError,
+    DeployError,
+    Failure,
+    InvalidConfig,
+    ManifestError,
+    NotFound,
+)
 from runtime import config
 from runtime.admin.client import AdminClient
 from runtime.app import running_pop, wait_for_signal
@@ -61,6 +68,13 @@ def run(args: argparse.Namespace, dev_dir: str | None) -> None:
         if e.errno not in LISTEN_ERRORS:
             raise
         raise cannot_listen(e.strerror or str(e)) from None
+    except InvalidConfig as e:  # the parts that build the PoP call its config "pop.toml"
+        config_file = getattr(args, "config", None)
+        if config_file is None or not e.file.startswith("pop.toml") or \
+                isinstance(e, ManifestError):
+            raise
+        raise InvalidConfig(config_file + e.file.removeprefix("pop.toml"), e.reason,
+                            e.field) from None
 
 
 def check_listen(host: str, port: int) -> None:

@@ -42,6 +42,17 @@ def test_a_port_taken_after_the_check_is_reported_the_same_way(
     assert e.value.code == "cannot_listen" and f"{port}): address already in use" in str(e.value)
 
 
+def test_a_config_error_found_while_the_pop_starts_names_the_config_file(
+        tmp_path: Path) -> None:
+    """The stages that find it call the PoP config "pop.toml" whatever its name."""
+    config = tmp_path / "edge-eu.toml"
+    config.write_text('data = "d"\n[metrics]\ntoken_file = "missing.token"\n')
+    r = edgefn("serve", "--config", str(config), "--no-ai", "--port", "0")
+    line = one_line_error(r)
+    assert r.returncode == 1 and line.startswith(f"edgefn: {config}: field "
+                                                 "`metrics.token_file`: cannot read "), line
+
+
 def test_dev_on_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     r = edgefn("dev", str(tmp_path / "nowhere"), "--no-ai", "--data", str(tmp_path))
     assert r.returncode == 1
