@@ -25,7 +25,7 @@ def decode[T](raw: bytes, kind: type[T], file: str,
     try:
         return msgspec.toml.decode(raw, type=kind)
     except msgspec.ValidationError as e:
-        found = from_validation(file, str(e), error)
+        found = from_validation(file, str(e), error, kind)
         if found.field and "[...]" in found.field:  # a table's value: name its key
             named = _named(raw, found.field, found.reason)
             if named is not None:
@@ -68,14 +68,19 @@ def _named(raw: bytes, field: str, reason: str) -> str | None:
     return "".join(out).lstrip(".")
 
 
-def from_validation(file: str, text: str,
-                    error: type[InvalidConfig] = InvalidConfig) -> InvalidConfig:
+def from_validation(file: str, text: str, error: type[InvalidConfig] = InvalidConfig,
+                    kind: object = None) -> InvalidConfig:
     """Turn msgspec's ``Expected `int`, got `str` - at `$.a.b` `` into
-    ``file: field `a.b`: expected `int`, got `str```."""
+    ``file: field `a.b`: expected `int`, got `str```; with the decoded type `kind`,
+    a value not among a field's choices also lists them."""
     m = _AT.match(text)
     msg, path = (m.group("msg"), m.group("path")) if m else (text, None)
     if m and m.group("key"):
         msg += " (in a key)"
+    elif kind is not None and path and _CHOICE.match(msg):
+        choices = _choices(kind, path)
+        if choices:
+            msg += f" (expected {choices})"
     fieldname = path.lstrip(".") if path else None
     unknown = _UNKNOWN.search(msg)
     if unknown:
@@ -83,3 +88,73 @@ def from_validation(file: str, text: str,
         fieldname = f"{fieldname}.{name}" if fieldname else name
     msg = msg[0].lower() + msg[1:] if msg else msg
     return error(file, msg, fieldname or None)
+
+
+_CHOICE = re.compile(r"^Invalid (?:enum )?value ")
+
+
+_KINDS = {"IntType": "an integer", "FloatType": "a number", "StrType": "a string",
+          "BoolType": "a boolean"}
+
+
+def _choices(kind: object, path: str) -> str:
+    """What a field at msgspec's `path` (``.pipeline[0].stage``) of `kind` may be,
+    when it has choices (a Literal's or an Enum's values, a tagged union's tags):
+    ``one of: 'a', 'b'``, ``'auto' or an integer``; "" if it has none."""
+    node: object = msgspec.inspect.type_info(kind)
+    for part in re.findall(r"[^.\[\]]+|\[[^\]]*\]", path):
+        node = _step(node, part)
+        if node is None:
+            return ""
+    values = _values(node)
+    if not values:
+        return ""
+    members = node.types if isinstance(node, msgspec.inspect.UnionType) else ()
+    others = [_KINDS[type(t).__name__] for t in members if type(t).__name__ in _KINDS]
+    listed = ", ".join(repr(v) for v in values)
+    if others:
+        return f"{listed if len(values) == 1 else 'one of: ' + listed} or {' or '.join(others)}"
+    return f"one of: {listed}"
+
+
+def _step(node: object, part: str) -> object:
+    """The type one path part below `node` (a struct's field, a list's item, a
+    table's value), looking through unions and optionals; None if lost."""
+    i = msgspec.inspect
+    if isinstance(node, i.UnionType):
+        found = [n for n in (_step(t, part) for t in node.types) if n is not None]
+        if len(found) <= 1:
+            return found[0] if found else None
+        if all(isinstance(n, _Tag) for n in found):  # a tagged union's tag field
+            return _Tag(tuple(t for n in found for t in n.tags))  # type: ignore[attr-defined]
+        return i.UnionType(tuple(n for n in found if isinstance(n, i.Type)))
+    if part.startswith("["):
+        if isinstance(node, (i.ListType, i.SetType, i.VarTupleType, i.FrozenSetType)):
+            return node.item_type
+        return node.value_type if isinstance(node, i.DictType) else None
+    if isinstance(node, i.StructType):
+        if node.tag_field == part:
+            return _Tag((node.tag,))
+        return next((f.type for f in node.fields if f.encode_name == part), None)
+    return None
+
+
+class _Tag:
+    """A tagged union member's tag field: the tags are its choices."""
+
+    def __init__(self, tags: tuple[object, ...]) -> None:
+        self.tags = tags
+
+
+def _values(node: object) -> list[object]:
+    i = msgspec.inspect
+    if isinstance(node, i.LiteralType):
+        return list(node.values)
+    if isinstance(node, i.EnumType):
+        return [m.value for m in node.cls]
+    if isinstance(node, _Tag):
+        return list(node.tags)
+    if isinstance(node, i.UnionType):
+        return [v for t in node.types for v in _values(t)]
+    return []
+

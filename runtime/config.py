@@ -275,7 +275,7 @@ def load(path: str | Path | None = None, **overrides: object) -> PopConfig:
     try:
         config = msgspec.convert(raw, PopConfig)
     except msgspec.ValidationError as e:
-        raise tomlconf.from_validation(label, str(e)) from None
+        raise tomlconf.from_validation(label, str(e), kind=PopConfig) from None
     check(config, label)
     return config
 

@@ -57,6 +57,9 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "field", "message"), [
     ('[ai]\nworker_config = "nope.toml"\n', "ai.worker_config", "no such file: "),
     ('[auth]\nopenai = "jwt"\n', "auth.openai", "needs an [auth.jwt] table"),
+    ('[auth]\nopenai = "jwtx"\n', "auth.openai", "(expected one of: 'jwt', 'key', 'none', "
+                                                   "'auto')"),
+    ('[[pipeline]]\nstage = "rout"\n', "pipeline[0].stage", "'route', 'dispatch')"),
     ('[auth]\nfunctions = "jwt"\n', "auth.functions", "needs an [auth.jwt] table"),
     ('[http]\nmax_body_bytes = -1\n', "http.max_body_bytes", ">= 0"),
     ('[http]\nmax_header_bytes = 0\n', "http.max_header_bytes", ">= 256"),

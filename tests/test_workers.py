@@ -381,7 +381,8 @@ def test_sigterm_drains_every_worker(workers: Workers, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("value", "said"), [
     (0, "expected `int` >= 1"), (-1, "expected `int` >= 1"),
-    ("many", "invalid enum value 'many'"), (2.5, "expected `int | str`, got `float`")])
+    ("many", "invalid enum value 'many' (expected 'auto' or an integer)"),
+    ("AUTO", "invalid enum value 'AUTO' (expected 'auto' or an integer)"), (2.5, "expected `int | str`, got `float`")])
 def test_invalid_workers_values_name_the_key(tmp_path: Path, value: object, said: str) -> None:
     text = f"workers = {value!r}\n".replace("'", '"')
     (tmp_path / "pop.toml").write_text(text)
