@@ -85,6 +85,12 @@ class HttpProtocol(asyncio.Protocol):
         self.body_parts: list[bytes] = []
         self.body_size = 0
         self.current: Request | None = None
+        self.in_message = False  # between its first byte and its end
+        self.in_body = False  # its header section is complete (what follows a body: trailers)
+        self.progressed = False  # this read began, completed or extended a part of a message
+        self.stalled = 0  # bytes read since one last did: a head or trailer line still growing
+        self.upgrade_ignored = False  # a GET/HEAD asked to upgrade: answered, then closed
+        self.eof = False  # nothing more will be read: close once the queue is answered
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -117,12 +123,17 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refusing:
             return self._turn_away()  # what it sent is read, so the close is a clean FIN
+        self.progressed = False
         try:
             self.parser.feed_data(data)
         except HttpReject as r:
             self._refuse(r)
         except httptools.HttpParserUpgrade:
-            self._refuse(HttpReject(400, "protocol upgrades are not supported"))
+            if self.upgrade_ignored:  # answered as HTTP/1.1; what follows is not HTTP: close
+                self.eof = True  # once what came before is answered
+                self._stop_reading()
+            else:
+                self._refuse(HttpReject(400, "protocol upgrades are not supported"))
         except httptools.HttpParserInvalidMethodError as e:
             self._refuse(_unknown_method(data, e))
         except httptools.HttpParserError as e:
@@ -130,7 +141,29 @@ class HttpProtocol(asyncio.Protocol):
             cause = e.__cause__ or e.__context__
             self._refuse(cause if isinstance(cause, HttpReject) else
                          HttpReject(400, f"malformed HTTP request: {e}"))
+        else:
+            if self.in_message and not self.progressed:
+                # httptools holds a header line (or a trailer) until it ends, copying it at
+                # every read: without this, one endless line grew the PoP by hundreds of MB
+                # and held its loop, before `on_header` could measure anything
+                self.stalled += len(data)
+                if self.stalled > self.config.max_header_bytes + self.config.max_url_bytes:
+                    self._refuse(HttpReject(431, "request headers larger than "
+                                                 f"{self.config.max_header_bytes} bytes"))
+            else:
+                self.stalled = 0
         self._dispatch()
+
+    def eof_received(self) -> bool:
+        """The client half-closed: answer what it sent, then close (RFC 9112 9.6);
+        with nothing to answer, asyncio closes the transport now."""
+        self.eof = True
+        return self.busy or bool(self.queue)
+
+    def _stop_reading(self) -> None:
+        if self.reading and self.transport is not None:
+            self.reading = False
+            self.transport.pause_reading()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -151,6 +184,7 @@ class HttpProtocol(asyncio.Protocol):
         self.head_size = 0
         self.body_parts = []
         self.body_size = 0
+        self.in_message, self.in_body, self.progressed = True, False, True
         self.deadline = self.loop.time() + self.config.header_timeout
         self.deadline_status = 408
 
@@ -160,40 +194,62 @@ class HttpProtocol(asyncio.Protocol):
             raise HttpReject(414, f"request target longer than {self.config.max_url_bytes} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.progressed = True
         self.head_size += len(name) + len(value) + 4
         if self.head_size > self.config.max_header_bytes:
             raise HttpReject(431, "request headers larger than "
                              f"{self.config.max_header_bytes} bytes")
+        if self.in_body:  # a trailer field: never merged into the header section
+            return  # (RFC 9110 6.5.1; it got past the x-edgefn-warmup check there)
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        """Raises `HttpReject` for what the front will not serve: CONNECT, a version
+        but 1.x, a transfer coding but chunked, a target or Host that does not name
+        one host (`_target`), an upgrade with a body."""
         parser = self.parser
-        path, _, query = self.url.partition(b"?")
-        if not path.startswith(b"/"):  # absolute-form (proxy style) request target
-            parsed = httptools.parse_url(self.url)
-            path, query = parsed.path or b"/", parsed.query or b""
-        host = b""
+        self.in_body, self.progressed = True, True
+        method, version = parser.get_method(), parser.get_http_version()
+        if method == b"CONNECT":
+            raise HttpReject(501, "CONNECT is not supported: the PoP is not a proxy")
+        if not version.startswith("1."):
+            raise HttpReject(505, f"HTTP/{version} is not supported: send HTTP/1.1")
+        hosts: list[bytes] = []
         length = None
-        expect = False
+        expect = chunked = False
         for k, v in self.headers:
             if k == b"host":
-                host = v
+                hosts.append(v)
             elif k == b"content-length":
                 length = int(v) if v.isdigit() else None
+            elif k == b"transfer-encoding":
+                if v.strip().lower() != b"chunked" or chunked:
+                    raise HttpReject(501, "transfer coding not supported: only `chunked`")
+                chunked = True
             elif k == b"expect":
                 expect = v.lower() == b"100-continue"
             elif k == WARMUP_HEADER:
                 raise HttpReject(400, "header x-edgefn-warmup is reserved: it marks the "
                                  "PoP's own warm-up requests")
+        path, query, host = _target(self.url, hosts)
         if length is not None and length > self.config.max_body_bytes:
             raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
-        self.current = Request(parser.get_method(), path, query, self.headers, host,
-                               parser.get_http_version(), parser.should_keep_alive(), self.client)
+        self.upgrade_ignored = False
+        if parser.should_upgrade():  # RFC 9110 7.8: answered as HTTP/1.1, when it has no body
+            if length or chunked:
+                raise HttpReject(400, "protocol upgrades are not supported (and the body of "
+                                 "one is not read)")
+            self.upgrade_ignored = True
+        self.current = Request(method, path, query, self.headers, host, version,
+                               parser.should_keep_alive() and not self.upgrade_ignored,
+                               self.client)
         self.deadline = self.loop.time() + self.config.body_timeout
-        if expect and not self.queue and not self.busy and self.transport is not None:
+        if expect and version != "1.0" and not self.queue and not self.busy and \
+                self.transport is not None:  # never a 1xx to HTTP/1.0 (RFC 9110 15.2)
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
+        self.progressed = True
         self.body_size += len(body)
         if self.body_size > self.config.max_body_bytes:
             raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
@@ -203,6 +259,7 @@ class HttpProtocol(asyncio.Protocol):
         request = self.current
         assert request is not None
         self.current = None
+        self.in_message, self.in_body, self.progressed = False, False, True
         parts = self.body_parts
         if parts:
             request.body = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -314,8 +371,10 @@ class HttpProtocol(asyncio.Protocol):
                       body: AsyncIterator[bytes]) -> None:
         keep_alive = (request.keep_alive and not self.closing and not response.close
                       and request.http_version == "1.1")
+        chunked = request.http_version == "1.1" and response.status not in NO_BODY_STATUS
+        keep_alive = keep_alive or (response.status in NO_BODY_STATUS and request.keep_alive
+                                    and not self.closing and not response.close)
         head = self._head(request, response, keep_alive)
-        chunked = request.http_version == "1.1"
         if chunked:
             head.append(b"transfer-encoding: chunked\r\n")
         head.append(b"\r\n")
@@ -360,7 +419,10 @@ class HttpProtocol(asyncio.Protocol):
             self.queue.clear()
             self._close()
         elif not self.queue:
-            self._idle()
+            if self.eof:  # the client half-closed, and all it sent is answered
+                self._close()
+            else:
+                self._idle()
 
     def _write_error(self, status: int, message: str) -> None:
         """The front's own error (a request it would not read) and close: plain text,
@@ -412,6 +474,8 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- timeouts and shutdown (driven by the server) ------------------------------------------
     def _idle(self) -> None:
+        if self.in_message:  # the next request is arriving: its own deadline (and 408) stand
+            return
         self.deadline = self.loop.time() + self.config.keepalive_timeout
         self.deadline_status = 0
 
@@ -449,6 +513,31 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
+
+
+def _target(url: bytes, hosts: list[bytes]) -> tuple[bytes, bytes, bytes]:
+    """Path, query and host of a request (RFC 9112 3.2, 3.3). Raises `HttpReject`
+    (400) for more than one Host, a fragment, or a target that is neither
+    origin-form nor absolute-form; an absolute-form target's authority is the host
+    (its Host header is ignored)."""
+    if len(hosts) > 1:
+        raise HttpReject(400, "more than one Host header")
+    if b"#" in url:
+        raise HttpReject(400, "a request target has no fragment (#...)")
+    host = hosts[0] if hosts else b""
+    if url.startswith(b"/"):
+        path, _, query = url.partition(b"?")
+    else:  # absolute-form (proxy style)
+        try:
+            parsed = httptools.parse_url(url)
+        except httptools.HttpParserInvalidURLError:
+            raise HttpReject(400, f"request target is neither a path nor an absolute URL: "
+                                  f"{url[:100].decode('latin-1')!r}") from None
+        if parsed.schema not in (b"http", b"https") or not parsed.host:
+            raise HttpReject(400, "an absolute request target needs http(s)://host")
+        path, query = parsed.path or b"/", parsed.query or b""
+        host = parsed.host + (b":%d" % parsed.port if parsed.port else b"")
+    return path, query, host  # none at all: "" (no host-bound route matches it)
 
 
 # a request line with a method token the parser does not know (not garbage, not TLS)

@@ -1,0 +1,188 @@
+"""The HTTP front against RFC 9110/9112 where an exploratory run found it wrong: an
+endless header line, trailers, upgrades and CONNECT, half-closed clients, Host and
+absolute-form targets, transfer codings, bodiless streamed statuses, 100-continue
+for HTTP/1.0, a 408 deadline kept across a response, and the request line."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from runtime.net.message import Request, Response
+from tests.net.test_protocol import connect, responses, run
+
+
+def headers_app(request: Request) -> Response:
+    """Answers with the request's headers and its host, one per line."""
+    body = b"".join(b"%s=%s\n" % kv for kv in request.headers) + b"host:" + request.host
+    return Response(200, [], body)
+
+
+def test_an_endless_header_line_is_refused_once_past_the_limits() -> None:
+    """httptools keeps a header line until it ends (copying it at every read), and
+    `on_header` only sees it then: one line with no CRLF grew the PoP by hundreds of
+    MB. Now the bytes read without any part of the message ending are counted."""
+    async def go() -> None:
+        proto, t = connect(max_header_bytes=1000, max_url_bytes=100)
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: a\r\nX: ")
+        sent = 0
+        while not t.closed and sent < 1 << 20:
+            proto.data_received(b"a" * 100)
+            sent += 100
+        assert t.closed and responses(t.buffer)[0][0] == 431
+        assert sent <= 1000 + 100 + 100  # refused at the first read past the limits
+    run(go())
+
+
+def test_a_trickled_trailer_is_bounded_too() -> None:
+    async def go() -> None:
+        proto, t = connect(max_header_bytes=1000, max_url_bytes=100)
+        proto.data_received(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"3\r\nabc\r\n0\r\nX-T: ")
+        for _ in range(30):
+            if t.closed:
+                break
+            proto.data_received(b"b" * 100)
+        assert t.closed and responses(t.buffer)[0][0] == 431
+    run(go())
+
+
+def test_a_large_header_section_in_many_reads_still_passes() -> None:
+    async def go() -> None:
+        proto, t = connect(headers_app, max_header_bytes=4000, max_url_bytes=100)
+        raw = b"GET / HTTP/1.1\r\nHost: a\r\n" + b"".join(
+            b"X-%d: %s\r\n" % (i, b"v" * 30) for i in range(60)) + b"\r\n"
+        for i in range(0, len(raw), 7):  # 7 bytes a read
+            proto.data_received(raw[i:i + 7])
+        assert responses(t.buffer)[0][0] == 200 and not t.closed
+    run(go())
+
+
+def test_trailer_fields_are_not_merged_into_the_headers() -> None:
+    """A trailer got past the x-edgefn-warmup check (RFC 9110 6.5.1: never merged)."""
+    async def go() -> None:
+        proto, t = connect(headers_app)
+        proto.data_received(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"3\r\nabc\r\n0\r\nx-edgefn-warmup: 1\r\nAuthorization: x\r\n\r\n")
+        (status, _, body), = responses(t.buffer)
+        assert status == 200 and b"warmup" not in body and b"authorization" not in body
+    run(go())
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    # a body would be skipped by the parser: refused before the function runs
+    (b"POST / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+     b"Content-Length: 5\r\n\r\nhello", 400),
+    (b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n", 501),
+    (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),
+    (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+     b"3\r\nabc\r\n0\r\n\r\n", 501),
+    (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+    (b"GET /echo#x HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    (b"GET http://a:99999/ HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+])
+def test_what_the_front_does_not_serve_gets_one_answer(raw: bytes, status: int) -> None:
+    async def go() -> None:
+        ran: list[Request] = []
+
+        def app(request: Request) -> Response:
+            ran.append(request)
+            return Response(200, [], b"ran")
+
+        proto, t = connect(app)
+        proto.data_received(raw)
+        assert [r[0] for r in responses(t.buffer)] == [status] and ran == []
+        assert b"User callback error" not in t.buffer and t.closed
+    run(go())
+
+
+def test_an_upgrade_without_a_body_is_answered_as_http_1_1_then_closed() -> None:
+    """`curl --http2` on http:// asks for h2c: it got a 200 and then a second, 400,
+    response to the same request (RFC 9110 7.8: a server may ignore Upgrade)."""
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings"
+                            b"\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n")
+        (status, headers, body), = responses(t.buffer)
+        assert (status, body, headers.get(b"connection")) == (200, b"GET /a? body=", b"close")
+        assert t.closed
+    run(go())
+
+
+def test_the_absolute_form_targets_authority_is_the_host() -> None:
+    async def go() -> None:
+        proto, t = connect(headers_app)
+        proto.data_received(b"GET http://internal.example:8080/p HTTP/1.1\r\n"
+                            b"Host: public.example\r\n\r\n")
+        (status, _, body), = responses(t.buffer)
+        assert status == 200 and body.endswith(b"host:internal.example:8080")
+    run(go())
+
+
+def test_a_half_closed_client_gets_every_answer_then_the_close() -> None:
+    """asyncio's default closed the transport at EOF: a task's response (a Python
+    function's) and the requests queued behind it were lost (RFC 9112 9.6)."""
+    async def go() -> None:
+        async def slow(request: Request) -> Response:
+            await asyncio.sleep(0.01)
+            return Response(200, [], request.path)
+
+        proto, t = connect(slow)
+        proto.data_received(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert proto.eof_received() is True  # keep the transport for the answers
+        for _ in range(100):
+            if t.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert [b for _, _, b in responses(t.buffer)] == [b"/1", b"/2"] and t.closed
+        idle, _ = connect()
+        assert idle.eof_received() is False  # nothing to answer: asyncio closes it
+    run(go())
+
+
+@pytest.mark.parametrize("status", [204, 304])
+def test_a_streamed_bodiless_status_has_no_transfer_encoding(status: int) -> None:
+    async def go() -> None:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"ignored"
+
+        proto, t = connect(lambda r: Response(status, [], chunks()))
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        assert b"transfer-encoding" not in t.buffer and b"ignored" not in t.buffer
+        assert t.buffer.count(b"HTTP/1.1 %d" % status) == 2 and not t.closed  # kept alive
+    run(go())
+
+
+def test_no_100_continue_for_http_1_0() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        assert t.buffer == b""  # RFC 9110 15.2: no 1xx to an HTTP/1.0 client
+        proto.data_received(b"hello")
+        assert responses(t.buffer)[0][0] == 200
+    run(go())
+
+
+def test_a_request_arriving_during_a_response_keeps_its_408() -> None:
+    """The end of the response before it reset its deadline to the keep-alive one,
+    with no 408: a slow client held the connection longer, and got a silent close."""
+    async def go() -> None:
+        async def slow(request: Request) -> Response:
+            await asyncio.sleep(0.05)
+            return Response(200, [], b"first")
+
+        proto, t = connect(slow, header_timeout=5.0, keepalive_timeout=60.0)
+        proto.data_received(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGE")
+        deadline = proto.deadline
+        await asyncio.sleep(0.1)
+        assert responses(t.buffer)[0][2] == b"first"
+        assert (proto.deadline, proto.deadline_status) == (deadline, 408)
+        proto.on_deadline()
+        assert responses(t.buffer)[-1][0] == 408
+    run(go())
+
+
