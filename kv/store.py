@@ -472,6 +472,9 @@ class _Writer:
                 raise InvalidValue(f"cannot increment key {_shown(key)} in {ns!r}: its value "
                                    "is not a decimal integer") from None
         number += delta
+        if not -(1 << 63) <= number < 1 << 63:  # a WASM guest reads it as an i64 (it wrapped)
+            raise InvalidValue(f"cannot increment key {_shown(key)} in {ns!r} by {delta}: "
+                               "the result would leave the 64-bit signed range")
         expires_ms = round(entry.expires_at * 1000) if entry and entry.expires_at else None
         self.put(ns, key, str(number).encode(), metadata=entry.metadata if entry else None,
                  expires_ms=expires_ms)

@@ -88,8 +88,11 @@ def json_value(what: str, kind: type) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         import json
 
+        def constant(name: str) -> Any:  # NaN, Infinity: no JSON (they came back unreadable)
+            raise ValueError(f"{name} is not a JSON number")
+
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=constant)
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r} ({e})") from None
         if not isinstance(value, kind) or (isinstance(value, list) and not _numbers(value)):
@@ -267,7 +270,7 @@ def _kv_command(c: Commands) -> None:
              "edgefn kv put docs greeting hello --ttl 3600")
     _ns_key(o)
     o.add_argument("value", help="the value, or - to read stdin")
-    o.add_argument("--ttl", type=float, help="seconds until it expires (default: never)")
+    o.add_argument("--ttl", type=_seconds, help="seconds until it expires (default: never)")
     o.add_argument("--metadata", type=OBJECT, help="a JSON object (default: none)")
     o = c.op(ops, "delete", "delete a key; prints whether it existed",
              "edgefn kv delete docs greeting")
@@ -506,5 +509,16 @@ def _scale(text: str) -> float:
     if not 0 < value <= 100:  # nan fails both
         raise argparse.ArgumentTypeError(f"expected a number above 0 and at most 100, "
                                          f"got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A time to live: a finite number of seconds above 0 (nan and inf are no JSON)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):  # nan fails it too
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
     return value
 

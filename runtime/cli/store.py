@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from runtime.bindings import Stores
 
 IMPORT_BATCH = 1000
+MAX_KEY_BYTES = 511  # kv.store.Limits.max_key_bytes
 
 
 class StoreAccess:
@@ -61,9 +62,15 @@ def kv_command(args: argparse.Namespace) -> None:
     access = StoreAccess(args.data)
     try:
         a = _kv_args(args)
-        if args.op == "put":
+        try:
+            result = access.call("kv", args.namespace, args.op, a)
+        except EdgefnError as e:
+            # a put or an increment makes its namespace, once nothing else is wrong (it
+            # was made first: a refused put left an empty namespace behind)
+            if e.code != "unknown_namespace" or args.op not in ("put", "increment"):
+                raise
             access.call("kv", args.namespace, "create", {})
-        result = access.call("kv", args.namespace, args.op, a)
+            result = access.call("kv", args.namespace, args.op, a)
     finally:
         access.close()
     _print_kv(args, result)
@@ -73,6 +80,10 @@ def _kv_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.op == "list":
         return {"prefix": args.prefix, "limit": args.limit, "cursor": args.cursor}
     a: dict[str, Any] = {"key": args.key}
+    if args.op in ("put", "increment") and not 0 < len(args.key.encode()) <= MAX_KEY_BYTES:
+        # checked before the namespace is made for it (the store checks it again)
+        raise InvalidValue(f"a key is 1 to {MAX_KEY_BYTES} UTF-8 bytes, got "
+                           f"{len(args.key.encode())}")
     if args.op == "put":
         raw = sys.stdin.buffer.read() if args.value == "-" else args.value.encode()
         a.update(value=base64.b64encode(raw).decode(), ttl=args.ttl, metadata=args.metadata)
@@ -122,8 +133,12 @@ def _vector_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def _import(access: StoreAccess, index: str, path: Path) -> dict[str, int]:
     total = 0
-    for batch in _batches(read_vectors(path), IMPORT_BATCH):
-        total += access.call("vectors", index, "upsert", {"items": batch})
+    for first, batch in _batches(read_vectors(path), IMPORT_BATCH):
+        try:
+            total += access.call("vectors", index, "upsert", {"items": batch})
+        except EdgefnError as e:  # say where, and what is in already (batches commit)
+            raise InvalidValue(f"{path}: the records from {first} on were not imported "
+                               f"({total} before them were): {e}") from None
     return {"imported": total}
 
 
@@ -151,21 +166,34 @@ def read_vectors(path: Path) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                item = json.loads(line)
+                item = json.loads(line, parse_constant=_no_constant)
                 if not isinstance(item, dict) or "id" not in item or "vector" not in item:
                     raise ValueError('expected {"id": ..., "vector": [...]}')
+                if not isinstance(item["id"], str | int) or isinstance(item["id"], bool):
+                    raise ValueError(f'"id" must be a string (or an integer), got '
+                                     f"{json.dumps(item['id'])}")
             except ValueError as e:
                 raise InvalidValue(f"{path}:{n}: {e}") from None
             yield {"id": str(item["id"]), "vector": item["vector"],
-                   "metadata": item.get("metadata")}
+                   "metadata": item.get("metadata"), "line": n}
 
 
-def _batches(items: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+def _batches(items: Iterator[dict[str, Any]], size: int
+             ) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Batches of `size` items, each with where its first one is (``line 12``, ``row 3``)."""
     batch: list[dict[str, Any]] = []
-    for item in items:
+    first = ""
+    for i, item in enumerate(items):
+        line = item.pop("line", None)
+        if not batch:
+            first = f"line {line}" if line is not None else f"row {i}"
         batch.append(item)
         if len(batch) == size:
-            yield batch
+            yield first, batch
             batch = []
     if batch:
-        yield batch
+        yield first, batch
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

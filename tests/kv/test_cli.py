@@ -58,6 +58,23 @@ def test_bad_input_is_reported_and_changes_nothing(tmp_path: Path) -> None:
     r = edgefn("kv", "get", "nowhere", "k", data=d)
     assert r.returncode == 1 and b"unknown namespace 'nowhere'" in r.stderr
     assert json.loads(ok("vectors", "stats", "emb", data=d))["count"] == 0
+    # a refused put makes no namespace (it left an empty one); an increment makes its own
+    assert edgefn("kv", "put", "fresh", "", "v", data=d).returncode == 1
+    assert b"unknown namespace 'fresh'" in edgefn("kv", "list", "fresh", data=d).stderr
+    assert ok("kv", "increment", "counters", "n", data=d).strip() == b"1"
+    for bad in (["--metadata", '{"a": NaN}'], ["--ttl", "nan"], ["--ttl", "inf"]):
+        r = edgefn("kv", "put", "docs", "k", "v", *bad, data=d)
+        assert r.returncode == 2 and bad[0].encode() in r.stderr, r.stderr
+    # an import names where it stopped and what went in before; ids are strings
+    (tmp_path / "late.jsonl").write_text("".join(
+        f'{{"id": "v{i}", "vector": [1, {i}]}}\n' for i in range(1200))
+        + '{"id": "bad", "vector": [1, 2, 3]}\n')
+    r = edgefn("vectors", "import", "emb", str(tmp_path / "late.jsonl"), data=d)
+    assert r.returncode == 1 and b"the records from line 1001 on were not imported (1000 " \
+        b"before them were): index 'emb' has dimension 2" in r.stderr, r.stderr
+    (tmp_path / "ids.jsonl").write_text('{"id": null, "vector": [1, 0]}\n')
+    r = edgefn("vectors", "import", "emb", str(tmp_path / "ids.jsonl"), data=d)
+    assert r.returncode == 1 and b'ids.jsonl:1: "id" must be a string' in r.stderr
 
 
 def test_commands_go_through_a_running_pop(tmp_path: Path) -> None:

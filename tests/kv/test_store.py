@@ -99,6 +99,12 @@ def test_cas_and_increment(store: KVStore) -> None:
     with pytest.raises(InvalidValue, match="cannot increment key 'k' in 'ns': its value is not "
                                            "a decimal integer"):  # the key as text, not b'k'
         store.increment("ns", b"k")
+    store.put("ns", b"max", str((1 << 63) - 1).encode())
+    with pytest.raises(InvalidValue, match="would leave the 64-bit signed range"):
+        store.increment("ns", b"max")  # a WASM guest saw it wrap to -2**63
+    assert store.increment("ns", b"max", -1) == (1 << 63) - 2
+    with pytest.raises(InvalidValue, match="64-bit"):
+        store.increment("ns", b"min", -(1 << 63) - 1)
 
 
 def test_batch_is_atomic(store: KVStore) -> None:
