@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
 import os
@@ -28,13 +29,23 @@ class AdminClient:
         ``EDGEFN_API_KEY`` when set (its ``admin:*`` scopes decide what it may do).
         Raises `Failure` (code ``pop_not_running``) if no PoP runs on `data_dir`."""
         data = Path(data_dir)
+        held = running(data)
         try:
             self.info = msgspec.json.decode((data / "pop.json").read_bytes(), type=PopInfo)
             key = os.environ.get("EDGEFN_API_KEY")
             self.token = key or (data / "admin.token").read_text().strip()
-        except (FileNotFoundError, msgspec.DecodeError):
+        except (OSError, msgspec.DecodeError) as e:
+            if held:  # running, but not (yet) announced
+                raise Failure("pop_unreachable", 503, f"a PoP holds data dir {data} but "
+                              f"cannot be reached through it ({e}); it may still be "
+                              "starting") from None
             raise Failure("pop_not_running", 503, f"no PoP is running with data dir {data} "
-                          "(start one with `edgefn serve` or `make dev`, or pass --data)") from None
+                          "(start one with `edgefn serve` or `make dev`, or pass --data)") \
+                from None
+        if not held:  # a PoP killed -9 leaves its pop.json behind
+            raise Failure("pop_unreachable", 503, f"cannot reach the PoP's admin API at "
+                          f"{self.info.admin}: no PoP runs on data dir {data} any more (the "
+                          "one that wrote its pop.json is gone: killed?)")
         self.timeout = timeout
 
     def request(self, method: str, path: str, body: bytes = b"",
@@ -116,3 +127,20 @@ def _refused(status: int, body: bytes, fallback: str) -> AdminError:
     except (ValueError, AttributeError):
         err = {}
     return AdminError(err.get("kind", "error"), status, err.get("message", fallback))
+
+
+def running(data_dir: str | Path) -> bool:
+    """Whether a PoP runs on `data_dir` now: one holds DATA/pop.lock (the kernel drops
+    its flock when the process dies, whatever it left in the data dir)."""
+    try:
+        fd = os.open(Path(data_dir) / "pop.lock", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no such file, or not a folder: no PoP ever ran there
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases a lock this took
+    return False
+

@@ -28,13 +28,13 @@ class StoreAccess:
     (opened only then: they load LMDB, usearch and numpy)."""
 
     def __init__(self, data_dir: str) -> None:
-        from runtime.admin.client import AdminClient
+        from runtime.admin.client import AdminClient, running
 
         self.client: AdminClient | None = None
         self.stores: Stores | None = None
-        try:
+        if running(data_dir):  # never beside a running PoP, behind its back
             self.client = AdminClient(data_dir)
-        except EdgefnError:
+        else:  # none runs (one killed -9 left its pop.json: not a running one)
             from runtime.bindings import Stores
 
             self.stores = Stores(Path(data_dir))

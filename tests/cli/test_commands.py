@@ -4,6 +4,7 @@ lines `serve`/`dev` show at each verbosity."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import subprocess
@@ -65,12 +66,15 @@ def admin_stand_in(data: Path) -> Iterator[list[tuple[str, str, str]]]:
     (data / "pop.json").write_text(json.dumps({"pid": 1, "public": "http://127.0.0.1:1",
                                                "admin": f"127.0.0.1:{port}"}))
     (data / "admin.token").write_text("secret")
+    lock = (data / "pop.lock").open("a+")  # as a running PoP holds it
+    fcntl.flock(lock, fcntl.LOCK_EX)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     AdminStandIn.seen = []
     try:
         yield AdminStandIn.seen
     finally:
+        lock.close()
         server.shutdown()
         server.server_close()
 

@@ -88,6 +88,27 @@ def test_commands_go_through_a_running_pop(tmp_path: Path) -> None:
         assert running.pop.stores.kv.get("live", b"k") == b"v"
 
 
+def test_a_dead_pops_files_do_not_stand_for_a_running_one(tmp_path: Path) -> None:
+    """A PoP killed -9 leaves pop.json: the CLI then failed to reach it instead of
+    opening the data dir. And one that runs is never written behind (its admin
+    token gone, the CLI had opened the stores directly)."""
+    import fcntl
+
+    d = tmp_path / "data"
+    ok("kv", "put", "n", "k", "v", data=d)
+    (d / "pop.json").write_text('{"pid": 1, "public": "http://127.0.0.1:9", '
+                                '"admin": "127.0.0.1:9"}')
+    (d / "admin.token").write_text("x")
+    (d / "pop.lock").touch()
+    assert ok("kv", "get", "n", "k", data=d) == b"v"  # on the data dir: nobody holds it
+    with (d / "pop.lock").open() as held:  # a PoP that runs (it holds the lock)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (d / "pop.json").unlink()
+        r = edgefn("kv", "put", "n", "k", "w", data=d)
+        assert r.returncode == 1 and b"a PoP holds data dir" in r.stderr
+    assert ok("kv", "get", "n", "k", data=d) == b"v"
+
+
 def test_a_value_at_the_limit_and_odd_names_through_a_running_pop(tmp_path: Path) -> None:
     """A 16 MiB value arrives base64 in JSON (~21.4 MiB): it was refused by the admin
     listener's body limit, and the CLI said the PoP could not be reached. A name with
