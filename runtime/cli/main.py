@@ -44,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(e.code, str(e), args.json, EXIT_USAGE if e.code == "usage" else EXIT_ERROR)
     except BrokenPipeError:
         return stdout_closed()
+    except (NotADirectoryError, FileExistsError, PermissionError, IsADirectoryError,
+            FileNotFoundError) as e:  # the machine's say (a --data that is a file): one line
+        where = f"{e.filename}: " if e.filename else ""
+        return fail("os_error", f"{where}{e.strerror or e}", args.json, EXIT_ERROR)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return int(status or 0)

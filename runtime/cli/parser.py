@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-DEFAULT_DATA = os.environ.get("EDGEFN_DATA", ".edgefn")
+DEFAULT_DATA = os.environ.get("EDGEFN_DATA") or ".edgefn"  # set but empty: the default
 DATA_HELP = f"the PoP's data dir, $EDGEFN_DATA if set (default: {DEFAULT_DATA})"
 JSON_HELP = ("print JSON; on failure print {\"error\": {\"code\", \"message\"}} on stderr "
              "and exit 1")
@@ -163,7 +163,7 @@ class Commands:
                            help="log more: -v INFO, -vv DEBUG (default: warnings, and "
                                 "function logs)")
         if data:
-            s.add_argument("--data", default=DEFAULT_DATA, help=DATA_HELP)
+            s.add_argument("--data", type=_folder, default=DEFAULT_DATA, help=DATA_HELP)
         if json:
             s.add_argument("--json", action="store_true", help=JSON_HELP)
         return s
@@ -178,7 +178,7 @@ class Commands:
         """One operation; --data and --json may also come after it."""
         o: Parser = ops.add_parser(name, help=help, description=help,
                                    formatter_class=Formatter, epilog=f"example:\n  {example}")
-        o.add_argument("--data", default=argparse.SUPPRESS, help=DATA_HELP)
+        o.add_argument("--data", type=_folder, default=argparse.SUPPRESS, help=DATA_HELP)
         if json:
             o.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help=JSON_HELP)
@@ -521,4 +521,11 @@ def _seconds(text: str) -> float:
     if not 0 < value < float("inf"):  # nan fails it too
         raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
     return value
+
+
+def _folder(text: str) -> str:
+    """A data dir: not empty (it made the current directory the data dir)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty string")
+    return text
 

@@ -53,6 +53,19 @@ def test_a_config_error_found_while_the_pop_starts_names_the_config_file(
                                                  "`metrics.token_file`: cannot read "), line
 
 
+def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
+    """A --data that is a file, or under /proc, was a traceback; an empty one made the
+    current directory the data dir."""
+    (tmp_path / "file").write_text("")
+    for args in (["keys", "ls", "--data", str(tmp_path / "file")],
+                 ["kv", "put", "a", "b", "c", "--data", "/proc/edgefn"]):
+        r = edgefn(*args)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        one_line_error(r)
+    r = edgefn("kv", "put", "a", "b", "c", "--data", "")
+    assert r.returncode == 2 and "--data: expected a folder" in r.stderr
+
+
 def test_dev_on_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     r = edgefn("dev", str(tmp_path / "nowhere"), "--no-ai", "--data", str(tmp_path))
     assert r.returncode == 1
