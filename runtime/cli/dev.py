@@ -102,9 +102,7 @@ def cannot_listen(reason: str) -> Failure:
 
 def pop_config(args: argparse.Namespace) -> PopConfig:
     """The PoP config from --config and the flags that override it. Raises `InvalidConfig`."""
-    from runtime.cli.parser import DEFAULT_DATA
-
-    data = args.data if args.data != DEFAULT_DATA or args.config is None else None
+    data = args.data if getattr(args, "data_given", False) or args.config is None else None
     return config.load(args.config, data=data, **{
         "public.host": args.host, "public.port": args.port, "admin.port": args.admin_port,
         "ai.enabled": False if args.no_ai else None, "ai.worker_config": args.ai_config,

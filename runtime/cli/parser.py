@@ -57,6 +57,16 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, message)
 
 
+class _Data(argparse.Action):
+    """``--data``, remembering that it was given (`data_given`): given, it overrides a
+    --config file's ``data`` even when it names the default folder."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.data_given = True
+
+
 class _Version(argparse.Action):
     """--version: looked up only when asked for (importlib.metadata is slow to import)."""
 
@@ -163,7 +173,9 @@ class Commands:
                            help="log more: -v INFO, -vv DEBUG (default: warnings, and "
                                 "function logs)")
         if data:
-            s.add_argument("--data", type=_folder, default=DEFAULT_DATA, help=DATA_HELP)
+            s.add_argument("--data", type=_folder, default=DEFAULT_DATA, action=_Data,
+                           help=DATA_HELP)
+            s.set_defaults(data_given=False)
         if json:
             s.add_argument("--json", action="store_true", help=JSON_HELP)
         return s
@@ -178,7 +190,8 @@ class Commands:
         """One operation; --data and --json may also come after it."""
         o: Parser = ops.add_parser(name, help=help, description=help,
                                    formatter_class=Formatter, epilog=f"example:\n  {example}")
-        o.add_argument("--data", type=_folder, default=argparse.SUPPRESS, help=DATA_HELP)
+        o.add_argument("--data", type=_folder, default=argparse.SUPPRESS, action=_Data,
+                       help=DATA_HELP)
         if json:
             o.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                            help=JSON_HELP)

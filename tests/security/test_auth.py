@@ -538,6 +538,12 @@ def test_limits_show_lists_rules_tenants_and_active_keys(
     assert out["rules"] == [{"by": "ip", "limit": "100/minute", "algorithm": "sliding_window"}]
     assert out["tenants"] == {"acme": {"rpm": None, "tpm": 5000, "max_streams": 2}}
     assert [k["id"] for k in out["keys"]] == [kept.id] and out["keys"][0]["rpm"] == 60
+    # --data given beside --config wins over the file's data (even the default name)
+    other = tmp_path / ".edgefn"
+    _, theirs = KeyStore(other).create("beta", ("*",), rpm=7)
+    assert main(["limits", "show", "--config", str(tmp_path / "pop.toml"), "--data",
+                 str(other), "--json"]) == 0
+    assert [k["id"] for k in json.loads(capsys.readouterr().out)["keys"]] == [theirs.id]
 
 
 def test_limits_show_asks_the_running_pop_and_lists_functions_limits(
