@@ -95,7 +95,13 @@ def _top_down(run: str) -> list[str]:
 
     state = read_state(run)
     if state is None:
-        return pop_names(run)
+        names = pop_names(run)
+        if not names:  # a typo'd folder: "purged 0 entries on 0 PoPs", exit 0
+            from edgefn_core.errors import NotFound
+
+            raise NotFound(f"{run}: no topology run here (no topology.json and no PoP "
+                           "data dirs; `edgefn topology up` makes one)")
+        return names
     return [p.name for p in sorted(state.pops, key=lambda p: (TIER_ORDER.get(p.tier, 3),
                                                               p.name))]
 

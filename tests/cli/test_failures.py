@@ -66,6 +66,11 @@ def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--data: expected a folder" in r.stderr
 
 
+def test_a_purge_of_a_topology_that_is_not_there_fails(tmp_path: Path) -> None:
+    r = edgefn("cache", "purge", "--tag", "x", "--topology", str(tmp_path / "nonexist"))
+    assert r.returncode == 1 and "no topology run here" in one_line_error(r)
+
+
 def test_dev_on_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     r = edgefn("dev", str(tmp_path / "nowhere"), "--no-ai", "--data", str(tmp_path))
     assert r.returncode == 1
