@@ -19,7 +19,8 @@ from urllib.parse import urlencode
 
 def tail_command(args: argparse.Namespace) -> None:
     """Follow until Ctrl-C (the CLI exits 130 without a traceback). Raises
-    `AdminError` for a bad filter, `Failure` when no PoP runs on ``--data``."""
+    `AdminError` for a bad filter, `Failure` when no PoP runs on ``--data`` or when
+    the PoP ends the stream (it stopped)."""
     from runtime.admin.client import AdminClient
 
     client = AdminClient(args.data)
@@ -36,6 +37,11 @@ def tail_command(args: argparse.Namespace) -> None:
                 dropped = False
             else:
                 print(json.dumps(data) if args.json else format_event(data), flush=True)
+    # the stream ended without Ctrl-C: the PoP stopped (it exited 0, saying nothing)
+    from edgefn_core.errors import Failure
+
+    raise Failure("stream_ended", 503, "the PoP closed the event stream (it stopped or "
+                  "restarted); run `edgefn tail` again once it runs")
 
 
 def events_command(args: argparse.Namespace) -> None:

@@ -176,3 +176,16 @@ def test_events_go_to_a_rotating_jsonl_file(tmp_path: Path) -> None:
             pop.get("/hello")
     lines = (tmp_path / "data" / "events.jsonl").read_text().splitlines()
     assert [json.loads(line)["path"] for line in lines] == ["/hello"] * 3
+
+
+def test_edgefn_tail_says_so_when_the_pop_stops(tmp_path: Path) -> None:
+    """It exited 0, silently, as if all was well."""
+    with pop_thread(tmp_path / "data") as pop:
+        tail = cli(pop.data, "tail")
+        try:
+            wait_for(lambda: len(pop.pop.ring.subscribers) > 0, 20, "tail subscribed")
+        except BaseException:
+            tail.kill()
+            raise
+    _, err = tail.communicate(timeout=30)
+    assert tail.returncode == 1 and "the PoP closed the event stream" in err, err
