@@ -182,13 +182,15 @@ def test_dev_deploys_a_tree_and_redeploys_on_change(tmp_path: Path) -> None:
         until(lambda: "declares name 'hi', which" in "".join(lines))
         assert "declares name 'hi', which" in "".join(lines)
         assert get(port, "/hello")[0] == 200 and get(port, "/twin")[0] == 404
-        shutil.rmtree(twin)  # and its going takes nothing with it
-        time.sleep(1.0)
-        assert get(port, "/hello")[0] == 200
-        # a folder that goes takes its function with it
+        # the serving folder goes: the refused one serves the name now
         shutil.rmtree(tree / "hello")
-        until(lambda: get(port, "/hello")[0] == 404)
-        assert get(port, "/hello")[0] == 404 and "removed   hi" in "".join(lines)
+        until(lambda: get(port, "/twin")[0] == 200)
+        assert get(port, "/hello")[0] == 404 and get(port, "/twin")[0] == 200
+        assert "removed   hi" in "".join(lines)
+        # a folder that goes takes its function with it
+        shutil.rmtree(twin)
+        until(lambda: get(port, "/twin")[0] == 404)
+        assert get(port, "/twin")[0] == 404
 
 
 def test_dev_with_two_workers_deploys_and_redeploys_to_both(tmp_path: Path) -> None:

@@ -195,6 +195,14 @@ async def deploy_dir(target: Target, directory: Path, served: dict[Path, str]) -
     return True
 
 
+def _name(directory: Path) -> str | None:
+    """The function name `directory`'s manifest declares, or None if it does not load."""
+    try:
+        return manifest.load(directory).name
+    except ManifestError:
+        return None
+
+
 async def remove(target: Target, name: str, why: str) -> None:
     try:
         await target.remove(name)
@@ -219,7 +227,12 @@ async def watch(target: Target, root: Path, served: dict[Path, str]) -> None:
                 await deploy_dir(target, d, served)
         for d in [d for d in served if d not in dirs]:
             seen.pop(d, None)
-            await remove(target, served.pop(d), f"{d} is gone")
+            name = served.pop(d)
+            await remove(target, name, f"{d} is gone")
+            for other in dirs:  # a folder refused for declaring that name serves it now
+                if other not in served and _name(other) == name:
+                    await deploy_dir(target, other, served)
+                    break
 
 
 async def serve_workers(config: PopConfig, verbosity: int, dev_dir: str | None) -> None:
