@@ -236,7 +236,7 @@ def _function_commands(c: Commands) -> None:
     mod = "runtime.cli.commands"
     s = c.add("deploy", "runtime.cli.rollout:deploy", "deploy a function folder to the running "
               "PoP, or stage it on every PoP of a topology and then switch them all",
-              "edgefn deploy functions/hello-wat --topology run/ --canary 10%", json=True)
+              "edgefn deploy functions/examples/hello-wat --topology run/ --canary 10%", json=True)
     s.add_argument("dir", help="the function's folder (holds edgefn.toml)")
     s.add_argument("--canary", metavar="PERCENT", help="run it beside the live version for "
                    "this share of request keys, such as 10%% (default: it replaces the live "
@@ -491,7 +491,8 @@ def _ai_commands(c: Commands) -> None:
               logs=False)  # the worker configures its own logging (--log-level)
     s.add_argument("--socket", required=True, help="Unix socket path to listen on")
     s.add_argument("--config", help="worker config (TOML) (default: the packaged models)")
-    s.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="how much the worker logs")
     lora = c.add("lora", "runtime.cli.commands:lora",
                  "manage LoRA adapters of the running PoP's model worker",
                  "edgefn lora add my-style adapter.gguf")
