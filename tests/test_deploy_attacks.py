@@ -211,3 +211,13 @@ def test_pack_dir_refuses_a_symbolic_link_instead_of_sending_what_it_points_to(
         deploys.pack_dir(d)
     (d / "passwd").unlink()
     assert "passwd" not in deploys.pack_dir(d)
+
+
+def test_pack_dir_refuses_a_fifo_instead_of_leaving_it_out(tmp_path: Path) -> None:
+    import os
+
+    d = function_dir(tmp_path, "fifo", reactor("nop"))
+    os.mkfifo(d / "pipe")
+    with pytest.raises(DeployError, match="pipe is not a plain file"):
+        deploys.pack_dir(d)
+

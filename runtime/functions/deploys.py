@@ -179,8 +179,11 @@ def pack_dir(directory: str | Path) -> Files:
         if path.is_symlink():  # what it points to (/etc/passwd) is not the function's
             raise DeployError(f"{directory}: {rel.as_posix()} is a symbolic link; a package "
                               "holds plain files and folders only (copy the file in)")
-        if not path.is_file():
+        if path.is_dir():
             continue
+        if not path.is_file():  # a FIFO, a socket, a device: no file a function can hold
+            raise DeployError(f"{directory}: {rel.as_posix()} is not a plain file (a FIFO, "
+                              "socket or device); a package holds plain files and folders")
         data = path.read_bytes()
         total += len(data)
         if total > MAX_PACKAGE_BYTES or len(files) >= MAX_PACKAGE_FILES:
