@@ -54,6 +54,7 @@ MAX_META_BYTES = 4096
 SAVE_EVERY = 10_000  # log entries between automatic saves
 MAX_K = 1000  # nearest neighbours one query returns at most
 FILTER_SCAN = 16_384  # candidates a filtered query looks among (or 4k, if more)
+EXACT_BELOW = 4096  # indexes of at most this many vectors are searched exactly
 # allowed ranges of the usearch HNSW settings a caller may choose per index
 GRAPH_LIMITS = {"connectivity": (2, 128), "expansion_add": (8, 4096),
                 "expansion_search": (8, 4096)}
@@ -349,6 +350,9 @@ class VectorStore:
                 return []
             want = k if not filter else min(index.size, k * 4)
             scan = max(FILTER_SCAN, k * 4)
+            # a small index is searched exactly: brute force costs little there, and an
+            # HNSW graph of many equal vectors never reaches one vector apart from them
+            exact = exact or index.size <= EXACT_BELOW
             while True:
                 found = index.search(q, min(want, index.size, scan), exact=exact)
                 out = self._matches(o, txn, found.keys, found.distances, filter, k)

@@ -160,6 +160,16 @@ def test_a_filtered_query_looks_among_a_bounded_number_of_candidates(
         assert len(s.query("docs", q, k=5, filter={"t": "near"})) == 5
 
 
+def test_many_equal_vectors_do_not_hide_another(tmp_path: Path) -> None:
+    """200 copies of one vector: the HNSW graph never reached the one vector apart
+    from them, even queried with that vector itself (a small index is exact now)."""
+    with VectorStore(tmp_path) as s:
+        s.create("dups", 3)
+        s.upsert("dups", [(f"dup{i}", [1, 1, 1], None) for i in range(200)])
+        s.upsert("dups", [("u1", [-0.5, 0.2, -0.8], None)])
+        assert s.query("dups", [-0.5, 0.2, -0.8], k=2)[0].id == "u1"
+
+
 def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
     with VectorStore(tmp_path) as s:
         s.create("docs", 3)
