@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from edgefn_core.errors import EdgefnError, InvalidValue, KeyNotFound
+from edgefn_core.errors import EdgefnError, InvalidValue, KeyNotFound, NotFound
 
 if TYPE_CHECKING:
     from runtime.admin.client import AdminClient
@@ -27,7 +27,10 @@ class StoreAccess:
     """The running PoP's admin API if one serves `data_dir`, else the stores in it
     (opened only then: they load LMDB, usearch and numpy)."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, reading: bool = False) -> None:
+        """`reading`: only reads follow (get, list, query, stats): a data dir that is
+        not there is an error, not one made (a typo'd --data made LMDB files).
+        Raises `NotFound` for that, what `AdminClient` raises for a PoP that runs."""
         from runtime.admin.client import AdminClient, running
 
         self.client: AdminClient | None = None
@@ -35,6 +38,9 @@ class StoreAccess:
         if running(data_dir):  # never beside a running PoP, behind its back
             self.client = AdminClient(data_dir)
         else:  # none runs (one killed -9 left its pop.json: not a running one)
+            if reading and not Path(data_dir).is_dir():
+                raise NotFound(f"{data_dir}: no such data dir (pass --data, or set "
+                               "EDGEFN_DATA)")
             from runtime.bindings import Stores
 
             self.stores = Stores(Path(data_dir))
@@ -59,7 +65,7 @@ class StoreAccess:
 
 def kv_command(args: argparse.Namespace) -> None:
     """`edgefn kv OP`. Raises `EdgefnError`; `KeyNotFound` from `get` of a missing key."""
-    access = StoreAccess(args.data)
+    access = StoreAccess(args.data, reading=args.op in ("get", "list"))
     try:
         a = _kv_args(args)
         try:
@@ -106,7 +112,7 @@ def _print_kv(args: argparse.Namespace, result: Any) -> None:
 
 def vectors_command(args: argparse.Namespace) -> None:
     """`edgefn vectors OP`; prints the result as JSON. Raises `EdgefnError`."""
-    access = StoreAccess(args.data)
+    access = StoreAccess(args.data, reading=args.op in ("query", "stats"))
     try:
         if args.op == "import":
             result = _import(access, args.index, Path(args.file))

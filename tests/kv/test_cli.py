@@ -57,6 +57,10 @@ def test_bad_input_is_reported_and_changes_nothing(tmp_path: Path) -> None:
     assert r.returncode == 1 and b"has dimension 2, got a vector of 3" in r.stderr
     r = edgefn("kv", "get", "nowhere", "k", data=d)
     assert r.returncode == 1 and b"unknown namespace 'nowhere'" in r.stderr
+    for read in (["kv", "get", "n", "k"], ["kv", "list", "n"], ["vectors", "stats", "v"]):
+        r = edgefn(*read, data=tmp_path / "typo")  # reads make no data dir
+        assert r.returncode == 1 and b"no such data dir" in r.stderr
+    assert not (tmp_path / "typo").exists()
     assert json.loads(ok("vectors", "stats", "emb", data=d))["count"] == 0
     # a refused put makes no namespace (it left an empty one); an increment makes its own
     assert edgefn("kv", "put", "fresh", "", "v", data=d).returncode == 1
