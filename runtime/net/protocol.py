@@ -98,7 +98,7 @@ class HttpProtocol(asyncio.Protocol):
         self.in_body = False  # its header section is complete (what follows a body: trailers)
         self.stalled = 0  # bytes read since one last did: a head or trailer line still growing
         self.upgrade_ignored = False  # a GET/HEAD asked to upgrade: answered, then closed
-        self.eof = False  # nothing more will be read: close once the queue is answered
+        self.eof = False  # nothing more will be read (an ignored upgrade): close once answered
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -164,10 +164,11 @@ class HttpProtocol(asyncio.Protocol):
         self._dispatch()
 
     def eof_received(self) -> bool:
-        """The client half-closed: answer what it sent, then close (RFC 9112 9.6);
-        with nothing to answer, asyncio closes the transport now."""
-        self.eof = True
-        return self.busy or bool(self.queue)
+        """The client closed its side: it is gone. (A half-close, `nc -N`, reads the
+        same as a client that hung up; answering it would keep generating an
+        abandoned model answer to the end, so the connection closes and what runs for
+        it is cancelled, as the events' 499 says.)"""
+        return False
 
     def _stop_reading(self) -> None:
         if self.reading and self.transport is not None:
@@ -445,7 +446,7 @@ class HttpProtocol(asyncio.Protocol):
             self.queue.clear()
             self._close()
         elif not self.queue:
-            if self.eof:  # the client half-closed, and all it sent is answered
+            if self.eof:  # nothing more is read (an ignored upgrade), and all is answered
                 self._close()
             else:
                 self._idle()
