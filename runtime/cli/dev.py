@@ -103,11 +103,23 @@ def cannot_listen(reason: str) -> Failure:
 def pop_config(args: argparse.Namespace) -> PopConfig:
     """The PoP config from --config and the flags that override it. Raises `InvalidConfig`."""
     data = args.data if getattr(args, "data_given", False) or args.config is None else None
-    return config.load(args.config, data=data, **{
-        "public.host": args.host, "public.port": args.port, "admin.port": args.admin_port,
-        "ai.enabled": False if args.no_ai else None, "ai.worker_config": args.ai_config,
-        "ai.socket": args.ai_socket,
-        "insecure_python": True if args.insecure_python else None})
+    try:
+        return config.load(args.config, data=data, **{
+            "public.host": args.host, "public.port": args.port, "admin.port": args.admin_port,
+            "ai.enabled": False if args.no_ai else None, "ai.worker_config": args.ai_config,
+            "ai.socket": args.ai_socket,
+            "insecure_python": True if args.insecure_python else None})
+    except InvalidConfig as e:  # a flag's value: named as the flag ("<defaults>: field ...")
+        flag = FLAGS.get(e.field or "")
+        if flag is None or getattr(args, flag[0]) is None:
+            raise
+        raise InvalidConfig(flag[1], e.reason) from None
+
+
+# config fields a flag of `serve` / `dev` sets: (its argparse dest, the flag)
+FLAGS = {"public.host": ("host", "--host"), "public.port": ("port", "--port"),
+         "admin.port": ("admin_port", "--admin-port"),
+         "ai.worker_config": ("ai_config", "--ai-config")}
 
 
 def function_dirs(root: Path) -> list[Path]:

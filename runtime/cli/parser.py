@@ -56,6 +56,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
         raise UsageError(self.prog, message)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, but an option the command does not take is reported by that
+        command (``edgefn kv get``), whose --help lists what it takes: argparse
+        reports it at the top (`edgefn --help` lists no option of `kv get`)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            raise UsageError(getattr(parsed, "prog_", self.prog),
+                             f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
 
 class _Data(argparse.Action):
     """``--data``, remembering that it was given (`data_given`): given, it overrides a
@@ -167,7 +177,7 @@ class Commands:
         s: Parser = self.sub.add_parser(name, help=help, description=help,
                                         formatter_class=Formatter,
                                         epilog=f"example:\n  {example}")
-        s.set_defaults(handler=handler, json=False, logs=logs)
+        s.set_defaults(handler=handler, json=False, logs=logs, prog_=s.prog)
         if logs:
             s.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                            help="log more: -v INFO, -vv DEBUG (default: warnings, and "
@@ -190,6 +200,7 @@ class Commands:
         """One operation; --data and --json may also come after it."""
         o: Parser = ops.add_parser(name, help=help, description=help,
                                    formatter_class=Formatter, epilog=f"example:\n  {example}")
+        o.set_defaults(prog_=o.prog)
         o.add_argument("--data", type=_folder, default=argparse.SUPPRESS, action=_Data,
                        help=DATA_HELP)
         if json:

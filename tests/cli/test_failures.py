@@ -97,6 +97,13 @@ def test_a_usage_error_is_one_line() -> None:
     assert r.returncode == 2
     assert one_line_error(r) == ("edgefn rollback: the following arguments are required: "
                                  "name (see `edgefn rollback --help`)")
+    # an option the command does not take: its own --help (it pointed to `edgefn --help`)
+    r = edgefn("kv", "get", "a", "b", "--bogus")
+    assert r.returncode == 2 and one_line_error(r) == (
+        "edgefn kv get: unrecognized arguments: --bogus (see `edgefn kv get --help`)")
+    # a flag's bad value is named as the flag, not as a config field of "<defaults>"
+    r = edgefn("serve", "--port", "99999", "--no-ai")
+    assert r.returncode == 1 and one_line_error(r) == "edgefn: --port: expected `int` <= 65535"
 
 
 def json_error(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
