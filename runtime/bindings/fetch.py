@@ -95,8 +95,7 @@ def _authority(rest: str) -> tuple[str, str]:
 
 
 def _pattern_host(pattern: str) -> str:
-    rest = pattern.split("://", 1)[-1]
-    host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+    host = _authority(pattern.split("://", 1)[-1])[0].rsplit("@", 1)[-1]
     if host.startswith("["):
         return host[1:].split("]", 1)[0].lower()
     return host.rsplit(":", 1)[0].lower() if host.count(":") == 1 else host.lower()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -108,11 +109,8 @@ def json_value(what: str, kind: type) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         import json
 
-        def constant(name: str) -> Any:  # NaN, Infinity: no JSON (they came back unreadable)
-            raise ValueError(f"{name} is not a JSON number")
-
-        try:
-            value = json.loads(text, parse_constant=constant)
+        try:  # NaN, Infinity: no JSON (they came back unreadable)
+            value = json.loads(text, parse_constant=no_json_constant)
         except ValueError as e:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r} ({e})") from None
         if not isinstance(value, kind) or (isinstance(value, list) and not _numbers(value)):
@@ -525,27 +523,31 @@ def _lora_ops(c: Commands, ops: Any) -> None:
     rm.add_argument("name")
 
 
-def _scale(text: str) -> float:
-    """A LoRA scale: a finite number above 0 and at most 100 (nan is no JSON)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value <= 100:  # nan fails both
-        raise argparse.ArgumentTypeError(f"expected a number above 0 and at most 100, "
-                                         f"got {text!r}")
-    return value
+def no_json_constant(name: str) -> Any:
+    """`json.loads`'s `parse_constant`: NaN and Infinity are no JSON. Raises ValueError."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
-def _seconds(text: str) -> float:
-    """A time to live: a finite number of seconds above 0 (nan and inf are no JSON)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):  # nan fails it too
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
-    return value
+def _above_zero(what: str, at_most: float | None = None) -> Callable[[str], float]:
+    """An argparse `type`: `what` (``a number``), a number above 0 (and at most
+    `at_most`); nan and inf, which are no JSON, fail it."""
+    limit = f" and at most {at_most:g}" if at_most is not None else ""
+    top = at_most if at_most is not None else sys.float_info.max
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not 0 < value <= top:  # nan fails it too
+            raise argparse.ArgumentTypeError(f"expected {what} above 0{limit}, got {text!r}")
+        return value
+
+    return parse
+
+
+_scale = _above_zero("a number", 100)  # a LoRA adapter's strength
+_seconds = _above_zero("a number of seconds")  # a time to live
 
 
 def _folder(text: str) -> str:

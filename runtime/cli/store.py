@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from edgefn_core.errors import EdgefnError, InvalidValue, KeyNotFound, NotFound
+from runtime.cli.parser import no_json_constant
 
 if TYPE_CHECKING:
     from runtime.admin.client import AdminClient
     from runtime.bindings import Stores
 
 IMPORT_BATCH = 1000
-MAX_KEY_BYTES = 511  # kv.store.Limits.max_key_bytes
 
 
 class StoreAccess:
@@ -86,10 +86,14 @@ def _kv_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.op == "list":
         return {"prefix": args.prefix, "limit": args.limit, "cursor": args.cursor}
     a: dict[str, Any] = {"key": args.key}
-    if args.op in ("put", "increment") and not 0 < len(args.key.encode()) <= MAX_KEY_BYTES:
-        # checked before the namespace is made for it (the store checks it again)
-        raise InvalidValue(f"a key is 1 to {MAX_KEY_BYTES} UTF-8 bytes, got "
-                           f"{len(args.key.encode())}")
+    if args.op in ("put", "increment"):
+        from kv.store import Limits
+
+        most = Limits().max_key_bytes
+        if not 0 < len(args.key.encode()) <= most:
+            # checked before the namespace is made for it (the store checks it again)
+            raise InvalidValue(f"a key is 1 to {most} UTF-8 bytes, got "
+                               f"{len(args.key.encode())}")
     if args.op == "put":
         raw = sys.stdin.buffer.read() if args.value == "-" else args.value.encode()
         a.update(value=base64.b64encode(raw).decode(), ttl=args.ttl, metadata=args.metadata)
@@ -172,7 +176,7 @@ def read_vectors(path: Path) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                item = json.loads(line, parse_constant=_no_constant)
+                item = json.loads(line, parse_constant=no_json_constant)
                 if not isinstance(item, dict) or "id" not in item or "vector" not in item:
                     raise ValueError('expected {"id": ..., "vector": [...]}')
                 if not isinstance(item["id"], str | int) or isinstance(item["id"], bool):
@@ -200,6 +204,3 @@ def _batches(items: Iterator[dict[str, Any]], size: int
     if batch:
         yield first, batch
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")

@@ -295,8 +295,7 @@ class HttpProtocol(asyncio.Protocol):
         if not self.busy and len(self.queue) == 1:
             self._dispatch()  # answer now, while still inside feed_data
         elif self.reading and self.transport and self._queue_full():
-            self.reading = False  # backpressure on a pipelining flood
-            self.transport.pause_reading()
+            self._stop_reading()  # backpressure on a pipelining flood
 
     def _queue_full(self) -> bool:
         """Over `max_pipelined` requests, or over one `max_body_bytes` of their bodies,
@@ -310,9 +309,7 @@ class HttpProtocol(asyncio.Protocol):
     def _refuse(self, reject: HttpReject) -> None:
         """Queue an error response after the requests already parsed; read no more."""
         self.queue.append(reject)
-        if self.reading and self.transport is not None:
-            self.reading = False
-            self.transport.pause_reading()
+        self._stop_reading()
 
     def _dispatch(self) -> None:
         while self.queue and not self.busy and not self.write_paused and self.transport:
@@ -333,9 +330,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.queue and self.write_paused:
             # The client is not reading what was already sent: answer nothing more, and
             # read nothing more, until it does (`resume_writing` comes back here).
-            if self.reading and self.transport is not None:
-                self.reading = False
-                self.transport.pause_reading()
+            self._stop_reading()
         elif not self.queue and not self.reading and not self.closing and self.transport:
             self.reading = True
             self.transport.resume_reading()
