@@ -217,15 +217,29 @@ async def _metrics_listener(pop: PoP, config: PopConfig) -> AdminThread | None:
     return scrapes
 
 
+EXTERNAL_WAIT = 2.0  # seconds the start waits for a model worker it does not run ([ai] socket)
+
+
 async def _start_ai(ai: AIService | None) -> None:
     """Start (or reach) the model worker. A worker that does not come up is
-    logged, not fatal: functions still serve, AI requests get 503 until it does."""
+    logged, not fatal: functions still serve, AI requests get 503 until it does.
+    A worker the PoP runs is waited for (loading its models); one it only
+    reaches (``[ai] socket``) for `EXTERNAL_WAIT` seconds: the PoP listens, and
+    keeps connecting, while nothing listens there (``/readyz`` says so)."""
     if ai is None:
         return
+    external = ai.client.command is None
     try:
-        await ai.start()
+        await ai.start(wait=not external)
+        if external:
+            await ai.client.ready(EXTERNAL_WAIT)
     except WorkerError as e:
-        log.error("model worker: %s", e)
+        if external:
+            log.warning("model worker: nothing serves at %s yet; AI requests get 503 and "
+                        "/readyz waits until it does (connecting in the background)",
+                        ai.client.socket_path)
+        else:
+            log.error("model worker: %s", e)
 
 
 async def _purge_expired(pop: PoP, every: float) -> None:

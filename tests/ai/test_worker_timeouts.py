@@ -159,3 +159,27 @@ def test_a_stream_that_goes_silent_ends_with_a_timeout_error_event(tmp_path: Pat
         assert (e.value.code, e.value.type) == ("timeout", "server_error")
         [gen] = hung.generations()
         assert was_cancelled(hung, gen.id)
+
+
+def test_a_pop_pointed_at_a_socket_nothing_serves_listens_at_once_and_waits_in_readyz(
+        tmp_path: Path) -> None:
+    """``[ai] socket`` with nothing listening yet: the PoP serves its functions
+    after a short wait (it held its start for START_TIMEOUT, 120 s), /readyz says
+    it waits for the model worker, and once a worker listens there it connects."""
+    import runtime.app
+
+    path = tmp_path / "later.sock"
+    began = time.monotonic()
+    with pop_thread(tmp_path / "data", ai=True, **{"ai.socket": str(path)}) as pop:
+        started = time.monotonic() - began
+        assert started < runtime.app.EXTERNAL_WAIT + 10, started
+        status, _, body = pop.request("GET", "/readyz")
+        assert (status, json.loads(body)["waiting_for"]) == (503, ["model_worker"])
+        hung = HungWorker(path)
+        try:
+            deadline = time.monotonic() + 10
+            while pop.request("GET", "/readyz")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pop.request("GET", "/readyz")[0] == 200
+        finally:
+            hung.close()
