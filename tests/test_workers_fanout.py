@@ -158,3 +158,33 @@ def test_a_purge_counts_the_entries_of_every_worker(tmp_path: Path) -> None:
                 assert get(conn, "/c/x") == (200, pid)  # stored by each worker
         out = w.admin.request("POST", "/v1/cache/purge", b'{"prefix": "/c/"}')
     assert out == {"purged": 2, "prefix": "/c/"}
+
+
+def cache_of(conn: http.client.HTTPConnection, method: str, path: str) -> tuple[int, str, str]:
+    """Status, worker and ``x-edgefn-cache`` of one request on `conn`."""
+    conn.request(method, path)
+    resp = conn.getresponse()
+    resp.read()
+    return resp.status, resp.getheader("x-edgefn-worker") or "", \
+        resp.getheader("x-edgefn-cache") or ""
+
+
+def test_a_post_on_one_worker_drops_the_url_on_every_worker(tmp_path: Path) -> None:
+    """A POST's success dropped the URL's stored response on the worker it reached
+    only: the other kept serving the old one as a HIT for its whole lifetime.
+    The shared disk tier's record is now the truth every worker checks, so the
+    other worker stores a fresh answer; and it finds what a worker stored."""
+    from tests.support import python_function
+
+    with serving(tmp_path, POP_TOML) as w:
+        d = python_function(tmp_path, "c", CACHED)
+        (d / "edgefn.toml").write_text((d / "edgefn.toml").read_text().replace(
+            'routes = ["/c"]', 'routes = ["/c/*"]'))
+        w.admin.deploy(d)
+        with pinned(w, "/c/warm") as (conns, _):
+            (a, ca), (b, cb) = conns.items()
+            assert cache_of(ca, "GET", "/c/x")[1:] == (a, "MISS")
+            assert cache_of(cb, "GET", "/c/x")[1:] == (b, "HIT")  # what a stored
+            assert cache_of(ca, "POST", "/c/x") == (200, a, "BYPASS")
+            assert cache_of(cb, "GET", "/c/x")[1:] == (b, "MISS")  # not the dropped one
+            assert cache_of(ca, "GET", "/c/x")[1:] == (a, "HIT")  # what b stored

@@ -2,11 +2,19 @@
 LMDB tier under ``DATA/cache/http`` (written through; oldest written first out
 when over its budget). One record per primary key (function, version, host,
 path and query) holds that URL's variants (`Entry`, one per Vary'd request
-headers and caller scope)."""
+headers and caller scope).
+
+Shared by several processes (a PoP's ``workers = N``), the LMDB record is the
+truth: each record starts with a stamp its writer chose, and a lookup reads
+the record's stamp (a read transaction, no copy) before it serves its memory
+copy. So a response one worker stored is found by the others, and one a worker
+replaced or dropped (a POST to its URL) is served by no worker after that."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +62,21 @@ def size(variants: Variants) -> int:
     return sum(e.size for e in variants)
 
 
+STAMPED = 0xC1  # a record's first byte when a stamp follows (never the start of msgpack)
+LOCAL = b""  # the stamp of a memory copy that is on no disk: its worker's own
+
+
+def _record(stamp: bytes, variants: Variants) -> bytes:
+    return bytes((STAMPED,)) + stamp + _encoder.encode(variants)
+
+
+def _parts(raw: memoryview | bytes) -> tuple[bytes, memoryview | bytes]:
+    """A record's stamp (``b"-"`` for one written before stamps) and its variants."""
+    if raw[0] == STAMPED:
+        return bytes(raw[1:9]), raw[9:]
+    return b"-", raw
+
+
 log = logging.getLogger("edgefn.cache")
 
 
@@ -75,6 +98,10 @@ class TieredStore:
         self.index: dict[bytes, frozenset[str]] = {}
         self.env: lmdb.Environment | None = None
         self.closed = False
+        # writers > 1: the record's stamp is checked at each lookup (see the module doc)
+        self.shared = disk is not None and disk_bytes > 0 and writers > 1
+        self.stamps: dict[bytes, bytes] = {}  # key -> the stamp of its memory copy (shared)
+        self._next = itertools.count(1)
         if disk is not None and disk_bytes > 0:
             disk.mkdir(parents=True, exist_ok=True)
             # room for LMDB's own pages beyond the budget; no fsync: a cache
@@ -88,13 +115,15 @@ class TieredStore:
         assert self.env is not None
         with self.env.begin() as txn:
             for key, raw in txn.cursor():
-                variants = _decoder.decode(raw)
+                variants = _decoder.decode(_parts(raw)[1])
                 self.disk[bytes(key)] = n = size(variants)
                 self.disk_used += n
                 self.index[bytes(key)] = _tags(variants)
 
     def get(self, key: bytes) -> Variants | None:
         """Raises `StoreClosed` after `close`."""
+        if self.shared:
+            return self._get_shared(key)
         variants = self.memory.get(key)
         if variants is not None:
             self.memory.move_to_end(key)
@@ -106,9 +135,46 @@ class TieredStore:
             raw = txn.get(key)
         if raw is None:
             return None
-        variants = _decoder.decode(raw)
+        variants = _decoder.decode(_parts(raw)[1])
         self._remember(key, variants, size(variants))
         return variants
+
+    def _get_shared(self, key: bytes) -> Variants | None:
+        """`get` where other processes write: the memory copy if the record still
+        has its stamp, else the record (another worker's), else nothing."""
+        held = self.stamps.get(key)
+        if held == LOCAL:  # a copy no disk holds (its write failed): this worker's only
+            self.memory.move_to_end(key)
+            return self.memory[key]
+        assert self.env is not None
+        self._check_open()
+        with self.env.begin(buffers=True) as txn:
+            raw = txn.get(key)
+            if raw is None:
+                variants = None
+            else:
+                stamp, payload = _parts(raw)
+                if stamp == held:
+                    self.memory.move_to_end(key)
+                    return self.memory[key]
+                variants = _decoder.decode(payload)
+        self._drop_copy(key)
+        if variants is not None:
+            self.index[key] = _tags(variants)
+            self._remember(key, variants, size(variants), stamp)
+        return variants
+
+    def _drop_copy(self, key: bytes) -> None:
+        """Forget this worker's copy of `key` and its share of the disk budget:
+        another worker replaced or dropped the record."""
+        variants = self.memory.pop(key, None)
+        if variants is not None:
+            self.memory_used -= size(variants)
+        self.stamps.pop(key, None)
+        n = self.disk.pop(key, None)
+        if n is not None:
+            self.disk_used -= n
+        self._forget(key)
 
     def put(self, key: bytes, variants: Variants) -> None:
         """Store `variants` for `key` (replacing what was there). Raises `StoreClosed`."""
@@ -118,10 +184,14 @@ class TieredStore:
             return
         n = size(variants)
         self.index[key] = _tags(variants)
-        self._remember(key, variants, n)
+        stamp = (os.getpid() & 0xFFFFFFFF).to_bytes(4, "little") + \
+            (next(self._next) & 0xFFFFFFFF).to_bytes(4, "little")
+        self._remember(key, variants, n, LOCAL)
         if self.env is not None and n <= self.disk_bytes:
             try:
-                self._write(key, variants, n)
+                self._write(key, _record(stamp, variants), n)
+                if key in self.stamps:
+                    self.stamps[key] = stamp
             except lmdb.Error as e:  # a cache: the entry stays in memory, the answer goes out
                 self.disk.pop(key, None)
                 if not self.write_failed:
@@ -131,12 +201,12 @@ class TieredStore:
         if key not in self.memory and key not in self.disk:
             del self.index[key]  # larger than both budgets
 
-    def _write(self, key: bytes, variants: Variants, n: int) -> None:
+    def _write(self, key: bytes, record: bytes, n: int) -> None:
         """Raises `lmdb.Error` (the whole transaction is undone)."""
         assert self.env is not None
         evicted: list[bytes] = []
         with self.env.begin(write=True) as txn:
-            txn.put(key, _encoder.encode(variants))
+            txn.put(key, record)
             used = self.disk_used + n
             order = iter(self.disk.items())
             while used > self.disk_bytes:
@@ -156,25 +226,31 @@ class TieredStore:
         variants = self.memory.pop(key, None)
         if variants is not None:
             self.memory_used -= size(variants)
+        self.stamps.pop(key, None)
         n = self.disk.pop(key, None)
-        if n is not None and self.env is not None:
-            self._check_open()
+        if n is not None:
             self.disk_used -= n
+        if self.env is not None and (n is not None or self.shared):
+            self._check_open()  # shared: another worker's record goes too
             with self.env.begin(write=True) as txn:
-                txn.delete(key)
+                held = txn.delete(key) or held
         return held
 
     def items(self) -> Iterator[tuple[bytes, frozenset[str]]]:
         return iter(list(self.index.items()))
 
-    def _remember(self, key: bytes, variants: Variants, n: int) -> None:
+    def _remember(self, key: bytes, variants: Variants, n: int, stamp: bytes = LOCAL) -> None:
+        """Keep `variants` in memory (`stamp`: its record's, when shared)."""
         if n > self.memory_bytes:
             return
         self.memory[key] = variants
+        if self.shared:
+            self.stamps[key] = stamp
         self.memory_used += n
         while self.memory_used > self.memory_bytes:
             old, dropped = self.memory.popitem(last=False)
             self.memory_used -= size(dropped)
+            self.stamps.pop(old, None)
             if old not in self.disk:
                 self._forget(old)
 

@@ -77,3 +77,22 @@ def test_a_full_disk_tier_never_fails_a_put(tmp_path: Path) -> None:
     s.put(b"k2", [entry(2000)])  # and the next put goes on too
     assert s.get(b"k2") is not None
     s.close()
+
+
+@pytest.mark.parametrize("writers", [1, 2])
+def test_a_record_written_before_stamps_is_still_read(tmp_path: Path, writers: int) -> None:
+    """Records now start with their writer's stamp (see the module doc); a disk
+    tier left by an earlier edgefn holds plain msgpack records."""
+    import lmdb
+    import msgspec
+
+    env = lmdb.open(str(tmp_path), map_size=16 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"old", msgspec.msgpack.encode([entry(600, tag="old")]))
+    env.close()
+    s = TieredStore(memory_bytes=1000, disk=tmp_path, disk_bytes=1000, writers=writers)
+    assert dict(s.items()) == {b"old": frozenset({"old"})}
+    got = s.get(b"old")
+    assert got is not None and got[0].tags == ["old"]
+    assert s.delete(b"old") and s.get(b"old") is None
+    s.close()
