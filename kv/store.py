@@ -164,6 +164,28 @@ class KVStore:
             if txn.get(name.encode(), db=self._names) is None:
                 txn.put(name.encode(), _EXP.pack(0), db=self._names)  # its version counter
 
+    def remove_namespaces(self, names: Iterable[str]) -> None:
+        """Remove namespaces `names` with their keys, TTLs and usage (what a failed
+        deploy created for its warm-up); unknown names are skipped."""
+        self._check_open()
+        names = builtins.list(names)
+        if not names:
+            return
+        with self.env.begin(write=True) as txn:
+            gone = set()
+            for ns in names:
+                if txn.get(ns.encode(), db=self._names) is None:
+                    continue
+                db = self._dbs.pop(ns, None) or \
+                    self.env.open_db(b"ns:" + ns.encode(), txn=txn, create=False)
+                txn.drop(db, delete=True)
+                txn.delete(ns.encode(), db=self._names)
+                txn.delete(ns.encode(), db=self._usage)
+                gone.add(ns)
+            due = [k for k, _ in txn.cursor(db=self._ttl) if _split_ttl_key(k[8:])[0] in gone]
+            for k in due:
+                txn.delete(k, db=self._ttl)
+
     def check_room(self, names: Iterable[str]) -> None:
         """Raises `LimitExceeded` if creating `names` (those that do not exist yet)
         would pass the store's `max_namespaces`."""

@@ -202,3 +202,49 @@ def test_a_restarted_pop_warms_what_it_restores_before_it_listens(tmp_path: Path
         first.deploy(d)
     with pop_thread(tmp_path / "data") as again:  # the executor's, then the quiet request
         assert again.get("/cnt")[2] == b"1 1 -"
+
+
+# -- a declared route that uses a KV namespace the deploy creates -------------------------
+KV_WARM = """\
+from edgefn import Response
+
+def handle(request, env):
+    n = env.kv("wk").increment("n")
+    if request.path.endswith("/fail"):
+        return Response("no", 500)
+    return Response(str(n))
+"""
+
+
+def test_a_first_deploy_whose_warm_up_uses_its_new_namespace_goes_live(
+        registry: Registry, tmp_path: Path) -> None:
+    """Namespaces were created when the deploy committed, after its warm-up: a
+    first deploy whose warm-up used one failed with "unknown namespace 'wk'", and
+    undoing it meant it never existed, so no deploy of it could ever succeed."""
+    d = python_function(tmp_path, "kw", KV_WARM, extra='warmup = "/kw"\n[bindings]\nkv = ["wk"]')
+    deploy(registry, d)
+    assert registry.stores.kv.get("wk", b"n") is not None  # the warm-up's write
+    assert registry.stores.owners.owner("kv", "wk") is not None
+
+
+def test_a_failed_deploy_removes_the_namespaces_it_created_for_its_warm_up(
+        registry: Registry, tmp_path: Path) -> None:
+    registry.stores.kv.create_namespace("kept")
+    registry.stores.kv.put("kept", b"k", b"v", ttl=60)
+    d = python_function(tmp_path, "kw", KV_WARM,
+                        extra='warmup = "/kw/fail"\n[bindings]\nkv = ["wk", "kept"]')
+    with pytest.raises(DeployError, match="answered 500"):
+        deploy(registry, d)
+    assert registry.stores.kv.namespaces() == ["kept"]  # its own gone, the other's kept
+    assert registry.stores.kv.get("kept", b"k") == b"v"
+    registry.stores.kv.create_namespace("wk")  # made anew: empty
+    assert registry.stores.kv.get("wk", b"n") is None  # the failed warm-up's write went too
+
+
+def test_a_staged_version_warms_on_its_new_namespace_and_an_abort_removes_it(
+        registry: Registry, tmp_path: Path) -> None:
+    d = python_function(tmp_path, "kw", KV_WARM, extra='warmup = "/kw"\n[bindings]\nkv = ["wk"]')
+    staged = asyncio.run(registry.stage(deploys.pack_dir(d)))
+    assert registry.stores.kv.get("wk", b"n") is not None  # its warm-up ran on it
+    assert asyncio.run(registry.abort("kw", staged.version))
+    assert registry.stores.kv.namespaces() == []

@@ -77,6 +77,16 @@ class Stores:
             self._owners = Owners(self.data_dir / "owners.json")
         return self._owners
 
+    def new_namespaces(self, m: Manifest) -> list[str]:
+        """Create those of `m`'s KV namespaces that do not exist yet, so that its
+        warm-up, which runs before the deploy commits, finds them: the ones
+        created (a failed deploy removes them). Raises `InvalidValue`."""
+        have = set(self.kv.namespaces())
+        made = [ns for ns in m.bindings.kv if ns not in have]
+        for ns in made:
+            self.kv.create_namespace(ns)
+        return made
+
     def claim(self, m: Manifest) -> None:
         """Create `m`'s KV namespaces and claim what it binds for its owner (see
         `Owners.commit`). Raises `OSError` if the claims cannot be saved."""

@@ -155,12 +155,14 @@ class Registry(Staging, Following):
             self.stores.kv.check_room(m.bindings.kv)  # before anything is saved
             cached = self.store.cached()
             created = await asyncio.to_thread(self.store.write_version, m.name, version, files)
+            made: list[str] = []
             try:
+                made = self.stores.new_namespaces(m)  # its warm-up may use them
                 fn = await asyncio.to_thread(self._load, m, version)
                 await self._warm(fn)
                 self._go_live(fn, lambda: self._commit(m, version, source, "deploy"))
             except BaseException:
-                await asyncio.to_thread(self._undo, m.name, version, created, cached)
+                await asyncio.to_thread(self._undo, m.name, version, created, cached, made)
                 raise
             await self._after_switch(fn)
             return self._result(fn, True, started)
@@ -185,12 +187,15 @@ class Registry(Staging, Following):
         version = await asyncio.to_thread(deploys.version_of, files)
         return m, version, label
 
-    def _undo(self, name: str, version: str, created: bool, cached: frozenset[str]) -> None:
-        """Remove what a failed deploy wrote: its version (if it stored it) and the
-        compiled-code cache entries made since `cached`. Blocking."""
+    def _undo(self, name: str, version: str, created: bool, cached: frozenset[str],
+              namespaces: list[str]) -> None:
+        """Remove what a failed deploy wrote: its version (if it stored it), the
+        compiled-code cache entries made since `cached` and the KV `namespaces` it
+        created. Blocking."""
         if created:
             self.store.remove_version(name, version)
         self.store.uncache(cached)
+        self.stores.kv.remove_namespaces(namespaces)
 
     def _check_tenant(self, m: Manifest, tenant: str, label: str) -> None:
         """Raises `NotOwner` unless `tenant` may deploy `m`."""

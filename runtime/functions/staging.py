@@ -51,11 +51,13 @@ class Activated(msgspec.Struct):
 class Staged:
     """A version loaded, pre-warmed and activated, that no request is routed to yet."""
 
-    __slots__ = ("action", "created", "fn", "source")
+    __slots__ = ("action", "created", "fn", "namespaces", "source")
 
-    def __init__(self, fn: Deployment, created: bool, source: str, action: str) -> None:
+    def __init__(self, fn: Deployment, created: bool, source: str, action: str,
+                 namespaces: list[str] | None = None) -> None:
         self.fn = fn
         self.created = created  # its files were written by the stage (an abort removes them)
+        self.namespaces = namespaces or []  # KV namespaces it created (an abort removes them)
         self.source = source
         self.action = action  # what the record says when it goes live: deploy | rollback
 
@@ -69,7 +71,7 @@ class Staging(RegistryCore):
         async def _checked(self, files: Files, source: str, tenant: str | None
                            ) -> tuple[Manifest, str, str]: ...
         def _undo(self, name: str, version: str, created: bool,
-                  cached: frozenset[str]) -> None: ...
+                  cached: frozenset[str], namespaces: list[str]) -> None: ...
         def _commit(self, m: Manifest, version: str, source: str, action: str) -> None: ...
         def _claim(self, m: Manifest) -> None: ...
         def _result(self, fn: Deployment, changed: bool, started: float) -> DeployResult: ...
@@ -93,14 +95,16 @@ class Staging(RegistryCore):
             self.stores.kv.check_room(m.bindings.kv)  # before anything is saved
             cached = self.store.cached()
             created = await asyncio.to_thread(self.store.write_version, m.name, version, files)
+            made: list[str] = []
             try:
+                made = self.stores.new_namespaces(m)  # its warm-up may use them
                 fn = await asyncio.to_thread(self._load, m, version)
                 self._prepare(fn)
                 await self._warm(fn)
             except BaseException:
-                await asyncio.to_thread(self._undo, m.name, version, created, cached)
+                await asyncio.to_thread(self._undo, m.name, version, created, cached, made)
                 raise
-            self.staged[(m.name, version)] = Staged(fn, created, source, "deploy")
+            self.staged[(m.name, version)] = Staged(fn, created, source, "deploy", made)
             return self._staged(m.name, version, True, started)
 
     async def stage_stored(self, name: str, version: str) -> StageResult:
@@ -227,6 +231,10 @@ class Staging(RegistryCore):
             staged.fn.executor.close()
             if staged.created:
                 await asyncio.to_thread(self.store.remove_version, name, version)
+            if staged.namespaces:  # unless another deploy claimed them meanwhile
+                claimed = {ns for ns in staged.namespaces if self.stores.owners.owner("kv", ns)}
+                await asyncio.to_thread(self.stores.kv.remove_namespaces,
+                                        [ns for ns in staged.namespaces if ns not in claimed])
             return True
 
     async def promote(self, name: str) -> DeployResult:

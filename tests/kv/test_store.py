@@ -54,6 +54,23 @@ def test_ttl_expiry_hides_and_purge_reclaims(store: KVStore) -> None:
     assert store.purge_expired() == 0 and store.get("ns", b"long") == b"again"
 
 
+def test_a_removed_namespace_leaves_no_key_ttl_or_usage_behind(store: KVStore) -> None:
+    """What a failed deploy created for its warm-up goes with it (`remove_namespaces`);
+    its TTL entries went too, or a later purge would open the namespace again."""
+    clock: Clock = store.clock  # type: ignore[assignment]
+    store.create_namespace("gone")
+    store.put("gone", b"k", b"v", ttl=10)
+    store.put("ns", b"k", b"v", ttl=10)
+    store.remove_namespaces(["gone", "never-was"])
+    assert store.namespaces() == ["ns"] and store.usage(["gone"]) == 0
+    with pytest.raises(UnknownNamespace):
+        store.get("gone", b"k")
+    clock.now += 11
+    assert store.purge_expired() == 1  # ns's key only
+    store.create_namespace("gone")
+    assert store.list("gone").keys == [] and store.namespaces() == ["gone", "ns"]
+
+
 def test_prefix_listing_with_cursor_pages(store: KVStore) -> None:
     for i in range(25):
         store.put("ns", b"user:%03d" % i, b"x", metadata={"i": i})
