@@ -256,7 +256,10 @@ class KVStore:
         start = prefix
         if cursor:
             try:
-                start = base64.urlsafe_b64decode(cursor.encode())
+                # validating: "!!!" decoded to b"" and the listing began again
+                start = base64.b64decode(cursor.encode(), altchars=b"-_", validate=True)
+                if not start:
+                    raise ValueError(cursor)
             except ValueError:
                 raise InvalidValue(f"invalid cursor {cursor!r}") from None
             if not start.startswith(prefix):

@@ -326,7 +326,8 @@ from edgefn import Response
 
 def handle(request, env):
     return Response("hi", headers={"x-edgefn-function": "victim@deadbeef",
-                                   "x-edgefn-cache": "HIT", "x-mine": "kept"})
+                                   "x-edgefn-cache": "HIT", "x-edgefn-error": "trap",
+                                   "x-request-id": "forged", "x-mine": "kept"})
 """
 
 
@@ -349,4 +350,7 @@ def test_a_function_cannot_set_the_pops_own_headers(pop: Running, tmp_path: Path
     assert [v for k, v in headers if k == "x-edgefn-function"] == [
         f"forger@{deployed['version']}"]
     assert [v for k, v in headers if k == "x-edgefn-cache"] == ["MISS"]  # the PoP's
+    assert "x-edgefn-error" not in dict(headers)  # its event said error "trap" for a 200
+    rids = [v for k, v in headers if k == "x-request-id"]
+    assert len(rids) == 1 and rids != ["forged"]  # a client saw both
     assert ("x-mine", "kept") in headers

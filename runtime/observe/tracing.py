@@ -203,8 +203,10 @@ def _decided(stage: str, record: Any) -> dict[str, Any]:
     for key, value in record.items():
         if isinstance(value, _SCALARS):
             out[f"edgefn.{stage}.{key}"] = value
-        elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            out[f"edgefn.{stage}.{key}"] = [str(v) for v in value]
+        elif isinstance(value, list | tuple) and (
+                all(isinstance(v, str) for v in value)
+                or all(type(v) is int for v in value)):  # WAF rule ids
+            out[f"edgefn.{stage}.{key}"] = list(value)
     return out
 
 

@@ -89,6 +89,9 @@ def test_prefix_listing_with_cursor_pages(store: KVStore) -> None:
         store.list("ns", b"zzz", page_cursor(store))
     with pytest.raises(InvalidValue, match=r"^invalid cursor 'a'$"):
         store.list("ns", b"user:", "a")
+    for bad in ("!!!", "dXNlcjowMDE=!", "===="):  # were decoded leniently: b"" began again
+        with pytest.raises(InvalidValue, match=r"^invalid cursor "):
+            store.list("ns", b"", bad)
 
 
 def page_cursor(store: KVStore) -> str:

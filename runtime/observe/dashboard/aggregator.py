@@ -167,7 +167,7 @@ def _decisions(b: Bucket, d: dict[str, Any]) -> None:
         for rule in waf.get("rules") or ["?"]:
             b.waf[str(rule)] = b.waf.get(str(rule), 0) + 1
     limited = d.get("ratelimit")
-    if limited is not None and "limited" in limited:
+    if limited is not None and limited.get("limited"):  # an admitted one records None
         name = str(limited["limited"])
         b.limited[name] = b.limited.get(name, 0) + 1
 

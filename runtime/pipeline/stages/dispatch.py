@@ -104,15 +104,16 @@ async def _counted(pending: Awaitable[Response], fn: Deployment) -> Response:
 
 
 # the PoP's to set: a function's own (a forged `x-edgefn-function: other@v1` reached the
-# client before the real one) is dropped
-RESERVED = frozenset({b"x-edgefn-function", b"x-edgefn-cache"})
+# client before the real one; `x-edgefn-error: trap` on a 200 made its event an error)
+# is dropped
+RESERVED = b"x-edgefn-"
 
 
 def _tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:
     headers = response.headers
     for name, _ in headers:
-        if name in RESERVED:
-            headers[:] = [h for h in headers if h[0] not in RESERVED]
+        if name.startswith(RESERVED):
+            headers[:] = [h for h in headers if not h[0].startswith(RESERVED)]
             break
     headers.append(tag)
     return response

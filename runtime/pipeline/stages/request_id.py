@@ -37,10 +37,16 @@ class RequestId:
         ctx.request_id = rid
         result = call_next(request, ctx)
         if isinstance(result, Response):
-            result.headers.append((self.header, rid))
-            return result
+            return self._tag(result, rid)
         return then(result, self._tag, rid)
 
     def _tag(self, response: Response, rid: bytes) -> Response:
-        response.headers.append((self.header, rid))
+        """The request id, in place of one a function set (a client saw two)."""
+        headers = response.headers
+        name = self.header
+        for h, _ in headers:
+            if h == name:
+                headers[:] = [pair for pair in headers if pair[0] != name]
+                break
+        headers.append((name, rid))
         return response

@@ -83,6 +83,7 @@ def test_cache_waf_ratelimit_and_ai_figures_come_from_decisions() -> None:
     r.observe(event(T0, status=403, decisions={"waf": {"blocked": True, "rules": [942100]}}))
     r.observe(event(T0, decisions={"waf": {"blocked": False, "rules": []}}))
     r.observe(event(T0, status=429, decisions={"ratelimit": {"limited": "per_ip"}}))
+    r.observe(event(T0, decisions={"ratelimit": {"limited": None}}))  # admitted: not a reject
     r.observe(event(T0, ai=AIUsage(operation="chat", model="m", completion_tokens=20,
                                    tokens_per_s=40.0, ttft_ms=80.0)))
     s = r.snapshot()

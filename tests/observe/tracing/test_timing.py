@@ -46,3 +46,13 @@ def test_a_sampled_request_is_timed_stage_by_stage() -> None:
 def test_every_request_is_timed_when_events_want_the_timings() -> None:
     assert list(stages_ms(NOT_SAMPLED, keep_timings=True)) == [
         "tracing", "request_id", "events", "answer"]
+
+
+def test_a_stages_decided_lists_of_ints_are_span_attributes() -> None:
+    """The WAF's rule ids are ints: a stage span carried its mode and score, not them."""
+    from runtime.observe.tracing import _decided
+
+    got = _decided("waf", {"mode": "block", "score": 8, "rules": [920350, 942100],
+                           "mixed": [1, "a"], "none": None})
+    assert got == {"edgefn.waf.mode": "block", "edgefn.waf.score": 8,
+                   "edgefn.waf.rules": [920350, 942100]}
