@@ -283,6 +283,29 @@ def test_doctor_names_a_missing_layer() -> None:
     assert report["complete"] is False and report["python_sandbox"]["landlock"].startswith("missing")
 
 
+PRINTS = """\
+from edgefn import Response
+
+def handle(request, env):
+    print("pr1nt", request.query_string)
+    return Response("ok")
+"""
+
+
+def test_a_print_without_flush_reaches_the_log(pop: Running, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A pipe is block-buffered: print() lines waited in the guest's buffer for
+    8 KiB (or for ever), so an author saw none of them."""
+    pop.deploy(python_function(tmp_path, "prints", PRINTS))
+    with caplog.at_level("WARNING", logger="edgefn.functions"):
+        assert pop.get("/prints?q=1")[0] == 200
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and "pr1nt q=1" not in caplog.text:
+            time.sleep(0.02)
+    assert any(r.getMessage().endswith(": host output: pr1nt q=1") for r in caplog.records), \
+        caplog.text
+
+
 def test_its_stdout_and_stderr_are_a_pipe_into_the_log_not_the_pops(
         pop: Running, capfd: pytest.CaptureFixture[str],
         caplog: pytest.LogCaptureFixture) -> None:

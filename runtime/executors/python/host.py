@@ -77,7 +77,10 @@ def prepare_code(cfg: dict, fd: int) -> str:
     """Run first in a fresh subinterpreter: import paths, its scratch dir as the
     temp dir, the SDK and the function."""
     paths = import_paths(cfg)
+    # line-buffered: its stdout is a pipe (block-buffered), and print() without
+    # flush=True reached the PoP's log never (the host output relay, `host_output`)
     return (f"import sys, tempfile\nsys.path[:0] = {paths!r}\n"
+            "if sys.stdout is not None:\n    sys.stdout.reconfigure(line_buffering=True)\n"
             f"tempfile.tempdir = {isolate_scratch(cfg, fd)!r}\n"
             "import edgefn\nfrom runtime.executors.python import guest\n"
             f"prepared = guest.prepare({fd!r}, {cfg['module']!r}, {cfg['handler']!r})\n")
