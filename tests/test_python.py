@@ -337,6 +337,10 @@ def handle(request, env):
         return Response("x", status="200")
     if mode == "intbody":
         return Response(123)
+    if mode == "intheader":
+        return Response("x", headers={"x-n": 5})
+    if mode == "reflect":
+        return Response("x", headers={"x-name": request.headers.get("x-name")})
     if mode == "exit":
         import sys
         sys.exit(3)
@@ -362,10 +366,24 @@ def handle(request, env):
                          ("mode=status&s=101", b"invalid HTTP status 101"),
                          ("mode=status&s=-1", b"invalid HTTP status -1"),
                          ("mode=strstatus", b"invalid HTTP status '200'"),
-                         ("mode=intbody", b"response body is int")):
+                         ("mode=intbody", b"response body is int"),
+                         ("mode=intheader", b"response header 'x-n': name and value must be "
+                                            b"str, got str and int")):
         status, headers, body = pop.get(f"/flaky?{query}")
         assert (status, headers["x-edgefn-error"]) == (502, "bad_response"), query
         assert words in body, (query, body)
+    # a request header's value comes back as it came, non-ASCII too (it was decoded as
+    # UTF-8 and encoded as Latin-1: mangled, or a trap for a character past U+00FF)
+    for value in ("Jos\u00e9", "Zo\u00eb \u2713"):
+        conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+        conn.putrequest("GET", "/flaky?mode=reflect")
+        conn.putheader("x-name", value.encode())
+        conn.endheaders()
+        resp = conn.getresponse()
+        resp.read()
+        raw = [v for k, v in resp.msg.raw_items() if k.lower() == "x-name"]
+        conn.close()
+        assert resp.status == 200 and [r.encode("latin-1") for r in raw] == [value.encode()]
     # sys.exit() is the handler's exception, named, not its isolate ending (502 crash)
     status, headers, body = pop.get("/flaky?mode=exit")
     assert (status, headers["x-edgefn-error"]) == (500, "trap") and b"raised SystemExit: 3" in body

@@ -298,7 +298,10 @@ class Session:
                                      or hasattr(result.body, "__anext__")):
             raise BadResponse(f"response body is {type(result.body).__name__}: expected bytes, "
                               "str or a (async) generator of them")
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in result.headers.items()]
+        try:  # values as UTF-8, as the SDK decodes a request's: a reflected header round-trips
+            headers = [(k.encode("latin-1"), v.encode()) for k, v in result.headers.items()]
+        except (AttributeError, UnicodeEncodeError):
+            raise BadResponse(_bad_header(result.headers.items())) from None
         body = result.body
         if not result.streaming:
             data = body.encode() if isinstance(body, str) else bytes(body)
@@ -385,3 +388,16 @@ class Session:
         it, since `reap_threads` ends its threads with the request."""
         self.executor = concurrent.futures.ThreadPoolExecutor()
         return self.executor
+
+
+def _bad_header(items: Any) -> str:
+    """What is wrong with the first header that does not encode."""
+    for k, v in items:
+        if not isinstance(k, str) or not isinstance(v, str):
+            return (f"response header {k!r}: name and value must be str, got "
+                    f"{type(k).__name__} and {type(v).__name__}")
+        try:
+            k.encode("latin-1")
+        except UnicodeEncodeError:
+            return f"response header name {k!r} is not ASCII"
+    return "a response header does not encode"
