@@ -188,8 +188,9 @@ async def _peer_events(pop: PoP, role: Role | None) -> Forwarder | asyncio.Abstr
 
 def _peer_metrics(fanout: Fanout) -> PeersCall:
     """The other workers' metric families, asked at each scrape."""
-    async def ask(timeout: float) -> tuple[list[Wire], int]:
-        return await fanout.ask({"op": "metrics"}, timeout)
+    async def ask(timeout: float) -> list[Wire | None]:
+        return [None if a is None else a[0]
+                for a in await fanout.ask_each({"op": "metrics"}, timeout)]
 
     return ask
 

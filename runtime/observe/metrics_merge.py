@@ -10,9 +10,9 @@ the workers report (``edgefn_isolates``: the PoP's isolates in each state). The
 model worker's figures (``edgefn_ai_num_requests_running`` ...) come from the admin
 worker only: the model worker is one process, and only the admin worker asks it.
 
-A worker that does not answer within ``[metrics] worker_timeout`` is left out of
-that scrape (never waited for longer, never killed for it) and counted in
-``edgefn_scrape_workers_missing``; a worker that restarted counts from 0 again,
+A worker that does not answer within ``[metrics] worker_timeout`` counts with its
+last answer in that scrape (`PopMetrics`: never waited for longer, never killed for
+it) and in ``edgefn_scrape_workers_missing``; a worker that restarted counts from 0 again,
 which Prometheus' ``rate()`` reads as a counter reset.
 """
 

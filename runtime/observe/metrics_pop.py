@@ -28,8 +28,8 @@ from runtime.observe.metrics_worker import WorkerFigures
 from runtime.observe.settings_metrics import MetricsSettings
 
 type WorkerCall = Callable[[], Coroutine[Any, Any, dict[str, Any]]]
-# (timeout) -> (each answering worker's `to_wire` families, how many did not answer)
-type PeersCall = Callable[[float], Awaitable[tuple[list[Wire], int]]]
+# (timeout) -> each other worker's `to_wire` families, None where it did not answer
+type PeersCall = Callable[[float], Awaitable[list[Wire | None]]]
 log = logging.getLogger("edgefn.metrics")
 
 
@@ -49,6 +49,7 @@ class PopMetrics:
         self.worker_call = worker
         self.worker: WorkerFigures | None = None
         self.peers: PeersCall | None = None  # set before `endpoint` (runtime.app)
+        self.last: dict[int, list[Any]] = {}  # each other worker's last decoded families
         self.registry.register(self.requests)
         self.registry.register(self.isolates)
 
@@ -79,16 +80,24 @@ class PopMetrics:
                                self._merged if self.peers is not None else None)
 
     async def _merged(self) -> CollectorRegistry:
-        """This worker's families and the other workers', summed, for one scrape."""
+        """This worker's families and the other workers', summed, for one scrape. A
+        worker that does not answer (or whose answer does not decode) counts with
+        its last answer: left out, its counters fell by all it had counted for one
+        scrape and came back, which ``rate()`` and ``increase()`` read as traffic."""
         assert self.peers is not None
-        wires, missing = await self.peers(self.settings.worker_timeout)
-        families = []
-        for wire in wires:
+        wires = await self.peers(self.settings.worker_timeout)
+        families, missing = [], 0
+        for index, wire in enumerate(wires):
             try:
-                families.append(from_wire(wire))
-            except (ValueError, TypeError, AttributeError) as e:
-                log.warning("a worker's metrics did not decode: %r", e)
+                if wire is None:
+                    raise TimeoutError("no answer")
+                self.last[index] = from_wire(wire)
+            except (ValueError, TypeError, AttributeError, TimeoutError) as e:
+                if wire is not None:
+                    log.warning("a worker's metrics did not decode: %r", e)
                 missing += 1
+            if index in self.last:
+                families.append(self.last[index])
         registry = CollectorRegistry(auto_describe=False)
         registry.register(Merged(self.registry, families, missing, self.requests.base))
         return registry

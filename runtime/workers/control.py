@@ -144,10 +144,15 @@ class Fanout:
         """Send `msg` to every other worker; the "result" of each that answered
         within `timeout` seconds, and how many did not (not running, slow, or a
         bad answer). Nobody is killed: an answer is asked for, nothing changed."""
-        answers = await asyncio.gather(*(self._ask(i, msg, timeout)
-                                         for i in range(1, self.role.count)))
+        answers = await self.ask_each(msg, timeout)
         got = [a for a in answers if a is not None]
         return [a[0] for a in got], len(answers) - len(got)
+
+    async def ask_each(self, msg: dict[str, Any], timeout: float) -> list[tuple[Any] | None]:
+        """`ask`, answer by answer: for workers 1, 2, ... the 1-tuple of its
+        "result", or None where it did not answer."""
+        return list(await asyncio.gather(*(self._ask(i, msg, timeout)
+                                           for i in range(1, self.role.count))))
 
     async def _ask(self, index: int, msg: dict[str, Any], timeout: float
                    ) -> tuple[Any] | None:

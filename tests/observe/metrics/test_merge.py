@@ -74,9 +74,9 @@ def test_a_worker_whose_answer_does_not_decode_is_counted_missing() -> None:
     metrics.requests.observe(event())
     good = to_wire(worker(200).collect())
 
-    async def peers(timeout: float) -> tuple[list, int]:
+    async def peers(timeout: float) -> list:
         assert timeout == MetricsSettings().worker_timeout
-        return [[["edgefn_x", "doc"]], good], 1  # one bad answer, one worker silent
+        return [[["edgefn_x", "doc"]], good, None]  # one bad answer, one worker silent
 
     metrics.peers = peers
     source = metrics.endpoint(None).source
@@ -85,3 +85,33 @@ def test_a_worker_whose_answer_does_not_decode_is_counted_missing() -> None:
     assert value(found, "edgefn_requests_total", function="hello", route="/hello",
                  status_class="2xx", method="GET") == 2
     assert value(found, "edgefn_scrape_workers_missing") == 2
+
+
+def test_a_worker_that_misses_a_scrape_counts_with_its_last_answer() -> None:
+    """Left out of the scrape it missed, a worker's counters fell by all it had
+    counted and came back at the next: Prometheus read a reset and increase()
+    showed traffic that never happened. Its last answer stands in now."""
+    metrics = PopMetrics("edge-test", "edge", "fra", MetricsSettings(), lambda: [])
+    metrics.requests.observe(event())
+    answers: list = [to_wire(worker(200, 200).collect()), to_wire(worker(200).collect())]
+
+    async def peers(timeout: float) -> list:
+        return list(answers)
+
+    metrics.peers = peers
+    source = metrics.endpoint(None).source
+    assert source is not None
+
+    def hello() -> tuple[float, float]:
+        found = scrape(asyncio.run(source()))
+        return (value(found, "edgefn_requests_total", function="hello", route="/hello",
+                      status_class="2xx", method="GET"),
+                value(found, "edgefn_scrape_workers_missing"))
+
+    assert hello() == (4, 0)
+    answers[0] = None  # worker 1 is slow for this scrape
+    assert hello() == (4, 1)
+    answers[1] = [["edgefn_x", "doc"]]  # and worker 2's answer is garbled
+    assert hello() == (4, 2)
+    answers[0] = to_wire(worker(200, 200, 200).collect())  # worker 1 answers again
+    assert hello() == (5, 1)
