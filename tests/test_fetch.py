@@ -24,6 +24,13 @@ class Upstream(BaseHTTPRequestHandler):
             time.sleep(2)
         if self.path == "/big":
             body = b"x" * (MAX_RESPONSE + 1)
+        elif self.path == "/cookies":  # Expires has a comma: never joined with ", "
+            self.send_response(200)
+            self.send_header("set-cookie", "a=1; Expires=Wed, 21 Oct 2026 07:28:00 GMT")
+            self.send_header("set-cookie", "b=2")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
         elif self.path == "/redirect":
             self.send_response(302)
             self.send_header("location", "http://example.com/")
@@ -78,7 +85,9 @@ def handle(request, env):
                       timeout=float(request.query.get("t", "5")))
     except BindingError as e:
         return Response(str(e), status=403)
-    return Response(r.body, status=r.status, headers={"x-upstream": r.headers.get("content-type", "")})
+    return Response(r.body, status=r.status, headers={
+        "x-upstream": r.headers.get("content-type", ""),
+        "x-cookies": json.dumps(r.headers.get_all("set-cookie"))})
 """
 
 
@@ -99,6 +108,9 @@ def test_a_python_function_fetches_an_allowed_url(pop: Running, tmp_path: Path,
     assert headers["x-upstream"] == "application/json"
     status, _, body = pop.request("POST", f"/fetcher?url={upstream}/echo", b"abc")
     assert (status, body) == (201, b"cba")
+    _, headers, _ = pop.get(f"/fetcher?url={upstream}/cookies")
+    assert json.loads(headers["x-cookies"]) == ["a=1; Expires=Wed, 21 Oct 2026 07:28:00 GMT",
+                                                "b=2"]  # each, not one joined by ", "
     # a redirect comes back as it is, not followed
     assert pop.get(f"/fetcher?url={upstream}/redirect")[0] == 302
 

@@ -2,7 +2,9 @@
 made by the PoP to a URL its manifest allows (``[bindings] fetch = [patterns]``).
 
     fetch {url, method?, headers?, body? (base64), timeout_ms?}
-        -> {status, headers: {name: value}, body (base64)}
+        -> {status, headers: {name: value}, header_list: [[name, value], ...],
+            body (base64)}   (`headers` joins a repeated field with ", ", as fetch's
+            ``Headers.get`` does; `header_list` has each, e.g. every Set-Cookie)
 
 Rules, checked here in one place:
 - the URL must match one of the manifest's patterns (``https://api.example.com/*``:
@@ -189,7 +191,8 @@ class _Response:
 
     def __init__(self, head: bool) -> None:
         self.head = head  # an answer to HEAD has no body, whatever its content-length says
-        self.headers: dict[str, str] = {}
+        self.headers: dict[str, str] = {}  # repeated ones joined by ", " (as fetch's get())
+        self.pairs: list[list[str]] = []  # each field as it came (Set-Cookie's are not joined)
         self.chunks: list[bytes] = []
         self.size = 0
         self.done = False
@@ -198,6 +201,7 @@ class _Response:
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+        self.pairs.append([key, text])
 
     def on_headers_complete(self) -> None:
         if self.head:
@@ -228,5 +232,5 @@ async def _read_response(reader: asyncio.StreamReader, head: bool) -> dict[str, 
         if isinstance(e.__context__, BindingError):
             raise e.__context__ from None
         raise BindingError(f"fetch: malformed response: {e}") from None
-    return {"status": parser.get_status_code(), "headers": r.headers,
+    return {"status": parser.get_status_code(), "headers": r.headers, "header_list": r.pairs,
             "body": b64(b"".join(r.chunks))}

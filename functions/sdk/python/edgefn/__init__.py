@@ -227,7 +227,8 @@ class Env:
         if timeout is not None:
             args["timeout_ms"] = max(1, int(timeout * 1000))
         out = self._call("fetch", args, True)
-        return FetchResponse(out["status"], out["headers"], base64.b64decode(out["body"]))
+        return FetchResponse(out["status"], out.get("header_list") or out["headers"],
+                             base64.b64decode(out["body"]))
 
     def deployment(self) -> dict[str, str]:
         """This function's name and the version serving this request (asks the PoP)."""
@@ -236,11 +237,14 @@ class Env:
 
 
 class FetchResponse:
-    """What `Env.fetch` got back: `status`, `headers` (names lower-cased) and `body`."""
+    """What `Env.fetch` got back: `status`, `headers` (names lower-cased; a repeated
+    field once per line: ``headers.get_all("set-cookie")``) and `body`."""
 
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+    def __init__(self, status: int, headers: dict[str, str] | list[list[str]],
+                 body: bytes) -> None:
         self.status = status
-        self.headers = Headers(headers.items())
+        pairs = headers.items() if isinstance(headers, dict) else headers
+        self.headers = Headers((k, v) for k, v in pairs)
         self.body = body
 
     def text(self) -> str:
