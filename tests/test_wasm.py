@@ -102,6 +102,29 @@ def test_echo_handles_a_body_larger_than_initial_memory(engine: WasmEngine) -> N
     assert call(_echo(engine), request(b"/echo", body, b"POST")).body == body
 
 
+def test_a_request_that_cannot_fit_in_guest_memory_is_413(engine: WasmEngine,
+                                                          tmp_path: Path) -> None:
+    """edgefn_alloc traps when the request does not fit under limits.memory_mb: that
+    was a 500 `trap` ("trapped in edgefn_alloc (unreachable)"), a bug of the
+    function's for what the client sent."""
+    import shutil
+
+    d = tmp_path / "echo"
+    shutil.copytree(EXAMPLES / "echo", d)
+    (d / "edgefn.toml").write_text((d / "edgefn.toml").read_text().replace(
+        "memory_mb = 64", "memory_mb = 2"))
+    fn = load(engine, d)
+    err = failure(fn, request(b"/echo", b"x" * (3 << 20), b"POST"))
+    assert (err.code, err.status) == ("request_too_large", 413), err
+    import re
+
+    asked = re.search(r"a request of (\d+) bytes does not fit", str(err))
+    assert asked and 3 << 20 < int(asked[1]) < (3 << 20) + 200  # the encoded request
+    assert "limits.memory_mb = 2" in str(err)
+    body = b"y" * (512 << 10)
+    assert call(fn, request(b"/echo", body, b"POST")).body == body  # what fits still does
+
+
 def test_no_state_leaks_between_requests(engine: WasmEngine, tmp_path: Path) -> None:
     counter = reactor("""
       (global.set $n (i32.add (global.get $n) (i32.const 1)))

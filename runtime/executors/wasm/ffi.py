@@ -153,7 +153,7 @@ class ReactorCall(CallTarget):
         u32[0] = n
         error = call_unchecked(ctx, self.alloc, self.vals, 2, trap)
         if error or self.trap.value:
-            self._fail(ctx, error, "edgefn_alloc", memory)
+            self._fail(ctx, error, "edgefn_alloc", memory, n)
         ptr = u32[0]
         if ptr + n > memory_data_size(ctx, memory):
             raise FunctionError("bad_response", 502,
@@ -176,20 +176,22 @@ class ReactorCall(CallTarget):
                                 f"edgefn_handle returned ({rptr}, {rlen}), outside guest memory")
         return ctypes.string_at(memory_data(ctx, memory) + rptr, rlen)
 
-    def _fail(self, ctx: int, error: int | None, what: str, memory: object = None) -> None:
+    def _fail(self, ctx: int, error: int | None, what: str, memory: object = None,
+              asked: int = 0) -> None:
         """Raise the `FunctionError` for a failed call (a trap or a wasmtime error)."""
         trap, self.trap.value = self.trap.value, None
         size = memory_data_size(ctx, memory) if memory is not None else 0
-        raise call_error(trap, error, what, self.outcome, size)
+        raise call_error(trap, error, what, self.outcome, size, asked)
 
 
 def call_error(trap_ptr: int | None, error_ptr: int | None, what: str, outcome: Outcome,
-               memory_size: int) -> FunctionError:
+               memory_size: int, asked: int = 0) -> FunctionError:
     """The `FunctionError` for a failed wasmtime call; takes ownership of the
-    `wasm_trap_t*` / `wasmtime_error_t*` it is given."""
+    `wasm_trap_t*` / `wasmtime_error_t*` it is given. `asked`: the bytes the host
+    asked ``edgefn_alloc`` for (the request), when that call failed."""
     if trap_ptr:
         trap = wasmtime.Trap._from_ptr(ctypes.cast(trap_ptr, POINTER(ffi.wasm_trap_t)))
-        return trap_error(trap, what, outcome, memory_size)
+        return trap_error(trap, what, outcome, memory_size, asked)
     if error_ptr:
         ptr = ctypes.cast(error_ptr, POINTER(ffi.wasmtime_error_t))
         err = wasmtime.WasmtimeError._from_ptr(ptr)
@@ -197,9 +199,11 @@ def call_error(trap_ptr: int | None, error_ptr: int | None, what: str, outcome: 
     raise AssertionError("call_error without a trap or an error")
 
 
-def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: int) -> FunctionError:
-    """Classify a trap: an epoch interrupt is the time limit; anything else is a
-    guest trap, reported as the memory limit when guest memory is within a
+def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: int,
+               asked: int = 0) -> FunctionError:
+    """Classify a trap: an epoch interrupt is the time limit; a request that could
+    not fit in guest memory under its limit (`asked` bytes) is 413; anything else
+    is a guest trap, reported as the memory limit when guest memory is within a
     quarter of it (at the limit ``memory.grow`` returns -1 and guests abort, so
     the trap itself does not say why)."""
     code = trap.trap_code
@@ -211,6 +215,11 @@ def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: in
         status = 503 if outcome.interrupt_kind == "cpu_limit" else 504
         return FunctionError(outcome.interrupt_kind, status,
                              f"exceeded its {what_limit} limit of {outcome.limit_ms} ms")
+    if asked and memory_size + asked > outcome.memory_limit:  # the client's to fix
+        return FunctionError("request_too_large", 413,
+                             f"a request of {asked} bytes does not fit in its memory "
+                             f"({memory_size / 2**20:.1f} MiB in use, limits.memory_mb = "
+                             f"{outcome.memory_limit >> 20}): edgefn_alloc trapped")
     if memory_size and memory_size >= outcome.memory_limit * 3 // 4:
         return FunctionError("memory_limit", 503,
                              f"trapped near its memory limit ({memory_size / 2**20:.1f} of "

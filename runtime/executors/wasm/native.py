@@ -206,7 +206,8 @@ class NativeReactorCall(CallTarget):
         stage = r.stage
         if stage in (INSTANTIATE, ALLOC, HANDLE):
             what = {INSTANTIATE: "instantiation", ALLOC: "edgefn_alloc"}.get(stage, "edgefn_handle")
-            return call_error(r.trap, r.error, what, self.outcome, r.memory_size)
+            return call_error(r.trap, r.error, what, self.outcome, r.memory_size,
+                              r.b if stage == ALLOC else 0)
         if stage == NO_EXPORT:
             return FunctionError("trap", 500, f"module has no export {EXPORTS[r.export_index]!r}")
         if stage == ALLOC_OOB:

@@ -129,7 +129,7 @@ static int run(wasmtime_context_t *cx, const wasmtime_instance_pre_t *pre, const
     vals[0].i32 = (int32_t)req_len;
     r->error = wasmtime_func_call_unchecked(cx, ex[1].of, vals, 2, &r->trap);
     r->memory_size = wasmtime_memory_data_size(cx, mem);
-    if (r->error || r->trap) return ALLOC;
+    if (r->error || r->trap) { r->b = req_len; return ALLOC; }
     uint64_t ptr = (uint32_t)vals[0].i32;
     if (ptr + req_len > r->memory_size) { r->a = ptr; r->b = req_len; return ALLOC_OOB; }
     memcpy(wasmtime_memory_data(cx, mem) + ptr, req, req_len);
