@@ -164,3 +164,35 @@ def test_the_aggregator_observes_from_the_first_login_with_the_rings_history(
         pop.get("/hello")
         # events are delivered right after the response is sent, in a batch
         wait_for(lambda: rolling.total == 6, 2.0, "the new request counted")
+
+
+def test_a_restart_that_ends_the_session_says_so(tmp_path: Path) -> None:
+    """After a PoP restart the stream's reconnect gets 401 (sessions live in the PoP's
+    memory): the browser stops trying for good, while the page said "retrying…" and
+    kept its old figures. And no request of the page fails (the browser asked for
+    /favicon.ico: a 401 in the console at every load)."""
+    import socket
+
+    from playwright.sync_api import expect, sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tmp_path / "data"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=ARGS)
+        try:
+            page = browser.new_page()
+            failed: list[str] = []
+            page.on("requestfailed", lambda r: failed.append(r.url))
+            page.on("response", lambda r: r.status >= 400 and failed.append(r.url))
+            with pop_thread(data, **{"admin.port": port}):
+                assert page.goto(login_url(str(data))).status == 200  # type: ignore[union-attr]
+                expect(page.locator("#state")).to_contain_text("live", timeout=10_000)
+                assert failed == []
+            with pop_thread(data, **{"admin.port": port}):
+                expect(page.locator("#state")).to_contain_text("session ended",
+                                                               timeout=20_000)
+                assert page.evaluate("document.body.classList.contains('ended')")
+        finally:
+            browser.close()

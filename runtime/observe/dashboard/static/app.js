@@ -79,4 +79,13 @@ if (location.search) history.replaceState(null, "", "/dashboard");
 const source = new EventSource("/v1/dashboard/stream");
 source.addEventListener("snapshot", (m) => snapshot(JSON.parse(m.data)));
 source.addEventListener("events", (m) => events(JSON.parse(m.data)));
-source.onerror = () => { $("state").textContent = "disconnected; retrying…"; };
+source.onerror = () => {
+  if (source.readyState === EventSource.CLOSED) {
+    // refused (401: the PoP restarted, and sessions live in its memory): the browser
+    // will not try again, so say so instead of showing stale figures as live
+    $("state").textContent = "session ended: run `edgefn dashboard` for a new login link";
+    document.body.classList.add("ended");
+  } else {
+    $("state").textContent = "disconnected; retrying…";
+  }
+};
