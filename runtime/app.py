@@ -102,6 +102,8 @@ async def running_worker(config: PopConfig, role: Role | None
         await public.start(config.public.host, config.public.port, role is not None,
                            b"x-edgefn-worker: %d\r\n" % os.getpid() if config.worker_header
                            else b"")
+        if pop.metrics is not None:  # what the front refuses never reaches the pipeline
+            pop.metrics.listener = lambda: public.state
         if role is not None and role.leader and pop.metrics is not None:
             pop.metrics.peers = _peer_metrics(Fanout(role))  # one scrape: every worker
         admin = await _admin(pop, config, role)

@@ -452,6 +452,7 @@ class HttpProtocol(asyncio.Protocol):
         shape (what an API client such as the `openai` package parses)."""
         if self.transport is None:
             return
+        self.state.answered[status] += 1
         if any(k in (b"content-type", b"accept") and b"json" in v for k, v in self.headers):
             ctype = b"application/json"
             body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
@@ -474,6 +475,7 @@ class HttpProtocol(asyncio.Protocol):
         log.debug("refusing %s: %s", self.client, why)
         assert self.transport is not None
         if len(self.state.refusing) >= MAX_REFUSING:
+            self.state.cut += 1
             self.transport.abort()
             self.transport = None
             return
@@ -487,6 +489,7 @@ class HttpProtocol(asyncio.Protocol):
         self.refusing = False
         if self.transport is None:
             return
+        self.state.answered[503] += 1
         body = b"server busy: too many connections\n"
         self.transport.write(
             b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"

@@ -54,6 +54,8 @@ class ServerState:
         self.connections: set[HttpProtocol] = set()
         self.per_client: Counter[str] = Counter()  # open connections by client address
         self.refused = 0  # connections turned away at a cap
+        self.cut = 0  # of those, cut unanswered (past MAX_REFUSING waiting for their 503)
+        self.answered: Counter[int] = Counter()  # the front's own error answers, by status
         self.refusing: set[HttpProtocol] = set()  # past a cap, waiting for their 503
         self.extra_head = b""  # a header line every response carries (`worker_header`)
 

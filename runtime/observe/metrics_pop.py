@@ -4,6 +4,7 @@ prometheus_client's global one: several PoPs run in one test process).
     PopMetrics ─┬─ requests: RequestMetrics   an Observer of every event
                 ├─ worker: WorkerFigures      the model worker's figures, per scrape
                 ├─ isolates: IsolateMetrics   Python isolates, per scrape
+                ├─ FrontMetrics               what the HTTP front refused itself, per scrape
                 └─ peers                      ``workers = N``: the other workers' families,
                                               asked at each scrape and summed in
                                               (`runtime.observe.metrics_merge`)
@@ -20,7 +21,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from edgefn_core.errors import InvalidConfig
+from runtime.net.server import ServerState
 from runtime.observe.metrics import RequestMetrics
+from runtime.observe.metrics_front import FrontMetrics
 from runtime.observe.metrics_http import MetricsEndpoint
 from runtime.observe.metrics_isolates import IsolateMetrics
 from runtime.observe.metrics_merge import Merged, Wire, from_wire
@@ -50,8 +53,10 @@ class PopMetrics:
         self.worker: WorkerFigures | None = None
         self.peers: PeersCall | None = None  # set before `endpoint` (runtime.app)
         self.last: dict[int, list[Any]] = {}  # each other worker's last decoded families
+        self.listener: Callable[[], ServerState | None] = lambda: None  # set by runtime.app
         self.registry.register(self.requests)
         self.registry.register(self.isolates)
+        self.registry.register(FrontMetrics(base, lambda: self.listener()))
 
     def endpoint(self, pop_loop: asyncio.AbstractEventLoop | None,
                  admin_token: str | None = None,

@@ -174,3 +174,37 @@ def test_the_ctypes_path_records_instantiation_times_too(tmp_path: Path):
     call.prewarm(encode_request(b"GET", b"/", b"", [], b"", b""))
     bounds, counts, total = times.snapshot()
     assert sum(counts) == 3 and len(counts) == len(bounds) + 1 and 0 < total < 0.3
+
+
+def test_what_the_http_front_refuses_itself_is_counted(tmp_path: Path) -> None:
+    """A malformed request, a body over http.max_body_bytes or a URL over its limit
+    never reach the pipeline: no event, no access-log line, no sample anywhere,
+    so an operator could not see a client sending them."""
+    import socket
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with pop_thread(tmp_path / "data", **{"http.max_body_bytes": 1000}) as pop:
+        def send(raw: bytes) -> bytes:
+            with socket.create_connection((pop.host, pop.port), timeout=10) as s:
+                s.sendall(raw)
+                return s.recv(100)
+
+        assert send(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n") \
+            .startswith(b"HTTP/1.1 400")
+        for _ in range(2):
+            assert send(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n") \
+                .startswith(b"HTTP/1.1 413")
+        assert pop.get("/hello-nothing")[0] == 404  # through the pipeline: not counted here
+        with socket.create_connection((pop.host, pop.port), timeout=10) as held:
+            held.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert held.recv(100).startswith(b"HTTP/1.1 404")
+            text = pop.admin.metrics()  # while it is open
+    found = {(s.labels.get("status"), s.name): s.value
+             for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name.startswith("edgefn_http_")}
+    assert found[("400", "edgefn_http_front_refused_total")] == 1
+    assert found[("413", "edgefn_http_front_refused_total")] == 2
+    assert ("404", "edgefn_http_front_refused_total") not in found
+    assert found[(None, "edgefn_http_connections_cut_total")] == 0
+    assert found[(None, "edgefn_http_connections")] >= 1
