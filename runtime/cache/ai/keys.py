@@ -120,12 +120,14 @@ def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],
 
 
 def completion_call(tenant: str | None, model: str, prompt: str, params: dict[str, Any]) -> Call:
+    """A raw completion continues its prompt byte for byte: keyed on the prompt as
+    sent (a trailing space, newline or "." changes what comes next), and never
+    looked up by meaning (a paraphrase's continuation is the wrong text: "violets
+    are" and "violets are blue," went on alike)."""
     tenant = tenant or ""
     s = sampling(params)
-    text = normalize(prompt)
-    scope = _hash("completion-scope", tenant, model, s)
-    return Call("completion", tenant, model, _hash("completion", tenant, model, exact(prompt), s),
-                scope if text else None, text, _deterministic(s), scope, formula(prompt))
+    return Call("completion", tenant, model, _hash("completion", tenant, model, prompt, s),
+                None, "", _deterministic(s), _hash("completion-bucket", tenant, model))
 
 
 def embedding_call(tenant: str | None, model: str, inputs: list[str]) -> Call:
