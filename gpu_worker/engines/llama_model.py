@@ -352,7 +352,19 @@ def _pick(chain: Any, temperature: float, top_p: float, top_k: int, seed: int) -
     if top_p < 1.0:
         ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
     ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
-    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(dist_seed(seed)))
+
+
+RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp draws a random seed for it
+
+
+def dist_seed(seed: int) -> int:
+    """The 32-bit seed llama.cpp's sampler gets for a request's `seed`: its low 32
+    bits, except that the one value llama.cpp reads as "random" (-1, 2**32 - 1, and
+    every seed that ends in those bits) is mapped to a fixed one, so that the
+    same seed still gives the same output."""
+    low = seed & 0xFFFFFFFF
+    return 0x7F4A7C15 if low == RANDOM_SEED else low
 
 
 _MARK = "\ue000{}\ue001"  # private-use characters: where a content goes in the template

@@ -83,6 +83,10 @@ def test_seed_makes_sampling_repeatable(worker: Harness) -> None:
     a1, a2, b = worker.run(sample(7)), worker.run(sample(7)), worker.run(sample(8))
     assert a1 == a2
     assert a1 != b
+    # llama.cpp reads a seed of 0xFFFFFFFF as "draw one at random": -1 and 2**32 - 1
+    # (and every seed ending in those bits) gave another output at every call
+    for seed in (-1, 2**32 - 1, 2**63 - 1):
+        assert worker.run(sample(seed)) == worker.run(sample(seed)), seed
 
 
 def test_stop_string_cuts_the_output(worker: Harness) -> None:
