@@ -9,6 +9,7 @@ A text that does not start with the opening markup is content, all of it.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from typing import Any, NamedTuple
@@ -37,6 +38,7 @@ class CallReader:
         self.mode: str | None = None  # None until the text shows what it is: content or calls
         self.in_args = False
         self.calls = 0
+        self.args = ""  # the current call's arguments given out so far
 
     def feed(self, text: str) -> list[Piece]:
         """The pieces `text` completes (text that may still be markup is held back)."""
@@ -54,9 +56,24 @@ class CallReader:
         if self.mode == "calls":
             rest = self._calls()
             if self.in_args and self.buf:
-                rest.append(Piece("args", self.buf, self.calls - 1))
+                kept = self._cut()
+                if kept:
+                    rest.append(Piece("args", kept, self.calls - 1))
             return rest
         return [Piece("content", self.buf)] if self.buf else []
+
+    def _cut(self) -> str:
+        """What of the held-back text is arguments when the generation ended: not
+        the start of the closing markup (``}\n</tool_call`` reached the client
+        after complete arguments), keeping a ``}`` that completes their JSON."""
+        buf = self.buf
+        for k in range(len(buf), -1, -1):
+            if TAIL.startswith(buf[k:]) and _is_json(self.args + buf[:k]):
+                return buf[:k]
+        for k in range(len(buf)):  # cut inside the arguments: drop only what is markup
+            if len(buf) - k >= 2 and TAIL.startswith(buf[k:]):
+                return buf[:k]
+        return buf
 
     def _decide(self) -> None:
         head = self.buf.lstrip("\n")
@@ -73,18 +90,28 @@ class CallReader:
                 if m is None:
                     return out
                 out.append(Piece("call", m[1], self.calls, "call_" + secrets.token_hex(12)))
-                self.buf, self.in_args = self.buf[m.end():], True
+                self.buf, self.in_args, self.args = self.buf[m.end():], True, ""
                 self.calls += 1
             at = self.buf.find(TAIL)
             if at < 0:  # all but what may be the start of the closing markup
                 safe = max(0, len(self.buf) - len(TAIL) + 1)
                 if safe:
                     out.append(Piece("args", self.buf[:safe], self.calls - 1))
+                    self.args += self.buf[:safe]
                     self.buf = self.buf[safe:]
                 return out
             if at:
                 out.append(Piece("args", self.buf[:at], self.calls - 1))
+                self.args += self.buf[:at]
             self.buf, self.in_args = self.buf[at + len(TAIL):], False
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def message(pieces: list[Piece]) -> dict[str, Any]:

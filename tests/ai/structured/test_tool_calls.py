@@ -10,7 +10,7 @@ import pytest
 
 from gpu_worker.engines.tool_prompt import call_text, with_tools
 from gpu_worker.protocol import TOOL_CALL_OPEN
-from runtime.ai.tool_calls import CallReader, Piece, delta, message
+from runtime.ai.tool_calls import TAIL, CallReader, Piece, delta, message
 
 TWO = "\n".join([call_text({"name": "get_weather", "arguments": '{"city": "Paris"} '}),
                  call_text({"name": "now", "arguments": "{}"})])
@@ -65,6 +65,26 @@ def test_arguments_stream_before_the_call_ends() -> None:
 def test_a_call_cut_short_keeps_its_partial_arguments() -> None:
     msg = message(read([TOOL_CALL_OPEN + '{"name": "f", "arguments": {"a": 1, "b"']))
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b"'
+
+
+@pytest.mark.parametrize(("cut", "args"), [
+    (1, '{ "city": "Paris" }'),  # cut right after the wrapper's "}": its close never came
+    (4, '{ "city": "Paris" }'),
+    (len(TAIL) - 1, '{ "city": "Paris" }'),  # "}\n</tool_call": the markup went out as args
+    (0, '{ "city": "Paris" }'),
+])
+def test_a_call_cut_inside_its_closing_markup_gives_its_arguments_only(
+        cut: int, args: str, rand: random.Random) -> None:
+    text = TOOL_CALL_OPEN + '{"name": "f", "arguments": ' + args + TAIL[:cut]
+    for parts in ([text], split(text, rand), split(text, rand)):
+        msg = message(read(parts))
+        assert msg["tool_calls"][0]["function"]["arguments"] == args, parts
+
+
+def test_a_cut_that_may_close_the_arguments_json_keeps_the_brace() -> None:
+    """``{"a": {"b": 1}`` + ``}``: that brace completes the arguments, not the wrapper."""
+    msg = message(read([TOOL_CALL_OPEN + '{"name": "f", "arguments": {"a": {"b": 1}}']))
+    assert msg["tool_calls"][0]["function"]["arguments"] == '{"a": {"b": 1}}'
 
 
 def test_deltas_have_openai_streaming_shape() -> None:
