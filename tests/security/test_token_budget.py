@@ -273,3 +273,26 @@ def test_concurrent_reservations_never_overspend(redis_server: RedisServer,  # n
     assert total <= limit
     if smallest_refused:  # a refusal means it truly did not fit: tight from below too
         assert total + smallest_refused > limit
+
+
+def test_what_an_ended_generation_is_charged() -> None:
+    """A worker that died mid-stream charged its client the prompt, what it read and
+    a whole window unread (538 of 600 tokens for three cut streams)."""
+    from edgefn_core.errors import WorkerDead, WorkerError
+    from gpu_worker.client import Generation
+    from runtime.security.ratelimit.admission import used_by
+
+    async def main() -> None:
+        budgets = TokenBudgets(SETTINGS, MemoryBudgetStore())
+        payer = budgets.payer(Principal("key", "acme", key_id="k", max_streams=4))
+        ticket = await budgets.admit(payer, counter(20), 150, stream=True)
+        gen = Generation(None, 1, 64)  # type: ignore[arg-type]  # never sends: not asked to
+        gen.tokens = 42
+        assert used_by(ticket, gen, WorkerDead("died")) == 42
+        assert used_by(ticket, gen, WorkerError("timeout", 504, "slow")) == 42
+        assert used_by(ticket, gen, None) == 20 + 42 + 64  # the client left: read + a window
+        fresh_gen = Generation(None, 2, 64)  # type: ignore[arg-type]
+        assert used_by(ticket, fresh_gen, WorkerError("bad", 400, "refused")) == 0
+        await ticket.settle(0)
+
+    run(main())

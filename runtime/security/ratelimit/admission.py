@@ -205,13 +205,17 @@ class TokenBudgets:
 
 def used_by(ticket: Ticket, gen: Generation | None, error: BaseException | None) -> int:
     """The tokens a generation is charged: its usage once it finished; none if
-    the worker refused it (4xx, nothing read: nothing ran); else, ended early,
-    its prompt, what was read and what may have been generated unread (one token
-    a chunk, at most its window), never more than reserved."""
+    the worker refused it (4xx, nothing read: nothing ran); what the client read
+    if the worker failed it (5xx: a worker that died or timed out is not the
+    client's to pay for); else, ended early by the client, its prompt, what was
+    read and what may have been generated unread (one token a chunk, at most its
+    window), never more than reserved."""
     if gen is not None and gen.done is not None:
         return gen.done.prompt_tokens + gen.done.completion_tokens
     if gen is None or (isinstance(error, WorkerError) and error.status < 500 and not gen.tokens):
         return 0
+    if isinstance(error, WorkerError) and error.status >= 500:
+        return min(ticket.reserved, gen.tokens)
     return min(ticket.reserved, ticket.prompt + gen.tokens + gen.window)
 
 
