@@ -124,9 +124,20 @@ def penalties(presence: float, frequency: float, bias: dict[str, float] | None
 
 def shaped(body: Any) -> bool:
     """Whether a chat or completion body uses any of these fields (the AI cache
-    keeps plain text only, so it leaves such requests alone)."""
-    return any(getattr(body, name, None) not in (None, 0, 0.0, False, {}, [])
-               for name in FIELDS)
+    keeps plain text only, so it leaves such requests alone). Values that ask
+    for plain text are no shaping: ``response_format: {"type": "text"}``, and a
+    ``tool_choice`` of "none" or "auto" without tools."""
+    for name in FIELDS:
+        value = getattr(body, name, None)
+        if value in (None, 0, 0.0, False, {}, []):
+            continue
+        if name == "response_format" and value == {"type": "text"}:
+            continue
+        if name == "tool_choice" and value in ("none", "auto") and not getattr(body, "tools",
+                                                                                None):
+            continue
+        return True
+    return False
 
 
 def params_of(body: Any) -> dict[str, Any]:

@@ -164,6 +164,13 @@ def test_good_fields_become_generate_fields() -> None:
     with pytest.raises(ApiError, match="between 0 and 5"):
         structured.params_of(CompletionBody(model="m", prompt="p", logprobs=6))
     assert structured.shaped(body) and not structured.shaped(ChatBody(model="m", messages=[]))
+    # plain text asked for in so many words is no shaping (the AI cache bypassed them)
+    assert not structured.shaped(ChatBody(model="m", messages=[],
+                                          response_format={"type": "text"}, tool_choice="none"))
+    assert structured.shaped(ChatBody(model="m", messages=[], tools=[WEATHER],
+                                      tool_choice="none"))
+    assert structured.shaped(ChatBody(model="m", messages=[],
+                                      response_format={"type": "json_object"}))
 
 
 def test_the_ai_binding_checks_the_same_fields() -> None:
