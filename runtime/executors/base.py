@@ -76,7 +76,7 @@ def load(manifest: Manifest, directory: Path, version: str, wasm: WasmEngine,
         return PythonFunction(manifest, directory, version, bindings, insecure_python)
     from runtime.executors.wasm.function import WasmFunction
 
-    return WasmFunction(wasm, manifest, directory, bindings)
+    return WasmFunction(wasm, manifest, directory, bindings, version)
 
 
 __all__ = ["Executor", "WasmEngine", "load"]

@@ -158,12 +158,15 @@ def test_wasi_traps_name_start_and_the_memory_limit(engine: WasmEngine, tmp_path
 
 def test_wasi_stderr_goes_to_the_log_line_by_line(engine: WasmEngine, tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    src = wasi("""(drop (call $write (i32.const 2) (i32.const 1024) (i32.const 11)))
+    """At WARNING as a Python host's output is (it was INFO: hidden by default), its
+    control characters escaped (an ANSI escape redrew the operator's terminal)."""
+    src = wasi("""(drop (call $write (i32.const 2) (i32.const 1024) (i32.const 17)))
       (drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))""",
-               HEADER + '(data (i32.const 1024) "one\\ntwo \\ff!\\n")')
-    with caplog.at_level(logging.INFO, logger="edgefn.wasm"):
+               HEADER + '(data (i32.const 1024) "one\\ntwo \\ff!\\n\\1b[2Jx\\n")')
+    with caplog.at_level(logging.WARNING, logger="edgefn.functions"):
         assert run(load(engine, function_dir(tmp_path, "noisy", src))).status == 200
-    assert caplog.messages == ["[noisy] one", "[noisy] two \ufffd!"]
+    assert caplog.messages == ["noisy: stderr: one", "noisy: stderr: two \ufffd!",
+                               "noisy: stderr: \\x1b[2Jx"]
 
 
 def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,

@@ -46,6 +46,7 @@ from edgefn_core.abi import (
 from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
+from runtime.executors.output import GuestLines
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import wasi as cgi
 from runtime.executors.wasm import wasi_poll
@@ -74,11 +75,14 @@ REACTOR_EXPORTS = {
 
 class WasmFunction:
     def __init__(self, wasm: WasmEngine, manifest: Manifest, directory: Path,
-                 bindings: Bindings | None = None) -> None:
+                 bindings: Bindings | None = None, version: str = "") -> None:
         """Compile, check exports and imports, and pre-link. Raises `DeployError`."""
         self.wasm = wasm
         self.manifest = manifest
         self.name = manifest.name
+        # a WASI guest's stderr, in the log as a Python host's output is (bounded, escaped)
+        self.stderr = GuestLines(logging.getLogger("edgefn.functions"),
+                                 f"{self.name}@{version}" if version else self.name, "stderr")
         limits = manifest.limits
         self.memory_limit = limits.memory_mb << 20
         self.max_response = limits.max_response_mb << 20
@@ -387,8 +391,8 @@ class WasmFunction:
         return b"".join(out.chunks)
 
     def _log_stderr(self, data: bytes) -> None:
-        for line in data.decode("utf-8", "replace").splitlines():
-            log.info("[%s] %s", self.name, line)
+        for line in data.splitlines():
+            self.stderr.line(line)
 
 
 def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore, ...],

@@ -1,0 +1,55 @@
+"""What a guest writes to its stdout or stderr, as lines of the PoP's log: tagged
+with the function, each cut at `MAX_LINE` characters, control characters shown
+escaped (an ANSI escape or a CR cannot redraw the operator's terminal or forge a
+line), and at most `RATE` lines a second (burst `BURST`) per function; past it
+lines are counted and dropped, and the count is logged once lines flow again.
+
+Used for a Python isolate host's pipe (`runtime.executors.python.host_output`)
+and a WASI guest's stderr (`runtime.executors.wasm.function`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+MAX_LINE = 2000  # characters of one line kept (the rest is cut, marked)
+RATE = 20.0  # lines a second a function may log, on average ...
+BURST = 200  # ... and at once; past it lines are counted and dropped
+
+
+class GuestLines:
+    """Logs one function's output lines at WARNING on `log` as ``LABEL: WHAT: line``.
+    Thread-safe (WASI guests run on worker threads)."""
+
+    def __init__(self, log: logging.Logger, label: str, what: str) -> None:
+        self.log, self.label, self.what = log, label, what
+        self.tokens, self.last, self.dropped = float(BURST), time.monotonic(), 0
+        self.lock = threading.Lock()
+
+    def line(self, raw: bytes) -> None:
+        """Log one line (its end of line, if any, is dropped)."""
+        if len(raw) > MAX_LINE:
+            raw = raw[:MAX_LINE] + b" [cut]"
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(BURST, self.tokens + (now - self.last) * RATE)
+            self.last = now
+            if self.tokens < 1:
+                self.dropped += 1
+                return
+            self.tokens -= 1
+            dropped, self.dropped = self.dropped, 0
+        if dropped:
+            self.log.warning("%s: %s: %d lines dropped (over %g a second)", self.label,
+                             self.what, dropped, RATE)
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if _control(text):
+            text = text.encode("unicode_escape", "replace").decode("ascii")
+        self.log.warning("%s: %s: %s", self.label, self.what, text)
+
+
+def _control(text: str) -> bool:
+    """Whether `text` holds control characters (ANSI escapes, CR): shown escaped."""
+    return any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in text)
