@@ -172,6 +172,9 @@ class Bindings:
         unknown call, bad arguments, or a store error (its message says which).
         """
         kind, _, op = name.partition(".")
+        if not isinstance(args, dict):  # a WASM guest's JSON: `[1, 2]` met list indexing
+            raise BindingError(f"arguments to {name} must be a JSON object, got "
+                               f"{_json_kind(args)}")
         if name == "kv.readable":  # a Python host that reads KV in place asks what it may
             return self.kv.readable()
         if kind == "ai":
@@ -242,7 +245,7 @@ def _checked(call: Any, name: str, op: str, args: dict[str, Any]) -> Any:
         return call(op, args)
     except StoreError as e:
         raise BindingError(str(e)) from None
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BindingError(f"bad arguments to {name}: {_why(e)}") from None
 
 
@@ -261,7 +264,7 @@ async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any],
                       traceparent: str | None = None) -> Any:
     try:
         return await ai.call(op, args, traceparent)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BindingError(f"bad arguments to ai.{op}: {_why(e)}") from None
 
 
@@ -278,7 +281,16 @@ def _why(e: Exception) -> str:
     Python repr."""
     if isinstance(e, KeyError) and e.args:
         return f"missing argument {e.args[0]!r}"
+    if isinstance(e, AttributeError) and e.obj is not None:  # `{"key": 5}`: 'int' ... encode
+        return f"an argument is {_json_kind(e.obj)} where a string or object was expected"
     return str(e) or type(e).__name__
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            int: "a number", float: "a number", type(None): "null"}.get(type(value),
+                                                                        type(value).__name__)
 
 
 def off_loop(run: Any) -> Any:

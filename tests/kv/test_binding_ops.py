@@ -244,3 +244,14 @@ def test_a_vector_of_the_wrong_dimension_is_refused_naming_the_dimension(
 def test_a_missing_argument_is_named_not_a_python_repr(probe: Probe) -> None:
     (missing,) = probe.run({"op": "call", "name": "kv.get", "args": {"namespace": probe.ns}})
     assert missing["error"] == "bad arguments to kv.get: missing argument 'key'"
+
+
+def test_arguments_of_the_wrong_json_kind_are_named_not_python_errors(probe: Probe) -> None:
+    """A WASM guest's `call` arguments are any JSON: `[1, 2]` said "list indices must be
+    integers or slices, not str", `{"key": 5}` "'int' object has no attribute 'encode'"."""
+    array, number = probe.run(
+        {"op": "call", "name": "kv.get", "args": [1, 2]},
+        {"op": "call", "name": "kv.get", "args": {"namespace": probe.ns, "key": 5}})
+    assert array["error"] == "arguments to kv.get must be a JSON object, got an array"
+    assert number["error"] == ("bad arguments to kv.get: an argument is a number where a "
+                               "string or object was expected")
