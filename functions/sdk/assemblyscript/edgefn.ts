@@ -35,7 +35,17 @@ export class Request {
 }
 
 export class Response {
+  /** Set by `Response.binary`: the body as raw bytes (then `body` is unused). */
+  bytes: Uint8Array | null = null;
   constructor(public status: i32, public contentType: string, public body: string) {}
+
+  /** A response whose body is raw bytes (an image, a file, an upload echoed back):
+   *  `body` is a string, sent as UTF-8, which cannot carry arbitrary bytes. */
+  static binary(status: i32, contentType: string, body: Uint8Array): Response {
+    const r = new Response(status, contentType, "");
+    r.bytes = body;
+    return r;
+  }
 }
 
 let userHandler: ((req: Request) => Response) | null = null;
@@ -86,8 +96,11 @@ export function edgefn_handle(ptr: i32, len: i32): i64 {
 
 function encode(r: Response): i64 {
   const ct = String.UTF8.encode(r.contentType);
-  const body = String.UTF8.encode(r.body);
-  const size = 8 + 4 + 12 + 4 + ct.byteLength + 4 + body.byteLength;
+  const raw = r.bytes;
+  const body = raw !== null ? raw.buffer : String.UTF8.encode(r.body);
+  const start = raw !== null ? raw.dataStart : changetype<usize>(body);
+  const bodyLen = raw !== null ? raw.byteLength : body.byteLength;
+  const size = 8 + 4 + 12 + 4 + ct.byteLength + 4 + bodyLen;
   const out = heap.alloc(<usize>size);
   let p = out;
   store<u32>(p, r.status); store<u32>(p + 4, 1); p += 8;
@@ -95,8 +108,8 @@ function encode(r: Response): i64 {
   memory.copy(p, changetype<usize>(String.UTF8.encode("content-type")), 12); p += 12;
   store<u32>(p, ct.byteLength); p += 4;
   memory.copy(p, changetype<usize>(ct), <usize>ct.byteLength); p += ct.byteLength;
-  store<u32>(p, body.byteLength); p += 4;
-  memory.copy(p, changetype<usize>(body), <usize>body.byteLength);
+  store<u32>(p, bodyLen); p += 4;
+  memory.copy(p, start, <usize>bodyLen);
   return (<i64>out << 32) | <i64>size;
 }
 
@@ -114,13 +127,26 @@ export function kvPut(ns: string, key: string, value: string): i64 {
                      changetype<usize>(v), v.byteLength);
 }
 
+/** `kvPut` of raw bytes (a string value is stored as its UTF-8). */
+export function kvPutBytes(ns: string, key: string, value: Uint8Array): i64 {
+  const n = String.UTF8.encode(ns), k = String.UTF8.encode(key);
+  return host_kv_put(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength,
+                     value.dataStart, value.byteLength);
+}
+
 export function kvDelete(ns: string, key: string): bool {
   const n = String.UTF8.encode(ns), k = String.UTF8.encode(key);
   return host_kv_delete(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength) == 1;
 }
 
-/** The value as a string, or null if absent. */
+/** The value as a string (decoded as UTF-8), or null if absent. */
 export function kvGet(ns: string, key: string): string | null {
+  const v = kvGetBytes(ns, key);
+  return v === null ? null : String.UTF8.decodeUnsafe(v.dataStart, <usize>v.byteLength);
+}
+
+/** The value as raw bytes, or null if absent. */
+export function kvGetBytes(ns: string, key: string): Uint8Array | null {
   const n = String.UTF8.encode(ns), k = String.UTF8.encode(key);
   let cap: i32 = 4096;
   let buf = heap.alloc(<usize>cap);
@@ -131,7 +157,9 @@ export function kvGet(ns: string, key: string): string | null {
     buf = heap.alloc(<usize>cap);
     len = host_kv_get(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength, buf, cap);
   }
-  return String.UTF8.decodeUnsafe(buf, <usize>len);
+  const out = new Uint8Array(<i32>len);
+  memory.copy(out.dataStart, buf, <usize>len);
+  return out;
 }
 
 /** Any binding ("vectors.query", ...) with JSON args; its JSON result. */
