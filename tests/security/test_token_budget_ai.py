@@ -160,8 +160,8 @@ def test_n_choices_reserve_n_times_max_tokens_and_pay_the_prompt_once(pop: Runni
     three, two, held = on_pop(pop, main())
     # 3 x 40 and the prompt can never fit 100 a minute; 2 x 40 and the prompt can
     err = msgspec.json.decode(three.body)["error"]
-    assert (three.status, err["code"]) == (400, "token_budget") and "reserves 13" in err[
-        "message"], err
+    assert (three.status, err["code"], err["param"]) == (400, "token_budget", "max_tokens")
+    assert "reserves 13" in err["message"], err
     assert two.status == 200, two.body
     usage = msgspec.json.decode(two.body)["usage"]
     assert held == usage["total_tokens"] and usage["completion_tokens"] > 40 // 2

@@ -183,10 +183,14 @@ class TokenBudgets:
             why = "max_tokens" if max_tokens is not None else (
                 f"{self.settings.default_max_tokens}, [ratelimit] default_max_tokens, as it "
                 "sets no max_tokens")
-            raise Rejected("token_budget", 400, f"this request reserves {amount} tokens (its "
-                           f"prompt plus {why}), more than the {payer.limits[smallest]} "
-                           f"per minute of {_who(payer.buckets[smallest])}: "
-                           f"{'lower' if max_tokens is not None else 'set a lower'} max_tokens")
+            too_big = Rejected("token_budget", 400, f"this request reserves {amount} tokens "
+                               f"(its prompt plus {why}), more than the "
+                               f"{payer.limits[smallest]} per minute of "
+                               f"{_who(payer.buckets[smallest])}: "
+                               f"{'lower' if max_tokens is not None else 'set a lower'} "
+                               "max_tokens")
+            too_big.param = "max_tokens"  # type: ignore[attr-defined]  # OpenAI's `param`
+            raise too_big
         got = await self.store.reserve(payer.buckets, payer.limits, amount)
         if isinstance(got, Refusal):
             raise self._refused(payer, got, amount)
