@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runtime import config as c
 from runtime.pipeline.chain import Chain
@@ -192,4 +192,10 @@ def _ai_cache(pop: PoP, targets: Targets) -> Stage | None:
         return None
     from runtime.pipeline.stages.ai_cache import AICacheStage
 
-    return AICacheStage(cache, targets, pop.config.residency.secret)
+    ai = pop.ai
+
+    async def count(model: str, messages: list[Any]) -> int:
+        assert ai is not None  # an AI cache exists where a model worker does
+        return await ai.client.count_tokens(model, messages=messages)
+
+    return AICacheStage(cache, targets, pop.config.residency.secret, count)

@@ -27,17 +27,20 @@ a hit adds ``x-edgefn-cache-entry`` (the entry served) and a semantic one
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import struct
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from edgefn_core.errors import WorkerError
 from runtime.ai.openai_api import (
     ENCODINGS,
     MAX_STOPS,
@@ -65,6 +68,8 @@ KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
 BODIES: dict[str, type[Any]] = {"chat": ChatBody, "completion": CompletionBody,
                                 "embedding": EmbeddingsBody}
 ORIGIN_FAILED = frozenset({502, 503, 504})  # what a stale entry may answer instead
+COUNT_WAIT = 2.0  # seconds a semantic hit waits for its prompt's count (else: the stored one)
+type CountTokens = Callable[[str, list[Any]], Awaitable[int]]
 FALLBACK = b"x-edgefn-fallback"
 
 
@@ -76,17 +81,21 @@ class Asked:
     stream: bool = False
     include_usage: bool = False
     encoding_format: str = "float"
+    messages: list[Any] | None = None  # a chat's, as sent (a semantic hit counts them)
 
 
 class AICacheStage:
     name = "ai_cache"
 
-    def __init__(self, cache: AICache, targets: Targets, secret: str = "") -> None:
+    def __init__(self, cache: AICache, targets: Targets, secret: str = "",
+                 count: CountTokens | None = None) -> None:
         """`secret`: the topology's shared one (``[residency] secret``), which signs the
-        query embeddings handed between tiers (`forward`); "" hands none on."""
+        query embeddings handed between tiers (`forward`); "" hands none on.
+        `count(model, messages)`: a chat's prompt tokens (the model worker's)."""
         self.cache = cache
         self.targets = targets
         self.secret = secret
+        self.count = count
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> StageResult:
         kind = KINDS.get(request.path)
@@ -105,9 +114,13 @@ class AICacheStage:
         policy = self.cache.policy(None, lookup=wishes.lookup, store=wishes.store,
                                    ttl=wishes.ttl)
         found = await self.cache.lookup(asked.call, policy, self._given(request, asked.call))
-        ctx.decide("ai_cache", self.cache.account(found))
+        record = self.cache.account(found)
+        ctx.decide("ai_cache", record)
         if found.entry is not None:
-            return _hit(asked, found)
+            prompt = await self._prompt_tokens(asked, found)
+            if prompt is not None:
+                record["cached_tokens"] = prompt
+            return _hit(asked, found, prompt)
         if found.vector is not None and found.flight is not None:  # the call goes on
             ctx.embedding = forward.sign(self.secret, self.cache.settings.embedding_model,
                                          asked.call.query, found.vector)
@@ -141,6 +154,18 @@ class AICacheStage:
             weakref.finalize(tee, self.cache.abandon, found)  # a stream nobody reads
             response.body = tee
         return response
+
+    async def _prompt_tokens(self, asked: Asked, found: Lookup) -> int | None:
+        """A semantic hit's prompt tokens: the caller's messages counted by the
+        model's tokenizer (its usage showed the stored paraphrase's count); None,
+        the stored count, for an exact hit or where the worker cannot count now."""
+        if found.outcome != "hit-semantic" or self.count is None or asked.messages is None:
+            return None
+        try:
+            return await asyncio.wait_for(self.count(asked.call.model, asked.messages),
+                                          COUNT_WAIT)
+        except (WorkerError, TimeoutError):
+            return None
 
     def _given(self, request: Request, call: Call) -> np.ndarray | None:
         """The query embedding the tier below signed for this very query, if any."""
@@ -231,6 +256,7 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
             if not b.messages:
                 return None
             call = chat_call(tenant, b.model, b.messages, params)
+            return Asked(call, b.stream, usage, messages=b.messages)
         else:
             prompt = b.prompt
             if isinstance(prompt, list):
@@ -243,7 +269,9 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
     return Asked(call, b.stream, usage)
 
 
-def _hit(asked: Asked, found: Lookup) -> Response:
+def _hit(asked: Asked, found: Lookup, prompt: int | None = None) -> Response:
+    """`found`'s entry replayed for `asked`; `prompt`: the caller's prompt tokens
+    where they differ from the stored call's (a semantic hit)."""
     entry = found.entry
     assert entry is not None
     headers = [(b"x-edgefn-cache", found.outcome.encode()),
@@ -251,6 +279,8 @@ def _hit(asked: Asked, found: Lookup) -> Response:
     if found.outcome == "hit-semantic" and found.similarity is not None:
         headers.append((b"x-edgefn-cache-similarity", f"{found.similarity:.4f}".encode()))
     r, model, chat = entry.result, asked.call.model, asked.call.kind == "chat"
+    if prompt is not None and isinstance(r, Generated):
+        r = dataclasses.replace(r, prompt_tokens=prompt)
     if isinstance(r, Embedded):
         return json_response(replay.embeddings(r, model, asked.encoding_format),
                              headers=headers)

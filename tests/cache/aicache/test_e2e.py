@@ -92,6 +92,21 @@ def test_a_paraphrase_is_a_semantic_hit_and_says_so(client: openai.OpenAI) -> No
     assert hit.parse().choices[0].message.content == a.choices[0].message.content
 
 
+def test_a_semantic_hits_usage_counts_the_callers_prompt(client: openai.OpenAI) -> None:
+    """It showed the stored paraphrase's prompt_tokens (18 for a 35-token prompt)."""
+    first = "How do I reverse a list in Python?"
+    longer = "How can I reverse a list in Python, please?"
+    stored = ask(client, first).parse()
+    hit = ask(client, longer)
+    if hit.headers["x-edgefn-cache"] != "hit-semantic":
+        pytest.fail(f"the premise: {longer!r} is a semantic hit of {first!r}")
+    fresh = ask(client, longer, {"cache-control": "no-store"}).parse()
+    assert fresh.usage.prompt_tokens != stored.usage.prompt_tokens  # the premise: they differ
+    got = hit.parse().usage
+    assert got.prompt_tokens == fresh.usage.prompt_tokens
+    assert got.prompt_tokens_details.cached_tokens == fresh.usage.prompt_tokens
+
+
 def test_request_headers_bypass_and_refuse_bad_values(client: openai.OpenAI,
                                                       pop: Running) -> None:
     ask(client, "Name a planet.")
