@@ -157,7 +157,9 @@ def _calls_rule(conv: SchemaConverter, tools: list[dict[str, Any]], choice: Any,
         alts.append(f'{conv._format_literal(head)} {args} '
                     f'{conv._format_literal("}" + TOOL_CALL_CLOSE)}')
     conv._rules["call"] = " | ".join(alts)
-    conv._rules["calls"] = 'call ("\\n" call)*' if parallel else "call"
+    # a named choice forces exactly one call of that function (OpenAI's "forced function"):
+    # with parallel calls allowed it could repeat it
+    conv._rules["calls"] = 'call ("\\n" call)*' if parallel and named is None else "call"
     return "calls"
 
 
