@@ -138,6 +138,9 @@ class RequestMetrics:
         # REQUEST_LABELS values -> state: what the scrape reads
         self.series: dict[tuple[str, ...], list[float]] = {}
         self.ai: dict[tuple[str, str], list[float]] = {}
+        # model -> the base model it adapts (a LoRA adapter), as the OpenAI API's events
+        # say: an AI-cache hit's event cannot, and its series had adapter=""
+        self.bases: dict[str, str] = {}
         self.waf_blocks = Counts(1, max_series)
         self.waf_detects = Counts(1, max_series)
         self.rejects = Counts(2, max_series)
@@ -210,7 +213,12 @@ class RequestMetrics:
     def _ai(self, event: Event) -> None:
         ai = event.ai
         assert ai is not None
-        key = (ai.model, ai.adapter or "")
+        if ai.adapter is not None:
+            if len(self.bases) < self.max_series:
+                self.bases[ai.model] = ai.adapter
+            key = (ai.model, ai.adapter)
+        else:
+            key = (ai.model, self.bases.get(ai.model, ""))
         state = self.ai.get(key)
         if state is None:
             if len(self.ai) >= self.max_series:

@@ -130,6 +130,21 @@ def test_ai_calls_per_model_and_adapter(metrics):
                  **lora) == 1
 
 
+def test_an_ai_cache_hit_of_an_adapter_counts_in_its_series(metrics):
+    """A hit's event knows the model it asked for, not that it is an adapter: its
+    samples went to a series of their own, adapter=""."""
+    observer, registry = metrics
+    observer.observe(event(target="openai", ai=AIUsage(
+        operation="chat", model="pirate", adapter="smollm2", prompt_tokens=5,
+        completion_tokens=3, finish_reason="stop")))
+    observer.observe(event(target="openai", ai=AIUsage(  # the AI cache's hit
+        operation="chat", model="pirate", prompt_tokens=5, cached_tokens=5)))
+    found = scrape(registry)
+    assert value(found, "edgefn_ai_prompt_tokens_total", model="pirate", adapter="smollm2") == 10
+    assert value(found, "edgefn_ai_cached_tokens_total", model="pirate", adapter="smollm2") == 5
+    assert value(found, "edgefn_ai_prompt_tokens_total", model="pirate", adapter="") is None
+
+
 def test_label_values_are_bounded(metrics):
     observer, registry = metrics  # max_series=10
     for i in range(50):
