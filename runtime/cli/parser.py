@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -130,6 +131,26 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
+
+
+def _up_to(most: int) -> Callable[[str], int]:
+    """An argparse `type`: a whole number from 1 to `most` (a bad one is exit
+    status 2 with the flag named, as any other bad flag value)."""
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}, got {value}")
+        return value
+
+    return parse
+
+
+def _status(text: str) -> str:
+    """An argparse `type`: a status (404) or a class (5xx)."""
+    if re.fullmatch(r"[1-5][0-9][0-9]|[1-5]xx", text) is None:
+        raise argparse.ArgumentTypeError(f"expected a status (404) or a class (5xx), "
+                                         f"got {text!r}")
+    return text
 
 
 def _numbers(values: list[Any]) -> bool:
@@ -303,7 +324,8 @@ def _kv_command(c: Commands) -> None:
     o = c.op(ops, "list", "list keys in order", "edgefn kv list docs --prefix user:")
     o.add_argument("namespace")
     o.add_argument("--prefix", default="", help="only keys starting with it (default: all)")
-    o.add_argument("--limit", type=int, default=100, help="at most this many keys")
+    o.add_argument("--limit", type=_up_to(1000), default=100,
+                   help="at most this many keys (1-1000)")
     o.add_argument("--cursor", help="continue a listing (default: from the first key)")
 
 
@@ -413,13 +435,15 @@ def _events_commands(c: Commands) -> None:
               "edgefn events --since 10m --status 5xx", json=True)
     e.add_argument("--since", default="10m",
                    help="how far back: seconds or a duration (90, 10m, 2h, 1d)")
-    e.add_argument("--limit", type=int, default=100, help="at most this many (the newest)")
+    e.add_argument("--limit", type=positive_int, default=100,
+                   help="at most this many (the newest)")
     _event_filters(e)
 
 
 def _event_filters(s: Parser) -> None:
     s.add_argument("--function", help="only this function, name or name@version (default: all)")
-    s.add_argument("--status", help="only this status (404) or class (5xx) (default: all)")
+    s.add_argument("--status", type=_status,
+                   help="only this status (404) or class (5xx) (default: all)")
     s.add_argument("--tenant", help="only requests of this tenant (default: all)")
     s.add_argument("--path", help="only paths starting with this prefix (default: all)")
 

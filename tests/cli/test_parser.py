@@ -4,6 +4,7 @@ example, kv/vectors/lora list their operations, handlers resolve, --version."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 from importlib import metadata
 
@@ -123,3 +124,19 @@ def test_a_lora_scale_that_is_no_positive_number_is_refused_by_the_cli(
     assert parser.build().parse_args(["lora", "add", "x", "a.gguf", "--scale", "0.5"]).scale \
         == 0.5
 
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["events", "--status", "abc"], "argument --status: expected a status (404) or a class"),
+    (["tail", "--status", "6xx"], "argument --status: expected a status"),
+    (["events", "--limit", "0"], "argument --limit: must be 1 or more, got 0"),
+    (["kv", "list", "ns", "--limit", "0"], "argument --limit: must be 1 or more"),
+    (["kv", "list", "ns", "--limit", "1001"], "argument --limit: must be at most 1000"),
+])
+def test_bad_filter_values_are_refused_as_flags(argv: list[str], words: str) -> None:
+    """They reached the PoP and came back as `query: field status` (exit status 1,
+    where every other bad flag value is 2, named)."""
+    with pytest.raises(parser.UsageError, match=re.escape(words)):
+        parser.build().parse_args(argv)
+    assert parser.build().parse_args(["events", "--status", "5xx", "--limit", "3"]).status \
+        == "5xx"
