@@ -196,6 +196,23 @@ def test_a_json_body_sent_as_text_is_read_as_json(content_type: str | None,
     assert not verdict.blocked and crs.BODY_ERROR_RULE not in verdict.rules
 
 
+@pytest.mark.parametrize("encoded", [
+    b"\xef\xbb\xbf" + b'{"q": "1\' UNION SELECT username, password FROM users--"}',
+    *('{"q": "1\' UNION SELECT username, password FROM users--"}'.encode(codec)
+      for codec in ("utf-16", "utf-16-be", "utf-16-le", "utf-32", "utf-32-le")),
+])
+def test_a_json_body_with_a_bom_or_in_utf_16_or_32_is_read_as_json(
+        encoded: bytes, pl1: WafEngine) -> None:
+    """`json.loads` of bytes (the SDK's request.json()) takes a BOM and UTF-16/32: such
+    a text/plain body got past the WAF, though the function read the attack."""
+    import json
+
+    assert json.loads(encoded)["q"].startswith("1' UNION")  # the premise
+    attack = Case("text", "POST", "/api", {"content-type": "text/plain"}, encoded)
+    verdict = pl1.inspect(request(attack), "1.2.3.4:5", 1 << 20)
+    assert verdict.blocked, verdict
+
+
 def test_missing_rules_named(tmp_path: object) -> None:
     settings = WafSettings(mode="block", crs_rules=str(tmp_path))
     reason = missing(settings)
@@ -230,3 +247,40 @@ def test_a_libstdcxx_clash_is_named(first: str, expect: str) -> None:
                          text=True, timeout=60, check=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     assert expect in out
+
+
+SQLI = "1%27%20UNION%20SELECT%20username,password%20FROM%20users--"
+
+
+@pytest.mark.parametrize("where", ["query", "form"])
+def test_an_attack_after_the_argument_limit_is_refused(where: str, pl1: WafEngine) -> None:
+    """The engine reads at most 1000 arguments: `a0=1&...&a999=1&q=<SQLi>` got through
+    (the rules never saw q)."""
+    padding = "&".join(f"a{i}=1" for i in range(crs.MAX_ARGS))
+    for pad, blocked in ((padding, True), ("&".join(padding.split("&")[:998]), False)):
+        text = f"{pad}&q=1"  # the last argument: harmless
+        if where == "query":
+            case = Case("args", "GET", f"/echo?{text}", {}, b"")
+        else:
+            case = Case("args", "POST", "/echo",
+                        {"content-type": "application/x-www-form-urlencoded"}, text.encode())
+        verdict = pl1.inspect(request(case), "1.2.3.4:5", 1 << 20)
+        assert verdict.blocked is blocked, (where, len(pad.split("&")), verdict)
+        assert (crs.ARGS_RULE in verdict.rules) is blocked
+    attack = Case("args", "GET", f"/echo?{padding}&q={SQLI}", {}, b"")
+    assert pl1.inspect(request(attack), "1.2.3.4:5", 1 << 20).blocked
+
+
+@pytest.mark.parametrize("kind", ["application/merge-patch+json", "application/vnd.api+json",
+                                  "application/problem+json; charset=utf-8",
+                                  "application/ld+json"])
+def test_json_media_types_are_allowed_and_read_as_json(kind: str, pl1: WafEngine) -> None:
+    """Rule 920420 refused every +json type but CRS's two (a JSON:API or merge-patch
+    client got 403 for `{"a": 1}`); their bodies are still inspected as JSON."""
+    ok = Case("json", "PATCH", "/api", {"content-type": kind}, b'{"a": 1}')
+    assert not pl1.inspect(request(ok), "1.2.3.4:5", 1024).blocked
+    bad = Case("json", "PATCH", "/api", {"content-type": kind},
+               b'{"q": "<script>alert(1)</script>"}')
+    assert pl1.inspect(request(bad), "1.2.3.4:5", 1024).blocked
+    odd = Case("json", "PATCH", "/api", {"content-type": "application/x-evil"}, b'{"a": 1}')
+    assert 920420 in pl1.inspect(request(odd), "1.2.3.4:5", 1024).rules  # still refused

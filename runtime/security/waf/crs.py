@@ -18,6 +18,12 @@ Rule ids edgefn adds (in ModSecurity's range for local rules):
     10003          the body did not parse (REQBODY_ERROR): refused in block mode
                    unless the body was cut at ``max_body_bytes``
     10004          reports CRS's inbound anomaly score (never listed as a match)
+    10005          the request has `MAX_ARGS` arguments or more: those past it are
+                   never read (an attack after 1000 padding ones passed), so it is
+                   refused in block mode (ModSecurity's recommended rule 200007)
+    10006          any ``application/*+json`` type is allowed (merge-patch, JSON:API,
+                   problem+json: CRS's list names two, and 920420 refused the rest);
+                   its body is read as JSON (10001)
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from typing import NamedTuple
 
 from runtime.security.settings import WafSettings
 
-JSON_RULE, XML_RULE, BODY_ERROR_RULE, SCORE_RULE = 10001, 10002, 10003, 10004
+JSON_RULE, XML_RULE, BODY_ERROR_RULE, SCORE_RULE, ARGS_RULE = 10001, 10002, 10003, 10004, 10005
+MAX_ARGS = 1000  # arguments (query, form, JSON leaves) the engine reads
+JSON_TYPES_RULE = 10006
 BLOCKING_RULE = 949110  # CRS: inbound anomaly score exceeded
 LOCAL_EXCLUSIONS = "/etc/modsecurity/crs/REQUEST-900-EXCLUSION-RULES-BEFORE-CRS.conf"
 SKIPPED = frozenset({"REQUEST-910-IP-REPUTATION.conf"})
@@ -51,14 +59,19 @@ SecRequestBodyAccess On
 SecRequestBodyLimit {BODY_LIMIT}
 SecRequestBodyNoFilesLimit {BODY_LIMIT}
 SecRequestBodyLimitAction ProcessPartial
-SecArgumentsLimit 1000
+SecArgumentsLimit {MAX_ARGS}
 SecRequestBodyJsonDepthLimit 256
 SecResponseBodyAccess Off
 SecAuditEngine Off
 SecRule REQUEST_HEADERS:Content-Type "@rx (?i)^application/(?:[a-z0-9.+-]*\+)?json" \
     "id:{JSON_RULE},phase:1,t:none,pass,nolog,ctl:requestBodyProcessor=JSON"
+SecRule REQUEST_HEADERS:Content-Type "@rx (?i)^application/[a-z0-9.-]+\+json\s*(?:;|$)" \
+    "id:{JSON_TYPES_RULE},phase:1,t:none,pass,nolog,ctl:ruleRemoveById=920420"
 SecRule REQUEST_HEADERS:Content-Type "@rx (?i)^(?:application(?:/soap\+|/)|text/)xml" \
     "id:{XML_RULE},phase:1,t:none,pass,nolog,ctl:requestBodyProcessor=XML"
+SecRule &ARGS "@ge {MAX_ARGS}" \
+    "id:{ARGS_RULE},phase:2,t:none,pass,log,msg:'Too many arguments to read them all',\
+severity:'CRITICAL'"
 SecRule REQBODY_ERROR "!@eq 0" \
     "id:{BODY_ERROR_RULE},phase:2,t:none,pass,log,msg:'Request body did not parse',\
 logdata:'%{{reqbody_error_msg}}',severity:'CRITICAL'"

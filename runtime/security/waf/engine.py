@@ -87,7 +87,10 @@ class WafEngine:
                       request.http_version)
         truncated = len(request.body) > max_body_bytes
         body = request.body[:max_body_bytes] if truncated else request.body
-        json_body = _json_in_disguise(request.headers, body)
+        disguised = _json_in_disguise(request.headers, body)
+        json_body = disguised is not None
+        if disguised is not None:
+            body = disguised  # as UTF-8: what the rules read is what the function parses
         typed = False
         for name, value in request.headers:  # Content-Type picks the body processor
             if json_body and name.lower() == b"content-type":
@@ -107,21 +110,31 @@ class WafEngine:
 OPAQUE = (b"", b"text/plain")
 
 
-def _json_in_disguise(headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-    """Whether `body` is a JSON object or array sent as text/plain (or with no type):
-    a function may parse it as JSON whatever the type says (the Python SDK's
-    `request.json()` does), so the rules must read its fields as JSON (such a body
-    was never inspected: a WAF bypass)."""
-    if not body or body.lstrip()[:1] not in (b"{", b"["):
-        return False
+def _json_in_disguise(headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
+    """`body` as UTF-8 if it is a JSON object or array sent as text/plain (or with
+    no type), else None: a function may parse it as JSON whatever the type says
+    (the Python SDK's `request.json()` does, as `json.loads` of bytes, which takes
+    a byte-order mark and UTF-16 or UTF-32 too), so the rules must read its fields
+    as JSON (such a body was never inspected: a WAF bypass, with a BOM or in UTF-16
+    even after plain UTF-8 was handled)."""
+    if not body:
+        return None
     kind = next((v for k, v in headers if k.lower() == b"content-type"), b"")
     if kind.split(b";", 1)[0].strip().lower() not in OPAQUE:
-        return False
+        return None
     try:
-        json.loads(body)
+        text = body.decode(json.detect_encoding(body))
+    except (UnicodeDecodeError, LookupError):
+        return None
+    if text[:1] == "\ufeff":  # a UTF-16/32 BOM stays after the decode (utf-8-sig drops its own)
+        text = text[1:]
+    if text.lstrip()[:1] not in ("{", "["):
+        return None
+    try:
+        json.loads(text)
     except ValueError:
-        return False
-    return True
+        return None
+    return text.encode()
 
 
 def _verdict(messages: list[RuleMessage], truncated: bool) -> Verdict:
@@ -137,7 +150,7 @@ def _verdict(messages: list[RuleMessage], truncated: bool) -> Verdict:
             if truncated:
                 continue  # a body cut at the limit does not parse: expected
             blocked = True
-        elif rid == crs.BLOCKING_RULE:
+        elif rid in (crs.BLOCKING_RULE, crs.ARGS_RULE):
             blocked = True
         if rid not in rules:
             rules.append(rid)
