@@ -164,8 +164,10 @@ class Bindings:
         fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms)
         return cls(m.name, kv, vectors, ai, denied, fetch)
 
-    def call(self, name: str, args: dict[str, Any]) -> Any:
-        """Run binding `name` ("kv.get", "vectors.query", "ai.chat", ...).
+    def call(self, name: str, args: dict[str, Any], caller: str | None = None) -> Any:
+        """Run binding `name` ("kv.get", "vectors.query", "ai.chat", ...) for a
+        request of `caller` (its principal's tenant, set by the executor, never by
+        the guest: a pinned caller's model calls keep to its region).
 
         Returns the result, or an awaitable of it (see the module docstring).
         Raises `BindingError` for an undeclared kind, namespace or index, an
@@ -178,7 +180,7 @@ class Bindings:
         if name == "kv.readable":  # a Python host that reads KV in place asks what it may
             return self.kv.readable()
         if kind == "ai":
-            return self._ai(op, args, _trace_of(args))
+            return self._ai(op, args, _trace_of(args), caller)
         if name == "fetch":
             return self._fetch(args, _trace_of(args))
         if kind not in ("kv", "vectors"):
@@ -190,7 +192,8 @@ class Bindings:
         run = functools.partial(_checked, capability.call, name, op, args)
         return off_loop(run) if blocking else run()
 
-    def _ai(self, op: str, args: dict[str, Any], traceparent: str | None) -> Any:
+    def _ai(self, op: str, args: dict[str, Any], traceparent: str | None,
+            caller: str | None = None) -> Any:
         """On the event loop's thread, a coroutine (the caller awaits it); on any
         other thread (a WASM guest), the result, waited for. Raises `BindingError`."""
         if self.ai is None:
@@ -198,7 +201,7 @@ class Bindings:
         loop = self.ai.service.loop
         if loop is None:
             raise BindingError("the model worker has not started yet")
-        call = _ai_checked(self.ai, op, args, traceparent)
+        call = _ai_checked(self.ai.as_caller(caller), op, args, traceparent)
         if _on_loop(loop):
             return call
         return asyncio.run_coroutine_threadsafe(call, loop).result(AI_TIMEOUT)

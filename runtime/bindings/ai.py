@@ -26,6 +26,7 @@ function's ``[cache.ai]`` turns them off or a call passes ``cache: false``
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import secrets
 import time
@@ -91,6 +92,19 @@ class AIBinding:
         self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
         self.ids = itertools.count(1)
         self.egress = egress
+        self.resident = self.tenant  # whose data residency its model calls keep to
+
+    def as_caller(self, caller: str | None) -> AIBinding:
+        """This binding for a request of tenant `caller`: when `caller` is pinned
+        (``[residency] tenants``), its model calls keep to the caller's region, not
+        the owner's (a pinned tenant's prompt left its region through a function of
+        an unpinned owner). The same streams, cache and budget: a shallow copy."""
+        if caller is None or caller == self.resident or self.egress is None \
+                or caller not in self.egress.settings.tenants:
+            return self
+        view = copy.copy(self)
+        view.resident = caller
+        return view
 
     def _hop(self, model: str, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with the residency overrides of a pinned tenant's call (a
@@ -98,8 +112,8 @@ class AIBinding:
         may not leave this PoP."""
         if self.egress is None:
             return params
-        return {**params, **self.egress.hop(self.tenant, model, f"ai-{secrets.token_hex(12)}",
-                                            params)}
+        return {**params, **self.egress.hop(self.resident, model,
+                                            f"ai-{secrets.token_hex(12)}", params)}
 
     async def call(self, op: str, a: dict[str, Any], traceparent: str | None = None) -> Any:
         """Run one AI operation; a model call carries `traceparent` (the calling
@@ -282,7 +296,7 @@ class AIBinding:
 
     async def _embedded(self, model: str, texts: list[str]) -> Embedded:
         if self.egress is not None:  # refused before any charge
-            texts = self.egress.inputs(self.tenant, model, texts)
+            texts = self.egress.inputs(self.resident, model, texts)
         ticket = await self._admit(model, False, 0, inputs=texts)
         out = await settled_embedding(ticket, self.service.client.embed(model, texts))
         return Embedded(out["embeddings"], out["tokens"])

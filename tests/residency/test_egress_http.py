@@ -21,7 +21,7 @@ from runtime.ai.egress import DESENSITISED_RID
 from runtime.security.keys import KeyStore
 from runtime.security.residency import hashed_id
 from tests.gpu_worker.test_upstream_engine import FakeUpstream
-from tests.support import Running, pop_thread
+from tests.support import Running, function_dir, pop_thread, reactor
 
 SECRET = "0123456789abcdef0123"
 RESIDENCY = {"tenants": {"acme-eu": "emea", "acme-ds": "emea"}, "secret": SECRET,
@@ -175,3 +175,65 @@ def test_a_function_of_a_pinned_tenant_embeds_under_the_same_rule(setup: tuple[
     status, _, out = pop.get("/embed/acme-ds?q=jane.doe%40example.com", timeout=30)
     assert (status, out) == (200, b"embedded")
     assert embeddings_sent(up)[-1] == ["[email]"]
+
+
+def _wat_string(data: bytes) -> str:
+    return "".join(f"\\{b:02x}" for b in data)
+
+
+def chatting_functions(folder: Path) -> tuple[Path, Path]:
+    """Functions of unpinned globex, callable by any key, whose ai binding chats
+    with the forwarded model a prompt of the request's (Python: ?q=; WASM: a fixed
+    marker)."""
+    py = folder / "py"
+    py.mkdir(parents=True)
+    (py / "edgefn.toml").write_text(
+        'name = "chat-py"\nruntime = "python"\nentry = "main.py"\nroutes = ["/chat-py"]\n'
+        'owner = "globex"\nauth = "key"\n[bindings]\nai = true\n')
+    (py / "main.py").write_text(
+        "from edgefn import Response\n\n\ndef handle(request, env):\n"
+        "    try:\n"
+        "        env.ai().chat([{'role': 'user', 'content': request.query['q']}],\n"
+        "                      model='echo', max_tokens=2)\n"
+        "    except Exception as e:\n"
+        "        return Response(str(e), status=502)\n"
+        "    return Response('chatted')\n")
+    args = json.dumps({"model": "echo", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "wasmmark"}]}).encode()
+    wat = reactor(
+        f"(drop (call $call (i32.const 2048) (i32.const 7) (i32.const 2100) "
+        f"(i32.const {len(args)}) (i32.const 8192) (i32.const 4096)))",
+        prelude=f'(data (i32.const 2048) "ai.chat")\n'
+                f'  (data (i32.const 2100) "{_wat_string(args)}")',
+        imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
+                "(result i64)))")
+    wasm = function_dir(folder, "chat-wasm", wat,
+                        extra='owner = "globex"\nauth = "key"\n[bindings]\nai = true')
+    return py, wasm
+
+
+def test_a_pinned_callers_prompt_keeps_to_its_region_in_another_owners_function(
+        setup: tuple[Running, FakeUpstream, dict[str, str]], tmp_path: Path) -> None:
+    """The binding's residency was its owner's: a pinned tenant calling a function of
+    an unpinned owner had its prompt sent out of its region (central logged it)."""
+    pop, up, keys = setup
+    py, wasm = chatting_functions(tmp_path)
+    pop.deploy(py)
+    pop.deploy(wasm)
+    before = len(chats_sent(up))
+    for path, key in (("/chat-py?q=pymark", keys["acme-eu"]), ("/chat-wasm", keys["acme-eu"])):
+        status, _, out = pop.request("GET", path, headers={"authorization": f"Bearer {key}"},
+                                     timeout=30)
+        assert status in (500, 502), (path, status, out)
+        assert b"tenant 'acme-eu' is pinned to region 'emea'" in out, (path, out)
+    assert len(chats_sent(up)) == before, "the upstream got nothing"
+    status, _, out = pop.request("GET", "/chat-py?q=mine",
+                                 headers={"authorization": f"Bearer {keys['globex']}"},
+                                 timeout=30)
+    assert (status, out) == (200, b"chatted")  # an unpinned caller's goes, as before
+    status, _, out = pop.request("GET", "/chat-wasm",
+                                 headers={"authorization": f"Bearer {keys['globex']}"},
+                                 timeout=30)
+    assert (status, out) == (200, b"ok"), out
+    sent = [json.dumps(b) for _, b in chats_sent(up)[before:]]
+    assert len(sent) == 2 and "mine" in sent[0] and "wasmmark" in sent[1]

@@ -22,7 +22,7 @@ functions_log = logging.getLogger("edgefn.functions")
 
 LOG_LINE_MAX = 4096
 
-Bindings = Callable[[str, dict[str, Any]], Any]
+Bindings = Callable[[str, dict[str, Any], str | None], Any]  # (name, args, caller's tenant)
 
 
 class Caller(Protocol):
@@ -60,8 +60,9 @@ class HostCalls:
         elif name == "deployment":
             reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}
         elif self.bindings is not None and isinstance(name, str):
+            job = getattr(isolate, "job", None)  # the request the call is made for, if any
             try:
-                result = self.bindings(name, args)
+                result = self.bindings(name, args, getattr(job, "tenant", None))
             except Exception as e:  # BindingError: denied or failed; the guest raises it
                 reply = {"error": str(e)}
             else:

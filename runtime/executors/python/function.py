@@ -58,7 +58,7 @@ class PythonFunction:
         payload = encode_request(request.method, request.path, request.query, request.headers,
                                  self.env_blob, request.body, encode_params(params),
                                  principal_blob(principal))
-        return await self.pool.submit(payload)
+        return await self.pool.submit(payload, principal.get("tenant"))
 
     def retire(self) -> None:
         if self.pool is not None:

@@ -37,8 +37,12 @@ class Runner(Protocol):
 
 
 class Job:
-    def __init__(self, loop: asyncio.AbstractEventLoop, payload: bytes) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, payload: bytes,
+                 tenant: str | None = None) -> None:
+        """`tenant`: the calling principal's (its binding calls answer to its data
+        residency: `runtime.bindings.ai.AIBinding.as_caller`)."""
         self.payload = payload
+        self.tenant = tenant
         self.future: asyncio.Future[Response] = loop.create_future()
         self.chunks: asyncio.Queue[bytes | BaseException | None] | None = None
         self.isolate: Runner | None = None

@@ -50,7 +50,7 @@ class Pool:
             self.loop = asyncio.get_running_loop()
             self.hosts.attach(self.loop)
 
-    async def submit(self, payload: bytes) -> Response:
+    async def submit(self, payload: bytes, tenant: str | None = None) -> Response:
         """Run a request on an idle isolate (waiting for one if all are busy).
 
         Raises `FunctionError`: the guest's own errors, `wall_limit` (504) when no
@@ -58,7 +58,7 @@ class Pool:
         for a response over `limits.max_response_mb`.
         """
         assert self.loop is not None, "pool not activated"
-        job = Job(self.loop, payload)
+        job = Job(self.loop, payload, tenant)
         self.scheduler.submit(job)
         return await job.future
 

@@ -52,6 +52,7 @@ from runtime.executors.wasm import wasi as cgi
 from runtime.executors.wasm import wasi_poll
 from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine
 from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
+from runtime.executors.wasm.host import NO_ORIGIN, Origin
 from runtime.executors.wasm.native import NativeReactorCall
 from runtime.executors.wasm.timing import InstantiateTimes
 from runtime.functions.manifest import Manifest
@@ -256,7 +257,7 @@ class WasmFunction:
             params_blob, who = encode_params(params), principal_blob(principal)
             if self.threaded:
                 return self._handle_threaded(self._encode(request, params_blob, who),
-                                             _traceparent(request))
+                                             _origin(request, principal))
             try:  # one C call with the native extension: encode, run, decode
                 return Response(*self.call.serve(request.method, request.path, request.query,
                                                  request.headers, self.env_blob, request.body,
@@ -265,34 +266,34 @@ class WasmFunction:
                 if e.code != SLICE_EXPIRED:
                     raise
                 return self._rerun_threaded(self._encode(request, params_blob, who),
-                                            _traceparent(request))
+                                            _origin(request, principal))
         return self._handle_wasi(request, route, params, principal)
 
     def _encode(self, request: Request, params_blob: bytes, principal: bytes) -> bytes:
         return encode_request(request.method, request.path, request.query, request.headers,
                               self.env_blob, request.body, params_blob, principal)
 
-    async def _handle_threaded(self, data: bytes, traceparent: str | None = None) -> Response:
+    async def _handle_threaded(self, data: bytes, origin: Origin = NO_ORIGIN) -> Response:
         """Reactors that declare bindings run on a worker thread: a model call or a
         synced KV write waits there while the event loop keeps serving. Their fetch
         and model calls carry the request's `traceparent`."""
-        output = await self._on_thread(self._call_here, data, traceparent)
+        output = await self._on_thread(self._call_here, data, origin)
         return Response(*decode_response(output))
 
-    async def _rerun_threaded(self, data: bytes, traceparent: str | None) -> Response:
+    async def _rerun_threaded(self, data: bytes, origin: Origin) -> Response:
         """A request cut at the inline slice, run again on a worker thread with its
         full budget. The function moves to the threads for good only if that run
         shows the guest needs the slice (`SLICE_CPU_S` of its thread's CPU time):
         epochs count wall time, so on a busy machine a short guest is also cut
         when the loop's thread is preempted mid-call, and moving it for that
         would cost every later request a thread hop."""
-        output = await self._on_thread(self._timed_call, data, traceparent)
+        output = await self._on_thread(self._timed_call, data, origin)
         return Response(*decode_response(output))
 
-    def _timed_call(self, data: bytes, traceparent: str | None) -> bytes:
+    def _timed_call(self, data: bytes, origin: Origin) -> bytes:
         cpu = time.thread_time()
         try:
-            return self._call_here(data, traceparent)
+            return self._call_here(data, origin)
         finally:  # a limit hit counts too: it took at least its budget
             used = time.thread_time() - cpu
             if used >= SLICE_CPU_S and not self.threaded:
@@ -301,7 +302,7 @@ class WasmFunction:
                          "on worker threads from now on", self.name, INLINE_SLICE_MS,
                          used * 1000)
 
-    def _call_here(self, data: bytes, traceparent: str | None = None) -> bytes:
+    def _call_here(self, data: bytes, origin: Origin = NO_ORIGIN) -> bytes:
         call = getattr(self.per_thread, "call", None)
         if call is None:
             call = self.per_thread.call = self.new_call()
@@ -309,7 +310,7 @@ class WasmFunction:
             # host calls push a CPU deadline back by what they take (see `wasm_host`)
             self.host_functions.begin_request(
                 time.monotonic() + self.outcome.limit_ms / 1000
-                if self.outcome.interrupt_kind == "cpu_limit" else 0.0, traceparent)
+                if self.outcome.interrupt_kind == "cpu_limit" else 0.0, origin)
         return call(data)
 
     async def _on_thread(self, job: Callable[..., bytes], *args: object) -> bytes:
@@ -344,17 +345,17 @@ class WasmFunction:
         env = cgi.environ(request, route, self.env, params, principal)
         deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000
         return Response(*cgi.parse_response(await self._on_thread(
-            self._run_wasi, env, request.body, deadline, _traceparent(request))))
+            self._run_wasi, env, request.body, deadline, _origin(request, principal))))
 
     def _run_wasi(self, env: list[tuple[str, str]], body: bytes, deadline: float,
-                  traceparent: str | None = None) -> bytes:
+                  origin: Origin = NO_ORIGIN) -> bytes:
         """Run `_start` in a fresh store on a worker thread; its sleeps end at
         `deadline` (`time.monotonic()`). Raises `FunctionError`."""
         if time.monotonic() >= deadline:  # it waited for a thread that long: nobody waits now
             raise FunctionError("wall_limit", 504, "exceeded its wall-time limit of "
                                 f"{self.manifest.limits.wall_ms} ms waiting for a thread")
         if self.host_functions is not None:
-            self.host_functions.begin_request(0.0, traceparent)
+            self.host_functions.begin_request(0.0, origin)
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
         store.set_epoch_deadline(self.deadline_ticks)
@@ -457,8 +458,9 @@ def _short(text: str, name: str = "") -> str:
     return out.replace("<anon>", name) if name else out
 
 
-def _traceparent(request: Request) -> str | None:
-    """The request's ``traceparent`` (the tracing stage's span when tracing is on),
-    for the function's fetch and model calls."""
+def _origin(request: Request, principal: Mapping[str, str]) -> Origin:
+    """What the function's host calls carry of the request: its ``traceparent``
+    (the tracing stage's span when tracing is on) and the caller's tenant."""
     value = request.header(b"traceparent")
-    return value.decode("latin-1") if value is not None else None
+    return Origin(value.decode("latin-1") if value is not None else None,
+                  principal.get("tenant"))

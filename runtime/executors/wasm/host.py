@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import wasmtime
 from wasmtime import _ffi as ffi
@@ -100,6 +100,18 @@ class _Memory:
         return len(data)
 
 
+class Origin(NamedTuple):
+    """What a guest's host calls carry of the request it runs: its ``traceparent``
+    (fetch and model calls send it on) and the calling principal's tenant (a pinned
+    one's model calls keep to its region: `runtime.bindings.Bindings.call`)."""
+
+    traceparent: str | None = None
+    tenant: str | None = None
+
+
+NO_ORIGIN = Origin()
+
+
 class GuestRequest(threading.local):
     """Per worker thread, the request its guest is running (`HostFunctions.begin_request`
     starts each): when its CPU budget ends (`time.monotonic()` seconds, or 0 when host
@@ -108,7 +120,7 @@ class GuestRequest(threading.local):
 
     deadline: float = 0.0
     kept: tuple[tuple[str, bytes], bytes] | None = None
-    traceparent: str | None = None  # the request's: fetch and model calls carry it
+    origin: Origin = NO_ORIGIN  # the request's traceparent and caller
 
 
 class HostFunctions:
@@ -142,14 +154,14 @@ class HostFunctions:
             if err:
                 raise BindingError(f"cannot define edgefn.{name}")
 
-    def begin_request(self, cpu_deadline: float = 0.0, traceparent: str | None = None) -> None:
+    def begin_request(self, cpu_deadline: float = 0.0, origin: Origin = NO_ORIGIN) -> None:
         """A request starts on this thread; its CPU budget ends at `cpu_deadline`
         (`time.monotonic()`), or 0: host calls count against its deadline. A result
         kept for a retry belonged to an earlier request (one that never asked again
         with a bigger buffer): it is forgotten."""
         self.request.deadline = cpu_deadline
         self.request.kept = None
-        self.request.traceparent = traceparent
+        self.request.origin = origin
 
 
 def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool,
@@ -215,10 +227,11 @@ def _impls(b: Bindings, request: GuestRequest) -> dict[str, Callable[..., Any]]:
             args = json.loads(raw or b"{}")
         except ValueError as e:
             raise BindingError(f"call arguments are not JSON: {e}") from None
-        if request.traceparent is not None and isinstance(args, dict) and (
+        origin = request.origin
+        if origin.traceparent is not None and isinstance(args, dict) and (
                 name == "fetch" or name.startswith("ai.")):
-            args["traceparent"] = request.traceparent  # the request's, not the guest's
-        out = json.dumps(b.call(name, args)).encode()
+            args["traceparent"] = origin.traceparent  # the request's, not the guest's
+        out = json.dumps(b.call(name, args, origin.tenant)).encode()
         if len(out) > cap:
             request.kept = ((name, raw), out)
         return m.give(out, bp, cap)

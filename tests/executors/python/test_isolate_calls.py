@@ -88,7 +88,7 @@ def test_a_flood_of_calls_is_answered_a_share_per_loop_turn_in_order() -> None:
 def test_calls_sent_without_waiting_are_dropped_except_log() -> None:
     called: list[str] = []
 
-    def bindings(name: str, args: dict[str, Any]) -> Any:
+    def bindings(name: str, args: dict[str, Any], caller: str | None) -> Any:
         called.append(name)
         return {"ok": True}
 
