@@ -31,13 +31,20 @@ class Egress:
     def hop(self, tenant: str | None, model: str, request_id: str,
             params: dict[str, Any]) -> dict[str, Any]:
         """What the worker's ``generate`` gets for `tenant`'s call, over `params`:
-        nothing for a tenant that is not pinned; the request id and the tenant
-        signed for it (the next tier enforces the pin) when the call stays in its
-        region; the de-sensitised form when it may leave and the tenant allows it.
-        Raises `Rejected` (451 ``residency_violation``) when it may leave otherwise."""
+        nothing for an anonymous call; the request id and the tenant signed for it
+        for a tenant that is not pinned (the next tier scopes its caches and events
+        by it: without it, tiers above stored every tenant's answers as one
+        anonymous tenant's, served them across tenants and no purge by tenant
+        reached them) or pinned with the call staying in its region (the next tier
+        enforces the pin); the de-sensitised form when it may leave and the tenant
+        allows it. Raises `Rejected` (451 ``residency_violation``) when it may leave
+        otherwise."""
         s = self.settings
-        if tenant is None or tenant not in s.tenants:
+        if tenant is None:
             return {}
+        if tenant not in s.tenants:
+            return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
+                if s.secret else {}
         if not self._leaves(tenant, model):
             return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
                 if s.secret else {}

@@ -34,9 +34,15 @@ def chat(text: str) -> dict[str, object]:
             {"to": "jane.doe@example.com"})}}]}]}
 
 
-def test_an_unpinned_tenant_goes_as_it_came() -> None:
-    assert egress(CENTRAL).hop("globex", "chat-model", "rid-1", chat(PII)) == {}
+def test_an_unpinned_tenant_goes_as_it_came_with_its_signed_name() -> None:
+    """Anywhere, unchanged, but named (signed for this request id): the tiers above
+    stored every tenant's answers as one anonymous tenant's and served them across
+    tenants."""
+    assert egress(CENTRAL).hop("globex", "chat-model", "rid-1", chat(PII)) == {
+        "request_id": "rid-1", "tenant": r.sign(SECRET, "globex", "rid-1")}
     assert egress(CENTRAL).hop(None, "chat-model", "rid-1", chat(PII)) == {}
+    unsigned = Egress(r.ResidencySettings(tenants={"acme-eu": "emea"}), "edge-eu")
+    assert unsigned.hop("globex", "chat-model", "rid-1", chat(PII)) == {}  # no secret
 
 
 @pytest.mark.parametrize("pops", [(REG,), ()], ids=["uplink in region", "no uplink"])

@@ -97,6 +97,18 @@ def test_the_next_tier_enforces_the_pin_from_the_signed_header() -> None:
     assert [e.tenant for e in seen.events] == ["acme-eu"]
 
 
+def test_an_unpinned_tenant_a_lower_tier_forwarded_is_named_and_passed_on() -> None:
+    """Its caches and events are its own on this tier too (they were the anonymous
+    tenant's, shared by every tenant forwarded here)."""
+    app, seen, tail = chain(None, region="americas")
+    header = (r.TENANT_HEADER, r.sign(SECRET, "globex", "rid-5").encode())
+    assert run(app(with_rid(b"rid-5", header))).status == 200
+    assert tail.values == [r.sign(SECRET, "globex", "rid-5")]
+    assert [e.tenant for e in seen.events] == ["globex"]
+    forged = (r.TENANT_HEADER, r.sign("not-ours", "globex", "rid-6").encode())
+    assert run(app(with_rid(b"rid-6", forged))).status == 403
+
+
 @pytest.mark.parametrize("value", [
     b"acme-eu;" + b"0" * 32,  # a made-up tag
     r.sign("another-topology-secret", "acme-eu", "rid-3").encode(),

@@ -62,6 +62,7 @@ from runtime.pipeline.stage import Context, Next
 from runtime.pipeline.stage import Result as StageResult
 from runtime.pipeline.targets import Targets
 from runtime.security.principal import Principal
+from runtime.security.residency import forward_of, tenant_of
 
 KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
          b"/v1/embeddings": "embedding"}
@@ -103,7 +104,7 @@ class AICacheStage:
                 or not isinstance(self.targets.resolve(request, ctx), OpenAITarget)):
             return call_next(request, ctx)
         wishes = control.wishes(request)  # ApiError (400) for a bad header: before anything
-        asked = _asked(kind, request.body, ctx.principal)
+        asked = _asked(kind, request.body, ctx.principal, tenant_of(forward_of(ctx.decisions)))
         if asked is None:  # n > 1, logprobs, a shaped answer, or one the API refuses
             ctx.decide("ai_cache", {"outcome": "bypass", "reason": "uncacheable"})
             return _bypassed(call_next(request, ctx))
@@ -227,9 +228,11 @@ async def _resolved(result: StageResult) -> Response:
     return result if isinstance(result, Response) else await result
 
 
-def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
+def _asked(kind: str, body: bytes, who: Principal | None,
+           forwarded: str | None = None) -> Asked | None:
     """What a cacheable request asks, or None for one the OpenAI API refuses or
-    the caches do not take."""
+    the caches do not take. Its tenant is the principal's, or the one a lower tier
+    forwarded (`forwarded`: signed, checked by the residency stage)."""
     try:
         b = decode_body(body, BODIES[kind])
     except msgspec.MsgspecError:
@@ -238,7 +241,7 @@ def _asked(kind: str, body: bytes, who: Principal | None) -> Asked | None:
         return None
     if who is not None and not who.allows("model", b.model):
         return None  # the caller gets its 403 from the API, never a cached answer
-    tenant = who.tenant if who is not None else ""
+    tenant = who.tenant if who is not None else (forwarded or "")
     try:
         if isinstance(b, EmbeddingsBody):
             if b.encoding_format not in ENCODINGS:  # the API's 400, never a hit

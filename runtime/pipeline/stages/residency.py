@@ -38,6 +38,15 @@ class Residency:
             return self.ingest(request)
         tenant = self._tenant(request, ctx)
         home = self.settings.tenants.get(tenant) if tenant is not None else None
+        if tenant is not None and home is None and ctx.principal is None:
+            # an unpinned tenant a lower tier forwarded: its caches and events are its
+            # own here too, and its hops carry it on
+            record: dict[str, Any] = {"result": "unpinned", "forwarded": tenant}
+            if self.settings.secret:
+                record["forward"] = r.sign(self.settings.secret, tenant,
+                                           ctx.request_id.decode())
+            ctx.decide("residency", record)
+            return call_next(request, ctx)
         if tenant is None or home is None:
             if (mark := request.header(r.DESENSITISED_HEADER)) is not None:
                 ctx.decide("residency", {"result": "desensitised",

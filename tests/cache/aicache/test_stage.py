@@ -325,3 +325,19 @@ def test_replay_renders_completions_too() -> None:
     assert events[2]["choices"][0]["finish_reason"] == "length" and events[3]["choices"] == []
     plain = replay.completion(r, MODEL, chat=False)
     assert plain["object"] == "text_completion" and plain["choices"][0]["text"] == "Once upon"
+
+
+def test_a_call_a_lower_tier_forwarded_is_scoped_to_the_tenant_it_names() -> None:
+    """An upper tier's anonymous calls from edges were all tenant "": one tenant's
+    cached answer served another's question, and no purge by tenant reached it."""
+    from runtime.pipeline.stages.ai_cache import _asked
+
+    body = json.dumps({"model": "m", "temperature": 0,
+                       "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    calls = {t: _asked("chat", body, None, t) for t in ("globex", "initech", None)}
+    assert {t: a.call.tenant for t, a in calls.items() if a is not None} == {
+        "globex": "globex", "initech": "initech", None: ""}
+    assert len({a.call.key for a in calls.values() if a is not None}) == 3
+    who = Principal(kind="key", tenant="acme", key_id="k", scopes=("model:*",))
+    asked = _asked("chat", body, who, "globex")
+    assert asked is not None and asked.call.tenant == "acme"  # a principal comes first
