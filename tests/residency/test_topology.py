@@ -317,3 +317,29 @@ def _restart(run: Path, public: str) -> int:
         except OSError:
             time.sleep(0.2)
     raise AssertionError("central did not come back")
+
+
+def test_the_tiers_above_tell_unpinned_tenants_apart(run: Path,
+                                                     keys: dict[tuple[str, str], str]) -> None:
+    """Unpinned tenants' calls reached central anonymous: one tenant's cached answer
+    was served to another's question there (hit-exact), and a purge by tenant never
+    reached it. They now carry their signed tenant."""
+    store = KeyStore(pop_dir(run, "edge-us"))
+    initech = store.create("initech", ("*",))[0]
+    AdminClient(pop_dir(run, "edge-us"), timeout=30).request("POST", "/v1/keys/reload")
+    text = f"Say the word {uuid.uuid4().hex[:6]}."
+    rids = {}
+    for tenant, key in (("globex", keys["edge-us", "globex"]), ("initech", initech)):
+        rids[tenant] = f"tenants-{tenant}-{uuid.uuid4().hex[:8]}"
+        sample = send(run, "us-east", key, "POST", "/v1/chat/completions", chat(text),
+                      rids[tenant])
+        assert sample.status == 200, sample.error
+
+    def seen() -> list[str]:
+        return [e["rid"] for e in _event_rows(run, "central") if e["rid"] in rids.values()]
+
+    _wait_for(seen, *rids.values())
+    at_central = {e["rid"]: (e.get("tenant"), e["decisions"]["ai_cache"]["outcome"])
+                  for e in _event_rows(run, "central") if e["rid"] in rids.values()}
+    assert at_central == {rids["globex"]: ("globex", "miss"),
+                          rids["initech"]: ("initech", "miss")}, at_central
