@@ -165,7 +165,9 @@ class RateLimitSettings(Struct, forbid_unknown_fields=True, frozen=True):
 
     storage: str = "memory://"
     ipv4_prefix: Annotated[int, Meta(ge=8, le=32)] = 32
-    ipv6_prefix: Annotated[int, Meta(ge=16, le=128)] = 128
+    # an IPv6 client has a /64 to itself (RFC 6177): counted per address it had 2**64
+    # identities, and stepped round a per-IP limit by changing its last 64 bits
+    ipv6_prefix: Annotated[int, Meta(ge=16, le=128)] = 64
     rules: list[RateRule] = []
     tenants: dict[str, TenantLimits] = {}
     headers: bool = True  # RateLimit-Policy / RateLimit on every limited response

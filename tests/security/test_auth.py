@@ -534,7 +534,7 @@ def test_limits_show_lists_rules_tenants_and_active_keys(
     store.revoke(gone.id)
     assert main(["limits", "show", "--config", str(tmp_path / "pop.toml"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["ip_aggregation"] == "/24 /128"
+    assert out["ip_aggregation"] == "/24 /64"  # an IPv6 client's /64 is one client
     assert out["rules"] == [{"by": "ip", "limit": "100/minute", "algorithm": "sliding_window"}]
     assert out["tenants"] == {"acme": {"rpm": None, "tpm": 5000, "max_streams": 2}}
     assert [k["id"] for k in out["keys"]] == [kept.id] and out["keys"][0]["rpm"] == 60

@@ -174,7 +174,9 @@ def test_ipv4_clients_aggregate_to_their_24(closing: list[RateLimit]) -> None:
 
 
 def test_ipv6_clients_aggregate_to_their_64(closing: list[RateLimit]) -> None:
-    app, stage = chain(RateLimitSettings(ipv6_prefix=64, rules=[RateRule("ip", "2/minute")]))
+    """By default: counted per address, a client stepped round its limit with the
+    2**64 addresses of its own /64."""
+    app, stage = chain(RateLimitSettings(rules=[RateRule("ip", "2/minute")]))
     closing.append(stage)
     assert [call(app, ip=ip).status for ip in ("2001:db8:0:1::1", "2001:db8:0:1:ffff::9",
                                                "2001:db8:0:1::abcd")] == [200, 200, 429]
@@ -182,9 +184,10 @@ def test_ipv6_clients_aggregate_to_their_64(closing: list[RateLimit]) -> None:
 
 
 def test_without_aggregation_each_address_counts_alone(closing: list[RateLimit]) -> None:
-    app, stage = chain(RateLimitSettings(rules=[RateRule("ip", "1/minute")]))
+    app, stage = chain(RateLimitSettings(ipv6_prefix=128, rules=[RateRule("ip", "1/minute")]))
     closing.append(stage)
     assert [call(app, ip=f"192.0.2.{i}").status for i in range(1, 5)] == [200] * 4
+    assert [call(app, ip=f"2001:db8::{i}").status for i in range(1, 5)] == [200] * 4
 
 
 def test_a_key_is_limited_by_its_rpm_and_a_tenant_by_its_own(closing: list[RateLimit]) -> None:
