@@ -188,3 +188,45 @@ def test_a_post_on_one_worker_drops_the_url_on_every_worker(tmp_path: Path) -> N
             assert cache_of(ca, "POST", "/c/x") == (200, a, "BYPASS")
             assert cache_of(cb, "GET", "/c/x")[1:] == (b, "MISS")  # not the dropped one
             assert cache_of(ca, "GET", "/c/x")[1:] == (a, "HIT")  # what b stored
+
+
+def request_on(conn: http.client.HTTPConnection, path: str, headers: dict[str, str]
+               ) -> tuple[int, dict[str, str], bytes]:
+    conn.request("GET", path, headers=headers)
+    resp = conn.getresponse()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+
+
+BOTS_TOML = POP_TOML + ('[bots]\npow_difficulty = 8\ndirectories = ["{origin}"]\n'
+                        '[bots.policy]\ndeclared_agent = "challenge"\n')
+
+
+def test_challenges_and_signatures_are_checked_alike_by_every_worker(tmp_path: Path) -> None:
+    """Each worker signed challenges with a random secret of its own (a solution that
+    reached the other worker was "forged") and remembered solutions and Web Bot Auth
+    signatures alone (one used on a worker passed again on the other)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from runtime.security.bots import pow, webbotauth
+    from tests.security.bots_helpers import served_directory
+    from tests.support import EXAMPLES
+
+    key = Ed25519PrivateKey.generate()
+    gptbot = {"user-agent": "Mozilla/5.0 (compatible; GPTBot/1.1; +https://openai.com/gptbot)"}
+    with (served_directory({"keys": [webbotauth.public_jwk(key)]}) as origin,
+          serving(tmp_path, BOTS_TOML.format(origin=origin)) as w):
+        w.admin.deploy(EXAMPLES / "hello-wat")
+        with pinned(w, "/hello") as (conns, _):
+            (a, ca), (b, cb) = conns.items()
+            status, headers, _ = request_on(ca, "/hello", gptbot)
+            assert (status, headers["x-edgefn-worker"]) == (429, a)
+            solution = {**gptbot, "x-edgefn-pow": pow.solve(headers["x-edgefn-challenge"])}
+            status, headers, body = request_on(cb, "/hello", solution)
+            assert (status, headers["x-edgefn-worker"]) == (200, b), body
+            status, _, body = request_on(ca, "/hello", solution)
+            assert status == 429 and json.loads(body)["error"]["solution"] == "reused"
+            signed = webbotauth.sign(key, "GET", f"http://{w.host}:{w.port}/hello",
+                                     signature_agent=origin)
+            assert request_on(ca, "/hello", signed)[0] == 200
+            status, headers, body = request_on(cb, "/hello", signed)  # replayed
+            assert (status, headers["x-edgefn-worker"]) == (403, b), body

@@ -126,7 +126,8 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
         case c.BotsStage():
             from runtime.pipeline.stages.bots import Bots
 
-            return Bots.from_settings(pop.config.bots, targets)
+            return Bots.from_settings(pop.config.bots, targets, pop.config.data_dir,
+                                      pop.config.worker_count())
         case c.ResidencyStage():
             return _residency(pop)
         case c.RateLimitStage():

@@ -9,6 +9,7 @@ it) says so. See `runtime.security.bots.manager` for the signals and actions.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from runtime.net.message import Request
@@ -26,9 +27,11 @@ class Bots:
         self.targets = targets
 
     @classmethod
-    def from_settings(cls, settings: BotSettings, targets: Targets) -> Bots:
-        """Raises `InvalidConfig` when the agents list or a key directory cannot be used."""
-        return cls(BotManager.from_settings(settings), targets)
+    def from_settings(cls, settings: BotSettings, targets: Targets,
+                      data_dir: Path | None = None, workers: int = 1) -> Bots:
+        """Raises `InvalidConfig` when the agents list or a key directory cannot be used
+        (`BotManager.from_settings`: what of it the PoP's workers share)."""
+        return cls(BotManager.from_settings(settings, data_dir, workers), targets)
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)

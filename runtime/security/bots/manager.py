@@ -21,18 +21,22 @@ the request carries a valid solution, see `runtime.security.bots.pow`);
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import limits
 from limits.storage import MemoryStorage
 from limits.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from edgefn_core.errors import InvalidConfig, Rejected
+from edgefn_core.secret_file import secret_file
 from runtime.net.message import Request
 from runtime.security.bots import agents as agent_list
 from runtime.security.bots.classify import Classifier
 from runtime.security.bots.pow import CHALLENGE_HEADER, INSTRUCTIONS, SOLUTION_HEADER, Challenger
+from runtime.security.bots.seen import SharedSeen
 from runtime.security.bots.webbotauth import Verifier, load_directories
 from runtime.security.settings import (
     BotAction,
@@ -74,14 +78,30 @@ class BotManager:
         self._policies: dict[BotOverride, BotPolicy] = {}
 
     @classmethod
-    def from_settings(cls, settings: BotSettings) -> BotManager:
-        """Load the agents list and fetch the key directories now. Raises
-        `InvalidConfig` naming the file or URL that cannot be used."""
+    def from_settings(cls, settings: BotSettings, data_dir: Path | None = None,
+                      workers: int = 1) -> BotManager:
+        """Load the agents list and fetch the key directories now. With the PoP's
+        `data_dir`, challenges are signed with DATA/bots.secret (made once: every
+        worker, and a restarted PoP, takes the solutions of the others' challenges;
+        a random secret per process answered "forged" to a solution that reached
+        another worker), and with ``workers = N`` solved challenges and seen
+        signatures are remembered in DATA/bots/ for all of them (replayed to another
+        worker, they passed). Raises `InvalidConfig` naming the file or URL that
+        cannot be used."""
+        shared = data_dir / "bots" if data_dir is not None and workers > 1 else None
         verifier = None
         if settings.directories:
             verifier = Verifier(load_directories(settings.directories),
-                                settings.signature_max_age)
-        return cls(settings, Classifier(agent_list.load(settings.agents)), verifier)
+                                settings.signature_max_age,
+                                shared=shared / "signatures" if shared else None)
+        secret = secret_file(data_dir / "bots.secret", lambda: secrets.token_hex(32)).encode() \
+            if data_dir is not None else None
+        manager = cls(settings, Classifier(agent_list.load(settings.agents)), verifier,
+                      secret=secret)
+        if shared is not None:
+            manager.challenger = Challenger(settings.pow_difficulty, secret=secret,
+                                            used=SharedSeen(shared / "pow", 120.0))
+        return manager
 
     def judge(self, request: Request, client: str, count: bool = True) -> Verdict:
         """`request`'s class, the verified agent's identity, the signals used and

@@ -27,7 +27,7 @@ import os
 import struct
 import sys
 
-from runtime.security.bots.seen import SeenSet
+from runtime.security.bots.seen import SeenSet, SharedSeen
 
 CHALLENGE_HEADER = b"x-edgefn-challenge"
 SOLUTION_HEADER = b"x-edgefn-pow"
@@ -44,11 +44,14 @@ class Challenger:
     """Issues and checks challenges of `difficulty` bits, valid for `ttl` seconds."""
 
     def __init__(self, difficulty: int, ttl: float = 120.0, secret: bytes | None = None,
-                 capacity: int = 100_000) -> None:
+                 capacity: int = 100_000, used: SeenSet | SharedSeen | None = None) -> None:
+        """`secret`: what signs nonces (random by default: one process's own);
+        `used`: where solved nonces are remembered (the PoP's `SharedSeen` when
+        several processes check solutions)."""
         self.difficulty = difficulty
         self.ttl = ttl
         self._secret = secret or os.urandom(32)
-        self._used = SeenSet(ttl, capacity)
+        self._used = used if used is not None else SeenSet(ttl, capacity)
 
     def issue(self, now: float) -> str:
         """A fresh challenge header value: ``<nonce>; difficulty=<bits>``."""
@@ -74,9 +77,8 @@ class Challenger:
             return "expired"
         if not solves(value, difficulty):
             return "wrong"
-        if self._used.seen(raw, now):  # the bytes: one nonce has one spelling
-            return "reused"
-        return None if self._used.add(raw, now) else "busy"
+        claimed = self._used.claim(raw, now)  # the bytes: one nonce has one spelling
+        return {None: None, "seen": "reused", "full": "busy"}[claimed]
 
 
 def solves(candidate: bytes, difficulty: int) -> bool:

@@ -1,14 +1,25 @@
-"""`SeenSet`: values seen within a time-to-live, in bounded memory.
+"""`SeenSet`: values seen within a time-to-live, in bounded memory; `SharedSeen`:
+the same in an LMDB file every process of a PoP (``workers = N``) checks.
 
 Replay protection for Web Bot Auth signatures and single use for proof-of-work
-solutions. When it is full of values still alive it refuses new ones (`add`
-answers False) rather than forget one that could then be replayed: it fails
-closed.
+solutions. When it is full of values still alive it refuses new ones (`claim`
+answers "full") rather than forget one that could then be replayed: it fails
+closed. One process's set let a signature or a solved challenge used on one
+worker be used again on another.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
+from pathlib import Path
+from typing import Literal
+
+import lmdb
+
+type Claim = Literal["seen", "full"] | None
+_EXPIRY = struct.Struct(">d")
 
 
 class SeenSet:
@@ -31,6 +42,13 @@ class SeenSet:
         expiry = self._expires.get(value)
         return expiry is not None and expiry > now
 
+    def claim(self, value: bytes, now: float) -> Claim:
+        """Record `value` unless it was seen within the TTL ("seen") or there is no
+        room ("full"); None when it is recorded now."""
+        if self.seen(value, now):
+            return "seen"
+        return None if self.add(value, now) else "full"
+
     def __len__(self) -> int:
         return len(self._expires)
 
@@ -41,3 +59,50 @@ class SeenSet:
             if expiry > now:
                 return
             del entries[value]
+
+
+class SharedSeen:
+    """`SeenSet.claim` in an LMDB environment at `path`, one write transaction a
+    claim (atomic across processes); values are kept by their BLAKE2b digest.
+    Raises `lmdb.Error` if `path` cannot be opened."""
+
+    def __init__(self, path: Path, ttl: float, capacity: int = 100_000) -> None:
+        self.ttl = ttl
+        self.capacity = capacity
+        path.mkdir(parents=True, exist_ok=True)
+        # ~100 bytes an entry: room for `capacity` of them, LMDB's own pages beside
+        self.env = lmdb.open(str(path), map_size=max(capacity * 256, 1 << 20) + (8 << 20),
+                             sync=False, metasync=False, max_dbs=0)
+
+    def claim(self, value: bytes, now: float) -> Claim:
+        key = hashlib.blake2b(value, digest_size=32).digest()
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(key)
+            if raw is not None and _EXPIRY.unpack(raw)[0] > now:
+                return "seen"
+            full = raw is None and txn.stat()["entries"] >= self.capacity
+            if full and _sweep(txn, now) == 0:
+                return "full"
+            txn.put(key, _EXPIRY.pack(now + self.ttl))
+        return None
+
+    def seen(self, value: bytes, now: float) -> bool:
+        key = hashlib.blake2b(value, digest_size=32).digest()
+        with self.env.begin() as txn:
+            raw = txn.get(key)
+        return raw is not None and _EXPIRY.unpack(raw)[0] > now
+
+    def __len__(self) -> int:
+        with self.env.begin() as txn:
+            return int(txn.stat()["entries"])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _sweep(txn: lmdb.Transaction, now: float) -> int:
+    """Delete the expired entries; how many went."""
+    gone = [k for k, v in txn.cursor() if _EXPIRY.unpack(v)[0] <= now]
+    for k in gone:
+        txn.delete(k)
+    return len(gone)

@@ -52,7 +52,7 @@ from http_message_signatures import (
 
 from edgefn_core.errors import InvalidConfig, Rejected
 from runtime.net.message import Request
-from runtime.security.bots.seen import SeenSet
+from runtime.security.bots.seen import SeenSet, SharedSeen
 
 TAG = "web-bot-auth"
 WELL_KNOWN = "/.well-known/http-message-signatures-directory"
@@ -161,15 +161,18 @@ class Verifier:
     """Checks the Web Bot Auth signature of requests against `directory`."""
 
     def __init__(self, directory: KeyDirectory, max_age: float, scheme: str = "http",
-                 capacity: int = 100_000) -> None:
+                 capacity: int = 100_000, shared: Path | None = None) -> None:
         """`scheme`: how clients reach this listener (it decides ``@authority``'s
-        default port). `capacity`: how many signatures the replay check remembers."""
+        default port). `capacity`: how many signatures the replay check remembers;
+        `shared`: in an LMDB folder every process of the PoP checks (a signature
+        replayed to another worker passed). Raises `lmdb.Error` for `shared`."""
         self.directory = directory
         self.max_age = max_age
         self.scheme = scheme
         self._max_age = datetime.timedelta(seconds=max_age)
-        self._seen = SeenSet(max_age + HTTPMessageVerifier.max_clock_skew.total_seconds(),
-                             capacity)
+        ttl = max_age + HTTPMessageVerifier.max_clock_skew.total_seconds()
+        self._seen: SeenSet | SharedSeen = SharedSeen(shared, ttl, capacity) \
+            if shared is not None else SeenSet(ttl, capacity)
 
     def verify(self, request: Request, now: float | None = None) -> Verified:
         """Who signed `request`. Raises `Rejected` with code ``bad_signature``
@@ -207,10 +210,11 @@ class Verifier:
         nonce = params.get("nonce")
         seen = (keyid + "\n" + nonce).encode() if nonce else _signature_bytes(request)
         now = time.time() if now is None else now
-        if self._seen.seen(seen, now):
+        claimed = self._seen.claim(seen, now)
+        if claimed == "seen":
             raise Rejected("replayed_signature", 401, "Web Bot Auth: this signature (or its "
                            f"nonce) was already used within {self.max_age:g} s")
-        if not self._seen.add(seen, now):
+        if claimed == "full":
             raise Rejected("replay_cache_full", 503, "Web Bot Auth: too many recent "
                            "signatures to check this one for replay")
         return Verified(identity, keyid)
