@@ -26,8 +26,24 @@ def build(pop: PoP) -> Chain:
     if tracing and not any(isinstance(s, c.TracingStage) for s in configs):
         configs = [c.TracingStage(), *configs]  # first: its span covers the whole request
     stages = [s for s in (_make(cfg, pop, targets) for cfg in configs) if s is not None]
+    _count_refusals(stages)
     timed = tracing or _keep_timings(pop.config)
     return Chain(stages, timed)
+
+
+def _count_refusals(stages: list[Stage]) -> None:
+    """A request `auth` refuses still counts against the ``by = "ip"`` rate limits
+    of a ``ratelimit`` stage after it (a credential-guessing flood was never
+    counted: 401 after 401, never a 429)."""
+    from runtime.pipeline.stages.auth import Auth
+    from runtime.pipeline.stages.ratelimit import RateLimit
+
+    names = [type(s) for s in stages]
+    if Auth in names and RateLimit in names and names.index(Auth) < names.index(RateLimit):
+        auth = stages[names.index(Auth)]
+        limits = stages[names.index(RateLimit)]
+        assert isinstance(auth, Auth) and isinstance(limits, RateLimit)
+        auth.on_refused = limits.refused
 
 
 def _keep_timings(config: c.PopConfig) -> bool:

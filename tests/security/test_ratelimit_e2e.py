@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from runtime.security.keys import KeyStore
 from tests.support import function_dir, pop_thread, reactor
 
@@ -55,3 +57,19 @@ def test_an_api_keys_rpm_limits_it_over_http(tmp_path: Path) -> None:
     assert statuses == [200, 200, 429]
     assert refused[0] == 429 and refused[1]["ratelimit-policy"] == '"key-rpm";q=2;w=60'
     assert anonymous == others == [200] * 3  # no key, or a key without an rpm: no limit
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+def test_requests_auth_refuses_count_against_the_per_ip_limits(
+        tmp_path: Path, storage: str, request: pytest.FixtureRequest) -> None:
+    """`auth` runs first: a flood of wrong keys got 401 after 401 and was never
+    counted, so a per-IP limit did not slow credential guessing."""
+    url = request.getfixturevalue("redis_server").url if storage == "redis" else "memory://"
+    with pop_thread(tmp_path / "data", **{"ratelimit.storage": url, "ratelimit.rules": [
+            {"by": "ip", "limit": "3/minute"}]}) as pop:
+        pop.deploy(function_dir(tmp_path, "locked", reactor(""), extra='auth = "key"'))
+        wrong = {"x-api-key": "efk_" + "x" * 40}
+        got = [pop.request("GET", "/locked", headers=wrong)[0] for _ in range(5)]
+        assert got == [401, 401, 401, 429, 429], got
+        status, headers, _ = pop.request("GET", "/locked")  # no key at all: counted too
+        assert status == 429 and int(headers["retry-after"]) >= 1

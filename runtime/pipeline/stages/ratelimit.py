@@ -15,6 +15,7 @@ are the OpenAI API's (`runtime.security.ratelimit.admission`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -60,6 +61,7 @@ class RateLimit:
         self.targets = targets
         self.limiter = limiter if limiter is not None else Limiter(settings.storage, where)
         self.rules = compile_rules(settings.rules, "by", where, "ratelimit.rules")
+        self.ip_rules = [limit for limit in self.rules if limit.by == "ip"]
         self.tenants = {t: per_minute("tenant-rpm", "tenant", lim.rpm)
                         for t, lim in settings.tenants.items() if lim.rpm is not None}
         self.address = Aggregator(settings.ipv4_prefix, settings.ipv6_prefix)
@@ -89,6 +91,36 @@ class RateLimit:
             self.outage.admit(e)  # raises Rejected (503) when closed
             return await _resolved(call_next(request, ctx))
         return await _resolved(self._decided(outcome, request, ctx, call_next))
+
+    def refused(self, request: Request, ctx: Context
+                ) -> Rejected | Awaitable[Rejected | None] | None:
+        """Count a request an earlier stage refused (`auth`'s 401) against the PoP's
+        ``by = "ip"`` rules: the 429 to answer instead when one of them is full, else
+        None (an awaitable of either with remote storage; unreachable: None)."""
+        if not self.ip_rules or ctx.quiet:
+            return None
+        value = self.address(ctx.ip)
+        checks: list[Check] = [(limit, ("pop", limit.name, value)) for limit in self.ip_rules]
+        if self.limiter.remote:
+            return self._refused_remote(checks, ctx)
+        return self._over(self.limiter.hit(checks, False), ctx)
+
+    async def _refused_remote(self, checks: list[Check], ctx: Context) -> Rejected | None:
+        try:
+            return self._over(await self.limiter.hit_async(checks, False), ctx)
+        except StorageDown:
+            return None  # the request is refused anyway
+
+    def _over(self, outcome: Outcome, ctx: Context) -> Rejected | None:
+        refused = outcome.refused
+        if refused is None:
+            return None
+        ctx.decide("ratelimit", {"limited": refused.name})
+        after = retry_after(outcome.retry_after)
+        return Rejected("rate_limited", 429, f"rate limit {refused.name!r} reached: "
+                        f"{refused.item.amount} requests per {refused.window} s; retry after "
+                        f"{after[1].decode()} s", headers=[after],
+                        detail={"policy": refused.name})
 
     def _decided(self, outcome: Outcome, request: Request, ctx: Context, call_next: Next
                  ) -> Result:
