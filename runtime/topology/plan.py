@@ -128,10 +128,11 @@ def pop_settings(run: Path, p: PopSpec, ports: Network) -> dict[str, Any]:
                            for k, v in p.settings.items()}
     raw.update(name=p.name, tier=p.tier, geo=p.geo, data=str(data))
     raw["public"] = {**raw.get("public", {}), "host": "127.0.0.1", "port": ports.public[p.name]}
-    raw["ai"] = {"enabled": True, "worker_config": str(data / "models.toml")}
+    ai = {"enabled": True, "worker_config": str(data / "models.toml")}
     if p.tier == "central":
-        raw["ai"] = {"enabled": True, **({"worker_config": p.worker_config}
-                                         if p.worker_config else {})}
+        ai = {"enabled": True, **({"worker_config": p.worker_config} if p.worker_config
+                                  else {})}
+    raw["ai"] = {**ai, **raw.get("ai", {})}  # [pop.settings.ai] (`fallback` ...) was dropped
     if p.region in ports.redis:
         raw["ratelimit"] = {**raw.get("ratelimit", {}),
                             "storage": f"redis://127.0.0.1:{ports.redis[p.region]}"}

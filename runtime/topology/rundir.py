@@ -15,6 +15,8 @@ from pathlib import Path
 
 import msgspec
 
+from edgefn_core.errors import Failure
+
 STATE = "topology.json"
 
 
@@ -49,12 +51,18 @@ def pop_names(run: str | Path) -> list[str]:
 
 
 def read_state(run: str | Path) -> RunState | None:
-    """The run's state, or None if nothing was started there. Raises
-    `msgspec.DecodeError` for a corrupt file."""
+    """The run's state, or None if nothing was started there. Raises `Failure`
+    (``topology_state_unreadable``) for a file that is not one (status, down and up
+    crashed with a traceback)."""
+    path = Path(run) / STATE
     try:
-        return msgspec.json.decode((Path(run) / STATE).read_bytes(), type=RunState)
+        return msgspec.json.decode(path.read_bytes(), type=RunState)
     except FileNotFoundError:
         return None
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise Failure("topology_state_unreadable", 500,
+                      f"{path} is not a topology's state ({e}); if no topology runs from "
+                      f"{run}, delete it and run `edgefn topology up` again") from None
 
 
 def write_state(run: str | Path, state: RunState) -> None:

@@ -194,3 +194,35 @@ def test_a_regional_that_serves_every_chat_model_forwards_none(tmp_path: Path) -
         ("all-minilm-l6-v2", "onnx"), ("smollm2-135m", "llamacpp")]
     assert config.load(tmp_path / "run" / "pops" / "reg" / "pop.toml"
                        ).residency.uplink.models == []
+
+
+def test_a_pops_own_ai_settings_are_kept(tmp_path: Path) -> None:
+    """`[pop.settings.ai]` was replaced by the topology's own [ai] table: an `[ai]
+    fallback` for central, or a regional without models, came out as `enabled = true`
+    and nothing else."""
+    from runtime import config
+    from tests.topologies import pop
+
+    text = (pop("central", "central",
+                settings='[pop.settings.ai]\nfallback = {"ghost-model" = "smollm2-135m"}\n')
+            + pop("reg", "regional", parents=["central"],
+                  settings="[pop.settings.ai]\nenabled = false\n")
+            + pop("edge", "edge", geo="eu-west", parents=["reg", "central"]))
+    (tmp_path / "topology.toml").write_text(text)
+    topo = spec.load(tmp_path / "topology.toml")
+    ports, _ = plan.network(topo)
+    plan.write(tmp_path / "run", topo, ports)
+    central = config.load(tmp_path / "run" / "pops" / "central" / "pop.toml")
+    assert central.ai.enabled and central.ai.fallback == {"ghost-model": "smollm2-135m"}
+    assert not config.load(tmp_path / "run" / "pops" / "reg" / "pop.toml").ai.enabled
+    edge = config.load(tmp_path / "run" / "pops" / "edge" / "pop.toml")
+    assert edge.ai.enabled and edge.ai.worker_config is not None  # the topology's
+
+
+def test_a_state_file_that_is_not_one_is_named_not_a_traceback(tmp_path: Path) -> None:
+    from edgefn_core.errors import Failure
+    from runtime.topology.rundir import read_state
+
+    (tmp_path / "topology.json").write_text('{"pops": [')
+    with pytest.raises(Failure, match=r"topology.json is not a topology's state .*delete it"):
+        read_state(tmp_path)
