@@ -96,13 +96,13 @@ def versions(args: argparse.Namespace) -> None:
             raise Failure("usage", 400, "edgefn versions: give a function NAME, or --topology "
                           "RUN_DIR")
         return commands.versions(args)
-    from runtime.topology.versions import ABSENT, drift, served_versions
+    from runtime.topology.versions import ABSENT, served_versions
 
     v = served_versions(args.topology)
     if args.name is not None:
         v.pops = {pop: {n: s for n, s in fns.items() if n == args.name}
                   for pop, fns in v.pops.items()}
-    drifted = drift(v.pops, v.declared)
+    drifted = v.drift()
     if args.json:
         return commands._print_json({**_builtins(v), "drift": drifted})
     print(f"{'POP':<16} {'FUNCTION':<20} VERSION")

@@ -58,10 +58,10 @@ def _status(run: Path, as_json: bool) -> None:
     if state is None:
         runner.read_network(run)  # raises no_topology
         return
-    from runtime.topology.versions import drift, served_versions
+    from runtime.topology.versions import served_versions
 
     versions = served_versions(run)
-    drifted = drift(versions.pops, versions.declared)
+    drifted = versions.drift()
     rows: list[dict[str, Any]] = []
     for p in state.pops:
         served = versions.pops.get(p.name)  # None: it did not answer

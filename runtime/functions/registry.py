@@ -87,8 +87,12 @@ class Deployment:
         return FunctionError("crash", 502, f"failed inside edgefn: {exc!r}")
 
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "version": self.version, "abi": self.executor.abi,
-                "routes": [msgspec.to_builtins(r) for r in self.manifest.route_list()]}
+        out: dict[str, object] = {
+            "name": self.name, "version": self.version, "abi": self.executor.abi,
+            "routes": [msgspec.to_builtins(r) for r in self.manifest.route_list()]}
+        if self.manifest.owner is not None:
+            out["owner"] = self.manifest.owner
+        return out
 
 
 class DeployResult(msgspec.Struct):

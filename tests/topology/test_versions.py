@@ -38,3 +38,19 @@ def test_without_what_was_given_every_pop_should_serve_it() -> None:
     assert drift(served(edge_a="v1", edge_b="v1")) == {
         "f": {"central": ABSENT, "reg": ABSENT, "edge-a": "v1", "edge-b": "v1"}}
     assert drift(served(central="v1", reg="v1", edge_a="v1", edge_b="v1")) == {}
+
+
+def test_a_pinned_owners_function_is_expected_in_its_region_only() -> None:
+    """`deploy --topology` rightly left the PoPs outside the owner's region as they
+    were (they refuse it), and they were flagged as DRIFT for ever."""
+    from runtime.topology.versions import Versions
+
+    pops = {p: ({"f": Served("v1", owner="acme-eu")} if p in ("reg", "edge-a") else {})
+            for p in POPS}
+    regions = {"central": "americas", "reg": "emea", "edge-a": "emea", "edge-b": "americas"}
+    v = Versions(pops, declared={}, regions=regions, pins={"acme-eu": "emea"})
+    assert v.drift() == {}
+    pops["reg"] = {}  # a PoP of its region that lost it still is drift
+    assert v.drift() == {"f": {"reg": ABSENT, "edge-a": "v1"}}
+    unpinned = Versions(pops, declared={}, regions=regions, pins={})
+    assert unpinned.drift() == {"f": {p: "v1" if p == "edge-a" else ABSENT for p in POPS}}
