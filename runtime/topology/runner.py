@@ -237,7 +237,8 @@ def down(run: Path, grace: float = 15.0) -> list[str]:
         state.pops = [msgspec.structs.replace(p, pid=0) for p in state.pops]
         write_state(run, state)
     if net is not None:
-        net.links_pid, net.redis_pids = 0, {}
+        # stopped, each still named (status lists "redis REGION: stopped", as links)
+        net.links_pid, net.redis_pids = 0, dict.fromkeys(net.redis_pids, 0)
         _write_network(run, net)
     return list(groups)
 

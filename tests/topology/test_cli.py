@@ -154,6 +154,12 @@ def test_up_after_a_crash_down_twice_and_status_after_down(tmp_path: Path) -> No
         assert json.loads(_cli(*cli[:1], "down", *cli[1:]).stdout) == {"stopped": []}
         rows = json.loads(_cli(*cli[:1], "status", *cli[1:]).stdout)
         assert [r["health"] for r in rows] == ["stopped", "stopped"]
+        # the table says so of links and Redis too (Redis went unnamed after `down`)
+        text = subprocess.run([sys.executable, "-m", "runtime.cli", "topology", "status",
+                               "--dir", str(run)], cwd=ROOT, text=True, capture_output=True,
+                              timeout=60, env={"PYTHONPATH": str(ROOT),
+                                               "PATH": "/usr/bin:/bin"}).stdout
+        assert "links: stopped" in text and "redis r: stopped" in text, text
     finally:
         from runtime.topology import runner as r
 
