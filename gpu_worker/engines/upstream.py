@@ -495,7 +495,8 @@ class UpstreamEngine(Engine):
             st.error(err.code, str(err), err.status)
         except Exception as e:
             log.exception("forwarding request %d to %s failed", st.rid, self.url)
-            st.error("internal", f"forwarding to {self.url} failed: {e!r}", 500)
+            st.error("internal", f"forwarding to upstream {self.who} failed: "
+                               f"{type(e).__name__}", 500)
 
     async def _forward(self, client: httpx2.AsyncClient, st: _Stream, path: str, body: bytes
                        ) -> None:
@@ -557,12 +558,20 @@ class UpstreamEngine(Engine):
         """An httpx2 failure as an `EngineError`: timeout (504, "upstream <url> `silent`
         <timeout>s"), upstream_unavailable (502) when the upstream cannot be reached or
         hangs up, upstream_error (502) when it breaks HTTP."""
+        who = self.who
         if isinstance(e, httpx2.TimeoutException):
-            return EngineError("timeout", 504, f"upstream {self.url} {silent} {self.timeout:g}s")
+            return EngineError("timeout", 504, f"upstream {who} {silent} {self.timeout:g}s")
+        log.warning("upstream %s (%s): %s", self.spec.name, self.url, _describe(e))
         if isinstance(e, httpx2.NetworkError) or _hung_up(e):
-            return EngineError("upstream_unavailable", 502, f"upstream {self.url} is unavailable: "
+            return EngineError("upstream_unavailable", 502, f"upstream {who} is unavailable: "
                                f"{_describe(e)}")
-        return EngineError("upstream_error", 502, f"upstream {self.url} broke HTTP: {_describe(e)}")
+        return EngineError("upstream_error", 502, f"upstream {who} broke HTTP: {_describe(e)}")
+
+    @property
+    def who(self) -> str:
+        """How errors a client reads name the upstream: its entry's name in the worker
+        config, never its URL (an internal address; the worker's log has it)."""
+        return repr(self.spec.name)
 
 
 async def _open(client: httpx2.AsyncClient, method: str, path: str, body: bytes | None,
