@@ -111,14 +111,18 @@ def _route(topo: Topology, child: str, parent: str, ports: Network) -> Route:
 
 
 def _anycast(topo: Topology, home: PopSpec, ports: Network) -> list[Route]:
-    """The geography's edge first, then the other edges, nearest first."""
+    """The geography's edge first, then the other edges of its region, then the
+    rest, nearest first in each (failing over to an edge of another region sent a
+    pinned tenant's requests out of their region, to a 451, while an edge of theirs
+    was up)."""
     net = topo.network
-    others = [Route(name=e.name, port=ports.public[e.name],
-                    delay_ms=one_way_ms(net.seed, home.geo, e.name, net.reroute_rtt_ms))
+    others = [(e.region != home.region,
+               Route(name=e.name, port=ports.public[e.name],
+                     delay_ms=one_way_ms(net.seed, home.geo, e.name, net.reroute_rtt_ms)))
               for e in topo.edges() if e.name != home.name]
     own = Route(name=home.name, port=ports.public[home.name],
                 delay_ms=one_way_ms(net.seed, home.geo, home.name, net.client_edge_rtt_ms))
-    return [own, *sorted(others, key=lambda r: r.delay_ms)]
+    return [own, *(r for _, r in sorted(others, key=lambda o: (o[0], o[1].delay_ms)))]
 
 
 def pop_settings(run: Path, p: PopSpec, ports: Network) -> dict[str, Any]:

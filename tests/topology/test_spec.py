@@ -226,3 +226,24 @@ def test_a_state_file_that_is_not_one_is_named_not_a_traceback(tmp_path: Path) -
     (tmp_path / "topology.json").write_text('{"pops": [')
     with pytest.raises(Failure, match=r"topology.json is not a topology's state .*delete it"):
         read_state(tmp_path)
+
+
+def test_anycast_fails_over_within_the_region_first(tmp_path: Path) -> None:
+    """The eu-west entry failed over to an edge of another region before one of its
+    own, sending a pinned tenant's requests out of their region (a 451)."""
+    from tests.topologies import EMEA_PINNED, pop
+
+    text = (EMEA_PINNED + pop("central", "central", region="americas")
+            + "".join(pop(name, "edge", geo=geo, region=region, parents=["central"])
+                      for name, geo, region in (("edge-eu", "eu-west", "emea"),
+                                                ("edge-us", "us-east", "americas"),
+                                                ("edge-us2", "us-west", "americas"),
+                                                ("edge-ap", "ap-south", "emea"))))
+    (tmp_path / "topology.toml").write_text(text)
+    topo = spec.load(tmp_path / "topology.toml")
+    _, links = plan.network(topo)
+    entry = next(li for li in links.links if li.name == "client-eu-west")
+    assert [r.name for r in entry.routes][:2] == ["edge-eu", "edge-ap"]
+    rest = entry.routes[2:]
+    assert {r.name for r in rest} == {"edge-us", "edge-us2"}
+    assert [r.delay_ms for r in rest] == sorted(r.delay_ms for r in rest)
