@@ -104,16 +104,20 @@ def versions(args: argparse.Namespace) -> None:
                   for pop, fns in v.pops.items()}
     drifted = v.drift()
     if args.json:
-        return commands._print_json({**_builtins(v), "drift": drifted})
-    print(f"{'POP':<16} {'FUNCTION':<20} VERSION")
-    for pop, fns in v.pops.items():
-        for name, s in sorted(fns.items()):
-            print(f"{pop:<16} {name:<20} {s.label()}{'  DRIFT' if name in drifted else ''}")
-    for pop, why in v.unreachable.items():
-        print(f"{pop:<16} {'(unreachable)':<20} {why}")
-    for name, labels in drifted.items():
-        print(f"drift: {name}: " + ", ".join(f"{p}={lab}" for p, lab in labels.items()
-                                             if lab) + f" ({ABSENT}: not served)")
+        commands._print_json({**_builtins(v), "drift": drifted})
+    else:
+        print(f"{'POP':<16} {'FUNCTION':<20} VERSION")
+        for pop, fns in v.pops.items():
+            for name, s in sorted(fns.items()):
+                print(f"{pop:<16} {name:<20} {s.label()}{'  DRIFT' if name in drifted else ''}")
+        for pop, why in v.unreachable.items():
+            print(f"{pop:<16} {'(unreachable)':<20} {why}")
+        for name, labels in drifted.items():
+            print(f"drift: {name}: " + ", ".join(f"{p}={lab}" for p, lab in labels.items()
+                                                 if lab) + f" ({ABSENT}: not served)")
+    if v.unreachable:  # exit status 1: a script cannot take the listing as complete
+        raise Failure("pop_unreachable", 502, "not checked on " + ", ".join(
+            sorted(v.unreachable)) + " (not answering)")
 
 
 def _builtins(value: Any) -> Any:

@@ -51,12 +51,9 @@ class Rollout(msgspec.Struct):
 
 def pops_of(run: str | Path) -> Pops:
     """The PoPs of the topology running in `run`. Raises `InvalidConfig` if `run`
-    has no readable ``topology.json`` or it names no PoP."""
+    has no ``topology.json`` or it names no PoP, `Failure` if it is unreadable."""
     path = Path(run) / rundir.STATE
-    try:
-        state = rundir.read_state(run)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise InvalidConfig(str(path), f"unreadable: {e}") from None
+    state = rundir.read_state(run)  # Failure for a file that is not a topology's state
     if state is None:
         raise InvalidConfig(str(path), "no such file: no topology runs in this folder (start "
                             "one with `edgefn topology up`, or pass its run dir)")

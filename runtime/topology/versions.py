@@ -27,7 +27,6 @@ ABSENT = "-"  # a PoP that does not serve the function
 class Served(msgspec.Struct):
     version: str
     canary: str | None = None  # "VERSION@PERCENT%" while a canary runs beside it
-    owner: str | None = None  # its manifest's
 
     def label(self) -> str:
         return self.version + (f" (+canary {self.canary})" if self.canary else "")
@@ -39,15 +38,12 @@ class Versions(msgspec.Struct):
     declared: dict[str, list[str]] = {}  # PoP -> the functions `topology up` deployed there
     regions: dict[str, str] = {}  # PoP -> its region ("" for none)
     pins: dict[str, str] = {}  # tenant -> the region it is pinned to
+    owners: dict[str, str] = {}  # function -> its manifest's owner, where it names one
 
     def drift(self) -> dict[str, dict[str, str]]:
         """`drift` of these PoPs, a pinned owner's functions expected in its region."""
-        allowed = {}
-        for served in self.pops.values():
-            for name, s in served.items():
-                if s.owner in self.pins:
-                    allowed[name] = {p for p, r in self.regions.items()
-                                     if r == self.pins[s.owner]}
+        allowed = {name: {p for p, r in self.regions.items() if r == self.pins[owner]}
+                   for name, owner in self.owners.items() if owner in self.pins}
         return drift(self.pops, self.declared, allowed)
 
 
@@ -59,9 +55,11 @@ def served_versions(run: str | Path) -> Versions:
     state = read_state(run)
     declared = {p.name: p.functions for p in state.pops} if state is not None else {}
     regions = {p.name: p.region for p in state.pops} if state is not None else {}
+    owners = {str(f["name"]): str(f["owner"]) for o in got if o.error is None
+              for f in o.value if f.get("owner")}
     return Versions({o.pop: _served(o.value) for o in got if o.error is None},
                     {o.pop: o.error for o in got if o.error is not None}, declared,
-                    regions, _pins(run, list(regions)))
+                    regions, _pins(run, list(regions)), owners)
 
 
 def _pins(run: str | Path, pops: list[str]) -> dict[str, str]:
@@ -81,8 +79,7 @@ def _served(functions: list[dict[str, Any]]) -> dict[str, Served]:
     out = {}
     for f in functions:
         c = f.get("canary")
-        out[f["name"]] = Served(f["version"], f"{c['version']}@{c['percent']:g}%" if c else None,
-                                f.get("owner"))
+        out[f["name"]] = Served(f["version"], f"{c['version']}@{c['percent']:g}%" if c else None)
     return out
 
 

@@ -103,7 +103,8 @@ def test_a_run_dir_without_a_topology_is_refused(tmp_path: Path,
                                     "topology up`, or pass its run dir)\n")
     (tmp_path / "topology.json").write_text("{not json")
     status, _, err = edgefn(capsys, "versions", "--topology", str(tmp_path))
-    assert status == 1 and err.startswith(f"edgefn: {tmp_path}/topology.json: unreadable: ")
+    assert status == 1 and err.startswith(f"edgefn: {tmp_path}/topology.json is not a "
+                                          "topology's state (")
     (tmp_path / "topology.json").write_text('{"pops": []}')
     status, _, err = edgefn(capsys, "versions", "--topology", str(tmp_path))
     assert err == f"edgefn: {tmp_path}/topology.json: field `pops`: names no PoP\n"
@@ -147,3 +148,16 @@ def test_versions_marks_a_live_canary(tmp_path: Path,
     assert status == 0 and len(lines) == 2
     assert lines[0].startswith(f"~ {v2}  ") and lines[0].endswith("  (canary, 25% of requests)")
     assert lines[1].startswith(f"* {v1}  ") and "canary" not in lines[1]
+
+
+def test_versions_exits_1_when_a_pop_does_not_answer(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """It listed the PoP as unreachable and exited 0: a script took the listing as
+    complete."""
+    from runtime.topology.rundir import PopEntry, RunState, pop_dir, write_state
+
+    write_state(tmp_path, RunState(pops=[PopEntry(name="ghost", tier="edge")]))
+    pop_dir(tmp_path, "ghost").mkdir(parents=True)  # no PoP runs on it
+    status, out, err = edgefn(capsys, "versions", "--topology", str(tmp_path))
+    assert status == 1 and "ghost" in out and "(unreachable)" in out
+    assert err == "edgefn: not checked on ghost (not answering)\n"

@@ -45,12 +45,12 @@ def test_a_pinned_owners_function_is_expected_in_its_region_only() -> None:
     were (they refuse it), and they were flagged as DRIFT for ever."""
     from runtime.topology.versions import Versions
 
-    pops = {p: ({"f": Served("v1", owner="acme-eu")} if p in ("reg", "edge-a") else {})
-            for p in POPS}
+    pops = {p: ({"f": Served("v1")} if p in ("reg", "edge-a") else {}) for p in POPS}
     regions = {"central": "americas", "reg": "emea", "edge-a": "emea", "edge-b": "americas"}
-    v = Versions(pops, declared={}, regions=regions, pins={"acme-eu": "emea"})
+    v = Versions(pops, declared={}, regions=regions, pins={"acme-eu": "emea"},
+                 owners={"f": "acme-eu"})
     assert v.drift() == {}
     pops["reg"] = {}  # a PoP of its region that lost it still is drift
     assert v.drift() == {"f": {"reg": ABSENT, "edge-a": "v1"}}
-    unpinned = Versions(pops, declared={}, regions=regions, pins={})
+    unpinned = Versions(pops, declared={}, regions=regions, pins={}, owners={"f": "acme-eu"})
     assert unpinned.drift() == {"f": {p: "v1" if p == "edge-a" else ABSENT for p in POPS}}
