@@ -144,15 +144,20 @@ def handle(request, env):
 """
 
 
-def test_a_purge_counts_the_entries_of_every_worker(tmp_path: Path) -> None:
-    """It said the admin worker's count only ("purged 1" for a URL both held)."""
+def deploy_cached(w: Workers, tmp_path: Path) -> None:
+    """CACHED as function "c", routed at /c/*: every response stored for an hour."""
     from tests.support import python_function
 
+    d = python_function(tmp_path, "c", CACHED)
+    (d / "edgefn.toml").write_text((d / "edgefn.toml").read_text().replace(
+        'routes = ["/c"]', 'routes = ["/c/*"]'))
+    w.admin.deploy(d)
+
+
+def test_a_purge_counts_the_entries_of_every_worker(tmp_path: Path) -> None:
+    """It said the admin worker's count only ("purged 1" for a URL both held)."""
     with serving(tmp_path, POP_TOML) as w:
-        d = python_function(tmp_path, "c", CACHED)
-        (d / "edgefn.toml").write_text((d / "edgefn.toml").read_text().replace(
-            'routes = ["/c"]', 'routes = ["/c/*"]'))
-        w.admin.deploy(d)
+        deploy_cached(w, tmp_path)
         with pinned(w, "/c/x") as (conns, _):
             for pid, conn in conns.items():
                 assert get(conn, "/c/x") == (200, pid)  # stored by each worker
@@ -174,13 +179,8 @@ def test_a_post_on_one_worker_drops_the_url_on_every_worker(tmp_path: Path) -> N
     only: the other kept serving the old one as a HIT for its whole lifetime.
     The shared disk tier's record is now the truth every worker checks, so the
     other worker stores a fresh answer; and it finds what a worker stored."""
-    from tests.support import python_function
-
     with serving(tmp_path, POP_TOML) as w:
-        d = python_function(tmp_path, "c", CACHED)
-        (d / "edgefn.toml").write_text((d / "edgefn.toml").read_text().replace(
-            'routes = ["/c"]', 'routes = ["/c/*"]'))
-        w.admin.deploy(d)
+        deploy_cached(w, tmp_path)
         with pinned(w, "/c/warm") as (conns, _):
             (a, ca), (b, cb) = conns.items()
             assert cache_of(ca, "GET", "/c/x")[1:] == (a, "MISS")

@@ -167,6 +167,12 @@ class TieredStore:
     def _drop_copy(self, key: bytes) -> None:
         """Forget this worker's copy of `key` and its share of the disk budget:
         another worker replaced or dropped the record."""
+        self._unaccount(key)
+        self._forget(key)
+
+    def _unaccount(self, key: bytes) -> int | None:
+        """Drop `key`'s memory copy and its share of this worker's disk budget (the
+        record stays): the bytes it had on disk, None if none."""
         variants = self.memory.pop(key, None)
         if variants is not None:
             self.memory_used -= size(variants)
@@ -174,7 +180,7 @@ class TieredStore:
         n = self.disk.pop(key, None)
         if n is not None:
             self.disk_used -= n
-        self._forget(key)
+        return n
 
     def put(self, key: bytes, variants: Variants) -> None:
         """Store `variants` for `key` (replacing what was there). Raises `StoreClosed`."""
@@ -223,13 +229,7 @@ class TieredStore:
     def delete(self, key: bytes) -> bool:
         """Drop `key` from both tiers; whether it was held."""
         held = self.index.pop(key, None) is not None
-        variants = self.memory.pop(key, None)
-        if variants is not None:
-            self.memory_used -= size(variants)
-        self.stamps.pop(key, None)
-        n = self.disk.pop(key, None)
-        if n is not None:
-            self.disk_used -= n
+        n = self._unaccount(key)
         if self.env is not None and (n is not None or self.shared):
             self._check_open()  # shared: another worker's record goes too
             with self.env.begin(write=True) as txn:
