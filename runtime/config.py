@@ -98,6 +98,9 @@ class StoresConfig(Struct, forbid_unknown_fields=True, frozen=True):
     # MiB the KV namespaces of one owner may hold through its functions' writes (0: no
     # quota); the KV store (1 GiB) is shared, so one tenant cannot fill it for all
     kv_owner_quota_mb: Annotated[int, Meta(ge=0, le=1 << 20)] = 256
+    # MiB of vectors (4 bytes a dimension) one owner's indexes may hold through its
+    # functions' upserts (0: no quota): every index lives in the PoP's memory
+    vectors_owner_quota_mb: Annotated[int, Meta(ge=0, le=1 << 20)] = 512
 
 
 # -- pipeline stages: a tagged union on `stage`, each with its own settings -----------------

@@ -55,6 +55,7 @@ class PoP:
                              config.ai_cache,  # stores.ai_cache: the AI caches (with `ai`)
                              config.residency, config.name)
         self.stores.kv_quota = config.stores.kv_owner_quota_mb << 20
+        self.stores.vectors_quota = config.stores.vectors_owner_quota_mb << 20
         self.wasm = WasmEngine(self.data_dir / "cache")
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,

@@ -64,6 +64,7 @@ class Stores:
         # bytes the KV namespaces of one owner may hold together through functions'
         # writes (0: no quota; the operator's tools are not held to it)
         self.kv_quota = 0
+        self.vectors_quota = 0  # the same for the vectors of one owner's indexes
         self._opening = threading.Lock()  # the stores are opened lazily, from any thread
         self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
         self.ai_cache: AICache | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edgefn_core.errors import BindingError
+from edgefn_core.errors import BindingError, LimitExceeded
 from kv.vectors import GRAPH_LIMITS, VectorStore
 from runtime.bindings import owners
 
@@ -44,10 +44,31 @@ class VectorsBinding:
         return name
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
-        """Raises `BindingError`, `StoreError`, KeyError/TypeError/ValueError."""
+        """Raises `BindingError`, `StoreError` (`LimitExceeded` past the owner's
+        quota), KeyError/TypeError/ValueError."""
         if op not in ("query", "upsert", "delete"):
             raise BindingError(f"unknown vectors operation {op!r}")
-        return run(self.store, op, self.index(args["index"], op in WRITES), args)
+        index = self.index(args["index"], op in WRITES)
+        if op == "upsert":
+            self.room(index, args["items"])
+        return run(self.store, op, index, args)
+
+    def room(self, index: str, items: list[dict[str, Any]]) -> None:
+        """Raises `LimitExceeded` if `items` would take index `index`'s owner past its
+        quota (`Stores.vectors_quota`) over all its indexes: the vector store, and
+        the PoP's memory every index lives in, are shared, and one tenant could fill
+        them. An upsert of ids it holds counts as new (delete first, near the quota)."""
+        quota = self.stores.vectors_quota
+        if not quota or not items:
+            return
+        owners = self.stores.owners
+        owner = owners.owner("vectors", index) or self.tenant
+        used = self.store.held(owners.names("vectors", owner) or [index])
+        adding = len(items) * len(items[0]["vector"]) * 4
+        if used + adding > quota:
+            raise LimitExceeded(f"the vector indexes of owner {owner!r} hold {used} bytes of "
+                                f"vectors; {adding} more would pass its quota of {quota} "
+                                "bytes ([stores] vectors_owner_quota_mb): delete some first")
 
 
 def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:

@@ -242,6 +242,36 @@ def test_an_owner_holds_at_most_its_kv_quota_across_its_namespaces(
         ka.increment("a2", b"n")
 
 
+def test_an_owner_holds_at_most_its_vectors_quota_across_its_indexes(
+        registry: Registry, tmp_path: Path) -> None:
+    """Every index lives in the PoP's memory: one tenant's upserts could fill it for
+    all (vectors had no quota; KV had)."""
+    from edgefn_core.errors import BindingError
+
+    registry.stores.vectors_quota = 100 * 4 * 4  # 100 vectors of 4 dimensions
+    a = fn(tmp_path, "a", 'vectors = ["a1", "a2"]', owner="acme")
+    b = fn(tmp_path, "b", 'vectors = ["b1"]', owner="beta")
+    deploy(registry, a)
+    deploy(registry, b)
+    va, vb = binding(registry, a), binding(registry, b)
+
+    def upsert(bindings: Bindings, index: str, n: int, start: int = 0) -> object:
+        items = [{"id": f"v{i}", "vector": [1.0, float(i), 0.0, 0.5]}
+                 for i in range(start, start + n)]
+        return bindings.call("vectors.upsert", {"index": index, "items": items})
+
+    assert upsert(va, "a1", 60) == 60
+    with pytest.raises(BindingError, match=r"the vector indexes of owner 'acme' hold 960 "
+                                           r"bytes of vectors; 960 more would pass its quota "
+                                           r"of 1600 bytes"):
+        upsert(va, "a2", 60)  # both indexes count
+    assert "a2" not in registry.stores.vectors.names()  # refused before it was made
+    assert upsert(vb, "b1", 100) == 100  # another owner's quota is its own
+    assert upsert(va, "a2", 40) == 40  # what fits still does
+    va.call("vectors.delete", {"index": "a1", "ids": [f"v{i}" for i in range(30)]})
+    assert upsert(va, "a2", 30, start=40) == 30  # room again
+
+
 def test_usage_is_counted_for_a_store_written_before_it_was_kept(tmp_path: Path) -> None:
     from kv import KVStore
     from kv.store import USAGE_DB
