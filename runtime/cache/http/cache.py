@@ -140,10 +140,13 @@ class HttpCache:
         """`entry` updated with a 304 from the origin (RFC 9111 4.3.4): its fields
         replace the stored ones and freshness starts again. Returns the entry to
         serve; a reason string if it may no longer be stored (it is dropped)."""
-        new = _fields(response.headers)
+        # what describes the stored content stays its own: a 304 has no content
+        # (RFC 9110 15.4.5), and a Content-Type on one made a cached JSON body "text"
+        fresh = [(k, v) for k, v in _stored(response.headers) if k not in CONTENT_FIELDS]
+        new = _fields(fresh)
         headers = [(k, v) for k, v in entry.headers if k not in new]
-        headers += _stored(response.headers)
-        tags = new.get(b"cache-tag") or ",".join(entry.tags).encode()
+        headers += fresh
+        tags = _fields(response.headers).get(b"cache-tag") or ",".join(entry.tags).encode()
         if tags:  # kept from the stored response unless the 304 names others
             headers.append((b"cache-tag", tags))
         updated = Response(entry.status, headers, entry.body)
@@ -178,6 +181,10 @@ class HttpCache:
 
     def close(self) -> None:
         self.store.close()
+
+
+CONTENT_FIELDS = frozenset({b"content-type", b"content-length", b"content-encoding",
+                            b"content-range"})
 
 
 def served(entry: Entry, age: float, outcome: bytes, request: Request) -> Response:

@@ -23,6 +23,7 @@ Interpretations, where the RFCs leave room:
 
 from __future__ import annotations
 
+import re
 from email.utils import parsedate_to_datetime
 from typing import NamedTuple, Protocol
 
@@ -168,15 +169,36 @@ def may_serve_stale(age: float, f: Stored, req: Directives, window: float) -> bo
     return age - f.lifetime < window
 
 
+ENTITY_TAG = re.compile(rb'(?:W/)?"[^"]*"')  # RFC 9110 8.8.3: a tag may hold a comma
+
+
 def etag_matches(if_none_match: bytes, etag: bytes | None) -> bool:
-    """If-None-Match's weak comparison (RFC 9110 13.1.2): ``*`` or a listed tag
-    equal to `etag` once ``W/`` is dropped."""
+    """If-None-Match's weak comparison (RFC 9110 13.1.2): ``*`` (a stored response
+    exists: it matches with or without an ETag) or a listed tag equal to `etag`
+    once ``W/`` is dropped."""
     if if_none_match.strip() == b"*":
-        return etag is not None
+        return True
     if etag is None:
         return False
     want = etag.strip().removeprefix(b"W/")
-    return any(t.strip().removeprefix(b"W/") == want for t in if_none_match.split(b","))
+    return any(t.removeprefix(b"W/") == want for t in ENTITY_TAG.findall(if_none_match))
+
+
+def wants_fresh(req: Directives) -> bool:
+    """Whether the request asks for a response of some freshness (``max-age``,
+    ``min-fresh``: a browser's reload sends max-age=0): no stale-while-revalidate
+    answer then (RFC 9111 5.2.1.1, 5.2.1.3; RFC 5861 3)."""
+    return "max-age" in req or "min-fresh" in req
+
+
+def validates(headers: list[tuple[bytes, bytes]], stored_etag: bytes | None) -> bool:
+    """Whether a 304 with `headers` may update a stored response whose ETag is
+    `stored_etag` (RFC 9111 4.3.4): a strong ETag must be the stored one; a weak
+    one, or none, selects it."""
+    etag = next((v for k, v in headers if k == b"etag"), None)
+    if etag is None or etag.strip().startswith(b"W/"):
+        return True
+    return stored_etag is not None and stored_etag.strip() == etag.strip()
 
 
 def not_modified(if_none_match: bytes | None, if_modified_since: bytes | None,

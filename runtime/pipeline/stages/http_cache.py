@@ -36,7 +36,9 @@ from runtime.pipeline.targets import Targets
 from runtime.security.settings import merge
 
 CACHED_METHODS = (b"GET", b"HEAD")
-UNSAFE = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
+# RFC 9111 4.4: a non-error answer to an unsafe method, "including methods whose
+# safety is unknown", invalidates the URL (PURGE, MKCOL did not)
+SAFE = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
 CONDITIONALS = (b"if-none-match", b"if-modified-since")
 
 
@@ -58,10 +60,14 @@ class HttpCacheStage:
         if ctx.quiet:  # a warm-up is neither looked up, stored nor counted
             return self._quiet(request, ctx, call_next, target)
         s = self._settings(target)
-        if not s.enabled:
-            return call_next(request, ctx)
+        if not s.enabled:  # its Cache-Tag is still the cache's, never the client's
+            return then(call_next(request, ctx), client_view)
         if request.method not in CACHED_METHODS or request.header(b"range") is not None:
             return self._bypass(request, ctx, call_next, target)
+        cc = request.header(b"cache-control")
+        if cc is not None and b"only-if-cached" in cc and self.cache.lookup(
+                HttpCache.key(target.label, request), request, _scope(request, ctx)) is None:
+            return self._not_cached(ctx, target, HttpCache.key(target.label, request))
         if s.default_ttl is None and target.label not in self.cache.caching:
             # nothing of this deployment is stored: no lookup, no flight to wait for
             # (a full response, as on any miss: it may be the first one stored)
@@ -89,7 +95,9 @@ class HttpCacheStage:
         age = self.cache.age(entry)
         if policy.fresh_enough(age, entry, req):
             return self._serve(entry, age, "HIT", request, ctx, target, key)
-        if policy.may_serve_stale(age, entry, req, entry.swr):
+        if "only-if-cached" in req:
+            return self._not_cached(ctx, target, key)
+        if not policy.wants_fresh(req) and policy.may_serve_stale(age, entry, req, entry.swr):
             if request.method == b"GET":  # a HEAD's answer could not refresh it
                 self._revalidate_later(request, ctx, call_next, key, scope, entry, s)
             return self._serve(entry, age, "STALE", request, ctx, target, key)
@@ -108,12 +116,20 @@ class HttpCacheStage:
                      saved_ms=entry.origin_ms)
         return response
 
+    def _not_cached(self, ctx: Context, target: Target, key: bytes) -> Response:
+        """The 504 a request with ``only-if-cached`` gets when no stored response may
+        answer it (RFC 9111 5.2.1.7: it went to the function)."""
+        self._record(ctx, target, key, "MISS", stored="only-if-cached")
+        return Response(504, [(b"content-type", b"text/plain; charset=utf-8"),
+                              (b"x-edgefn-cache", b"MISS")],
+                        b"no stored response answers this request (only-if-cached)\n")
+
     def _bypass(self, request: Request, ctx: Context, call_next: Next, target: Target
                 ) -> Result:
         key = HttpCache.key(target.label, request)
         self._record(ctx, target, key, "BYPASS")
         return then(call_next(request, ctx), self._bypassed,
-                    key if request.method in UNSAFE else None)
+                    key if request.method not in SAFE else None)
 
     def _bypassed(self, response: Response, key: bytes | None) -> Response:
         if key is not None and response.status < 400:
@@ -161,6 +177,12 @@ class HttpCacheStage:
             age = self.cache.age(entry)
             if policy.fresh_enough(age, entry, req):
                 return self._serve(entry, age, "HIT", request, ctx, target, key)
+            if request.method == b"GET":  # still stale: the leader's origin call failed
+                # ask again, and answer stale within its stale-if-error on a failure
+                # (followers got the 5xx: only the leader's client got the stale entry)
+                result = self._revalidate(request, ctx, call_next, target, key, scope, entry,
+                                          s, req, lead=False)
+                return result if isinstance(result, Response) else await result
         result = self._miss(request, ctx, call_next, target, key, scope, s, False)
         return result if isinstance(result, Response) else await result
 
@@ -213,31 +235,41 @@ class HttpCacheStage:
     # -- stale entries ----------------------------------------------------------------------
     def _revalidate(self, request: Request, ctx: Context, call_next: Next, target: Target,
                     key: bytes, scope: str, entry: Entry, s: HttpCacheSettings,
-                    req: policy.Directives) -> Result:
-        """Ask the origin about a stale `entry` (conditionally when it has validators)."""
+                    req: policy.Directives, lead: bool = True) -> Result:
+        """Ask the origin about a stale `entry` (conditionally when it has validators),
+        leading the key's flight unless `lead` is False (a follower's own try)."""
         started = time.perf_counter()
         result = call_next(_conditional(request, entry), ctx)
         if isinstance(result, Response):
-            return self._revalidated(result, started, request, ctx, target, key, scope,
-                                     entry, s, req)
-        self.cache.flights.take_off(key)
-        return self._revalidating(result, started, request, ctx, target, key, scope, entry,
-                                  s, req)
+            return self._revalidated(result, started, request, ctx, call_next, target, key,
+                                     scope, entry, s, req)
+        if lead:
+            self.cache.flights.take_off(key)
+        return self._revalidating(result, started, request, ctx, call_next, target, key,
+                                  scope, entry, s, req, lead)
 
     async def _revalidating(self, pending: Awaitable[Response], started: float,
-                            request: Request, ctx: Context, target: Target, key: bytes,
-                            scope: str, entry: Entry, s: HttpCacheSettings,
-                            req: policy.Directives) -> Response:
+                            request: Request, ctx: Context, call_next: Next, target: Target,
+                            key: bytes, scope: str, entry: Entry, s: HttpCacheSettings,
+                            req: policy.Directives, lead: bool) -> Response:
         try:
-            return self._revalidated(await pending, started, request, ctx, target, key,
-                                     scope, entry, s, req)
+            result = self._revalidated(await pending, started, request, ctx, call_next,
+                                       target, key, scope, entry, s, req)
+            return result if isinstance(result, Response) else await result
         finally:
-            self.cache.flights.land(key)
+            if lead:
+                self.cache.flights.land(key)
 
     def _revalidated(self, response: Response, started: float, request: Request,
-                     ctx: Context, target: Target, key: bytes, scope: str, entry: Entry,
-                     s: HttpCacheSettings, req: policy.Directives) -> Response:
-        if response.status == 304 and entry.status == 200:
+                     ctx: Context, call_next: Next, target: Target, key: bytes, scope: str,
+                     entry: Entry, s: HttpCacheSettings, req: policy.Directives) -> Result:
+        if response.status == 304 and not policy.validates(response.headers, entry.etag):
+            # a strong validator the entry does not have (RFC 9111 4.3.4): it may not
+            # be updated from it, and this client asked for no 304: the full response
+            self.cache.invalidate(key)
+            return then(call_next(_conditional(request, None), ctx), self._fetched, started,
+                        request, ctx, target, key, scope, s, "EXPIRED")
+        if response.status == 304:  # any stored status (RFC 9111 4.3.3): a 301, a 404
             fresh = self.cache.refresh(key, request, scope, entry, response, s.default_ttl)
             self._record(ctx, target, key, "EXPIRED", stored=fresh)
             if isinstance(fresh, Entry):
@@ -270,7 +302,7 @@ class HttpCacheStage:
             quiet = _detached(ctx)
             result = call_next(_conditional(request, entry), quiet)
             response = result if isinstance(result, Response) else await result
-            if response.status == 304 and entry.status == 200:
+            if response.status == 304 and policy.validates(response.headers, entry.etag):
                 self.cache.refresh(key, request, scope, entry, response, s.default_ttl)
             elif response.status < 500:
                 self.cache.invalidate(key)

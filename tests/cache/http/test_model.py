@@ -244,9 +244,12 @@ class HttpCacheModel(RuleBasedStateMachine):
 
 
 def _weak_match(inm: str, etag: bytes | None) -> bool:
+    """RFC 9110 13.1.2: ``*`` matches any current representation, tagged or not."""
+    if inm == "*":
+        return True
     if etag is None:
         return False
-    return inm == "*" or inm.removeprefix("W/") == etag.decode().removeprefix("W/")
+    return inm.removeprefix("W/") == etag.decode().removeprefix("W/")
 
 
 TestHttpCacheModel = HttpCacheModel.TestCase

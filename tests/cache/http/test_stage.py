@@ -292,7 +292,9 @@ def test_a_new_version_never_serves_the_old_ones_entries(h: Harness) -> None:
 
 @pytest.mark.parametrize(("method", "status", "invalidated"), [
     (b"POST", 200, True), (b"PUT", 204, True), (b"DELETE", 200, True), (b"PATCH", 302, True),
-    (b"POST", 500, False), (b"POST", 404, False)])
+    (b"POST", 500, False), (b"POST", 404, False),
+    (b"PURGE", 200, True), (b"MKCOL", 201, True),  # "methods whose safety is unknown"
+    (b"OPTIONS", 200, False)])
 def test_unsafe_methods_invalidate(h: Harness, method: bytes, status: int,
                                    invalidated: bool) -> None:  # 4.4
     h.call(request())
@@ -374,10 +376,12 @@ def test_default_ttl_of_a_function() -> None:
 
 def test_a_function_turns_it_off() -> None:
     h = Harness(fn=Function(http=HttpCacheOverride(enabled=False)))
+    h.origin.answer = lambda r: ok(cache_tag="secret-tag")
     h.call(request())
     r, ctx = h.call(request())
     assert header(r, b"x-edgefn-cache") is None and ctx.decisions is None
     assert h.origin.calls == 2
+    assert header(r, b"cache-tag") is None  # the cache's, stripped as when it is on
 
 
 def test_the_openai_api_is_not_cached(h: Harness) -> None:
@@ -408,3 +412,114 @@ def test_stored_entries_outlive_a_restart_on_the_disk_tier(tmp_path) -> None:  #
     assert (outcome(r), header(r, b"age"), r.body) == ("HIT", b"5", b"hello")
     h2.close()
 
+
+
+# -- RFC 9111 cases an exploratory review found ------------------------------------------------
+@pytest.mark.parametrize("status", [301, 404])
+def test_a_stale_non_200_is_refreshed_by_a_304_not_answered_with_it(
+        h: Harness, status: int) -> None:  # 4.3.3, 4.3.4
+    """A client that sent no validator got the origin's 304 (no body) and the entry
+    was dropped: refreshing was for 200s only."""
+    h.origin.answer = lambda r: ok("max-age=1", status=status, body=b"moved", etag='"z"',
+                                   location="/x")
+    h.call(request())
+    h.clock.now += 2
+    h.origin.answer = lambda r: Response(304, [(b"cache-control", b"max-age=60"),
+                                               (b"etag", b'"z"')])
+    r, _ = h.call(request())
+    assert (r.status, r.body, outcome(r)) == (status, b"moved", "EXPIRED")
+    r, _ = h.call(request())
+    assert (r.status, outcome(r), h.origin.calls) == (status, "HIT", 2)
+
+
+def test_a_304_does_not_retype_the_stored_body(h: Harness) -> None:  # 3.2
+    h.origin.answer = lambda r: Response(200, [(b"content-type", b"application/json"),
+                                               (b"cache-control", b"max-age=1"),
+                                               (b"etag", b'"j"')], b"{}")
+    h.call(request())
+    h.clock.now += 2
+    h.origin.answer = lambda r: Response(304, [(b"cache-control", b"max-age=60"),
+                                               (b"etag", b'"j"'),
+                                               (b"content-type", b"text/plain")])
+    for _ in range(2):
+        r, _ = h.call(request())
+        assert header(r, b"content-type") == b"application/json"
+
+
+def test_a_304_for_another_strong_etag_does_not_update_the_entry(h: Harness) -> None:  # 4.3.4
+    """The old body went out under the 304's new ETag (and clients' If-None-Match
+    of it got 304s for the wrong content)."""
+    h.origin.answer = lambda r: ok("max-age=1", body=b"old", etag='"a"')
+    h.call(request())
+    h.clock.now += 2
+    h.origin.answer = lambda r: (Response(304, [(b"etag", b'"b"')]) if r.header(b"if-none-match")
+                                 else ok("max-age=60", body=b"new", etag='"b"'))
+    r, _ = h.call(request())
+    assert (r.status, r.body, header(r, b"etag")) == (200, b"new", b'"b"')
+    assert h.origin.seen[-1].header(b"if-none-match") is None  # asked again, whole
+    r, _ = h.call(request())
+    assert (r.body, outcome(r)) == (b"new", "HIT")
+
+
+def test_only_if_cached_is_answered_from_storage_or_504(h: Harness) -> None:  # 5.2.1.7
+    r, _ = h.call(request(cache_control="only-if-cached"))
+    assert (r.status, outcome(r), h.origin.calls) == (504, "MISS", 0)
+    h.origin.answer = lambda r: ok("max-age=10")
+    h.call(request())
+    r, _ = h.call(request(cache_control="only-if-cached"))
+    assert (r.status, outcome(r)) == (200, "HIT")
+    h.clock.now += 11
+    r, _ = h.call(request(cache_control="only-if-cached"))
+    assert (r.status, h.origin.calls) == (504, 1)  # stale: not served, not refetched
+
+
+@pytest.mark.parametrize("cc", ["max-age=0", "min-fresh=700"])
+def test_a_client_asking_for_freshness_gets_no_stale_while_revalidate_answer(
+        h: Harness, cc: str) -> None:  # 5.2.1.1, 5.2.1.3; RFC 5861 3
+    """A reload (max-age=0) got the entry at once as STALE, fresh or not."""
+    h.origin.answer = lambda r: ok("max-age=600, stale-while-revalidate=600", body=b"v1")
+    h.call(request())
+    h.clock.now += 1
+    h.origin.answer = lambda r: ok("max-age=600, stale-while-revalidate=600", body=b"v2")
+    r, _ = h.call(request(cache_control=cc))
+    assert (r.body, outcome(r)) == (b"v2", "EXPIRED")
+
+
+def test_every_waiter_on_a_failing_origin_gets_its_stale_if_error_answer(h: Harness) -> None:
+    """Only the first of concurrent requests got the stale entry; the others got the
+    503 (each calling the origin in turn)."""
+    h.origin.answer = lambda r: ok("max-age=1, stale-if-error=600", body=b"kept")
+    h.call(request())
+    h.clock.now += 2
+    h.origin.slow = True
+    h.origin.answer = lambda r: Response(503, [], b"down")
+
+    async def four() -> list[Response]:
+        async def one() -> Response:
+            result = h.stage(request(), Context("192.0.2.7:50000"), h.origin)
+            return result if isinstance(result, Response) else await result
+        return list(await asyncio.gather(*(one() for _ in range(4))))
+
+    got = asyncio.run(four())
+    assert [(r.status, r.body, outcome(r)) for r in got] == [(200, b"kept", "STALE")] * 4
+
+
+@pytest.mark.parametrize(("inm", "etag", "matches"), [
+    (b"*", None, True),  # RFC 9110 13.1.2: any current representation
+    (b'"x,y"', b'"x,y"', True), (b'"a", "x,y"', b'"x,y"', True), (b'"x"', b'"x,y"', False),
+    (b'W/"a", "b"', b'"a"', True)])
+def test_if_none_match_lists_are_read_as_entity_tags(inm: bytes, etag: bytes | None,
+                                                     matches: bool) -> None:
+    from runtime.cache.http.policy import etag_matches
+
+    assert etag_matches(inm, etag) is matches
+
+
+@pytest.mark.parametrize("status", [204, 304])
+def test_the_sdk_types_no_body_of_a_204_or_304(status: int) -> None:
+    """`Response("", 304)` got `content-type: text/plain`, which then replaced the
+    stored response's type when it refreshed an entry."""
+    from edgefn import Response as GuestResponse
+
+    assert "content-type" not in GuestResponse("", status).headers
+    assert GuestResponse("hi").headers["content-type"] == "text/plain; charset=utf-8"

@@ -174,7 +174,10 @@ class Response:
         self.status = status
         items = headers.items() if isinstance(headers, dict) else (headers or [])
         self.headers = Headers(items)
-        if isinstance(body, str) and "content-type" not in self.headers:
+        # a 204 or 304 has no content to type (RFC 9110 15.4.5): a 304's Content-Type
+        # replaced the stored response's in the PoP's HTTP cache (JSON became text)
+        if isinstance(body, str) and "content-type" not in self.headers \
+                and status not in (204, 304):
             self.headers["content-type"] = "text/plain; charset=utf-8"
 
     @classmethod
