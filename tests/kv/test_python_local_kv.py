@@ -53,10 +53,10 @@ def gets(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     real = Bindings.call
 
-    def spy(self: Bindings, name: str, args: dict[str, Any]) -> Any:
+    def spy(self: Bindings, name: str, args: dict[str, Any], caller: str | None = None) -> Any:
         if name == "kv.get":
             seen.append(args)
-        return real(self, name, args)
+        return real(self, name, args, caller)
 
     monkeypatch.setattr(Bindings, "call", spy)
     return seen
