@@ -107,6 +107,7 @@ class VectorStore:
         self._configs = self.env.open_db(b"__indexes__")
         self._open: dict[str, _Open] = {}
         self._loading = threading.Lock()
+        self._counting: dict[str, Any] = {}  # ids databases `held` opened (not loaded)
         self._closed = False
         for name in self.names():
             self._load(name)
@@ -296,14 +297,27 @@ class VectorStore:
     def held(self, names: Iterable[str]) -> int:
         """The bytes of the vectors indexes `names` hold (4 a dimension: what they
         take in memory as f32 and in the rows); unknown names count 0."""
-        known = set(self.names())
+        self._check()
+        with self.env.begin() as txn:
+            dims = {n: int(json.loads(raw)["dim"]) for n in names
+                    if (raw := txn.get(n.encode(), db=self._configs)) is not None}
         total = 0
-        for name in names:
-            if name in known:
-                o = self._get(name)
-                with self.env.begin() as txn:
-                    total += txn.stat(o.ids)["entries"] * o.config.dim * 4
+        for name, dim in dims.items():  # from the records: no index is loaded to count
+            opened = self._open.get(name)
+            ids = opened.ids if opened is not None else self._ids_db(name)
+            with self.env.begin() as txn:
+                total += txn.stat(ids)["entries"] * dim * 4
         return total
+
+    def _ids_db(self, name: str) -> Any:
+        """The ids database of index `name`, opened once (outside any transaction,
+        as LMDB wants handles opened) for `held`."""
+        with self._loading:
+            db = self._counting.get(name)
+            if db is None:
+                db = self._counting[name] = self.env.open_db(f"i:{name}:ids".encode(),
+                                                             create=False)
+        return db
 
     def delete(self, name: str, ids: Iterable[str]) -> int:
         """Delete vectors by id; returns how many existed."""

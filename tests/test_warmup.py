@@ -248,3 +248,14 @@ def test_a_staged_version_warms_on_its_new_namespace_and_an_abort_removes_it(
     assert registry.stores.kv.get("wk", b"n") is not None  # its warm-up ran on it
     assert asyncio.run(registry.abort("kw", staged.version))
     assert registry.stores.kv.namespaces() == []
+
+
+def test_an_abort_keeps_a_new_namespace_another_staged_version_uses(
+        registry: Registry, tmp_path: Path) -> None:
+    first = python_function(tmp_path, "kw", KV_WARM, extra='warmup = "/kw"\n[bindings]\nkv = ["wk"]')
+    second = python_function(tmp_path, "kw2", KV_WARM,
+                             extra='warmup = "/kw2"\n[bindings]\nkv = ["wk"]')
+    staged = asyncio.run(registry.stage(deploys.pack_dir(first)))  # makes wk
+    asyncio.run(registry.stage(deploys.pack_dir(second)))  # warms up on it too
+    assert asyncio.run(registry.abort("kw", staged.version))
+    assert registry.stores.kv.namespaces() == ["wk"]  # kw2, still staged, uses it

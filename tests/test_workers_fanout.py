@@ -179,9 +179,12 @@ def test_a_post_on_one_worker_drops_the_url_on_every_worker(tmp_path: Path) -> N
     only: the other kept serving the old one as a HIT for its whole lifetime.
     The shared disk tier's record is now the truth every worker checks, so the
     other worker stores a fresh answer; and it finds what a worker stored."""
+    from tests.support import EXAMPLES
+
     with serving(tmp_path, POP_TOML) as w:
         deploy_cached(w, tmp_path)
-        with pinned(w, "/c/warm") as (conns, _):
+        w.admin.deploy(EXAMPLES / "hello-wat")
+        with pinned(w, "/hello") as (conns, _):  # neither has stored anything of c
             (a, ca), (b, cb) = conns.items()
             assert cache_of(ca, "GET", "/c/x")[1:] == (a, "MISS")
             assert cache_of(cb, "GET", "/c/x")[1:] == (b, "HIT")  # what a stored

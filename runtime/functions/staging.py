@@ -231,10 +231,12 @@ class Staging(RegistryCore):
             staged.fn.executor.close()
             if staged.created:
                 await asyncio.to_thread(self.store.remove_version, name, version)
-            if staged.namespaces:  # unless another deploy claimed them meanwhile
-                claimed = {ns for ns in staged.namespaces if self.stores.owners.owner("kv", ns)}
+            if staged.namespaces:  # unless a deploy claimed them or a stage uses them
+                kept = {ns for ns in staged.namespaces if self.stores.owners.owner("kv", ns)}
+                kept |= {ns for other in self.staged.values()
+                         for ns in other.fn.manifest.bindings.kv}
                 await asyncio.to_thread(self.stores.kv.remove_namespaces,
-                                        [ns for ns in staged.namespaces if ns not in claimed])
+                                        [ns for ns in staged.namespaces if ns not in kept])
             return True
 
     async def promote(self, name: str) -> DeployResult:

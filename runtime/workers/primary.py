@@ -31,6 +31,7 @@ from runtime.admin.client import PopInfo
 from runtime.ai.service import AIService
 from runtime.app import _lock, _start_ai, admin_token, wait_for_signal
 from runtime.config import AdminListener, Listener, PopConfig
+from runtime.security.bots.manager import challenge_secret
 from runtime.workers import child
 from runtime.workers.role import Role
 
@@ -234,6 +235,7 @@ async def running_workers(config: PopConfig, verbosity: int = 0
                 reserve(config.admin.host, config.admin.port)]
         ai, shared = await _shared_ai(config)
         admin_token(data)  # made once here, not raced by the workers
+        challenge_secret(data)
         (_, pport), (_, aport) = (s.getsockname()[:2] for s in held)
         fixed = msgspec.structs.replace(
             config, public=Listener(config.public.host, pport),

@@ -289,7 +289,9 @@ def test_what_an_ended_generation_is_charged() -> None:
         gen = Generation(None, 1, 64)  # type: ignore[arg-type]  # never sends: not asked to
         gen.tokens = 42
         assert used_by(ticket, gen, WorkerDead("died")) == 42
-        assert used_by(ticket, gen, WorkerError("timeout", 504, "slow")) == 42
+        # a timeout: the prompt was read and generation ran (free 504s would be a way
+        # round the budget), but not the unread window
+        assert used_by(ticket, gen, WorkerError("timeout", 504, "slow")) == 20 + 42
         assert used_by(ticket, gen, None) == 20 + 42 + 64  # the client left: read + a window
         fresh_gen = Generation(None, 2, 64)  # type: ignore[arg-type]
         assert used_by(ticket, fresh_gen, WorkerError("bad", 400, "refused")) == 0

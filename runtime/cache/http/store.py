@@ -102,6 +102,8 @@ class TieredStore:
         self.shared = disk is not None and disk_bytes > 0 and writers > 1
         self.stamps: dict[bytes, bytes] = {}  # key -> the stamp of its memory copy (shared)
         self._next = itertools.count(1)
+        # random, not the pid: a restarted worker may get a pid a live one stamped with
+        self._writer = os.urandom(4)
         if disk is not None and disk_bytes > 0:
             disk.mkdir(parents=True, exist_ok=True)
             # room for LMDB's own pages beyond the budget; no fsync: a cache
@@ -190,8 +192,7 @@ class TieredStore:
             return
         n = size(variants)
         self.index[key] = _tags(variants)
-        stamp = (os.getpid() & 0xFFFFFFFF).to_bytes(4, "little") + \
-            (next(self._next) & 0xFFFFFFFF).to_bytes(4, "little")
+        stamp = self._writer + (next(self._next) & 0xFFFFFFFF).to_bytes(4, "little")
         self._remember(key, variants, n, LOCAL)
         if self.env is not None and n <= self.disk_bytes:
             try:

@@ -69,7 +69,7 @@ KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
 BODIES: dict[str, type[Any]] = {"chat": ChatBody, "completion": CompletionBody,
                                 "embedding": EmbeddingsBody}
 ORIGIN_FAILED = frozenset({502, 503, 504})  # what a stale entry may answer instead
-COUNT_WAIT = 2.0  # seconds a semantic hit waits for its prompt's count (else: the stored one)
+COUNT_WAIT = 0.25  # seconds a semantic hit waits for its prompt's count (else: the stored one)
 type CountTokens = Callable[[str, list[Any]], Awaitable[int]]
 FALLBACK = b"x-edgefn-fallback"
 

@@ -65,10 +65,14 @@ class HttpCacheStage:
         if request.method not in CACHED_METHODS or request.header(b"range") is not None:
             return self._bypass(request, ctx, call_next, target)
         cc = request.header(b"cache-control")
-        if cc is not None and b"only-if-cached" in cc and self.cache.lookup(
-                HttpCache.key(target.label, request), request, _scope(request, ctx)) is None:
-            return self._not_cached(ctx, target, HttpCache.key(target.label, request))
-        if s.default_ttl is None and target.label not in self.cache.caching:
+        if cc is not None and b"only-if-cached" in cc:  # never to the function
+            key, scope = HttpCache.key(target.label, request), _scope(request, ctx)
+            entry = self.cache.lookup(key, request, scope)
+            if entry is None:
+                return self._not_cached(ctx, target, key)
+            return self._found(entry, request, ctx, call_next, target, key, scope, s)
+        if s.default_ttl is None and target.label not in self.cache.caching \
+                and not self.cache.store.shared:  # workers = N: another may have stored
             # nothing of this deployment is stored: no lookup, no flight to wait for
             # (a full response, as on any miss: it may be the first one stored)
             return then(call_next(_conditional(request, None) if request.method == b"GET"

@@ -103,38 +103,34 @@ class RateLimit:
         checks: list[Check] = [(limit, ("pop", limit.name, value)) for limit in self.ip_rules]
         if self.limiter.remote:
             return self._refused_remote(checks, ctx)
-        return self._over(self.limiter.hit(checks, False), ctx)
+        return self._over(self.limiter.hit(checks, self.settings.headers), ctx)
 
     async def _refused_remote(self, checks: list[Check], ctx: Context) -> Rejected | None:
         try:
-            return self._over(await self.limiter.hit_async(checks, False), ctx)
+            return self._over(await self.limiter.hit_async(checks, self.settings.headers), ctx)
         except StorageDown:
             return None  # the request is refused anyway
 
     def _over(self, outcome: Outcome, ctx: Context) -> Rejected | None:
+        """The 429 for `outcome` (recorded), or None when no limit is full."""
         refused = outcome.refused
         if refused is None:
             return None
         ctx.decide("ratelimit", {"limited": refused.name})
-        after = retry_after(outcome.retry_after)
+        headers = [retry_after(outcome.retry_after)]
+        if self.settings.headers:
+            headers += fields(outcome.quotas[-1:])
         return Rejected("rate_limited", 429, f"rate limit {refused.name!r} reached: "
                         f"{refused.item.amount} requests per {refused.window} s; retry after "
-                        f"{after[1].decode()} s", headers=[after],
+                        f"{headers[0][1].decode()} s", headers=headers,
                         detail={"policy": refused.name})
 
     def _decided(self, outcome: Outcome, request: Request, ctx: Context, call_next: Next
                  ) -> Result:
         """Raises `Rejected` (429) when a limit is full."""
-        refused = outcome.refused
-        if refused is not None:
-            ctx.decide("ratelimit", {"limited": refused.name})
-            headers = [retry_after(outcome.retry_after)]
-            if self.settings.headers:
-                headers += fields(outcome.quotas[-1:])
-            raise Rejected("rate_limited", 429, f"rate limit {refused.name!r} reached: "
-                           f"{refused.item.amount} requests per {refused.window} s; retry "
-                           f"after {headers[0][1].decode()} s", headers=headers,
-                           detail={"policy": refused.name})
+        over = self._over(outcome, ctx)
+        if over is not None:
+            raise over
         ctx.decide("ratelimit", PASSED)
         if not outcome.quotas:
             return call_next(request, ctx)

@@ -94,8 +94,7 @@ class BotManager:
             verifier = Verifier(load_directories(settings.directories),
                                 settings.signature_max_age,
                                 shared=shared / "signatures" if shared else None)
-        secret = secret_file(data_dir / "bots.secret", lambda: secrets.token_hex(32)).encode() \
-            if data_dir is not None else None
+        secret = challenge_secret(data_dir) if data_dir is not None else None
         manager = cls(settings, Classifier(agent_list.load(settings.agents)), verifier,
                       secret=secret)
         if shared is not None:
@@ -194,3 +193,14 @@ def _rates(text: str, field: str) -> list[limits.RateLimitItem]:
         return limits.parse_many(text)
     except ValueError as e:
         raise InvalidConfig(_CONFIG, f"not a rate ({e})", field) from None
+
+
+def challenge_secret(data_dir: Path) -> bytes:
+    """DATA/bots.secret, made once (the parent of ``workers = N`` makes it before
+    them). Raises `InvalidConfig` for an empty file (a random secret per process
+    made solutions that reached another worker "forged")."""
+    secret = secret_file(data_dir / "bots.secret", lambda: secrets.token_hex(32))
+    if not secret:
+        raise InvalidConfig(str(data_dir / "bots.secret"), "is empty: delete it (a new "
+                            "secret is made at the next start)")
+    return secret.encode()

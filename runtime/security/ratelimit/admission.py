@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from edgefn_core.errors import Rejected, WorkerError
+from edgefn_core.errors import Rejected, WorkerDead, WorkerError
 from runtime.security.principal import Principal
 from runtime.security.ratelimit.budget import WINDOW, BudgetStore, MemoryBudgetStore, Refusal
 from runtime.security.ratelimit.headers import Quota, fields, retry_after
@@ -210,16 +210,19 @@ class TokenBudgets:
 def used_by(ticket: Ticket, gen: Generation | None, error: BaseException | None) -> int:
     """The tokens a generation is charged: its usage once it finished; none if
     the worker refused it (4xx, nothing read: nothing ran); what the client read
-    if the worker failed it (5xx: a worker that died or timed out is not the
-    client's to pay for); else, ended early by the client, its prompt, what was
-    read and what may have been generated unread (one token a chunk, at most its
-    window), never more than reserved."""
+    if the worker died under it (`WorkerDead`: not the client's to pay for); its
+    prompt and what was read if the worker failed it otherwise (a timeout: the
+    prompt was read and generation ran); else, ended early by the client, its
+    prompt, what was read and what may have been generated unread (one token a
+    chunk, at most its window), never more than reserved."""
     if gen is not None and gen.done is not None:
         return gen.done.prompt_tokens + gen.done.completion_tokens
     if gen is None or (isinstance(error, WorkerError) and error.status < 500 and not gen.tokens):
         return 0
-    if isinstance(error, WorkerError) and error.status >= 500:
+    if isinstance(error, WorkerDead):
         return min(ticket.reserved, gen.tokens)
+    if isinstance(error, WorkerError) and error.status >= 500:
+        return min(ticket.reserved, ticket.prompt + gen.tokens)
     return min(ticket.reserved, ticket.prompt + gen.tokens + gen.window)
 
 

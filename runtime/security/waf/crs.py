@@ -18,7 +18,7 @@ Rule ids edgefn adds (in ModSecurity's range for local rules):
     10003          the body did not parse (REQBODY_ERROR): refused in block mode
                    unless the body was cut at ``max_body_bytes``
     10004          reports CRS's inbound anomaly score (never listed as a match)
-    10005          the request has `MAX_ARGS` arguments or more: those past it are
+    10005          the request has more than `MAX_ARGS` arguments: those past it are
                    never read (an attack after 1000 padding ones passed), so it is
                    refused in block mode (ModSecurity's recommended rule 200007)
     10006          any ``application/*+json`` type is allowed (merge-patch, JSON:API,
@@ -59,7 +59,7 @@ SecRequestBodyAccess On
 SecRequestBodyLimit {BODY_LIMIT}
 SecRequestBodyNoFilesLimit {BODY_LIMIT}
 SecRequestBodyLimitAction ProcessPartial
-SecArgumentsLimit {MAX_ARGS}
+SecArgumentsLimit {MAX_ARGS + 1}
 SecRequestBodyJsonDepthLimit 256
 SecResponseBodyAccess Off
 SecAuditEngine Off
@@ -69,7 +69,7 @@ SecRule REQUEST_HEADERS:Content-Type "@rx (?i)^application/[a-z0-9.-]+\+json\s*(
     "id:{JSON_TYPES_RULE},phase:1,t:none,pass,nolog,ctl:ruleRemoveById=920420"
 SecRule REQUEST_HEADERS:Content-Type "@rx (?i)^(?:application(?:/soap\+|/)|text/)xml" \
     "id:{XML_RULE},phase:1,t:none,pass,nolog,ctl:requestBodyProcessor=XML"
-SecRule &ARGS "@ge {MAX_ARGS}" \
+SecRule &ARGS "@gt {MAX_ARGS}" \
     "id:{ARGS_RULE},phase:2,t:none,pass,log,msg:'Too many arguments to read them all',\
 severity:'CRITICAL'"
 SecRule REQBODY_ERROR "!@eq 0" \
