@@ -164,20 +164,27 @@ class KVStore:
             if txn.get(name.encode(), db=self._names) is None:
                 txn.put(name.encode(), _EXP.pack(0), db=self._names)  # its version counter
 
-    def remove_namespaces(self, names: Iterable[str]) -> None:
-        """Remove namespaces `names` with their keys, TTLs and usage (what a failed
-        deploy created for its warm-up); unknown names are skipped."""
+    def remove_empty_namespaces(self, names: Iterable[str]) -> builtins.list[str]:
+        """Remove those of namespaces `names` that hold no key (what a failed deploy
+        created for its warm-up), with their usage; unknown names are skipped. The
+        ones that hold keys are kept, and returned: a write acknowledged meanwhile
+        (an operator's `edgefn kv put`, the warm-up's own) is never dropped."""
         self._check_open()
         names = builtins.list(names)
+        kept: builtins.list[str] = []
         if not names:
-            return
+            return kept
         with self.env.begin(write=True) as txn:
             gone = set()
             for ns in names:
                 if txn.get(ns.encode(), db=self._names) is None:
                     continue
-                db = self._dbs.pop(ns, None) or \
+                db = self._dbs.get(ns) or \
                     self.env.open_db(b"ns:" + ns.encode(), txn=txn, create=False)
+                if txn.stat(db)["entries"]:
+                    kept.append(ns)
+                    continue
+                self._dbs.pop(ns, None)
                 txn.drop(db, delete=True)
                 txn.delete(ns.encode(), db=self._names)
                 txn.delete(ns.encode(), db=self._usage)
@@ -185,6 +192,7 @@ class KVStore:
             due = [k for k, _ in txn.cursor(db=self._ttl) if _split_ttl_key(k[8:])[0] in gone]
             for k in due:
                 txn.delete(k, db=self._ttl)
+        return kept
 
     def check_room(self, names: Iterable[str]) -> None:
         """Raises `LimitExceeded` if creating `names` (those that do not exist yet)

@@ -227,25 +227,47 @@ def test_a_first_deploy_whose_warm_up_uses_its_new_namespace_goes_live(
     assert registry.stores.owners.owner("kv", "wk") is not None
 
 
-def test_a_failed_deploy_removes_the_namespaces_it_created_for_its_warm_up(
+EMPTY_WARM = """\
+from edgefn import Response
+
+def handle(request, env):
+    env.kv("wk").get("n")
+    return Response("no", 500)
+"""
+
+
+def test_a_failed_deploy_removes_the_empty_namespaces_it_created_for_its_warm_up(
         registry: Registry, tmp_path: Path) -> None:
     registry.stores.kv.create_namespace("kept")
     registry.stores.kv.put("kept", b"k", b"v", ttl=60)
-    d = python_function(tmp_path, "kw", KV_WARM,
-                        extra='warmup = "/kw/fail"\n[bindings]\nkv = ["wk", "kept"]')
+    d = python_function(tmp_path, "kw", EMPTY_WARM,
+                        extra='warmup = "/kw"\n[bindings]\nkv = ["wk", "kept"]')
     with pytest.raises(DeployError, match="answered 500"):
         deploy(registry, d)
     assert registry.stores.kv.namespaces() == ["kept"]  # its own gone, the other's kept
     assert registry.stores.kv.get("kept", b"k") == b"v"
-    registry.stores.kv.create_namespace("wk")  # made anew: empty
-    assert registry.stores.kv.get("wk", b"n") is None  # the failed warm-up's write went too
+    # a key written in it meanwhile keeps it: its writer was told it was stored
+    d = python_function(tmp_path / "again", "kw", KV_WARM,
+                        extra='warmup = "/kw/fail"\n[bindings]\nkv = ["wk"]')
+    with pytest.raises(DeployError, match="answered 500"):
+        deploy(registry, d)
+    assert registry.stores.kv.get("wk", b"n") is not None
+
+
+READ_WARM = """\
+from edgefn import Response
+
+def handle(request, env):
+    return Response(repr(env.kv("wk").get("n")))
+"""
 
 
 def test_a_staged_version_warms_on_its_new_namespace_and_an_abort_removes_it(
         registry: Registry, tmp_path: Path) -> None:
-    d = python_function(tmp_path, "kw", KV_WARM, extra='warmup = "/kw"\n[bindings]\nkv = ["wk"]')
-    staged = asyncio.run(registry.stage(deploys.pack_dir(d)))
-    assert registry.stores.kv.get("wk", b"n") is not None  # its warm-up ran on it
+    d = python_function(tmp_path, "kw", READ_WARM,
+                        extra='warmup = "/kw"\n[bindings]\nkv = ["wk"]')
+    staged = asyncio.run(registry.stage(deploys.pack_dir(d)))  # its warm-up read wk
+    assert registry.stores.kv.namespaces() == ["wk"]
     assert asyncio.run(registry.abort("kw", staged.version))
     assert registry.stores.kv.namespaces() == []
 

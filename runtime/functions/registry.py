@@ -199,7 +199,10 @@ class Registry(Staging, Following):
         if created:
             self.store.remove_version(name, version)
         self.store.uncache(cached)
-        self.stores.kv.remove_namespaces(namespaces)
+        kept = self.stores.kv.remove_empty_namespaces(namespaces)
+        if kept:
+            log.warning("%s: the refused deploy's new KV namespaces %s hold keys written "
+                        "meanwhile: kept", name, ", ".join(kept))
 
     def _check_tenant(self, m: Manifest, tenant: str, label: str) -> None:
         """Raises `NotOwner` unless `tenant` may deploy `m`."""

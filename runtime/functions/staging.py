@@ -235,7 +235,7 @@ class Staging(RegistryCore):
                 kept = {ns for ns in staged.namespaces if self.stores.owners.owner("kv", ns)}
                 kept |= {ns for other in self.staged.values()
                          for ns in other.fn.manifest.bindings.kv}
-                await asyncio.to_thread(self.stores.kv.remove_namespaces,
+                await asyncio.to_thread(self.stores.kv.remove_empty_namespaces,
                                         [ns for ns in staged.namespaces if ns not in kept])
             return True
 
