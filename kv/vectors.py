@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import struct
 import threading
@@ -44,6 +45,7 @@ from edgefn_core.errors import (
     UnknownNamespace,
 )
 
+log = logging.getLogger("edgefn.vectors")
 _KEY = struct.Struct(">Q")
 _ROW = struct.Struct("<HI")  # id length, metadata length; then id, metadata, vector
 METRICS = {"cos": "cos", "ip": "ip", "l2": "l2sq"}
@@ -347,7 +349,14 @@ class VectorStore:
         with self.env.begin(buffers=True) as txn:
             self._sync(o, txn)
         if full:
-            self._save(o, only_if_full=True)
+            try:
+                self._save(o, only_if_full=True)
+            except (OSError, RuntimeError) as e:
+                # the write is committed and acknowledged: a save that fails (a full
+                # disk) is tried again at the next full log; it answered 500 for a write
+                # that had happened ("Failed to serialize into stream")
+                log.warning("vector index %s: saving its file failed (%s); its log keeps "
+                            "every write, the save is tried again later", o.config.name, e)
 
     # -- reads ----------------------------------------------------------------------------------
     def query(self, name: str, vector: Any, k: int = 10,
@@ -559,11 +568,16 @@ def _put_state(txn: Any, db: Any, c: IndexConfig, seq: int, next_key: int) -> No
 
 
 def _write_atomically(path: Path, write: Any) -> None:
-    """`write(tmp)`, fsync it, then rename it over `path`."""
+    """`write(tmp)`, fsync it, then rename it over `path`; a failed write leaves no
+    tmp file behind (a full disk left a 0-byte one)."""
     tmp = path.with_suffix(".tmp")
-    write(tmp)
-    _fsync(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextlib.contextmanager

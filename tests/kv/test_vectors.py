@@ -243,3 +243,31 @@ def test_bad_graph_settings_are_refused_by_name(tmp_path: Path, field: str,
         with pytest.raises(InvalidValue, match=f"{field} must be an integer .*got {value!r}"):
             s.create("g", 4, **{field: value})  # type: ignore[arg-type]
         assert s.names() == []
+
+
+def test_a_write_whose_save_fails_is_acknowledged_and_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The save after a full log runs after the write committed: a full disk made
+    the write answer 500 though it had happened (and left a 0-byte .tmp file)."""
+    import errno
+
+    import kv.vectors
+
+    monkeypatch.setattr(kv.vectors, "SAVE_EVERY", 4)
+    with VectorStore(tmp_path / "v") as vs:
+        vs.create("docs", 2)
+
+        def full(path: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(kv.vectors, "_fsync", full)
+        items = [(f"d{i}", [1.0, float(i)], None) for i in range(5)]
+        assert vs.upsert("docs", items) == 5  # acknowledged, not raised
+        assert "saving its file failed" in caplog.text
+        assert vs.stats("docs")["count"] == 5
+        assert not list((tmp_path / "v").glob("*.tmp"))
+        assert vs.delete("docs", ["d0"]) == 1
+        monkeypatch.undo()
+    with VectorStore(tmp_path / "v") as vs:  # reopened: what was acknowledged is there
+        assert vs.stats("docs")["count"] == 4
+        assert [m.id for m in vs.query("docs", [1.0, 4.0], 1)] == ["d4"]
