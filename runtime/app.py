@@ -31,7 +31,10 @@ from runtime.workers.events import Forwarder, peer_observers, receive
 from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn")
-ADMIN_MAX_BODY = 32 << 20  # at least: a 16 MiB KV value, base64 in JSON, fits
+# at least: a deploy package (64 MiB unpacked: incompressible files gzip to a little
+# more; at 32 MiB such a package got a reset the CLI read as "cannot reach the PoP"),
+# and a 16 MiB KV value, base64 in JSON (~21.4 MiB)
+ADMIN_MAX_BODY = 72 << 20
 
 
 def admin_token(data_dir: Path) -> str:

@@ -221,3 +221,14 @@ def test_pack_dir_refuses_a_fifo_instead_of_leaving_it_out(tmp_path: Path) -> No
     with pytest.raises(DeployError, match="pipe is not a plain file"):
         deploys.pack_dir(d)
 
+
+
+def test_an_incompressible_package_under_the_limit_deploys(pop: Running, tmp_path: Path) -> None:
+    """The admin listener took 32 MiB bodies: a package of 40 MiB of random bytes (64
+    MiB is the limit) got a reset, and the CLI said it could not reach the PoP."""
+    import os
+
+    d = function_dir(tmp_path, "bulky", reactor(""))
+    (d / "blob.bin").write_bytes(os.urandom(40 << 20))
+    out = pop.deploy(d)
+    assert out["name"] == "bulky" and pop.get("/bulky")[0] == 200
