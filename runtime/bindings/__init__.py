@@ -20,7 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from edgefn_core.errors import BindingError, StoreError
+import lmdb
+
+from edgefn_core.errors import BindingError, Failure, StoreError
 from kv import KVStore
 from kv.vectors import VectorStore
 from runtime.ai.egress import Egress
@@ -233,7 +235,8 @@ def _embedder(ai: AIService) -> Any:
 def operate(stores: Stores, kind: str, target: str, op: str, args: dict[str, Any]) -> Any:
     """The operator's access (admin API, CLI): any namespace or index, plus
     ``kv.create``, ``vectors.create`` and ``vectors.stats``. Raises `BindingError`
-    (an unknown kind or operation, bad arguments) and `StoreError`."""
+    (an unknown kind or operation, bad arguments), `StoreError`, and `Failure`
+    (507 ``store_unwritable``) when LMDB cannot write (a full disk or map)."""
     try:
         if kind == "kv":
             return kv_binding.run(stores.kv, op, target, args)
@@ -241,6 +244,9 @@ def operate(stores: Stores, kind: str, target: str, op: str, args: dict[str, Any
             return vectors_binding.run(stores.vectors, op, target, args)
     except (KeyError, TypeError, ValueError) as e:
         raise BindingError(f"bad arguments to {kind}.{op}: {_why(e)}") from None
+    except lmdb.Error as e:  # a full disk or map: named, not "internal server error"
+        raise Failure("store_unwritable", 507, f"the {kind} store could not do {op}: "
+                      f"{e}") from None
     raise BindingError(f"unknown store kind {kind!r}")
 
 

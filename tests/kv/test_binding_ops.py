@@ -255,3 +255,22 @@ def test_arguments_of_the_wrong_json_kind_are_named_not_python_errors(probe: Pro
     assert array["error"] == "arguments to kv.get must be a JSON object, got an array"
     assert number["error"] == ("bad arguments to kv.get: an argument is a number where a "
                                "string or object was expected")
+
+
+def test_an_operator_write_the_store_cannot_take_is_named(tmp_path: Path) -> None:
+    """A full store answered the operator "internal server error" (the function path
+    named it)."""
+    from edgefn_core.errors import Failure
+    from kv import KVStore
+    from runtime.bindings import Stores, operate
+
+    stores = Stores(tmp_path)
+    stores._kv = KVStore(tmp_path / "kv", map_size=1 << 20)  # a 1 MiB map fills at once
+    try:
+        operate(stores, "kv", "ns", "create", {})
+        with pytest.raises(Failure) as err:
+            operate(stores, "kv", "ns", "put", {"key": "k", "value": "x" * (2 << 20)})
+        assert (err.value.status, err.value.code) == (507, "store_unwritable")
+        assert "the kv store could not do put: mdb_put: MDB_MAP_FULL" in str(err.value)
+    finally:
+        stores.close()
