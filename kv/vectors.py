@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -193,6 +194,11 @@ class VectorStore:
         file, sidecar = self._paths(c.name)
         try:
             saved = json.loads(sidecar.read_text())
+            digest = saved.get("blake2b")  # a sidecar written before sums: not checked
+            if digest is not None and _digest(file) != digest:
+                # damaged in place (same size): it loaded, then every query and replay
+                # failed ("Out of memory!") until the file was deleted by hand
+                raise ValueError(f"{file} does not match the sum its save wrote")
             index.load(str(file))
         except (OSError, ValueError, RuntimeError):
             index.reset()
@@ -447,8 +453,8 @@ class VectorStore:
                 if only_if_full and txn.stat(o.log)["entries"] < SAVE_EVERY:
                     return
             _write_atomically(file, lambda tmp: o.index.save(str(tmp)))
-            _write_atomically(sidecar, lambda tmp: tmp.write_text(
-                json.dumps({"seq": o.applied, "size": o.index.size})))
+            _write_atomically(sidecar, lambda tmp: tmp.write_text(json.dumps(
+                {"seq": o.applied, "size": o.index.size, "blake2b": _digest(file)})))
             _fsync(self.dir)  # both renames are durable before the log they replace is gone
             with self.env.begin(write=True) as txn:
                 cur = txn.cursor(db=o.log)
@@ -565,6 +571,15 @@ def _seq(raw: Any) -> int:
 def _put_state(txn: Any, db: Any, c: IndexConfig, seq: int, next_key: int) -> None:
     txn.put(c.name.encode(), json.dumps({**c.__dict__, "seq": seq, "next_key": next_key})
             .encode(), db=db)
+
+
+def _digest(path: Path) -> str:
+    """The BLAKE2b of the file at `path` (a saved index's, checked when it loads)."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _write_atomically(path: Path, write: Any) -> None:

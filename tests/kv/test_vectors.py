@@ -271,3 +271,22 @@ def test_a_write_whose_save_fails_is_acknowledged_and_kept(
     with VectorStore(tmp_path / "v") as vs:  # reopened: what was acknowledged is there
         assert vs.stats("docs")["count"] == 4
         assert [m.id for m in vs.query("docs", [1.0, 4.0], 1)] == ["d4"]
+
+
+def test_an_index_file_damaged_in_place_is_rebuilt_from_the_records(tmp_path: Path) -> None:
+    """Same size, garbage inside: it loaded, and every query answered "Out of memory!"
+    until the file was deleted by hand. Its save's sum now tells it apart."""
+    rng = np.random.default_rng(5)
+    vecs = rng.normal(size=(300, 8)).astype(np.float32)
+    with VectorStore(tmp_path / "v") as vs:
+        vs.create("docs", 8, "l2")
+        vs.upsert("docs", [(f"d{i}", vecs[i], None) for i in range(300)])
+        vs.save("docs")
+    file = tmp_path / "v" / "docs.usearch"
+    data = bytearray(file.read_bytes())
+    data[len(data) // 3: len(data) // 3 + 4096] = rng.integers(0, 255, 4096, np.uint8).tobytes()
+    file.write_bytes(bytes(data))
+    with VectorStore(tmp_path / "v") as vs:
+        assert vs.stats("docs")["count"] == 300
+        got = vs.query("docs", vecs[42], 1)
+        assert [m.id for m in got] == ["d42"]
