@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import msgspec
 
-from edgefn_core.errors import DataDirBusy, WorkerError
+from edgefn_core.errors import DataDirBusy, InvalidConfig, WorkerError
 from edgefn_core.secret_file import secret_file
 from runtime.admin.client import PopInfo
 from runtime.admin.thread import AdminThread
@@ -43,9 +43,14 @@ def admin_token(data_dir: Path) -> str:
 
 
 def _lock(data_dir: Path) -> IO[str]:
-    """Hold DATA/pop.lock for the PoP's life. Raises `DataDirBusy`."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    f = open(data_dir / "pop.lock", "a+")  # noqa: SIM115 - held until the PoP exits
+    """Hold DATA/pop.lock for the PoP's life. Raises `DataDirBusy`, `InvalidConfig`
+    (``data``) for a folder that cannot be written."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        f = open(data_dir / "pop.lock", "a+")  # noqa: SIM115 - held until the PoP exits
+    except OSError as e:  # read-only, not ours: one line, not a traceback
+        raise InvalidConfig("pop.toml", f"data dir {data_dir} cannot be used: "
+                            f"{e.strerror or e}", "data") from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -92,6 +97,9 @@ async def running_worker(config: PopConfig, role: Role | None
         control = await control_server(pop, role) if role is not None and not role.leader \
             else None
         peers = await _peer_events(pop, role)
+        if role is None or role.leader:  # the one that deploys: nothing of its is in flight
+            for path in await asyncio.to_thread(pop.registry.store.sweep):
+                log.warning("removed %s, left by a deploy that did not finish", path)
         for err in pop.registry.restore():
             log.error("%s", err)
         from runtime.functions import warmup

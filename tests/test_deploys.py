@@ -246,3 +246,29 @@ def test_storing_a_tampered_version_again_replaces_it(tmp_path: Path) -> None:
     assert store.write_version("f", version, FILES) is True
     store.verify("f", version)
     assert (store.version_dir("f", version) / "main.wat").read_bytes() == b"(module)"
+
+
+def test_what_a_killed_deploy_left_is_swept_at_start(tmp_path: Path) -> None:
+    """A kill -9 mid-deploy left .staging-* folders and a version no record names;
+    nothing ever removed them."""
+    from runtime.functions.deploys import FunctionRecord, VersionInfo
+
+    store = DeployStore(tmp_path)
+    files = {"edgefn.toml": b"x", "a.bin": b"1" * 100}
+    other = {"edgefn.toml": b"y"}
+    kept, orphan = deploys.version_of(files), deploys.version_of(other)
+    assert store.write_version("f", kept, files)
+    assert store.write_version("f", orphan, other)  # stored, never committed
+    store.save(FunctionRecord("f", kept, [VersionInfo(kept, time.time())]))
+    dead = (tmp_path / "versions" / "f" / ".staging-v9-999999999")
+    dead.mkdir()
+    (dead / "part").write_bytes(b"half")
+    live = tmp_path / "versions" / "f" / f".staging-v8-{os.getpid()}"  # a deploy running
+    live.mkdir()
+    assert store.write_version("ghost", kept, files)  # a function never committed
+    removed = sorted(str(Path(p).relative_to(tmp_path / "versions")) for p in store.sweep())
+    assert removed == sorted(["f/.staging-v9-999999999", f"f/{orphan}", f"ghost/{kept}"])
+    assert store.version_dir("f", kept).is_dir() and live.is_dir()
+    assert not store.sums_path("f", orphan).exists()
+    assert not (tmp_path / "versions" / "ghost").exists()
+    store.verify("f", kept)  # what is recorded is whole

@@ -106,6 +106,16 @@ def version_of(files: Files) -> str:
     return _version_of_sums(sums_of(files))
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def sums_of(files: Files) -> dict[str, str]:
     """Each file's SHA-256, hex."""
     return {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
@@ -294,6 +304,33 @@ class DeployStore:
             self.remove_version(name, version)
             raise DeployError(f"cannot store the package: {e}") from None
         return True
+
+    def sweep(self) -> list[str]:
+        """Remove what deploys killed mid-way left (blocking; run before this PoP
+        deploys anything): `.staging-*` folders of processes no longer running, and
+        version folders (with their sums) no record names, the files of a deploy that
+        never reached its commit point. Returns the paths removed (logged). They
+        piled up for good: a kill -9 during a 28 MB deploy left 4 of them."""
+        removed = []
+        for folder in sorted(p for p in self.versions_dir.iterdir() if p.is_dir()):
+            try:
+                known = {v.version for v in self.record(folder.name).versions}
+            except NotFound:
+                known = set()
+            for entry in sorted(folder.iterdir()):
+                if entry.name.startswith(".staging-"):
+                    pid = entry.name.rpartition("-")[2]
+                    if pid.isdigit() and _running(int(pid)):
+                        continue  # another process of this PoP is writing it
+                elif entry.is_dir() and entry.name not in known:
+                    self.sums_path(folder.name, entry.name).unlink(missing_ok=True)
+                else:
+                    continue
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(str(entry))
+            with contextlib.suppress(OSError):  # empty: a function never committed
+                folder.rmdir()
+        return removed
 
     def remove_version(self, name: str, version: str) -> None:
         """Remove a version's files and hashes, and its function's folder if empty."""

@@ -64,6 +64,11 @@ def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
         one_line_error(r)
     r = edgefn("kv", "put", "a", "b", "c", "--data", "")
     assert r.returncode == 2 and "--data: expected a folder" in r.stderr
+    # serve on a data dir it cannot write (read-only, or under a file) was a traceback
+    r = edgefn("serve", "--data", str(tmp_path / "file" / "sub"), "--no-ai", "--port", "0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert one_line_error(r).endswith(f"data dir {tmp_path / 'file' / 'sub'} cannot be used: "
+                                      "Not a directory")
 
 
 def test_a_purge_of_a_topology_that_is_not_there_fails(tmp_path: Path) -> None:
