@@ -551,8 +551,8 @@ def handle(request, env):
         elif case == "embed":  # raw arguments, as a WASM guest passes them
             ai._call("ai.embed", {"model": "all-minilm-l6-v2", "input": "x", "dims": 3}, True)
         else:
-            return Response(ai.chat([{"role": "user", "content": "hi"}],
-                                    max_tokens=2)["finish_reason"])
+            return Response(ai.chat([{"role": "user", "content": "hi"}], max_tokens=2,
+                                    temperature=0)["finish_reason"])  # sampled: it could stop
     except edgefn.BindingError as e:
         return Response(str(e), status=400)
     return Response("no error")
