@@ -579,3 +579,28 @@ def handle(request, env):
     assert (status, headers["x-edgefn-error"]) == (502, "bad_response")
     assert b"exceeds the limit of 16777216 bytes (limits.max_response_mb = 16)" in body
     assert pop.get("/huge?n=5")[2] == b"zzzzz"  # the isolate serves on
+
+
+LEAK = """
+from edgefn import Response
+
+kept = []  # module level: lives as long as the interpreter
+
+def handle(request, env):
+    if request.query.get("leak"):
+        while True:
+            kept.append(bytearray(8 << 20))
+    return Response(f"{len(bytearray(4 << 20))} {len(kept)}")
+"""
+
+
+def test_an_interpreter_that_ran_out_of_memory_is_recycled(pop: Running, tmp_path: Path) -> None:
+    """Its module-level leak stayed: every request after the MemoryError answered
+    memory_limit too, until recycle_after requests had passed."""
+    pop.deploy(py_function(tmp_path, "leaky", LEAK,
+                           limits="cpu_ms = 5000\nwall_ms = 10000\nmemory_mb = 64",
+                           pool="min = 1\nmax = 1\nstandby = false"))
+    status, headers, _ = pop.get("/leaky?leak=1", timeout=60)
+    assert (status, headers["x-edgefn-error"]) == (503, "memory_limit")
+    status, _, body = pop.get("/leaky", timeout=60)
+    assert (status, body) == (200, b"4194304 0")  # a fresh interpreter: nothing kept

@@ -199,6 +199,10 @@ class Session:
         # interpreter's idea of a main thread); any other was started by the function.
         self.ours = {*threading.enumerate(), self.dog.thread}
         self.stuck: list[threading.Thread] = []  # told to stop, still running
+        # this interpreter takes no job after the current one (the PoP was told): its
+        # `recycle_after` is reached, or it ran out of memory (what it holds, a
+        # module-level leak, answered memory_limit to every request after it)
+        self.last = False
         threading.excepthook = quiet_thread_stop
 
     def loop(self, recycle_after: int, ready: bytes) -> None:
@@ -206,7 +210,7 @@ class Session:
         try:
             self.sock.sendall(ready)
             served = 0
-            while served < recycle_after and not self.stuck:
+            while not self.last and not self.stuck:
                 f = wire.recv_frame(self.sock, self.reader, self.pending)
                 if f is None:
                     raise IsolateStop
@@ -214,8 +218,7 @@ class Session:
                 if kind == wire.REQUEST:
                     served += 1
                     if served == recycle_after:  # before the response: no new job is sent here
-                        self.sock.sendall(wire.json_frame(wire.READY,
-                                                          {"ok": False, "recycling": True}))
+                        self.closing()
                     self.one(payload)
                     self.reap_threads()
                 elif kind == wire.WARM:
@@ -228,6 +231,12 @@ class Session:
             if self.loop_ is not None:
                 self.loop_.close()
             self.sock.close()
+
+    def closing(self) -> None:
+        """Tell the PoP this interpreter takes no job after the current one (once)."""
+        if not self.last:
+            self.last = True
+            self.sock.sendall(wire.json_frame(wire.READY, {"ok": False, "recycling": True}))
 
     def one(self, payload: bytes) -> None:
         request, env_vars = self.sdk.Request._decode(payload)
@@ -248,7 +257,9 @@ class Session:
         except BadResponse as e:
             self.send_error("bad_response", str(e))
         except MemoryError:
-            self.send_error("memory_limit", "ran out of memory (MemoryError)")
+            self.closing()  # before the answer: no job is sent here again
+            self.send_error("memory_limit", "ran out of memory (MemoryError); its interpreter "
+                            "is recycled")
         except self.sdk.BindingError as e:
             self.send_error("binding", _binding_failed(e), "".join(traceback.format_exception(e)))
         except (Exception, SystemExit, KeyboardInterrupt) as e:  # sys.exit() in a handler too

@@ -173,12 +173,11 @@ class Scheduler[W: Worker]:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def retire(self) -> None:
-        """Take no more jobs: fail the waiting ones; `drained()` once nothing is in flight."""
+        """Take no more jobs (requests go to the new version now); the waiting ones
+        still run here, as those in flight do (they failed with a 502 ``crash``: a
+        redeploy under load lost requests that had only queued); `drained()` once
+        none is left."""
         self.retired = True
-        waiting, self.waiting = self.waiting, deque()
-        for job in waiting:
-            job.fail(FunctionError("crash", 502,
-                                   "was replaced by a new version before this request ran"))
         if self.in_flight == 0:
             self._report_drained()
 

@@ -97,10 +97,15 @@ class Supervisor:
     def stuck(self, isolate: Isolate, job: Job) -> None:
         """`job` timed out on `isolate`: move new jobs to the standby meanwhile, and
         kill the host if the isolate is still stuck after `KILL_GRACE`."""
-        active = self.active
+        active, standby = self.active, self.standby
         if (active is not None and isolate.generation == active.generation
-                and self.standby is not None and not self.standby.dead):
-            self._promote()
+                and standby is not None and not standby.dead and not self.scheduler.retired):
+            # the stuck host is drained, never the standby: swapped back in, a second
+            # stuck request made it active again, and new requests died with it (502)
+            self.active, self.standby = standby, None
+            self.scheduler.use(standby.generation, standby.isolates)
+            self._drain(active)
+            self._replace()
         assert self.loop is not None
         self.loop.call_later(KILL_GRACE, self._kill_if_stuck, isolate, job)
 

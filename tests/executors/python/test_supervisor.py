@@ -282,3 +282,33 @@ def test_retiring_the_pool_stops_a_draining_host_too(
         await until(lambda: all(h.stopped for h in w.made))
 
     run(scenario())
+
+
+def test_a_stuck_host_is_drained_never_kept_as_the_standby(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """The stuck host was swapped in as the standby: a second stuck request made it
+    active again, and the requests after it died with it when it was killed (502)."""
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        first, standby = w.made
+        fut1, stuck1 = await w.submit("1")
+        assert stuck1.job is not None
+        pool.hosts.stuck(stuck1, stuck1.job)  # as the scheduler does past wall_ms
+        assert pool.hosts.active is standby and first in pool.hosts.draining
+        await until(lambda: pool.hosts.standby is not None)
+        fut2, stuck2 = await w.submit("2")
+        assert stuck2.owner is standby and stuck2.job is not None
+        pool.hosts.stuck(stuck2, stuck2.job)
+        assert pool.hosts.active not in (first, standby)  # the fresh one
+        fut3, on = await w.submit("3")
+        assert on.owner is pool.hosts.active and on.owner not in (first, standby)
+        on.answer()
+        assert (await fut3).body == b"3"
+        for f in (fut1, fut2):
+            f.cancel()
+        pool.close()
+
+    run(scenario())
