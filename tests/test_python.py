@@ -604,3 +604,34 @@ def test_an_interpreter_that_ran_out_of_memory_is_recycled(pop: Running, tmp_pat
     assert (status, headers["x-edgefn-error"]) == (503, "memory_limit")
     status, _, body = pop.get("/leaky", timeout=60)
     assert (status, body) == (200, b"4194304 0")  # a fresh interpreter: nothing kept
+
+
+AWAITS = """
+import asyncio, os
+from edgefn import Response
+
+calls = []
+
+async def handle(request, env):
+    calls.append(1)
+    if request.query.get("nap"):
+        await asyncio.sleep(5)
+    return Response(f"{os.getpid()} {len(calls)}")
+"""
+
+
+def test_an_await_past_wall_ms_is_stopped_without_killing_the_host(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An await sits in select(), where the watchdog's interrupt cannot land: the
+    request got its 504, then the host was killed as "stuck in native code" (its
+    isolates' state lost, a respawn paid, and innocent requests failed with it)."""
+    pop.deploy(py_function(tmp_path, "awaits", AWAITS, limits="wall_ms = 300",
+                           pool="min = 1\nmax = 1\nstandby = false"))
+    pid = pop.get("/awaits")[2].split()[0]
+    with caplog.at_level("WARNING"):
+        status, headers, _ = pop.get("/awaits?nap=1", timeout=30)
+        assert (status, headers["x-edgefn-error"]) == (504, "wall_limit")
+        time.sleep(1.5)  # past the grace after which a stuck host is killed
+        status, _, body = pop.get("/awaits")
+    assert status == 200 and body == pid + b" 3"  # the same host, its state kept
+    assert "stuck in native code" not in caplog.text

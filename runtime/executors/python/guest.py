@@ -248,7 +248,7 @@ class Session:
                 result = self.handler(request, env)
                 # a Response first: `isawaitable` asks an ABC, ~2 us a request
                 if type(result) is not self.sdk.Response and inspect.isawaitable(result):
-                    result = self._event_loop().run_until_complete(result)
+                    result = self._until(result)
                 self.respond(result)
             finally:
                 self.dog.disarm()
@@ -342,10 +342,9 @@ class Session:
 
     def _chunks(self, body: Any) -> Any:
         if hasattr(body, "__anext__"):
-            loop = self._event_loop()
             while True:
                 try:
-                    yield loop.run_until_complete(body.__anext__())
+                    yield self._until(body.__anext__())
                 except StopAsyncIteration:
                     return
         else:
@@ -387,6 +386,27 @@ class Session:
                 if "error" in reply:
                     raise self.sdk.BindingError(reply["error"])
                 return reply.get("result")
+
+    def _until(self, awaitable: Any) -> Any:
+        """`awaitable` run on the isolate's event loop, cancelled when the watchdog
+        trips (then its interrupt is raised): an await past the limit sat in
+        select(), out of the interrupt's reach, until the host was killed as "stuck
+        in native code" a second later (every isolate of the host lost)."""
+        loop = self._event_loop()
+        task = asyncio.ensure_future(awaitable, loop=loop)
+        def wake() -> None:  # from the watchdog's thread
+            loop.call_soon_threadsafe(task.cancel)
+
+        self.dog.waker = wake
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            tripped = self.dog.tripped
+            if tripped is not None:
+                raise tripped() from None
+            raise
+        finally:
+            self.dog.waker = None
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop_ is None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from edgefn_core.errors import CpuInterrupt, ThreadStop, WallInterrupt
+from edgefn_core.errors import CpuInterrupt, IsolateInterrupt, ThreadStop, WallInterrupt
 
 _SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _SET_ASYNC_EXC.argtypes = [ctypes.c_ulong, ctypes.py_object]
@@ -74,12 +75,18 @@ class Watchdog:
         self.lock = threading.Lock()
         self.current: tuple[float, float] | None = None  # (wall start, cpu start)
         self.raised_at = 0.0  # when it last interrupted the request in flight (0: not yet)
+        # what it raised for the request in flight, and what wakes that request's event
+        # loop (set by the guest while it awaits): an await sits in select(), where a
+        # raised interrupt cannot land until something else wakes the loop
+        self.tripped: type[IsolateInterrupt] | None = None
+        self.waker: Callable[[], None] | None = None
         self.stopped = False
         self.thread = threading.Thread(target=self._run, name="edgefn-watchdog")
         self.thread.start()
 
     def arm(self) -> None:
         self.raised_at = 0.0
+        self.tripped = None
         self.current = (time.monotonic(), time.clock_gettime(self.clock))
 
     def exceeded(self, code: str) -> str:
@@ -110,9 +117,13 @@ class Watchdog:
                                                    and now - self.raised_at < RERAISE_AFTER):
                     continue
                 if time.clock_gettime(self.clock) - current[1] >= self.cpu:
-                    _SET_ASYNC_EXC(self.tid, CpuInterrupt)
+                    kind: type[IsolateInterrupt] = CpuInterrupt
                 elif now - current[0] >= self.wall:
-                    _SET_ASYNC_EXC(self.tid, WallInterrupt)
+                    kind = WallInterrupt
                 else:
                     continue
-                self.raised_at = now
+                _SET_ASYNC_EXC(self.tid, kind)
+                self.tripped, self.raised_at = kind, now
+                waker = self.waker
+            if waker is not None:
+                waker()
