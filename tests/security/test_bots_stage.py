@@ -153,6 +153,18 @@ def test_a_class_without_its_own_budget_keeps_the_default_one() -> None:
     assert err.code == "rate_limited" and "30 per 1 minute" in str(err)
 
 
+def test_an_ipv6_client_counts_as_its_64() -> None:
+    """Per address, a client stepped round a class budget with the 2**64 addresses
+    of its own /64."""
+    s = BotSettings(policy=BotPolicy(automation="limit"), budgets={"automation": "3/minute"})
+    bots = stage(s)
+    for i in range(3):
+        run(bots, request("/fn", CURL, client=f"2001:db8:0:1::{i + 1}:1000"))
+    err = refused(bots, request("/fn", CURL, client="2001:db8:0:1:ffff::9:1000"))
+    assert err.code == "rate_limited"
+    run(bots, request("/fn", CURL, client="2001:db8:0:2::1:1000"))  # the next /64 is not
+
+
 def test_past_the_abusive_rate_a_client_is_abusive() -> None:
     bots = stage(BotSettings(abusive_rate="5/minute"), keys=directory((KEY, AGENT)))
     for _ in range(5):

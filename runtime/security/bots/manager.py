@@ -38,6 +38,7 @@ from runtime.security.bots.classify import Classifier
 from runtime.security.bots.pow import CHALLENGE_HEADER, INSTRUCTIONS, SOLUTION_HEADER, Challenger
 from runtime.security.bots.seen import SharedSeen
 from runtime.security.bots.webbotauth import Verifier, load_directories
+from runtime.security.ratelimit.addresses import Aggregator
 from runtime.security.settings import (
     BotAction,
     BotClass,
@@ -76,6 +77,9 @@ class BotManager:
         budgets = {**BotSettings().budgets, **settings.budgets}
         self._budgets = {c: _rates(r, f"bots.budgets.{c}") for c, r in budgets.items()}
         self._policies: dict[BotOverride, BotPolicy] = {}
+        # an IPv6 client has a /64 to itself: counted per address, it stepped round a
+        # class budget or abusive_rate by changing its last 64 bits
+        self._network = Aggregator(32, 64)
 
     @classmethod
     def from_settings(cls, settings: BotSettings, data_dir: Path | None = None,
@@ -112,7 +116,8 @@ class BotManager:
         else:
             cls, signals = self.classifier.classify(headers)
             verdict = (cls, None, signals, None)
-        if count and self._abusive_rate and self._too_fast(verdict[1] or address(client)):
+        if count and self._abusive_rate and self._too_fast(verdict[1]
+                                                           or self._network(address(client))):
             return ("abusive", verdict[1], (*verdict[2], "rate"), verdict[3])
         return verdict
 
@@ -139,7 +144,7 @@ class BotManager:
             raise Rejected("bot_blocked", 403, f"requests from {cls} clients are "
                            f"blocked here{why}", detail={"class": cls, "signals": list(signals)})
         if action == "limit":
-            self._limit(cls, agent or address(client))
+            self._limit(cls, agent or self._network(address(client)))
         elif action == "challenge":
             self._challenge(request)
 
