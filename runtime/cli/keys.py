@@ -11,7 +11,6 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ SCOPE = re.compile(r"^(\*|(fn|model|route|admin):[^\s,]{1,200})$")
 # the operations `admin:OP` may grant (`runtime.admin.api.operation`); OP is a glob
 ADMIN_OPS = frozenset({"deploy", "rollback", "delete", "read", "kv", "vectors", "ai", "keys",
                        "cache", "dashboard"})
-DURATION = re.compile(r"^(\d+)([mhd])$")
 TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
@@ -32,7 +30,7 @@ def keys_command(args: argparse.Namespace) -> None:
     match args.op:
         case "create":
             key, record = store.create(_tenant(args.tenant), _scopes(args.scopes),
-                                       expires=_expires(args.expires), rpm=args.rpm,
+                                       expires=args.expires, rpm=args.rpm,
                                        tpm=args.tpm, max_streams=args.max_streams)
             _reload(args.data)
             if args.json:
@@ -130,32 +128,6 @@ def _scopes(text: str) -> tuple[str, ...]:
     return scopes
 
 
-MAX_EXPIRY_S = 100 * 365 * 86400
-
-
-def _expires(text: str | None) -> float | None:
-    if text is None:
-        return None
-    m = DURATION.match(text)
-    if m:
-        seconds = int(m[1]) * {"m": 60, "h": 3600, "d": 86400}[m[2]]
-        if not 0 < seconds <= MAX_EXPIRY_S:  # 0: a key expired when it is made
-            raise InvalidValue(f"--expires: expected a duration from 1m to 100 years, got "
-                               f"{text!r}")
-        return time.time() + seconds
-    try:
-        when = datetime.fromisoformat(text)
-        if when.tzinfo is None:
-            when = when.astimezone()
-        at = when.timestamp()
-    except (ValueError, OverflowError):  # not a time, or one past year 9999 in UTC
-        raise InvalidValue(f"--expires: expected a duration (90m, 12h, 30d) or an ISO 8601 "
-                           f"time, got {text!r}") from None
-    if at <= time.time():
-        raise InvalidValue(f"--expires: {text} is in the past")
-    if at - time.time() > MAX_EXPIRY_S:
-        raise InvalidValue(f"--expires: {text} is more than 100 years away")
-    return at
 
 
 def _row(k: KeyRecord) -> dict[str, object]:

@@ -145,6 +145,17 @@ def _up_to(most: int) -> Callable[[str], int]:
     return parse
 
 
+def _expiry(text: str) -> float:
+    """An argparse `type`: `--expires` as the Unix time it names (a bad one is exit
+    status 2 with the flag named; it was 1, found after parsing)."""
+    from runtime.cli.expiry import expires_at
+
+    try:
+        return expires_at(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _status(text: str) -> str:
     """An argparse `type`: a status (404) or a class (5xx)."""
     if re.fullmatch(r"[1-5][0-9][0-9]|[1-5]xx", text) is None:
@@ -346,8 +357,9 @@ def _keys_command(c: Commands) -> None:
                        ("--max-streams", "AI streams at once")):
         o.add_argument(flag, type=positive_int, help=f"{what} for this key (default: "
                                                      "unlimited)")
-    o.add_argument("--expires", help="when it stops working: a duration (90m, 12h, 30d) or "
-                                     "an ISO 8601 time (default: never)")
+    o.add_argument("--expires", type=_expiry,
+                   help="when it stops working: a duration (90m, 12h, 30d) or an ISO 8601 "
+                        "time (default: never)")
     c.op(ops, "ls", "list keys: id, tenant, scopes, limits, state (never the key)",
          "edgefn keys ls --json")
     o = c.op(ops, "revoke", "revoke a key at once (it stays listed)", "edgefn keys revoke "
