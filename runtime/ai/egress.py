@@ -42,13 +42,10 @@ class Egress:
         s = self.settings
         if tenant is None:
             return {}
-        if tenant not in s.tenants:
-            return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
-                if s.secret else {}
-        if not self._leaves(tenant, model):
-            return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
-                if s.secret else {}
-        return desensitised(s.secret, tenant, request_id, params)
+        if tenant in s.tenants and self._leaves(tenant, model):
+            return desensitised(s.secret, tenant, request_id, params)
+        return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
+            if s.secret else {}
 
     def inputs(self, tenant: str | None, model: str, texts: list[str]) -> list[str]:
         """The texts `tenant`'s embeddings call for `model` takes out of this PoP:

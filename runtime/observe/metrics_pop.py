@@ -93,14 +93,14 @@ class PopMetrics:
         wires = await self.peers(self.settings.worker_timeout)
         families, missing = [], 0
         for index, wire in enumerate(wires):
-            try:
-                if wire is None:
-                    raise TimeoutError("no answer")
-                self.last[index] = from_wire(wire)
-            except (ValueError, TypeError, AttributeError, TimeoutError) as e:
-                if wire is not None:
-                    log.warning("a worker's metrics did not decode: %r", e)
+            if wire is None:  # did not answer in time
                 missing += 1
+            else:
+                try:
+                    self.last[index] = from_wire(wire)
+                except (ValueError, TypeError, AttributeError) as e:
+                    log.warning("a worker's metrics did not decode: %r", e)
+                    missing += 1
             if index in self.last:
                 families.append(self.last[index])
         registry = CollectorRegistry(auto_describe=False)

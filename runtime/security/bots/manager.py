@@ -60,14 +60,16 @@ type Verdict = tuple[BotClass, str | None, tuple[str, ...], str | None]
 class BotManager:
     def __init__(self, settings: BotSettings, classifier: Classifier,
                  verifier: Verifier | None = None, *, secret: bytes | None = None,
+                 used: SharedSeen | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         """`verifier` None: no key directory is trusted (every signature is an
-        unknown key). `secret` signs challenge nonces (default: random per process).
+        unknown key). `secret` signs challenge nonces (default: random per process);
+        `used` remembers solved ones (default: in this process).
         Raises `InvalidConfig` when a rate in `settings` cannot be parsed."""
         self.settings = settings
         self.classifier = classifier
         self.verifier = verifier
-        self.challenger = Challenger(settings.pow_difficulty, secret=secret)
+        self.challenger = Challenger(settings.pow_difficulty, secret=secret, used=used)
         self.clock = clock
         storage = MemoryStorage()
         self._watch = FixedWindowRateLimiter(storage)  # cheapest: it runs on every request
@@ -99,12 +101,9 @@ class BotManager:
                                 settings.signature_max_age,
                                 shared=shared / "signatures" if shared else None)
         secret = challenge_secret(data_dir) if data_dir is not None else None
-        manager = cls(settings, Classifier(agent_list.load(settings.agents)), verifier,
-                      secret=secret)
-        if shared is not None:
-            manager.challenger = Challenger(settings.pow_difficulty, secret=secret,
-                                            used=SharedSeen(shared / "pow", 120.0))
-        return manager
+        used = SharedSeen(shared / "pow", Challenger.TTL) if shared is not None else None
+        return cls(settings, Classifier(agent_list.load(settings.agents)), verifier,
+                   secret=secret, used=used)
 
     def judge(self, request: Request, client: str, count: bool = True) -> Verdict:
         """`request`'s class, the verified agent's identity, the signals used and

@@ -43,7 +43,9 @@ INSTRUCTIONS = (
 class Challenger:
     """Issues and checks challenges of `difficulty` bits, valid for `ttl` seconds."""
 
-    def __init__(self, difficulty: int, ttl: float = 120.0, secret: bytes | None = None,
+    TTL = 120.0  # seconds a challenge is valid
+
+    def __init__(self, difficulty: int, ttl: float = TTL, secret: bytes | None = None,
                  capacity: int = 100_000, used: SeenSet | SharedSeen | None = None) -> None:
         """`secret`: what signs nonces (random by default: one process's own);
         `used`: where solved nonces are remembered (the PoP's `SharedSeen` when
