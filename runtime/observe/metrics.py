@@ -204,7 +204,7 @@ class RequestMetrics:
 
     def _auth(self, stage: str, record: dict[str, Any]) -> None:
         result = record.get("result")
-        if result is not None and result != "ok":
+        if result is not None and result != "ok" and result != "forwarded":
             self.auth.add((str(result),))
 
     def _bots(self, stage: str, record: dict[str, Any]) -> None:

@@ -167,7 +167,7 @@ def _auth(pop: PoP, targets: Targets) -> Stage:
 
     settings = pop.config.auth
     jwt = JwtVerifier(settings.jwt) if settings.jwt is not None else None
-    return Auth(settings, pop.keys, targets, jwt)
+    return Auth(settings, pop.keys, targets, jwt, pop.config.residency.secret)
 
 
 def _residency(pop: PoP) -> Stage:

@@ -343,3 +343,26 @@ def test_the_tiers_above_tell_unpinned_tenants_apart(run: Path,
                   for e in _event_rows(run, "central") if e["rid"] in rids.values()}
     assert at_central == {rids["globex"]: ("globex", "miss"),
                           rids["initech"]: ("initech", "miss")}, at_central
+
+
+def test_a_tier_above_with_api_keys_answers_what_edges_forward(
+        run: Path, keys: dict[tuple[str, str], str]) -> None:
+    """Once central had an API key of its own, its OpenAI API asked every call for
+    one: what the edges forwarded for their callers was refused (401). The signed
+    tenant the call carries admits it; central's event names that tenant."""
+    KeyStore(pop_dir(run, "central")).create("ops", ("*",))
+    AdminClient(pop_dir(run, "central"), timeout=30).request("POST", "/v1/keys/reload")
+    rid = f"keyed-{uuid.uuid4().hex[:8]}"
+    text = f"Say the word {uuid.uuid4().hex[:6]}."
+    sample = send(run, "us-east", keys["edge-us", "globex"], "POST", "/v1/chat/completions",
+                  chat(text), rid)
+    assert sample.status == 200, sample.error
+
+    def seen() -> list[str]:
+        return [e["rid"] for e in _event_rows(run, "central") if e["rid"] == rid]
+
+    _wait_for(seen, rid)
+    at_central = [(e["status"], e.get("tenant"), e["decisions"].get("auth"))
+                  for e in _event_rows(run, "central") if e["rid"] == rid]
+    assert at_central == [(200, "globex", {"mode": "key", "result": "forwarded",
+                                           "tenant": "globex"})], at_central

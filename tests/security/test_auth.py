@@ -23,6 +23,7 @@ from runtime.pipeline.targets import Targets
 from runtime.security import keys as keymod
 from runtime.security.jwt_auth import JwtVerifier, TokenInvalid
 from runtime.security.keys import KeyRing, KeyStore
+from runtime.security.residency import sign
 from runtime.security.settings import AuthSettings, JwtSettings, TargetPolicy
 from tests.support import Running, pop_thread, python_function
 
@@ -678,3 +679,62 @@ def test_where_auth_is_off_a_jwt_or_a_key_still_names_the_caller(
     assert ctx.principal == record.principal()
     ctx, _ = call(auth, bearer(token(ec.generate_private_key(ec.SECP256R1()))))
     assert ctx.principal is None  # a token that does not verify names no one
+
+
+SECRET = "topology-secret-0123456789"
+
+
+def forwarded(tmp_path: Path, target: Any, secret: str = SECRET) -> tuple[Auth, KeyStore]:
+    """The stage of a tier above an edge: a key exists, so its OpenAI API asks for one."""
+    auth, store = stage(tmp_path, target)
+    auth.secret = secret
+    store.create("ops", ("*",))
+    auth.keys.reload()
+    return auth, store
+
+
+def hop(auth: Auth, tenant_header: str, rid: bytes = b"rid-1",
+        headers: list[tuple[bytes, bytes]] | None = None) -> tuple[Context, Response]:
+    """A call as a lower tier forwards it: its request id and signed tenant."""
+    request = Request(b"POST", b"/v1/chat/completions", b"",
+                      [(b"x-edgefn-tenant", tenant_header.encode()), *(headers or [])], b"h",
+                      "1.1", True, "10.0.0.2:5")
+    ctx = Context(request.client)
+    ctx.request_id = rid
+    response = auth(request, ctx, lambda r, c: Response(200, [], b"ok"))
+    assert isinstance(response, Response)
+    return ctx, response
+
+
+def test_a_model_call_a_lower_tier_forwarded_needs_no_key_of_this_pop(tmp_path: Path) -> None:
+    """An upper tier with API keys answered 401 to every call its edges forwarded for
+    their callers: the topology's signed tenant admits it (no principal: the
+    residency stage names the tenant)."""
+    auth, _ = forwarded(tmp_path, OpenAITarget())
+    ctx, response = hop(auth, sign(SECRET, "globex", "rid-1"))
+    assert response.body == b"ok" and ctx.principal is None
+    assert ctx.decisions == {"auth": {"mode": "key", "result": "forwarded", "tenant": "globex"}}
+    # signed for another request, or with another secret: refused, not admitted
+    for value in (sign(SECRET, "globex", "rid-2"), sign("another-secret-0123456", "globex",
+                                                         "rid-1"), "globex;00"):
+        with pytest.raises(Rejected) as err:
+            hop(auth, value)
+        assert err.value.status == 403
+
+
+def test_only_a_call_without_a_credential_to_the_openai_api_is_read_as_forwarded(
+        tmp_path: Path) -> None:
+    value = sign(SECRET, "globex", "rid-1")
+    auth, store = forwarded(tmp_path, Fn("chat", auth="key"))
+    with pytest.raises(Rejected) as err:  # a function is never called across tiers
+        hop(auth, value)
+    assert err.value.status == 401
+    auth, store = forwarded(tmp_path, OpenAITarget())
+    key, record = store.create("acme", ("*",))
+    auth.keys.reload()
+    ctx, _ = hop(auth, "anything", headers=bearer(key))  # the key decides, not the header
+    assert ctx.principal == record.principal()
+    auth, _ = forwarded(tmp_path, OpenAITarget(), secret="")  # no topology secret here
+    with pytest.raises(Rejected) as err:
+        hop(auth, value)
+    assert err.value.status == 401

@@ -11,6 +11,12 @@ refuses what the target's mode and the principal's scopes do not allow:
 A function is granted by ``*``, ``fn:<name glob>`` or ``route:<path glob>``; the
 OpenAI API by ``*`` or any ``model:`` scope (the API checks the model itself).
 Requests nothing serves pass on to `route` (its 404).
+
+Between the PoPs of a topology, a model call a lower tier forwards for its caller
+carries no credential of this PoP: the signed ``x-edgefn-tenant`` it carries
+(`runtime.security.residency`, with the topology's ``[residency] secret``) admits
+it to the OpenAI API here in place of a key, with no principal (the `residency`
+stage names its tenant). Only a call with no credential is read that way.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from runtime.pipeline.targets import Targets
 from runtime.security.jwt_auth import JwtVerifier, TokenInvalid
 from runtime.security.keys import KeyRing, is_well_formed
 from runtime.security.principal import Principal
+from runtime.security.residency import TENANT_HEADER, verify
 from runtime.security.settings import AuthSettings
 
 CHALLENGE = [(b"www-authenticate", b'Bearer realm="edgefn"')]
@@ -40,8 +47,10 @@ class Auth:
     name = "auth"
 
     def __init__(self, settings: AuthSettings, keys: KeyRing, targets: Targets,
-                 jwt: JwtVerifier | None = None) -> None:
+                 jwt: JwtVerifier | None = None, secret: str = "") -> None:
+        """`secret`: the topology's ``[residency] secret`` ("" where there is none)."""
         self.settings = settings
+        self.secret = secret
         self.keys = keys
         self.targets = targets
         self.jwt = jwt
@@ -62,6 +71,10 @@ class Auth:
         if ctx.quiet:  # a warm-up carries no credential; only the PoP can make one
             return call_next(request, ctx)
         try:
+            forwarded = self._forwarded(request, ctx, target)
+            if forwarded is not None:
+                ctx.decide("auth", {"mode": mode, "result": "forwarded", "tenant": forwarded})
+                return call_next(request, ctx)
             principal = self._authenticate(mode, request, target)
         except Rejected as e:
             ctx.decide("auth", {"mode": mode, "result": e.code})
@@ -98,6 +111,17 @@ class Auth:
             raise Rejected("forbidden", 403, f"this credential's scopes do not include "
                            f"{_what(target)} (tenant {principal.tenant!r})")
         return principal
+
+    def _forwarded(self, request: Request, ctx: Context, target: Target) -> str | None:
+        """The tenant a lower tier of the topology forwarded this model call for, or
+        None (not an OpenAI API call, a credential sent, no tenant header, no secret
+        here). Raises `Rejected` (403) for a tenant header the topology did not sign."""
+        if target.kind != "openai" or not self.secret:
+            return None
+        value = request.header(TENANT_HEADER)
+        if value is None or _credential(request) is not None:
+            return None
+        return verify(self.secret, value.decode("latin-1"), ctx.request_id.decode())
 
     def _mode(self, target: Target) -> str:
         if target.kind == "openai":
