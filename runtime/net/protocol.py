@@ -359,13 +359,22 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- writing ----------------------------------------------------------------------------
     def _head(self, request: Request, response: Response, keep_alive: bool) -> list[bytes]:
+        """The status line and header section (without its final CRLF). Every response
+        carries a ``date`` (RFC 9110 6.6.1: an origin with a clock sends one), the
+        app's own if it set one (a stored response's)."""
         status = response.status
-        out = [STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
-        if self.state.extra_head:
-            out.append(self.state.extra_head)
+        state = self.state
+        out = [STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status, b""]
+        if state.extra_head:
+            out.append(state.extra_head)
+        dated = False
         for name, value in response.headers:
             if name not in HOP_BY_HOP:
                 out += (name, b": ", value, b"\r\n")
+                if name == b"date":
+                    dated = True
+        if not dated:
+            out[1] = state.date_line()
         if not keep_alive:
             out.append(b"connection: close\r\n")
         return out

@@ -7,7 +7,9 @@ import asyncio
 import logging
 import resource
 import socket
+import time
 from collections import Counter
+from email.utils import formatdate
 from typing import Annotated, Any
 
 import msgspec
@@ -58,6 +60,16 @@ class ServerState:
         self.answered: Counter[int] = Counter()  # the front's own error answers, by status
         self.refusing: set[HttpProtocol] = set()  # past a cap, waiting for their 503
         self.extra_head = b""  # a header line every response carries (`worker_header`)
+        self._second = -1
+        self._date = b""
+
+    def date_line(self) -> bytes:
+        """``date: <IMF-fixdate of now>\r\n``, made once a second."""
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._date = b"date: %s\r\n" % formatdate(now, usegmt=True).encode()
+        return self._date
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from `address`; None if admitted, else why not."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import pytest
@@ -553,4 +555,21 @@ def test_pipelined_bodies_past_max_body_bytes_pause_reading() -> None:
         await settled(lambda: len(responses(t.buffer)) == 3)
         assert [b for _, _, b in responses(t.buffer)] == [b"600"] * 3
         assert t.reading
+    run(go())
+
+
+def test_every_response_is_dated_once_the_apps_own_date_kept() -> None:
+    """RFC 9110 6.6.1: an origin server with a clock sends Date (there was none)."""
+    async def go() -> None:
+        proto, t = connect()
+        before = int(time.time())
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert t.buffer.count(b"\r\ndate: ") == 1
+        date = responses(t.buffer)[0][1][b"date"]
+        assert date.endswith(b" GMT")
+        assert before <= parsedate_to_datetime(date.decode()).timestamp() <= time.time()
+        stored = b"Sun, 06 Nov 1994 08:49:37 GMT"
+        proto, t = connect(lambda r: Response(200, [(b"date", stored)], b"x"))
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert t.buffer.count(b"\r\ndate: ") == 1 and responses(t.buffer)[0][1][b"date"] == stored
     run(go())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from email.utils import formatdate
 from pathlib import Path
 
 from runtime.cache.http import policy
@@ -128,7 +129,10 @@ class HttpCache:
             return "no-cache without validator"
         tags = [t.strip() for t in fields.get(b"cache-tag", b"").decode("latin-1").split(",")
                 if t.strip()]
-        entry = Entry(response.status, _stored(response.headers), body, now,
+        stored = _stored(response.headers)
+        if b"date" not in fields:  # the front dates what it sends: a hit says when it was made
+            stored.append((b"date", formatdate(now, usegmt=True).encode()))
+        entry = Entry(response.status, stored, body, now,
                       _age(fields.get(b"age")), f.lifetime, f.swr, f.sie, f.revalidate,
                       f.no_cache, f.public, etag, modified, vary,
                       PUBLIC if f.public else scope, tags, origin_ms)

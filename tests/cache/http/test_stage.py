@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from email.utils import formatdate
 
 import pytest
 
@@ -35,6 +36,8 @@ def test_miss_then_hit_with_age(h: Harness) -> None:
     r, ctx = h.call(request())
     assert (outcome(r), header(r, b"age"), r.body) == ("HIT", b"42", b"hello")
     assert h.origin.calls == 1
+    # dated when it was stored (the front dates only what has no Date): Age counts from it
+    assert header(r, b"date") == formatdate(h.clock.now - 42, usegmt=True).encode()
     assert ctx.decisions is not None
     d = ctx.decisions["http_cache"]
     assert (d["outcome"], d["key"], d["age"], d["bytes"]) == (
