@@ -161,6 +161,20 @@ def fresh_enough(age: float, f: Stored, req: Directives) -> bool:
     return min_fresh is None or f.lifetime - age >= min_fresh
 
 
+def stale_accepted(age: float, f: Stored, req: Directives) -> bool:
+    """Whether the request's ``max-stale`` (RFC 9111 5.2.1.2: any staleness without
+    an argument, else at most that many seconds) accepts an entry of `age` that is
+    past its lifetime; never one the origin said must be revalidated or not used
+    unchecked (4.2.4), nor past the request's own ``max-age``."""
+    if "max-stale" not in req or f.revalidate or f.no_cache or "no-cache" in req:
+        return False
+    max_age = delta(req, "max-age")
+    if max_age is not None and age > max_age:
+        return False
+    arg = req["max-stale"]
+    return arg is None or age - f.lifetime <= delta_seconds(arg)
+
+
 def may_serve_stale(age: float, f: Stored, req: Directives, window: float) -> bool:
     """Whether a stale entry may still be served within `window` seconds of
     staleness (its swr or sie)."""

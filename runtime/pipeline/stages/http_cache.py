@@ -99,6 +99,8 @@ class HttpCacheStage:
         age = self.cache.age(entry)
         if policy.fresh_enough(age, entry, req):
             return self._serve(entry, age, "HIT", request, ctx, target, key)
+        if policy.stale_accepted(age, entry, req):  # the client's max-stale
+            return self._serve(entry, age, "STALE", request, ctx, target, key)
         if "only-if-cached" in req:
             return self._not_cached(ctx, target, key)
         if not policy.wants_fresh(req) and policy.may_serve_stale(age, entry, req, entry.swr):

@@ -526,3 +526,27 @@ def test_the_sdk_types_no_body_of_a_204_or_304(status: int) -> None:
 
     assert "content-type" not in GuestResponse("", status).headers
     assert GuestResponse("hi").headers["content-type"] == "text/plain; charset=utf-8"
+
+
+def test_max_stale_accepts_a_stale_entry_within_its_bound(h: Harness) -> None:  # 5.2.1.2
+    h.origin.answer = lambda r: ok("max-age=10")
+    h.call(request())
+    h.clock.now += 15  # 5 s past its lifetime
+    for cc in ("max-stale=5", "max-stale", "max-stale=60, only-if-cached"):
+        r, _ = h.call(request(cache_control=cc))
+        assert (outcome(r), header(r, b"age"), r.body) == ("STALE", b"15", b"hello"), cc
+    assert h.origin.calls == 1
+    for cc in ("max-stale=4", "max-stale, max-age=14"):  # past its bound, or the max-age
+        r, _ = h.call(request(cache_control=cc))
+        assert outcome(r) != "STALE" and h.origin.calls > 1, cc
+        h.clock.now += 15  # stale again for the next one
+
+
+def test_max_stale_never_serves_what_must_be_revalidated(h: Harness) -> None:  # 4.2.4
+    for n, cc in enumerate(("max-age=10, must-revalidate", "max-age=10, proxy-revalidate")):
+        h.origin.answer = lambda r, cc=cc: ok(cc)  # type: ignore[misc]
+        path = b"/mr%d" % n
+        h.call(request(path))
+        h.clock.now += 15
+        r, _ = h.call(request(path, cache_control="max-stale"))
+        assert outcome(r) != "STALE" and h.origin.calls == 2 * (n + 1), cc
