@@ -608,6 +608,17 @@ def test_a_route_scope_is_not_escaped_with_dot_segments(tmp_path: Path, path: by
     assert refused(auth, bearer(key), path=path).status == 403
 
 
+@pytest.mark.parametrize("path", [b"/pub%2fx", b"/pub%2Fanything", b"/pub%2f"])
+def test_a_route_scope_is_not_escaped_with_an_encoded_slash(tmp_path: Path, path: bytes) -> None:
+    """Decoded, these are /pub/...; the router matched them as sent (not /pub, so
+    they reached the function at / with a key scoped to route:/pub/*)."""
+    auth, store = stage(tmp_path, Fn("site", auth="key"))
+    key, _ = store.create("acme", ("route:/pub/*",))
+    auth.keys.reload()
+    assert call(auth, bearer(key), path=b"/pub/x")[1].body == b"ok"
+    assert refused(auth, bearer(key), path=path).status == 403
+
+
 def test_jwt_mode_takes_only_a_bearer_token(tmp_path: Path, es256: tuple[Any, Path]) -> None:
     private, jwks = es256
     auth, _ = stage(tmp_path, Fn("chat", auth="jwt"),

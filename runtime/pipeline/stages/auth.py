@@ -200,15 +200,20 @@ def _grants(principal: Principal, target: Target, request: Request) -> bool:
     if principal.allows("fn", target.name):
         return True
     path = scoped_path(request.path)
-    return path is not None and any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
-                                    for s in principal.scopes)
+    if path is None:
+        return False
+    raw = request.path.decode("latin-1")  # what the router matched: both must be in scope
+    return any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
+               and fnmatch.fnmatchcase(raw, s[6:]) for s in principal.scopes)
 
 
 def scoped_path(raw: bytes) -> str | None:
     """The path a ``route:`` scope is matched against: percent-decoded; None (no
     route scope grants it) when a segment is ``.`` or ``..`` once decoded, which a
     function that normalises its path would read as another route (``/k/a/../b``,
-    ``/k/a/%2e%2e/b`` and ``/k/a/..%2fb`` passed ``route:/k/a/*`` and served /k/b)."""
+    ``/k/a/%2e%2e/b`` and ``/k/a/..%2fb`` passed ``route:/k/a/*`` and served /k/b).
+    The scope must match the path as sent too: the router matches that one
+    (``/pub%2fx`` passed ``route:/pub/*`` decoded and was routed to ``/``)."""
     path = unquote(raw.decode("latin-1"), encoding="latin-1")
     if any(seg in (".", "..") for seg in path.replace("\\", "/").split("/")):
         return None
