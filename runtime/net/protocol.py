@@ -253,6 +253,8 @@ class HttpProtocol(asyncio.Protocol):
         if length is not None and length > self.config.max_body_bytes:
             raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
         keep_alive = parser.should_keep_alive()
+        if chunked and version == "1.0":  # RFC 9112 6.1: faulty framing; close after it (a
+            keep_alive = False  # 1.0 hop before the PoP saw no body: the rest, a request)
         self.upgrade_ignored = False
         if odd:
             keep_alive = self._upgrade(length, chunked, keep_alive)
@@ -377,6 +379,8 @@ class HttpProtocol(asyncio.Protocol):
             out[1] = state.date_line()
         if not keep_alive:
             out.append(b"connection: close\r\n")
+        elif request.http_version == "1.0":  # kept open: a 1.0 client assumes not unless told
+            out.append(b"connection: keep-alive\r\n")
         return out
 
     def _write(self, request: Request, response: Response) -> None:
@@ -387,9 +391,12 @@ class HttpProtocol(asyncio.Protocol):
         assert isinstance(body, bytes)
         keep_alive = request.keep_alive and not self.closing and not response.close
         head = self._head(request, response, keep_alive)
-        if response.status in NO_BODY_STATUS:
+        status = response.status
+        if status in NO_BODY_STATUS:
             body = b""
         else:
+            if status == 205:  # RFC 9110 15.3.6: no content, framed as such
+                body = b""
             head.append(b"content-length: %d\r\n" % len(body))
             if request.method == b"HEAD":
                 body = b""

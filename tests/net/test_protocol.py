@@ -573,3 +573,30 @@ def test_every_response_is_dated_once_the_apps_own_date_kept() -> None:
         proto.data_received(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
         assert t.buffer.count(b"\r\ndate: ") == 1 and responses(t.buffer)[0][1][b"date"] == stored
     run(go())
+
+
+def test_a_chunked_http10_request_closes_the_connection_after_its_answer() -> None:
+    """RFC 9112 6.1: Transfer-Encoding in 1.0 is faulty framing. A 1.0 hop in front
+    ignores it (no body), so what followed the chunks was answered as a request."""
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"POST /a HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: "
+                            b"chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.0\r\n"
+                            b"Connection: keep-alive\r\n\r\n")
+        got = responses(t.buffer)
+        assert [(s, b) for s, _, b in got] == [(200, b"POST /a? body=abc")]
+        assert got[0][1][b"connection"] == b"close" and t.closed
+    run(go())
+
+
+def test_http10_keep_alive_is_announced_and_205_has_no_content() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET /1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        assert responses(t.buffer)[0][1][b"connection"] == b"keep-alive" and not t.closed
+        proto, t = connect(lambda r: Response(205, [], b"some content"))
+        proto.data_received(b"GET /reset HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\n\r\n")
+        got = responses(t.buffer)
+        assert [(s, h[b"content-length"], b) for s, h, b in got] == [(205, b"0", b"")] * 2
+        assert b"connection" not in got[0][1]  # 1.1: kept open without saying so
+    run(go())
