@@ -247,9 +247,17 @@ class HttpProtocol(asyncio.Protocol):
                                  "PoP's own warm-up requests")
         url = self.url
         if hosts > 1 or not url.startswith(b"/") or 35 in url:  # 35: "#" (an int: 15x faster)
-            path, query, host = _target(url, hosts, host)
+            path, query, target_host = _target(url, hosts, host)
+            if target_host != host:  # absolute-form: its authority is the Host the app sees
+                host = target_host
+                self.headers = [(k, v) for k, v in self.headers if k != b"host"]
+                self.headers.append((b"host", host))
         else:
             path, _, query = url.partition(b"?")
+        if host not in _HOSTS:
+            _check_host(host)
+        if b"/." in path or b"%2" in path:
+            _check_segments(path)
         if length is not None and length > self.config.max_body_bytes:
             raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
         keep_alive = parser.should_keep_alive()
@@ -578,6 +586,32 @@ def _target(url: bytes, hosts: int, host: bytes) -> tuple[bytes, bytes, bytes]:
         path, query = parsed.path or b"/", parsed.query or b""
         host = parsed.host + (b":%d" % parsed.port if parsed.port else b"")
     return path, query, host  # none at all: "" (no host-bound route matches it)
+
+
+# RFC 9112 3.2 / RFC 3986 3.2.2: uri-host [":" port] (IP-literal, IPv4 or reg-name)
+HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::[0-9]{0,5})?")
+_HOSTS: set[bytes] = {b""}  # Host values already checked (at most MAX_HOSTS kept)
+MAX_HOSTS = 1024
+
+
+def _check_host(host: bytes) -> None:
+    """Raises `HttpReject` (400) for a Host that is not ``host[:port]`` (RFC 9112 3.2:
+    "a, b", "a@evil", "evil/x?" reached functions building links from it)."""
+    if not HOST.fullmatch(host):
+        raise HttpReject(400, f"invalid Host header {host[:100].decode('latin-1')!r}: "
+                              "expected host[:port]")
+    if len(_HOSTS) < MAX_HOSTS:
+        _HOSTS.add(host)
+
+
+def _check_segments(path: bytes) -> None:
+    """Raises `HttpReject` (400) for a path with a ``.`` or ``..`` segment (``%2e``
+    too): routing matched it as sent, while a function normalising it (RFC 3986
+    5.2.4) acted on another route (``/hello/../probe`` was served by hello)."""
+    for segment in path.split(b"/"):
+        if segment and segment.replace(b"%2e", b".").replace(b"%2E", b".") in (b".", b".."):
+            raise HttpReject(400, "a request path has no `.` or `..` segments (RFC 3986 "
+                                  "5.2.4): send it normalised")
 
 
 # a request line with a method token the parser does not know (not garbage, not TLS)

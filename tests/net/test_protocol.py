@@ -600,3 +600,47 @@ def test_http10_keep_alive_is_announced_and_205_has_no_content() -> None:
         assert [(s, h[b"content-length"], b) for s, h, b in got] == [(205, b"0", b"")] * 2
         assert b"connection" not in got[0][1]  # 1.1: kept open without saying so
     run(go())
+
+
+@pytest.mark.parametrize("host", [b"a, b", b"a@evil.example", b"evil.example/x?", b"a b/c@d",
+                                  b"[::1", b"h:80:80", b"h\\x"])
+def test_a_host_that_is_not_host_and_port_is_400(host: bytes) -> None:
+    """RFC 9112 3.2: functions building links from the Host got "a@evil.example"."""
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+        got = responses(t.buffer)
+        assert [s for s, _, _ in got] == [400] and b"invalid Host header" in got[0][2]
+    run(go())
+
+
+@pytest.mark.parametrize("path", [b"/hello/../probe", b"/probe/%2e%2e/hello", b"/a/.",
+                                  b"/./a", b"/a/%2E/b", b"/a/..?q=1"])
+def test_a_path_with_dot_segments_is_400(path: bytes) -> None:
+    """Routed as sent, /hello/../probe was served by hello; a function normalising
+    its path acted on /probe."""
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET " + path + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+        got = responses(t.buffer)
+        assert [s for s, _, _ in got] == [400] and b"segments" in got[0][2]
+    run(go())
+
+
+def test_plain_hosts_and_dotted_names_pass_and_an_absolute_target_names_the_host() -> None:
+    seen: list[tuple[bytes, bytes, list[bytes]]] = []
+
+    def app(r: Request) -> Response:
+        seen.append((r.host, r.path, [v for k, v in r.headers if k == b"host"]))
+        return Response(200, [], b"")
+
+    async def go() -> None:
+        for host, path in ((b"", b"/a/.b"), (b"example.com:8080", b"/a..b/c"),
+                           (b"[::1]:80", b"/static/..%2fx"), (b"127.0.0.1", b"/.well-known/x")):
+            proto, t = connect(app)
+            proto.data_received(b"GET %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (path, host))
+            assert responses(t.buffer)[0][0] == 200, (host, path)
+        proto, t = connect(app)
+        proto.data_received(b"GET http://other.example:8443/p HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert seen[-1] == (b"other.example:8443", b"/p", [b"other.example:8443"])
+    run(go())
