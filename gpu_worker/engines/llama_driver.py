@@ -265,6 +265,8 @@ class Driver:
         s.last_token_at = now
         piece = None if self.lm.is_eog(token) else self.lm.piece_bytes(token)
         text, reason = s.advance(token, piece)
+        if s.stop.stopped and s.pending:  # the stop string's tokens are not the answer's
+            s.pending = covering(s.pending, text)
         self._emit(s, text)
         if reason is not None:
             self._finish(s, reason)
@@ -297,6 +299,19 @@ class Driver:
 
     def _send(self, fn: Any, *args: Any) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
+
+
+def covering(entries: list[TokenLogprob], text: str) -> list[TokenLogprob]:
+    """The first of `entries` whose bytes make up `text` (a token that straddles
+    its end included): what is left once a stop string cut the text short."""
+    size = len(text.encode())
+    out: list[TokenLogprob] = []
+    for entry in entries:
+        if size <= 0:
+            break
+        out.append(entry)
+        size -= len(entry.token)
+    return out
 
 
 def _resolve(fut: asyncio.Future[None], exc: BaseException | None) -> None:

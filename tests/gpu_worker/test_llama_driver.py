@@ -10,9 +10,10 @@ import pytest
 
 from edgefn_core.errors import EngineError
 from gpu_worker.engines.batching import Item, Scheduler, Seq, Shaping
-from gpu_worker.engines.llama_driver import Driver, LoadAdapter, Mailbox, UnloadAdapter
+from gpu_worker.engines.llama_driver import Driver, LoadAdapter, Mailbox, UnloadAdapter, covering
 from gpu_worker.metrics import Metrics
-from gpu_worker.protocol import Generate
+from gpu_worker.protocol import Generate, TokenLogprob
+from gpu_worker.stops import StopText
 
 EOG = 0
 
@@ -318,3 +319,16 @@ def test_mailbox_take_waits_for_mail_or_work_and_returns_none_once_stopped() -> 
     assert empty is not None and empty == ([], set(), {}, [])
     box.post_stop()
     assert box.take(lambda: False) is None
+
+
+def test_logprobs_sent_with_a_stopped_text_are_only_its_own_tokens() -> None:
+    """Stop "abc": "a", "b" held (a prefix of it), then a token "abc": the text sent
+    is "ab"; the stop string's token was listed after it."""
+    stop = StopText(["abc"])
+    entries = [TokenLogprob(t, -0.1) for t in (b"a", b"b", b"abc")]
+    texts = [stop.feed(e.token) for e in entries]
+    assert texts == ["", "", "ab"] and stop.stopped
+    assert covering(entries, "ab") == entries[:2]
+    assert covering(entries, "") == []
+    straddle = [TokenLogprob(b"xab", -0.1), TokenLogprob(b"c", -0.1)]
+    assert covering(straddle, "x") == straddle[:1]  # its text began in that token

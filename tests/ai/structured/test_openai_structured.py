@@ -152,6 +152,17 @@ def test_logprobs_shape_and_values(client: openai.OpenAI) -> None:
         (t.token, round(t.logprob, 4)) for t in content]
 
 
+def test_logprobs_end_where_a_stop_string_cut_the_answer(client: openai.OpenAI) -> None:
+    """The tokens of the stop string were listed after the answer's own."""
+    full = chat(client, max_tokens=12, logprobs=True).choices[0]
+    tokens = [t.token for t in full.logprobs.content]
+    at = next(i for i in range(2, len(tokens)) if tokens[i].strip() and "".join(
+        tokens[:i + 1]).find(tokens[i]) == len("".join(tokens[:i])))  # first occurs there
+    cut = chat(client, max_tokens=12, logprobs=True, stop=[tokens[at]]).choices[0]
+    assert cut.finish_reason == "stop" and cut.message.content == "".join(tokens[:at])
+    assert [t.token for t in cut.logprobs.content] == tokens[:at]
+
+
 def test_completion_logprobs(client: openai.OpenAI) -> None:
     r = client.completions.create(model=CHAT, prompt="The sky is", max_tokens=5,
                                   temperature=0, logprobs=2)
