@@ -50,6 +50,11 @@ WARMUP_HEADER = b"x-edgefn-warmup"
 # the 503; at most MAX_REFUSING wait at once, past that they are cut without one.
 REFUSE_WAIT = 1.0
 MAX_REFUSING = 256
+# After a 413 the upload may still be arriving: it is read and dropped for at most this
+# long (or this much) before the close, so the client reads the 413 instead of a reset
+# (RFC 9112 9.6: a close with unread data sends an RST, which can discard the answer).
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 << 20
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -58,7 +63,7 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "client",
                  "closing", "config", "current", "deadline", "deadline_status",
                  "drain_waiter", "eof", "head_size", "headers", "in_body", "in_message",
-                 "loop", "parser", "queue", "reading", "refusing", "stalled",
+                 "lingered", "loop", "parser", "queue", "reading", "refusing", "stalled",
                  "state", "task", "transport", "upgrade_ignored", "url", "write_deadline",
                  "write_paused")
 
@@ -83,6 +88,7 @@ class HttpProtocol(asyncio.Protocol):
         self.write_deadline = 0.0  # loop.time() after which a client that reads nothing is cut
         self.admitted = False  # counted in the server's connection caps
         self.refusing = False  # past a cap: answered 503 once its first bytes are read
+        self.lingered = -1  # after a 413: bytes read and dropped since (-1: not lingering)
         self.drain_waiter: asyncio.Future[None] | None = None
         self.deadline = 0.0  # loop.time() after which the client is too slow or idle
         self.deadline_status = 0  # 408 while a request is arriving, 0 while idle
@@ -131,6 +137,11 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.refusing:
             return self._turn_away()  # what it sent is read, so the close is a clean FIN
+        if self.lingered >= 0:  # the rest of a refused upload: dropped
+            self.lingered += len(data)
+            if self.lingered > LINGER_BYTES:
+                self._close()
+            return
         # a message that was arriving, and how far: did this read move it on?
         was = self.head_size + self.body_size if self.in_message else -1
         try:
@@ -489,7 +500,22 @@ class HttpProtocol(asyncio.Protocol):
             b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
             % (status, REASONS.get(status, b"Unknown"), ctype, len(body), body))
-        self._finish(False)
+        if status == 413 and self.transport.can_write_eof():
+            self._linger()
+        else:
+            self._finish(False)
+
+    def _linger(self) -> None:
+        """Send the answer and a FIN, then read (and drop) what the client still sends
+        for `LINGER_SECONDS` before closing (`on_deadline`), or until it closes."""
+        assert self.transport is not None
+        self.closing = True
+        self.queue.clear()
+        self.transport.write_eof()
+        self.lingered = 0
+        self.deadline, self.deadline_status = self.loop.time() + LINGER_SECONDS, 0
+        self.reading = True
+        self.transport.resume_reading()
 
     def _refuse_connection(self, why: str) -> None:
         """A connection cap is reached: answer 503 once the request arrives (closing
@@ -535,6 +561,8 @@ class HttpProtocol(asyncio.Protocol):
         """The client was idle too long (close) or too slow sending a request (408)."""
         if self.refusing:
             return self._turn_away()
+        if self.lingered >= 0:
+            return self._close()
         if self.transport is None or self.busy:
             return
         if self.deadline_status and not self.queue:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from runtime.net.message import Request, Response
-from runtime.net.protocol import HttpProtocol
+from runtime.net.protocol import LINGER_BYTES, LINGER_SECONDS, HttpProtocol
 from runtime.net.server import ServerConfig, ServerState
 
 
@@ -20,11 +20,18 @@ class MockTransport:
     def __init__(self) -> None:
         self.buffer = b""
         self.closed = False
+        self.eof_written = False  # a FIN after the last response, the connection still read
         self.reading = True
 
     def write(self, data: bytes) -> None:
-        assert not self.closed, "write after close"
+        assert not self.closed and not self.eof_written, "write after close"
         self.buffer += data
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.eof_written = True
 
     def close(self) -> None:
         self.closed = True
@@ -202,10 +209,25 @@ def test_malformed_requests_get_400_and_close(raw: bytes, status: int) -> None:
 
 
 def test_body_too_large_by_content_length_is_413_before_reading_it() -> None:
+    """The 413 and a FIN; what the client still uploads is read and dropped (a close
+    with unread data sends a reset, which can discard the 413 at the client) until it
+    closes, `LINGER_SECONDS` pass, or `LINGER_BYTES` more arrive."""
     async def go() -> None:
         proto, t = connect(max_body_bytes=10)
         proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
         assert responses(t.buffer)[0][0] == 413
+        assert t.eof_written and not t.closed and t.reading
+        proto.data_received(b"GET /next HTTP/1.1\r\n\r\n" * 100)  # dropped, not answered
+        assert len(responses(t.buffer)) == 1 and not t.closed
+        proto.deadline = proto.loop.time() - 1  # what the sweep does at the deadline
+        proto.on_deadline()
+        assert t.closed
+        proto, t = connect(max_body_bytes=10)
+        proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
+        assert 1 < proto.deadline - proto.loop.time() <= LINGER_SECONDS
+        proto.data_received(b"x" * LINGER_BYTES)
+        assert not t.closed
+        proto.data_received(b"x")
         assert t.closed
     run(go())
 
@@ -221,7 +243,7 @@ def test_a_json_client_gets_the_front_errors_as_json() -> None:
             proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\n" + head +
                                 b"Content-Length: 11\r\n\r\n")
             ((status, headers, body),) = responses(t.buffer)
-            assert (status, headers[b"content-type"]) == (413, ctype) and t.closed
+            assert (status, headers[b"content-type"]) == (413, ctype) and t.eof_written
             if ctype == b"application/json":
                 assert json.loads(body) == {"error": {
                     "message": "request body larger than 10 bytes",
@@ -237,7 +259,7 @@ def test_chunked_body_too_large_is_413() -> None:
         proto.data_received(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
                             b"8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n")
         assert responses(t.buffer)[0][0] == 413
-        assert t.closed
+        assert t.eof_written
     run(go())
 
 

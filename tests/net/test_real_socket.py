@@ -125,3 +125,16 @@ def test_a_connection_used_more_often_than_keepalive_timeout_stays_open(
             s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\n%d" % i)
             assert read_response(s, buf)[::2] == (200, b"%d" % i)
         assert time.monotonic() - opened > KEEPALIVE * 1.5
+
+
+def test_a_refused_upload_reads_its_413_not_a_reset(limited: Running) -> None:
+    """The front closed at once after a 413 while the upload went on: the unread bytes
+    made the kernel send a reset, and the client lost the 413 (RFC 9112 9.6)."""
+    with socket.create_connection((limited.host, limited.port), timeout=5) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % (20 << 20))
+        time.sleep(0.3)  # the 413 is sent meanwhile
+        s.sendall(b"x" * (4 << 20))  # the client is still uploading
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 413") and got.endswith(b"bytes\n"), got[:200]
