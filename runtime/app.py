@@ -143,6 +143,7 @@ async def running_worker(config: PopConfig, role: Role | None
             if scrapes is not None:
                 await scrapes.shutdown(1.0)
             await public.shutdown(config.grace_seconds)
+            await pop.registry.abort_changes()  # undone while the stores are open
             await pop.pipeline.aclose()
             if pop.stores.budgets is not None:  # shared by the OpenAI API and ai bindings
                 await pop.stores.budgets.store.close()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support import EXAMPLES, function_dir, reactor
+from tests.support import EXAMPLES, function_dir, host_pids, python_function, reactor
 
 EDGEFN = [sys.executable, "-m", "runtime.cli"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,3 +245,30 @@ def test_in_flight_request_finishes_on_the_old_version_during_a_deploy(tmp_path:
         t.join(10)
         status, body, headers = result["r"]  # type: ignore[misc]
         assert (status, body, headers["x-edgefn-function"]) == (200, b"slept", f"sleepy@{v1}")
+
+
+def test_a_stop_during_a_deploy_undoes_it_and_exits_at_once(tmp_path: Path) -> None:
+    """SIGINT while a deploy's isolate started (its import never ends): the PoP held
+    its exit for the 30 s start timeout, then undid the deploy after its stores had
+    closed (a StoreClosed traceback)."""
+    data = tmp_path / "data"
+    d = python_function(tmp_path, "hang", "while True:\n    pass\n")
+    with pop_process(data, "--no-ai") as (proc, _, lines):
+        deploy = subprocess.Popen([*EDGEFN, "deploy", str(d), "--data", str(data)], cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while not host_pids("hang", proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host_pids("hang", proc.pid), "".join(lines)
+        time.sleep(0.5)  # its import is running
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(40)
+        took = time.monotonic() - started
+        deploy.wait(10)
+    out = "".join(lines)
+    assert took < 6, (took, out)
+    assert "Traceback" not in out and "StoreClosed" not in out, out
+    assert not host_pids("hang", proc.pid)
+    assert not (data / "versions" / "hang").exists() or not any((data / "versions" / "hang")
+                                                                .iterdir())

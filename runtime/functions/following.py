@@ -48,7 +48,7 @@ class Following(RegistryCore):
         `RETRY_UNSERVED_S` (a failure that passes, such as a flaky import, must not
         leave this worker without the function for good), and never reported:
         another function's deploy must not cost this worker its life."""
-        async with self.lock:
+        async with self.changes:
             records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
             self.stores.owners.reload()  # the grants the admin worker's deploys saved
             for name in [n for n in self.functions if n not in records]:

@@ -41,6 +41,7 @@ from runtime.bindings import Bindings, Stores
 from runtime.executors.base import Executor, WasmEngine, load
 from runtime.functions import deploys, manifest, warmup
 from runtime.functions.canary import Split
+from runtime.functions.changes import Changes
 from runtime.functions.deploys import (
     DeployStore,
     Files,
@@ -130,7 +131,7 @@ class Registry(Staging, Following):
         # `follow`): not served, and not tried again until its record names another
         self.unserved: dict[str, str] = {}
         self.unserved_tried: dict[str, float] = {}  # when each was last tried (monotonic)
-        self.lock = asyncio.Lock()
+        self.changes = Changes()  # the lock of changes; `abort_changes` at shutdown
         # after routing switched to a version: the PoP's quiet warm-up request through
         # its pipeline (`runtime.pipeline.warm`), which this layer cannot import
         self.switched: Callable[[Deployment], Awaitable[None]] | None = None
@@ -151,7 +152,7 @@ class Registry(Staging, Following):
         """
         m, version, label = await self._checked(files, source, tenant)
         started = time.perf_counter()
-        async with self.lock:
+        async with self.changes:
             current = self.functions.get(m.name)
             if current is not None and current.version == version:
                 return self._result(current, False, started)
@@ -235,7 +236,8 @@ class Registry(Staging, Following):
         executor = load(m, self.store.version_dir(m.name, version), version, self.wasm,
                         Bindings.prepare(self.stores, m, create=False), self.insecure_python)
         try:
-            executor.prewarm()
+            with self.changes.start(executor):
+                executor.prewarm()
         except BaseException:
             executor.close()
             raise
@@ -347,7 +349,7 @@ class Registry(Staging, Following):
         record cannot be saved.
         """
         started = time.perf_counter()
-        async with self.lock:
+        async with self.changes:
             record = self.store.record(name)
             if version is None and name in self.canaries:
                 return self._drop_canary(name, started)
@@ -367,7 +369,7 @@ class Registry(Staging, Following):
 
     async def delete(self, name: str) -> None:
         """Remove `name`'s record and versions, then stop serving it. Raises `NotFound`."""
-        async with self.lock:
+        async with self.changes:
             self.store.delete(name)
             for key in [k for k in self.staged if k[0] == name]:
                 self.staged.pop(key).fn.executor.close()
@@ -448,6 +450,11 @@ class Registry(Staging, Following):
             log.error("not serving the canary %s@%s: %s", record.name, c.version, e)
             return
         self.canaries = {**self.canaries, record.name: Split(fn, c.percent)}
+
+    async def abort_changes(self) -> None:
+        """Stop the deploys, rollbacks and stages in flight, each undone (the PoP
+        is stopping: before its stores close). Never raises."""
+        await self.changes.abort()
 
     def close(self) -> None:
         for fn in self.functions.values():

@@ -87,7 +87,7 @@ class Staging(RegistryCore):
         """
         m, version, label = await self._checked(files, source, tenant)
         started = time.perf_counter()
-        async with self.lock:
+        async with self.changes:
             done = self._already(m.name, version, started)
             if done is not None:
                 return done
@@ -112,7 +112,7 @@ class Staging(RegistryCore):
         `NotFound` for an unknown function or version, `DeployError` if it no longer
         loads."""
         started = time.perf_counter()
-        async with self.lock:
+        async with self.changes:
             known = {v.version for v in self.store.record(name).versions}
             if version not in known:
                 raise NotFound(f"{name} has no version {version!r}; "
@@ -163,7 +163,7 @@ class Staging(RegistryCore):
         """
         if canary is not None:
             check_percent(canary)
-        async with self.lock:
+        async with self.changes:
             live = self.functions.get(name)
             previous = live.version if live is not None else None
             staged = self.staged.get((name, version))
@@ -224,7 +224,7 @@ class Staging(RegistryCore):
     async def abort(self, name: str, version: str) -> bool:
         """Drop a staged version (and its files, if the stage wrote them); False if
         it was not staged."""
-        async with self.lock:
+        async with self.changes:
             staged = self.staged.pop((name, version), None)
             if staged is None:
                 return False
@@ -246,7 +246,7 @@ class Staging(RegistryCore):
         canary, `Failure` (500) if the record cannot be saved.
         """
         started = time.perf_counter()
-        async with self.lock:
+        async with self.changes:
             self.store.record(name)
             split = self.canaries.get(name)
             if split is None:

@@ -43,8 +43,11 @@ class PythonFunction:
         if self.pool is None:
             policy.require(self.cfg.insecure, self.cfg.label)
             sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
+            # set before it starts: `close` from another thread (a PoP shutting down
+            # during this deploy) reaches the hosts starting and stops them
             self.pool = Pool(self.cfg, self.standby, sample,
                              self.bindings.call if self.bindings else None)
+            self.pool.start()
 
     def activate(self) -> None:
         assert self.pool is not None, "prewarm() first"

@@ -30,11 +30,9 @@ __all__ = ["HostConfig", "Pool"]
 class Pool:
     def __init__(self, cfg: HostConfig, standby: bool, warm_request: bytes,
                  bindings: Bindings | None = None) -> None:
-        """Start the active host (and a warm standby). Blocks; raises `DeployError`.
-
-        `warm_request` is a sample encoded request each isolate runs through its
-        request path (not the handler) before it counts as ready.
-        """
+        """A pool whose hosts `start` starts. `warm_request` is a sample encoded
+        request each isolate runs through its request path (not the handler) before
+        it counts as ready."""
         self.cfg = cfg
         self.loop: asyncio.AbstractEventLoop | None = None
         self.scheduler: Scheduler[Isolate] = Scheduler(
@@ -42,6 +40,10 @@ class Pool:
             drained=self._drained)
         self.calls = HostCalls(cfg, bindings)
         self.hosts = Supervisor(cfg, standby, warm_request, self.scheduler, self)
+
+    def start(self) -> None:
+        """Start the active host (and a warm standby). Blocks; raises `DeployError`
+        (also when `close`, from another thread, stopped the start)."""
         self.hosts.start()
 
     def activate(self) -> None:

@@ -112,6 +112,7 @@ class World:
 
     def start(self, standby: bool) -> Pool:
         self.pool = Pool(CFG, standby, b"warm")
+        self.pool.start()
         self.pool.activate()
         return self.pool
 
