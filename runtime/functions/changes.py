@@ -38,7 +38,7 @@ class Changes:
 
     async def __aexit__(self, *exc: object) -> None:
         self.lock.release()
-        self.tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self.tasks.discard(asyncio.current_task())
 
     @contextlib.contextmanager
     def start(self, executor: Executor) -> Iterator[None]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import asyncio
-
     from runtime.bindings import Stores
     from runtime.functions.canary import Split
+    from runtime.functions.changes import Changes
     from runtime.functions.deploys import DeployStore
     from runtime.functions.manifest import Manifest
     from runtime.functions.registry import Deployment
@@ -24,7 +23,7 @@ class RegistryCore:
         canaries: dict[str, Split]
         unserved: dict[str, str]
         unserved_tried: dict[str, float]
-        lock: asyncio.Lock
+        changes: Changes  # the lock every change takes
         store: DeployStore
         stores: Stores
 
