@@ -146,12 +146,20 @@ def test_unsupported_import_is_rejected_at_deploy_naming_the_module(
         pop.deploy(d)
     assert err.value.status == 400
     assert "main.py imports `msgspec`, which cannot load in a subinterpreter" in str(err.value)
+    (d / "lib").mkdir()
+    (d / "lib" / "__init__.py").write_text("")
+    (d / "lib" / "util.py").write_text("X = 1\nif X:\n  def f(\n")
     for src, words in (("import nosuchmodule_xyz\n", "No module named 'nosuchmodule_xyz'"),
                        ("def other(request, env):\n    pass\n", "has no function 'handle'"),
-                       ("def handle(:\n", "SyntaxError")):
+                       # at the author's file and line, on one line (the PoP's own copy,
+                       # which the failed deploy deletes, was named over four lines)
+                       ("def handle(:\n", r"failed: main\.py:1: SyntaxError: [^\n]*$"),
+                       ("X = 1\nY = Z\n", r"failed: main\.py:2: NameError: name 'Z' is not"),
+                       ("import lib.util\n", r"failed: lib/util\.py:3: SyntaxError: ")):
         (d / "main.py").write_text(src)
-        with pytest.raises(AdminError, match=words):
+        with pytest.raises(AdminError, match=words) as err:
             pop.deploy(d)
+        assert "versions" not in str(err.value)
     assert pop.get("/needsext")[0] == 404
 
 

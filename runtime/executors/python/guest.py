@@ -99,8 +99,28 @@ def _describe(e: BaseException, module: str) -> dict[str, Any]:
                              f"({m.group(1)} does not support loading in subinterpreters); "
                              "only the standard library and pure-Python packages work",
                     "module": top}
-    where = "".join(traceback.format_exception_only(e)).strip()
-    return {"error": f"importing `{module}` failed: {where}", "module": getattr(e, "name", None)}
+    return {"error": f"importing `{module}` failed: {_located(e, module)}",
+            "module": getattr(e, "name", None)}
+
+
+def _located(e: BaseException, module: str) -> str:
+    """`e` in one line, at the author's file and line (``main.py:3: NameError: ...``,
+    ``lib/util.py:1: SyntaxError: ...``): relative to the function's folder, never
+    the PoP's copy of it under versions/ (a path a failed deploy deletes)."""
+    text = traceback.format_exception_only(e)[-1].strip()  # a SyntaxError's: its last line
+    frames = traceback.extract_tb(e.__traceback__)
+    entry = os.sep + module.replace(".", os.sep) + ".py"
+    syntax = e.filename if isinstance(e, SyntaxError) and e.filename else None
+    files = [f.filename for f in frames] + ([syntax] if syntax else [])
+    root = next((f[:-len(entry)] for f in files if f.endswith(entry)), None)
+    if root is None:
+        return text
+    if syntax is not None and syntax.startswith(root + os.sep):
+        return f"{syntax[len(root) + 1:]}:{e.lineno}: {text}"  # type: ignore[attr-defined]
+    inside = [f for f in frames if f.filename.startswith(root + os.sep)]
+    if not inside:
+        return text
+    return f"{inside[-1].filename[len(root) + 1:]}:{inside[-1].lineno}: {text}"
 
 
 def _imported_by_user(e: BaseException, module: str) -> str | None:
