@@ -45,6 +45,8 @@ def admin_token(data_dir: Path) -> str:
 def _lock(data_dir: Path) -> IO[str]:
     """Hold DATA/pop.lock for the PoP's life. Raises `DataDirBusy`, `InvalidConfig`
     (``data``) for a folder that cannot be written."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise InvalidConfig("pop.toml", f"{data_dir} is not a directory", "data")
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         f = open(data_dir / "pop.lock", "a+")  # noqa: SIM115 - held until the PoP exits

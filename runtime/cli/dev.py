@@ -59,16 +59,18 @@ def run(args: argparse.Namespace, dev_dir: str | None) -> None:
     """Run a PoP from the command line's options until SIGINT/SIGTERM. Raises
     `Failure` (code ``cannot_listen``) if a listener cannot bind its address."""
     cfg = pop_config(args)
-    for listener in (cfg.public, cfg.admin):  # before the model worker starts
-        check_listen(listener.host, listener.port)
+    for listener, flag in ((cfg.public, "--port"), (cfg.admin, "--admin-port")):
+        check_listen(listener.host, listener.port, flag)  # before the model worker starts
     try:
         uvloop.run(serve(cfg, dev_dir) if cfg.worker_count() == 1
                    else serve_workers(cfg, getattr(args, "verbose", 0), dev_dir))
     except OSError as e:
         if e.errno not in LISTEN_ERRORS:
             raise
-        raise cannot_listen(e.strerror or str(e)) from None
+        raise cannot_listen(e.strerror or str(e), e.errno) from None
     except InvalidConfig as e:  # the parts that build the PoP call its config "pop.toml"
+        if e.field == "data" and getattr(args, "data_given", False):  # the flag's value
+            raise InvalidConfig("--data", e.reason) from None
         config_file = getattr(args, "config", None)
         if config_file is None or not e.file.startswith("pop.toml") or \
                 isinstance(e, ManifestError):
@@ -77,10 +79,11 @@ def run(args: argparse.Namespace, dev_dir: str | None) -> None:
                             e.field) from None
 
 
-def check_listen(host: str, port: int) -> None:
+def check_listen(host: str, port: int, flag: str = "--port") -> None:
     """Bind `host`:`port` for a moment, as the server will (SO_REUSEADDR). Raises
-    `Failure` (code ``cannot_listen``) if that fails now; the real bind can still
-    fail later, and is reported the same way."""
+    `Failure` (code ``cannot_listen``, its hint naming `flag`, the option that sets
+    the port) if that fails now; the real bind can still fail later, and is
+    reported the same way."""
     if port == 0:
         return
     try:
@@ -92,12 +95,20 @@ def check_listen(host: str, port: int) -> None:
     except OSError as e:
         if e.errno in LISTEN_ERRORS:
             raise cannot_listen(f"cannot listen on {host}:{port}: "
-                                f"{os.strerror(e.errno).lower()}") from None
+                                f"{os.strerror(e.errno).lower()}", e.errno, flag) from None
 
 
-def cannot_listen(reason: str) -> Failure:
-    return Failure("cannot_listen", 409, f"cannot start the PoP: {reason} (is another PoP "
-                   "running? choose another --port, or 0 for any)")
+def cannot_listen(reason: str, code: int | None = errno.EADDRINUSE,
+                  flag: str = "--port") -> Failure:
+    """The `Failure` for a listener that cannot bind (`code`: its errno), with the
+    hint that fits it."""
+    if code == errno.EADDRNOTAVAIL:
+        hint = "no interface of this machine has that address: check --host"
+    elif code == errno.EACCES:
+        hint = f"a port below 1024 needs more privileges: choose another {flag}"
+    else:
+        hint = f"is another PoP running? choose another {flag}, or 0 for any"
+    return Failure("cannot_listen", 409, f"cannot start the PoP: {reason} ({hint})")
 
 
 def pop_config(args: argparse.Namespace) -> PopConfig:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from edgefn_core.errors import EdgefnError, InvalidValue, KeyNotFound, NotFound
+from edgefn_core.errors import EdgefnError, InvalidConfig, InvalidValue, KeyNotFound, NotFound
 from runtime.cli.parser import no_json_constant
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ class StoreAccess:
         if running(data_dir):  # never beside a running PoP, behind its back
             self.client = AdminClient(data_dir)
         else:  # none runs (one killed -9 left its pop.json: not a running one)
+            if Path(data_dir).exists() and not Path(data_dir).is_dir():
+                raise InvalidConfig("--data", f"{data_dir} is not a directory")
             if reading and not Path(data_dir).is_dir():
                 raise NotFound(f"{data_dir}: no such data dir (pass --data, or set "
                                "EDGEFN_DATA)")

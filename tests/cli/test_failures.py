@@ -24,13 +24,20 @@ def test_a_busy_port_is_one_line(tmp_path: Path) -> None:
         port = str(taken.getsockname()[1])
         # the model worker is on by default: the port is checked before it starts
         r = edgefn("serve", "--port", port, "--data", str(tmp_path))
-    line = one_line_error(r)
-    assert r.returncode == 1 and "address already in use" in line and port in line
+        line = one_line_error(r)
+        assert r.returncode == 1 and "address already in use" in line and port in line
+        assert "choose another --port," in line
+        r = edgefn("serve", "--port", "0", "--admin-port", port, "--no-ai", "--data",
+                   str(tmp_path))  # the hint named --port for a busy admin port
+        assert "choose another --admin-port," in one_line_error(r)
+    r = edgefn("serve", "--host", "192.0.2.1", "--port", "8", "--no-ai", "--data", str(tmp_path))
+    assert one_line_error(r).endswith("cannot assign requested address (no interface of this "
+                                      "machine has that address: check --host)")
 
 
 def test_a_port_taken_after_the_check_is_reported_the_same_way(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dev, "check_listen", lambda host, port: None)
+    monkeypatch.setattr(dev, "check_listen", lambda host, port, flag: None)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -69,6 +76,13 @@ def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert one_line_error(r).endswith(f"data dir {tmp_path / 'file' / 'sub'} cannot be used: "
                                       "Not a directory")
+    # a --data that is a file: that said, alike from every command (it was "File exists",
+    # named as a field of a pop.toml nobody gave, "no such data dir", "kv: Not a directory")
+    for args in (["serve", "--no-ai", "--port", "0"], ["dev", str(tmp_path), "--no-ai"],
+                 ["kv", "get", "a", "b"], ["kv", "put", "a", "b", "c"]):
+        r = edgefn(*args, "--data", str(tmp_path / "file"))
+        assert one_line_error(r) == f"edgefn: --data: {tmp_path / 'file'} is not a directory", \
+            args
 
 
 def test_a_purge_of_a_topology_that_is_not_there_fails(tmp_path: Path) -> None:
