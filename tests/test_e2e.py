@@ -152,7 +152,8 @@ def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
 
     assert rollback() == f"{v2}:two"  # the one before the current, not the oldest
     assert rollback() == f"{v1}:one"
-    with pytest.raises(AdminError, match="no version older"):
+    with pytest.raises(AdminError, match=f"nothing served before {v1} to roll back to .*"
+                       "`edgefn rollback ver VERSION`"):
         rollback()
     assert rollback(f'{{"version": "{v3}"}}'.encode()) == f"{v3}:three"
     with pytest.raises(AdminError) as err:

@@ -355,7 +355,10 @@ class Registry(Staging, Following):
                 return self._drop_canary(name, started)
             target = version or record.previous()
             if target is None:
-                raise DeployError(f"{name}: no version older than {record.current} to roll back to")
+                raise DeployError(
+                    f"{name}: nothing served before {record.current} to roll back to (each "
+                    "rollback steps back once through what served; `edgefn rollback "
+                    f"{name} VERSION` serves any version `edgefn versions {name}` lists)")
             known = {v.version for v in record.versions}
             if target not in known:
                 raise NotFound(f"{name} has no version {target!r}; "
