@@ -257,6 +257,8 @@ class HttpProtocol(asyncio.Protocol):
                 raise HttpReject(400, "header x-edgefn-warmup is reserved: it marks the "
                                  "PoP's own warm-up requests")
         url = self.url
+        if not hosts and version == "1.1":
+            raise HttpReject(400, "an HTTP/1.1 request needs a Host header (RFC 9112 3.2)")
         if hosts > 1 or not url.startswith(b"/") or 35 in url:  # 35: "#" (an int: 15x faster)
             path, query, target_host = _target(url, hosts, host)
             if target_host != host:  # absolute-form: its authority is the Host the app sees

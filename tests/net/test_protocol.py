@@ -120,8 +120,8 @@ def test_pipelined_requests_in_one_packet_are_answered_in_order() -> None:
 
     async def go() -> None:
         proto, t = connect(slow_then_fast)
-        proto.data_received(b"GET /slow HTTP/1.1\r\n\r\nGET /1 HTTP/1.1\r\n\r\n"
-                            b"POST /2 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /3 HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\nGET /1 HTTP/1.1\r\nHost: t\r\n\r\n"
+                            b"POST /2 HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabcGET /3 HTTP/1.1\r\nHost: t\r\n\r\n")
         assert t.buffer == b""  # /slow is first: nothing may overtake it
         await asyncio.sleep(0.1)
         assert [b for _, _, b in responses(t.buffer)] == [b"slow", b"/1", b"/2", b"/3"]
@@ -131,7 +131,7 @@ def test_pipelined_requests_in_one_packet_are_answered_in_order() -> None:
 def test_request_split_across_packets_byte_by_byte() -> None:
     async def go() -> None:
         proto, t = connect()
-        for byte in b"POST /p HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello":
+        for byte in b"POST /p HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello":
             proto.data_received(bytes([byte]))
         assert responses(t.buffer)[0][2] == b"POST /p? body=hello"
     run(go())
@@ -140,7 +140,7 @@ def test_request_split_across_packets_byte_by_byte() -> None:
 def test_chunked_request_body_is_reassembled() -> None:
     async def go() -> None:
         proto, t = connect()
-        proto.data_received(b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        proto.data_received(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                             b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
         assert responses(t.buffer)[0][2] == b"POST /c? body=hello world"
     run(go())
@@ -159,7 +159,7 @@ def test_streaming_response_is_chunked_and_keeps_the_connection() -> None:
 
     async def go() -> None:
         proto, t = connect(app)
-        proto.data_received(b"GET /sse HTTP/1.1\r\n\r\nGET /sse HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET /sse HTTP/1.1\r\nHost: t\r\n\r\nGET /sse HTTP/1.1\r\nHost: t\r\n\r\n")
         await asyncio.sleep(0.05)
         got = responses(t.buffer)
         assert len(got) == 2
@@ -178,7 +178,7 @@ def test_stream_failing_midway_cuts_the_connection() -> None:
 
     async def go() -> None:
         proto, t = connect(lambda r: Response(200, [], broken()))
-        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         await asyncio.sleep(0.02)
         assert b"4\r\npart\r\n" in t.buffer
         assert not t.buffer.endswith(b"0\r\n\r\n")  # no clean end: the client sees a cut
@@ -188,12 +188,12 @@ def test_stream_failing_midway_cuts_the_connection() -> None:
 
 @pytest.mark.parametrize(("raw", "status"), [
     (b"GARBAGE\r\n\r\n", 400),
-    (b"GET / HTTP/1.1\r\nContent-Length: zz\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: t\r\nContent-Length: zz\r\n\r\n", 400),
     (b"GET / HTTP/9.9\r\n\r\n", 400),
-    (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n", 400),
     (b"\x16\x03\x01\x02\x00\x01\x00", 400),  # a TLS ClientHello on the plain port
     (b"FOO / HTTP/1.1\r\nHost: a\r\n\r\n", 501),  # a method HTTP does not know (9.1)
-    (b"GET / HTTP/1.1\r\n\r\nBREW /pot HTTP/1.1\r\n\r\n", 501),  # the second one
+    (b"GET / HTTP/1.1\r\nHost: t\r\n\r\nBREW /pot HTTP/1.1\r\nHost: t\r\n\r\n", 501),  # the second one
 ])
 def test_malformed_requests_get_400_and_close(raw: bytes, status: int) -> None:
     async def go() -> None:
@@ -214,16 +214,16 @@ def test_body_too_large_by_content_length_is_413_before_reading_it() -> None:
     closes, `LINGER_SECONDS` pass, or `LINGER_BYTES` more arrive."""
     async def go() -> None:
         proto, t = connect(max_body_bytes=10)
-        proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
+        proto.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n")
         assert responses(t.buffer)[0][0] == 413
         assert t.eof_written and not t.closed and t.reading
-        proto.data_received(b"GET /next HTTP/1.1\r\n\r\n" * 100)  # dropped, not answered
+        proto.data_received(b"GET /next HTTP/1.1\r\nHost: t\r\n\r\n" * 100)  # dropped, not answered
         assert len(responses(t.buffer)) == 1 and not t.closed
         proto.deadline = proto.loop.time() - 1  # what the sweep does at the deadline
         proto.on_deadline()
         assert t.closed
         proto, t = connect(max_body_bytes=10)
-        proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
+        proto.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n")
         assert 1 < proto.deadline - proto.loop.time() <= LINGER_SECONDS
         proto.data_received(b"x" * LINGER_BYTES)
         assert not t.closed
@@ -240,7 +240,7 @@ def test_a_json_client_gets_the_front_errors_as_json() -> None:
                             (b"Accept: application/json\r\n", b"application/json"),
                             (b"Content-Type: text/plain\r\n", b"text/plain; charset=utf-8")):
             proto, t = connect(max_body_bytes=10)
-            proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\n" + head +
+            proto.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n" + head +
                                 b"Content-Length: 11\r\n\r\n")
             ((status, headers, body),) = responses(t.buffer)
             assert (status, headers[b"content-type"]) == (413, ctype) and t.eof_written
@@ -256,7 +256,7 @@ def test_a_json_client_gets_the_front_errors_as_json() -> None:
 def test_chunked_body_too_large_is_413() -> None:
     async def go() -> None:
         proto, t = connect(max_body_bytes=10)
-        proto.data_received(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        proto.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                             b"8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n")
         assert responses(t.buffer)[0][0] == 413
         assert t.eof_written
@@ -266,10 +266,10 @@ def test_chunked_body_too_large_is_413() -> None:
 def test_headers_too_large_is_431_and_url_too_long_is_414() -> None:
     async def go() -> None:
         proto, t = connect(max_header_bytes=100)
-        proto.data_received(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 200 + b"\r\n\r\n")
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 200 + b"\r\n\r\n")
         assert responses(t.buffer)[0][0] == 431
         proto, t = connect(max_url_bytes=50)
-        proto.data_received(b"GET /" + b"a" * 100 + b" HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET /" + b"a" * 100 + b" HTTP/1.1\r\nHost: t\r\n\r\n")
         assert responses(t.buffer)[0][0] == 414
     run(go())
 
@@ -277,7 +277,7 @@ def test_headers_too_large_is_431_and_url_too_long_is_414() -> None:
 def test_error_after_pipelined_good_request_keeps_order() -> None:
     async def go() -> None:
         proto, t = connect()
-        proto.data_received(b"GET /ok HTTP/1.1\r\n\r\nNOT HTTP\r\n\r\n")
+        proto.data_received(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\nNOT HTTP\r\n\r\n")
         got = responses(t.buffer)
         assert [s for s, _, _ in got] == [200, 400]
         assert t.closed
@@ -321,7 +321,7 @@ def test_app_exception_is_a_500_and_the_connection_survives() -> None:
 
     async def go() -> None:
         proto, t = connect(app)
-        proto.data_received(b"GET /boom HTTP/1.1\r\n\r\nGET /next HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET /boom HTTP/1.1\r\nHost: t\r\n\r\nGET /next HTTP/1.1\r\nHost: t\r\n\r\n")
         got = responses(t.buffer)
         assert [(s, b) for s, _, b in got] == [(500, b"internal server error\n"), (200, b"fine")]
     run(go())
@@ -330,7 +330,7 @@ def test_app_exception_is_a_500_and_the_connection_survives() -> None:
 def test_http10_closes_and_head_has_no_body() -> None:
     async def go() -> None:
         proto, t = connect()
-        proto.data_received(b"HEAD /h HTTP/1.1\r\n\r\n")
+        proto.data_received(b"HEAD /h HTTP/1.1\r\nHost: t\r\n\r\n")
         head = t.buffer
         assert head.endswith(b"\r\n\r\n") and b"content-length: 14" in head
         proto, t = connect()
@@ -342,7 +342,7 @@ def test_http10_closes_and_head_has_no_body() -> None:
 def test_expect_100_continue_is_answered_before_the_body() -> None:
     async def go() -> None:
         proto, t = connect()
-        proto.data_received(b"POST / HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        proto.data_received(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
         assert t.buffer == b"HTTP/1.1 100 Continue\r\n\r\n"
         proto.data_received(b"ok")
         assert responses(t.buffer)[0][2] == b"POST /? body=ok"
@@ -353,7 +353,7 @@ def test_app_headers_cannot_override_framing() -> None:
     async def go() -> None:
         proto, t = connect(lambda r: Response(200, [(b"content-length", b"999"),
                                                     (b"transfer-encoding", b"chunked")], b"abc"))
-        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         assert t.buffer.count(b"content-length") == 1 and b"chunked" not in t.buffer
         assert responses(t.buffer)[0][2] == b"abc"
     run(go())
@@ -367,7 +367,7 @@ def test_shutdown_finishes_in_flight_response_then_closes() -> None:
                 return Response(200, [], b"done")
             return later()
         proto, t = connect(app)
-        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         proto.shutdown()
         assert not t.closed  # busy: not cut
         await asyncio.sleep(0.1)
@@ -388,7 +388,7 @@ def test_pipelining_flood_pauses_reading() -> None:
                 return Response(200, [], b"x")
             return later()
         proto, t = connect(app, max_pipelined=4)
-        proto.data_received(b"GET / HTTP/1.1\r\n\r\n" * 10)
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n" * 10)
         assert not t.reading
         await asyncio.sleep(0.3)
         assert len(responses(t.buffer)) == 10
@@ -403,9 +403,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 REQUESTS = [
     b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"POST /b?q=1 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
-    b"PUT /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
-    b"DELETE /d HTTP/1.1\r\nX-A: 1\r\nX-B: 2\r\n\r\n",
+    b"POST /b?q=1 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello",
+    b"PUT /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+    b"DELETE /d HTTP/1.1\r\nHost: t\r\nX-A: 1\r\nX-B: 2\r\n\r\n",
 ]
 
 
@@ -432,7 +432,7 @@ def test_pipelined_stream_cut_anywhere_gives_the_same_responses(order: list[int]
 
 @settings(max_examples=300, deadline=None)
 @given(chunks=st.lists(st.binary(max_size=300), max_size=8),
-       prefix=st.sampled_from([b"", b"GET / HTTP/1.1\r\n", b"POST /x HTTP/1.1\r\nContent-Length: 3\r\n"]))
+       prefix=st.sampled_from([b"", b"GET / HTTP/1.1\r\nHost: t\r\n", b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"]))
 def test_no_input_raises_out_of_the_protocol(chunks: list[bytes], prefix: bytes) -> None:
     async def go() -> None:
         proto, t = connect()
@@ -479,7 +479,7 @@ def slow_reader(app: Callable[[Request], Any], **config: Any) -> tuple[HttpProto
 def test_pipelined_responses_wait_while_the_client_reads_nothing() -> None:
     async def go() -> None:
         proto, t = slow_reader(lambda r: Response(200, [], b"z" * 3000), write_buffer_bytes=1024)
-        proto.data_received(b"GET / HTTP/1.1\r\n\r\n" * 10)
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n" * 10)
         assert len(responses(t.buffer)) == 1  # the first one went past the mark
         assert not t.reading
         t.drain()
@@ -514,7 +514,7 @@ def test_a_stream_is_not_pulled_while_the_client_reads_nothing() -> None:
         async def stream() -> Response:
             return Response(200, [], endless())
         proto, t = slow_reader(lambda r: stream(), write_buffer_bytes=1024)
-        proto.data_received(b"GET / HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         await settled(lambda: len(pulled) >= 2)
         assert len(pulled) == 2  # 1200 bytes unsent: past 1024, so no third chunk
         t.drain()
@@ -533,7 +533,7 @@ def test_a_connection_past_a_cap_gets_503_with_retry_after_and_is_closed() -> No
             proto.connection_made(t)  # type: ignore[arg-type]
             admitted.append((proto, t))
         assert admitted[2][1].buffer == b""  # the answer waits for the request (no RST)
-        admitted[2][0].data_received(b"GET / HTTP/1.1\r\n\r\n")
+        admitted[2][0].data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         (status, headers, _), = responses(admitted[2][1].buffer)
         assert (status, headers[b"retry-after"], admitted[2][1].closed) == (503, b"7", True)
         assert [t.buffer for _, t in admitted[:2]] == [b"", b""]
@@ -569,7 +569,7 @@ def test_pipelined_bodies_past_max_body_bytes_pause_reading() -> None:
                 return Response(200, [], b"%d" % len(request.body))
             return later()
         proto, t = connect(app, max_body_bytes=1000)
-        post = b"POST / HTTP/1.1\r\nContent-Length: 600\r\n\r\n" + b"b" * 600
+        post = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 600\r\n\r\n" + b"b" * 600
         proto.data_received(post * 2)  # one in the app, one queued: 600 bytes waiting
         assert t.reading
         proto.data_received(post)  # 1200 bytes of bodies waiting: past 1000
@@ -617,7 +617,7 @@ def test_http10_keep_alive_is_announced_and_205_has_no_content() -> None:
         proto.data_received(b"GET /1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
         assert responses(t.buffer)[0][1][b"connection"] == b"keep-alive" and not t.closed
         proto, t = connect(lambda r: Response(205, [], b"some content"))
-        proto.data_received(b"GET /reset HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\n\r\n")
+        proto.data_received(b"GET /reset HTTP/1.1\r\nHost: h\r\n\r\nGET /b HTTP/1.1\r\nHost: t\r\n\r\n")
         got = responses(t.buffer)
         assert [(s, h[b"content-length"], b) for s, h, b in got] == [(205, b"0", b"")] * 2
         assert b"connection" not in got[0][1]  # 1.1: kept open without saying so
@@ -665,4 +665,18 @@ def test_plain_hosts_and_dotted_names_pass_and_an_absolute_target_names_the_host
         proto, t = connect(app)
         proto.data_received(b"GET http://other.example:8443/p HTTP/1.1\r\nHost: x\r\n\r\n")
         assert seen[-1] == (b"other.example:8443", b"/p", [b"other.example:8443"])
+    run(go())
+
+
+def test_an_http11_request_without_host_is_400_and_http10_needs_none() -> None:
+    """RFC 9112 3.2: a server MUST answer 400 to an HTTP/1.1 request with no Host."""
+    async def go() -> None:
+        for raw in (b"GET /a HTTP/1.1\r\n\r\n", b"GET http://h/a HTTP/1.1\r\n\r\n"):
+            proto, t = connect()
+            proto.data_received(raw)
+            ((status, _, body),) = responses(t.buffer)
+            assert status == 400 and b"needs a Host header" in body and t.closed, raw
+        proto, t = connect()
+        proto.data_received(b"GET /a HTTP/1.0\r\n\r\n")
+        assert responses(t.buffer)[0][0] == 200
     run(go())
