@@ -88,3 +88,38 @@ def test_an_async_handler_may_use_threads_for_its_own_work(pop: Running,
                                pool="min = 1\nmax = 1\nstandby = false"))
     bodies = {pop.get("/to-thread")[2] for _ in range(5)}
     assert len(bodies) == 1  # one host served them all: nothing had to be replaced
+
+
+RAW = """
+import _thread, threading
+from edgefn import Response
+
+def spin():
+    while True:
+        pass
+
+def handle(request, env):
+    out = []
+    for start in (lambda: _thread.start_new_thread(spin, ()),
+                  lambda: _thread.start_joinable_thread(spin)):
+        try:
+            start()
+            out.append("started")
+        except RuntimeError as e:
+            out.append(str(e))
+    return Response("\\n".join(out))
+"""
+
+
+def test_a_thread_the_reaper_cannot_see_is_refused(pop: Running, tmp_path: Path) -> None:
+    """Threads started with `_thread` are no `threading.Thread`: 16 of them burned the
+    host's CPU for good after their request was answered."""
+    pop.deploy(python_function(tmp_path, "raw", RAW, pool="min = 1\nmax = 1\nstandby = false"))
+    status, _, body = pop.get("/raw")
+    assert status == 200 and body.decode().splitlines() == [
+        "a function starts threads with threading.Thread (each must end before its request "
+        "does); _thread is not available"] * 2
+    (host,) = host_pids("raw")
+    before = cpu_seconds(host)
+    time.sleep(1.0)
+    assert cpu_seconds(host) - before < 0.3
