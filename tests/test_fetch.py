@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtime.admin.client import AdminError
+from runtime.bindings import fetch as fetch_binding
 from runtime.bindings.fetch import MAX_RESPONSE, FetchBinding, _pattern_host
 from tests.support import Running, function_dir, python_function, reactor
 
@@ -236,3 +237,18 @@ def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
         "https://api.example.com/a/b?c")[0].path == "/a/b?c"  # no path: every path
     assert _pattern_host("http://[::1]:8080/*") == "::1"
     assert _pattern_host("https://Example.com:443/a") == "example.com"
+
+
+@pytest.mark.parametrize(("ip", "public"), [
+    ("8.8.8.8", True), ("2606:4700::1", True), ("::ffff:8.8.8.8", True),
+    ("64:ff9b::808:808", True),  # NAT64 of a public IPv4
+    # a deny list of address kinds let these through: shared address space (a cloud's
+    # metadata service at 100.100.100.200), NAT64 of loopback, site-local
+    ("100.64.0.1", False), ("100.100.100.200", False), ("::ffff:100.64.0.1", False),
+    ("64:ff9b::7f00:1", False), ("64:ff9b:1::a00:1", False), ("fec0::1", False),
+    ("2002:7f00:1::", False), ("2001::1", False),  # 6to4 of loopback, Teredo
+    ("127.0.0.1", False), ("10.1.2.3", False), ("169.254.169.254", False), ("::1", False),
+    ("fe80::1%eth0", False), ("224.0.0.1", False), ("0.0.0.0", False), ("198.18.0.1", False),
+])
+def test_only_global_unicast_addresses_count_as_public(ip: str, public: bool) -> None:
+    assert fetch_binding._public(ip) is public

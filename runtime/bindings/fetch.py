@@ -103,12 +103,27 @@ def _pattern_host(pattern: str) -> str:
     return host.rsplit(":", 1)[0].lower() if host.count(":") == 1 else host.lower()
 
 
+NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+SITE_LOCAL = ipaddress.ip_network("fec0::/10")  # deprecated, yet `is_global` says so
+
+
 def _public(ip: str) -> bool:
-    addr = ipaddress.ip_address(ip.split("%", 1)[0])
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
-    return not (addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_multicast
-                or addr.is_reserved or addr.is_unspecified)
+    """Whether `ip` is a global unicast address, an IPv4 one embedded in IPv6 (mapped,
+    NAT64, 6to4) judged as itself. Only what IANA lists as globally reachable: a
+    deny list of address kinds let 100.64.0.0/10 (shared address space, a cloud's
+    metadata service at 100.100.100.200) and NAT64's 64:ff9b::7f00:1 through."""
+    addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
+        ip.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.teredo is not None or addr in SITE_LOCAL:
+            return False
+        if addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        elif any(addr in net for net in NAT64):
+            addr = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+        elif addr.sixtofour is not None:
+            addr = addr.sixtofour
+    return addr.is_global and not addr.is_multicast
 
 
 class FetchBinding:
