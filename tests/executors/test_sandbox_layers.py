@@ -116,6 +116,24 @@ def test_seccomp_alone(tmp_path: Path, listener: int) -> None:
     assert out["read"] == ["ok", True]  # seccomp leaves files to the other layers
 
 
+def test_an_x32_system_call_kills_the_process_not_the_thread(tmp_path: Path) -> None:
+    """The default "bad architecture" action killed only the calling thread: the
+    isolate's request hung to its wall limit, its watchdog thread dead."""
+    script = textwrap.dedent("""
+        import ctypes, threading, time
+        from runtime.executors.python import sandbox
+        sandbox.no_new_privs()
+        sandbox.seccomp()
+        t = threading.Thread(target=lambda: ctypes.CDLL(None).syscall(0x40000000 | 39))
+        t.start(); t.join()
+        time.sleep(1)
+        print("survived")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    assert proc.returncode == -31 and "survived" not in proc.stdout, proc  # SIGSYS
+
+
 @needs_root
 def test_mount_and_network_namespaces_alone(tmp_path: Path, listener: int) -> None:
     fn = tmp_path / "fn"

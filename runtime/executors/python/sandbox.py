@@ -312,6 +312,9 @@ def seccomp() -> None:
     except (ImportError, OSError) as e:
         raise SandboxError(f"libseccomp is not available: {e}") from None
     f = sc.SyscallFilter(defaction=sc.ALLOW)
+    # another ABI's call (x32's, on x86-64) kills the process: the default killed only
+    # the thread, which left the isolate's request hanging until its wall limit
+    f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     eperm = sc.ERRNO(errno.EPERM)
     for name in DENIED:
         f.add_rule(eperm, name)
