@@ -179,3 +179,27 @@ def test_restore_skips_a_function_that_no_longer_loads_and_says_why(
     finally:
         second.close()
         stores.close()
+
+
+def test_a_tenant_may_not_route_into_another_tenants_paths(registry: Registry,
+                                                           tmp_path: Path) -> None:
+    """bob's /alice/y, more specific than alice's /alice/*, took alice's clients there
+    and the credentials they sent."""
+    deploy(registry, function_dir(tmp_path, "alice", reactor(""), routes=["/alice/*"],
+                                  extra='owner = "alice"'))
+    for n, routes in enumerate((["/alice/y"], ["/bob", "/alice"], ["/:who/y"], ["/"],
+                                ["/alice/x/deeper"])):
+        d = function_dir(tmp_path / f"b{n}", "hijack", reactor(""), routes=routes,
+                         extra='owner = "bob"')
+        with pytest.raises(RouteConflict, match=r"routes\[\d\]`: route .* reaches paths of route "
+                           r"'/alice/\*' of function 'alice', which belongs to another tenant "
+                           r"\('alice'\)"):
+            deploy(registry, d, "src")
+    assert registry.router.match(b"h", b"/alice/y")[0].name == "alice"  # type: ignore[index]
+    # beside its paths, alice's own, and the operator's (no owner): deployed
+    deploy(registry, function_dir(tmp_path / "ok1", "bobs", reactor(""),
+                                  routes=["/bob/*", "/alicex"], extra='owner = "bob"'))
+    deploy(registry, function_dir(tmp_path / "ok2", "alice2", reactor(""), routes=["/alice/y"],
+                                  extra='owner = "alice"'))
+    deploy(registry, function_dir(tmp_path / "ok3", "ops", reactor(""), routes=["/alice/z"]))
+    assert sorted(f["name"] for f in registry.listing()) == ["alice", "alice2", "bobs", "ops"]

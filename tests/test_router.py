@@ -192,3 +192,32 @@ def test_patterns_agree_with_the_reference_matcher(routes: dict[tuple[str, str |
         return
     r = Router((Route(p, h), f"owner-{p}", name) for p, h, name in table)
     assert r.match(host, path.encode()) == reference_match(table, host, path)
+
+
+@settings(max_examples=300)
+@given(route_paths(), st.sampled_from(HOSTS), route_paths(), st.sampled_from(HOSTS),
+       st.lists(st.tuples(st.sampled_from(REQUEST_HOSTS), REQUEST_PATHS), min_size=1,
+                max_size=20))
+def test_overlap_is_true_whenever_a_request_matches_both_routes(
+        a: str, host_a: str | None, b: str, host_b: str | None,
+        requests: list[tuple[bytes, str]]) -> None:
+    """What refuses one tenant's route inside another's (`Registry`): it may never miss
+    a request both would take."""
+    ra, rb = Route(a, host_a), Route(b, host_b)
+    both = [(h, p) for h, p in requests
+            if Router([(ra, "x", 1)]).match(h, p.encode()) is not None
+            and Router([(rb, "y", 2)]).match(h, p.encode()) is not None]
+    if both:
+        assert router_module.overlap(ra, rb) and router_module.overlap(rb, ra), both
+
+
+@pytest.mark.parametrize(("a", "b", "meet"), [
+    (("/alice/*", None), ("/alice/y", None), True), (("/", None), ("/x", "h.test"), True),
+    (("/:who/y", None), ("/alice", None), True), (("/alice", None), ("/alicex", None), False),
+    (("/a/b", None), ("/a/c", None), False), (("/a", "h.test"), ("/a", "g.test"), False),
+    (("/a", "*.w.test"), ("/a", "x.w.test"), True), (("/a", "*.w.test"), ("/a", "*.v.w.test"),
+                                                     True),
+    (("/a", "*.w.test"), ("/a", "w2.test"), False),
+])
+def test_overlap_cases(a: tuple[str, str | None], b: tuple[str, str | None], meet: bool) -> None:
+    assert router_module.overlap(Route(*a), Route(*b)) is meet

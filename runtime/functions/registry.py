@@ -50,7 +50,7 @@ from runtime.functions.deploys import (
 )
 from runtime.functions.following import Following
 from runtime.functions.manifest import Manifest, Route
-from runtime.functions.router import Router
+from runtime.functions.router import Router, overlap
 from runtime.functions.staging import Staged, Staging
 from runtime.net.message import Response, json_response
 
@@ -157,6 +157,7 @@ class Registry(Staging, Following):
             if current is not None and current.version == version:
                 return self._result(current, False, started)
             self.stores.owners.check(m, label)
+            self._check_tenant_routes(m, label)
             self.stores.kv.check_room(m.bindings.kv)  # before anything is saved
             cached = self.store.cached()
             created = await asyncio.to_thread(self.store.write_version, m.name, version, files)
@@ -214,6 +215,27 @@ class Registry(Staging, Following):
         current = self.functions.get(m.name)
         if current is not None and current.tenant != tenant:
             raise NotOwner(f"function {m.name!r} belongs to {current.tenant!r}")
+
+    def _check_tenant_routes(self, m: Manifest, label: str) -> None:
+        """Raises `RouteConflict` when a route of `m` (with an `owner`) and a route
+        of another tenant's function match some path on some host: the more specific
+        one would take the other's requests, and the credentials they carry (bob's
+        ``/alice/y`` inside alice's ``/alice/*``). Functions with no ``owner`` (the
+        operator's) are not in it."""
+        if m.owner is None:
+            return
+        for fn in self.functions.values():
+            owner = fn.manifest.owner
+            if owner is None or owner == m.owner or fn.name == m.name:
+                continue
+            for i, mine in enumerate(m.route_list()):
+                theirs = next((r for r in fn.manifest.route_list() if overlap(mine, r)), None)
+                if theirs is not None:
+                    raise RouteConflict(
+                        f"{label}: field `routes[{i}]`: route {mine.path!r} reaches paths of "
+                        f"route {theirs.path!r} of function {fn.name!r}, which belongs to "
+                        f"another tenant ({owner!r}); tenants' routes may not overlap",
+                        mine.path, fn.name)
 
     def _check_reserved(self, m: Manifest, label: str) -> None:
         """Raises `RouteConflict` for a route that would serve a built-in endpoint

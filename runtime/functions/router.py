@@ -42,6 +42,30 @@ type Hit[T] = tuple[T, str, Mapping[str, str]]  # (target, route path as written
 NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
 
+def overlap(a: Route, b: Route) -> bool:
+    """Whether some request matches both routes: hosts that can be one (a host-less
+    route takes every host), and paths alike segment by segment as far as the
+    shorter goes (a capture takes any segment; past its end a route takes any)."""
+    if not _hosts_meet(a.host, b.host):
+        return False
+    sa, sb = parse_path(a.path).segments, parse_path(b.path).segments
+    return all(x == y or x.startswith(":") or y.startswith(":") for x, y in zip(sa, sb,
+                                                                                strict=False))
+
+
+def _hosts_meet(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return True
+    a, b = a.lower(), b.lower()
+    if a.startswith("*.") and b.startswith("*."):
+        return a.endswith(b[1:]) or b.endswith(a[1:])
+    if a.startswith("*."):
+        return b.endswith(a[1:])
+    if b.startswith("*."):
+        return a.endswith(b[1:])
+    return a == b
+
+
 def _conflict(route: Route, owner: str) -> RouteConflict:
     host = f" on host {route.host}" if route.host else ""
     return RouteConflict(f"route {route.path!r}{host} is already served by function {owner!r}",

@@ -92,6 +92,7 @@ class Staging(RegistryCore):
             if done is not None:
                 return done
             self.stores.owners.check(m, label)
+            self._check_tenant_routes(m, label)
             self.stores.kv.check_room(m.bindings.kv)  # before anything is saved
             cached = self.store.cached()
             created = await asyncio.to_thread(self.store.write_version, m.name, version, files)

@@ -71,13 +71,16 @@ def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycl
     session.loop(recycle_after, wire.json_frame(wire.READY, ready))
 
 
+BOOTSTRAP = getattr(threading.Thread, "_bootstrap")  # what every threading.Thread runs  # noqa: B009
+
+
 def _threads_it_can_stop(event: str, args: tuple[Any, ...]) -> None:
     """Refuse threads `reap_threads` cannot see: one started with `_thread` (not a
     `threading.Thread`) ran on after its request, outside every limit (16 of them
     burned the host's CPU for good). Raises RuntimeError."""
     if event == "_thread.start_new_thread" or (
             event == "_thread.start_joinable_thread"
-            and getattr(args[0], "__func__", None) is not threading.Thread._bootstrap):
+            and getattr(args[0], "__func__", None) is not BOOTSTRAP):
         raise RuntimeError("a function starts threads with threading.Thread (each must end "
                            "before its request does); _thread is not available")
 
