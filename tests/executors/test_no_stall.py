@@ -99,6 +99,37 @@ def test_a_long_budget_reactor_leaves_the_loop_after_its_slice(engine: WasmEngin
     assert straight < 0.002, straight
 
 
+def test_a_short_reactor_cut_at_its_slice_runs_inline_again_while_threads_are_held(
+        engine: WasmEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short guest is cut at the slice when the loop's thread is preempted (epochs
+    count wall time); it waited for a worker thread, and while two owners' spinners
+    held them all, a hello answered 504 for a minute."""
+    hello = load(engine, function_dir(tmp_path, "hello", reactor(""),
+                                      limits="cpu_ms = 1000\nwall_ms = 1000"))
+    serve_once = hello.call.serve
+    cuts = [1]
+
+    def preempted(*args: object) -> object:
+        if cuts:  # as a slice that ran out while the loop's thread waited for a core
+            cuts.pop()
+            raise FunctionError("inline_slice", 503, "cut at the inline slice")
+        return serve_once(*args)
+
+    monkeypatch.setattr(hello.call, "serve", preempted)
+    release = threading.Event()
+    held = [engine.threads.submit(release.wait, 10) for _ in range(WORKER_THREADS)]
+    try:
+        started = time.perf_counter()
+        result = hello.handle(request(), "/", {})
+        took = time.perf_counter() - started
+    finally:
+        release.set()
+        for f in held:
+            f.result(10)
+    assert isinstance(result, Response) and result.status == 200  # inline, not queued
+    assert took < 0.1 and not cuts and not hello.threaded, took
+
+
 async def outcome_of(pending: object) -> tuple[int, str]:
     try:
         return (await pending).status, ""  # type: ignore[misc]
@@ -240,8 +271,33 @@ def test_one_owners_functions_hold_at_most_its_share_of_worker_threads(
     answered, all_done = asyncio.run(go())
     assert TENANT_SHARE < WORKER_THREADS
     assert answered < 0.45, answered  # not after the first round of 600 ms naps
-    # 16 naps, TENANT_SHARE at a time: two rounds of 600 ms
-    assert 2 * 0.6 <= all_done < 2 * 0.6 + 0.6, all_done
+    rounds = WORKER_THREADS // TENANT_SHARE  # 16 naps, TENANT_SHARE at a time
+    assert rounds * 0.6 <= all_done < rounds * 0.6 + 0.6, all_done
+
+
+def test_two_owners_leave_worker_threads_to_a_third(engine: WasmEngine, tmp_path: Path) -> None:
+    """At half the threads each, two owners' long functions held all of them: a third
+    owner's function waited out its wall limit (504s, in a helper's run, for 60 s)."""
+    hogs = [load(engine, function_dir(tmp_path, f"{owner}{i}", sleeper(600 * 10**6),
+                                      limits="cpu_ms = 5000\nwall_ms = 5000",
+                                      extra=f'owner = "{owner}"'))
+            for owner in ("bob", "carol") for i in range(WORKER_THREADS // THREAD_SHARE)]
+    victim = load(engine, function_dir(tmp_path, "victim2", sleeper(0), extra='owner = "ann"'))
+
+    async def go() -> float:
+        started = time.perf_counter()
+        held = [asyncio.ensure_future(outcome(fn)) for fn in hogs for _ in range(THREAD_SHARE)]
+        await asyncio.sleep(0.1)
+        assert await outcome(victim) == (200, "")
+        answered = time.perf_counter() - started
+        for h in held:
+            h.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+        return answered
+
+    assert 2 * TENANT_SHARE < WORKER_THREADS
+    answered = asyncio.run(go())
+    assert answered < 0.45, answered  # not after the first round of 600 ms naps
 
 
 # -- memory ------------------------------------------------------------------------------------

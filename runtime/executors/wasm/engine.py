@@ -32,7 +32,9 @@ POOL_INSTANCES = 128  # live instances at once (inline reactor calls + WASI thre
 POOL_MAX_MEMORY = 1 << 30  # the largest `limits.memory_mb` the pool can host
 WORKER_THREADS = 16  # WASI commands and reactors that may block or run long
 THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at once
-TENANT_SHARE = WORKER_THREADS // 2  # ... and all the functions of one owner together
+# ... and all the functions of one owner together: two owners with long functions held
+# every thread at half each (a function of a third then waited out its wall limit)
+TENANT_SHARE = WORKER_THREADS // 4
 WASMTIME_VERSION = version("wasmtime")
 
 

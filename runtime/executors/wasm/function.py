@@ -258,15 +258,21 @@ class WasmFunction:
             if self.threaded:
                 return self._handle_threaded(self._encode(request, params_blob, who),
                                              _origin(request, principal))
-            try:  # one C call with the native extension: encode, run, decode
-                return Response(*self.call.serve(request.method, request.path, request.query,
-                                                 request.headers, self.env_blob, request.body,
-                                                 params_blob, who))
-            except FunctionError as e:
-                if e.code != SLICE_EXPIRED:
-                    raise
-                return self._rerun_threaded(self._encode(request, params_blob, who),
-                                            _origin(request, principal))
+            # one C call with the native extension: encode, run, decode. Cut at the slice,
+            # it runs inline once more before it needs a worker thread: a short guest is
+            # cut when the loop's thread is preempted mid-call (epochs count wall time),
+            # and other owners' long functions may hold every thread meanwhile
+            for _ in range(2):
+                try:
+                    return Response(*self.call.serve(request.method, request.path,
+                                                     request.query, request.headers,
+                                                     self.env_blob, request.body, params_blob,
+                                                     who))
+                except FunctionError as e:
+                    if e.code != SLICE_EXPIRED:
+                        raise
+            return self._rerun_threaded(self._encode(request, params_blob, who),
+                                        _origin(request, principal))
         return self._handle_wasi(request, route, params, principal)
 
     def _encode(self, request: Request, params_blob: bytes, principal: bytes) -> bytes:
