@@ -354,3 +354,14 @@ def test_time_in_host_calls_does_not_count_against_cpu_ms(engine: WasmEngine,
         assert stores.kv.get("c", b"k") == b"300"
     finally:
         stores.close()
+
+
+def test_a_reactor_allowed_large_responses_runs_on_worker_threads(engine: WasmEngine,
+                                                                  tmp_path: Path) -> None:
+    """Its response is copied out of guest memory in one piece: 250 MB of it held
+    every other request on the loop for a second."""
+    big = load(engine, function_dir(tmp_path, "big", reactor(""), limits="max_response_mb = 64"))
+    small = load(engine, function_dir(tmp_path, "small", reactor("")))
+    assert big.threaded and not small.threaded
+    assert asyncio.run(outcome(big)) == (200, "")
+    assert isinstance(small.handle(request(), "/", {}), Response)  # inline, as before

@@ -62,6 +62,7 @@ log = logging.getLogger("edgefn.wasm")
 
 WASI_MODULE = "wasi_snapshot_preview1"
 INLINE_SLICE_MS = 5  # the longest one request runs on the event loop
+INLINE_RESPONSE_MB = 16  # a reactor whose responses may be larger runs on worker threads
 # CPU time (s) a run cut at the slice must take again on a thread for the function to
 # leave the loop for good; less means the cut was the thread's preemption, not the guest
 SLICE_CPU_S = INLINE_SLICE_MS / 1000 / 2
@@ -123,8 +124,11 @@ class WasmFunction:
         except wasmtime.WasmtimeError as e:
             raise DeployError(f"{manifest.entry}: cannot link module: {e}") from None
         b = manifest.bindings
-        # a host call may block (a model call, a synced KV write, a fetch): off the event loop
-        self.threaded = bool(b.ai or b.kv or b.vectors or b.fetch or host_funcs)
+        # a host call may block (a model call, a synced KV write, a fetch): off the event
+        # loop; and so is a response larger than the default limit, copied out of guest
+        # memory in one piece (250 MB held every request on the loop for a second)
+        self.threaded = bool(b.ai or b.kv or b.vectors or b.fetch or host_funcs
+                             or limits.max_response_mb > INLINE_RESPONSE_MB)
         self.env = dict(manifest.env)
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in self.env.items()])
         if self.abi == "reactor":
