@@ -117,6 +117,32 @@ def test_stream_slots_are_capped_and_given_back(make_store: Callable[[], BudgetS
     run(main())
 
 
+def test_the_stream_slots_of_a_pop_that_died_come_back_within_its_lease(
+        redis_server: RedisServer) -> None:  # noqa: F811
+    """A PoP worker killed mid-stream left its slots counted in Redis for an hour: the
+    key's clients got 429 too_many_streams meanwhile (helper 71)."""
+    async def main() -> None:
+        dead, alive = RedisBudgetStore(redis_server.url, lease_s=1), RedisBudgetStore(
+            redis_server.url, lease_s=1)
+        key = fresh()
+        assert await dead.acquire([key], [2]) is None
+        assert await dead.acquire([key], [2]) is None
+        assert dead.renewer is not None
+        dead.renewer.cancel()  # as its process is gone: no renewal, no release
+        assert await alive.acquire([key], [2]) == 0  # its lease still runs
+        await asyncio.sleep(0.6)  # a live holder's lease is renewed meanwhile
+        assert await alive.acquire([key], [3]) is None
+        await asyncio.sleep(1.2)
+        assert await alive.acquire([key], [2]) is None  # the dead one's two are gone
+        assert await alive.acquire([key], [2]) == 0  # alive's two, renewed, still count
+        for _ in range(2):
+            await alive.release([key])
+        await close(dead)
+        await close(alive)
+
+    run(main())
+
+
 def test_the_previous_window_decays_linearly() -> None:
     clock = Clock()
     store = MemoryBudgetStore(clock)
