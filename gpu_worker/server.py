@@ -208,8 +208,8 @@ class Connection:
             # a non-streamed answer is collected here, so it never waits for credit
             window = msg.window if msg.stream else msg.max_tokens + 2
             engine.generate(msgspec.structs.replace(msg, id=gid, window=window), sink)
-        except EngineError as e:
-            self.worker.metrics.request(error=True)
+        except EngineError as e:  # a 4xx refuses the input: not the engine's error
+            self.worker.metrics.request(error=e.status >= 500)
             self.send(p.Error(msg.id, e.code, str(e), e.status))
             return
         except Exception as e:  # an input no check foresaw: this request's 500, nothing more

@@ -17,6 +17,7 @@ import pytest
 
 from gpu_worker.adapters import write_random_lora
 from gpu_worker.models import packaged_model
+from runtime.topology.load import metric_sum
 
 from .support import Running, free_port, pop_thread
 
@@ -245,6 +246,22 @@ def test_a_prompt_longer_than_the_context_is_context_length_exceeded(
                                                         "context_length_exceeded", param)
     found = re.search(r"context is (\d+) tokens; the prompt has (\d+)", err["message"])
     assert found is not None and int(found[2]) > int(found[1]) > 0, err["message"]
+
+
+def test_a_call_refused_for_its_input_is_no_model_error_in_the_metrics(pop: Running) -> None:
+    """A client's 400 counted as the model worker's error (its errors_total, and
+    edgefn_ai_request_success_total{finished_reason="error"}): alerts on errors fired
+    on bad input."""
+    def counts() -> tuple[float, int]:
+        text = pop.admin.metrics()
+        return (metric_sum(text, "edgefn_ai_request_success_total", finished_reason="error"),
+                pop.admin.request("GET", "/v1/ai/metrics")["errors_total"])
+
+    before = counts()
+    for stream in (False, True):
+        body = {"model": CHAT, "messages": [{"role": "user", "content": LONG}], "stream": stream}
+        assert raw(pop, "POST", "/v1/chat/completions", json.dumps(body).encode())[0] == 400
+    assert counts() == before
 
 
 def test_more_than_four_stop_strings_is_a_400_naming_stop(pop: Running,

@@ -312,8 +312,12 @@ class OpenAIApi:
                 await ticket.settle(choices.charged(ticket, gens, None))
         except BaseException as e:
             _drop(lookup)
+            # a call the worker refused for its input (400) did not finish at all: no
+            # finish reason (it counted as the model's error in its metrics)
+            refused = isinstance(e, WorkerError) and e.status < 500
             record.finish(None, sum(g.tokens for g in gens),
-                          "cancelled" if isinstance(e, asyncio.CancelledError) else "error")
+                          "cancelled" if isinstance(e, asyncio.CancelledError)
+                          else None if refused else "error")
             await choices.close_all(gens)
             if ticket is not None:
                 await ticket.settle(choices.charged(ticket, gens, e))

@@ -37,10 +37,10 @@ class UsageRecord:
             self.usage.ttft_ms = round((self.first - self.started) * 1000, 3)
 
     def finish(self, done: Done | None, tokens_so_far: int = 0,
-               reason: str = "cancelled") -> None:
+               reason: str | None = "cancelled") -> None:
         """The generation ended with `done`, or (None) was cut off after
         `tokens_so_far` tokens for `reason` (the client went away: "cancelled";
-        the call failed: "error")."""
+        the call failed: "error"; refused for its input: None)."""
         u = self.usage
         if done is not None:
             u.prompt_tokens, u.completion_tokens = done.prompt_tokens, done.completion_tokens
