@@ -420,8 +420,11 @@ def decode_body[T: msgspec.Struct](body: bytes, kind: type[T]) -> T:
     ``temperature=None``). Raises `msgspec.ValidationError`, `msgspec.DecodeError`."""
     try:
         return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError:
-        data = msgspec.json.decode(body)
+    except msgspec.ValidationError as typed:
+        try:
+            data = msgspec.json.decode(body)
+        except msgspec.MsgspecError:  # 1e400: untyped, its path is lost (`$[...]`)
+            raise typed from None
         if not isinstance(data, dict) or None not in data.values():
             raise
     return msgspec.convert({k: v for k, v in data.items() if v is not None}, kind)

@@ -15,7 +15,7 @@ from openai.types.chat import completion_create_params as chat_params
 
 from edgefn_core.errors import ApiError, InvalidConfig
 from runtime import config
-from runtime.ai.openai_api import ChatBody, CompletionBody, EmbeddingsBody
+from runtime.ai.openai_api import ChatBody, CompletionBody, EmbeddingsBody, decode_body
 from runtime.ai.openai_checks import check_messages
 from runtime.ai.openai_errors import error_type, param_of, validation_error
 from runtime.ai.openai_fields import _INERT, check_fields
@@ -275,3 +275,14 @@ def test_a_bad_cors_config_names_the_field(tmp_path: Any, pipeline: list[dict[st
     with pytest.raises(InvalidConfig) as e:
         config.load(path)
     assert field in str(e.value) and "pop.toml" in str(e.value)
+
+
+@pytest.mark.parametrize(("raw", "param"), [
+    (b'{"model": "m", "messages": [], "max_tokens": 1e400}', "max_tokens"),
+    (b'{"model": "m", "messages": [], "temperature": -1e999}', "temperature"),
+])
+def test_a_number_out_of_range_names_its_field(raw: bytes, param: str) -> None:
+    """It said `$[...]`: the untyped decode (for top-level nulls) lost the path."""
+    with pytest.raises(msgspec.ValidationError) as e:
+        decode_body(raw, ChatBody)
+    assert param_of(str(e.value)) == param
