@@ -123,3 +123,39 @@ def test_a_thread_the_reaper_cannot_see_is_refused(pop: Running, tmp_path: Path)
     before = cpu_seconds(host)
     time.sleep(1.0)
     assert cpu_seconds(host) - before < 0.3
+
+
+HIDDEN = """
+import threading
+from edgefn import Response
+
+def spin():
+    while True:
+        pass
+
+class Unlisted(threading.Thread):
+    def _bootstrap_inner(self):  # never enters threading's registry
+        self._started.set()
+        self.run()
+
+def handle(request, env):
+    t = threading.Thread(target=spin)
+    t.start()
+    threading._active.pop(t.ident)  # out of threading.enumerate()
+    Unlisted(target=spin).start()
+    return Response(str(threading.active_count()))
+"""
+
+
+def test_a_thread_taken_out_of_threadings_registry_is_stopped_all_the_same(
+        pop: Running, tmp_path: Path) -> None:
+    """The reaper listed `threading.enumerate()`, which the function may edit."""
+    pop.deploy(python_function(tmp_path, "hidden", HIDDEN,
+                               pool="min = 1\nmax = 1\nstandby = false"))
+    status, _, body = pop.get("/hidden")
+    assert status == 200, body
+    (host,) = host_pids("hidden")
+    time.sleep(0.5)  # the reaper's grace
+    before = cpu_seconds(host)
+    time.sleep(1.0)
+    assert cpu_seconds(host) - before < 0.3

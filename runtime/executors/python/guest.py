@@ -71,18 +71,37 @@ def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycl
     session.loop(recycle_after, wire.json_frame(wire.READY, ready))
 
 
-BOOTSTRAP = getattr(threading.Thread, "_bootstrap")  # what every threading.Thread runs  # noqa: B009
+# every thread started in this interpreter since its session began, by its handle: what
+# `reap_threads` stops, whatever the function did to `threading`'s own registry
+STARTED: list[Any] = []
 
 
 def _threads_it_can_stop(event: str, args: tuple[Any, ...]) -> None:
-    """Refuse threads `reap_threads` cannot see: one started with `_thread` (not a
-    `threading.Thread`) ran on after its request, outside every limit (16 of them
-    burned the host's CPU for good). Raises RuntimeError."""
-    if event == "_thread.start_new_thread" or (
-            event == "_thread.start_joinable_thread"
-            and getattr(args[0], "__func__", None) is not BOOTSTRAP):
+    """Record each thread started (its `_thread` handle), and refuse the ones whose
+    handle it cannot see: one started with `_thread` directly ran on after its
+    request, outside every limit (16 of them burned the host's CPU for good).
+    Raises RuntimeError."""
+    if event == "_thread.start_joinable_thread" and args[2] is not None:
+        STARTED.append(args[2])
+    elif event in ("_thread.start_new_thread", "_thread.start_joinable_thread"):
         raise RuntimeError("a function starts threads with threading.Thread (each must end "
                            "before its request does); _thread is not available")
+
+
+class _Started:
+    """A started thread as `stop_threads` takes it, from its handle."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.ident: int | None = handle.ident
+        known = threading._active.get(self.ident)  # type: ignore[attr-defined]
+        self.name = known.name if known is not None else f"thread {self.ident}"
+
+    def is_alive(self) -> bool:
+        return not self.handle.is_done()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.handle.join(timeout)
 
 
 def _load(module: str, handler_name: str) -> Any:
@@ -234,7 +253,8 @@ class Session:
         # The threads there before the function ran (this one, the watchdog, and the
         # interpreter's idea of a main thread); any other was started by the function.
         self.ours = {*threading.enumerate(), self.dog.thread}
-        self.stuck: list[threading.Thread] = []  # told to stop, still running
+        STARTED.clear()  # the watchdog's: from here on, only the function's
+        self.stuck: list[Any] = []  # told to stop, still running
         # this interpreter takes no job after the current one (the PoP was told): its
         # `recycle_after` is reached, or it ran out of memory (what it holds, a
         # module-level leak, answered memory_limit to every request after it)
@@ -306,16 +326,20 @@ class Session:
         """Stop the threads the function started that outlived its request: work after
         the response runs outside every limit. Those still running after
         `THREAD_GRACE` (blocked in C code) end the isolate's loop, so that it recycles."""
-        if threading.active_count() <= len(self.ours):
+        if not STARTED:
+            return
+        STARTED[:] = [h for h in STARTED if not h.is_done()]
+        if not STARTED:
             return
         if self.executor is not None:  # its idle threads wait for work: tell them to end
             self.executor.shutdown(wait=False, cancel_futures=True)
             self.executor = None
             if self.loop_ is not None:
                 self.loop_.set_default_executor(self._new_executor())
-        strays = [t for t in threading.enumerate() if t not in self.ours]
-        if not strays:
-            return
+        # by handle: a thread the function took out of `threading`'s registry, or whose
+        # Thread subclass never entered it, still counts
+        strays = [_Started(h) for h in STARTED]
+        STARTED.clear()
         self.stuck = stop_threads(strays, THREAD_GRACE)
         names = ", ".join(repr(t.name) for t in strays)
         self.call("log", {"message": f"edgefn: stopped thread {names}: it outlived its request "

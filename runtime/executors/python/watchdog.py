@@ -13,7 +13,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from edgefn_core.errors import CpuInterrupt, IsolateInterrupt, ThreadStop, WallInterrupt
 
@@ -30,7 +30,19 @@ THREAD_GRACE = 0.2
 THREAD_NUDGE = 0.01
 
 
-def stop_threads(threads: list[threading.Thread], grace: float) -> list[threading.Thread]:
+class Stoppable(Protocol):
+    """A thread as `stop_threads` takes it (a `threading.Thread`, or one known by
+    its handle only)."""
+
+    @property
+    def ident(self) -> int | None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+def stop_threads[T: Stoppable](threads: list[T], grace: float) -> list[T]:
     """Raise `ThreadStop` in each of `threads` until it ends or `grace` seconds
     pass; those still running then."""
     end = time.monotonic() + grace
