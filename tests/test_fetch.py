@@ -247,6 +247,9 @@ def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
     ("100.64.0.1", False), ("100.100.100.200", False), ("::ffff:100.64.0.1", False),
     ("64:ff9b::7f00:1", False), ("64:ff9b:1::a00:1", False), ("fec0::1", False),
     ("2002:7f00:1::", False), ("2001::1", False),  # 6to4 of loopback, Teredo
+    # IPv4-compatible and IPv4-translated forms, NAT64's local-use prefix (helper 72)
+    ("::7f00:1", False), ("::a9fe:a9fe", False), ("::ffff:0:a9fe:a9fe", False),
+    ("64:ff9b:1:a9fe:0:a900:808:808", False), ("::", False),
     ("127.0.0.1", False), ("10.1.2.3", False), ("169.254.169.254", False), ("::1", False),
     ("fe80::1%eth0", False), ("224.0.0.1", False), ("0.0.0.0", False), ("198.18.0.1", False),
 ])

@@ -103,8 +103,11 @@ def _pattern_host(pattern: str) -> str:
     return host.rsplit(":", 1)[0].lower() if host.count(":") == 1 else host.lower()
 
 
-NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
-SITE_LOCAL = ipaddress.ip_network("fec0::/10")  # deprecated, yet `is_global` says so
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known prefix: IPv4 in the low 32 bits
+# not global, whatever `is_global` says: site-local (deprecated), IPv4-compatible
+# (deprecated), IPv4-translated, and NAT64's local-use prefix (its IPv4 may sit anywhere)
+NOT_GLOBAL = tuple(ipaddress.ip_network(n) for n in ("fec0::/10", "::/96", "::ffff:0:0:0/96",
+                                                      "64:ff9b:1::/48"))
 
 
 def _public(ip: str) -> bool:
@@ -115,11 +118,11 @@ def _public(ip: str) -> bool:
     addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
         ip.split("%", 1)[0])
     if isinstance(addr, ipaddress.IPv6Address):
-        if addr.teredo is not None or addr in SITE_LOCAL:
-            return False
         if addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
-        elif any(addr in net for net in NAT64):
+        elif addr.teredo is not None or any(addr in net for net in NOT_GLOBAL):
+            return False
+        elif addr in NAT64:
             addr = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
         elif addr.sixtofour is not None:
             addr = addr.sixtofour
