@@ -203,3 +203,28 @@ def test_a_tenant_may_not_route_into_another_tenants_paths(registry: Registry,
                                   extra='owner = "alice"'))
     deploy(registry, function_dir(tmp_path / "ok3", "ops", reactor(""), routes=["/alice/z"]))
     assert sorted(f["name"] for f in registry.listing()) == ["alice", "alice2", "bobs", "ops"]
+
+
+def test_a_rollback_or_an_activation_may_not_overlap_another_owners_routes(
+        registry: Registry, tmp_path: Path) -> None:
+    """Only deploys were checked: a rollback to a version whose routes reached into
+    another owner's, or a staged version activated after the other went live, took
+    its traffic (review of helper 70's fix)."""
+    bob = function_dir(tmp_path / "v1", "bob", reactor(""), routes=["/shared/*"],
+                       extra='owner = "bob"')
+    v1 = deploy(registry, bob).version
+    deploy(registry, function_dir(tmp_path / "v2", "bob", reactor("(nop)"), routes=["/bob/*"],
+                                  extra='owner = "bob"'))
+    deploy(registry, function_dir(tmp_path, "alice", reactor(""), routes=["/shared/x"],
+                                  extra='owner = "alice"'))
+    with pytest.raises(RouteConflict, match="belongs to another tenant"):
+        asyncio.run(registry.rollback("bob", v1))
+    staged = function_dir(tmp_path / "s", "carol", reactor(""), routes=["/carol/*"],
+                          extra='owner = "carol"')
+    version = asyncio.run(registry.stage(deploys.pack_dir(staged), "src")).version
+    deploy(registry, function_dir(tmp_path / "d", "dave", reactor(""), routes=["/carol/y"],
+                                  extra='owner = "dave"'))
+    with pytest.raises(RouteConflict, match="belongs to another tenant"):
+        asyncio.run(registry.activate("carol", version))
+    hit = registry.router.match(b"h", b"/shared/x")
+    assert hit is not None and hit[0].name == "alice"

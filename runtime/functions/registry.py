@@ -166,7 +166,8 @@ class Registry(Staging, Following):
                 made = self.stores.new_namespaces(m)  # its warm-up may use them
                 fn = await asyncio.to_thread(self._load, m, version)
                 await self._warm(fn)
-                self._go_live(fn, lambda: self._commit(m, version, source, "deploy"))
+                self._go_live(fn, lambda: self._commit(m, version, source, "deploy"),
+                              owners=True)
             except BaseException:
                 await asyncio.to_thread(self._undo, m.name, version, created, cached, made)
                 raise
@@ -281,12 +282,17 @@ class Registry(Staging, Following):
         if self.switched is not None:
             await self.switched(fn)
 
-    def _go_live(self, fn: Deployment, persist: Callable[[], None] | None = None) -> None:
-        """Activate a loaded version, check its routes, run `persist` (saving the record:
-        the commit point), then route to it. Raises `RouteConflict` or what activating
-        or `persist` raised; then nothing changed and `fn` is released."""
+    def _go_live(self, fn: Deployment, persist: Callable[[], None] | None = None,
+                 owners: bool = False) -> None:
+        """Activate a loaded version, check its routes (`owners`: against other owners'
+        too, as a deploy or rollback asks; a restore or a follow serves what the record
+        says), run `persist` (saving the record: the commit point), then route to it.
+        Raises `RouteConflict` or what activating or `persist` raised; then nothing
+        changed and `fn` is released."""
         try:
             fn.executor.activate()
+            if owners:
+                self._check_tenant_routes(fn.manifest, fn.label)
             table = self._table(fn)
             if persist is not None:
                 persist()
@@ -388,7 +394,7 @@ class Registry(Staging, Following):
             m = await asyncio.to_thread(self._stored, name, target)
             fn = await asyncio.to_thread(self._load, m, target)
             await self._warm(fn)
-            self._go_live(fn, lambda: self._commit(m, target, "", "rollback"))
+            self._go_live(fn, lambda: self._commit(m, target, "", "rollback"), owners=True)
             await self._after_switch(fn)
             return self._result(fn, True, started)
 

@@ -146,6 +146,7 @@ class Staging(RegistryCore):
         live ones. Raises `RouteConflict`; then `fn` is released."""
         try:
             fn.executor.activate()
+            self._check_tenant_routes(fn.manifest, fn.label)
             self._table(fn)
         except BaseException:
             fn.executor.close()
@@ -184,6 +185,7 @@ class Staging(RegistryCore):
     def _switch_to(self, staged: Staged) -> None:
         """Save the record (the commit point), then route to the staged version."""
         fn = staged.fn
+        self._check_tenant_routes(fn.manifest, fn.label)  # others went live meanwhile?
         table = self._table(fn)
         self._commit(fn.manifest, fn.version, staged.source, staged.action)
         self._switch(*table)
@@ -253,6 +255,7 @@ class Staging(RegistryCore):
             if split is None:
                 raise DeployError(f"{name} has no canary to promote (start one with "
                                   "`edgefn deploy DIR --canary 10%`)")
+            self._check_tenant_routes(split.fn.manifest, split.fn.label)
             table = self._table(split.fn)
             self._commit(split.fn.manifest, split.fn.version, "", "promote")
             self._switch(*table)
