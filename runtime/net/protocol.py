@@ -269,7 +269,7 @@ class HttpProtocol(asyncio.Protocol):
             path, _, query = url.partition(b"?")
         if host not in _HOSTS:
             _check_host(host)
-        if b"/." in path or b"%2" in path:
+        if b"/." in path or b"%" in path or 92 in path:  # 92: a backslash
             _check_segments(path)
         if length is not None and length > self.config.max_body_bytes:
             raise HttpReject(413, f"request body larger than {self.config.max_body_bytes} bytes")
@@ -437,7 +437,8 @@ class HttpProtocol(asyncio.Protocol):
         if chunked:
             head.append(b"transfer-encoding: chunked\r\n")
         head.append(b"\r\n")
-        send_body = request.method != b"HEAD" and response.status not in NO_BODY_STATUS
+        send_body = (request.method != b"HEAD" and response.status not in NO_BODY_STATUS
+                     and response.status != 205)  # a 205: its chunks end at once
         try:
             assert self.transport is not None
             self.transport.write(b"".join(head))
@@ -499,9 +500,10 @@ class HttpProtocol(asyncio.Protocol):
         else:
             ctype, body = b"text/plain; charset=utf-8", message.encode() + b"\n"
         self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\n"
+            b"HTTP/1.1 %d %s\r\n%scontent-type: %s\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-            % (status, REASONS.get(status, b"Unknown"), ctype, len(body), body))
+            % (status, REASONS.get(status, b"Unknown"), self.state.date_line(), ctype,
+               len(body), body))
         if status == 413 and self.transport.can_write_eof():
             self._linger()
         else:
@@ -544,9 +546,9 @@ class HttpProtocol(asyncio.Protocol):
         self.state.answered[503] += 1
         body = b"server busy: too many connections\n"
         self.transport.write(
-            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"HTTP/1.1 503 Service Unavailable\r\n%scontent-type: text/plain; charset=utf-8\r\n"
             b"retry-after: %d\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
-            % (self.config.retry_after, len(body), body))
+            % (self.state.date_line(), self.config.retry_after, len(body), body))
         self._close()
 
     # -- timeouts and shutdown (driven by the server) ------------------------------------------
@@ -614,7 +616,8 @@ def _target(url: bytes, hosts: int, host: bytes) -> tuple[bytes, bytes, bytes]:
         if parsed.schema not in (b"http", b"https") or not parsed.host:
             raise HttpReject(400, "an absolute request target needs http(s)://host")
         path, query = parsed.path or b"/", parsed.query or b""
-        host = parsed.host + (b":%d" % parsed.port if parsed.port else b"")
+        name = b"[%s]" % parsed.host if b":" in parsed.host else parsed.host  # an IPv6 literal
+        host = name + (b":%d" % parsed.port if parsed.port else b"")
     return path, query, host  # none at all: "" (no host-bound route matches it)
 
 
@@ -636,10 +639,14 @@ def _check_host(host: bytes) -> None:
 
 def _check_segments(path: bytes) -> None:
     """Raises `HttpReject` (400) for a path with a ``.`` or ``..`` segment (``%2e``
-    too): routing matched it as sent, while a function normalising it (RFC 3986
-    5.2.4) acted on another route (``/hello/../probe`` was served by hello)."""
-    for segment in path.split(b"/"):
-        if segment and segment.replace(b"%2e", b".").replace(b"%2E", b".") in (b".", b".."):
+    too, and between encoded slashes: ``/a/..%2fb``): routing matched it as sent,
+    while a function decoding and normalising it (RFC 3986 5.2.4) acted on another
+    route (``/hello/../probe`` was served by hello)."""
+    decoded = path.replace(b"%2e", b".").replace(b"%2E", b".")
+    for sep in (b"%2f", b"%2F", b"%5c", b"%5C", b"\\"):
+        decoded = decoded.replace(sep, b"/")
+    for segment in decoded.split(b"/"):
+        if segment in (b".", b".."):
             raise HttpReject(400, "a request path has no `.` or `..` segments (RFC 3986 "
                                   "5.2.4): send it normalised")
 

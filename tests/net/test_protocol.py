@@ -637,7 +637,8 @@ def test_a_host_that_is_not_host_and_port_is_400(host: bytes) -> None:
 
 
 @pytest.mark.parametrize("path", [b"/hello/../probe", b"/probe/%2e%2e/hello", b"/a/.",
-                                  b"/./a", b"/a/%2E/b", b"/a/..?q=1"])
+                                  b"/./a", b"/a/%2E/b", b"/a/..?q=1", b"/a/..%2fb",
+                                  b"/a%2F..%2Fb", b"/a/..%5cb", b"/a\\..\\b"])
 def test_a_path_with_dot_segments_is_400(path: bytes) -> None:
     """Routed as sent, /hello/../probe was served by hello; a function normalising
     its path acted on /probe."""
@@ -658,13 +659,17 @@ def test_plain_hosts_and_dotted_names_pass_and_an_absolute_target_names_the_host
 
     async def go() -> None:
         for host, path in ((b"", b"/a/.b"), (b"example.com:8080", b"/a..b/c"),
-                           (b"[::1]:80", b"/static/..%2fx"), (b"127.0.0.1", b"/.well-known/x")):
+                           (b"[::1]:80", b"/static/..x%2f"), (b"127.0.0.1", b"/.well-known/x"),
+                           (b"h", b"/my%20docs/a.b%2fc")):
             proto, t = connect(app)
             proto.data_received(b"GET %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (path, host))
             assert responses(t.buffer)[0][0] == 200, (host, path)
         proto, t = connect(app)
         proto.data_received(b"GET http://other.example:8443/p HTTP/1.1\r\nHost: x\r\n\r\n")
         assert seen[-1] == (b"other.example:8443", b"/p", [b"other.example:8443"])
+        proto, t = connect(app)  # an IPv6 literal keeps its brackets (it was refused)
+        proto.data_received(b"GET http://[::1]:8080/p HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert seen[-1] == (b"[::1]:8080", b"/p", [b"[::1]:8080"])
     run(go())
 
 

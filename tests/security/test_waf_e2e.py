@@ -65,6 +65,11 @@ def waf_blocked(status: int, headers: dict[str, str]) -> bool:
     return status == 403 and headers.get("x-edgefn-error") == "waf_blocked"
 
 
+def front_refuses(case: Case) -> bool:
+    """The HTTP front's own 400, before any stage: an HTTP/1.1 request with no Host."""
+    return dict(case.all_headers()).get("host") is None
+
+
 def test_pop_agrees_with_the_engine_on_every_payload(tmp_path: Path) -> None:
     with pop_thread(tmp_path / "data", **{"waf.mode": "block"}) as pop:
         pop.deploy(catch_all(tmp_path))
@@ -72,6 +77,9 @@ def test_pop_agrees_with_the_engine_on_every_payload(tmp_path: Path) -> None:
         blocked = 0
         for case in ATTACKS + CLEAN:
             status, headers, _ = send(pop, case)
+            if front_refuses(case):
+                assert status == 400, (case, status)
+                continue
             through_pop = waf_blocked(status, headers)
             assert through_pop or status == 200, (case, status)
             blocked += through_pop
@@ -86,7 +94,7 @@ def test_pop_agrees_with_the_engine_on_every_payload(tmp_path: Path) -> None:
 def test_detect_serves_every_payload(tmp_path: Path) -> None:
     with pop_thread(tmp_path / "data", **{"waf.mode": "detect"}) as pop:
         pop.deploy(catch_all(tmp_path))
-        statuses = {send(pop, case)[0] for case in ATTACKS}
+        statuses = {send(pop, case)[0] for case in ATTACKS if not front_refuses(case)}
         assert statuses == {200}
 
 

@@ -109,7 +109,8 @@ ATTACKS: list[Case] = [
     q(LFI, "..\\..\\..\\windows\\win.ini", param="file"), q(LFI, "/proc/self/environ", param="page"),
     q(LFI, "../../../../../../boot.ini", param="doc"), q(LFI, "/var/log/apache2/access.log", param="f"),
     q(LFI, "../.ssh/id_rsa", param="f"), q(LFI, "%2e%2e%2f%2e%2e%2fetc%2fhosts", param="f"),
-    Case(LFI, "GET", "/static/..%2f..%2f..%2fetc%2fpasswd"),
+    # (a path with `..` segments, encoded slashes too, is the front's 400 before any WAF:
+    # tests/net/test_protocol.py)
     Case(LFI, "GET", "/download/.env"), Case(LFI, "GET", "/.git/config"),
     Case(LFI, "GET", "/.htaccess"), form(LFI, "../../../../etc/passwd", param="template"),
     js(LFI, {"path": "../../../etc/passwd"}),
