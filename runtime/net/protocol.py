@@ -437,15 +437,15 @@ class HttpProtocol(asyncio.Protocol):
         if chunked:
             head.append(b"transfer-encoding: chunked\r\n")
         head.append(b"\r\n")
-        send_body = (request.method != b"HEAD" and response.status not in NO_BODY_STATUS
-                     and response.status != 205)  # a 205: its chunks end at once
+        send_body = request.method != b"HEAD" and response.status not in NO_BODY_STATUS
+        empty = response.status == 205  # no content (RFC 9110 15.3.6): its chunks end at once
         try:
             assert self.transport is not None
             self.transport.write(b"".join(head))
             async for chunk in body:
                 if self.transport is None:
                     return
-                if chunk and send_body:
+                if chunk and send_body and not empty:
                     data = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk
                     self.transport.write(data)
                     if self.write_paused:

@@ -685,3 +685,20 @@ def test_an_http11_request_without_host_is_400_and_http10_needs_none() -> None:
         proto.data_received(b"GET /a HTTP/1.0\r\n\r\n")
         assert responses(t.buffer)[0][0] == 200
     run(go())
+
+
+def test_a_streamed_205_sends_no_content_and_front_errors_are_dated() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"hello"
+
+    async def go() -> None:
+        proto, t = connect(lambda r: Response(205, [], chunks()))
+        proto.data_received(b"GET /r HTTP/1.1\r\nHost: h\r\n\r\n")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        ((status, headers, body),) = responses(t.buffer)
+        assert (status, body) == (205, b"") and b"hello" not in t.buffer
+        proto, t = connect()
+        proto.data_received(b"GET /a HTTP/1.1\r\n\r\n")  # no Host: the front's own 400
+        assert responses(t.buffer)[0][0] == 400 and b"\r\ndate: " in t.buffer
+    run(go())
