@@ -617,6 +617,9 @@ def test_a_route_scope_is_not_escaped_with_an_encoded_slash(tmp_path: Path, path
     auth.keys.reload()
     assert call(auth, bearer(key), path=b"/pub/x")[1].body == b"ok"
     assert refused(auth, bearer(key), path=path).status == 403
+    spaced, _ = store.create("acme", ("route:/my docs/*",))  # a decoded scope still grants
+    auth.keys.reload()
+    assert call(auth, bearer(spaced), path=b"/my%20docs/x")[1].body == b"ok"
 
 
 def test_jwt_mode_takes_only_a_bearer_token(tmp_path: Path, es256: tuple[Any, Path]) -> None:
@@ -725,12 +728,13 @@ def test_a_model_call_a_lower_tier_forwarded_needs_no_key_of_this_pop(tmp_path: 
     ctx, response = hop(auth, sign(SECRET, "globex", "rid-1"))
     assert response.body == b"ok" and ctx.principal is None
     assert ctx.decisions == {"auth": {"mode": "key", "result": "forwarded", "tenant": "globex"}}
-    # signed for another request, or with another secret: refused, not admitted
+    # signed for another request, or with another secret: not admitted (the 401 and its
+    # challenge, as for any call without a key)
     for value in (sign(SECRET, "globex", "rid-2"), sign("another-secret-0123456", "globex",
                                                          "rid-1"), "globex;00"):
         with pytest.raises(Rejected) as err:
             hop(auth, value)
-        assert err.value.status == 403
+        assert err.value.status == 401 and err.value.headers
 
 
 def test_only_a_call_without_a_credential_to_the_openai_api_is_read_as_forwarded(

@@ -115,13 +115,16 @@ class Auth:
     def _forwarded(self, request: Request, ctx: Context, target: Target) -> str | None:
         """The tenant a lower tier of the topology forwarded this model call for, or
         None (not an OpenAI API call, a credential sent, no tenant header, no secret
-        here). Raises `Rejected` (403) for a tenant header the topology did not sign."""
+        here, or a tenant header the topology did not sign)."""
         if target.kind != "openai" or not self.secret:
             return None
         value = request.header(TENANT_HEADER)
         if value is None or _credential(request) is not None:
             return None
-        return verify(self.secret, value.decode("latin-1"), ctx.request_id.decode())
+        try:
+            return verify(self.secret, value.decode("latin-1"), ctx.request_id.decode())
+        except Rejected:  # not signed here: a client's header; it gets the 401 and challenge
+            return None
 
     def _mode(self, target: Target) -> str:
         if target.kind == "openai":
@@ -200,11 +203,8 @@ def _grants(principal: Principal, target: Target, request: Request) -> bool:
     if principal.allows("fn", target.name):
         return True
     path = scoped_path(request.path)
-    if path is None:
-        return False
-    raw = request.path.decode("latin-1")  # what the router matched: both must be in scope
-    return any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
-               and fnmatch.fnmatchcase(raw, s[6:]) for s in principal.scopes)
+    return path is not None and any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
+                                    for s in principal.scopes)
 
 
 def scoped_path(raw: bytes) -> str | None:
@@ -212,8 +212,11 @@ def scoped_path(raw: bytes) -> str | None:
     route scope grants it) when a segment is ``.`` or ``..`` once decoded, which a
     function that normalises its path would read as another route (``/k/a/../b``,
     ``/k/a/%2e%2e/b`` and ``/k/a/..%2fb`` passed ``route:/k/a/*`` and served /k/b).
-    The scope must match the path as sent too: the router matches that one
+    None too for an encoded slash or backslash: the router splits the path as sent
     (``/pub%2fx`` passed ``route:/pub/*`` decoded and was routed to ``/``)."""
+    lowered = raw.lower()
+    if b"%2f" in lowered or b"%5c" in lowered:
+        return None
     path = unquote(raw.decode("latin-1"), encoding="latin-1")
     if any(seg in (".", "..") for seg in path.replace("\\", "/").split("/")):
         return None

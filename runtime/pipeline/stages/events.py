@@ -152,6 +152,11 @@ class Events:
             if ai.prompt is not None:
                 ai.prompt = scrub(ai.prompt) if self.prompts else None
             event.ai = ai
+        pinned = decisions.get("residency")
+        if isinstance(pinned, dict) and "forward" in pinned:  # a credential at the tier
+            # above (it admits the call there): never in an event anyone may read
+            pinned = {k: v for k, v in pinned.items() if k != "forward"}
+            decisions = {**decisions, "residency": pinned}
         event.decisions = decisions
 
 

@@ -212,3 +212,13 @@ def test_a_waf_refusal_is_an_event_with_the_rules_that_matched() -> None:
     assert (event.status, event.error, event.query) == (403, "waf_blocked", SQLI.decode())
     assert event.decisions["waf"]["blocked"] is True
     assert event.decisions["waf"]["rules"] == [942100, 949110]
+
+
+def test_the_signed_tenant_a_hop_carries_is_never_in_an_event() -> None:
+    """It admits the call at the tier above (in place of a key): an event, which a
+    tenant's key may read, held it for replay (review of the forwarded-tenant fix)."""
+    record = {"result": "ok", "tenant_region": "emea", "forward": "acme-eu;0123abcd"}
+    app, seen, _ = events_chain(Decide("residency", record), Answer())
+    assert run(app(request())).status == 200
+    assert seen.events[0].decisions["residency"] == {"result": "ok", "tenant_region": "emea"}
+    assert record["forward"] == "acme-eu;0123abcd"  # the hops still read it
