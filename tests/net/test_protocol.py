@@ -696,7 +696,7 @@ def test_a_streamed_205_sends_no_content_and_front_errors_are_dated() -> None:
         proto.data_received(b"GET /r HTTP/1.1\r\nHost: h\r\n\r\n")
         for _ in range(20):
             await asyncio.sleep(0)
-        ((status, headers, body),) = responses(t.buffer)
+        ((status, _, body),) = responses(t.buffer)
         assert (status, body) == (205, b"") and b"hello" not in t.buffer
         proto, t = connect()
         proto.data_received(b"GET /a HTTP/1.1\r\n\r\n")  # no Host: the front's own 400
