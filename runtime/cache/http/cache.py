@@ -148,7 +148,9 @@ class HttpCache:
         # (RFC 9110 15.4.5), and a Content-Type on one made a cached JSON body "text"
         fresh = [(k, v) for k, v in _stored(response.headers) if k not in CONTENT_FIELDS]
         new = _fields(fresh)
-        headers = [(k, v) for k, v in entry.headers if k not in new]
+        # a 304 without a Date (the front dates it later) is dated now by `admit`: the
+        # stored one with a restarted Age told caches below it was an hour old
+        headers = [(k, v) for k, v in entry.headers if k not in new and k != b"date"]
         headers += fresh
         tags = _fields(response.headers).get(b"cache-tag") or ",".join(entry.tags).encode()
         if tags:  # kept from the stored response unless the 304 names others

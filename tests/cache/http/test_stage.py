@@ -113,9 +113,13 @@ def test_stale_entry_revalidated_with_validators_and_refreshed_by_304(h: Harness
     assert sent.header(b"if-modified-since") == LM.encode()
     assert (r.status, outcome(r), r.body, header(r, b"cache-control")) == (
         200, "EXPIRED", b"hello", b"max-age=100")
+    refreshed = h.clock.now
     h.clock.now += 99
     r, _ = h.call(request())
     assert outcome(r) == "HIT" and h.origin.calls == 2  # 304 restarted freshness
+    # dated when refreshed, as its Age counts (it kept the first store's Date)
+    assert (header(r, b"date"), header(r, b"age")) == (
+        formatdate(refreshed, usegmt=True).encode(), b"99")
 
 
 def test_stale_entry_replaced_by_a_new_response(h: Harness) -> None:
