@@ -271,7 +271,7 @@ def test_one_owners_functions_hold_at_most_its_share_of_worker_threads(
     answered, all_done = asyncio.run(go())
     assert TENANT_SHARE < WORKER_THREADS
     assert answered < 0.45, answered  # not after the first round of 600 ms naps
-    rounds = WORKER_THREADS // TENANT_SHARE  # 16 naps, TENANT_SHARE at a time
+    rounds = -(-WORKER_THREADS // TENANT_SHARE)  # 16 naps, TENANT_SHARE at a time
     assert rounds * 0.6 <= all_done < rounds * 0.6 + 0.6, all_done
 
 
@@ -295,7 +295,7 @@ def test_two_owners_leave_worker_threads_to_a_third(engine: WasmEngine, tmp_path
         await asyncio.gather(*held, return_exceptions=True)
         return answered
 
-    assert 2 * TENANT_SHARE < WORKER_THREADS
+    assert 2 * TENANT_SHARE < WORKER_THREADS and THREAD_SHARE < TENANT_SHARE
     answered = asyncio.run(go())
     assert answered < 0.45, answered  # not after the first round of 600 ms naps
 

@@ -33,8 +33,9 @@ POOL_MAX_MEMORY = 1 << 30  # the largest `limits.memory_mb` the pool can host
 WORKER_THREADS = 16  # WASI commands and reactors that may block or run long
 THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at once
 # ... and all the functions of one owner together: two owners with long functions held
-# every thread at half each (a function of a third then waited out its wall limit)
-TENANT_SHARE = WORKER_THREADS // 4
+# every thread at half each (a function of a third then waited out its wall limit); above
+# one function's share, so an owner's busy function leaves threads to its others
+TENANT_SHARE = WORKER_THREADS * 3 // 8
 WASMTIME_VERSION = version("wasmtime")
 
 
