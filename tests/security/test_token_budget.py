@@ -15,7 +15,7 @@ from edgefn_core.errors import Rejected
 from runtime.security.principal import Principal
 from runtime.security.ratelimit.admission import TokenBudgets
 from runtime.security.ratelimit.budget import BudgetStore, MemoryBudgetStore, Refusal
-from runtime.security.ratelimit.redis_budget import RedisBudgetStore
+from runtime.security.ratelimit.redis_budget import PREFIX, RedisBudgetStore
 from runtime.security.settings import RateLimitSettings, TenantLimits
 
 from .redis_server import RedisServer, redis_server  # noqa: F401
@@ -139,6 +139,24 @@ def test_the_stream_slots_of_a_pop_that_died_come_back_within_its_lease(
             await alive.release([key])
         await close(dead)
         await close(alive)
+
+    run(main())
+
+
+def test_a_stream_slot_an_older_edgefn_counted_as_a_string_is_replaced(
+        redis_server: RedisServer) -> None:  # noqa: F811
+    """Slots were plain counters (INCR): the hash commands failed on them (WRONGTYPE),
+    read as an outage for an hour (review)."""
+    key = fresh()
+    redis_server.client().set(PREFIX + key, 2)
+
+    async def main() -> None:
+        store = RedisBudgetStore(redis_server.url)
+        assert await store.acquire([key], [2]) is None
+        await store.release([key])
+        redis_server.client().set(PREFIX + key, 5)
+        await store.release([key])  # a release meeting one too
+        await close(store)
 
     run(main())
 

@@ -72,6 +72,8 @@ ACQUIRE = """
 local holder, lease = ARGV[1], tonumber(ARGV[2])
 redis.call('SET', '""" + PREFIX + """holder:' .. holder, 1, 'EX', lease)
 for i, key in ipairs(KEYS) do
+  -- an older edgefn's counter (a string): its slots are unknowable, it goes
+  if redis.call('TYPE', key).ok == 'string' then redis.call('DEL', key) end
   local held = redis.call('HGETALL', key)
   local n = 0
   for j = 1, #held, 2 do
@@ -93,6 +95,7 @@ return 0
 # KEYS: slots; ARGV: holder
 RELEASE = """
 for _, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok == 'string' then redis.call('DEL', key) end
   if tonumber(redis.call('HINCRBY', key, ARGV[1], -1)) <= 0 then
     redis.call('HDEL', key, ARGV[1])
   end
