@@ -146,7 +146,6 @@ class KeyRing:
     # all set by `reload`
     _by_hash: dict[str, KeyRecord]
     _principals: dict[str, Principal]  # hash -> the key's principal, made on first use
-    _live: int  # keys not revoked
     _stamp: tuple[int, int, int] | None  # the file's identity when read
     _checked: float  # when the identity was last compared
 
@@ -156,10 +155,11 @@ class KeyRing:
         self.reload()
 
     def __len__(self) -> int:
-        """How many keys are not revoked (an OpenAI API in ``auto`` mode asks for a
-        key once there is one)."""
+        """How many keys were ever made, revoked ones too (an OpenAI API in ``auto``
+        mode asks for a key once there is one: revoking the last key opened it to
+        anyone again)."""
         self._maybe_reload()
-        return self._live
+        return len(self._by_hash)
 
     def lookup(self, key: str) -> KeyRecord | None:
         """The record of `key`, whatever its state; None if unknown."""
@@ -181,7 +181,6 @@ class KeyRing:
         self._stamp = self._identity()
         self._by_hash = {k.hash: k for k in self.store.read()}
         self._principals = {}
-        self._live = sum(k.revoked is None for k in self._by_hash.values())
 
     def _identity(self) -> tuple[int, int, int] | None:
         try:

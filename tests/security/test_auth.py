@@ -214,6 +214,10 @@ def test_the_openai_api_asks_for_a_key_once_any_key_exists(tmp_path: Path) -> No
     assert refused(auth).status == 401
     assert refused(auth, bearer(fn_only)).status == 403
     assert call(auth, bearer(models))[1].body == b"ok"
+    for record in store.read():  # every key revoked: still a key (it opened to anyone)
+        store.revoke(record.id)
+    auth.keys.reload()
+    assert refused(auth).status == 401 and refused(auth, bearer(models)).status == 401
     auth, _ = stage(tmp_path, OpenAITarget(), AuthSettings(openai="none"))
     assert call(auth)[1].body == b"ok"
 
