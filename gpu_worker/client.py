@@ -165,12 +165,16 @@ class WorkerClient:
 
     async def ready(self, timeout: float | None = None) -> None:
         """Raises `WorkerDead` if the worker is down (its last start failed), or
-        does not serve within `timeout` (default READY_WAIT) or before a start fails."""
+        does not serve within `timeout` (default READY_WAIT; for a worker this client
+        does not run, which no restart of its will bring back, RECONNECT_S: with
+        ``--ai-socket`` and nothing serving it, every model call waited 30 s for its
+        503) or before a start fails."""
         if self.connected.is_set():
             return
         if self.down is not None:
             raise WorkerDead(self.down)
-        timeout = READY_WAIT if timeout is None else timeout
+        if timeout is None:
+            timeout = READY_WAIT if self.command is not None else RECONNECT_S
         waits = [asyncio.ensure_future(self.connected.wait()),
                  asyncio.ensure_future(self.start_failed.wait())]
         try:

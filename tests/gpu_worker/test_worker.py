@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -343,6 +344,25 @@ def test_a_socket_nobody_serves_is_said_once_while_waiting(
         asyncio.run(go())
     said = [r.getMessage() for r in caplog.records if "nothing serves" in r.getMessage()]
     assert said == [f"model worker: nothing serves {sock} yet; waiting for it"]
+
+
+def test_a_call_to_a_worker_nobody_serves_is_refused_in_seconds(tmp_path: Path) -> None:
+    """With ``--ai-socket`` and nothing serving it, every model call waited the 30 s
+    meant for a restart the PoP runs, which never comes here."""
+    from gpu_worker.client import RECONNECT_S, WorkerDead
+
+    async def go() -> float:
+        client = WorkerClient(str(tmp_path / "nobody.sock"))
+        await client.start(wait=False)
+        started = time.monotonic()
+        with pytest.raises(WorkerDead, match="not running"):
+            await client.ready()
+        took = time.monotonic() - started
+        await client.close()
+        return took
+
+    took = asyncio.run(go())
+    assert RECONNECT_S - 0.1 <= took < RECONNECT_S + 1, took
 
 
 def test_a_connection_the_worker_closes_is_made_again(worker: Harness) -> None:
