@@ -143,22 +143,24 @@ def test_the_stream_slots_of_a_pop_that_died_come_back_within_its_lease(
     run(main())
 
 
-def test_a_stream_slot_an_older_edgefn_counted_as_a_string_is_replaced(
+def test_an_older_edgefns_stream_counter_on_the_same_redis_is_left_alone(
         redis_server: RedisServer) -> None:  # noqa: F811
-    """Slots were plain counters (INCR): the hash commands failed on them (WRONGTYPE),
-    read as an outage for an hour (review)."""
+    """Slots were plain counters (INCR) under the same key: the hash commands failed on
+    them (WRONGTYPE, an outage), and an older PoP's on the new hashes (review; helper
+    74). The two versions now count their streams apart."""
     key = fresh()
-    redis_server.client().set(PREFIX + key, 2)
+    client = redis_server.client()
+    client.set(PREFIX + key, 2)  # an older PoP holding its cap of 2
 
     async def main() -> None:
         store = RedisBudgetStore(redis_server.url)
         assert await store.acquire([key], [2]) is None
         await store.release([key])
-        redis_server.client().set(PREFIX + key, 5)
-        await store.release([key])  # a release meeting one too
         await close(store)
 
     run(main())
+    assert client.get(PREFIX + key) == b"2"  # the older PoP's counter, untouched
+    client.close()
 
 
 def test_the_previous_window_decays_linearly() -> None:

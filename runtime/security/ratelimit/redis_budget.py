@@ -62,6 +62,8 @@ end
 return 1
 """
 
+SLOTS = PREFIX + "slots:"  # not an older edgefn's key (a counter): PoPs of both versions on
+# one Redis count their own streams apart, and neither meets the other's type (WRONGTYPE)
 # A slot is a hash: holder (one PoP process) -> the streams it holds. A holder is alive
 # while its lease key (HOLDER .. id) is: renewed every LEASE_S / 3 while it holds any, so
 # the slots of a PoP that died mid-stream come back within LEASE_S (they were held for an
@@ -72,8 +74,6 @@ ACQUIRE = """
 local holder, lease = ARGV[1], tonumber(ARGV[2])
 redis.call('SET', '""" + PREFIX + """holder:' .. holder, 1, 'EX', lease)
 for i, key in ipairs(KEYS) do
-  -- an older edgefn's counter (a string): its slots are unknowable, it goes
-  if redis.call('TYPE', key).ok == 'string' then redis.call('DEL', key) end
   local held = redis.call('HGETALL', key)
   local n = 0
   for j = 1, #held, 2 do
@@ -95,7 +95,6 @@ return 0
 # KEYS: slots; ARGV: holder
 RELEASE = """
 for _, key in ipairs(KEYS) do
-  if redis.call('TYPE', key).ok == 'string' then redis.call('DEL', key) end
   if tonumber(redis.call('HINCRBY', key, ARGV[1], -1)) <= 0 then
     redis.call('HDEL', key, ARGV[1])
   end
@@ -137,7 +136,7 @@ class RedisBudgetStore(BudgetStore):
             await self._run("settle", [PREFIX + b for b in buckets], [window, delta])
 
     async def acquire(self, slots: Sequence[str], caps: Sequence[int]) -> int | None:
-        full = int(await self._run("acquire", [PREFIX + s for s in slots],
+        full = int(await self._run("acquire", [SLOTS + s for s in slots],
                                    [self.holder, self.lease_s, *caps]))
         if full:
             return full - 1
@@ -148,7 +147,7 @@ class RedisBudgetStore(BudgetStore):
 
     async def release(self, slots: Sequence[str]) -> None:
         self.held = max(0, self.held - 1)
-        await self._run("release", [PREFIX + s for s in slots], [self.holder])
+        await self._run("release", [SLOTS + s for s in slots], [self.holder])
 
     async def _renew(self) -> None:
         """Keep this process's lease while it holds slots (a failed renewal is tried
