@@ -228,3 +228,28 @@ def test_a_rollback_or_an_activation_may_not_overlap_another_owners_routes(
         asyncio.run(registry.activate("carol", version))
     hit = registry.router.match(b"h", b"/shared/x")
     assert hit is not None and hit[0].name == "alice"
+
+
+def test_overlapping_owners_an_older_edgefn_deployed_are_restored_with_a_warning(
+        tmp_path: Path, wasm: WasmEngine, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Served as they were (nothing is taken away at a restart), but said: a deploy of
+    either is refused until one goes (helper 74)."""
+    stores = Stores(tmp_path / "data")
+    old = Registry(tmp_path / "data", wasm, stores, reserved=RESERVED)
+    monkeypatch.setattr(old, "_check_tenant_routes", lambda m, label: None)  # as before
+    deploy(old, function_dir(tmp_path, "alice", reactor(""), routes=["/alice/*"],
+                             extra='owner = "alice"'))
+    deploy(old, function_dir(tmp_path, "bob", reactor(""), routes=["/alice/y"],
+                             extra='owner = "bob"'))
+    old.close()
+    new = Registry(tmp_path / "data", wasm, stores, reserved=RESERVED)
+    try:
+        with caplog.at_level(logging.WARNING, logger="edgefn.pop"):
+            assert new.restore() == []
+        assert sorted(new.functions) == ["alice", "bob"]
+        said = [r.getMessage() for r in caplog.records if "overlap" in r.getMessage()]
+        assert said and "delete one of them" in said[0], caplog.text
+    finally:
+        new.close()
+        stores.close()

@@ -466,7 +466,19 @@ class Registry(Staging, Following):
             self.unserved[name] = self.store.record(name).current
             self.unserved_tried[name] = time.monotonic()
             log.error("not serving %s@%s: %s", name, self.unserved[name], why)
+        self._warn_overlaps()
         return [f"{name}: {why}" for name, why in errors.items()]
+
+    def _warn_overlaps(self) -> None:
+        """Log each pair of restored functions of two owners whose routes overlap: an
+        older edgefn deployed them (it did not refuse it), they are served as they
+        were, and a deploy of either is refused until an operator removes one."""
+        for fn in self.functions.values():
+            try:
+                self._check_tenant_routes(fn.manifest, fn.label)
+            except RouteConflict as e:
+                log.warning("%s (deployed before such overlaps were refused: one of the two "
+                            "takes the other's requests; delete one of them)", e)
 
     def _restore_canary(self, record: FunctionRecord) -> None:
         """Serve `record`'s canary again, if it has one; one that no longer loads is
