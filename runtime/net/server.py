@@ -60,16 +60,24 @@ class ServerState:
         self.answered: Counter[int] = Counter()  # the front's own error answers, by status
         self.refusing: set[HttpProtocol] = set()  # past a cap, waiting for their 503
         self.extra_head = b""  # a header line every response carries (`worker_header`)
-        self._second = -1
-        self._date = b""
+        self.date = b""  # ``date: <IMF-fixdate>\r\n`` of this second (`tick_date`)
+        self.date_timer: asyncio.TimerHandle | None = None
+        self.tick_date()
 
-    def date_line(self) -> bytes:
-        """``date: <IMF-fixdate of now>\r\n``, made once a second."""
-        now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._date = b"date: %s\r\n" % formatdate(now, usegmt=True).encode()
-        return self._date
+    def tick_date(self) -> None:
+        """Make `date` now's, and again at the start of each next second while the
+        loop runs, until `stop`: one timer a second (a clock read per response cost
+        the front ~5%)."""
+        now = time.time()
+        self.date = b"date: %s\r\n" % formatdate(int(now), usegmt=True).encode()
+        if self.loop.is_running():
+            self.date_timer = self.loop.call_later(1.0 - now % 1.0 + 0.001, self.tick_date)
+
+    def stop(self) -> None:
+        """Stop the date's timer (the server is shutting down)."""
+        if self.date_timer is not None:
+            self.date_timer.cancel()
+            self.date_timer = None
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from `address`; None if admitted, else why not."""
@@ -153,6 +161,7 @@ class Server:
                 conn.transport.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        self.state.stop()
         await self._server.wait_closed()
         self._server = None
 

@@ -583,8 +583,8 @@ def test_pipelined_bodies_past_max_body_bytes_pause_reading() -> None:
 def test_every_response_is_dated_once_the_apps_own_date_kept() -> None:
     """RFC 9110 6.6.1: an origin server with a clock sends Date (there was none)."""
     async def go() -> None:
-        proto, t = connect()
         before = int(time.time())
+        proto, t = connect()
         proto.data_received(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
         assert t.buffer.count(b"\r\ndate: ") == 1
         date = responses(t.buffer)[0][1][b"date"]
@@ -594,6 +594,11 @@ def test_every_response_is_dated_once_the_apps_own_date_kept() -> None:
         proto, t = connect(lambda r: Response(200, [(b"date", stored)], b"x"))
         proto.data_received(b"GET /a HTTP/1.1\r\nHost: h\r\n\r\n")
         assert t.buffer.count(b"\r\ndate: ") == 1 and responses(t.buffer)[0][1][b"date"] == stored
+        state = proto.state  # the date is made once a second, on a timer of the loop
+        assert state.date_timer is not None and 0 < state.date_timer.when() - \
+            asyncio.get_running_loop().time() <= 1.01
+        state.stop()
+        assert state.date_timer is None
     run(go())
 
 
