@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from edgefn_core.errors import DeployError
 from runtime.executors.base import Executor
 
 
@@ -24,6 +25,7 @@ class Changes:
         self.lock = asyncio.Lock()
         self.tasks: set[asyncio.Task[Any]] = set()  # inside, or waiting to enter
         self.starting: set[Executor] = set()  # being pre-warmed (on a worker thread)
+        self.aborted = False  # `abort` ran: nothing starts any more
         self._guard = threading.Lock()  # `starting` is changed off the loop's thread
 
     async def __aenter__(self) -> None:
@@ -42,8 +44,12 @@ class Changes:
 
     @contextlib.contextmanager
     def start(self, executor: Executor) -> Iterator[None]:
-        """`executor` is being pre-warmed within this block (any thread)."""
+        """`executor` is being pre-warmed within this block (any thread). Raises
+        `DeployError` once `abort` ran (a load that was still compiling then would
+        start hosts nobody stops)."""
         with self._guard:
+            if self.aborted:
+                raise DeployError("the PoP is stopping: not started")
             self.starting.add(executor)
         try:
             yield
@@ -55,6 +61,7 @@ class Changes:
         """Stop every executor still starting (its pre-warm raises), cancel every
         change and wait until each has undone what it wrote. Never raises."""
         with self._guard:
+            self.aborted = True
             starting = list(self.starting)
         for executor in starting:
             await asyncio.to_thread(executor.close)
