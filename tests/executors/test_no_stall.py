@@ -6,6 +6,7 @@ after a burst. Real wasmtime; requests run on a real event loop, as the PoP runs
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -81,9 +82,11 @@ def test_a_long_budget_reactor_leaves_the_loop_after_its_slice(engine: WasmEngin
                 break
             await asyncio.sleep(0.01)
         assert spin.threaded
+        gc.disable()  # a full collection of the whole suite's heap is not this call's
         again = time.thread_time()
         second = spin.handle(request(), "/", {})  # moved to the threads for good
         straight = time.thread_time() - again  # CPU time: a wait for a core is not the loop's
+        gc.enable()
         assert not isinstance(second, Response)
         await outcome_of(second)
         return inline, inline_cpu, straight, result
@@ -96,7 +99,9 @@ def test_a_long_budget_reactor_leaves_the_loop_after_its_slice(engine: WasmEngin
     # at least most of the slice: an epoch ticker that woke late catches up several
     # ticks at once, which can end a slice up to a few ticks early (seen: 3.7 ms)
     assert INLINE_SLICE_MS / 1000 / 2 <= inline < 0.25, inline
-    assert straight < 0.002, straight
+    # no slice of it on the loop (inline it would take two slices, 10 ms; a page fault
+    # or two of the loop's thread after the 1 GiB pool's churn has cost 2-3.5 ms here)
+    assert straight < INLINE_SLICE_MS / 1000, straight
 
 
 def test_a_short_reactor_cut_at_its_slice_runs_inline_again_while_threads_are_held(
@@ -290,9 +295,9 @@ def test_two_owners_leave_worker_threads_to_a_third(engine: WasmEngine, tmp_path
         await asyncio.sleep(0.1)
         assert await outcome(victim) == (200, "")
         answered = time.perf_counter() - started
-        for h in held:
-            h.cancel()
-        await asyncio.gather(*held, return_exceptions=True)
+        # all of them, to the end: a cancelled one's thread naps on (the module's engine
+        # is shared: the next test found its threads still held)
+        assert set(await asyncio.gather(*held)) == {(200, "")}
         return answered
 
     assert 2 * TENANT_SHARE < WORKER_THREADS and THREAD_SHARE < TENANT_SHARE
@@ -360,7 +365,8 @@ def test_a_reactor_allowed_large_responses_runs_on_worker_threads(engine: WasmEn
                                                                   tmp_path: Path) -> None:
     """Its response is copied out of guest memory in one piece: 250 MB of it held
     every other request on the loop for a second."""
-    big = load(engine, function_dir(tmp_path, "big", reactor(""), limits="max_response_mb = 64"))
+    big = load(engine, function_dir(tmp_path, "big", reactor(""),  # epochs count wall time:
+                                    limits="max_response_mb = 64\ncpu_ms = 1000"))  # room
     small = load(engine, function_dir(tmp_path, "small", reactor("")))
     assert big.threaded and not small.threaded
     assert asyncio.run(outcome(big)) == (200, "")
