@@ -350,12 +350,21 @@ def test_a_tier_above_with_api_keys_answers_what_edges_forward(
     """Once central had an API key of its own, its OpenAI API asked every call for
     one: what the edges forwarded for their callers was refused (401). The signed
     tenant the call carries admits it; central's event names that tenant."""
-    KeyStore(pop_dir(run, "central")).create("ops", ("*",))
-    AdminClient(pop_dir(run, "central"), timeout=30).request("POST", "/v1/keys/reload")
+    central = pop_dir(run, "central")
+    kept = (central / "keys.json").read_bytes() if (central / "keys.json").exists() else None
+    KeyStore(central).create("ops", ("*",))
+    AdminClient(central, timeout=30).request("POST", "/v1/keys/reload")
     rid = f"keyed-{uuid.uuid4().hex[:8]}"
     text = f"Say the word {uuid.uuid4().hex[:6]}."
-    sample = send(run, "us-east", keys["edge-us", "globex"], "POST", "/v1/chat/completions",
-                  chat(text), rid)
+    try:
+        sample = send(run, "us-east", keys["edge-us", "globex"], "POST",
+                      "/v1/chat/completions", chat(text), rid)
+    finally:  # central asks for a key from now on: the other tests' topology is as it was
+        if kept is None:
+            (central / "keys.json").unlink()
+        else:
+            (central / "keys.json").write_bytes(kept)
+        AdminClient(central, timeout=30).request("POST", "/v1/keys/reload")
     assert sample.status == 200, sample.error
 
     def seen() -> list[str]:
