@@ -254,15 +254,19 @@ def test_a_function_holds_at_most_its_share_of_worker_threads(engine: WasmEngine
     assert 4 * 0.3 <= all_done < 4 * 0.3 + 0.5, all_done
 
 
-def test_one_owners_functions_hold_at_most_its_share_of_worker_threads(
-        engine: WasmEngine, tmp_path: Path) -> None:
-    """Four functions of one owner, each at its THREAD_SHARE, held every worker
-    thread: another owner's request waited (in the helper's run, 504s for 60 s)."""
-    hogs = [load(engine, function_dir(tmp_path, f"evil{i}", sleeper(600 * 10**6),
+def _held_while_a_victim_asks(engine: WasmEngine, tmp_path: Path, owners: list[str],
+                              victim_owner: str) -> tuple[float, float]:
+    """`owners`' functions (each owner WORKER_THREADS // THREAD_SHARE of them, 600 ms
+    naps) each asked THREAD_SHARE times at once, then, 0.1 s later, a function of
+    `victim_owner`: (seconds until it answered, seconds until every nap ended). Every
+    nap is awaited to its end: the module's engine is shared, and a cancelled one's
+    thread naps on (the next test found its threads still held)."""
+    hogs = [load(engine, function_dir(tmp_path, f"{owner}{i}", sleeper(600 * 10**6),
                                       limits="cpu_ms = 5000\nwall_ms = 5000",
-                                      extra='owner = "evil"'))
-            for i in range(WORKER_THREADS // THREAD_SHARE)]
-    victim = load(engine, function_dir(tmp_path, "victim", sleeper(0), extra='owner = "good"'))
+                                      extra=f'owner = "{owner}"'))
+            for owner in owners for i in range(WORKER_THREADS // THREAD_SHARE)]
+    victim = load(engine, function_dir(tmp_path, f"victim-{victim_owner}", sleeper(0),
+                                       extra=f'owner = "{victim_owner}"'))
 
     async def go() -> tuple[float, float]:
         started = time.perf_counter()
@@ -273,7 +277,14 @@ def test_one_owners_functions_hold_at_most_its_share_of_worker_threads(
         assert set(await asyncio.gather(*held)) == {(200, "")}
         return answered, time.perf_counter() - started
 
-    answered, all_done = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_one_owners_functions_hold_at_most_its_share_of_worker_threads(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    """Four functions of one owner, each at its THREAD_SHARE, held every worker
+    thread: another owner's request waited (in the helper's run, 504s for 60 s)."""
+    answered, all_done = _held_while_a_victim_asks(engine, tmp_path, ["evil"], "good")
     assert TENANT_SHARE < WORKER_THREADS
     assert answered < 0.45, answered  # not after the first round of 600 ms naps
     rounds = -(-WORKER_THREADS // TENANT_SHARE)  # 16 naps, TENANT_SHARE at a time
@@ -283,25 +294,8 @@ def test_one_owners_functions_hold_at_most_its_share_of_worker_threads(
 def test_two_owners_leave_worker_threads_to_a_third(engine: WasmEngine, tmp_path: Path) -> None:
     """At half the threads each, two owners' long functions held all of them: a third
     owner's function waited out its wall limit (504s, in a helper's run, for 60 s)."""
-    hogs = [load(engine, function_dir(tmp_path, f"{owner}{i}", sleeper(600 * 10**6),
-                                      limits="cpu_ms = 5000\nwall_ms = 5000",
-                                      extra=f'owner = "{owner}"'))
-            for owner in ("bob", "carol") for i in range(WORKER_THREADS // THREAD_SHARE)]
-    victim = load(engine, function_dir(tmp_path, "victim2", sleeper(0), extra='owner = "ann"'))
-
-    async def go() -> float:
-        started = time.perf_counter()
-        held = [asyncio.ensure_future(outcome(fn)) for fn in hogs for _ in range(THREAD_SHARE)]
-        await asyncio.sleep(0.1)
-        assert await outcome(victim) == (200, "")
-        answered = time.perf_counter() - started
-        # all of them, to the end: a cancelled one's thread naps on (the module's engine
-        # is shared: the next test found its threads still held)
-        assert set(await asyncio.gather(*held)) == {(200, "")}
-        return answered
-
     assert 2 * TENANT_SHARE < WORKER_THREADS and THREAD_SHARE < TENANT_SHARE
-    answered = asyncio.run(go())
+    answered, _ = _held_while_a_victim_asks(engine, tmp_path, ["bob", "carol"], "ann")
     assert answered < 0.45, answered  # not after the first round of 600 ms naps
 
 
