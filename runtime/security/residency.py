@@ -3,8 +3,9 @@
 A pinned tenant is served only by PoPs of its region; the `residency` stage
 refuses it anywhere else. Between the PoPs of a topology the tenant travels as
 the ``x-edgefn-tenant`` header, signed with the topology's shared ``secret``
-(HMAC-SHA256 over the tenant and the request id, so a token does not outlive its
-request), and the receiving PoP enforces the pin again.
+(HMAC-SHA256 over the tenant, the request id and when it was signed: a token
+names one request and holds `SIGNED_FOR_S` seconds, so a captured header cannot be
+replayed later), and the receiving PoP enforces the pin again.
 
 A PoP also knows where its model calls go when it forwards them (``[residency.uplink]``:
 the forwarded models and the PoPs its uplink may reach, in order). A pinned tenant's
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import time
 from typing import Annotated, Any
 
 from msgspec import Meta, Struct, field
@@ -30,6 +32,9 @@ TENANT_HEADER = b"x-edgefn-tenant"
 DESENSITISED_HEADER = b"x-edgefn-desensitised"
 _REGION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 MIN_SECRET = 16
+# how long a signed tenant holds, either way of the receiver's clock: it is signed as
+# the hop leaves and checked as it arrives (skew between machines included)
+SIGNED_FOR_S = 120
 
 
 class SampleSettings(Struct, forbid_unknown_fields=True, frozen=True):
@@ -107,19 +112,36 @@ def mac(secret: str, *parts: str) -> str:
     return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()[:32]
 
 
-def sign(secret: str, tenant: str, request_id: str) -> str:
-    """The ``x-edgefn-tenant`` value for `tenant` on request `request_id`."""
-    return f"{tenant};{mac(secret, tenant, request_id)}"
+def sign(secret: str, tenant: str, request_id: str, now: float | None = None) -> str:
+    """The ``x-edgefn-tenant`` value for `tenant` on request `request_id`, signed
+    at `now` (default: the clock's)."""
+    issued = str(int(time.time() if now is None else now))
+    return f"{tenant};{issued};{mac(secret, tenant, request_id, issued)}"
 
 
-def verify(secret: str, value: str, request_id: str) -> str:
+def verify(secret: str, value: str, request_id: str, now: float | None = None) -> str:
     """The tenant a signed header names. Raises `Rejected` (403) when it was not
-    signed with `secret` for `request_id` (or this PoP has no secret)."""
-    tenant, _, tag = value.rpartition(";")
-    if not secret or not tenant or not hmac.compare_digest(tag, mac(secret, tenant, request_id)):
+    signed with `secret` for `request_id` (or this PoP has no secret), or not
+    within `SIGNED_FOR_S` seconds of `now`."""
+    tenant, issued, tag = _parts(value)
+    if not secret or not tenant or not hmac.compare_digest(
+            tag, mac(secret, tenant, request_id, issued)):
         raise Rejected("forbidden", 403, "x-edgefn-tenant is not signed with this topology's "
                        "secret for this request id")
+    age = (time.time() if now is None else now) - int(issued)
+    if abs(age) > SIGNED_FOR_S:
+        raise Rejected("forbidden", 403, f"x-edgefn-tenant was signed {age:.0f} s from now; "
+                       f"a signed tenant holds {SIGNED_FOR_S} s (are the PoPs' clocks apart?)")
     return tenant
+
+
+def _parts(value: str) -> tuple[str, str, str]:
+    """(tenant, issued, tag) of a signed value; blanks where it has no such shape."""
+    tenant, _, rest = value.rpartition(";")
+    tenant, _, issued = tenant.rpartition(";")
+    if not issued.isascii() or not issued.isdigit() or len(issued) > 12:
+        return "", "0", ""
+    return tenant, issued, rest
 
 
 def refusal(tenant: str, home: str, pop: str, region: str) -> Rejected:
@@ -149,7 +171,7 @@ def hashed_id(secret: str, value: str) -> str:
 def tenant_of(forward: str | None) -> str | None:
     """The tenant a signed ``x-edgefn-tenant`` value names (unverified: for values
     this PoP made), or None."""
-    return forward.rpartition(";")[0] or None if forward else None
+    return _parts(forward)[0] or None if forward else None
 
 
 def mark_of(decisions: dict[str, Any] | None) -> str | None:

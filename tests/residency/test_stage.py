@@ -4,9 +4,11 @@ front of it, a stage that plays `auth` (sets the principal) before it."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from edgefn_core.errors import Rejected
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result
 from runtime.pipeline.stages.residency import BLANK_PATH, Residency
@@ -74,7 +76,7 @@ def test_in_its_region_it_is_served_and_its_hops_carry_a_signed_tenant() -> None
     app, seen, tail = chain("acme-eu", region="emea")
     response = run(app(with_rid(b"rid-1")))
     assert response.status == 200 and seen.events[0].path == "/v1/chat/completions"
-    assert tail.values == [r.sign(SECRET, "acme-eu", "rid-1")]
+    assert [r.verify(SECRET, v, "rid-1") for v in tail.values] == ["acme-eu"]
 
 
 @pytest.mark.parametrize("tenant", [None, "someone-else"])
@@ -93,7 +95,8 @@ def test_the_next_tier_enforces_the_pin_from_the_signed_header() -> None:
     assert [(e.tenant, e.error) for e in seen.events] == [("acme-eu", "residency_violation")]
     app, seen, tail = chain(None, region="emea")
     assert run(app(with_rid(b"rid-2", header))).status == 200
-    assert tail.values == [header[1].decode()], "and passes it on to the tier after it"
+    # and passes it on to the tier after it, signed anew
+    assert [r.verify(SECRET, v, "rid-2") for v in tail.values] == ["acme-eu"]
     assert [e.tenant for e in seen.events] == ["acme-eu"]
 
 
@@ -103,7 +106,7 @@ def test_an_unpinned_tenant_a_lower_tier_forwarded_is_named_and_passed_on() -> N
     app, seen, tail = chain(None, region="americas")
     header = (r.TENANT_HEADER, r.sign(SECRET, "globex", "rid-5").encode())
     assert run(app(with_rid(b"rid-5", header))).status == 200
-    assert tail.values == [r.sign(SECRET, "globex", "rid-5")]
+    assert [r.verify(SECRET, v, "rid-5") for v in tail.values] == ["globex"]
     assert [e.tenant for e in seen.events] == ["globex"]
     forged = (r.TENANT_HEADER, r.sign("not-ours", "globex", "rid-6").encode())
     assert run(app(with_rid(b"rid-6", forged))).status == 403
@@ -114,12 +117,37 @@ def test_an_unpinned_tenant_a_lower_tier_forwarded_is_named_and_passed_on() -> N
     r.sign("another-topology-secret", "acme-eu", "rid-3").encode(),
     r.sign(SECRET, "acme-eu", "another-request").encode(),  # replayed from another request
     b"acme-eu",
+    r.sign(SECRET, "acme-eu", "rid-3", now=1).encode(),  # replayed long after
 ])
 def test_a_tenant_header_this_topology_did_not_sign_is_forbidden(value: bytes) -> None:
     app, _, tail = chain(None, region="emea")
     response = run(app(with_rid(b"rid-3", (r.TENANT_HEADER, value))))
     assert response.status == 403 and tail.values == []
     assert b"x-edgefn-tenant" in response.body  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("age", [r.SIGNED_FOR_S + 2, -r.SIGNED_FOR_S - 2])
+def test_a_signed_tenant_holds_a_short_while_either_way_of_the_clock(age: int) -> None:
+    """A captured header replayed later (with its request id) is refused; so is one
+    signed ahead of the clock by more than the skew allowed."""
+    app, _, tail = chain(None, region="emea")
+    stale = r.sign(SECRET, "acme-eu", "rid-7", now=time.time() - age).encode()
+    response = run(app(with_rid(b"rid-7", (r.TENANT_HEADER, stale))))
+    assert response.status == 403 and tail.values == []
+    assert b"holds 120 s" in response.body  # type: ignore[operator]
+    fresh = r.sign(SECRET, "acme-eu", "rid-7", now=time.time() - age / 2).encode()
+    assert run(app(with_rid(b"rid-7", (r.TENANT_HEADER, fresh)))).status == 200
+
+
+def test_the_tag_covers_the_tenant_and_when_it_was_signed() -> None:
+    value = r.sign(SECRET, "acme-eu", "rid-8", now=1000)
+    assert r.verify(SECRET, value, "rid-8", now=1000 + r.SIGNED_FOR_S) == "acme-eu"
+    tenant, issued, tag = value.split(";")
+    for forged in (f"globex;{issued};{tag}", f"{tenant};1100;{tag}", f"{tenant};{tag}",
+                   f"{tenant};-1000;{tag}", f"a;b;{value}"):
+        with pytest.raises(Rejected):
+            r.verify(SECRET, forged, "rid-8", now=1100)
+    assert r.tenant_of(value) == "acme-eu" and r.tenant_of(f"x;y;{value}") == f"x;y;{tenant}"
 
 
 def test_without_a_secret_a_tenant_header_is_not_trusted() -> None:
