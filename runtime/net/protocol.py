@@ -601,7 +601,8 @@ class HttpProtocol(asyncio.Protocol):
 def _target(url: bytes, hosts: int, host: bytes) -> tuple[bytes, bytes, bytes]:
     """Path, query and host of a request that is not a plain one (RFC 9112 3.2, 3.3):
     `hosts` Host headers, the last `host`. Raises `HttpReject` (400) for more than
-    one Host, a fragment, or a target that is neither origin-form nor absolute-form;
+    one Host, a fragment, or a target that is neither origin-form nor absolute-form
+    (asterisk-form, ``OPTIONS *``, as nginx does: functions answer for their paths);
     an absolute-form target's authority is the host (its Host header is ignored)."""
     if hosts > 1:
         raise HttpReject(400, "more than one Host header")
@@ -609,6 +610,9 @@ def _target(url: bytes, hosts: int, host: bytes) -> tuple[bytes, bytes, bytes]:
         raise HttpReject(400, "a request target has no fragment (#...)")
     if url.startswith(b"/"):
         path, _, query = url.partition(b"?")
+    elif url == b"*":
+        raise HttpReject(400, "the asterisk-form target (OPTIONS *) is not served: the PoP's "
+                              "functions answer OPTIONS for their own paths")
     else:  # absolute-form (proxy style)
         try:
             parsed = httptools.parse_url(url)

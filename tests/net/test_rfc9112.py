@@ -82,6 +82,7 @@ def test_trailer_fields_are_not_merged_into_the_headers() -> None:
     (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
     (b"GET /echo#x HTTP/1.1\r\nHost: a\r\n\r\n", 400),
     (b"GET http://a:99999/ HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    (b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", 400),  # as nginx (see the next test)
 ])
 def test_what_the_front_does_not_serve_gets_one_answer(raw: bytes, status: int) -> None:
     async def go() -> None:
@@ -95,6 +96,16 @@ def test_what_the_front_does_not_serve_gets_one_answer(raw: bytes, status: int) 
         proto.data_received(raw)
         assert [r[0] for r in responses(t.buffer)] == [status] and ran == []
         assert b"User callback error" not in t.buffer and t.closed
+    run(go())
+
+
+def test_options_asterisk_is_told_what_the_pop_does_not_serve() -> None:
+    """It was told "an absolute request target needs http(s)://host"."""
+    async def go() -> None:
+        proto, t = connect(lambda request: Response(200, [], b"ran"))
+        proto.data_received(b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert [r[0] for r in responses(t.buffer)] == [400]
+        assert b"asterisk-form target (OPTIONS *) is not served" in t.buffer
     run(go())
 
 
