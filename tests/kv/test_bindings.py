@@ -131,3 +131,48 @@ def test_a_call_result_kept_for_a_retry_never_reaches_a_later_request(
         status, _, body = pop.get("/get-twice")
         assert status == 200, body
         assert base64.b64decode(json.loads(body)["value"]) == f"newer {n}".encode()
+
+
+# Ten `kv.increment` calls with no room for the result (cap 0: "run it, the result is
+# not needed"), then: put "before", `kv.get` with no room, put "after!", `kv.get` with
+# room, whose result it answers.
+CALLS_AGAIN = reactor("""
+  (local $i i32) (local $len i64)
+  (loop $again
+    (drop (call $call (i32.const 300) (i32.const 12) (i32.const 400) (i32.const 29)
+                      (i32.const 4096) (i32.const 0)))
+    (local.set $i (i32.add (local.get $i) (i32.const 1)))
+    (br_if $again (i32.lt_u (local.get $i) (i32.const 10))))
+  (drop (call $put (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 2)
+                   (i32.const 220) (i32.const 6)))
+  (drop (call $call (i32.const 320) (i32.const 6) (i32.const 500) (i32.const 28)
+                    (i32.const 4096) (i32.const 0)))
+  (drop (call $put (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 2)
+                   (i32.const 230) (i32.const 6)))
+  (local.set $len (call $call (i32.const 320) (i32.const 6) (i32.const 500) (i32.const 28)
+                              (i32.const 2060) (i32.const 1024)))
+  (i32.store (i32.const 2048) (i32.const 200))
+  (i32.store (i32.const 2052) (i32.const 0))
+  (i32.store (i32.const 2056) (i32.wrap_i64 (local.get $len)))
+  (return (i64.or (i64.shl (i64.const 2048) (i64.const 32))
+                  (i64.add (i64.const 12) (local.get $len))))""",
+                      imports="""(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32)
+                                                                (result i64)))
+                              (import "edgefn" "kv_put"
+                                (func $put (param i32 i32 i32 i32 i32 i32) (result i64)))""",
+                      prelude="""(data (i32.const 200) "n") (data (i32.const 210) "st")
+                                 (data (i32.const 220) "before") (data (i32.const 230) "after!")
+                                 (data (i32.const 300) "kv.increment") (data (i32.const 320) "kv.get")
+                                 (data (i32.const 400) "{\\"namespace\\":\\"n\\",\\"key\\":\\"ci0\\"}")
+                                 (data (i32.const 500) "{\\"namespace\\":\\"n\\",\\"key\\":\\"st\\"}")""")
+
+
+def test_only_a_retry_with_room_takes_a_kept_call_result(pop: Running, tmp_path: Path) -> None:
+    """The same call again with no room ran nothing (a loop of increments lost every
+    other one), and a kept `kv.get` outlived the write after it (the read after the
+    write saw the value before it)."""
+    pop.deploy(function_dir(tmp_path, "calls-again", CALLS_AGAIN, extra='[bindings]\nkv = ["n"]'))
+    status, _, body = pop.get("/calls-again")
+    assert status == 200, body
+    assert base64.b64decode(json.loads(body)["value"]) == b"after!"
+    assert pop.pop.stores.kv.get("n", b"ci0") == b"10"

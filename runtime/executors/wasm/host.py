@@ -202,26 +202,32 @@ def _impls(b: Bindings, request: GuestRequest) -> dict[str, Callable[..., Any]]:
         value = store.get(ns, m.read(kp, kl))
         return -1 if value is None else m.give(value, bp, cap)
 
+    # A write ends any `call` result kept for a retry: a call after it runs anew.
     def kv_put(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, vp: int, vl: int) -> int:
+        request.kept = None
         store, ns = kv(m, nsp, nsl)
         return store.put(ns, m.read(kp, kl), m.read(vp, vl))
 
     def kv_delete(m: _Memory, nsp: int, nsl: int, kp: int, kl: int) -> int:
+        request.kept = None
         store, ns = kv(m, nsp, nsl)
         return int(store.delete(ns, m.read(kp, kl)))
 
     def kv_increment(m: _Memory, nsp: int, nsl: int, kp: int, kl: int, delta: int) -> int:
+        request.kept = None
         store, ns = kv(m, nsp, nsl)
         return store.increment(ns, m.read(kp, kl), delta)
 
     # A result too big for the guest's buffer is kept (per thread, until the thread's
-    # next request: `HostFunctions.begin_request`) for the retry with a bigger one, so
-    # the call (a model generation, say) is not run twice.
+    # next request: `HostFunctions.begin_request`) for the retry with a buffer it fits,
+    # so the call (a model generation, say) is not run twice. Only that retry takes it:
+    # the same call again with a buffer still too small (or none: `cap` 0, "run it, I
+    # do not need the result") runs again (a loop of increments lost every other one).
 
     def call(m: _Memory, np_: int, nl: int, ap: int, al: int, bp: int, cap: int) -> int:
         name, raw = m.text(np_, nl), m.read(ap, al)
         kept, request.kept = request.kept, None
-        if kept is not None and kept[0] == (name, raw):
+        if kept is not None and kept[0] == (name, raw) and len(kept[1]) <= cap:
             return m.give(kept[1], bp, cap)
         try:
             args = json.loads(raw or b"{}")
