@@ -56,6 +56,7 @@ MAX_ID_BYTES = 256
 MAX_META_BYTES = 4096
 SAVE_EVERY = 10_000  # log entries between automatic saves
 MAX_K = 1000  # nearest neighbours one query returns at most
+F16_MAX = float(np.finfo(np.float16).max)  # 65504
 FILTER_SCAN = 16_384  # candidates a filtered query looks among (or 4k, if more)
 EXACT_BELOW = 4096  # indexes of at most this many vectors are searched exactly
 # allowed ranges of the usearch HNSW settings a caller may choose per index
@@ -328,12 +329,14 @@ class VectorStore:
         return db
 
     def delete(self, name: str, ids: Iterable[str]) -> int:
-        """Delete vectors by id; returns how many existed."""
+        """Delete vectors by id; returns how many existed. Raises `InvalidValue` when
+        `ids` is not a list of strings."""
         o = self._get(name)
+        wanted = _ids(name, ids)
         gone = 0
         with self.env.begin(write=True) as txn:
             seq, next_key = _state(txn.get(o.key, db=self._configs))
-            for id_ in ids:
+            for id_ in wanted:
                 raw = txn.get(id_.encode(), db=o.ids)
                 if raw is None:
                     continue
@@ -480,15 +483,17 @@ class VectorStore:
         return o
 
     def _vector(self, c: IndexConfig, vector: Any) -> np.ndarray:
-        try:
-            v = np.asarray(vector, dtype=np.float32).reshape(-1)
-        except (TypeError, ValueError):
-            raise InvalidValue(f"index {c.name!r}: vector is not a list of numbers") from None
+        """`vector` as f32 for index `c`. Raises `InvalidValue` for one that is not
+        `c.dim` finite numbers, or that its graph's dtype cannot hold (an f16 graph
+        turned 70000 into inf: that vector came first in every cos query, at NaN)."""
+        v = as_vector(c.name, vector)
         if v.shape[0] != c.dim:
             raise InvalidValue(f"index {c.name!r} has dimension {c.dim}, got a vector of "
                                f"{v.shape[0]}")
-        if not np.isfinite(v).all():
-            raise InvalidValue(f"index {c.name!r}: vector has NaN or infinite values")
+        if c.dtype == "f16" and float(np.abs(v).max()) > F16_MAX:
+            raise InvalidValue(f"index {c.name!r} holds f16: a component of magnitude "
+                               f"{float(np.abs(v).max()):g} is past f16's {F16_MAX:g} (scale "
+                               "the vector down; cos ignores its length)")
         return v
 
     def _encode(self, c: IndexConfig, id_: str, vector: Any,
@@ -518,6 +523,37 @@ class VectorStore:
         n, m = _ROW.unpack_from(row)
         start = _ROW.size + n + m
         return np.frombuffer(bytes(row[start:start + 4 * c.dim]), dtype=np.float32)
+
+
+def as_vector(index: str, vector: Any) -> np.ndarray:
+    """`vector` as a flat f32 array of at least one finite number. Raises
+    `InvalidValue` naming `index`."""
+    if isinstance(vector, (str, bytes)):  # np.asarray reads "1.5" as a number
+        raise InvalidValue(f"index {index!r}: vector is not a list of numbers")
+    try:
+        with np.errstate(over="ignore"):  # past f32's range: inf, refused below
+            v = np.asarray(vector, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError):
+        raise InvalidValue(f"index {index!r}: vector is not a list of numbers") from None
+    if not v.shape[0]:
+        raise InvalidValue(f"index {index!r}: the vector is empty")
+    if not np.isfinite(v).all():
+        raise InvalidValue(f"index {index!r}: vector has NaN or infinite values (or values "
+                           "past f32's range)")
+    return v
+
+
+def _ids(index: str, ids: Any) -> list[str]:
+    """`ids` as a list of strings. Raises `InvalidValue` for one string (each of its
+    characters was deleted as an id) or anything but strings."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise InvalidValue(f"index {index!r}: ids must be a list of ids, got "
+                           f"{type(ids).__name__}")
+    out = list(ids)
+    for id_ in out:
+        if not isinstance(id_, str):
+            raise InvalidValue(f"index {index!r}: ids are strings, got {type(id_).__name__}")
+    return out
 
 
 def _check_settings(name: str, dim: int, metric: str, dtype: str) -> None:

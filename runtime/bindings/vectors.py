@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import BindingError, LimitExceeded
-from kv.vectors import GRAPH_LIMITS, VectorStore
+from kv.vectors import GRAPH_LIMITS, VectorStore, as_vector
 from runtime.bindings import owners
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:
         case "upsert":
             items = a["items"]
             if items and index not in vs.names():  # first write: the dimension is known now
-                vs.create(index, len(items[0]["vector"]))
+                vs.create(index, len(as_vector(index, items[0]["vector"])))
             return vs.upsert(index, [(i["id"], i["vector"], i.get("metadata")) for i in items])
         case "delete":
             return vs.delete(index, a["ids"])

@@ -240,6 +240,17 @@ def test_a_vector_of_the_wrong_dimension_is_refused_naming_the_dimension(
     assert "has dimension 3, got a vector of 2" in str(e.value)
 
 
+def test_a_refused_first_upsert_leaves_no_index_behind(probe: Probe) -> None:
+    """A string vector's first upsert created the index with dimension 11 (the
+    string's length): every later upsert of 3 numbers was refused for good."""
+    text, empty, ok = probe.run(
+        probe.vec("upsert", [{"id": "a", "vector": "hello world"}]),
+        probe.vec("upsert", [{"id": "a", "vector": []}]),
+        probe.vec("upsert", [{"id": "a", "vector": [1, 2, 3]}]))
+    assert text["error"] == f"index '{probe.index}': vector is not a list of numbers"
+    assert empty["error"] == f"index '{probe.index}': the vector is empty"
+    assert ok == {"ok": 1}
+
 
 def test_a_missing_argument_is_named_not_a_python_repr(probe: Probe) -> None:
     (missing,) = probe.run({"op": "call", "name": "kv.get", "args": {"namespace": probe.ns}})

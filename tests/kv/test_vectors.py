@@ -203,6 +203,33 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         assert [m.id for m in s.query("docs", [1, 2, 3], filter={"a": 1})] == ["ok"]
 
 
+def test_what_the_graph_cannot_hold_and_ids_that_are_not_a_list_are_refused(
+        tmp_path: Path) -> None:
+    """70000 became inf in the default f16 graph: that vector came first in every cos
+    query, at distance NaN (not JSON). delete("doc") deleted "d" and "o"."""
+    with VectorStore(tmp_path) as s:
+        s.create("docs", 3)  # f16
+        s.upsert("docs", [("d", [1, 0, 0], None), ("o", [0, 1, 0], None),
+                          ("doc", [0, 0, 1], None)])
+        with pytest.raises(InvalidValue, match="past f16's 65504"):
+            s.upsert("docs", [("huge", [70000, 0, 0], None)])
+        with pytest.raises(InvalidValue, match="past f16's 65504"):
+            s.query("docs", [0, 0, -70000])
+        s.upsert("docs", [("edge", [65504, 0, 0], None)])  # f16's largest: held
+        assert [m.id for m in s.query("docs", [0, 1, 0], k=1)] == ["o"]
+        s.create("wide", 3, dtype="f32")
+        s.upsert("wide", [("huge", [70000, 0, 0], None)])  # f32 holds it
+        with pytest.raises(InvalidValue, match="past f32's range"):
+            s.upsert("wide", [("huger", [1e39, 0, 0], None)])
+        for ids in ("doc", b"doc", [1], None):
+            with pytest.raises(InvalidValue, match="ids"):
+                s.delete("docs", ids)  # type: ignore[arg-type]
+        assert s.stats("docs")["count"] == 4
+        assert s.delete("docs", ["doc"]) == 1 and s.delete("docs", ("d", "o")) == 2
+        with pytest.raises(InvalidValue, match="not a list of numbers"):
+            s.upsert("docs", [("s", "1.5", None)])
+
+
 def test_an_id_repeated_in_one_upsert_keeps_the_last(tmp_path: Path) -> None:
     with VectorStore(tmp_path) as s:
         s.create("v", 2, metric="l2")
