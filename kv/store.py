@@ -52,6 +52,24 @@ class Limits:
     max_batch_ops: int = 1000
 
 
+@dataclass(frozen=True)
+class Quota:
+    """At most `limit` bytes in namespaces `names` together, checked inside the
+    write's own transaction (LMDB has one writer at a time, across processes): a
+    check in a transaction of its own let concurrent writers pass it together."""
+
+    names: tuple[str, ...]
+    limit: int
+    owner: str  # named in the error
+
+    def check(self, used: int, adding: int) -> None:
+        """Raises `LimitExceeded` when `used` + `adding` bytes pass the limit."""
+        if used + adding > self.limit:
+            raise LimitExceeded(f"the KV namespaces of owner {self.owner!r} hold {used} "
+                                f"bytes; {adding} more would pass its quota of {self.limit} "
+                                "bytes ([stores] kv_owner_quota_mb): delete keys first")
+
+
 @dataclass
 class Entry:
     value: bytes
@@ -296,13 +314,15 @@ class KVStore:
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, ns: str, key: bytes, value: bytes, *, ttl: float | None = None,
-            metadata: dict[str, Any] | None = None) -> int:
+            metadata: dict[str, Any] | None = None, quota: Quota | None = None) -> int:
         """Store `value`; returns the key's new version.
 
-        Raises `LimitExceeded` for an oversized key, value or metadata,
-        `InvalidValue` for a non-positive ttl, `UnknownNamespace`.
+        Raises `LimitExceeded` for an oversized key, value or metadata, or past
+        `quota` (the key and value counted as added), `InvalidValue` for a
+        non-positive ttl, `UnknownNamespace`.
         """
         with self._write() as w:
+            w.room(quota, len(key) + len(value))
             return w.put(ns, key, value, ttl=ttl, metadata=metadata)
 
     def delete(self, ns: str, key: bytes) -> bool:
@@ -311,18 +331,24 @@ class KVStore:
             return w.delete(ns, key)
 
     def cas(self, ns: str, key: bytes, expected_version: int | None, value: bytes, *,
-            ttl: float | None = None, metadata: dict[str, Any] | None = None) -> int | None:
+            ttl: float | None = None, metadata: dict[str, Any] | None = None,
+            quota: Quota | None = None) -> int | None:
         """Write only if the key's version is `expected_version` (None: only if the key
-        is absent). Returns the new version, or None if someone else wrote first."""
+        is absent). Returns the new version, or None if someone else wrote first.
+        Raises as `put` does."""
         with self._write() as w:
+            w.room(quota, len(key) + len(value))
             return w.cas(ns, key, expected_version, value, ttl=ttl, metadata=metadata)
 
-    def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0) -> int:
+    def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0,
+                  quota: Quota | None = None) -> int:
         """Atomically add `delta` to the integer stored at `key` (`initial` if absent).
 
-        Raises `InvalidValue` if the stored value is not a decimal integer.
+        Raises `InvalidValue` if the stored value is not a decimal integer,
+        `LimitExceeded` past `quota` (the key and 20 bytes counted as added).
         """
         with self._write() as w:
+            w.room(quota, len(key) + 20)
             return w.increment(ns, key, delta, initial=initial)
 
     def batch(self, ops: Sequence[tuple[Any, ...]]) -> builtins.list[Any]:
@@ -404,6 +430,13 @@ class _Writer:
         self.s = store
         self.txn = txn
         self.now = now_ms
+
+    def room(self, quota: Quota | None, adding: int) -> None:
+        """Raises `LimitExceeded` when `adding` bytes would pass `quota`."""
+        if quota is not None:
+            quota.check(sum(_EXP.unpack(raw)[0] for n in quota.names
+                            if (raw := self.txn.get(n.encode(), db=self.s._usage)) is not None),
+                        adding)
 
     def apply(self, op: tuple[Any, ...]) -> Any:
         kind, args = op[0], op[1:]

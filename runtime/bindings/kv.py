@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edgefn_core.errors import BindingError, LimitExceeded
+from edgefn_core.errors import BindingError
 from kv import KVStore
-from kv.store import Entry, Page
+from kv.store import Entry, Page, Quota
 from runtime.bindings import owners
 from runtime.bindings.codec import b64, unb64
 
@@ -48,20 +48,17 @@ class KVBinding:
             raise BindingError(denied)
         return ns
 
-    def room(self, ns: str, adding: int) -> None:
-        """Raises `LimitExceeded` if namespace `ns`'s owner already holds its quota
-        (`Stores.kv_quota`) in all its namespaces, or would with `adding` more bytes:
-        one tenant filled the store every tenant shares (MDB_MAP_FULL for all)."""
-        quota = self.stores.kv_quota
-        if not quota:
-            return
+    def quota(self, ns: str) -> Quota | None:
+        """The quota (`Stores.kv_quota`) a write to namespace `ns` is held to: its
+        owner's, over all that owner's namespaces (one tenant filled the store every
+        tenant shares: MDB_MAP_FULL for all). The store checks it inside the write's
+        transaction."""
+        limit = self.stores.kv_quota
+        if not limit:
+            return None
         owners = self.stores.owners
         owner = owners.owner("kv", ns) or self.tenant
-        used = self.stores.kv.usage(owners.names("kv", owner) or [ns])
-        if used + adding > quota:
-            raise LimitExceeded(f"the KV namespaces of owner {owner!r} hold {used} bytes; "
-                                f"{adding} more would pass its quota of {quota} bytes "
-                                "([stores] kv_owner_quota_mb): delete keys first")
+        return Quota(tuple(owners.names("kv", owner) or [ns]), limit, owner)
 
     def readable(self) -> dict[str, Any]:
         """The declared namespaces the function may read now, with the owners'
@@ -102,20 +99,20 @@ class KVView:
         return self.kv.list(self.binding.namespace(ns), *args)
 
     def put(self, ns: str, key: bytes, value: bytes, **kw: Any) -> int:
-        self.binding.room(self.binding.namespace(ns, True), len(key) + len(value))
-        return self.kv.put(ns, key, value, **kw)
+        quota = self.binding.quota(self.binding.namespace(ns, True))
+        return self.kv.put(ns, key, value, quota=quota, **kw)
 
     def delete(self, ns: str, key: bytes) -> bool:
         return self.kv.delete(self.binding.namespace(ns, True), key)
 
     def increment(self, ns: str, key: bytes, delta: int = 1) -> int:
-        self.binding.room(self.binding.namespace(ns, True), len(key) + 20)
-        return self.kv.increment(ns, key, delta)
+        quota = self.binding.quota(self.binding.namespace(ns, True))
+        return self.kv.increment(ns, key, delta, quota=quota)
 
     def cas(self, ns: str, key: bytes, expected: int | None, value: bytes,
             **kw: Any) -> int | None:
-        self.binding.room(self.binding.namespace(ns, True), len(key) + len(value))
-        return self.kv.cas(ns, key, expected, value, **kw)
+        quota = self.binding.quota(self.binding.namespace(ns, True))
+        return self.kv.cas(ns, key, expected, value, quota=quota, **kw)
 
 
 def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,6 +241,38 @@ def test_an_owner_holds_at_most_its_kv_quota_across_its_namespaces(
     registry.stores.kv.put("a1", b"big", b"x" * 20_000)  # the operator is not held to it
     with pytest.raises(LimitExceeded):
         ka.increment("a2", b"n")
+
+
+def test_a_write_waiting_on_another_is_held_to_the_quota_that_one_left(
+        registry: Registry, tmp_path: Path) -> None:
+    """The quota was read in a transaction of its own: writers arriving together all
+    passed it, then wrote one after another (30 parallel puts took an owner 130 KB
+    past a 2 MB quota). Here a write waits on another holding LMDB's write lock."""
+    from edgefn_core.errors import LimitExceeded
+
+    registry.stores.kv_quota = 10_000
+    a = fn(tmp_path, "a", 'kv = ["a1"]', owner="acme")
+    deploy(registry, a)
+    ka = binding(registry, a).kv.store
+    failed: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            ka.put("a1", b"k2", b"x" * 4000)
+        except BaseException as e:
+            failed.append(e)
+
+    kv = registry.stores.kv
+    with kv._write() as w:  # the first write, of 6000 bytes, holds the write lock
+        w.put("a1", b"k1", b"x" * 6000)
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        waiting.join(0.3)  # checked and blocked on the lock (before: checked 0 bytes used)
+        assert waiting.is_alive()
+    waiting.join(5)
+    assert len(failed) == 1 and isinstance(failed[0], LimitExceeded), failed
+    assert "hold 6022 bytes; 4002 more would pass its quota" in str(failed[0])
+    assert kv.get("a1", b"k2") is None and kv.usage(["a1"]) == 6022
 
 
 def test_an_owner_holds_at_most_its_vectors_quota_across_its_indexes(
