@@ -32,6 +32,7 @@ import lmdb
 
 from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
 from kv import lmdb_handles
+from kv.quota import Quota
 
 _HEAD = struct.Struct("<QQI")
 _EXP = struct.Struct(">Q")
@@ -50,24 +51,6 @@ class Limits:
     max_value_bytes: int = 16 << 20
     max_metadata_bytes: int = 1024
     max_batch_ops: int = 1000
-
-
-@dataclass(frozen=True)
-class Quota:
-    """At most `limit` bytes in namespaces `names` together, checked inside the
-    write's own transaction (LMDB has one writer at a time, across processes): a
-    check in a transaction of its own let concurrent writers pass it together."""
-
-    names: tuple[str, ...]
-    limit: int
-    owner: str  # named in the error
-
-    def check(self, used: int, adding: int) -> None:
-        """Raises `LimitExceeded` when `used` + `adding` bytes pass the limit."""
-        if used + adding > self.limit:
-            raise LimitExceeded(f"the KV namespaces of owner {self.owner!r} hold {used} "
-                                f"bytes; {adding} more would pass its quota of {self.limit} "
-                                "bytes ([stores] kv_owner_quota_mb): delete keys first")
 
 
 @dataclass

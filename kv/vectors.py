@@ -45,6 +45,7 @@ from edgefn_core.errors import (
     StoreClosed,
     UnknownNamespace,
 )
+from kv.quota import Quota
 
 log = logging.getLogger("edgefn.vectors")
 _KEY = struct.Struct(">Q")
@@ -276,18 +277,23 @@ class VectorStore:
             o.index.add(np.array(fresh_keys, dtype=np.uint64), np.stack(fresh_vecs))
 
     # -- writes ---------------------------------------------------------------------------------
-    def upsert(self, name: str, items: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> int:
+    def upsert(self, name: str, items: Iterable[tuple[str, Any, dict[str, Any] | None]],
+               quota: Quota | None = None) -> int:
         """Insert or replace vectors by id; returns how many were written.
 
         Raises `UnknownNamespace`, `InvalidValue` (wrong dimension, non-finite values),
-        `LimitExceeded` (id or metadata too large). Nothing is written on error.
+        `LimitExceeded` (id or metadata too large, or the rows, as new ones, past
+        `quota`). Nothing is written on error.
         """
         o = self._get(name)
         latest = {id_: (vec, meta) for id_, vec, meta in items}  # a repeated id: last wins
         rows = [self._encode(o.config, id_, vec, meta) for id_, (vec, meta) in latest.items()]
         if not rows:
             return 0
+        counting = self._counting_dbs(quota.names) if quota is not None else {}
         with self.env.begin(write=True) as txn:
+            if quota is not None:
+                quota.check(_held(txn, counting), len(rows) * o.config.dim * 4)
             seq, next_key = _state(txn.get(o.key, db=self._configs))
             for id_bytes, row, _ in rows:
                 old = txn.get(id_bytes, db=o.ids)
@@ -307,16 +313,21 @@ class VectorStore:
         """The bytes of the vectors indexes `names` hold (4 a dimension: what they
         take in memory as f32 and in the rows); unknown names count 0."""
         self._check()
+        counting = self._counting_dbs(names)
+        with self.env.begin() as txn:
+            return _held(txn, counting)
+
+    def _counting_dbs(self, names: Iterable[str]) -> dict[str, tuple[int, Any]]:
+        """Index -> (its dimension, its ids database) for `held` and quotas, from the
+        records (no index is loaded to count); unknown names are left out."""
         with self.env.begin() as txn:
             dims = {n: int(json.loads(raw)["dim"]) for n in names
                     if (raw := txn.get(n.encode(), db=self._configs)) is not None}
-        total = 0
-        for name, dim in dims.items():  # from the records: no index is loaded to count
+        out = {}
+        for name, dim in dims.items():
             opened = self._open.get(name)
-            ids = opened.ids if opened is not None else self._ids_db(name)
-            with self.env.begin() as txn:
-                total += txn.stat(ids)["entries"] * dim * 4
-        return total
+            out[name] = (dim, opened.ids if opened is not None else self._ids_db(name))
+        return out
 
     def _ids_db(self, name: str) -> Any:
         """The ids database of index `name`, opened once (outside any transaction,
@@ -523,6 +534,11 @@ class VectorStore:
         n, m = _ROW.unpack_from(row)
         start = _ROW.size + n + m
         return np.frombuffer(bytes(row[start:start + 4 * c.dim]), dtype=np.float32)
+
+
+def _held(txn: Any, counting: dict[str, tuple[int, Any]]) -> int:
+    """The bytes the indexes of `counting` (`VectorStore._counting_dbs`) hold in `txn`."""
+    return sum(txn.stat(ids)["entries"] * dim * 4 for dim, ids in counting.values())
 
 
 def as_vector(index: str, vector: Any) -> np.ndarray:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import BindingError
 from kv import KVStore
-from kv.store import Entry, Page, Quota
+from kv.quota import Quota
+from kv.store import Entry, Page
 from runtime.bindings import owners
 from runtime.bindings.codec import b64, unb64
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edgefn_core.errors import BindingError, LimitExceeded
+from edgefn_core.errors import BindingError
+from kv.quota import Quota
 from kv.vectors import GRAPH_LIMITS, VectorStore, as_vector
 from runtime.bindings import owners
 
@@ -49,31 +50,27 @@ class VectorsBinding:
         if op not in ("query", "upsert", "delete"):
             raise BindingError(f"unknown vectors operation {op!r}")
         index = self.index(args["index"], op in WRITES)
-        if op == "upsert":
-            self.room(index, args["items"])
-        return run(self.store, op, index, args)
+        return run(self.store, op, index, args, self.quota(index) if op == "upsert" else None)
 
-    def room(self, index: str, items: list[dict[str, Any]]) -> None:
-        """Raises `LimitExceeded` if `items` would take index `index`'s owner past its
-        quota (`Stores.vectors_quota`) over all its indexes: the vector store, and
-        the PoP's memory every index lives in, are shared, and one tenant could fill
-        them. An upsert of ids it holds counts as new (delete first, near the quota)."""
-        quota = self.stores.vectors_quota
-        if not quota or not items:
-            return
+    def quota(self, index: str) -> Quota | None:
+        """The quota (`Stores.vectors_quota`) an upsert to `index` is held to: its
+        owner's, over all that owner's indexes (the vector store, and the PoP's memory
+        every index lives in, are shared, and one tenant could fill them). The store
+        checks it inside the write's transaction; an upsert of ids it holds counts as
+        new (delete first, near the quota)."""
+        limit = self.stores.vectors_quota
+        if not limit:
+            return None
         owners = self.stores.owners
         owner = owners.owner("vectors", index) or self.tenant
-        used = self.store.held(owners.names("vectors", owner) or [index])
-        adding = len(items) * len(items[0]["vector"]) * 4
-        if used + adding > quota:
-            raise LimitExceeded(f"the vector indexes of owner {owner!r} hold {used} bytes of "
-                                f"vectors; {adding} more would pass its quota of {quota} "
-                                "bytes ([stores] vectors_owner_quota_mb): delete some first")
+        return Quota(tuple(owners.names("vectors", owner) or [index]), limit, owner, "vectors")
 
 
-def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:
-    """One vector operation on `index`. Raises `BindingError` for an unknown one,
-    `StoreError` from the store, KeyError/TypeError/ValueError for bad args."""
+def run(vs: VectorStore, op: str, index: str, a: dict[str, Any],
+        quota: Quota | None = None) -> Any:
+    """One vector operation on `index` (an upsert held to `quota`). Raises
+    `BindingError` for an unknown one, `StoreError` from the store,
+    KeyError/TypeError/ValueError for bad args."""
     match op:
         case "query":
             matches = vs.query(index, a["vector"], int(a.get("k", 10)), a.get("filter"))
@@ -82,8 +79,12 @@ def run(vs: VectorStore, op: str, index: str, a: dict[str, Any]) -> Any:
         case "upsert":
             items = a["items"]
             if items and index not in vs.names():  # first write: the dimension is known now
-                vs.create(index, len(as_vector(index, items[0]["vector"])))
-            return vs.upsert(index, [(i["id"], i["vector"], i.get("metadata")) for i in items])
+                dim = len(as_vector(index, items[0]["vector"]))
+                if quota is not None:  # refused before the index is made
+                    quota.check(vs.held(quota.names), len(items) * dim * 4)
+                vs.create(index, dim)
+            return vs.upsert(index, [(i["id"], i["vector"], i.get("metadata")) for i in items],
+                             quota)
         case "delete":
             return vs.delete(index, a["ids"])
         case "create":

@@ -303,6 +303,9 @@ def test_an_owner_holds_at_most_its_vectors_quota_across_its_indexes(
     assert upsert(va, "a2", 40) == 40  # what fits still does
     va.call("vectors.delete", {"index": "a1", "ids": [f"v{i}" for i in range(30)]})
     assert upsert(va, "a2", 30, start=40) == 30  # room again
+    with pytest.raises(BindingError, match="hold 1600 bytes of vectors; 560 more"):
+        upsert(va, "a1", 35, start=100)  # into an index that exists: checked as it writes
+    assert registry.stores.vectors.stats("a1")["count"] == 30
 
 
 def test_usage_is_counted_for_a_store_written_before_it_was_kept(tmp_path: Path) -> None:
