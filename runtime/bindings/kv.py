@@ -119,7 +119,7 @@ class KVView:
 def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
     """One KV operation on namespace `ns`. Raises `BindingError` for an unknown
     one, `StoreError` from the store, KeyError/TypeError/ValueError for bad args."""
-    key = a["key"].encode() if op in ("get", "put", "delete", "increment", "cas") else b""
+    key = _key(a) if op in ("get", "put", "delete", "increment", "cas") else b""
     match op:
         case "get":
             entry = kv.get_entry(ns, key)
@@ -143,7 +143,25 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
         case "list":
             page = kv.list(ns, a.get("prefix", "").encode(), a.get("cursor"),
                            int(a.get("limit", 100)))
-            return {"keys": [{"key": k.key.decode("utf-8", "replace"), "metadata": k.metadata,
-                              "expires_at": k.expires_at} for k in page.keys],
-                    "cursor": page.cursor}
+            return {"keys": [_listed(k) for k in page.keys], "cursor": page.cursor}
     raise BindingError(f"unknown KV operation {op!r}")
+
+
+def _key(a: dict[str, Any]) -> bytes:
+    """The key an op names: ``key`` (text, UTF-8) or ``key_b64`` (any bytes, as
+    `kv.list` gives a key that is not UTF-8). Raises KeyError when neither is there."""
+    if "key" not in a and "key_b64" in a:
+        return unb64(a["key_b64"])
+    return a["key"].encode()  # type: ignore[no-any-return]
+
+
+def _listed(k: Any) -> dict[str, Any]:
+    """A `kv.list` entry: a key that is not UTF-8 (a WASM guest's raw bytes) comes as
+    ``key_b64`` too, for the get or delete that names it (its ``key`` is lossy)."""
+    out = {"key": k.key.decode("utf-8", "replace"), "metadata": k.metadata,
+           "expires_at": k.expires_at}
+    try:
+        k.key.decode()
+    except UnicodeDecodeError:
+        out["key_b64"] = b64(k.key)
+    return out

@@ -7,6 +7,7 @@ so no test sees another's data."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import time
@@ -250,6 +251,23 @@ def test_a_refused_first_upsert_leaves_no_index_behind(probe: Probe) -> None:
     assert text["error"] == f"index '{probe.index}': vector is not a list of numbers"
     assert empty["error"] == f"index '{probe.index}': the vector is empty"
     assert ok == {"ok": 1}
+
+
+def test_a_key_that_is_not_utf8_is_listed_so_that_it_can_be_named(probe: Probe) -> None:
+    """A WASM guest's raw key came from `kv.list` as U+FFFD text that named no key."""
+    raw = b"\xff\x00bin\xfe"
+    probe.pop.pop.stores.kv.put(probe.ns, raw, b"v1")
+    probe.pop.pop.stores.kv.put(probe.ns, b"plain", b"v2")
+    call = lambda name, **args: {"op": "call", "name": name,  # noqa: E731
+                                 "args": {"namespace": probe.ns, **args}}
+    listed, got, gone, after = probe.run(
+        call("kv.list"), call("kv.get", key_b64=base64.b64encode(raw).decode()),
+        call("kv.delete", key_b64=base64.b64encode(raw).decode()), call("kv.list"))
+    keys = listed["ok"]["keys"]
+    assert [(k["key"], k.get("key_b64")) for k in keys] == [
+        ("plain", None), ("\ufffd\x00bin\ufffd", base64.b64encode(raw).decode())]
+    assert base64.b64decode(got["ok"]["value"]) == b"v1" and gone == {"ok": True}
+    assert [k["key"] for k in after["ok"]["keys"]] == ["plain"]
 
 
 def test_a_missing_argument_is_named_not_a_python_repr(probe: Probe) -> None:
