@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import re
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -43,6 +44,7 @@ NAMESPACES_DB = b"__namespaces__"
 # namespace -> the bytes its keys and records take (>Q), kept in each write's
 # transaction: what an owner's quota (`runtime.bindings.kv`) counts
 USAGE_DB = b"__usage__"
+_DECIMAL = re.compile(rb"[-+]?[0-9]{1,20}")  # what `increment` counts from (and writes)
 
 
 @dataclass(frozen=True)
@@ -515,11 +517,10 @@ class _Writer:
         if entry is None:
             number = initial
         else:
-            try:
-                number = int(entry.value.decode("ascii"))
-            except (UnicodeDecodeError, ValueError):
+            if _DECIMAL.fullmatch(entry.value) is None:  # int() took " 1_000 "
                 raise InvalidValue(f"cannot increment key {_shown(key)} in {ns!r}: its value "
-                                   "is not a decimal integer") from None
+                                   "is not a decimal integer")
+            number = int(entry.value)
         number += delta
         if not -(1 << 63) <= number < 1 << 63:  # a WASM guest reads it as an i64 (it wrapped)
             raise InvalidValue(f"cannot increment key {_shown(key)} in {ns!r} by {delta}: "

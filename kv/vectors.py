@@ -424,7 +424,7 @@ class VectorStore:
                 continue
             id_, meta = self._row_head(row)
             if filter and not (isinstance(meta, dict)
-                               and all(meta.get(f) == v for f, v in filter.items())):
+                               and all(_equal(meta.get(f), v) for f, v in filter.items())):
                 continue
             out.append(Match(id_, float(dist), meta))
             if len(out) == k:
@@ -534,6 +534,14 @@ class VectorStore:
         n, m = _ROW.unpack_from(row)
         start = _ROW.size + n + m
         return np.frombuffer(bytes(row[start:start + 4 * c.dim]), dtype=np.float32)
+
+
+def _equal(value: Any, wanted: Any) -> bool:
+    """A metadata filter's equality, JSON's: ``true`` is not ``1`` (Python's ``==``
+    matched ``{"flag": 1}`` against ``{"flag": true}``); ``1`` is ``1.0``."""
+    if isinstance(value, bool) or isinstance(wanted, bool):
+        return value is wanted
+    return bool(value == wanted)
 
 
 def _held(txn: Any, counting: dict[str, tuple[int, Any]]) -> int:

@@ -14,7 +14,7 @@ from kv import KVStore
 from kv.quota import Quota
 from kv.store import Entry, Page
 from runtime.bindings import owners
-from runtime.bindings.codec import b64, unb64
+from runtime.bindings.codec import b64, integer, unb64
 
 if TYPE_CHECKING:
     from runtime.bindings import Stores
@@ -133,7 +133,7 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
         case "delete":
             return kv.delete(ns, key)
         case "increment":
-            return kv.increment(ns, key, int(a.get("delta", 1)))
+            return kv.increment(ns, key, integer(a, "delta", 1))
         case "cas":
             return kv.cas(ns, key, a.get("expected_version"), unb64(a["value"]),
                           ttl=a.get("ttl"), metadata=a.get("metadata"))
@@ -142,7 +142,7 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
             return None
         case "list":
             page = kv.list(ns, a.get("prefix", "").encode(), a.get("cursor"),
-                           int(a.get("limit", 100)))
+                           integer(a, "limit", 100))
             return {"keys": [_listed(k) for k in page.keys], "cursor": page.cursor}
     raise BindingError(f"unknown KV operation {op!r}")
 
@@ -152,7 +152,7 @@ def _key(a: dict[str, Any]) -> bytes:
     `kv.list` gives a key that is not UTF-8). Raises KeyError when neither is there."""
     if "key" not in a and "key_b64" in a:
         return unb64(a["key_b64"])
-    return a["key"].encode()  # type: ignore[no-any-return]
+    return a["key"].encode()
 
 
 def _listed(k: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from edgefn_core.errors import BindingError
 from kv.quota import Quota
 from kv.vectors import GRAPH_LIMITS, VectorStore, as_vector
 from runtime.bindings import owners
+from runtime.bindings.codec import integer
 
 if TYPE_CHECKING:
     from runtime.bindings import Stores
@@ -73,7 +74,7 @@ def run(vs: VectorStore, op: str, index: str, a: dict[str, Any],
     KeyError/TypeError/ValueError for bad args."""
     match op:
         case "query":
-            matches = vs.query(index, a["vector"], int(a.get("k", 10)), a.get("filter"))
+            matches = vs.query(index, a["vector"], integer(a, "k", 10), a.get("filter"))
             return [{"id": m.id, "distance": m.distance, "metadata": m.metadata}
                     for m in matches]
         case "upsert":

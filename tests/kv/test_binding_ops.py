@@ -270,6 +270,23 @@ def test_a_key_that_is_not_utf8_is_listed_so_that_it_can_be_named(probe: Probe) 
     assert [k["key"] for k in after["ok"]["keys"]] == ["plain"]
 
 
+def test_integer_arguments_are_json_integers(probe: Probe) -> None:
+    """`delta: 1.9` added 1, `k: "2"` asked for 2, `limit: true` listed 1."""
+    call = lambda name, **args: {"op": "call", "name": name,  # noqa: E731
+                                 "args": {"namespace": probe.ns, "index": probe.index, **args}}
+    results = probe.run(call("kv.increment", key="n", delta=1.9),
+                        call("kv.increment", key="n", delta="2"),
+                        call("kv.list", limit=True),
+                        call("vectors.query", vector=[1, 0], k="2"),
+                        call("kv.increment", key="n", delta=2))
+    assert [r.get("error") for r in results[:4]] == [
+        "bad arguments to kv.increment: delta must be an integer, got 1.9",
+        "bad arguments to kv.increment: delta must be an integer, got '2'",
+        "bad arguments to kv.list: limit must be an integer, got True",
+        "bad arguments to vectors.query: k must be an integer, got '2'"]
+    assert results[4] == {"ok": 2}
+
+
 def test_a_missing_argument_is_named_not_a_python_repr(probe: Probe) -> None:
     (missing,) = probe.run({"op": "call", "name": "kv.get", "args": {"namespace": probe.ns}})
     assert missing["error"] == "bad arguments to kv.get: missing argument 'key'"

@@ -121,6 +121,12 @@ def test_cas_and_increment(store: KVStore) -> None:
     with pytest.raises(InvalidValue, match="cannot increment key 'k' in 'ns': its value is not "
                                            "a decimal integer"):  # the key as text, not b'k'
         store.increment("ns", b"k")
+    for loose in (b" 1_000 ", b"1_000", b"\xd9\xa1", b"", b"1e3", b"0x10"):  # int() took some
+        store.put("ns", b"loose", loose)
+        with pytest.raises(InvalidValue, match="not a decimal integer"):
+            store.increment("ns", b"loose")
+    store.put("ns", b"signed", b"+41")
+    assert store.increment("ns", b"signed") == 42
     store.put("ns", b"max", str((1 << 63) - 1).encode())
     with pytest.raises(InvalidValue, match="would leave the 64-bit signed range"):
         store.increment("ns", b"max")  # a WASM guest saw it wrap to -2**63

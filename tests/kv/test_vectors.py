@@ -201,6 +201,10 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
         with pytest.raises(InvalidValue, match="filter must be an object"):
             s.query("docs", [1, 2, 3], filter=["a"])  # type: ignore[arg-type]
         assert [m.id for m in s.query("docs", [1, 2, 3], filter={"a": 1})] == ["ok"]
+        s.upsert("docs", [("flag", [1, 2, 3], {"a": True}), ("float", [1, 2, 3], {"a": 1.0})])
+        assert sorted(m.id for m in s.query("docs", [1, 2, 3], filter={"a": 1})) == [
+            "float", "ok"]  # JSON's equality: true is not 1
+        assert [m.id for m in s.query("docs", [1, 2, 3], filter={"a": True})] == ["flag"]
 
 
 def test_what_the_graph_cannot_hold_and_ids_that_are_not_a_list_are_refused(
