@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -204,6 +205,35 @@ def handle(request, env):
     while running(old_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running(old_pid), "old isolate host still running after drain"
+
+
+def test_a_request_routed_before_a_switch_finishes_on_its_version(
+        pop: Running, tmp_path: Path) -> None:
+    """The job was submitted when the caller first awaited (`handle` was a coroutine):
+    a switch in between, with nothing in flight yet, stopped the old version's
+    hosts, and the request waited on a stopped isolate to its wall limit (a 504 in 5
+    of 6 runs of deploys under load)."""
+    from runtime.net.message import Request
+
+    d = py_function(tmp_path, "switched", "from edgefn import Response\n\n"
+                    "def handle(request, env):\n    return Response('old')\n",
+                    limits="wall_ms = 3000")
+    pop.deploy(d)
+    assert pop.get("/switched")[2] == b"old"
+    registry = pop.pop.registry
+    assert pop.loop is not None
+
+    async def routed_then_switched() -> tuple[int, bytes]:
+        fn = registry.functions["switched"]
+        pending = fn.executor.handle(Request(b"GET", b"/switched", b"", [], b"x", "1.1", True,
+                                             "127.0.0.1:9"), "/switched", {})
+        fn.executor.retire()  # what a switch does to the version it leaves
+        response = await asyncio.wait_for(pending, 2)
+        assert isinstance(response.body, bytes)
+        return response.status, response.body
+
+    assert asyncio.run_coroutine_threadsafe(routed_then_switched(), pop.loop).result(10) == (
+        200, b"old")
 
 
 def test_python_functions_survive_a_pop_restart(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ class Deployment:
         body = {"error": {"kind": err.code, "function": self.name, "version": self.version,
                           "message": f"function {self.name!r} {err}"}}
         headers = [(b"x-edgefn-error", err.code.encode()), self.tag]
-        if err.code == "concurrency_limit":
+        if err.code in ("concurrency_limit", "replaced"):
             headers.append((b"retry-after", b"1"))
         return json_response(body, err.status, headers)
 
@@ -310,7 +310,12 @@ class Registry(Staging, Following):
             functions[fn.name] = fn
         if remove is not None:
             functions.pop(remove, None)
-        return functions, Router((r, f.name, f) for f in functions.values()
+        # `fn`'s routes go in last, so a conflict names the function already serving
+        # the route (it named `fn` itself when `fn` replaced an older entry)
+        ordered = [f for f in functions.values() if fn is None or f.name != fn.name]
+        if fn is not None:
+            ordered.append(fn)
+        return functions, Router((r, f.name, f) for f in ordered
                                  for r in f.manifest.route_list())
 
     def _switch(self, functions: dict[str, Deployment], router: Router[Deployment]) -> None:

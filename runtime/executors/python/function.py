@@ -3,7 +3,7 @@ by supervised processes (`runtime.executors.python`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 
 from edgefn_core.abi import encode_pairs, encode_params, encode_request
@@ -53,15 +53,19 @@ class PythonFunction:
         assert self.pool is not None, "prewarm() first"
         self.pool.activate()
 
-    async def handle(self, request: Request, route: str, params: Mapping[str, str],
-                     principal: Mapping[str, str] = NO_PRINCIPAL) -> Response:
-        """Raises `FunctionError` (see `Pool.submit`). `params` reach the handler as
-        ``request.params``, `principal` as ``request.principal``."""
+    def handle(self, request: Request, route: str, params: Mapping[str, str],
+               principal: Mapping[str, str] = NO_PRINCIPAL) -> Awaitable[Response]:
+        """The response to come, which raises `FunctionError` (see `Pool.submit`).
+        `params` reach the handler as ``request.params``, `principal` as
+        ``request.principal``. The job is submitted now, not when the caller first
+        awaits: a switch to another version in between retired this pool with
+        nothing in flight and stopped its hosts, and the job then waited on a
+        stopped isolate to its wall limit (a 504 mid-deploy)."""
         assert self.pool is not None
         payload = encode_request(request.method, request.path, request.query, request.headers,
                                  self.env_blob, request.body, encode_params(params),
                                  principal_blob(principal))
-        return await self.pool.submit(payload, principal.get("tenant"))
+        return self.pool.submit(payload, principal.get("tenant"))
 
     def retire(self) -> None:
         if self.pool is not None:

@@ -52,17 +52,19 @@ class Pool:
             self.loop = asyncio.get_running_loop()
             self.hosts.attach(self.loop)
 
-    async def submit(self, payload: bytes, tenant: str | None = None) -> Response:
-        """Run a request on an idle isolate (waiting for one if all are busy).
+    def submit(self, payload: bytes, tenant: str | None = None) -> asyncio.Future[Response]:
+        """Run a request on an idle isolate (waiting for one if all are busy), now;
+        its response to come.
 
-        Raises `FunctionError`: the guest's own errors, `wall_limit` (504) when no
-        answer came in time, `crash` (502) when its host died, `bad_response` (502)
-        for a response over `limits.max_response_mb`.
+        That raises `FunctionError`: the guest's own errors, `wall_limit` (504) when
+        no answer came in time, `crash` (502) when its host died, `bad_response`
+        (502) for a response over `limits.max_response_mb`, `replaced` (503) when
+        this version's hosts had already stopped (see `Scheduler.submit`).
         """
         assert self.loop is not None, "pool not activated"
         job = Job(self.loop, payload, tenant)
         self.scheduler.submit(job)
-        return await job.future
+        return job.future
 
     # -- isolate events (`isolate.Events`) ------------------------------------------------------
     def started(self, isolate: Isolate) -> None:

@@ -85,7 +85,15 @@ class Scheduler[W: Worker]:
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         """Run `job` on an idle isolate, or queue it (and start one more isolate if
-        the pool has room). It fails with `wall_limit` if it has not ended in time."""
+        the pool has room). It fails with `wall_limit` if it has not ended in time,
+        and at once with `replaced` (503) when this retired pool's hosts already
+        stopped: a request routed here before a switch that reached its function
+        only after an asynchronous stage (it waited on a stopped isolate to its
+        wall limit)."""
+        if self.reported_drained:
+            job.fail(FunctionError("replaced", 503, "this version was replaced while the "
+                                   "request was on its way to it; retry"))
+            return
         self.in_flight += 1
         timer = job.future.get_loop().call_later(self.wall_ms / 1000 + TIMER_SLACK,
                                                  self._timeout, job)

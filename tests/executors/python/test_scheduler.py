@@ -162,6 +162,19 @@ def test_retiring_an_idle_pool_reports_drained_at_once(loop: asyncio.AbstractEve
     assert h.drained == 1
 
 
+def test_a_job_for_a_drained_pool_fails_at_once_not_at_its_wall_limit(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Its hosts are stopping: it was handed to an isolate of a stopped host and waited
+    there to its wall limit (a 504 mid-deploy)."""
+    h = Harness(loop)
+    h.s.retire()
+    late = h.submit()
+    assert late.done and not any(i.jobs for i in h.isolates)
+    err = late.future.exception()
+    assert isinstance(err, FunctionError) and (err.code, err.status) == ("replaced", 503)
+    assert h.s.in_flight == 0 and h.drained == 1
+
+
 def test_a_job_past_its_wall_time_fails_and_its_isolate_is_reported_stuck(
         loop: asyncio.AbstractEventLoop) -> None:
     h = Harness(loop, size=1, started=1, wall_ms=20)
