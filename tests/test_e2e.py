@@ -125,9 +125,19 @@ def test_route_conflicts_are_rejected(pop: Running, tmp_path: Path) -> None:
     with pytest.raises(AdminError) as missing:
         pop.admin.request("GET", "/v1/functions/b/versions")
     assert missing.value.status == 404
+    for name in ("b%00", "B", "a.b", "x" * 70):  # a NUL was a 500 (../ is the front's 400)
+        for method, path in (("GET", f"/v1/functions/{name}/versions"),
+                             ("POST", f"/v1/functions/{name}/rollback")):
+            with pytest.raises(AdminError) as odd:
+                pop.admin.request(method, path, b"{}" if method == "POST" else None)
+            assert (odd.value.status, odd.value.code) == (404, "not_found"), (name, method)
     fixed = pop.deploy(function_dir(tmp_path / "fixed", "b", answering("b"), routes=["/b"]))
     status, headers, body = pop.get("/b")
     assert (status, headers["x-edgefn-function"], body) == (200, f"b@{fixed['version']}", b"b")
+    # a redeploy of `a` onto b's route names b, not a (a's older entry came first)
+    err = _deploy_error(pop, function_dir(tmp_path / "onto", "a", answering("a2"),
+                                          routes=["/b"]))
+    assert "already served by function 'b'" in str(err), str(err)
     assert pop.get("/shared")[2] == b"ok"
     assert [f["name"] for f in pop.admin.request("GET", "/v1/functions")["functions"]] == ["a", "b"]
 

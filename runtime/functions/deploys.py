@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -40,6 +41,7 @@ from pathlib import Path
 import msgspec
 
 from edgefn_core.errors import DeployError, NotFound, VersionTampered
+from runtime.functions.manifest import NAME_PATTERN
 
 MAX_PACKAGE_BYTES = 64 << 20
 MAX_PACKAGE_FILES = 2000
@@ -49,6 +51,7 @@ MAX_NAME_BYTES = 128
 MAX_DEPTH = 16
 SKIP_NAMES = frozenset({"__pycache__", "node_modules", "target"})
 SUMS_SUFFIX = ".files"
+FUNCTION_NAME = re.compile(NAME_PATTERN)
 
 Files = dict[str, bytes]
 
@@ -385,7 +388,10 @@ class DeployStore:
                 cache.rmdir()
 
     def record(self, name: str) -> FunctionRecord:
-        """Raises `NotFound` if `name` is not deployed."""
+        """Raises `NotFound` if `name` is not deployed (or is no function name: one
+        with a NUL was a 500, one with ``../`` named a file outside the folder)."""
+        if FUNCTION_NAME.fullmatch(name) is None:
+            raise NotFound(f"no function named {name!r} is deployed (not a function name)")
         try:
             return msgspec.json.decode((self.functions_dir / f"{name}.json").read_bytes(),
                                        type=FunctionRecord)

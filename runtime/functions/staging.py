@@ -192,11 +192,15 @@ class Staging(RegistryCore):
 
     def _start_canary(self, staged: Staged, live: Deployment | None, percent: float) -> None:
         """Save the canary in the record, then split `live`'s requests with it.
-        Raises `DeployError` without a live version or if the routes differ."""
+        Raises `DeployError` without a live version, for the live version itself, or
+        if the routes differ."""
         fn = staged.fn
         if live is None:
             raise DeployError(f"{fn.name} has no live version for a canary to run beside: "
                               "deploy it first")
+        if fn.version == live.version:  # staged again while another canary ran
+            raise DeployError(f"{fn.label} is already the live version: a canary runs another "
+                              f"version beside it (roll back or promote the canary instead)")
         if fn.manifest.route_list() != live.manifest.route_list():
             raise DeployError(f"{fn.label}: a canary must serve the same routes as the live "
                               f"version {live.version}; deploy it instead")

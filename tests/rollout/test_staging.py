@@ -139,6 +139,19 @@ def test_a_canary_needs_a_live_version_with_the_same_routes(registry: Registry,
         run(registry.activate("g", g, 10.0))
 
 
+def test_the_live_version_is_no_canary_beside_another(registry: Registry,
+                                                      tmp_path: Path) -> None:
+    """Staged again while a canary ran, the live version became a canary of itself
+    (`versions` showed it live and a canary; `promote` promoted it onto itself)."""
+    v1, v2 = canary_of(registry, tmp_path)
+    again = run(registry.stage(package(tmp_path, 1)))
+    assert again.version == v1
+    with pytest.raises(DeployError, match=f"f@{v1} is already the live version"):
+        run(registry.activate("f", v1, 20.0))
+    assert registry.canaries["f"].fn.version == v2
+    assert registry.store.record("f").canary == deploys.CanaryInfo(v2, 10.0)
+
+
 def test_promote_needs_a_canary(registry: Registry, tmp_path: Path) -> None:
     run(registry.deploy(package(tmp_path, 1)))
     with pytest.raises(DeployError, match="f has no canary to promote"):
