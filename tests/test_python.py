@@ -557,6 +557,44 @@ def handle(request, env):
     assert "main.py\", line 7, in handle" in tb[1] and tb[1].endswith("KeyError: 'nope'")
 
 
+def test_a_functions_log_lines_and_error_texts_cannot_forge_lines_or_flood(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`env.log` wrote its text raw (a newline started a line that read like the
+    access log's; 200k calls wrote 54 MB in a second), and so did an exception's
+    message in the traceback and in the PoP's `trap` warning."""
+    forged = "ts=2026-12-02T02:00:00.000Z method=GET path=/admin status=200"
+    d = py_function(tmp_path, "forger", f"""
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("flood"):
+        for i in range(1000):
+            env.log("line", i)
+        return Response("ok")
+    env.log("innocent\\n{forged}\\x1b[2J")
+    raise ValueError("boom\\n{forged}")
+""")
+    with caplog.at_level(logging.INFO):
+        version = pop.deploy(d)["version"]
+        label = f"forger@{version}"
+        assert pop.get("/forger")[0] == 500
+        started = time.monotonic()
+        assert pop.get("/forger?flood=1")[0] == 200
+        took = time.monotonic() - started
+    messages = [r.getMessage() for r in caplog.records
+                if r.name in ("edgefn.functions", "edgefn.pop")]
+    lines = [line for m in messages for line in m.split("\n")]
+    assert not any(line.startswith("ts=") for line in lines), lines
+    assert not any("\x1b" in m or "\r" in m for m in messages)
+    assert f"{label}: innocent\\n{forged}\\x1b[2J" in messages
+    (tb,) = [m for m in messages if "Traceback" in m]
+    assert all(line.startswith(f"{label}") for line in tb.split("\n")), tb
+    assert f"{label}: trap: raised ValueError: boom\\n{forged}" in " ".join(messages)
+    logged = sum(m.startswith(f"{label}: line ") for m in messages)
+    # the host output's burst (200, one taken by the first request's line) and rate
+    assert 199 <= logged <= 200 + 20 * took
+
+
 def test_env_values_are_not_on_a_hosts_command_line_and_stdin_is_empty(
         pop: Running, tmp_path: Path) -> None:
     """`[env]` (where API keys go) reached every isolate host's argv, readable by any

@@ -4,8 +4,10 @@ escaped (an ANSI escape or a CR cannot redraw the operator's terminal or forge a
 line), and at most `RATE` lines a second (burst `BURST`) per function; past it
 lines are counted and dropped, and the count is logged once lines flow again.
 
-Used for a Python isolate host's pipe (`runtime.executors.python.host_output`)
-and a WASI guest's stderr (`runtime.executors.wasm.function`).
+Used for a Python isolate host's pipe (`runtime.executors.python.host_output`),
+a WASI guest's stderr (`runtime.executors.wasm.function`) and a Python function's
+``env.log`` (`runtime.executors.python.calls`, at INFO: it wrote raw newlines,
+so forged access-log lines, and 54 MB in a second).
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ class GuestLines:
     """Logs one function's output lines at WARNING on `log` as ``LABEL: WHAT: line``.
     Thread-safe (WASI guests run on worker threads)."""
 
-    def __init__(self, log: logging.Logger, label: str, what: str) -> None:
-        self.log, self.label, self.what = log, label, what
+    def __init__(self, log: logging.Logger, label: str, what: str,
+                 level: int = logging.WARNING) -> None:
+        """`what`: the kind of line (``stderr``), logged after the label (if any)."""
+        self.log, self.label, self.level = log, label, level
+        self.prefix = f"{label}: {what}: " if what else f"{label}: "
+        self.what = what or "log"
         self.tokens, self.last, self.dropped = float(BURST), time.monotonic(), 0
         self.lock = threading.Lock()
 
@@ -44,10 +50,22 @@ class GuestLines:
         if dropped:
             self.log.warning("%s: %s: %d lines dropped (over %g a second)", self.label,
                              self.what, dropped, RATE)
-        text = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if _control(text):
-            text = text.encode("unicode_escape", "replace").decode("ascii")
-        self.log.warning("%s: %s: %s", self.label, self.what, text)
+        self.log.log(self.level, "%s%s", self.prefix,
+                     escaped(raw.decode("utf-8", "replace").rstrip("\r\n")))
+
+
+def escaped(text: str) -> str:
+    """`text` for one log line: control characters (a newline, an ANSI escape, a CR)
+    shown escaped, so a function's text cannot start a forged line or redraw the
+    operator's terminal."""
+    return text.encode("unicode_escape", "replace").decode("ascii") if _control(text) else text
+
+
+def escaped_lines(label: str, text: str) -> str:
+    """A function's multi-line `text` (a traceback) for one log record: each line
+    escaped, and each after the first starting with ``LABEL| `` (a message with a
+    newline in it could end a line and start one that read like the access log's)."""
+    return f"\n{label}| ".join(escaped(line) for line in text.split("\n"))
 
 
 def _control(text: str) -> bool:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from runtime.executors.output import GuestLines
 from runtime.executors.python import wire
 from runtime.executors.python.config import HostConfig
 
@@ -37,6 +38,7 @@ class HostCalls:
         self.cfg = cfg
         self.bindings = bindings
         self.dropped = 0  # calls sent without waiting that are not `log`
+        self.logged = GuestLines(functions_log, cfg.label, "", logging.INFO)  # env.log
 
     def handle(self, isolate: Caller, msg: dict[str, Any]) -> None:
         """Answer `msg` ({"id", "name", "args", "wait"}); a REPLY is sent only if the
@@ -53,9 +55,9 @@ class HostCalls:
                                       "its answer (later ones are dropped silently)",
                                       self.cfg.label, str(name)[:64])
             return
-        if name == "log":
-            functions_log.info("%s: %s", self.cfg.label,
-                               str(args.get("message", ""))[:LOG_LINE_MAX])
+        if name == "log":  # escaped, cut and rate-limited as the host's output is
+            self.logged.line(str(args.get("message", ""))[:LOG_LINE_MAX].encode("utf-8",
+                                                                                 "replace"))
             reply = {"result": None}
         elif name == "deployment":
             reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}

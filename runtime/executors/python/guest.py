@@ -199,9 +199,12 @@ def _user_import(e: BaseException) -> tuple[str, str] | None:
 
 
 def _raised(e: BaseException) -> str:
-    """``raised ValueError: nope (main.py:2 in handle)``: the innermost user frame."""
+    """``raised ValueError: nope (main.py:2 in handle)``: the innermost user frame.
+    A message of several lines is kept whole (its last line alone named neither the
+    exception nor its start); the PoP's log shows its newlines escaped."""
     where = _user_frame(e)
-    text = "".join(traceback.format_exception_only(e)).strip().splitlines()[-1]
+    lines = traceback.format_exception_only(e)
+    text = (lines[-1] if isinstance(e, SyntaxError) else "".join(lines)).strip()
     return f"raised {text}" + (f" ({where})" if where else "")
 
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import FunctionError, ProtocolError
+from runtime.executors.output import escaped_lines
 from runtime.executors.python import wire
 from runtime.executors.python.channel import Channel
 from runtime.executors.python.config import HostConfig
@@ -225,7 +226,8 @@ class Isolate:
 
     def _error(self, info: dict[str, Any]) -> None:
         if info.get("traceback"):
-            functions_log.error("%s: %s", self.cfg.label, str(info["traceback"]).rstrip())
+            functions_log.error("%s: %s", self.cfg.label,
+                                escaped_lines(self.cfg.label, str(info["traceback"]).rstrip()))
         code, status = ERRORS.get(str(info.get("kind")), ERRORS["exception"])
         message = str(info.get("message", "failed"))
         self._finish(lambda job: job.fail(FunctionError(code, status, message)))
