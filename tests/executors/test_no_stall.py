@@ -169,8 +169,9 @@ def test_a_short_reactor_cut_only_by_preemption_stays_inline(engine: WasmEngine,
 
     bumper = threading.Thread(target=bump)
     bumper.start()
-    try:
-        for _ in range(1000):
+    try:  # until the bumper lands mid-call (it needs the GIL: rarer on a busy machine)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
             pending = fn.handle(request(), "/", {})
             if not isinstance(pending, Response):
                 break
@@ -351,6 +352,37 @@ def test_time_in_host_calls_does_not_count_against_cpu_ms(engine: WasmEngine,
         took = time.perf_counter() - started
         assert took > 0.010, took  # 300 synced KV writes: longer than the CPU budget
         assert stores.kv.get("c", b"k") == b"300"
+    finally:
+        stores.close()
+
+
+def test_a_reactor_looping_on_host_calls_ends_at_its_wall_limit(engine: WasmEngine,
+                                                                 tmp_path: Path) -> None:
+    """Each host call pushed its CPU deadline back by the call's time, and nothing
+    bounded its wall time on the thread: after its client's 504 it ran on for
+    seconds, holding a worker thread and the GIL in host calls."""
+    spinner = reactor("""(loop $l
+        (drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) (i64.const 1)))
+        (br $l))""", prelude='(data (i32.const 200) "c") (data (i32.const 210) "k")',
+                      imports='(import "edgefn" "kv_increment" '
+                              '(func $inc (param i32 i32 i32 i32 i64) (result i64)))')
+    d = function_dir(tmp_path, "spin", spinner, limits="cpu_ms = 100\nwall_ms = 200",
+                     extra='[bindings]\nkv = ["c"]')
+    stores = Stores(tmp_path / "data")
+    try:
+        fn = WasmFunction(engine, manifest.load(d), d, Bindings.prepare(stores, manifest.load(d)))
+        fn.prewarm()
+
+        async def go() -> tuple[int, str]:
+            fn.activate()
+            answered = await outcome(fn)
+            await asyncio.sleep(0.05)  # an epoch tick and a host call past the deadline
+            counted = stores.kv.get("c", b"k")
+            await asyncio.sleep(0.3)
+            assert stores.kv.get("c", b"k") == counted, "still running after its 504"
+            return answered
+
+        assert asyncio.run(go()) == (504, "wall_limit")
     finally:
         stores.close()
 

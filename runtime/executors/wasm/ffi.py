@@ -230,7 +230,11 @@ def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: in
 
 
 def _binding_error(message: str, what: str) -> FunctionError | None:
-    """A trap a host function raised (see `wasm_host.TRAP_PREFIX`), with its reason."""
+    """A trap a host function raised (see `wasm_host.TRAP_PREFIX`), with its reason;
+    or the wall-time limit a host call was made past (`wasm_host.WALL_PREFIX`)."""
+    if "edgefn wall: " in message:
+        return FunctionError("wall_limit", 504, "exceeded its wall-time limit (limits.wall_ms) "
+                             "making host calls")
     marker = "edgefn binding: "
     if marker not in message:
         return None

@@ -318,9 +318,11 @@ class WasmFunction:
             call = self.per_thread.call = self.new_call()
         if self.host_functions is not None:
             # host calls push a CPU deadline back by what they take (see `wasm_host`)
+            now = time.monotonic()
             self.host_functions.begin_request(
-                time.monotonic() + self.outcome.limit_ms / 1000
-                if self.outcome.interrupt_kind == "cpu_limit" else 0.0, origin)
+                now + self.outcome.limit_ms / 1000
+                if self.outcome.interrupt_kind == "cpu_limit" else 0.0, origin,
+                now + self.manifest.limits.wall_ms / 1000)
         return call(data)
 
     async def _on_thread(self, job: Callable[..., bytes], *args: object) -> bytes:

@@ -67,6 +67,7 @@ _caller_export = _fn("wasmtime_caller_export_get", ctypes.c_bool, ctypes.c_void_
 _caller_context = _fn("wasmtime_caller_context", ctypes.c_void_p, ctypes.c_void_p)
 _trap_new = _fn("wasmtime_trap_new", ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
 TRAP_PREFIX = "edgefn binding: "
+WALL_PREFIX = "edgefn wall: "  # a host call made past the request's wall-time limit
 
 
 class _Memory:
@@ -119,6 +120,9 @@ class GuestRequest(threading.local):
     bigger buffer (``((name, args), result)``)."""
 
     deadline: float = 0.0
+    wall_deadline: float = 0.0  # when its wall time ends (0: not set): the CPU deadline
+    # never moves past it, and a host call past it traps (a guest looping on host calls
+    # ran on for seconds after its client's 504, each call pushing its deadline back)
     kept: tuple[tuple[str, bytes], bytes] | None = None
     origin: Origin = NO_ORIGIN  # the request's traceparent and caller
 
@@ -154,12 +158,15 @@ class HostFunctions:
             if err:
                 raise BindingError(f"cannot define edgefn.{name}")
 
-    def begin_request(self, cpu_deadline: float = 0.0, origin: Origin = NO_ORIGIN) -> None:
+    def begin_request(self, cpu_deadline: float = 0.0, origin: Origin = NO_ORIGIN,
+                      wall_deadline: float = 0.0) -> None:
         """A request starts on this thread; its CPU budget ends at `cpu_deadline`
-        (`time.monotonic()`), or 0: host calls count against its deadline. A result
-        kept for a retry belonged to an earlier request (one that never asked again
-        with a bigger buffer): it is forgotten."""
+        (`time.monotonic()`), or 0: host calls count against its deadline; its wall
+        time at `wall_deadline` (0: no such bound here). A result kept for a retry
+        belonged to an earlier request (one that never asked again with a bigger
+        buffer): it is forgotten."""
         self.request.deadline = cpu_deadline
+        self.request.wall_deadline = wall_deadline
         self.request.kept = None
         self.request.origin = origin
 
@@ -169,6 +176,9 @@ def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool,
     """Adapt `impl(memory, *args)` to wasmtime's raw callback; errors become traps."""
     def callback(env: int, caller: int, vals: int, count: int) -> int:
         started = time.monotonic()
+        if request.wall_deadline and started > request.wall_deadline:
+            msg = WALL_PREFIX.encode() + b"a host call past the wall-time limit"
+            return _trap_new(msg, len(msg)) or 0
         try:
             args = [(ctypes.c_int64 if w else ctypes.c_int32).from_address(vals + 16 * i).value
                     for i, w in enumerate(wide)]
@@ -188,6 +198,8 @@ def _push_back(request: GuestRequest, started: float, caller: int) -> None:
     """Move the CPU deadline back by the time this host call took."""
     now = time.monotonic()
     request.deadline += now - started
+    if request.wall_deadline and request.deadline > request.wall_deadline:
+        request.deadline = request.wall_deadline
     ticks = math.ceil(max(request.deadline - now, 0) / TICK_SECONDS) + 1
     set_epoch_deadline(_caller_context(caller), ticks)
 
