@@ -107,7 +107,8 @@ def test_an_async_stage_resolves_through_the_same_stages() -> None:
 
 @pytest.mark.parametrize(("incoming", "kept"), [
     (b"trace-42", True), (b"a.b:c-D_9", True), (b"x" * 128, True),
-    (b"x" * 129, False), (b"has space", False), (b"semi;colon", False), (b"", False)])
+    (b"x" * 129, False), (b"has space", False), (b"semi;colon", False), (b"", False),
+    (b"warmup", False)])  # the PoP's warm-ups' id: a client's read like one in the log
 def test_a_well_formed_incoming_request_id_is_kept(incoming: bytes, kept: bool) -> None:
     response = run(front(Answer())(request(headers=[(b"x-request-id", incoming)])))
     rid = header(response, b"x-request-id")

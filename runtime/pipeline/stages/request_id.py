@@ -32,7 +32,7 @@ class RequestId:
         rid = request.header(self.header) if self.trust else None
         if ctx.quiet:  # a warm-up takes no number: the ids clients see stay consecutive
             rid = QUIET_ID
-        elif rid is None or not WELL_FORMED.fullmatch(rid):
+        elif rid is None or not WELL_FORMED.fullmatch(rid) or rid == QUIET_ID:
             rid = b"%s-%x" % (self.prefix, next(self.counter))
         ctx.request_id = rid
         result = call_next(request, ctx)
