@@ -6,7 +6,7 @@ for HTTP/1.0, a 408 deadline kept across a response, and the request line."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
@@ -155,6 +155,34 @@ def test_a_streamed_bodiless_status_has_no_transfer_encoding(status: int) -> Non
             await asyncio.sleep(0.01)
         assert b"transfer-encoding" not in t.buffer and b"ignored" not in t.buffer
         assert t.buffer.count(b"HTTP/1.1 %d" % status) == 2 and not t.closed  # kept alive
+    run(go())
+
+
+def test_a_head_does_not_wait_on_a_streamed_body() -> None:
+    """Its body is never sent: an endless stream held the connection to the function's
+    wall limit, and one failing late closed it under the next pipelined request."""
+    async def go() -> None:
+        streams: list[AsyncGenerator[bytes]] = []
+
+        async def endless() -> AsyncGenerator[bytes]:
+            while True:
+                yield b"data: tick\n\n"
+                await asyncio.sleep(0.01)
+
+        def app(r: Request) -> Response:
+            if r.method == b"HEAD":
+                streams.append(endless())
+                return Response(200, [(b"content-type", b"text/event-stream")], streams[-1])
+            return Response(200, [], b"next")
+
+        proto, t = connect(app)
+        proto.data_received(b"HEAD /sse HTTP/1.1\r\nHost: a\r\n\r\n"
+                            b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert t.buffer.count(b"HTTP/1.1 200") == 2 and b"tick" not in t.buffer
+        assert t.buffer.endswith(b"next") and not t.closed
+        assert streams[0].ag_frame is None  # closed (what runs for it is let go)
     run(go())
 
 
