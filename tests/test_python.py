@@ -64,6 +64,31 @@ async def handle(request, env):
     assert pop.get("/aio?stream=1")[2] == b"0;1;2;"
 
 
+def test_a_head_on_a_long_stream_ends_the_stream_and_frees_its_isolate(
+        pop: Running, tmp_path: Path) -> None:
+    """A HEAD waited out the whole stream (an SSE endpoint held it to wall_ms) though
+    nothing of it is sent; it stops at its first chunk, and the isolate (the only one)
+    is told to stop and serves the next request."""
+    pop.deploy(py_function(tmp_path, "ticks", """
+import time
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("once"):
+        return Response("once")
+    def ticks():
+        for i in range(400):
+            time.sleep(0.025)
+            yield f"data: {i}\\n\\n"
+    return Response(ticks(), headers={"content-type": "text/event-stream"})
+""", limits="wall_ms = 20000", pool="min = 1\nmax = 1\nstandby = false"))
+    started = time.monotonic()
+    status, headers, body = pop.request("HEAD", "/ticks")
+    assert (status, body) == (200, b"") and headers["content-type"] == "text/event-stream"
+    assert pop.get("/ticks?once=1")[2] == b"once"
+    assert time.monotonic() - started < 5  # the stream alone takes 10 s
+
+
 HOSTILE = {
     "spin": ("def handle(request, env):\n    while True:\n        pass\n",
              "cpu_ms = 50", 503, "cpu_limit"),

@@ -444,9 +444,12 @@ class HttpProtocol(asyncio.Protocol):
         try:
             assert self.transport is not None
             self.transport.write(b"".join(head))
-            # a HEAD's body is never sent, so it is not waited for either (an endless SSE
-            # stream held the connection to wall_ms; one failing late closed it)
-            async for chunk in body if request.method != b"HEAD" else _nothing():
+            async for chunk in body:
+                if request.method == b"HEAD":  # never sent: not waited for past the first
+                    break  # chunk (an endless SSE stream held the connection to wall_ms; one
+                    # failing late closed it). The first starts what each wrapper cleans up
+                    # at `aclose` (an unstarted generator runs no `finally`: the isolate
+                    # would not be told to stop, the event not emitted)
                 if self.transport is None:
                     return
                 if chunk and send_body and not empty:
@@ -598,12 +601,6 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
             self.transport = None
-
-
-async def _nothing() -> AsyncIterator[bytes]:
-    """An empty body, streamed."""
-    return
-    yield b""
 
 
 def _target(url: bytes, hosts: int, host: bytes) -> tuple[bytes, bytes, bytes]:
