@@ -89,6 +89,17 @@ def handle(request, env):
     assert time.monotonic() - started < 5  # the stream alone takes 10 s
 
 
+def test_a_module_that_never_finishes_importing_is_refused_saying_so(
+        pop: Running, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.executors.python import hosts
+
+    monkeypatch.setattr(hosts, "READY_TIMEOUT", 1.5)  # 30 s in a PoP
+    with pytest.raises(AdminError) as err:
+        pop.deploy(py_function(tmp_path, "loops", "while True:\n    pass\n",
+                               pool="min = 1\nmax = 1\nstandby = false"))
+    assert "importing main.py (its top-level code) did not finish" in str(err.value)
+
+
 HOSTILE = {
     "spin": ("def handle(request, env):\n    while True:\n        pass\n",
              "cpu_ms = 50", 503, "cpu_limit"),

@@ -98,7 +98,9 @@ class Host:
             f = wire.recv_frame(sock, reader, pending)
         except TimeoutError:
             raise DeployError(f"{self.cfg.name}: isolate did not start within "
-                              f"{READY_TIMEOUT:.0f}s") from None
+                              f"{READY_TIMEOUT:.0f}s: importing {self.cfg.module}.py (its "
+                              "top-level code) did not finish; does it loop or wait at "
+                              "import?") from None
         if f is None or f[0] != wire.READY:
             raise DeployError(f"{self.cfg.name}: isolate host exited while starting "
                               f"(status {self.proc.wait(5)})")
