@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
+from urllib.parse import unquote
 
 from msgspec import Meta, Struct, field
 
@@ -20,7 +21,10 @@ from runtime.security.settings import AuthMode, BotOverride, RateRule, TargetPol
 MANIFEST_NAME = "edgefn.toml"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-HOST_PATTERN = r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})?(:[0-9]{1,5})?$"
+# a host name (labels of letters, digits and `-`), or `*.` before one (a wildcard), and
+# an optional port: `*`, `*example.com` and `a..b` matched no Host
+HOST_PATTERN = (r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*"
+                r"(:[0-9]{1,5})?$")
 CAPTURE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENTRY_SUFFIXES = {"wasm": (".wasm", ".wat"), "python": (".py",)}
 MAX_CPU_MS = 60_000  # documented maxima (README "Manifest reference"); a longer budget never
@@ -65,11 +69,14 @@ def parse_path(path: str) -> PathPattern:
     Raises `ValueError` (the message says what was expected) for a path not
     starting with ``/`` or with ``?``, ``#`` or whitespace, a ``*`` that is not
     the whole last segment, a ``:`` that does not start a valid capture name,
-    a capture name used twice (ignoring case), or an empty segment in a
-    pattern. Nothing that looks like a pattern is ever taken literally.
+    a capture name used twice (ignoring case), an empty segment (``//``), or a
+    ``.``/``..`` segment (plain or percent-encoded: no request reaches one). Nothing
+    that looks like a pattern is ever taken literally.
     """
     if not path.startswith("/") or any(c in path for c in "?# \t\r\n"):
         raise ValueError(f"expected a path prefix starting with `/`, got {path!r}")
+    if "//" in path:  # `//` was the catch-all `/`; `/a//b` served `/a/b`
+        raise ValueError(f"expected no empty segment (`//`) in a route, got {path!r}")
     segments = tuple(path.rstrip("/").split("/")[1:])
     wildcard = segments[-1:] == ("*",)
     if wildcard:
@@ -77,14 +84,13 @@ def parse_path(path: str) -> PathPattern:
     seen: set[str] = set()
     for seg in segments:
         _check_segment(seg, path, seen)
-    pattern = PathPattern(segments, wildcard)
-    if not pattern.literal and "" in segments:
-        raise ValueError(f"expected no empty segment (`//`) in a route with captures or `*`, "
-                         f"got {path!r}")
-    return pattern
+    return PathPattern(segments, wildcard)
 
 
 def _check_segment(seg: str, path: str, seen: set[str]) -> None:
+    if unquote(seg) in (".", ".."):  # the front answers 400 to every such path: a dead route
+        raise ValueError(f"expected no `.` or `..` segment (requests with one are refused), "
+                         f"got {path!r}")
     if "*" in seg:
         raise ValueError(f"expected `*` only as the whole last segment (like `/files/*`), "
                          f"got {path!r}")
@@ -283,6 +289,13 @@ def _check_share(m: Manifest, file: str) -> None:
                                     "(`write` includes reading)", where)
 
 
+def _host_ok(host: str) -> bool:
+    if len(host) > 260 or not re.match(HOST_PATTERN, host):
+        return False
+    _, colon, port = host.partition(":")
+    return not colon or 1 <= int(port) <= 65535
+
+
 def _check_routes(routes: list[Route], file: str) -> None:
     """Raises `ManifestError` naming ``routes[i]`` for a bad path or host, or a route
     that matches the same paths as an earlier one."""
@@ -293,8 +306,10 @@ def _check_routes(routes: list[Route], file: str) -> None:
             shape = parse_path(route.path).shape
         except ValueError as e:
             raise ManifestError(file, str(e), where) from None
-        if route.host is not None and not re.match(HOST_PATTERN, route.host):
-            raise ManifestError(file, f"expected a host name, got {route.host!r}", f"{where}.host")
+        if route.host is not None and not _host_ok(route.host):
+            raise ManifestError(file, f"expected a host name (`*.example.com` for a wildcard), "
+                                f"with a port of 1-65535 if any, got {route.host!r}",
+                                f"{where}.host")
         key = (route.host.lower() if route.host else None, shape)
         if key in seen:
             same = "" if seen[key] == route.path else f" (it matches what {seen[key]!r} does)"
