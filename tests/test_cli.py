@@ -98,6 +98,9 @@ def test_deploy_ls_versions_rollback_delete(tmp_path: Path) -> None:
         assert bad.returncode == 1 and "not a directory" in bad.stderr
         bad = cli("rollback", "nope", data=data, check=False)
         assert bad.returncode == 1 and "no function named 'nope'" in bad.stderr
+        both = cli("rollback", "echo", "74ee", "--to", "e39c", data=data, check=False)
+        assert both.returncode == 2 and "give VERSION (74ee) or --to (e39c), not both" in \
+            both.stderr  # --to was ignored
 
 
 def test_cli_without_a_running_pop_says_so(tmp_path: Path) -> None:
