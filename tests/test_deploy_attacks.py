@@ -198,7 +198,15 @@ def test_a_tampered_stored_file_is_refused_at_restart(tmp_path: Path,
             f"deploy (sha256 {deploys.sums_of({'m': stored.read_bytes()})['m'][:16]}..., "
             f"deployed as {deploys.sums_of({'m': (target / 'main.wat').read_bytes()})['m'][:16]}"
             "...)"]
+        # the record still names it current; the PoP says it serves none (`versions`
+        # marked it * as serving while /target was a 404)
+        record = pop.admin.request("GET", "/v1/functions/target/versions")
+        assert (record["current"], record["serving"]) == (version, None)
+        with pytest.raises(AdminError, match=f"target@{version}: stored file 'main.wat' was"):
+            pop.admin.request("POST", "/v1/functions/target/rollback",
+                              json.dumps({"version": version}).encode())
         assert pop.deploy(target)["version"] == version  # a redeploy stores it afresh
+        assert pop.admin.request("GET", "/v1/functions/target/versions")["serving"] == version
         assert pop.get("/target")[0] == 200
 
 

@@ -197,7 +197,7 @@ class AdminApp:
                       ] if method == b"POST":
                     return json_response(await self.on_pop(self._phase(name, op, request.body)))
                 case ["v1", "functions", name, "versions"] if method == b"GET":
-                    return json_response(msgspec.to_builtins(self.pop.registry.versions(name)))
+                    return json_response(self._versions(name))
                 case ["v1", "functions", name, "rollback"] if method == b"POST":
                     body = msgspec.json.decode(request.body or b"{}", type=RollbackBody)
                     result = await self.on_pop(self.pop.registry.rollback(name, body.version))
@@ -416,6 +416,14 @@ class AdminApp:
         raise NotOwner(denied(owners, kind, name, who.tenant, True) if access is None else
                        f"{WHAT[kind]} {name!r} is shared with {who.tenant!r} read-only; "
                        f"{op} is not a read")
+
+    def _versions(self, name: str) -> dict[str, Any]:
+        """`name`'s record, with ``serving``: the version this PoP routes to (null when
+        it serves none: its recorded version did not load at start, say tampered)."""
+        out: dict[str, Any] = msgspec.to_builtins(self.pop.registry.versions(name))
+        live = self.pop.registry.functions.get(name)
+        out["serving"] = live.version if live is not None else None
+        return out
 
     def _staged(self, name: str) -> Deployment | None:
         """A staged version of `name` (a function not live yet has its owner there)."""

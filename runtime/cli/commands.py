@@ -52,11 +52,15 @@ def versions(args: argparse.Namespace) -> None:
     if args.json:
         return _print_json(rec)
     canary = rec.get("canary") or {}
+    unserved = rec.get("serving", rec["current"]) != rec["current"]
     for v in reversed(rec["versions"]):
         is_canary = v["version"] == canary.get("version")
-        mark = "*" if v["version"] == rec["current"] else "~" if is_canary else " "
+        current = v["version"] == rec["current"]
+        mark = ("!" if unserved else "*") if current else "~" if is_canary else " "
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v["created_at"]))
         share = f"  (canary, {canary['percent']:g}% of requests)" if is_canary else ""
+        if current and unserved:  # * said it served while the PoP answered 404
+            share += "  (recorded as current, not serving: see the PoP's log)"
         print(f"{mark} {v['version']}  {when}  {v.get('source', '')}{share}")
 
 

@@ -285,8 +285,8 @@ def _function_commands(c: Commands) -> None:
     _topology_option(s)
     c.add("ls", f"{mod}:ls", "list deployed functions", "edgefn ls --json", json=True)
     s = c.add("versions", "runtime.cli.rollout:versions", "list a function's versions (* marks "
-              "the current one, ~ a canary), or with --topology what every PoP serves and "
-              "where it drifts",
+              "the current one, ~ a canary, ! a current one that does not load), or with "
+              "--topology what every PoP serves and where it drifts",
               "edgefn versions hello", json=True)
     s.add_argument("name", nargs="?", help="the function (optional with --topology)")
     _topology_option(s)

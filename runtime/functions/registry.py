@@ -36,6 +36,7 @@ from edgefn_core.errors import (
     NotFound,
     NotOwner,
     RouteConflict,
+    VersionTampered,
 )
 from runtime.bindings import Bindings, Stores
 from runtime.executors.base import Executor, WasmEngine, load
@@ -396,7 +397,10 @@ class Registry(Staging, Following):
             if target not in known:
                 raise NotFound(f"{name} has no version {target!r}; "
                                f"known: {', '.join(sorted(known))}")
-            m = await asyncio.to_thread(self._stored, name, target)
+            try:
+                m = await asyncio.to_thread(self._stored, name, target)
+            except VersionTampered as e:  # it named neither the function nor the version
+                raise VersionTampered(f"{name}@{target}: {e}") from None
             fn = await asyncio.to_thread(self._load, m, target)
             await self._warm(fn)
             self._go_live(fn, lambda: self._commit(m, target, "", "rollback"), owners=True)
