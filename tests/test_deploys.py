@@ -127,17 +127,34 @@ def test_size_and_count_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     deploys.from_tar(tar(("a", b"x" * 60), ("b", b"x" * 40)))
     with pytest.raises(DeployError) as err:
         deploys.from_tar(tar(("a", b"x" * 60), ("b", b"x" * 41)))
-    assert "package exceeds" in str(err.value)
+    assert str(err.value) == ("package holds more than 100 bytes (0 MiB, the limit) by 'b' "
+                              "(41 bytes)")  # it said "exceeds 64 MiB or 2000 files"
     monkeypatch.setattr(deploys, "MAX_PACKAGE_FILES", 3)
     deploys.from_tar(tar(("a", b""), ("b", b""), ("c", b"")))
-    with pytest.raises(DeployError):
+    with pytest.raises(DeployError) as err:
         deploys.from_tar(tar(("a", b""), ("b", b""), ("c", b""), ("d", b"")))
+    assert str(err.value) == "package has more than 3 files (the limit), at 'd'"
     with pytest.raises(DeployError) as err:
         deploys.check_package({"a": b"", "b": b"", "c": b"", "d": b""})
     assert str(err.value) == "package has 4 files; the limit is 3"
     with pytest.raises(DeployError) as err:
         deploys.check_package({"a": b"x" * 101})
     assert str(err.value) == "package holds 101 bytes; the limit is 100 (0 MiB)"
+
+
+def test_a_folder_past_the_limits_is_refused_naming_the_limit_and_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deploys, "MAX_PACKAGE_BYTES", 100)
+    monkeypatch.setattr(deploys, "MAX_PACKAGE_FILES", 2)
+    (tmp_path / "a").write_bytes(b"x" * 60)
+    (tmp_path / "b").write_bytes(b"x" * 41)
+    with pytest.raises(DeployError, match="holds more than 0 MiB \\(the limit\\) by b "
+                                          "\\(41 bytes\\)"):
+        deploys.pack_dir(tmp_path)
+    (tmp_path / "b").write_bytes(b"")
+    (tmp_path / "c").write_bytes(b"")
+    with pytest.raises(DeployError, match="has more than 2 files \\(the limit\\), at c"):
+        deploys.pack_dir(tmp_path)
 
 
 def test_a_package_of_millions_of_folders_stops_at_the_entry_limit() -> None:

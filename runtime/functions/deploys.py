@@ -197,11 +197,14 @@ def pack_dir(directory: str | Path) -> Files:
         if not path.is_file():  # a FIFO, a socket, a device: no file a function can hold
             raise DeployError(f"{directory}: {rel.as_posix()} is not a plain file (a FIFO, "
                               "socket or device); a package holds plain files and folders")
+        if len(files) >= MAX_PACKAGE_FILES:
+            raise DeployError(f"{directory}: package has more than {MAX_PACKAGE_FILES} files "
+                              f"(the limit), at {rel.as_posix()}")
         data = path.read_bytes()
         total += len(data)
-        if total > MAX_PACKAGE_BYTES or len(files) >= MAX_PACKAGE_FILES:
-            raise DeployError(f"{directory}: package exceeds {MAX_PACKAGE_BYTES >> 20} MiB or "
-                              f"{MAX_PACKAGE_FILES} files")
+        if total > MAX_PACKAGE_BYTES:
+            raise DeployError(f"{directory}: package holds more than {MAX_PACKAGE_BYTES >> 20} "
+                              f"MiB (the limit) by {rel.as_posix()} ({len(data)} bytes)")
         files[rel.as_posix()] = data
     try:
         check_package(files)
@@ -243,9 +246,13 @@ def from_tar(blob: bytes) -> Files:
                     raise DeployError(f"package entry {name!r} is not a plain file or folder "
                                       "(links, devices and sparse files are refused)")
                 total += info.size
-                if total > MAX_PACKAGE_BYTES or len(files) >= MAX_PACKAGE_FILES:
-                    raise DeployError(f"package exceeds {MAX_PACKAGE_BYTES >> 20} MiB or "
-                                      f"{MAX_PACKAGE_FILES} files")
+                if len(files) >= MAX_PACKAGE_FILES:
+                    raise DeployError(f"package has more than {MAX_PACKAGE_FILES} files (the "
+                                      f"limit), at {name!r}")
+                if total > MAX_PACKAGE_BYTES:
+                    raise DeployError(f"package holds more than {MAX_PACKAGE_BYTES} bytes "
+                                      f"({MAX_PACKAGE_BYTES >> 20} MiB, the limit) by {name!r} "
+                                      f"({info.size} bytes)")
                 if name in files:
                     raise DeployError(f"package entry {name!r} appears twice")
                 member = tar.extractfile(info)
