@@ -238,6 +238,9 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
     # a start function that loops: its CPU budget, not the memory limit, stopped it
     (reactor("", prelude="(func $s (loop $l (br $l))) (start $s)"), "auto",
      "main.wat: its start function did not finish within 50 ms (limits.cpu_ms / wall_ms)"),
+    # one that traps: it was "cannot instantiate within limits.memory_mb = 64"
+    (reactor("", prelude="(func $s unreachable) (start $s)"), "auto",
+     "main.wat: its start function trapped: "),
 ])
 def test_deploy_checks_say_what_is_wrong(engine: WasmEngine, tmp_path: Path, source: str,
                                          abi: str, message: str) -> None:

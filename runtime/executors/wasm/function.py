@@ -208,6 +208,9 @@ class WasmFunction:
                 raise DeployError(f"{self.manifest.entry}: its start function did not finish "
                                   f"within {self.outcome.limit_ms} ms (limits.cpu_ms / "
                                   "wall_ms)") from None
+            if isinstance(e, wasmtime.Trap) or "wasm trap" in str(e):  # not the memory's
+                raise DeployError(f"{self.manifest.entry}: its start function trapped: "
+                                  f"{_short(str(e))}") from None
             raise DeployError(f"{self.manifest.entry}: cannot instantiate within "
                               f"limits.memory_mb = {self.manifest.limits.memory_mb}: "
                               f"{_short(str(e))}") from None
