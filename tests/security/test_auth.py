@@ -757,3 +757,123 @@ def test_only_a_call_without_a_credential_to_the_openai_api_is_read_as_forwarded
     with pytest.raises(Rejected) as err:
         hop(auth, value)
     assert err.value.status == 401
+
+
+# -- what mutation testing found unchecked (`make mutate`) -------------------------------------
+def test_refusals_count_against_the_per_ip_limit_without_sockets(tmp_path: Path) -> None:
+    """A credential-guessing flood got 401 after 401, never a 429, when `auth` did not
+    tell the `ratelimit` stage after it (only an end-to-end test saw it)."""
+    from runtime.pipeline.stages.ratelimit import RateLimit
+    from runtime.security.settings import RateLimitSettings, RateRule
+
+    auth, _ = stage(tmp_path, Fn("locked", auth="key"))
+    limits = RateLimit(RateLimitSettings(rules=[RateRule("ip", "2/minute")]), auth.targets)
+    auth.on_refused = limits.refused
+    try:
+        got = []
+        for ip in ("10.0.0.1",) * 3 + ("10.0.0.9",):
+            request = Request(b"GET", b"/x", b"", [(b"x-api-key", b"efn_wrong")], b"h", "1.1",
+                              True, f"{ip}:5")
+            with pytest.raises(Rejected) as err:
+                auth(request, Context(request.client), lambda r, c: Response(200, [], b"ok"))
+            got.append(err.value.status)
+        assert got == [401, 401, 429, 401]
+    finally:
+        limits.close()
+
+
+def test_a_refusal_counted_remotely_answers_its_429_or_else_the_401(tmp_path: Path) -> None:
+    """The count on a shared store (Redis) is awaited: its 429 wins, else the 401."""
+    import asyncio
+
+    auth, _ = stage(tmp_path, Fn("chat", auth="key"))
+    too_many = Rejected("rate_limited", 429, "slow down")
+    for over, want in ((too_many, 429), (None, 401)):
+        async def count(value: Rejected | None = over) -> Rejected | None:
+            return value
+
+        auth.on_refused = lambda r, c, count=count: count()  # type: ignore[misc]
+        request = Request(b"GET", b"/x", b"", [], b"h", "1.1", True, "1.2.3.4:5")
+        result = auth(request, Context(request.client), lambda r, c: Response(200, [], b"ok"))
+        assert not isinstance(result, Response)
+        with pytest.raises(Rejected) as err:
+            asyncio.run(result)  # type: ignore[arg-type]
+        assert err.value.status == want
+
+
+def test_an_upper_tier_still_asks_for_a_key_and_a_key_wins_over_a_signed_tenant(
+        tmp_path: Path) -> None:
+    auth, store = forwarded(tmp_path, OpenAITarget())
+    err = refused(auth)  # no key, no tenant header: the 401 and its challenge
+    assert (err.status, err.code) == (401, "unauthorized")
+    assert (b"www-authenticate", b'Bearer realm="edgefn"') in err.headers
+    key, record = store.create("acme", ("*",))
+    auth.keys.reload()
+    ctx, _ = hop(auth, sign(SECRET, "globex", "rid-1"), headers=bearer(key))
+    assert ctx.principal == record.principal()  # its scopes and limits, not globex's
+    assert ctx.decisions is not None and ctx.decisions["auth"]["result"] == "ok"
+
+
+def test_the_topology_secret_the_pop_builds_the_stage_with_admits_forwarded_calls(
+        tmp_path: Path) -> None:
+    """Tests set `auth.secret` afterwards; the PoP passes it to the constructor."""
+    store = KeyStore(tmp_path)
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}))  # type: ignore[arg-type]
+    targets.resolve = lambda request, ctx: _set(ctx, OpenAITarget())  # type: ignore[method-assign]
+    assert Auth(AuthSettings(), KeyRing(store), targets).secret == ""
+    auth = Auth(AuthSettings(), KeyRing(store), targets, None, SECRET)
+    store.create("ops", ("*",))
+    auth.keys.reload()
+    ctx, _ = hop(auth, sign(SECRET, "globex", "rid-1"))
+    assert ctx.decisions is not None and ctx.decisions["auth"]["result"] == "forwarded"
+
+
+@pytest.mark.parametrize("path", [b"/x/..\\y", b"/x/a\\..\\..\\y", b"/x/a%5cb", b"/x/a%5Cb",
+                                  b"/x/./y"])
+def test_a_route_scope_is_not_escaped_with_backslashes(tmp_path: Path, path: bytes) -> None:
+    auth, store = stage(tmp_path, Fn("site", auth="key"))
+    key, _ = store.create("acme", ("route:/x/*",))
+    auth.keys.reload()
+    assert refused(auth, bearer(key), path=path).status == 403
+
+
+def test_what_passes_the_stage_is_the_request_and_context_it_was_given(
+        tmp_path: Path) -> None:
+    """A forwarded hop and a warm-up take their own branches past the checks."""
+    seen: list[tuple[Request, Context]] = []
+
+    def record(r: Request, c: Context) -> Response:
+        seen.append((r, c))
+        return Response(200, [], b"ok")
+
+    auth, _ = forwarded(tmp_path, OpenAITarget())
+    request = Request(b"POST", b"/v1/chat/completions", b"",
+                      [(b"x-edgefn-tenant", sign(SECRET, "globex", "rid-1").encode())], b"h",
+                      "1.1", True, "10.0.0.2:5")
+    ctx = Context(request.client)
+    ctx.request_id = b"rid-1"
+    auth(request, ctx, record)
+    locked, _ = stage(tmp_path / "q", Fn("locked", auth="key"))
+    quiet = Request(b"GET", b"/x", b"", [], b"h", "1.1", True, "1.2.3.4:5")
+    ctx2 = Context(quiet.client)
+    ctx2.quiet = True  # the PoP's warm-up: no credential, not refused
+    locked(quiet, ctx2, record)
+    assert seen == [(request, ctx), (quiet, ctx2)]
+
+
+def test_every_401_carries_the_challenge(tmp_path: Path) -> None:
+    auth, store = stage(tmp_path, Fn("chat", auth="key"))
+    revoked, r = store.create("acme", ("*",))
+    store.revoke(r.id)
+    expired, _ = store.create("acme", ("*",), expires=time.time() - 1)
+    auth.keys.reload()
+    challenge = (b"www-authenticate", b'Bearer realm="edgefn"')
+    for key in (revoked, expired):
+        err = refused(auth, bearer(key))
+        assert (err.status, err.code) == (401, "unauthorized") and challenge in err.headers
+    jwt_auth, _ = stage(tmp_path / "jwt", Fn("chat", auth="jwt"))
+    for headers in ([], bearer("a.b.c"), [(b"x-api-key", b"a.b.c")]):
+        err = refused(jwt_auth, headers)
+        assert (err.status, err.code) == (401, "unauthorized") and challenge in err.headers
+    exactly = refused(auth, [(b"x-api-key", b"x" * 8192)])  # at the limit: read, then refused
+    assert "malformed API key" in str(exactly) and "longer than" not in str(exactly)

@@ -156,3 +156,35 @@ def test_counters_drop_state_whose_window_has_passed_and_keep_live_counts() -> N
         counters.hit(f"new{i}", "sliding_window", 5, 60)
     counters.hit("new3", "moving_window", 5, 60)
     assert len(counters.state) == 5 and counters.sweep_at == max(50_000, 8)
+
+
+@pytest.mark.parametrize("algorithm", ["moving_window", "sliding_window", "fixed_window"])
+def test_a_sweep_keeps_every_live_count(algorithm: str) -> None:
+    """A moving window's state was kept with an expiry in the past (`now - window`
+    read the same to every other test): the sweep dropped it, and a client at its
+    limit was admitted again."""
+    from runtime.security.ratelimit.counters import Counters
+
+    now = [1_700_000_000.0]
+    counters = Counters(clock=lambda: now[0])
+    counters.sweep_at = 2
+    assert counters.hit("live", algorithm, 2, 60)[0] and counters.hit("live", algorithm, 2, 60)[0]
+    now[0] += 1
+    counters.hit("other", algorithm, 2, 60)  # sweeps
+    assert counters.hit("live", algorithm, 2, 60)[0] is False and "live" in counters.state
+
+
+def test_a_sweep_that_frees_little_doubles_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past SWEEP_AT live keys, a threshold that did not grow swept on every hit."""
+    from runtime.security.ratelimit import counters as module
+
+    monkeypatch.setattr(module, "SWEEP_AT", 4)
+    now = [1_700_000_000.0]
+    counters = module.Counters(clock=lambda: now[0])
+    counters.sweep_at = 4
+    for i in range(5):
+        counters.hit(f"k{i}", "fixed_window", 5, 60)
+    assert len(counters.state) == 5 and counters.sweep_at == 8
+    for i in range(5, 9):
+        counters.hit(f"k{i}", "fixed_window", 5, 60)
+    assert counters.sweep_at == 16

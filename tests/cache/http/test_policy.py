@@ -136,3 +136,45 @@ def test_delta_seconds_are_ascii_digits_capped_at_2_31(arg: str | None, seconds:
 def test_conditional_requests(inm: bytes | None, ims: bytes | None, etag: bytes | None,
                               modified: bytes | None, answer: bool) -> None:
     assert policy.not_modified(inm, ims, etag, modified) is answer
+
+
+# -- what mutation testing found unchecked (`make mutate`) -------------------------------------
+def test_a_condition_on_a_validator_the_entry_lacks_is_no_304() -> None:
+    """A client's If-None-Match (or If-Modified-Since) against a stored response with no
+    ETag (or Last-Modified) must not keep content that may be wrong."""
+    assert policy.not_modified(b'"a"', None, None, None) is False
+    assert policy.not_modified(None, DATE, b'"a"', None) is False
+
+
+def test_max_stale_never_overrides_revalidation() -> None:
+    for cc in (b"max-age=10, no-cache", b"max-age=10, must-revalidate"):
+        f = fresh(cc)
+        assert isinstance(f, Freshness)
+        assert policy.stale_accepted(15.0, f, policy.directives(b"max-stale")) is False
+    f = fresh(b"max-age=10")
+    assert isinstance(f, Freshness)
+    assert policy.stale_accepted(15.0, f, policy.directives(b"max-stale, no-cache")) is False
+    assert policy.stale_accepted(14.0, f, policy.directives(b"max-stale, max-age=14")) is True
+    assert policy.stale_accepted(14.5, f, policy.directives(b"max-stale, max-age=14")) is False
+
+
+def test_a_304_without_a_strong_etag_updates_the_entry() -> None:
+    assert policy.validates([(b"cache-control", b"max-age=60")], b'"a"') is True
+    assert policy.validates([(b"etag", b'W/"a"')], b'"a"') is True
+    assert policy.validates([(b"etag", b'"b"')], b'"a"') is False
+    assert policy.validates([(b"etag", b'"a"')], b'"a"') is True
+
+
+def test_expires_is_read_against_the_responses_date_not_the_clock() -> None:
+    earlier = b"Tue, 14 Nov 2023 22:12:50 GMT"  # 30 s before NOW
+    f = fresh(None, expires=IN_90S, date=earlier)
+    assert isinstance(f, Freshness) and f.lifetime == 120.0
+    assert fresh(None, expires=earlier, date=DATE) == "stale on arrival"
+
+
+def test_stale_while_revalidate_of_one_second_and_a_requests_no_cache() -> None:
+    f = fresh(b"max-age=10, stale-while-revalidate=1")
+    assert isinstance(f, Freshness)
+    assert policy.may_serve_stale(10.5, f, EMPTY, f.swr) is True
+    assert policy.may_serve_stale(10.5, f, policy.directives(b"no-cache"), f.swr) is False
+    assert policy.may_serve_stale(11.0, f, EMPTY, f.swr) is False
