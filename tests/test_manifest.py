@@ -52,6 +52,7 @@ def test_every_example_manifest_is_valid() -> None:
     ("/api/*", ("api",), True, "/api"),
     ("/users/:id", ("users", ":id"), False, "/users/:"),
     ("/users/:user_id/files/*/", ("users", ":user_id", "files"), True, "/users/:/files"),
+    ("/a//b", ("a", "", "b"), False, "/a//b"),  # a literal prefix, matched as bytes as before
 ])
 def test_route_paths_parse_into_segments_and_a_shape(path: str, segments: tuple[str, ...],
                                                      wildcard: bool, shape: str) -> None:
@@ -86,3 +87,18 @@ def test_a_stored_version_skips_the_checks_only_new_deploys_get() -> None:
     assert manifest.load(d, new=False).pool.min == 2
     with pytest.raises(ManifestError):
         manifest.load(d)
+
+
+def test_routes_a_new_deploy_is_refused_still_load_from_a_stored_version() -> None:
+    """An upgrade stopped serving a whole function whose stored version had one such
+    route; only new deploys are refused them."""
+    from edgefn_core.errors import ManifestError
+    from runtime.functions.router import Router
+
+    raw = (b'name = "x"\nruntime = "wasm"\nentry = "f.wat"\n'
+           b'routes = ["/ok/*", "/api//v1", { path = "/h", host = "*" }]\n')
+    stored = manifest.parse(raw, "m", new=False)
+    router = Router([(r, "x", "x") for r in stored.route_list()])
+    assert router.match(b"", b"/ok/1") is not None
+    with pytest.raises(ManifestError, match="expected no empty segment"):
+        manifest.parse(raw, "m")

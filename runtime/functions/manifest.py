@@ -21,10 +21,12 @@ from runtime.security.settings import AuthMode, BotOverride, RateRule, TargetPol
 MANIFEST_NAME = "edgefn.toml"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# a host name (labels of letters, digits and `-`), or `*.` before one (a wildcard), and
-# an optional port: `*`, `*example.com` and `a..b` matched no Host
-HOST_PATTERN = (r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*"
-                r"(:[0-9]{1,5})?$")
+HOST_PATTERN = r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})?(:[0-9]{1,5})?$"  # any version's
+# what a new deploy's host must be: a host name (labels of letters, digits and `-`), or
+# `*.` before one (a wildcard), and an optional port (`*`, `*example.com`, `a..b` and
+# port 99999 matched no Host)
+HOST_NAME = (r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*"
+             r"(:[0-9]{1,5})?$")
 CAPTURE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENTRY_SUFFIXES = {"wasm": (".wasm", ".wat"), "python": (".py",)}
 MAX_CPU_MS = 60_000  # documented maxima (README "Manifest reference"); a longer budget never
@@ -69,14 +71,12 @@ def parse_path(path: str) -> PathPattern:
     Raises `ValueError` (the message says what was expected) for a path not
     starting with ``/`` or with ``?``, ``#`` or whitespace, a ``*`` that is not
     the whole last segment, a ``:`` that does not start a valid capture name,
-    a capture name used twice (ignoring case), an empty segment (``//``), or a
-    ``.``/``..`` segment (plain or percent-encoded: no request reaches one). Nothing
-    that looks like a pattern is ever taken literally.
+    a capture name used twice (ignoring case), or an empty segment in a
+    pattern. Nothing that looks like a pattern is ever taken literally. (What a
+    new deploy is refused besides: `_check_new_routes`.)
     """
     if not path.startswith("/") or any(c in path for c in "?# \t\r\n"):
         raise ValueError(f"expected a path prefix starting with `/`, got {path!r}")
-    if "//" in path:  # `//` was the catch-all `/`; `/a//b` served `/a/b`
-        raise ValueError(f"expected no empty segment (`//`) in a route, got {path!r}")
     segments = tuple(path.rstrip("/").split("/")[1:])
     wildcard = segments[-1:] == ("*",)
     if wildcard:
@@ -84,13 +84,14 @@ def parse_path(path: str) -> PathPattern:
     seen: set[str] = set()
     for seg in segments:
         _check_segment(seg, path, seen)
-    return PathPattern(segments, wildcard)
+    pattern = PathPattern(segments, wildcard)
+    if not pattern.literal and "" in segments:
+        raise ValueError(f"expected no empty segment (`//`) in a route with captures or `*`, "
+                         f"got {path!r}")
+    return pattern
 
 
 def _check_segment(seg: str, path: str, seen: set[str]) -> None:
-    if unquote(seg) in (".", ".."):  # the front answers 400 to every such path: a dead route
-        raise ValueError(f"expected no `.` or `..` segment (requests with one are refused), "
-                         f"got {path!r}")
     if "*" in seg:
         raise ValueError(f"expected `*` only as the whole last segment (like `/files/*`), "
                          f"got {path!r}")
@@ -254,10 +255,12 @@ def _check_semantics(m: Manifest, file: str) -> None:
 
 def _check_new(m: Manifest, file: str) -> None:
     """Checks added after versions were stored (so a new deploy gets them, a stored
-    version does not). Raises `ManifestError` for a field the function's runtime
-    never reads, set to something other than its default (it would be silently
-    ignored): `handler` and `pool` are Python's (a WASM module exports its own entry
-    points and gets a fresh instance per request), `abi` is WASM's."""
+    version does not). Raises `ManifestError` for a route no request can reach
+    (`_check_new_routes`), or a field the function's runtime never reads, set to
+    something other than its default (it would be silently ignored): `handler` and
+    `pool` are Python's (a WASM module exports its own entry points and gets a fresh
+    instance per request), `abi` is WASM's."""
+    _check_new_routes(m.route_list(), file)
     if m.runtime == "wasm":
         if m.handler != "handle":
             raise ManifestError(file, "`handler` applies to Python functions only (a WASM "
@@ -290,10 +293,30 @@ def _check_share(m: Manifest, file: str) -> None:
 
 
 def _host_ok(host: str) -> bool:
-    if len(host) > 260 or not re.match(HOST_PATTERN, host):
+    if len(host) > 260 or not re.match(HOST_NAME, host):
         return False
     _, colon, port = host.partition(":")
     return not colon or 1 <= int(port) <= 65535
+
+
+def _check_new_routes(routes: list[Route], file: str) -> None:
+    """Raises `ManifestError` naming ``routes[i]`` for what no request can reach, which
+    a new deploy is refused (a stored version keeps serving what it served): an empty
+    segment (`//` was read as the catch-all `/`, `/a//b` served `/a/b`), a `.` or `..`
+    segment, plain or percent-encoded (the front answers 400 to every such request),
+    or a host that is not a host name or `*.` and one, with a port of 1-65535."""
+    for i, route in enumerate(routes):
+        where = f"routes[{i}]"
+        if "//" in route.path:
+            raise ManifestError(file, f"expected no empty segment (`//`) in a route, got "
+                                f"{route.path!r}", where)
+        if any(unquote(seg) in (".", "..") for seg in route.path.split("/")):
+            raise ManifestError(file, f"expected no `.` or `..` segment (requests with one "
+                                f"are refused), got {route.path!r}", where)
+        if route.host is not None and not _host_ok(route.host):
+            raise ManifestError(file, f"expected a host name (`*.example.com` for a wildcard), "
+                                f"with a port of 1-65535 if any, got {route.host!r}",
+                                f"{where}.host")
 
 
 def _check_routes(routes: list[Route], file: str) -> None:
@@ -306,10 +329,8 @@ def _check_routes(routes: list[Route], file: str) -> None:
             shape = parse_path(route.path).shape
         except ValueError as e:
             raise ManifestError(file, str(e), where) from None
-        if route.host is not None and not _host_ok(route.host):
-            raise ManifestError(file, f"expected a host name (`*.example.com` for a wildcard), "
-                                f"with a port of 1-65535 if any, got {route.host!r}",
-                                f"{where}.host")
+        if route.host is not None and not re.match(HOST_PATTERN, route.host):
+            raise ManifestError(file, f"expected a host name, got {route.host!r}", f"{where}.host")
         key = (route.host.lower() if route.host else None, shape)
         if key in seen:
             same = "" if seen[key] == route.path else f" (it matches what {seen[key]!r} does)"
