@@ -53,7 +53,8 @@ from runtime.security.ratelimit.admission import (
 )
 
 STREAM_IDLE = 30.0  # a chat stream nobody reads for this long is closed
-OPS = frozenset({"chat", "chat_stream", "chat_next", "complete", "embed", "rerank", "models"})
+OPS = frozenset({"chat", "chat_stream", "chat_next", "chat_close", "complete", "embed",
+                 "rerank", "models"})
 _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
                        "cache", "presence_penalty", "frequency_penalty", "logit_bias",
                        "response_format"})
@@ -61,7 +62,8 @@ _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "
 # ran uncapped until the wall-time limit)
 ARGS = {"chat": _SAMPLING | {"messages", "tools", "tool_choice", "parallel_tool_calls"},
         "chat_stream": _SAMPLING | {"messages"}, "complete": _SAMPLING | {"prompt"},
-        "chat_next": frozenset({"stream"}), "embed": frozenset({"model", "input", "cache"}),
+        "chat_next": frozenset({"stream"}), "chat_close": frozenset({"stream"}),
+        "embed": frozenset({"model", "input", "cache"}),
         "rerank": frozenset({"model", "query", "documents", "top_n"}), "models": frozenset()}
 
 
@@ -143,6 +145,8 @@ class AIBinding:
                 return await self._generate(op, a, traceparent)
             case "chat_next":
                 return await self._next(int(a["stream"]))
+            case "chat_close":
+                return await self.end_stream(int(a["stream"]))
             case "embed":
                 return await self._embed(str(a["model"]), a["input"], a)
             case "rerank":
@@ -216,6 +220,8 @@ class AIBinding:
                                                      traceparent=traceparent, **hop)
             text, done = await gen.collect()
         except BaseException as e:
+            if gen is not None:  # cancelled (the request's client left): the worker stops
+                await gen.aclose()  # (it generated on to max_tokens for no one)
             if ticket is not None:
                 await ticket.settle(used_by(ticket, gen, e))
             raise
@@ -310,6 +316,17 @@ class AIBinding:
         return await self.budgets.admit_ai(self.budgets.payer(None, self.tenant),
                                            self.service.client, model, stream, max_tokens,
                                            **text)
+
+    async def end_stream(self, sid: int) -> bool:
+        """Stop this deployment's stream `sid` (its reader stopped: the request's client
+        went away, or the function stopped reading) and settle what it used; False
+        when it had already ended. The model stops generating for it at once (it
+        generated to `max_tokens`, holding a batch slot and its reservation)."""
+        entry = self.streams.pop(sid, None)
+        if entry is None:
+            return False
+        await _end(entry[0], entry[2])
+        return True
 
     def _sweep(self) -> None:
         now = time.monotonic()

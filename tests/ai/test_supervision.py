@@ -224,3 +224,64 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_sequence(ai_pop: Runni
     generated = metrics(ai_pop)["tokens_total"] - before
     time.sleep(0.3)
     assert metrics(ai_pop)["tokens_total"] - before == generated < 2000
+
+
+LONG_ANSWER = """
+from edgefn import Response
+
+STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse."}]
+
+
+def handle(request, env):
+    ai = env.ai()
+    if request.query.get("stream") == "0":
+        return Response.json(ai.chat(STORY, model="smollm2-135m", max_tokens=2000,
+                                     temperature=0))
+    if request.query.get("quick"):
+        return Response("quick")
+    return Response(ai.chat(STORY, model="smollm2-135m", stream=True, max_tokens=2000,
+                            temperature=0))
+"""
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_functions_model_call_stops_when_its_client_goes_away(
+        ai_pop: Running, tmp_path: Path, stream: bool) -> None:
+    """The model generated on to max_tokens (minutes on a CPU) for a client that had
+    left, holding a batch slot, its reservation and the isolate: the guest dropped
+    the CANCEL while it waited on the call, and nothing on the PoP stopped the call
+    or closed the stream."""
+    d = tmp_path / "teller"
+    d.mkdir()
+    (d / "main.py").write_text(LONG_ANSWER)
+    (d / "edgefn.toml").write_text('name = "teller"\nruntime = "python"\nentry = "main.py"\n'
+                                   'routes = ["/teller"]\n[limits]\nwall_ms = 120000\n'
+                                   '[bindings]\nai = true\n[pool]\nmin = 1\nmax = 1\n'
+                                   'standby = false\n')
+    ai_pop.deploy(d)
+    before = metrics(ai_pop)["tokens_total"]
+    conn = socket.create_connection((ai_pop.host, ai_pop.port), timeout=30)
+    try:
+        path = b"/teller" if stream else b"/teller?stream=0"
+        conn.sendall(b"GET %s HTTP/1.1\r\nhost: x\r\n\r\n" % path)
+        if stream:
+            received = b""
+            while len(received.split(b"\r\n\r\n", 1)[-1]) < 20:  # the head, some text
+                data = conn.recv(65536)
+                assert data, received
+                received += data
+        else:
+            wait_for(lambda: metrics(ai_pop)["running_batch"] == 1, 30, "the call generating")
+    finally:
+        conn.close()
+
+    def freed() -> bool:
+        m = metrics(ai_pop)
+        return m["running_batch"] == 0 and m["queue_depth"] == 0
+
+    wait_for(freed, 10, "the abandoned call's sequence freed")
+    generated = metrics(ai_pop)["tokens_total"] - before
+    assert generated < 2000
+    started = time.monotonic()
+    assert ai_pop.get("/teller?quick=1", timeout=10)[2] == b"quick"  # its only isolate: free
+    assert time.monotonic() - started < 5

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from runtime.executors.output import GuestLines
 from runtime.executors.python import wire
 from runtime.executors.python.config import HostConfig
+from runtime.executors.python.job import Job
 
 functions_log = logging.getLogger("edgefn.functions")
 
@@ -69,8 +70,10 @@ class HostCalls:
                 reply = {"error": str(e)}
             else:
                 if inspect.isawaitable(result):
-                    asyncio.get_running_loop().create_task(
-                        self._reply_later(isolate, msg.get("id"), result))
+                    task = asyncio.get_running_loop().create_task(
+                        self._reply_later(isolate, msg.get("id"), result, name, job))
+                    if job is not None and not job.done:  # stopped with its request
+                        job.cleanups.append(task.cancel)
                     return
                 reply = {"result": result}
         else:
@@ -78,10 +81,45 @@ class HostCalls:
         if msg.get("wait"):
             isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
 
-    async def _reply_later(self, isolate: Caller, call_id: Any, pending: Awaitable[Any]
-                           ) -> None:
+    async def _reply_later(self, isolate: Caller, call_id: Any, pending: Awaitable[Any],
+                           name: str = "", job: Job | None = None) -> None:
+        """The reply to a call that awaits (a model call): its result, or its error;
+        when the request's client went away meanwhile (the task is cancelled), an
+        error that ends the handler's wait. A model stream it opens is closed when
+        the request ends, however it ends."""
         try:
             reply = {"result": await pending}
+        except asyncio.CancelledError:
+            reply = {"error": "cancelled: the request's client went away"}
         except Exception as e:
             reply = {"error": str(e)}
+        else:
+            result = reply["result"]
+            if name == "ai.chat_stream" and job is not None and isinstance(result, dict):
+                self._close_with(job, result.get("stream"))
         isolate.send(wire.json_frame(wire.REPLY, {"id": call_id, **reply}))
+
+    def _close_with(self, job: Job, stream: Any) -> None:
+        """Close AI stream `stream` when `job` ends (at once if it has): a function
+        whose client left, or that stopped reading, held the model generating to
+        `max_tokens` and a batch slot until another of its streams opened."""
+        bindings = self.bindings
+        if bindings is None or not isinstance(stream, int):
+            return
+        tenant = job.tenant
+
+        def close() -> None:
+            closing = bindings("ai.chat_close", {"stream": stream}, tenant)
+            if inspect.isawaitable(closing):
+                asyncio.ensure_future(closing).add_done_callback(_quiet)
+
+        if job.done:
+            close()
+        else:
+            job.cleanups.append(close)
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """A closing that failed (the worker is gone) has nothing left to stop."""
+    if not task.cancelled():
+        task.exception()

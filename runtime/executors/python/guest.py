@@ -248,6 +248,7 @@ class Session:
         self.sdk = sdk
         self.reader = wire.Reader()
         self.pending: list[tuple[bytes, bytes]] = []
+        self.cancel_seen = False  # a CANCEL arrived during a host call of this request
         self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.calls = 0
@@ -298,6 +299,7 @@ class Session:
             self.sock.sendall(wire.json_frame(wire.READY, {"ok": False, "recycling": True}))
 
     def one(self, payload: bytes) -> None:
+        self.cancel_seen = False
         request, env_vars = self.sdk.Request._decode(payload)
         self.request = request  # its traceparent goes with its fetch and model calls
         env = self.sdk.Env(env_vars, self.call, self.kv)
@@ -414,7 +416,10 @@ class Session:
             yield from body
 
     def _cancelled(self) -> bool:
-        """A CANCEL frame (the client went away) waiting on the socket?"""
+        """A CANCEL frame (the client went away) waiting on the socket, or seen while a
+        host call waited for its reply?"""
+        if self.cancel_seen:
+            return True
         if select.select([self.sock], [], [], 0)[0]:
             data = self.sock.recv(1 << 16)
             if not data:
@@ -442,6 +447,9 @@ class Session:
             f = wire.recv_frame(self.sock, self.reader, self.pending)
             if f is None:
                 raise IsolateStop
+            if f[0] == wire.CANCEL:  # the client left while this call waited: its reply (an
+                self.cancel_seen = True  # error, the PoP stopped the call) comes next; a
+                continue  # stream then ends at its next chunk (`_cancelled`)
             if f[0] == wire.REPLY:
                 reply = json.loads(f[1])
                 if reply.get("id") != self.calls:

@@ -50,14 +50,34 @@ class Job:
         self.on_end: Callable[[], None] | None = None
         self.queued = 0  # bytes in `chunks` not yet taken by the reader
         self.paused = False  # the isolate was told to pause for this job
+        # what the job's host calls left running on the PoP (a model call, an AI
+        # stream), undone when it ends or its client goes away (`let_go`)
+        self.cleanups: list[Callable[[], None]] = []
+        self.future.add_done_callback(self._answered)
 
     def end(self) -> None:
         """The job reached its last frame (or failed); runs `on_end` once."""
         if not self.done:
             self.done = True
             self._resume()  # its isolate is free for the next job, whatever is queued here
+            self.let_go()
             if self.on_end is not None:
                 self.on_end()
+
+    def let_go(self) -> None:
+        """Undo what its host calls left running (`cleanups`), once."""
+        cleanups, self.cleanups = self.cleanups, []
+        for undo in cleanups:
+            undo()
+
+    def _answered(self, future: asyncio.Future[Response]) -> None:
+        """The client went away before the response (the future was cancelled): stop
+        the model calls the handler waits on (their error reply ends it) and tell
+        the isolate."""
+        if future.cancelled() and not self.done:
+            self.let_go()
+            if self.isolate is not None:
+                self.isolate.cancel()
 
     def fail(self, err: BaseException) -> None:
         """Answer with `err`, or cut the stream with it if the head was sent."""
@@ -113,4 +133,5 @@ class Job:
             self.queued = 0
             self._resume()
             if not self.done and self.isolate is not None:  # the client went away
+                self.let_go()
                 self.isolate.cancel()
