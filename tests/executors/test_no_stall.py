@@ -360,7 +360,8 @@ def test_a_reactor_looping_on_host_calls_ends_at_its_wall_limit(engine: WasmEngi
                                                                  tmp_path: Path) -> None:
     """Each host call pushed its CPU deadline back by the call's time, and nothing
     bounded its wall time on the thread: after its client's 504 it ran on for
-    seconds, holding a worker thread and the GIL in host calls."""
+    seconds, holding a worker thread and the GIL in host calls. Its wall time counts
+    from the request, the wait for a thread included."""
     spinner = reactor("""(loop $l
         (drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) (i64.const 1)))
         (br $l))""", prelude='(data (i32.const 200) "c") (data (i32.const 210) "k")',
@@ -375,6 +376,11 @@ def test_a_reactor_looping_on_host_calls_ends_at_its_wall_limit(engine: WasmEngi
 
         async def go() -> tuple[int, str]:
             fn.activate()
+            # it waits 150 ms of its 200 for a thread: that counts (the deadline was
+            # counted from when it got one)
+            held = asyncio.Semaphore(0)
+            fn._slots = (asyncio.get_running_loop(), held)
+            asyncio.get_running_loop().call_later(0.15, held.release)
             answered = await outcome(fn)
             await asyncio.sleep(0.05)  # an epoch tick and a host call past the deadline
             counted = stores.kv.get("c", b"k")
@@ -397,3 +403,13 @@ def test_a_reactor_allowed_large_responses_runs_on_worker_threads(engine: WasmEn
     assert big.threaded and not small.threaded
     assert asyncio.run(outcome(big)) == (200, "")
     assert isinstance(small.handle(request(), "/", {}), Response)  # inline, as before
+
+
+def test_a_binding_error_quoting_the_wall_marker_stays_a_binding_error() -> None:
+    from runtime.executors.wasm.ffi import _binding_error
+
+    quoted = _binding_error("edgefn binding: function 'f' did not declare KV namespace "
+                            "'edgefn wall: x'", "edgefn_handle")
+    assert quoted is not None and (quoted.code, quoted.status) == ("binding", 500)
+    wall = _binding_error("edgefn wall: a host call past the wall-time limit", "edgefn_handle")
+    assert wall is not None and (wall.code, wall.status) == ("wall_limit", 504)

@@ -231,12 +231,14 @@ def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: in
 
 def _binding_error(message: str, what: str) -> FunctionError | None:
     """A trap a host function raised (see `wasm_host.TRAP_PREFIX`), with its reason;
-    or the wall-time limit a host call was made past (`wasm_host.WALL_PREFIX`)."""
-    if "edgefn wall: " in message:
-        return FunctionError("wall_limit", 504, "exceeded its wall-time limit (limits.wall_ms) "
-                             "making host calls")
+    or the wall-time limit a host call was made past (`wasm_host.WALL_PREFIX`). A
+    binding's reason may quote the guest (a namespace named "edgefn wall: x"), so it
+    is looked for first."""
     marker = "edgefn binding: "
     if marker not in message:
+        if "edgefn wall: " in message:
+            return FunctionError("wall_limit", 504, "exceeded its wall-time limit "
+                                 "(limits.wall_ms) making host calls")
         return None
     reason = message.split(marker, 1)[1].strip().splitlines()[0]
     return FunctionError("binding", 500, f"failed in a host call from {what}: {reason}")

@@ -290,7 +290,8 @@ class WasmFunction:
         """Reactors that declare bindings run on a worker thread: a model call or a
         synced KV write waits there while the event loop keeps serving. Their fetch
         and model calls carry the request's `traceparent`."""
-        output = await self._on_thread(self._call_here, data, origin)
+        deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000  # waiting counts
+        output = await self._on_thread(self._call_here, data, origin, deadline)
         return Response(*decode_response(output))
 
     async def _rerun_threaded(self, data: bytes, origin: Origin) -> Response:
@@ -300,13 +301,14 @@ class WasmFunction:
         epochs count wall time, so on a busy machine a short guest is also cut
         when the loop's thread is preempted mid-call, and moving it for that
         would cost every later request a thread hop."""
-        output = await self._on_thread(self._timed_call, data, origin)
+        deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000
+        output = await self._on_thread(self._timed_call, data, origin, deadline)
         return Response(*decode_response(output))
 
-    def _timed_call(self, data: bytes, origin: Origin) -> bytes:
+    def _timed_call(self, data: bytes, origin: Origin, wall_deadline: float) -> bytes:
         cpu = time.thread_time()
         try:
-            return self._call_here(data, origin)
+            return self._call_here(data, origin, wall_deadline)
         finally:  # a limit hit counts too: it took at least its budget
             used = time.thread_time() - cpu
             if used >= SLICE_CPU_S and not self.threaded:
@@ -315,7 +317,11 @@ class WasmFunction:
                          "on worker threads from now on", self.name, INLINE_SLICE_MS,
                          used * 1000)
 
-    def _call_here(self, data: bytes, origin: Origin = NO_ORIGIN) -> bytes:
+    def _call_here(self, data: bytes, origin: Origin = NO_ORIGIN,
+                   wall_deadline: float = 0.0) -> bytes:
+        """One reactor call on this thread; its host calls end at `wall_deadline`
+        (`time.monotonic()`; 0: `wall_ms` from now), counted from when the request
+        asked for a thread: waiting for one counts."""
         call = getattr(self.per_thread, "call", None)
         if call is None:
             call = self.per_thread.call = self.new_call()
@@ -325,7 +331,7 @@ class WasmFunction:
             self.host_functions.begin_request(
                 now + self.outcome.limit_ms / 1000
                 if self.outcome.interrupt_kind == "cpu_limit" else 0.0, origin,
-                now + self.manifest.limits.wall_ms / 1000)
+                wall_deadline or now + self.manifest.limits.wall_ms / 1000)
         return call(data)
 
     async def _on_thread(self, job: Callable[..., bytes], *args: object) -> bytes:
