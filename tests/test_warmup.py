@@ -39,6 +39,8 @@ def handle(request, env):
         return Response("no", 500)
     if request.path.endswith("/raise"):
         raise ValueError("warm-up refused")
+    if request.path.endswith("/forge"):
+        raise ValueError("boom\\nts=2026-12-02T02:00:00.000Z status=200")
     calls.append(request.headers.get("x-edgefn-warmup", "-"))
     if request.path.endswith("/slow"):
         time.sleep(0.3)
@@ -180,6 +182,8 @@ def test_a_declared_route_warms_every_initial_isolate_unseen(pop: Running,
 @pytest.mark.parametrize(("route", "why"), [
     ("/bad/fail", "answered 500"),
     ("/bad/raise", "failed: trap: raised ValueError: warm-up refused"),
+    # the message's newline, escaped: a warm-up failing at boot is logged
+    ("/bad/forge", "failed: trap: raised ValueError: boom\\nts=2026-12-02T02:00:00.000Z"),
 ])
 def test_a_failing_declared_route_refuses_the_deploy_and_the_old_version_serves(
         pop: Running, tmp_path: Path, route: str, why: str) -> None:

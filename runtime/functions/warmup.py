@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from edgefn_core.errors import DeployError, EdgefnError
+from runtime.executors.output import escaped
 from runtime.executors.wasm.function import INLINE_SLICE_MS, SLICE_EXPIRED
 from runtime.functions.manifest import Manifest, Route
 from runtime.functions.router import Router
@@ -97,8 +98,8 @@ def _check(fn: Deployment, path: str, outcome: object) -> None:
         return
     if isinstance(outcome, Response):
         why = f"answered {outcome.status}"
-    elif isinstance(outcome, EdgefnError):
-        why = f"failed: {outcome.code}: {outcome}"
+    elif isinstance(outcome, EdgefnError):  # a guest's text: escaped (one log line)
+        why = f"failed: {outcome.code}: {escaped(str(outcome))}"
     else:
         why = f"failed: {outcome!r}"
     raise DeployError(f"{fn.label}: warm-up GET {path} (manifest `warmup`) {why}; "
