@@ -281,9 +281,10 @@ class VectorStore:
                quota: Quota | None = None) -> int:
         """Insert or replace vectors by id; returns how many were written.
 
-        Raises `UnknownNamespace`, `InvalidValue` (wrong dimension, non-finite values),
-        `LimitExceeded` (id or metadata too large, or the rows, as new ones, past
-        `quota`). Nothing is written on error.
+        Raises `UnknownNamespace`, `InvalidValue` (wrong dimension, an empty vector,
+        non-finite values, a value past f16's range in an f16 index), `LimitExceeded`
+        (id or metadata too large, or the rows, as new ones, past `quota`). Nothing
+        is written on error.
         """
         o = self._get(name)
         latest = {id_: (vec, meta) for id_, vec, meta in items}  # a repeated id: last wins
@@ -388,8 +389,9 @@ class VectorStore:
         had scanned the whole index, on the caller's thread). Sees every write that
         returned before it was called, in any process.
 
-        Raises `InvalidValue` for a vector of the wrong dimension, a `k` that is not
-        an int from 1 to `MAX_K`, a `filter` that is not an object.
+        Raises `InvalidValue` for a vector of the wrong dimension (or empty, not
+        finite, past f16's range in an f16 index), a `k` that is not an int from 1
+        to `MAX_K`, a `filter` that is not an object.
         """
         o = self._get(name)
         q = self._vector(o.config, vector)

@@ -118,7 +118,8 @@ class KVView:
 
 def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
     """One KV operation on namespace `ns`. Raises `BindingError` for an unknown
-    one, `StoreError` from the store, KeyError/TypeError/ValueError for bad args."""
+    one, `StoreError` from the store, KeyError/TypeError/ValueError/AttributeError
+    for bad args (a number where a string belongs)."""
     key = _key(a) if op in ("get", "put", "delete", "increment", "cas") else b""
     match op:
         case "get":
