@@ -209,8 +209,11 @@ def test_bad_requests_get_openai_errors(pop: Running, body: bytes, code: str,
 def test_bad_parameters_raise_in_the_client(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
-                                       top_p=1.5)
-    assert "top_p" in e.value.message
+                                       top_p=1.0000001)
+    assert "top_p must be in [0, 1], got 1.0000001" in e.value.message  # it said "got 1"
+    greedy = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                            top_p=0, max_tokens=2)  # OpenAI's range
+    assert greedy.choices[0].message.content is not None
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=EMBED, input=[""])
 

@@ -206,8 +206,8 @@ def _check_params(req: Generate) -> None:
     if not 0 <= req.temperature <= 2:
         raise EngineError("invalid_request", 400, f"temperature must be between 0 and 2, got "
                           f"{req.temperature}")
-    if not 0 < req.top_p <= 1:
-        raise EngineError("invalid_request", 400, f"top_p must be in (0, 1], got {req.top_p}")
+    if not 0 <= req.top_p <= 1:  # OpenAI's range; 0 keeps the likeliest token (min_keep 1)
+        raise EngineError("invalid_request", 400, f"top_p must be in [0, 1], got {req.top_p!r}")
     if req.top_k < 0:
         raise EngineError("invalid_request", 400, f"top_k must be 0 (off) or more, got {req.top_k}")
     if len(req.stop) > MAX_STOPS:

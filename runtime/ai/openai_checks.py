@@ -63,13 +63,11 @@ def _check_tool_calls(calls: Any, where: str) -> None:
                            f"{where}[{j}].function")
 
 
-def _range(name: str, value: float | None, low: float, high: float, low_open: bool = False
-           ) -> None:
-    if value is None or (low < value <= high if low_open else low <= value <= high):
+def _range(name: str, value: float | None, low: float, high: float) -> None:
+    if value is None or low <= value <= high:
         return
-    bound = "(" if low_open else "["
-    raise ApiError("invalid_value", 400, f"{name} must be in {bound}{low:g}, {high:g}], got "
-                   f"{value:g}", name)
+    raise ApiError("invalid_value", 400, f"{name} must be in [{low:g}, {high:g}], got "
+                   f"{value!r}", name)  # as sent: 1.0000001 read "got 1"
 
 
 def check_sampling(n: int, temperature: float, top_p: float, max_tokens: int | None,
@@ -77,7 +75,7 @@ def check_sampling(n: int, temperature: float, top_p: float, max_tokens: int | N
     """Raises `ApiError` (400) naming the first parameter out of OpenAI's range."""
     _range("n", n, 1, MAX_N)
     _range("temperature", temperature, 0, 2)
-    _range("top_p", top_p, 0, 1, low_open=True)
+    _range("top_p", top_p, 0, 1)  # OpenAI's [0, 1]: 0 keeps the likeliest token
     if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
         raise ApiError("invalid_value", 400, f"{max_tokens_name} must be between 1 and "
                        f"{MAX_TOKENS}, got {max_tokens}", max_tokens_name)

@@ -179,7 +179,8 @@ def test_a_stream_nobody_reads_stops_at_its_window(worker: Harness) -> None:
 @pytest.mark.parametrize(("params", "code", "status"), [
     ({"model": "no-such-model"}, "model_not_found", 404),
     ({"temperature": 5.0}, "invalid_request", 400),
-    ({"top_p": 0.0}, "invalid_request", 400),
+    ({"top_p": -0.1}, "invalid_request", 400),
+    ({"top_p": 1.0000001}, "invalid_request", 400),
     ({"top_k": -1}, "invalid_request", 400),
     ({"max_tokens": 0}, "invalid_request", 400),
     ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_request", 400),
