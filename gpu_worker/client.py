@@ -214,8 +214,12 @@ class WorkerClient:
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
+            self.send(p.Cancel(rid))  # nobody waits for it: the worker stops working on it
             raise WorkerError("timeout", 504,
                               f"the model worker did not answer in {timeout:.0f} s") from None
+        except asyncio.CancelledError:
+            self.send(p.Cancel(rid))  # the caller went away (its client did)
+            raise
         finally:
             self.pending.pop(rid, None)
 

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,7 @@ class Connection:
         self.worker, self.reader, self.writer = worker, reader, writer
         self.generations: dict[int, ReplySink] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.answering: dict[int, asyncio.Task[None]] = {}  # request id -> its task
 
     def send(self, msg: msgspec.Struct) -> None:
         if not self.writer.is_closing():
@@ -186,6 +188,9 @@ class Connection:
                 sink = self.generations.get(rid)
                 if sink is not None:
                     sink.engine.cancel(sink.gid)
+                answering = self.answering.get(rid)
+                if answering is not None:  # an embedding or rerank nobody waits for: it ran
+                    answering.cancel()  # on for minutes, every later one queued behind it
             case p.Credit(id=rid, n=n):
                 sink = self.generations.get(rid)
                 if sink is not None:
@@ -196,6 +201,13 @@ class Connection:
                 task = asyncio.get_running_loop().create_task(self.answer(msg))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
+                self._answering(getattr(msg, "id", None), task)
+
+    def _answering(self, rid: object, task: asyncio.Task[None]) -> None:
+        """Keep `task` under its request id until it ends (a Cancel stops it)."""
+        if isinstance(rid, int):
+            self.answering[rid] = task
+            task.add_done_callback(partial(_forget, self.answering, rid))
 
     def generate(self, msg: p.Generate) -> None:
         if msg.id in self.generations:
@@ -310,3 +322,7 @@ async def run(config: WorkerConfig, socket_path: str) -> None:
         worker.close()
         with contextlib.suppress(FileNotFoundError):
             Path(socket_path).unlink()
+
+
+def _forget(answering: dict[int, asyncio.Task[None]], rid: int, _: object) -> None:
+    answering.pop(rid, None)

@@ -29,6 +29,7 @@ import asyncio
 import ctypes
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -175,18 +176,22 @@ class Embedder:
         dim = out.shape[-1]
         self.dim = dim if isinstance(dim, int) else int(self.embed(["dim"])[0].shape[1])
 
-    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+    def embed(self, texts: list[str], stop: threading.Event | None = None
+              ) -> tuple[np.ndarray, int]:
         """Unit-length embeddings ``[len(texts), dim]`` and the tokens read.
 
         Inputs are sorted by length and run `BATCH` at a time, so each batch pads
         little. Tokenizing one text at a time keeps the tokenizer off its own
         thread pool (no faster here, and it fights onnxruntime for the cores).
+        Raises `EngineError` (``cancelled``) between batches once `stop` is set.
         """
         encodings = [self.tokenizer.encode(t) for t in texts]
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         out = np.empty((len(texts), 0), np.float32)
         tokens = 0
         for start in range(0, len(order), BATCH):
+            if stop is not None and stop.is_set():  # nobody waits for it any more
+                raise EngineError("cancelled", 499, "the request was cancelled")
             idx = order[start:start + BATCH]
             vecs, n = self._run([encodings[i] for i in idx])
             if out.shape[1] == 0:
@@ -318,12 +323,18 @@ class OnnxEngine(Engine):
         """``(finish(embeddings), tokens)`` for `texts`, both computed on the
         engine's thread. Raises `EngineError`."""
         embedder = self._embedder_for(model)
+        stop = threading.Event()  # set when the caller stops waiting: the work stops at
+        # its next batch (a 2000-input request held the one engine thread for minutes)
 
         def work() -> tuple[T, int]:
-            vecs, tokens = embedder.embed(texts)
+            vecs, tokens = embedder.embed(texts, stop)
             return finish(vecs), tokens
 
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
 
     def _embedder_for(self, model: str) -> Embedder:
         """Raises `EngineError`: model_not_found for another model, internal when

@@ -4,6 +4,7 @@ its Unix socket by `gpu_worker.client`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -206,6 +207,25 @@ def test_bad_generation_requests_get_clear_errors(worker: Harness, params: dict[
         worker.run(go())
     assert (e.value.code, e.value.status) == (code, status), str(e.value)
     assert worker.run(greedy(worker.client, max_tokens=2))[1].completion_tokens == 2
+
+
+def test_an_embedding_nobody_waits_for_stops_and_frees_the_engine(worker: Harness) -> None:
+    """The worker computed an abandoned 2000-input embedding to its end (minutes on a
+    CPU; past the PoP's 120 s timeout too), every later one queued behind it."""
+    inputs = [f"{i} " + "lighthouse keeper " * 120 for i in range(2000)]
+
+    async def go() -> float:
+        abandoned = asyncio.ensure_future(worker.client.embed(EMBED, inputs))
+        await asyncio.sleep(1.0)
+        abandoned.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await abandoned
+        started = time.monotonic()
+        out = await worker.client.embed(EMBED, ["after it"])
+        assert len(out["embeddings"]) == 1
+        return time.monotonic() - started
+
+    assert worker.run(go()) < 10  # one batch of 32 at most: the whole would take minutes
 
 
 def test_embeddings_and_rerank(worker: Harness) -> None:
