@@ -45,6 +45,9 @@ IDLE_TIMEOUT = 120.0  # longest silence inside a stream
 CALL_TIMEOUT = 120.0
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a worker that ran this long before exiting restarts after the first backoff
+HEARTBEAT_S = 5.0  # how often a supervised worker is pinged ...
+HUNG_S = 30.0  # ... and how long a ping may go unanswered before it is killed (restarted): a
+# worker stopped (SIGSTOP) or wedged left /readyz saying ready and every call waiting 120 s
 
 
 class Generation:
@@ -359,10 +362,19 @@ class WorkerClient:
         while True:
             exited = asyncio.ensure_future(proc.wait())
             lost = asyncio.ensure_future(self.lost.wait())
-            done, _ = await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
+            hung = asyncio.ensure_future(self._heartbeat())
+            done, _ = await asyncio.wait({exited, lost, hung},
+                                         return_when=asyncio.FIRST_COMPLETED)
             lost.cancel()
+            hung.cancel()
             if exited in done:
                 return exited.result()
+            if hung in done and not hung.cancelled() and hung.result():
+                if proc.returncode is None:
+                    log.error("model worker did not answer a ping in %.0f s; killing it (it is "
+                              "restarted)", HUNG_S)
+                    proc.kill()
+                return await exited
             self.lost.clear()
             if self.closing:
                 return await exited
@@ -385,6 +397,22 @@ class WorkerClient:
                     log.error("model worker: its connection closed and it takes no other; "
                               "killing it (it is restarted)")
                     proc.kill()
+
+    async def _heartbeat(self) -> bool:
+        """Ping the worker every `HEARTBEAT_S`; True once one goes unanswered for
+        `HUNG_S` (False when the connection is gone: `_watch` sees that itself)."""
+        while not self.closing:
+            await asyncio.sleep(HEARTBEAT_S)
+            if self.writer is None:
+                return False
+            try:
+                await self.call(lambda i: p.Ping(i, b""), timeout=HUNG_S, early=True)
+            except WorkerDead:
+                return False
+            except WorkerError as e:
+                if e.code == "timeout":
+                    return True
+        return False
 
     async def _wait_serving(self, proc: asyncio.subprocess.Process) -> bool:
         """Whether `proc` served (the client connected) before it exited or

@@ -5,6 +5,7 @@ Each test runs its own PoP and worker, since each kills it."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -100,6 +101,28 @@ def test_a_killed_worker_fails_requests_in_flight_with_503_and_is_restarted(
                                         max_tokens=3, temperature=0)
     assert again.choices[0].message.content  # served by a new worker process
     assert worker(ai_pop).pid not in (None, old) and worker(ai_pop).restarts == 1
+
+
+def test_a_worker_that_stops_answering_is_killed_and_restarted(
+        ai_pop: Running, api: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopped (SIGSTOP) or wedged worker was never noticed: /readyz said ready and
+    every model call waited its 120 s, until someone sent SIGCONT."""
+    monkeypatch.setattr(gpu_worker.client, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(gpu_worker.client, "HUNG_S", 2.0)
+    monkeypatch.setattr(gpu_worker.client, "READY_WAIT", 15.0)
+    old = worker(ai_pop).pid
+    assert old is not None
+    time.sleep(1)  # pings answered meanwhile: a live worker is left alone
+    assert worker(ai_pop).pid == old
+    os.kill(old, signal.SIGSTOP)
+    try:
+        wait_for(lambda: worker(ai_pop).pid not in (None, old), 15, "the hung worker replaced")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(old, signal.SIGCONT)
+    again = api.chat.completions.create(model=CHAT, messages=STORY,  # type: ignore[arg-type]
+                                        max_tokens=3, temperature=0)
+    assert again.choices[0].message.content and worker(ai_pop).restarts == 1
 
 
 def test_while_the_worker_stays_down_requests_get_503_and_restarts_back_off(
