@@ -72,8 +72,10 @@ class HostCalls:
                 if inspect.isawaitable(result):
                     task = asyncio.get_running_loop().create_task(
                         self._reply_later(isolate, msg.get("id"), result, name, job))
-                    if job is not None and not job.done:  # stopped with its request
-                        job.cleanups.append(task.cancel)
+                    if job is not None and not job.done and (
+                            name.startswith("ai.") or name == "fetch"):
+                        job.cleanups.append(task.cancel)  # stopped with its request (a
+                        # write is not: a handler's writes are not cut halfway)
                     return
                 reply = {"result": result}
         else:
