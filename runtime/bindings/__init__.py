@@ -15,6 +15,7 @@ a worker thread; on any other thread (a WASM guest) it runs in place.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import threading
 from pathlib import Path
@@ -28,6 +29,7 @@ from kv.vectors import VectorStore
 from runtime.ai.egress import Egress
 from runtime.ai.service import AIService
 from runtime.bindings import kv as kv_binding
+from runtime.bindings import stop as stopping
 from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
 from runtime.bindings.fetch import FetchBinding
@@ -207,7 +209,17 @@ class Bindings:
         call = _ai_checked(self.ai.as_caller(caller), op, args, traceparent)
         if _on_loop(loop):
             return call
-        return asyncio.run_coroutine_threadsafe(call, loop).result(AI_TIMEOUT)
+        future = asyncio.run_coroutine_threadsafe(call, loop)
+        stop = stopping.current.get()
+        if stop is not None and not stop.hold(future):  # the request has left already
+            raise BindingError(stopping.CANCELLED)
+        try:
+            return future.result(AI_TIMEOUT)
+        except concurrent.futures.CancelledError:  # it left while the call ran: the
+            raise BindingError(stopping.CANCELLED) from None  # model stopped for it
+        finally:
+            if stop is not None:
+                stop.release(future)
 
     def _fetch(self, args: dict[str, Any], traceparent: str | None) -> Any:
         """A coroutine on an event loop's thread; on any other thread (a WASM guest),

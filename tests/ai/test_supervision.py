@@ -308,3 +308,77 @@ def test_a_functions_model_call_stops_when_its_client_goes_away(
     started = time.monotonic()
     assert ai_pop.get("/teller?quick=1", timeout=10)[2] == b"quick"  # its only isolate: free
     assert time.monotonic() - started < 5
+
+
+
+def test_a_wasm_reactors_model_calls_stop_when_its_client_goes_away(
+        ai_pop: Running, tmp_path: Path) -> None:
+    """Its thread waited on the model call and made the next one, for a client that had
+    left, until its wall limit (minutes: `wall_ms` goes to 300 s)."""
+    from tests.support import function_dir, reactor
+
+    args = json.dumps({"model": CHAT, "messages": STORY, "max_tokens": 400, "temperature": 0})
+    escaped = args.replace("\\", "\\\\").replace('"', '\\"')
+    looping = reactor(f"""(loop $again
+        (drop (call $call (i32.const 300) (i32.const 7) (i32.const 400) (i32.const {len(args)})
+                          (i32.const 4096) (i32.const 16)))
+        (br $again))""",
+                      imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 '
+                              'i32) (result i64)))',
+                      prelude=f'(data (i32.const 300) "ai.chat") (data (i32.const 400) "{escaped}")')
+    ai_pop.deploy(function_dir(tmp_path, "chatter", looping, extra="[bindings]\nai = true",
+                               limits="cpu_ms = 60000\nwall_ms = 60000"))
+    conn = socket.create_connection((ai_pop.host, ai_pop.port), timeout=30)
+    try:
+        conn.sendall(b"GET /chatter HTTP/1.1\r\nhost: x\r\n\r\n")
+        wait_for(lambda: metrics(ai_pop)["running_batch"] == 1, 30, "its model call running")
+    finally:
+        conn.close()
+
+    def stopped() -> bool:
+        m = metrics(ai_pop)
+        return m["running_batch"] == 0 and m["queue_depth"] == 0
+
+    wait_for(stopped, 10, "the abandoned reactor's model call stopped")
+    before = metrics(ai_pop)["tokens_total"]
+    time.sleep(1.5)  # no next call either
+    assert metrics(ai_pop)["tokens_total"] == before
+
+
+
+def test_a_model_call_from_a_thread_ends_with_its_request(ai_pop: Running,
+                                                          tmp_path: Path) -> None:
+    """A thread that outlived its request (the reaper stops it) left its model call
+    generating for 120 s, holding a batch slot."""
+    d = tmp_path / "spawner"
+    d.mkdir()
+    (d / "main.py").write_text("""
+import threading
+import time
+from edgefn import Response
+
+STORY = [{"role": "user", "content": "Tell me a very long story about a lighthouse."}]
+
+
+def handle(request, env):
+    ai = env.ai()
+    def later():
+        ai.chat(STORY, model="smollm2-135m", max_tokens=3000, temperature=0)
+    threading.Thread(target=later).start()
+    time.sleep(float(request.query.get("hold", "0")))
+    return Response("started")
+""")
+    (d / "edgefn.toml").write_text('name = "spawner"\nruntime = "python"\nentry = "main.py"\n'
+                                   'routes = ["/spawner"]\n[bindings]\nai = true\n'
+                                   '[pool]\nstandby = false\n')
+    ai_pop.deploy(d)
+
+    def idle() -> bool:
+        m = metrics(ai_pop)
+        return m["running_batch"] == 0 and m["queue_depth"] == 0
+
+    assert ai_pop.get("/spawner?hold=1", timeout=30)[2] == b"started"  # its call under way
+    wait_for(idle, 10, "the thread's model call stopped")
+    before = metrics(ai_pop)["tokens_total"]
+    time.sleep(1.0)
+    assert metrics(ai_pop)["tokens_total"] == before

@@ -64,6 +64,13 @@ class HostCalls:
             reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}
         elif self.bindings is not None and isinstance(name, str):
             job = getattr(isolate, "job", None)  # the request the call is made for, if any
+            if (job is None or job.done) and (name.startswith("ai.") or name == "fetch"):
+                # a thread that outlived its request: a model call held a batch slot for
+                # 120 s (the thread is stopped; what it asked would run on for no one)
+                reply = {"error": "this call's request has ended (a thread outlived it)"}
+                if msg.get("wait"):
+                    isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
+                return
             try:
                 result = self.bindings(name, args, getattr(job, "tenant", None))
             except Exception as e:  # BindingError: denied or failed; the guest raises it

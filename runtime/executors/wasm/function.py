@@ -45,6 +45,7 @@ from edgefn_core.abi import (
 )
 from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
+from runtime.bindings.stop import Stop, stopping
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.output import GuestLines
 from runtime.executors.wasm import host as wasm_host
@@ -344,19 +345,24 @@ class WasmFunction:
             self._slots = (loop, asyncio.Semaphore(self.thread_share))
         slots, owned = self._slots[1], self.wasm.tenant_slots(loop, self.manifest.tenant)
         held: list[asyncio.Semaphore] = []
+        stop = Stop()  # what the guest's model calls wait on, stopped if it is left
         try:
             async with asyncio.timeout(wall_ms / 1000 + 0.05):
                 await slots.acquire()
                 held.append(slots)
                 await owned.acquire()
                 held.append(owned)
-                future = self.wasm.threads.submit(job, *args)
+                future = self.wasm.threads.submit(_stoppable, stop, job, *args)
                 held = []  # the job gives them back when it really ends
                 future.add_done_callback(partial(_release, loop, (slots, owned)))
                 return await asyncio.wrap_future(future)
         except TimeoutError:
+            stop.cancel()  # its model call generated on to max_tokens for no one
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
                                 f"{wall_ms} ms (blocked in a host call)") from None
+        except asyncio.CancelledError:  # the client went away
+            stop.cancel()
+            raise
         finally:
             for s in held:  # acquired, then the wait for the next one gave up
                 s.release()
@@ -415,6 +421,12 @@ class WasmFunction:
     def _log_stderr(self, data: bytes) -> None:
         for line in data.splitlines():
             self.stderr.line(line)
+
+
+def _stoppable(stop: Stop, job: Callable[..., bytes], *args: object) -> bytes:
+    """`job(*args)` on a worker thread, with `stop` as its binding calls' `current`."""
+    with stopping(stop):
+        return job(*args)
 
 
 def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore, ...],

@@ -35,6 +35,7 @@ from wasmtime import _ffi as ffi
 
 from edgefn_core.errors import BindingError
 from runtime.bindings import Bindings
+from runtime.bindings import stop as stopping
 from runtime.bindings.kv import KVView
 from runtime.executors.wasm import native_kv
 from runtime.executors.wasm.engine import TICK_SECONDS
@@ -178,6 +179,10 @@ def _raw(impl: Callable[..., int], wide: list[bool], wide_result: bool,
         started = time.monotonic()
         if request.wall_deadline and started > request.wall_deadline:
             msg = WALL_PREFIX.encode() + b"a host call past the wall-time limit"
+            return _trap_new(msg, len(msg)) or 0
+        stop = stopping.current.get()
+        if stop is not None and stop.cancelled:  # its request left: no more calls for it
+            msg = (TRAP_PREFIX + stopping.CANCELLED).encode()
             return _trap_new(msg, len(msg)) or 0
         try:
             args = [(ctypes.c_int64 if w else ctypes.c_int32).from_address(vals + 16 * i).value
