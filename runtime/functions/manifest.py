@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from msgspec import Meta, Struct, field
 
@@ -75,8 +75,11 @@ def parse_path(path: str) -> PathPattern:
     pattern. Nothing that looks like a pattern is ever taken literally. (What a
     new deploy is refused besides: `_check_new_routes`.)
     """
-    if not path.startswith("/") or any(c in path for c in "?# \t\r\n"):
+    if not path.startswith("/"):
         raise ValueError(f"expected a path prefix starting with `/`, got {path!r}")
+    if any(c in path for c in "?# \t\r\n"):
+        raise ValueError(f"expected a path without `?`, `#` or whitespace (a query is not "
+                         f"routed on; percent-encode a space as %20), got {path!r}")
     segments = tuple(path.rstrip("/").split("/")[1:])
     wildcard = segments[-1:] == ("*",)
     if wildcard:
@@ -310,6 +313,10 @@ def _check_new_routes(routes: list[Route], file: str) -> None:
         if "//" in route.path:
             raise ManifestError(file, f"expected no empty segment (`//`) in a route, got "
                                 f"{route.path!r}", where)
+        if not all("\x21" <= c <= "\x7e" for c in route.path):  # raw bytes are matched:
+            raise ManifestError(file, f"expected a path of printable ASCII (percent-encode "
+                                f"the rest, as clients send it: {quote(route.path, safe='/:*')!r}"
+                                f"), got {route.path!r}", where)  # "/a/é" matched nothing
         if any(unquote(seg) in (".", "..") for seg in route.path.split("/")):
             raise ManifestError(file, f"expected no `.` or `..` segment (requests with one "
                                 f"are refused), got {route.path!r}", where)
