@@ -192,7 +192,10 @@ def test_unsupported_import_is_rejected_at_deploy_naming_the_module(
                        # which the failed deploy deletes, was named over four lines)
                        ("def handle(:\n", r"failed: main\.py:1: SyntaxError: [^\n]*$"),
                        ("X = 1\nY = Z\n", r"failed: main\.py:2: NameError: name 'Z' is not"),
-                       ("import lib.util\n", r"failed: lib/util\.py:3: SyntaxError: ")):
+                       ("import lib.util\n", r"failed: lib/util\.py:3: SyntaxError: "),
+                       # a message of two lines, on one (the CLI printed a forged line)
+                       ("raise RuntimeError('import fail\\nts=2026 method=GET')\n",
+                        r"main\.py:1: RuntimeError: import fail\\nts=2026 method=GET$")):
         (d / "main.py").write_text(src)
         with pytest.raises(AdminError, match=words) as err:
             pop.deploy(d)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import DeployError, FunctionError
+from runtime.executors.output import escaped
 from runtime.executors.python import host_output, sandbox, uids, wire
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.host import IMPORT_ROOTS
@@ -106,8 +107,8 @@ class Host:
                               f"(status {self.proc.wait(5)})")
         info = read_json(f[1])
         if not info.get("ok"):
-            raise DeployError(f"{self.cfg.name}: {self.cfg.module}.py "
-                              f"{info.get('error', 'failed to start')}")
+            raise DeployError(f"{self.cfg.name}: {self.cfg.module}.py "  # the guest's text:
+                              f"{escaped(str(info.get('error', 'failed to start')))}")  # 1 line
         for warning in info.get("warnings") or ():
             functions_log.warning("%s: %s", self.cfg.label, warning)
         for _ in range(WARM_ROUNDS):  # the request path, minus the handler, in both processes
