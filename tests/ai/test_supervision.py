@@ -55,6 +55,12 @@ def metrics(pop: Running) -> dict[str, Any]:
     return pop.admin.request("GET", "/v1/ai/metrics")
 
 
+def idle(pop: Running) -> bool:
+    """No sequence running or waiting in the worker."""
+    m = metrics(pop)
+    return m["running_batch"] == 0 and m["queue_depth"] == 0
+
+
 def post(pop: Running, path: str, body: dict[str, Any], timeout: float = 30
          ) -> tuple[int, Any]:
     status, _, data = pop.request("POST", path, json.dumps(body).encode(),
@@ -238,12 +244,9 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_sequence(ai_pop: Runni
     finally:
         conn.close()
 
-    def freed() -> bool:
-        m = metrics(ai_pop)
-        return m["running_batch"] == 0 and m["queue_depth"] == 0
 
     # it ends at the next decode step; a sequence left running would take far longer
-    wait_for(freed, 10, "the disconnected stream's sequence freed")
+    wait_for(lambda: idle(ai_pop), 10, "the disconnected stream's sequence freed")
     generated = metrics(ai_pop)["tokens_total"] - before
     time.sleep(0.3)
     assert metrics(ai_pop)["tokens_total"] - before == generated < 2000
@@ -298,11 +301,8 @@ def test_a_functions_model_call_stops_when_its_client_goes_away(
     finally:
         conn.close()
 
-    def freed() -> bool:
-        m = metrics(ai_pop)
-        return m["running_batch"] == 0 and m["queue_depth"] == 0
 
-    wait_for(freed, 10, "the abandoned call's sequence freed")
+    wait_for(lambda: idle(ai_pop), 10, "the abandoned call's sequence freed")
     generated = metrics(ai_pop)["tokens_total"] - before
     assert generated < 2000
     started = time.monotonic()
@@ -335,11 +335,8 @@ def test_a_wasm_reactors_model_calls_stop_when_its_client_goes_away(
     finally:
         conn.close()
 
-    def stopped() -> bool:
-        m = metrics(ai_pop)
-        return m["running_batch"] == 0 and m["queue_depth"] == 0
 
-    wait_for(stopped, 10, "the abandoned reactor's model call stopped")
+    wait_for(lambda: idle(ai_pop), 10, "the abandoned reactor's model call stopped")
     before = metrics(ai_pop)["tokens_total"]
     time.sleep(1.5)  # no next call either
     assert metrics(ai_pop)["tokens_total"] == before
@@ -373,12 +370,9 @@ def handle(request, env):
                                    '[pool]\nstandby = false\n')
     ai_pop.deploy(d)
 
-    def idle() -> bool:
-        m = metrics(ai_pop)
-        return m["running_batch"] == 0 and m["queue_depth"] == 0
 
     assert ai_pop.get("/spawner?hold=1", timeout=30)[2] == b"started"  # its call under way
-    wait_for(idle, 10, "the thread's model call stopped")
+    wait_for(lambda: idle(ai_pop), 10, "the thread's model call stopped")
     before = metrics(ai_pop)["tokens_total"]
     time.sleep(1.0)
     assert metrics(ai_pop)["tokens_total"] == before

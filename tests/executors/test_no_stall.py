@@ -331,22 +331,32 @@ def test_linear_memory_goes_back_to_the_system_after_a_burst(engine: WasmEngine,
 
 
 # -- host calls do not eat the CPU budget -------------------------------------------------------
+INCREMENT = ("(drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) "
+             "(i64.const 1)))")  # kv_increment("c", "k", 1)
+
+
+def counting(engine: WasmEngine, tmp_path: Path, loop: str, limits: str
+             ) -> tuple[WasmFunction, Stores]:
+    """A pre-warmed reactor bound to KV namespace ``c`` whose handler body is `loop`
+    (made of `INCREMENT`s), and its stores (the caller closes them)."""
+    source = reactor(loop, prelude='(data (i32.const 200) "c") (data (i32.const 210) "k")',
+                     imports='(import "edgefn" "kv_increment" '
+                             '(func $inc (param i32 i32 i32 i32 i64) (result i64)))')
+    source = source.replace("(result i64)\n", "(result i64) (local $i i32)\n", 1)
+    d = function_dir(tmp_path, "inc", source, limits=limits, extra='[bindings]\nkv = ["c"]')
+    stores = Stores(tmp_path / "data")
+    fn = WasmFunction(engine, manifest.load(d), d, Bindings.prepare(stores, manifest.load(d)))
+    fn.prewarm()
+    return fn, stores
+
+
 def test_time_in_host_calls_does_not_count_against_cpu_ms(engine: WasmEngine,
                                                           tmp_path: Path) -> None:
-    counter = reactor("""(local.set $i (i32.const 300))
-      (loop $l
-        (drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) (i64.const 1)))
+    fn, stores = counting(engine, tmp_path, f"""(local.set $i (i32.const 300))
+      (loop $l {INCREMENT}
         (local.set $i (i32.sub (local.get $i) (i32.const 1))) (br_if $l (local.get $i)))""",
-                      prelude='(data (i32.const 200) "c") (data (i32.const 210) "k")',
-                      imports='(import "edgefn" "kv_increment" '
-                              '(func $inc (param i32 i32 i32 i32 i64) (result i64)))')
-    counter = counter.replace("(result i64)\n", "(result i64) (local $i i32)\n", 1)
-    d = function_dir(tmp_path, "inc", counter, limits="cpu_ms = 10",
-                     extra='[bindings]\nkv = ["c"]')
-    stores = Stores(tmp_path / "data")
+                          "cpu_ms = 10")
     try:
-        fn = WasmFunction(engine, manifest.load(d), d, Bindings.prepare(stores, manifest.load(d)))
-        fn.prewarm()
         started = time.perf_counter()
         assert asyncio.run(outcome(fn)) == (200, "")
         took = time.perf_counter() - started
@@ -362,18 +372,9 @@ def test_a_reactor_looping_on_host_calls_ends_at_its_wall_limit(engine: WasmEngi
     bounded its wall time on the thread: after its client's 504 it ran on for
     seconds, holding a worker thread and the GIL in host calls. Its wall time counts
     from the request, the wait for a thread included."""
-    spinner = reactor("""(loop $l
-        (drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) (i64.const 1)))
-        (br $l))""", prelude='(data (i32.const 200) "c") (data (i32.const 210) "k")',
-                      imports='(import "edgefn" "kv_increment" '
-                              '(func $inc (param i32 i32 i32 i32 i64) (result i64)))')
-    d = function_dir(tmp_path, "spin", spinner, limits="cpu_ms = 100\nwall_ms = 200",
-                     extra='[bindings]\nkv = ["c"]')
-    stores = Stores(tmp_path / "data")
+    fn, stores = counting(engine, tmp_path, f"(loop $l {INCREMENT} (br $l))",
+                          "cpu_ms = 100\nwall_ms = 200")
     try:
-        fn = WasmFunction(engine, manifest.load(d), d, Bindings.prepare(stores, manifest.load(d)))
-        fn.prewarm()
-
         async def go() -> tuple[int, str]:
             fn.activate()
             # it waits 150 ms of its 200 for a thread: that counts (the deadline was
