@@ -244,7 +244,6 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_sequence(ai_pop: Runni
     finally:
         conn.close()
 
-
     # it ends at the next decode step; a sequence left running would take far longer
     wait_for(lambda: idle(ai_pop), 10, "the disconnected stream's sequence freed")
     generated = metrics(ai_pop)["tokens_total"] - before
@@ -301,7 +300,6 @@ def test_a_functions_model_call_stops_when_its_client_goes_away(
     finally:
         conn.close()
 
-
     wait_for(lambda: idle(ai_pop), 10, "the abandoned call's sequence freed")
     generated = metrics(ai_pop)["tokens_total"] - before
     assert generated < 2000
@@ -334,7 +332,6 @@ def test_a_wasm_reactors_model_calls_stop_when_its_client_goes_away(
         wait_for(lambda: metrics(ai_pop)["running_batch"] == 1, 30, "its model call running")
     finally:
         conn.close()
-
 
     wait_for(lambda: idle(ai_pop), 10, "the abandoned reactor's model call stopped")
     before = metrics(ai_pop)["tokens_total"]
@@ -369,7 +366,6 @@ def handle(request, env):
                                    'routes = ["/spawner"]\n[bindings]\nai = true\n'
                                    '[pool]\nstandby = false\n')
     ai_pop.deploy(d)
-
 
     assert ai_pop.get("/spawner?hold=1", timeout=30)[2] == b"started"  # its call under way
     wait_for(lambda: idle(ai_pop), 10, "the thread's model call stopped")
