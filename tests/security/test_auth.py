@@ -630,6 +630,19 @@ def test_a_route_scope_is_not_escaped_with_an_encoded_slash(tmp_path: Path, path
     assert call(auth, bearer(spaced), path=b"/my%20docs/x")[1].body == b"ok"
 
 
+def test_a_route_scope_of_a_path_beyond_ascii_matches_as_clients_send_it(
+        tmp_path: Path) -> None:
+    """The path was decoded as latin-1 (/caf%C3%A9 read "cafÃ©"): no `route:` scope,
+    written either way, ever granted it."""
+    auth, store = stage(tmp_path, Fn("site", auth="key"))
+    plain, _ = store.create("acme", ("route:/café/*",))
+    encoded, _ = store.create("acme", ("route:/caf%C3%A9/*",))
+    auth.keys.reload()
+    for key in (plain, encoded):
+        assert call(auth, bearer(key), path=b"/caf%C3%A9/menu")[1].body == b"ok"
+        assert refused(auth, bearer(key), path=b"/cafe/menu").status == 403
+
+
 def test_jwt_mode_takes_only_a_bearer_token(tmp_path: Path, es256: tuple[Any, Path]) -> None:
     private, jwks = es256
     auth, _ = stage(tmp_path, Fn("chat", auth="jwt"),

@@ -203,12 +203,14 @@ def _grants(principal: Principal, target: Target, request: Request) -> bool:
     if principal.allows("fn", target.name):
         return True
     path = scoped_path(request.path)
-    return path is not None and any(s.startswith("route:") and fnmatch.fnmatchcase(path, s[6:])
+    return path is not None and any(s.startswith("route:")
+                                    and fnmatch.fnmatchcase(path, unquote(s[6:]))
                                     for s in principal.scopes)
 
 
 def scoped_path(raw: bytes) -> str | None:
-    """The path a ``route:`` scope is matched against: percent-decoded; None (no
+    """The path a ``route:`` scope (itself percent-decoded) is matched against:
+    percent-decoded as UTF-8; None (no
     route scope grants it) when a segment is ``.`` or ``..`` once decoded, which a
     function that normalises its path would read as another route (``/k/a/../b``,
     ``/k/a/%2e%2e/b`` and ``/k/a/..%2fb`` passed ``route:/k/a/*`` and served /k/b).
@@ -217,7 +219,9 @@ def scoped_path(raw: bytes) -> str | None:
     lowered = raw.lower()
     if b"%2f" in lowered or b"%5c" in lowered:
         return None
-    path = unquote(raw.decode("latin-1"), encoding="latin-1")
+    # UTF-8, as clients percent-encode it (latin-1 read /caf%C3%A9 as "cafÃ©": a
+    # `route:/café/*` scope, or its percent-encoded form, never matched)
+    path = unquote(raw.decode("latin-1"), encoding="utf-8", errors="replace")
     if any(seg in (".", "..") for seg in path.replace("\\", "/").split("/")):
         return None
     return path
