@@ -171,3 +171,7 @@ def test_a_desensitised_call_is_served_and_recorded_with_its_mark() -> None:
     app, seen, _ = chain(None, region="americas")
     run(app(with_rid(b"ds-2")))
     assert "residency" not in (seen.events[0].decisions or {})  # unmarked: nothing recorded
+    # a PoP outside a topology (no secret): a client's label is not recorded
+    app, seen, _ = chain(None, region="americas", settings=r.ResidencySettings())
+    run(app(with_rid(b"ds-3", (r.DESENSITISED_HEADER, b"acme-FORGED"))))
+    assert "residency" not in (seen.events[0].decisions or {})

@@ -48,7 +48,10 @@ class Residency:
             ctx.decide("residency", record)
             return call_next(request, ctx)
         if tenant is None or home is None:
-            if (mark := request.header(r.DESENSITISED_HEADER)) is not None:
+            # the label a tier below sets: only in a topology (a PoP with the shared
+            # secret); elsewhere any client could write it into the events
+            if self.settings.secret and \
+                    (mark := request.header(r.DESENSITISED_HEADER)) is not None:
                 ctx.decide("residency", {"result": "desensitised",
                                          "tenant": mark.decode("latin-1")[:32]})
             return call_next(request, ctx)
