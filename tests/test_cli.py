@@ -103,6 +103,21 @@ def test_deploy_ls_versions_rollback_delete(tmp_path: Path) -> None:
             both.stderr  # --to was ignored
 
 
+def test_versions_marks_a_recorded_version_that_does_not_serve(tmp_path: Path) -> None:
+    """It was marked * (serving) while the PoP answered 404: its files were changed
+    after the deploy, so the restarted PoP refused to load it."""
+    data = tmp_path / "data"
+    d = function_dir(tmp_path, "tampered", reactor(""))
+    with pop_process(data):
+        version = json.loads(cli("deploy", str(d), "--json", data=data).stdout)["version"]
+        assert cli("versions", "tampered", data=data).stdout.startswith(f"* {version}")
+    stored = data / "versions" / "tampered" / version / "main.wat"
+    stored.write_text(stored.read_text().replace("ok", "no"))
+    with pop_process(data):
+        out = cli("versions", "tampered", data=data).stdout
+        assert out.startswith(f"! {version}") and "not serving: see the PoP's log" in out
+
+
 def test_cli_without_a_running_pop_says_so(tmp_path: Path) -> None:
     r = cli("ls", data=tmp_path / "empty", check=False)
     assert r.returncode == 1 and "no PoP is running" in r.stderr
