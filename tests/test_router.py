@@ -222,3 +222,31 @@ def test_overlap_is_true_whenever_a_request_matches_both_routes(
 ])
 def test_overlap_cases(a: tuple[str, str | None], b: tuple[str, str | None], meet: bool) -> None:
     assert router_module.overlap(Route(*a), Route(*b)) is meet
+
+
+# -- what mutation testing found unchecked (`make mutate`) -------------------------------------
+@pytest.mark.parametrize(("a", "b", "meet"), [
+    ("*.w.test", "x.w.test", True),
+    ("*.w.test", "w.test", False),      # `*.` needs a subdomain: not the apex
+    ("*.w.test", "aw.test", False),     # nor a name that merely ends alike
+    ("*.w.test", "*.v.w.test", True),   # x.v.w.test takes both
+    ("*.w.test", "*.aw.test", False),
+])
+def test_hosts_overlap_both_ways(a: str, b: str, meet: bool) -> None:
+    """What `Registry._check_tenant_routes` refuses between tenants: a miss is an
+    isolation hole, a false hit a refused deploy."""
+    for x, y in ((a, b), (b, a)):
+        assert router_module.overlap(Route("/p", x), Route("/p", y)) is meet, (x, y)
+
+
+def test_a_wildcard_host_needs_a_subdomain() -> None:
+    r = router(("/", "*.w.test", "wild"), ("/", None, "any"))
+    assert r.match(b"a.w.test", b"/")[0] == "wild"  # type: ignore[index]
+    assert r.match(b"w.test", b"/")[0] == "any"  # type: ignore[index]
+    assert r.match(b"aw.test", b"/")[0] == "any"  # type: ignore[index]
+
+
+def test_a_conflict_carries_the_route_and_the_owner() -> None:
+    with pytest.raises(RouteConflict) as err:
+        router(("/x", None, "a"), ("/x/", None, "b"))
+    assert (err.value.path, err.value.owner) == ("/x/", "a")

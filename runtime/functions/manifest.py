@@ -296,10 +296,9 @@ def _check_share(m: Manifest, file: str) -> None:
 
 
 def _host_ok(host: str) -> bool:
-    if len(host) > 260 or not re.match(HOST_NAME, host):
-        return False
-    _, colon, port = host.partition(":")
-    return not colon or 1 <= int(port) <= 65535
+    """A host name, or `*.` and one; no port: a request's Host is matched without its
+    port, so `example.com:8080` matched no request."""
+    return len(host) <= 255 and ":" not in host and re.match(HOST_NAME, host) is not None
 
 
 def _check_new_routes(routes: list[Route], file: str) -> None:
@@ -307,7 +306,8 @@ def _check_new_routes(routes: list[Route], file: str) -> None:
     a new deploy is refused (a stored version keeps serving what it served): an empty
     segment (`//` was read as the catch-all `/`, `/a//b` served `/a/b`), a `.` or `..`
     segment, plain or percent-encoded (the front answers 400 to every such request),
-    or a host that is not a host name or `*.` and one, with a port of 1-65535."""
+    or a host that is not a host name or `*.` and one (a port: hosts are matched
+    without theirs)."""
     for i, route in enumerate(routes):
         where = f"routes[{i}]"
         if "//" in route.path:
@@ -321,9 +321,9 @@ def _check_new_routes(routes: list[Route], file: str) -> None:
             raise ManifestError(file, f"expected no `.` or `..` segment (requests with one "
                                 f"are refused), got {route.path!r}", where)
         if route.host is not None and not _host_ok(route.host):
-            raise ManifestError(file, f"expected a host name (`*.example.com` for a wildcard), "
-                                f"with a port of 1-65535 if any, got {route.host!r}",
-                                f"{where}.host")
+            raise ManifestError(file, f"expected a host name (`*.example.com` for a wildcard; "
+                                f"no port: a request's Host is matched without its port), got "
+                                f"{route.host!r}", f"{where}.host")
 
 
 def _check_routes(routes: list[Route], file: str) -> None:

@@ -69,6 +69,38 @@ def test_a_ring_sees_changes_to_the_file_within_its_reload_interval(
     assert found is not None and found.state(time.time()) == "revoked"
 
 
+def test_a_ring_keeps_answering_past_its_reload_interval_and_reads_only_on_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unchanged file crossing the interval was never tested (a `None` check time
+    would have failed every key lookup after the first second)."""
+    store = KeyStore(tmp_path)
+    key, record = store.create("acme", ("*",))
+    ring = KeyRing(store)
+    reads: list[int] = []
+    real_read = store.read
+    monkeypatch.setattr(store, "read", lambda: reads.append(1) or real_read())
+    clock = [time.monotonic()]
+    monkeypatch.setattr(keymod.time, "monotonic", lambda: clock[0])
+    for _ in range(3):  # the file unchanged: checked each interval, never read again
+        clock[0] += keymod.RELOAD_INTERVAL
+        assert ring.lookup(key) == record
+    assert reads == []
+
+
+def test_created_and_revoked_are_the_current_time(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path)
+    _, record = store.create("acme", ("*",))
+    assert abs(record.created - time.time()) < 60
+    revoked = store.revoke(record.id)
+    assert revoked.revoked is not None and abs(revoked.revoked - time.time()) < 60
+
+
+@pytest.mark.parametrize("limit", ["rpm", "tpm", "max_streams"])
+def test_a_limit_under_one_is_refused_by_name(tmp_path: Path, limit: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{limit} must be 1 or more, got 0$"):
+        KeyStore(tmp_path).create("a", ("*",), **{limit: 0})
+
+
 def test_a_corrupt_key_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "keys.json").write_text("{not json")
     with pytest.raises(InvalidConfig, match=r"keys\.json: not a key file"):
