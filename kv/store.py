@@ -119,8 +119,12 @@ class KVStore:
         """The bytes the keys and records of namespaces `names` take together."""
         self._check_open()
         with self.env.begin() as txn:
-            return sum(_EXP.unpack(raw)[0] for n in names
-                       if (raw := txn.get(n.encode(), db=self._usage)) is not None)
+            return self._used(txn, names)
+
+    def _used(self, txn: Any, names: Iterable[str]) -> int:
+        """What namespaces `names` take in `txn` (see `usage`)."""
+        return sum(_EXP.unpack(raw)[0] for n in names
+                   if (raw := txn.get(n.encode(), db=self._usage)) is not None)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -419,9 +423,7 @@ class _Writer:
     def room(self, quota: Quota | None, adding: int) -> None:
         """Raises `LimitExceeded` when `adding` bytes would pass `quota`."""
         if quota is not None:
-            quota.check(sum(_EXP.unpack(raw)[0] for n in quota.names
-                            if (raw := self.txn.get(n.encode(), db=self.s._usage)) is not None),
-                        adding)
+            quota.check(self.s._used(self.txn, quota.names), adding)
 
     def apply(self, op: tuple[Any, ...]) -> Any:
         kind, args = op[0], op[1:]

@@ -159,10 +159,8 @@ def _key(a: dict[str, Any]) -> bytes:
 def _listed(k: Any) -> dict[str, Any]:
     """A `kv.list` entry: a key that is not UTF-8 (a WASM guest's raw bytes) comes as
     ``key_b64`` too, for the get or delete that names it (its ``key`` is lossy)."""
-    out = {"key": k.key.decode("utf-8", "replace"), "metadata": k.metadata,
-           "expires_at": k.expires_at}
     try:
-        k.key.decode()
+        return {"key": k.key.decode(), "metadata": k.metadata, "expires_at": k.expires_at}
     except UnicodeDecodeError:
-        out["key_b64"] = b64(k.key)
-    return out
+        return {"key": k.key.decode("utf-8", "replace"), "metadata": k.metadata,
+                "expires_at": k.expires_at, "key_b64": b64(k.key)}

@@ -23,10 +23,9 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HOST_PATTERN = r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})?(:[0-9]{1,5})?$"  # any version's
 # what a new deploy's host must be: a host name (labels of letters, digits and `-`), or
-# `*.` before one (a wildcard), and an optional port (`*`, `*example.com`, `a..b` and
-# port 99999 matched no Host)
-HOST_NAME = (r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*"
-             r"(:[0-9]{1,5})?$")
+# `*.` before one (a wildcard); no port (`*`, `*example.com`, `a..b` and `h:8080` matched
+# no Host: a request's Host is matched without its port)
+HOST_NAME = r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*$"
 CAPTURE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENTRY_SUFFIXES = {"wasm": (".wasm", ".wat"), "python": (".py",)}
 MAX_CPU_MS = 60_000  # documented maxima (README "Manifest reference"); a longer budget never
@@ -298,7 +297,7 @@ def _check_share(m: Manifest, file: str) -> None:
 def _host_ok(host: str) -> bool:
     """A host name, or `*.` and one; no port: a request's Host is matched without its
     port, so `example.com:8080` matched no request."""
-    return len(host) <= 255 and ":" not in host and re.match(HOST_NAME, host) is not None
+    return len(host) <= 255 and re.match(HOST_NAME, host) is not None
 
 
 def _check_new_routes(routes: list[Route], file: str) -> None:

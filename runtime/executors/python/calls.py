@@ -64,7 +64,7 @@ class HostCalls:
             reply = {"result": {"name": self.cfg.name, "version": self.cfg.version}}
         elif self.bindings is not None and isinstance(name, str):
             job = getattr(isolate, "job", None)  # the request the call is made for, if any
-            if (job is None or job.done) and (name.startswith("ai.") or name == "fetch"):
+            if (job is None or job.done) and _ends_with_request(name):
                 # a thread that outlived its request: a model call held a batch slot for
                 # 120 s (the thread is stopped; what it asked would run on for no one)
                 reply = {"error": "this call's request has ended (a thread outlived it)"}
@@ -79,10 +79,8 @@ class HostCalls:
                 if inspect.isawaitable(result):
                     task = asyncio.get_running_loop().create_task(
                         self._reply_later(isolate, msg.get("id"), result, name, job))
-                    if job is not None and not job.done and (
-                            name.startswith("ai.") or name == "fetch"):
-                        job.cleanups.append(task.cancel)  # stopped with its request (a
-                        # write is not: a handler's writes are not cut halfway)
+                    if job is not None and not job.done and _ends_with_request(name):
+                        job.cleanups.append(task.cancel)  # stopped with its request
                     return
                 reply = {"result": result}
         else:
@@ -126,6 +124,12 @@ class HostCalls:
             close()
         else:
             job.cleanups.append(close)
+
+
+def _ends_with_request(name: str) -> bool:
+    """A call stopped when its request ends or its client leaves: a model call or a
+    fetch (a write is not: a handler's writes are not cut halfway)."""
+    return name.startswith("ai.") or name == "fetch"
 
 
 def _quiet(task: asyncio.Future[Any]) -> None:
