@@ -479,6 +479,14 @@ def handle(request, env):
                "messages": [{"role": "user", "content": "hi"}]}, True)["stream"]
     if request.query.get("read"):
         return Response(str(call("ai.chat_next", {"stream": sid}, True)["chunks"]))
+    if request.query.get("close"):  # its own, one it has not, and no stream id at all
+        closed = [call("ai.chat_close", {"stream": sid}, True),
+                  call("ai.chat_close", {"stream": sid + 1000}, True)]
+        try:
+            call("ai.chat_close", {"stream": "x"}, True)
+        except RuntimeError as e:
+            closed.append(str(e))
+        return Response(repr(closed))
     return Response(str(sid))
 """))
     pop.admin.deploy(py_ai_function(tmp_path, "thief", """
@@ -498,6 +506,9 @@ def handle(request, env):
     assert status == 200 and b"no AI stream" in body and b"not its own" in body, body
     status, _, body = pop.request("GET", "/opener?read=1", timeout=60)  # its owner reads
     assert status == 200 and body.startswith(b"[") and body != b"[]", body
+    status, _, body = pop.request("GET", "/opener?close=1", timeout=60)
+    assert body == (b"[True, False, \"bad arguments to ai.chat_close: stream must be a stream id "
+                    b"(an integer), got 'x'\"]"), body
 
 
 def test_a_function_route_may_not_cover_a_builtin_endpoint(pop: Running, tmp_path: Path

@@ -144,9 +144,9 @@ class AIBinding:
             case "chat" | "complete" | "chat_stream":
                 return await self._generate(op, a, traceparent)
             case "chat_next":
-                return await self._next(int(a["stream"]))
+                return await self._next(_stream_id(a))
             case "chat_close":
-                return await self.end_stream(int(a["stream"]))
+                return await self.end_stream(_stream_id(a))
             case "embed":
                 return await self._embed(str(a["model"]), a["input"], a)
             case "rerank":
@@ -340,6 +340,15 @@ class AIBinding:
         streams, self.streams = self.streams, {}
         for gen, _, ticket in streams.values():
             await _end(gen, ticket)
+
+
+def _stream_id(a: dict[str, Any]) -> int:
+    """The stream a call names. Raises KeyError without one, ValueError for one that
+    is no stream id (`int()` read "7" and said "invalid literal" of "x")."""
+    sid = a["stream"]
+    if type(sid) is not int:
+        raise ValueError(f"stream must be a stream id (an integer), got {sid!r:.40}")
+    return sid
 
 
 def _shaping(op: str, a: dict[str, Any]) -> dict[str, Any]:
