@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from runtime.net.protocol import HttpProtocol
+from runtime.net.protocol import HttpProtocol, Outbox
 
 log = logging.getLogger("edgefn.http")
 
@@ -59,6 +59,7 @@ class ServerState:
         self.cut = 0  # of those, cut unanswered (past MAX_REFUSING waiting for their 503)
         self.answered: Counter[int] = Counter()  # the front's own error answers, by status
         self.refusing: set[HttpProtocol] = set()  # past a cap, waiting for their 503
+        self.outbox = Outbox(loop)  # responses written once the loop has run what it read
         self.extra_head = b""  # a header line every response carries (`worker_header`)
         self.date = b""  # ``date: <IMF-fixdate>\r\n`` of this second (`tick_date`)
         self.date_timer: asyncio.TimerHandle | None = None

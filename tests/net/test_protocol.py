@@ -12,20 +12,31 @@ from typing import Any
 import pytest
 
 from runtime.net.message import Request, Response
-from runtime.net.protocol import LINGER_BYTES, LINGER_SECONDS, HttpProtocol
+from runtime.net.protocol import LINGER_BYTES, LINGER_SECONDS, HttpProtocol, Outbox
 from runtime.net.server import ServerConfig, ServerState
 
 
 class MockTransport:
-    def __init__(self) -> None:
-        self.buffer = b""
+    def __init__(self, outbox: Outbox | None = None) -> None:
+        self.written = b""
+        self.writes = 0
         self.closed = False
         self.eof_written = False  # a FIN after the last response, the connection still read
         self.reading = True
+        self.outbox = outbox
+
+    @property
+    def buffer(self) -> bytes:
+        """What was written once the loop has turned (the responses it answered in
+        one go are written then: `runtime.net.protocol.Outbox`)."""
+        if self.outbox is not None:
+            self.outbox.flush()
+        return self.written
 
     def write(self, data: bytes) -> None:
         assert not self.closed and not self.eof_written, "write after close"
-        self.buffer += data
+        self.written += data
+        self.writes += 1
 
     def can_write_eof(self) -> bool:
         return True
@@ -61,8 +72,9 @@ def echo_app(request: Request) -> Response:
 
 def connect(app: Callable[[Request], Any] = echo_app, **config: Any) -> tuple[HttpProtocol, MockTransport]:
     loop = asyncio.get_running_loop()
-    proto = HttpProtocol(app, ServerState(ServerConfig(**config), loop))
-    transport = MockTransport()
+    state = ServerState(ServerConfig(**config), loop)
+    proto = HttpProtocol(app, state)
+    transport = MockTransport(state.outbox)
     proto.connection_made(transport)  # type: ignore[arg-type]
     return proto, transport
 
@@ -346,6 +358,77 @@ def test_expect_100_continue_is_answered_before_the_body() -> None:
         assert t.buffer == b"HTTP/1.1 100 Continue\r\n\r\n"
         proto.data_received(b"ok")
         assert responses(t.buffer)[0][2] == b"POST /? body=ok"
+    run(go())
+
+
+def test_answers_wait_for_the_loops_turn_then_go_out_in_one_write_per_connection() -> None:
+    """Responses a loop iteration answered are written after it, together: two
+    connections' and, pipelined on one, two in one write, in order."""
+    async def go() -> None:
+        (a, ta), (b, tb) = connect(), connect()
+        a.data_received(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        b.data_received(b"GET /3 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert ta.written == tb.written == b""  # not yet: the loop has not turned
+        await asyncio.sleep(0)
+        assert [r[2] for r in responses(ta.written)] == [b"GET /1? body=", b"GET /2? body="]
+        assert [r[2] for r in responses(tb.written)] == [b"GET /3? body="]
+        assert (ta.writes, tb.writes) == (1, 1)
+    run(go())
+
+
+def test_what_else_a_connection_writes_comes_after_its_waiting_answers() -> None:
+    """A 100 Continue, a stream's head and a close each send the answers already
+    waiting first: a connection's bytes keep the order of its requests."""
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nPOST /b HTTP/1.1\r\nHost: t\r\n"
+                            b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        first = b"HTTP/1.1 200 OK\r\n"
+        assert t.written.startswith(first) and t.written.endswith(
+            b"GET /a? body=HTTP/1.1 100 Continue\r\n\r\n")  # without the loop turning
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"streamed"
+
+        def app(r: Request) -> Response:
+            return Response(200, [], chunks()) if r.path == b"/s" else echo_app(r)
+
+        proto, t = connect(app)
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nGET /s HTTP/1.1\r\nHost: t\r\n\r\n"
+                            b"GET /c HTTP/1.0\r\n\r\n")
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+            if t.closed:
+                break
+        assert [r[2] for r in responses(t.written)] == [b"GET /a? body=", b"streamed",
+                                                        b"GET /c? body="]
+        assert t.closed  # the 1.0 answer was written before the close
+    run(go())
+
+
+def test_an_answer_ready_when_the_client_half_closes_is_sent_before_the_close() -> None:
+    async def go() -> None:
+        proto, t = connect()
+        proto.data_received(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\n")
+        if not proto.eof_received():  # what asyncio does then: close, connection lost
+            t.close()
+            proto.connection_lost(None)
+        assert responses(t.written)[0][2] == b"GET /1? body="
+    run(go())
+
+
+def test_answers_past_write_buffer_bytes_are_written_at_once() -> None:
+    async def go() -> None:
+        proto, t = connect(lambda r: Response(200, [], b"x" * (int(r.path[1:]))),
+                           write_buffer_bytes=1000)
+        proto.data_received(b"GET /400 HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert t.written == b""
+        proto.data_received(b"GET /500 HTTP/1.1\r\nHost: a\r\n\r\n")  # 900 + two heads
+        assert [len(r[2]) for r in responses(t.written)] == [400, 500] and t.writes == 1
+        proto.data_received(b"GET /1000 HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert t.writes == 2 and len(responses(t.written)) == 3
+        await asyncio.sleep(0)
+        assert t.writes == 2  # nothing was left waiting
     run(go())
 
 

@@ -138,3 +138,16 @@ def test_a_refused_upload_reads_its_413_not_a_reset(limited: Running) -> None:
         while chunk := s.recv(65536):
             got += chunk
     assert got.startswith(b"HTTP/1.1 413") and got.endswith(b"bytes\n"), got[:200]
+
+
+def test_pipelined_requests_then_a_half_close_read_every_answer(limited: Running) -> None:
+    """Answers wait for the loop's turn (`Outbox`), pipelined ones in one write; the
+    client's FIN then closes the connection, after what was answered went out."""
+    with socket.create_connection((limited.host, limited.port), timeout=5) as s:
+        s.sendall(b"".join(b"GET /echo?n=%d HTTP/1.1\r\nHost: t\r\n\r\n" % i for i in range(3)))
+        s.shutdown(socket.SHUT_WR)
+        buf = bytearray()
+        heads = [read_response(s, buf)[1] for _ in range(3)]
+        assert [h.split(b" ", 2)[1] for h in heads] == [b"200"] * 3
+        assert [b"x-echo-query: n=%d" % i in h for i, h in enumerate(heads)] == [True] * 3
+        assert s.recv(1) == b""
