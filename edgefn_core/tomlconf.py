@@ -59,7 +59,7 @@ def _named(raw: bytes, field: str, reason: str) -> str | None:
             node = node[key]
         elif part.startswith("[") and isinstance(node, list):
             out.append(part)
-            node = node[int(part[1:-1])] if part[1:-1].isdigit() else None
+            node = node[int(part[1:-1])] if part[1:-1].isascii() and part[1:-1].isdigit() else None
         elif isinstance(node, dict):
             out.append(f".{part}" if out else part)
             node = node.get(part)

@@ -114,7 +114,7 @@ def penalties(presence: float, frequency: float, bias: dict[str, float] | None
         if value:
             out[name] = value
     if bias:
-        if not all(k.isdigit() and len(k) <= 9 for k in bias):  # a vocabulary's ids
+        if not all(k.isascii() and k.isdigit() and len(k) <= 9 for k in bias):  # token ids
             raise _bad("logit_bias", "logit_bias keys must be token ids (integers as strings)")
         if not all(-100 <= v <= 100 for v in bias.values()):
             raise _bad("logit_bias", "logit_bias values must be between -100 and 100")

@@ -256,6 +256,6 @@ def _number(name: str, text: str | None) -> float | None:
 def _limit(text: str | None) -> int:
     if not text:
         return 100
-    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
         raise _bad("limit", f"expected an integer 1..{MAX_LIMIT}, got {text!r}")
     return int(text)

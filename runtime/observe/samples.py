@@ -222,7 +222,7 @@ class Ingest:
         tag = (request.header(AUTH_HEADER) or b"").decode("latin-1")
         if request.method != b"POST":
             return _error(405, "method_not_allowed", "POST a batch of samples")
-        if not batch_id.replace("-", "").isdigit() or len(batch_id) > 80:
+        if not batch_id.isascii() or not batch_id.replace("-", "").isdigit() or len(batch_id) > 80:
             return _error(400, "bad_batch", "x-edgefn-batch: expected a batch id")
         if tag != batch_mac(self.secret, batch_id, request.body):
             return _error(403, "forbidden", "x-edgefn-auth does not match this topology's "

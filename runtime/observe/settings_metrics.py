@@ -49,7 +49,7 @@ def split_listen(value: str) -> tuple[str, int]:
     """``"127.0.0.1:9464"`` → ("127.0.0.1", 9464). Raises ValueError."""
     host, sep, port = value.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if not sep or not port.isdigit() or not 0 < int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) <= 65535:
         raise ValueError(f"listen {value!r} is not HOST:PORT with a port in 1..65535")
     if host != "localhost":
         try:

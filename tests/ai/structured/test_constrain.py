@@ -138,7 +138,7 @@ def test_tool_choice_none_and_auto_with_a_format() -> None:
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
-    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),
     ({"logit_bias": {"12": 101}}, "logit_bias"),
 ])
 def test_bad_fields_are_refused_naming_them(fields: dict[str, Any], param: str) -> None:

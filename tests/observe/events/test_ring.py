@@ -73,7 +73,7 @@ def test_queries_filter_by_every_field() -> None:
 
 @pytest.mark.parametrize(("name", "value"), [
     ("since", "10 minutes"), ("since", "-5m"), ("status", "5x"), ("status", "600"),
-    ("status", "ok"), ("limit", "0"), ("limit", "10001"), ("limit", "ten"),
+    ("status", "ok"), ("limit", "0"), ("limit", "10001"), ("limit", "ten"), ("limit", "\u00b2"),
     ("min_ms", "-1"), ("min_ms", "nan"), ("path", "api"), ("method", "GET /"),
     ("colour", "red")])
 def test_a_bad_filter_is_refused_naming_it(name: str, value: str) -> None:
