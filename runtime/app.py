@@ -23,6 +23,7 @@ from runtime.admin.thread import AdminThread
 from runtime.ai.service import AIService
 from runtime.config import PopConfig
 from runtime.net import Server
+from runtime.observe.metrics_continuity import Continuity
 from runtime.observe.metrics_merge import Wire
 from runtime.observe.metrics_pop import PeersCall
 from runtime.pop import PoP
@@ -119,6 +120,7 @@ async def running_worker(config: PopConfig, role: Role | None
             pop.metrics.listener = lambda: public.state
         if role is not None and role.leader and pop.metrics is not None:
             pop.metrics.peers = _peer_metrics(Fanout(role))  # one scrape: every worker
+            pop.metrics.continuity = Continuity(data / "metrics-continuity.json")
         admin = await _admin(pop, config, role)
         scrapes = await _metrics_listener(pop, config) if admin is not None else None
         if role is None and admin is not None:
@@ -203,8 +205,8 @@ async def _peer_events(pop: PoP, role: Role | None) -> Forwarder | asyncio.Abstr
 
 
 def _peer_metrics(fanout: Fanout) -> PeersCall:
-    """The other workers' metric families, asked at each scrape."""
-    async def ask(timeout: float) -> list[Wire | None]:
+    """The other workers' pids and metric families, asked at each scrape."""
+    async def ask(timeout: float) -> list[tuple[int, Wire] | None]:
         return [None if a is None else a[0]
                 for a in await fanout.ask_each({"op": "metrics"}, timeout)]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import wait_for
-from tests.test_workers import POP_TOML, Workers, deploy, serving
+from tests.test_workers import POP_TOML, Workers, deploy, listening, running, serving
 
 METRICS_TOML = POP_TOML + "[metrics]\nworker_timeout = 10\n"  # the most: a loaded box
 # a pinned connection waits while the other worker's first model call runs (seconds)
@@ -233,3 +235,36 @@ def test_challenges_and_signatures_are_checked_alike_by_every_worker(tmp_path: P
             assert request_on(ca, "/hello", signed)[0] == 200
             status, headers, body = request_on(cb, "/hello", signed)  # replayed
             assert (status, headers["x-edgefn-worker"]) == (403, b), body
+
+
+def test_counts_stay_whole_when_a_worker_and_then_the_admin_worker_restart(
+        tmp_path: Path) -> None:
+    """The summed counters never fall: a restarted worker's counts are carried (a
+    fall reads as a reset to Prometheus, which counted the whole sum again), the
+    admin worker's own from what it saved at its last scrape."""
+    with serving(tmp_path, METRICS_TOML) as w:
+        deploy(w, tmp_path, 1)
+        with pinned(w) as (conns, sent):
+            for conn in conns.values():
+                assert {get(conn, "/f")[0] for _ in range(5)} == {200}
+        n = sent + 10
+        assert total(scrape(w), "edgefn_requests_total", function="f") == n
+        admin_port = int(w.admin.info.admin.rsplit(":", 1)[1])
+        (leader,) = [p for p in w.children() if admin_port in listening(p)]
+        (other,) = w.children() - {leader}
+        for victim in (other, leader):
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda v=victim: not running(v), 10, "the killed worker gone")
+            wait_for(lambda: len(w.children()) == 2, 60, "a worker started again")
+            seen: list[float] = []
+
+            def whole(seen: list[float] = seen) -> bool:
+                try:
+                    samples = scrape(w)
+                except OSError:  # the admin worker is not back yet
+                    return False
+                seen.append(total(samples, "edgefn_requests_total", function="f"))
+                return total(samples, "edgefn_scrape_workers_missing") == 0
+
+            wait_for(whole, 60, "every worker answering the scrape")
+            assert set(seen) == {n}, (victim == leader, seen)

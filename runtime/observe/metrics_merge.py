@@ -12,8 +12,9 @@ worker only: the model worker is one process, and only the admin worker asks it.
 
 A worker that does not answer within ``[metrics] worker_timeout`` counts with its
 last answer in that scrape (`PopMetrics`: never waited for longer, never killed for
-it) and in ``edgefn_scrape_workers_missing``; a worker that restarted counts from 0 again,
-which Prometheus' ``rate()`` reads as a counter reset.
+it) and in ``edgefn_scrape_workers_missing``; what a worker that restarted had counted
+is carried into the sum (`runtime.observe.metrics_continuity`): a sum that fell
+reads as a reset to Prometheus, which then counts the whole sum again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 type Wire = list[list[Any]]  # [[name, doc, type, unit, [[sample, {labels}, value], ...]], ...]
@@ -70,10 +70,10 @@ def merge(groups: Iterable[Iterable[Metric]]) -> list[Metric]:
 
 
 class Merged:
-    """What the encoder reads for one scrape: the local registry's families plus
-    the other workers' (`peers`), summed; `missing` workers did not answer."""
+    """What the encoder reads for one scrape: this worker's families (`local`)
+    plus the other workers' (`peers`), summed; `missing` workers did not answer."""
 
-    def __init__(self, local: CollectorRegistry, peers: list[list[Metric]], missing: int,
+    def __init__(self, local: list[Metric], peers: list[list[Metric]], missing: int,
                  base: tuple[str, str, str]) -> None:
         self.local = local
         self.peers = peers
@@ -81,7 +81,7 @@ class Merged:
         self.base = base
 
     def collect(self) -> Iterator[Metric]:
-        yield from merge([self.local.collect(), *self.peers])
+        yield from merge([self.local, *self.peers])
         gauge = GaugeMetricFamily("edgefn_scrape_workers_missing", "Workers whose metrics "
                                   "this scrape lacks (they did not answer in time).",
                                   labels=("pop", "tier", "geo"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from edgefn_core.errors import InvalidConfig
 from runtime.net.server import ServerState
 from runtime.observe.metrics import RequestMetrics
+from runtime.observe.metrics_continuity import Continuity
 from runtime.observe.metrics_front import FrontMetrics
 from runtime.observe.metrics_http import MetricsEndpoint
 from runtime.observe.metrics_isolates import IsolateMetrics
@@ -31,8 +33,8 @@ from runtime.observe.metrics_worker import WorkerFigures
 from runtime.observe.settings_metrics import MetricsSettings
 
 type WorkerCall = Callable[[], Coroutine[Any, Any, dict[str, Any]]]
-# (timeout) -> each other worker's `to_wire` families, None where it did not answer
-type PeersCall = Callable[[float], Awaitable[list[Wire | None]]]
+# (timeout) -> each other worker's (pid, `to_wire` families), None where it did not answer
+type PeersCall = Callable[[float], Awaitable[list[tuple[int, Wire] | None]]]
 log = logging.getLogger("edgefn.metrics")
 
 
@@ -53,6 +55,9 @@ class PopMetrics:
         self.worker: WorkerFigures | None = None
         self.peers: PeersCall | None = None  # set before `endpoint` (runtime.app)
         self.last: dict[int, list[Any]] = {}  # each other worker's last decoded families
+        # what restarted workers had counted (runtime.app keeps it in the data dir)
+        self.continuity = Continuity(None)
+        self.pid = os.getpid()
         self.listener: Callable[[], ServerState | None] = lambda: None  # set by runtime.app
         self.registry.register(self.requests)
         self.registry.register(self.isolates)
@@ -88,23 +93,31 @@ class PopMetrics:
         """This worker's families and the other workers', summed, for one scrape. A
         worker that does not answer (or whose answer does not decode) counts with
         its last answer: left out, its counters fell by all it had counted for one
-        scrape and came back, which ``rate()`` and ``increase()`` read as traffic."""
+        scrape and came back, which ``rate()`` and ``increase()`` read as traffic.
+        What a restarted worker had counted is carried (`Continuity`), for the
+        same reason."""
         assert self.peers is not None
-        wires = await self.peers(self.settings.worker_timeout)
+        answers = await self.peers(self.settings.worker_timeout)
+        own = list(self.registry.collect())
+        self.continuity.follow("0", self.pid, own)
         families, missing = [], 0
-        for index, wire in enumerate(wires):
-            if wire is None:  # did not answer in time
+        for index, answer in enumerate(answers, start=1):
+            if answer is None:  # did not answer in time
                 missing += 1
             else:
                 try:
+                    pid, wire = answer
                     self.last[index] = from_wire(wire)
+                    self.continuity.follow(str(index), int(pid), self.last[index])
                 except (ValueError, TypeError, AttributeError) as e:
                     log.warning("a worker's metrics did not decode: %r", e)
                     missing += 1
             if index in self.last:
                 families.append(self.last[index])
+        families.append(self.continuity.carried_families())
+        self.continuity.save()
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(Merged(self.registry, families, missing, self.requests.base))
+        registry.register(Merged(own, families, missing, self.requests.base))
         return registry
 
 

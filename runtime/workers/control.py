@@ -20,7 +20,7 @@ reads the record already saved.
 The admin worker also asks, without killing a worker that is slow to answer
 (`Fanout.ask`: a scrape is not a change, and a missing answer loses nothing):
 
-    {"op": "metrics"}                    this worker's metric families, in "result"
+    {"op": "metrics"}                    [its pid, its metric families], in "result"
     {"op": "cache_stats"}                this worker's `CacheStats.snapshot()` rows
 """
 
@@ -118,13 +118,13 @@ def ai_purge(pop: PoP, msg: dict[str, Any]) -> int:
     return 0 if cache is None else cache.purge(model=msg.get("model"), tenant=msg.get("tenant"))
 
 
-def metrics(pop: PoP) -> Wire:
-    """This worker's metric families (empty without [metrics]), with every
+def metrics(pop: PoP) -> tuple[int, Wire]:
+    """This worker's pid and metric families (empty without [metrics]), with every
     response already sent counted (the events are delivered in batches)."""
     pop.observers.flush()
     if pop.metrics is None:
-        return []
-    return to_wire(pop.metrics.registry.collect())
+        return os.getpid(), []
+    return os.getpid(), to_wire(pop.metrics.registry.collect())
 
 
 class Fanout:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from runtime.observe.metrics import RequestMetrics
+from runtime.observe.metrics_continuity import Continuity
 from runtime.observe.metrics_merge import Merged, from_wire, to_wire
 from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.settings_metrics import MetricsSettings
@@ -30,7 +32,8 @@ def merged(local: RequestMetrics, *peers: RequestMetrics, missing: int = 0
     registry.register(local)
     wires = [json.loads(json.dumps(to_wire(p.collect()))) for p in peers]  # as sent
     out = CollectorRegistry(auto_describe=False)
-    out.register(Merged(registry, [from_wire(w) for w in wires], missing, local.base))
+    out.register(Merged(list(registry.collect()), [from_wire(w) for w in wires], missing,
+                        local.base))
     return scrape(out)
 
 
@@ -76,7 +79,7 @@ def test_a_worker_whose_answer_does_not_decode_is_counted_missing() -> None:
 
     async def peers(timeout: float) -> list:
         assert timeout == MetricsSettings().worker_timeout
-        return [[["edgefn_x", "doc"]], good, None]  # one bad answer, one worker silent
+        return [(11, [["edgefn_x", "doc"]]), (12, good), None]  # one bad, one silent
 
     metrics.peers = peers
     source = metrics.endpoint(None).source
@@ -96,7 +99,7 @@ def test_a_worker_that_misses_a_scrape_counts_with_its_last_answer() -> None:
     answers: list = [to_wire(worker(200, 200).collect()), to_wire(worker(200).collect())]
 
     async def peers(timeout: float) -> list:
-        return list(answers)
+        return [None if a is None else (11 + i, a) for i, a in enumerate(answers)]
 
     metrics.peers = peers
     source = metrics.endpoint(None).source
@@ -115,3 +118,70 @@ def test_a_worker_that_misses_a_scrape_counts_with_its_last_answer() -> None:
     assert hello() == (4, 2)
     answers[0] = to_wire(worker(200, 200, 200).collect())  # worker 1 answers again
     assert hello() == (5, 1)
+
+
+def two_workers(tmp: Path | None = None) -> tuple[PopMetrics, list]:
+    """A PopMetrics whose one other worker answers `answers[0]`: (pid, families)."""
+    metrics = PopMetrics("edge-test", "edge", "fra", MetricsSettings(), lambda: [])
+    if tmp is not None:
+        metrics.continuity = Continuity(tmp / "continuity.json", parent=1)
+    answers: list = [None]
+
+    async def peers(timeout: float) -> list:
+        return list(answers)
+
+    metrics.peers = peers
+    return metrics, answers
+
+
+def hello_2xx(metrics: PopMetrics) -> float:
+    source = metrics.endpoint(None).source
+    assert source is not None
+    found = scrape(asyncio.run(source()))
+    return value(found, "edgefn_requests_total", function="hello", route="/hello",
+                 status_class="2xx", method="GET")
+
+
+def test_a_restarted_worker_s_counts_are_carried_so_the_sum_never_falls() -> None:
+    """Summed, a restarted worker's counters fell by what it had counted: Prometheus
+    read a reset and counted the whole sum again (40 requests read as 107)."""
+    metrics, answers = two_workers()
+    metrics.requests.observe(event())
+    answers[0] = (11, to_wire(worker(200, 200, 200).collect()))
+    assert hello_2xx(metrics) == 4
+    answers[0] = (12, to_wire(worker().collect()))  # restarted: nothing counted yet
+    assert hello_2xx(metrics) == 4
+    answers[0] = (12, to_wire(worker(200, 200).collect()))
+    assert hello_2xx(metrics) == 6
+    answers[0] = (12, to_wire(worker(200, 200, 200).collect()))  # same life: no carry
+    assert hello_2xx(metrics) == 7
+
+
+def test_gauges_are_not_carried() -> None:
+    from prometheus_client.metrics_core import GaugeMetricFamily
+
+    gauge = GaugeMetricFamily("edgefn_isolates", "d", labels=("state",))
+    gauge.add_metric(("idle",), 3)
+    continuity = Continuity(None, parent=1)
+    continuity.follow("1", 11, [gauge, *worker(200).collect()])
+    continuity.follow("1", 12, [])
+    assert {f.name for f in continuity.carried_families()} == {
+        f.name for f in worker(200).collect() if f.type != "gauge" and f.samples}
+
+
+def test_the_admin_worker_s_own_restart_carries_from_the_saved_state(tmp_path: Path) -> None:
+    metrics, answers = two_workers(tmp_path)
+    for _ in range(5):
+        metrics.requests.observe(event())
+    answers[0] = (11, to_wire(worker(200).collect()))
+    assert hello_2xx(metrics) == 6
+    # the admin worker restarts: a new process, its counters at 0, the other worker's not
+    again, answers = two_workers(tmp_path)
+    again.pid = metrics.pid + 1
+    answers[0] = (11, to_wire(worker(200).collect()))
+    assert hello_2xx(again) == 6
+    # another PoP (another parent) does not read it: its counters start at 0
+    fresh, answers = two_workers()
+    fresh.continuity = Continuity(tmp_path / "continuity.json", parent=2)
+    answers[0] = (21, to_wire(worker(200).collect()))
+    assert hello_2xx(fresh) == 1
