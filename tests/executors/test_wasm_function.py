@@ -193,7 +193,8 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
     ('(module (memory (export "memory") 1)'
      ' (func (export "edgefn_alloc") (param i32) (result i32) unreachable)'
      ' (func (export "edgefn_handle") (param i32 i32) (result i64) (i64.const 0)))', "auto",
-     "main.wat: edgefn_alloc failed: trapped in edgefn_alloc (unreachable): "),
+     "main.wat: starting an instance (its start function, then edgefn_alloc) failed: "
+     "trapped in edgefn_alloc (unreachable): "),
     ('(module (import "wasi_snapshot_preview1" "proc_exit" (func (param i32)))'
      ' (memory (export "memory") 1)'
      ' (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1024))'
@@ -266,3 +267,31 @@ def test_an_import_of_an_unknown_host_function_is_refused(engine: WasmEngine,
 def test_the_abi_is_detected_from_the_exports(engine: WasmEngine, tmp_path: Path) -> None:
     assert load(engine, function_dir(tmp_path, "w", wasi(""))).abi == "wasi"
     assert load(engine, function_dir(tmp_path, "r", reactor(""))).abi == "reactor"
+
+
+SLOW_START = ("(global $n (mut i32) (i32.const 0))"
+              "(func $s (loop $l (global.set $n (i32.add (global.get $n) (i32.const 1)))"
+              " (br_if $l (i32.lt_u (global.get $n) (i32.const 150000000))))) (start $s)")
+
+
+def test_a_reactor_that_takes_longer_than_the_inline_slice_to_start_deploys_and_serves(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    """Its start function (a language runtime's set-up) outlasts the 5 ms inline slice:
+    it was refused at deploy ("edgefn_alloc failed: exceeded its wall-time limit of 5
+    ms", a limit no manifest names) whatever its cpu_ms. It runs on worker threads."""
+    d = function_dir(tmp_path, "slow", reactor("", prelude=SLOW_START), limits="cpu_ms = 5000")
+    fn = load(engine, d)
+    assert fn.slow_start and fn.threaded
+    response = run(fn)
+    assert (response.status, response.body) == (200, b"ok")
+    fn.activate()  # on the loop's thread: not tried inline again
+
+
+def test_a_start_that_outlasts_its_own_budget_names_it(engine: WasmEngine,
+                                                       tmp_path: Path) -> None:
+    d = function_dir(tmp_path, "slow", reactor("", prelude=SLOW_START.replace(
+        "150000000", "2000000000")), limits="cpu_ms = 300")
+    with pytest.raises(DeployError) as err:
+        load(engine, d)
+    assert str(err.value).startswith("main.wat: its start function did not finish within "
+                                     "300 ms (limits.cpu_ms / wall_ms)"), str(err.value)

@@ -69,6 +69,7 @@ INLINE_RESPONSE_MB = 16  # a reactor whose responses may be larger runs on worke
 SLICE_CPU_S = INLINE_SLICE_MS / 1000 / 2
 PREWARM_WINDOW_S = 0.5  # how long warm-up runs cut at the time slice are tried again
 SLICE_EXPIRED = "inline_slice"  # the Outcome kind of a reactor stopped at the slice
+STARTING = "starting an instance (its start function, then edgefn_alloc) failed"
 REACTOR_EXPORTS = {
     "memory": "memory",
     "edgefn_alloc": "func (i32) -> (i32)",
@@ -99,6 +100,7 @@ class WasmFunction:
         self.deadline_ticks = math.ceil(budget_ms / tick_ms) + 1
         self.slice_ticks = min(self.deadline_ticks, math.ceil(INLINE_SLICE_MS / tick_ms) + 1)
         self.thread_share = min(THREAD_SHARE, limits.concurrency)
+        self.slow_start = False  # starting an instance takes the inline slice (`prewarm`)
         # the share as a semaphore of the loop serving it (a test may run several loops)
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         kind = "wall_limit" if manifest.bindings.ai or limits.cpu_ms > limits.wall_ms \
@@ -215,7 +217,7 @@ class WasmFunction:
             raise DeployError(f"{self.manifest.entry}: cannot instantiate within "
                               f"limits.memory_mb = {self.manifest.limits.memory_mb}: "
                               f"{_short(str(e))}") from None
-        if self.abi == "reactor":
+        if self.abi == "reactor" and not self.slow_start:
             sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
             warm = 0  # runs that finished: the second reuses the slot the first one warmed
             give_up = time.monotonic() + PREWARM_WINDOW_S
@@ -227,8 +229,27 @@ class WasmFunction:
                     # cut at the inline slice: on a busy machine (PoPs compiling side
                     # by side) a cold run can be; one that is cut every time is refused
                     if e.code != SLICE_EXPIRED or time.monotonic() > give_up:
-                        raise DeployError(f"{self.manifest.entry}: edgefn_alloc failed: "
-                                          f"{e}") from None
+                        raise DeployError(f"{self.manifest.entry}: {STARTING}: {e}") from None
+                    if self._starts_slowly(sample):
+                        return
+
+    def _starts_slowly(self, sample: bytes) -> bool:
+        """Whether an instance takes the inline slice's CPU just to start (its start
+        function, ``edgefn_alloc``): run with the full budget and timed, as a request
+        cut at the slice is (`_timed_call`). Such a function runs on worker threads
+        from now on (every inline run would be cut); a start that does not fit the
+        full budget raises `DeployError`."""
+        cpu = time.thread_time()
+        try:
+            self.new_call().prewarm(sample)
+        except FunctionError as e:
+            raise DeployError(f"{self.manifest.entry}: {STARTING}: {e}") from None
+        if time.thread_time() - cpu < SLICE_CPU_S:
+            return False  # cut by a busy machine, not by its own work
+        self.slow_start = self.threaded = True
+        log.info("%s: an instance takes more than the %d ms inline slice to start; runs on "
+                 "worker threads", self.name, INLINE_SLICE_MS)
+        return True
 
     @property
     def pure(self) -> bool:
