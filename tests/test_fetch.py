@@ -41,7 +41,8 @@ class Upstream(BaseHTTPRequestHandler):
         else:
             body = json.dumps({"path": self.path, "ua": self.headers.get("user-agent"),
                                "x": self.headers.get("x-test"),
-                               "tp": self.headers.get("traceparent")}).encode()
+                               "tp": self.headers.get("traceparent"),
+                               "loop": self.headers.get("cdn-loop")}).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -105,7 +106,7 @@ def test_a_python_function_fetches_an_allowed_url(pop: Running, tmp_path: Path,
     status, headers, body = pop.get(f"/fetcher?url={upstream}/data?q=1")
     assert status == 200, body
     assert json.loads(body) == {"path": "/data?q=1", "ua": "edgefn-fetch", "x": "from-py",
-                                "tp": None}
+                                "tp": None, "loop": "edgefn"}
     assert headers["x-upstream"] == "application/json"
     status, _, body = pop.request("POST", f"/fetcher?url={upstream}/echo", b"abc")
     assert (status, body) == (201, b"cba")
@@ -255,3 +256,79 @@ def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
 ])
 def test_only_global_unicast_addresses_count_as_public(ip: str, public: bool) -> None:
     assert fetch_binding._public(ip) is public
+
+
+def test_a_fetch_adds_edgefn_to_the_requests_cdn_loop_and_the_functions_own_is_not_sent(
+        pop: Running, tmp_path: Path, upstream: str) -> None:
+    d = python_function(tmp_path, "looped", FETCHER.replace(
+        '{"x-test": "from-py"}', '{"cdn-loop": "forged"}'), limits="wall_ms = 1000")
+    with open(d / "edgefn.toml", "a") as f:
+        f.write(f'[bindings]\nfetch = ["{upstream}/*"]\n')
+    pop.deploy(d)
+    status, _, body = pop.get(f"/looped?url={upstream}/t",
+                              headers={"cdn-loop": "cdn.example; v=1, edgefn"})
+    assert status == 200, body
+    assert json.loads(body)["loop"] == "cdn.example; v=1, edgefn, edgefn"
+    status, _, body = pop.get(f"/looped?url={upstream}/t",
+                              headers={"cdn-loop": ", ".join(["edgefn"] * 8)})
+    assert status == 403 and b"refused, a loop: the calling request already came through 8 " \
+        b"edgefn subrequests" in body, body
+
+
+def test_a_wasm_fetch_carries_the_cdn_loop_whatever_the_guest_puts_in_its_arguments(
+        pop: Running, tmp_path: Path, upstream: str) -> None:
+    call = {"url": f"{upstream}/w", fetch_binding.LOOP_ARG: ""}  # a guest resetting the count
+    args = json.dumps(call).replace('"', '\\"')
+    src = reactor(f"""
+      (local $len i64)
+      (local.set $len (call $call (i32.const 300) (i32.const 5) (i32.const 400)
+                                  (i32.const {len(json.dumps(call))}) (i32.const 4108)
+                                  (i32.const 4096)))
+      (i32.store (i32.const 4096) (i32.const 200))
+      (i32.store (i32.const 4100) (i32.const 0))
+      (i32.store (i32.const 4104) (i32.wrap_i64 (local.get $len)))
+      (return (i64.or (i64.shl (i64.const 4096) (i64.const 32))
+                      (i64.add (i64.const 12) (local.get $len))))""",
+                  imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
+                          '(result i64)))',
+                  prelude=f'(data (i32.const 300) "fetch") (data (i32.const 400) "{args}")')
+    pop.deploy(function_dir(tmp_path, "wasm-loop", src,
+                            extra=f'[bindings]\nfetch = ["{upstream}/*"]'))
+    status, _, body = pop.get("/wasm-loop", headers={"cdn-loop": "edgefn"})
+    assert status == 200, body
+    assert json.loads(base64.b64decode(json.loads(body)["body"]))["loop"] == "edgefn, edgefn"
+    status, _, body = pop.get("/wasm-loop", headers={"cdn-loop": ", ".join(["edgefn"] * 8)})
+    assert status == 500 and b"refused, a loop" in body, body
+
+
+SELF = """
+from edgefn import BindingError, Response
+
+def handle(request, env):
+    try:
+        r = env.fetch(URL, timeout=20)
+    except BindingError as e:
+        return Response(str(e), status=508)
+    return Response(r.body, status=r.status)
+"""
+
+
+def test_a_function_fetching_its_own_url_stops_after_max_hops(pop: Running,
+                                                            tmp_path: Path) -> None:
+    """It looped for minutes, each level waiting on the next, long after the first
+    client had gone (every later request to it slowed to seconds)."""
+    url = f"http://{pop.host}:{pop.port}/self"
+    d = python_function(tmp_path, "self", SELF.replace("URL", repr(url)), limits="wall_ms = 30000",
+                        pool="min = 1\nmax = 10\nstandby = false")
+    with open(d / "edgefn.toml", "a") as f:
+        f.write(f'[bindings]\nfetch = ["{url}*"]\n')
+    pop.deploy(d)
+    status, _, body = pop.get("/self", timeout=60)
+    assert (status, body.split(b":")[0]) == (508, b"fetch"), body
+    assert b"already came through 8 edgefn subrequests" in body
+    pop.delivered()
+    events = pop.admin.request("GET", "/v1/events?path=/self&limit=100")["events"]
+    assert len(events) == fetch_binding.MAX_HOPS + 1  # the client's and 8 fetches
+    time.sleep(0.5)
+    pop.delivered()
+    assert len(pop.admin.request("GET", "/v1/events?path=/self&limit=100")["events"]) == 9

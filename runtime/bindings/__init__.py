@@ -32,7 +32,7 @@ from runtime.bindings import kv as kv_binding
 from runtime.bindings import stop as stopping
 from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
-from runtime.bindings.fetch import FetchBinding
+from runtime.bindings.fetch import LOOP_ARG, FetchBinding
 from runtime.bindings.owners import Owners
 from runtime.cache.ai.cache import AICache
 from runtime.cache.settings import AICacheSettings
@@ -187,7 +187,8 @@ class Bindings:
         if kind == "ai":
             return self._ai(op, args, _trace_of(args), caller)
         if name == "fetch":
-            return self._fetch(args, _trace_of(args))
+            loop = args.pop(LOOP_ARG, None)
+            return self._fetch(args, _trace_of(args), loop if isinstance(loop, str) else None)
         if kind not in ("kv", "vectors"):
             raise BindingError(f"unknown binding {name!r}")
         capability: Any = self.kv if kind == "kv" else self.vectors
@@ -221,10 +222,11 @@ class Bindings:
             if stop is not None:
                 stop.release(future)
 
-    def _fetch(self, args: dict[str, Any], traceparent: str | None) -> Any:
+    def _fetch(self, args: dict[str, Any], traceparent: str | None,
+               cdn_loop: str | None = None) -> Any:
         """A coroutine on an event loop's thread; on any other thread (a WASM guest),
         the result, fetched on a loop of that thread's own. Raises `BindingError`."""
-        call = _fetch_checked(self.fetch, args, traceparent)
+        call = _fetch_checked(self.fetch, args, traceparent, cdn_loop)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -291,9 +293,9 @@ async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any],
 
 
 async def _fetch_checked(fetch: FetchBinding, args: dict[str, Any],
-                         traceparent: str | None = None) -> Any:
+                         traceparent: str | None = None, cdn_loop: str | None = None) -> Any:
     try:
-        return await fetch.call(args, traceparent)
+        return await fetch.call(args, traceparent, cdn_loop)
     except (KeyError, TypeError, ValueError) as e:
         raise BindingError(f"bad arguments to fetch: {_why(e)}") from None
 

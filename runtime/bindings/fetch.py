@@ -16,7 +16,11 @@ Rules, checked here in one place:
   pattern names that host literally (no wildcard in its host part);
 - a timeout (the call's ``timeout_ms``, at most the function's wall-time limit, which
   the subrequest counts against anyway) and a response cap (`MAX_RESPONSE`);
-- redirects are not followed: a 3xx comes back to the function as it is.
+- redirects are not followed: a 3xx comes back to the function as it is;
+- loops end: each subrequest carries the calling request's ``CDN-Loop`` (RFC 8586)
+  with ``edgefn`` added, and a request that already came through `MAX_HOPS` of them
+  may fetch no more (a function fetching its own URL looped for minutes, every
+  level waiting on the next, long after the first client had gone).
 """
 
 from __future__ import annotations
@@ -41,7 +45,22 @@ DEFAULT_TIMEOUT_MS = 10_000
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # set by the PoP, not the function
 HOP_BY_HOP = frozenset({"host", "connection", "content-length", "transfer-encoding", "keep-alive",
-                        "upgrade", "te", "trailer", "proxy-authorization", "proxy-connection"})
+                        "upgrade", "te", "trailer", "proxy-authorization", "proxy-connection",
+                        "cdn-loop"})
+LOOP_ID = "edgefn"  # the PoP's cdn-id in CDN-Loop
+MAX_HOPS = 8  # edgefn subrequests one chain of requests may go through
+# the key under which the executors pass the calling request's CDN-Loop (set by the
+# host, whatever the guest put there: `runtime.bindings.Bindings.call`)
+LOOP_ARG = "cdn_loop"
+
+
+def hops(cdn_loop: str | None) -> int:
+    """How many edgefn subrequests a request whose CDN-Loop is `cdn_loop` came
+    through (entries ``edgefn``, parameters aside)."""
+    if not cdn_loop:
+        return 0
+    return sum(1 for entry in cdn_loop.split(",")
+               if entry.partition(";")[0].strip().lower() == LOOP_ID)
 
 
 @dataclass(frozen=True)
@@ -147,12 +166,17 @@ class FetchBinding:
         literal = any(_pattern_host(p) == target.host for p in matching)
         return target, literal
 
-    async def call(self, args: dict[str, Any], traceparent: str | None = None
-                   ) -> dict[str, Any]:
+    async def call(self, args: dict[str, Any], traceparent: str | None = None,
+                   cdn_loop: str | None = None) -> dict[str, Any]:
         """One subrequest; it carries `traceparent` (the calling request's span) unless
-        the function set that header itself. Raises `BindingError` (denied,
+        the function set that header itself, and the calling request's CDN-Loop
+        `cdn_loop` with ``edgefn`` added. Raises `BindingError` (denied, a loop,
         unreachable, timed out, too large) and KeyError/TypeError/ValueError for bad
         arguments."""
+        if (n := hops(cdn_loop)) >= MAX_HOPS:
+            raise BindingError(f"fetch: refused, a loop: the calling request already came "
+                               f"through {n} edgefn subrequests (its CDN-Loop header; at "
+                               f"most {MAX_HOPS}); does a function fetch its own URL?")
         url = str(args["url"])
         method = str(args.get("method") or "GET").upper()
         if method not in METHODS:
@@ -167,6 +191,7 @@ class FetchBinding:
                 raise BindingError(f"fetch: invalid header {k!r}")
         if traceparent is not None:
             headers.setdefault("traceparent", traceparent)
+        headers["cdn-loop"] = f"{cdn_loop}, {LOOP_ID}" if cdn_loop else LOOP_ID
         timeout_ms = min(int(args.get("timeout_ms") or DEFAULT_TIMEOUT_MS), self.wall_ms)
         target, literal = self.allowed(url)
         try:
@@ -198,6 +223,7 @@ class FetchBinding:
             lines = [f"{method} {t.path} HTTP/1.1", f"host: {host}", "connection: close",
                      "user-agent: edgefn-fetch", f"content-length: {len(body)}"]
             lines += [f"{k}: {v}" for k, v in headers.items() if k not in HOP_BY_HOP]
+            lines.append(f"cdn-loop: {headers['cdn-loop']}")
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
             return await _read_response(reader, method == "HEAD")
         finally:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from runtime.bindings.fetch import LOOP_ARG
 from runtime.executors.output import GuestLines
 from runtime.executors.python import wire
 from runtime.executors.python.config import HostConfig
@@ -71,6 +72,8 @@ class HostCalls:
                 if msg.get("wait"):
                     isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
                 return
+            if name == "fetch" and isinstance(args, dict):  # the request's, not the guest's
+                args = {**args, LOOP_ARG: getattr(job, "cdn_loop", None)}
             try:
                 result = self.bindings(name, args, getattr(job, "tenant", None))
             except Exception as e:  # BindingError: denied or failed; the guest raises it

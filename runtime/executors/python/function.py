@@ -65,7 +65,9 @@ class PythonFunction:
         payload = encode_request(request.method, request.path, request.query, request.headers,
                                  self.env_blob, request.body, encode_params(params),
                                  principal_blob(principal))
-        return self.pool.submit(payload, principal.get("tenant"))
+        loop = request.header(b"cdn-loop")
+        return self.pool.submit(payload, principal.get("tenant"),
+                                loop.decode("latin-1") if loop is not None else None)
 
     def retire(self) -> None:
         if self.pool is not None:

@@ -38,11 +38,13 @@ class Runner(Protocol):
 
 class Job:
     def __init__(self, loop: asyncio.AbstractEventLoop, payload: bytes,
-                 tenant: str | None = None) -> None:
+                 tenant: str | None = None, cdn_loop: str | None = None) -> None:
         """`tenant`: the calling principal's (its binding calls answer to its data
-        residency: `runtime.bindings.ai.AIBinding.as_caller`)."""
+        residency: `runtime.bindings.ai.AIBinding.as_caller`); `cdn_loop`: the
+        request's ``CDN-Loop`` (its fetch calls add to it: `runtime.bindings.fetch`)."""
         self.payload = payload
         self.tenant = tenant
+        self.cdn_loop = cdn_loop
         self.future: asyncio.Future[Response] = loop.create_future()
         self.chunks: asyncio.Queue[bytes | BaseException | None] | None = None
         self.isolate: Runner | None = None

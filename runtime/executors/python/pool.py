@@ -52,7 +52,8 @@ class Pool:
             self.loop = asyncio.get_running_loop()
             self.hosts.attach(self.loop)
 
-    def submit(self, payload: bytes, tenant: str | None = None) -> asyncio.Future[Response]:
+    def submit(self, payload: bytes, tenant: str | None = None,
+               cdn_loop: str | None = None) -> asyncio.Future[Response]:
         """Run a request on an idle isolate (waiting for one if all are busy), now;
         its response to come.
 
@@ -62,7 +63,7 @@ class Pool:
         this version's hosts had already stopped (see `Scheduler.submit`).
         """
         assert self.loop is not None, "pool not activated"
-        job = Job(self.loop, payload, tenant)
+        job = Job(self.loop, payload, tenant, cdn_loop)
         self.scheduler.submit(job)
         return job.future
 

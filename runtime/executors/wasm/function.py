@@ -514,7 +514,8 @@ def _short(text: str, name: str = "") -> str:
 
 def _origin(request: Request, principal: Mapping[str, str]) -> Origin:
     """What the function's host calls carry of the request: its ``traceparent``
-    (the tracing stage's span when tracing is on) and the caller's tenant."""
-    value = request.header(b"traceparent")
+    (the tracing stage's span when tracing is on), the caller's tenant and its
+    ``CDN-Loop``."""
+    value, loop = request.header(b"traceparent"), request.header(b"cdn-loop")
     return Origin(value.decode("latin-1") if value is not None else None,
-                  principal.get("tenant"))
+                  principal.get("tenant"), loop.decode("latin-1") if loop is not None else None)

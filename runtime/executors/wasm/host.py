@@ -36,6 +36,7 @@ from wasmtime import _ffi as ffi
 from edgefn_core.errors import BindingError
 from runtime.bindings import Bindings
 from runtime.bindings import stop as stopping
+from runtime.bindings.fetch import LOOP_ARG
 from runtime.bindings.kv import KVView
 from runtime.executors.wasm import native_kv
 from runtime.executors.wasm.engine import TICK_SECONDS
@@ -104,11 +105,13 @@ class _Memory:
 
 class Origin(NamedTuple):
     """What a guest's host calls carry of the request it runs: its ``traceparent``
-    (fetch and model calls send it on) and the calling principal's tenant (a pinned
-    one's model calls keep to its region: `runtime.bindings.Bindings.call`)."""
+    (fetch and model calls send it on), the calling principal's tenant (a pinned
+    one's model calls keep to its region: `runtime.bindings.Bindings.call`) and its
+    ``CDN-Loop`` (a fetch adds to it, and refuses past `fetch.MAX_HOPS`)."""
 
     traceparent: str | None = None
     tenant: str | None = None
+    cdn_loop: str | None = None
 
 
 NO_ORIGIN = Origin()
@@ -254,6 +257,8 @@ def _impls(b: Bindings, request: GuestRequest) -> dict[str, Callable[..., Any]]:
         if origin.traceparent is not None and isinstance(args, dict) and (
                 name == "fetch" or name.startswith("ai.")):
             args["traceparent"] = origin.traceparent  # the request's, not the guest's
+        if name == "fetch" and isinstance(args, dict):
+            args[LOOP_ARG] = origin.cdn_loop  # the request's, whatever the guest put there
         out = json.dumps(b.call(name, args, origin.tenant)).encode()
         if len(out) > cap:
             request.kept = ((name, raw), out)
