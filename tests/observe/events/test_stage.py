@@ -200,6 +200,25 @@ def test_redacted_fields_are_blanked_before_any_observer_sees_them() -> None:
     assert e.key_id == "k_123"  # not asked for
 
 
+def test_redaction_reaches_the_decisions_that_repeat_a_field_and_leaves_empty_ones() -> None:
+    """The HTTP cache's key (``fn@v host/path?query``) carried a redacted query into
+    events, the JSONL file and trace spans; auth's record a redacted tenant."""
+    cache = {"outcome": "MISS", "key": "f@1 h/secret?api_key=SECRET"}
+    auth = {"mode": "key", "result": "ok", "key_id": "k_1", "tenant": "acme"}
+    app, seen, _ = events_chain(Decide("http_cache", cache), Decide("auth", auth), Answer(),
+                                redact=["query", "tenant"])
+    run(app(request(b"/secret", b"api_key=SECRET")))
+    run(app(request(b"/plain", b"")))
+    (e, plain) = seen.events
+    assert e.decisions["http_cache"] == {"outcome": "MISS", "key": "[redacted]"}
+    assert e.decisions["auth"] == {**auth, "tenant": "[redacted]"}
+    assert cache["key"] == "f@1 h/secret?api_key=SECRET"  # the stage's own record kept
+    assert (e.query, plain.query) == ("[redacted]", "")  # no query: none to hide
+    app, seen, _ = events_chain(Decide("http_cache", cache), Answer(), redact=["client"])
+    run(app(request()))
+    assert seen.events[0].decisions["http_cache"] == cache  # the key holds no client
+
+
 def test_a_waf_refusal_is_an_event_with_the_rules_that_matched() -> None:
     from runtime.security.settings import WafSettings
     from tests.security.test_waf_stage import SQLI
