@@ -119,7 +119,7 @@ def pop_thread(data: Path, port: int = 0, ai: bool = False, ai_config: str | Non
         assert not thread.is_alive(), "PoP did not shut down"
 
 
-def function_dir(root: Path, name: str, source: str, *, entry: str = "main.wat",
+def function_dir(root: Path, name: str, source: str | bytes, *, entry: str = "main.wat",
                  routes: list[str] | None = None, limits: str = "", extra: str = "") -> Path:
     """Write a function folder with a manifest and one WAT/WASM entry file."""
     d = root / name
@@ -291,3 +291,63 @@ def pop_process(tmp_path: Path, pop_toml: str = "") -> Iterator[PopProcess]:
         drain.join(5)
         proc.stdout.close()
         proc.stderr.close()
+
+
+class ScriptedHost:
+    """`kv_get` and `call` for a guest SDK's buffer handling: each call answers the next
+    of `answers` (bytes, or None: absent) by the host functions' convention (its
+    length, copied to the guest's buffer if it fits; -1 if absent), so a value can
+    grow or go between an SDK's first call and its retry. `caps`: the buffer sizes
+    the guest passed, call by call."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.answers = list(answers)
+        self.caps: list[int] = []
+
+    def answer(self, m: Any, bp: int, cap: int) -> int:
+        self.caps.append(cap)
+        value = self.answers.pop(0)
+        return -1 if value is None else int(m.give(value, bp, cap))
+
+    def handle(self, fn: Any, path: bytes = b"/") -> Any:
+        """`fn`'s `Response` to a GET of `path`. Raises `FunctionError`."""
+        from runtime.net.message import Request, Response
+
+        async def go() -> Response:
+            r = Request(b"GET", path, b"", [], b"localhost", "1.1", True, "127.0.0.1:1")
+            result = fn.handle(r, "/", {})
+            return result if isinstance(result, Response) else await result
+        return asyncio.run(go())
+
+
+@contextmanager
+def scripted_host(folder: Path, answers: list[bytes | None],
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, ScriptedHost]]:
+    """The WASM function in `folder` (its manifest binds KV namespace "sdk"), loaded
+    with its `kv_get` and `call` answered by a `ScriptedHost` of `answers`."""
+    from runtime.bindings import Bindings, Stores
+    from runtime.executors.wasm import host
+    from runtime.executors.wasm.engine import WasmEngine
+    from runtime.executors.wasm.function import WasmFunction
+    from runtime.functions import manifest
+
+    script = ScriptedHost(answers)
+    real = host._impls
+
+    def impls(b: Any, request: Any) -> dict[str, Callable[..., Any]]:
+        def scripted(m: Any, _p: int, _n: int, _k: int, _l: int, bp: int, cap: int) -> int:
+            return script.answer(m, bp, cap)
+        return {**real(b, request), "kv_get": scripted, "call": scripted}
+
+    monkeypatch.setattr(host, "_impls", impls)
+    monkeypatch.setenv("EDGEFN_NATIVE_KV", "0")  # kv_get stays the (scripted) Python one
+    m = manifest.load(folder)
+    stores = Stores(folder / "data")
+    engine = WasmEngine(None)
+    try:
+        fn = WasmFunction(engine, m, folder, Bindings.prepare(stores, m))
+        fn.prewarm()
+        yield fn, script
+    finally:
+        engine.close()
+        stores.close()

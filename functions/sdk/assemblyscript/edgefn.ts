@@ -147,31 +147,45 @@ export function kvGet(ns: string, key: string): string | null {
 
 /** The value as raw bytes, or null if absent. */
 export function kvGetBytes(ns: string, key: string): Uint8Array | null {
-  const n = String.UTF8.encode(ns), k = String.UTF8.encode(key);
-  let cap: i32 = 4096;
-  let buf = heap.alloc(<usize>cap);
-  let len = host_kv_get(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength, buf, cap);
+  const len = hostRead(false, String.UTF8.encode(ns), String.UTF8.encode(key), 4096);
   if (len < 0) return null;
-  if (len > cap) {
-    cap = <i32>len;
-    buf = heap.alloc(<usize>cap);
-    len = host_kv_get(changetype<usize>(n), n.byteLength, changetype<usize>(k), k.byteLength, buf, cap);
-  }
   const out = new Uint8Array(<i32>len);
-  memory.copy(out.dataStart, buf, <usize>len);
+  memory.copy(out.dataStart, fetched, <usize>len);
   return out;
 }
 
 /** Any binding ("vectors.query", ...) with JSON args; its JSON result. */
 export function call(name: string, argsJson: string): string {
-  const n = String.UTF8.encode(name), a = String.UTF8.encode(argsJson);
-  let cap: i32 = 8192;
+  const len = hostRead(true, String.UTF8.encode(name), String.UTF8.encode(argsJson), 8192);
+  if (len < 0) unreachable(); // no binding answers "none"
+  return String.UTF8.decodeUnsafe(fetched, <usize>len);
+}
+
+const TRIES = 8;
+let fetched: usize = 0; // where `hostRead` left the bytes
+
+// Calls kv_get (or `call`), which fills (buf, cap) and returns the full length (-1: none):
+// first with a `cap`-byte buffer, then, while the length it reports is more than the
+// buffer holds, again with a buffer of that length (the value may have grown in between,
+// or be gone: another writer). Returns the length, the bytes at `fetched` (negative:
+// none). A length that changed on each of TRIES calls, or one no buffer can have, traps
+// (unreachable).
+function hostRead(isCall: bool, a: ArrayBuffer, b: ArrayBuffer, cap: i32): i64 {
   let buf = heap.alloc(<usize>cap);
-  let len = host_call(changetype<usize>(n), n.byteLength, changetype<usize>(a), a.byteLength, buf, cap);
-  if (len > cap) {
+  let len = fill(isCall, a, b, buf, cap);
+  for (let tries = 1; len > <i64>cap; tries++) {
+    if (tries == TRIES || len > <i64>i32.MAX_VALUE) unreachable();
+    heap.free(buf); // the last block: the next one reuses it
     cap = <i32>len;
     buf = heap.alloc(<usize>cap);
-    len = host_call(changetype<usize>(n), n.byteLength, changetype<usize>(a), a.byteLength, buf, cap);
+    len = fill(isCall, a, b, buf, cap);
   }
-  return String.UTF8.decodeUnsafe(buf, <usize>len);
+  fetched = buf;
+  return len;
+}
+
+function fill(isCall: bool, a: ArrayBuffer, b: ArrayBuffer, buf: usize, cap: i32): i64 {
+  const ap = changetype<usize>(a), bp = changetype<usize>(b);
+  return isCall ? host_call(ap, a.byteLength, bp, b.byteLength, buf, cap)
+                : host_kv_get(ap, a.byteLength, bp, b.byteLength, buf, cap);
 }

@@ -94,22 +94,32 @@ static inline uint32_t edgefn_itoa(int64_t v, char *buf) {
 }
 int32_t edgefn_alloc(int32_t n);
 
+/* Gives back the block edgefn_alloc returned last, (p, n): the next allocation reuses it. */
+static inline void edgefn__free_last(void *p, int32_t n) {
+    if ((uintptr_t)p + (uint32_t)n == edgefn__top) edgefn__top = (uintptr_t)p;
+}
+
 /* Calls a host function that fills (buf, cap) and returns the full length (-1: none):
- * first with a 4 KiB buffer, again with one of the right size if that was short. */
+ * first with a 4 KiB buffer, then, while the length it reports is more than the buffer
+ * holds, again with a buffer of that length (the value may have grown in between, or
+ * be gone: another writer). A length that changed on each of EDGEFN__TRIES calls, or
+ * one no buffer can have, traps (unreachable). */
+#define EDGEFN__TRIES 8
 typedef int64_t (*edgefn__filler)(const char *, int32_t, const char *, int32_t, void *, int32_t);
 static inline edgefn_str edgefn__fetch(edgefn__filler f, const char *a, int32_t a_len,
                                        const char *b, int32_t b_len) {
     edgefn_str s = {0, 0};
     int32_t cap = 4096;
     char *buf = (char *)(uintptr_t)edgefn_alloc(cap);
-    int64_t n = f(a, a_len, b, b_len, buf, cap);
-    if (n > cap) {
+    for (int tries = 1;; tries++) {
+        int64_t n = f(a, a_len, b, b_len, buf, cap);
+        if (n < 0) return s;
+        if (n <= cap) { s.ptr = buf; s.len = (uint32_t)n; return s; }
+        if (tries == EDGEFN__TRIES || n > INT32_MAX) __builtin_trap();
+        edgefn__free_last(buf, cap);
         cap = (int32_t)n;
         buf = (char *)(uintptr_t)edgefn_alloc(cap);
-        n = f(a, a_len, b, b_len, buf, cap);
     }
-    if (n >= 0) { s.ptr = buf; s.len = (uint32_t)n; }
-    return s;
 }
 
 /* A KV value, or {0, 0} if absent. */
