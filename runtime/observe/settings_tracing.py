@@ -8,6 +8,10 @@ the pipeline is exactly what it is without the table.
     service_name = "edge-fra-1"                     # default: the PoP's name
     sample = 0.1                                    # share of new traces kept (0..1);
                                                     # a client's traceparent decides its own
+    trust_sampled = true                            # false: a client's traceparent joins
+                                                    # its trace, `sample` decides (any
+                                                    # client could have every one of its
+                                                    # requests traced, at 0.1x the req/s)
     headers = { authorization = "Bearer ..." }      # sent with every export
     stage_spans = true                              # a child span per stage (about 20 us
                                                     # each); false: the request's span and
@@ -35,6 +39,7 @@ class TracingSettings(Struct, forbid_unknown_fields=True, frozen=True):
     sample: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0
     headers: dict[HeaderName, HeaderValue] = {}
     stage_spans: bool = True
+    trust_sampled: bool = True  # a valid traceparent's sampled flag decides (W3C parent-based)
     timeout: Annotated[float, Meta(gt=0, le=60)] = 5.0  # seconds per export
     batch_delay_ms: Annotated[int, Meta(ge=1, le=60_000)] = 1000  # between exports
     max_queue: Annotated[int, Meta(ge=16, le=1_000_000)] = 8192  # spans; more are dropped

@@ -1,8 +1,9 @@
 """`tracing`: the request's place in a trace (W3C Trace Context).
 
 A valid ``traceparent`` from the client makes its span the parent (its sampled
-flag decides); an absent or invalid one starts a new trace, kept with
-probability `[tracing] sample`. The request's trace id and its server span's id
+flag decides, unless ``trust_sampled = false``: then `sample` does, so a client
+cannot have all its requests traced, or none); an absent or invalid one starts a
+new trace, kept with probability `[tracing] sample`. The request's trace id and its server span's id
 are recorded as ``ctx.decisions["trace"]`` (so the `Event` carries them to the
 tracing observer, which makes the spans once the response is done) and sent back
 to the client as ``traceparent``; the request's own ``traceparent`` header is
@@ -33,6 +34,7 @@ class Tracing:
     def __init__(self, settings: TracingSettings,
                  rand: Callable[[], float] = random.random, keep_timings: bool = False) -> None:
         self.sample = settings.sample
+        self.trust_sampled = settings.trust_sampled
         self.rand = rand
         self.keep_timings = keep_timings
 
@@ -42,13 +44,13 @@ class Tracing:
         record: dict[str, object]
         if parent is not None:
             record = {"trace_id": parent.trace_id, "span_id": span_id,
-                      "parent_id": parent.span_id, "sampled": parent.sampled}
+                      "parent_id": parent.span_id,
+                      "sampled": parent.sampled if self.trust_sampled else self._draw()}
             state = request.header(TRACESTATE)
             if state:
                 record["tracestate"] = state[:512].decode("latin-1")
         else:
-            record = {"trace_id": new_trace_id(), "span_id": span_id,
-                      "sampled": self.sample >= 1.0 or self.rand() < self.sample}
+            record = {"trace_id": new_trace_id(), "span_id": span_id, "sampled": self._draw()}
         ctx.decide("trace", record)
         if not record["sampled"] and not self.keep_timings:
             ctx.timing = False  # no span will be made of them
@@ -63,6 +65,9 @@ class Tracing:
             result.headers.append((TRACEPARENT, header))
             return result
         return then(result, _tag, header)
+
+    def _draw(self) -> bool:
+        return self.sample >= 1.0 or self.rand() < self.sample
 
 
 def _tag(response: Response, header: bytes) -> Response:

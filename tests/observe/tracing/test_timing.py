@@ -56,3 +56,21 @@ def test_a_stages_decided_lists_of_ints_are_span_attributes() -> None:
                            "mixed": [1, "a"], "none": None})
     assert got == {"edgefn.waf.mode": "block", "edgefn.waf.score": 8,
                    "edgefn.waf.rules": [920350, 942100]}
+
+
+@pytest.mark.parametrize(("trust", "sent", "sample", "sampled"), [
+    (True, SAMPLED, 0.0, True), (True, NOT_SAMPLED, 1.0, False),  # W3C parent-based
+    (False, SAMPLED, 0.0, False), (False, NOT_SAMPLED, 1.0, True),  # this PoP's draw
+])
+def test_trust_sampled_false_leaves_the_sampling_to_the_pop(
+        trust: bool, sent: bytes, sample: float, sampled: bool) -> None:
+    """Any client could have every one of its requests traced (0.1x the req/s), or
+    none: with ``trust_sampled = false`` its traceparent joins its trace, and the
+    PoP's `sample` decides."""
+    tracing = Tracing(TracingSettings(enabled=True, sample=sample, trust_sampled=trust))
+    r = request()
+    r.headers.append((b"traceparent", sent))
+    response = run(Chain([tracing, Answer()])(r))
+    header = dict(response.headers)[b"traceparent"]
+    assert header.startswith(b"00-0af7651916cd43dd8448eb211c80319c-")  # the same trace
+    assert header.endswith(b"-01" if sampled else b"-00")
