@@ -34,7 +34,7 @@ class JsonlSink:
         """Raises OSError if `path` cannot be opened for appending."""
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed by close()
+        self.file: IO[bytes] = _private(path, append=True)  # closed by close()
         self.size = self.file.tell()
         self.pending: list[Event] = []
         self.batches: queue.SimpleQueue[list[Event]] = queue.SimpleQueue()
@@ -95,5 +95,19 @@ class JsonlSink:
                 os.replace(older, f"{self.path}.{i + 1}")
         if self.backups:
             os.replace(self.path, f"{self.path}.1")
-        self.file = open(self.path, "wb")  # noqa: SIM115
+        self.file = _private(self.path, append=False)
         self.size = 0
+
+
+def _private(path: Path, append: bool) -> IO[bytes]:
+    """`path` opened for writing, readable by the PoP's user only (events hold client
+    addresses, queries, tenants and key ids; a file an older edgefn made 0644 too).
+    Raises OSError."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "ab" if append else "wb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -136,6 +136,16 @@ def test_the_jsonl_file_rotates_at_max_bytes_keeping_backups(tmp_path: Path) -> 
     rids = [[json.loads(line)["rid"] for line in f.read_text().splitlines()] for f in files]
     assert rids == [["r9"], ["r6", "r7", "r8"], ["r3", "r4", "r5"]]
     assert all(f.stat().st_size <= one * 3 for f in files)
+    # client addresses, queries, tenants: the PoP's user's to read, not everyone's
+    assert {f.stat().st_mode & 0o777 for f in files} == {0o600}
+
+
+def test_a_jsonl_file_an_older_edgefn_left_readable_is_made_private(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"")
+    path.chmod(0o644)
+    JsonlSink(path, max_bytes=1 << 20, backups=1).close()
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 def test_the_sink_hands_a_burst_over_as_one_batch_and_close_writes_it(tmp_path: Path) -> None:

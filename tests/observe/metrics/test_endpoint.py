@@ -78,6 +78,10 @@ def test_the_token_guards_both_listeners(secured):
     assert get(listener, token=running.admin.token)[0] == 401
     assert get(listener, path="/v1/functions", token=TOKEN)[0] == 404
     assert get(listener, token=TOKEN, method="POST")[0] == 405
+    _, got, body = get(listener, token=TOKEN)
+    status, head, nothing = get(listener, token=TOKEN, method="HEAD")
+    assert (status, nothing) == (200, "")  # a HEAD says the length a GET's body has
+    assert abs(int(head["content-length"]) - int(got["content-length"])) < 200 < len(body)
 
 
 def test_events_observed_on_the_pops_loop_show_in_the_scrape(secured):
