@@ -308,6 +308,22 @@ def test_wasi_output_sets_status_and_headers(engine: WasmEngine, tmp_path: Path)
     assert (r.status, r.headers, r.body) == (404, [(b"x-a", b"b")], b"missing")
 
 
+@pytest.mark.parametrize(("output", "headers", "body"), [
+    # the header block ends at the first blank line, whichever line ends it uses: a
+    # body's "\n\n" after a CRLF header block was taken for its end (502 b'')
+    (b"Content-Type: text/plain\r\n\r\npara1\n\npara2\n", [(b"content-type", b"text/plain")],
+     b"para1\n\npara2\n"),
+    (b"A: b\n\npara1\r\n\r\npara2", [(b"a", b"b")], b"para1\r\n\r\npara2"),
+    (b"A: b\r\nC: d\n\n\r\nbody", [(b"a", b"b"), (b"c", b"d")], b"\r\nbody"),
+    (b"A: b\n\r\nbody\n\n", [(b"a", b"b")], b"body\n\n"),
+])
+def test_wasi_header_block_ends_at_its_first_blank_line(
+        output: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    from runtime.executors.wasm.wasi import parse_response
+
+    assert parse_response(output) == (200, headers, body)
+
+
 def test_wasi_nonzero_exit_and_loop_and_flood(engine: WasmEngine, tmp_path: Path) -> None:
     exit1 = load(engine, function_dir(tmp_path, "exit1", wasi("(call $exit (i32.const 3))")))
     with pytest.raises(FunctionError, match="exited with status 3"):

@@ -8,6 +8,7 @@ matched. Values are as raw as ``PATH_INFO`` (still percent-encoded).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from edgefn_core.abi import BAD_HEADER_VALUE, HEADER_NAME, WILDCARD
@@ -15,6 +16,9 @@ from edgefn_core.errors import FunctionError
 from runtime.net.message import Request
 
 _SKIP = frozenset({b"content-length", b"content-type", b"authorization"})
+# the end of the header block: the first empty line, LF or CRLF each ("\r\n\r\n" after
+# a body's "\n\n" split the body as headers when "\n\n" was looked for first)
+_BLANK_LINE = re.compile(rb"\r?\n\r?\n")
 
 
 def environ(request: Request, route: str, env: dict[str, str], params: Mapping[str, str],
@@ -54,15 +58,15 @@ def param_variable(name: str) -> str:
 def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """Split CGI output into status, headers and body.
 
-    Raises `FunctionError` (``bad_response``, 502) when the header block is
-    missing or malformed.
+    The header block ends at the first empty line, whether its lines end in LF or
+    CRLF (a body may hold either). Raises `FunctionError` (``bad_response``, 502)
+    when the header block is missing or malformed.
     """
-    head, sep, body = output.partition(b"\n\n")
-    if not sep:
-        head, sep, body = output.partition(b"\r\n\r\n")
-    if not sep:
+    end = _BLANK_LINE.search(output)  # the first one, however its line ends are written
+    if end is None:
         raise FunctionError("bad_response", 502,
                             "CGI output has no blank line ending its headers")
+    head, body = output[:end.start()], output[end.end():]
     status = 0
     headers: list[tuple[bytes, bytes]] = []
     for line in head.replace(b"\r\n", b"\n").split(b"\n"):
