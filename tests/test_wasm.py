@@ -324,6 +324,36 @@ def test_wasi_header_block_ends_at_its_first_blank_line(
     assert parse_response(output) == (200, headers, body)
 
 
+# A WASI guest that answers with its environment: each NAME=value and its NUL.
+ENV_DUMP = f"""(module
+  (import "wasi_snapshot_preview1" "environ_sizes_get" (func $sizes (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "environ_get" (func $environ (param i32 i32) (result i32)))
+  {WASI_PRELUDE}
+  (data (i32.const 64) "X-A: b\\n\\n")
+  (func (export "_start")
+    (drop (call $sizes (i32.const 32) (i32.const 36)))
+    (drop (call $environ (i32.const 1024) (i32.const 8192)))
+    (i32.store (i32.const 0) (i32.const 64)) (i32.store (i32.const 4) (i32.const 8))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))
+    (i32.store (i32.const 0) (i32.const 8192)) (i32.store (i32.const 4) (i32.load (i32.const 36)))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 16)))))"""
+
+
+def test_wasi_request_bytes_arrive_as_utf8_once(engine: WasmEngine, tmp_path: Path) -> None:
+    """Valid UTF-8 arrives byte for byte (it was read as latin-1 and encoded again:
+    `café` arrived as `cafÃ©`); an invalid sequence arrives as U+FFFD."""
+    fn = load(engine, function_dir(tmp_path, "envdump", ENV_DUMP, routes=["/e/:who"],
+                                   extra='abi = "wasi"'))
+    req = request("/e/zoë/ü".encode(), query="q=café".encode(),
+                  headers=[(b"x-name", "café".encode()), (b"x-bad", b"ok\xff\xfe!")])
+    r = asyncio.run(_wait(fn.handle(req, "/e/:who", {"who": "zoë".encode().decode("latin-1")})))
+    env = dict(e.split(b"=", 1) for e in r.body.split(b"\0") if e)
+    assert env[b"HTTP_X_NAME"] == "café".encode()
+    assert env[b"HTTP_X_BAD"] == "ok\ufffd\ufffd!".encode()
+    assert (env[b"PATH_INFO"], env[b"QUERY_STRING"]) == ("/e/zoë/ü".encode(), "q=café".encode())
+    assert env[b"EDGEFN_PARAM_WHO"] == "zoë".encode()
+
+
 def test_wasi_nonzero_exit_and_loop_and_flood(engine: WasmEngine, tmp_path: Path) -> None:
     exit1 = load(engine, function_dir(tmp_path, "exit1", wasi("(call $exit (i32.const 3))")))
     with pytest.raises(FunctionError, match="exited with status 3"):

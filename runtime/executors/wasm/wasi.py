@@ -25,29 +25,38 @@ def environ(request: Request, route: str, env: dict[str, str], params: Mapping[s
             principal: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """The CGI variables for `request`, its route's `params` and the caller's
     `principal` (``EDGEFN_PRINCIPAL_TENANT``, ...; ``REMOTE_USER`` is the tenant),
+    the request's bytes as UTF-8 (`_text`),
     after the manifest's `env` less the names the request sets: a guest's getenv
     finds the first entry, so the manifest must not shadow a request variable."""
     out = [
-        ("REQUEST_METHOD", request.method.decode("latin-1")),
-        ("PATH_INFO", request.path.decode("latin-1")),
-        ("QUERY_STRING", request.query.decode("latin-1")),
+        ("REQUEST_METHOD", _text(request.method)),
+        ("PATH_INFO", _text(request.path)),
+        ("QUERY_STRING", _text(request.query)),
         ("SERVER_PROTOCOL", f"HTTP/{request.http_version}"),
         ("CONTENT_LENGTH", str(len(request.body))),
-        ("CONTENT_TYPE", (request.header(b"content-type") or b"").decode("latin-1")),
+        ("CONTENT_TYPE", _text(request.header(b"content-type") or b"")),
         ("X_MATCHED_ROUTE", route),
         ("REMOTE_ADDR", request.client.rsplit(":", 1)[0]),
     ]
     for name, value in request.headers:
         if name not in _SKIP:
-            key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
-            out.append((key, value.decode("latin-1")))
-    out += [(param_variable(k), v) for k, v in params.items()]
+            key = "HTTP_" + _text(name).upper().replace("-", "_")
+            out.append((key, _text(value)))
+    # the router's captures are the raw path's bytes as latin-1 text: as PATH_INFO is
+    out += [(param_variable(k), _text(v.encode("latin-1"))) for k, v in params.items()]
     if principal:
         out += [(f"EDGEFN_PRINCIPAL_{k.upper()}", v) for k, v in principal.items()]
         if "tenant" in principal:
             out.append(("REMOTE_USER", principal["tenant"]))
     taken = {k for k, _ in out}
     return [(k, v) for k, v in env.items() if k not in taken] + out
+
+
+def _text(raw: bytes) -> str:
+    """What the guest gets for bytes of the request: wasmtime passes the environment as
+    UTF-8, so valid UTF-8 arrives byte for byte (latin-1 text arrived double-encoded:
+    ``café`` as ``cafÃ©``) and an invalid sequence as U+FFFD (README "Guest ABI")."""
+    return raw.decode("utf-8", "replace")
 
 
 def param_variable(name: str) -> str:
