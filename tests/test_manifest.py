@@ -102,3 +102,34 @@ def test_routes_a_new_deploy_is_refused_still_load_from_a_stored_version() -> No
     assert router.match(b"", b"/ok/1") is not None
     with pytest.raises(ManifestError, match="expected no empty segment"):
         manifest.parse(raw, "m")
+
+
+def test_wasi_env_a_new_deploy_is_refused_still_loads_and_other_abis_keep_it() -> None:
+    """A CGI variable's name or a NUL is refused a new `abi = "wasi"` deploy only: a
+    stored version keeps loading, and a reactor gets its env as a length-prefixed
+    section (no NUL truncation, no CGI names)."""
+    env = b'[env]\nPATH_INFO = "/p"\nHTTP_X = "h"\nSEP = "a\\u0000b"\n'
+    head = b'name = "x"\nruntime = "wasm"\nentry = "f.wat"\nroutes = ["/x"]\n'
+    wasi_raw = head + b'abi = "wasi"\n' + env
+    assert manifest.parse(wasi_raw, "m", new=False).env["SEP"] == "a\0b"
+    with pytest.raises(ManifestError, match=r"`env\.PATH_INFO`"):
+        manifest.parse(wasi_raw, "m")
+    for abi in (b"reactor", b"auto"):
+        assert manifest.parse(head + b'abi = "' + abi + b'"\n' + env, "m").env["HTTP_X"] == "h"
+
+
+def test_every_variable_a_wasi_guest_gets_from_the_request_is_refused_as_env() -> None:
+    """What `wasi.environ` sets and what the manifest refuses are written apart: they
+    must agree, or a manifest entry of that name is silently dropped again."""
+    from runtime.executors.wasm import wasi
+    from runtime.net.message import Request
+
+    req = Request(b"POST", b"/u/1", b"q", [(b"x-a", b"1"), (b"content-type", b"t")],
+                  b"localhost", "1.1", True, "127.0.0.1:1")
+    env = wasi.environ(req, "/u/:id/*", {"MODE": "m"}, {"id": "1", "*": "a"},
+                       {"tenant": "t", "kind": "key", "bot": "b"})
+    names = {k for k, _ in env} - {"MODE"}
+    assert names >= manifest.WASI_CGI_NAMES | {"HTTP_X_A", "EDGEFN_PARAM_ID",
+                                               "EDGEFN_PRINCIPAL_TENANT"}
+    assert [k for k in sorted(names) if manifest.wasi_env_problem(k, "v") is None] == []
+    assert manifest.wasi_env_problem("MODE", "m") is None

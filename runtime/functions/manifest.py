@@ -33,6 +33,12 @@ MAX_MEMORY_MB = 1024  # delays other requests: see `runtime.executors.wasm.funct
 MAX_WALL_MS = 300_000
 MAX_CONCURRENCY = 256
 DEFAULT_CONCURRENCY = 32
+# what `runtime.executors.wasm.wasi.environ` sets for a WASI guest: these names, and per
+# header, capture and principal field a name with one of these prefixes
+WASI_CGI_NAMES = frozenset({"REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "SERVER_PROTOCOL",
+                            "CONTENT_LENGTH", "CONTENT_TYPE", "X_MATCHED_ROUTE", "REMOTE_ADDR",
+                            "REMOTE_USER", "EDGEFN_WILDCARD"})
+WASI_CGI_PREFIXES = ("HTTP_", "EDGEFN_PARAM_", "EDGEFN_PRINCIPAL_")
 
 
 class Route(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
@@ -261,7 +267,9 @@ def _check_new(m: Manifest, file: str) -> None:
     (`_check_new_routes`), or a field the function's runtime never reads, set to
     something other than its default (it would be silently ignored): `handler` and
     `pool` are Python's (a WASM module exports its own entry points and gets a fresh
-    instance per request), `abi` is WASM's."""
+    instance per request), `abi` is WASM's; or, for ``abi = "wasi"``, an `env` entry
+    the guest would not get as written (`wasi_env_problem`: a CGI variable's name, a
+    NUL in the value)."""
     _check_new_routes(m.route_list(), file)
     if m.runtime == "wasm":
         if m.handler != "handle":
@@ -270,8 +278,28 @@ def _check_new(m: Manifest, file: str) -> None:
         if m.pool != Pool():
             raise ManifestError(file, "`pool` applies to Python functions only (a WASM "
                                 "function gets a fresh instance per request)", "pool")
+        if m.abi == "wasi":
+            for name, value in m.env.items():
+                problem = wasi_env_problem(name, value)
+                if problem is not None:
+                    raise ManifestError(file, problem, f"env.{name}")
     elif m.abi != "auto":
         raise ManifestError(file, "`abi` applies to WASM functions only", "abi")
+
+
+def wasi_env_problem(name: str, value: str) -> str | None:
+    """Why an `env` entry would not reach a WASI guest as written, or None: a name the
+    PoP sets for each request (`WASI_CGI_NAMES`, `WASI_CGI_PREFIXES`; the request's
+    variable wins, `runtime.executors.wasm.wasi.environ`), or a NUL in the value (the
+    guest's environment is C strings: it ended there)."""
+    if name in WASI_CGI_NAMES or name.startswith(WASI_CGI_PREFIXES):
+        like = next((f" (`{p}*`)" for p in WASI_CGI_PREFIXES if name.startswith(p)), "")
+        return (f"{name!r} is named like a CGI variable the PoP sets for each request{like}, "
+                "which a WASI guest gets instead: choose another name")
+    if "\0" in value:
+        return ("expected a value without NUL (a WASI guest's environment is C strings: "
+                f"it would end at the NUL), got {value!r}")
+    return None
 
 
 def _check_share(m: Manifest, file: str) -> None:

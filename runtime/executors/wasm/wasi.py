@@ -27,7 +27,9 @@ def environ(request: Request, route: str, env: dict[str, str], params: Mapping[s
     `principal` (``EDGEFN_PRINCIPAL_TENANT``, ...; ``REMOTE_USER`` is the tenant),
     the request's bytes as UTF-8 (`_text`),
     after the manifest's `env` less the names the request sets: a guest's getenv
-    finds the first entry, so the manifest must not shadow a request variable."""
+    finds the first entry, so the manifest must not shadow a request variable (a new
+    deploy is refused such a name: `manifest.wasi_env_problem`; a stored version may
+    have one)."""
     out = [
         ("REQUEST_METHOD", _text(request.method)),
         ("PATH_INFO", _text(request.path)),
