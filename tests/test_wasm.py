@@ -269,6 +269,21 @@ def test_garbage_bytes_are_not_a_module(engine: WasmEngine, tmp_path: Path) -> N
         load(engine, d)
 
 
+@pytest.mark.parametrize("source", [b"garbage!", b"", b"\x7fELF\x02\x01\x01", b"(module"])
+def test_a_wasm_file_without_the_magic_is_not_a_webassembly_binary(
+        engine: WasmEngine, tmp_path: Path, source: bytes) -> None:
+    """It got wasmtime's WAT parser's error ("expected `(`"); WAT text that parses is
+    still served from a `.wasm` file, as it was."""
+    d = function_dir(tmp_path, "junk", source, entry="f.wasm")
+    with pytest.raises(DeployError) as err:
+        load(engine, d)
+    assert str(err.value) == (f"f.wasm: not a WebAssembly binary (its first bytes are "
+                              f"{source[:4]!r}, not b'\\x00asm'; a text module goes in a "
+                              "`.wat` file)")
+    text = function_dir(tmp_path, "text", '(module (func (export "_start")))', entry="f.wasm")
+    assert load(engine, text).abi == "wasi"
+
+
 # -- WASI command modules (WAGI style) -------------------------------------------------------
 
 def run_async(fn: WasmFunction, req: Request) -> Response:

@@ -159,6 +159,10 @@ class WasmFunction:
             wasm = wasmtime.wat2wasm(source.decode()) if entry.suffix == ".wat" else source
             return self.wasm.compile(bytes(wasm))
         except (wasmtime.WasmtimeError, UnicodeDecodeError) as e:
+            if entry.suffix != ".wat" and not source.startswith(b"\0asm"):  # wasmtime's error
+                raise DeployError(f"{entry.name}: not a WebAssembly binary (its first bytes "
+                                  f"are {source[:4]!r}, not b'\\x00asm'; a text module goes "
+                                  "in a `.wat` file)") from None  # was its WAT parser's
             raise DeployError(f"{entry.name}: not a valid WebAssembly module: "
                               f"{_short(str(e), entry.name)}") from None
 
