@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from edgefn_core.errors import BindingError
-from runtime.bindings.codec import b64, unb64
+from runtime.bindings.codec import b64, known, unb64
 
 MAX_RESPONSE = 8 << 20  # bytes of response body a subrequest may bring back
 MAX_REQUEST = 8 << 20
@@ -47,6 +47,7 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 HOP_BY_HOP = frozenset({"host", "connection", "content-length", "transfer-encoding", "keep-alive",
                         "upgrade", "te", "trailer", "proxy-authorization", "proxy-connection",
                         "cdn-loop"})
+ARGS = frozenset({"url", "method", "headers", "body", "timeout_ms"})
 LOOP_ID = "edgefn"  # the PoP's cdn-id in CDN-Loop
 MAX_HOPS = 8  # edgefn subrequests one chain of requests may go through
 # the key under which the executors pass the calling request's CDN-Loop (set by the
@@ -177,6 +178,7 @@ class FetchBinding:
             raise BindingError(f"fetch: refused, a loop: the calling request already came "
                                f"through {n} edgefn subrequests (its CDN-Loop header; at "
                                f"most {MAX_HOPS}); does a function fetch its own URL?")
+        known(args, ARGS, "fetch")
         url = str(args["url"])
         method = str(args.get("method") or "GET").upper()
         if method not in METHODS:
@@ -192,7 +194,10 @@ class FetchBinding:
         if traceparent is not None:
             headers.setdefault("traceparent", traceparent)
         headers["cdn-loop"] = f"{cdn_loop}, {LOOP_ID}" if cdn_loop else LOOP_ID
-        timeout_ms = min(int(args.get("timeout_ms") or DEFAULT_TIMEOUT_MS), self.wall_ms)
+        asked = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
+        if type(asked) not in (int, float) or asked < 0:
+            raise ValueError(f"timeout_ms must be a number of milliseconds, got {asked!r:.40}")
+        timeout_ms = min(int(asked), self.wall_ms)
         target, literal = self.allowed(url)
         try:
             return await asyncio.wait_for(self._fetch(target, literal, method, headers, body),

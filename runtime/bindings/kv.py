@@ -14,7 +14,7 @@ from kv import KVStore
 from kv.quota import Quota
 from kv.store import Entry, Page
 from runtime.bindings import owners
-from runtime.bindings.codec import b64, integer, unb64
+from runtime.bindings.codec import b64, base64_bytes, integer, known, seconds, text
 
 if TYPE_CHECKING:
     from runtime.bindings import Stores
@@ -116,10 +116,19 @@ class KVView:
         return self.kv.cas(ns, key, expected, value, quota=quota, **kw)
 
 
+_KEY = frozenset({"namespace", "key", "key_b64"})
+_VALUE = frozenset({"value", "ttl", "metadata"})
+ARGS = {"get": _KEY, "delete": _KEY, "put": _KEY | _VALUE, "increment": _KEY | {"delta"},
+        "cas": _KEY | _VALUE | {"expected_version"},
+        "list": frozenset({"namespace", "prefix", "cursor", "limit"})}
+
+
 def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
     """One KV operation on namespace `ns`. Raises `BindingError` for an unknown
     one, `StoreError` from the store, KeyError/TypeError/ValueError/AttributeError
     for bad args (a number where a string belongs)."""
+    if op in ARGS:
+        known(a, ARGS[op], f"kv.{op}")
     key = _key(a) if op in ("get", "put", "delete", "increment", "cas") else b""
     match op:
         case "get":
@@ -129,21 +138,21 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
             return {"value": b64(entry.value), "metadata": entry.metadata,
                     "version": entry.version, "expires_at": entry.expires_at}
         case "put":
-            return kv.put(ns, key, unb64(a["value"]), ttl=a.get("ttl"),
+            return kv.put(ns, key, base64_bytes(a, "value"), ttl=seconds(a, "ttl"),
                           metadata=a.get("metadata"))
         case "delete":
             return kv.delete(ns, key)
         case "increment":
             return kv.increment(ns, key, integer(a, "delta", 1))
         case "cas":
-            return kv.cas(ns, key, a.get("expected_version"), unb64(a["value"]),
-                          ttl=a.get("ttl"), metadata=a.get("metadata"))
+            return kv.cas(ns, key, a.get("expected_version"), base64_bytes(a, "value"),
+                          ttl=seconds(a, "ttl"), metadata=a.get("metadata"))
         case "create" if isinstance(kv, KVStore):  # the operator's only
             kv.create_namespace(ns)
             return None
         case "list":
-            page = kv.list(ns, a.get("prefix", "").encode(), a.get("cursor"),
-                           integer(a, "limit", 100))
+            prefix = text(a, "prefix") if "prefix" in a else ""
+            page = kv.list(ns, prefix.encode(), a.get("cursor"), integer(a, "limit", 100))
             return {"keys": [_listed(k) for k in page.keys], "cursor": page.cursor}
     raise BindingError(f"unknown KV operation {op!r}")
 
@@ -152,8 +161,8 @@ def _key(a: dict[str, Any]) -> bytes:
     """The key an op names: ``key`` (text, UTF-8) or ``key_b64`` (any bytes, as
     `kv.list` gives a key that is not UTF-8). Raises KeyError when neither is there."""
     if "key" not in a and "key_b64" in a:
-        return unb64(a["key_b64"])
-    return a["key"].encode()
+        return base64_bytes(a, "key_b64")
+    return text(a, "key").encode()
 
 
 def _listed(k: Any) -> dict[str, Any]:

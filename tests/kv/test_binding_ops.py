@@ -272,8 +272,9 @@ def test_a_key_that_is_not_utf8_is_listed_so_that_it_can_be_named(probe: Probe) 
 
 def test_integer_arguments_are_json_integers(probe: Probe) -> None:
     """`delta: 1.9` added 1, `k: "2"` asked for 2, `limit: true` listed 1."""
-    call = lambda name, **args: {"op": "call", "name": name,  # noqa: E731
-                                 "args": {"namespace": probe.ns, "index": probe.index, **args}}
+    call = lambda name, **args: {"op": "call", "name": name, "args": {  # noqa: E731
+        "namespace" if name.startswith("kv.") else "index":
+            probe.ns if name.startswith("kv.") else probe.index, **args}}
     results = probe.run(call("kv.increment", key="n", delta=1.9),
                         call("kv.increment", key="n", delta="2"),
                         call("kv.list", limit=True),
@@ -299,8 +300,35 @@ def test_arguments_of_the_wrong_json_kind_are_named_not_python_errors(probe: Pro
         {"op": "call", "name": "kv.get", "args": [1, 2]},
         {"op": "call", "name": "kv.get", "args": {"namespace": probe.ns, "key": 5}})
     assert array["error"] == "arguments to kv.get must be a JSON object, got an array"
-    assert number["error"] == ("bad arguments to kv.get: an argument is a number where a "
-                               "string or object was expected")
+    assert number["error"] == "bad arguments to kv.get: key must be a string, got a number"
+
+
+def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
+    """Each said a Python error ("'NoneType' object has no attribute 'encode'",
+    "Incorrect padding", "'<' not supported between ..."), or nothing: a misspelt
+    argument was dropped; `"value": "test"` (valid base64) stored 3 bytes."""
+    ns = probe.ns
+    results = probe.run(*({"op": "call", "name": name, "args": args} for name, args in [
+        ("kv.get", {"namespace": ns, "key": None}),
+        ("kv.put", {"namespace": ns, "key": "k", "value": "abc"}),
+        ("kv.put", {"namespace": ns, "key": "k", "value": "YQ==", "ttl": "soon"}),
+        ("kv.put", {"namespace": ns, "key": "k", "value": "YQ==", "tll": 5}),
+        ("kv.list", {"namespace": ns, "prefix": 7}),
+        ("fetch", {"url": "http://127.0.0.1:1/", "tiemout_ms": 5}),
+        ("fetch", {"url": "http://127.0.0.1:1/", "timeout_ms": "x"}),
+        ("kv.put", {"namespace": ns, "key": "k", "value": "YQ==", "ttl": 60}),
+    ]))
+    assert [r.get("error") for r in results[:7]] == [
+        "bad arguments to kv.get: key must be a string, got null",
+        "bad arguments to kv.put: value must be base64 (the bytes, base64-encoded), got 'abc'",
+        "bad arguments to kv.put: ttl must be a number of seconds, got a string",
+        "bad arguments to kv.put: kv.put takes no argument 'tll' (it takes key, key_b64, "
+        "metadata, namespace, ttl, value)",
+        "bad arguments to kv.list: prefix must be a string, got a number",
+        "bad arguments to fetch: fetch takes no argument 'tiemout_ms' (it takes body, "
+        "headers, method, timeout_ms, url)",
+        "bad arguments to fetch: timeout_ms must be a number of milliseconds, got 'x'"]
+    assert "ok" in results[7], results[7]
 
 
 def test_an_operator_write_the_store_cannot_take_is_named(tmp_path: Path) -> None:
