@@ -581,6 +581,11 @@ def handle(request, env):
             ai.chat([{"role": "robot", "content": "hi"}], max_tokens=2)
         elif case == "embed":  # raw arguments, as a WASM guest passes them
             ai._call("ai.embed", {"model": "all-minilm-l6-v2", "input": "x", "dims": 3}, True)
+        elif case == "no-model":  # a WASM guest's call without one: the SDK's defaults
+            out = ai._call("ai.embed", {"input": "x"}, True)
+            chat = ai._call("ai.chat", {"messages": [{"role": "user", "content": "hi"}],
+                                        "max_tokens": 1}, True)
+            return Response(f"{len(out['embeddings'][0])} {chat['finish_reason']}")
         else:
             return Response(ai.chat([{"role": "user", "content": "hi"}], max_tokens=2,
                                     temperature=0)["finish_reason"])  # sampled: it could stop
@@ -594,6 +599,7 @@ def handle(request, env):
         status, _, body = pop.get(f"/aiargs?case={case}")
         assert status == 400 and words.encode() in body, (case, body)
     assert pop.get("/aiargs?case=ok")[:3:2] == (200, b"length")
+    assert pop.get("/aiargs?case=no-model")[:3:2] == (200, b"384 length")
 
 
 def test_null_reads_as_the_default_as_openai_reads_it(client: openai.OpenAI) -> None:

@@ -67,6 +67,12 @@ ARGS = {"chat": _SAMPLING | {"messages", "tools", "tool_choice", "parallel_tool_
         "rerank": frozenset({"model", "query", "documents", "top_n"}), "models": frozenset()}
 
 
+# the model an operation uses when its call names none (what `edgefn.Env.ai()` and
+# `AI.embed`/`AI.rerank` default to; a WASM guest's `call` got "missing argument 'model'")
+DEFAULT_MODELS = {"chat": "smollm2-135m", "chat_stream": "smollm2-135m",
+                  "complete": "smollm2-135m", "embed": "all-minilm-l6-v2",
+                  "rerank": "all-minilm-l6-v2"}
+
 class FellBack(Exception):  # not an error: how an answer came (it skips the cache)
     """A fallback model answered (`AIBinding._answered`): its result, and what to
     tell the function (``{"model", "origin"}``)."""
@@ -128,6 +134,8 @@ class AIBinding:
         if unknown:
             raise BindingError(f"ai.{op}: unrecognized argument {unknown[0]!r}; it takes "
                                f"{', '.join(sorted(ARGS[op])) or 'none'}")
+        if "model" in ARGS[op] and "model" not in a and op in DEFAULT_MODELS:
+            a = {**a, "model": DEFAULT_MODELS[op]}  # the Python SDK's defaults, from WASM too
         if op in ("chat", "chat_stream") and isinstance(a.get("messages"), list):
             try:
                 check_messages(a["messages"])
