@@ -59,6 +59,9 @@ WILDCARD = "*"  # the param name of the rest of the path a final `/*` matched
 HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 BAD_HEADER_VALUE = re.compile(rb"[\r\n\x00]")
 README = 'see README "Guest ABI"'
+# The header fields (names and values) a function's response may carry, as a request's
+# are bounded: 200,000 fields made a 4.4 MB header block the PoP sent on
+MAX_HEAD_BYTES = 64 << 10
 
 type Pairs = list[tuple[bytes, bytes]]
 
@@ -205,7 +208,7 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
     """
     try:  # the hot path: inline, and only on failure the careful walk that explains it
         status, count = _unpack2(buf, 0)
-        pos = 8
+        pos = size = 8
         headers = []
         for _ in range(count):
             (n,) = _unpack(buf, pos)
@@ -217,6 +220,7 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
             if len(name) != n or len(value) != m:
                 raise struct.error
             headers.append(check_header(name, value))
+            size += n + m
         (n,) = _unpack(buf, pos)
         body = buf[pos + 4:pos + 4 + n]
         if len(body) != n:
@@ -227,7 +231,17 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
     if not 200 <= status <= 599:
         raise FunctionError("bad_response", 502, f"guest returned invalid HTTP status {status} "
                             "(expected 200..599: a final status)")
+    check_head_size(headers, size - 8)
     return status, headers, body
+
+
+def check_head_size(headers: Pairs, size: int) -> None:
+    """Raises `FunctionError` (``bad_response``, 502) when `headers` (`size` bytes of
+    names and values) are more than `MAX_HEAD_BYTES`."""
+    if size > MAX_HEAD_BYTES:
+        raise FunctionError("bad_response", 502, f"guest returned {len(headers)} header "
+                            f"fields of {size} bytes (names and values): more than "
+                            f"{MAX_HEAD_BYTES}")
 
 
 def check_header(name: bytes, value: bytes) -> tuple[bytes, bytes]:

@@ -257,6 +257,20 @@ def test_invalid_status_and_headers_are_bad_responses(
     assert words in str(err.value)
 
 
+def test_a_response_s_header_fields_are_bounded() -> None:
+    """200,000 fields made a 4.4 MB header block the PoP sent on."""
+    at = [(b"x-%05d" % i, b"v" * (abi.MAX_HEAD_BYTES // 64 - 7)) for i in range(64)]
+    assert sum(len(k) + len(v) for k, v in at) == abi.MAX_HEAD_BYTES
+    assert abi.decode_response(abi.encode_response(200, at, b""))[1] == at
+    over = [*at, (b"x", b"")]
+    with pytest.raises(FunctionError) as err:
+        abi.decode_response(abi.encode_response(200, over, b""))
+    assert (err.value.code, err.value.status) == ("bad_response", 502)
+    assert str(err.value).endswith(f"guest returned 65 header fields of "
+                                   f"{abi.MAX_HEAD_BYTES + 1} bytes (names and values): more "
+                                   f"than {abi.MAX_HEAD_BYTES}")
+
+
 def test_a_request_without_the_magic_is_refused() -> None:
     with pytest.raises(ProtocolError, match="does not start with b'EFQ1'"):
         abi.decode_request(b"EFQ2" + encode(abi.GuestRequest(b"", b"", b"", [], [], b"", [], []))[4:])

@@ -295,3 +295,24 @@ def test_a_start_that_outlasts_its_own_budget_names_it(engine: WasmEngine,
         load(engine, d)
     assert str(err.value).startswith("main.wat: its start function did not finish within "
                                      "300 ms (limits.cpu_ms / wall_ms)"), str(err.value)
+
+
+def test_a_response_with_too_many_header_bytes_is_a_bad_response(engine: WasmEngine,
+                                                                 tmp_path: Path) -> None:
+    """The native decoder stops at the bound too; the codec then says why."""
+    from edgefn_core.abi import MAX_HEAD_BYTES, encode_response
+
+    def guest(headers: list[tuple[bytes, bytes]]) -> WasmFunction:
+        frame = encode_response(200, headers, b"ok")
+        data = "".join(f"\\{b:02x}" for b in frame)
+        src = (f'(module (memory (export "memory") 4) (data (i32.const 1024) "{data}")'
+               ' (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 200000))'
+               ' (func (export "edgefn_handle") (param i32 i32) (result i64)'
+               f' (i64.const {(1024 << 32) | len(frame)})))')
+        return load(engine, function_dir(tmp_path / str(len(headers)), "h", src))
+
+    fields = [(b"x-%04d" % i, b"v" * 1018) for i in range(64)]  # 64 KiB exactly
+    assert run(guest(fields)).headers == fields
+    err = failure(guest([*fields, (b"x-more", b"1")]))
+    assert (err.code, err.status) == ("bad_response", 502)
+    assert f"more than {MAX_HEAD_BYTES}" in str(err), str(err)

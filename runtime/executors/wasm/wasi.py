@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from edgefn_core.abi import BAD_HEADER_VALUE, HEADER_NAME, WILDCARD
+from edgefn_core.abi import BAD_HEADER_VALUE, HEADER_NAME, WILDCARD, check_head_size
 from edgefn_core.errors import FunctionError
 from runtime.net.message import Request
 
@@ -78,7 +78,7 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
         raise FunctionError("bad_response", 502,
                             "CGI output has no blank line ending its headers")
     head, body = output[:end.start()], output[end.end():]
-    status = 0
+    status = size = 0
     headers: list[tuple[bytes, bytes]] = []
     for line in head.replace(b"\r\n", b"\n").split(b"\n"):
         name, colon, value = line.partition(b":")
@@ -89,6 +89,8 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
             status = _status(value)
         else:
             headers.append((name, value))
+            size += len(name) + len(value)
+    check_head_size(headers, size)
     if not status:
         status = 302 if any(k == b"location" for k, _ in headers) else 200
     return status, headers, body

@@ -287,6 +287,7 @@ static int encode(PyObject *const *a, size_t *out_len) {
 }
 
 static unsigned char TCHAR[256];  /* RFC 9110 token characters */
+#define MAX_HEAD_BYTES (64 << 10)  /* edgefn_core.abi.MAX_HEAD_BYTES */
 
 static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -298,7 +299,7 @@ static PyObject *decode(const uint8_t *p, uint64_t len) {
     if (status < 200 || status > 599 || (uint64_t)count * 8 > len - 8) return NULL;
     PyObject *headers = PyList_New(count);
     if (!headers) return NULL;
-    uint64_t pos = 8;
+    uint64_t pos = 8, head = 0;
     for (uint32_t i = 0; i < count; i++) {
         if (len - pos < 4) goto bad;
         uint32_t n = get_u32(p + pos);
@@ -310,6 +311,8 @@ static PyObject *decode(const uint8_t *p, uint64_t len) {
         if (m > len - pos - 4) goto bad;
         const uint8_t *value = p + pos + 4;
         pos += 4 + (uint64_t)m;
+        head += (uint64_t)n + m;
+        if (head > MAX_HEAD_BYTES) goto bad;  /* abi.decode_response says so */
         for (uint32_t j = 0; j < n; j++) if (!TCHAR[name[j]]) goto bad;
         for (uint32_t j = 0; j < m; j++)
             if (value[j] == '\r' || value[j] == '\n' || value[j] == 0) goto bad;
