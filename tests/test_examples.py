@@ -50,3 +50,17 @@ def test_example_rebuilds_from_source_to_the_committed_module(example: str,
         f"{example}/build.sh builds {len(rebuilt)} bytes that differ from the committed "
         f"{BUILT[example]} ({len(committed)} bytes): rebuild and commit it, or check the "
         "toolchain version against the pinned one")
+
+
+@pytest.mark.parametrize("example", ["counter-c", "retrieval-c", "ai-c"])
+def test_a_c_example_copied_out_of_the_checkout_builds_with_the_installed_sdk(
+        example: str, tmp_path: Path) -> None:
+    """They included ``../../sdk/c/edgefn.h``: a copy failed with "file not found"
+    (the README's way to copy an example)."""
+    import shutil
+
+    copy = tmp_path / example
+    shutil.copytree(EXAMPLES / example, copy)
+    out = tmp_path / BUILT[example]
+    build_from_source(copy / "build.sh", out, {"PYTHON": sys.executable})
+    assert out.read_bytes() == (EXAMPLES / example / BUILT[example]).read_bytes()

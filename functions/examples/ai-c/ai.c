@@ -3,7 +3,7 @@
  *   {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}],
  *    "max_tokens": 32}
  * and get the binding's JSON result back. Only ai.* operations are allowed. */
-#include "../../sdk/c/edgefn.h"
+#include "edgefn.h"  /* functions/sdk/c: build.sh finds it */
 
 int64_t handle(const edgefn_request *req) {
     static const char chat[] = "ai.chat";

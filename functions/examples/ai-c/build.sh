@@ -19,7 +19,18 @@ command -v clang >/dev/null 2>&1 || missing "clang"
 command -v "$(clang --target=wasm32 --print-prog-name=wasm-ld)" >/dev/null 2>&1 \
     || missing "wasm-ld (lld)"
 
+# The C SDK: this checkout's, or the installed edgefn's (a copy of this folder elsewhere).
+SDK="../../sdk/c"
+if [ ! -f "$SDK/edgefn.h" ]; then
+    SDK="$("${PYTHON:-python3}" -c 'import edgefn_sdk; print(edgefn_sdk.C_HEADER.parent)' \
+        2>/dev/null)" || {
+        echo "build.sh: edgefn.h not found: not in a checkout, and \`import edgefn_sdk\` fails" \
+             "(set PYTHON to the python that has edgefn installed)" >&2
+        exit 2
+    }
+fi
+
 OUT="${OUT:-ai.wasm}"
 clang --target=wasm32 -O2 -nostdlib -Wl,--no-entry -Wl,--strip-all -Wl,--allow-undefined \
-  -o "$OUT" ai.c
+  -I "$SDK" -o "$OUT" ai.c
 echo "built $OUT ($(wc -c <"$OUT") bytes)"

@@ -1,5 +1,5 @@
 /* Counts hits per path in the KV namespace "counters" (atomic increment). */
-#include "../../sdk/c/edgefn.h"
+#include "edgefn.h"  /* functions/sdk/c: build.sh finds it */
 
 int64_t handle(const edgefn_request *req) {
     static const char ns[] = "counters";

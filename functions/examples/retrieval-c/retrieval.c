@@ -1,6 +1,6 @@
 /* Retrieval in C: POST a JSON vector; the function asks the vector binding for the
  * nearest ids in index "docs", then fetches each document's text from KV "docs". */
-#include "../../sdk/c/edgefn.h"
+#include "edgefn.h"  /* functions/sdk/c: build.sh finds it */
 
 static char out[8192];
 static uint32_t pos;
