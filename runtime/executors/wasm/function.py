@@ -69,6 +69,7 @@ INLINE_RESPONSE_MB = 16  # a reactor whose responses may be larger runs on worke
 SLICE_CPU_S = INLINE_SLICE_MS / 1000 / 2
 PREWARM_WINDOW_S = 0.5  # how long warm-up runs cut at the time slice are tried again
 SLICE_EXPIRED = "inline_slice"  # the Outcome kind of a reactor stopped at the slice
+POOL_LIMITS = "does not fit in pooling allocator requirements"  # wasmtime's words
 STARTING = "starting an instance (its start function, then edgefn_alloc) failed"
 REACTOR_EXPORTS = {
     "memory": "memory",
@@ -163,6 +164,12 @@ class WasmFunction:
                 raise DeployError(f"{entry.name}: not a WebAssembly binary (its first bytes "
                                   f"are {source[:4]!r}, not b'\\x00asm'; a text module goes "
                                   "in a `.wat` file)") from None  # was its WAT parser's
+            if POOL_LIMITS in str(e):  # valid, but past what an instance slot holds
+                cause = str(e).partition("Caused by:")[2] or str(e)
+                raise DeployError(f"{entry.name}: a module edgefn's instances cannot host: "
+                                  f"{_short(cause, entry.name)} (each instance has one memory, "
+                                  "not shared: no wasm threads, of at most 1 GiB, and one "
+                                  "table of at most 20,000 elements)") from None
             raise DeployError(f"{entry.name}: not a valid WebAssembly module: "
                               f"{_short(str(e), entry.name)}") from None
 
