@@ -328,3 +328,34 @@ def test_a_response_with_too_many_header_bytes_is_a_bad_response(engine: WasmEng
     err = failure(guest([*fields, (b"x-more", b"1")]))
     assert (err.code, err.status) == ("bad_response", 502)
     assert f"more than {MAX_HEAD_BYTES}" in str(err), str(err)
+
+
+def test_a_wall_limit_says_whether_the_request_ran_or_waited_for_a_thread(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    """One that never got a worker thread was told it was "blocked in a host call"."""
+    import threading
+
+    fn = load(engine, function_dir(tmp_path, "f", reactor(""),
+                                   limits="wall_ms = 200\nconcurrency = 1"))
+    assert fn.thread_share == 1
+    release = threading.Event()
+
+    def hold() -> bytes:
+        release.wait(10)
+        return b""
+
+    async def go() -> list[BaseException | bytes]:
+        first = asyncio.ensure_future(fn._on_thread(hold))
+        await asyncio.sleep(0.05)  # it holds the function's one thread
+        second = asyncio.ensure_future(fn._on_thread(hold))
+        try:
+            return await asyncio.gather(first, second, return_exceptions=True)
+        finally:
+            release.set()
+
+    ran, waited = asyncio.run(go())
+    assert isinstance(ran, FunctionError) and isinstance(waited, FunctionError)
+    assert str(ran).endswith("exceeded its wall-time limit of 200 ms (running, or blocked in "
+                             "a host call)"), str(ran)
+    assert str(waited).endswith("exceeded its wall-time limit of 200 ms (waiting for a worker "
+                                "thread: its 1 or its owner's were all busy)"), str(waited)

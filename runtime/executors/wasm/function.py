@@ -378,6 +378,7 @@ class WasmFunction:
         slots, owned = self._slots[1], self.wasm.tenant_slots(loop, self.manifest.tenant)
         held: list[asyncio.Semaphore] = []
         stop = Stop()  # what the guest's model calls wait on, stopped if it is left
+        running = False
         try:
             async with asyncio.timeout(wall_ms / 1000 + 0.05):
                 await slots.acquire()
@@ -385,13 +386,16 @@ class WasmFunction:
                 await owned.acquire()
                 held.append(owned)
                 future = self.wasm.threads.submit(_stoppable, stop, job, *args)
-                held = []  # the job gives them back when it really ends
+                held, running = [], True  # the job gives them back when it really ends
                 future.add_done_callback(partial(_release, loop, (slots, owned)))
                 return await asyncio.wrap_future(future)
         except TimeoutError:
             stop.cancel()  # its model call generated on to max_tokens for no one
+            where = ("running, or blocked in a host call" if running else
+                     f"waiting for a worker thread: its {self.thread_share} or its owner's "
+                     "were all busy")
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
-                                f"{wall_ms} ms (blocked in a host call)") from None
+                                f"{wall_ms} ms ({where})") from None
         except asyncio.CancelledError:  # the client went away
             stop.cancel()
             raise
