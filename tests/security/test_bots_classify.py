@@ -186,3 +186,18 @@ def test_a_bad_agents_file_names_the_file_and_field(tmp_path) -> None:
         agents.load(str(bad))
     with pytest.raises(InvalidConfig, match="cannot read"):
         agents.load(str(tmp_path / "missing.toml"))
+
+
+def test_the_user_agent_parser_is_built_when_the_classifier_is_not_on_a_request() -> None:
+    """ua_parser builds its regex set on first use (~120 ms): the first browser's request
+    paid it on the PoP's loop, stalling every other request meanwhile."""
+    import subprocess
+    import sys
+
+    code = ("import ua_parser\n"
+            "from runtime.security.bots.agents import load\n"
+            "from runtime.security.bots.classify import Classifier\n"
+            "assert 'parser' not in vars(ua_parser)\n"
+            "Classifier(load())\n"
+            "assert 'parser' in vars(ua_parser)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -57,6 +57,9 @@ class Classifier:
         self.agents = agents
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, UaView] = OrderedDict()
+        # ua_parser builds its regex set on first use (~120 ms): here, at start, not
+        # on the loop under the first browser's request (which stalled every tenant)
+        _ = ua_parser.parser
 
     def classify(self, headers: dict[bytes, bytes]) -> tuple[BotClass, tuple[str, ...]]:
         """The class of a request with `headers` (lower-case names) and its signals."""
