@@ -78,19 +78,27 @@ def test_a_call_in_flight_during_a_purge_stores_nothing_and_its_waiters_ask_anew
         clock: Clock) -> None:
     c = AICache(AICacheSettings(semantic=False), None, CacheStats(), clock)
     calls = 0
+    answer = asyncio.Event()  # the model answers when the test says (sleeps raced a busy box)
 
     async def origin() -> Generated:
         nonlocal calls
         calls += 1
-        await asyncio.sleep(0.02)
+        await answer.wait()
         return ANSWER
+
+    async def turns(n: int = 10) -> None:
+        for _ in range(n):
+            await asyncio.sleep(0)
 
     async def main() -> list[Lookup]:
         leader = asyncio.ensure_future(through(c, ask("q"), origin))
-        await asyncio.sleep(0.005)
+        await turns()
+        assert c.flights and calls == 1
         waiter = asyncio.ensure_future(through(c, ask("q"), origin))  # joins the flight
-        await asyncio.sleep(0.005)
+        await turns()
+        assert calls == 1
         assert c.purge(model="smollm2-135m") == 0 and not c.flights
+        answer.set()
         return list(await asyncio.gather(leader, waiter))
 
     leader, waiter = asyncio.run(main())
