@@ -175,9 +175,9 @@ def host_pids(name: str, parent: int | None = None) -> set[int]:
         except OSError:
             continue
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if state == "Z" or int(ppid) != parent or argv[1:3] != [b"-m", HOST_MODULE]:
+        if state == "Z" or int(ppid) != parent or argv[1:4] != [b"-P", b"-m", HOST_MODULE]:
             continue
-        if argv[4:5] == [name.encode()]:  # python -m runtime.executors.python.host fd:N NAME
+        if argv[5:6] == [name.encode()]:  # python -P -m runtime.executors.python.host fd:N NAME
             found.add(int(entry.name))
     return found
 

@@ -6,6 +6,7 @@ the data dir as it was, and another function keeps answering meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
 import json
@@ -240,3 +241,34 @@ def test_an_incompressible_package_under_the_limit_deploys(pop: Running, tmp_pat
     (d / "blob.bin").write_bytes(os.urandom(40 << 20))
     out = pop.deploy(d)
     assert out["name"] == "bulky" and pop.get("/bulky")[0] == 200
+
+
+SHADOW = '''
+import importlib.util, os, sys, sysconfig
+try:  # what a hostile deployer runs: here, only a marker outside any sandbox
+    with open({marker!r}, "w") as f:
+        f.write(f"uid={{os.getuid()}}")
+except OSError:
+    pass
+spec = importlib.util.spec_from_file_location(
+    __name__, os.path.join(sysconfig.get_paths()["stdlib"], __name__ + ".py"))
+module = importlib.util.module_from_spec(spec)
+sys.modules[__name__] = module
+spec.loader.exec_module(module)
+'''
+
+
+@pytest.mark.parametrize("module", ["random", "json", "tempfile", "shutil"])
+def test_a_file_named_like_a_module_the_host_imports_does_not_run_outside_the_sandbox(
+        pop: Running, tmp_path: Path, module: str) -> None:
+    """The host ran `python -m` in the function's folder, which `-m` puts first on
+    sys.path: its `random.py` ran as root before the sandbox (and read admin.token)."""
+    from tests.support import python_function
+
+    marker = tmp_path / f"escaped-{module}"
+    d = python_function(tmp_path, f"shadow-{module}", "from edgefn import Response\n\n"
+                        "def handle(request, env):\n    return Response('ok')\n")
+    (d / f"{module}.py").write_text(SHADOW.format(marker=str(marker)))
+    with contextlib.suppress(AdminError):  # whether it serves is not the point: what ran
+        pop.deploy(d)
+    assert not marker.exists(), marker.read_text()

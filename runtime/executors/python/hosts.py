@@ -200,10 +200,13 @@ class Host:
 
 def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
            scratch: str | None, uid: int) -> subprocess.Popen[bytes]:
-    """Start `python -m runtime.executors.python.host` serving `fds`, in its own
+    """Start `python -P -m runtime.executors.python.host` serving `fds`, in its own
     process group (see the module docstring), with a scrubbed environment and its
     sandbox settings: a uid of its own (used when the PoP runs as root) and its
-    scratch dir (`scratch`, or None: a private /tmp)."""
+    scratch dir (`scratch`, or None: a private /tmp). ``-P`` and a working directory
+    of ``/``: `-m` put the working directory first on sys.path, and it was the
+    function's folder, so a ``random.py`` there ran as the PoP's user, unsandboxed,
+    when the host imported `tempfile` (the host enters the folder once sandboxed)."""
     box = {"uid": uid, "insecure": cfg.insecure, "scratch": scratch or "/tmp"}
     config = {**cfg.__dict__, "fds": fds, "initial": cfg.min_isolates,
               "check_imports": check_imports, "sandbox": box}
@@ -215,10 +218,9 @@ def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
     try:
         os.write(config_fd, json.dumps(config).encode())
         return subprocess.Popen(
-            [sys.executable, "-m", "runtime.executors.python.host", f"fd:{config_fd}",
+            [sys.executable, "-P", "-m", "runtime.executors.python.host", f"fd:{config_fd}",
              cfg.name],  # the name only says in `ps` whose host it is
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            pass_fds=[*fds, *shared, config_fd], env=env, cwd=cfg.function_dir,
-            process_group=0)
+            pass_fds=[*fds, *shared, config_fd], env=env, cwd="/", process_group=0)
     finally:
         os.close(config_fd)

@@ -32,7 +32,7 @@ def probe() -> dict[str, str]:
     with tempfile.TemporaryDirectory(prefix="edgefn-probe-") as scratch:
         try:
             out = subprocess.run(
-                [sys.executable, "-m", "runtime.executors.python.sandbox", scratch],
+                [sys.executable, "-P", "-m", "runtime.executors.python.sandbox", scratch],
                 capture_output=True, env=_probe_env(),
                 timeout=PROBE_TIMEOUT, check=False)
             state: dict[str, str] = json.loads(out.stdout)
