@@ -234,6 +234,36 @@ def test_none_mode_sets_a_valid_principal_and_ignores_foreign_credentials(
         assert response.body == b"ok" and ctx.principal is None
 
 
+def seen_headers(auth: Auth, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The headers the function behind `auth` gets."""
+    request = Request(b"GET", b"/x", b"", headers, b"h", "1.1", True, "1.2.3.4:5")
+    seen: list[tuple[bytes, bytes]] = []
+
+    def function(r: Request, c: Context) -> Response:
+        seen.extend(r.headers)
+        return Response(200, [], b"ok")
+
+    assert isinstance(auth(request, Context(request.client), function), Response)
+    return seen
+
+
+def test_a_verified_api_key_never_reaches_the_function(tmp_path: Path) -> None:
+    """The README says so; the function got `authorization: Bearer efn_...` (or
+    `x-api-key`) as sent: a third party's function collected its callers' keys."""
+    keyed, store = stage(tmp_path, Fn("chat", auth="key"))
+    key, _ = store.create("acme", ("*",))
+    keyed.keys.reload()
+    other = [(b"accept", b"*/*")]
+    assert seen_headers(keyed, [*bearer(key), *other]) == other
+    assert seen_headers(keyed, [(b"x-api-key", key.encode()), *other]) == other
+    open_fn, _ = stage(tmp_path, Fn("open"))  # auth off, a key that proves its caller
+    assert seen_headers(open_fn, [*bearer(key), *other]) == other
+    basic = [(b"authorization", b"Basic dXNlcjpwdw==")]  # the function's own: kept
+    assert seen_headers(open_fn, [*basic, *other]) == [*basic, *other]
+    stranger = [(b"x-api-key", b"efn_" + b"a" * 12 + b"_" + b"b" * 43)]  # proves nobody
+    assert seen_headers(open_fn, stranger) == stranger
+
+
 def test_the_pop_default_mode_applies_to_functions_that_say_nothing(tmp_path: Path) -> None:
     auth, _ = stage(tmp_path, Fn("quiet"), AuthSettings(functions="key"))
     assert refused(auth).status == 401
