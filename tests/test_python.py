@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.admin.client import AdminError
-from tests.support import EXAMPLES, Running, pop_thread, running
+from tests.support import EXAMPLES, Running, pop_thread, python_function, running
 
 
 def py_function(root: Path, name: str, source: str, *, limits: str = "", pool: str = "",
@@ -750,3 +750,47 @@ def test_an_await_past_wall_ms_is_stopped_without_killing_the_host(
         status, _, body = pop.get("/awaits")
     assert status == 200 and body == pid + b" 3"  # the same host, its state kept
     assert "stuck in native code" not in caplog.text
+
+
+THREADED_CALLS = """
+import asyncio
+import threading
+from edgefn import Response
+
+def handle(request, env):
+    kv = env.kv("ns")
+    if request.query.get("m") == "threads":
+        got = []
+        def read(key):
+            for _ in range(20):
+                got.append(kv.get(key))
+        threads = [threading.Thread(target=read, args=(k,)) for k in ("a", "b", "a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+        alive = [t.is_alive() for t in threads]
+        return Response(f"{sorted(set(got))} {len(got)} {alive}")
+    if request.query.get("m") == "gather":
+        async def both():
+            return await asyncio.gather(*(asyncio.to_thread(kv.get, k) for k in "abab"))
+        return Response(repr(asyncio.run(both())))
+    return Response(repr(kv.get("a")))
+"""
+
+
+def test_binding_calls_from_the_handlers_threads_take_turns(pop: Running,
+                                                            tmp_path: Path) -> None:
+    """Two threads calling at once read each other's replies: one dropped the other's
+    as stale and waited forever, and the next request of the isolate hung to a 504."""
+    d = python_function(tmp_path, "threaded", THREADED_CALLS, limits="wall_ms = 10000",
+                        extra='[bindings]\nkv = ["ns"]')
+    pop.deploy(d)
+    for key, value in (("a", "MQ=="), ("b", "Mg==")):  # "1", "2"
+        pop.admin.request("POST", "/v1/kv/ns/put",
+                          json.dumps({"key": key, "value": value}).encode())
+    status, _, body = pop.get("/threaded?m=threads", timeout=30)
+    assert (status, body) == (200, b"[b'1', b'2'] 80 [False, False, False, False]"), body
+    status, _, body = pop.get("/threaded?m=gather", timeout=30)
+    assert (status, body) == (200, b"[b'1', b'2', b'1', b'2']"), body
+    assert pop.get("/threaded")[::2] == (200, b"b'1'")  # the isolate serves on

@@ -252,6 +252,8 @@ class Session:
         self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
         self.loop_: asyncio.AbstractEventLoop | None = None
         self.calls = 0
+        self.call_lock = threading.Lock()  # one host call at a time (the handler's threads)
+        self.send_lock = threading.Lock()  # one frame at a time
         self.request: Any = None  # the running request (`one`), for its traceparent
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         # The threads there before the function ran (this one, the watchdog, and the
@@ -296,7 +298,7 @@ class Session:
         """Tell the PoP this interpreter takes no job after the current one (once)."""
         if not self.last:
             self.last = True
-            self.sock.sendall(wire.json_frame(wire.READY, {"ok": False, "recycling": True}))
+            self._send(wire.json_frame(wire.READY, {"ok": False, "recycling": True}))
 
     def one(self, payload: bytes) -> None:
         self.cancel_seen = False
@@ -385,10 +387,10 @@ class Session:
                 raise BadResponse(f"response body of {len(data)} bytes exceeds the limit of "
                                   f"{self.max_response} bytes (limits.max_response_mb = "
                                   f"{self.max_response >> 20})")
-            self.sock.sendall(wire.frame(wire.RESPONSE, wire.encode_response(
+            self._send(wire.frame(wire.RESPONSE, wire.encode_response(
                 result.status, headers, data), wire.RESPONSE_FRAMING))
             return
-        self.sock.sendall(wire.frame(wire.HEAD, wire.encode_response(result.status, headers, b"")))
+        self._send(wire.frame(wire.HEAD, wire.encode_response(result.status, headers, b"")))
         # A failure mid-stream propagates to `one`, which ends the request with ERROR
         # instead of END: exactly one terminal frame per request.
         for chunk in self._chunks(body):
@@ -400,10 +402,10 @@ class Session:
                 raise BadResponse(f"a streamed chunk is {type(chunk).__name__}: expected bytes "
                                   "or str; the stream was cut")
             for at in range(0, len(data), CHUNK_MAX):  # one frame never outgrows the wire's
-                self.sock.sendall(wire.frame(wire.CHUNK, data[at:at + CHUNK_MAX]))
+                self._send(wire.frame(wire.CHUNK, data[at:at + CHUNK_MAX]))
             if self._cancelled():
                 break
-        self.sock.sendall(wire.frame(wire.END))
+        self._send(wire.frame(wire.END))
 
     def _chunks(self, body: Any) -> Any:
         if hasattr(body, "__anext__"):
@@ -429,34 +431,44 @@ class Session:
 
     def send_error(self, kind: str, message: str, tb: str = "") -> None:
         self.pending = [f for f in self.pending if f[0] != wire.CANCEL]
-        self.sock.sendall(wire.json_frame(wire.ERROR, {"kind": kind, "message": message,
+        self._send(wire.json_frame(wire.ERROR, {"kind": kind, "message": message,
                                                        "traceback": tb}))
 
+    def _send(self, frame: bytes) -> None:
+        """One whole frame: the handler's threads send too (a frame cut by another's
+        would corrupt the stream)."""
+        with self.send_lock:
+            self.sock.sendall(frame)
+
     def call(self, name: str, args: dict[str, Any], wait: bool = False) -> Any:
-        """A host call over the same socket; with `wait`, block for its REPLY."""
-        self.calls += 1
+        """A host call over the same socket; with `wait`, block for its REPLY. Calls
+        from the handler's threads take turns: two at once read each other's
+        replies, dropped one as stale, and waited forever."""
         if name == "fetch" or name.startswith("ai."):
             traceparent = self.request.headers.get("traceparent") if self.request else None
             if traceparent:
                 args = {**args, "traceparent": traceparent}
-        self.sock.sendall(wire.json_frame(wire.CALL, {"id": self.calls, "name": name,
-                                                      "args": args, "wait": wait}))
-        if not wait:
-            return None
-        while True:
-            f = wire.recv_frame(self.sock, self.reader, self.pending)
-            if f is None:
-                raise IsolateStop
-            if f[0] == wire.CANCEL:  # the client left while this call waited: its reply (an
-                self.cancel_seen = True  # error, the PoP stopped the call) comes next; a
-                continue  # stream then ends at its next chunk (`_cancelled`)
-            if f[0] == wire.REPLY:
-                reply = json.loads(f[1])
-                if reply.get("id") != self.calls:
-                    continue  # the late answer to a call of a request that was cut short
-                if "error" in reply:
-                    raise self.sdk.BindingError(reply["error"])
-                return reply.get("result")
+        with self.call_lock:
+            self.calls += 1
+            call_id = self.calls
+            self._send(wire.json_frame(wire.CALL, {"id": call_id, "name": name,
+                                                   "args": args, "wait": wait}))
+            if not wait:
+                return None
+            while True:
+                f = wire.recv_frame(self.sock, self.reader, self.pending)
+                if f is None:
+                    raise IsolateStop
+                if f[0] == wire.CANCEL:  # the client left while this call waited: its reply
+                    self.cancel_seen = True  # (an error, the PoP stopped the call) comes
+                    continue  # next; a stream then ends at its next chunk (`_cancelled`)
+                if f[0] == wire.REPLY:
+                    reply = json.loads(f[1])
+                    if reply.get("id") != call_id:
+                        continue  # the late answer to a call of a request that was cut short
+                    if "error" in reply:
+                        raise self.sdk.BindingError(reply["error"])
+                    return reply.get("result")
 
     def _until(self, awaitable: Any) -> Any:
         """`awaitable` run on the isolate's event loop, cancelled when the watchdog
