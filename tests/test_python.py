@@ -794,3 +794,39 @@ def test_binding_calls_from_the_handlers_threads_take_turns(pop: Running,
     status, _, body = pop.get("/threaded?m=gather", timeout=30)
     assert (status, body) == (200, b"[b'1', b'2', b'1', b'2']"), body
     assert pop.get("/threaded")[::2] == (200, b"b'1'")  # the isolate serves on
+
+
+RAISES_BASE = """
+import asyncio
+from edgefn import Response
+
+class Odd(BaseException):
+    pass
+
+async def cancelled():
+    t = asyncio.create_task(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    t.cancel()
+    await t
+
+def handle(request, env):
+    if request.query.get("m") == "cancelled":
+        return cancelled()
+    if request.query.get("m") == "base":
+        raise Odd("odd")
+    return Response("ok")
+"""
+
+
+def test_a_handler_raising_a_base_exception_is_a_trap_not_a_crash(pop: Running,
+                                                                   tmp_path: Path) -> None:
+    """asyncio.CancelledError (a task the handler cancelled and awaited) or any
+    BaseException ended the isolate: 502 crash, no traceback, file or line, and the
+    host replaced."""
+    pop.deploy(python_function(tmp_path, "based", RAISES_BASE))
+    for mode, words in (("cancelled", b"raised asyncio.exceptions.CancelledError"),
+                        ("base", b"raised main.Odd: odd")):
+        status, headers, body = pop.get(f"/based?m={mode}")
+        assert (status, headers["x-edgefn-error"]) == (500, "trap"), body
+        assert words in body and b"main.py" in body, body
+    assert pop.get("/based")[::2] == (200, b"ok")

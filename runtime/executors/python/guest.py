@@ -325,7 +325,8 @@ class Session:
                             "is recycled")
         except self.sdk.BindingError as e:
             self.send_error("binding", _binding_failed(e), "".join(traceback.format_exception(e)))
-        except (Exception, SystemExit, KeyboardInterrupt) as e:  # sys.exit() in a handler too
+        except BaseException as e:  # sys.exit(), asyncio.CancelledError, any BaseException:
+            # the handler's (it crashed the isolate, with no traceback, file or line)
             self.send_error("exception", _cannot_import(e) or _raised(e),
                             "".join(traceback.format_exception(e)))
 
