@@ -305,9 +305,16 @@ def _why(e: Exception) -> str:
     Python repr."""
     if isinstance(e, KeyError) and e.args:
         return f"missing argument {e.args[0]!r}"
-    if isinstance(e, AttributeError) and e.obj is not None:  # `{"key": 5}`: 'int' ... encode
-        return f"an argument is {_json_kind(e.obj)} where a string or object was expected"
+    if isinstance(e, AttributeError) and e.name is not None:  # `{"key": 5}`: 'int' ... encode
+        wanted = ("a string" if e.name in _STR_METHODS else
+                  "an object" if e.name in ("get", "items", "keys", "values") else
+                  "an array" if e.name in ("append", "extend") else "another kind")
+        return f"an argument is {_json_kind(e.obj)} where {wanted} was expected"
     return str(e) or type(e).__name__
+
+
+_STR_METHODS = frozenset({"encode", "decode", "lower", "upper", "strip", "startswith",
+                          "endswith", "partition", "split", "replace"})
 
 
 def _json_kind(value: Any) -> str:

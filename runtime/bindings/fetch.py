@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from edgefn_core.errors import BindingError
-from runtime.bindings.codec import b64, known, unb64
+from runtime.bindings.codec import b64, base64_bytes, known
 
 MAX_RESPONSE = 8 << 20  # bytes of response body a subrequest may bring back
 MAX_REQUEST = 8 << 20
@@ -184,7 +184,7 @@ class FetchBinding:
         if method not in METHODS:
             raise BindingError(f"fetch: method {method!r} is not one of "
                                f"{', '.join(sorted(METHODS))}")
-        body = unb64(args["body"]) if args.get("body") else b""
+        body = base64_bytes(args, "body") if args.get("body") is not None else b""
         if len(body) > MAX_REQUEST:
             raise BindingError(f"fetch: request body larger than {MAX_REQUEST} bytes")
         headers = {str(k).lower(): str(v) for k, v in dict(args.get("headers") or {}).items()}
@@ -195,8 +195,9 @@ class FetchBinding:
             headers.setdefault("traceparent", traceparent)
         headers["cdn-loop"] = f"{cdn_loop}, {LOOP_ID}" if cdn_loop else LOOP_ID
         asked = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
-        if type(asked) not in (int, float) or asked < 0:
-            raise ValueError(f"timeout_ms must be a number of milliseconds, got {asked!r:.40}")
+        if type(asked) not in (int, float) or not asked >= 1:  # 0.5 was cut to 0 ms
+            raise ValueError(f"timeout_ms must be a number of milliseconds, at least 1, got "
+                             f"{asked!r:.40}")
         timeout_ms = min(int(asked), self.wall_ms)
         target, literal = self.allowed(url)
         try:

@@ -145,14 +145,19 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
         case "increment":
             return kv.increment(ns, key, integer(a, "delta", 1))
         case "cas":
-            return kv.cas(ns, key, a.get("expected_version"), base64_bytes(a, "value"),
+            expected = a.get("expected_version")
+            if expected is not None and type(expected) is not int:  # "1" matched nothing
+                raise ValueError(f"expected_version must be an integer or null, got "
+                                 f"{expected!r:.40}")
+            return kv.cas(ns, key, expected, base64_bytes(a, "value"),
                           ttl=seconds(a, "ttl"), metadata=a.get("metadata"))
         case "create" if isinstance(kv, KVStore):  # the operator's only
             kv.create_namespace(ns)
             return None
         case "list":
             prefix = text(a, "prefix") if "prefix" in a else ""
-            page = kv.list(ns, prefix.encode(), a.get("cursor"), integer(a, "limit", 100))
+            cursor = text(a, "cursor") if a.get("cursor") is not None else None
+            page = kv.list(ns, prefix.encode(), cursor, integer(a, "limit", 100))
             return {"keys": [_listed(k) for k in page.keys], "cursor": page.cursor}
     raise BindingError(f"unknown KV operation {op!r}")
 

@@ -79,6 +79,11 @@ def run(vs: VectorStore, op: str, index: str, a: dict[str, Any],
                     for m in matches]
         case "upsert":
             items = a["items"]
+            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                raise ValueError("items must be an array of objects {\"id\", \"vector\", "
+                                 "\"metadata\"}")
+            if not all(isinstance(i.get("id"), str) for i in items):
+                raise ValueError("each item's id must be a string")
             if items and index not in vs.names():  # first write: the dimension is known now
                 dim = len(as_vector(index, items[0]["vector"]))
                 if quota is not None:  # refused before the index is made

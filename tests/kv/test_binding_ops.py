@@ -316,9 +316,16 @@ def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
         ("kv.list", {"namespace": ns, "prefix": 7}),
         ("fetch", {"url": "http://127.0.0.1:1/", "tiemout_ms": 5}),
         ("fetch", {"url": "http://127.0.0.1:1/", "timeout_ms": "x"}),
+        ("fetch", {"url": "http://127.0.0.1:1/", "timeout_ms": 0.5}),
+        ("fetch", {"url": "http://127.0.0.1:1/", "body": "abc"}),
+        ("fetch", {"url": "http://127.0.0.1:1/", "body": 5}),
+        ("kv.cas", {"namespace": ns, "key": "k", "expected_version": "1", "value": "YQ=="}),
+        ("kv.list", {"namespace": ns, "cursor": 5}),
+        ("vectors.upsert", {"index": probe.index, "items": {"id": "x"}}),
+        ("vectors.upsert", {"index": probe.index, "items": [{"id": 5, "vector": [1, 0]}]}),
         ("kv.put", {"namespace": ns, "key": "k", "value": "YQ==", "ttl": 60}),
     ]))
-    assert [r.get("error") for r in results[:7]] == [
+    assert [r.get("error") for r in results[:14]] == [
         "bad arguments to kv.get: key must be a string, got null",
         "bad arguments to kv.put: value must be base64 (the bytes, base64-encoded), got 'abc'",
         "bad arguments to kv.put: ttl must be a number of seconds, got a string",
@@ -327,8 +334,18 @@ def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
         "bad arguments to kv.list: prefix must be a string, got a number",
         "bad arguments to fetch: fetch takes no argument 'tiemout_ms' (it takes body, "
         "headers, method, timeout_ms, url)",
-        "bad arguments to fetch: timeout_ms must be a number of milliseconds, got 'x'"]
-    assert "ok" in results[7], results[7]
+        "bad arguments to fetch: timeout_ms must be a number of milliseconds, at least 1, got "
+        "'x'",
+        "bad arguments to fetch: timeout_ms must be a number of milliseconds, at least 1, got "
+        "0.5",
+        "bad arguments to fetch: body must be base64 (the bytes, base64-encoded), got 'abc'",
+        "bad arguments to fetch: body must be a string, got a number",
+        "bad arguments to kv.cas: expected_version must be an integer or null, got '1'",
+        "bad arguments to kv.list: cursor must be a string, got a number",
+        "bad arguments to vectors.upsert: items must be an array of objects {\"id\", "
+        "\"vector\", \"metadata\"}",
+        "bad arguments to vectors.upsert: each item's id must be a string"]
+    assert "ok" in results[14], results[14]
 
 
 def test_an_operator_write_the_store_cannot_take_is_named(tmp_path: Path) -> None:

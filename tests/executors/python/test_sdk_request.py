@@ -83,3 +83,32 @@ def test_a_malformed_request_is_refused_naming_the_field() -> None:
     buf = encode_request(b"GET", b"/p", b"", HEADERS, b"", b"")
     with pytest.raises(ProtocolError, match="header"):
         sdk.Request._decode(buf[:30])
+
+
+def test_a_response_takes_a_fetch_responses_headers_and_a_dict_s_names_once() -> None:
+    """`Response(r.body, status=r.status, headers=r.headers)` (a proxy) raised "too many
+    values to unpack"; a dict naming Content-Type and content-type sent both; and
+    `Response.json` replaced a type the handler chose."""
+    sdk = load_sdk()
+    fetched = sdk.Headers([("Content-Type", "text/csv"), ("set-cookie", "a=1"),
+                           ("set-cookie", "b=2")])
+    assert (len(fetched), fetched.keys()) == (3, ["content-type", "set-cookie", "set-cookie"])
+    proxied = sdk.Response(b"x,y", 200, fetched)
+    assert proxied.headers.items() == fetched.items()
+    both = sdk.Response("hi", headers={"Content-Type": "text/html", "content-type": "text/csv"})
+    assert both.headers.items() == [("content-type", "text/csv")]
+    problem = sdk.Response.json({"title": "nope"}, 400,
+                                headers={"content-type": "application/problem+json"})
+    assert problem.headers.get_all("content-type") == ["application/problem+json"]
+    assert sdk.Response.json([]).headers.get("content-type") == "application/json"
+    pairs = sdk.Response(b"", 204, [("set-cookie", "a=1"), ("set-cookie", "b=2")])
+    assert pairs.headers.get_all("set-cookie") == ["a=1", "b=2"]
+
+
+def test_a_value_that_is_not_bytes_or_str_is_named() -> None:
+    """`kv.put("k", 5)` raised "a bytes-like object is required, not 'int'" from inside
+    the SDK's base64 step."""
+    sdk = load_sdk()
+    with pytest.raises(TypeError, match="expected bytes or str, got int"):
+        sdk._b64(5)
+    assert sdk._b64("hi") == sdk._b64(b"hi") == sdk._b64(bytearray(b"hi")) == "aGk="

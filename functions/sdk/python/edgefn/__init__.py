@@ -69,6 +69,13 @@ class Headers:
     def items(self) -> list[tuple[str, str]]:
         return list(self._items)
 
+    def keys(self) -> list[str]:
+        """Each field's name, once per field (a repeated one repeats)."""
+        return [k for k, _ in self._items]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def __iter__(self) -> Iterator[str]:
         return iter(k for k, _ in self._items)
 
@@ -169,11 +176,20 @@ class Response:
     """An outgoing response. `body` may be bytes, str or a (async) generator."""
 
     def __init__(self, body: Body = b"", status: int = 200,
-                 headers: dict[str, str] | Iterable[tuple[str, str]] | None = None) -> None:
+                 headers: dict[str, str] | Headers | Iterable[tuple[str, str]] | None = None
+                 ) -> None:
+        """`headers`: a dict (names differing only in case are one field: the last
+        wins), `Headers` (a fetch response's, passed on), or (name, value) pairs
+        (a name may repeat: Set-Cookie)."""
         self.body = body
         self.status = status
-        items = headers.items() if isinstance(headers, dict) else (headers or [])
-        self.headers = Headers(items)
+        if isinstance(headers, dict):
+            self.headers = Headers()
+            for name, value in headers.items():
+                self.headers[name] = value
+        else:
+            self.headers = Headers(headers.items() if isinstance(headers, Headers)
+                                   else (headers or []))
         # a 204 or 304 has no content to type (RFC 9110 15.4.5): a 304's Content-Type
         # replaced the stored response's in the PoP's HTTP cache (JSON became text)
         if isinstance(body, str) and "content-type" not in self.headers \
@@ -184,7 +200,8 @@ class Response:
     def json(cls, data: Any, status: int = 200,
              headers: dict[str, str] | None = None) -> Response:
         r = cls(_json.dumps(data).encode(), status, headers)
-        r.headers["content-type"] = "application/json"
+        if "content-type" not in r.headers:  # application/problem+json and the like stay
+            r.headers["content-type"] = "application/json"
         return r
 
     @property
@@ -379,4 +396,9 @@ class ChatStream:
 
 
 def _b64(value: bytes | str) -> str:
-    return base64.b64encode(value.encode() if isinstance(value, str) else value).decode()
+    """Raises TypeError naming what was passed (bytes, bytearray or str are stored)."""
+    if isinstance(value, str):
+        value = value.encode()
+    elif not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected bytes or str, got {type(value).__name__}")
+    return base64.b64encode(value).decode()
