@@ -390,7 +390,13 @@ class HttpProtocol(asyncio.Protocol):
                 self._write(item, result)
             else:
                 self.busy = True
-                self.task = self.loop.create_task(self._run(item, result))
+                # started at once, up to its first wait: a task cancelled before its first
+                # step (the client gone meanwhile) never ran `result`, so no `finally` of
+                # the stages' ran either: the function's concurrency slot was never given
+                # back (enough resets left it answering 503 for good) and no event said 499
+                task = asyncio.Task(self._run(item, result), loop=self.loop, eager_start=True)
+                if not task.done():  # done: it answered, and may have started the next one
+                    self.task = task
         if self.queue and self.write_paused:
             # The client is not reading what was already sent: answer nothing more, and
             # read nothing more, until it does (`resume_writing` comes back here).

@@ -432,6 +432,41 @@ def test_answers_past_write_buffer_bytes_are_written_at_once() -> None:
     run(go())
 
 
+def test_a_request_whose_client_leaves_before_its_turn_still_runs_its_cleanups() -> None:
+    """A pipelined request's task was made when the one before it answered; a reset
+    that came before that task's first step cancelled it unstarted, so nothing of the
+    app's awaitable ran, `finally` blocks included: the dispatch stage's concurrency
+    slot leaked (enough resets left a function answering 503 for good)."""
+    async def go() -> None:
+        held = 0
+        answers: list[asyncio.Future[Response]] = []
+
+        def app(request: Request) -> Any:
+            nonlocal held
+            held += 1  # as `dispatch` takes a slot before it returns the awaitable
+            answer = asyncio.get_running_loop().create_future()
+            answers.append(answer)
+
+            async def counted() -> Response:
+                nonlocal held
+                try:
+                    return await answer
+                finally:
+                    held -= 1
+            return counted()
+
+        proto, t = connect(app)
+        proto.data_received(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
+        answers[0].set_result(Response(200, [], b"one"))
+        await asyncio.sleep(0)  # /1 answered, /2's task made; the reset comes next
+        t.close()
+        proto.connection_lost(ConnectionResetError())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert held == 0
+    run(go())
+
+
 def test_app_headers_cannot_override_framing() -> None:
     async def go() -> None:
         proto, t = connect(lambda r: Response(200, [(b"content-length", b"999"),
