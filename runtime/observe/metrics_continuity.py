@@ -9,9 +9,11 @@ what a worker's previous life counted is carried into the sum from then on.
 
 Each source (the admin worker itself, and each other worker by index) is known by
 its process id. When a source answers with another pid, the counter, histogram
-and summary samples it last reported are carried. The state is saved beside the
-PoP's data at each scrape, so a restart of the admin worker itself carries the
-same way; a new PoP (another parent process) starts from zero, as its counters do.
+and summary samples it last reported are carried; one that does not answer counts
+with what it reported last (`stand_in`), its previous life's too. The state is
+saved beside the PoP's data at each scrape (read at the first scrape, off the PoP's
+loop), so a restart of the admin worker itself carries the same way; a new PoP
+(another parent process) starts from zero, as its counters do.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import msgspec
 from prometheus_client.metrics_core import Metric
@@ -28,56 +29,63 @@ log = logging.getLogger("edgefn.metrics")
 
 MONOTONIC = frozenset({"counter", "histogram", "summary"})
 SKIPPED_SUFFIXES = ("_created",)  # a timestamp, not a count
-# (family name, family type, documentation, unit, sample name, sorted labels)
-type Key = tuple[str, str, str, str, str, tuple[tuple[str, str], ...]]
+type Labels = tuple[tuple[str, str], ...]
+type Key = tuple[str, str, Labels]  # (family name, sample name, sorted labels)
+type Values = dict[Key, float]
+# saved: family -> sample -> [(labels, value)] (names written once, not per sample)
+type Saved = dict[str, dict[str, list[tuple[dict[str, str], float]]]]
 
 
-class _Saved(msgspec.Struct):
+class _State(msgspec.Struct):
     parent: int
-    carried: list[tuple[Key, float]]
-    seen: dict[str, tuple[int, list[tuple[Key, float]]]]
+    meta: dict[str, tuple[str, str, str]]  # family -> (type, documentation, unit)
+    carried: Saved
+    seen: dict[str, tuple[int, Saved]]
 
 
 class Continuity:
-    """Per scrape: `follow` each source's families, then `carried_families` is what
-    to add to their sum; `save` keeps it for a restarted admin worker."""
+    """Per scrape: `follow` each source that answered, `stand_in` for one that did
+    not, then `carried_families` is what to add to the sum; `save` keeps it all for
+    a restarted admin worker."""
 
     def __init__(self, path: Path | None, parent: int | None = None) -> None:
-        """`path`: where the state is kept (None: in memory only); `parent`: the
-        pid the workers share as their parent (a saved state of another is a
-        previous PoP's, not read)."""
+        """`path`: where the state is kept (None: in memory only), read at the first
+        scrape; `parent`: the pid the workers share as their parent (a saved state of
+        another is a previous PoP's, not read)."""
         self.path = path
         self.parent = os.getppid() if parent is None else parent
-        self.carried: dict[Key, float] = {}
-        self.seen: dict[str, tuple[int, dict[Key, float]]] = {}
-        if path is not None:
-            self._load(path)
+        self.meta: dict[str, tuple[str, str, str]] = {}
+        self.carried: Values = {}
+        self.seen: dict[str, tuple[int, Values]] = {}
+        self.loaded = path is None
 
     def follow(self, source: str, pid: int, families: list[Metric]) -> None:
         """`source` (its pid now) reported `families`; a new pid carries what the
         previous one reported last."""
+        self._load()
         previous = self.seen.get(source)
         if previous is not None and previous[0] != pid:
             for key, value in previous[1].items():
                 self.carried[key] = self.carried.get(key, 0.0) + value
-        self.seen[source] = (pid, _monotonic(families))
+        self.seen[source] = (pid, self._monotonic(families))
+
+    def stand_in(self, source: str) -> list[Metric]:
+        """What `source` reported last, for a scrape it does not answer (the admin
+        worker, restarted, has no answer of its own from it)."""
+        self._load()
+        seen = self.seen.get(source)
+        return self._families(seen[1]) if seen is not None else []
 
     def carried_families(self) -> list[Metric]:
         """The carried samples as families, to be summed with the live ones."""
-        families: dict[str, Metric] = {}
-        for (name, typ, doc, unit, sample, labels), value in self.carried.items():
-            family = families.get(name)
-            if family is None:
-                family = families[name] = Metric(name, doc, typ, unit)
-            family.add_sample(sample, dict(labels), value)
-        return list(families.values())
+        return self._families(self.carried)
 
     def save(self) -> None:
         """Write the state (atomically); a failure is logged, the scrape goes on."""
         if self.path is None:
             return
-        state = _Saved(self.parent, list(self.carried.items()),
-                       {s: (pid, list(values.items())) for s, (pid, values) in self.seen.items()})
+        state = _State(self.parent, self.meta, _saved(self.carried),
+                       {s: (pid, _saved(values)) for s, (pid, values) in self.seen.items()})
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             tmp.write_bytes(msgspec.json.encode(state))
@@ -85,34 +93,54 @@ class Continuity:
         except OSError as e:
             log.warning("cannot save the metrics' continuity to %s: %s", self.path, e)
 
-    def _load(self, path: Path) -> None:
+    def _load(self) -> None:
+        if self.loaded:
+            return
+        self.loaded = True
+        assert self.path is not None
         try:
-            state = msgspec.json.decode(path.read_bytes(), type=_Saved)
+            state = msgspec.json.decode(self.path.read_bytes(), type=_State)
         except FileNotFoundError:
             return
         except (OSError, msgspec.MsgspecError) as e:
-            log.warning("ignoring the metrics' continuity in %s: %s", path, e)
+            log.warning("ignoring the metrics' continuity in %s: %s", self.path, e)
             return
         if state.parent != self.parent:  # a previous PoP's: its counters are gone
             return
-        self.carried = {_key(k): v for k, v in state.carried}
-        self.seen = {s: (pid, {_key(k): v for k, v in values})
-                     for s, (pid, values) in state.seen.items()}
+        self.meta = dict(state.meta)
+        self.carried = _values(state.carried)
+        self.seen = {s: (pid, _values(saved)) for s, (pid, saved) in state.seen.items()}
+
+    def _monotonic(self, families: list[Metric]) -> Values:
+        out: Values = {}
+        for f in families:
+            if f.type not in MONOTONIC:
+                continue
+            self.meta[f.name] = (f.type, f.documentation, f.unit)
+            for s in f.samples:
+                if not s.name.endswith(SKIPPED_SUFFIXES):
+                    out[(f.name, s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def _families(self, values: Values) -> list[Metric]:
+        families: dict[str, Metric] = {}
+        for (name, sample, labels), value in values.items():
+            family = families.get(name)
+            if family is None:
+                typ, doc, unit = self.meta.get(name, ("counter", "", ""))
+                family = families[name] = Metric(name, doc, typ, unit)
+            family.add_sample(sample, dict(labels), value)
+        return list(families.values())
 
 
-def _monotonic(families: list[Metric]) -> dict[Key, float]:
-    out: dict[Key, float] = {}
-    for f in families:
-        if f.type not in MONOTONIC:
-            continue
-        for s in f.samples:
-            if not s.name.endswith(SKIPPED_SUFFIXES):
-                out[(f.name, f.type, f.documentation, f.unit, s.name,
-                     tuple(sorted(s.labels.items())))] = s.value
+def _saved(values: Values) -> Saved:
+    out: Saved = {}
+    for (name, sample, labels), value in values.items():
+        out.setdefault(name, {}).setdefault(sample, []).append((dict(labels), value))
     return out
 
 
-def _key(raw: Any) -> Key:
-    """A key read back from JSON (lists where tuples were)."""
-    name, typ, doc, unit, sample, labels = raw
-    return (name, typ, doc, unit, sample, tuple((str(k), str(v)) for k, v in labels))
+def _values(saved: Saved) -> Values:
+    return {(name, sample, tuple(sorted((str(k), str(v)) for k, v in labels.items()))): value
+            for name, samples in saved.items() for sample, rows in samples.items()
+            for labels, value in rows}

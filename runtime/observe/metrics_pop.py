@@ -114,6 +114,8 @@ class PopMetrics:
                     missing += 1
             if index in self.last:
                 families.append(self.last[index])
+            else:  # none since this worker started: what the saved state says it had
+                families.append(self.continuity.stand_in(str(index)))
         families.append(self.continuity.carried_families())
         self.continuity.save()
         registry = CollectorRegistry(auto_describe=False)
