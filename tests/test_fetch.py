@@ -4,6 +4,7 @@ from Python and WASM, against a real HTTP server on loopback."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import threading
 import time
@@ -269,6 +270,16 @@ def test_a_fetch_adds_edgefn_to_the_requests_cdn_loop_and_the_functions_own_is_n
                               headers={"cdn-loop": "cdn.example; v=1, edgefn"})
     assert status == 200, body
     assert json.loads(body)["loop"] == "cdn.example; v=1, edgefn, edgefn"
+    # a list field in several lines: each one counts and goes on (only the first did)
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    conn.putrequest("GET", f"/looped?url={upstream}/t")
+    conn.putheader("cdn-loop", "a")
+    conn.putheader("cdn-loop", ", ".join(["edgefn"] * 8))
+    conn.endheaders()
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status == 403 and b"came through 8 edgefn subrequests" in body, body
     status, _, body = pop.get(f"/looped?url={upstream}/t",
                               headers={"cdn-loop": ", ".join(["edgefn"] * 8)})
     assert status == 403 and b"refused, a loop: the calling request already came through 8 " \

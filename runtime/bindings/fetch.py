@@ -55,6 +55,13 @@ MAX_HOPS = 8  # edgefn subrequests one chain of requests may go through
 LOOP_ARG = "cdn_loop"
 
 
+def cdn_loop(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """A request's CDN-Loop, every line of it joined (RFC 9110 5.3: a list field may
+    come in several; only the first was read, and the others dropped on the way)."""
+    values = [v for k, v in headers if k == b"cdn-loop"]
+    return b", ".join(values).decode("latin-1") if values else None
+
+
 def hops(cdn_loop: str | None) -> int:
     """How many edgefn subrequests a request whose CDN-Loop is `cdn_loop` came
     through (entries ``edgefn``, parameters aside)."""

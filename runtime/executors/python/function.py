@@ -8,6 +8,7 @@ from pathlib import Path
 
 from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from runtime.bindings import Bindings
+from runtime.bindings.fetch import cdn_loop
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.python import local_kv_env, policy
 from runtime.executors.python.config import HostConfig
@@ -65,9 +66,7 @@ class PythonFunction:
         payload = encode_request(request.method, request.path, request.query, request.headers,
                                  self.env_blob, request.body, encode_params(params),
                                  principal_blob(principal))
-        loop = request.header(b"cdn-loop")
-        return self.pool.submit(payload, principal.get("tenant"),
-                                loop.decode("latin-1") if loop is not None else None)
+        return self.pool.submit(payload, principal.get("tenant"), cdn_loop(request.headers))
 
     def retire(self) -> None:
         if self.pool is not None:

@@ -45,6 +45,7 @@ from edgefn_core.abi import (
 )
 from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
+from runtime.bindings.fetch import cdn_loop
 from runtime.bindings.stop import Stop, stopping
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.output import GuestLines
@@ -531,6 +532,6 @@ def _origin(request: Request, principal: Mapping[str, str]) -> Origin:
     """What the function's host calls carry of the request: its ``traceparent``
     (the tracing stage's span when tracing is on), the caller's tenant and its
     ``CDN-Loop``."""
-    value, loop = request.header(b"traceparent"), request.header(b"cdn-loop")
+    value = request.header(b"traceparent")
     return Origin(value.decode("latin-1") if value is not None else None,
-                  principal.get("tenant"), loop.decode("latin-1") if loop is not None else None)
+                  principal.get("tenant"), cdn_loop(request.headers))
