@@ -373,10 +373,11 @@ class Session:
         if type(status) is not int or not 200 <= status <= 599:
             raise BadResponse(f"invalid HTTP status {status!r} (expected an int 200..599: a "
                               "final status)")
-        if result.streaming and not (hasattr(result.body, "__iter__")
-                                     or hasattr(result.body, "__anext__")):
+        if result.streaming and (isinstance(result.body, (dict, set, frozenset)) or not (
+                hasattr(result.body, "__iter__") or hasattr(result.body, "__anext__"))):
+            # a dict streamed its keys as the body, after a 200 (Response.json sends JSON)
             raise BadResponse(f"response body is {type(result.body).__name__}: expected bytes, "
-                              "str or a (async) generator of them")
+                              "str or a (async) generator of them (JSON: Response.json)")
         try:  # values as UTF-8, as the SDK decodes a request's: a reflected header round-trips
             headers = [(k.encode("latin-1"), v.encode()) for k, v in result.headers.items()]
         except (AttributeError, UnicodeEncodeError):

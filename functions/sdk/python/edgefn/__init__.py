@@ -206,7 +206,7 @@ class Response:
 
     @property
     def streaming(self) -> bool:
-        return not isinstance(self.body, (bytes, bytearray, str))
+        return not isinstance(self.body, (bytes, bytearray, memoryview, str))
 
 
 class Env:
