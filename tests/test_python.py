@@ -395,7 +395,7 @@ def test_recycling_every_request_outlasts_the_hosts_memory_cap(
 
 
 def test_a_stream_failing_midway_or_bad_head_never_leaks_into_the_next_request(
-        pop: Running, tmp_path: Path) -> None:
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     pop.deploy(py_function(tmp_path, "flaky", """
 from edgefn import Response
 
@@ -440,6 +440,9 @@ def handle(request, env):
     with pytest.raises(http.client.IncompleteRead):
         resp.read()  # the stream is cut, not ended cleanly
     conn.close()
+    # the function's traceback is logged as its own; the front adds no traceback of its
+    # own for it (every failed stream logged a PoP-internal ERROR too)
+    assert not [r for r in caplog.records if r.name == "edgefn.http" and r.levelno >= 40]
     status, headers, _ = pop.get("/flaky?mode=badhead")
     assert (status, headers["x-edgefn-error"]) == (502, "bad_response")
     # a status or body no HTTP response can carry: a 502 before anything is sent

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from edgefn_core.errors import HttpReject
+from edgefn_core.errors import EdgefnError, HttpReject
 from runtime.net.message import Request, Response
 
 # the code of a front error in a JSON body (`_write_error`)
@@ -527,6 +527,11 @@ class HttpProtocol(asyncio.Protocol):
                         await self._drain()
         except asyncio.CancelledError:
             raise
+        except EdgefnError as e:  # the function's own failure, already logged as its own
+            log.info("response stream of %s %s cut: %s", request.method, request.path, e)
+            if self.transport is not None:
+                self._close()
+            return
         except Exception:
             log.exception("response stream failed for %s %s", request.method, request.path)
             if self.transport is not None:
