@@ -188,6 +188,13 @@ def test_unsupported_import_is_rejected_at_deploy_naming_the_module(
     (d / "lib" / "util.py").write_text("X = 1\nif X:\n  def f(\n")
     for src, words in (("import nosuchmodule_xyz\n", "No module named 'nosuchmodule_xyz'"),
                        ("def other(request, env):\n    pass\n", "has no function 'handle'"),
+                       # handlers no request can call: deployed, then every request failed
+                       ("def handle():\n    pass\n", r"main\.handle\(\) cannot be called with "
+                        r"\(request, env\): define `def handle\(request, env\):`"),
+                       ("def handle(request):\n    pass\n", r"main\.handle\(request\) cannot"),
+                       ("handle = 5\n", "main.handle is int, not a function"),
+                       ("async def handle(request, env):\n    yield b''\n",
+                        "main.handle is a generator function"),
                        # at the author's file and line, on one line (the PoP's own copy,
                        # which the failed deploy deletes, was named over four lines)
                        ("def handle(:\n", r"failed: main\.py:1: SyntaxError: [^\n]*$"),

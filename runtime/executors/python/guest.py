@@ -105,10 +105,28 @@ class _Started:
 
 
 def _load(module: str, handler_name: str) -> Any:
+    """The handler, checked to be callable as ``handler(request, env)`` (one that is
+    not deployed and then failed every request). Raises AttributeError or TypeError."""
     mod = importlib.import_module(module)
     handler = getattr(mod, handler_name, None)
-    if not callable(handler):
+    if handler is None:
         raise AttributeError(f"module {module!r} has no function {handler_name!r}")
+    want = f"define `def {handler_name}(request, env):` returning an edgefn.Response"
+    if not callable(handler):
+        raise TypeError(f"{module}.{handler_name} is {type(handler).__name__}, not a "
+                        f"function: {want}")
+    if inspect.isasyncgenfunction(handler) or inspect.isgeneratorfunction(handler):
+        raise TypeError(f"{module}.{handler_name} is a generator function: {want} (a "
+                        "stream is Response(a_generator()))")
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the first call says
+        return handler
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(f"{module}.{handler_name}{signature} cannot be called with "
+                        f"(request, env): {want}") from None
     return handler
 
 
