@@ -847,3 +847,19 @@ def test_a_handler_raising_a_base_exception_is_a_trap_not_a_crash(pop: Running,
         assert (status, headers["x-edgefn-error"]) == (500, "trap"), body
         assert words in body and b"main.py" in body, body
     assert pop.get("/based")[::2] == (200, b"ok")
+
+
+@pytest.mark.parametrize(("source", "words"), [
+    ("import os\nos._exit(0)\n", "the isolate host exited while starting (status 0): does "
+                                 "main.py's top-level code end the process (os._exit, "
+                                 "os.close)? Its output is in the PoP's log, tagged "),
+    # its socket closed, the host still running: the wait for its exit escaped as a 500
+    ("import os, time\nos.closerange(3, 1 << 16)\ntime.sleep(30)\n",
+     "the isolate host closed its isolate's socket while starting and did not exit"),
+])
+def test_a_host_ended_by_its_function_at_import_is_refused_saying_so(
+        pop: Running, tmp_path: Path, source: str, words: str) -> None:
+    d = python_function(tmp_path, "ender", source + "\ndef handle(request, env):\n    pass\n")
+    with pytest.raises(AdminError) as err:
+        pop.deploy(d)
+    assert err.value.status == 400 and words in str(err.value), str(err.value)

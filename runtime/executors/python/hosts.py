@@ -103,8 +103,13 @@ class Host:
                               "top-level code) did not finish; does it loop or wait at "
                               "import?") from None
         if f is None or f[0] != wire.READY:
-            raise DeployError(f"{self.cfg.name}: isolate host exited while starting "
-                              f"(status {self.proc.wait(5)})")
+            try:
+                how = f"exited while starting (status {self.proc.wait(5)})"
+            except subprocess.TimeoutExpired:  # a bare 500 (the timeout escaped)
+                how = "closed its isolate's socket while starting and did not exit"
+            raise DeployError(f"{self.cfg.name}: the isolate host {how}: does {self.cfg.module}"
+                              ".py's top-level code end the process (os._exit, os.close)? "
+                              f"Its output is in the PoP's log, tagged {self.cfg.label}")
         info = read_json(f[1])
         if not info.get("ok"):
             raise DeployError(f"{self.cfg.name}: {self.cfg.module}.py "  # the guest's text:
