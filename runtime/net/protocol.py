@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from edgefn_core.errors import EdgefnError, HttpReject
+from edgefn_core.errors import FunctionError, HttpReject
 from runtime.net.message import Request, Response
 
 # the code of a front error in a JSON body (`_write_error`)
@@ -96,7 +96,8 @@ class HttpProtocol(asyncio.Protocol):
     # attribute access on this hot path got slower (2.9 -> 3.8 us a request in process)
     __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "client",
                  "closing", "config", "current", "deadline", "deadline_status",
-                 "drain_waiter", "eof", "head_size", "headers", "in_body", "in_message",
+                 "dispatching", "drain_waiter", "eof", "head_size", "headers", "in_body",
+                 "in_message",
                  "lingered", "loop", "out", "out_size", "parser", "queue", "reading",
                  "refusing", "stalled", "state", "task", "transport", "upgrade_ignored", "url",
                  "write_deadline", "write_paused")
@@ -115,6 +116,7 @@ class HttpProtocol(asyncio.Protocol):
         self.address = ""  # the client's IP address, what the per-client cap counts
         self.queue: deque[Request | HttpReject] = deque()  # parsed, waiting for their turn
         self.busy = False  # a response is being produced by a task
+        self.dispatching = False  # in `_dispatch` (a task started there may answer at once)
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # close after the response in progress
         self.reading = True
@@ -376,6 +378,15 @@ class HttpProtocol(asyncio.Protocol):
         self._stop_reading()
 
     def _dispatch(self) -> None:
+        if self.dispatching:  # from a task that answered at once: the loop below goes on
+            return  # (a call per queued request nested: 2000 pipelined ones, a RecursionError)
+        self.dispatching = True
+        try:
+            self._answer_queued()
+        finally:
+            self.dispatching = False
+
+    def _answer_queued(self) -> None:
         while self.queue and not self.busy and not self.write_paused and self.transport:
             item = self.queue.popleft()
             if isinstance(item, HttpReject):
@@ -527,7 +538,7 @@ class HttpProtocol(asyncio.Protocol):
                         await self._drain()
         except asyncio.CancelledError:
             raise
-        except EdgefnError as e:  # the function's own failure, already logged as its own
+        except FunctionError as e:  # the function's own failure, already logged as its own
             log.info("response stream of %s %s cut: %s", request.method, request.path, e)
             if self.transport is not None:
                 self._close()

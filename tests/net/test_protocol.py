@@ -467,6 +467,31 @@ def test_a_request_whose_client_leaves_before_its_turn_still_runs_its_cleanups()
     run(go())
 
 
+def test_many_pipelined_requests_that_answer_at_once_behind_a_waiting_one_all_answer() -> None:
+    """A task started at once that also answered at once dispatched the next request
+    from inside itself: 2000 pipelined behind one that waited nested that deep
+    (RecursionError, a few hundred answered, the connection hung)."""
+    async def go() -> None:
+        first = asyncio.get_running_loop().create_future()
+
+        def app(request: Request) -> Any:
+            async def answer() -> Response:
+                if request.path == b"/wait":
+                    await first
+                return Response(200, [], request.path)
+            return answer()
+
+        proto, t = connect(app)
+        proto.data_received(b"GET /wait HTTP/1.1\r\nHost: a\r\n\r\n" + b"".join(
+            b"GET /%d HTTP/1.1\r\nHost: a\r\n\r\n" % i for i in range(2000)))
+        first.set_result(None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        got = [r[2] for r in responses(t.buffer)]
+        assert got == [b"/wait", *(b"/%d" % i for i in range(2000))]
+    run(go())
+
+
 def test_app_headers_cannot_override_framing() -> None:
     async def go() -> None:
         proto, t = connect(lambda r: Response(200, [(b"content-length", b"999"),
