@@ -3,6 +3,7 @@ over loopback with a Python function that reports `request.principal`."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 from pathlib import Path
@@ -232,36 +233,6 @@ def test_none_mode_sets_a_valid_principal_and_ignores_foreign_credentials(
     for foreign in ([(b"authorization", b"Basic dXNlcjpwdw==")], bearer("sk-theirs"), []):
         ctx, response = call(auth, foreign)
         assert response.body == b"ok" and ctx.principal is None
-
-
-def seen_headers(auth: Auth, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The headers the function behind `auth` gets."""
-    request = Request(b"GET", b"/x", b"", headers, b"h", "1.1", True, "1.2.3.4:5")
-    seen: list[tuple[bytes, bytes]] = []
-
-    def function(r: Request, c: Context) -> Response:
-        seen.extend(r.headers)
-        return Response(200, [], b"ok")
-
-    assert isinstance(auth(request, Context(request.client), function), Response)
-    return seen
-
-
-def test_a_verified_api_key_never_reaches_the_function(tmp_path: Path) -> None:
-    """The README says so; the function got `authorization: Bearer efn_...` (or
-    `x-api-key`) as sent: a third party's function collected its callers' keys."""
-    keyed, store = stage(tmp_path, Fn("chat", auth="key"))
-    key, _ = store.create("acme", ("*",))
-    keyed.keys.reload()
-    other = [(b"accept", b"*/*")]
-    assert seen_headers(keyed, [*bearer(key), *other]) == other
-    assert seen_headers(keyed, [(b"x-api-key", key.encode()), *other]) == other
-    open_fn, _ = stage(tmp_path, Fn("open"))  # auth off, a key that proves its caller
-    assert seen_headers(open_fn, [*bearer(key), *other]) == other
-    basic = [(b"authorization", b"Basic dXNlcjpwdw==")]  # the function's own: kept
-    assert seen_headers(open_fn, [*basic, *other]) == [*basic, *other]
-    stranger = [(b"x-api-key", b"efn_" + b"a" * 12 + b"_" + b"b" * 43)]  # proves nobody
-    assert seen_headers(open_fn, stranger) == stranger
 
 
 def test_the_pop_default_mode_applies_to_functions_that_say_nothing(tmp_path: Path) -> None:
@@ -949,3 +920,61 @@ def test_every_jwt_mode_401_carries_the_challenge(tmp_path: Path) -> None:
         assert (err.status, err.code) == (401, "unauthorized") and challenge in err.headers
     exactly = refused(auth, [(b"x-api-key", b"x" * 8192)])  # at the limit: read, then refused
     assert "malformed API key" in str(exactly) and "longer than" not in str(exactly)
+
+
+HEADERS_SEEN = """
+import json
+from edgefn import Response
+
+def handle(request, env):
+    p = request.principal
+    body = json.dumps({"key_id": p.key_id if p else None,
+                       "credentials": [[k, v] for k, v in request.headers.items()
+                                       if k in ("authorization", "x-api-key")]})
+    return Response(body, headers={"cache-control": "s-maxage=60", "vary": "authorization"})
+"""
+
+
+def raw_get(pop: Running, path: str, headers: list[tuple[str, str]]) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    try:
+        conn.putrequest("GET", path)
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = resp.read()
+        assert resp.status == 200, body
+        return json.loads(body)  # type: ignore[no-any-return]
+    finally:
+        conn.close()
+
+
+def test_no_edgefn_key_reaches_a_function_and_the_cache_still_varies_by_it(
+        tmp_path: Path) -> None:
+    """The README says the key never reaches a function: the function got it as sent (a
+    third party's collected its callers' keys), a valid key behind a Basic line too,
+    and keys this PoP does not know. They are taken out as the request is handed to
+    the function, after the HTTP cache, whose `Vary: Authorization` still tells one
+    key's stored answer from another's within a tenant."""
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(python_function(tmp_path, "keyed", HEADERS_SEEN, extra='auth = "key"\n'))
+        pop.deploy(python_function(tmp_path, "open", HEADERS_SEEN))
+        store = KeyStore(pop.data)
+        one, first = store.create("acme", ("fn:*",))
+        two, second = store.create("acme", ("fn:*",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        for header in ("authorization", "x-api-key"):
+            value = f"Bearer {one}" if header == "authorization" else one
+            got = raw_get(pop, f"/keyed?h={header}", [(header, value)])
+            assert got == {"key_id": first.id, "credentials": []}
+        # the cache varies by the key: each key its own stored answer
+        for key, record in ((one, first), (two, second), (one, first)):
+            got = raw_get(pop, "/keyed?c=1", [("authorization", f"Bearer {key}")])
+            assert got["key_id"] == record.id
+        basic = ("authorization", "Basic dXNlcjpwdw==")  # the function's own: kept
+        unknown = "efn_" + "a" * 12 + "_" + "b" * 43
+        for sent in ([basic, ("x-api-key", one)], [("x-api-key", unknown)],
+                     [("authorization", f"bearer {unknown}")]):
+            got = raw_get(pop, "/open", sent)
+            assert got["credentials"] == ([list(basic)] if basic in sent else []), sent

@@ -40,7 +40,6 @@ CHALLENGE = [(b"www-authenticate", b'Bearer realm="edgefn"')]
 # what counting a refused request says: the 429 instead, or nothing (or that, later)
 type Refusal = Rejected | Awaitable[Rejected | None] | None
 MAX_CREDENTIAL = 8192
-KEY_HEADERS = (b"authorization", b"x-api-key")
 MAX_GRANTS = 4096  # (principal, target) scope decisions kept
 
 
@@ -68,8 +67,6 @@ class Auth:
         if mode == "none":  # a warm-up too: it carries no credential, so it proves nobody
             if request.headers:
                 ctx.principal = self._optional(request)
-                if ctx.principal is not None and target.kind == "function":
-                    _drop_key(request)
             return call_next(request, ctx)
         if ctx.quiet:  # a warm-up carries no credential; only the PoP can make one
             return call_next(request, ctx)
@@ -90,8 +87,6 @@ class Auth:
         ctx.principal = principal
         ctx.decide("auth", {"mode": mode, "result": "ok", "key_id": principal.key_id,
                             "tenant": principal.tenant})
-        if target.kind == "function":
-            _drop_key(request)
         return call_next(request, ctx)
 
     def _authenticate(self, mode: str, request: Request, target: Target) -> Principal:
@@ -193,20 +188,6 @@ def _credential(request: Request) -> tuple[str, str] | None:
         if name == b"x-api-key":
             return "x-api-key", _text(value.strip())
     return None
-
-
-def _drop_key(request: Request) -> None:
-    """Take a verified API key out of the headers a function sees: it knows its caller
-    from ``request.principal``, and a third party's function collected its callers'
-    keys, scopes wider than its own included. A JWT stays (a function may pass it on);
-    a header that held no key (Basic auth where auth is off) was never verified."""
-    request.headers = [(k, v) for k, v in request.headers
-                       if not (k in KEY_HEADERS and _is_key(v))]
-
-
-def _is_key(value: bytes) -> bool:
-    token = value.partition(b" ")[2].strip() if value[:7].lower() == b"bearer " else value
-    return token.strip().startswith(b"efn_")
 
 
 def _text(raw: bytes) -> str:

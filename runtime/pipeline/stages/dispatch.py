@@ -37,6 +37,7 @@ class Dispatch:
             raise FunctionError("concurrency_limit", 503, f"has {fn.inflight} requests in "
                                 f"flight, its limit (limits.concurrency = {fn.concurrency})")
         caller = self._caller(ctx)
+        request = _without_keys(request)
         if caller is None:
             result = fn.executor.handle(request, ctx.route, ctx.params)
         else:
@@ -71,6 +72,7 @@ def _quiet(fn: Deployment, request: Request, ctx: Context, caller: Caller | None
     edgefn_wasm_instantiate_seconds."""
     if ctx.dry:
         return Response(204, [fn.tag])
+    request = _without_keys(request)
     with unmetered(fn.executor):
         if caller is None:
             result = fn.executor.handle(request, ctx.route, ctx.params)
@@ -94,6 +96,36 @@ def _principal(ctx: Context) -> dict[str, str]:
     if ctx.agent is not None:
         out["agent"] = ctx.agent
     return out
+
+
+KEY_HEADERS = (b"authorization", b"x-api-key")
+
+
+def _without_keys(request: Request) -> Request:
+    """`request` as a function gets it: with no edgefn API key in it (``efn_...`` in
+    `KEY_HEADERS`, verified or not). A function knows its caller from the principal
+    section; a third party's function collected its callers' keys, scopes wider than
+    its own included. A copy, so the stages before keep what they read (the HTTP
+    cache's ``Vary: Authorization``); JWTs and other credentials stay."""
+    for name, value in request.headers:
+        if name in KEY_HEADERS and b"efn_" in value:
+            break
+    else:
+        return request
+    copy = Request(request.method, request.path, request.query,
+                   [(k, v) for k, v in request.headers
+                    if not (k in KEY_HEADERS and _is_key(v))],
+                   request.host, request.http_version, request.keep_alive, request.client)
+    copy.body = request.body
+    return copy
+
+
+def _is_key(value: bytes) -> bool:
+    """An edgefn API key, as `Authorization: Bearer efn_...` or `x-api-key: efn_...`."""
+    scheme, _, token = value.strip().partition(b" ")
+    if token and scheme.lower() == b"bearer":
+        value = token
+    return value.strip().startswith(b"efn_")
 
 
 async def _counted(pending: Awaitable[Response], fn: Deployment) -> Response:
