@@ -202,7 +202,8 @@ class FetchBinding:
             headers.setdefault("traceparent", traceparent)
         headers["cdn-loop"] = f"{cdn_loop}, {LOOP_ID}" if cdn_loop else LOOP_ID
         asked = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
-        if type(asked) not in (int, float) or not asked >= 1:  # 0.5 was cut to 0 ms
+        if type(asked) not in (int, float) or not 1 <= asked < 1e12:  # 0.5 was cut to 0
+            # ms; a WASM guest's JSON may say Infinity, which int() refused uncaught
             raise ValueError(f"timeout_ms must be a number of milliseconds, at least 1, got "
                              f"{asked!r:.40}")
         timeout_ms = min(int(asked), self.wall_ms)

@@ -37,7 +37,7 @@ type Saved = dict[str, dict[str, list[tuple[dict[str, str], float]]]]
 
 
 class _State(msgspec.Struct):
-    parent: int
+    parent: str  # `parent_id`
     meta: dict[str, tuple[str, str, str]]  # family -> (type, documentation, unit)
     carried: Saved
     seen: dict[str, tuple[int, Saved]]
@@ -48,12 +48,12 @@ class Continuity:
     not, then `carried_families` is what to add to the sum; `save` keeps it all for
     a restarted admin worker."""
 
-    def __init__(self, path: Path | None, parent: int | None = None) -> None:
+    def __init__(self, path: Path | None, parent: str | None = None) -> None:
         """`path`: where the state is kept (None: in memory only), read at the first
-        scrape; `parent`: the pid the workers share as their parent (a saved state of
-        another is a previous PoP's, not read)."""
+        scrape; `parent`: the workers' parent (`parent_id`; a saved state of another
+        is a previous PoP's, not read)."""
         self.path = path
-        self.parent = os.getppid() if parent is None else parent
+        self.parent = parent_id() if parent is None else parent
         self.meta: dict[str, tuple[str, str, str]] = {}
         self.carried: Values = {}
         self.seen: dict[str, tuple[int, Values]] = {}
@@ -88,7 +88,9 @@ class Continuity:
                        {s: (pid, _saved(values)) for s, (pid, values) in self.seen.items()})
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            tmp.write_bytes(msgspec.json.encode(state))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:  # labels hold tenants and routes: the PoP's to read
+                f.write(msgspec.json.encode(state))
             os.replace(tmp, self.path)
         except OSError as e:
             log.warning("cannot save the metrics' continuity to %s: %s", self.path, e)
@@ -131,6 +133,18 @@ class Continuity:
                 family = families[name] = Metric(name, doc, typ, unit)
             family.add_sample(sample, dict(labels), value)
         return list(families.values())
+
+
+def parent_id() -> str:
+    """The workers' parent: its pid and start time (in a container the PoP's parent is
+    pid 1 at every start, so the pid alone took a new PoP's for the previous one's)."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat", "rb") as f:
+            started = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        started = "?"
+    return f"{ppid}:{started}"
 
 
 def _saved(values: Values) -> Saved:

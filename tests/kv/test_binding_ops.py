@@ -317,6 +317,7 @@ def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
         ("fetch", {"url": "http://127.0.0.1:1/", "tiemout_ms": 5}),
         ("fetch", {"url": "http://127.0.0.1:1/", "timeout_ms": "x"}),
         ("fetch", {"url": "http://127.0.0.1:1/", "timeout_ms": 0.5}),
+        ("fetch", {"url": "http://127.0.0.1:1/", "timeout_ms": float("inf")}),
         ("fetch", {"url": "http://127.0.0.1:1/", "body": "abc"}),
         ("fetch", {"url": "http://127.0.0.1:1/", "body": 5}),
         ("kv.cas", {"namespace": ns, "key": "k", "expected_version": "1", "value": "YQ=="}),
@@ -325,7 +326,7 @@ def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
         ("vectors.upsert", {"index": probe.index, "items": [{"id": 5, "vector": [1, 0]}]}),
         ("kv.put", {"namespace": ns, "key": "k", "value": "YQ==", "ttl": 60}),
     ]))
-    assert [r.get("error") for r in results[:14]] == [
+    assert [r.get("error") for r in results[:15]] == [
         "bad arguments to kv.get: key must be a string, got null",
         "bad arguments to kv.put: value must be base64 (the bytes, base64-encoded), got 'abc'",
         "bad arguments to kv.put: ttl must be a number of seconds, got a string",
@@ -338,6 +339,8 @@ def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
         "'x'",
         "bad arguments to fetch: timeout_ms must be a number of milliseconds, at least 1, got "
         "0.5",
+        "bad arguments to fetch: timeout_ms must be a number of milliseconds, at least 1, got "
+        "inf",
         "bad arguments to fetch: body must be base64 (the bytes, base64-encoded), got 'abc'",
         "bad arguments to fetch: body must be a string, got a number",
         "bad arguments to kv.cas: expected_version must be an integer or null, got '1'",
@@ -345,7 +348,7 @@ def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
         "bad arguments to vectors.upsert: items must be an array of objects {\"id\", "
         "\"vector\", \"metadata\"}",
         "bad arguments to vectors.upsert: each item's id must be a string"]
-    assert "ok" in results[14], results[14]
+    assert "ok" in results[15], results[15]
 
 
 def test_an_operator_write_the_store_cannot_take_is_named(tmp_path: Path) -> None:

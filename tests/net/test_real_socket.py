@@ -142,7 +142,9 @@ def test_a_refused_upload_reads_its_413_not_a_reset(limited: Running) -> None:
 
 def test_pipelined_requests_then_a_half_close_read_every_answer(limited: Running) -> None:
     """Answers wait for the loop's turn (`Outbox`), pipelined ones in one write; the
-    client's FIN then closes the connection, after what was answered went out."""
+    client's FIN then closes the connection, after what was answered went out. (echo
+    answers inline: an answer still to come when the FIN arrives is cancelled, as a
+    half-close reads as a hang-up.)"""
     with socket.create_connection((limited.host, limited.port), timeout=5) as s:
         s.sendall(b"".join(b"GET /echo?n=%d HTTP/1.1\r\nHost: t\r\n\r\n" % i for i in range(3)))
         s.shutdown(socket.SHUT_WR)

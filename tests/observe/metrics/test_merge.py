@@ -124,7 +124,7 @@ def two_workers(tmp: Path | None = None) -> tuple[PopMetrics, list]:
     """A PopMetrics whose one other worker answers `answers[0]`: (pid, families)."""
     metrics = PopMetrics("edge-test", "edge", "fra", MetricsSettings(), lambda: [])
     if tmp is not None:
-        metrics.continuity = Continuity(tmp / "continuity.json", parent=1)
+        metrics.continuity = Continuity(tmp / "continuity.json", parent="p:1")
     answers: list = [None]
 
     async def peers(timeout: float) -> list:
@@ -162,7 +162,7 @@ def test_gauges_are_not_carried() -> None:
 
     gauge = GaugeMetricFamily("edgefn_isolates", "d", labels=("state",))
     gauge.add_metric(("idle",), 3)
-    continuity = Continuity(None, parent=1)
+    continuity = Continuity(None, parent="p:1")
     continuity.follow("1", 11, [gauge, *worker(200).collect()])
     continuity.follow("1", 12, [])
     assert {f.name for f in continuity.carried_families()} == {
@@ -182,7 +182,7 @@ def test_the_admin_worker_s_own_restart_carries_from_the_saved_state(tmp_path: P
     assert hello_2xx(again) == 6
     # another PoP (another parent) does not read it: its counters start at 0
     fresh, answers = two_workers()
-    fresh.continuity = Continuity(tmp_path / "continuity.json", parent=2)
+    fresh.continuity = Continuity(tmp_path / "continuity.json", parent="p:2")
     answers[0] = (21, to_wire(worker(200).collect()))
     assert hello_2xx(fresh) == 1
 
@@ -205,7 +205,7 @@ def test_a_worker_silent_when_the_admin_worker_restarts_counts_with_what_was_sav
 
 def test_the_saved_state_names_each_family_once(tmp_path: Path) -> None:
     """Every sample's key repeated its family's help text: 158 MB for 10,000 series."""
-    continuity = Continuity(tmp_path / "c.json", parent=1)
+    continuity = Continuity(tmp_path / "c.json", parent="p:1")
     many = worker()
     for i in range(200):
         many.observe(event(route=f"/r{i}"))
@@ -213,7 +213,7 @@ def test_the_saved_state_names_each_family_once(tmp_path: Path) -> None:
     continuity.save()
     text = (tmp_path / "c.json").read_text()
     assert text.count("Requests answered") == 1
-    again = Continuity(tmp_path / "c.json", parent=1)
+    again = Continuity(tmp_path / "c.json", parent="p:1")
     assert scrape_of(again.stand_in("0")) == scrape_of(list(many.collect()), monotonic=True)
 
 
@@ -221,3 +221,17 @@ def scrape_of(families: list, monotonic: bool = False) -> dict:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families
             if not monotonic or f.type != "gauge" for s in f.samples
             if not s.name.endswith("_created")}
+
+
+def test_the_parent_is_known_by_its_pid_and_start_time_and_the_state_is_private(
+        tmp_path: Path) -> None:
+    """In a container the PoP's parent is pid 1 at every start: a new PoP took the
+    previous one's saved counts for its own."""
+    import os
+
+    from runtime.observe.metrics_continuity import parent_id
+
+    pid, started = parent_id().split(":")
+    assert int(pid) == os.getppid() and started.isdigit()
+    Continuity(tmp_path / "c.json", parent="p:1").save()
+    assert (tmp_path / "c.json").stat().st_mode & 0o777 == 0o600
