@@ -3,20 +3,25 @@ from Python and WASM, against a real HTTP server on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from edgefn_core.errors import BindingError
 from runtime.admin.client import AdminError
 from runtime.bindings import fetch as fetch_binding
-from runtime.bindings.fetch import MAX_RESPONSE, FetchBinding, _pattern_host
+from runtime.bindings.fetch import MAX_REQUEST, MAX_RESPONSE, FetchBinding, Target, _pattern_host
 from tests.support import Running, function_dir, python_function, reactor
 
 
@@ -343,3 +348,173 @@ def test_a_function_fetching_its_own_url_stops_after_max_hops(pop: Running,
     time.sleep(0.5)
     pop.delivered()
     assert len(pop.admin.request("GET", "/v1/events?path=/self&limit=100")["events"]) == 9
+
+
+# -- the subrequest on the wire, against a fake connection (no network) -----------------------
+OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"
+
+
+class Wire:
+    """Stands in for `asyncio.open_connection`: records where fetch connected and what
+    it sent, and answers `answer` (then closes, unless `close` is false)."""
+
+    def __init__(self, answer: bytes = OK, close: bool = True) -> None:
+        self.answer, self.close = answer, close
+        self.sent = bytearray()
+        self.to: tuple[Any, ...] = ()
+
+    async def __call__(self, host: str, port: int, *, ssl: Any = None,
+                       server_hostname: str | None = None) -> tuple[Any, Any]:
+        self.to = (host, port, ssl is not None, server_hostname)
+        reader = asyncio.StreamReader()
+        reader.feed_data(self.answer)
+        if self.close:
+            reader.feed_eof()
+        return reader, SimpleNamespace(write=self.sent.extend, close=lambda: None)
+
+
+def fetched(monkeypatch: pytest.MonkeyPatch, wire: Wire, url: str, patterns: list[str],
+            traceparent: str | None = None, **args: Any) -> dict[str, Any]:
+    monkeypatch.setattr(fetch_binding.asyncio, "open_connection", wire)
+    binding = FetchBinding("f", patterns, 1000)
+    return asyncio.run(binding.call({"url": url, **args}, traceparent))
+
+
+@pytest.mark.parametrize(("url", "to", "host"), [
+    ("https://localhost/a?b=1", ("localhost", 443, True, "localhost"), "localhost"),
+    ("https://localhost:8443", ("localhost", 8443, True, "localhost"), "localhost:8443"),
+    ("http://localhost", ("localhost", 80, False, None), "localhost"),
+    ("http://localhost:443/", ("localhost", 443, False, None), "localhost:443"),
+    ("http://[2606:4700::1]/", ("2606:4700::1", 80, False, None), "[2606:4700::1]"),
+    ("https://[2606:4700::1]:8443/", ("2606:4700::1", 8443, True, "2606:4700::1"),
+     "[2606:4700::1]:8443"),
+])
+def test_a_subrequest_goes_to_the_checked_address_with_tls_for_https_and_its_host(
+        monkeypatch: pytest.MonkeyPatch, url: str, to: tuple[Any, ...], host: str) -> None:
+    """TLS (verified against the URL's host, not the address) for https only; the
+    connection to the address that was resolved and checked; Host as RFC 9112 wants it,
+    the port only where it is not the scheme's."""
+    wire = Wire()
+    result = fetched(monkeypatch, wire, url, ["http://localhost", "https://localhost:*",
+                                              "https://localhost", "http://localhost:*",
+                                              "http://*", "https://*"])
+    address, *rest = wire.to
+    assert (address in ("127.0.0.1", "::1") if to[0] == "localhost" else address == to[0])
+    assert tuple(rest) == to[1:]
+    path = url.split(host, 1)[1].replace("]", "") or "/"
+    assert bytes(wire.sent) == (f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n"
+                                f"user-agent: edgefn-fetch\r\ncontent-length: 0\r\n"
+                                f"cdn-loop: edgefn\r\n\r\n").encode()
+    assert result["status"] == 200 and base64.b64decode(result["body"]) == b"hi"
+
+
+def test_a_subrequest_sends_the_functions_headers_once_and_its_body(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    wire = Wire()
+    fetched(monkeypatch, wire, "http://localhost/x", ["http://localhost/*"],
+            traceparent=TRACEPARENT, method="post", body=base64.b64encode(b"abc").decode(),
+            headers={"X-Tag": "X", "TraceParent": "00-own"})
+    assert bytes(wire.sent) == (b"POST /x HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"
+                                b"user-agent: edgefn-fetch\r\ncontent-length: 3\r\n"
+                                b"x-tag: X\r\ntraceparent: 00-own\r\ncdn-loop: edgefn\r\n\r\nabc")
+
+
+def test_the_response_s_headers_are_lowercased_and_joined_and_its_body_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = (b"HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nSet-Cookie: a=1\r\n"
+              b"Set-Cookie: b=2\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n")
+    result = fetched(monkeypatch, Wire(answer), "http://localhost/", ["http://localhost"])
+    assert result == {"status": 201,
+                      "headers": {"content-type": "text/plain", "set-cookie": "a=1, b=2",
+                                  "transfer-encoding": "chunked"},
+                      "header_list": [["content-type", "text/plain"], ["set-cookie", "a=1"],
+                                      ["set-cookie", "b=2"], ["transfer-encoding", "chunked"]],
+                      "body": base64.b64encode(b"abcd").decode()}
+
+
+def test_a_response_ends_at_its_length_or_at_the_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A complete response is answered though the server keeps the connection; a HEAD's
+    has no body whatever its content-length; a body without a length ends at the close."""
+    patterns = ["http://localhost"]
+    kept = fetched(monkeypatch, Wire(OK, close=False), "http://localhost/", patterns)
+    assert base64.b64decode(kept["body"]) == b"hi"
+    head = fetched(monkeypatch, Wire(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
+                                     close=False), "http://localhost/", patterns, method="HEAD")
+    assert (head["status"], head["body"]) == (200, "")
+    until_close = fetched(monkeypatch, Wire(b"HTTP/1.1 200 OK\r\n\r\nabc"), "http://localhost/",
+                          patterns)
+    assert base64.b64decode(until_close["body"]) == b"abc"
+    most = fetched(monkeypatch, Wire(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n"
+                                     % MAX_RESPONSE + b"x" * MAX_RESPONSE),
+                   "http://localhost/", patterns)
+    assert len(base64.b64decode(most["body"])) == MAX_RESPONSE  # at most, not less
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (b"", "fetch: the server closed the connection before answering"),
+    (b"garbage\r\n\r\n", "fetch: malformed response: "),
+])
+def test_a_server_that_does_not_answer_http_is_named(monkeypatch: pytest.MonkeyPatch,
+                                                     answer: bytes, words: str) -> None:
+    with pytest.raises(BindingError) as e:
+        fetched(monkeypatch, Wire(answer), "http://localhost/", ["http://localhost"])
+    assert str(e.value).startswith(words)
+
+
+@pytest.mark.parametrize(("args", "error", "words"), [
+    ({"method": "TRACE"}, BindingError,
+     "fetch: method 'TRACE' is not one of DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"),
+    ({"headers": {"x-a": "1\r\nevil: 1"}}, BindingError, "fetch: invalid header 'x-a'"),
+    ({"headers": {"": "v"}}, BindingError, "fetch: invalid header ''"),
+    ({"body": base64.b64encode(b"x" * (MAX_REQUEST + 1)).decode()}, BindingError,
+     f"fetch: request body larger than {MAX_REQUEST} bytes"),
+    ({"timeout_ms": -1}, ValueError, "timeout_ms must be a number of milliseconds, at least 1, got -1"),
+    ({"url": "http://user@localhost/"}, BindingError,
+     "fetch: bad URL 'http://user@localhost/': credentials in URLs are not allowed"),
+    ({"url": "http:///x"}, BindingError,
+     "fetch: bad URL 'http:///x': expected http:// or https:// and a host"),
+    ({"url": "http://localhost:x/"}, BindingError, "fetch: bad URL 'http://localhost:x/': Port"),
+])
+def test_a_bad_fetch_is_refused_before_it_connects(monkeypatch: pytest.MonkeyPatch,
+                                                   args: dict[str, Any], error: type,
+                                                   words: str) -> None:
+    wire = Wire()
+    with pytest.raises(error) as e:
+        fetched(monkeypatch, wire, **{"url": "http://localhost/", **args},
+                patterns=["http://*"])
+    assert str(e.value).startswith(words) and not wire.to
+    sent = fetched(monkeypatch, wire, "http://localhost/", ["http://localhost"],
+                   body=base64.b64encode(b"x" * MAX_REQUEST).decode())  # at most: sent
+    assert sent["status"] == 200 and bytes(wire.sent).endswith(b"x" * MAX_REQUEST)
+
+
+def test_a_connection_that_fails_is_named() -> None:
+    binding = FetchBinding("f", ["http://127.0.0.1:1"], 1000)
+    with pytest.raises(BindingError, match=r"^fetch: 'http://127.0.0.1:1/' failed: \S"):
+        asyncio.run(binding.call({"url": "http://127.0.0.1:1/"}))
+
+
+def test_hops_counts_edgefn_entries_whatever_their_parameters() -> None:
+    assert [fetch_binding.hops(v) for v in (None, "", "cdn.example", "Edgefn; v=2",
+                                            "cdn.example; v=1, edgefn ,edgefn;x=y")] == [
+        0, 0, 0, 1, 2]
+
+
+def test_patterns_are_named_when_none_allows_and_hosts_are_read_whole() -> None:
+    f = FetchBinding("f", ["https://a.example/*", "https://b.example/*",
+                           "https://c.example/go?to=https://*"], 1000)
+    with pytest.raises(BindingError, match=re.escape(
+            "(allowed: https://a.example/*, https://b.example/*, https://c.example/go?to=")):
+        f.allowed("https://d.example/")
+    # a URL in the query is not the URL's scheme or host
+    assert f.allowed("https://c.example/go?to=https://x.test/") == (
+        Target("https", "c.example", 443, "/go?to=https://x.test/"), True)
+    assert f.allowed("https://a.example/r?next=https://x.test") == (
+        Target("https", "a.example", 443, "/r?next=https://x.test"), True)
+    assert FetchBinding("f", ["https://*.example.com/*"], 1).allowed(
+        "https://X.Example.com") == (Target("https", "x.example.com", 443, "/"), False)
+    assert FetchBinding("f", ["http://*"], 1).allowed("http://Api.Example.com:8080") == (
+        Target("http", "api.example.com", 8080, "/"), False)
+    assert _pattern_host("http://10.0.0.5/go?to=http://x") == "10.0.0.5"
+    assert _pattern_host("http://[FD00::A]:8080/*") == "fd00::a"

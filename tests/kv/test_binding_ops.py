@@ -368,3 +368,27 @@ def test_an_operator_write_the_store_cannot_take_is_named(tmp_path: Path) -> Non
         assert "the kv store could not do put: mdb_put: MDB_MAP_FULL" in str(err.value)
     finally:
         stores.close()
+
+
+def test_a_value_in_another_base64_alphabet_is_refused_not_stored_as_other_bytes(
+        probe: Probe) -> None:
+    """URL-safe base64 ("-_") is not base64: decoded leniently, its "-" and "_" were
+    dropped and "-_-_" stored an empty value."""
+    (put,) = probe.run({"op": "call", "name": "kv.put",
+                        "args": {"namespace": probe.ns, "key": "k", "value": "-_-_"}})
+    assert put["error"] == ("bad arguments to kv.put: value must be base64 (the bytes, "
+                            "base64-encoded), got '-_-_'")
+
+
+@pytest.mark.parametrize(("given", "kind"), [({}, "an object"), ([], "an array"),
+                                             (True, "a boolean"), (1.5, "a number")])
+def test_an_argument_of_the_wrong_json_kind_is_named_in_json_s_words(
+        probe: Probe, given: Any, kind: str) -> None:
+    key, ttl = probe.run(
+        {"op": "call", "name": "kv.get", "args": {"namespace": probe.ns, "key": given}},
+        {"op": "call", "name": "kv.put",
+         "args": {"namespace": probe.ns, "key": "k", "value": "YQ==", "ttl": given}})
+    assert key["error"] == f"bad arguments to kv.get: key must be a string, got {kind}"
+    if kind != "a number":  # a number is a number of seconds
+        assert ttl["error"] == (f"bad arguments to kv.put: ttl must be a number of seconds, "
+                                f"got {kind}")

@@ -215,3 +215,61 @@ def test_a_request_arriving_during_a_response_keeps_its_408() -> None:
     run(go())
 
 
+
+
+def target_app(request: Request) -> Response:
+    return Response(200, [], b"%s %s?%s" % (request.host, request.path, request.query))
+
+
+@pytest.mark.parametrize(("target", "seen"), [
+    (b"http://a.example", b"a.example /?"),  # no path: "/"; no port: none in the host
+    (b"https://a.example/p?q=1", b"a.example /p?q=1"),
+    (b"http://[::1]:8080/p?q", b"[::1]:8080 /p?q"),
+])
+def test_an_absolute_form_target_gives_the_path_query_and_host(target: bytes,
+                                                                seen: bytes) -> None:
+    async def go() -> None:
+        proto, t = connect(target_app)
+        proto.data_received(b"GET %s HTTP/1.1\r\nHost: public.example\r\n\r\n" % target)
+        assert [(s, b) for s, _, b in responses(t.buffer)] == [(200, seen)]
+    run(go())
+
+
+@pytest.mark.parametrize(("raw", "status", "reason"), [
+    (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, b"more than one Host header"),
+    (b"GET /echo#x HTTP/1.1\r\nHost: a\r\n\r\n", 400, b"a request target has no fragment (#...)"),
+    (b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", 400, b"the asterisk-form target (OPTIONS *) is "
+     b"not served: the PoP's functions answer OPTIONS for their own paths"),
+    (b"GET ftp://a/x HTTP/1.1\r\nHost: a\r\n\r\n", 400,
+     b"an absolute request target needs http(s)://host"),
+    (b"GET http://a:99999/ HTTP/1.1\r\nHost: a\r\n\r\n", 400,
+     b"request target is neither a path nor an absolute URL: 'http://a:99999/'"),
+    (b"GET / HTTP/1.1\r\nHost: a@evil\r\n\r\n", 400,
+     b"invalid Host header 'a@evil': expected host[:port]"),
+    (b"GET /hello%5C..%5Cprobe HTTP/1.1\r\nHost: a\r\n\r\n", 400,
+     b"a request path has no `.` or `..` segments (RFC 3986 5.2.4): send it normalised"),
+    (b"FOO / HTTP/1.1\r\nHost: a\r\n\r\n", 501, b"request method 'FOO' is not recognized "
+     b"(HTTP methods: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, ...)"),
+    (b"G@T / HTTP/1.1\r\nHost: a\r\n\r\n", 400, b"malformed HTTP request: Invalid method"),
+])
+def test_a_refused_request_is_told_why(raw: bytes, status: int, reason: bytes) -> None:
+    async def go() -> None:
+        proto, t = connect(target_app)
+        proto.data_received(raw)
+        ((got, headers, body),) = responses(t.buffer)
+        assert (got, headers[b"content-type"]) == (status, b"text/plain; charset=utf-8")
+        assert body.startswith(reason)
+    run(go())
+
+
+def test_an_app_that_fails_gets_a_plain_500() -> None:
+    def app(request: Request) -> Response:
+        raise ValueError("bug")
+
+    async def go() -> None:
+        proto, t = connect(app)
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        ((status, headers, body),) = responses(t.buffer)
+        assert (status, headers[b"content-type"], body) == (
+            500, b"text/plain; charset=utf-8", b"internal server error\n")
+    run(go())

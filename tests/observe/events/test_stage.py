@@ -241,3 +241,49 @@ def test_the_signed_tenant_a_hop_carries_is_never_in_an_event() -> None:
     assert run(app(request())).status == 200
     assert seen.events[0].decisions["residency"] == {"result": "ok", "tenant_region": "emea"}
     assert record["forward"] == "acme-eu;0123abcd"  # the hops still read it
+
+
+class Agent:
+    name = "agent"
+
+    def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
+        ctx.agent = "crawler.example"
+        return call_next(request, ctx)
+
+
+def test_redacted_identities_are_absent_and_redacted_decisions_are_empty() -> None:
+    """Who called is blanked to null (never "[redacted]", which reads as a value);
+    `decisions` to none at all."""
+    auth = {"mode": "key", "result": "ok", "key_id": "k_123", "tenant": "acme"}
+    app, seen, _ = events_chain(Who(), Agent(), Decide("auth", auth), Answer(),
+                                redact=["key_id", "subject", "agent", "decisions"])
+    run(app(request()))
+    (e,) = seen.events
+    assert (e.key_id, e.subject, e.agent, e.decisions) == (None, None, None, {})
+    assert (e.tenant, e.bot) == ("acme", "browser")  # not asked for
+
+
+def test_a_redacted_prompt_is_masked_and_only_when_asked() -> None:
+    usage = lambda: AIUsage(operation="chat", model="m", user="alice",  # noqa: E731
+                            prompt="mail me at bob@example.com")
+    app, seen, _ = events_chain(Decide("ai", usage()), Answer(), prompts=True,
+                                redact=["prompt"])
+    run(app(request(b"/v1/chat/completions", method=b"POST")))
+    assert seen.events[0].ai is not None
+    assert (seen.events[0].ai.prompt, seen.events[0].ai.user) == ("[redacted]", "alice")
+    app, seen, _ = events_chain(Decide("ai", usage()), Answer(), prompts=True,
+                                redact=["user"])
+    run(app(request(b"/v1/chat/completions", method=b"POST")))
+    assert seen.events[0].ai is not None
+    assert (seen.events[0].ai.prompt, seen.events[0].ai.user) == ("mail me at [email]",
+                                                                  "[redacted]")
+    app, seen, _ = events_chain(Decide("ai", usage()), Answer(), redact=["prompt"])
+    run(app(request(b"/v1/chat/completions", method=b"POST")))
+    assert seen.events[0].ai is not None and seen.events[0].ai.prompt is None  # none kept
+
+
+def test_a_decision_that_repeats_a_redacted_field_empty_stays_empty() -> None:
+    auth = {"mode": "key", "result": "ok", "key_id": "k_1", "tenant": ""}
+    app, seen, _ = events_chain(Decide("auth", auth), Answer(), redact=["tenant"])
+    run(app(request()))
+    assert seen.events[0].decisions["auth"] == auth

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,47 @@ def test_the_parent_is_known_by_its_pid_and_start_time_and_the_state_is_private(
     assert int(pid) == os.getppid() and started.isdigit()
     Continuity(tmp_path / "c.json", parent="p:1").save()
     assert (tmp_path / "c.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_every_series_of_every_earlier_life_is_carried() -> None:
+    """A worker that restarted twice: both earlier lives' counts are carried, each
+    series of a family (2xx and 5xx) on its own."""
+    metrics, answers = two_workers()
+    answers[0] = (11, to_wire(worker(200, 200, 500).collect()))
+    hello_2xx(metrics)
+    answers[0] = (12, to_wire(worker(200).collect()))
+    hello_2xx(metrics)
+    answers[0] = (13, to_wire(worker().collect()))
+    source = metrics.endpoint(None).source
+    assert source is not None
+    found = scrape(asyncio.run(source()))
+    assert [value(found, "edgefn_requests_total", function="hello", route="/hello",
+                  status_class=c, method="GET") for c in ("2xx", "5xx")] == [3, 1]
+
+
+def test_what_was_carried_survives_the_admin_worker_s_restart(tmp_path: Path) -> None:
+    """As runtime.app builds it (its parent found by itself); a .tmp a crashed save
+    left behind, longer than the state, is written over, not into."""
+    path = tmp_path / "continuity.json"
+    path.with_name(path.name + ".tmp").write_bytes(b"x" * 100_000)
+    before = Continuity(path)
+    before.follow("1", 11, list(worker(200, 200).collect()))
+    before.follow("1", 12, [])  # worker 1 restarted
+    before.save()
+    after = Continuity(path)  # and then the admin worker
+    after.follow("1", 12, [])
+    assert sum(s.value for f in after.carried_families() for s in f.samples
+               if s.name == "edgefn_requests_total") == 2
+
+
+def test_a_continuity_that_cannot_be_read_or_written_is_named_in_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    garbled = tmp_path / "continuity.json"
+    garbled.write_text("{not json")
+    unwritable = tmp_path / "gone" / "continuity.json"
+    with caplog.at_level(logging.WARNING, logger="edgefn.metrics"):
+        Continuity(garbled, parent="p:1").follow("0", 1, [])
+        Continuity(unwritable, parent="p:1").save()
+    read, write = (r.getMessage() for r in caplog.records)
+    assert read.startswith(f"ignoring the metrics' continuity in {garbled}: JSON is malformed")
+    assert write.startswith(f"cannot save the metrics' continuity to {unwritable}: [Errno 2]")
