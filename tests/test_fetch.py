@@ -244,6 +244,12 @@ def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
         "https://api.example.com/a/b?c")[0].path == "/a/b?c"  # no path: every path
     assert _pattern_host("http://[::1]:8080/*") == "::1"
     assert _pattern_host("https://Example.com:443/a") == "example.com"
+    # an IPv6 literal is no character class: `[::1]` matched no URL, its own included
+    six = FetchBinding("f", ["http://[::1]:8080/*"], 1000)
+    assert six.allowed("http://[::1]:8080/x") == (Target("http", "::1", 8080, "/x"), True)
+    for url in ("http://[::2]:8080/x", "http://:8080/x", "http://1:8080/x"):
+        with pytest.raises(Exception, match=r"is not allowed|host"):
+            six.allowed(url)
 
 
 @pytest.mark.parametrize(("ip", "public"), [

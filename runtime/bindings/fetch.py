@@ -107,6 +107,8 @@ def matches(pattern: str, url: str) -> bool:
         return False
     p_host, p_path = _authority(p_rest)
     u_host, u_path = _authority(u_rest)
+    if p_host.startswith("["):  # an IPv6 literal, not a character class: `[::1]` matched
+        p_host = p_host.replace("[", "[[]")  # no URL, its own included
     if not (fnmatchcase(u_scheme.lower(), p_scheme.lower())
             and fnmatchcase(u_host.lower(), p_host.lower())):
         return False
