@@ -157,22 +157,28 @@ def test_fetch_times_out_and_caps_the_response(pop: Running, tmp_path: Path,
     assert status == 403 and f"response larger than {MAX_RESPONSE} bytes".encode() in body
 
 
-def test_a_wasm_function_fetches_through_the_call_host_function(
-        pop: Running, tmp_path: Path, upstream: str) -> None:
-    args = json.dumps({"url": f"{upstream}/from-wasm"}).replace('"', '\\"')
-    n = len(json.dumps({"url": f"{upstream}/from-wasm"}))
-    src = reactor(f"""
+def wasm_fetcher(call: dict[str, object]) -> str:
+    """A reactor that calls ``fetch`` with `call` as its arguments and answers 200 with
+    the call's JSON result as its body."""
+    args = json.dumps(call).replace('"', '\\"')
+    return reactor(f"""
       (local $len i64)
-      (local.set $len (call $call (i32.const 300) (i32.const 5) (i32.const 400) (i32.const {n})
-                                  (i32.const 4108) (i32.const 4096)))
+      (local.set $len (call $call (i32.const 300) (i32.const 5) (i32.const 400)
+                                  (i32.const {len(json.dumps(call))}) (i32.const 4108)
+                                  (i32.const 4096)))
       (i32.store (i32.const 4096) (i32.const 200))
       (i32.store (i32.const 4100) (i32.const 0))
       (i32.store (i32.const 4104) (i32.wrap_i64 (local.get $len)))
       (return (i64.or (i64.shl (i64.const 4096) (i64.const 32))
                       (i64.add (i64.const 12) (local.get $len))))""",
-                  imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
-                          '(result i64)))',
-                  prelude=f'(data (i32.const 300) "fetch") (data (i32.const 400) "{args}")')
+                   imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
+                           '(result i64)))',
+                   prelude=f'(data (i32.const 300) "fetch") (data (i32.const 400) "{args}")')
+
+
+def test_a_wasm_function_fetches_through_the_call_host_function(
+        pop: Running, tmp_path: Path, upstream: str) -> None:
+    src = wasm_fetcher({"url": f"{upstream}/from-wasm"})
     pop.deploy(function_dir(tmp_path, "wasm-fetch", src,
                             extra=f'[bindings]\nfetch = ["{upstream}/*"]'))
     status, _, body = pop.get("/wasm-fetch")
@@ -299,21 +305,8 @@ def test_a_fetch_adds_edgefn_to_the_requests_cdn_loop_and_the_functions_own_is_n
 
 def test_a_wasm_fetch_carries_the_cdn_loop_whatever_the_guest_puts_in_its_arguments(
         pop: Running, tmp_path: Path, upstream: str) -> None:
-    call = {"url": f"{upstream}/w", fetch_binding.LOOP_ARG: ""}  # a guest resetting the count
-    args = json.dumps(call).replace('"', '\\"')
-    src = reactor(f"""
-      (local $len i64)
-      (local.set $len (call $call (i32.const 300) (i32.const 5) (i32.const 400)
-                                  (i32.const {len(json.dumps(call))}) (i32.const 4108)
-                                  (i32.const 4096)))
-      (i32.store (i32.const 4096) (i32.const 200))
-      (i32.store (i32.const 4100) (i32.const 0))
-      (i32.store (i32.const 4104) (i32.wrap_i64 (local.get $len)))
-      (return (i64.or (i64.shl (i64.const 4096) (i64.const 32))
-                      (i64.add (i64.const 12) (local.get $len))))""",
-                  imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
-                          '(result i64)))',
-                  prelude=f'(data (i32.const 300) "fetch") (data (i32.const 400) "{args}")')
+    # a guest resetting the count in its arguments
+    src = wasm_fetcher({"url": f"{upstream}/w", fetch_binding.LOOP_ARG: ""})
     pop.deploy(function_dir(tmp_path, "wasm-loop", src,
                             extra=f'[bindings]\nfetch = ["{upstream}/*"]'))
     status, _, body = pop.get("/wasm-loop", headers={"cdn-loop": "edgefn"})
