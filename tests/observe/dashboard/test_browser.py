@@ -20,7 +20,7 @@ from tests.support import Running, function_dir, pop_thread, python_function, re
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
-FAILING = "def handle(request):\n    raise RuntimeError('boom')\n"
+FAILING = "def handle(request, env):\n    raise RuntimeError('boom')\n"
 
 
 @pytest.fixture(scope="module")
