@@ -32,6 +32,7 @@ from runtime.bindings import kv as kv_binding
 from runtime.bindings import stop as stopping
 from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
+from runtime.bindings.codec import json_kind
 from runtime.bindings.fetch import LOOP_ARG, FetchBinding
 from runtime.bindings.owners import Owners
 from runtime.cache.ai.cache import AICache
@@ -181,7 +182,7 @@ class Bindings:
         kind, _, op = name.partition(".")
         if not isinstance(args, dict):  # a WASM guest's JSON: `[1, 2]` met list indexing
             raise BindingError(f"arguments to {name} must be a JSON object, got "
-                               f"{_json_kind(args)}")
+                               f"{json_kind(args)}")
         if name == "kv.readable":  # a Python host that reads KV in place asks what it may
             return self.kv.readable()
         if kind == "ai":
@@ -309,19 +310,12 @@ def _why(e: Exception) -> str:
         wanted = ("a string" if e.name in _STR_METHODS else
                   "an object" if e.name in ("get", "items", "keys", "values") else
                   "an array" if e.name in ("append", "extend") else "another kind")
-        return f"an argument is {_json_kind(e.obj)} where {wanted} was expected"
+        return f"an argument is {json_kind(e.obj)} where {wanted} was expected"
     return str(e) or type(e).__name__
 
 
 _STR_METHODS = frozenset({"encode", "decode", "lower", "upper", "strip", "startswith",
                           "endswith", "partition", "split", "replace"})
-
-
-def _json_kind(value: Any) -> str:
-    """What a JSON value is, in JSON's words."""
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            int: "a number", float: "a number", type(None): "null"}.get(type(value),
-                                                                        type(value).__name__)
 
 
 def off_loop(run: Any) -> Any:

@@ -30,7 +30,7 @@ def text(args: dict[str, Any], name: str) -> str:
     'encode'")."""
     value = args[name]
     if type(value) is not str:
-        raise ValueError(f"{name} must be a string, got {_kind(value)}")
+        raise ValueError(f"{name} must be a string, got {json_kind(value)}")
     return value
 
 
@@ -51,7 +51,7 @@ def seconds(args: dict[str, Any], name: str) -> float | None:
     anything else (``"ttl": "soon"`` said "'<' not supported between ...")."""
     value = args.get(name)
     if value is not None and type(value) not in (int, float):
-        raise ValueError(f"{name} must be a number of seconds, got {_kind(value)}")
+        raise ValueError(f"{name} must be a number of seconds, got {json_kind(value)}")
     return value
 
 
@@ -64,7 +64,8 @@ def known(args: dict[str, Any], allowed: frozenset[str], what: str) -> None:
                          f"{', '.join(sorted(allowed))})")
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (the messages name it so)."""
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
             int: "a number", float: "a number", type(None): "null"}.get(type(value),
                                                                         type(value).__name__)

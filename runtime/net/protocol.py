@@ -97,10 +97,9 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "client",
                  "closing", "config", "current", "deadline", "deadline_status",
                  "dispatching", "drain_waiter", "eof", "head_size", "headers", "in_body",
-                 "in_message",
-                 "lingered", "loop", "out", "out_size", "parser", "queue", "reading",
-                 "refusing", "stalled", "state", "task", "transport", "upgrade_ignored", "url",
-                 "write_deadline", "write_paused")
+                 "in_message", "lingered", "loop", "out", "out_size", "parser", "queue",
+                 "reading", "refusing", "stalled", "state", "task", "transport",
+                 "upgrade_ignored", "url", "write_deadline", "write_paused")
 
     def __init__(self, app: Any, state: ServerState) -> None:
         # Global state
@@ -538,13 +537,11 @@ class HttpProtocol(asyncio.Protocol):
                         await self._drain()
         except asyncio.CancelledError:
             raise
-        except FunctionError as e:  # the function's own failure, already logged as its own
-            log.info("response stream of %s %s cut: %s", request.method, request.path, e)
-            if self.transport is not None:
-                self._close()
-            return
-        except Exception:
-            log.exception("response stream failed for %s %s", request.method, request.path)
+        except Exception as e:
+            if isinstance(e, FunctionError):  # the function's own, logged as its own
+                log.info("response stream of %s %s cut: %s", request.method, request.path, e)
+            else:
+                log.exception("response stream failed for %s %s", request.method, request.path)
             if self.transport is not None:
                 self._close()  # the status line is gone: only a cut stream can signal
             return
