@@ -24,6 +24,13 @@ from runtime.bindings import fetch as fetch_binding
 from runtime.bindings.fetch import MAX_REQUEST, MAX_RESPONSE, FetchBinding, Target, _pattern_host
 from tests.support import Running, function_dir, python_function, reactor
 
+TREE = re.compile(r"; tree=[0-9a-f]{16}")
+
+
+def treeless(value: str) -> str:
+    """`value` with each edgefn entry's tree id written ``T`` (one is drawn per request)."""
+    return TREE.sub("; tree=T", value)
+
 
 class Upstream(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
@@ -111,8 +118,10 @@ def test_a_python_function_fetches_an_allowed_url(pop: Running, tmp_path: Path,
     deploy_fetcher(pop, tmp_path, [f"{upstream}/*"])
     status, headers, body = pop.get(f"/fetcher?url={upstream}/data?q=1")
     assert status == 200, body
-    assert json.loads(body) == {"path": "/data?q=1", "ua": "edgefn-fetch", "x": "from-py",
-                                "tp": None, "loop": "edgefn"}
+    got = json.loads(body)
+    assert {**got, "loop": treeless(got["loop"])} == {
+        "path": "/data?q=1", "ua": "edgefn-fetch", "x": "from-py", "tp": None,
+        "loop": "edgefn; tree=T"}
     assert headers["x-upstream"] == "application/json"
     status, _, body = pop.request("POST", f"/fetcher?url={upstream}/echo", b"abc")
     assert (status, body) == (201, b"cba")
@@ -286,7 +295,7 @@ def test_a_fetch_adds_edgefn_to_the_requests_cdn_loop_and_the_functions_own_is_n
     status, _, body = pop.get(f"/looped?url={upstream}/t",
                               headers={"cdn-loop": "cdn.example; v=1, edgefn"})
     assert status == 200, body
-    assert json.loads(body)["loop"] == "cdn.example; v=1, edgefn, edgefn"
+    assert treeless(json.loads(body)["loop"]) == "cdn.example; v=1, edgefn, edgefn; tree=T"
     # a list field in several lines: each one counts and goes on (only the first did)
     conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
     conn.putrequest("GET", f"/looped?url={upstream}/t")
@@ -311,7 +320,8 @@ def test_a_wasm_fetch_carries_the_cdn_loop_whatever_the_guest_puts_in_its_argume
                             extra=f'[bindings]\nfetch = ["{upstream}/*"]'))
     status, _, body = pop.get("/wasm-loop", headers={"cdn-loop": "edgefn"})
     assert status == 200, body
-    assert json.loads(base64.b64decode(json.loads(body)["body"]))["loop"] == "edgefn, edgefn"
+    assert treeless(json.loads(base64.b64decode(json.loads(body)["body"]))["loop"]) == \
+        "edgefn, edgefn; tree=T"
     status, _, body = pop.get("/wasm-loop", headers={"cdn-loop": ", ".join(["edgefn"] * 8)})
     assert status == 500 and b"refused, a loop" in body, body
 
@@ -347,6 +357,98 @@ def test_a_function_fetching_its_own_url_stops_after_max_hops(pop: Running,
     time.sleep(0.5)
     pop.delivered()
     assert len(pop.admin.request("GET", "/v1/events?path=/self&limit=100")["events"]) == 9
+
+
+FAN_OUT = """
+from edgefn import BindingError, Response
+
+def handle(request, env):
+    said = []
+    for _ in range(3):
+        try:
+            said.append(env.fetch(URL, timeout=20).status)
+        except BindingError as e:
+            said.append(str(e))
+    return Response(repr(said))
+"""
+
+
+def test_a_tree_of_subrequests_ends_at_max_subrequests(pop: Running, tmp_path: Path) -> None:
+    """A function fetching itself 3 times a level: depth alone (8) allowed 3 + 9 + ..
+    + 6561 subrequests for one client request (~7,300 in 8 s were seen)."""
+    url = f"http://{pop.host}:{pop.port}/fan"
+    d = python_function(tmp_path, "fan", FAN_OUT.replace("URL", repr(url)),
+                        limits="wall_ms = 60000", pool="min = 1\nmax = 12\nstandby = false")
+    with open(d / "edgefn.toml", "a") as f:
+        f.write(f'[bindings]\nfetch = ["{url}*"]\n')
+    pop.deploy(d)
+    trees = pop.pop.stores.subrequests.trees
+    for n in (1, 2):  # each client request a tree of its own
+        status, _, body = pop.get("/fan", timeout=120)
+        # its first fetch's subtree spent the budget, depth first
+        assert status == 200 and body.startswith(b"[200, 'fetch: refused: this request and the "
+                                                 b"subrequests it caused made 200 fetches"), body
+        pop.delivered()
+        events = pop.admin.request("GET", "/v1/events?path=/fan&limit=10000")["events"]
+        assert len(events) == n * (fetch_binding.MAX_SUBREQUESTS + 1)  # the client's, its tree's
+        assert [v[1] for v in trees.values()] == [fetch_binding.MAX_SUBREQUESTS] * n
+
+
+def test_a_requests_fetches_share_its_tree_and_its_subrequests_keep_it() -> None:
+    top = fetch_binding.Lineage(None)
+    assert top.tree == top.tree and TREE.fullmatch(f"; tree={top.tree}")
+    assert top.onward() == f"edgefn; tree={top.tree}"
+    assert fetch_binding.Lineage(None).tree != top.tree  # another client request
+    below = fetch_binding.Lineage(f"cdn.example, {top.onward()}")
+    assert below.tree == top.tree
+    assert below.onward() == f"cdn.example, edgefn; tree={top.tree}, edgefn; tree={top.tree}"
+    # the last edgefn entry names it; a malformed id (a client's) names none
+    assert fetch_binding.Lineage("edgefn; tree=0123456789abcdef, Edgefn ;v=1; Tree=fedcba9876543210"
+                                 ).tree == "fedcba9876543210"
+    for forged in ("edgefn; tree=xyz", "edgefn; tree=0123456789ABCDEF", "cdn; tree=0123456789abcdef",
+                   "edgefn; tree=0123456789abcdef, edgefn"):
+        assert fetch_binding.Lineage(forged).tree != "0123456789abcdef", forged
+
+
+def test_subrequests_count_each_tree_and_forget_old_ones() -> None:
+    now = [0.0]
+    counted = fetch_binding.Subrequests(limit=3, seconds=10, most=2, clock=lambda: now[0])
+    for _ in range(3):
+        counted.take("a")
+    with pytest.raises(BindingError, match=r"^fetch: refused: this request and the subrequests "
+                                           r"it caused made 3 fetches already"):
+        counted.take("a")
+    counted.take("b")  # another tree, its own count
+    now[0] = 9.9
+    with pytest.raises(BindingError):
+        counted.take("a")
+    counted.take("c")  # past `most` trees: the oldest ("a") is forgotten
+    assert list(counted.trees) == ["b", "c"]
+    now[0] = 20.0  # past `seconds`: "b" and "c" forgotten, "b" counts from 1 again
+    counted.take("b")
+    assert counted.trees == {"b": [20.0, 1]}
+
+
+async def _spend(binding: FetchBinding, lineage: fetch_binding.Lineage) -> str:
+    try:
+        await binding.call({"url": "http://127.0.0.1:1/"}, None, lineage)
+    except BindingError as e:
+        return str(e)
+    return "fetched"
+
+
+def test_a_tree_s_fetches_are_counted_across_functions_and_refused_before_connecting() -> None:
+    shared = fetch_binding.Subrequests(limit=2)
+    one = FetchBinding("one", ["http://127.0.0.1:1/*"], 1000, shared)
+    two = FetchBinding("two", ["http://127.0.0.1:1/*"], 1000, shared)
+    lineage = fetch_binding.Lineage(None)
+    said = [asyncio.run(_spend(b, lineage)) for b in (one, two, one)]
+    assert [s.split(":")[1].strip().split(" ")[0] for s in said] == ["'http", "'http", "refused"]
+    assert "failed" in said[0] and "made 2 fetches already" in said[2], said
+    # a denied URL is not counted
+    assert "not allowed" in asyncio.run(_spend(FetchBinding("x", [], 1000, shared),
+                                                fetch_binding.Lineage(None)))
+    assert len(shared.trees) == 1
 
 
 # -- the subrequest on the wire, against a fake connection (no network) -----------------------
@@ -401,9 +503,9 @@ def test_a_subrequest_goes_to_the_checked_address_with_tls_for_https_and_its_hos
     assert (address in ("127.0.0.1", "::1") if to[0] == "localhost" else address == to[0])
     assert tuple(rest) == to[1:]
     path = url.split(host, 1)[1].replace("]", "") or "/"
-    assert bytes(wire.sent) == (f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n"
-                                f"user-agent: edgefn-fetch\r\ncontent-length: 0\r\n"
-                                f"cdn-loop: edgefn\r\n\r\n").encode()
+    assert treeless(bytes(wire.sent).decode()) == (
+        f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n"
+        f"user-agent: edgefn-fetch\r\ncontent-length: 0\r\ncdn-loop: edgefn; tree=T\r\n\r\n")
     assert result["status"] == 200 and base64.b64decode(result["body"]) == b"hi"
 
 
@@ -413,9 +515,10 @@ def test_a_subrequest_sends_the_functions_headers_once_and_its_body(
     fetched(monkeypatch, wire, "http://localhost/x", ["http://localhost/*"],
             traceparent=TRACEPARENT, method="post", body=base64.b64encode(b"abc").decode(),
             headers={"X-Tag": "X", "TraceParent": "00-own"})
-    assert bytes(wire.sent) == (b"POST /x HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"
-                                b"user-agent: edgefn-fetch\r\ncontent-length: 3\r\n"
-                                b"x-tag: X\r\ntraceparent: 00-own\r\ncdn-loop: edgefn\r\n\r\nabc")
+    assert treeless(bytes(wire.sent).decode()) == (
+        "POST /x HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n"
+        "user-agent: edgefn-fetch\r\ncontent-length: 3\r\n"
+        "x-tag: X\r\ntraceparent: 00-own\r\ncdn-loop: edgefn; tree=T\r\n\r\nabc")
 
 
 def test_the_response_s_headers_are_lowercased_and_joined_and_its_body_whole(

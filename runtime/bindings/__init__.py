@@ -33,7 +33,7 @@ from runtime.bindings import stop as stopping
 from runtime.bindings import vectors as vectors_binding
 from runtime.bindings.ai import AIBinding
 from runtime.bindings.codec import json_kind
-from runtime.bindings.fetch import LOOP_ARG, FetchBinding
+from runtime.bindings.fetch import LOOP_ARG, FetchBinding, Lineage, Subrequests
 from runtime.bindings.owners import Owners
 from runtime.cache.ai.cache import AICache
 from runtime.cache.settings import AICacheSettings
@@ -72,6 +72,7 @@ class Stores:
         self.vectors_quota = 0  # the same for the vectors of one owner's indexes
         self._opening = threading.Lock()  # the stores are opened lazily, from any thread
         self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
+        self.subrequests = Subrequests()  # fetches per request tree, every function's
         self.ai_cache: AICache | None = None
         if ai is not None:
             self.ai_cache = AICache(ai_cache or AICacheSettings(), _embedder(ai),
@@ -167,7 +168,7 @@ class Bindings:
                            m.cache.ai, stores.egress)
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
-        fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms)
+        fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms, stores.subrequests)
         return cls(m.name, kv, vectors, ai, denied, fetch)
 
     def call(self, name: str, args: dict[str, Any], caller: str | None = None) -> Any:
@@ -188,8 +189,9 @@ class Bindings:
         if kind == "ai":
             return self._ai(op, args, _trace_of(args), caller)
         if name == "fetch":
-            loop = args.pop(LOOP_ARG, None)
-            return self._fetch(args, _trace_of(args), loop if isinstance(loop, str) else None)
+            lineage = args.pop(LOOP_ARG, None)
+            return self._fetch(args, _trace_of(args),
+                               lineage if isinstance(lineage, Lineage) else None)
         if kind not in ("kv", "vectors"):
             raise BindingError(f"unknown binding {name!r}")
         capability: Any = self.kv if kind == "kv" else self.vectors
@@ -224,10 +226,10 @@ class Bindings:
                 stop.release(future)
 
     def _fetch(self, args: dict[str, Any], traceparent: str | None,
-               cdn_loop: str | None = None) -> Any:
+               lineage: Lineage | None = None) -> Any:
         """A coroutine on an event loop's thread; on any other thread (a WASM guest),
         the result, fetched on a loop of that thread's own. Raises `BindingError`."""
-        call = _fetch_checked(self.fetch, args, traceparent, cdn_loop)
+        call = _fetch_checked(self.fetch, args, traceparent, lineage)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -294,9 +296,10 @@ async def _ai_checked(ai: AIBinding, op: str, args: dict[str, Any],
 
 
 async def _fetch_checked(fetch: FetchBinding, args: dict[str, Any],
-                         traceparent: str | None = None, cdn_loop: str | None = None) -> Any:
+                         traceparent: str | None = None, lineage: Lineage | None = None
+                         ) -> Any:
     try:
-        return await fetch.call(args, traceparent, cdn_loop)
+        return await fetch.call(args, traceparent, lineage)
     except (KeyError, TypeError, ValueError) as e:
         raise BindingError(f"bad arguments to fetch: {_why(e)}") from None
 

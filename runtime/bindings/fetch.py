@@ -20,15 +20,25 @@ Rules, checked here in one place:
 - loops end: each subrequest carries the calling request's ``CDN-Loop`` (RFC 8586)
   with ``edgefn`` added, and a request that already came through `MAX_HOPS` of them
   may fetch no more (a function fetching its own URL looped for minutes, every
-  level waiting on the next, long after the first client had gone).
+  level waiting on the next, long after the first client had gone);
+- trees end: the entry names the request tree (``edgefn; tree=<id>``: the id of
+  the client's request, drawn when it first fetches, kept by every subrequest it
+  causes), and a tree may make `MAX_SUBREQUESTS` fetches on one PoP process
+  (`Subrequests`): depth alone let a function fetching itself 3 times per level
+  make ~7,300 subrequests for one client request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
+import secrets
 import socket
 import ssl
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -50,9 +60,13 @@ HOP_BY_HOP = frozenset({"host", "connection", "content-length", "transfer-encodi
 ARGS = frozenset({"url", "method", "headers", "body", "timeout_ms"})
 LOOP_ID = "edgefn"  # the PoP's cdn-id in CDN-Loop
 MAX_HOPS = 8  # edgefn subrequests one chain of requests may go through
-# the key under which the executors pass the calling request's CDN-Loop (set by the
+MAX_SUBREQUESTS = 200  # fetches one request tree may make on one PoP process
+TREE_SECONDS = 900.0  # how long a tree's count is kept (> MAX_HOPS wall limits of any use)
+MAX_TREES = 1 << 16  # trees counted at once (the oldest is forgotten past it)
+# the key under which the executors pass the calling request's `Lineage` (set by the
 # host, whatever the guest put there: `runtime.bindings.Bindings.call`)
 LOOP_ARG = "cdn_loop"
+_TREE = re.compile(r"^[0-9a-f]{16}$")
 
 
 def cdn_loop(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -60,6 +74,78 @@ def cdn_loop(headers: list[tuple[bytes, bytes]]) -> str | None:
     come in several; only the first was read, and the others dropped on the way)."""
     values = [v for k, v in headers if k == b"cdn-loop"]
     return b", ".join(values).decode("latin-1") if values else None
+
+
+class Lineage:
+    """Where a request stands in a tree of subrequests: its CDN-Loop (`cdn_loop`,
+    None without one) and the tree's id (`tree`: the one its last ``edgefn`` entry
+    names, or drawn once, when a request no edgefn fetch made first fetches).
+    One per request, made by the executor; its fetches all share it."""
+
+    __slots__ = ("_tree", "cdn_loop")
+
+    def __init__(self, cdn_loop: str | None = None) -> None:
+        self.cdn_loop = cdn_loop
+        self._tree: str | None = None
+
+    @property
+    def tree(self) -> str:
+        if self._tree is None:
+            self._tree = _named_tree(self.cdn_loop) or secrets.token_hex(8)
+        return self._tree
+
+    def onward(self) -> str:
+        """The CDN-Loop a subrequest of this request carries."""
+        mine = f"{LOOP_ID}; tree={self.tree}"
+        return f"{self.cdn_loop}, {mine}" if self.cdn_loop else mine
+
+
+def _named_tree(cdn_loop: str | None) -> str | None:
+    """The tree the last edgefn entry of `cdn_loop` names (16 hex digits; anything
+    else, as from a client, names none)."""
+    for entry in reversed((cdn_loop or "").split(",")):
+        cdn_id, _, params = entry.partition(";")
+        if cdn_id.strip().lower() != LOOP_ID:
+            continue
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "tree" and _TREE.match(value.strip()):
+                return value.strip()
+        return None
+    return None
+
+
+class Subrequests:
+    """How many fetches each request tree made on this PoP process, kept
+    `TREE_SECONDS` from its first and for at most `MAX_TREES` trees. Thread-safe
+    (WASM guests fetch from worker threads). With ``workers = N`` each worker
+    counts the part of a tree it serves."""
+
+    def __init__(self, limit: int = MAX_SUBREQUESTS, seconds: float = TREE_SECONDS,
+                 most: int = MAX_TREES, clock: Any = time.monotonic) -> None:
+        self.limit, self.seconds, self.most, self.clock = limit, seconds, most, clock
+        self.trees: OrderedDict[str, list[float]] = OrderedDict()  # id: [first, count]
+        self.lock = threading.Lock()
+
+    def take(self, tree: str) -> None:
+        """Count one fetch of `tree`. Raises `BindingError` if it made `limit` already."""
+        now = self.clock()
+        with self.lock:
+            trees = self.trees
+            while trees and now - next(iter(trees.values()))[0] >= self.seconds:
+                trees.popitem(last=False)
+            seen = trees.get(tree)
+            if seen is None:
+                if len(trees) >= self.most:
+                    trees.popitem(last=False)
+                trees[tree] = [now, 1]
+                return
+            if seen[1] >= self.limit:
+                raise BindingError(
+                    f"fetch: refused: this request and the subrequests it caused made "
+                    f"{self.limit} fetches already (at most {self.limit} per client "
+                    f"request on a PoP); does a function fetch its own URL?")
+            seen[1] += 1
 
 
 def hops(cdn_loop: str | None) -> int:
@@ -159,10 +245,14 @@ def _public(ip: str) -> bool:
 
 
 class FetchBinding:
-    def __init__(self, owner: str, patterns: list[str], wall_ms: int) -> None:
+    def __init__(self, owner: str, patterns: list[str], wall_ms: int,
+                 subrequests: Subrequests | None = None) -> None:
+        """`subrequests`: the PoP's count of fetches per request tree (one shared by
+        every function; None: a count of this binding's own)."""
         self.owner = owner
         self.patterns = list(patterns)
         self.wall_ms = wall_ms
+        self.subrequests = subrequests if subrequests is not None else Subrequests()
 
     def allowed(self, url: str) -> tuple[Target, bool]:
         """The target, and whether a matching pattern names its host literally (then
@@ -177,13 +267,16 @@ class FetchBinding:
         return target, literal
 
     async def call(self, args: dict[str, Any], traceparent: str | None = None,
-                   cdn_loop: str | None = None) -> dict[str, Any]:
+                   lineage: Lineage | None = None) -> dict[str, Any]:
         """One subrequest; it carries `traceparent` (the calling request's span) unless
-        the function set that header itself, and the calling request's CDN-Loop
-        `cdn_loop` with ``edgefn`` added. Raises `BindingError` (denied, a loop,
+        the function set that header itself, and the calling request's CDN-Loop with
+        ``edgefn; tree=..`` added (`lineage`; None: a request without one, of its
+        own). Raises `BindingError` (denied, a loop, its tree's fetches spent,
         unreachable, timed out, too large) and KeyError/TypeError/ValueError for bad
         arguments."""
-        if (n := hops(cdn_loop)) >= MAX_HOPS:
+        if lineage is None:
+            lineage = Lineage()
+        if (n := hops(lineage.cdn_loop)) >= MAX_HOPS:
             raise BindingError(f"fetch: refused, a loop: the calling request already came "
                                f"through {n} edgefn subrequests (its CDN-Loop header; at "
                                f"most {MAX_HOPS}); does a function fetch its own URL?")
@@ -202,7 +295,7 @@ class FetchBinding:
                 raise BindingError(f"fetch: invalid header {k!r}")
         if traceparent is not None:
             headers.setdefault("traceparent", traceparent)
-        headers["cdn-loop"] = f"{cdn_loop}, {LOOP_ID}" if cdn_loop else LOOP_ID
+        headers["cdn-loop"] = lineage.onward()
         asked = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
         if type(asked) not in (int, float) or not 1 <= asked < 1e12:  # 0.5 was cut to 0
             # ms; a WASM guest's JSON may say Infinity, which int() refused uncaught
@@ -210,6 +303,7 @@ class FetchBinding:
                              f"{asked!r:.40}")
         timeout_ms = min(int(asked), self.wall_ms)
         target, literal = self.allowed(url)
+        self.subrequests.take(lineage.tree)  # an allowed fetch, about to be made
         try:
             return await asyncio.wait_for(self._fetch(target, literal, method, headers, body),
                                           timeout_ms / 1000)

@@ -73,7 +73,7 @@ class HostCalls:
                     isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
                 return
             if name == "fetch" and isinstance(args, dict):  # the request's, not the guest's
-                args = {**args, LOOP_ARG: getattr(job, "cdn_loop", None)}
+                args = {**args, LOOP_ARG: getattr(job, "lineage", None)}
             try:
                 result = self.bindings(name, args, getattr(job, "tenant", None))
             except Exception as e:  # BindingError: denied or failed; the guest raises it

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from runtime.bindings import Bindings
-from runtime.bindings.fetch import cdn_loop
+from runtime.bindings.fetch import Lineage, cdn_loop
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.python import local_kv_env, policy
 from runtime.executors.python.config import HostConfig
@@ -66,7 +66,8 @@ class PythonFunction:
         payload = encode_request(request.method, request.path, request.query, request.headers,
                                  self.env_blob, request.body, encode_params(params),
                                  principal_blob(principal))
-        return self.pool.submit(payload, principal.get("tenant"), cdn_loop(request.headers))
+        return self.pool.submit(payload, principal.get("tenant"),
+                                Lineage(cdn_loop(request.headers)))
 
     def retire(self) -> None:
         if self.pool is not None:

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from runtime.bindings.fetch import Lineage
 from runtime.net.message import Response
 
 STREAM_HIGH = 256 << 10
@@ -38,13 +39,14 @@ class Runner(Protocol):
 
 class Job:
     def __init__(self, loop: asyncio.AbstractEventLoop, payload: bytes,
-                 tenant: str | None = None, cdn_loop: str | None = None) -> None:
+                 tenant: str | None = None, lineage: Lineage | None = None) -> None:
         """`tenant`: the calling principal's (its binding calls answer to its data
-        residency: `runtime.bindings.ai.AIBinding.as_caller`); `cdn_loop`: the
-        request's ``CDN-Loop`` (its fetch calls add to it: `runtime.bindings.fetch`)."""
+        residency: `runtime.bindings.ai.AIBinding.as_caller`); `lineage`: the
+        request's ``CDN-Loop`` and tree (its fetch calls add to it and are counted
+        against it: `runtime.bindings.fetch`)."""
         self.payload = payload
         self.tenant = tenant
-        self.cdn_loop = cdn_loop
+        self.lineage = lineage
         self.future: asyncio.Future[Response] = loop.create_future()
         self.chunks: asyncio.Queue[bytes | BaseException | None] | None = None
         self.isolate: Runner | None = None

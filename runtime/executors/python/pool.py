@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from runtime.bindings.fetch import Lineage
 from runtime.executors.python.calls import Bindings, HostCalls
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.isolate import Isolate
@@ -53,7 +54,7 @@ class Pool:
             self.hosts.attach(self.loop)
 
     def submit(self, payload: bytes, tenant: str | None = None,
-               cdn_loop: str | None = None) -> asyncio.Future[Response]:
+               lineage: Lineage | None = None) -> asyncio.Future[Response]:
         """Run a request on an idle isolate (waiting for one if all are busy), now;
         its response to come.
 
@@ -63,7 +64,7 @@ class Pool:
         this version's hosts had already stopped (see `Scheduler.submit`).
         """
         assert self.loop is not None, "pool not activated"
-        job = Job(self.loop, payload, tenant, cdn_loop)
+        job = Job(self.loop, payload, tenant, lineage)
         self.scheduler.submit(job)
         return job.future
 

@@ -45,7 +45,7 @@ from edgefn_core.abi import (
 )
 from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
-from runtime.bindings.fetch import cdn_loop
+from runtime.bindings.fetch import Lineage, cdn_loop
 from runtime.bindings.stop import Stop, stopping
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.output import GuestLines
@@ -531,7 +531,7 @@ def _short(text: str, name: str = "") -> str:
 def _origin(request: Request, principal: Mapping[str, str]) -> Origin:
     """What the function's host calls carry of the request: its ``traceparent``
     (the tracing stage's span when tracing is on), the caller's tenant and its
-    ``CDN-Loop``."""
+    ``CDN-Loop`` (in a `Lineage` of its own: its fetches share one tree)."""
     value = request.header(b"traceparent")
     return Origin(value.decode("latin-1") if value is not None else None,
-                  principal.get("tenant"), cdn_loop(request.headers))
+                  principal.get("tenant"), Lineage(cdn_loop(request.headers)))

@@ -36,7 +36,7 @@ from wasmtime import _ffi as ffi
 from edgefn_core.errors import BindingError
 from runtime.bindings import Bindings
 from runtime.bindings import stop as stopping
-from runtime.bindings.fetch import LOOP_ARG
+from runtime.bindings.fetch import LOOP_ARG, Lineage
 from runtime.bindings.kv import KVView
 from runtime.executors.wasm import native_kv
 from runtime.executors.wasm.engine import TICK_SECONDS
@@ -106,12 +106,13 @@ class _Memory:
 class Origin(NamedTuple):
     """What a guest's host calls carry of the request it runs: its ``traceparent``
     (fetch and model calls send it on), the calling principal's tenant (a pinned
-    one's model calls keep to its region: `runtime.bindings.Bindings.call`) and its
-    ``CDN-Loop`` (a fetch adds to it, and refuses past `fetch.MAX_HOPS`)."""
+    one's model calls keep to its region: `runtime.bindings.Bindings.call`) and where
+    it stands in a tree of subrequests (`fetch.Lineage`: its ``CDN-Loop``, which a
+    fetch adds to, refusing past `fetch.MAX_HOPS` or its tree's `MAX_SUBREQUESTS`)."""
 
     traceparent: str | None = None
     tenant: str | None = None
-    cdn_loop: str | None = None
+    lineage: Lineage | None = None
 
 
 NO_ORIGIN = Origin()
@@ -258,7 +259,7 @@ def _impls(b: Bindings, request: GuestRequest) -> dict[str, Callable[..., Any]]:
                 name == "fetch" or name.startswith("ai.")):
             args["traceparent"] = origin.traceparent  # the request's, not the guest's
         if name == "fetch" and isinstance(args, dict):
-            args[LOOP_ARG] = origin.cdn_loop  # the request's, whatever the guest put there
+            args[LOOP_ARG] = origin.lineage  # the request's, whatever the guest put there
         out = json.dumps(b.call(name, args, origin.tenant)).encode()
         if len(out) > cap:
             request.kept = ((name, raw), out)
