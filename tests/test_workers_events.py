@@ -196,3 +196,35 @@ def test_a_backlog_is_sent_in_frames_of_at_most_frame_events(
         return sizes
 
     assert asyncio.run(main()) == [4, 4, 2]
+
+
+def test_unsampled_events_are_forwarded_only_once_the_admin_worker_s_dashboard_is_watched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each worker encoded and sent every event `[events] sample` left out, for the
+    admin worker to drop unless its dashboard was watched."""
+    monkeypatch.setattr(events, "WATCH_POLL", 0.05)
+
+    async def main() -> tuple[list[str], list[str]]:
+        got: list[Event] = []
+        dashboard = [False]
+        server = await receive(role(tmp_path, 0), got.append, lambda: dashboard[0])
+        forwarder = Forwarder(role(tmp_path, 1), 100)
+        forwarder.start()
+        try:
+            await until(lambda: forwarder.task is not None and forwarder.wake is not None)
+            for i in range(3):
+                forwarder.observe(event(rid=f"left-out-{i}", sampled=False))
+            forwarder.observe(event(rid="kept"))
+            await until(lambda: len(got) == 1)
+            before = [e.rid for e in got]
+            assert not forwarder.pending and not forwarder.everything
+            dashboard[0] = True  # with no frame to answer: told within WATCH_POLL
+            await until(lambda: forwarder.everything, timeout=5)
+            forwarder.observe(event(rid="counted", sampled=False))
+            await until(lambda: len(got) == 2)
+        finally:
+            forwarder.close()
+            server.close()
+        return before, [e.rid for e in got]
+
+    assert asyncio.run(main()) == (["kept"], ["kept", "counted"])

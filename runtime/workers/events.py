@@ -12,6 +12,11 @@ its own) or its traces (each worker exports its own).
 A frame is a 4-byte big-endian length and a msgpack array of events. When the
 admin worker is down or slower than the traffic, at most `max_pending` events wait;
 older ones are dropped, counted, and logged once per outage.
+
+An event `[events] sample` left out (``sampled`` false) goes to no ring, so a worker
+forwards it only once the admin worker says its dashboard is watched (the one byte
+`WATCHED`, within `WATCH_POLL` of the first look): before, every worker encoded and
+sent each such event for the admin worker to drop.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ RETRY = 0.5  # seconds between attempts to reach the admin worker
 # events a frame holds at most: a backlog (up to ring_size) is decoded a frame per loop
 # iteration by the admin worker, never all at once while its requests wait
 FRAME_EVENTS = 256
+WATCHED = b"\x01"  # the admin worker to a worker: its dashboard counts every event now
+WATCH_POLL = 0.5  # seconds: how soon a worker hears its admin worker's dashboard is watched
 
 
 class Forwarder:
@@ -53,8 +60,11 @@ class Forwarder:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._encode = msgspec.msgpack.Encoder().encode
+        self.everything = False  # unsampled events too: the admin worker's dashboard is watched
 
     def observe(self, event: Event) -> None:
+        if not event.sampled and not self.everything:
+            return
         if len(self.pending) >= self.max_pending:
             self.pending.popleft()  # the newest matter most to a live tail
             self.dropped += 1
@@ -99,7 +109,8 @@ class Forwarder:
         once when the admin worker closes it (it sends nothing, so a read ends only
         then), not at the next write, which went into the dead socket and lost its
         batch (the first event after the admin worker restarted)."""
-        closed = asyncio.ensure_future(reader.read())
+        self.everything = False  # until this admin worker says otherwise
+        closed = asyncio.ensure_future(self._listen(reader))
         try:
             while True:
                 woken = asyncio.ensure_future(self.wake.wait())
@@ -110,6 +121,12 @@ class Forwarder:
                 await self._send_pending(writer)
         finally:
             closed.cancel()
+
+    async def _listen(self, reader: asyncio.StreamReader) -> None:
+        """Take what the admin worker says (`WATCHED`) until it closes the connection."""
+        while chunk := await reader.read(64):
+            if WATCHED in chunk:
+                self.everything = True
 
     async def _send_pending(self, writer: asyncio.StreamWriter) -> None:
         self.wake.clear()
@@ -125,8 +142,10 @@ class Forwarder:
             await writer.drain()  # meanwhile events queue (bounded) in `pending`
 
 
-async def receive(role: Role, deliver: Callable[[Event], None]) -> asyncio.AbstractServer:
-    """The admin worker's end: `deliver(event)` for each event the others send.
+async def receive(role: Role, deliver: Callable[[Event], None],
+                  watched: Callable[[], bool] = lambda: False) -> asyncio.AbstractServer:
+    """The admin worker's end: `deliver(event)` for each event the others send; once
+    `watched()` (its dashboard), each worker is told to send unsampled events too.
     Raises OSError if the address is taken."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:  # bound here: uvloop takes no abstract address (leading NUL) by name
@@ -134,15 +153,26 @@ async def receive(role: Role, deliver: Callable[[Event], None]) -> asyncio.Abstr
     except OSError:
         sock.close()
         raise
-    return await asyncio.start_unix_server(lambda r, w: _read(r, w, deliver), sock=sock)
+    return await asyncio.start_unix_server(lambda r, w: _read(r, w, deliver, watched),
+                                           sock=sock)
 
 
 async def _read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                deliver: Callable[[Event], None]) -> None:
+                deliver: Callable[[Event], None], watched: Callable[[], bool]) -> None:
     decode = msgspec.msgpack.Decoder(list[Event]).decode
+    told = False
     try:
         while True:
-            (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+            if not told and watched():
+                writer.write(WATCHED)
+                told = True
+            try:  # until it is told, looked at again every WATCH_POLL (a worker sending
+                # no sampled events sends no frame to answer)
+                head = await asyncio.wait_for(reader.readexactly(HEADER.size),
+                                              None if told else WATCH_POLL)
+            except TimeoutError:  # nothing of the header was taken from the stream
+                continue
+            (size,) = HEADER.unpack(head)
             if size > MAX_FRAME:
                 raise ValueError(f"an events frame of {size} bytes (at most {MAX_FRAME})")
             for event in decode(await reader.readexactly(size)):
@@ -162,7 +192,12 @@ def peer_observers(pop: PoP) -> Callable[[Event], None]:
     dashboard's aggregator while it is watched (as `PoP.watch_dashboard` added it)."""
     def deliver(event: Event) -> None:
         pop.ring.observe(event)
-        if pop.dashboard is not None and pop.dashboard in pop.observers:
-            pop.dashboard.observe(event)
+        if watched(pop):
+            pop.dashboard.observe(event)  # type: ignore[union-attr]
 
     return deliver
+
+
+def watched(pop: PoP) -> bool:
+    """Whether `pop`'s dashboard counts events (somebody opened it)."""
+    return pop.dashboard is not None and pop.dashboard in pop.observers
