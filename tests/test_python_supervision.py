@@ -1,13 +1,18 @@
 """Supervision of Python isolate hosts, end to end: an isolate stuck in C past its
 wall limit gets its request answered 504, the warm standby takes the next request at
-once, and the stuck host is killed; a restarted PoP serves the same bodies."""
+once, and the stuck host is killed; a request handed to an isolate whose fresh
+interpreter fails to start is served by another host; a restarted PoP serves the
+same bodies."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from runtime.executors.python.supervisor import KILL_GRACE
 from tests.support import EXAMPLES, Running, host_pids, pop_thread, python_function
@@ -66,6 +71,53 @@ def test_a_host_stuck_in_c_is_replaced_by_its_standby_and_killed(
     assert gone_after is not None, "the stuck host is still running"
     assert wait_until(lambda: len(host_pids("stuck") - {standby}) == 1, 30) is not None
     assert pop.get("/stuck")[2] == f"served by {standby}".encode()
+
+
+WEDGE = """
+import os, threading, time
+from edgefn import Response
+
+# set by ?wedge=1: from then on no fresh interpreter of this host can start (it stands
+# in for what an interpreter left behind may hold, the room a fresh one needs, say)
+if os.environ.get("WEDGED"):
+    raise RuntimeError("a thread this host's function started never stopped")
+
+def handle(request, env):
+    if request.query.get("wedge"):
+        os.environ["WEDGED"] = "1"
+        threading.Thread(target=threading.Event().wait).start()  # blocked in C: unstoppable
+        time.sleep(0.3)  # the next request queues behind this one meanwhile
+    return Response(f"served by {os.getpid()}")
+"""
+
+
+@pytest.mark.parametrize("standby", [True, False])
+def test_a_request_queued_for_an_isolate_whose_interpreter_fails_to_restart_is_served(
+        pop: Running, tmp_path: Path, standby: bool) -> None:
+    """A handler left a thread running that could not be stopped: its interpreter is
+    left behind and a fresh one starts, which fails here, and the host asks to be
+    replaced. The request that had queued behind it was handed to that isolate as
+    the handler returned, and waited there to its wall limit (504); it is served by
+    the standby, or by the new host once it is warm, and the old host stops."""
+    pop.deploy(python_function(tmp_path, "wedge", WEDGE, limits="wall_ms = 10000",
+                               pool=f"min = 1\nmax = 1\nstandby = {str(standby).lower()}"))
+    status, _, body = pop.get("/wedge")
+    assert status == 200, body
+    wedged = int(body.split()[-1])
+    answers: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    first = threading.Thread(target=lambda: answers.setdefault("w", pop.get("/wedge?wedge=1")))
+    first.start()
+    time.sleep(0.1)
+    sent = time.monotonic()
+    status, headers, body = pop.get("/wedge", timeout=30)
+    took = time.monotonic() - sent
+    first.join()
+    assert answers["w"][::2] == (200, f"served by {wedged}".encode())
+    assert status == 200, (headers.get("x-edgefn-error"), body)
+    assert int(body.split()[-1]) != wedged
+    assert took < 8, f"answered after {took:.1f}s"
+    assert wait_until(lambda: wedged not in host_pids("wedge"), 15) is not None, \
+        "the host whose interpreter failed to start is still running"
 
 
 STATE = """

@@ -3,9 +3,9 @@
 An `Isolate` turns READY, RESPONSE, HEAD, CHUNK, END and ERROR frames into a
 job's response (checking it, including `limits.max_response_mb`), passes CALL
 frames to the pool's host-call routing, tells the pool when its host asks to be
-replaced (RETIRE, or an interpreter that fails to restart after recycling), and
-tells its owner (the host) when its socket is gone. Which job it runs is the
-scheduler's business.
+replaced (RETIRE, or an interpreter that fails to restart after recycling), hands
+back a job its fresh interpreter never started, and tells its owner (the host)
+when its socket is gone. Which job it runs is the scheduler's business.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class Events(Protocol):
 
     def retiring(self, isolate: Isolate, why: str) -> None:
         """Its host asks to be replaced (it is running out of room); it still serves."""
+
+    def requeue(self, isolate: Isolate, job: Job) -> None:
+        """It ended without running `job` (its fresh interpreter failed to start)."""
 
 
 class Owner(Protocol):
@@ -192,7 +195,12 @@ class Isolate:
             log.error("%s: isolate failed to start: %s", self.cfg.name, info.get("error"))
             if self.state == "recycling":  # it started before: its host is failing
                 self.owner.events.retiring(self, "an isolate failed to restart")
+            # a job sent while its last interpreter ended unannounced (a thread it could
+            # not stop) was never read: it goes to another isolate
+            job, self.job = self.job, None
             self.close()
+            if job is not None:
+                self.owner.events.requeue(self, job)
 
     def _response(self, payload: bytes) -> Response:
         """Raises `FunctionError` (bad_response) for an invalid or oversized response."""

@@ -61,7 +61,8 @@ class Pool:
         That raises `FunctionError`: the guest's own errors, `wall_limit` (504) when
         no answer came in time, `crash` (502) when its host died, `bad_response`
         (502) for a response over `limits.max_response_mb`, `replaced` (503) when
-        this version's hosts had already stopped (see `Scheduler.submit`).
+        this version's hosts had already stopped (see `Scheduler.submit`), or its
+        isolate stopped before running it and none is left (`Scheduler.requeue`).
         """
         assert self.loop is not None, "pool not activated"
         job = Job(self.loop, payload, tenant, lineage)
@@ -81,6 +82,9 @@ class Pool:
 
     def retiring(self, isolate: Isolate, why: str) -> None:
         self.hosts.retiring(isolate, why)
+
+    def requeue(self, isolate: Isolate, job: Job) -> None:
+        self.scheduler.requeue(job)
 
     # -- scheduler callbacks ---------------------------------------------------------------------
     def _grow(self, isolate: Isolate) -> None:

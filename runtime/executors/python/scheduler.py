@@ -4,7 +4,8 @@ LIFO dispatch (the most recently used isolate is the warmest), a FIFO queue of
 jobs waiting when all are busy, scale-up one isolate per waiting job up to the
 pool's max, recycling after `recycle_after` jobs, and a generation: only the
 isolates of the active host take jobs, and promoting a standby switches the
-generation at once. The wall-time limit covers waiting, the handler and a
+generation at once. A job handed to an isolate that ended before running it
+goes first in line again. The wall-time limit covers waiting, the handler and a
 streamed body. Retiring fails the waiting jobs and reports when the last job in
 flight ends.
 
@@ -110,14 +111,35 @@ class Scheduler[W: Worker]:
         if self.retired and self.in_flight == 0:
             self._report_drained()
 
-    def _dispatch(self, job: Job) -> None:
+    def _dispatch(self, job: Job, first: bool = False) -> None:
+        """Run `job` on the warmest idle isolate, or queue it (`first`: ahead of the
+        others) and start one more isolate if the pool has room."""
         while self.idle:
             isolate = self.idle.pop()  # LIFO: the most recently used isolate is the warmest
             if isolate.state == "idle" and isolate.generation == self.generation:
                 self._run(isolate, job)
                 return
-        self.waiting.append(job)
+        if first:
+            self.waiting.appendleft(job)
+        else:
+            self.waiting.append(job)
         self._scale_up()
+
+    def requeue(self, job: Job) -> None:
+        """`job`'s isolate ended without running it (it was handed the job while its
+        interpreter was being replaced, and the fresh one failed to start): another
+        isolate takes it, or it waits first in line, its wall-time limit still
+        running (it waited on that isolate to its wall limit: a 504). It fails at
+        once with `replaced` (503) when this retired pool has no isolate left to run
+        it (no new host comes for a retired pool)."""
+        if job.done:
+            return
+        job.isolate = None
+        if self.retired and all(i.state == "dead" for i in self.isolates):
+            job.fail(FunctionError("replaced", 503, "this version was replaced and its "
+                                   "isolate stopped before running the request; retry"))
+            return
+        self._dispatch(job, first=True)
 
     def _scale_up(self) -> None:
         """Start the next unstarted isolate of the active host, if there is one left."""

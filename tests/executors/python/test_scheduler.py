@@ -222,3 +222,30 @@ def test_an_isolate_that_died_while_idle_is_passed_over(loop: asyncio.AbstractEv
     h.isolates[1].state = "dead"  # its socket closed; it is still in the idle stack
     assert h.runner(h.submit()) is h.isolates[0]
     assert h.runner(h.submit()) is None and len(h.s.waiting) == 1
+
+
+def test_a_job_its_isolate_never_ran_goes_first_to_another_or_fails_if_none_is_left(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Handed to an isolate whose fresh interpreter then failed to start, it waited
+    there to its wall limit (504) though another isolate was free."""
+    h = Harness(loop, size=2, started=2)
+    lost, _busy, waiting = h.submit(b"lost"), h.submit(b"busy"), h.submit(b"waiting")
+    gone = h.runner(lost)
+    assert gone is not None and list(h.s.waiting) == [waiting]
+    gone.state = "dead"  # as `Isolate._ready` leaves it before handing the job back
+    h.s.requeue(lost)
+    assert list(h.s.waiting) == [lost, waiting] and not lost.done  # first in line
+    (other,) = [i for i in h.isolates if i is not gone]
+    h.answer(other)
+    assert other.jobs[-1] is lost and lost.isolate is other
+    h.answer(other)
+    assert lost.future.result().status == 200 and h.s.in_flight == 1
+
+    # a retired pool gets no new host: with no isolate left, it fails at once
+    other.state = "dead"
+    job = other.jobs[-1]
+    h.s.retire()
+    h.s.requeue(job)
+    err = job.future.exception()
+    assert isinstance(err, FunctionError) and (err.code, err.status) == ("replaced", 503)
+    assert "stopped before running" in str(err) and h.s.in_flight == 0 and h.drained == 1
