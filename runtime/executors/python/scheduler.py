@@ -6,8 +6,8 @@ pool's max, recycling after `recycle_after` jobs, and a generation: only the
 isolates of the active host take jobs, and promoting a standby switches the
 generation at once. A job handed to an isolate that ended before running it
 goes first in line again. The wall-time limit covers waiting, the handler and a
-streamed body. Retiring fails the waiting jobs and reports when the last job in
-flight ends.
+streamed body. A retired scheduler takes no new job; those waiting and in flight
+still run, and it reports when the last one ends.
 
 No sockets, processes or threads: isolates are seen through `Worker`, and what
 scheduling needs done elsewhere (start an isolate, handle a stuck one, stop the
