@@ -16,11 +16,16 @@ the assistant ``message`` and its ``tool_calls`` (a list, empty when the model
 answered in text). Such calls skip the AI cache, which keeps plain text only.
 ``chat_stream`` takes ``response_format`` and the sampling fields, not tools.
 
-With the PoP's `AICache`, ``chat``, ``complete`` and ``embed`` go through the
-exact and semantic caches (scoped by the function's tenant) unless the
-function's ``[cache.ai]`` turns them off or a call passes ``cache: false``
+With the PoP's `AICache`, ``chat``, ``chat_stream``, ``complete`` and ``embed``
+go through the exact and semantic caches (scoped by the function's tenant) unless
+the function's ``[cache.ai]`` turns them off or a call passes ``cache: false``
 (neither looked up nor stored). A hit is not admitted against the token budget
-(it spends no model tokens); its result says ``"cache": {"outcome", ...}``.
+(it spends no model tokens); its result says ``"cache": {"outcome", ...}``. A
+streamed hit replays the chunks as they were stored; a streamed miss is stored
+once it ends (not when it fails, is closed or abandoned before its end, or a
+purge ran meanwhile). An identical call meanwhile does not wait for it (it goes
+to the model): the stream's progress is its reader's, and a function that opened
+the same stream twice before reading the first would wait on itself.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ import itertools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgefn_core.errors import ApiError, BindingError, Rejected, WorkerError
+from gpu_worker import protocol as p
 from gpu_worker.client import Generation
 from runtime.ai import structured
 from runtime.ai.egress import Egress
@@ -41,7 +48,7 @@ from runtime.ai.openai_checks import check_messages
 from runtime.ai.service import ORIGIN_DOWN, AIService
 from runtime.ai.shaping import choice
 from runtime.cache.ai import replay
-from runtime.cache.ai.cache import AICache
+from runtime.cache.ai.cache import AICache, Lookup
 from runtime.cache.ai.entry import Embedded, Generated, Result
 from runtime.cache.ai.keys import Call, chat_call, completion_call, embedding_call
 from runtime.cache.settings import AICacheOverride
@@ -97,7 +104,7 @@ class AIBinding:
         self.budgets = budgets
         self.cache = cache
         self.cache_settings = cache_settings
-        self.streams: dict[int, tuple[Generation, float, Ticket | None]] = {}
+        self.streams: dict[int, _Open] = {}
         self.ids = itertools.count(1)
         self.egress = egress
         self.resident = self.tenant  # whose data residency its model calls keep to
@@ -176,27 +183,57 @@ class AIBinding:
         params |= shaping
         if shaping and op == "chat":
             return _message(await self._generated(model, params), params)
+        call = (completion_call(self.tenant, model, params["prompt"], params)
+                if op == "complete" else chat_call(self.tenant, model, params["messages"],
+                                                   params))
         if not stream:
-            call = (completion_call(self.tenant, model, params["prompt"], params)
-                    if op == "complete" else chat_call(self.tenant, model, params["messages"],
-                                                       params))
             return await self._cached(call, a,
                                       lambda: self._answered(model, params, traceparent))
-        hop = self._hop(model, params)  # refused before any charge
-        ticket = await self._admit(model, stream, params.get("max_tokens"),
-                                   prompt=params.get("prompt"), messages=params.get("messages"))
+        found, said = None, {}
+        if self.cache is not None:
+            off = a.get("cache") is False
+            found = await self.cache.lookup(call, self.cache.policy(
+                self.cache_settings, lookup=not off, store=not off))
+            said = {"cache": self.cache.account(found, self.owner)}
+            if found.entry is not None:
+                assert isinstance(found.entry.result, Generated)
+                return {"stream": self._open(Replayed(found.entry.result), None), **said}
+        try:
+            hop = self._hop(model, params)  # refused before any charge
+            ticket = await self._admit(model, stream, params.get("max_tokens"),
+                                       prompt=params.get("prompt"),
+                                       messages=params.get("messages"))
+        except BaseException:
+            self._abandon(found)
+            raise
         gen: Generation | None = None
         try:
             gen = await self.service.client.generate(model, stream=True,
                                                      traceparent=traceparent, **hop)
         except BaseException as e:
+            self._abandon(found)
             if ticket is not None:
                 await ticket.settle(used_by(ticket, gen, e))
             raise
+        purges = -1
+        if found is not None and self.cache is not None and found.flight is not None:
+            purges = self.cache.purges
+            self.cache.abandon(found)  # nobody waits on a stream (see the module docstring)
+        return {"stream": self._open(gen, ticket, found, purges), **said}
+
+    def _open(self, gen: Generation | Replayed, ticket: Ticket | None,
+              found: Lookup | None = None, purges: int = -1) -> int:
+        """A new stream of this deployment, its id. `found`: the cache's miss to
+        store its answer for, unless the cache's `purges` is no longer `purges`."""
         self._sweep()
         sid = next(self.ids)
-        self.streams[sid] = (gen, time.monotonic(), ticket)
-        return {"stream": sid}
+        self.streams[sid] = _Open(gen, time.monotonic(), ticket, found if purges >= 0 else None,
+                                  purges)
+        return sid
+
+    def _abandon(self, found: Lookup | None) -> None:
+        if found is not None and self.cache is not None:
+            self.cache.abandon(found)
 
     async def _answered(self, model: str, params: dict[str, Any],
                         traceparent: str | None = None) -> Generated:
@@ -278,8 +315,8 @@ class AIBinding:
         if entry is None:
             raise BindingError(f"no AI stream {sid} for function {self.owner!r} (finished, "
                                f"closed after {STREAM_IDLE:.0f} s unread, or not its own)")
-        gen, _, ticket = entry
-        self.streams[sid] = (gen, time.monotonic(), ticket)
+        gen, ticket = entry.gen, entry.ticket
+        entry.seen = time.monotonic()
         chunks: list[str] = []
         try:
             chunks.append(await anext(gen))
@@ -290,18 +327,25 @@ class AIBinding:
         except WorkerError as e:
             del self.streams[sid]
             if ticket is not None:
-                await ticket.settle(used_by(ticket, gen, e))
+                await ticket.settle(used_by(ticket, _generation(gen), e))
             raise
+        entry.chunks += chunks
         if not gen.finished:
             return {"chunks": chunks, "done": None}
         del self.streams[sid]
         if ticket is not None:
-            await ticket.settle(used_by(ticket, gen, None))
+            await ticket.settle(used_by(ticket, _generation(gen), None))
         d = gen.done
         assert d is not None
-        return {"chunks": chunks, "done": {"finish_reason": d.finish_reason,
-                                           "usage": {"prompt_tokens": d.prompt_tokens,
-                                                     "completion_tokens": d.completion_tokens}}}
+        if entry.found is not None and self.cache is not None \
+                and d.finish_reason != "cancelled" and self.cache.purges == entry.purges:
+            self.cache.complete(entry.found, Generated(
+                tuple(entry.chunks), d.finish_reason, d.prompt_tokens, d.completion_tokens),
+                (time.monotonic() - entry.opened) * 1000)
+        usage = {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens}
+        if isinstance(gen, Replayed):
+            usage["cached_tokens"] = d.prompt_tokens
+        return {"chunks": chunks, "done": {"finish_reason": d.finish_reason, "usage": usage}}
 
     async def _embed(self, model: str, inputs: Any, a: dict[str, Any]) -> dict[str, Any]:
         texts = [inputs] if isinstance(inputs, str) else [str(t) for t in inputs]
@@ -333,21 +377,65 @@ class AIBinding:
         entry = self.streams.pop(sid, None)
         if entry is None:
             return False
-        await _end(entry[0], entry[2])
+        await _end(entry.gen, entry.ticket)
         return True
 
     def _sweep(self) -> None:
         now = time.monotonic()
-        for sid, (gen, seen, ticket) in list(self.streams.items()):
-            if now - seen > STREAM_IDLE:
+        for sid, entry in list(self.streams.items()):
+            if now - entry.seen > STREAM_IDLE:
                 del self.streams[sid]
-                asyncio.get_running_loop().create_task(_end(gen, ticket))
+                asyncio.get_running_loop().create_task(_end(entry.gen, entry.ticket))
 
     async def close(self) -> None:
         """Close the streams still open (the deployment is going away)."""
         streams, self.streams = self.streams, {}
-        for gen, _, ticket in streams.values():
-            await _end(gen, ticket)
+        for entry in streams.values():
+            await _end(entry.gen, entry.ticket)
+
+
+class Replayed:
+    """A cached answer as a stream: its stored chunks, all at once (what `_next`
+    reads of a `Generation`)."""
+
+    def __init__(self, result: Generated) -> None:
+        self.chunks = list(result.chunks) or [""]
+        self.done = p.Done(id=0, finish_reason=result.finish_reason,
+                           prompt_tokens=result.prompt_tokens,
+                           completion_tokens=result.completion_tokens)
+        self.finished = False
+        self.queue = self  # `_next` asks `queue.empty()` whether more is there at once
+
+    def empty(self) -> bool:
+        return not self.chunks
+
+    def __aiter__(self) -> Replayed:
+        return self
+
+    async def __anext__(self) -> str:
+        if not self.chunks:
+            raise StopAsyncIteration
+        chunk = self.chunks.pop(0)
+        self.finished = not self.chunks
+        return chunk
+
+    async def aclose(self) -> None:
+        self.chunks.clear()
+
+
+@dataclass
+class _Open:
+    """A stream of this deployment: what it reads, when it was last read, its budget
+    ticket, the cache's miss to store when it ends (and the cache's purge count
+    then) and what it streamed."""
+
+    gen: Generation | Replayed
+    seen: float
+    ticket: Ticket | None
+    found: Lookup | None = None
+    purges: int = -1
+    chunks: list[str] = field(default_factory=list)
+    opened: float = field(default_factory=time.monotonic)
 
 
 def _stream_id(a: dict[str, Any]) -> int:
@@ -392,8 +480,13 @@ def _plain(r: Result) -> dict[str, Any]:
             "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens}}
 
 
-async def _end(gen: Generation, ticket: Ticket | None) -> None:
+async def _end(gen: Generation | Replayed, ticket: Ticket | None) -> None:
     """Stop a stream nobody reads any more and settle what it may have used."""
     if ticket is not None:
-        await ticket.settle(used_by(ticket, gen, None))
+        await ticket.settle(used_by(ticket, _generation(gen), None))
     await gen.aclose()
+
+
+def _generation(gen: Generation | Replayed) -> Generation | None:
+    """The model's generation a stream reads (a replayed one has none: no ticket)."""
+    return gen if isinstance(gen, Generation) else None

@@ -142,6 +142,8 @@ class AICache:
         self.exact: dict[bytes, Entry] = {}
         self.flights: dict[bytes, Flight] = {}
         self.labels = itertools.count(1)
+        self.purges = 0  # how many purges ran: a caller that stores later without a
+        # flight (a function's stream, `runtime.bindings.ai`) stores nothing past one
 
     def policy(self, override: AICacheOverride | None = None, *, lookup: bool = True,
                store: bool = True, ttl: float | None = None) -> Policy:
@@ -384,6 +386,7 @@ class AICache:
             return (model is None or call.model == model) and \
                 (tenant is None or call.tenant == tenant)
 
+        self.purges += 1
         gone = [e for e in entries(self) if matches(e.call)]
         for entry in gone:
             self._remove(entry)

@@ -5,6 +5,7 @@ own questions, so none depends on another's entries."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import numpy as np
 import openai
 import pytest
 
+from runtime.bindings.ai import AIBinding
 from runtime.cache.ai.guards import DEFAULT_THRESHOLD, normalize
 from runtime.security.keys import KeyStore
 from tests.support import Running, pop_thread, python_function
@@ -176,6 +178,72 @@ def test_a_functions_ai_binding_goes_through_the_cache(pop: Running, tmp_path: P
     rows = [r for r in pop.pop.stores.cache_stats.snapshot()
             if (r["cache"], r["function"]) == ("ai", "asker")]
     assert {r["model"]: r["hits"] for r in rows} == {CHAT: 1, "all-minilm-l6-v2": 1}
+
+
+STREAMER = """
+import json
+from edgefn import Response
+
+
+def handle(request, env):
+    ai = env.ai()
+    q = [{"role": "user", "content": request.query.get("q", "hi")}]
+    if request.query.get("twice"):  # the second opened before the first is read
+        a, b = (ai.chat(q, stream=True, max_tokens=8, temperature=0) for _ in range(2))
+        return Response.json([a.cache["outcome"], b.cache["outcome"], list(a) == list(b)])
+    out = []
+    for cache in (True, True, False):
+        s = ai.chat(q, stream=True, max_tokens=8, temperature=0, cache=cache)
+        chunks = list(s)
+        out.append([s.cache["outcome"], chunks, s.result])
+    if request.query.get("plain"):  # a streamed miss stored: a plain call hits it
+        out.append([ai.chat(q, max_tokens=8, temperature=0)["cache"]["outcome"]])
+    return Response.json(out)
+"""
+
+
+def test_a_functions_streamed_chat_goes_through_the_cache(pop: Running, tmp_path: Path
+                                                           ) -> None:
+    """`ai.chat(stream=True)` never looked the cache up nor stored its answer: the same
+    question streamed twice cost the model's tokens twice."""
+    pop.deploy(python_function(tmp_path, "streamer", STREAMER, limits="wall_ms = 60000",
+                               extra="[bindings]\nai = true\n"))
+    status, _, body = pop.request("GET", "/streamer?q=Name+a+river.&plain=1", timeout=60)
+    assert status == 200, body
+    (o1, c1, r1), (o2, c2, r2), (o3, c3, _), (o4,) = json.loads(body)
+    assert (o1, o2, o3, o4) == ("miss", "hit-exact", "bypass", "hit-exact")
+    assert c1 == c2 and "".join(c1) == "".join(c3) and len(c1) > 1  # chunks as they came
+    assert r2["usage"]["cached_tokens"] == r2["usage"]["prompt_tokens"] > 0
+    assert "cached_tokens" not in r1["usage"] and r1["finish_reason"] == r2["finish_reason"]
+    rows = [r for r in pop.pop.stores.cache_stats.snapshot()
+            if (r["cache"], r["function"]) == ("ai", "streamer")]
+    assert [r["hits"] for r in rows] == [2]
+    # nothing waits on a stream in flight: this one waited on itself to its wall limit
+    status, _, body = pop.request("GET", "/streamer?q=Name+a+lake.&twice=1", timeout=30)
+    assert (status, json.loads(body)) == (200, ["miss", "miss", True]), body
+
+
+def test_a_stream_that_a_purge_overtook_stores_nothing(pop: Running) -> None:
+    """The binding stores a streamed miss when it ends, with no flight a purge could
+    mark: a purge meanwhile must still keep its answer out."""
+    assert pop.loop is not None and pop.pop.ai is not None
+    binding = AIBinding(pop.pop.ai, "purged-stream", cache=pop.pop.stores.ai_cache)
+    q = {"model": CHAT, "messages": [{"role": "user", "content": "Name a mountain."}],
+         "max_tokens": 6, "temperature": 0}
+
+    async def stream(purge: bool) -> str:
+        opened = await binding.call("chat_stream", dict(q))
+        if purge:
+            assert binding.cache is not None
+            binding.cache.purge(model=CHAT)
+        while (await binding.call("chat_next", {"stream": opened["stream"]}))["done"] is None:
+            pass
+        return str(opened["cache"]["outcome"])
+
+    def run(purge: bool) -> str:
+        return asyncio.run_coroutine_threadsafe(stream(purge), pop.loop).result(60)  # type: ignore[arg-type]
+
+    assert [run(True), run(False), run(False)] == ["miss", "miss", "hit-exact"]
 
 
 def test_a_function_may_turn_its_cache_off(pop: Running, tmp_path: Path) -> None:

@@ -353,7 +353,8 @@ class AI:
     def chat(self, messages: list[dict[str, Any]], *, model: str | None = None,
              stream: bool = False, **params: Any) -> Any:
         """{"text", "finish_reason", "usage"}; with `stream`, an iterator of text
-        chunks (its `.result` holds finish_reason and usage at the end).
+        chunks (its `.result` holds finish_reason and usage at the end, its `.cache`
+        the AI cache's outcome).
         params: max_tokens, temperature, top_p, stop, seed, presence_penalty,
         frequency_penalty, logit_bias, response_format (the text is then JSON that
         follows it) and, without `stream`, tools, tool_choice, parallel_tool_calls:
@@ -361,7 +362,8 @@ class AI:
         to `messages`) and "tool_calls" (empty when the model answered in text)."""
         args = {"model": model or self.model, "messages": messages, **params}
         if stream:
-            return ChatStream(self._call("ai.chat_stream", args, True)["stream"], self._call)
+            opened = self._call("ai.chat_stream", args, True)
+            return ChatStream(opened["stream"], self._call, opened.get("cache"))
         return self._call("ai.chat", args, True)
 
     def complete(self, prompt: str, *, model: str | None = None, **params: Any) -> dict:
@@ -381,11 +383,13 @@ class AI:
 
 
 class ChatStream:
-    """Text chunks of a streamed chat, as the model produces them."""
+    """Text chunks of a streamed chat, as the model produces them (a cache hit: as
+    they were stored; `cache` says which, as a plain chat's ``"cache"`` does)."""
 
-    def __init__(self, stream: int, call: Any) -> None:
+    def __init__(self, stream: int, call: Any, cache: dict[str, Any] | None = None) -> None:
         self.stream = stream
         self._call = call
+        self.cache = cache
         self.result: dict[str, Any] | None = None
 
     def __iter__(self) -> Any:
