@@ -120,6 +120,47 @@ def test_a_request_queued_for_an_isolate_whose_interpreter_fails_to_restart_is_s
         "the host whose interpreter failed to start is still running"
 
 
+HOG = """
+import os, threading, time
+from edgefn import Response
+
+def hold():
+    held = bytearray(280 << 20)  # what the interpreter left behind keeps
+    threading.Event().wait()  # blocked in C: unstoppable
+
+def handle(request, env):
+    if request.query.get("hog"):
+        threading.Thread(target=hold).start()
+        time.sleep(0.5)  # the next request queues behind this one meanwhile
+    return Response(f"served by {os.getpid()}")
+"""
+
+
+@pytest.mark.parametrize("standby", [True, False])
+def test_a_request_queued_for_an_isolate_out_of_room_to_restart_is_served(
+        pop: Running, tmp_path: Path, standby: bool) -> None:
+    """As above, but what the thread left behind holds leaves no room for a fresh
+    interpreter's share: the isolate stops, and the request handed to it got a 502
+    ("its isolate ended unexpectedly"); the host says so first now, and the request
+    goes to the standby or the new host."""
+    pop.deploy(python_function(tmp_path, "hog", HOG, limits="wall_ms = 10000\nmemory_mb = 64",
+                               pool=f"min = 1\nmax = 1\nstandby = {str(standby).lower()}"))
+    status, _, body = pop.get("/hog")
+    assert status == 200, body
+    hogged = int(body.split()[-1])
+    answers: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    first = threading.Thread(target=lambda: answers.setdefault("h", pop.get("/hog?hog=1")))
+    first.start()
+    time.sleep(0.2)
+    status, headers, body = pop.get("/hog", timeout=30)
+    first.join()
+    assert answers["h"][::2] == (200, f"served by {hogged}".encode())
+    assert status == 200, (headers.get("x-edgefn-error"), body)
+    assert int(body.split()[-1]) != hogged
+    assert wait_until(lambda: hogged not in host_pids("hog"), 15) is not None, \
+        "the host out of room is still running"
+
+
 STATE = """
 from edgefn import Response
 

@@ -116,6 +116,18 @@ class Retirement:
             pass  # the PoP is gone: stdin's EOF ends us
 
 
+def stopped(fd: int, why: str) -> None:
+    """Tell the PoP the isolate on `fd` starts no interpreter again (a READY that is
+    not ok): a job it was handed meanwhile, while its last interpreter ended
+    unannounced, goes to another isolate (it got a 502 "isolate ended unexpectedly"
+    when the socket just closed)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.sendall(wire.json_frame(wire.READY, {"ok": False, "stopped": why}))
+    except OSError:
+        pass  # the PoP is gone: stdin's EOF ends us
+
+
 def check_room(cfg: dict, fd: int, retirement: Retirement) -> bool:
     """Whether the isolate on `fd` may start its next interpreter; asks for the
     host to be replaced when the room under its cap runs low."""
@@ -150,7 +162,9 @@ def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retiremen
             try:
                 i = interp.create()
             except Exception as e:  # InterpreterError, MemoryError: nothing was sent on fd
-                retirement.ask(fd, f"cannot create an interpreter ({type(e).__name__}: {e})")
+                why = f"cannot create an interpreter ({type(e).__name__}: {e})"
+                retirement.ask(fd, why)
+                stopped(fd, why)
                 return True
             err = interp.run(i, prepare_code(cfg, fd))
         serving = err is None
@@ -177,6 +191,7 @@ def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retiremen
         if serving or not first:
             retirement.ask(fd, f"an isolate ended with {err}")
         return True
+    stopped(fd, "a fresh interpreter's share no longer fits under the host's memory cap")
     return True  # out of room
 
 

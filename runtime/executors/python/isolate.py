@@ -192,7 +192,10 @@ class Isolate:
         elif info.get("recycling"):
             self.recycling = True  # takes effect when the job in flight ends
         else:
-            log.error("%s: isolate failed to start: %s", self.cfg.name, info.get("error"))
+            if info.get("stopped"):  # its host is being replaced (it asked): no error
+                log.warning("%s: isolate stopped: %s", self.cfg.name, info["stopped"])
+            else:
+                log.error("%s: isolate failed to start: %s", self.cfg.name, info.get("error"))
             if self.state == "recycling":  # it started before: its host is failing
                 self.owner.events.retiring(self, "an isolate failed to restart")
             # a job sent while its last interpreter ended unannounced (a thread it could
