@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from runtime.cli.dev import GONE_SECONDS
 from tests.support import EXAMPLES, function_dir, host_pids, python_function, reactor
 
 EDGEFN = [sys.executable, "-m", "runtime.cli"]
@@ -182,7 +183,7 @@ def test_dev_deploys_a_tree_and_redeploys_on_change(tmp_path: Path) -> None:
         assert any("redeploying" in line for line in lines)
 
         def until(done: Callable[[], bool]) -> None:
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 10 + GONE_SECONDS
             while not done() and time.monotonic() < deadline:
                 time.sleep(0.1)
 
@@ -209,6 +210,67 @@ def test_dev_deploys_a_tree_and_redeploys_on_change(tmp_path: Path) -> None:
         shutil.rmtree(twin)
         until(lambda: get(port, "/twin")[0] == 404)
         assert get(port, "/twin")[0] == 404
+
+
+def wait_for_text(lines: list[str], text: str, count: int = 1) -> None:
+    """Wait until `text` was printed `count` times (a dev session's log)."""
+    deadline = time.monotonic() + 20 + GONE_SECONDS
+    while "".join(lines).count(text) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "".join(lines).count(text) >= count, "".join(lines)
+
+
+def test_dev_keeps_a_function_holding_versions_it_did_not_deploy(tmp_path: Path) -> None:
+    """A watched folder with the files of a function `edgefn deploy` made ("unchanged")
+    took it over, and deleted it, every version, when it went; so did one deploying a
+    third version over two deployed by the CLI."""
+    data, tree = tmp_path / "data", tmp_path / "fns"
+    tree.mkdir()
+    api = function_dir(tmp_path / "elsewhere", "api", reactor(""))
+    with pop_process(data, str(tree), "--no-ai", command="dev") as (_, port, lines):
+        cli("deploy", str(api), data=data)
+        shutil.copytree(api, tree / "scratch")
+        wait_for_text(lines, "unchanged api")
+        shutil.rmtree(tree / "scratch")
+        wait_for_text(lines, "kept      api")
+        assert "(fns/scratch is gone; it holds versions this dev session did not deploy: " \
+               "`edgefn delete api` removes it)" in "".join(lines).replace(str(tmp_path) + "/", "")
+        assert get(port, "/api")[0] == 200 and (data / "versions" / "api").is_dir()
+
+        (api / "edgefn.toml").write_text((api / "edgefn.toml").read_text() + "# v2\n")
+        cli("deploy", str(api), data=data)
+        shutil.copytree(api, tree / "new")
+        (tree / "new" / "edgefn.toml").write_text(
+            (api / "edgefn.toml").read_text() + "# v3\n")
+        wait_for_text(lines, "deployed  api")
+        shutil.rmtree(tree / "new")
+        wait_for_text(lines, "kept      api", 2)
+        versions = json.loads(cli("versions", "api", "--json", data=data).stdout)
+        assert len(versions["versions"]) == 3 and get(port, "/api")[0] == 200
+        assert "removed" not in "".join(lines)
+
+
+def test_dev_keeps_the_history_of_a_folder_gone_for_a_moment(tmp_path: Path) -> None:
+    """edgefn.toml moved away for 2 s: the function was removed with its versions,
+    and its folder, back, deployed one version afresh."""
+    data, tree = tmp_path / "data", tmp_path / "fns"
+    own = function_dir(tree, "own", reactor(""))
+    with pop_process(data, str(tree), "--no-ai", command="dev") as (_, port, lines):
+        wait_for_text(lines, "deployed  own")
+        toml = own / "edgefn.toml"
+        toml.write_text(toml.read_text() + "# v2\n")
+        wait_for_text(lines, "deployed  own", 2)
+        toml.rename(tmp_path / "edgefn.toml")
+        time.sleep(2)
+        (tmp_path / "edgefn.toml").rename(toml)
+        time.sleep(GONE_SECONDS + 1)
+        assert "removed" not in "".join(lines), "".join(lines)
+        versions = json.loads(cli("versions", "own", "--json", data=data).stdout)
+        assert len(versions["versions"]) == 2 and get(port, "/own")[0] == 200
+        # gone for good: a function this session deployed every version of goes with it
+        shutil.rmtree(own)
+        wait_for_text(lines, "removed   own")
+        assert get(port, "/own")[0] == 404 and not (data / "versions" / "own").exists()
 
 
 def test_dev_with_two_workers_deploys_and_redeploys_to_both(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,6 +38,7 @@ from runtime.pop import PoP
 
 log = logging.getLogger("edgefn.dev")
 POLL_SECONDS = 0.5
+GONE_SECONDS = 5.0  # a folder gone this long is removed (not one moved away and back)
 # errors binding a listener, reported in one line rather than a traceback
 LISTEN_ERRORS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
 
@@ -155,13 +157,16 @@ def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
 
 type Deploy = Callable[[Path], Awaitable[DeployResult]]
 type Remove = Callable[[str], Awaitable[None]]
+type Versions = Callable[[str], Awaitable[set[str]]]
 
 
 class Target(NamedTuple):
-    """Where `edgefn dev` deploys: how to deploy a folder and to remove a function."""
+    """Where `edgefn dev` deploys: how to deploy a folder, to remove a function and
+    to list the versions a function's record holds (none for an unknown one)."""
 
     deploy: Deploy
     remove: Remove
+    versions: Versions
 
 
 def in_process(registry: Registry) -> Target:
@@ -169,7 +174,13 @@ def in_process(registry: Registry) -> Target:
     async def deploy(directory: Path) -> DeployResult:
         return await registry.deploy(deploys.pack_dir(directory), str(directory))
 
-    return Target(deploy, registry.delete)
+    async def versions(name: str) -> set[str]:
+        try:
+            return {v.version for v in registry.versions(name).versions}
+        except NotFound:
+            return set()
+
+    return Target(deploy, registry.delete, versions)
 
 
 def through_admin(data: Path) -> Target:
@@ -184,13 +195,36 @@ def through_admin(data: Path) -> Target:
     async def remove(name: str) -> None:
         await asyncio.to_thread(client.request, "DELETE", f"/v1/functions/{quote(name, safe='')}")
 
-    return Target(deploy, remove)
+    async def versions(name: str) -> set[str]:
+        try:
+            rec = await asyncio.to_thread(client.request, "GET",
+                                          f"/v1/functions/{quote(name, safe='')}/versions")
+        except AdminError as e:
+            if e.status == 404:
+                return set()
+            raise
+        return {v["version"] for v in rec["versions"]}
+
+    return Target(deploy, remove, versions)
 
 
-async def deploy_dir(target: Target, directory: Path, served: dict[Path, str]) -> bool:
-    """Deploy `directory`; `served` (folder -> the function it deployed) is kept up to
-    date: a folder whose manifest now names another function first removes the one
-    it deployed (else its routes would refuse the renamed one)."""
+class Session:
+    """What one `edgefn dev` run did to its PoP: the function each folder serves, and
+    the versions it added to each function's record. A function holding only those
+    is the session's own, and goes with its folder; one with a version from
+    elsewhere (`edgefn deploy`, an earlier session) is kept."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.served: dict[Path, str] = {}  # folder -> the function it deployed
+        self.made: dict[str, set[str]] = {}  # function -> versions this session added
+
+
+async def deploy_dir(session: Session, directory: Path) -> bool:
+    """Deploy `directory`, keeping `session` up to date: a folder whose manifest now
+    names another function first releases the one it deployed (else its routes would
+    refuse the renamed one)."""
+    target, served = session.target, session.served
     try:
         name = manifest.load(directory).name
     except ManifestError as e:
@@ -203,14 +237,17 @@ async def deploy_dir(target: Target, directory: Path, served: dict[Path, str]) -
         return False
     before = served.get(directory)
     if before is not None and before != name:
-        await remove(target, before, f"{directory} is {name!r} now")
+        await release(session, before, f"{directory} is {name!r} now")
         served.pop(directory)
     try:
+        known = await target.versions(name)  # a version recorded before is not this session's
         r = await target.deploy(directory)
     except (ManifestError, DeployError, AdminError) as e:
         print(f"  ! {directory}: {e}", flush=True)
         return False
     served[directory] = r.name
+    if r.changed and r.version not in known:
+        session.made.setdefault(r.name, set()).add(r.version)
     routes = ", ".join((x.get("host") or "") + x["path"] for x in r.routes)
     state = "deployed" if r.changed else "unchanged"
     print(f"  {state:<9} {r.name:<16} {r.version}  {r.abi:<7} {routes}  ({r.took_ms} ms)",
@@ -226,35 +263,55 @@ def _name(directory: Path) -> str | None:
         return None
 
 
-async def remove(target: Target, name: str, why: str) -> None:
+async def release(session: Session, name: str, why: str) -> None:
+    """Remove `name` (every version) if this session added each version it holds;
+    else keep it serving, and say how to remove it."""
     try:
-        await target.remove(name)
+        held = await session.target.versions(name)
+    except AdminError as e:
+        print(f"  ! cannot remove {name}: {e}", flush=True)
+        return
+    if held and not held <= session.made.get(name, set()):
+        print(f"  kept      {name:<16} ({why}; it holds versions this dev session did not "
+              f"deploy: `edgefn delete {name}` removes it)", flush=True)
+        return
+    session.made.pop(name, None)
+    try:
+        await session.target.remove(name)
     except (NotFound, AdminError) as e:
         print(f"  ! cannot remove {name}: {e}", flush=True)
         return
     print(f"  removed   {name:<16} ({why})", flush=True)
 
 
-async def watch(target: Target, root: Path, served: dict[Path, str]) -> None:
-    """Redeploy a folder when its files change; remove the function of a folder that
-    is gone (or holds no edgefn.toml any more)."""
+async def watch(session: Session, root: Path) -> None:
+    """Redeploy a folder when its files change; release the function of a folder
+    that has been gone (or held no edgefn.toml) for `GONE_SECONDS`: one moved
+    away and back meanwhile keeps its function and history."""
+    served = session.served
     seen = {d: snapshot(d) for d in function_dirs(root)}
+    gone: dict[Path, float] = {}  # folder -> when it was first seen gone (monotonic)
     while True:
         await asyncio.sleep(POLL_SECONDS)
         dirs = function_dirs(root)
         for d in dirs:
+            gone.pop(d, None)
             snap = snapshot(d)
             if seen.get(d) != snap:
                 seen[d] = snap
                 print(f"change in {d}: redeploying", flush=True)
-                await deploy_dir(target, d, served)
+                await deploy_dir(session, d)
+        now = time.monotonic()
         for d in [d for d in served if d not in dirs]:
+            if now - gone.setdefault(d, now) < GONE_SECONDS:
+                continue
+            del gone[d]
             seen.pop(d, None)
             name = served.pop(d)
-            await remove(target, name, f"{d} is gone")
+            await release(session, name, f"{d} is gone")
             for other in dirs:  # a folder refused for declaring that name serves it now
                 if other not in served and _name(other) == name:
-                    await deploy_dir(target, other, served)
+                    await deploy_dir(session, other)
                     break
 
 
@@ -291,13 +348,13 @@ async def serve(config: PopConfig, dev_dir: str | None) -> None:
 
 async def develop(target: Target, root: Path, listing: Callable[[], list[Any]]) -> None:
     """`edgefn dev`: deploy every function folder under `root`, then redeploy one
-    when its files change and remove the function of one that goes, until
-    SIGINT/SIGTERM."""
+    when its files change and release the function of one that goes (`release`),
+    until SIGINT/SIGTERM."""
     print(f"dev mode: deploying functions under {root}", flush=True)
-    served: dict[Path, str] = {}
+    session = Session(target)
     for d in function_dirs(root):
-        await deploy_dir(target, d, served)
-    watcher = asyncio.create_task(watch(target, root, served))
+        await deploy_dir(session, d)
+    watcher = asyncio.create_task(watch(session, root))
     print_functions(await asyncio.to_thread(listing))
     await wait_for_signal()
     watcher.cancel()
