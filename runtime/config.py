@@ -255,9 +255,12 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
         return [type(s).__struct_config__.tag for s in self.pipeline]  # type: ignore[misc]
 
 
-def load(path: str | Path | None = None, **overrides: object) -> PopConfig:
+def load(path: str | Path | None = None, *, under: dict[str, object] | None = None,
+         **overrides: object) -> PopConfig:
     """The config in `path` (defaults when None), with `overrides` applied on top:
-    top-level fields by name, nested ones as ``"public.port"``.
+    top-level fields by name, nested ones as ``"public.port"``. `under`: top-level
+    fields for where the file sets none (the CLI's ``$EDGEFN_DATA``: under the
+    file's ``data``, over the built-in default); a None value is not given.
 
     Relative paths in the file (data, ai.worker_config, ai.socket, auth.jwt.jwks,
     bots.agents, bots.directories, metrics.token_file) are resolved
@@ -272,6 +275,9 @@ def load(path: str | Path | None = None, **overrides: object) -> PopConfig:
             raise InvalidConfig(label, f"cannot read: {e.strerror}") from None
         raw = tomlconf.decode(text, dict, label)
         _resolve_paths(raw, Path(path).resolve().parent)
+    for key, value in (under or {}).items():
+        if value is not None:
+            raw.setdefault(key, value)
     for key, value in overrides.items():
         if value is not None:
             _set(raw, key, value)

@@ -24,18 +24,24 @@ EDGEFN = [sys.executable, "-m", "runtime.cli"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str, data: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([*EDGEFN, *args, "--data", str(data)], capture_output=True, text=True,
-                       timeout=60, cwd=ROOT)
+def cli(*args: str, data: Path | None, check: bool = True,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`edgefn ARGS --data DATA` (no --data when DATA is None), with `env` added."""
+    given = ["--data", str(data)] if data is not None else []
+    r = subprocess.run([*EDGEFN, *args, *given], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env={**os.environ, **(env or {})})
     if check:
         assert r.returncode == 0, r.stderr
     return r
 
 
 @contextmanager
-def pop_process(data: Path, *extra: str, command: str = "serve") -> Iterator[tuple[subprocess.Popen[str], int, list[str]]]:
-    proc = subprocess.Popen([*EDGEFN, command, *extra, "--port", "0", "--data", str(data)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+def pop_process(data: Path | None, *extra: str, command: str = "serve", cwd: Path = ROOT,
+                env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], int, list[str]]]:
+    given = ["--data", str(data)] if data is not None else []
+    proc = subprocess.Popen([*EDGEFN, command, *extra, "--port", "0", *given],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                            env={**os.environ, **(env or {})})
     lines: list[str] = []
     assert proc.stdout is not None
     port = 0
@@ -301,6 +307,34 @@ def test_dev_with_two_workers_deploys_and_redeploys_to_both(tmp_path: Path) -> N
         # the redeploy is printed once both workers switched: neither serves the old text
         new = b"Hello, live reload (WASM)\n"
         assert list(bodies().values()) == [{new}, {new}]
+
+
+def test_edgefn_data_applies_under_a_config_file_that_sets_no_data(tmp_path: Path) -> None:
+    """With --config, $EDGEFN_DATA was ignored: the PoP used ./.edgefn, and the client
+    commands (which read $EDGEFN_DATA) found no PoP. --data > the file's `data` >
+    $EDGEFN_DATA > ./.edgefn."""
+    env = {"EDGEFN_DATA": str(tmp_path / "x"), "PYTHONPATH": str(ROOT)}  # run from tmp_path
+    bare, own = tmp_path / "cfg" / "pop.toml", tmp_path / "cfg" / "own.toml"
+    bare.parent.mkdir()
+    bare.write_text('name = "bare"\n')
+    own.write_text('data = "d"\n')
+    with pop_process(None, "--config", str(bare), "--no-ai", cwd=tmp_path, env=env) as \
+            (_, port, lines):
+        assert f"(token in {tmp_path / 'x' / 'admin.token'})" in "".join(lines)
+        cli("deploy", str(EXAMPLES / "hello-wat"), data=None, env=env)
+        assert get(port, "/hello")[0] == 200
+    assert not (tmp_path / ".edgefn").exists()
+    cli("keys", "create", "--tenant", "t", "--scopes", "*", "--rpm", "7", data=None, env=env)
+    shown = json.loads(cli("limits", "show", "--config", str(bare), "--json", data=None,
+                           env=env).stdout)
+    assert [k["rpm"] for k in shown["keys"]] == [7]  # the keys in $EDGEFN_DATA
+    with pop_process(None, "--config", str(own), "--no-ai", cwd=tmp_path, env=env) as \
+            (_, _, lines):
+        assert f"(token in {tmp_path / 'cfg' / 'd' / 'admin.token'})" in "".join(lines)
+    (tmp_path / "file").write_text("")  # an unusable one is named as what set it
+    r = cli("serve", "--config", str(bare), "--no-ai", "--port", "0", data=None, check=False,
+            env={**env, "EDGEFN_DATA": str(tmp_path / "file")})
+    assert r.stderr == f"edgefn: $EDGEFN_DATA: {tmp_path / 'file'} is not a directory\n"
 
 
 def test_module_entry_point_runs_help() -> None:

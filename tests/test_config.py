@@ -47,6 +47,16 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert config.load(path, **{"public.port": None}).public.port == 9000  # None: not given
 
 
+def test_under_sets_what_the_file_does_not(tmp_path: Path) -> None:
+    """The CLI's $EDGEFN_DATA: under the file's `data`, over the default."""
+    bare, own = write(tmp_path, 'name = "a"\n'), tmp_path / "own.toml"
+    own.write_text('data = "d"\n')
+    assert config.load(bare, under={"data": "/env"}).data == "/env"
+    assert config.load(own, under={"data": "/env"}).data == str(tmp_path / "d")
+    assert config.load(own, under={"data": "/env"}, data="/flag").data == "/flag"
+    assert config.load(bare, under={"data": None}).data == ".edgefn"  # None: not given
+
+
 def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
     """As README's sample pop.toml writes them; `socket = ""` had named a socket to
     wait on, and the PoP waited for it forever."""

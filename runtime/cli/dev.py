@@ -71,8 +71,9 @@ def run(args: argparse.Namespace, dev_dir: str | None) -> None:
             raise
         raise cannot_listen(e.strerror or str(e), e.errno) from None
     except InvalidConfig as e:  # the parts that build the PoP call its config "pop.toml"
-        if e.field == "data" and getattr(args, "data_given", False):  # the flag's value
-            raise InvalidConfig("--data", e.reason) from None
+        if e.field == "data" and cfg.data == args.data:  # not the file's value
+            given = getattr(args, "data_given", False) or not os.environ.get("EDGEFN_DATA")
+            raise InvalidConfig("--data" if given else "$EDGEFN_DATA", e.reason) from None
         config_file = getattr(args, "config", None)
         if config_file is None or not e.file.startswith("pop.toml") or \
                 isinstance(e, ManifestError):
@@ -114,10 +115,12 @@ def cannot_listen(reason: str, code: int | None = errno.EADDRINUSE,
 
 
 def pop_config(args: argparse.Namespace) -> PopConfig:
-    """The PoP config from --config and the flags that override it. Raises `InvalidConfig`."""
-    data = args.data if getattr(args, "data_given", False) or args.config is None else None
+    """The PoP config from --config and the flags that override it; the data dir is
+    --data, else the file's ``data``, else $EDGEFN_DATA, else ./.edgefn (`args.data`
+    is one of the last two when --data is not given). Raises `InvalidConfig`."""
+    data = args.data if getattr(args, "data_given", False) else None
     try:
-        return config.load(args.config, data=data, **{
+        return config.load(args.config, under={"data": args.data}, data=data, **{
             "public.host": args.host, "public.port": args.port, "admin.port": args.admin_port,
             "ai.enabled": False if args.no_ai else None, "ai.worker_config": args.ai_config,
             "ai.socket": args.ai_socket,

@@ -58,8 +58,8 @@ def limits_command(args: argparse.Namespace) -> None:
 
     out: dict[str, Any] | None = _running_limits(args.data) if args.config is None else None
     if out is None:  # no PoP runs on the data dir: what the config says
-        cfg = config.load(args.config, data=args.data if args.config is None
-                          or getattr(args, "data_given", False) else None)
+        cfg = config.load(args.config, under={"data": args.data},  # as `serve` reads it
+                          data=args.data if getattr(args, "data_given", False) else None)
         out = in_force(cfg.ratelimit, cfg.bots, KeyStore(cfg.data_dir))
     keys = out["keys"]
     if args.json:
