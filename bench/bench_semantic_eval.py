@@ -72,14 +72,16 @@ def rates(rows: list[dict], sims: np.ndarray, vetoes: list[str | None], t: float
 MIN_SERVED = 0.60  # twice the 30 % target: the margin for paraphrases never seen
 
 
-def pick_threshold(rows: list[dict], sims: np.ndarray, vetoes: list[str | None]) -> float:
+def pick_threshold(rows: list[dict], sims: np.ndarray, vetoes: list[str | None]
+                   ) -> float | None:
     """The highest grid threshold at which similarity + guards serve no trap and
-    at least `MIN_SERVED` of the should-hit pairs. The guards were written against
-    these rows, so they look better here than on new traps: the threshold keeps
-    as many traps away from them as the served share allows."""
+    at least `MIN_SERVED` of the should-hit pairs, or None if none does (traps the
+    guards miss above every threshold). The guards were written against these
+    rows, so they look better here than on new traps: the threshold keeps as many
+    traps away from them as the served share allows."""
     ok = [t for t in THRESHOLDS if rates(rows, sims, vetoes, t, True)[1] == 0
           and rates(rows, sims, vetoes, t, True)[0] >= MIN_SERVED]
-    return max(ok)
+    return max(ok, default=None)
 
 
 def report(name: str, rows: list[dict], sims: np.ndarray, vetoes: list[str | None]) -> None:
@@ -161,7 +163,8 @@ def main() -> None:
     print(f"threshold picked on the train split (highest serving no train trap and "
           f">= {MIN_SERVED:.0%} of train paraphrases): {chosen}"
           f"; DEFAULT_THRESHOLD = {DEFAULT_THRESHOLD}"
-          + ("" if abs(chosen - DEFAULT_THRESHOLD) < 1e-9 else "  (DIFFERS)"))
+          + ("" if chosen is not None and abs(chosen - DEFAULT_THRESHOLD) < 1e-9
+             else "  (DIFFERS)"))
     for name in ("train", "test"):
         idx = split[name]
         report(name + (" (tuning)" if name == "train" else " (held out)"),

@@ -346,6 +346,37 @@ How do I fix a leaking faucet? | How do I fix a leaking toilet?
 How do I change my profile picture? | How do I change my username?
 How do I write a resignation letter? | How do I write a reference letter?
 """,
+    # The same words and numbers with two of them swapped around a comparison or
+    # relation ("than", "vs", "beat", "to", "before"). Named "word-order" so that it sorts
+    # after the other kinds: `rows` shuffles kinds in name order with one generator,
+    # and the kinds above keep the splits they had before it was added.
+    "word-order": """
+Is Rust faster than Go? | Is Go faster than Rust?
+Is 5 bigger than 3? | Is 3 bigger than 5?
+Is Python 3.12 faster than 3.11? | Is Python 3.11 faster than 3.12?
+Did Germany beat Brazil in 2014? | Did Brazil beat Germany in 2014?
+What are the advantages of PostgreSQL vs MySQL? | What are the advantages of MySQL vs PostgreSQL?
+Where is the Arsenal vs Chelsea match played? | Where is the Chelsea vs Arsenal match played?
+How do I convert Celsius to Fahrenheit? | How do I convert Fahrenheit to Celsius?
+How do I convert a string to an integer in Python? | How do I convert an integer to a string in Python?
+Is 17 larger than 71? | Is 71 larger than 17?
+Is 0.5 greater than 0.25? | Is 0.25 greater than 0.5?
+Is 5 July 2025 later than 7 May 2025? | Is 7 May 2025 later than 5 July 2025?
+Move my Monday meeting to Friday | Move my Friday meeting to Monday
+Does Messi have more goals than Ronaldo? | Does Ronaldo have more goals than Messi?
+Is Mount Everest taller than K2? | Is K2 taller than Mount Everest?
+Is an iPhone more expensive than a Pixel? | Is a Pixel more expensive than an iPhone?
+Is Tokyo bigger than New York? | Is New York bigger than Tokyo?
+Did the Lakers beat the Celtics in the 2008 finals? | Did the Celtics beat the Lakers in the 2008 finals?
+How many times did Federer beat Nadal? | How many times did Nadal beat Federer?
+Why is Chrome slower than Firefox? | Why is Firefox slower than Chrome?
+Is 1 kg heavier than 2 pounds? | Is 2 pounds heavier than 1 kg?
+How do I translate English into German? | How do I translate German into English?
+What is the USD to EUR exchange rate? | What is the EUR to USD exchange rate?
+Did Brazil lose to Germany in 2014? | Did Germany lose to Brazil in 2014?
+Book the hotel for June 3 and the flight for June 10 | Book the hotel for June 10 and the flight for June 3
+Was Obama president before Trump? | Was Trump president before Obama?
+""",
 }
 
 

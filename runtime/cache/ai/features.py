@@ -1,9 +1,10 @@
 """What the semantic cache's guards compare: the features of one prompt.
 
 `features(text)` reads a prompt once (cached per text) into a `Features`: its
-negation count, the axes its polarity and comparative words take, its numbers,
-dates, units, named entities, constraint words, a from/to direction and its
-content words. The word lists are in `runtime.cache.ai.lexicon`.
+negation count, the axes its polarity and comparative words take, its numbers
+(in order), dates, units, named entities, constraint words, a from/to direction,
+the words on either side of its relation words ("than", "beat", "vs", "to") and
+its content words. The word lists are in `runtime.cache.ai.lexicon`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from . import lexicon as lx
 from .text import normalize, tokens
 
 type Axes = frozenset[tuple[str, int]]
+type Relation = tuple[str, frozenset[str], frozenset[str]]  # (relation, before, after)
 
 
 class Features(NamedTuple):
@@ -25,12 +27,13 @@ class Features(NamedTuple):
     negations: int                   # not, never, n't, ... (compared by parity)
     polarity: Axes                   # (axis, sign): enable/disable, buy/sell, ...
     comparative: Axes                # (axis, sign): cheaper/cheapest, before/after, ...
-    numbers: tuple[str, ...]         # sorted canonical numbers: "2" for 2, two, twice
+    numbers: tuple[str, ...]         # canonical numbers in order: "2" for 2, two, twice
     dates: frozenset[str]            # months, weekdays, "next-week", seasons, am/pm
     units: tuple[frozenset[str], frozenset[str]]  # (after a number, elsewhere)
     entities: tuple[tuple[str, ...], ...]  # capitalised/CamelCase/code names, folded
     constraints: frozenset[str]      # only, except, include, at_least, without, ...
     direction: tuple[str, str] | None  # "from X ... to Y" content words
+    relations: frozenset[Relation]   # ("than", {rust}, {go}) for "Rust faster than Go"
     content: frozenset[str]          # the rest: stemmed, synonyms folded
 
 
@@ -58,12 +61,13 @@ def _read(text: str) -> Features:
         negations=sum(t in lx.NEGATIONS for t in toks),
         polarity=_axes(phrased, lx.POLARITY, degree=False),
         comparative=_axes(phrased, lx.COMPARATIVE, degree=True),
-        numbers=tuple(sorted(numbers)),
+        numbers=tuple(numbers),  # in order: "5 bigger than 3" is not "3 bigger than 5"
         dates=_dates(toks),
         units=_units(toks, number_at),
         entities=_entities(text, frozenset(toks)),
         constraints=_constraints(phrased, norm),
         direction=_direction(toks),
+        relations=_relations(toks),
         content=_content(phrased),
     )
 
@@ -302,6 +306,38 @@ def _direction(toks: list[str]) -> tuple[str, str] | None:
     src = _next_content(toks, i + 1)
     dst = _next_content(toks, j + 1)
     return (src, dst) if src and dst else None
+
+
+def _relations(toks: list[str]) -> frozenset[Relation]:
+    """Each relation word (`lx.RELATIONS`) with the words it relates: the run of
+    words right before it and the run right after it, past articles, auxiliaries,
+    negations and comparatives, stemmed ("is Rust much faster than Go" →
+    ("than", {rust}, {go})). A word on both sides ("Python 3.12 faster than Python
+    3.11": python) says nothing of the order and is left out; only relations with
+    words left on both sides count."""
+    out = set()
+    for i, t in enumerate(toks):
+        if t in lx.RELATIONS:
+            before, after = _run(toks, i - 1, -1), _run(toks, i + 1, 1)
+            if before - after and after - before:
+                out.add((lx.RELATIONS[t], before - after, after - before))
+    return frozenset(out)
+
+
+_RELATION_SKIPS = lx.RELATION_FILLERS | lx.NEGATIONS | set(lx.COMPARATIVE) | set(lx.DEGREE)
+
+
+def _run(toks: list[str], i: int, step: int) -> frozenset[str]:
+    """The stems of the words from `i` on (`step` -1: backwards) up to the next
+    function word (`lx.RELATION_BOUNDS`) or relation word, `_RELATION_SKIPS`
+    passed over ("Messi has more goals than": {goal, messi})."""
+    out = set()
+    while 0 <= i < len(toks) and toks[i] not in lx.RELATIONS \
+            and toks[i] not in lx.RELATION_BOUNDS:
+        if toks[i] not in _RELATION_SKIPS:
+            out.add(_stem(toks[i]))
+        i += step
+    return frozenset(out)
 
 
 def _next_content(toks: list[str], i: int) -> str | None:

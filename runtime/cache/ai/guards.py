@@ -5,9 +5,10 @@ of at least `DEFAULT_THRESHOLD` (per PoP, function or request it may be set
 otherwise) and no guard that vetoes: embeddings place "enable dark mode" next to
 "disable dark mode", "2 eggs" next to "3 eggs" and "Python 3.12" next to "Python
 3.11"; the guards compare what the two prompts say on each of those points (see
-`runtime.cache.ai.features`) and refuse when they differ. `normalize` is what
-both caches hash and embed. bench/bench_semantic_eval.py measures the pair on a
-held-out labelled set.
+`runtime.cache.ai.features`) and refuse when they differ, numbers and the two
+sides of "than", "beat", "vs", "to" in order ("Is Rust faster than Go?" is not
+"Is Go faster than Rust?"). `normalize` is what both caches hash and embed.
+bench/bench_semantic_eval.py measures the pair on a held-out labelled set.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def _opposed(a: frozenset[tuple[str, int]], b: frozenset[tuple[str, int]]) -> bo
 
 
 def _number(a: Features, b: Features) -> bool:
+    """Other numbers, or the same in another order ("is 5 bigger than 3")."""
     return a.numbers != b.numbers
 
 
@@ -79,6 +81,15 @@ def _direction(a: Features, b: Features) -> bool:
     if a.direction is None or b.direction is None or a.direction == b.direction:
         return False
     return a.direction[0] == b.direction[1] or a.direction[1] == b.direction[0]
+
+
+def _order(a: Features, b: Features) -> bool:
+    """The two sides of one relation word swapped: "Is Rust faster than Go?"
+    against "Is Go faster than Rust?", "Did Germany beat Brazil?" against "Did
+    Brazil beat Germany?". A prompt that says both ways round swaps nothing."""
+    return any(x[0] == y[0] and x[1] & y[2] and x[2] & y[1]
+               and x not in b.relations and y not in a.relations
+               for x in a.relations for y in b.relations)
 
 
 def _scope(a: Features, b: Features) -> bool:
@@ -132,6 +143,7 @@ GUARDS: tuple[tuple[str, Callable[[Features, Features], bool]], ...] = (
     ("comparative", _comparative),
     ("constraint", _constraint),
     ("direction", _direction),
+    ("order", _order),
     ("scope", _scope),
 )
 

@@ -95,6 +95,33 @@ _COMPARATIVE: dict[str, tuple[str, ...]] = {
 # "more X" / "most X" take X's axis and sign; "less X" / "least X" flip it.
 DEGREE = {"more": 1, "most": 1, "less": -1, "least": -1}
 
+# Words that relate the words before them to those after, one way round: "Rust is
+# faster than Go", "Germany beat Brazil", "convert Celsius to Fahrenheit" say
+# something else with the two sides swapped. Canonical name per spelling. "vs" is
+# not always one way ("list vs tuple difference"), but often is ("advantages of X
+# vs Y", "Arsenal vs Chelsea": the home side): a swap is refused, at worst a miss.
+RELATIONS = {
+    "than": "than", "vs": "vs", "versus": "vs", "against": "vs",
+    "beat": "beat", "beats": "beat", "beaten": "beat", "defeat": "beat",
+    "defeats": "beat", "defeated": "beat", "to": "to", "into": "to",
+    "before": "before", "after": "after",
+}
+# Passed over among the words a relation word relates ("is Rust much faster than
+# Go", "Germany didn't beat Brazil", "does Messi have more goals than"): articles,
+# auxiliaries, degree words.
+RELATION_FILLERS = frozenset({"a", "an", "the", "is", "are", "was", "were", "be", "do",
+                              "does", "did", "has", "have", "had", "much", "far", "even"})
+# Where the words a relation word relates end: function words. Not all stopwords:
+# "list", "number" or "way" are one side in "convert a list into a dict".
+_RELATION_BOUNDS = """
+and or but if of in on at by for with from onto about as then so between per
+i me my mine we us our you your yours he she it its they them their
+this that these those there here who whom whose which what whats when where why how wheres
+can could would should will shall may might must
+i'm i'd i've it's what's where's that's there's let's
+"""
+RELATION_BOUNDS = frozenset(_RELATION_BOUNDS.split())
+
 
 def _axes(table: dict[str, tuple[str, ...]]) -> dict[str, tuple[tuple[str, int], ...]]:
     out: dict[str, list[tuple[str, int]]] = {}

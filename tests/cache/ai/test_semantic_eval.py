@@ -22,7 +22,7 @@ from runtime.cache.ai.guards import DEFAULT_THRESHOLD, normalize, veto
 DATA = Path(__file__).resolve().parents[3] / "bench" / "data" / "semantic_eval.jsonl"
 MODEL = "all-minilm-l6-v2"
 KINDS = {"paraphrase", "negation", "number", "date", "unit", "entity", "comparative",
-         "constraint", "scope"}
+         "constraint", "scope", "word-order"}
 
 
 @pytest.fixture(scope="module")
