@@ -258,7 +258,7 @@ class AICache:
         """Whether `cached`'s answer may serve `found` (similar enough): the same
         numbers and operators (`text.formula`), and no guard that vetoes."""
         guard = "formula" if found.call.formula != cached.formula else \
-            guards.veto(found.call.query, cached.query)
+            guards.veto(found.call.said or found.call.query, cached.said or cached.query)
         if guard is not None and found.guard is None:
             found.guard, found.similarity = guard, sim
         return guard is None

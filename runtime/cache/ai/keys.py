@@ -44,6 +44,8 @@ class Call:
     bucket: bytes  # where its entry counts against max_entries_per_scope: its scope,
     # or (without one) its kind x tenant x model
     formula: str = ""  # the query's numbers and operators (`text.formula`)
+    said: str = ""  # the query as the caller wrote it: the guards read names by their case
+    # (on two normalized queries the entity guard found no names at all)
 
 
 
@@ -116,7 +118,7 @@ def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],
         scope = _hash("chat-scope", tenant, model, system, turns, msgs[-1][2], s)
         shape = formula(last)
     return Call("chat", tenant, model, key, scope, query, _deterministic(s),
-                scope or _hash("chat-bucket", tenant, model), shape)
+                scope or _hash("chat-bucket", tenant, model), shape, last if scope else "")
 
 
 def completion_call(tenant: str | None, model: str, prompt: str, params: dict[str, Any]) -> Call:
