@@ -24,6 +24,7 @@ import threading
 import traceback
 from typing import Any
 
+from edgefn_core import hostcall
 from edgefn_core.errors import IsolateInterrupt, IsolateStop, IsolateWedged
 from runtime.executors.python import wire
 from runtime.executors.python.watchdog import (
@@ -471,8 +472,11 @@ class Session:
         with self.call_lock:
             self.calls += 1
             call_id = self.calls
-            self._send(wire.json_frame(wire.CALL, {"id": call_id, "name": name,
-                                                   "args": args, "wait": wait}))
+            payload = json.dumps({"id": call_id, "name": name, "args": args,
+                                  "wait": wait}).encode()
+            if (why := hostcall.refused(payload)) is not None:
+                raise self.sdk.BindingError(f"{name}: {why}")  # the PoP would end this host
+            self._send(wire.frame(wire.CALL, payload))
             if not wait:
                 return None
             while True:

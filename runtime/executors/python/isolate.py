@@ -11,13 +11,15 @@ when its socket is gone. Which job it runs is the scheduler's business.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
+
+from edgefn_core import hostcall
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import FunctionError, ProtocolError
 from runtime.executors.output import escaped_lines
@@ -168,6 +170,10 @@ class Isolate:
         elif kind == wire.RETIRE:
             self.owner.events.retiring(self, str(read_json(payload).get("why", "")))
         elif kind == wire.CALL:
+            if (why := hostcall.refused(payload)) is not None:
+                # the SDK refuses such a call before sending it: only a forged frame
+                self.garbage(ProtocolError(f"a host call the SDK would not send: {why}"))
+                return
             self.owner.events.call(self, read_json(payload))
         elif self.job is None:
             return  # a late frame of a job that already ended
@@ -265,9 +271,11 @@ class Isolate:
 
 
 def read_json(payload: bytes) -> dict[str, Any]:
-    """A JSON object frame's payload; {} for anything else."""
+    """A JSON object frame's payload; {} for anything else (nested past the decoder's
+    depth too: the RecursionError escaped the reader, and the response read with it
+    was lost)."""
     try:
-        obj = json.loads(payload)
-    except ValueError:
+        obj = msgspec.json.decode(payload)
+    except (ValueError, RecursionError):
         return {}
     return obj if isinstance(obj, dict) else {}

@@ -1,0 +1,98 @@
+"""Host calls too big to parse without stalling the PoP (`edgefn_core.hostcall`):
+a WASM guest's `call` and a Python isolate's CALL frame are refused before they
+are parsed (one 60 MiB call of ``[1,1,...]`` froze every tenant's requests for 2 s),
+with a message the function can read; a forged frame ends its own host."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from edgefn_core import hostcall
+from tests.support import Running, function_dir, host_pids, python_function, reactor
+
+
+def test_refused_says_which_bound_a_call_passes() -> None:
+    assert hostcall.refused(b'{"ns": "a", "key": "k"}') is None
+    assert hostcall.refused(b"[" * hostcall.SCAN_ABOVE) is None  # small: never scanned
+    big = b'{"value": "' + b"A" * (hostcall.MAX_BYTES - 13) + b'"}'
+    assert len(big) == hostcall.MAX_BYTES and hostcall.refused(big) is None  # one string
+    assert hostcall.refused(big + b" ") == (
+        f"its arguments are {hostcall.MAX_BYTES + 1} bytes of JSON (at most "
+        f"{hostcall.MAX_BYTES})")
+    nested = b"[" + b"{}," * hostcall.MAX_CONTAINERS + b"{}]"
+    assert hostcall.refused(nested) == (
+        f"its arguments hold {hostcall.MAX_CONTAINERS + 2} JSON objects and arrays (at most "
+        f"{hostcall.MAX_CONTAINERS}); send fewer at a time")
+    assert hostcall.refused(nested[:-6] + b"]") is None  # at the bound
+    flat = b"[" + b"1," * hostcall.MAX_VALUES + b"1]"
+    assert hostcall.refused(flat) == (f"its arguments hold {hostcall.MAX_VALUES + 1} values "
+                                      f"(at most {hostcall.MAX_VALUES}); send fewer at a time")
+    assert hostcall.refused(memoryview(flat[:-4] + b"]")) is None
+
+
+def caller(length: int, fill: bool) -> str:
+    """A reactor that calls ``kv.get`` with `length` bytes of arguments at 65536:
+    `fill` writes them as ``[[[...`` first."""
+    fill_code = (f"(memory.fill (i32.const 65536) (i32.const 91) (i32.const {length}))"
+                 if fill else "")
+    return reactor(f"""
+      {fill_code}
+      (drop (call $call (i32.const 300) (i32.const 6) (i32.const 65536) (i32.const {length})
+                        (i32.const 0) (i32.const 0)))""",
+                   imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
+                           '(result i64)))',
+                   prelude='(data (i32.const 300) "kv.get")', memory=2 + length // 65536)
+
+
+@pytest.mark.parametrize(("length", "fill", "why"), [
+    (hostcall.MAX_BYTES + 1, False, f"its arguments are {hostcall.MAX_BYTES + 1} bytes of JSON"),
+    (300_000, True, "its arguments hold 300000 JSON objects and arrays"),
+])
+def test_a_wasm_call_too_big_to_parse_traps_saying_why(pop: Running, tmp_path: Path,
+                                                        length: int, fill: bool,
+                                                        why: str) -> None:
+    pop.deploy(function_dir(tmp_path, "big-call", caller(length, fill),
+                            extra='[bindings]\nkv = ["big"]',
+                            limits="memory_mb = 64\ncpu_ms = 1000"))
+    status, _, body = pop.get("/big-call")
+    assert status == 500 and f"call 'kv.get': {why}".encode() in body, body
+
+
+SENDER = """
+import gc, sys
+from edgefn import BindingError, Response
+
+def handle(request, env):
+    n = int(request.query["n"])
+    if request.query.get("forge"):  # past the SDK: a frame straight onto its socket
+        wire = sys.modules["runtime.executors.python.wire"]
+        session = next(o for o in gc.get_objects() if type(o).__name__ == "Session")
+        session._send(wire.frame(wire.CALL, b'{"id": 1, "name": "kv.get", "args": ['
+                                 + b"{}," * n + b'{}], "wait": true}'))
+        return Response("sent")
+    try:
+        env.kv("big").put("k", b"x" * n)
+    except BindingError as e:
+        return Response(str(e), status=413)
+    return Response("stored")
+"""
+
+
+def test_a_python_call_too_big_is_refused_by_the_sdk_and_a_forged_one_ends_its_host(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(python_function(tmp_path, "sender", SENDER, extra='[bindings]\nkv = ["big"]',
+                               limits="memory_mb = 256\nwall_ms = 10000\ncpu_ms = 5000",
+                               pool="min = 1\nmax = 1\nstandby = true"))
+    status, _, body = pop.get(f"/sender?n={16 << 20}")  # the largest KV value fits
+    assert (status, body) == (200, b"stored"), body
+    status, _, body = pop.get(f"/sender?n={18 << 20}")  # base64: 24 MiB and more
+    assert status == 413 and re.fullmatch(
+        rb"kv\.put: its arguments are \d+ bytes of JSON \(at most 25165824\)", body), body
+    before = host_pids("sender")
+    status, headers, body = pop.get(f"/sender?n={hostcall.MAX_CONTAINERS}&forge=1")
+    assert (status, headers.get("x-edgefn-error")) == (502, "crash"), body
+    assert host_pids("sender") != before  # killed, and replaced
+    assert pop.get(f"/sender?n={1 << 10}")[::2] == (200, b"stored")
