@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import msgspec
+
 from runtime.bindings.fetch import LOOP_ARG
 from runtime.executors.output import GuestLines
 from runtime.executors.python import wire
@@ -70,7 +72,7 @@ class HostCalls:
                 # 120 s (the thread is stopped; what it asked would run on for no one)
                 reply = {"error": "this call's request has ended (a thread outlived it)"}
                 if msg.get("wait"):
-                    isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
+                    isolate.send(_reply({"id": msg.get("id"), **reply}))
                 return
             if name == "fetch" and isinstance(args, dict):  # the request's, not the guest's
                 args = {**args, LOOP_ARG: getattr(job, "lineage", None)}
@@ -89,7 +91,7 @@ class HostCalls:
         else:
             reply = {"error": f"unknown host call {name!r}"}
         if msg.get("wait"):
-            isolate.send(wire.json_frame(wire.REPLY, {"id": msg.get("id"), **reply}))
+            isolate.send(_reply({"id": msg.get("id"), **reply}))
 
     async def _reply_later(self, isolate: Caller, call_id: Any, pending: Awaitable[Any],
                            name: str = "", job: Job | None = None) -> None:
@@ -107,7 +109,7 @@ class HostCalls:
             result = reply["result"]
             if name == "ai.chat_stream" and job is not None and isinstance(result, dict):
                 self._close_with(job, result.get("stream"))
-        isolate.send(wire.json_frame(wire.REPLY, {"id": call_id, **reply}))
+        isolate.send(_reply({"id": call_id, **reply}))
 
     def _close_with(self, job: Job, stream: Any) -> None:
         """Close AI stream `stream` when `job` ends (at once if it has): a function
@@ -139,3 +141,13 @@ def _quiet(task: asyncio.Future[Any]) -> None:
     """A closing that failed (the worker is gone) has nothing left to stop."""
     if not task.cancelled():
         task.exception()
+
+
+def _reply(answer: dict[str, Any]) -> bytes:
+    """A REPLY frame: msgspec encodes on the PoP's loop in 0.4x json's time (a 16 MiB
+    KV value's reply took 93 ms of it); whatever it cannot encode goes through json."""
+    try:
+        payload = msgspec.json.encode(answer)
+    except TypeError:
+        return wire.json_frame(wire.REPLY, answer)
+    return wire.frame(wire.REPLY, payload)
