@@ -40,8 +40,11 @@ import msgspec
 from edgefn_core import tomlconf
 from edgefn_core.errors import WorkerConfigError
 
+from .models import WEIGHTS
+
 DEFAULT_CHAT = "smollm2-135m"
 DEFAULT_EMBED = "all-minilm-l6-v2"
+ENGINES = ("llamacpp", "onnx", "openai")
 
 
 class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -79,7 +82,8 @@ def default_models() -> list[ModelSpec]:
 def load(path: str | Path | None) -> WorkerConfig:
     """The config in `path`, or the defaults when `path` is None.
 
-    Relative LoRA paths are resolved against the file's folder. Raises `WorkerConfigError`.
+    Relative LoRA paths are resolved against the file's folder. Raises `WorkerConfigError`
+    naming the field, also for a model or adapter file that does not exist (see `check`).
     """
     if path is None:
         return WorkerConfig()
@@ -97,4 +101,37 @@ def load(path: str | Path | None) -> WorkerConfig:
     for lo in cfg.loras:
         if not Path(lo.path).is_absolute():
             lo.path = str((p.parent / lo.path).resolve())
+    check(cfg, str(p))
     return cfg
+
+
+def check(cfg: WorkerConfig, label: str) -> None:
+    """What the schema cannot say: engines, weights, threads, and that the files named
+    (other than ``path = "auto"``) exist. Checked before the worker starts: a worker
+    whose start fails on them is restarted forever. Raises `WorkerConfigError`."""
+    for i, m in enumerate(cfg.models):
+        problem = _problem(m)
+        if problem is not None:
+            raise WorkerConfigError(label, problem[1], f"models[{i}].{problem[0]}")
+    for i, lo in enumerate(cfg.loras):
+        if not Path(lo.path).is_file():
+            raise WorkerConfigError(label, f"LoRA adapter file {lo.path} does not exist",
+                                    f"loras[{i}].path")
+
+
+def _problem(m: ModelSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) for a model entry that cannot start, or None."""
+    if m.engine not in ENGINES:
+        return "engine", (f"unknown engine {m.engine!r} for model {m.name!r} (expected "
+                          "llamacpp, onnx or openai)")
+    if m.engine == "openai":
+        return None if m.url else ("url", f"engine \"openai\" of model {m.name!r} needs the "
+                                   "url of an OpenAI-compatible server")
+    if m.threads < 1:
+        return "threads", f"must be >= 1, got {m.threads}"
+    if m.engine == "llamacpp" and m.weights not in WEIGHTS:
+        return "weights", f"weights must be one of {', '.join(WEIGHTS)}, got {m.weights!r}"
+    found = Path(m.path).expanduser()  # onnx: a model.onnx or the folder holding it
+    if m.path != "auto" and not (found.is_file() or (m.engine == "onnx" and found.is_dir())):
+        return "path", f"model file {m.path} does not exist"
+    return None

@@ -55,6 +55,7 @@ from msgspec import Meta, Struct, field
 
 from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
+from gpu_worker import config as worker
 from runtime.cache.settings import AICacheSettings, HttpCacheSettings
 from runtime.net.server import ServerConfig
 from runtime.observe.dashboard.settings import DashboardSettings
@@ -306,11 +307,7 @@ def check(config: PopConfig, label: str = "<config>") -> None:
             raise InvalidConfig(label, 'mode "jwt" needs an [auth.jwt] table (jwks or '
                                 "secret_env) to verify tokens with; without it every request "
                                 "would get 401", f"auth.{field_name}")
-    ai = config.ai
-    if ai.enabled and ai.socket is None and ai.worker_config is not None and \
-            not Path(ai.worker_config).is_file():
-        raise InvalidConfig(label, f"no such file: {ai.worker_config} (the model worker's "
-                            "config; leave it out for the packaged models)", "ai.worker_config")
+    _check_worker_config(config.ai, label)
     _check_cache_embedder(config, label)
     for model, other in config.ai.fallback.items():
         if not model.strip() or not other.strip() or model == other:
@@ -332,6 +329,19 @@ def check(config: PopConfig, label: str = "<config>") -> None:
             "dispatch")):
         raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",
                             f"pipeline[{names.index('dispatch')}].stage")
+
+
+def _check_worker_config(ai: AIConfig, label: str) -> None:
+    """Raises `InvalidConfig` for a worker config the PoP would start its worker
+    with that does not exist, and `WorkerConfigError` (its file and field) for one
+    that does not load or names a missing model file: checked here, since a worker
+    that cannot start on it is restarted forever."""
+    if not ai.enabled or ai.socket is not None or ai.worker_config is None:
+        return
+    if not Path(ai.worker_config).is_file():
+        raise InvalidConfig(label, f"no such file: {ai.worker_config} (the model worker's "
+                            "config; leave it out for the packaged models)", "ai.worker_config")
+    worker.load(ai.worker_config)
 
 
 def _check_cache_embedder(config: PopConfig, label: str) -> None:

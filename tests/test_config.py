@@ -105,6 +105,19 @@ def test_bad_config_names_the_file_and_field(tmp_path: Path, text: str, field: s
     assert str(err.value).startswith(str(path))
 
 
+def test_a_worker_config_that_cannot_start_is_named_by_its_file_and_field(
+        tmp_path: Path) -> None:
+    """The worker exited on it at every start and was restarted forever."""
+    (tmp_path / "models.toml").write_text('[[models]]\nname = "m"\nengine = "llamacpp"\n'
+                                          'path = "/nonexistent.gguf"\n')
+    path = write(tmp_path, '[ai]\nworker_config = "models.toml"\n')
+    with pytest.raises(InvalidConfig) as err:
+        config.load(path)
+    assert (err.value.file, err.value.field) == (str(tmp_path / "models.toml"),
+                                                 "models[0].path")
+    assert config.load(path, **{"ai.enabled": False}).ai.enabled is False  # no worker: no check
+
+
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfig, match="cannot read: No such file"):
         config.load(tmp_path / "nope.toml")

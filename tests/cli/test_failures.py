@@ -60,6 +60,23 @@ def test_a_config_error_found_while_the_pop_starts_names_the_config_file(
                                                  "`metrics.token_file`: cannot read "), line
 
 
+@pytest.mark.parametrize(("entry", "field", "message"), [
+    ('threads = "two"', "models[0].threads", "expected `int`, got `str`"),
+    ('path = "/nonexistent.gguf"', "models[0].path", "model file /nonexistent.gguf does not "
+                                                     "exist"),
+])
+def test_a_bad_worker_config_stops_serve_before_the_worker_starts(
+        tmp_path: Path, entry: str, field: str, message: str) -> None:
+    """It printed the worker's pid and served while the worker, exiting on the same
+    error, was restarted forever."""
+    worker = tmp_path / "bad.toml"
+    worker.write_text(f'[[models]]\nname = "m"\nengine = "llamacpp"\n{entry}\n')
+    r = edgefn("serve", "--ai-config", str(worker), "--port", "0", "--data",
+               str(tmp_path / "data"), timeout=30)
+    assert r.returncode == 1 and r.stdout == ""
+    assert one_line_error(r) == f"edgefn: {worker}: field `{field}`: {message}"
+
+
 def test_an_unusable_data_dir_is_one_line(tmp_path: Path) -> None:
     """A --data that is a file, or under /proc, was a traceback; an empty one made the
     current directory the data dir."""

@@ -21,6 +21,8 @@ def test_defaults_serve_the_packaged_models() -> None:
 def test_lora_paths_are_relative_to_the_file(tmp_path: Path) -> None:
     f = tmp_path / "w.toml"
     f.write_text('[[loras]]\nname = "a"\npath = "adapters/a.gguf"\n')
+    (tmp_path / "adapters").mkdir()
+    (tmp_path / "adapters" / "a.gguf").write_bytes(b"")
     cfg = config.load(f)
     assert cfg.loras[0].path == str(tmp_path / "adapters" / "a.gguf")
     assert cfg.models == config.default_models()
@@ -40,6 +42,37 @@ def test_bad_config_is_named(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(WorkerConfigError) as e:
         config.load(f)
     assert str(e.value).startswith(str(f)) and message in str(e.value)
+
+
+@pytest.mark.parametrize(("text", "field", "message"), [
+    ('engine = "tensorflow"', "models[0].engine", "unknown engine 'tensorflow'"),
+    ('engine = "llamacpp"\npath = "/nope.gguf"', "models[0].path",
+     "model file /nope.gguf does not exist"),
+    ('engine = "onnx"\npath = "/nope"', "models[0].path", "model file /nope does not exist"),
+    ('engine = "llamacpp"\nweights = "q3"', "models[0].weights", "weights must be one of"),
+    ('engine = "llamacpp"\nthreads = 0', "models[0].threads", "must be >= 1, got 0"),
+    ('engine = "openai"', "models[0].url", "needs the url"),
+    ('engine = "onnx"\n[[loras]]\nname = "a"\npath = "a.gguf"', "loras[0].path",
+     "a.gguf does not exist"),
+])
+def test_a_config_the_worker_cannot_start_on_is_refused_at_load(
+        tmp_path: Path, text: str, field: str, message: str) -> None:
+    """The PoP loads it before it starts the worker: a worker that exits on it at
+    start is restarted forever."""
+    f = tmp_path / "w.toml"
+    f.write_text(f'[[models]]\nname = "x"\n{text}\n')
+    with pytest.raises(WorkerConfigError) as e:
+        config.load(f)
+    assert (e.value.file, e.value.field) == (str(f), field) and message in e.value.reason
+
+
+def test_model_files_that_exist_load(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "onnx").mkdir()
+    f = tmp_path / "w.toml"
+    f.write_text(f'[[models]]\nname = "a"\nengine = "llamacpp"\npath = "{tmp_path}/m.gguf"\n'
+                 f'[[models]]\nname = "b"\nengine = "onnx"\npath = "{tmp_path}/onnx"\n')
+    assert [m.path for m in config.load(f).models] == [f"{tmp_path}/m.gguf", f"{tmp_path}/onnx"]
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -165,6 +165,7 @@ def test_a_regional_runs_the_models_it_names_and_forwards_the_others(tmp_path: P
         '[[models]]\nname = "vllm"\nengine = "openai"\nurl = "http://10.0.0.5:8000/v1"\n'
         'models = ["llama-3-70b"]\n'
         '[[loras]]\nname = "pirate"\npath = "p.gguf"\n')
+    (tmp_path / "p.gguf").write_bytes(b"")  # the files a worker config names must exist
     text = SMALL.replace('tier = "central"', 'tier = "central"\nworker_config = "central.toml"')
     _written(tmp_path, text)
     from gpu_worker import config as worker
