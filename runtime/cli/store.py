@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from runtime.bindings import Stores
 
 IMPORT_BATCH = 1000
+RECORD_FIELDS = ("id", "vector", "metadata")  # of a JSONL line `vectors import` reads
 
 
 class StoreAccess:
@@ -144,8 +146,16 @@ def _vector_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _import(access: StoreAccess, index: str, path: Path) -> dict[str, int]:
+    """Upsert the records in `path`, in batches, once all of them are read and checked
+    (a bad line 1201 had left the 1000 records before it imported). Raises
+    `InvalidValue` naming the line of a bad record, or where a batch the store
+    refused starts and how many records went in before it."""
+    try:
+        items = _checked(path, _dimension(access, index))
+    except InvalidValue as e:
+        raise InvalidValue(f"{e}; nothing was imported") from None
     total = 0
-    for first, batch in _batches(read_vectors(path), IMPORT_BATCH):
+    for first, batch in _batches(items, IMPORT_BATCH):
         try:
             total += access.call("vectors", index, "upsert", {"items": batch})
         except EdgefnError as e:  # say where, and what is in already (batches commit)
@@ -154,43 +164,99 @@ def _import(access: StoreAccess, index: str, path: Path) -> dict[str, int]:
     return {"imported": total}
 
 
-def read_vectors(path: Path) -> Iterator[dict[str, Any]]:
-    """Items from JSONL ({"id", "vector", "metadata"?} per line) or .npy (ids are
-    row numbers). Raises `InvalidValue` naming the file and line of a bad record."""
-    if path.suffix == ".npy":
-        import numpy as np
+def _checked(path: Path, dim: int | None) -> Iterable[dict[str, Any]]:
+    """`read_vectors(path, dim)` once every record in it is checked. Raises
+    `InvalidValue` for the first bad one."""
+    items = read_vectors(path, dim)
+    if path.suffix == ".npy":  # checked as a whole before its first row
+        next(items, None)
+        return read_vectors(path, dim)
+    if not path.is_file():  # a pipe reads once: its records are held
+        return list(items)
+    collections.deque(items, maxlen=0)  # read twice, not held: it may not fit in memory
+    return read_vectors(path, dim)
 
-        try:
-            matrix = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InvalidValue(f"{path}: not a readable .npy file: {e}") from None
-        if matrix.ndim != 2:
-            raise InvalidValue(f"{path}: expected a 2-D array, got shape {matrix.shape}")
-        for i, row in enumerate(matrix):
-            yield {"id": str(i), "vector": row.tolist()}
+
+def _dimension(access: StoreAccess, index: str) -> int | None:
+    """`index`'s dimension, or None for one the import makes (with its first vector's).
+    Raises what `StoreAccess.call` raises."""
+    try:
+        return int(access.call("vectors", index, "stats", {})["dim"])
+    except EdgefnError as e:
+        if e.code != "unknown_namespace":
+            raise
+        return None
+
+
+def read_vectors(path: Path, dim: int | None = None) -> Iterator[dict[str, Any]]:
+    """Items from JSONL ({"id", "vector", "metadata"?} per line) or .npy (ids are
+    row numbers), each vector of `dim` numbers (None: as many as the first one's).
+    Raises `InvalidValue` naming the file and line of a bad record."""
+    if path.suffix == ".npy":
+        yield from _read_npy(path, dim)
         return
     try:
         f = path.open()
     except OSError as e:
         raise InvalidValue(f"{path}: {e.strerror}") from None
+    want = None if dim is None else (dim, f"the index has dimension {dim}")
     with f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                item = json.loads(line, parse_constant=no_json_constant)
-                if not isinstance(item, dict) or "id" not in item or "vector" not in item:
-                    raise ValueError('expected {"id": ..., "vector": [...]}')
-                if not isinstance(item["id"], str | int) or isinstance(item["id"], bool):
-                    raise ValueError(f'"id" must be a string (or an integer), got '
-                                     f"{json.dumps(item['id'])}")
+                item = _record(line, want)
             except ValueError as e:
                 raise InvalidValue(f"{path}:{n}: {e}") from None
+            if want is None:
+                size = len(item["vector"])
+                want = (size, f"line {n}'s has {size} (a new index takes the first one's)")
             yield {"id": str(item["id"]), "vector": item["vector"],
                    "metadata": item.get("metadata"), "line": n}
 
 
-def _batches(items: Iterator[dict[str, Any]], size: int
+def _record(line: str, want: tuple[int, str] | None) -> dict[str, Any]:
+    """One JSONL line's record, checked; `want`: the vector's size and whence it is
+    known. Raises ValueError saying what is wrong."""
+    item = json.loads(line, parse_constant=no_json_constant)
+    if not isinstance(item, dict) or "id" not in item or "vector" not in item:
+        raise ValueError('expected {"id": ..., "vector": [...]}')
+    unknown = next((k for k in item if k not in RECORD_FIELDS), None)
+    if unknown is not None:  # a misspelt "metadata" was imported as none
+        raise ValueError(f"unknown field {json.dumps(unknown)} (a record has \"id\", "
+                         '"vector" and "metadata")')
+    if not isinstance(item["id"], str | int) or isinstance(item["id"], bool):
+        raise ValueError(f'"id" must be a string (or an integer), got '
+                         f"{json.dumps(item['id'])}")
+    vector = item["vector"]
+    if not isinstance(vector, list) or not vector or not all(
+            type(x) is float or type(x) is int for x in vector):  # not bool; the fastest test
+        raise ValueError('"vector" must be a list of numbers')
+    if want is not None and len(vector) != want[0]:
+        raise ValueError(f'"vector" has {len(vector)} numbers; {want[1]}')
+    if not isinstance(item.get("metadata"), dict | None):
+        raise ValueError(f'"metadata" must be an object (or null), got '
+                         f"{json.dumps(item['metadata'])}")
+    return item
+
+
+def _read_npy(path: Path, dim: int | None) -> Iterator[dict[str, Any]]:
+    import numpy as np
+
+    try:
+        matrix = np.load(path, allow_pickle=False, mmap_mode="r")  # `_checked` reads it twice
+    except (OSError, ValueError) as e:
+        raise InvalidValue(f"{path}: not a readable .npy file: {e}") from None
+    if matrix.ndim != 2:
+        raise InvalidValue(f"{path}: expected a 2-D array, got shape {matrix.shape}")
+    if dim is not None and matrix.shape[1] != dim:
+        raise InvalidValue(f"{path}: rows of {matrix.shape[1]} numbers; the index has "
+                           f"dimension {dim}")
+    for i, row in enumerate(matrix):
+        yield {"id": str(i), "vector": row.tolist()}
+
+
+def _batches(items: Iterable[dict[str, Any]], size: int
              ) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """Batches of `size` items, each with where its first one is (``line 12``, ``row 3``)."""
     batch: list[dict[str, Any]] = []

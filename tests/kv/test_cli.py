@@ -69,16 +69,58 @@ def test_bad_input_is_reported_and_changes_nothing(tmp_path: Path) -> None:
     for bad in (["--metadata", '{"a": NaN}'], ["--ttl", "nan"], ["--ttl", "inf"]):
         r = edgefn("kv", "put", "docs", "k", "v", *bad, data=d)
         assert r.returncode == 2 and bad[0].encode() in r.stderr, r.stderr
-    # an import names where it stopped and what went in before; ids are strings
+    # a batch the store refuses: where it starts and what went in before; ids are strings
     (tmp_path / "late.jsonl").write_text("".join(
         f'{{"id": "v{i}", "vector": [1, {i}]}}\n' for i in range(1200))
-        + '{"id": "bad", "vector": [1, 2, 3]}\n')
+        + f'{{"id": "{"x" * 300}", "vector": [1, 2]}}\n')
     r = edgefn("vectors", "import", "emb", str(tmp_path / "late.jsonl"), data=d)
     assert r.returncode == 1 and b"the records from line 1001 on were not imported (1000 " \
-        b"before them were): index 'emb' has dimension 2" in r.stderr, r.stderr
+        b"before them were): vector ids must be 1 to 256 bytes" in r.stderr, r.stderr
     (tmp_path / "ids.jsonl").write_text('{"id": null, "vector": [1, 0]}\n')
     r = edgefn("vectors", "import", "emb", str(tmp_path / "ids.jsonl"), data=d)
     assert r.returncode == 1 and b'ids.jsonl:1: "id" must be a string' in r.stderr
+
+
+def test_an_import_checks_every_line_before_it_writes_any(tmp_path: Path) -> None:
+    """A misspelt "metadata" was imported as none; a bad line 1201 left the 1000 lines
+    before it imported; a wrong dimension on line 2 was said of "line 1 on"."""
+    d = tmp_path / "data"
+    ok("vectors", "create", "emb", "--dim", "2", data=d)
+    good = "".join(f'{{"id": "v{i}", "vector": [1, {i}]}}\n' for i in range(1200))
+    for lines, error in [
+        (['{"id": "c", "vector": [0, 1], "meta": {"t": 1}}'],
+         ':1: unknown field "meta" (a record has "id", "vector" and "metadata")'),
+        (['{"id": "a", "vector": [1, 0]}', '{"id": "c", "vector": [0, 1], "metdata": {}}'],
+         ':2: unknown field "metdata"'),
+        ([good + "not json"], ":1201: Expecting value"),
+        (['{"id": "a", "vector": [1, 0]}', '{"id": "b", "vector": [1, 0, 0]}'],
+         ':2: "vector" has 3 numbers; the index has dimension 2'),
+        (['{"id": "a", "vector": [1, "0"]}'], ':1: "vector" must be a list of numbers'),
+        (['{"id": "a", "vector": [1, 0], "metadata": [1]}'], ':1: "metadata" must be an '
+                                                            "object (or null), got [1]"),
+    ]:
+        (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+        r = edgefn("vectors", "import", "emb", str(tmp_path / "in.jsonl"), data=d)
+        assert r.returncode == 1 and r.stderr.decode().startswith(
+            f"edgefn: {tmp_path / 'in.jsonl'}{error}"), r.stderr
+        assert r.stderr.endswith(b"; nothing was imported\n"), r.stderr
+        # read from a pipe (read once, held until checked): the same
+        r = edgefn("vectors", "import", "emb", "/dev/stdin", data=d,
+                   stdin=(tmp_path / "in.jsonl").read_bytes())
+        assert r.returncode == 1 and f"/dev/stdin{error}".encode() in r.stderr, r.stderr
+    assert json.loads(ok("vectors", "stats", "emb", data=d))["count"] == 0
+    # a new index takes the first vector's dimension: a later one is named against it
+    (tmp_path / "new.jsonl").write_text('{"id": "a", "vector": [1, 0]}\n'
+                                        '{"id": "b", "vector": [1, 0, 0]}\n')
+    r = edgefn("vectors", "import", "fresh", str(tmp_path / "new.jsonl"), data=d)
+    assert r.returncode == 1 and b"""new.jsonl:2: "vector" has 3 numbers; line 1's has 2""" \
+        in r.stderr, r.stderr
+    np.save(tmp_path / "m.npy", np.zeros((2, 3), dtype=np.float32))
+    r = edgefn("vectors", "import", "emb", str(tmp_path / "m.npy"), data=d)
+    assert r.returncode == 1 and b"m.npy: rows of 3 numbers; the index has dimension 2" \
+        in r.stderr, r.stderr
+    assert json.loads(ok("vectors", "import", "emb", "/dev/stdin", data=d,
+                         stdin=good.encode())) == {"imported": 1200}
 
 
 def test_commands_go_through_a_running_pop(tmp_path: Path) -> None:
@@ -87,6 +129,11 @@ def test_commands_go_through_a_running_pop(tmp_path: Path) -> None:
         ok("vectors", "create", "live", "--dim", "2", data=d)
         ok("vectors", "upsert", "live", "x", "--vector", "[1, 0]", data=d)
         ok("kv", "put", "live", "k", "v", data=d)
+        (tmp_path / "v.jsonl").write_text('{"id": "y", "vector": [0, 1]}\n'
+                                          '{"id": "z", "vector": [0, 1, 0]}\n')
+        r = edgefn("vectors", "import", "live", str(tmp_path / "v.jsonl"), data=d)
+        assert r.returncode == 1 and b'v.jsonl:2: "vector" has 3 numbers; the index has ' \
+            b"dimension 2; nothing was imported" in r.stderr, r.stderr
         # the PoP's own in-memory index sees the write at once
         assert running.pop.stores.vectors.query("live", [1, 0], 1)[0].id == "x"
         assert running.pop.stores.kv.get("live", b"k") == b"v"
