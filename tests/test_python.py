@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -174,6 +177,22 @@ def handle(request, env):
     time.sleep(2)
     assert pop.get("/fragile?crash=1")[0] == 502
     assert pop.get("/fragile")[0] == 200
+
+
+def test_the_readmes_rejected_import_is_what_deploy_prints(pop: Running,
+                                                           tmp_path: Path) -> None:
+    """README showed `edgefn: needsext: ...` without saying that needsext is the
+    function's name: a reader deploying `pyfn` read "pyfn:" as a different message."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    block = text[text.index("a deploy that\nimports one is rejected"):].split("```")[1]
+    command, printed = block.strip().splitlines()
+    name = re.fullmatch(r'\$ edgefn deploy (\S+)/ +# edgefn.toml: name = "\1"; main.py: '
+                        r"import msgspec", command)
+    assert name is not None, command
+    d = py_function(tmp_path, name[1], "import msgspec\n\ndef handle(request, env):\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "deploy", str(d), "--data",
+                        str(pop.data)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith(printed.removesuffix("(...)")), r.stderr
 
 
 def test_unsupported_import_is_rejected_at_deploy_naming_the_module(
