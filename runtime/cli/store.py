@@ -110,7 +110,10 @@ def _print_kv(args: argparse.Namespace, result: Any) -> None:
     if args.json or args.op not in ("get", "list"):
         print(json.dumps(result))
     elif args.op == "get":
-        sys.stdout.buffer.write(base64.b64decode(result["value"]))
+        value = base64.b64decode(result["value"])
+        sys.stdout.buffer.write(value)
+        if sys.stdout.isatty() and not value.endswith(b"\n"):  # as redis-cli: the next
+            sys.stdout.buffer.write(b"\n")  # line starts apart; a pipe gets the bytes as stored
     else:
         for k in result["keys"]:
             print(k["key"])

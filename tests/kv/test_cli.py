@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +47,23 @@ def test_kv_and_vectors_on_a_data_dir(tmp_path: Path) -> None:
                          data=d))
     assert [h["id"] for h in hits] == ["a", "b"] and hits[0]["metadata"] == {"t": 1}
     assert json.loads(ok("vectors", "stats", "emb", data=d))["count"] == 3
+
+
+def test_kv_get_ends_its_line_at_a_terminal_only(tmp_path: Path) -> None:
+    """README's `kv get docs greeting; kv list docs` printed `hellogreeting`; a pipe
+    still gets the value's bytes as stored (the test above)."""
+    d = tmp_path / "data"
+    ok("kv", "put", "docs", "greeting", "hello", data=d)
+    ok("kv", "put", "docs", "line", "-", data=d, stdin=b"hi\n")
+    for key, shown in (("greeting", b"hello\r\n"), ("line", b"hi\r\n")):  # \r: the tty's
+        main, tty = pty.openpty()
+        with os.fdopen(main, "rb", buffering=0) as out:
+            done = subprocess.run([sys.executable, "-m", "runtime.cli", "kv", "get", "docs", key,
+                                   "--data", str(d)], stdout=tty, stderr=subprocess.PIPE,
+                                  timeout=60, cwd=ROOT)
+            os.close(tty)
+            assert done.returncode == 0, done.stderr
+            assert out.read(100) == shown
 
 
 def test_bad_input_is_reported_and_changes_nothing(tmp_path: Path) -> None:
