@@ -295,6 +295,7 @@ def check(config: PopConfig, label: str = "<config>") -> None:
     if not _is_loopback(config.admin.host):
         raise InvalidConfig(label, f"the admin API listens on loopback only, got "
                             f"{config.admin.host!r}", "admin.host")
+    _check_ports(config, label)
     problem = config.metrics.problem()
     if problem is not None:
         raise InvalidConfig(label, problem[1], f"metrics.{problem[0]}")
@@ -329,6 +330,17 @@ def check(config: PopConfig, label: str = "<config>") -> None:
             "dispatch")):
         raise InvalidConfig(label, "stage `dispatch` needs a `route` stage before it",
                             f"pipeline[{names.index('dispatch')}].stage")
+
+
+def _check_ports(config: PopConfig, label: str) -> None:
+    """Raises `InvalidConfig` for the admin API on the public port where both bind
+    loopback: the second bind failed as "address already in use (is another PoP
+    running?", which sent one looking for another PoP."""
+    public, admin = config.public, config.admin
+    if admin.port and admin.port == public.port and (
+            public.host in ("", "0.0.0.0", "::") or _is_loopback(public.host)):
+        raise InvalidConfig(label, f"{admin.port} is `public.port` too: the admin API needs a "
+                            "port of its own (0: any free one)", "admin.port")
 
 
 def _check_worker_config(ai: AIConfig, label: str) -> None:

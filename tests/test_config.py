@@ -83,6 +83,10 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
     ("colour = 1\n", "colour", "unknown field"),
     ('[http]\nmax_body = 1\n', "http.max_body", "unknown field"),
     ('[admin]\nhost = "0.0.0.0"\n', "admin.host", "loopback only"),
+    ("[public]\nport = 9000\n[admin]\nport = 9000\n", "admin.port",
+     "9000 is `public.port` too: the admin API needs a port of its own"),
+    ('[public]\nhost = "0.0.0.0"\nport = 9000\n[admin]\nport = 9000\n', "admin.port",
+     "`public.port` too"),
     ('[[pipeline]]\nstage = "wat"\n', "pipeline[0].stage", "invalid value 'wat'"),
     ('[[pipeline]]\nstage = "access_log"\nformat = "xml"\n', "pipeline[0].format",
      "invalid enum value 'xml'"),
@@ -116,6 +120,13 @@ def test_a_worker_config_that_cannot_start_is_named_by_its_file_and_field(
     assert (err.value.file, err.value.field) == (str(tmp_path / "models.toml"),
                                                  "models[0].path")
     assert config.load(path, **{"ai.enabled": False}).ai.enabled is False  # no worker: no check
+
+
+def test_the_admin_port_may_be_the_public_one_on_another_address(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path, '[public]\nhost = "192.0.2.1"\nport = 9000\n'
+                                      "[admin]\nport = 9000\n"))
+    assert (cfg.public.port, cfg.admin.port) == (9000, 9000)
+    assert config.load(None, **{"public.port": 0, "admin.port": 0}).admin.port == 0  # any: two
 
 
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
