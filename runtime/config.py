@@ -309,6 +309,7 @@ def check(config: PopConfig, label: str = "<config>") -> None:
                                 "secret_env) to verify tokens with; without it every request "
                                 "would get 401", f"auth.{field_name}")
     _check_worker_config(config.ai, label)
+    _check_events_file(config, label)
     _check_cache_embedder(config, label)
     for model, other in config.ai.fallback.items():
         if not model.strip() or not other.strip() or model == other:
@@ -341,6 +342,19 @@ def _check_ports(config: PopConfig, label: str) -> None:
             public.host in ("", "0.0.0.0", "::") or _is_loopback(public.host)):
         raise InvalidConfig(label, f"{admin.port} is `public.port` too: the admin API needs a "
                             "port of its own (0: any free one)", "admin.port")
+
+
+def _check_events_file(config: PopConfig, label: str) -> None:
+    """Raises `InvalidConfig` for an ``[events] file`` outside DATA (absolute, or
+    through ``..``) in a folder that does not exist: the PoP makes folders under DATA
+    only (it made ``/nonexistent_x/`` at the root for one mistyped path)."""
+    if not config.events.file:
+        return
+    data = os.path.abspath(config.data_dir)
+    folder = os.path.dirname(os.path.abspath(os.path.join(data, config.events.file)))
+    if not Path(folder).is_relative_to(data) and not os.path.isdir(folder):
+        raise InvalidConfig(label, f"no such folder: {folder} (a file outside DATA goes in a "
+                            "folder that exists; a relative path is under DATA)", "events.file")
 
 
 def _check_worker_config(ai: AIConfig, label: str) -> None:

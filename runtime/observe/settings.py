@@ -25,7 +25,9 @@ class EventsSettings(Struct, forbid_unknown_fields=True, frozen=True):
 
     ring_size: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000
     max_event_bytes: Annotated[int, Meta(ge=512, le=1 << 20)] = 4096  # per event, roughly
-    file: str | None = None  # a JSONL file under DATA (e.g. "events.jsonl"); None: none
+    # a JSONL file under DATA (e.g. "events.jsonl"), or outside it in a folder that
+    # exists (runtime.config checks); None: none
+    file: str | None = None
     max_bytes: Annotated[int, Meta(ge=4096, le=1 << 40)] = 64 << 20  # then rotate
     backups: Annotated[int, Meta(ge=0, le=100)] = 3  # events.jsonl.1 .. .N
     sample: Annotated[float, Meta(ge=0.0, le=1.0)] = 1.0

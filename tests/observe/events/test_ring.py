@@ -176,6 +176,19 @@ def test_bad_events_and_health_settings_name_the_field(field: str, value: object
     assert e.value.field in (field, f"{field}[0]") or field.endswith("nope")
 
 
+def test_an_events_file_outside_data_goes_in_a_folder_that_exists(tmp_path: Path) -> None:
+    """`file = "/nonexistent_x/x.jsonl"` made /nonexistent_x/ at the filesystem root."""
+    data = tmp_path / "data"
+    for file in (str(tmp_path / "nope" / "x.jsonl"), "../nope/x.jsonl"):
+        with pytest.raises(InvalidConfig) as e:
+            config.load(None, data=str(data), **{"events.file": file})
+        assert e.value.field == "events.file"
+        assert f"no such folder: {tmp_path / 'nope'} (a file outside DATA" in str(e.value)
+    assert not (tmp_path / "nope").exists()
+    for file in ("logs/e.jsonl", str(tmp_path / "e.jsonl")):  # folders under DATA are made
+        assert config.load(None, data=str(data), **{"events.file": file}).events.file == file
+
+
 def test_a_follower_fed_from_another_thread_accounts_for_every_event() -> None:
     """The PoP's loop pushes while the admin loop drains: delivered + dropped is
     every event pushed, however the two threads interleave."""
