@@ -22,8 +22,9 @@ BURST = 200  # ... and at once; past it lines are counted and dropped
 
 
 class GuestLines:
-    """Logs one function's output lines at WARNING on `log` as ``LABEL: WHAT: line``.
-    Thread-safe (WASI guests run on worker threads)."""
+    """Logs one function's output lines on `log` as ``LABEL: WHAT: line`` (at WARNING
+    unless told otherwise). Thread-safe (WASI guests run on worker threads; a Python
+    host's stdout and stderr are read by a thread each)."""
 
     def __init__(self, log: logging.Logger, label: str, what: str,
                  level: int = logging.WARNING) -> None:
@@ -34,8 +35,9 @@ class GuestLines:
         self.tokens, self.last, self.dropped = float(BURST), time.monotonic(), 0
         self.lock = threading.Lock()
 
-    def line(self, raw: bytes) -> None:
-        """Log one line (its end of line, if any, is dropped)."""
+    def line(self, raw: bytes, level: int | None = None) -> None:
+        """Log one line (its end of line, if any, is dropped) at `level` (None: the
+        one given at construction)."""
         if len(raw) > MAX_LINE:
             raw = raw[:MAX_LINE] + b" [cut]"
         with self.lock:
@@ -50,7 +52,7 @@ class GuestLines:
         if dropped:
             self.log.warning("%s: %s: %d lines dropped (over %g a second)", self.label,
                              self.what, dropped, RATE)
-        self.log.log(self.level, "%s%s", self.prefix,
+        self.log.log(self.level if level is None else level, "%s%s", self.prefix,
                      escaped(raw.decode("utf-8", "replace").rstrip("\r\n")))
 
 

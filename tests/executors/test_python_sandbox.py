@@ -297,7 +297,7 @@ def test_a_print_without_flush_reaches_the_log(pop: Running, tmp_path: Path,
     """A pipe is block-buffered: print() lines waited in the guest's buffer for
     8 KiB (or for ever), so an author saw none of them."""
     pop.deploy(python_function(tmp_path, "prints", PRINTS))
-    with caplog.at_level("WARNING", logger="edgefn.functions"):
+    with caplog.at_level("INFO", logger="edgefn.functions"):
         assert pop.get("/prints?q=1")[0] == 200
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and "pr1nt q=1" not in caplog.text:
@@ -306,13 +306,33 @@ def test_a_print_without_flush_reaches_the_log(pop: Running, tmp_path: Path,
         caplog.text
 
 
+def test_a_print_is_logged_at_info_and_stderr_at_warning(pop: Running, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    """Every print() of a function was a WARNING of the PoP's log (its stdout and
+    stderr were one pipe); what a host or a function writes to stderr stays one."""
+    pop.deploy(python_function(tmp_path, "levels", PRINTS.replace(
+        'print("pr1nt", request.query_string)',
+        'print("pr1nt", request.query_string)\n    import sys\n'
+        '    print("warn1ng", file=sys.stderr)')))
+    with caplog.at_level("INFO", logger="edgefn.functions"):
+        assert pop.get("/levels?q=2")[0] == 200
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (
+                "pr1nt q=2" in caplog.text and "warn1ng" in caplog.text):
+            time.sleep(0.02)
+    levels = {r.getMessage().split(": host output: ")[-1]: r.levelname
+              for r in caplog.records if ": host output: " in r.getMessage()}
+    assert levels == {"pr1nt q=2": "INFO", "warn1ng": "WARNING"}, caplog.text
+
+
 def test_its_stdout_and_stderr_are_a_pipe_into_the_log_not_the_pops(
         pop: Running, capfd: pytest.CaptureFixture[str],
         caplog: pytest.LogCaptureFixture) -> None:
     """A host had the PoP's fds 1 and 2: a function forged lines of the PoP's log and
     truncated the file it was redirected to."""
     capfd.readouterr()
-    with caplog.at_level("WARNING", logger="edgefn.functions"):
+    with caplog.at_level("INFO", logger="edgefn.functions"):  # stdout: INFO, stderr: WARNING
         result = attack(pop, "pop_output", "m4rk")
         assert result["ok"] and result["result"].startswith("ftruncate refused")  # a pipe
         deadline = time.monotonic() + 5

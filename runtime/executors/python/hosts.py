@@ -66,8 +66,9 @@ class Host:
         except BaseException:
             uids.release(self.uid_lock)
             raise
-        assert self.proc.stdout is not None
-        host_output.relay(self.proc.stdout, cfg.label)  # its stdout/stderr: never the PoP's
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        # its stdout/stderr: never the PoP's
+        host_output.relay(self.proc.stdout, self.proc.stderr, cfg.label)
         for _, b in pairs:
             b.close()
         self.isolates = [Isolate(self, a, "starting" if n < cfg.min_isolates else "unstarted")
@@ -225,7 +226,7 @@ def _spawn(cfg: HostConfig, fds: list[int], check_imports: bool,
         return subprocess.Popen(
             [sys.executable, "-P", "-m", "runtime.executors.python.host", f"fd:{config_fd}",
              cfg.name],  # the name only says in `ps` whose host it is
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=[*fds, *shared, config_fd], env=env, cwd="/", process_group=0)
     finally:
         os.close(config_fd)
