@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import signal
+import threading
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import IO, Any
@@ -136,6 +137,8 @@ async def running_worker(config: PopConfig, role: Role | None
             for task in (purger, shipper):
                 if task is not None:
                     task.cancel()
+            if purger is not None:  # a batch in flight ends before the store closes
+                await asyncio.wait([purger])
             if role is None:
                 (data / "pop.json").unlink(missing_ok=True)
             if control is not None:
@@ -262,11 +265,20 @@ async def _start_ai(ai: AIService | None) -> None:
 
 
 async def _purge_expired(pop: PoP, every: float) -> None:
-    """Reclaim the space of expired KV keys (reads never see them anyway)."""
+    """Reclaim the space of expired KV keys (reads never see them anyway), on a worker
+    thread and in batches: on the loop, one tenant's million expired keys held every
+    request for seconds. Cancelled, it waits for the batch in flight, so the store is
+    never closed under it."""
+    stop = threading.Event()
     while True:
         await asyncio.sleep(every)
+        sweep = asyncio.ensure_future(asyncio.to_thread(pop.stores.purge_expired, stop.is_set))
         try:
-            removed = pop.stores.purge_expired()
+            removed = await asyncio.shield(sweep)
+        except asyncio.CancelledError:
+            stop.set()
+            await asyncio.wait([sweep])
+            raise
         except Exception:
             log.exception("purging expired KV keys failed")
             continue

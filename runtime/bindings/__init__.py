@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import functools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,15 +120,17 @@ class Stores:
                     self._vectors = VectorStore(self.data_dir / "vectors")
         return self._vectors
 
-    def purge_expired(self) -> int:
-        """Delete expired KV keys, if the KV store was ever opened. First free the LMDB
-        reader slots of processes that died inside a read (an isolate host killed
+    def purge_expired(self, stop: Callable[[], bool] | None = None) -> int:
+        """Delete expired KV keys, if the KV store was ever opened, in batches
+        (`KVStore.purge_expired`, which ends early once `stop()` is true). First free the
+        LMDB reader slots of processes that died inside a read (an isolate host killed
         while reading in place, ``EDGEFN_PYTHON_KV=local``): LMDB keeps them, and the
-        old pages they pin, until asked. Raises `lmdb.Error` on a closed store."""
+        old pages they pin, until asked. Blocking: run it off the event loop. Raises
+        `lmdb.Error` or `StoreClosed` on a closed store."""
         if self._kv is None:
             return 0
         self._kv.env.reader_check()
-        return self._kv.purge_expired()
+        return self._kv.purge_expired(stop=stop)
 
     def close(self) -> None:
         if self._kv is not None:
