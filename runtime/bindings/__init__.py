@@ -7,9 +7,9 @@ The WASM host functions and the Python host-call channel both go through
 `Bindings.call`, so both runtimes get the same API and the same denials. The
 operator's access (admin API, CLI) goes through `operate`, not this path.
 
-Blocking work (a synced KV write, a vector index write, which may save the
-index) asked for on the event loop's thread comes back as an awaitable run on
-a worker thread; on any other thread (a WASM guest) it runs in place.
+Blocking work (a synced KV write, a KV list, a vector index write, which may
+save the index) asked for on the event loop's thread comes back as an awaitable
+run on a worker thread; on any other thread (a WASM guest) it runs in place.
 """
 
 from __future__ import annotations
@@ -198,9 +198,9 @@ class Bindings:
         if kind not in ("kv", "vectors"):
             raise BindingError(f"unknown binding {name!r}")
         capability: Any = self.kv if kind == "kv" else self.vectors
-        # writes wait for fsync; a vector query can take milliseconds (a large k, a
-        # filter): neither holds the PoP's loop
-        blocking = op in (kv_binding.WRITES if kind == "kv" else vectors_binding.SLOW)
+        # writes wait for fsync; a KV list or a vector query can take milliseconds
+        # (expired keys read past; a large k, a filter): none holds the PoP's loop
+        blocking = op in (kv_binding.SLOW if kind == "kv" else vectors_binding.SLOW)
         run = functools.partial(_checked, capability.call, name, op, args)
         return off_loop(run) if blocking else run()
 

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 WRITES = frozenset({"put", "delete", "increment", "cas"})
 OPS = WRITES | {"get", "list"}  # what a function may call ("create" is the operator's)
+# run off the PoP's event loop (see `Bindings.call`): writes wait for fsync, and a list
+# reads past up to 1000 expired keys (`Limits.max_list_expired`) besides its page
+SLOW = WRITES | {"list"}
 
 
 class KVBinding:

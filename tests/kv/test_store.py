@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
 from kv import KVStore
-from kv.store import Entry, KeyInfo, Limits
+from kv.store import Entry, KeyInfo, Limits, Page
 
 
 class Clock:
@@ -94,6 +94,32 @@ def test_prefix_listing_with_cursor_pages(store: KVStore) -> None:
     for bad in ("!!!", "dXNlcjowMDE=!", "===="):  # were decoded leniently: b"" began again
         with pytest.raises(InvalidValue, match=r"^invalid cursor "):
             store.list("ns", b"", bad)
+
+
+def test_a_list_reads_past_a_bounded_number_of_expired_keys(tmp_path: Path) -> None:
+    """`list` skipped expired keys without counting them: one ``list("", None, 1)``
+    read every expired key not purged yet (240k: 150-200 ms a call)."""
+    clock = Clock()
+    s = KVStore(tmp_path / "kv", clock=clock, sync=False, limits=Limits(max_list_expired=10))
+    s.create_namespace("ns")
+    s.put("ns", b"a", b"x")
+    s.batch([("put", "ns", b"b%02d" % i, b"", {"ttl": 1}) for i in range(25)])
+    s.put("ns", b"c", b"x")
+    clock.now += 2
+    pages = []
+    cursor = None
+    while True:
+        page = s.list("ns", b"", cursor, limit=2)
+        pages.append([k.key for k in page.keys])
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    # [a, then 10 expired: cut], [10 expired: cut], [5 expired, c]
+    assert pages == [[b"a"], [], [b"c"]]
+    assert s.list("ns", b"b").keys == [] and s.list("ns", b"b").cursor is not None
+    assert s.list("ns", b"b", s.list("ns", b"b").cursor).cursor is not None
+    assert s.purge_expired() == 25 and s.list("ns", b"b") == Page()
+    s.close()
 
 
 def page_cursor(store: KVStore) -> str:
@@ -185,7 +211,9 @@ class KVModel(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp()
         self.clock = Clock()
-        self.store = KVStore(self.dir, clock=self.clock, sync=False)
+        # pages cut short after 2 expired keys: their cursors must still give every key
+        self.store = KVStore(self.dir, clock=self.clock, sync=False,
+                             limits=Limits(max_list_expired=2))
         self.store.create_namespace("m")
         self.model: dict[bytes, tuple[bytes, int, float | None]] = {}
         self.counter = 0  # the namespace's version counter

@@ -318,6 +318,8 @@ class KV:
         return self._do("cas", key=key, expected_version=expected_version, value=_b64(value))
 
     def list(self, prefix: str = "", cursor: str | None = None, limit: int = 100) -> dict:
+        """{"keys": [{"key", "metadata", "expires_at"}], "cursor"}: pass "cursor" back
+        until it is None (a page past many expired keys may be short, even empty)."""
         return self._do("list", prefix=prefix, cursor=cursor, limit=limit)
 
 
