@@ -1,21 +1,24 @@
 """Supervision of Python isolate hosts, end to end: an isolate stuck in C past its
 wall limit gets its request answered 504, the warm standby takes the next request at
 once, and the stuck host is killed; a request handed to an isolate whose fresh
-interpreter fails to start is served by another host; a restarted PoP serves the
-same bodies."""
+interpreter fails to start is served by another host; a guest that shuts down its
+host's sockets neither stalls the PoP's loop nor leaves it serving a dead host; a
+restarted PoP serves the same bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from runtime.executors.python.supervisor import KILL_GRACE
-from tests.support import EXAMPLES, Running, host_pids, pop_thread, python_function
+from tests.support import EXAMPLES, Running, host_pids, pop_thread, python_function, running
 
 STUCK = """
 import os, time
@@ -159,6 +162,100 @@ def test_a_request_queued_for_an_isolate_out_of_room_to_restart_is_served(
     assert int(body.split()[-1]) != hogged
     assert wait_until(lambda: hogged not in host_pids("hog"), 15) is not None, \
         "the host out of room is still running"
+
+
+CLOSER = """
+import os, socket, time
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("hello"):
+        return Response(f"served by {os.getpid()}")
+    sockets = []  # every isolate socket of this host, as /proc/self/fd shows them
+    for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                sockets.append(fd)
+        except OSError:
+            pass  # the listing's own fd, closed meanwhile
+    keep = 1 if request.query.get("keep") else 0  # its exit closes that one
+    for fd in sockets[:len(sockets) - keep]:
+        s = socket.socket(fileno=os.dup(fd))
+        s.shutdown(socket.SHUT_RDWR)
+        s.close()
+    time.sleep(float(request.query.get("then", "0.4")))  # in C: no watchdog stops it
+    os._exit(0)
+"""
+SOCKETS = 32  # pool.max: one socket per isolate
+
+
+@contextmanager
+def loop_stalls(pop: Running) -> Iterator[list[float]]:
+    """The gaps (s) between turns of the PoP's loop while the block runs, ticked
+    every millisecond."""
+    loop = pop.loop
+    assert loop is not None
+    gaps: list[float] = []
+    last = [0.0]
+    done = threading.Event()
+
+    def tick() -> None:
+        now = time.monotonic()
+        if last[0]:
+            gaps.append(now - last[0])
+        last[0] = now
+        if not done.is_set():
+            loop.call_later(0.001, tick)
+
+    loop.call_soon_threadsafe(tick)
+    time.sleep(0.05)
+    try:
+        yield gaps
+    finally:
+        done.set()
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(5)
+
+
+def test_a_guest_shutting_down_its_hosts_sockets_never_stalls_the_loop(
+        pop: Running, tmp_path: Path) -> None:
+    """Each isolate socket that closed while its host still ran slept 10 ms on the
+    loop (waiting for the exit status): a guest that shut down 31 of them froze every
+    tenant for ~310 ms per request, and again on the standby that took over."""
+    pop.deploy(python_function(tmp_path, "closer", CLOSER, limits="wall_ms = 5000",
+                               pool=f"min = 1\nmax = {SOCKETS}\nstandby = true"))
+    for _ in range(2):
+        attacker = int(pop.get("/closer?hello=1")[2].split()[-1])
+        with loop_stalls(pop) as gaps:
+            status, headers, body = pop.get("/closer?keep=1", timeout=10)
+            assert (status, headers["x-edgefn-error"]) == (502, "crash"), body
+            assert wait_until(lambda pid=attacker: not running(pid), 5) is not None
+            time.sleep(0.1)  # its exit is reported meanwhile
+        stall = max(gaps)
+        # it was 10 ms a socket; what is left is this machine's noise
+        assert stall < 0.01 * (SOCKETS - 1) / 3, f"the loop stalled {stall * 1000:.0f} ms"
+        status, _, body = pop.get("/closer?hello=1")  # the standby serves at once
+        assert status == 200 and int(body.split()[-1]) != attacker
+        assert wait_until(lambda: len(host_pids("closer")) == 2, 30) is not None  # a new standby
+
+
+@pytest.mark.parametrize("then", ["exit", "linger"])
+def test_a_host_whose_guest_shut_down_every_socket_is_replaced(
+        pop: Running, tmp_path: Path, then: str) -> None:
+    """A guest shut down all its host's sockets, then exited (or slept in C): no socket
+    was left to tell the PoP, which kept the dead host and answered every later
+    request 504 at its wall limit. Its exit is watched now (its pidfd), and a host
+    without a socket left is killed."""
+    pop.deploy(python_function(tmp_path, "closer", CLOSER, limits="wall_ms = 1000",
+                               pool="min = 1\nmax = 4\nstandby = true"))
+    attacker = int(pop.get("/closer?hello=1")[2].split()[-1])
+    status, headers, body = pop.get(f"/closer?then={0.4 if then == 'exit' else 60}",
+                                    timeout=10)
+    assert (status, headers["x-edgefn-error"]) == (502, "crash"), body
+    time.sleep(0.6)  # it has exited, or would have
+    status, headers, body = pop.get("/closer?hello=1", timeout=10)
+    assert status == 200, (headers.get("x-edgefn-error"), body)
+    assert int(body.split()[-1]) != attacker
+    assert wait_until(lambda: not running(attacker), 5) is not None
 
 
 STATE = """

@@ -5,6 +5,10 @@ The process runs in its own process group, so a Ctrl-C meant for the PoP (the
 terminal signals its whole foreground group) does not reach it; it exits when
 its stdin closes, which is how the PoP stops it, and also what happens when the
 PoP dies.
+
+The PoP learns that it died from its pidfd (`attach`), not from its sockets: a
+guest reaches every isolate socket of its host (they are its fds), and one that
+shut them all down and exited left the PoP serving a host that was gone (504s).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 from edgefn_core.abi import decode_response
@@ -29,12 +32,16 @@ from runtime.executors.python import host_output, sandbox, uids, wire
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.host import IMPORT_ROOTS
 from runtime.executors.python.isolate import Events, Isolate, read_json
+from runtime.executors.python.job import Job
 
 functions_log = logging.getLogger("edgefn.functions")
 
 READY_TIMEOUT = 30.0
 WARM_ROUNDS = 20
 STOP_GRACE = 2.0  # after its stdin closes, how long a host gets before it is killed
+# an isolate's socket closed while its host still runs: how long its job waits to learn
+# whether the host is exiting (EOF can beat the exit status), on the loop's clock
+EXIT_LAG = 0.05
 
 
 class Host:
@@ -55,6 +62,8 @@ class Host:
         self.warm_request = warm_request
         self.dead = False
         self.retiring = False  # it asked to be replaced; the supervisor swaps it out
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pidfd = -1  # readable once the process exits (`attach`)
         pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
         # as root the host makes a private tmpfs its scratch dir; otherwise it gets one here
         self.scratch = None if os.geteuid() == 0 else tempfile.mkdtemp(prefix="edgefn-scratch-")
@@ -127,8 +136,35 @@ class Host:
         assert not pending
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read its isolates' sockets on `loop`, and call `died` there when the
+        process exits, whatever its sockets did."""
+        self.loop = loop
         for isolate in self.isolates:
             isolate.attach(loop)
+        if self.proc.returncode is not None:  # reaped already: its pid may be another's
+            loop.call_soon(self._exited)
+            return
+        self.pidfd = os.pidfd_open(self.proc.pid)  # unreaped, the pid is still this process
+        loop.add_reader(self.pidfd, self._exited)
+
+    def _unwatch(self) -> None:
+        if self.pidfd >= 0:
+            if self.loop is not None:
+                self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+    def _exited(self) -> None:
+        """The process exited (its pidfd is readable): report it once."""
+        self._unwatch()
+        if self.dead:
+            return
+        self.dead = True
+        code = self.proc.poll()
+        why = ("exited" if code is None  # another thread is reaping it right now
+               else f"signal {signal.Signals(-code).name}" if code < 0
+               else f"exit status {code}")
+        self.died(self, why)
 
     def grow(self) -> None:
         """Start its next isolate (the host starts them in order)."""
@@ -139,23 +175,28 @@ class Host:
             self.proc.stdin.write(b"grow\n")
             self.proc.stdin.flush()
         except OSError:
-            pass  # it died: its sockets report that
+            pass  # it died: `_exited` reports that
 
     def lost(self, isolate: Isolate) -> None:
-        """An isolate's socket closed: the host died, or that isolate alone ended."""
+        """An isolate's socket closed: that isolate alone ended, or the host is
+        exiting (`_exited` reports that). Never blocks: a guest can shut down
+        every socket of its host, and a wait here ran once per socket."""
+        job = isolate.job
         isolate.close()
         if self.dead:
             return
-        code = self.proc.poll()
-        if code is None:
-            time.sleep(0.01)  # EOF can beat the exit status by a hair
-            code = self.proc.poll()
-        if code is not None:
-            self.dead = True
-            why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-            self.died(self, why)
-        elif isolate.job is not None:
-            isolate.job.fail(FunctionError("crash", 502, "crashed: its isolate ended unexpectedly"))
+        if self.proc.poll() is not None:
+            return self._exited()
+        if all(i.state == "dead" for i in self.isolates):  # it can serve nothing more
+            self.kill()  # its exit promotes the standby (`_exited`)
+        if job is not None and self.loop is not None:
+            self.loop.call_later(EXIT_LAG, self._isolate_ended, isolate, job)
+
+    def _isolate_ended(self, isolate: Isolate, job: Job) -> None:
+        """`EXIT_LAG` after `isolate`'s socket closed under `job`: the host did not
+        die meanwhile (that failed the job, saying why)."""
+        if isolate.job is job and not job.done:
+            job.fail(FunctionError("crash", 502, "crashed: its isolate ended unexpectedly"))
 
     def fail_jobs(self, why: str) -> None:
         """Fail the jobs its isolates were running (it died)."""
@@ -170,8 +211,9 @@ class Host:
             self.proc.kill()
 
     def close_isolates(self) -> None:
-        """Forget the isolates' sockets (call on the event loop's thread)."""
+        """Forget the isolates' sockets and its exit (call on the event loop's thread)."""
         self.dead = True
+        self._unwatch()
         for isolate in self.isolates:
             isolate.close()
 
