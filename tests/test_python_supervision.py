@@ -2,13 +2,16 @@
 wall limit gets its request answered 504, the warm standby takes the next request at
 once, and the stuck host is killed; a request handed to an isolate whose fresh
 interpreter fails to start is served by another host; a guest that shuts down its
-host's sockets neither stalls the PoP's loop nor leaves it serving a dead host; a
-restarted PoP serves the same bodies."""
+host's sockets neither stalls the PoP's loop nor leaves it serving a dead host;
+forged READY and RETIRE frames write no line of their own to the PoP's log and no
+flood of lines (a frame the real guest cannot send ends its host); a restarted PoP
+serves the same bodies."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.admin.client import AdminError
 from runtime.executors.python.supervisor import KILL_GRACE
 from tests.support import EXAMPLES, Running, host_pids, pop_thread, python_function, running
 
@@ -256,6 +260,120 @@ def test_a_host_whose_guest_shut_down_every_socket_is_replaced(
     assert status == 200, (headers.get("x-edgefn-error"), body)
     assert int(body.split()[-1]) != attacker
     assert wait_until(lambda: not running(attacker), 5) is not None
+
+
+FORGER = """
+import gc, os, sys, threading, time
+from edgefn import Response
+
+FORGED = "\\n2026-12-02 08:00:00,000 CRITICAL edgefn.pop: FORGED LINE"
+
+def handle(request, env):
+    kind = request.query.get("kind")
+    if kind == "wedge":  # a thread it cannot stop: the interpreter restarts after this
+        threading.Thread(target=threading.Event().wait).start()  # blocked in C
+        time.sleep(0.3)  # the next request queues behind this one meanwhile
+    if kind in (None, "wedge"):
+        return Response(f"served by {os.getpid()}")
+    # past the SDK: frames straight onto its socket
+    wire = sys.modules["runtime.executors.python.wire"]
+    session = next(o for o in gc.get_objects() if type(o).__name__ == "Session")
+    if kind == "retire":
+        frame = wire.json_frame(wire.RETIRE, {"why": "low" + FORGED})
+    else:
+        frame = wire.json_frame(wire.READY, {
+            "ok": {"ok": True}, "recycling": {"ok": False, "recycling": True},
+            "error": {"ok": False, "error": "boom" + FORGED},
+            "stopped": {"ok": False, "stopped": "out" + FORGED}}[kind])
+    session._send(frame * int(request.query.get("n", "1")))
+    return Response(f"sent by {os.getpid()}")
+"""
+
+
+def isolate_lines(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "edgefn.isolates" and r.getMessage().startswith(name)]
+
+
+@pytest.mark.parametrize("kind", ["ok", "recycling"])
+def test_a_flood_of_forged_ready_frames_ends_its_host_after_one_line(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str) -> None:
+    """50,000 READY frames ok sent during a request logged "isolate restarted during a
+    request" 50,000 times (in 2 s, on the loop, past the function log's 20 lines a
+    second). The real guest says READY once per fresh interpreter: the first is taken
+    for one (a job's thread it could not stop ends an interpreter unannounced: the
+    next test), the second ends the host; so does a second recycling READY."""
+    caplog.set_level(logging.INFO, logger="edgefn.isolates")
+    pop.deploy(python_function(tmp_path, "forger", FORGER,
+                               pool="min = 1\nmax = 1\nstandby = true"))
+    attacker = int(pop.get("/forger")[2].split()[-1])
+    status, headers, body = pop.get(f"/forger?kind={kind}&n=50000")
+    assert (status, headers.get("x-edgefn-error")) == (502, "crash"), body
+    status, _, body = pop.get("/forger")  # the standby took over
+    assert status == 200 and int(body.split()[-1]) != attacker
+    assert wait_until(lambda: not running(attacker), 5) is not None
+    lines = isolate_lines(caplog, "forger")
+    assert len(lines) <= 3, lines[:5]  # restarted (ok), garbage; then the host died
+    assert sum("isolate sent garbage (a" in line for line in lines) == 1, lines
+
+
+def test_an_interpreter_restarted_under_a_queued_request_serves_it(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """What the READY check must let through: a handler left a thread it could not
+    stop, so its interpreter restarts after the response, and the request queued
+    behind it was handed to the isolate meanwhile: its READY comes during that
+    request, which the fresh interpreter serves, in the same host."""
+    pop.deploy(python_function(tmp_path, "forger", FORGER, limits="wall_ms = 10000",
+                               pool="min = 1\nmax = 1\nstandby = true"))
+    host = int(pop.get("/forger")[2].split()[-1])
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+    first = threading.Thread(target=lambda: answers.append(pop.get("/forger?kind=wedge")))
+    first.start()
+    time.sleep(0.1)
+    status, _, body = pop.get("/forger", timeout=30)
+    first.join()
+    assert answers[0][::2] == (200, f"served by {host}".encode())
+    assert (status, body) == (200, f"served by {host}".encode())
+    assert "forger: isolate restarted during a request" in isolate_lines(caplog, "forger")
+    assert not any("garbage" in line for line in isolate_lines(caplog, "forger"))
+
+
+@pytest.mark.parametrize("kind", ["error", "stopped", "retire"])
+def test_guest_text_in_the_pops_log_cannot_start_a_line(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str) -> None:
+    """A READY's error or stopped text and RETIRE's why were logged verbatim: a newline
+    in them started a forged CRITICAL line of the PoP's log."""
+    caplog.set_level(logging.INFO, logger="edgefn.isolates")
+    pop.deploy(python_function(tmp_path, "forger", FORGER, limits="wall_ms = 1000",
+                               pool="min = 1\nmax = 1\nstandby = true"))
+    pop.get(f"/forger?kind={kind}")  # (its isolate ends without it: a 504)
+    forged = [line for line in isolate_lines(caplog, "forger") if "FORGED LINE" in line]
+    assert forged, isolate_lines(caplog, "forger")
+    for line in forged:
+        assert "\n" not in line and "\\n2026-12-02 08:00:00,000 CRITICAL" in line, line
+
+
+def test_a_forged_import_warning_cannot_start_a_line(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The first READY's import warnings go to the function log at deploy; a module
+    whose top-level code sends its own READY first wrote them verbatim."""
+    forger = """
+import json, os, socket, struct
+frame = b"S" + json.dumps({"ok": True, "warnings": [
+    "x\\n2026-12-02 08:00:00,000 CRITICAL edgefn.pop: FORGED LINE"]}).encode()
+for fd in map(int, os.listdir("/proc/self/fd")):
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.sendall(struct.pack("<I", len(frame)) + frame)
+    except OSError:
+        pass  # not a socket
+def handle(request, env):
+    pass
+"""
+    with pytest.raises(AdminError):  # its real READY came while it was warming up
+        pop.deploy(python_function(tmp_path, "forger", forger))
+    forged = [r.getMessage() for r in caplog.records if "FORGED LINE" in r.getMessage()]
+    assert forged and all("\n" not in line for line in forged), forged
 
 
 STATE = """

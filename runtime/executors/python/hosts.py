@@ -125,7 +125,7 @@ class Host:
             raise DeployError(f"{self.cfg.name}: {self.cfg.module}.py "  # the guest's text:
                               f"{escaped(str(info.get('error', 'failed to start')))}")  # 1 line
         for warning in info.get("warnings") or ():
-            functions_log.warning("%s: %s", self.cfg.label, warning)
+            functions_log.warning("%s: %s", self.cfg.label, escaped(str(warning)))  # see above
         for _ in range(WARM_ROUNDS):  # the request path, minus the handler, in both processes
             sock.sendall(wire.frame(wire.WARM, self.warm_request))
             f = wire.recv_frame(sock, reader, pending)

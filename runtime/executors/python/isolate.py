@@ -6,6 +6,11 @@ frames to the pool's host-call routing, tells the pool when its host asks to be
 replaced (RETIRE, or an interpreter that fails to restart after recycling), hands
 back a job its fresh interpreter never started, and tells its owner (the host)
 when its socket is gone. Which job it runs is the scheduler's business.
+
+A frame the real guest cannot send then (a second READY from an interpreter
+already serving, a second RETIRE) is forged: it is treated as `garbage`, logged
+once and its host killed (50,000 forged READYs in one request wrote 50,000 error
+lines). Guest text in the PoP's log (a READY's error, RETIRE's why) is escaped.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import msgspec
 from edgefn_core import hostcall
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import FunctionError, ProtocolError
-from runtime.executors.output import escaped_lines
+from runtime.executors.output import escaped, escaped_lines
 from runtime.executors.python import wire
 from runtime.executors.python.channel import Channel
 from runtime.executors.python.config import HostConfig
@@ -89,6 +94,10 @@ class Isolate:
         # Per-interpreter state (recycling starts a new interpreter on the same socket)
         self.uses = 0
         self.recycling = False  # its interpreter is replaced after the job in flight
+        # a fresh interpreter may say READY: before its first job, and after each job (it
+        # recycled, or restarted because the job left a thread it could not stop)
+        self.fresh = True
+        self.retire_sent = False  # its host sends RETIRE once
         # Per-job state
         self.job: Job | None = None
         self.stuck = False  # its job ended early (timed out, cut); frames are dropped until its end
@@ -139,6 +148,8 @@ class Isolate:
     def frame(self, kind: bytes, payload: bytes) -> None:
         """One frame from the guest, in order; CALL frames past `CALLS_PER_TURN` in
         one loop turn wait, with every frame after them, for the next turn."""
+        if self.state == "dead":
+            return  # closed by an earlier frame of the same read (garbage, stopped)
         if self.backlog is not None:
             self.backlog.append((kind, payload))
             return
@@ -168,7 +179,11 @@ class Isolate:
         if kind == wire.READY:
             self._ready(read_json(payload))
         elif kind == wire.RETIRE:
-            self.owner.events.retiring(self, str(read_json(payload).get("why", "")))
+            if self.retire_sent:
+                self.garbage(ProtocolError("a second RETIRE (its host sends one)"))
+                return
+            self.retire_sent = True
+            self.owner.events.retiring(self, escaped(str(read_json(payload).get("why", ""))))
         elif kind == wire.CALL:
             if (why := hostcall.refused(payload)) is not None:
                 # the SDK refuses such a call before sending it: only a forged frame
@@ -191,17 +206,27 @@ class Isolate:
     # -- frames ---------------------------------------------------------------------------------
     def _ready(self, info: dict[str, Any]) -> None:
         if info.get("ok"):
-            if self.job is not None:  # never sent mid-job; if it is, the job still owns us
+            if not self.fresh:  # it serves already: no interpreter started since its last READY
+                self.garbage(ProtocolError("a READY from an interpreter already serving"))
+                return
+            self.fresh = False
+            if self.job is not None:  # handed to it as its last interpreter ended (a thread
+                # it could not stop): the fresh one runs the job, which still owns the isolate
                 log.error("%s: isolate restarted during a request", self.cfg.name)
                 return
             self.owner.events.started(self)
         elif info.get("recycling"):
+            if self.job is None or self.recycling:  # said once, during the job it ends after
+                self.garbage(ProtocolError("a recycling READY outside a request, or twice"))
+                return
             self.recycling = True  # takes effect when the job in flight ends
-        else:
+        else:  # the guest's text: escaped (one line)
             if info.get("stopped"):  # its host is being replaced (it asked): no error
-                log.warning("%s: isolate stopped: %s", self.cfg.name, info["stopped"])
+                log.warning("%s: isolate stopped: %s", self.cfg.name,
+                            escaped(str(info["stopped"])))
             else:
-                log.error("%s: isolate failed to start: %s", self.cfg.name, info.get("error"))
+                log.error("%s: isolate failed to start: %s", self.cfg.name,
+                          escaped(str(info.get("error"))))
             if self.state == "recycling":  # it started before: its host is failing
                 self.owner.events.retiring(self, "an isolate failed to restart")
             # a job sent while its last interpreter ended unannounced (a thread it could
@@ -264,6 +289,7 @@ class Isolate:
                                        "isolate ended the request without a response"))
             job.end()
         self.stuck = False
+        self.fresh = True  # its interpreter may recycle or restart now
         self.owner.events.finished(self)
     def _limit(self) -> str:
         cfg = self.cfg
