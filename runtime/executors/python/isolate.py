@@ -16,6 +16,7 @@ lines). Guest text in the PoP's log (a READY's error, RETIRE's why) is escaped.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from collections import deque
@@ -302,6 +303,11 @@ def read_json(payload: bytes) -> dict[str, Any]:
     was lost)."""
     try:
         obj = msgspec.json.decode(payload)
-    except (ValueError, RecursionError):
+    except msgspec.DecodeError:  # what the SDK's json.dumps writes and msgspec refuses:
+        try:  # NaN, Infinity, a lone surrogate (the binding refuses them, saying so)
+            obj = json.loads(payload)
+        except (ValueError, RecursionError):
+            return {}
+    except RecursionError:
         return {}
     return obj if isinstance(obj, dict) else {}
