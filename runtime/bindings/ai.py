@@ -15,6 +15,7 @@ reserved at admission, settled with the usage when it ends (see
 the assistant ``message`` and its ``tool_calls`` (a list, empty when the model
 answered in text). Such calls skip the AI cache, which keeps plain text only.
 ``chat_stream`` takes ``response_format`` and the sampling fields, not tools.
+A call with ``response_format``, a penalty or ``logit_bias`` bypasses the cache.
 
 With the PoP's `AICache`, ``chat``, ``chat_stream``, ``complete`` and ``embed``
 go through the exact and semantic caches (scoped by the function's tenant) unless
@@ -183,6 +184,8 @@ class AIBinding:
         params |= shaping
         if shaping and op == "chat":
             return _message(await self._generated(model, params), params)
+        if shaping:  # the cache's key has no response_format, penalty or logit_bias: a
+            a = {**a, "cache": False}  # shaped answer stored would serve a plain call
         call = (completion_call(self.tenant, model, params["prompt"], params)
                 if op == "complete" else chat_call(self.tenant, model, params["messages"],
                                                    params))

@@ -188,6 +188,14 @@ from edgefn import Response
 def handle(request, env):
     ai = env.ai()
     q = [{"role": "user", "content": request.query.get("q", "hi")}]
+    if request.query.get("shaped"):  # the cache's key has no response_format or bias
+        list(ai.chat(q, stream=True, max_tokens=8, temperature=0))
+        shaped = ai.chat(q, stream=True, max_tokens=8, temperature=0,
+                         response_format={"type": "json_object"})
+        list(shaped)
+        done = [ai.complete("Once upon", max_tokens=4, temperature=0, logit_bias={"1": -5})
+                for _ in range(2)]
+        return Response.json([shaped.cache["outcome"], *(d["cache"]["outcome"] for d in done)])
     if request.query.get("twice"):  # the second opened before the first is read
         a, b = (ai.chat(q, stream=True, max_tokens=8, temperature=0) for _ in range(2))
         return Response.json([a.cache["outcome"], b.cache["outcome"], list(a) == list(b)])
@@ -218,6 +226,9 @@ def test_a_functions_streamed_chat_goes_through_the_cache(pop: Running, tmp_path
     rows = [r for r in pop.pop.stores.cache_stats.snapshot()
             if (r["cache"], r["function"]) == ("ai", "streamer")]
     assert [r["hits"] for r in rows] == [2]
+    # a shaped call is no key's answer: a plain entry served it (and it stored its own)
+    status, _, body = pop.request("GET", "/streamer?q=Name+a+sea.&shaped=1", timeout=60)
+    assert (status, json.loads(body)) == (200, ["bypass", "bypass", "bypass"]), body
     # nothing waits on a stream in flight: this one waited on itself to its wall limit
     status, _, body = pop.request("GET", "/streamer?q=Name+a+lake.&twice=1", timeout=30)
     assert (status, json.loads(body)) == (200, ["miss", "miss", True]), body
