@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 IMPORT_BATCH = 1000
 RECORD_FIELDS = ("id", "vector", "metadata")  # of a JSONL line `vectors import` reads
+# what the store refuses, checked for every line before any is written (not imported
+# from kv.vectors, which loads usearch: tests/kv/test_cli.py checks they agree)
+F32_MAX = 3.4028234663852886e38
+MAX_ID_BYTES = 256
 
 
 class StoreAccess:
@@ -237,6 +241,10 @@ def _record(line: str, want: tuple[int, str] | None) -> dict[str, Any]:
         raise ValueError('"vector" must be a list of numbers')
     if want is not None and len(vector) != want[0]:
         raise ValueError(f'"vector" has {len(vector)} numbers; {want[1]}')
+    if not all(-F32_MAX <= x <= F32_MAX for x in vector):  # NaN compares false too
+        raise ValueError('"vector" has a number past float32\'s range (the store keeps f32)')
+    if not 1 <= len(str(item["id"]).encode()) <= MAX_ID_BYTES:
+        raise ValueError(f'"id" must be 1 to {MAX_ID_BYTES} bytes')
     if not isinstance(item.get("metadata"), dict | None):
         raise ValueError(f'"metadata" must be an object (or null), got '
                          f"{json.dumps(item['metadata'])}")
@@ -255,6 +263,14 @@ def _read_npy(path: Path, dim: int | None) -> Iterator[dict[str, Any]]:
     if dim is not None and matrix.shape[1] != dim:
         raise InvalidValue(f"{path}: rows of {matrix.shape[1]} numbers; the index has "
                            f"dimension {dim}")
+    if matrix.dtype.kind not in "iuf":
+        raise InvalidValue(f"{path}: expected numbers, got an array of {matrix.dtype}")
+    for start in range(0, len(matrix), 4096):  # over the mmap: a block at a time
+        block = np.asarray(matrix[start:start + 4096], dtype=np.float64)
+        bad = ~(np.abs(block) <= F32_MAX).all(axis=1)  # NaN compares false too
+        if bad.any():
+            raise InvalidValue(f"{path}: row {start + int(bad.argmax())} has a NaN, an "
+                               "infinite value or one past float32's range")
     for i, row in enumerate(matrix):
         yield {"id": str(i), "vector": row.tolist()}
 

@@ -117,6 +117,11 @@ def test_an_import_checks_every_line_before_it_writes_any(tmp_path: Path) -> Non
         (['{"id": "a", "vector": [1, "0"]}'], ':1: "vector" must be a list of numbers'),
         (['{"id": "a", "vector": [1, 0], "metadata": [1]}'], ':1: "metadata" must be an '
                                                             "object (or null), got [1]"),
+        # what the store refuses, before anything is written (1000 lines were)
+        ([good + '{"id": "big", "vector": [1, 1e39]}'],
+         ":1201: \"vector\" has a number past float32's range"),
+        ([good + '{"id": "' + "x" * 257 + '", "vector": [1, 0]}'],
+         ':1201: "id" must be 1 to 256 bytes'),
     ]:
         (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
         r = edgefn("vectors", "import", "emb", str(tmp_path / "in.jsonl"), data=d)
@@ -134,6 +139,12 @@ def test_an_import_checks_every_line_before_it_writes_any(tmp_path: Path) -> Non
     r = edgefn("vectors", "import", "fresh", str(tmp_path / "new.jsonl"), data=d)
     assert r.returncode == 1 and b"""new.jsonl:2: "vector" has 3 numbers; line 1's has 2""" \
         in r.stderr, r.stderr
+    rows = np.ones((1500, 2), dtype=np.float32)
+    rows[1200, 1] = np.nan
+    np.save(tmp_path / "nan.npy", rows)
+    r = edgefn("vectors", "import", "emb", str(tmp_path / "nan.npy"), data=d)
+    assert r.returncode == 1 and b"nan.npy: row 1200 has a NaN" in r.stderr, r.stderr
+    assert json.loads(ok("vectors", "stats", "emb", data=d))["count"] == 0
     np.save(tmp_path / "m.npy", np.zeros((2, 3), dtype=np.float32))
     r = edgefn("vectors", "import", "emb", str(tmp_path / "m.npy"), data=d)
     assert r.returncode == 1 and b"m.npy: rows of 3 numbers; the index has dimension 2" \
@@ -204,3 +215,10 @@ def test_vectors_create_takes_graph_settings_and_refuses_bad_ones(tmp_path: Path
     assert (stats["connectivity"], stats["expansion_search"]) == (8, 32)
     r = edgefn("vectors", "create", "other", "--dim", "2", "--expansion-add", "5", data=d)
     assert r.returncode == 1 and b"expansion_add must be an integer 8..4096, got 5" in r.stderr
+
+
+def test_the_imports_checks_agree_with_the_store() -> None:
+    from kv import vectors
+    from runtime.cli import store
+    assert store.MAX_ID_BYTES == vectors.MAX_ID_BYTES
+    assert float(np.finfo(np.float32).max) == store.F32_MAX
