@@ -48,6 +48,7 @@ import httptools
 
 from edgefn_core.errors import BindingError
 from runtime.bindings.codec import b64, base64_bytes, known
+from runtime.functions.manifest import MAX_WALL_MS
 
 MAX_RESPONSE = 8 << 20  # bytes of response body a subrequest may bring back
 MAX_REQUEST = 8 << 20
@@ -61,7 +62,9 @@ ARGS = frozenset({"url", "method", "headers", "body", "timeout_ms"})
 LOOP_ID = "edgefn"  # the PoP's cdn-id in CDN-Loop
 MAX_HOPS = 8  # edgefn subrequests one chain of requests may go through
 MAX_SUBREQUESTS = 200  # fetches one request tree may make on one PoP process
-TREE_SECONDS = 900.0  # how long a tree's count is kept (> MAX_HOPS wall limits of any use)
+# how long a tree's count is kept: past the longest a tree can live, each of its
+# MAX_HOPS levels fetching just before its wall limit (900 s let one reset at 15 min)
+TREE_SECONDS = (MAX_HOPS + 1) * MAX_WALL_MS / 1000
 MAX_TREES = 1 << 16  # trees counted at once (the oldest is forgotten past it)
 # the key under which the executors pass the calling request's `Lineage` (set by the
 # host, whatever the guest put there: `runtime.bindings.Bindings.call`)
