@@ -82,7 +82,8 @@ def default_models() -> list[ModelSpec]:
 def load(path: str | Path | None) -> WorkerConfig:
     """The config in `path`, or the defaults when `path` is None.
 
-    Relative LoRA paths are resolved against the file's folder. Raises `WorkerConfigError`
+    Paths starting with ``~`` are expanded; relative LoRA paths are resolved against
+    the file's folder. Raises `WorkerConfigError`
     naming the field, also for a model or adapter file that does not exist (see `check`).
     """
     if path is None:
@@ -98,7 +99,11 @@ def load(path: str | Path | None) -> WorkerConfig:
     if dupes:
         raise WorkerConfigError(str(p), f"model names must be unique; repeated: "
                                 f"{', '.join(dupes)}", "models")
+    for m in cfg.models:  # `~` as the engines will open it (it passed the check,
+        if m.path != "auto":  # and the engine found no such file: restarted forever)
+            m.path = str(Path(m.path).expanduser())
     for lo in cfg.loras:
+        lo.path = str(Path(lo.path).expanduser())
         if not Path(lo.path).is_absolute():
             lo.path = str((p.parent / lo.path).resolve())
     check(cfg, str(p))
@@ -131,7 +136,7 @@ def _problem(m: ModelSpec) -> tuple[str, str] | None:
         return "threads", f"must be >= 1, got {m.threads}"
     if m.engine == "llamacpp" and m.weights not in WEIGHTS:
         return "weights", f"weights must be one of {', '.join(WEIGHTS)}, got {m.weights!r}"
-    found = Path(m.path).expanduser()  # onnx: a model.onnx or the folder holding it
+    found = Path(m.path)  # onnx: a model.onnx or the folder holding it
     if m.path != "auto" and not (found.is_file() or (m.engine == "onnx" and found.is_dir())):
         return "path", f"model file {m.path} does not exist"
     return None

@@ -75,6 +75,22 @@ def test_model_files_that_exist_load(tmp_path: Path) -> None:
     assert [m.path for m in config.load(f).models] == [f"{tmp_path}/m.gguf", f"{tmp_path}/onnx"]
 
 
+def test_a_home_relative_path_is_what_the_engine_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`~/m.gguf` passed the check (expanded there) and the engine, which opened the
+    path as written, found no such file: the worker was restarted forever."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m.gguf").write_bytes(b"")
+    (tmp_path / "a.gguf").write_bytes(b"")
+    f = tmp_path / "w.toml"
+    f.write_text('[[models]]\nname = "a"\nengine = "llamacpp"\npath = "~/m.gguf"\n'
+                 '[[loras]]\nname = "l"\nbase = "a"\npath = "~/a.gguf"\n')
+    cfg = config.load(f)
+    assert (cfg.models[0].path, cfg.loras[0].path) == (f"{tmp_path}/m.gguf",
+                                                       f"{tmp_path}/a.gguf")
+    assert Path(cfg.models[0].path).is_file()
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ('[[models]]\nname = "x"\nengine = "tensorflow"\n', "unknown engine 'tensorflow'"),
     ('[[models]]\nname = "x"\nengine = "llamacpp"\npath = "/nope.gguf"\n',
