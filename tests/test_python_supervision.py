@@ -98,35 +98,6 @@ def handle(request, env):
 """
 
 
-@pytest.mark.parametrize("standby", [True, False])
-def test_a_request_queued_for_an_isolate_whose_interpreter_fails_to_restart_is_served(
-        pop: Running, tmp_path: Path, standby: bool) -> None:
-    """A handler left a thread running that could not be stopped: its interpreter is
-    left behind and a fresh one starts, which fails here, and the host asks to be
-    replaced. The request that had queued behind it was handed to that isolate as
-    the handler returned, and waited there to its wall limit (504); it is served by
-    the standby, or by the new host once it is warm, and the old host stops."""
-    pop.deploy(python_function(tmp_path, "wedge", WEDGE, limits="wall_ms = 10000",
-                               pool=f"min = 1\nmax = 1\nstandby = {str(standby).lower()}"))
-    status, _, body = pop.get("/wedge")
-    assert status == 200, body
-    wedged = int(body.split()[-1])
-    answers: dict[str, tuple[int, dict[str, str], bytes]] = {}
-    first = threading.Thread(target=lambda: answers.setdefault("w", pop.get("/wedge?wedge=1")))
-    first.start()
-    time.sleep(0.1)
-    sent = time.monotonic()
-    status, headers, body = pop.get("/wedge", timeout=30)
-    took = time.monotonic() - sent
-    first.join()
-    assert answers["w"][::2] == (200, f"served by {wedged}".encode())
-    assert status == 200, (headers.get("x-edgefn-error"), body)
-    assert int(body.split()[-1]) != wedged
-    assert took < 8, f"answered after {took:.1f}s"
-    assert wait_until(lambda: wedged not in host_pids("wedge"), 15) is not None, \
-        "the host whose interpreter failed to start is still running"
-
-
 HOG = """
 import os, threading, time
 from edgefn import Response
@@ -136,7 +107,7 @@ def hold():
     threading.Event().wait()  # blocked in C: unstoppable
 
 def handle(request, env):
-    if request.query.get("hog"):
+    if request.query.get("wedge"):
         threading.Thread(target=hold).start()
         time.sleep(0.5)  # the next request queues behind this one meanwhile
     return Response(f"served by {os.getpid()}")
@@ -144,28 +115,39 @@ def handle(request, env):
 
 
 @pytest.mark.parametrize("standby", [True, False])
-def test_a_request_queued_for_an_isolate_out_of_room_to_restart_is_served(
-        pop: Running, tmp_path: Path, standby: bool) -> None:
-    """As above, but what the thread left behind holds leaves no room for a fresh
-    interpreter's share: the isolate stops, and the request handed to it got a 502
-    ("its isolate ended unexpectedly"); the host says so first now, and the request
-    goes to the standby or the new host."""
-    pop.deploy(python_function(tmp_path, "hog", HOG, limits="wall_ms = 10000\nmemory_mb = 64",
+@pytest.mark.parametrize(("name", "source", "limits"), [
+    ("wedge", WEDGE, "wall_ms = 10000"),
+    ("hog", HOG, "wall_ms = 10000\nmemory_mb = 64")])
+def test_a_request_queued_for_an_isolate_whose_interpreter_cannot_restart_is_served(
+        pop: Running, tmp_path: Path, standby: bool, name: str, source: str,
+        limits: str) -> None:
+    """A handler left a thread running that could not be stopped: its interpreter is
+    left behind and the host asks to be replaced. The request that had queued behind
+    it was handed to that isolate as the handler returned. When the fresh interpreter
+    failed to start (wedge) it waited there to its wall limit (504); when what the
+    thread holds left no room for one (hog), the isolate stopped and the request got
+    a 502 ("its isolate ended unexpectedly"). It is served by the standby, or by the
+    new host once it is warm, and the old host stops."""
+    pop.deploy(python_function(tmp_path, name, source, limits=limits,
                                pool=f"min = 1\nmax = 1\nstandby = {str(standby).lower()}"))
-    status, _, body = pop.get("/hog")
+    status, _, body = pop.get(f"/{name}")
     assert status == 200, body
-    hogged = int(body.split()[-1])
+    wedged = int(body.split()[-1])
     answers: dict[str, tuple[int, dict[str, str], bytes]] = {}
-    first = threading.Thread(target=lambda: answers.setdefault("h", pop.get("/hog?hog=1")))
+    first = threading.Thread(target=lambda: answers.setdefault("w", pop.get(
+        f"/{name}?wedge=1")))
     first.start()
     time.sleep(0.2)
-    status, headers, body = pop.get("/hog", timeout=30)
+    sent = time.monotonic()
+    status, headers, body = pop.get(f"/{name}", timeout=30)
+    took = time.monotonic() - sent
     first.join()
-    assert answers["h"][::2] == (200, f"served by {hogged}".encode())
+    assert answers["w"][::2] == (200, f"served by {wedged}".encode())
     assert status == 200, (headers.get("x-edgefn-error"), body)
-    assert int(body.split()[-1]) != hogged
-    assert wait_until(lambda: hogged not in host_pids("hog"), 15) is not None, \
-        "the host out of room is still running"
+    assert int(body.split()[-1]) != wedged
+    assert took < 8, f"answered after {took:.1f}s"
+    assert wait_until(lambda: wedged not in host_pids(name), 15) is not None, \
+        "the host whose interpreter could not restart is still running"
 
 
 CLOSER = """
