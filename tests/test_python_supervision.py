@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from runtime.admin.client import AdminError
+from runtime.executors.output import MAX_LINE
 from runtime.executors.python.supervisor import KILL_GRACE
 from tests.support import EXAMPLES, Running, host_pids, pop_thread, python_function, running
 
@@ -265,7 +266,7 @@ def handle(request, env):
     else:
         frame = wire.json_frame(wire.READY, {
             "ok": {"ok": True}, "recycling": {"ok": False, "recycling": True},
-            "error": {"ok": False, "error": "boom" + FORGED},
+            "error": {"ok": False, "error": "boom" + FORGED + "x" * 100_000},
             "stopped": {"ok": False, "stopped": "out" + FORGED}}[kind])
     session._send(frame * int(request.query.get("n", "1")))
     return Response(f"sent by {os.getpid()}")
@@ -333,6 +334,7 @@ def test_guest_text_in_the_pops_log_cannot_start_a_line(
     assert forged, isolate_lines(caplog, "forger")
     for line in forged:
         assert "\n" not in line and "\\n2026-12-02 08:00:00,000 CRITICAL" in line, line
+        assert len(line) < 2 * MAX_LINE, len(line)  # cut: one frame made a 64 MiB line
 
 
 def test_a_forged_import_warning_cannot_start_a_line(

@@ -63,6 +63,14 @@ def escaped(text: str) -> str:
     return text.encode("unicode_escape", "replace").decode("ascii") if _control(text) else text
 
 
+def said(text: str, limit: int = MAX_LINE) -> str:
+    """A guest's one-line `text` for the PoP's log: escaped, and cut at `limit`
+    characters (marked): escaped alone, one forged frame made a line of 64 MiB."""
+    if len(text) <= limit:
+        return escaped(text)
+    return escaped(text[:limit]) + f" [cut: {len(text) - limit} more characters]"
+
+
 def escaped_lines(label: str, text: str) -> str:
     """A function's multi-line `text` (a traceback) for one log record: each line
     escaped, and each after the first starting with ``LABEL| `` (a message with a

@@ -28,7 +28,7 @@ import msgspec
 from edgefn_core import hostcall
 from edgefn_core.abi import decode_response
 from edgefn_core.errors import FunctionError, ProtocolError
-from runtime.executors.output import escaped, escaped_lines
+from runtime.executors.output import escaped_lines, said
 from runtime.executors.python import wire
 from runtime.executors.python.channel import Channel
 from runtime.executors.python.config import HostConfig
@@ -42,6 +42,7 @@ functions_log = logging.getLogger("edgefn.functions")  # what functions log, and
 # wait (and its socket is not read) until the next turn, so a guest that writes
 # thousands of CALL frames at once holds the loop no longer than these take.
 CALLS_PER_TURN = 16
+MAX_TRACEBACK = 64 << 10  # characters of a function's traceback logged (its last ones)
 
 # What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
 ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
@@ -184,7 +185,7 @@ class Isolate:
                 self.garbage(ProtocolError("a second RETIRE (its host sends one)"))
                 return
             self.retire_sent = True
-            self.owner.events.retiring(self, escaped(str(read_json(payload).get("why", ""))))
+            self.owner.events.retiring(self, said(str(read_json(payload).get("why", ""))))
         elif kind == wire.CALL:
             if (why := hostcall.refused(payload)) is not None:
                 # the SDK refuses such a call before sending it: only a forged frame
@@ -224,10 +225,10 @@ class Isolate:
         else:  # the guest's text: escaped (one line)
             if info.get("stopped"):  # its host is being replaced (it asked): no error
                 log.warning("%s: isolate stopped: %s", self.cfg.name,
-                            escaped(str(info["stopped"])))
+                            said(str(info["stopped"])))
             else:
                 log.error("%s: isolate failed to start: %s", self.cfg.name,
-                          escaped(str(info.get("error"))))
+                          said(str(info.get("error"))))
             if self.state == "recycling":  # it started before: its host is failing
                 self.owner.events.retiring(self, "an isolate failed to restart")
             # a job sent while its last interpreter ended unannounced (a thread it could
@@ -269,8 +270,9 @@ class Isolate:
 
     def _error(self, info: dict[str, Any]) -> None:
         if info.get("traceback"):
+            tail = str(info["traceback"])[-MAX_TRACEBACK:]  # its end says where it failed
             functions_log.error("%s: %s", self.cfg.label,
-                                escaped_lines(self.cfg.label, str(info["traceback"]).rstrip()))
+                                escaped_lines(self.cfg.label, tail.rstrip()))
         code, status = ERRORS.get(str(info.get("kind")), ERRORS["exception"])
         message = str(info.get("message", "failed"))
         self._finish(lambda job: job.fail(FunctionError(code, status, message)))
