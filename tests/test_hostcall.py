@@ -6,6 +6,7 @@ with a message the function can read; a forged frame ends its own host."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,16 @@ from tests.support import Running, function_dir, host_pids, python_function, rea
 
 def test_refused_says_which_bound_a_call_passes() -> None:
     assert hostcall.refused(b'{"ns": "a", "key": "k"}') is None
-    assert hostcall.refused(b"[" * hostcall.SCAN_ABOVE) is None  # small: never scanned
+    assert hostcall.refused(b"[" + b"1" * hostcall.MAX_DIGITS + b"]") is None
+    assert hostcall.refused(b"[" + b"1" * (hostcall.MAX_DIGITS + 1) + b"]") == (
+        f"its arguments hold a run of more than {hostcall.MAX_DIGITS} digits")
+    keys = b"{" + b",".join(b'"k%d": 1' % i for i in range(hostcall.MAX_KEYS)) + b"}"
+    assert hostcall.refused(keys) is None
+    assert hostcall.refused(keys[:-1] + b', "last": 1}') == (
+        f"its arguments hold {hostcall.MAX_KEYS + 1} keys (at most {hostcall.MAX_KEYS}); "
+        "send fewer at a time")
+    # small calls are scanned too: 60 numbers of 4,299 digits parse in ~10 ms
+    assert hostcall.refused(b"[" + b",".join([b"1" * 4299] * 60) + b"]") is not None
     big = b'{"value": "' + b"A" * (hostcall.MAX_BYTES - 13) + b'"}'
     assert len(big) == hostcall.MAX_BYTES and hostcall.refused(big) is None  # one string
     assert hostcall.refused(big + b" ") == (
@@ -96,3 +106,73 @@ def test_a_python_call_too_big_is_refused_by_the_sdk_and_a_forged_one_ends_its_h
     assert (status, headers.get("x-edgefn-error")) == (502, "crash"), body
     assert host_pids("sender") != before  # killed, and replaced
     assert pop.get(f"/sender?n={1 << 10}")[::2] == (200, b"stored")
+
+
+RAISER = """
+import gc, sys, time
+from edgefn import BindingError, Response
+
+def handle(request, env):
+    kind = request.query["kind"]
+    if kind == "lines":  # an ordinary exception with a huge message
+        raise ValueError("\\nx" * 2_000_000)
+    if kind == "surrogate":  # a lone surrogate in a large call: json writes what
+        try:  # msgspec refuses, too big to read twice: answered, not dropped
+            env.kv("big").put("k\\ud800", b"x" * 100_000)
+        except BindingError as e:
+            return Response(str(e), status=400)
+        return Response("stored")
+    if kind == "nan":
+        try:
+            env.vectors("v").upsert([{"id": "a", "vector": [float("nan")] * 3}])
+        except BindingError as e:
+            return Response(str(e), status=400)
+        return Response("stored")
+    # past the SDK: an ERROR frame too big for any the guest sends
+    wire = sys.modules["runtime.executors.python.wire"]
+    session = next(o for o in gc.get_objects() if type(o).__name__ == "Session")
+    session._send(wire.frame(wire.ERROR, b'{"kind": "exception", "message": "x", "pad": "'
+                             + b"x" * (300 << 10) + b'"}'))
+    time.sleep(5)
+    return Response("not reached")
+"""
+
+
+def test_guest_errors_are_bounded_before_they_are_parsed_or_logged(
+        pop: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A 50 MB ERROR frame was parsed on the loop (6 s for every tenant); an exception
+    of "\\nx" * 10M wrote 10M log lines (290 MB) and a 30 MB body; a large call
+    msgspec refused was parsed again by json, or dropped (a wait to the wall limit)."""
+    pop.deploy(python_function(tmp_path, "raiser", RAISER,
+                               extra='[bindings]\nkv = ["big"]\nvectors = ["v"]',
+                               limits="wall_ms = 20000\ncpu_ms = 5000",
+                               pool="min = 1\nmax = 1\nstandby = true"))
+    status, _, body = pop.get("/raiser?kind=lines")
+    assert status == 500 and len(body) < 10_000, len(body)  # 4 KiB of message, escaped
+    traces = [r.getMessage() for r in caplog.records if "raiser" in r.getMessage()
+              and r.levelname == "ERROR"]
+    assert traces and all(t.count("\n") <= 200 for t in traces), [len(t) for t in traces]
+    sent = time.monotonic()
+    status, _, body = pop.get("/raiser?kind=surrogate")
+    assert (status, body) == (400, b"the call's arguments are JSON the PoP does not read "
+                                    b"(a lone surrogate in a string?)")
+    assert time.monotonic() - sent < 5
+    status, _, body = pop.get("/raiser?kind=nan")
+    assert (status, body) == (400, b"vectors.upsert: its arguments hold NaN or Infinity, "
+                                    b"which JSON cannot carry")
+    before = host_pids("raiser")
+    status, headers, _ = pop.get("/raiser?kind=forged")
+    assert (status, headers.get("x-edgefn-error")) == (502, "crash")
+    assert host_pids("raiser") != before
+
+
+def test_a_wasm_call_name_is_bounded(pop: Running, tmp_path: Path) -> None:
+    src = reactor("""
+      (drop (call $call (i32.const 0) (i32.const 30000) (i32.const 0) (i32.const 2)
+                        (i32.const 0) (i32.const 0)))""",
+                  imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
+                          '(result i64)))')
+    pop.deploy(function_dir(tmp_path, "long-name", src, extra='[bindings]\nkv = ["big"]'))
+    status, _, body = pop.get("/long-name")
+    assert status == 500 and b"call name of 30000 bytes (at most 256)" in body, body
+    assert len(body) < 2000

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from edgefn_core.errors import EdgefnError, Rejected, WorkerDead
-from runtime.executors.output import escaped
+from runtime.executors.output import said
 from runtime.net.message import Response, json_response
 from runtime.pipeline.stage import Context
 
@@ -29,7 +29,7 @@ def contain(ctx: Context, exc: Exception) -> Response:
     where = target.label if target is not None else "pipeline"
     if isinstance(exc, EdgefnError):
         if exc.status >= 500:
-            log.warning("%s: %s: %s", where, exc.code, escaped(str(exc)))  # a guest's text
+            log.warning("%s: %s: %s", where, exc.code, said(str(exc)))  # a guest's text
         if isinstance(exc, Rejected):  # the PoP refused: its shape, but OpenAI's on /v1/*
             openai = target is not None and target.kind == "openai"
             response = target.error_response(exc) if target and openai else plain_error(exc)

@@ -339,8 +339,7 @@ def test_kv_and_fetch_arguments_are_checked_and_named(probe: Probe) -> None:
         "'x'",
         "bad arguments to fetch: timeout_ms must be a number of milliseconds, at least 1, got "
         "0.5",
-        "bad arguments to fetch: timeout_ms must be a number of milliseconds, at least 1, got "
-        "inf",
+        "fetch: its arguments hold NaN or Infinity, which JSON cannot carry",  # the SDK's
         "bad arguments to fetch: body must be base64 (the bytes, base64-encoded), got 'abc'",
         "bad arguments to fetch: body must be a string, got a number",
         "bad arguments to kv.cas: expected_version must be an integer or null, got '1'",

@@ -451,9 +451,11 @@ class Session:
         return any(kind == wire.CANCEL for kind, _ in self.pending)
 
     def send_error(self, kind: str, message: str, tb: str = "") -> None:
+        """The request's error: its message cut to 4 KiB, its traceback to its last
+        64 KiB (the PoP refuses a bigger ERROR frame as forged)."""
         self.pending = [f for f in self.pending if f[0] != wire.CANCEL]
-        self._send(wire.json_frame(wire.ERROR, {"kind": kind, "message": message,
-                                                       "traceback": tb}))
+        self._send(wire.json_frame(wire.ERROR, {"kind": kind, "message": message[:4096],
+                                                "traceback": tb[-(64 << 10):]}))
 
     def _send(self, frame: bytes) -> None:
         """One whole frame: the handler's threads send too (a frame cut by another's
@@ -472,8 +474,12 @@ class Session:
         with self.call_lock:
             self.calls += 1
             call_id = self.calls
-            payload = json.dumps({"id": call_id, "name": name, "args": args,
-                                  "wait": wait}).encode()
+            try:
+                payload = json.dumps({"id": call_id, "name": name, "args": args,
+                                      "wait": wait}, allow_nan=False).encode()
+            except ValueError:  # NaN or Infinity: no JSON the PoP reads
+                raise self.sdk.BindingError(f"{name}: its arguments hold NaN or Infinity, "
+                                            "which JSON cannot carry") from None
             if (why := hostcall.refused(payload)) is not None:
                 raise self.sdk.BindingError(f"{name}: {why}")  # the PoP would end this host
             self._send(wire.frame(wire.CALL, payload))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +43,15 @@ functions_log = logging.getLogger("edgefn.functions")  # what functions log, and
 # wait (and its socket is not read) until the next turn, so a guest that writes
 # thousands of CALL frames at once holds the loop no longer than these take.
 CALLS_PER_TURN = 16
+RELAXED_BELOW = 64 << 10  # bytes of a frame msgspec refuses that json may still read
 MAX_TRACEBACK = 64 << 10  # characters of a function's traceback logged (its last ones)
+MAX_MESSAGE = 4 << 10  # characters of a function's error message kept (the guest cuts it too)
+# frames whose JSON the guest keeps small (an ERROR's traceback is cut to its last 64 KiB
+# before it is sent): one bigger is forged, and refused before it is parsed (a 50 MB
+# ERROR frame froze every tenant for 6 s)
+SMALL = (wire.READY, wire.RETIRE, wire.ERROR)
+MAX_SMALL_FRAME = 256 << 10
+CALL_ID = re.compile(rb'\{"id": ([0-9]{1,12}),')  # how the SDK's json.dumps starts a CALL
 
 # What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
 ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
@@ -178,6 +187,10 @@ class Isolate:
             self.channel.resume_reading()
 
     def _frame(self, kind: bytes, payload: bytes) -> None:
+        if kind in SMALL and len(payload) > MAX_SMALL_FRAME:  # before it is parsed
+            self.garbage(ProtocolError(f"a frame {kind!r} of {len(payload)} bytes (at "
+                                       f"most {MAX_SMALL_FRAME}; the guest sends less)"))
+            return
         if kind == wire.READY:
             self._ready(read_json(payload))
         elif kind == wire.RETIRE:
@@ -191,7 +204,14 @@ class Isolate:
                 # the SDK refuses such a call before sending it: only a forged frame
                 self.garbage(ProtocolError(f"a host call the SDK would not send: {why}"))
                 return
-            self.owner.events.call(self, read_json(payload))
+            msg = read_json(payload)
+            if not msg and (m := CALL_ID.match(payload)) is not None:  # answer, not drop:
+                # its guest waits for the reply (to its wall limit, had it been dropped)
+                self.send(wire.json_frame(wire.REPLY, {"id": int(m[1]), "error": (
+                    "the call's arguments are JSON the PoP does not read (a lone "
+                    "surrogate in a string?)")}))
+                return
+            self.owner.events.call(self, msg)
         elif self.job is None:
             return  # a late frame of a job that already ended
         elif kind == wire.RESPONSE:
@@ -270,11 +290,13 @@ class Isolate:
 
     def _error(self, info: dict[str, Any]) -> None:
         if info.get("traceback"):
-            tail = str(info["traceback"])[-MAX_TRACEBACK:]  # its end says where it failed
+            # its end says where it failed; a line count bound too ("\nx" * 10M made 10M
+            # log lines, 290 MB, in one record)
+            tail = "\n".join(str(info["traceback"])[-MAX_TRACEBACK:].split("\n")[-200:])
             functions_log.error("%s: %s", self.cfg.label,
                                 escaped_lines(self.cfg.label, tail.rstrip()))
         code, status = ERRORS.get(str(info.get("kind")), ERRORS["exception"])
-        message = str(info.get("message", "failed"))
+        message = str(info.get("message", "failed"))[:MAX_MESSAGE]
         self._finish(lambda job: job.fail(FunctionError(code, status, message)))
 
     def _finish(self, deliver: Callable[[Job], object]) -> None:
@@ -305,8 +327,10 @@ def read_json(payload: bytes) -> dict[str, Any]:
     was lost)."""
     try:
         obj = msgspec.json.decode(payload)
-    except msgspec.DecodeError:  # what the SDK's json.dumps writes and msgspec refuses:
-        try:  # NaN, Infinity, a lone surrogate (the binding refuses them, saying so)
+    except msgspec.DecodeError:  # what the SDK's json.dumps writes and msgspec refuses
+        if len(payload) > RELAXED_BELOW:  # (a lone surrogate), read again, small only:
+            return {}  # a large one ending in NaN was parsed twice, the second by json
+        try:
             obj = json.loads(payload)
         except (ValueError, RecursionError):
             return {}

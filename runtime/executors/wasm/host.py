@@ -248,6 +248,8 @@ def _impls(b: Bindings, request: GuestRequest) -> dict[str, Callable[..., Any]]:
     # do not need the result") runs again (a loop of increments lost every other one).
 
     def call(m: _Memory, np_: int, nl: int, ap: int, al: int, bp: int, cap: int) -> int:
+        if nl > 256:  # a 30 MiB name went into the error, the log and the response
+            raise BindingError(f"call name of {nl} bytes (at most 256)")
         name = m.text(np_, nl)
         if al > hostcall.MAX_BYTES:  # not even copied out of guest memory
             raise BindingError(f"call {name!r}: its arguments are {al} bytes of JSON (at "
