@@ -197,7 +197,17 @@ class HttpReject(EdgefnError):
 # -- failures with a status chosen where they happen -------------------------------------------
 class FunctionError(Failure):
     """A user function failed. `code` is stable: ``trap``, ``cpu_limit``,
-    ``memory_limit``, ``wall_limit``, ``bad_response``, ``binding``, ``crash``."""
+    ``memory_limit``, ``wall_limit``, ``bad_response``, ``binding``, ``crash``. Its
+    message, which may carry the function's text (a trap's, a binding's refusal of
+    its arguments), is kept to `MAX_MESSAGE` characters: it goes into the response
+    and the PoP's log (a 30 MiB call name went into both)."""
+
+    MAX_MESSAGE = 4096
+
+    def __init__(self, code: str, status: int, message: str) -> None:
+        if len(message) > self.MAX_MESSAGE:
+            message = message[:self.MAX_MESSAGE] + f" [cut: {len(message)} characters]"
+        super().__init__(code, status, message)
 
 
 class WorkerError(Failure):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from edgefn_core import hostcall
+from edgefn_core.errors import FunctionError
 from tests.support import Running, function_dir, host_pids, python_function, reactor
 
 
@@ -176,3 +177,11 @@ def test_a_wasm_call_name_is_bounded(pop: Running, tmp_path: Path) -> None:
     status, _, body = pop.get("/long-name")
     assert status == 500 and b"call name of 30000 bytes (at most 256)" in body, body
     assert len(body) < 2000
+
+
+def test_a_function_error_keeps_at_most_4_kib_of_its_message() -> None:
+    """It goes into the response and the PoP's log: a trap's or a binding's text
+    carries what the function sent (a URL, a call's name) whole."""
+    e = FunctionError("binding", 500, "x" * 10_000)
+    assert str(e) == "x" * FunctionError.MAX_MESSAGE + " [cut: 10000 characters]"
+    assert str(FunctionError("trap", 500, "short")) == "short"
