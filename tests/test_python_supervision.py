@@ -65,8 +65,10 @@ def test_a_host_stuck_in_c_is_replaced_by_its_standby_and_killed(
     assert json.loads(body) == {"error": {
         "kind": "wall_limit", "function": "stuck", "version": deployed["version"],
         "message": f"function 'stuck' exceeded its wall-time limit of {WALL_MS} ms"}}
-    wall = WALL_MS / 1000
-    assert wall <= took < wall * 1.6, f"answered after {took:.3f}s for wall_ms = {WALL_MS}"
+    wall = WALL_MS / 1000  # at the wall limit, not once the host is killed (KILL_GRACE
+    # later): half of that as slack (1.6x the limit failed once in a full run, at 0.76 s)
+    assert wall <= took < wall + KILL_GRACE / 2, \
+        f"answered after {took:.3f}s for wall_ms = {WALL_MS}"
 
     # the next request goes to the promoted standby at once, not after the kill
     sent = time.monotonic()
