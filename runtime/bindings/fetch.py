@@ -39,6 +39,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -125,7 +126,8 @@ class Subrequests:
     counts the part of a tree it serves."""
 
     def __init__(self, limit: int = MAX_SUBREQUESTS, seconds: float = TREE_SECONDS,
-                 most: int = MAX_TREES, clock: Any = time.monotonic) -> None:
+                 most: int = MAX_TREES, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
         self.limit, self.seconds, self.most, self.clock = limit, seconds, most, clock
         self.trees: OrderedDict[str, list[float]] = OrderedDict()  # id: [first, count]
         self.lock = threading.Lock()

@@ -25,7 +25,7 @@ import traceback
 from typing import Any
 
 from edgefn_core import hostcall
-from edgefn_core.errors import IsolateInterrupt, IsolateStop, IsolateWedged
+from edgefn_core.errors import FunctionError, IsolateInterrupt, IsolateStop, IsolateWedged
 from runtime.executors.python import wire
 from runtime.executors.python.watchdog import (
     THREAD_GRACE,
@@ -451,11 +451,13 @@ class Session:
         return any(kind == wire.CANCEL for kind, _ in self.pending)
 
     def send_error(self, kind: str, message: str, tb: str = "") -> None:
-        """The request's error: its message cut to 4 KiB, its traceback to its last
-        64 KiB (the PoP refuses a bigger ERROR frame as forged)."""
+        """The request's error: its message cut as `FunctionError` keeps it, its
+        traceback to its last `wire.MAX_TRACEBACK` (the PoP refuses a bigger ERROR
+        frame as forged)."""
         self.pending = [f for f in self.pending if f[0] != wire.CANCEL]
-        self._send(wire.json_frame(wire.ERROR, {"kind": kind, "message": message[:4096],
-                                                "traceback": tb[-(64 << 10):]}))
+        self._send(wire.json_frame(wire.ERROR, {
+            "kind": kind, "message": message[:FunctionError.MAX_MESSAGE],
+            "traceback": tb[-wire.MAX_TRACEBACK:]}))
 
     def _send(self, frame: bytes) -> None:
         """One whole frame: the handler's threads send too (a frame cut by another's

@@ -109,11 +109,7 @@ class Retirement:
                 return
             self.asked = True
         print(f"edgefn isolate host: {why}; asking to be replaced", file=sys.stderr, flush=True)
-        try:
-            with socket.socket(fileno=os.dup(fd)) as sock:
-                sock.sendall(wire.json_frame(wire.RETIRE, {"why": why}))
-        except OSError:
-            pass  # the PoP is gone: stdin's EOF ends us
+        _tell(fd, wire.json_frame(wire.RETIRE, {"why": why}))
 
 
 def stopped(fd: int, why: str) -> None:
@@ -121,9 +117,15 @@ def stopped(fd: int, why: str) -> None:
     not ok): a job it was handed meanwhile, while its last interpreter ended
     unannounced, goes to another isolate (it got a 502 "isolate ended unexpectedly"
     when the socket just closed)."""
+    _tell(fd, wire.json_frame(wire.READY, {"ok": False, "stopped": why}))
+
+
+def _tell(fd: int, frame: bytes) -> None:
+    """Send `frame` on the isolate socket `fd` from the host's own thread (between
+    two interpreters: nothing else writes on it then)."""
     try:
         with socket.socket(fileno=os.dup(fd)) as sock:
-            sock.sendall(wire.json_frame(wire.READY, {"ok": False, "stopped": why}))
+            sock.sendall(frame)
     except OSError:
         pass  # the PoP is gone: stdin's EOF ends us
 

@@ -44,8 +44,6 @@ functions_log = logging.getLogger("edgefn.functions")  # what functions log, and
 # thousands of CALL frames at once holds the loop no longer than these take.
 CALLS_PER_TURN = 16
 RELAXED_BELOW = 64 << 10  # bytes of a frame msgspec refuses that json may still read
-MAX_TRACEBACK = 64 << 10  # characters of a function's traceback logged (its last ones)
-MAX_MESSAGE = 4 << 10  # characters of a function's error message kept (the guest cuts it too)
 # frames whose JSON the guest keeps small (an ERROR's traceback is cut to its last 64 KiB
 # before it is sent): one bigger is forged, and refused before it is parsed (a 50 MB
 # ERROR frame froze every tenant for 6 s)
@@ -292,11 +290,11 @@ class Isolate:
         if info.get("traceback"):
             # its end says where it failed; a line count bound too ("\nx" * 10M made 10M
             # log lines, 290 MB, in one record)
-            tail = "\n".join(str(info["traceback"])[-MAX_TRACEBACK:].split("\n")[-200:])
+            tail = "\n".join(str(info["traceback"])[-wire.MAX_TRACEBACK:].split("\n")[-200:])
             functions_log.error("%s: %s", self.cfg.label,
                                 escaped_lines(self.cfg.label, tail.rstrip()))
         code, status = ERRORS.get(str(info.get("kind")), ERRORS["exception"])
-        message = str(info.get("message", "failed"))[:MAX_MESSAGE]
+        message = str(info.get("message", "failed"))  # FunctionError keeps 4 KiB of it
         self._finish(lambda job: job.fail(FunctionError(code, status, message)))
 
     def _finish(self, deliver: Callable[[Job], object]) -> None:

@@ -30,6 +30,9 @@ FRAMING = Framing("<", MAX_FRAME, min_size=1)
 MAX_BODY = 256 << 20  # the ceiling of limits.max_response_mb
 # a whole response in one frame: a body up to MAX_BODY and its head
 RESPONSE_FRAMING = Framing("<", MAX_BODY + (1 << 20), min_size=1)
+# an ERROR frame's traceback: its last characters (where it failed), cut by the guest
+# and again by the PoP (past its frame bound, the PoP takes the frame for a forgery)
+MAX_TRACEBACK = 64 << 10
 
 __all__ = ["FRAMING", "MAX_BODY", "MAX_FRAME", "RESPONSE_FRAMING", "Reader", "encode_response",
            "frame", "json_frame", "recv_frame"]
