@@ -10,6 +10,7 @@
 2. First request right after a deploy vs the warm p50, vs the first after a no-op
    deploy and vs the first after as long a pause with no deploy; deploy-to-serving;
    for the WASM hello and the Python hello (`--tree DIR`: another checkout's PoP).
+   The raw server (a) is timed across the same pauses: what any pause costs here.
 3. Per-request instantiate (new Store + instance from the pre-linked module)
    on edgefn's raw path vs wasmtime-py's public API, and the full reactor call.
 """
@@ -151,13 +152,17 @@ def server_ms(client: AdminClient, path: str, n: int) -> list[float]:
 def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int = 10,
                    tree: Path = ROOT) -> None:
     proc, port = start_edgefn(data, tree=tree)
+    raw_port = free_port()
+    raw = _baseline.start(raw_port)
     client = AdminClient(data)
     firsts, controls, idles, warms, deploys, to_serving = [], [], [], [], [], []
+    raw_warms, raw_idles = [], []  # the raw server across the same pauses: the machine's part
     server: list[list[float]] = []  # per round: the PoP's own durations of those requests
     name = ""
     # One keep-alive connection throughout, so "first" differs from "warm" only
     # by the deploy that happened in between.
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    raw_conn = http.client.HTTPConnection("127.0.0.1", raw_port, timeout=10)
     try:
         name = client.deploy(example)["name"]
         timed_get(conn, path)
@@ -180,10 +185,16 @@ def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int
             time.sleep(min(to_serving[-1] / 1000, 4.0))  # under the 5 s keep-alive timeout
             idles.append(timed_get(conn, path))
             server.append(server_ms(client, path, WARM_RUNS + 3))
+            raw_warms.append(statistics.median(timed_get(raw_conn, "/")
+                                               for _ in range(WARM_RUNS)))
+            time.sleep(min(to_serving[-1] / 1000, 4.0))
+            raw_idles.append(timed_get(raw_conn, "/"))
     finally:
         conn.close()
-        proc.terminate()
-        proc.wait(20)
+        raw_conn.close()
+        for p in (proc, raw):
+            p.terminate()
+            p.wait(20)
     first, warm = statistics.median(firsts), statistics.median(warms)
     control = statistics.median(controls)
     print(f"\n== Deploys of {name} ({rounds} new versions, one at a time) ==")
@@ -195,6 +206,10 @@ def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int
     idle = statistics.median(idles)
     print(f"first request after as long idle, median     {idle:7.3f} ms   first/idle = "
           f"{first / idle:.2f}x  (no deploy: what any pause costs)")
+    raw_idle, raw_warm = statistics.median(raw_idles), statistics.median(raw_warms)
+    print(f"raw uvloop server, after as long idle        {raw_idle:7.3f} ms   idle/warm = "
+          f"{raw_idle / raw_warm:.2f}x  (its warm p50 {raw_warm:.3f} ms: the floor any pause "
+          "sets on this machine)")
     at = {"first": 0, "control": 1, "idle": WARM_RUNS + 2}
     pop = {k: statistics.median(r[i] for r in server) for k, i in at.items()}
     pop_warm = statistics.median(statistics.median(r[2:WARM_RUNS + 2]) for r in server)
