@@ -376,6 +376,18 @@ What is the USD to EUR exchange rate? | What is the EUR to USD exchange rate?
 Did Brazil lose to Germany in 2014? | Did Germany lose to Brazil in 2014?
 Book the hotel for June 3 and the flight for June 10 | Book the hotel for June 10 and the flight for June 3
 Was Obama president before Trump? | Was Trump president before Obama?
+Did Google buy YouTube? | Did YouTube buy Google?
+Does Microsoft own GitHub? | Does GitHub own Microsoft?
+Did Facebook acquire Instagram? | Did Instagram acquire Facebook?
+Did Amazon sue Apple over patents? | Did Apple sue Amazon over patents?
+Is Spotify owned by Sony? | Is Sony owned by Spotify?
+Does Netflix pay Comcast for bandwidth? | Does Comcast pay Netflix for bandwidth?
+Did Einstein influence Bohr? | Did Bohr influence Einstein?
+Is Pluto a moon of Neptune? | Is Neptune a moon of Pluto?
+Did Caesar defeat Pompey? | Did Pompey defeat Caesar?
+Is Lisbon west of Madrid? | Is Madrid west of Lisbon?
+Can Alice read Bob's messages? | Can Bob read Alice's messages?
+Why did Nokia sell its phones business to Microsoft? | Why did Microsoft sell its phones business to Nokia?
 """,
 }
 

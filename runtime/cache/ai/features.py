@@ -9,6 +9,7 @@ its content words. The word lists are in `runtime.cache.ai.lexicon`.
 
 from __future__ import annotations
 
+import itertools
 import re
 from functools import lru_cache
 from typing import NamedTuple
@@ -31,6 +32,7 @@ class Features(NamedTuple):
     dates: frozenset[str]            # months, weekdays, "next-week", seasons, am/pm
     units: tuple[frozenset[str], frozenset[str]]  # (after a number, elsewhere)
     entities: tuple[tuple[str, ...], ...]  # capitalised/CamelCase/code names, folded
+    name_pairs: frozenset[tuple[tuple[str, ...], tuple[str, ...]]]  # (x, y): x named first
     constraints: frozenset[str]      # only, except, include, at_least, without, ...
     direction: tuple[str, str] | None  # "from X ... to Y" content words
     relations: frozenset[Relation]   # ("than", {rust}, {go}) for "Rust faster than Go"
@@ -56,6 +58,7 @@ def _read(text: str) -> Features:
     toks = tokens(norm)
     phrased = _phrases(toks)
     numbers, number_at = _numbers(toks)
+    names = _names(text, frozenset(toks))
     return Features(
         words=frozenset(toks),
         negations=sum(t in lx.NEGATIONS for t in toks),
@@ -64,7 +67,8 @@ def _read(text: str) -> Features:
         numbers=tuple(numbers),  # in order: "5 bigger than 3" is not "3 bigger than 5"
         dates=_dates(toks),
         units=_units(toks, number_at),
-        entities=_entities(text, frozenset(toks)),
+        entities=tuple(n for n, _, _ in names),
+        name_pairs=_name_pairs(text, names),
         constraints=_constraints(phrased, norm),
         direction=_direction(toks),
         relations=_relations(toks),
@@ -235,20 +239,22 @@ _RAW = re.compile(r"[^\W_][\w'\u2019.+#-]*")
 _SENTENCE_ENDS = frozenset(".?!:;\n")
 
 
-def _entities(text: str, words: frozenset[str]) -> tuple[tuple[str, ...], ...]:
-    """The names in the raw `text`, each as its folded tokens less the numbers,
-    units, dates and other words another guard compares:
-    capitalised words not starting a sentence, CamelCase and acronyms anywhere,
-    code identifiers (``snake_case``, ``os.path``, ``f()``). Only parts among the
-    prompt's own `words` count (the raw text splits a few characters otherwise)."""
-    out: list[tuple[str, ...]] = []
+def _names(text: str, words: frozenset[str]) -> list[tuple[tuple[str, ...], int, int]]:
+    """The names in the raw `text` with where each starts and ends, each as its
+    folded tokens less the numbers, units, dates and other words another guard
+    compares: capitalised words not starting a sentence, CamelCase and acronyms
+    anywhere, code identifiers (``snake_case``, ``os.path``, ``f()``). Only parts
+    among the prompt's own `words` count (the raw text splits a few characters
+    otherwise)."""
+    out: list[tuple[tuple[str, ...], int, int]] = []
     if text.islower() and "_" not in text and "." not in text and "(" not in text:
-        return ()  # no capital and nothing code-like: a normalized prompt, say
+        return out  # no capital and nothing code-like: a normalized prompt, say
     for m in _RAW.finditer(text):
         tok = m.group().rstrip(".'\u2019-")
         if not tok or tok.islower() or tok.isdigit():
             if tok and _is_code(text, m.end(), tok):
-                out.append(tuple(t for t in _fold_name(tok) if t in words))
+                out.append((tuple(t for t in _fold_name(tok) if t in words), m.start(),
+                            m.end()))
             continue
         j = m.start() - 1
         while j >= 0 and text[j].isspace():
@@ -258,8 +264,24 @@ def _entities(text: str, words: frozenset[str]) -> tuple[tuple[str, ...], ...]:
             parts = tuple(t for t in _fold_name(tok)
                           if t in words and not _DIGITS.fullmatch(t) and t not in _GUARDED)
             if parts:
-                out.append(parts)
-    return tuple(out)
+                out.append((parts, m.start(), m.end()))
+    return out
+
+
+def _name_pairs(text: str, names: list[tuple[tuple[str, ...], int, int]]
+                ) -> frozenset[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(x, y) for each name x followed by another name y with more than a list's
+    joints between them: "Google buy YouTube" gives (google, youtube); "TCP and
+    UDP", "Rust, Go or Zig" give nothing (a list names things in no order)."""
+    pairs = set()
+    for (x, _, end), (y, start, _) in itertools.pairwise(names):
+        if x != y and not _LIST_JOINT.fullmatch(text[end:start]):
+            pairs.add((x, y))
+    return frozenset(pairs)
+
+
+# what may stand between two names of one list: "A and B", "A, B or C", "A & the B"
+_LIST_JOINT = re.compile(r"(?:[\s,/&'\u2019s]|\b(?:and|or|nor|the|a|an)\b)*", re.IGNORECASE)
 
 
 def _fold_name(tok: str) -> list[str]:

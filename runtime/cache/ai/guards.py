@@ -86,10 +86,21 @@ def _direction(a: Features, b: Features) -> bool:
 def _order(a: Features, b: Features) -> bool:
     """The two sides of one relation word swapped: "Is Rust faster than Go?"
     against "Is Go faster than Rust?", "Did Germany beat Brazil?" against "Did
-    Brazil beat Germany?". A prompt that says both ways round swaps nothing."""
-    return any(x[0] == y[0] and x[1] & y[2] and x[2] & y[1]
-               and x not in b.relations and y not in a.relations
-               for x in a.relations for y in b.relations)
+    Brazil beat Germany?" (a prompt that says both ways round swaps nothing); or
+    the same names in another order, whatever the words between them: "Did
+    Google buy YouTube?" against "Did YouTube buy Google?"."""
+    return _names_swapped(a, b) or any(
+        x[0] == y[0] and x[1] & y[2] and x[2] & y[1]
+        and x not in b.relations and y not in a.relations
+        for x in a.relations for y in b.relations)
+
+
+def _names_swapped(a: Features, b: Features) -> bool:
+    """Two names in the other order, not as a list ("TCP and UDP" is "UDP and
+    TCP"): "Did Google buy YouTube?" against "Did YouTube buy Google?". A prompt
+    that names them both ways round swaps nothing."""
+    return any((y, x) in b.name_pairs and (y, x) not in a.name_pairs
+               and (x, y) not in b.name_pairs for x, y in a.name_pairs)
 
 
 def _scope(a: Features, b: Features) -> bool:

@@ -125,6 +125,32 @@ def test_names_are_found_when_the_cached_prompt_is_normalized(query: str, cached
     assert veto(query, normalize(cached)) is not None
 
 
+NAMES_SWAPPED = [
+    # the same names in the other order, no relation word between them
+    ("Did Google buy YouTube?", "Did YouTube buy Google?"),
+    ("Does Microsoft own GitHub?", "Does GitHub own Microsoft?"),
+    ("Is Pluto a moon of Neptune?", "Is Neptune a moon of Pluto?"),
+    ("Can Alice read Bob's messages?", "Can Bob read Alice's messages?"),
+    ("Why did Nokia sell its phones business to Microsoft?",
+     "Why did Microsoft sell its phones business to Nokia?"),
+]
+
+
+@pytest.mark.parametrize(("query", "cached"), NAMES_SWAPPED)
+def test_the_same_names_in_another_order_are_vetoed(query: str, cached: str) -> None:
+    assert veto(query, cached) == "order"
+    assert veto(cached, query) == "order"
+
+
+@pytest.mark.parametrize(("query", "cached"), [
+    ("Did Google buy YouTube?", "Has Google bought YouTube?"),  # same order
+    ("Did Google buy YouTube? Google said yes", "Did Google buy YouTube?"),  # a name again
+    ("Is Rust fast?", "Is Rust fast or not?"),  # one name: no order to swap
+])
+def test_names_in_the_same_order_pass_the_order_guard(query: str, cached: str) -> None:
+    assert veto(query, cached) != "order"
+
+
 @pytest.mark.parametrize(("query", "cached"),
                          [(q, c) for q, c, guard in VETOED if guard == "order"])
 def test_a_swap_is_vetoed_between_two_normalized_prompts(query: str, cached: str) -> None:
