@@ -9,6 +9,8 @@
     threads = 2
     max_batch = 16                      # sequences decoded together
     context = 8192                      # KV cache tokens shared by the batch
+    max_queue_seconds = 60              # a request that waits longer for a batch slot gets
+                                        # 503 "overloaded" (retry later); 0: wait to the timeout
     gpu_layers = -1                     # layers offloaded when a GPU is present
     weights = "f16"                     # as-is | f16 | q8_0 | q4_0 | f32: converted once, cached;
                                         # f16 batches far better on CPU than 4-bit Q4_1
@@ -54,6 +56,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     threads: int = 2
     max_batch: int = 16
     context: int = 8192
+    max_queue_seconds: float = 60.0  # llamacpp: longest wait for a batch slot (0: no bound)
     gpu_layers: int = -1
     weights: str = "f16"  # llamacpp: as-is | f16 | q8_0 | q4_0 | f32 (converted once, cached)
     url: str = ""
@@ -134,6 +137,8 @@ def _problem(m: ModelSpec) -> tuple[str, str] | None:
                                    "url of an OpenAI-compatible server")
     if m.threads < 1:
         return "threads", f"must be >= 1, got {m.threads}"
+    if not m.max_queue_seconds >= 0:  # NaN too
+        return "max_queue_seconds", f"must be >= 0 (0: no bound), got {m.max_queue_seconds}"
     if m.engine == "llamacpp" and m.weights not in WEIGHTS:
         return "weights", f"weights must be one of {', '.join(WEIGHTS)}, got {m.weights!r}"
     found = Path(m.path)  # onnx: a model.onnx or the folder holding it

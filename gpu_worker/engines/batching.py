@@ -129,11 +129,14 @@ class Scheduler:
 
     `slots` sequences run at most; together they reserve at most `kv_tokens`
     cache tokens (a lone sequence is admitted whatever its size: the engine
-    refuses requests larger than the context before they get here).
+    refuses requests larger than the context before they get here). A sequence
+    waits at most `max_wait` seconds for its turn (`overdue`; None: no bound).
     """
 
-    def __init__(self, slots: int, kv_tokens: int, step_tokens: int = STEP_TOKENS) -> None:
+    def __init__(self, slots: int, kv_tokens: int, step_tokens: int = STEP_TOKENS,
+                 max_wait: float | None = None) -> None:
         self.kv_tokens = kv_tokens
+        self.max_wait = max_wait
         self.step_tokens = step_tokens
         self.waiting: deque[Seq] = deque()
         self.running: dict[int, Seq] = {}
@@ -172,6 +175,26 @@ class Scheduler:
             self.running[s.rid] = s
             admitted.append(s)
         return admitted
+
+    def overdue(self, now: float) -> list[Seq]:
+        """Take out of the queue the sequences that have waited `max_wait` seconds
+        or more by `now` (a ``perf_counter`` time), oldest first: under overload a
+        request is told early that the model is busy, rather than timing out after
+        minutes behind the others."""
+        out: list[Seq] = []
+        if self.max_wait is None:
+            return out
+        cutoff = now - self.max_wait
+        while self.waiting and self.waiting[0].submitted <= cutoff:  # FIFO: oldest first
+            out.append(self.waiting.popleft())
+        return out
+
+    def next_overdue(self) -> float | None:
+        """When (``perf_counter``) the oldest waiting sequence becomes overdue; None
+        if none is waiting or waits are not bounded."""
+        if self.max_wait is None or not self.waiting:
+            return None
+        return self.waiting[0].submitted + self.max_wait
 
     def unqueue(self, rid: int) -> Seq | None:
         """Remove waiting sequence `rid` from the queue; None if it is not waiting."""

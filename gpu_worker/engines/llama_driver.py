@@ -124,13 +124,21 @@ class Mailbox:
             self.stopping = True
             self.cond.notify()
 
-    def take(self, busy: Callable[[], bool]) -> Mail | None:
-        """Wait until there is mail or `busy()` is true, then empty the box. Returns
-        None once a stop was posted."""
+    def take(self, busy: Callable[[], bool],
+             wake_at: Callable[[], float | None] = lambda: None) -> Mail | None:
+        """Wait until there is mail, `busy()` is true or the ``perf_counter`` time
+        `wake_at()` comes, then empty the box (perhaps empty). Returns None once a
+        stop was posted."""
         with self.cond:
             while not (self.seqs or self.cancels or self.commands or self.stopping
                        or self.credits or busy()):
-                self.cond.wait()
+                at = wake_at()
+                if at is None:
+                    self.cond.wait()
+                elif (left := at - time.perf_counter()) > 0:
+                    self.cond.wait(left)
+                else:
+                    break
             if self.stopping:
                 return None
             mail = Mail(self.seqs, self.cancels, self.credits, self.commands)
@@ -188,12 +196,13 @@ class Driver:
 
     def _take(self) -> bool:
         """Wait for work, then apply what the loop posted. Returns False when stopping."""
-        mail = self.mailbox.take(self.sched.has_work)
+        mail = self.mailbox.take(self.sched.has_work, self.sched.next_overdue)
         if mail is None:
             return False
         self.sched.add(mail.seqs)
         for s in mail.seqs:
             self.metrics.request(len(s.prompt))
+        self._turn_away(self.sched.overdue(time.perf_counter()))
         for rid, n in mail.credits.items():
             self.sched.credit(rid, n)
         for rid in mail.cancels:
@@ -217,6 +226,17 @@ class Driver:
         for name in [n for n in self.retiring if n not in used]:
             self.retiring.discard(name)
             self.lm.unload_adapter(name)
+
+    def _turn_away(self, overdue: list[Seq]) -> None:
+        """503 ``overloaded`` to each sequence that waited its longest for a slot:
+        the OpenAI API answers it with ``Retry-After`` (clients retry), and the
+        ``[ai] fallback`` model or a stale cached answer may serve it instead."""
+        for s in overdue:
+            self.metrics.request(error=True)
+            self._send(s.sink.error, "overloaded",
+                       f"the model is busy: no batch slot came free within "
+                       f"{self.sched.max_wait:g} s ({len(self.sched.waiting)} requests still "
+                       f"waiting, {len(self.sched.running)} running); retry later", 503)
 
     def _cancel(self, rid: int) -> None:
         if rid in self.sched.running:

@@ -72,7 +72,8 @@ class LlamaEngine(Engine):
                                           self.spec.gpu_layers)
         self.path = source
         self.limit = min(self.lm.n_ctx, self.lm.n_ctx_train or self.lm.n_ctx)
-        sched = Scheduler(self.spec.max_batch, self.lm.n_ctx)
+        sched = Scheduler(self.spec.max_batch, self.lm.n_ctx,
+                          max_wait=self.spec.max_queue_seconds or None)
         self.driver = Driver(self.lm, sched, self.metrics, f"llama-{self.spec.name}")
         self.driver.start()
 

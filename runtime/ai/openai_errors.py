@@ -17,6 +17,7 @@ from edgefn_core.errors import ApiError
 from runtime.net.message import Response, json_response
 
 _TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+OVERLOADED_RETRY = b"2"  # seconds: Retry-After of a 503 ``overloaded``
 # msgspec: ``Expected `str`, got `int` - at `$.messages[0].role` ``
 _AT = re.compile(r" - at `\$\.?([^`]*)`$")
 _MISSING = re.compile(r"Object missing required field `([^`]+)`")
@@ -35,6 +36,8 @@ def error_response(status: int, message: str, code: str | None = None,
     """OpenAI's error body; the code also goes in ``x-edgefn-error`` (as the PoP's own
     errors do), where the request's event reads it."""
     headers = [(b"x-edgefn-error", code.encode())] if code else []
+    if code == "overloaded":  # the model worker had no room: OpenAI's clients retry
+        headers.append((b"retry-after", OVERLOADED_RETRY))  # a 503 after this long
     return json_response({"error": {"message": message, "type": error_type(status),
                                     "param": param, "code": code}}, status, headers)
 

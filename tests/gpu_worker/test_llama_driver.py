@@ -115,8 +115,8 @@ class Rig:
     """A driver over a fake model, started on the running event loop."""
 
     def __init__(self, slots: int = 4, kv_tokens: int = 1000, fail_decode: int = 0,
-                 per_seq: bool = False) -> None:
-        self.sched = Scheduler(slots, kv_tokens)
+                 per_seq: bool = False, max_wait: float | None = None) -> None:
+        self.sched = Scheduler(slots, kv_tokens, max_wait=max_wait)
         self.lm = FakeModel(self.sched, fail_decode, per_seq)
         self.driver = Driver(self.lm, self.sched, Metrics(), "test-llama")
         self.driver.start()
@@ -214,6 +214,49 @@ def test_cancel_ends_a_running_or_waiting_sequence_and_frees_its_slot() -> None:
         assert await a.result() == ("done", "cancelled", 3, 1)
         assert await b.result() == ("done", "length", 3, 1)
         assert b.chunks == ["<21>"]
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_a_request_that_waits_past_max_wait_for_a_slot_gets_overloaded() -> None:
+    """The only slot is held by a stream whose client reads nothing (the thread
+    sleeps: no step to run); the request behind it is told at `max_wait`, not at
+    the PoP's timeout minutes later, and a later one keeps its own clock."""
+    async def go() -> None:
+        r = Rig(slots=1, max_wait=0.3)
+        a = r.submit(1, first=10, max_tokens=50, window=1)
+        b = r.submit(2, first=20, max_tokens=1)
+        started = asyncio.get_running_loop().time()
+        await asyncio.sleep(0.15)
+        c = r.submit(3, first=30, max_tokens=1)
+        end = await b.result()
+        waited = asyncio.get_running_loop().time() - started
+        assert end[:2] == ("error", "overloaded") and end[3] == 503, end
+        assert "within 0.3 s (1 requests still waiting, 1 running)" in end[2]
+        assert 0.3 <= waited < 0.3 + 0.1, waited
+        assert c.end is None and a.end is None  # c has waited 0.15 s of its 0.3
+        c_end = await c.result()
+        assert c_end[:2] == ("error", "overloaded") and "(0 requests still waiting" in c_end[2]
+        assert asyncio.get_running_loop().time() - started >= 0.15 + 0.3
+        assert a.chunks == ["<11>"] and r.sched.running and not r.sched.waiting
+        r.driver.mailbox.post_cancel(1)
+        assert (await a.result())[:2] == ("done", "cancelled")
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_without_max_wait_a_request_waits_for_its_slot() -> None:
+    async def go() -> None:
+        r = Rig(slots=1)
+        a = r.submit(1, first=10, max_tokens=50, window=1)
+        b = r.submit(2, first=20, max_tokens=1)
+        await asyncio.sleep(0.4)
+        assert b.end is None
+        r.driver.mailbox.post_cancel(1)
+        assert await b.result() == ("done", "length", 3, 1)
+        assert (await a.result())[:2] == ("done", "cancelled")
         r.close()
 
     asyncio.run(go())
