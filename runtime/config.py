@@ -102,6 +102,9 @@ class StoresConfig(Struct, forbid_unknown_fields=True, frozen=True):
     # MiB of vectors (4 bytes a dimension) one owner's indexes may hold through its
     # functions' upserts (0: no quota): every index lives in the PoP's memory
     vectors_owner_quota_mb: Annotated[int, Meta(ge=0, le=1 << 20)] = 512
+    # threads each owner's blocking binding calls (KV writes and lists, vector queries
+    # and writes) run on, its own: one owner's backlog queued every other's calls
+    binding_threads: Annotated[int, Meta(ge=1, le=64)] = 2
 
 
 # -- pipeline stages: a tagged union on `stage`, each with its own settings -----------------

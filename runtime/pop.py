@@ -53,7 +53,7 @@ class PoP:
         self.keys = KeyRing(KeyStore(self.data_dir))  # API keys (`edgefn keys`)
         self.stores = Stores(self.data_dir, self.ai, build.token_budgets(config),
                              config.ai_cache,  # stores.ai_cache: the AI caches (with `ai`)
-                             config.residency, config.name)
+                             config.residency, config.name, config.stores.binding_threads)
         self.stores.kv_quota = config.stores.kv_owner_quota_mb << 20
         self.stores.vectors_quota = config.stores.vectors_owner_quota_mb << 20
         self.wasm = WasmEngine(self.data_dir / "cache")

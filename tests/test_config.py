@@ -75,6 +75,7 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
     ('[stores]\nkv_owner_quota_mb = -1\n', "stores.kv_owner_quota_mb", ">= 0"),
     ('[stores]\nkv_owner_quota_mb = "lots"\n', "stores.kv_owner_quota_mb", "expected `int`"),
     ('[stores]\nvectors_owner_quota_mb = -5\n', "stores.vectors_owner_quota_mb", ">= 0"),
+    ('[stores]\nbinding_threads = 0\n', "stores.binding_threads", ">= 1"),
     ('[http]\nmax_header_bytes = 0\n', "http.max_header_bytes", ">= 256"),
     ('[http]\nkeepalive_timeout = 0\n', "http.keepalive_timeout", "> 0"),
     ('[public]\nport = "80"\n', "public.port", "expected `int`, got `str`"),

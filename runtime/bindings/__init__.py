@@ -7,9 +7,11 @@ The WASM host functions and the Python host-call channel both go through
 `Bindings.call`, so both runtimes get the same API and the same denials. The
 operator's access (admin API, CLI) goes through `operate`, not this path.
 
-Blocking work (a synced KV write, a KV list, a vector index write, which may
-save the index) asked for on the event loop's thread comes back as an awaitable
-run on a worker thread; on any other thread (a WASM guest) it runs in place.
+Blocking work (a synced KV write, a KV list, a vector query or index write,
+which may save the index) asked for on the event loop's thread comes back as an
+awaitable run on one of its owner's threads (`runtime.bindings.threads`: no owner
+queues behind another's backlog); on any other thread (a WASM guest) it runs in
+place.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from runtime.bindings.ai import AIBinding
 from runtime.bindings.codec import json_kind
 from runtime.bindings.fetch import LOOP_ARG, FetchBinding, Lineage, Subrequests
 from runtime.bindings.owners import Owners
+from runtime.bindings.threads import PER_OWNER, OwnerThreads
 from runtime.cache.ai.cache import AICache
 from runtime.cache.settings import AICacheSettings
 from runtime.cache.stats import CacheStats
@@ -54,12 +57,15 @@ class Stores:
     def __init__(self, data_dir: Path, ai: AIService | None = None,
                  budgets: TokenBudgets | None = None,
                  ai_cache: AICacheSettings | None = None,
-                 residency: ResidencySettings | None = None, pop: str = "") -> None:
+                 residency: ResidencySettings | None = None, pop: str = "",
+                 binding_threads: int = PER_OWNER) -> None:
         """`budgets`: what functions' ``ai`` calls are charged to (their tenant's
         token budget and stream cap); None: not limited. `ai_cache`: the AI
         caches' settings (with `ai`, one `AICache` for the OpenAI API's
         ``ai_cache`` stage and every function's ``ai`` binding). `residency`
-        (on PoP `pop`): where a pinned tenant's model calls may go (`egress`)."""
+        (on PoP `pop`): where a pinned tenant's model calls may go (`egress`).
+        `binding_threads`: the threads each owner's blocking binding calls run on
+        (`threads`). Raises `ValueError` if it is below 1."""
         self.data_dir = data_dir
         self.egress = Egress(residency or ResidencySettings(), pop)
         self.ai = ai
@@ -72,6 +78,7 @@ class Stores:
         self.kv_quota = 0
         self.vectors_quota = 0  # the same for the vectors of one owner's indexes
         self._opening = threading.Lock()  # the stores are opened lazily, from any thread
+        self.threads = OwnerThreads(binding_threads)  # functions' blocking calls, per owner
         self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
         self.subrequests = Subrequests()  # fetches per request tree, every function's
         self.ai_cache: AICache | None = None
@@ -133,6 +140,9 @@ class Stores:
         return self._kv.purge_expired(stop=stop)
 
     def close(self) -> None:
+        """Wait for the bindings' calls running on threads (dropping those not
+        started), then close the stores."""
+        self.threads.close()
         if self._kv is not None:
             self._kv.close()
         if self._vectors is not None:
@@ -202,7 +212,7 @@ class Bindings:
         # (expired keys read past; a large k, a filter): none holds the PoP's loop
         blocking = op in (kv_binding.SLOW if kind == "kv" else vectors_binding.SLOW)
         run = functools.partial(_checked, capability.call, name, op, args)
-        return off_loop(run) if blocking else run()
+        return off_loop(run, capability.stores.threads, capability.tenant) if blocking else run()
 
     def _ai(self, op: str, args: dict[str, Any], traceparent: str | None,
             caller: str | None = None) -> Any:
@@ -324,14 +334,14 @@ _STR_METHODS = frozenset({"encode", "decode", "lower", "upper", "strip", "starts
                           "endswith", "partition", "split", "replace"})
 
 
-def off_loop(run: Any) -> Any:
-    """`run()` on a worker thread as an awaitable when called on an event loop's
-    thread; else `run()` now."""
+def off_loop(run: Any, threads: OwnerThreads, owner: str) -> Any:
+    """`run()` on one of `owner`'s `threads` as an awaitable when called on an event
+    loop's thread; else `run()` now. Raises `BindingError` once `threads` is closed."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return run()
-    return asyncio.to_thread(run)
+    return threads.run(owner, run)
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
