@@ -132,6 +132,19 @@ def test_a_python_function_fetches_an_allowed_url(pop: Running, tmp_path: Path,
     assert pop.get(f"/fetcher?url={upstream}/redirect")[0] == 302
 
 
+def test_a_fetch_resolves_its_host_on_its_tenants_own_threads(pop: Running, tmp_path: Path,
+                                                            upstream: str) -> None:
+    """A resolver one tenant points its hosts at, however slow, holds only that
+    tenant's binding threads, not the loop's resolver every tenant shares."""
+    deploy_fetcher(pop, tmp_path, [f"{upstream}/*".replace("127.0.0.1", "localhost")])
+    tenant = "fetcher"  # no `owner` in its manifest: its own name
+    assert tenant not in pop.pop.stores.threads.owners()
+    url = f"{upstream}/data".replace("127.0.0.1", "localhost")
+    status, _, body = pop.get(f"/fetcher?url={url}")
+    assert status == 200, body
+    assert tenant in pop.pop.stores.threads.owners()
+
+
 @pytest.mark.parametrize(("patterns", "path", "words"), [
     ([], "/x", "is not allowed for function 'fetcher' (allowed: none"),
     (["http://127.0.0.1:1/*"], "/x", "is not allowed for function 'fetcher' (allowed: "

@@ -181,7 +181,8 @@ class Bindings:
                            m.cache.ai, stores.egress)
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
-        fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms, stores.subrequests)
+        fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms, stores.subrequests,
+                             (stores.threads, m.tenant))
         return cls(m.name, kv, vectors, ai, denied, fetch)
 
     def call(self, name: str, args: dict[str, Any], caller: str | None = None) -> Any:

@@ -31,6 +31,7 @@ Rules, checked here in one place:
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import re
 import secrets
@@ -49,6 +50,7 @@ import httptools
 
 from edgefn_core.errors import BindingError
 from runtime.bindings.codec import b64, base64_bytes, known
+from runtime.bindings.threads import OwnerThreads
 from runtime.functions.manifest import MAX_WALL_MS
 
 MAX_RESPONSE = 8 << 20  # bytes of response body a subrequest may bring back
@@ -251,13 +253,18 @@ def _public(ip: str) -> bool:
 
 class FetchBinding:
     def __init__(self, owner: str, patterns: list[str], wall_ms: int,
-                 subrequests: Subrequests | None = None) -> None:
+                 subrequests: Subrequests | None = None,
+                 resolve_on: tuple[OwnerThreads, str] | None = None) -> None:
         """`subrequests`: the PoP's count of fetches per request tree (one shared by
-        every function; None: a count of this binding's own)."""
+        every function; None: a count of this binding's own). `resolve_on`: the
+        threads and tenant its DNS lookups run on (`OwnerThreads`: a slow resolver
+        one tenant points at holds only that tenant's threads; None: the loop's
+        resolver, shared by everyone)."""
         self.owner = owner
         self.patterns = list(patterns)
         self.wall_ms = wall_ms
         self.subrequests = subrequests if subrequests is not None else Subrequests()
+        self.resolve_on = resolve_on
 
     def allowed(self, url: str) -> tuple[Target, bool]:
         """The target, and whether a matching pattern names its host literally (then
@@ -319,8 +326,13 @@ class FetchBinding:
 
     async def _fetch(self, t: Target, literal: bool, method: str, headers: dict[str, str],
                      body: bytes) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(t.host, t.port, type=socket.SOCK_STREAM)
+        if self.resolve_on is None:
+            infos = await asyncio.get_running_loop().getaddrinfo(t.host, t.port,
+                                                                 type=socket.SOCK_STREAM)
+        else:
+            threads, tenant = self.resolve_on
+            infos = await threads.run(tenant, functools.partial(
+                socket.getaddrinfo, t.host, t.port, type=socket.SOCK_STREAM))
         if not infos:
             raise BindingError(f"fetch: cannot resolve {t.host!r}")
         ip = str(infos[0][4][0])
