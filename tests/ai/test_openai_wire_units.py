@@ -141,6 +141,16 @@ def test_a_bad_message_is_refused_naming_it(messages: list[dict[str, Any]], para
     assert (e.value.status, e.value.param) == (400, param)
 
 
+def test_more_messages_than_any_context_holds_are_refused_before_they_are_read() -> None:
+    from runtime.ai.openai_checks import MAX_MESSAGES
+
+    check_messages([{"role": "user", "content": "x"}] * MAX_MESSAGES)
+    with pytest.raises(ApiError) as e:
+        check_messages([{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1))
+    assert (e.value.status, e.value.param) == (400, "messages")
+    assert f"at most {MAX_MESSAGES} are taken" in str(e.value)
+
+
 def test_every_openai_role_with_text_is_accepted() -> None:
     check_messages([{"role": r, "content": "x"} for r in
                     ("system", "developer", "user", "assistant")]

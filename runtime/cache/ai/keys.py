@@ -72,6 +72,13 @@ def _deterministic(sampled: list[Any]) -> bool:
     return temperature == 0 or seed is not None
 
 
+# a chat whose messages take more JSON than this is keyed on its bytes as sent (an
+# exact hit still serves it) and never read for meaning: the normalizing and the
+# semantic key's formula are Python loops over every character (0.5 s a MiB, on the
+# PoP's loop: one 15 MiB message froze every tenant's requests for 8-14 s)
+MAX_READ_BYTES = 256 << 10
+
+
 def _hash(*parts: Any) -> bytes:
     return hashlib.blake2b(msgspec.json.encode(parts), digest_size=20).digest()
 
@@ -108,6 +115,11 @@ def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],
     parameters."""
     tenant = tenant or ""
     s = sampling(params)
+    raw = msgspec.json.encode(messages)  # TypeError for what no JSON holds
+    if len(raw) > MAX_READ_BYTES:  # keyed as sent, in C: no normalizing it on the loop
+        return Call("chat", tenant, model, _hash("chat-raw", tenant, model,
+                                                 hashlib.blake2b(raw).digest().hex(), s),
+                    None, "", _deterministic(s), _hash("chat-bucket", tenant, model))
     msgs = [_message(m) for m in messages]
     key = _hash("chat", tenant, model, msgs, s)
     scope, query, shape = None, "", ""

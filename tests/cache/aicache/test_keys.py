@@ -10,7 +10,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from runtime.cache.ai.guards import normalize
-from runtime.cache.ai.keys import DEFAULTS, chat_call, completion_call, embedding_call
+from runtime.cache.ai.keys import (
+    DEFAULTS,
+    MAX_READ_BYTES,
+    chat_call,
+    completion_call,
+    embedding_call,
+)
 from runtime.cache.ai.text import exact
 
 BASE: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 40, "seed": None,
@@ -151,3 +157,17 @@ def test_the_text_parts_of_a_content_list_are_its_text(texts: list[str]) -> None
     other = chat_call("t", "m", [{"role": "user", "content": [*parts, {"type": "text",
                                                                        "text": "more"}]}], BASE)
     assert other.key != listed.key
+
+
+def test_a_chat_past_max_read_bytes_is_keyed_as_sent_and_never_read_for_meaning() -> None:
+    """Normalizing a 15 MiB message held the PoP's loop 8-14 s: a chat that large
+    gets an exact key over its bytes (the same chat hits it) and no semantic key."""
+    big = "Tell me  about it. " * (MAX_READ_BYTES // 16)
+    call = chat_call("t", "m", [{"role": "user", "content": big}], {})
+    assert call.scope is None and call.query == "" and call.said == ""
+    assert call.key == chat_call("t", "m", [{"role": "user", "content": big}], {}).key
+    # as sent: a change normalizing would erase (case, spacing) is another key
+    assert call.key != chat_call("t", "m", [{"role": "user", "content": big.lower()}], {}).key
+    assert call.key != chat_call("u", "m", [{"role": "user", "content": big}], {}).key
+    small = chat_call("t", "m", [{"role": "user", "content": "Tell me about it."}], {})
+    assert small.scope is not None and small.query
