@@ -55,6 +55,85 @@ def check_schema(schema: Any, where: str) -> None:
         check_schema(sub, key)
 
 
+# A `pattern` becomes grammar rules that llama.cpp walks for every token of the
+# vocabulary at every step, on the one scheduler thread. An ambiguous repetition
+# multiplies its parse stacks: `^(q?){200}q{80}$` cost ~5 s a token, `{1000}` over
+# 4 minutes (every request on the model waited; helper 104's red team). Refused:
+# a quantified group holding a quantifier, and counts past MAX_PATTERN_REPEAT.
+MAX_PATTERN_REPEAT = 64
+MAX_PATTERN_CHARS = 1000
+_QUANTIFIERS = frozenset("?*+{")
+
+
+def _check_pattern(pattern: Any, where: str) -> None:
+    """Raises `EngineError` (400) for a `pattern` that is not a string, longer than
+    MAX_PATTERN_CHARS, with a count over MAX_PATTERN_REPEAT, or with a quantifier
+    on a group that holds one (``(a+)*``, ``(q?){20}``)."""
+    if not isinstance(pattern, str):
+        raise _unsupported(where, "a pattern must be a string")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise _unsupported(where, f"a pattern of {len(pattern)} characters (at most "
+                           f"{MAX_PATTERN_CHARS})")
+    groups: list[bool] = []  # per open group: whether it holds a quantifier
+    i, n, quantified = 0, len(pattern), False  # quantified: the atom just closed held one
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            quantified = False
+            continue
+        if c == "[":  # a class: its characters are literal
+            i = _class_end(pattern, i)
+            quantified = False
+            continue
+        if c in _QUANTIFIERS:
+            if quantified:
+                raise _unsupported(where, "a quantifier on a group that holds one (nested "
+                                   "repetition is ambiguous: its grammar explodes)")
+            if c == "{":
+                i = _count(pattern, i, where)
+            if groups:
+                groups[-1] = True
+            quantified = False
+            i += 1
+            continue
+        if c == "(":
+            groups.append(False)
+        elif c == ")" and groups:
+            quantified = groups.pop()
+            if quantified and groups:
+                groups[-1] = True
+            i += 1
+            continue
+        quantified = False
+        i += 1
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """The index after the character class opening at `i`."""
+    j = i + 1
+    if j < len(pattern) and pattern[j] == "^":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":  # a leading ] is literal
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
+
+
+def _count(pattern: str, i: int, where: str) -> int:
+    """The index of the closing brace of the count opening at `i`. Raises
+    `EngineError` for a bound over MAX_PATTERN_REPEAT."""
+    end = pattern.find("}", i)
+    if end < 0:
+        return i
+    for bound in pattern[i + 1:end].split(","):
+        if bound.strip().isdigit() and int(bound) > MAX_PATTERN_REPEAT:
+            raise _unsupported(where, f"a repetition count of {int(bound)} (at most "
+                               f"{MAX_PATTERN_REPEAT})")
+    return end
+
+
 def _check_keyword(schema: dict[str, Any], key: str, value: Any, where: str) -> None:
     """Raises `EngineError` for a keyword the converter would take but not enforce."""
     types = value if isinstance(value, list) else [value]
@@ -68,6 +147,8 @@ def _check_keyword(schema: dict[str, Any], key: str, value: Any, where: str) -> 
     if key == "format" and value not in FORMATS:
         raise _unsupported(f"{where}.format", f"format {value!r} is not supported; "
                            "supported: " + ", ".join(sorted(FORMATS)))
+    if key == "pattern":
+        _check_pattern(value, f"{where}.pattern")
     if key in ("minLength", "maxLength") and ("pattern" in schema or "format" in schema):
         raise _unsupported(f"{where}.{key}", f"{key} together with pattern or format")
     if key == "$ref" and not (isinstance(value, str) and value.startswith("#/")):

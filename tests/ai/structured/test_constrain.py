@@ -41,6 +41,13 @@ def rules(grammar: str | None) -> dict[str, str]:
     ({"anyOf": [{"type": "string"}], "minLength": 2}, "minLength"),
     ({"$ref": "#/$defs/a", "$defs": {"a": {}}, "enum": [1]}, "enum"),
     ({"type": "string", "pattern": "no-anchors"}, ""),  # the converter refuses the pattern
+    # what makes llama.cpp's grammar walk explode (seconds to minutes a token)
+    ({"type": "string", "pattern": "^(q?){1000}q{5}$"}, "pattern"),
+    ({"type": "string", "pattern": "^(a+)*$"}, "pattern"),
+    ({"type": "string", "pattern": "^((ab)?c)+$"}, "pattern"),
+    ({"type": "string", "pattern": "^a{65}$"}, "pattern"),
+    ({"type": "string", "pattern": "^" + "a" * 1000 + "$"}, "pattern"),
+    ({"type": "string", "pattern": 5}, "pattern"),
 ])
 def test_schema_parts_the_grammar_cannot_enforce_are_refused(schema: dict[str, Any],
                                                              where: str) -> None:
@@ -51,6 +58,13 @@ def test_schema_parts_the_grammar_cannot_enforce_are_refused(schema: dict[str, A
     assert str(e.value).startswith(f"{path}: ")
     err = WorkerError(e.value.code, 400, str(e.value))
     assert structured.param_of(err) == path  # what the API answers in `param`
+
+
+@pytest.mark.parametrize("pattern", [r"^[0-9a-f]{32}$", r"^\d{3}-\d{4}$", r"^(ab|cd){3}$",
+                                     r"^[(?]{3}$", r"^a{64}$", r"^\(a+\)*$"])
+def test_patterns_without_nested_or_long_repetition_make_a_grammar(pattern: str) -> None:
+    assert grammar_for(Generate(1, "m", response_format=fmt({"type": "string",
+                                                              "pattern": pattern})))
 
 
 def _deep(n: int) -> dict[str, Any]:
