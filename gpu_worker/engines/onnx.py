@@ -55,6 +55,10 @@ MAX_TOKENS = 256  # per input; longer inputs are truncated (sentence-transformer
 BATCH = 32  # inputs per inference call
 MAX_INPUTS = 2048
 MAX_DOCUMENTS = 1000
+# characters of one input: the tokenizer reads a whole text, holding the GIL (0.5 MB
+# took 1 s and froze the worker's loop: one 12 MB input stopped its pings, and the PoP
+# killed it), before the first MAX_TOKENS are kept; OpenAI refuses past 8192 tokens
+MAX_TEXT_CHARS = 32 << 10
 RERANK = "cosine similarity of embeddings (bi-encoder)"
 
 _INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -248,6 +252,10 @@ def _check_texts(texts: Any, what: str, limit: int) -> list[str]:
                               f"not {type(t).__name__}")
         if not t:
             raise EngineError("invalid_request", 400, f"{what}[{i}] is an empty string")
+        if len(t) > MAX_TEXT_CHARS:
+            raise EngineError("invalid_request", 400, f"{what}[{i}] has {len(t)} characters; "
+                              f"at most {MAX_TEXT_CHARS} are taken (the model reads the first "
+                              f"{MAX_TOKENS} tokens)")
     return texts
 
 
@@ -303,6 +311,7 @@ class OnnxEngine(Engine):
         """
         if not isinstance(query, str) or not query:
             raise EngineError("invalid_request", 400, "query must be a non-empty string")
+        _check_texts([query], "query", 1)
         docs = _check_texts(documents, "documents", MAX_DOCUMENTS)
         return await self._infer(model, [query, *docs],
                                  lambda vecs: (vecs[1:] @ vecs[0]).tolist())

@@ -14,7 +14,13 @@ import pytest
 
 from edgefn_core.errors import EngineError
 from gpu_worker.config import ModelSpec
-from gpu_worker.engines.onnx import MAX_TOKENS, OnnxEngine, libstdcxx_clash, model_files
+from gpu_worker.engines.onnx import (
+    MAX_TEXT_CHARS,
+    MAX_TOKENS,
+    OnnxEngine,
+    libstdcxx_clash,
+    model_files,
+)
 
 MODEL = "all-minilm-l6-v2"
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,15 +112,23 @@ def test_rerank_scores_are_cosine_of_embeddings(engine: OnnxEngine) -> None:
 
 
 @pytest.mark.parametrize("inputs", [[], [""], ["ok", ""], [1], ["ok", None], "a string",
-                                    ["x"] * 2049])
+                                    ["x"] * 2049, ["ok", "word " * (MAX_TEXT_CHARS // 5 + 1)]])
 def test_bad_embed_inputs_are_invalid_requests(engine: OnnxEngine, inputs: Any) -> None:
     with pytest.raises(EngineError) as e:
         embed(engine, inputs)
     assert (e.value.code, e.value.status) == ("invalid_request", 400)
 
 
+def test_an_input_of_max_text_chars_is_embedded() -> None:
+    from gpu_worker.engines.onnx import _check_texts
+
+    assert _check_texts(["x" * MAX_TEXT_CHARS], "input", 1) == ["x" * MAX_TEXT_CHARS]
+
+
 @pytest.mark.parametrize(("query", "docs"), [("", ["doc"]), (None, ["doc"]), ("q", []),
-                                             ("q", [""]), ("q", [3]), ("q", ["d"] * 1001)])
+                                             ("q", [""]), ("q", [3]), ("q", ["d"] * 1001),
+                                             ("q" * (MAX_TEXT_CHARS + 1), ["d"]),
+                                             ("q", ["d", "d" * (MAX_TEXT_CHARS + 1)])])
 def test_bad_rerank_inputs_are_invalid_requests(engine: OnnxEngine, query: Any,
                                                 docs: Any) -> None:
     with pytest.raises(EngineError) as e:

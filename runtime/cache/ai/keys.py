@@ -77,6 +77,9 @@ def _deterministic(sampled: list[Any]) -> bool:
 # semantic key's formula are Python loops over every character (0.5 s a MiB, on the
 # PoP's loop: one 15 MiB message froze every tenant's requests for 8-14 s)
 MAX_READ_BYTES = 256 << 10
+# a last message longer than this is not looked up by meaning: the embedding model
+# reads its first 256 tokens only, and takes at most 32 KiB characters
+MAX_SEMANTIC_CHARS = 16 << 10
 
 
 def _hash(*parts: Any) -> bytes:
@@ -124,7 +127,7 @@ def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],
     key = _hash("chat", tenant, model, msgs, s)
     scope, query, shape = None, "", ""
     last = text_of(messages[-1].get("content")) if msgs and msgs[-1][0] == "user" else ""
-    if (query := normalize(last)):
+    if len(last) <= MAX_SEMANTIC_CHARS and (query := normalize(last)):
         system = [m for m in msgs[:-1] if m[0] in ("system", "developer")]
         turns = [m for m in msgs[:-1] if m[0] not in ("system", "developer")]
         scope = _hash("chat-scope", tenant, model, system, turns, msgs[-1][2], s)

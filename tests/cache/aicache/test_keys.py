@@ -171,3 +171,14 @@ def test_a_chat_past_max_read_bytes_is_keyed_as_sent_and_never_read_for_meaning(
     assert call.key != chat_call("u", "m", [{"role": "user", "content": big}], {}).key
     small = chat_call("t", "m", [{"role": "user", "content": "Tell me about it."}], {})
     assert small.scope is not None and small.query
+
+
+def test_a_last_message_past_max_semantic_chars_has_an_exact_key_only() -> None:
+    """The embedding model takes at most 32 Ki characters (and reads 256 tokens):
+    a longer question is never sent to it by the semantic cache."""
+    from runtime.cache.ai.keys import MAX_SEMANTIC_CHARS
+
+    long = chat_call("t", "m", [{"role": "user", "content": "x" * (MAX_SEMANTIC_CHARS + 1)}], {})
+    assert long.scope is None and long.query == "" and long.key
+    at = chat_call("t", "m", [{"role": "user", "content": "x" * MAX_SEMANTIC_CHARS}], {})
+    assert at.scope is not None and at.query
