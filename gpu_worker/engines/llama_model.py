@@ -42,6 +42,9 @@ def quiet() -> None:
     ll.llama_log_set(cb, None)
 
 
+BIAS_CACHE = 8  # logit_bias dicts whose arrays `LlamaModel.logprob` remembers
+
+
 class LlamaModel:
     """A loaded GGUF model and one context shared by up to `n_seq` sequences."""
 
@@ -52,6 +55,7 @@ class LlamaModel:
         quiet()
         load_backends()
         ll.llama_backend_init()
+        self._biases: dict[int, tuple[dict[int, float], np.ndarray, np.ndarray]] = {}
         self.gpu = bool(ll.llama_supports_gpu_offload())
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = gpu_layers if self.gpu else 0
@@ -288,14 +292,30 @@ class LlamaModel:
         ~0.3 ms a token, so only when asked)."""
         ptr = ll.llama_get_logits_ith(self.ctx, index)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
-        for t, value in bias.items():
-            logits[t] += value
+        if bias:
+            tokens, values = self._bias_arrays(bias)
+            logits[tokens] += values  # the ids are a dict's keys: no repeats
         logits -= logits.max()
         logits -= np.log(np.exp(logits).sum())
         best = np.argpartition(-logits, top)[:top] if top else np.empty(0, dtype=np.int64)
         best = best[np.argsort(-logits[best], kind="stable")]
         return TokenLogprob(self.piece_bytes(token), float(logits[token]),
                             [(self.piece_bytes(int(t)), float(logits[t])) for t in best])
+
+    def _bias_arrays(self, bias: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
+        """`bias` as (token ids, values), remembered for the last BIAS_CACHE dicts
+        (the one scheduler thread calls this): a whole-vocabulary bias added in a
+        Python loop cost 20 ms a token a sequence, on the thread every request waits
+        on; the arrays 0.2 ms."""
+        hit = self._biases.get(id(bias))
+        if hit is not None and hit[0] is bias:
+            return hit[1], hit[2]
+        if len(self._biases) >= BIAS_CACHE:
+            del self._biases[next(iter(self._biases))]
+        tokens = np.fromiter(bias.keys(), dtype=np.intp, count=len(bias))
+        values = np.fromiter(bias.values(), dtype=np.float64, count=len(bias))
+        self._biases[id(bias)] = (bias, tokens, values)  # holds `bias`: its id stays its own
+        return tokens, values
 
     def sample(self, sampler: Any, index: int) -> int:
         if isinstance(sampler, GrammarSampler):
