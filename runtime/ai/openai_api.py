@@ -417,16 +417,19 @@ def _choice(call: dict[str, Any], i: int) -> dict[str, Any]:
 def decode_body[T: msgspec.Struct](body: bytes, kind: type[T]) -> T:
     """`body` as `kind`, a top-level ``null`` read as the field's default, as OpenAI
     reads it (the official client sends ``"temperature": null`` for
-    ``temperature=None``). Raises `msgspec.ValidationError`, `msgspec.DecodeError`."""
+    ``temperature=None``). Raises `msgspec.ValidationError`, `msgspec.DecodeError`
+    (also for JSON nested deeper than the interpreter's recursion limit)."""
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as typed:
         try:
             data = msgspec.json.decode(body)
-        except msgspec.MsgspecError:  # 1e400: untyped, its path is lost (`$[...]`)
-            raise typed from None
+        except (msgspec.MsgspecError, RecursionError):  # 1e400: untyped, its path is
+            raise typed from None  # lost (`$[...]`); deep nesting: the typed one's path
         if not isinstance(data, dict) or None not in data.values():
             raise
+    except RecursionError:  # a 500 and a traceback in the log, for any client's body
+        raise msgspec.DecodeError("JSON nested too deeply") from None
     return msgspec.convert({k: v for k, v in data.items() if v is not None}, kind)
 
 

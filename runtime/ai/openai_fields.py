@@ -66,8 +66,8 @@ def check_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
     JSON object is left to the typed decode to refuse."""
     try:
         fields = _KEYS.decode(body)
-    except msgspec.MsgspecError:
-        return
+    except (msgspec.MsgspecError, RecursionError):  # nested too deeply: the typed decode's
+        return  # 400 too
     honoured = kind.__struct_fields__
     for name, raw in fields.items():
         if name in honoured:
@@ -76,7 +76,11 @@ def check_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
         if inert is None:
             raise ApiError("unrecognized_argument", 400,
                            f"Unrecognized request argument supplied: {name}", name)
-        if not inert(msgspec.json.decode(raw)):
+        try:
+            value = msgspec.json.decode(raw)
+        except RecursionError:
+            raise ApiError("invalid_json", 400, f"{name!r} is nested too deeply", name) from None
+        if not inert(value):
             what = _WHY.get(name, name)
             raise ApiError("unsupported_parameter", 400, f"{name!r} is not supported by this "
                            f"server ({what}); leave it out or set it to null", name)

@@ -296,3 +296,19 @@ def test_a_number_out_of_range_names_its_field(raw: bytes, param: str) -> None:
     with pytest.raises(msgspec.ValidationError) as e:
         decode_body(raw, ChatBody)
     assert param_of(str(e.value)) == param
+
+
+@pytest.mark.parametrize("where", [b'"messages":[{"role":"user","content":"x","zz":%s}]',
+                                   b'"messages":[{"role":"user","content":"x"}],"user":%s',
+                                   b'"messages":[{"role":"user","content":"x"}],"metadata":%s'])
+def test_json_nested_past_the_recursion_limit_is_a_400_not_a_500(where: bytes) -> None:
+    """msgspec raises RecursionError for it: the API answered 500 with a traceback
+    in the log, and the AI cache stage raised it before the API saw the body."""
+    from runtime.ai.openai_api import _decode
+    from runtime.pipeline.stages.ai_cache import _asked
+
+    body = b'{"model":"m",' + where % (b"[" * 100_000 + b"]" * 100_000) + b"}"
+    with pytest.raises(ApiError) as e:
+        _decode(body, ChatBody)
+    assert e.value.status == 400
+    assert _asked("chat", body, None) is None
