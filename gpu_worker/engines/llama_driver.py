@@ -146,10 +146,28 @@ class Mailbox:
             return mail
 
 
+# A step (admission and one decode per group, sampling included) running longer than
+# this is wedged inside llama.cpp, where nothing can stop it: the worker exits so its
+# supervisor restarts it. The worker's loop still answers pings meanwhile (the native
+# calls release the GIL): a grammar whose walk exploded held every request for 17
+# minutes, unseen. Steps take milliseconds, a long prefill on a loaded CPU seconds.
+STEP_LIMIT = 60.0
+
+
+def _exit_wedged(seconds: float) -> None:
+    log.critical("a llama.cpp scheduler step has run for %.0f s; the worker exits so it "
+                 "is restarted", seconds)
+    os._exit(70)
+
+
 class Driver:
     """Runs `sched` over `lm` on its own thread; create it on the event loop."""
 
-    def __init__(self, lm: Model, sched: Scheduler, metrics: Metrics, name: str) -> None:
+    def __init__(self, lm: Model, sched: Scheduler, metrics: Metrics, name: str,
+                 step_limit: float = STEP_LIMIT,
+                 on_wedged: Callable[[float], None] = _exit_wedged) -> None:
+        """`on_wedged(seconds)` is called (once, from a watchdog thread) when a step
+        has run `step_limit` seconds."""
         self.lm = lm
         self.sched = sched
         self.metrics = metrics
@@ -157,16 +175,31 @@ class Driver:
         self.retiring: set[str] = set()  # adapters removed, unloaded once no sequence uses them
         self.loop = asyncio.get_running_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.step_started = 0.0  # perf_counter() when the step under way began; 0: none
+        self.step_limit, self.on_wedged = step_limit, on_wedged
+        self.stopped = threading.Event()
+        self.watchdog = threading.Thread(target=self._watch, name=f"{name}-watchdog",
+                                         daemon=True)
 
     def start(self) -> None:
         self.thread.start()
+        self.watchdog.start()
 
     def stop(self, timeout: float = 10) -> None:
         """Ask the thread to stop and wait up to `timeout` seconds for it; sequences
         still queued or running get no further sink call."""
+        self.stopped.set()
         self.mailbox.post_stop()
         if self.thread.is_alive():
             self.thread.join(timeout)
+
+    def _watch(self) -> None:
+        """The watchdog thread: `on_wedged` once a step has run `step_limit` seconds."""
+        while not self.stopped.wait(min(5.0, self.step_limit / 4)):
+            started = self.step_started
+            if started and (ran := time.perf_counter() - started) >= self.step_limit:
+                self.on_wedged(ran)
+                return
 
     # -- scheduler thread -----------------------------------------------------------------
     def _run(self) -> None:
@@ -174,7 +207,9 @@ class Driver:
         worker's supervisor restarts it with a fresh model."""
         try:
             while self._take():
+                self.step_started = time.perf_counter()
                 self._iterate()
+                self.step_started = 0.0
         except BaseException:
             log.exception("llama.cpp scheduler failed; the worker exits so it is restarted")
             os._exit(70)

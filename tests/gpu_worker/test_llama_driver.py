@@ -4,6 +4,7 @@ model: no llama.cpp and no socket, a real thread and event loop."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ class FakeModel:
         self.freed: list[Any] = []
         self.adapters: list[str] = []
         self.unloaded: list[tuple[str, list[int]]] = []  # (adapter, requests running then)
+        self.decode_sleep = 0.0
 
     def sampler(self, temperature: float, top_p: float, top_k: int, seed: int,
                 shaping: Any = None) -> Any:
@@ -54,6 +56,7 @@ class FakeModel:
         self.selected = {slot: (name, scale) for slot, name, scale in seqs}
 
     def decode(self, items: list[Item]) -> int:
+        time.sleep(self.decode_sleep)  # a step wedged in llama.cpp (seconds, minutes)
         if self.per_seq:  # every token's sequence had its adapter chosen for this call
             assert {slot for _, _, slot, _ in items} <= set(self.selected)
         self.decodes.append((self.adapter, list(items)))
@@ -115,10 +118,13 @@ class Rig:
     """A driver over a fake model, started on the running event loop."""
 
     def __init__(self, slots: int = 4, kv_tokens: int = 1000, fail_decode: int = 0,
-                 per_seq: bool = False, max_wait: float | None = None) -> None:
+                 per_seq: bool = False, max_wait: float | None = None,
+                 step_limit: float = 60.0) -> None:
         self.sched = Scheduler(slots, kv_tokens, max_wait=max_wait)
         self.lm = FakeModel(self.sched, fail_decode, per_seq)
-        self.driver = Driver(self.lm, self.sched, Metrics(), "test-llama")
+        self.wedged: list[float] = []
+        self.driver = Driver(self.lm, self.sched, Metrics(), "test-llama", step_limit,
+                             self.wedged.append)
         self.driver.start()
 
     def submit(self, rid: int, first: int, prompt_len: int = 3, adapter: str | None = None,
@@ -242,6 +248,29 @@ def test_a_request_that_waits_past_max_wait_for_a_slot_gets_overloaded() -> None
         assert a.chunks == ["<11>"] and r.sched.running and not r.sched.waiting
         r.driver.mailbox.post_cancel(1)
         assert (await a.result())[:2] == ("done", "cancelled")
+        r.close()
+
+    asyncio.run(go())
+
+
+def test_a_step_that_runs_past_step_limit_is_reported_once_and_a_normal_one_is_not() -> None:
+    """A step wedged inside llama.cpp cannot be stopped; the worker's loop still
+    answers pings: the watchdog is what sees it (in the worker: exit 70, restart)."""
+    async def go() -> None:
+        r = Rig(step_limit=0.2)
+        sink = r.submit(1, first=10, max_tokens=3)
+        assert (await sink.result())[:2] == ("done", "length")
+        await asyncio.sleep(0.3)
+        assert r.wedged == []  # fast steps, then idle: nothing to report
+        r.lm.decode_sleep = 0.6
+        started = time.perf_counter()
+        r.submit(2, first=10, max_tokens=1)
+        while not r.wedged and time.perf_counter() - started < 2:
+            await asyncio.sleep(0.01)
+        assert len(r.wedged) == 1 and 0.2 <= r.wedged[0] < 0.2 + 0.1, r.wedged
+        assert time.perf_counter() - started < 0.2 + 0.1
+        await asyncio.sleep(0.7)
+        assert len(r.wedged) == 1  # once
         r.close()
 
     asyncio.run(go())
