@@ -72,6 +72,11 @@ class Metrics:
             self.prompt_tokens_total += prompt_tokens
             self.errors_total += error
 
+    def failed(self) -> None:
+        """A request already counted (`request`) ended in an error."""
+        with self.lock:
+            self.errors_total += 1
+
     def snapshot(self) -> dict[str, Any]:
         """Current figures; tokens/s and busy fraction cover the time since the
         previous snapshot."""

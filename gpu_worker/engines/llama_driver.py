@@ -267,7 +267,7 @@ class Driver:
         the OpenAI API answers it with ``Retry-After`` (clients retry), and the
         ``[ai] fallback`` model or a stale cached answer may serve it instead."""
         for s in overdue:
-            self.metrics.request(error=True)
+            self.metrics.failed()  # counted once, at `_take`
             self._send(s.sink.error, "overloaded",
                        f"the model is busy: no batch slot came free within "
                        f"{self.sched.max_wait:g} s ({len(self.sched.waiting)} requests still "
@@ -349,7 +349,7 @@ class Driver:
 
     def _fail(self, s: Seq, message: str) -> None:
         self._release(s)
-        self.metrics.request(error=True)
+        self.metrics.failed()  # counted once, at `_take`
         self._send(s.sink.error, "internal", message, 500)
 
     def _send(self, fn: Any, *args: Any) -> None:

@@ -246,6 +246,8 @@ def test_a_request_that_waits_past_max_wait_for_a_slot_gets_overloaded() -> None
         assert c_end[:2] == ("error", "overloaded") and "(0 requests still waiting" in c_end[2]
         assert asyncio.get_running_loop().time() - started >= 0.15 + 0.3
         assert a.chunks == ["<11>"] and r.sched.running and not r.sched.waiting
+        counted = r.driver.metrics.snapshot()
+        assert (counted["requests_total"], counted["errors_total"]) == (3, 2)  # each once
         r.driver.mailbox.post_cancel(1)
         assert (await a.result())[:2] == ("done", "cancelled")
         r.close()
