@@ -1,6 +1,7 @@
 """KV and vector benchmark; every figure next to a baseline from the same run.
 
-    python bench/bench_kv.py [--n 100000] [--dim 384] [--queries 200] [--only kv|vectors]
+    python bench/bench_kv.py [--n 100000] [--dim 384] [--queries 200]
+                             [--only kv|vectors|large] [--seconds 5]
 
 KV: get and put ops/s for raw py-lmdb (baseline), the kv API, and a function
 calling the binding (WASM: the native kv_get, and the Python host function as
@@ -10,6 +11,9 @@ call is (request with N gets - request with 0 gets) / N: the guests make 10 gets
 per byte of request, and the two requests differ only in their body's length.
 Vectors: recall@10 and QPS of the usearch index (through kv.vectors) against
 exact numpy search on N x DIM random-normal and clustered data.
+Large values: the PoP loop's time per 16 MiB get and put of a Python function, and
+a WASM hello's p99 while 8 isolates loop such gets, each the new way (the value raw
+after a small JSON head) next to the old (base64 in JSON) in the same run.
 """
 
 from __future__ import annotations
@@ -230,18 +234,173 @@ def vectors_bench(work: Path, n: int, dim: int, queries: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+# -- Large values between the PoP and a Python isolate --------------------------------------
+BIG = 16 << 20  # the KV value limit
+
+BIG_PY = """import base64
+from edgefn import Response
+
+VALUE = bytes(range(256)) * (BIG // 256)
+B64 = base64.b64encode(VALUE).decode()
+
+
+def handle(request, env):
+    kv, op, n = env.kv("big"), request.query["op"], int(request.query["n"])
+    for _ in range(n):
+        if op == "get":
+            assert kv.get("v") == VALUE
+        elif op == "put":
+            kv.put("p", VALUE)
+        else:  # the call as the SDK sent it before: the value base64 in its JSON
+            env._call("kv.put", {"namespace": "big", "key": "p", "value": B64, "ttl": None,
+                                 "metadata": None}, True)
+    return Response("ok")
+""".replace("BIG // 256", str(BIG // 256))
+
+
+def large_values(work: Path, seconds: float) -> None:
+    """The PoP's event loop time per 16 MiB `kv.get` and `kv.put` of a Python function
+    (the loop thread's CPU time over a request of N calls less one of 0, per call,
+    best of 5), each next to the same call the old way in this run: a get answered
+    with the value base64 in a JSON REPLY (what `wire.VALUE_REPLIES` emptied in the
+    PoP's process gives), a put sent with it base64 in the CALL's JSON. Then a WASM
+    hello's p99 (one keep-alive connection, as bench_no_stall) and the PoP loop's lag
+    (how late a 1 ms timer fires), quiet and while 8 isolates loop 16 MiB gets
+    answered either way."""
+    import concurrent.futures
+    import threading
+
+    from runtime.executors.python import wire
+    from tests.support import EXAMPLES, pop_thread
+    from tests.test_no_stall import hello_latencies
+
+    d = work / "big"
+    d.mkdir()
+    (d / "main.py").write_text(BIG_PY)
+    (d / "edgefn.toml").write_text(
+        'name = "big"\nowner = "bench"\nruntime = "python"\nentry = "main.py"\n'
+        'routes = ["/big"]\n[bindings]\nkv = ["big"]\n'
+        "[limits]\ncpu_ms = 60000\nwall_ms = 60000\nmemory_mb = 1024\n"
+        "[pool]\nmin = 8\nmax = 8\nstandby = false\n")
+    raw_replies = getattr(wire, "VALUE_REPLIES", frozenset())
+
+    def answered(raw: bool) -> None:  # in the PoP's process: the isolates keep their own
+        if hasattr(wire, "VALUE_REPLIES"):
+            wire.VALUE_REPLIES = raw_replies if raw else frozenset()  # type: ignore[misc]
+
+    with pop_thread(work / "pop-big") as pop:
+        loop = pop.loop
+        assert loop is not None
+        ident: concurrent.futures.Future[int] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(lambda: ident.set_result(threading.get_ident()))
+        clock = time.pthread_getcpuclockid(ident.result(5))
+        pop.pop.stores.kv.create_namespace("big")
+        pop.pop.stores.kv.put("big", b"v", bytes(range(256)) * (BIG // 256))
+        pop.deploy(d)
+        pop.deploy(EXAMPLES / "hello-wat")
+
+        def loop_ms(op: str, n: int) -> float:
+            best = float("inf")
+            for _ in range(5):
+                before = time.clock_gettime(clock)
+                status, _, body = pop.get(f"/big?op={op}&n={n}", timeout=120)
+                assert (status, body) == (200, b"ok"), (status, body[:300])
+                best = min(best, time.clock_gettime(clock) - before)
+            return best * 1000
+
+        n = 8
+        rows = []
+        for name, op, raw in (("get, base64 JSON REPLY (old)", "get", False),
+                              ("get, REPLY_VALUE frame", "get", True),
+                              ("put, base64 in CALL JSON (old)", "put_json", True),
+                              ("put, CALL_VALUE frame", "put", True)):
+            answered(raw)
+            rows.append((name, (loop_ms(op, n) - loop_ms(op, 0)) / n))
+        answered(True)
+        print("\n== 16 MiB KV values, Python function <-> PoP: the PoP loop's CPU per call ==")
+        print(f"{'call':<34}{'loop ms/call':>14}{'x old':>8}")
+        for i, (name, ms) in enumerate(rows):
+            print(f"{name:<34}{ms:>14.2f}{ms / rows[i - i % 2][1]:>8.3f}")
+
+        lags: list[float] = []
+        ticking = threading.Event()
+
+        def tick(last: float) -> None:  # on the loop: how late each 1 ms timer fires
+            now = time.perf_counter()
+            lags.append((now - last) * 1000 - 1)
+            if ticking.is_set():
+                loop.call_later(0.001, tick, time.perf_counter())
+
+        def phase(op: str | None, raw: bool = True,
+                  rate: float = 0) -> tuple[float, float, float, float, float]:
+            """/hello p99 and max, loop lag p99 and max (ms), gets/s; `op`: what 8
+            clients have 8 isolates do meanwhile (None: quiet): 4 gets a request back
+            to back, or with `rate`, one get a request, `rate` a second each."""
+            stop, done = threading.Event(), [0]
+
+            def hammer() -> None:
+                due = time.monotonic()
+                while not stop.is_set():
+                    pop.get(f"/big?op={op}&n={1 if rate else 4}", timeout=120)
+                    done[0] += 1 if rate else 4
+                    if rate:
+                        due += 1 / rate
+                        time.sleep(max(0.0, due - time.monotonic()))
+
+            threads = [threading.Thread(target=hammer, daemon=True)
+                       for _ in range(8 if op else 0)]
+            answered(raw)
+            for t in threads:
+                t.start()
+            time.sleep(1.0)  # the hammering under way; the quiet one settles
+            lags.clear()
+            ticking.set()
+            loop.call_soon_threadsafe(tick, time.perf_counter())
+            before, started = done[0], time.monotonic()
+            lat, errors = hello_latencies(pop, seconds)
+            gets = (done[0] - before) / (time.monotonic() - started)
+            ticking.clear()
+            lag = sorted(lags)
+            stop.set()
+            for t in threads:
+                t.join()
+            answered(True)
+            lat.sort()
+            assert not errors, errors[:5]
+            return (lat[int(len(lat) * 0.99)], lat[-1], lag[int(len(lag) * 0.99)], lag[-1],
+                    gets)
+
+        phases = [("quiet (baseline)", phase(None)),
+                  ("looped, base64 JSON REPLY (old)", phase("get", raw=False)),
+                  ("looped, REPLY_VALUE", phase("get")),
+                  ("8 a second, base64 JSON (old)", phase("get", raw=False, rate=1)),
+                  ("8 a second, REPLY_VALUE", phase("get", rate=1))]
+        quiet = phases[0][1][0]
+        print(f"\n== WASM /hello while 8 isolates get 16 MiB values ({seconds:.0f} s each) ==")
+        print(f"{'gets':<34}{'gets/s':>7}{'p99 ms':>8}{'x quiet':>9}{'x old':>7}{'max ms':>8}"
+              f"{'loop lag p99':>13}{'max':>7}")
+        for i, (name, (p99, worst, lag99, lag_max, gets)) in enumerate(phases):
+            vs_old = f"{p99 / phases[i - 1][1][0]:>7.2f}" if i in (2, 4) else f"{'':>7}"
+            print(f"{name:<34}{gets:>7.1f}{p99:>8.2f}{p99 / quiet:>9.2f}{vs_old}{worst:>8.1f}"
+                  f"{lag99:>13.1f}{lag_max:>7.1f}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--only", choices=["kv", "vectors"])
+    p.add_argument("--only", choices=["kv", "vectors", "large"])
+    p.add_argument("--seconds", type=float, default=5.0,
+                   help="each phase of the large-value victim test")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "kv"):
             kv_bench(Path(tmp))
         if args.only in (None, "vectors"):
             vectors_bench(Path(tmp), args.n, args.dim, args.queries)
+        if args.only in (None, "large"):
+            large_values(Path(tmp), args.seconds)
     return 0
 
 

@@ -10,6 +10,10 @@ before parsing: what makes a parse slow is many objects, values or distinct keys
 or numbers of thousands of digits, more than bytes. The PoP checks where a call arrives; the
 Python SDK checks first, so that a function gets `BindingError` saying why.
 
+A Python isolate sends a KV value raw, after its call's JSON (`wire.CALL_VALUE`): only
+the JSON is scanned and parsed, and the value counts in its size as the base64 it
+was in JSON, so that what passes, and what is refused and how, is as before.
+
 Stdlib-only, importing nothing of edgefn's: isolates import it too.
 """
 
@@ -26,11 +30,17 @@ _DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
 _LONG_NUMBER = b"0" * (MAX_DIGITS + 1)
 
 
-def refused(raw: bytes | bytearray | memoryview) -> str | None:
-    """Why a host call whose JSON is `raw` is refused, or None. Brackets, commas,
+def base64_size(n: int) -> int:
+    """The length of `n` bytes in base64."""
+    return (n + 2) // 3 * 4
+
+
+def refused(raw: bytes | bytearray | memoryview, value_size: int = 0) -> str | None:
+    """Why a host call whose JSON is `raw` is refused, or None; `value_size`: the bytes
+    of a value sent raw beside it (its place in `raw` holds ``""``). Brackets, commas,
     colons and digits are counted wherever they are, strings included (a scan, not a
     parse: ~1 us for a small call, ~50 ms for the largest)."""
-    size = len(raw)
+    size = len(raw) + base64_size(value_size)
     if size > MAX_BYTES:
         return f"its arguments are {size} bytes of JSON (at most {MAX_BYTES})"
     data = bytes(raw) if isinstance(raw, memoryview) else raw

@@ -92,3 +92,30 @@ def test_read_from_an_asyncio_stream_big_endian() -> None:
             await framing.read(cut)
 
     asyncio.run(go())
+
+
+@given(st.sampled_from([wire.CALL_VALUE, wire.REPLY_VALUE]), st.binary(max_size=300),
+       st.binary(max_size=600), st.lists(st.integers(0, 5000), max_size=12))
+def test_value_frames_carry_the_value_raw_after_their_head(kind: bytes, head: bytes,
+                                                             value: bytes,
+                                                             cuts: list[int]) -> None:
+    first, rest = wire.value_frame(kind, head, value)
+    assert rest is value  # sent as it is: never copied into the frame
+    reader = wire.Reader()
+    ((got_kind, payload),) = [f for chunk in chunked(first + rest, cuts)
+                              for f in reader.feed(chunk)]
+    got_head, got_value = wire.split_value(payload)
+    assert (got_kind, got_head, bytes(got_value)) == (kind, head, value)
+
+
+@pytest.mark.parametrize(("payload", "words"), [
+    (b"", "a value frame of 0 bytes has no head length"),
+    (b"\x05\0\0", "a value frame of 3 bytes has no head length"),
+    (struct.pack("<I", 5) + b"1234", "head of 5 bytes is longer than the 4 bytes after"),
+    (struct.pack("<I", 0xFFFFFFFF) + b"{}", "head of 4294967295 bytes is longer than the 2"),
+])
+def test_a_value_frame_whose_head_length_lies_is_a_protocol_error(payload: bytes,
+                                                                  words: str) -> None:
+    with pytest.raises(ProtocolError, match=words):
+        wire.split_value(payload)
+    assert wire.split_value(struct.pack("<I", 2) + b"{}") == (b"{}", memoryview(b""))

@@ -185,10 +185,12 @@ class Bindings:
                              (stores.threads, m.tenant))
         return cls(m.name, kv, vectors, ai, denied, fetch)
 
-    def call(self, name: str, args: dict[str, Any], caller: str | None = None) -> Any:
+    def call(self, name: str, args: dict[str, Any], caller: str | None = None,
+             raw: bool = False) -> Any:
         """Run binding `name` ("kv.get", "vectors.query", "ai.chat", ...) for a
         request of `caller` (its principal's tenant, set by the executor, never by
-        the guest: a pinned caller's model calls keep to its region).
+        the guest: a pinned caller's model calls keep to its region); `raw`: a KV
+        value read comes as bytes, not base64 (a Python isolate's, sent raw).
 
         Returns the result, or an awaitable of it (see the module docstring).
         Raises `BindingError` for an undeclared kind, namespace or index, an
@@ -212,7 +214,9 @@ class Bindings:
         # writes wait for fsync; a KV list or a vector query can take milliseconds
         # (expired keys read past; a large k, a filter): none holds the PoP's loop
         blocking = op in (kv_binding.SLOW if kind == "kv" else vectors_binding.SLOW)
-        run = functools.partial(_checked, capability.call, name, op, args)
+        call = functools.partial(self.kv.call, raw=True) if raw and kind == "kv" \
+            else capability.call
+        run = functools.partial(_checked, call, name, op, args)
         return off_loop(run, capability.stores.threads, capability.tenant) if blocking else run()
 
     def _ai(self, op: str, args: dict[str, Any], traceparent: str | None,

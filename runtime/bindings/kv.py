@@ -2,7 +2,9 @@
 
 `run` is the operation codec (JSON-ish arguments in, JSON-ish results out, values
 as base64) that both `KVBinding` and the admin API use; only `KVBinding` checks
-what a function declared.
+what a function declared. A Python isolate's values travel raw (`wire.CALL_VALUE`,
+`wire.REPLY_VALUE`): a value written may come as bytes, and its reads ask for them
+as bytes (``raw``), never base64 on the PoP's loop.
 """
 
 from __future__ import annotations
@@ -77,11 +79,12 @@ class KVBinding:
                 continue
         return {"generation": generation, "namespaces": names}
 
-    def call(self, op: str, args: dict[str, Any]) -> Any:
-        """Raises `BindingError`, `StoreError`, KeyError/TypeError/ValueError."""
+    def call(self, op: str, args: dict[str, Any], raw: bool = False) -> Any:
+        """`raw`: a value read comes as bytes (see `run`). Raises `BindingError`,
+        `StoreError`, KeyError/TypeError/ValueError."""
         if op not in OPS:
             raise BindingError(f"unknown KV operation {op!r}")
-        return run(self.store, op, self.namespace(args["namespace"], op in WRITES), args)
+        return run(self.store, op, self.namespace(args["namespace"], op in WRITES), args, raw)
 
 
 class KVView:
@@ -126,10 +129,11 @@ ARGS = {"get": _KEY, "delete": _KEY, "put": _KEY | _VALUE, "increment": _KEY | {
         "list": frozenset({"namespace", "prefix", "cursor", "limit"})}
 
 
-def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
-    """One KV operation on namespace `ns`. Raises `BindingError` for an unknown
-    one, `StoreError` from the store, KeyError/TypeError/ValueError/AttributeError
-    for bad args (a number where a string belongs)."""
+def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any], raw: bool = False) -> Any:
+    """One KV operation on namespace `ns`; `raw`: a value read comes as bytes, not
+    base64 (for a REPLY_VALUE frame). Raises `BindingError` for an unknown one,
+    `StoreError` from the store, KeyError/TypeError/ValueError/AttributeError for
+    bad args (a number where a string belongs)."""
     if op in ARGS:
         known(a, ARGS[op], f"kv.{op}")
     key = _key(a) if op in ("get", "put", "delete", "increment", "cas") else b""
@@ -138,10 +142,11 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
             entry = kv.get_entry(ns, key)
             if entry is None:
                 return None
-            return {"value": b64(entry.value), "metadata": entry.metadata,
-                    "version": entry.version, "expires_at": entry.expires_at}
+            value = entry.value if raw else b64(entry.value)
+            return {"value": value, "metadata": entry.metadata, "version": entry.version,
+                    "expires_at": entry.expires_at}
         case "put":
-            return kv.put(ns, key, base64_bytes(a, "value"), ttl=seconds(a, "ttl"),
+            return kv.put(ns, key, _value(a), ttl=seconds(a, "ttl"),
                           metadata=a.get("metadata"))
         case "delete":
             return kv.delete(ns, key)
@@ -152,7 +157,7 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any]) -> Any:
             if expected is not None and type(expected) is not int:  # "1" matched nothing
                 raise ValueError(f"expected_version must be an integer or null, got "
                                  f"{expected!r:.40}")
-            return kv.cas(ns, key, expected, base64_bytes(a, "value"),
+            return kv.cas(ns, key, expected, _value(a),
                           ttl=seconds(a, "ttl"), metadata=a.get("metadata"))
         case "create" if isinstance(kv, KVStore):  # the operator's only
             kv.create_namespace(ns)
@@ -171,6 +176,16 @@ def _key(a: dict[str, Any]) -> bytes:
     if "key" not in a and "key_b64" in a:
         return base64_bytes(a, "key_b64")
     return text(a, "key").encode()
+
+
+def _value(a: dict[str, Any]) -> bytes:
+    """The value a put or cas writes: bytes a Python isolate sent raw (a CALL_VALUE
+    frame's, a view of it: copied here, off the loop; JSON holds no bytes), else
+    base64 text. Raises KeyError when absent, ValueError for text that is not base64."""
+    value = a["value"]
+    if isinstance(value, bytes | memoryview):
+        return bytes(value)
+    return base64_bytes(a, "value")
 
 
 def _listed(k: Any) -> dict[str, Any]:

@@ -53,10 +53,11 @@ def gets(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     real = Bindings.call
 
-    def spy(self: Bindings, name: str, args: dict[str, Any], caller: str | None = None) -> Any:
+    def spy(self: Bindings, name: str, args: dict[str, Any], caller: str | None = None,
+            raw: bool = False) -> Any:
         if name == "kv.get":
             seen.append(args)
-        return real(self, name, args, caller)
+        return real(self, name, args, caller, raw)
 
     monkeypatch.setattr(Bindings, "call", spy)
     return seen

@@ -459,16 +459,20 @@ class Session:
             "kind": kind, "message": message[:FunctionError.MAX_MESSAGE],
             "traceback": tb[-wire.MAX_TRACEBACK:]}))
 
-    def _send(self, frame: bytes) -> None:
-        """One whole frame: the handler's threads send too (a frame cut by another's
-        would corrupt the stream)."""
+    def _send(self, *frame: bytes) -> None:
+        """One whole frame, in its parts: the handler's threads send too (a frame cut
+        by another's would corrupt the stream)."""
         with self.send_lock:
-            self.sock.sendall(frame)
+            for part in frame:
+                self.sock.sendall(part)
 
     def call(self, name: str, args: dict[str, Any], wait: bool = False) -> Any:
         """A host call over the same socket; with `wait`, block for its REPLY. Calls
         from the handler's threads take turns: two at once read each other's
-        replies, dropped one as stale, and waited forever."""
+        replies, dropped one as stale, and waited forever. A value given as bytes
+        (``kv.put``, ``kv.cas``: `wire.VALUE_CALLS`) is sent raw after the call's JSON,
+        where ``"value": ""`` holds its place (a CALL_VALUE frame); a value read comes
+        back as bytes (a REPLY_VALUE frame)."""
         if name == "fetch" or name.startswith("ai."):
             traceparent = self.request.headers.get("traceparent") if self.request else None
             if traceparent:
@@ -476,15 +480,23 @@ class Session:
         with self.call_lock:
             self.calls += 1
             call_id = self.calls
+            value = args.get("value") if isinstance(args, dict) else None
+            raw = value if name in wire.VALUE_CALLS and isinstance(value, bytes) else None
+            if raw is not None:  # sent after the JSON, which keeps its place
+                args = {**args, "value": ""}
             try:
                 payload = json.dumps({"id": call_id, "name": name, "args": args,
                                       "wait": wait}, allow_nan=False).encode()
             except ValueError:  # NaN or Infinity: no JSON the PoP reads
                 raise self.sdk.BindingError(f"{name}: its arguments hold NaN or Infinity, "
                                             "which JSON cannot carry") from None
-            if (why := hostcall.refused(payload)) is not None:
-                raise self.sdk.BindingError(f"{name}: {why}")  # the PoP would end this host
-            self._send(wire.frame(wire.CALL, payload))
+            # the PoP would end this host; a raw value counts as its base64 (as before)
+            if (why := hostcall.refused(payload, 0 if raw is None else len(raw))) is not None:
+                raise self.sdk.BindingError(f"{name}: {why}")
+            if raw is not None:
+                self._send(*wire.value_frame(wire.CALL_VALUE, payload, raw))
+            else:
+                self._send(wire.frame(wire.CALL, payload))
             if not wait:
                 return None
             while True:
@@ -494,8 +506,8 @@ class Session:
                 if f[0] == wire.CANCEL:  # the client left while this call waited: its reply
                     self.cancel_seen = True  # (an error, the PoP stopped the call) comes
                     continue  # next; a stream then ends at its next chunk (`_cancelled`)
-                if f[0] == wire.REPLY:
-                    reply = json.loads(f[1])
+                if f[0] in (wire.REPLY, wire.REPLY_VALUE):
+                    reply = _answer(*f)
                     if reply.get("id") != call_id:
                         continue  # the late answer to a call of a request that was cut short
                     if "error" in reply:
@@ -534,6 +546,19 @@ class Session:
         it, since `reap_threads` ends its threads with the request."""
         self.executor = concurrent.futures.ThreadPoolExecutor()
         return self.executor
+
+
+def _answer(kind: bytes, payload: bytes) -> dict[str, Any]:
+    """A REPLY's answer; a REPLY_VALUE's with its value, as bytes, in its result's
+    "value" (its head holds ""). Raises ValueError, `ProtocolError` (the PoP's frame
+    is broken)."""
+    if kind == wire.REPLY:
+        return json.loads(payload)
+    head, value = wire.split_value(payload)
+    reply: dict[str, Any] = json.loads(head)
+    if isinstance(reply.get("result"), dict):
+        reply["result"]["value"] = bytes(value)
+    return reply
 
 
 def _bad_header(items: Any) -> str:

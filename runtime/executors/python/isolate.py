@@ -1,11 +1,12 @@
 """The PoP's side of one subinterpreter: what its frames mean for the job it runs.
 
 An `Isolate` turns READY, RESPONSE, HEAD, CHUNK, END and ERROR frames into a
-job's response (checking it, including `limits.max_response_mb`), passes CALL
-frames to the pool's host-call routing, tells the pool when its host asks to be
-replaced (RETIRE, or an interpreter that fails to restart after recycling), hands
-back a job its fresh interpreter never started, and tells its owner (the host)
-when its socket is gone. Which job it runs is the scheduler's business.
+job's response (checking it, including `limits.max_response_mb`), passes CALL and
+CALL_VALUE frames (a KV write, its value raw) to the pool's host-call routing,
+tells the pool when its host asks to be replaced (RETIRE, or an interpreter that
+fails to restart after recycling), hands back a job its fresh interpreter never
+started, and tells its owner (the host) when its socket is gone. Which job it runs
+is the scheduler's business.
 
 A frame the real guest cannot send then (a second READY from an interpreter
 already serving, a second RETIRE) is forged: it is treated as `garbage`, logged
@@ -50,6 +51,12 @@ RELAXED_BELOW = 64 << 10  # bytes of a frame msgspec refuses that json may still
 SMALL = (wire.READY, wire.RETIRE, wire.ERROR)
 MAX_SMALL_FRAME = 256 << 10
 CALL_ID = re.compile(rb'\{"id": ([0-9]{1,12}),')  # how the SDK's json.dumps starts a CALL
+CALLS = (wire.CALL, wire.CALL_VALUE)
+# bytes of raw values in calls handed on and not answered yet past which an isolate's
+# socket is not read until some are: read raw, 100 forged 16 MiB puts queued 1.4 GB in
+# the PoP in 6 s (the SDK makes one call at a time: a value, and those of calls its cut
+# requests left running)
+MAX_VALUES_WAITING = 64 << 20
 
 # What a guest's ERROR kind becomes: (FunctionError code, HTTP status).
 ERRORS = {"exception": ("trap", 500), "binding": ("binding", 500),
@@ -115,6 +122,7 @@ class Isolate:
         self.turn_calls = 0
         self.backlog: deque[tuple[bytes, bytes]] | None = None
         self.job_paused = False  # the job's reader asked for no more frames (`pause`)
+        self.values_waiting = 0  # bytes of raw values in calls not answered yet
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self.channel.attach(loop)
@@ -137,7 +145,20 @@ class Isolate:
 
     def resume(self) -> None:
         self.job_paused = False
-        if self.backlog is None:
+        self._read_if_free()
+
+    def answered(self, msg: dict[str, Any]) -> None:
+        """Call `msg` (handed on by `_call`, its guest waiting) was answered."""
+        value = msg["args"].get("value") if isinstance(msg.get("args"), dict) else None
+        if isinstance(value, memoryview) and msg.get("wait"):
+            self.values_waiting -= len(value)
+            self._read_if_free()
+
+    def _read_if_free(self) -> None:
+        """Read the socket again unless the job's reader, a backlog of calls or the
+        values of calls not answered yet hold it."""
+        if not self.job_paused and self.backlog is None \
+                and self.values_waiting <= MAX_VALUES_WAITING:
             self.channel.resume_reading()
 
     def close(self) -> None:
@@ -162,7 +183,7 @@ class Isolate:
         if self.backlog is not None:
             self.backlog.append((kind, payload))
             return
-        if kind == wire.CALL:
+        if kind in CALLS:
             if self.turn_calls >= CALLS_PER_TURN:
                 self.backlog = deque([(kind, payload)])
                 self.channel.pause_reading()
@@ -177,12 +198,11 @@ class Isolate:
         self.turn_calls = 0
         backlog, self.backlog = self.backlog, None
         while backlog and self.state != "dead":
-            if backlog[0][0] == wire.CALL and self.turn_calls >= CALLS_PER_TURN:
+            if backlog[0][0] in CALLS and self.turn_calls >= CALLS_PER_TURN:
                 self.backlog = backlog  # the next turn goes on (it is scheduled)
                 return
             self.frame(*backlog.popleft())
-        if not self.job_paused:
-            self.channel.resume_reading()
+        self._read_if_free()
 
     def _frame(self, kind: bytes, payload: bytes) -> None:
         if kind in SMALL and len(payload) > MAX_SMALL_FRAME:  # before it is parsed
@@ -198,18 +218,9 @@ class Isolate:
             self.retire_sent = True
             self.owner.events.retiring(self, said(str(read_json(payload).get("why", ""))))
         elif kind == wire.CALL:
-            if (why := hostcall.refused(payload)) is not None:
-                # the SDK refuses such a call before sending it: only a forged frame
-                self.garbage(ProtocolError(f"a host call the SDK would not send: {why}"))
-                return
-            msg = read_json(payload)
-            if not msg and (m := CALL_ID.match(payload)) is not None:  # answer, not drop:
-                # its guest waits for the reply (to its wall limit, had it been dropped)
-                self.send(wire.json_frame(wire.REPLY, {"id": int(m[1]), "error": (
-                    "the call's arguments are JSON the PoP does not read (a lone "
-                    "surrogate in a string?)")}))
-                return
-            self.owner.events.call(self, msg)
+            self._call(payload)
+        elif kind == wire.CALL_VALUE:
+            self._call_value(payload)
         elif self.job is None:
             return  # a late frame of a job that already ended
         elif kind == wire.RESPONSE:
@@ -224,6 +235,42 @@ class Isolate:
             self._error(read_json(payload))
 
     # -- frames ---------------------------------------------------------------------------------
+    def _call(self, payload: bytes, value: memoryview | None = None) -> None:
+        """A host call: its JSON `payload`, and the `value` a CALL_VALUE carried raw
+        (counted as the base64 it was in JSON, so the bounds are those of a CALL)."""
+        if (why := hostcall.refused(payload, 0 if value is None else len(value))) is not None:
+            # the SDK refuses such a call before sending it: only a forged frame
+            self.garbage(ProtocolError(f"a host call the SDK would not send: {why}"))
+            return
+        msg = read_json(payload)
+        if not msg and (m := CALL_ID.match(payload)) is not None:  # answer, not drop:
+            # its guest waits for the reply (to its wall limit, had it been dropped)
+            self.send(wire.json_frame(wire.REPLY, {"id": int(m[1]), "error": (
+                "the call's arguments are JSON the PoP does not read (a lone "
+                "surrogate in a string?)")}))
+            return
+        if value is not None:
+            args = msg.get("args")
+            if msg.get("name") not in wire.VALUE_CALLS or not isinstance(args, dict):
+                self.garbage(ProtocolError(f"a value frame for a call the SDK sends as JSON "
+                                           f"({said(str(msg.get('name')), 64)})"))
+                return
+            msg["args"] = {**args, "value": value}  # where the SDK's JSON holds ""
+            if msg.get("wait"):  # else it is dropped unanswered (`HostCalls.handle`)
+                self.values_waiting += len(value)
+        self.owner.events.call(self, msg)  # may answer it at once (`answered`)
+        if self.values_waiting > MAX_VALUES_WAITING:
+            self.channel.pause_reading()
+
+    def _call_value(self, payload: bytes) -> None:
+        """A CALL_VALUE frame: a head whose length lies is forged (the SDK writes it)."""
+        try:
+            head, value = wire.split_value(payload)
+        except ProtocolError as e:
+            self.garbage(e)
+            return
+        self._call(head, value)
+
     def _ready(self, info: dict[str, Any]) -> None:
         if info.get("ok"):
             if not self.fresh:  # it serves already: no interpreter started since its last READY

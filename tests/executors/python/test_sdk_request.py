@@ -107,8 +107,9 @@ def test_a_response_takes_a_fetch_responses_headers_and_a_dict_s_names_once() ->
 
 def test_a_value_that_is_not_bytes_or_str_is_named() -> None:
     """`kv.put("k", 5)` raised "a bytes-like object is required, not 'int'" from inside
-    the SDK's base64 step."""
+    the SDK's base64 step (`bytes(5)` would store five NUL bytes)."""
     sdk = load_sdk()
     with pytest.raises(TypeError, match="expected bytes or str, got int"):
-        sdk._b64(5)
-    assert sdk._b64("hi") == sdk._b64(b"hi") == sdk._b64(bytearray(b"hi")) == "aGk="
+        sdk._bytes(5)
+    hi = [sdk._bytes(v) for v in ("hi", b"hi", bytearray(b"hi"), memoryview(b"hi"))]
+    assert hi == [b"hi"] * 4 and {type(v) for v in hi} == {bytes}

@@ -275,10 +275,11 @@ class FetchResponse:
 
 
 class KV:
-    """A KV namespace. Values are bytes (str is stored as UTF-8). Each call is one
-    round trip to the PoP, except a `get` the host may serve in place (README: KV
-    reads in the isolate host); errors (an undeclared namespace, a value too large)
-    raise `BindingError` with the PoP's message."""
+    """A KV namespace. Values are bytes (str is stored as UTF-8), sent and received
+    as they are (not base64). Each call is one round trip to the PoP, except a `get`
+    the host may serve in place (README: KV reads in the isolate host); errors (an
+    undeclared namespace, a value too large) raise `BindingError` with the PoP's
+    message."""
 
     def __init__(self, namespace: str, call: Any, reader: Any = None) -> None:
         self.namespace = namespace
@@ -299,13 +300,13 @@ class KV:
     def get_with_metadata(self, key: str) -> dict[str, Any] | None:
         """{"value", "metadata", "version", "expires_at"} or None."""
         entry = self._do("get", key=key)
-        if entry is not None:
+        if entry is not None and isinstance(entry["value"], str):  # in a JSON reply: base64
             entry["value"] = base64.b64decode(entry["value"])
         return entry
 
     def put(self, key: str, value: bytes | str, *, ttl: float | None = None,
             metadata: dict[str, Any] | None = None) -> int:
-        return self._do("put", key=key, value=_b64(value), ttl=ttl, metadata=metadata)
+        return self._do("put", key=key, value=_bytes(value), ttl=ttl, metadata=metadata)
 
     def delete(self, key: str) -> bool:
         return self._do("delete", key=key)
@@ -315,7 +316,8 @@ class KV:
 
     def cas(self, key: str, expected_version: int | None, value: bytes | str) -> int | None:
         """Write only if the key is at `expected_version` (None: absent)."""
-        return self._do("cas", key=key, expected_version=expected_version, value=_b64(value))
+        return self._do("cas", key=key, expected_version=expected_version,
+                        value=_bytes(value))
 
     def list(self, prefix: str = "", cursor: str | None = None, limit: int = 100) -> dict:
         """{"keys": [{"key", "metadata", "expires_at"}], "cursor"}: pass "cursor" back
@@ -401,10 +403,11 @@ class ChatStream:
             self.result = out["done"]
 
 
-def _b64(value: bytes | str) -> str:
-    """Raises TypeError naming what was passed (bytes, bytearray or str are stored)."""
+def _bytes(value: bytes | str) -> bytes:
+    """A value as the call sends it (raw, after the call's JSON). Raises TypeError
+    naming what was passed (bytes, bytearray, memoryview or str are stored)."""
     if isinstance(value, str):
-        value = value.encode()
-    elif not isinstance(value, (bytes, bytearray, memoryview)):
+        return value.encode()
+    if not isinstance(value, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected bytes or str, got {type(value).__name__}")
-    return base64.b64encode(value).decode()
+    return bytes(value)
