@@ -56,6 +56,20 @@ class Owner:
         self.killed = True
 
 
+class Sink:
+    """An isolate as `HostCalls` sees it: the frames sent, the calls answered."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.answered_ids: list[Any] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def answered(self, msg: dict[str, Any]) -> None:
+        self.answered_ids.append(msg["id"])
+
+
 def test_a_flood_of_calls_is_answered_a_share_per_loop_turn_in_order() -> None:
     async def go() -> tuple[Owner, int]:
         loop = asyncio.get_running_loop()
@@ -101,17 +115,6 @@ def test_calls_sent_without_waiting_are_dropped_except_log() -> None:
     def bindings(name: str, args: dict[str, Any], caller: str | None, raw: bool = False) -> Any:
         called.append(name)
         return {"ok": True}
-
-    class Sink:
-        def __init__(self) -> None:
-            self.sent: list[bytes] = []
-            self.answered_ids: list[Any] = []
-
-        def send(self, data: bytes) -> None:
-            self.sent.append(data)
-
-        def answered(self, msg: dict[str, Any]) -> None:
-            self.answered_ids.append(msg["id"])
 
     calls, sink = HostCalls(CFG, bindings), Sink()  # type: ignore[arg-type]
     for i in range(1000):
@@ -240,17 +243,6 @@ def test_a_kv_read_is_answered_with_its_value_raw() -> None:
         asked.append((name, raw))
         return {"value": value if raw else "base64", "metadata": {"m": [1]}, "version": 3,
                 "expires_at": None}
-
-    class Sink:
-        def __init__(self) -> None:
-            self.sent: list[bytes] = []
-            self.answered_ids: list[Any] = []
-
-        def send(self, data: bytes) -> None:
-            self.sent.append(data)
-
-        def answered(self, msg: dict[str, Any]) -> None:
-            self.answered_ids.append(msg["id"])
 
     calls, sink = HostCalls(CFG, bindings), Sink()
     calls.handle(sink, {"id": 4, "name": "kv.get", "args": {"key": "k"}, "wait": True})
