@@ -136,7 +136,9 @@ def test_a_wasi_exit_status_other_than_0_is_a_trap(engine: WasmEngine, tmp_path:
                                                    result: tuple[int, bytes] | None) -> None:
     src = wasi(f"""(drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))
       (call $proc_exit (i32.const {code}))""", HEADER)
-    fn = load(engine, function_dir(tmp_path, "exit", src))
+    # not a test of limits: epochs count wall time, and CI once preempted this run past
+    # the default 50 ms
+    fn = load(engine, function_dir(tmp_path, "exit", src, limits="cpu_ms = 2000"))
     if result is None:
         err = failure(fn)
         assert (err.code, err.status, str(err)) == ("trap", 500, f"exited with status {code}")
