@@ -19,6 +19,7 @@ import msgspec
 
 from edgefn_core.errors import DataDirBusy, InvalidConfig, WorkerError
 from edgefn_core.secret_file import secret_file
+from runtime import boot_heap
 from runtime.admin.client import PopInfo
 from runtime.admin.thread import AdminThread
 from runtime.ai.service import AIService
@@ -132,7 +133,8 @@ async def running_worker(config: PopConfig, role: Role | None
             _purge_expired(pop, config.stores.purge_interval)) if admin is not None else None
         shipper = _ship_samples(pop) if admin is not None else None
         try:
-            yield pop, public, admin
+            with boot_heap.frozen():
+                yield pop, public, admin
         finally:
             for task in (purger, shipper):
                 if task is not None:
