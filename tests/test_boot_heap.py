@@ -12,7 +12,9 @@ from pathlib import Path
 
 from tests.support import EXAMPLES, Running, pop_thread
 
-COLLECTION_MS = 15  # unfrozen: 60-200 ms over this process's heap (2 loaded cores)
+# frozen, on 2 cores loaded 5x over: collections 0.4-0.6 ms, the loop's lag 0.3-4 ms;
+# unfrozen there: collections of 366-1145 ms over this process's ~180k objects
+COLLECTION_MS = 10
 LAG_MS = 25  # how late a 5 ms timer on the PoP's loop may fire meanwhile
 
 
@@ -47,8 +49,8 @@ def test_a_full_collection_barely_delays_a_running_pops_loop(tmp_path: Path) -> 
         time.sleep(0.05)
         stop.set()
         assert pop.get("/hello")[0] == 200
-    assert max(took) < COLLECTION_MS, took
     assert len(lags) > 20 and max(lags) < LAG_MS, max(lags)
+    assert max(took) < COLLECTION_MS, took
 
 
 def test_the_heap_is_frozen_while_a_pop_runs_and_unfrozen_after(tmp_path: Path) -> None:
