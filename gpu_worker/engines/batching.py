@@ -6,10 +6,23 @@ each rule has a unit test without a model (the split vLLM makes between
 ``EngineCore``, the step, and the process around it).
 
 - Admission is FIFO into free sequence slots while a request's prompt plus
-  ``max_tokens`` fits in the KV cache next to what is already running; the
-  first request that does not fit waits, and everything behind it waits too.
+  `HEADROOM` tokens fits in the KV cache next to what the running sequences
+  use (their prompts and the tokens generated so far, not their
+  ``max_tokens``); the first request that does not fit waits, and everything
+  behind it waits too. A lone sequence is admitted whatever its size.
+- KV use grows as sequences generate. When the next step's tokens do not fit,
+  running sequences are preempted (vLLM's recompute preemption): one paused
+  for credit first, else the most recently admitted; a lone sequence never
+  is. A preempted sequence drops its slot and KV cells and goes back to the
+  front of the queue with its prompt plus its output so far as the prompt to
+  feed again; readmitted (before any new request, once its reader has given it
+  credit), it goes on where it stopped: its sampler, stop-text state and token
+  count are kept, and nothing already sent is sent again.
+- A sequence paused for credit longer than `PAUSE_GRACE` seconds is preempted
+  too when the queue's head cannot be admitted without its slot or cells, so
+  slow readers never hold the model idle while others wait.
 - Every running sequence with flow-control credit gets one new token per step;
-  one without credit sits the step out (it keeps its slot and KV budget).
+  one without credit sits the step out.
 - Prompts are fed in chunks within the step's token budget (llama.cpp's
   ``n_batch``), after the running sequences' tokens, so a long prompt never
   stalls the streams already running.
@@ -33,6 +46,8 @@ if TYPE_CHECKING:
     from . import Sink
 
 STEP_TOKENS = 512  # tokens per decode call (llama.cpp's n_batch)
+HEADROOM = 16  # KV tokens beyond its prompt that must be free to admit a sequence
+PAUSE_GRACE = 1.0  # seconds paused for credit before a sequence yields to waiting ones
 
 Item = tuple[int, int, int, bool]  # (token, position, sequence slot, wants logits)
 
@@ -64,7 +79,10 @@ class Seq:
                  shaping: Shaping | None = None) -> None:
         self.rid = req.id
         self.sink = sink
-        self.prompt = prompt
+        self.prompt = prompt  # to feed: the request's, then its output too once preempted
+        self.prompt_tokens = len(prompt)  # the request's own (its usage)
+        self.output: list[int] = []  # tokens sampled and fed back, re-fed once preempted
+        self.preempted = False  # it ran before: its wait is not an admission wait
         self.adapter = adapter
         self.scale = scale
         self.max_tokens = req.max_tokens
@@ -75,6 +93,7 @@ class Seq:
         self.logprobs = req.logprobs  # top alternatives per token; None: no logprobs
         self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not sent yet
         self.credit = req.window  # chunks it may send before the client reads them
+        self.paused_at = time.perf_counter()  # when its credit last ran out (or it began)
         self.slot = -1
         self.fed = 0  # prompt tokens decoded so far
         self.pos = 0
@@ -84,9 +103,9 @@ class Seq:
         self.submitted = self.last_token_at = time.perf_counter()
 
     @property
-    def reserve(self) -> int:
-        """KV cache tokens this sequence may fill: its prompt plus ``max_tokens``."""
-        return len(self.prompt) + self.max_tokens
+    def footprint(self) -> int:
+        """KV cache tokens it holds, or will hold once its whole prompt is fed."""
+        return max(len(self.prompt), self.pos)
 
     @property
     def prefilled(self) -> bool:
@@ -106,7 +125,21 @@ class Seq:
         if self.generated >= self.max_tokens:
             return text, "length"
         self.last = token
+        self.output.append(token)
         return text, None
+
+    def spend(self, now: float) -> None:
+        """One chunk sent at `now` (a ``perf_counter`` time): one credit less."""
+        self.credit -= 1
+        if self.credit == 0:
+            self.paused_at = now
+
+    def rewind(self) -> None:
+        """Drop its KV progress (preempted): its prompt and output so far are fed
+        again, and sampling the last of them gives its next token."""
+        self.prompt = self.prompt[:self.prompt_tokens] + self.output
+        self.fed = self.pos = 0
+        self.preempted = True
 
 
 class Step:
@@ -127,80 +160,164 @@ class Step:
 class Scheduler:
     """The waiting queue, the running set, the sequence slots and the KV budget.
 
-    `slots` sequences run at most; together they reserve at most `kv_tokens`
-    cache tokens (a lone sequence is admitted whatever its size: the engine
-    refuses requests larger than the context before they get here). A sequence
-    waits at most `max_wait` seconds for its turn (`overdue`; None: no bound).
+    `slots` sequences run at most; together they hold at most `kv_tokens` cache
+    tokens (a lone sequence runs whatever its size: the engine refuses requests
+    whose prompt plus ``max_tokens`` is larger than the context before they get
+    here). A new sequence waits at most `max_wait` seconds for its turn
+    (`overdue`; None: no bound); a preempted one is never turned away.
     """
 
     def __init__(self, slots: int, kv_tokens: int, step_tokens: int = STEP_TOKENS,
-                 max_wait: float | None = None) -> None:
+                 max_wait: float | None = None, headroom: int = HEADROOM,
+                 pause_grace: float = PAUSE_GRACE) -> None:
         self.kv_tokens = kv_tokens
         self.max_wait = max_wait
         self.step_tokens = step_tokens
+        # a token per slot at least: the step after an admission never preempts
+        self.headroom = max(headroom, slots)
+        self.pause_grace = pause_grace
         self.waiting: deque[Seq] = deque()
-        self.running: dict[int, Seq] = {}
+        self.preempted: dict[int, Seq] = {}  # the waiting sequences that ran before
+        self.running: dict[int, Seq] = {}  # in admission order
         self.free_slots = list(range(slots))
-        self.reserved = 0  # KV tokens reserved by the running sequences
+        self.preemptions = 0
+
+    @property
+    def in_use(self) -> int:
+        """KV tokens the running sequences hold, or will once their prompts are fed."""
+        return sum(s.footprint for s in self.running.values())
 
     def add(self, seqs: Iterable[Seq]) -> None:
         """Queue new sequences behind those already waiting."""
         self.waiting.extend(seqs)
 
     def credit(self, rid: int, n: int) -> None:
-        """Give running sequence `rid` credit for `n` more chunks; other ids are ignored."""
-        if rid in self.running:
-            self.running[rid].credit += n
+        """Give sequence `rid` (running, or waiting after a preemption) credit for `n`
+        more chunks; other ids are ignored."""
+        s = self.running.get(rid) or self.preempted.get(rid)
+        if s is not None:
+            s.credit += n
 
-    def has_work(self) -> bool:
-        """Whether a step may do something: a waiting sequence that `admit` would take
-        now (a free slot, and room in the KV budget), or a running sequence with
-        credit. Otherwise the thread sleeps until something changes."""
-        return self._can_admit() or any(s.credit > 0 for s in self.running.values())
+    def has_work(self, now: float | None = None) -> bool:
+        """Whether a step may do something at `now` (a ``perf_counter`` time): admit
+        the queue's head, preempt paused sequences for it (`evict_paused`), or run
+        a sequence with credit. Otherwise the thread sleeps until something changes
+        or `next_wake`."""
+        now = time.perf_counter() if now is None else now
+        head = self._head()
+        return (head is not None and self._admits(head)) \
+            or any(s.credit > 0 for s in self.running.values()) \
+            or bool(self._paused_victims(now))
 
-    def _can_admit(self) -> bool:
-        if not (self.waiting and self.free_slots):
-            return False
-        return not self.running or self.reserved + self.waiting[0].reserve <= self.kv_tokens
+    def _head(self) -> Seq | None:
+        """The waiting sequence to admit next: the first, passing over preempted ones
+        whose reader has given them no credit since (they would only pause again)."""
+        return next((s for s in self.waiting if s.credit > 0 or not s.preempted), None)
+
+    def _admits(self, s: Seq) -> bool:
+        """Whether `s` fits now: a free slot, and its prompt plus the headroom next
+        to what the running sequences use (or nothing runs)."""
+        return bool(self.free_slots) and self._fits(s, self.in_use, len(self.running))
+
+    def _fits(self, s: Seq, in_use: int, running: int) -> bool:
+        return not running or in_use + len(s.prompt) + self.headroom <= self.kv_tokens
 
     def admit(self) -> list[Seq]:
-        """Move waiting sequences into free slots, FIFO, while they fit the KV budget.
-        Returns those admitted, in order."""
+        """Move waiting sequences into free slots, FIFO (preempted ones are at the
+        front), while they fit. Returns those admitted, in order."""
         admitted: list[Seq] = []
         # FIFO: while the head does not fit, later requests wait behind it, not overtake
-        while self._can_admit():
-            s = self.waiting.popleft()
+        while (s := self._head()) is not None and self._admits(s):
+            self.waiting.remove(s)
+            self.preempted.pop(s.rid, None)
             s.slot = self.free_slots.pop()
-            self.reserved += s.reserve
             self.running[s.rid] = s
             admitted.append(s)
         return admitted
 
-    def overdue(self, now: float) -> list[Seq]:
-        """Take out of the queue the sequences that have waited `max_wait` seconds
-        or more by `now` (a ``perf_counter`` time), oldest first: under overload a
-        request is told early that the model is busy, rather than timing out after
-        minutes behind the others."""
+    def make_room(self) -> list[Seq]:
+        """Preempt running sequences until the next step's new tokens (one for each
+        sequence past its prompt with credit) fit in the KV cache: one paused for
+        credit first (the longest paused), else the most recently admitted; never
+        a lone one. Returns those preempted, whose `slot` still names the slot
+        whose KV cells the caller must clear before the next decode."""
         out: list[Seq] = []
-        if self.max_wait is None:
-            return out
-        cutoff = now - self.max_wait
-        while self.waiting and self.waiting[0].submitted <= cutoff:  # FIFO: oldest first
-            out.append(self.waiting.popleft())
+        while len(self.running) > 1 and self.in_use + self._growth() > self.kv_tokens:
+            paused = [s for s in self.running.values() if s.credit <= 0]
+            victim = min(paused, key=lambda s: s.paused_at) if paused \
+                else next(reversed(self.running.values()))
+            self._preempt(victim)
+            out.append(victim)
         return out
 
-    def next_overdue(self) -> float | None:
-        """When (``perf_counter``) the oldest waiting sequence becomes overdue; None
-        if none is waiting or waits are not bounded."""
-        if self.max_wait is None or not self.waiting:
-            return None
-        return self.waiting[0].submitted + self.max_wait
+    def _growth(self) -> int:
+        return sum(1 for s in self.running.values() if s.credit > 0 and s.prefilled)
+
+    def evict_paused(self, now: float) -> list[Seq]:
+        """Preempt sequences paused for credit `pause_grace` seconds or more by `now`
+        (a ``perf_counter`` time), the longest paused first, when that lets the
+        queue's head in; none otherwise. Returns them as `make_room` does."""
+        victims = self._paused_victims(now)
+        for s in victims:
+            self._preempt(s)
+        return victims
+
+    def _paused_victims(self, now: float) -> list[Seq]:
+        head = self._head()
+        if head is None or self._admits(head):
+            return []
+        paused = sorted((s for s in self.running.values()
+                         if s.credit <= 0 and s.paused_at + self.pause_grace <= now),
+                        key=lambda s: s.paused_at)
+        slots, in_use, running = len(self.free_slots), self.in_use, len(self.running)
+        for n, s in enumerate(paused, 1):
+            slots, in_use, running = slots + 1, in_use - s.footprint, running - 1
+            if self._fits(head, in_use, running):
+                return paused[:n]
+        return []
+
+    def _preempt(self, s: Seq) -> None:
+        del self.running[s.rid]
+        self.free_slots.append(s.slot)
+        s.rewind()
+        self.waiting.appendleft(s)
+        self.preempted[s.rid] = s
+        self.preemptions += 1
+
+    def overdue(self, now: float) -> list[Seq]:
+        """Take out of the queue the new sequences that have waited `max_wait`
+        seconds or more by `now` (a ``perf_counter`` time), oldest first: under
+        overload a request is told early that the model is busy, rather than timing
+        out after minutes behind the others. A preempted sequence has streamed
+        already: it waits for its turn again, however long."""
+        if self.max_wait is None:
+            return []
+        cutoff = now - self.max_wait
+        out = [s for s in self.waiting if not s.preempted and s.submitted <= cutoff]
+        for s in out:
+            self.waiting.remove(s)
+        return out
+
+    def next_wake(self, now: float | None = None) -> float | None:
+        """When (``perf_counter``) the scheduler has something to do without news:
+        the oldest new waiting sequence becomes overdue, or a sequence paused for
+        credit may yield to the queue's head. None: nothing to wait for."""
+        now = time.perf_counter() if now is None else now
+        times: list[float] = []
+        first = next((s for s in self.waiting if not s.preempted), None)
+        if first is not None and self.max_wait is not None:
+            times.append(first.submitted + self.max_wait)
+        if self.waiting:
+            times += [at for s in self.running.values()
+                      if s.credit <= 0 and (at := s.paused_at + self.pause_grace) > now]
+        return min(times, default=None)
 
     def unqueue(self, rid: int) -> Seq | None:
         """Remove waiting sequence `rid` from the queue; None if it is not waiting."""
         for s in self.waiting:
             if s.rid == rid:
                 self.waiting.remove(s)
+                self.preempted.pop(rid, None)
                 return s
         return None
 
@@ -209,7 +326,6 @@ class Scheduler:
         Raises `KeyError` if it is not running."""
         del self.running[s.rid]
         self.free_slots.append(s.slot)
-        self.reserved -= s.reserve
 
     def groups(self, per_seq: bool = False) -> list[list[Seq]]:
         """The running sequences with credit, grouped by adapter (one decode call

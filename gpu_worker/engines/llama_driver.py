@@ -215,13 +215,19 @@ class Driver:
             os._exit(70)
 
     def _iterate(self) -> None:
-        """Admit what fits, then one decode call per adapter group."""
+        """Preempt sequences paused for credit that the queue waits on, admit what
+        fits, preempt what the next step's tokens do not leave room for, then one
+        decode call per adapter group."""
+        self._forget(self.sched.evict_paused(time.perf_counter()))
         for s in self.sched.admit():
+            if s.sampler is not None:  # preempted before: its sampler's state goes on
+                continue
             try:
                 s.sampler = self.lm.sampler(s.temperature, s.top_p, s.top_k, s.seed, s.shaping)
             except EngineError as e:  # e.g. a grammar llama.cpp refuses: this request only
                 self.sched.release(s)
                 self._send(s.sink.error, e.code, str(e), e.status)
+        self._forget(self.sched.make_room())
         groups = self.sched.groups(self.lm.per_seq)
         if not groups:  # sequences paused for credit still hold their slots
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))
@@ -229,14 +235,23 @@ class Driver:
             self._step(group)
         self._retire()
 
+    def _forget(self, preempted: list[Seq]) -> None:
+        """Clear the KV cells of preempted sequences' old slots (before the next
+        decode, which may need the cells or reuse the slot). Their samplers hold
+        no KV state: kept, so a resumed sequence samples as if never stopped."""
+        for s in preempted:
+            self.lm.forget(s.slot)
+            log.debug("request %d preempted after %d tokens (%d waiting); it is recomputed "
+                     "when readmitted", s.rid, s.generated, len(self.sched.waiting))
+
     def _take(self) -> bool:
         """Wait for work, then apply what the loop posted. Returns False when stopping."""
-        mail = self.mailbox.take(self.sched.has_work, self.sched.next_overdue)
+        mail = self.mailbox.take(self.sched.has_work, self.sched.next_wake)
         if mail is None:
             return False
         self.sched.add(mail.seqs)
         for s in mail.seqs:
-            self.metrics.request(len(s.prompt))
+            self.metrics.request(s.prompt_tokens)
         self._turn_away(self.sched.overdue(time.perf_counter()))
         for rid, n in mail.credits.items():
             self.sched.credit(rid, n)
@@ -277,7 +292,9 @@ class Driver:
         if rid in self.sched.running:
             self._finish(self.sched.running[rid], "cancelled")
         elif (s := self.sched.unqueue(rid)) is not None:
-            self._send(s.sink.done, "cancelled", len(s.prompt), 0)
+            if s.sampler is not None:  # preempted: its KV is gone already
+                self.lm.free_sampler(s.sampler)
+            self._send(s.sink.done, "cancelled", s.prompt_tokens, s.generated)
 
     def _load_adapter(self, command: LoadAdapter) -> None:
         try:
@@ -329,7 +346,7 @@ class Driver:
     def _emit(self, s: Seq, text: str) -> None:
         if not text:
             return
-        s.credit -= 1
+        s.spend(time.perf_counter())
         if s.logprobs is None:
             self._send(s.sink.chunk, text, 1)
         else:  # the logprobs of the tokens this text comes from
@@ -345,7 +362,7 @@ class Driver:
         if reason != "cancelled":
             self._emit(s, s.stop.flush())
         self._release(s)
-        self._send(s.sink.done, reason, len(s.prompt), s.generated)
+        self._send(s.sink.done, reason, s.prompt_tokens, s.generated)
 
     def _fail(self, s: Seq, message: str) -> None:
         self._release(s)

@@ -4,14 +4,16 @@ and per-request LoRA adapters.
 This module is the engine's event-loop side: it loads the model, checks and
 tokenizes requests, and posts them to the scheduler thread. The parts:
 
-- `batching`: the policy (admission within the KV budget, FIFO, chunked
-  prefill within a per-step token budget, credit, adapter groups);
+- `batching`: the policy (admission by KV use, FIFO, preemption when the KV
+  cache fills or a slow reader holds a slot others wait for, chunked prefill
+  within a per-step token budget, credit, adapter groups);
 - `llama_driver`: the scheduler thread that runs that policy over the model,
   one step after another, and hands output back to the loop;
 - `llama_model`: the native llama.cpp calls.
 
 Each step admits waiting requests into free sequence slots (FIFO, while their
-prompt plus ``max_tokens`` fits in the KV cache), then runs one decode per
+prompt fits in the KV cache next to what the running ones use; a sequence that
+outgrows the cache preempts another, recomputed later), then runs one decode per
 adapter group: every running sequence gets one new token per step, and prompts
 are fed in chunks within a per-step token budget so a long prompt never stalls
 the streams already running. Requests join and leave the batch between steps.

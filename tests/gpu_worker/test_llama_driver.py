@@ -4,6 +4,7 @@ model: no llama.cpp and no socket, a real thread and event loop."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Any
 
@@ -19,13 +20,32 @@ from gpu_worker.stops import StopText
 EOG = 0
 
 
+class FakeSampler:
+    """A seeded draw per token, as llama.cpp's dist sampler: its state moves on."""
+
+    def __init__(self, temperature: float, seed: int) -> None:
+        self.rng = random.Random(seed) if temperature > 0 else None
+
+    def draw(self) -> int:
+        return self.rng.randrange(5) if self.rng is not None else 0
+
+
 class FakeModel:
     """Samples ``prompt[0] + n`` for a sequence's n-th output token; a prompt of
     `EOG` tokens samples `EOG`, which ends a generation; token t's text is
-    ``"<t>"``. Records each decode as (adapter, items)."""
+    ``"<t>"``. Records each decode as (adapter, items).
 
-    def __init__(self, sched: Scheduler, fail_decode: int = 0, per_seq: bool = False) -> None:
+    Keeps KV cells per slot, `kv_tokens` at most: a token must come at its slot's
+    next position, and a slot is cleared by `forget` (`faults` lists each breach;
+    its decode fails). With `history`, a token is sampled from every token in its
+    slot's cells up to its row (and the sampler's seeded draw), as a model does."""
+
+    def __init__(self, sched: Scheduler, fail_decode: int = 0, per_seq: bool = False,
+                 history: bool = False) -> None:
         self.sched = sched
+        self.history = history
+        self.kv: dict[int, list[int]] = {}  # slot -> the tokens in its cells, by position
+        self.faults: list[str] = []
         self.per_seq = per_seq
         self.selected: dict[int, tuple[str | None, float]] = {}  # slot -> (adapter, scale)
         self.fail_decode = fail_decode
@@ -42,7 +62,7 @@ class FakeModel:
                 shaping: Any = None) -> Any:
         if shaping is not None and shaping.grammar == "refused":
             raise EngineError("invalid_request", 400, "llama.cpp refused the grammar")
-        self.made.append(object())
+        self.made.append(FakeSampler(temperature, seed))
         return self.made[-1]
 
     def free_sampler(self, sampler: Any) -> None:
@@ -60,10 +80,23 @@ class FakeModel:
         if self.per_seq:  # every token's sequence had its adapter chosen for this call
             assert {slot for _, _, slot, _ in items} <= set(self.selected)
         self.decodes.append((self.adapter, list(items)))
+        for tok, pos, slot, _ in items:
+            cells = self.kv.setdefault(slot, [])
+            if pos != len(cells):
+                self.faults.append(f"slot {slot} fed position {pos} after {len(cells)} cells")
+                return -1
+            cells.append(tok)
+        if sum(map(len, self.kv.values())) > self.sched.kv_tokens:
+            self.faults.append("the KV cache overflowed")
+            return 1
         return self.fail_decode
 
     def sample(self, sampler: Any, index: int) -> int:
-        slot = self.decodes[-1][1][index][2]
+        _, pos, slot, _ = self.decodes[-1][1][index]
+        if self.history:
+            cells = self.kv[slot][:pos + 1]
+            return 10 + sum((i + 1) * t for i, t in enumerate(cells)) % 97 + sampler.draw()
+
         s = next(s for s in self.sched.running.values() if s.slot == slot)
         return EOG if s.prompt[0] == EOG else s.prompt[0] + s.generated + 1
 
@@ -75,6 +108,7 @@ class FakeModel:
 
     def forget(self, seq: int) -> None:
         self.forgotten.append(seq)
+        self.kv.pop(seq, None)
 
     def load_adapter(self, name: str, path: str) -> None:
         if not path.endswith(".gguf"):
@@ -119,9 +153,10 @@ class Rig:
 
     def __init__(self, slots: int = 4, kv_tokens: int = 1000, fail_decode: int = 0,
                  per_seq: bool = False, max_wait: float | None = None,
-                 step_limit: float = 60.0) -> None:
-        self.sched = Scheduler(slots, kv_tokens, max_wait=max_wait)
-        self.lm = FakeModel(self.sched, fail_decode, per_seq)
+                 step_limit: float = 60.0, history: bool = False,
+                 pause_grace: float = 1.0) -> None:
+        self.sched = Scheduler(slots, kv_tokens, max_wait=max_wait, pause_grace=pause_grace)
+        self.lm = FakeModel(self.sched, fail_decode, per_seq, history)
         self.wedged: list[float] = []
         self.driver = Driver(self.lm, self.sched, Metrics(), "test-llama", step_limit,
                              self.wedged.append)
@@ -151,7 +186,7 @@ def test_a_sampler_the_model_refuses_fails_only_its_request() -> None:
         assert await bad.result() == ("error", "invalid_request",
                                       "llama.cpp refused the grammar", 400)
         assert await good.result() == ("done", "length", 3, 2)
-        assert r.sched.reserved == 0 and not r.sched.running and len(r.sched.free_slots) == 4
+        assert r.sched.in_use == 0 and not r.sched.running and len(r.sched.free_slots) == 4
         assert len({item[2] for _, items in r.lm.decodes for item in items}) == 1  # good's
         r.close()
 
@@ -170,7 +205,7 @@ def test_sequences_stream_until_max_tokens_or_end_of_generation() -> None:
         assert len(r.lm.forgotten) == 2
         assert len(r.lm.made) == len(r.lm.freed) == 2  # each sampler made is freed once
         assert {id(x) for x in r.lm.freed} == {id(x) for x in r.lm.made}
-        assert r.sched.reserved == 0 and not r.sched.running
+        assert r.sched.in_use == 0 and not r.sched.running
         r.close()
 
     asyncio.run(go())
@@ -337,7 +372,7 @@ def test_a_failed_decode_fails_the_group_with_an_internal_error() -> None:
         sink = r.submit(1, first=10)
         code, message, status = (await sink.result())[1:]
         assert (code, status) == ("internal", 500) and "status -3" in message
-        assert not r.sched.running and r.sched.reserved == 0
+        assert not r.sched.running and r.sched.in_use == 0
         r.close()
 
     asyncio.run(go())
@@ -406,3 +441,78 @@ def test_logprobs_sent_with_a_stopped_text_are_only_its_own_tokens() -> None:
     assert covering(entries, "") == []
     straddle = [TokenLogprob(b"xab", -0.1), TokenLogprob(b"c", -0.1)]
     assert covering(straddle, "x") == straddle[:1]  # its text began in that token
+
+
+# -- preemption ------------------------------------------------------------------------------
+
+async def streamed(r: Rig, **params: Any) -> list[tuple[list[str], tuple[Any, ...]]]:
+    """Two generations of 40 tokens on `r`, read as they come: each one's chunks and end."""
+    sinks = [r.submit(1, first=10, max_tokens=40, **params),
+             r.submit(2, first=20, max_tokens=40, **params)]
+    return [(s.chunks, await s.result()) for s in sinks]
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0}, {"temperature": 0.8, "seed": 7}],
+                         ids=["greedy", "seeded"])
+def test_a_preempted_sequence_streams_what_an_uninterrupted_one_does(
+        params: dict[str, Any]) -> None:
+    """60 KV cells hold both prompts (3 each) but not both outputs: the newer one is
+    preempted at 27 tokens and recomputed once the older one ends. Each token is
+    drawn from all the tokens in its cells and a seeded sampler that moves on, so
+    a wrong re-fed prompt or a sampler made again would change the text."""
+    async def go() -> None:
+        roomy, tight = Rig(slots=2, history=True), Rig(slots=2, kv_tokens=60, history=True)
+        alone, preempted = await streamed(roomy, **params), await streamed(tight, **params)
+        roomy.close()
+        tight.close()
+        assert preempted == alone
+        assert [end for _, end in alone] == [("done", "length", 3, 40)] * 2
+        assert len(set(alone[1][0])) > 10  # a varied text, not one token over and over
+        assert (roomy.sched.preemptions, tight.sched.preemptions) == (0, 1)
+        assert tight.lm.faults == [] and len(tight.lm.made) == 2  # the sampler was kept
+        assert len(tight.lm.freed) == 2
+
+    asyncio.run(go())
+
+
+def test_a_slow_reader_yields_its_slot_and_its_stream_goes_on_unchanged() -> None:
+    """The only slot is held by a stream whose reader stopped: after the pause grace
+    it gives the slot to the request behind it, waits (however long: it is not
+    turned away at max_wait, it has streamed already) for its reader, then goes
+    on with the text an undisturbed stream has."""
+    async def go() -> None:
+        r = Rig(slots=1, max_wait=0.3, pause_grace=0.05, history=True)
+        slow = r.submit(1, first=10, max_tokens=6, window=2, temperature=0.0)
+        while len(slow.chunks) < 2:
+            await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        other = r.submit(2, first=20, max_tokens=3)
+        assert (await other.result())[:2] == ("done", "length")
+        assert time.perf_counter() - started < 0.05 + 0.1
+        await asyncio.sleep(0.4)  # past max_wait
+        assert slow.end is None and list(r.sched.preempted) == [1]
+        r.driver.mailbox.post_credit(1, 10)
+        assert await slow.result() == ("done", "length", 3, 6)
+        r.close()
+        fast = Rig(slots=1, history=True)
+        alone = fast.submit(1, first=10, max_tokens=6, temperature=0.0)
+        await alone.result()
+        fast.close()
+        assert slow.chunks == alone.chunks and r.lm.faults == []
+
+    asyncio.run(go())
+
+
+def test_a_preempted_sequence_cancelled_while_it_waits_ends_with_its_tokens() -> None:
+    async def go() -> None:
+        r = Rig(slots=1, pause_grace=0.05)
+        slow = r.submit(1, first=10, max_tokens=50, window=2)
+        other = r.submit(2, first=20, max_tokens=1)
+        await other.result()
+        r.driver.mailbox.post_cancel(1)
+        assert await slow.result() == ("done", "cancelled", 3, 2)
+        assert slow.chunks == ["<11>", "<12>"]
+        assert {id(x) for x in r.lm.freed} == {id(x) for x in r.lm.made}  # its sampler too
+        r.close()
+
+    asyncio.run(go())

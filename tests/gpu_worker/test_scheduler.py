@@ -26,6 +26,26 @@ def waiting(sched: Scheduler) -> list[int]:
     return [s.rid for s in sched.waiting]
 
 
+def generate(sched: Scheduler, steps: int, check: bool = True) -> list[Seq]:
+    """Run `steps` steps as the driver does (preempt to make room, admit, plan,
+    then a token for each sampled row: 1000 + how many it generated before);
+    returns the sequences preempted. With `check`, the cells in use after each
+    step fit in the KV cache (a lone sequence aside)."""
+    preempted: list[Seq] = []
+    for _ in range(steps):
+        preempted += sched.evict_paused(0.0)
+        sched.admit()
+        preempted += sched.make_room()
+        for group in sched.groups():
+            step = sched.plan(group)
+            for s, _ in step.outputs:
+                if s.advance(1000 + s.generated, b"x")[1] is not None:
+                    sched.release(s)
+        if check and len(sched.running) > 1:
+            assert sum(s.pos for s in sched.running.values()) <= sched.kv_tokens
+    return preempted
+
+
 def prefill_all(sched: Scheduler) -> None:
     """Plan steps until every running sequence is past its prompt."""
     while not all(s.prefilled for s in sched.running.values()):
@@ -48,22 +68,40 @@ def test_admission_is_fifo_into_free_slots() -> None:
     assert sched.running[3].slot == admitted[0].slot  # the freed slot is reused
 
 
-def test_a_request_over_the_kv_budget_waits_and_blocks_those_behind_it() -> None:
+def test_admission_counts_kv_use_not_max_tokens() -> None:
+    """Prompts plus the headroom (16) must fit next to what runs; a huge max_tokens
+    reserves nothing (it reserved the whole cache and held every other chat)."""
     sched = Scheduler(slots=4, kv_tokens=100)
-    sched.add([seq(1, prompt_len=30, max_tokens=30),   # reserves 60
-               seq(2, prompt_len=30, max_tokens=20),   # 50: 110 > 100, refused
-               seq(3, prompt_len=1, max_tokens=1)])    # would fit, but must not overtake
-    assert [s.rid for s in sched.admit()] == [1]
-    assert sched.reserved == 60
-    assert waiting(sched) == [2, 3]
+    sched.add([seq(1, prompt_len=30, max_tokens=10_000),
+               seq(2, prompt_len=30, max_tokens=10_000),  # 30 + 30 + 16 <= 100
+               seq(3, prompt_len=30, max_tokens=1),       # 60 + 30 + 16 > 100: waits
+               seq(4, prompt_len=1, max_tokens=1)])       # would fit, but must not overtake
+    assert [s.rid for s in sched.admit()] == [1, 2]
+    assert sched.in_use == 60
+    assert waiting(sched) == [3, 4]
     assert sched.admit() == []
 
 
-def test_a_request_that_exactly_fills_the_budget_is_admitted() -> None:
+def test_a_prompt_that_exactly_fills_the_budget_with_its_headroom_is_admitted() -> None:
     sched = Scheduler(slots=4, kv_tokens=100)
-    sched.add([seq(1, prompt_len=30, max_tokens=30), seq(2, prompt_len=20, max_tokens=20)])
+    sched.add([seq(1, prompt_len=30), seq(2, prompt_len=54), seq(3, prompt_len=1)])
     assert [s.rid for s in sched.admit()] == [1, 2]
-    assert sched.reserved == 100
+    assert sched.in_use == 84
+
+
+def test_the_headroom_is_a_token_per_slot_at_least() -> None:
+    assert Scheduler(slots=4, kv_tokens=100, headroom=2).headroom == 4
+    assert Scheduler(slots=4, kv_tokens=100, headroom=20).headroom == 20
+
+
+def test_kv_use_grows_as_sequences_generate() -> None:
+    sched = Scheduler(slots=4, kv_tokens=100)
+    sched.add([seq(1, prompt_len=40, max_tokens=100)])
+    sched.admit()
+    generate(sched, 11)
+    assert sched.in_use == 50  # its prompt and the 10 tokens fed back since
+    sched.add([seq(2, prompt_len=35)])  # 50 + 35 + 16 > 100; it fit before
+    assert sched.admit() == []
 
 
 def test_a_lone_request_is_admitted_whatever_its_size() -> None:
@@ -73,16 +111,16 @@ def test_a_lone_request_is_admitted_whatever_its_size() -> None:
     assert waiting(sched) == [2]
 
 
-def test_a_finished_sequence_frees_its_budget_and_slot() -> None:
+def test_a_finished_sequence_frees_its_kv_and_slot() -> None:
     sched = Scheduler(slots=2, kv_tokens=100)
-    first, second = seq(1, prompt_len=40, max_tokens=40), seq(2, prompt_len=30, max_tokens=30)
+    first, second = seq(1, prompt_len=40), seq(2, prompt_len=50)
     sched.add([first, second])
     assert [s.rid for s in sched.admit()] == [1]
     sched.release(first)
-    assert sched.reserved == 0 and sorted(sched.free_slots) == [0, 1]
+    assert sched.in_use == 0 and sorted(sched.free_slots) == [0, 1]
     assert running(sched) == []
     assert [s.rid for s in sched.admit()] == [2]
-    assert sched.reserved == 60
+    assert sched.in_use == 50
 
 
 def test_release_of_a_sequence_not_running_raises() -> None:
@@ -234,14 +272,145 @@ def test_advance_keeps_the_token_to_decode_next() -> None:
 
 
 def test_no_work_while_the_queue_head_does_not_fit_and_nothing_runs_with_credit() -> None:
-    """The scheduler thread must sleep, not spin, while a request waits for KV budget
-    that only running sequences (paused for credit) can free."""
-    sched = Scheduler(slots=4, kv_tokens=100)
-    sched.add([seq(1, prompt_len=30, max_tokens=30, window=0),  # reserves 60, no credit
-               seq(2, prompt_len=30, max_tokens=20)])           # 50 more does not fit
+    """The scheduler thread must sleep, not spin, while a request waits for KV room
+    that only running sequences (paused for credit, not for long) can free."""
+    sched = Scheduler(slots=4, kv_tokens=100, pause_grace=1.0)
+    sched.add([seq(1, prompt_len=60, window=0),   # no credit
+               seq(2, prompt_len=30)])            # 60 + 30 + 16 does not fit
     assert [s.rid for s in sched.admit()] == [1]
-    assert not sched.has_work()  # slots are free, but admit() would take nothing
+    paused_at = sched.running[1].paused_at
+    assert not sched.has_work(paused_at + 0.5)  # slots are free, but admit() takes nothing
+    assert sched.next_wake(paused_at + 0.5) == paused_at + 1.0  # when 1 may yield to 2
     sched.credit(1, 1)
-    assert sched.has_work()  # the running one may go on
+    assert sched.has_work(paused_at + 0.5)  # the running one may go on
     sched.release(sched.running[1])
     assert sched.has_work() and [s.rid for s in sched.admit()] == [2]
+
+
+# -- preemption ------------------------------------------------------------------------------
+
+def test_a_full_cache_preempts_the_most_recently_admitted() -> None:
+    """Two sequences grow until the next step's tokens do not fit: the newer one
+    gives way, to the front of the queue, with its output as part of its prompt."""
+    sched = Scheduler(slots=4, kv_tokens=100)
+    old, new = seq(1, prompt_len=30, max_tokens=500), seq(2, prompt_len=20, max_tokens=500)
+    sched.add([old, new])
+    assert generate(sched, 26) == []  # 26 steps fill the 100 cells: 30 + 20 + 2 * 25
+    assert sum(s.pos for s in sched.running.values()) == 100
+    sched.add([seq(3, prompt_len=1)])
+    assert generate(sched, 1) == [new]
+    assert running(sched) == [1] and waiting(sched) == [2, 3]
+    assert new.prompt == list(range(100, 120)) + [1000 + n for n in range(26)]
+    assert (new.fed, new.pos, new.generated, new.prompt_tokens) == (0, 0, 26, 20)
+    assert sched.preempted == {2: new} and sched.preemptions == 1
+    assert new.slot in sched.free_slots  # the caller clears its KV cells, then reuses it
+
+
+def test_a_sequence_paused_for_credit_is_preempted_first() -> None:
+    sched = Scheduler(slots=4, kv_tokens=100)
+    old, new = seq(1, prompt_len=30, max_tokens=500), seq(2, prompt_len=20, max_tokens=500)
+    sched.add([old, new])
+    generate(sched, 10)
+    old.credit = 0  # its reader fell behind: it sits steps out, holding 39 cells
+    assert generate(sched, 32) == []  # new grows alone: 39 + 20 + 41 = 100 cells
+    assert generate(sched, 1) == [old]
+    assert running(sched) == [2] and waiting(sched) == [1]
+
+
+def test_a_lone_sequence_is_never_preempted() -> None:
+    sched = Scheduler(slots=2, kv_tokens=10)
+    sched.add([seq(1, prompt_len=20, max_tokens=50)])
+    assert generate(sched, 5, check=False) == []
+    assert running(sched) == [1]
+
+
+def test_a_preempted_sequence_resumes_first_and_where_it_stopped() -> None:
+    """Readmitted before a newer request, it feeds its prompt and output at their
+    old positions, samples its next token from the last of them, and counts on."""
+    sched = Scheduler(slots=4, kv_tokens=100, step_tokens=1000)
+    old, new = seq(1, prompt_len=30, max_tokens=40), seq(2, prompt_len=20, max_tokens=500)
+    sched.add([old, new])
+    [preempted] = generate(sched, 27)
+    assert preempted is new and new.generated == 26
+    sched.add([seq(3, prompt_len=1)])
+    assert sched.admit() == []  # no room: 3 does not overtake it
+    generate(sched, 13)  # old reaches max_tokens and leaves
+    assert old.generated == 40 and not sched.running
+    assert [s.rid for s in sched.admit()] == [2, 3]
+    step = sched.plan([new])
+    assert [(tok, pos) for tok, pos, _, _ in step.items] == [
+        *((100 + n, n) for n in range(20)), *((1000 + n, 20 + n) for n in range(26))]
+    assert step.outputs == [(new, 45)]  # the last output token's row: its next token
+    assert new.advance(1026, b"x") == ("x", None) and new.generated == 27
+    assert sched.plan([new]).items == [(1026, 46, new.slot, True)]
+
+
+def test_a_preempted_sequence_without_credit_waits_for_it_and_lets_others_in() -> None:
+    sched = Scheduler(slots=4, kv_tokens=100)
+    old, new = seq(1, prompt_len=30, max_tokens=500), seq(2, prompt_len=20, max_tokens=500)
+    sched.add([old, new])
+    generate(sched, 10)
+    old.credit = 0
+    assert generate(sched, 33) == [old]
+    assert waiting(sched) == [1]
+    sched.release(new)
+    sched.add([seq(3, prompt_len=5)])
+    assert [s.rid for s in sched.admit()] == [3]  # 1 would only pause again
+    sched.credit(1, 2)
+    assert old.credit == 2
+    assert [s.rid for s in sched.admit()] == [1]
+
+
+def test_a_sequence_paused_past_the_grace_yields_its_slot_to_the_queue() -> None:
+    sched = Scheduler(slots=1, kv_tokens=1000, pause_grace=1.0)
+    slow = seq(1, prompt_len=10, max_tokens=50)
+    sched.add([slow])
+    generate(sched, 3)
+    slow.spend(100.0)
+    slow.credit = 0
+    slow.paused_at = 100.0
+    sched.add([seq(2)])
+    assert sched.evict_paused(100.5) == [] and not sched.has_work(100.5)
+    assert sched.next_wake(100.5) == 101.0
+    assert sched.has_work(101.0)
+    assert sched.evict_paused(101.0) == [slow]
+    assert [s.rid for s in sched.admit()] == [2]
+    assert waiting(sched) == [1] and slow.prompt[10:] == [1000, 1001, 1002]
+
+
+def test_paused_sequences_yield_only_when_that_lets_the_head_in() -> None:
+    sched = Scheduler(slots=4, kv_tokens=100, pause_grace=1.0)
+    paused, busy = seq(1, prompt_len=10, window=0), seq(2, prompt_len=60, window=0)
+    sched.add([paused, busy, seq(3, prompt_len=30)])  # 10 + 60 + 30 + 16 > 100
+    assert [s.rid for s in sched.admit()] == [1, 2]
+    now = paused.paused_at + 5
+    busy.paused_at = now - 0.5
+    assert sched.evict_paused(now) == []  # without 1: 60 + 30 + 16 > 100 still
+    assert not sched.has_work(now) and sched.next_wake(now) == pytest.approx(now + 0.5)
+    assert sched.evict_paused(now + 0.6) == [paused, busy]  # both may yield now
+    assert [s.rid for s in sched.admit()] == [3]  # 1 and 2 wait for their readers
+    assert sorted(waiting(sched)) == [1, 2] and sorted(sched.preempted) == [1, 2]
+
+
+def test_overdue_never_turns_away_a_preempted_sequence() -> None:
+    """It has streamed output already: a 503 now would cut a stream its client
+    reads; its wait is not for admission."""
+    sched = Scheduler(slots=4, kv_tokens=100, max_wait=1.0)
+    old, new = seq(1, prompt_len=30, max_tokens=500), seq(2, prompt_len=20, max_tokens=500)
+    sched.add([old, new])
+    assert generate(sched, 27) == [new]
+    late = seq(3, prompt_len=1)
+    sched.add([late])
+    now = late.submitted + 1.0
+    assert sched.next_wake(now - 0.5) == now  # 2 submitted earlier, but never overdue
+    assert sched.overdue(now) == [late]
+    assert waiting(sched) == [2] and sched.next_wake(now) is None
+
+
+def test_a_preempted_sequence_can_be_unqueued() -> None:
+    sched = Scheduler(slots=4, kv_tokens=100)
+    sched.add([seq(1, prompt_len=30, max_tokens=500), seq(2, prompt_len=20, max_tokens=500)])
+    [preempted] = generate(sched, 27)
+    assert sched.unqueue(2) is preempted
+    assert not sched.waiting and not sched.preempted
+    sched.credit(2, 1)  # ignored: it is gone
