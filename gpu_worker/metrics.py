@@ -38,6 +38,7 @@ class Metrics:
         self.prompt_tokens_total = 0
         self.requests_total = 0
         self.errors_total = 0
+        self.preemptions_total = 0
         self.busy_seconds = 0.0
         self.started = self._mark = time.monotonic()
         self._mark_tokens = 0
@@ -77,6 +78,11 @@ class Metrics:
         with self.lock:
             self.errors_total += 1
 
+    def preempted(self) -> None:
+        """A running sequence gave up its KV cells and slot, to be recomputed later."""
+        with self.lock:
+            self.preemptions_total += 1
+
     def snapshot(self) -> dict[str, Any]:
         """Current figures; tokens/s and busy fraction cover the time since the
         previous snapshot."""
@@ -97,5 +103,6 @@ class Metrics:
                 "decode_calls_total": self.decode_calls_total,
                 "prompt_tokens_total": self.prompt_tokens_total,
                 "requests_total": self.requests_total, "errors_total": self.errors_total,
+                "preemptions_total": self.preemptions_total,
                 "uptime_s": round(now - self.started, 1),
             }

@@ -180,7 +180,6 @@ class Scheduler:
         self.preempted: dict[int, Seq] = {}  # the waiting sequences that ran before
         self.running: dict[int, Seq] = {}  # in admission order
         self.free_slots = list(range(slots))
-        self.preemptions = 0
 
     @property
     def in_use(self) -> int:
@@ -282,7 +281,6 @@ class Scheduler:
         s.rewind()
         self.waiting.appendleft(s)
         self.preempted[s.rid] = s
-        self.preemptions += 1
 
     def overdue(self, now: float) -> list[Seq]:
         """Take out of the queue the new sequences that have waited `max_wait`

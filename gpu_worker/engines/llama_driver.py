@@ -241,6 +241,7 @@ class Driver:
         no KV state: kept, so a resumed sequence samples as if never stopped."""
         for s in preempted:
             self.lm.forget(s.slot)
+            self.metrics.preempted()
             log.debug("request %d preempted after %d tokens (%d waiting); it is recomputed "
                      "when readmitted", s.rid, s.generated, len(self.sched.waiting))
 

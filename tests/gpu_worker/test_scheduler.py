@@ -302,7 +302,7 @@ def test_a_full_cache_preempts_the_most_recently_admitted() -> None:
     assert running(sched) == [1] and waiting(sched) == [2, 3]
     assert new.prompt == list(range(100, 120)) + [1000 + n for n in range(26)]
     assert (new.fed, new.pos, new.generated, new.prompt_tokens) == (0, 0, 26, 20)
-    assert sched.preempted == {2: new} and sched.preemptions == 1
+    assert sched.preempted == {2: new}
     assert new.slot in sched.free_slots  # the caller clears its KV cells, then reuses it
 
 

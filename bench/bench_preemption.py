@@ -1,0 +1,123 @@
+"""A short chat's latency on a llama.cpp worker (the packaged smollm2-135m, a
+CONTEXT-token KV cache, MAX_BATCH slots) alone, beside a hog, and beside slow
+readers:
+
+- hog: one stream with ``max_tokens`` = the context less its prompt and its end
+  tokens banned (it really generates that long), read as fast as it comes;
+- slow: MAX_BATCH streams whose readers read nothing past their first chunks
+  (window 2), so each pauses for credit holding a slot.
+
+The victim is timed from its request to its last token (max_queue_seconds WAIT:
+a 503 after WAIT s is printed as such). With --code DIR (repeatable) the worker
+runs the ``gpu_worker`` package in DIR instead of this checkout's, one after the
+other in the same run (A/B: an older commit unpacked with ``git archive``).
+
+    python bench/bench_preemption.py [--code DIR]... [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from edgefn_core.errors import WorkerError
+from gpu_worker.client import Generation, WorkerClient
+
+CHAT = "smollm2-135m"
+CONTEXT, MAX_BATCH, WAIT = 1024, 4, 20
+NO_END = {0: -100.0, 2: -100.0}  # <|endoftext|>, <|im_end|>
+SHORT = [{"role": "user", "content": "Name three colours."}]
+LONG = [{"role": "user", "content": "Count to a thousand."}]
+
+
+async def victim(client: WorkerClient) -> float | str:
+    """Seconds to a whole 16-token answer, or what went wrong."""
+    started = time.perf_counter()
+    gen = await client.generate(CHAT, messages=SHORT, max_tokens=16, temperature=0.0)
+    try:
+        await asyncio.wait_for(gen.collect(), WAIT + 30)
+    except WorkerError as e:
+        return f"{e.code} after {time.perf_counter() - started:.1f} s"
+    return time.perf_counter() - started
+
+
+async def drain(gen: Generation) -> None:
+    async for _ in gen:
+        pass
+
+
+async def beside_hog(client: WorkerClient, rounds: int) -> list[float | str]:
+    room = CONTEXT - await client.count_tokens(CHAT, messages=LONG)
+    hog = await client.generate(CHAT, messages=LONG, max_tokens=room,
+                                logit_bias=NO_END, temperature=0.0)
+    await anext(hog)
+    reader = asyncio.create_task(drain(hog))
+    try:
+        return [await victim(client) for _ in range(rounds)]
+    finally:
+        await hog.aclose()
+        reader.cancel()
+
+
+async def beside_slow(client: WorkerClient, rounds: int) -> list[float | str]:
+    slow = [await client.generate(CHAT, messages=LONG, max_tokens=200, temperature=0.0,
+                                  window=2) for _ in range(MAX_BATCH)]
+    for gen in slow:
+        await anext(gen)
+    try:
+        return [await victim(client) for _ in range(rounds)]
+    finally:
+        for gen in slow:
+            await gen.aclose()
+
+
+def show(label: str, got: list[float | str], alone: float) -> None:
+    times = [t for t in got if isinstance(t, float)]
+    errors = [t for t in got if isinstance(t, str)]
+    p50 = statistics.median(times) if times else float("nan")
+    print(f"  {label:<14} p50 {p50:6.2f} s  ({p50 / alone:5.1f}x alone)  "
+          f"each: {', '.join(f'{t:.2f}' if isinstance(t, float) else t for t in got)}"
+          + (f"  [{len(errors)} failed]" if errors else ""), flush=True)
+
+
+async def run(code: str | None, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "worker.toml"
+        config.write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
+                          f"threads = 1\ncontext = {CONTEXT}\nmax_batch = {MAX_BATCH}\n"
+                          f"max_queue_seconds = {WAIT}\n")
+        command = [sys.executable, "-m", "gpu_worker", "--socket", f"{tmp}/w.sock",
+                   "--config", str(config), "--log-level", "warning"]
+        client = WorkerClient(f"{tmp}/w.sock", ["env", "-C", code, *command] if code
+                              else command)
+        await client.start()
+        try:
+            await victim(client)  # warm
+            alone = statistics.median([t for t in [await victim(client) for _ in range(rounds)]
+                                       if isinstance(t, float)])
+            print(f"{code or 'this checkout'}: a 16-token chat alone p50 {alone:.2f} s",
+                  flush=True)
+            show("beside hog", await beside_hog(client, rounds), alone)
+            show("beside slow", await beside_slow(client, rounds), alone)
+        finally:
+            await client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--code", action="append", help="run the worker from this folder")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    for code in args.code or [None]:
+        asyncio.run(run(code, args.rounds))
+
+
+if __name__ == "__main__":
+    main()

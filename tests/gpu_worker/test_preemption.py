@@ -1,0 +1,109 @@
+"""The llama.cpp scheduler's admission by KV use and its preemption, on a real
+worker process (the packaged smollm2-135m, a 1024-token context, 4 slots)
+reached over its socket by `gpu_worker.client`, as the PoP reaches it: one
+stream that may fill the whole context, or streams whose readers read nothing,
+no longer hold a short chat behind them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_worker.client import Generation, WorkerClient
+
+CHAT = "smollm2-135m"
+CONTEXT, SLOTS = 1024, 4
+NO_END = {0: -100.0, 2: -100.0}  # <|endoftext|>, <|im_end|>: it runs to max_tokens
+SHORT = [{"role": "user", "content": "Name three colours."}]
+LONG = [{"role": "user", "content": "Count to a thousand."}]
+PAUSE_GRACE = 1.0  # batching.PAUSE_GRACE
+
+
+class Worker:
+    """A worker with a small context, and the event loop its client lives on."""
+
+    def __init__(self, tmp: Path) -> None:
+        config = tmp / "worker.toml"
+        config.write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
+                          f"threads = 1\ncontext = {CONTEXT}\nmax_batch = {SLOTS}\n")
+        self.loop = asyncio.new_event_loop()
+        self.client = WorkerClient.spawning(str(tmp / "w.sock"), str(config))
+        self.loop.run_until_complete(self.client.start())
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        self.run(self.client.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    w = Worker(tmp_path_factory.mktemp("preempt"))
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+async def short_chat(client: WorkerClient) -> float:
+    """Seconds to a whole 16-token answer (raises `WorkerError` if it fails)."""
+    started = time.perf_counter()
+    gen = await client.generate(CHAT, messages=SHORT, max_tokens=16, temperature=0.0)
+    await asyncio.wait_for(gen.collect(), 60)
+    return time.perf_counter() - started
+
+
+async def drain(gen: Generation) -> str:
+    return "".join([chunk async for chunk in gen])
+
+
+def test_a_stream_that_may_fill_the_context_does_not_hold_a_short_chat(worker: Worker) -> None:
+    """max_tokens = the context less the prompt reserved the whole KV cache: the
+    short chat waited for the whole of it (~40x its own time here)."""
+    async def go() -> tuple[float, float, Any]:
+        await short_chat(worker.client)  # warm
+        alone = min([await short_chat(worker.client) for _ in range(2)])
+        room = CONTEXT - await worker.client.count_tokens(CHAT, messages=LONG)
+        hog = await worker.client.generate(CHAT, messages=LONG, max_tokens=room,
+                                           logit_bias=NO_END, temperature=0.0)
+        await anext(hog)
+        reader = asyncio.create_task(drain(hog))
+        beside = await short_chat(worker.client)
+        assert not reader.done()  # the hog still runs
+        await hog.aclose()
+        reader.cancel()
+        return alone, beside, await worker.client.metrics()
+
+    alone, beside, metrics = worker.run(go())
+    assert beside < 4 * alone + 1.0, (alone, beside)  # two sequences a step, a loaded CI
+    assert metrics["running_batch_peak"] >= 2, metrics
+
+
+def test_slow_readers_yield_their_slots_and_their_text_is_unchanged(worker: Worker) -> None:
+    """Every slot is held by a stream whose reader stopped after its first chunk:
+    the short chat gets a slot once they have been paused PAUSE_GRACE, and each
+    slow stream, read at last, has the text a fast reader gets."""
+    async def go() -> tuple[float, float, list[str], str, int]:
+        alone = await short_chat(worker.client)
+        before = (await worker.client.metrics())["preemptions_total"]
+        slow = [await worker.client.generate(CHAT, messages=LONG, max_tokens=48,
+                                             temperature=0.0, window=2) for _ in range(SLOTS)]
+        firsts = [await anext(gen) for gen in slow]
+        beside = await short_chat(worker.client)
+        texts = [first + await drain(gen) for first, gen in zip(firsts, slow, strict=True)]
+        fast = await worker.client.generate(CHAT, messages=LONG, max_tokens=48,
+                                            temperature=0.0)
+        preempted = (await worker.client.metrics())["preemptions_total"] - before
+        return alone, beside, texts, await drain(fast), preempted
+
+    alone, beside, texts, fast, preempted = worker.run(go())
+    assert beside < PAUSE_GRACE + 4 * alone + 1.0, (alone, beside)
+    assert preempted >= 1
+    assert texts == [fast] * SLOTS
