@@ -21,16 +21,21 @@ CONTEXT, SLOTS = 1024, 4
 NO_END = {0: -100.0, 2: -100.0}  # <|endoftext|>, <|im_end|>: it runs to max_tokens
 SHORT = [{"role": "user", "content": "Name three colours."}]
 LONG = [{"role": "user", "content": "Count to a thousand."}]
+STORY = [{"role": "user", "content": "Write a long story about a cat."}]
+JSON = [{"role": "user", "content": "Name three colours, as JSON."}]
+COLOURS = {"type": "json_schema", "json_schema": {"name": "colours", "schema": {
+    "type": "object", "properties": {"colours": {"type": "array", "items": {"type": "string"}}},
+    "required": ["colours"]}}}
 PAUSE_GRACE = 1.0  # batching.PAUSE_GRACE
 
 
 class Worker:
     """A worker with a small context, and the event loop its client lives on."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, context: int = CONTEXT) -> None:
         config = tmp / "worker.toml"
         config.write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
-                          f"threads = 1\ncontext = {CONTEXT}\nmax_batch = {SLOTS}\n")
+                          f"threads = 1\ncontext = {context}\nmax_batch = {SLOTS}\n")
         self.loop = asyncio.new_event_loop()
         self.client = WorkerClient.spawning(str(tmp / "w.sock"), str(config))
         self.loop.run_until_complete(self.client.start())
@@ -89,17 +94,19 @@ def test_a_stream_that_may_fill_the_context_does_not_hold_a_short_chat(worker: W
 def test_slow_readers_yield_their_slots_and_their_text_is_unchanged(worker: Worker) -> None:
     """Every slot is held by a stream whose reader stopped after its first chunk:
     the short chat gets a slot once they have been paused PAUSE_GRACE, and each
-    slow stream, read at last, has the text a fast reader gets."""
+    slow stream, read at last, has the text a fast reader gets: its JSON schema's
+    grammar and its frequency penalty went on from where they were."""
+    shaped = {"messages": JSON, "max_tokens": 40, "temperature": 0.0,
+              "response_format": COLOURS, "frequency_penalty": 0.5}
+
     async def go() -> tuple[float, float, list[str], str, int]:
         alone = await short_chat(worker.client)
         before = (await worker.client.metrics())["preemptions_total"]
-        slow = [await worker.client.generate(CHAT, messages=LONG, max_tokens=48,
-                                             temperature=0.0, window=2) for _ in range(SLOTS)]
+        slow = [await worker.client.generate(CHAT, window=2, **shaped) for _ in range(SLOTS)]
         firsts = [await anext(gen) for gen in slow]
         beside = await short_chat(worker.client)
         texts = [first + await drain(gen) for first, gen in zip(firsts, slow, strict=True)]
-        fast = await worker.client.generate(CHAT, messages=LONG, max_tokens=48,
-                                            temperature=0.0)
+        fast = await worker.client.generate(CHAT, **shaped)
         preempted = (await worker.client.metrics())["preemptions_total"] - before
         return alone, beside, texts, await drain(fast), preempted
 
@@ -107,3 +114,31 @@ def test_slow_readers_yield_their_slots_and_their_text_is_unchanged(worker: Work
     assert beside < PAUSE_GRACE + 4 * alone + 1.0, (alone, beside)
     assert preempted >= 1
     assert texts == [fast] * SLOTS
+
+
+def test_streams_that_outgrow_the_kv_cache_take_turns_and_keep_their_text(
+        tmp_path: Path) -> None:
+    """Two streams of 150 tokens in a 256-token cache: the newer one is preempted
+    when the cache fills (llama.cpp's cells freed and filled again), recomputed
+    once the older one ends, and both have the text each has alone at temperature
+    0. (Sampled text is not compared: a batch's composition moves the logits a
+    little, preempted or not.)"""
+    async def go(w: Worker) -> tuple[list[str], list[Any], int]:
+        async def text(messages: list[Any]) -> tuple[str, Any]:
+            gen = await w.client.generate(CHAT, messages=messages, max_tokens=150,
+                                          logit_bias=NO_END, temperature=0.0)
+            return await gen.collect()
+
+        alone = [(await text(LONG))[0], (await text(STORY))[0]]
+        both = await asyncio.gather(text(LONG), text(STORY))
+        metrics = await w.client.metrics()
+        return alone, list(both), metrics["preemptions_total"]
+
+    w = Worker(tmp_path, context=256)
+    try:
+        alone, both, preempted = w.run(go(w))
+    finally:
+        w.close()
+    assert preempted == 1
+    assert [t for t, _ in both] == alone
+    assert [(d.finish_reason, d.completion_tokens) for _, d in both] == [("length", 150)] * 2
