@@ -286,8 +286,9 @@ class Scheduler:
         """Take out of the queue the new sequences that have waited `max_wait`
         seconds or more by `now` (a ``perf_counter`` time), oldest first: under
         overload a request is told early that the model is busy, rather than timing
-        out after minutes behind the others. A preempted sequence has streamed
-        already: it waits for its turn again, however long."""
+        out after minutes behind the others. A preempted sequence was admitted
+        once (and has most likely streamed already, to a client that reads it): it
+        waits for its turn again, however long."""
         if self.max_wait is None:
             return []
         cutoff = now - self.max_wait
