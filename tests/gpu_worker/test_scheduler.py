@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_worker.engines.batching import STEP_TOKENS, Scheduler, Seq
 from gpu_worker.protocol import Generate
@@ -414,3 +416,75 @@ def test_a_preempted_sequence_can_be_unqueued() -> None:
     assert sched.unqueue(2) is preempted
     assert not sched.waiting and not sched.preempted
     sched.credit(2, 1)  # ignored: it is gone
+
+
+# -- a model of the cache, random workloads --------------------------------------------------
+
+def simulate(specs: list[tuple[int, int, int, int]], slots: int, kv_tokens: int
+             ) -> tuple[dict[int, list[int]], int]:
+    """Run requests (prompt length, max_tokens, arrival step, steps its reader stalls
+    once it has 3 chunks) as the driver does over a model that keeps each slot's
+    cells (a token must come at its slot's next position; preemption clears them)
+    and samples from every token in them. Returns each request's tokens and the
+    preemptions; checks that more than one running sequence never overflows it."""
+    sched = Scheduler(slots=slots, kv_tokens=kv_tokens, step_tokens=32, pause_grace=2.0)
+    cells: dict[int, list[int]] = {}
+    out: dict[int, list[int]] = {rid: [] for rid in range(len(specs))}
+    stalled: dict[int, int] = {}  # rid -> step its reader read again
+    preemptions = 0
+    for now in range(20_000):
+        sched.add(seq(rid, prompt_len=p, max_tokens=m)
+                  for rid, (p, m, at, _) in enumerate(specs) if at == now)
+        preempted = sched.evict_paused(float(now))
+        for s in preempted:
+            cells.pop(s.slot, None)
+        sched.admit()
+        for s in sched.make_room():
+            cells.pop(s.slot, None)
+            preempted.append(s)
+        preemptions += len(preempted)
+        for group in sched.groups():
+            step = sched.plan(group)
+            for tok, pos, slot, _ in step.items:
+                assert pos == len(cells.setdefault(slot, [])), "a position skipped or repeated"
+                cells[slot].append(tok)
+            if len(sched.running) > 1:
+                assert sum(map(len, cells.values())) <= kv_tokens
+            for s, row in step.outputs:
+                history = cells[s.slot][:step.items[row][1] + 1]
+                token = 10 + sum((i + 1) * t for i, t in enumerate(history)) % 97
+                out[s.rid].append(token)
+                reason = s.advance(token, b"x")[1]
+                s.spend(float(now))
+                if reason is not None:
+                    sched.release(s)
+                    del cells[s.slot]
+        for rid, (*_, stall) in enumerate(specs):
+            if len(out[rid]) >= 3 and rid not in stalled:
+                stalled[rid] = now + stall
+            if stalled.get(rid, now + 1) <= now:
+                sched.credit(rid, 1)  # its reader keeps up: a chunk read for each sent
+        if all(len(out[rid]) == m for rid, (_, m, _, _) in enumerate(specs)):
+            return out, preemptions
+    raise AssertionError(f"not all finished: {[len(o) for o in out.values()]}")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60), st.integers(0, 40),
+                          st.integers(0, 30)), min_size=1, max_size=8),
+       st.integers(1, 4))
+def test_random_workloads_all_finish_with_their_solo_output(
+        specs: list[tuple[int, int, int, int]], slots: int) -> None:
+    """Whatever arrives when, however long its reader stalls, and however often it
+    is preempted: every request ends, with the tokens it has alone."""
+    together, _ = simulate(specs, slots, kv_tokens=100)
+    for rid, spec in enumerate(specs):
+        alone, _ = simulate([(*spec[:2], 0, 0)], 1, kv_tokens=100)
+        assert together[rid] == alone[0], rid
+
+
+def test_a_random_workload_preempts() -> None:
+    """The property above is not vacuous: such workloads do preempt."""
+    specs = [(30, 60, 0, 0), (20, 70, 1, 0), (10, 50, 2, 25), (5, 40, 30, 0)]
+    _, preemptions = simulate(specs, 4, kv_tokens=100)
+    assert preemptions >= 2
