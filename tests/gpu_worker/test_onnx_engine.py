@@ -246,7 +246,7 @@ def test_a_short_embedding_waits_for_a_few_batches_of_a_long_one_not_all(
         engine: OnnxEngine) -> None:
     """Two such LONG requests made every other embedding (the PoP's semantic cache
     too) wait 91-111 s: the engine ran requests whole, in FIFO order."""
-    step = best_time(engine, LONG[:8])  # one tokenizing step and one inference batch
+    step = best_time(engine, LONG[:4])  # one tokenizing step and one inference batch
     solo = best_time(engine, SHORT)
     bound = 2 * solo + 3 * step
 
@@ -293,7 +293,7 @@ def test_interleaved_requests_get_what_they_get_alone_and_short_ones_end_first(
 
 
 def test_a_cancelled_long_embedding_frees_the_thread_within_a_step(engine: OnnxEngine) -> None:
-    step = best_time(engine, LONG[:8])
+    step = best_time(engine, LONG[:4])
     bound = 2 * best_time(engine, SHORT) + 2 * step
 
     async def go() -> tuple[float, float]:
