@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, normalizers, pre_tokenizers
 
 from edgefn_core.errors import EngineError
 
@@ -164,6 +164,14 @@ def load_session(file: Path, threads: int) -> ort.InferenceSession:
         raise EngineError("invalid_config", 500, f"{file}: cannot load ONNX model: {e}") from None
 
 
+def splits_at_spaces(tokenizer: Tokenizer) -> bool:
+    """True when `tokenizer` normalizes character by character and cuts words at
+    spaces (BERT's normalizer and pre-tokenizer, as the packaged model's), so no
+    token spans a space and those before one do not depend on what follows it."""
+    return isinstance(tokenizer.normalizer, normalizers.BertNormalizer | None) and \
+        isinstance(tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+
+
 type Tokens = tuple[np.ndarray, np.ndarray]  # one text's ids and type ids (int64)
 
 
@@ -189,6 +197,7 @@ class Embedder:
                               f"{out.shape}; expected [batch, sequence, dim] or [batch, dim]")
         self.output = out.name
         self.pad_id = int((tokenizer.padding or {}).get("pad_id", 0))
+        self.prefix_tokens = splits_at_spaces(tokenizer)
         # a request's last batch hands the memory arena's unused chunks back: it grows to
         # the largest batch and kept it (~1 GB after a batch of 32 long inputs); no arena
         # at all made batches of long inputs ~20-27% slower (CPU time, A/B in one process)
@@ -239,11 +248,11 @@ class Embedder:
 
         A text longer than `PREFIX_CHARS` is tokenized from its first
         `PREFIX_CHARS` characters where the tokens kept all end before the last
-        space in them: pre-tokenizers split words at spaces, so the tokens before
-        that space are those of the whole text. The whole text took ~30 ms per
+        space in them and `splits_at_spaces(tokenizer)`: the tokens before that
+        space are then those of the whole text. The whole text took ~30 ms per
         32 Ki characters, holding the GIL, and its overflowing tokens ~1 MB.
         """
-        if len(text) > PREFIX_CHARS:
+        if self.prefix_tokens and len(text) > PREFIX_CHARS:
             head = self.tokenizer.encode(text[:PREFIX_CHARS])
             space = text.rfind(" ", 0, PREFIX_CHARS)
             if head.overflowing and max(end for _, end in head.offsets) <= space:

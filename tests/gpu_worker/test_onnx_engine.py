@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from edgefn_core.errors import EngineError
 from gpu_worker.config import ModelSpec
@@ -24,6 +25,7 @@ from gpu_worker.engines.onnx import (
     OnnxEngine,
     libstdcxx_clash,
     model_files,
+    splits_at_spaces,
 )
 
 MODEL = "all-minilm-l6-v2"
@@ -100,6 +102,21 @@ def test_long_texts_get_the_tokens_of_the_whole_text(engine: OnnxEngine) -> None
         ids, types = embedder.encode(text)
         assert ids.tolist() == whole.ids, repr(text[PREFIX_CHARS - 20:PREFIX_CHARS + 20])
         assert types.tolist() == whole.type_ids
+
+
+def test_only_tokenizers_that_split_at_spaces_read_a_prefix(engine: OnnxEngine) -> None:
+    """A tokenizer whose tokens may span a space (a Metaspace pre-tokenizer that
+    keeps it, a normalizer that removes spaces) reads the whole text."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    tokenizer = engine._embedder_for(MODEL).tokenizer
+    assert splits_at_spaces(tokenizer)
+    other = Tokenizer.from_str(tokenizer.to_str())
+    other.pre_tokenizer = pre_tokenizers.Metaspace()
+    assert not splits_at_spaces(other)
+    other = Tokenizer.from_str(tokenizer.to_str())
+    other.normalizer = normalizers.Replace(" ", "")
+    assert not splits_at_spaces(other)
 
 
 def test_embedding_is_deterministic(engine: OnnxEngine) -> None:
