@@ -25,6 +25,7 @@ from llama_cpp.llama_grammar import STRING_FORMAT_RULES, SchemaConverter
 from edgefn_core.errors import EngineError
 
 from ..protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Generate
+from .schema_limits import Budget, check_grammar_size, check_size, subschemas
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
                          "$comment", "deprecated", "readOnly", "writeOnly", "strict"})
@@ -156,17 +157,11 @@ def _check_keyword(schema: dict[str, Any], key: str, value: Any, where: str) -> 
 
 
 def _children(schema: dict[str, Any], where: str) -> list[tuple[str, Any]]:
-    """The subschemas of `schema`, each with its JSON path."""
-    out: list[tuple[str, Any]] = []
+    """The subschemas of `schema`, each with its JSON path. Raises `EngineError` for
+    a ``properties`` or ``$defs`` that is not an object."""
     for key in ("properties", "$defs", "definitions"):
-        out += [(f"{where}.{key}.{k}", v) for k, v in _mapping(schema, key, where).items()]
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            out.append((f"{where}.{key}", schema[key]))
-    for key in ("prefixItems", "anyOf", "items"):
-        if isinstance(schema.get(key), list):
-            out += [(f"{where}.{key}[{i}]", v) for i, v in enumerate(schema[key])]
-    return out
+        _mapping(schema, key, where)
+    return subschemas(schema, where)
 
 
 def _mapping(schema: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -183,8 +178,9 @@ def _unsupported(where: str, why: str) -> EngineError:
 def grammar_for(req: Generate) -> str | None:
     """The GBNF grammar that `req`'s ``response_format`` and tools ask for, or None
     for free text. Raises `EngineError` (400) for a schema the grammar cannot
-    enforce, also one the converter trips over (a value of the wrong type where it
-    expects a schema, nesting past Python's recursion limit)."""
+    enforce or one past a size limit (`schema_limits`), also one the converter trips
+    over (a value of the wrong type where it expects a schema, nesting past Python's
+    recursion limit)."""
     try:
         return _grammar_for(req)
     except EngineError:
@@ -197,32 +193,35 @@ def grammar_for(req: Generate) -> str | None:
 
 def _grammar_for(req: Generate) -> str | None:
     conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-    answer = _answer_rule(conv, req.response_format)
+    budget = Budget()  # the size limits hold for response_format and the tools together
+    answer = _answer_rule(conv, req.response_format, budget)
     tools = req.tools if req.tools and req.tool_choice != "none" else []
     if not tools:
-        return None if answer is None else _grammar(conv, answer)
-    calls = _calls_rule(conv, tools, req.tool_choice, req.parallel_tool_calls)
+        return None if answer is None else _grammar(conv, answer, "response_format")
+    calls = _calls_rule(conv, tools, req.tool_choice, req.parallel_tool_calls, budget)
     if req.tool_choice in (None, "auto"):
         if answer is None:
             conv._rules["text"] = FREE_TEXT.split(" ::= ", 1)[1]
             answer = "text"
-        return _grammar(conv, f"{calls} | {answer}")
-    return _grammar(conv, calls)
+        return _grammar(conv, f"{calls} | {answer}", "tools")
+    return _grammar(conv, calls, "tools")
 
 
-def _answer_rule(conv: SchemaConverter, fmt: dict[str, Any] | None) -> str | None:
+def _answer_rule(conv: SchemaConverter, fmt: dict[str, Any] | None, budget: Budget
+                 ) -> str | None:
     """The rule a plain answer follows (None: free text). Raises `EngineError`."""
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
         return _visit(conv, {"type": "object"}, "answer", "response_format")
     schema = (fmt.get("json_schema") or {}).get("schema", {"type": "object"})
+    check_size(schema, "response_format.json_schema.schema", budget)
     check_schema(schema, "response_format.json_schema.schema")
     return _visit(conv, schema, "answer", "response_format.json_schema.schema")
 
 
 def _calls_rule(conv: SchemaConverter, tools: list[dict[str, Any]], choice: Any,
-                parallel: bool) -> str:
+                parallel: bool, budget: Budget) -> str:
     """The rule for the tool calls `choice` allows. Raises `EngineError`."""
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     alts = []
@@ -232,6 +231,8 @@ def _calls_rule(conv: SchemaConverter, tools: list[dict[str, Any]], choice: Any,
             continue
         where = f"tools[{i}].function.parameters"
         params = fn.get("parameters") or {"type": "object", "properties": {}}
+        budget.spend(f"tools[{i}]", choices=1)  # each tool is one alternative of a call
+        check_size(params, where, budget)
         check_schema(params, where)
         args = _visit(conv, params, f"args-{i}", where)
         head = f'{TOOL_CALL_OPEN}{{"name": "{fn["name"]}", "arguments": '
@@ -253,6 +254,8 @@ def _visit(conv: SchemaConverter, schema: dict[str, Any], name: str, where: str)
         raise _unsupported(where, f"cannot be turned into a grammar ({e})") from None
 
 
-def _grammar(conv: SchemaConverter, root: str) -> str:
+def _grammar(conv: SchemaConverter, root: str, where: str) -> str:
+    """The grammar text. Raises `EngineError` if it is too long (`where` names the
+    field it came from)."""
     conv._rules["root"] = root
-    return str(conv.format_grammar())
+    return check_grammar_size(str(conv.format_grammar()), where)

@@ -201,3 +201,80 @@ def test_the_ai_binding_checks_the_same_fields() -> None:
         "response_format": {"type": "json_object"}}
     with pytest.raises(BindingError, match=r"ai\.complete takes no response_format"):
         _shaping("complete", {"model": "m", "response_format": {"type": "json_object"}})
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for i in range(levels - 1):
+        schema = {"type": "object", "properties": {f"k{i}": schema}, "required": [f"k{i}"]}
+    return schema
+
+
+def _props(n: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+
+
+def _objects(n: int, props: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"o{i}": _props(props) for i in range(n)}}
+
+
+def _enums(n: int, values: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"e{i}": {"enum": list(range(values))}
+                                             for i in range(n)}}
+
+
+# (a schema just inside a limit, one just past it, the refused part, its message)
+LIMITS = [
+    (_nested(32), _nested(33), ".".join(f"properties.k{i}" for i in range(31, -1, -1)),
+     "schemas nested more than 32 deep"),
+    (_props(100), _props(101), "properties", "an object of 101 properties (at most 100)"),
+    (_objects(5, 99), _objects(5, 100), "properties.o4.properties",
+     "505 properties in the request's schemas (at most 500 together)"),
+    ({"enum": list(range(500))}, {"enum": list(range(501))}, "enum",
+     "enum of 501 (at most 500)"),
+    ({"anyOf": [{"const": i} for i in range(100)]}, {"anyOf": [{"const": i} for i in range(101)]},
+     "anyOf", "anyOf of 101 (at most 100)"),
+    (_enums(2, 500), _enums(3, 334), "properties.e2.enum",
+     "1002 enum values, anyOf branches and tools in the request (at most 1000 together)"),
+    ({"type": "array", "maxItems": 1000}, {"type": "array", "maxItems": 1001}, "maxItems",
+     "maxItems of 1001 (0 to 1000)"),
+    ({"type": "array", "minItems": 1000}, {"type": "array", "minItems": 1001}, "minItems",
+     "minItems of 1001 (0 to 1000)"),
+    ({"type": "string", "maxLength": 1000}, {"type": "string", "maxLength": 1001}, "maxLength",
+     "maxLength of 1001 (0 to 1000)"),
+    ({"type": "string", "minLength": 1000}, {"type": "string", "minLength": 1001}, "minLength",
+     "minLength of 1001 (0 to 1000)"),
+    ({"const": "x" * 250_000}, {"const": "x" * 270_000}, "",
+     "the schema makes a grammar of 270"),
+]
+
+
+@pytest.mark.parametrize(("inside", "past", "where", "message"), LIMITS)
+def test_schemas_past_a_size_limit_are_refused_naming_it(inside: dict[str, Any],
+                                                         past: dict[str, Any], where: str,
+                                                         message: str) -> None:
+    assert grammar_for(Generate(1, "m", response_format=fmt(inside)))
+    with pytest.raises(EngineError) as e:
+        grammar_for(Generate(1, "m", response_format=fmt(past)))
+    path = "response_format.json_schema.schema" + (f".{where}" if where else "")
+    if not where:  # the grammar's size is the whole field's
+        path = "response_format"
+    assert (e.value.code, e.value.status) == ("unsupported_schema", 400)
+    assert str(e.value).startswith(f"{path}: {message}"), str(e.value)
+
+
+def test_the_totals_count_the_tools_and_the_format_together() -> None:
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": _props(100)}}
+             for i in range(4)]
+    req = Generate(1, "m", tools=tools, tool_choice="auto", response_format=fmt(_props(100)))
+    assert grammar_for(req)
+    more = [*tools, {"type": "function", "function": {"name": "g", "parameters": _props(1)}}]
+    with pytest.raises(EngineError, match=r"^tools\[4\]\.function\.parameters\.properties: "
+                                          r"501 properties"):
+        grammar_for(Generate(1, "m", tools=more, tool_choice="auto",
+                             response_format=fmt(_props(100))))
+    many = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(1001)]
+    assert grammar_for(Generate(1, "m", tools=many[:1000], tool_choice="auto"))
+    with pytest.raises(EngineError, match=r"^tools\[1000\]: 1001 enum values, anyOf branches "
+                                          r"and tools"):
+        grammar_for(Generate(1, "m", tools=many, tool_choice="auto"))

@@ -16,6 +16,7 @@ import pydantic
 import pytest
 
 from gpu_worker.models import packaged_model
+from tests.ai.structured.test_constrain import LIMITS
 from tests.support import Running, pop_thread
 
 CHAT = "smollm2-135m"
@@ -238,6 +239,26 @@ def test_bad_inputs_are_400_with_param(client: openai.OpenAI, fields: dict[str, 
     body: Any = e.value.body
     assert e.value.status_code == 400 and body["param"] == param
     assert body["type"] == "invalid_request_error" and body["message"]
+
+
+@pytest.mark.parametrize(("inside", "past", "where", "message"), LIMITS,
+                         ids=[m.split(" (")[0] for *_, m in LIMITS])
+def test_schema_size_limits_through_the_api(client: openai.OpenAI, inside: dict[str, Any],
+                                            past: dict[str, Any], where: str,
+                                            message: str) -> None:
+    """Just inside a limit the model answers (llama.cpp takes the grammar); just past
+    it the API answers 400 naming the limit and the schema part past it."""
+    def fmt(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+    r = chat(client, max_tokens=3, response_format=fmt(inside))
+    assert r.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, max_tokens=3, response_format=fmt(past))
+    body: Any = e.value.body
+    param = f"response_format.json_schema.schema.{where}" if where else "response_format"
+    assert body["param"] == param and body["code"] == "unsupported_schema"
+    assert body["message"].startswith(f"{param}: {message}")
 
 
 AGENT = Path(__file__).resolve().parents[3] / "functions" / "examples" / "agent-py"
