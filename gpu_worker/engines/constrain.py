@@ -4,7 +4,8 @@ parses (and validates against the schema it was given).
 
 - ``{"type": "json_object"}``: any JSON object.
 - ``{"type": "json_schema", "json_schema": {"schema": ...}}``: llama-cpp-python's
-  JSON Schema converter (`llama_cpp.llama_grammar.SchemaConverter`). It enforces
+  JSON Schema converter (`llama_cpp.llama_grammar.SchemaConverter`; enums written as
+  tries, `literal_trie`), within `schema_limits`. It enforces
   only part of JSON Schema; `check_schema` refuses every keyword outside that
   part (a 400 naming it) rather than produce output that may not validate.
 - tools: each call is written as ``TOOL_CALL_OPEN{"name": "<name>", "arguments":
@@ -25,6 +26,7 @@ from llama_cpp.llama_grammar import STRING_FORMAT_RULES, SchemaConverter
 from edgefn_core.errors import EngineError
 
 from ..protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Generate
+from .literal_trie import TrieConverter
 from .schema_limits import Budget, check_grammar_size, check_size, subschemas
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
@@ -192,7 +194,7 @@ def grammar_for(req: Generate) -> str | None:
 
 
 def _grammar_for(req: Generate) -> str | None:
-    conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    conv = TrieConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     budget = Budget()  # the size limits hold for response_format and the tools together
     answer = _answer_rule(conv, req.response_format, budget)
     tools = req.tools if req.tools and req.tool_choice != "none" else []
