@@ -27,7 +27,7 @@ from edgefn_core.errors import EngineError
 
 from ..protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Generate
 from .literal_trie import TrieConverter
-from .schema_limits import Budget, check_grammar_size, check_size, subschemas
+from .schema_limits import Budget, check_grammar_size, check_size, check_tools, subschemas
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
                          "$comment", "deprecated", "readOnly", "writeOnly", "strict"})
@@ -225,6 +225,7 @@ def _answer_rule(conv: SchemaConverter, fmt: dict[str, Any] | None, budget: Budg
 def _calls_rule(conv: SchemaConverter, tools: list[dict[str, Any]], choice: Any,
                 parallel: bool, budget: Budget) -> str:
     """The rule for the tool calls `choice` allows. Raises `EngineError`."""
+    check_tools(tools)
     named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     alts = []
     for i, tool in enumerate(tools):

@@ -11,6 +11,8 @@ vocabulary vs a plain decode step, same run):
   watchdog; ``anyOf`` of 100 objects 3x, 1000 objects 19-32x;
 - an object's optional properties cost the converter ~n^2.3: 100 of them
   0.14 s, 300 1.8 s, 900 15 s (the worker's loop held throughout);
+- each tool is an alternative too: 128 tools 4-6x a token, 1000 past 300 s for
+  a few steps;
 - ``maxItems``/``maxLength`` past ~1100 is refused by llama.cpp's parser with
   no reason given; up to 1000 costs 1.2-1.7x a token.
 
@@ -32,6 +34,7 @@ MAX_TOTAL_PROPERTIES = 500  # in the request's schemas together
 MAX_ENUM = 500  # values of one enum (OpenAI's figure)
 MAX_ANY_OF = 100  # branches of one anyOf
 MAX_TOTAL_CHOICES = 1000  # enum values, anyOf branches and tools together (OpenAI: 1000)
+MAX_TOOLS = 128  # OpenAI's figure: each is an alternative of a call (128: 4-6x a token)
 MAX_COUNT = 1000  # minItems, maxItems, minLength, maxLength
 MAX_GRAMMAR_CHARS = 256 * 1024
 COUNTS = ("minItems", "maxItems", "minLength", "maxLength")
@@ -101,6 +104,12 @@ def subschemas(schema: dict[str, Any], where: str) -> list[tuple[str, Any]]:
         if isinstance(schema.get(key), list):
             out += [(f"{where}.{key}[{i}]", v) for i, v in enumerate(schema[key])]
     return out
+
+
+def check_tools(tools: list[Any]) -> None:
+    """Raises `EngineError` (400) for more than MAX_TOOLS tools."""
+    if len(tools) > MAX_TOOLS:
+        raise too_big("tools", f"{len(tools)} tools (at most {MAX_TOOLS})")
 
 
 def check_grammar_size(grammar: str, where: str) -> str:

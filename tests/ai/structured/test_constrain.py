@@ -273,8 +273,17 @@ def test_the_totals_count_the_tools_and_the_format_together() -> None:
                                           r"501 properties"):
         grammar_for(Generate(1, "m", tools=more, tool_choice="auto",
                              response_format=fmt(_props(100))))
-    many = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(1001)]
-    assert grammar_for(Generate(1, "m", tools=many[:1000], tool_choice="auto"))
-    with pytest.raises(EngineError, match=r"^tools\[1000\]: 1001 enum values, anyOf branches "
-                                          r"and tools"):
-        grammar_for(Generate(1, "m", tools=many, tool_choice="auto"))
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "enum": list(range(7))}}} for i in range(125)]
+    assert grammar_for(Generate(1, "m", tools=tools, tool_choice="auto"))  # 125 + 875
+    with pytest.raises(EngineError, match=r"^tools\[124\]\.function\.parameters\.enum: 1001 "
+                                          r"enum values, anyOf branches and tools"):
+        grammar_for(Generate(1, "m", tools=tools, tool_choice="auto",
+                             response_format=fmt({"enum": [1]})))
+
+
+def test_at_most_128_tools() -> None:
+    tools = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]
+    assert grammar_for(Generate(1, "m", tools=tools[:128], tool_choice="auto"))
+    with pytest.raises(EngineError, match=r"^tools: 129 tools \(at most 128\)$"):
+        grammar_for(Generate(1, "m", tools=tools, tool_choice="auto"))

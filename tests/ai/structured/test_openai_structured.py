@@ -228,6 +228,8 @@ def test_penalties_change_the_output(client: openai.OpenAI) -> None:
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "patternProperties": {}}}}]},
      "tools[0].function.parameters.patternProperties"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]},
+     "tools"),
     ({"logit_bias": {"999999": 5}}, "logit_bias"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"tool_choice": "required"}, "tool_choice"),
