@@ -27,7 +27,14 @@ from edgefn_core.errors import EngineError
 
 from ..protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, Generate
 from .literal_trie import TrieConverter
-from .schema_limits import Budget, check_grammar_size, check_size, check_tools, subschemas
+from .schema_limits import (
+    Budget,
+    check_grammar_size,
+    check_size,
+    check_tools,
+    check_width,
+    subschemas,
+)
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
                          "$comment", "deprecated", "readOnly", "writeOnly", "strict"})
@@ -219,6 +226,7 @@ def _answer_rule(conv: SchemaConverter, fmt: dict[str, Any] | None, budget: Budg
     schema = (fmt.get("json_schema") or {}).get("schema", {"type": "object"})
     check_size(schema, "response_format.json_schema.schema", budget)
     check_schema(schema, "response_format.json_schema.schema")
+    check_width(schema, "response_format.json_schema.schema")
     return _visit(conv, schema, "answer", "response_format.json_schema.schema")
 
 
@@ -237,6 +245,7 @@ def _calls_rule(conv: SchemaConverter, tools: list[dict[str, Any]], choice: Any,
         budget.spend(f"tools[{i}]", choices=1)  # each tool is one alternative of a call
         check_size(params, where, budget)
         check_schema(params, where)
+        check_width(params, where)
         args = _visit(conv, params, f"args-{i}", where)
         head = f'{TOOL_CALL_OPEN}{{"name": "{fn["name"]}", "arguments": '
         alts.append(f'{conv._format_literal(head)} {args} '

@@ -11,6 +11,10 @@ vocabulary vs a plain decode step, same run):
   watchdog; ``anyOf`` of 100 objects 3x, 1000 objects 19-32x;
 - an object's optional properties cost the converter ~n^2.3: 100 of them
   0.14 s, 300 1.8 s, 900 15 s (the worker's loop held throughout);
+- an anyOf inside the branches of another multiplies: 4 levels of 10 branches
+  reached through ``$ref`` (40 in all) cost 30 s a token once the model wrote
+  ``{"k": {"k": {"k": {"k": ``, and a recursive ``$ref`` under two branches of
+  an anyOf doubles the stacks at each level the model nests;
 - each tool is an alternative too: 128 tools 4-6x a token, 1000 past 300 s for
   a few steps;
 - ``maxItems``/``maxLength`` past ~1100 is refused by llama.cpp's parser with
@@ -32,7 +36,8 @@ MAX_DEPTH = 32  # nested schemas (OpenAI: 10); the grammar text grows as its squ
 MAX_PROPERTIES = 100  # in one object (OpenAI's figure)
 MAX_TOTAL_PROPERTIES = 500  # in the request's schemas together
 MAX_ENUM = 500  # values of one enum (OpenAI's figure)
-MAX_ANY_OF = 100  # branches of one anyOf
+MAX_ANY_OF = 100  # branches of one anyOf; also alternatives open at once (`check_width`)
+MAX_WIDTH_VISITS = 20_000  # schema nodes `check_width` walks, $refs expanded
 MAX_TOTAL_CHOICES = 1000  # enum values, anyOf branches and tools together (OpenAI: 1000)
 MAX_TOOLS = 128  # OpenAI's figure: each is an alternative of a call (128: 4-6x a token)
 MAX_COUNT = 1000  # minItems, maxItems, minLength, maxLength
@@ -104,6 +109,56 @@ def subschemas(schema: dict[str, Any], where: str) -> list[tuple[str, Any]]:
         if isinstance(schema.get(key), list):
             out += [(f"{where}.{key}[{i}]", v) for i, v in enumerate(schema[key])]
     return out
+
+
+def check_width(schema: Any, where: str) -> None:
+    """Raises `EngineError` (400) if more than MAX_ANY_OF alternatives of `schema`
+    (anyOf branches inside anyOf branches, $refs followed) may be open at once, or
+    two branches of one anyOf recurse through the same $ref."""
+    width, _ = _Widths(schema, where).of(schema, where, ())
+    if width > MAX_ANY_OF:
+        raise too_big(where, f"up to {width} anyOf alternatives open at once (anyOf inside "
+                      f"anyOf, also through $ref; at most {MAX_ANY_OF})")
+
+
+@dataclass
+class _Widths:
+    """One walk of `root` (at JSON path `where`) for `check_width`."""
+
+    root: Any
+    where: str
+    visits: int = 0
+
+    def of(self, node: Any, path: str, active: tuple[str, ...]) -> tuple[int, set[str]]:
+        """(alternatives `node` may hold open at once, the $refs on `active` it reaches)."""
+        self.visits += 1
+        if self.visits > MAX_WIDTH_VISITS:
+            raise too_big(self.where, f"a schema of over {MAX_WIDTH_VISITS} parts with its "
+                          "$refs expanded")
+        if not isinstance(node, dict):
+            return 1, set()
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if ref in active:
+                return 1, {ref}
+            return self.of(_resolve(self.root, ref), path, (*active, ref))
+        parts = [self.of(sub, sub_path, active) for sub_path, sub in subschemas(node, path)
+                 if not sub_path[len(path):].startswith((".$defs.", ".definitions."))]
+        reached = set().union(*(r for _, r in parts)) if parts else set()
+        if not isinstance(node.get("anyOf"), list):
+            return max((w for w, _ in parts), default=1), reached
+        if sum(1 for _, r in parts if r) > 1:
+            raise too_big(f"{path}.anyOf", f"branches recursing through {sorted(reached)[0]} "
+                          "(the model's nesting would multiply the grammar's work)")
+        return sum(w for w, _ in parts), reached
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The subschema local reference `ref` (``#/a/b``) names in `root`; None if none."""
+    node = root
+    for part in ref.removeprefix("#/").split("/"):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def check_tools(tools: list[Any]) -> None:

@@ -223,7 +223,37 @@ def _enums(n: int, values: int) -> dict[str, Any]:
                                              for i in range(n)}}
 
 
-# (a schema just inside a limit, one just past it, the refused part, its message)
+def _unions(outer: int, inner: int, levels: int = 2) -> dict[str, Any]:
+    """`levels` of anyOf with `outer` objects whose "k" holds the next level (through
+    $defs), the last an anyOf of `inner` consts."""
+    defs: dict[str, Any] = {f"d{levels - 1}": {"anyOf": [{"const": i} for i in range(inner)]}}
+    for d in range(levels - 1):
+        defs[f"d{d}"] = {"anyOf": [{"type": "object", "properties": {
+            "k": {"$ref": f"#/$defs/d{d + 1}"}, f"z{i}": {"type": "null"}},
+            "required": ["k", f"z{i}"]} for i in range(outer)]}
+    return {"type": "object", "properties": {"v": {"$ref": "#/$defs/d0"}}, "required": ["v"],
+            "$defs": defs}
+
+
+def _recursive(branches: int) -> dict[str, Any]:
+    """A node that is null or one of `branches` objects whose "k" is a node."""
+    objects = [{"type": "object", "properties": {"k": {"$ref": "#/$defs/n"}, f"z{i}": {
+        "type": "null"}}, "required": ["k", f"z{i}"]} for i in range(branches)]
+    return {"type": "object", "properties": {"v": {"$ref": "#/$defs/n"}}, "required": ["v"],
+            "$defs": {"n": {"anyOf": [*objects, {"type": "null"}]}}}
+
+
+def _fanout(levels: int) -> dict[str, Any]:
+    """2**`levels` strings: each level an object of two properties holding the next."""
+    defs: dict[str, Any] = {f"d{levels}": {"type": "string"}}
+    for d in range(levels):
+        defs[f"d{d}"] = {"type": "object", "properties": {
+            k: {"$ref": f"#/$defs/d{d + 1}"} for k in "ab"}, "required": ["a", "b"]}
+    return {"$defs": defs, **defs["d0"]}
+
+
+# (a schema just inside a limit, one just past it, the refused part (None: the schema,
+# "": response_format), its message)
 LIMITS = [
     (_nested(32), _nested(33), ".".join(f"properties.k{i}" for i in range(31, -1, -1)),
      "schemas nested more than 32 deep"),
@@ -244,6 +274,9 @@ LIMITS = [
      "maxLength of 1001 (0 to 1000)"),
     ({"type": "string", "minLength": 1000}, {"type": "string", "minLength": 1001}, "minLength",
      "minLength of 1001 (0 to 1000)"),
+    (_unions(10, 10), _unions(11, 10), None, "up to 110 anyOf alternatives open at once"),
+    (_recursive(1), _recursive(2), "properties.v.anyOf", "branches recursing through #/$defs/n"),
+    (_fanout(12), _fanout(13), None, "a schema of over 20000 parts"),
     ({"const": "x" * 250_000}, {"const": "x" * 270_000}, "",
      "the schema makes a grammar of 270"),
 ]
@@ -251,14 +284,14 @@ LIMITS = [
 
 @pytest.mark.parametrize(("inside", "past", "where", "message"), LIMITS)
 def test_schemas_past_a_size_limit_are_refused_naming_it(inside: dict[str, Any],
-                                                         past: dict[str, Any], where: str,
+                                                         past: dict[str, Any],
+                                                         where: str | None,
                                                          message: str) -> None:
     assert grammar_for(Generate(1, "m", response_format=fmt(inside)))
     with pytest.raises(EngineError) as e:
         grammar_for(Generate(1, "m", response_format=fmt(past)))
-    path = "response_format.json_schema.schema" + (f".{where}" if where else "")
-    if not where:  # the grammar's size is the whole field's
-        path = "response_format"
+    path = "response_format" if where == "" else "response_format.json_schema.schema" + (
+        f".{where}" if where else "")
     assert (e.value.code, e.value.status) == ("unsupported_schema", 400)
     assert str(e.value).startswith(f"{path}: {message}"), str(e.value)
 
