@@ -36,7 +36,7 @@ from ..models import converted, packaged_model
 from ..protocol import Generate
 from . import Engine, ModelInfo, Sink
 from .batching import Scheduler, Seq, shaping_of
-from .constrain import grammar_for
+from .grammar_cache import Grammars
 from .llama_driver import Driver, LoadAdapter, UnloadAdapter
 from .llama_model import LlamaModel, content_text
 from .tool_prompt import with_tools
@@ -74,6 +74,7 @@ class LlamaEngine(Engine):
                                           self.spec.gpu_layers)
         self.path = source
         self.limit = min(self.lm.n_ctx, self.lm.n_ctx_train or self.lm.n_ctx)
+        self.grammars = Grammars(self.lm.check_grammar)
         sched = Scheduler(self.spec.max_batch, self.lm.n_ctx,
                           max_wait=self.spec.max_queue_seconds or None)
         self.driver = Driver(self.lm, sched, self.metrics, f"llama-{self.spec.name}")
@@ -100,9 +101,7 @@ class LlamaEngine(Engine):
         if adapter is not None and adapter not in self.loras:
             raise EngineError("model_not_found", 404, f"model {req.model!r} does not exist")
         prompt = self._tokenize(req)
-        grammar = grammar_for(req)
-        if grammar is not None:
-            self.lm.check_grammar(grammar)
+        grammar = self.grammars.for_request(req)
         scale = self.loras[adapter][1] if adapter else 1.0
         self.driver.mailbox.post_seq(Seq(req, sink, prompt, adapter, scale,
                                          shaping_of(req, grammar)))
