@@ -12,23 +12,65 @@ has choices.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
-_END = ""  # a trie node's key marking that a text ends there (no character is "")
+_END = ""  # a trie node's key marking that a text ends there (no unit is "")
+# a JSON text's units: a whole escape or one character. Parted inside an escape, a
+# literal ended on a lone backslash or held a \u without its digits, which llama.cpp
+# cannot parse (every enum of two CJK or accented values)
+_UNIT = re.compile(r"\\u[0-9a-fA-F]{4}|\\.|.", re.DOTALL)
 Trie = dict[str, "Trie"]
 
 
 class TrieConverter(SchemaConverter):
-    """`SchemaConverter` whose enums become tries (the grammar allows the same texts)."""
+    """`SchemaConverter` whose enums become tries (the grammar allows the same texts),
+    and whose literals escape a backslash (`gbnf_literal`)."""
 
     def visit(self, schema: dict[str, Any], name: str) -> str:
         if not _plain_enum(schema):
             return str(super().visit(schema, name))
         rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
         texts = [json.dumps(value) for value in schema["enum"]]
-        return str(self._add_rule(rule_name, trie_rule(texts, self._format_literal)))
+        return str(self._add_rule(rule_name, trie_rule(texts, gbnf_literal)))
+
+    def _format_literal(self, literal: str) -> str:
+        return gbnf_literal(literal)
+
+
+_GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"}
+
+
+def gbnf_literal(text: str) -> str:
+    """The GBNF literal matching the JSON text `text` (as ``json.dumps`` writes it).
+
+    llama-cpp-python's converter escapes only quotes and line ends, so a value
+    holding a quote or a backslash (``"x\\"1"``) made a grammar llama.cpp cannot
+    parse, and ``\\n`` matched a raw line end (JSON that does not parse). Here a
+    backslash is escaped too, except that a ``\\uXXXX`` of a printable character
+    is left for llama.cpp to read as that character (so the model writes
+    ``"東京"``, as the converter let it), a surrogate pair as one ``\\U`` escape.
+    """
+    units = _UNIT.findall(text)
+    out = []
+    i = 0
+    while i < len(units):
+        unit = units[i]
+        code = int(unit[2:], 16) if len(unit) == 6 and unit.startswith("\\u") else -1
+        low = (int(units[i + 1][2:], 16) if i + 1 < len(units) and len(units[i + 1]) == 6
+               and units[i + 1].startswith("\\u") else -1)
+        if 0xD800 <= code <= 0xDBFF and 0xDC00 <= low <= 0xDFFF:
+            out.append(f"\\U{0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00):08X}")
+            i += 2
+            continue
+        if code >= 0x20 and not 0xD800 <= code <= 0xDFFF:
+            out.append(unit)
+        else:
+            out.append("".join(_GBNF_ESCAPES.get(c, c) for c in unit))
+        i += 1
+    return '"' + "".join(out) + '"'
 
 
 def _plain_enum(schema: dict[str, Any]) -> bool:
@@ -40,13 +82,13 @@ def _plain_enum(schema: dict[str, Any]) -> bool:
 
 
 def trie_rule(texts: list[str], literal: Any) -> str:
-    """A GBNF rule body matching exactly the non-empty `texts`; `literal(s)` writes
-    the GBNF literal for `s`."""
+    """A GBNF rule body matching exactly the non-empty `texts`, parted only between
+    `_UNIT`s; `literal(s)` writes the GBNF literal for `s`."""
     root: Trie = {}
     for text in texts:
         node = root
-        for c in text:
-            node = node.setdefault(c, {})
+        for unit in _UNIT.findall(text):
+            node = node.setdefault(unit, {})
         node[_END] = {}
     return _branches(root, literal)
 

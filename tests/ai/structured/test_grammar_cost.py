@@ -3,6 +3,7 @@ and the time to match the packaged model's whole vocabulary against it."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_worker.engines.constrain import grammar_for
-from gpu_worker.engines.literal_trie import trie_rule
+from gpu_worker.engines.literal_trie import gbnf_literal, trie_rule
 from gpu_worker.engines.llama_model import LlamaModel
 from gpu_worker.engines.llama_sampling import GrammarSampler
 from gpu_worker.models import packaged_model
@@ -29,6 +30,34 @@ def test_a_trie_allows_exactly_its_texts(texts: list[str], other: str) -> None:
     allowed = re.compile(trie_rule(texts, lambda s: f"(?:{re.escape(s)})"), re.VERBOSE)
     assert all(allowed.fullmatch(t) for t in texts)
     assert bool(allowed.fullmatch(other)) == (other in texts)
+
+
+def read_literal(literal: str) -> str:
+    """What a GBNF literal matches (llama.cpp's escapes)."""
+    assert literal[0] == literal[-1] == '"'
+    body, out, i = literal[1:-1], [], 0
+    while i < len(body):
+        c = body[i]
+        assert c != '"', literal  # an unescaped quote ends the literal early
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        kind = body[i + 1]
+        width = {"x": 2, "u": 4, "U": 8}.get(kind)
+        if width:
+            out.append(chr(int(body[i + 2:i + 2 + width], 16)))
+            i += 2 + width
+        else:
+            out.append({"n": "\n", "r": "\r", "t": "\t"}.get(kind, kind))
+            i += 2
+    return "".join(out)
+
+
+@given(st.text() | st.lists(st.text(max_size=3), max_size=3))
+def test_a_literal_matches_json_that_reads_back_as_the_value(value: object) -> None:
+    matched = read_literal(gbnf_literal(json.dumps(value)))
+    assert json.loads(matched) == value
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +92,20 @@ def test_an_enum_of_500_values_costs_about_what_two_do(lm: LlamaModel) -> None:
     two = _vocab_match_seconds(lm, {"enum": ["value-0", "value-1"]})
     many = _vocab_match_seconds(lm, {"enum": [f"value-{i}" for i in range(500)]})
     assert many < 8 * two, (many, two)
+
+
+@pytest.mark.parametrize("schema", [
+    {"enum": ["東京", "大阪"]}, {"enum": ["ä", "ö"]}, {"enum": ["a\nb", "a\tb"]},
+    {"enum": ["x\"1", "x\\2"]}, {"enum": ["😀", "😁"]}, {"enum": ["\\", "\\u0041"]},
+    {"const": "say \"hi\"\\"}, {"type": "object", "properties": {"a\"b\\": {"type": "string"}}},
+])
+def test_values_with_escapes_make_a_grammar_llama_cpp_reads(
+        lm: LlamaModel, schema: dict[str, object]) -> None:
+    """The trie parts texts at whole JSON escapes (``\\u6771``, ``\\n``): parted
+    inside one, a literal ended on a lone backslash or a ``\\u`` without its digits;
+    and a quote or backslash in a value (or a property name) needs its backslash
+    escaped in the literal."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    grammar = grammar_for(Generate(1, "m", response_format=fmt))
+    assert grammar is not None
+    lm.check_grammar(grammar)  # raises EngineError where llama.cpp cannot parse it
