@@ -262,18 +262,26 @@ class Scheduler:
         return victims
 
     def _paused_victims(self, now: float) -> list[Seq]:
+        found = self._eviction()
+        return found[1] if found is not None and found[0] <= now else []
+
+    def _eviction(self) -> tuple[float, list[Seq]] | None:
+        """The fewest longest-paused sequences whose slots and cells would let the
+        queue's head in, and when (``perf_counter``) the last of them will have been
+        paused `pause_grace`; None if the head fits already or no such set exists.
+        `has_work` and `next_wake` both ask it: read at one instant each, a grace
+        ending between the two calls could not leave the thread asleep for good."""
         head = self._head()
         if head is None or self._admits(head):
-            return []
-        paused = sorted((s for s in self.running.values()
-                         if s.credit <= 0 and s.paused_at + self.pause_grace <= now),
+            return None
+        paused = sorted((s for s in self.running.values() if s.credit <= 0),
                         key=lambda s: s.paused_at)
-        slots, in_use, running = len(self.free_slots), self.in_use, len(self.running)
+        in_use, running = self.in_use, len(self.running)
         for n, s in enumerate(paused, 1):
-            slots, in_use, running = slots + 1, in_use - s.footprint, running - 1
+            in_use, running = in_use - s.footprint, running - 1
             if self._fits(head, in_use, running):
-                return paused[:n]
-        return []
+                return s.paused_at + self.pause_grace, paused[:n]
+        return None
 
     def _preempt(self, s: Seq) -> None:
         del self.running[s.rid]
@@ -297,18 +305,17 @@ class Scheduler:
             self.waiting.remove(s)
         return out
 
-    def next_wake(self, now: float | None = None) -> float | None:
+    def next_wake(self) -> float | None:
         """When (``perf_counter``) the scheduler has something to do without news:
-        the oldest new waiting sequence becomes overdue, or a sequence paused for
-        credit may yield to the queue's head. None: nothing to wait for."""
-        now = time.perf_counter() if now is None else now
+        the oldest new waiting sequence becomes overdue, or sequences paused for
+        credit may yield to the queue's head (`_eviction`); perhaps a time already
+        past, which `has_work` then sees. None: nothing to wait for."""
         times: list[float] = []
         first = next((s for s in self.waiting if not s.preempted), None)
         if first is not None and self.max_wait is not None:
             times.append(first.submitted + self.max_wait)
-        if self.waiting:
-            times += [at for s in self.running.values()
-                      if s.credit <= 0 and (at := s.paused_at + self.pause_grace) > now]
+        if (found := self._eviction()) is not None:
+            times.append(found[0])
         return min(times, default=None)
 
     def unqueue(self, rid: int) -> Seq | None:

@@ -282,7 +282,7 @@ def test_no_work_while_the_queue_head_does_not_fit_and_nothing_runs_with_credit(
     assert [s.rid for s in sched.admit()] == [1]
     paused_at = sched.running[1].paused_at
     assert not sched.has_work(paused_at + 0.5)  # slots are free, but admit() takes nothing
-    assert sched.next_wake(paused_at + 0.5) == paused_at + 1.0  # when 1 may yield to 2
+    assert sched.next_wake() == paused_at + 1.0  # when 1 may yield to 2
     sched.credit(1, 1)
     assert sched.has_work(paused_at + 0.5)  # the running one may go on
     sched.release(sched.running[1])
@@ -373,11 +373,26 @@ def test_a_sequence_paused_past_the_grace_yields_its_slot_to_the_queue() -> None
     slow.paused_at = 100.0
     sched.add([seq(2)])
     assert sched.evict_paused(100.5) == [] and not sched.has_work(100.5)
-    assert sched.next_wake(100.5) == 101.0
+    assert sched.next_wake() == 101.0
     assert sched.has_work(101.0)
     assert sched.evict_paused(101.0) == [slow]
     assert [s.rid for s in sched.admit()] == [2]
     assert waiting(sched) == [1] and slow.prompt[10:] == [1000, 1001, 1002]
+
+
+def test_a_grace_that_ends_between_has_work_and_next_wake_still_wakes_the_thread() -> None:
+    """`Mailbox.take` asks `has_work`, then `next_wake`, at two instants: a grace
+    ending between them left no wake-up time, and the thread slept until other news
+    (helper 110's review)."""
+    sched = Scheduler(slots=1, kv_tokens=100, pause_grace=1.0)
+    slow = seq(1, prompt_len=60, window=0)
+    sched.add([slow])
+    sched.admit()
+    slow.paused_at = 10.0
+    sched.add([seq(2, prompt_len=60)])
+    assert not sched.has_work(10.9999)
+    assert sched.next_wake() == 11.0  # also once 11.0 has passed
+    assert sched.has_work(11.0) and sched.evict_paused(11.0) == [slow]
 
 
 def test_paused_sequences_yield_only_when_that_lets_the_head_in() -> None:
@@ -388,7 +403,7 @@ def test_paused_sequences_yield_only_when_that_lets_the_head_in() -> None:
     now = paused.paused_at + 5
     busy.paused_at = now - 0.5
     assert sched.evict_paused(now) == []  # without 1: 60 + 30 + 16 > 100 still
-    assert not sched.has_work(now) and sched.next_wake(now) == pytest.approx(now + 0.5)
+    assert not sched.has_work(now) and sched.next_wake() == pytest.approx(now + 0.5)
     assert sched.evict_paused(now + 0.6) == [paused, busy]  # both may yield now
     assert [s.rid for s in sched.admit()] == [3]  # 1 and 2 wait for their readers
     assert sorted(waiting(sched)) == [1, 2] and sorted(sched.preempted) == [1, 2]
@@ -404,9 +419,9 @@ def test_overdue_never_turns_away_a_preempted_sequence() -> None:
     late = seq(3, prompt_len=1)
     sched.add([late])
     now = late.submitted + 1.0
-    assert sched.next_wake(now - 0.5) == now  # 2 submitted earlier, but never overdue
+    assert sched.next_wake() == now  # 2 submitted earlier, but never overdue
     assert sched.overdue(now) == [late]
-    assert waiting(sched) == [2] and sched.next_wake(now) is None
+    assert waiting(sched) == [2] and sched.next_wake() is None
 
 
 def test_a_preempted_sequence_can_be_unqueued() -> None:
