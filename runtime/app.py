@@ -65,15 +65,18 @@ def _lock(data_dir: Path) -> IO[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, AdminThread]]:
+async def running_pop(config: PopConfig, freeze_heap: bool = False
+                      ) -> AsyncIterator[tuple[PoP, Server, AdminThread]]:
     """A PoP built from `config`, started (public and admin listeners, the model
-    worker when [ai] is enabled), and shut down gracefully on exit.
+    worker when [ai] is enabled), and shut down gracefully on exit. `freeze_heap`:
+    once booted, its heap is kept out of the cyclic GC's walks (`boot_heap`), for
+    a process that runs this one PoP for its life.
 
     Raises `DataDirBusy` if another PoP holds the data dir, OSError if a port is taken.
     """
     lock = _lock(config.data_dir)
     try:
-        async with running_worker(config, None) as (pop, public, admin):
+        async with running_worker(config, None, freeze_heap) as (pop, public, admin):
             assert admin is not None  # a lone PoP has its admin API
             yield pop, public, admin
     finally:
@@ -81,7 +84,7 @@ async def running_pop(config: PopConfig) -> AsyncIterator[tuple[PoP, Server, Adm
 
 
 @contextlib.asynccontextmanager
-async def running_worker(config: PopConfig, role: Role | None
+async def running_worker(config: PopConfig, role: Role | None, freeze_heap: bool = False
                          ) -> AsyncIterator[tuple[PoP, Server, AdminThread | None]]:
     """A PoP started as `running_pop` does, without taking the data dir's lock; as
     one of ``workers = N`` (`role`), it listens beside the others (SO_REUSEPORT),
@@ -133,7 +136,7 @@ async def running_worker(config: PopConfig, role: Role | None
             _purge_expired(pop, config.stores.purge_interval)) if admin is not None else None
         shipper = _ship_samples(pop) if admin is not None else None
         try:
-            with boot_heap.frozen():
+            with boot_heap.frozen() if freeze_heap else contextlib.nullcontext():
                 yield pop, public, admin
         finally:
             for task in (purger, shipper):

@@ -8,6 +8,14 @@ requests each time the allocations of any thread tripped a full collection (once
 quiet phase of ``bench_kv.py --only large``). `gc.freeze()` moves them to the
 permanent generation, which collections skip; what is made after boot is collected
 as before.
+
+Only for a process that runs one PoP for its life (``edgefn serve``/``dev``, each of
+``workers = N``: `runtime.app.running_pop`'s ``freeze_heap``): frozen garbage is
+never collected, so the heap is collected first, and a process that runs PoPs one
+after another (the tests) does not freeze at all: there the cycles of every PoP
+already stopped (their wasmtime engines, each reserving its instance pool's address
+space) were frozen with the next one, until wasmtime could not reserve another
+pool and aborted the test run.
 """
 
 from __future__ import annotations
@@ -18,18 +26,16 @@ import threading
 from collections.abc import Iterator
 
 _lock = threading.Lock()
-_running = 0  # PoPs of this process inside `frozen()` (tests run several, on threads)
+_running = 0  # PoPs of this process inside `frozen()`
 
 
 @contextlib.contextmanager
 def frozen() -> Iterator[None]:
-    """Freeze the heap now; on exit of the last such PoP, unfreeze it, so that a
-    process running PoPs one after another (the tests) collects the cycles one left.
-    No `gc.collect()` first: over the test process's heap it cost ~0.2 s a PoP, and
-    the cycles boot leaves are few and returned at exit."""
+    """Collect, then freeze the heap; on exit of the last such PoP, unfreeze it."""
     global _running
     with _lock:
         _running += 1
+        gc.collect()  # boot's own garbage is not kept for the PoP's life
         gc.freeze()
     try:
         yield

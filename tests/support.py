@@ -83,9 +83,10 @@ class Running:
 
 @contextmanager
 def pop_thread(data: Path, port: int = 0, ai: bool = False, ai_config: str | None = None,
-               **overrides: Any) -> Iterator[Running]:
+               freeze_heap: bool = False, **overrides: Any) -> Iterator[Running]:
     """Run a real PoP (public + admin listeners) on loopback in a background thread;
-    `overrides` are PopConfig fields (``"http.max_body_bytes": 1024``)."""
+    `overrides` are PopConfig fields (``"http.max_body_bytes": 1024``); `freeze_heap`
+    as `running_pop`'s (off: the tests run hundreds of PoPs in one process)."""
     cfg = config.load(None, data=str(data), **{"public.port": port, "ai.enabled": ai,
                                                "ai.worker_config": ai_config, **overrides})
     started = threading.Event()
@@ -96,7 +97,7 @@ def pop_thread(data: Path, port: int = 0, ai: bool = False, ai_config: str | Non
         box["stop"] = stop
         box["loop"] = asyncio.get_running_loop()
         try:
-            async with running_pop(cfg) as (pop, public, _admin):
+            async with running_pop(cfg, freeze_heap) as (pop, public, _admin):
                 box["pop"], box["addr"] = pop, public.address
                 started.set()
                 await stop.wait()

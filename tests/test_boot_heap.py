@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from tests.support import EXAMPLES, Running, pop_thread
@@ -35,7 +36,7 @@ def loop_lags(pop: Running, stop: threading.Event) -> list[float]:
 
 
 def test_a_full_collection_barely_delays_a_running_pops_loop(tmp_path: Path) -> None:
-    with pop_thread(tmp_path / "data") as pop:
+    with pop_thread(tmp_path / "data", freeze_heap=True) as pop:
         pop.deploy(EXAMPLES / "hello-wat")
         assert pop.get("/hello")[0] == 200
         stop = threading.Event()
@@ -55,7 +56,33 @@ def test_a_full_collection_barely_delays_a_running_pops_loop(tmp_path: Path) -> 
 
 def test_the_heap_is_frozen_while_a_pop_runs_and_unfrozen_after(tmp_path: Path) -> None:
     before = gc.get_freeze_count()
-    with pop_thread(tmp_path / "data") as pop:
+    with pop_thread(tmp_path / "data", freeze_heap=True) as pop:
         assert pop.get("/nothing-here")[0] == 404
         assert gc.get_freeze_count() > 10 * len(gc.get_objects())  # frozen: not walked
     assert gc.get_freeze_count() == before
+
+
+class Cycle:
+    """Garbage only the cyclic GC frees."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_garbage_is_collected_before_the_freeze_and_a_pop_run_by_tests_freezes_nothing(
+        tmp_path: Path) -> None:
+    """Frozen garbage lives as long as the freeze: the tests' process, running PoP
+    after PoP, kept every stopped PoP's wasmtime engine (and its pool's address
+    space) until wasmtime aborted the run."""
+    gc.disable()  # no automatic collection frees it first
+    try:
+        gone = weakref.ref(Cycle())
+        with pop_thread(tmp_path / "a", freeze_heap=True) as pop:
+            assert pop.get("/nothing-here")[0] == 404
+            assert gone() is None  # collected at the freeze, not frozen
+    finally:
+        gc.enable()
+    before = gc.get_freeze_count()
+    with pop_thread(tmp_path / "b") as pop:
+        assert pop.get("/nothing-here")[0] == 404
+        assert gc.get_freeze_count() == before

@@ -340,7 +340,7 @@ async def serve_workers(config: PopConfig, verbosity: int, dev_dir: str | None) 
 async def serve(config: PopConfig, dev_dir: str | None) -> None:
     """Run a PoP until SIGINT/SIGTERM; with `dev_dir`, deploy and watch its functions.
     Raises what `running_pop` raises (`DataDirBusy`, OSError for a taken port)."""
-    async with running_pop(config) as (pop, public, admin):
+    async with running_pop(config, freeze_heap=True) as (pop, public, admin):
         print_addresses(pop, public.address, admin.address, config.data_dir)
         if dev_dir is None:
             print_functions(pop.registry.listing())

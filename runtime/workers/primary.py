@@ -192,7 +192,7 @@ def worker_main(config: PopConfig, role: Role, ready: Connection, verbosity: int
 async def _worker(config: PopConfig, role: Role, ready: Connection) -> None:
     from runtime.app import running_worker
 
-    async with running_worker(config, role):
+    async with running_worker(config, role, freeze_heap=True):
         ready.send("ready")
         ready.close()
         await wait_for_signal()
