@@ -27,7 +27,7 @@ and every tool together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgefn_core.errors import EngineError
@@ -113,7 +113,8 @@ def subschemas(schema: dict[str, Any], where: str) -> list[tuple[str, Any]]:
 
 def check_width(schema: Any, where: str) -> None:
     """Raises `EngineError` (400) if more than MAX_ANY_OF alternatives of `schema`
-    (anyOf branches inside anyOf branches, $refs followed) may be open at once, or
+    (anyOf branches and lists of types inside anyOf branches, $refs followed) may be
+    open at once, or
     two branches of one anyOf recurse through the same $ref."""
     width, _ = _Widths(schema, where).of(schema, where, ())
     if width > MAX_ANY_OF:
@@ -128,6 +129,9 @@ class _Widths:
     root: Any
     where: str
     visits: int = 0
+    # a $ref whose schema reaches no $ref being expanded has one width wherever it is
+    # used: walked once (a definition reused at every level was walked 10^levels times)
+    done: dict[str, int] = field(default_factory=dict)
 
     def of(self, node: Any, path: str, active: tuple[str, ...]) -> tuple[int, set[str]]:
         """(alternatives `node` may hold open at once, the $refs on `active` it reaches)."""
@@ -141,12 +145,19 @@ class _Widths:
         if isinstance(ref, str):
             if ref in active:
                 return 1, {ref}
-            return self.of(_resolve(self.root, ref), path, (*active, ref))
+            if ref in self.done:
+                return self.done[ref], set()
+            width, reached = self.of(_resolve(self.root, ref), path, (*active, ref))
+            if not reached - {ref}:
+                self.done[ref] = width
+            return width, reached - {ref}
         parts = [self.of(sub, sub_path, active) for sub_path, sub in subschemas(node, path)
                  if not sub_path[len(path):].startswith((".$defs.", ".definitions."))]
         reached = set().union(*(r for _, r in parts)) if parts else set()
+        # a list of types is a union of that many alternatives (the converter's)
+        types = len(node["type"]) if isinstance(node.get("type"), list) else 1
         if not isinstance(node.get("anyOf"), list):
-            return max((w for w, _ in parts), default=1), reached
+            return max(types - 1 + max((w for w, _ in parts), default=1), 1), reached
         if sum(1 for _, r in parts if r) > 1:
             raise too_big(f"{path}.anyOf", f"branches recursing through {sorted(reached)[0]} "
                           "(the model's nesting would multiply the grammar's work)")

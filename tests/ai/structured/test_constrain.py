@@ -243,9 +243,14 @@ def _recursive(branches: int) -> dict[str, Any]:
             "$defs": {"n": {"anyOf": [*objects, {"type": "null"}]}}}
 
 
-def _fanout(levels: int) -> dict[str, Any]:
-    """2**`levels` strings: each level an object of two properties holding the next."""
-    defs: dict[str, Any] = {f"d{levels}": {"type": "string"}}
+def _fanout(levels: int, recursive: bool = False) -> dict[str, Any]:
+    """2**`levels` strings: each level an object of two properties holding the next;
+    `recursive`: the last one may hold the first again (a recursive $ref is expanded
+    at each use, not once: the walk takes 2**`levels` steps)."""
+    last: dict[str, Any] = {"type": "string"}
+    if recursive:
+        last = {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/d0"}]}
+    defs: dict[str, Any] = {f"d{levels}": last}
     for d in range(levels):
         defs[f"d{d}"] = {"type": "object", "properties": {
             k: {"$ref": f"#/$defs/d{d + 1}"} for k in "ab"}, "required": ["a", "b"]}
@@ -276,7 +281,7 @@ LIMITS = [
      "minLength of 1001 (0 to 1000)"),
     (_unions(10, 10), _unions(11, 10), None, "up to 110 anyOf alternatives open at once"),
     (_recursive(1), _recursive(2), "properties.v.anyOf", "branches recursing through #/$defs/n"),
-    (_fanout(12), _fanout(13), None, "a schema of over 20000 parts"),
+    (_fanout(12, True), _fanout(13, True), None, "a schema of over 20000 parts"),
     ({"const": "x" * 250_000}, {"const": "x" * 270_000}, "",
      "the schema makes a grammar of 270"),
 ]
@@ -320,3 +325,18 @@ def test_at_most_128_tools() -> None:
     assert grammar_for(Generate(1, "m", tools=tools[:128], tool_choice="auto"))
     with pytest.raises(EngineError, match=r"^tools: 129 tools \(at most 128\)$"):
         grammar_for(Generate(1, "m", tools=tools, tool_choice="auto"))
+
+
+def test_a_list_of_types_counts_as_that_many_alternatives() -> None:
+    """``"type": [7 types]`` is a union of 7: 100 of them in an anyOf held ~700
+    alternatives open past the limit of 100 (helper 110's review)."""
+    seven = {"type": ["string", "number", "integer", "boolean", "null", "object", "array"]}
+    assert grammar_for(Generate(1, "m", response_format=fmt({"anyOf": [seven] * 14})))
+    with pytest.raises(EngineError, match="alternatives open at once"):
+        grammar_for(Generate(1, "m", response_format=fmt({"anyOf": [seven] * 15})))
+
+
+def test_a_definition_reused_at_every_level_is_walked_once() -> None:
+    """Each level's definition used twice by the one above: 2**40 uses, 41 rules in
+    the grammar (the converter writes a $ref once); refused for its size before."""
+    assert grammar_for(Generate(1, "m", response_format=fmt(_fanout(40))))
