@@ -212,7 +212,9 @@ class Embedder:
 
     def embed_steps(self, texts: list[str]) -> Steps[tuple[np.ndarray, int]]:
         """Unit-length embeddings ``[len(texts), dim]`` and the tokens read, one
-        step per ``next()``: tokenizing `BATCH` texts, then one inference batch.
+        step per ``next()``: tokenizing `BATCH` texts, then one inference batch
+        (a request of at most `BATCH` texts tokenizes and runs its first batch in
+        one step: a short request takes one turn).
 
         Inputs are sorted by length and batched up to `BATCH` inputs and
         `BATCH_TOKENS` padded tokens, so each batch pads little. Tokenizing one
@@ -225,7 +227,7 @@ class Embedder:
         tokens = 0
         batches = list(_batches(order, [len(ids) for ids, _ in encoded]))
         for n, idx in enumerate(batches):
-            if n:
+            if n or len(texts) > BATCH:  # its last tokenizing step was a step of its own
                 yield
             vecs, used = self._run([encoded[i] for i in idx], last=n == len(batches) - 1)
             if out.shape[1] == 0:

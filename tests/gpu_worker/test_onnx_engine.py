@@ -360,3 +360,24 @@ asyncio.run(main())
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
     assert after - before < 100, (before, after)  # MB
+
+
+def steps(gen: Any) -> int:
+    """How many turns a job of steps takes (its ``next()`` calls)."""
+    n = 0
+    try:
+        while True:
+            next(gen)
+            n += 1
+    except StopIteration:
+        return n + 1
+
+
+def test_a_short_request_takes_one_turn_and_a_long_one_never_runs_two_kinds_of_work_in_one(
+        engine: OnnxEngine) -> None:
+    """Its last tokenizing step and its first batch were one turn: a short request
+    behind it waited for both (helper 110's review)."""
+    embedder = engine._embedder_for(MODEL)
+    assert steps(embedder.embed_steps(["a short one"] * 8)) == 1
+    texts = [f"text number {i}" for i in range(40)]  # 2 tokenizing steps, 2 batches
+    assert steps(embedder.embed_steps(texts)) == 4
