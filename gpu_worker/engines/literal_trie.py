@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
@@ -81,7 +82,7 @@ def _plain_enum(schema: dict[str, Any]) -> bool:
             and not isinstance(schema.get("type"), list))
 
 
-def trie_rule(texts: list[str], literal: Any) -> str:
+def trie_rule(texts: list[str], literal: Callable[[str], str]) -> str:
     """A GBNF rule body matching exactly the non-empty `texts`, parted only between
     `_UNIT`s; `literal(s)` writes the GBNF literal for `s`."""
     root: Trie = {}
@@ -93,7 +94,7 @@ def trie_rule(texts: list[str], literal: Any) -> str:
     return _branches(root, literal)
 
 
-def _branches(node: Trie, literal: Any) -> str:
+def _branches(node: Trie, literal: Callable[[str], str]) -> str:
     """The alternatives after `node`: each child with its run of single-child nodes
     as one literal, then what follows it (optional where a text ends)."""
     alts = []

@@ -114,8 +114,7 @@ def subschemas(schema: dict[str, Any], where: str) -> list[tuple[str, Any]]:
 def check_width(schema: Any, where: str) -> None:
     """Raises `EngineError` (400) if more than MAX_ANY_OF alternatives of `schema`
     (anyOf branches and lists of types inside anyOf branches, $refs followed) may be
-    open at once, or
-    two branches of one anyOf recurse through the same $ref."""
+    open at once, or two branches of one anyOf recurse through the same $ref."""
     width, _ = _Widths(schema, where).of(schema, where, ())
     if width > MAX_ANY_OF:
         raise too_big(where, f"up to {width} anyOf alternatives open at once (anyOf inside "
@@ -130,7 +129,7 @@ class _Widths:
     where: str
     visits: int = 0
     # a $ref whose schema reaches no $ref being expanded has one width wherever it is
-    # used: walked once (a definition reused at every level was walked 10^levels times)
+    # used: walked once (a definition used twice at every level was walked 2**levels times)
     done: dict[str, int] = field(default_factory=dict)
 
     def of(self, node: Any, path: str, active: tuple[str, ...]) -> tuple[int, set[str]]:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpu_worker.client import Generation, WorkerClient
+from tests.gpu_worker.harness import Harness
 
 CHAT = "smollm2-135m"
 CONTEXT, SLOTS = 1024, 4
@@ -29,28 +30,17 @@ COLOURS = {"type": "json_schema", "json_schema": {"name": "colours", "schema": {
 PAUSE_GRACE = 1.0  # batching.PAUSE_GRACE
 
 
-class Worker:
-    """A worker with a small context, and the event loop its client lives on."""
-
-    def __init__(self, tmp: Path, context: int = CONTEXT) -> None:
-        config = tmp / "worker.toml"
-        config.write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
-                          f"threads = 1\ncontext = {context}\nmax_batch = {SLOTS}\n")
-        self.loop = asyncio.new_event_loop()
-        self.client = WorkerClient.spawning(str(tmp / "w.sock"), str(config))
-        self.loop.run_until_complete(self.client.start())
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
-
-    def close(self) -> None:
-        self.run(self.client.close())
-        self.loop.close()
+def small_worker(tmp: Path, context: int = CONTEXT) -> Harness:
+    """A worker with a small context (and `SLOTS` sequence slots)."""
+    config = tmp / "worker.toml"
+    config.write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
+                      f"threads = 1\ncontext = {context}\nmax_batch = {SLOTS}\n")
+    return Harness(str(tmp / "w.sock"), str(config))
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    w = Worker(tmp_path_factory.mktemp("preempt"))
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    w = small_worker(tmp_path_factory.mktemp("preempt"))
     try:
         yield w
     finally:
@@ -69,7 +59,7 @@ async def drain(gen: Generation) -> str:
     return "".join([chunk async for chunk in gen])
 
 
-def test_a_stream_that_may_fill_the_context_does_not_hold_a_short_chat(worker: Worker) -> None:
+def test_a_stream_that_may_fill_the_context_does_not_hold_a_short_chat(worker: Harness) -> None:
     """max_tokens = the context less the prompt reserved the whole KV cache: the
     short chat waited for the whole of it (~40x its own time here)."""
     async def go() -> tuple[float, float, Any]:
@@ -91,7 +81,7 @@ def test_a_stream_that_may_fill_the_context_does_not_hold_a_short_chat(worker: W
     assert metrics["running_batch_peak"] >= 2, metrics
 
 
-def test_slow_readers_yield_their_slots_and_their_text_is_unchanged(worker: Worker) -> None:
+def test_slow_readers_yield_their_slots_and_their_text_is_unchanged(worker: Harness) -> None:
     """Every slot is held by a stream whose reader stopped after its first chunk:
     the short chat gets a slot once they have been paused PAUSE_GRACE, and each
     slow stream, read at last, has the text a fast reader gets: its JSON schema's
@@ -123,7 +113,7 @@ def test_streams_that_outgrow_the_kv_cache_take_turns_and_keep_their_text(
     once the older one ends, and both have the text each has alone at temperature
     0. (Sampled text is not compared: a batch's composition moves the logits a
     little, preempted or not.)"""
-    async def go(w: Worker) -> tuple[list[str], list[Any], int]:
+    async def go(w: Harness) -> tuple[list[str], list[Any], int]:
         async def text(messages: list[Any]) -> tuple[str, Any]:
             gen = await w.client.generate(CHAT, messages=messages, max_tokens=150,
                                           logit_bias=NO_END, temperature=0.0)
@@ -134,7 +124,7 @@ def test_streams_that_outgrow_the_kv_cache_take_turns_and_keep_their_text(
         metrics = await w.client.metrics()
         return alone, list(both), metrics["preemptions_total"]
 
-    w = Worker(tmp_path, context=256)
+    w = small_worker(tmp_path, context=256)
     try:
         alone, both, preempted = w.run(go(w))
     finally:

@@ -8,9 +8,9 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -19,27 +19,11 @@ from gpu_worker import protocol as p
 from gpu_worker.adapters import write_random_lora
 from gpu_worker.client import WorkerClient
 from gpu_worker.models import packaged_model
+from tests.gpu_worker.harness import Harness
 
-T = TypeVar("T")
 CHAT = "smollm2-135m"
 EMBED = "all-minilm-l6-v2"
 HELLO = [{"role": "user", "content": "Name three colours."}]
-
-
-class Harness:
-    """One event loop on which the worker client lives for the whole module."""
-
-    def __init__(self, sock: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.client = WorkerClient.spawning(sock)
-        self.run(self.client.start())
-
-    def run(self, coro: Awaitable[T]) -> T:
-        return self.loop.run_until_complete(coro)
-
-    def close(self) -> None:
-        self.run(self.client.close())
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")
