@@ -111,7 +111,7 @@ class Events:
                       host=host if host is not None else _text(request.host),
                       path=request.path.decode("latin-1"), status=status,
                       target=target.label if target is not None else None,
-                      bytes_out=sent, duration_ms=round((perf_counter() - ctx.started) * 1000, 3))
+                      bytes_out=sent, duration_ms=_ms(perf_counter() - ctx.started))
         if self.geo:
             event.geo = self.geo
         if request.query:
@@ -170,6 +170,13 @@ def _text(raw: bytes) -> str:
         if len(_texts) < 1024:
             _texts[raw] = text
     return text
+
+
+def _ms(seconds: float) -> float:
+    """`seconds` in milliseconds, to the microsecond: as ``round(ms, 3)``, which
+    costs ~0.7 us a call (it rounds through a decimal string), for the nearest
+    microsecond's float, which prints the same."""
+    return round(seconds * 1e6) / 1000
 
 
 def _error(response: Response) -> str | None:

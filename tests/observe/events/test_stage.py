@@ -70,6 +70,7 @@ def test_one_event_per_request_with_what_the_request_was() -> None:
     assert (first.bytes_in, first.bytes_out) == (5, 6)
     assert set(first.stages_ms) == {"request_id", "events", "who", "answer"}
     assert 0 <= first.duration_ms < 1000
+    assert first.duration_ms == round(first.duration_ms, 3), "milliseconds to the microsecond"
     assert seen.events[1].rid != rid
 
 
