@@ -44,6 +44,7 @@ class AccessLog:
         self.flush_scheduled = False
         self._second = -1
         self._stamp = b""
+        self._stamp_text = ""  # the same second as text: the event's line is a str
         self._labels: dict[str, bytes] = {"-": b"-"}
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
@@ -86,16 +87,20 @@ class AccessLog:
                               event.duration_ms, event.bytes_out, event.rid, event.client,
                               event.stages_ms, event.ts)
         else:
-            line = (TEXT_STR % (self._stamp_of(int(event.ts)).decode(), (event.ts % 1) * 1000,
-                                event.method, event.path, event.status, event.target or "-",
-                                event.duration_ms, event.bytes_out, event.rid or "-",
-                                event.client)).encode("latin-1", "replace")
+            ts = event.ts
+            if int(ts) != self._second:
+                self._stamp_of(int(ts))
+            line = (TEXT_STR % (self._stamp_text, ts % 1 * 1000, event.method, event.path,
+                                event.status, event.target or "-", event.duration_ms,
+                                event.bytes_out, event.rid or "-", event.client)
+                    ).encode("latin-1", "replace")
         self._add(line)
 
     def _stamp_of(self, second: int) -> bytes:
         if second != self._second:
             self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
+            self._stamp_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._stamp = self._stamp_text.encode()
         return self._stamp
 
     def _add(self, line: bytes) -> None:

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from runtime import config
+from runtime.observe.event import Event
 from runtime.pipeline.chain import Chain
 from runtime.pipeline.stages.access_log import AccessLog
 from runtime.pipeline.stages.request_id import RequestId
@@ -62,3 +63,21 @@ def test_a_pop_with_events_logs_through_them_and_one_without_through_the_stage(
         assert not any(isinstance(o, AccessLog) for o in without.observers)
     finally:
         without.close()
+
+
+def test_each_line_carries_its_own_second() -> None:
+    """The second's text is made once and kept: an event of the next second gets
+    the next one, whichever form (event or stage) wrote last."""
+    out = io.BytesIO()
+    log = AccessLog(config.AccessLogStage(), out)
+    fields = {"rid": "r-1", "pop": "p", "tier": "edge", "client": "192.0.2.7", "method": "GET",
+              "host": "h", "path": "/a", "status": 200, "duration_ms": 0.25, "bytes_out": 3}
+    for ts in (1000.5, 1000.75, 1001.125):
+        log.observe(Event(ts=ts, **fields))  # type: ignore[arg-type]
+    log.flush()
+    assert [line.split(" ")[0] for line in out.getvalue().decode().splitlines()] == [
+        "ts=1970-01-01T00:16:40.500Z", "ts=1970-01-01T00:16:40.750Z",
+        "ts=1970-01-01T00:16:41.125Z"]
+    assert out.getvalue().decode().splitlines()[0] == (
+        "ts=1970-01-01T00:16:40.500Z method=GET path=/a status=200 fn=- dur_ms=0.250 bytes=3 "
+        "rid=r-1 client=192.0.2.7")
