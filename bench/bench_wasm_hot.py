@@ -14,12 +14,14 @@ Segments, each containing the next:
      codec (`encode_request` + call + `decode_response`, the path before it) vs
      the pure-ctypes path (``EDGEFN_NATIVE=0``).
 The HTTP front's own cost is bench/bench_runtime.py's "edgefn front, static app".
+The access log's lines are formatted and written to /dev/null (not the console).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -37,6 +39,7 @@ from runtime.executors.wasm.native import NativeReactorCall  # noqa: E402
 from runtime.functions import deploys  # noqa: E402
 from runtime.net.message import Request, Response  # noqa: E402
 from runtime.pipeline.chain import Chain  # noqa: E402
+from runtime.pipeline.stages.access_log import AccessLog  # noqa: E402
 from runtime.pipeline.stages.dispatch import Dispatch  # noqa: E402
 from runtime.pipeline.stages.route import Route  # noqa: E402
 from runtime.pipeline.targets import Targets  # noqa: E402
@@ -110,12 +113,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = c.load(None, data=tmp, **{"ai.enabled": False})
         pop = PoP(config)
+        devnull = open(os.devnull, "wb")  # noqa: SIM115 (closed below)
+        for observer in pop.observers:
+            if isinstance(observer, AccessLog):
+                # its lines are formatted and written (one write a loop turn), as in a
+                # PoP, but not onto the console, which 100,000 of them flooded
+                observer.stream = devnull
         try:
             if pop.wasm.native is None or pop.wasm.native.serve is None:
                 print("the native extension is not available: its rows show the ctypes path")
             results = asyncio.run(measure(pop, args.n, args.repeat))
         finally:
             pop.close()
+            devnull.close()
     print(f"\n== WASM hello per request, in process (min of {args.repeat} x {args.n}) ==")
     full = results["default pipeline"]
     base = results["native call + Python codec"]
