@@ -40,6 +40,9 @@ CACHED_METHODS = (b"GET", b"HEAD")
 # safety is unknown", invalidates the URL (PURGE, MKCOL did not)
 SAFE = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE"})
 CONDITIONALS = (b"if-none-match", b"if-modified-since")
+# the decision of a miss whose response says nothing of freshness: the common one of a
+# deployment with nothing stored (shared, never changed: no dict made a request)
+NOT_STORED = {"outcome": "MISS", "stored": "no freshness"}
 
 
 class HttpCacheStage:
@@ -232,7 +235,7 @@ class HttpCacheStage:
                     key = HttpCache.key(target.label, request)
                     return self._fetched(response, started, request, ctx, target, key,
                                          _scope(request, ctx), s)
-        ctx.decide("http_cache", {"outcome": "MISS", "stored": "no freshness"})
+        ctx.decide("http_cache", NOT_STORED)
         principal = ctx.principal
         self.stats.record("http", "MISS", function=target.name,
                           tenant=principal.tenant if principal is not None else None)
