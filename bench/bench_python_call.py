@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import mmap
 import os
 import resource
@@ -175,11 +176,16 @@ def guest_loop(n: int) -> None:
     import main as hello  # functions/examples/python-hello/main.py
 
     from edgefn_core.abi import encode_request
+    from edgefn_core.errors import IsolateStop
     from runtime.executors.python import guest, wire
 
+    def serve(sock: socket.socket) -> None:
+        # IsolateStop: how the loop ends when its PoP (here: this thread) closes the socket
+        with contextlib.suppress(IsolateStop):
+            guest.serve((sock, hello.handle), 50, 2000, n + 1, sdk=edgefn)
+
     ours, theirs = socket.socketpair()
-    loop = threading.Thread(target=guest.serve, args=((theirs, hello.handle), 50, 2000, n + 1),
-                            kwargs={"sdk": edgefn})
+    loop = threading.Thread(target=serve, args=(theirs,))
     loop.start()
     request = wire.frame(wire.REQUEST, encode_request(
         b"GET", b"/py/hello", b"", [(b"host", b"bench"), (b"user-agent", b"wrk/4.2"),
