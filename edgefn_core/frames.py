@@ -64,16 +64,19 @@ class Framing:
         return await stream.readexactly(self.check(n))
 
 
-def body(buf: bytearray, start: int, end: int) -> bytes:
+def body(buf: bytes | bytearray | memoryview, start: int, end: int) -> bytes:
     """The default cut of a `FrameReader`: the frame's body as bytes."""
     return bytes(buf[start:end])
 
 
 class FrameReader[T]:
     """Accumulates bytes and returns each complete frame, as `cut(buf, start, end)`
-    makes it from the body at ``buf[start:end]`` (cutting there saves a copy)."""
+    makes it from the body at ``buf[start:end]`` (cutting there saves a copy); `buf`
+    is the reader's own buffer or the data fed, which the caller may reuse: `cut`
+    copies what it keeps."""
 
-    def __init__(self, framing: Framing, cut: Callable[[bytearray, int, int], T]) -> None:
+    def __init__(self, framing: Framing,
+                 cut: Callable[[bytes | bytearray | memoryview, int, int], T]) -> None:
         self.framing = framing
         self.cut = cut
         self.buf = bytearray()
@@ -85,8 +88,13 @@ class FrameReader[T]:
         Raises `ProtocolError` for a length outside the framing's bounds; the
         stream cannot be resynchronised after that.
         """
-        self.buf += data
-        buf, size, out, pos = self.buf, self.framing.length.size, [], 0
+        held = self.buf
+        if held:
+            held += data
+            buf: bytes | bytearray | memoryview = held
+        else:  # nothing held (the usual case): frames are cut from `data` itself, and
+            buf = data  # only a partial one's bytes are kept (two copies less a frame)
+        size, out, pos = self.framing.length.size, [], 0
         unpack, check = self.framing.length.unpack_from, self.framing.check
         while len(buf) - pos >= size:
             (n,) = unpack(buf, pos)
@@ -95,6 +103,8 @@ class FrameReader[T]:
                 break
             out.append(self.cut(buf, pos + size, end))
             pos = end
-        if pos:
-            del buf[:pos]  # once per feed, not once per frame
+        if held:
+            del held[:pos]  # once per feed, not once per frame
+        elif pos < len(buf):
+            held += buf[pos:]
         return out
