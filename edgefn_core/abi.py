@@ -58,6 +58,9 @@ WILDCARD = "*"  # the param name of the rest of the path a final `/*` matched
 # an RFC 9110 token and nothing after it (`$` would also match before a final newline)
 HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 BAD_HEADER_VALUE = re.compile(rb"[\r\n\x00]")
+# the same checks as bytes methods, ~3x faster, for every header of every response: a
+# name is one or more of these bytes and nothing else
+TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 README = 'see README "Guest ABI"'
 # The header fields (names and values) a function's response may carry, as a request's
 # are bounded: 200,000 fields made a 4.4 MB header block the PoP sent on
@@ -130,50 +133,55 @@ def decode_request(buf: bytes) -> GuestRequest:
     """
     if buf[:4] != MAGIC:
         raise ProtocolError(f"request does not start with {MAGIC!r}: got {bytes(buf[:4])!r}")
-    try:  # the fast walk; on failure the careful one says where and what
-        fields, pos = _walk(buf, 4, "ssspps")
-        if pos < len(buf):
-            params, pos = _walk(buf, pos, "p")
-            fields += params
-        else:
-            fields.append([])
-        if pos < len(buf):
-            principal, pos = _walk(buf, pos, "p")
-            fields += principal
-        else:
-            fields.append([])
-        if pos > len(buf):
+    # The fast walk, written out field by field (a loop over a layout string took
+    # twice as long, on every request a Python function serves); on failure the
+    # careful one says where and what. No bounds checks here: a field past the end
+    # raises `struct.error` at the next length read, or leaves `pos` past the end.
+    unpack = _unpack
+    try:
+        (n,) = unpack(buf, 4)
+        pos = 8 + n
+        method = buf[8:pos]
+        (n,) = unpack(buf, pos)
+        pos += 4
+        path = buf[pos:pos + n]
+        pos += n
+        (n,) = unpack(buf, pos)
+        pos += 4
+        query = buf[pos:pos + n]
+        headers, pos = _pairs(buf, pos + n)
+        env, pos = _pairs(buf, pos)
+        (n,) = unpack(buf, pos)
+        pos += 4
+        body = buf[pos:pos + n]
+        pos += n
+        size = len(buf)
+        params, pos = _pairs(buf, pos) if pos < size else ([], pos)
+        principal, pos = _pairs(buf, pos) if pos < size else ([], pos)
+        if pos > size:
             raise struct.error("short")
     except struct.error:
         _explain_request(buf)
         raise ProtocolError("malformed request") from None  # not reached
-    return GuestRequest._make(fields)
+    # `_make`, not the NamedTuple's own __new__ (a Python function: ~1 us a request)
+    return GuestRequest._make((method, path, query, headers, env, body, params, principal))
 
 
-def _walk(buf: bytes, pos: int, layout: str) -> tuple[list, int]:
-    """Read strings (``s``) and pairs (``p``) from `pos` as `layout` says, with no
-    bounds checks: a field past the end raises `struct.error` at the next length
-    read, or leaves the returned offset past ``len(buf)`` (the caller checks)."""
-    out: list = []
-    unpack = _unpack
-    for kind in layout:
-        (n,) = unpack(buf, pos)
+def _pairs(buf: bytes, pos: int) -> tuple[Pairs, int]:
+    """The pairs section at `pos` and the offset after it, unchecked as in
+    `decode_request`."""
+    (count,) = _unpack(buf, pos)
+    pos += 4
+    pairs = []
+    for _ in range(count):
+        (k,) = _unpack(buf, pos)
         pos += 4
-        if kind == "s":
-            out.append(buf[pos:pos + n])
-            pos += n
-            continue
-        pairs = []
-        for _ in range(n):
-            (k,) = unpack(buf, pos)
-            pos += 4
-            name = buf[pos:pos + k]
-            (v,) = unpack(buf, pos + k)
-            pos += k + 4
-            pairs.append((name, buf[pos:pos + v]))
-            pos += v
-        out.append(pairs)
-    return out, pos
+        name = buf[pos:pos + k]
+        (v,) = _unpack(buf, pos + k)
+        pos += k + 4
+        pairs.append((name, buf[pos:pos + v]))
+        pos += v
+    return pairs, pos
 
 
 def _explain_request(buf: bytes) -> None:
@@ -247,9 +255,11 @@ def check_head_size(headers: Pairs, size: int) -> None:
 def check_header(name: bytes, value: bytes) -> tuple[bytes, bytes]:
     """`(name.lower(), value)`. Raises `FunctionError` (``bad_response``, 502) if the
     name is not a token or the value holds CR, LF or NUL."""
-    if not HEADER_NAME.match(name):
+    if not name or name.translate(None, TOKEN):  # `HEADER_NAME`, as bytes methods
         raise FunctionError("bad_response", 502, f"guest returned invalid header name {name!r}")
-    if BAD_HEADER_VALUE.search(value):
+    # CR, LF, NUL (`BAD_HEADER_VALUE`) as ints: `b"\r" in value` first tries the needle
+    # as an int and clears the TypeError, ten times slower
+    if 13 in value or 10 in value or 0 in value:
         raise FunctionError("bad_response", 502,
                             f"guest returned invalid value for header {name.decode()!r}")
     return name.lower(), value

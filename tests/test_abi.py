@@ -257,6 +257,24 @@ def test_invalid_status_and_headers_are_bad_responses(
     assert words in str(err.value)
 
 
+# bytes near the edges of the token set and the forbidden value bytes
+HEADER_BYTES = st.binary(max_size=12) | st.lists(
+    st.sampled_from(b"aZ09-_!~|`^.\x00\r\n\t :;\"(),/<=>?@[\\]{}\x7f\x80\xff"),
+    max_size=12).map(bytes)
+
+
+@given(HEADER_BYTES, HEADER_BYTES)
+def test_a_response_header_is_checked_as_the_token_and_value_patterns_say(
+        name: bytes, value: bytes) -> None:
+    """`check_header` (bytes methods, on the hot path) and the patterns the WASI path
+    uses (`HEADER_NAME`, `BAD_HEADER_VALUE`) take and refuse the same fields."""
+    valid = bool(abi.HEADER_NAME.match(name)) and not abi.BAD_HEADER_VALUE.search(value)
+    try:
+        assert abi.check_header(name, value) == (name.lower(), value) and valid
+    except FunctionError:
+        assert not valid
+
+
 def test_a_response_s_header_fields_are_bounded() -> None:
     """200,000 fields made a 4.4 MB header block the PoP sent on."""
     at = [(b"x-%05d" % i, b"v" * (abi.MAX_HEAD_BYTES // 64 - 7)) for i in range(64)]
