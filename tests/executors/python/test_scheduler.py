@@ -4,13 +4,15 @@ in for subinterpreters (real ones are in tests/test_python.py)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
 from edgefn_core.errors import FunctionError
 from runtime.executors.python.job import Job
-from runtime.executors.python.scheduler import Scheduler
+from runtime.executors.python.scheduler import TIMER_GRAIN, TIMER_SLACK, Scheduler
 from runtime.net.message import Response
 
 
@@ -189,6 +191,50 @@ def test_a_job_past_its_wall_time_fails_and_its_isolate_is_reported_stuck(
     assert h.s.in_flight == 0
     h.answer(only)  # the guest's late answer: the isolate is free, the dead job is skipped
     assert only.jobs == [running] and list(h.s.idle) == [only]
+
+
+def test_each_job_fails_at_its_own_wall_limit_whatever_ended_before_it(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """One timer serves every deadline: a job that ended, or one due earlier, neither
+    hastens nor delays a later job's wall limit (TIMER_SLACK past it)."""
+    h = Harness(loop, size=3, started=3, wall_ms=60)
+    t0 = loop.time()
+    answered, early = h.submit(), h.submit()
+    h.answer(h.runner(answered))  # type: ignore[arg-type]
+    loop.run_until_complete(asyncio.sleep(0.04))
+    late = h.submit()
+    failed: dict[str, float] = {}
+    for name, job in (("early", early), ("late", late)):
+        job.future.add_done_callback(lambda _, name=name: failed.setdefault(name, loop.time()))
+    with pytest.raises(FunctionError):
+        loop.run_until_complete(asyncio.wait_for(early.future, 5))
+    assert not late.done  # due 40 ms after the early one
+    with pytest.raises(FunctionError):
+        loop.run_until_complete(asyncio.wait_for(late.future, 5))
+    limit = 0.06 + TIMER_SLACK - TIMER_GRAIN
+    assert failed["early"] - t0 >= limit and failed["late"] - t0 >= 0.04 + limit
+    assert failed["late"] - failed["early"] >= 0.04 - 2 * TIMER_GRAIN
+    assert h.s.in_flight == 0 and answered.future.result().status == 200
+
+
+def test_a_job_that_ended_is_not_held_until_its_deadline(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Only its deadline waits (a float and an empty list): the job, its request and
+    its response are freed when it ends."""
+    h = Harness(loop, wall_ms=10_000)
+    job = h.submit(b"a request body")
+    isolate = h.runner(job)
+    assert isolate is not None
+    h.answer(isolate)
+    loop.run_until_complete(asyncio.sleep(0))  # its future's callbacks ran
+    isolate.jobs.clear()
+    gone = weakref.ref(job)
+    del job
+    gc.collect()
+    assert gone() is None
+    assert len(h.s.deadlines) == 1 and h.s.timer is not None  # still armed, for nothing
+    h.submit()  # an ended job's deadline ahead of it is dropped
+    assert len(h.s.deadlines) == 1
 
 
 def test_a_new_generation_takes_over_and_the_old_one_gets_no_more_jobs(
