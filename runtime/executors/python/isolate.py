@@ -205,6 +205,10 @@ class Isolate:
         self._read_if_free()
 
     def _frame(self, kind: bytes, payload: bytes) -> None:
+        if kind == wire.RESPONSE:  # most frames: tested first
+            if self.job is not None:  # else a late frame of a job that already ended
+                self._finish(lambda job: job.respond(self._response(payload)))
+            return
         if kind in SMALL and len(payload) > MAX_SMALL_FRAME:  # before it is parsed
             self.garbage(ProtocolError(f"a frame {kind!r} of {len(payload)} bytes (at "
                                        f"most {MAX_SMALL_FRAME}; the guest sends less)"))
@@ -223,8 +227,6 @@ class Isolate:
             self._call_value(payload)
         elif self.job is None:
             return  # a late frame of a job that already ended
-        elif kind == wire.RESPONSE:
-            self._finish(lambda job: job.respond(self._response(payload)))
         elif kind == wire.HEAD:
             self._head(self.job, payload)
         elif kind == wire.CHUNK:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from types import ModuleType
+from urllib.parse import parse_qsl
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from edgefn_core.errors import ProtocolError
@@ -113,3 +116,23 @@ def test_a_value_that_is_not_bytes_or_str_is_named() -> None:
         sdk._bytes(5)
     hi = [sdk._bytes(v) for v in ("hi", b"hi", bytearray(b"hi"), memoryview(b"hi"))]
     assert hi == [b"hi"] * 4 and {type(v) for v in hi} == {bytes}
+
+
+@given(st.text("ab=&%+2F c\u00e9", max_size=24))
+def test_the_query_reads_as_parse_qsl_reads_it(query: str) -> None:
+    """Without `%` or `+` it is split by hand (nothing to unquote); with them
+    `parse_qsl` reads it: both as ``parse_qsl(..., keep_blank_values=True)``."""
+    request, _ = sdk.Request._decode(encode_request(
+        b"GET", b"/", query.encode("latin-1", "replace"), [], encode_pairs([]), b""))
+    assert request.query == dict(parse_qsl(request.query_string, keep_blank_values=True))
+
+
+@pytest.mark.parametrize(("body", "status", "headers"), [
+    ("text", 200, [("content-type", "text/plain; charset=utf-8")]),
+    ("text", 404, [("content-type", "text/plain; charset=utf-8")]),
+    ("", 204, []), ("", 304, []), (b"bytes", 200, []), (iter([b"a"]), 200, []),
+])
+def test_a_response_without_headers_types_text_only(body: object, status: int,
+                                                    headers: list[tuple[str, str]]) -> None:
+    assert sdk.Response(body, status).headers.items() == headers
+    assert sdk.Response(body, status, {}).headers.items() == headers  # as the dict path does
