@@ -226,21 +226,26 @@ class WorkerClient:
         finally:
             self.pending.pop(rid, None)
 
-    async def embed(self, model: str, inputs: list[str]) -> dict[str, Any]:
-        return await self.call(lambda i: p.Embed(i, model, inputs))
+    async def embed(self, model: str, inputs: list[str], client: str | None = None
+                    ) -> dict[str, Any]:
+        """`inputs`' embeddings, computed in `client`'s fair share (see
+        `protocol`). Raises `WorkerError`, `WorkerDead`."""
+        return await self.call(lambda i: p.Embed(i, model, inputs, client))
 
     async def count_tokens(self, model: str, *, prompt: str | None = None,
                            messages: list[dict[str, Any]] | None = None,
-                           inputs: list[str] | None = None) -> int:
+                           inputs: list[str] | None = None, client: str | None = None) -> int:
         """The tokens `model` reads for one input (see `protocol.CountTokens`).
         Raises `WorkerError` (``count_unsupported`` where the engine cannot
         tell), `WorkerDead`."""
-        return int(await self.call(lambda i: p.CountTokens(i, model, prompt, messages, inputs)))
+        return int(await self.call(
+            lambda i: p.CountTokens(i, model, prompt, messages, inputs, client)))
 
     async def rerank(self, model: str, query: str, documents: list[str],
-                     top_n: int | None = None) -> dict[str, Any]:
+                     top_n: int | None = None, client: str | None = None) -> dict[str, Any]:
+        """Raises `WorkerError`, `WorkerDead`."""
         return await self.call(
-            lambda i: p.Rerank(i, model, query, documents, top_n))
+            lambda i: p.Rerank(i, model, query, documents, top_n, client))
 
     async def models(self) -> list[dict[str, Any]]:
         return await self.call(p.Models)

@@ -9,6 +9,11 @@ Client -> worker: Generate, Embed, Rerank, CountTokens, Cancel, Credit, Models, 
 GetMetrics, Ping. Worker -> client: Chunk (streamed text), Done (end of a
 generation, with usage), Result (any other answer), Error.
 
+Fairness: `Generate`, `Embed`, `Rerank` and `CountTokens` carry ``client``, an
+opaque name of who asked (an API key's id, a function's owner; never a secret;
+None: anonymous). The engines share the model between clients before requests:
+one client's many requests do not make another's wait behind all of them.
+
 Flow control: a streamed generation may run at most ``window`` chunks ahead of
 what the client has consumed; the client returns ``Credit`` as it reads, and a
 sequence without credit is left out of decode steps until credit arrives.
@@ -75,12 +80,14 @@ class Generate(_Msg, tag="gen"):
     # the signed query embedding of the PoP's AI cache (runtime.cache.ai.forward): the
     # upstream engine forwards it as x-edgefn-embedding, so the next tier need not embed
     embedding: str | None = None
+    client: str | None = None  # who asked (see the module's docstring): fair shares
 
 
 class Embed(_Msg, tag="embed"):
     id: int
     model: str
     inputs: list[str]
+    client: str | None = None
 
 
 class Rerank(_Msg, tag="rerank"):
@@ -89,6 +96,7 @@ class Rerank(_Msg, tag="rerank"):
     query: str
     documents: list[str]
     top_n: int | None = None
+    client: str | None = None
 
 
 class CountTokens(_Msg, tag="count"):
@@ -101,6 +109,7 @@ class CountTokens(_Msg, tag="count"):
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     inputs: list[str] | None = None
+    client: str | None = None
 
 
 class Cancel(_Msg, tag="cancel"):

@@ -30,6 +30,7 @@ from .metrics import Metrics
 
 log = logging.getLogger("edgefn.gpu_worker")
 MAX_INPUTS = 2048
+MAX_CLIENT = 200  # characters of a request's `client` (a key id or an owner's name)
 
 
 class Worker:
@@ -214,6 +215,7 @@ class Connection:
             self.send(p.Error(msg.id, "invalid_request", f"id {msg.id} is already in use", 400))
             return
         try:
+            _check_client(msg.client)
             engine = self.worker.engine_for(msg.model)
             gid = next(self.worker.ids)
             sink = ReplySink(self, msg.id, gid, engine, msg.stream)
@@ -244,15 +246,16 @@ class Connection:
     async def compute(self, msg: p.Request) -> Any:
         """The answer to a non-streaming request. Raises `EngineError`."""
         w = self.worker
+        _check_client(getattr(msg, "client", None))
         match msg:
-            case p.Embed(model=model, inputs=inputs):
+            case p.Embed(model=model, inputs=inputs, client=client):
                 _check_texts("input", inputs)
-                vectors, tokens = await w.engine_for(model).embed(model, inputs)
+                vectors, tokens = await w.engine_for(model).embed(model, inputs, client)
                 return {"embeddings": vectors, "tokens": tokens}
-            case p.Rerank(model=model, query=query, documents=docs, top_n=top_n):
+            case p.Rerank(model=model, query=query, documents=docs, top_n=top_n, client=client):
                 _check_texts("query", [query])
                 _check_texts("documents", docs)
-                scores, tokens = await w.engine_for(model).rerank(model, query, docs)
+                scores, tokens = await w.engine_for(model).rerank(model, query, docs, client)
                 order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n or len(docs)]
                 return {"results": [{"index": i, "relevance_score": scores[i]} for i in order],
                         "tokens": tokens}
@@ -288,6 +291,14 @@ def _id_of(body: bytes) -> int:
         return int(raw[1]) if isinstance(raw, list) and len(raw) > 1 else 0
     except (msgspec.DecodeError, TypeError, ValueError):
         return 0
+
+
+def _check_client(client: str | None) -> None:
+    """Raises `EngineError` (400) for a client name past `MAX_CLIENT` characters: it
+    keys the engines' fair shares, so it is a short name, never a whole payload."""
+    if client is not None and len(client) > MAX_CLIENT:
+        raise EngineError("invalid_request", 400, f"'client' has {len(client)} characters; "
+                          f"at most {MAX_CLIENT}")
 
 
 def _check_texts(field: str, texts: list[str]) -> None:

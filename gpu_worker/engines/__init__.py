@@ -63,12 +63,14 @@ class Engine:
     def credit(self, rid: int, n: int) -> None:
         """The client consumed `n` more chunks of stream `rid`."""
 
-    async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
-        """Embeddings and the number of tokens read. Raises `EngineError`."""
+    async def embed(self, model: str, inputs: list[str], client: str | None = None
+                    ) -> tuple[list[list[float]], int]:
+        """Embeddings and the number of tokens read; `client` asked (its fair share).
+        Raises `EngineError`."""
         raise EngineError("invalid_request", 400, f"model {model!r} does not embed")
 
-    async def rerank(self, model: str, query: str, documents: list[str]
-                     ) -> tuple[list[float], int]:
+    async def rerank(self, model: str, query: str, documents: list[str],
+                     client: str | None = None) -> tuple[list[float], int]:
         """One relevance score per document (higher is more relevant) and tokens read.
         Raises `EngineError`."""
         raise EngineError("invalid_request", 400, f"model {model!r} does not rerank")

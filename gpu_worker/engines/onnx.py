@@ -371,17 +371,19 @@ class OnnxEngine(Engine):
             details = {"dim": self._embedder.dim, **details}
         return [ModelInfo(id=self.spec.name, kind="embed", engine="onnx", details=details)]
 
-    async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
-        """Unit-length embeddings, one per input, and the tokens read.
+    async def embed(self, model: str, inputs: list[str], client: str | None = None
+                    ) -> tuple[list[list[float]], int]:
+        """Unit-length embeddings, one per input, and the tokens read; run in
+        `client`'s turns.
 
         Raises `EngineError`: invalid_request for bad inputs, model_not_found for
         another model, internal if the engine is not started or closed.
         """
         texts = _check_texts(inputs, "input", MAX_INPUTS)
-        return await self._infer(model, texts, lambda vecs: vecs.tolist())
+        return await self._infer(model, texts, lambda vecs: vecs.tolist(), client)
 
-    async def rerank(self, model: str, query: str, documents: list[str]
-                     ) -> tuple[list[float], int]:
+    async def rerank(self, model: str, query: str, documents: list[str],
+                     client: str | None = None) -> tuple[list[float], int]:
         """The cosine similarity of `query` to each document, and the tokens read.
 
         Raises `EngineError` as `embed` does.
@@ -391,7 +393,7 @@ class OnnxEngine(Engine):
         _check_texts([query], "query", 1)
         docs = _check_texts(documents, "documents", MAX_DOCUMENTS)
         return await self._infer(model, [query, *docs],
-                                 lambda vecs: (vecs[1:] @ vecs[0]).tolist())
+                                 lambda vecs: (vecs[1:] @ vecs[0]).tolist(), client)
 
     async def count_tokens(self, req: CountTokens) -> int:
         """The tokens an embedding of `req.inputs` reads (its ``tokens``). Raises
@@ -403,10 +405,10 @@ class OnnxEngine(Engine):
             encoded = yield from embedder.encode_steps(texts)
             return sum(len(ids) for ids, _ in encoded)
 
-        return await self._run(count())
+        return await self._run(count(), req.client)
 
-    async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T]
-                     ) -> tuple[T, int]:
+    async def _infer[T](self, model: str, texts: list[str], finish: Callable[[np.ndarray], T],
+                        client: str | None) -> tuple[T, int]:
         """``(finish(embeddings), tokens)`` for `texts`, both computed on the
         engine's thread. Raises `EngineError`."""
         embedder = self._embedder_for(model)
@@ -415,16 +417,17 @@ class OnnxEngine(Engine):
             vecs, tokens = yield from embedder.embed_steps(texts)
             return finish(vecs), tokens
 
-        return await self._run(work())
+        return await self._run(work(), client)
 
-    async def _run[T](self, steps: Steps[T]) -> T:
-        """The result of `steps`, run in turn with the other requests' steps.
+    async def _run[T](self, steps: Steps[T], client: str | None) -> T:
+        """The result of `steps`, run in `client`'s turns with the other requests'
+        steps (`RoundRobin`).
 
         Raises what the steps raise, or `EngineError` (internal) once closed.
         """
         stop = threading.Event()  # set when the caller stops waiting: the work stops
         # before its next step (a 2000-input request held the engine thread for minutes)
-        future = self._runner.submit(steps, stop)
+        future = self._runner.submit(steps, stop, client)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

@@ -1,11 +1,13 @@
-"""One thread that runs jobs a step at a time, taking the waiting jobs in turn.
+"""One thread that runs jobs a step at a time, taking clients, then their jobs, in turn.
 
 A job is a generator: each ``next()`` does one step of work (an inference batch)
-and its ``return`` value is the job's result. The thread runs one step of the
-job at the head of the queue and puts the job back at the tail, so a job that
-arrives while others run waits for at most one step of each, not for all of
-their work (a 2048-input embedding made every other embedding wait minutes in
-FIFO order).
+and its ``return`` value is the job's result. Each job belongs to a client (who
+asked; None: anonymous). Turns go round the clients with work, and a client's
+turn is one step of its job at the head of its queue, which then goes to the
+tail; so a job that arrives while others run waits for at most one step of each
+other client, not for all of their work (a 2048-input embedding made every other
+embedding wait minutes in FIFO order), and one client's eight long jobs get one
+turn in two beside another client's, not eight in nine.
 
 Pure Python: nothing here knows about models, so each rule has a test without one.
 """
@@ -35,9 +37,10 @@ def run_to_end[T](steps: Steps[T]) -> T:
 class _Job[T]:
     """A generator, the future its result goes to, and the event that drops it."""
 
-    def __init__(self, steps: Steps[T], stop: threading.Event) -> None:
+    def __init__(self, steps: Steps[T], stop: threading.Event, client: str | None) -> None:
         self.steps = steps
         self.stop = stop
+        self.client = client
         self.future: Future[T] = Future()
 
     def step(self) -> bool:
@@ -69,26 +72,37 @@ class RoundRobin:
     """Runs submitted jobs on one daemon thread, one step per turn."""
 
     def __init__(self, name: str) -> None:
-        self._queue: deque[_Job[Any]] = deque()
+        self._turns: deque[str | None] = deque()  # the clients with jobs, next turn first
+        self._jobs: dict[str | None, deque[_Job[Any]]] = {}  # theirs, in turn; none empty
         self._ready = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit[T](self, steps: Steps[T], stop: threading.Event) -> Future[T]:
-        """Queue `steps` behind the jobs waiting now; the future gets its result,
-        or `EngineError` (``cancelled``) once `stop` is set before it ends.
+    def submit[T](self, steps: Steps[T], stop: threading.Event, client: str | None = None
+                  ) -> Future[T]:
+        """Queue `steps` behind `client`'s waiting jobs (a client with none takes
+        its turn after those of the clients waiting now); the future gets its
+        result, or `EngineError` (``cancelled``) once `stop` is set before it ends.
 
         Raises `EngineError` (internal) once closed.
         """
-        job = _Job(steps, stop)
+        job = _Job(steps, stop, client)
         with self._ready:
             if self._closed:
                 steps.close()
                 raise EngineError("internal", 503, f"{self._thread.name} is closed")
-            self._queue.append(job)
+            self._queue(job)
             self._ready.notify()
         return job.future
+
+    def _queue(self, job: _Job[Any]) -> None:
+        """`job` to its client's tail (the lock held); a client new to the turns last."""
+        if (mine := self._jobs.get(job.client)) is not None:
+            mine.append(job)
+        else:
+            self._jobs[job.client] = deque([job])
+            self._turns.append(job.client)
 
     def _run(self) -> None:
         while (job := self._next()) is not None:
@@ -98,22 +112,32 @@ class RoundRobin:
     def _requeue(self, job: _Job[Any]) -> None:
         with self._ready:
             if not self._closed:
-                self._queue.append(job)
+                self._queue(job)
                 return
         job.drop(EngineError("internal", 503, f"{self._thread.name} was closed"))
 
     def _next(self) -> _Job[Any] | None:
         with self._ready:
-            while not self._queue and not self._closed:
+            while not self._turns and not self._closed:
                 self._ready.wait()
-            return None if self._closed else self._queue.popleft()
+            if self._closed:
+                return None
+            client = self._turns.popleft()
+            mine = self._jobs[client]
+            job = mine.popleft()
+            if mine:  # its other jobs' turn comes after the other clients'
+                self._turns.append(client)
+            else:
+                del self._jobs[client]
+            return job
 
     def close(self) -> None:
         """Stop the thread after its current step; jobs waiting fail with
         `EngineError` (internal)."""
         with self._ready:
             self._closed = True
-            jobs, self._queue = list(self._queue), deque()
+            jobs = [job for mine in self._jobs.values() for job in mine]
+            self._jobs, self._turns = {}, deque()
             self._ready.notify()
         for job in jobs:
             job.drop(EngineError("internal", 503, f"{self._thread.name} was closed"))

@@ -518,9 +518,11 @@ class UpstreamEngine(Engine):
                 await _post(fresh, st, path, body, headers, last=True)
 
     # -- embeddings ---------------------------------------------------------------------
-    async def embed(self, model: str, inputs: list[str]) -> tuple[list[list[float]], int]:
+    async def embed(self, model: str, inputs: list[str], client: str | None = None
+                    ) -> tuple[list[list[float]], int]:
         """POST ``/embeddings``; the vectors in input order and the prompt tokens the
-        upstream counted. Raises `EngineError`: model_not_found, the upstream's error
+        upstream counted (`client` is not forwarded: the next tier shares its model
+        by its own callers). Raises `EngineError`: model_not_found, the upstream's error
         (its status kept), upstream_unavailable (502), timeout (504), upstream_error."""
         self._setup()
         if model not in self._served:

@@ -49,6 +49,37 @@ def test_a_job_arriving_waits_one_step_of_each_job_not_all_of_them(runner: Round
     assert log.count("a") == log.count("b") == 10
 
 
+def test_turns_go_round_clients_then_their_jobs(runner: RoundRobin) -> None:
+    """Client a's four long jobs get one turn in two beside b's one, not four in
+    five; b's short job waits for one step of a, not one of each of a's jobs."""
+    log: list[str] = []
+    gate, entered = threading.Event(), threading.Event()
+    first = runner.submit(job("a", 10, log, gate, entered), threading.Event(), "a")
+    assert entered.wait(WAIT)
+    more = [runner.submit(job("a", 10, log), threading.Event(), "a") for _ in range(3)]
+    long_b = runner.submit(job("b", 10, log), threading.Event(), "b")
+    short = runner.submit(job("s", 1, log), threading.Event(), "b")
+    gate.set()
+    assert short.result(WAIT) == "s"
+    assert all(f.result(WAIT) == "a" for f in [first, *more]) and long_b.result(WAIT) == "b"
+    # a's first step was under way when b came; then a, b, a, b: b's jobs in their turn
+    assert log[:8] == ["a", "a", "b", "a", "s", "a", "b", "a"]
+    assert log.count("a") == 40 and log.count("b") == 10
+
+
+def test_a_client_new_to_the_turns_goes_after_those_waiting_now(runner: RoundRobin) -> None:
+    log: list[str] = []
+    gate, entered = threading.Event(), threading.Event()
+    runner.submit(job("a", 3, log, gate, entered), threading.Event(), "a")
+    assert entered.wait(WAIT)
+    runner.submit(job("b", 3, log), threading.Event(), "b")
+    last = runner.submit(job("c", 3, log), threading.Event(), "c")
+    anonymous = runner.submit(job("n", 1, log), threading.Event())  # None: a client too
+    gate.set()
+    assert last.result(WAIT) == "c" and anonymous.result(WAIT) == "n"
+    assert log[:6] == ["a", "b", "c", "n", "a", "b"]
+
+
 def test_a_stopped_job_ends_cancelled_at_its_next_turn(runner: RoundRobin) -> None:
     log: list[str] = []
     gate, stop, entered = threading.Event(), threading.Event(), threading.Event()
