@@ -5,19 +5,33 @@ Pure Python: nothing here calls llama.cpp, starts a thread or sends output, so
 each rule has a unit test without a model (the split vLLM makes between
 ``EngineCore``, the step, and the process around it).
 
-- Admission is FIFO into free sequence slots while a request's prompt plus
-  `HEADROOM` tokens fits in the KV cache next to what the running sequences
-  use (their prompts and the tokens generated so far, not their
-  ``max_tokens``); the first request that does not fit waits, and everything
-  behind it waits too. A lone sequence is admitted whatever its size.
+- Requests belong to clients (`Generate.client`: an API key, a function's
+  owner; None is one anonymous client). A client's *use* is the KV tokens its
+  running sequences hold: the cache is what they contend for (a slot is cheap;
+  a long stream is not), and what preemption frees.
+- Admission takes, into free sequence slots, the first waiting request of the
+  client using least (FIFO within a client, its preempted ones first; a tie
+  goes to the request queued first) while its prompt plus `HEADROOM` tokens fits
+  in the KV cache next to what the running sequences use (their prompts and
+  the tokens generated so far, not their ``max_tokens``); a request that does
+  not fit waits, and every other waits behind it. A lone sequence is admitted
+  whatever its size.
+- When that request does not fit, sequences of the client using most are
+  preempted for it (`rebalance`), as long as that client still uses at least
+  as much as the request's client will: another client's many hogs hold a
+  fair share, not the whole cache. One client alone never preempts itself so.
 - KV use grows as sequences generate. When the next step's tokens do not fit,
-  running sequences are preempted (vLLM's recompute preemption): one paused
-  for credit first, else the most recently admitted; a lone sequence never
-  is. A preempted sequence drops its slot and KV cells and goes back to the
-  front of the queue with its prompt plus its output so far as the prompt to
-  feed again; readmitted (before any new request, once its reader has given it
-  credit), it goes on where it stopped: its sampler, stop-text state and token
-  count are kept, and nothing already sent is sent again.
+  running sequences of the client using most are preempted (vLLM's recompute
+  preemption): within it one paused for credit first, else its most recently
+  admitted; a lone sequence never is. A preempted sequence drops its slot and
+  KV cells and goes back to the front of the queue with its prompt plus its
+  output so far as the prompt to feed again; readmitted (before its client's
+  new requests, once its reader has given it credit), it goes on where it
+  stopped: its sampler, stop-text state and token count are kept, and nothing
+  already sent is sent again.
+- No client starves: a client's use only falls while it waits (its running
+  sequences end or are preempted), so its head becomes the least used's, and a
+  head that does not fit holds every other request back until it does.
 - A sequence paused for credit longer than `PAUSE_GRACE` seconds is preempted
   too when the queue's head cannot be admitted without its slot or cells, so
   slow readers never hold the model idle while others wait.
@@ -78,6 +92,7 @@ class Seq:
                  adapter: str | None = None, scale: float = 1.0,
                  shaping: Shaping | None = None) -> None:
         self.rid = req.id
+        self.client = req.client  # whose share it counts in
         self.sink = sink
         self.prompt = prompt  # to feed: the request's, then its output too once preempted
         self.prompt_tokens = len(prompt)  # the request's own (its usage)
@@ -206,12 +221,29 @@ class Scheduler:
         head = self._head()
         return (head is not None and self._admits(head)) \
             or any(s.credit > 0 for s in self.running.values()) \
-            or bool(self._paused_victims(now))
+            or bool(self._paused_victims(now)) or bool(self._fair_victims())
+
+    def use(self) -> dict[str | None, int]:
+        """KV tokens each client's running sequences hold (or will, prompts fed)."""
+        use: dict[str | None, int] = {}
+        for s in self.running.values():
+            use[s.client] = use.get(s.client, 0) + s.footprint
+        return use
 
     def _head(self) -> Seq | None:
-        """The waiting sequence to admit next: the first, passing over preempted ones
-        whose reader has given them no credit since (they would only pause again)."""
-        return next((s for s in self.waiting if s.credit > 0 or not s.preempted), None)
+        """The waiting sequence to admit next: the first of the client using least
+        (a tie: the one queued first), passing over preempted ones whose reader has
+        given them no credit since (they would only pause again)."""
+        use = self.use()
+        head: Seq | None = None
+        seen: set[str | None] = set()
+        for s in self.waiting:
+            if s.client in seen or (s.preempted and s.credit <= 0):
+                continue
+            seen.add(s.client)
+            if head is None or use.get(s.client, 0) < use.get(head.client, 0):
+                head = s
+        return head
 
     def _admits(self, s: Seq) -> bool:
         """Whether `s` fits now: a free slot, and its prompt plus the headroom next
@@ -222,10 +254,11 @@ class Scheduler:
         return not running or in_use + len(s.prompt) + self.headroom <= self.kv_tokens
 
     def admit(self) -> list[Seq]:
-        """Move waiting sequences into free slots, FIFO (preempted ones are at the
-        front), while they fit. Returns those admitted, in order."""
+        """Move waiting sequences into free slots, the least used client's first
+        (`_head`), while they fit. Returns those admitted, in order."""
         admitted: list[Seq] = []
-        # FIFO: while the head does not fit, later requests wait behind it, not overtake
+        # while the head does not fit, other requests wait behind it, not overtake: so
+        # a big request of the least used client is not starved by small ones
         while (s := self._head()) is not None and self._admits(s):
             self.waiting.remove(s)
             self.preempted.pop(s.rid, None)
@@ -242,12 +275,51 @@ class Scheduler:
         whose KV cells the caller must clear before the next decode."""
         out: list[Seq] = []
         while len(self.running) > 1 and self.in_use + self._growth() > self.kv_tokens:
-            paused = [s for s in self.running.values() if s.credit <= 0]
-            victim = min(paused, key=lambda s: s.paused_at) if paused \
-                else next(reversed(self.running.values()))
+            use = self.use()
+            victim = self._victim(max(use, key=use.__getitem__))
             self._preempt(victim)
             out.append(victim)
         return out
+
+    def _victim(self, client: str | None, besides: Iterable[Seq] = ()) -> Seq:
+        """The running sequence of `client` (but `besides`) to preempt: the longest
+        paused for credit, else the most recently admitted. Raises `IndexError` if
+        there is none."""
+        mine = [s for s in self.running.values() if s.client == client and s not in besides]
+        paused = [s for s in mine if s.credit <= 0]
+        return min(paused, key=lambda s: s.paused_at) if paused else mine[-1]
+
+    def rebalance(self) -> list[Seq]:
+        """Preempt sequences of the clients using most for the queue's head when it
+        does not fit, if that leaves each of them using at least as much as the
+        head's client will once admitted; none unless that lets the head in.
+        Returns them as `make_room` does."""
+        victims = self._fair_victims()
+        for s in victims:
+            self._preempt(s)
+        return victims
+
+    def _fair_victims(self) -> list[Seq]:
+        head = self._head()
+        if head is None or self._admits(head):
+            return []
+        use = self.use()
+        wanted = use.pop(head.client, 0) + len(head.prompt)
+        chosen: list[Seq] = []
+        in_use, running, free = self.in_use, len(self.running), len(self.free_slots)
+        while use and running > 1:
+            heavy = max(use, key=use.__getitem__)
+            if use[heavy] <= wanted:  # so it still runs a sequence not chosen
+                return []
+            victim = self._victim(heavy, chosen)
+            if use[heavy] - victim.footprint < wanted:
+                return []  # the head's client would then use more than the one it took from
+            chosen.append(victim)
+            use[heavy] -= victim.footprint
+            in_use, running, free = in_use - victim.footprint, running - 1, free + 1
+            if free and self._fits(head, in_use, running):
+                return chosen
+        return []
 
     def _growth(self) -> int:
         return sum(1 for s in self.running.values() if s.credit > 0 and s.prefilled)

@@ -215,10 +215,12 @@ class Driver:
             os._exit(70)
 
     def _iterate(self) -> None:
-        """Preempt sequences paused for credit that the queue waits on, admit what
+        """Preempt sequences paused for credit that the queue waits on, and those of
+        the clients using most for a client using less (`Scheduler.rebalance`), admit what
         fits, preempt what the next step's tokens do not leave room for, then one
         decode call per adapter group."""
         self._forget(self.sched.evict_paused(time.perf_counter()))
+        self._forget(self.sched.rebalance())
         for s in self.sched.admit():
             if s.sampler is not None:  # preempted before: its sampler's state goes on
                 continue

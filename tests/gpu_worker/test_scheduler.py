@@ -14,9 +14,10 @@ from gpu_worker.protocol import Generate
 
 
 def seq(rid: int, prompt_len: int = 4, max_tokens: int = 4, window: int = 8,
-        adapter: str | None = None, stop: list[str] | None = None) -> Seq:
+        adapter: str | None = None, stop: list[str] | None = None,
+        client: str | None = None) -> Seq:
     req = Generate(rid, "m", prompt="unused", max_tokens=max_tokens, window=window,
-                   stop=stop or [])
+                   stop=stop or [], client=client)
     return Seq(req, None, list(range(100, 100 + prompt_len)), adapter)  # type: ignore[arg-type]
 
 
@@ -36,6 +37,7 @@ def generate(sched: Scheduler, steps: int, check: bool = True) -> list[Seq]:
     preempted: list[Seq] = []
     for _ in range(steps):
         preempted += sched.evict_paused(0.0)
+        preempted += sched.rebalance()
         sched.admit()
         preempted += sched.make_room()
         for group in sched.groups():
@@ -433,24 +435,128 @@ def test_a_preempted_sequence_can_be_unqueued() -> None:
     sched.credit(2, 1)  # ignored: it is gone
 
 
+# -- clients ---------------------------------------------------------------------------------
+
+def test_admission_takes_the_request_of_the_client_using_least_first() -> None:
+    """One client's queued requests do not hold another's behind all of them;
+    within a client the queue is FIFO."""
+    sched = Scheduler(slots=3, kv_tokens=1000)
+    sched.add([seq(1, client="a"), seq(2, client="a"), seq(3, client="a"),
+               seq(4, client="b")])
+    assert [s.rid for s in sched.admit()] == [1, 4, 2]  # a tie at 0: the first queued
+    assert waiting(sched) == [3]
+    assert sched.use() == {"a": 8, "b": 4}
+
+
+def test_the_client_using_fewer_kv_tokens_goes_first_not_the_one_running_fewer() -> None:
+    sched = Scheduler(slots=4, kv_tokens=1000)
+    sched.add([seq(1, prompt_len=300, client="a"), seq(2, prompt_len=5, client="b"),
+               seq(3, prompt_len=5, client="b")])
+    sched.admit()
+    sched.add([seq(4, client="a"), seq(5, client="b")])
+    assert [s.rid for s in sched.admit()] == [5]  # b runs two, but holds 10 cells to a's 300
+
+
+def test_a_waiting_client_preempts_the_newest_of_a_client_holding_every_slot() -> None:
+    """Three hogs of one client in all the slots: another client's short request
+    takes the newest hog's slot at once, not after a hog ends (minutes)."""
+    sched = Scheduler(slots=3, kv_tokens=1000)
+    hogs = [seq(rid, prompt_len=20, max_tokens=10_000, client="a") for rid in (1, 2, 3)]
+    sched.add(hogs)
+    generate(sched, 5)
+    sched.add([seq(4, client="a"), seq(5, client="b")])
+    assert sched.has_work()
+    assert sched.rebalance() == [hogs[2]]
+    assert [s.rid for s in sched.admit()] == [5]
+    assert running(sched) == [1, 2, 5] and waiting(sched) == [3, 4]
+    assert sched.running[5].slot == hogs[2].slot
+
+
+def test_a_waiting_client_preempts_for_kv_room_but_never_past_a_fair_share() -> None:
+    """b's request of 300 tokens may take cells from a only while a keeps as many
+    as b then holds: a's 3 sequences of 150 give up one (450 - 150 >= 300), not
+    a second for the 100 b's next request wants (300 - 150 < 300 + 100)."""
+    sched = Scheduler(slots=8, kv_tokens=700)
+    sched.add([seq(rid, prompt_len=150, max_tokens=10_000, client="a") for rid in (1, 2, 3)])
+    sched.admit()
+    sched.add([seq(4, prompt_len=300, client="b")])
+    assert [s.rid for s in sched.rebalance()] == [3]
+    assert [s.rid for s in sched.admit()] == [4]
+    sched.add([seq(5, prompt_len=100, client="b")])  # 600 + 100 + 16 > 700
+    assert sched.rebalance() == [] and sched.admit() == []
+    assert waiting(sched) == [3, 5]
+
+
+def test_one_client_never_preempts_its_own_for_admission() -> None:
+    sched = Scheduler(slots=2, kv_tokens=1000)
+    sched.add([seq(rid, max_tokens=100, client="a") for rid in (1, 2, 3)])
+    sched.admit()
+    assert sched.rebalance() == [] and waiting(sched) == [3]
+    sched.add([seq(4, max_tokens=100)])  # anonymous is one client too
+    sched.release(sched.running[2])
+    sched.admit()
+    assert running(sched) == [1, 4] and sched.rebalance() == []
+
+
+def test_a_client_running_a_lone_sequence_keeps_it() -> None:
+    sched = Scheduler(slots=1, kv_tokens=1000)
+    sched.add([seq(1, max_tokens=100, client="a"), seq(2, client="b")])
+    sched.admit()
+    assert sched.rebalance() == [] and running(sched) == [1]
+
+
+def test_a_full_cache_preempts_from_the_client_using_most_not_the_newest() -> None:
+    """b's chat, admitted last, was the victim; a's long stream uses more."""
+    sched = Scheduler(slots=4, kv_tokens=100)
+    big, small = (seq(1, prompt_len=60, max_tokens=500, client="a"),
+                  seq(2, prompt_len=10, max_tokens=500, client="b"))
+    sched.add([big, small])
+    assert generate(sched, 16) == []
+    assert generate(sched, 1) == [big]
+    assert running(sched) == [2] and waiting(sched) == [1]
+
+
+def test_within_the_client_using_most_one_paused_for_credit_goes_first() -> None:
+    sched = Scheduler(slots=4, kv_tokens=100)
+    a1, a2, b = (seq(1, prompt_len=30, max_tokens=500, client="a"),
+                 seq(2, prompt_len=20, max_tokens=500, client="a"),
+                 seq(3, prompt_len=5, max_tokens=500, client="b"))
+    sched.add([a1, a2, b])
+    generate(sched, 3)
+    a1.credit = 0
+    b.credit, b.paused_at = 0, 0.0  # paused longer, but its client uses less
+    victims = generate(sched, 40)
+    assert victims[0] is a1
+
+
 # -- a model of the cache, random workloads --------------------------------------------------
 
-def simulate(specs: list[tuple[int, int, int, int]], slots: int, kv_tokens: int
-             ) -> tuple[dict[int, list[int]], int]:
+Spec = tuple[int, int, int, int, int]  # prompt, max_tokens, arrival step, stall, client
+Flood = tuple[int, int, int]  # every how many steps, prompt length, max_tokens
+
+
+def simulate(specs: list[Spec], slots: int, kv_tokens: int, flood: Flood | None = None
+             ) -> tuple[dict[int, list[int]], int, int]:
     """Run requests (prompt length, max_tokens, arrival step, steps its reader stalls
-    once it has 3 chunks) as the driver does over a model that keeps each slot's
-    cells (a token must come at its slot's next position; preemption clears them)
-    and samples from every token in them. Returns each request's tokens and the
-    preemptions; checks that more than one running sequence never overflows it."""
+    once it has 3 chunks, client) as the driver does over a model that keeps each
+    slot's cells (a token must come at its slot's next position; preemption clears
+    them) and samples from every token in them; with `flood`, client "flood" sends
+    a request every so many steps until they have all ended. Returns each
+    request's tokens, the preemptions and the step they had all ended by; checks that more than one running
+    sequence never overflows the cells."""
     sched = Scheduler(slots=slots, kv_tokens=kv_tokens, step_tokens=32, pause_grace=2.0)
     cells: dict[int, list[int]] = {}
     out: dict[int, list[int]] = {rid: [] for rid in range(len(specs))}
     stalled: dict[int, int] = {}  # rid -> step its reader read again
     preemptions = 0
     for now in range(20_000):
-        sched.add(seq(rid, prompt_len=p, max_tokens=m)
-                  for rid, (p, m, at, _) in enumerate(specs) if at == now)
-        preempted = sched.evict_paused(float(now))
+        sched.add(seq(rid, prompt_len=p, max_tokens=m, client=str(c))
+                  for rid, (p, m, at, _, c) in enumerate(specs) if at == now)
+        if flood is not None and now % flood[0] == 0:
+            out[1000 + now] = []
+            sched.add([seq(1000 + now, prompt_len=flood[1], max_tokens=flood[2],
+                           client="flood")])
+        preempted = sched.evict_paused(float(now)) + sched.rebalance()
         for s in preempted:
             cells.pop(s.slot, None)
         sched.admit()
@@ -474,32 +580,47 @@ def simulate(specs: list[tuple[int, int, int, int]], slots: int, kv_tokens: int
                 if reason is not None:
                     sched.release(s)
                     del cells[s.slot]
-        for rid, (*_, stall) in enumerate(specs):
+        for rid in out:
+            stall = specs[rid][3] if rid < len(specs) else 0
             if len(out[rid]) >= 3 and rid not in stalled:
                 stalled[rid] = now + stall
             if stalled.get(rid, now + 1) <= now:
                 sched.credit(rid, 1)  # its reader keeps up: a chunk read for each sent
-        if all(len(out[rid]) == m for rid, (_, m, _, _) in enumerate(specs)):
-            return out, preemptions
+        if all(len(out[rid]) == spec[1] for rid, spec in enumerate(specs)):
+            return out, preemptions, now
     raise AssertionError(f"not all finished: {[len(o) for o in out.values()]}")
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60), st.integers(0, 40),
-                          st.integers(0, 30)), min_size=1, max_size=8),
-       st.integers(1, 4))
+                          st.integers(0, 30), st.integers(0, 2)), min_size=1, max_size=8),
+       st.integers(1, 4),
+       st.none() | st.tuples(st.integers(1, 6), st.integers(1, 40), st.integers(1, 60)))
 def test_random_workloads_all_finish_with_their_solo_output(
-        specs: list[tuple[int, int, int, int]], slots: int) -> None:
-    """Whatever arrives when, however long its reader stalls, and however often it
-    is preempted: every request ends, with the tokens it has alone."""
-    together, _ = simulate(specs, slots, kv_tokens=100)
+        specs: list[Spec], slots: int, flood: Flood | None) -> None:
+    """Whatever arrives when, from which of three clients, however long its reader
+    stalls, however often it is preempted, and while another client sends request
+    after request without end: every request ends (no client starves), with the
+    tokens it has alone."""
+    together, *_ = simulate(specs, slots, kv_tokens=100, flood=flood)
     for rid, spec in enumerate(specs):
-        alone, _ = simulate([(*spec[:2], 0, 0)], 1, kv_tokens=100)
+        alone, *_ = simulate([(*spec[:2], 0, 0, 0)], 1, kv_tokens=100)
         assert together[rid] == alone[0], rid
 
 
 def test_a_random_workload_preempts() -> None:
     """The property above is not vacuous: such workloads do preempt."""
-    specs = [(30, 60, 0, 0), (20, 70, 1, 0), (10, 50, 2, 25), (5, 40, 30, 0)]
-    _, preemptions = simulate(specs, 4, kv_tokens=100)
+    specs = [(30, 60, 0, 0, 0), (20, 70, 1, 0, 0), (10, 50, 2, 25, 0), (5, 40, 30, 0, 0)]
+    _, preemptions, _ = simulate(specs, 4, kv_tokens=100)
     assert preemptions >= 2
+
+
+def test_a_flooding_client_leaves_the_others_their_share() -> None:
+    """Client "flood" sends a 200-token request every step, without end: another
+    client's three requests end within twice their time alone (half the slots),
+    not behind the flood's queue (614 steps, FIFO)."""
+    specs: list[Spec] = [(10, 40, 5, 0, 0)] * 3
+    *_, alone = simulate(specs, 4, kv_tokens=200)
+    _, preemptions, flooded = simulate(specs, 4, kv_tokens=200, flood=(1, 10, 200))
+    assert flooded <= 2 * alone, (alone, flooded)
+    assert preemptions >= 1
