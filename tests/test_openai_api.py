@@ -561,6 +561,63 @@ def test_v1_asks_for_a_key_once_one_exists_and_scopes_pick_the_models(
             assert f"model {EMBED!r}" in denied.value.body["message"]  # type: ignore[index]
 
 
+def test_model_calls_carry_the_caller_as_the_workers_fair_share(pop: Running,
+                                                                 tmp_path: Path) -> None:
+    """Each API key and each function owner is a client of its own to the model
+    worker (its fair share, `protocol.Generate.client`): the key's id (never the
+    key), the owner's name; the AI cache's lookups too. What the PoP sends is read
+    off its worker client, on the way to the real worker."""
+    from gpu_worker import protocol as p
+    from runtime.security.keys import KeyStore
+
+    assert pop.pop.ai is not None
+    with pop_thread(tmp_path / "fair", ai=True,
+                    **{"ai.socket": pop.pop.ai.client.socket_path}) as fair:
+        assert fair.pop.ai is not None
+        store = KeyStore(fair.data)
+        (acme, acme_key), (globex, globex_key) = (store.create("acme", ("*",)),
+                                                  store.create("globex", ("*",)))
+        fair.admin.request("POST", "/v1/keys/reload")
+        for owner in ("o1", "o2"):
+            d = py_ai_function(tmp_path, f"fair-{owner}", """
+from edgefn import Response
+
+
+def handle(request, env):
+    call = env._call
+    call("ai.chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, True)
+    call("ai.embed", {"input": ["fair share " + request.query["n"]]}, True)
+    return Response("ok")
+""")
+            toml = d / "edgefn.toml"
+            toml.write_text(f'owner = "{owner}"\n' + toml.read_text())
+            fair.admin.deploy(d)
+        sent: list[Any] = []
+        real_send = fair.pop.ai.client.send
+
+        def spy(msg: Any) -> None:
+            sent.append(msg)
+            real_send(msg)
+
+        fair.pop.ai.client.send = spy  # type: ignore[method-assign]
+        base = f"http://{fair.host}:{fair.port}/v1"
+        for n, (key, record) in enumerate(((acme, acme_key), (globex, globex_key))):
+            with openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60) as c:
+                c.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                          max_tokens=2)
+                c.embeddings.create(model=EMBED, input=f"fair share {record.id} {n}")
+        for owner in ("o1", "o2"):
+            assert fair.get(f"/fair-{owner}?n={owner}", timeout=60,
+                            headers={"authorization": f"Bearer {acme}"})[:3:2] == (200, b"ok")
+    clients = [(type(m).__name__, m.client) for m in sent
+               if isinstance(m, p.Generate | p.Embed | p.Rerank | p.CountTokens)]
+    for who in (f"key:{acme_key.id}", f"key:{globex_key.id}", "owner:o1", "owner:o2"):
+        asked = {kind for kind, c in clients if c == who}
+        assert {"Generate", "Embed"} <= asked, (who, clients)
+    assert all(c is not None for _, c in clients), clients
+    assert not any(key in repr(sent) for key in (acme, globex))
+
+
 def test_the_ai_binding_refuses_unknown_arguments_and_bad_roles(pop: Running,
                                                                 tmp_path: Path) -> None:
     """As /v1/chat/completions does: a typo (`max_token`) ran uncapped until the wall

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from runtime.security.principal import Principal
 from runtime.net.message import Request, Response, json_response
 from runtime.net.openai_sse import Chunks
+from runtime.security.principal import model_client
 from runtime.security.ratelimit.admission import Ticket, TokenBudgets, settled_embedding
 from runtime.security.residency import forward_of, mark_of, tenant_of
 from runtime.security.settings import NO_POLICY, TargetPolicy
@@ -295,7 +296,8 @@ class OpenAIApi:
             trace = traceparent_of(ctx.decisions) if ctx is not None else None
             for i in range(body.n):
                 gens.append(await self.ai.client.generate(
-                    model, stream=body.stream, traceparent=trace, **_choice(call, i)))
+                    model, stream=body.stream, traceparent=trace, client=_client(ctx),
+                    **_choice(call, i)))
             if body.stream:
                 usage = body.stream_options is not None and body.stream_options.include_usage
                 firsts = [await choices.first(g) for g in gens]  # errors get a real status
@@ -348,7 +350,8 @@ class OpenAIApi:
         record = UsageRecord(ctx, "embeddings", body.model)
         record.usage.user = body.user
         ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
-        out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs))
+        out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs,
+                                                                   _client(ctx)))
         record.counted(out["tokens"])
         data = [{"object": "embedding", "index": i,
                  "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
@@ -365,7 +368,7 @@ class OpenAIApi:
         if self.budgets is None or ctx is None or ctx.principal is None:
             return None
         return await self.budgets.admit_ai(self.budgets.payer(ctx.principal), self.ai.client,
-                                           model, stream, max_tokens, **text)
+                                           model, stream, max_tokens, _client(ctx), **text)
 
     def _base_of(self, model: str) -> str | None:
         """The base model of LoRA adapter `model`, or None for a base model."""
@@ -376,13 +379,19 @@ class OpenAIApi:
         if body.top_n is not None and body.top_n < 1:
             raise ApiError("invalid_request", 400, "top_n must be at least 1", param="top_n")
         record = UsageRecord(ctx, "rerank", body.model)
-        out = await self.ai.client.rerank(body.model, body.query, texts, body.top_n)
+        out = await self.ai.client.rerank(body.model, body.query, texts, body.top_n,
+                                          _client(ctx))
         record.counted(out["tokens"])
         results = [{"index": r["index"], "relevance_score": r["relevance_score"],
                     **({"document": {"text": texts[r["index"]]}} if body.return_documents
                        else {})} for r in out["results"]]
         return json_response({"id": "rerank-" + secrets.token_hex(8), "model": body.model,
                               "results": results, "usage": {"total_tokens": out["tokens"]}})
+
+
+def _client(ctx: Context | None) -> str | None:
+    """The caller's fair share of the model worker (`model_client`)."""
+    return model_client(ctx.principal if ctx is not None else None)
 
 
 def _tenant(ctx: Context) -> str | None:

@@ -261,8 +261,8 @@ class Bindings:
 
 def _embedder(ai: AIService) -> Any:
     """The worker's embeddings, for the semantic cache's lookups."""
-    async def embed(model: str, texts: list[str]) -> dict[str, Any]:
-        return await ai.client.embed(model, texts)
+    async def embed(model: str, texts: list[str], client: str | None) -> dict[str, Any]:
+        return await ai.client.embed(model, texts, client)
 
     return embed
 

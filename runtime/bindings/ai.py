@@ -53,6 +53,7 @@ from runtime.cache.ai.cache import AICache, Lookup
 from runtime.cache.ai.entry import Embedded, Generated, Result
 from runtime.cache.ai.keys import Call, chat_call, completion_call, embedding_call
 from runtime.cache.settings import AICacheOverride
+from runtime.security.principal import model_client
 from runtime.security.ratelimit.admission import (
     Ticket,
     TokenBudgets,
@@ -109,6 +110,7 @@ class AIBinding:
         self.ids = itertools.count(1)
         self.egress = egress
         self.resident = self.tenant  # whose data residency its model calls keep to
+        self.fair_client = model_client(None, self.tenant)  # its share of the model worker
 
     def as_caller(self, caller: str | None) -> AIBinding:
         """This binding for a request of tenant `caller`: when `caller` is pinned
@@ -167,7 +169,7 @@ class AIBinding:
                 return await self._embed(str(a["model"]), a["input"], a)
             case "rerank":
                 return await client.rerank(a["model"], a["query"], list(a["documents"]),
-                                           a.get("top_n"))
+                                           a.get("top_n"), self.fair_client)
         return await client.models()
 
     async def _generate(self, op: str, a: dict[str, Any], traceparent: str | None) -> Any:
@@ -196,7 +198,7 @@ class AIBinding:
         if self.cache is not None:
             off = a.get("cache") is False
             found = await self.cache.lookup(call, self.cache.policy(
-                self.cache_settings, lookup=not off, store=not off))
+                self.cache_settings, lookup=not off, store=not off), client=self.fair_client)
             said = {"cache": self.cache.account(found, self.owner)}
             if found.entry is not None:
                 assert isinstance(found.entry.result, Generated)
@@ -211,8 +213,8 @@ class AIBinding:
             raise
         gen: Generation | None = None
         try:
-            gen = await self.service.client.generate(model, stream=True,
-                                                     traceparent=traceparent, **hop)
+            gen = await self.service.client.generate(model, stream=True, traceparent=traceparent,
+                                                     client=self.fair_client, **hop)
         except BaseException as e:
             self._abandon(found)
             if ticket is not None:
@@ -264,8 +266,8 @@ class AIBinding:
                                    prompt=params.get("prompt"), messages=params.get("messages"))
         gen: Generation | None = None
         try:
-            gen = await self.service.client.generate(model, stream=False,
-                                                     traceparent=traceparent, **hop)
+            gen = await self.service.client.generate(model, stream=False, traceparent=traceparent,
+                                                     client=self.fair_client, **hop)
             text, done = await gen.collect()
         except BaseException as e:
             if gen is not None:  # cancelled (the request's client left): the worker stops
@@ -287,7 +289,7 @@ class AIBinding:
                 return {**_plain(fb.result), "fallback": fb.said}
         off = a.get("cache") is False
         found = await self.cache.lookup(call, self.cache.policy(
-            self.cache_settings, lookup=not off, store=not off))
+            self.cache_settings, lookup=not off, store=not off), client=self.fair_client)
         record = self.cache.account(found, self.owner)
         if found.entry is not None:
             return {**replay.binding(found.entry.result), "cache": record}
@@ -359,7 +361,8 @@ class AIBinding:
         if self.egress is not None:  # refused before any charge
             texts = self.egress.inputs(self.resident, model, texts)
         ticket = await self._admit(model, False, 0, inputs=texts)
-        out = await settled_embedding(ticket, self.service.client.embed(model, texts))
+        out = await settled_embedding(ticket, self.service.client.embed(model, texts,
+                                                                        self.fair_client))
         return Embedded(out["embeddings"], out["tokens"])
 
     async def _admit(self, model: str, stream: bool, max_tokens: int | None, **text: Any
@@ -370,7 +373,7 @@ class AIBinding:
             return None
         return await self.budgets.admit_ai(self.budgets.payer(None, self.tenant),
                                            self.service.client, model, stream, max_tokens,
-                                           **text)
+                                           self.fair_client, **text)
 
     async def end_stream(self, sid: int) -> bool:
         """Stop this deployment's stream `sid` (its reader stopped: the request's client

@@ -38,3 +38,13 @@ class Principal(Struct, frozen=True, omit_defaults=True):
     def identity(self) -> str:
         """What limits count this principal by: its key id, else tenant/subject."""
         return self.key_id or f"{self.tenant}/{self.subject or ''}"
+
+
+def model_client(who: Principal | None, owner: str | None = None) -> str | None:
+    """Whose fair share of the model worker a call counts in (the worker protocol's
+    ``client``): caller `who`'s key (its `identity`, never the key), else function
+    owner `owner`, else None (anonymous, one share for all). Prefixed, so a key id
+    and an owner's name never share one."""
+    if who is not None:
+        return f"key:{who.identity}"
+    return None if owner is None else f"owner:{owner}"

@@ -58,7 +58,8 @@ from runtime.security.settings import merge
 
 log = logging.getLogger("edgefn.cache.ai")
 
-type Embedder = Callable[[str, list[str]], Awaitable[dict[str, Any]]]
+# (model, texts, client: whose fair share of the model worker) -> {"embeddings": ...}
+type Embedder = Callable[[str, list[str], str | None], Awaitable[dict[str, Any]]]
 FLIGHT_WAIT = 300.0  # seconds a waiter waits for an in-flight identical call at most
 
 
@@ -132,7 +133,7 @@ class AICache:
     def __init__(self, settings: AICacheSettings, embed: Embedder | None,
                  stats: CacheStats | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """`embed(model, texts) -> {"embeddings": [...]}`: the worker's embeddings
+        """`embed(model, texts, client) -> {"embeddings": [...]}`: the worker's embeddings
         (None: exact cache only); `clock`: seconds, for the TTLs."""
         self.settings = settings
         self.embed = embed
@@ -153,11 +154,12 @@ class AICache:
                       s.ttl_seconds if ttl is None else ttl, lookup, store)
 
     # -- lookup ---------------------------------------------------------------------------
-    async def lookup(self, call: Call, policy: Policy, vector: np.ndarray | None = None
-                     ) -> Lookup:
+    async def lookup(self, call: Call, policy: Policy, vector: np.ndarray | None = None,
+                     client: str | None = None) -> Lookup:
         """What the cache has for `call`. A ``miss`` with a `flight` must be ended
         with `complete` or `abandon`. `vector`: the query's embedding if another tier
-        computed it (`runtime.cache.ai.forward`), used instead of embedding it here."""
+        computed it (`runtime.cache.ai.forward`), used instead of embedding it here
+        (in `client`'s fair share of the model worker: the caller's)."""
         reason = self._bypass(call, policy)
         if reason is not None:
             return Lookup(call, policy, "bypass", reason=reason)
@@ -179,7 +181,7 @@ class AICache:
                 if vector is not None:
                     found.vector, found.embedded = vector, "given"
                     continue
-                found.vector = await self._embedding(call.query)
+                found.vector = await self._embedding(call.query, client)
                 found.embedded = "here" if found.vector is not None else None
                 continue  # the exact entry or flight may have come meanwhile
             if found.vector is not None and await self._semantic(found):
@@ -215,10 +217,10 @@ class AICache:
             self.scopes.move_to_end(entry.call.bucket)
         return entry
 
-    async def _embedding(self, text: str) -> np.ndarray | None:
+    async def _embedding(self, text: str, client: str | None) -> np.ndarray | None:
         assert self.embed is not None
         try:
-            out = await self.embed(self.settings.embedding_model, [text])
+            out = await self.embed(self.settings.embedding_model, [text], client)
             return as_vector(out["embeddings"][0])
         except (EdgefnError, KeyError, IndexError, TypeError, ValueError) as e:
             log.warning("ai cache: no embedding for a semantic lookup (%s); exact only", e)

@@ -61,7 +61,7 @@ from runtime.net.message import Request, Response, json_response
 from runtime.pipeline.stage import Context, Next
 from runtime.pipeline.stage import Result as StageResult
 from runtime.pipeline.targets import Targets
-from runtime.security.principal import Principal
+from runtime.security.principal import Principal, model_client
 from runtime.security.residency import forward_of, tenant_of
 
 KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
@@ -114,7 +114,8 @@ class AICacheStage:
                      ctx: Context, call_next: Next) -> Response:
         policy = self.cache.policy(None, lookup=wishes.lookup, store=wishes.store,
                                    ttl=wishes.ttl)
-        found = await self.cache.lookup(asked.call, policy, self._given(request, asked.call))
+        found = await self.cache.lookup(asked.call, policy, self._given(request, asked.call),
+                                        model_client(ctx.principal))
         record = self.cache.account(found)
         ctx.decide("ai_cache", record)
         if found.entry is not None:

@@ -123,9 +123,11 @@ class TokenBudgets:
         return payer
 
     async def admit_ai(self, payer: Payer, client: WorkerClient, model: str, stream: bool,
-                       max_tokens: int | None, **text: Any) -> Ticket | None:
+                       max_tokens: int | None, caller: str | None = None, **text: Any
+                       ) -> Ticket | None:
         """`admit` for one model call, its prompt counted by the worker (`text`: what
-        `WorkerClient.count_tokens` takes); None when `payer` has no limit. An
+        `WorkerClient.count_tokens` takes) in `caller`'s fair share (`model_client`);
+        None when `payer` has no limit. An
         engine that cannot count (an upstream server) reserves the input's UTF-8
         JSON length, more than its tokens. Raises what `admit` raises and the
         worker's refusal of the input (`WorkerError`: unknown model, empty prompt)."""
@@ -134,7 +136,7 @@ class TokenBudgets:
 
         async def count() -> int:
             try:
-                return await client.count_tokens(model, **text)
+                return await client.count_tokens(model, client=caller, **text)
             except WorkerError as e:
                 if e.code != "count_unsupported":
                     raise

@@ -32,7 +32,8 @@ class MiniLM:
         self.memo: dict[str, list[float]] = {}
         self.calls = 0
 
-    async def __call__(self, model: str, texts: list[str]) -> dict[str, Any]:
+    async def __call__(self, model: str, texts: list[str], client: str | None = None
+                       ) -> dict[str, Any]:
         todo = [t for t in texts if t not in self.memo]
         if todo:
             self.calls += 1

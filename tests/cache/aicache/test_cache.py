@@ -231,9 +231,9 @@ def test_a_vector_the_tier_below_gave_is_looked_up_without_embedding(
 
     asked: list[list[str]] = []
 
-    async def embed(model: str, texts: list[str]) -> dict[str, Any]:
+    async def embed(model: str, texts: list[str], client: str | None) -> dict[str, Any]:
         asked.append(texts)
-        return await minilm(model, texts)
+        return await minilm(model, texts, client)
 
     c = cache(clock, embed, threshold=0.5)
     run(c, ask(PARIS))
