@@ -1,18 +1,21 @@
 """A short chat's latency on a llama.cpp worker (the packaged smollm2-135m, a
-CONTEXT-token KV cache, MAX_BATCH slots) alone, beside a hog, and beside slow
-readers:
+CONTEXT-token KV cache, MAX_BATCH slots) alone, beside a hog, beside slow
+readers, and beside one other client's hogs:
 
 - hog: one stream with ``max_tokens`` = the context less its prompt and its end
   tokens banned (it really generates that long), read as fast as it comes;
 - slow: MAX_BATCH streams whose readers read nothing past their first chunks
-  (window 2), so each pauses for credit holding a slot.
+  (window 2), so each pauses for credit holding a slot;
+- client's hogs: HOGS such hogs of client "a" at once (more than the slots),
+  the short chat from client "b" (`Generate.client`; a worker older than it
+  ignores the field and serves them first come, first served).
 
 The victim is timed from its request to its last token (max_queue_seconds WAIT:
 a 503 after WAIT s is printed as such). With --code DIR (repeatable) the worker
 runs the ``gpu_worker`` package in DIR instead of this checkout's, one after the
 other in the same run (A/B: an older commit unpacked with ``git archive``).
 
-    python bench/bench_preemption.py [--code DIR]... [--rounds N]
+    python bench/bench_preemption.py [--code DIR]... [--rounds N] [--only hog|slow|clients]...
 """
 
 from __future__ import annotations
@@ -32,15 +35,17 @@ from gpu_worker.client import Generation, WorkerClient
 
 CHAT = "smollm2-135m"
 CONTEXT, MAX_BATCH, WAIT = 1024, 4, 20
+HOGS = 6
 NO_END = {0: -100.0, 2: -100.0}  # <|endoftext|>, <|im_end|>
 SHORT = [{"role": "user", "content": "Name three colours."}]
 LONG = [{"role": "user", "content": "Count to a thousand."}]
 
 
-async def victim(client: WorkerClient) -> float | str:
-    """Seconds to a whole 16-token answer, or what went wrong."""
+async def victim(client: WorkerClient, who: str | None = None) -> float | str:
+    """Seconds to a whole 16-token answer for client `who`, or what went wrong."""
     started = time.perf_counter()
-    gen = await client.generate(CHAT, messages=SHORT, max_tokens=16, temperature=0.0)
+    gen = await client.generate(CHAT, messages=SHORT, max_tokens=16, temperature=0.0,
+                                client=who)
     try:
         await asyncio.wait_for(gen.collect(), WAIT + 30)
     except WorkerError as e:
@@ -66,6 +71,21 @@ async def beside_hog(client: WorkerClient, rounds: int) -> list[float | str]:
         reader.cancel()
 
 
+async def beside_clients_hogs(client: WorkerClient, rounds: int) -> list[float | str]:
+    room = CONTEXT - await client.count_tokens(CHAT, messages=LONG)
+    hogs = [await client.generate(CHAT, messages=LONG, max_tokens=room, client="a",
+                                  logit_bias=NO_END, temperature=0.0) for _ in range(HOGS)]
+    await anext(hogs[0])
+    readers = [asyncio.create_task(drain(hog)) for hog in hogs]
+    try:
+        return [await victim(client, "b") for _ in range(rounds)]
+    finally:
+        for hog in hogs:
+            await hog.aclose()
+        for task in readers:
+            task.cancel()
+
+
 async def beside_slow(client: WorkerClient, rounds: int) -> list[float | str]:
     slow = [await client.generate(CHAT, messages=LONG, max_tokens=200, temperature=0.0,
                                   window=2) for _ in range(MAX_BATCH)]
@@ -82,12 +102,16 @@ def show(label: str, got: list[float | str], alone: float) -> None:
     times = [t for t in got if isinstance(t, float)]
     errors = [t for t in got if isinstance(t, str)]
     p50 = statistics.median(times) if times else float("nan")
-    print(f"  {label:<14} p50 {p50:6.2f} s  ({p50 / alone:5.1f}x alone)  "
+    print(f"  {label:<16} p50 {p50:6.2f} s  ({p50 / alone:5.1f}x alone)  "
           f"each: {', '.join(f'{t:.2f}' if isinstance(t, float) else t for t in got)}"
           + (f"  [{len(errors)} failed]" if errors else ""), flush=True)
 
 
-async def run(code: str | None, rounds: int) -> None:
+SCENARIOS = {"hog": ("beside hog", beside_hog), "slow": ("beside slow", beside_slow),
+             "clients": (f"beside a's {HOGS}", beside_clients_hogs)}
+
+
+async def run(code: str | None, rounds: int, only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "worker.toml"
         config.write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
@@ -104,8 +128,9 @@ async def run(code: str | None, rounds: int) -> None:
                                        if isinstance(t, float)])
             print(f"{code or 'this checkout'}: a 16-token chat alone p50 {alone:.2f} s",
                   flush=True)
-            show("beside hog", await beside_hog(client, rounds), alone)
-            show("beside slow", await beside_slow(client, rounds), alone)
+            for name in only:
+                label, scenario = SCENARIOS[name]
+                show(label, await scenario(client, rounds), alone)
         finally:
             await client.close()
 
@@ -114,9 +139,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--code", action="append", help="run the worker from this folder")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", action="append", choices=sorted(SCENARIOS),
+                        help="run this scenario (default: all)")
     args = parser.parse_args()
     for code in args.code or [None]:
-        asyncio.run(run(code, args.rounds))
+        asyncio.run(run(code, args.rounds, args.only or list(SCENARIOS)))
 
 
 if __name__ == "__main__":
