@@ -10,9 +10,11 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from edgefn_core.errors import WorkerError
+from gpu_worker import protocol as p
 from gpu_worker.engines.onnx import MAX_TEXT_CHARS
 from tests.gpu_worker.harness import Harness
 from tests.gpu_worker.test_preemption import CHAT, CONTEXT, LONG, NO_END, SHORT, small_worker
@@ -136,3 +138,21 @@ def test_a_client_name_past_the_limit_is_refused(embed_worker: Harness) -> None:
         assert "'client' has 201 characters; at most 200" in str(e.value)
     assert embed_worker.run(embed_worker.client.embed(EMBED, SENTENCE, client="k" * 200))
 
+
+
+class EmbedBeforeClients(msgspec.Struct, array_like=True, omit_defaults=True, tag="embed"):
+    """`protocol.Embed` as a worker or PoP older than clients has it."""
+
+    id: int
+    model: str
+    inputs: list[str]
+
+
+def test_the_client_field_is_backward_compatible() -> None:
+    """An older PoP's frame reads as an anonymous client's; an older worker reads a
+    frame naming a client, without it (array-like: the field trails the others)."""
+    old = msgspec.msgpack.encode(EmbedBeforeClients(1, EMBED, SENTENCE))
+    assert p.request_decoder.decode(old) == p.Embed(1, EMBED, SENTENCE, client=None)
+    new = msgspec.msgpack.encode(p.Embed(1, EMBED, SENTENCE, client="key:k1"))
+    assert msgspec.msgpack.decode(new, type=EmbedBeforeClients) == \
+        EmbedBeforeClients(1, EMBED, SENTENCE)
