@@ -16,7 +16,13 @@ own one-way delay; on a connection:
 
 Health: each route's ``/readyz`` is asked every `health_interval_s`; a route that
 does not answer 200, or that refuses a connection, is skipped until it answers
-again. After each probe round the idle connections that lead elsewhere than a
+again. A route is also skipped at once when it answers a 503 that closes its
+connection (the relay reads the answer's head as it passes, before the client
+does), until a probe that began after that answer says 200: that is how a PoP
+whose model worker died says "not me", and the client's next connection, sent as
+soon as it reads the 503, must not reach the PoP again in the probes' gap (a
+passive health check, as a load balancer's outlier detection). After each probe
+round the idle connections that lead elsewhere than a
 new one would (to a route that is down, or to a later route once an earlier one
 is healthy again) are closed (both ways, FIN), as a load balancer closes
 connections to a host that fails its health checks (Envoy's
@@ -155,13 +161,19 @@ class _Line:
 
 
 class _Messages:
-    """httptools callbacks: counts the HTTP messages begun and completed."""
+    """httptools callbacks: counts the HTTP messages begun and completed, and calls
+    `on_head` (if set) once each one's head is read."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_head: Callable[[], None] | None = None) -> None:
         self.begun = self.completed = 0
+        self.on_head = on_head
 
     def on_message_begin(self) -> None:
         self.begun += 1
+
+    def on_headers_complete(self) -> None:
+        if self.on_head is not None:
+            self.on_head()
 
     def on_message_complete(self) -> None:
         self.completed += 1
@@ -177,10 +189,16 @@ class _Conn:
                  server: asyncio.StreamWriter) -> None:
         self.link, self.route, self.client, self.server = link, route, client, server
         self.lines: list[_Line] = []
-        self.requests, self.responses = _Messages(), _Messages()
+        self.requests, self.responses = _Messages(), _Messages(self._answer_head)
         self.parsers = (httptools.HttpRequestParser(self.requests),
                         httptools.HttpResponseParser(self.responses))
         self.opaque = False  # not HTTP/1.1 as parsed: never called idle
+
+    def _answer_head(self) -> None:
+        """A 503 that closes its connection takes its route out at once (`Link.shed`)."""
+        answer = self.parsers[1]
+        if answer.get_status_code() == 503 and not answer.should_keep_alive():
+            self.link.shed(self.route)
 
     def saw(self, chunk: bytes, from_server: bool) -> None:
         """Count the messages in `chunk`, read from the server or the client."""
@@ -226,6 +244,7 @@ class Link:
         self.server: asyncio.Server | None = None
         self.peak = 0  # the most bytes one direction of a connection held (flow control)
         self.conns: set[_Conn] = set()
+        self.shed_at: dict[str, float] = {}  # route name: when it last answered 503, closing
 
     async def start(self) -> None:
         """Raises OSError if the port is taken."""
@@ -251,15 +270,24 @@ class Link:
         """Where a new connection goes: the first route that is up."""
         return next((r for r in self.spec.routes if r.up), None)
 
+    def shed(self, route: Route) -> None:
+        """`route` answered a 503 that closes its connection: new connections skip it
+        until a probe begun after now says it is ready."""
+        route.up = False
+        self.shed_at[route.name] = asyncio.get_running_loop().time()
+
     async def _probe(self, route: Route) -> None:
         timeout = max(0.5, 2 * self.net.health_interval_s)
+        begun = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(timeout):
                 r, w = await asyncio.open_connection(route.host, route.port)
                 w.write(PROBE)
                 line = await r.readline()
                 w.close()
-            route.up = line.split(b" ")[1:2] == [b"200"]
+            # a probe begun before the route's 503 may have been answered before it: stale
+            route.up = (line.split(b" ")[1:2] == [b"200"]
+                        and self.shed_at.get(route.name, begun - 1) < begun)
         except (OSError, TimeoutError, IndexError):
             route.up = False
 

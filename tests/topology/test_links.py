@@ -308,3 +308,91 @@ def test_back_from_a_failover_a_busy_connection_closes_once_its_answer_is_delive
             assert not link.conns
             w.close()
     asyncio.run(main())
+
+
+class _Pop:
+    """A PoP's HTTP face, one answer per connection: ``/readyz`` 200 (once `ready`
+    is set), anything else `status` with ``connection: close``; `asked` holds the
+    paths it was asked for."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.ready = asyncio.Event()
+        self.ready.set()
+        self.asked: list[str] = []
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        path = head.split(b" ")[1].decode()
+        self.asked.append(path)
+        if path == "/readyz":
+            await self.ready.wait()
+        status = 200 if path == "/readyz" else self.status
+        writer.write(b"HTTP/1.1 %d X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n" % status)
+        await writer.drain()
+        writer.close()
+
+
+async def _status(port: int, path: str) -> int:
+    """``GET path`` on a new connection through the link: the answer's status."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nhost: t\r\n\r\n".encode())
+    line = await asyncio.wait_for(reader.readline(), 2)
+    writer.close()
+    return int(line.split(b" ")[1])
+
+
+@asynccontextmanager
+async def _pops_link(*pops: _Pop) -> AsyncIterator[tuple[Link, int]]:
+    """A link to `pops`, in order, each 5 ms away; their routes probed once (no
+    probe rounds run)."""
+    servers = [await asyncio.start_server(p, "127.0.0.1", 0) for p in pops]
+    spec = LinkSpec(name="t", port=_dead_port(), routes=[
+        Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=5.0)
+        for i, s in enumerate(servers)])
+    link = Link(spec, LinksConfig(), random.Random(1))
+    await link.start()
+    try:
+        yield link, spec.port
+    finally:
+        assert link.server is not None
+        link.server.close()
+        for s in servers:
+            s.close()
+
+
+def test_a_503_that_closes_its_connection_sends_the_next_connection_elsewhere() -> None:
+    """A PoP whose model worker dies under a request answers 503 and closes; its
+    client tries again at once on a new connection, before any probe round has seen
+    the PoP not ready: that one goes to the next route (a regional-failover chat was
+    answered 503 twice by the regional in CI)."""
+    async def main() -> None:
+        down, spare = _Pop(503), _Pop(200)
+        async with _pops_link(down, spare) as (link, port):
+            for route in link.spec.routes:
+                await link._probe(route)
+            assert await _status(port, "/chat") == 503
+            assert await _status(port, "/chat") == 200
+            assert (down.asked, spare.asked) == (["/readyz", "/chat"], ["/readyz", "/chat"])
+            await link._probe(link.spec.routes[0])  # ready again: it is used again
+            assert await _status(port, "/chat") == 503
+    asyncio.run(main())
+
+
+def test_a_probe_begun_before_a_routes_503_does_not_bring_it_back() -> None:
+    """A probe round that asked before the 503 and read 200 after it says nothing
+    about the route now."""
+    async def main() -> None:
+        down, spare = _Pop(503), _Pop(200)
+        async with _pops_link(down, spare) as (link, port):
+            first = link.spec.routes[0]
+            down.ready.clear()
+            stale = asyncio.create_task(link._probe(first))
+            while "/readyz" not in down.asked:  # asked, not yet answered
+                await asyncio.sleep(0.001)
+            assert await _status(port, "/chat") == 503
+            down.ready.set()
+            await stale
+            assert not first.up
+            assert await _status(port, "/chat") == 200
+    asyncio.run(main())
