@@ -563,10 +563,10 @@ def test_v1_asks_for_a_key_once_one_exists_and_scopes_pick_the_models(
 
 def test_model_calls_carry_the_caller_as_the_workers_fair_share(pop: Running,
                                                                  tmp_path: Path) -> None:
-    """Each API key and each function owner is a client of its own to the model
-    worker (its fair share, `protocol.Generate.client`): the key's id (never the
-    key), the owner's name; the AI cache's lookups too. What the PoP sends is read
-    off its worker client, on the way to the real worker."""
+    """Each tenant is a client of its own to the model worker (its fair share,
+    `protocol.Generate.client`): an API key's tenant (never the key; a second key of
+    the tenant shares its share), a function's owner; the AI cache's lookups too.
+    What the PoP sends is read off its worker client, on the way to the real worker."""
     from gpu_worker import protocol as p
     from runtime.security.keys import KeyStore
 
@@ -575,8 +575,9 @@ def test_model_calls_carry_the_caller_as_the_workers_fair_share(pop: Running,
                     **{"ai.socket": pop.pop.ai.client.socket_path}) as fair:
         assert fair.pop.ai is not None
         store = KeyStore(fair.data)
-        (acme, acme_key), (globex, globex_key) = (store.create("acme", ("*",)),
-                                                  store.create("globex", ("*",)))
+        (acme, acme_key), (globex, globex_key), (acme2, _) = (
+            store.create("acme", ("*",)), store.create("globex", ("*",)),
+            store.create("acme", ("*",)))
         fair.admin.request("POST", "/v1/keys/reload")
         for owner in ("o1", "o2"):
             d = py_ai_function(tmp_path, f"fair-{owner}", """
@@ -601,7 +602,8 @@ def handle(request, env):
 
         fair.pop.ai.client.send = spy  # type: ignore[method-assign]
         base = f"http://{fair.host}:{fair.port}/v1"
-        for n, (key, record) in enumerate(((acme, acme_key), (globex, globex_key))):
+        for n, (key, record) in enumerate(((acme, acme_key), (globex, globex_key),
+                                           (acme2, acme_key))):
             with openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60) as c:
                 c.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
                                           max_tokens=2)
@@ -611,11 +613,12 @@ def handle(request, env):
                             headers={"authorization": f"Bearer {acme}"})[:3:2] == (200, b"ok")
     clients = [(type(m).__name__, m.client) for m in sent
                if isinstance(m, p.Generate | p.Embed | p.Rerank | p.CountTokens)]
-    for who in (f"key:{acme_key.id}", f"key:{globex_key.id}", "owner:o1", "owner:o2"):
+    shares = ("tenant:acme", "tenant:globex", "tenant:o1", "tenant:o2")
+    for who in shares:
         asked = {kind for kind, c in clients if c == who}
         assert {"Generate", "Embed"} <= asked, (who, clients)
-    assert all(c is not None for _, c in clients), clients
-    assert not any(key in repr(sent) for key in (acme, globex))
+    assert {c for _, c in clients} == set(shares), clients  # acme's two keys: one share
+    assert not any(key in repr(sent) for key in (acme, globex, acme2))
 
 
 def test_the_ai_binding_refuses_unknown_arguments_and_bad_roles(pop: Running,

@@ -42,9 +42,9 @@ class Principal(Struct, frozen=True, omit_defaults=True):
 
 def model_client(who: Principal | None, owner: str | None = None) -> str | None:
     """Whose fair share of the model worker a call counts in (the worker protocol's
-    ``client``): caller `who`'s key (its `identity`, never the key), else function
-    owner `owner`, else None (anonymous, one share for all). Prefixed, so a key id
-    and an owner's name never share one."""
-    if who is not None:
-        return f"key:{who.identity}"
-    return None if owner is None else f"owner:{owner}"
+    ``client``): the tenant, the boundary every other quota keeps to: caller `who`'s
+    tenant, else function owner `owner` (a tenant too), else None (anonymous, one
+    share for all). A tenant's keys, JWT subjects and functions share one: minting
+    more keys buys no more of the model."""
+    tenant = who.tenant if who is not None else owner
+    return None if tenant is None else f"tenant:{tenant}"
