@@ -5,12 +5,14 @@ loads where the guest SDK needs it (an isolated subinterpreter)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgefn_core import abi
@@ -328,3 +330,114 @@ def test_the_codec_and_frames_load_in_an_isolated_subinterpreter() -> None:
         assert interp.run(i, code) is None
     finally:
         interp.destroy(i)
+
+
+# -- equivalence with the codec before its hot-path rewrite (0622670) ----------------------------
+# The reference: `check_header` with the two regular expressions, and `decode_request`
+# walking a layout string, as they were; the rewrite must answer the same on any input.
+_OLD_HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_OLD_BAD_HEADER_VALUE = re.compile(rb"[\r\n\x00]")
+
+
+def old_check_header(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    if not _OLD_HEADER_NAME.match(name):
+        raise FunctionError("bad_response", 502, f"guest returned invalid header name {name!r}")
+    if _OLD_BAD_HEADER_VALUE.search(value):
+        raise FunctionError("bad_response", 502,
+                            f"guest returned invalid value for header {name.decode()!r}")
+    return name.lower(), value
+
+
+def old_decode_request(buf: bytes) -> abi.GuestRequest:
+    if buf[:4] != abi.MAGIC:
+        raise ProtocolError(f"request does not start with {abi.MAGIC!r}: got {bytes(buf[:4])!r}")
+    try:
+        fields, pos = _old_walk(buf, 4, "ssspps")
+        for _ in range(2):  # params, then principal: absent from an older PoP's request
+            if pos < len(buf):
+                section, pos = _old_walk(buf, pos, "p")
+                fields += section
+            else:
+                fields.append([])
+        if pos > len(buf):
+            raise struct.error("short")
+    except struct.error:
+        abi._explain_request(buf)
+        raise ProtocolError("malformed request") from None
+    return abi.GuestRequest._make(fields)
+
+
+def _old_walk(buf: bytes, pos: int, layout: str) -> tuple[list, int]:
+    out: list = []
+    for kind in layout:
+        (n,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        if kind == "s":
+            out.append(buf[pos:pos + n])
+            pos += n
+            continue
+        pairs = []
+        for _ in range(n):
+            (k,) = struct.unpack_from("<I", buf, pos)
+            pos += 4
+            name = buf[pos:pos + k]
+            (v,) = struct.unpack_from("<I", buf, pos + k)
+            pos += k + 4
+            pairs.append((name, buf[pos:pos + v]))
+            pos += v
+        out.append(pairs)
+    return out, pos
+
+
+def outcome(f: Callable[..., object], *args: object) -> object:
+    """What `f(*args)` returns, or the type and message of what it raises."""
+    try:
+        return f(*args)
+    except Exception as e:  # compared, not swallowed
+        return type(e), str(e)
+
+
+# the bytes a header check turns on, with any byte now and then
+EDGE_BYTES = st.sampled_from(b"\r\n\x00 \t:\x7f\x80\xff\"(),/;<=>?@[\\]{}aZ9-_~")
+HEADER_PART = st.lists(EDGE_BYTES | st.integers(0, 255), max_size=10).map(bytes)
+
+
+def test_check_header_answers_as_the_regular_expressions_did_for_every_byte() -> None:
+    for byte in range(256):
+        one = bytes([byte])
+        for name, value in [(one, b"v"), (b"x" + one, b"v"), (one + b"x", b"v"), (one * 3, b""),
+                            (b"x", one), (b"x", b"a" + one), (b"x", one + b"a"), (b"x", one * 3)]:
+            assert outcome(abi.check_header, name, value) == outcome(old_check_header, name,
+                                                                     value), (name, value)
+
+
+@given(TOKEN | HEADER_PART, HEADER_PART)
+def test_check_header_answers_as_the_regular_expressions_did(name: bytes, value: bytes) -> None:
+    assert outcome(abi.check_header, name, value) == outcome(old_check_header, name, value)
+
+
+def test_check_header_edge_cases() -> None:
+    for name in [b"", b":", b" ", b"\t", b"a b", b"a:", b"\x7f", b"\x80", b"a\n", b"a\r\n"]:
+        with pytest.raises(FunctionError, match="invalid header name"):
+            abi.check_header(name, b"v")
+    for value in [b"\r", b"\n", b"\0", b"a\r\nb: c", b"\0a"]:
+        with pytest.raises(FunctionError, match="invalid value"):
+            abi.check_header(b"x", value)
+    assert abi.check_header(b"X-A", b"\t \x7f\x80\xff:") == (b"x-a", b"\t \x7f\x80\xff:")
+
+
+@settings(max_examples=300)
+@given(REQUESTS, st.data())
+def test_decode_request_answers_as_the_layout_walk_did(r: abi.GuestRequest,
+                                                       data: st.DataObject) -> None:
+    """On valid encodings, their cuts, overwritten bytes and bytes appended: the
+    same request or the same error."""
+    buf = encode(r)
+    bufs = [buf, buf + data.draw(st.binary(max_size=9))]
+    bufs += [buf[:cut] for cut in range(max(0, len(buf) - 16), len(buf))]  # the last field
+    bufs.append(buf[:data.draw(st.integers(0, len(buf)))])
+    at = data.draw(st.integers(4, len(buf)))
+    bufs.append(buf[:at] + data.draw(st.binary(min_size=1, max_size=8)) + buf[at + 8:])
+    bufs.append(abi.MAGIC + data.draw(st.binary(max_size=40)))
+    for b in bufs:
+        assert outcome(abi.decode_request, b) == outcome(old_decode_request, b)
