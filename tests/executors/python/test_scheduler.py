@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
+import itertools
 import weakref
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgefn_core.errors import FunctionError
 from runtime.executors.python.job import Job
@@ -295,3 +301,112 @@ def test_a_job_its_isolate_never_ran_goes_first_to_another_or_fails_if_none_is_l
     err = job.future.exception()
     assert isinstance(err, FunctionError) and (err.code, err.status) == ("replaced", 503)
     assert "stopped before running" in str(err) and h.s.in_flight == 0 and h.drained == 1
+
+
+class FakeTimer:
+    def __init__(self, when: float, callback: Callable[..., object], args: tuple) -> None:
+        self.when, self.callback, self.args, self.cancelled = when, callback, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClockLoop:
+    """As much of an event loop as jobs and the scheduler use, on a clock that moves
+    only in `advance`; its timers fire `early` seconds before they are due, as
+    uvloop's (whole milliseconds) may."""
+
+    def __init__(self, early: float) -> None:
+        self.now, self.early = 0.0, early
+        self.timers: list[tuple[float, int, FakeTimer]] = []
+        self.ready: deque[tuple[Callable[..., object], tuple]] = deque()
+        self.seq = itertools.count()
+
+    def time(self) -> float:
+        return self.now
+
+    def get_debug(self) -> bool:
+        return False
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return asyncio.Future(loop=self)  # type: ignore[arg-type]
+
+    def call_soon(self, callback: Callable[..., object], *args: object,
+                  context: object = None) -> None:
+        self.ready.append((callback, args))
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: object,
+                context: object = None) -> FakeTimer:
+        timer = FakeTimer(when, callback, args)
+        heapq.heappush(self.timers, (when - self.early, next(self.seq), timer))
+        return timer
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: object,
+                   context: object = None) -> FakeTimer:
+        return self.call_at(self.now + delay, callback, *args)
+
+    def advance(self, seconds: float) -> None:
+        """Run what is ready, then every timer due within `seconds`, each at its time."""
+        end = self.now + seconds
+        self._run_ready()
+        while self.timers and self.timers[0][0] <= end:
+            at, _, timer = heapq.heappop(self.timers)
+            self.now = max(self.now, at)
+            if not timer.cancelled:
+                timer.callback(*timer.args)
+            self._run_ready()
+        self.now = end
+
+    def _run_ready(self) -> None:
+        while self.ready:
+            callback, args = self.ready.popleft()
+            callback(*args)
+
+
+OPS = st.lists(st.one_of(st.just(("submit", 0.0)), st.integers(0, 30).map(lambda i: ("end", i)),
+                         st.floats(0, 0.08).map(lambda s: ("advance", s)),
+                         st.sampled_from([0.0, 1e-4, 0.0005, 0.001]).map(lambda s: ("advance", s))),
+               max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, st.sampled_from([1, 7, 30]), st.sampled_from([0.0, 0.0004, TIMER_GRAIN * 0.99]),
+       st.integers(1, 3))
+def test_every_job_times_out_at_its_own_deadline_and_no_ended_job_does(
+        ops: list[tuple[str, float]], wall_ms: int, early: float, size: int) -> None:
+    """Model: each job is due ``wall_ms + TIMER_SLACK`` after it was submitted, as when
+    each had its own `call_later` (22c4472 made it one timer for all): whatever was
+    submitted, ended or waited around it, a job not ended by then fails with
+    `wall_limit` at that time (up to `TIMER_GRAIN` early, not later), and one that
+    ended never does."""
+    loop = FakeClockLoop(early)
+    h = Harness(loop, size=size, started=size, wall_ms=wall_ms)  # type: ignore[arg-type]
+    jobs: list[tuple[Job, float]] = []
+    failed_at: dict[int, float] = {}
+    ended: set[int] = set()
+    for op, arg in ops:
+        if op == "submit":
+            job, n = h.submit(), len(jobs)
+            jobs.append((job, loop.now + wall_ms / 1000 + TIMER_SLACK))
+            job.future.add_done_callback(
+                lambda f, n=n: f.exception() is not None and failed_at.setdefault(n, loop.now))
+        elif op == "end" and arg < len(jobs) and not jobs[int(arg)][0].done:
+            job = jobs[int(arg)][0]
+            isolate = job.isolate
+            job.respond(Response(200, [], b"ok"))
+            ended.add(int(arg))
+            if isolate is not None:
+                h.s.finished(isolate)  # type: ignore[arg-type]
+        elif op == "advance":
+            loop.advance(arg)
+    loop.advance(wall_ms / 1000 + TIMER_SLACK + 0.01)  # past every deadline
+    for n, (job, due) in enumerate(jobs):
+        assert job.done
+        if n in ended:
+            assert n not in failed_at and all(j is not job for _, j in h.stuck)
+        else:
+            assert due - TIMER_GRAIN - 1e-9 <= failed_at[n] <= due + 1e-9, (n, due, failed_at[n])
+            err = job.future.exception()
+            assert isinstance(err, FunctionError) and err.code == "wall_limit"
+    assert h.s.in_flight == 0 and not any(entry for _, entry in h.s.deadlines)
+    assert h.s.timer is None and not h.s.deadlines
