@@ -175,7 +175,8 @@ def _text(raw: bytes) -> str:
 def _ms(seconds: float) -> float:
     """`seconds` in milliseconds, to the microsecond: as ``round(ms, 3)``, which
     costs ~0.7 us a call (it rounds through a decimal string), for the nearest
-    microsecond's float, which prints the same."""
+    microsecond's float, which prints the same. Not always the same float: within
+    an ulp of a half microsecond the two round to neighbours (5e-7 s: 0.0, was 0.001)."""
     return round(seconds * 1e6) / 1000
 
 

@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.functions.router import Router
 from runtime.net.message import Request, Response
 from runtime.observe.event import AIUsage, Event
 from runtime.pipeline.stage import Context, Next, Result
+from runtime.pipeline.stages.events import _ms
 from runtime.pipeline.stages.ratelimit import RateLimit
 from runtime.pipeline.targets import Targets
 from runtime.security.principal import Principal
@@ -288,3 +291,17 @@ def test_a_decision_that_repeats_a_redacted_field_empty_stays_empty() -> None:
     app, seen, _ = events_chain(Decide("auth", auth), Answer(), redact=["tenant"])
     run(app(request()))
     assert seen.events[0].decisions["auth"] == auth
+
+
+@settings(max_examples=500)
+@given(st.floats(0, 3600, allow_nan=False) | st.integers(0, 10**7).map(lambda us: (us + .5) / 1e6))
+def test_a_duration_rounds_as_round_ms_3_did_but_at_a_half_microsecond(seconds: float) -> None:
+    """`_ms` (0f9b1c9) against ``round(ms, 3)``: the same float, except at a duration
+    a half microsecond from two (5e-7 s: 0.0 ms, was 0.001), where the two
+    multiplications round apart and the results are neighbours, a microsecond apart."""
+    new, old = _ms(seconds), round(seconds * 1000, 3)
+    assert new == round(new, 3)  # to the microsecond, as it prints
+    if abs(seconds * 1e6 % 1 - 0.5) > 1e-6:
+        assert new == old
+    else:
+        assert abs(new - old) <= 0.001 + 1e-9 * old
