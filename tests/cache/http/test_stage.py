@@ -5,13 +5,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from email.utils import formatdate
+from typing import get_args
 
+import msgspec
 import pytest
 
 from runtime.ai.openai_api import OpenAITarget
 from runtime.cache.settings import HttpCacheOverride, HttpCacheSettings
 from runtime.net.message import Response
+from runtime.observe.event import Event
+from runtime.observe.redact import Redactor
+from runtime.observe.settings import Redactable
+from runtime.observe.tracing import _decided
 from runtime.pipeline.stage import Context
+from runtime.pipeline.stages.http_cache import NOT_STORED
 from runtime.security.principal import Principal
 from tests.cache.http.helpers import Function, Harness, header, ok, request
 
@@ -579,3 +586,20 @@ def test_max_stale_never_serves_what_must_be_revalidated(h: Harness) -> None:  #
         h.clock.now += 15
         r, _ = h.call(request(path, cache_control="max-stale"))
         assert outcome(r) != "STALE" and h.origin.calls == 2 * (n + 1), cc
+
+
+def test_the_shared_not_stored_decision_is_never_changed_downstream() -> None:
+    """A miss saying nothing of freshness records one shared dict (`NOT_STORED`,
+    cd13996): what reads the decisions (redaction, the ring, tracing, the dashboard)
+    must copy, never change it, or every later request's event would say so."""
+    h = Harness()
+    h.origin.answer = lambda r: ok(None)
+    decided = [h.call(request(query=b"q=secret"))[1].decisions for _ in range(2)]
+    assert decided[0]["http_cache"] is decided[1]["http_cache"] is NOT_STORED
+    event = Event(ts=1.0, rid="r", pop="p", tier="edge", client="c", method="GET", host="h",
+                  path="/shop", query="q=secret", status=200, decisions=dict(decided[0]))
+    redacted = Redactor(get_args(Redactable))(msgspec.structs.replace(event))
+    Redactor(["query", "path", "host"])(msgspec.structs.replace(event))
+    _decided("http_cache", event.decisions["http_cache"])
+    msgspec.json.encode(redacted)
+    assert NOT_STORED == {"outcome": "MISS", "stored": "no freshness"}
