@@ -86,7 +86,8 @@ class FrameReader[T]:
         `data` is copied: the caller may reuse its buffer.
 
         Raises `ProtocolError` for a length outside the framing's bounds; the
-        stream cannot be resynchronised after that.
+        stream cannot be resynchronised after that, and every later feed raises it
+        again (the bad length is kept).
         """
         held = self.buf
         if held:
@@ -96,13 +97,18 @@ class FrameReader[T]:
             buf = data  # only a partial one's bytes are kept (two copies less a frame)
         size, out, pos = self.framing.length.size, [], 0
         unpack, check = self.framing.length.unpack_from, self.framing.check
-        while len(buf) - pos >= size:
-            (n,) = unpack(buf, pos)
-            end = pos + size + check(n)
-            if len(buf) < end:
-                break
-            out.append(self.cut(buf, pos + size, end))
-            pos = end
+        try:
+            while len(buf) - pos >= size:
+                (n,) = unpack(buf, pos)
+                end = pos + size + check(n)
+                if len(buf) < end:
+                    break
+                out.append(self.cut(buf, pos + size, end))
+                pos = end
+        except ProtocolError:
+            if not held:  # keep the bad length, or the next feed would cut frames from
+                held += buf  # wherever its bytes start (the whole buffer is kept when held)
+            raise
         if held:
             del held[:pos]  # once per feed, not once per frame
         elif pos < len(buf):

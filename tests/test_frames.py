@@ -163,8 +163,8 @@ class OldFrameReader:
 
 
 def outcomes(reader: object, chunks: list[bytes], reuse: bool) -> list[object]:
-    """What each feed returned, up to and including the first error (its message);
-    `reuse`: each chunk lands in one buffer, overwritten after the feed."""
+    """What each feed returned, or the message of what it raised; `reuse`: each
+    chunk lands in one buffer, overwritten after the feed."""
     inbox = bytearray(max(map(len, chunks), default=0))
     got: list[object] = []
     for chunk in chunks:
@@ -176,7 +176,6 @@ def outcomes(reader: object, chunks: list[bytes], reuse: bool) -> list[object]:
             got.append(reader.feed(data))  # type: ignore[attr-defined]
         except ProtocolError as e:
             got.append(str(e))
-            break
         finally:
             inbox[:] = b"\xff" * len(inbox)
     return got
@@ -193,7 +192,9 @@ def test_the_reader_cuts_what_the_buffering_reader_did(pieces: list[tuple[str, o
                                                       cuts: list[int], reuse: bool,
                                                       order: str) -> None:
     """Same frames from each feed, the same error at the same feed, in any chunking,
-    whether a feed's bytes are its own or a reused buffer's."""
+    whether a feed's bytes are its own or a reused buffer's; and after an error,
+    the same error at every feed (the stream cannot be resynchronised: the reader
+    must not go on cutting frames at whatever offset the next bytes start)."""
     framing = Framing(order, max_size=40, min_size=1)  # type: ignore[arg-type]
     data = b"".join(framing.length.pack(p) if kind == "length" else  # type: ignore[arg-type]
                     framing.length.pack(len(p)) + p for kind, p in pieces)  # type: ignore[arg-type]
