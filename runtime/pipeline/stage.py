@@ -90,7 +90,9 @@ class Context:
         return self.client.rpartition(":")[0] or self.client
 
     def decide(self, stage: str, record: Any) -> None:
-        """Record what `stage` decided (for events and logs): a small JSON-able value."""
+        """Record what `stage` decided (for events and logs): a small JSON-able value.
+        A record may be shared by every request that decided the same (ratelimit's
+        `PASSED`, http_cache's `NOT_STORED`): what reads it copies, never changes it."""
         if self.decisions is None:
             self.decisions = {}
         self.decisions[stage] = record

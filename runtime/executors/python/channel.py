@@ -129,7 +129,7 @@ class Channel:
         if not n:
             return self.receiver.lost()
         try:
-            frames = self.reader.feed(self.inbox_view[:n])  # copied into the reader's buffer
+            frames = self.reader.feed(self.inbox_view[:n])  # cut from it: kept as copies
         except ProtocolError as e:
             return self.receiver.garbage(e)
         for kind, payload in frames:
