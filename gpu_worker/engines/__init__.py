@@ -11,11 +11,21 @@ its own thread hands results back with ``loop.call_soon_threadsafe``.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from edgefn_core.errors import EngineError
+
+# llama.cpp's CPU backend is built with OpenMP, whose threads by default spin at each
+# barrier (hundreds a token) before they sleep. With another process busy on one of the
+# cores, the thread being waited for is off its core and every barrier spins a whole
+# time slice: a 24-token chat took 30-60 s instead of 0.6-1.1 s on 2 cores with one busy
+# (and that is a PoP's normal state: the PoP, its isolates and the worker share them).
+# Passive threads sleep on a futex at once. Set before any engine loads llama.cpp
+# (libgomp reads it once, when loaded); a value the user set stands.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
     from ..config import ModelSpec
