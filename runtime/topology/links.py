@@ -16,13 +16,15 @@ own one-way delay; on a connection:
 
 Health: each route's ``/readyz`` is asked every `health_interval_s`; a route that
 does not answer 200, or that refuses a connection, is skipped until it answers
-again. A route is also skipped at once when it answers a 503 that closes its
-connection (the relay reads the answer's head as it passes, before the client
-does), until a probe that began after that answer says 200: that is how a PoP
-whose model worker died says "not me", and the client's next connection, sent as
-soon as it reads the 503, must not reach the PoP again in the probes' gap (a
-passive health check, as a load balancer's outlier detection). After each probe
-round the idle connections that lead elsewhere than a
+again. A route is also skipped at once when it answers a 503 that closes a
+connection its request asked to keep (the relay reads the answer's head as it
+passes, before the client does), until a probe that began after that answer says
+200: that is how a PoP whose model worker died says "not me", and the client's
+next connection, sent as soon as it reads the 503, must not reach the PoP again in
+the probes' gap (a passive health check, as a load balancer's outlier detection).
+A 503 to a request that asked to close (a function's own, its concurrency limit's)
+says nothing of the PoP. After each probe round the idle connections that lead
+elsewhere than a
 new one would (to a route that is down, or to a later route once an earlier one
 is healthy again) are closed (both ways, FIN), as a load balancer closes
 connections to a host that fails its health checks (Envoy's
@@ -162,21 +164,23 @@ class _Line:
 
 class _Messages:
     """httptools callbacks: counts the HTTP messages begun and completed, and calls
-    `on_head` (if set) once each one's head is read."""
+    `on_head` (if set) once each one's head is read; `on_head` returns whether the
+    message counts (an interim ``1xx`` answer completes no request)."""
 
-    def __init__(self, on_head: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_head: Callable[[], bool] | None = None) -> None:
         self.begun = self.completed = 0
         self.on_head = on_head
+        self.counts = True  # the message being parsed
 
     def on_message_begin(self) -> None:
         self.begun += 1
 
     def on_headers_complete(self) -> None:
         if self.on_head is not None:
-            self.on_head()
+            self.counts = self.on_head()
 
     def on_message_complete(self) -> None:
-        self.completed += 1
+        self.completed += self.counts
 
 
 class _Conn:
@@ -189,16 +193,31 @@ class _Conn:
                  server: asyncio.StreamWriter) -> None:
         self.link, self.route, self.client, self.server = link, route, client, server
         self.lines: list[_Line] = []
-        self.requests, self.responses = _Messages(), _Messages(self._answer_head)
+        self.requests = _Messages(self._request_head)
+        self.responses = _Messages(self._answer_head)
         self.parsers = (httptools.HttpRequestParser(self.requests),
                         httptools.HttpResponseParser(self.responses))
         self.opaque = False  # not HTTP/1.1 as parsed: never called idle
+        self.kept: deque[bool] = deque()  # each unanswered request: did it ask to keep alive
 
-    def _answer_head(self) -> None:
-        """A 503 that closes its connection takes its route out at once (`Link.shed`)."""
+    def _request_head(self) -> bool:
+        self.kept.append(self.parsers[0].should_keep_alive())
+        return True
+
+    def _answer_head(self) -> bool:
+        """A 503 that closes a connection its request asked to keep takes its route
+        out at once (`Link.shed`): the PoP chose to close, so it says "not me"; a
+        request that asked to close gets any 503 (a function's, a concurrency
+        limit's) closing, which says nothing of the PoP. Returns whether the answer
+        is final: a ``1xx`` (but ``101``, the upgrade) answers no request."""
         answer = self.parsers[1]
-        if answer.get_status_code() == 503 and not answer.should_keep_alive():
+        status = answer.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            return False
+        kept = self.kept.popleft() if self.kept else True
+        if status == 503 and kept and not answer.should_keep_alive():
             self.link.shed(self.route)
+        return True
 
     def saw(self, chunk: bytes, from_server: bool) -> None:
         """Count the messages in `chunk`, read from the server or the client."""

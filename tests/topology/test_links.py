@@ -5,6 +5,7 @@ server on loopback behind a real `Link`; no PoP."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import statistics
@@ -395,4 +396,97 @@ def test_a_probe_begun_before_a_routes_503_does_not_bring_it_back() -> None:
             await stale
             assert not first.up
             assert await _status(port, "/chat") == 200
+    asyncio.run(main())
+
+
+async def _mirror_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A PoP whose functions answer 503 (a concurrency limit, a function's own 503):
+    ``/readyz`` 200; anything else 503, closing the connection only where the
+    request asked for that (``connection: close``), as the PoP's server does."""
+    with contextlib.suppress(asyncio.IncompleteReadError):
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            if b" /readyz " in head:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                continue
+            close = b"connection: close" in head.lower()
+            writer.write(b"HTTP/1.1 503 X\r\ncontent-length: 0\r\n%s\r\n"
+                         % (b"connection: close\r\n" if close else b""))
+            await writer.drain()
+            if close:
+                break
+    writer.close()
+
+
+def test_a_503_to_a_request_that_asked_to_close_keeps_its_route() -> None:
+    """A client that sends ``connection: close`` gets any 503 with ``connection:
+    close`` (the PoP closes because it was asked to): that says nothing of the
+    PoP's health. One tenant's function at its concurrency limit must not send
+    every client of the link to the next region (with such requests arriving
+    faster than probe rounds, every probe was stale and the route stayed down)."""
+    async def main() -> None:
+        servers = [await asyncio.start_server(_mirror_close, "127.0.0.1", 0),
+                   await asyncio.start_server(_mirror_close, "127.0.0.1", 0)]
+        spec = LinkSpec(name="t", port=_dead_port(), routes=[
+            Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=1.0)
+            for i, s in enumerate(servers)])
+        link = Link(spec, LinksConfig(), random.Random(1))
+        await link.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", spec.port)
+            writer.write(b"GET /fn HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+            assert (await asyncio.wait_for(reader.readline(), 2)).startswith(b"HTTP/1.1 503")
+            await asyncio.wait_for(reader.read(), 2)
+            writer.close()
+            assert spec.routes[0].up and link.best() is spec.routes[0]
+        finally:
+            assert link.server is not None
+            link.server.close()
+            for s in servers:
+                s.close()
+    asyncio.run(main())
+
+
+async def _continue_then_ok(reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
+    """``Expect: 100-continue`` as the PoP answers it: ``100 Continue``, then the
+    body is read and the final answer sent; the connection is kept."""
+    with contextlib.suppress(asyncio.IncompleteReadError):
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await reader.readexactly(5)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    writer.close()
+
+
+def test_a_100_continue_is_not_the_answer_a_connection_astray_waits_for() -> None:
+    """A connection on a route a new one would not take (back from a failover) is
+    closed once it is idle: a ``100 Continue`` (curl asks for it past 1 KiB of body)
+    completes no request, so the relay must not close it between the 100 and the
+    final answer, with the request's body still to come."""
+    async def main() -> None:
+        servers = [await asyncio.start_server(_continue_then_ok, "127.0.0.1", 0)
+                   for _ in range(2)]
+        spec = LinkSpec(name="t", port=_dead_port(), routes=[
+            Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=1.0)
+            for i, s in enumerate(servers)])
+        link = Link(spec, LinksConfig(), random.Random(1))
+        await link.start()
+        try:
+            spec.routes[0].up = False  # failed over to r1
+            reader, writer = await asyncio.open_connection("127.0.0.1", spec.port)
+            spec.routes[0].up = True  # r0 is back: r1's idle connections go
+            writer.write(b"POST /fn HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n"
+                         b"expect: 100-continue\r\n\r\n")
+            assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2) \
+                == b"HTTP/1.1 100 Continue\r\n\r\n"
+            await asyncio.sleep(0.05)
+            writer.write(b"hello")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+            assert head.startswith(b"HTTP/1.1 200")
+            writer.close()
+        finally:
+            assert link.server is not None
+            link.server.close()
+            for s in servers:
+                s.close()
     asyncio.run(main())
