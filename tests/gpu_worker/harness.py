@@ -24,3 +24,9 @@ class Harness:
     def close(self) -> None:
         self.run(self.client.close())
         self.loop.close()
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -29,11 +29,8 @@ SENTENCE = ["is it going to rain in lisbon tomorrow"]
 
 @pytest.fixture(scope="module")
 def chat_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    w = small_worker(tmp_path_factory.mktemp("fair-chat"))
-    try:
+    with small_worker(tmp_path_factory.mktemp("fair-chat")) as w:
         yield w
-    finally:
-        w.close()
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +38,8 @@ def embed_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     tmp = tmp_path_factory.mktemp("fair-embed")
     config = tmp / "worker.toml"
     config.write_text(f'[[models]]\nname = "{EMBED}"\nengine = "onnx"\nthreads = 1\n')
-    w = Harness(str(tmp / "w.sock"), str(config))
-    try:
+    with Harness(str(tmp / "w.sock"), str(config)) as w:
         yield w
-    finally:
-        w.close()
 
 
 async def timed_chat(w: Harness, client: str, bound: float = 60.0) -> float:

@@ -40,11 +40,8 @@ def small_worker(tmp: Path, context: int = CONTEXT) -> Harness:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    w = small_worker(tmp_path_factory.mktemp("preempt"))
-    try:
+    with small_worker(tmp_path_factory.mktemp("preempt")) as w:
         yield w
-    finally:
-        w.close()
 
 
 async def short_chat(client: WorkerClient) -> float:
@@ -124,11 +121,8 @@ def test_streams_that_outgrow_the_kv_cache_take_turns_and_keep_their_text(
         metrics = await w.client.metrics()
         return alone, list(both), metrics["preemptions_total"]
 
-    w = small_worker(tmp_path, context=256)
-    try:
+    with small_worker(tmp_path, context=256) as w:
         alone, both, preempted = w.run(go(w))
-    finally:
-        w.close()
     assert preempted == 1
     assert [t for t, _ in both] == alone
     assert [(d.finish_reason, d.completion_tokens) for _, d in both] == [("length", 150)] * 2

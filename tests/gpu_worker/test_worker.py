@@ -28,11 +28,8 @@ HELLO = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    h = Harness(str(tmp_path_factory.mktemp("worker") / "w.sock"))
-    try:
+    with Harness(str(tmp_path_factory.mktemp("worker") / "w.sock")) as h:
         yield h
-    finally:
-        h.close()
 
 
 async def greedy(client: WorkerClient, model: str = CHAT, messages: list[Any] = HELLO,

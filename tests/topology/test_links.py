@@ -10,7 +10,7 @@ import random
 import socket
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import uvloop
@@ -42,15 +42,36 @@ async def _link(delays: list[float | None], **net: float) -> AsyncIterator[tuple
             servers.append(await asyncio.start_server(_echo, "127.0.0.1", port))
         routes.append(Route(name=f"r{i}", port=port, delay_ms=delay or 0.0))
     spec = LinkSpec(name="t", port=_dead_port(), routes=routes)
-    link = Link(spec, LinksConfig(**net), random.Random(1))  # type: ignore[arg-type]
+    async with _running(spec, servers, LinksConfig(**net)) as link:  # type: ignore[arg-type]
+        yield link, spec.port
+
+
+@asynccontextmanager
+async def _running(spec: LinkSpec, servers: list[asyncio.Server],
+                   config: LinksConfig) -> AsyncIterator[Link]:
+    """`spec`'s link, started; stopped after, and `servers` with it."""
+    link = Link(spec, config, random.Random(1))
     await link.start()
     try:
-        yield link, spec.port
+        yield link
     finally:
         assert link.server is not None
         link.server.close()
         for s in servers:
             s.close()
+
+
+@asynccontextmanager
+async def _link_to(*handlers: Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                       Awaitable[None]]) -> AsyncIterator[tuple[Link, int]]:
+    """A link to a server per handler, in order, each 5 ms away; their routes probed
+    once (no probe rounds run)."""
+    servers = [await asyncio.start_server(h, "127.0.0.1", 0) for h in handlers]
+    spec = LinkSpec(name="t", port=_dead_port(), routes=[
+        Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=5.0)
+        for i, s in enumerate(servers)])
+    async with _running(spec, servers, LinksConfig()) as link:
+        yield link, spec.port
 
 
 async def _round_trips(port: int, n: int, line: bytes = b"ping\n") -> tuple[float, list[float]]:
@@ -161,19 +182,8 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
 async def _http_link(routes: int) -> AsyncIterator[tuple[Link, int, _Http]]:
     """A link to `routes` `_Http` servers, each 5 ms away."""
     http = _Http()
-    servers = [await asyncio.start_server(http, "127.0.0.1", 0) for _ in range(routes)]
-    spec = LinkSpec(name="t", port=_dead_port(), routes=[
-        Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=5.0)
-        for i, s in enumerate(servers)])
-    link = Link(spec, LinksConfig(), random.Random(1))
-    await link.start()
-    try:
-        yield link, spec.port, http
-    finally:
-        assert link.server is not None
-        link.server.close()
-        for s in servers:
-            s.close()
+    async with _link_to(*[http] * routes) as (link, port):
+        yield link, port, http
 
 
 def test_a_route_that_goes_down_loses_its_idle_connections_not_a_busy_one() -> None:
@@ -343,25 +353,6 @@ async def _status(port: int, path: str) -> int:
     return int(line.split(b" ")[1])
 
 
-@asynccontextmanager
-async def _pops_link(*pops: _Pop) -> AsyncIterator[tuple[Link, int]]:
-    """A link to `pops`, in order, each 5 ms away; their routes probed once (no
-    probe rounds run)."""
-    servers = [await asyncio.start_server(p, "127.0.0.1", 0) for p in pops]
-    spec = LinkSpec(name="t", port=_dead_port(), routes=[
-        Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=5.0)
-        for i, s in enumerate(servers)])
-    link = Link(spec, LinksConfig(), random.Random(1))
-    await link.start()
-    try:
-        yield link, spec.port
-    finally:
-        assert link.server is not None
-        link.server.close()
-        for s in servers:
-            s.close()
-
-
 def test_a_503_that_closes_its_connection_sends_the_next_connection_elsewhere() -> None:
     """A PoP whose model worker dies under a request answers 503 and closes; its
     client tries again at once on a new connection, before any probe round has seen
@@ -369,7 +360,7 @@ def test_a_503_that_closes_its_connection_sends_the_next_connection_elsewhere() 
     answered 503 twice by the regional in CI)."""
     async def main() -> None:
         down, spare = _Pop(503), _Pop(200)
-        async with _pops_link(down, spare) as (link, port):
+        async with _link_to(down, spare) as (link, port):
             for route in link.spec.routes:
                 await link._probe(route)
             assert await _status(port, "/chat") == 503
@@ -385,7 +376,7 @@ def test_a_probe_begun_before_a_routes_503_does_not_bring_it_back() -> None:
     about the route now."""
     async def main() -> None:
         down, spare = _Pop(503), _Pop(200)
-        async with _pops_link(down, spare) as (link, port):
+        async with _link_to(down, spare) as (link, port):
             first = link.spec.routes[0]
             down.ready.clear()
             stale = asyncio.create_task(link._probe(first))
@@ -424,25 +415,14 @@ def test_a_503_to_a_request_that_asked_to_close_keeps_its_route() -> None:
     every client of the link to the next region (with such requests arriving
     faster than probe rounds, every probe was stale and the route stayed down)."""
     async def main() -> None:
-        servers = [await asyncio.start_server(_mirror_close, "127.0.0.1", 0),
-                   await asyncio.start_server(_mirror_close, "127.0.0.1", 0)]
-        spec = LinkSpec(name="t", port=_dead_port(), routes=[
-            Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=1.0)
-            for i, s in enumerate(servers)])
-        link = Link(spec, LinksConfig(), random.Random(1))
-        await link.start()
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", spec.port)
+        async with _link_to(_mirror_close, _mirror_close) as (link, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /fn HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
             assert (await asyncio.wait_for(reader.readline(), 2)).startswith(b"HTTP/1.1 503")
             await asyncio.wait_for(reader.read(), 2)
             writer.close()
-            assert spec.routes[0].up and link.best() is spec.routes[0]
-        finally:
-            assert link.server is not None
-            link.server.close()
-            for s in servers:
-                s.close()
+            routes = link.spec.routes
+            assert routes[0].up and link.best() is routes[0]
     asyncio.run(main())
 
 
@@ -464,17 +444,11 @@ def test_a_100_continue_is_not_the_answer_a_connection_astray_waits_for() -> Non
     completes no request, so the relay must not close it between the 100 and the
     final answer, with the request's body still to come."""
     async def main() -> None:
-        servers = [await asyncio.start_server(_continue_then_ok, "127.0.0.1", 0)
-                   for _ in range(2)]
-        spec = LinkSpec(name="t", port=_dead_port(), routes=[
-            Route(name=f"r{i}", port=s.sockets[0].getsockname()[1], delay_ms=1.0)
-            for i, s in enumerate(servers)])
-        link = Link(spec, LinksConfig(), random.Random(1))
-        await link.start()
-        try:
-            spec.routes[0].up = False  # failed over to r1
-            reader, writer = await asyncio.open_connection("127.0.0.1", spec.port)
-            spec.routes[0].up = True  # r0 is back: r1's idle connections go
+        async with _link_to(_continue_then_ok, _continue_then_ok) as (link, port):
+            routes = link.spec.routes
+            routes[0].up = False  # failed over to r1
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            routes[0].up = True  # r0 is back: r1's idle connections go
             writer.write(b"POST /fn HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n"
                          b"expect: 100-continue\r\n\r\n")
             assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2) \
@@ -484,9 +458,4 @@ def test_a_100_continue_is_not_the_answer_a_connection_astray_waits_for() -> Non
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
             assert head.startswith(b"HTTP/1.1 200")
             writer.close()
-        finally:
-            assert link.server is not None
-            link.server.close()
-            for s in servers:
-                s.close()
     asyncio.run(main())
