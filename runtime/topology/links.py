@@ -298,17 +298,20 @@ class Link:
     async def _probe(self, route: Route) -> None:
         timeout = max(0.5, 2 * self.net.health_interval_s)
         begun = asyncio.get_running_loop().time()
+        w: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(timeout):
                 r, w = await asyncio.open_connection(route.host, route.port)
                 w.write(PROBE)
                 line = await r.readline()
-                w.close()
             # a probe begun before the route's 503 may have been answered before it: stale
             route.up = (line.split(b" ")[1:2] == [b"200"]
                         and self.shed_at.get(route.name, begun - 1) < begun)
         except (OSError, TimeoutError, IndexError):
             route.up = False
+        finally:  # a route that accepts and never answers left a socket a probe round
+            if w is not None:
+                w.close()
 
     async def _connect(self) -> tuple[Route, asyncio.StreamReader, asyncio.StreamWriter] | None:
         """The first healthy route that accepts a connection (then the others, in

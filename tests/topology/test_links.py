@@ -390,6 +390,29 @@ def test_a_probe_begun_before_a_routes_503_does_not_bring_it_back() -> None:
     asyncio.run(main())
 
 
+def test_a_probe_of_a_route_that_never_answers_closes_its_connection() -> None:
+    """A PoP that accepts and never answers ``/readyz`` (hung) is down after the
+    probe's timeout, and the probe's connection is closed: it was left open, a socket
+    a probe round (5 a second) in the links process for as long as the PoP hung."""
+    async def main() -> None:
+        ends: list[bytes] = []
+
+        async def hung(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            ends.append(await reader.read())  # b"" once the probe closes its side
+            writer.close()
+
+        async with _link_to(hung) as (link, _):
+            route = link.spec.routes[0]
+            await link._probe(route)  # times out after 0.5 s
+            assert not route.up
+            for _ in range(100):
+                if ends:
+                    break
+                await asyncio.sleep(0.01)
+            assert ends and ends[0].endswith(b"\r\n\r\n"), ends  # the probe, then its close
+    asyncio.run(main())
+
+
 async def _mirror_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A PoP whose functions answer 503 (a concurrency limit, a function's own 503):
     ``/readyz`` 200; anything else 503, closing the connection only where the
