@@ -127,10 +127,10 @@ class TokenBudgets:
                        ) -> Ticket | None:
         """`admit` for one model call, its prompt counted by the worker (`text`: what
         `WorkerClient.count_tokens` takes) in `caller`'s fair share (`model_client`);
-        None when `payer` has no limit. An
-        engine that cannot count (an upstream server) reserves the input's UTF-8
-        JSON length, more than its tokens. Raises what `admit` raises and the
-        worker's refusal of the input (`WorkerError`: unknown model, empty prompt)."""
+        None when `payer` has no limit. An engine that cannot count (an upstream
+        server) reserves the input's UTF-8 JSON length, more than its tokens. Raises
+        what `admit` raises and the worker's refusal of the input (`WorkerError`:
+        unknown model, empty prompt)."""
         if not payer:
             return None
 
