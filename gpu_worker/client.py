@@ -226,11 +226,14 @@ class WorkerClient:
         finally:
             self.pending.pop(rid, None)
 
-    async def embed(self, model: str, inputs: list[str], client: str | None = None
+    async def embed(self, model: str, inputs: list[str], client: str | None = None,
+                    request_id: str | None = None, signed_client: str | None = None
                     ) -> dict[str, Any]:
-        """`inputs`' embeddings, computed in `client`'s fair share (see
-        `protocol`). Raises `WorkerError`, `WorkerDead`."""
-        return await self.call(lambda i: p.Embed(i, model, inputs, client))
+        """`inputs`' embeddings, computed in `client`'s fair share (see `protocol`;
+        `request_id` and `signed_client` go on to an upstream). Raises `WorkerError`,
+        `WorkerDead`."""
+        return await self.call(lambda i: p.Embed(i, model, inputs, client, request_id,
+                                                 signed_client))
 
     async def count_tokens(self, model: str, *, prompt: str | None = None,
                            messages: list[dict[str, Any]] | None = None,

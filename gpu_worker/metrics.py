@@ -1,5 +1,7 @@
 """Worker metrics for the PoP's metrics layer: queue depth, running batch size,
-time to first token, inter-token latency, tokens/s and busy fraction.
+time to first token, inter-token latency, tokens/s and busy fraction; and the
+model calls each client made (``calls_by_client``: whose fair shares the worker
+keeps; "" is the anonymous one).
 
 Latencies keep the last `SAMPLES` observations; rates are computed over the
 time since the previous `snapshot()` (or since start)."""
@@ -12,6 +14,7 @@ from collections import deque
 from typing import Any
 
 SAMPLES = 2048
+MAX_CLIENTS = 256  # clients `calls_by_client` counts: the latest seen first
 
 
 def _percentiles(values: deque[float]) -> dict[str, float]:
@@ -39,6 +42,7 @@ class Metrics:
         self.requests_total = 0
         self.errors_total = 0
         self.preemptions_total = 0
+        self.clients: dict[str, int] = {}  # client -> model calls it made
         self.busy_seconds = 0.0
         self.started = self._mark = time.monotonic()
         self._mark_tokens = 0
@@ -73,6 +77,14 @@ class Metrics:
             self.prompt_tokens_total += prompt_tokens
             self.errors_total += error
 
+    def asked(self, client: str | None) -> None:
+        """A model call of `client` (None: the anonymous one) arrived."""
+        key = client or ""
+        with self.lock:
+            if key not in self.clients and len(self.clients) >= MAX_CLIENTS:
+                del self.clients[next(iter(self.clients))]
+            self.clients[key] = self.clients.get(key, 0) + 1
+
     def failed(self) -> None:
         """A request already counted (`request`) ended in an error."""
         with self.lock:
@@ -104,5 +116,6 @@ class Metrics:
                 "prompt_tokens_total": self.prompt_tokens_total,
                 "requests_total": self.requests_total, "errors_total": self.errors_total,
                 "preemptions_total": self.preemptions_total,
+                "calls_by_client": dict(self.clients),
                 "uptime_s": round(now - self.started, 1),
             }

@@ -12,7 +12,9 @@ generation, with usage), Result (any other answer), Error.
 Fairness: `Generate`, `Embed`, `Rerank` and `CountTokens` carry ``client``, an
 opaque name of who asked (an API key's id, a function's owner; never a secret;
 None: anonymous). The engines share the model between clients before requests:
-one client's many requests do not make another's wait behind all of them.
+one client's many requests do not make another's wait behind all of them. A call
+the upstream engine forwards to another PoP takes its client along, signed
+(``signed_client``), so the PoP there shares its model by the same clients.
 
 Flow control: a streamed generation may run at most ``window`` chunks ahead of
 what the client has consumed; the client returns ``Credit`` as it reads, and a
@@ -81,6 +83,10 @@ class Generate(_Msg, tag="gen"):
     # upstream engine forwards it as x-edgefn-embedding, so the next tier need not embed
     embedding: str | None = None
     client: str | None = None  # who asked (see the module's docstring): fair shares
+    # `client` signed for the next tier (runtime.security.residency.sign_client): the
+    # upstream engine forwards it as x-edgefn-client, and a PoP there shares its model
+    # by this caller, not by the PoP that forwarded the call
+    signed_client: str | None = None
 
 
 class Embed(_Msg, tag="embed"):
@@ -88,6 +94,9 @@ class Embed(_Msg, tag="embed"):
     model: str
     inputs: list[str]
     client: str | None = None
+    # as `Generate`'s: the upstream engine forwards them (x-request-id, x-edgefn-client)
+    request_id: str | None = None
+    signed_client: str | None = None
 
 
 class Rerank(_Msg, tag="rerank"):

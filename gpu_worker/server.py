@@ -216,6 +216,7 @@ class Connection:
             return
         try:
             _check_client(msg.client)
+            self.worker.metrics.asked(msg.client)
             engine = self.worker.engine_for(msg.model)
             gid = next(self.worker.ids)
             sink = ReplySink(self, msg.id, gid, engine, msg.stream)
@@ -246,11 +247,13 @@ class Connection:
     async def compute(self, msg: p.Request) -> Any:
         """The answer to a non-streaming request. Raises `EngineError`."""
         w = self.worker
-        _check_client(getattr(msg, "client", None))
+        if isinstance(msg, p.Embed | p.Rerank | p.CountTokens):
+            _check_client(msg.client)
+            w.metrics.asked(msg.client)
         match msg:
             case p.Embed(model=model, inputs=inputs, client=client):
                 _check_texts("input", inputs)
-                vectors, tokens = await w.engine_for(model).embed(model, inputs, client)
+                vectors, tokens = await w.engine_for(model).embed(model, inputs, client, msg)
                 return {"embeddings": vectors, "tokens": tokens}
             case p.Rerank(model=model, query=query, documents=docs, top_n=top_n, client=client):
                 _check_texts("query", [query])

@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..metrics import Metrics
-    from ..protocol import CountTokens, Generate, TokenLogprob
+    from ..protocol import CountTokens, Embed, Generate, TokenLogprob
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):
@@ -73,10 +73,11 @@ class Engine:
     def credit(self, rid: int, n: int) -> None:
         """The client consumed `n` more chunks of stream `rid`."""
 
-    async def embed(self, model: str, inputs: list[str], client: str | None = None
-                    ) -> tuple[list[list[float]], int]:
-        """Embeddings and the number of tokens read; `client` asked (its fair share).
-        Raises `EngineError`."""
+    async def embed(self, model: str, inputs: list[str], client: str | None = None,
+                    asked: Embed | None = None) -> tuple[list[list[float]], int]:
+        """Embeddings and the number of tokens read; `client` asked (its fair share);
+        `asked`: the request, whose request id and signed client an upstream engine
+        passes on. Raises `EngineError`."""
         raise EngineError("invalid_request", 400, f"model {model!r} does not embed")
 
     async def rerank(self, model: str, query: str, documents: list[str],

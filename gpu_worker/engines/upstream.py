@@ -13,6 +13,10 @@ no proxy or ``.netrc`` from the environment, no compression asked for) and
 the SSE spec says; ``aiter_lines()`` also splits at U+2028 and U+0085, which JSON
 leaves unescaped inside strings, and would cut such a token's event in two.
 
+- A call names itself to the next tier: its request id (``x-request-id``) and,
+  where the PoP signed it, its caller's fair share of the model
+  (``x-edgefn-client``, `Generate.signed_client`), generations and embeddings
+  alike; a PoP there shares its model by that caller, not by this worker's PoP.
 - Cancel closes the upstream response, and with it the connection (an
   unfinished response is never reused), which is how the upstream learns to stop.
 - Flow control: a stream that has run ``window`` chunks ahead of its credit stops
@@ -61,7 +65,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from ..config import ModelSpec
-    from ..protocol import Generate, TokenLogprob
+    from ..protocol import Embed, Generate, TokenLogprob
     from . import Sink
 
 log = logging.getLogger(__name__)
@@ -126,6 +130,16 @@ async def _read_body(resp: httpx2.Response, limit: int) -> bytes:
                 raise EngineError("upstream_error", 502, f"upstream answer exceeds {limit} bytes")
             parts.append(piece)
     return b"".join(parts)
+
+
+def _hop_headers(headers: dict[str, str], request_id: str | None, signed_client: str | None
+                 ) -> None:
+    """Add what names a call on every tier it crosses: its request id and its
+    caller's signed fair share (``x-edgefn-client``)."""
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    if signed_client is not None:
+        headers["x-edgefn-client"] = signed_client
 
 
 def _hung_up(e: httpx2.RequestError) -> bool:
@@ -294,6 +308,7 @@ class _Stream:
         self.traceparent = req.traceparent
         self.request_id = req.request_id
         self.tenant = req.tenant
+        self.signed_client = req.signed_client
         self.desensitised = req.desensitised
         self.embedding = req.embedding
         self.window = req.window
@@ -505,8 +520,7 @@ class UpstreamEngine(Engine):
         headers = _headers("text/event-stream", body)
         if st.traceparent is not None:
             headers["traceparent"] = st.traceparent  # the trace goes on upstream
-        if st.request_id is not None:
-            headers["x-request-id"] = st.request_id
+        _hop_headers(headers, st.request_id, st.signed_client)
         if st.tenant is not None:
             headers["x-edgefn-tenant"] = st.tenant
         if st.desensitised is not None:
@@ -518,17 +532,22 @@ class UpstreamEngine(Engine):
                 await _post(fresh, st, path, body, headers, last=True)
 
     # -- embeddings ---------------------------------------------------------------------
-    async def embed(self, model: str, inputs: list[str], client: str | None = None
-                    ) -> tuple[list[list[float]], int]:
+    async def embed(self, model: str, inputs: list[str], client: str | None = None,
+                    asked: Embed | None = None) -> tuple[list[list[float]], int]:
         """POST ``/embeddings``; the vectors in input order and the prompt tokens the
-        upstream counted (`client` is not forwarded: the next tier shares its model
-        by its own callers). Raises `EngineError`: model_not_found, the upstream's error
-        (its status kept), upstream_unavailable (502), timeout (504), upstream_error."""
+        upstream counted. `client` goes on only as `asked` signed it (its
+        ``signed_client``, with its request id): a PoP there trusts no other. Raises
+        `EngineError`: model_not_found, the upstream's error (its status kept),
+        upstream_unavailable (502), timeout (504), upstream_error."""
         self._setup()
         if model not in self._served:
             raise EngineError("model_not_found", 404, f"model {model!r} does not exist")
+        headers: dict[str, str] = {}
+        if asked is not None:
+            _hop_headers(headers, asked.request_id, asked.signed_client)
         status, body = await self._call("POST", "/embeddings",
-                                        msgspec.json.encode({"model": model, "input": inputs}))
+                                        msgspec.json.encode({"model": model, "input": inputs}),
+                                        headers)
         if status != 200:
             raise _http_error(status, body)
         try:
@@ -543,14 +562,17 @@ class UpstreamEngine(Engine):
         return vectors, answer.usage.prompt_tokens if answer.usage else 0
 
     # -- plumbing -----------------------------------------------------------------------
-    async def _call(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
-        """One whole request and answer: status and body. Raises `EngineError`:
-        invalid_config, upstream_unavailable (502), timeout (504), upstream_error (502)."""
+    async def _call(self, method: str, path: str, body: bytes | None,
+                    headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """One whole request and answer: status and body; `headers` besides the
+        usual. Raises `EngineError`: invalid_config, upstream_unavailable (502),
+        timeout (504), upstream_error (502)."""
         try:
-            answered = await _call_once(self._setup(), method, path, body)
+            answered = await _call_once(self._setup(), method, path, body, headers=headers)
             if answered is None:
                 async with self._one_off() as fresh:
-                    answered = await _call_once(fresh, method, path, body, last=True)
+                    answered = await _call_once(fresh, method, path, body, last=True,
+                                                headers=headers)
             assert answered is not None  # `last`: never None
             return answered
         except httpx2.RequestError as e:
@@ -613,10 +635,12 @@ async def _post(client: httpx2.AsyncClient, st: _Stream, path: str, body: bytes,
 
 
 async def _call_once(client: httpx2.AsyncClient, method: str, path: str, body: bytes | None,
-                     last: bool = False) -> tuple[int, bytes] | None:
+                     last: bool = False, headers: dict[str, str] | None = None
+                     ) -> tuple[int, bytes] | None:
     """Status and body; None (unless `last`) to try once more on a new connection
     (as `_post`). Raises `EngineError` (the body too long), `httpx2.RequestError`."""
-    resp = await _open(client, method, path, body, _headers("application/json", body), last)
+    sent = _headers("application/json", body) | (headers or {})
+    resp = await _open(client, method, path, body, sent, last)
     if resp is None:
         return None
     try:
