@@ -10,6 +10,8 @@ de-sensitised instead (`desensitised`): no tenant, a keyed hash of the request i
 PII masked in the prompt and the messages, and the ``x-edgefn-desensitised`` mark.
 Embeddings of a forwarded model follow the same rule (`inputs`): refused, or sent
 with their texts PII-masked (the worker's embedding call carries no tenant or mark).
+Every forwarded call carries its caller's fair share of the model worker signed
+(`client_hop`: ``x-edgefn-client``), keyed-hashed when the call leaves de-sensitised.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.observe.redact import scrub_pii
-from runtime.security.residency import ResidencySettings, before_hop, hashed_id, sign
+from runtime.security.residency import (
+    ResidencySettings,
+    before_hop,
+    hashed_id,
+    sign,
+    sign_client,
+)
 
 DESENSITISED_RID = "ds-"  # the prefix of a de-sensitised call's hashed request id
 
@@ -29,7 +37,7 @@ class Egress:
         self.pop = pop
 
     def hop(self, tenant: str | None, model: str, request_id: str,
-            params: dict[str, Any]) -> dict[str, Any]:
+            params: dict[str, Any], client: str | None = None) -> dict[str, Any]:
         """What the worker's ``generate`` gets for `tenant`'s call, over `params`:
         nothing for an anonymous call; the request id and the tenant signed for it
         for a tenant that is not pinned (the next tier scopes its caches and events
@@ -37,15 +45,46 @@ class Egress:
         anonymous tenant's, served them across tenants and no purge by tenant
         reached them) or pinned with the call staying in its region (the next tier
         enforces the pin); the de-sensitised form when it may leave and the tenant
-        allows it. Raises `Rejected` (451 ``residency_violation``) when it may leave
-        otherwise."""
+        allows it. Each with fair share `client` signed (`signed_client`; keyed-hashed
+        when the call leaves de-sensitised). Raises `Rejected` (451
+        ``residency_violation``) when it may leave otherwise."""
         s = self.settings
-        if tenant is None:
+        if tenant is None and client is None:
             return {}
-        if tenant in s.tenants and self._leaves(tenant, model):
-            return desensitised(s.secret, tenant, request_id, params)
-        return {"request_id": request_id, "tenant": sign(s.secret, tenant, request_id)} \
-            if s.secret else {}
+        if tenant is not None and tenant in s.tenants and self._leaves(tenant, model):
+            out = desensitised(s.secret, tenant, request_id, params)
+            return out | self.client_hop(client, out["request_id"], hashed=True)
+        if not s.secret:
+            return {}
+        signed = {"tenant": sign(s.secret, tenant, request_id)} if tenant is not None else {}
+        return {"request_id": request_id, **signed, **self.client_hop(client, request_id)}
+
+    def client_hop(self, client: str | None, request_id: str, hashed: bool = False
+                   ) -> dict[str, Any]:
+        """The worker call's ``signed_client``: fair share `client` signed for
+        `request_id` with the topology's secret (`sign_client`), for the next tier
+        to share its model by; `hashed`: for a call leaving its region de-sensitised,
+        the client's keyed hash (``ds:<hash>``) in its place. Empty without a
+        client or a secret."""
+        secret = self.settings.secret
+        if client is None or not secret:
+            return {}
+        named = DESENSITISED_RID + hashed_id(secret, client) if hashed else client
+        return {"signed_client": sign_client(secret, named, request_id)}
+
+    def embed_hop(self, tenant: str | None, client: str | None, model: str,
+                  request_id: str) -> dict[str, Any]:
+        """What the worker's ``embed`` gets for `tenant`'s call of `client`: the
+        request id and `client_hop` (both keyed-hashed where the texts leave the
+        tenant's region de-sensitised, `inputs`); empty without a client or a secret."""
+        s = self.settings
+        if client is None or not s.secret:
+            return {}
+        home = s.tenants.get(tenant) if tenant is not None else None
+        if home is not None and s.leaving(home, model) is not None:
+            request_id = DESENSITISED_RID + hashed_id(s.secret, request_id)
+            return {"request_id": request_id, **self.client_hop(client, request_id, True)}
+        return {"request_id": request_id, **self.client_hop(client, request_id)}
 
     def inputs(self, tenant: str | None, model: str, texts: list[str]) -> list[str]:
         """The texts `tenant`'s embeddings call for `model` takes out of this PoP:

@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from runtime.security.principal import Principal
 from runtime.net.message import Request, Response, json_response
 from runtime.net.openai_sse import Chunks
-from runtime.security.principal import model_client
 from runtime.security.ratelimit.admission import Ticket, TokenBudgets, settled_embedding
 from runtime.security.residency import forward_of, mark_of, tenant_of
 from runtime.security.settings import NO_POLICY, TargetPolicy
@@ -226,14 +225,15 @@ class OpenAIApi:
     # -- generation -----------------------------------------------------------------------
     def _hop(self, ctx: Context | None, model: str, request_id: str | None,
              params: dict[str, Any]) -> dict[str, Any]:
-        """The residency overrides of this call (`Egress.hop`; a call that came
-        de-sensitised goes on marked). Raises `Rejected` (451) for a pinned tenant's
-        call that may not leave this PoP."""
+        """The residency overrides of this call and its caller's signed fair share
+        (`Egress.hop`; a call that came de-sensitised goes on marked). Raises
+        `Rejected` (451) for a pinned tenant's call that may not leave this PoP."""
         if ctx is None or self.egress is None:
             return {}
         if (mark := mark_of(ctx.decisions)) is not None:
-            return {"desensitised": mark}
-        return self.egress.hop(_tenant(ctx), model, request_id or "", params)
+            return {"desensitised": mark, **self.egress.client_hop(_client(ctx),
+                                                                   request_id or "")}
+        return self.egress.hop(_tenant(ctx), model, request_id or "", params, _client(ctx))
 
     def _inputs(self, ctx: Context | None, model: str, texts: list[str]) -> list[str]:
         """The texts of an embeddings call that may leave this PoP (`Egress.inputs`;
@@ -350,8 +350,11 @@ class OpenAIApi:
         record = UsageRecord(ctx, "embeddings", body.model)
         record.usage.user = body.user
         ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
+        hop = self.egress.embed_hop(_tenant(ctx), _client(ctx), body.model,
+                                    ctx.request_id.decode()) \
+            if ctx is not None and self.egress is not None else {}
         out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs,
-                                                                   _client(ctx)))
+                                                                   _client(ctx), **hop))
         record.counted(out["tokens"])
         data = [{"object": "embedding", "index": i,
                  "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
@@ -390,8 +393,8 @@ class OpenAIApi:
 
 
 def _client(ctx: Context | None) -> str | None:
-    """The caller's fair share of the model worker (`model_client`)."""
-    return model_client(ctx.principal if ctx is not None else None)
+    """The caller's fair share of the model worker (`Context.model_client`)."""
+    return ctx.model_client() if ctx is not None else None
 
 
 def _tenant(ctx: Context) -> str | None:

@@ -126,12 +126,13 @@ class AIBinding:
 
     def _hop(self, model: str, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with the residency overrides of a pinned tenant's call (a
-        request id of its own, `Egress.hop`). Raises `Rejected` (451) for one that
+        request id of its own, `Egress.hop`) and the owner's fair share signed for
+        the next tier. Raises `Rejected` (451) for one that
         may not leave this PoP."""
         if self.egress is None:
             return params
-        return {**params, **self.egress.hop(self.resident, model,
-                                            f"ai-{secrets.token_hex(12)}", params)}
+        return {**params, **self.egress.hop(self.resident, model, f"ai-{secrets.token_hex(12)}",
+                                            params, self.fair_client)}
 
     async def call(self, op: str, a: dict[str, Any], traceparent: str | None = None) -> Any:
         """Run one AI operation; a model call carries `traceparent` (the calling
@@ -358,11 +359,14 @@ class AIBinding:
                                   lambda: self._embedded(model, texts))
 
     async def _embedded(self, model: str, texts: list[str]) -> Embedded:
+        hop: dict[str, Any] = {}
         if self.egress is not None:  # refused before any charge
             texts = self.egress.inputs(self.resident, model, texts)
+            hop = self.egress.embed_hop(self.resident, self.fair_client, model,
+                                        f"ai-{secrets.token_hex(12)}")
         ticket = await self._admit(model, False, 0, inputs=texts)
         out = await settled_embedding(ticket, self.service.client.embed(model, texts,
-                                                                        self.fair_client))
+                                                                        self.fair_client, **hop))
         return Embedded(out["embeddings"], out["tokens"])
 
     async def _admit(self, model: str, stream: bool, max_tokens: int | None, **text: Any

@@ -211,8 +211,8 @@ def _ai_cache(pop: PoP, targets: Targets) -> Stage | None:
 
     ai = pop.ai
 
-    async def count(model: str, messages: list[Any]) -> int:
+    async def count(model: str, messages: list[Any], client: str | None) -> int:
         assert ai is not None  # an AI cache exists where a model worker does
-        return await ai.client.count_tokens(model, messages=messages)
+        return await ai.client.count_tokens(model, messages=messages, client=client)
 
     return AICacheStage(cache, targets, pop.config.residency.secret, count)

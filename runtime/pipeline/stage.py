@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from edgefn_core.errors import EdgefnError
 from runtime.cache.settings import CacheOverride
 from runtime.net.message import Request, Response
-from runtime.security.principal import Principal
+from runtime.security.principal import Principal, model_client
 from runtime.security.settings import TargetPolicy
 
 type Result = Response | Awaitable[Response]
@@ -57,14 +57,17 @@ NO_PARAMS: dict[str, str] = {}  # shared: stages replace `params`, never mutate 
 class Context:
     """Per-request state the stages share."""
 
-    __slots__ = ("agent", "bot", "client", "decisions", "dry", "embedding", "marks", "params",
-                 "principal", "quiet", "request_id", "resolved", "route", "started", "target",
-                 "timing")
+    __slots__ = ("agent", "bot", "client", "decisions", "dry", "embedding", "forwarded_client",
+                 "marks", "params", "principal", "quiet", "request_id", "resolved", "route",
+                 "started", "target", "timing")
 
     def __init__(self, client: str) -> None:
         self.client = client  # "address:port"
         self.request_id = b""
         self.principal: Principal | None = None  # who is calling, once `auth` has run
+        # the model worker's fair share a lower tier of the topology signed for this call
+        # (x-edgefn-client, checked by `auth`): its caller's, not the forwarding PoP's
+        self.forwarded_client: str | None = None
         self.bot: str | None = None  # the client's class, once `bots` has run
         self.agent: str | None = None  # a verified agent's identity (Web Bot Auth)
         self.decisions: dict[str, Any] | None = None  # stage -> what it decided (`decide`)
@@ -88,6 +91,12 @@ class Context:
     def ip(self) -> str:
         """The client's address without its port."""
         return self.client.rpartition(":")[0] or self.client
+
+    def model_client(self) -> str | None:
+        """Whose fair share of the model worker this request's model calls count in
+        (the worker protocol's ``client``): the one a lower tier signed, else the
+        principal's tenant's (`model_client`), else None (anonymous)."""
+        return self.forwarded_client or model_client(self.principal)
 
     def decide(self, stage: str, record: Any) -> None:
         """Record what `stage` decided (for events and logs): a small JSON-able value.

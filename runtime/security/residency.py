@@ -5,7 +5,9 @@ refuses it anywhere else. Between the PoPs of a topology the tenant travels as
 the ``x-edgefn-tenant`` header, signed with the topology's shared ``secret``
 (HMAC-SHA256 over the tenant, the request id and when it was signed: a token
 names one request and holds `SIGNED_FOR_S` seconds, so a captured header cannot be
-replayed later), and the receiving PoP enforces the pin again.
+replayed later), and the receiving PoP enforces the pin again. A forwarded model
+call's fair share of the model worker travels the same way, as ``x-edgefn-client``
+(`sign_client`); the receiving PoP honours only a signed one (`verify_client`).
 
 A PoP also knows where its model calls go when it forwards them (``[residency.uplink]``:
 the forwarded models and the PoPs its uplink may reach, in order). A pinned tenant's
@@ -27,6 +29,11 @@ from msgspec import Meta, Struct, field
 from edgefn_core.errors import InvalidConfig, Rejected
 
 TENANT_HEADER = b"x-edgefn-tenant"
+# the model worker's fair share a call counts in (`runtime.security.principal.model_client`),
+# signed like the tenant (`sign_client`): the next tier shares its model by the caller
+# behind the PoP that forwarded the call, not by that PoP
+CLIENT_HEADER = b"x-edgefn-client"
+_CLIENT_SCOPE = "client:"  # what a signed client is bound to, besides the request id
 # marks a call a PoP de-sensitised before it left the tenant's region; its value is
 # the tenant's keyed hash (`hashed_id`)
 DESENSITISED_HEADER = b"x-edgefn-desensitised"
@@ -133,6 +140,19 @@ def verify(secret: str, value: str, request_id: str, now: float | None = None) -
         raise Rejected("forbidden", 403, f"x-edgefn-tenant was signed {age:.0f} s from now; "
                        f"a signed tenant holds {SIGNED_FOR_S} s (are the PoPs' clocks apart?)")
     return tenant
+
+
+def sign_client(secret: str, client: str, request_id: str, now: float | None = None) -> str:
+    """The ``x-edgefn-client`` value for fair-share name `client` on request
+    `request_id`: `sign`ed for ``client:<request id>``, so a signed tenant never
+    passes for a signed client, nor the other way round."""
+    return sign(secret, client, _CLIENT_SCOPE + request_id, now)
+
+
+def verify_client(secret: str, value: str, request_id: str, now: float | None = None) -> str:
+    """The fair-share name a signed ``x-edgefn-client`` names. Raises `Rejected`
+    (403) as `verify` does (not signed with `secret` for `request_id`, or not lately)."""
+    return verify(secret, value, _CLIENT_SCOPE + request_id, now)
 
 
 def _parts(value: str) -> tuple[str, str, str]:

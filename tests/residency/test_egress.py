@@ -125,3 +125,39 @@ def test_the_query_embedding_goes_on_only_with_the_query_as_it_came() -> None:
                                                        chat(PII))
     assert scrubbed["desensitised"] and "embedding" not in with_embedding(scrubbed, signed)
     assert with_embedding(kept, None) == kept
+
+
+def test_the_callers_fair_share_goes_signed_for_the_request() -> None:
+    """The next tier shares its model by the caller, and trusts only what the
+    topology signed: for this request id, as a client (not a tenant)."""
+    hop = egress(CENTRAL).hop("globex", "chat-model", "rid-1", chat(PII), "tenant:globex")
+    assert hop.keys() == {"request_id", "tenant", "signed_client"}
+    assert r.verify_client(SECRET, hop["signed_client"], "rid-1") == "tenant:globex"
+    for wrong in (lambda v: r.verify_client(SECRET, v, "rid-2"),
+                  lambda v: r.verify(SECRET, v, "rid-1"),
+                  lambda v: r.verify_client("another-topology-secret", v, "rid-1")):
+        with pytest.raises(Rejected):
+            wrong(hop["signed_client"])
+    unsigned = Egress(r.ResidencySettings(), "edge-eu")
+    assert unsigned.hop("globex", "chat-model", "rid-1", {}, "tenant:globex") == {}
+    assert egress(CENTRAL).hop("globex", "chat-model", "rid-1", {}, None).keys() == \
+        {"request_id", "tenant"}
+
+
+def test_a_desensitised_calls_fair_share_goes_as_a_keyed_hash() -> None:
+    hop = egress(CENTRAL, allow=("acme-ds",)).hop("acme-ds", "chat-model", "rid-1",
+                                                  chat(PII), "tenant:acme-ds")
+    client = r.verify_client(SECRET, hop["signed_client"], hop["request_id"])
+    assert client == DESENSITISED_RID + r.hashed_id(SECRET, "tenant:acme-ds")
+    assert "acme" not in json.dumps(hop)
+
+
+def test_an_embeddings_call_carries_its_request_id_and_signed_client() -> None:
+    out = egress(CENTRAL).embed_hop("globex", "tenant:globex", "chat-model", "rid-1")
+    assert out["request_id"] == "rid-1"
+    assert r.verify_client(SECRET, out["signed_client"], "rid-1") == "tenant:globex"
+    away = egress(CENTRAL, allow=("acme-ds",)).embed_hop("acme-ds", "tenant:acme-ds",
+                                                         "chat-model", "rid-1")
+    assert away["request_id"] == DESENSITISED_RID + r.hashed_id(SECRET, "rid-1")
+    assert "acme" not in json.dumps(away)
+    assert egress(CENTRAL).embed_hop("globex", None, "chat-model", "rid-1") == {}

@@ -61,7 +61,7 @@ from runtime.net.message import Request, Response, json_response
 from runtime.pipeline.stage import Context, Next
 from runtime.pipeline.stage import Result as StageResult
 from runtime.pipeline.targets import Targets
-from runtime.security.principal import Principal, model_client
+from runtime.security.principal import Principal
 from runtime.security.residency import forward_of, tenant_of
 
 KINDS = {b"/v1/chat/completions": "chat", b"/v1/completions": "completion",
@@ -70,7 +70,7 @@ BODIES: dict[str, type[Any]] = {"chat": ChatBody, "completion": CompletionBody,
                                 "embedding": EmbeddingsBody}
 ORIGIN_FAILED = frozenset({502, 503, 504})  # what a stale entry may answer instead
 COUNT_WAIT = 0.25  # seconds a semantic hit waits for its prompt's count (else: the stored one)
-type CountTokens = Callable[[str, list[Any]], Awaitable[int]]
+type CountTokens = Callable[[str, list[Any], str | None], Awaitable[int]]
 FALLBACK = b"x-edgefn-fallback"
 
 
@@ -92,7 +92,8 @@ class AICacheStage:
                  count: CountTokens | None = None) -> None:
         """`secret`: the topology's shared one (``[residency] secret``), which signs the
         query embeddings handed between tiers (`forward`); "" hands none on.
-        `count(model, messages)`: a chat's prompt tokens (the model worker's)."""
+        `count(model, messages, client)`: a chat's prompt tokens (the model worker's,
+        in `client`'s fair share)."""
         self.cache = cache
         self.targets = targets
         self.secret = secret
@@ -115,11 +116,11 @@ class AICacheStage:
         policy = self.cache.policy(None, lookup=wishes.lookup, store=wishes.store,
                                    ttl=wishes.ttl)
         found = await self.cache.lookup(asked.call, policy, self._given(request, asked.call),
-                                        model_client(ctx.principal))
+                                        ctx.model_client())
         record = self.cache.account(found)
         ctx.decide("ai_cache", record)
         if found.entry is not None:
-            prompt = await self._prompt_tokens(asked, found)
+            prompt = await self._prompt_tokens(asked, found, ctx.model_client())
             if prompt is not None:
                 record["cached_tokens"] = prompt
             return _hit(asked, found, prompt)
@@ -157,14 +158,16 @@ class AICacheStage:
             response.body = tee
         return response
 
-    async def _prompt_tokens(self, asked: Asked, found: Lookup) -> int | None:
+    async def _prompt_tokens(self, asked: Asked, found: Lookup, client: str | None
+                             ) -> int | None:
         """A semantic hit's prompt tokens: the caller's messages counted by the
-        model's tokenizer (its usage showed the stored paraphrase's count); None,
+        model's tokenizer in `client`'s fair share (its usage showed the stored
+        paraphrase's count); None,
         the stored count, for an exact hit or where the worker cannot count now."""
         if found.outcome != "hit-semantic" or self.count is None or asked.messages is None:
             return None
         try:
-            return await asyncio.wait_for(self.count(asked.call.model, asked.messages),
+            return await asyncio.wait_for(self.count(asked.call.model, asked.messages, client),
                                           COUNT_WAIT)
         except (WorkerError, TimeoutError):
             return None

@@ -16,7 +16,11 @@ Between the PoPs of a topology, a model call a lower tier forwards for its calle
 carries no credential of this PoP: the signed ``x-edgefn-tenant`` it carries
 (`runtime.security.residency`, with the topology's ``[residency] secret``) admits
 it to the OpenAI API here in place of a key, with no principal (the `residency`
-stage names its tenant). Only a call with no credential is read that way.
+stage names its tenant). Only a call with no credential is read that way. Its
+caller's fair share of the model worker (``x-edgefn-client``) is honoured
+(``ctx.forwarded_client``, with a credential or without) only when the topology
+signed it for this request id; one it did not sign is ignored: the call counts in
+its own caller's share, and no client picks another's.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from runtime.pipeline.targets import Targets
 from runtime.security.jwt_auth import JwtVerifier, TokenInvalid
 from runtime.security.keys import KeyRing, is_well_formed
 from runtime.security.principal import Principal
-from runtime.security.residency import TENANT_HEADER, verify
+from runtime.security.residency import CLIENT_HEADER, TENANT_HEADER, verify, verify_client
 from runtime.security.settings import AuthSettings
 
 CHALLENGE = [(b"www-authenticate", b'Bearer realm="edgefn"')]
@@ -63,6 +67,8 @@ class Auth:
         target = self.targets.resolve(request, ctx)
         if target is None:
             return call_next(request, ctx)
+        if self.secret and target.kind == "openai":
+            ctx.forwarded_client = self._client(request, ctx)
         mode = self._mode(target)
         if mode == "none":  # a warm-up too: it carries no credential, so it proves nobody
             if request.headers:
@@ -124,6 +130,18 @@ class Auth:
         try:
             return verify(self.secret, value.decode("latin-1"), ctx.request_id.decode())
         except Rejected:  # not signed here: a client's header; it gets the 401 and challenge
+            return None
+
+    def _client(self, request: Request, ctx: Context) -> str | None:
+        """The fair share a lower tier of the topology signed for this model call
+        (``x-edgefn-client``), or None: none sent, or one this topology did not
+        sign for this request id (a client's own header, which picks no share)."""
+        value = request.header(CLIENT_HEADER)
+        if value is None:
+            return None
+        try:
+            return verify_client(self.secret, value.decode("latin-1"), ctx.request_id.decode())
+        except Rejected:
             return None
 
     def _mode(self, target: Target) -> str:
