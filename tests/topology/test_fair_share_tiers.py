@@ -3,24 +3,36 @@ loopback sharing a topology secret, an edge whose model worker forwards every mo
 (an ``openai`` engine) to a regional PoP that runs the packaged models in its real
 worker. A tenant's chat and embeddings through the edge count in that tenant's share
 of the regional's worker (its ``calls_by_client``), not the edge's or the anonymous
-one, the regional's AI cache included (a semantic hit's token count); a client
-header from a caller the topology did not sign for picks no share."""
+one, the regional's AI cache included (a semantic hit's token count), and so do an
+edge function's ``ai`` binding calls in its owner's; a client header from a caller
+the topology did not sign for picks no share. With three tiers (edge -> regional ->
+central), the regional passes on the share it verified."""
 
 from __future__ import annotations
 
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from runtime.security.keys import KeyStore
 from runtime.security.residency import sign, sign_client
-from tests.support import Running, pop_thread
+from tests.support import Running, pop_thread, python_function
 
 SECRET = "0123456789abcdef0123"
 CHAT, EMBED = "smollm2-135m", "all-minilm-l6-v2"
 REGIONAL_PORT, EDGE_PORT = 27210, 27211  # this suite's range: 27200-27399
+CENTRAL_PORT = 27212  # and the next two: the three tiers
+CHATTY = f"""from edgefn import Response
+
+
+def handle(request, env):
+    env.ai().chat([{{"role": "user", "content": request.query["q"]}}], model="{CHAT}",
+                  max_tokens=2)
+    return Response("chatted")
+"""
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +50,8 @@ def tiers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, R
             store = KeyStore(edge.data)
             keys = {t: store.create(t, ("*",))[0] for t in ("acme", "globex")}
             edge.admin.request("POST", "/v1/keys/reload")
+            edge.deploy(python_function(tmp / "fns", "chatty", CHATTY,
+                                        extra='owner = "initech"\n[bindings]\nai = true'))
             yield reg, edge, keys
 
 
@@ -85,6 +99,17 @@ def test_a_tenants_calls_through_the_edge_count_in_its_share_upstream(
     # the regional's AI cache embeds the chat's query in acme's share too
     assert changed.get("tenant:acme", 0) >= 1 and changed.get("tenant:globex") == 1, changed
     assert set(changed) == {"tenant:acme", "tenant:globex"}, changed  # none anonymous
+
+
+def test_a_functions_model_calls_count_in_its_owners_share_upstream(
+        tiers: tuple[Running, Running, dict[str, str]]) -> None:
+    reg, edge, _ = tiers
+    before = calls(reg)
+    status, _, out = edge.get(f"/chatty?q=Name+a+bird+{uuid.uuid4().hex[:6]}", timeout=60)
+    assert (status, out) == (200, b"chatted")
+    changed = grew(before, calls(reg))
+    assert changed.get("tenant:initech", 0) >= 1 and set(changed) == {"tenant:initech"}, \
+        changed
 
 
 def test_a_semantic_hit_upstream_counts_its_tokens_in_the_callers_share(
@@ -142,3 +167,44 @@ def test_the_premise_a_signed_client_from_a_plain_caller_is_honoured(
     assert status == 200, out
     changed = grew(before, calls(reg))
     assert changed.get("tenant:acme", 0) >= 1 and "" not in changed, changed
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, Running,
+                                                                      dict[str, str]]]:
+    """central (the real worker), a regional and an edge each forwarding to the next."""
+    tmp = tmp_path_factory.mktemp("fair-three")
+    (tmp / "central.toml").write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
+                                      f"threads = 1\ncontext = 1024\n")
+    off = {"ai_cache.enabled": False}
+    with pop_thread(tmp / "central", CENTRAL_PORT, ai=True, ai_config=str(tmp / "central.toml"),
+                    name="central", tier="central", residency={"secret": SECRET},
+                    **off) as central, \
+            pop_thread(tmp / "reg", CENTRAL_PORT + 1, ai=True, ai_config=forwarding(
+                tmp / "reg.toml", central), name="reg", tier="regional",
+                residency={"secret": SECRET}, **off) as reg, \
+            pop_thread(tmp / "edge", CENTRAL_PORT + 2, ai=True, ai_config=forwarding(
+                tmp / "edge.toml", reg), name="edge", residency={"secret": SECRET},
+                **off) as edge:
+        store = KeyStore(edge.data)
+        keys = {"acme": store.create("acme", ("*",))[0]}
+        edge.admin.request("POST", "/v1/keys/reload")
+        yield central, edge, keys
+
+
+def forwarding(path: Path, to: Running) -> str:
+    """A worker config forwarding CHAT to PoP `to`; its path."""
+    path.write_text(f'[[models]]\nname = "up"\nengine = "openai"\n'
+                    f'url = "http://{to.host}:{to.port}/v1"\nmodels = ["{CHAT}"]\n')
+    return str(path)
+
+
+def test_a_middle_tier_passes_the_share_it_verified_on(
+        three: tuple[Running, Running, dict[str, str]]) -> None:
+    """edge -> regional -> central: central's worker counts acme's chat as acme's."""
+    central, edge, keys = three
+    before = calls(central)
+    status, out = chat(edge, f"Name a city. {uuid.uuid4().hex[:6]}",
+                       {"authorization": f"Bearer {keys['acme']}"})
+    assert status == 200, out
+    assert grew(before, calls(central)) == {"tenant:acme": 1}
