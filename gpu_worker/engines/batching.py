@@ -21,14 +21,22 @@ each rule has a unit test without a model (the split vLLM makes between
   as much as the request's client will: another client's many hogs hold a
   fair share, not the whole cache. One client alone never preempts itself so.
 - KV use grows as sequences generate. When the next step's tokens do not fit,
-  running sequences of the client using most are preempted (vLLM's recompute
-  preemption): within it one paused for credit first, else its most recently
-  admitted; a lone sequence never is. A preempted sequence drops its slot and
-  KV cells and goes back to the front of the queue with its prompt plus its
-  output so far as the prompt to feed again; readmitted (before its client's
-  new requests, once its reader has given it credit), it goes on where it
-  stopped: its sampler, stop-text state and token count are kept, and nothing
-  already sent is sent again.
+  running sequences of the client using most are preempted: within it one
+  paused for credit first, else its most recently admitted; a lone sequence
+  never is. A preempted sequence gives up its batch slot and goes back to the
+  front of the queue; readmitted (before its client's new requests, once its
+  reader has given it credit), it goes on where it stopped: its sampler,
+  stop-text state and token count are kept, and nothing already sent is sent
+  again.
+- A preempted sequence keeps its KV cells (*parked*, under its own llama.cpp
+  sequence id: there are more ids than batch slots) until something needs the
+  room: a sequence admitted or growing, or an id for a new one. Then the
+  longest parked give theirs up first (one paused for credit before one that
+  may run), before any running sequence is preempted for cells. One whose cells
+  are gone is recomputed (vLLM's recompute preemption): its prompt plus its
+  output so far is the prompt it feeds again. So a hog that gives its slot to
+  another client's short chat, and takes it back once the chat ends, costs no
+  prefill however often that happens; only a shortage of cells does.
 - No client starves: a client's use only falls while it waits (its running
   sequences end or are preempted), so its head becomes the least used's, and a
   head that does not fit holds every other request back until it does.
@@ -60,10 +68,17 @@ if TYPE_CHECKING:
     from . import Sink
 
 STEP_TOKENS = 512  # tokens per decode call (llama.cpp's n_batch)
+MAX_SEQ_IDS = 256  # llama.cpp's LLAMA_MAX_SEQ: the most sequence ids a context takes
 HEADROOM = 16  # KV tokens beyond its prompt that must be free to admit a sequence
 PAUSE_GRACE = 1.0  # seconds paused for credit before a sequence yields to waiting ones
 
 Item = tuple[int, int, int, bool]  # (token, position, sequence slot, wants logits)
+
+
+def seq_ids_for(slots: int) -> int:
+    """llama.cpp sequence ids for `slots` batch slots: as many again to park
+    preempted sequences' cells in, within llama.cpp's bound."""
+    return max(slots, min(2 * slots, MAX_SEQ_IDS))
 
 
 class Shaping(NamedTuple):
@@ -109,7 +124,7 @@ class Seq:
         self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not sent yet
         self.credit = req.window  # chunks it may send before the client reads them
         self.paused_at = time.perf_counter()  # when its credit last ran out (or it began)
-        self.slot = -1
+        self.slot = -1  # its llama.cpp sequence id while it runs or is parked
         self.fed = 0  # prompt tokens decoded so far
         self.pos = 0
         self.last = 0  # the token to decode next
@@ -150,11 +165,10 @@ class Seq:
             self.paused_at = now
 
     def rewind(self) -> None:
-        """Drop its KV progress (preempted): its prompt and output so far are fed
-        again, and sampling the last of them gives its next token."""
+        """Drop its KV progress (its cells are gone): its prompt and output so far
+        are fed again, and sampling the last of them gives its next token."""
         self.prompt = self.prompt[:self.prompt_tokens] + self.output
         self.fed = self.pos = 0
-        self.preempted = True
 
 
 class Step:
@@ -178,13 +192,22 @@ class Scheduler:
     `slots` sequences run at most; together they hold at most `kv_tokens` cache
     tokens (a lone sequence runs whatever its size: the engine refuses requests
     whose prompt plus ``max_tokens`` is larger than the context before they get
-    here). A new sequence waits at most `max_wait` seconds for its turn
+    here). Running and parked sequences each hold one of `seq_ids` llama.cpp
+    sequence ids (`seq_ids_for(slots)` by default; the model's context must take
+    that many); their cells together never exceed `kv_tokens` but for a lone
+    running sequence. A new sequence waits at most `max_wait` seconds for its turn
     (`overdue`; None: no bound); a preempted one is never turned away.
+
+    Raises `ValueError` if `seq_ids` is less than `slots`.
     """
 
     def __init__(self, slots: int, kv_tokens: int, step_tokens: int = STEP_TOKENS,
                  max_wait: float | None = None, headroom: int = HEADROOM,
-                 pause_grace: float = PAUSE_GRACE) -> None:
+                 pause_grace: float = PAUSE_GRACE, seq_ids: int | None = None) -> None:
+        ids = seq_ids_for(slots) if seq_ids is None else seq_ids
+        if ids < slots:
+            raise ValueError(f"{ids} sequence ids for {slots} batch slots: at least one each")
+        self.slots = slots
         self.kv_tokens = kv_tokens
         self.max_wait = max_wait
         self.step_tokens = step_tokens
@@ -194,12 +217,19 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.preempted: dict[int, Seq] = {}  # the waiting sequences that ran before
         self.running: dict[int, Seq] = {}  # in admission order
-        self.free_slots = list(range(slots))
+        self.parked: dict[int, Seq] = {}  # preempted ones that kept their cells, oldest first
+        self.free_ids = list(range(ids))[::-1]  # llama.cpp sequence ids no sequence holds
+        self.dropped: list[int] = []  # ids whose cells the caller must clear (`take_dropped`)
 
     @property
     def in_use(self) -> int:
         """KV tokens the running sequences hold, or will once their prompts are fed."""
         return sum(s.footprint for s in self.running.values())
+
+    @property
+    def cached(self) -> int:
+        """KV tokens the parked sequences hold: room taken back whenever it is needed."""
+        return sum(s.pos for s in self.parked.values())
 
     def add(self, seqs: Iterable[Seq]) -> None:
         """Queue new sequences behind those already waiting."""
@@ -246,12 +276,13 @@ class Scheduler:
         return head
 
     def _admits(self, s: Seq) -> bool:
-        """Whether `s` fits now: a free slot, and its prompt plus the headroom next
-        to what the running sequences use (or nothing runs)."""
-        return bool(self.free_slots) and self._fits(s, self.in_use, len(self.running))
+        """Whether `s` fits now: a free batch slot, and its cells plus the headroom
+        next to what the running sequences use (or nothing runs). Parked cells do
+        not count: they are given back for it."""
+        return len(self.running) < self.slots and self._fits(s, self.in_use, len(self.running))
 
     def _fits(self, s: Seq, in_use: int, running: int) -> bool:
-        return not running or in_use + len(s.prompt) + self.headroom <= self.kv_tokens
+        return not running or in_use + s.footprint + self.headroom <= self.kv_tokens
 
     def admit(self) -> list[Seq]:
         """Move waiting sequences into free slots, the least used client's first
@@ -262,24 +293,63 @@ class Scheduler:
         while (s := self._head()) is not None and self._admits(s):
             self.waiting.remove(s)
             self.preempted.pop(s.rid, None)
-            s.slot = self.free_slots.pop()
+            if self.parked.pop(s.rid, None) is None:  # parked: its id and cells are there
+                s.slot = self._free_id()
             self.running[s.rid] = s
+            self._reclaim(0)
             admitted.append(s)
         return admitted
 
+    def _free_id(self) -> int:
+        """A sequence id for a sequence admitted: a free one, else a parked one's
+        (its cells dropped). The caller made sure fewer than `slots` run."""
+        if not self.free_ids:
+            self._drop(self._next_to_drop())
+        return self.free_ids.pop()
+
+    def _reclaim(self, growth: int) -> None:
+        """Drop parked sequences' cells (`_next_to_drop` first) until the running
+        ones' cells and `growth` more fit with the rest parked."""
+        while self.parked and self.in_use + growth + self.cached > self.kv_tokens:
+            self._drop(self._next_to_drop())
+
+    def _next_to_drop(self) -> Seq:
+        """The parked sequence to drop first: the longest parked of those paused for
+        credit (readmitted last), else of all. Raises `StopIteration` if none is."""
+        first = next(iter(self.parked.values()))
+        return next((s for s in self.parked.values() if s.credit <= 0), first)
+
+    def _drop(self, s: Seq) -> None:
+        """Take parked `s`'s cells back: its id is free once the caller clears them,
+        and it is recomputed when readmitted."""
+        del self.parked[s.rid]
+        self.free_ids.append(s.slot)
+        self.dropped.append(s.slot)
+        s.rewind()
+
+    def take_dropped(self) -> list[int]:
+        """The sequence ids whose KV cells the caller must clear before the next
+        decode (a sequence admitted since may hold one already, but has decoded
+        nothing yet), in the order they were dropped; each is named once."""
+        dropped, self.dropped = self.dropped, []
+        return dropped
+
     def make_room(self) -> list[Seq]:
-        """Preempt running sequences until the next step's new tokens (one for each
-        sequence past its prompt with credit) fit in the KV cache: one paused for
-        credit first (the longest paused), else the most recently admitted; never
-        a lone one. Returns those preempted, whose `slot` still names the slot
-        whose KV cells the caller must clear before the next decode."""
+        """Make room in the KV cache for the next step's new tokens (one for each
+        sequence past its prompt with credit): parked sequences' cells go first
+        (`take_dropped`), then running sequences are preempted, from the client
+        using most: one paused for credit first (the longest paused), else the most
+        recently admitted; never a lone one. Returns those preempted (their cells
+        dropped as well where the room is still short)."""
         out: list[Seq] = []
-        while len(self.running) > 1 and self.in_use + self._growth() > self.kv_tokens:
+        while True:
+            self._reclaim(self._growth())
+            if len(self.running) <= 1 or self.in_use + self._growth() <= self.kv_tokens:
+                return out
             use = self.use()
             victim = self._victim(max(use, key=use.__getitem__))
             self._preempt(victim)
             out.append(victim)
-        return out
 
     def _victim(self, client: str | None, besides: Iterable[Seq] = ()) -> Seq:
         """The running sequence of `client` (but `besides`) to preempt: the longest
@@ -293,7 +363,8 @@ class Scheduler:
         """Preempt sequences of the clients using most for the queue's head when it
         does not fit, if that leaves each of them using at least as much as the
         head's client will once admitted; none unless that lets the head in.
-        Returns them as `make_room` does."""
+        Returns them, parked: their cells are dropped only where the head's
+        admission needs them (`take_dropped`)."""
         victims = self._fair_victims()
         for s in victims:
             self._preempt(s)
@@ -304,9 +375,10 @@ class Scheduler:
         if head is None or self._admits(head):
             return []
         use = self.use()
-        wanted = use.pop(head.client, 0) + len(head.prompt)
+        wanted = use.pop(head.client, 0) + head.footprint
         chosen: list[Seq] = []
-        in_use, running, free = self.in_use, len(self.running), len(self.free_slots)
+        in_use, running = self.in_use, len(self.running)
+        free = self.slots - running
         while use and running > 1:
             heavy = max(use, key=use.__getitem__)
             if use[heavy] <= wanted:  # so it still runs a sequence not chosen
@@ -327,7 +399,7 @@ class Scheduler:
     def evict_paused(self, now: float) -> list[Seq]:
         """Preempt sequences paused for credit `pause_grace` seconds or more by `now`
         (a ``perf_counter`` time), the longest paused first, when that lets the
-        queue's head in; none otherwise. Returns them as `make_room` does."""
+        queue's head in; none otherwise. Returns them as `rebalance` does."""
         victims = self._paused_victims(now)
         for s in victims:
             self._preempt(s)
@@ -356,11 +428,12 @@ class Scheduler:
         return None
 
     def _preempt(self, s: Seq) -> None:
+        """Take running `s` out of the batch to the queue's front, parked."""
         del self.running[s.rid]
-        self.free_slots.append(s.slot)
-        s.rewind()
+        s.preempted = True
         self.waiting.appendleft(s)
         self.preempted[s.rid] = s
+        self.parked[s.rid] = s
 
     def overdue(self, now: float) -> list[Seq]:
         """Take out of the queue the new sequences that have waited `max_wait`
@@ -391,19 +464,23 @@ class Scheduler:
         return min(times, default=None)
 
     def unqueue(self, rid: int) -> Seq | None:
-        """Remove waiting sequence `rid` from the queue; None if it is not waiting."""
+        """Remove waiting sequence `rid` from the queue (a parked one's cells are
+        dropped: `take_dropped`); None if it is not waiting."""
         for s in self.waiting:
             if s.rid == rid:
+                if s.rid in self.parked:
+                    self._drop(s)
                 self.waiting.remove(s)
                 self.preempted.pop(rid, None)
                 return s
         return None
 
     def release(self, s: Seq) -> None:
-        """Take running sequence `s` out of the batch, freeing its slot and KV budget.
-        Raises `KeyError` if it is not running."""
+        """Take running sequence `s` out of the batch, freeing its slot, its sequence
+        id and its KV budget (the caller clears its cells). Raises `KeyError` if it
+        is not running."""
         del self.running[s.rid]
-        self.free_slots.append(s.slot)
+        self.free_ids.append(s.slot)
 
     def groups(self, per_seq: bool = False) -> list[list[Seq]]:
         """The running sequences with credit, grouped by adapter (one decode call

@@ -219,8 +219,8 @@ class Driver:
         the clients using most for a client using less (`Scheduler.rebalance`), admit what
         fits, preempt what the next step's tokens do not leave room for, then one
         decode call per adapter group."""
-        self._forget(self.sched.evict_paused(time.perf_counter()))
-        self._forget(self.sched.rebalance())
+        self._preempted(self.sched.evict_paused(time.perf_counter()))
+        self._preempted(self.sched.rebalance())
         for s in self.sched.admit():
             if s.sampler is not None:  # preempted before: its sampler's state goes on
                 continue
@@ -229,7 +229,9 @@ class Driver:
             except EngineError as e:  # e.g. a grammar llama.cpp refuses: this request only
                 self.sched.release(s)
                 self._send(s.sink.error, e.code, str(e), e.status)
-        self._forget(self.sched.make_room())
+        self._preempted(self.sched.make_room())
+        for slot in self.sched.take_dropped():  # before a decode may need their cells
+            self.lm.forget(slot)
         groups = self.sched.groups(self.lm.per_seq)
         if not groups:  # sequences paused for credit still hold their slots
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))
@@ -237,15 +239,14 @@ class Driver:
             self._step(group)
         self._retire()
 
-    def _forget(self, preempted: list[Seq]) -> None:
-        """Clear the KV cells of preempted sequences' old slots (before the next
-        decode, which may need the cells or reuse the slot). Their samplers hold
-        no KV state: kept, so a resumed sequence samples as if never stopped."""
+    def _preempted(self, preempted: list[Seq]) -> None:
+        """Count sequences taken out of the batch. Their cells stay (parked) until
+        the scheduler drops them (`Scheduler.take_dropped`); their samplers are
+        kept either way, so a resumed sequence samples as if never stopped."""
         for s in preempted:
-            self.lm.forget(s.slot)
             self.metrics.preempted()
-            log.debug("request %d preempted after %d tokens (%d waiting); it is recomputed "
-                     "when readmitted", s.rid, s.generated, len(self.sched.waiting))
+            log.debug("request %d preempted after %d tokens (%d waiting)", s.rid,
+                      s.generated, len(self.sched.waiting))
 
     def _take(self) -> bool:
         """Wait for work, then apply what the loop posted. Returns False when stopping."""
@@ -295,7 +296,7 @@ class Driver:
         if rid in self.sched.running:
             self._finish(self.sched.running[rid], "cancelled")
         elif (s := self.sched.unqueue(rid)) is not None:
-            if s.sampler is not None:  # preempted: its KV is gone already
+            if s.sampler is not None:  # preempted: its cells, if parked, go with the next step
                 self.lm.free_sampler(s.sampler)
             self._send(s.sink.done, "cancelled", s.prompt_tokens, s.generated)
 

@@ -35,7 +35,7 @@ from edgefn_core.errors import EngineError
 from ..models import converted, packaged_model
 from ..protocol import Generate
 from . import Engine, ModelInfo, Sink
-from .batching import Scheduler, Seq, shaping_of
+from .batching import Scheduler, Seq, seq_ids_for, shaping_of
 from .grammar_cache import Grammars
 from .llama_driver import Driver, LoadAdapter, UnloadAdapter
 from .llama_model import LlamaModel, content_text
@@ -69,14 +69,14 @@ class LlamaEngine(Engine):
         if not source.is_file():
             raise EngineError("invalid_config", 500, f"model file {source} does not exist")
         path = await asyncio.to_thread(converted, source, self.spec.weights)
-        self.lm = await asyncio.to_thread(LlamaModel, path, self.spec.context,
-                                          self.spec.max_batch, self.spec.threads,
-                                          self.spec.gpu_layers)
+        ids = seq_ids_for(self.spec.max_batch)  # batch slots, and as many to park cells in
+        self.lm = await asyncio.to_thread(LlamaModel, path, self.spec.context, ids,
+                                          self.spec.threads, self.spec.gpu_layers)
         self.path = source
         self.limit = min(self.lm.n_ctx, self.lm.n_ctx_train or self.lm.n_ctx)
         self.grammars = Grammars(self.lm.check_grammar)
         sched = Scheduler(self.spec.max_batch, self.lm.n_ctx,
-                          max_wait=self.spec.max_queue_seconds or None)
+                          max_wait=self.spec.max_queue_seconds or None, seq_ids=ids)
         self.driver = Driver(self.lm, sched, self.metrics, f"llama-{self.spec.name}")
         self.driver.start()
 

@@ -186,7 +186,7 @@ def test_a_sampler_the_model_refuses_fails_only_its_request() -> None:
         assert await bad.result() == ("error", "invalid_request",
                                       "llama.cpp refused the grammar", 400)
         assert await good.result() == ("done", "length", 3, 2)
-        assert r.sched.in_use == 0 and not r.sched.running and len(r.sched.free_slots) == 4
+        assert r.sched.in_use == 0 and not r.sched.running and len(r.sched.free_ids) == 8
         assert len({item[2] for _, items in r.lm.decodes for item in items}) == 1  # good's
         r.close()
 
@@ -515,5 +515,6 @@ def test_a_preempted_sequence_cancelled_while_it_waits_ends_with_its_tokens() ->
         assert slow.chunks == ["<11>", "<12>"]
         assert {id(x) for x in r.lm.freed} == {id(x) for x in r.lm.made}  # its sampler too
         r.close()
+        assert r.lm.kv == {}  # and the cells it kept, parked, while other ran
 
     asyncio.run(go())
