@@ -597,19 +597,20 @@ Flood = tuple[int, int, int]  # every how many steps, prompt length, max_tokens
 
 
 def simulate(specs: list[Spec], slots: int, kv_tokens: int, flood: Flood | None = None
-             ) -> tuple[dict[int, list[int]], int, int]:
+             ) -> tuple[dict[int, list[int]], int, int, int]:
     """Run requests (prompt length, max_tokens, arrival step, steps its reader stalls
     once it has 3 chunks, client) as the driver does over a model that keeps each
-    slot's cells (a token must come at its slot's next position; preemption clears
-    them) and samples from every token in them; with `flood`, client "flood" sends
-    a request every so many steps until they have all ended. Returns each
-    request's tokens, the preemptions and the step they had all ended by; checks that more than one running
-    sequence never overflows the cells."""
+    sequence id's cells (a token must come at its id's next position; `take_dropped`
+    clears them) and samples from every token in them; with `flood`, client "flood"
+    sends a request every so many steps until they have all ended. Returns each
+    request's tokens, the preemptions, the sequences recomputed (cells dropped) and
+    the step they had all ended by; checks that the cells never overflow (but for
+    a lone running sequence)."""
     sched = Scheduler(slots=slots, kv_tokens=kv_tokens, step_tokens=32, pause_grace=2.0)
     cells: dict[int, list[int]] = {}
     out: dict[int, list[int]] = {rid: [] for rid in range(len(specs))}
     stalled: dict[int, int] = {}  # rid -> step its reader read again
-    preemptions = 0
+    preemptions = dropped = 0
     for now in range(20_000):
         sched.add(seq(rid, prompt_len=p, max_tokens=m, client=str(c))
                   for rid, (p, m, at, _, c) in enumerate(specs) if at == now)
@@ -621,7 +622,8 @@ def simulate(specs: list[Spec], slots: int, kv_tokens: int, flood: Flood | None 
         sched.admit()
         preemptions += len(preempted + sched.make_room())
         for slot in sched.take_dropped():
-            cells.pop(slot, None)  # none yet if it was preempted before its first step
+            cells.pop(slot, None)
+            dropped += 1  # none yet if it was preempted before its first step
         for group in sched.groups():
             step = sched.plan(group)
             for tok, pos, slot, _ in step.items:
@@ -645,7 +647,7 @@ def simulate(specs: list[Spec], slots: int, kv_tokens: int, flood: Flood | None 
             if stalled.get(rid, now + 1) <= now:
                 sched.credit(rid, 1)  # its reader keeps up: a chunk read for each sent
         if all(len(out[rid]) == spec[1] for rid, spec in enumerate(specs)):
-            return out, preemptions, now
+            return out, preemptions, dropped, now
     raise AssertionError(f"not all finished: {[len(o) for o in out.values()]}")
 
 
@@ -669,8 +671,19 @@ def test_random_workloads_all_finish_with_their_solo_output(
 def test_a_random_workload_preempts() -> None:
     """The property above is not vacuous: such workloads do preempt."""
     specs = [(30, 60, 0, 0, 0), (20, 70, 1, 0, 0), (10, 50, 2, 25, 0), (5, 40, 30, 0, 0)]
-    _, preemptions, _ = simulate(specs, 4, kv_tokens=100)
+    _, preemptions, _, _ = simulate(specs, 4, kv_tokens=100)
     assert preemptions >= 2
+
+
+def test_a_parked_sequence_resumes_with_its_cells_and_its_solo_tokens() -> None:
+    """A reader stalls 20 steps: its stream yields the one slot (after the 2-step
+    grace) to another client's request, which ends with room to spare; the stream,
+    read again, goes on from the cells it kept, with the tokens it has alone."""
+    specs: list[Spec] = [(10, 30, 0, 20, 0), (5, 10, 4, 0, 1)]
+    together, preemptions, dropped, _ = simulate(specs, 1, kv_tokens=100)
+    alone, *_ = simulate([(10, 30, 0, 0, 0)], 1, kv_tokens=100)
+    assert (preemptions, dropped) == (1, 0)
+    assert together[0] == alone[0]
 
 
 def test_a_flooding_client_leaves_the_others_their_share() -> None:
@@ -679,7 +692,7 @@ def test_a_flooding_client_leaves_the_others_their_share() -> None:
     not behind the flood's queue (614 steps, FIFO)."""
     specs: list[Spec] = [(10, 40, 5, 0, 0)] * 3
     *_, alone = simulate(specs, 4, kv_tokens=200)
-    _, preemptions, flooded = simulate(specs, 4, kv_tokens=200, flood=(1, 10, 200))
+    _, preemptions, _, flooded = simulate(specs, 4, kv_tokens=200, flood=(1, 10, 200))
     assert flooded <= 2 * alone, (alone, flooded)
     assert preemptions >= 1
 
