@@ -43,6 +43,7 @@ class Metrics:
         self.errors_total = 0
         self.preemptions_total = 0
         self.clients: dict[str, int] = {}  # client -> model calls it made
+        self.recomputes_total = 0
         self.busy_seconds = 0.0
         self.started = self._mark = time.monotonic()
         self._mark_tokens = 0
@@ -91,9 +92,15 @@ class Metrics:
             self.errors_total += 1
 
     def preempted(self) -> None:
-        """A running sequence gave up its KV cells and slot, to be recomputed later."""
+        """A running sequence gave up its slot (its KV cells kept while they fit)."""
         with self.lock:
             self.preemptions_total += 1
+
+    def recomputed(self, n: int) -> None:
+        """`n` preempted sequences lost their KV cells: each feeds its prompt and
+        output again when readmitted."""
+        with self.lock:
+            self.recomputes_total += n
 
     def snapshot(self) -> dict[str, Any]:
         """Current figures; tokens/s and busy fraction cover the time since the
@@ -117,5 +124,6 @@ class Metrics:
                 "requests_total": self.requests_total, "errors_total": self.errors_total,
                 "preemptions_total": self.preemptions_total,
                 "calls_by_client": dict(self.clients),
+                "recomputes_total": self.recomputes_total,
                 "uptime_s": round(now - self.started, 1),
             }

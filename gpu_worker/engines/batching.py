@@ -220,6 +220,7 @@ class Scheduler:
         self.parked: dict[int, Seq] = {}  # preempted ones that kept their cells, oldest first
         self.free_ids = list(range(ids))[::-1]  # llama.cpp sequence ids no sequence holds
         self.dropped: list[int] = []  # ids whose cells the caller must clear (`take_dropped`)
+        self.recomputed = 0  # sequences whose cells were dropped while they wait to go on
 
     @property
     def in_use(self) -> int:
@@ -322,10 +323,14 @@ class Scheduler:
     def _drop(self, s: Seq) -> None:
         """Take parked `s`'s cells back: its id is free once the caller clears them,
         and it is recomputed when readmitted."""
+        self._unpark(s)
+        s.rewind()
+        self.recomputed += 1
+
+    def _unpark(self, s: Seq) -> None:
         del self.parked[s.rid]
         self.free_ids.append(s.slot)
         self.dropped.append(s.slot)
-        s.rewind()
 
     def take_dropped(self) -> list[int]:
         """The sequence ids whose KV cells the caller must clear before the next
@@ -469,7 +474,7 @@ class Scheduler:
         for s in self.waiting:
             if s.rid == rid:
                 if s.rid in self.parked:
-                    self._drop(s)
+                    self._unpark(s)
                 self.waiting.remove(s)
                 self.preempted.pop(rid, None)
                 return s

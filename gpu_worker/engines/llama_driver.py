@@ -173,6 +173,7 @@ class Driver:
         self.metrics = metrics
         self.mailbox = Mailbox()
         self.retiring: set[str] = set()  # adapters removed, unloaded once no sequence uses them
+        self.recomputed = 0  # `sched.recomputed` as last counted in `metrics`
         self.loop = asyncio.get_running_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.step_started = 0.0  # perf_counter() when the step under way began; 0: none
@@ -232,6 +233,9 @@ class Driver:
         self._preempted(self.sched.make_room())
         for slot in self.sched.take_dropped():  # before a decode may need their cells
             self.lm.forget(slot)
+        if self.sched.recomputed > self.recomputed:
+            self.metrics.recomputed(self.sched.recomputed - self.recomputed)
+            self.recomputed = self.sched.recomputed
         groups = self.sched.groups(self.lm.per_seq)
         if not groups:  # sequences paused for credit still hold their slots
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))

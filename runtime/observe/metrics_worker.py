@@ -23,10 +23,14 @@ for all its models, so these have no model label.
                                      the tokens a call yields (a batch mixing LoRA
                                      adapters is one call per adapter on a stock
                                      llama.cpp, one on edgefn's patched build)
-    edgefn_ai_worker_preemptions_total (vllm:num_preemptions_total)
-                                     running sequences that gave up their KV cache
-                                     (it filled, or a slow reader held a slot others
-                                     waited for), recomputed when readmitted
+    edgefn_ai_worker_preemptions_total
+                                     running sequences that gave up their slot (the
+                                     KV cache filled, another client waited, or a slow
+                                     reader held a slot others waited for)
+    edgefn_ai_worker_recomputes_total (vllm:num_preemptions_total)
+                                     preempted sequences whose KV cells were taken
+                                     back (a preempted one keeps them while they fit):
+                                     each is recomputed when readmitted
     edgefn_ai_worker_up, edgefn_ai_worker_figures_age_seconds
 """
 
@@ -58,7 +62,9 @@ COUNTERS = (("edgefn_ai_worker_tokens_total", "tokens_total", "Tokens the worker
             ("edgefn_ai_worker_decode_calls_total", "decode_calls_total",
              "llama.cpp decode calls the worker made."),
             ("edgefn_ai_worker_preemptions_total", "preemptions_total",
-             "Running sequences preempted (their KV cache dropped, recomputed later)."))
+             "Running sequences that gave up their slot (preempted)."),
+            ("edgefn_ai_worker_recomputes_total", "recomputes_total",
+             "Preempted sequences whose KV cells were dropped, recomputed later."))
 
 
 class WorkerFigures:

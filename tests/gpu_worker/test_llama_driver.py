@@ -468,8 +468,9 @@ def test_a_preempted_sequence_streams_what_an_uninterrupted_one_does(
         assert preempted == alone
         assert [end for _, end in alone] == [("done", "length", 3, 40)] * 2
         assert len(set(alone[1][0])) > 10  # a varied text, not one token over and over
-        assert [r.driver.metrics.snapshot()["preemptions_total"] for r in (roomy, tight)
-                ] == [0, 1]
+        assert [(r.driver.metrics.snapshot()["preemptions_total"],
+                 r.driver.metrics.snapshot()["recomputes_total"]) for r in (roomy, tight)
+                ] == [(0, 0), (1, 1)]
         assert tight.lm.faults == [] and len(tight.lm.made) == 2  # the sampler was kept
         assert len(tight.lm.freed) == 2
 
@@ -500,6 +501,8 @@ def test_a_slow_reader_yields_its_slot_and_its_stream_goes_on_unchanged() -> Non
         await alone.result()
         fast.close()
         assert slow.chunks == alone.chunks and r.lm.faults == []
+        figures = r.driver.metrics.snapshot()  # it kept its cells: other needed a slot only
+        assert (figures["preemptions_total"], figures["recomputes_total"]) == (1, 0)
 
     asyncio.run(go())
 
@@ -516,5 +519,6 @@ def test_a_preempted_sequence_cancelled_while_it_waits_ends_with_its_tokens() ->
         assert {id(x) for x in r.lm.freed} == {id(x) for x in r.lm.made}  # its sampler too
         r.close()
         assert r.lm.kv == {}  # and the cells it kept, parked, while other ran
+        assert r.driver.metrics.snapshot()["recomputes_total"] == 0  # dropped, not recomputed
 
     asyncio.run(go())

@@ -82,24 +82,28 @@ def test_slow_readers_yield_their_slots_and_their_text_is_unchanged(worker: Harn
     """Every slot is held by a stream whose reader stopped after its first chunk:
     the short chat gets a slot once they have been paused PAUSE_GRACE, and each
     slow stream, read at last, has the text a fast reader gets: its JSON schema's
-    grammar and its frequency penalty went on from where they were."""
+    grammar and its frequency penalty went on from where they were, and its KV
+    cells too (kept under a spare sequence id: the short chat needed none of them,
+    so nothing was recomputed)."""
     shaped = {"messages": JSON, "max_tokens": 40, "temperature": 0.0,
               "response_format": COLOURS, "frequency_penalty": 0.5}
 
-    async def go() -> tuple[float, float, list[str], str, int]:
+    async def go() -> tuple[float, float, list[str], str, tuple[int, int]]:
         alone = await short_chat(worker.client)
-        before = (await worker.client.metrics())["preemptions_total"]
+        before = await worker.client.metrics()
         slow = [await worker.client.generate(CHAT, window=2, **shaped) for _ in range(SLOTS)]
         firsts = [await anext(gen) for gen in slow]
         beside = await short_chat(worker.client)
         texts = [first + await drain(gen) for first, gen in zip(firsts, slow, strict=True)]
         fast = await worker.client.generate(CHAT, **shaped)
-        preempted = (await worker.client.metrics())["preemptions_total"] - before
-        return alone, beside, texts, await drain(fast), preempted
+        after = await worker.client.metrics()
+        counts = (after["preemptions_total"] - before["preemptions_total"],
+                  after["recomputes_total"] - before["recomputes_total"])
+        return alone, beside, texts, await drain(fast), counts
 
-    alone, beside, texts, fast, preempted = worker.run(go())
+    alone, beside, texts, fast, (preempted, recomputed) = worker.run(go())
     assert beside < PAUSE_GRACE + 4 * alone + 1.0, (alone, beside)
-    assert preempted >= 1
+    assert preempted >= 1 and recomputed == 0
     assert texts == [fast] * SLOTS
 
 
@@ -110,7 +114,7 @@ def test_streams_that_outgrow_the_kv_cache_take_turns_and_keep_their_text(
     once the older one ends, and both have the text each has alone at temperature
     0. (Sampled text is not compared: a batch's composition moves the logits a
     little, preempted or not.)"""
-    async def go(w: Harness) -> tuple[list[str], list[Any], int]:
+    async def go(w: Harness) -> tuple[list[str], list[Any], tuple[int, int]]:
         async def text(messages: list[Any]) -> tuple[str, Any]:
             gen = await w.client.generate(CHAT, messages=messages, max_tokens=150,
                                           logit_bias=NO_END, temperature=0.0)
@@ -119,10 +123,10 @@ def test_streams_that_outgrow_the_kv_cache_take_turns_and_keep_their_text(
         alone = [(await text(LONG))[0], (await text(STORY))[0]]
         both = await asyncio.gather(text(LONG), text(STORY))
         metrics = await w.client.metrics()
-        return alone, list(both), metrics["preemptions_total"]
+        return alone, list(both), (metrics["preemptions_total"], metrics["recomputes_total"])
 
     with small_worker(tmp_path, context=256) as w:
-        alone, both, preempted = w.run(go(w))
-    assert preempted == 1
+        alone, both, counts = w.run(go(w))
+    assert counts == (1, 1)  # its cells were wanted: dropped with its slot
     assert [t for t, _ in both] == alone
     assert [(d.finish_reason, d.completion_tokens) for _, d in both] == [("length", 150)] * 2

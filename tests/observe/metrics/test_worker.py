@@ -16,7 +16,7 @@ from tests.support import pop_thread
 SNAPSHOT = {"queue_depth": 3, "running_batch": 2, "running_batch_peak": 4,
             "busy_fraction": 0.75, "tokens_total": 120, "prompt_tokens_total": 40,
             "requests_total": 7, "errors_total": 1, "decode_calls_total": 90,
-            "preemptions_total": 2}
+            "preemptions_total": 2, "recomputes_total": 1}
 
 
 def scrape_text(address: str) -> tuple[str, float]:
@@ -60,6 +60,7 @@ def test_figures_keep_their_last_value_when_the_worker_stops_answering():
     assert got["edgefn_ai_worker_tokens_total"] == 120
     assert got["edgefn_ai_worker_decode_calls_total"] == 90
     assert got["edgefn_ai_worker_preemptions_total"] == 2
+    assert got["edgefn_ai_worker_recomputes_total"] == 1
     for answer in (None, ConnectionResetError("worker gone")):
         answers.append(answer)
         now[0] += 5
