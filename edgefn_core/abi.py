@@ -41,15 +41,21 @@ for the request's size, writes the encoded request there, calls
 ``result & 0xffffffff``. WASI command modules get the same request as CGI
 variables instead (params as ``EDGEFN_PARAM_<NAME>``, see
 `runtime.executors.wasm.wasi`). See README "Guest ABI" and functions/sdk/.
+
+`encode_request`, `decode_request`, `encode_response` and `decode_response` are the
+C extension's (`edgefn_core.fastcodec`) where it loads: same results, and for
+anything it is not sure of (a malformed buffer, an argument that is not bytes) it
+calls the Python function here, which raises as always. `PYTHON` keeps these.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
+from edgefn_core import fastcodec
 from edgefn_core.errors import FunctionError, ProtocolError
 
 MAGIC = b"EFQ1"
@@ -329,3 +335,29 @@ class _Cursor:
         left = len(self.buf) - self.pos
         stray = f" ({left} stray bytes from byte {self.pos}: {bytes(self.buf[self.pos:])!r})"
         return f"{self.kind} ends at byte {len(self.buf)}" + (stray if left else "")
+
+
+# -- the C codec -------------------------------------------------------------------------------
+class Codec(NamedTuple):
+    encode_request: Callable[..., bytes]
+    decode_request: Callable[[bytes], GuestRequest]
+    encode_response: Callable[[int, Pairs, bytes], bytes]
+    decode_response: Callable[[bytes], tuple[int, Pairs, bytes]]
+
+
+PYTHON = Codec(encode_request, decode_request, encode_response, decode_response)
+
+
+def _native() -> Codec | None:
+    """The C functions, bound to their Python twins, or None (pure Python)."""
+    mod = fastcodec.module()
+    if mod is None:
+        return None
+    mod.bind(*PYTHON, GuestRequest)
+    return Codec(mod.encode_request, mod.decode_request, mod.encode_response,
+                 mod.decode_response)
+
+
+NATIVE = _native()
+if NATIVE is not None:
+    encode_request, decode_request, encode_response, decode_response = NATIVE  # type: ignore[assignment]

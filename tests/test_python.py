@@ -67,6 +67,39 @@ async def handle(request, env):
     assert pop.get("/aio?stream=1")[2] == b"0;1;2;"
 
 
+CODEC_PROBE = """
+from edgefn import Response
+from edgefn_core import abi, fastcodec, frames
+
+def handle(request, env):
+    try:
+        open(fastcodec._loaded or "/", "rb").close()
+        readable = "readable"
+    except OSError:
+        readable = "unreadable"
+    return Response(f"{abi.NATIVE is not None} {frames._native is not None} {readable} "
+                    f"{request.headers.get('x-b')} {request.params}")
+"""
+
+
+@pytest.mark.parametrize("switch", ["", "0"])
+def test_a_sandboxed_guest_runs_the_c_codec_its_host_loaded(
+        pop: Running, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
+    """The host loads the C codec before its sandbox and tells its guests the path:
+    a guest, which cannot open the library's file, finds it already loaded. The
+    PoP's ``EDGEFN_NATIVE_CODEC=0`` reaches the host: Python on both sides."""
+    from edgefn_core import abi
+
+    if abi.NATIVE is None:
+        pytest.skip("the C codec did not build here")
+    if switch:
+        monkeypatch.setenv("EDGEFN_NATIVE_CODEC", switch)
+    pop.deploy(python_function(tmp_path, "codec", CODEC_PROBE))
+    status, _, body = pop.request("GET", "/codec", headers={"x-b": "v1"})
+    native = b"False False" if switch else b"True True"
+    assert (status, body) == (200, native + b" unreadable v1 {}")
+
+
 def test_a_head_on_a_long_stream_ends_the_stream_and_frees_its_isolate(
         pop: Running, tmp_path: Path) -> None:
     """A HEAD waited out the whole stream (an SSE endpoint held it to wall_ms) though

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_FILES = [
     "runtime/executors/wasm/native_src/reactor.c",  # the native fast path, built on first use
     "runtime/executors/wasm/native_src/kv_get.c",  # the native kv_get, built on first use
+    "edgefn_core/codec.c",  # the C codec of the function ABI, built on first use
     "kv/lmdb_handles.py",
     "edgefn/__init__.py",  # the Python guest SDK, imported inside isolates
     "edgefn_sdk/c/edgefn.h",

@@ -226,6 +226,15 @@ def test_host_environment_keeps_nothing_of_the_pop() -> None:
                         "PYTHONNOUSERSITE", "TMPDIR", "PATH"}
 
 
+def test_host_environment_keeps_the_native_switches_and_cache() -> None:
+    """The host loads the C codec (`edgefn_core.fastcodec`) as the PoP would: from
+    its cache, or not at all."""
+    parent = {"EDGEFN_NATIVE_CODEC": "0", "EDGEFN_NATIVE": "1", "EDGEFN_NATIVE_CACHE": "/c",
+              "CC": "/evil-cc"}
+    env = sandbox.host_environment(["/a"], parent)
+    assert {k: env.get(k) for k in parent} == {**parent, "CC": None}
+
+
 def test_apply_refuses_a_process_with_threads(tmp_path: Path) -> None:
     out = in_child("""
         import time

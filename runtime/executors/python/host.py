@@ -33,6 +33,7 @@ import sys
 import threading
 from pathlib import Path
 
+from edgefn_core import fastcodec
 from edgefn_core.errors import SandboxError
 from runtime.executors.python import budget, importcheck, interp, local_kv_env, sandbox, wire
 from runtime.executors.python.budget import Room
@@ -82,6 +83,8 @@ def prepare_code(cfg: dict, fd: int) -> str:
     return (f"import sys, tempfile\nsys.path[:0] = {paths!r}\n"
             "if sys.stdout is not None:\n    sys.stdout.reconfigure(line_buffering=True)\n"
             f"tempfile.tempdir = {isolate_scratch(cfg, fd)!r}\n"
+            # the C codec the host loaded, before the SDK imports the ABI (`fastcodec`)
+            f"from edgefn_core import fastcodec\nfastcodec.use({fastcodec.loaded_path()!r})\n"
             "import edgefn\nfrom runtime.executors.python import guest\n"
             f"prepared = guest.prepare({fd!r}, {cfg['module']!r}, {cfg['handler']!r})\n")
 

@@ -56,6 +56,9 @@ UID_BASE = 200_000  # hosts run as UID_BASE + n (root only): one uid per host
 UID_RANGE = 50_000
 # What a host keeps from the PoP's environment, besides what it is given.
 KEEP_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+# ... and where the C codec is cached, or that it is off (`edgefn_core.fastcodec`): the
+# host loads it from the PoP's cache before its sandbox, its guests after
+KEEP_NATIVE_ENV = ("EDGEFN_NATIVE", "EDGEFN_NATIVE_CODEC", "EDGEFN_NATIVE_CACHE")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/localtime")
 # Layers (comma-separated) the probe reports missing without trying them: how an
@@ -75,7 +78,7 @@ def host_environment(import_roots: Iterable[str],
     malloc and bytecode settings, TMPDIR). Nothing else of the PoP's environment.
     The manifest's ``env`` is added by the host once sandboxed (`host.enter_sandbox`),
     so that the dynamic loader and the interpreter's startup never read it."""
-    env = {k: parent[k] for k in KEEP_ENV if k in parent}
+    env = {k: parent[k] for k in KEEP_ENV + KEEP_NATIVE_ENV if k in parent}
     env.update({"PYTHONPATH": os.pathsep.join(import_roots), "MALLOC_ARENA_MAX": "2",
                 "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "TMPDIR": "/tmp",
                 "PATH": "/usr/bin:/bin"})

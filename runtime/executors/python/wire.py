@@ -31,7 +31,7 @@ import struct
 
 from edgefn_core.abi import encode_response
 from edgefn_core.errors import ProtocolError
-from edgefn_core.frames import MAX_FRAME, FrameReader, Framing
+from edgefn_core.frames import MAX_FRAME, FrameReader, Framing, kind_and_payload
 
 REQUEST, REPLY, CANCEL, WARM = b"Q", b"R", b"Z", b"W"
 READY, RESPONSE, HEAD, CHUNK, END, ERROR, CALL = b"S", b"P", b"H", b"C", b"E", b"X", b"K"
@@ -85,18 +85,6 @@ def split_value(payload: bytes) -> tuple[bytes, memoryview]:
     return payload[HEAD_LENGTH.size:end], memoryview(payload)[end:]
 
 
-# every kind byte as bytes, made once: a frame's kind is looked up, not built
-_KINDS = [bytes((i,)) for i in range(256)]
-
-
-def _kind_and_payload(buf: bytes | bytearray | memoryview, start: int,
-                      end: int) -> tuple[bytes, bytes]:
-    """One copy out of `buf`, through a view: ``bytes(buf[a:b])`` copied twice, and
-    for a 16 MiB frame paid the page faults of two fresh 16 MiB buffers (~35 ms here)."""
-    with memoryview(buf) as view:
-        return _KINDS[view[start]], bytes(view[start + 1:end])
-
-
 class Reader(FrameReader[tuple[bytes, bytes]]):
     """Accumulates bytes and returns complete frames as (kind, payload); `feed`
     raises `ProtocolError` for a frame over `MAX_FRAME` or an empty one."""
@@ -104,7 +92,7 @@ class Reader(FrameReader[tuple[bytes, bytes]]):
     def __init__(self, framing: Framing = FRAMING) -> None:
         """`framing`: the largest frame it takes (the PoP's reader of one function's
         isolate takes a whole response up to its `limits.max_response_mb`)."""
-        super().__init__(framing, _kind_and_payload)
+        super().__init__(framing, kind_and_payload)
         # `recv_frame` reads into this rather than allocating 64 KiB per read
         self.inbox = bytearray(1 << 16)
         self.inbox_view = memoryview(self.inbox)

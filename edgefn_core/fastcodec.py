@@ -1,0 +1,129 @@
+"""The function ABI's hot paths in C (``codec.c``, the `_edgefn_codec` extension),
+compiled on first use with the system C compiler.
+
+`abi` and `frames` ask `module()` once, at import: the extension, or None, and then
+they use their pure-Python code, which stays the reference (the C answers only what
+it is sure of and hands the rest, errors included, to it). None when
+``EDGEFN_NATIVE=0`` or ``EDGEFN_NATIVE_CODEC=0``, or when there is no compiler or no
+``Python.h`` (logged once).
+
+Only the main interpreter builds (into ``$EDGEFN_NATIVE_CACHE``, default
+``~/.cache/edgefn/native``, as the WASM reactor's library). A subinterpreter never
+compiles: it loads the library the process's main interpreter loaded, if it was
+told its path (`use`: the isolate host's bootstrap does so before a guest imports
+the SDK); its loader then finds the library already mapped, which a sandboxed guest
+could not open. Stdlib-only, as `abi` is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger("edgefn.native")
+SOURCE = Path(__file__).with_name("codec.c")
+NAME = "_edgefn_codec"  # the module name codec.c's PyInit_ is for
+OFF = ("EDGEFN_NATIVE", "EDGEFN_NATIVE_CODEC")  # either set to "0": pure Python
+
+_given: str | None = None  # the library's path, in a subinterpreter told it (`use`)
+_loaded: str | None = None  # the path `module()` loaded
+
+
+def use(path: str | None) -> None:
+    """In a subinterpreter, before `abi` is imported: load the extension from `path`
+    (what `loaded_path()` said in the main interpreter); None: pure Python."""
+    global _given
+    _given = path
+
+
+def loaded_path() -> str | None:
+    """The library `module()` loaded in this interpreter, or None."""
+    module()
+    return _loaded
+
+
+@cache
+def module() -> ModuleType | None:
+    """The extension, built if needed (main interpreter only), or None."""
+    global _loaded
+    if any(os.environ.get(name, "1") == "0" for name in OFF):
+        return None
+    main = _in_main_interpreter()
+    if not main and _given is None:
+        return None
+    try:
+        path = Path(_given) if not main and _given else build()
+        mod = import_extension(NAME, path)
+    except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as e:
+        if main:
+            log.warning("the C codec is unavailable (%s); using the Python one", e)
+        return None
+    _loaded = str(path)
+    return mod
+
+
+def _in_main_interpreter() -> bool:
+    try:
+        import _interpreters
+    except ImportError:  # a Python without subinterpreters has only the main one
+        return True
+    return bool(_interpreters.get_current()[0] == _interpreters.get_main()[0])
+
+
+def import_extension(name: str, path: Path) -> ModuleType:
+    """The shared library at `path` imported as the extension module `name` (not put
+    in sys.modules). Raises ImportError."""
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot import {path} as {name}")
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def python_headers() -> Path | None:
+    """Where ``Python.h`` is, if this Python's headers are installed."""
+    include = Path(sysconfig.get_paths()["include"])
+    return include if (include / "Python.h").exists() else None
+
+
+def build(source: Path = SOURCE, stem: str = "codec") -> Path:
+    """`source` compiled as a CPython extension for this Python into the native cache
+    (``$EDGEFN_NATIVE_CACHE``, default ``~/.cache/edgefn/native``) as
+    ``STEM-HASH.so``, keyed by the source and the Python build; built once. Raises
+    RuntimeError without a C compiler or Python's headers, or if the build fails."""
+    headers = python_headers()
+    if headers is None:
+        raise RuntimeError(f"no Python.h under {sysconfig.get_paths()['include']}")
+    digest = hashlib.sha256(source.read_bytes() + sys.version.encode()
+                            + str(headers).encode()).hexdigest()[:16]
+    cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
+                                    Path.home() / ".cache" / "edgefn" / "native"))
+    out = cache_dir / f"{stem}-{digest}.so"
+    if out.exists():
+        return out
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", f"-I{headers}", "-o",
+               str(tmp_out), str(source)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {source.name} failed: {proc.stderr.strip()[:500]}")
+        os.replace(tmp_out, out)
+    return out
