@@ -4,8 +4,9 @@ One codec for every side of it: the WASM executor writes requests into guest
 memory and reads responses out of it, the Python executor sends the same bytes
 to its isolates over the isolate wire (`runtime.executors.python.wire`), and
 the Python guest SDK (``functions/sdk/python/edgefn.py``) decodes them inside
-the isolate. So this module imports only the standard library and
-`edgefn_core.errors`: it runs inside isolated subinterpreters, where msgspec
+the isolate. So this module imports only the standard library,
+`edgefn_core.errors` and its own C twin (`edgefn_core.fastcodec`, an extension
+built for subinterpreters): it runs inside isolated subinterpreters, where msgspec
 and other C extensions do not load.
 
 Integers are little-endian ``u32``; a *string* is a ``u32`` length followed by
