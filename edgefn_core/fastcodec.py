@@ -17,7 +17,6 @@ could not open. Stdlib-only, as `abi` is.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import logging
@@ -25,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -95,6 +93,8 @@ def import_extension(name: str, path: Path) -> ModuleType:
 
 def python_headers() -> Path | None:
     """Where ``Python.h`` is, if this Python's headers are installed."""
+    import sysconfig  # here and in `build`: a guest, which only loads, never imports them
+
     include = Path(sysconfig.get_paths()["include"])
     return include if (include / "Python.h").exists() else None
 
@@ -104,9 +104,11 @@ def build(source: Path = SOURCE, stem: str = "codec") -> Path:
     (``$EDGEFN_NATIVE_CACHE``, default ``~/.cache/edgefn/native``) as
     ``STEM-HASH.so``, keyed by the source and the Python build; built once. Raises
     RuntimeError without a C compiler or Python's headers, or if the build fails."""
+    import hashlib
+
     headers = python_headers()
     if headers is None:
-        raise RuntimeError(f"no Python.h under {sysconfig.get_paths()['include']}")
+        raise RuntimeError("no Python.h: this Python's headers are not installed")
     digest = hashlib.sha256(source.read_bytes() + sys.version.encode()
                             + str(headers).encode()).hexdigest()[:16]
     cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",

@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 C, PY = abi.NATIVE, abi.PYTHON
 ADDRESS = re.compile(" at 0x[0-9a-f]+")
 pytestmark = pytest.mark.skipif(C is None, reason="the C codec did not build here")
+# Every property here runs without hypothesis's per-example deadline: each example
+# runs both codecs on a dozen buffers, on a machine other work keeps loaded.
 
 
 def outcome(f: Callable[..., object], *args: object) -> object:
@@ -80,7 +82,7 @@ REQUESTS = st.builds(abi.GuestRequest, PART, PART, PART, PAIRS, PAIRS, st.binary
                      PAIRS, PAIRS)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(PART, PART, PART, PAIRS, BLOB, st.binary(max_size=64), BLOB, BLOB, st.integers(6, 8))
 def test_encode_request_writes_what_python_writes(method: bytes, path: bytes, query: bytes,
                                                   headers: list[tuple[bytes, bytes]],
@@ -90,6 +92,7 @@ def test_encode_request_writes_what_python_writes(method: bytes, path: bytes, qu
     assert isinstance(same("encode_request", *args), bytes)
 
 
+@settings(deadline=None)
 @given(st.data(), st.integers(0, 7), ODD)
 def test_encode_request_with_an_argument_it_does_not_take_answers_as_python(
         data: st.DataObject, which: int, odd: object) -> None:
@@ -105,7 +108,7 @@ def test_encode_request_with_an_argument_it_does_not_take_answers_as_python(
         == PY.encode_request(b"GET", b"/", b"", [], b"\0\0\0\0", b"", principal_blob=b"x")
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(REQUESTS, st.data())
 def test_decode_request_answers_as_python(r: abi.GuestRequest, data: st.DataObject) -> None:
     buf = PY.encode_request(r.method, r.path, r.query, r.headers, abi.encode_pairs(r.env),
@@ -137,7 +140,7 @@ def test_decode_request_with_huge_counts_and_empty_fields() -> None:
 STATUS = st.integers(195, 605) | st.sampled_from([0, 99, 100, 199, 600, 0xFFFFFFFF])
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(STATUS, PAIRS, st.binary(max_size=64), st.data())
 def test_decode_response_answers_as_python(status: int, headers: list[tuple[bytes, bytes]],
                                            body_: bytes, data: st.DataObject) -> None:
@@ -164,6 +167,7 @@ def test_decode_response_bounds_the_head_as_python() -> None:
     same("decode_response", PY.encode_response(200, many, b""))
 
 
+@settings(deadline=None)
 @given(STATUS | st.integers(-5, 5) | st.sampled_from([1 << 32, -1 << 40, True]), PAIRS,
        st.binary(max_size=64))
 def test_encode_response_writes_what_python_writes(status: int,
@@ -172,6 +176,7 @@ def test_encode_response_writes_what_python_writes(status: int,
     same("encode_response", status, headers, body_)
 
 
+@settings(deadline=None)
 @given(st.integers(0, 2), ODD)
 def test_encode_response_with_an_argument_it_does_not_take_answers_as_python(which: int,
                                                                            odd: object) -> None:
@@ -190,6 +195,7 @@ def readers(framing: Framing, cut: Callable[..., object]) -> tuple[frames.FrameR
     return native, python
 
 
+@settings(deadline=None)
 @given(PIECES, st.lists(st.integers(0, 2000), max_size=16), st.booleans(),
        st.sampled_from(["<", ">"]), st.booleans())
 def test_frames_are_cut_in_c_as_in_python(pieces: list[tuple[str, object]], cuts: list[int],
@@ -205,6 +211,7 @@ def test_frames_are_cut_in_c_as_in_python(pieces: list[tuple[str, object]], cuts
     assert native.buf == python.buf
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(0, 0xFFFFFFFF) | st.sampled_from([0, 1, 63, 64, 65, 0xFFFFFFFF]),
                 min_size=1, max_size=4), st.integers(0, 64), st.integers(0, 70))
 def test_any_length_is_judged_as_python_judges_it(ns: list[int], lo: int, hi: int) -> None:
