@@ -40,11 +40,37 @@ def outcome(f: Callable[..., object], *args: object) -> object:
         return type(e), ADDRESS.sub("", str(e)), getattr(e, "status", None)
 
 
-def same(name: str, *args: object) -> object:
-    """Asserts the C and Python `name` answer `args` alike; returns the answer."""
-    got = outcome(getattr(C, name), *args)
-    assert got == outcome(getattr(PY, name), *args), args
-    return got
+class Declined(Exception):
+    """What `STRICT` raises where the C hands a call to its Python twin."""
+
+
+def decline(*args: object, **kwargs: object) -> object:
+    raise Declined
+
+
+# A second instance of the extension whose twins only say the C declined: what the C
+# answers by itself (through `C`, a decline is the Python answer, equal by construction).
+STRICT = None if C is None else fastcodec.import_extension(
+    fastcodec.NAME, Path(str(fastcodec.loaded_path())))
+if STRICT is not None:
+    STRICT.bind(decline, decline, decline, decline, abi.GuestRequest)
+DECLINED = (Declined, "", None)
+
+
+def same(name: str, *args: object, takes: bool = True) -> object:
+    """Asserts the C and Python `name` answer `args` alike; returns the answer. The C
+    answers by itself exactly what Python accepts (`takes`: `args` are of the types the
+    C takes); it declines, for Python to raise, every input Python refuses."""
+    want = outcome(getattr(PY, name), *args)
+    assert outcome(getattr(C, name), *args) == want, args
+    own = outcome(getattr(STRICT, name), *args)
+    refused = isinstance(want, tuple) and isinstance(want[0], type) \
+        and issubclass(want[0], Exception)
+    if own == DECLINED:
+        assert refused or not takes, ("the C declined what Python accepts", args)
+    else:
+        assert own == want and not refused, args
+    return want
 
 
 # every byte value, and the ones the ABI turns on more often than chance would
@@ -77,6 +103,14 @@ def mutations(buf: bytes, data: st.DataObject) -> list[bytes]:
     return out
 
 
+def test_the_abi_answers_with_the_c_functions_and_keeps_the_python_ones() -> None:
+    assert C is not None
+    assert (abi.encode_request, abi.decode_request, abi.encode_response,
+            abi.decode_response) == tuple(C)
+    assert all(type(f).__name__ == "builtin_function_or_method" for f in C)
+    assert all(f.__module__ == "edgefn_core.abi" for f in PY)
+
+
 # -- requests ----------------------------------------------------------------------------------
 REQUESTS = st.builds(abi.GuestRequest, PART, PART, PART, PAIRS, PAIRS, st.binary(max_size=64),
                      PAIRS, PAIRS)
@@ -98,12 +132,12 @@ def test_encode_request_with_an_argument_it_does_not_take_answers_as_python(
         data: st.DataObject, which: int, odd: object) -> None:
     args: list[object] = [b"GET", b"/", b"", [(b"a", b"b")], abi.NO_PAIRS, b"", b"", b""]
     args[which] = odd
-    same("encode_request", *args)
+    same("encode_request", *args, takes=False)
     headers = data.draw(st.sampled_from([((b"a", b"b"),), [[b"a", b"b"]], [(b"a",)],
                                          [(b"a", b"b", b"c")], [(b"a", "b")], [("a", b"b")],
                                          [(bytearray(b"a"), b"b")]]))
-    same("encode_request", b"GET", b"/", b"", headers, abi.NO_PAIRS, b"")
-    same("encode_request", b"GET", b"/", b"", [], abi.NO_PAIRS)  # too few
+    same("encode_request", b"GET", b"/", b"", headers, abi.NO_PAIRS, b"", takes=False)
+    same("encode_request", b"GET", b"/", b"", [], abi.NO_PAIRS, takes=False)  # too few
     assert C.encode_request(b"GET", b"/", b"", [], b"\0\0\0\0", b"", principal_blob=b"x") \
         == PY.encode_request(b"GET", b"/", b"", [], b"\0\0\0\0", b"", principal_blob=b"x")
 
@@ -119,8 +153,8 @@ def test_decode_request_answers_as_python(r: abi.GuestRequest, data: st.DataObje
         if isinstance(got, abi.GuestRequest):
             assert type(got) is abi.GuestRequest and all(
                 type(f) is (bytes if i in (0, 1, 2, 5) else list) for i, f in enumerate(got))
-    same("decode_request", bytearray(buf))
-    same("decode_request", memoryview(buf))
+    same("decode_request", bytearray(buf), takes=False)
+    same("decode_request", memoryview(buf), takes=False)
 
 
 def test_decode_request_with_huge_counts_and_empty_fields() -> None:
@@ -147,8 +181,8 @@ def test_decode_response_answers_as_python(status: int, headers: list[tuple[byte
     buf = PY.encode_response(status, headers, body_)
     for b in mutations(buf, data):
         same("decode_response", b)
-    same("decode_response", bytearray(buf))
-    same("decode_response", memoryview(buf))
+    same("decode_response", bytearray(buf), takes=False)
+    same("decode_response", memoryview(buf), takes=False)
 
 
 def test_decode_response_checks_every_byte_of_names_and_values() -> None:
@@ -173,7 +207,7 @@ def test_decode_response_bounds_the_head_as_python() -> None:
 def test_encode_response_writes_what_python_writes(status: int,
                                                    headers: list[tuple[bytes, bytes]],
                                                    body_: bytes) -> None:
-    same("encode_response", status, headers, body_)
+    same("encode_response", status, headers, body_, takes=type(status) is int)
 
 
 @settings(deadline=None)
@@ -182,8 +216,8 @@ def test_encode_response_with_an_argument_it_does_not_take_answers_as_python(whi
                                                                            odd: object) -> None:
     args: list[object] = [200, [(b"a", b"b")], b"body"]
     args[which] = odd
-    same("encode_response", *args)
-    same("encode_response", 200.0, [], b"")
+    same("encode_response", *args, takes=False)
+    same("encode_response", 200.0, [], b"", takes=False)
 
 
 # -- frames ------------------------------------------------------------------------------------
