@@ -10,8 +10,13 @@ imports that would fail only at request time (`importcheck`) and its first
 isolate reports them at READY. Before any of that, the host sandboxes itself
 (`sandbox.apply`): from then on it sees only what it needs, read-only, plus a
 scratch dir; each isolate gets its own subfolder of it as `tempfile.gettempdir()`,
-emptied whenever a fresh interpreter takes over. A crash here (a segfault in a C
-extension or ctypes) ends only this process; the PoP replaces it.
+emptied whenever a fresh interpreter takes over. Then, still before any function
+code runs (the import check's included), it starts every isolate's thread, each
+waiting for its turn, and names it to the PoP as the first frame on its socket
+(THREAD): the PoP reads that thread's CPU time to keep `limits.cpu_ms` (a guest
+reaches every socket of its host, so a thread named later could be a forgery). A
+crash here (a segfault in a C extension or ctypes) ends only this process; the PoP
+replaces it.
 
 Its address space is capped (`budget`). Recycled interpreters leave some of it
 behind, so before starting each interpreter the host checks what is left: when
@@ -200,6 +205,28 @@ def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retiremen
     return True  # out of room
 
 
+class IsolateThread:
+    """An isolate's thread, started before any function code runs and waiting for
+    `begin` (the PoP's ``grow``, or one of the first isolates)."""
+
+    def __init__(self, cfg: dict, fd: int, retirement: Retirement) -> None:
+        self.go = threading.Event()
+        self.warnings: list[str] = []
+        self.thread = threading.Thread(target=self._run, args=(cfg, fd, retirement),
+                                       daemon=True)
+        self.thread.start()
+        _tell(fd, wire.json_frame(wire.THREAD, {"tid": self.thread.native_id}))
+
+    def _run(self, cfg: dict, fd: int, retirement: Retirement) -> None:
+        self.go.wait()
+        run_isolate(cfg, fd, self.warnings, retirement)
+
+    def begin(self, warnings: list[str]) -> None:
+        """Start serving; the first READY carries `warnings`."""
+        self.warnings = warnings
+        self.go.set()
+
+
 def limit_memory(memory_mb: int, isolates: int) -> None:
     """Cap the address space (`budget.cap`): what the host uses now, a share per
     isolate, and room for what recycled interpreters leave behind."""
@@ -254,22 +281,18 @@ def main() -> None:
     commands = private_commands()
     fds: list[int] = cfg["fds"]
     started = 0
-    threads = []
     warnings = []
     retirement = Retirement()
     cfg["kv"] = local_kv_env.open_env(cfg)  # before the sandbox hides the data dir
     enter_sandbox(cfg)
+    threads = [IsolateThread(cfg, fd, retirement) for fd in fds]  # before any function code
     if cfg.get("check_imports"):
         warnings = importcheck.warnings(cfg["function_dir"], cfg["module"], import_paths(cfg))
 
     def start_next() -> None:
         nonlocal started
         if started < len(fds):
-            first = warnings if started == 0 else []
-            t = threading.Thread(target=run_isolate, args=(cfg, fds[started], first, retirement),
-                                 daemon=True)
-            t.start()
-            threads.append(t)
+            threads[started].begin(warnings if started == 0 else [])
             started += 1
 
     if cfg.get("memory_mb"):  # before any isolate starts: all of them live under the cap

@@ -107,11 +107,18 @@ class Host:
         pending: list[tuple[bytes, bytes]] = []
         try:
             f = wire.recv_frame(sock, reader, pending)
+            if f is not None and f[0] == wire.THREAD:  # the host's, before the function's code
+                if (why := isolate.thread(f[1])) is not None:
+                    raise DeployError(f"{self.cfg.name}: the isolate host sent {why}")
+                f = wire.recv_frame(sock, reader, pending)
         except TimeoutError:
             raise DeployError(f"{self.cfg.name}: isolate did not start within "
                               f"{READY_TIMEOUT:.0f}s: importing {self.cfg.module}.py (its "
                               "top-level code) did not finish; does it loop or wait at "
                               "import?") from None
+        if f is not None and isolate.clock is None:
+            raise DeployError(f"{self.cfg.name}: the isolate host did not name its thread "
+                              "first (a THREAD frame)")
         if f is None or f[0] != wire.READY:
             try:
                 how = f"exited while starting (status {self.proc.wait(5)})"

@@ -8,10 +8,15 @@ fails to restart after recycling), hands back a job its fresh interpreter never
 started, and tells its owner (the host) when its socket is gone. Which job it runs
 is the scheduler's business.
 
+Its first frame, THREAD, names the host thread that serves it (sent by the host
+before any function code runs): its clock (`ThreadClock`) is what the pool's CPU
+watch reads.
+
 A frame the real guest cannot send then (a second READY from an interpreter
-already serving, a second RETIRE) is forged: it is treated as `garbage`, logged
-once and its host killed (50,000 forged READYs in one request wrote 50,000 error
-lines). Guest text in the PoP's log (a READY's error, RETIRE's why) is escaped.
+already serving, a second RETIRE, a THREAD after the first, a READY before it) is
+forged: it is treated as `garbage`, logged once and its host killed (50,000 forged
+READYs in one request wrote 50,000 error lines). Guest text in the PoP's log (a
+READY's error, RETIRE's why) is escaped.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from runtime.executors.python import wire
 from runtime.executors.python.channel import Channel
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.job import Job
+from runtime.executors.python.thread_clock import ThreadClock
 from runtime.net.message import Response
 
 log = logging.getLogger("edgefn.isolates")
@@ -48,7 +54,7 @@ RELAXED_BELOW = 64 << 10  # bytes of a frame msgspec refuses that json may still
 # frames whose JSON the guest keeps small (an ERROR's traceback is cut to its last 64 KiB
 # before it is sent): one bigger is forged, and refused before it is parsed (a 50 MB
 # ERROR frame froze every tenant for 6 s)
-SMALL = (wire.READY, wire.RETIRE, wire.ERROR)
+SMALL = (wire.READY, wire.RETIRE, wire.ERROR, wire.THREAD)
 MAX_SMALL_FRAME = 256 << 10
 CALL_ID = re.compile(rb'\{"id": ([0-9]{1,12}),')  # how the SDK's json.dumps starts a CALL
 CALLS = (wire.CALL, wire.CALL_VALUE)
@@ -89,6 +95,10 @@ class Owner(Protocol):
     cfg: HostConfig
     generation: int
     events: Events
+    retiring: bool
+
+    @property
+    def pid(self) -> int: ...
 
     def lost(self, isolate: Isolate) -> None:
         """The isolate's socket closed."""
@@ -114,6 +124,7 @@ class Isolate:
         # recycled, or restarted because the job left a thread it could not stop)
         self.fresh = True
         self.retire_sent = False  # its host sends RETIRE once
+        self.clock: ThreadClock | None = None  # of the host thread serving it (THREAD)
         # Per-job state
         self.job: Job | None = None
         self.stuck = False  # its job ended early (timed out, cut); frames are dropped until its end
@@ -165,6 +176,8 @@ class Isolate:
         if self.state != "dead":
             self.state = "dead"
             self.channel.close()
+        if self.clock is not None:
+            self.clock.close()
 
     # -- Receiver: what the channel reports ----------------------------------------------------
     def lost(self) -> None:
@@ -221,6 +234,9 @@ class Isolate:
                 return
             self.retire_sent = True
             self.owner.events.retiring(self, said(str(read_json(payload).get("why", ""))))
+        elif kind == wire.THREAD:
+            if (why := self.thread(payload)) is not None:
+                self.garbage(ProtocolError(why))
         elif kind == wire.CALL:
             self._call(payload)
         elif kind == wire.CALL_VALUE:
@@ -273,8 +289,25 @@ class Isolate:
             return
         self._call(head, value)
 
+    def thread(self, payload: bytes) -> str | None:
+        """A THREAD frame: open the clock of the thread it names; what is wrong with
+        it (the host sends one, first, naming one of its threads), or None."""
+        tid = read_json(payload).get("tid")
+        if self.clock is not None:
+            return "a second THREAD frame (its host sends one, before any function code)"
+        if type(tid) is not int or tid <= 0:
+            return f"a THREAD frame without a thread id ({said(str(tid), 64)})"
+        try:
+            self.clock = ThreadClock(self.owner.pid, tid)
+        except OSError:
+            return f"a THREAD frame naming no thread of its host ({tid})"
+        return None
+
     def _ready(self, info: dict[str, Any]) -> None:
         if info.get("ok"):
+            if self.clock is None:  # the host's THREAD comes first
+                self.garbage(ProtocolError("a READY before its host's THREAD frame"))
+                return
             if not self.fresh:  # it serves already: no interpreter started since its last READY
                 self.garbage(ProtocolError("a READY from an interpreter already serving"))
                 return

@@ -1,6 +1,7 @@
 """A Python function version's pool of isolates: the parts wired together.
 
     Pool ── Scheduler (scheduler.py)     which isolate takes a job
+        ├── CpuWatch (cpu_watch.py)      limits.cpu_ms, from the kernel's count
         ├── Supervisor (supervisor.py)   active + standby host processes
         │     └── Host (hosts.py)        one isolate-host process
         │           └── Isolate (isolate.py) → Channel (channel.py)
@@ -19,6 +20,7 @@ from typing import Any
 from runtime.bindings.fetch import Lineage
 from runtime.executors.python.calls import Bindings, HostCalls
 from runtime.executors.python.config import HostConfig
+from runtime.executors.python.cpu_watch import CpuWatch, outer_limit
 from runtime.executors.python.isolate import Isolate
 from runtime.executors.python.job import Job
 from runtime.executors.python.scheduler import Scheduler
@@ -36,9 +38,11 @@ class Pool:
         it counts as ready."""
         self.cfg = cfg
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.cpu = CpuWatch(outer_limit(cfg.cpu_ms, cfg.wall_ms), over=self._overran,
+                            excused=self._restarting)
         self.scheduler: Scheduler[Isolate] = Scheduler(
             cfg.wall_ms, cfg.recycle_after, grow=self._grow, stuck=self._stuck,
-            drained=self._drained)
+            drained=self._drained, watch=self.cpu.watch, cpu_ms=cfg.cpu_ms)
         self.calls = HostCalls(cfg, bindings)
         self.hosts = Supervisor(cfg, standby, warm_request, self.scheduler, self)
 
@@ -96,6 +100,14 @@ class Pool:
     def _drained(self) -> None:
         self.hosts.stop_hosts()
 
+    def _overran(self, job: Job) -> None:
+        self.scheduler.overran(job)
+
+    def _restarting(self, job: Job) -> bool:
+        """Whether `job`'s host asked to be replaced: its thread may be starting a fresh
+        interpreter under it (`cpu_watch`)."""
+        return isinstance(job.isolate, Isolate) and job.isolate.owner.retiring
+
     # -- lifecycle -------------------------------------------------------------------------------
     def retire(self) -> None:
         """Stop taking requests; stop the hosts once in-flight requests finish."""
@@ -104,4 +116,5 @@ class Pool:
     def close(self) -> None:
         """Stop everything now (PoP shutdown)."""
         self.scheduler.retired = True
+        self.cpu.close()
         self.hosts.close()

@@ -6,7 +6,8 @@ pool's max, recycling after `recycle_after` jobs, and a generation: only the
 isolates of the active host take jobs, and promoting a standby switches the
 generation at once. A job handed to an isolate that ended before running it
 goes first in line again. The wall-time limit covers waiting, the handler and a
-streamed body. A retired scheduler takes no new job; those waiting and in flight
+streamed body; `overran` cuts a job its CPU watch (`cpu_watch`) found past
+`limits.cpu_ms`, the same way. A retired scheduler takes no new job; those waiting and in flight
 still run, and it reports when the last one ends.
 
 No sockets, processes or threads: isolates are seen through `Worker`, and what
@@ -54,14 +55,17 @@ class Worker(Protocol):
 
 class Scheduler[W: Worker]:
     def __init__(self, wall_ms: int, recycle_after: int, *, grow: Callable[[W], None],
-                 stuck: Callable[[W, Job], None], drained: Callable[[], None]) -> None:
+                 stuck: Callable[[W, Job], None], drained: Callable[[], None],
+                 watch: Callable[[W, Job], None] | None = None, cpu_ms: int = 0) -> None:
         """`grow(isolate)` starts an unstarted isolate; `stuck(isolate, job)` is told
-        when a running job timed out; `drained()` once a retired pool has nothing
-        in flight."""
+        when a running job timed out or overran its CPU limit; `drained()` once a
+        retired pool has nothing in flight; `watch(isolate, job)` as a job starts
+        on an isolate (the CPU watch), `cpu_ms` the limit it keeps."""
         # Global state
         self.wall_ms = wall_ms
         self.recycle_after = recycle_after
         self.grow, self.stuck, self.drained = grow, stuck, drained
+        self.watch, self.cpu_ms = watch, cpu_ms
         self.retired = False
         self.reported_drained = False
         self.recycled = 0  # interpreters recycled after their jobs (for the metrics)
@@ -180,13 +184,24 @@ class Scheduler[W: Worker]:
         isolate.uses += 1
         job.isolate = isolate
         isolate.run(job)
+        if self.watch is not None:
+            self.watch(isolate, job)
 
     def _timeout(self, job: Job) -> None:
+        self._cut(job, FunctionError("wall_limit", 504,
+                                     f"exceeded its wall-time limit of {self.wall_ms} ms"))
+
+    def overran(self, job: Job) -> None:
+        """`job`'s thread ran past the CPU limit, its own watchdog did not stop it:
+        fail it (503 ``cpu_limit``) and handle its isolate as stuck."""
+        self._cut(job, FunctionError("cpu_limit", 503,
+                                     f"exceeded its CPU limit of {self.cpu_ms} ms"))
+
+    def _cut(self, job: Job, error: FunctionError) -> None:
         if job.done:
             return
         isolate = cast(W | None, job.isolate)
-        job.fail(FunctionError("wall_limit", 504,
-                               f"exceeded its wall-time limit of {self.wall_ms} ms"))
+        job.fail(error)
         if isolate is not None:
             isolate.stuck = True  # its own watchdog should stop it; if not, its host goes
             self.stuck(isolate, job)

@@ -13,7 +13,9 @@ isolate -> PoP:  READY (JSON), RESPONSE (abi response), HEAD (abi response, empt
                  a streamed body follows as CHUNKs and END), CHUNK (bytes), END,
                  ERROR (JSON {"kind", "message"}), CALL (host call, JSON)
 host -> PoP:     RETIRE (JSON {"why"}): sent by the isolate-host process itself (between two
-                 interpreters, on one isolate's socket): replace this host, it runs out of room
+                 interpreters, on one isolate's socket): replace this host, it runs out of room;
+                 THREAD (JSON {"tid"}): the first frame on each isolate's socket, sent before
+                 any function code runs: the thread that serves it (the PoP reads its CPU time)
 
 A KV value travels raw: CALL_VALUE (isolate -> PoP: ``kv.put``, ``kv.cas``) and
 REPLY_VALUE (PoP -> isolate: ``kv.get``'s answer) are ``u32 head length``, the head
@@ -35,7 +37,7 @@ from edgefn_core.frames import MAX_FRAME, FrameReader, Framing, kind_and_payload
 
 REQUEST, REPLY, CANCEL, WARM = b"Q", b"R", b"Z", b"W"
 READY, RESPONSE, HEAD, CHUNK, END, ERROR, CALL = b"S", b"P", b"H", b"C", b"E", b"X", b"K"
-RETIRE = b"T"
+RETIRE, THREAD = b"T", b"N"
 CALL_VALUE, REPLY_VALUE = b"B", b"V"
 # the calls whose value the SDK sends raw (CALL_VALUE; the PoP takes no other), and those
 # the PoP answers with the value raw (REPLY_VALUE), under "value" in args or result

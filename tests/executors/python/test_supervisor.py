@@ -33,6 +33,7 @@ class FakeIsolate:
         self.recycling = False
         self.stuck = False
         self.job: Job | None = None
+        self.clock = None  # no thread to read: the CPU watch leaves its jobs alone
 
     def run(self, job: Job) -> None:
         self.job = job

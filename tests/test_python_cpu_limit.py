@@ -1,0 +1,107 @@
+"""`limits.cpu_ms` holds against a Python function that fights it, end to end: a
+handler that finds its interpreter's watchdog (``gc.get_objects()``) and raises its
+limit, then spins, is cut by the PoP (which reads its thread's CPU time from the
+kernel) with 503 ``cpu_limit`` near its limit, not at the wall limit, and its host is
+replaced while other functions keep being served; an honest spinner is still
+stopped by its own watchdog, its host kept; a forged THREAD frame ends its host."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from runtime.executors.python.supervisor import KILL_GRACE
+from tests.support import EXAMPLES, Running, host_pids, python_function, running, wait_for
+
+CPU_MS = 100
+WALL_MS = 10_000  # what the tampered watchdog's request got before: a 504 here
+SPINNER = """
+import gc, os
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("tamper"):
+        dog = next(o for o in gc.get_objects() if type(o).__name__ == "Watchdog")
+        dog.cpu = dog.wall = 1e9  # its limits, off
+    if request.query.get("spin"):
+        while True:
+            pass
+    return Response(f"served by {os.getpid()}")
+"""
+LIMITS = f"cpu_ms = {CPU_MS}\nwall_ms = {WALL_MS}"
+POOL = "min = 1\nmax = 1\nstandby = true"
+
+
+def test_a_handler_that_turns_off_its_watchdog_is_cut_at_its_cpu_limit(
+        pop: Running, tmp_path: Path) -> None:
+    pop.deploy(EXAMPLES / "python-hello")
+    pop.deploy(python_function(tmp_path, "spinner", SPINNER, limits=LIMITS, pool=POOL))
+    attacker = int(pop.get("/spinner")[2].split()[-1])
+    errors: list[str] = []
+    served = [0]
+    stop = threading.Event()
+
+    def bystander() -> None:
+        while not stop.is_set():
+            status, _, body = pop.get("/py/hello")
+            if status != 200:
+                errors.append(f"{status} {body[:200]!r}")
+            served[0] += 1
+
+    t = threading.Thread(target=bystander)
+    t.start()
+    try:
+        sent = time.monotonic()
+        status, headers, body = pop.get("/spinner?tamper=1&spin=1", timeout=WALL_MS / 1000 + 10)
+        took = time.monotonic() - sent
+        # the PoP's check: the limit, a watchdog tick (25 ms), 25 ms of grace and two of
+        # its ticks (19 ms): ~190 ms of CPU; 2 s of wall time on a loaded 2-core machine
+        assert (status, headers.get("x-edgefn-error")) == (503, "cpu_limit"), (took, body)
+        assert b"exceeded its CPU limit of 100 ms" in body
+        assert took < 2.0, f"answered after {took:.2f}s for cpu_ms = {CPU_MS}"
+        # its host spins on: killed KILL_GRACE later; the standby serves meanwhile
+        status, _, body = pop.get("/spinner")
+        assert status == 200 and int(body.split()[-1]) != attacker
+        wait_for(lambda: not running(attacker), KILL_GRACE * 5, "the spinning host killed")
+    finally:
+        stop.set()
+        t.join()
+    assert errors == [] and served[0] > 5, errors[:3]
+
+
+def test_an_honest_spinner_is_stopped_by_its_own_watchdog_and_keeps_its_host(
+        pop: Running, tmp_path: Path) -> None:
+    """The PoP's check sits past the watchdog's limit: a handler that does not fight
+    its watchdog gets the same 503, and its host is not replaced."""
+    pop.deploy(python_function(tmp_path, "spinner", SPINNER, limits=LIMITS, pool=POOL))
+    hosts = host_pids("spinner")
+    assert len(hosts) == 2
+    for _ in range(5):
+        status, headers, _ = pop.get("/spinner?spin=1", timeout=30)
+        assert (status, headers.get("x-edgefn-error")) == (503, "cpu_limit")
+    time.sleep(KILL_GRACE * 1.5)  # a host the PoP took for stuck would be gone by now
+    assert host_pids("spinner") == hosts
+
+
+FORGER = """
+import gc, os, sys, threading
+from edgefn import Response
+
+def handle(request, env):
+    wire = sys.modules["runtime.executors.python.wire"]
+    session = next(o for o in gc.get_objects() if type(o).__name__ == "Session")
+    if request.query.get("forge"):  # name an idle thread: its CPU would never grow
+        session._send(wire.json_frame(wire.THREAD, {"tid": threading.get_native_id()}))
+    return Response(f"served by {os.getpid()}")
+"""
+
+
+def test_a_forged_thread_frame_ends_its_host(pop: Running, tmp_path: Path) -> None:
+    pop.deploy(python_function(tmp_path, "forger", FORGER, pool=POOL))
+    attacker = int(pop.get("/forger")[2].split()[-1])
+    status, headers, body = pop.get("/forger?forge=1")
+    assert (status, headers.get("x-edgefn-error")) == (502, "crash"), body
+    wait_for(lambda: not running(attacker), 5, "the forger's host killed")
+    status, _, body = pop.get("/forger")
+    assert status == 200 and int(body.split()[-1]) != attacker
