@@ -2,8 +2,10 @@
 handler that finds its interpreter's watchdog (``gc.get_objects()``) and raises its
 limit, then spins, is cut by the PoP (which reads its thread's CPU time from the
 kernel) with 503 ``cpu_limit`` near its limit, not at the wall limit, and its host is
-replaced while other functions keep being served; an honest spinner is still
-stopped by its own watchdog, its host kept; a forged THREAD frame ends its host."""
+replaced while other functions keep being served; so is one that spins in a thread
+it started and joins; an honest spinner is still stopped by its own watchdog, its
+host kept, and honest handlers working in threads side by side are not cut; a
+forged THREAD frame ends its host."""
 
 from __future__ import annotations
 
@@ -11,30 +13,50 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from runtime.executors.python.supervisor import KILL_GRACE
 from tests.support import EXAMPLES, Running, host_pids, python_function, running, wait_for
 
 CPU_MS = 100
 WALL_MS = 10_000  # what the tampered watchdog's request got before: a 504 here
 SPINNER = """
-import gc, os
+import gc, os, threading, time
 from edgefn import Response
+
+def spin():
+    while True:
+        pass
+
+def work(seconds):
+    began = time.thread_time()
+    while time.thread_time() - began < seconds:
+        pass
 
 def handle(request, env):
     if request.query.get("tamper"):
         dog = next(o for o in gc.get_objects() if type(o).__name__ == "Watchdog")
         dog.cpu = dog.wall = 1e9  # its limits, off
     if request.query.get("spin"):
-        while True:
-            pass
+        spin()
+    if request.query.get("thread"):  # its own thread waits: the other one spins
+        t = threading.Thread(target=spin)
+        t.start()
+        t.join()
+    if request.query.get("work"):  # honest: 20 ms of CPU in a thread, 20 in its own
+        t = threading.Thread(target=work, args=(0.02,))
+        t.start()
+        work(0.02)
+        t.join()
     return Response(f"served by {os.getpid()}")
 """
 LIMITS = f"cpu_ms = {CPU_MS}\nwall_ms = {WALL_MS}"
 POOL = "min = 1\nmax = 1\nstandby = true"
 
 
+@pytest.mark.parametrize("how", ["spin", "thread"])
 def test_a_handler_that_turns_off_its_watchdog_is_cut_at_its_cpu_limit(
-        pop: Running, tmp_path: Path) -> None:
+        pop: Running, tmp_path: Path, how: str) -> None:
     pop.deploy(EXAMPLES / "python-hello")
     pop.deploy(python_function(tmp_path, "spinner", SPINNER, limits=LIMITS, pool=POOL))
     attacker = int(pop.get("/spinner")[2].split()[-1])
@@ -53,7 +75,8 @@ def test_a_handler_that_turns_off_its_watchdog_is_cut_at_its_cpu_limit(
     t.start()
     try:
         sent = time.monotonic()
-        status, headers, body = pop.get("/spinner?tamper=1&spin=1", timeout=WALL_MS / 1000 + 10)
+        status, headers, body = pop.get(f"/spinner?tamper=1&{how}=1",
+                                        timeout=WALL_MS / 1000 + 10)
         took = time.monotonic() - sent
         # the PoP's check: the limit, a watchdog tick (25 ms), 25 ms of grace and two of
         # its ticks (19 ms): ~190 ms of CPU; 2 s of wall time on a loaded 2-core machine
@@ -82,6 +105,29 @@ def test_an_honest_spinner_is_stopped_by_its_own_watchdog_and_keeps_its_host(
         assert (status, headers.get("x-edgefn-error")) == (503, "cpu_limit")
     time.sleep(KILL_GRACE * 1.5)  # a host the PoP took for stuck would be gone by now
     assert host_pids("spinner") == hosts
+
+
+def test_handlers_working_in_threads_side_by_side_are_not_cut(
+        pop: Running, tmp_path: Path) -> None:
+    """Each uses 40 ms of its 100 (20 in a thread it starts); four run at once on one
+    host, whose other threads' CPU counts against each of them: 80 ms at most."""
+    pop.deploy(python_function(tmp_path, "worker", SPINNER, limits=LIMITS,
+                               pool="min = 4\nmax = 4\nstandby = false"))
+    hosts = host_pids("worker")
+    answers: list[tuple[int, str | None]] = []
+
+    def client() -> None:
+        for _ in range(10):
+            status, headers, _ = pop.get("/worker?work=1", timeout=30)
+            answers.append((status, headers.get("x-edgefn-error")))
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    assert answers == [(200, None)] * 40
+    assert host_pids("worker") == hosts
 
 
 FORGER = """

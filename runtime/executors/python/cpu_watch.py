@@ -1,6 +1,12 @@
 """`limits.cpu_ms` of a Python function, kept by the PoP: the CPU time of each
-request's isolate thread (`ThreadClock`, the kernel's count), checked every tick
-while requests run.
+request's isolate thread (`ThreadClock`, the kernel's count), and that of its host's
+other threads (those handlers start: `Host.others`), checked every tick while
+requests run. Which request started which thread the PoP cannot tell (the host,
+which could, runs the function's code), so what the other threads used in a tick
+is shared among the requests then running on that host, all of one function's: a
+request alone on its host is charged all of it; one of n, a 1/n share. A request
+may so use the unspent CPU of others running beside it (spin in a thread while n-1
+others wait: n times its limit), never more than the limits of all of them.
 
 The guest's own watchdog (`watchdog.Watchdog`) stops a request at its limit and
 answers the 503; it lives in the function's interpreter, which can find it
@@ -44,11 +50,19 @@ class Clock(Protocol):
         """Seconds of CPU; None once its thread is gone."""
 
 
+class Host(Protocol):
+    def others(self) -> float | None:
+        """Seconds of CPU its threads other than its main and isolate threads used."""
+
+
 class Clocked(Protocol):
     """An isolate as the watch sees it."""
 
     @property
     def clock(self) -> Clock | None: ...
+
+    @property
+    def owner(self) -> Host: ...
 
 
 def outer_limit(cpu_ms: int, wall_ms: int) -> float:
@@ -69,14 +83,17 @@ class CpuWatch:
         self.timer: asyncio.TimerHandle | None = None
         # Per-request state: by isolate (a job replaces its isolate's last: the dict
         # stays as small as the pool), the job it runs, what its thread's clock read
-        # when the job was first looked at (None: not yet) and the CPU it may use
-        self.running: dict[Clocked, tuple[Job, float | None, float]] = {}
+        # when the job was first looked at (None: not yet), its shares of its host's
+        # other threads' CPU since, and the CPU it may use
+        self.running: dict[Clocked, tuple[Job, float | None, float, float]] = {}
+        # what each host with jobs running read last (`Host.others`)
+        self.others: dict[Host, float | None] = {}
 
     def watch(self, isolate: Clocked, job: Job) -> None:
         """`job` starts on `isolate` (one whose thread is unknown is not watched)."""
         if isolate.clock is None:
             return
-        self.running[isolate] = (job, None, self.limit)
+        self.running[isolate] = (job, None, 0.0, self.limit)
         if self.timer is None:
             loop = job.future.get_loop()
             self.timer = loop.call_later(self.tick, self._check, loop)
@@ -84,22 +101,40 @@ class CpuWatch:
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         self.timer = None
         running = self.running
-        for isolate, (job, first, limit) in list(running.items()):
-            clock = isolate.clock
+        shares = self._shares()
+        for isolate, (job, first, extra, limit) in list(running.items()):
+            clock, share = isolate.clock, shares.get(isolate.owner)
             now = None if job.done or clock is None else clock.read()
-            if now is None:  # ended, or its thread is gone (its host died)
+            if now is None or share is None:  # ended, or its thread or host is gone
                 del running[isolate]
             elif first is None:
-                running[isolate] = (job, now, limit)
-            elif now - first < limit:
-                continue
+                running[isolate] = (job, now, 0.0, limit)
+            elif now - first + extra + share < limit:
+                running[isolate] = (job, first, extra + share, limit)
             elif limit == self.limit and self.excused(job):
-                running[isolate] = (job, first, limit + RESTART)
+                running[isolate] = (job, first, extra + share, limit + RESTART)
             else:
                 del running[isolate]
                 self.over(job)
         if running:
             self.timer = loop.call_later(self.tick, self._check, loop)
+
+    def _shares(self) -> dict[Host, float | None]:
+        """Each host with jobs running: what its other threads used since the last
+        tick, shared among those jobs (None: the host is gone). A host with none
+        running is forgotten: what its threads use between requests (the watchdogs'
+        ticks) is charged to none."""
+        jobs: dict[Host, int] = {}
+        for isolate, (job, *_) in self.running.items():
+            if not job.done:
+                jobs[isolate.owner] = jobs.get(isolate.owner, 0) + 1
+        last, self.others = self.others, {host: host.others() for host in jobs}
+        shares: dict[Host, float | None] = {}
+        for host, n in jobs.items():
+            now, before = self.others[host], last.get(host)
+            shares[host] = None if now is None else 0.0 if before is None else max(
+                now - before, 0.0) / n
+        return shares
 
     def close(self) -> None:
         """Stop watching (the pool is closing)."""
@@ -107,3 +142,4 @@ class CpuWatch:
             self.timer.cancel()
             self.timer = None
         self.running.clear()
+        self.others.clear()

@@ -14,6 +14,7 @@ shut them all down and exited left the PoP serving a host that was gone (504s).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from runtime.executors.python.config import HostConfig
 from runtime.executors.python.host import IMPORT_ROOTS
 from runtime.executors.python.isolate import Events, Isolate, read_json
 from runtime.executors.python.job import Job
+from runtime.executors.python.thread_clock import ProcessClock, ThreadClock
 
 functions_log = logging.getLogger("edgefn.functions")
 
@@ -82,6 +84,11 @@ class Host:
             b.close()
         self.isolates = [Isolate(self, a, "starting" if n < cfg.min_isolates else "unstarted")
                          for n, (a, _) in enumerate(pairs)]
+        # its CPU, as the kernel counts it (`others`); its main thread's id is its pid
+        self.cpu = ProcessClock(self.proc.pid)
+        self.main: ThreadClock | None = None
+        with contextlib.suppress(OSError):  # it exited already: `others` says so
+            self.main = ThreadClock(self.proc.pid, self.proc.pid)
 
     @property
     def pid(self) -> int:
@@ -173,6 +180,23 @@ class Host:
                else f"exit status {code}")
         self.died(self, why)
 
+    def others(self) -> float | None:
+        """Seconds of CPU used by its threads other than its main thread and those
+        of its isolates, ended ones included: those its handlers started (and the
+        watchdogs' ticks). None once it is gone. Its isolates' threads are read
+        first, so a read errs high, by what ran meanwhile."""
+        if self.dead or self.main is None:
+            return None
+        mine = 0.0
+        for isolate in self.isolates:
+            if isolate.clock is not None:
+                isolate.clock.read()  # an ended or closed one keeps its last count
+                mine += isolate.clock.last
+        main, total = self.main.read(), self.cpu.read()
+        if main is None or total is None:
+            return None
+        return total - main - mine
+
     def grow(self) -> None:
         """Start its next isolate (the host starts them in order)."""
         if self.dead:
@@ -223,6 +247,8 @@ class Host:
         self._unwatch()
         for isolate in self.isolates:
             isolate.close()
+        if self.main is not None:
+            self.main.close()
 
     def begin_stop(self) -> None:
         """Close its stdin: the host exits. Call `close_isolates` first when not on

@@ -106,6 +106,9 @@ class Owner(Protocol):
     def kill(self) -> None:
         """Kill the whole host process."""
 
+    def others(self) -> float | None:
+        """Seconds of CPU its threads other than its main and isolate threads used."""
+
 
 class Isolate:
     def __init__(self, owner: Owner, sock: socket.socket, state: str = "starting") -> None:

@@ -1,11 +1,11 @@
 """The PoP's CPU watch over isolate threads, without processes: clocks that spin
-(CPU time grows with the loop's time) or sleep stand in for `ThreadClock` (the real
-one is read in tests/test_python_cpu_limit.py)."""
+(CPU time grows with the loop's time) or sleep stand in for `ThreadClock` and for a
+host's other threads (the real ones are read in tests/test_python_cpu_limit.py)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -34,8 +34,19 @@ class Thread:
 
 
 @dataclass(eq=False)
+class Host:
+    """Its other threads: none, or one that spins (a thread a handler started)."""
+
+    stray: Thread | None = None
+
+    def others(self) -> float | None:
+        return 0.0 if self.stray is None else self.stray.read()
+
+
+@dataclass(eq=False)
 class Isolate:
     clock: Thread | None
+    owner: Host = field(default_factory=Host)
 
 
 def run(watch: CpuWatch, jobs: list[tuple[Job, Isolate]], seconds: float) -> None:
@@ -57,10 +68,28 @@ def test_a_spinning_job_is_cut_once_past_its_limit_and_a_sleeping_one_never() ->
         assert [job for job, _ in over] == [spinner]
         # first looked at within a tick, cut within one more (the loop may lag a little)
         assert LIMIT <= over[0][1] - began < LIMIT + 2 * watch.tick + 0.05
-        assert [job for job, _, _ in watch.running.values()] == [sleeper]
+        assert [job for job, *_ in watch.running.values()] == [sleeper]
         sleeper.end()
         loop.run_until_complete(asyncio.sleep(watch.tick * 3))
         assert watch.running == {} and watch.timer is None  # nothing runs: no more ticks
+    finally:
+        loop.close()
+
+
+def test_a_thread_a_handler_started_counts_against_the_jobs_on_its_host() -> None:
+    """The handler's own thread sleeps (it joined the thread it started, which
+    spins): the other threads' CPU is shared among the jobs on that host (two: each
+    is cut at twice its limit), and charged to none elsewhere."""
+    loop = asyncio.new_event_loop()
+    try:
+        over: list[Job] = []
+        watch = CpuWatch(LIMIT, over=over.append)
+        busy, idle = Host(Thread(loop)), Host()
+        joiner, neighbour, elsewhere = Job(loop, b"a"), Job(loop, b"b"), Job(loop, b"c")
+        run(watch, [(joiner, Isolate(Thread(loop, False), busy)),
+                    (neighbour, Isolate(Thread(loop, False), busy)),
+                    (elsewhere, Isolate(Thread(loop, False), idle))], LIMIT * 6)
+        assert over == [joiner, neighbour]
     finally:
         loop.close()
 
