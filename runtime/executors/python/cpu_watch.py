@@ -12,7 +12,8 @@ The guest's own watchdog (`watchdog.Watchdog`) stops a request at its limit and
 answers the 503; it lives in the function's interpreter, which can find it
 (``gc.get_objects()``) and turn it off. This check sits past the watchdog's limit
 (`outer_limit`: one watchdog tick and `GRACE` later), so it fires only for a
-request that its watchdog did not stop: tampered with, or stuck in C code. Then
+request that its watchdog did not stop: tampered with, stuck in C code, or whose
+threads (which the watchdog does not count) used the CPU. Then
 the job fails with 503 ``cpu_limit`` and its isolate is handled as stuck (its host
 is killed unless the job ends within `supervisor.KILL_GRACE`).
 
@@ -74,8 +75,9 @@ def outer_limit(cpu_ms: int, wall_ms: int) -> float:
 class CpuWatch:
     def __init__(self, limit: float, over: Callable[[Job], None],
                  excused: Callable[[Job], bool] = lambda job: False) -> None:
-        """`over(job)` is called (once) for a job whose thread ran `limit` seconds,
-        unless `excused(job)`, asked once: then it may run `RESTART` more."""
+        """`over(job)` is called (once) for a job whose count (its thread's CPU and
+        its shares of its host's other threads') passed `limit` seconds, unless
+        `excused(job)`, asked once: then it may run `RESTART` more."""
         # Global state
         self.limit = limit
         self.tick = min(max(limit / 8, 0.005), 0.1)
