@@ -26,15 +26,16 @@ def build(pop: PoP) -> Chain:
     if tracing and not any(isinstance(s, c.TracingStage) for s in configs):
         configs = [c.TracingStage(), *configs]  # first: its span covers the whole request
     stages = [s for s in (_make(cfg, pop, targets) for cfg in configs) if s is not None]
-    _count_refusals(stages)
+    _wire_auth_to_limits(stages)
     timed = tracing or _keep_timings(pop.config)
-    return Chain(stages, timed)
+    return Chain(stages, timed, targets)
 
 
-def _count_refusals(stages: list[Stage]) -> None:
+def _wire_auth_to_limits(stages: list[Stage]) -> None:
     """A request `auth` refuses still counts against the ``by = "ip"`` rate limits
     of a ``ratelimit`` stage after it (a credential-guessing flood was never
-    counted: 401 after 401, never a 429)."""
+    counted: 401 after 401, never a 429); and that stage knows for which targets
+    `auth` may set a principal (what its plan depends on)."""
     from runtime.pipeline.stages.auth import Auth
     from runtime.pipeline.stages.ratelimit import RateLimit
 
@@ -44,6 +45,7 @@ def _count_refusals(stages: list[Stage]) -> None:
         limits = stages[names.index(RateLimit)]
         assert isinstance(auth, Auth) and isinstance(limits, RateLimit)
         auth.on_refused = limits.refused
+        limits.identifies = auth.identifies
 
 
 def _keep_timings(config: c.PopConfig) -> bool:

@@ -1,33 +1,40 @@
 """`Chain`: stages linked in order into one HTTP application.
 
-Each link contains what its stage raises, so the stages before it always get a
-`Response` back and can still add their headers or log it; a timed chain also
-marks when each stage started (for `Context.timings`). A chain whose stages all
-answer synchronously creates no task and no coroutine.
+Each link contains what its stage raises (`runtime.pipeline.links`); a timed
+chain also marks when each stage started (for `Context.timings`). An untimed
+chain given its `Targets` skips, per target, the stages that declare they do
+nothing for it (`runtime.pipeline.plan`). A chain whose stages all answer
+synchronously creates no task and no coroutine.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 
-from edgefn_core.errors import NotFound
-from runtime.net.message import Request, Response
-from runtime.pipeline.contain import contain, plain_error
-from runtime.pipeline.stage import Context, Next, Result, Stage
+from runtime.net.message import Request
+from runtime.pipeline.links import end, link, linked, timed_link
+from runtime.pipeline.plan import Planner, planned
+from runtime.pipeline.stage import Context, Result, Stage
+from runtime.pipeline.targets import Targets
 
 
 class Chain:
     """``chain(request) -> Response | Awaitable[Response]``, the app the HTTP
     front serves."""
 
-    def __init__(self, stages: Sequence[Stage], timed: bool = False) -> None:
-        """`timed`: record per-stage timings (a few hundred ns per request)."""
+    def __init__(self, stages: Sequence[Stage], timed: bool = False,
+                 targets: Targets | None = None) -> None:
+        """`timed`: record per-stage timings (a few hundred ns per request), every
+        stage run. `targets`: what the stages look targets up with; given it, an
+        untimed chain runs each target's plan."""
         self.stages = list(stages)
-        self._first: Next = _end
-        link = _timed_link if timed else _link
-        for stage in reversed(self.stages):
-            self._first = link(stage, self._first)
+        self.planner: Planner | None = None
+        if timed:
+            self._first = linked(self.stages, timed_link, end)
+        elif targets is None:
+            self._first = linked(self.stages, link, end)
+        else:
+            self._first, self.planner = planned(self.stages, link, end, targets)
 
     def __call__(self, request: Request) -> Result:
         return self._first(request, Context(request.client))
@@ -47,42 +54,3 @@ class Chain:
             aclose = getattr(stage, "aclose", None)
             if aclose is not None:
                 await aclose()
-
-
-def _link(stage: Stage, nxt: Next) -> Next:
-    def handler(request: Request, ctx: Context) -> Result:
-        try:
-            result = stage(request, ctx, nxt)
-        except Exception as e:
-            return contain(ctx, e)
-        if isinstance(result, Response):
-            return result
-        return _guard(result, ctx)
-
-    return handler
-
-
-def _timed_link(stage: Stage, nxt: Next) -> Next:
-    name = stage.name
-    clock = time.perf_counter
-    untimed = _link(stage, nxt)
-
-    def handler(request: Request, ctx: Context) -> Result:
-        if ctx.timing:
-            ctx.marks.append((name, clock()))
-        return untimed(request, ctx)
-
-    return handler
-
-
-async def _guard(pending: Awaitable[Response], ctx: Context) -> Response:
-    try:
-        return await pending
-    except Exception as e:
-        return contain(ctx, e)
-
-
-def _end(request: Request, ctx: Context) -> Response:
-    """Past the last stage: nothing answered."""
-    path = request.path.decode("latin-1")
-    return plain_error(NotFound(f"nothing serves {path} (the pipeline has no stage for it)"))

@@ -148,6 +148,7 @@ class KeyRing:
     _principals: dict[str, Principal]  # hash -> the key's principal, made on first use
     _stamp: tuple[int, int, int] | None  # the file's identity when read
     _checked: float  # when the identity was last compared
+    _generation = 0  # how many times the keys were read
 
     def __init__(self, store: KeyStore) -> None:
         """Raises `InvalidConfig` for a key file that cannot be read."""
@@ -181,6 +182,13 @@ class KeyRing:
         self._stamp = self._identity()
         self._by_hash = {k.hash: k for k in self.store.read()}
         self._principals = {}
+        self._generation += 1
+
+    def generation(self) -> int:
+        """A number that changes each time the keys are read again, after checking
+        the file as `lookup` does."""
+        self._maybe_reload()
+        return self._generation
 
     def _identity(self) -> tuple[int, int, int] | None:
         try:

@@ -21,6 +21,7 @@ from runtime.pipeline import warm
 from runtime.pipeline.chain import Chain
 from runtime.pipeline.stage import Context
 from runtime.pipeline.stages.access_log import AccessLog
+from runtime.security.keys import KeyStore
 from tests.support import EXAMPLES, Running, pop_thread, python_function
 
 # Counts its calls; answers how many it had, and whether the warm-up header came.
@@ -161,8 +162,11 @@ def test_the_function_gets_the_caller_a_client_of_its_class_gets_made_once(
         assert next(iter(dispatch.callers.values())) is made
 
 
-def test_a_public_function_s_quiet_request_looks_for_a_credential_and_proves_nobody(
+def test_a_public_function_s_quiet_request_takes_a_client_s_way_through_auth(
         hello: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While no key exists no credential proves anyone, so a client's plan and a
+    quiet request's skip `auth` (`runtime.pipeline.plan`); once one does, both look
+    for a credential, and the quiet request proves nobody."""
     auth = next(s for s in hello.pop.pipeline.stages if s.name == "auth")
     scanned: list[object] = []
     real = auth._optional
@@ -173,11 +177,20 @@ def test_a_public_function_s_quiet_request_looks_for_a_credential_and_proves_nob
 
     monkeypatch.setattr(auth, "_optional", spy)
     assert hello.loop is not None
-    asyncio.run_coroutine_threadsafe(hello.pop.warm(hello.pop.registry.functions["hello"]),
-                                     hello.loop).result(30)
+
+    def warm() -> None:
+        asyncio.run_coroutine_threadsafe(hello.pop.warm(hello.pop.registry.functions["hello"]),
+                                         hello.loop).result(30)
+
+    warm()
+    assert hello.get("/hello", headers={"authorization": "Bearer efn_x_y"})[0] == 200
+    assert scanned == []
+    KeyStore(hello.data).create("t1", ("*",))
+    hello.pop.keys.reload()  # as `edgefn keys create` asks the PoP to
+    warm()
     assert scanned == [None]  # the path a client without a key takes, run
     hello.delivered()
-    assert list(hello.pop.ring.events) == []
+    assert [e.path for e in hello.pop.ring.events] == ["/hello"]  # the client's alone
 
 
 def _served(executor: Any) -> int:

@@ -58,7 +58,7 @@ from runtime.cache.ai.cache import AICache, Lookup
 from runtime.cache.ai.entry import Embedded, Generated, Result
 from runtime.cache.ai.keys import Call, chat_call, completion_call, embedding_call
 from runtime.net.message import Request, Response, json_response
-from runtime.pipeline.stage import Context, Next
+from runtime.pipeline.stage import Context, Next, Target
 from runtime.pipeline.stage import Result as StageResult
 from runtime.pipeline.targets import Targets
 from runtime.security.principal import Principal
@@ -98,6 +98,11 @@ class AICacheStage:
         self.targets = targets
         self.secret = secret
         self.count = count
+
+    def idle_for(self, target: Target | None) -> bool:
+        """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
+        not the OpenAI API's."""
+        return not isinstance(target, OpenAITarget)
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> StageResult:
         kind = KINDS.get(request.path)

@@ -95,6 +95,24 @@ class Auth:
                             "tenant": principal.tenant})
         return call_next(request, ctx)
 
+    def idle_for(self, target: Target | None) -> bool:
+        """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
+        nothing serves them, or its mode is ``none`` where no credential can prove
+        anyone (no key was ever made, no ``[auth.jwt]``), so the principal stays
+        None and nothing is recorded. It changes with the key file (`plan_stamp`)."""
+        if target is None:
+            return True
+        return self._mode(target) == "none" and self.jwt is None and len(self.keys) == 0
+
+    def plan_stamp(self) -> int:
+        """Changes when the keys are read again (`idle_for` depends on them)."""
+        return self.keys.generation()
+
+    def identifies(self, target: Target | None) -> bool:
+        """Whether a request for `target` may come out of this stage with a principal
+        (what a later stage's limits may depend on)."""
+        return not self.idle_for(target)
+
     def _authenticate(self, mode: str, request: Request, target: Target) -> Principal:
         """Raises `Rejected`: 401 without a valid credential, 403 outside its scopes."""
         credential = _credential(request)

@@ -56,6 +56,11 @@ class HttpCacheStage:
         self.merged: dict[int, tuple[HttpCacheOverride, HttpCacheSettings]] = {}
         self.tasks: set[asyncio.Task[None]] = set()  # background revalidations
 
+    def idle_for(self, target: Target | None) -> bool:
+        """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
+        not a function's, or the cache is off."""
+        return target is None or target.kind != "function" or not self.settings.enabled
+
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
         if target is None or target.kind != "function" or not self.settings.enabled:

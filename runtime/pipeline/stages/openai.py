@@ -9,7 +9,7 @@ from __future__ import annotations
 from runtime.ai.openai_api import OpenAIApi, OpenAITarget
 from runtime.ai.openai_errors import api_off
 from runtime.net.message import Request
-from runtime.pipeline.stage import Context, Next, Result
+from runtime.pipeline.stage import Context, Next, Result, Target
 from runtime.pipeline.targets import Targets
 
 
@@ -20,6 +20,11 @@ class OpenAI:
         """`api` None: the PoP runs no model worker."""
         self.api = api
         self.targets = targets
+
+    def idle_for(self, target: Target | None) -> bool:
+        """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
+        not the OpenAI API's."""
+        return not isinstance(target, OpenAITarget)
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         """Raises `ApiError` (404 ``api_disabled``) without an `api`."""

@@ -15,7 +15,7 @@ are the OpenAI API's (`runtime.security.ratelimit.admission`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -68,6 +68,9 @@ class RateLimit:
         self.rpm: dict[int, Limit] = {}  # a key's rpm -> its limit
         self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
         self.outage = Outage(settings.on_storage_error, "rate limits")
+        # whether a request for a target may have a principal here (its key's or
+        # tenant's limits); `build` asks an `auth` stage before this one
+        self.identifies: Callable[[Target | None], bool] = _anyone
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
@@ -81,6 +84,13 @@ class RateLimit:
             return self._remote(request, ctx, call_next, checks)
         return self._decided(self.limiter.hit(checks, self.settings.headers), request, ctx,
                              call_next)
+
+    def idle_for(self, target: Target | None) -> bool:
+        """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
+        no PoP rule, none of its function's, and no principal (whose key or tenant
+        may have a limit) possible (`identifies`)."""
+        return (not self.rules and (target is None or not target.policy.rate_limits)
+                and not self.identifies(target))
 
     async def _remote(self, request: Request, ctx: Context, call_next: Next,
                       checks: list[Check]) -> Response:
@@ -204,6 +214,10 @@ class RateLimit:
     async def aclose(self) -> None:
         """Close the limiter's storage (its Redis connections)."""
         await self.limiter.aclose()
+
+
+def _anyone(target: Target | None) -> bool:
+    return True
 
 
 def _model(request: Request) -> str | None:

@@ -8,7 +8,7 @@ from edgefn_core.errors import NoRoute
 from runtime.functions.registry import Deployment
 from runtime.net.message import Request
 from runtime.pipeline.contain import plain_error
-from runtime.pipeline.stage import Context, Next, Result
+from runtime.pipeline.stage import Context, Next, Result, Target
 from runtime.pipeline.targets import Targets
 
 
@@ -17,6 +17,11 @@ class Route:
 
     def __init__(self, targets: Targets) -> None:
         self.targets = targets
+
+    def idle_for(self, target: Target | None) -> bool:
+        """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
+        a deployed function's."""
+        return isinstance(target, Deployment)
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)

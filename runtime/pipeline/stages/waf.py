@@ -17,7 +17,7 @@ from typing import Any
 
 from edgefn_core.errors import InvalidConfig, Rejected
 from runtime.net.message import Request, Response
-from runtime.pipeline.stage import Context, Next, Result
+from runtime.pipeline.stage import Context, Next, Result, Target
 from runtime.pipeline.targets import Targets
 from runtime.security.settings import WafOverride, WafSettings, merge
 from runtime.security.waf.crs import Profile, missing
@@ -46,14 +46,7 @@ class Waf:
             self._start(settings)
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
-        target = self.targets.resolve(request, ctx)
-        if target is None:
-            settings, profile = self.pop
-        elif target.kind == "openai":
-            settings, profile = self.openai
-        else:
-            override = target.policy.waf
-            settings, profile = self.pop if override is None else self._chosen(override)
+        settings, profile = self._for(self.targets.resolve(request, ctx))
         if settings.mode == "off":
             return call_next(request, ctx)
         try:
@@ -64,6 +57,20 @@ class Waf:
             return self._after_build(request, ctx, call_next, settings, profile)
         self._inspect(engine, request, ctx, settings)
         return call_next(request, ctx)
+
+    def idle_for(self, target: Target | None) -> bool:
+        """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
+        its settings' mode is ``off``."""
+        return self._for(target)[0].mode == "off"
+
+    def _for(self, target: Target | None) -> Chosen:
+        """The settings and rule profile `target`'s requests are inspected with."""
+        if target is None:
+            return self.pop
+        if target.kind == "openai":
+            return self.openai
+        override = target.policy.waf
+        return self.pop if override is None else self._chosen(override)
 
     def _start(self, settings: WafSettings) -> None:
         reason = missing(settings)
