@@ -212,14 +212,16 @@ def served(entry: Entry, age: float, outcome: bytes, request: Request) -> Respon
                                    (b"x-edgefn-cache", outcome)], entry.body)
 
 
-def answered(response: Response, request: Request, outcome: bytes) -> Response:
+def answered(response: Response, request: Request, outcome: bytes,
+             conditional: bool = True) -> Response:
     """The origin's `response`, which was not stored, as the client gets it: its
     client view with ``x-edgefn-cache``, or a 304 when the client's validators
     (which the origin did not see: a miss asks for the full response) match a 200
-    with a whole body (RFC 9110 13.2.2, as a server would answer them)."""
+    with a whole body (RFC 9110 13.2.2, as a server would answer them).
+    `conditional` False: the caller saw the request carry no validator."""
     response.headers.append((b"x-edgefn-cache", outcome))
-    if response.status != 200 or request.method != b"GET" or not isinstance(response.body,
-                                                                             bytes):
+    if not conditional or response.status != 200 or request.method != b"GET" \
+            or not isinstance(response.body, bytes):
         return client_view(response)
     inm = ims = None
     for k, v in request.headers:  # one pass (most requests carry neither)

@@ -70,9 +70,9 @@ class HttpCacheStage:
         s = self._settings(target)
         if not s.enabled:  # its Cache-Tag is still the cache's, never the client's
             return then(call_next(request, ctx), client_view)
-        if request.method not in CACHED_METHODS or request.header(b"range") is not None:
+        ranged, cc, conditional = _asked(request)
+        if request.method not in CACHED_METHODS or ranged is not None:
             return self._bypass(request, ctx, call_next, target)
-        cc = request.header(b"cache-control")
         if cc is not None and b"only-if-cached" in cc:  # never to the function
             key, scope = HttpCache.key(target.label, request), _scope(request, ctx)
             entry = self.cache.lookup(key, request, scope)
@@ -83,9 +83,9 @@ class HttpCacheStage:
                 and not self.cache.store.shared:  # workers = N: another may have stored
             # nothing of this deployment is stored: no lookup, no flight to wait for
             # (a full response, as on any miss: it may be the first one stored)
-            return then(call_next(_conditional(request, None) if request.method == b"GET"
-                                  else request, ctx),
-                        self._first, request, ctx, target, s, time.perf_counter())
+            return then(call_next(_conditional(request, None)
+                                  if conditional and request.method == b"GET" else request, ctx),
+                        self._first, request, ctx, target, s, time.perf_counter(), conditional)
         key = HttpCache.key(target.label, request)
         scope = _scope(request, ctx)
         entry = self.cache.lookup(key, request, scope)
@@ -231,9 +231,10 @@ class HttpCacheStage:
         return then(call_next(_conditional(request, None), ctx), _read)
 
     def _first(self, response: Response, request: Request, ctx: Context, target: Target,
-               s: HttpCacheSettings, started: float) -> Response:
+               s: HttpCacheSettings, started: float, conditional: bool) -> Response:
         """The origin's answer for a deployment with nothing stored: stored if it
-        says it may be (then the deployment takes the full path from now on)."""
+        says it may be (then the deployment takes the full path from now on).
+        `conditional`: whether the request carries validators (`_asked`)."""
         if request.method == b"GET":
             for k, _ in response.headers:  # a loop: a generator costs more per request
                 if k == b"cache-control" or k == b"expires":
@@ -244,7 +245,7 @@ class HttpCacheStage:
         principal = ctx.principal
         self.stats.record("http", "MISS", function=target.name,
                           tenant=principal.tenant if principal is not None else None)
-        return answered(response, request, b"MISS")
+        return answered(response, request, b"MISS", conditional)
 
     # -- stale entries ----------------------------------------------------------------------
     def _revalidate(self, request: Request, ctx: Context, call_next: Next, target: Target,
@@ -375,6 +376,23 @@ def _read(response: Response) -> Response:
     """`response` as a miss hands it on (its client view), nothing recorded: a
     quiet request's."""
     return client_view(response)
+
+
+def _asked(request: Request) -> tuple[bytes | None, bytes | None, bool]:
+    """One pass over `request`'s headers: its first Range and Cache-Control values,
+    and whether it carries a validator (If-None-Match, If-Modified-Since)."""
+    ranged = cc = None
+    conditional = False
+    for k, v in request.headers:  # a loop: a generator costs more per request
+        if k == b"range":
+            if ranged is None:
+                ranged = v
+        elif k == b"cache-control":
+            if cc is None:
+                cc = v
+        elif k in CONDITIONALS:
+            conditional = True
+    return ranged, cc, conditional
 
 
 def _conditional(request: Request, entry: Entry | None) -> Request:
