@@ -19,7 +19,7 @@ from runtime.pop import PoP
 from runtime.security.keys import KeyStore
 from tests.support import function_dir, reactor
 
-CLOCKED = [re.compile(p) for p in (r"(retry after )\d+", r"(\['retry-after', ')\d+",
+CLOCKED = [re.compile(p) for p in (r"(retry after )\d+", r'("retry-after", ")\d+',
                                    r'(;t=)\d+')]
 
 
