@@ -17,7 +17,7 @@ deploy, rollback or removal replaces ``registry.router``) or a stamp does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from runtime.net.message import Request
 from runtime.pipeline.contain import contain
@@ -50,19 +50,20 @@ class Planner:
         self.last = last
         self.targets = targets
         self.registry = targets.registry
-        self._stamps = [s.plan_stamp for s in stages if hasattr(s, "plan_stamp")]
+        self._stamp = _stamp([s.plan_stamp for s in stages if hasattr(s, "plan_stamp")])
         self._plans: dict[int, tuple[Target | None, Next]] = {}
         self._router: object = None  # the routes the plans were made for
-        self._stamped: list[object] = []
+        self._stamped: object = None  # and the stages' stamp
 
     def __call__(self, request: Request, ctx: Context) -> Result:
         try:
             target = self.targets.resolve(request, ctx)
         except Exception as e:  # what the first declaring stage's link would contain
             return contain(ctx, e)
-        if self.registry.router is not self._router or (self._stamps and self._moved()):
+        stamp = self._stamp() if self._stamp is not None else None
+        if self.registry.router is not self._router or stamp != self._stamped:
             self._plans.clear()
-            self._router = self.registry.router
+            self._router, self._stamped = self.registry.router, stamp
         hit = self._plans.get(id(target))
         if hit is None or hit[0] is not target:
             hit = self._plan(target)
@@ -79,13 +80,13 @@ class Planner:
         hit = self._plans[id(target)] = (target, linked(kept, self.link, self.last))
         return hit
 
-    def _moved(self) -> bool:
-        """Whether a stage's stamp changed since the plans were made."""
-        now = [stamp() for stamp in self._stamps]
-        if now == self._stamped:
-            return False
-        self._stamped = now
-        return True
+
+
+def _stamp(stamps: list[Callable[[], object]]) -> Callable[[], object] | None:
+    """One call that changes when any of `stamps` does (the common case: auth's alone)."""
+    if len(stamps) <= 1:
+        return stamps[0] if stamps else None
+    return lambda: tuple([stamp() for stamp in stamps])
 
 
 def _declares(stage: Stage) -> bool:

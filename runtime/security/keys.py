@@ -186,8 +186,9 @@ class KeyRing:
 
     def generation(self) -> int:
         """A number that changes each time the keys are read again, after checking
-        the file as `lookup` does."""
-        self._maybe_reload()
+        the file as `lookup` does (once per `RELOAD_INTERVAL`)."""
+        if time.monotonic() - self._checked >= RELOAD_INTERVAL:
+            self._maybe_reload()
         return self._generation
 
     def _identity(self) -> tuple[int, int, int] | None:

@@ -18,6 +18,7 @@ from runtime.pipeline.chain import Chain
 from runtime.pipeline.plan import Planner
 from runtime.pipeline.stage import Context, Next, Result, Target
 from runtime.pipeline.targets import Targets
+from runtime.security import keys as key_file
 from runtime.security.keys import KeyStore
 from tests.pipeline.plan_support import Pair
 
@@ -170,6 +171,18 @@ def test_a_key_made_while_auth_was_skipped_is_read_and_limited(
     auth = [(b"authorization", b"Bearer " + key.encode())]
     assert status(pair, loop, request(headers=auth)) == 200
     assert status(pair, loop, request(headers=auth)) == 429  # the key's 1 rpm
+
+
+def test_the_openai_api_asks_for_a_key_once_one_is_made_even_untold(
+        pair_of: Callable[..., Pair], loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[auth] openai = "auto"``: open while no key exists (auth skipped), a key from
+    then on, found by the key file's polling (nobody asks the PoP to reload)."""
+    monkeypatch.setattr(key_file, "RELOAD_INTERVAL", 0.0)
+    pair = pair_of()
+    assert status(pair, loop, request("/v1/models")) == 404  # no model worker: API off
+    KeyStore(pair.root / "a").create("t1", ("*",))
+    assert status(pair, loop, request("/v1/models")) == 401
 
 
 # -- which stages a plan skips -------------------------------------------------------------
