@@ -99,9 +99,13 @@ class Auth:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
         nothing serves them, or its mode is ``none`` where no credential can prove
         anyone (no key was ever made, no ``[auth.jwt]``), so the principal stays
-        None and nothing is recorded. It changes with the key file (`plan_stamp`)."""
+        None and nothing is recorded, and it is no model call that may carry a
+        lower tier's signed fair share (``x-edgefn-client``). It changes with the
+        key file (`plan_stamp`)."""
         if target is None:
             return True
+        if self.secret and target.kind == "openai":
+            return False  # it reads the forwarded client (`_client`)
         return self._mode(target) == "none" and self.jwt is None and len(self.keys) == 0
 
     def plan_stamp(self) -> int:
