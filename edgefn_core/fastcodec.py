@@ -91,6 +91,7 @@ def import_extension(name: str, path: Path) -> ModuleType:
     return mod
 
 
+@cache
 def python_headers() -> Path | None:
     """Where ``Python.h`` is, if this Python's headers are installed."""
     import sysconfig  # here and in `build`: a guest, which only loads, never imports them
@@ -100,17 +101,25 @@ def python_headers() -> Path | None:
 
 
 def build(source: Path = SOURCE, stem: str = "codec") -> Path:
-    """`source` compiled as a CPython extension for this Python into the native cache
-    (``$EDGEFN_NATIVE_CACHE``, default ``~/.cache/edgefn/native``) as
-    ``STEM-HASH.so``, keyed by the source and the Python build; built once. Raises
-    RuntimeError without a C compiler or Python's headers, or if the build fails."""
-    import hashlib
-
+    """`source` compiled as a CPython extension for this Python (`compile_cached`,
+    keyed by the Python build). Raises RuntimeError without a C compiler or
+    Python's headers, or if the build fails."""
     headers = python_headers()
     if headers is None:
         raise RuntimeError("no Python.h: this Python's headers are not installed")
-    digest = hashlib.sha256(source.read_bytes() + sys.version.encode()
-                            + str(headers).encode()).hexdigest()[:16]
+    return compile_cached(source, stem, (sys.version + str(headers)).encode(),
+                          ["-Wall", f"-I{headers}"])
+
+
+def compile_cached(source: Path, stem: str, key: bytes, args: list[str]) -> Path:
+    """`source` compiled with the system C compiler (``$CC``, else cc, gcc or clang)
+    and `args` into a shared library in the native cache (``$EDGEFN_NATIVE_CACHE``,
+    default ``~/.cache/edgefn/native``) as ``STEM-HASH.so``, keyed by the source and
+    `key`; built once (the WASM reactor's and the codec's libraries alike). Raises
+    RuntimeError without a C compiler or if the build fails."""
+    import hashlib
+
+    digest = hashlib.sha256(source.read_bytes() + key).hexdigest()[:16]
     cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
                                     Path.home() / ".cache" / "edgefn" / "native"))
     out = cache_dir / f"{stem}-{digest}.so"
@@ -122,8 +131,7 @@ def build(source: Path = SOURCE, stem: str = "codec") -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         tmp_out = Path(tmp) / out.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-Wall", f"-I{headers}", "-o",
-               str(tmp_out), str(source)]
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(source), *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"building {source.name} failed: {proc.stderr.strip()[:500]}")

@@ -19,16 +19,10 @@ ctypes entry point is used, with the encoding and decoding in `edgefn_core.abi`.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import importlib.machinery
-import importlib.util
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
-import tempfile
 import weakref
 from ctypes import c_char_p, c_int32, c_int64, c_long, c_size_t, c_uint64, c_void_p
 from functools import cache, partial
@@ -40,6 +34,7 @@ from wasmtime import _ffi as ffi
 
 from edgefn_core.abi import Pairs, decode_response
 from edgefn_core.errors import FunctionError
+from edgefn_core.fastcodec import compile_cached, import_extension, python_headers
 from runtime.executors.wasm.ffi import CallTarget, Outcome, call_error
 from runtime.executors.wasm.timing import InstantiateTimes
 
@@ -77,25 +72,7 @@ class NativeLib:
         self.ticker_stop = lib.edgefn_ticker_stop
         self.ticker_stop.argtypes = [c_void_p]
         self.lib = lib
-        self.serve: Any = _extension(path).serve if _python_headers() else None
-
-
-def _extension(path: Path) -> Any:
-    """The library imported as the CPython extension it also is. Raises ImportError."""
-    loader = importlib.machinery.ExtensionFileLoader(EXTENSION, str(path))
-    spec = importlib.util.spec_from_file_location(EXTENSION, path, loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot import {path} as {EXTENSION}")
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-@cache
-def _python_headers() -> Path | None:
-    """Where ``Python.h`` is, if this Python's headers are installed."""
-    include = Path(sysconfig.get_paths()["include"])
-    return include if (include / "Python.h").exists() else None
+        self.serve: Any = import_extension(EXTENSION, path).serve if python_headers() else None
 
 
 @cache
@@ -111,7 +88,7 @@ def load() -> NativeLib | None:
 
 
 def _build() -> Path:
-    headers = _python_headers()
+    headers = python_headers()
     flags = [] if headers is None else ["-DEDGEFN_PYEXT", f"-I{headers}"]  # an extension too
     return build_library(SOURCE, "reactor", wasmtime.__file__ + sys.version + str(headers),
                          flags)
@@ -120,31 +97,13 @@ def _build() -> Path:
 def build_library(source: Path, stem: str, key: str = "", flags: list[str] | None = None
                   ) -> Path:
     """`source` compiled against wasmtime-py's libwasmtime into the native cache
-    (``$EDGEFN_NATIVE_CACHE``, default ``~/.cache/edgefn/native``) as
-    ``STEM-HASH.so``, keyed by the source, the library, wasmtime's version and `key`;
-    built once. Raises RuntimeError without a C compiler or if the build fails."""
+    (`edgefn_core.fastcodec.compile_cached`), keyed by the source, the library,
+    wasmtime's version and `key`; built once. Raises RuntimeError without a C
+    compiler or if the build fails."""
     libdir = Path(ffi.filename).parent
-    digest = hashlib.sha256(source.read_bytes() + str(ffi.filename).encode()
-                            + _wasmtime_version().encode() + key.encode()).hexdigest()[:16]
-    cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
-                                    Path.home() / ".cache" / "edgefn" / "native"))
-    out = cache_dir / f"{stem}-{digest}.so"
-    if out.exists():
-        return out
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        tmp_out = Path(tmp) / out.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(source),
-               f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}", "-lpthread",
-               *(flags or [])]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise RuntimeError(f"building {source.name} failed: {proc.stderr.strip()[:500]}")
-        os.replace(tmp_out, out)
-    return out
+    return compile_cached(source, stem, (str(ffi.filename) + _wasmtime_version() + key).encode(),
+                          [f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}",
+                           "-lpthread", *(flags or [])])
 
 
 def _wasmtime_version() -> str:
