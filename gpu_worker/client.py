@@ -237,18 +237,25 @@ class WorkerClient:
 
     async def count_tokens(self, model: str, *, prompt: str | None = None,
                            messages: list[dict[str, Any]] | None = None,
-                           inputs: list[str] | None = None, client: str | None = None) -> int:
-        """The tokens `model` reads for one input (see `protocol.CountTokens`).
-        Raises `WorkerError` (``count_unsupported`` where the engine cannot
-        tell), `WorkerDead`."""
+                           inputs: list[str] | None = None, client: str | None = None,
+                           request_id: str | None = None, signed_client: str | None = None
+                           ) -> int:
+        """The tokens `model` reads for one input (see `protocol.CountTokens`;
+        `request_id` and `signed_client` go on to an upstream). Raises `WorkerError`
+        (``count_unsupported`` where the engine cannot tell), `WorkerDead`."""
         return int(await self.call(
-            lambda i: p.CountTokens(i, model, prompt, messages, inputs, client)))
+            lambda i: p.CountTokens(i, model, prompt, messages, inputs, client, request_id,
+                                    signed_client)))
 
     async def rerank(self, model: str, query: str, documents: list[str],
-                     top_n: int | None = None, client: str | None = None) -> dict[str, Any]:
-        """Raises `WorkerError`, `WorkerDead`."""
+                     top_n: int | None = None, client: str | None = None,
+                     request_id: str | None = None, signed_client: str | None = None
+                     ) -> dict[str, Any]:
+        """`documents` ranked for `query` (see `protocol.Rerank`; `request_id` and
+        `signed_client` go on to an upstream). Raises `WorkerError`, `WorkerDead`."""
         return await self.call(
-            lambda i: p.Rerank(i, model, query, documents, top_n, client))
+            lambda i: p.Rerank(i, model, query, documents, top_n, client, request_id,
+                               signed_client))
 
     async def models(self) -> list[dict[str, Any]]:
         return await self.call(p.Models)

@@ -13,8 +13,9 @@ Fairness: `Generate`, `Embed`, `Rerank` and `CountTokens` carry ``client``, an
 opaque name of who asked (an API key's id, a function's owner; never a secret;
 None: anonymous). The engines share the model between clients before requests:
 one client's many requests do not make another's wait behind all of them. A call
-the upstream engine forwards to another PoP takes its client along, signed
-(``signed_client``), so the PoP there shares its model by the same clients.
+the upstream engine forwards to another PoP (a generation, an embedding, a rerank or
+a token count) takes its client along, signed (``signed_client``), so the PoP there
+shares its model by the same clients.
 
 Flow control: a streamed generation may run at most ``window`` chunks ahead of
 what the client has consumed; the client returns ``Credit`` as it reads, and a
@@ -106,6 +107,9 @@ class Rerank(_Msg, tag="rerank"):
     documents: list[str]
     top_n: int | None = None
     client: str | None = None
+    # as `Embed`'s: the upstream engine forwards them (x-request-id, x-edgefn-client)
+    request_id: str | None = None
+    signed_client: str | None = None
 
 
 class CountTokens(_Msg, tag="count"):
@@ -119,6 +123,9 @@ class CountTokens(_Msg, tag="count"):
     messages: list[dict[str, Any]] | None = None
     inputs: list[str] | None = None
     client: str | None = None
+    # as `Embed`'s: the upstream engine forwards them (x-request-id, x-edgefn-client)
+    request_id: str | None = None
+    signed_client: str | None = None
 
 
 class Cancel(_Msg, tag="cancel"):

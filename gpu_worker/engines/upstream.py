@@ -59,13 +59,14 @@ import msgspec
 from edgefn_core.errors import EngineError
 
 from . import Engine, ModelInfo
+from . import upstream_counts as counts
 from .upstream_shapes import CallText, forwarded, token_logprobs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from ..config import ModelSpec
-    from ..protocol import Embed, Generate, TokenLogprob
+    from ..protocol import CountTokens, Embed, Generate, Rerank, TokenLogprob
     from . import Sink
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,26 @@ def _hop_headers(headers: dict[str, str], request_id: str | None, signed_client:
         headers["x-request-id"] = request_id
     if signed_client is not None:
         headers["x-edgefn-client"] = signed_client
+
+
+def _tokenize_paths(url: str) -> list[str]:
+    """Where token counts are asked, in turn: under `url`, then at its root (vLLM's
+    ``/tokenize``) where `url` has a path (``/v1``)."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL:
+        return ["/tokenize"]  # the url's error is the first call's (`_check_url`)
+    if not parsed.host or not parsed.path.strip("/"):
+        return ["/tokenize"]
+    return ["/tokenize", str(parsed.copy_with(path="/tokenize", query=None, fragment=None))]
+
+
+def _asked_headers(asked: Embed | Rerank | CountTokens | None) -> dict[str, str]:
+    """The hop headers of a whole-answer call (`_hop_headers`), none without `asked`."""
+    headers: dict[str, str] = {}
+    if asked is not None:
+        _hop_headers(headers, asked.request_id, asked.signed_client)
+    return headers
 
 
 def _hung_up(e: httpx2.RequestError) -> bool:
@@ -382,6 +403,7 @@ class UpstreamEngine(Engine):
         self.url = spec.url.rstrip("/")
         self.timeout = spec.timeout
         self._served: list[str] = list(spec.models)
+        self._tokenize = _tokenize_paths(spec.url)  # one that has no such path is dropped
         self._streams: dict[int, _Stream] = {}
         self._client: httpx2.AsyncClient | None = None
         self._closing: asyncio.Task[None] | None = None
@@ -539,15 +561,10 @@ class UpstreamEngine(Engine):
         ``signed_client``, with its request id): a PoP there trusts no other. Raises
         `EngineError`: model_not_found, the upstream's error (its status kept),
         upstream_unavailable (502), timeout (504), upstream_error."""
-        self._setup()
-        if model not in self._served:
-            raise EngineError("model_not_found", 404, f"model {model!r} does not exist")
-        headers: dict[str, str] = {}
-        if asked is not None:
-            _hop_headers(headers, asked.request_id, asked.signed_client)
+        self._served_or_404(model)
         status, body = await self._call("POST", "/embeddings",
                                         msgspec.json.encode({"model": model, "input": inputs}),
-                                        headers)
+                                        _asked_headers(asked))
         if status != 200:
             raise _http_error(status, body)
         try:
@@ -560,6 +577,42 @@ class UpstreamEngine(Engine):
                               f"embeddings for {len(inputs)} inputs")
         vectors = [e.embedding for e in sorted(answer.data, key=lambda e: e.index)]
         return vectors, answer.usage.prompt_tokens if answer.usage else 0
+
+    # -- rerank and token counts --------------------------------------------------------
+    async def rerank(self, model: str, query: str, documents: list[str],
+                     client: str | None = None, asked: Rerank | None = None
+                     ) -> tuple[list[float], int]:
+        """POST ``/rerank``; one score per document, in their order, and the tokens the
+        upstream read. `asked` as `embed`'s. Raises `EngineError` as `embed` does."""
+        self._served_or_404(model)
+        status, body = await self._call("POST", "/rerank",
+                                        counts.rerank_body(model, query, documents),
+                                        _asked_headers(asked))
+        if status != 200:
+            raise _http_error(status, body)
+        return counts.scores(body, len(documents))
+
+    async def count_tokens(self, req: CountTokens) -> int:
+        """POST ``/tokenize`` under the url (an edgefn PoP's ``/v1/tokenize``), else, for
+        a prompt or messages, at the url's root (vLLM's); the first that serves it is
+        kept. Its request id and signed client go on as `embed`'s. Raises
+        `EngineError`: count_unsupported (400) where neither serves it, and what
+        `embed` raises."""
+        self._served_or_404(req.model)
+        body, headers = counts.tokenize_body(req), _asked_headers(req)
+        for path in [p for p in self._tokenize if req.inputs is None or p == "/tokenize"]:
+            status, answer = await self._call("POST", path, body, headers)
+            if status == 200:
+                return counts.count(answer)
+            if not counts.unserved(status, answer):
+                raise _http_error(status, answer)
+            self._tokenize.remove(path)
+        raise EngineError("count_unsupported", 400, f"model {req.model!r} cannot count tokens: "
+                          f"upstream {self.who} serves no /tokenize for it")
+
+    def _served_or_404(self, model: str) -> None:
+        if model not in self._served:
+            raise EngineError("model_not_found", 404, f"model {model!r} does not exist")
 
     # -- plumbing -----------------------------------------------------------------------
     async def _call(self, method: str, path: str, body: bytes | None,

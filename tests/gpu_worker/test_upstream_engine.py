@@ -3,8 +3,10 @@
 The fake upstream below is a small asyncio server: GET /v1/models, streamed
 POST /v1/chat/completions (chunked SSE echoing the last user message word by
 word, then a usage chunk and ``[DONE]``), POST /v1/completions (SSE with a
-Content-Length body and no usage), POST /v1/embeddings, and an OpenAI-shaped 404
-for unknown models. Model ``forever`` streams until the client goes away and
+Content-Length body and no usage), POST /v1/embeddings, POST /v1/rerank (Jina's
+shape: a document's score is the words it shares with the query; model ``short``
+leaves the last one out) and, as vLLM, POST /tokenize at its root only (a prompt's
+or the messages' words), and an OpenAI-shaped 404 for unknown models. Model ``forever`` streams until the client goes away and
 model ``stall`` sends one token and then nothing, model ``flood`` sends 1 MiB
 tokens and counts the bytes the network has taken; ``cut`` and ``oops`` send a
 token and then hang up mid-body or send an error event; ``breaks`` streams tokens
@@ -30,9 +32,10 @@ from edgefn_core.errors import EngineError
 from gpu_worker.config import ModelSpec
 from gpu_worker.engines import upstream
 from gpu_worker.engines.upstream import UpstreamEngine
-from gpu_worker.protocol import Generate
+from gpu_worker.protocol import CountTokens, Generate, Rerank
 
-MODELS = ["echo", "forever", "stall", "flood", "cut", "oops", "breaks", "junk", "embedder"]
+MODELS = ["echo", "forever", "stall", "flood", "cut", "oops", "breaks", "junk", "embedder",
+          "short"]
 BREAKS = ["one\u2028two", "\x85", "three\u2029"]  # msgspec, like pydantic, sends them raw
 FLOOD_TOKEN = "x" * (1 << 20)
 FLOOD_TOKENS = 256  # 256 MiB: more than loopback socket buffers can hold
@@ -144,6 +147,8 @@ class FakeUpstream:
             writer.write(response_head(503, "application/json", len(data), close) + data)
             self.closing = self.closing or close
             return await writer.drain()
+        if path == "/v1/tokenize":  # vLLM serves it at its root only (FastAPI's 404)
+            return await self._json(writer, 404, {"detail": "Not Found"})
         if method == "GET" and path == "/v1/models":
             return await self._json(writer, 200, {
                 "object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
@@ -156,7 +161,8 @@ class FakeUpstream:
             return await writer.drain()
         routes: dict[str, Handler] = {"/v1/chat/completions": self._chat,
                                       "/v1/completions": self._completions,
-                                      "/v1/embeddings": self._embeddings}
+                                      "/v1/embeddings": self._embeddings,
+                                      "/v1/rerank": self._rerank, "/tokenize": self._tokenize}
         await routes[path](reader, writer, body)
 
     async def _json(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
@@ -232,6 +238,29 @@ class FakeUpstream:
                 for i, s in enumerate(inputs)]
         await self._json(writer, 200, {"object": "list", "data": data[::-1], "usage": {
             "prompt_tokens": sum(len(s.split()) for s in inputs)}})
+
+
+    async def _rerank(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      body: dict[str, Any]) -> None:
+        query = set(body["query"].split())
+        scores = [len(query & set(d.split())) for d in body["documents"]]
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:body["top_n"]]
+        results = [{"index": i, "relevance_score": float(scores[i]), "document": None}
+                   for i in order]
+        await self._json(writer, 200, {"id": "rerank-1", "model": body["model"], "results":
+                                       results[:-1] if body["model"] == "short" else results,
+                                       "usage": {"total_tokens": 7}})
+
+    async def _tokenize(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        body: dict[str, Any]) -> None:
+        if "prompt" not in body and "messages" not in body:
+            return await self._json(writer, 400, {"error": {"message": "prompt is required",
+                                                            "type": "BadRequestError",
+                                                            "code": 400}})
+        words = len(body["prompt"].split()) if "prompt" in body else sum(
+            len(m["content"].split()) for m in body["messages"])
+        await self._json(writer, 200, {"count": words, "max_model_len": 8192,
+                                       "tokens": list(range(words))})
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -782,5 +811,71 @@ def test_a_reset_says_so() -> None:
                                 "ended (ReadError)"), message
         engine.close()
         server.close()
+
+    asyncio.run(scenario())
+
+
+def test_rerank_and_token_counts_go_to_vllms_endpoints_named_as_the_caller() -> None:
+    """Rerank: every document scored, in their order, with the call's request id and
+    signed client; token counts: /v1/tokenize is not there (vLLM), so /tokenize at the
+    root, and from then on only there; texts to embed, which vLLM's /tokenize does
+    not take, cannot be counted there."""
+    async def scenario() -> None:
+        async with FakeUpstream(keep_alive=True) as up:
+            engine = engine_for(up.url, models=["echo", "short"])
+            asked = Rerank(1, "echo", "red apple", ["a red car", "red apple pie", "tide"],
+                           request_id="r-1", signed_client="tenant:acme;1;tag")
+            assert await engine.rerank("echo", asked.query, asked.documents, None, asked) == (
+                [1.0, 2.0, 0.0], 7)
+            _, path, headers, body = up.requests[-1]
+            assert path == "/v1/rerank" and body["top_n"] == 3
+            assert (headers["x-request-id"], headers["x-edgefn-client"]) == (
+                "r-1", "tenant:acme;1;tag")
+
+            count = CountTokens(2, "echo", messages=[{"role": "user", "content": "one two"}],
+                                request_id="r-2", signed_client="tenant:acme;2;tag")
+            assert await engine.count_tokens(count) == 2
+            assert [r[1] for r in up.requests[-2:]] == ["/v1/tokenize", "/tokenize"]
+            assert up.requests[-1][2]["x-edgefn-client"] == "tenant:acme;2;tag"
+            assert await engine.count_tokens(CountTokens(3, "echo", prompt="a b c")) == 3
+            assert up.requests[-1][1] == "/tokenize"  # straight there
+            asked_before = len(up.requests)
+            with pytest.raises(EngineError) as e:
+                await engine.count_tokens(CountTokens(4, "echo", inputs=["a b"]))
+            assert (e.value.code, e.value.status) == ("count_unsupported", 400)
+            assert len(up.requests) == asked_before
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("model", "code", "status", "says"), [
+    ("short", "upstream_error", 502, "upstream ranked 2 results for 3 documents"),
+    ("nope", "model_not_found", 404, "model 'nope' does not exist"),
+])
+def test_a_rerank_the_upstream_cannot_answer_is_a_clear_error(model: str, code: str,
+                                                             status: int, says: str) -> None:
+    async def scenario() -> None:
+        async with FakeUpstream() as up:
+            engine = engine_for(up.url, models=["short"])
+            with pytest.raises(EngineError) as e:
+                await engine.rerank(model, "red", ["red", "blue", "green"])
+            assert (e.value.code, e.value.status) == (code, status)
+            assert says in str(e.value)
+            engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_upstream_that_is_down_fails_a_rerank_and_a_count_as_unavailable() -> None:
+    async def scenario() -> None:
+        engine = engine_for(f"http://127.0.0.1:{closed_port()}/v1", models=["echo"])
+        for call in (engine.rerank("echo", "q", ["d"]),
+                     engine.count_tokens(CountTokens(1, "echo", prompt="p"))):
+            with pytest.raises(EngineError) as e:
+                await call
+            assert (e.value.code, e.value.status) == ("upstream_unavailable", 502)
+            assert "upstream 'up' is unavailable" in str(e.value)
+        engine.close()
 
     asyncio.run(scenario())
