@@ -10,8 +10,9 @@ de-sensitised instead (`desensitised`): no tenant, a keyed hash of the request i
 PII masked in the prompt and the messages, and the ``x-edgefn-desensitised`` mark.
 Embeddings of a forwarded model follow the same rule (`inputs`): refused, or sent
 with their texts PII-masked (the worker's embedding call carries no tenant or mark).
-Every forwarded call carries its caller's fair share of the model worker signed
-(`client_hop`: ``x-edgefn-client``), keyed-hashed when the call leaves de-sensitised.
+Reranks and token counts follow the same rules (`count_hop`). Every forwarded call
+carries its caller's fair share of the model worker signed (`client_hop`:
+``x-edgefn-client``), keyed-hashed when the call leaves de-sensitised.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from runtime.security.residency import (
 )
 
 DESENSITISED_RID = "ds-"  # the prefix of a de-sensitised call's hashed request id
+# what a token count takes of a generation's `hop`: the texts as they leave, and its names
+COUNTED = ("request_id", "signed_client", "prompt", "messages")
 
 
 class Egress:
@@ -86,6 +89,21 @@ class Egress:
             return {"request_id": request_id, **self.client_hop(client, request_id, True)}
         return {"request_id": request_id, **self.client_hop(client, request_id)}
 
+    def count_hop(self, tenant: str | None, client: str | None, model: str,
+                  request_id: str, text: dict[str, Any]) -> dict[str, Any]:
+        """What the worker's ``count_tokens`` gets for `tenant`'s count of `text` (its
+        ``prompt``, ``messages`` or ``inputs``) in fair share `client`: the text as it
+        may leave this PoP, the request id and the signed client, as the generation
+        (`hop`) or the embedding (`inputs`, `embed_hop`) it counts for would get them.
+        Raises `Rejected` (451) where that call would be refused."""
+        if "inputs" in text:
+            return {"inputs": self.inputs(tenant, model, text["inputs"]),
+                    "request_id": request_id,
+                    **self.embed_hop(tenant, client, model, request_id)}
+        over = self.hop(tenant, model, request_id, text, client)
+        return {**text, "request_id": request_id,
+                **{k: over[k] for k in COUNTED if k in over}}
+
     def inputs(self, tenant: str | None, model: str, texts: list[str]) -> list[str]:
         """The texts `tenant`'s embeddings call for `model` takes out of this PoP:
         `texts` unless it may leave the tenant's region, then PII-masked for a
@@ -106,6 +124,12 @@ class Egress:
         if tenant not in s.allow_desensitised:
             raise before_hop(tenant, home, self.pop, away, model)
         return True
+
+
+def named(call: dict[str, Any]) -> dict[str, Any]:
+    """What names worker call `call` (its ``generate`` arguments) on the next tier:
+    its request id and signed client, for the token count of its input."""
+    return {k: call[k] for k in ("request_id", "signed_client") if call.get(k) is not None}
 
 
 def with_embedding(call: dict[str, Any], embedding: str | None) -> dict[str, Any]:

@@ -5,6 +5,8 @@ worker:
     POST /v1/completions
     POST /v1/embeddings         (``encoding_format``: float or base64)
     POST /v1/rerank             (Cohere/Jina shape: query, documents, top_n)
+    POST /v1/tokenize           (vLLM's shape: the tokens the model reads for a prompt,
+                                 messages, or texts to embed: ``input``)
     GET  /v1/models             (LoRA adapters list their ``parent``)
     GET  /v1/models/{id}        (``/`` in an id may be written as is or as %2F)
 
@@ -38,7 +40,7 @@ from gpu_worker.client import Generation
 from gpu_worker.protocol import Done
 from runtime.ai import openai_choices as choices
 from runtime.ai import structured
-from runtime.ai.egress import Egress, with_embedding
+from runtime.ai.egress import Egress, named, with_embedding
 from runtime.ai.openai_checks import check_messages, check_sampling
 from runtime.ai.openai_errors import (
     error_response,
@@ -66,12 +68,12 @@ from runtime.security.settings import NO_POLICY, TargetPolicy
 log = logging.getLogger("edgefn.ai")
 
 PATHS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/rerank",
-         b"/v1/models"})
+                   b"/v1/tokenize", b"/v1/models"})
 PREFIX = b"/v1/"  # every path under it answers in OpenAI's shape
 ENCODINGS = ("float", "base64")  # an embedding's encoding_format
 MODELS = b"/v1/models/"
 __all__ = ["MAX_STOPS", "PATHS", "ChatBody", "CompletionBody", "OpenAIApi", "OpenAITarget",
-           "error_response"]
+           "count_text", "error_response"]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
@@ -133,6 +135,16 @@ class RerankBody(msgspec.Struct):
     return_documents: bool = True
 
 
+class TokenizeBody(msgspec.Struct):
+    """vLLM's ``/tokenize`` (a completion's ``prompt`` or a chat's ``messages``), and
+    texts to embed (``input``, as ``/v1/embeddings`` takes them): exactly one."""
+
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    input: str | list[str] | None = None
+
+
 class OpenAITarget:
     """The OpenAI API as a pipeline target: its errors keep OpenAI's shape, and an
     unexpected failure is an OpenAI-shaped 500."""
@@ -155,7 +167,7 @@ class OpenAITarget:
                            "PoP's log")
 
 
-def _allowed[B: (ChatBody, CompletionBody, EmbeddingsBody, RerankBody)](
+def _allowed[B: (ChatBody, CompletionBody, EmbeddingsBody, RerankBody, TokenizeBody)](
         body: B, who: Principal | None) -> B:
     """`body`, if `who` may use its model. Raises `ApiError` (403)."""
     if who is not None and not who.allows("model", body.model):
@@ -205,6 +217,8 @@ class OpenAIApi:
         if path == b"/v1/embeddings":
             return await self.embeddings(_allowed(_decode(request.body, EmbeddingsBody), who),
                                          ctx)
+        if path == b"/v1/tokenize":
+            return await self.tokenize(_allowed(_decode(request.body, TokenizeBody), who), ctx)
         return await self.rerank(_allowed(_decode(request.body, RerankBody), who), ctx)
 
     async def models(self, who: Principal | None = None) -> Response:
@@ -284,9 +298,10 @@ class OpenAIApi:
         call = with_embedding({"request_id": request_id, **params,
                                **self._hop(ctx, model, request_id, params)},  # refused first
                               ctx.embedding if ctx is not None else None)
-        ticket = await self._admit(ctx, model, body.stream,
+        ticket = await self._admit(ctx, model, body.stream,  # counted as it leaves
                                    self._reserved(params.get("max_tokens"), body.n),
-                                   prompt=params.get("prompt"), messages=params.get("messages"))
+                                   named(call), prompt=call.get("prompt"),
+                                   messages=call.get("messages"))
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         gens: list[Generation] = []
         # the model build's fingerprint, asked beside the generation (never in front of
@@ -349,10 +364,8 @@ class OpenAIApi:
         inputs = self._inputs(ctx, body.model, inputs)  # refused before any charge
         record = UsageRecord(ctx, "embeddings", body.model)
         record.usage.user = body.user
-        ticket = await self._admit(ctx, body.model, False, 0, inputs=inputs)
-        hop = self.egress.embed_hop(_tenant(ctx), _client(ctx), body.model,
-                                    ctx.request_id.decode()) \
-            if ctx is not None and self.egress is not None else {}
+        hop = self._texts_hop(ctx, body.model)
+        ticket = await self._admit(ctx, body.model, False, 0, hop, inputs=inputs)
         out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs,
                                                                    _client(ctx), **hop))
         record.counted(out["tokens"])
@@ -364,32 +377,80 @@ class OpenAIApi:
                                         "total_tokens": out["tokens"]}})
 
     async def _admit(self, ctx: Context | None, model: str, stream: bool,
-                     max_tokens: int | None, **text: Any) -> Ticket | None:
+                     max_tokens: int | None, hop: dict[str, Any] | None = None, **text: Any
+                     ) -> Ticket | None:
         """The caller's token reservation (None where no budget or stream cap
-        applies; see `TokenBudgets.admit_ai`). Raises `Rejected` (429, 400) and
-        `WorkerError` for an input the worker refuses."""
+        applies; see `TokenBudgets.admit_ai`; `hop`: the call's request id and signed
+        client). Raises `Rejected` (429, 400) and `WorkerError` for an input the
+        worker refuses."""
         if self.budgets is None or ctx is None or ctx.principal is None:
             return None
         return await self.budgets.admit_ai(self.budgets.payer(ctx.principal), self.ai.client,
-                                           model, stream, max_tokens, _client(ctx), **text)
+                                           model, stream, max_tokens, _client(ctx), hop,
+                                           **text)
 
     def _base_of(self, model: str) -> str | None:
         """The base model of LoRA adapter `model`, or None for a base model."""
         return next((lo.base for lo in self.ai.loras if lo.name == model), None)
 
+    def _texts_hop(self, ctx: Context | None, model: str) -> dict[str, Any]:
+        """The request id and signed fair share of a call whose texts leave as an
+        embedding's do (`Egress.embed_hop`)."""
+        if ctx is None or self.egress is None:
+            return {}
+        return self.egress.embed_hop(_tenant(ctx), _client(ctx), model, ctx.request_id.decode())
+
     async def rerank(self, body: RerankBody, ctx: Context | None = None) -> Response:
+        """`body.documents` ranked by the model; its texts leave this PoP as an
+        embedding's do (`_inputs`). Raises `ApiError`, `WorkerError`, `Rejected`."""
         texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
         if body.top_n is not None and body.top_n < 1:
             raise ApiError("invalid_request", 400, "top_n must be at least 1", param="top_n")
+        query, *sent = self._inputs(ctx, body.model, [body.query, *texts])
         record = UsageRecord(ctx, "rerank", body.model)
-        out = await self.ai.client.rerank(body.model, body.query, texts, body.top_n,
-                                          _client(ctx))
+        out = await self.ai.client.rerank(body.model, query, sent, body.top_n, _client(ctx),
+                                          **self._texts_hop(ctx, body.model))
         record.counted(out["tokens"])
         results = [{"index": r["index"], "relevance_score": r["relevance_score"],
                     **({"document": {"text": texts[r["index"]]}} if body.return_documents
                        else {})} for r in out["results"]]
         return json_response({"id": "rerank-" + secrets.token_hex(8), "model": body.model,
                               "results": results, "usage": {"total_tokens": out["tokens"]}})
+
+
+    async def tokenize(self, body: TokenizeBody, ctx: Context | None = None) -> Response:
+        """``{"count"}``: the tokens the model reads for `body`'s one input, counted by
+        the worker (an upstream's, for a forwarded model) in the caller's fair share;
+        its texts leave this PoP as a generation's or an embedding's would. Raises
+        `ApiError` (400: not exactly one input), `WorkerError` (400
+        ``count_unsupported`` where the model's engine cannot count), `Rejected`."""
+        given = {name: value for name, value in (("prompt", body.prompt), ("messages",
+                 body.messages), ("inputs", body.input)) if value is not None}
+        if len(given) != 1:
+            raise ApiError("invalid_request", 400, "give exactly one of 'prompt', 'messages' "
+                           "and 'input'")
+        if body.messages is not None:
+            check_messages(body.messages)
+        if isinstance(body.input, str):
+            given["inputs"] = [body.input]
+        text = count_text(self.egress, ctx, body.model, given)
+        count = await self.ai.client.count_tokens(body.model, client=_client(ctx), **text)
+        return json_response({"count": count})
+
+
+
+def count_text(egress: Egress | None, ctx: Context | None, model: str, text: dict[str, Any]
+           ) -> dict[str, Any]:
+    """`text` (the worker's ``count_tokens`` input) as it may leave this PoP, with
+    the request id and signed fair share of `ctx`'s caller (`Egress.count_hop`).
+    Raises `Rejected` (451) where the call it counts for would be refused."""
+    request_id = ctx.request_id.decode() if ctx is not None and ctx.request_id else None
+    if ctx is None or egress is None or request_id is None:
+        return {**text, "request_id": request_id}
+    if mark_of(ctx.decisions) is not None:  # came de-sensitised: its texts already are
+        return {**text, "request_id": request_id,
+                **egress.client_hop(_client(ctx), request_id)}
+    return egress.count_hop(_tenant(ctx), _client(ctx), model, request_id, text)
 
 
 def _client(ctx: Context | None) -> str | None:

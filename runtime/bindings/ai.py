@@ -44,7 +44,7 @@ from edgefn_core.errors import ApiError, BindingError, Rejected, WorkerError
 from gpu_worker import protocol as p
 from gpu_worker.client import Generation
 from runtime.ai import structured
-from runtime.ai.egress import Egress
+from runtime.ai.egress import Egress, named
 from runtime.ai.openai_checks import check_messages
 from runtime.ai.service import ORIGIN_DOWN, AIService
 from runtime.ai.shaping import choice
@@ -169,8 +169,8 @@ class AIBinding:
             case "embed":
                 return await self._embed(str(a["model"]), a["input"], a)
             case "rerank":
-                return await client.rerank(a["model"], a["query"], list(a["documents"]),
-                                           a.get("top_n"), self.fair_client)
+                return await self._rerank(str(a["model"]), a["query"], list(a["documents"]),
+                                          a.get("top_n"))
         return await client.models()
 
     async def _generate(self, op: str, a: dict[str, Any], traceparent: str | None) -> Any:
@@ -206,9 +206,8 @@ class AIBinding:
                 return {"stream": self._open(Replayed(found.entry.result), None), **said}
         try:
             hop = self._hop(model, params)  # refused before any charge
-            ticket = await self._admit(model, stream, params.get("max_tokens"),
-                                       prompt=params.get("prompt"),
-                                       messages=params.get("messages"))
+            ticket = await self._admit(model, stream, params.get("max_tokens"), named(hop),
+                                       prompt=hop.get("prompt"), messages=hop.get("messages"))
         except BaseException:
             self._abandon(found)
             raise
@@ -263,8 +262,8 @@ class AIBinding:
                          traceparent: str | None = None) -> Generated:
         """One model call, admitted and settled. Raises `Rejected`, `WorkerError`."""
         hop = self._hop(model, params)  # refused before any charge
-        ticket = await self._admit(model, False, params.get("max_tokens"),
-                                   prompt=params.get("prompt"), messages=params.get("messages"))
+        ticket = await self._admit(model, False, params.get("max_tokens"), named(hop),
+                                   prompt=hop.get("prompt"), messages=hop.get("messages"))
         gen: Generation | None = None
         try:
             gen = await self.service.client.generate(model, stream=False, traceparent=traceparent,
@@ -364,20 +363,33 @@ class AIBinding:
             texts = self.egress.inputs(self.resident, model, texts)
             hop = self.egress.embed_hop(self.resident, self.fair_client, model,
                                         f"ai-{secrets.token_hex(12)}")
-        ticket = await self._admit(model, False, 0, inputs=texts)
+        ticket = await self._admit(model, False, 0, hop, inputs=texts)
         out = await settled_embedding(ticket, self.service.client.embed(model, texts,
                                                                         self.fair_client, **hop))
         return Embedded(out["embeddings"], out["tokens"])
 
-    async def _admit(self, model: str, stream: bool, max_tokens: int | None, **text: Any
-                     ) -> Ticket | None:
-        """The tenant's reservation for one call (None without a budget). Raises
-        `Rejected` and `WorkerError` (see `TokenBudgets.admit_ai`)."""
+    async def _rerank(self, model: str, query: Any, documents: list[Any],
+                      top_n: int | None) -> Any:
+        """`documents` ranked; the texts leave this PoP as an embedding's do (`_embedded`).
+        Raises `Rejected`, `WorkerError`."""
+        hop: dict[str, Any] = {}
+        if self.egress is not None:
+            query, *documents = self.egress.inputs(self.resident, model, [query, *documents])
+            hop = self.egress.embed_hop(self.resident, self.fair_client, model,
+                                        f"ai-{secrets.token_hex(12)}")
+        return await self.service.client.rerank(model, query, documents, top_n,
+                                                self.fair_client, **hop)
+
+    async def _admit(self, model: str, stream: bool, max_tokens: int | None,
+                     hop: dict[str, Any] | None = None, **text: Any) -> Ticket | None:
+        """The tenant's reservation for one call (None without a budget; `hop`: the
+        call's request id and signed client). Raises `Rejected` and `WorkerError` (see
+        `TokenBudgets.admit_ai`)."""
         if self.budgets is None:
             return None
         return await self.budgets.admit_ai(self.budgets.payer(None, self.tenant),
                                            self.service.client, model, stream, max_tokens,
-                                           self.fair_client, **text)
+                                           self.fair_client, hop, **text)
 
     async def end_stream(self, sid: int) -> bool:
         """Stop this deployment's stream `sid` (its reader stopped: the request's client
@@ -500,3 +512,4 @@ async def _end(gen: Generation | Replayed, ticket: Ticket | None) -> None:
 def _generation(gen: Generation | Replayed) -> Generation | None:
     """The model's generation a stream reads (a replayed one has none: no ticket)."""
     return gen if isinstance(gen, Generation) else None
+

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime import config as c
 from runtime.pipeline.chain import Chain
-from runtime.pipeline.stage import Stage, Target
+from runtime.pipeline.stage import Context, Stage, Target
 from runtime.pipeline.targets import Targets
 
 if TYPE_CHECKING:
@@ -209,12 +209,14 @@ def _ai_cache(pop: PoP, targets: Targets) -> Stage | None:
         log.info("stage ai_cache: inactive (%s)", "[ai_cache] enabled = false" if cache
                  else "this PoP runs no model worker")
         return None
+    from runtime.ai.openai_api import count_text
     from runtime.pipeline.stages.ai_cache import AICacheStage
 
-    ai = pop.ai
+    ai, egress = pop.ai, pop.stores.egress
 
-    async def count(model: str, messages: list[Any], client: str | None) -> int:
+    async def count(model: str, messages: list[Any], ctx: Context) -> int:
         assert ai is not None  # an AI cache exists where a model worker does
-        return await ai.client.count_tokens(model, messages=messages, client=client)
+        text = count_text(egress, ctx, model, {"messages": messages})  # as the call leaves
+        return await ai.client.count_tokens(model, client=ctx.model_client(), **text)
 
     return AICacheStage(cache, targets, pop.config.residency.secret, count)

@@ -161,3 +161,25 @@ def test_an_embeddings_call_carries_its_request_id_and_signed_client() -> None:
     assert away["request_id"] == DESENSITISED_RID + r.hashed_id(SECRET, "rid-1")
     assert "acme" not in json.dumps(away)
     assert egress(CENTRAL).embed_hop("globex", None, "chat-model", "rid-1") == {}
+
+
+def test_a_token_count_leaves_as_the_call_it_counts_for() -> None:
+    """`count_hop`: a count's text leaves as its chat's or embedding's would (refused,
+    or masked with the request id hashed), always named by request id and signed
+    client: the tier above counts it in the caller's share."""
+    messages = chat(PII)["messages"]
+    out = egress(CENTRAL).count_hop("globex", "tenant:globex", "chat-model", "rid-1",
+                                    {"messages": messages})
+    assert out.keys() == {"messages", "request_id", "signed_client"}
+    assert out["messages"] == messages and out["request_id"] == "rid-1"
+    assert r.verify_client(SECRET, out["signed_client"], "rid-1") == "tenant:globex"
+    for text in ({"messages": messages}, {"prompt": PII}, {"inputs": [PII]}):
+        with pytest.raises(Rejected) as e:
+            egress(CENTRAL).count_hop("acme-eu", "tenant:acme-eu", "chat-model", "rid-1", text)
+        assert e.value.status == 451
+        away = egress(CENTRAL, allow=("acme-ds",)).count_hop(
+            "acme-ds", "tenant:acme-ds", "chat-model", "rid-1", text)
+        assert away.keys() == {*text, "request_id", "signed_client"}
+        assert away["request_id"] == DESENSITISED_RID + r.hashed_id(SECRET, "rid-1")
+        for leaked in ("jane.doe", "7946", "4111", "acme"):
+            assert leaked not in json.dumps(away), leaked

@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from edgefn_core.errors import WorkerError
+from edgefn_core.errors import Rejected, WorkerError
 from runtime.ai.openai_api import (
     ENCODINGS,
     MAX_STOPS,
@@ -70,7 +70,7 @@ BODIES: dict[str, type[Any]] = {"chat": ChatBody, "completion": CompletionBody,
                                 "embedding": EmbeddingsBody}
 ORIGIN_FAILED = frozenset({502, 503, 504})  # what a stale entry may answer instead
 COUNT_WAIT = 0.25  # seconds a semantic hit waits for its prompt's count (else: the stored one)
-type CountTokens = Callable[[str, list[Any], str | None], Awaitable[int]]
+type CountTokens = Callable[[str, list[Any], Context], Awaitable[int]]
 FALLBACK = b"x-edgefn-fallback"
 
 
@@ -92,8 +92,9 @@ class AICacheStage:
                  count: CountTokens | None = None) -> None:
         """`secret`: the topology's shared one (``[residency] secret``), which signs the
         query embeddings handed between tiers (`forward`); "" hands none on.
-        `count(model, messages, client)`: a chat's prompt tokens (the model worker's,
-        in `client`'s fair share)."""
+        `count(model, messages, ctx)`: a chat's prompt tokens (the model worker's, in
+        the fair share of `ctx`'s caller; Raises `WorkerError`, and `Rejected` where
+        the messages may not leave this PoP for a worker's upstream)."""
         self.cache = cache
         self.targets = targets
         self.secret = secret
@@ -125,7 +126,7 @@ class AICacheStage:
         record = self.cache.account(found)
         ctx.decide("ai_cache", record)
         if found.entry is not None:
-            prompt = await self._prompt_tokens(asked, found, ctx.model_client())
+            prompt = await self._prompt_tokens(asked, found, ctx)
             if prompt is not None:
                 record["cached_tokens"] = prompt
             return _hit(asked, found, prompt)
@@ -163,18 +164,18 @@ class AICacheStage:
             response.body = tee
         return response
 
-    async def _prompt_tokens(self, asked: Asked, found: Lookup, client: str | None
+    async def _prompt_tokens(self, asked: Asked, found: Lookup, ctx: Context
                              ) -> int | None:
         """A semantic hit's prompt tokens: the caller's messages counted by the
-        model's tokenizer in `client`'s fair share (its usage showed the stored
-        paraphrase's count); None,
-        the stored count, for an exact hit or where the worker cannot count now."""
+        model's tokenizer in the caller's fair share (its usage showed the stored
+        paraphrase's count); None, the stored count, for an exact hit or where the
+        worker cannot count now (or its upstream may not see the messages)."""
         if found.outcome != "hit-semantic" or self.count is None or asked.messages is None:
             return None
         try:
-            return await asyncio.wait_for(self.count(asked.call.model, asked.messages, client),
+            return await asyncio.wait_for(self.count(asked.call.model, asked.messages, ctx),
                                           COUNT_WAIT)
-        except (WorkerError, TimeoutError):
+        except (WorkerError, Rejected, TimeoutError):
             return None
 
     def _given(self, request: Request, call: Call) -> np.ndarray | None:

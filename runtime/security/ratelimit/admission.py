@@ -123,12 +123,14 @@ class TokenBudgets:
         return payer
 
     async def admit_ai(self, payer: Payer, client: WorkerClient, model: str, stream: bool,
-                       max_tokens: int | None, caller: str | None = None, **text: Any
-                       ) -> Ticket | None:
+                       max_tokens: int | None, caller: str | None = None,
+                       hop: dict[str, Any] | None = None, **text: Any) -> Ticket | None:
         """`admit` for one model call, its prompt counted by the worker (`text`: what
-        `WorkerClient.count_tokens` takes) in `caller`'s fair share (`model_client`);
-        None when `payer` has no limit. An engine that cannot count (an upstream
-        server) reserves the input's UTF-8 JSON length, more than its tokens. Raises
+        `WorkerClient.count_tokens` takes) in `caller`'s fair share (`model_client`;
+        `hop`: the call's ``request_id`` and ``signed_client``, for an upstream that
+        counts); None when `payer` has no limit. An engine that cannot count (an upstream
+        server that serves no ``/tokenize``) reserves the input's UTF-8 JSON length,
+        more than its tokens. Raises
         what `admit` raises and the worker's refusal of the input (`WorkerError`:
         unknown model, empty prompt)."""
         if not payer:
@@ -136,7 +138,7 @@ class TokenBudgets:
 
         async def count() -> int:
             try:
-                return await client.count_tokens(model, client=caller, **text)
+                return await client.count_tokens(model, client=caller, **(hop or {}), **text)
             except WorkerError as e:
                 if e.code != "count_unsupported":
                     raise
