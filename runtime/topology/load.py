@@ -127,19 +127,31 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def failed_beyond(samples: list[Sample], kills: list[float], grace: float) -> list[Sample]:
+def failed_beyond(samples: list[Sample], kills: list[float], grace: float | list[float]
+                  ) -> list[Sample]:
     """Failed samples that were not in flight at a kill: sent more than `grace`
-    seconds (the time the news takes to cross a link) after every kill before them,
-    or finished before it."""
+    seconds (the time the news takes to cross a link; one per kill, or one for all)
+    after every kill before them, or finished before it."""
+    graces = grace if isinstance(grace, list) else [grace] * len(kills)
+
     def in_flight(s: Sample) -> bool:
-        return any(s.started <= k + grace and s.started + s.seconds >= k for k in kills)
+        return any(s.started <= k + g and s.started + s.seconds >= k
+                   for k, g in zip(kills, graces, strict=True))
     return [s for s in samples if s.status != 200 and not in_flight(s)]
 
 
+def in_flight(samples: list[Sample], kill: float) -> list[Sample]:
+    """The samples sent before `kill` that had not ended by then."""
+    return [s for s in samples if s.started < kill <= s.started + s.seconds]
+
+
 def recovery(samples: list[Sample], kill: float, geos: set[str], kind: str = "") -> float:
-    """Seconds from `kill` to the sending of the first request from `geos` (of
-    `kind`, if given) that then succeeded: how long new requests could not get
-    through. inf if none did."""
-    starts = [s.started - kill for s in samples
+    """Seconds from when a client of `geos` could send again after `kill` (the kill,
+    or the end of its request then in flight: how long that one took is the
+    machine's, not the failover's) to its sending of the first request (of `kind`,
+    if given) that then succeeded: how long new requests could not get through.
+    inf if none did."""
+    busy = {s.geo: s.started + s.seconds for s in in_flight(samples, kill)}
+    starts = [s.started - max(kill, busy.get(s.geo, kill)) for s in samples
               if s.started >= kill and s.status == 200 and s.geo in geos and kind in ("", s.kind)]
     return min(starts, default=float("inf"))
