@@ -417,7 +417,6 @@ class OpenAIApi:
         return json_response({"id": "rerank-" + secrets.token_hex(8), "model": body.model,
                               "results": results, "usage": {"total_tokens": out["tokens"]}})
 
-
     async def tokenize(self, body: TokenizeBody, ctx: Context | None = None) -> Response:
         """``{"count"}``: the tokens the model reads for `body`'s one input, counted by
         the worker (an upstream's, for a forwarded model) in the caller's fair share;
@@ -438,9 +437,8 @@ class OpenAIApi:
         return json_response({"count": count})
 
 
-
 def count_text(egress: Egress | None, ctx: Context | None, model: str, text: dict[str, Any]
-           ) -> dict[str, Any]:
+               ) -> dict[str, Any]:
     """`text` (the worker's ``count_tokens`` input) as it may leave this PoP, with
     the request id and signed fair share of `ctx`'s caller (`Egress.count_hop`).
     Raises `Rejected` (451) where the call it counts for would be refused."""
