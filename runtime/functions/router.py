@@ -149,6 +149,11 @@ class Router[T]:
         self._wild = sorted(((h[1:].encode(), t) for h, t in named.items() if h.startswith("*.")),
                             key=lambda w: len(w[0]), reverse=True)
 
+    @property
+    def host_bound(self) -> bool:
+        """Whether some route is bound to a host (a request's Host then matters)."""
+        return bool(self._exact or self._wild)
+
     def match(self, host: bytes, path: bytes) -> Hit[T] | None:
         """The target for a request, the route (as written) it matched and what the
         route captured; None if no route matches."""

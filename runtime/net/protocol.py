@@ -97,7 +97,7 @@ class HttpProtocol(asyncio.Protocol):
     __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "client",
                  "closing", "config", "current", "deadline", "deadline_status",
                  "dispatching", "drain_waiter", "eof", "head_size", "headers", "in_body",
-                 "in_message", "lingered", "loop", "out", "out_size", "parser", "queue",
+                 "in_message", "lane", "lingered", "loop", "out", "out_size", "parser", "queue",
                  "reading", "refusing", "stalled", "state", "task", "transport",
                  "upgrade_ignored", "url", "write_deadline", "write_paused")
 
@@ -108,6 +108,7 @@ class HttpProtocol(asyncio.Protocol):
         self.config = state.config
         self.loop = state.loop
         self.parser = httptools.HttpRequestParser(self)
+        self.lane = state.lane  # the native lane, if the server has one
 
         # Per-connection state
         self.transport: asyncio.Transport | None = None
@@ -180,6 +181,13 @@ class HttpProtocol(asyncio.Protocol):
             if self.lingered > LINGER_BYTES:
                 self._close()
             return
+        if self.lane is not None and not (self.in_message or self.queue or self.busy or
+                                          self.closing or self.write_paused or self.eof):
+            used = self._lane(data)
+            if used:
+                if used == len(data):
+                    return
+                data = data[used:]  # the rest is Python's, from a request's first byte
         # a message that was arriving, and how far: did this read move it on?
         was = self.head_size + self.body_size if self.in_message else -1
         try:
@@ -211,6 +219,29 @@ class HttpProtocol(asyncio.Protocol):
             else:
                 self.stalled = 0
         self._dispatch()
+
+    def _lane(self, data: bytes) -> int:
+        """The whole requests at the start of `data` the native lane answers, their
+        responses waiting for the loop's turn as `_write`'s do; the bytes they took.
+        The lane stops once it has written what backpressure allows, so the rest
+        goes through `_answer_queued`, which waits for the client."""
+        assert self.lane is not None
+        state = self.state
+        budget = self.config.write_buffer_bytes - self.out_size
+        try:
+            used, out = self.lane.serve(data, self.client, state.date, state.extra_head, budget)
+        except Exception:  # nothing was answered: all of it is Python's
+            log.exception("native lane failed; the Python front answers instead")
+            return 0
+        if out:
+            self.out.append(out)
+            self.out_size += len(out)
+            if self.out_size >= self.config.write_buffer_bytes:
+                self._flush()
+            elif len(self.out) == 1:
+                state.outbox.add(self)
+            self._idle()
+        return used
 
     def eof_received(self) -> bool:
         """The client closed its side: it is gone. (A half-close, `nc -N`, reads the

@@ -10,7 +10,7 @@ import socket
 import time
 from collections import Counter
 from email.utils import formatdate
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
@@ -45,14 +45,30 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # produced (streams pause, pipelined requests wait): the transport's high-water mark.
     write_buffer_bytes: Positive = 64 << 10
     send_timeout: Seconds = 60.0  # a client that reads nothing for this long is cut off
+    # "auto": requests for eligible targets are served by the native lane (C), with the
+    # same answers and events (runtime.pipeline.lane); "off": all by the Python front.
+    # EDGEFN_NATIVE_LANE=0 turns it off too.
+    native_lane: Literal["auto", "off"] = "auto"
+
+
+class Lane(Protocol):
+    """What the front asks of a native lane (`runtime.pipeline.lane.NativeLane`)."""
+
+    def serve(self, data: bytes, client: str, date: bytes, extra: bytes, budget: int
+              ) -> tuple[int, bytes]:
+        """The whole requests at the start of `data` it answers: the bytes of `data`
+        they took and their responses (at least `budget` bytes of them stop it)."""
+        ...
 
 
 class ServerState:
     """State shared by every connection of one server."""
 
-    def __init__(self, config: ServerConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, config: ServerConfig, loop: asyncio.AbstractEventLoop,
+                 lane: Lane | None = None) -> None:
         self.config = config
         self.loop = loop
+        self.lane = lane  # serves what it can of each read before the Python front
         self.connections: set[HttpProtocol] = set()
         self.per_client: Counter[str] = Counter()  # open connections by client address
         self.refused = 0  # connections turned away at a cap
@@ -102,9 +118,12 @@ class ServerState:
 class Server:
     """One HTTP listener serving `app` (see `runtime.net.message`)."""
 
-    def __init__(self, app: Any, config: ServerConfig | None = None) -> None:
+    def __init__(self, app: Any, config: ServerConfig | None = None,
+                 lane: Lane | None = None) -> None:
+        """`lane`: a native lane serving what it can of each read first (None: none)."""
         self.app = app
         self.config = config or ServerConfig()
+        self.lane = lane
         self.state: ServerState | None = None
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -117,7 +136,7 @@ class Server:
         OSError if the address is unavailable."""
         loop = asyncio.get_running_loop()
         raise_fd_limit(self.config.max_connections)
-        self.state = state = ServerState(self.config, loop)
+        self.state = state = ServerState(self.config, loop, self.lane)
         state.extra_head = extra_head
         self._server = await loop.create_server(
             lambda: HttpProtocol(self.app, state), host, port, reuse_address=True,

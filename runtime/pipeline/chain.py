@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from runtime.net.message import Request
 from runtime.pipeline.links import end, link, linked, timed_link
 from runtime.pipeline.plan import Planner, planned
-from runtime.pipeline.stage import Context, Result, Stage
+from runtime.pipeline.stage import Context, Result, Stage, Target
 from runtime.pipeline.targets import Targets
 
 
@@ -42,6 +42,14 @@ class Chain:
     def run(self, request: Request, ctx: Context) -> Result:
         """`request` through the chain with a context the caller made (a warm-up's)."""
         return self._first(request, ctx)
+
+    def kept(self, target: Target | None) -> list[Stage] | None:
+        """Every stage a request for `target` goes through; None when the chain has
+        no per-target plans (a timed chain runs every stage for everyone)."""
+        if self.planner is None:
+            return None
+        before = self.stages[:len(self.stages) - len(self.planner.stages)]
+        return [*before, *self.planner.kept(target)]
 
     @property
     def names(self) -> list[str]:

@@ -69,6 +69,15 @@ class Planner:
             hit = self._plan(target)
         return hit[1](request, ctx)
 
+    def version(self) -> tuple[object, object]:
+        """What the plans depend on now: the routes and the stages' stamp (a change
+        of either makes them again)."""
+        return self.registry.router, self._stamp() if self._stamp is not None else None
+
+    def kept(self, target: Target | None) -> list[Stage]:
+        """The stages a request for `target` goes through, from the planner on."""
+        return [s for s in self.stages if not _idle(s, target)]
+
     def skipped(self, target: Target | None) -> list[str]:
         """The names of the stages a request for `target` skips."""
         return [s.name for s in self.stages if _idle(s, target)]

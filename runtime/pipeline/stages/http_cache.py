@@ -328,6 +328,10 @@ class HttpCacheStage:
             self.cache.flights.land(key)
 
     # -- bookkeeping ------------------------------------------------------------------------
+    def settings_for(self, target: Target) -> HttpCacheSettings:
+        """The settings requests for `target` are cached under (`_settings`)."""
+        return self._settings(target)
+
     def _settings(self, target: Target) -> HttpCacheSettings:
         """The PoP's settings with the function's ``[cache.http]`` over them."""
         override = target.cache.http

@@ -1,0 +1,1016 @@
+/*
+ * The native lane (`_edgefn_lane`, runtime/net/lane.py): whole requests for the
+ * targets Python found eligible, served in C from the bytes one read brought.
+ *
+ * `Lane.serve(data, ...)` parses `data` from a message boundary with llhttp (the
+ * one httptools ships: its C API is dlsym'd from httptools' own extension, the
+ * struct layout below is llhttp 9.x's public header, checked at load by
+ * `layout_check()` against llhttp's own accessors). For each complete request it
+ * decides whether it is one the lane serves exactly as the Python front and
+ * pipeline would: HTTP/1.1 GET or HEAD, no body, no header that any stage or the
+ * front reads differently (Connection, Expect, Upgrade, a body's framing, a
+ * request id, credentials, signatures, x-edgefn-*), a plain origin-form path that
+ * exactly equals an eligible route, a User-Agent Python has classified as a
+ * non-browser class its policy allows, sizes under the front's limits. If so:
+ * encode the request (edgefn_core/abi.py), call the PoP's own reactor entry
+ * (reactor.c `edgefn_reactor_call`, passed in as a pointer; the GIL released as
+ * the PoP's `serve` does), check the guest's frame as abi.decode_response does,
+ * and write the response the front would write. Anything else, and everything
+ * after it in `data`, is left to Python (`serve` says how many bytes it used):
+ * the lane never answers an error, Python's own code does.
+ *
+ * Every read is bounded: the parse buffers are fixed (URL_MAX, HEAD_MAX,
+ * MAX_HEADERS; past them the request goes to Python), the guest's frame is
+ * walked with every length checked against what remains. Loop thread only.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- llhttp 9.x ------------------------------------------------------------------------ */
+typedef struct llhttp_s llhttp_t;
+typedef int (*llhttp_data_cb)(llhttp_t *, const char *, size_t);
+typedef int (*llhttp_cb)(llhttp_t *);
+struct llhttp_s {
+    int32_t _index;
+    void *_span_pos0;
+    void *_span_cb0;
+    int32_t error;
+    const char *reason;
+    const char *error_pos;
+    void *data;
+    void *_current;
+    uint64_t content_length;
+    uint8_t type, method, http_major, http_minor, header_state;
+    uint16_t lenient_flags;
+    uint8_t upgrade, finish;
+    uint16_t flags, status_code;
+    uint8_t initial_message_completed;
+    void *settings;
+};
+_Static_assert(offsetof(llhttp_t, data) == 0x30, "llhttp data");
+_Static_assert(offsetof(llhttp_t, method) == 0x49, "llhttp method");
+_Static_assert(offsetof(llhttp_t, http_minor) == 0x4b, "llhttp http_minor");
+_Static_assert(sizeof(llhttp_t) == 96, "llhttp size");
+
+typedef struct {
+    llhttp_cb on_message_begin;
+    llhttp_data_cb on_protocol, on_url, on_status, on_method, on_version, on_header_field,
+        on_header_value, on_chunk_extension_name, on_chunk_extension_value;
+    llhttp_cb on_headers_complete;
+    llhttp_data_cb on_body;
+    llhttp_cb on_message_complete, on_protocol_complete, on_url_complete, on_status_complete,
+        on_method_complete, on_version_complete, on_header_field_complete,
+        on_header_value_complete, on_chunk_extension_name_complete,
+        on_chunk_extension_value_complete, on_chunk_header, on_chunk_complete, on_reset;
+} llhttp_settings_t;
+_Static_assert(offsetof(llhttp_settings_t, on_url) == 0x10, "settings on_url");
+_Static_assert(offsetof(llhttp_settings_t, on_header_value) == 0x38, "settings value");
+_Static_assert(offsetof(llhttp_settings_t, on_headers_complete) == 0x50, "settings hc");
+_Static_assert(offsetof(llhttp_settings_t, on_message_complete) == 0x60, "settings mc");
+_Static_assert(offsetof(llhttp_settings_t, on_reset) == 0xc0, "settings reset");
+
+enum { HPE_OK = 0, HPE_PAUSED = 21, HTTP_REQUEST = 1, M_GET = 1, M_HEAD = 2 };
+
+static void (*ll_init)(llhttp_t *, int, const llhttp_settings_t *);
+static void (*ll_settings_init)(llhttp_settings_t *);
+static int (*ll_execute)(llhttp_t *, const char *, size_t);
+static void (*ll_resume)(llhttp_t *);
+static const char *(*ll_error_pos)(const llhttp_t *);
+static int (*ll_should_keep_alive)(const llhttp_t *);
+static uint8_t (*ll_get_method)(llhttp_t *);
+static uint8_t (*ll_get_http_major)(llhttp_t *);
+static uint8_t (*ll_get_http_minor)(llhttp_t *);
+static llhttp_settings_t SETTINGS;
+
+/* ---- the PoP's reactor entry (runtime/executors/wasm/native_src/reactor.c) ------------- */
+typedef struct {
+    int32_t stage;
+    int32_t export_index;
+    void *trap;
+    void *error;
+    uint64_t a, b;
+    uint64_t memory_size;
+    const uint8_t *response;
+    uint64_t response_len;
+} edgefn_result;
+typedef int32_t (*reactor_call_t)(void *engine, const void *pre, int64_t memory_limit,
+                                  uint64_t deadline_ticks, const uint8_t *req, size_t req_len,
+                                  uint64_t max_response, int32_t handle, edgefn_result *r,
+                                  void *times);
+
+/* ---- one request being parsed ---------------------------------------------------------- */
+#define URL_MAX 4096
+#define HEAD_MAX 8192
+#define MAX_HEADERS 64
+#define UA_MAX 512
+#define MAX_ROUTES 256
+#define UA_SLOTS 1024  /* a power of two */
+#define MAX_HEAD_BYTES (64 << 10)  /* edgefn_core.abi.MAX_HEAD_BYTES */
+
+typedef struct { uint32_t name, name_len, value, value_len; } hdr_t;
+
+typedef struct {
+    int done;      /* on_message_complete ran */
+    int bad;       /* not one the lane serves */
+    int hstate;    /* 0: none yet, 1: in a field, 2: in a value */
+    uint32_t url_len, head_len, nh;
+    uint64_t py_head;  /* the front's measure: sum of name + value + 4 */
+    hdr_t h[MAX_HEADERS];
+    char url[URL_MAX];
+    char head[HEAD_MAX];
+} req_t;
+
+static int on_message_begin(llhttp_t *p) {
+    req_t *q = p->data;
+    q->done = q->bad = q->hstate = 0;
+    q->url_len = q->head_len = q->nh = 0;
+    q->py_head = 0;
+    return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t n) {
+    req_t *q = p->data;
+    if (n > URL_MAX - q->url_len) { q->bad = 1; return -1; }
+    memcpy(q->url + q->url_len, at, n);
+    q->url_len += (uint32_t)n;
+    return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t n) {
+    req_t *q = p->data;
+    if (n > HEAD_MAX - q->head_len) { q->bad = 1; return -1; }
+    if (q->hstate != 1) {
+        if (q->nh == MAX_HEADERS) { q->bad = 1; return -1; }
+        hdr_t *h = &q->h[q->nh++];
+        h->name = q->head_len;
+        h->name_len = h->value = h->value_len = 0;
+        q->hstate = 1;
+    }
+    char *o = q->head + q->head_len;
+    for (size_t i = 0; i < n; i++)
+        o[i] = (char)(at[i] >= 'A' && at[i] <= 'Z' ? at[i] + 32 : at[i]);
+    q->head_len += (uint32_t)n;
+    q->h[q->nh - 1].name_len += (uint32_t)n;
+    q->py_head += n;
+    return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t n) {
+    req_t *q = p->data;
+    if (n > HEAD_MAX - q->head_len || q->nh == 0) { q->bad = 1; return -1; }
+    hdr_t *h = &q->h[q->nh - 1];
+    if (q->hstate != 2) { h->value = q->head_len; q->hstate = 2; q->py_head += 4; }
+    memcpy(q->head + q->head_len, at, n);
+    q->head_len += (uint32_t)n;
+    h->value_len += (uint32_t)n;
+    q->py_head += n;
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *p) {
+    req_t *q = p->data;
+    if (q->hstate == 1) { q->bad = 1; return -1; }  /* a field without a value */
+    if (p->http_major != 1 || p->http_minor != 1 || (p->method != M_GET && p->method != M_HEAD)) {
+        q->bad = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t n) {
+    (void)at; (void)n;
+    ((req_t *)p->data)->bad = 1;
+    return -1;
+}
+
+static int on_message_complete(llhttp_t *p) {
+    ((req_t *)p->data)->done = 1;
+    return HPE_PAUSED;  /* stop right after it: its end is llhttp_get_error_pos */
+}
+
+/* ---- the lane -------------------------------------------------------------------------- */
+typedef struct {
+    char path[256];
+    size_t path_len;
+    void *engine, *pre, *times;
+    int64_t memory_limit;
+    uint64_t deadline_ticks, max_response;
+    PyObject *env_blob, *label, *fn;  /* bytes, bytes, the Deployment (its `inflight`) */
+    uint32_t allowed;                  /* bit per bot class whose action is "allow" */
+    int cache;                         /* CACHE_*: what http_cache does for it */
+    PyObject *caching, *label_str;     /* the HTTP cache's labels with entries; its label */
+    PyObject *executor;                /* its WasmFunction (`threaded`: moved off the loop) */
+} route_t;
+
+/* http_cache for a route: not in its plan; off for the function (its Cache-Tag
+ * dropped); nothing of the deployment stored (`_first`: MISS, unless the response
+ * says it may be stored, which Python does) */
+enum { CACHE_NONE = 0, CACHE_OFF = 1, CACHE_FIRST = 2 };
+
+typedef struct { PyObject *ua; int verdict; } ua_slot;
+
+typedef struct {
+    PyObject_HEAD
+    reactor_call_t call;
+    route_t routes[MAX_ROUTES];
+    int n_routes;
+    PyObject *class_blobs;   /* tuple: the principal blob per bot class */
+    PyObject *verdict_class; /* tuple: verdict -> bot class index */
+    PyObject *classify;      /* classify(ua) -> verdict index, or -1: Python's */
+    PyObject *status_lines;  /* tuple of 600: bytes or None */
+    PyObject *inflight_name; /* "inflight" */
+    PyObject *threaded_name; /* "threaded" */
+    char prefix[64];         /* request id prefix */
+    size_t prefix_len;
+    char rid_header[64];     /* the request id header, lower case */
+    size_t rid_header_len;
+    uint64_t counter;        /* the request id counter, shared with `request_id` */
+    uint64_t max_url, max_head;
+    ua_slot uas[UA_SLOTS];
+    size_t n_uas;
+    edgefn_result result;
+    uint8_t *req;            /* the encoded request */
+    size_t req_cap;
+    uint8_t *out;            /* responses of one serve() */
+    size_t out_len, out_cap;
+    req_t q;
+} Lane;
+
+static int grow(uint8_t **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    size_t n = *cap ? *cap : 4096;
+    while (n < need) {
+        if (n > ((size_t)1 << 40)) return -1;
+        n *= 2;
+    }
+    uint8_t *p = realloc(*buf, n);
+    if (!p) return -1;
+    *buf = p;
+    *cap = n;
+    return 0;
+}
+
+static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+static unsigned char TCHAR[256];
+
+static int name_is(const req_t *q, const hdr_t *h, const char *s, size_t n) {
+    return h->name_len == n && !memcmp(q->head + h->name, s, n);
+}
+
+/* Headers the lane leaves to Python: the front reads them (framing, Connection,
+ * Expect, Upgrade, x-edgefn-warmup), a stage does (a request id, credentials, a
+ * Web Bot Auth signature, residency's x-edgefn-*), or a function's copy of the
+ * request would differ (API keys are taken out by `dispatch`). */
+static int handed_over(const Lane *l, const req_t *q, const hdr_t *h) {
+    static const char *NAMES[] = {"connection", "content-length", "transfer-encoding",
+                                  "expect", "upgrade", "authorization", "x-api-key",
+                                  "signature-input", "signature", "keep-alive", "te",
+                                  "proxy-connection", "http2-settings"};
+    const char *name = q->head + h->name;
+    if (h->name_len >= 9 && !memcmp(name, "x-edgefn-", 9)) return 1;
+    if (h->name_len == l->rid_header_len && !memcmp(name, l->rid_header, h->name_len)) return 1;
+    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++)
+        if (strlen(NAMES[i]) == h->name_len && !memcmp(name, NAMES[i], h->name_len)) return 1;
+    return 0;
+}
+
+/* A Host the front takes without `_target` or `_check_host` having anything to say:
+ * a reg-name of letters, digits, '.', '-' and an optional ":" port of up to 5 digits. */
+static int plain_host(const uint8_t *v, uint32_t n) {
+    uint32_t i = 0;
+    while (i < n && ((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'z') ||
+                     (v[i] >= 'A' && v[i] <= 'Z') || v[i] == '.' || v[i] == '-'))
+        i++;
+    if (i == n) return 1;
+    if (v[i] != ':' || n - i - 1 > 5) return 0;
+    for (i++; i < n; i++) if (v[i] < '0' || v[i] > '9') return 0;
+    return 1;
+}
+
+/* A path routing and the front take as is: origin-form, no fragment, nothing the
+ * front's segment check (`_check_segments`) would look at. */
+static int plain_path(const char *url, size_t n) {
+    if (n == 0 || url[0] != '/') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = url[i];
+        if (ch == '?') break;
+        if (ch == '#' || ch == '%' || ch == '\\' || (ch == '.' && url[i - 1] == '/')) return 0;
+    }
+    return memchr(url, '#', n) == NULL;
+}
+
+static uint64_t hash(const uint8_t *s, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) { h ^= s[i]; h *= 1099511628211ull; }
+    return h;
+}
+
+/* The verdict of a request's User-Agent (0: none sent), from the lane's table or
+ * Python's `classify`; -1: leave it to Python. -2: a Python error. */
+static int verdict_of(Lane *l, const req_t *q) {
+    const hdr_t *ua = NULL;
+    for (uint32_t i = 0; i < q->nh; i++)
+        if (name_is(q, &q->h[i], "user-agent", 10)) {
+            if (ua) return -1;  /* two: dict() keeps the last; Python decides */
+            ua = &q->h[i];
+        }
+    if (!ua || ua->value_len == 0) return 0;
+    if (ua->value_len > UA_MAX) return -1;
+    const uint8_t *v = (const uint8_t *)q->head + ua->value;
+    size_t mask = UA_SLOTS - 1, i = (size_t)hash(v, ua->value_len) & mask;
+    for (size_t probes = 0; probes < UA_SLOTS; probes++, i = (i + 1) & mask) {
+        ua_slot *s = &l->uas[i];
+        if (!s->ua) break;
+        if ((size_t)PyBytes_GET_SIZE(s->ua) == ua->value_len &&
+                !memcmp(PyBytes_AS_STRING(s->ua), v, ua->value_len))
+            return s->verdict;
+    }
+    PyObject *key = PyBytes_FromStringAndSize((const char *)v, ua->value_len);
+    if (!key) return -2;
+    PyObject *r = PyObject_CallOneArg(l->classify, key);
+    long verdict = r ? PyLong_AsLong(r) : -1;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) { Py_DECREF(key); return -2; }
+    if (verdict < -1 || verdict >= PyTuple_GET_SIZE(l->verdict_class)) verdict = -1;
+    if (l->n_uas < UA_SLOTS / 2 && !l->uas[i].ua) {
+        l->uas[i].ua = key;
+        l->uas[i].verdict = (int)verdict;
+        l->n_uas++;
+    } else {
+        Py_DECREF(key);
+    }
+    return (int)verdict;
+}
+
+static int find_route(const Lane *l, const char *path, size_t n) {
+    for (int i = 0; i < l->n_routes; i++)
+        if (l->routes[i].path_len == n && !memcmp(l->routes[i].path, path, n)) return i;
+    return -1;
+}
+
+static uint8_t *put_str(uint8_t *o, const void *s, uint32_t n) {
+    memcpy(o, &n, 4);
+    memcpy(o + 4, s, n);
+    return o + 4 + n;
+}
+
+static uint8_t *put_blob(uint8_t *o, PyObject *b) {
+    size_t n = (size_t)PyBytes_GET_SIZE(b);
+    memcpy(o, PyBytes_AS_STRING(b), n);
+    return o + n;
+}
+
+/* The request in the function ABI into l->req, as `encode_request` writes it; its
+ * length, or 0 (no memory). */
+static size_t encode(Lane *l, const route_t *r, PyObject *principal, int head,
+                     const char *path, size_t path_len, const char *query, size_t query_len) {
+    const req_t *q = &l->q;
+    size_t n = 4 + 4 * 6 + 4 + path_len + query_len + (size_t)q->nh * 8 + q->head_len +
+               (size_t)PyBytes_GET_SIZE(r->env_blob) + 4 /* no params */ +
+               (size_t)PyBytes_GET_SIZE(principal);
+    if (grow(&l->req, &l->req_cap, n)) return 0;
+    uint8_t *o = l->req;
+    memcpy(o, "EFQ1", 4);
+    o = put_str(o + 4, head ? "HEAD" : "GET", head ? 4 : 3);
+    o = put_str(o, path, (uint32_t)path_len);
+    o = put_str(o, query, (uint32_t)query_len);
+    memcpy(o, &q->nh, 4);
+    o += 4;
+    for (uint32_t i = 0; i < q->nh; i++) {
+        o = put_str(o, q->head + q->h[i].name, q->h[i].name_len);
+        o = put_str(o, q->head + q->h[i].value, q->h[i].value_len);
+    }
+    o = put_blob(o, r->env_blob);
+    o = put_str(o, "", 0);  /* the body */
+    o = put_str(o, "", 0);  /* params: encode_params({}) is NO_PAIRS, a zero count */
+    o = put_blob(o, principal);
+    return (size_t)(o - l->req);
+}
+
+/* The guest's frame checked as abi.decode_response checks it; its pairs section or
+ * NULL (then Python runs the request and says what is wrong). */
+static const uint8_t *check_frame(const uint8_t *p, uint64_t len, uint32_t *status,
+                                  uint32_t *count, const uint8_t **body, uint32_t *body_len) {
+    if (!p || len < 8) return NULL;
+    *status = get_u32(p);
+    *count = get_u32(p + 4);
+    if (*status < 200 || *status > 599 || (uint64_t)*count * 8 > len - 8) return NULL;
+    uint64_t pos = 8, head = 0;
+    for (uint32_t i = 0; i < *count; i++) {
+        if (len - pos < 4) return NULL;
+        uint32_t n = get_u32(p + pos);
+        if (n == 0 || n > len - pos - 4) return NULL;
+        for (uint32_t j = 0; j < n; j++) if (!TCHAR[p[pos + 4 + j]]) return NULL;
+        pos += 4 + (uint64_t)n;
+        if (len - pos < 4) return NULL;
+        uint32_t m = get_u32(p + pos);
+        if (m > len - pos - 4) return NULL;
+        for (uint32_t j = 0; j < m; j++) {
+            uint8_t ch = p[pos + 4 + j];
+            if (ch == '\r' || ch == '\n' || ch == 0) return NULL;
+        }
+        pos += 4 + (uint64_t)m;
+        head += (uint64_t)n + m;
+        if (head > MAX_HEAD_BYTES) return NULL;
+    }
+    if (len - pos < 4) return NULL;
+    *body_len = get_u32(p + pos);
+    if (*body_len > len - pos - 4) return NULL;
+    *body = p + pos + 4;
+    return p + 8;
+}
+
+/* Whether the guest's response says something of freshness (`_first` stores it). */
+static int may_store(const uint8_t *p, uint32_t count) {
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t n = get_u32(p), m = get_u32(p + 4 + n);
+        const uint8_t *name = p + 4;
+        char lower[16];
+        if (n == 13 || n == 7) {
+            for (uint32_t j = 0; j < n; j++)
+                lower[j] = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
+            if ((n == 13 && !memcmp(lower, "cache-control", 13)) ||
+                    (n == 7 && !memcmp(lower, "expires", 7)))
+                return 1;
+        }
+        p += 8 + (size_t)n + m;
+    }
+    return 0;
+}
+
+#define PUT(s, n) do { memcpy(o, (s), (n)); o += (n); } while (0)
+#define PUTS(lit) PUT(lit, sizeof(lit) - 1)
+
+static char *put_u64(char *o, uint64_t v) {
+    char tmp[24];
+    int i = 0;
+    do { tmp[i++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (i) *o++ = tmp[--i];
+    return o;
+}
+
+static char *put_hex(char *o, uint64_t v) {
+    char tmp[24];
+    int i = 0;
+    do { tmp[i++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    while (i) *o++ = tmp[--i];
+    return o;
+}
+
+static int dropped(const Lane *l, const uint8_t *name, uint32_t n, int cache) {
+    /* dispatch drops a guest's x-edgefn-*, request_id its request id header, the front
+     * the framing headers (HOP_BY_HOP) */
+    static const char *HOP[4] = {"content-length", "transfer-encoding", "connection",
+                                 "keep-alive"};
+    char lower[64];
+    if (n >= 9 && n < sizeof lower) {
+        for (uint32_t j = 0; j < 9; j++)
+            lower[j] = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
+        if (!memcmp(lower, "x-edgefn-", 9)) return 1;
+    }
+    if (n >= sizeof lower) return 0;
+    for (uint32_t j = 0; j < n; j++)
+        lower[j] = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
+    if (n == l->rid_header_len && !memcmp(lower, l->rid_header, n)) return 1;
+    if (cache != CACHE_NONE && n == 9 && !memcmp(lower, "cache-tag", 9)) return 1;
+    for (int i = 0; i < 4; i++)
+        if (strlen(HOP[i]) == n && !memcmp(HOP[i], lower, n)) return 1;
+    return 0;
+}
+
+/* The response as the front writes it (protocol.py `_head`, `_write`) into l->out.
+ * -1: no memory. */
+static int write_response(Lane *l, const route_t *r, uint32_t status, const uint8_t *pairs,
+                          uint32_t count, const uint8_t *body, uint32_t body_len,
+                          const char *rid, size_t rid_len, PyObject *date, PyObject *extra,
+                          int head) {
+    PyObject *line = PyTuple_GET_ITEM(l->status_lines, status);  /* 200..599 */
+    size_t need = 64 + (line == Py_None ? 32 : (size_t)PyBytes_GET_SIZE(line)) +
+                  (size_t)PyBytes_GET_SIZE(date) + (size_t)PyBytes_GET_SIZE(extra) +
+                  (size_t)PyBytes_GET_SIZE(r->label) + l->rid_header_len + rid_len +
+                  (size_t)body_len + 64;
+    const uint8_t *p = pairs;
+    int dated = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t n = get_u32(p), m = get_u32(p + 4 + n);
+        if (n == 4 && !dropped(l, p + 4, n, r->cache)) {
+            const uint8_t *s = p + 4;
+            if ((s[0] | 32) == 'd' && (s[1] | 32) == 'a' && (s[2] | 32) == 't' &&
+                    (s[3] | 32) == 'e')
+                dated = 1;
+        }
+        need += (size_t)n + m + 4;
+        p += 8 + (size_t)n + m;
+    }
+    if (grow(&l->out, &l->out_cap, l->out_len + need)) return -1;
+    char *o = (char *)l->out + l->out_len;
+    if (line == Py_None) {
+        PUTS("HTTP/1.1 ");
+        o = put_u64(o, status);
+        PUTS(" Unknown\r\n");
+    } else {
+        PUT(PyBytes_AS_STRING(line), (size_t)PyBytes_GET_SIZE(line));
+    }
+    if (!dated) PUT(PyBytes_AS_STRING(date), (size_t)PyBytes_GET_SIZE(date));
+    PUT(PyBytes_AS_STRING(extra), (size_t)PyBytes_GET_SIZE(extra));
+    p = pairs;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t n = get_u32(p), m = get_u32(p + 4 + n);
+        const uint8_t *name = p + 4, *value = p + 8 + n;
+        p += 8 + (size_t)n + m;
+        if (dropped(l, name, n, r->cache)) continue;
+        for (uint32_t j = 0; j < n; j++)
+            *o++ = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
+        PUTS(": ");
+        PUT(value, m);
+        PUTS("\r\n");
+    }
+    PUTS("x-edgefn-function: ");
+    PUT(PyBytes_AS_STRING(r->label), (size_t)PyBytes_GET_SIZE(r->label));
+    PUTS("\r\n");
+    if (r->cache == CACHE_FIRST) PUTS("x-edgefn-cache: MISS\r\n");
+    PUT(l->rid_header, l->rid_header_len);
+    PUTS(": ");
+    PUT(rid, rid_len);
+    PUTS("\r\n");
+    int no_body = status == 204 || status == 304;
+    if (!no_body) {
+        PUTS("content-length: ");
+        o = put_u64(o, status == 205 ? 0 : body_len);
+        PUTS("\r\n");
+    }
+    PUTS("\r\n");
+    if (!no_body && status != 205 && !head) PUT(body, body_len);
+    l->out_len = (size_t)((uint8_t *)o - l->out);
+    return 0;
+}
+
+static double now_wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The request in l->q, complete: 1 served (its response in l->out, its record in
+ * `events`), 0 for Python, -1 a Python error. */
+static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObject *events,
+                     PyObject *client) {
+    req_t *q = &l->q;
+    if (q->url_len > l->max_url || q->py_head > l->max_head) return 0;
+    if (!plain_path(q->url, q->url_len)) return 0;
+    const hdr_t *host = NULL;
+    for (uint32_t i = 0; i < q->nh; i++) {
+        const hdr_t *h = &q->h[i];
+        if (name_is(q, h, "host", 4)) {
+            if (host) return 0;
+            host = h;
+        } else if (handed_over(l, q, h)) {
+            return 0;
+        }
+    }
+    if (!host || !plain_host((const uint8_t *)q->head + host->value, host->value_len)) return 0;
+    const char *url = q->url, *mark = memchr(url, '?', q->url_len);
+    size_t path_len = mark ? (size_t)(mark - url) : q->url_len;
+    const char *query = mark ? mark + 1 : "";
+    size_t query_len = mark ? q->url_len - path_len - 1 : 0;
+    int ri = find_route(l, url, path_len);
+    if (ri < 0) return 0;
+    route_t *r = &l->routes[ri];
+    if (r->cache == CACHE_FIRST) {
+        /* what would make http_cache look up, validate or bypass: Python's */
+        for (uint32_t i = 0; i < q->nh; i++) {
+            const hdr_t *h = &q->h[i];
+            if (name_is(q, h, "range", 5) || name_is(q, h, "cache-control", 13) ||
+                    name_is(q, h, "if-none-match", 13) || name_is(q, h, "if-modified-since", 17))
+                return 0;
+        }
+        int stored = PySet_Contains(r->caching, r->label_str);
+        if (stored) return stored < 0 ? -1 : 0;
+    }
+    PyObject *inflight = PyObject_GetAttr(r->fn, l->inflight_name);
+    if (!inflight) return -1;
+    int busy = PyObject_IsTrue(inflight);  /* a rerun on a thread, or a limit to apply */
+    Py_DECREF(inflight);
+    if (busy) return busy < 0 ? -1 : 0;
+    PyObject *threaded = PyObject_GetAttr(r->executor, l->threaded_name);
+    if (!threaded) return -1;
+    busy = PyObject_IsTrue(threaded);  /* it runs on worker threads now, for good */
+    Py_DECREF(threaded);
+    if (busy) return busy < 0 ? -1 : 0;
+    int verdict = verdict_of(l, q);
+    if (verdict == -2) { PyErr_Clear(); return 0; }
+    if (verdict < 0) return 0;
+    long cls = PyLong_AsLong(PyTuple_GET_ITEM(l->verdict_class, verdict));
+    if (cls < 0 || cls >= 32 || !(r->allowed & (1u << cls))) return 0;
+    uint64_t started = mono_ns();
+    double ts = now_wall();
+    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), head, url, path_len, query,
+                      query_len);
+    if (!n) { PyErr_NoMemory(); return -1; }
+    int32_t failed;
+    edgefn_result *res = &l->result;
+    memset(res, 0, sizeof *res);
+    Py_BEGIN_ALLOW_THREADS
+    failed = l->call(r->engine, r->pre, r->memory_limit, r->deadline_ticks, l->req, n,
+                     r->max_response, 1, res, r->times);
+    Py_END_ALLOW_THREADS
+    if (failed) return 0;  /* a trap, a limit, the slice: Python runs it and contains it */
+    uint32_t status, count, body_len = 0;
+    const uint8_t *body = NULL;
+    const uint8_t *pairs = check_frame(res->response, res->response_len, &status, &count,
+                                       &body, &body_len);
+    if (!pairs) return 0;
+    if (r->cache == CACHE_FIRST && !head && may_store(pairs, count))
+        return 0;  /* http_cache stores it: Python runs it again (a pure function) */
+    uint64_t counter = ++l->counter;
+    char rid[96];
+    memcpy(rid, l->prefix, l->prefix_len);
+    rid[l->prefix_len] = '-';
+    size_t rid_len = (size_t)(put_hex(rid + l->prefix_len + 1, counter) - rid);
+    size_t before = l->out_len;
+    if (write_response(l, r, status, pairs, count, body, body_len, rid, rid_len, date, extra,
+                       head)) {
+        l->counter--;
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t took = mono_ns() - started;
+    PyObject *rec = Py_BuildValue("(dKiIIKiiy#y#O)", ts, (unsigned long long)counter, ri,
+                                  status, body_len, (unsigned long long)took, verdict, head,
+                                  q->head + host->value, (Py_ssize_t)host->value_len,
+                                  query, (Py_ssize_t)query_len, client);
+    int err = rec ? PyList_Append(events, rec) : -1;
+    Py_XDECREF(rec);
+    if (err) {  /* not answered after all: Python answers it, with this number unused */
+        l->out_len = before;
+        l->counter--;
+        return -1;
+    }
+    return 1;
+}
+
+/* serve(data, date, extra_head, budget, events, client) -> (used, out): the whole
+ * requests at the start of `data` the lane answers, their responses (`out`) and
+ * records (appended to `events`, each ending with `client`); `used` bytes of `data`
+ * are answered, the rest is Python's. Stops once `out` reaches `budget` bytes. */
+static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyBytes_Check(a[0]) || !PyBytes_Check(a[1]) || !PyBytes_Check(a[2]) ||
+            !PyList_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "serve(data, date, extra_head, budget, events, client)");
+        return NULL;
+    }
+    if (l->n_routes == 0 || !l->call)
+        return Py_BuildValue("(iy)", 0, "");
+    Py_ssize_t budget = PyLong_AsSsize_t(a[3]);
+    if (budget == -1 && PyErr_Occurred()) return NULL;
+    const char *buf = PyBytes_AS_STRING(a[0]);
+    size_t len = (size_t)PyBytes_GET_SIZE(a[0]), used = 0;
+    llhttp_t p;
+    ll_init(&p, HTTP_REQUEST, &SETTINGS);
+    p.data = &l->q;
+    l->out_len = 0;
+    int failed = 0;
+    while (used < len && (Py_ssize_t)l->out_len < budget) {
+        l->q.done = 0;
+        int err = ll_execute(&p, buf + used, len - used);
+        if (err != HPE_PAUSED || !l->q.done || l->q.bad) break;
+        const char *end = ll_error_pos(&p);
+        if (!end || end < buf + used || end > buf + len) break;
+        if (!ll_should_keep_alive(&p)) break;
+        int served = serve_one(l, p.method == M_HEAD, a[1], a[2], a[4], a[5]);
+        if (served < 0) { failed = 1; break; }
+        if (!served) break;
+        used = (size_t)(end - buf);
+        ll_resume(&p);
+    }
+    if (failed && used == 0) return NULL;
+    if (failed) PyErr_WriteUnraisable((PyObject *)l);  /* the rest is Python's */
+    return Py_BuildValue("(ny#)", (Py_ssize_t)used, (const char *)l->out, (Py_ssize_t)l->out_len);
+}
+
+static void clear_routes(Lane *l) {
+    for (int i = 0; i < l->n_routes; i++) {
+        route_t *r = &l->routes[i];
+        Py_CLEAR(r->env_blob);
+        Py_CLEAR(r->label);
+        Py_CLEAR(r->fn);
+        Py_CLEAR(r->caching);
+        Py_CLEAR(r->label_str);
+        Py_CLEAR(r->executor);
+    }
+    l->n_routes = 0;
+}
+
+static void clear_uas(Lane *l) {
+    for (size_t i = 0; i < UA_SLOTS; i++) Py_CLEAR(l->uas[i].ua);
+    l->n_uas = 0;
+}
+
+/* routes(list of (path, engine, pre, memory_limit, deadline_ticks, max_response, times,
+ * env_blob, label, fn, allowed, cache, caching, label_str, executor)): the eligible routes,
+ * replacing the ones before (`caching`: a set, for CACHE_FIRST).
+ * At most MAX_ROUTES (ValueError past it). */
+static PyObject *Lane_routes(Lane *l, PyObject *list) {
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) > MAX_ROUTES) {
+        PyErr_Format(PyExc_ValueError, "routes: a list of at most %d", MAX_ROUTES);
+        return NULL;
+    }
+    clear_routes(l);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        route_t *r = &l->routes[i];
+        const char *path;
+        Py_ssize_t path_len;
+        PyObject *env, *label, *fn, *caching, *label_str, *executor;
+        unsigned long long engine, pre, times, ticks, max_response;
+        long long memory;
+        unsigned int allowed;
+        int cache;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiOUO", &path, &path_len,
+                              &engine, &pre, &memory, &ticks, &max_response, &times, &env,
+                              &label, &fn, &allowed, &cache, &caching, &label_str,
+                              &executor))
+            return NULL;
+        if (cache < CACHE_NONE || cache > CACHE_FIRST ||
+                (cache == CACHE_FIRST && !PyAnySet_Check(caching))) {
+            PyErr_SetString(PyExc_ValueError, "cache: 0, 1 or 2 (2 with a set)");
+            return NULL;
+        }
+        if ((size_t)path_len >= sizeof r->path) {
+            PyErr_SetString(PyExc_ValueError, "route path longer than 255 bytes");
+            return NULL;
+        }
+        memcpy(r->path, path, (size_t)path_len);
+        r->path_len = (size_t)path_len;
+        r->engine = (void *)(uintptr_t)engine;
+        r->pre = (void *)(uintptr_t)pre;
+        r->times = (void *)(uintptr_t)times;
+        r->memory_limit = memory;
+        r->deadline_ticks = ticks;
+        r->max_response = max_response;
+        r->env_blob = Py_NewRef(env);
+        r->label = Py_NewRef(label);
+        r->fn = Py_NewRef(fn);
+        r->allowed = allowed;
+        r->cache = cache;
+        r->caching = Py_NewRef(caching);
+        r->label_str = Py_NewRef(label_str);
+        r->executor = Py_NewRef(executor);
+        l->n_routes = (int)i + 1;
+    }
+    Py_RETURN_NONE;
+}
+
+/* verdicts(classes): the bot class of each verdict `classify` may return (a tuple of
+ * indexes into class_blobs), replacing the last. */
+static PyObject *Lane_verdicts(Lane *l, PyObject *classes) {
+    if (!PyTuple_Check(classes)) {
+        PyErr_SetString(PyExc_TypeError, "verdicts(tuple of class indexes)");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(classes); i++) {
+        PyObject *x = PyTuple_GET_ITEM(classes, i);
+        long c = PyLong_Check(x) ? PyLong_AsLong(x) : -1;
+        if (c < 0 || c >= PyTuple_GET_SIZE(l->class_blobs)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "verdict classes index class_blobs");
+            return NULL;
+        }
+    }
+    Py_XSETREF(l->verdict_class, Py_NewRef(classes));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lane_forget_agents(Lane *l, PyObject *unused) {
+    (void)unused;
+    clear_uas(l);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lane_next(Lane *l) { return PyLong_FromUnsignedLongLong(++l->counter); }
+
+static PyObject *Lane_iter(PyObject *self) { return Py_NewRef(self); }
+
+static int load_llhttp(const char *so) {
+    void *h = dlopen(so, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) h = dlopen(so, RTLD_NOW);
+    if (!h) return -1;
+#define SYM(var, name) if (!(*(void **)&var = dlsym(h, name))) return -1
+    SYM(ll_init, "llhttp_init");
+    SYM(ll_settings_init, "llhttp_settings_init");
+    SYM(ll_execute, "llhttp_execute");
+    SYM(ll_resume, "llhttp_resume");
+    SYM(ll_error_pos, "llhttp_get_error_pos");
+    SYM(ll_should_keep_alive, "llhttp_should_keep_alive");
+    SYM(ll_get_method, "llhttp_get_method");
+    SYM(ll_get_http_major, "llhttp_get_http_major");
+    SYM(ll_get_http_minor, "llhttp_get_http_minor");
+#undef SYM
+    ll_settings_init(&SETTINGS);
+    SETTINGS.on_message_begin = on_message_begin;
+    SETTINGS.on_url = on_url;
+    SETTINGS.on_header_field = on_header_field;
+    SETTINGS.on_header_value = on_header_value;
+    SETTINGS.on_headers_complete = on_headers_complete;
+    SETTINGS.on_body = on_body;
+    SETTINGS.on_message_complete = on_message_complete;
+    return 0;
+}
+
+/* Lane(httptools_so, reactor_entry, result_size, class_blobs, verdict_class, classify,
+ *      status_lines, prefix, rid_header, max_url, max_head) */
+static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
+    (void)kw;
+    const char *so, *prefix, *rid;
+    Py_ssize_t prefix_len, rid_len;
+    unsigned long long entry, max_url, max_head;
+    Py_ssize_t result_size;
+    PyObject *blobs, *classes, *classify, *lines;
+    if (!PyArg_ParseTuple(args, "sKnO!O!OO!y#y#KK", &so, &entry, &result_size, &PyTuple_Type,
+                          &blobs, &PyTuple_Type, &classes, &classify, &PyTuple_Type, &lines,
+                          &prefix, &prefix_len, &rid, &rid_len, &max_url, &max_head))
+        return -1;
+    if (result_size != (Py_ssize_t)sizeof(edgefn_result)) {
+        PyErr_SetString(PyExc_RuntimeError, "edgefn_result layout differs from reactor.c's");
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(lines) != 600 || (size_t)prefix_len >= 40 || rid_len == 0 ||
+            (size_t)rid_len >= sizeof l->rid_header || !PyCallable_Check(classify)) {
+        PyErr_SetString(PyExc_ValueError, "status_lines: 600; prefix < 40 bytes; "
+                                          "rid_header 1..63 bytes; classify callable");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lines); i++) {
+        PyObject *x = PyTuple_GET_ITEM(lines, i);
+        if (x != Py_None && !PyBytes_Check(x)) {
+            PyErr_SetString(PyExc_TypeError, "status lines: bytes or None");
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(blobs); i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(blobs, i))) {
+            PyErr_SetString(PyExc_TypeError, "class blobs: bytes");
+            return -1;
+        }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(classes); i++) {
+        long c = PyLong_Check(PyTuple_GET_ITEM(classes, i))
+                     ? PyLong_AsLong(PyTuple_GET_ITEM(classes, i)) : -1;
+        if (c < 0 || c >= PyTuple_GET_SIZE(blobs)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "verdict classes index class_blobs");
+            return -1;
+        }
+    }
+    if (!ll_init && load_llhttp(so)) {
+        PyErr_Format(PyExc_RuntimeError, "llhttp from %s: %s", so, dlerror());
+        return -1;
+    }
+    l->call = (reactor_call_t)(uintptr_t)entry;
+    Py_XSETREF(l->class_blobs, Py_NewRef(blobs));
+    Py_XSETREF(l->verdict_class, Py_NewRef(classes));
+    Py_XSETREF(l->classify, Py_NewRef(classify));
+    Py_XSETREF(l->status_lines, Py_NewRef(lines));
+    Py_XSETREF(l->inflight_name, PyUnicode_InternFromString("inflight"));
+    Py_XSETREF(l->threaded_name, PyUnicode_InternFromString("threaded"));
+    if (!l->inflight_name || !l->threaded_name) return -1;
+    memcpy(l->prefix, prefix, (size_t)prefix_len);
+    l->prefix_len = (size_t)prefix_len;
+    for (Py_ssize_t i = 0; i < rid_len; i++)
+        l->rid_header[i] = (char)(rid[i] >= 'A' && rid[i] <= 'Z' ? rid[i] + 32 : rid[i]);
+    l->rid_header_len = (size_t)rid_len;
+    l->max_url = max_url;
+    l->max_head = max_head;
+    return 0;
+}
+
+static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(l));
+    Py_VISIT(l->class_blobs);
+    Py_VISIT(l->verdict_class);
+    Py_VISIT(l->classify);
+    Py_VISIT(l->status_lines);
+    for (int i = 0; i < l->n_routes; i++) {
+        Py_VISIT(l->routes[i].fn);
+        Py_VISIT(l->routes[i].caching);
+        Py_VISIT(l->routes[i].executor);
+    }
+    return 0;
+}
+
+static int Lane_clear(Lane *l) {
+    Py_CLEAR(l->class_blobs);
+    Py_CLEAR(l->verdict_class);
+    Py_CLEAR(l->classify);
+    Py_CLEAR(l->status_lines);
+    Py_CLEAR(l->inflight_name);
+    Py_CLEAR(l->threaded_name);
+    clear_routes(l);
+    clear_uas(l);
+    return 0;
+}
+
+static void Lane_dealloc(Lane *l) {
+    PyTypeObject *tp = Py_TYPE(l);
+    PyObject_GC_UnTrack(l);
+    Lane_clear(l);
+    free(l->req);
+    free(l->out);
+    tp->tp_free((PyObject *)l);
+    Py_DECREF(tp);
+}
+
+static PyObject *Lane_get_counter(Lane *l, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLongLong(l->counter);
+}
+
+static PyObject *Lane_get_size(Lane *l, void *c) {
+    (void)c;
+    return PyLong_FromLong(l->n_routes);
+}
+
+/* layout_check() -> (err, method field, method accessor, major, minor, major accessor,
+ * minor accessor, keep_alive): a known request parsed with a bare parser. */
+static int PROBE_KEEP_ALIVE = -1;
+static int probe_complete(llhttp_t *p) { PROBE_KEEP_ALIVE = ll_should_keep_alive(p); return 0; }
+
+static PyObject *layout_check(PyObject *mod, PyObject *unused) {
+    (void)mod; (void)unused;
+    if (!ll_init) { PyErr_SetString(PyExc_RuntimeError, "no Lane made yet"); return NULL; }
+    static const char REQ_[] = "PUT /x HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n";
+    llhttp_settings_t s;
+    llhttp_t p;
+    ll_settings_init(&s);
+    s.on_message_complete = probe_complete;
+    ll_init(&p, HTTP_REQUEST, &s);
+    int err = ll_execute(&p, REQ_, sizeof REQ_ - 1);
+    return Py_BuildValue("(iiiiiiii)", err, p.method, ll_get_method(&p), p.http_major,
+                         p.http_minor, ll_get_http_major(&p), ll_get_http_minor(&p),
+                         PROBE_KEEP_ALIVE);
+}
+
+static PyMethodDef LANE_METHODS[] = {
+    {"serve", (PyCFunction)(void (*)(void))Lane_serve, METH_FASTCALL,
+     "serve(data, date, extra_head, budget, events, client) -> (used, out)"},
+    {"routes", (PyCFunction)Lane_routes, METH_O, "replace the eligible routes"},
+    {"verdicts", (PyCFunction)Lane_verdicts, METH_O, "replace the verdicts' classes"},
+    {"forget_agents", (PyCFunction)Lane_forget_agents, METH_NOARGS,
+     "drop the User-Agent verdicts learnt"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef LANE_GETSET[] = {
+    {"counter", (getter)Lane_get_counter, NULL, "the last request id number given", NULL},
+    {"size", (getter)Lane_get_size, NULL, "routes served", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyType_Slot LANE_SLOTS[] = {
+    {Py_tp_init, Lane_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, Lane_dealloc},
+    {Py_tp_traverse, Lane_traverse},
+    {Py_tp_clear, Lane_clear},
+    {Py_tp_iter, Lane_iter},
+    {Py_tp_iternext, Lane_next},
+    {Py_tp_methods, LANE_METHODS},
+    {Py_tp_getset, LANE_GETSET},
+    {0, NULL}};
+
+static PyType_Spec LANE_SPEC = {"_edgefn_lane.Lane", sizeof(Lane), 0,
+                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, LANE_SLOTS};
+
+static PyMethodDef METHODS[] = {
+    {"layout_check", layout_check, METH_NOARGS, "llhttp's struct against its accessors"},
+    {NULL, NULL, 0, NULL}};
+
+static int exec_module(PyObject *m) {
+    PyObject *t = PyType_FromModuleAndSpec(m, &LANE_SPEC, NULL);
+    if (!t) return -1;
+    int err = PyModule_AddObjectRef(m, "Lane", t);
+    Py_DECREF(t);
+    return err;
+}
+
+static PyModuleDef_Slot SLOTS[] = {{Py_mod_exec, exec_module}, {0, NULL}};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_edgefn_lane",
+    "edgefn's native lane (runtime/net/lane.py)", 0, METHODS, SLOTS, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__edgefn_lane(void) {
+    const char *extra = "!#$%&'*+-.^_`|~";
+    for (int c = '0'; c <= '9'; c++) TCHAR[c] = 1;
+    for (int c = 'a'; c <= 'z'; c++) TCHAR[c] = TCHAR[c - 32] = 1;
+    for (const char *c = extra; *c; c++) TCHAR[(unsigned char)*c] = 1;
+    return PyModuleDef_Init(&MODULE);
+}

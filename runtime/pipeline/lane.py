@@ -1,0 +1,292 @@
+"""Which targets the native lane serves, and what their requests leave behind.
+
+The native lane (`runtime.net.lane`, C) answers a request without a Python frame
+per request when nothing Python does for it would make a difference. Whether that
+holds is decided here, per target, from the target's plan (`Chain.kept`): a
+deployed function is *eligible* when every stage its requests go through has an
+exact native form, and its executor is one the lane can call:
+
+    health       its paths are never a function's route
+    request_id   the lane takes its numbers from the same counter, with the same prefix
+                 (a request that sends the id header goes to Python)
+    events       the lane's record of each request becomes the same `Event`, handed to
+                 the same observers (ring, metrics, access log, file) once per loop turn
+    bots         a User-Agent Python classified as a non-browser class (the verdict of
+                 `Classifier.view`, which depends on the string alone), whose action
+                 for the target is ``allow``; no ``abusive_rate`` (it counts requests)
+    residency    no tenant header, no de-sensitised mark (those go to Python), no
+                 samples ingest on the path
+    http_cache   off for the function (its Cache-Tag dropped), or nothing of the
+                 deployment stored and no default TTL (`_first`: MISS, counted in the
+                 cache's stats); a request with Range, Cache-Control or a validator,
+                 a deployment with entries, or a GET answered with Cache-Control or
+                 Expires (stored: the function runs again in Python) are Python's
+    dispatch     a WASM reactor without host imports on the native call, run inline,
+                 no canary, nothing in flight on a worker thread
+
+Any other kept stage (waf, auth, ratelimit, the caches, tracing, a timed chain, an
+``access_log`` stage without ``events``) makes the target ineligible: its requests
+take the Python path, as does every request the C does not take (see lane.c: a
+body, a query-less path it has no route for, odd headers, a failed call).
+
+The table is made again when the plans would be: the routes or the canaries change
+(a deploy, rollback or removal), or a stage's stamp does; the check runs before each
+read the lane serves, so no request is served by a version already switched away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from runtime.executors.base import principal_blob
+from runtime.executors.wasm.function import WasmFunction
+from runtime.executors.wasm.native import NativeReactorCall, Result
+from runtime.functions.registry import Deployment
+from runtime.net import lane as native
+from runtime.net.message import Request
+from runtime.observe.event import Event
+from runtime.pipeline.chain import Chain
+from runtime.pipeline.stage import Context, Stage
+from runtime.pipeline.stages.bots import Bots
+from runtime.pipeline.stages.dispatch import Dispatch
+from runtime.pipeline.stages.events import Events
+from runtime.pipeline.stages.health import Health
+from runtime.pipeline.stages.http_cache import NOT_STORED, HttpCacheStage
+from runtime.pipeline.stages.request_id import RequestId
+from runtime.pipeline.stages.residency import Residency
+
+if TYPE_CHECKING:
+    from runtime.pop import PoP
+
+log = logging.getLogger("edgefn.http")
+
+CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
+CLASSES = ("browser", "verified_agent", "declared_agent", "automation", "abusive")
+NO_UA = ("automation", ("empty_ua",))  # `Classifier.classify` without a User-Agent
+MAX_VERDICTS = 256
+STATUS_LINES = tuple(b"HTTP/1.1 %d %s\r\n" % (s, HTTPStatus(s).phrase.encode())
+                     if s in HTTPStatus._value2member_map_ else None for s in range(600))
+
+
+class NativeLane:
+    """One PoP's lane: the C `Lane`, its eligible routes, and the drain of its
+    records into events. Loop thread only."""
+
+    def __init__(self, module: Any, chain: Chain, pop: PoP) -> None:
+        """Raises RuntimeError when llhttp or the reactor entry do not fit the C."""
+        stages = {type(s): s for s in chain.stages}
+        rid, bots, events = stages.get(RequestId), stages.get(Bots), stages.get(Events)
+        if not isinstance(rid, RequestId) or not isinstance(events, Events) or \
+                not isinstance(bots, Bots) or pop.wasm.native is None:
+            raise RuntimeError("the pipeline has no request_id, events and bots stages, or "
+                               "the WASM native call is off")
+        self.chain, self.pop, self.registry = chain, pop, pop.registry
+        self.request_id, self.events, self.bots = rid, events, bots
+        self.classifier = bots.manager.classifier
+        self.verdicts: list[tuple[str, tuple[str, ...]]] = [NO_UA]
+        entry = pop.wasm.native.lib.edgefn_reactor_call
+        http = pop.config.http
+        self.c = module.Lane(native.httptools_parser(),
+                             ctypes.cast(entry, ctypes.c_void_p).value or 0,
+                             ctypes.sizeof(Result),
+                             tuple(principal_blob({"bot": c}) for c in CLASSES),
+                             self._classes(), self._classify, STATUS_LINES, rid.prefix,
+                             rid.header, http.max_url_bytes, http.max_header_bytes)
+        native.check_layout(module)
+        rid.counter = self.c  # one sequence of ids, whichever path a request takes
+        self.http_cache = next((s for s in chain.stages if isinstance(s, HttpCacheStage)), None)
+        self.routes: list[tuple[Deployment, str, str, int]] = []  # parallel to the C's
+        self.records: list[tuple[Any, ...]] = []
+        self.scheduled = False
+        self.version: object = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the front's call (runtime.net.protocol) --------------------------------------------
+    def serve(self, data: bytes, client: str, date: bytes, extra: bytes, budget: int
+              ) -> tuple[int, bytes]:
+        """The whole requests at the start of `data` the lane answers: how many bytes
+        of `data` they took and their responses. Raises what the C raises (a Python
+        error in it, MemoryError)."""
+        planner = self.chain.planner
+        assert planner is not None
+        version = (planner.version(), self.registry.canaries)
+        if version != self.version:
+            self._rebuild(version)
+        records = self.records
+        used, out = self.c.serve(data, date, extra, budget, records, client)
+        if records and not self.scheduled:
+            self.scheduled = True
+            if self.loop is None:
+                self.loop = asyncio.get_running_loop()
+            self.loop.call_soon(self.drain)
+        return used, out
+
+    # -- eligibility ------------------------------------------------------------------------
+    def _rebuild(self, version: object) -> None:
+        if self.records:
+            self.drain()  # records name routes by their index in the table being replaced
+        routes: list[tuple[Deployment, str, str, int]] = []
+        table: list[tuple[Any, ...]] = []
+        router = self.registry.router
+        if not router.host_bound:
+            for fn in self.registry.functions.values():
+                allowed = self.allowed(fn)
+                if not allowed:
+                    continue
+                cache = self._cache_mode(fn)
+                for path, route in self._paths(fn):
+                    if len(table) < 256:
+                        routes.append((fn, route, path, cache))
+                        table.append(self._entry(fn, path, allowed, cache))
+        self.c.routes(table)
+        self.routes, self.version = routes, version
+        log.debug("native lane: %d routes (%s)", len(routes),
+                  ", ".join(sorted({r[0].label for r in routes})) or "none")
+
+    def allowed(self, fn: Deployment) -> int:
+        """The bot classes (a bit each, `CLASSES`) whose requests for `fn` the lane may
+        serve; 0 when it serves none (`fn` is not eligible)."""
+        kept = self.chain.kept(fn)
+        if kept is None or not _lane_executor(fn) or fn.name in self.registry.canaries:
+            return 0
+        if any(not self._native(s, fn) for s in kept):
+            return 0
+        manager = self.bots.manager
+        if manager.settings.abusive_rate or not any(isinstance(s, Bots) for s in kept):
+            return 0  # abusive_rate counts every request; without bots ctx.bot is None
+        policy = manager.policy(fn.policy.bots)
+        return sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "allow")
+
+    def _native(self, stage: Stage, fn: Deployment) -> bool:
+        """Whether the lane does exactly what `stage` does for requests for `fn`."""
+        if isinstance(stage, Residency):
+            return stage.ingest is None
+        if isinstance(stage, HttpCacheStage):
+            s = stage.settings_for(fn)
+            return not s.enabled or (s.default_ttl is None and not stage.cache.store.shared)
+        return isinstance(stage, Health | RequestId | Events | Bots | Dispatch)
+
+    def _cache_mode(self, fn: Deployment) -> int:
+        stage = self.http_cache
+        kept = self.chain.kept(fn) or []
+        if stage is None or stage not in kept:
+            return CACHE_NONE
+        return CACHE_FIRST if stage.settings_for(fn).enabled else CACHE_OFF
+
+    def _paths(self, fn: Deployment) -> list[tuple[str, str]]:
+        """`fn`'s literal routes, each with the route a request for exactly that path
+        resolves to (the Targets' own lookup: built-in paths and prefixes first)."""
+        out = []
+        targets = self.chain.planner.targets if self.chain.planner is not None else None
+        for r in fn.manifest.route_list():
+            path = r.path
+            if r.host or not path.startswith("/") or ":" in path or "*" in path or \
+                    len(path.encode("latin-1", "replace")) > 255:
+                continue
+            raw = path.encode("latin-1")
+            request = Request(b"GET", raw, b"", [(b"host", b"lane")], b"lane", "1.1", True,
+                              "lane:0")
+            ctx = Context("lane:0")
+            if targets is not None and targets.resolve(request, ctx) is fn and not ctx.params:
+                out.append((path, ctx.route))
+        return out
+
+    def _entry(self, fn: Deployment, path: str, allowed: int, cache: int) -> tuple[Any, ...]:
+        wasm = fn.executor
+        assert isinstance(wasm, WasmFunction) and isinstance(wasm.call, NativeReactorCall)
+        call = wasm.call
+        times = ctypes.addressof(call.times) if call.times is not None else 0
+        return (path.encode("latin-1"), call.engine or 0, call.pre or 0, call.memory_limit,
+                call.deadline_ticks, call.max_response, times, wasm.env_blob,
+                fn.label.encode(), fn, allowed, cache,
+                self.http_cache.cache.caching if self.http_cache is not None else None,
+                fn.label, wasm)
+
+    # -- bots -------------------------------------------------------------------------------
+    def _classes(self) -> tuple[int, ...]:
+        return tuple(CLASSES.index(c) for c, _ in self.verdicts)
+
+    def _classify(self, ua: bytes) -> int:
+        """The verdict of a request whose User-Agent is `ua` when the string alone
+        decides it (not a browser's: its other headers count), else -1."""
+        view = self.classifier.view(ua)
+        if view.browser:
+            return -1
+        verdict = (view.cls, view.signals)
+        try:
+            return self.verdicts.index(verdict)
+        except ValueError:
+            if len(self.verdicts) >= MAX_VERDICTS:
+                return -1
+        self.verdicts.append(verdict)
+        self.c.verdicts(self._classes())
+        return len(self.verdicts) - 1
+
+    # -- events -----------------------------------------------------------------------------
+    def drain(self) -> None:
+        """The records of the requests the lane served since the last drain, as the
+        `Event`s the events stage would have made, to the observers; then delivered."""
+        self.scheduled = False
+        records, self.records = self.records, []
+        ev = self.events
+        routes, verdicts, prefix = self.routes, self.verdicts, self.request_id.prefix
+        cache = self.http_cache
+        for ts, n, ri, status, size, took, verdict, head, host, query, client in records:
+            fn, route, path, cached = routes[ri]
+            cls, signals = verdicts[verdict]
+            event = Event(ts=ts, rid=f"{prefix.decode()}-{n:x}", pop=ev.pop, tier=ev.tier,
+                          client=client.rpartition(":")[0] or client,
+                          method="HEAD" if head else "GET", host=host.decode("latin-1"),
+                          path=path, status=status, target=fn.label, bytes_out=size,
+                          duration_ms=round(took / 1000) / 1000)
+            if ev.geo:
+                event.geo = ev.geo
+            if query:
+                event.query = query.decode("latin-1")
+            if route:
+                event.route = route
+            if fn.tenant is not None:
+                event.owner = fn.tenant
+            event.bot = cls
+            decisions: dict[str, Any] = {"bots": {"class": cls, "agent": None,
+                                                  "signals": signals, "action": "allow"}}
+            if cached == CACHE_FIRST and cache is not None:
+                decisions["http_cache"] = NOT_STORED
+                cache.stats.record("http", "MISS", function=fn.name)
+            event.decisions = decisions
+            if status < 500 and ev.sample < 1.0 and ev.rand() >= ev.sample:
+                event.sampled = False
+            if ev.redact is not None:
+                event = ev.redact(event)
+            ev.observers.observe(event)
+        ev.observers.flush()
+
+
+def _lane_executor(fn: Deployment) -> bool:
+    """A WASM reactor run inline on the native call: no host imports (so a request
+    it does not finish can run again in Python), not on worker threads."""
+    wasm = fn.executor
+    if not isinstance(wasm, WasmFunction) or wasm.abi != "reactor":
+        return False
+    call = wasm.call
+    return wasm.host_functions is None and not wasm.threaded and \
+        isinstance(call, NativeReactorCall) and call.fast is not None
+
+
+def for_pop(pop: PoP) -> NativeLane | None:
+    """`pop`'s lane, or None (logged) when ``[http] native_lane = "off"``, the
+    environment turns it off, or it cannot be built."""
+    if pop.config.http.native_lane == "off" or native.disabled():
+        return None
+    module = native.load()
+    if module is None:
+        return None
+    try:
+        return NativeLane(module, pop.pipeline, pop)
+    except RuntimeError as e:
+        log.warning("the native lane is off: %s", e)
+        return None
