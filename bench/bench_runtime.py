@@ -45,7 +45,13 @@ HELLO = ROOT / "functions" / "examples" / "hello-wat"
 PY_HELLO = ROOT / "functions" / "examples" / "python-hello"
 
 
+_next_port: list[int] = []  # --port-base: ports handed out in turn from there
+
+
 def free_port() -> int:
+    if _next_port:
+        _next_port[0] += 1
+        return _next_port[0] - 1
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -290,9 +296,13 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--no-workerd", action="store_true")
     p.add_argument("--only", choices=["http", "deploy", "instantiate"])
+    p.add_argument("--port-base", type=int, default=0,
+                   help="take ports from here on (default: any free ones)")
     p.add_argument("--tree", type=Path, default=ROOT,
                    help="deploys: serve from this checkout and its examples (before/after)")
     args = p.parse_args()
+    if args.port_base:
+        _next_port.append(args.port_base)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.only in (None, "http"):

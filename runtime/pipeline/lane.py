@@ -88,6 +88,9 @@ class NativeLane:
         self.request_id, self.events, self.bots = rid, events, bots
         self.classifier = bots.manager.classifier
         self.verdicts: list[tuple[str, tuple[str, ...]]] = [NO_UA]
+        # per verdict: its class and the bots stage's record (shared, as a stage's may be)
+        self.records_of: list[tuple[str, dict[str, Any]]] = [_bots_record(*NO_UA)]
+        self.texts: dict[str | bytes, str] = {}
         entry = pop.wasm.native.lib.edgefn_reactor_call
         http = pop.config.http
         self.c = module.Lane(native.httptools_parser(),
@@ -223,6 +226,7 @@ class NativeLane:
             if len(self.verdicts) >= MAX_VERDICTS:
                 return -1
         self.verdicts.append(verdict)
+        self.records_of.append(_bots_record(*verdict))
         self.c.verdicts(self._classes())
         return len(self.verdicts) - 1
 
@@ -233,37 +237,49 @@ class NativeLane:
         self.scheduled = False
         records, self.records = self.records, []
         ev = self.events
-        routes, verdicts, prefix = self.routes, self.verdicts, self.request_id.prefix
-        cache = self.http_cache
+        routes, texts = self.routes, self.texts
+        prefix = self.request_id.prefix.decode() + "-"
+        pop, tier, geo, sample, redact = ev.pop, ev.tier, ev.geo, ev.sample, ev.redact
+        stats = self.http_cache.stats if self.http_cache is not None else None
+        events = []
         for ts, n, ri, status, size, took, verdict, head, host, query, client in records:
             fn, route, path, cached = routes[ri]
-            cls, signals = verdicts[verdict]
-            event = Event(ts=ts, rid=f"{prefix.decode()}-{n:x}", pop=ev.pop, tier=ev.tier,
-                          client=client.rpartition(":")[0] or client,
-                          method="HEAD" if head else "GET", host=host.decode("latin-1"),
-                          path=path, status=status, target=fn.label, bytes_out=size,
-                          duration_ms=round(took / 1000) / 1000)
-            if ev.geo:
-                event.geo = ev.geo
+            cls, record = self.records_of[verdict]
+            ip = texts.get(client)
+            if ip is None:
+                ip = self._text(client, client.rpartition(":")[0] or client)
+            name = texts.get(host)
+            if name is None:
+                name = self._text(host, host.decode("latin-1"))
+            event = Event(ts=ts, rid=f"{prefix}{n:x}", pop=pop, tier=tier, client=ip, bot=cls,
+                          method="HEAD" if head else "GET", host=name, path=path,
+                          status=status, target=fn.label, owner=fn.tenant, route=route or None,
+                          bytes_out=size, duration_ms=round(took / 1000) / 1000)
+            if geo:
+                event.geo = geo
             if query:
                 event.query = query.decode("latin-1")
-            if route:
-                event.route = route
-            if fn.tenant is not None:
-                event.owner = fn.tenant
-            event.bot = cls
-            decisions: dict[str, Any] = {"bots": {"class": cls, "agent": None,
-                                                  "signals": signals, "action": "allow"}}
-            if cached == CACHE_FIRST and cache is not None:
-                decisions["http_cache"] = NOT_STORED
-                cache.stats.record("http", "MISS", function=fn.name)
-            event.decisions = decisions
-            if status < 500 and ev.sample < 1.0 and ev.rand() >= ev.sample:
+            if cached == CACHE_FIRST and stats is not None:
+                event.decisions = {"bots": record, "http_cache": NOT_STORED}
+                stats.record("http", "MISS", function=fn.name)
+            else:
+                event.decisions = {"bots": record}
+            if status < 500 and sample < 1.0 and ev.rand() >= sample:
                 event.sampled = False
-            if ev.redact is not None:
-                event = ev.redact(event)
-            ev.observers.observe(event)
-        ev.observers.flush()
+            events.append(event if redact is None else redact(event))
+        ev.observers.observe_all(events)
+
+    def _text(self, raw: str | bytes, text: str) -> str:
+        """`text`, kept for `raw` (clients and hosts: few distinct values)."""
+        if len(self.texts) >= 4096:
+            self.texts.clear()
+        self.texts[raw] = text
+        return text
+
+
+def _bots_record(cls: str, signals: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+    """A verdict's class and the record `bots` makes of it (its action: allow)."""
+    return cls, {"class": cls, "agent": None, "signals": signals, "action": "allow"}
 
 
 def _lane_executor(fn: Deployment) -> bool:
