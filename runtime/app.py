@@ -28,7 +28,6 @@ from runtime.net import Server
 from runtime.observe.metrics_continuity import Continuity
 from runtime.observe.metrics_merge import Wire
 from runtime.observe.metrics_pop import PeersCall
-from runtime.pipeline import lane
 from runtime.pop import PoP
 from runtime.workers.control import Fanout, control_server
 from runtime.workers.events import Forwarder, peer_observers, receive, watched
@@ -118,7 +117,7 @@ async def running_worker(config: PopConfig, role: Role | None, freeze_heap: bool
         await warmup.warm_all(restored)
         await pop.warm(*restored)  # the pipeline's first run, before the first client
         pop.restored = True
-        public = Server(pop.pipeline, config.http, lane.for_pop(pop))
+        public = Server(pop.pipeline, config.http, pop.lane)
         await public.start(config.public.host, config.public.port, role is not None,
                            b"x-edgefn-worker: %d\r\n" % os.getpid() if config.worker_header
                            else b"")

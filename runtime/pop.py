@@ -11,6 +11,7 @@
             ├─ tracer (OpenTelemetry spans of every request, an observer) when
             │  [tracing] is on
             ├─ pipeline (the stages, in config order): the public listener's app
+            ├─ lane (the native lane: eligible targets' requests served in C)
             └─ metrics (Prometheus, `runtime.observe.metrics_pop`) when [metrics] is on
 
 Nothing is patched in after construction; `runtime.app` starts and stops it.
@@ -34,7 +35,8 @@ from runtime.observe.observers import Observers
 from runtime.observe.ring import Ring
 from runtime.observe.samples import Sampler
 from runtime.observe.sink import JsonlSink
-from runtime.pipeline import build, warm
+from runtime.pipeline import build, lane, warm
+from runtime.pipeline.lane import NativeLane
 from runtime.security.keys import KeyRing, KeyStore
 from runtime.security.settings import merge
 
@@ -94,6 +96,8 @@ class PoP:
                 self.http_cache = HttpCache(config.http_cache, self.data_dir,
                                             writers=config.worker_count())
             self.pipeline = build.build(self)
+            # serves the public listener's requests for eligible targets in C
+            self.lane: NativeLane | None = lane.for_pop(self)
             self.registry.switched = self.warm
         except BaseException:  # a stage that cannot start (the WAF without rules)
             self.close()

@@ -54,11 +54,6 @@ class Observers:
         elif len(pending) >= MAX_BATCH:
             self.flush()
 
-    def observe_all(self, events: list[Event]) -> None:
-        """`events` observed in order, and delivered now with those pending."""
-        self.pending.extend(events)
-        self.flush()
-
     def flush(self) -> None:
         """Deliver the pending events now (a scheduled delivery then finds none)."""
         events = self.pending

@@ -10,7 +10,7 @@ exact native form, and its executor is one the lane can call:
     request_id   the lane takes its numbers from the same counter, with the same prefix
                  (a request that sends the id header goes to Python)
     events       the lane's record of each request becomes the same `Event`, handed to
-                 the same observers (ring, metrics, access log, file) once per loop turn
+                 the same observers (ring, metrics, access log, file), read by read, in order
     bots         a User-Agent Python classified as a non-browser class (the verdict of
                  `Classifier.view`, which depends on the string alone), whose action
                  for the target is ``allow``; no ``abusive_rate`` (it counts requests)
@@ -36,7 +36,6 @@ read the lane serves, so no request is served by a version already switched away
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import logging
 from http import HTTPStatus
@@ -103,10 +102,9 @@ class NativeLane:
         rid.counter = self.c  # one sequence of ids, whichever path a request takes
         self.http_cache = next((s for s in chain.stages if isinstance(s, HttpCacheStage)), None)
         self.routes: list[tuple[Deployment, str, str, int]] = []  # parallel to the C's
-        self.records: list[tuple[Any, ...]] = []
-        self.scheduled = False
+        self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
+        self.served = 0  # requests the lane answered
         self.version: object = None
-        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- the front's call (runtime.net.protocol) --------------------------------------------
     def serve(self, data: bytes, client: str, date: bytes, extra: bytes, budget: int
@@ -121,17 +119,12 @@ class NativeLane:
             self._rebuild(version)
         records = self.records
         used, out = self.c.serve(data, date, extra, budget, records, client)
-        if records and not self.scheduled:
-            self.scheduled = True
-            if self.loop is None:
-                self.loop = asyncio.get_running_loop()
-            self.loop.call_soon(self.drain)
+        if records:
+            self.drain()
         return used, out
 
     # -- eligibility ------------------------------------------------------------------------
     def _rebuild(self, version: object) -> None:
-        if self.records:
-            self.drain()  # records name routes by their index in the table being replaced
         routes: list[tuple[Deployment, str, str, int]] = []
         table: list[tuple[Any, ...]] = []
         router = self.registry.router
@@ -232,16 +225,16 @@ class NativeLane:
 
     # -- events -----------------------------------------------------------------------------
     def drain(self) -> None:
-        """The records of the requests the lane served since the last drain, as the
-        `Event`s the events stage would have made, to the observers; then delivered."""
-        self.scheduled = False
+        """The records of the requests the lane served in one read, as the `Event`s
+        the events stage would have made, handed to the observers as that stage
+        hands them (before the requests of the read Python answers: in order)."""
         records, self.records = self.records, []
+        self.served += len(records)
         ev = self.events
         routes, texts = self.routes, self.texts
         prefix = self.request_id.prefix.decode() + "-"
         pop, tier, geo, sample, redact = ev.pop, ev.tier, ev.geo, ev.sample, ev.redact
         stats = self.http_cache.stats if self.http_cache is not None else None
-        events = []
         for ts, n, ri, status, size, took, verdict, head, host, query, client in records:
             fn, route, path, cached = routes[ri]
             cls, record = self.records_of[verdict]
@@ -266,8 +259,7 @@ class NativeLane:
                 event.decisions = {"bots": record}
             if status < 500 and sample < 1.0 and ev.rand() >= sample:
                 event.sampled = False
-            events.append(event if redact is None else redact(event))
-        ev.observers.observe_all(events)
+            ev.observers.observe(event if redact is None else redact(event))
 
     def _text(self, raw: str | bytes, text: str) -> str:
         """`text`, kept for `raw` (clients and hosts: few distinct values)."""

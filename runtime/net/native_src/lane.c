@@ -698,7 +698,8 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     }
     if (failed && used == 0) return NULL;
     if (failed) PyErr_WriteUnraisable((PyObject *)l);  /* the rest is Python's */
-    return Py_BuildValue("(ny#)", (Py_ssize_t)used, (const char *)l->out, (Py_ssize_t)l->out_len);
+    return Py_BuildValue("(ny#)", (Py_ssize_t)used, l->out ? (const char *)l->out : "",
+                         (Py_ssize_t)l->out_len);  /* y# of NULL would be None */
 }
 
 static void clear_routes(Lane *l) {
