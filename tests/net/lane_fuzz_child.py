@@ -1,0 +1,45 @@
+"""A child process for `test_native_lane_safety`: a PoP (no listener) with the lane's
+functions deployed, feeding each input it reads on stdin (u32 length, bytes) to the
+lane's C entry, and answering (used, len(out), responses in out) on stdout. A crash
+in the C ends this process, not pytest."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+from runtime import config as c
+from runtime.functions import deploys
+from runtime.pop import PoP
+from tests.net.lane_support import guests
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        pop = PoP(c.load(None, data=tmp, **{"ai.enabled": False, "http.max_url_bytes": 1024,
+                                            "http.max_header_bytes": 2048}))
+        for folder in [ROOT / "functions" / "examples" / "hello-wat",
+                       *guests(Path(tmp) / "fns")]:
+            await pop.registry.deploy(deploys.pack_dir(folder))
+        lane = pop.lane
+        assert lane is not None
+        sys.stdout.buffer.write(b"ready\n")
+        sys.stdout.buffer.flush()
+        read = sys.stdin.buffer.read
+        while head := read(8):
+            size, budget = struct.unpack("<II", head)
+            data = read(size)
+            used, out = lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", budget)
+            count = out.count(b"HTTP/1.1 ")
+            sys.stdout.buffer.write(struct.pack("<III", used, len(out), count))
+            sys.stdout.buffer.flush()
+        pop.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

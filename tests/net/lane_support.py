@@ -1,0 +1,127 @@
+"""Raw loopback clients and guests for the native lane's tests (`test_native_lane`)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import time
+from pathlib import Path
+
+from tests.support import function_dir
+
+
+def frame_wat(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> tuple[str, int]:
+    """A guest response frame as a WAT data string, and its length."""
+    raw = struct.pack("<II", status, len(headers))
+    for k, v in headers:
+        raw += struct.pack("<I", len(k)) + k + struct.pack("<I", len(v)) + v
+    raw += struct.pack("<I", len(body)) + body
+    return "".join(f"\\{b:02x}" for b in raw), len(raw)
+
+
+def static_reactor(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> str:
+    """A reactor that answers the same frame to every request."""
+    data, n = frame_wat(status, headers, body)
+    return f"""(module
+  (memory (export "memory") 1)
+  (data (i32.const 16) "{data}")
+  (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 8192))
+  (func (export "edgefn_handle") (param $p i32) (param $n i32) (result i64)
+    (i64.or (i64.shl (i64.const 16) (i64.const 32)) (i64.const {n}))))
+"""
+
+
+# answers 200 with the encoded request it was given as its body: what the guest saw
+MIRROR = """(module
+  (memory (export "memory") 4)
+  (data (i32.const 0) "\\c8\\00\\00\\00\\01\\00\\00\\00\\0c\\00\\00\\00content-type\\18\\00\\00\\00application/octet-stream")
+  (func (export "edgefn_alloc") (param $n i32) (result i32) (i32.const 1024))
+  (func (export "edgefn_handle") (param $p i32) (param $n i32) (result i64)
+    (local $o i32)
+    (local.set $o (i32.add (i32.const 1024) (local.get $n)))
+    (memory.copy (local.get $o) (i32.const 0) (i32.const 52))
+    (i32.store align=1 (i32.add (local.get $o) (i32.const 52)) (local.get $n))
+    (memory.copy (i32.add (local.get $o) (i32.const 56)) (local.get $p) (local.get $n))
+    (i64.or (i64.shl (i64.extend_i32_u (local.get $o)) (i64.const 32))
+            (i64.extend_i32_u (i32.add (local.get $n) (i32.const 56))))))
+"""
+
+TRAP = """(module
+  (memory (export "memory") 1)
+  (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "edgefn_handle") (param i32 i32) (result i64) unreachable))
+"""
+
+
+def guests(root: Path) -> list[Path]:
+    """The function folders the differential tests deploy on both PoPs."""
+    odd = static_reactor(299, [(b"Date", b"Mon, 01 Jan 2001 00:00:00 GMT"),
+                               (b"X-Edgefn-Error", b"trap"), (b"Cache-Tag", b"t1"),
+                               (b"x-request-id", b"mine"), (b"Content-Length", b"999"),
+                               (b"Connection", b"close"), (b"X-Custom", b"A b"),
+                               (b"keep-alive", b"x")], b"odd body")
+    return [
+        function_dir(root, "mirror", MIRROR),
+        function_dir(root, "odd", odd),
+        function_dir(root, "nobody", static_reactor(204, [(b"x-a", b"1")], b"zz")),
+        function_dir(root, "reset", static_reactor(205, [], b"abc")),
+        function_dir(root, "teapot", static_reactor(418, [(b"content-type", b"text/plain")],
+                                                     b"short and stout")),
+        function_dir(root, "cached", static_reactor(200, [(b"Cache-Control", b"max-age=60")],
+                                                     b"keep me")),
+        function_dir(root, "badframe", static_reactor(200, [(b"bad name", b"v")], b"x")),
+        function_dir(root, "trap", TRAP),
+    ]
+
+
+def responses(data: bytes, methods: list[bytes]) -> tuple[list[bytes], bool]:
+    """The whole responses in `data` (interim 1xx dropped), for requests of
+    `methods` in order; and whether `data` ends with a whole one."""
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0:
+            return out, False
+        head = data[pos:end + 4]
+        status = int(head.split(b" ", 2)[1])
+        if 100 <= status < 200:
+            pos = end + 4
+            continue
+        m = re.search(rb"\r\ncontent-length: (\d+)\r\n", head)
+        method = methods[len(out)] if len(out) < len(methods) else b"GET"
+        size = int(m.group(1)) if m and method != b"HEAD" and status not in (204, 304) else 0
+        if len(data) < end + 4 + size:
+            return out, False
+        out.append(data[pos:end + 4 + size])
+        pos = end + 4 + size
+    return out, True
+
+
+def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0) -> list[bytes]:
+    """Send `raw` on a new connection; the responses, once one per method came or the
+    server closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(raw)
+        data = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got, whole = responses(data, methods)
+            if whole and len(got) >= len(methods):
+                break
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    return responses(data, methods)[0]
+
+
+def normal(response: bytes, prefix: bytes) -> bytes:
+    """`response` without what differs between two PoPs: its date and the request id's
+    per-process prefix."""
+    response = re.sub(rb"\r\ndate: [^\r]*", b"\r\ndate: D", response, count=1)
+    return response.replace(prefix + b"-", b"RID-")

@@ -1,0 +1,255 @@
+"""The native lane (runtime/net/native_src/lane.c, runtime/pipeline/lane.py) against the
+Python front: two real PoPs on loopback, one with ``[http] native_lane = "auto"`` and
+one with ``"off"``, the same functions deployed on both (real wasmtime), the same
+raw bytes sent to both. Answers (but the date and the request id's per-process
+prefix), events, metrics and access-log lines must be the same."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.admin.client import AdminClient
+from runtime.pipeline.lane import NativeLane
+from runtime.pipeline.stages.access_log import AccessLog
+from tests.net.lane_support import exchange, guests, normal
+from tests.support import Running, pop_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+PORTS = {"auto": 28010, "off": 28011}
+
+
+class Side:
+    """One PoP of the pair and what the test has read of it so far."""
+
+    def __init__(self, running: Running) -> None:
+        self.r = running
+        self.log = io.BytesIO()
+        for o in running.pop.observers:
+            if isinstance(o, AccessLog):
+                o.stream = self.log
+        self.seen = 0  # events of the ring already compared
+        self.logged = 0
+
+    @property
+    def prefix(self) -> bytes:
+        rid = next(s for s in self.r.pop.pipeline.stages if s.name == "request_id")
+        return rid.prefix  # type: ignore[attr-defined, no-any-return]
+
+    def send(self, raw: bytes, methods: list[bytes]) -> list[bytes]:
+        return [normal(r, self.prefix) for r in exchange(self.r.port, raw, methods)]
+
+    def new_events(self) -> list[dict[str, Any]]:
+        self.r.delivered()
+        events = list(self.r.pop.ring.events)[self.seen:]
+        self.seen += len(events)
+        pfx = self.prefix.decode()
+        out = []
+        for e in events:
+            d = {f: getattr(e, f) for f in e.__struct_fields__ if f not in ("ts", "duration_ms")}
+            d["rid"] = d["rid"].replace(pfx + "-", "RID-")
+            cache = d["decisions"].get("http_cache")
+            if isinstance(cache, dict) and "saved_ms" in cache:  # the origin's timing
+                d["decisions"] = {**d["decisions"], "http_cache": {**cache, "saved_ms": 0}}
+            out.append(d)
+        return out
+
+    def new_log(self) -> list[bytes]:
+        self.r.delivered()
+        for o in self.r.pop.observers:
+            if isinstance(o, AccessLog):
+                o.flush()
+        lines = self.log.getvalue().splitlines()[self.logged:]
+        self.logged += len(lines)
+        return [re.sub(rb"^ts=\S+ (.*) dur_ms=\S+ (.*)$", rb"\1 \2", line)
+                .replace(self.prefix + b"-", b"RID-") for line in lines]
+
+    def metrics(self) -> list[str]:
+        """The scrape's counts a request changes (not its timings)."""
+        keep = ("edgefn_requests_total", "edgefn_response_bytes_total",
+                "edgefn_request_duration_seconds_count", "edgefn_bot_actions_total",
+                "edgefn_cache", "edgefn_front")
+        text = AdminClient(self.r.data).metrics()
+        return sorted(line for line in text.splitlines()
+                      if line.startswith(keep) and not line.startswith("#"))
+
+    def cache_stats(self) -> Any:
+        """The caches' counts (`CacheStats`, the admin API's view)."""
+        return AdminClient(self.r.data).request("GET", "/v1/cache/stats")
+
+    @property
+    def lane(self) -> NativeLane | None:
+        lane = self.r.pop.lane
+        return lane if isinstance(lane, NativeLane) else None
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
+    root = tmp_path_factory.mktemp("lane")
+    folders = [ROOT / "functions" / "examples" / "hello-wat",
+               ROOT / "functions" / "examples" / "echo", *guests(root / "fns")]
+    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"}) as on, \
+            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"}) as off:
+        for f in folders:
+            on.deploy(f)
+            off.deploy(f)
+        a, b = Side(on), Side(off)
+        assert a.lane is not None and b.lane is None
+        yield a, b
+
+
+def both(pair: tuple[Side, Side], raw: bytes, methods: list[bytes]) -> list[bytes]:
+    """`raw` sent to both PoPs: the same answers, events, log lines and counts."""
+    on, off = pair
+    got, want = on.send(raw, methods), off.send(raw, methods)
+    assert got == want, raw
+    assert on.new_events() == off.new_events(), raw
+    assert on.new_log() == off.new_log(), raw
+    return got
+
+
+def request(method: str, path: str, headers: list[tuple[str, str]], body: bytes = b"",
+            version: str = "HTTP/1.1") -> bytes:
+    head = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+    if body:
+        head += f"content-length: {len(body)}\r\n"
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+# -- every kind of request the lane leaves to Python, and those it serves -------------------
+UA_CHROME = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+             "Chrome/120.0.0.0 Safari/537.36")
+SERVED = {  # name: (request, the lane serves it)
+    "plain": (request("GET", "/hello", [("Host", "x")]), True),
+    "head": (request("HEAD", "/hello", [("Host", "x:8080")]), True),
+    "query": (request("GET", "/mirror?a=1&b", [("Host", "x"), ("X-Odd", " v ")]), True),
+    "curl": (request("GET", "/hello", [("Host", "x"), ("User-Agent", "curl/8.5")]), True),
+    "crawler": (request("GET", "/mirror", [("Host", "x"), ("User-Agent", "Googlebot/2.1 "
+                                                          "(+http://www.google.com/bot.html)")]),
+                True),
+    "odd headers": (request("GET", "/odd", [("Host", "x")]), True),
+    "204": (request("GET", "/nobody", [("Host", "x")]), True),
+    "205": (request("GET", "/reset", [("Host", "x")]), True),
+    "418": (request("GET", "/teapot", [("Host", "x")]), True),
+    "head of 418": (request("HEAD", "/teapot", [("Host", "x")]), True),
+    "body": (request("POST", "/mirror", [("Host", "x")], b"abc"), False),
+    "chunked": (b"POST /mirror HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"3\r\nabc\r\n0\r\n\r\n", False),
+    "expect": (request("GET", "/hello", [("Host", "x"), ("Expect", "100-continue")]), False),
+    "upgrade": (request("GET", "/hello", [("Host", "x"), ("Upgrade", "websocket"),
+                                          ("Connection", "upgrade")]), False),
+    "unknown path": (request("GET", "/nope", [("Host", "x")]), False),
+    "prefix path": (request("GET", "/hello/x", [("Host", "x")]), False),
+    "health": (request("GET", "/healthz", [("Host", "x")]), False),
+    "ready": (request("GET", "/readyz", [("Host", "x")]), False),
+    "request id": (request("GET", "/hello", [("Host", "x"), ("X-Request-Id", "abc")]), False),
+    "trap": (request("GET", "/trap", [("Host", "x")]), False),
+    "bad frame": (request("GET", "/badframe", [("Host", "x")]), False),
+    "cacheable": (request("GET", "/cached", [("Host", "x")]), False),
+    "close": (request("GET", "/hello", [("Host", "x"), ("Connection", "close")]), False),
+    "http/1.0": (request("GET", "/hello", [("Host", "x")], version="HTTP/1.0"), False),
+    "no host": (b"GET /hello HTTP/1.1\r\n\r\n", False),
+    "two hosts": (request("GET", "/hello", [("Host", "x"), ("Host", "y")]), False),
+    "odd host": (request("GET", "/hello", [("Host", "a@b")]), False),
+    "browser": (request("GET", "/hello", [("Host", "x"), ("User-Agent", UA_CHROME)]), False),
+    "api key": (request("GET", "/mirror", [("Host", "x"), ("Authorization", "Bearer efn_k")]),
+                False),
+    "tenant": (request("GET", "/hello", [("Host", "x"), ("X-Edgefn-Tenant", "t")]), False),
+    "warmup": (request("GET", "/hello", [("Host", "x"), ("X-Edgefn-Warmup", "1")]), False),
+    "range": (request("GET", "/hello", [("Host", "x"), ("Range", "bytes=0-1")]), False),
+    "no-cache": (request("GET", "/hello", [("Host", "x"), ("Cache-Control", "no-cache")]),
+                 False),
+    "validator": (request("GET", "/hello", [("Host", "x"), ("If-None-Match", '"a"')]), False),
+    "dot segment": (request("GET", "/./hello", [("Host", "x")]), False),
+    "encoded": (request("GET", "/%68ello", [("Host", "x")]), False),
+    "fragment": (request("GET", "/hello#x", [("Host", "x")]), False),
+    "absolute": (request("GET", "http://x/hello", [("Host", "x")]), False),
+    "options": (request("OPTIONS", "/hello", [("Host", "x")]), False),
+    "unknown method": (request("BREW", "/hello", [("Host", "x")]), False),
+    "garbage": (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n", False),
+    "long url": (request("GET", "/hello?" + "a" * 9000, [("Host", "x")]), False),
+    "big head": (request("GET", "/hello", [("Host", "x"), ("X-Big", "b" * 40000)]), False),
+}
+
+
+@pytest.mark.parametrize("name", list(SERVED))
+def test_each_kind_alone_and_pipelined(pair: tuple[Side, Side], name: str) -> None:
+    """Each kind of request, alone and between two plain ones in one write: the same
+    answers everywhere, and served by the lane exactly when it may be."""
+    raw, native = SERVED[name]
+    on, _ = pair
+    assert on.lane is not None
+    method = raw.split(b" ", 1)[0]
+    before = on.lane.served
+    both(pair, raw, [method])
+    assert on.lane.served - before == (1 if native else 0), name
+    plain = SERVED["plain"][0]
+    before = on.lane.served
+    both(pair, plain + raw + plain, [b"GET", method, b"GET"])
+    assert on.lane.served - before >= 1  # the first one at least
+
+
+def test_metrics_after_kinds(pair: tuple[Side, Side]) -> None:
+    """The counts a scrape shows, and the caches' counts, are the same once every kind
+    was sent to both."""
+    on, off = pair
+    for raw, _ in SERVED.values():
+        both(pair, raw, [raw.split(b" ", 1)[0]])
+    scraped = on.metrics()
+    assert any(line.startswith("edgefn_requests_total{") for line in scraped)
+    assert scraped == off.metrics()
+    assert on.cache_stats() == off.cache_stats()
+
+
+# -- random requests --------------------------------------------------------------------------
+PATHS = ["/hello", "/hello/", "/hello/x", "/hello?x=1", "/hello?", "/mirror", "/mirror?a=b&c=",
+         "/odd", "/nobody", "/reset", "/teapot", "/cached", "/badframe", "/trap", "/echo",
+         "/echo?q", "/nope", "/healthz", "/%68ello", "/./hello", "//hello", "/hello#f", "*",
+         "http://x/mirror"]
+HEADERS = [("User-Agent", "curl/8.0"), ("User-Agent", UA_CHROME), ("User-Agent", ""),
+           ("User-Agent", "Googlebot/2.1 (+http://www.google.com/bot.html)"),
+           ("User-Agent", "python-requests/2.31"), ("X-Request-Id", "abc"),
+           ("X-Request-Id", "bad id!"), ("Connection", "close"), ("Connection", "keep-alive"),
+           ("Expect", "100-continue"), ("Range", "bytes=0-1"), ("Cache-Control", "no-cache"),
+           ("If-None-Match", '"x"'), ("Authorization", "Bearer efn_x"),
+           ("X-Edgefn-Tenant", "t"), ("Accept", "*/*"), ("X-Odd", "  spaced  "),
+           ("X-Empty", ""), ("Upgrade", "h2c"), ("Signature-Input", "sig1=()"),
+           ("Accept-Language", "en"), ("Sec-Fetch-Mode", "navigate"), ("TE", "trailers"),
+           ("x-edgefn-warmup", "1"), ("Cookie", "a=b; c=d"), ("X-A", "\t tab")]
+TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCXYZ0123456789-_.!#$%&'*+^`|~",
+                min_size=1, max_size=12)
+VALUE = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=255,
+                                       blacklist_characters="\x7f"), max_size=20)
+one_request = st.tuples(
+    st.sampled_from(["GET"] * 6 + ["HEAD"] * 2 + ["POST", "PUT", "OPTIONS", "DELETE"]),
+    st.sampled_from(PATHS),
+    st.sampled_from(["HTTP/1.1"] * 5 + ["HTTP/1.0"]),
+    st.sampled_from(["x", "x:80", "X.Example", "a b", "", None, "x.y:123456"]),
+    st.lists(st.one_of(st.sampled_from(HEADERS), st.tuples(TOKEN, VALUE)), max_size=4),
+    st.one_of(st.just(b""), st.binary(min_size=1, max_size=64)),
+)
+
+
+def build(req: tuple[str, str, str, str | None, list[tuple[str, str]], bytes]) -> bytes:
+    method, path, version, host, headers, body = req
+    hs = ([("Host", host)] if host is not None else []) + headers
+    return request(method, path, hs, body, version)
+
+
+@settings(max_examples=60, deadline=None, derandomize=False,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(batch=st.lists(one_request, min_size=1, max_size=4))
+def test_random_batches_answered_alike(pair: tuple[Side, Side],
+                                       batch: list[tuple[str, str, str, str | None,
+                                                         list[tuple[str, str]], bytes]]) -> None:
+    """Random pipelined batches (odd headers, bodies, hosts, versions, paths): the
+    same bytes back, the same events and log lines."""
+    raw = b"".join(build(r) for r in batch)
+    both(pair, raw, [r[0].encode() for r in batch])

@@ -1,0 +1,244 @@
+"""The native lane's C entry on hostile bytes, and the lane's switches: random, cut
+and overlong input fed to lane.c in a child process (a crash fails the test instead
+of killing pytest); the lane off without a compiler or by configuration; a deploy
+and a rollback under load never mixing versions after the switch; a pipelined flood
+answered within the front's write buffer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime import config as c
+from runtime.net import lane as native
+from runtime.pipeline.lane import NativeLane
+from runtime.pop import PoP
+from tests.net.lane_support import exchange, static_reactor
+from tests.support import function_dir, pop_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("lane_fuzz_child.py")
+
+
+class Child:
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'functions/sdk/python'}"}
+        self.proc = subprocess.Popen([sys.executable, str(CHILD)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, cwd=ROOT)
+        assert self.proc.stdout is not None and self.proc.stdout.readline() == b"ready\n"
+
+    def feed(self, data: bytes, budget: int = 1 << 20) -> tuple[int, int, int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(struct.pack("<II", len(data), budget) + data)
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.read(12)
+        except BrokenPipeError:
+            answer = b""
+        if len(answer) != 12:
+            rc = self.proc.wait(5)
+            pytest.fail(f"the lane's child died (exit {rc}) on {data[:200]!r}")
+        used, size, count = struct.unpack("<III", answer)
+        return used, size, count
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[Child]:
+    ch = Child()
+    yield ch
+    ch.close()
+
+
+VALID = [b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
+         b"HEAD /mirror?a=b HTTP/1.1\r\nHost: x:1\r\nUser-Agent: curl/8\r\n\r\n",
+         b"GET /odd HTTP/1.1\r\nhost: x\r\nX-A: b\r\n\r\n",
+         b"GET /nobody HTTP/1.1\r\nHost: x\r\n\r\n",
+         b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"]
+pieces = st.one_of(st.sampled_from(VALID), st.binary(max_size=64),
+                   st.sampled_from([b"\r\n", b"\n", b":", b" ", b"\x00", b"HTTP/1.1", b"Host: ",
+                                    b"GET ", b"/hello", b"%", b"?", b"Transfer-Encoding: chunked",
+                                    b"Content-Length: 99999999999999999999\r\n"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=st.lists(pieces, max_size=12), cut=st.integers(min_value=0, max_value=4096),
+       budget=st.sampled_from([0, 1, 100, 1 << 20]))
+def test_hostile_bytes_never_crash_and_stay_in_bounds(child: Child, parts: list[bytes],
+                                                      cut: int, budget: int) -> None:
+    """Random mixes of valid requests, fragments and junk, cut anywhere: the C answers,
+    takes at most the input, and only whole requests it answered."""
+    data = b"".join(parts)
+    data = data[:cut] if cut < len(data) else data
+    used, size, count = child.feed(data, budget)
+    assert used <= len(data)
+    assert (used == 0) == (count == 0) == (size == 0)
+    assert count <= data[:used].count(b"HTTP/1.1\r\n")
+
+
+@pytest.mark.parametrize("data", [
+    b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # past URL_MAX
+    b"GET /hello HTTP/1.1\r\n" + b"X-A: b\r\n" * 5000 + b"Host: x\r\n\r\n",  # past MAX_HEADERS
+    b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 100000 + b"\r\n\r\n",  # HEAD_MAX
+    b"GET /hello HTTP/1.1\r\nHost: x\r\nUser-Agent: " + b"u" * 5000 + b"\r\n\r\n",  # UA_MAX
+    b"GET /hello HTTP/1.1\r\n" + b"U" * 100000 + b": v\r\nHost: x\r\n\r\n",  # a long name
+    b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n" * 20000,  # many, a small budget below
+])
+def test_overlong_input_is_left_to_python(child: Child, data: bytes) -> None:
+    used, size, count = child.feed(data, budget=4096)
+    if data.count(b"GET ") > 1:
+        assert size > 0 and used < len(data)  # stopped at the budget
+    else:
+        assert (used, size, count) == (0, 0, 0)
+
+
+def test_without_a_compiler_the_lane_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """No C compiler: the PoP starts without the lane, says so once, and serves."""
+    def no_compiler(*args: object, **kw: object) -> Path:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+
+    monkeypatch.setattr(native, "build", no_compiler)
+    native.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, "edgefn.http"):
+            pop = PoP(c.load(None, data=str(tmp_path / "d"), **{"ai.enabled": False}))
+        assert pop.lane is None
+        assert "the native lane is unavailable (no C compiler" in caplog.text
+        pop.close()
+    finally:
+        native.load.cache_clear()
+
+
+def test_configuration_and_environment_turn_it_off(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pop = PoP(c.load(None, data=str(tmp_path / "a"), **{"ai.enabled": False}))
+    assert isinstance(pop.lane, NativeLane)
+    pop.close()
+    pop = PoP(c.load(None, data=str(tmp_path / "b"),
+                     **{"ai.enabled": False, "http.native_lane": "off"}))
+    assert pop.lane is None
+    pop.close()
+    monkeypatch.setenv("EDGEFN_NATIVE_LANE", "0")
+    pop = PoP(c.load(None, data=str(tmp_path / "c"), **{"ai.enabled": False}))
+    assert pop.lane is None
+    pop.close()
+
+
+def test_deploy_and_rollback_under_load_never_mix_versions(tmp_path: Path) -> None:
+    """A client asks /ver back to back on one keep-alive connection while v2 is deployed
+    and v1 rolled back: every answer to a request sent after a switch returned is the
+    new version's, and the lane serves most of them."""
+    v1 = function_dir(tmp_path / "1", "ver", static_reactor(200, [], b"one"))
+    v2 = function_dir(tmp_path / "2", "ver", static_reactor(200, [], b"two"))
+    with pop_thread(tmp_path / "data", port=28013) as pop:
+        first = pop.deploy(v1)
+        lane = pop.pop.lane
+        assert isinstance(lane, NativeLane)
+        seen: list[tuple[float, bytes]] = []
+        stop = threading.Event()
+        errors: list[str] = []
+
+        def load() -> None:
+            with socket.create_connection((pop.host, pop.port), timeout=5) as s:
+                buf = b""
+                while not stop.is_set():
+                    sent = time.monotonic()
+                    s.sendall(b"GET /ver HTTP/1.1\r\nHost: x\r\n\r\n")
+                    while b"\r\n\r\n" not in buf or len(buf) < buf.index(b"\r\n\r\n") + 7:
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            errors.append("closed")
+                            return
+                        buf += chunk
+                    end = buf.index(b"\r\n\r\n") + 4
+                    seen.append((sent, buf[end:end + 3]))
+                    buf = buf[end + 3:]
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        try:
+            time.sleep(0.3)
+            pop.deploy(v2)
+            switched_2 = time.monotonic()
+            time.sleep(0.3)
+            pop.admin.request("POST", "/v1/functions/ver/rollback",
+                              b'{"version": "%s"}' % first["version"].encode())
+            switched_1 = time.monotonic()
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not errors
+        after_2 = [body for sent, body in seen if switched_2 < sent < switched_1 - 0.05]
+        after_1 = [body for sent, body in seen if sent > switched_1]
+        assert after_2 and set(after_2) == {b"two"}
+        assert after_1 and set(after_1) == {b"one"}
+        assert lane.served > len(seen) // 2
+
+
+def test_pipelined_flood_of_large_answers_stays_within_the_write_buffer(tmp_path: Path
+                                                                         ) -> None:
+    """Thousands of pipelined requests for a 60 KB answer on a connection that reads
+    nothing: the lane stops at the front's write buffer and the rest waits in the
+    Python front (which stops reading), so the answers produced stay bounded; then
+    all of them come, in order."""
+    big = function_dir(tmp_path, "big", static_reactor(200, [], b"b" * 60000))
+    n = 3000
+    with pop_thread(tmp_path / "data", port=28014) as pop:
+        pop.deploy(big)
+        lane = pop.pop.lane
+        assert isinstance(lane, NativeLane)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((pop.host, pop.port))
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+        time.sleep(1.0)
+        produced = lane.served
+        # unread: the kernel's buffers plus two write buffers and a response, not 180 MB
+        assert produced * 60000 < 24 << 20, produced
+        s.settimeout(30)
+        ids: list[int] = []
+        tail = b""
+        while len(ids) < n:
+            chunk = s.recv(1 << 20)
+            assert chunk
+            data = tail + chunk
+            cut = data.rfind(b"\r\n")
+            lines, tail = data[:cut].split(b"\r\n"), data[cut:]
+            ids += [int(line.rsplit(b"-", 1)[1], 16) for line in lines
+                    if line.startswith(b"x-request-id: ")]
+        s.close()
+        assert ids == sorted(ids) and len(ids) == n
+
+
+def test_a_request_cut_between_reads_is_finished_by_python(tmp_path: Path) -> None:
+    """A request whose head arrives in two reads: the lane leaves it to the Python
+    parser, which answers it as it would have."""
+    with pop_thread(tmp_path / "data", port=28015) as pop:
+        pop.deploy(ROOT / "functions" / "examples" / "hello-wat")
+        with socket.create_connection((pop.host, pop.port), timeout=5) as s:
+            s.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /hel")
+            time.sleep(0.2)
+            s.sendall(b"lo HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.2)
+            data = s.recv(65536)
+        assert data.count(b"Hello from edgefn (WASM)!") == 2
+        assert exchange(pop.port, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n", [b"GET"])
