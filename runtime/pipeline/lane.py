@@ -77,6 +77,9 @@ class NativeLane:
 
     def __init__(self, module: Any, chain: Chain, pop: PoP) -> None:
         """Raises RuntimeError when llhttp or the reactor entry do not fit the C."""
+        if chain.planner is None:
+            raise RuntimeError("the chain is timed (tracing or stage timings): every stage "
+                               "runs for every request")
         stages = {type(s): s for s in chain.stages}
         rid, bots, events = stages.get(RequestId), stages.get(Bots), stages.get(Events)
         if not isinstance(rid, RequestId) or not isinstance(events, Events) or \
@@ -104,7 +107,11 @@ class NativeLane:
         self.routes: list[tuple[Deployment, str, str, int]] = []  # parallel to the C's
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
-        self.version: object = None
+        # what the table was made for: the routes, the canaries, the stages' stamp
+        self.router: object = None
+        self.canaries: object = None
+        self.stamped: object = None
+        self.stamp = chain.planner.stamp
 
     # -- the front's call (runtime.net.protocol) --------------------------------------------
     def serve(self, data: bytes, client: str, date: bytes, extra: bytes, budget: int
@@ -112,11 +119,10 @@ class NativeLane:
         """The whole requests at the start of `data` the lane answers: how many bytes
         of `data` they took and their responses. Raises what the C raises (a Python
         error in it, MemoryError)."""
-        planner = self.chain.planner
-        assert planner is not None
-        version = (planner.version(), self.registry.canaries)
-        if version != self.version:
-            self._rebuild(version)
+        registry, stamp = self.registry, self.stamp
+        if registry.router is not self.router or registry.canaries is not self.canaries or \
+                (stamp is not None and stamp() != self.stamped):
+            self._rebuild()
         records = self.records
         used, out = self.c.serve(data, date, extra, budget, records, client)
         if records:
@@ -124,7 +130,10 @@ class NativeLane:
         return used, out
 
     # -- eligibility ------------------------------------------------------------------------
-    def _rebuild(self, version: object) -> None:
+    def _rebuild(self) -> None:
+        registry = self.registry
+        self.router, self.canaries = registry.router, registry.canaries
+        self.stamped = self.stamp() if self.stamp is not None else None
         routes: list[tuple[Deployment, str, str, int]] = []
         table: list[tuple[Any, ...]] = []
         router = self.registry.router
@@ -139,7 +148,7 @@ class NativeLane:
                         routes.append((fn, route, path, cache))
                         table.append(self._entry(fn, path, allowed, cache))
         self.c.routes(table)
-        self.routes, self.version = routes, version
+        self.routes = routes
         log.debug("native lane: %d routes (%s)", len(routes),
                   ", ".join(sorted({r[0].label for r in routes})) or "none")
 

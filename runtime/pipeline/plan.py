@@ -69,10 +69,10 @@ class Planner:
             hit = self._plan(target)
         return hit[1](request, ctx)
 
-    def version(self) -> tuple[object, object]:
-        """What the plans depend on now: the routes and the stages' stamp (a change
-        of either makes them again)."""
-        return self.registry.router, self._stamp() if self._stamp is not None else None
+    @property
+    def stamp(self) -> Callable[[], object] | None:
+        """The stages' stamp: plans are made again when it (or the routes) change."""
+        return self._stamp
 
     def kept(self, target: Target | None) -> list[Stage]:
         """The stages a request for `target` goes through, from the planner on."""

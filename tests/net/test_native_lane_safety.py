@@ -242,3 +242,28 @@ def test_a_request_cut_between_reads_is_finished_by_python(tmp_path: Path) -> No
             data = s.recv(65536)
         assert data.count(b"Hello from edgefn (WASM)!") == 2
         assert exchange(pop.port, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n", [b"GET"])
+
+
+def test_a_stage_that_starts_working_moves_the_target_to_python(tmp_path: Path) -> None:
+    """auth is idle for a function while no key exists (its plan skips it): the lane
+    serves it. Once a key is made the plans change (auth's stamp) and so does the
+    lane's table: the next request is Python's."""
+    with pop_thread(tmp_path / "data", port=28016) as pop:
+        pop.deploy(ROOT / "functions" / "examples" / "hello-wat")
+        lane = pop.pop.lane
+        assert isinstance(lane, NativeLane)
+        hello = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+        exchange(pop.port, hello, [b"GET"])
+        assert lane.served == 1
+        pop.pop.keys.store.create("acme", ("*",))
+        pop.admin.request("POST", "/v1/keys/reload")
+        [answer] = exchange(pop.port, hello, [b"GET"])
+        assert answer.startswith(b"HTTP/1.1 200 ") and lane.served == 1
+
+
+def test_a_timed_chain_has_no_lane(tmp_path: Path) -> None:
+    """Stage timings time every stage of every request: no target is eligible."""
+    pop = PoP(c.load(None, data=str(tmp_path / "d"),
+                     **{"ai.enabled": False, "events.stage_timings": True}))
+    assert pop.lane is None
+    pop.close()
