@@ -41,6 +41,8 @@ import logging
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
+from wasmtime import _ffi as ffi
+
 from runtime.executors.base import principal_blob
 from runtime.executors.wasm.function import WasmFunction
 from runtime.executors.wasm.native import NativeReactorCall, Result
@@ -95,8 +97,9 @@ class NativeLane:
         self.texts: dict[str | bytes, str] = {}
         entry = pop.wasm.native.lib.edgefn_reactor_call
         http = pop.config.http
-        self.c = module.Lane(native.httptools_parser(),
-                             ctypes.cast(entry, ctypes.c_void_p).value or 0,
+        self.c = module.Lane(native.httptools_parser(), _address(entry),
+                             _address(ffi.dll.wasm_trap_delete),
+                             _address(ffi.dll.wasmtime_error_delete),
                              ctypes.sizeof(Result),
                              tuple(principal_blob({"bot": c}) for c in CLASSES),
                              self._classes(), self._classify, STATUS_LINES, rid.prefix,
@@ -276,6 +279,11 @@ class NativeLane:
             self.texts.clear()
         self.texts[raw] = text
         return text
+
+
+def _address(fn: Any) -> int:
+    """A ctypes function's address (0: none)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
 
 def _bots_record(cls: str, signals: tuple[str, ...]) -> tuple[str, dict[str, Any]]:

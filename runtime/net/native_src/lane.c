@@ -98,6 +98,7 @@ typedef struct {
     const uint8_t *response;
     uint64_t response_len;
 } edgefn_result;
+typedef void (*delete_t)(void *);  /* wasm_trap_delete, wasmtime_error_delete */
 typedef int32_t (*reactor_call_t)(void *engine, const void *pre, int64_t memory_limit,
                                   uint64_t deadline_ticks, const uint8_t *req, size_t req_len,
                                   uint64_t max_response, int32_t handle, edgefn_result *r,
@@ -217,6 +218,7 @@ typedef struct { PyObject *ua; int verdict; } ua_slot;
 typedef struct {
     PyObject_HEAD
     reactor_call_t call;
+    delete_t trap_delete, error_delete;  /* what a failed call leaves is the caller's */
     route_t routes[MAX_ROUTES];
     int n_routes;
     PyObject *class_blobs;   /* tuple: the principal blob per bot class */
@@ -626,7 +628,12 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
     failed = l->call(r->engine, r->pre, r->memory_limit, r->deadline_ticks, l->req, n,
                      r->max_response, 1, res, r->times);
     Py_END_ALLOW_THREADS
-    if (failed) return 0;  /* a trap, a limit, the slice: Python runs it and contains it */
+    if (failed) {  /* a trap, a limit, the slice: Python runs it and contains it */
+        if (res->trap) l->trap_delete(res->trap);
+        if (res->error) l->error_delete(res->error);
+        res->trap = res->error = NULL;
+        return 0;
+    }
     uint32_t status, count, body_len = 0;
     const uint8_t *body = NULL;
     const uint8_t *pairs = check_frame(res->response, res->response_len, &status, &count,
@@ -830,16 +837,17 @@ static int load_llhttp(const char *so) {
     return 0;
 }
 
-/* Lane(httptools_so, reactor_entry, result_size, class_blobs, verdict_class, classify,
- *      status_lines, prefix, rid_header, max_url, max_head) */
+/* Lane(httptools_so, reactor_entry, trap_delete, error_delete, result_size, class_blobs,
+ *      verdict_class, classify, status_lines, prefix, rid_header, max_url, max_head) */
 static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     (void)kw;
     const char *so, *prefix, *rid;
     Py_ssize_t prefix_len, rid_len;
-    unsigned long long entry, max_url, max_head;
+    unsigned long long entry, trap_delete, error_delete, max_url, max_head;
     Py_ssize_t result_size;
     PyObject *blobs, *classes, *classify, *lines;
-    if (!PyArg_ParseTuple(args, "sKnO!O!OO!y#y#KK", &so, &entry, &result_size, &PyTuple_Type,
+    if (!PyArg_ParseTuple(args, "sKKKnO!O!OO!y#y#KK", &so, &entry, &trap_delete,
+                          &error_delete, &result_size, &PyTuple_Type,
                           &blobs, &PyTuple_Type, &classes, &classify, &PyTuple_Type, &lines,
                           &prefix, &prefix_len, &rid, &rid_len, &max_url, &max_head))
         return -1;
@@ -878,7 +886,13 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_RuntimeError, "llhttp from %s: %s", so, dlerror());
         return -1;
     }
+    if (!entry || !trap_delete || !error_delete) {
+        PyErr_SetString(PyExc_ValueError, "reactor_entry, trap_delete, error_delete: addresses");
+        return -1;
+    }
     l->call = (reactor_call_t)(uintptr_t)entry;
+    l->trap_delete = (delete_t)(uintptr_t)trap_delete;
+    l->error_delete = (delete_t)(uintptr_t)error_delete;
     Py_XSETREF(l->class_blobs, Py_NewRef(blobs));
     Py_XSETREF(l->verdict_class, Py_NewRef(classes));
     Py_XSETREF(l->classify, Py_NewRef(classify));
