@@ -32,17 +32,19 @@ class CacheStats:
         self.tallies: defaultdict[tuple[str, str, str, str, str], Tally] = defaultdict(Tally)
 
     def record(self, cache: str, outcome: str, *, function: str = "", model: str = "",
-               tenant: str | None = None, nbytes: int = 0, saved_ms: float = 0.0) -> None:
+               tenant: str | None = None, nbytes: int = 0, saved_ms: float = 0.0,
+               n: int = 1) -> None:
+        """Count `n` requests that decided `outcome` (`nbytes` and `saved_ms` each)."""
         key = (cache, function, model, tenant or "", outcome)
         t = self.tallies.get(key)
         if t is None:
             if len(self.tallies) >= MAX_TALLIES:
                 key = (cache, OVERFLOW, OVERFLOW, OVERFLOW, outcome)
             t = self.tallies[key]
-        t.count += 1
+        t.count += n
         if outcome in SERVED:
-            t.bytes += nbytes
-            t.saved_ms += saved_ms
+            t.bytes += nbytes * n
+            t.saved_ms += saved_ms * n
 
     def reclassify(self, cache: str, was: str, now: str, *, function: str = "",
                    model: str = "", tenant: str | None = None, nbytes: int = 0,

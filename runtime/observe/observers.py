@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from asyncio import AbstractEventLoop
 from asyncio import _get_running_loop as running_loop
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from runtime.observe.event import Event, Observer
 
@@ -33,6 +33,9 @@ class Observers:
         self.observers: tuple[Observer, ...] = ()
         self.failed: set[int] = set()  # ids of observers already logged
         self.pending: list[Event] = []
+        # what must be observed before the next event: the native lane's records of
+        # requests answered before it (`runtime.pipeline.lane`), None when there are none
+        self.first: Callable[[], None] | None = None
 
     def add(self, observer: Observer) -> None:
         self.flush()  # a new observer sees only events that come after it
@@ -43,6 +46,8 @@ class Observers:
         self.observers = tuple(o for o in self.observers if o is not observer)
 
     def observe(self, event: Event) -> None:
+        if self.first is not None:
+            self.first()
         pending = self.pending
         pending.append(event)
         if len(pending) == 1:
@@ -56,6 +61,8 @@ class Observers:
 
     def flush(self) -> None:
         """Deliver the pending events now (a scheduled delivery then finds none)."""
+        if self.first is not None:
+            self.first()
         events = self.pending
         if not events:
             return

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from asyncio import _get_running_loop as running_loop
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,8 @@ class NativeLane:
         self.routes: list[tuple[Deployment, str, str, int]] = []  # parallel to the C's
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
+        self.scheduled = False  # a drain is scheduled (`serve`)
+        self.observers = events.observers
         # what the table was made for: the routes, the canaries, the stages' stamp
         self.router: object = None
         self.canaries: object = None
@@ -128,12 +131,22 @@ class NativeLane:
             self._rebuild()
         records = self.records
         used, out = self.c.serve(data, date, extra, budget, records, client)
-        if records:
-            self.drain()
+        if records and not self.scheduled:
+            # drained once this loop turn has run what it read (one pass for all), or
+            # before any event Python makes meanwhile (`Observers.first`): in order
+            loop = running_loop()
+            if loop is None:  # a direct call (a test): now
+                self.drain()
+            else:
+                self.scheduled = True
+                self.observers.first = self.drain
+                loop.call_soon(self.drain)
         return used, out
 
     # -- eligibility ------------------------------------------------------------------------
     def _rebuild(self) -> None:
+        if self.records:
+            self.drain()  # they name routes by their index in the table being replaced
         registry = self.registry
         self.router, self.canaries = registry.router, registry.canaries
         self.stamped = self.stamp() if self.stamp is not None else None
@@ -237,16 +250,22 @@ class NativeLane:
 
     # -- events -----------------------------------------------------------------------------
     def drain(self) -> None:
-        """The records of the requests the lane served in one read, as the `Event`s
-        the events stage would have made, handed to the observers as that stage
-        hands them (before the requests of the read Python answers: in order)."""
+        """The records of the requests the lane served since the last drain, as the
+        `Event`s the events stage would have made, handed to the observers as that
+        stage hands them. Runs once per loop turn, or earlier, from the observers,
+        when Python observes an event first (a request answered after them)."""
+        self.scheduled = False
+        self.observers.first = None
         records, self.records = self.records, []
+        if not records:
+            return
         self.served += len(records)
         ev = self.events
         routes, texts = self.routes, self.texts
         prefix = self.request_id.prefix.decode() + "-"
         pop, tier, geo, sample, redact = ev.pop, ev.tier, ev.geo, ev.sample, ev.redact
         stats = self.http_cache.stats if self.http_cache is not None else None
+        misses: dict[str, int] = {}  # function -> HTTP cache misses (`_first`'s count)
         for ts, n, ri, status, size, took, verdict, head, host, query, client in records:
             fn, route, path, cached = routes[ri]
             cls, record = self.records_of[verdict]
@@ -266,12 +285,15 @@ class NativeLane:
                 event.query = query.decode("latin-1")
             if cached == CACHE_FIRST and stats is not None:
                 event.decisions = {"bots": record, "http_cache": NOT_STORED}
-                stats.record("http", "MISS", function=fn.name)
+                misses[fn.name] = misses.get(fn.name, 0) + 1
             else:
                 event.decisions = {"bots": record}
             if status < 500 and sample < 1.0 and ev.rand() >= sample:
                 event.sampled = False
             ev.observers.observe(event if redact is None else redact(event))
+        if stats is not None:
+            for name, n in misses.items():
+                stats.record("http", "MISS", function=name, n=n)
 
     def _text(self, raw: str | bytes, text: str) -> str:
         """`text`, kept for `raw` (clients and hosts: few distinct values)."""
