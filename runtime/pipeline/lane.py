@@ -10,7 +10,8 @@ exact native form, and its executor is one the lane can call:
     request_id   the lane takes its numbers from the same counter, with the same prefix
                  (a request that sends the id header goes to Python)
     events       the lane's record of each request becomes the same `Event`, handed to
-                 the same observers (ring, metrics, access log, file), read by read, in order
+                 the same observers (ring, metrics, access log, file) once per loop turn,
+                 and before any event Python makes meanwhile: in the order of the answers
     bots         a User-Agent Python classified as a non-browser class (the verdict of
                  `Classifier.view`, which depends on the string alone), whose action
                  for the target is ``allow``; no ``abusive_rate`` (it counts requests)
