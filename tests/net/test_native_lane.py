@@ -137,6 +137,8 @@ SERVED = {  # name: (request, the lane serves it)
                                                           "(+http://www.google.com/bot.html)")]),
                 True),
     "odd headers": (request("GET", "/odd", [("Host", "x")]), True),
+    "empty values": (b"GET /mirror HTTP/1.1\r\nX-Empty:\r\nHost: x\r\nX-B: \r\n"
+                     b"X-C:\r\n\r\n", True),
     "204": (request("GET", "/nobody", [("Host", "x")]), True),
     "205": (request("GET", "/reset", [("Host", "x")]), True),
     "418": (request("GET", "/teapot", [("Host", "x")]), True),

@@ -297,3 +297,17 @@ def test_a_call_that_traps_leaves_nothing_behind(tmp_path: Path) -> None:
         assert not lane.records
     finally:
         pop.close()
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_header_limit_is_the_fronts(child: Child, extra: int) -> None:
+    """The child's max_header_bytes is 2048, counted as the front counts it (each
+    field's name and value + 4, the Host included): a request exactly at it is the
+    lane's, one byte over is Python's (431)."""
+    head = b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Empty:\r\n"
+    used_so_far = (4 + 1 + 4) + (7 + 0 + 4)  # host: x, x-empty: (empty)
+    name = b"x-fill"
+    value = b"v" * (2048 - used_so_far - len(name) - 4 + extra)
+    data = head + name + b": " + value + b"\r\n\r\n"
+    used, _, _ = child.feed(data)
+    assert (used > 0) == (extra == 0)

@@ -151,6 +151,7 @@ static int on_header_field(llhttp_t *p, const char *at, size_t n) {
         h->name = q->head_len;
         h->name_len = h->value = h->value_len = 0;
         q->hstate = 1;
+        q->py_head += 4;  /* the front counts each field's name and value + 4 */
     }
     char *o = q->head + q->head_len;
     for (size_t i = 0; i < n; i++)
@@ -165,7 +166,7 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n) {
     req_t *q = p->data;
     if (n > HEAD_MAX - q->head_len || q->nh == 0) { q->bad = 1; return -1; }
     hdr_t *h = &q->h[q->nh - 1];
-    if (q->hstate != 2) { h->value = q->head_len; q->hstate = 2; q->py_head += 4; }
+    if (q->hstate != 2) { h->value = q->head_len; q->hstate = 2; }
     memcpy(q->head + q->head_len, at, n);
     q->head_len += (uint32_t)n;
     h->value_len += (uint32_t)n;
