@@ -131,12 +131,16 @@ class Limits(Struct, forbid_unknown_fields=True, frozen=True):
 class Pool(Struct, forbid_unknown_fields=True, frozen=True):
     """Python isolates: `min` start with the function, up to `max` under load; each
     is replaced by a fresh one after `recycle_after` requests; `standby` keeps a
-    second, warm host process ready to take over if the first crashes."""
+    second, warm host process ready to take over if the first crashes; `pipeline`:
+    when every isolate is busy, how many requests may be sent ahead to each (run
+    after its current one, without a wake-up round trip; taken back if another
+    isolate frees up first), 0: none."""
 
     min: Annotated[int, Meta(ge=1, le=32)] = 1
     max: Annotated[int, Meta(ge=1, le=32)] = 4
     recycle_after: Annotated[int, Meta(ge=1)] = 10_000
     standby: bool = True
+    pipeline: Annotated[int, Meta(ge=0, le=4)] = 0
 
 
 OwnerName = Annotated[str, Meta(pattern=NAME_PATTERN)]

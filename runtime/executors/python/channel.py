@@ -6,8 +6,11 @@ It knows nothing of what frames mean; the `Isolate` does.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import socket
+import termios
 from collections import deque
 from typing import Protocol
 
@@ -51,6 +54,7 @@ class Channel:
         self.inbox_view = memoryview(self.inbox)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        self.eof = False  # the peer closed it: everything it sent was read
         self.reading = False
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -70,6 +74,20 @@ class Channel:
         if not self.reading and not self.closed and self.loop is not None:
             self.reading = True
             self.loop.add_reader(self.sock.fileno(), self._readable)
+
+    def unread(self) -> bool:
+        """Whether the peer may have sent bytes not read yet (False after its EOF;
+        True once closed before it: nothing says)."""
+        if self.eof:
+            return False
+        if self.closed:
+            return True
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, count)
+        except OSError:
+            return True
+        return count[0] > 0
 
     def send(self, data: bytes) -> None:
         """Queue `data` (not copied if it is large: it must not change); a failed send
@@ -127,6 +145,7 @@ class Channel:
         except OSError:
             n = 0
         if not n:
+            self.eof = True
             return self.receiver.lost()
         try:
             frames = self.reader.feed(self.inbox_view[:n])  # cut from it: kept as copies

@@ -23,6 +23,7 @@ class HostConfig:
     min_isolates: int
     max_isolates: int
     max_response_mb: int = 16
+    pipeline: int = 0  # jobs sent ahead to a busy isolate, at most (`pool.pipeline`)
     env: tuple[tuple[str, str], ...] = ()  # the manifest's `env`, also set in the host's environ
     insecure: bool = False  # run even where a sandbox layer is missing (--insecure-python)
     # KV reads in the host (`local_kv_env.plan`): the store's folder ("": off), its map

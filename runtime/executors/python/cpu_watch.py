@@ -100,6 +100,12 @@ class CpuWatch:
             loop = job.future.get_loop()
             self.timer = loop.call_later(self.tick, self._check, loop)
 
+    def forget(self, isolate: Clocked, job: Job) -> None:
+        """`job` did not run on `isolate` after all (sent ahead, handed back)."""
+        entry = self.running.get(isolate)
+        if entry is not None and entry[0] is job:
+            del self.running[isolate]
+
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:
         self.timer = None
         running = self.running

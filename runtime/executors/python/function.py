@@ -30,6 +30,7 @@ class PythonFunction:
             module=Path(manifest.entry).stem, handler=manifest.handler, cpu_ms=limits.cpu_ms,
             wall_ms=limits.wall_ms, memory_mb=limits.memory_mb,
             recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max,
+            pipeline=pool.pipeline,
             max_response_mb=limits.max_response_mb, env=tuple(manifest.env.items()),
             insecure=insecure, **local_kv_env.plan(bindings))
         self.standby = pool.standby

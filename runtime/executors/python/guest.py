@@ -17,7 +17,6 @@ import inspect
 import json
 import os
 import re
-import select
 import socket
 import sys
 import threading
@@ -55,17 +54,19 @@ def prepare(fd: int, module: str, handler_name: str) -> tuple[socket.socket, Any
 
 def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycle_after: int,
           sdk: Any, warnings: list[str] | None = None, kv: dict[str, Any] | None = None,
-          max_response: int = wire.MAX_BODY) -> None:
+          max_response: int = wire.MAX_BODY, ahead: bool = False) -> None:
     """Say READY (with `warnings` for the PoP's log), then serve requests until
     recycling; `kv`: the host's KV handles (`local_kv`), None: KV over the socket;
     `max_response`: the function's `limits.max_response_mb` in bytes (a larger
-    body is refused here, never sent). Raises `IsolateStop` if the PoP went away."""
+    body is refused here, never sent); `ahead`: the PoP may send requests ahead
+    (`pool.pipeline`), and take them back. Raises `IsolateStop` if the PoP went away."""
     sock, handler = prepared
     ready: dict[str, Any] = {"ok": True, "warnings": warnings} if warnings else {"ok": True}
     # the session (its watchdog thread) first: if it cannot start, no READY was sent
     try:
         session = Session(sock, handler, cpu_ms, wall_ms, sdk, kv)
         session.max_response = max_response
+        session.ahead = ahead
     except BaseException:
         sock.close()
         raise
@@ -259,6 +260,7 @@ class Session:
                  sdk: Any, kv: dict[str, Any] | None = None) -> None:
         self.sock = sock
         self.max_response = wire.MAX_BODY  # `serve` sets the function's own
+        self.ahead = False  # the PoP may send requests ahead, and DROP them (`serve`)
         self.kv: Any = None
         if kv is not None:  # only then: ctypes is not imported into every isolate
             from runtime.executors.python.local_kv import LocalKV
@@ -292,10 +294,7 @@ class Session:
             self.sock.sendall(ready)
             served = 0
             while not self.last and not self.stuck:
-                f = wire.recv_frame(self.sock, self.reader, self.pending)
-                if f is None:
-                    raise IsolateStop
-                kind, payload = f
+                kind, payload = self._next()
                 if kind == wire.REQUEST:
                     served += 1
                     if served == recycle_after:  # before the response: no new job is sent here
@@ -304,6 +303,7 @@ class Session:
                     self.reap_threads()
                 elif kind == wire.WARM:
                     self.warm(payload)
+            self._give_back()
             if self.stuck and stop_threads(self.stuck, THREAD_GRACE):
                 names = ", ".join(repr(t.name) for t in self.stuck)
                 raise IsolateWedged(f"thread {names} is still running (blocked in C code)")
@@ -312,6 +312,69 @@ class Session:
             if self.loop_ is not None:
                 self.loop_.close()
             self.sock.close()
+
+    def _next(self) -> tuple[bytes, bytes]:
+        """The next frame between requests. Where the PoP sends requests ahead, a
+        request starts only once everything the socket holds was read (`_read`
+        answers a DROP in it): a DROP the PoP sent before this request's predecessor
+        sent its last frame is always seen, so the PoP may run the requests it takes
+        back elsewhere at once. Raises `IsolateStop` at EOF."""
+        pending = self.pending
+        while True:
+            while not pending:
+                self._read()
+            if self.ahead and pending[0][0] == wire.REQUEST:
+                while self._read(blocking=False):
+                    pass
+                if not pending:  # it was taken back
+                    continue
+            return pending.pop(0)
+
+    def _read(self, blocking: bool = True) -> bool:
+        """Read what the socket holds into `pending` (without `blocking`: only what is
+        there now; False if nothing was), answering any DROP in it. Raises
+        `IsolateStop` at EOF."""
+        reader = self.reader
+        try:
+            n = self.sock.recv_into(reader.inbox, 0, 0 if blocking else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if not n:
+            raise IsolateStop
+        frames = reader.feed(reader.inbox_view[:n])
+        self.pending.extend(frames)
+        for kind, _ in frames:
+            if kind == wire.DROP:
+                self._absorb()
+                break
+        return True
+
+    def _absorb(self) -> None:
+        """Answer each DROP in `pending`: the requests read before it, none of them
+        started (the running one left `pending` when it started), are handed back
+        (DROPPED with their count) and forgotten."""
+        kept: list[tuple[bytes, bytes]] = []
+        for f in self.pending:
+            if f[0] != wire.DROP:
+                kept.append(f)
+                continue
+            n = sum(1 for kind, _ in kept if kind == wire.REQUEST)
+            kept = [g for g in kept if g[0] != wire.REQUEST]
+            self._send(wire.json_frame(wire.DROPPED, {"n": n}))
+        self.pending[:] = kept
+
+    def _give_back(self) -> None:
+        """This interpreter ends (recycling, or a thread it could not stop): hand back
+        the requests it read and will not run (DROPPED, ``ended``), so that the PoP
+        sends them elsewhere. A request partly read is read whole first (the PoP
+        writes whole frames): the next interpreter on this socket starts at a frame."""
+        while self.reader.buf:
+            self._read()
+        while self._read(blocking=False):
+            pass
+        n = sum(1 for kind, _ in self.pending if kind == wire.REQUEST)
+        if n:
+            self._send(wire.json_frame(wire.DROPPED, {"n": n, "ended": True}))
 
     def closing(self) -> None:
         """Tell the PoP this interpreter takes no job after the current one (once)."""
@@ -443,12 +506,13 @@ class Session:
         host call waited for its reply?"""
         if self.cancel_seen:
             return True
-        if select.select([self.sock], [], [], 0)[0]:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise IsolateStop
-            self.pending.extend(self.reader.feed(data))
-        return any(kind == wire.CANCEL for kind, _ in self.pending)
+        self._read(blocking=False)
+        for kind, _ in self.pending:
+            if kind == wire.REQUEST:  # what follows a request sent ahead is that request's
+                return False
+            if kind == wire.CANCEL:
+                return True
+        return False
 
     def send_error(self, kind: str, message: str, tb: str = "") -> None:
         """The request's error: its message cut as `FunctionError` keeps it, its
@@ -499,20 +563,33 @@ class Session:
                 self._send(wire.frame(wire.CALL, payload))
             if not wait:
                 return None
-            while True:
-                f = wire.recv_frame(self.sock, self.reader, self.pending)
-                if f is None:
-                    raise IsolateStop
-                if f[0] == wire.CANCEL:  # the client left while this call waited: its reply
+            reply = self._reply(call_id)
+            if "error" in reply:
+                raise self.sdk.BindingError(reply["error"])
+            return reply.get("result")
+
+    def _reply(self, call_id: int) -> dict[str, Any]:
+        """Block for the reply to call `call_id`. Requests sent ahead (and what follows
+        them) stay in `pending` for later; a CANCEL before them is this request's.
+        Raises `IsolateStop` at EOF, ValueError or `ProtocolError` for a broken reply."""
+        pending = self.pending
+        while True:
+            i, ahead = 0, False
+            while i < len(pending):
+                kind = pending[i][0]
+                if kind in (wire.REPLY, wire.REPLY_VALUE):
+                    reply = _answer(*pending.pop(i))
+                    if reply.get("id") == call_id:
+                        return reply
+                    continue  # the late answer to a call of a request that was cut short
+                if kind in (wire.REQUEST, wire.WARM) or ahead:
+                    ahead = True  # kept, in order, for the loop
+                    i += 1
+                    continue
+                if kind == wire.CANCEL:  # the client left while this call waited: its reply
                     self.cancel_seen = True  # (an error, the PoP stopped the call) comes
-                    continue  # next; a stream then ends at its next chunk (`_cancelled`)
-                if f[0] in (wire.REPLY, wire.REPLY_VALUE):
-                    reply = _answer(*f)
-                    if reply.get("id") != call_id:
-                        continue  # the late answer to a call of a request that was cut short
-                    if "error" in reply:
-                        raise self.sdk.BindingError(reply["error"])
-                    return reply.get("result")
+                del pending[i]  # next; a stream then ends at its next chunk (`_cancelled`)
+            self._read()
 
     def _until(self, awaitable: Any) -> Any:
         """`awaitable` run on the isolate's event loop, cancelled when the watchdog

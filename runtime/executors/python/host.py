@@ -99,7 +99,8 @@ def serve_code(cfg: dict, warnings: list[str]) -> str:
     host's KV handles, `cfg["kv"]`, when it reads KV in place)."""
     args = (cfg["cpu_ms"], cfg["wall_ms"], cfg["recycle_after"])
     return (f"guest.serve(prepared, *{args!r}, sdk=edgefn, warnings={warnings!r}, "
-            f"kv={cfg.get('kv')!r}, max_response={cfg['max_response_mb'] << 20!r})\n")
+            f"kv={cfg.get('kv')!r}, max_response={cfg['max_response_mb'] << 20!r}, "
+            f"ahead={cfg.get('pipeline', 0) > 0!r})\n")
 
 
 class Retirement:

@@ -222,6 +222,17 @@ class Host:
             self.kill()  # its exit promotes the standby (`_exited`)
         if job is not None and self.loop is not None:
             self.loop.call_later(EXIT_LAG, self._isolate_ended, isolate, job)
+        for never in reversed(self._settle_queue(isolate, "its isolate ended unexpectedly")):
+            self.events.requeue(isolate, never)
+
+    def _settle_queue(self, isolate: Isolate, why: str) -> list[Job]:
+        """The jobs sent ahead to `isolate`, which ended: those that cannot have
+        started (`Isolate.unstarted`), to run elsewhere; the others fail."""
+        never = isolate.unstarted()
+        for job in isolate.queue:
+            job.fail(FunctionError("crash", 502, f"crashed: {why}"))
+        isolate.queue.clear()
+        return never
 
     def _isolate_ended(self, isolate: Isolate, job: Job) -> None:
         """`EXIT_LAG` after `isolate`'s socket closed under `job`: the host did not
@@ -229,13 +240,17 @@ class Host:
         if isolate.job is job and not job.done:
             job.fail(FunctionError("crash", 502, "crashed: its isolate ended unexpectedly"))
 
-    def fail_jobs(self, why: str) -> None:
-        """Fail the jobs its isolates were running (it died)."""
+    def fail_jobs(self, why: str) -> list[Job]:
+        """Fail the jobs its isolates were running (it died), and those sent ahead
+        that may have started; those sent ahead that cannot have, to run elsewhere."""
+        never: list[Job] = []
         for isolate in self.isolates:
+            never += self._settle_queue(isolate, f"its isolate host died ({why})")
             if isolate.job is not None:
                 isolate.job.fail(FunctionError("crash", 502,
                                                f"crashed: its isolate host died ({why})"))
                 isolate.job = None
+        return never
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -8,6 +8,15 @@ fails to restart after recycling), hands back a job its fresh interpreter never
 started, and tells its owner (the host) when its socket is gone. Which job it runs
 is the scheduler's business.
 
+Requests sent ahead (`pool.pipeline`): jobs sent while one runs wait in `queue`, in
+the order sent, and the guest runs them in that order. The first of them becomes
+the isolate's `job` when the one before it ends (its last frame arrived): every
+frame of a request comes after its predecessor's last one, so from then on it may
+have started, and until then it has not. A DROP takes back those not started; the
+guest answers DROPPED with how many it handed back (the last ones sent), or hands
+back unasked the first ones when its interpreter ends (DROPPED ``ended``). A job
+taken back goes to `Events.requeue`, ahead of the waiting ones.
+
 Its first frame, THREAD, names the host thread that serves it (sent by the host
 before any function code runs): its clock (`ThreadClock`) is what the pool's CPU
 watch reads.
@@ -54,7 +63,7 @@ RELAXED_BELOW = 64 << 10  # bytes of a frame msgspec refuses that json may still
 # frames whose JSON the guest keeps small (an ERROR's traceback is cut to its last 64 KiB
 # before it is sent): one bigger is forged, and refused before it is parsed (a 50 MB
 # ERROR frame froze every tenant for 6 s)
-SMALL = (wire.READY, wire.RETIRE, wire.ERROR, wire.THREAD)
+SMALL = (wire.READY, wire.RETIRE, wire.ERROR, wire.THREAD, wire.DROPPED)
 MAX_SMALL_FRAME = 256 << 10
 CALL_ID = re.compile(rb'\{"id": ([0-9]{1,12}),')  # how the SDK's json.dumps starts a CALL
 CALLS = (wire.CALL, wire.CALL_VALUE)
@@ -86,7 +95,11 @@ class Events(Protocol):
         """Its host asks to be replaced (it is running out of room); it still serves."""
 
     def requeue(self, isolate: Isolate, job: Job) -> None:
-        """It ended without running `job` (its fresh interpreter failed to start)."""
+        """It ended without running `job` (its fresh interpreter failed to start), or
+        handed back `job`, sent ahead and not started."""
+
+    def begun(self, isolate: Isolate, job: Job) -> None:
+        """`job`, sent ahead, is the isolate's job now: the one before it ended."""
 
 
 class Owner(Protocol):
@@ -130,6 +143,10 @@ class Isolate:
         self.clock: ThreadClock | None = None  # of the host thread serving it (THREAD)
         # Per-job state
         self.job: Job | None = None
+        self.queue: deque[Job] = deque()  # sent ahead, behind `job`, not started
+        self.dropping = False  # a DROP is unanswered: nothing more is sent ahead
+        self.taken = 0  # jobs that DROP took back at once (`drop`), for its answer to confirm
+        self.cancel_for: Job | None = None  # CANCEL it once the DROP is answered
         self.stuck = False  # its job ended early (timed out, cut); frames are dropped until its end
         self.streamed = 0
         # Fairness: CALL frames answered this loop turn, and the frames that wait for the next
@@ -145,12 +162,59 @@ class Isolate:
         self.channel.send(data)
 
     def run(self, job: Job) -> None:
-        self.job = job
-        self.streamed = 0
+        """Send `job`: it runs now if the isolate has none, else after those sent."""
+        if self.job is None:
+            self.job = job
+            self.streamed = 0
+        else:
+            self.queue.append(job)
         self.send(wire.frame(wire.REQUEST, job.payload))
 
-    def cancel(self) -> None:
+    def cancel(self, job: Job) -> None:
+        """`job`'s client went away: tell the guest to stop it (a CANCEL applies to
+        the last request sent, so those sent after it are taken back first), or take
+        it back if it was sent ahead."""
+        if job in self.queue:
+            self.drop()
+            return
+        if job is not self.job:
+            return
+        if self.queue:
+            self.cancel_for = job
+            self.drop()
+            if self.queue:  # not taken back at once: CANCEL once the guest answers
+                return
+            self.cancel_for = None
         self.send(wire.frame(wire.CANCEL))
+
+    def drop(self) -> None:
+        """Ask the guest for the jobs sent ahead that have not started (DROP). When
+        the DROP went out whole while nothing the guest sent waits unread (so the job
+        before them has not sent its last frame), the guest sees the DROP before it
+        could start them (it reads all it has before starting one): they go
+        elsewhere at once, and its answer only confirms them."""
+        if not self.queue or self.dropping or self.state == "dead":
+            return
+        self.dropping = True
+        self.send(wire.frame(wire.DROP))
+        channel = self.channel
+        if channel.out or channel.closed or self.backlog is not None or channel.unread():
+            return  # not sure: its answer says which it hands back
+        jobs, self.queue = list(self.queue), deque()
+        self.taken = len(jobs)
+        self.uses -= len(jobs)
+        for job in reversed(jobs):  # each goes first in line: the first sent ends first
+            self.owner.events.requeue(self, job)
+
+    def unstarted(self) -> list[Job]:
+        """Take the jobs sent ahead if none can have started (its socket holds
+        nothing unread, no frame waits in a backlog: the job before them did not
+        end), for another isolate; [] if one may have."""
+        if not self.queue or self.backlog is not None or self.channel.unread():
+            return []
+        jobs, self.queue = list(self.queue), deque()
+        self.uses -= len(jobs)
+        return jobs
 
     def pause(self) -> None:
         """Backpressure from the job's reader: read no frames until `resume`."""
@@ -244,6 +308,8 @@ class Isolate:
             self._call(payload)
         elif kind == wire.CALL_VALUE:
             self._call_value(payload)
+        elif kind == wire.DROPPED:
+            self._dropped(read_json(payload))
         elif self.job is None:
             return  # a late frame of a job that already ended
         elif kind == wire.HEAD:
@@ -306,6 +372,45 @@ class Isolate:
             return f"a THREAD frame naming no thread of its host ({tid})"
         return None
 
+    def _dropped(self, info: dict[str, Any]) -> None:
+        """The guest handed back jobs it had not started: the last ones sent (the
+        answer to a DROP) or, its interpreter ending, the first ones (``ended``).
+        More than it was sent is forged."""
+        n, ended = info.get("n"), info.get("ended") is True
+        if not ended:
+            if not self.dropping:
+                self.garbage(ProtocolError("a DROPPED frame answering no DROP"))
+                return
+            self.dropping = False
+            taken, self.taken = self.taken, 0
+            if taken:  # those it took back at once: the guest confirms them, no more
+                if n != taken:
+                    self.garbage(ProtocolError(f"a DROPPED frame handing back {said(str(n), 64)} "
+                                               f"requests where {taken} could not have started"))
+                return
+        jobs = ([self.job] if self.job is not None else []) + list(self.queue)
+        if type(n) is not int or not 0 <= n <= len(jobs):
+            self.garbage(ProtocolError(f"a DROPPED frame handing back {said(str(n), 64)} of "
+                                       f"{len(jobs)} requests"))
+            return
+        back = jobs[:n] if ended else jobs[len(jobs) - n:]
+        kept = jobs[n:] if ended else jobs[:len(jobs) - n]
+        if not ended:
+            self.uses -= n  # never served by this interpreter
+        if self.job is not None and (not kept or kept[0] is not self.job):
+            self.stuck = False  # the job it expected next was not started
+        self.job = kept[0] if kept else None
+        self.queue = deque(kept[1:])
+        self.streamed = 0
+        cancel, self.cancel_for = self.cancel_for, None
+        if cancel is not None and cancel is self.job and not self.queue and not cancel.done:
+            self.send(wire.frame(wire.CANCEL))
+        if self.job is None and self.state == "busy":  # free before they go elsewhere
+            self.fresh = True
+            self.owner.events.finished(self)
+        for job in reversed(back):  # each goes first in line: the first sent ends first
+            self.owner.events.requeue(self, job)
+
     def _ready(self, info: dict[str, Any]) -> None:
         if info.get("ok"):
             if self.clock is None:  # the host's THREAD comes first
@@ -316,8 +421,12 @@ class Isolate:
                 return
             self.fresh = False
             if self.job is not None:  # handed to it as its last interpreter ended (a thread
-                # it could not stop): the fresh one runs the job, which still owns the isolate
+                # it could not stop, or it recycled with requests sent ahead unread): the
+                # fresh one runs them, and they still own the isolate
                 log.error("%s: isolate restarted during a request", self.cfg.name)
+                self.recycling = False
+                self.uses = 1 + len(self.queue)
+                self.owner.events.begun(self, self.job)  # its CPU counts from here
                 return
             self.owner.events.started(self)
         elif info.get("recycling"):
@@ -335,10 +444,12 @@ class Isolate:
             if self.state == "recycling":  # it started before: its host is failing
                 self.owner.events.retiring(self, "an isolate failed to restart")
             # a job sent while its last interpreter ended unannounced (a thread it could
-            # not stop) was never read: it goes to another isolate
-            job, self.job = self.job, None
+            # not stop) was never read, nor those sent ahead after what it handed back:
+            # they go to another isolate
+            jobs = ([self.job] if self.job is not None else []) + list(self.queue)
+            self.job, self.queue = None, deque()
             self.close()
-            if job is not None:
+            for job in reversed(jobs):  # each goes first in line
                 self.owner.events.requeue(self, job)
 
     def _response(self, payload: bytes) -> Response:
@@ -367,7 +478,7 @@ class Isolate:
             job.fail(FunctionError("bad_response", 502, f"streamed response body exceeded the "
                                    f"limit of {self._limit()}; the stream was cut"))
             self.stuck = True
-            self.cancel()
+            self.cancel(job)
             return
         job.chunk(payload)
 
@@ -398,6 +509,12 @@ class Isolate:
             job.end()
         self.stuck = False
         self.fresh = True  # its interpreter may recycle or restart now
+        if self.queue:  # the next one sent ahead starts now, or in the next interpreter
+            self.job = self.queue.popleft()  # (it said it recycles: from its READY on)
+            self.streamed = 0
+            if not self.recycling:
+                self.owner.events.begun(self, self.job)
+            return
         self.owner.events.finished(self)
     def _limit(self) -> str:
         cfg = self.cfg

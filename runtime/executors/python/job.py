@@ -27,8 +27,9 @@ STREAM_LOW = 64 << 10
 class Runner(Protocol):
     """The isolate a job runs on, as far as the job is concerned."""
 
-    def cancel(self) -> None:
-        """Tell the guest to stop streaming (the client went away)."""
+    def cancel(self, job: Job) -> None:
+        """Tell the guest to stop `job`'s stream (its client went away), or take
+        `job` back if it was sent ahead and has not started."""
 
     def pause(self) -> None:
         """Stop taking frames from the guest (its reader is behind)."""
@@ -81,7 +82,7 @@ class Job:
         if future.cancelled() and not self.done:
             self.let_go()
             if self.isolate is not None:
-                self.isolate.cancel()
+                self.isolate.cancel(self)
 
     def fail(self, err: BaseException) -> None:
         """Answer with `err`, or cut the stream with it if the head was sent."""
@@ -138,4 +139,4 @@ class Job:
             self._resume()
             if not self.done and self.isolate is not None:  # the client went away
                 self.let_go()
-                self.isolate.cancel()
+                self.isolate.cancel(self)

@@ -42,7 +42,8 @@ class Pool:
                             excused=self._restarting)
         self.scheduler: Scheduler[Isolate] = Scheduler(
             cfg.wall_ms, cfg.recycle_after, grow=self._grow, stuck=self._stuck,
-            drained=self._drained, watch=self.cpu.watch, cpu_ms=cfg.cpu_ms)
+            drained=self._drained, watch=self.cpu.watch, cpu_ms=cfg.cpu_ms,
+            unwatch=self.cpu.forget, depth=cfg.pipeline)
         self.calls = HostCalls(cfg, bindings)
         self.hosts = Supervisor(cfg, standby, warm_request, self.scheduler, self)
 
@@ -76,6 +77,9 @@ class Pool:
     # -- isolate events (`isolate.Events`) ------------------------------------------------------
     def started(self, isolate: Isolate) -> None:
         self.scheduler.started(isolate)
+
+    def begun(self, isolate: Isolate, job: Job) -> None:
+        self.scheduler.begun(isolate, job)
 
     def finished(self, isolate: Isolate) -> None:
         self.scheduler.finished(isolate)

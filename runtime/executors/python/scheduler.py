@@ -10,6 +10,17 @@ streamed body; `overran` cuts a job its CPU watch (`cpu_watch`) found past
 `limits.cpu_ms`, the same way. A retired scheduler takes no new job; those waiting and in flight
 still run, and it reports when the last one ends.
 
+Requests sent ahead (`depth`, the manifest's `pool.pipeline`): when no isolate is
+idle, a job goes to a busy one with fewer than `depth` jobs sent ahead (the fewest
+first) rather than waiting here, so that the guest picks it up without a wake-up
+round trip. Its wall-time limit still runs from when it was submitted; its CPU
+watch from when the job before it ends (`begun`). It never waits longer than it
+would have here: an isolate that goes idle while none wait takes back the jobs
+sent ahead to another (a DROP; those not started come back through `requeue`,
+ahead of the waiting ones), and so does a job cut while it runs. A job cut while
+sent ahead is taken back too; if it started meanwhile, it is handled as stuck.
+An isolate that recycles after its next job gets none sent ahead.
+
 No sockets, processes or threads: isolates are seen through `Worker`, and what
 scheduling needs done elsewhere (start an isolate, handle a stuck one, stop the
 hosts) goes through the callbacks it is built with.
@@ -39,12 +50,18 @@ class Worker(Protocol):
     uses: int  # jobs since its interpreter started
     recycling: bool  # the guest said it recycles after the job in flight
     stuck: bool  # its job timed out: frames are dropped until that job's last one
+    job: Job | None  # the job it runs (or runs next: the one before it ended)
+    queue: deque[Job]  # jobs sent ahead, behind `job`
+    dropping: bool  # asked to hand back its jobs sent ahead; none is sent ahead meanwhile
 
     def run(self, job: Job) -> None:
         """Send `job` to the guest."""
 
-    def cancel(self) -> None:
-        """Tell the guest to stop streaming."""
+    def cancel(self, job: Job) -> None:
+        """Tell the guest to stop streaming `job`."""
+
+    def drop(self) -> None:
+        """Ask the guest for its jobs sent ahead that have not started."""
 
     def pause(self) -> None:
         """Stop taking frames from the guest (its reader is behind)."""
@@ -56,19 +73,25 @@ class Worker(Protocol):
 class Scheduler[W: Worker]:
     def __init__(self, wall_ms: int, recycle_after: int, *, grow: Callable[[W], None],
                  stuck: Callable[[W, Job], None], drained: Callable[[], None],
-                 watch: Callable[[W, Job], None] | None = None, cpu_ms: int = 0) -> None:
+                 watch: Callable[[W, Job], None] | None = None, cpu_ms: int = 0,
+                 unwatch: Callable[[W, Job], None] | None = None, depth: int = 0) -> None:
         """`grow(isolate)` starts an unstarted isolate; `stuck(isolate, job)` is told
         when a running job timed out or overran its CPU limit; `drained()` once a
         retired pool has nothing in flight; `watch(isolate, job)` as a job starts
-        on an isolate (the CPU watch), `cpu_ms` the limit it keeps."""
+        on an isolate (the CPU watch), `unwatch` when it was handed back unstarted,
+        `cpu_ms` the limit it keeps; `depth`: jobs sent ahead to a busy isolate, at most."""
         # Global state
         self.wall_ms = wall_ms
         self.recycle_after = recycle_after
+        self.depth = depth
+        self.unwatch = unwatch
         self.grow, self.stuck, self.drained = grow, stuck, drained
         self.watch, self.cpu_ms = watch, cpu_ms
         self.retired = False
         self.reported_drained = False
         self.recycled = 0  # interpreters recycled after their jobs (for the metrics)
+        self.sent_ahead = 0  # jobs sent ahead to a busy isolate
+        self.requeued = 0  # jobs an isolate handed back unstarted (taken back, or it ended)
         # Per-generation state: the active host's isolates
         self.generation = 0
         self.isolates: Sequence[W] = ()
@@ -142,18 +165,37 @@ class Scheduler[W: Worker]:
             self._report_drained()
 
     def _dispatch(self, job: Job, first: bool = False) -> None:
-        """Run `job` on the warmest idle isolate, or queue it (`first`: ahead of the
-        others) and start one more isolate if the pool has room."""
+        """Run `job` on the warmest idle isolate, or send it ahead to a busy one, or
+        queue it (`first`: ahead of the others); and start one more isolate if the
+        pool has room."""
         while self.idle:
             isolate = self.idle.pop()  # LIFO: the most recently used isolate is the warmest
             if isolate.state == "idle" and isolate.generation == self.generation:
                 self._run(isolate, job)
                 return
-        if first:
+        if self.depth and (busy := self._ahead()) is not None:
+            busy.uses += 1
+            self.sent_ahead += 1
+            job.isolate = busy
+            busy.run(job)
+        elif first:
             self.waiting.appendleft(job)
         else:
             self.waiting.append(job)
         self._scale_up()
+
+    def _ahead(self) -> W | None:
+        """The busy isolate to send a job ahead to: of the active host, not stuck,
+        not taking back its jobs, not recycling after the ones it has, with the
+        fewest sent ahead (under `depth`)."""
+        best: W | None = None
+        for isolate in self.isolates:
+            if (isolate.state == "busy" and len(isolate.queue) < self.depth
+                    and not isolate.stuck and not isolate.dropping and not isolate.recycling
+                    and isolate.uses < self.recycle_after
+                    and (best is None or len(isolate.queue) < len(best.queue))):
+                best = isolate
+        return best
 
     def requeue(self, job: Job) -> None:
         """`job`'s isolate ended without running it (it was handed the job while its
@@ -164,7 +206,13 @@ class Scheduler[W: Worker]:
         it (no new host comes for a retired pool)."""
         if job.done:
             return
+        self.requeued += 1
+        if job.isolate is not None and self.unwatch is not None:
+            self.unwatch(cast(W, job.isolate), job)
         job.isolate = None
+        if job.future.done():  # its client went away while it was sent ahead
+            job.end()
+            return
         if self.retired and all(i.state == "dead" for i in self.isolates):
             job.fail(FunctionError("replaced", 503, "this version was replaced and its "
                                    "isolate stopped before running the request; retry"))
@@ -202,9 +250,21 @@ class Scheduler[W: Worker]:
             return
         isolate = cast(W | None, job.isolate)
         job.fail(error)
-        if isolate is not None:
+        if isolate is not None and isolate.job is not job:  # sent ahead: taken back
+            isolate.drop()
+        elif isolate is not None:
             isolate.stuck = True  # its own watchdog should stop it; if not, its host goes
+            isolate.drop()  # those sent ahead behind it go elsewhere
             self.stuck(isolate, job)
+
+    def begun(self, isolate: W, job: Job) -> None:
+        """`job`, sent ahead to `isolate`, is its job now (the one before it ended).
+        One cut meanwhile that was not taken back in time is handled as stuck."""
+        if job.done:
+            isolate.stuck = True
+            self.stuck(isolate, job)
+        elif self.watch is not None:
+            self.watch(isolate, job)
 
     # -- isolates -------------------------------------------------------------------------------
     def started(self, isolate: W) -> None:
@@ -235,6 +295,19 @@ class Scheduler[W: Worker]:
                 self._run(isolate, job)
                 return
         self.idle.append(isolate)
+        if self.depth:
+            self._steal()
+
+    def _steal(self) -> None:
+        """An isolate is idle and no job waits: take back the jobs sent ahead to the
+        busy isolate that has the most (they come back through `requeue`)."""
+        busiest: W | None = None
+        for isolate in self.isolates:
+            if isolate.queue and not isolate.dropping and (
+                    busiest is None or len(isolate.queue) > len(busiest.queue)):
+                busiest = isolate
+        if busiest is not None:
+            busiest.drop()
 
     def drain_waiting(self) -> None:
         while self.waiting and self.idle:

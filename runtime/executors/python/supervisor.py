@@ -122,11 +122,17 @@ class Supervisor:
         self.scheduler.use(standby.generation, standby.isolates)
 
     def host_died(self, host: Host, why: str) -> None:
-        """Fail its jobs, promote the standby, and start a new standby."""
+        """Fail its jobs, promote the standby, and start a new standby; jobs sent
+        ahead that had not started run elsewhere."""
         log.warning("%s: isolate host %d died (%s)", self.cfg.label, host.pid, why)
         self.crashed += not self.closing
-        host.fail_jobs(why)
+        never = host.fail_jobs(why)
         host.stop()
+        self._replace_dead(host)
+        for job in reversed(never):  # each goes first in line: the first sent ends first
+            self.scheduler.requeue(job)
+
+    def _replace_dead(self, host: Host) -> None:
         if host in self.draining:  # already replaced
             self.draining.discard(host)
             return

@@ -8,10 +8,20 @@ like a WASM one's. This module is stdlib-only because the guest side imports
 it inside isolated subinterpreters, where msgspec and friends do not load.
 
 PoP -> isolate:  REQUEST (abi request), REPLY (host-call reply, JSON), CANCEL (stop a stream),
-                 WARM (abi request: run the request path but not the handler; answers RESPONSE)
+                 WARM (abi request: run the request path but not the handler; answers RESPONSE),
+                 DROP (hand back every REQUEST sent before it that has not started)
 isolate -> PoP:  READY (JSON), RESPONSE (abi response), HEAD (abi response, empty body,
                  a streamed body follows as CHUNKs and END), CHUNK (bytes), END,
-                 ERROR (JSON {"kind", "message"}), CALL (host call, JSON)
+                 ERROR (JSON {"kind", "message"}), CALL (host call, JSON),
+                 DROPPED (JSON {"n"}: the answer to a DROP, the last n requests not started
+                 handed back; {"n", "ended": true}: its interpreter ends, the first n not
+                 started handed back, unasked)
+
+Requests sent ahead (`pool.pipeline`): the PoP may send a REQUEST to an isolate
+that is still running one; the guest runs them in the order sent, each once its
+previous one's last frame was sent. So every frame of a request comes after the
+last frame of the one before it, and a CANCEL applies to the last REQUEST sent
+before it (the PoP sends one only for a request with none sent behind it).
 host -> PoP:     RETIRE (JSON {"why"}): sent by the isolate-host process itself (between two
                  interpreters, on one isolate's socket): replace this host, it runs out of room;
                  THREAD (JSON {"tid"}): the first frame on each isolate's socket, sent before
@@ -35,9 +45,9 @@ from edgefn_core.abi import encode_response
 from edgefn_core.errors import ProtocolError
 from edgefn_core.frames import MAX_FRAME, FrameReader, Framing, kind_and_payload
 
-REQUEST, REPLY, CANCEL, WARM = b"Q", b"R", b"Z", b"W"
+REQUEST, REPLY, CANCEL, WARM, DROP = b"Q", b"R", b"Z", b"W", b"D"
 READY, RESPONSE, HEAD, CHUNK, END, ERROR, CALL = b"S", b"P", b"H", b"C", b"E", b"X", b"K"
-RETIRE, THREAD = b"T", b"N"
+RETIRE, THREAD, DROPPED = b"T", b"N", b"d"
 CALL_VALUE, REPLY_VALUE = b"B", b"V"
 # the calls whose value the SDK sends raw (CALL_VALUE; the PoP takes no other), and those
 # the PoP answers with the value raw (REPLY_VALUE), under "value" in args or result

@@ -34,12 +34,28 @@ class FakeIsolate:
         self.stuck = False
         self.jobs: list[Job] = []
         self.cancels = 0
+        self.job: Job | None = None
+        self.queue: deque[Job] = deque()
+        self.dropping = False
+        self.drops = 0
 
     def run(self, job: Job) -> None:
+        """As `Isolate.run`: it runs now if the isolate has none, else after those sent."""
         self.jobs.append(job)
+        if self.job is None or self.job.done:
+            self.job = job
+        else:
+            self.queue.append(job)
 
-    def cancel(self) -> None:
+    def cancel(self, job: Job) -> None:
         self.cancels += 1
+
+    def drop(self) -> None:
+        """As `Isolate.drop` when it cannot tell: the guest's answer (`Harness.hand_back`)
+        says which it hands back."""
+        self.drops += 1
+        if self.queue:
+            self.dropping = True
 
     def __repr__(self) -> str:
         return self.name
@@ -47,14 +63,14 @@ class FakeIsolate:
 
 class Harness:
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int = 4, started: int = 2,
-                 wall_ms: int = 10_000, recycle_after: int = 1000) -> None:
+                 wall_ms: int = 10_000, recycle_after: int = 1000, depth: int = 0) -> None:
         self.loop = loop
         self.grown: list[FakeIsolate] = []
         self.stuck: list[tuple[FakeIsolate, Job]] = []
         self.drained = 0
         self.s: Scheduler[FakeIsolate] = Scheduler(
             wall_ms, recycle_after, grow=self.grown.append,
-            stuck=lambda i, j: self.stuck.append((i, j)), drained=self._drained)
+            stuck=lambda i, j: self.stuck.append((i, j)), drained=self._drained, depth=depth)
         self.isolates = [FakeIsolate(f"i{n}", state="idle" if n < started else "unstarted")
                          for n in range(size)]
         self.s.use(1, self.isolates)
@@ -68,9 +84,26 @@ class Harness:
         return job
 
     def answer(self, isolate: FakeIsolate, body: bytes = b"ok") -> None:
-        """The guest's RESPONSE for the isolate's latest job, as `Isolate._finish` does."""
-        isolate.jobs[-1].respond(Response(200, [], body))
-        self.s.finished(isolate)
+        """The guest's RESPONSE for the isolate's job, as `Isolate._finish` does: the
+        next one sent ahead is its job then, or it is free."""
+        job = isolate.job
+        assert job is not None
+        job.respond(Response(200, [], body))
+        if isolate.queue:
+            isolate.job = isolate.queue.popleft()
+            self.s.begun(isolate, isolate.job)
+        else:
+            isolate.job = None
+            self.s.finished(isolate)
+
+    def hand_back(self, isolate: FakeIsolate) -> None:
+        """The guest's answer to a DROP read before it started any of them: all of
+        those sent ahead come back (`Isolate._dropped`)."""
+        jobs, isolate.queue = list(isolate.queue), deque()
+        isolate.dropping = False
+        isolate.uses -= len(jobs)
+        for job in reversed(jobs):
+            self.s.requeue(job)
 
     def runner(self, job: Job) -> FakeIsolate | None:
         return next((i for i in self.isolates if job in i.jobs), None)
@@ -410,3 +443,144 @@ def test_every_job_times_out_at_its_own_deadline_and_no_ended_job_does(
             assert isinstance(err, FunctionError) and err.code == "wall_limit"
     assert h.s.in_flight == 0 and not any(entry for _, entry in h.s.deadlines)
     assert h.s.timer is None and not h.s.deadlines
+
+
+def test_a_busy_isolate_takes_jobs_ahead_up_to_depth_and_runs_them_in_order(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=2, started=2, depth=2)
+    jobs = [h.submit(bytes([n])) for n in range(7)]
+    a, b = h.isolates
+    # two run, then each busy isolate takes jobs ahead, the one with fewest first
+    assert [b.job, a.job] == jobs[:2] and list(a.queue) == [jobs[2], jobs[4]]
+    assert list(b.queue) == [jobs[3], jobs[5]] and list(h.s.waiting) == [jobs[6]]
+    assert h.s.sent_ahead == 4
+    h.answer(a)
+    assert a.job is jobs[2] and list(a.queue) == [jobs[4]]  # the next sent ahead, no wake-up
+    h.answer(a)
+    h.answer(a)
+    assert a.job is jobs[6] and not h.s.waiting  # free: the waiting job goes there
+    assert [j.done for j in jobs] == [False, True, True, False, True, False, False]
+
+
+def test_an_isolate_that_frees_takes_back_the_jobs_sent_ahead_to_another(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=2, started=2, depth=1)
+    slow, fast, ahead = h.submit(b"slow"), h.submit(b"fast"), h.submit(b"ahead")
+    a, b = h.isolates
+    assert (b.job, a.job, list(a.queue)) == (slow, fast, [ahead])
+    h.answer(a)  # `ahead` runs on a now: nothing to take back
+    assert a.job is ahead and a.drops == 0
+    behind = h.submit(b"behind")
+    assert list(a.queue) == [behind] or list(b.queue) == [behind]
+    owner = a if a.queue else b
+    other = b if owner is a else a
+    h.answer(other)  # the other one frees first: it asks for `behind` back
+    assert owner.dropping and other.state == "idle"
+    uses = owner.uses
+    h.hand_back(owner)
+    assert other.job is behind and behind.isolate is other and h.s.requeued == 1
+    assert owner.uses == uses - 1 and not owner.queue  # it never ran there
+
+
+def test_a_job_cut_while_sent_ahead_is_taken_back_and_one_cut_running_takes_its_queue_back(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1, depth=1)
+    running, ahead = h.submit(b"running"), h.submit(b"ahead")
+    (a,) = h.isolates
+    h.s.overran(ahead)  # as if its CPU watch had cut it (e.g. re-sent ahead after a hand-back)
+    err = ahead.future.exception()
+    assert isinstance(err, FunctionError) and err.code == "cpu_limit"
+    assert a.dropping and not a.stuck and h.stuck == []  # its isolate is not stuck for it
+    h.hand_back(a)
+    assert h.s.requeued == 0 and not h.s.waiting  # it ended: nothing to run again
+    later = h.submit(b"later")
+    assert list(a.queue) == [later]
+    h.s.overran(running)
+    assert a.stuck and h.stuck == [(a, running)] and a.dropping  # and `later` is asked back
+    h.hand_back(a)
+    assert list(h.s.waiting) == [later] and not later.done
+
+
+def test_a_job_cut_while_sent_ahead_that_started_anyway_is_handled_as_stuck(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1, depth=1)
+    _running, ahead = h.submit(b"running"), h.submit(b"ahead")
+    (a,) = h.isolates
+    h.s.overran(ahead)
+    h.answer(a)  # the guest started it before it read the DROP
+    assert a.job is ahead and a.stuck and h.stuck == [(a, ahead)]
+
+
+def test_an_isolate_recycling_after_its_jobs_gets_none_sent_ahead(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1, depth=2, recycle_after=2)
+    jobs = [h.submit() for _ in range(4)]
+    (a,) = h.isolates
+    assert (a.job, list(a.queue), list(h.s.waiting)) == (jobs[0], [jobs[1]], jobs[2:])
+    h.answer(a)
+    h.answer(a)
+    assert a.state == "recycling" and a.uses == 2
+
+
+DEPTH_OPS = st.lists(st.one_of(
+    st.just(("submit", 0)), st.integers(0, 2).map(lambda i: ("end", i)),
+    st.integers(0, 2).map(lambda i: ("back", i)),
+    st.sampled_from([0.0, 0.002, 0.01, 0.04]).map(lambda s: ("advance", s))), max_size=50)
+
+
+@settings(max_examples=200, deadline=None)
+@given(DEPTH_OPS, st.integers(1, 2), st.integers(1, 3))
+def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines(
+        ops: list[tuple[str, float]], depth: int, size: int) -> None:
+    """Model: a guest runs what it was sent in order, one at a time; asked for its
+    jobs sent ahead, it hands back all of them at some later point. Whatever was
+    submitted, answered, handed back or timed out around it, every job ends once,
+    no job runs twice, each isolate runs its jobs in the order it was sent them
+    (less those it handed back), and a job not answered by its own deadline
+    (``wall_ms + TIMER_SLACK`` after it was submitted) fails then, never later."""
+    loop = FakeClockLoop(0.0)
+    wall_ms = 30
+    h = Harness(loop, size=size, started=size, wall_ms=wall_ms,  # type: ignore[arg-type]
+                depth=depth)
+    due: dict[Job, float] = {}
+    ran: dict[FakeIsolate, list[Job]] = {i: [] for i in h.isolates}
+    failed_at: dict[Job, float] = {}
+    answered_at: dict[Job, float] = {}
+    for op, arg in ops:
+        if op == "submit":
+            job = h.submit()
+            due[job] = loop.now + wall_ms / 1000 + TIMER_SLACK
+            job.future.add_done_callback(
+                lambda f, job=job: f.exception() is not None and failed_at.setdefault(
+                    job, loop.now))
+        elif op == "end" and int(arg) < size:
+            isolate = h.isolates[int(arg)]
+            if isolate.job is not None:
+                assert all(isolate.job not in r for r in ran.values()), "ran twice"
+                ran[isolate].append(isolate.job)
+                if not isolate.job.done:
+                    answered_at[isolate.job] = loop.now
+                if isolate.stuck:  # a cut job's last frame: as `Isolate._finish`
+                    isolate.stuck = False
+                    job = isolate.job
+                    isolate.job = isolate.queue.popleft() if isolate.queue else None
+                    if isolate.job is not None:
+                        h.s.begun(isolate, isolate.job)
+                    else:
+                        h.s.finished(isolate)
+                else:
+                    h.answer(isolate)
+        elif op == "back" and int(arg) < size and h.isolates[int(arg)].dropping:
+            h.hand_back(h.isolates[int(arg)])
+        elif op == "advance":
+            loop.advance(arg)
+        for isolate in h.isolates:  # nothing sent ahead to an idle isolate
+            assert isolate.state == "busy" or (isolate.job is None and not isolate.queue)
+    loop.advance(wall_ms / 1000 + TIMER_SLACK + 0.01)
+    for job, when in due.items():
+        assert job.done
+        ended = failed_at.get(job, answered_at.get(job))
+        assert ended is not None and ended <= when + 1e-9, "ended after its deadline"
+    for isolate, jobs in ran.items():  # in the order sent (a subsequence of it)
+        sent = iter(isolate.jobs)
+        assert all(job in sent for job in jobs)

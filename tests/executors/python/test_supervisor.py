@@ -81,11 +81,12 @@ class FakeHost:
     def kill(self) -> None:
         pass
 
-    def fail_jobs(self, why: str) -> None:
+    def fail_jobs(self, why: str) -> list[Job]:
         for isolate in self.isolates:
             if isolate.job is not None:
                 isolate.job.fail(FunctionError("crash", 502, why))
                 isolate.job = None
+        return []
 
     def close_isolates(self) -> None:
         self.dead = True

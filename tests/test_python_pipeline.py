@@ -1,0 +1,312 @@
+"""Requests sent ahead to busy Python isolates (`pool.pipeline`), end to end: real
+isolate hosts behind a real PoP, over HTTP on loopback. Requests sent ahead are
+served in order, each with its own result, host calls interleaved; one sent ahead
+of a slow request is taken back when another isolate frees up first; a host that
+dies sends those that never started elsewhere and fails none twice; an
+interpreter that ends hands back what it was sent; each request keeps its own CPU
+and wall-time limits; a deploy drains requests sent ahead on the old version."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runtime.executors.python.scheduler import Scheduler
+from tests.support import Running, host_pids, python_function
+
+PIPE = """
+import os, threading, time
+from edgefn import Response
+
+served = []
+
+def handle(request, env):
+    q = request.query
+    served.append(q.get("id", "-"))
+    if q.get("pre"):
+        time.sleep(float(q["pre"]))
+    for _ in range(int(q.get("calls", "0"))):
+        env.deployment()  # a host call, answered while requests wait sent ahead
+    if q.get("sleep"):
+        time.sleep(float(q["sleep"]))  # in C: its watchdog cannot cut it short
+    if q.get("spin"):
+        end = time.thread_time() + float(q["spin"])
+        while time.thread_time() < end:
+            pass
+    if q.get("oom"):
+        raise MemoryError  # its interpreter is recycled after this request
+    if q.get("crash"):
+        os._exit(1)
+    return Response(f"{q.get('id', '-')} {os.getpid()} {threading.get_native_id()} {len(served)}")
+"""
+
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def scheduler(pop: Running, name: str) -> Scheduler[Any]:
+    """The deployed function's scheduler (read from the test's thread: counters only)."""
+    return pop.pop.registry.functions[name].executor.pool.scheduler  # type: ignore[no-any-return]
+
+
+def deploy(pop: Running, tmp_path: Path, name: str, pool: str, limits: str = "") -> None:
+    pop.deploy(python_function(tmp_path, name, PIPE, limits=limits,
+                               pool=f"{pool}\npipeline = 2" if "pipeline" not in pool else pool))
+
+
+def send(pop: Running, path: str, answers: dict[str, tuple[Answer, float]],
+         key: str) -> threading.Thread:
+    """GET `path` on a thread; its answer and how long it took land in `answers[key]`."""
+    def get() -> None:
+        sent = time.monotonic()
+        answer = pop.get(path, timeout=30)
+        answers[key] = (answer, time.monotonic() - sent)
+
+    t = threading.Thread(target=get)
+    t.start()
+    return t
+
+
+def fields(answer: Answer) -> list[str]:
+    """id, pid, isolate thread, requests its interpreter served (with this one)."""
+    status, headers, body = answer
+    assert status == 200, (status, headers.get("x-edgefn-error"), body)
+    return body.decode().split()
+
+
+def wait_for_state(check: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "the pool did not get there"
+        time.sleep(0.005)
+
+
+def test_requests_sent_ahead_run_in_the_order_sent(pop: Running, tmp_path: Path) -> None:
+    """One isolate: A sleeps, B and C are sent ahead behind it while it runs; they run
+    after it, in order, in the same interpreter. (A's sleep is long enough for B and C
+    to arrive through a loaded machine's HTTP front meanwhile.)"""
+    deploy(pop, tmp_path, "inorder", "min = 1\nmax = 1\nstandby = false")
+    assert fields(pop.get("/inorder?id=warm"))[3] == "1"
+    answers: dict[str, tuple[Answer, float]] = {}
+    threads = [send(pop, "/inorder?id=a&sleep=1", answers, "a")]
+    s = scheduler(pop, "inorder")
+    for key in "bc":
+        before = s.sent_ahead
+        threads.append(send(pop, f"/inorder?id={key}", answers, key))
+        wait_for_state(lambda before=before: s.sent_ahead == before + 1)
+    for t in threads:
+        t.join()
+    got = {key: fields(answers[key][0]) for key in "abc"}
+    assert [got[k][0] for k in "abc"] == ["a", "b", "c"]  # each its own answer
+    assert [got[k][3] for k in "abc"] == ["2", "3", "4"]  # in the order sent
+    assert len({got[k][2] for k in "abc"}) == 1 and s.sent_ahead == 2
+
+
+def test_concurrent_requests_with_host_calls_each_get_their_own_answer_once(
+        pop: Running, tmp_path: Path) -> None:
+    """8 clients on 2 isolates that take 2 each sent ahead, every request making
+    host calls (their replies interleave with the requests waiting on the socket):
+    every answer is its own request's, and each ran once."""
+    deploy(pop, tmp_path, "busy", "min = 2\nmax = 2\nstandby = false")
+    answers: dict[str, tuple[Answer, float]] = {}
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for k in range(25):
+            sent = time.monotonic()
+            answer = pop.get(f"/busy?id={c}-{k}&calls=2&sleep=0.002", timeout=30)
+            with lock:
+                answers[f"{c}-{k}"] = (answer, time.monotonic() - sent)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 200
+    counts: dict[str, list[int]] = {}
+    for key, (answer, _) in answers.items():
+        rid, _pid, isolate, n = fields(answer)
+        assert rid == key
+        counts.setdefault(isolate, []).append(int(n))
+    # each interpreter counted every request it ran: no count twice, none skipped
+    assert sum(len(ns) for ns in counts.values()) == 200
+    for ns in counts.values():
+        assert sorted(ns) == list(range(1, len(ns) + 1))
+    assert scheduler(pop, "busy").sent_ahead > 0
+
+
+def test_a_request_sent_ahead_of_a_slow_one_is_taken_back_when_another_isolate_frees(
+        pop: Running, tmp_path: Path) -> None:
+    """Two isolates: A (0.7 s) and B run; C is sent ahead behind B, which reads it
+    during a host call, then sleeps 1.5 s in C (nothing reads its socket). When A
+    ends, C is taken back at once and runs on A's isolate, not after B; B's
+    interpreter never runs it (it reads the DROP before it would start C)."""
+    deploy(pop, tmp_path, "steal", "min = 2\nmax = 2\nstandby = false\npipeline = 1",
+           limits="wall_ms = 10000")
+    s = scheduler(pop, "steal")
+    hosts = host_pids("steal")
+    answers: dict[str, tuple[Answer, float]] = {}
+    a = send(pop, "/steal?id=a&sleep=0.7", answers, "a")
+    wait_for_state(lambda: sum(i.state == "busy" for i in s.isolates) == 1)
+    b = send(pop, "/steal?id=b&pre=0.4&calls=1&sleep=1.5", answers, "b")
+    wait_for_state(lambda: sum(i.state == "busy" for i in s.isolates) == 2)
+    c = send(pop, "/steal?id=c", answers, "c")
+    wait_for_state(lambda: s.sent_ahead == 1)
+    slow = next(i for i in s.isolates if i.queue)
+    assert slow.job is not None and b"sleep=1.5" in slow.job.payload  # behind the slow one
+    for t in (a, b, c):
+        t.join()
+    (answer_c, took_c) = answers["c"]
+    assert fields(answer_c)[2] == fields(answers["a"][0])[2]  # on A's isolate
+    assert took_c < 1.2, f"C waited {took_c:.2f} s behind the 1.9 s request"
+    assert s.requeued == 1 and fields(answers["b"][0])[3] == "1"
+    # B's interpreter ran B only: one that started C too answers the DROP with none
+    # handed back, which the PoP takes for a forgery (its host killed)
+    assert fields(pop.get("/steal?id=after&sleep=0.5"))[3] == "2"
+    assert host_pids("steal") == hosts
+
+
+def test_a_host_that_dies_sends_requests_that_never_started_to_its_standby(
+        pop: Running, tmp_path: Path) -> None:
+    """A crashes its host while B runs on the other isolate; C and D were sent ahead
+    behind them. A and B fail (they ran: never run twice); C and D never started, so
+    the promoted standby serves them."""
+    deploy(pop, tmp_path, "crashy", "min = 2\nmax = 2\nstandby = true\npipeline = 1",
+           limits="wall_ms = 10000")
+    s = scheduler(pop, "crashy")
+    old = int(fields(pop.get("/crashy?id=warm"))[1])
+    answers: dict[str, tuple[Answer, float]] = {}
+    threads = [send(pop, "/crashy?id=a&sleep=1&crash=1", answers, "a")]
+    wait_for_state(lambda: sum(i.state == "busy" for i in s.isolates) == 1)
+    threads.append(send(pop, "/crashy?id=b&sleep=2", answers, "b"))
+    wait_for_state(lambda: sum(i.state == "busy" for i in s.isolates) == 2)
+    for key in "cd":
+        before = s.sent_ahead
+        threads.append(send(pop, f"/crashy?id={key}", answers, key))
+        wait_for_state(lambda before=before: s.sent_ahead == before + 1)
+    for t in threads:
+        t.join()
+    for key in "ab":
+        status, headers, _ = answers[key][0]
+        assert (status, headers.get("x-edgefn-error")) == (502, "crash"), key
+    for key in "cd":
+        rid, pid, _, n = fields(answers[key][0])
+        assert rid == key and int(pid) != old and n == "1"
+    assert s.requeued == 2 and old not in host_pids("crashy")
+
+
+def test_an_interpreter_that_ends_hands_back_the_requests_it_was_sent(
+        pop: Running, tmp_path: Path) -> None:
+    """A runs out of memory: its interpreter is recycled after it. B and C, sent
+    ahead behind it, are handed back and served by the fresh interpreter."""
+    deploy(pop, tmp_path, "oom", "min = 1\nmax = 1\nstandby = false",
+           limits="wall_ms = 10000")
+    s = scheduler(pop, "oom")
+    answers: dict[str, tuple[Answer, float]] = {}
+    threads = [send(pop, "/oom?id=a&sleep=1&oom=1", answers, "a")]
+    wait_for_state(lambda: s.isolates[0].state == "busy")
+    for key in "bc":
+        before = s.sent_ahead
+        threads.append(send(pop, f"/oom?id={key}", answers, key))
+        wait_for_state(lambda before=before: s.sent_ahead == before + 1)
+    for t in threads:
+        t.join()
+    status, headers, _ = answers["a"][0]
+    assert (status, headers.get("x-edgefn-error")) == (503, "memory_limit")
+    b, c = fields(answers["b"][0]), fields(answers["c"][0])
+    assert (b[0], b[3], c[0], c[3]) == ("b", "1", "c", "2")  # a fresh interpreter, in order
+    assert s.requeued == 2
+
+
+def test_recycling_never_strands_a_request_sent_ahead(pop: Running, tmp_path: Path) -> None:
+    """recycle_after = 3 under 6 clients: no interpreter runs more than 3 requests,
+    and every request is answered."""
+    deploy(pop, tmp_path, "recycle", "min = 1\nmax = 1\nstandby = false\nrecycle_after = 3")
+    answers: list[Answer] = []
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for k in range(6):
+            answer = pop.get(f"/recycle?id={c}-{k}", timeout=30)
+            with lock:
+                answers.append(answer)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 36
+    assert all(1 <= int(fields(a)[3]) <= 3 for a in answers)
+    assert scheduler(pop, "recycle").recycled >= 11
+
+
+def test_each_request_sent_ahead_keeps_its_own_cpu_limit(pop: Running, tmp_path: Path) -> None:
+    """Two requests each under cpu_ms = 200, the second sent ahead behind the first:
+    neither is charged the other's CPU (the PoP's count starts when it starts)."""
+    deploy(pop, tmp_path, "cpu", "min = 1\nmax = 1\nstandby = false",
+           limits="cpu_ms = 200\nwall_ms = 10000")
+    s = scheduler(pop, "cpu")
+    answers: dict[str, tuple[Answer, float]] = {}
+    threads = [send(pop, "/cpu?id=a&pre=0.5&spin=0.17", answers, "a")]
+    wait_for_state(lambda: s.isolates[0].state == "busy")
+    threads.append(send(pop, "/cpu?id=b&spin=0.17", answers, "b"))
+    wait_for_state(lambda: s.sent_ahead == 1)
+    for t in threads:
+        t.join()
+    assert fields(answers["a"][0])[0] == "a" and fields(answers["b"][0])[0] == "b"
+
+
+def test_a_request_sent_ahead_keeps_its_wall_limit_from_when_it_arrived(
+        pop: Running, tmp_path: Path) -> None:
+    """wall_ms = 1000, counted as for a request waiting in the PoP: B, sent ahead
+    behind A (0.7 s), runs and is answered; D, sent ahead behind C (1.6 s, past the
+    limit), is taken back when C is cut and fails at its own limit, not after C."""
+    deploy(pop, tmp_path, "wall", "min = 1\nmax = 1\nstandby = false\npipeline = 1",
+           limits="wall_ms = 1000")
+    s = scheduler(pop, "wall")
+    answers: dict[str, tuple[Answer, float]] = {}
+    threads = [send(pop, "/wall?id=a&sleep=0.7", answers, "a")]
+    wait_for_state(lambda: s.isolates[0].state == "busy")
+    threads.append(send(pop, "/wall?id=b", answers, "b"))
+    wait_for_state(lambda: s.sent_ahead == 1)
+    for t in threads:
+        t.join()
+    assert fields(answers["b"][0])[0] == "b"
+
+    threads = [send(pop, "/wall?id=c&sleep=1.6", answers, "c")]
+    wait_for_state(lambda: s.isolates[0].state == "busy")
+    threads.append(send(pop, "/wall?id=d", answers, "d"))
+    wait_for_state(lambda: s.sent_ahead == 2)
+    for t in threads:
+        t.join()
+    for key in "cd":
+        (status, headers, _), took = answers[key]
+        assert (status, headers.get("x-edgefn-error")) == (504, "wall_limit"), key
+        assert 1.0 <= took < 1.5, f"{key} answered after {took:.2f} s"
+    assert s.requeued == 1
+
+
+def test_a_deploy_drains_requests_sent_ahead_on_the_old_version(
+        pop: Running, tmp_path: Path) -> None:
+    """A runs, B and C wait sent ahead; a new version is deployed meanwhile. All
+    three are served by the old version's host; the next request by the new one."""
+    deploy(pop, tmp_path, "drain", "min = 1\nmax = 1\nstandby = false",
+           limits="wall_ms = 10000")
+    s = scheduler(pop, "drain")
+    old = int(fields(pop.get("/drain?id=warm"))[1])
+    answers: dict[str, tuple[Answer, float]] = {}
+    threads = [send(pop, "/drain?id=a&sleep=1.5", answers, "a")]
+    wait_for_state(lambda: s.isolates[0].state == "busy")
+    for key in "bc":
+        before = s.sent_ahead
+        threads.append(send(pop, f"/drain?id={key}", answers, key))
+        wait_for_state(lambda before=before: s.sent_ahead == before + 1)
+    deploy(pop, tmp_path / "v2", "drain", "min = 1\nmax = 1\nstandby = false")
+    for t in threads:
+        t.join()
+    assert [int(fields(answers[k][0])[1]) for k in "abc"] == [old] * 3
+    assert int(fields(pop.get("/drain?id=next"))[1]) != old
