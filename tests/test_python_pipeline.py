@@ -8,13 +8,19 @@ and wall-time limits; a deploy drains requests sent ahead on the old version."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import uvloop
+
+from runtime.executors.python.function import PythonFunction
 from runtime.executors.python.scheduler import Scheduler
+from runtime.functions.manifest import load
+from runtime.net.message import Request, Response
 from tests.support import Running, host_pids, python_function
 
 PIPE = """
@@ -136,6 +142,80 @@ def test_concurrent_requests_with_host_calls_each_get_their_own_answer_once(
     for ns in counts.values():
         assert sorted(ns) == list(range(1, len(ns) + 1))
     assert scheduler(pop, "busy").sent_ahead > 0
+
+
+def test_isolates_that_start_under_load_take_back_requests_sent_ahead_and_run_each_once(
+        pop: Running, tmp_path: Path) -> None:
+    """min 1, max 3: isolates that start under load find nothing waiting and take back
+    what was sent ahead to busy ones (as do those that free up): every answer is its
+    own, each request ran once, and the host was never taken for a forger (killed)."""
+    pop.deploy(python_function(tmp_path, "grow", PIPE, limits="wall_ms = 10000",
+                               pool="min = 1\nmax = 3\nstandby = false\npipeline = 1"))
+    hosts = host_pids("grow")
+    answers: dict[str, Answer] = {}
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for k in range(40):
+            answer = pop.get(f"/grow?id={c}-{k}" + ("&sleep=0.003" if k % 3 else ""),
+                             timeout=30)
+            with lock:
+                answers[f"{c}-{k}"] = answer
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counts: dict[str, list[int]] = {}
+    for key, answer in answers.items():
+        rid, _pid, isolate, n = fields(answer)
+        assert rid == key
+        counts.setdefault(isolate, []).append(int(n))
+    for ns in counts.values():
+        assert sorted(ns) == list(range(1, len(ns) + 1))  # none twice, none skipped
+    s = scheduler(pop, "grow")
+    assert host_pids("grow") == hosts and s.sent_ahead > 0 and s.requeued > 0
+
+
+def test_callers_straight_on_the_pool_race_the_guests_and_each_request_runs_once(
+        tmp_path: Path) -> None:
+    """The same without HTTP in between, so that the PoP's side is faster than the
+    guests': 8 callers on `PythonFunction.handle` (min 2, max 4, pipeline 1) race
+    guests between one request's end and the next one's start. No guest is taken for
+    a forger and each request runs once, with its own answer."""
+    d = python_function(tmp_path, "race", PIPE,
+                        pool="min = 2\nmax = 4\nstandby = false\npipeline = 1")
+    fn = PythonFunction(load(d), d, "v1", insecure=True)
+    fn.prewarm()
+
+    async def caller(c: int) -> list[tuple[str, Response]]:
+        out = []
+        for k in range(500):
+            request = Request(b"GET", b"/race", f"id={c}-{k}".encode(), [(b"host", b"t")],
+                              b"", "1.1", True, "127.0.0.1")
+            out.append((f"{c}-{k}", await fn.handle(request, "/race", {})))
+        return out
+
+    async def main() -> list[list[tuple[str, Response]]]:
+        fn.activate()
+        return await asyncio.gather(*(caller(c) for c in range(8)))
+
+    try:
+        results = uvloop.run(main())
+        assert fn.pool is not None
+        crashed, s = fn.pool.hosts.crashed, fn.pool.scheduler
+    finally:
+        fn.close()
+    counts: dict[str, list[int]] = {}
+    for key, response in (r for rs in results for r in rs):
+        assert isinstance(response.body, bytes)
+        rid, _pid, isolate, n = fields((response.status, {}, response.body))
+        assert rid == key
+        counts.setdefault(isolate, []).append(int(n))
+    for ns in counts.values():
+        assert sorted(ns) == list(range(1, len(ns) + 1))  # none twice, none skipped
+    assert crashed == 0 and s.sent_ahead > 0 and s.requeued > 0
 
 
 def test_a_request_sent_ahead_of_a_slow_one_is_taken_back_when_another_isolate_frees(

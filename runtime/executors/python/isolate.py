@@ -374,8 +374,8 @@ class Isolate:
 
     def _dropped(self, info: dict[str, Any]) -> None:
         """The guest handed back jobs it had not started: the last ones sent (the
-        answer to a DROP) or, its interpreter ending, the first ones (``ended``).
-        More than it was sent is forged."""
+        answer to a DROP, less those `drop` took back at once) or, its interpreter
+        ending, the first ones (``ended``). More than it was sent is forged."""
         n, ended = info.get("n"), info.get("ended") is True
         if not ended:
             if not self.dropping:
@@ -383,11 +383,13 @@ class Isolate:
                 return
             self.dropping = False
             taken, self.taken = self.taken, 0
-            if taken:  # those it took back at once: the guest confirms them, no more
-                if n != taken:
+            if taken:  # those it took back at once: the guest confirms them, and may hand
+                # back the one the PoP runs next too (its predecessor ended, it had not begun)
+                if type(n) is not int or n < taken:
                     self.garbage(ProtocolError(f"a DROPPED frame handing back {said(str(n), 64)} "
                                                f"requests where {taken} could not have started"))
-                return
+                    return
+                n -= taken
         jobs = ([self.job] if self.job is not None else []) + list(self.queue)
         if type(n) is not int or not 0 <= n <= len(jobs):
             self.garbage(ProtocolError(f"a DROPPED frame handing back {said(str(n), 64)} of "
