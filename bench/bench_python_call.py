@@ -1,7 +1,7 @@
 """Where a Python function call's time goes, without HTTP: CPU per request in the
 PoP and in its isolate host, next to the cross-process wake-up floor.
 
-    python bench/bench_python_call.py [-n 20000] [-c 8]
+    python bench/bench_python_call.py [-n 20000] [-c 8] [--pipeline N]
 
 1. The wake-up floor, measured in this run: two processes trading a 160-byte
    message over a socketpair (what the isolate wire uses) and over shared memory
@@ -12,7 +12,9 @@ PoP and in its isolate host, next to the cross-process wake-up floor.
    callers against a real isolate host (sandboxed where the machine allows, else
    run as --insecure-python): req/s, CPU per request in this process (the PoP's
    side: encoding, the socket, scheduling, decoding) and in the host (decode,
-   handler, encode, its socket), and how much of that the wake-up floor explains.
+   handler, encode, its socket), and how much of that the wake-up floor explains;
+   `--pipeline N`: with the manifest's `pool.pipeline` set to N (requests sent
+   ahead to busy isolates).
 3. The isolate's request loop alone (`guest.serve` on a thread of this process,
    with this checkout's SDK; no subinterpreter, no PoP): CPU per request of both
    threads, the caller's side being a blocking socket send and frame read.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import mmap
 import os
 import resource
@@ -137,12 +140,14 @@ def host_cpu() -> float:
     return total
 
 
-async def calls(n: int, callers: int, floor_us: float) -> None:
+async def calls(n: int, callers: int, floor_us: float, pipeline: int | None = None) -> None:
     from runtime.executors.python.function import PythonFunction
     from runtime.functions.manifest import load
     from runtime.net.message import Request
 
     fn = PythonFunction(load(HELLO), HELLO, "bench", insecure=True)
+    if pipeline is not None:
+        fn.cfg = dataclasses.replace(fn.cfg, pipeline=pipeline)
     fn.prewarm()
     fn.activate()
     request = Request(b"GET", b"/py/hello", b"", [(b"host", b"bench"), (b"user-agent", b"b")],
@@ -163,7 +168,8 @@ async def calls(n: int, callers: int, floor_us: float) -> None:
         fn.close()
     done = n // callers * callers
     pop_us, host_us = pop / done * 1e6, host / done * 1e6
-    print(f"\n== python-hello via PythonFunction.handle, {callers} callers, {done} calls ==")
+    ahead = f", pool.pipeline = {pipeline}" if pipeline is not None else ""
+    print(f"\n== python-hello via PythonFunction.handle, {callers} callers, {done} calls{ahead} ==")
     print(f"req/s {done / wall:.0f}; CPU per request: PoP {pop_us:.1f} us, host {host_us:.1f} us")
     print(f"wake-up floor (socketpair, one side) {floor_us:.1f} us = "
           f"{floor_us / pop_us:.2f} of the PoP's, {floor_us / host_us:.2f} of the host's")
@@ -209,10 +215,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", type=int, default=20000)
     p.add_argument("-c", type=int, default=8, help="concurrent callers")
+    p.add_argument("--pipeline", type=int, help="the function's pool.pipeline (default: "
+                   "its manifest's)")
     args = p.parse_args()
     floor_us = floors(args.n)
     import uvloop
-    uvloop.run(calls(args.n, args.c, floor_us))
+    uvloop.run(calls(args.n, args.c, floor_us, args.pipeline))
     guest_loop(args.n)
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0

@@ -1,12 +1,13 @@
 """Runtime benchmark: every figure next to a baseline measured in the same run.
 
-    python bench/bench_runtime.py [--seconds 5] [--rounds 2] [--no-workerd]
+    python bench/bench_runtime.py [--seconds 5] [--rounds 2] [--no-workerd] [--pipeline N]
 
 1. HTTP req/s, p50, p99 (wrk -t1 -c32) for (a) a raw uvloop + httptools hello
    server, the baseline; (b) the WASM hello through edgefn; (c) workerd's hello
    (npm `workerd`) when it installs; and edgefn's HTTP front alone with a static
    app, which splits (b) into front and function costs. Rounds alternate servers; the best round
-   of each is kept, and ratios are to the baseline (a) and to workerd (c).
+   of each is kept, and ratios are to the baseline (a) and to workerd (c). `--pipeline
+   N`: the Python hello with `pool.pipeline = N` (requests sent ahead to busy isolates).
 2. First request right after a deploy vs the warm p50, vs the first after a no-op
    deploy and vs the first after as long a pause with no deploy; deploy-to-serving;
    for the WASM hello and the Python hello (`--tree DIR`: another checkout's PoP).
@@ -79,6 +80,18 @@ def start_edgefn(data: Path, extra: Sequence[str] = (), tree: Path = ROOT,
     return proc, port
 
 
+def with_pipeline(example: Path, work: Path, pipeline: int | None) -> Path:
+    """`example`, or a copy of it in `work` whose `pool.pipeline` is `pipeline`."""
+    if pipeline is None:
+        return example
+    copy = work / f"{example.name}-pipeline"
+    shutil.copytree(example, copy)
+    manifest = copy / "edgefn.toml"
+    text = manifest.read_text().replace("[pool]\n", f"[pool]\npipeline = {pipeline}\n")
+    manifest.write_text(text)
+    return copy
+
+
 def http_rounds(args: argparse.Namespace, data: Path) -> None:
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     port = free_port()
@@ -91,7 +104,7 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
     proc, port = start_edgefn(data)
     AdminClient(data).deploy(HELLO)
     servers["edgefn WASM hello"] = (proc, f"http://127.0.0.1:{port}/hello")
-    AdminClient(data).deploy(PY_HELLO)
+    AdminClient(data).deploy(with_pipeline(PY_HELLO, data.parent, args.pipeline))
     servers["edgefn Python hello"] = (proc, f"http://127.0.0.1:{port}/py/hello")
     if not args.no_workerd and _workerd.available():
         port = free_port()
@@ -295,6 +308,8 @@ def main() -> int:
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--no-workerd", action="store_true")
+    p.add_argument("--pipeline", type=int, help="the Python hello's pool.pipeline (default: "
+                   "its manifest's)")
     p.add_argument("--only", choices=["http", "deploy", "instantiate"])
     p.add_argument("--port-base", type=int, default=0,
                    help="take ports from here on (default: any free ones)")
