@@ -4,11 +4,13 @@ served in order, each with its own result, host calls interleaved; one sent ahea
 of a slow request is taken back when another isolate frees up first; a host that
 dies sends those that never started elsewhere and fails none twice; an
 interpreter that ends hands back what it was sent; each request keeps its own CPU
-and wall-time limits; a deploy drains requests sent ahead on the old version."""
+and wall-time limits; a deploy drains requests sent ahead on the old version; a
+stream whose client leaves is cancelled past the request sent ahead behind it."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +48,12 @@ def handle(request, env):
         raise MemoryError  # its interpreter is recycled after this request
     if q.get("crash"):
         os._exit(1)
+    if q.get("stream"):
+        def chunks():
+            for i in range(60):
+                yield f"chunk {i}\\n"
+                time.sleep(0.05)
+        return Response(chunks())
     return Response(f"{q.get('id', '-')} {os.getpid()} {threading.get_native_id()} {len(served)}")
 """
 
@@ -390,3 +398,26 @@ def test_a_deploy_drains_requests_sent_ahead_on_the_old_version(
         t.join()
     assert [int(fields(answers[k][0])[1]) for k in "abc"] == [old] * 3
     assert int(fields(pop.get("/drain?id=next"))[1]) != old
+
+
+def test_a_stream_whose_client_leaves_is_cancelled_past_the_request_sent_ahead(
+        pop: Running, tmp_path: Path) -> None:
+    """One isolate: A streams for 3 s, B is sent ahead behind it; A's client reads a
+    chunk and leaves. A CANCEL would apply to B (the last request sent), so B is taken
+    back first, then A is cancelled: its stream stops, and B runs at once after it."""
+    deploy(pop, tmp_path, "streams", "min = 1\nmax = 1\nstandby = false\npipeline = 1",
+           limits="wall_ms = 10000")
+    s = scheduler(pop, "streams")
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    conn.request("GET", "/streams?id=a&stream=1")
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline() == b"chunk 0\n"
+    answers: dict[str, tuple[Answer, float]] = {}
+    b = send(pop, "/streams?id=b", answers, "b")
+    wait_for_state(lambda: s.sent_ahead == 1)
+    conn.close()  # A's client leaves
+    b.join()
+    answer, took = answers["b"]
+    assert fields(answer)[0] == "b"
+    assert took < 2.0, f"B waited {took:.2f} s: A streamed on after its client left"
+    assert fields(pop.get("/streams?id=c"))[3] == "3"  # the same interpreter: A, B, C
