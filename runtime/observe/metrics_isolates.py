@@ -8,6 +8,8 @@ counter reset).
     edgefn_isolates{function, state="warm|busy"}   idle (ready) and busy interpreters
     edgefn_isolates_recycled_total{function}       interpreters recycled after N jobs
     edgefn_isolates_crashed_total{function}        isolate hosts that died unexpectedly
+    edgefn_isolates_sent_ahead_total{function}     requests sent ahead to a busy isolate
+    edgefn_isolates_handed_back_total{function}    of those (and others), handed back unstarted
     edgefn_wasm_instantiate_seconds{function}      a fresh store + instance per request
 """
 
@@ -43,6 +45,12 @@ class IsolateMetrics:
                                        "recycled after their jobs.", labels=(*BASE, "function"))
         crashed = CounterMetricFamily("edgefn_isolates_crashed_total", "Isolate hosts that "
                                       "died unexpectedly.", labels=(*BASE, "function"))
+        ahead = CounterMetricFamily("edgefn_isolates_sent_ahead_total", "Python requests "
+                                    "sent ahead to a busy isolate (pool.pipeline).",
+                                    labels=(*BASE, "function"))
+        back = CounterMetricFamily("edgefn_isolates_handed_back_total", "Python requests an "
+                                   "isolate handed back unstarted, to run elsewhere.",
+                                   labels=(*BASE, "function"))
         instantiate = HistogramMetricFamily(
             "edgefn_wasm_instantiate_seconds", "Time to a fresh store and instance of a WASM "
             "reactor, per request.", labels=(*BASE, "function"))
@@ -63,7 +71,9 @@ class IsolateMetrics:
                 isolates.add_metric((*self.base, name, state), n)
             recycled.add_metric((*self.base, name), pool.scheduler.recycled)
             crashed.add_metric((*self.base, name), pool.hosts.crashed)
-        return iter((isolates, recycled, crashed, instantiate))
+            ahead.add_metric((*self.base, name), pool.scheduler.sent_ahead)
+            back.add_metric((*self.base, name), pool.scheduler.requeued)
+        return iter((isolates, recycled, crashed, ahead, back, instantiate))
 
 
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:

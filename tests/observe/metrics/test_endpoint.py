@@ -7,6 +7,7 @@ import asyncio
 import http.client
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -133,6 +134,8 @@ def test_isolates_warm_recycled_and_crashed(pop: Running, tmp_path: Path):
     assert found[key("edgefn_isolates", state="warm")] == 1
     assert found[key("edgefn_isolates", state="busy")] == 0
     assert found[key("edgefn_isolates_recycled_total")] == 0
+    assert found[key("edgefn_isolates_sent_ahead_total")] == 0  # pool.pipeline is 0
+    assert found[key("edgefn_isolates_handed_back_total")] == 0
     assert pop.get("/py")[0] == 200  # its second job: recycled after it
     assert scrape()[key("edgefn_isolates_recycled_total")] == 1
     assert scrape()[key("edgefn_isolates_crashed_total")] == 0
@@ -142,6 +145,33 @@ def test_isolates_warm_recycled_and_crashed(pop: Running, tmp_path: Path):
     while scrape()[key("edgefn_isolates_crashed_total")] != 1:
         assert time.monotonic() < deadline, "the crash was never counted"
         time.sleep(0.05)
+
+
+SLOW = """
+import time
+from edgefn import Response
+def handle(request, env):
+    time.sleep(float(request.query.get("sleep", "0")))
+    return Response("hi")
+"""
+
+
+def test_requests_sent_ahead_and_handed_back_are_counted(pop: Running, tmp_path: Path):
+    """One isolate, pipeline 1: B is sent ahead behind A; then, with a second isolate
+    started by the load, it is handed back when that one finds nothing waiting."""
+    pop.deploy(python_function(tmp_path, "ahead", SLOW,
+                               pool="min = 1\nmax = 2\nstandby = false\npipeline = 1"))
+    admin = pop.admin.info.admin
+    labels = {"pop": "edge-local", "tier": "edge", "geo": ""}
+    key = lambda name: (name, frozenset({**labels, "function": "ahead"}.items()))  # noqa: E731
+    a = threading.Thread(target=pop.get, args=("/ahead?sleep=2",), kwargs={"timeout": 10})
+    a.start()
+    time.sleep(0.3)  # A runs
+    assert pop.get("/ahead", timeout=10)[0] == 200  # B: sent ahead, then handed back
+    a.join()
+    found = samples(get(admin)[2])
+    assert found[key("edgefn_isolates_sent_ahead_total")] == 1
+    assert found[key("edgefn_isolates_handed_back_total")] == 1
 
 
 def test_wasm_instantiate_seconds_counts_each_request_not_the_warm_ups(pop: Running,
