@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from runtime.security.keys import KeyStore
 from runtime.security.residency import sign, sign_client
 from tests.support import Running, pop_thread, python_function
+from tests.topology.tiers import three_tiers
 
 SECRET = "0123456789abcdef0123"
 CHAT, EMBED = "smollm2-135m", "all-minilm-l6-v2"
@@ -173,30 +173,9 @@ def test_the_premise_a_signed_client_from_a_plain_caller_is_honoured(
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, Running,
                                                                       dict[str, str]]]:
     """central (the real worker), a regional and an edge each forwarding to the next."""
-    tmp = tmp_path_factory.mktemp("fair-three")
-    (tmp / "central.toml").write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
-                                      f"threads = 1\ncontext = 1024\n")
-    off = {"ai_cache.enabled": False}
-    with pop_thread(tmp / "central", CENTRAL_PORT, ai=True, ai_config=str(tmp / "central.toml"),
-                    name="central", tier="central", residency={"secret": SECRET},
-                    **off) as central, \
-            pop_thread(tmp / "reg", CENTRAL_PORT + 1, ai=True, ai_config=forwarding(
-                tmp / "reg.toml", central), name="reg", tier="regional",
-                residency={"secret": SECRET}, **off) as reg, \
-            pop_thread(tmp / "edge", CENTRAL_PORT + 2, ai=True, ai_config=forwarding(
-                tmp / "edge.toml", reg), name="edge", residency={"secret": SECRET},
-                **off) as edge:
-        store = KeyStore(edge.data)
-        keys = {"acme": store.create("acme", ("*",))[0]}
-        edge.admin.request("POST", "/v1/keys/reload")
-        yield central, edge, keys
-
-
-def forwarding(path: Path, to: Running) -> str:
-    """A worker config forwarding CHAT to PoP `to`; its path."""
-    path.write_text(f'[[models]]\nname = "up"\nengine = "openai"\n'
-                    f'url = "http://{to.host}:{to.port}/v1"\nmodels = ["{CHAT}"]\n')
-    return str(path)
+    with three_tiers(tmp_path_factory.mktemp("fair-three"), CENTRAL_PORT, SECRET,
+                     CHAT) as chain:
+        yield chain
 
 
 def test_a_middle_tier_passes_the_share_it_verified_on(

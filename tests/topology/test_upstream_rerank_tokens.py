@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from runtime.security.keys import KeyStore
 from tests.support import Running, pop_thread, python_function
+from tests.topology.tiers import forwarding, three_tiers
 
 SECRET = "0123456789abcdef0123"
 CHAT, EMBED = "smollm2-135m", "all-minilm-l6-v2"
@@ -37,14 +37,6 @@ def handle(request, env):
     ranked = env.ai().rerank({QUERY!r}, {DOCS!r}, model="{EMBED}")
     return Response(json.dumps(ranked))
 """
-
-
-def forwarding(path: Path, to: Running | int, models: list[str]) -> str:
-    """A worker config forwarding `models` to PoP `to` (or to a port); its path."""
-    where = f"{to.host}:{to.port}" if isinstance(to, Running) else f"127.0.0.1:{to}"
-    path.write_text(f'[[models]]\nname = "up"\nengine = "openai"\nurl = "http://{where}/v1"\n'
-                    f"models = {json.dumps(models)}\ntimeout = 30\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -185,23 +177,9 @@ def test_an_upstream_that_is_down_is_a_clear_502(down: Running, path: str,
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, Running,
                                                                       dict[str, str]]]:
     """central (the real worker), a regional and an edge each forwarding to the next."""
-    tmp = tmp_path_factory.mktemp("upstream-three")
-    (tmp / "central.toml").write_text(f'[[models]]\nname = "{CHAT}"\nengine = "llamacpp"\n'
-                                      f"threads = 1\ncontext = 1024\n")
-    off = {"ai_cache.enabled": False}
-    with pop_thread(tmp / "central", CENTRAL_PORT, ai=True, ai_config=str(tmp / "central.toml"),
-                    name="central", tier="central", residency={"secret": SECRET},
-                    **off) as central, \
-            pop_thread(tmp / "reg", CENTRAL_PORT + 1, ai=True, ai_config=forwarding(
-                tmp / "reg.toml", central, [CHAT]), name="reg", tier="regional",
-                residency={"secret": SECRET}, **off) as reg, \
-            pop_thread(tmp / "edge", CENTRAL_PORT + 2, ai=True, ai_config=forwarding(
-                tmp / "edge.toml", reg, [CHAT]), name="edge", residency={"secret": SECRET},
-                **off) as edge:
-        store = KeyStore(edge.data)
-        keys = {"acme": store.create("acme", ("*",))[0]}
-        edge.admin.request("POST", "/v1/keys/reload")
-        yield central, edge, keys
+    with three_tiers(tmp_path_factory.mktemp("upstream-three"), CENTRAL_PORT, SECRET,
+                     CHAT) as chain:
+        yield chain
 
 
 def test_a_token_count_crosses_three_tiers_in_the_callers_share(
