@@ -3,7 +3,9 @@ region emea whose model worker forwards ``echo`` to an OpenAI-compatible upstrea
 in region americas (a fake server on loopback that records every request it
 gets). A pinned tenant's chat, and its embeddings of a forwarded embedding model,
 are refused before the hop (the upstream gets nothing); one allowed to leave
-de-sensitised reaches it scrubbed (and a chat marked)."""
+de-sensitised reaches it scrubbed (and a chat marked). Reranks (``/v1/rerank``) and
+token counts (``/v1/tokenize``, which the upstream answers at vLLM's root
+``/tokenize``) follow the same rule."""
 
 from __future__ import annotations
 
@@ -237,3 +239,66 @@ def test_a_pinned_callers_prompt_keeps_to_its_region_in_another_owners_function(
     assert (status, out) == (200, b"ok"), out
     sent = [json.dumps(b) for _, b in chats_sent(up)[before:]]
     assert len(sent) == 2 and "mine" in sent[0] and "wasmmark" in sent[1]
+
+
+def rerank(pop: Running, key: str, query: str, documents: list[str]) -> tuple[int, bytes]:
+    body = {"model": "embedder", "query": query, "documents": documents}
+    status, _, out = pop.request("POST", "/v1/rerank", json.dumps(body).encode(), {
+        "authorization": f"Bearer {key}", "content-type": "application/json"}, timeout=30)
+    return status, out
+
+
+def count(pop: Running, key: str, prompt: str) -> tuple[int, bytes]:
+    body = {"model": "echo", "prompt": prompt}
+    status, _, out = pop.request("POST", "/v1/tokenize", json.dumps(body).encode(), {
+        "authorization": f"Bearer {key}", "content-type": "application/json"}, timeout=30)
+    return status, out
+
+
+def sent_to(up: FakeUpstream, *paths: str) -> list[tuple[dict[str, str], dict[str, object]]]:
+    return [(h, b) for m, p, h, b in list(up.requests) if p in paths]
+
+
+COUNTS = ("/v1/tokenize", "/tokenize")  # the PoP's path, then vLLM's root one
+
+
+def test_a_pinned_tenants_rerank_and_token_count_are_refused_before_they_leave(setup: tuple[
+        Running, FakeUpstream, dict[str, str]]) -> None:
+    pop, up, keys = setup
+    reranks, counts = len(sent_to(up, "/v1/rerank")), len(sent_to(up, *COUNTS))
+    for status, out in (rerank(pop, keys["acme-eu"], "fresh bread", ["bread", "tide"]),
+                        count(pop, keys["acme-eu"], "one two three")):
+        assert status == 451, out
+        error = json.loads(out)["error"]
+        assert error["code"] == "residency_violation", out
+        assert "tenant 'acme-eu' is pinned to region 'emea'" in error["message"], out
+    assert len(sent_to(up, "/v1/rerank")) == reranks, "the upstream got no rerank"
+    assert len(sent_to(up, *COUNTS)) == counts, "the upstream got no count"
+    # unpinned: as it came
+    status, out = rerank(pop, keys["globex"], "fresh bread", ["the tide", "fresh bread"])
+    assert status == 200, out
+    assert [r["index"] for r in json.loads(out)["results"]] == [1, 0]
+    assert sent_to(up, "/v1/rerank")[-1][1]["documents"] == ["the tide", "fresh bread"]
+    status, out = count(pop, keys["globex"], "one two three")
+    assert (status, json.loads(out)) == (200, {"count": 3}), out
+
+
+def test_rerank_and_counts_a_tenant_allows_to_leave_go_scrubbed(setup: tuple[
+        Running, FakeUpstream, dict[str, str]]) -> None:
+    pop, up, keys = setup
+    mark = f"dsmark{uuid.uuid4().hex[:8]}"
+    status, out = rerank(pop, keys["acme-ds"], f"mail {mark}@example.com",
+                         [f"call +44 20 7946 0958 {mark}", "from 10.1.2.3"])
+    assert status == 200, out
+    headers, body = sent_to(up, "/v1/rerank")[-1]
+    assert body["query"] == "mail [email]"
+    assert body["documents"] == [f"call [phone] {mark}", "from [ip]"]
+    assert headers["x-request-id"].startswith(DESENSITISED_RID)
+    assert "x-edgefn-tenant" not in headers and "acme-ds" not in json.dumps(headers)
+    status, out = count(pop, keys["acme-ds"], f"write to {mark}@example.com now")
+    assert (status, json.loads(out)) == (200, {"count": 4}), out
+    headers, body = sent_to(up, *COUNTS)[-1]
+    assert body["prompt"] == "write to [email] now"
+    assert headers["x-request-id"].startswith(DESENSITISED_RID)
+    assert "acme-ds" not in json.dumps([headers, body]) and "example.com" not in \
+        json.dumps(body)
