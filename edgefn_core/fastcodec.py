@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import logging
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from functools import cache
-from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-log = logging.getLogger("edgefn.native")
-SOURCE = Path(__file__).with_name("codec.c")
+if TYPE_CHECKING:  # imported where a build needs them: a guest only loads, and these
+    # (with logging) were ~15 of the ~100 ms of CPU a fresh isolate's interpreter costs
+    from pathlib import Path
+
+SOURCE = os.path.join(os.path.dirname(__file__), "codec.c")
 NAME = "_edgefn_codec"  # the module name codec.c's PyInit_ is for
 OFF = ("EDGEFN_NATIVE", "EDGEFN_NATIVE_CODEC")  # either set to "0": pure Python
 
@@ -61,11 +60,14 @@ def module() -> ModuleType | None:
     if not main and _given is None:
         return None
     try:
-        path = Path(_given) if not main and _given else build()
+        path = _given if not main and _given else str(build())
         mod = import_extension(NAME, path)
-    except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as e:
+    except (OSError, RuntimeError, ImportError) as e:
         if main:
-            log.warning("the C codec is unavailable (%s); using the Python one", e)
+            import logging
+
+            logging.getLogger("edgefn.native").warning(
+                "the C codec is unavailable (%s); using the Python one", e)
         return None
     _loaded = str(path)
     return mod
@@ -79,7 +81,7 @@ def _in_main_interpreter() -> bool:
     return bool(_interpreters.get_current()[0] == _interpreters.get_main()[0])
 
 
-def import_extension(name: str, path: Path) -> ModuleType:
+def import_extension(name: str, path: str | Path) -> ModuleType:
     """The shared library at `path` imported as the extension module `name` (not put
     in sys.modules). Raises ImportError."""
     loader = importlib.machinery.ExtensionFileLoader(name, str(path))
@@ -95,19 +97,22 @@ def import_extension(name: str, path: Path) -> ModuleType:
 def python_headers() -> Path | None:
     """Where ``Python.h`` is, if this Python's headers are installed."""
     import sysconfig  # here and in `build`: a guest, which only loads, never imports them
+    from pathlib import Path
 
     include = Path(sysconfig.get_paths()["include"])
     return include if (include / "Python.h").exists() else None
 
 
-def build(source: Path = SOURCE, stem: str = "codec") -> Path:
+def build(source: str | Path = SOURCE, stem: str = "codec") -> Path:
     """`source` compiled as a CPython extension for this Python (`compile_cached`,
     keyed by the Python build). Raises RuntimeError without a C compiler or
     Python's headers, or if the build fails."""
+    from pathlib import Path
+
     headers = python_headers()
     if headers is None:
         raise RuntimeError("no Python.h: this Python's headers are not installed")
-    return compile_cached(source, stem, (sys.version + str(headers)).encode(),
+    return compile_cached(Path(source), stem, (sys.version + str(headers)).encode(),
                           ["-Wall", f"-I{headers}"])
 
 
@@ -118,6 +123,10 @@ def compile_cached(source: Path, stem: str, key: bytes, args: list[str]) -> Path
     `key`; built once (the WASM reactor's and the codec's libraries alike). Raises
     RuntimeError without a C compiler or if the build fails."""
     import hashlib
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
 
     digest = hashlib.sha256(source.read_bytes() + key).hexdigest()[:16]
     cache_dir = Path(os.environ.get("EDGEFN_NATIVE_CACHE",
@@ -132,7 +141,10 @@ def compile_cached(source: Path, stem: str, key: bytes, args: list[str]) -> Path
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         tmp_out = Path(tmp) / out.name
         cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", "-o", str(tmp_out), str(source), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except subprocess.SubprocessError as e:  # it timed out
+            raise RuntimeError(f"building {source.name} failed: {e}") from None
         if proc.returncode != 0:
             raise RuntimeError(f"building {source.name} failed: {proc.stderr.strip()[:500]}")
         os.replace(tmp_out, out)

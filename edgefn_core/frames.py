@@ -16,13 +16,15 @@ isolated subinterpreters import it too.
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from edgefn_core import fastcodec
 from edgefn_core.errors import ProtocolError
+
+if TYPE_CHECKING:  # not imported: a fresh isolate's interpreter spent ~50 ms on asyncio
+    import asyncio
 
 MAX_FRAME = 64 << 20
 _native = fastcodec.module()

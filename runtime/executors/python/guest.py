@@ -10,8 +10,6 @@ handler's thread; C code that never returns to Python is the PoP's to handle
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import importlib
 import inspect
 import json
@@ -21,7 +19,7 @@ import socket
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgefn_core import hostcall
 from edgefn_core.errors import FunctionError, IsolateInterrupt, IsolateStop, IsolateWedged
@@ -32,6 +30,12 @@ from runtime.executors.python.watchdog import (
     quiet_thread_stop,
     stop_threads,
 )
+
+if TYPE_CHECKING:  # imported by the first awaitable a handler returns (`Session._until`):
+    # asyncio is ~50 of the ~135 ms of CPU a fresh interpreter costs its host, paid at
+    # every recycle (`recycle_after`) and every isolate started
+    import asyncio
+    import concurrent.futures
 
 # frames of edgefn's own code (this loop, the guest SDK), left out of user tracebacks
 OURS = ("guest.py", "/edgefn/__init__.py")
@@ -596,6 +600,8 @@ class Session:
         trips (then its interrupt is raised): an await past the limit sat in
         select(), out of the interrupt's reach, until the host was killed as "stuck
         in native code" a second later (every isolate of the host lost)."""
+        import asyncio
+
         loop = self._event_loop()
         task = asyncio.ensure_future(awaitable, loop=loop)
         def wake() -> None:  # from the watchdog's thread
@@ -614,6 +620,8 @@ class Session:
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop_ is None:
+            import asyncio
+
             self.loop_ = asyncio.new_event_loop()
             self.loop_.set_default_executor(self._new_executor())
         return self.loop_
@@ -621,6 +629,8 @@ class Session:
     def _new_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         """The event loop's executor (`asyncio.to_thread`): one per request that used
         it, since `reap_threads` ends its threads with the request."""
+        import concurrent.futures
+
         self.executor = concurrent.futures.ThreadPoolExecutor()
         return self.executor
 
