@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,54 @@ def test_a_thread_stop_is_not_reported_as_an_error(capsys: pytest.CaptureFixture
         threading.excepthook = hook
     err = capsys.readouterr().err
     assert "ValueError" in err and "ThreadStop" not in err
+
+
+def switches(thread: threading.Thread) -> int:
+    """How many times `thread` has gone to sleep (its voluntary context switches)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_an_idle_watchdog_parks_and_the_next_request_wakes_it() -> None:
+    """Idle, it stops ticking (an idle isolate woke 80 times a second); a request armed
+    after that is still stopped within a tick of its limit, and `stop` ends it parked."""
+    out: dict[str, object] = {}
+
+    def handler() -> None:  # in its own frame, as in `run_guarded`
+        began = time.monotonic()
+        while time.monotonic() - began < 2:
+            pass
+
+    def target() -> None:
+        dog = Watchdog(threading.get_ident(), 20, 5000)  # a tick of 5 ms
+        dog.park_after = 0.05
+        began = time.monotonic()
+        while not dog.parked and time.monotonic() - began < 2:
+            time.sleep(0.01)
+        before = switches(dog.thread)
+        time.sleep(0.3)  # 60 ticks, were it ticking
+        out["parked"], out["woke"] = dog.parked, switches(dog.thread) - before
+        cpu0 = time.thread_time()
+        try:
+            dog.arm()
+            try:
+                handler()
+            finally:
+                dog.disarm()
+        except IsolateInterrupt as e:
+            out["raised"] = type(e)
+        out["cpu"] = time.thread_time() - cpu0
+        while not dog.parked and time.monotonic() - began < 5:  # parked again
+            time.sleep(0.01)
+        stopper = threading.Thread(target=dog.stop)
+        stopper.start()
+        stopper.join(2)
+        out["stopped"] = not stopper.is_alive()
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    assert out["parked"] is True and out["woke"] == 0, out
+    assert out.get("raised") is CpuInterrupt, out
+    assert 0.020 <= out["cpu"] < 0.020 + 0.030, out  # type: ignore[operator]
+    assert out["stopped"] is True

@@ -74,14 +74,25 @@ def tick_of(cpu_ms: int, wall_ms: int) -> float:
     return min(max(min(cpu_ms, wall_ms) / 4000, 0.005), 0.1)
 
 
+# An idle watchdog parks after this long without a request, until the next one arms it.
+PARK_AFTER = 1.0
+
+
 class Watchdog:
     """Enforces the limits of the request in flight by raising an IsolateInterrupt in
     the handler's thread (once; again every `RERAISE_AFTER` while it keeps running).
 
     It wakes every tick (a quarter of the tighter limit, 5..100 ms) rather than
     per request: arming is two assignments, so a fast request costs no thread
-    switch. A limit is therefore enforced within one tick.
+    switch. A limit is therefore enforced within one tick. After `park_after`
+    seconds with nothing armed it parks (an idle isolate's watchdog ticked 80
+    times a second: ~5 ms of its host's CPU a second, each); the next `arm`
+    wakes it, and its first look at that request is a tick later, as always.
     """
+
+    # set by its own thread (`_park`) before it waits; `arm` and `stop` wake it then
+    parked = False
+    park_after = PARK_AFTER
 
     def __init__(self, tid: int, cpu_ms: int, wall_ms: int) -> None:
         self.tid = tid
@@ -105,6 +116,8 @@ class Watchdog:
         self.raised_at = 0.0
         self.tripped = None
         self.current = (time.monotonic(), time.clock_gettime(self.clock))
+        if self.parked:  # after `current` is set: `_park` looks at it after `parked`
+            self.wake.set()
 
     def exceeded(self, code: str) -> str:
         """What the request did, naming the limit, as the PoP words it for WASM."""
@@ -122,14 +135,22 @@ class Watchdog:
     def stop(self) -> None:
         """IsolateStop and join (within a tick): the interpreter cannot close with it running."""
         self.stopped = True
+        if self.parked:
+            self.wake.set()
         self.thread.join()
 
     def _run(self) -> None:
+        idle = 0.0
         while not self.stopped:
             time.sleep(self.tick)
             current = self.current
             if current is None:
+                idle += self.tick
+                if idle >= self.park_after:
+                    self._park()
+                    idle = 0.0
                 continue
+            idle = 0.0
             with self.lock:
                 now = time.monotonic()
                 if self.current is not current or (self.raised_at
@@ -146,3 +167,13 @@ class Watchdog:
                 waker = self.waker
             if waker is not None:
                 waker()
+
+    def _park(self) -> None:
+        """Wait until a request is armed or the watchdog stops. `parked` is set before
+        `current` and `stopped` are read, and `arm` and `stop` set those before they
+        read `parked`: either this sees their change or they see it parked and wake it."""
+        self.wake = threading.Event()
+        self.parked = True
+        if self.current is None and not self.stopped:
+            self.wake.wait()
+        self.parked = False
