@@ -12,7 +12,8 @@ PoP and in its isolate host, next to the cross-process wake-up floor.
    callers against a real isolate host (sandboxed where the machine allows, else
    run as --insecure-python): req/s, CPU per request in this process (the PoP's
    side: encoding, the socket, scheduling, decoding) and in the host (decode,
-   handler, encode, its socket), and how much of that the wake-up floor explains;
+   handler, encode, its socket; its CPU clock, measured once every isolate the
+   warm-up started serves), and how much of that the wake-up floor explains;
    `--pipeline N`: with the manifest's `pool.pipeline` set to N (requests sent
    ahead to busy isolates).
 3. The isolate's request loop alone (`guest.serve` on a thread of this process,
@@ -163,7 +164,7 @@ async def calls(n: int, callers: int, floor_us: float, pipeline: int | None = No
     try:
         await asyncio.gather(*(caller(200) for _ in range(callers)))  # warm
         # and until the isolates the load made it start are serving: a fresh interpreter
-        # costs its host ~135 ms of CPU, 27 us a request over 5000 of them
+        # costs its host ~100 ms of CPU, 20 us a request over 5000 of them
         assert fn.pool is not None
         for _ in range(100):
             if not any(i.state == "starting" for i in fn.pool.scheduler.isolates):
