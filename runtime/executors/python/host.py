@@ -11,7 +11,9 @@ isolate reports them at READY. Before any of that, the host sandboxes itself
 (`sandbox.apply`): from then on it sees only what it needs, read-only, plus a
 scratch dir; each isolate gets its own subfolder of it as `tempfile.gettempdir()`,
 emptied whenever a fresh interpreter takes over. Then, still before any function
-code runs (the import check's included), it starts every isolate's thread, each
+code runs (the import check's included), it compiles edgefn's modules that every
+interpreter imports (`precompiled`: each fresh one gets the code, not the sources
+to compile again), and starts every isolate's thread, each
 waiting for its turn, and names it to the PoP as the first frame on its socket
 (THREAD): the PoP reads that thread's CPU time to keep `limits.cpu_ms` (a guest
 reaches every socket of its host, so a thread named later could be a forgery). A
@@ -40,7 +42,15 @@ from pathlib import Path
 
 from edgefn_core import fastcodec
 from edgefn_core.errors import SandboxError
-from runtime.executors.python import budget, importcheck, interp, local_kv_env, sandbox, wire
+from runtime.executors.python import (
+    budget,
+    importcheck,
+    interp,
+    local_kv_env,
+    precompiled,
+    sandbox,
+    wire,
+)
 from runtime.executors.python.budget import Room
 
 
@@ -86,6 +96,9 @@ def prepare_code(cfg: dict, fd: int) -> str:
     # line-buffered: its stdout is a pipe (block-buffered), and print() without
     # flush=True reached the PoP's log never (the host output relay, `host_output`)
     return (f"import sys, tempfile\nsys.path[:0] = {paths!r}\n"
+            # edgefn's modules as the host compiled them (`precompiled`), not from source
+            "from runtime.executors.python import precompiled\n"
+            "precompiled.install(_edgefn_precompiled)\n"
             "if sys.stdout is not None:\n    sys.stdout.reconfigure(line_buffering=True)\n"
             f"tempfile.tempdir = {isolate_scratch(cfg, fd)!r}\n"
             # the C codec the host loaded, before the SDK imports the ABI (`fastcodec`)
@@ -177,6 +190,7 @@ def serve_isolate(cfg: dict, fd: int, warnings: list[str], retirement: Retiremen
                 retirement.ask(fd, why)
                 stopped(fd, why)
                 return True
+            interp.share(i, "_edgefn_precompiled", cfg["precompiled"])
             err = interp.run(i, prepare_code(cfg, fd))
         serving = err is None
         try:
@@ -286,6 +300,8 @@ def main() -> None:
     retirement = Retirement()
     cfg["kv"] = local_kv_env.open_env(cfg)  # before the sandbox hides the data dir
     enter_sandbox(cfg)
+    # compiled, not run: no function code runs before the isolate threads are named
+    cfg["precompiled"] = precompiled.compile_modules()
     threads = [IsolateThread(cfg, fd, retirement) for fd in fds]  # before any function code
     if cfg.get("check_imports"):
         warnings = importcheck.warnings(cfg["function_dir"], cfg["module"], import_paths(cfg))

@@ -19,6 +19,15 @@ def create() -> Any:
     return _interpreters.create(_interpreters.new_config("isolated"))
 
 
+def share(interp: Any, name: str, value: Any) -> None:
+    """Bind `name` in `interp`'s __main__ to a copy of `value` (bytes, str, int,
+    None, or tuples of them). Raises NotShareableError (a ValueError) for others."""
+    if _public is not None:
+        interp.prepare_main({name: value})
+    else:
+        _interpreters.set___main___attrs(interp, {name: value})
+
+
 def run(interp: Any, code: str) -> str | None:
     """Run `code` in `interp` on this thread until it returns; the name of the
     exception type it raised, or None."""
