@@ -51,6 +51,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from runtime.observe.batch import EventBatch
 from runtime.observe.event import Event
 
 OVERFLOW = "_overflow"
@@ -161,14 +162,42 @@ class RequestMetrics:
         DURATION.observe(state, event.duration_ms / 1000)
         state[BYTES] += event.bytes_out
         if event.decisions:
-            for stage, record in event.decisions.items():
-                handle = self.decisions.get(stage)
-                if handle is not None and isinstance(record, dict):
-                    handle(stage, record)
+            self._decided(event.decisions, 1)
         if event.ai is not None and event.error != "model_not_found":
             # a model nobody serves made no call; its name is the client's, so as a
             # label it would let any client fill `max_series` and fold real models
             self._ai(event)
+
+    def observe_batch(self, batch: EventBatch) -> None:
+        """`batch`'s events, counted per group when it has them (what `observe` of
+        each event counts: the same buckets, and the durations added to the sum one
+        by one, in order)."""
+        if batch.groups is None:
+            for event in batch.events:
+                self.observe(event)
+            return
+        at_sum = DURATION.n
+        for g in batch.groups:
+            key = (g.target, g.route, g.status, g.method)
+            state = self.raw.get(key)
+            if state is None:
+                state = self._resolve(key)
+            for bucket, n in g.buckets:
+                state[bucket] += n
+            total = state[at_sum]
+            for seconds in g.durations:
+                total += seconds
+            state[at_sum] = total
+            state[BYTES] += g.bytes_out
+            for decisions, n in g.decided:
+                if decisions:
+                    self._decided(decisions, n)
+
+    def _decided(self, decisions: dict[str, Any], n: int) -> None:
+        for stage, record in decisions.items():
+            handle = self.decisions.get(stage)
+            if handle is not None and isinstance(record, dict):
+                handle(stage, record, n)
 
     def _resolve(self, key: tuple[Any, ...]) -> list[float]:
         if len(self.raw) >= 4 * self.max_series:  # old versions' keys: only a cache
@@ -184,31 +213,32 @@ class RequestMetrics:
         self.raw[key] = state
         return state
 
-    def _waf(self, stage: str, record: dict[str, Any]) -> None:
+    # each: what `n` events with this stage's `record` count
+    def _waf(self, stage: str, record: dict[str, Any], n: int) -> None:
         if record.get("blocked"):
             for rule in record.get("rules") or ():
-                self.waf_blocks.add((str(rule),))
+                self.waf_blocks.add((str(rule),), n)
         elif record.get("would_block"):
             for rule in record.get("rules") or ():
-                self.waf_detects.add((str(rule),))
+                self.waf_detects.add((str(rule),), n)
 
-    def _ratelimit(self, stage: str, record: dict[str, Any]) -> None:
+    def _ratelimit(self, stage: str, record: dict[str, Any], n: int) -> None:
         name = record.get("limited")
         if name:
-            self.rejects.add((str(name), limit_key(str(name))))
+            self.rejects.add((str(name), limit_key(str(name))), n)
 
-    def _cache(self, stage: str, record: dict[str, Any]) -> None:
+    def _cache(self, stage: str, record: dict[str, Any], n: int) -> None:
         outcome = record.get("outcome")
         if outcome:
-            self.cache.add((stage.removesuffix("_cache"), str(outcome)))
+            self.cache.add((stage.removesuffix("_cache"), str(outcome)), n)
 
-    def _auth(self, stage: str, record: dict[str, Any]) -> None:
+    def _auth(self, stage: str, record: dict[str, Any], n: int) -> None:
         result = record.get("result")
         if result is not None and result != "ok" and result != "forwarded":
-            self.auth.add((str(result),))
+            self.auth.add((str(result),), n)
 
-    def _bots(self, stage: str, record: dict[str, Any]) -> None:
-        self.bots.add((str(record.get("class")), str(record.get("action"))))
+    def _bots(self, stage: str, record: dict[str, Any], n: int) -> None:
+        self.bots.add((str(record.get("class")), str(record.get("action"))), n)
 
     def _ai(self, event: Event) -> None:
         ai = event.ai

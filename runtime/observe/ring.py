@@ -19,9 +19,12 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from edgefn_core.errors import InvalidConfig
+from runtime.observe.batch import EventBatch
 from runtime.observe.event import Event
 
 MAX_TEXT = 1024  # path and query characters a ring event keeps
+# path, query and host characters past which an event's stage records are measured
+PLAIN_TEXT = 256
 MAX_LIMIT = 10_000
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -143,12 +146,24 @@ class Ring:
         size = len(event.path) + len(event.query) + len(event.host)
         # the stages' records are small unless they quote the request (the HTTP cache's
         # key: host and path) or list WAF rules: only then is their size measured
-        if size > MAX_TEXT or ((size > 256 or "waf" in event.decisions)
+        if size > MAX_TEXT or ((size > PLAIN_TEXT or "waf" in event.decisions)
                                and _too_big(event, self.max_event_bytes)):
             event = _bounded(event, self.max_event_bytes)
         self.events.append(event)
         for sub in self.subscribers:
             sub.push(event)
+
+    def observe_batch(self, batch: EventBatch) -> None:
+        """`batch`'s events, each as `observe` takes it; a `plain` batch's are kept
+        as they are (nothing in them to bound or skip)."""
+        if not batch.plain:
+            for event in batch.events:
+                self.observe(event)
+            return
+        self.events.extend(batch.events)
+        for sub in self.subscribers:
+            for event in batch.events:
+                sub.push(event)
 
     def query(self, q: Query) -> list[Event]:
         """The newest `q.limit` events matching `q`, oldest first."""

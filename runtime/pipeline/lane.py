@@ -9,9 +9,11 @@ exact native form, and its executor is one the lane can call:
     health       its paths are never a function's route
     request_id   the lane takes its numbers from the same counter, with the same prefix
                  (a request that sends the id header goes to Python)
-    events       the lane's record of each request becomes the same `Event`, handed to
-                 the same observers (ring, metrics, access log, file) once per loop turn,
-                 and before any event Python makes meanwhile: in the order of the answers
+    events       the lane's record of each request becomes the same `Event` (made in C:
+                 lane.c `EventMaker`), handed to the same observers (ring, metrics,
+                 access log, file) once per loop turn as one `EventBatch`, with the
+                 access log's lines and the metrics' groups the C made of them, and
+                 before any event Python makes meanwhile: in the order of the answers
     bots         a User-Agent Python classified as a non-browser class (the verdict of
                  `Classifier.view`, which depends on the string alone), whose action
                  for the target is ``allow``; no ``abusive_rate`` (it counts requests)
@@ -51,7 +53,10 @@ from runtime.executors.wasm.native import NativeReactorCall, Result
 from runtime.functions.registry import Deployment
 from runtime.net import lane as native
 from runtime.net.message import Request
+from runtime.observe.batch import EventBatch, Group
 from runtime.observe.event import Event
+from runtime.observe.metrics import DURATION_BUCKETS
+from runtime.observe.ring import PLAIN_TEXT
 from runtime.pipeline.chain import Chain
 from runtime.pipeline.stage import Context, Stage
 from runtime.pipeline.stages.bots import Bots
@@ -71,6 +76,10 @@ CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does 
 CLASSES = ("browser", "verified_agent", "declared_agent", "automation", "abusive")
 NO_UA = ("automation", ("empty_ua",))  # `Classifier.classify` without a User-Agent
 MAX_VERDICTS = 256
+# the fields `EventMaker.make` writes into its copy of an Event, in lane.c's F_* order
+MADE_FIELDS = ("ts", "rid", "client", "bot", "method", "host", "path", "query", "status",
+               "target", "owner", "route", "decisions", "stages_ms", "bytes_out",
+               "duration_ms")
 STATUS_LINES = tuple(b"HTTP/1.1 %d %s\r\n" % (s, HTTPStatus(s).phrase.encode())
                      if s in HTTPStatus._value2member_map_ else None for s in range(600))
 
@@ -96,6 +105,10 @@ class NativeLane:
         self.verdicts: list[tuple[str, tuple[str, ...]]] = [NO_UA]
         # per verdict: its class and the bots stage's record (shared, as a stage's may be)
         self.records_of: list[tuple[str, dict[str, Any]]] = [_bots_record(*NO_UA)]
+        # per verdict, for `EventMaker.make`: its class, an event's decisions without and
+        # with http_cache's MISS (copied for each event)
+        self.verdict_texts: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = ()
+        self._verdict_texts()
         self.texts: dict[str | bytes, str] = {}
         entry = pop.wasm.native.lib.edgefn_reactor_call
         http = pop.config.http
@@ -110,6 +123,13 @@ class NativeLane:
         rid.counter = self.c  # one sequence of ids, whichever path a request takes
         self.http_cache = next((s for s in chain.stages if isinstance(s, HttpCacheStage)), None)
         self.routes: list[tuple[Deployment, str, str, int]] = []  # parallel to the C's
+        # per route, for `EventMaker.make`: path, target, owner, route, whether http_cache
+        # counts a MISS (`_first`)
+        self.route_texts: tuple[tuple[str, str, str | None, str | None, bool], ...] = ()
+        ev = events
+        self.maker = module.EventMaker(
+            Event(ts=0.0, rid="", pop=ev.pop, tier=ev.tier, geo=ev.geo, client="",
+                  method="GET", host="", path="", status=0), MADE_FIELDS, DURATION_BUCKETS)
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
         self.scheduled = False  # a drain is scheduled (`serve`)
@@ -166,6 +186,10 @@ class NativeLane:
                         table.append(self._entry(fn, path, allowed, cache))
         self.c.routes(table)
         self.routes = routes
+        counts = self.http_cache is not None and self.http_cache.stats is not None
+        self.route_texts = tuple((path, fn.label, fn.tenant, route or None,
+                                  cache == CACHE_FIRST and counts)
+                                 for fn, route, path, cache in routes)
         log.debug("native lane: %d routes (%s)", len(routes),
                   ", ".join(sorted({r[0].label for r in routes})) or "none")
 
@@ -246,15 +270,23 @@ class NativeLane:
                 return -1
         self.verdicts.append(verdict)
         self.records_of.append(_bots_record(*verdict))
+        self._verdict_texts()
         self.c.verdicts(self._classes())
         return len(self.verdicts) - 1
+
+    def _verdict_texts(self) -> None:
+        self.verdict_texts = tuple((cls, {"bots": record},
+                                    {"bots": record, "http_cache": NOT_STORED})
+                                   for cls, record in self.records_of)
 
     # -- events -----------------------------------------------------------------------------
     def drain(self) -> None:
         """The records of the requests the lane served since the last drain, as the
         `Event`s the events stage would have made, handed to the observers as that
-        stage hands them. Runs once per loop turn, or earlier, from the observers,
-        when Python observes an event first (a request answered after them)."""
+        stage hands them, in one `EventBatch` (with, from the C, the access log's
+        lines and the metrics' groups: what each event would have added). Runs once
+        per loop turn, or earlier, from the observers, when Python observes an event
+        first (a request answered after them)."""
         self.scheduled = False
         self.observers.first = None
         records, self.records = self.records, []
@@ -262,46 +294,47 @@ class NativeLane:
             return
         self.served += len(records)
         ev = self.events
-        routes, texts = self.routes, self.texts
-        prefix = self.request_id.prefix.decode() + "-"
-        pop, tier, geo, sample, redact = ev.pop, ev.tier, ev.geo, ev.sample, ev.redact
+        sample, redact = ev.sample, ev.redact
+        events, lines, made, text = self.maker.make(
+            records, self.route_texts, self.verdict_texts, self.texts,
+            self.request_id.prefix.decode(), redact is None and ev.observers.takes_lines)
+        if sample < 1.0:
+            rand = ev.rand
+            for event in events:
+                if event.status < 500 and rand() >= sample:
+                    event.sampled = False
+        groups: list[Group] | None = self._groups(made)
+        if redact is not None:  # the lines and groups are of the events before it
+            events, groups = [redact(e) for e in events], None
+        plain = sample >= 1.0 and redact is None and text <= PLAIN_TEXT
+        ev.observers.observe_batch(EventBatch(events, lines, groups, plain))
+
+    def _groups(self, made: list[tuple[Any, ...]]) -> list[Group]:
+        """The C's groups as `Group`s; each MISS of http_cache's counted in its stats."""
         stats = self.http_cache.stats if self.http_cache is not None else None
-        misses: dict[str, int] = {}  # function -> HTTP cache misses (`_first`'s count)
-        for ts, n, ri, status, size, took, verdict, head, host, query, client in records:
-            fn, route, path, cached = routes[ri]
-            cls, record = self.records_of[verdict]
-            ip = texts.get(client)
-            if ip is None:
-                ip = self._text(client, client.rpartition(":")[0] or client)
-            name = texts.get(host)
-            if name is None:
-                name = self._text(host, host.decode("latin-1"))
-            event = Event(ts=ts, rid=f"{prefix}{n:x}", pop=pop, tier=tier, client=ip, bot=cls,
-                          method="HEAD" if head else "GET", host=name, path=path,
-                          status=status, target=fn.label, owner=fn.tenant, route=route or None,
-                          bytes_out=size, duration_ms=round(took / 1000) / 1000)
-            if geo:
-                event.geo = geo
-            if query:
-                event.query = query.decode("latin-1")
-            if cached == CACHE_FIRST and stats is not None:
-                event.decisions = {"bots": record, "http_cache": NOT_STORED}
-                misses[fn.name] = misses.get(fn.name, 0) + 1
-            else:
-                event.decisions = {"bots": record}
-            if status < 500 and sample < 1.0 and ev.rand() >= sample:
-                event.sampled = False
-            ev.observers.observe(event if redact is None else redact(event))
         if stats is not None:
+            misses: dict[str, int] = {}  # function -> HTTP cache misses (`_first`'s count)
+            for ri, _, _, n, *_ in made:
+                if self.route_texts[ri][4]:
+                    name = self.routes[ri][0].name
+                    misses[name] = misses.get(name, 0) + n
             for name, n in misses.items():
                 stats.record("http", "MISS", function=name, n=n)
+        return groups_of(made, self.route_texts, self.verdict_texts)
 
-    def _text(self, raw: str | bytes, text: str) -> str:
-        """`text`, kept for `raw` (clients and hosts: few distinct values)."""
-        if len(self.texts) >= 4096:
-            self.texts.clear()
-        self.texts[raw] = text
-        return text
+
+def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], ...],
+              verdict_texts: tuple[tuple[Any, ...], ...]) -> list[Group]:
+    """`EventMaker.make`'s groups of records as the metrics' `Group`s, the routes and
+    verdicts named by the texts `make` was given."""
+    groups = []
+    for ri, status, head, n, size, verdicts, buckets, durations in made:
+        _, target, _, route, first = route_texts[ri]
+        at = 2 if first else 1
+        decided = [(verdict_texts[v][at], k) for v, k in verdicts.items()]
+        groups.append(Group(target, route, status, "HEAD" if head else "GET", n, size, buckets,
+                            durations, decided))
+    return groups
 
 
 def _address(fn: Any) -> int:

@@ -26,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -566,6 +567,36 @@ static uint64_t mono_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* ---- the record of a request the lane answered ---------------------------------------- */
+/* One record appended to `records` (a list the drain empties: runtime/pipeline/lane.py
+ * `NativeLane.drain`, through `EventMaker.make` below): the tuple
+ * (ts, number, route, status, body bytes, took ns, verdict, head, host, query, client),
+ * `host` and `query` as bytes, `client` the connection's "ip:port" str. Every request
+ * the lane answers is recorded here and only here. 0, or -1 with a Python error. */
+static int add_record(PyObject *records, double ts, uint64_t number, int route,
+                      uint32_t status, uint32_t size, uint64_t took, int verdict, int head,
+                      const char *host, size_t host_len, const char *query, size_t query_len,
+                      PyObject *client) {
+    PyObject *rec = PyTuple_New(11);
+    if (!rec) return -1;
+    PyObject *items[11] = {
+        PyFloat_FromDouble(ts), PyLong_FromUnsignedLongLong(number), PyLong_FromLong(route),
+        PyLong_FromUnsignedLong(status), PyLong_FromUnsignedLong(size),
+        PyLong_FromUnsignedLongLong(took), PyLong_FromLong(verdict), PyLong_FromLong(head),
+        PyBytes_FromStringAndSize(host, (Py_ssize_t)host_len),
+        query_len ? PyBytes_FromStringAndSize(query, (Py_ssize_t)query_len)
+                  : PyBytes_FromStringAndSize(NULL, 0),
+        Py_NewRef(client)};
+    int failed = 0;
+    for (int i = 0; i < 11; i++) {
+        if (!items[i]) failed = 1;
+        PyTuple_SET_ITEM(rec, i, items[i]);  /* NULL items: the tuple's dealloc skips them */
+    }
+    if (!failed) failed = PyList_Append(records, rec);
+    Py_DECREF(rec);
+    return failed ? -1 : 0;
+}
+
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. */
 static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObject *events,
@@ -655,13 +686,8 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
         return -1;
     }
     uint64_t took = mono_ns() - started;
-    PyObject *rec = Py_BuildValue("(dKiIIKiiy#y#O)", ts, (unsigned long long)counter, ri,
-                                  status, body_len, (unsigned long long)took, verdict, head,
-                                  q->head + host->value, (Py_ssize_t)host->value_len,
-                                  query, (Py_ssize_t)query_len, client);
-    int err = rec ? PyList_Append(events, rec) : -1;
-    Py_XDECREF(rec);
-    if (err) {  /* not answered after all: Python answers it, with this number unused */
+    if (add_record(events, ts, counter, ri, status, body_len, took, verdict, head,
+                   q->head + host->value, host->value_len, query, query_len, client)) {  /* not answered after all: Python answers it, with this number unused */
         l->out_len = before;
         l->counter--;
         return -1;
@@ -1006,6 +1032,450 @@ static PyType_Slot LANE_SLOTS[] = {
 static PyType_Spec LANE_SPEC = {"_edgefn_lane.Lane", sizeof(Lane), 0,
                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, LANE_SLOTS};
 
+/* ---- the drain: records -> events, access-log lines, metric groups ---------------------- */
+/*
+ * `EventMaker(template, fields, bounds)` turns the records `add_record` appended into
+ * what `NativeLane.drain` hands the observers (runtime/observe/batch.py `EventBatch`):
+ *
+ * - one `Event` per record: a copy of `template` (an Event with the PoP's pop, tier and
+ *   geo, every other field its default) whose per-request fields are written through
+ *   their member descriptors' offsets (`fields`: the names in FIELD order; checked to be
+ *   plain object slots of the template's type), the same values the Python drain gave;
+ * - with `lines`, the access log's text lines (runtime/pipeline/stages/access_log.py
+ *   TEXT_STR) of those events, byte for byte what `AccessLog.observe` writes;
+ * - the records grouped by (route, status, head): their count, the count per verdict,
+ *   body bytes, the duration histogram's buckets (`bounds`: bisect_left, the last one
+ *   +Inf) and the durations in seconds, in order, for the histogram's sum.
+ */
+enum { F_TS, F_RID, F_CLIENT, F_BOT, F_METHOD, F_HOST, F_PATH, F_QUERY, F_STATUS, F_TARGET,
+       F_OWNER, F_ROUTE, F_DECISIONS, F_STAGES, F_BYTES_OUT, F_DURATION, N_FIELDS };
+#define MAX_BOUNDS 31
+#define TEXT_CACHE 4096  /* clients and hosts kept as text (NativeLane.texts) */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *template, *copy, *get, *head;  /* the Event to copy, its type's __copy__, "GET", "HEAD" */
+    Py_ssize_t offset[N_FIELDS];
+    double bounds[MAX_BOUNDS];
+    int n_bounds;
+    long long second;  /* the second `stamp` renders (-1: none yet) */
+    char stamp[32];
+    size_t stamp_len;
+} EventMaker;
+
+static int EventMaker_init(EventMaker *m, PyObject *args, PyObject *kw) {
+    (void)kw;
+    PyObject *template, *fields, *bounds;
+    if (!PyArg_ParseTuple(args, "OO!O!", &template, &PyTuple_Type, &fields, &PyTuple_Type,
+                          &bounds))
+        return -1;
+    if (PyTuple_GET_SIZE(fields) != N_FIELDS || PyTuple_GET_SIZE(bounds) > MAX_BOUNDS) {
+        PyErr_Format(PyExc_ValueError, "EventMaker: %d fields, at most %d bounds", N_FIELDS,
+                     MAX_BOUNDS);
+        return -1;
+    }
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(template), PyTuple_GET_ITEM(fields, i));
+        if (!d) return -1;
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX &&
+                 !(((PyMemberDescrObject *)d)->d_member->flags & Py_READONLY);
+        if (ok) m->offset[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok) {
+            PyErr_Format(PyExc_RuntimeError, "EventMaker: %R is not a writable object slot",
+                         PyTuple_GET_ITEM(fields, i));
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(bounds); i++) {
+        m->bounds[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(bounds, i));
+        if (m->bounds[i] == -1.0 && PyErr_Occurred()) return -1;
+    }
+    m->n_bounds = (int)PyTuple_GET_SIZE(bounds);
+    Py_XSETREF(m->template, Py_NewRef(template));
+    Py_XSETREF(m->copy, PyObject_GetAttrString((PyObject *)Py_TYPE(template), "__copy__"));
+    Py_XSETREF(m->get, PyUnicode_InternFromString("GET"));
+    Py_XSETREF(m->head, PyUnicode_InternFromString("HEAD"));
+    m->second = -1;
+    return m->copy && m->get && m->head ? 0 : -1;
+}
+
+/* Write `value` (a new reference, may be NULL: then -1) into `obj`'s slot `field`. */
+static int put(EventMaker *m, PyObject *obj, int field, PyObject *value) {
+    if (!value) return -1;
+    PyObject **slot = (PyObject **)((char *)obj + m->offset[field]);
+    Py_XSETREF(*slot, value);
+    return 0;
+}
+
+/* texts[key], or `make()` kept there (the table cleared past TEXT_CACHE): a borrowed
+ * reference, NULL with a Python error. */
+static PyObject *text_of(PyObject *texts, PyObject *key, PyObject *(*make)(PyObject *)) {
+    PyObject *t = PyDict_GetItemWithError(texts, key);
+    if (t || PyErr_Occurred()) return t;
+    PyObject *made = make(key);
+    if (!made) return NULL;
+    if (PyDict_GET_SIZE(texts) >= TEXT_CACHE) PyDict_Clear(texts);
+    int err = PyDict_SetItem(texts, key, made);
+    Py_DECREF(made);  /* the dict holds it */
+    return err ? NULL : made;
+}
+
+/* "ip:port" -> "ip" (Python's `client.rpartition(":")[0] or client`) */
+static PyObject *client_ip(PyObject *client) {
+    Py_ssize_t at = PyUnicode_FindChar(client, ':', 0, PyUnicode_GET_LENGTH(client), -1);
+    if (at == -2) return NULL;
+    if (at <= 0) return Py_NewRef(client);
+    return PyUnicode_Substring(client, 0, at);
+}
+
+static PyObject *host_text(PyObject *host) {
+    return PyUnicode_DecodeLatin1(PyBytes_AS_STRING(host), PyBytes_GET_SIZE(host), NULL);
+}
+
+/* ---- a growable byte buffer: the access-log lines ---- */
+typedef struct { char *p; size_t len, cap; } buf_t;
+
+static int reserve(buf_t *b, size_t more) {
+    if (b->len + more <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) { PyErr_NoMemory(); return -1; }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* `s` encoded as `.encode("latin-1", "replace")` does: one '?' per code point past 255 */
+static int put_latin1(buf_t *b, PyObject *s) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (reserve(b, (size_t)n)) return -1;
+    if (PyUnicode_KIND(s) == PyUnicode_1BYTE_KIND) {
+        memcpy(b->p + b->len, PyUnicode_1BYTE_DATA(s), (size_t)n);
+    } else {
+        int kind = PyUnicode_KIND(s);
+        const void *data = PyUnicode_DATA(s);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_UCS4 c = PyUnicode_READ(kind, data, i);
+            b->p[b->len + (size_t)i] = c > 255 ? '?' : (char)c;
+        }
+    }
+    b->len += (size_t)n;
+    return 0;
+}
+
+#define LIT(s_) (memcpy(b->p + b->len, s_, sizeof s_ - 1), b->len += sizeof s_ - 1)
+
+/* The access log's text line of one event (access_log.TEXT_STR):
+ * ts=%s.%03dZ method=%s path=%s status=%d fn=%s dur_ms=%.3f bytes=%d rid=%s client=%s
+ * `micros` is round(took / 1000): dur_ms (micros / 1000, a double) printed with %.3f is
+ * micros' digits with the point three from the right. */
+static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
+                    long status, PyObject *target, unsigned long long micros,
+                    unsigned long long size, PyObject *rid, PyObject *client) {
+    long long second = (long long)ts;
+    if (second != m->second) {
+        time_t t = (time_t)second;
+        struct tm tm;
+        if (!gmtime_r(&t, &tm) ||
+                !(m->stamp_len = strftime(m->stamp, sizeof m->stamp, "%Y-%m-%dT%H:%M:%S", &tm))) {
+            PyErr_SetString(PyExc_ValueError, "access log: a time gmtime cannot render");
+            return -1;
+        }
+        m->second = second;
+    }
+    if (reserve(b, 160 + m->stamp_len)) return -1;
+    int millis = (int)(fmod(ts, 1.0) * 1000);  /* Python's %03d of ts % 1 * 1000 */
+    LIT("ts=");
+    memcpy(b->p + b->len, m->stamp, m->stamp_len);
+    b->len += m->stamp_len;
+    char *o = b->p + b->len;
+    *o++ = '.';
+    *o++ = (char)('0' + millis / 100);
+    *o++ = (char)('0' + millis / 10 % 10);
+    *o++ = (char)('0' + millis % 10);
+    b->len = (size_t)(o - b->p);
+    LIT("Z method=");
+    if (put_latin1(b, method) || reserve(b, 8)) return -1;
+    LIT(" path=");
+    if (put_latin1(b, path) || reserve(b, 40)) return -1;
+    LIT(" status=");
+    b->len = (size_t)(put_u64(b->p + b->len, (unsigned long long)status) - b->p);
+    LIT(" fn=");
+    if (target != Py_None ? put_latin1(b, target) : (reserve(b, 1) ? -1 : (LIT("-"), 0)))
+        return -1;
+    if (reserve(b, 100)) return -1;
+    LIT(" dur_ms=");
+    o = put_u64(b->p + b->len, micros / 1000);
+    *o++ = '.';
+    *o++ = (char)('0' + micros % 1000 / 100);
+    *o++ = (char)('0' + micros % 100 / 10);
+    *o++ = (char)('0' + micros % 10);
+    b->len = (size_t)(o - b->p);
+    LIT(" bytes=");
+    b->len = (size_t)(put_u64(b->p + b->len, size) - b->p);
+    LIT(" rid=");
+    if (PyUnicode_GET_LENGTH(rid) ? put_latin1(b, rid) : (reserve(b, 1) ? -1 : (LIT("-"), 0)))
+        return -1;
+    if (reserve(b, 9)) return -1;
+    LIT(" client=");
+    if (put_latin1(b, client) || reserve(b, 1)) return -1;
+    LIT("\n");
+    return 0;
+}
+
+/* ---- groups: records of one (route, status, head) ---- */
+#define MAX_VERDICTS 256  /* runtime/pipeline/lane.py's */
+typedef struct {
+    long route, status, head, n;
+    long long bytes;
+    long buckets[MAX_BOUNDS + 1];
+    long verdicts[MAX_VERDICTS];  /* records per verdict */
+    PyObject *durations;  /* list of seconds, in order */
+} group_t;
+
+static void free_groups(group_t *g, size_t n) {
+    for (size_t i = 0; i < n; i++) Py_XDECREF(g[i].durations);
+    free(g);
+}
+
+/* The group of (route, status, head) in `*gs` (made if new), NULL with a Python error. */
+static group_t *group_of(group_t **gs, size_t *n, size_t *cap, long route, long status,
+                         long head) {
+    for (size_t i = *n; i-- > 0;)
+        if ((*gs)[i].route == route && (*gs)[i].status == status && (*gs)[i].head == head)
+            return &(*gs)[i];
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 4;
+        group_t *p = realloc(*gs, c * sizeof *p);
+        if (!p) { PyErr_NoMemory(); return NULL; }
+        *gs = p;
+        *cap = c;
+    }
+    group_t *g = &(*gs)[(*n)++];
+    memset(g, 0, sizeof *g);
+    g->route = route;
+    g->status = status;
+    g->head = head;
+    g->durations = PyList_New(0);
+    return g->durations ? g : NULL;
+}
+
+static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        group_t *g = &gs[i];
+        PyObject *buckets = PyList_New(0);
+        for (int b = 0; buckets && b <= m->n_bounds; b++) {
+            if (!g->buckets[b]) continue;
+            PyObject *pair = Py_BuildValue("(il)", b, g->buckets[b]);
+            if (!pair || PyList_Append(buckets, pair)) Py_CLEAR(buckets);
+            Py_XDECREF(pair);
+        }
+        PyObject *verdicts = buckets ? PyDict_New() : NULL;
+        for (int v = 0; verdicts && v < MAX_VERDICTS; v++) {
+            if (!g->verdicts[v]) continue;
+            PyObject *k = PyLong_FromLong(v), *c = PyLong_FromLong(g->verdicts[v]);
+            if (!k || !c || PyDict_SetItem(verdicts, k, c)) Py_CLEAR(verdicts);
+            Py_XDECREF(k);
+            Py_XDECREF(c);
+        }
+        PyObject *t = verdicts ? Py_BuildValue("(lllllNNO)", g->route, g->status, g->head, g->n,
+                                               (long)g->bytes, verdicts, buckets,
+                                               g->durations) : NULL;
+        if (!verdicts) Py_XDECREF(buckets);
+        if (!t) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+    }
+    return out;
+}
+
+/* One record's event (a new reference), its line in `log` (when given) and its share of
+ * its group. NULL with a Python error. */
+static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObject *verdicts,
+                          PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
+                          group_t **gs, size_t *ng, size_t *cap, size_t *max_text) {
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 11) {
+        PyErr_SetString(PyExc_TypeError, "a record: an 11-tuple (add_record)");
+        return NULL;
+    }
+    PyObject **r = &PyTuple_GET_ITEM(rec, 0);
+    double ts = PyFloat_AsDouble(r[0]);
+    unsigned long long number = PyLong_AsUnsignedLongLong(r[1]);
+    long ri = PyLong_AsLong(r[2]), status = PyLong_AsLong(r[3]);
+    unsigned long long took = PyLong_AsUnsignedLongLong(r[5]);
+    unsigned long long size = PyLong_AsUnsignedLongLong(r[4]);
+    long verdict = PyLong_AsLong(r[6]), head = PyLong_AsLong(r[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (ri < 0 || ri >= PyTuple_GET_SIZE(routes) || verdict < 0 || verdict >= MAX_VERDICTS ||
+            verdict >= PyTuple_GET_SIZE(verdicts) || !PyBytes_Check(r[8]) ||
+            !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10])) {
+        PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
+        return NULL;
+    }
+    /* route: (path, target, owner, route, first); verdict: (class, decisions, with MISS) */
+    PyObject *route = PyTuple_GET_ITEM(routes, ri), *v = PyTuple_GET_ITEM(verdicts, verdict);
+    if (!PyTuple_Check(route) || PyTuple_GET_SIZE(route) != 5 || !PyTuple_Check(v) ||
+            PyTuple_GET_SIZE(v) != 3) {
+        PyErr_SetString(PyExc_TypeError, "routes: 5-tuples; verdicts: 3-tuples");
+        return NULL;
+    }
+    int first = PyObject_IsTrue(PyTuple_GET_ITEM(route, 4));
+    PyObject *decisions = PyTuple_GET_ITEM(v, first > 0 ? 2 : 1);
+    PyObject *client = text_of(texts, r[10], client_ip);
+    PyObject *host = client ? text_of(texts, r[8], host_text) : NULL;
+    if (first < 0 || !client || !host || !PyDict_Check(decisions)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
+        return NULL;
+    }
+    double micros = nearbyint((double)took / 1000.0);  /* Python's round(): half to even */
+    double duration_ms = micros / 1000.0;                /* round(took / 1000) / 1000 */
+    PyObject *method = head ? m->head : m->get;
+    char id[128];  /* f"{prefix}-{number:x}" */
+    memcpy(id, prefix, prefix_len);
+    id[prefix_len] = '-';
+    PyObject *rid = PyUnicode_FromStringAndSize(
+        id, (Py_ssize_t)(put_hex(id + prefix_len + 1, number) - id));
+    if (!rid) return NULL;
+    PyObject *e = PyObject_Vectorcall(m->copy, &m->template, 1, NULL);
+    if (!e || put(m, e, F_TS, Py_NewRef(r[0])) || put(m, e, F_RID, Py_NewRef(rid)) ||
+            put(m, e, F_CLIENT, Py_NewRef(client)) ||
+            put(m, e, F_BOT, Py_NewRef(PyTuple_GET_ITEM(v, 0))) ||
+            put(m, e, F_METHOD, Py_NewRef(method)) || put(m, e, F_HOST, Py_NewRef(host)) ||
+            put(m, e, F_PATH, Py_NewRef(PyTuple_GET_ITEM(route, 0))) ||
+            (PyBytes_GET_SIZE(r[9]) &&
+             put(m, e, F_QUERY, PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[9]),
+                                                       PyBytes_GET_SIZE(r[9]), NULL))) ||
+            put(m, e, F_STATUS, Py_NewRef(r[3])) ||
+            put(m, e, F_TARGET, Py_NewRef(PyTuple_GET_ITEM(route, 1))) ||
+            put(m, e, F_OWNER, Py_NewRef(PyTuple_GET_ITEM(route, 2))) ||
+            put(m, e, F_ROUTE, Py_NewRef(PyTuple_GET_ITEM(route, 3))) ||
+            put(m, e, F_DECISIONS, PyDict_Copy(decisions)) ||
+            put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
+            put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms)) ||
+            (log && put_line(m, log, ts, method, PyTuple_GET_ITEM(route, 0), status,
+                             PyTuple_GET_ITEM(route, 1), (unsigned long long)micros, size,
+                             rid, client))) {
+        Py_DECREF(rid);
+        Py_XDECREF(e);
+        return NULL;
+    }
+    Py_DECREF(rid);
+    group_t *g = group_of(gs, ng, cap, ri, status, head);
+    double seconds = duration_ms / 1000;
+    int b = 0;
+    while (b < m->n_bounds && m->bounds[b] < seconds) b++;  /* bisect_left */
+    PyObject *s = g ? PyFloat_FromDouble(seconds) : NULL;
+    int err = !s || PyList_Append(g->durations, s);
+    Py_XDECREF(s);
+    if (err) { Py_DECREF(e); return NULL; }
+    g->n++;
+    g->bytes += (long long)size;
+    g->buckets[b]++;
+    g->verdicts[verdict]++;
+    size_t text = (size_t)(PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(route, 0)) +
+                           PyBytes_GET_SIZE(r[9]) + PyUnicode_GET_LENGTH(host));
+    if (text > *max_text) *max_text = text;
+    return e;
+}
+
+/* make(records, routes, verdicts, texts, prefix, lines) -> (events, lines, groups, text):
+ * `routes[i]` (path, target, owner, route, first: the MISS of http_cache's `_first`),
+ * `verdicts[i]` (bot class, decisions, decisions with the MISS), `texts` the dict of
+ * clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines` whether
+ * to write the access log's lines (else None). Groups: (route, status, head, n, bytes,
+ * {verdict: n}, [(bucket, n)], [seconds]); `text` the most characters of path, query and
+ * host together in one event. */
+static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2]) ||
+            !PyDict_Check(a[3]) || !PyUnicode_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError, "make(records, routes, verdicts, texts, prefix, lines)");
+        return NULL;
+    }
+    int want = PyObject_IsTrue(a[5]);
+    if (want < 0 || !m->template) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "EventMaker not initialised");
+        return NULL;
+    }
+    Py_ssize_t prefix_len;
+    const char *prefix = PyUnicode_AsUTF8AndSize(a[4], &prefix_len);
+    if (!prefix) return NULL;
+    if (prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "a request id prefix past 64 bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(a[0]);
+    size_t max_text = 0;
+    PyObject *events = PyList_New(n);
+    buf_t log = {NULL, 0, 0};
+    group_t *gs = NULL;
+    size_t ng = 0, cap = 0;
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; events && i < n; i++) {
+        PyObject *e = make_one(m, PyList_GET_ITEM(a[0], i), a[1], a[2], a[3], prefix,
+                               (size_t)prefix_len, want ? &log : NULL, &gs, &ng, &cap,
+                               &max_text);
+        if (!e) goto done;
+        PyList_SET_ITEM(events, i, e);
+    }
+    if (events) {
+        PyObject *groups = groups_out(m, gs, ng);
+        PyObject *lines = !want ? Py_NewRef(Py_None)
+                                : PyBytes_FromStringAndSize(log.p ? log.p : "", (Py_ssize_t)log.len);
+        if (groups && lines) out = Py_BuildValue("(OOOn)", events, lines, groups,
+                                                 (Py_ssize_t)max_text);
+        Py_XDECREF(groups);
+        Py_XDECREF(lines);
+    }
+done:
+    Py_XDECREF(events);
+    free(log.p);
+    free_groups(gs, ng);
+    return out;
+}
+
+static int EventMaker_traverse(EventMaker *m, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(m));
+    Py_VISIT(m->template);
+    Py_VISIT(m->copy);
+    return 0;
+}
+
+static int EventMaker_clear(EventMaker *m) {
+    Py_CLEAR(m->template);
+    Py_CLEAR(m->copy);
+    Py_CLEAR(m->get);
+    Py_CLEAR(m->head);
+    return 0;
+}
+
+static void EventMaker_dealloc(EventMaker *m) {
+    PyTypeObject *tp = Py_TYPE(m);
+    PyObject_GC_UnTrack(m);
+    EventMaker_clear(m);
+    tp->tp_free((PyObject *)m);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef MAKER_METHODS[] = {
+    {"make", (PyCFunction)(void (*)(void))EventMaker_make, METH_FASTCALL,
+     "make(records, routes, verdicts, texts, prefix, lines) -> (events, lines, groups, text)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyType_Slot MAKER_SLOTS[] = {
+    {Py_tp_init, EventMaker_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, EventMaker_dealloc},
+    {Py_tp_traverse, EventMaker_traverse},
+    {Py_tp_clear, EventMaker_clear},
+    {Py_tp_methods, MAKER_METHODS},
+    {0, NULL}};
+
+static PyType_Spec MAKER_SPEC = {"_edgefn_lane.EventMaker", sizeof(EventMaker), 0,
+                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, MAKER_SLOTS};
+
 static PyMethodDef METHODS[] = {
     {"layout_check", layout_check, METH_NOARGS, "llhttp's struct against its accessors"},
     {NULL, NULL, 0, NULL}};
@@ -1014,6 +1484,11 @@ static int exec_module(PyObject *m) {
     PyObject *t = PyType_FromModuleAndSpec(m, &LANE_SPEC, NULL);
     if (!t) return -1;
     int err = PyModule_AddObjectRef(m, "Lane", t);
+    Py_DECREF(t);
+    if (err) return -1;
+    t = PyType_FromModuleAndSpec(m, &MAKER_SPEC, NULL);
+    if (!t) return -1;
+    err = PyModule_AddObjectRef(m, "EventMaker", t);
     Py_DECREF(t);
     return err;
 }

@@ -11,7 +11,9 @@ requests.
 
 With an ``events`` stage in the pipeline, the log is written from each request's
 `Event` (an observer: `AccessLog.observe`) instead of gathering the same fields a
-second time as a stage: `runtime.pipeline.build` decides.
+second time as a stage: `runtime.pipeline.build` decides. The native lane's events
+come as an `EventBatch` whose lines its C already wrote in the text format
+(`observe_batch`; tests/observe/events/test_batch.py holds them to `observe`'s bytes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import msgspec
 
 from runtime.config import AccessLogStage
 from runtime.net.message import Request, Response
+from runtime.observe.batch import EventBatch
 from runtime.observe.event import Event
 from runtime.pipeline.stage import Context, Next, Result, counted, then
 
@@ -95,6 +98,22 @@ class AccessLog:
                                 event.bytes_out, event.rid or "-", event.client)
                     ).encode("latin-1", "replace")
         self._add(line)
+
+    @property
+    def takes_lines(self) -> bool:
+        """Whether `observe_batch` writes an `EventBatch`'s own lines (the text format:
+        `TEXT_STR`, as `observe` formats it)."""
+        return not self.json
+
+    def observe_batch(self, batch: EventBatch) -> None:
+        """The lines of `batch`'s events: its `lines` as they are, in the text format,
+        else each event's (`observe`)."""
+        if batch.lines is not None and not self.json:
+            if batch.lines:
+                self._add(batch.lines)
+        else:
+            for event in batch.events:
+                self.observe(event)
 
     def _stamp_of(self, second: int) -> bytes:
         if second != self._second:

@@ -1,0 +1,49 @@
+"""`EventBatch`: events handed to the observers together, with what a producer that
+made many alike (the native lane, `runtime.pipeline.lane`) already worked out for
+them, so that an observer need not look at each event for it:
+
+- `lines`: the access log's text lines of the events, in order (`AccessLog` writes
+  them as they are instead of formatting each event), or None;
+- `groups`: the events counted per `Group`, events alike in everything the request
+  metrics read (`RequestMetrics.observe_batch` adds each group once), or None;
+- `plain`: every event is sampled, has no ``waf`` record and at most
+  `ring.PLAIN_TEXT` characters of path, query and host together: the ring keeps
+  them as they are, without looking at each (`Ring.observe_batch`).
+
+An observer without ``observe_batch`` gets each event of `events` (`Observers`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from runtime.observe.event import Event
+
+
+class Group(NamedTuple):
+    """`n` events with the same target, route, status and method, no error and no
+    AI usage."""
+
+    target: str | None
+    route: str | None
+    status: int
+    method: str
+    n: int
+    bytes_out: int  # theirs, summed
+    buckets: list[tuple[int, int]]  # (index in the duration histogram, events), non-zero
+    durations: list[float]  # each event's duration_ms / 1000, in the events' order
+    decided: list[tuple[dict[str, Any], int]]  # their `decisions`, each with its count
+
+
+class EventBatch:
+    """Events in order (`events`), with their access-log lines and metric groups
+    when the producer made them (None otherwise)."""
+
+    __slots__ = ("events", "groups", "lines", "plain")
+
+    def __init__(self, events: list[Event], lines: bytes | None = None,
+                 groups: list[Group] | None = None, plain: bool = False) -> None:
+        self.events, self.lines, self.groups, self.plain = events, lines, groups, plain
+
+    def __len__(self) -> int:
+        return len(self.events)

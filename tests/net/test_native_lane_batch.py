@@ -1,0 +1,212 @@
+"""The native lane's drain (lane.c `EventMaker`, runtime/pipeline/lane.py `drain`):
+its events, access-log lines and metric groups against what the Python drain made of
+the same records one by one (`reference`: the events stage's fields), without
+sockets; then a real PoP with the lane on, whose scrape state and access log must
+equal its own ring's events observed one by one."""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.config import AccessLogStage
+from runtime.net import lane as native
+from runtime.observe.batch import EventBatch
+from runtime.observe.event import Event
+from runtime.observe.metrics import DURATION, DURATION_BUCKETS, RequestMetrics
+from runtime.observe.redact import MASK
+from runtime.pipeline.lane import MADE_FIELDS, groups_of
+from runtime.pipeline.stages.access_log import AccessLog
+from tests.net.lane_support import guests
+from tests.support import Running, pop_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 28620
+POP, TIER, GEO, PREFIX = "pop-a", "edge", "eu", "9f2c41d0aa3e"
+BOTS = {"class": "automation", "agent": None, "signals": ("empty_ua",), "action": "allow"}
+CRAWLER = {"class": "declared_agent", "agent": None, "signals": ("ua",), "action": "allow"}
+MISS = {"outcome": "MISS", "stored": "no freshness"}
+# path, target, owner, route, whether http_cache counts a MISS (NativeLane.route_texts)
+ROUTES = (("/hello", "hello@1a2b3c4d", None, "/hello", False),
+          ("/caf\xe9", "caf@00ff00ff", "t1", None, True),
+          ("/x", "x@12345678", "t2", "/x", False))
+# bot class, decisions, decisions with the MISS (NativeLane.verdict_texts)
+VERDICTS = (("automation", {"bots": BOTS}, {"bots": BOTS, "http_cache": MISS}),
+            ("declared_agent", {"bots": CRAWLER}, {"bots": CRAWLER, "http_cache": MISS}))
+# (ts, number, route, status, body bytes, took ns, verdict, head, host, query, client):
+# half-even rounding of microseconds (1500, 2500 ns), durations on a bucket's bound
+# (500 us = 0.0005 s), a millisecond's edge, latin-1 in host and query, odd clients
+RECORDS = [
+    (1796281449.9995, 1, 0, 200, 13, 1500, 0, 0, b"x", b"", "127.0.0.1:5000"),
+    (1796281450.0, 2, 0, 200, 13, 2500, 0, 1, b"x:8080", b"a=1&b", "127.0.0.1:5001"),
+    (1796281450.1234567, 0xFFFF, 1, 418, 0, 500_000, 1, 0, b"h\xe9", b"q=\xff", "[::1]:80"),
+    (1796281450.5, 17, 2, 204, 0, 999_999_500, 0, 0, b"x", b"", "nocolon"),
+    (1000000000.000999, 18, 1, 200, 5, 10_000_000_000, 1, 1, b"x", b"", ":9"),
+    (1796281451.25, 19, 0, 200, 13, 2_500_000, 1, 0, b"x", b"", "10.0.0.1:1"),
+    (1796281451.75, 20, 0, 200, 13, 1_000_499, 0, 0, b"x", b"z", "10.0.0.1:1"),
+    (1796281451.76, 21, 2, 503, 7, 123_456, 0, 0, b"x", b"", "10.0.0.2:1"),
+]
+
+
+def reference(rec: tuple[Any, ...]) -> Event:
+    """The event the Python drain made of `rec` (the events stage's fields)."""
+    ts, n, ri, status, size, took, verdict, head, host, query, client = rec
+    path, target, owner, route, first = ROUTES[ri]
+    cls, plain, missed = VERDICTS[verdict]
+    event = Event(ts=ts, rid=f"{PREFIX}-{n:x}", pop=POP, tier=TIER, client=client.rpartition(
+                  ":")[0] or client, bot=cls, method="HEAD" if head else "GET",
+                  host=host.decode("latin-1"), path=path, status=status, target=target,
+                  owner=owner, route=route or None, bytes_out=size,
+                  duration_ms=round(took / 1000) / 1000)
+    event.geo = GEO
+    if query:
+        event.query = query.decode("latin-1")
+    event.decisions = dict(missed if first else plain)
+    return event
+
+
+def maker() -> Any:
+    module = native.load()
+    if module is None:
+        pytest.skip("no C compiler or Python headers: the native lane is off")
+    template = Event(ts=0.0, rid="", pop=POP, tier=TIER, geo=GEO, client="", method="GET",
+                     host="", path="", status=0)
+    return module.EventMaker(template, MADE_FIELDS, DURATION_BUCKETS)
+
+
+def make(records: list[tuple[Any, ...]], lines: bool = True) -> tuple[Any, ...]:
+    out: tuple[Any, ...] = maker().make(records, ROUTES, VERDICTS, {}, PREFIX, lines)
+    return out
+
+
+def logged(events: list[Event]) -> bytes:
+    """What `AccessLog.observe` writes for `events`."""
+    log = AccessLog(AccessLogStage(), io.BytesIO())
+    for e in events:
+        log.observe(e)
+    log.flush()
+    assert isinstance(log.stream, io.BytesIO)
+    return log.stream.getvalue()
+
+
+def test_events_are_the_python_drains() -> None:
+    events, _, _, text = make(RECORDS)
+    assert events == [reference(r) for r in RECORDS]
+    assert [e.duration_ms for e in events[:2]] == [0.002, 0.002]  # half to even
+    # each event has its own dicts (observers may keep or change them)
+    assert len({id(e.decisions) for e in events}) == len({id(e.stages_ms) for e in events}) \
+        == len(events)
+    assert all(e.decisions is not v[1] and e.decisions is not v[2] for e in events
+               for v in VERDICTS)
+    assert text == max(len(e.path) + len(e.query) + len(e.host) for e in events)
+
+
+def test_lines_are_the_access_logs_bytes() -> None:
+    _, lines, _, _ = make(RECORDS)
+    assert lines == logged([reference(r) for r in RECORDS])
+    assert b"dur_ms=10000.000 " in lines and b"ts=2001-09-09T01:46:40.000Z" in lines
+    assert make(RECORDS, lines=False)[1] is None
+
+
+def test_groups_count_what_each_event_counts() -> None:
+    """The metrics' state after the groups equals the state after each event: the
+    same buckets (bisect_left: a bound's own value in its bucket), bytes, stage
+    counts and, bit for bit, the durations' sum."""
+    events, lines, made, _ = make(RECORDS * 3)
+    batched, single = RequestMetrics(POP, TIER, GEO), RequestMetrics(POP, TIER, GEO)
+    batched.observe_batch(EventBatch(events, lines, groups_of(made, ROUTES, VERDICTS)))
+    for e in (reference(r) for r in RECORDS * 3):
+        single.observe(e)
+    assert batched.series == single.series
+    assert batched.raw == single.raw
+    assert (batched.bots.by, batched.cache.by) == (single.bots.by, single.cache.by)
+    assert sum(g[3] for g in made) == len(events)
+    on_bound = next(s for k, s in single.series.items() if k[2] == "4xx")
+    assert on_bound[0] == 3  # 0.0005 s counted under le="0.0005"
+
+
+def test_a_bad_record_raises() -> None:
+    with pytest.raises(ValueError):
+        make([(1.0, 1, 9, 200, 0, 0, 0, 0, b"x", b"", "c")])  # no route 9
+    with pytest.raises(TypeError):
+        make([(1.0, 1)])
+
+
+# -- a real PoP -------------------------------------------------------------------------------
+def send(port: int, raw: bytes, answers: int) -> None:
+    """`raw` on one connection; returns once `answers` responses came back."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(raw)
+        got = b""
+        deadline = time.monotonic() + 10
+        while got.count(b"HTTP/1.1 ") < answers and time.monotonic() < deadline:
+            got += s.recv(65536)
+    assert got.count(b"HTTP/1.1 ") == answers
+
+
+SENT = sum(1 + i % 4 for i in range(60))
+
+
+def traffic(r: Running) -> io.BytesIO:
+    """Lane and Python requests mixed, pipelined by 1 to 4, to `r` (the functions
+    deployed first); its access log from then on."""
+    for f in [ROOT / "functions" / "examples" / "hello-wat", *guests(r.data.parent / "fns")]:
+        r.deploy(f)
+    log = io.BytesIO()
+    access = next(o for o in r.pop.observers if isinstance(o, AccessLog))
+    r.delivered()
+    access.flush()
+    access.stream = log
+    assert r.pop.lane is not None
+    before = r.pop.lane.served
+    uas = [b"", b"User-Agent: curl/8.5\r\n", b"User-Agent: Googlebot/2.1\r\n"]
+    for i in range(60):
+        path = [b"/hello", b"/mirror?a=1", b"/teapot", b"/nobody", b"/nope"][i % 5]
+        method = b"HEAD" if i % 7 == 0 else b"GET"
+        one = b"%s %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (method, path, uas[i % 3])
+        send(r.port, one * (1 + i % 4), 1 + i % 4)
+    r.delivered()
+    access.flush()
+    assert r.pop.lane.served - before >= 100
+    return log
+
+
+@pytest.mark.parametrize("at, config", [(0, {}), (1, {"events.redact": ["client", "path"]})])
+def test_a_pops_metrics_and_log_are_its_events_one_by_one(tmp_path: Path, at: int,
+                                                          config: dict[str, Any]) -> None:
+    """The PoP's request metrics (every series' state, bit for bit) and access log
+    (every byte, with ts and dur_ms) are what its ring's events give when observed
+    one by one; with `[events] redact`, of the redacted events."""
+    with pop_thread(tmp_path / "data", port=PORT + at, **{"http.native_lane": "auto"},
+                    **config) as r:
+        log = traffic(r)
+        events = list(r.pop.ring.events)
+        assert len(events) == SENT
+        if config:
+            assert {e.client for e in events} == {MASK} and MASK.encode() in log.getvalue()
+        metrics = RequestMetrics(r.pop.config.name, r.pop.config.tier, r.pop.config.geo)
+        for e in events:
+            metrics.observe(e)
+        assert r.pop.metrics is not None
+        assert metrics.series == r.pop.metrics.requests.series
+        assert metrics.bots.by == r.pop.metrics.requests.bots.by
+        assert metrics.cache.by == r.pop.metrics.requests.cache.by
+        assert log.getvalue() == logged(events)
+
+
+def test_unsampled_lane_events_are_counted_not_kept(tmp_path: Path) -> None:
+    """``[events] sample = 0``: the ring keeps no event under 500, the metrics and the
+    access log still see every request."""
+    with pop_thread(tmp_path / "data", port=PORT + 2, **{"http.native_lane": "auto",
+                                                          "events.sample": 0.0}) as r:
+        log = traffic(r)
+        assert [e for e in r.pop.ring.events if e.status < 500] == []
+        assert r.pop.metrics is not None
+        counted = sum(sum(s[:DURATION.n]) for s in r.pop.metrics.requests.series.values())
+        assert counted == SENT
+        assert log.getvalue().count(b"\n") == SENT

@@ -1,0 +1,183 @@
+"""`EventBatch`: the observers take a batch in order with single events, each as it
+can (whole, or event by event), and what each observer keeps is what it keeps of the
+same events one by one (the ring, the request metrics, the access log)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+
+import pytest
+
+from runtime.config import AccessLogStage
+from runtime.observe import observers as observers_module
+from runtime.observe.batch import EventBatch, Group
+from runtime.observe.event import Event
+from runtime.observe.metrics import DURATION, RequestMetrics
+from runtime.observe.observers import Observers
+from runtime.observe.ring import MAX_TEXT, Query, Ring
+from runtime.pipeline.stages.access_log import AccessLog
+
+
+def event(n: int, **fields: object) -> Event:
+    e = Event(ts=1796281449.0 + n / 7, rid=str(n), pop="p", tier="edge", client="c",
+              method="GET", host="h", path="/", status=200, target="f@1", route="/",
+              duration_ms=n / 8, bytes_out=n)
+    for k, v in fields.items():
+        setattr(e, k, v)
+    return e
+
+
+class Seen:
+    """An observer without observe_batch."""
+
+    def __init__(self) -> None:
+        self.rids: list[str] = []
+
+    def observe(self, e: Event) -> None:
+        self.rids.append(e.rid)
+
+
+class Batched(Seen):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    def observe_batch(self, batch: EventBatch) -> None:
+        self.batches.append([e.rid for e in batch.events])
+
+
+def test_a_batch_comes_in_order_with_single_events() -> None:
+    async def run() -> tuple[Seen, Batched]:
+        observers, seen, batched = Observers(), Seen(), Batched()
+        observers.add(seen)
+        observers.add(batched)
+        observers.observe(event(1))
+        observers.observe_batch(EventBatch([event(2), event(3)]))
+        observers.observe_batch(EventBatch([]))  # nothing to deliver
+        observers.observe(event(4))
+        await asyncio.sleep(0)
+        return seen, batched
+
+    seen, batched = asyncio.run(run())
+    assert seen.rids == ["1", "2", "3", "4"]
+    assert batched.rids == ["1", "4"] and batched.batches == [["2", "3"]]
+
+
+def test_observers_set_directly_are_batched_alike() -> None:
+    observers, seen = Observers(), Seen()
+    observers.observers = (seen,)
+    observers.observe_batch(EventBatch([event(1), event(2)]))
+    assert seen.rids == ["1", "2"]
+
+
+def test_a_batch_counts_its_events_toward_max_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observers_module, "MAX_BATCH", 4)
+
+    async def run() -> list[int]:
+        observers, seen = Observers(), Seen()
+        observers.add(seen)
+        counts = []
+        observers.observe(event(0))
+        counts.append(len(seen.rids))
+        observers.observe_batch(EventBatch([event(n) for n in range(1, 4)]))  # 4 pending
+        counts.append(len(seen.rids))
+        observers.observe_batch(EventBatch([event(n) for n in range(4, 9)]))  # 5 at once
+        counts.append(len(seen.rids))
+        await asyncio.sleep(0)
+        counts.append(len(seen.rids))
+        return counts
+
+    assert asyncio.run(run()) == [0, 4, 9, 9]
+
+
+def test_a_failing_batch_observer_is_logged_once_and_the_others_go_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def observe(self, e: Event) -> None:
+            raise RuntimeError("one")
+
+        def observe_batch(self, batch: EventBatch) -> None:
+            raise RuntimeError("batch")
+
+    observers, seen = Observers(), Seen()
+    observers.add(Broken())
+    observers.add(seen)
+    with caplog.at_level(logging.ERROR, "edgefn.events"):
+        observers.observe_batch(EventBatch([event(1)]))
+        observers.observe_batch(EventBatch([event(2)]))
+    assert seen.rids == ["1", "2"]
+    assert len([r for r in caplog.records if "failed" in r.message]) == 1
+
+
+def test_the_ring_keeps_a_batch_as_its_events_one_by_one() -> None:
+    """Unsampled events skipped, long texts bounded, subscribers fed: a batch that is
+    not `plain` goes through `observe`; a plain one is kept as it is."""
+    mixed = [event(1), event(2, sampled=False), event(3, path="/" + "p" * (2 * MAX_TEXT)),
+             event(4, query="q" * 300), event(5)]
+
+    async def run() -> tuple[list[Event], list[Event], list[Event]]:
+        one, batched = Ring(10), Ring(10)
+        sub = batched.subscribe(Query(), 10)
+        for e in mixed:
+            one.observe(e)
+        batched.observe_batch(EventBatch(mixed))
+        batched.observe_batch(EventBatch([event(6), event(7)], plain=True))
+        pushed, _ = await sub.get(1.0)
+        return list(one.events), list(batched.events), pushed
+
+    one, batched, pushed = asyncio.run(run())
+    assert len(one) == 4 and len(one[1].path) < MAX_TEXT
+    assert batched == [*one, event(6), event(7)]
+    assert pushed == batched
+
+
+def test_metrics_without_groups_count_each_event() -> None:
+    events = [event(n, status=200 + n % 3 * 100) for n in range(9)]
+    batched, single = RequestMetrics("p", "edge", ""), RequestMetrics("p", "edge", "")
+    batched.observe_batch(EventBatch(events))
+    for e in events:
+        single.observe(e)
+    assert batched.series == single.series
+
+
+def test_a_group_counts_n_events() -> None:
+    """A `Group` of n events adds what n `observe`s add: buckets, the sum (durations
+    one by one), bytes, and each stage record's count."""
+    bots = {"class": "automation", "action": "allow"}
+    cache = {"bots": bots, "http_cache": {"outcome": "MISS"}}
+    events = [event(n, decisions=dict(cache) if n % 2 else {"bots": bots}) for n in range(6)]
+    durations = [e.duration_ms / 1000 for e in events]
+    buckets: dict[int, int] = {}
+    for s in durations:
+        i = next((i for i, b in enumerate(DURATION.bounds) if b >= s), len(DURATION.bounds))
+        buckets[i] = buckets.get(i, 0) + 1
+    group = Group("f@1", "/", 200, "GET", 6, sum(e.bytes_out for e in events),
+                  sorted(buckets.items()), durations, [({"bots": bots}, 3), (cache, 3)])
+    batched, single = RequestMetrics("p", "edge", ""), RequestMetrics("p", "edge", "")
+    batched.observe_batch(EventBatch(events, None, [group]))
+    for e in events:
+        single.observe(e)
+    assert batched.series == single.series
+    assert (batched.bots.by, batched.cache.by) == (single.bots.by, single.cache.by)
+    assert batched.bots.by == {("automation", "allow"): 6}
+
+
+def test_the_access_log_writes_a_batchs_lines_or_each_event() -> None:
+    text, as_json = (AccessLog(AccessLogStage(format=f), io.BytesIO())
+                     for f in ("text", "json"))
+    assert text.takes_lines and not as_json.takes_lines
+    events = [event(1), event(2)]
+    for log in (text, as_json):
+        log.observe_batch(EventBatch(events, b"the lines\n"))
+        log.observe_batch(EventBatch(events))
+        log.flush()
+    assert isinstance(text.stream, io.BytesIO) and isinstance(as_json.stream, io.BytesIO)
+    one = AccessLog(AccessLogStage(), io.BytesIO())
+    for e in events:
+        one.observe(e)
+    one.flush()
+    assert isinstance(one.stream, io.BytesIO)
+    assert text.stream.getvalue() == b"the lines\n" + one.stream.getvalue()
+    assert as_json.stream.getvalue().count(b'"rid"') == 4  # json: each event's, twice
