@@ -162,7 +162,10 @@ class RequestMetrics:
         DURATION.observe(state, event.duration_ms / 1000)
         state[BYTES] += event.bytes_out
         if event.decisions:
-            self._decided(event.decisions, 1)
+            for stage, record in event.decisions.items():
+                handle = self.decisions.get(stage)
+                if handle is not None and isinstance(record, dict):
+                    handle(stage, record, 1)
         if event.ai is not None and event.error != "model_not_found":
             # a model nobody serves made no call; its name is the client's, so as a
             # label it would let any client fill `max_series` and fold real models

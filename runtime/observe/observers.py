@@ -39,7 +39,9 @@ class Observers:
         self._observers: tuple[Observer, ...] = ()
         self.failed: set[int] = set()  # ids of observers already logged
         self.pending: list[Event | EventBatch] = []
-        self.count = 0  # events pending (a batch counts its events)
+        # events pending are len(pending) + more (a batch is one item of n events)
+        self.more = 0
+        self.batches = 0  # batches pending
         # per observer: its observe_batch, or None (it gets a batch's events one by one)
         self.batched: tuple[Callable[[EventBatch], None] | None, ...] = ()
         self.takes_lines = False
@@ -72,26 +74,35 @@ class Observers:
     def observe(self, event: Event) -> None:
         if self.first is not None:
             self.first()
-        self._pend(event, 1)
+        pending = self.pending
+        pending.append(event)
+        if len(pending) == 1:
+            loop: AbstractEventLoop | None = running_loop()
+            if loop is None:
+                self.flush()
+            else:
+                loop.call_soon(self.flush)
+        elif len(pending) + self.more >= MAX_BATCH:
+            self.flush()
 
     def observe_batch(self, batch: EventBatch) -> None:
         """`batch`'s events, delivered as `observe` delivers one (in order with them)."""
         if self.first is not None:
             self.first()
-        if batch.events:
-            self._pend(batch, len(batch.events))
-
-    def _pend(self, item: Event | EventBatch, n: int) -> None:
+        n = len(batch.events)
+        if not n:
+            return
         pending = self.pending
-        pending.append(item)
-        self.count += n
+        pending.append(batch)
+        self.more += n - 1
+        self.batches += 1
         if len(pending) == 1 and n < MAX_BATCH:
             loop: AbstractEventLoop | None = running_loop()
             if loop is None:
                 self.flush()
             else:
                 loop.call_soon(self.flush)
-        elif self.count >= MAX_BATCH:
+        elif len(pending) + self.more >= MAX_BATCH:
             self.flush()
 
     def flush(self) -> None:
@@ -101,8 +112,16 @@ class Observers:
         items = self.pending
         if not items:
             return
-        self.pending, self.count = [], 0
-        for o, batched in zip(self.observers, self.batched, strict=True):
+        batches, self.pending, self.more, self.batches = self.batches, [], 0, 0
+        if not batches:  # single events alone (the Python path's): as they come
+            for o in self._observers:
+                for item in items:
+                    try:
+                        o.observe(item)  # type: ignore[arg-type]
+                    except Exception:
+                        self._failed(o)
+            return
+        for o, batched in zip(self._observers, self.batched, strict=True):
             for item in items:
                 if not isinstance(item, EventBatch):
                     try:
