@@ -8,14 +8,17 @@ them, so that an observer need not look at each event for it:
   metrics read (`RequestMetrics.observe_batch` adds each group once), or None;
 - `plain`: every event is sampled, has no ``waf`` record and at most
   `ring.PLAIN_TEXT` characters of path, query and host together: the ring keeps
-  them as they are, without looking at each (`Ring.observe_batch`).
+  them as they are, without looking at each (`Ring.observe_batch`);
+- `deferred`: when given, the events are made only when read: `events` makes them
+  all (once) for an observer that needs them now; the ring keeps `deferred`'s pairs
+  (a `Deferred` and what it makes one event of) and makes each event when it is read.
 
 An observer without ``observe_batch`` gets each event of `events` (`Observers`).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from runtime.observe.event import Event
 
@@ -35,15 +38,44 @@ class Group(NamedTuple):
     decided: list[tuple[dict[str, Any], int]]  # their `decisions`, each with its count
 
 
+class Deferred(Protocol):
+    """What makes an event when it is read (the native lane's records)."""
+
+    def event(self, record: Any) -> Event: ...
+
+    def events(self, records: list[Any]) -> list[Event]: ...
+
+
 class EventBatch:
     """Events in order (`events`), with their access-log lines and metric groups
     when the producer made them (None otherwise)."""
 
-    __slots__ = ("events", "groups", "lines", "plain")
+    __slots__ = ("_events", "deferred", "groups", "lines", "n", "plain", "records")
 
     def __init__(self, events: list[Event], lines: bytes | None = None,
                  groups: list[Group] | None = None, plain: bool = False) -> None:
-        self.events, self.lines, self.groups, self.plain = events, lines, groups, plain
+        self._events: list[Event] | None = events
+        self.lines, self.groups, self.plain = lines, groups, plain
+        self.n = len(events)
+        self.deferred: list[tuple[Deferred, Any]] | None = None
+        self.records: list[Any] = []
+
+    @classmethod
+    def later(cls, deferred: list[tuple[Deferred, Any]], records: list[Any],
+              lines: bytes | None, groups: list[Group] | None) -> EventBatch:
+        """A `plain` batch of the events `deferred` makes of `records` (a pair per
+        record, in order), made when read."""
+        batch = cls([], lines, groups, True)
+        batch._events, batch.n = None, len(deferred)
+        batch.deferred, batch.records = deferred, records
+        return batch
+
+    @property
+    def events(self) -> list[Event]:
+        if self._events is None:
+            assert self.deferred is not None
+            self._events = self.deferred[0][0].events(self.records) if self.deferred else []
+        return self._events
 
     def __len__(self) -> int:
-        return len(self.events)
+        return self.n

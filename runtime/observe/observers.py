@@ -89,7 +89,7 @@ class Observers:
         """`batch`'s events, delivered as `observe` delivers one (in order with them)."""
         if self.first is not None:
             self.first()
-        n = len(batch.events)
+        n = len(batch)
         if not n:
             return
         pending = self.pending

@@ -15,11 +15,12 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 
 from edgefn_core.errors import InvalidConfig
-from runtime.observe.batch import EventBatch
+from runtime.observe.batch import Deferred, EventBatch
 from runtime.observe.event import Event
 
 MAX_TEXT = 1024  # path and query characters a ring event keeps
@@ -132,10 +133,12 @@ class Subscriber:
 
 
 class Ring:
-    """The last `size` sampled events; an `Observer`."""
+    """The last `size` sampled events; an `Observer`. A plain `EventBatch` whose
+    events are made when read (the native lane's) is kept as its pairs: each event
+    is made when a query, a subscriber or `events` reads it."""
 
     def __init__(self, size: int, max_event_bytes: int = 4096, clock: Clock = time.time) -> None:
-        self.events: deque[Event] = deque(maxlen=size)
+        self.items: deque[Event | tuple[Deferred, Any]] = deque(maxlen=size)
         self.max_event_bytes = max_event_bytes
         self.clock = clock
         self.subscribers: list[Subscriber] = []
@@ -149,27 +152,37 @@ class Ring:
         if size > MAX_TEXT or ((size > PLAIN_TEXT or "waf" in event.decisions)
                                and _too_big(event, self.max_event_bytes)):
             event = _bounded(event, self.max_event_bytes)
-        self.events.append(event)
+        self.items.append(event)
         for sub in self.subscribers:
             sub.push(event)
 
     def observe_batch(self, batch: EventBatch) -> None:
         """`batch`'s events, each as `observe` takes it; a `plain` batch's are kept
-        as they are (nothing in them to bound or skip)."""
+        as they are (nothing in them to bound or skip), made when read if they are
+        not made yet and nobody follows the ring."""
         if not batch.plain:
             for event in batch.events:
                 self.observe(event)
             return
-        self.events.extend(batch.events)
+        if batch.deferred is not None and not self.subscribers:
+            self.items.extend(batch.deferred)
+            return
+        self.items.extend(batch.events)
         for sub in self.subscribers:
             for event in batch.events:
                 sub.push(event)
+
+    @property
+    def events(self) -> deque[Event]:
+        """The events kept, oldest first (a copy: those made when read are made now)."""
+        return deque((_made(item) for item in self.items.copy()), maxlen=self.items.maxlen)
 
     def query(self, q: Query) -> list[Event]:
         """The newest `q.limit` events matching `q`, oldest first."""
         match = q.matcher(self.clock())
         out: list[Event] = []
-        for e in reversed(self.events.copy()):  # copy: the PoP's loop appends meanwhile
+        for item in reversed(self.items.copy()):  # copy: the PoP's loop appends meanwhile
+            e = _made(item)
             if match(e):
                 out.append(e)
                 if len(out) >= q.limit:
@@ -188,7 +201,14 @@ class Ring:
         self.subscribers = [s for s in self.subscribers if s is not sub]
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self.items)
+
+
+def _made(item: Event | tuple[Deferred, Any]) -> Event:
+    """A ring item's event (made now if it is a pair)."""
+    if isinstance(item, tuple):
+        return item[0].event(item[1])
+    return item
 
 
 def encoded_size(event: Event) -> int:

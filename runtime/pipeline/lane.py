@@ -295,19 +295,27 @@ class NativeLane:
         self.served += len(records)
         ev = self.events
         sample, redact = ev.sample, ev.redact
+        prefix = self.request_id.prefix.decode()
+        # every event as it is made (no sampling, no redaction): made when read
+        later = LaneEvents(self.maker, self.route_texts, self.verdict_texts, prefix) \
+            if sample >= 1.0 and redact is None else None
         events, lines, made, text = self.maker.make(
-            records, self.route_texts, self.verdict_texts, self.texts,
-            self.request_id.prefix.decode(), redact is None and ev.observers.takes_lines)
+            records, self.route_texts, self.verdict_texts, self.texts, prefix,
+            redact is None and ev.observers.takes_lines, later)
+        groups: list[Group] | None = self._groups(made)
+        if later is not None and text <= PLAIN_TEXT:
+            ev.observers.observe_batch(EventBatch.later(events, records, lines, groups))
+            return
+        if later is not None:  # a long path, query or host: the ring bounds it now
+            events = later.events(records)
         if sample < 1.0:
             rand = ev.rand
             for event in events:
                 if event.status < 500 and rand() >= sample:
                     event.sampled = False
-        groups: list[Group] | None = self._groups(made)
         if redact is not None:  # the lines and groups are of the events before it
             events, groups = [redact(e) for e in events], None
-        plain = sample >= 1.0 and redact is None and text <= PLAIN_TEXT
-        ev.observers.observe_batch(EventBatch(events, lines, groups, plain))
+        ev.observers.observe_batch(EventBatch(events, lines, groups))
 
     def _groups(self, made: list[tuple[Any, ...]]) -> list[Group]:
         """The C's groups as `Group`s; each MISS of http_cache's counted in its stats."""
@@ -321,6 +329,26 @@ class NativeLane:
             for name, n in misses.items():
                 stats.record("http", "MISS", function=name, n=n)
         return groups_of(made, self.route_texts, self.verdict_texts)
+
+
+class LaneEvents:
+    """The events of one drain's records, made when they are read (`Deferred`: the
+    ring keeps (this, record) pairs), by the C that makes them at once otherwise:
+    the same `Event`s."""
+
+    __slots__ = ("maker", "prefix", "routes", "verdicts")
+
+    def __init__(self, maker: Any, routes: tuple[tuple[Any, ...], ...],
+                 verdicts: tuple[tuple[Any, ...], ...], prefix: str) -> None:
+        self.maker, self.routes, self.verdicts, self.prefix = maker, routes, verdicts, prefix
+
+    def event(self, record: tuple[Any, ...]) -> Event:
+        return self.events([record])[0]
+
+    def events(self, records: list[tuple[Any, ...]]) -> list[Event]:
+        made: list[Event] = self.maker.make(records, self.routes, self.verdicts, {},
+                                            self.prefix, False)[0]
+        return made
 
 
 def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], ...],

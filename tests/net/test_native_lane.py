@@ -132,6 +132,7 @@ SERVED = {  # name: (request, the lane serves it)
     "plain": (request("GET", "/hello", [("Host", "x")]), True),
     "head": (request("HEAD", "/hello", [("Host", "x:8080")]), True),
     "query": (request("GET", "/mirror?a=1&b", [("Host", "x"), ("X-Odd", " v ")]), True),
+    "long query": (request("GET", "/mirror?" + "q" * 2000, [("Host", "x")]), True),  # bounded
     "curl": (request("GET", "/hello", [("Host", "x"), ("User-Agent", "curl/8.5")]), True),
     "crawler": (request("GET", "/mirror", [("Host", "x"), ("User-Agent", "Googlebot/2.1 "
                                                           "(+http://www.google.com/bot.html)")]),

@@ -20,6 +20,7 @@ from runtime.observe.batch import EventBatch
 from runtime.observe.event import Event
 from runtime.observe.metrics import DURATION, DURATION_BUCKETS, RequestMetrics
 from runtime.observe.redact import MASK
+from runtime.observe.ring import Query
 from runtime.pipeline.lane import MADE_FIELDS, groups_of
 from runtime.pipeline.stages.access_log import AccessLog
 from tests.net.lane_support import guests
@@ -187,6 +188,10 @@ def test_a_pops_metrics_and_log_are_its_events_one_by_one(tmp_path: Path, at: in
         log = traffic(r)
         events = list(r.pop.ring.events)
         assert len(events) == SENT
+        # without redaction the ring keeps the lane's records, made into events when read
+        made_later = sum(isinstance(i, tuple) for i in r.pop.ring.items)
+        assert (made_later >= 100) if not config else made_later == 0
+        assert r.pop.ring.query(Query(limit=SENT)) == events
         if config:
             assert {e.client for e in events} == {MASK} and MASK.encode() in log.getvalue()
         metrics = RequestMetrics(r.pop.config.name, r.pop.config.tier, r.pop.config.geo)

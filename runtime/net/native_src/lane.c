@@ -1174,7 +1174,8 @@ static int put_latin1(buf_t *b, PyObject *s) {
  * micros' digits with the point three from the right. */
 static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
                     long status, PyObject *target, unsigned long long micros,
-                    unsigned long long size, PyObject *rid, PyObject *client) {
+                    unsigned long long size, const char *rid, size_t rid_len,
+                    PyObject *client) {
     long long second = (long long)ts;
     if (second != m->second) {
         time_t t = (time_t)second;
@@ -1216,10 +1217,10 @@ static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObje
     b->len = (size_t)(o - b->p);
     LIT(" bytes=");
     b->len = (size_t)(put_u64(b->p + b->len, size) - b->p);
-    LIT(" rid=");
-    if (PyUnicode_GET_LENGTH(rid) ? put_latin1(b, rid) : (reserve(b, 1) ? -1 : (LIT("-"), 0)))
-        return -1;
-    if (reserve(b, 9)) return -1;
+    LIT(" rid=");  /* never empty: "prefix-number" */
+    if (reserve(b, rid_len + 9)) return -1;
+    memcpy(b->p + b->len, rid, rid_len);
+    b->len += rid_len;
     LIT(" client=");
     if (put_latin1(b, client) || reserve(b, 1)) return -1;
     LIT("\n");
@@ -1292,11 +1293,41 @@ static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
     return out;
 }
 
-/* One record's event (a new reference), its line in `log` (when given) and its share of
- * its group. NULL with a Python error. */
+/* The Event of record `r` (its route's and verdict's texts given): a copy of the
+ * template with the per-request fields written. NULL with a Python error. */
+static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObject *v,
+                            PyObject *decisions, PyObject *method, PyObject *host,
+                            PyObject *client, const char *id, size_t id_len,
+                            double duration_ms) {
+    PyObject *e = PyObject_Vectorcall(m->copy, &m->template, 1, NULL);
+    if (!e || put(m, e, F_TS, Py_NewRef(r[0])) ||
+            put(m, e, F_RID, PyUnicode_FromStringAndSize(id, (Py_ssize_t)id_len)) ||
+            put(m, e, F_CLIENT, Py_NewRef(client)) ||
+            put(m, e, F_BOT, Py_NewRef(PyTuple_GET_ITEM(v, 0))) ||
+            put(m, e, F_METHOD, Py_NewRef(method)) || put(m, e, F_HOST, Py_NewRef(host)) ||
+            put(m, e, F_PATH, Py_NewRef(PyTuple_GET_ITEM(route, 0))) ||
+            (PyBytes_GET_SIZE(r[9]) &&
+             put(m, e, F_QUERY, PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[9]),
+                                                       PyBytes_GET_SIZE(r[9]), NULL))) ||
+            put(m, e, F_STATUS, Py_NewRef(r[3])) ||
+            put(m, e, F_TARGET, Py_NewRef(PyTuple_GET_ITEM(route, 1))) ||
+            put(m, e, F_OWNER, Py_NewRef(PyTuple_GET_ITEM(route, 2))) ||
+            put(m, e, F_ROUTE, Py_NewRef(PyTuple_GET_ITEM(route, 3))) ||
+            put(m, e, F_DECISIONS, PyDict_Copy(decisions)) ||
+            put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
+            put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms))) {
+        Py_XDECREF(e);
+        return NULL;
+    }
+    return e;
+}
+
+/* One record's event (a new reference; with `ctx`, the pair (ctx, record) instead), its
+ * line in `log` (when given) and its share of its group. NULL with a Python error. */
 static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObject *verdicts,
                           PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
-                          group_t **gs, size_t *ng, size_t *cap, size_t *max_text) {
+                          PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
+                          size_t *max_text) {
     if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 11) {
         PyErr_SetString(PyExc_TypeError, "a record: an 11-tuple (add_record)");
         return NULL;
@@ -1336,33 +1367,15 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     char id[128];  /* f"{prefix}-{number:x}" */
     memcpy(id, prefix, prefix_len);
     id[prefix_len] = '-';
-    PyObject *rid = PyUnicode_FromStringAndSize(
-        id, (Py_ssize_t)(put_hex(id + prefix_len + 1, number) - id));
-    if (!rid) return NULL;
-    PyObject *e = PyObject_Vectorcall(m->copy, &m->template, 1, NULL);
-    if (!e || put(m, e, F_TS, Py_NewRef(r[0])) || put(m, e, F_RID, Py_NewRef(rid)) ||
-            put(m, e, F_CLIENT, Py_NewRef(client)) ||
-            put(m, e, F_BOT, Py_NewRef(PyTuple_GET_ITEM(v, 0))) ||
-            put(m, e, F_METHOD, Py_NewRef(method)) || put(m, e, F_HOST, Py_NewRef(host)) ||
-            put(m, e, F_PATH, Py_NewRef(PyTuple_GET_ITEM(route, 0))) ||
-            (PyBytes_GET_SIZE(r[9]) &&
-             put(m, e, F_QUERY, PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[9]),
-                                                       PyBytes_GET_SIZE(r[9]), NULL))) ||
-            put(m, e, F_STATUS, Py_NewRef(r[3])) ||
-            put(m, e, F_TARGET, Py_NewRef(PyTuple_GET_ITEM(route, 1))) ||
-            put(m, e, F_OWNER, Py_NewRef(PyTuple_GET_ITEM(route, 2))) ||
-            put(m, e, F_ROUTE, Py_NewRef(PyTuple_GET_ITEM(route, 3))) ||
-            put(m, e, F_DECISIONS, PyDict_Copy(decisions)) ||
-            put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
-            put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms)) ||
-            (log && put_line(m, log, ts, method, PyTuple_GET_ITEM(route, 0), status,
-                             PyTuple_GET_ITEM(route, 1), (unsigned long long)micros, size,
-                             rid, client))) {
-        Py_DECREF(rid);
-        Py_XDECREF(e);
+    size_t id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
+    if (log && put_line(m, log, ts, method, PyTuple_GET_ITEM(route, 0), status,
+                        PyTuple_GET_ITEM(route, 1), (unsigned long long)micros, size, id,
+                        id_len, client))
         return NULL;
-    }
-    Py_DECREF(rid);
+    PyObject *e = ctx ? PyTuple_Pack(2, ctx, rec) : make_event(m, r, route, v, decisions, method,
+                                                            host, client, id, id_len,
+                                                            duration_ms);
+    if (!e) return NULL;
     group_t *g = group_of(gs, ng, cap, ri, status, head);
     double seconds = duration_ms / 1000;
     int b = 0;
@@ -1381,19 +1394,22 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     return e;
 }
 
-/* make(records, routes, verdicts, texts, prefix, lines) -> (events, lines, groups, text):
- * `routes[i]` (path, target, owner, route, first: the MISS of http_cache's `_first`),
- * `verdicts[i]` (bot class, decisions, decisions with the MISS), `texts` the dict of
- * clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines` whether
- * to write the access log's lines (else None). Groups: (route, status, head, n, bytes,
+/* make(records, routes, verdicts, texts, prefix, lines[, ctx]) -> (events, lines, groups,
+ * text): `routes[i]` (path, target, owner, route, first: the MISS of http_cache's
+ * `_first`), `verdicts[i]` (bot class, decisions, decisions with the MISS), `texts` the
+ * dict of clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines`
+ * whether to write the access log's lines (else None). With `ctx` (not None), no Event is
+ * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, head, n, bytes,
  * {verdict: n}, [(bucket, n)], [seconds]); `text` the most characters of path, query and
  * host together in one event. */
 static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyList_Check(a[0]) || !PyTuple_Check(a[1]) || !PyTuple_Check(a[2]) ||
-            !PyDict_Check(a[3]) || !PyUnicode_Check(a[4])) {
-        PyErr_SetString(PyExc_TypeError, "make(records, routes, verdicts, texts, prefix, lines)");
+    if (nargs < 6 || nargs > 7 || !PyList_Check(a[0]) || !PyTuple_Check(a[1]) ||
+            !PyTuple_Check(a[2]) || !PyDict_Check(a[3]) || !PyUnicode_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "make(records, routes, verdicts, texts, prefix, lines[, ctx])");
         return NULL;
     }
+    PyObject *ctx = nargs == 7 && a[6] != Py_None ? a[6] : NULL;
     int want = PyObject_IsTrue(a[5]);
     if (want < 0 || !m->template) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "EventMaker not initialised");
@@ -1415,8 +1431,8 @@ static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t n
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; events && i < n; i++) {
         PyObject *e = make_one(m, PyList_GET_ITEM(a[0], i), a[1], a[2], a[3], prefix,
-                               (size_t)prefix_len, want ? &log : NULL, &gs, &ng, &cap,
-                               &max_text);
+                               (size_t)prefix_len, want ? &log : NULL, ctx, &gs, &ng,
+                               &cap, &max_text);
         if (!e) goto done;
         PyList_SET_ITEM(events, i, e);
     }
@@ -1461,7 +1477,7 @@ static void EventMaker_dealloc(EventMaker *m) {
 
 static PyMethodDef MAKER_METHODS[] = {
     {"make", (PyCFunction)(void (*)(void))EventMaker_make, METH_FASTCALL,
-     "make(records, routes, verdicts, texts, prefix, lines) -> (events, lines, groups, text)"},
+     "make(records, routes, verdicts, texts, prefix, lines[, ctx]) -> (events, lines, groups, text)"},
     {NULL, NULL, 0, NULL}};
 
 static PyType_Slot MAKER_SLOTS[] = {

@@ -133,6 +133,46 @@ def test_the_ring_keeps_a_batch_as_its_events_one_by_one() -> None:
     assert pushed == batched
 
 
+class Later:
+    """A `Deferred`: makes event n of record n, counting what it made."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def event(self, record: int) -> Event:
+        self.made += 1
+        return event(record)
+
+    def events(self, records: list[int]) -> list[Event]:
+        return [self.event(r) for r in records]
+
+
+def test_the_ring_makes_deferred_events_when_read() -> None:
+    """A batch made later is kept as its pairs; `events`, a query and the admin
+    API see the events they make; a subscriber gets them made at once."""
+    later = Later()
+    ring = Ring(4)
+    ring.observe(event(0))
+    batch = EventBatch.later([(later, n) for n in range(1, 4)], [1, 2, 3], None, None)
+    assert len(batch) == 3 and batch.plain
+    ring.observe_batch(batch)
+    ring.observe_batch(EventBatch.later([(later, 4)], [4], None, None))  # pushes 0 out
+    assert later.made == 0 and len(ring) == 4
+    assert list(ring.events) == [event(n) for n in range(1, 5)] and later.made == 4
+    assert ring.query(Query(limit=2)) == [event(3), event(4)]
+    assert batch.events == [event(1), event(2), event(3)]  # made for a non-batch observer
+
+    async def follow() -> tuple[list[Event], list[Event | tuple[object, object]]]:
+        ring = Ring(4)
+        sub = ring.subscribe(Query(), 10)
+        ring.observe_batch(EventBatch.later([(Later(), 7)], [7], None, None))
+        pushed, _ = await sub.get(1.0)
+        return pushed, list(ring.items)
+
+    pushed, items = asyncio.run(follow())
+    assert pushed == items == [event(7)]
+
+
 def test_metrics_without_groups_count_each_event() -> None:
     events = [event(n, status=200 + n % 3 * 100) for n in range(9)]
     batched, single = RequestMetrics("p", "edge", ""), RequestMetrics("p", "edge", "")
