@@ -19,6 +19,10 @@
  * after it in `data`, is left to Python (`serve` says how many bytes it used):
  * the lane never answers an error, Python's own code does.
  *
+ * Each request it answers leaves one record (`add_record`); `EventMaker.make` turns a
+ * loop turn's records into their events, access-log lines and metric groups
+ * (runtime/pipeline/lane.py `NativeLane.drain`).
+ *
  * Every read is bounded: the parse buffers are fixed (URL_MAX, HEAD_MAX,
  * MAX_HEADERS; past them the request goes to Python), the guest's frame is
  * walked with every length checked against what remains. Loop thread only.
