@@ -41,9 +41,9 @@ class Group(NamedTuple):
 class Deferred(Protocol):
     """What makes an event when it is read (the native lane's records)."""
 
-    def event(self, record: Any) -> Event: ...
-
-    def events(self, records: list[Any]) -> list[Event]: ...
+    def events(self, records: list[Any]) -> list[Event]:
+        """The events of `records`, in their order."""
+        ...
 
 
 class EventBatch:

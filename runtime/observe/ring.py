@@ -14,7 +14,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -27,6 +27,7 @@ MAX_TEXT = 1024  # path and query characters a ring event keeps
 # path, query and host characters past which an event's stage records are measured
 PLAIN_TEXT = 256
 MAX_LIMIT = 10_000
+MAKE_AT_ONCE = 64  # deferred events a read makes in one call (a query may stop early)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 Clock = Callable[[], float]
@@ -175,14 +176,15 @@ class Ring:
     @property
     def events(self) -> deque[Event]:
         """The events kept, oldest first (a copy: those made when read are made now)."""
-        return deque((_made(item) for item in self.items.copy()), maxlen=self.items.maxlen)
+        newest = list(_made(reversed(self.items.copy())))
+        return deque(reversed(newest), maxlen=self.items.maxlen)
 
     def query(self, q: Query) -> list[Event]:
         """The newest `q.limit` events matching `q`, oldest first."""
         match = q.matcher(self.clock())
         out: list[Event] = []
-        for item in reversed(self.items.copy()):  # copy: the PoP's loop appends meanwhile
-            e = _made(item)
+        # copy: the PoP's loop appends meanwhile
+        for e in _made(reversed(self.items.copy())):
             if match(e):
                 out.append(e)
                 if len(out) >= q.limit:
@@ -204,11 +206,28 @@ class Ring:
         return len(self.items)
 
 
-def _made(item: Event | tuple[Deferred, Any]) -> Event:
-    """A ring item's event (made now if it is a pair)."""
-    if isinstance(item, tuple):
-        return item[0].event(item[1])
-    return item
+def _made(items: Iterable[Event | tuple[Deferred, Any]]) -> Iterator[Event]:
+    """The events of ring items, in their order: pairs made now, up to `MAKE_AT_ONCE`
+    alike in a row at a time (one call of their `Deferred`)."""
+    run: list[Any] = []  # records of a row of pairs with the same Deferred
+    made_by: Deferred | None = None
+    for item in items:
+        if isinstance(item, tuple):
+            if item[0] is not made_by or len(run) >= MAKE_AT_ONCE:
+                if run:
+                    assert made_by is not None
+                    yield from made_by.events(run)
+                run, made_by = [], item[0]
+            run.append(item[1])
+            continue
+        if run:
+            assert made_by is not None
+            yield from made_by.events(run)
+            run, made_by = [], None
+        yield item
+    if run:
+        assert made_by is not None
+        yield from made_by.events(run)
 
 
 def encoded_size(event: Event) -> int:

@@ -342,9 +342,6 @@ class LaneEvents:
                  verdicts: tuple[tuple[Any, ...], ...], prefix: str) -> None:
         self.maker, self.routes, self.verdicts, self.prefix = maker, routes, verdicts, prefix
 
-    def event(self, record: tuple[Any, ...]) -> Event:
-        return self.events([record])[0]
-
     def events(self, records: list[tuple[Any, ...]]) -> list[Event]:
         made: list[Event] = self.maker.make(records, self.routes, self.verdicts, {},
                                             self.prefix, False)[0]

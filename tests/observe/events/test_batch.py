@@ -134,17 +134,15 @@ def test_the_ring_keeps_a_batch_as_its_events_one_by_one() -> None:
 
 
 class Later:
-    """A `Deferred`: makes event n of record n, counting what it made."""
+    """A `Deferred`: makes event n of record n, counting what it made and the calls."""
 
     def __init__(self) -> None:
-        self.made = 0
-
-    def event(self, record: int) -> Event:
-        self.made += 1
-        return event(record)
+        self.made = self.calls = 0
 
     def events(self, records: list[int]) -> list[Event]:
-        return [self.event(r) for r in records]
+        self.made += len(records)
+        self.calls += 1
+        return [event(r) for r in records]
 
 
 def test_the_ring_makes_deferred_events_when_read() -> None:
@@ -158,8 +156,17 @@ def test_the_ring_makes_deferred_events_when_read() -> None:
     ring.observe_batch(batch)
     ring.observe_batch(EventBatch.later([(later, 4)], [4], None, None))  # pushes 0 out
     assert later.made == 0 and len(ring) == 4
-    assert list(ring.events) == [event(n) for n in range(1, 5)] and later.made == 4
+    assert list(ring.events) == [event(n) for n in range(1, 5)]
+    assert (later.made, later.calls) == (4, 1)  # a row of pairs: one call
     assert ring.query(Query(limit=2)) == [event(3), event(4)]
+    mixed = Ring(10)
+    for n in range(5):
+        mixed.observe_batch(EventBatch.later([(later, 10 * n + k) for k in range(3)], [], None,
+                                             None))
+        mixed.observe(event(10 * n + 9))
+    assert [e.rid for e in mixed.events] == [str(10 * n + k) for n in range(2, 5)
+                                              for k in (0, 1, 2, 9)][-10:]
+    assert [e.rid for e in mixed.query(Query(limit=3))] == ["41", "42", "49"]
     assert batch.events == [event(1), event(2), event(3)]  # made for a non-batch observer
 
     async def follow() -> tuple[list[Event], list[Event | tuple[object, object]]]:
