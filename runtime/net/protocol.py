@@ -94,7 +94,7 @@ class Outbox:
 class HttpProtocol(asyncio.Protocol):
     # slots: past 30 attributes an instance's dict stops sharing its keys, and every
     # attribute access on this hot path got slower (2.9 -> 3.8 us a request in process)
-    __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "client",
+    __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "call", "client",
                  "closing", "config", "current", "deadline", "deadline_status",
                  "dispatching", "drain_waiter", "eof", "head_size", "headers", "in_body",
                  "in_message", "lane", "lingered", "loop", "out", "out_size", "parser", "queue",
@@ -118,6 +118,7 @@ class HttpProtocol(asyncio.Protocol):
         self.busy = False  # a response is being produced by a task
         self.dispatching = False  # in `_dispatch` (a task started there may answer at once)
         self.task: asyncio.Task[None] | None = None
+        self.call: tuple[Any, ...] | None = None  # the native lane's Python call in progress
         self.closing = False  # close after the response in progress
         self.reading = True
         self.write_paused = False
@@ -170,6 +171,8 @@ class HttpProtocol(asyncio.Protocol):
         self.out.clear()
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client went away: stop producing its response
+        if self.call is not None:
+            self.call[0].cancel()  # as the task's cancel would: `_lane_answered` says 499
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_result(None)
 
@@ -224,24 +227,61 @@ class HttpProtocol(asyncio.Protocol):
         """The whole requests at the start of `data` the native lane answers, their
         responses waiting for the loop's turn as `_write`'s do; the bytes they took.
         The lane stops once it has written what backpressure allows, so the rest
-        goes through `_answer_queued`, which waits for the client."""
+        goes through `_answer_queued`, which waits for the client. It also stops
+        after a request it handed to a Python function (`call`): the connection is
+        busy with it, as with a task, until `_lane_answered`."""
         assert self.lane is not None
         state = self.state
         budget = self.config.write_buffer_bytes - self.out_size
         try:
-            used, out = self.lane.serve(data, self.client, state.date, state.extra_head, budget)
+            used, out, call = self.lane.serve(data, self.client, state.date, state.extra_head,
+                                              budget)
         except Exception:  # nothing was answered: all of it is Python's
             log.exception("native lane failed; the Python front answers instead")
             return 0
         if out:
-            self.out.append(out)
-            self.out_size += len(out)
-            if self.out_size >= self.config.write_buffer_bytes:
-                self._flush()
-            elif len(self.out) == 1:
-                state.outbox.add(self)
+            self._queue_out(out)
             self._idle()
+        if call is not None:
+            self.busy = True
+            self.call = call
+            call[0].add_done_callback(self._lane_answered)
         return used
+
+    def _queue_out(self, out: bytes) -> None:
+        """A whole response for the loop's turn (`Outbox`), or now past the budget."""
+        self.out.append(out)
+        self.out_size += len(out)
+        if self.out_size >= self.config.write_buffer_bytes:
+            self._flush()
+        elif len(self.out) == 1:
+            self.state.outbox.add(self)
+
+    def _lane_answered(self, future: asyncio.Future[Any]) -> None:
+        """The native lane's Python call is done: its response written (the lane's,
+        or the stages' through `_run`, as a task's is), then what waits."""
+        call, self.call = self.call, None
+        assert call is not None and call[0] is future and self.lane is not None
+        state = self.state
+        try:
+            answer = self.lane.answer(call, self.transport is None, self.closing, state.date,
+                                      state.extra_head)
+        except Exception:  # a bug: the connection cannot say more than its close
+            log.exception("native lane failed to answer a Python call")
+            self.busy = False
+            self._close()
+            return
+        if answer is None:  # the client is gone
+            self.busy = False
+        elif isinstance(answer, bytes):
+            self._queue_out(answer)
+            self.busy = False
+            self._finish(True)
+            self._dispatch()
+        else:
+            task = asyncio.Task(self._run(*answer), loop=self.loop, eager_start=True)
+            if not task.done():
+                self.task = task
 
     def eof_received(self) -> bool:
         """The client closed its side: it is gone. (A half-close, `nc -N`, reads the

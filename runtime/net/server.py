@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
+from runtime.net.message import Request, Response
 from runtime.net.protocol import HttpProtocol, Outbox
 
 log = logging.getLogger("edgefn.http")
@@ -51,13 +52,26 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     native_lane: Literal["auto", "off"] = "auto"
 
 
+# a native lane's call in progress (`Lane.serve`): its future first, then the lane's own
+type Call = tuple[Any, ...]
+
+
 class Lane(Protocol):
     """What the front asks of a native lane (`runtime.pipeline.lane.NativeLane`)."""
 
     def serve(self, data: bytes, client: str, date: bytes, extra: bytes, budget: int
-              ) -> tuple[int, bytes]:
+              ) -> tuple[int, bytes, Call | None]:
         """The whole requests at the start of `data` it answers: the bytes of `data`
-        they took and their responses (at least `budget` bytes of them stop it)."""
+        they took and their responses (at least `budget` bytes of them stop it),
+        and the call it started for the last of them (a Python function's), if any:
+        its future (``call[0]``) says when to ask for its `answer`."""
+        ...
+
+    def answer(self, call: Call, gone: bool, closing: bool, date: bytes, extra: bytes
+               ) -> bytes | tuple[Request, Response] | None:
+        """The answer to `call`, whose future is done: the response's bytes, or the
+        request and response for the front to write, or None when the client is
+        `gone`."""
         ...
 
 

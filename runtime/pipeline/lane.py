@@ -25,7 +25,14 @@ exact native form, and its executor is one the lane can call:
                  a deployment with entries, or a GET answered with Cache-Control or
                  Expires (stored: the function runs again in Python) are Python's
     dispatch     a WASM reactor without host imports on the native call, run inline,
-                 no canary, nothing in flight on a worker thread
+                 no canary, nothing in flight on a worker thread; or a Python function
+                 whose pool is running (no canary): the C encodes the request and
+                 hands its frame to the pool (`_submit`, under `limits.concurrency`),
+                 and writes the answer (`respond`) when it comes back. What the C
+                 cannot write exactly as the stages would (a failure, contained; a
+                 streamed body; an answer the HTTP cache stores; a table changed
+                 meanwhile; a connection closing) is finished in Python by the
+                 stages' own code (`_finish`), from the same call: never run twice
 
 Any other kept stage (waf, auth, ratelimit, the caches, tracing, a timed chain, an
 ``access_log`` stage without ``events``) makes the target ineligible: its requests
@@ -39,6 +46,7 @@ read the lane serves, so no request is served by a version already switched away
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 from asyncio import _get_running_loop as running_loop
@@ -47,21 +55,26 @@ from typing import TYPE_CHECKING, Any
 
 from wasmtime import _ffi as ffi
 
+from edgefn_core.abi import decode_request
+from runtime.bindings.fetch import Lineage
+from runtime.cache.http.cache import client_view
 from runtime.executors.base import principal_blob
+from runtime.executors.python.function import PythonFunction
 from runtime.executors.wasm.function import WasmFunction
 from runtime.executors.wasm.native import NativeReactorCall, Result
 from runtime.functions.registry import Deployment
 from runtime.net import lane as native
-from runtime.net.message import Request
+from runtime.net.message import Request, Response
 from runtime.observe.batch import EventBatch, Group
 from runtime.observe.event import Event
 from runtime.observe.metrics import DURATION_BUCKETS
 from runtime.observe.ring import PLAIN_TEXT
 from runtime.pipeline.chain import Chain
+from runtime.pipeline.contain import contain
 from runtime.pipeline.stage import Context, Stage
 from runtime.pipeline.stages.bots import Bots
-from runtime.pipeline.stages.dispatch import Dispatch
-from runtime.pipeline.stages.events import Events
+from runtime.pipeline.stages.dispatch import Dispatch, _tagged
+from runtime.pipeline.stages.events import CLIENT_GONE, Events
 from runtime.pipeline.stages.health import Health
 from runtime.pipeline.stages.http_cache import NOT_STORED, HttpCacheStage
 from runtime.pipeline.stages.request_id import RequestId
@@ -119,6 +132,7 @@ class NativeLane:
                              tuple(principal_blob({"bot": c}) for c in CLASSES),
                              self._classes(), self._classify, STATUS_LINES, rid.prefix,
                              rid.header, http.max_url_bytes, http.max_header_bytes)
+        self.c.python(self._submit)
         native.check_layout(module)
         rid.counter = self.c  # one sequence of ids, whichever path a request takes
         self.http_cache = next((s for s in chain.stages if isinstance(s, HttpCacheStage)), None)
@@ -132,6 +146,7 @@ class NativeLane:
                   method="GET", host="", path="", status=0), MADE_FIELDS, DURATION_BUCKETS)
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
+        self.calls = 0  # requests to Python functions whose call the lane started
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.observers = events.observers
         # what the table was made for: the routes, the canaries, the stages' stamp
@@ -142,27 +157,103 @@ class NativeLane:
 
     # -- the front's call (runtime.net.protocol) --------------------------------------------
     def serve(self, data: bytes, client: str, date: bytes, extra: bytes, budget: int
-              ) -> tuple[int, bytes]:
+              ) -> tuple[int, bytes, tuple[Any, ...] | None]:
         """The whole requests at the start of `data` the lane answers: how many bytes
-        of `data` they took and their responses. Raises what the C raises (a Python
-        error in it, MemoryError)."""
+        of `data` they took, their responses, and the call started for the last one
+        when it is a Python function's (its future first: `answer` once it is done).
+        Raises what the C raises (a Python error in it, MemoryError)."""
         registry, stamp = self.registry, self.stamp
         if registry.router is not self.router or registry.canaries is not self.canaries or \
                 (stamp is not None and stamp() != self.stamped):
             self._rebuild()
         records = self.records
-        used, out = self.c.serve(data, date, extra, budget, records, client)
+        used, out, call = self.c.serve(data, date, extra, budget, records, client)
         if records and not self.scheduled:
-            # drained once this loop turn has run what it read (one pass for all), or
-            # before any event Python makes meanwhile (`Observers.first`): in order
-            loop = running_loop()
-            if loop is None:  # a direct call (a test): now
-                self.drain()
-            else:
-                self.scheduled = True
-                self.observers.first = self.drain
-                loop.call_soon(self.drain)
-        return used, out
+            self._schedule()
+        return used, out, call
+
+    def _schedule(self) -> None:
+        """Drain once this loop turn has run what it read (one pass for all), or
+        before any event Python makes meanwhile (`Observers.first`): in order."""
+        loop = running_loop()
+        if loop is None:  # a direct call (a test): now
+            self.drain()
+        else:
+            self.scheduled = True
+            self.observers.first = self.drain
+            loop.call_soon(self.drain)
+
+    # -- Python functions' calls --------------------------------------------------------
+    def _submit(self, ri: int, frame: bytes) -> asyncio.Future[Response] | None:
+        """The C's one call for a request to a Python route: `frame` (the encoded
+        request) submitted to the function's pool, as `dispatch` submits it; None
+        (the request is Python's) past `limits.concurrency`, whose 503 is dispatch's."""
+        fn = self.routes[ri][0]
+        if fn.inflight >= fn.concurrency:
+            return None
+        python = fn.executor
+        assert isinstance(python, PythonFunction) and python.pool is not None
+        future = python.pool.submit(frame, None, Lineage(None))  # no CDN-Loop (lane.c)
+        fn.inflight += 1
+        self.calls += 1
+        return future
+
+    def answer(self, call: tuple[Any, ...], gone: bool, closing: bool, date: bytes,
+               extra: bytes) -> bytes | tuple[Request, Response] | None:
+        """The answer to `call` (serve's), whose future is done: the response as the
+        front writes it (the C's, its record appended), or the request and the
+        response the front is to write (`_finish`: Python's stages made it), or None
+        when its client is `gone` (its event says 499). `closing`: the connection
+        closes after it (Python writes that)."""
+        future = call[0]
+        call[1][0].inflight -= 1
+        if gone or future.cancelled():
+            request, ctx = self._context(call)
+            self.events.emit(request, ctx, Response(CLIENT_GONE), call[10], 0)
+            return None
+        if not closing and future.exception() is None:
+            response = future.result()
+            if type(response.body) is bytes:
+                out = self.c.respond(call, response.status, response.headers, response.body,
+                                     date, extra, self.records)
+                if out is not None:
+                    if not self.scheduled:
+                        self._schedule()
+                    return bytes(out)
+        return self._finish(call)
+
+    def _finish(self, call: tuple[Any, ...]) -> tuple[Request, Response]:
+        """`call`'s response as the stages after the front make it (dispatch and its
+        containment, http_cache, request_id, events), by their own code."""
+        future, (fn, _, _, cache), *_ = call
+        request, ctx = self._context(call)
+        try:
+            response = _tagged(future.result(), fn.tag)
+        except Exception as e:  # what dispatch's link contains
+            response = contain(ctx, e)
+        http = self.http_cache
+        if cache == CACHE_FIRST and http is not None:
+            response = http._first(response, request, ctx, fn, http.settings_for(fn),
+                                   call[11] / 1e9, False)
+        elif cache == CACHE_OFF:
+            response = client_view(response)
+        response = self.request_id._tag(response, ctx.request_id)
+        response = self.events._done(response, request, ctx, call[10])
+        return request, response
+
+    def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
+        """The request of `call` and the context the stages before dispatch leave."""
+        _, (fn, route, _, _), _, _, n, verdict, _, host, _, client, _, started, frame = call
+        g = decode_request(frame)
+        request = Request(g.method, g.path, g.query, g.headers, host, "1.1", True, client)
+        ctx = Context(client)
+        ctx.started = started / 1e9  # CLOCK_MONOTONIC, perf_counter's clock
+        ctx.request_id = b"%s-%x" % (self.request_id.prefix, n)
+        ctx.resolved, ctx.target, ctx.route = True, fn, route
+        cls, record = self.records_of[verdict]
+        ctx.bot = cls
+        ctx.decide("bots", record)
+        return request, ctx
 
     # -- eligibility ------------------------------------------------------------------------
     def _rebuild(self) -> None:
@@ -183,7 +274,7 @@ class NativeLane:
                 for path, route in self._paths(fn):
                     if len(table) < 256:
                         routes.append((fn, route, path, cache))
-                        table.append(self._entry(fn, path, allowed, cache))
+                        table.append(self._entry(fn, path, route, allowed, cache))
         self.c.routes(table)
         self.routes = routes
         counts = self.http_cache is not None and self.http_cache.stats is not None
@@ -241,7 +332,13 @@ class NativeLane:
                 out.append((path, ctx.route))
         return out
 
-    def _entry(self, fn: Deployment, path: str, allowed: int, cache: int) -> tuple[Any, ...]:
+    def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int
+               ) -> tuple[Any, ...]:
+        if isinstance(fn.executor, PythonFunction):
+            return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, fn.executor.env_blob,
+                    fn.label.encode(), fn, allowed, cache,
+                    self.http_cache.cache.caching if self.http_cache is not None else None,
+                    fn.label, fn.executor, (fn, route, path, cache))
         wasm = fn.executor
         assert isinstance(wasm, WasmFunction) and isinstance(wasm.call, NativeReactorCall)
         call = wasm.call
@@ -250,7 +347,7 @@ class NativeLane:
                 call.deadline_ticks, call.max_response, times, wasm.env_blob,
                 fn.label.encode(), fn, allowed, cache,
                 self.http_cache.cache.caching if self.http_cache is not None else None,
-                fn.label, wasm)
+                fn.label, wasm, None)
 
     # -- bots -------------------------------------------------------------------------------
     def _classes(self) -> tuple[int, ...]:
@@ -374,8 +471,11 @@ def _bots_record(cls: str, signals: tuple[str, ...]) -> tuple[str, dict[str, Any
 
 def _lane_executor(fn: Deployment) -> bool:
     """A WASM reactor run inline on the native call: no host imports (so a request
-    it does not finish can run again in Python), not on worker threads."""
+    it does not finish can run again in Python), not on worker threads; or a Python
+    function whose pool runs on this loop."""
     wasm = fn.executor
+    if isinstance(wasm, PythonFunction):
+        return wasm.pool is not None and wasm.pool.loop is not None
     if not isinstance(wasm, WasmFunction) or wasm.abi != "reactor":
         return False
     call = wasm.call

@@ -34,7 +34,7 @@ async def main() -> None:
         while head := read(8):
             size, budget = struct.unpack("<II", head)
             data = read(size)
-            used, out = lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", budget)
+            used, out, _ = lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", budget)
             count = out.count(b"HTTP/1.1 ")
             sys.stdout.buffer.write(struct.pack("<III", used, len(out), count))
             sys.stdout.buffer.flush()

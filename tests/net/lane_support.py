@@ -91,6 +91,13 @@ def responses(data: bytes, methods: list[bytes]) -> tuple[list[bytes], bool]:
             continue
         m = re.search(rb"\r\ncontent-length: (\d+)\r\n", head)
         method = methods[len(out)] if len(out) < len(methods) else b"GET"
+        if b"\r\ntransfer-encoding: chunked\r\n" in head and method != b"HEAD":
+            last = data.find(b"\r\n0\r\n\r\n", end + 2)  # a streamed body's last chunk
+            if last < 0:
+                return out, False
+            out.append(data[pos:last + 7])
+            pos = last + 7
+            continue
         size = int(m.group(1)) if m and method != b"HEAD" and status not in (204, 304) else 0
         if len(data) < end + 4 + size:
             return out, False

@@ -287,7 +287,7 @@ def test_a_call_that_traps_leaves_nothing_behind(tmp_path: Path) -> None:
         lane = pop.lane
         assert isinstance(lane, NativeLane)
         data = b"GET /trap HTTP/1.1\r\nHost: x\r\n\r\n"
-        assert lane.serve(data, "127.0.0.1:1", b"", b"", 65536) == (0, b"")
+        assert lane.serve(data, "127.0.0.1:1", b"", b"", 65536) == (0, b"", None)
         for _ in range(5000):  # the allocator's pools warm
             lane.c.serve(data, b"", b"", 65536, lane.records, "127.0.0.1:1")
         before = rss_mb()

@@ -212,6 +212,8 @@ typedef struct {
     int cache;                         /* CACHE_*: what http_cache does for it */
     PyObject *caching, *label_str;     /* the HTTP cache's labels with entries; its label */
     PyObject *executor;                /* its WasmFunction (`threaded`: moved off the loop) */
+    PyObject *python;                  /* a Python function's route: what `submit` and the
+                                        * Python finish read of it; NULL for WASM */
 } route_t;
 
 /* http_cache for a route: not in its plan; off for the function (its Cache-Tag
@@ -242,6 +244,9 @@ typedef struct {
     ua_slot uas[UA_SLOTS];
     size_t n_uas;
     edgefn_result result;
+    PyObject *submit;        /* submit(route, frame) -> future or None: a Python route's call */
+    PyObject *started;       /* what serve_one started for a Python route, for `serve` */
+    uint64_t generation;     /* of the route table: a call names its route by index */
     uint8_t *req;            /* the encoded request */
     size_t req_cap;
     uint8_t *out;            /* responses of one serve() */
@@ -601,6 +606,67 @@ static int add_record(PyObject *records, double ts, uint64_t number, int route,
     return failed ? -1 : 0;
 }
 
+/* Request id number `counter` as `request_id` writes it (prefix-hex) into `rid`
+ * (96 bytes); its length. */
+static size_t request_id(const Lane *l, uint64_t counter, char *rid) {
+    memcpy(rid, l->prefix, l->prefix_len);
+    rid[l->prefix_len] = '-';
+    return (size_t)(put_hex(rid + l->prefix_len + 1, counter) - rid);
+}
+
+/* The verdict of the request in l->q, if the lane may serve it for `r`: a verdict
+ * index, -1 for Python. */
+static int allowed_verdict(Lane *l, const route_t *r, long *cls) {
+    int verdict = verdict_of(l, &l->q);
+    if (verdict == -2) { PyErr_Clear(); return -1; }
+    if (verdict < 0) return -1;
+    *cls = PyLong_AsLong(PyTuple_GET_ITEM(l->verdict_class, verdict));
+    if (*cls < 0 || *cls >= 32 || !(r->allowed & (1u << *cls))) return -1;
+    return verdict;
+}
+
+/* The request in l->q, for Python route `r`: its frame handed to Python's `submit`
+ * (the function's pool runs it; its answer comes back to `respond`, or to Python's
+ * own finish). 2: started (the call, a tuple, in l->started: serve stops after it, as
+ * the connection has a response in progress), 0 for Python (submit said no: a
+ * concurrency limit), -1 a Python error (nothing submitted). */
+static int python_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
+                       const char *url, size_t path_len, const char *query, size_t query_len,
+                       PyObject *client) {
+    const req_t *q = &l->q;
+    for (uint32_t i = 0; i < q->nh; i++)
+        if (name_is(q, &q->h[i], "cdn-loop", 8)) return 0;  /* the call's Lineage reads it */
+    long cls;
+    int verdict = allowed_verdict(l, r, &cls);
+    if (verdict < 0) return 0;
+    uint64_t started = mono_ns();
+    double ts = now_wall();
+    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), head, url, path_len, query,
+                      query_len);
+    if (!n) { PyErr_NoMemory(); return -1; }
+    /* (future, route, table generation, route index, id number, verdict, head, host,
+     * query, client, ts, started ns, frame): the future is set once submitted */
+    PyObject *call = Py_BuildValue("(OOKiKiiy#y#OdKy#)", Py_None, r->python,
+                                   (unsigned long long)l->generation, ri,
+                                   (unsigned long long)(l->counter + 1), verdict, head,
+                                   q->head + host->value, (Py_ssize_t)host->value_len, query,
+                                   (Py_ssize_t)query_len, client, ts,
+                                   (unsigned long long)started, (const char *)l->req,
+                                   (Py_ssize_t)n);
+    if (!call) return -1;
+    PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, PyTuple_GET_ITEM(call, 12));
+    if (!future || future == Py_None) {
+        Py_DECREF(call);
+        Py_XDECREF(future);
+        return future ? 0 : -1;
+    }
+    l->counter++;  /* the number `request_id` would have given it */
+    PyTuple_SET_ITEM(call, 0, future);  /* a fresh tuple: its None is replaced */
+    Py_DECREF(Py_None);
+    Py_XSETREF(l->started, call);
+    return 2;
+}
+
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. */
 static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObject *events,
@@ -637,6 +703,8 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
         int stored = PySet_Contains(r->caching, r->label_str);
         if (stored) return stored < 0 ? -1 : 0;
     }
+    if (r->python) return python_call(l, r, ri, head, host, url, path_len, query, query_len,
+                                      client);
     PyObject *inflight = PyObject_GetAttr(r->fn, l->inflight_name);
     if (!inflight) return -1;
     int busy = PyObject_IsTrue(inflight);  /* a rerun on a thread, or a limit to apply */
@@ -647,11 +715,9 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
     busy = PyObject_IsTrue(threaded);  /* it runs on worker threads now, for good */
     Py_DECREF(threaded);
     if (busy) return busy < 0 ? -1 : 0;
-    int verdict = verdict_of(l, q);
-    if (verdict == -2) { PyErr_Clear(); return 0; }
+    long cls;
+    int verdict = allowed_verdict(l, r, &cls);
     if (verdict < 0) return 0;
-    long cls = PyLong_AsLong(PyTuple_GET_ITEM(l->verdict_class, verdict));
-    if (cls < 0 || cls >= 32 || !(r->allowed & (1u << cls))) return 0;
     uint64_t started = mono_ns();
     double ts = now_wall();
     size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), head, url, path_len, query,
@@ -679,9 +745,7 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
         return 0;  /* http_cache stores it: Python runs it again (a pure function) */
     uint64_t counter = ++l->counter;
     char rid[96];
-    memcpy(rid, l->prefix, l->prefix_len);
-    rid[l->prefix_len] = '-';
-    size_t rid_len = (size_t)(put_hex(rid + l->prefix_len + 1, counter) - rid);
+    size_t rid_len = request_id(l, counter, rid);
     size_t before = l->out_len;
     if (write_response(l, r, status, pairs, count, body, body_len, rid, rid_len, date, extra,
                        head)) {
@@ -691,7 +755,8 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
     }
     uint64_t took = mono_ns() - started;
     if (add_record(events, ts, counter, ri, status, body_len, took, verdict, head,
-                   q->head + host->value, host->value_len, query, query_len, client)) {  /* not answered after all: Python answers it, with this number unused */
+                   q->head + host->value, host->value_len, query, query_len, client)) {
+        /* not answered after all: Python answers it, with this number unused */
         l->out_len = before;
         l->counter--;
         return -1;
@@ -699,10 +764,12 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
     return 1;
 }
 
-/* serve(data, date, extra_head, budget, events, client) -> (used, out): the whole
- * requests at the start of `data` the lane answers, their responses (`out`) and
+/* serve(data, date, extra_head, budget, events, client) -> (used, out, call): the
+ * whole requests at the start of `data` the lane answers, their responses (`out`) and
  * records (appended to `events`, each ending with `client`); `used` bytes of `data`
- * are answered, the rest is Python's. Stops once `out` reaches `budget` bytes. */
+ * are answered, the rest is Python's. Stops once `out` reaches `budget` bytes, and
+ * after a request for a Python route, whose `call` (else None) is in progress: its
+ * answer goes to `respond`. */
 static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 6 || !PyBytes_Check(a[0]) || !PyBytes_Check(a[1]) || !PyBytes_Check(a[2]) ||
             !PyList_Check(a[4])) {
@@ -732,12 +799,93 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
         if (served < 0) { failed = 1; break; }
         if (!served) break;
         used = (size_t)(end - buf);
+        if (served == 2) break;  /* a Python call: what follows waits for its answer */
         ll_resume(&p);
     }
     if (failed && used == 0) return NULL;
     if (failed) PyErr_WriteUnraisable((PyObject *)l);  /* the rest is Python's */
-    return Py_BuildValue("(ny#)", (Py_ssize_t)used, l->out ? (const char *)l->out : "",
-                         (Py_ssize_t)l->out_len);  /* y# of NULL would be None */
+    PyObject *call = l->started ? l->started : Py_NewRef(Py_None);
+    l->started = NULL;
+    return Py_BuildValue("(ny#N)", (Py_ssize_t)used, l->out ? (const char *)l->out : "",
+                         (Py_ssize_t)l->out_len, call);  /* y# of NULL would be None */
+}
+
+/* respond(call, status, headers, body, date, extra_head, events) -> bytes or None:
+ * the response to a Python route's `call` (serve's) as the front writes it, its
+ * record appended to `events`; None when Python answers it instead: the route
+ * table changed since (a deploy: its index names another route now), or the
+ * HTTP cache would store the answer (a GET with Cache-Control or Expires), or the
+ * headers are not the decoded (name, value) bytes pairs. */
+static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 13 ||
+            !PyList_Check(a[2]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4]) ||
+            !PyBytes_Check(a[5]) || !PyList_Check(a[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "respond(call, status, headers, body, date, extra_head, events)");
+        return NULL;
+    }
+    PyObject *c = a[0];
+    unsigned long long gen = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 2));
+    long ri = PyLong_AsLong(PyTuple_GET_ITEM(c, 3));
+    unsigned long long counter = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 4));
+    long verdict = PyLong_AsLong(PyTuple_GET_ITEM(c, 5));
+    long head = PyLong_AsLong(PyTuple_GET_ITEM(c, 6));
+    long status = PyLong_AsLong(a[1]);
+    double ts = PyFloat_AsDouble(PyTuple_GET_ITEM(c, 10));
+    unsigned long long started = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 11));
+    PyObject *host = PyTuple_GET_ITEM(c, 7), *query = PyTuple_GET_ITEM(c, 8);
+    if (PyErr_Occurred()) return NULL;
+    if (gen != l->generation || ri < 0 || ri >= l->n_routes || status < 200 || status > 599 ||
+            !PyBytes_Check(host) || !PyBytes_Check(query) || !l->routes[ri].python)
+        Py_RETURN_NONE;
+    route_t *r = &l->routes[ri];
+    /* the headers in the ABI's layout (what write_response reads), into l->req */
+    PyObject *hs = a[2];
+    Py_ssize_t count = PyList_GET_SIZE(hs);
+    size_t need = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *h = PyList_GET_ITEM(hs, i);
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2 ||
+                !PyBytes_Check(PyTuple_GET_ITEM(h, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(h, 1)))
+            Py_RETURN_NONE;
+        need += 8 + (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 0)) +
+                (size_t)PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 1));
+    }
+    if (count > UINT32_MAX || grow(&l->req, &l->req_cap, need + 1)) return PyErr_NoMemory();
+    uint8_t *o = l->req;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *h = PyList_GET_ITEM(hs, i);
+        PyObject *k = PyTuple_GET_ITEM(h, 0), *v = PyTuple_GET_ITEM(h, 1);
+        o = put_str(o, PyBytes_AS_STRING(k), (uint32_t)PyBytes_GET_SIZE(k));
+        o = put_str(o, PyBytes_AS_STRING(v), (uint32_t)PyBytes_GET_SIZE(v));
+    }
+    if (r->cache == CACHE_FIRST && !head && may_store(l->req, (uint32_t)count))
+        Py_RETURN_NONE;  /* http_cache stores it: Python's */
+    PyObject *body = a[3];
+    char rid[96];
+    size_t rid_len = request_id(l, counter, rid);
+    l->out_len = 0;
+    if (write_response(l, r, (uint32_t)status, l->req, (uint32_t)count,
+                       (const uint8_t *)PyBytes_AS_STRING(body), (uint32_t)PyBytes_GET_SIZE(body),
+                       rid, rid_len, a[4], a[5], (int)head))
+        return PyErr_NoMemory();
+    if (add_record(a[6], ts, counter, (int)ri, (uint32_t)status,
+                   (uint32_t)PyBytes_GET_SIZE(body), mono_ns() - started, (int)verdict,
+                   (int)head, PyBytes_AS_STRING(host), (size_t)PyBytes_GET_SIZE(host),
+                   PyBytes_AS_STRING(query), (size_t)PyBytes_GET_SIZE(query),
+                   PyTuple_GET_ITEM(c, 9)))
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)l->out, (Py_ssize_t)l->out_len);
+}
+
+/* python(submit): what runs a Python route's request (`python_call`). */
+static PyObject *Lane_python(Lane *l, PyObject *submit) {
+    if (!PyCallable_Check(submit)) {
+        PyErr_SetString(PyExc_TypeError, "python(submit): a callable");
+        return NULL;
+    }
+    Py_XSETREF(l->submit, Py_NewRef(submit));
+    Py_RETURN_NONE;
 }
 
 static void clear_routes(Lane *l) {
@@ -749,8 +897,10 @@ static void clear_routes(Lane *l) {
         Py_CLEAR(r->caching);
         Py_CLEAR(r->label_str);
         Py_CLEAR(r->executor);
+        Py_CLEAR(r->python);
     }
     l->n_routes = 0;
+    l->generation++;
 }
 
 static void clear_uas(Lane *l) {
@@ -759,8 +909,9 @@ static void clear_uas(Lane *l) {
 }
 
 /* routes(list of (path, engine, pre, memory_limit, deadline_ticks, max_response, times,
- * env_blob, label, fn, allowed, cache, caching, label_str, executor)): the eligible routes,
- * replacing the ones before (`caching`: a set, for CACHE_FIRST).
+ * env_blob, label, fn, allowed, cache, caching, label_str, executor, python)): the eligible
+ * routes, replacing the ones before (`caching`: a set, for CACHE_FIRST; `python`: None
+ * for a WASM reactor, what a Python function's call carries for Python's finish).
  * At most MAX_ROUTES (ValueError past it). */
 static PyObject *Lane_routes(Lane *l, PyObject *list) {
     if (!PyList_Check(list) || PyList_GET_SIZE(list) > MAX_ROUTES) {
@@ -772,19 +923,23 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         route_t *r = &l->routes[i];
         const char *path;
         Py_ssize_t path_len;
-        PyObject *env, *label, *fn, *caching, *label_str, *executor;
+        PyObject *env, *label, *fn, *caching, *label_str, *executor, *python;
         unsigned long long engine, pre, times, ticks, max_response;
         long long memory;
         unsigned int allowed;
         int cache;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiOUO", &path, &path_len,
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiOUOO", &path, &path_len,
                               &engine, &pre, &memory, &ticks, &max_response, &times, &env,
                               &label, &fn, &allowed, &cache, &caching, &label_str,
-                              &executor))
+                              &executor, &python))
             return NULL;
         if (cache < CACHE_NONE || cache > CACHE_FIRST ||
                 (cache == CACHE_FIRST && !PyAnySet_Check(caching))) {
             PyErr_SetString(PyExc_ValueError, "cache: 0, 1 or 2 (2 with a set)");
+            return NULL;
+        }
+        if (python != Py_None && !l->submit) {
+            PyErr_SetString(PyExc_ValueError, "a Python route before python(submit)");
             return NULL;
         }
         if ((size_t)path_len >= sizeof r->path) {
@@ -807,6 +962,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->caching = Py_NewRef(caching);
         r->label_str = Py_NewRef(label_str);
         r->executor = Py_NewRef(executor);
+        r->python = python == Py_None ? NULL : Py_NewRef(python);
         l->n_routes = (int)i + 1;
     }
     Py_RETURN_NONE;
@@ -951,7 +1107,10 @@ static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
         Py_VISIT(l->routes[i].fn);
         Py_VISIT(l->routes[i].caching);
         Py_VISIT(l->routes[i].executor);
+        Py_VISIT(l->routes[i].python);
     }
+    Py_VISIT(l->submit);
+    Py_VISIT(l->started);
     return 0;
 }
 
@@ -962,6 +1121,8 @@ static int Lane_clear(Lane *l) {
     Py_CLEAR(l->status_lines);
     Py_CLEAR(l->inflight_name);
     Py_CLEAR(l->threaded_name);
+    Py_CLEAR(l->submit);
+    Py_CLEAR(l->started);
     clear_routes(l);
     clear_uas(l);
     return 0;
@@ -1009,7 +1170,10 @@ static PyObject *layout_check(PyObject *mod, PyObject *unused) {
 
 static PyMethodDef LANE_METHODS[] = {
     {"serve", (PyCFunction)(void (*)(void))Lane_serve, METH_FASTCALL,
-     "serve(data, date, extra_head, budget, events, client) -> (used, out)"},
+     "serve(data, date, extra_head, budget, events, client) -> (used, out, call)"},
+    {"respond", (PyCFunction)(void (*)(void))Lane_respond, METH_FASTCALL,
+     "respond(call, status, headers, body, date, extra_head, events) -> bytes or None"},
+    {"python", (PyCFunction)Lane_python, METH_O, "python(submit): how Python routes run"},
     {"routes", (PyCFunction)Lane_routes, METH_O, "replace the eligible routes"},
     {"verdicts", (PyCFunction)Lane_verdicts, METH_O, "replace the verdicts' classes"},
     {"forget_agents", (PyCFunction)Lane_forget_agents, METH_NOARGS,

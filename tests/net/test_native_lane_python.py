@@ -1,0 +1,264 @@
+"""The native lane's front for Python functions (lane.c `python_call`, `respond`;
+runtime/pipeline/lane.py `_submit`, `answer`, `_finish`) against the Python front:
+two real PoPs on loopback, the lane on and off, the same Python functions deployed
+on both (real isolate hosts), the same raw bytes sent to both. Answers (but the
+date and the request id's per-process prefix), events, access-log lines and the
+scrape's counts must be the same; the lane must start the call for the requests
+it may, and a failure must come back as Python's containment writes it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.pipeline.lane import NativeLane
+from tests.net.lane_support import exchange
+from tests.net.test_native_lane import Side, both, request
+from tests.support import pop_thread, python_function
+
+PORTS = {"auto": 28012, "off": 28013}
+
+PYFN = '''
+import time
+from edgefn import Response
+
+
+async def chunks():
+    yield b"one "
+    yield b"two"
+
+
+def handle(request, env):
+    path = request.path
+    if path == "/pyfn":
+        return Response(f"hi {request.query.get('name', '-')} {request.method}\\n",
+                        headers=[("X-Custom", "A b"), ("Cache-Tag", "t1"),
+                                 ("x-request-id", "mine"), ("X-Edgefn-Error", "forged"),
+                                 ("Content-Length", "999"), ("Connection", "close"),
+                                 ("X-Edgefn-Function", "other@1")])
+    if path == "/pyboom":
+        raise RuntimeError("boom")
+    if path == "/pycached":
+        return Response("keep me\\n", headers={"Cache-Control": "max-age=60"})
+    if path == "/pystream":
+        return Response(chunks(), headers={"content-type": "text/plain"})
+    if path == "/pynobody":
+        return Response(b"zz", status=204, headers={"x-a": "1"})
+    if path == "/pyteapot":
+        return Response("short and stout\\n", status=418)
+    if path == "/pydated":
+        return Response("old\\n", headers={"Date": "Mon, 01 Jan 2001 00:00:00 GMT"})
+    if path == "/pyslow":
+        time.sleep(float(request.query.get("s", "0.05")))
+        return Response("slept\\n")
+    return Response("?", status=500)
+'''
+ROUTES = ["/pyfn", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
+          "/pyslow"]
+
+
+def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES) -> Path:
+    d = python_function(root, name, PYFN, limits="wall_ms = 1500",
+                        pool="min = 2\nmax = 2\nstandby = false")
+    manifest = d / "edgefn.toml"
+    manifest.write_text(manifest.read_text().replace(f'routes = ["/{name}"]',
+                                                     f"routes = {routes!r}".replace("'", '"')))
+    return d
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
+    root = tmp_path_factory.mktemp("pylane")
+    # the HTTP cache stores what /pycached answers: from then on its function's
+    # requests are Python's (a deployment with entries), so it is a function of its own
+    folders = [python_folder(root / "fns"), python_folder(root / "fns", "pycached",
+                                                          ["/pycached"])]
+    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"}) as on, \
+            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"}) as off:
+        for folder in folders:
+            on.deploy(folder)
+            off.deploy(folder)
+        a, b = Side(on), Side(off)
+        assert a.lane is not None and b.lane is None
+        yield a, b
+
+
+def calls(side: Side) -> int:
+    """Requests whose call the lane started (its Python functions' requests)."""
+    lane = side.lane
+    assert lane is not None
+    return lane.calls
+
+
+H = [("Host", "x")]
+SERVED = {  # name: (request, the lane starts its call)
+    "plain": (request("GET", "/pyfn?name=a", H), True),
+    "head": (request("HEAD", "/pyfn", [("Host", "x:8080")]), True),
+    "curl": (request("GET", "/pyfn", [*H, ("User-Agent", "curl/8.5"), ("X-Odd", " v ")]), True),
+    "204": (request("GET", "/pynobody", H), True),
+    "418": (request("GET", "/pyteapot", H), True),
+    "dated": (request("GET", "/pydated", H), True),
+    "raises": (request("GET", "/pyboom", H), True),
+    "cacheable": (request("GET", "/pycached", H), True),
+    "streams": (request("GET", "/pystream", H), True),
+    "head of a stream": (request("HEAD", "/pystream", H), True),
+    "body": (request("POST", "/pyfn", H, b"abc"), False),
+    "close": (request("GET", "/pyfn", [*H, ("Connection", "close")]), False),
+    "cdn-loop": (request("GET", "/pyfn", [*H, ("CDN-Loop", "edgefn; t=1")]), False),
+    "browser": (request("GET", "/pyfn", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
+                                               "AppleWebKit/537.36 (KHTML, like Gecko) "
+                                               "Chrome/120.0.0.0 Safari/537.36")]), False),
+    "request id": (request("GET", "/pyfn", [*H, ("X-Request-Id", "abc")]), False),
+    "http/1.0": (request("GET", "/pyfn", H, version="HTTP/1.0"), False),
+}
+
+
+@pytest.mark.parametrize("name", list(SERVED))
+def test_each_kind_alone_and_pipelined(pair: tuple[Side, Side], name: str) -> None:
+    """Each kind of request, alone and between two plain ones in one write (what
+    follows a call waits for it, in order): the same answers, events and log
+    lines on both; the lane starts the call exactly when it may."""
+    raw, native = SERVED[name]
+    on, _ = pair
+    method = raw.split(b" ", 1)[0]
+    before = calls(on)
+    both(pair, raw, [method])
+    assert calls(on) - before == (1 if native else 0), name
+    plain = SERVED["plain"][0]
+    before = calls(on)
+    got = both(pair, plain + raw + plain, [b"GET", method, b"GET"])
+    assert len(got) == (2 if name in ("close", "http/1.0") else 3)  # none read after a close
+    assert calls(on) - before >= 1
+
+
+def test_answers_and_counts(pair: tuple[Side, Side]) -> None:
+    """What a plain call and a contained failure look like (the Python path's
+    bytes), and the scrape's counts and cache stats once every kind was sent."""
+    on, off = pair
+    plain = both(pair, SERVED["plain"][0], [b"GET"])[0]
+    assert plain.startswith(b"HTTP/1.1 200 OK\r\n") and plain.endswith(b"hi a GET\n")
+    assert b"x-custom: A b\r\n" in plain and b"cache-tag" not in plain
+    assert b"x-edgefn-error" not in plain and b"mine" not in plain
+    boom = both(pair, SERVED["raises"][0], [b"GET"])[0]
+    assert boom.startswith(b"HTTP/1.1 500 ") and b"x-edgefn-error: trap\r\n" in boom
+    for raw, _ in SERVED.values():
+        both(pair, raw, [raw.split(b" ", 1)[0]])
+    assert on.metrics() == off.metrics()
+    assert on.cache_stats() == off.cache_stats()
+
+
+def test_wall_limit_contained(pair: tuple[Side, Side]) -> None:
+    """A handler past its wall limit (1.5 s): the same 504 and event as Python's,
+    and a request pipelined behind it answered after it."""
+    raw = request("GET", "/pyslow?s=3", H) + SERVED["plain"][0]
+    got = both(pair, raw, [b"GET", b"GET"])
+    assert got[0].startswith(b"HTTP/1.1 504 ") and b"x-edgefn-error: wall_limit" in got[0]
+    assert got[1].endswith(b"hi a GET\n")
+    for _ in range(50):  # the isolate it stopped is replaced
+        if all(b"200 OK" in r for r in both(pair, SERVED["plain"][0], [b"GET"])):
+            break
+        time.sleep(0.1)
+
+
+def test_client_gone_during_a_call(pair: tuple[Side, Side]) -> None:
+    """A client that leaves while its handler runs: a 499 event on both, and the
+    concurrency count given back."""
+    on, off = pair
+    for side in (on, off):
+        with socket.create_connection(("127.0.0.1", side.r.port)) as s:
+            s.sendall(request("GET", "/pyslow?s=0.3", H))
+            time.sleep(0.1)
+        time.sleep(0.5)
+    events_on, events_off = on.new_events(), off.new_events()
+    assert [e["status"] for e in events_on] == [499] and events_on == events_off
+    fn = on.r.pop.registry.functions["pyfn"]
+    assert fn.inflight == 0
+
+
+def test_many_pipelined_in_order(pair: tuple[Side, Side]) -> None:
+    """Twenty requests in one write, alternating functions' paths: answered in order,
+    the same on both."""
+    paths = [f"/pyfn?name={i}" if i % 3 else "/pyteapot" for i in range(20)]
+    raw = b"".join(request("GET", p, H) for p in paths)
+    got = both(pair, raw, [b"GET"] * 20)
+    assert len(got) == 20
+    assert [g.split(b"\r\n", 1)[0] for g in got] == [
+        b"HTTP/1.1 418 I'm a Teapot" if i % 3 == 0 else b"HTTP/1.1 200 OK" for i in range(20)]
+
+
+def test_off_when_a_kept_stage_has_no_native_form(tmp_path: Path) -> None:
+    """A function with a rate limit (a kept stage without a native form): its
+    requests take the Python path; the lane starts no call for it."""
+    folder = python_folder(tmp_path / "fns")
+    manifest = folder / "edgefn.toml"
+    manifest.write_text(manifest.read_text() +
+                        '\n[[rate_limits]]\nby = "ip"\nlimit = "1000/minute"\n')
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
+        on.deploy(folder)
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+        got = exchange(on.port, request("GET", "/pyfn?name=a", H), [b"GET"])
+        assert got and got[0].endswith(b"hi a GET\n")
+        assert lane.calls == 0
+
+
+def test_deploys_under_load_never_serve_the_old_version(tmp_path: Path) -> None:
+    """Clients on keep-alive connections while new versions are deployed: once a
+    deploy returned, no answer comes from a version before it."""
+    root = tmp_path / "fns"
+    folder = python_folder(root)
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
+        first = on.deploy(folder)["version"]
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+        switched: list[tuple[float, str]] = [(0.0, first)]  # (when the deploy returned, version)
+        seen: list[tuple[float, float, str]] = []  # (sent, answered, version)
+        stop = threading.Event()
+        errors: list[str] = []
+
+        def client() -> None:
+            with socket.create_connection(("127.0.0.1", on.port), timeout=10) as s:
+                reader = s.makefile("rb")
+                while not stop.is_set():
+                    sent = time.monotonic()
+                    s.sendall(request("GET", "/pyfn", H))
+                    version = ""
+                    line = reader.readline()
+                    length = 0
+                    while line not in (b"\r\n", b""):
+                        if line.startswith(b"x-edgefn-function: "):
+                            version = line.split(b"@")[1].strip().decode()
+                        if line.startswith(b"content-length: "):
+                            length = int(line.split(b": ")[1])
+                        line = reader.readline()
+                    reader.read(length)
+                    if not version:
+                        errors.append("no x-edgefn-function")
+                        return
+                    seen.append((sent, time.monotonic(), version))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(3):
+                time.sleep(0.3)
+                (folder / "main.py").write_text(PYFN + f"\n# version {i}\n")
+                version = on.deploy(folder)["version"]
+                switched.append((time.monotonic(), version))
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+        assert not errors
+        assert lane.calls > 0
+        order = [v for _, v in switched]
+        for sent, _, version in seen:
+            current = max(i for i, (at, _) in enumerate(switched) if at <= sent)
+            assert order.index(version) >= current, (version, current)
