@@ -208,6 +208,8 @@ class NativeLane:
         future = call[0]
         call[1][0].inflight -= 1
         if gone or future.cancelled():
+            if not future.cancelled():
+                future.exception()  # retrieved: it is the 499's now, not a loose error
             request, ctx = self._context(call)
             self.events.emit(request, ctx, Response(CLIENT_GONE), call[10], 0)
             return None

@@ -8,6 +8,9 @@ it may, and a failure must come back as Python's containment writes it."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import re
 import socket
 import threading
 import time
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.net.protocol import HttpProtocol
 from runtime.pipeline.lane import NativeLane
 from tests.net.lane_support import exchange
 from tests.net.test_native_lane import Side, both, request
@@ -62,8 +66,9 @@ ROUTES = ["/pyfn", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
           "/pyslow"]
 
 
-def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES) -> Path:
-    d = python_function(root, name, PYFN, limits="wall_ms = 1500",
+def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES,
+                  wall_ms: int = 1500) -> Path:
+    d = python_function(root, name, PYFN, limits=f"wall_ms = {wall_ms}",
                         pool="min = 2\nmax = 2\nstandby = false")
     manifest = d / "edgefn.toml"
     manifest.write_text(manifest.read_text().replace(f'routes = ["/{name}"]',
@@ -180,6 +185,39 @@ def test_client_gone_during_a_call(pair: tuple[Side, Side]) -> None:
     assert fn.inflight == 0
 
 
+def shut_busy(side: Side) -> int:
+    """What the SIGTERM grace does (`Server.shutdown`) to `side`'s busy connections:
+    close each once its response is written. How many there were."""
+    async def shut() -> int:
+        conns = [o for o in gc.get_objects() if isinstance(o, HttpProtocol) and o.busy and
+                 o.transport is not None and
+                 o.transport.get_extra_info("sockname")[1] == side.r.port]
+        for conn in conns:
+            conn.shutdown()
+        return len(conns)
+
+    assert side.r.loop is not None
+    return asyncio.run_coroutine_threadsafe(shut(), side.r.loop).result(10)
+
+
+def test_shutdown_during_a_call(pair: tuple[Side, Side]) -> None:
+    """The PoP starts its shutdown while a call runs: its answer closes the connection
+    (``connection: close``), as Python writes it, and the same event."""
+    answers = []
+    for side in pair:
+        with socket.create_connection(("127.0.0.1", side.r.port), timeout=10) as s:
+            s.sendall(request("GET", "/pyslow?s=0.3", H))
+            time.sleep(0.1)
+            assert shut_busy(side) == 1
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        answers.append(re.sub(rb"\r\ndate: [^\r]*", b"", data).replace(side.prefix + b"-", b"R-"))
+    assert answers[0] == answers[1] and b"\r\nconnection: close\r\n" in answers[0]
+    on, off = pair
+    assert on.new_events() == off.new_events()
+
+
 def test_many_pipelined_in_order(pair: tuple[Side, Side]) -> None:
     """Twenty requests in one write, alternating functions' paths: answered in order,
     the same on both."""
@@ -262,3 +300,69 @@ def test_deploys_under_load_never_serve_the_old_version(tmp_path: Path) -> None:
         for sent, _, version in seen:
             current = max(i for i, (at, _) in enumerate(switched) if at <= sent)
             assert order.index(version) >= current, (version, current)
+
+
+def test_a_call_across_a_deploy_keeps_its_version(tmp_path: Path) -> None:
+    """A call still running when a new version is switched in (and the lane's table
+    made again by a later read) is answered as the version that ran it, as Python's
+    dispatch tags it; the next request goes to the new one."""
+    folder = python_folder(tmp_path / "fns", wall_ms=10000)
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
+        old = on.deploy(folder)["version"]
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+        with socket.create_connection(("127.0.0.1", on.port), timeout=15) as s:
+            s.sendall(request("GET", "/pyslow?s=5", H))
+            time.sleep(0.2)
+            assert lane.calls == 1
+            (folder / "main.py").write_text(PYFN + "\n# the next version\n")
+            new = on.deploy(folder)["version"]
+            deployed = time.monotonic()
+            after = exchange(on.port, request("GET", "/pyfn", H), [b"GET"])  # the table again
+            assert f"pyfn@{new}".encode() in after[0]
+            slow = exchange_rest(s)
+        assert time.monotonic() - deployed > 0.1, "the call ended before the switch"
+        assert f"x-edgefn-function: pyfn@{old}\r\n".encode() in slow, slow
+        on.delivered()
+        targets = [e.target for e in on.pop.ring.events if e.path == "/pyslow"]
+        assert targets == [f"pyfn@{old}"]
+
+
+def exchange_rest(s: socket.socket) -> bytes:
+    """What `s` receives until a whole response with a content-length came."""
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        m = re.search(rb"content-length: (\d+)", head)
+        if not chunk or (m and len(body) >= int(m.group(1))):
+            return data
+
+
+def test_requests_sent_ahead(tmp_path: Path) -> None:
+    """`pool.pipeline = 1` with one isolate and eight clients: the lane's calls are
+    sent ahead to the busy isolate as dispatch's are, and every answer is right."""
+    folder = python_function(tmp_path / "fns", "pyfn", PYFN,
+                             pool="min = 1\nmax = 1\nstandby = false\npipeline = 1")
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
+        on.deploy(folder)
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+        bad: list[bytes] = []
+
+        def client(i: int) -> None:
+            for j in range(25):
+                got = exchange(on.port, request("GET", f"/pyfn?name={i}-{j}", H), [b"GET"])
+                if not got or not got[0].endswith(f"hi {i}-{j} GET\n".encode()):
+                    bad.append(got[0] if got else b"nothing")
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not bad, bad[:3]
+        assert lane.calls == 200
+        python = on.pop.registry.functions["pyfn"].executor
+        assert python.pool.scheduler.sent_ahead > 0  # type: ignore[attr-defined]
