@@ -15,9 +15,13 @@
  * encode the request (edgefn_core/abi.py), call the PoP's own reactor entry
  * (reactor.c `edgefn_reactor_call`, passed in as a pointer; the GIL released as
  * the PoP's `serve` does), check the guest's frame as abi.decode_response does,
- * and write the response the front would write. Anything else, and everything
- * after it in `data`, is left to Python (`serve` says how many bytes it used):
- * the lane never answers an error, Python's own code does.
+ * and write the response the front would write. For a Python function's route it
+ * encodes the request the same way and hands the frame to Python's `submit` (one
+ * call: the function's pool runs it) and stops: the connection has a response in
+ * progress; `respond` writes the answer once it is back (or Python finishes it).
+ * Anything else, and everything after it in `data`, is left to Python (`serve`
+ * says how many bytes it used): the lane never answers an error, Python's own
+ * code does.
  *
  * Each request it answers leaves one record (`add_record`); `EventMaker.make` turns a
  * loop turn's records into their events, access-log lines and metric groups
