@@ -57,13 +57,16 @@ def handle(request, env):
         return Response("short and stout\\n", status=418)
     if path == "/pydated":
         return Response("old\\n", headers={"Date": "Mon, 01 Jan 2001 00:00:00 GMT"})
+    if path == "/pylongname":  # a reserved name past the lane's 64-byte lower-casing
+        return Response("long\\n", headers=[("X-Edgefn-" + "a" * 60, "forged"),
+                                             ("X-" + "b" * 70, "kept")])
     if path == "/pyslow":
         time.sleep(float(request.query.get("s", "0.05")))
         return Response("slept\\n")
     return Response("?", status=500)
 '''
 ROUTES = ["/pyfn", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
-          "/pyslow"]
+          "/pyslow", "/pylongname"]
 
 
 def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES,
@@ -109,6 +112,7 @@ SERVED = {  # name: (request, the lane starts its call)
     "418": (request("GET", "/pyteapot", H), True),
     "dated": (request("GET", "/pydated", H), True),
     "raises": (request("GET", "/pyboom", H), True),
+    "long header names": (request("GET", "/pylongname", H), True),
     "cacheable": (request("GET", "/pycached", H), True),
     "streams": (request("GET", "/pystream", H), True),
     "head of a stream": (request("HEAD", "/pystream", H), True),

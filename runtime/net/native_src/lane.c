@@ -486,7 +486,7 @@ static int dropped(const Lane *l, const uint8_t *name, uint32_t n, int cache) {
     static const char *HOP[4] = {"content-length", "transfer-encoding", "connection",
                                  "keep-alive"};
     char lower[64];
-    if (n >= 9 && n < sizeof lower) {
+    if (n >= 9) {  /* any length: a longer reserved name was forged past it */
         for (uint32_t j = 0; j < 9; j++)
             lower[j] = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
         if (!memcmp(lower, "x-edgefn-", 9)) return 1;
