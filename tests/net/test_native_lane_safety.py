@@ -71,10 +71,12 @@ VALID = [b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
          b"HEAD /mirror?a=b HTTP/1.1\r\nHost: x:1\r\nUser-Agent: curl/8\r\n\r\n",
          b"GET /odd HTTP/1.1\r\nhost: x\r\nX-A: b\r\n\r\n",
          b"GET /nobody HTTP/1.1\r\nHost: x\r\n\r\n",
-         b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"]
+         b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+         b"GET /pyf?a=b HTTP/1.1\r\nHost: x\r\nUser-Agent: curl/8\r\n\r\n",  # a Python call
+         b"GET /pyf?raise=1 HTTP/1.1\r\nHost: x\r\n\r\n"]  # one that raises: Python's finish
 pieces = st.one_of(st.sampled_from(VALID), st.binary(max_size=64),
                    st.sampled_from([b"\r\n", b"\n", b":", b" ", b"\x00", b"HTTP/1.1", b"Host: ",
-                                    b"GET ", b"/hello", b"%", b"?", b"Transfer-Encoding: chunked",
+                                    b"GET ", b"/hello", b"/pyf", b"%", b"?", b"Transfer-Encoding: chunked",
                                     b"Content-Length: 99999999999999999999\r\n"]))
 
 
@@ -91,6 +93,17 @@ def test_hostile_bytes_never_crash_and_stay_in_bounds(child: Child, parts: list[
     assert used <= len(data)
     assert (used == 0) == (count == 0) == (size == 0)
     assert count <= data[:used].count(b"HTTP/1.1\r\n")
+
+
+def test_a_python_call_is_answered_and_stops_the_lane(child: Child) -> None:
+    """A request for a Python function, then two more: the lane takes the call's
+    request only (what follows waits for its answer) and the answer is whole."""
+    plain, raises = VALID[0], VALID[-1]
+    for call in (VALID[-2], raises):
+        used, size, count = child.feed(call + plain + plain)
+        assert (used, count) == (len(call), 1) and size > 0
+    used, _, count = child.feed(plain + VALID[-2] + plain)
+    assert (used, count) == (len(plain) + len(VALID[-2]), 2)
 
 
 @pytest.mark.parametrize("data", [
