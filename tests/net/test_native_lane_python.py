@@ -21,7 +21,7 @@ import pytest
 
 from runtime.net.protocol import HttpProtocol
 from runtime.pipeline.lane import NativeLane
-from tests.net.lane_support import exchange
+from tests.net.lane_support import exchange, normal, responses
 from tests.net.test_native_lane import Side, both, request
 from tests.support import pop_thread, python_function
 
@@ -60,7 +60,7 @@ def handle(request, env):
     if path == "/pylongname":  # a reserved name past the lane's 64-byte lower-casing
         return Response("long\\n", headers=[("X-Edgefn-" + "a" * 60, "forged"),
                                              ("X-" + "b" * 70, "kept")])
-    if path == "/pyslow":
+    if path in ("/pyslow", "/pyone"):
         time.sleep(float(request.query.get("s", "0.05")))
         return Response("slept\\n")
     return Response("?", status=500)
@@ -70,8 +70,9 @@ ROUTES = ["/pyfn", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
 
 
 def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES,
-                  wall_ms: int = 1500) -> Path:
-    d = python_function(root, name, PYFN, limits=f"wall_ms = {wall_ms}",
+                  wall_ms: int = 1500, concurrency: int = 64) -> Path:
+    d = python_function(root, name, PYFN,
+                        limits=f"wall_ms = {wall_ms}\nconcurrency = {concurrency}",
                         pool="min = 2\nmax = 2\nstandby = false")
     manifest = d / "edgefn.toml"
     manifest.write_text(manifest.read_text().replace(f'routes = ["/{name}"]',
@@ -85,7 +86,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]
     # the HTTP cache stores what /pycached answers: from then on its function's
     # requests are Python's (a deployment with entries), so it is a function of its own
     folders = [python_folder(root / "fns"), python_folder(root / "fns", "pycached",
-                                                          ["/pycached"])]
+                                                          ["/pycached"]),
+               python_folder(root / "fns", "pyone", ["/pyone"], concurrency=1)]
     with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"}) as on, \
             pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"}) as off:
         for folder in folders:
@@ -187,6 +189,30 @@ def test_client_gone_during_a_call(pair: tuple[Side, Side]) -> None:
     assert [e["status"] for e in events_on] == [499] and events_on == events_off
     fn = on.r.pop.registry.functions["pyfn"]
     assert fn.inflight == 0
+
+
+def test_concurrency_limit_as_dispatch_answers_it(pair: tuple[Side, Side]) -> None:
+    """A function at its `limits.concurrency` (1: a call in flight): a second request
+    gets dispatch's 503 on both (the lane leaves it to Python), the same bytes and
+    events; once the first is answered its slot is given back exactly once, and the
+    next request is the lane's call again."""
+    answers = []
+    for side in pair:
+        with socket.create_connection(("127.0.0.1", side.r.port), timeout=10) as s:
+            s.sendall(request("GET", "/pyone?s=0.4", H))
+            time.sleep(0.15)
+            answers += side.send(request("GET", "/pyone", H), [b"GET"])
+            answers += [normal(r, side.prefix) for r in responses(exchange_rest(s), [b"GET"])[0]]
+        fn = side.r.pop.registry.functions["pyone"]
+        assert fn.inflight == 0
+    assert answers[0] == answers[2] and answers[1] == answers[3]
+    assert answers[0].startswith(b"HTTP/1.1 503 ") and b"retry-after" in answers[0].lower()
+    assert answers[1].startswith(b"HTTP/1.1 200 ")
+    on, off = pair
+    assert on.new_events() == off.new_events()
+    before = calls(on)
+    assert both(pair, request("GET", "/pyone", H), [b"GET"])[0].startswith(b"HTTP/1.1 200 ")
+    assert calls(on) - before == 1
 
 
 def shut_busy(side: Side) -> int:
