@@ -60,13 +60,15 @@ def handle(request, env):
     if path == "/pylongname":  # a reserved name past the lane's 64-byte lower-casing
         return Response("long\\n", headers=[("X-Edgefn-" + "a" * 60, "forged"),
                                              ("X-" + "b" * 70, "kept")])
+    if path == "/pybig":
+        return Response(b"%d" % int(request.query.get("n", "0")) + b"x" * 200_000)
     if path in ("/pyslow", "/pyone"):
         time.sleep(float(request.query.get("s", "0.05")))
         return Response("slept\\n")
     return Response("?", status=500)
 '''
 ROUTES = ["/pyfn", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
-          "/pyslow", "/pylongname"]
+          "/pyslow", "/pylongname", "/pybig"]
 
 
 def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES,
@@ -213,6 +215,34 @@ def test_concurrency_limit_as_dispatch_answers_it(pair: tuple[Side, Side]) -> No
     before = calls(on)
     assert both(pair, request("GET", "/pyone", H), [b"GET"])[0].startswith(b"HTTP/1.1 200 ")
     assert calls(on) - before == 1
+
+
+def test_answers_past_the_write_buffer_to_a_client_not_reading(pair: tuple[Side, Side]
+                                                               ) -> None:
+    """Twelve calls pipelined, each answer 200 KB (the write buffer is 64 KB), from a
+    client that reads nothing for half a second: the answers wait for it (the
+    lane's calls start only as the client reads) and come whole, in order, the
+    same on both."""
+    got = []
+    for side in pair:
+        before = calls(side) if side.lane is not None else 0
+        raw = b"".join(request("GET", f"/pybig?n={i}", H) for i in range(12))
+        with socket.create_connection(("127.0.0.1", side.r.port), timeout=10) as s:
+            s.sendall(raw)
+            time.sleep(0.5)
+            data = b""
+            while len(answers := responses(data, [b"GET"] * 12)[0]) < 12:
+                chunk = s.recv(1 << 20)
+                assert chunk, f"closed after {len(answers)} answers"
+                data += chunk
+        got.append([normal(a, side.prefix) for a in answers])
+        if side.lane is not None:
+            assert calls(side) - before >= 1
+    assert got[0] == got[1]
+    assert [a.split(b"\r\n\r\n", 1)[1][:2] for a in got[0]] == [b"%dx" % i if i < 10 else
+                                                                  b"%d" % i for i in range(12)]
+    on, off = pair
+    assert on.new_events() == off.new_events()
 
 
 def shut_busy(side: Side) -> int:
