@@ -155,6 +155,26 @@ def test_configuration_and_environment_turn_it_off(tmp_path: Path,
     pop.close()
 
 
+def test_with_no_route_it_answers_nothing_and_raises_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A PoP with nothing the lane may serve (no function yet): `serve` takes no bytes
+    and starts no call (serve's three values: it raised ValueError on unpacking two,
+    logged with its traceback for every read), over loopback too."""
+    pop = PoP(c.load(None, data=str(tmp_path / "a"), **{"ai.enabled": False}))
+    try:
+        assert isinstance(pop.lane, NativeLane)
+        raw = b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert pop.lane.serve(raw, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20) == (0, b"", None)
+    finally:
+        pop.close()
+    with caplog.at_level(logging.ERROR, "edgefn.http"), \
+            pop_thread(tmp_path / "b", port=28810) as running:
+        assert running.pop.lane is not None
+        got = exchange(running.port, raw, [b"GET"])
+    assert got[0].startswith(b"HTTP/1.1 404 ")
+    assert "native lane failed" not in caplog.text
+
+
 def test_deploy_and_rollback_under_load_never_mix_versions(tmp_path: Path) -> None:
     """A client asks /ver back to back on one keep-alive connection while v2 is deployed
     and v1 rolled back: every answer to a request sent after a switch returned is the

@@ -781,8 +781,8 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
                         "serve(data, date, extra_head, budget, events, client)");
         return NULL;
     }
-    if (l->n_routes == 0 || !l->call)
-        return Py_BuildValue("(iy)", 0, "");
+    if (l->n_routes == 0 || !l->call)  /* nothing to serve: (used, out, call) all empty */
+        return Py_BuildValue("(iyO)", 0, "", Py_None);
     Py_ssize_t budget = PyLong_AsSsize_t(a[3]);
     if (budget == -1 && PyErr_Occurred()) return NULL;
     const char *buf = PyBytes_AS_STRING(a[0]);
