@@ -106,6 +106,8 @@ def test_requests_sent_ahead_run_in_the_order_sent(pop: Running, tmp_path: Path)
     answers: dict[str, tuple[Answer, float]] = {}
     threads = [send(pop, "/inorder?id=a&sleep=1", answers, "a")]
     s = scheduler(pop, "inorder")
+    fn = pop.pop.registry.functions["inorder"]
+    wait_for_state(lambda: fn.inflight == 1)  # A first: its thread may start late on a loaded machine
     for key in "bc":
         before = s.sent_ahead
         threads.append(send(pop, f"/inorder?id={key}", answers, key))
