@@ -220,3 +220,45 @@ def test_an_idle_watchdog_parks_and_the_next_request_wakes_it() -> None:
     assert out.get("raised") is CpuInterrupt, out
     assert 0.020 <= out["cpu"] < 0.020 + 0.030, out  # type: ignore[operator]
     assert out["stopped"] is True
+
+
+def test_a_request_shorter_than_a_tick_after_a_park_leaves_the_watchdog_watching() -> None:
+    """A request armed and disarmed before the woken watchdog's next tick (most are)
+    finds it idle again, not gone: the next request past its limit is still stopped
+    within a tick (the idle count restarts at 0 after a park)."""
+    out: dict[str, object] = {}
+
+    def handler() -> None:  # in its own frame, as in `run_guarded`
+        began = time.monotonic()
+        while time.monotonic() - began < 2:
+            pass
+
+    def target() -> None:
+        dog = Watchdog(threading.get_ident(), 20, 5000)  # a tick of 5 ms
+        dog.park_after = 0.05
+        began = time.monotonic()
+        while not dog.parked and time.monotonic() - began < 2:
+            time.sleep(0.01)
+        out["parked"] = dog.parked
+        dog.arm()  # wakes it
+        dog.disarm()  # before its next tick
+        time.sleep(0.03)  # a few idle ticks
+        out["alive"] = dog.thread.is_alive()
+        cpu0 = time.thread_time()
+        try:
+            dog.arm()
+            try:
+                handler()
+            finally:
+                dog.disarm()
+        except IsolateInterrupt as e:
+            out["raised"] = type(e)
+        out["cpu"] = time.thread_time() - cpu0
+        dog.stop()
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(10)
+    assert out["parked"] is True and out["alive"] is True, out
+    assert out.get("raised") is CpuInterrupt, out
+    assert 0.020 <= out["cpu"] < 0.020 + 0.030, out  # type: ignore[operator]
