@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -177,45 +178,65 @@ def switches(thread: threading.Thread) -> int:
     return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
 
 
+def spin() -> None:
+    """Two seconds of CPU, in its own frame, as in `run_guarded`."""
+    began = time.monotonic()
+    while time.monotonic() - began < 2:
+        pass
+
+
+def parked_dog() -> Watchdog:
+    """A watchdog for this thread (cpu_ms 20, a tick of 5 ms, parking after 50 ms),
+    once it has parked (or after 2 s)."""
+    dog = Watchdog(threading.get_ident(), 20, 5000)
+    dog.park_after = 0.05
+    began = time.monotonic()
+    while not dog.parked and time.monotonic() - began < 2:
+        time.sleep(0.01)
+    return dog
+
+
+def spin_watched(dog: Watchdog, out: dict[str, object]) -> None:
+    """`spin` as a request under `dog`: what interrupted it (``raised``) and the CPU it
+    took (``cpu``) into `out`."""
+    cpu0 = time.thread_time()
+    try:
+        dog.arm()
+        try:
+            spin()
+        finally:
+            dog.disarm()
+    except IsolateInterrupt as e:
+        out["raised"] = type(e)
+    out["cpu"] = time.thread_time() - cpu0
+
+
+def in_thread(target: Callable[[], None]) -> None:
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(10)
+
+
 def test_an_idle_watchdog_parks_and_the_next_request_wakes_it() -> None:
     """Idle, it stops ticking (an idle isolate woke 80 times a second); a request armed
     after that is still stopped within a tick of its limit, and `stop` ends it parked."""
     out: dict[str, object] = {}
 
-    def handler() -> None:  # in its own frame, as in `run_guarded`
-        began = time.monotonic()
-        while time.monotonic() - began < 2:
-            pass
-
     def target() -> None:
-        dog = Watchdog(threading.get_ident(), 20, 5000)  # a tick of 5 ms
-        dog.park_after = 0.05
-        began = time.monotonic()
-        while not dog.parked and time.monotonic() - began < 2:
-            time.sleep(0.01)
+        dog = parked_dog()
         before = switches(dog.thread)
         time.sleep(0.3)  # 60 ticks, were it ticking
         out["parked"], out["woke"] = dog.parked, switches(dog.thread) - before
-        cpu0 = time.thread_time()
-        try:
-            dog.arm()
-            try:
-                handler()
-            finally:
-                dog.disarm()
-        except IsolateInterrupt as e:
-            out["raised"] = type(e)
-        out["cpu"] = time.thread_time() - cpu0
-        while not dog.parked and time.monotonic() - began < 5:  # parked again
+        spin_watched(dog, out)
+        began = time.monotonic()
+        while not dog.parked and time.monotonic() - began < 3:  # parked again
             time.sleep(0.01)
         stopper = threading.Thread(target=dog.stop)
         stopper.start()
         stopper.join(2)
         out["stopped"] = not stopper.is_alive()
 
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
+    in_thread(target)
     assert out["parked"] is True and out["woke"] == 0, out
     assert out.get("raised") is CpuInterrupt, out
     assert 0.020 <= out["cpu"] < 0.020 + 0.030, out  # type: ignore[operator]
@@ -228,37 +249,17 @@ def test_a_request_shorter_than_a_tick_after_a_park_leaves_the_watchdog_watching
     within a tick (the idle count restarts at 0 after a park)."""
     out: dict[str, object] = {}
 
-    def handler() -> None:  # in its own frame, as in `run_guarded`
-        began = time.monotonic()
-        while time.monotonic() - began < 2:
-            pass
-
     def target() -> None:
-        dog = Watchdog(threading.get_ident(), 20, 5000)  # a tick of 5 ms
-        dog.park_after = 0.05
-        began = time.monotonic()
-        while not dog.parked and time.monotonic() - began < 2:
-            time.sleep(0.01)
+        dog = parked_dog()
         out["parked"] = dog.parked
         dog.arm()  # wakes it
         dog.disarm()  # before its next tick
         time.sleep(0.03)  # a few idle ticks
         out["alive"] = dog.thread.is_alive()
-        cpu0 = time.thread_time()
-        try:
-            dog.arm()
-            try:
-                handler()
-            finally:
-                dog.disarm()
-        except IsolateInterrupt as e:
-            out["raised"] = type(e)
-        out["cpu"] = time.thread_time() - cpu0
+        spin_watched(dog, out)
         dog.stop()
 
-    t = threading.Thread(target=target)
-    t.start()
-    t.join(10)
+    in_thread(target)
     assert out["parked"] is True and out["alive"] is True, out
     assert out.get("raised") is CpuInterrupt, out
     assert 0.020 <= out["cpu"] < 0.020 + 0.030, out  # type: ignore[operator]
