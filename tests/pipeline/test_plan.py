@@ -5,10 +5,12 @@ chain does, and a deploy, rollback or new key makes the plans again."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jwt as pyjwt
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +25,7 @@ from runtime.security.keys import KeyStore
 from tests.pipeline.plan_support import Pair
 
 CLIENT = "127.0.0.1:40000"
+JWT_ENV, JWT_SECRET = "EDGEFN_PLANS_TEST_JWT", "plans-test-secret-" + "s" * 32
 
 
 def request(path: str = "/f0", method: str = "GET", query: str = "",
@@ -75,9 +78,10 @@ def credentials(keys: list[str]) -> st.SearchStrategy[list[tuple[bytes, bytes]]]
         [], [(b"authorization", b"Basic Zm9vOmJhcg==")], [(b"authorization", b"Bearer")],
         [(b"authorization", b"Bearer efn_nothing_here")], [(b"x-api-key", b"junk")],
         [(b"authorization", b"Bearer eyJhbGciOiJIUzI1NiJ9.e30.x")]]
-    for key in keys:
-        options += [[(b"authorization", b"Bearer " + key.encode())],
-                    [(b"x-api-key", key.encode())]]
+    for key in keys:  # API keys both ways; a JWT is only ever a bearer token
+        options.append([(b"authorization", b"Bearer " + key.encode())])
+        if key.startswith("efn_"):
+            options.append([(b"x-api-key", key.encode())])
     return st.sampled_from(options)
 
 
@@ -99,21 +103,46 @@ def requests(draw: st.DrawFn, keys: list[str]) -> Callable[[], Request]:
     return lambda: request(path, method, query, list(headers), body)
 
 
-@pytest.mark.parametrize(("keys", "overrides"), [
-    (False, {}),
-    (True, {"ratelimit.rules": [{"by": "ip", "limit": "40/minute"}], "waf.mode": "detect"}),
-    (False, {"auth.functions": "key", "ratelimit.rules": [{"by": "key", "limit": "5/minute"}],
-             "http_cache.enabled": False}),
-], ids=["defaults", "keys-rules-waf-detect", "key-mode-no-cache"])
+def jwts() -> list[str]:
+    """HS256 tokens: signed with `JWT_SECRET` for every function and for f1 only; then
+    an expired one, one signed with another secret and one with no tenant claim."""
+    soon = int(time.time()) + 3600
+
+    def token(secret: str = JWT_SECRET, **claims: Any) -> str:
+        body = {"tenant": "acme", "sub": "user-7", "scope": "fn:*", "exp": soon, **claims}
+        return pyjwt.encode({k: v for k, v in body.items() if v is not None}, secret,
+                            algorithm="HS256")
+
+    return [token(), token(scope="fn:f1", sub="user-8"), token(exp=int(time.time()) - 120),
+            token("another-secret-" + "t" * 32), token(tenant=None)]
+
+
+JWT = {"auth.jwt": {"secret_env": JWT_ENV, "algorithms": ["HS256"]}}
+
+
+@pytest.mark.parametrize(("keys", "tokens", "overrides"), [
+    (False, False, {}),
+    (True, False, {"ratelimit.rules": [{"by": "ip", "limit": "40/minute"}],
+                   "waf.mode": "detect"}),
+    (False, False, {"auth.functions": "key",
+                    "ratelimit.rules": [{"by": "key", "limit": "5/minute"}],
+                    "http_cache.enabled": False}),
+    (True, True, {**JWT, "ratelimit.rules": [{"by": "key", "limit": "6/minute"}]}),
+    (False, True, {**JWT, "auth.functions": "jwt", "auth.openai": "jwt"}),
+], ids=["defaults", "keys-rules-waf-detect", "key-mode-no-cache", "keys-and-jwts",
+        "jwt-mode"])
 def test_plans_answer_and_record_what_the_full_chain_does(
-        pair_of: Callable[..., Pair], loop: asyncio.AbstractEventLoop, keys: bool,
+        pair_of: Callable[..., Pair], loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch, keys: bool, tokens: bool,
         overrides: dict[str, Any]) -> None:
+    monkeypatch.setenv(JWT_ENV, JWT_SECRET)
     pair = pair_of(keys, **overrides)
+    credentials_ = pair.keys + (jwts() if tokens else [])
     skipped: set[str] = set()
 
     @settings(max_examples=40, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(st.tuples(POLICY, POLICY), st.lists(requests(pair.keys), min_size=1, max_size=8))
+    @given(st.tuples(POLICY, POLICY), st.lists(requests(credentials_), min_size=1, max_size=8))
     def check(policies: tuple[str, str], made: list[Callable[[], Request]]) -> None:
         for name, policy in zip(("f0", "f1"), policies, strict=True):
             loop.run_until_complete(pair.deploy(name, policy))
@@ -159,6 +188,21 @@ def test_a_redeploy_that_asks_for_the_waf_blocks_at_once(
     assert status(pair, loop, attack) == 200
     loop.run_until_complete(pair.deploy("f0", '[waf]\nmode = "block"'))
     assert status(pair, loop, attack) == 403
+
+
+def test_a_jwt_names_the_caller_of_a_function_with_auth_none(
+        pair_of: Callable[..., Pair], loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `[auth.jwt]` set, auth is not idle for an `auth = "none"` function even
+    with no key made: a JWT there still names its caller, planned as in full."""
+    monkeypatch.setenv(JWT_ENV, JWT_SECRET)
+    pair = pair_of(**JWT, **{"auth.functions": "jwt"})
+    loop.run_until_complete(pair.deploy("f0", 'auth = "none"'))
+    token = jwts()[0].encode()
+    planned, full = loop.run_until_complete(pair.both(
+        lambda: request(headers=[(b"authorization", b"Bearer " + token)])))
+    assert planned == full
+    assert planned["principal"] == [None, "acme"] and planned["status"] == 200
 
 
 def test_a_key_made_while_auth_was_skipped_is_read_and_limited(
