@@ -9,6 +9,7 @@ forged THREAD frame ends its host."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from pathlib import Path
@@ -151,3 +152,74 @@ def test_a_forged_thread_frame_ends_its_host(pop: Running, tmp_path: Path) -> No
     wait_for(lambda: not running(attacker), 5, "the forger's host killed")
     status, _, body = pop.get("/forger")
     assert status == 200 and int(body.split()[-1]) != attacker
+
+
+FIRST_AWAIT = """
+from edgefn import Response
+
+
+async def chunks():
+    yield b"one "
+    yield b"two"
+
+
+async def answer():
+    return Response("awaited")
+
+
+def handle(request, env):
+    if request.query.get("stream"):
+        return Response(chunks())
+    return answer()
+"""
+
+
+@pytest.mark.parametrize("how", ["stream", "awaited"])
+def test_a_fresh_interpreters_first_async_answer_is_not_billed_its_event_loop(
+        pop: Running, tmp_path: Path, how: str) -> None:
+    """Every request on a fresh interpreter (`recycle_after = 1`), each its first
+    await, under a 25 ms CPU limit: asyncio's import and the isolate's event loop
+    (50-120 ms of CPU) are made before it says READY when its module holds async
+    code, so each answer is whole (they were billed to it: a 503 ``cpu_limit``, or
+    a stream cut after its head, 1 in ~6 runs of test_native_lane_python)."""
+    pop.deploy(python_function(tmp_path, "firstawait", FIRST_AWAIT,
+                               limits="cpu_ms = 25\nwall_ms = 5000",
+                               pool="min = 1\nmax = 1\nstandby = false\nrecycle_after = 1"))
+    path, want = ("/firstawait?stream=1", b"one two") if how == "stream" else \
+        ("/firstawait", b"awaited")
+    for _ in range(3):
+        try:
+            status, headers, body = pop.get(path, timeout=30)
+        except http.client.IncompleteRead as e:  # the stream cut after its head
+            raise AssertionError(f"stream cut after {e.partial!r}") from None
+        assert (status, body) == (200, want), (headers.get("x-edgefn-error"), body)
+
+
+LATER = """
+from edgefn import Response
+
+
+class Later:  # awaitable, with no async code in its module: the loop is made at its await
+    def __await__(self):
+        yield from ()
+        return Response("later")
+
+
+def handle(request, env):
+    return Later()
+"""
+
+
+def test_a_limit_landing_in_asyncios_import_replaces_the_interpreter(
+        pop: Running, tmp_path: Path) -> None:
+    """A 10 ms CPU limit interrupts asyncio's import (40-120 ms, at the first await
+    where the module holds no async code): it stays half made in that interpreter,
+    so a fresh one serves the next request. Kept, every later await raised
+    NameError (a 500 ``trap``) until the isolate recycled."""
+    pop.deploy(python_function(tmp_path, "later", LATER, limits="cpu_ms = 10\nwall_ms = 5000",
+                               pool="min = 1\nmax = 1\nstandby = false"))
+    answers = []
+    for _ in range(6):
+        status, headers, _ = pop.get("/later", timeout=30)
+        answers.append((status, headers.get("x-edgefn-error")))
+    assert set(answers) <= {(503, "cpu_limit"), (200, None)}, answers

@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import traceback
+import types
 from typing import TYPE_CHECKING, Any
 
 from edgefn_core import hostcall
@@ -31,7 +32,8 @@ from runtime.executors.python.watchdog import (
     stop_threads,
 )
 
-if TYPE_CHECKING:  # imported by the first awaitable a handler returns (`Session._until`):
+if TYPE_CHECKING:  # imported before READY where the function's module holds async code
+    # (`awaits`), else by the first awaitable a handler returns (`Session._until`):
     # asyncio is ~50 of the ~135 ms of CPU a fresh interpreter costs its host, paid at
     # every recycle (`recycle_after`) and every isolate started
     import asyncio
@@ -71,10 +73,44 @@ def serve(prepared: tuple[socket.socket, Any], cpu_ms: int, wall_ms: int, recycl
         session = Session(sock, handler, cpu_ms, wall_ms, sdk, kv)
         session.max_response = max_response
         session.ahead = ahead
+        if awaits(handler):  # made now, billed to no request (see `awaits`)
+            session._event_loop()
     except BaseException:
         sock.close()
         raise
     session.loop(recycle_after, wire.json_frame(wire.READY, ready))
+
+
+ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+def awaits(handler: Any) -> bool:
+    """Whether `handler`'s module holds async code (a coroutine or an async generator
+    function among its globals and their classes, at any depth of nesting), or has
+    asyncio imported: its requests will run on the isolate's event loop. Importing
+    asyncio and making that loop cost 40-120 ms of CPU; made at the first await, they
+    were billed to that request, past a 50 ms `limits.cpu_ms` (a 503 ``cpu_limit``,
+    or a stream cut after its head, on every fresh interpreter's first async answer)."""
+    if "asyncio" in sys.modules:
+        return True
+    module = sys.modules.get(getattr(handler, "__module__", None) or "")
+    found = list(vars(module).values()) if module is not None else [handler]
+    codes = []
+    for value in found:
+        if isinstance(value, type):
+            codes += [getattr(v, "__code__", None) for v in vars(value).values()]
+        else:
+            codes.append(getattr(value, "__code__", None))
+    seen: set[int] = set()
+    while codes:
+        code = codes.pop()
+        if not isinstance(code, types.CodeType) or id(code) in seen:
+            continue
+        seen.add(id(code))
+        if code.co_flags & ASYNC_CODE:
+            return True
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return False
 
 
 # every thread started in this interpreter since its session began, by its handle: what
@@ -600,9 +636,15 @@ class Session:
         trips (then its interrupt is raised): an await past the limit sat in
         select(), out of the interrupt's reach, until the host was killed as "stuck
         in native code" a second later (every isolate of the host lost)."""
-        import asyncio
+        try:
+            import asyncio
 
-        loop = self._event_loop()
+            loop = self._event_loop()
+        except BaseException:  # its limit's interrupt landed in asyncio's import, which
+            # stays half made in this interpreter: every later await raised NameError
+            # (`base_events`) for good. A fresh one serves after this request
+            self.closing()
+            raise
         task = asyncio.ensure_future(awaitable, loop=loop)
         def wake() -> None:  # from the watchdog's thread
             loop.call_soon_threadsafe(task.cancel)
