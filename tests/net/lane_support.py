@@ -128,7 +128,10 @@ def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0)
 
 
 def normal(response: bytes, prefix: bytes) -> bytes:
-    """`response` without what differs between two PoPs: its date and the request id's
-    per-process prefix."""
+    """`response` without what differs between two PoPs: its date, the request id's
+    per-process prefix, and a stored answer's age (whole seconds since each PoP
+    stored it, milliseconds apart: read later, one had crossed a second the other
+    had not, ``age: 26`` against ``age: 25``)."""
     response = re.sub(rb"\r\ndate: [^\r]*", b"\r\ndate: D", response, count=1)
+    response = re.sub(rb"\r\nage: [0-9]+\r\n", b"\r\nage: A\r\n", response, count=1)
     return response.replace(prefix + b"-", b"RID-")
