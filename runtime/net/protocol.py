@@ -266,7 +266,8 @@ class HttpProtocol(asyncio.Protocol):
         try:
             answer = self.lane.answer(call, self.transport is None, self.closing, state.date,
                                       state.extra_head)
-        except Exception:  # a bug: the connection cannot say more than its close
+        except Exception:  # its containment failed too: the connection cannot say more
+            # than its close (`answer` contains the rest, nothing of it written yet)
             log.exception("native lane failed to answer a Python call")
             self.busy = False
             self._close()

@@ -50,6 +50,7 @@ import asyncio
 import ctypes
 import logging
 from asyncio import _get_running_loop as running_loop
+from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +148,7 @@ class NativeLane:
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
         self.calls = 0  # requests to Python functions whose call the lane started
+        self.submitted: list[asyncio.Future[Response]] = []  # calls started in this `serve`
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.observers = events.observers
         # what the table was made for: the routes, the canaries, the stages' stamp
@@ -167,7 +169,14 @@ class NativeLane:
                 (stamp is not None and stamp() != self.stamped):
             self._rebuild()
         records = self.records
-        used, out, call = self.c.serve(data, date, extra, budget, records, client)
+        try:
+            used, out, call = self.c.serve(data, date, extra, budget, records, client)
+        except BaseException:  # a call submitted meanwhile reaches no one: stopped (its
+            for future in self.submitted:  # concurrency slot comes back with it, `_submit`)
+                future.cancel()
+            raise
+        finally:
+            self.submitted.clear()
         if records and not self.scheduled:
             self._schedule()
         return used, out, call
@@ -187,7 +196,9 @@ class NativeLane:
     def _submit(self, ri: int, frame: bytes) -> asyncio.Future[Response] | None:
         """The C's one call for a request to a Python route: `frame` (the encoded
         request) submitted to the function's pool, as `dispatch` submits it; None
-        (the request is Python's) past `limits.concurrency`, whose 503 is dispatch's."""
+        (the request is Python's) past `limits.concurrency`, whose 503 is dispatch's.
+        The concurrency slot it takes comes back when the future is done, whatever
+        follows (answered, its client gone, the C failing after this returned)."""
         fn = self.routes[ri][0]
         if fn.inflight >= fn.concurrency:
             return None
@@ -195,6 +206,8 @@ class NativeLane:
         assert isinstance(python, PythonFunction) and python.pool is not None
         future = python.pool.submit(frame, None, Lineage(None))  # no CDN-Loop (lane.c)
         fn.inflight += 1
+        future.add_done_callback(partial(_give_back, fn))
+        self.submitted.append(future)
         self.calls += 1
         return future
 
@@ -204,25 +217,32 @@ class NativeLane:
         front writes it (the C's, its record appended), or the request and the
         response the front is to write (`_finish`: Python's stages made it), or None
         when its client is `gone` (its event says 499). `closing`: the connection
-        closes after it (Python writes that)."""
+        closes after it (Python writes that). A failure making the answer (`respond`,
+        `_finish`) is contained as dispatch's link contains one (the function's 502,
+        its event and log line); raises only what that containment raises."""
         future = call[0]
-        call[1][0].inflight -= 1
         if gone or future.cancelled():
             if not future.cancelled():
                 future.exception()  # retrieved: it is the 499's now, not a loose error
             request, ctx = self._context(call)
             self.events.emit(request, ctx, Response(CLIENT_GONE), call[10], 0)
             return None
-        if not closing and future.exception() is None:
-            response = future.result()
-            if type(response.body) is bytes:
-                out = self.c.respond(call, response.status, response.headers, response.body,
-                                     date, extra, self.records)
-                if out is not None:
-                    if not self.scheduled:
-                        self._schedule()
-                    return bytes(out)
-        return self._finish(call)
+        kept = len(self.records)
+        try:
+            if not closing and future.exception() is None:
+                response = future.result()
+                if type(response.body) is bytes:
+                    out = self.c.respond(call, response.status, response.headers,
+                                         response.body, date, extra, self.records)
+                    if out is not None:
+                        if not self.scheduled:
+                            self._schedule()
+                        return bytes(out)
+            return self._finish(call)
+        except Exception as e:  # a bug here: contained as dispatch's link contains one (its
+            del self.records[kept:]  # event, its log line), never the C's record of it too
+            request, ctx = self._context(call)
+            return request, self._observed(contain(ctx, e), request, ctx, call)
 
     def _finish(self, call: tuple[Any, ...]) -> tuple[Request, Response]:
         """`call`'s response as the stages after the front make it (dispatch and its
@@ -239,9 +259,14 @@ class NativeLane:
                                    call[11] / 1e9, False)
         elif cache == CACHE_OFF:
             response = client_view(response)
+        return request, self._observed(response, request, ctx, call)
+
+    def _observed(self, response: Response, request: Request, ctx: Context,
+                  call: tuple[Any, ...]) -> Response:
+        """`response` as request_id and events, the stages before dispatch, leave it:
+        tagged with its id, its event (and access-log line) made."""
         response = self.request_id._tag(response, ctx.request_id)
-        response = self.events._done(response, request, ctx, call[10])
-        return request, response
+        return self.events._done(response, request, ctx, call[10])
 
     def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
         """The request of `call` and the context the stages before dispatch leave."""
@@ -459,6 +484,11 @@ def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], .
         groups.append(Group(target, route, status, "HEAD" if head else "GET", n, size, buckets,
                             durations, decided))
     return groups
+
+
+def _give_back(fn: Deployment, _: asyncio.Future[Response]) -> None:
+    """A lane call of `fn`'s is done: its concurrency slot is free."""
+    fn.inflight -= 1
 
 
 def _address(fn: Any) -> int:

@@ -444,3 +444,62 @@ def test_requests_sent_ahead(tmp_path: Path) -> None:
         assert lane.calls == 200
         python = on.pop.registry.functions["pyfn"].executor
         assert python.pool.scheduler.sent_ahead > 0  # type: ignore[attr-defined]
+
+
+class FailingRespond:
+    """The lane's C `Lane` whose `respond` fails (a fault injected where a
+    MemoryError, or a bug, would raise); the rest is the real one's."""
+
+    def __init__(self, c: object) -> None:
+        self.c = c
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.c, name)
+
+    def respond(self, *args: object) -> bytes:
+        raise MemoryError("respond failed (injected)")
+
+
+def test_a_failing_answer_is_contained_as_pythons(tmp_path: Path) -> None:
+    """`respond` (or `_finish`) raising: the call is answered as the Python path's
+    containment answers a bug (the function's 502 ``crash``), with its event and
+    access-log line, and the connection goes on (the request pipelined behind it
+    is answered); the C's record of it is dropped. It used to close the connection
+    with no answer and no event."""
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
+        on.deploy(python_folder(tmp_path / "fns"))
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+        lane.c = FailingRespond(lane.c)
+        side = Side(on)
+        plain = SERVED["plain"][0]
+        got = side.send(plain + plain, [b"GET", b"GET"])
+        assert len(got) == 2 and lane.calls == 1, got
+        assert got[0].startswith(b"HTTP/1.1 502 ") and b"x-edgefn-error: crash\r\n" in got[0]
+        assert got[1].endswith(b"hi a GET\n")
+        assert [(e["status"], e["error"]) for e in side.new_events()] == [(502, "crash"),
+                                                                         (200, None)]
+        assert [b"status=502" in line for line in side.new_log()] == [True, False]
+        assert on.pop.registry.functions["pyfn"].inflight == 0
+
+
+def test_a_call_lost_after_submit_gives_its_slot_back(tmp_path: Path) -> None:
+    """The C failing once `submit` took the call (injected: `submit` raises after it
+    submitted), so that no answer ever reaches the lane: the call is stopped and its
+    concurrency slot comes back (it was lost for good: enough such failures left the
+    function answering 503); the request is the Python front's."""
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
+        on.deploy(python_folder(tmp_path / "fns"))
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+
+        def lost(ri: int, frame: bytes) -> None:
+            lane._submit(ri, frame)
+            raise MemoryError("after submit (injected)")
+
+        lane.c.python(lost)
+        got = exchange(on.port, SERVED["plain"][0], [b"GET"])
+        assert got and got[0].endswith(b"hi a GET\n"), got
+        assert lane.calls == 1
+        fn = on.pop.registry.functions["pyfn"]
+        wait_for(lambda: fn.inflight == 0, 5, "the lost call's slot given back")
