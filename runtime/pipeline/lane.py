@@ -50,7 +50,6 @@ import asyncio
 import ctypes
 import logging
 from asyncio import _get_running_loop as running_loop
-from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -148,7 +147,7 @@ class NativeLane:
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
         self.calls = 0  # requests to Python functions whose call the lane started
-        self.submitted: list[asyncio.Future[Response]] = []  # calls started in this `serve`
+        self.submitted: list[tuple[Deployment, asyncio.Future[Response]]] = []  # in `serve`
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.observers = events.observers
         # what the table was made for: the routes, the canaries, the stages' stamp
@@ -171,8 +170,9 @@ class NativeLane:
         records = self.records
         try:
             used, out, call = self.c.serve(data, date, extra, budget, records, client)
-        except BaseException:  # a call submitted meanwhile reaches no one: stopped (its
-            for future in self.submitted:  # concurrency slot comes back with it, `_submit`)
+        except BaseException:  # a call submitted meanwhile reaches no one (no `answer`):
+            for fn, future in self.submitted:  # stopped, its concurrency slot given back
+                fn.inflight -= 1
                 future.cancel()
             raise
         finally:
@@ -197,8 +197,8 @@ class NativeLane:
         """The C's one call for a request to a Python route: `frame` (the encoded
         request) submitted to the function's pool, as `dispatch` submits it; None
         (the request is Python's) past `limits.concurrency`, whose 503 is dispatch's.
-        The concurrency slot it takes comes back when the future is done, whatever
-        follows (answered, its client gone, the C failing after this returned)."""
+        The concurrency slot it takes comes back in `answer`, or in `serve` when the
+        C fails after this returned (its call then reaches no `answer`)."""
         fn = self.routes[ri][0]
         if fn.inflight >= fn.concurrency:
             return None
@@ -206,8 +206,7 @@ class NativeLane:
         assert isinstance(python, PythonFunction) and python.pool is not None
         future = python.pool.submit(frame, None, Lineage(None))  # no CDN-Loop (lane.c)
         fn.inflight += 1
-        future.add_done_callback(partial(_give_back, fn))
-        self.submitted.append(future)
+        self.submitted.append((fn, future))
         self.calls += 1
         return future
 
@@ -221,6 +220,7 @@ class NativeLane:
         `_finish`) is contained as dispatch's link contains one (the function's 502,
         its event and log line); raises only what that containment raises."""
         future = call[0]
+        call[1][0].inflight -= 1  # first: whatever follows, the slot is given back once
         if gone or future.cancelled():
             if not future.cancelled():
                 future.exception()  # retrieved: it is the 499's now, not a loose error
@@ -484,11 +484,6 @@ def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], .
         groups.append(Group(target, route, status, "HEAD" if head else "GET", n, size, buckets,
                             durations, decided))
     return groups
-
-
-def _give_back(fn: Deployment, _: asyncio.Future[Response]) -> None:
-    """A lane call of `fn`'s is done: its concurrency slot is free."""
-    fn.inflight -= 1
 
 
 def _address(fn: Any) -> int:
