@@ -20,7 +20,7 @@ exact native form, and its executor is one the lane can call:
     residency    no tenant header, no de-sensitised mark (those go to Python), no
                  samples ingest on the path
     http_cache   off for the function (its Cache-Tag dropped), or nothing of the
-                 deployment stored and no default TTL (`_first`: MISS, counted in the
+                 deployment stored and no default TTL (`first_answer`: MISS, counted in the
                  cache's stats); a request with Range, Cache-Control or a validator,
                  a deployment with entries, or a GET answered with Cache-Control or
                  Expires (stored: the function runs again in Python) are Python's
@@ -73,7 +73,7 @@ from runtime.pipeline.chain import Chain
 from runtime.pipeline.contain import contain
 from runtime.pipeline.stage import Context, Stage
 from runtime.pipeline.stages.bots import Bots
-from runtime.pipeline.stages.dispatch import Dispatch, _tagged
+from runtime.pipeline.stages.dispatch import Dispatch, tagged
 from runtime.pipeline.stages.events import CLIENT_GONE, Events
 from runtime.pipeline.stages.health import Health
 from runtime.pipeline.stages.http_cache import NOT_STORED, HttpCacheStage
@@ -138,7 +138,7 @@ class NativeLane:
         self.http_cache = next((s for s in chain.stages if isinstance(s, HttpCacheStage)), None)
         self.routes: list[tuple[Deployment, str, str, int]] = []  # parallel to the C's
         # per route, for `EventMaker.make`: path, target, owner, route, whether http_cache
-        # counts a MISS (`_first`)
+        # counts a MISS (`first_answer`)
         self.route_texts: tuple[tuple[str, str, str | None, str | None, bool], ...] = ()
         ev = events
         self.maker = module.EventMaker(
@@ -250,12 +250,12 @@ class NativeLane:
         future, (fn, _, _, cache), *_ = call
         request, ctx = self._context(call)
         try:
-            response = _tagged(future.result(), fn.tag)
+            response = tagged(future.result(), fn.tag)
         except Exception as e:  # what dispatch's link contains
             response = contain(ctx, e)
         http = self.http_cache
         if cache == CACHE_FIRST and http is not None:
-            response = http._first(response, request, ctx, fn, http.settings_for(fn),
+            response = http.first_answer(response, request, ctx, fn, http.settings_for(fn),
                                    call[11] / 1e9, False)
         elif cache == CACHE_OFF:
             response = client_view(response)
@@ -265,8 +265,8 @@ class NativeLane:
                   call: tuple[Any, ...]) -> Response:
         """`response` as request_id and events, the stages before dispatch, leave it:
         tagged with its id, its event (and access-log line) made."""
-        response = self.request_id._tag(response, ctx.request_id)
-        return self.events._done(response, request, ctx, call[10])
+        response = self.request_id.tagged(response, ctx.request_id)
+        return self.events.answered(response, request, ctx, call[10])
 
     def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
         """The request of `call` and the context the stages before dispatch leave."""
@@ -445,7 +445,7 @@ class NativeLane:
         """The C's groups as `Group`s; each MISS of http_cache's counted in its stats."""
         stats = self.http_cache.stats if self.http_cache is not None else None
         if stats is not None:
-            misses: dict[str, int] = {}  # function -> HTTP cache misses (`_first`'s count)
+            misses: dict[str, int] = {}  # function -> HTTP cache misses (`first_answer`'s count)
             for ri, _, _, n, *_ in made:
                 if self.route_texts[ri][4]:
                     name = self.routes[ri][0].name

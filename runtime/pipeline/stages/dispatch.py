@@ -43,9 +43,9 @@ class Dispatch:
         else:
             result = fn.executor.handle(request, ctx.route, ctx.params, caller)
         if isinstance(result, Response):
-            return _tagged(result, fn.tag)
+            return tagged(result, fn.tag)
         fn.inflight += 1
-        return then(_counted(result, fn), _tagged, fn.tag)
+        return then(_counted(result, fn), tagged, fn.tag)
 
     def _caller(self, ctx: Context) -> Caller | None:
         """`ctx`'s caller (None: anonymous and not classed), its principal section
@@ -78,7 +78,7 @@ def _quiet(fn: Deployment, request: Request, ctx: Context, caller: Caller | None
             result = fn.executor.handle(request, ctx.route, ctx.params)
         else:
             result = fn.executor.handle(request, ctx.route, ctx.params, caller)
-    return then(result, _tagged, fn.tag)
+    return then(result, tagged, fn.tag)
 
 
 def _principal(ctx: Context) -> dict[str, str]:
@@ -141,7 +141,9 @@ async def _counted(pending: Awaitable[Response], fn: Deployment) -> Response:
 RESERVED = b"x-edgefn-"
 
 
-def _tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:
+def tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:
+    """`response` tagged with its function's `tag` (``x-edgefn-function``), any
+    reserved header the function set dropped: dispatch's, and the native lane's."""
     headers = response.headers
     for name, _ in headers:
         if name.startswith(RESERVED):

@@ -69,7 +69,7 @@ class Events:
             if isinstance(body, bytes):  # the common case, inline: no further call
                 self.emit(request, ctx, result, ts, len(body))
                 return result
-            return self._done(result, request, ctx, ts)
+            return self.answered(result, request, ctx, ts)
         return self._awaited(result, request, ctx, ts)
 
     async def _awaited(self, pending: Awaitable[Response], request: Request, ctx: Context,
@@ -85,9 +85,13 @@ class Events:
         except Exception:
             self.emit(request, ctx, Response(500), ts, 0)
             raise
-        return self._done(response, request, ctx, ts)
+        return self.answered(response, request, ctx, ts)
 
-    def _done(self, response: Response, request: Request, ctx: Context, ts: float) -> Response:
+    def answered(self, response: Response, request: Request, ctx: Context, ts: float
+                 ) -> Response:
+        """`response`, observed: its event made now (a whole body), or once its
+        stream ends (its bytes counted). This stage's, and the native lane's for
+        the calls it finishes in Python (`ts`: when the request began)."""
         body = response.body
         if isinstance(body, bytes):
             self.emit(request, ctx, response, ts, len(body))

@@ -85,7 +85,8 @@ class HttpCacheStage:
             # (a full response, as on any miss: it may be the first one stored)
             return then(call_next(_conditional(request, None)
                                   if conditional and request.method == b"GET" else request, ctx),
-                        self._first, request, ctx, target, s, time.perf_counter(), conditional)
+                        self.first_answer, request, ctx, target, s, time.perf_counter(),
+                        conditional)
         key = HttpCache.key(target.label, request)
         scope = _scope(request, ctx)
         entry = self.cache.lookup(key, request, scope)
@@ -230,10 +231,12 @@ class HttpCacheStage:
             return call_next(request, ctx)
         return then(call_next(_conditional(request, None), ctx), _read)
 
-    def _first(self, response: Response, request: Request, ctx: Context, target: Target,
-               s: HttpCacheSettings, started: float, conditional: bool) -> Response:
+    def first_answer(self, response: Response, request: Request, ctx: Context,
+                     target: Target, s: HttpCacheSettings, started: float,
+                     conditional: bool) -> Response:
         """The origin's answer for a deployment with nothing stored: stored if it
-        says it may be (then the deployment takes the full path from now on).
+        says it may be (then the deployment takes the full path from now on). Also
+        the native lane's, for such a call it finishes in Python.
         `conditional`: whether the request carries validators (`_asked`)."""
         if request.method == b"GET":
             for k, _ in response.headers:  # a loop: a generator costs more per request

@@ -37,11 +37,13 @@ class RequestId:
         ctx.request_id = rid
         result = call_next(request, ctx)
         if isinstance(result, Response):
-            return self._tag(result, rid)
-        return then(result, self._tag, rid)
+            return self.tagged(result, rid)
+        return then(result, self.tagged, rid)
 
-    def _tag(self, response: Response, rid: bytes) -> Response:
-        """The request id, in place of one a function set (a client saw two)."""
+    def tagged(self, response: Response, rid: bytes) -> Response:
+        """`response` with the request id `rid`, in place of one a function set (a
+        client saw two): this stage's, and the native lane's for the calls it
+        finishes in Python."""
         headers = response.headers
         name = self.header
         for h, _ in headers:
