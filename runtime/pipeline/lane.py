@@ -147,7 +147,8 @@ class NativeLane:
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
         self.calls = 0  # requests to Python functions whose call the lane started
-        self.submitted: list[tuple[Deployment, asyncio.Future[Response]]] = []  # in `serve`
+        # the call `_submit` started in this `serve` (the C starts one at most, last)
+        self.submitted: tuple[Deployment, asyncio.Future[Response]] | None = None
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.observers = events.observers
         # what the table was made for: the routes, the canaries, the stages' stamp
@@ -171,12 +172,12 @@ class NativeLane:
         try:
             used, out, call = self.c.serve(data, date, extra, budget, records, client)
         except BaseException:  # a call submitted meanwhile reaches no one (no `answer`):
-            for fn, future in self.submitted:  # stopped, its concurrency slot given back
-                fn.inflight -= 1
-                future.cancel()
+            lost, self.submitted = self.submitted, None  # stopped, its slot given back
+            if lost is not None:
+                lost[0].inflight -= 1
+                lost[1].cancel()
             raise
-        finally:
-            self.submitted.clear()
+        self.submitted = None
         if records and not self.scheduled:
             self._schedule()
         return used, out, call
@@ -206,7 +207,7 @@ class NativeLane:
         assert isinstance(python, PythonFunction) and python.pool is not None
         future = python.pool.submit(frame, None, Lineage(None))  # no CDN-Loop (lane.c)
         fn.inflight += 1
-        self.submitted.append((fn, future))
+        self.submitted = (fn, future)
         self.calls += 1
         return future
 
