@@ -229,19 +229,28 @@ class HttpProtocol(asyncio.Protocol):
         The lane stops once it has written what backpressure allows, so the rest
         goes through `_answer_queued`, which waits for the client. It also stops
         after a request it handed to a Python function (`call`): the connection is
-        busy with it, as with a task, until `_lane_answered`."""
+        busy with it, as with a task, until `_lane_answered`. (Called only while no
+        message is arriving: the keep-alive deadline is set here, as `_idle` would.
+        `_queue_out` and `_idle` are inlined: this runs for every read the lane
+        takes, and their two frames were a tenth of the front's own time on it.)"""
         assert self.lane is not None
-        state = self.state
-        budget = self.config.write_buffer_bytes - self.out_size
+        state, config = self.state, self.config
         try:
             used, out, call = self.lane.serve(data, self.client, state.date, state.extra_head,
-                                              budget)
+                                              config.write_buffer_bytes - self.out_size)
         except Exception:  # nothing was answered: all of it is Python's
             log.exception("native lane failed; the Python front answers instead")
             return 0
         if out:
-            self._queue_out(out)
-            self._idle()
+            waiting = self.out
+            waiting.append(out)
+            self.out_size += len(out)
+            if self.out_size >= config.write_buffer_bytes:
+                self._flush()
+            elif len(waiting) == 1:
+                state.outbox.add(self)
+            self.deadline = self.loop.time() + config.keepalive_timeout
+            self.deadline_status = 0
         if call is not None:
             self.busy = True
             self.call = call

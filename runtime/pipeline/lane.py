@@ -150,6 +150,7 @@ class NativeLane:
         # the call `_submit` started in this `serve` (the C starts one at most, last)
         self.submitted: tuple[Deployment, asyncio.Future[Response]] | None = None
         self.scheduled = False  # a drain is scheduled (`serve`)
+        self.stamp_checked = False  # a read checked the stamp and scheduled that drain
         self.observers = events.observers
         # what the table was made for: the routes, the canaries, the stages' stamp
         self.router: object = None
@@ -163,10 +164,18 @@ class NativeLane:
         """The whole requests at the start of `data` the lane answers: how many bytes
         of `data` they took, their responses, and the call started for the last one
         when it is a Python function's (its future first: `answer` once it is done).
-        Raises what the C raises (a Python error in it, MemoryError)."""
-        registry, stamp = self.registry, self.stamp
+        Raises what the C raises (a Python error in it, MemoryError).
+
+        The table is checked against the routes and canaries at every read, and
+        against the stages' stamp (a clock read, and the key file's state: 0.4 us
+        of each read's 10) at every read but those after one that checked it and
+        scheduled the drain, until that drain (`stamp_checked`): the reads of one
+        poll of the loop, all sent before any answer to them went out (`Outbox`),
+        so no client can tell them from reads made before the stamp moved."""
+        registry = self.registry
         if registry.router is not self.router or registry.canaries is not self.canaries or \
-                (stamp is not None and stamp() != self.stamped):
+                (not self.stamp_checked and self.stamp is not None and
+                 self.stamp() != self.stamped):
             self._rebuild()
         records = self.records
         try:
@@ -180,6 +189,7 @@ class NativeLane:
         self.submitted = None
         if records and not self.scheduled:
             self._schedule()
+            self.stamp_checked = self.scheduled  # by this read, in this poll, until the drain
         return used, out, call
 
     def _schedule(self) -> None:
@@ -412,7 +422,7 @@ class NativeLane:
         lines and the metrics' groups: what each event would have added). Runs once
         per loop turn, or earlier, from the observers, when Python observes an event
         first (a request answered after them)."""
-        self.scheduled = False
+        self.scheduled = self.stamp_checked = False
         self.observers.first = None
         records, self.records = self.records, []
         if not records:

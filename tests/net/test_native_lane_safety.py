@@ -294,6 +294,72 @@ def test_a_stage_that_starts_working_moves_the_target_to_python(tmp_path: Path) 
         assert answer.startswith(b"HTTP/1.1 200 ") and lane.served == 1
 
 
+def test_the_stamp_is_checked_once_per_poll_and_again_after_the_drain(tmp_path: Path) -> None:
+    """The stages' stamp is read at a loop turn's first read the lane serves; the
+    reads after it in the same poll (sent before any answer of it) are served by the
+    table it checked, and the first after the drain sees a key made meanwhile.
+    Called directly (no loop, so no drain pending) every read checks it."""
+    import asyncio
+
+    with pop_thread(tmp_path / "data", port=28016) as pop:
+        pop.deploy(ROOT / "functions" / "examples" / "hello-wat")
+        lane, keys = pop.pop.lane, pop.pop.keys
+        assert isinstance(lane, NativeLane)
+        hello = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+
+        async def one_poll_then_next() -> list[int]:
+            used = [lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0]]
+            keys.store.create("acme", ("*",))
+            keys.reload()  # the stamp moves, within this poll's reads
+            used.append(lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0])
+            await asyncio.sleep(0)  # the turn ends: the drain runs
+            used.append(lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0])
+            return used
+
+        assert pop.loop is not None
+        got = asyncio.run_coroutine_threadsafe(one_poll_then_next(), pop.loop).result(30)
+        assert got == [len(hello), len(hello), 0]
+        assert not lane.stamp_checked and not lane.scheduled
+
+    pop2 = PoP(c.load(None, data=str(tmp_path / "d"), **{"ai.enabled": False}))
+    try:
+        from runtime.functions import deploys
+
+        asyncio.run(pop2.registry.deploy(deploys.pack_dir(ROOT / "functions" / "examples" /
+                                                          "hello-wat")))
+        lane = pop2.lane
+        assert isinstance(lane, NativeLane)
+        assert lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0] == len(hello)
+        pop2.keys.store.create("acme", ("*",))
+        pop2.keys.reload()
+        assert lane.serve(hello, "127.0.0.1:1", b"", b"", 65536) == (0, b"", None)
+    finally:
+        pop2.close()
+
+
+def test_a_lane_answer_restarts_the_keep_alive_wait(tmp_path: Path) -> None:
+    """The keep-alive wait runs from the last answer the lane wrote, as from
+    Python's (`_idle`): a connection that asked 1.5 s after it opened is still open
+    1.3 s later with a 2 s `keepalive_timeout` (it was cut at 2 s when the wait ran
+    from the connection's start)."""
+    with pop_thread(tmp_path / "data", port=28016, **{"http.keepalive_timeout": 2.0}) as pop:
+        pop.deploy(ROOT / "functions" / "examples" / "hello-wat")
+        lane = pop.pop.lane
+        assert isinstance(lane, NativeLane)
+        hello = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+        exchange(pop.port, hello, [b"GET"])  # the table made
+        served = lane.served
+        with socket.create_connection((pop.host, pop.port), timeout=5) as s:
+            time.sleep(1.5)
+            s.sendall(hello)
+            assert b"Hello from edgefn (WASM)!" in s.recv(65536)
+            time.sleep(1.3)
+            s.sendall(hello)
+            assert b"Hello from edgefn (WASM)!" in s.recv(65536)
+        pop.delivered()
+        assert lane.served == served + 2
+
+
 def test_a_timed_chain_has_no_lane(tmp_path: Path) -> None:
     """Stage timings time every stage of every request: no target is eligible."""
     pop = PoP(c.load(None, data=str(tmp_path / "d"),
