@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -247,12 +248,12 @@ class KVModel(RuleBasedStateMachine):
     @rule(key=KEYS, delta=st.integers(-5, 5))
     def increment(self, key: bytes, delta: int) -> None:
         current = self.live().get(key)
-        try:
-            base = int(current[0].decode("ascii")) if current else 0
-        except (UnicodeDecodeError, ValueError):
+        # a decimal integer: a sign, then ASCII digits only (int() also takes b"\t0")
+        if current and not re.fullmatch(rb"[-+]?[0-9]+", current[0]):
             with pytest.raises(InvalidValue):
                 self.store.increment("m", key, delta)
             return
+        base = int(current[0]) if current else 0
         ttl = current[2] - self.clock.now if current and current[2] else None
         result = self.store.increment("m", key, delta)
         assert result == base + delta
@@ -444,13 +445,15 @@ with KVStore(sys.argv[1]) as s:
 
 def test_a_namespace_another_process_created_serves_every_operation(tmp_path: Path) -> None:
     clock = Clock()
-    clock.now = time.time()
     s = KVStore(tmp_path / "kv", clock=clock, limits=Limits(max_value_bytes=10))
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
     subprocess.run([sys.executable, "-c", CREATE_LATE, str(tmp_path / "kv")], env=env,
                    check=True, timeout=60)
+    # the child's TTLs count from its own clock: read it after it wrote (under `make
+    # mutate` its start took over a second, and nothing had expired 61 s after the start)
+    clock.now = time.time()
     # Writes first: each opens the namespace inside its own transaction.
     with pytest.raises(LimitExceeded):  # an aborted write leaves no dead handle behind
         s.put("late", b"big", b"x" * 11)
