@@ -1,0 +1,440 @@
+"""Which plans the native lane may serve (`runtime.pipeline.lane`): a request is taken
+by the C (`NativeLane.serve` answers it) only when every stage its target's plan keeps
+has an exact native form; otherwise it is left to Python, whose stages act on it. A
+wrong rule serves in C a request a stage should have seen, so each case here sends the
+request to the lane and, when the lane leaves it, to the PoP's chain, and checks what
+the stage did there; what the lane takes it answers as the chain does. Real PoPs
+(config, registry, plans, the C lane), no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import config as c
+from runtime.functions import deploys
+from runtime.net.message import Request, Response
+from runtime.pipeline.lane import NativeLane
+from runtime.pipeline.stage import Context
+from runtime.pop import PoP
+from tests.net.lane_support import static_reactor
+from tests.support import function_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+OK = static_reactor(200, [(b"Cache-Tag", b"t1"), (b"x-a", b"1")], b"ok")
+CURL, GPTBOT = b"curl/8.5", b"GPTBot/1.2"
+FIREFOX = b"Mozilla/5.0 (X11; Linux x86_64; rv:120.0) Gecko/20100101 Firefox/120.0"
+LONG = "/" + "l" * 254  # 255 bytes: the longest path the lane's table holds
+# name: (routes, manifest lines)
+FUNCTIONS: dict[str, tuple[list[str], str]] = {
+    "plain": (["/plain", "/plain2"], ""),
+    "nocache": (["/nocache"], "[cache.http]\nenabled = false\n"),
+    "ttl": (["/ttl"], "[cache.http]\ndefault_ttl = 60\n"),
+    "limited": (["/limited"], '[[rate_limits]]\nby = "ip"\nlimit = "1000/minute"\n'),
+    "noautomation": (["/noautomation"], '[bots]\nautomation = "block"\n'),
+    "noagents": (["/noagents"], '[bots]\ndeclared_agent = "challenge"\n'),
+    "captures": (["/captures", "/captures/:id", "/star/*"], ""),
+    "long": ([LONG, LONG + "x"], ""),
+}
+
+
+def pop_with(root: Path, **config: Any) -> PoP:
+    pop = PoP(c.load(None, data=str(root / "data"), **{"ai.enabled": False, **config}))
+    assert isinstance(pop.lane, NativeLane)
+    return pop
+
+
+def deploy(pop: PoP, folder: Path) -> None:
+    asyncio.run(pop.registry.deploy(deploys.pack_dir(folder)))
+
+
+def raw(path: str, ua: bytes = b"", method: bytes = b"GET") -> bytes:
+    agent = b"User-Agent: %s\r\n" % ua if ua else b""
+    return b"%s %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (method, path.encode(), agent)
+
+
+def lane_answer(pop: PoP, path: str, ua: bytes = b"", method: bytes = b"GET"
+                ) -> bytes | None:
+    """The lane's answer to one request for `path`, or None when it leaves it to
+    Python (then it took none of its bytes and started no call)."""
+    assert pop.lane is not None
+    data = raw(path, ua, method)
+    used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
+    assert call is None
+    if used == 0:
+        assert out == b""
+        return None
+    assert used == len(data)
+    return bytes(out)
+
+
+def chain_answer(pop: PoP, path: str, ua: bytes = b"", method: bytes = b"GET",
+                 extra: list[tuple[bytes, bytes]] | None = None, ctx: Context | None = None
+                 ) -> Response:
+    """What the PoP's chain (Python's stages, by the target's plan) answers."""
+    headers = [(b"host", b"x")] + ([(b"user-agent", ua)] if ua else []) + (extra or [])
+    request = Request(method, path.encode(), b"", headers, b"x", "1.1", True, "127.0.0.1:1")
+
+    async def run() -> Response:
+        result = pop.pipeline.run(request, ctx or Context("127.0.0.1:1"))
+        return result if isinstance(result, Response) else await result
+
+    return asyncio.run(run())
+
+
+def written(response: Response, method: bytes = b"GET") -> bytes:
+    """`response` as the lane writes it: date first, then its headers, the length."""
+    assert isinstance(response.body, bytes)
+    head = b"".join(b"%s: %s\r\n" % (k, v) for k, v in response.headers)
+    body = b"" if method == b"HEAD" else response.body
+    return b"HTTP/1.1 %d %s\r\ndate: D\r\n%scontent-length: %d\r\n\r\n%s" % (
+        response.status, _phrase(response.status), head, len(response.body), body)
+
+
+def _phrase(status: int) -> bytes:
+    from http import HTTPStatus
+    return HTTPStatus(status).phrase.encode()
+
+
+def same(lane: bytes | None, python: Response, method: bytes = b"GET") -> bool:
+    """The lane's answer is the chain's, up to the request id's number."""
+    assert lane is not None
+    ids = re.compile(rb"(x-request-id: [0-9a-f]+-)[0-9a-f]+")
+    return ids.sub(rb"\1N", lane) == ids.sub(rb"\1N", written(python, method))
+
+
+def header(response: Response, name: bytes) -> bytes | None:
+    return next((v for k, v in response.headers if k == name), None)
+
+
+@pytest.fixture(scope="module")
+def pop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoP]:
+    """A PoP with the default stages and `FUNCTIONS` deployed."""
+    root = tmp_path_factory.mktemp("lane_plans")
+    pop = pop_with(root)
+    for name, (routes, extra) in FUNCTIONS.items():
+        deploy(pop, function_dir(root / "fns", name, OK, routes=routes, extra=extra))
+    yield pop
+    pop.close()
+
+
+def test_a_function_every_kept_stage_of_which_is_native_is_the_lanes(pop: PoP) -> None:
+    """Default stages: health, request_id, events, bots, residency, http_cache (a MISS:
+    nothing stored, no default TTL) and dispatch are kept, all native: the lane answers
+    GET and HEAD on both literal routes as the chain does, for a request without a
+    User-Agent (automation) and for a declared agent."""
+    for path in ("/plain", "/plain2"):
+        for ua in (b"", CURL, GPTBOT):
+            for method in (b"GET", b"HEAD"):
+                lane = lane_answer(pop, path, ua, method)
+                assert lane is not None and b"\r\nx-edgefn-cache: MISS\r\n" in lane
+                assert same(lane, chain_answer(pop, path, ua, method), method)
+
+
+def test_the_http_cache_off_for_a_function_is_the_lanes_without_its_tags(pop: PoP) -> None:
+    """``[cache.http] enabled = false``: http_cache only drops Cache-Tag (no MISS)."""
+    lane = lane_answer(pop, "/nocache")
+    python = chain_answer(pop, "/nocache")
+    assert lane is not None and same(lane, python)
+    assert b"cache-tag" not in lane.lower() and b"x-edgefn-cache" not in lane
+    assert header(python, b"x-a") == b"1"
+
+
+def test_a_default_ttl_leaves_the_function_to_python(pop: PoP) -> None:
+    """A default TTL stores an answer without Cache-Control: the chain's cache must
+    see the request (its next one is a HIT)."""
+    assert lane_answer(pop, "/ttl") is None
+    assert header(chain_answer(pop, "/ttl"), b"x-edgefn-cache") == b"MISS"
+    assert header(chain_answer(pop, "/ttl"), b"x-edgefn-cache") == b"HIT"
+    assert lane_answer(pop, "/ttl") is None
+
+
+def test_a_rate_limited_function_is_pythons(pop: PoP) -> None:
+    """A rate limit counts every request: none is the lane's, the chain's carry the
+    limit's headers."""
+    assert lane_answer(pop, "/limited") is None
+    assert header(chain_answer(pop, "/limited"), b"ratelimit-policy") is not None
+
+
+@pytest.mark.parametrize("path, taken, left", [
+    ("/noautomation", [GPTBOT], [b"", CURL]),
+    ("/noagents", [b"", CURL], [GPTBOT]),
+])
+def test_the_lane_serves_only_the_bot_classes_a_function_allows(
+        pop: PoP, path: str, taken: list[bytes], left: list[bytes]) -> None:
+    """A class the function's ``[bots]`` blocks or challenges is the chain's (403 or
+    429); the classes it allows are still the lane's."""
+    for ua in taken:
+        assert same(lane_answer(pop, path, ua), chain_answer(pop, path, ua))
+    for ua in left:
+        assert lane_answer(pop, path, ua) is None
+        assert chain_answer(pop, path, ua).status in (403, 429)
+
+
+def test_a_browser_is_always_pythons(pop: PoP) -> None:
+    """A browser's class depends on its other headers: the classifier's string alone
+    does not decide it."""
+    assert lane_answer(pop, "/plain", FIREFOX) is None
+    assert chain_answer(pop, "/plain", FIREFOX).status == 200
+
+
+def test_only_literal_routes_are_the_lanes(pop: PoP) -> None:
+    """The function's literal route is the lane's; a path under it (every route is a
+    prefix), or one its capture or wildcard route matches, is Python's (the chain fills
+    ``params`` and ``route``)."""
+    assert same(lane_answer(pop, "/captures"), chain_answer(pop, "/captures"))
+    for path in ("/captures/1", "/star/a", "/star", "/plain/sub"):
+        assert lane_answer(pop, path) is None
+        assert chain_answer(pop, path).status == 200
+
+
+def test_the_longest_path_the_table_holds(pop: PoP) -> None:
+    """A route of 255 bytes is the lane's, one of 256 Python's."""
+    assert same(lane_answer(pop, LONG), chain_answer(pop, LONG))
+    assert lane_answer(pop, LONG + "x") is None
+    assert chain_answer(pop, LONG + "x").status == 200
+
+
+def test_a_path_no_function_serves_is_pythons(pop: PoP) -> None:
+    assert lane_answer(pop, "/nothing") is None
+    assert chain_answer(pop, "/nothing").status == 404
+
+
+def test_a_wasi_command_and_a_reactor_with_host_imports_are_pythons(tmp_path: Path) -> None:
+    """The lane calls a reactor without host imports: a WASI command (``_start``) and
+    a reactor with the KV binding are answered by the chain."""
+    pop = pop_with(tmp_path)
+    try:
+        deploy(pop, ROOT / "functions" / "examples" / "hello-c")
+        deploy(pop, ROOT / "functions" / "examples" / "counter-c")
+        deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
+        assert lane_answer(pop, "/plain") is not None
+        for path in ("/hello-c", "/counter-c"):
+            assert lane_answer(pop, path) is None
+            assert chain_answer(pop, path).status == 200
+    finally:
+        pop.close()
+
+
+def test_a_function_with_a_canary_is_pythons_until_it_ends(tmp_path: Path) -> None:
+    """A canary splits requests between two versions by key: the chain chooses. Once
+    it is dropped the live version is the lane's again."""
+    pop = pop_with(tmp_path)
+    try:
+        deploy(pop, function_dir(tmp_path / "1", "f", OK))
+        two = function_dir(tmp_path / "2", "f", static_reactor(200, [], b"two"))
+        version = asyncio.run(pop.registry.stage(deploys.pack_dir(two))).version
+        asyncio.run(pop.registry.activate("f", version, canary=50))
+        assert lane_answer(pop, "/f") is None
+        bodies = {chain_answer(pop, "/f").body for _ in range(1)}
+        assert bodies <= {b"ok", b"two"}
+        asyncio.run(pop.registry.rollback("f"))  # drops the canary
+        assert lane_answer(pop, "/f") is not None
+    finally:
+        pop.close()
+
+
+def test_a_host_bound_route_takes_every_function_off_the_lane(tmp_path: Path) -> None:
+    """Routes bound to a host are matched on the Host header, which the lane's table
+    does not read: while one exists, no function is the lane's."""
+    pop = pop_with(tmp_path)
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
+        assert lane_answer(pop, "/plain") is not None
+        hosted = function_dir(tmp_path / "fns", "hosted", OK)
+        manifest = hosted / "edgefn.toml"
+        manifest.write_text(manifest.read_text().replace(
+            'routes = ["/hosted"]', 'routes = [{path = "/h", host = "example.com"}]'))
+        deploy(pop, hosted)
+        assert lane_answer(pop, "/plain") is None
+        assert chain_answer(pop, "/plain").status == 200
+        asyncio.run(pop.registry.delete("hosted"))
+        assert lane_answer(pop, "/plain") is not None
+    finally:
+        pop.close()
+
+
+def test_a_key_file_with_keys_moves_functions_to_auth(tmp_path: Path) -> None:
+    """auth is idle while no key exists; once the key file has one, auth is kept (its
+    stamp changes the plans): requests are the chain's, whose auth proves a key's
+    principal (mode ``none``: a request without one is still served)."""
+    pop = pop_with(tmp_path)
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
+        assert lane_answer(pop, "/plain") is not None
+        assert pop.keys is not None
+        key = pop.keys.store.create("acme", ("*",))[0]
+        pop.keys.reload()
+        assert lane_answer(pop, "/plain") is None
+        ctx = Context("127.0.0.1:1")
+        assert chain_answer(pop, "/plain", extra=[(b"x-api-key", key.encode())],
+                            ctx=ctx).status == 200
+        assert ctx.principal is not None and ctx.principal.tenant == "acme"
+    finally:
+        pop.close()
+
+
+@pytest.mark.parametrize("config, cache_off_served", [
+    ({"bots.abusive_rate": "50/second"}, False),  # counts every request
+    ({"workers": 2}, True),  # another worker may have stored what it answered
+])
+def test_pop_settings_that_leave_functions_to_python(tmp_path: Path, config: dict[str, Any],
+                                                     cache_off_served: bool) -> None:
+    """abusive_rate makes every function Python's; an HTTP cache shared by workers,
+    each function the cache is on for."""
+    pop = pop_with(tmp_path, **config)
+    try:
+        for name in ("plain", "nocache"):
+            routes, extra = FUNCTIONS[name]
+            deploy(pop, function_dir(tmp_path / "fns", name, OK, routes=routes, extra=extra))
+        assert lane_answer(pop, "/plain") is None
+        assert chain_answer(pop, "/plain").status == 200
+        assert (lane_answer(pop, "/nocache") is not None) == cache_off_served
+    finally:
+        pop.close()
+
+
+def fields(pop: PoP, n: int) -> list[dict[str, Any]]:
+    """The last `n` events of `pop`'s ring, without what differs between two requests
+    alike (the request id's number, the times)."""
+    pop.observers.flush()
+    out = []
+    for e in list(pop.ring.events)[-n:]:
+        d = {f: getattr(e, f) for f in e.__struct_fields__}
+        d["rid"] = d["rid"].rpartition("-")[0]
+        del d["ts"], d["duration_ms"], d["stages_ms"]
+        out.append(d)
+    return out
+
+
+def test_the_lanes_events_and_counts_are_the_chains(pop: PoP) -> None:
+    """Each request the lane answers leaves the event the chain leaves for it (bot
+    class and decisions, http_cache's MISS or none, route, bytes, HEAD's) and counts
+    in the same request series."""
+    cases = [("/plain", b"", b"GET"), ("/plain2", GPTBOT, b"HEAD"), ("/nocache", CURL, b"GET"),
+             ("/noautomation", GPTBOT, b"GET"), ("/captures", b"", b"HEAD")]
+    assert pop.metrics is not None
+    series = pop.metrics.requests.series
+
+    def counts() -> dict[Any, int]:
+        return {k: v[0] for k, v in series.items()}  # every series' request count
+
+    for path, ua, method in cases:
+        before = counts()
+        assert lane_answer(pop, path, ua, method) is not None
+        lane, by_lane = fields(pop, 1), counts()
+        chain_answer(pop, path, ua, method)
+        chain, by_chain = fields(pop, 1), counts()
+        assert lane == chain, path
+        assert {k: by_lane[k] - before.get(k, 0) for k in by_lane} == \
+            {k: by_chain[k] - by_lane.get(k, 0) for k in by_chain}, path
+
+
+PYFN = '''
+from edgefn import Response
+
+
+def handle(request, env):
+    do = request.query.get("do", "ok")
+    if do == "boom":
+        raise RuntimeError("boom")
+    if do == "cached":
+        return Response("keep\\n", headers={"Cache-Control": "max-age=60"})
+    if do == "wait":
+        import time
+        time.sleep(0.2)
+    return Response(f"hi {request.method}\\n", headers=[("Cache-Tag", "t1"), ("x-a", "1")])
+'''
+
+
+def test_a_python_functions_requests_are_called_by_the_lane(tmp_path: Path) -> None:
+    """A Python function whose plan is all native: the lane starts its call and writes
+    its answer as the chain would; one past `limits.concurrency`, or with a rate limit,
+    is the chain's (dispatch's 503, the limiter's headers). A call that fails, one
+    whose answer the HTTP cache stores, one whose connection closes and one whose
+    client left are finished by the stages' own code, with the chain's events."""
+    from tests.support import python_function
+
+    pool = "min = 1\nmax = 1\nstandby = false"
+    folders = [python_function(tmp_path / "fns", name, PYFN, pool=pool, limits=limits,
+                               extra=extra)
+               for name, limits, extra in [
+                   ("py", "", ""), ("cached", "", ""), ("one", "concurrency = 1", ""),
+                   ("limited", "", '[[rate_limits]]\nby = "ip"\nlimit = "1000/minute"')]]
+
+    async def main(pop: PoP, lane: NativeLane) -> None:
+        for folder in folders:
+            await pop.registry.deploy(deploys.pack_dir(folder))
+
+        async def chain(path: str, query: bytes = b"") -> Response:
+            request = Request(b"GET", path.encode(), query, [(b"host", b"x")], b"x", "1.1",
+                              True, "127.0.0.1:1")
+            result = pop.pipeline.run(request, Context("127.0.0.1:1"))
+            response = result if isinstance(result, Response) else await result
+            pop.observers.flush()
+            return response
+
+        def start(target: str) -> tuple[Any, ...] | None:
+            """The call the lane started for `target`, None when it left it to Python."""
+            data = raw(target)
+            used, out, call = lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
+            assert out == b"" and used == (len(data) if call is not None else 0)
+            return call
+
+        async def answer(call: tuple[Any, ...] | None, gone: bool = False,
+                         closing: bool = False) -> Any:
+            assert call is not None
+            await asyncio.wait([call[0]])
+            got = lane.answer(call, gone, closing, b"date: D\r\n", b"")
+            pop.observers.flush()
+            return got
+
+        # the C writes the answer; the event is the chain's
+        got = await answer(start("/py?do=ok"))
+        assert isinstance(got, bytes) and same(got, await chain("/py", b"do=ok"))
+        assert fields(pop, 2)[0] == fields(pop, 2)[1]
+        # a failure is contained by the stages' code: the chain's 500 and event
+        got = await answer(start("/py?do=boom"))
+        python = await chain("/py", b"do=boom")
+        assert isinstance(got, tuple) and got[1].status == python.status == 500
+        assert got[1].headers[:-1] == python.headers[:-1]  # but the request id
+        assert fields(pop, 2)[0] == fields(pop, 2)[1]
+        # a connection that closes after it: Python writes the same response
+        got = await answer(start("/py?do=ok"), closing=True)
+        python = await chain("/py", b"do=ok")
+        assert isinstance(got, tuple) and got[1].status == 200
+        assert got[1].body == python.body and got[1].headers[:-1] == python.headers[:-1]
+        # a client gone during the call: a 499 event, the slot given back
+        assert await answer(start("/py?do=ok"), gone=True) is None
+        assert [e.status for e in list(pop.ring.events)[-1:]] == [499]
+        # an answer the HTTP cache stores: Python's MISS; then the deployment has an
+        # entry and its requests are the chain's (a HIT)
+        got = await answer(start("/cached?do=cached"))
+        assert isinstance(got, tuple) and header(got[1], b"x-edgefn-cache") == b"MISS"
+        assert start("/cached?do=cached") is None
+        assert header(await chain("/cached", b"do=cached"), b"x-edgefn-cache") == b"HIT"
+        # past limits.concurrency: the chain's 503; the slot comes back once answered
+        first = start("/one?do=wait")
+        assert start("/one") is None
+        assert (await chain("/one")).status == 503
+        assert isinstance(await answer(first), bytes)
+        assert isinstance(await answer(start("/one")), bytes)
+        # a rate-limited function is the chain's
+        assert start("/limited") is None
+        assert header(await chain("/limited"), b"ratelimit-policy") is not None
+        assert all(fn.inflight == 0 for fn in pop.registry.functions.values())
+
+    async def run() -> None:
+        pop = pop_with(tmp_path)
+        assert pop.lane is not None
+        try:
+            await main(pop, pop.lane)
+        finally:
+            pop.close()
+
+    asyncio.run(run())
