@@ -93,6 +93,42 @@ def test_cache_waf_ratelimit_and_ai_figures_come_from_decisions() -> None:
     assert s["ai"]["ttft_p50"] == 80.0 and s["ai"]["tokens_per_s"] == 40.0
 
 
+def test_each_decision_and_ai_call_counts_every_time_it_comes() -> None:
+    """Twice each within one second: the counts add up (a STALE answer is a hit, an AI
+    cache record without an outcome a lookup, a report-only WAF match counts, one
+    without rules as "?", rate-limit rejects per rule), the total counts every event,
+    and the AI figures sum tokens and generation time over the calls that say both."""
+    r = Rolling(Clock(T0 + 1))
+    for _ in range(2):
+        r.observe(event(T0, decisions={"http_cache": {"outcome": "STALE"}}))
+        r.observe(event(T0, decisions={"http_cache": {"outcome": "MISS"}}))
+        r.observe(event(T0, decisions={"ai_cache": {"outcome": "HIT_EXACT"}}))
+        r.observe(event(T0, decisions={"ai_cache": {}}))
+        r.observe(event(T0, decisions={"waf": {"would_block": True, "rules": [1, 2]}}))
+        r.observe(event(T0, status=403, decisions={"waf": {"blocked": True}}))
+        r.observe(event(T0, status=429, decisions={"ratelimit": {"limited": "per_ip"}}))
+        r.observe(event(T0, ai=AIUsage(operation="chat", model="m", completion_tokens=20,
+                                       tokens_per_s=40.0)))  # 500 ms, no TTFT
+        r.observe(event(T0, ai=AIUsage(operation="chat", model="m", completion_tokens=30,
+                                       tokens_per_s=10.0, ttft_ms=5.0)))  # 3000 ms
+        r.observe(event(T0, ai=AIUsage(operation="chat", model="m", completion_tokens=9)))
+    r.observe(event(T0, decisions={"http_cache": {"outcome": "HIT"}}))
+    s = r.snapshot()
+    assert s["total"] == s["requests"] == 21
+    assert s["cache"] == {"http": {"hits": 3, "lookups": 5, "hit_rate": 0.6},
+                          "ai": {"hits": 2, "lookups": 4, "hit_rate": 0.5}}
+    assert s["waf"] == {"1": 2, "2": 2, "?": 2} and s["ratelimit"] == {"per_ip": 2}
+    assert s["ai"]["calls_with_ttft"] == 2 and s["ai"]["tokens"] == 100
+    assert math.isclose(s["ai"]["tokens_per_s"], 100 / 7.0)  # 100 tokens in 7 s
+
+
+def test_ttft_samples_are_bounded_per_second() -> None:
+    r = Rolling(Clock(T0 + 1))
+    for i in range(SAMPLE + 5):
+        r.observe(event(T0, ai=AIUsage(operation="chat", model="m", ttft_ms=float(i))))
+    assert r.snapshot()["ai"]["calls_with_ttft"] == SAMPLE
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 59), st.floats(0, 1e4, allow_nan=False)),
                 min_size=1, max_size=300))

@@ -111,6 +111,33 @@ def test_a_failing_batch_observer_is_logged_once_and_the_others_go_on(
     assert len([r for r in caplog.records if "failed" in r.message]) == 1
 
 
+def test_two_observers_failing_on_a_batchs_events_are_each_logged_once_by_name(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Observers without observe_batch get a batch's events one by one: each that
+    raises is logged once, naming it, and the others still get every event."""
+    class Broken:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def observe(self, e: Event) -> None:
+            raise RuntimeError(self.name)
+
+        def __repr__(self) -> str:
+            return f"<broken {self.name}>"
+
+    observers, seen = Observers(), Seen()
+    for o in (Broken("a"), seen, Broken("b")):
+        observers.add(o)
+    with caplog.at_level(logging.ERROR, "edgefn.events"):
+        observers.observe_batch(EventBatch([event(1), event(2)]))
+        observers.observe_batch(EventBatch([event(3)]))
+    assert seen.rids == ["1", "2", "3"]
+    logged = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(logged) == 2
+    assert logged[0].startswith("event observer <broken a> failed (logged once")
+    assert logged[1].startswith("event observer <broken b> failed (logged once")
+
+
 def test_the_ring_keeps_a_batch_as_its_events_one_by_one() -> None:
     """Unsampled events skipped, long texts bounded, subscribers fed: a batch that is
     not `plain` goes through `observe`; a plain one is kept as it is."""

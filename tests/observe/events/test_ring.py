@@ -46,6 +46,64 @@ def test_one_event_holds_at_most_about_max_event_bytes() -> None:
     assert small.decisions == {"waf": {"rules": [942100]}}  # a small one is kept whole
 
 
+def test_a_long_event_is_cut_to_its_share_of_each_text_and_keeps_small_decisions() -> None:
+    """Past `MAX_TEXT` of text the path and query keep half of it each, the host a
+    quarter; decisions of exactly half the cap are kept, one byte more are replaced."""
+    cap = 2048
+    ring = Ring(3, cap)
+    rules = {"waf": {"r": "x" * (cap // 2 - len('{"waf":{"r":""}}'))}}
+    assert len(msgspec.json.encode(rules)) == cap // 2
+    long = {"path": "/" + "a" * 5000, "query": "q=" + "b" * 5000, "host": "h" * 5000}
+    ring.observe(event(0, **long, decisions=rules))
+    ring.observe(event(1, **long, decisions={"waf": {"r": rules["waf"]["r"] + "y"}}))
+    kept, over = ring.events
+    assert (len(kept.path), len(kept.query), len(kept.host)) == (
+        MAX_TEXT // 2, MAX_TEXT // 2, MAX_TEXT // 4)
+    assert kept.query.startswith("q=bbb") and kept.host.startswith("hhh")
+    assert kept.decisions == rules
+    assert over.decisions == {"truncated": cap // 2 + 1}
+
+
+def test_an_event_under_max_text_is_kept_whole_unless_its_decisions_are_over_half() -> None:
+    """Below `MAX_TEXT` of text only decisions over half the cap make an event bounded:
+    a long path without decisions, and a long host with decisions of exactly half the
+    cap, are kept whole; one byte more of decisions is replaced by its size."""
+    cap = 2048
+    ring = Ring(3, cap)
+    half = {"waf": {"r": "x" * (cap // 2 - len('{"waf":{"r":""}}'))}}
+    more = {"waf": {"r": half["waf"]["r"] + "y"}}
+    ring.observe(event(0, path="/" + "p" * 600))
+    ring.observe(event(1, host="h" * 300, decisions=half))
+    ring.observe(event(2, path="/" + "p" * 300, decisions=more))
+    whole, kept, cut = ring.events
+    assert len(whole.path) == 601 and len(kept.host) == 300 and kept.decisions == half
+    assert len(cut.path) == 301 and cut.decisions == {"truncated": cap // 2 + 1}
+
+
+def test_a_waiting_follower_is_woken_by_each_new_event() -> None:
+    """`get` waits for the next event: one that comes wakes it at once (not at its
+    timeout), each time; a follower's `since` is ignored (it follows from now on)."""
+    ring = Ring(10)
+
+    async def main() -> list[tuple[list[str], int, float]]:
+        sub = ring.subscribe(Query(since=0.5), 10)
+        loop = asyncio.get_running_loop()
+        out = []
+        for i in range(2):
+            started = loop.time()
+            waiting = asyncio.ensure_future(sub.get(5.0))
+            await asyncio.sleep(0.01)
+            assert not waiting.done()
+            ring.observe(event(i, ts=0.2))
+            events, dropped = await waiting
+            out.append(([e.rid for e in events], dropped, loop.time() - started))
+        return out
+
+    got = asyncio.run(main())
+    assert [(rids, dropped) for rids, dropped, _ in got] == [(["r0"], 0), (["r1"], 0)]
+    assert all(took < 2.5 for _, _, took in got)  # woken, not timed out at 5 s
+
+
 def test_queries_filter_by_every_field() -> None:
     now = 2000.0
     ring = Ring(100, clock=lambda: now)
@@ -80,6 +138,8 @@ def test_a_bad_filter_is_refused_naming_it(name: str, value: str) -> None:
     with pytest.raises(InvalidConfig) as e:
         Query.parse({name: value})
     assert e.value.field == name and e.value.status == 400
+    assert str(e.value).startswith(f"query: field `{name}`: ")
+    assert e.value.reason.startswith(("expected", "unknown filter"))
 
 
 def test_a_query_string_is_parsed_and_must_be_utf8() -> None:

@@ -242,6 +242,35 @@ def test_redaction_reaches_the_decisions_that_repeat_a_field_and_leaves_empty_on
     assert seen.events[0].decisions["http_cache"] == cache  # the key holds no client
 
 
+def test_redaction_leaves_the_requests_own_decisions_alone() -> None:
+    """The event gets a masked copy of the decisions; the dict the stages wrote (the
+    request's, read by later stages and traces) keeps what they recorded."""
+    from runtime.observe.redact import MASK, Redactor
+
+    decisions = {"http_cache": {"outcome": "MISS", "key": "f@1 h/p?q=SECRET"},
+                 "auth": {"tenant": "acme"}}
+    e = Event(ts=1.0, rid="r", pop="p", tier="edge", client="c", method="GET", host="h",
+              path="/p", status=200, query="q=SECRET", decisions=decisions)
+    redacted = Redactor(["query", "tenant"])(e)
+    assert redacted.decisions == {"http_cache": {"outcome": "MISS", "key": MASK},
+                                  "auth": {"tenant": MASK}}
+    assert decisions == {"http_cache": {"outcome": "MISS", "key": "f@1 h/p?q=SECRET"},
+                         "auth": {"tenant": "acme"}}
+
+
+@pytest.mark.parametrize("path, body, operation, model", [
+    (b"/v1/completions", b'{"model": "m"}', "text_completion", "m"),
+    (b"/v1/embeddings", b"", "embeddings", ""),  # a body that is no JSON: no model named
+    (b"/v1/other", b"{}", "chat", ""),  # a path of no operation: a chat's
+])
+def test_an_ai_cache_hit_names_its_operation_and_counts_no_tokens_it_did_not_say(
+        path: bytes, body: bytes, operation: str, model: str) -> None:
+    app, seen, _ = events_chain(Decide("ai_cache", {"outcome": "hit"}), Answer())
+    run(app(request(path, method=b"POST", body=body)))
+    assert seen.events[0].ai == AIUsage(operation=operation, model=model, prompt_tokens=0,
+                                        cached_tokens=0)
+
+
 def test_a_waf_refusal_is_an_event_with_the_rules_that_matched() -> None:
     from runtime.security.settings import WafSettings
     from tests.security.test_waf_stage import SQLI
