@@ -236,6 +236,19 @@ def test_a_group_counts_n_events() -> None:
     assert batched.series == single.series
     assert (batched.bots.by, batched.cache.by) == (single.bots.by, single.cache.by)
     assert batched.bots.by == {("automation", "allow"): 6}
+    # a group's WAF and rate-limit records count n times too
+    waf = {"waf": {"blocked": True, "rules": [942100]}, "ratelimit": {"limited": "ip"}}
+    detect = {"waf": {"would_block": True, "rules": [941100]}}
+    events = [event(n, status=403, decisions=waf if n < 2 else detect) for n in range(5)]
+    group = Group("f@1", "/", 403, "GET", 5, 0, [(0, 5)], [0.0] * 5, [(waf, 2), (detect, 3)])
+    waf_b, waf_s = RequestMetrics("p", "edge", ""), RequestMetrics("p", "edge", "")
+    waf_b.observe_batch(EventBatch(events, None, [group]))
+    for e in events:
+        e.duration_ms = 0.0
+        waf_s.observe(e)
+    assert (waf_b.waf_blocks.by, waf_b.waf_detects.by, waf_b.rejects.by) == (
+        waf_s.waf_blocks.by, waf_s.waf_detects.by, waf_s.rejects.by)
+    assert waf_b.waf_detects.by == {("941100",): 3}
 
 
 def test_the_access_log_writes_a_batchs_lines_or_each_event() -> None:

@@ -208,3 +208,56 @@ def test_unknown_models_make_no_ai_series(metrics):
               series(found, "edgefn_ai_prompt_tokens_total")}
     assert models == {"smollm2"}
     assert value(found, "edgefn_ai_generation_tokens_total", model="smollm2", adapter="") == 4
+
+
+def test_a_models_calls_add_up_in_its_series(metrics):
+    """Two calls of one model: its token counters, histogram counts and sums are
+    both calls' (a first token at 20.02 ms is past the 0.02 s bucket)."""
+    observer, registry = metrics
+    for _ in range(2):
+        observer.observe(event(target="openai", duration_ms=500.0, ai=AIUsage(
+            operation="chat", model="smollm2", prompt_tokens=3, completion_tokens=4,
+            cached_tokens=2, ttft_ms=20.02)))
+    found = scrape(registry)
+    base = {"model": "smollm2", "adapter": ""}
+    assert value(found, "edgefn_ai_prompt_tokens_total", **base) == 6
+    assert value(found, "edgefn_ai_generation_tokens_total", **base) == 8
+    assert value(found, "edgefn_ai_cached_tokens_total", **base) == 4
+    ttft = "edgefn_ai_time_to_first_token_seconds"
+    assert value(found, f"{ttft}_bucket", le="0.02", **base) == 0
+    assert value(found, f"{ttft}_count", **base) == 2
+    assert value(found, f"{ttft}_sum", **base) == pytest.approx(0.04004)
+    assert value(found, "edgefn_ai_e2e_request_latency_seconds_count", **base) == 2
+    assert value(found, "edgefn_ai_e2e_request_latency_seconds_sum", **base) == 1.0
+
+
+def test_a_histogram_counts_per_bucket_and_samples_them_cumulative():
+    """Each value counts in the first bucket whose bound it does not pass (a value on
+    a bound is in it), the last is +Inf; the sample is cumulative with the sum."""
+    from runtime.observe.metrics import Histogram
+
+    h = Histogram([0.1, 1.0])
+    state = h.new()
+    for v in (0.05, 0.1, 0.5, 3.0):
+        h.observe(state, v)
+    buckets, count, total = h.sample(state)
+    assert buckets == [("0.1", 2), ("1.0", 3), ("+Inf", 4)] and count == 4
+    assert total == pytest.approx(3.65)
+
+
+def test_past_max_series_new_models_share_one_series_and_known_ones_keep_theirs(metrics):
+    """max_series is 10: the 11th and 12th models count in one overflow series (both
+    calls), while a model with a series keeps counting in it."""
+    observer, registry = metrics
+    for i in range(12):
+        observer.observe(event(target="openai", ai=AIUsage(
+            operation="chat", model=f"m{i}", adapter="base" if i == 10 else None,
+            prompt_tokens=1)))
+    observer.observe(event(target="openai", ai=AIUsage(operation="chat", model="m0",
+                                                        prompt_tokens=1)))
+    found = scrape(registry)
+    tokens = series(found, "edgefn_ai_prompt_tokens_total")
+    assert len(tokens) == 11
+    assert value(found, "edgefn_ai_prompt_tokens_total", model="m0", adapter="") == 2
+    assert value(found, "edgefn_ai_prompt_tokens_total", model=OVERFLOW,
+                 adapter=OVERFLOW) == 2
