@@ -6,8 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from edgefn_core.process import load_system_libstdcxx
+
+# Under `make mutate` (mutmut sets MUTANT_UNDER_TEST) every call of mutated code goes
+# through a trampoline, at nice 10 beside other work: an example of test_abi took 311 ms
+# against hypothesis's 200 ms deadline and stopped the stats run ("failed to collect
+# stats. runner returned 1"); a deadline there would also count a slow example as a kill.
+if "MUTANT_UNDER_TEST" in os.environ:
+    settings.register_profile("mutmut", deadline=None)
+    settings.load_profile("mutmut")
 
 # pytest runs the PoP (usearch) and the ONNX engine in one process: the system
 # libstdc++ must be global before anything imports usearch (load_system_libstdcxx).
