@@ -64,3 +64,28 @@ def test_pending_tokens_are_bounded() -> None:
     assert len(logins.tokens) == MAX_PENDING
     with pytest.raises(Rejected):
         logins.redeem(first)
+
+
+def test_refusals_say_what_to_do_and_tokens_carry_192_bits() -> None:
+    """Both refusals are 401 `unauthorized` naming the command that makes a new token;
+    a token expired when another is issued is gone (unknown), not merely expired; tokens
+    and session ids are 32 URL-safe characters (24 random bytes)."""
+    clock = Clock()
+    logins = Logins(clock)
+    first, late = logins.issue(), logins.issue()
+    assert len(first) == 32
+    assert len(logins.redeem(first)) == 32
+    clock.now += 60
+    with pytest.raises(Rejected) as expired:
+        logins.redeem(late)
+    assert (expired.value.code, expired.value.status) == ("unauthorized", 401)
+    assert str(expired.value) == ("dashboard login token expired (they last 60 s); run "
+                                  "`edgefn dashboard` again")
+    gone = logins.issue()
+    clock.now += 60
+    logins.issue()  # drops what expired by now
+    with pytest.raises(Rejected) as unknown:
+        logins.redeem(gone)
+    assert (unknown.value.code, unknown.value.status) == ("unauthorized", 401)
+    assert str(unknown.value) == ("dashboard login token unknown or already used; run "
+                                  "`edgefn dashboard` for a new one")
