@@ -279,6 +279,19 @@ def test_a_key_file_with_keys_moves_functions_to_auth(tmp_path: Path) -> None:
         pop.close()
 
 
+def test_with_the_http_cache_off_the_lane_answers_as_the_chain(tmp_path: Path) -> None:
+    """``[http_cache] enabled = false``: the stage is idle for every function, so a
+    function's Cache-Tag reaches the client and nothing says MISS, on both paths."""
+    pop = pop_with(tmp_path, **{"http_cache.enabled": False})
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
+        lane = lane_answer(pop, "/plain")
+        assert lane is not None and same(lane, chain_answer(pop, "/plain"))
+        assert b"cache-tag: t1" in lane.lower() and b"x-edgefn-cache" not in lane
+    finally:
+        pop.close()
+
+
 @pytest.mark.parametrize("config, cache_off_served", [
     ({"bots.abusive_rate": "50/second"}, False),  # counts every request
     ({"workers": 2}, True),  # another worker may have stored what it answered
