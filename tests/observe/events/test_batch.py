@@ -138,6 +138,31 @@ def test_two_observers_failing_on_a_batchs_events_are_each_logged_once_by_name(
     assert logged[1].startswith("event observer <broken b> failed (logged once")
 
 
+def test_in_a_loop_max_batch_events_counting_a_batchs_are_delivered_at_once() -> None:
+    """A burst is held for the loop turn only up to `MAX_BATCH` events, a batch's
+    counting each: a batch of exactly MAX_BATCH goes at once, and so does the single
+    event that makes MAX_BATCH with a batch pending."""
+    from runtime.observe.observers import MAX_BATCH
+
+    async def run() -> tuple[int, int, int]:
+        observers, seen = Observers(), Seen()
+        observers.add(seen)
+        observers.observe_batch(EventBatch([event(i) for i in range(MAX_BATCH)]))
+        whole = len(seen.rids)
+        observers.observe_batch(EventBatch([event(i) for i in range(MAX_BATCH - 10)]))
+        for i in range(9):
+            observers.observe(event(i))
+        before = len(seen.rids)
+        observers.observe(event(9))
+        last = len(seen.rids) - before
+        observers.observe_batch(EventBatch([event(1), event(2)]))  # a small one alone:
+        await asyncio.sleep(0)  # delivered on the next loop turn
+        return whole, last, len(seen.rids) - before - last
+
+    whole, last, small = asyncio.run(run())
+    assert whole == MAX_BATCH and last == MAX_BATCH and small == 2
+
+
 def test_the_ring_keeps_a_batch_as_its_events_one_by_one() -> None:
     """Unsampled events skipped, long texts bounded, subscribers fed: a batch that is
     not `plain` goes through `observe`; a plain one is kept as it is."""
