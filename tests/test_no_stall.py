@@ -5,6 +5,7 @@ is refused at once with 503 and Retry-After while others keep answering."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -19,6 +20,7 @@ from tests.executors.test_no_stall import sleeper
 from tests.support import EXAMPLES, Running, function_dir, pop_thread, reactor
 
 P99_MS = 20  # the issue's target for other functions during any hostile one
+ADMIN_MS = 50  # an admin call while they spin, less what the OS made its threads wait
 
 
 @pytest.fixture
@@ -60,6 +62,36 @@ def p99(values: list[float]) -> float:
     return sorted(values)[int(len(values) * 0.99)]
 
 
+def runqueue_ms(tids: list[int]) -> float:
+    """How long (ms) the threads `tids` have waited on a run queue for a CPU, from
+    Linux's schedstat (its second field); 0 where the kernel does not keep it. That
+    wait is the OS's: a thread that waits on the GIL or on a lock sleeps instead."""
+    total = 0
+    for tid in tids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[1])
+    return total / 1e6
+
+
+def admin_call_ms(pop: Running) -> tuple[float, float]:
+    """An admin listing's latency (ms), and that less the time its two threads (the
+    admin API's and this caller's) waited for a CPU meanwhile: on a loaded 2-core
+    machine the spinning guests' threads and other processes' share the cores, and a
+    runnable thread waited 0.1-0.4 s for one (tests/test_no_stall.py's own spinners
+    plus load 7-9) with no lock or GIL held against it. A thread's wait is counted
+    when it gets the CPU, so one that began just before the call can make the
+    difference slightly negative; a thread waiting for the GIL sleeps and is not
+    discounted (a guest run holding it made this 2994 ms of 3004)."""
+    tids = [t.native_id for t in threading.enumerate()
+            if t.name == "edgefn-admin" and t.native_id is not None]
+    tids.append(threading.get_native_id())
+    waited, started = runqueue_ms(tids), time.perf_counter()
+    listing = pop.admin.request("GET", "/v1/functions")
+    took = (time.perf_counter() - started) * 1000
+    assert {f["name"] for f in listing["functions"]} == {"hello", "spin"}
+    return took, took - (runqueue_ms(tids) - waited)
+
+
 def test_hello_p99_stays_under_20ms_while_60s_budget_reactors_spin(pop: Running,
                                                                     tmp_path: Path) -> None:
     pop.deploy(function_dir(tmp_path, "spin", reactor("(loop $l (br $l))"),
@@ -67,19 +99,16 @@ def test_hello_p99_stays_under_20ms_while_60s_budget_reactors_spin(pop: Running,
     spins: list[tuple[int, dict[str, str]]] = []
     threads = [get_in_thread(pop, "/spin", spins) for _ in range(THREAD_SHARE)]
     time.sleep(0.05)
-    admin_ms = []
-    for _ in range(5):  # the admin API answers too, and fast, while they spin
-        started = time.perf_counter()
-        listing = pop.admin.request("GET", "/v1/functions")
-        admin_ms.append((time.perf_counter() - started) * 1000)
-        assert {f["name"] for f in listing["functions"]} == {"hello", "spin"}
+    # the admin API answers too, and fast, while they spin: nothing of the PoP (the
+    # GIL, its loop) makes it wait on them; only the OS's scheduling may
+    admin_ms = [admin_call_ms(pop) for _ in range(5)]
     latencies, errors = hello_latencies(pop, 2.0)
     for t in threads:
         t.join()
     assert errors == []
     assert len(latencies) > 200, len(latencies)
     assert p99(latencies) <= P99_MS, (p99(latencies), max(latencies))
-    assert max(admin_ms) < 50, admin_ms
+    assert max(own for _, own in admin_ms) < ADMIN_MS, admin_ms
     # each spin ran to its own limit, on a worker thread: the 3 s wall time
     assert [(s, h["x-edgefn-error"]) for s, h in spins] == [(504, "wall_limit")] * THREAD_SHARE
 
