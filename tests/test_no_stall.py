@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from runtime.executors.wasm.engine import THREAD_SHARE
+from runtime.executors.wasm.function import WasmFunction
 from tests.executors.test_no_stall import sleeper
 from tests.support import EXAMPLES, Running, function_dir, pop_thread, reactor
 
@@ -111,6 +112,31 @@ def test_hello_p99_stays_under_20ms_while_60s_budget_reactors_spin(pop: Running,
     assert max(own for _, own in admin_ms) < ADMIN_MS, admin_ms
     # each spin ran to its own limit, on a worker thread: the 3 s wall time
     assert [(s, h["x-edgefn-error"]) for s, h in spins] == [(504, "wall_limit")] * THREAD_SHARE
+
+
+@pytest.mark.parametrize("lane", ["auto", "off"])
+def test_a_reactor_cut_at_the_slice_runs_inline_twice_then_on_a_thread(
+        tmp_path: Path, lane: str) -> None:
+    """The rule is the same whichever path parses the request: the native lane's
+    inline run is the first of the two (it ran three times inline, 15 ms of the
+    loop: 18.6 ms longest loop lag against 12.6 without the lane)."""
+    # spins on a long request only: the deploy's warm-up (a short GET) keeps it inline
+    spin = reactor("(if (i32.gt_u (local.get $n) (i32.const 300)) (then (loop $l (br $l))))")
+    with pop_thread(tmp_path / "data", **{"http.native_lane": lane}) as pop:
+        pop.deploy(function_dir(tmp_path, "spin", spin,
+                                limits="cpu_ms = 60000\nwall_ms = 300"))
+        assert (pop.pop.lane is not None) == (lane == "auto")
+        executor = pop.pop.registry.functions["spin"].executor
+        assert isinstance(executor, WasmFunction) and not executor.threaded
+
+        def runs() -> int:
+            return sum(executor.instantiate_times.snapshot()[1])
+
+        before = runs()
+        status, headers, _ = pop.get("/spin?" + "x" * 400)
+        assert (status, headers["x-edgefn-error"]) == (504, "wall_limit")
+        assert runs() - before == 3  # inline twice, cut at the slice; once on a thread
+        assert executor.threaded and not executor.lane_cut
 
 
 def test_the_admin_api_answers_while_the_public_loop_is_blocked(pop: Running) -> None:

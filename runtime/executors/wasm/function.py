@@ -103,6 +103,9 @@ class WasmFunction:
         self.slice_ticks = min(self.deadline_ticks, math.ceil(INLINE_SLICE_MS / tick_ms) + 1)
         self.thread_share = min(THREAD_SHARE, limits.concurrency)
         self.slow_start = False  # starting an instance takes the inline slice (`prewarm`)
+        # set by the native lane when its inline run failed (the slice, a trap): the
+        # request comes to `handle` next, which then runs it inline once, not twice
+        self.lane_cut = False
         # the share as a semaphore of the loop serving it (a test may run several loops)
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         kind = "wall_limit" if manifest.bindings.ai or limits.cpu_ms > limits.wall_ms \
@@ -302,8 +305,12 @@ class WasmFunction:
             # one C call with the native extension: encode, run, decode. Cut at the slice,
             # it runs inline once more before it needs a worker thread: a short guest is
             # cut when the loop's thread is preempted mid-call (epochs count wall time),
-            # and other owners' long functions may hold every thread meanwhile
-            for _ in range(2):
+            # and other owners' long functions may hold every thread meanwhile. A run
+            # the native lane made and gave up on (`lane_cut`) was the first of the two
+            tries = 2
+            if self.lane_cut:
+                self.lane_cut, tries = False, 1
+            for _ in range(tries):
                 try:
                     return Response(*self.call.serve(request.method, request.path,
                                                      request.query, request.headers,

@@ -239,6 +239,7 @@ typedef struct {
     PyObject *status_lines;  /* tuple of 600: bytes or None */
     PyObject *inflight_name; /* "inflight" */
     PyObject *threaded_name; /* "threaded" */
+    PyObject *lane_cut_name; /* "lane_cut" */
     char prefix[64];         /* request id prefix */
     size_t prefix_len;
     char rid_header[64];     /* the request id header, lower case */
@@ -738,7 +739,9 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
         if (res->trap) l->trap_delete(res->trap);
         if (res->error) l->error_delete(res->error);
         res->trap = res->error = NULL;
-        return 0;
+        /* this was its first inline run: Python's is its last (README "No function
+         * stalls the PoP": inline at most twice, then the worker threads) */
+        return PyObject_SetAttr(r->executor, l->lane_cut_name, Py_True) < 0 ? -1 : 0;
     }
     uint32_t status, count, body_len = 0;
     const uint8_t *body = NULL;
@@ -1090,7 +1093,8 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     Py_XSETREF(l->status_lines, Py_NewRef(lines));
     Py_XSETREF(l->inflight_name, PyUnicode_InternFromString("inflight"));
     Py_XSETREF(l->threaded_name, PyUnicode_InternFromString("threaded"));
-    if (!l->inflight_name || !l->threaded_name) return -1;
+    Py_XSETREF(l->lane_cut_name, PyUnicode_InternFromString("lane_cut"));
+    if (!l->inflight_name || !l->threaded_name || !l->lane_cut_name) return -1;
     memcpy(l->prefix, prefix, (size_t)prefix_len);
     l->prefix_len = (size_t)prefix_len;
     for (Py_ssize_t i = 0; i < rid_len; i++)
@@ -1125,6 +1129,7 @@ static int Lane_clear(Lane *l) {
     Py_CLEAR(l->status_lines);
     Py_CLEAR(l->inflight_name);
     Py_CLEAR(l->threaded_name);
+    Py_CLEAR(l->lane_cut_name);
     Py_CLEAR(l->submit);
     Py_CLEAR(l->started);
     clear_routes(l);
