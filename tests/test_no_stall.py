@@ -5,9 +5,11 @@ is refused at once with 503 and Retry-After while others keep answering."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from runtime.executors.wasm.engine import THREAD_SHARE
-from runtime.executors.wasm.function import WasmFunction
+from runtime.executors.wasm.function import INLINE_SLICE_MS, WasmFunction
 from tests.executors.test_no_stall import sleeper
 from tests.support import EXAMPLES, Running, function_dir, pop_thread, reactor
 
@@ -137,6 +139,38 @@ def test_a_reactor_cut_at_the_slice_runs_inline_twice_then_on_a_thread(
         assert (status, headers["x-edgefn-error"]) == (504, "wall_limit")
         assert runs() - before == 3  # inline twice, cut at the slice; once on a thread
         assert executor.threaded and not executor.lane_cut
+
+
+def test_requests_to_a_reactor_awaiting_its_verdict_skip_the_loop(tmp_path: Path) -> None:
+    """40 requests at once to a reactor cut at the slice: while the first one's run on a
+    thread says whether it needs the threads, the others go there too. Each took two
+    slices of the loop: 175-190 ms of its CPU (load 7), 400-485 ms of lag; now ~21."""
+    spin = reactor("(if (i32.gt_u (local.get $n) (i32.const 300)) (then (loop $l (br $l))))")
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(function_dir(tmp_path, "spin", spin,
+                                limits="cpu_ms = 60000\nwall_ms = 1000\nconcurrency = 64"))
+        assert pop.loop is not None
+        tid = asyncio.run_coroutine_threadsafe(_native_id(), pop.loop).result()
+        socks = [socket.create_connection((pop.host, pop.port)) for _ in range(40)]
+        cpu = _cpu_ms(tid)
+        for s in socks:
+            s.sendall(f"GET /spin?{'x' * 400} HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+        answers = [s.recv(4096) for s in socks]
+        used = _cpu_ms(tid) - cpu
+        for s in socks:
+            s.close()
+    assert {a[:12] for a in answers} == {b"HTTP/1.1 504"}, {a[:12] for a in answers}
+    # two slices, then the parsing and waiting of 40 requests: 300+ when each took two
+    assert used < 4 * INLINE_SLICE_MS + 40, used
+
+
+async def _native_id() -> int:
+    return threading.get_native_id()
+
+
+def _cpu_ms(tid: int) -> float:
+    """The CPU time (ms) thread `tid` of this process has run (schedstat's first field)."""
+    return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) / 1e6
 
 
 def test_the_admin_api_answers_while_the_public_loop_is_blocked(pop: Running) -> None:

@@ -106,6 +106,11 @@ class WasmFunction:
         # set by the native lane when its inline run failed (the slice, a trap): the
         # request comes to `handle` next, which then runs it inline once, not twice
         self.lane_cut = False
+        # a request cut at the slice twice runs again on a thread, whose CPU time says
+        # whether the function needs the threads for good; until that run ends, its other
+        # requests go there too rather than take the loop for two slices each (40 at
+        # once held it 0.5-1.1 s)
+        self.verdict_pending = False
         # the share as a semaphore of the loop serving it (a test may run several loops)
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         kind = "wall_limit" if manifest.bindings.ai or limits.cpu_ms > limits.wall_ms \
@@ -299,29 +304,38 @@ class WasmFunction:
         ``EDGEFN_PRINCIPAL_<FIELD>`` variables (see `edgefn_core.abi`, `wasi.environ`)."""
         if self.abi == "reactor":
             params_blob, who = encode_params(params), principal_blob(principal)
+            lane_ran, self.lane_cut = self.lane_cut, False
             if self.threaded:
                 return self._handle_threaded(self._encode(request, params_blob, who),
                                              _origin(request, principal))
-            # one C call with the native extension: encode, run, decode. Cut at the slice,
-            # it runs inline once more before it needs a worker thread: a short guest is
-            # cut when the loop's thread is preempted mid-call (epochs count wall time),
-            # and other owners' long functions may hold every thread meanwhile. A run
-            # the native lane made and gave up on (`lane_cut`) was the first of the two
-            tries = 2
-            if self.lane_cut:
-                self.lane_cut, tries = False, 1
-            for _ in range(tries):
-                try:
-                    return Response(*self.call.serve(request.method, request.path,
-                                                     request.query, request.headers,
-                                                     self.env_blob, request.body, params_blob,
-                                                     who))
-                except FunctionError as e:
-                    if e.code != SLICE_EXPIRED:
-                        raise
+            if not self.verdict_pending:
+                done = self._inline(request, params_blob, who, 1 if lane_ran else 2)
+                if done is not None:
+                    return done
+                self.verdict_pending = True
             return self._rerun_threaded(self._encode(request, params_blob, who),
                                         _origin(request, principal))
         return self._handle_wasi(request, route, params, principal)
+
+    def _inline(self, request: Request, params_blob: bytes, who: bytes, tries: int
+                ) -> Response | None:
+        """`request` run inline, `tries` times at most while it is cut at the slice
+        (None: cut every time). Raises `FunctionError` for anything but the slice.
+
+        One C call with the native extension: encode, run, decode. Cut at the slice,
+        it runs inline once more before it needs a worker thread: a short guest is cut
+        when the loop's thread is preempted mid-call (epochs count wall time), and other
+        owners' long functions may hold every thread meanwhile. A run the native lane
+        made and gave up on (`lane_cut`) was the first of the two."""
+        for _ in range(tries):
+            try:
+                return Response(*self.call.serve(request.method, request.path, request.query,
+                                                 request.headers, self.env_blob, request.body,
+                                                 params_blob, who))
+            except FunctionError as e:
+                if e.code != SLICE_EXPIRED:
+                    raise
+        return None
 
     def _encode(self, request: Request, params_blob: bytes, principal: bytes) -> bytes:
         return encode_request(request.method, request.path, request.query, request.headers,
@@ -357,6 +371,7 @@ class WasmFunction:
                 log.info("%s: ran past the %d ms inline slice and takes %.1f ms of CPU; runs "
                          "on worker threads from now on", self.name, INLINE_SLICE_MS,
                          used * 1000)
+            self.verdict_pending = False  # after `threaded`: the loop reads them in turn
 
     def _call_here(self, data: bytes, origin: Origin = NO_ORIGIN,
                    wall_deadline: float = 0.0) -> bytes:
