@@ -361,3 +361,29 @@ def test_a_wall_limit_says_whether_the_request_ran_or_waited_for_a_thread(
                              "a host call)"), str(ran)
     assert str(waited).endswith("exceeded its wall-time limit of 200 ms (waiting for a worker "
                                 "thread: its 1 or its owner's were all busy)"), str(waited)
+
+
+def test_a_process_with_more_live_engines_than_mappings_allow_does_not_abort() -> None:
+    """Each pooling engine takes ~2,000 memory mappings: 31 live ones filled Linux's
+    default vm.max_map_count and wasmtime aborted the whole process at the next (a
+    test run died so). Past `POOLED_MAX` live pooling engines a new one makes its
+    instances on demand, after one collection frees closed PoPs' engines."""
+    import subprocess
+    import sys
+
+    child = """
+import gc
+from runtime.executors.wasm.engine import POOLED_MAX, WasmEngine
+held = [WasmEngine(None) for _ in range(48)]
+assert [e.pooling for e in held] == [True] * POOLED_MAX + [False] * (48 - POOLED_MAX)
+for e in held[:4]:
+    e.close()
+del held[:4], e
+gc.collect()
+again = WasmEngine(None)  # the closed ones' slots came back
+assert again.pooling
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import hashlib
 import logging
 import os
@@ -37,6 +38,13 @@ THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at onc
 # one function's share, so an owner's busy function leaves threads to its others
 TENANT_SHARE = WORKER_THREADS * 3 // 8
 WASMTIME_VERSION = version("wasmtime")
+# A pooling engine reserves every instance's slots up front: ~2,000 memory mappings each.
+# Linux's default `vm.max_map_count` (65530) held 31 of them in one process, and wasmtime
+# aborts the process (not an error: "failed to protect stack guard page") when the next
+# cannot be made. A PoP makes one; a process holding more (tests, PoPs in one process,
+# closed ones whose engines wait in reference cycles) gets on-demand engines past this.
+POOLED_MAX = 8
+_pooled: weakref.WeakSet[wasmtime.Engine] = weakref.WeakSet()
 
 
 class WasmEngine:
@@ -134,17 +142,26 @@ class WasmEngine:
 
 
 def _make_engine(pooling: bool) -> tuple[wasmtime.Engine, bool]:
-    """An Engine with epoch interruption and, where the host allows, the pooling allocator.
+    """An Engine with epoch interruption and, where the host allows, the pooling allocator
+    (not past `POOLED_MAX` live pooling engines in this process).
 
     The pooling allocator makes a fresh instance per request cost single-digit
     microseconds; it is only reachable through wasmtime-py's private bindings.
     """
     config = wasmtime.Config()
     config.epoch_interruption = True
+    if pooling and len(_pooled) >= POOLED_MAX:
+        gc.collect()  # closed PoPs' engines, held only by reference cycles
+        if len(_pooled) >= POOLED_MAX:
+            log.warning("%d pooling engines are live in this process; this one makes its "
+                        "instances on demand (POOLED_MAX)", len(_pooled))
+            pooling = False
     if pooling:
         try:
             _enable_pooling(config)
-            return wasmtime.Engine(config), True
+            engine = wasmtime.Engine(config)
+            _pooled.add(engine)
+            return engine, True
         except (wasmtime.WasmtimeError, AttributeError, OSError) as e:
             log.warning("pooling allocator unavailable (%s); using on-demand instances", e)
             config = wasmtime.Config()
