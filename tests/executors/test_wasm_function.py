@@ -387,3 +387,63 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("body, native", [
+    ("(loop $l (br $l))", "1"),  # spins
+    ("(loop $l (br $l))", "0"),  # the same without the C fast path (its own ticker)
+    # spins on host calls, each of which pushes its deadline back: these end as their
+    # request is cancelled (`runtime.bindings.stop`)
+    ("(loop $l (drop (call $inc (i32.const 0) (i32.const 1) (i32.const 1) (i32.const 1)"
+     " (i64.const 1))) (br $l))", "1"),
+], ids=["spin", "spin-ctypes", "host-calls"])
+def test_a_guest_running_on_a_thread_when_its_pop_closes_ends_and_so_does_the_process(
+        body: str, native: str) -> None:
+    """A guest with a 60 s budget on a worker thread when its PoP closes: the closed
+    engine's ticker stops, so its deadline never came; the guest spun on (a core gone
+    for the rest of the test run), and the process never exited: interpreter exit joins
+    the worker threads (CI ran out of time after its last test so)."""
+    import os
+    import subprocess
+    import sys
+
+    spin = reactor(f"(if (i32.gt_u (local.get $n) (i32.const 300)) (then {body}))",
+                   prelude='(data (i32.const 0) "nk")',
+                   imports='(import "edgefn" "kv_increment" (func $inc (param i32 i32 i32 i32'
+                           ' i64) (result i64)))')
+    child = f"""
+import sys, tempfile, threading, time
+from pathlib import Path
+from tests.support import function_dir, pop_thread
+root = Path(tempfile.mkdtemp())
+with pop_thread(root / "data") as pop:
+    pop.deploy(function_dir(root, "spin", {spin!r}, extra='[bindings]\\nkv = ["n"]',
+                            limits="cpu_ms = 60000\\nwall_ms = 300000"))
+    executor = pop.pop.registry.functions["spin"].executor
+    threading.Thread(target=pop.get, args=("/spin?" + "x" * 400,), kwargs={{"timeout": 1}},
+                     daemon=True).start()
+    until = time.monotonic() + 30
+    while not (executor.threaded or executor.verdict_pending):  # cut inline: to a thread
+        assert time.monotonic() < until, "never ran on a thread"
+        time.sleep(0.01)
+    time.sleep(0.3)  # it spins there
+print("closed", flush=True)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "EDGEFN_NATIVE": native},
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the PoP closed (it waits out its requests' grace)
+        closed = time.monotonic()
+        assert line == "closed\n", proc.communicate(timeout=60)[1][-2000:]
+        proc.wait(timeout=30)
+        exited = time.monotonic() - closed
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process never exited after its PoP closed")
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert exited < 5, exited

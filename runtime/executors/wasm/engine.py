@@ -25,10 +25,14 @@ import wasmtime
 from wasmtime import _bindings as bindings
 
 from runtime.executors.wasm.wasi_poll import Deadlines
+from runtime.functions.manifest import MAX_CPU_MS, MAX_WALL_MS
 
 log = logging.getLogger("edgefn.wasm")
 
 TICK_SECONDS = 0.001  # one epoch tick; CPU and wall limits are counted in ticks
+# past any deadline a guest can hold (the longest limit, in ticks, and the first tick's +1):
+# `close()` moves the epoch this far, since no ticker will after it
+EXPIRE_TICKS = int(max(MAX_CPU_MS, MAX_WALL_MS) / 1000 / TICK_SECONDS) + 2
 POOL_INSTANCES = 128  # live instances at once (inline reactor calls + WASI threads)
 POOL_MAX_MEMORY = 1 << 30  # the largest `limits.memory_mb` the pool can host
 WORKER_THREADS = 16  # WASI commands and reactors that may block or run long
@@ -133,11 +137,21 @@ class WasmEngine:
         return module
 
     def close(self) -> None:
+        """Stop the ticker, then end every guest still running: the epoch moves past
+        any deadline (`EXPIRE_TICKS`). Without that a guest spinning on a worker thread
+        ran on forever once the ticker stopped, and so did its process: interpreter exit
+        joins the worker threads. (A guest in a host call then traps at its next one:
+        its request was cancelled, `runtime.bindings.stop`.)"""
         self._stop.set()
         if self._native_ticker is not None:
             self._native_ticker.stop()
+            self._native_ticker.lib.epoch_advance(
+                ctypes.cast(self.engine.ptr(), ctypes.c_void_p).value, EXPIRE_TICKS)
         else:
             self._ticker.join(timeout=1)
+            increment, ptr = bindings.wasmtime_engine_increment_epoch, self.engine.ptr()
+            for _ in range(EXPIRE_TICKS):
+                increment(ptr)
         self.threads.shutdown(wait=False, cancel_futures=True)
 
 

@@ -71,6 +71,8 @@ class NativeLib:
         self.ticker_start.argtypes = [c_void_p, c_long]
         self.ticker_stop = lib.edgefn_ticker_stop
         self.ticker_stop.argtypes = [c_void_p]
+        self.epoch_advance = lib.edgefn_epoch_advance
+        self.epoch_advance.argtypes = [c_void_p, c_uint64]
         self.lib = lib
         self.serve: Any = import_extension(EXTENSION, path).serve if python_headers() else None
 
