@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import random
 from collections.abc import Iterator
@@ -30,6 +31,25 @@ def pop(tmp_path: Path) -> Iterator[Running]:
     """A real PoP on an ephemeral loopback port with a fresh data dir."""
     with pop_thread(tmp_path / "data") as running:
         yield running
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """`edgefn` commands run in-process (tests/cli, tests/rollout) configure logging
+    (`runtime.cli.logs.configure`): a handler on that test's captured stderr, which pytest
+    closes after it. Every later log line then failed with "--- Logging error ---" and a
+    printed call stack, on the thread that logged: 40 requests' wall-limit warnings took
+    100+ ms of a PoP loop's CPU so in full runs. After each test, the handlers it added
+    (not pytest's) go, and the levels and propagation come back."""
+    loggers = [logging.getLogger(), logging.getLogger("edgefn.functions")]
+    saved = [(lg, set(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, handlers, level, propagate in saved:
+        for h in lg.handlers[:]:
+            if type(h) is logging.StreamHandler and h not in handlers:
+                lg.removeHandler(h)
+        lg.setLevel(level)
+        lg.propagate = propagate
 
 
 @pytest.fixture
