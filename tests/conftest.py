@@ -67,3 +67,53 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     if seed is not None and getattr(config.option, "randomly_reorganize", True):
         terminalreporter.write_line(f"tests ran in random order: replay it with "
                                     f"--randomly-seed={seed}")
+
+
+_exit_status: list[int] = []
+# how long threads still running after the tests may take to end (tests/test_suite_exit.py)
+LEFT_THREADS_S = float(os.environ.get("EDGEFN_TEST_LEFT_THREADS_S", "60"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Once the summary is out, end what interpreter exit would join: worker pools are
+    told to stop, as at exit, and other threads get `LEFT_THREADS_S` in all. One still
+    running then would keep the process alive until CI kills it (a guest spinning on a
+    closed engine's thread did: the run ran out of its 5400 s after its summary), so
+    its stack is printed and the process exits with the tests' status, or 3 if they
+    passed. Only where this process ends with pytest (`make test`), not in-process runs
+    such as mutmut's, which go on using thread pools."""
+    import concurrent.futures.thread as pool_threads
+    import faulthandler
+    import sys
+    import threading
+    import time
+
+    if Path(sys.argv[0]).name not in ("pytest", "py.test") and \
+            not sys.argv[0].endswith(os.path.join("pytest", "__main__.py")):
+        return
+    with pool_threads._global_shutdown_lock:
+        pool_threads._shutdown = True
+    for _, q in list(pool_threads._threads_queues.items()):
+        q.put(None)  # what concurrent.futures does at exit: idle workers end
+    until = time.monotonic() + LEFT_THREADS_S
+
+    def running() -> list[threading.Thread]:
+        return [t for t in threading.enumerate()
+                if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+
+    for t in running():
+        t.join(max(until - time.monotonic(), 0))
+    left = running()
+    if left:
+        sys.stdout.flush()
+        sys.stderr.write(f"\n{len(left)} thread(s) still running {LEFT_THREADS_S:g} s after the "
+                         f"tests would keep this process from exiting: "
+                         f"{', '.join(t.name for t in left)}\n")
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit((_exit_status or [0])[0] or 3)
