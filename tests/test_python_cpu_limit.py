@@ -195,18 +195,72 @@ def test_a_fresh_interpreters_first_async_answer_is_not_billed_its_event_loop(
         assert (status, body) == (200, want), (headers.get("x-edgefn-error"), body)
 
 
-LATER = """
+WRAPPED = {  # async code each fresh interpreter's first answer awaits, wrapped
+    "decorated": """
 from edgefn import Response
 
+def logged(f):
+    def wrapper(request, env):
+        return f(request, env)
+    return wrapper
 
-class Later:  # awaitable, with no async code in its module: the loop is made at its await
+@logged
+async def handle(request, env):
+    return Response("awaited")
+""",
+    "staticmethod": """
+from edgefn import Response
+
+class Api:
+    @staticmethod
+    async def answer():
+        return Response("awaited")
+
+def handle(request, env):
+    return Api.answer()
+""",
+    "__await__": """
+from edgefn import Response
+
+class Later:
     def __await__(self):
         yield from ()
-        return Response("later")
-
+        return Response("awaited")
 
 def handle(request, env):
     return Later()
+""",
+}
+
+
+@pytest.mark.parametrize("how", list(WRAPPED))
+def test_a_fresh_interpreters_first_await_of_wrapped_async_code_is_not_billed_its_loop(
+        pop: Running, tmp_path: Path, how: str) -> None:
+    """As above, for async code a decorator wraps, a static method, and an awaitable
+    class: each was missed, so each answer paid for asyncio under a 25 ms limit."""
+    pop.deploy(python_function(tmp_path, "wrapped", WRAPPED[how],
+                               limits="cpu_ms = 25\nwall_ms = 5000",
+                               pool="min = 1\nmax = 1\nstandby = false\nrecycle_after = 1"))
+    for _ in range(3):
+        status, headers, body = pop.get("/wrapped", timeout=30)
+        assert (status, body) == (200, b"awaited"), (headers.get("x-edgefn-error"), body)
+
+
+LATER = """
+import later  # the awaitable's class is only reached through this module: not looked at
+
+
+def handle(request, env):
+    return later.Later()
+"""
+LATER_MODULE = """
+from edgefn import Response
+
+
+class Later:  # its module's loop is made at its await
+    def __await__(self):
+        yield from ()
+        return Response("later")
 """
 
 
@@ -216,8 +270,10 @@ def test_a_limit_landing_in_asyncios_import_replaces_the_interpreter(
     where the module holds no async code): it stays half made in that interpreter,
     so a fresh one serves the next request. Kept, every later await raised
     NameError (a 500 ``trap``) until the isolate recycled."""
-    pop.deploy(python_function(tmp_path, "later", LATER, limits="cpu_ms = 10\nwall_ms = 5000",
-                               pool="min = 1\nmax = 1\nstandby = false"))
+    fn = python_function(tmp_path, "later", LATER, limits="cpu_ms = 10\nwall_ms = 5000",
+                         pool="min = 1\nmax = 1\nstandby = false")
+    (fn / "later.py").write_text(LATER_MODULE)
+    pop.deploy(fn)
     answers = []
     for _ in range(6):
         status, headers, _ = pop.get("/later", timeout=30)

@@ -10,6 +10,8 @@ handler's thread; C code that never returns to Python is the PoP's to handle
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import inspect
 import json
@@ -85,31 +87,52 @@ ASYNC_CODE = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITER
 
 
 def awaits(handler: Any) -> bool:
-    """Whether `handler`'s module holds async code (a coroutine or an async generator
-    function among its globals and their classes, at any depth of nesting), or has
-    asyncio imported: its requests will run on the isolate's event loop. Importing
-    asyncio and making that loop cost 40-120 ms of CPU; made at the first await, they
-    were billed to that request, past a 50 ms `limits.cpu_ms` (a 503 ``cpu_limit``,
-    or a stream cut after its head, on every fresh interpreter's first async answer)."""
-    if "asyncio" in sys.modules:
-        return True
+    """Whether `handler`'s module holds async code, or has asyncio imported: its
+    requests will run on the isolate's event loop. Async code is a coroutine or async
+    generator function, or a class with `__await__`, among the module's globals and
+    what they hold: their classes' attributes (static and class methods too), what a
+    decorator wrapped (`__wrapped__`, or the function in its closure), a partial's
+    function, and the code nested in each, at any depth. Importing asyncio and making
+    that loop cost 40-120 ms of CPU; made at the first await, they were billed to that
+    request, past a 50 ms `limits.cpu_ms` (a 503 ``cpu_limit``, or a stream cut after
+    its head, on every fresh interpreter's first async answer). What the module only
+    reaches through another module (`import helpers`, then `helpers.Later()`) is not
+    looked at: that first await makes the loop, and a limit landing in it replaces
+    the interpreter (`Session._until`)."""
+    return "asyncio" in sys.modules or holds_async(handler)
+
+
+def holds_async(handler: Any) -> bool:
+    """Whether `handler`'s module holds async code, as `awaits` says."""
+    while isinstance(handler, functools.partial):  # its module is its function's
+        handler = handler.func
     module = sys.modules.get(getattr(handler, "__module__", None) or "")
-    found = list(vars(module).values()) if module is not None else [handler]
-    codes = []
-    for value in found:
-        if isinstance(value, type):
-            codes += [getattr(v, "__code__", None) for v in vars(value).values()]
-        else:
-            codes.append(getattr(value, "__code__", None))
+    todo: list[Any] = list(vars(module).values()) if module is not None else [handler]
     seen: set[int] = set()
-    while codes:
-        code = codes.pop()
-        if not isinstance(code, types.CodeType) or id(code) in seen:
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
             continue
-        seen.add(id(code))
-        if code.co_flags & ASYNC_CODE:
-            return True
-        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        seen.add(id(value))
+        if isinstance(value, types.CodeType):
+            if value.co_flags & ASYNC_CODE:
+                return True
+            todo += [c for c in value.co_consts if isinstance(c, types.CodeType)]
+        elif isinstance(value, type):
+            if any("__await__" in vars(c) for c in value.__mro__[:-1]):
+                return True
+            todo += vars(value).values()
+        elif isinstance(value, types.FunctionType):
+            todo.append(value.__code__)
+            for cell in value.__closure__ or ():
+                with contextlib.suppress(ValueError):  # an empty cell
+                    todo.append(cell.cell_contents)
+            if hasattr(value, "__wrapped__"):
+                todo.append(value.__wrapped__)
+        elif isinstance(value, (staticmethod, classmethod, types.MethodType)):
+            todo.append(value.__func__)
+        elif isinstance(value, functools.partial):
+            todo.append(value.func)
     return False
 
 
