@@ -64,6 +64,9 @@ services:
 	@bash .ci/services
 
 bench: venv
+	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; } || \
+	  echo "bench: wrk is missing: run 'apt-get install -y wrk' as root" >&2
 	$(BIN)/python bench/bench_runtime.py
 	$(BIN)/python bench/bench_kv.py
 
