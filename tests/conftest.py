@@ -36,17 +36,19 @@ def pop(tmp_path: Path) -> Iterator[Running]:
 @pytest.fixture(autouse=True)
 def _logging_as_it_was() -> Iterator[None]:
     """`edgefn` commands run in-process (tests/cli, tests/rollout) configure logging
-    (`runtime.cli.logs.configure`): a handler on that test's captured stderr, which pytest
-    closes after it. Every later log line then failed with "--- Logging error ---" and a
-    printed call stack, on the thread that logged: 40 requests' wall-limit warnings took
-    100+ ms of a PoP loop's CPU so in full runs. After each test, the handlers it added
-    (not pytest's) go, and the levels and propagation come back."""
+    (`runtime.cli.logs.configure`). Its handlers were bound to that test's captured
+    stderr, which pytest closes after it: every later log line failed with "--- Logging
+    error ---" and a printed call stack, on the thread that logged (40 requests'
+    wall-limit warnings took 100+ ms of a PoP loop's CPU so in full runs). They now
+    write to the stderr of the moment (`logs.Stderr`), but each test still gets the
+    logging it started with: the handlers it added (not pytest's) go, and the levels
+    and propagation come back."""
     loggers = [logging.getLogger(), logging.getLogger("edgefn.functions")]
     saved = [(lg, set(lg.handlers), lg.level, lg.propagate) for lg in loggers]
     yield
     for lg, handlers, level, propagate in saved:
         for h in lg.handlers[:]:
-            if type(h) is logging.StreamHandler and h not in handlers:
+            if h not in handlers and not type(h).__module__.startswith("_pytest"):
                 lg.removeHandler(h)
         lg.setLevel(level)
         lg.propagate = propagate

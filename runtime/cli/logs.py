@@ -5,6 +5,8 @@ a short format); -v adds INFO from everything, -vv DEBUG."""
 from __future__ import annotations
 
 import logging
+import sys
+from typing import Any
 
 FUNCTIONS = "edgefn.functions"
 LONG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -25,15 +27,35 @@ class FunctionLines(logging.Formatter):
         return super().format(record)
 
 
+class Stderr(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record is logged, not when the handler
+    was made: `edgefn` run in-process (a test calling `runtime.cli.main.main`) would
+    otherwise keep writing to a stream its caller replaced and closed, and every later
+    line failed with "--- Logging error ---" and a printed call stack."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
 def configure(verbosity: int) -> None:
     """Log to stderr: WARNING and up from everything (INFO with `verbosity` 1,
     DEBUG with 2), and function lines from INFO (DEBUG with 2)."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
-    logging.basicConfig(level=level, format=LONG_FORMAT, force=True)
+    everything = Stderr()
+    everything.setFormatter(logging.Formatter(LONG_FORMAT))
+    logging.basicConfig(level=level, handlers=[everything], force=True)
     functions = logging.getLogger(FUNCTIONS)
     functions.setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO)
     functions.propagate = False
     functions.handlers.clear()
-    handler = logging.StreamHandler()
+    handler = Stderr()
     handler.setFormatter(FunctionLines())
     functions.addHandler(handler)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from runtime.cli.logs import configure
 from runtime.cli.main import main
 from tests.cli import ROOT, edgefn, one_line_error
 from tests.support import EXAMPLES, Running, function_dir, reactor
@@ -129,8 +131,13 @@ logging.getLogger("edgefn.pop").warning("restore failed")
 def log_lines(verbosity: int) -> list[str]:
     r = subprocess.run([sys.executable, "-c", LOG_LINES, str(verbosity)], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
+    return unstamped(r.stderr)
+
+
+def unstamped(text: str) -> list[str]:
+    """The log lines in `text` without their time stamps."""
     stamp = re.compile(r"^(\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(,\d+)? ")
-    return [stamp.sub("", line) for line in r.stderr.splitlines() if stamp.match(line)]
+    return [stamp.sub("", line) for line in text.splitlines() if stamp.match(line)]
 
 
 def test_function_logs_and_warnings_show_by_default() -> None:
@@ -149,3 +156,20 @@ def test_a_function_traceback_follows_its_line() -> None:
                        timeout=60, cwd=ROOT)
     after = r.stderr.split("[echo] ERROR handler failed\n")[1]
     assert after.startswith("Traceback") and "ZeroDivisionError" in after
+
+
+def test_logs_follow_stderr_when_its_caller_replaces_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`edgefn` run in-process by a caller who swaps stderr (pytest's capture does, and
+    closes the old one): its lines go to the stderr of the moment. Bound to the first,
+    every later line failed with "--- Logging error ---" and a printed call stack."""
+    import io
+
+    first, now = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure(0)
+    first.close()
+    monkeypatch.setattr(sys, "stderr", now)
+    logging.getLogger("edgefn.functions.hello").info("hello says hi")
+    logging.getLogger("edgefn.pop").warning("restore failed")
+    assert unstamped(now.getvalue()) == ["[hello] hello says hi",
+                                         "WARNING edgefn.pop: restore failed"], now.getvalue()
