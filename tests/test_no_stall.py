@@ -154,7 +154,7 @@ def test_requests_to_a_reactor_awaiting_its_verdict_skip_the_loop(tmp_path: Path
         tid = asyncio.run_coroutine_threadsafe(_native_id(), pop.loop).result()
         socks = [socket.create_connection((pop.host, pop.port)) for _ in range(40)]
         # ~20 ms alone. A full collection of the whole suite's heap, on whichever thread
-        # trips it, is not the PoP's (122-129 ms in full runs were logging's: conftest.py)
+        # trips it, is not the PoP's (122-129 ms in full runs were logging's: cli/logs.py)
         gc.collect()
         gc.disable()
         try:
