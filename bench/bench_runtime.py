@@ -22,6 +22,7 @@ import argparse
 import http.client
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -94,23 +95,23 @@ def with_pipeline(example: Path, work: Path, pipeline: int | None) -> Path:
 
 def http_rounds(args: argparse.Namespace, data: Path) -> None:
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    port = free_port()
-    servers["raw uvloop+httptools"] = (_baseline.start(port), f"http://127.0.0.1:{port}/")
-    port = free_port()
-    front = subprocess.Popen([sys.executable, str(ROOT / "bench" / "_front_only.py"), str(port)],
-                             stdout=subprocess.DEVNULL)
-    _baseline.wait_until_listening(front, "127.0.0.1", port, 10)
-    servers["edgefn front, static app"] = (front, f"http://127.0.0.1:{port}/")
-    proc, port = start_edgefn(data)
-    AdminClient(data).deploy(HELLO)
-    servers["edgefn WASM hello"] = (proc, f"http://127.0.0.1:{port}/hello")
-    AdminClient(data).deploy(with_pipeline(PY_HELLO, data.parent, args.pipeline))
-    servers["edgefn Python hello"] = (proc, f"http://127.0.0.1:{port}/py/hello")
-    if not args.no_workerd and _workerd.available():
-        port = free_port()
-        servers["workerd hello"] = (_workerd.start(port), f"http://127.0.0.1:{port}/")
     best: dict[str, dict[str, float]] = {}
-    try:
+    try:  # a server started, then a failure (a refused deploy): none is left running
+        port = free_port()
+        servers["raw uvloop+httptools"] = (_baseline.start(port), f"http://127.0.0.1:{port}/")
+        port = free_port()
+        front = subprocess.Popen([sys.executable, str(ROOT / "bench" / "_front_only.py"),
+                                  str(port)], stdout=subprocess.DEVNULL)
+        servers["edgefn front, static app"] = (front, f"http://127.0.0.1:{port}/")
+        _baseline.wait_until_listening(front, "127.0.0.1", port, 10)
+        proc, port = start_edgefn(data)
+        servers["edgefn WASM hello"] = (proc, f"http://127.0.0.1:{port}/hello")
+        AdminClient(data).deploy(HELLO)
+        AdminClient(data).deploy(with_pipeline(PY_HELLO, data.parent, args.pipeline))
+        servers["edgefn Python hello"] = (proc, f"http://127.0.0.1:{port}/py/hello")
+        if not args.no_workerd and _workerd.available():
+            port = free_port()
+            servers["workerd hello"] = (_workerd.start(port), f"http://127.0.0.1:{port}/")
         for _, url in servers.values():
             _wrk.run(url, seconds=1)  # warm-up
         for _ in range(args.rounds):
@@ -316,6 +317,8 @@ def main() -> int:
     p.add_argument("--tree", type=Path, default=ROOT,
                    help="deploys: serve from this checkout and its examples (before/after)")
     args = p.parse_args()
+    # `timeout` or a Ctrl-C: unwind, so that the servers started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.port_base:
         _next_port.append(args.port_base)
     with tempfile.TemporaryDirectory() as tmp:
