@@ -1,5 +1,8 @@
 """One isolate's socket on the PoP's event loop: buffered non-blocking writes,
-and incoming bytes cut into frames (`wire`) for a `Receiver`.
+and incoming bytes cut into frames (`wire`) for a `Receiver`. Frames sent with
+`Channel.send_soon` wait for the end of the loop's turn and go out in one write
+(`Corks`): the requests sent ahead to a busy isolate in one turn wake its thread
+once, not once each.
 
 It knows nothing of what frames mean; the `Isolate` does.
 """
@@ -11,6 +14,7 @@ import asyncio
 import fcntl
 import socket
 import termios
+import weakref
 from collections import deque
 from typing import Protocol
 
@@ -38,6 +42,40 @@ class Receiver(Protocol):
         """The peer sent something that is not a frame; the socket is unusable."""
 
 
+class Corks:
+    """A loop's channels holding frames for the end of its turn (`Channel.send_soon`):
+    the first one added schedules one `flush` (``call_soon``), which runs once the
+    loop has handled everything it read in this iteration; each channel then sends
+    what it holds in one write, so its isolate wakes once for all of them."""
+
+    __slots__ = ("loop", "waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: list[Channel] = []
+
+    def add(self, channel: Channel) -> None:
+        waiting = self.waiting
+        waiting.append(channel)
+        if len(waiting) == 1:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for channel in waiting:
+            channel.uncork()
+
+
+_corks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Corks] = weakref.WeakKeyDictionary()
+
+
+def corks_of(loop: asyncio.AbstractEventLoop) -> Corks:
+    corks = _corks.get(loop)
+    if corks is None:
+        corks = _corks[loop] = Corks(loop)
+    return corks
+
+
 class Channel:
     def __init__(self, sock: socket.socket, receiver: Receiver,
                  max_frame: int = wire.MAX_FRAME) -> None:
@@ -56,6 +94,7 @@ class Channel:
         self.closed = False
         self.eof = False  # the peer closed it: everything it sent was read
         self.reading = False
+        self.held: list[bytes] | None = None  # frames for the end of the loop's turn
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start reading on `loop` (until then the socket may be used blocking)."""
@@ -78,6 +117,8 @@ class Channel:
     def unread(self) -> bool:
         """Whether the peer may have sent bytes not read yet (False after its EOF;
         True once closed before it: nothing says)."""
+        if self.held is not None:  # as if sent: what the peer may answer depends on them
+            self.uncork()
         if self.eof:
             return False
         if self.closed:
@@ -89,9 +130,35 @@ class Channel:
             return True
         return count[0] > 0
 
+    def send_soon(self, data: bytes) -> None:
+        """`send` `data` at the end of the loop's turn, in one write with the other
+        frames sent on this channel meanwhile (any `send` sends those held first, in
+        order). Large data is sent at once."""
+        if self.closed or self.loop is None:
+            return
+        held = self.held
+        if len(data) >= COPIED_BELOW:  # not copied into one write: after those held, now
+            self.send(data)
+        elif held is not None:
+            held.append(data)
+        else:
+            self.held = [data]
+            corks_of(self.loop).add(self)
+
+    def uncork(self) -> None:
+        """Send the frames held by `send_soon` now."""
+        held, self.held = self.held, None
+        if held:
+            self._send(held[0] if len(held) == 1 else b"".join(held))
+
     def send(self, data: bytes) -> None:
         """Queue `data` (not copied if it is large: it must not change); a failed send
         reports `lost`. Dropped once closed or unattached."""
+        if self.held is not None:
+            self.uncork()
+        self._send(data)
+
+    def _send(self, data: bytes) -> None:
         if self.closed or self.loop is None:
             return
         if self.out:

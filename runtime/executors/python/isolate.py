@@ -163,12 +163,14 @@ class Isolate:
 
     def run(self, job: Job) -> None:
         """Send `job`: it runs now if the isolate has none, else after those sent."""
-        if self.job is None:
+        frame = wire.frame(wire.REQUEST, job.payload)
+        if self.job is None:  # at once: its thread starts while the loop goes on
             self.job = job
             self.streamed = 0
-        else:
+            self.send(frame)
+        else:  # it is busy: with the others sent ahead in this turn, one write, one wake-up
             self.queue.append(job)
-        self.send(wire.frame(wire.REQUEST, job.payload))
+            self.channel.send_soon(frame)
 
     def cancel(self, job: Job) -> None:
         """`job`'s client went away: tell the guest to stop it (a CANCEL applies to

@@ -15,9 +15,12 @@ idle, a job goes to a busy one with fewer than `depth` jobs sent ahead (the fewe
 first) rather than waiting here, so that the guest picks it up without a wake-up
 round trip. Its wall-time limit still runs from when it was submitted; its CPU
 watch from when the job before it ends (`begun`). It never waits longer than it
-would have here: an isolate that goes idle while none wait takes back the jobs
+would have here, but for the rest of a loop turn: an isolate that went idle
+while none wait and is still idle at the end of that turn takes back the jobs
 sent ahead to another (a DROP; those not started come back through `requeue`,
-ahead of the waiting ones), and so does a job cut while it runs. A job cut while
+ahead of the waiting ones), and so does a job cut while it runs. (Under load the
+requests read in that turn keep it busy: taken back at once, their DROP and its
+answer cost each side two wake-ups and delayed them.) A job cut while
 sent ahead is taken back too; if it started meanwhile, it is handled as stuck.
 An isolate that recycles after its next job gets none sent ahead.
 
@@ -105,6 +108,8 @@ class Scheduler[W: Worker]:
         # emptied when it ends, so that only a float and an empty list wait for its deadline.
         self.deadlines: deque[tuple[float, list[Job]]] = deque()
         self.timer: asyncio.TimerHandle | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the jobs' (set by `submit`)
+        self.steal_due = False  # `_steal_idle` is scheduled for the end of the loop's turn
 
     # -- generations ----------------------------------------------------------------------------
     def use(self, generation: int, isolates: Sequence[W]) -> None:
@@ -133,7 +138,7 @@ class Scheduler[W: Worker]:
                                    "request was on its way to it; retry"))
             return
         self.in_flight += 1
-        loop = job.future.get_loop()
+        loop = self.loop = job.future.get_loop()
         deadlines, entry = self.deadlines, [job]
         while deadlines and not deadlines[0][1]:  # those that ended: nothing to time out
             deadlines.popleft()
@@ -295,8 +300,19 @@ class Scheduler[W: Worker]:
                 self._run(isolate, job)
                 return
         self.idle.append(isolate)
-        if self.depth:
-            self._steal()
+        if self.depth and not self.steal_due and self.loop is not None:
+            self.steal_due = True
+            self.loop.call_soon(self._steal_idle)
+
+    def _steal_idle(self) -> None:
+        """At the end of the loop turn an isolate went idle in: each isolate still
+        idle takes back the jobs sent ahead to one busy isolate. Most turns under
+        load give it a new job first (those read in the same turn), which a DROP
+        and its answer (two wake-ups of each side) would only have delayed."""
+        self.steal_due = False
+        for isolate in list(self.idle):  # a DROP answered at once gives one a job
+            if isolate.state == "idle" and isolate.generation == self.generation:
+                self._steal()
 
     def _steal(self) -> None:
         """An isolate is idle and no job waits: take back the jobs sent ahead to the

@@ -109,6 +109,11 @@ class Harness:
         return next((i for i in self.isolates if job in i.jobs), None)
 
 
+def turn(loop: asyncio.AbstractEventLoop) -> None:
+    """Run what the loop's turn left for its end (``call_soon``)."""
+    loop.run_until_complete(asyncio.sleep(0))
+
+
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
@@ -475,11 +480,35 @@ def test_an_isolate_that_frees_takes_back_the_jobs_sent_ahead_to_another(
     owner = a if a.queue else b
     other = b if owner is a else a
     h.answer(other)  # the other one frees first: it asks for `behind` back
+    assert not owner.dropping  # at the end of the loop's turn, if still idle then
+    turn(loop)
     assert owner.dropping and other.state == "idle"
     uses = owner.uses
     h.hand_back(owner)
     assert other.job is behind and behind.isolate is other and h.s.requeued == 1
     assert owner.uses == uses - 1 and not owner.queue  # it never ran there
+
+
+def test_an_isolate_that_frees_and_takes_a_job_in_the_same_turn_takes_none_back(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Under load the requests read in the turn an isolate frees in keep it busy: a
+    DROP then (two wake-ups of each side) would only delay the jobs sent ahead."""
+    h = Harness(loop, size=2, started=2, depth=2)
+    first, second, ahead = h.submit(), h.submit(), h.submit()
+    a, b = h.isolates
+    owner, other = (a, b) if a.queue else (b, a)
+    assert list(owner.queue) == [ahead]
+    h.answer(other)
+    new = h.submit()  # read in the same turn
+    assert other.job is new
+    turn(loop)
+    assert owner.drops == 0 and list(owner.queue) == [ahead]
+    h.answer(other)  # free again, and this turn brings nothing: it takes `ahead` back
+    turn(loop)
+    assert owner.dropping and owner.drops == 1
+    h.hand_back(owner)
+    assert other.job is ahead
+    assert new.done and owner.job in (first, second) and not owner.job.done  # still runs
 
 
 def test_a_job_cut_while_sent_ahead_is_taken_back_and_one_cut_running_takes_its_queue_back(
