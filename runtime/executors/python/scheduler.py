@@ -310,8 +310,10 @@ class Scheduler[W: Worker]:
         load give it a new job first (those read in the same turn), which a DROP
         and its answer (two wake-ups of each side) would only have delayed."""
         self.steal_due = False
-        for isolate in list(self.idle):  # a DROP answered at once gives one a job
-            if isolate.state == "idle" and isolate.generation == self.generation:
+        # `idle` holds the active host's isolates (`use` renews it); a DROP answered at
+        # once gives one of them a job, and one may have died since it went idle
+        for isolate in list(self.idle):
+            if isolate.state == "idle":
                 self._steal()
 
     def _steal(self) -> None:

@@ -511,6 +511,19 @@ def test_an_isolate_that_frees_and_takes_a_job_in_the_same_turn_takes_none_back(
     assert new.done and owner.job in (first, second) and not owner.job.done  # still runs
 
 
+def test_an_isolate_that_went_idle_and_died_in_the_same_turn_takes_nothing_back(
+        loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=2, started=2, depth=1)
+    h.submit(), h.submit()
+    ahead = h.submit()
+    a, b = h.isolates
+    owner, other = (a, b) if a.queue else (b, a)
+    h.answer(other)
+    other.state = "dead"  # its host died in the same turn
+    turn(loop)
+    assert owner.drops == 0 and list(owner.queue) == [ahead]
+
+
 def test_a_job_cut_while_sent_ahead_is_taken_back_and_one_cut_running_takes_its_queue_back(
         loop: asyncio.AbstractEventLoop) -> None:
     h = Harness(loop, size=1, started=1, depth=1)
