@@ -117,8 +117,6 @@ class Channel:
     def unread(self) -> bool:
         """Whether the peer may have sent bytes not read yet (False after its EOF;
         True once closed before it: nothing says)."""
-        if self.held is not None:  # as if sent: what the peer may answer depends on them
-            self.uncork()
         if self.eof:
             return False
         if self.closed:
@@ -150,6 +148,11 @@ class Channel:
         held, self.held = self.held, None
         if held:
             self._send(held[0] if len(held) == 1 else b"".join(held))
+
+    def forget_held(self) -> None:
+        """Drop the frames `send_soon` holds: never sent (their requests were taken
+        back to run elsewhere)."""
+        self.held = None
 
     def send(self, data: bytes) -> None:
         """Queue `data` (not copied if it is large: it must not change); a failed send

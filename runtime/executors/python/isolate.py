@@ -211,9 +211,12 @@ class Isolate:
     def unstarted(self) -> list[Job]:
         """Take the jobs sent ahead if none can have started (its socket holds
         nothing unread, no frame waits in a backlog: the job before them did not
-        end), for another isolate; [] if one may have."""
+        end), for another isolate; [] if one may have. Those whose frames wait for
+        the end of the loop's turn (`Channel.send_soon`) are never sent then: the
+        isolate ended, and they run elsewhere."""
         if not self.queue or self.backlog is not None or self.channel.unread():
             return []
+        self.channel.forget_held()  # only requests sent ahead are held: these
         jobs, self.queue = list(self.queue), deque()
         self.uses -= len(jobs)
         return jobs
