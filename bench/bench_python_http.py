@@ -5,8 +5,8 @@
 
 A PoP (`edgefn serve`) with python-hello deployed (`--pipeline N`: with its
 `pool.pipeline` set to N), loaded by `wrk -t1 -c32`; for each round, req/s and
-the CPU per request of the PoP and of its isolate host (from /proc, the host
-found among the PoP's descendants). CPU per request moves less than req/s on a
+the CPU per request of the PoP and of its isolate host (their CPU clocks, the
+host found among the PoP's descendants). CPU per request moves less than req/s on a
 noisy machine: both sides' figures say where a change took effect.
 
 `--tree DIR`: a second checkout (a worktree of the commit before) measured in
@@ -32,13 +32,16 @@ import _wrk  # noqa: E402
 import bench_runtime  # noqa: E402
 
 from runtime.admin.client import AdminClient  # noqa: E402
+from runtime.executors.python.thread_clock import ProcessClock  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process `pid`, all its threads."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of process `pid`, all its threads (the kernel's clock, as the PoP
+    reads its hosts'). Raises RuntimeError once it is gone."""
+    seconds = ProcessClock(pid).read()
+    if seconds is None:
+        raise RuntimeError(f"process {pid} is gone")
+    return seconds
 
 
 def descendants(pid: int) -> list[int]:
