@@ -20,6 +20,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import wasmtime
 from wasmtime import _bindings as bindings
@@ -27,9 +28,14 @@ from wasmtime import _bindings as bindings
 from runtime.executors.wasm.wasi_poll import Deadlines
 from runtime.functions.manifest import MAX_CPU_MS, MAX_WALL_MS
 
+if TYPE_CHECKING:  # native imports this module (its version): a cycle at run time
+    from runtime.executors.wasm.native import NativeTicker
+
 log = logging.getLogger("edgefn.wasm")
 
 TICK_SECONDS = 0.001  # one epoch tick; CPU and wall limits are counted in ticks
+# the native ticker parks this long after the last deadline armed fell due (reactor.c)
+TICKER_IDLE_SECONDS = 1.0
 # past any deadline a guest can hold (the longest limit, in ticks, and the first tick's +1):
 # `close()` moves the epoch this far, since no ticker will after it
 EXPIRE_TICKS = int(max(MAX_CPU_MS, MAX_WALL_MS) / 1000 / TICK_SECONDS) + 2
@@ -55,11 +61,12 @@ class WasmEngine:
     """Owns the Engine and its epoch ticker; `close()` stops the ticker.
 
     `native`: use the C fast path (`wasm_native`) for reactor calls and the
-    ticker; None picks it when it can be built.
+    ticker; None picks it when it can be built. `ticker_idle`: the native ticker
+    parks this many seconds after the last deadline armed fell due (0: never).
     """
 
     def __init__(self, cache_dir: str | Path | None = None, pooling: bool = True,
-                 native: bool | None = None) -> None:
+                 native: bool | None = None, ticker_idle: float = TICKER_IDLE_SECONDS) -> None:
         from runtime.executors.wasm import native as wasm_native
 
         self.cache_dir = Path(cache_dir) if cache_dir else None
@@ -77,10 +84,12 @@ class WasmEngine:
         # per event loop and owner: the worker threads its functions hold (`tenant_slots`)
         self._tenant_slots: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
-        self._native_ticker = None
+        self._native_ticker: NativeTicker | None = None
         if self.native is not None:
-            self._native_ticker = wasm_native.NativeTicker(self.native, self.engine, TICK_SECONDS)
+            self._native_ticker = wasm_native.NativeTicker(self.native, self.engine, TICK_SECONDS,
+                                                           ticker_idle)
         else:  # a Python thread: takes the GIL 1000 times a second, hence the native one
+            # (it never parks: it ticks while the PoP idles)
             self._ticker = threading.Thread(target=self._tick, name="edgefn-epoch", daemon=True)
             self._ticker.start()
 
@@ -107,6 +116,11 @@ class WasmEngine:
             for _ in range(due - done):
                 increment(ptr)
             done = max(done, due)
+
+    @property
+    def native_ticker(self) -> NativeTicker | None:
+        """The C ticker (`native`), or None where the Python one ticks."""
+        return self._native_ticker
 
     @property
     def stopping(self) -> threading.Event:

@@ -50,6 +50,7 @@ from runtime.bindings.stop import Stop, stopping
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.output import GuestLines
 from runtime.executors.wasm import host as wasm_host
+from runtime.executors.wasm import native as wasm_native
 from runtime.executors.wasm import wasi as cgi
 from runtime.executors.wasm import wasi_poll
 from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine
@@ -221,6 +222,7 @@ class WasmFunction:
         if the module cannot be instantiated within its limits."""
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
+        wasm_native.arm(self.deadline_ticks)
         store.set_epoch_deadline(self.deadline_ticks)
         if self.abi == "wasi":
             store.set_wasi(wasmtime.WasiConfig())
@@ -444,6 +446,7 @@ class WasmFunction:
             self.host_functions.begin_request(0.0, origin)
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
+        wasm_native.arm(self.deadline_ticks)
         store.set_epoch_deadline(self.deadline_ticks)
         out = _Capture(self.max_response)
         config = wasmtime.WasiConfig()

@@ -68,9 +68,17 @@ class NativeLib:
                               c_uint64, c_int32, ctypes.POINTER(Result), c_void_p]
         self.ticker_start = lib.edgefn_ticker_start
         self.ticker_start.restype = c_void_p
-        self.ticker_start.argtypes = [c_void_p, c_long]
+        self.ticker_start.argtypes = [c_void_p, c_long, c_int64]
         self.ticker_stop = lib.edgefn_ticker_stop
         self.ticker_stop.argtypes = [c_void_p]
+        self.ticker_ticks = lib.edgefn_ticker_ticks
+        self.ticker_parks = lib.edgefn_ticker_parks
+        for counter in (self.ticker_ticks, self.ticker_parks):
+            counter.restype = c_uint64
+            counter.argtypes = [c_void_p]
+        self.arm = lib.edgefn_arm
+        self.arm.restype = None
+        self.arm.argtypes = [c_uint64]
         self.epoch_advance = lib.edgefn_epoch_advance
         self.epoch_advance.argtypes = [c_void_p, c_uint64]
         self.lib = lib
@@ -183,19 +191,45 @@ class NativeReactorCall(CallTarget):
         return FunctionError("crash", 502, f"native call failed at stage {stage}")
 
 
-class NativeTicker:
-    """Increments the engine's epoch every `interval` seconds from a C thread."""
+def arm(ticks: int) -> None:
+    """Before a guest runs with an epoch deadline `ticks` ahead, set from Python: keeps
+    the native tickers awake until it falls due (reactor.c's `edgefn_arm`; the C
+    entries arm themselves). Without the native library the ticker is Python's,
+    which never parks: nothing to do."""
+    lib = load()
+    if lib is not None:
+        lib.arm(ticks)
 
-    def __init__(self, lib: NativeLib, engine: wasmtime.Engine, interval: float) -> None:
+
+class NativeTicker:
+    """Increments the engine's epoch every `interval` seconds from a C thread, and
+    parks `idle` seconds after the last deadline armed fell due (never when 0)."""
+
+    def __init__(self, lib: NativeLib, engine: wasmtime.Engine, interval: float,
+                 idle: float) -> None:
         self.lib = lib
         self._engine = engine
         handle: Any = lib.ticker_start(ctypes.cast(engine.ptr(), c_void_p).value,
-                                       int(interval * 1e9))
+                                       int(interval * 1e9), int(idle * 1e9))
         if not handle:
             raise OSError("cannot start the epoch ticker thread")
+        self._handle = handle
         # Stops the C thread even if close() is never called: at exit it must not
         # tick an engine that interpreter teardown is freeing.
         self._stop = weakref.finalize(self, lib.ticker_stop, handle)
 
     def stop(self) -> None:
         self._stop()
+
+    def ticks(self) -> int:
+        """Epochs it has added so far. Raises RuntimeError once stopped."""
+        return int(self.lib.ticker_ticks(self._running()))
+
+    def parks(self) -> int:
+        """Times it has parked so far. Raises RuntimeError once stopped."""
+        return int(self.lib.ticker_parks(self._running()))
+
+    def _running(self) -> int:
+        if not self._stop.alive:  # its handle is freed
+            raise RuntimeError("the ticker has stopped")
+        return int(self._handle)
