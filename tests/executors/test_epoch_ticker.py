@@ -1,7 +1,8 @@
 """The native epoch ticker parks while no guest can need it and wakes for every
 guest that runs: each way a guest starts (the extension's `serve`, the C entry the
 native lane calls, a WASI command, a start function at deploy) and a host call
-that outlasts the ticker's idle time still end at their deadline after a park.
+that outlasts the ticker's idle time still end at their deadline after a park; it
+parks soon after the last guest ended, however far its deadline was.
 A way that did not wake it would spin on past its limit: each such test gives
 the guest 2 s, then closes the engine (which ends any guest) and fails."""
 
@@ -19,7 +20,7 @@ from edgefn_core.errors import DeployError, FunctionError
 from runtime.bindings import Bindings, Stores
 from runtime.executors.wasm import native as wasm_native
 from runtime.executors.wasm.engine import WasmEngine
-from runtime.executors.wasm.function import WasmFunction
+from runtime.executors.wasm.function import INLINE_SLICE_MS, WasmFunction
 from runtime.executors.wasm.native import NativeTicker
 from runtime.functions import manifest
 from tests.executors.test_wasm_function import failure, wasi
@@ -27,7 +28,7 @@ from tests.support import function_dir, reactor
 
 pytestmark = pytest.mark.skipif(wasm_native.load() is None, reason="no C compiler")
 
-IDLE = 0.05  # the ticker's idle time in these tests (the PoP's: 1 s)
+IDLE = 0.001  # the ticker's idle time here (the PoP's: 1 s): shorter than any deadline below
 SPIN = "(loop $l (br $l))"
 
 
@@ -45,22 +46,17 @@ def ticker(engine: WasmEngine) -> NativeTicker:
 
 
 def park(engine: WasmEngine) -> None:
-    """Wait until the ticker has parked since now and stays parked (not one tick in
-    50 ms; 50 while awake), or fail. Deadlines armed anywhere in this process wake
-    every ticker (another test's guest still running, say): then it waits again."""
+    """Wait until the ticker is parked (it has parked, and not one tick came in 50 ms;
+    50 while awake), or fail. (Guests are counted process-wide: another test's guest
+    still running keeps it awake.)"""
     t = ticker(engine)
-    parks = t.parks()
     deadline = time.monotonic() + 5
     while True:
         assert time.monotonic() < deadline, "the ticker never parked"
-        if t.parks() == parks:
-            time.sleep(0.01)
-            continue
         ticks = t.ticks()
         time.sleep(0.05)
-        if t.ticks() == ticks:
+        if t.parks() and t.ticks() == ticks:
             return
-        parks = t.parks()
 
 
 def ends(engine: WasmEngine, run: Callable[[], object]) -> tuple[object, float]:
@@ -93,16 +89,23 @@ def stopped_in_time(outcome: tuple[object, float], code: str = "cpu_limit") -> N
     assert 0.025 < took < 0.5, took
 
 
-def test_an_idle_ticker_parks_and_one_armed_deadline_wakes_it_until_it_falls_due(
+def test_a_running_guest_keeps_the_ticker_awake_and_it_parks_soon_after_the_guest_ends(
         engine: WasmEngine) -> None:
     t = ticker(engine)
     park(engine)
-    parks, ticks = t.parks(), t.ticks()
-    wasm_native.arm(100)  # a deadline 100 ticks ahead: awake for 101 ms plus its idle time
-    time.sleep(0.08)
-    assert t.ticks() - ticks >= 40, "not ticking after an arm"
-    assert t.parks() == parks  # not parked again before that deadline is due
-    park(engine)  # then it parks again
+    parks = t.parks()
+    wasm_native.guest_begin()
+    try:
+        ticks = t.ticks()
+        time.sleep(6 * IDLE)
+        assert t.ticks() - ticks >= 4 * IDLE * 1000, "not ticking while a guest runs"
+        assert t.parks() == parks  # six idle times: still awake, the guest runs
+    finally:
+        wasm_native.guest_end()
+    time.sleep(IDLE + 0.005)
+    ticks = t.ticks()
+    time.sleep(0.05)
+    assert (t.ticks() == ticks, t.parks() > parks) == (True, True)  # parked since the end
 
 
 def test_a_ticker_with_no_idle_time_never_parks(tmp_path: Path) -> None:
@@ -117,8 +120,8 @@ def test_a_ticker_with_no_idle_time_never_parks(tmp_path: Path) -> None:
         e.close()
 
 
-def spinner(engine: WasmEngine, tmp_path: Path) -> WasmFunction:
-    d = function_dir(tmp_path, "spin", reactor(SPIN), limits="cpu_ms = 30")
+def spinner(engine: WasmEngine, tmp_path: Path, cpu_ms: int = 30) -> WasmFunction:
+    d = function_dir(tmp_path, "spin", reactor(SPIN), limits=f"cpu_ms = {cpu_ms}")
     fn = WasmFunction(engine, manifest.load(d), d)
     fn.prewarm()
     return fn
@@ -126,9 +129,18 @@ def spinner(engine: WasmEngine, tmp_path: Path) -> WasmFunction:
 
 def test_a_spinning_reactor_served_after_a_park_stops_at_its_cpu_limit(
         engine: WasmEngine, tmp_path: Path) -> None:
-    fn = spinner(engine, tmp_path)
+    fn = spinner(engine, tmp_path)  # cut at the inline slice, then run on a thread
     park(engine)
     stopped_in_time(ends(engine, lambda: failure(fn)))
+
+
+def test_a_spinning_reactor_served_inline_after_a_park_stops_at_its_cpu_limit(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    fn = spinner(engine, tmp_path, cpu_ms=INLINE_SLICE_MS)  # the extension's serve alone
+    park(engine)
+    err, took = ends(engine, lambda: failure(fn))
+    assert isinstance(err, FunctionError) and err.code == "cpu_limit", err
+    assert INLINE_SLICE_MS / 1000 * 0.8 < took < 0.5, took
 
 
 def test_a_spinning_reactor_through_the_lanes_c_entry_after_a_park_stops_too(
@@ -164,10 +176,10 @@ INCREMENTS = "(drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i3
 
 
 def test_host_calls_that_outlast_the_tickers_idle_time_keep_it_awake(tmp_path: Path) -> None:
-    """Each host call pushes the guest's deadline back by what it took: with an idle
-    time shorter than the calls add up to, the ticker would park before the deadline
-    it was first armed for, unless each push back arms it again."""
-    e = WasmEngine(tmp_path / "cache", ticker_idle=0.002)
+    """Each host call pushes the guest's deadline back by what it took, past the
+    ticker's idle time many times over: a guest in a host call still runs, and when it
+    is back in its loop the ticker must be ticking."""
+    e = WasmEngine(tmp_path / "cache", ticker_idle=IDLE)
     body = f"""(loop $l {INCREMENTS}
       (local.set $i (i32.const 1000000))
       (loop $s (local.set $i (i32.sub (local.get $i) (i32.const 1))) (br_if $s (local.get $i)))
@@ -186,7 +198,7 @@ def test_host_calls_that_outlast_the_tickers_idle_time_keep_it_awake(tmp_path: P
         err, took = ends(e, lambda: failure(fn))
         calls = stores.kv.get("c", b"k")
         assert isinstance(err, FunctionError), err
-        # a push back that did not arm: the CPU deadline never came, the wall one did
+        # a ticker parked under it: the CPU deadline never came, the wall one did
         assert (err.code, err.status) == ("cpu_limit", 503), (err, took, calls)
         assert took < 0.5, (took, calls)
     finally:

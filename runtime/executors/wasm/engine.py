@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # native imports this module (its version): a cycle at run ti
 log = logging.getLogger("edgefn.wasm")
 
 TICK_SECONDS = 0.001  # one epoch tick; CPU and wall limits are counted in ticks
-# the native ticker parks this long after the last deadline armed fell due (reactor.c)
+# the native ticker parks once no guest has run for this long (reactor.c)
 TICKER_IDLE_SECONDS = 1.0
 # past any deadline a guest can hold (the longest limit, in ticks, and the first tick's +1):
 # `close()` moves the epoch this far, since no ticker will after it
@@ -62,7 +62,7 @@ class WasmEngine:
 
     `native`: use the C fast path (`wasm_native`) for reactor calls and the
     ticker; None picks it when it can be built. `ticker_idle`: the native ticker
-    parks this many seconds after the last deadline armed fell due (0: never).
+    parks once no guest has run for this many seconds (0: never).
     """
 
     def __init__(self, cache_dir: str | Path | None = None, pooling: bool = True,

@@ -222,10 +222,10 @@ class WasmFunction:
         if the module cannot be instantiated within its limits."""
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
-        wasm_native.arm(self.deadline_ticks)
         store.set_epoch_deadline(self.deadline_ticks)
         if self.abi == "wasi":
             store.set_wasi(wasmtime.WasiConfig())
+        wasm_native.guest_begin()  # its start function runs
         try:
             self.pre.instantiate(store)
         except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
@@ -239,6 +239,8 @@ class WasmFunction:
             raise DeployError(f"{self.manifest.entry}: cannot instantiate within "
                               f"limits.memory_mb = {self.manifest.limits.memory_mb}: "
                               f"{_short(str(e))}") from None
+        finally:
+            wasm_native.guest_end()
         if self.abi == "reactor" and not self.slow_start:
             sample = encode_request(b"GET", b"/", b"", [(b"host", b"prewarm")], self.env_blob, b"")
             warm = 0  # runs that finished: the second reuses the slot the first one warmed
@@ -446,7 +448,6 @@ class WasmFunction:
             self.host_functions.begin_request(0.0, origin)
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
-        wasm_native.arm(self.deadline_ticks)
         store.set_epoch_deadline(self.deadline_ticks)
         out = _Capture(self.max_response)
         config = wasmtime.WasiConfig()
@@ -458,6 +459,7 @@ class WasmFunction:
         store.set_wasi(config)
         deadlines = self.wasm.deadlines
         deadlines.start(deadline)
+        wasm_native.guest_begin()
         try:
             instance = self.pre.instantiate(store)
             start = instance.exports(store)["_start"]
@@ -475,6 +477,8 @@ class WasmFunction:
                 raise trap_error(e, "_start", self.outcome,
                                  _memory_size(store, instance)) from None
             raise FunctionError("trap", 500, f"failed: {_short(str(e))}") from None
+        finally:
+            wasm_native.guest_end()
         if out.overflow:
             raise FunctionError("bad_response", 502, f"response larger than the limit of "
                                 f"{self.max_response} bytes")

@@ -49,7 +49,6 @@ from runtime.executors.wasm.ffi import (
     memory_data_size,
     set_epoch_deadline,
 )
-from runtime.executors.wasm.native import arm
 from runtime.executors.wasm.native_kv import NativeKVGet
 
 I32, I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
@@ -213,7 +212,6 @@ def _push_back(request: GuestRequest, started: float, caller: int) -> None:
     if request.wall_deadline and request.deadline > request.wall_deadline:
         request.deadline = request.wall_deadline
     ticks = math.ceil(max(request.deadline - now, 0) / TICK_SECONDS) + 1
-    arm(ticks)  # a parked ticker (this call outlasted its idle time) ticks again
     set_epoch_deadline(_caller_context(caller), ticks)
 
 

@@ -76,9 +76,11 @@ class NativeLib:
         for counter in (self.ticker_ticks, self.ticker_parks):
             counter.restype = c_uint64
             counter.argtypes = [c_void_p]
-        self.arm = lib.edgefn_arm
-        self.arm.restype = None
-        self.arm.argtypes = [c_uint64]
+        self.guest_begin = lib.edgefn_guest_begin
+        self.guest_end = lib.edgefn_guest_end
+        for f in (self.guest_begin, self.guest_end):
+            f.restype = None
+            f.argtypes = []
         self.epoch_advance = lib.edgefn_epoch_advance
         self.epoch_advance.argtypes = [c_void_p, c_uint64]
         self.lib = lib
@@ -191,19 +193,28 @@ class NativeReactorCall(CallTarget):
         return FunctionError("crash", 502, f"native call failed at stage {stage}")
 
 
-def arm(ticks: int) -> None:
-    """Before a guest runs with an epoch deadline `ticks` ahead, set from Python: keeps
-    the native tickers awake until it falls due (reactor.c's `edgefn_arm`; the C
-    entries arm themselves). Without the native library the ticker is Python's,
-    which never parks: nothing to do."""
+def guest_begin() -> None:
+    """A guest is about to run, from Python (its epoch deadline set): wakes a parked
+    native ticker and keeps it ticking until `guest_end` (the C entries do both
+    themselves). Call `guest_end` exactly once after, whatever happens: a missing end
+    keeps the tickers awake for good, an extra one could let them park under a
+    running guest. Without the native library the ticker is Python's, which never
+    parks: nothing to do."""
     lib = load()
     if lib is not None:
-        lib.arm(ticks)
+        lib.guest_begin()
+
+
+def guest_end() -> None:
+    """The guest `guest_begin` announced has stopped running."""
+    lib = load()
+    if lib is not None:
+        lib.guest_end()
 
 
 class NativeTicker:
     """Increments the engine's epoch every `interval` seconds from a C thread, and
-    parks `idle` seconds after the last deadline armed fell due (never when 0)."""
+    parks once no guest has run for `idle` seconds (never when 0)."""
 
     def __init__(self, lib: NativeLib, engine: wasmtime.Engine, interval: float,
                  idle: float) -> None:

@@ -56,7 +56,8 @@ extern wasmtime_error_t *wasmtime_func_call_unchecked(wasmtime_context_t *, cons
 extern uint8_t *wasmtime_memory_data(const wasmtime_context_t *, const void *);
 extern size_t wasmtime_memory_data_size(const wasmtime_context_t *, const void *);
 extern void wasmtime_engine_increment_epoch(wasm_engine_t *);
-void edgefn_arm(uint64_t ticks);  /* the epoch ticker's, below: before every deadline set */
+void edgefn_guest_begin(void);  /* the epoch ticker's, below: around every guest */
+void edgefn_guest_end(void);
 
 /* Where a call stopped; mirrored in native.py. BAD_FRAME: `serve` found the response
  * malformed (the Python decoder says how; the bytes are in the result). */
@@ -165,9 +166,10 @@ int32_t edgefn_reactor_call(wasm_engine_t *engine, const wasmtime_instance_pre_t
     wasmtime_store_t *store = wasmtime_store_new(engine, NULL, NULL);
     wasmtime_context_t *cx = wasmtime_store_context(store);
     wasmtime_store_limiter(store, memory_limit, -1, -1, -1, -1);
-    edgefn_arm(deadline_ticks);
     wasmtime_context_set_epoch_deadline(cx, deadline_ticks);
+    edgefn_guest_begin();
     r->stage = run(cx, pre, req, req_len, max_response, handle, r, times, started);
+    edgefn_guest_end();
     if (r->stage == OK && handle && copy_out(r, r->response, r->response_len))
         r->stage = NO_MEMORY;
     wasmtime_store_delete(store);
@@ -180,36 +182,39 @@ int32_t edgefn_hist_size(void) { return (int32_t)sizeof(edgefn_hist); }
 
 /* The epoch ticker: a native thread, so ticking never takes the GIL.
  *
- * It parks while no guest can need it: every entry that sets an epoch deadline first
- * arms (`edgefn_arm`), which records when that deadline falls due in real time
- * (`busy_until`, the latest of them, process-wide) and wakes any parked ticker. A
- * ticker parks once it is `idle_ns` past `busy_until`: by then it has ticked past
- * every deadline armed (a guest whose deadline passed has trapped, or traps at its
- * next epoch check), so nothing is left that a tick could interrupt. Idle, a PoP
- * took ~3% of a core for 1000 wake-ups a second. Arm and park cross as Dekker's
- * pair (each stores, then loads the other's word; both seq_cst), so one of them
- * always sees the other: an arm either finds the ticker parked and wakes it, or the
- * ticker sees the new `busy_until` and does not sleep. Tickers of several engines
- * share the words: an arm wakes them all (waking one that did not need it costs a
- * few ticks; missing one would let a guest run past its deadline). */
-static _Atomic int64_t busy_until;  /* CLOCK_MONOTONIC ns: when the latest deadline armed falls due */
+ * It parks while no guest runs. Every entry that runs a guest calls
+ * `edgefn_guest_begin` after setting its epoch deadline and `edgefn_guest_end` once
+ * it stopped (a host call in between still counts as running); a ticker parks once
+ * none has run for `idle_ns`, and `begin` wakes it. So a running guest always has a
+ * ticker, whatever its deadline or how late the wake-up came: woken, the ticker counts
+ * from then (the parked time holds no deadline to catch up on), and a guest whose
+ * deadline was set while it was parked gets its full budget, late by the wake-up.
+ * Idle, a PoP took ~3% of a core for 1000 wake-ups a second. Begin and park cross as
+ * Dekker's pair (each stores its word, then loads the other's; all seq_cst), so one
+ * always sees the other: begin finds the ticker parked and wakes it, or the ticker
+ * sees the guest and does not sleep. A missing `end` keeps the tickers awake (as
+ * before they parked); an extra one could let them park under a running guest, so
+ * every begin has its end on every path. Tickers of several engines share the words:
+ * a begin wakes them all (one that did not need it ticks `idle_ns` more). */
+static atomic_int running;          /* guests between begin and end */
+static _Atomic int64_t last_end;    /* CLOCK_MONOTONIC ns: when the last one ended */
 static atomic_int parked;           /* tickers parked now */
 static atomic_uint wake_seq;        /* the futex word the parked tickers wait on */
-static _Atomic int64_t tick_ns = 1000000;  /* one tick, as the tickers were started with */
 
 static void wake_all(void) {
     atomic_fetch_add(&wake_seq, 1);
     syscall(SYS_futex, (uint32_t *)&wake_seq, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Before a guest runs with an epoch deadline `ticks` ahead: keep the tickers awake
- * until it falls due (the +1: a tick may land right after the deadline is set). */
-void edgefn_arm(uint64_t ticks) {
-    if (ticks > 1000000000ULL) ticks = 1000000000ULL;  /* no overflow: ~11 days of 1 ms */
-    int64_t until = monotonic_ns() + (int64_t)(ticks + 1) * atomic_load(&tick_ns);
-    int64_t seen = atomic_load(&busy_until);
-    while (seen < until && !atomic_compare_exchange_weak(&busy_until, &seen, until)) {}
+/* A guest is about to run (its epoch deadline is set); pair with `_end`. */
+void edgefn_guest_begin(void) {
+    atomic_fetch_add(&running, 1);
     if (atomic_load(&parked) > 0) wake_all();
+}
+
+void edgefn_guest_end(void) {
+    atomic_store(&last_end, monotonic_ns());
+    atomic_fetch_sub(&running, 1);
 }
 
 typedef struct {
@@ -222,7 +227,8 @@ typedef struct {
 } edgefn_ticker;
 
 static bool idle(const edgefn_ticker *t) {
-    return t->idle_ns > 0 && monotonic_ns() - atomic_load(&busy_until) > t->idle_ns;
+    return t->idle_ns > 0 && atomic_load(&running) == 0 &&
+           monotonic_ns() - atomic_load(&last_end) > t->idle_ns;
 }
 
 /* One epoch per interval of real time: a late wake-up (a loaded machine) catches
@@ -258,7 +264,6 @@ edgefn_ticker *edgefn_ticker_start(wasm_engine_t *engine, long interval_ns, int6
     t->engine = engine;
     t->interval_ns = interval_ns;
     t->idle_ns = idle_ns;
-    atomic_store(&tick_ns, interval_ns);
     if (pthread_create(&t->thread, NULL, tick, t) != 0) { free(t); return NULL; }
     return t;
 }
@@ -436,9 +441,10 @@ static PyObject *py_serve(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     store = wasmtime_store_new(engine, NULL, NULL);
     cx = wasmtime_store_context(store);
     wasmtime_store_limiter(store, memory_limit, -1, -1, -1, -1);
-    edgefn_arm(deadline);
     wasmtime_context_set_epoch_deadline(cx, deadline);
+    edgefn_guest_begin();
     r->stage = run(cx, pre, in_buf, n, max_response, 1, r, times, started);
+    edgefn_guest_end();
     Py_END_ALLOW_THREADS
     PyObject *out = NULL;
     if (r->stage == OK) {
