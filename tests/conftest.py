@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,14 @@ from edgefn_core.process import load_system_libstdcxx
 if "MUTANT_UNDER_TEST" in os.environ:
     settings.register_profile("mutmut", deadline=None)
     settings.load_profile("mutmut")
+
+# A suite started in the background of a script (`make test &`, `nohup ... &`) inherits
+# SIGINT ignored (POSIX, for asynchronous commands without job control), and so did
+# every child it spawned: Python keeps an ignored SIGINT ignored, so the tests of
+# Ctrl-C (`edgefn tail`, `edgefn topology up`) found children deaf to it (a fresh clone
+# run that way failed them). Handled here, the children start with the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # pytest runs the PoP (usearch) and the ONNX engine in one process: the system
 # libstdc++ must be global before anything imports usearch (load_system_libstdcxx).
