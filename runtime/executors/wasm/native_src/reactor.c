@@ -220,7 +220,7 @@ void edgefn_guest_end(void) {
 typedef struct {
     wasm_engine_t *engine;
     long interval_ns;
-    int64_t idle_ns;  /* park this long after the last deadline armed fell due; 0: never */
+    int64_t idle_ns;  /* park once no guest has run for this long; 0: never */
     atomic_int stop;
     _Atomic uint64_t ticks, parks;  /* epochs it added, times it parked (tests read them) */
     pthread_t thread;
