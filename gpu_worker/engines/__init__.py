@@ -23,9 +23,18 @@ from edgefn_core.errors import EngineError
 # cores, the thread being waited for is off its core and every barrier spins a whole
 # time slice: a 24-token chat took 30-60 s instead of 0.6-1.1 s on 2 cores with one busy
 # (and that is a PoP's normal state: the PoP, its isolates and the worker share them).
-# Passive threads sleep on a futex at once. Set before any engine loads llama.cpp
-# (libgomp reads it once, when loaded); a value the user set stands.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Passive threads sleep on a futex, after BARRIER_SPINS spins (a few us): on a VM a
+# sleeping thread's core halts, and waking it cost ~10 us a barrier, more than the
+# step's work between two of them (SmolLM2-135M, 2 threads on an idle 2-core VM: one
+# stream 43 tok/s sleeping at once, 109 spinning 1000 first; a spin of 300 already
+# gave the whole gain), while a bounded spin wastes at most that much when the thread
+# waited for is off its core. Set before any engine loads llama.cpp (libgomp reads them
+# once, when loaded); what the user set stands (an OMP_WAIT_POLICY of theirs, with no
+# GOMP_SPINCOUNT, keeps libgomp's own spin for that policy).
+BARRIER_SPINS = 300
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ.setdefault("GOMP_SPINCOUNT", str(BARRIER_SPINS))
 
 if TYPE_CHECKING:
     from ..config import ModelSpec

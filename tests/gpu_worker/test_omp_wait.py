@@ -1,9 +1,10 @@
-"""llama.cpp's OpenMP threads wait passively in the worker (spinning, a 24-token chat
-took 30-60 s instead of ~1 s on 2 cores with one busy), unless the environment says
-otherwise. Read off libgomp itself (``OMP_DISPLAY_ENV=VERBOSE``), which reads the variable
-once, when llama.cpp's CPU backend loads it, so this also checks that it is set in time:
-how long a thread spins before it sleeps, 0 passive (unset: 300000; libgomp prints the
-policy as PASSIVE then too)."""
+"""llama.cpp's OpenMP threads wait passively in the worker after a short spin (spinning
+long, a 24-token chat took 30-60 s instead of ~1 s on 2 cores with one busy; sleeping at
+once, each barrier woke a halted core), unless the environment says otherwise. Read off
+libgomp itself (``OMP_DISPLAY_ENV=VERBOSE``), which reads the variables once, when
+llama.cpp's CPU backend loads it, so this also checks that they are set in time: how
+long a thread spins before it sleeps (libgomp's own: 0 passive, 300000 unset, which it
+prints as PASSIVE too)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 
 import pytest
 
+from gpu_worker.engines import BARRIER_SPINS
 from tests.support import ROOT
 
 LOAD = ("import gpu_worker.server\n"
@@ -20,11 +22,13 @@ LOAD = ("import gpu_worker.server\n"
         "llama_backends.load_backends()\n")
 
 
-def _spin_count(env_value: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+def _spin_count(policy: str | None, spins: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(OMP_DISPLAY_ENV="VERBOSE", PYTHONPATH=str(ROOT))
-    if env_value is not None:
-        env["OMP_WAIT_POLICY"] = env_value
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    if spins is not None:
+        env["GOMP_SPINCOUNT"] = spins
     out = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -33,6 +37,12 @@ def _spin_count(env_value: str | None) -> str:
     return line.split("=", 1)[1].strip().strip("'")
 
 
-@pytest.mark.parametrize(("given", "spins"), [(None, "0"), ("ACTIVE", "30000000000")])
-def test_llama_cpps_threads_wait_passively_unless_told(given: str | None, spins: str) -> None:
-    assert _spin_count(given) == spins
+@pytest.mark.parametrize(("policy", "given", "spins"), [
+    (None, None, str(BARRIER_SPINS)),  # the worker's: a short spin, then sleep
+    ("ACTIVE", None, "30000000000"),  # the user's policy, libgomp's spin for it
+    ("PASSIVE", None, "0"),
+    (None, "5000", "5000"),  # the user's spin, the worker's policy
+])
+def test_llama_cpps_threads_spin_briefly_then_sleep_unless_told(
+        policy: str | None, given: str | None, spins: str) -> None:
+    assert _spin_count(policy, given) == spins
