@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import gpu_worker.engines  # noqa: F401  (sets OpenMP's wait, as in the worker, for the header)
 from gpu_worker.adapters import write_random_lora
 from gpu_worker.client import WorkerClient
 from gpu_worker.models import packaged_model
@@ -189,8 +190,9 @@ def worker_config(tmp: Path, weights: str, threads: int) -> str:
 async def main(a: argparse.Namespace) -> None:
     tokens, quick, repeat = a.tokens, a.quick, a.repeat
     tmp = Path(tempfile.mkdtemp(prefix="edgefn-bench-ai-"))
-    print(f"worker: weights {a.weights}, {a.threads} threads; best of {repeat} runs each "
-          f"({uptime()})")
+    print(f"worker: weights {a.weights}, {a.threads} threads (OpenMP: "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, GOMP_SPINCOUNT "
+          f"{os.environ.get('GOMP_SPINCOUNT', 'unset')}); best of {repeat} runs each ({uptime()})")
     client = WorkerClient.spawning(str(tmp / "w.sock"),
                                    worker_config(tmp, a.weights, a.threads))
     await client.start()
