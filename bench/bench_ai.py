@@ -188,8 +188,13 @@ def worker_config(tmp: Path, weights: str, threads: int) -> str:
 
 
 async def main(a: argparse.Namespace) -> None:
+    # the LoRA files it writes (16, ~120 MB) go when the run ends, however it ends
+    with tempfile.TemporaryDirectory(prefix="edgefn-bench-ai-") as folder:
+        await run(a, Path(folder))
+
+
+async def run(a: argparse.Namespace, tmp: Path) -> None:
     tokens, quick, repeat = a.tokens, a.quick, a.repeat
-    tmp = Path(tempfile.mkdtemp(prefix="edgefn-bench-ai-"))
     print(f"worker: weights {a.weights}, {a.threads} threads (OpenMP: "
           f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}, GOMP_SPINCOUNT "
           f"{os.environ.get('GOMP_SPINCOUNT', 'unset')}); best of {repeat} runs each ({uptime()})")
