@@ -140,7 +140,7 @@ class Pool(Struct, forbid_unknown_fields=True, frozen=True):
     max: Annotated[int, Meta(ge=1, le=32)] = 4
     recycle_after: Annotated[int, Meta(ge=1)] = 10_000
     standby: bool = True
-    pipeline: Annotated[int, Meta(ge=0, le=4)] = 0
+    pipeline: Annotated[int, Meta(ge=0, le=32)] = 0
 
 
 OwnerName = Annotated[str, Meta(pattern=NAME_PATTERN)]

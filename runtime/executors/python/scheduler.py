@@ -13,8 +13,10 @@ still run, and it reports when the last one ends.
 Requests sent ahead (`depth`, the manifest's `pool.pipeline`): when no isolate is
 idle, a job goes to a busy one with fewer than `depth` jobs sent ahead (the fewest
 first) rather than waiting here, so that the guest picks it up without a wake-up
-round trip. Its wall-time limit still runs from when it was submitted; its CPU
-watch from when the job before it ends (`begun`). It never waits longer than it
+round trip; and a job waiting here goes ahead, oldest first, to the first
+isolate with room (`_top_up`). A job of `AHEAD_BELOW` bytes or more never goes
+ahead, and none goes ahead past it. Its wall-time limit still runs from when it
+was submitted; its CPU watch from when the job before it ends (`begun`). It never waits longer than it
 would have here, but for the rest of a loop turn: an isolate that went idle
 while none wait and is still idle at the end of that turn takes back the jobs
 sent ahead to another (a DROP; those not started come back through `requeue`,
@@ -39,6 +41,11 @@ from typing import Protocol, cast
 from edgefn_core.errors import FunctionError
 from runtime.executors.python.job import Job
 
+# a job this large (its encoded request) is never sent ahead: it waits for an idle
+# isolate, so that what an isolate holds unread stays small (at most `depth` of
+# these: 2 MiB at the largest `pool.pipeline`), far from the guest's memory limit and
+# from `channel.MAX_UNREAD` (32 requests of 16 MiB would pass it: the host killed)
+AHEAD_BELOW = 64 << 10
 TIMER_SLACK = 0.05  # past wall_ms: the guest's own watchdog should answer first
 # how early the deadline timer may fire (uvloop's timers count whole milliseconds): the
 # jobs due by then fail with it, rather than the timer being armed again for them
@@ -178,11 +185,9 @@ class Scheduler[W: Worker]:
             if isolate.state == "idle" and isolate.generation == self.generation:
                 self._run(isolate, job)
                 return
-        if self.depth and (busy := self._ahead()) is not None:
-            busy.uses += 1
-            self.sent_ahead += 1
-            job.isolate = busy
-            busy.run(job)
+        if (self.depth and not self.waiting and len(job.payload) < AHEAD_BELOW
+                and (busy := self._ahead()) is not None):
+            self._send_ahead(busy, job)
         elif first:
             self.waiting.appendleft(job)
         else:
@@ -195,12 +200,39 @@ class Scheduler[W: Worker]:
         fewest sent ahead (under `depth`)."""
         best: W | None = None
         for isolate in self.isolates:
-            if (isolate.state == "busy" and len(isolate.queue) < self.depth
-                    and not isolate.stuck and not isolate.dropping and not isolate.recycling
-                    and isolate.uses < self.recycle_after
-                    and (best is None or len(isolate.queue) < len(best.queue))):
+            if self._takes_ahead(isolate) and (best is None
+                                               or len(isolate.queue) < len(best.queue)):
                 best = isolate
         return best
+
+    def _takes_ahead(self, isolate: W) -> bool:
+        """Whether a job may be sent ahead to `isolate`: busy on the active host, with
+        room under `depth`, not stuck, not taking back its jobs, not recycling after
+        the ones it has."""
+        return (isolate.state == "busy" and len(isolate.queue) < self.depth
+                and not isolate.stuck and not isolate.dropping and not isolate.recycling
+                and isolate.uses < self.recycle_after and isolate.generation == self.generation)
+
+    def _send_ahead(self, isolate: W, job: Job) -> None:
+        isolate.uses += 1
+        self.sent_ahead += 1
+        job.isolate = isolate
+        isolate.run(job)
+
+    def _top_up(self, isolate: W) -> None:
+        """Send `isolate` (busy) the oldest waiting jobs ahead, up to `depth`: a job
+        that waited while every isolate was busy ran only once an isolate went idle,
+        each after a wake-up of its own (so with `pool.max = 1` a deep pipeline was
+        used only for the jobs that came while none waited). It stops at a job too large to send ahead,
+        which waits for an idle isolate (new jobs wait behind it: `_dispatch` sends
+        none ahead while any waits)."""
+        waiting = self.waiting
+        while waiting and self._takes_ahead(isolate):
+            if len(waiting[0].payload) >= AHEAD_BELOW:
+                return
+            job = waiting.popleft()
+            if not job.done:
+                self._send_ahead(isolate, job)
 
     def requeue(self, job: Job) -> None:
         """`job`'s isolate ended without running it (it was handed the job while its
@@ -270,6 +302,8 @@ class Scheduler[W: Worker]:
             self.stuck(isolate, job)
         elif self.watch is not None:
             self.watch(isolate, job)
+        if self.waiting:
+            self._top_up(isolate)
 
     # -- isolates -------------------------------------------------------------------------------
     def started(self, isolate: W) -> None:
@@ -298,6 +332,8 @@ class Scheduler[W: Worker]:
             job = self.waiting.popleft()
             if not job.done:
                 self._run(isolate, job)
+                if self.depth:
+                    self._top_up(isolate)
                 return
         self.idle.append(isolate)
         if self.depth and not self.steal_due and self.loop is not None:

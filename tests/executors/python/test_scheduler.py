@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from edgefn_core.errors import FunctionError
 from runtime.executors.python.job import Job
-from runtime.executors.python.scheduler import TIMER_GRAIN, TIMER_SLACK, Scheduler
+from runtime.executors.python.scheduler import AHEAD_BELOW, TIMER_GRAIN, TIMER_SLACK, Scheduler
 from runtime.net.message import Response
 
 
@@ -460,11 +460,54 @@ def test_a_busy_isolate_takes_jobs_ahead_up_to_depth_and_runs_them_in_order(
     assert list(b.queue) == [jobs[3], jobs[5]] and list(h.s.waiting) == [jobs[6]]
     assert h.s.sent_ahead == 4
     h.answer(a)
-    assert a.job is jobs[2] and list(a.queue) == [jobs[4]]  # the next sent ahead, no wake-up
+    # the next one sent ahead runs (no wake-up), and the waiting job takes its place
+    assert a.job is jobs[2] and list(a.queue) == [jobs[4], jobs[6]] and not h.s.waiting
+    assert h.s.sent_ahead == 5 and jobs[6].isolate is a
     h.answer(a)
     h.answer(a)
-    assert a.job is jobs[6] and not h.s.waiting  # free: the waiting job goes there
+    assert a.job is jobs[6] and not a.queue
     assert [j.done for j in jobs] == [False, True, True, False, True, False, False]
+
+
+def test_waiting_jobs_are_sent_ahead_as_places_free_up_oldest_first(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """A job that waited while every isolate was busy goes ahead to the first one
+    with room, not only to one that went idle (each such start was a wake-up)."""
+    h = Harness(loop, size=1, started=1, depth=2)
+    jobs = [h.submit(bytes([n])) for n in range(6)]
+    (a,) = h.isolates
+    assert (a.job, list(a.queue), list(h.s.waiting)) == (jobs[0], jobs[1:3], jobs[3:])
+    h.answer(a)
+    assert (a.job, list(a.queue), list(h.s.waiting)) == (jobs[1], jobs[2:4], jobs[4:])
+    jobs[4].future.cancel()  # its client left while it waited: skipped
+    jobs[4].end()
+    h.answer(a)
+    assert (a.job, list(a.queue), list(h.s.waiting)) == (jobs[2], [jobs[3], jobs[5]], [])
+    assert a.uses == 5 and h.s.sent_ahead == 4
+
+
+def test_a_large_job_is_never_sent_ahead_and_no_later_job_passes_it(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """What an isolate holds unread stays small: a request of `AHEAD_BELOW` bytes or
+    more waits for an idle isolate, and the jobs after it wait behind it (sent ahead
+    past it, they would keep the isolate from ever going idle)."""
+    h = Harness(loop, size=1, started=1, depth=2)
+    (a,) = h.isolates
+    first = h.submit(b"first")
+    big = h.submit(b"x" * AHEAD_BELOW)
+    small = h.submit(b"small")
+    assert a.job is first and not a.queue and list(h.s.waiting) == [big, small]
+    h.answer(a)
+    assert a.job is big and list(a.queue) == [small]  # idle: it runs, and small goes ahead
+    just_under = h.submit(b"x" * (AHEAD_BELOW - 1))
+    big2, after = h.submit(b"y" * AHEAD_BELOW), h.submit(b"after")
+    assert list(a.queue) == [small, just_under] and list(h.s.waiting) == [big2, after]
+    h.answer(a)  # a place frees up: the waiting big one is not sent ahead, nor what follows
+    assert a.job is small and list(a.queue) == [just_under]
+    assert list(h.s.waiting) == [big2, after]
+    h.answer(a)
+    h.answer(a)
+    assert a.job is big2 and list(a.queue) == [after] and not h.s.waiting
 
 
 def test_an_isolate_that_frees_takes_back_the_jobs_sent_ahead_to_another(
