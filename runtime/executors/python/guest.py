@@ -10,7 +10,9 @@ handler's thread; C code that never returns to Python is the PoP's to handle
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import functools
 import importlib
 import inspect
@@ -19,6 +21,7 @@ import os
 import re
 import socket
 import sys
+import termios
 import threading
 import traceback
 import types
@@ -331,6 +334,8 @@ class Session:
         self.handler = handler
         self.sdk = sdk
         self.reader = wire.Reader()
+        self.fd = sock.fileno()
+        self.count = array.array("i", [0])  # `_unread`'s answer
         self.pending: list[tuple[bytes, bytes]] = []
         self.cancel_seen = False  # a CANCEL arrived during a host call of this request
         self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
@@ -387,11 +392,18 @@ class Session:
             while not pending:
                 self._read()
             if self.ahead and pending[0][0] == wire.REQUEST:
-                while self._read(blocking=False):
-                    pass
+                while self._unread():
+                    self._read()
                 if not pending:  # it was taken back
                     continue
             return pending.pop(0)
+
+    def _unread(self) -> bool:
+        """Whether the socket holds bytes not read yet (FIONREAD, ~0.4 us: a `recv`
+        that fails with EAGAIN, the look before each request sent ahead, cost ~1.2 us
+        with its exception)."""
+        fcntl.ioctl(self.fd, termios.FIONREAD, self.count, True)
+        return self.count[0] > 0
 
     def _read(self, blocking: bool = True) -> bool:
         """Read what the socket holds into `pending` (without `blocking`: only what is
