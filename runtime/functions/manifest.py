@@ -138,7 +138,7 @@ class Pool(Struct, forbid_unknown_fields=True, frozen=True):
 
     min: Annotated[int, Meta(ge=1, le=32)] = 1
     max: Annotated[int, Meta(ge=1, le=32)] = 4
-    recycle_after: Annotated[int, Meta(ge=1)] = 10_000
+    recycle_after: Annotated[int, Meta(ge=1)] = 100_000
     standby: bool = True
     pipeline: Annotated[int, Meta(ge=0, le=32)] = 0
 
