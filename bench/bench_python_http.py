@@ -1,23 +1,26 @@
 """The Python hello over HTTP: req/s and where its CPU goes, per process.
 
-    python bench/bench_python_http.py [--pipeline N] [--rounds 4] [--seconds 5]
+    python bench/bench_python_http.py [--pool KEY=VALUE,...]... [--rounds 4] [--seconds 5]
                                       [--tree OTHER_CHECKOUT]
 
-A PoP (`edgefn serve`) with python-hello deployed (`--pipeline N`: with its
-`pool.pipeline` set to N), loaded by `wrk -t1 -c32`; for each round, req/s and
-the CPU per request of the PoP and of its isolate host (their CPU clocks, the
-host found among the PoP's descendants). CPU per request moves less than req/s on a
-noisy machine: both sides' figures say where a change took effect.
+A PoP (`edgefn serve`) with python-hello deployed, loaded by `wrk -t1 -c32`; for
+each round, req/s and the CPU per request of the PoP and of its isolate hosts
+(their CPU clocks; the hosts, the active one and its standby, found among the
+PoP's descendants). CPU per request moves less than req/s on a noisy machine:
+both sides' figures say where a change took effect.
 
-`--tree DIR`: a second checkout (a worktree of the commit before) measured in
-alternating rounds (ABBA, so neither always runs first), medians of each and this
-checkout's ratio to it.
+`--pool "max=4,pipeline=0"`: python-hello with those keys of its manifest's [pool]
+set; given more than once, each is a variant, measured in alternating rounds with
+the others ("" is the manifest as it is), and each variant's ratio to the first.
+`--tree DIR`: a second checkout (a worktree of the commit before) measured the same
+way (ABBA, so neither always runs first), and this checkout's ratio to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,34 +57,58 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def isolate_host(pop: int) -> int:
-    """The PoP's isolate host process. Raises RuntimeError if it has none."""
+def isolate_hosts(pop: int) -> list[int]:
+    """The PoP's isolate host processes (the active one and its standby). Raises
+    RuntimeError if it has none."""
+    hosts = []
     for pid in descendants(pop):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             if b"runtime.executors.python.host" in f.read():
-                return pid
-    raise RuntimeError("no isolate host among the PoP's processes")
+                hosts.append(pid)
+    if not hosts:
+        raise RuntimeError("no isolate host among the PoP's processes")
+    return hosts
 
 
-def one_round(tree: Path, pipeline: int | None, seconds: int) -> dict[str, float]:
-    """A fresh PoP from checkout `tree`: {"rps", "pop_us", "host_us"}."""
+def with_pool(example: Path, work: Path, pool: str) -> Path:
+    """`example`, or a copy of it in `work` whose [pool] (its last table) sets the
+    ``KEY=VALUE`` pairs of `pool` (comma-separated)."""
+    if not pool:
+        return example
+    copy = work / f"{example.name}-pool"
+    shutil.copytree(example, copy)
+    manifest = copy / "edgefn.toml"
+    text = manifest.read_text()
+    settings = dict(item.split("=", 1) for item in pool.split(","))
+    kept = [line for line in text[text.index("[pool]\n"):].splitlines()[1:]
+            if line.split("=")[0].strip() not in settings]
+    table = "".join(f"{k.strip()} = {v.strip()}\n" for k, v in settings.items())
+    manifest.write_text(text[:text.index("[pool]\n")] + "[pool]\n" + table + "\n".join(kept)
+                        + "\n")
+    return copy
+
+
+def one_round(tree: Path, pool: str, seconds: int) -> dict[str, float]:
+    """A fresh PoP from checkout `tree`, python-hello's [pool] set as `pool` says:
+    {"rps", "pop_us", "host_us"}."""
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         proc, port = bench_runtime.start_edgefn(data, tree=tree)
         try:
             example = tree / "functions" / "examples" / "python-hello"
-            AdminClient(data).deploy(bench_runtime.with_pipeline(example, Path(tmp), pipeline))
+            AdminClient(data).deploy(with_pool(example, Path(tmp), pool))
             url = f"http://127.0.0.1:{port}/py/hello"
             _wrk.run(url, seconds=1)  # warm-up: the pool grows to its max under load
-            host = isolate_host(proc.pid)
-            pop0, host0, t0 = cpu_seconds(proc.pid), cpu_seconds(host), time.monotonic()
+            hosts = isolate_hosts(proc.pid)
+            pop0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            host0 = sum(cpu_seconds(h) for h in hosts)
             r = _wrk.run(url, seconds=seconds)
             wall = time.monotonic() - t0
             if r["errors"]:
                 raise RuntimeError(f"{r['errors']} errors under load")
             n = r["rps"] * wall
             return {"rps": r["rps"], "pop_us": (cpu_seconds(proc.pid) - pop0) / n * 1e6,
-                    "host_us": (cpu_seconds(host) - host0) / n * 1e6}
+                    "host_us": (sum(cpu_seconds(h) for h in hosts) - host0) / n * 1e6}
         finally:
             proc.terminate()
             proc.wait(20)
@@ -89,34 +116,33 @@ def one_round(tree: Path, pipeline: int | None, seconds: int) -> dict[str, float
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--pipeline", type=int, help="python-hello's pool.pipeline (default: its "
-                   "manifest's)")
+    p.add_argument("--pool", action="append", help='python-hello\'s [pool] keys to set, '
+                   '"max=4,pipeline=0" (more than once: variants; "": as in its manifest)')
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--tree", type=Path, help="another checkout, measured in alternating rounds")
     args = p.parse_args()
     trees = [ROOT] if args.tree is None else [args.tree.resolve(), ROOT]
-    results: dict[Path, list[dict[str, float]]] = {t: [] for t in trees}
+    variants = [(tree, pool) for tree in trees for pool in (args.pool or [""])]
+    results: dict[tuple[Path, str], list[dict[str, float]]] = {v: [] for v in variants}
     for n in range(args.rounds):
-        for tree in trees if n % 2 == 0 else trees[::-1]:
-            r = one_round(tree, args.pipeline, args.seconds)
-            results[tree].append(r)
-            print(f"round {n + 1} {tree}: {r['rps']:.0f} req/s, PoP {r['pop_us']:.1f} us, "
-                  f"host {r['host_us']:.1f} us", flush=True)
+        for tree, pool in variants if n % 2 == 0 else variants[::-1]:
+            r = one_round(tree, pool, args.seconds)
+            results[tree, pool].append(r)
+            print(f"round {n + 1} {tree} [{pool or 'manifest'}]: {r['rps']:.0f} req/s, "
+                  f"PoP {r['pop_us']:.1f} us, host {r['host_us']:.1f} us", flush=True)
             time.sleep(2)  # the last PoP's processes gone
-    print(f"\n== python-hello, wrk -t1 -c32 -d{args.seconds}s, pool.pipeline = "
-          f"{args.pipeline if args.pipeline is not None else 'as in its manifest'}, medians of "
-          f"{args.rounds} rounds ==")
-    print(f"{'checkout':<40}{'req/s':>9}{'PoP us':>9}{'host us':>9}")
-    medians = {}
-    for tree, rs in results.items():
+    print(f"\n== python-hello, wrk -t1 -c32 -d{args.seconds}s, medians of {args.rounds} rounds "
+          f"(x first: ratio to the first line) ==")
+    print(f"{'checkout':<28}{'[pool]':<32}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
+          f"{'x first':>8}{'PoP':>6}{'host':>6}")
+    first = None
+    for (tree, pool), rs in results.items():
         m = {k: statistics.median(r[k] for r in rs) for k in ("rps", "pop_us", "host_us")}
-        medians[tree] = m
-        print(f"{tree!s:<40}{m['rps']:>9.0f}{m['pop_us']:>9.1f}{m['host_us']:>9.1f}")
-    if args.tree is not None:
-        base, this = medians[trees[0]], medians[ROOT]
-        print(f"{'this / --tree':<40}{this['rps'] / base['rps']:>9.2f}"
-              f"{this['pop_us'] / base['pop_us']:>9.2f}{this['host_us'] / base['host_us']:>9.2f}")
+        first = first or m
+        print(f"{str(tree)[-27:]:<28}{pool or 'as in its manifest':<32}{m['rps']:>8.0f}"
+              f"{m['pop_us']:>8.1f}{m['host_us']:>8.1f}{m['rps'] / first['rps']:>8.2f}"
+              f"{m['pop_us'] / first['pop_us']:>6.2f}{m['host_us'] / first['host_us']:>6.2f}")
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 
