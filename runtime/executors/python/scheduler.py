@@ -16,10 +16,10 @@ first) rather than waiting here, so that the guest picks it up without a wake-up
 round trip; and a job waiting here goes ahead, oldest first, to the first
 isolate with room (`_top_up`). A job of `AHEAD_BELOW` bytes or more never goes
 ahead, and none goes ahead past it. Its wall-time limit still runs from when it
-was submitted; its CPU watch from when the job before it ends (`begun`). It never waits longer than it
-would have here, but for the rest of a loop turn: an isolate that went idle
-while none wait and is still idle at the end of that turn takes back the jobs
-sent ahead to another (a DROP; those not started come back through `requeue`,
+was submitted; its CPU watch from when the job before it ends (`begun`). It never
+waits longer than it would have here, but for the rest of a loop turn: an isolate
+that went idle while none wait and is still idle at the end of that turn takes
+back the jobs sent ahead to another (a DROP; those not started come back through `requeue`,
 ahead of the waiting ones), and so does a job cut while it runs. (Under load the
 requests read in that turn keep it busy: taken back at once, their DROP and its
 answer cost each side two wake-ups and delayed them.) A job cut while
@@ -223,9 +223,9 @@ class Scheduler[W: Worker]:
         """Send `isolate` (busy) the oldest waiting jobs ahead, up to `depth`: a job
         that waited while every isolate was busy ran only once an isolate went idle,
         each after a wake-up of its own (so with `pool.max = 1` a deep pipeline was
-        used only for the jobs that came while none waited). It stops at a job too large to send ahead,
-        which waits for an idle isolate (new jobs wait behind it: `_dispatch` sends
-        none ahead while any waits)."""
+        used only for the jobs that came while none waited). It stops at a job too
+        large to send ahead, which waits for an idle isolate (new jobs wait behind
+        it: `_dispatch` sends none ahead while any waits)."""
         waiting = self.waiting
         while waiting and self._takes_ahead(isolate):
             if len(waiting[0].payload) >= AHEAD_BELOW:
