@@ -134,13 +134,13 @@ def main() -> int:
             time.sleep(2)  # the last PoP's processes gone
     print(f"\n== python-hello, wrk -t1 -c32 -d{args.seconds}s, medians of {args.rounds} rounds "
           f"(x first: ratio to the first line) ==")
-    print(f"{'checkout':<28}{'[pool]':<32}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
+    print(f"{'checkout':<28}{'[pool]':<40}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
           f"{'x first':>8}{'PoP':>6}{'host':>6}")
     first = None
     for (tree, pool), rs in results.items():
         m = {k: statistics.median(r[k] for r in rs) for k in ("rps", "pop_us", "host_us")}
         first = first or m
-        print(f"{str(tree)[-27:]:<28}{pool or 'as in its manifest':<32}{m['rps']:>8.0f}"
+        print(f"{str(tree)[-27:]:<28}{pool or 'as in its manifest':<40}{m['rps']:>8.0f}"
               f"{m['pop_us']:>8.1f}{m['host_us']:>8.1f}{m['rps'] / first['rps']:>8.2f}"
               f"{m['pop_us'] / first['pop_us']:>6.2f}{m['host_us'] / first['host_us']:>6.2f}")
     print(f"(load average {os.getloadavg()[0]:.2f})")
