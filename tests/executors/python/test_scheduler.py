@@ -608,7 +608,8 @@ def test_an_isolate_recycling_after_its_jobs_gets_none_sent_ahead(
 
 
 DEPTH_OPS = st.lists(st.one_of(
-    st.just(("submit", 0)), st.integers(0, 2).map(lambda i: ("end", i)),
+    st.just(("submit", 0)), st.just(("submit", AHEAD_BELOW)),
+    st.integers(0, 2).map(lambda i: ("end", i)),
     st.integers(0, 2).map(lambda i: ("back", i)),
     st.sampled_from([0.0, 0.002, 0.01, 0.04]).map(lambda s: ("advance", s))), max_size=50)
 
@@ -619,10 +620,12 @@ def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines
         ops: list[tuple[str, float]], depth: int, size: int) -> None:
     """Model: a guest runs what it was sent in order, one at a time; asked for its
     jobs sent ahead, it hands back all of them at some later point. Whatever was
-    submitted, answered, handed back or timed out around it, every job ends once,
-    no job runs twice, each isolate runs its jobs in the order it was sent them
-    (less those it handed back), and a job not answered by its own deadline
-    (``wall_ms + TIMER_SLACK`` after it was submitted) fails then, never later."""
+    submitted (small jobs, and jobs too large to send ahead), answered, handed back
+    or timed out around it, every job ends once, no job runs twice, each isolate
+    runs its jobs in the order it was sent them (less those it handed back), a job
+    not answered by its own deadline (``wall_ms + TIMER_SLACK`` after it was
+    submitted) fails then, never later, and a large job is only ever given to an
+    idle isolate."""
     loop = FakeClockLoop(0.0)
     wall_ms = 30
     h = Harness(loop, size=size, started=size, wall_ms=wall_ms,  # type: ignore[arg-type]
@@ -633,7 +636,7 @@ def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines
     answered_at: dict[Job, float] = {}
     for op, arg in ops:
         if op == "submit":
-            job = h.submit()
+            job = h.submit(b"x" * int(arg))
             due[job] = loop.now + wall_ms / 1000 + TIMER_SLACK
             job.future.add_done_callback(
                 lambda f, job=job: f.exception() is not None and failed_at.setdefault(
@@ -659,8 +662,9 @@ def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines
             h.hand_back(h.isolates[int(arg)])
         elif op == "advance":
             loop.advance(arg)
-        for isolate in h.isolates:  # nothing sent ahead to an idle isolate
+        for isolate in h.isolates:  # nothing sent ahead to an idle isolate, nor a large job
             assert isolate.state == "busy" or (isolate.job is None and not isolate.queue)
+            assert all(len(job.payload) < AHEAD_BELOW for job in isolate.queue)
     loop.advance(wall_ms / 1000 + TIMER_SLACK + 0.01)
     for job, when in due.items():
         assert job.done
