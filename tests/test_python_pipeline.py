@@ -17,10 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import uvloop
 
 from runtime.executors.python.function import PythonFunction
-from runtime.executors.python.scheduler import Scheduler
+from runtime.executors.python.scheduler import AHEAD_BELOW, Scheduler
 from runtime.functions.manifest import load
 from runtime.net.message import Request, Response
 from tests.support import Running, host_pids, python_function
@@ -188,24 +189,29 @@ def test_isolates_that_start_under_load_take_back_requests_sent_ahead_and_run_ea
     assert host_pids("grow") == hosts and s.sent_ahead > 0 and s.requeued > 0
 
 
+@pytest.mark.parametrize("pool", ["min = 2\nmax = 4\npipeline = 1",
+                                  "min = 1\nmax = 2\npipeline = 16"])
 def test_callers_straight_on_the_pool_race_the_guests_and_each_request_runs_once(
-        tmp_path: Path) -> None:
+        tmp_path: Path, pool: str) -> None:
     """The same without HTTP in between, so that the PoP's side is faster than the
-    guests': 8 callers on `PythonFunction.handle` (min 2, max 4, pipeline 1) race
-    guests between one request's end and the next one's start. No guest is taken for
-    a forger and each request runs once, with its own answer. Callers pause now and
-    then, so that an isolate stays idle past its loop turn while others hold
-    requests sent ahead: those are taken back (DROP) while their guests race too."""
-    d = python_function(tmp_path, "race", PIPE,
-                        pool="min = 2\nmax = 4\nstandby = false\npipeline = 1")
+    guests': 8 callers on `PythonFunction.handle` race guests between one request's
+    end and the next one's start. No guest is taken for a forger and each request
+    runs once, with its own answer. Callers pause now and then, so that an isolate
+    stays idle past its loop turn while others hold requests sent ahead: those are
+    taken back (DROP) while their guests race too. With 16 sent ahead, every fifth
+    request is too large to send ahead (it waits for an idle isolate, and the
+    waiting ones behind it), the others go ahead as places free up."""
+    d = python_function(tmp_path, "race", PIPE, pool=f"{pool}\nstandby = false")
     fn = PythonFunction(load(d), d, "v1", insecure=True)
     fn.prewarm()
+    deep = "16" in pool
 
     async def caller(c: int) -> list[tuple[str, Response]]:
         out = []
         for k in range(500):
-            request = Request(b"GET", b"/race", f"id={c}-{k}".encode(), [(b"host", b"t")],
-                              b"", "1.1", True, "127.0.0.1")
+            body = b"x" * AHEAD_BELOW if deep and k % 5 == c % 5 else b""
+            request = Request(b"POST" if body else b"GET", b"/race", f"id={c}-{k}".encode(),
+                              [(b"host", b"t")], body, "1.1", True, "127.0.0.1")
             out.append((f"{c}-{k}", await fn.handle(request, "/race", {})))
             if k % 3 == c % 3:  # no next request this turn: its isolate idles past it
                 await asyncio.sleep(0.001)
