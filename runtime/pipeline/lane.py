@@ -21,9 +21,11 @@ exact native form, and its executor is one the lane can call:
                  samples ingest on the path
     http_cache   off for the function (its Cache-Tag dropped), or nothing of the
                  deployment stored and no default TTL (`first_answer`: MISS, counted in the
-                 cache's stats); a request with Range, Cache-Control or a validator,
-                 a deployment with entries, or a GET answered with Cache-Control or
-                 Expires (stored: the function runs again in Python) are Python's
+                 cache's stats; with workers, stored by any worker: `SharedLabels`,
+                 whose stamp the lane checks at each read); a request with Range,
+                 Cache-Control or a validator, a deployment with entries, or a GET
+                 answered with Cache-Control or Expires (stored: the function runs
+                 again in Python) are Python's
     dispatch     a WASM reactor without host imports on the native call, run inline,
                  no canary, nothing in flight on a worker thread; or a Python function
                  whose pool is running (no canary): the C encodes the request and
@@ -340,9 +342,9 @@ class NativeLane:
         """Whether the lane does exactly what `stage` does for requests for `fn`."""
         if isinstance(stage, Residency):
             return stage.ingest is None
-        if isinstance(stage, HttpCacheStage):
-            s = stage.settings_for(fn)
-            return not s.enabled or (s.default_ttl is None and not stage.cache.store.shared)
+        if isinstance(stage, HttpCacheStage):  # with workers, what another stored counts
+            s = stage.settings_for(fn)  # too: it moves the stamp (`HttpCache.labels_stamp`)
+            return not s.enabled or s.default_ttl is None
         return isinstance(stage, Health | RequestId | Events | Bots | Dispatch)
 
     def _cache_mode(self, fn: Deployment) -> int:

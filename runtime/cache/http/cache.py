@@ -19,6 +19,7 @@ from pathlib import Path
 
 from runtime.cache.http import policy
 from runtime.cache.http.coalesce import Flights
+from runtime.cache.http.labels import SharedLabels
 from runtime.cache.http.store import Entry, TieredStore, Variants
 from runtime.cache.settings import HttpCacheSettings
 from runtime.net.message import Headers, Request, Response
@@ -55,6 +56,11 @@ class HttpCache:
         # deployments (name@version) that stored a response: nothing of any other is
         # stored, so their requests need no lookup (see `HttpCacheStage`)
         self.caching: set[str] = {k.split(b"\0", 1)[0].decode() for k, _ in self.store.items()}
+        # workers = N: the deployments that stored a response in any worker (`labels`)
+        self.labels = SharedLabels(disk) if disk is not None and self.store.shared else None
+        self.labels_seen = -1
+        if self.labels is not None:
+            self.labels_stamp()
         self.passes: dict[bytes, float] = {}  # key -> until when misses go straight through
 
     # -- single flight ----------------------------------------------------------------------
@@ -76,9 +82,25 @@ class HttpCache:
         return True
 
     def stored(self, key: bytes, label: str) -> None:
-        """A response to `key` was stored: its misses coalesce from now on."""
-        self.caching.add(label)
+        """A response to `key` was stored: its misses coalesce from now on (and, with
+        workers, every worker looks `label`'s requests up from its next read on)."""
+        if label not in self.caching:
+            self.caching.add(label)
+            if self.labels is not None:
+                self.labels.add(label)
         self.passes.pop(key, None)
+
+    def labels_stamp(self) -> int:
+        """With workers (`labels`): a value that changes when any worker stores its
+        first response of a deployment; `caching` holds those deployments once it
+        was called. The planner calls it for each request, the native lane at each
+        read (the http_cache stage's ``plan_stamp``)."""
+        assert self.labels is not None
+        n = self.labels.stamp()
+        if n != self.labels_seen:
+            self.caching.update(self.labels.fresh())
+            self.labels_seen = n
+        return n
 
     def passed(self, key: bytes) -> None:
         """A response to `key` could not be stored: don't make its misses wait."""
@@ -194,6 +216,9 @@ class HttpCache:
 
     def close(self) -> None:
         self.store.close()
+        if self.labels is not None:
+            self.labels.close()
+            self.labels = None
 
 
 CONTENT_FIELDS = frozenset({b"content-type", b"content-length", b"content-encoding",

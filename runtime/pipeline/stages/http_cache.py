@@ -55,6 +55,9 @@ class HttpCacheStage:
         self.settings = cache.settings
         self.merged: dict[int, tuple[HttpCacheOverride, HttpCacheSettings]] = {}
         self.tasks: set[asyncio.Task[None]] = set()  # background revalidations
+        if cache.labels is not None:  # workers = N: what another worker stored moves the
+            # plans (the native lane serves a deployment that stored nothing, in C)
+            self.plan_stamp = cache.labels_stamp
 
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
