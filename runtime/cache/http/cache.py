@@ -47,7 +47,8 @@ class HttpCache:
         """`data_dir`: the PoP's; the disk tier lives in DATA/cache/http (None: memory
         only), shared by `writers` processes (``workers = N``). `clock`: wall-clock
         seconds (stored entries outlive a restart). Raises `lmdb.Error` if the disk
-        tier cannot be opened."""
+        tier cannot be opened, `OSError` if its shared list of deployments that
+        stored a response cannot (`SharedLabels`, with `writers` > 1)."""
         self.settings = settings
         self.clock = clock
         disk = data_dir / "cache" / "http" if data_dir is not None else None
