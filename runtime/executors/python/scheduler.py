@@ -332,8 +332,8 @@ class Scheduler[W: Worker]:
             job = self.waiting.popleft()
             if not job.done:
                 self._run(isolate, job)
-                if self.depth:
-                    self._top_up(isolate)
+                if self.depth and not any(i.state == "idle" for i in self.idle):
+                    self._top_up(isolate)  # (an idle one takes the next waiting job first)
                 return
         self.idle.append(isolate)
         if self.depth and not self.steal_due and self.loop is not None:

@@ -486,6 +486,20 @@ def test_waiting_jobs_are_sent_ahead_as_places_free_up_oldest_first(
     assert a.uses == 5 and h.s.sent_ahead == 4
 
 
+def test_jobs_waiting_for_a_new_host_start_on_each_of_its_isolates_before_any_goes_ahead(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """A host becoming active with jobs waiting: each of its idle isolates runs one
+    before the rest are sent ahead (topped up on the first, the second would have
+    taken back what it had, a DROP and its answer)."""
+    h = Harness(loop, size=2, started=0, depth=4)
+    jobs = [h.submit(bytes([n])) for n in range(5)]
+    assert list(h.s.waiting) == jobs
+    fresh = [FakeIsolate("n0", generation=2), FakeIsolate("n1", generation=2)]
+    h.s.use(2, fresh)
+    assert all(i.job is not None for i in fresh) and not h.s.waiting
+    assert sorted(len(i.queue) for i in fresh) == [0, 3]
+
+
 def test_a_large_job_is_never_sent_ahead_and_no_later_job_passes_it(
         loop: asyncio.AbstractEventLoop) -> None:
     """What an isolate holds unread stays small: a request of `AHEAD_BELOW` bytes or
