@@ -342,8 +342,10 @@ class NativeLane:
         """Whether the lane does exactly what `stage` does for requests for `fn`."""
         if isinstance(stage, Residency):
             return stage.ingest is None
-        if isinstance(stage, HttpCacheStage):  # with workers, what another stored counts
-            s = stage.settings_for(fn)  # too: it moves the stamp (`HttpCache.labels_stamp`)
+        if isinstance(stage, HttpCacheStage):
+            # with workers, a deployment another worker stored moves the stamp
+            # (`HttpCache.labels_stamp`), and the C then finds it in `caching`
+            s = stage.settings_for(fn)
             return not s.enabled or s.default_ttl is None
         return isinstance(stage, Health | RequestId | Events | Bots | Dispatch)
 

@@ -15,9 +15,11 @@ the lookup, which finds nothing.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 SIZE_BYTES = 8
@@ -66,12 +68,11 @@ class SharedLabels:
         os.close(self.fd)
 
 
-class _locked:
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __enter__(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
+@contextlib.contextmanager
+def _locked(fd: int) -> Iterator[None]:
+    """An exclusive `flock` on `fd` (the other workers')."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)

@@ -19,8 +19,8 @@ ahead, and none goes ahead past it. Its wall-time limit still runs from when it
 was submitted; its CPU watch from when the job before it ends (`begun`). It never
 waits longer than it would have here, but for the rest of a loop turn: an isolate
 that went idle while none wait and is still idle at the end of that turn takes
-back the jobs sent ahead to another (a DROP; those not started come back through `requeue`,
-ahead of the waiting ones), and so does a job cut while it runs. (Under load the
+back the jobs sent ahead to another (a DROP; those not started come back through
+`requeue`, ahead of the waiting ones), and so does a job cut while it runs. (Under load the
 requests read in that turn keep it busy: taken back at once, their DROP and its
 answer cost each side two wake-ups and delayed them.) A job cut while
 sent ahead is taken back too; if it started meanwhile, it is handled as stuck.
