@@ -3,7 +3,7 @@ IPC overhead. Every figure is printed with its ratio to a baseline measured in
 the same run.
 
     .venv/bin/python bench/bench_ai.py [--tokens 64] [--repeat 3] [--weights f16]
-                                       [--threads 2] [--quick]
+                                       [--threads 2] [--quick] [--no-engine-limit]
 
 Each load is run `--repeat` times, the configurations taking turns, and the best
 run of each is printed: other work on a shared machine only ever slows a run
@@ -202,6 +202,8 @@ async def run(a: argparse.Namespace, tmp: Path) -> None:
                                    worker_config(tmp, a.weights, a.threads))
     await client.start()
     try:
+        chat = next(m for m in await client.models() if m.get("name", m.get("id")) == CHAT)
+        print(f"model {CHAT}: device {chat.get('details', {}).get('device', '?')}")
         print("== IPC round trip (Ping over the Unix socket, 2000 sequential) ==")
         n = 500 if quick else 2000
         base = await echo_baseline(str(tmp / "echo.sock"), n)
@@ -245,7 +247,8 @@ async def run(a: argparse.Namespace, tmp: Path) -> None:
               f"{mixed_rate / base_rate:.2f}  (target >= 0.8)")
     finally:
         await client.close()
-    engine_limit(tmp, [(w, t) for w in ("as-is", "f16", "q8_0", "q4_0") for t in (1, 2)])
+    if a.engine_limit:  # CPU decode steps (gpu_layers 0), whatever the machine has
+        engine_limit(tmp, [(w, t) for w in ("as-is", "f16", "q8_0", "q4_0") for t in (1, 2)])
     print(f"({uptime()})")
 
 
@@ -259,6 +262,8 @@ if __name__ == "__main__":
     ap.add_argument("--weights", default="f16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-engine-limit", dest="engine_limit", action="store_false",
+                    help="skip the CPU decode-step sweep (e.g. on a GPU machine)")
     a = ap.parse_args()
     try:
         import uvloop

@@ -1,14 +1,17 @@
-"""WASM hello req/s of a PoP with ``workers = 1`` and ``workers = 2``, same run,
-rounds alternated, the server and wrk each pinned with `taskset`, and the ratio.
+"""WASM hello req/s of a PoP with ``workers = 1`` and ``workers = 2`` (or each count
+of ``--workers``), same run, rounds alternated, the server and wrk each pinned with
+`taskset`, and each count's ratio to one worker.
 
     python bench/bench_workers.py [--seconds 5] [--rounds 3] [--connections 32]
-                                  [--layout apart|shared|both]
+                                  [--layout apart|shared|both] [--workers 1,2]
 
 Layouts (chosen by the number of cores; say which when quoting a figure):
-- ``apart``: the server on cores S, wrk on the other cores W. With 4+ cores S is
-  {0,1} (two workers can each have a core) and W the rest. On a 2-core machine S
-  is {1} and W {0}: nothing is shared with wrk, but two workers share one core,
-  so this shows the cost of a second process, not scaling.
+- ``apart``: the server on cores S, wrk on the other cores W, with one wrk thread
+  a core of W. With 4+ cores S is {0 .. K-1}, K the largest count of ``--workers``
+  (at least 2, at most half the cores: each worker can have a core) and W the rest;
+  every count runs on the same S. On a 2-core machine S is {1} and W {0}: nothing
+  is shared with wrk, but two workers share one core, so this shows the cost of a
+  second process, not scaling.
 - ``shared`` (2-core machines): server and wrk both on {0,1}; two workers can use
   both cores, but wrk takes part of them, and the OS schedules all three.
 
@@ -38,10 +41,11 @@ from runtime.admin.client import AdminClient  # noqa: E402
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
 
 
-def layouts(cores: int, which: str) -> dict[str, tuple[str, str]]:
-    """{name: (server cpus, wrk cpus)} for taskset -c."""
+def layouts(cores: int, which: str, most: int) -> dict[str, tuple[str, str]]:
+    """{name: (server cpus, wrk cpus)} for taskset -c; `most` workers at most."""
     if cores >= 4:
-        return {"apart": ("0,1", f"2-{cores - 1}")}
+        k = min(max(2, most), cores // 2)
+        return {"apart": (f"0-{k - 1}", f"{k}-{cores - 1}")}
     found = {"apart": ("1", "0"), "shared": ("0,1", "0,1")}
     return found if which == "both" else {which: found[which]}
 
@@ -66,10 +70,18 @@ def start(workers: int, cpus: str, root: Path) -> tuple[subprocess.Popen[bytes],
     return proc, port
 
 
+def count(cpus: str) -> int:
+    """How many cores a taskset list such as "0,1" or "2-15" names."""
+    return sum(int(b) - int(a) + 1 if "-" in part else 1
+               for part in cpus.split(",") for a, _, b in [part.partition("-")])
+
+
 def wrk(url: str, cpus: str, seconds: int, connections: int) -> dict:
-    """wrk -t1 pinned to `cpus`; its figures (see `_wrk.parse`)."""
-    cmd = ["taskset", "-c", cpus, "wrk", "-t1", f"-c{connections}", f"-d{seconds}s",
-           "--latency", url]
+    """wrk pinned to `cpus`, one thread a core (at most one a connection); its
+    figures (see `_wrk.parse`)."""
+    threads = min(count(cpus), connections)
+    cmd = ["taskset", "-c", cpus, "wrk", f"-t{threads}", f"-c{connections}",
+           f"-d{seconds}s", "--latency", url]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
     if out.returncode != 0:
         raise RuntimeError(f"wrk failed: {out.stdout}{out.stderr}")
@@ -78,7 +90,7 @@ def wrk(url: str, cpus: str, seconds: int, connections: int) -> dict:
 
 def measure(name: str, server_cpus: str, wrk_cpus: str, args: argparse.Namespace,
             root: Path) -> None:
-    servers = {n: start(n, server_cpus, root) for n in (1, 2)}
+    servers = {n: start(n, server_cpus, root) for n in args.workers}
     best: dict[int, dict] = {}
     try:
         for port in (p for _, p in servers.values()):  # warm both
@@ -95,12 +107,15 @@ def measure(name: str, server_cpus: str, wrk_cpus: str, args: argparse.Namespace
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(60)
-    print(f"layout {name}: server on cores {{{server_cpus}}}, wrk -t1 -c{args.connections} "
-          f"on cores {{{wrk_cpus}}}; best of {args.rounds} rounds of {args.seconds}s")
+    threads = min(count(wrk_cpus), args.connections)
+    print(f"layout {name}: server on cores {{{server_cpus}}}, wrk -t{threads} "
+          f"-c{args.connections} on cores {{{wrk_cpus}}}; best of {args.rounds} rounds of "
+          f"{args.seconds}s")
+    one = best[args.workers[0]]["rps"]
     for n, r in best.items():
         print(f"  workers={n}: {r['rps']:>9.0f} req/s  p50 {r['p50_ms']:.2f} ms  "
-              f"p99 {r['p99_ms']:.2f} ms")
-    print(f"  ratio workers=2 / workers=1: {best[2]['rps'] / best[1]['rps']:.2f}x", flush=True)
+              f"p99 {r['p99_ms']:.2f} ms  x workers={args.workers[0]}: {r['rps'] / one:.2f}")
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -109,14 +124,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--connections", type=int, default=32)  # hello-wat: concurrency 32
     p.add_argument("--layout", choices=("apart", "shared", "both"), default="both")
+    p.add_argument("--workers", default="1,2",
+                   help="worker counts, comma-separated, the baseline first (default 1,2)")
     args = p.parse_args()
+    args.workers = [int(n) for n in args.workers.split(",")]
     for tool in ("wrk", "taskset"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} not found (apt-get install -y {tool})")
     cores = os.cpu_count() or 1
     print(f"{cores} cores; load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (server, load) in layouts(cores, args.layout).items():
+        for name, (server, load) in layouts(cores, args.layout, max(args.workers)).items():
             measure(name, server, load, args, Path(tmp))
 
 
