@@ -1,9 +1,13 @@
 """Per-sequence LoRA adapters (the llama.cpp that .ci/llama-wheel patches): a batch
 mixing adapters decodes in one call, and each sequence gets what its adapter alone
-gives. Real model (SmolLM2-135M, F16), real adapters, real llama.cpp."""
+gives, whether the stack is applied by the CPU op or by the ggml ops a GPU uses.
+Real model (SmolLM2-135M, F16), real adapters, real llama.cpp."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,26 +16,39 @@ import numpy as np
 import pytest
 
 from gpu_worker.adapters import write_random_lora
-from gpu_worker.engines.llama_model import LlamaModel
+from gpu_worker.engines.llama_model import LlamaModel, quiet
 from gpu_worker.models import converted, packaged_model
+
+# llama.cpp layers offloaded: 0 here; EDGEFN_TEST_GPU_LAYERS=-1 runs these on a CUDA
+# build's GPU, where the stack lives in device memory and only the ggml ops apply it
+GPU_LAYERS = int(os.environ.get("EDGEFN_TEST_GPU_LAYERS", "0"))
 
 # (slot, adapter, scale): ranks 8, 12 and 16 (stacked, padded to 16), one at half scale
 SEQS: list[tuple[int, str | None, float]] = [(0, None, 1.0), (1, "a0", 1.0), (2, "a1", 0.5),
                                              (3, "a2", 1.0)]
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
-    tmp = tmp_path_factory.mktemp("lora")
-    model = LlamaModel(converted(packaged_model(), "f16"), 1024, 4, 2, 0)
-    for i in range(3):
-        path = tmp / f"a{i}.gguf"
-        write_random_lora(packaged_model(), path, rank=8 + 4 * i, seed=i, std=0.1)
-        model.load_adapter(f"a{i}", str(path))
-    try:
-        yield model
-    finally:
-        model.close()
+@pytest.fixture(scope="module", params=["cpu-op", "graph-ops"])
+def lm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+       ) -> Iterator[LlamaModel]:
+    """The model with three adapters, stacked. "graph-ops": the stack applied with the
+    ggml ops (mul_mat_id) that adapters offloaded to a GPU use, here on the CPU
+    (EDGEFN_LORA_STACK_GRAPH, read by every stacking while the tests run)."""
+    with pytest.MonkeyPatch.context() as env:
+        if request.param == "graph-ops":
+            env.setenv("EDGEFN_LORA_STACK_GRAPH", "1")
+        else:
+            env.delenv("EDGEFN_LORA_STACK_GRAPH", raising=False)
+        tmp = tmp_path_factory.mktemp("lora")
+        model = LlamaModel(converted(packaged_model(), "f16"), 1024, 4, 2, GPU_LAYERS)
+        for i in range(3):
+            path = tmp / f"a{i}.gguf"
+            write_random_lora(packaged_model(), path, rank=8 + 4 * i, seed=i, std=0.1)
+            model.load_adapter(f"a{i}", str(path))
+        try:
+            yield model
+        finally:
+            model.close()
 
 
 def _logits(lm: LlamaModel, index: int) -> np.ndarray:
@@ -66,6 +83,16 @@ def test_this_build_stacks_the_adapters(lm: LlamaModel) -> None:
     assert {name: lm.stacked[name] for name in ("a0", "a1", "a2")} == {"a0": 0, "a1": 1, "a2": 2}
 
 
+@pytest.fixture(autouse=True)
+def _forget_every_slot(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails half way leaves no KV cache behind for the next one."""
+    yield
+    if "lm" in request.fixturenames:
+        model = request.getfixturevalue("lm")
+        for slot, _, _ in SEQS:
+            model.forget(slot)
+
+
 def test_a_mixed_batch_gives_each_sequence_its_own_adapter(lm: LlamaModel) -> None:
     tokens = lm.tokenize("The capital of France is")
     alone = _alone(lm, tokens)
@@ -73,19 +100,19 @@ def test_a_mixed_batch_gives_each_sequence_its_own_adapter(lm: LlamaModel) -> No
     items = [item for slot, _, _ in SEQS for item in _prompt(lm, slot, tokens)]
     assert lm.decode(items) == 0  # one call for all four
     n = len(tokens)
+    got = {slot: _logits(lm, slot * n + n - 1) for slot, _, _ in SEQS}
+    # every sequence's distance from its own path, all reported when one is off
+    off = {name: float(np.abs(got[slot] - alone[slot]).max()) for slot, name, _ in SEQS}
     for slot, name, _ in SEQS:
-        got = _logits(lm, slot * n + n - 1)
         if name is None:  # exact zeros from the stack; the batch's shape alone moves
-            assert np.abs(got - alone[slot]).max() < 1e-3  # the sums' order (~1e-6)
+            assert off[name] < 1e-3, off  # the sums' order (~1e-6)
             continue
         effect = np.abs(alone[slot] - alone[0]).max()  # what the adapter changes
         assert effect > 5, effect
         # the same sums in another order: float rounding, far below the adapter's effect
-        assert np.abs(got - alone[slot]).max() < 0.05, (name, np.abs(got - alone[slot]).max())
-        assert got.argmax() == alone[slot].argmax()
-        assert np.abs(got - alone[0]).max() > 5  # not the base model's logits
-    for slot, _, _ in SEQS:
-        lm.forget(slot)
+        assert off[name] < 0.05, off
+        assert got[slot].argmax() == alone[slot].argmax()
+        assert np.abs(got[slot] - alone[0]).max() > 5  # not the base model's logits
 
 
 def test_a_batch_of_base_sequences_after_a_mixed_one_is_the_base_model(lm: LlamaModel) -> None:
@@ -99,6 +126,36 @@ def test_a_batch_of_base_sequences_after_a_mixed_one_is_the_base_model(lm: Llama
     assert lm.decode(_prompt(lm, 1, tokens)) == 0
     assert np.array_equal(_logits(lm, len(tokens) - 1), alone[0])
     lm.forget(1)
+
+
+def test_the_stack_is_applied_by_the_ops_asked_for(lm: LlamaModel, tmp_path: Path,
+                                                  request: pytest.FixtureRequest) -> None:
+    """Stacking logs how many weights each way applies; "graph-ops" must really take
+    the mul_mat_id path (a library that ignored EDGEFN_LORA_STACK_GRAPH would pass the
+    other tests on the CPU op)."""
+    lines: list[str] = []
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+    def capture(level: int, text: bytes, _: object) -> None:
+        lines.append(text.decode(errors="replace"))
+
+    path = tmp_path / "extra.gguf"
+    write_random_lora(packaged_model(), path, rank=8, seed=11, std=0.1)
+    ll.llama_log_set(capture, None)
+    try:
+        lm.load_adapter("extra", str(path))  # restacks every loaded adapter
+    finally:
+        quiet()
+        lm.unload_adapter("extra")
+    found = [m for line in lines if (m := re.search(
+        r"(\d+) adapters stacked: (\d+) weights by ggml ops, (\d+) by the CPU op", line))]
+    assert found, f"no stacking line in {len(lines)} log lines"
+    adapters, graph, cpu = (int(g) for g in found[-1].groups())
+    assert adapters == len(lm.adapters) + 1 and graph + cpu > 0
+    if request.node.callspec.params["lm"] == "graph-ops" or (lm.gpu and GPU_LAYERS):
+        assert cpu == 0
+    else:
+        assert graph == 0
 
 
 def test_adapters_loaded_later_join_the_stack(lm: LlamaModel, tmp_path: Path) -> None:
@@ -121,7 +178,7 @@ def test_an_unloaded_adapter_leaves_the_stack_and_the_others_keep_theirs(
         tmp_path: Path) -> None:
     """`lora rm` kept a removed adapter's rows in every mixed step; unloading restacks
     without it, and the adapters left answer as they did."""
-    model = LlamaModel(converted(packaged_model(), "f16"), 512, 2, 1, 0)
+    model = LlamaModel(converted(packaged_model(), "f16"), 512, 2, 1, GPU_LAYERS)
     try:
         for i, name in enumerate(("x", "y")):
             path = tmp_path / f"{name}.gguf"
