@@ -30,7 +30,7 @@ from runtime.observe.metrics_merge import Wire
 from runtime.observe.metrics_pop import PeersCall
 from runtime.pop import PoP
 from runtime.workers.control import Fanout, control_server
-from runtime.workers.events import Forwarder, peer_observers, receive, watched
+from runtime.workers.events import Forwarder, peer_observers, peer_raw, receive, watched
 from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn")
@@ -205,8 +205,8 @@ async def _peer_events(pop: PoP, role: Role | None) -> Forwarder | asyncio.Abstr
     if role is None or role.count == 1:
         return None
     if role.leader:
-        return await receive(role, peer_observers(pop), lambda: watched(pop))
-    forwarder = Forwarder(role, pop.config.events.ring_size)
+        return await receive(role, peer_observers(pop), lambda: watched(pop), peer_raw(pop))
+    forwarder = Forwarder(role, pop.config.events.ring_size, pop.config.events.max_event_bytes)
     pop.observers.add(forwarder)
     forwarder.start()
     return forwarder

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
 
 from runtime.observe.event import Event
+from runtime.observe.ring import MAX_TEXT, Query, Ring
 from runtime.workers import events
-from runtime.workers.events import HEADER, Forwarder, peer_observers, receive
+from runtime.workers.events import HEADER, Forwarder, peer_observers, peer_raw, receive
 from runtime.workers.role import Role
 from tests.observe.metrics.support import event
 from tests.support import Running, pop_thread
@@ -228,3 +230,91 @@ def test_unsampled_events_are_forwarded_only_once_the_admin_worker_s_dashboard_i
         return before, [e.rid for e in got]
 
     assert asyncio.run(main()) == (["kept"], ["kept", "counted"])
+
+
+def test_unwatched_frames_go_into_the_ring_undecoded_and_read_back_whole(
+        tmp_path: Path) -> None:
+    """Until its dashboard is watched, the admin worker keeps the others' events as
+    their msgpack: nothing is decoded on arrival (no `deliver`, no Event in the ring),
+    and a read makes each as the ring would have kept it; the sender bounded the long
+    one as the ring bounds its own."""
+    ring = Ring(100, 4096)
+    long_path = "/p" + "x" * 5000
+    sent = [event(rid=f"r-{i}", path=long_path if i == 3 else f"/p{i}") for i in range(20)]
+
+    async def main() -> list[Event]:
+        got: list[Event] = []
+        server = await receive(role(tmp_path, 0), got.append,
+                               deliver_raw=peer_raw(SimpleNamespace(ring=ring)))  # type: ignore[arg-type]
+        forwarder = Forwarder(role(tmp_path, 1), 100, 4096)
+        forwarder.start()
+        try:
+            for e in sent:
+                forwarder.observe(e)
+            await until(lambda: len(ring.items) == 20)
+        finally:
+            forwarder.close()
+            server.close()
+        return got
+
+    assert asyncio.run(main()) == []
+    assert all(isinstance(item, tuple) for item in ring.items)  # none decoded yet
+    read = list(ring.events)
+    assert [e.rid for e in read] == [e.rid for e in sent]
+    assert read[3].path == long_path[:MAX_TEXT // 2]
+    assert read[:3] + read[4:] == sent[:3] + sent[4:]
+    assert [e.rid for e in ring.query(Query(path="/p1"))] == ["r-1"] + [
+        f"r-{i}" for i in range(10, 20)]
+
+
+def test_a_live_follower_of_the_ring_gets_the_undecoded_events_decoded(
+        tmp_path: Path) -> None:
+    ring = Ring(100, 4096)
+
+    async def main() -> list[str]:
+        sub = ring.subscribe(Query(), 100)
+        server = await receive(role(tmp_path, 0), lambda e: None,
+                               deliver_raw=peer_raw(SimpleNamespace(ring=ring)))  # type: ignore[arg-type]
+        forwarder = Forwarder(role(tmp_path, 1), 100)
+        forwarder.start()
+        try:
+            for i in range(5):
+                forwarder.observe(event(rid=f"r-{i}"))
+            await until(lambda: len(sub.buffer) == 5)
+        finally:
+            forwarder.close()
+            server.close()
+        events_, _ = await sub.get(1)
+        return [e.rid for e in events_]
+
+    assert asyncio.run(main()) == [f"r-{i}" for i in range(5)]
+    assert not any(isinstance(item, tuple) for item in ring.items)
+
+
+def test_once_watched_the_admin_worker_decodes_every_frame(tmp_path: Path) -> None:
+    """Told `WATCHED`, a worker sends unsampled events too (for the dashboard): those
+    frames are decoded and delivered one by one, none goes to the ring undecoded."""
+    async def main() -> tuple[list[tuple[str, bool]], int]:
+        got: list[Event] = []
+        raw_frames: list[int] = []
+        server = await receive(role(tmp_path, 0), got.append, watched=lambda: True,
+                               deliver_raw=lambda raws: raw_frames.append(len(raws)))
+        forwarder = Forwarder(role(tmp_path, 1), 100)
+        forwarder.start()
+        try:
+            await until(lambda: forwarder.everything)
+            forwarder.observe(event(rid="kept"))
+            forwarder.observe(event(rid="left-out", sampled=False))
+            await until(lambda: len(got) == 2)
+        finally:
+            forwarder.close()
+            server.close()
+        return [(e.rid, e.sampled) for e in got], len(raw_frames)
+
+    assert asyncio.run(main()) == ([("kept", True), ("left-out", False)], 0)
+
+
+def test_an_undecodable_event_in_a_raw_frame_is_left_out_when_read() -> None:
+    good = msgspec.Raw(msgspec.msgpack.encode(event(rid="good")))
+    bad = msgspec.Raw(msgspec.msgpack.encode({"rid": 3}))
+    assert [e.rid for e in events.RAW_EVENTS.events([good, bad, good])] == ["good", "good"]

@@ -147,12 +147,7 @@ class Ring:
     def observe(self, event: Event) -> None:
         if not event.sampled:
             return
-        size = len(event.path) + len(event.query) + len(event.host)
-        # the stages' records are small unless they quote the request (the HTTP cache's
-        # key: host and path) or list WAF rules: only then is their size measured
-        if size > MAX_TEXT or ((size > PLAIN_TEXT or "waf" in event.decisions)
-                               and _too_big(event, self.max_event_bytes)):
-            event = _bounded(event, self.max_event_bytes)
+        event = kept(event, self.max_event_bytes)
         self.items.append(event)
         for sub in self.subscribers:
             sub.push(event)
@@ -232,6 +227,17 @@ def _made(items: Iterable[Event | tuple[Deferred, Any]]) -> Iterator[Event]:
 
 def encoded_size(event: Event) -> int:
     return len(msgspec.json.encode(event))
+
+
+def kept(event: Event, cap: int) -> Event:
+    """`event` as a ring of `cap` bytes an event keeps it: as it is, or bounded."""
+    size = len(event.path) + len(event.query) + len(event.host)
+    # the stages' records are small unless they quote the request (the HTTP cache's
+    # key: host and path) or list WAF rules: only then is their size measured
+    if size > MAX_TEXT or ((size > PLAIN_TEXT or "waf" in event.decisions)
+                           and _too_big(event, cap)):
+        return _bounded(event, cap)
+    return event
 
 
 def _too_big(event: Event, cap: int) -> bool:
