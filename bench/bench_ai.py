@@ -202,7 +202,7 @@ async def run(a: argparse.Namespace, tmp: Path) -> None:
                                    worker_config(tmp, a.weights, a.threads))
     await client.start()
     try:
-        chat = next(m for m in await client.models() if m.get("name", m.get("id")) == CHAT)
+        chat = next(m for m in await client.models() if m["id"] == CHAT)
         print(f"model {CHAT}: device {chat.get('details', {}).get('device', '?')}")
         print("== IPC round trip (Ping over the Unix socket, 2000 sequential) ==")
         n = 500 if quick else 2000

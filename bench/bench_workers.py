@@ -76,12 +76,15 @@ def count(cpus: str) -> int:
                for part in cpus.split(",") for a, _, b in [part.partition("-")])
 
 
+def wrk_threads(cpus: str, connections: int) -> int:
+    """wrk's threads on `cpus`: one a core, at most one a connection."""
+    return min(count(cpus), connections)
+
+
 def wrk(url: str, cpus: str, seconds: int, connections: int) -> dict:
-    """wrk pinned to `cpus`, one thread a core (at most one a connection); its
-    figures (see `_wrk.parse`)."""
-    threads = min(count(cpus), connections)
-    cmd = ["taskset", "-c", cpus, "wrk", f"-t{threads}", f"-c{connections}",
-           f"-d{seconds}s", "--latency", url]
+    """wrk pinned to `cpus` (`wrk_threads` threads); its figures (see `_wrk.parse`)."""
+    cmd = ["taskset", "-c", cpus, "wrk", f"-t{wrk_threads(cpus, connections)}",
+           f"-c{connections}", f"-d{seconds}s", "--latency", url]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
     if out.returncode != 0:
         raise RuntimeError(f"wrk failed: {out.stdout}{out.stderr}")
@@ -107,8 +110,8 @@ def measure(name: str, server_cpus: str, wrk_cpus: str, args: argparse.Namespace
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(60)
-    threads = min(count(wrk_cpus), args.connections)
-    print(f"layout {name}: server on cores {{{server_cpus}}}, wrk -t{threads} "
+    print(f"layout {name}: server on cores {{{server_cpus}}}, "
+          f"wrk -t{wrk_threads(wrk_cpus, args.connections)} "
           f"-c{args.connections} on cores {{{wrk_cpus}}}; best of {args.rounds} rounds of "
           f"{args.seconds}s")
     one = best[args.workers[0]]["rps"]

@@ -318,3 +318,24 @@ def test_an_undecodable_event_in_a_raw_frame_is_left_out_when_read() -> None:
     good = msgspec.Raw(msgspec.msgpack.encode(event(rid="good")))
     bad = msgspec.Raw(msgspec.msgpack.encode({"rid": 3}))
     assert [e.rid for e in events.RAW_EVENTS.events([good, bad, good])] == ["good", "good"]
+
+
+def test_a_frame_that_does_not_decode_closes_that_connection_on_the_raw_path_too(
+        tmp_path: Path) -> None:
+    async def main() -> tuple[bytes, list[int]]:
+        frames: list[int] = []
+        server = await receive(role(tmp_path, 0), lambda e: None,
+                               deliver_raw=lambda raws: frames.append(len(raws)))
+        loop = asyncio.get_running_loop()
+        bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bad.setblocking(False)
+        try:
+            await loop.sock_connect(bad, role(tmp_path, 0).events_address())
+            await loop.sock_sendall(bad, HEADER.pack(5) + b"\xc1oops")
+            closed = await asyncio.wait_for(loop.sock_recv(bad, 10), 10)
+        finally:
+            bad.close()
+            server.close()
+        return closed, frames
+
+    assert asyncio.run(main()) == (b"", [])

@@ -143,8 +143,8 @@ class Forwarder:
             log.warning("dropped %d events the admin worker could not take in time",
                         self.dropped)
             self.dropped = 0
+        cap = self.max_event_bytes
         while self.pending:  # frames of at most FRAME_EVENTS: see `_read`
-            cap = self.max_event_bytes
             batch = [kept(self.pending.popleft(), cap)
                      for _ in range(min(FRAME_EVENTS, len(self.pending)))]
             body = self._encode(batch)
