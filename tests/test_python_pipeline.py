@@ -10,6 +10,7 @@ stream whose client leaves is cancelled past the request sent ahead behind it.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import threading
 import time
@@ -20,7 +21,9 @@ from typing import Any
 import pytest
 import uvloop
 
+from runtime.executors.python.config import PIPELINE_AUTO, HostConfig
 from runtime.executors.python.function import PythonFunction
+from runtime.executors.python.host import serve_code
 from runtime.executors.python.scheduler import AHEAD_BELOW, Scheduler
 from runtime.functions.manifest import load
 from runtime.net.message import Request, Response
@@ -433,3 +436,65 @@ def test_a_stream_whose_client_leaves_is_cancelled_past_the_request_sent_ahead(
     assert fields(answer)[0] == "b"
     assert took < 2.0, f"B waited {took:.2f} s: A streamed on after its client left"
     assert fields(pop.get("/streams?id=c"))[3] == "3"  # the same interpreter: A, B, C
+
+
+@pytest.mark.parametrize(("pipeline", "ahead"), [(0, False), (2, True), (PIPELINE_AUTO, True)])
+def test_the_guest_reads_all_it_holds_before_a_request_wherever_requests_go_ahead(
+        pipeline: int, ahead: bool) -> None:
+    """Where requests may go ahead ("auto" too), the guest reads everything its
+    socket holds before starting one (`guest.Session._next`): a request the PoP
+    took back with a DROP sent meanwhile would otherwise run on both isolates."""
+    cfg = dataclasses.asdict(HostConfig("f", "v1", "/f", "main", "handle", 50, 1000, 64,
+                                        100, 1, 4, pipeline=pipeline))
+    assert f"ahead={ahead!r})" in serve_code(cfg, [])
+
+
+def test_auto_packs_short_requests_and_takes_back_those_behind_a_slow_one(
+        tmp_path: Path) -> None:
+    """The default ``pipeline = "auto"``, straight on the pool (jobs submitted in one
+    loop turn): once short requests have run, a burst is packed onto one busy
+    isolate (the other stays idle); a slow request and three short ones submitted
+    together are packed the same way, and the short ones are taken back from
+    behind it and answered by the other isolate long before it ends."""
+    d = python_function(tmp_path, "auto", PIPE, pool="min = 2\nmax = 2\nstandby = false")
+    assert load(d).pool.pipeline == "auto"
+    fn = PythonFunction(load(d), d, "v1", insecure=True)
+    fn.prewarm()
+
+    def request(query: str) -> Request:
+        return Request(b"GET", b"/auto", query.encode(), [(b"host", b"t")], b"", "1.1", True,
+                       "127.0.0.1")
+
+    async def main() -> tuple[list[Response], list[tuple[Response, float]], float]:
+        fn.activate()
+        assert fn.pool is not None
+        s = fn.pool.scheduler
+        for k in range(3000):  # one at a time, until the mean says several fit in PACK_WAIT
+            await fn.handle(request(f"id=w{k}"), "/auto", {})
+            if s.room >= 3:
+                break
+        assert s.room >= 3, f"a short request held its isolate {s.service * 1e6:.0f} us"
+        burst = await asyncio.gather(*(fn.handle(request(f"id=b{k}"), "/auto", {})
+                                       for k in range(s.room + 1)))
+        sent = time.monotonic()
+
+        async def timed(query: str) -> tuple[Response, float]:
+            response = await fn.handle(request(query), "/auto", {})
+            return response, time.monotonic() - sent
+
+        slow, *short = await asyncio.gather(timed("id=slow&sleep=0.5"),
+                                            *(timed(f"id=s{k}") for k in range(3)))
+        return burst, [slow, *short], s.requeued
+
+    try:
+        burst, (slow, *short), requeued = uvloop.run(main())
+    finally:
+        fn.close()
+    isolates = {fields((r.status, {}, r.body))[2] for r in burst}  # type: ignore[arg-type]
+    assert len(isolates) == 1, "the burst was spread over both isolates"
+    assert slow[1] >= 0.5 and requeued == 3
+    took = [t for _, t in short]
+    assert max(took) < 0.25, f"short requests waited {took} behind a 0.5 s one"
+    slow_isolate = fields((slow[0].status, {}, slow[0].body))[2]  # type: ignore[arg-type]
+    assert all(fields((r.status, {}, r.body))[2] != slow_isolate  # type: ignore[arg-type]
+               for r, _ in short)

@@ -134,13 +134,16 @@ class Pool(Struct, forbid_unknown_fields=True, frozen=True):
     second, warm host process ready to take over if the first crashes; `pipeline`:
     when every isolate is busy, how many requests may be sent ahead to each (run
     after its current one, without a wake-up round trip; taken back if another
-    isolate frees up first), 0: none."""
+    isolate frees up first), 0: none; "auto": while the function's requests take
+    under half a millisecond each, as many as finish within a millisecond, packed
+    onto busy isolates before an idle one is woken, else none
+    (`runtime.executors.python.scheduler`)."""
 
     min: Annotated[int, Meta(ge=1, le=32)] = 1
     max: Annotated[int, Meta(ge=1, le=32)] = 4
     recycle_after: Annotated[int, Meta(ge=1)] = 100_000
     standby: bool = True
-    pipeline: Annotated[int, Meta(ge=0, le=32)] = 0
+    pipeline: Annotated[int, Meta(ge=0, le=32)] | Literal["auto"] = "auto"
 
 
 OwnerName = Annotated[str, Meta(pattern=NAME_PATTERN)]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PIPELINE_AUTO = -1  # `pool.pipeline = "auto"` (`runtime.executors.python.scheduler`)
+
 
 @dataclass(frozen=True)
 class HostConfig:
@@ -23,7 +25,7 @@ class HostConfig:
     min_isolates: int
     max_isolates: int
     max_response_mb: int = 16
-    pipeline: int = 0  # jobs sent ahead to a busy isolate, at most (`pool.pipeline`)
+    pipeline: int = 0  # jobs sent ahead to a busy isolate, at most (`pool.pipeline`), or AUTO
     env: tuple[tuple[str, str], ...] = ()  # the manifest's `env`, also set in the host's environ
     insecure: bool = False  # run even where a sandbox layer is missing (--insecure-python)
     # KV reads in the host (`local_kv_env.plan`): the store's folder ("": off), its map

@@ -11,7 +11,7 @@ from runtime.bindings import Bindings
 from runtime.bindings.fetch import Lineage, cdn_loop
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.python import local_kv_env, policy
-from runtime.executors.python.config import HostConfig
+from runtime.executors.python.config import PIPELINE_AUTO, HostConfig
 from runtime.executors.python.pool import Pool
 from runtime.functions.manifest import Manifest
 from runtime.net.message import Request, Response
@@ -30,7 +30,7 @@ class PythonFunction:
             module=Path(manifest.entry).stem, handler=manifest.handler, cpu_ms=limits.cpu_ms,
             wall_ms=limits.wall_ms, memory_mb=limits.memory_mb,
             recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max,
-            pipeline=pool.pipeline,
+            pipeline=PIPELINE_AUTO if pool.pipeline == "auto" else pool.pipeline,
             max_response_mb=limits.max_response_mb, env=tuple(manifest.env.items()),
             insecure=insecure, **local_kv_env.plan(bindings))
         self.standby = pool.standby

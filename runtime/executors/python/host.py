@@ -113,7 +113,7 @@ def serve_code(cfg: dict, warnings: list[str]) -> str:
     args = (cfg["cpu_ms"], cfg["wall_ms"], cfg["recycle_after"])
     return (f"guest.serve(prepared, *{args!r}, sdk=edgefn, warnings={warnings!r}, "
             f"kv={cfg.get('kv')!r}, max_response={cfg['max_response_mb'] << 20!r}, "
-            f"ahead={cfg.get('pipeline', 0) > 0!r})\n")
+            f"ahead={cfg.get('pipeline', 0) != 0!r})\n")
 
 
 class Retirement:

@@ -145,6 +145,7 @@ class Isolate:
         self.job: Job | None = None
         self.queue: deque[Job] = deque()  # sent ahead, behind `job`, not started
         self.dropping = False  # a DROP is unanswered: nothing more is sent ahead
+        self.since = 0.0  # when its current job started (the scheduler's clock)
         self.taken = 0  # jobs that DROP took back at once (`drop`), for its answer to confirm
         self.cancel_for: Job | None = None  # CANCEL it once the DROP is answered
         self.stuck = False  # its job ended early (timed out, cut); frames are dropped until its end

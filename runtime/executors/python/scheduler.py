@@ -26,6 +26,18 @@ answer cost each side two wake-ups and delayed them.) A job cut while
 sent ahead is taken back too; if it started meanwhile, it is handled as stuck.
 An isolate that recycles after its next job gets none sent ahead.
 
+Packed (`PIPELINE_AUTO`, the manifest's default ``pool.pipeline = "auto"``): the
+scheduler follows the mean time a job holds its isolate (from its start there to
+its last frame). While that mean is at most PACK_WAIT / 2, jobs go ahead (up to
+AUTO_DEPTH), and a new job is packed onto the busy isolate with the most sent ahead
+that can still finish them within PACK_WAIT (`room` of them) rather than wake an
+idle one: a wake-up saved on each side of the hop, at most PACK_WAIT of waiting.
+An isolate whose job has run past PACK_WAIT gets none packed, and the jobs packed
+behind it are taken back, by an isolate going idle or by a patrol every 2 x PACK_WAIT
+while any are sent ahead (which starts one more isolate when none is idle); an
+isolate going idle takes back nothing else. Otherwise (longer jobs, and at first)
+nothing goes ahead, as with ``pipeline = 0``.
+
 No sockets, processes or threads: isolates are seen through `Worker`, and what
 scheduling needs done elsewhere (start an isolate, handle a stuck one, stop the
 hosts) goes through the callbacks it is built with.
@@ -34,11 +46,13 @@ hosts) goes through the callbacks it is built with.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 from edgefn_core.errors import FunctionError
+from runtime.executors.python.config import PIPELINE_AUTO
 from runtime.executors.python.job import Job
 
 # a job this large (its encoded request) is never sent ahead: it waits for an idle
@@ -50,6 +64,13 @@ TIMER_SLACK = 0.05  # past wall_ms: the guest's own watchdog should answer first
 # how early the deadline timer may fire (uvloop's timers count whole milliseconds): the
 # jobs due by then fail with it, rather than the timer being armed again for them
 TIMER_GRAIN = 0.001
+# `pool.pipeline = "auto"`: jobs go ahead (up to AUTO_DEPTH) while the mean time a job
+# holds its isolate is at most PACK_WAIT / 2, and then are packed onto busy isolates
+# (below); otherwise none goes ahead. The mean starts at PACK_WAIT (none ahead) and
+# follows each job by SERVICE_WEIGHT.
+AUTO_DEPTH = 16
+PACK_WAIT = 0.001  # the longest a packed job is expected to wait behind its isolate's
+SERVICE_WEIGHT = 1 / 8
 
 
 class Worker(Protocol):
@@ -63,6 +84,7 @@ class Worker(Protocol):
     job: Job | None  # the job it runs (or runs next: the one before it ended)
     queue: deque[Job]  # jobs sent ahead, behind `job`
     dropping: bool  # asked to hand back its jobs sent ahead; none is sent ahead meanwhile
+    since: float  # when its current job started on it (the scheduler's `clock`)
 
     def run(self, job: Job) -> None:
         """Send `job` to the guest."""
@@ -84,16 +106,25 @@ class Scheduler[W: Worker]:
     def __init__(self, wall_ms: int, recycle_after: int, *, grow: Callable[[W], None],
                  stuck: Callable[[W, Job], None], drained: Callable[[], None],
                  watch: Callable[[W, Job], None] | None = None, cpu_ms: int = 0,
-                 unwatch: Callable[[W, Job], None] | None = None, depth: int = 0) -> None:
+                 unwatch: Callable[[W, Job], None] | None = None, depth: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`grow(isolate)` starts an unstarted isolate; `stuck(isolate, job)` is told
         when a running job timed out or overran its CPU limit; `drained()` once a
         retired pool has nothing in flight; `watch(isolate, job)` as a job starts
         on an isolate (the CPU watch), `unwatch` when it was handed back unstarted,
-        `cpu_ms` the limit it keeps; `depth`: jobs sent ahead to a busy isolate, at most."""
+        `cpu_ms` the limit it keeps; `depth`: jobs sent ahead to a busy isolate, at
+        most, or `PIPELINE_AUTO` (as many as the jobs' mean time allows: `_pack_onto`);
+        `clock`: seconds, for the time a job holds its isolate (finer than the
+        loop's: uvloop's counts whole milliseconds)."""
         # Global state
         self.wall_ms = wall_ms
         self.recycle_after = recycle_after
-        self.depth = depth
+        self.clock = clock
+        self.auto = depth == PIPELINE_AUTO
+        self.depth = 0 if self.auto else depth  # auto: AUTO_DEPTH while jobs are short
+        self.service = PACK_WAIT  # mean seconds a job held its isolate (auto only)
+        self.room = 0  # auto: jobs a busy isolate is packed up to (0: no packing)
+        self.patrol: asyncio.TimerHandle | None = None  # auto: looks for overdue isolates
         self.unwatch = unwatch
         self.grow, self.stuck, self.drained = grow, stuck, drained
         self.watch, self.cpu_ms = watch, cpu_ms
@@ -180,6 +211,12 @@ class Scheduler[W: Worker]:
         """Run `job` on the warmest idle isolate, or send it ahead to a busy one, or
         queue it (`first`: ahead of the others); and start one more isolate if the
         pool has room."""
+        if (self.room and not self.waiting and len(job.payload) < AHEAD_BELOW
+                and (busy := self._pack_onto()) is not None):
+            self._send_ahead(busy, job)
+            if self.patrol is None and self.loop is not None:
+                self.patrol = self.loop.call_later(2 * PACK_WAIT, self._patrolled)
+            return
         while self.idle:
             isolate = self.idle.pop()  # LIFO: the most recently used isolate is the warmest
             if isolate.state == "idle" and isolate.generation == self.generation:
@@ -204,6 +241,44 @@ class Scheduler[W: Worker]:
                                                or len(isolate.queue) < len(best.queue)):
                 best = isolate
         return best
+
+    def _pack_onto(self) -> W | None:
+        """Auto, short jobs (`room`): the busy isolate to pack a job onto rather than
+        wake an idle one: the one with the most jobs ahead under `room` whose job has
+        not run past PACK_WAIT (a wake-up saved on each side; the job waits behind
+        a few short ones instead)."""
+        now = self.clock()
+        best: W | None = None
+        for isolate in self.isolates:
+            if (len(isolate.queue) < self.room and now - isolate.since < PACK_WAIT
+                    and self._takes_ahead(isolate)
+                    and (best is None or len(isolate.queue) > len(best.queue))):
+                best = isolate
+        return best
+
+    def _patrolled(self) -> None:
+        """Auto: jobs packed behind an isolate whose job ran past PACK_WAIT go to an
+        idle isolate (a DROP), or one more isolate starts to take them; looked at
+        again while any isolate holds jobs ahead."""
+        self.patrol = None
+        overdue = self.clock() - PACK_WAIT
+        if any(i.queue and i.since < overdue and not i.dropping for i in self.isolates):
+            if any(i.state == "idle" for i in self.idle):
+                self._steal(overdue)
+            else:
+                self._scale_up()
+        if self.loop is not None and any(i.queue for i in self.isolates):
+            self.patrol = self.loop.call_later(2 * PACK_WAIT, self._patrolled)
+
+    def _served(self, isolate: W) -> None:
+        """Auto: `isolate`'s job ended: follow the mean time a job holds its isolate,
+        and send jobs ahead (and pack them) only while it is short."""
+        self.service += (self.clock() - isolate.since - self.service) * SERVICE_WEIGHT
+        if self.service <= PACK_WAIT / 2:
+            self.depth = AUTO_DEPTH
+            self.room = min(AUTO_DEPTH, int(PACK_WAIT / max(self.service, 1e-9)) - 1)
+        else:
+            self.depth = self.room = 0
 
     def _takes_ahead(self, isolate: W) -> bool:
         """Whether a job may be sent ahead to `isolate`: busy on the active host, with
@@ -266,6 +341,7 @@ class Scheduler[W: Worker]:
 
     def _run(self, isolate: W, job: Job) -> None:
         isolate.state = "busy"
+        isolate.since = self.clock()
         isolate.uses += 1
         job.isolate = isolate
         isolate.run(job)
@@ -297,6 +373,9 @@ class Scheduler[W: Worker]:
     def begun(self, isolate: W, job: Job) -> None:
         """`job`, sent ahead to `isolate`, is its job now (the one before it ended).
         One cut meanwhile that was not taken back in time is handled as stuck."""
+        if self.auto:
+            self._served(isolate)
+        isolate.since = self.clock()
         if job.done:
             isolate.stuck = True
             self.stuck(isolate, job)
@@ -316,6 +395,8 @@ class Scheduler[W: Worker]:
         """Its job reached its last frame: idle again, or recycling (no job until READY)."""
         if isolate.state != "busy":
             return
+        if self.auto:
+            self._served(isolate)
         if isolate.recycling or isolate.uses >= self.recycle_after:
             isolate.recycling = False
             isolate.state = "recycling"
@@ -336,7 +417,7 @@ class Scheduler[W: Worker]:
                     self._top_up(isolate)  # (an idle one takes the next waiting job first)
                 return
         self.idle.append(isolate)
-        if self.depth and not self.steal_due and self.loop is not None:
+        if (self.depth or self.auto) and not self.steal_due and self.loop is not None:
             self.steal_due = True
             self.loop.call_soon(self._steal_idle)
 
@@ -350,14 +431,16 @@ class Scheduler[W: Worker]:
         # once gives one of them a job, and one may have died since it went idle
         for isolate in list(self.idle):
             if isolate.state == "idle":
-                self._steal()
+                self._steal(self.clock() - PACK_WAIT if self.room else None)
 
-    def _steal(self) -> None:
+    def _steal(self, overdue: float | None = None) -> None:
         """An isolate is idle and no job waits: take back the jobs sent ahead to the
-        busy isolate that has the most (they come back through `requeue`)."""
+        busy isolate that has the most (they come back through `requeue`); while
+        jobs are packed (`room`), only from one whose job started before `overdue`."""
         busiest: W | None = None
         for isolate in self.isolates:
             if isolate.queue and not isolate.dropping and (
+                    overdue is None or isolate.since < overdue) and (
                     busiest is None or len(isolate.queue) > len(busiest.queue)):
                 busiest = isolate
         if busiest is not None:
@@ -382,4 +465,7 @@ class Scheduler[W: Worker]:
     def _report_drained(self) -> None:
         if not self.reported_drained:
             self.reported_drained = True
+            if self.patrol is not None:
+                self.patrol.cancel()
+                self.patrol = None
             self.drained()

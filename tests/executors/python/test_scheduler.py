@@ -7,6 +7,7 @@ import asyncio
 import gc
 import heapq
 import itertools
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -17,8 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgefn_core.errors import FunctionError
+from runtime.executors.python.config import PIPELINE_AUTO
 from runtime.executors.python.job import Job
-from runtime.executors.python.scheduler import AHEAD_BELOW, TIMER_GRAIN, TIMER_SLACK, Scheduler
+from runtime.executors.python.scheduler import (
+    AHEAD_BELOW,
+    AUTO_DEPTH,
+    PACK_WAIT,
+    TIMER_GRAIN,
+    TIMER_SLACK,
+    Scheduler,
+)
 from runtime.net.message import Response
 
 
@@ -38,6 +47,7 @@ class FakeIsolate:
         self.queue: deque[Job] = deque()
         self.dropping = False
         self.drops = 0
+        self.since = 0.0
 
     def run(self, job: Job) -> None:
         """As `Isolate.run`: it runs now if the isolate has none, else after those sent."""
@@ -63,14 +73,16 @@ class FakeIsolate:
 
 class Harness:
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int = 4, started: int = 2,
-                 wall_ms: int = 10_000, recycle_after: int = 1000, depth: int = 0) -> None:
+                 wall_ms: int = 10_000, recycle_after: int = 1000, depth: int = 0,
+                 clock: Callable[[], float] | None = None) -> None:
         self.loop = loop
         self.grown: list[FakeIsolate] = []
         self.stuck: list[tuple[FakeIsolate, Job]] = []
         self.drained = 0
         self.s: Scheduler[FakeIsolate] = Scheduler(
             wall_ms, recycle_after, grow=self.grown.append,
-            stuck=lambda i, j: self.stuck.append((i, j)), drained=self._drained, depth=depth)
+            stuck=lambda i, j: self.stuck.append((i, j)), drained=self._drained, depth=depth,
+            clock=clock or time.monotonic)
         self.isolates = [FakeIsolate(f"i{n}", state="idle" if n < started else "unstarted")
                          for n in range(size)]
         self.s.use(1, self.isolates)
@@ -621,6 +633,137 @@ def test_an_isolate_recycling_after_its_jobs_gets_none_sent_ahead(
     assert a.state == "recycling" and a.uses == 2
 
 
+def auto_harness(size: int, started: int, job_seconds: float,
+                 jobs: int = 60) -> tuple[Harness, FakeClockLoop]:
+    """`pipeline = "auto"` on a fake clock, after `jobs` jobs of `job_seconds` each
+    ran one at a time (the mean the scheduler follows is then close to it)."""
+    loop = FakeClockLoop(0.0)
+    h = Harness(loop, size=size, started=started, depth=PIPELINE_AUTO,  # type: ignore[arg-type]
+                clock=lambda: loop.now)
+    for _ in range(jobs):
+        job = h.submit()
+        runner = h.runner(job)
+        assert runner is not None
+        loop.advance(job_seconds)
+        h.answer(runner)
+    loop.advance(0)
+    return h, loop
+
+
+def test_auto_sends_none_ahead_until_the_jobs_are_known_to_be_short(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Its mean starts at PACK_WAIT: the first jobs spread over idle isolates and
+    wait, as with `pipeline = 0`."""
+    h = Harness(loop, size=2, started=2, depth=PIPELINE_AUTO)
+    jobs = [h.submit() for _ in range(4)]
+    assert all(i.job is not None and not i.queue for i in h.isolates)
+    assert list(h.s.waiting) == jobs[2:] and h.s.sent_ahead == 0
+    assert (h.s.depth, h.s.room) == (0, 0)
+
+
+def test_auto_packs_short_jobs_onto_a_busy_isolate_rather_than_wake_an_idle_one() -> None:
+    h, loop = auto_harness(size=3, started=3, job_seconds=0.00005)
+    assert h.s.service == pytest.approx(0.00005, rel=0.05)
+    assert (h.s.depth, h.s.room) == (AUTO_DEPTH, AUTO_DEPTH)  # 1 ms / 50 us - 1, at most 16
+    jobs = [h.submit() for _ in range(5)]
+    busy = [i for i in h.isolates if i.job is not None]
+    assert len(busy) == 1 and (busy[0].job, list(busy[0].queue)) == (jobs[0], jobs[1:])
+    assert h.s.sent_ahead == 4 and not h.grown
+    for _ in jobs:
+        loop.advance(0.00005)
+        h.answer(busy[0])
+    assert all(j.done for j in jobs) and busy[0].state == "idle" and busy[0].drops == 0
+
+
+def test_auto_packs_only_as_many_as_finish_within_pack_wait() -> None:
+    """Jobs of 0.2 ms: 1 ms / 0.2 ms - 1 = 3 behind the one running; the next job
+    wakes an idle isolate, and the one after that is packed onto the emptier one."""
+    h, _ = auto_harness(size=2, started=2, job_seconds=0.0002)
+    assert h.s.room == 3
+    jobs = [h.submit() for _ in range(6)]
+    a = next(i for i in h.isolates if i.job is jobs[0])
+    b = next(i for i in h.isolates if i is not a)
+    assert list(a.queue) == jobs[1:4] and b.job is jobs[4] and list(b.queue) == [jobs[5]]
+
+
+def test_auto_an_isolate_going_idle_takes_nothing_back_from_one_whose_job_is_short() -> None:
+    """Packed jobs stay where they are when another isolate goes idle (taking them
+    back would spread them again: a DROP and a wake-up each side), unless the job
+    they wait behind has run past PACK_WAIT."""
+    h, loop = auto_harness(size=2, started=2, job_seconds=0.0002)
+    jobs = [h.submit() for _ in range(6)]
+    x, y = (next(i for i in h.isolates if i.job is jobs[n]) for n in (0, 4))
+    assert list(x.queue) == jobs[1:4] and list(y.queue) == [jobs[5]]
+    for _ in range(2):
+        loop.advance(0.0002)
+        h.answer(y)
+    assert y.state == "idle"
+    loop.advance(0)  # the end of the turn y went idle in
+    assert x.drops == 0 and list(x.queue) == jobs[1:4]
+    loop.advance(0.0016)  # the patrol, 2 ms after the first was packed: x's job ran on
+    assert x.dropping
+
+
+def test_auto_sends_none_ahead_while_jobs_are_long() -> None:
+    """A mean past PACK_WAIT / 2: no job goes ahead, none is packed (jobs wait for an
+    isolate to free up, and more isolates start)."""
+    h, _ = auto_harness(size=3, started=1, job_seconds=0.0006)
+    assert (h.s.depth, h.s.room) == (0, 0)
+    jobs = [h.submit() for _ in range(3)]
+    assert list(h.s.waiting) == jobs[1:] and h.s.sent_ahead == 0
+    assert h.grown == h.isolates[1:]
+
+
+def test_auto_takes_back_jobs_packed_behind_one_that_runs_on(
+        ) -> None:
+    """Jobs packed behind a job that turns out slow are asked back (a DROP) once it
+    has run past PACK_WAIT, by the patrol 2 x PACK_WAIT after they were packed, and
+    run on the isolate that was idle; an isolate whose job runs on gets none packed."""
+    h, loop = auto_harness(size=2, started=2, job_seconds=0.00005)
+    slow, b, c = h.submit(b"slow"), h.submit(b"b"), h.submit(b"c")
+    x = next(i for i in h.isolates if i.job is slow)
+    y = next(i for i in h.isolates if i is not x)
+    assert list(x.queue) == [b, c] and y.state == "idle"
+    loop.advance(PACK_WAIT)  # not yet: the patrol comes at 2 x PACK_WAIT
+    assert not x.dropping
+    late = h.submit(b"late")  # x's job has run PACK_WAIT already: `late` wakes y
+    assert y.job is late
+    h.answer(y)
+    loop.advance(PACK_WAIT)
+    assert x.dropping and x.drops == 1
+    h.hand_back(x)
+    assert {y.job, *y.queue} == {b, c} and not x.queue and x.job is slow
+    assert h.s.requeued == 2
+
+
+def test_auto_starts_an_isolate_for_jobs_packed_behind_one_that_runs_on_when_none_is_idle(
+        ) -> None:
+    h, loop = auto_harness(size=2, started=1, job_seconds=0.00005)
+    x, y = h.isolates
+    slow, ahead = h.submit(b"slow"), h.submit(b"ahead")
+    assert x.job is slow and list(x.queue) == [ahead] and h.grown == []
+    loop.advance(2 * PACK_WAIT)
+    assert h.grown == [y] and not x.dropping
+    h.s.started(y)  # READY: idle, and at the end of the turn it takes `ahead` back
+    loop.advance(0)
+    assert x.dropping
+    h.hand_back(x)
+    assert y.job is ahead
+
+
+def test_auto_looks_for_an_overrun_only_while_jobs_are_sent_ahead() -> None:
+    h, loop = auto_harness(size=2, started=2, job_seconds=0.00005)
+    assert h.s.patrol is None  # none was ever packed
+    job, ahead = h.submit(), h.submit()
+    x = next(i for i in h.isolates if i.job is job)
+    assert list(x.queue) == [ahead] and h.s.patrol is not None
+    loop.advance(0.00005)
+    h.answer(x)
+    h.answer(x)
+    loop.advance(2 * PACK_WAIT)
+    assert h.s.patrol is None and x.drops == 0
+
+
 DEPTH_OPS = st.lists(st.one_of(
     st.just(("submit", 0)), st.just(("submit", AHEAD_BELOW)),
     st.integers(0, 2).map(lambda i: ("end", i)),
@@ -629,7 +772,7 @@ DEPTH_OPS = st.lists(st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(DEPTH_OPS, st.integers(1, 2), st.integers(1, 3))
+@given(DEPTH_OPS, st.sampled_from([1, 2, PIPELINE_AUTO]), st.integers(1, 3))
 def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines(
         ops: list[tuple[str, float]], depth: int, size: int) -> None:
     """Model: a guest runs what it was sent in order, one at a time; asked for its
@@ -639,11 +782,12 @@ def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines
     runs its jobs in the order it was sent them (less those it handed back), a job
     not answered by its own deadline (``wall_ms + TIMER_SLACK`` after it was
     submitted) fails then, never later, and a large job is only ever given to an
-    idle isolate."""
+    idle isolate. With ``pipeline = "auto"`` the same holds as the jobs' mean time
+    moves, and jobs are packed and taken back from one whose job runs on."""
     loop = FakeClockLoop(0.0)
     wall_ms = 30
     h = Harness(loop, size=size, started=size, wall_ms=wall_ms,  # type: ignore[arg-type]
-                depth=depth)
+                depth=depth, clock=lambda: loop.now)
     due: dict[Job, float] = {}
     ran: dict[FakeIsolate, list[Job]] = {i: [] for i in h.isolates}
     failed_at: dict[Job, float] = {}
