@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import _variants  # noqa: E402
 import _wrk  # noqa: E402
 import bench_runtime  # noqa: E402
 
@@ -124,25 +124,22 @@ def main() -> int:
     args = p.parse_args()
     trees = [ROOT] if args.tree is None else [args.tree.resolve(), ROOT]
     variants = [(tree, pool) for tree in trees for pool in (args.pool or [""])]
-    results: dict[tuple[Path, str], list[dict[str, float]]] = {v: [] for v in variants}
-    for n in range(args.rounds):
-        for tree, pool in variants if n % 2 == 0 else variants[::-1]:
-            r = one_round(tree, pool, args.seconds)
-            results[tree, pool].append(r)
-            print(f"round {n + 1} {tree} [{pool or 'manifest'}]: {r['rps']:.0f} req/s, "
-                  f"PoP {r['pop_us']:.1f} us, host {r['host_us']:.1f} us", flush=True)
-            time.sleep(2)  # the last PoP's processes gone
+
+    def report(n: int, variant: tuple[Path, str], r: dict[str, float]) -> None:
+        tree, pool = variant
+        print(f"round {n} {tree} [{pool or 'manifest'}]: {r['rps']:.0f} req/s, "
+              f"PoP {r['pop_us']:.1f} us, host {r['host_us']:.1f} us", flush=True)
+
+    results = _variants.alternate(variants, args.rounds,
+                                  lambda v: one_round(v[0], v[1], args.seconds), report)
     print(f"\n== python-hello, wrk -t1 -c32 -d{args.seconds}s, medians of {args.rounds} rounds "
           f"(x first: ratio to the first line) ==")
     print(f"{'checkout':<28}{'[pool]':<40}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
           f"{'x first':>8}{'PoP':>6}{'host':>6}")
-    first = None
-    for (tree, pool), rs in results.items():
-        m = {k: statistics.median(r[k] for r in rs) for k in ("rps", "pop_us", "host_us")}
-        first = first or m
+    for (tree, pool), m, x in _variants.medians(results, ("rps", "pop_us", "host_us")):
         print(f"{str(tree)[-27:]:<28}{pool or 'as in its manifest':<40}{m['rps']:>8.0f}"
-              f"{m['pop_us']:>8.1f}{m['host_us']:>8.1f}{m['rps'] / first['rps']:>8.2f}"
-              f"{m['pop_us'] / first['pop_us']:>6.2f}{m['host_us'] / first['host_us']:>6.2f}")
+              f"{m['pop_us']:>8.1f}{m['host_us']:>8.1f}{x['rps']:>8.2f}"
+              f"{x['pop_us']:>6.2f}{x['host_us']:>6.2f}")
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import _variants  # noqa: E402
 import bench_runtime  # noqa: E402
 
 from runtime.admin.client import AdminClient  # noqa: E402
@@ -119,25 +119,20 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     variants = args.pool or ["", "pipeline=0"]
-    results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    for n in range(args.rounds):
-        for pool in variants if n % 2 == 0 else variants[::-1]:
-            r = one_round(pool, args)
-            results[pool].append(r)
-            print(f"round {n + 1} [{pool or 'defaults'}]: {r['rps']:.0f} req/s, short p50 "
-                  f"{r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, max {r['max']:.1f} ms", flush=True)
-            time.sleep(2)
+
+    def report(n: int, pool: str, r: dict[str, float]) -> None:
+        print(f"round {n} [{pool or 'defaults'}]: {r['rps']:.0f} req/s, short p50 "
+              f"{r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, max {r['max']:.1f} ms", flush=True)
+
+    results = _variants.alternate(variants, args.rounds, lambda pool: one_round(pool, args),
+                                  report)
     print(f"\n== one request in {args.slow_every} sleeps {args.slow_ms} ms; {args.connections} "
           f"connections, {args.seconds:g} s, medians of {args.rounds} rounds (x: to the first) ==")
     print(f"{'[pool]':<28}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}"
           f"{'x req/s':>9}{'x p50':>7}{'x p99':>7}")
-    first = None
-    for pool, rs in results.items():
-        m = {k: statistics.median(r[k] for r in rs) for k in ("rps", "p50", "p99", "max")}
-        first = first or m
+    for pool, m, x in _variants.medians(results, ("rps", "p50", "p99", "max")):
         print(f"{pool or 'defaults (auto)':<28}{m['rps']:>8.0f}{m['p50']:>8.2f}{m['p99']:>8.2f}"
-              f"{m['max']:>8.1f}{m['rps'] / first['rps']:>9.2f}{m['p50'] / first['p50']:>7.2f}"
-              f"{m['p99'] / first['p99']:>7.2f}")
+              f"{m['max']:>8.1f}{x['rps']:>9.2f}{x['p50']:>7.2f}{x['p99']:>7.2f}")
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 

@@ -1,0 +1,38 @@
+"""Variants of a benchmark measured in alternating rounds (the order reverses every
+round, so that none always runs first on a machine that warms or tires), and the
+medians of each variant's figures with their ratios to the first variant's."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Hashable, Sequence
+
+
+def alternate[V: Hashable](variants: Sequence[V], rounds: int,
+                           run: Callable[[V], dict[str, float]],
+                           report: Callable[[int, V, dict[str, float]], None],
+                           pause: float = 2.0) -> dict[V, list[dict[str, float]]]:
+    """`run(variant)` for every variant in each of `rounds` rounds; `report(round,
+    variant, figures)` after each; `pause` seconds after each (the last run's
+    processes gone). Raises what `run` raises."""
+    results: dict[V, list[dict[str, float]]] = {v: [] for v in variants}
+    for n in range(rounds):
+        for variant in variants if n % 2 == 0 else variants[::-1]:
+            figures = run(variant)
+            results[variant].append(figures)
+            report(n + 1, variant, figures)
+            time.sleep(pause)
+    return results
+
+
+def medians[V: Hashable](results: dict[V, list[dict[str, float]]], keys: Sequence[str]
+                         ) -> list[tuple[V, dict[str, float], dict[str, float]]]:
+    """Each variant (in order), the medians of its `keys`, and their ratios to the
+    first variant's."""
+    rows, first = [], None
+    for variant, runs in results.items():
+        m = {k: statistics.median(r[k] for r in runs) for k in keys}
+        first = first or m
+        rows.append((variant, m, {k: m[k] / first[k] for k in keys}))
+    return rows
