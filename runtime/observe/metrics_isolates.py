@@ -10,6 +10,10 @@ counter reset).
     edgefn_isolates_crashed_total{function}        isolate hosts that died unexpectedly
     edgefn_isolates_sent_ahead_total{function}     requests sent ahead to a busy isolate
     edgefn_isolates_handed_back_total{function}    of those (and others), handed back unstarted
+    edgefn_isolates_job_seconds{function}          pipeline "auto": the mean time a request
+                                                   holds its isolate, as the scheduler follows it
+    edgefn_isolates_pack_room{function}            pipeline "auto": requests a busy isolate is
+                                                   packed up to now (0: its requests are long)
     edgefn_wasm_instantiate_seconds{function}      a fresh store + instance per request
 """
 
@@ -51,6 +55,12 @@ class IsolateMetrics:
         back = CounterMetricFamily("edgefn_isolates_handed_back_total", "Python requests an "
                                    "isolate handed back unstarted, to run elsewhere.",
                                    labels=(*BASE, "function"))
+        job = GaugeMetricFamily("edgefn_isolates_job_seconds", 'Python pipeline = "auto": the '
+                                "mean time a request holds its isolate.",
+                                labels=(*BASE, "function"))
+        room = GaugeMetricFamily("edgefn_isolates_pack_room", 'Python pipeline = "auto": '
+                                 "requests a busy isolate is packed up to (0: none, its "
+                                 "requests take 0.5 ms or more).", labels=(*BASE, "function"))
         instantiate = HistogramMetricFamily(
             "edgefn_wasm_instantiate_seconds", "Time to a fresh store and instance of a WASM "
             "reactor, per request.", labels=(*BASE, "function"))
@@ -73,7 +83,10 @@ class IsolateMetrics:
             crashed.add_metric((*self.base, name), pool.hosts.crashed)
             ahead.add_metric((*self.base, name), pool.scheduler.sent_ahead)
             back.add_metric((*self.base, name), pool.scheduler.requeued)
-        return iter((isolates, recycled, crashed, ahead, back, instantiate))
+            if pool.scheduler.auto:
+                job.add_metric((*self.base, name), pool.scheduler.service)
+                room.add_metric((*self.base, name), pool.scheduler.room)
+        return iter((isolates, recycled, crashed, ahead, back, job, room, instantiate))
 
 
 def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.executors.python.scheduler import PACK_WAIT
 from runtime.observe.event import Event
 from tests.observe.metrics.support import event, samples, value
 from tests.support import (
@@ -134,7 +135,7 @@ def test_isolates_warm_recycled_and_crashed(pop: Running, tmp_path: Path):
     assert found[key("edgefn_isolates", state="warm")] == 1
     assert found[key("edgefn_isolates", state="busy")] == 0
     assert found[key("edgefn_isolates_recycled_total")] == 0
-    assert found[key("edgefn_isolates_sent_ahead_total")] == 0  # pool.pipeline is 0
+    assert found[key("edgefn_isolates_sent_ahead_total")] == 0  # one request: none ahead
     assert found[key("edgefn_isolates_handed_back_total")] == 0
     assert pop.get("/py")[0] == 200  # its second job: recycled after it
     assert scrape()[key("edgefn_isolates_recycled_total")] == 1
@@ -172,6 +173,33 @@ def test_requests_sent_ahead_and_handed_back_are_counted(pop: Running, tmp_path:
     found = samples(get(admin)[2])
     assert found[key("edgefn_isolates_sent_ahead_total")] == 1
     assert found[key("edgefn_isolates_handed_back_total")] == 1
+
+
+def test_an_auto_pool_shows_its_requests_mean_time_and_how_deep_it_packs(
+        pop: Running, tmp_path: Path):
+    """``pipeline = "auto"`` (the default): the mean starts at PACK_WAIT (1 ms) and
+    follows each request: short ones bring it under, and the room it packs to is
+    what the scheduler uses; requests of 5 ms take it past PACK_WAIT, room 0. A
+    pool with a fixed pipeline shows neither."""
+    pop.deploy(python_function(tmp_path, "auto", SLOW, pool="min = 1\nmax = 1\nstandby = false"))
+    pop.deploy(python_function(tmp_path, "fixed", SLOW,
+                               pool="min = 1\nmax = 1\nstandby = false\npipeline = 2"))
+    admin = pop.admin.info.admin
+    labels = {"pop": "edge-local", "tier": "edge", "geo": ""}
+    key = lambda name, fn="auto": (name, frozenset({**labels, "function": fn}.items()))  # noqa: E731
+    scheduler = pop.pop.registry.functions["auto"].executor.pool.scheduler  # type: ignore[attr-defined]
+    for _ in range(100):
+        assert pop.get("/auto")[0] == 200
+    found = samples(get(admin)[2])
+    assert 0 < found[key("edgefn_isolates_job_seconds")] < PACK_WAIT / 2
+    assert found[key("edgefn_isolates_pack_room")] == scheduler.room >= 1
+    for _ in range(10):
+        assert pop.get("/auto?sleep=0.005")[0] == 200
+    found = samples(get(admin)[2])
+    assert found[key("edgefn_isolates_job_seconds")] > PACK_WAIT
+    assert found[key("edgefn_isolates_pack_room")] == 0
+    assert key("edgefn_isolates_job_seconds", "fixed") not in found
+    assert key("edgefn_isolates_pack_room", "fixed") not in found
 
 
 def test_wasm_instantiate_seconds_counts_each_request_not_the_warm_ups(pop: Running,
