@@ -492,9 +492,13 @@ _MIRROR: dict[int, WasmFunction] = {}
 
 
 def _mirror(engine: WasmEngine) -> WasmFunction:
+    import atexit
+    import shutil
     import tempfile
 
-    return load(engine, function_dir(Path(tempfile.mkdtemp()), "mirror", MIRROR, limits=ROOMY))
+    root = tempfile.mkdtemp(prefix="edgefn-test-mirror-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # it was left in /tmp
+    return load(engine, function_dir(Path(root), "mirror", MIRROR, limits=ROOMY))
 
 
 # A guest that answers 200 with its whole request as the body: it frames the request

@@ -398,7 +398,7 @@ print("ok")
      " (i64.const 1))) (br $l))", "1"),
 ], ids=["spin", "spin-ctypes", "host-calls"])
 def test_a_guest_running_on_a_thread_when_its_pop_closes_ends_and_so_does_the_process(
-        body: str, native: str) -> None:
+        body: str, native: str, tmp_path: Path) -> None:
     """A guest with a 60 s budget on a worker thread when its PoP closes: the closed
     engine's ticker stops, so its deadline never came; the guest spun on (a core gone
     for the rest of the test run), and the process never exited: interpreter exit joins
@@ -412,10 +412,10 @@ def test_a_guest_running_on_a_thread_when_its_pop_closes_ends_and_so_does_the_pr
                    imports='(import "edgefn" "kv_increment" (func $inc (param i32 i32 i32 i32'
                            ' i64) (result i64)))')
     child = f"""
-import sys, tempfile, threading, time
+import sys, threading, time
 from pathlib import Path
 from tests.support import function_dir, pop_thread
-root = Path(tempfile.mkdtemp())
+root = Path({str(tmp_path)!r})  # the test's: a mkdtemp here outlived the killed child
 with pop_thread(root / "data") as pop:
     pop.deploy(function_dir(root, "spin", {spin!r}, extra='[bindings]\\nkv = ["n"]',
                             limits="cpu_ms = 60000\\nwall_ms = 300000"))
