@@ -22,6 +22,7 @@ import msgspec
 from edgefn_core.errors import InvalidConfig
 from runtime.observe.batch import Deferred, EventBatch
 from runtime.observe.event import Event
+from runtime.observe.settings import MAX_EVENT_BYTES
 
 MAX_TEXT = 1024  # path and query characters a ring event keeps
 # path, query and host characters past which an event's stage records are measured
@@ -138,7 +139,8 @@ class Ring:
     events are made when read (the native lane's) is kept as its pairs: each event
     is made when a query, a subscriber or `events` reads it."""
 
-    def __init__(self, size: int, max_event_bytes: int = 4096, clock: Clock = time.time) -> None:
+    def __init__(self, size: int, max_event_bytes: int = MAX_EVENT_BYTES,
+                 clock: Clock = time.time) -> None:
         self.items: deque[Event | tuple[Deferred, Any]] = deque(maxlen=size)
         self.max_event_bytes = max_event_bytes
         self.clock = clock

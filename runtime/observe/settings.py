@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
 
+MAX_EVENT_BYTES = 4096  # `[events] max_event_bytes` by default: an event, roughly
+
 # Event fields an operator may blank out (`[events] redact`): who called and what they asked.
 Redactable = Literal["query", "client", "host", "path", "tenant", "key_id", "subject", "agent",
                      "decisions", "prompt", "user"]
@@ -24,7 +26,7 @@ class EventsSettings(Struct, forbid_unknown_fields=True, frozen=True):
     and then with e-mails, phone and card numbers and IP addresses masked."""
 
     ring_size: Annotated[int, Meta(ge=1, le=1_000_000)] = 10_000
-    max_event_bytes: Annotated[int, Meta(ge=512, le=1 << 20)] = 4096  # per event, roughly
+    max_event_bytes: Annotated[int, Meta(ge=512, le=1 << 20)] = MAX_EVENT_BYTES
     # a JSONL file under DATA (e.g. "events.jsonl"), or outside it in a folder that
     # exists (runtime.config checks); None: none
     file: str | None = None

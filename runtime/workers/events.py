@@ -40,6 +40,7 @@ import msgspec
 from runtime.observe.batch import EventBatch
 from runtime.observe.event import Event
 from runtime.observe.ring import kept
+from runtime.observe.settings import MAX_EVENT_BYTES
 from runtime.workers.role import Role
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ class Forwarder:
     """A worker's observer that sends its events to the admin worker. `start()`
     on the worker's loop; `close()` stops it."""
 
-    def __init__(self, role: Role, max_pending: int, max_event_bytes: int = 4096) -> None:
+    def __init__(self, role: Role, max_pending: int,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.role = role
         self.max_event_bytes = max_event_bytes  # the ring's: events go bounded as it would
         self.pending: deque[Event] = deque()
