@@ -4,6 +4,13 @@ the same run.
 
     .venv/bin/python bench/bench_ai.py [--tokens 64] [--repeat 3] [--weights f16]
                                        [--threads 2] [--quick] [--no-engine-limit]
+                                       [--engine-only] [--gpu-layers N]
+                                       [--lora-forms masked,id]
+
+The engine limit times raw llama.cpp decode steps on the CPU, or with `--gpu-layers -1`
+on a CUDA build's GPU; `--lora-forms` runs it once per form of the per-sequence LoRA
+stack's GPU ops (EDGEFN_LORA_STACK_OPS, see .ci/llama-patches/per-seq-lora.patch;
+on a CPU the stack's forms apply only with EDGEFN_LORA_STACK_GRAPH=1).
 
 Each load is run `--repeat` times, the configurations taking turns, and the best
 run of each is printed: other work on a shared machine only ever slows a run
@@ -22,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -119,60 +127,82 @@ async def echo_baseline(path: str, n: int) -> list[float]:
     return out
 
 
-def engine_limit(tmp: Path, sweep: list[tuple[str, int]]) -> None:
+def engine_limit(tmp: Path, sweep: list[tuple[str, int]], gpu_layers: int = 0,
+                 forms: list[str] | None = None) -> None:
     """Raw llama.cpp decode steps: how a step's cost grows with the batch (the ceiling
-    for continuous batching), and what a step of 16 sequences mixing 8 adapters costs,
-    for each (weights, threads) in `sweep`: in one call with per-sequence adapters (the
-    patched build), and the floor of llama.cpp's own way (one call per adapter present:
-    8 calls of 2). Each point runs in a child process, so a crash (e.g. SIGILL from a
-    CPU variant's kernels) is reported and the sweep goes on."""
-    print(f"\n== Engine limit: one llama.cpp decode step (fastest of 15), by batch size "
-          f"({uptime()}) ==")
+    for continuous batching), and what a step of 16 sequences costs with adapters, for
+    each (weights, threads) in `sweep` (and each of the stack's `forms`, when given):
+    8 adapters mixed in one call with per-sequence adapters (the patched build), and the
+    floor of llama.cpp's own way (one call per adapter present: 8 calls of 2); one
+    adapter for all 16 through the stack and through llama.cpp's context-wide LoRA. Each
+    point runs in a child process, so a crash (e.g. SIGILL from a CPU variant's kernels)
+    is reported and the sweep goes on."""
+    where = "the CPU" if gpu_layers == 0 else f"gpu_layers {gpu_layers}"
+    print(f"\n== Engine limit: one llama.cpp decode step (fastest of 15), by batch size, "
+          f"on {where} ({uptime()}) ==")
     for i in range(8):
         write_random_lora(packaged_model(), tmp / f"limit{i}.gguf", rank=8, seed=1 + i,
                           std=0.02)
     for weights, threads in sweep:
-        run = subprocess.run([sys.executable, __file__, "--step-costs", weights, str(threads),
-                              str(tmp)], capture_output=True, text=True)
-        if run.returncode != 0:
-            why = (f"signal {-run.returncode} ({signal.Signals(-run.returncode).name})"
-                   if run.returncode < 0 else f"exit status {run.returncode}")
-            print(f"{weights:>5} x{threads}: crashed, {why}: {run.stderr.strip()[-200:]}")
-            continue
-        cost = json.loads(run.stdout.splitlines()[-1])
-        mixed = (f"{cost['16'] / cost['mixed']:.2f}" if cost.get("mixed")
-                 else "n/a (a stock llama.cpp)")
-        print(f"{weights:>5} x{threads}: batch 1 {cost['1'] * 1e3:6.2f} ms, batch 2 "
-              f"{cost['2'] * 1e3:6.2f} ms, batch 16 {cost['16'] * 1e3:6.2f} ms  -> 16 streams "
-              f"{16 * cost['1'] / cost['16']:.2f}x one; 8 adapters mixed / 16 base: one call "
-              f"{mixed}, 8 calls of 2 {cost['16'] / (8 * cost['2']):.2f}")
+        for form in forms or [""]:
+            env = dict(os.environ, EDGEFN_LORA_STACK_OPS=form) if form else None
+            label = f"{weights:>5} x{threads}" + (f" {form}" if form else "")
+            run = subprocess.run([sys.executable, __file__, "--step-costs", weights,
+                                  str(threads), str(tmp), str(gpu_layers)],
+                                 capture_output=True, text=True, env=env)
+            if run.returncode != 0:
+                why = (f"signal {-run.returncode} ({signal.Signals(-run.returncode).name})"
+                       if run.returncode < 0 else f"exit status {run.returncode}")
+                print(f"{label}: crashed, {why}: {run.stderr.strip()[-200:]}")
+                continue
+            cost = json.loads(run.stdout.splitlines()[-1])
+            base = cost["16"]
+            print(f"{label}: batch 1 {cost['1'] * 1e3:6.2f} ms, batch 2 {cost['2'] * 1e3:6.2f} "
+                  f"ms, batch 16 {base * 1e3:6.2f} ms  -> 16 streams "
+                  f"{16 * cost['1'] / base:.2f}x one")
+            if not cost.get("mixed"):
+                print("    adapters: n/a (a stock llama.cpp)")
+                continue
+            print(f"    x 16 base: 8 adapters mixed, one call {base / cost['mixed']:.2f}; "
+                  f"8 calls of 2 {base / (8 * cost['2']):.2f}; one adapter, stacked "
+                  f"{base / cost['one']:.2f}; one adapter, context-wide "
+                  f"{base / cost['one-ctx']:.2f}")
 
 
-def _step_costs(tmp: Path, weights: str, threads: int) -> dict[str, float]:
-    """{batch: seconds of its fastest decode step} for batches of 1, 2 and 16, and
-    "mixed": 16 sequences on 8 adapters (2 each) in one call, where the build can."""
+def _step_costs(tmp: Path, weights: str, threads: int, gpu_layers: int) -> dict[str, float]:
+    """{batch: seconds of its fastest decode step} for batches of 1, 2 and 16, and where
+    the build can, 16 sequences: "mixed" on 8 adapters (2 each) in one call, "one" all
+    on one adapter of the stack, "one-ctx" on that adapter set on the whole context."""
+    import llama_cpp as ll
+
     from gpu_worker.engines.llama_model import LlamaModel
     from gpu_worker.models import converted
 
-    lm = LlamaModel(converted(packaged_model(), weights), 4096, 16, threads, 0)
+    lm = LlamaModel(converted(packaged_model(), weights), 4096, 16, threads, gpu_layers)
     for i in range(8):
         lm.load_adapter(f"a{i}", str(tmp / f"limit{i}.gguf"))
     prompt = lm.tokenize("A prompt of a few words to fill the cache.")
     cost = {}
-    shapes: list[tuple[str, int, bool]] = [("1", 1, False), ("2", 2, False), ("16", 16, False)]
+    # (key, batch, each sequence's adapter from its number, llama.cpp's own path)
+    shapes: list[tuple[str, int, Callable[[int], str | None], bool]] = [
+        ("1", 1, lambda s: None, False), ("2", 2, lambda s: None, False),
+        ("16", 16, lambda s: None, False)]
     if lm.per_seq:
-        shapes.append(("mixed", 16, True))
-    for key, b, mixed in shapes:
+        shapes += [("mixed", 16, lambda s: f"a{s // 2}", False), ("one", 16, lambda s: "a0", False),
+                   ("one-ctx", 16, lambda s: "a0", True)]
+    for key, b, adapter, own in shapes:
         for s in range(16):
             lm.forget(s)
         if lm.per_seq:
-            lm.use_adapters([(s, f"a{s // 2}" if mixed else None, 1.0) for s in range(16)])
+            lm.use_adapters([(s, None if own else adapter(s), 1.0) for s in range(16)])
+        lm.use_adapter(adapter(0) if own else None, 1.0)
         lm.decode([(t, i, s, False) for s in range(b) for i, t in enumerate(prompt)])
         times = []
         for step in range(15):
             pos = len(prompt) + step
             t = time.perf_counter()
             lm.decode([(100, pos, s, True) for s in range(b)])
+            ll.llama_synchronize(lm.ctx)  # a GPU's step ends when its kernels do
             times.append(time.perf_counter() - t)
         cost[key] = min(times)  # the step's own cost: other work only adds to it
     lm.close()
@@ -247,14 +277,26 @@ async def run(a: argparse.Namespace, tmp: Path) -> None:
               f"{mixed_rate / base_rate:.2f}  (target >= 0.8)")
     finally:
         await client.close()
-    if a.engine_limit:  # CPU decode steps (gpu_layers 0), whatever the machine has
-        engine_limit(tmp, [(w, t) for w in ("as-is", "f16", "q8_0", "q4_0") for t in (1, 2)])
+    if a.engine_limit:
+        engine_sweep(a, tmp)
     print(f"({uptime()})")
+
+
+def engine_sweep(a: argparse.Namespace, tmp: Path) -> None:
+    """The engine limit: every weights format and 1 or 2 threads on the CPU; on a GPU
+    (--gpu-layers) only --weights, each LoRA stack form asked for."""
+    forms = [f for f in a.lora_forms.split(",") if f] if a.lora_forms else None
+    if a.gpu_layers:
+        engine_limit(tmp, [(a.weights, a.threads)], a.gpu_layers, forms)
+    else:
+        engine_limit(tmp, [(w, t) for w in ("as-is", "f16", "q8_0", "q4_0") for t in (1, 2)],
+                     0, forms)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--step-costs"]:  # one point of engine_limit, in its own process
-        print(json.dumps(_step_costs(Path(sys.argv[4]), sys.argv[2], int(sys.argv[3]))))
+        print(json.dumps(_step_costs(Path(sys.argv[4]), sys.argv[2], int(sys.argv[3]),
+                                     int(sys.argv[5]))))
         sys.exit(0)
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=64)
@@ -263,8 +305,18 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-engine-limit", dest="engine_limit", action="store_false",
-                    help="skip the CPU decode-step sweep (e.g. on a GPU machine)")
+                    help="skip the decode-step sweep")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="run only the decode-step sweep, not the worker")
+    ap.add_argument("--gpu-layers", type=int, default=0,
+                    help="the sweep's layers offloaded (-1: all, on a CUDA build)")
+    ap.add_argument("--lora-forms", default="",
+                    help="comma-separated EDGEFN_LORA_STACK_OPS values to sweep (masked,id)")
     a = ap.parse_args()
+    if a.engine_only:
+        with tempfile.TemporaryDirectory(prefix="edgefn-bench-ai-") as folder:
+            engine_sweep(a, Path(folder))
+        sys.exit(0)
     try:
         import uvloop
 
