@@ -97,23 +97,36 @@ def _forget_every_slot(request: pytest.FixtureRequest) -> Iterator[None]:
 def test_a_mixed_batch_gives_each_sequence_its_own_adapter(lm: LlamaModel) -> None:
     tokens = lm.tokenize("The capital of France is")
     alone = _alone(lm, tokens)
-    lm.use_adapters(SEQS)
-    items = [item for slot, _, _ in SEQS for item in _prompt(lm, slot, tokens)]
-    assert lm.decode(items) == 0  # one call for all four
     n = len(tokens)
+    items = [item for slot, _, _ in SEQS for item in _prompt(lm, slot, tokens)]
+    lm.use_adapters([(slot, None, 1.0) for slot, _, _ in SEQS])  # no adapter: the stock graph
+    assert lm.decode(items) == 0
+    stock = _logits(lm, n - 1)  # the base sequence in a batch of this shape
+    for slot, _, _ in SEQS:
+        lm.forget(slot)
+    lm.use_adapters(SEQS)
+    assert lm.decode(items) == 0  # one call for all four
     got = {slot: _logits(lm, slot * n + n - 1) for slot, _, _ in SEQS}
-    # every sequence's distance from its own path, all reported when one is off
-    off = {name: float(np.abs(got[slot] - alone[slot]).max()) for slot, name, _ in SEQS}
+    # the stack adds exact zeros to a sequence without an adapter, on a GPU too
+    assert np.array_equal(got[0], stock), float(np.abs(got[0] - stock).max())
+    # the batch's shape alone moves the base model's logits (other kernels, sums in
+    # another order): ~1e-5 on a CPU, up to 0.08 on a GPU; an adapter's sequence may be
+    # off its own path by that and the rounding of its own sums (<= 0.05 on a CPU)
+    shape = float(np.abs(stock - alone[0]).max())
+    off = {name: float(np.abs(got[slot] - alone[slot]).max()) for slot, name, _ in SEQS if name}
     for slot, name, _ in SEQS:
-        if name is None:  # exact zeros from the stack; the batch's shape alone moves
-            assert off[name] < 1e-3, off  # the sums' order (~1e-6)
+        if name is None:
             continue
         effect = np.abs(alone[slot] - alone[0]).max()  # what the adapter changes
         assert effect > 5, effect
-        # the same sums in another order: float rounding, far below the adapter's effect
-        assert off[name] < 0.05, off
+        assert off[name] < 0.05 + 2 * shape, (off, shape)
         assert got[slot].argmax() == alone[slot].argmax()
         assert np.abs(got[slot] - alone[0]).max() > 5  # not the base model's logits
+
+
+# where the KV cache's cells are moves a GPU's attention sums (0.016 measured on an
+# H200 when a sequence's cells follow another's); a CPU's are exact
+KV_CELLS_MOVE = 0.05 if GPU_LAYERS else 0.0
 
 
 def test_a_batch_of_base_sequences_after_a_mixed_one_is_the_base_model(lm: LlamaModel) -> None:
@@ -125,7 +138,7 @@ def test_a_batch_of_base_sequences_after_a_mixed_one_is_the_base_model(lm: Llama
     lm.forget(2)
     lm.use_adapters([(1, None, 1.0)])
     assert lm.decode(_prompt(lm, 1, tokens)) == 0
-    assert np.array_equal(_logits(lm, len(tokens) - 1), alone[0])
+    assert np.abs(_logits(lm, len(tokens) - 1) - alone[0]).max() <= KV_CELLS_MOVE
     lm.forget(1)
 
 
