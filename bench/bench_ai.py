@@ -5,12 +5,10 @@ the same run.
     .venv/bin/python bench/bench_ai.py [--tokens 64] [--repeat 3] [--weights f16]
                                        [--threads 2] [--quick] [--no-engine-limit]
                                        [--engine-only] [--gpu-layers N]
-                                       [--lora-forms masked,id]
 
 The engine limit times raw llama.cpp decode steps on the CPU, or with `--gpu-layers -1`
-on a CUDA build's GPU; `--lora-forms` runs it once per form of the per-sequence LoRA
-stack's GPU ops (EDGEFN_LORA_STACK_OPS, see .ci/llama-patches/per-seq-lora.patch;
-on a CPU the stack's forms apply only with EDGEFN_LORA_STACK_GRAPH=1).
+on a CUDA build's GPU (there EDGEFN_LORA_STACK_FUSE=0 leaves the LoRA stack's four
+masked ops unfused, to compare; see .ci/llama-patches/per-seq-lora.patch).
 
 Each load is run `--repeat` times, the configurations taking turns, and the best
 run of each is printed: other work on a shared machine only ever slows a run
@@ -127,16 +125,14 @@ async def echo_baseline(path: str, n: int) -> list[float]:
     return out
 
 
-def engine_limit(tmp: Path, sweep: list[tuple[str, int]], gpu_layers: int = 0,
-                 forms: list[str] | None = None) -> None:
+def engine_limit(tmp: Path, sweep: list[tuple[str, int]], gpu_layers: int = 0) -> None:
     """Raw llama.cpp decode steps: how a step's cost grows with the batch (the ceiling
     for continuous batching), and what a step of 16 sequences costs with adapters, for
-    each (weights, threads) in `sweep` (and each of the stack's `forms`, when given):
-    8 adapters mixed in one call with per-sequence adapters (the patched build), and the
-    floor of llama.cpp's own way (one call per adapter present: 8 calls of 2); one
-    adapter for all 16 through the stack and through llama.cpp's context-wide LoRA. Each
-    point runs in a child process, so a crash (e.g. SIGILL from a CPU variant's kernels)
-    is reported and the sweep goes on."""
+    each (weights, threads) in `sweep`: 8 adapters mixed in one call with per-sequence
+    adapters (the patched build), and the floor of llama.cpp's own way (one call per
+    adapter present: 8 calls of 2); one adapter for all 16 through the stack and through
+    llama.cpp's context-wide LoRA. Each point runs in a child process, so a crash (e.g.
+    SIGILL from a CPU variant's kernels) is reported and the sweep goes on."""
     where = "the CPU" if gpu_layers == 0 else f"gpu_layers {gpu_layers}"
     print(f"\n== Engine limit: one llama.cpp decode step (fastest of 15), by batch size, "
           f"on {where} ({uptime()}) ==")
@@ -144,29 +140,24 @@ def engine_limit(tmp: Path, sweep: list[tuple[str, int]], gpu_layers: int = 0,
         write_random_lora(packaged_model(), tmp / f"limit{i}.gguf", rank=8, seed=1 + i,
                           std=0.02)
     for weights, threads in sweep:
-        for form in forms or [""]:
-            env = dict(os.environ, EDGEFN_LORA_STACK_OPS=form) if form else None
-            label = f"{weights:>5} x{threads}" + (f" {form}" if form else "")
-            run = subprocess.run([sys.executable, __file__, "--step-costs", weights,
-                                  str(threads), str(tmp), str(gpu_layers)],
-                                 capture_output=True, text=True, env=env)
-            if run.returncode != 0:
-                why = (f"signal {-run.returncode} ({signal.Signals(-run.returncode).name})"
-                       if run.returncode < 0 else f"exit status {run.returncode}")
-                print(f"{label}: crashed, {why}: {run.stderr.strip()[-200:]}")
-                continue
-            cost = json.loads(run.stdout.splitlines()[-1])
-            base = cost["16"]
-            print(f"{label}: batch 1 {cost['1'] * 1e3:6.2f} ms, batch 2 {cost['2'] * 1e3:6.2f} "
-                  f"ms, batch 16 {base * 1e3:6.2f} ms  -> 16 streams "
-                  f"{16 * cost['1'] / base:.2f}x one")
-            if not cost.get("mixed"):
-                print("    adapters: n/a (a stock llama.cpp)")
-                continue
-            print(f"    x 16 base: 8 adapters mixed, one call {base / cost['mixed']:.2f}; "
-                  f"8 calls of 2 {base / (8 * cost['2']):.2f}; one adapter, stacked "
-                  f"{base / cost['one']:.2f}; one adapter, context-wide "
-                  f"{base / cost['one-ctx']:.2f}")
+        label = f"{weights:>5} x{threads}"
+        run = subprocess.run([sys.executable, __file__, "--step-costs", weights, str(threads),
+                              str(tmp), str(gpu_layers)], capture_output=True, text=True)
+        if run.returncode != 0:
+            why = (f"signal {-run.returncode} ({signal.Signals(-run.returncode).name})"
+                   if run.returncode < 0 else f"exit status {run.returncode}")
+            print(f"{label}: crashed, {why}: {run.stderr.strip()[-200:]}")
+            continue
+        cost = json.loads(run.stdout.splitlines()[-1])
+        base = cost["16"]
+        print(f"{label}: batch 1 {cost['1'] * 1e3:6.2f} ms, batch 2 {cost['2'] * 1e3:6.2f} ms, "
+              f"batch 16 {base * 1e3:6.2f} ms  -> 16 streams {16 * cost['1'] / base:.2f}x one")
+        if not cost.get("mixed"):
+            print("    adapters: n/a (a stock llama.cpp)")
+            continue
+        print(f"    x 16 base: 8 adapters mixed, one call {base / cost['mixed']:.2f}; "
+              f"8 calls of 2 {base / (8 * cost['2']):.2f}; one adapter, stacked "
+              f"{base / cost['one']:.2f}; one adapter, context-wide {base / cost['one-ctx']:.2f}")
 
 
 def _step_costs(tmp: Path, weights: str, threads: int, gpu_layers: int) -> dict[str, float]:
@@ -284,13 +275,11 @@ async def run(a: argparse.Namespace, tmp: Path) -> None:
 
 def engine_sweep(a: argparse.Namespace, tmp: Path) -> None:
     """The engine limit: every weights format and 1 or 2 threads on the CPU; on a GPU
-    (--gpu-layers) only --weights, each LoRA stack form asked for."""
-    forms = [f for f in a.lora_forms.split(",") if f] if a.lora_forms else None
+    (--gpu-layers) only --weights."""
     if a.gpu_layers:
-        engine_limit(tmp, [(a.weights, a.threads)], a.gpu_layers, forms)
+        engine_limit(tmp, [(a.weights, a.threads)], a.gpu_layers)
     else:
-        engine_limit(tmp, [(w, t) for w in ("as-is", "f16", "q8_0", "q4_0") for t in (1, 2)],
-                     0, forms)
+        engine_limit(tmp, [(w, t) for w in ("as-is", "f16", "q8_0", "q4_0") for t in (1, 2)])
 
 
 if __name__ == "__main__":
@@ -310,8 +299,6 @@ if __name__ == "__main__":
                     help="run only the decode-step sweep, not the worker")
     ap.add_argument("--gpu-layers", type=int, default=0,
                     help="the sweep's layers offloaded (-1: all, on a CUDA build)")
-    ap.add_argument("--lora-forms", default="",
-                    help="comma-separated EDGEFN_LORA_STACK_OPS values to sweep (masked,id)")
     a = ap.parse_args()
     if a.engine_only:
         with tempfile.TemporaryDirectory(prefix="edgefn-bench-ai-") as folder:
