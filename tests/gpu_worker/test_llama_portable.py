@@ -80,7 +80,9 @@ def test_missing_cpu_variants_are_a_clear_error(tmp_path: Path) -> None:
     """A llama_cpp package whose CPU variants are gone: loading the backends says
     which folder lacks them instead of llama.cpp failing the model load later."""
     copy = tmp_path / "pkgs" / "llama_cpp"
-    shutil.copytree(lib_dir().parent, copy, ignore=shutil.ignore_patterns("libggml-cpu-*"))
+    # without the CUDA module too (make venv-cuda's): a GPU box would load it
+    shutil.copytree(lib_dir().parent, copy,
+                    ignore=shutil.ignore_patterns("libggml-cpu-*", "libggml-cuda*"))
     probe = textwrap.dedent("""
         import json, llama_cpp
         from edgefn_core.errors import EngineError
@@ -98,3 +100,35 @@ def test_missing_cpu_variants_are_a_clear_error(tmp_path: Path) -> None:
     assert got["package"].startswith(str(copy))
     assert got["error"] is not None, "load_backends() accepted a llama_cpp without CPU variants"
     assert f"no llama.cpp backend in {copy / 'lib'} runs on this CPU" in got["error"]
+
+
+def test_a_cuda_module_without_its_driver_is_skipped(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make venv-cuda` puts libggml-cuda.so beside the CPU variants; on a box without
+    the NVIDIA driver (no libcuda.so.1) ggml cannot load it, and the model decodes on
+    the CPU variant as before. The stand-in module needs a libcuda.so.1 that is there
+    at link time only, as the real one does."""
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler")
+    copy = tmp_path / "pkgs" / "llama_cpp"
+    shutil.copytree(lib_dir().parent, copy, ignore=shutil.ignore_patterns("libggml-cuda*"))
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "cuda.c").write_text("int cuInit(unsigned int flags) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                    str(stub / "libcuda.so"), str(stub / "cuda.c")], check=True)
+    (stub / "module.c").write_text("int cuInit(unsigned int flags);\n"
+                                   "int ggml_backend_score(void) { return cuInit(0) + 1; }\n")
+    module = copy / "lib" / "libggml-cuda.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(module), str(stub / "module.c"),
+                    f"-L{stub}", "-lcuda"], check=True)
+    assert "libcuda.so.1" in subprocess.run(["ldd", str(module)], capture_output=True,
+                                            text=True).stdout
+    monkeypatch.setenv("LD_DEBUG", "files")  # the loader's log: ggml did try the module
+    proc = run_child(DECODE, "as-is", str(TOKENS), cwd=tmp_path,
+                     pythonpath=f"{copy.parent}{os.pathsep}{ROOT}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"file=libcuda.so.1 [0];  needed by {module}" in proc.stderr, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert len(got["tokens"]) == TOKENS and got["variant"], got
+    assert f"libggml-cpu-{got['variant']}.so" in os.listdir(copy / "lib")
