@@ -1,13 +1,13 @@
 """The Python hello over HTTP: req/s and where its CPU goes, per process.
 
     python bench/bench_python_http.py [--pool KEY=VALUE,...]... [--rounds 4] [--seconds 5]
-                                      [--tree OTHER_CHECKOUT]
+                                      [--connections 32] [--tree OTHER_CHECKOUT]
 
-A PoP (`edgefn serve`) with python-hello deployed, loaded by `wrk -t1 -c32`; for
-each round, req/s and the CPU per request of the PoP and of its isolate hosts
-(their CPU clocks; the hosts, the active one and its standby, found among the
-PoP's descendants). CPU per request moves less than req/s on a noisy machine:
-both sides' figures say where a change took effect.
+A PoP (`edgefn serve`) with python-hello deployed, loaded by `wrk -t1 -c32`
+(`--connections N`: -cN); for each round, req/s and the CPU per request of the PoP
+and of its isolate hosts (their CPU clocks; the hosts, the active one and its
+standby, found among the PoP's descendants). CPU per request moves less than req/s
+on a noisy machine: both sides' figures say where a change took effect.
 
 `--pool "max=4,pipeline=0"`: python-hello with those keys of its manifest's [pool]
 set; given more than once, each is a variant, measured in alternating rounds with
@@ -88,7 +88,7 @@ def with_pool(example: Path, work: Path, pool: str) -> Path:
     return copy
 
 
-def one_round(tree: Path, pool: str, seconds: int) -> dict[str, float]:
+def one_round(tree: Path, pool: str, seconds: int, connections: int = 32) -> dict[str, float]:
     """A fresh PoP from checkout `tree`, python-hello's [pool] set as `pool` says:
     {"rps", "pop_us", "host_us"}."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,11 +98,11 @@ def one_round(tree: Path, pool: str, seconds: int) -> dict[str, float]:
             example = tree / "functions" / "examples" / "python-hello"
             AdminClient(data).deploy(with_pool(example, Path(tmp), pool))
             url = f"http://127.0.0.1:{port}/py/hello"
-            _wrk.run(url, seconds=1)  # warm-up: the pool grows to its max under load
+            _wrk.run(url, seconds=1, connections=connections)  # warm-up: the pool grows
             hosts = isolate_hosts(proc.pid)
             pop0, t0 = cpu_seconds(proc.pid), time.monotonic()
             host0 = sum(cpu_seconds(h) for h in hosts)
-            r = _wrk.run(url, seconds=seconds)
+            r = _wrk.run(url, seconds=seconds, connections=connections)
             wall = time.monotonic() - t0
             if r["errors"]:
                 raise RuntimeError(f"{r['errors']} errors under load")
@@ -120,6 +120,7 @@ def main() -> int:
                    '"max=4,pipeline=0" (more than once: variants; "": as in its manifest)')
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--seconds", type=int, default=5)
+    p.add_argument("--connections", type=int, default=32, help="wrk's -c")
     p.add_argument("--tree", type=Path, help="another checkout, measured in alternating rounds")
     args = p.parse_args()
     trees = [ROOT] if args.tree is None else [args.tree.resolve(), ROOT]
@@ -131,8 +132,10 @@ def main() -> int:
               f"PoP {r['pop_us']:.1f} us, host {r['host_us']:.1f} us", flush=True)
 
     results = _variants.alternate(variants, args.rounds,
-                                  lambda v: one_round(v[0], v[1], args.seconds), report)
-    print(f"\n== python-hello, wrk -t1 -c32 -d{args.seconds}s, medians of {args.rounds} rounds "
+                                  lambda v: one_round(v[0], v[1], args.seconds,
+                                                            args.connections), report)
+    print(f"\n== python-hello, wrk -t1 -c{args.connections} -d{args.seconds}s, medians of "
+          f"{args.rounds} rounds "
           f"(x first: ratio to the first line) ==")
     print(f"{'checkout':<28}{'[pool]':<40}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
           f"{'x first':>8}{'PoP':>6}{'host':>6}")

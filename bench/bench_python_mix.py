@@ -11,8 +11,10 @@ sleeps `--slow-ms` when asked (`?slow=1`). A load generator in this process keep
 `--slow-every`th request is a slow one. Printed for each [pool] variant (the
 defaults first: ``pipeline = "auto"``), in alternating rounds, medians: req/s, the
 short requests' p50 / p99 / max latency, and each figure's ratio to the first
-variant. A short request packed behind a slow one waits until it is taken back
-(within ~2 ms with "auto"); with ``pipeline = 0`` none ever waits behind one.
+variant, and how many slow requests are in flight on average (when that reaches
+the pool's max, every isolate sleeps and short requests wait whatever the
+scheduler does). A short request packed behind a slow one waits until it is taken
+back (within ~2 ms with "auto"); with ``pipeline = 0`` none ever waits behind one.
 """
 
 from __future__ import annotations
@@ -59,18 +61,22 @@ def function(work: Path, pool: str) -> Path:
 async def load(port: int, connections: int, seconds: float, slow_every: int,
                slow_ms: int) -> tuple[int, list[float]]:
     """Requests answered, and each short request's latency (seconds)."""
-    count = 0
+    count = issued = 0
     short: list[float] = []
     end = time.monotonic() + seconds
 
-    async def connection(c: int) -> None:
-        nonlocal count
+    async def connection() -> None:
+        nonlocal count, issued
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        n = c
         try:
             while time.monotonic() < end:
-                n += connections
-                slow = n % slow_every == 0
+                # one count for all connections: every slow_every-th request sent is slow,
+                # whichever connection sends it (numbered per connection, c + k *
+                # connections, only the connections whose number shares slow_every's
+                # factors sent slow ones: 2 of 16 for 200, each one slow in 25, so as
+                # many slow ones were in flight as those connections, whatever the rate)
+                issued += 1
+                slow = issued % slow_every == 0
                 path = f"/mix?slow={slow_ms}" if slow else "/mix"
                 sent = time.monotonic()
                 writer.write(f"GET {path} HTTP/1.1\r\nhost: b\r\n\r\n".encode())
@@ -85,7 +91,7 @@ async def load(port: int, connections: int, seconds: float, slow_every: int,
         finally:
             writer.close()
 
-    await asyncio.gather(*(connection(c) for c in range(connections)))
+    await asyncio.gather(*(connection() for _ in range(connections)))
     return count, short
 
 
@@ -129,10 +135,13 @@ def main() -> int:
     print(f"\n== one request in {args.slow_every} sleeps {args.slow_ms} ms; {args.connections} "
           f"connections, {args.seconds:g} s, medians of {args.rounds} rounds (x: to the first) ==")
     print(f"{'[pool]':<28}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}"
-          f"{'x req/s':>9}{'x p50':>7}{'x p99':>7}")
+          f"{'x req/s':>9}{'x p50':>7}{'x p99':>7}{'slow held':>11}")
     for pool, m, x in _variants.medians(results, ("rps", "p50", "p99", "max")):
+        held = m["rps"] / args.slow_every * args.slow_ms / 1000
         print(f"{pool or 'defaults (auto)':<28}{m['rps']:>8.0f}{m['p50']:>8.2f}{m['p99']:>8.2f}"
-              f"{m['max']:>8.1f}{x['rps']:>9.2f}{x['p50']:>7.2f}{x['p99']:>7.2f}")
+              f"{m['max']:>8.1f}{x['rps']:>9.2f}{x['p50']:>7.2f}{x['p99']:>7.2f}{held:>11.1f}")
+    print("(slow held: slow requests in flight on average, req/s / slow-every x slow-ms; at "
+          "pool.max = 4 or more of them every isolate sleeps)")
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 

@@ -68,7 +68,7 @@ TIMER_GRAIN = 0.001
 # holds its isolate is at most PACK_WAIT / 2, and then are packed onto busy isolates
 # (below); otherwise none goes ahead. The mean starts at PACK_WAIT (none ahead) and
 # follows each job by SERVICE_WEIGHT.
-AUTO_DEPTH = 16
+AUTO_DEPTH = 32
 PACK_WAIT = 0.001  # the longest a packed job is expected to wait behind its isolate's
 SERVICE_WEIGHT = 1 / 8
 

@@ -662,16 +662,21 @@ def test_auto_sends_none_ahead_until_the_jobs_are_known_to_be_short(
 
 
 def test_auto_packs_short_jobs_onto_a_busy_isolate_rather_than_wake_an_idle_one() -> None:
-    h, loop = auto_harness(size=3, started=3, job_seconds=0.00005)
-    assert h.s.service == pytest.approx(0.00005, rel=0.05)
-    assert (h.s.depth, h.s.room) == (AUTO_DEPTH, AUTO_DEPTH)  # 1 ms / 50 us - 1, at most 16
-    jobs = [h.submit() for _ in range(5)]
-    busy = [i for i in h.isolates if i.job is not None]
-    assert len(busy) == 1 and (busy[0].job, list(busy[0].queue)) == (jobs[0], jobs[1:])
-    assert h.s.sent_ahead == 4 and not h.grown
-    for _ in jobs:
-        loop.advance(0.00005)
+    """Jobs of 20 us (python-hello's): AUTO_DEPTH packed behind the one running (1 ms /
+    20 us - 1 is more), so a function's default 32 requests in flight wake one isolate;
+    the job past them wakes a second."""
+    h, loop = auto_harness(size=3, started=3, job_seconds=0.00002)
+    assert h.s.service == pytest.approx(0.00002, rel=0.05)
+    assert (h.s.depth, h.s.room) == (AUTO_DEPTH, AUTO_DEPTH) == (32, 32)
+    jobs = [h.submit() for _ in range(AUTO_DEPTH + 2)]
+    busy = [next(i for i in h.isolates if i.job is jobs[n]) for n in (0, AUTO_DEPTH + 1)]
+    assert len([i for i in h.isolates if i.job is not None]) == 2
+    assert list(busy[0].queue) == jobs[1:AUTO_DEPTH + 1] and not busy[1].queue
+    assert h.s.sent_ahead == AUTO_DEPTH and not h.grown
+    for _ in range(AUTO_DEPTH + 1):
+        loop.advance(0.00002)
         h.answer(busy[0])
+    h.answer(busy[1])
     assert all(j.done for j in jobs) and busy[0].state == "idle" and busy[0].drops == 0
 
 
@@ -790,7 +795,7 @@ def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines
     h = Harness(loop, size=size, started=size, wall_ms=wall_ms,  # type: ignore[arg-type]
                 depth=depth, clock=lambda: loop.now)
     if depth == PIPELINE_AUTO:  # short jobs first, one at a time: it packs from the start
-        for _ in range(30):  # (7/8)^30 of 1 ms: 1 ms / 18 us - 1 > 16
+        for _ in range(30):  # (7/8)^30 of 1 ms: 1 ms / 18 us - 1 > 32
             runner = h.runner(h.submit())
             assert runner is not None
             h.answer(runner)
