@@ -3,7 +3,7 @@ the short ones' latency when some requests of the same function run long.
 
     python bench/bench_python_mix.py [--pool KEY=VALUE,...]... [--slow-every 50]
                                      [--slow-ms 20] [--connections 16] [--seconds 5]
-                                     [--rounds 2]
+                                     [--rounds 2] [--rate REQ_PER_S]
 
 A PoP (`edgefn serve`) with a Python function whose handler answers at once, or
 sleeps `--slow-ms` when asked (`?slow=1`). A load generator in this process keeps
@@ -15,6 +15,14 @@ variant, and how many slow requests are in flight on average (when that reaches
 the pool's max, every isolate sleeps and short requests wait whatever the
 scheduler does). A short request packed behind a slow one waits until it is taken
 back (within ~2 ms with "auto"); with ``pipeline = 0`` none ever waits behind one.
+
+Closed loop (the default): each connection sends its next request once the last is
+answered, so a variant that answers faster is also sent more slow requests. `--rate
+R`: open loop, R requests a second in all at fixed times, each on a connection that
+is free (up to `--connections`); a request's latency runs from the time it was due,
+so one that waited for a free connection counts that wait. Variants then see the
+same load; past what one can serve, its latencies grow without bound (and the
+req/s printed falls short of R).
 """
 
 from __future__ import annotations
@@ -95,6 +103,49 @@ async def load(port: int, connections: int, seconds: float, slow_every: int,
     return count, short
 
 
+async def load_at(port: int, connections: int, seconds: float, slow_every: int,
+                  slow_ms: int, rate: float) -> tuple[int, list[float]]:
+    """`load` open-loop: `rate` requests a second, each due at a fixed time and sent
+    on a free connection (waiting for one when all are busy, which its latency
+    counts); requests answered, each short request's latency from when it was due."""
+    free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for _ in range(connections):
+        free.put_nowait(await asyncio.open_connection("127.0.0.1", port))
+    count = 0
+    short: list[float] = []
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(n: int, due: float) -> None:
+        nonlocal count
+        reader, writer = await free.get()
+        slow = n % slow_every == 0
+        path = f"/mix?slow={slow_ms}" if slow else "/mix"
+        writer.write(f"GET {path} HTTP/1.1\r\nhost: b\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"got {head[:40]!r}")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        if not slow:
+            short.append(time.monotonic() - due)
+        count += 1
+        free.put_nowait((reader, writer))
+
+    start = time.monotonic()
+    n = 0
+    while (due := start + n / rate) < start + seconds:
+        if due > time.monotonic():
+            await asyncio.sleep(due - time.monotonic())
+        n += 1
+        task = asyncio.create_task(one(n, due))
+        running.add(task)
+        task.add_done_callback(running.discard)
+    await asyncio.gather(*running)
+    while not free.empty():
+        free.get_nowait()[1].close()
+    return count, short
+
+
 def one_round(pool: str, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
@@ -103,8 +154,12 @@ def one_round(pool: str, args: argparse.Namespace) -> dict[str, float]:
             AdminClient(data).deploy(function(Path(tmp), pool))
             asyncio.run(load(port, args.connections, 1, args.slow_every, args.slow_ms))
             t0 = time.monotonic()
-            count, short = asyncio.run(load(port, args.connections, args.seconds,
-                                            args.slow_every, args.slow_ms))
+            if args.rate:
+                count, short = asyncio.run(load_at(port, args.connections, args.seconds,
+                                                   args.slow_every, args.slow_ms, args.rate))
+            else:
+                count, short = asyncio.run(load(port, args.connections, args.seconds,
+                                                args.slow_every, args.slow_ms))
             wall = time.monotonic() - t0
         finally:
             proc.terminate()
@@ -123,6 +178,8 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rate", type=float, help="open loop: requests a second in all (default: "
+                   "closed loop, each connection sends its next once answered)")
     args = p.parse_args()
     variants = args.pool or ["", "pipeline=0"]
 
@@ -132,8 +189,10 @@ def main() -> int:
 
     results = _variants.alternate(variants, args.rounds, lambda pool: one_round(pool, args),
                                   report)
-    print(f"\n== one request in {args.slow_every} sleeps {args.slow_ms} ms; {args.connections} "
-          f"connections, {args.seconds:g} s, medians of {args.rounds} rounds (x: to the first) ==")
+    offered = f"open loop at {args.rate:g} req/s, up to " if args.rate else ""
+    print(f"\n== one request in {args.slow_every} sleeps {args.slow_ms} ms; {offered}"
+          f"{args.connections} connections, {args.seconds:g} s, medians of {args.rounds} rounds "
+          f"(x: to the first) ==")
     print(f"{'[pool]':<28}{'req/s':>8}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}"
           f"{'x req/s':>9}{'x p50':>7}{'x p99':>7}{'slow held':>11}")
     for pool, m, x in _variants.medians(results, ("rps", "p50", "p99", "max")):
