@@ -66,6 +66,18 @@ def function(work: Path, pool: str) -> Path:
     return d
 
 
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   path: str) -> None:
+    """GET `path` on a keep-alive connection and read the whole answer. Raises
+    RuntimeError when it is not a 200."""
+    writer.write(f"GET {path} HTTP/1.1\r\nhost: b\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"got {head[:40]!r}")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+
+
 async def load(port: int, connections: int, seconds: float, slow_every: int,
                slow_ms: int) -> tuple[int, list[float]]:
     """Requests answered, and each short request's latency (seconds)."""
@@ -85,14 +97,8 @@ async def load(port: int, connections: int, seconds: float, slow_every: int,
                 # many slow ones were in flight as those connections, whatever the rate)
                 issued += 1
                 slow = issued % slow_every == 0
-                path = f"/mix?slow={slow_ms}" if slow else "/mix"
                 sent = time.monotonic()
-                writer.write(f"GET {path} HTTP/1.1\r\nhost: b\r\n\r\n".encode())
-                head = await reader.readuntil(b"\r\n\r\n")
-                if not head.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"got {head[:40]!r}")
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                await reader.readexactly(length)
+                await exchange(reader, writer, f"/mix?slow={slow_ms}" if slow else "/mix")
                 if not slow:
                     short.append(time.monotonic() - sent)
                 count += 1
@@ -119,13 +125,7 @@ async def load_at(port: int, connections: int, seconds: float, slow_every: int,
         nonlocal count
         reader, writer = await free.get()
         slow = n % slow_every == 0
-        path = f"/mix?slow={slow_ms}" if slow else "/mix"
-        writer.write(f"GET {path} HTTP/1.1\r\nhost: b\r\n\r\n".encode())
-        head = await reader.readuntil(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"got {head[:40]!r}")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        await reader.readexactly(length)
+        await exchange(reader, writer, f"/mix?slow={slow_ms}" if slow else "/mix")
         if not slow:
             short.append(time.monotonic() - due)
         count += 1
