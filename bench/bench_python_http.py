@@ -88,7 +88,7 @@ def with_pool(example: Path, work: Path, pool: str) -> Path:
     return copy
 
 
-def one_round(tree: Path, pool: str, seconds: int, connections: int = 32) -> dict[str, float]:
+def one_round(tree: Path, pool: str, seconds: int, connections: int) -> dict[str, float]:
     """A fresh PoP from checkout `tree`, python-hello's [pool] set as `pool` says:
     {"rps", "pop_us", "host_us"}."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,12 +131,11 @@ def main() -> int:
         print(f"round {n} {tree} [{pool or 'manifest'}]: {r['rps']:.0f} req/s, "
               f"PoP {r['pop_us']:.1f} us, host {r['host_us']:.1f} us", flush=True)
 
-    results = _variants.alternate(variants, args.rounds,
-                                  lambda v: one_round(v[0], v[1], args.seconds,
-                                                            args.connections), report)
+    results = _variants.alternate(
+        variants, args.rounds,
+        lambda v: one_round(v[0], v[1], args.seconds, args.connections), report)
     print(f"\n== python-hello, wrk -t1 -c{args.connections} -d{args.seconds}s, medians of "
-          f"{args.rounds} rounds "
-          f"(x first: ratio to the first line) ==")
+          f"{args.rounds} rounds (x first: ratio to the first line) ==")
     print(f"{'checkout':<28}{'[pool]':<40}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
           f"{'x first':>8}{'PoP':>6}{'host':>6}")
     for (tree, pool), m, x in _variants.medians(results, ("rps", "pop_us", "host_us")):

@@ -91,10 +91,8 @@ async def load(port: int, connections: int, seconds: float, slow_every: int,
         try:
             while time.monotonic() < end:
                 # one count for all connections: every slow_every-th request sent is slow,
-                # whichever connection sends it (numbered per connection, c + k *
-                # connections, only the connections whose number shares slow_every's
-                # factors sent slow ones: 2 of 16 for 200, each one slow in 25, so as
-                # many slow ones were in flight as those connections, whatever the rate)
+                # whichever connection sends it (a count per connection made only a few
+                # connections send slow ones, whatever slow_every said)
                 issued += 1
                 slow = issued % slow_every == 0
                 sent = time.monotonic()
