@@ -55,8 +55,8 @@ def call(fn: WasmFunction, req: Request | None = None) -> Response:
     return result
 
 
-async def _wait(pending: Awaitable[Response]) -> Response:
-    return await pending
+async def _wait(pending: Response | Awaitable[Response]) -> Response:
+    return pending if isinstance(pending, Response) else await pending
 
 
 def failure(fn: WasmFunction, req: Request | None = None) -> FunctionError:
@@ -290,9 +290,7 @@ def run_async(fn: WasmFunction, req: Request) -> Response:
     import asyncio
 
     async def go() -> Response:
-        result = fn.handle(req, "/hello-c", {})
-        assert not isinstance(result, Response)
-        return await result
+        return await _wait(fn.handle(req, "/hello-c", {}))
     return asyncio.run(go())
 
 

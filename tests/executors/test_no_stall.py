@@ -194,6 +194,52 @@ def test_a_reactor_within_the_slice_stays_inline(engine: WasmEngine, tmp_path: P
 
 
 # -- WASI: sleeps end at the deadline, threads come back ---------------------------------------
+def test_a_wasi_command_runs_inline_until_it_sleeps(engine: WasmEngine, tmp_path: Path) -> None:
+    """A WASI command without host imports answers on the loop, as a reactor does (a
+    hop to a worker thread and back cost it ~300 us a request, and up to the GIL's
+    5 ms switch interval under load); the first one that sleeps moves it to the
+    threads, its request run again there: the loop never sleeps."""
+    quick = load(engine, function_dir(tmp_path, "quick", sleeper(0), limits="cpu_ms = 1000"))
+    nap = load(engine, function_dir(tmp_path, "nap", sleeper(300 * 10**6),
+                                    limits="cpu_ms = 1000"))
+
+    async def go() -> tuple[list[object], float, object, object]:
+        answers: list[object] = [quick.handle(request(), "/", {}) for _ in range(20)]
+        started = time.perf_counter()
+        first = nap.handle(request(), "/", {})
+        inline = time.perf_counter() - started
+        return answers, inline, await outcome_of(first), await outcome(nap)
+
+    answers, inline, first, second = asyncio.run(go())
+    assert all(isinstance(a, Response) and a.status == 200 for a in answers)
+    assert not quick.threaded
+    assert inline < 0.1, inline  # the 300 ms sleep did not run on the loop
+    assert first == second == (200, "")
+    assert nap.threaded
+
+
+def test_a_long_wasi_command_leaves_the_loop_after_its_slice(engine: WasmEngine,
+                                                             tmp_path: Path) -> None:
+    spin = load(engine, function_dir(tmp_path, "wasi-spin", wasi("(loop $l (br $l))"),
+                                     limits="cpu_ms = 60000\nwall_ms = 300"))
+
+    async def go() -> tuple[float, tuple[int, str]]:
+        cpu_started = time.thread_time()
+        pending = spin.handle(request(), "/", {})  # the part that runs on the loop
+        inline_cpu = time.thread_time() - cpu_started
+        assert not isinstance(pending, Response)
+        return inline_cpu, await outcome_of(pending)
+
+    inline_cpu, result = asyncio.run(go())
+    assert result == (504, "wall_limit")  # its own limit, in full, on a worker thread
+    assert inline_cpu < INLINE_SLICE_MS / 1000 * 3, inline_cpu  # two slices, not 300 ms
+    for _ in range(100):
+        if spin.threaded:
+            break
+        time.sleep(0.01)
+    assert spin.threaded
+
+
 def test_sleeping_wasi_requests_free_their_threads_at_the_wall_limit(engine: WasmEngine,
                                                                      tmp_path: Path) -> None:
     sleepy = load(engine, function_dir(tmp_path, "sleepy", sleeper(60 * 10**9),

@@ -11,9 +11,15 @@ Two guest ABIs (see README "Guest ABI"):
   imports: it is a pure function of the request. Reactors with host imports
   (bindings) always run on the threads.
 - wasi: a WASI command (``_start``), WAGI-style: request in the environment and
-  stdin, CGI response on stdout. Runs on a worker thread so a guest that
-  blocks in a host call cannot stall the loop; its sleeps end at the wall-time
-  deadline (`wasi_poll`), so a timed-out request frees its thread.
+  stdin, CGI response on stdout (`wasi_stdio`). Without host imports it runs
+  inline as a reactor does (the same slice, the same move to the threads), and
+  also moves for good the first time it sleeps (``poll_oneoff``: a sleep never
+  runs on the loop's thread; the request runs again on a thread). With host
+  imports it runs on a worker thread, so a guest that blocks in a host call
+  cannot stall the loop. Its sleeps end at the wall-time deadline (`wasi_poll`),
+  so a timed-out request frees its thread. A run is a pure function of the
+  request either way (no files, no network: README "Guest ABI"), which is what
+  makes a run cut inline safe to run again.
 
 A function holds at most `THREAD_SHARE` (or `limits.concurrency`, if smaller)
 worker threads at once, and the functions of one owner `TENANT_SHARE` together;
@@ -25,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import math
 import threading
@@ -35,7 +40,6 @@ from functools import partial
 from pathlib import Path
 
 import wasmtime
-from wasmtime import _ffi as ffi
 
 from edgefn_core.abi import (
     decode_response,
@@ -52,7 +56,7 @@ from runtime.executors.output import GuestLines
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import native as wasm_native
 from runtime.executors.wasm import wasi as cgi
-from runtime.executors.wasm import wasi_poll
+from runtime.executors.wasm import wasi_poll, wasi_stdio
 from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine
 from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
 from runtime.executors.wasm.host import NO_ORIGIN, Origin
@@ -124,6 +128,8 @@ class WasmFunction:
         if uses_wasi:
             linker.define_wasi()
             wasi_poll.define(linker, wasm.deadlines, wasm.stopping)
+            if self.abi == "wasi":  # a reactor's stdio is wasmtime's (nothing reads it)
+                wasi_stdio.define(linker)
         self.host_functions: wasm_host.HostFunctions | None = None
         if host_funcs:
             if bindings is None:
@@ -260,7 +266,7 @@ class WasmFunction:
     def _starts_slowly(self, sample: bytes) -> bool:
         """Whether an instance takes the inline slice's CPU just to start (its start
         function, ``edgefn_alloc``): run with the full budget and timed, as a request
-        cut at the slice is (`_timed_call`). Such a function runs on worker threads
+        cut at the slice is (`_timed`). Such a function runs on worker threads
         from now on (every inline run would be cut); a start that does not fit the
         full budget raises `DeployError`."""
         cpu = time.thread_time()
@@ -302,7 +308,8 @@ class WasmFunction:
     # -- request time -----------------------------------------------------------------------
     def handle(self, request: Request, route: str, params: Mapping[str, str],
                principal: Mapping[str, str] = NO_PRINCIPAL) -> Response | Awaitable[Response]:
-        """Raises `FunctionError` (reactor); the WASI future raises it when awaited.
+        """Raises `FunctionError` for a run made inline; the future of one made on a
+        worker thread raises it when awaited.
         A reactor gets `params` and `principal` in the request's params and principal
         sections, a WASI command as ``EDGEFN_PARAM_<NAME>`` and
         ``EDGEFN_PRINCIPAL_<FIELD>`` variables (see `edgefn_core.abi`, `wasi.environ`)."""
@@ -319,7 +326,16 @@ class WasmFunction:
                 self.verdict_pending = True
             return self._rerun_threaded(self._encode(request, params_blob, who),
                                         _origin(request, principal))
-        return self._handle_wasi(request, route, params, principal)
+        env = cgi.environ(request, route, self.env, params, principal)
+        origin = _origin(request, principal)
+        if self.threaded or self.host_functions is not None:
+            return self._wasi_threaded(env, request.body, origin)
+        if not self.verdict_pending:
+            done = self._wasi_inline(env, request.body)
+            if done is not None:
+                return done
+            self.verdict_pending = True
+        return self._rerun_wasi_threaded(env, request.body, origin)
 
     def _inline(self, request: Request, params_blob: bytes, who: bytes, tries: int
                 ) -> Response | None:
@@ -361,21 +377,26 @@ class WasmFunction:
         when the loop's thread is preempted mid-call, and moving it for that
         would cost every later request a thread hop."""
         deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000
-        output = await self._on_thread(self._timed_call, data, origin, deadline)
+        output = await self._on_thread(self._timed, self._call_here, data, origin, deadline)
         return Response(*decode_response(output))
 
-    def _timed_call(self, data: bytes, origin: Origin, wall_deadline: float) -> bytes:
+    def _timed(self, job: Callable[..., bytes], *args: object) -> bytes:
+        """`job(*args)` (a run cut at the inline slice, again on a worker thread), then
+        the verdict: the threads for good if it took `SLICE_CPU_S` of CPU."""
         cpu = time.thread_time()
         try:
-            return self._call_here(data, origin, wall_deadline)
+            return job(*args)
         finally:  # a limit hit counts too: it took at least its budget
             used = time.thread_time() - cpu
-            if used >= SLICE_CPU_S and not self.threaded:
-                self.threaded = True
-                log.info("%s: ran past the %d ms inline slice and takes %.1f ms of CPU; runs "
-                         "on worker threads from now on", self.name, INLINE_SLICE_MS,
-                         used * 1000)
+            if used >= SLICE_CPU_S:
+                self._to_threads(f"ran past the {INLINE_SLICE_MS} ms inline slice and takes "
+                                 f"{used * 1000:.1f} ms of CPU")
             self.verdict_pending = False  # after `threaded`: the loop reads them in turn
+
+    def _to_threads(self, why: str) -> None:
+        if not self.threaded:
+            self.threaded = True
+            log.info("%s: %s; runs on worker threads from now on", self.name, why)
 
     def _call_here(self, data: bytes, origin: Origin = NO_ORIGIN,
                    wall_deadline: float = 0.0) -> bytes:
@@ -430,17 +451,46 @@ class WasmFunction:
             for s in held:  # acquired, then the wait for the next one gave up
                 s.release()
 
-    async def _handle_wasi(self, request: Request, route: str, params: Mapping[str, str],
-                           principal: Mapping[str, str]) -> Response:
-        env = cgi.environ(request, route, self.env, params, principal)
+    def _wasi_inline(self, env: list[tuple[str, str]], body: bytes) -> Response | None:
+        """A WASI command without host imports run inline, as `_inline` runs a reactor:
+        twice at most while it is cut at the slice (None: cut both times, or it slept,
+        which moves it to the threads for good). Raises `FunctionError`."""
+        for _ in range(2):
+            try:
+                return Response(*cgi.parse_response(self._run_wasi(
+                    env, body, time.monotonic() + self.manifest.limits.wall_ms / 1000,
+                    inline=True)))
+            except FunctionError as e:
+                if e.code != SLICE_EXPIRED:
+                    raise
+                if self.threaded:  # it slept
+                    return None
+        return None
+
+    async def _wasi_threaded(self, env: list[tuple[str, str]], body: bytes,
+                             origin: Origin) -> Response:
+        """A WASI command that may block (its host imports, or it sleeps, or it needs
+        more than the inline slice) runs on a worker thread."""
+        deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000  # waiting counts
+        return Response(*cgi.parse_response(await self._on_thread(
+            self._run_wasi, env, body, deadline, origin)))
+
+    async def _rerun_wasi_threaded(self, env: list[tuple[str, str]], body: bytes,
+                                   origin: Origin) -> Response:
+        """A WASI command cut at the inline slice, run again on a worker thread with its
+        full budget; the function moves to the threads if that run needed the slice
+        (`_rerun_threaded`'s rule)."""
         deadline = time.monotonic() + self.manifest.limits.wall_ms / 1000
         return Response(*cgi.parse_response(await self._on_thread(
-            self._run_wasi, env, request.body, deadline, _origin(request, principal))))
+            self._timed, self._run_wasi, env, body, deadline, origin)))
 
     def _run_wasi(self, env: list[tuple[str, str]], body: bytes, deadline: float,
-                  origin: Origin = NO_ORIGIN) -> bytes:
-        """Run `_start` in a fresh store on a worker thread; its sleeps end at
-        `deadline` (`time.monotonic()`). Raises `FunctionError`."""
+                  origin: Origin = NO_ORIGIN, inline: bool = False) -> bytes:
+        """Run `_start` in a fresh store; its sleeps end at `deadline`
+        (`time.monotonic()`). `inline` (on the event loop's thread): it stops at the
+        inline slice or at a sleep, whichever comes first (`FunctionError` with code
+        `SLICE_EXPIRED`; a sleep also moves the function to the threads). Raises
+        `FunctionError`."""
         if time.monotonic() >= deadline:  # it waited for a thread that long: nobody waits now
             raise FunctionError("wall_limit", 504, "exceeded its wall-time limit of "
                                 f"{self.manifest.limits.wall_ms} ms waiting for a thread")
@@ -448,41 +498,46 @@ class WasmFunction:
             self.host_functions.begin_request(0.0, origin)
         store = wasmtime.Store(self.wasm.engine)
         store.set_limits(memory_size=self.memory_limit)
-        store.set_epoch_deadline(self.deadline_ticks)
-        out = _Capture(self.max_response)
-        config = wasmtime.WasiConfig()
+        sliced = inline and self.slice_ticks < self.deadline_ticks
+        store.set_epoch_deadline(self.slice_ticks if sliced else self.deadline_ticks)
+        outcome = Outcome(SLICE_EXPIRED, INLINE_SLICE_MS, self.memory_limit) if sliced \
+            else self.outcome
+        config = wasmtime.WasiConfig()  # argv and the environment: stdio is `wasi_stdio`'s
         config.argv = [self.name]
         config.env = env
-        config.stdout_custom = out.write
-        config.stderr_custom = self._log_stderr
-        _set_stdin(config, body)
         store.set_wasi(config)
         deadlines = self.wasm.deadlines
-        deadlines.start(deadline)
+        deadlines.start(deadline, inline)
+        stdio = wasi_stdio.Stdio(body, self.max_response, self._log_stderr)
         wasm_native.guest_begin()
         try:
-            instance = self.pre.instantiate(store)
-            start = instance.exports(store)["_start"]
-            assert isinstance(start, wasmtime.Func)
-            start(store)
+            with wasi_stdio.serving(stdio):
+                instance = self.pre.instantiate(store)
+                start = instance.exports(store)["_start"]
+                assert isinstance(start, wasmtime.Func)
+                start(store)
         except wasmtime.ExitTrap as e:
             if e.code != 0:
                 raise FunctionError("trap", 500, f"exited with status {e.code}") from None
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
             # wasmtime-py reports a trap raised in a host function as either
+            if deadlines.slept:
+                self._to_threads("sleeps (WASI poll_oneoff)")
+                raise FunctionError(SLICE_EXPIRED, 503, "slept inline") from None
             if deadlines.expired:
                 raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
                                     f"{self.manifest.limits.wall_ms} ms (sleeping)") from None
             if isinstance(e, wasmtime.Trap):
-                raise trap_error(e, "_start", self.outcome,
-                                 _memory_size(store, instance)) from None
+                raise trap_error(e, "_start", outcome, _memory_size(store, instance)) from None
             raise FunctionError("trap", 500, f"failed: {_short(str(e))}") from None
         finally:
             wasm_native.guest_end()
-        if out.overflow:
+            if inline:
+                deadlines.end()
+        if stdio.overflow:
             raise FunctionError("bad_response", 502, f"response larger than the limit of "
                                 f"{self.max_response} bytes")
-        return b"".join(out.chunks)
+        return stdio.output()
 
     def _log_stderr(self, data: bytes) -> None:
         for line in data.splitlines():
@@ -501,32 +556,6 @@ def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore, ..
     with contextlib.suppress(RuntimeError):  # the loop closed first: nobody waits any more
         for s in slots:
             loop.call_soon_threadsafe(s.release)
-
-
-class _Capture:
-    """Collects WASI stdout up to a limit; past it, writes fail with EFBIG."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.size = 0
-        self.chunks: list[bytes] = []
-        self.overflow = False
-
-    def write(self, data: bytes) -> int:
-        self.size += len(data)
-        if self.size > self.limit:
-            self.overflow = True
-            return -27  # -EFBIG
-        self.chunks.append(data)
-        return len(data)
-
-
-def _set_stdin(config: wasmtime.WasiConfig, body: bytes) -> None:
-    # wasmtime-py has no public stdin-from-bytes; the C API takes ownership of the vec.
-    vec = ffi.wasm_byte_vec_t()
-    buf = (ctypes.c_uint8 * len(body)).from_buffer_copy(body) if body else None
-    ffi.wasm_byte_vec_new(ctypes.byref(vec), len(body), buf)
-    ffi.wasi_config_set_stdin_bytes(config.ptr(), ctypes.byref(vec))
 
 
 def _memory_size(store: wasmtime.Store, instance: object) -> int:

@@ -31,19 +31,30 @@ REALTIME, MONOTONIC = 0, 1
 ABSTIME = 1
 ESUCCESS, EBADF, EFAULT, EINVAL, ENOTSUP = 0, 8, 21, 28, 58
 EXPIRED = "edgefn: slept past the request's wall-time deadline"
+INLINE_SLEEP = "edgefn: a sleep on the event loop's thread (it runs on a worker thread)"
 _I32 = wasmtime.ValType.i32()
 
 
 class Deadlines(threading.local):
     """The wall-time deadline (`time.monotonic()` seconds) of the WASI request on
-    this thread, and whether a sleep ran into it."""
+    this thread, and whether a sleep ran into it. A request run `inline` (on the
+    event loop's thread) never sleeps: a sleep stops it (`slept`), to run again on
+    a worker thread."""
 
     deadline: float = 0.0
     expired: bool = False
+    inline: bool = False
+    slept: bool = False
 
-    def start(self, deadline: float) -> None:
+    def start(self, deadline: float, inline: bool = False) -> None:
         self.deadline = deadline
-        self.expired = False
+        self.expired = self.slept = False
+        self.inline = inline
+
+    def end(self) -> None:
+        """No request runs here now: a sleep (an inline reactor's) has no time left."""
+        self.deadline = 0.0
+        self.inline = False
 
 
 def define(linker: wasmtime.Linker, deadlines: Deadlines, wake: threading.Event) -> None:
@@ -56,7 +67,7 @@ def define(linker: wasmtime.Linker, deadlines: Deadlines, wake: threading.Event)
         memory = caller.get("memory")
         if not isinstance(memory, wasmtime.Memory) or n == 0:
             return EINVAL
-        view = _Guest(memory, caller)
+        view = GuestMemory(memory, caller)
         raw = view.read(sub_ptr, n * SUBSCRIPTION)
         if raw is None:
             return EFAULT
@@ -101,6 +112,9 @@ def _answer(subs: list[bytes], deadlines: Deadlines,
 
 
 def _sleep(seconds: float, deadlines: Deadlines, wake: threading.Event) -> None:
+    if deadlines.inline and seconds > 0:
+        deadlines.slept = True
+        raise wasmtime.Trap(INLINE_SLEEP)
     left = deadlines.deadline - time.monotonic()
     if seconds < left:
         wake.wait(seconds)
@@ -116,7 +130,7 @@ def _event(userdata: int, error: int, kind: int) -> bytes:
     return struct.pack("<QHB5xQH6x", userdata, error, kind, 0, 0)
 
 
-class _Guest:
+class GuestMemory:
     """Bounds-checked access to a guest's linear memory from a host call."""
 
     def __init__(self, memory: wasmtime.Memory, caller: wasmtime.Caller) -> None:

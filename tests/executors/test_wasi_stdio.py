@@ -1,0 +1,194 @@
+"""A WASI command's stdio, served by `wasi_stdio` on the calling thread: the same
+answers as wasmtime's own WASI, call by call (the guest below calls each shadowed
+function on fds 0 to 3, then closes and renumbers), and no thread switch per
+request (wasmtime's made ~22 for a hello in C)."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import wasmtime
+
+from runtime.executors.wasm import wasi_stdio
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.executors.wasm.function import WasmFunction
+from runtime.functions import manifest
+from runtime.net.message import Request, Response
+from tests.support import EXAMPLES
+
+PROBE = r"""
+(module
+  (import "wasi_snapshot_preview1" "fd_fdstat_get" (func $fdstat (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_filestat_get" (func $fstat (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_seek" (func $seek (param i32 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_tell" (func $tell (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_close" (func $close (param i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_renumber" (func $renum (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_pwrite"
+    (func $pwrite (param i32 i32 i32 i64 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_pread"
+    (func $pread (param i32 i32 i32 i64 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 600) "hello")
+  ;; results land at 256; an iovec at 512 points at 600 (5 bytes out) or 700 (3 in)
+  (func $iov (param $p i32) (param $n i32)
+    (i32.store (i32.const 512) (local.get $p)) (i32.store (i32.const 516) (local.get $n)))
+  (func (export "fdstat") (param i32) (result i32) (call $fdstat (local.get 0) (i32.const 256)))
+  (func (export "fstat") (param i32) (result i32) (call $fstat (local.get 0) (i32.const 256)))
+  (func (export "seek") (param i32) (result i32)
+    (call $seek (local.get 0) (i64.const 0) (i32.const 1) (i32.const 256)))
+  (func (export "tell") (param i32) (result i32) (call $tell (local.get 0) (i32.const 256)))
+  (func (export "close") (param i32) (result i32) (call $close (local.get 0)))
+  (func (export "renum") (param i32 i32) (result i32) (call $renum (local.get 0) (local.get 1)))
+  (func (export "write") (param i32) (result i32)
+    (call $iov (i32.const 600) (i32.const 5))
+    (call $write (local.get 0) (i32.const 512) (i32.const 1) (i32.const 256)))
+  (func (export "pwrite") (param i32) (result i32)
+    (call $iov (i32.const 600) (i32.const 5))
+    (call $pwrite (local.get 0) (i32.const 512) (i32.const 1) (i64.const 0) (i32.const 256)))
+  (func (export "read") (param i32) (result i32)
+    (call $iov (i32.const 700) (i32.const 3))
+    (call $read (local.get 0) (i32.const 512) (i32.const 1) (i32.const 256)))
+  (func (export "pread") (param i32) (result i32)
+    (call $iov (i32.const 700) (i32.const 3))
+    (call $pread (local.get 0) (i32.const 512) (i32.const 1) (i64.const 0) (i32.const 256)))
+  (func (export "bad_iovec") (result i32)
+    (call $write (i32.const 1) (i32.const 70000) (i32.const 1) (i32.const 256))))
+"""
+STDIN = b"abcdefg"
+FDS = (0, 1, 2, 3)
+# what the guest does, in order: (export, args); each answer is its errno and the
+# bytes it left at 256 (what a successful call wrote) and at 700 (what a read took)
+SCRIPT = [(call, (fd,)) for call in ("fdstat", "fstat", "seek", "tell", "write", "pwrite",
+                                      "read", "pread") for fd in FDS] + [
+    ("read", (0,)), ("read", (0,)), ("read", (0,)),  # stdin to its end, then 0 bytes
+    ("bad_iovec", ()),
+    ("renum", (1, 5)), ("renum", (2, 1)), ("write", (1,)), ("write", (2,)),  # stderr as 1
+    ("close", (1,)), ("write", (1,)), ("close", (1,)), ("fdstat", (1,)), ("fstat", (1,)),
+    ("seek", (1,)), ("renum", (0, 1)), ("close", (0,)), ("read", (0,)), ("fdstat", (0,)),
+]
+
+
+def run_script(own: bool, files: Path) -> tuple[list[tuple[object, ...]], bytes, bytes]:
+    """SCRIPT's answers, then what reached stdout and stderr: with `own`, through
+    `wasi_stdio`; else through wasmtime's WASI, its streams files in `files` (not
+    Python callbacks, which its runtime's threads still held when the process exited:
+    an abort)."""
+    engine = wasmtime.Engine()
+    linker = wasmtime.Linker(engine)
+    linker.define_wasi()
+    if own:
+        wasi_stdio.define(linker)
+    store = wasmtime.Store(engine)
+    config = wasmtime.WasiConfig()
+    err: list[bytes] = []
+    if not own:
+        (files / "in").write_bytes(STDIN)
+        config.stdin_file = files / "in"
+        config.stdout_file = files / "out"
+        config.stderr_file = files / "err"
+    store.set_wasi(config)
+    exports = linker.instantiate(store, wasmtime.Module(engine, PROBE)).exports(store)
+    memory = exports["memory"]
+    assert isinstance(memory, wasmtime.Memory)
+    stdio = wasi_stdio.Stdio(STDIN, 1 << 20, err.append)
+    answers: list[tuple[object, ...]] = []
+    with wasi_stdio.serving(stdio):
+        for name, args in SCRIPT:
+            memory.write(store, bytes(24), 256)
+            func = exports[name]
+            assert isinstance(func, wasmtime.Func)
+            try:
+                answers.append((func(store, *args), memory.read(store, 256, 280),
+                                memory.read(store, 700, 703)))
+            except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
+                answers.append(("trap", "out of bounds" in str(e)))
+    if own:
+        return answers, stdio.output(), b"".join(err)
+    return answers, (files / "out").read_bytes(), (files / "err").read_bytes()
+
+
+def test_stdio_answers_as_wasmtime_does_call_by_call(tmp_path: Path) -> None:
+    theirs, ours = run_script(False, tmp_path), run_script(True, tmp_path)
+    for (name, args), want, got in zip(SCRIPT, theirs[0], ours[0], strict=True):
+        assert got == want, f"{name}{args}: wasmtime {want}, edgefn {got}"
+    assert ours[1:] == theirs[1:] == (b"hello", b"hellohello")
+    assert [a[0] for a in ours[0]].count(wasi_stdio.EBADF) >= 20  # the script bites
+
+
+def test_a_write_past_the_limit_fails_and_keeps_what_came_before() -> None:
+    stdio = wasi_stdio.Stdio(b"", 8, lambda _: None)
+    assert stdio.write(wasi_stdio.OUT, b"12345") == wasi_stdio.ESUCCESS
+    assert stdio.write(wasi_stdio.OUT, b"6789") == wasi_stdio.EFBIG
+    assert stdio.write(wasi_stdio.OUT, b"678") == wasi_stdio.ESUCCESS
+    assert (stdio.output(), stdio.overflow) == (b"12345678", True)
+
+
+@pytest.fixture(scope="module")
+def hello_c(tmp_path_factory: pytest.TempPathFactory) -> WasmFunction:
+    engine = WasmEngine(tmp_path_factory.mktemp("cache"))
+    fn = WasmFunction(engine, manifest.load(EXAMPLES / "hello-c"), EXAMPLES / "hello-c")
+    fn.prewarm()
+    return fn
+
+
+def on_a_thread(job: Callable[[], None]) -> int:
+    """Voluntary context switches of a fresh thread running `job`."""
+    switches: list[int] = []
+
+    def run() -> None:
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        job()
+        switches.append(resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return switches[0]
+
+
+def test_a_wasi_request_runs_without_leaving_its_thread(hello_c: WasmFunction) -> None:
+    """hello-c reads stdin and asks fd_fdstat_get and writes stdout: through wasmtime's
+    WASI that was ~22 thread hand-offs (each a wait: a voluntary switch) a request."""
+    request = Request(b"POST", b"/hello-c", b"name=Ada", [], b"localhost", "1.1", True,
+                      "127.0.0.1:1")
+    request.body = b"12345"
+    n = 50
+    answers: list[bytes] = []
+
+    def requests() -> None:
+        for _ in range(n):
+            answers.append(hello_c._run_wasi([("REQUEST_METHOD", "POST"),
+                                              ("PATH_INFO", "/hello-c"),
+                                              ("QUERY_STRING", "name=Ada")],
+                                             request.body, 1e12))
+
+    switches = on_a_thread(requests)
+    assert answers[0].endswith(b"Hello, Ada from C! method=POST path=/hello-c\nbody-bytes=5\n")
+    assert len(set(answers)) == 1
+    assert switches < n // 5, f"{switches} thread switches in {n} requests"
+
+
+def test_hello_c_answers_through_the_executor(hello_c: WasmFunction) -> None:
+    request = Request(b"GET", b"/hello-c", b"", [], b"localhost", "1.1", True, "127.0.0.1:1")
+    request.body = b""
+
+    async def go() -> Response:
+        r = hello_c.handle(request, "/hello-c", {})
+        return r if isinstance(r, Response) else await r
+
+    response = asyncio.run(go())
+    assert (response.status, response.body) == (200, b"Hello from C! method=GET path=/hello-c\n")
+
+
+def test_no_stdio_served_is_ebadf() -> None:
+    """Outside `serving` (no request on this thread) every fd is closed."""
+    assert wasi_stdio.fd_close(1) == wasi_stdio.EBADF
+    assert wasi_stdio.fd_renumber(2, 1) == wasi_stdio.EBADF
