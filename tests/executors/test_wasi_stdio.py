@@ -6,20 +6,25 @@ request (wasmtime's made ~22 for a hello in C)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import logging
 import resource
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import wasmtime
 
-from runtime.executors.wasm import wasi_stdio
+from runtime.executors.wasm import native_wasi, wasi_stdio
 from runtime.executors.wasm.engine import WasmEngine
 from runtime.executors.wasm.function import WasmFunction
+from runtime.executors.wasm.wasi_stdio import STDERR_MAX
 from runtime.functions import manifest
 from runtime.net.message import Request, Response
-from tests.support import EXAMPLES
+from tests.executors.test_wasm_function import HEADER, wasi
+from tests.support import EXAMPLES, function_dir
 
 PROBE = r"""
 (module
@@ -76,15 +81,20 @@ SCRIPT = [(call, (fd,)) for call in ("fdstat", "fstat", "seek", "tell", "write",
 ]
 
 
-def run_script(own: bool, files: Path) -> tuple[list[tuple[object, ...]], bytes, bytes]:
-    """SCRIPT's answers, then what reached stdout and stderr: with `own`, through
-    `wasi_stdio`; else through wasmtime's WASI, its streams files in `files` (not
-    Python callbacks, which its runtime's threads still held when the process exited:
-    an abort)."""
+def run_script(own: str, files: Path) -> tuple[list[tuple[object, ...]], bytes, bytes]:
+    """SCRIPT's answers, then what reached stdout and stderr: through `wasi_stdio`
+    (`own` "python"), through native_src/wasi.c ("c"), or through wasmtime's WASI
+    (""), its streams files in `files` (not Python callbacks, which its runtime's
+    threads still held when the process exited: an abort)."""
     engine = wasmtime.Engine()
     linker = wasmtime.Linker(engine)
     linker.define_wasi()
-    if own:
+    lib = native_wasi.load() if own == "c" else None
+    if own == "c":
+        if lib is None:
+            pytest.skip("no C compiler: the native WASI path cannot be built here")
+        lib.define(linker)
+    elif own:
         wasi_stdio.define(linker)
     store = wasmtime.Store(engine)
     config = wasmtime.WasiConfig()
@@ -100,6 +110,8 @@ def run_script(own: bool, files: Path) -> tuple[list[tuple[object, ...]], bytes,
     assert isinstance(memory, wasmtime.Memory)
     stdio = wasi_stdio.Stdio(STDIN, 1 << 20, err.append)
     answers: list[tuple[object, ...]] = []
+    if lib is not None:
+        lib.begin(STDIN, len(STDIN), 1 << 20)
     with wasi_stdio.serving(stdio):
         for name, args in SCRIPT:
             memory.write(store, bytes(24), 256)
@@ -110,13 +122,19 @@ def run_script(own: bool, files: Path) -> tuple[list[tuple[object, ...]], bytes,
                                 memory.read(store, 700, 703)))
             except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
                 answers.append(("trap", "out of bounds" in str(e)))
+    if lib is not None:
+        result = native_wasi.Result()
+        lib.end(ctypes.byref(result))
+        return (answers, ctypes.string_at(result.out, result.out_len),
+                ctypes.string_at(result.err, result.err_len))
     if own:
         return answers, stdio.output(), b"".join(err)
     return answers, (files / "out").read_bytes(), (files / "err").read_bytes()
 
 
-def test_stdio_answers_as_wasmtime_does_call_by_call(tmp_path: Path) -> None:
-    theirs, ours = run_script(False, tmp_path), run_script(True, tmp_path)
+@pytest.mark.parametrize("own", ["python", "c"])
+def test_stdio_answers_as_wasmtime_does_call_by_call(tmp_path: Path, own: str) -> None:
+    theirs, ours = run_script("", tmp_path), run_script(own, tmp_path)
     for (name, args), want, got in zip(SCRIPT, theirs[0], ours[0], strict=True):
         assert got == want, f"{name}{args}: wasmtime {want}, edgefn {got}"
     assert ours[1:] == theirs[1:] == (b"hello", b"hellohello")
@@ -192,3 +210,28 @@ def test_no_stdio_served_is_ebadf() -> None:
     """Outside `serving` (no request on this thread) every fd is closed."""
     assert wasi_stdio.fd_close(1) == wasi_stdio.EBADF
     assert wasi_stdio.fd_renumber(2, 1) == wasi_stdio.EBADF
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_stderr_past_its_cap_is_counted_not_logged(tmp_path: Path, native: bool,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Both paths keep a request's first STDERR_MAX bytes of stderr for the log (a
+    guest writing it in a loop filled the PoP's log) and say how much more there was."""
+    if native and native_wasi.load() is None:
+        pytest.skip("no C compiler: the native WASI path cannot be built here")
+    over = 6144
+    src = wasi(f"""(memory.fill (i32.const 4096) (i32.const 97) (i32.const {STDERR_MAX + over}))
+      (drop (call $write (i32.const 2) (i32.const 4096) (i32.const {STDERR_MAX + over})))
+      (drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))""", HEADER, memory=2)
+    engine = WasmEngine(tmp_path / "cache", native=native)
+    try:
+        fn = WasmFunction(engine, manifest.load(d := function_dir(tmp_path, "loud", src)), d)
+        assert (fn.native_wasi is not None) == native
+        with caplog.at_level(logging.WARNING, logger="edgefn.functions"):
+            out = fn._run_wasi([], b"", time.monotonic() + 10)
+    finally:
+        engine.close()
+    assert out == b"X-A: b\n\n"
+    assert caplog.messages[-1] == (f"loud: stderr: [{over} more bytes of stderr dropped: at "
+                                   f"most {STDERR_MAX} a request]")
+    assert caplog.messages[0].startswith("loud: stderr: aaaa")

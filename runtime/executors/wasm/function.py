@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import math
 import threading
@@ -40,6 +41,7 @@ from functools import partial
 from pathlib import Path
 
 import wasmtime
+from wasmtime import _func as wasmtime_func
 
 from edgefn_core.abi import (
     decode_response,
@@ -55,9 +57,9 @@ from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.output import GuestLines
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import native as wasm_native
+from runtime.executors.wasm import native_wasi, wasi_poll, wasi_stdio
 from runtime.executors.wasm import wasi as cgi
-from runtime.executors.wasm import wasi_poll, wasi_stdio
-from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine
+from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine, ptr_value
 from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
 from runtime.executors.wasm.host import NO_ORIGIN, Origin
 from runtime.executors.wasm.native import NativeReactorCall
@@ -124,12 +126,18 @@ class WasmFunction:
         self.module = self._compile(directory / manifest.entry)
         self.abi = self._detect_abi()
         uses_wasi, host_funcs = self._check_imports()
+        self.native_wasi: native_wasi.NativeWasi | None = None  # a command's run in C
         linker = wasmtime.Linker(wasm.engine)
         if uses_wasi:
             linker.define_wasi()
             wasi_poll.define(linker, wasm.deadlines, wasm.stopping)
             if self.abi == "wasi":  # a reactor's stdio is wasmtime's (nothing reads it)
-                wasi_stdio.define(linker)
+                # the engine's switch too (`WasmEngine(native=False)`: the Python paths)
+                self.native_wasi = native_wasi.enabled() if wasm.native is not None else None
+                if self.native_wasi is not None:
+                    self.native_wasi.define(linker)
+                else:
+                    wasi_stdio.define(linker)
         self.host_functions: wasm_host.HostFunctions | None = None
         if host_funcs:
             if bindings is None:
@@ -496,48 +504,103 @@ class WasmFunction:
                                 f"{self.manifest.limits.wall_ms} ms waiting for a thread")
         if self.host_functions is not None:
             self.host_functions.begin_request(0.0, origin)
-        store = wasmtime.Store(self.wasm.engine)
-        store.set_limits(memory_size=self.memory_limit)
         sliced = inline and self.slice_ticks < self.deadline_ticks
-        store.set_epoch_deadline(self.slice_ticks if sliced else self.deadline_ticks)
+        ticks = self.slice_ticks if sliced else self.deadline_ticks
         outcome = Outcome(SLICE_EXPIRED, INLINE_SLICE_MS, self.memory_limit) if sliced \
             else self.outcome
+        deadlines = self.wasm.deadlines
+        deadlines.start(deadline, inline)
+        wasm_native.guest_begin()
+        try:
+            if self.native_wasi is not None:
+                return self._start_native(self.native_wasi, env, body, ticks, outcome)
+            return self._start_python(env, body, ticks, outcome)
+        finally:
+            wasm_native.guest_end()
+            if inline:
+                deadlines.end()
+
+    def _start_native(self, lib: native_wasi.NativeWasi, env: list[tuple[str, str]],
+                      body: bytes, ticks: int, outcome: Outcome) -> bytes:
+        """`_run_wasi`'s run in one C call (`native_wasi`). Raises `FunctionError`."""
+        stage, r = lib.run(ptr_value(self.wasm.engine), ptr_value(self.pre), self.memory_limit,
+                           ticks, [self.name], env, body, self.max_response)
+        if r.err_len:
+            self._log_stderr(ctypes.string_at(r.err, r.err_len))
+        self._stderr_dropped(r.err_dropped)
+        failure: wasmtime.WasmtimeError | wasmtime.Trap | None = None
+        if r.trap or r.error:
+            # what a Python host function raised (poll_oneoff's sleeps: `deadlines` says),
+            # which wasmtime-py keeps for the next of its own calls that fails
+            wasmtime_func.LAST_EXCEPTION = None
+        if r.trap:
+            failure = wasmtime.Trap._from_ptr(ctypes.cast(r.trap, native_wasi.TRAP))
+            if r.error:  # (never both, but each is owned here)
+                wasmtime.WasmtimeError._from_ptr(ctypes.cast(r.error, native_wasi.ERROR))
+        elif r.error:
+            failure = wasmtime.WasmtimeError._from_ptr(ctypes.cast(r.error, native_wasi.ERROR))
+        elif stage == native_wasi.RUN_NO_START:
+            raise FunctionError("trap", 500, "exports no `_start` function")
+        if failure is not None:
+            self._wasi_failed(failure, outcome, r.memory_size)
+        if r.overflow:
+            raise FunctionError("bad_response", 502, f"response larger than the limit of "
+                                f"{self.max_response} bytes")
+        return ctypes.string_at(r.out, r.out_len) if r.out_len else b""
+
+    def _start_python(self, env: list[tuple[str, str]], body: bytes, ticks: int,
+                      outcome: Outcome) -> bytes:
+        """`_run_wasi`'s run through wasmtime-py, its stdio `wasi_stdio`'s. Raises
+        `FunctionError`."""
+        store = wasmtime.Store(self.wasm.engine)
+        store.set_limits(memory_size=self.memory_limit)
+        store.set_epoch_deadline(ticks)
         config = wasmtime.WasiConfig()  # argv and the environment: stdio is `wasi_stdio`'s
         config.argv = [self.name]
         config.env = env
         store.set_wasi(config)
-        deadlines = self.wasm.deadlines
-        deadlines.start(deadline, inline)
         stdio = wasi_stdio.Stdio(body, self.max_response, self._log_stderr)
-        wasm_native.guest_begin()
+        instance = None
         try:
             with wasi_stdio.serving(stdio):
                 instance = self.pre.instantiate(store)
                 start = instance.exports(store)["_start"]
                 assert isinstance(start, wasmtime.Func)
                 start(store)
-        except wasmtime.ExitTrap as e:
-            if e.code != 0:
-                raise FunctionError("trap", 500, f"exited with status {e.code}") from None
-        except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
-            # wasmtime-py reports a trap raised in a host function as either
-            if deadlines.slept:
-                self._to_threads("sleeps (WASI poll_oneoff)")
-                raise FunctionError(SLICE_EXPIRED, 503, "slept inline") from None
-            if deadlines.expired:
-                raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
-                                    f"{self.manifest.limits.wall_ms} ms (sleeping)") from None
-            if isinstance(e, wasmtime.Trap):
-                raise trap_error(e, "_start", outcome, _memory_size(store, instance)) from None
-            raise FunctionError("trap", 500, f"failed: {_short(str(e))}") from None
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as e:  # ExitTrap too
+            self._wasi_failed(e, outcome, _memory_size(store, instance))
         finally:
-            wasm_native.guest_end()
-            if inline:
-                deadlines.end()
+            self._stderr_dropped(stdio.err_dropped)
         if stdio.overflow:
             raise FunctionError("bad_response", 502, f"response larger than the limit of "
                                 f"{self.max_response} bytes")
         return stdio.output()
+
+    def _wasi_failed(self, e: wasmtime.WasmtimeError | wasmtime.Trap, outcome: Outcome,
+                     memory_size: int) -> None:
+        """What ended `_start` early: returns for an exit with status 0, else raises
+        `FunctionError`: a sleep inline (`SLICE_EXPIRED`, and the function moves to the
+        threads), a sleep past the deadline, a nonzero exit, or a trap."""
+        if isinstance(e, wasmtime.ExitTrap):
+            if e.code != 0:
+                raise FunctionError("trap", 500, f"exited with status {e.code}")
+            return
+        deadlines = self.wasm.deadlines
+        # wasmtime-py reports a trap raised in a host function as either
+        if deadlines.slept:
+            self._to_threads("sleeps (WASI poll_oneoff)")
+            raise FunctionError(SLICE_EXPIRED, 503, "slept inline")
+        if deadlines.expired:
+            raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
+                                f"{self.manifest.limits.wall_ms} ms (sleeping)")
+        if isinstance(e, wasmtime.Trap):
+            raise trap_error(e, "_start", outcome, memory_size)
+        raise FunctionError("trap", 500, f"failed: {_short(str(e))}")
+
+    def _stderr_dropped(self, dropped: int) -> None:
+        if dropped:
+            self.stderr.line(b"[%d more bytes of stderr dropped: at most %d a request]"
+                             % (dropped, wasi_stdio.STDERR_MAX))
 
     def _log_stderr(self, data: bytes) -> None:
         for line in data.splitlines():
@@ -559,6 +622,8 @@ def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore, ..
 
 
 def _memory_size(store: wasmtime.Store, instance: object) -> int:
+    if instance is None:
+        return 0
     try:
         memory = instance.exports(store).get("memory")  # type: ignore[attr-defined]
         return memory.data_len(store) if isinstance(memory, wasmtime.Memory) else 0

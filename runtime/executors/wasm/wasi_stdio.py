@@ -7,7 +7,7 @@ of CPU, ~170 us without them (`bench/bench_wasi.py`). These host functions
 shadow wasmtime's on the function's Linker (after `define_wasi`) and serve the
 request's own streams on the calling thread: stdin is the request body, stdout
 the response (at most `limits.max_response_mb`: past it a write fails with
-``EFBIG``), stderr the PoP's log, line by line.
+``EFBIG``), stderr the PoP's log, line by line, its first `STDERR_MAX` bytes.
 
 A WASI command here has no other file descriptor (no preopened directory, no
 socket), so any other fd is ``EBADF``. For fds 0, 1 and 2 each call answers as
@@ -37,6 +37,7 @@ IN, OUT, ERR = 0, 1, 2  # what an fd of the table is
 RIGHTS = {IN: 0x2, OUT: 0x40, ERR: 0x40}  # fd_read, fd_write
 FDSTAT = struct.Struct("<BxHxxxxQQ")  # filetype, flags, rights base, rights inheriting
 FILESTAT_SIZE = 64
+STDERR_MAX = 64 << 10  # stderr logged of one request; the rest is counted (wasi.c's too)
 _I32, _I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
 
 
@@ -52,15 +53,22 @@ class Stdio:
         self.chunks: list[bytes] = []
         self.overflow = False  # a write went past `limit` (and failed)
         self.stderr = stderr
+        self.err_size = 0
+        self.err_dropped = 0
         self.fds = {0: IN, 1: OUT, 2: ERR}
 
     def output(self) -> bytes:
         return b"".join(self.chunks)
 
     def write(self, kind: int, data: bytes) -> int:
-        """Write `data` to stdout or stderr: an errno."""
+        """Write `data` to stdout or stderr: an errno. Past `STDERR_MAX` bytes of stderr
+        in the request, the rest is counted (`err_dropped`), not logged."""
         if kind == ERR:
-            self.stderr(data)
+            keep = max(0, min(len(data), STDERR_MAX - self.err_size))
+            self.err_size += keep
+            self.err_dropped += len(data) - keep
+            if keep:
+                self.stderr(data[:keep])
             return ESUCCESS
         if self.size + len(data) > self.limit:
             self.overflow = True
