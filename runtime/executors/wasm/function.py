@@ -539,8 +539,10 @@ class WasmFunction:
                 wasmtime.WasmtimeError._from_ptr(ctypes.cast(r.error, native_wasi.ERROR))
         elif r.error:
             failure = wasmtime.WasmtimeError._from_ptr(ctypes.cast(r.error, native_wasi.ERROR))
-        elif stage == native_wasi.RUN_NO_START:
-            raise FunctionError("trap", 500, "exports no `_start` function")
+        elif stage != native_wasi.RUN_OK:  # (a deploy checked `_start`; the config, memory)
+            raise FunctionError("trap", 500, "exports no `_start` function"
+                                if stage == native_wasi.RUN_NO_START else
+                                "cannot set up its WASI context (arguments, environment)")
         if failure is not None:
             self._wasi_failed(failure, outcome, r.memory_size)
         if r.overflow:
@@ -561,6 +563,7 @@ class WasmFunction:
         store.set_wasi(config)
         stdio = wasi_stdio.Stdio(body, self.max_response, self._log_stderr)
         instance = None
+        failure: wasmtime.WasmtimeError | wasmtime.Trap | None = None
         try:
             with wasi_stdio.serving(stdio):
                 instance = self.pre.instantiate(store)
@@ -568,9 +571,10 @@ class WasmFunction:
                 assert isinstance(start, wasmtime.Func)
                 start(store)
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:  # ExitTrap too
-            self._wasi_failed(e, outcome, _memory_size(store, instance))
-        finally:
-            self._stderr_dropped(stdio.err_dropped)
+            failure = e
+        self._stderr_dropped(stdio.err_dropped)
+        if failure is not None:  # (raised here, not in the except: no chained traceback)
+            self._wasi_failed(failure, outcome, _memory_size(store, instance))
         if stdio.overflow:
             raise FunctionError("bad_response", 502, f"response larger than the limit of "
                                 f"{self.max_response} bytes")

@@ -7,7 +7,8 @@ of CPU, ~170 us without them (`bench/bench_wasi.py`). These host functions
 shadow wasmtime's on the function's Linker (after `define_wasi`) and serve the
 request's own streams on the calling thread: stdin is the request body, stdout
 the response (at most `limits.max_response_mb`: past it a write fails with
-``EFBIG``), stderr the PoP's log, line by line, its first `STDERR_MAX` bytes.
+``EFBIG``; more than `IOV_MAX` iovecs in one call, ``EINVAL``), stderr the PoP's
+log, line by line, its first `STDERR_MAX` bytes.
 
 A WASI command here has no other file descriptor (no preopened directory, no
 socket), so any other fd is ``EBADF``. For fds 0, 1 and 2 each call answers as
@@ -32,7 +33,10 @@ import wasmtime
 from runtime.executors.wasm.wasi_poll import GuestMemory
 
 MODULE = "wasi_snapshot_preview1"
-ESUCCESS, EBADF, EFBIG, ESPIPE = 0, 8, 22, 70
+ESUCCESS, EBADF, EFBIG, EINVAL, ESPIPE = 0, 8, 22, 28, 70
+# iovecs one call takes at most (POSIX's least IOV_MAX): past it EINVAL, not a loop over
+# millions of them on the event loop's thread (host code no epoch deadline stops)
+IOV_MAX = 1024
 IN, OUT, ERR = 0, 1, 2  # what an fd of the table is
 RIGHTS = {IN: 0x2, OUT: 0x40, ERR: 0x40}  # fd_read, fd_write
 FDSTAT = struct.Struct("<BxHxxxxQQ")  # filetype, flags, rights base, rights inheriting
@@ -126,6 +130,8 @@ def fd_write(caller: wasmtime.Caller, fd: int, iovs: int, count: int, written: i
     kind = stdio.fds.get(fd) if stdio is not None else None
     if stdio is None or kind is None or kind == IN:
         return EBADF
+    if count > IOV_MAX:
+        return EINVAL
     mem = Memory(caller)
     data = b"".join(mem.read(p, n) for p, n in mem.iovecs(iovs, count))
     err = stdio.write(kind, data)
@@ -138,6 +144,8 @@ def fd_read(caller: wasmtime.Caller, fd: int, iovs: int, count: int, read: int) 
     stdio = _streams()
     if stdio is None or stdio.fds.get(fd) != IN:
         return EBADF
+    if count > IOV_MAX:
+        return EINVAL
     mem = Memory(caller)
     total = 0
     for p, n in mem.iovecs(iovs, count):

@@ -11,7 +11,7 @@
  * runtime/executors/wasm/wasi_stdio.py does, call for call: stdin is the request
  * body, stdout the response up to its limit (past it a write fails with EFBIG),
  * stderr kept up to STDERR_MAX bytes for the PoP's log, fds 0-2 only (any other
- * is EBADF); a pointer outside guest memory traps. The streams are per thread:
+ * is EBADF), at most IOV_MAX iovecs a call; a pointer outside guest memory traps. The streams are per thread:
  * one request runs on a thread at a time.
  *
  * Built by native_wasi.py like reactor.c: against wasmtime-py's libwasmtime,
@@ -63,7 +63,8 @@ extern bool wasi_config_set_env(wasi_config_t *, size_t, const char *const *,
 extern wasmtime_error_t *wasmtime_context_set_wasi(wasmtime_context_t *, wasi_config_t *);
 
 /* errno values of WASI preview1 */
-enum { ESUCCESS = 0, EBADF = 8, EFBIG = 22, ESPIPE = 70 };
+enum { ESUCCESS = 0, EBADF = 8, EFBIG = 22, EINVAL = 28, ESPIPE = 70 };
+#define IOV_MAX 1024  /* iovecs one call takes at most (POSIX's least): past it, EINVAL */
 enum { IN = 0, OUT = 1, ERR = 2, CLOSED = -1 };
 static const uint64_t RIGHTS[3] = {0x2, 0x40, 0x40};  /* fd_read; fd_write */
 #define STDERR_MAX (64u << 10)
@@ -149,6 +150,7 @@ wasm_trap_t *edgefn_fd_write(void *env, wasmtime_caller_t *caller, wasmtime_val_
     int kind = kind_of(v[0].i32);
     uint32_t iovs = (uint32_t)v[1].i32, count = (uint32_t)v[2].i32, at = (uint32_t)v[3].i32;
     if (kind == CLOSED || kind == IN) { v[0].i32 = EBADF; return NULL; }
+    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
     size_t size;
     wasm_trap_t *t = NULL;
     uint8_t *base = memory(caller, &size, &t);
@@ -193,6 +195,7 @@ wasm_trap_t *edgefn_fd_read(void *env, wasmtime_caller_t *caller, wasmtime_val_r
     (void)env; (void)n;
     uint32_t iovs = (uint32_t)v[1].i32, count = (uint32_t)v[2].i32, at = (uint32_t)v[3].i32;
     if (kind_of(v[0].i32) != IN) { v[0].i32 = EBADF; return NULL; }
+    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
     size_t size;
     wasm_trap_t *t = NULL;
     uint8_t *base = memory(caller, &size, &t);
