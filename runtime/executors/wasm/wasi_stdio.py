@@ -109,6 +109,11 @@ class Memory:
             raise wasmtime.Trap("the module exports no memory")
         self.guest = GuestMemory(memory, caller)
 
+    def check(self, ptr: int, length: int) -> None:
+        """Trap unless `length` bytes at `ptr` are inside memory (nothing copied)."""
+        if ptr < 0 or ptr + length > self.guest.size:
+            raise wasmtime.Trap(f"pointer out of bounds: {length} bytes at {ptr}")
+
     def read(self, ptr: int, length: int) -> bytes:
         data = self.guest.read(ptr, length)
         if data is None:
@@ -126,13 +131,14 @@ class Memory:
 
 
 def fd_write(caller: wasmtime.Caller, fd: int, iovs: int, count: int, written: int) -> int:
+    mem = Memory(caller)
+    mem.check(iovs, count * 8)  # the iovec array first, whatever the fd (as wasmtime)
+    if count > IOV_MAX:
+        return EINVAL
     stdio = _streams()
     kind = stdio.fds.get(fd) if stdio is not None else None
     if stdio is None or kind is None or kind == IN:
         return EBADF
-    if count > IOV_MAX:
-        return EINVAL
-    mem = Memory(caller)
     data = b"".join(mem.read(p, n) for p, n in mem.iovecs(iovs, count))
     err = stdio.write(kind, data)
     if not err:
@@ -141,12 +147,13 @@ def fd_write(caller: wasmtime.Caller, fd: int, iovs: int, count: int, written: i
 
 
 def fd_read(caller: wasmtime.Caller, fd: int, iovs: int, count: int, read: int) -> int:
+    mem = Memory(caller)
+    mem.check(iovs, count * 8)  # the iovec array first, whatever the fd (as wasmtime)
+    if count > IOV_MAX:
+        return EINVAL
     stdio = _streams()
     if stdio is None or stdio.fds.get(fd) != IN:
         return EBADF
-    if count > IOV_MAX:
-        return EINVAL
-    mem = Memory(caller)
     total = 0
     for p, n in mem.iovecs(iovs, count):
         data = stdio.stdin[stdio.read_at:stdio.read_at + n]

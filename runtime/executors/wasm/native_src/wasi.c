@@ -149,13 +149,14 @@ wasm_trap_t *edgefn_fd_write(void *env, wasmtime_caller_t *caller, wasmtime_val_
     (void)env; (void)n;
     int kind = kind_of(v[0].i32);
     uint32_t iovs = (uint32_t)v[1].i32, count = (uint32_t)v[2].i32, at = (uint32_t)v[3].i32;
-    if (kind == CLOSED || kind == IN) { v[0].i32 = EBADF; return NULL; }
-    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
     size_t size;
     wasm_trap_t *t = NULL;
     uint8_t *base = memory(caller, &size, &t);
     if (!base) return t;
+    /* the iovec array first, whatever the fd (as wasmtime) */
     if (!inside(iovs, (uint64_t)count * 8, size)) return oob();
+    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
+    if (kind == CLOSED || kind == IN) { v[0].i32 = EBADF; return NULL; }
     uint64_t total = 0;
     for (uint32_t i = 0; i < count; i++) {  /* bounds first: a trap writes nothing */
         uint32_t p, l;
@@ -194,13 +195,14 @@ wasm_trap_t *edgefn_fd_read(void *env, wasmtime_caller_t *caller, wasmtime_val_r
                             size_t n) {
     (void)env; (void)n;
     uint32_t iovs = (uint32_t)v[1].i32, count = (uint32_t)v[2].i32, at = (uint32_t)v[3].i32;
-    if (kind_of(v[0].i32) != IN) { v[0].i32 = EBADF; return NULL; }
-    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
     size_t size;
     wasm_trap_t *t = NULL;
     uint8_t *base = memory(caller, &size, &t);
     if (!base) return t;
+    /* the iovec array first, whatever the fd (as wasmtime) */
     if (!inside(iovs, (uint64_t)count * 8, size)) return oob();
+    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
+    if (kind_of(v[0].i32) != IN) { v[0].i32 = EBADF; return NULL; }
     uint32_t total = 0;
     for (uint32_t i = 0; i < count; i++) {
         uint32_t p, l;
