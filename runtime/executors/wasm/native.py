@@ -109,10 +109,13 @@ def _build() -> Path:
 def build_library(source: Path, stem: str, key: str = "", flags: list[str] | None = None
                   ) -> Path:
     """`source` compiled against wasmtime-py's libwasmtime into the native cache
-    (`edgefn_core.fastcodec.compile_cached`), keyed by the source, the library,
-    wasmtime's version and `key`; built once. Raises RuntimeError without a C
+    (`edgefn_core.fastcodec.compile_cached`), keyed by the source, the header it
+    includes (native_src/wasmtime_c.h), the library, wasmtime's version and `key`;
+    built once. Raises RuntimeError without a C
     compiler or if the build fails."""
     libdir = Path(ffi.filename).parent
+    header = source.with_name("wasmtime_c.h")  # what the C files include: part of the key
+    key += header.read_text() if header.exists() else ""
     return compile_cached(source, stem, (str(ffi.filename) + _wasmtime_version() + key).encode(),
                           [f"-L{libdir}", f"-l:{ffi.filename.name}", f"-Wl,-rpath,{libdir}",
                            "-lpthread", *(flags or [])])

@@ -130,11 +130,19 @@ class Memory:
         return [struct.unpack_from("<II", raw, 8 * i) for i in range(count)]
 
 
-def fd_write(caller: wasmtime.Caller, fd: int, iovs: int, count: int, written: int) -> int:
+def _iovec_call(caller: wasmtime.Caller, iovs: int, count: int) -> Memory | int:
+    """The caller's memory for a call on an iovec array, or the errno for more than
+    `IOV_MAX`. Traps for an array outside memory: checked first, whatever the fd (as
+    wasmtime does)."""
     mem = Memory(caller)
-    mem.check(iovs, count * 8)  # the iovec array first, whatever the fd (as wasmtime)
-    if count > IOV_MAX:
-        return EINVAL
+    mem.check(iovs, count * 8)
+    return EINVAL if count > IOV_MAX else mem
+
+
+def fd_write(caller: wasmtime.Caller, fd: int, iovs: int, count: int, written: int) -> int:
+    mem = _iovec_call(caller, iovs, count)
+    if isinstance(mem, int):
+        return mem
     stdio = _streams()
     kind = stdio.fds.get(fd) if stdio is not None else None
     if stdio is None or kind is None or kind == IN:
@@ -147,10 +155,9 @@ def fd_write(caller: wasmtime.Caller, fd: int, iovs: int, count: int, written: i
 
 
 def fd_read(caller: wasmtime.Caller, fd: int, iovs: int, count: int, read: int) -> int:
-    mem = Memory(caller)
-    mem.check(iovs, count * 8)  # the iovec array first, whatever the fd (as wasmtime)
-    if count > IOV_MAX:
-        return EINVAL
+    mem = _iovec_call(caller, iovs, count)
+    if isinstance(mem, int):
+        return mem
     stdio = _streams()
     if stdio is None or stdio.fds.get(fd) != IN:
         return EBADF

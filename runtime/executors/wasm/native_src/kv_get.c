@@ -29,18 +29,7 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct wasmtime_caller wasmtime_caller_t;
-typedef struct wasmtime_context wasmtime_context_t;
-typedef struct wasm_trap_t wasm_trap_t;
-typedef struct { uint8_t kind; uint8_t pad_[7]; uint8_t of[24]; } wasmtime_extern_t;
-typedef union { int32_t i32; int64_t i64; uint8_t v128[16]; } wasmtime_val_raw_t;
-#define WASMTIME_EXTERN_MEMORY 3
-
-extern bool wasmtime_caller_export_get(wasmtime_caller_t *, const char *, size_t,
-                                       wasmtime_extern_t *);
-extern wasmtime_context_t *wasmtime_caller_context(wasmtime_caller_t *);
-extern uint8_t *wasmtime_memory_data(const wasmtime_context_t *, const void *);
-extern size_t wasmtime_memory_data_size(const wasmtime_context_t *, const void *);
+#include "wasmtime_c.h"
 
 typedef struct MDB_env MDB_env;
 typedef struct MDB_txn MDB_txn;

@@ -10,7 +10,7 @@
  * no ctypes argument conversion. Built by runtime/executors/wasm/native.py with the system C
  * compiler against wasmtime-py's own libwasmtime; the wasmtime C API types are
  * declared here by layout (checked against wasmtime-py's ctypes definitions at
- * load time), so no wasmtime headers are needed.
+ * load time), so no wasmtime headers are needed (wasmtime_c.h).
  */
 #ifdef EDGEFN_PYEXT  /* also a CPython extension: `serve` below (Python.h comes first) */
 #define PY_SSIZE_T_CLEAN
@@ -31,31 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct wasm_engine_t wasm_engine_t;
-typedef struct wasmtime_store wasmtime_store_t;
-typedef struct wasmtime_context wasmtime_context_t;
-typedef struct wasmtime_instance_pre wasmtime_instance_pre_t;
-typedef struct wasmtime_error wasmtime_error_t;
-typedef struct wasm_trap_t wasm_trap_t;
+#include "wasmtime_c.h"
 
-typedef struct { uint64_t store_id; size_t private_; } wasmtime_instance_t;
-typedef struct { uint8_t kind; uint8_t pad_[7]; uint8_t of[24]; } wasmtime_extern_t;
-typedef union { int32_t i32; int64_t i64; uint8_t v128[16]; } wasmtime_val_raw_t;
-
-extern wasmtime_store_t *wasmtime_store_new(wasm_engine_t *, void *, void (*)(void *));
-extern wasmtime_context_t *wasmtime_store_context(wasmtime_store_t *);
-extern void wasmtime_store_delete(wasmtime_store_t *);
-extern void wasmtime_store_limiter(wasmtime_store_t *, int64_t, int64_t, int64_t, int64_t, int64_t);
-extern void wasmtime_context_set_epoch_deadline(wasmtime_context_t *, uint64_t);
-extern wasmtime_error_t *wasmtime_instance_pre_instantiate(const wasmtime_instance_pre_t *,
-    wasmtime_context_t *, wasmtime_instance_t *, wasm_trap_t **);
-extern bool wasmtime_instance_export_get(wasmtime_context_t *, const wasmtime_instance_t *,
-    const char *, size_t, wasmtime_extern_t *);
-extern wasmtime_error_t *wasmtime_func_call_unchecked(wasmtime_context_t *, const void *,
-    wasmtime_val_raw_t *, size_t, wasm_trap_t **);
-extern uint8_t *wasmtime_memory_data(const wasmtime_context_t *, const void *);
-extern size_t wasmtime_memory_data_size(const wasmtime_context_t *, const void *);
-extern void wasmtime_engine_increment_epoch(wasm_engine_t *);
 void edgefn_guest_begin(void);  /* the epoch ticker's, below: around every guest */
 void edgefn_guest_end(void);
 

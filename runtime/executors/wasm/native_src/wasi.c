@@ -15,7 +15,7 @@
  * one request runs on a thread at a time.
  *
  * Built by native_wasi.py like reactor.c: against wasmtime-py's libwasmtime,
- * the C API's types declared by layout (reactor.c's, checked at load time).
+ * the C API's types declared by layout (wasmtime_c.h).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdbool.h>
@@ -23,44 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct wasm_engine_t wasm_engine_t;
-typedef struct wasmtime_store wasmtime_store_t;
-typedef struct wasmtime_context wasmtime_context_t;
-typedef struct wasmtime_caller wasmtime_caller_t;
-typedef struct wasmtime_instance_pre wasmtime_instance_pre_t;
-typedef struct wasmtime_error wasmtime_error_t;
-typedef struct wasm_trap_t wasm_trap_t;
-typedef struct wasi_config_t wasi_config_t;
-
-typedef struct { uint64_t store_id; size_t private_; } wasmtime_instance_t;
-typedef struct { uint8_t kind; uint8_t pad_[7]; uint8_t of[24]; } wasmtime_extern_t;
-typedef union { int32_t i32; int64_t i64; uint8_t v128[16]; } wasmtime_val_raw_t;
-#define EXTERN_FUNC 0
-#define EXTERN_MEMORY 3
-
-extern wasmtime_store_t *wasmtime_store_new(wasm_engine_t *, void *, void (*)(void *));
-extern wasmtime_context_t *wasmtime_store_context(wasmtime_store_t *);
-extern void wasmtime_store_delete(wasmtime_store_t *);
-extern void wasmtime_store_limiter(wasmtime_store_t *, int64_t, int64_t, int64_t, int64_t, int64_t);
-extern void wasmtime_context_set_epoch_deadline(wasmtime_context_t *, uint64_t);
-extern wasmtime_error_t *wasmtime_instance_pre_instantiate(const wasmtime_instance_pre_t *,
-    wasmtime_context_t *, wasmtime_instance_t *, wasm_trap_t **);
-extern bool wasmtime_instance_export_get(wasmtime_context_t *, const wasmtime_instance_t *,
-    const char *, size_t, wasmtime_extern_t *);
-extern wasmtime_error_t *wasmtime_func_call_unchecked(wasmtime_context_t *, const void *,
-    wasmtime_val_raw_t *, size_t, wasm_trap_t **);
-extern uint8_t *wasmtime_memory_data(const wasmtime_context_t *, const void *);
-extern size_t wasmtime_memory_data_size(const wasmtime_context_t *, const void *);
-extern bool wasmtime_caller_export_get(wasmtime_caller_t *, const char *, size_t,
-                                       wasmtime_extern_t *);
-extern wasmtime_context_t *wasmtime_caller_context(wasmtime_caller_t *);
-extern wasm_trap_t *wasmtime_trap_new(const char *, size_t);
-extern wasi_config_t *wasi_config_new(void);
-extern void wasi_config_delete(wasi_config_t *);
-extern bool wasi_config_set_argv(wasi_config_t *, size_t, const char *const *);
-extern bool wasi_config_set_env(wasi_config_t *, size_t, const char *const *,
-                                const char *const *);
-extern wasmtime_error_t *wasmtime_context_set_wasi(wasmtime_context_t *, wasi_config_t *);
+#include "wasmtime_c.h"
 
 /* errno values of WASI preview1 */
 enum { ESUCCESS = 0, EBADF = 8, EFBIG = 22, EINVAL = 28, ESPIPE = 70 };
@@ -128,7 +91,8 @@ static int kind_of(int32_t fd) {
 /* The caller's memory, or NULL (then *t is the trap to return). */
 static uint8_t *memory(wasmtime_caller_t *caller, size_t *size, wasm_trap_t **t) {
     wasmtime_extern_t mem;
-    if (!wasmtime_caller_export_get(caller, "memory", 6, &mem) || mem.kind != EXTERN_MEMORY) {
+    if (!wasmtime_caller_export_get(caller, "memory", 6, &mem) ||
+        mem.kind != WASMTIME_EXTERN_MEMORY) {
         *t = trap("the module exports no memory");
         return NULL;
     }
@@ -143,6 +107,33 @@ static bool inside(uint32_t ptr, uint64_t len, size_t size) {
 
 static wasm_trap_t *oob(void) { return trap("pointer out of bounds"); }
 
+/* A call's count (bytes written, bytes read) stored at `at`, and success. */
+static wasm_trap_t *counted(uint8_t *base, size_t size, uint32_t at, uint32_t count,
+                            wasmtime_val_raw_t *v) {
+    if (!inside(at, 4, size)) return oob();
+    memcpy(base + at, &count, 4);
+    v[0].i32 = ESUCCESS;
+    return NULL;
+}
+
+/* The `i`th iovec of the array at `iovs` (inside memory: checked by the caller). */
+static void iovec(const uint8_t *base, uint32_t iovs, uint32_t i, uint32_t *ptr, uint32_t *len) {
+    memcpy(ptr, base + iovs + 8 * i, 4);
+    memcpy(len, base + iovs + 8 * i + 4, 4);
+}
+
+/* The caller's memory for a call on an iovec array: NULL with *t the trap (the
+ * array outside memory: checked first, whatever the fd, as wasmtime does) or with
+ * *err the errno (more than IOV_MAX of them). */
+static uint8_t *iovec_call(wasmtime_caller_t *caller, uint32_t iovs, uint32_t count,
+                           size_t *size, wasm_trap_t **t, int32_t *err) {
+    uint8_t *base = memory(caller, size, t);
+    if (!base) return NULL;
+    if (!inside(iovs, (uint64_t)count * 8, *size)) { *t = oob(); return NULL; }
+    if (count > IOV_MAX) { *err = EINVAL; return NULL; }
+    return base;
+}
+
 /* fd_write(fd, iovs, iovs_len, nwritten) -> errno */
 wasm_trap_t *edgefn_fd_write(void *env, wasmtime_caller_t *caller, wasmtime_val_raw_t *v,
                              size_t n) {
@@ -151,17 +142,14 @@ wasm_trap_t *edgefn_fd_write(void *env, wasmtime_caller_t *caller, wasmtime_val_
     uint32_t iovs = (uint32_t)v[1].i32, count = (uint32_t)v[2].i32, at = (uint32_t)v[3].i32;
     size_t size;
     wasm_trap_t *t = NULL;
-    uint8_t *base = memory(caller, &size, &t);
-    if (!base) return t;
-    /* the iovec array first, whatever the fd (as wasmtime) */
-    if (!inside(iovs, (uint64_t)count * 8, size)) return oob();
-    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
+    int32_t err = ESUCCESS;
+    uint8_t *base = iovec_call(caller, iovs, count, &size, &t, &err);
+    if (!base) { v[0].i32 = err; return t; }
     if (kind == CLOSED || kind == IN) { v[0].i32 = EBADF; return NULL; }
     uint64_t total = 0;
     for (uint32_t i = 0; i < count; i++) {  /* bounds first: a trap writes nothing */
         uint32_t p, l;
-        memcpy(&p, base + iovs + 8 * i, 4);
-        memcpy(&l, base + iovs + 8 * i + 4, 4);
+        iovec(base, iovs, i, &p, &l);
         if (!inside(p, l, size)) return oob();
         total += l;
     }
@@ -173,8 +161,7 @@ wasm_trap_t *edgefn_fd_write(void *env, wasmtime_caller_t *caller, wasmtime_val_
     }
     for (uint32_t i = 0; i < count; i++) {
         uint32_t p, l;
-        memcpy(&p, base + iovs + 8 * i, 4);
-        memcpy(&l, base + iovs + 8 * i + 4, 4);
+        iovec(base, iovs, i, &p, &l);
         if (kind == OUT) {
             if (!append(&S.out, base + p, l)) return trap("out of memory for stdout");
         } else {
@@ -184,10 +171,7 @@ wasm_trap_t *edgefn_fd_write(void *env, wasmtime_caller_t *caller, wasmtime_val_
             S.err_dropped += l - keep;
         }
     }
-    uint32_t written = (uint32_t)total;
-    memcpy(base + at, &written, 4);
-    v[0].i32 = ESUCCESS;
-    return NULL;
+    return counted(base, size, at, (uint32_t)total, v);
 }
 
 /* fd_read(fd, iovs, iovs_len, nread) -> errno */
@@ -197,17 +181,14 @@ wasm_trap_t *edgefn_fd_read(void *env, wasmtime_caller_t *caller, wasmtime_val_r
     uint32_t iovs = (uint32_t)v[1].i32, count = (uint32_t)v[2].i32, at = (uint32_t)v[3].i32;
     size_t size;
     wasm_trap_t *t = NULL;
-    uint8_t *base = memory(caller, &size, &t);
-    if (!base) return t;
-    /* the iovec array first, whatever the fd (as wasmtime) */
-    if (!inside(iovs, (uint64_t)count * 8, size)) return oob();
-    if (count > IOV_MAX) { v[0].i32 = EINVAL; return NULL; }
+    int32_t err = ESUCCESS;
+    uint8_t *base = iovec_call(caller, iovs, count, &size, &t, &err);
+    if (!base) { v[0].i32 = err; return t; }
     if (kind_of(v[0].i32) != IN) { v[0].i32 = EBADF; return NULL; }
     uint32_t total = 0;
     for (uint32_t i = 0; i < count; i++) {
         uint32_t p, l;
-        memcpy(&p, base + iovs + 8 * i, 4);
-        memcpy(&l, base + iovs + 8 * i + 4, 4);
+        iovec(base, iovs, i, &p, &l);
         size_t left = S.in_len - S.in_at, take = l < left ? l : left;
         if (!inside(p, take, size)) return oob();
         memcpy(base + p, S.in + S.in_at, take);
@@ -215,10 +196,7 @@ wasm_trap_t *edgefn_fd_read(void *env, wasmtime_caller_t *caller, wasmtime_val_r
         total += (uint32_t)take;
         if (take < l) break;
     }
-    if (!inside(at, 4, size)) return oob();
-    memcpy(base + at, &total, 4);
-    v[0].i32 = ESUCCESS;
-    return NULL;
+    return counted(base, size, at, total, v);
 }
 
 /* fd_fdstat_get(fd, out) -> errno: filetype unknown, no flags, its one right. */
@@ -361,14 +339,14 @@ int32_t edgefn_wasi_run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pr
         if (r->error || r->trap) {
             stage = RUN_INSTANTIATE;
         } else if (!wasmtime_instance_export_get(cx, &inst, "_start", 6, &start) ||
-                   start.kind != EXTERN_FUNC) {
+                   start.kind != WASMTIME_EXTERN_FUNC) {
             stage = RUN_NO_START;
         } else {
             wasmtime_val_raw_t none[1];
             r->error = wasmtime_func_call_unchecked(cx, start.of, none, 0, &r->trap);
             if (r->trap) stage = RUN_START;
             if (wasmtime_instance_export_get(cx, &inst, "memory", 6, &mem) &&
-                mem.kind == EXTERN_MEMORY)
+                mem.kind == WASMTIME_EXTERN_MEMORY)
                 r->memory_size = wasmtime_memory_data_size(cx, mem.of);
         }
     }
