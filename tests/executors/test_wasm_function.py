@@ -63,10 +63,11 @@ IMPORTS = {
 }
 
 
-def wasi(body: str, data: str = "", memory: int = 1) -> str:
-    """A WASI command whose `_start` is BODY ($out writes N bytes at P to fd 1, $exit)."""
-    imports = "".join(f'(import "wasi_snapshot_preview1" "{name}" (func ${name} {sig}))'
-                      for name, sig in IMPORTS.items())
+def wasi(body: str, data: str = "", memory: int = 1, imports: str = "") -> str:
+    """A WASI command whose `_start` is BODY ($write writes N bytes at P to fd F, and
+    $fd_write, $poll_oneoff and $proc_exit are WASI's), with `imports` too."""
+    imports += "".join(f'(import "wasi_snapshot_preview1" "{name}" (func ${name} {sig}))'
+                       for name, sig in IMPORTS.items())
     return f"""(module {imports} (memory (export "memory") {memory}) {data}
   (func $write (param $fd i32) (param $p i32) (param $n i32) (result i32)
     (i32.store (i32.const 0) (local.get $p)) (i32.store (i32.const 4) (local.get $n))
@@ -189,6 +190,40 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
         assert asyncio.run(twice()) == [b'{"count": 1}\n', b'{"count": 2}\n']
     finally:
         stores.close()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_wasi_command_with_bindings_runs_on_a_worker_thread(tmp_path: Path,
+                                                              native: bool) -> None:
+    """Its host calls reach the store from either run (the C one and wasmtime-py's),
+    and it never runs inline: a host call may block (a synced write)."""
+    src = wasi("""(i64.store (i32.const 200) (call $kv_increment (i32.const 100) (i32.const 1)
+                    (i32.const 104) (i32.const 1) (i64.const 1)))
+      (i32.store8 (i32.const 72) (i32.add (i32.const 48) (i32.load (i32.const 200))))
+      (drop (call $write (i32.const 1) (i32.const 64) (i32.const 9)))""",
+               HEADER + '(data (i32.const 100) "c") (data (i32.const 104) "k")',
+               imports='(import "edgefn" "kv_increment" (func $kv_increment (param i32 i32 '
+                       'i32 i32 i64) (result i64)))')
+    d = function_dir(tmp_path, "count", src, extra='abi = "wasi"\nowner = "t"\n'
+                                                    '[bindings]\nkv = ["c"]')
+    engine = WasmEngine(tmp_path / "cache", native=native)
+    stores = Stores(tmp_path / "stores")
+    try:
+        fn = load(engine, d, Bindings.prepare(stores, manifest.load(d)))
+        assert (fn.native_wasi is not None) == (native and engine.native is not None)
+
+        async def twice() -> list[bytes]:
+            bodies = []
+            for _ in range(2):
+                result = fn.handle(request(), "/count", {})
+                assert not isinstance(result, Response)  # off the event loop
+                bodies.append((await result).body)
+            return bodies
+
+        assert asyncio.run(twice()) == [b"1", b"2"]
+    finally:
+        stores.close()
+        engine.close()
 
 
 @pytest.mark.parametrize(("source", "abi", "message"), [

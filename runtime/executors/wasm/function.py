@@ -15,11 +15,12 @@ Two guest ABIs (see README "Guest ABI"):
   inline as a reactor does (the same slice, the same move to the threads), and
   also moves for good the first time it sleeps (``poll_oneoff``: a sleep never
   runs on the loop's thread; the request runs again on a thread). With host
-  imports it runs on a worker thread, so a guest that blocks in a host call
-  cannot stall the loop. Its sleeps end at the wall-time deadline (`wasi_poll`),
-  so a timed-out request frees its thread. A run is a pure function of the
-  request either way (no files, no network: README "Guest ABI"), which is what
-  makes a run cut inline safe to run again.
+  imports (or a `limits.max_response_mb` past `INLINE_RESPONSE_MB`) it runs on a
+  worker thread, so a guest that blocks in a host call cannot stall the loop.
+  Its sleeps end at the wall-time deadline (`wasi_poll`), so a timed-out request
+  frees its thread. Without host imports a run is a pure function of the request
+  (no files, no network: README "Guest ABI"), which is what makes a run cut
+  inline safe to run again.
 
 A function holds at most `THREAD_SHARE` (or `limits.concurrency`, if smaller)
 worker threads at once, and the functions of one owner `TENANT_SHARE` together;
@@ -131,13 +132,13 @@ class WasmFunction:
         if uses_wasi:
             linker.define_wasi()
             wasi_poll.define(linker, wasm.deadlines, wasm.stopping)
-            if self.abi == "wasi":  # a reactor's stdio is wasmtime's (nothing reads it)
-                # the engine's switch too (`WasmEngine(native=False)`: the Python paths)
-                self.native_wasi = native_wasi.enabled() if wasm.native is not None else None
-                if self.native_wasi is not None:
-                    self.native_wasi.define(linker)
-                else:
-                    wasi_stdio.define(linker)
+            # (a reactor may not import WASI: refused below) the engine's switch too
+            # (`WasmEngine(native=False)`: the Python paths)
+            self.native_wasi = native_wasi.enabled() if wasm.native is not None else None
+            if self.native_wasi is not None:
+                self.native_wasi.define(linker)
+            else:
+                wasi_stdio.define(linker)
         self.host_functions: wasm_host.HostFunctions | None = None
         if host_funcs:
             if bindings is None:
@@ -336,7 +337,7 @@ class WasmFunction:
                                         _origin(request, principal))
         env = cgi.environ(request, route, self.env, params, principal)
         origin = _origin(request, principal)
-        if self.threaded or self.host_functions is not None:
+        if self.threaded:  # its bindings (a host call may block), or moved there
             return self._wasi_threaded(env, request.body, origin)
         if not self.verdict_pending:
             done = self._wasi_inline(env, request.body)
