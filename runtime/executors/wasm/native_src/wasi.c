@@ -11,8 +11,8 @@
  * runtime/executors/wasm/wasi_stdio.py does, call for call: stdin is the request
  * body, stdout the response up to its limit (past it a write fails with EFBIG),
  * stderr kept up to STDERR_MAX bytes for the PoP's log, fds 0-2 only (any other
- * is EBADF), at most IOV_MAX iovecs a call; a pointer outside guest memory traps. The streams are per thread:
- * one request runs on a thread at a time.
+ * is EBADF), at most IOV_MAX iovecs a call; a pointer outside guest memory traps.
+ * The streams are per thread: one request runs on a thread at a time.
  *
  * Built by native_wasi.py like reactor.c: against wasmtime-py's libwasmtime,
  * the C API's types declared by layout (wasmtime_c.h).
