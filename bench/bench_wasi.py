@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,11 +76,11 @@ def in_process(tree: Path, n: int) -> dict[str, float]:
 def http_rounds(trees: dict[str, Path], seconds: int, rounds: int) -> dict[str, dict[str, float]]:
     best: dict[str, dict[str, float]] = {}
     servers = []
+    data_dirs: list[Path] = []
     try:
         port = bench_runtime.free_port()
         servers.append(_baseline.start(port))
         urls = {"raw uvloop+httptools": f"http://127.0.0.1:{port}/"}
-        data_dirs = []
         for label, tree in trees.items():
             data = Path(tempfile.mkdtemp(prefix="edgefn-bench-wasi-"))
             data_dirs.append(data)
@@ -104,6 +105,8 @@ def http_rounds(trees: dict[str, Path], seconds: int, rounds: int) -> dict[str, 
         for proc in servers:
             proc.terminate()
             proc.wait(20)
+        for data in data_dirs:
+            shutil.rmtree(data, ignore_errors=True)
     return best
 
 
