@@ -32,6 +32,13 @@ def _fn(name: str, restype: type | None, *argtypes: type) -> Any:
     return ctypes.CFUNCTYPE(restype, *argtypes)((name, ffi.dll))
 
 
+# wasmtime's unchecked (raw-value) host callback and its define: C ones (native_kv,
+# native_wasi) and Python ones (host) alike
+RAW_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_size_t)
+define_unchecked = _fn("wasmtime_linker_define_func_unchecked", V, V, ctypes.c_char_p,
+                       ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, V, RAW_CALLBACK,
+                       V, V)
 store_new = _fn("wasmtime_store_new", V, V, V, V)
 store_context = _fn("wasmtime_store_context", V, V)
 store_delete = _fn("wasmtime_store_delete", None, V)

@@ -152,6 +152,8 @@ class WasmFunction:
             self.pre = linker.instantiate_pre(self.module)
         except wasmtime.WasmtimeError as e:
             raise DeployError(f"{manifest.entry}: cannot link module: {e}") from None
+        # the engine's and the pre-linked module's C pointers, for the native run
+        self.raw_pre = (ptr_value(wasm.engine), ptr_value(self.pre))
         b = manifest.bindings
         # a host call may block (a model call, a synced KV write, a fetch): off the event
         # loop; and so is a response larger than the default limit, copied out of guest
@@ -524,8 +526,8 @@ class WasmFunction:
     def _start_native(self, lib: native_wasi.NativeWasi, env: list[tuple[str, str]],
                       body: bytes, ticks: int, outcome: Outcome) -> bytes:
         """`_run_wasi`'s run in one C call (`native_wasi`). Raises `FunctionError`."""
-        stage, r = lib.run(ptr_value(self.wasm.engine), ptr_value(self.pre), self.memory_limit,
-                           ticks, [self.name], env, body, self.max_response)
+        stage, r = lib.run(*self.raw_pre, self.memory_limit, ticks, [self.name], env, body,
+                           self.max_response)
         if r.err_len:
             self._log_stderr(ctypes.string_at(r.err, r.err_len))
         self._stderr_dropped(r.err_dropped)

@@ -44,7 +44,9 @@ from runtime.executors.wasm import native_kv
 from runtime.executors.wasm.engine import TICK_SECONDS
 from runtime.executors.wasm.ffi import (
     _EXTERN_OF,
+    RAW_CALLBACK,
     _fn,
+    define_unchecked,
     memory_data,
     memory_data_size,
     set_epoch_deadline,
@@ -61,11 +63,6 @@ SIGNATURES = {
 }
 
 
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_size_t)
-_define = _fn("wasmtime_linker_define_func_unchecked", ctypes.c_void_p, ctypes.c_void_p,
-              ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
-              ctypes.c_void_p, _CALLBACK, ctypes.c_void_p, ctypes.c_void_p)
 _caller_export = _fn("wasmtime_caller_export_get", ctypes.c_bool, ctypes.c_void_p,
                      ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p)
 _caller_context = _fn("wasmtime_caller_context", ctypes.c_void_p, ctypes.c_void_p)
@@ -151,7 +148,7 @@ class HostFunctions:
                                     f"(known: {', '.join(sorted(SIGNATURES))})")
             params, results = SIGNATURES[name]
             ty = wasmtime.FuncType(params, results)
-            cb = _CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64,
+            cb = RAW_CALLBACK(_raw(impls[name], [p == I64 for p in params], results[0] == I64,
                                 self.request))
             self.callbacks.append((cb, ty))
             env = None
@@ -159,7 +156,7 @@ class HostFunctions:
                 self.native_kv = native_kv.attach(bindings.kv, cb)
                 if self.native_kv is not None:
                     cb, env = self.native_kv.callback, self.native_kv.env
-            err = _define(ctypes.cast(linker.ptr(), ctypes.c_void_p).value, b"edgefn", 6,
+            err = define_unchecked(ctypes.cast(linker.ptr(), ctypes.c_void_p).value, b"edgefn", 6,
                           name.encode(), len(name), ctypes.cast(ty.ptr(), ctypes.c_void_p).value,
                           cb, env, None)
             if err:

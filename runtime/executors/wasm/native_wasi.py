@@ -23,31 +23,14 @@ import wasmtime
 from wasmtime import _ffi as ffi
 
 from runtime.executors.wasm import wasi_stdio
-from runtime.executors.wasm.ffi import _fn
+from runtime.executors.wasm.ffi import RAW_CALLBACK, define_unchecked
 from runtime.executors.wasm.native import build_library
 
 log = logging.getLogger("edgefn.wasm")
 SOURCE = Path(__file__).with_name("native_src") / "wasi.c"
 RUN_OK, RUN_CONFIG, RUN_INSTANTIATE, RUN_NO_START, RUN_START = range(5)
 
-_CALLBACK = ctypes.CFUNCTYPE(c_size_t, c_void_p, c_void_p, c_void_p, c_size_t)
-_define = _fn("wasmtime_linker_define_func_unchecked", c_void_p, c_void_p, c_char_p, c_size_t,
-              c_char_p, c_size_t, c_void_p, _CALLBACK, c_void_p, c_void_p)
-_I32, _I64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
 ERROR, TRAP = POINTER(ffi.wasmtime_error_t), POINTER(ffi.wasm_trap_t)
-# the host functions wasi.c defines (edgefn_NAME), with their parameters
-FUNCTIONS = {
-    "fd_write": [_I32] * 4,
-    "fd_read": [_I32] * 4,
-    "fd_fdstat_get": [_I32] * 2,
-    "fd_filestat_get": [_I32] * 2,
-    "fd_close": [_I32],
-    "fd_renumber": [_I32] * 2,
-    "fd_seek": [_I32, _I64, _I32, _I32],
-    "fd_tell": [_I32] * 2,
-    "fd_pread": [_I32] * 3 + [_I64, _I32],
-    "fd_pwrite": [_I32] * 3 + [_I64, _I32],
-}
 
 
 class Result(ctypes.Structure):
@@ -75,8 +58,8 @@ class NativeWasi:
         self.end = lib.edgefn_wasi_end
         self.end.restype = None
         self.end.argtypes = [POINTER(Result)]
-        self.callbacks = {name: _CALLBACK(_address(getattr(lib, f"edgefn_{name}")))
-                          for name in FUNCTIONS}
+        self.callbacks = {name: RAW_CALLBACK(_address(getattr(lib, f"edgefn_{name}")))
+                          for name in wasi_stdio.SIGNATURES}
         self.lib = lib
 
     def define(self, linker: wasmtime.Linker) -> None:
@@ -84,9 +67,9 @@ class NativeWasi:
         ones. Raises RuntimeError if wasmtime refuses one."""
         linker.allow_shadowing = True
         try:
-            for name, params in FUNCTIONS.items():
-                ty = wasmtime.FuncType(params, [_I32])
-                err = _define(ctypes.cast(linker.ptr(), c_void_p).value,
+            for name, params in wasi_stdio.SIGNATURES.items():
+                ty = wasmtime.FuncType(params, [wasmtime.ValType.i32()])
+                err = define_unchecked(ctypes.cast(linker.ptr(), c_void_p).value,
                               wasi_stdio.MODULE.encode(), len(wasi_stdio.MODULE),
                               name.encode(), len(name),
                               ctypes.cast(ty.ptr(), c_void_p).value, self.callbacks[name],

@@ -52,7 +52,8 @@ class Deadlines(threading.local):
         self.inline = inline
 
     def end(self) -> None:
-        """No request runs here now: a sleep (an inline reactor's) has no time left."""
+        """No request runs here now: a sleep outside one (a start function run at a
+        deploy's prewarm, on this thread) has no time left, as before any request."""
         self.deadline = 0.0
         self.inline = False
 

@@ -218,29 +218,42 @@ def _positioned(seekable_as: frozenset[int]) -> Callable[..., int]:
 ANY, READABLE, WRITABLE = frozenset({IN, OUT, ERR}), frozenset({IN}), frozenset({OUT, ERR})
 
 
+# the calls shadowed here and their parameters (each returns an errno, i32): the Python
+# functions above and wasi.c's edgefn_NAME alike
+SIGNATURES: dict[str, list[wasmtime.ValType]] = {
+    "fd_write": [_I32] * 4,
+    "fd_read": [_I32] * 4,
+    "fd_fdstat_get": [_I32] * 2,
+    "fd_filestat_get": [_I32] * 2,
+    "fd_close": [_I32],
+    "fd_renumber": [_I32] * 2,
+    "fd_seek": [_I32, _I64, _I32, _I32],
+    "fd_tell": [_I32] * 2,
+    "fd_pread": [_I32] * 3 + [_I64, _I32],
+    "fd_pwrite": [_I32] * 3 + [_I64, _I32],
+}
+# the Python ones: (function, whether it takes the caller)
+PYTHON: dict[str, tuple[Callable[..., int], bool]] = {
+    "fd_write": (fd_write, True),
+    "fd_read": (fd_read, True),
+    "fd_fdstat_get": (fd_fdstat_get, True),
+    "fd_filestat_get": (fd_filestat_get, True),
+    "fd_close": (fd_close, False),
+    "fd_renumber": (fd_renumber, False),
+    "fd_seek": (_positioned(ANY), False),
+    "fd_tell": (_positioned(ANY), False),
+    "fd_pread": (_positioned(READABLE), False),
+    "fd_pwrite": (_positioned(WRITABLE), False),
+}
+
+
 def define(linker: wasmtime.Linker) -> None:
     """Shadow wasmtime's stdio calls on `linker` (after `define_wasi`)."""
-    i32 = _I32
-    with_caller: dict[str, tuple[list[wasmtime.ValType], Callable[..., int]]] = {
-        "fd_write": ([i32] * 4, fd_write),
-        "fd_read": ([i32] * 4, fd_read),
-        "fd_fdstat_get": ([i32] * 2, fd_fdstat_get),
-        "fd_filestat_get": ([i32] * 2, fd_filestat_get),
-    }
-    plain: dict[str, tuple[list[wasmtime.ValType], Callable[..., int]]] = {
-        "fd_close": ([i32], fd_close),
-        "fd_renumber": ([i32] * 2, fd_renumber),
-        "fd_seek": ([i32, _I64, i32, i32], _positioned(ANY)),
-        "fd_tell": ([i32] * 2, _positioned(ANY)),
-        "fd_pread": ([i32] * 3 + [_I64, i32], _positioned(READABLE)),
-        "fd_pwrite": ([i32] * 3 + [_I64, i32], _positioned(WRITABLE)),
-    }
     linker.allow_shadowing = True
     try:
-        for name, (params, func) in with_caller.items():
-            linker.define_func(MODULE, name, wasmtime.FuncType(params, [i32]), func,
-                               access_caller=True)
-        for name, (params, func) in plain.items():
-            linker.define_func(MODULE, name, wasmtime.FuncType(params, [i32]), func)
+        for name, params in SIGNATURES.items():
+            func, with_caller = PYTHON[name]
+            linker.define_func(MODULE, name, wasmtime.FuncType(params, [_I32]), func,
+                               access_caller=with_caller)
     finally:
         linker.allow_shadowing = False
