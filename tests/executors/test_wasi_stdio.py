@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import resource
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -206,41 +203,53 @@ def hello_c(tmp_path_factory: pytest.TempPathFactory) -> WasmFunction:
     return fn
 
 
-def on_a_thread(job: Callable[[], None]) -> int:
-    """Voluntary context switches of a fresh thread running `job`."""
-    switches: list[int] = []
+SWITCHES = """
+import resource, sys, threading
+from pathlib import Path
+from runtime.executors.wasm.engine import WasmEngine
+from runtime.executors.wasm.function import WasmFunction
+from runtime.functions import manifest
+from tests.support import EXAMPLES
 
-    def run() -> None:
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
-        job()
-        switches.append(resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before)
+fn = WasmFunction(WasmEngine(Path(sys.argv[1])), manifest.load(EXAMPLES / "hello-c"),
+                  EXAMPLES / "hello-c")
+fn.prewarm()
+n, rounds, answers, switches = int(sys.argv[2]), [], [], []
 
-    t = threading.Thread(target=run)
+def requests():
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    for _ in range(n):
+        answers.append(fn._run_wasi([("REQUEST_METHOD", "POST"), ("PATH_INFO", "/hello-c"),
+                                     ("QUERY_STRING", "name=Ada")], b"12345", 1e12))
+    switches.append(resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before)
+
+for _ in range(3):  # each round on a fresh thread; the fewest switches count
+    t = threading.Thread(target=requests)
     t.start()
     t.join()
-    return switches[0]
+assert len(set(answers)) == 1, set(answers)
+print(min(switches))
+print(answers[0].decode())
+"""
 
 
-def test_a_wasi_request_runs_without_leaving_its_thread(hello_c: WasmFunction) -> None:
+def test_a_wasi_request_runs_without_leaving_its_thread(tmp_path: Path) -> None:
     """hello-c reads stdin and asks fd_fdstat_get and writes stdout: through wasmtime's
-    WASI that was ~22 thread hand-offs (each a wait: a voluntary switch) a request."""
-    request = Request(b"POST", b"/hello-c", b"name=Ada", [], b"localhost", "1.1", True,
-                      "127.0.0.1:1")
-    request.body = b"12345"
+    WASI that was ~22 thread hand-offs (each a wait: a voluntary switch) a request
+    (232 in 50 requests in this test, before). Counted in a process of its own, best
+    of 3 rounds: in the suite's process other tests' threads (GIL hand-offs, the
+    mmap lock) added up to 14 switches to a round of 50."""
+    import subprocess
+    import sys
+
     n = 50
-    answers: list[bytes] = []
-
-    def requests() -> None:
-        for _ in range(n):
-            answers.append(hello_c._run_wasi([("REQUEST_METHOD", "POST"),
-                                              ("PATH_INFO", "/hello-c"),
-                                              ("QUERY_STRING", "name=Ada")],
-                                             request.body, 1e12))
-
-    switches = on_a_thread(requests)
-    assert answers[0].endswith(b"Hello, Ada from C! method=POST path=/hello-c\nbody-bytes=5\n")
-    assert len(set(answers)) == 1
-    assert switches < n // 5, f"{switches} thread switches in {n} requests"
+    done = subprocess.run([sys.executable, "-c", SWITCHES, str(tmp_path), str(n)],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    switches, answer = done.stdout.split("\n", 1)
+    assert answer.endswith("Hello, Ada from C! method=POST path=/hello-c\nbody-bytes=5\n\n")
+    assert int(switches) < n // 5, f"{switches} thread switches in {n} requests"
 
 
 def test_hello_c_answers_through_the_executor(hello_c: WasmFunction) -> None:
