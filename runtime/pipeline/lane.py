@@ -30,7 +30,9 @@ exact native form, and its executor is one the lane can call:
                  no canary, nothing in flight on a worker thread; or a Python function
                  whose pool is running (no canary): the C encodes the request and
                  hands its frame to the pool (`_submit`, under `limits.concurrency`),
-                 and writes the answer (`respond`) when it comes back. What the C
+                 and writes the answer (`respond`) when it comes back; or a WASI
+                 command (no canary), which `_submit` runs as dispatch runs it
+                 (inline, or its future on a worker thread). What the C
                  cannot write exactly as the stages would (a failure, contained; a
                  streamed body; an answer the HTTP cache stores; a table changed
                  meanwhile; a connection closing) is finished in Python by the
@@ -60,7 +62,7 @@ from wasmtime import _ffi as ffi
 from edgefn_core.abi import decode_request
 from runtime.bindings.fetch import Lineage
 from runtime.cache.http.cache import client_view
-from runtime.executors.base import principal_blob
+from runtime.executors.base import Caller, principal_blob
 from runtime.executors.python.function import PythonFunction
 from runtime.executors.wasm.function import WasmFunction
 from runtime.executors.wasm.native import NativeReactorCall, Result
@@ -75,7 +77,7 @@ from runtime.pipeline.chain import Chain
 from runtime.pipeline.contain import contain
 from runtime.pipeline.stage import Context, Stage
 from runtime.pipeline.stages.bots import Bots
-from runtime.pipeline.stages.dispatch import Dispatch, tagged
+from runtime.pipeline.stages.dispatch import Dispatch, counted, tagged
 from runtime.pipeline.stages.events import CLIENT_GONE, Events
 from runtime.pipeline.stages.health import Health
 from runtime.pipeline.stages.http_cache import NOT_STORED, HttpCacheStage
@@ -120,6 +122,8 @@ class NativeLane:
         self.verdicts: list[tuple[str, tuple[str, ...]]] = [NO_UA]
         # per verdict: its class and the bots stage's record (shared, as a stage's may be)
         self.records_of: list[tuple[str, dict[str, Any]]] = [_bots_record(*NO_UA)]
+        # per bot class, the principal dispatch gives a WASI command (`_caller`: no agent)
+        self.callers = {c: Caller({"bot": c}) for c in CLASSES}
         # per verdict, for `EventMaker.make`: its class, an event's decisions without and
         # with http_cache's MISS (copied for each event)
         self.verdict_texts: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = ()
@@ -149,8 +153,10 @@ class NativeLane:
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
         self.calls = 0  # requests to Python functions whose call the lane started
-        # the call `_submit` started in this `serve` (the C starts one at most, last)
-        self.submitted: tuple[Deployment, asyncio.Future[Response]] | None = None
+        # the call `_submit` started in this `serve` (the C starts one at most, last),
+        # with the deployment whose concurrency slot it took (None: a WASI command's,
+        # whose run on a thread holds its own, as dispatch's `counted`)
+        self.submitted: tuple[Deployment | None, asyncio.Future[Response]] | None = None
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.stamp_checked = False  # a read checked the stamp and scheduled that drain
         self.observers = events.observers
@@ -185,7 +191,8 @@ class NativeLane:
         except BaseException:  # a call submitted meanwhile reaches no one (no `answer`):
             lost, self.submitted = self.submitted, None  # stopped, its slot given back
             if lost is not None:
-                lost[0].inflight -= 1
+                if lost[0] is not None:
+                    lost[0].inflight -= 1
                 lost[1].cancel()
             raise
         self.submitted = None
@@ -206,22 +213,50 @@ class NativeLane:
             loop.call_soon(self.drain)
 
     # -- Python functions' calls --------------------------------------------------------
-    def _submit(self, ri: int, frame: bytes) -> asyncio.Future[Response] | None:
-        """The C's one call for a request to a Python route: `frame` (the encoded
-        request) submitted to the function's pool, as `dispatch` submits it; None
-        (the request is Python's) past `limits.concurrency`, whose 503 is dispatch's.
-        The concurrency slot it takes comes back in `answer`, or in `serve` when the
-        C fails after this returned (its call then reaches no `answer`)."""
-        fn = self.routes[ri][0]
+    def _submit(self, ri: int, call: tuple[Any, ...]) -> asyncio.Future[Response] | None:
+        """The C's one call for a request to a Python route: its frame (`call[12]`,
+        the encoded request) submitted to the function's pool, as `dispatch` submits
+        it, or a WASI command's run (`_command`); None (the request is Python's) past
+        `limits.concurrency`, whose 503 is dispatch's. The concurrency slot a Python
+        function's call takes comes back in `answer`, or in `serve` when the C fails
+        after this returned (its call then reaches no `answer`)."""
+        fn, route = self.routes[ri][0], self.routes[ri][1]
         if fn.inflight >= fn.concurrency:
             return None
-        python = fn.executor
-        assert isinstance(python, PythonFunction) and python.pool is not None
-        future = python.pool.submit(frame, None, Lineage(None))  # no CDN-Loop (lane.c)
-        fn.inflight += 1
-        self.submitted = (fn, future)
+        executor = fn.executor
+        if isinstance(executor, WasmFunction):
+            self.submitted = (None, self._command(fn, executor, route, call))
+        else:
+            assert isinstance(executor, PythonFunction) and executor.pool is not None
+            # no CDN-Loop: lane.c leaves such requests to Python
+            self.submitted = (fn, executor.pool.submit(call[12], None, Lineage(None)))
+            fn.inflight += 1
         self.calls += 1
-        return future
+        return self.submitted[1]
+
+    def _command(self, fn: Deployment, wasm: WasmFunction, route: str, call: tuple[Any, ...]
+                 ) -> asyncio.Future[Response]:
+        """`call`'s request run by the WASI command `wasm`, as dispatch runs it (the
+        request as the front makes it, the caller dispatch's for its bot class): a
+        future done with its answer or what it raised when it ran inline, else the
+        run on a worker thread, holding a concurrency slot until it ends (dispatch's
+        `counted`). What it raises reaches `answer` (contained in `_finish`)."""
+        _, _, _, _, _, verdict, _, host, _, client, _, _, frame = call
+        g = decode_request(frame)
+        request = Request(g.method, g.path, g.query, g.headers, host, "1.1", True, client)
+        loop = asyncio.get_running_loop()
+        try:
+            result = wasm.handle(request, route, {}, self.callers[self.records_of[verdict][0]])
+        except Exception as e:
+            done = loop.create_future()
+            done.set_exception(e)
+            return done
+        if isinstance(result, Response):
+            done = loop.create_future()
+            done.set_result(result)
+            return done
+        fn.inflight += 1
+        return asyncio.ensure_future(counted(result, fn))
 
     def answer(self, call: tuple[Any, ...], gone: bool, closing: bool, date: bytes,
                extra: bytes) -> bytes | tuple[Request, Response] | None:
@@ -232,8 +267,9 @@ class NativeLane:
         closes after it (Python writes that). A failure making the answer (`respond`,
         `_finish`) is contained as dispatch's link contains one (the function's 502,
         its event and log line); raises only what that containment raises."""
-        future = call[0]
-        call[1][0].inflight -= 1  # first: whatever follows, the slot is given back once
+        future, (fn, *_) = call[0], call[1]
+        if not isinstance(fn.executor, WasmFunction):  # first: whatever follows, the slot
+            fn.inflight -= 1  # is given back once (a command's thread run gives its own)
         if gone or future.cancelled():
             if not future.cancelled():
                 future.exception()  # retrieved: it is the 499's now, not a loose error
@@ -376,7 +412,7 @@ class NativeLane:
 
     def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int
                ) -> tuple[Any, ...]:
-        if isinstance(fn.executor, PythonFunction):
+        if isinstance(fn.executor, PythonFunction) or fn.executor.abi == "wasi":
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, fn.executor.env_blob,
                     fn.label.encode(), fn, allowed, cache,
                     self.http_cache.cache.caching if self.http_cache is not None else None,
@@ -513,12 +549,16 @@ def _bots_record(cls: str, signals: tuple[str, ...]) -> tuple[str, dict[str, Any
 
 def _lane_executor(fn: Deployment) -> bool:
     """A WASM reactor run inline on the native call: no host imports (so a request
-    it does not finish can run again in Python), not on worker threads; or a Python
-    function whose pool runs on this loop."""
+    it does not finish can run again in Python), not on worker threads; a Python
+    function whose pool runs on this loop; or a WASI command (`_command`)."""
     wasm = fn.executor
     if isinstance(wasm, PythonFunction):
         return wasm.pool is not None and wasm.pool.loop is not None
-    if not isinstance(wasm, WasmFunction) or wasm.abi != "reactor":
+    if not isinstance(wasm, WasmFunction):
+        return False
+    if wasm.abi == "wasi":
+        return True
+    if wasm.abi != "reactor":
         return False
     call = wasm.call
     return wasm.host_functions is None and not wasm.threaded and \

@@ -493,8 +493,8 @@ def test_a_call_lost_after_submit_gives_its_slot_back(tmp_path: Path) -> None:
         lane = on.pop.lane
         assert isinstance(lane, NativeLane)
 
-        def lost(ri: int, frame: bytes) -> None:
-            lane._submit(ri, frame)
+        def lost(ri: int, call: tuple[object, ...]) -> None:
+            lane._submit(ri, call)
             raise MemoryError("after submit (injected)")
 
         lane.c.python(lost)

@@ -208,18 +208,30 @@ def test_a_path_no_function_serves_is_pythons(pop: PoP) -> None:
     assert chain_answer(pop, "/nothing").status == 404
 
 
-def test_a_wasi_command_and_a_reactor_with_host_imports_are_pythons(tmp_path: Path) -> None:
-    """The lane calls a reactor without host imports: a WASI command (``_start``) and
-    a reactor with the KV binding are answered by the chain."""
+def test_a_reactor_with_host_imports_is_pythons_and_a_wasi_command_a_call(tmp_path: Path
+                                                                        ) -> None:
+    """The lane calls a reactor without host imports itself; a reactor with the KV
+    binding is answered by the chain; a WASI command (``_start``) is a call the lane
+    starts (`_command`: run as dispatch runs it), the answer the chain gives."""
     pop = pop_with(tmp_path)
     try:
         deploy(pop, ROOT / "functions" / "examples" / "hello-c")
         deploy(pop, ROOT / "functions" / "examples" / "counter-c")
         deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
         assert lane_answer(pop, "/plain") is not None
-        for path in ("/hello-c", "/counter-c"):
-            assert lane_answer(pop, path) is None
-            assert chain_answer(pop, path).status == 200
+        assert lane_answer(pop, "/counter-c") is None
+        assert chain_answer(pop, "/counter-c").status == 200
+
+        async def started() -> Response:
+            assert pop.lane is not None
+            data = raw("/hello-c")
+            used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
+            assert (used, out) == (len(data), b"") and call is not None
+            return await call[0]
+
+        got, chained = asyncio.run(started()), chain_answer(pop, "/hello-c")
+        assert got.status == chained.status == 200
+        assert got.body == chained.body and b"method=GET path=/hello-c\n" in got.body
     finally:
         pop.close()
 

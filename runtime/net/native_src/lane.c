@@ -15,10 +15,11 @@
  * encode the request (edgefn_core/abi.py), call the PoP's own reactor entry
  * (reactor.c `edgefn_reactor_call`, passed in as a pointer; the GIL released as
  * the PoP's `serve` does), check the guest's frame as abi.decode_response does,
- * and write the response the front would write. For a Python function's route it
- * encodes the request the same way and hands the frame to Python's `submit` (one
- * call: the function's pool runs it) and stops: the connection has a response in
- * progress; `respond` writes the answer once it is back (or Python finishes it).
+ * and write the response the front would write. For a Python route (a Python
+ * function's, or a WASI command's) it encodes the request the same way and hands it
+ * to Python's `submit` (one call: the function's pool runs it, or the command runs as
+ * dispatch runs it) and stops: the connection has a response in progress; `respond`
+ * writes the answer once it is back (or Python finishes it).
  * Anything else, and everything after it in `data`, is left to Python (`serve`
  * says how many bytes it used): the lane never answers an error, Python's own
  * code does.
@@ -249,7 +250,8 @@ typedef struct {
     ua_slot uas[UA_SLOTS];
     size_t n_uas;
     edgefn_result result;
-    PyObject *submit;        /* submit(route, frame) -> future or None: a Python route's call */
+    PyObject *submit;        /* submit(route, call) -> future or None: a Python route's call
+                              * (`call`: the tuple python_call makes, its future None) */
     PyObject *started;       /* what serve_one started for a Python route, for `serve` */
     uint64_t generation;     /* of the route table: a call names its route by index */
     uint8_t *req;            /* the encoded request */
@@ -630,9 +632,9 @@ static int allowed_verdict(Lane *l, const route_t *r, long *cls) {
     return verdict;
 }
 
-/* The request in l->q, for Python route `r`: its frame handed to Python's `submit`
- * (the function's pool runs it; its answer comes back to `respond`, or to Python's
- * own finish). 2: started (the call, a tuple, in l->started: serve stops after it, as
+/* The request in l->q, for Python route `r`: its call (the frame, the client, ...)
+ * handed to Python's `submit` (the function's pool runs it, or the command runs; its
+ * answer comes back to `respond`, or to Python's own finish). 2: started (the call, a tuple, in l->started: serve stops after it, as
  * the connection has a response in progress), 0 for Python (submit said no: a
  * concurrency limit), -1 a Python error (nothing submitted). */
 static int python_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
@@ -659,7 +661,7 @@ static int python_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
                                    (unsigned long long)started, (const char *)l->req,
                                    (Py_ssize_t)n);
     if (!call) return -1;
-    PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, PyTuple_GET_ITEM(call, 12));
+    PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, call);
     if (!future || future == Py_None) {
         Py_DECREF(call);
         Py_XDECREF(future);

@@ -45,7 +45,7 @@ class Dispatch:
         if isinstance(result, Response):
             return tagged(result, fn.tag)
         fn.inflight += 1
-        return then(_counted(result, fn), tagged, fn.tag)
+        return then(counted(result, fn), tagged, fn.tag)
 
     def _caller(self, ctx: Context) -> Caller | None:
         """`ctx`'s caller (None: anonymous and not classed), its principal section
@@ -128,7 +128,9 @@ def _is_key(value: bytes) -> bool:
     return value.strip().startswith(b"efn_")
 
 
-async def _counted(pending: Awaitable[Response], fn: Deployment) -> Response:
+async def counted(pending: Awaitable[Response], fn: Deployment) -> Response:
+    """`pending`'s response; `fn`'s concurrency slot (taken by the caller) given back
+    once it ends, however it ends (the native lane's WASI commands use it too)."""
     try:
         return await pending
     finally:

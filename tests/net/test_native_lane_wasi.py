@@ -1,0 +1,217 @@
+"""The native lane's front for WASI commands (lane.c `python_call`, `respond`;
+runtime/pipeline/lane.py `_submit`, `_command`, `answer`, `_finish`) against the
+Python front: two real PoPs on loopback, the lane on and off, the same commands
+deployed on both (real wasmtime), the same raw bytes sent to both. Answers (but the
+date and the request id's per-process prefix), events, access-log lines and the
+scrape's counts must be the same; the lane must start the call for the requests it
+may. `/env` answers with every CGI variable the command got, so what the lane's
+request (decoded from its frame) gives a command is compared too."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.executors.wasm.function import WasmFunction
+from tests.net.test_native_lane import Side, both, request
+from tests.net.test_native_lane_python import calls, exchange_rest
+from tests.support import function_dir, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+PORTS = {"auto": 28020, "off": 28021}
+WASI = '(import "wasi_snapshot_preview1" "{0}" (func ${0} {1}))'
+IMPORTS = "".join(WASI.format(name, sig) for name, sig in {
+    "fd_write": "(param i32 i32 i32 i32) (result i32)",
+    "environ_sizes_get": "(param i32 i32) (result i32)",
+    "environ_get": "(param i32 i32) (result i32)",
+    "poll_oneoff": "(param i32 i32 i32 i32) (result i32)",
+    "proc_exit": "(param i32)"}.items())
+
+
+def command(start: str, data: str = "") -> str:
+    """A WASI command whose `_start` is `start` ($out writes N bytes at P to stdout)."""
+    return f"""(module {IMPORTS} (memory (export "memory") 2) {data}
+  (func $out (param $p i32) (param $n i32)
+    (i32.store (i32.const 16) (local.get $p)) (i32.store (i32.const 20) (local.get $n))
+    (drop (call $fd_write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24))))
+  (func $sleep (param $ns i64)
+    (i32.store8 (i32.const 1032) (i32.const 0)) (i32.store (i32.const 1040) (i32.const 1))
+    (i64.store (i32.const 1048) (local.get $ns))
+    (drop (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 2100))))
+  (func (export "_start") (local $i i32) (local $n i32) {start}))"""
+
+
+def writing(out: bytes, before: str = "", after: str = "") -> str:
+    """A command that runs `before`, writes `out` to stdout, then runs `after`."""
+    data = "".join(f"\\{b:02x}" for b in out)
+    return command(f"{before} (call $out (i32.const 64) (i32.const {len(out)})) {after}",
+                   f'(data (i32.const 64) "{data}")')
+
+
+# every variable, one a line ("NAME=value\n"), after a header block
+ENV = command("""
+    (drop (call $environ_sizes_get (i32.const 0) (i32.const 4)))
+    (drop (call $environ_get (i32.const 4096) (i32.const 16384)))
+    (local.set $n (i32.load (i32.const 4)))
+    (block $done (loop $l
+      (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+      (if (i32.eqz (i32.load8_u (i32.add (i32.const 16384) (local.get $i))))
+        (then (i32.store8 (i32.add (i32.const 16384) (local.get $i)) (i32.const 10))))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $l)))
+    (call $out (i32.const 64) (i32.const 8))
+    (call $out (i32.const 16384) (local.get $n))""", '(data (i32.const 64) "X-A: b\\n\\n")')
+ODD = writing(b"Status: 418 teapot\nX-Edgefn-Function: other@1\nCache-Tag: t1\n"
+              b"x-request-id: mine\nX-Custom: A b\nContent-Length: 999\n\nshort\n")
+TRAP = command("unreachable")
+BAD = writing(b"no blank\n")
+EXIT = writing(b"X-A: b\n\n", after="(call $proc_exit (i32.const 3))")
+CACHED = writing(b"Cache-Control: max-age=60\n\nkeep\n")
+# sleep 50 ms (its first request moves it to the worker threads) or 0.4 s, then answer
+SLEEPY = writing(b"X-A: b\n\nslept\n", before="(call $sleep (i64.const 50000000))")
+SLOW = writing(b"X-A: b\n\nslept\n", before="(call $sleep (i64.const 400000000))")
+
+
+def folders(root: Path) -> list[Path]:
+    def cmd(name: str, source: str, routes: list[str], limits: str = "") -> Path:
+        return function_dir(root, name, source, routes=routes, extra='abi = "wasi"',
+                            limits=limits or "cpu_ms = 1000\nwall_ms = 2000")
+    return [ROOT / "functions" / "examples" / "hello-c",
+            cmd("env", ENV, ["/env", "/env2"]), cmd("odd", ODD, ["/odd"]),
+            cmd("trap", TRAP, ["/trap"]), cmd("bad", BAD, ["/bad"]),
+            cmd("exit", EXIT, ["/exit"]), cmd("cached", CACHED, ["/cached"]),
+            cmd("sleepy", SLEEPY, ["/sleepy"]),
+            cmd("slow", SLOW, ["/slow"], "cpu_ms = 1000\nwall_ms = 2000\nconcurrency = 1")]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
+    from tests.support import pop_thread
+
+    root = tmp_path_factory.mktemp("wasilane")
+    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"}) as on, \
+            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"}) as off:
+        for folder in folders(root / "fns"):
+            on.deploy(folder)
+            off.deploy(folder)
+        a, b = Side(on), Side(off)
+        assert a.lane is not None and b.lane is None
+        yield a, b
+
+
+H = [("Host", "x")]
+SERVED = {  # name: (request, the lane starts its call)
+    "hello-c": (request("GET", "/hello-c?name=Ada", H), True),
+    "env": (request("GET", "/env?a=1&b=caf%C3%A9", [*H, ("X-Odd", " v "),
+                                                      ("User-Agent", "curl/8.5"),
+                                                      ("Accept", "*/*"), ("X-Two", "1"),
+                                                      ("x-two", "2")]), True),
+    "second route": (request("GET", "/env2", [("Host", "x:8080")]), True),
+    "head": (request("HEAD", "/env", H), True),
+    "crawler": (request("GET", "/env", [*H, ("User-Agent", "Googlebot/2.1 "
+                                                "(+http://www.google.com/bot.html)")]), True),
+    "status and reserved headers": (request("GET", "/odd", H), True),
+    "trap": (request("GET", "/trap", H), True),
+    "bad CGI": (request("GET", "/bad", H), True),
+    "exit 3": (request("GET", "/exit", H), True),
+    "cacheable": (request("GET", "/cached", H), True),
+    "sleeps": (request("GET", "/sleepy", H), True),
+    "body": (request("POST", "/env", H, b"abc"), False),
+    "close": (request("GET", "/env", [*H, ("Connection", "close")]), False),
+    "browser": (request("GET", "/env", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
+                                                "AppleWebKit/537.36 (KHTML, like Gecko) "
+                                                "Chrome/120.0.0.0 Safari/537.36")]), False),
+    "http/1.0": (request("GET", "/env", H, version="HTTP/1.0"), False),
+}
+
+
+@pytest.mark.parametrize("name", list(SERVED))
+def test_each_kind_alone_and_pipelined(pair: tuple[Side, Side], name: str) -> None:
+    """Each kind of request, alone and between two plain ones in one write: the same
+    answers (every CGI variable included, for /env), events and log lines on both;
+    the lane starts the call exactly when it may."""
+    raw, native = SERVED[name]
+    on, _ = pair
+    if name == "cacheable":  # once the HTTP cache holds its answer, Python's
+        assert on.lane is not None and on.lane.http_cache is not None
+        native = native and on.r.pop.registry.functions["cached"].label not in \
+            on.lane.http_cache.cache.caching
+    method = raw.split(b" ", 1)[0]
+    before = calls(on)
+    got = both(pair, raw, [method])
+    assert calls(on) - before == (1 if native else 0), name
+    plain = SERVED["hello-c"][0]
+    got = both(pair, plain + raw + plain, [b"GET", method, b"GET"])
+    assert len(got) == (2 if name in ("close", "http/1.0") else 3)
+    assert got[0].endswith(b"Hello, Ada from C! method=GET path=/hello-c\n")
+
+
+def test_what_a_command_gets_and_answers(pair: tuple[Side, Side]) -> None:
+    """The bytes themselves (the same on both, by `both`): the CGI variables of a
+    request with a query and odd headers, the 418 with the reserved headers dropped,
+    the failures as Python contains them; then the scrape's counts."""
+    on, off = pair
+    env = both(pair, SERVED["env"][0], [b"GET"])[0]
+    body = env.split(b"\r\n\r\n", 1)[1]
+    for line in (b"REQUEST_METHOD=GET", b"PATH_INFO=/env", b"QUERY_STRING=a=1&b=caf%C3%A9",
+                 b"HTTP_X_ODD=v ", b"HTTP_X_TWO=1", b"HTTP_X_TWO=2", b"HTTP_HOST=x",
+                 b"X_MATCHED_ROUTE=/env", b"REMOTE_ADDR=127.0.0.1", b"CONTENT_LENGTH=0",
+                 b"EDGEFN_PRINCIPAL_BOT=automation", b"SERVER_PROTOCOL=HTTP/1.1"):
+        assert line in body.split(b"\n"), (line, body)
+    odd = both(pair, SERVED["status and reserved headers"][0], [b"GET"])[0]
+    assert odd.startswith(b"HTTP/1.1 418 ") and odd.endswith(b"\r\n\r\nshort\n")
+    assert b"x-custom: A b\r\n" in odd and b"other@1" not in odd and b"mine" not in odd
+    assert b"x-edgefn-function: odd@" in odd
+    for name, status in (("trap", b"500"), ("bad CGI", b"502"), ("exit 3", b"500")):
+        got = both(pair, SERVED[name][0], [b"GET"])[0]
+        assert got.startswith(b"HTTP/1.1 " + status + b" "), (name, got[:200])
+    for raw, _ in SERVED.values():
+        both(pair, raw, [raw.split(b" ", 1)[0]])
+    assert on.metrics() == off.metrics()
+    assert on.cache_stats() == off.cache_stats()
+
+
+def test_a_command_on_the_worker_threads_holds_its_slot(pair: tuple[Side, Side]) -> None:
+    """`/slow` (limits.concurrency = 1) sleeps 0.4 s, so it runs on a worker thread: a
+    second request meanwhile gets dispatch's 503 on both, the slot comes back once,
+    and the next request is the lane's call again."""
+    answers = []
+    for side in pair:
+        slow = request("GET", "/slow", H)
+        side.send(slow, [b"GET"])  # the first run moves it to the threads
+        with socket.create_connection(("127.0.0.1", side.r.port), timeout=10) as s:
+            s.sendall(slow)
+            time.sleep(0.15)
+            answers += side.send(slow, [b"GET"])
+            answers.append(exchange_rest(s))
+        fn = side.r.pop.registry.functions["slow"]
+        wait_for(lambda: fn.inflight == 0, 5, "the slot given back")  # noqa: B023
+        assert isinstance(fn.executor, WasmFunction) and fn.executor.threaded
+    assert answers[0].startswith(b"HTTP/1.1 503 ") and b"retry-after" in answers[0].lower()
+    assert answers[2].startswith(b"HTTP/1.1 503 ")
+    assert answers[1].endswith(b"slept\n") and answers[3].endswith(b"slept\n")
+    on, off = pair
+    assert on.new_events() == off.new_events()
+    before = calls(on)
+    assert both(pair, request("GET", "/slow", H), [b"GET"])[0].endswith(b"slept\n")
+    assert calls(on) - before == 1
+
+
+def test_client_gone_during_a_threaded_run(pair: tuple[Side, Side]) -> None:
+    """A client that leaves while its command sleeps on a worker thread: a 499 event on
+    both, and the concurrency count given back."""
+    on, off = pair
+    for side in pair:
+        side.send(request("GET", "/slow", H), [b"GET"])  # on the threads from now on
+        side.new_events()
+        with socket.create_connection(("127.0.0.1", side.r.port)) as s:
+            s.sendall(request("GET", "/slow", H))
+            time.sleep(0.1)
+        fn = side.r.pop.registry.functions["slow"]
+        wait_for(lambda: fn.inflight == 0, 5, "the slot given back")  # noqa: B023
+    events_on, events_off = on.new_events(), off.new_events()
+    assert [e["status"] for e in events_on] == [499] and events_on == events_off
