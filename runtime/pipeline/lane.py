@@ -412,13 +412,15 @@ class NativeLane:
 
     def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int
                ) -> tuple[Any, ...]:
-        if isinstance(fn.executor, PythonFunction) or fn.executor.abi == "wasi":
-            return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, fn.executor.env_blob,
+        executor = fn.executor
+        assert isinstance(executor, PythonFunction | WasmFunction)
+        if isinstance(executor, PythonFunction) or executor.abi == "wasi":  # a call (`_submit`)
+            return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
                     fn.label.encode(), fn, allowed, cache,
                     self.http_cache.cache.caching if self.http_cache is not None else None,
-                    fn.label, fn.executor, (fn, route, path, cache))
-        wasm = fn.executor
-        assert isinstance(wasm, WasmFunction) and isinstance(wasm.call, NativeReactorCall)
+                    fn.label, executor, (fn, route, path, cache))
+        wasm = executor
+        assert isinstance(wasm.call, NativeReactorCall)
         call = wasm.call
         times = ctypes.addressof(call.times) if call.times is not None else 0
         return (path.encode("latin-1"), call.engine or 0, call.pre or 0, call.memory_limit,
