@@ -367,6 +367,19 @@ def test_wasi_request_bytes_arrive_as_utf8_once(engine: WasmEngine, tmp_path: Pa
     assert env[b"EDGEFN_PARAM_WHO"] == "zoë".encode()
 
 
+def test_a_nul_in_a_stored_versions_env_cuts_that_string_only(engine: WasmEngine,
+                                                             tmp_path: Path) -> None:
+    """A stored version may carry a NUL in a variable (a new deploy is refused one):
+    the guest gets that name or value up to it, as C reads it, and every other
+    variable whole (the native run takes them all in one NUL-separated buffer)."""
+    fn = load(engine, function_dir(tmp_path, "envdump", ENV_DUMP, extra='abi = "wasi"'))
+    fn.env.update({"SEP": "a\0b", "N\0AME": "v", "AFTER": "whole"})
+    r = asyncio.run(_wait(fn.handle(request(b"/envdump"), "/envdump", {})))
+    env = dict(e.split(b"=", 1) for e in r.body.split(b"\0") if e)
+    assert (env[b"SEP"], env[b"N"], env[b"AFTER"]) == (b"a", b"v", b"whole")
+    assert env[b"PATH_INFO"] == b"/envdump"
+
+
 def test_wasi_nonzero_exit_and_loop_and_flood(engine: WasmEngine, tmp_path: Path) -> None:
     exit1 = load(engine, function_dir(tmp_path, "exit1", wasi("(call $exit (i32.const 3))")))
     with pytest.raises(FunctionError, match="exited with status 3"):

@@ -313,12 +313,10 @@ void edgefn_wasi_end(edgefn_wasi_result *r) {
 
 /* One request: a fresh store, `_start`, its output. Returns the stage it stopped at
  * (RUN_OK: `_start` returned, or exited: then r->error holds the status). */
-int32_t edgefn_wasi_run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
-                        int64_t memory_limit, uint64_t ticks, size_t argc,
-                        const char *const *argv, size_t envc, const char *const *names,
-                        const char *const *values, const uint8_t *in, size_t in_len,
-                        uint64_t limit, edgefn_wasi_result *r) {
-    memset(r, 0, sizeof *r);
+static int32_t run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
+                   int64_t memory_limit, uint64_t ticks, size_t argc, const char *const *argv,
+                   size_t envc, const char *const *names, const char *const *values,
+                   const uint8_t *in, size_t in_len, uint64_t limit, edgefn_wasi_result *r) {
     edgefn_wasi_begin(in, in_len, limit);
     wasmtime_store_t *store = wasmtime_store_new(engine, NULL, NULL);
     wasmtime_context_t *cx = wasmtime_store_context(store);
@@ -352,5 +350,47 @@ int32_t edgefn_wasi_run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pr
     }
     wasmtime_store_delete(store);
     edgefn_wasi_end(r);
+    return stage;
+}
+
+/* `strings` (`len` bytes): argc arguments, then envc names and values in turn, each
+ * ended by a NUL, into `ptrs` (argc + 2 * envc pointers). 0 when they are not so. */
+static int split_strings(const char *strings, size_t len, size_t n, const char **ptrs) {
+    const char *p = strings, *end = strings + len;
+    for (size_t i = 0; i < n; i++) {
+        const char *nul = memchr(p, 0, (size_t)(end - p));
+        if (!nul) return 0;
+        ptrs[i] = p;
+        p = nul + 1;
+    }
+    return p == end;
+}
+
+/* One request: a fresh store, `_start`, its output. `strings`: its arguments and
+ * environment (`split_strings`), one buffer made in one step by the caller. Returns
+ * the stage it stopped at (RUN_OK: `_start` returned, or exited: then r->error holds
+ * the status; RUN_CONFIG also when `strings` is not as said). */
+int32_t edgefn_wasi_run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
+                        int64_t memory_limit, uint64_t ticks, const char *strings,
+                        size_t strings_len, size_t argc, size_t envc, const uint8_t *in,
+                        size_t in_len, uint64_t limit, edgefn_wasi_result *r) {
+    memset(r, 0, sizeof *r);
+    if (envc > SIZE_MAX / 8 || argc > SIZE_MAX / 8) return RUN_CONFIG;
+    size_t n = argc + 2 * envc;
+    const char *stack[512];  /* the split, then the names and the values apart */
+    const char **ptrs = 2 * n <= 512 ? stack : malloc(2 * n * sizeof *ptrs);
+    if (!ptrs) return RUN_CONFIG;
+    if (!split_strings(strings, strings_len, n, ptrs)) {
+        if (ptrs != stack) free(ptrs);
+        return RUN_CONFIG;
+    }
+    const char **names = ptrs + n, **values = names + envc;
+    for (size_t i = 0; i < envc; i++) {
+        names[i] = ptrs[argc + 2 * i];
+        values[i] = ptrs[argc + 2 * i + 1];
+    }
+    int32_t stage = run(engine, pre, memory_limit, ticks, argc, ptrs, envc, names, values, in,
+                        in_len, limit, r);
+    if (ptrs != stack) free(ptrs);
     return stage;
 }
