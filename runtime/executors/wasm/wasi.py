@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from edgefn_core.abi import BAD_HEADER_VALUE, HEADER_NAME, WILDCARD, check_head_size
+from edgefn_core.abi import TOKEN, WILDCARD, check_head_size
 from edgefn_core.errors import FunctionError
 from runtime.net.message import Request
 
@@ -30,28 +30,50 @@ def environ(request: Request, route: str, env: dict[str, str], params: Mapping[s
     finds the first entry, so the manifest must not shadow a request variable (a new
     deploy is refused such a name: `manifest.wasi_env_problem`; a stored version may
     have one)."""
+    text = _text
     out = [
-        ("REQUEST_METHOD", _text(request.method)),
-        ("PATH_INFO", _text(request.path)),
-        ("QUERY_STRING", _text(request.query)),
+        ("REQUEST_METHOD", text(request.method)),
+        ("PATH_INFO", text(request.path)),
+        ("QUERY_STRING", text(request.query)),
         ("SERVER_PROTOCOL", f"HTTP/{request.http_version}"),
         ("CONTENT_LENGTH", str(len(request.body))),
-        ("CONTENT_TYPE", _text(request.header(b"content-type") or b"")),
+        ("CONTENT_TYPE", ""),
         ("X_MATCHED_ROUTE", route),
         ("REMOTE_ADDR", request.client.rsplit(":", 1)[0]),
     ]
+    keys, typed = _KEYS, False
     for name, value in request.headers:
-        if name not in _SKIP:
-            key = "HTTP_" + _text(name).upper().replace("-", "_")
-            out.append((key, _text(value)))
-    # the router's captures are the raw path's bytes as latin-1 text: as PATH_INFO is
-    out += [(param_variable(k), _text(v.encode("latin-1"))) for k, v in params.items()]
+        key = keys.get(name)
+        if key is None:
+            key = _key(name)
+        if key:
+            out.append((key, text(value)))
+        elif name == b"content-type" and not typed:  # the first one, as `header` reads
+            out[5], typed = ("CONTENT_TYPE", text(value)), True
+    if params:  # the router's captures are the raw path's bytes as latin-1 text, as PATH_INFO is
+        out += [(param_variable(k), text(v.encode("latin-1"))) for k, v in params.items()]
     if principal:
         out += [(f"EDGEFN_PRINCIPAL_{k.upper()}", v) for k, v in principal.items()]
         if "tenant" in principal:
             out.append(("REMOTE_USER", principal["tenant"]))
+    if not env:
+        return out
     taken = {k for k, _ in out}
     return [(k, v) for k, v in env.items() if k not in taken] + out
+
+
+# a header name's variable (HTTP_X_A), or "" for those it does not get (`_SKIP`): made
+# once per distinct name, at most `_KEYS_MAX` of them kept
+_KEYS: dict[bytes, str] = {}
+_KEYS_MAX = 4096
+
+
+def _key(name: bytes) -> str:
+    key = "" if name in _SKIP else "HTTP_" + _text(name).upper().replace("-", "_")
+    if len(_KEYS) >= _KEYS_MAX:
+        _KEYS.clear()
+    _KEYS[name] = key
+    return key
 
 
 def _text(raw: bytes) -> str:
@@ -83,7 +105,9 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
     for line in head.replace(b"\r\n", b"\n").split(b"\n"):
         name, colon, value = line.partition(b":")
         name, value = name.strip().lower(), value.strip()
-        if not colon or not HEADER_NAME.match(name) or BAD_HEADER_VALUE.search(value):
+        # `HEADER_NAME` and `BAD_HEADER_VALUE`, as bytes methods (`abi.check_header`'s way)
+        if not colon or not name or name.translate(None, TOKEN) or \
+                13 in value or 10 in value or 0 in value:
             raise FunctionError("bad_response", 502, f"invalid CGI header line {line[:80]!r}")
         if name == b"status":
             status = _status(value)
