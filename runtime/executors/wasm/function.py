@@ -338,15 +338,14 @@ class WasmFunction:
             return self._rerun_threaded(self._encode(request, params_blob, who),
                                         _origin(request, principal))
         env = cgi.environ(request, route, self.env, params, principal)
-        origin = _origin(request, principal)
         if self.threaded:  # its bindings (a host call may block), or moved there
-            return self._wasi_threaded(env, request.body, origin)
-        if not self.verdict_pending:
+            return self._wasi_threaded(env, request.body, _origin(request, principal))
+        if not self.verdict_pending:  # (inline: no host imports, so no origin to carry)
             done = self._wasi_inline(env, request.body)
             if done is not None:
                 return done
             self.verdict_pending = True
-        return self._rerun_wasi_threaded(env, request.body, origin)
+        return self._rerun_wasi_threaded(env, request.body, _origin(request, principal))
 
     def _inline(self, request: Request, params_blob: bytes, who: bytes, tries: int
                 ) -> Response | None:
