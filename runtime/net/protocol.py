@@ -342,7 +342,9 @@ class HttpProtocol(asyncio.Protocol):
                              f"{self.config.max_header_bytes} bytes")
         if self.in_body:  # a trailer field: never merged into the header section
             return  # (RFC 9110 6.5.1; it got past the x-edgefn-warmup check there)
-        self.headers.append((name.lower(), value))
+        # llhttp drops the whitespace before a value, not after it: a field value has
+        # neither (RFC 9110 5.5), so "X-Api-Key: efn_k " is the key (lane.c trims alike)
+        self.headers.append((name.lower(), value.rstrip(b" \t")))
 
     def on_headers_complete(self) -> None:
         """Raises `HttpReject` for what the front will not serve: CONNECT, a version

@@ -36,6 +36,20 @@ def test_an_endless_header_line_is_refused_once_past_the_limits() -> None:
     run(go())
 
 
+def test_a_field_value_has_no_whitespace_around_it() -> None:
+    """RFC 9110 5.5: leading and trailing SP/HTAB are not part of a field value. llhttp
+    dropped the leading only: `X-Api-Key: efn_k ` was another key, `Host: a ` another
+    host. (The native lane trims alike: tests/net/test_native_lane*.py send " v ".)"""
+    async def go() -> None:
+        proto, t = connect(headers_app)
+        proto.data_received(b"GET / HTTP/1.1\r\nHost: a \t\r\nX-A: \t v w \t \r\n"
+                            b"X-B:   \r\n\r\n")
+        status, _, body = responses(t.buffer)[0]
+        assert status == 200, body
+        assert body == b"host=a\nx-a=v w\nx-b=\nhost:a"
+    run(go())
+
+
 def test_a_trickled_trailer_is_bounded_too() -> None:
     async def go() -> None:
         proto, t = connect(max_header_bytes=1000, max_url_bytes=100)

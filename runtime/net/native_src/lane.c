@@ -187,6 +187,12 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n) {
 static int on_headers_complete(llhttp_t *p) {
     req_t *q = p->data;
     if (q->hstate == 1) { q->bad = 1; return -1; }  /* a field without a value */
+    for (uint32_t i = 0; i < q->nh; i++) {  /* llhttp keeps a value's trailing SP/HTAB: */
+        hdr_t *h = &q->h[i];  /* trimmed, as the front's `on_header` does (RFC 9110 5.5) */
+        while (h->value_len && (q->head[h->value + h->value_len - 1] == ' ' ||
+                                q->head[h->value + h->value_len - 1] == '\t'))
+            h->value_len--;
+    }
     if (p->http_major != 1 || p->http_minor != 1 || (p->method != M_GET && p->method != M_HEAD)) {
         q->bad = 1;
         return -1;
