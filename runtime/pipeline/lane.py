@@ -31,8 +31,13 @@ exact native form, and its executor is one the lane can call:
                  whose pool is running (no canary): the C encodes the request and
                  hands its frame to the pool (`_submit`, under `limits.concurrency`),
                  and writes the answer (`respond`) when it comes back; or a WASI
-                 command (no canary), which `_submit` runs as dispatch runs it
-                 (inline, or its future on a worker thread). What the C
+                 command (no canary): without host imports or sleeps and with an env
+                 no request hides (`_cgi`), the C runs it as `handle` runs it inline
+                 (lane.c `command_call`: the CGI variables of an ASCII request, the
+                 run, the CGI answer parsed); any other, and whatever the C leaves
+                 (a failed run, stderr, an answer parse_response refuses), `_submit`
+                 runs as dispatch runs it (inline, or its future on a worker
+                 thread). What the C
                  cannot write exactly as the stages would (a failure, contained; a
                  streamed body; an answer the HTTP cache stores; a table changed
                  meanwhile; a connection closing) is finished in Python by the
@@ -64,6 +69,7 @@ from runtime.bindings.fetch import Lineage
 from runtime.cache.http.cache import client_view
 from runtime.executors.base import Caller, principal_blob
 from runtime.executors.python.function import PythonFunction
+from runtime.executors.wasm import native_wasi
 from runtime.executors.wasm.function import WasmFunction
 from runtime.executors.wasm.native import NativeReactorCall, Result
 from runtime.functions.registry import Deployment
@@ -139,6 +145,18 @@ class NativeLane:
                              self._classes(), self._classify, STATUS_LINES, rid.prefix,
                              rid.header, http.max_url_bytes, http.max_header_bytes)
         self.c.python(self._submit)
+        # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
+        wasi, self.commands = native_wasi.enabled(), False
+        if wasi is not None:
+            lib = pop.wasm.native.lib
+            try:
+                self.c.commands(_address(wasi.lib.edgefn_wasi_run),
+                                wasi.lib.edgefn_wasi_result_size(),
+                                _address(lib.edgefn_guest_begin), _address(lib.edgefn_guest_end),
+                                tuple(b"EDGEFN_PRINCIPAL_BOT\0%s\0" % c.encode() for c in CLASSES))
+                self.commands = True
+            except ValueError as e:  # (a wasi.c the lane was not built for)
+                log.warning("native lane: WASI commands are Python's calls (%s)", e)
         native.check_layout(module)
         rid.counter = self.c  # one sequence of ids, whichever path a request takes
         self.http_cache = next((s for s in chain.stages if isinstance(s, HttpCacheStage)), None)
@@ -414,11 +432,18 @@ class NativeLane:
                ) -> tuple[Any, ...]:
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
-        if isinstance(executor, PythonFunction) or executor.abi == "wasi":  # a call (`_submit`)
+        caching = self.http_cache.cache.caching if self.http_cache is not None else None
+        if isinstance(executor, PythonFunction):  # a call (`_submit`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
-                    fn.label.encode(), fn, allowed, cache,
-                    self.http_cache.cache.caching if self.http_cache is not None else None,
-                    fn.label, executor, (fn, route, path, cache))
+                    fn.label.encode(), fn, allowed, cache, caching, fn.label, executor,
+                    (fn, route, path, cache))
+        if executor.abi == "wasi":  # run by the C (`_cgi`), else, and what it leaves, a call
+            cgi = self._cgi(executor, route)
+            engine, pre = executor.raw_pre if cgi is not None else (0, 0)
+            return (path.encode("latin-1"), engine or 0, pre or 0, executor.memory_limit,
+                    executor.slice_ticks, executor.max_response, 0, executor.env_blob,
+                    fn.label.encode(), fn, allowed, cache, caching, fn.label, executor,
+                    (fn, route, path, cache), cgi)
         wasm = executor
         assert isinstance(wasm.call, NativeReactorCall)
         call = wasm.call
@@ -428,6 +453,24 @@ class NativeLane:
                 fn.label.encode(), fn, allowed, cache,
                 self.http_cache.cache.caching if self.http_cache is not None else None,
                 fn.label, wasm, None)
+
+    def _cgi(self, wasm: WasmFunction, route: str) -> tuple[bytes, int, bytes] | None:
+        """What the C needs to run the WASI command `wasm` itself, as `handle` runs it
+        inline on the native path (lane.c `command_call`: argv[0] and the manifest env,
+        NUL-ended, their pair count, X_MATCHED_ROUTE), or None when it may not: no
+        native run, host imports (bindings), sleeps (`poll_oneoff` is Python's), or a
+        manifest env `environ` would filter per request (a name a request sets) or C
+        would cut (a NUL)."""
+        if not self.commands or wasm.native_wasi is None or wasm.host_functions is not None:
+            return None
+        if any(i.module == "wasi_snapshot_preview1" and i.name == "poll_oneoff"
+               for i in wasm.module.imports):
+            return None
+        env = wasm.env
+        if any(_request_sets(k) or "\0" in k or "\0" in v for k, v in env.items()):
+            return None
+        strings = "\0".join([wasm.name, *(s for pair in env.items() for s in pair)]) + "\0"
+        return strings.encode(), len(env), route.encode()
 
     # -- bots -------------------------------------------------------------------------------
     def _classes(self) -> tuple[int, ...]:
@@ -537,6 +580,17 @@ def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], .
         groups.append(Group(target, route, status, "HEAD" if head else "GET", n, size, buckets,
                             durations, decided))
     return groups
+
+
+CGI_NAMES = frozenset({"REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "SERVER_PROTOCOL",
+                       "CONTENT_LENGTH", "CONTENT_TYPE", "X_MATCHED_ROUTE", "REMOTE_ADDR",
+                       "REMOTE_USER", "EDGEFN_WILDCARD"})
+
+
+def _request_sets(name: str) -> bool:
+    """Whether a request may set the variable `name` (`wasi.environ`), which then hides
+    a manifest env entry of that name."""
+    return name in CGI_NAMES or name.startswith(("HTTP_", "EDGEFN_PRINCIPAL_", "EDGEFN_PARAM_"))
 
 
 def _address(fn: Any) -> int:

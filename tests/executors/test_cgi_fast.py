@@ -109,8 +109,8 @@ def test_environ_is_its_plain_statement(method: bytes, path: bytes, query: bytes
             environ(request, "/r", env, params, principal)
 
 
-LINES = st.sampled_from([b"X-A: b", b"Status: 404 Not Found", b"status:201", b"Status: 99",
-                         b"Location: /x", b"Bad Name: v", b"NoColon", b"X-B:\tv\t", b"x-c: a\rb",
+LINES = st.sampled_from([b"X-A: b", b"Status: 404 Not Found", b"status:201", b"Status: 150",
+                         b"Status: 99", b"Status: 0600", b"Location: /x", b"Bad Name: v", b"NoColon", b"X-B:\tv\t", b"x-c: a\rb",
                          b"x-d: a\x00", b": empty name", b"X-E:", b"  X-F :  v  ", b"\x0bX-G: v",
                          b"Status: abc", b"X-\xff: v", b"x-h: caf\xc3\xa9"])
 ENDS = st.sampled_from([b"\n", b"\r\n"])
@@ -129,3 +129,43 @@ def test_parse_response_is_its_plain_statement(lines: list[tuple[bytes, bytes]],
                                     b"X-A: b\rc\n\n", b"X-\xff: v\n\n"])
 def test_examples_agree(output: bytes) -> None:
     assert outcome(wasi.parse_response, output) == outcome(parse_response, output)
+
+
+def lane_frame(output: bytes) -> bytes | None:
+    from runtime.net import lane
+
+    module = lane.load()
+    if module is None:
+        pytest.skip("the native lane cannot be built here")
+    got: bytes | None = module.cgi_frame(output)
+    return got
+
+
+@settings(max_examples=400, deadline=None)
+@given(lines=st.lists(st.tuples(LINES, ENDS), max_size=6), blank=st.sampled_from(
+    [b"\n", b"\r\n", b"", b"\r\r\n\n"]), body=st.binary(max_size=8) | st.sampled_from(
+    [b"\n\n", b"\r\n\r\n"]))
+def test_the_lanes_cgi_parse_answers_as_parse_response_or_leaves_it(
+        lines: list[tuple[bytes, bytes]], blank: bytes, body: bytes) -> None:
+    """lane.c's `cgi_frame` (a command run by the lane's C): where it answers, the
+    frame decodes (as the lane writes it) to what `parse_response` gives; where
+    `parse_response` raises, it leaves the output to Python (None)."""
+    from edgefn_core.abi import decode_response
+
+    output = b"".join(line + end for line, end in lines) + blank + body
+    frame, python = lane_frame(output), outcome(wasi.parse_response, output)
+    if frame is None:
+        assert isinstance(python, tuple) and python[0] == "raised", (output, python)
+    else:
+        assert decode_response(frame) == python, output
+
+
+@pytest.mark.parametrize("output", [b"X-A: b\n\nok", b"Status: 418 teapot\r\nX-A: b\r\n\r\n",
+                                    b"Location: /x\n\n", b"status: 0200\nX-B:\tv \t\n\nbody",
+                                    b"X-A: b\r\r\n\n", b"Content-Type: text/plain\n\n" +
+                                    b"x" * 70_000])
+def test_the_lanes_cgi_parse_takes_the_plain_answers(output: bytes) -> None:
+    from edgefn_core.abi import decode_response
+
+    frame = lane_frame(output)
+    assert frame is not None and decode_response(frame) == wasi.parse_response(output)

@@ -18,7 +18,7 @@ import pytest
 
 from runtime.executors.wasm.function import WasmFunction
 from tests.net.test_native_lane import Side, both, request
-from tests.net.test_native_lane_python import calls, exchange_rest
+from tests.net.test_native_lane_python import exchange_rest
 from tests.support import function_dir, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,21 +28,27 @@ IMPORTS = "".join(WASI.format(name, sig) for name, sig in {
     "fd_write": "(param i32 i32 i32 i32) (result i32)",
     "environ_sizes_get": "(param i32 i32) (result i32)",
     "environ_get": "(param i32 i32) (result i32)",
-    "poll_oneoff": "(param i32 i32 i32 i32) (result i32)",
     "proc_exit": "(param i32)"}.items())
 
 
 def command(start: str, data: str = "") -> str:
-    """A WASI command whose `_start` is `start` ($out writes N bytes at P to stdout)."""
-    return f"""(module {IMPORTS} (memory (export "memory") 2) {data}
+    """A WASI command whose `_start` is `start` ($out writes N bytes at P to stdout;
+    one that calls $sleep imports `poll_oneoff`, which is Python's: never run by C)."""
+    sleeps = "$sleep" in start
+    imports = IMPORTS + (WASI.format("poll_oneoff", "(param i32 i32 i32 i32) (result i32)")
+                         if sleeps else "")
+    return f"""(module {imports} (memory (export "memory") 2) {data}
   (func $out (param $p i32) (param $n i32)
     (i32.store (i32.const 16) (local.get $p)) (i32.store (i32.const 20) (local.get $n))
     (drop (call $fd_write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24))))
-  (func $sleep (param $ns i64)
+  {SLEEP if sleeps else ""}
+  (func (export "_start") (local $i i32) (local $n i32) {start}))"""
+
+
+SLEEP = """(func $sleep (param $ns i64)
     (i32.store8 (i32.const 1032) (i32.const 0)) (i32.store (i32.const 1040) (i32.const 1))
     (i64.store (i32.const 1048) (local.get $ns))
-    (drop (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 2100))))
-  (func (export "_start") (local $i i32) (local $n i32) {start}))"""
+    (drop (call $poll_oneoff (i32.const 1024) (i32.const 2048) (i32.const 1) (i32.const 2100))))"""
 
 
 def writing(out: bytes, before: str = "", after: str = "") -> str:
@@ -77,11 +83,13 @@ SLOW = writing(b"X-A: b\n\nslept\n", before="(call $sleep (i64.const 400000000))
 
 
 def folders(root: Path) -> list[Path]:
-    def cmd(name: str, source: str, routes: list[str], limits: str = "") -> Path:
-        return function_dir(root, name, source, routes=routes, extra='abi = "wasi"',
+    def cmd(name: str, source: str, routes: list[str], limits: str = "", env: str = "") -> Path:
+        return function_dir(root, name, source, routes=routes, extra='abi = "wasi"\n' + env,
                             limits=limits or "cpu_ms = 1000\nwall_ms = 2000")
     return [ROOT / "functions" / "examples" / "hello-c",
-            cmd("env", ENV, ["/env", "/env2"]), cmd("odd", ODD, ["/odd"]),
+            cmd("env", ENV, ["/env", "/env2"], env='[env]\nMODE = "m"\nEMPTY = ""\n'),
+            cmd("odd", ODD, ["/odd"]), cmd("spin", command("(loop $l (br $l))"), ["/spin"],
+                                           "cpu_ms = 1000\nwall_ms = 300"),
             cmd("trap", TRAP, ["/trap"]), cmd("bad", BAD, ["/bad"]),
             cmd("exit", EXIT, ["/exit"]), cmd("cached", CACHED, ["/cached"]),
             cmd("sleepy", SLEEPY, ["/sleepy"]),
@@ -104,46 +112,62 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]
 
 
 H = [("Host", "x")]
-SERVED = {  # name: (request, the lane starts its call)
-    "hello-c": (request("GET", "/hello-c?name=Ada", H), True),
+# name: (request, who answers it: "c" the lane's C runs the command itself (lane.c
+# `command_call`), "call" the C hands it to Python (`_command`), "python" the front)
+SERVED = {
+    "hello-c": (request("GET", "/hello-c?name=Ada", H), "c"),
     "env": (request("GET", "/env?a=1&b=caf%C3%A9", [*H, ("X-Odd", " v "),
                                                       ("User-Agent", "curl/8.5"),
                                                       ("Accept", "*/*"), ("X-Two", "1"),
-                                                      ("x-two", "2")]), True),
-    "second route": (request("GET", "/env2", [("Host", "x:8080")]), True),
-    "head": (request("HEAD", "/env", H), True),
+                                                      ("x-two", "2")]), "c"),
+    "second route": (request("GET", "/env2", [("Host", "x:8080")]), "c"),
+    "head": (request("HEAD", "/env", H), "c"),
     "crawler": (request("GET", "/env", [*H, ("User-Agent", "Googlebot/2.1 "
-                                                "(+http://www.google.com/bot.html)")]), True),
-    "status and reserved headers": (request("GET", "/odd", H), True),
-    "trap": (request("GET", "/trap", H), True),
-    "bad CGI": (request("GET", "/bad", H), True),
-    "exit 3": (request("GET", "/exit", H), True),
-    "cacheable": (request("GET", "/cached", H), True),
-    "sleeps": (request("GET", "/sleepy", H), True),
-    "body": (request("POST", "/env", H, b"abc"), False),
-    "close": (request("GET", "/env", [*H, ("Connection", "close")]), False),
+                                                "(+http://www.google.com/bot.html)")]), "c"),
+    "content types": (request("GET", "/env", [*H, ("Content-Type", "text/a"),
+                                               ("content-type", "text/b")]), "c"),
+    "not ASCII": (request("GET", "/env", [*H, ("X-A", "caf\u00e9")]), "call"),
+    "status and reserved headers": (request("GET", "/odd", H), "c"),
+    "trap": (request("GET", "/trap", H), "call"),
+    "bad CGI": (request("GET", "/bad", H), "call"),
+    "exit 3": (request("GET", "/exit", H), "call"),
+    "cacheable": (request("GET", "/cached", H), "call"),
+    "sleeps": (request("GET", "/sleepy", H), "call"),
+    "body": (request("POST", "/env", H, b"abc"), "python"),
+    "close": (request("GET", "/env", [*H, ("Connection", "close")]), "python"),
     "browser": (request("GET", "/env", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                 "AppleWebKit/537.36 (KHTML, like Gecko) "
-                                                "Chrome/120.0.0.0 Safari/537.36")]), False),
-    "http/1.0": (request("GET", "/env", H, version="HTTP/1.0"), False),
+                                                "Chrome/120.0.0.0 Safari/537.36")]), "python"),
+    "http/1.0": (request("GET", "/env", H, version="HTTP/1.0"), "python"),
 }
+
+
+def counts(side: Side) -> tuple[int, int]:
+    """Requests the lane's C answered running the command itself, and those whose
+    call it started (`_command`)."""
+    lane = side.lane
+    assert lane is not None
+    return lane.c.commands_run, lane.calls
 
 
 @pytest.mark.parametrize("name", list(SERVED))
 def test_each_kind_alone_and_pipelined(pair: tuple[Side, Side], name: str) -> None:
     """Each kind of request, alone and between two plain ones in one write: the same
     answers (every CGI variable included, for /env), events and log lines on both;
-    the lane starts the call exactly when it may."""
-    raw, native = SERVED[name]
+    the lane runs the command, or starts the call, exactly when it may."""
+    raw, who = SERVED[name]
     on, _ = pair
-    if name == "cacheable":  # once the HTTP cache holds its answer, Python's
-        assert on.lane is not None and on.lane.http_cache is not None
-        native = native and on.r.pop.registry.functions["cached"].label not in \
-            on.lane.http_cache.cache.caching
+    if name == "cacheable" and on.r.pop.registry.functions["cached"].label in \
+            on.lane.http_cache.cache.caching:  # type: ignore[union-attr]
+        who = "python"  # once the HTTP cache holds its answer, the front's
+    if who == "c" and not on.lane.commands:  # type: ignore[union-attr]
+        who = "call"  # no native WASI run (EDGEFN_NATIVE_WASI=0): each is a call
     method = raw.split(b" ", 1)[0]
-    before = calls(on)
-    got = both(pair, raw, [method])
-    assert calls(on) - before == (1 if native else 0), name
+    before = counts(on)
+    both(pair, raw, [method])
+    after = counts(on)
+    assert (after[0] - before[0], after[1] - before[1]) == \
+        {"c": (1, 0), "call": (0, 1), "python": (0, 0)}[who], name
     plain = SERVED["hello-c"][0]
     got = both(pair, plain + raw + plain, [b"GET", method, b"GET"])
     assert len(got) == (2 if name in ("close", "http/1.0") else 3)
@@ -157,6 +181,7 @@ def test_what_a_command_gets_and_answers(pair: tuple[Side, Side]) -> None:
     on, off = pair
     env = both(pair, SERVED["env"][0], [b"GET"])[0]
     body = env.split(b"\r\n\r\n", 1)[1]
+    assert body.startswith(b"MODE=m\nEMPTY=\nREQUEST_METHOD=GET\n"), body  # the manifest's first
     for line in (b"REQUEST_METHOD=GET", b"PATH_INFO=/env", b"QUERY_STRING=a=1&b=caf%C3%A9",
                  b"HTTP_X_ODD=v", b"HTTP_X_TWO=1", b"HTTP_X_TWO=2", b"HTTP_HOST=x",
                  b"X_MATCHED_ROUTE=/env", b"REMOTE_ADDR=127.0.0.1", b"CONTENT_LENGTH=0",
@@ -196,9 +221,9 @@ def test_a_command_on_the_worker_threads_holds_its_slot(pair: tuple[Side, Side])
     assert answers[1].endswith(b"slept\n") and answers[3].endswith(b"slept\n")
     on, off = pair
     assert on.new_events() == off.new_events()
-    before = calls(on)
+    before = counts(on)[1]
     assert both(pair, request("GET", "/slow", H), [b"GET"])[0].endswith(b"slept\n")
-    assert calls(on) - before == 1
+    assert counts(on)[1] - before == 1
 
 
 def test_client_gone_during_a_threaded_run(pair: tuple[Side, Side]) -> None:
@@ -215,3 +240,44 @@ def test_client_gone_during_a_threaded_run(pair: tuple[Side, Side]) -> None:
         wait_for(lambda: fn.inflight == 0, 5, "the slot given back")  # noqa: B023
     events_on, events_off = on.new_events(), off.new_events()
     assert [e["status"] for e in events_on] == [499] and events_on == events_off
+
+
+def test_a_spinning_command_takes_two_slices_of_the_loop_then_a_thread(
+        pair: tuple[Side, Side]) -> None:
+    """The lane's run cut at the inline slice counts as the first of the two inline tries
+    (`lane_cut`): Python runs it inline once more, then on a worker thread with its
+    budget (504 at its 300 ms wall limit), the same answer and event on both."""
+    on, _ = pair
+    fn = on.r.pop.registry.functions["spin"].executor
+    assert isinstance(fn, WasmFunction)
+    got = both(pair, request("GET", "/spin", H), [b"GET"])
+    assert got[0].startswith(b"HTTP/1.1 504 ") and b"x-edgefn-error: wall_limit" in got[0]
+    assert not fn.lane_cut  # taken by the rerun
+    for side in pair:
+        executor = side.r.pop.registry.functions["spin"].executor
+        wait_for(lambda: executor.threaded, 5, "moved to the threads")  # noqa: B023
+
+
+def test_a_command_whose_env_a_request_may_hide_is_not_run_by_the_c(
+        pair: tuple[Side, Side]) -> None:
+    """`environ` drops a manifest variable a request sets (`HTTP_X` when it sends X):
+    per request, so such a command (a stored version may have one) is the call's."""
+    on, _ = pair
+    lane = on.lane
+    assert lane is not None
+    if not lane.commands:
+        pytest.skip("no native WASI run: the C runs no command")
+    fn = on.r.pop.registry.functions["env"].executor
+    assert isinstance(fn, WasmFunction)
+    assert lane._cgi(fn, "/env") is not None
+    for name in ("HTTP_X", "PATH_INFO", "EDGEFN_PRINCIPAL_BOT", "REMOTE_USER"):
+        try:
+            fn.env[name] = "v"
+            assert lane._cgi(fn, "/env") is None, name
+        finally:
+            del fn.env[name]
+    fn.env["NUL"] = "a\0b"
+    try:
+        assert lane._cgi(fn, "/env") is None
+    finally:
+        del fn.env["NUL"]

@@ -26,6 +26,7 @@ from runtime.pipeline.lane import NativeLane
 from runtime.pipeline.stage import Context
 from runtime.pop import PoP
 from tests.net.lane_support import static_reactor
+from tests.net.test_native_lane_wasi import writing as wasi_command
 from tests.support import function_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,30 +209,33 @@ def test_a_path_no_function_serves_is_pythons(pop: PoP) -> None:
     assert chain_answer(pop, "/nothing").status == 404
 
 
-def test_a_reactor_with_host_imports_is_pythons_and_a_wasi_command_a_call(tmp_path: Path
-                                                                        ) -> None:
+def test_a_reactor_with_host_imports_is_pythons_and_a_wasi_command_the_lanes(tmp_path: Path
+                                                                           ) -> None:
     """The lane calls a reactor without host imports itself; a reactor with the KV
-    binding is answered by the chain; a WASI command (``_start``) is a call the lane
-    starts (`_command`: run as dispatch runs it), the answer the chain gives."""
+    binding is answered by the chain; a WASI command (``_start``) without host imports
+    or sleeps is run by the C too (lane.c `command_call`), answered as the chain does;
+    one that sleeps (`poll_oneoff`, Python's) is a call the lane starts (`_command`)."""
     pop = pop_with(tmp_path)
     try:
         deploy(pop, ROOT / "functions" / "examples" / "hello-c")
         deploy(pop, ROOT / "functions" / "examples" / "counter-c")
         deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
+        sleepy = wasi_command(b"X-A: b\n\nslept\n", before="(call $sleep (i64.const 1000))")
+        deploy(pop, function_dir(tmp_path / "fns", "sleepy", sleepy, extra='abi = "wasi"'))
         assert lane_answer(pop, "/plain") is not None
         assert lane_answer(pop, "/counter-c") is None
         assert chain_answer(pop, "/counter-c").status == 200
+        assert same(lane_answer(pop, "/hello-c"), chain_answer(pop, "/hello-c"))
 
         async def started() -> Response:
             assert pop.lane is not None
-            data = raw("/hello-c")
+            data = raw("/sleepy")
             used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
             assert (used, out) == (len(data), b"") and call is not None
             return await call[0]
 
-        got, chained = asyncio.run(started()), chain_answer(pop, "/hello-c")
-        assert got.status == chained.status == 200
-        assert got.body == chained.body and b"method=GET path=/hello-c\n" in got.body
+        got = asyncio.run(started())
+        assert got.status == 200 and got.body == b"slept\n"
     finally:
         pop.close()
 

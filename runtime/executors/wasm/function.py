@@ -338,10 +338,11 @@ class WasmFunction:
             return self._rerun_threaded(self._encode(request, params_blob, who),
                                         _origin(request, principal))
         env = cgi.environ(request, route, self.env, params, principal)
+        lane_ran, self.lane_cut = self.lane_cut, False
         if self.threaded:  # its bindings (a host call may block), or moved there
             return self._wasi_threaded(env, request.body, _origin(request, principal))
         if not self.verdict_pending:  # (inline: no host imports, so no origin to carry)
-            done = self._wasi_inline(env, request.body)
+            done = self._wasi_inline(env, request.body, 1 if lane_ran else 2)
             if done is not None:
                 return done
             self.verdict_pending = True
@@ -461,11 +462,13 @@ class WasmFunction:
             for s in held:  # acquired, then the wait for the next one gave up
                 s.release()
 
-    def _wasi_inline(self, env: list[tuple[str, str]], body: bytes) -> Response | None:
+    def _wasi_inline(self, env: list[tuple[str, str]], body: bytes, tries: int
+                     ) -> Response | None:
         """A WASI command without host imports run inline, as `_inline` runs a reactor:
-        twice at most while it is cut at the slice (None: cut both times, or it slept,
-        which moves it to the threads for good). Raises `FunctionError`."""
-        for _ in range(2):
+        `tries` times at most while it is cut at the slice (None: cut each time, or it
+        slept, which moves it to the threads for good; a run the native lane made and
+        gave up on was the first of two). Raises `FunctionError`."""
+        for _ in range(tries):
             try:
                 return Response(*cgi.parse_response(self._run_wasi(
                     env, body, time.monotonic() + self.manifest.limits.wall_ms / 1000,

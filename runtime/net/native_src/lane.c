@@ -114,6 +114,22 @@ typedef int32_t (*reactor_call_t)(void *engine, const void *pre, int64_t memory_
                                   uint64_t max_response, int32_t handle, edgefn_result *r,
                                   void *times);
 
+/* ---- a WASI command's run (runtime/executors/wasm/native_src/wasi.c) -------------------- */
+typedef struct {
+    int32_t stage, overflow;
+    void *trap, *error;
+    uint64_t memory_size;
+    const uint8_t *out;
+    uint64_t out_len;
+    const uint8_t *err;
+    uint64_t err_len, err_dropped;
+} wasi_result;
+typedef int32_t (*wasi_run_t)(void *engine, const void *pre, int64_t memory_limit,
+                              uint64_t ticks, const char *strings, size_t strings_len,
+                              size_t argc, size_t envc, const uint8_t *in, size_t in_len,
+                              uint64_t limit, wasi_result *r);
+typedef void (*guest_mark_t)(void);  /* reactor.c's edgefn_guest_begin / _end */
+
 /* ---- one request being parsed ---------------------------------------------------------- */
 #define URL_MAX 4096
 #define HEAD_MAX 8192
@@ -225,6 +241,10 @@ typedef struct {
     PyObject *executor;                /* its WasmFunction (`threaded`: moved off the loop) */
     PyObject *python;                  /* a Python function's route: what `submit` and the
                                         * Python finish read of it; NULL for WASM */
+    PyObject *cgi;                     /* a WASI command the C may run itself (else NULL):
+                                        * argv[0] and its manifest env, NUL-ended strings */
+    uint32_t cgi_envc;                 /* the env's pairs in `cgi` */
+    PyObject *cgi_route;               /* bytes: X_MATCHED_ROUTE */
 } route_t;
 
 /* http_cache for a route: not in its plan; off for the function (its Cache-Tag
@@ -259,6 +279,12 @@ typedef struct {
     PyObject *submit;        /* submit(route, call) -> future or None: a Python route's call
                               * (`call`: the tuple python_call makes, its future None) */
     PyObject *started;       /* what serve_one started for a Python route, for `serve` */
+    wasi_run_t wasi_run;     /* commands(...): the WASI run, the ticker's marks, and */
+    guest_mark_t guest_begin, guest_end;
+    PyObject *principals;    /* per bot class: "EDGEFN_PRINCIPAL_BOT\0<class>\0" */
+    uint8_t *cgi;            /* a command's strings, then its answer as a response frame */
+    uint64_t commands_run;   /* requests `command_call` answered */
+    size_t cgi_cap;
     uint64_t generation;     /* of the route table: a call names its route by index */
     uint8_t *req;            /* the encoded request */
     size_t req_cap;
@@ -680,6 +706,266 @@ static int python_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
     return 2;
 }
 
+/* The response frame `frame` (a guest's, or a command's answer made one: `cgi_frame`)
+ * written as the front writes it, its record appended: 1; 0 when it is Python's (not
+ * as abi.decode_response takes it, or one http_cache stores: Python runs the request
+ * again, a pure function); -1 a Python error. */
+static int answer_frame(Lane *l, const route_t *r, int ri, int head, const uint8_t *frame,
+                        uint64_t frame_len, uint64_t started, double ts, int verdict,
+                        const hdr_t *host, const char *query, size_t query_len, PyObject *date,
+                        PyObject *extra, PyObject *events, PyObject *client) {
+    uint32_t status, count, body_len = 0;
+    const uint8_t *body = NULL;
+    const uint8_t *pairs = check_frame(frame, frame_len, &status, &count, &body, &body_len);
+    if (!pairs) return 0;
+    if (r->cache == CACHE_FIRST && !head && may_store(pairs, count))
+        return 0;  /* http_cache stores it: Python runs it again (a pure function) */
+    uint64_t counter = ++l->counter;
+    char rid[96];
+    size_t rid_len = request_id(l, counter, rid);
+    size_t before = l->out_len;
+    if (write_response(l, r, status, pairs, count, body, body_len, rid, rid_len, date, extra,
+                       head)) {
+        l->counter--;
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t took = mono_ns() - started;
+    if (add_record(events, ts, counter, ri, status, body_len, took, verdict, head,
+                   l->q.head + host->value, host->value_len, query, query_len, client)) {
+        /* not answered after all: Python answers it, with this number unused */
+        l->out_len = before;
+        l->counter--;
+        return -1;
+    }
+    return 1;
+}
+
+/* ---- WASI commands run here (`commands`, a route's `cgi`) ------------------------------- */
+static uint8_t *put_cstr(uint8_t *o, const char *s, size_t n) {  /* s and its NUL */
+    memcpy(o, s, n);
+    o[n] = 0;
+    return o + n + 1;
+}
+
+/* Whether wasi.environ's `_text` (UTF-8, invalid bytes as U+FFFD) keeps `s` as it is
+ * and it fits a C string: ASCII without NUL. */
+static int plain_text(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)s[i] >= 0x80 || s[i] == 0) return 0;
+    return 1;
+}
+
+/* The command's arguments and environment for the request in l->q, as wasi.environ
+ * makes them for it (the caller dispatch gives the bot class `cls`), into l->cgi in
+ * the run's form (`split_strings`): its length, and the pairs in `*envc`; 0 when it is
+ * not plain (a byte outside ASCII: Python's). -1 no memory. */
+static long cgi_strings(Lane *l, const route_t *r, int head, const char *path,
+                        size_t path_len, const char *query, size_t query_len,
+                        PyObject *client, long cls, size_t *envc) {
+    const req_t *q = &l->q;
+    Py_ssize_t client_len;
+    const char *addr = PyUnicode_AsUTF8AndSize(client, &client_len);
+    if (!addr) return -1;
+    const char *colon = NULL;  /* client.rsplit(":", 1)[0] */
+    for (Py_ssize_t i = client_len; i > 0; i--)
+        if (addr[i - 1] == ':') { colon = addr + i - 1; break; }
+    size_t addr_len = colon ? (size_t)(colon - addr) : (size_t)client_len;
+    if (!plain_text(path, path_len) || !plain_text(query, query_len) ||
+            memchr(addr, 0, addr_len))
+        return 0;
+    PyObject *tail = PyTuple_GET_ITEM(l->principals, cls);
+    size_t need = (size_t)PyBytes_GET_SIZE(r->cgi) + (size_t)PyBytes_GET_SIZE(r->cgi_route) +
+                  path_len + query_len + addr_len + (size_t)PyBytes_GET_SIZE(tail) + 160 +
+                  q->head_len + (size_t)q->nh * 8;
+    if (grow(&l->cgi, &l->cgi_cap, need)) return -1;
+    uint8_t *o = l->cgi;
+    memcpy(o, PyBytes_AS_STRING(r->cgi), (size_t)PyBytes_GET_SIZE(r->cgi));
+    o += PyBytes_GET_SIZE(r->cgi);
+    o = put_cstr(o, "REQUEST_METHOD", 14);
+    o = put_cstr(o, head ? "HEAD" : "GET", head ? 4 : 3);
+    o = put_cstr(o, "PATH_INFO", 9);
+    o = put_cstr(o, path, path_len);
+    o = put_cstr(o, "QUERY_STRING", 12);
+    o = put_cstr(o, query, query_len);
+    o = put_cstr(o, "SERVER_PROTOCOL", 15);
+    o = put_cstr(o, "HTTP/1.1", 8);
+    o = put_cstr(o, "CONTENT_LENGTH", 14);
+    o = put_cstr(o, "0", 1);
+    const hdr_t *type = NULL;  /* the first Content-Type, as `Request.header` reads it */
+    for (uint32_t i = 0; i < q->nh && !type; i++)
+        if (name_is(q, &q->h[i], "content-type", 12)) type = &q->h[i];
+    o = put_cstr(o, "CONTENT_TYPE", 12);
+    if (type && !plain_text(q->head + type->value, type->value_len)) return 0;
+    o = put_cstr(o, type ? q->head + type->value : "", type ? type->value_len : 0);
+    o = put_cstr(o, "X_MATCHED_ROUTE", 15);
+    o = put_cstr(o, PyBytes_AS_STRING(r->cgi_route), (size_t)PyBytes_GET_SIZE(r->cgi_route));
+    o = put_cstr(o, "REMOTE_ADDR", 11);
+    o = put_cstr(o, addr, addr_len);
+    size_t n = r->cgi_envc + 8;
+    for (uint32_t i = 0; i < q->nh; i++) {  /* HTTP_<NAME> but those `_SKIP` names */
+        const hdr_t *h = &q->h[i];
+        if (name_is(q, h, "content-type", 12) || name_is(q, h, "content-length", 14) ||
+                name_is(q, h, "authorization", 13))
+            continue;
+        const char *name = q->head + h->name;
+        if (!plain_text(name, h->name_len) || !plain_text(q->head + h->value, h->value_len))
+            return 0;
+        memcpy(o, "HTTP_", 5);
+        o += 5;
+        for (uint32_t j = 0; j < h->name_len; j++) {  /* .upper().replace("-", "_") */
+            char ch = name[j];
+            *o++ = (uint8_t)(ch == '-' ? '_' : ch >= 'a' && ch <= 'z' ? ch - 32 : ch);
+        }
+        *o++ = 0;
+        o = put_cstr(o, q->head + h->value, h->value_len);
+        n++;
+    }
+    memcpy(o, PyBytes_AS_STRING(tail), (size_t)PyBytes_GET_SIZE(tail));
+    o += PyBytes_GET_SIZE(tail);
+    *envc = n + 1;
+    return (long)(o - l->cgi);
+}
+
+/* Python's bytes.strip() set */
+static int py_space(uint8_t c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == 0x0b || c == 0x0c;
+}
+
+/* wasi.parse_response of a command's output, as a response frame (decode_response's
+ * form) into *buf: its length, 0 when parse_response would raise (Python runs the
+ * request again and says what is wrong), -1 no memory. */
+static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len) {
+    size_t end = 0, body = 0, i;  /* the first blank line: rb"\r?\n\r?\n", leftmost */
+    for (i = 0; i < len; i++) {
+        size_t j;
+        if (out[i] == '\r' && i + 1 < len && out[i + 1] == '\n') j = i + 2;
+        else if (out[i] == '\n') j = i + 1;
+        else continue;
+        if (j + 1 < len && out[j] == '\r' && out[j + 1] == '\n') { body = j + 2; break; }
+        if (j < len && out[j] == '\n') { body = j + 1; break; }
+    }
+    if (i == len) return 0;
+    end = i;
+    if (grow(buf, cap, 12 + 2 * end + 8 * (end + 1) + (len - body))) return -1;
+    uint8_t *f = *buf, *o = f + 8;
+    uint32_t status = 0, count = 0;
+    int location = 0;
+    size_t line = 0;
+    while (line <= end) {  /* head.replace(b"\r\n", b"\n").split(b"\n") */
+        size_t stop = line;
+        while (stop < end && out[stop] != '\n' && !(out[stop] == '\r' && stop + 1 < end &&
+                                                     out[stop + 1] == '\n'))
+            stop++;
+        size_t next = stop == end ? end + 1 : out[stop] == '\n' ? stop + 1 : stop + 2;
+        const uint8_t *colon = memchr(out + line, ':', stop - line);
+        if (!colon) return 0;
+        size_t a = line, b = (size_t)(colon - out), c = b + 1, d = stop;
+        while (a < b && py_space(out[a])) a++;
+        while (b > a && py_space(out[b - 1])) b--;
+        while (c < d && py_space(out[c])) c++;
+        while (d > c && py_space(out[d - 1])) d--;
+        if (a == b) return 0;
+        for (size_t k = a; k < b; k++) if (!TCHAR[out[k]]) return 0;
+        for (size_t k = c; k < d; k++) if (out[k] == '\r' || out[k] == '\n' || !out[k]) return 0;
+        uint32_t n = (uint32_t)(b - a), m = (uint32_t)(d - c);
+        char lower[8];
+        if (n == 6 || n == 8)
+            for (uint32_t k = 0; k < n; k++)
+                lower[k] = (char)(out[a + k] >= 'A' && out[a + k] <= 'Z' ? out[a + k] + 32
+                                                                      : out[a + k]);
+        if (n == 6 && !memcmp(lower, "status", 6)) {  /* value.split(b" ", 1)[0], 200..599 */
+            size_t k = c;
+            uint32_t v = 0;
+            while (k < d && out[k] != ' ') {
+                if (out[k] < '0' || out[k] > '9') return 0;
+                v = v * 10 + (uint32_t)(out[k] - '0');
+                if (v > 599) return 0;
+                k++;
+            }
+            if (k == c || v < 200) return 0;
+            status = v;
+        } else {
+            if (n == 8 && !memcmp(lower, "location", 8)) location = 1;
+            memcpy(o, &n, 4);
+            for (uint32_t k = 0; k < n; k++)
+                o[4 + k] = (uint8_t)(out[a + k] >= 'A' && out[a + k] <= 'Z' ? out[a + k] + 32
+                                                                          : out[a + k]);
+            o += 4 + n;
+            memcpy(o, &m, 4);
+            memcpy(o + 4, out + c, m);
+            o += 4 + m;
+            count++;
+        }
+        line = next;
+    }
+    if (!status) status = location ? 302 : 200;
+    memcpy(f, &status, 4);
+    memcpy(f + 4, &count, 4);
+    uint32_t body_len = (uint32_t)(len - body);
+    if ((size_t)body_len != len - body) return 0;
+    memcpy(o, &body_len, 4);
+    memcpy(o + 4, out + body, len - body);
+    o += 4 + (len - body);
+    return (long)(o - f);
+}
+
+/* A WASI command's request run here, as WasmFunction.handle runs it inline on the
+ * native path: 1 served, 0 for Python's call (`submit`: what is not plain, a run that
+ * failed, wrote to stderr or answered what parse_response refuses: run again there,
+ * the lane's run counting as its first inline try), -1 a Python error. */
+static int command_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
+                        const char *url, size_t path_len, const char *query,
+                        size_t query_len, PyObject *date, PyObject *extra, PyObject *events,
+                        PyObject *client) {
+    PyObject *inflight = PyObject_GetAttr(r->fn, l->inflight_name);
+    if (!inflight) return -1;
+    int busy = PyObject_IsTrue(inflight);  /* a rerun on a thread, or a limit to apply */
+    Py_DECREF(inflight);
+    if (busy) return busy < 0 ? -1 : 0;
+    PyObject *threaded = PyObject_GetAttr(r->executor, l->threaded_name);
+    if (!threaded) return -1;
+    busy = PyObject_IsTrue(threaded);  /* it runs on worker threads now, for good */
+    Py_DECREF(threaded);
+    if (busy) return busy < 0 ? -1 : 0;
+    long cls;
+    int verdict = allowed_verdict(l, r, &cls);
+    if (verdict < 0) return 0;
+    uint64_t started = mono_ns();
+    double ts = now_wall();
+    size_t envc = 0;
+    long n = cgi_strings(l, r, head, url, path_len, query, query_len, client, cls, &envc);
+    if (n <= 0) {
+        if (n < 0 && !PyErr_Occurred()) PyErr_NoMemory();
+        return n < 0 ? -1 : 0;
+    }
+    wasi_result res;
+    int32_t stage;
+    Py_BEGIN_ALLOW_THREADS
+    l->guest_begin();
+    stage = l->wasi_run(r->engine, r->pre, r->memory_limit, r->deadline_ticks,
+                        (const char *)l->cgi, (size_t)n, 1, envc, (const uint8_t *)"", 0,
+                        r->max_response, &res);
+    l->guest_end();
+    Py_END_ALLOW_THREADS
+    if (res.trap || res.error) {  /* a trap, a limit, the slice, an exit: Python's */
+        if (res.trap) l->trap_delete(res.trap);
+        if (res.error) l->error_delete(res.error);
+        return PyObject_SetAttr(r->executor, l->lane_cut_name, Py_True) < 0 ? -1 : 0;
+    }
+    if (stage != 0 || res.overflow || res.err_len || res.err_dropped)
+        return 0;  /* Python's run logs its stderr, says what failed */
+    long f = cgi_frame(&l->cgi, &l->cgi_cap, res.out, res.out_len);
+    if (f <= 0) {
+        if (f < 0) PyErr_NoMemory();
+        return f < 0 ? -1 : 0;
+    }
+    int done = answer_frame(l, r, ri, head, l->cgi, (uint64_t)f, started, ts, verdict, host,
+                            query, query_len, date, extra, events, client);
+    l->commands_run += done == 1;
+    return done;
+}
+
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. */
 static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObject *events,
@@ -716,6 +1002,11 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
         int stored = PySet_Contains(r->caching, r->label_str);
         if (stored) return stored < 0 ? -1 : 0;
     }
+    if (r->cgi && l->wasi_run) {
+        int done = command_call(l, r, ri, head, host, url, path_len, query, query_len, date,
+                                extra, events, client);
+        if (done) return done;
+    }
     if (r->python) return python_call(l, r, ri, head, host, url, path_len, query, query_len,
                                       client);
     PyObject *inflight = PyObject_GetAttr(r->fn, l->inflight_name);
@@ -751,32 +1042,8 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
          * stalls the PoP": inline at most twice, then the worker threads) */
         return PyObject_SetAttr(r->executor, l->lane_cut_name, Py_True) < 0 ? -1 : 0;
     }
-    uint32_t status, count, body_len = 0;
-    const uint8_t *body = NULL;
-    const uint8_t *pairs = check_frame(res->response, res->response_len, &status, &count,
-                                       &body, &body_len);
-    if (!pairs) return 0;
-    if (r->cache == CACHE_FIRST && !head && may_store(pairs, count))
-        return 0;  /* http_cache stores it: Python runs it again (a pure function) */
-    uint64_t counter = ++l->counter;
-    char rid[96];
-    size_t rid_len = request_id(l, counter, rid);
-    size_t before = l->out_len;
-    if (write_response(l, r, status, pairs, count, body, body_len, rid, rid_len, date, extra,
-                       head)) {
-        l->counter--;
-        PyErr_NoMemory();
-        return -1;
-    }
-    uint64_t took = mono_ns() - started;
-    if (add_record(events, ts, counter, ri, status, body_len, took, verdict, head,
-                   q->head + host->value, host->value_len, query, query_len, client)) {
-        /* not answered after all: Python answers it, with this number unused */
-        l->out_len = before;
-        l->counter--;
-        return -1;
-    }
-    return 1;
+    return answer_frame(l, r, ri, head, res->response, res->response_len, started, ts, verdict,
+                        host, query, query_len, date, extra, events, client);
 }
 
 /* serve(data, date, extra_head, budget, events, client) -> (used, out, call): the
@@ -893,6 +1160,35 @@ static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     return PyBytes_FromStringAndSize((const char *)l->out, (Py_ssize_t)l->out_len);
 }
 
+/* commands(run, result_size, guest_begin, guest_end, principals): the address of
+ * wasi.c's edgefn_wasi_run and the size of its result (edgefn_wasi_result_size(),
+ * checked against `wasi_result`), reactor.c's ticker marks, and per bot class the
+ * principal variable a command gets (b"EDGEFN_PRINCIPAL_BOT\0<class>\0"): routes with
+ * a `cgi` are run here from then on. */
+static PyObject *Lane_commands(Lane *l, PyObject *args) {
+    unsigned long long run, size, begin, end;
+    PyObject *principals;
+    if (!PyArg_ParseTuple(args, "KKKKO!", &run, &size, &begin, &end, &PyTuple_Type,
+                          &principals))
+        return NULL;
+    if (!run || !begin || !end || size != sizeof(wasi_result) ||
+            PyTuple_GET_SIZE(principals) != PyTuple_GET_SIZE(l->class_blobs)) {
+        PyErr_SetString(PyExc_ValueError, "commands: three addresses, wasi.c's result "
+                        "layout, a principal per class");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(principals); i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(principals, i))) {
+            PyErr_SetString(PyExc_TypeError, "commands: principals are bytes");
+            return NULL;
+        }
+    Py_XSETREF(l->principals, Py_NewRef(principals));
+    l->wasi_run = (wasi_run_t)(uintptr_t)run;
+    l->guest_begin = (guest_mark_t)(uintptr_t)begin;
+    l->guest_end = (guest_mark_t)(uintptr_t)end;
+    Py_RETURN_NONE;
+}
+
 /* python(submit): what runs a Python route's request (`python_call`). */
 static PyObject *Lane_python(Lane *l, PyObject *submit) {
     if (!PyCallable_Check(submit)) {
@@ -913,6 +1209,8 @@ static void clear_routes(Lane *l) {
         Py_CLEAR(r->label_str);
         Py_CLEAR(r->executor);
         Py_CLEAR(r->python);
+        Py_CLEAR(r->cgi);
+        Py_CLEAR(r->cgi_route);
     }
     l->n_routes = 0;
     l->generation++;
@@ -924,10 +1222,13 @@ static void clear_uas(Lane *l) {
 }
 
 /* routes(list of (path, engine, pre, memory_limit, deadline_ticks, max_response, times,
- * env_blob, label, fn, allowed, cache, caching, label_str, executor, python)): the eligible
- * routes, replacing the ones before (`caching`: a set, for CACHE_FIRST; `python`: None
- * for a WASM reactor, what a Python function's call carries for Python's finish).
- * At most MAX_ROUTES (ValueError past it). */
+ * env_blob, label, fn, allowed, cache, caching, label_str, executor, python[, cgi]): the
+ * eligible routes, replacing the ones before (`caching`: a set, for CACHE_FIRST;
+ * `python`: None for a WASM reactor, what a Python function's call carries for Python's
+ * finish; `cgi`: for a WASI command the C may run itself (`commands`), (argv[0] and the
+ * manifest env as NUL-ended strings, the env's pair count, X_MATCHED_ROUTE), its engine,
+ * pre, memory_limit, deadline_ticks (its inline run's) and max_response set too, and a
+ * `python` for what it leaves). At most MAX_ROUTES (ValueError past it). */
 static PyObject *Lane_routes(Lane *l, PyObject *list) {
     if (!PyList_Check(list) || PyList_GET_SIZE(list) > MAX_ROUTES) {
         PyErr_Format(PyExc_ValueError, "routes: a list of at most %d", MAX_ROUTES);
@@ -938,16 +1239,24 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         route_t *r = &l->routes[i];
         const char *path;
         Py_ssize_t path_len;
-        PyObject *env, *label, *fn, *caching, *label_str, *executor, *python;
+        PyObject *env, *label, *fn, *caching, *label_str, *executor, *python, *cgi = Py_None;
         unsigned long long engine, pre, times, ticks, max_response;
         long long memory;
         unsigned int allowed;
         int cache;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiOUOO", &path, &path_len,
-                              &engine, &pre, &memory, &ticks, &max_response, &times, &env,
-                              &label, &fn, &allowed, &cache, &caching, &label_str,
-                              &executor, &python))
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiOUOO|O", &path,
+                              &path_len, &engine, &pre, &memory, &ticks, &max_response, &times,
+                              &env, &label, &fn, &allowed, &cache, &caching, &label_str,
+                              &executor, &python, &cgi))
             return NULL;
+        PyObject *strings = NULL, *matched = NULL;
+        unsigned int envc = 0;
+        if (cgi != Py_None && (!PyArg_ParseTuple(cgi, "SIS", &strings, &envc, &matched) ||
+                               python == Py_None || !engine || !pre)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a command's route needs python, engine, pre");
+            return NULL;
+        }
         if (cache < CACHE_NONE || cache > CACHE_FIRST ||
                 (cache == CACHE_FIRST && !PyAnySet_Check(caching))) {
             PyErr_SetString(PyExc_ValueError, "cache: 0, 1 or 2 (2 with a set)");
@@ -978,6 +1287,9 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->label_str = Py_NewRef(label_str);
         r->executor = Py_NewRef(executor);
         r->python = python == Py_None ? NULL : Py_NewRef(python);
+        r->cgi = strings ? Py_NewRef(strings) : NULL;
+        r->cgi_envc = envc;
+        r->cgi_route = matched ? Py_NewRef(matched) : NULL;
         l->n_routes = (int)i + 1;
     }
     Py_RETURN_NONE;
@@ -1140,6 +1452,7 @@ static int Lane_clear(Lane *l) {
     Py_CLEAR(l->lane_cut_name);
     Py_CLEAR(l->submit);
     Py_CLEAR(l->started);
+    Py_CLEAR(l->principals);
     clear_routes(l);
     clear_uas(l);
     return 0;
@@ -1151,6 +1464,7 @@ static void Lane_dealloc(Lane *l) {
     Lane_clear(l);
     free(l->req);
     free(l->out);
+    free(l->cgi);
     tp->tp_free((PyObject *)l);
     Py_DECREF(tp);
 }
@@ -1158,6 +1472,11 @@ static void Lane_dealloc(Lane *l) {
 static PyObject *Lane_get_counter(Lane *l, void *c) {
     (void)c;
     return PyLong_FromUnsignedLongLong(l->counter);
+}
+
+static PyObject *Lane_get_commands_run(Lane *l, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLongLong(l->commands_run);
 }
 
 static PyObject *Lane_get_size(Lane *l, void *c) {
@@ -1191,6 +1510,9 @@ static PyMethodDef LANE_METHODS[] = {
     {"respond", (PyCFunction)(void (*)(void))Lane_respond, METH_FASTCALL,
      "respond(call, status, headers, body, date, extra_head, events) -> bytes or None"},
     {"python", (PyCFunction)Lane_python, METH_O, "python(submit): how Python routes run"},
+    {"commands", (PyCFunction)Lane_commands, METH_VARARGS,
+     "commands(run, result_size, guest_begin, guest_end, principals): WASI commands "
+     "run here"},
     {"routes", (PyCFunction)Lane_routes, METH_O, "replace the eligible routes"},
     {"verdicts", (PyCFunction)Lane_verdicts, METH_O, "replace the verdicts' classes"},
     {"forget_agents", (PyCFunction)Lane_forget_agents, METH_NOARGS,
@@ -1200,6 +1522,8 @@ static PyMethodDef LANE_METHODS[] = {
 static PyGetSetDef LANE_GETSET[] = {
     {"counter", (getter)Lane_get_counter, NULL, "the last request id number given", NULL},
     {"size", (getter)Lane_get_size, NULL, "routes served", NULL},
+    {"commands_run", (getter)Lane_get_commands_run, NULL,
+     "requests to WASI commands the C ran and answered itself", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyType_Slot LANE_SLOTS[] = {
@@ -1677,7 +2001,27 @@ static PyType_Slot MAKER_SLOTS[] = {
 static PyType_Spec MAKER_SPEC = {"_edgefn_lane.EventMaker", sizeof(EventMaker), 0,
                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, MAKER_SLOTS};
 
+/* cgi_frame(output) -> the response frame the lane writes for a command's `output`, or
+ * None where it leaves the answer to wasi.parse_response (tests compare the two). */
+static PyObject *py_cgi_frame(PyObject *m, PyObject *output) {
+    (void)m;
+    if (!PyBytes_Check(output)) {
+        PyErr_SetString(PyExc_TypeError, "cgi_frame(bytes)");
+        return NULL;
+    }
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    long n = cgi_frame(&buf, &cap, (const uint8_t *)PyBytes_AS_STRING(output),
+                       (size_t)PyBytes_GET_SIZE(output));
+    PyObject *got = n > 0 ? PyBytes_FromStringAndSize((const char *)buf, n)
+                  : n == 0 ? Py_NewRef(Py_None) : PyErr_NoMemory();
+    free(buf);
+    return got;
+}
+
 static PyMethodDef METHODS[] = {
+    {"cgi_frame", (PyCFunction)py_cgi_frame, METH_O,
+     "cgi_frame(output): a command's answer as the lane writes it, or None: Python's"},
     {"layout_check", layout_check, METH_NOARGS, "llhttp's struct against its accessors"},
     {NULL, NULL, 0, NULL}};
 
