@@ -76,6 +76,11 @@ ODD = writing(b"Status: 418 teapot\nX-Edgefn-Function: other@1\nCache-Tag: t1\n"
 TRAP = command("unreachable")
 BAD = writing(b"no blank\n")
 EXIT = writing(b"X-A: b\n\n", after="(call $proc_exit (i32.const 3))")
+EXIT0 = writing(b"X-A: b\n\nbye\n", after="(call $proc_exit (i32.const 0))")  # Go's way
+# its first 4 bytes to stderr too: a run that logs is Python's (its lines logged once)
+STDERR = writing(b"X-A: b\n\nlogged\n", before="""(i32.store (i32.const 16) (i32.const 64))
+  (i32.store (i32.const 20) (i32.const 4))
+  (drop (call $fd_write (i32.const 2) (i32.const 16) (i32.const 1) (i32.const 24)))""")
 CACHED = writing(b"Cache-Control: max-age=60\n\nkeep\n")
 # sleep 50 ms (its first request moves it to the worker threads) or 0.4 s, then answer
 SLEEPY = writing(b"X-A: b\n\nslept\n", before="(call $sleep (i64.const 50000000))")
@@ -91,7 +96,7 @@ def folders(root: Path) -> list[Path]:
             cmd("odd", ODD, ["/odd"]), cmd("spin", command("(loop $l (br $l))"), ["/spin"],
                                            "cpu_ms = 1000\nwall_ms = 300"),
             cmd("trap", TRAP, ["/trap"]), cmd("bad", BAD, ["/bad"]),
-            cmd("exit", EXIT, ["/exit"]), cmd("cached", CACHED, ["/cached"]),
+            cmd("exit", EXIT, ["/exit"]), cmd("exit0", EXIT0, ["/exit0"]), cmd("stderr", STDERR, ["/stderr"]), cmd("cached", CACHED, ["/cached"]),
             cmd("sleepy", SLEEPY, ["/sleepy"]),
             cmd("slow", SLOW, ["/slow"], "cpu_ms = 1000\nwall_ms = 2000\nconcurrency = 1")]
 
@@ -131,6 +136,8 @@ SERVED = {
     "trap": (request("GET", "/trap", H), "call"),
     "bad CGI": (request("GET", "/bad", H), "call"),
     "exit 3": (request("GET", "/exit", H), "call"),
+    "exit 0": (request("GET", "/exit0", H), "c"),
+    "stderr": (request("GET", "/stderr", H), "call"),
     "cacheable": (request("GET", "/cached", H), "call"),
     "sleeps": (request("GET", "/sleepy", H), "call"),
     "body": (request("POST", "/env", H, b"abc"), "python"),

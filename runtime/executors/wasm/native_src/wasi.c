@@ -312,7 +312,7 @@ void edgefn_wasi_end(edgefn_wasi_result *r) {
 }
 
 /* One request: a fresh store, `_start`, its output. Returns the stage it stopped at
- * (RUN_OK: `_start` returned, or exited: then r->error holds the status). */
+ * (RUN_OK: `_start` returned or exited, then r->error holds a nonzero status). */
 static int32_t run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
                    int64_t memory_limit, uint64_t ticks, size_t argc, const char *const *argv,
                    size_t envc, const char *const *names, const char *const *values,
@@ -343,6 +343,11 @@ static int32_t run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
             wasmtime_val_raw_t none[1];
             r->error = wasmtime_func_call_unchecked(cx, start.of, none, 0, &r->trap);
             if (r->trap) stage = RUN_START;
+            int status;  /* proc_exit(0) (Go's runtime ends so): as if `_start` returned */
+            if (r->error && wasmtime_error_exit_status(r->error, &status) && status == 0) {
+                wasmtime_error_delete(r->error);
+                r->error = NULL;
+            }
             if (wasmtime_instance_export_get(cx, &inst, "memory", 6, &mem) &&
                 mem.kind == WASMTIME_EXTERN_MEMORY)
                 r->memory_size = wasmtime_memory_data_size(cx, mem.of);
@@ -368,8 +373,8 @@ static int split_strings(const char *strings, size_t len, size_t n, const char *
 
 /* One request: a fresh store, `_start`, its output. `strings`: its arguments and
  * environment (`split_strings`), one buffer made in one step by the caller. Returns
- * the stage it stopped at (RUN_OK: `_start` returned, or exited: then r->error holds
- * the status; RUN_CONFIG also when `strings` is not as said). */
+ * the stage it stopped at (RUN_OK: `_start` returned or exited, then r->error holds a
+ * nonzero status; RUN_CONFIG also when `strings` is not as said). */
 int32_t edgefn_wasi_run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
                         int64_t memory_limit, uint64_t ticks, const char *strings,
                         size_t strings_len, size_t argc, size_t envc, const uint8_t *in,

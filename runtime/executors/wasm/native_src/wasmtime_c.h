@@ -51,5 +51,7 @@ extern bool wasi_config_set_argv(wasi_config_t *, size_t, const char *const *);
 extern bool wasi_config_set_env(wasi_config_t *, size_t, const char *const *,
                                 const char *const *);
 extern wasmtime_error_t *wasmtime_context_set_wasi(wasmtime_context_t *, wasi_config_t *);
+extern bool wasmtime_error_exit_status(const wasmtime_error_t *, int *);
+extern void wasmtime_error_delete(wasmtime_error_t *);
 
 #endif
