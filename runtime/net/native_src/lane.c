@@ -706,6 +706,22 @@ static int python_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
     return 2;
 }
 
+/* Whether `r`'s function may run inline now: 1; 0 when it has a request in flight (a
+ * rerun on a thread, or a limit to apply) or runs on the worker threads for good; -1
+ * a Python error. */
+static int runs_inline(Lane *l, const route_t *r) {
+    PyObject *inflight = PyObject_GetAttr(r->fn, l->inflight_name);
+    if (!inflight) return -1;
+    int busy = PyObject_IsTrue(inflight);
+    Py_DECREF(inflight);
+    if (busy) return busy < 0 ? -1 : 0;
+    PyObject *threaded = PyObject_GetAttr(r->executor, l->threaded_name);
+    if (!threaded) return -1;
+    busy = PyObject_IsTrue(threaded);
+    Py_DECREF(threaded);
+    return busy < 0 ? -1 : !busy;
+}
+
 /* The response frame `frame` (a guest's, or a command's answer made one: `cgi_frame`)
  * written as the front writes it, its record appended: 1; 0 when it is Python's (not
  * as abi.decode_response takes it, or one http_cache stores: Python runs the request
@@ -918,16 +934,8 @@ static int command_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host
                         const char *url, size_t path_len, const char *query,
                         size_t query_len, PyObject *date, PyObject *extra, PyObject *events,
                         PyObject *client) {
-    PyObject *inflight = PyObject_GetAttr(r->fn, l->inflight_name);
-    if (!inflight) return -1;
-    int busy = PyObject_IsTrue(inflight);  /* a rerun on a thread, or a limit to apply */
-    Py_DECREF(inflight);
-    if (busy) return busy < 0 ? -1 : 0;
-    PyObject *threaded = PyObject_GetAttr(r->executor, l->threaded_name);
-    if (!threaded) return -1;
-    busy = PyObject_IsTrue(threaded);  /* it runs on worker threads now, for good */
-    Py_DECREF(threaded);
-    if (busy) return busy < 0 ? -1 : 0;
+    int idle = runs_inline(l, r);
+    if (idle <= 0) return idle;
     long cls;
     int verdict = allowed_verdict(l, r, &cls);
     if (verdict < 0) return 0;
@@ -1009,16 +1017,8 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
     }
     if (r->python) return python_call(l, r, ri, head, host, url, path_len, query, query_len,
                                       client);
-    PyObject *inflight = PyObject_GetAttr(r->fn, l->inflight_name);
-    if (!inflight) return -1;
-    int busy = PyObject_IsTrue(inflight);  /* a rerun on a thread, or a limit to apply */
-    Py_DECREF(inflight);
-    if (busy) return busy < 0 ? -1 : 0;
-    PyObject *threaded = PyObject_GetAttr(r->executor, l->threaded_name);
-    if (!threaded) return -1;
-    busy = PyObject_IsTrue(threaded);  /* it runs on worker threads now, for good */
-    Py_DECREF(threaded);
-    if (busy) return busy < 0 ? -1 : 0;
+    int idle = runs_inline(l, r);
+    if (idle <= 0) return idle;
     long cls;
     int verdict = allowed_verdict(l, r, &cls);
     if (verdict < 0) return 0;
