@@ -169,3 +169,12 @@ def test_the_lanes_cgi_parse_takes_the_plain_answers(output: bytes) -> None:
 
     frame = lane_frame(output)
     assert frame is not None and decode_response(frame) == wasi.parse_response(output)
+
+
+def test_the_lanes_cgi_parse_leaves_a_head_past_the_limit() -> None:
+    """Header fields past MAX_HEAD_BYTES (130 KB of them): parse_response refuses them,
+    and the C stops at the limit rather than build a frame of all of them."""
+    output = b"x-a: bcdefgh\n" * 10_000 + b"\nbody"
+    raised = outcome(wasi.parse_response, output)
+    assert isinstance(raised, tuple) and raised[0] == "raised"
+    assert lane_frame(output) is None

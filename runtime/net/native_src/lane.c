@@ -863,8 +863,8 @@ static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len
     }
     if (i == len) return 0;
     end = i;
-    if (grow(buf, cap, 12 + 2 * end + 8 * (end + 1) + (len - body))) return -1;
-    uint8_t *f = *buf, *o = f + 8;
+    if (grow(buf, cap, 512)) return -1;
+    size_t at = 8, size = 0;  /* where the next pair goes; names' and values' bytes */
     uint32_t status = 0, count = 0;
     int location = 0;
     size_t line = 0;
@@ -885,6 +885,8 @@ static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len
         for (size_t k = a; k < b; k++) if (!TCHAR[out[k]]) return 0;
         for (size_t k = c; k < d; k++) if (out[k] == '\r' || out[k] == '\n' || !out[k]) return 0;
         uint32_t n = (uint32_t)(b - a), m = (uint32_t)(d - c);
+        size += (size_t)n + m;
+        if (size > MAX_HEAD_BYTES) return 0;  /* check_head_size: so the frame stays small */
         char lower[8];
         if (n == 6 || n == 8)
             for (uint32_t k = 0; k < n; k++)
@@ -903,6 +905,8 @@ static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len
             status = v;
         } else {
             if (n == 8 && !memcmp(lower, "location", 8)) location = 1;
+            if (grow(buf, cap, at + 8 + n + m)) return -1;
+            uint8_t *o = *buf + at;
             memcpy(o, &n, 4);
             for (uint32_t k = 0; k < n; k++)
                 o[4 + k] = (uint8_t)(out[a + k] >= 'A' && out[a + k] <= 'Z' ? out[a + k] + 32
@@ -910,20 +914,20 @@ static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len
             o += 4 + n;
             memcpy(o, &m, 4);
             memcpy(o + 4, out + c, m);
-            o += 4 + m;
+            at += 8 + (size_t)n + m;
             count++;
         }
         line = next;
     }
     if (!status) status = location ? 302 : 200;
-    memcpy(f, &status, 4);
-    memcpy(f + 4, &count, 4);
     uint32_t body_len = (uint32_t)(len - body);
-    if ((size_t)body_len != len - body) return 0;
-    memcpy(o, &body_len, 4);
-    memcpy(o + 4, out + body, len - body);
-    o += 4 + (len - body);
-    return (long)(o - f);
+    if ((size_t)body_len != len - body || grow(buf, cap, at + 4 + body_len))
+        return (size_t)body_len != len - body ? 0 : -1;
+    memcpy(*buf, &status, 4);
+    memcpy(*buf + 4, &count, 4);
+    memcpy(*buf + at, &body_len, 4);
+    memcpy(*buf + at + 4, out + body, body_len);
+    return (long)(at + 4 + body_len);
 }
 
 /* A WASI command's request run here, as WasmFunction.handle runs it inline on the
@@ -1013,6 +1017,11 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
     if (r->cgi && l->wasi_run) {
         int done = command_call(l, r, ri, head, host, url, path_len, query, query_len, date,
                                 extra, events, client);
+        if (l->cgi_cap > ((size_t)1 << 20)) {  /* a large answer's buffer is not kept */
+            free(l->cgi);
+            l->cgi = NULL;
+            l->cgi_cap = 0;
+        }
         if (done) return done;
     }
     if (r->python) return python_call(l, r, ri, head, host, url, path_len, query, query_len,
