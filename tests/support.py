@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import logging
 import os
 import re
 import socket
@@ -352,3 +353,12 @@ def scripted_host(folder: Path, answers: list[bytes | None],
     finally:
         engine.close()
         stores.close()
+
+
+def own_records(caplog: pytest.LogCaptureFixture, logger: str) -> list[logging.LogRecord]:
+    """The records `logger` (or a child of it) logged on this test's thread: caplog's
+    handler sits on the root logger, where the PoPs other tests left running log too
+    (a count of every record failed once in a mixed run)."""
+    me = threading.get_ident()
+    return [r for r in caplog.records if r.thread == me and
+            (r.name == logger or r.name.startswith(logger + "."))]

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from runtime.executors.output import BURST, MAX_LINE, RATE, GuestLines
+from tests.support import own_records
 
 
 def test_lines_are_cut_escaped_and_limited(caplog: pytest.LogCaptureFixture) -> None:
@@ -22,7 +23,7 @@ def test_lines_are_cut_escaped_and_limited(caplog: pytest.LogCaptureFixture) -> 
             lines.line(b"n%d" % i)
         time.sleep(2 / RATE)  # room for two lines again
         lines.line(b"after")
-    got = caplog.messages
+    got = [r.getMessage() for r in own_records(caplog, "edgefn.functions")]
     assert got[0] == "f@v1: stderr: " + "x" * MAX_LINE + " [cut]"
     assert got[1] == "f@v1: stderr: \\x1b[2Jclear"
     import re

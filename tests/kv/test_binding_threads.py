@@ -133,7 +133,7 @@ def test_close_waits_for_running_calls_and_drops_queued_ones() -> None:
 
 def test_a_kv_put_from_a_function_runs_on_its_owners_threads(tmp_path: Path) -> None:
     d = function_dir(tmp_path, "writer", reactor(""),
-                     extra='owner = "acme"\n[bindings]\nkv = ["ns"]')
+                     extra='owner = "threads-acme"\n[bindings]\nkv = ["ns"]')
     stores = Stores(tmp_path / "data")
     bindings = Bindings.prepare(stores, manifest.load(d))
 
@@ -144,12 +144,14 @@ def test_a_kv_put_from_a_function_runs_on_its_owners_threads(tmp_path: Path) -> 
 
     try:
         asyncio.run(go())
-        assert stores.threads.owners() == ["acme"]  # its owner's, not the function's name
-        assert _named("acme") != []
+        # its owner's, not the function's name (one no other test uses: threads are named
+        # by owner, and another test's stores may still be closing)
+        assert stores.threads.owners() == ["threads-acme"]
+        assert _named("threads-acme") != []
         assert stores.kv.get("ns", b"k") is not None
     finally:
         stores.close()
-    assert _named("acme") == []  # closing the stores ended them
+    assert _named("threads-acme") == []  # closing the stores ended them
 
 
 # Tenant a's handler: vector queries whose filter nothing matches (each reads every row
@@ -188,7 +190,7 @@ def two_tenants(pop: Running, root: Path) -> None:
     pop.deploy(python_function(
         root, "flood", FLOOD, limits=limits,
         pool=f"min = {FLOODERS}\nmax = {FLOODERS}\nstandby = false",
-        extra='owner = "a"\n[bindings]\nvectors = ["docs"]'))
+        extra='owner = "flooder"\n[bindings]\nvectors = ["docs"]'))
     pop.deploy(python_function(root, "put", PUT, extra='owner = "b"\n[bindings]\nkv = ["notes"]'))
     vectors = pop.pop.stores.vectors  # the operator's access: filling it is not the test
     vectors.create("docs", 4)
@@ -211,7 +213,7 @@ def test_one_owners_flood_of_slow_calls_does_not_hold_another_owners_put(
         for t in threads:
             t.start()
         time.sleep(1.0)  # every flooder is in its loop, the queue behind them full
-        held = len(_named("a"))  # a's calls run on its threads, however many wait
+        held = len(_named("flooder"))  # a's calls run on its threads, however many wait
         puts = []
         for _ in range(5):
             status, _, body = pop.get("/put", timeout=30)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from runtime.net.server import FD_RESERVE, raise_fd_limit
+from tests.support import own_records
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one(lowered_soft_limit: 
     with caplog.at_level(logging.WARNING, "edgefn.http"):
         assert raise_fd_limit(fits) == hard
     assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
-    assert caplog.records == []
+    assert own_records(caplog, "edgefn.http") == []
 
 
 def test_max_connections_that_do_not_fit_under_the_limit_are_warned_about(
@@ -40,7 +41,7 @@ def test_max_connections_that_do_not_fit_under_the_limit_are_warned_about(
     hard = lowered_soft_limit
     with caplog.at_level(logging.WARNING, "edgefn.http"):
         raise_fd_limit(hard - FD_RESERVE + 1)
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in own_records(caplog, "edgefn.http")] == [
         f"http.max_connections = {hard - FD_RESERVE + 1} does not fit under the open-file "
         f"limit {hard} ({FD_RESERVE} kept for the PoP itself): past it connections are "
         "refused by the kernel, not answered 503"]

@@ -3,13 +3,11 @@ every observer exactly once and in order."""
 
 import asyncio
 import logging
-import threading
-
-import pytest
 
 from runtime.observe import observers as observers_module
 from runtime.observe.event import Event
 from runtime.observe.observers import Observers
+from tests.support import own_records
 
 
 def event(n: int) -> Event:
@@ -81,13 +79,6 @@ def test_adding_an_observer_delivers_what_is_pending_to_the_earlier_ones_only():
     assert asyncio.run(run()) == (["1", "2"], ["2"])
 
 
-def mine(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    """The observers' records this test's thread logged: caplog's handler is on the
-    root logger, where other tests' PoPs (threads still running) log too."""
-    return [r for r in caplog.records
-            if r.name == "edgefn.events" and r.thread == threading.get_ident()]
-
-
 def test_a_failing_observer_is_logged_once_and_the_others_get_every_event(caplog):
     async def run() -> list[str]:
         observers, seen = Observers(), Seen()
@@ -102,7 +93,7 @@ def test_a_failing_observer_is_logged_once_and_the_others_get_every_event(caplog
 
     with caplog.at_level(logging.ERROR, logger="edgefn.events"):
         assert asyncio.run(run()) == ["0", "1", "2", "3"]
-    assert len(mine(caplog)) == 1
+    assert len(own_records(caplog, "edgefn.events")) == 1
 
 
 def test_a_removed_observer_gets_what_was_pending_and_nothing_after():
@@ -130,7 +121,7 @@ def test_two_failing_observers_are_each_logged_once_by_name(caplog):
     with caplog.at_level(logging.ERROR, logger="edgefn.events"):
         for n in range(3):
             observers.observe(event(n))
-    records = mine(caplog)
+    records = own_records(caplog, "edgefn.events")
     assert len(records) == 2
     assert repr(first) in records[0].getMessage()
     assert repr(second) in records[1].getMessage()

@@ -18,6 +18,7 @@ from runtime.observe.metrics_merge import Merged, from_wire, to_wire
 from runtime.observe.metrics_pop import PopMetrics
 from runtime.observe.settings_metrics import MetricsSettings
 from tests.observe.metrics.support import event, scrape, value
+from tests.support import own_records
 
 
 def worker(*statuses: int) -> RequestMetrics:
@@ -277,6 +278,6 @@ def test_a_continuity_that_cannot_be_read_or_written_is_named_in_a_warning(
     with caplog.at_level(logging.WARNING, logger="edgefn.metrics"):
         Continuity(garbled, parent="p:1").follow("0", 1, [])
         Continuity(unwritable, parent="p:1").save()
-    read, write = (r.getMessage() for r in caplog.records)
+    read, write = (r.getMessage() for r in own_records(caplog, "edgefn.metrics"))
     assert read.startswith(f"ignoring the metrics' continuity in {garbled}: JSON is malformed")
     assert write.startswith(f"cannot save the metrics' continuity to {unwritable}: [Errno 2]")
