@@ -98,10 +98,10 @@ def _address(func: Any) -> int:
 
 
 def _strings(argv: list[str], env: list[tuple[str, str]]) -> bytes:
-    """`argv`, then `env`'s names and values in turn, each ended by a NUL, as UTF-8 (the
-    C's `split_strings`): one join and one encode a request (a C array per list, of
-    strings encoded one by one, was a tenth of a hello's time). A string with a NUL in
-    it is cut there, as C reads it."""
+    """`argv`, then `env`'s names and values in turn, each ended by a NUL, as UTF-8
+    (`edgefn_wasi_run` splits them): one join and one encode a request (a C array per
+    list, of strings encoded one by one, was a tenth of a hello's time). A string with
+    a NUL in it is cut there, as C reads it."""
     text = "\0".join(argv) + "\0"
     if env:
         text += "\0".join(map("\0".join, env)) + "\0"

@@ -129,6 +129,7 @@ typedef int32_t (*wasi_run_t)(void *engine, const void *pre, int64_t memory_limi
                               size_t argc, size_t envc, const uint8_t *in, size_t in_len,
                               uint64_t limit, wasi_result *r);
 typedef void (*guest_mark_t)(void);  /* reactor.c's edgefn_guest_begin / _end */
+enum { WASI_RUN_OK = 0 };  /* wasi.c's RUN_OK: `_start` returned (or exited 0) */
 
 /* ---- one request being parsed ---------------------------------------------------------- */
 #define URL_MAX 4096
@@ -774,8 +775,8 @@ static int plain_text(const char *s, size_t n) {
 
 /* The command's arguments and environment for the request in l->q, as wasi.environ
  * makes them for it (the caller dispatch gives the bot class `cls`), into l->cgi in
- * the run's form (`split_strings`): its length, and the pairs in `*envc`; 0 when it is
- * not plain (a byte outside ASCII: Python's). -1 no memory. */
+ * the run's form (wasi.c `edgefn_wasi_run`'s `strings`): its length, and the pairs in
+ * `*envc`; 0 when it is not plain (a byte outside ASCII: Python's). -1 no memory. */
 static long cgi_strings(Lane *l, const route_t *r, int head, const char *path,
                         size_t path_len, const char *query, size_t query_len,
                         PyObject *client, long cls, size_t *envc) {
@@ -965,7 +966,7 @@ static int command_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host
         if (res.error) l->error_delete(res.error);
         return PyObject_SetAttr(r->executor, l->lane_cut_name, Py_True) < 0 ? -1 : 0;
     }
-    if (stage != 0 || res.overflow || res.err_len || res.err_dropped)
+    if (stage != WASI_RUN_OK || res.overflow || res.err_len || res.err_dropped)
         return 0;  /* Python's run logs its stderr, says what failed */
     long f = cgi_frame(&l->cgi, &l->cgi_cap, res.out, res.out_len);
     if (f <= 0) {

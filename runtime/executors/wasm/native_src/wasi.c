@@ -358,23 +358,19 @@ static int32_t run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
     return stage;
 }
 
-/* `strings` (`len` bytes): argc arguments, then envc names and values in turn, each
- * ended by a NUL, into `ptrs` (argc + 2 * envc pointers). 0 when they are not so. */
-static int split_strings(const char *strings, size_t len, size_t n, const char **ptrs) {
-    const char *p = strings, *end = strings + len;
-    for (size_t i = 0; i < n; i++) {
-        const char *nul = memchr(p, 0, (size_t)(end - p));
-        if (!nul) return 0;
-        ptrs[i] = p;
-        p = nul + 1;
-    }
-    return p == end;
+/* The string at *p (before `end`), its NUL passed: NULL when none ends before `end`. */
+static const char *next_string(const char **p, const char *end) {
+    const char *s = *p, *nul = memchr(s, 0, (size_t)(end - s));
+    if (!nul) return NULL;
+    *p = nul + 1;
+    return s;
 }
 
-/* One request: a fresh store, `_start`, its output. `strings`: its arguments and
- * environment (`split_strings`), one buffer made in one step by the caller. Returns
- * the stage it stopped at (RUN_OK: `_start` returned or exited, then r->error holds a
- * nonzero status; RUN_CONFIG also when `strings` is not as said). */
+/* One request: a fresh store, `_start`, its output. `strings` (`strings_len` bytes):
+ * its argc arguments, then its envc names and values in turn, each ended by a NUL,
+ * one buffer the caller made in one step. Returns the stage it stopped at (RUN_OK:
+ * `_start` returned or exited, then r->error holds a nonzero status; RUN_CONFIG also
+ * when `strings` is not as said). */
 int32_t edgefn_wasi_run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pre,
                         int64_t memory_limit, uint64_t ticks, const char *strings,
                         size_t strings_len, size_t argc, size_t envc, const uint8_t *in,
@@ -382,20 +378,18 @@ int32_t edgefn_wasi_run(wasm_engine_t *engine, const wasmtime_instance_pre_t *pr
     memset(r, 0, sizeof *r);
     if (envc > SIZE_MAX / 8 || argc > SIZE_MAX / 8) return RUN_CONFIG;
     size_t n = argc + 2 * envc;
-    const char *stack[512];  /* the split, then the names and the values apart */
-    const char **ptrs = 2 * n <= 512 ? stack : malloc(2 * n * sizeof *ptrs);
-    if (!ptrs) return RUN_CONFIG;
-    if (!split_strings(strings, strings_len, n, ptrs)) {
-        if (ptrs != stack) free(ptrs);
-        return RUN_CONFIG;
-    }
-    const char **names = ptrs + n, **values = names + envc;
-    for (size_t i = 0; i < envc; i++) {
-        names[i] = ptrs[argc + 2 * i];
-        values[i] = ptrs[argc + 2 * i + 1];
-    }
-    int32_t stage = run(engine, pre, memory_limit, ticks, argc, ptrs, envc, names, values, in,
-                        in_len, limit, r);
-    if (ptrs != stack) free(ptrs);
+    const char *stack[256];  /* argv, then the names, then the values */
+    const char **argv = n <= 256 ? stack : malloc(n * sizeof *argv);
+    if (!argv) return RUN_CONFIG;
+    const char **names = argv + argc, **values = names + envc;
+    const char *p = strings, *end = strings + strings_len;
+    int whole = 1;
+    for (size_t i = 0; i < argc && whole; i++) whole = (argv[i] = next_string(&p, end)) != NULL;
+    for (size_t i = 0; i < envc && whole; i++)
+        whole = (names[i] = next_string(&p, end)) && (values[i] = next_string(&p, end));
+    int32_t stage = whole && p == end ? run(engine, pre, memory_limit, ticks, argc, argv, envc,
+                                            names, values, in, in_len, limit, r)
+                                      : RUN_CONFIG;
+    if (argv != stack) free(argv);
     return stage;
 }
