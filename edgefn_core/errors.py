@@ -21,6 +21,7 @@ in that order; the others fix both and take only the message.
     ├── NotFound                 a function, version, model, key or stream that does not exist
     │   └── NoRoute              no function serves a request
     ├── DataDirBusy
+    ├── Interrupted              a PoP stopped by a signal while it started
     ├── ProtocolError            a peer that does not speak the frame format
     ├── HttpReject               a request the HTTP front refuses (4xx)
     ├── Failure                  (code, status, message) chosen where it is raised
@@ -174,6 +175,18 @@ class DataDirBusy(EdgefnError):
 
     code = "data_dir_busy"
     status = 409
+
+
+class Interrupted(EdgefnError):
+    """SIGTERM or SIGINT stopped a PoP while it started (runtime.app `StopSignals`):
+    what had started unwound. `signum`: the signal's number."""
+
+    code = "interrupted"
+    status = 503
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum} while starting")
+        self.signum = signum
 
 
 class ProtocolError(EdgefnError):

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import msgspec
 
-from edgefn_core.errors import DataDirBusy, InvalidConfig, WorkerError
+from edgefn_core.errors import DataDirBusy, Interrupted, InvalidConfig, WorkerError
 from edgefn_core.secret_file import secret_file
 from runtime import boot_heap
 from runtime.admin.client import PopInfo
@@ -291,10 +291,51 @@ async def _purge_expired(pop: PoP, every: float) -> None:
             log.info("purged %d expired KV keys", removed)
 
 
-async def wait_for_signal() -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down: finishing in-flight requests")
+class StopSignals:
+    """SIGTERM and SIGINT, handled from `async with StopSignals() as stop:`, the
+    first thing in the task that runs a PoP, to the process's end.
+
+    While the PoP starts (its model worker, `edgefn dev` deploying the examples),
+    the first one cancels that task, as asyncio's runner does for SIGINT: what had
+    started unwinds, a deploy in flight is undone, and the block raises
+    `Interrupted`. Before, only SIGINT was caught then, and only when the shell had
+    not ignored it (Python installs no handler for a background job's SIGINT):
+    SIGTERM killed the process outright, a background job's SIGINT was lost. Once
+    `wait` waits, one ends the wait: the PoP stops accepting and lets in-flight
+    requests finish. `received`: the first signal's number, or None."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.waiting: asyncio.Event | None = None
+        self.cancelled = False
+
+    async def __aenter__(self) -> StopSignals:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signalled, sig)
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.cancelled:
+            assert self.received is not None
+            self.task.uncancel()
+            raise Interrupted(self.received) from None
+
+    def _signalled(self, sig: int) -> None:
+        if self.received is None:
+            self.received = sig
+            if self.waiting is None:
+                self.cancelled = True
+                self.task.cancel()
+        if self.waiting is not None:
+            self.waiting.set()
+
+    async def wait(self) -> None:
+        """Until SIGTERM or SIGINT (at once if one came already)."""
+        if self.received is None:
+            self.waiting = asyncio.Event()
+            await self.waiting.wait()
+        log.info("shutting down: finishing in-flight requests")

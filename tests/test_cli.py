@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from runtime.cli.dev import GONE_SECONDS
 from tests.support import EXAMPLES, function_dir, host_pids, python_function, reactor
 
@@ -385,4 +387,48 @@ def test_a_stop_during_a_deploy_undoes_it_and_exits_at_once(tmp_path: Path) -> N
     assert "Traceback" not in out and "StoreClosed" not in out, out
     assert not host_pids("hang", proc.pid)
     assert not (data / "versions" / "hang").exists() or not any((data / "versions" / "hang")
+                                                                .iterdir())
+
+
+@pytest.mark.parametrize("sig, ignored_at_start", [(signal.SIGTERM, False),
+                                                   (signal.SIGINT, True)])
+def test_a_signal_while_dev_deploys_stops_it_at_once(tmp_path: Path, sig: signal.Signals,
+                                                     ignored_at_start: bool) -> None:
+    """`edgefn dev` signalled while it deploys its folders (a function whose import
+    takes 20 s holds the deploy): SIGTERM killed it outright (status -15, the deploy
+    left as it was), and SIGINT was lost where the shell started it with SIGINT
+    ignored (a background job: Python then installs no handler). Now either stops it
+    within the second, undoes the deploy and reports 128 + the signal's number."""
+    data, tree = tmp_path / "data", tmp_path / "fns"
+    shutil.copytree(EXAMPLES / "hello-wat", tree / "a-hello")
+    python_function(tree, "slow", "import time\ntime.sleep(20)\n\ndef handle(request, env):\n"
+                                  "    return 'never'\n")
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored_at_start else None
+    proc = subprocess.Popen([*EDGEFN, "dev", str(tree), "--no-ai", "--port", "0", "--data",
+                             str(data)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT, preexec_fn=ignore)
+    try:
+        deadline = time.monotonic() + 30
+        while not host_pids("slow", proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host_pids("slow", proc.pid), "the slow function's deploy did not start"
+        time.sleep(0.3)  # its import is running
+        started = time.monotonic()
+        proc.send_signal(sig)
+        status = proc.wait(30)
+        took = time.monotonic() - started
+        out = proc.stdout.read() if proc.stdout else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+    assert status == 128 + sig, (status, out)
+    assert took < 3, (took, out)
+    assert "deployed  hello" in out and "deployed  slow" not in out, out
+    assert "Traceback" not in out, out
+    assert not host_pids("slow", proc.pid)
+    assert not (data / "pop.json").exists()
+    assert not (data / "versions" / "slow").exists() or not any((data / "versions" / "slow")
                                                                 .iterdir())

@@ -30,7 +30,7 @@ from edgefn_core.errors import (
 )
 from runtime import config
 from runtime.admin.client import AdminClient
-from runtime.app import running_pop, wait_for_signal
+from runtime.app import StopSignals, running_pop
 from runtime.config import PopConfig
 from runtime.functions import deploys, manifest
 from runtime.functions.registry import DeployResult, Registry
@@ -327,29 +327,32 @@ async def serve_workers(config: PopConfig, verbosity: int, dev_dir: str | None) 
     if dev_dir is None:
         await serve_n(config, verbosity)
         return
-    async with running_workers(config, verbosity) as (primary, info):
+    async with StopSignals() as stop, running_workers(config, verbosity) as (primary, info):
         print(f"edgefn PoP listening on {info.public} ({primary.count} workers, "
               f"SO_REUSEPORT)", flush=True)
         print(f"  admin API on {info.admin} (token in {config.data_dir / 'admin.token'})",
               flush=True)
         await develop(through_admin(config.data_dir), Path(dev_dir),
                       lambda: AdminClient(config.data_dir).request("GET", "/v1/functions")
-                      ["functions"])
+                      ["functions"], stop)
 
 
 async def serve(config: PopConfig, dev_dir: str | None) -> None:
     """Run a PoP until SIGINT/SIGTERM; with `dev_dir`, deploy and watch its functions.
-    Raises what `running_pop` raises (`DataDirBusy`, OSError for a taken port)."""
-    async with running_pop(config, freeze_heap=True) as (pop, public, admin):
+    Raises what `running_pop` raises (`DataDirBusy`, OSError for a taken port),
+    `Interrupted` for a signal before it serves."""
+    async with StopSignals() as stop, \
+            running_pop(config, freeze_heap=True) as (pop, public, admin):
         print_addresses(pop, public.address, admin.address, config.data_dir)
         if dev_dir is None:
             print_functions(pop.registry.listing())
-            await wait_for_signal()
+            await stop.wait()
         else:
-            await develop(in_process(pop.registry), Path(dev_dir), pop.registry.listing)
+            await develop(in_process(pop.registry), Path(dev_dir), pop.registry.listing, stop)
 
 
-async def develop(target: Target, root: Path, listing: Callable[[], list[Any]]) -> None:
+async def develop(target: Target, root: Path, listing: Callable[[], list[Any]],
+                  stop: StopSignals) -> None:
     """`edgefn dev`: deploy every function folder under `root`, then redeploy one
     when its files change and release the function of one that goes (`release`),
     until SIGINT/SIGTERM."""
@@ -359,7 +362,7 @@ async def develop(target: Target, root: Path, listing: Callable[[], list[Any]]) 
         await deploy_dir(session, d)
     watcher = asyncio.create_task(watch(session, root))
     print_functions(await asyncio.to_thread(listing))
-    await wait_for_signal()
+    await stop.wait()
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watcher

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from edgefn_core.errors import EdgefnError
+from edgefn_core.errors import EdgefnError, Interrupted
 from runtime.cli.parser import UsageError, build
 
 EXIT_ERROR = 1
@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         status = handler(args.handler)(args)
         sys.stdout.flush()  # here, so a closed pipe is seen here and not at exit
+    except Interrupted as e:  # SIGTERM/SIGINT while the PoP started: 128 + its number,
+        return 128 + e.signum  # as a shell reports a process its signal ended
     except EdgefnError as e:  # a command line only the command could judge: still usage
         return fail(e.code, str(e), args.json, EXIT_USAGE if e.code == "usage" else EXIT_ERROR)
     except BrokenPipeError:

@@ -26,10 +26,10 @@ from typing import Any
 
 import msgspec
 
-from edgefn_core.errors import Failure
+from edgefn_core.errors import Failure, Interrupted
 from runtime.admin.client import PopInfo
 from runtime.ai.service import AIService
-from runtime.app import _lock, _start_ai, admin_token, wait_for_signal
+from runtime.app import StopSignals, _lock, _start_ai, admin_token
 from runtime.config import AdminListener, Listener, PopConfig
 from runtime.security.bots.manager import challenge_secret
 from runtime.workers import child
@@ -186,16 +186,17 @@ def worker_main(config: PopConfig, role: Role, ready: Connection, verbosity: int
     if os.getppid() == 1:  # it died before the line above
         return
     configure(verbosity)
-    uvloop.run(_worker(config, role, ready))
+    with contextlib.suppress(Interrupted):  # stopped while it started: what started unwound
+        uvloop.run(_worker(config, role, ready))
 
 
 async def _worker(config: PopConfig, role: Role, ready: Connection) -> None:
     from runtime.app import running_worker
 
-    async with running_worker(config, role, freeze_heap=True):
+    async with StopSignals() as stop, running_worker(config, role, freeze_heap=True):
         ready.send("ready")
         ready.close()
-        await wait_for_signal()
+        await stop.wait()
 
 
 MIGRATE_REQ = Path("/proc/sys/net/ipv4/tcp_migrate_req")
@@ -274,8 +275,9 @@ async def _shared_ai(config: PopConfig) -> tuple[AIService | None, Any]:
 
 
 async def serve(config: PopConfig, verbosity: int = 0) -> None:
-    """`edgefn serve` with ``workers = N``: run until SIGTERM/SIGINT, then drain."""
-    async with running_workers(config, verbosity) as (primary, info):
+    """`edgefn serve` with ``workers = N``: run until SIGTERM/SIGINT, then drain.
+    Raises `Interrupted` for a signal before it serves."""
+    async with StopSignals() as stop, running_workers(config, verbosity) as (primary, info):
         print(f"edgefn PoP listening on {info.public} ({primary.count} workers, "
               f"SO_REUSEPORT)", flush=True)
         print(f"  admin API on {info.admin} (token in {config.data_dir / 'admin.token'})",
@@ -286,4 +288,4 @@ async def serve(config: PopConfig, verbosity: int = 0) -> None:
         print(f"serving {len(records)} function(s):", flush=True)
         for r in records:
             print(f"  {r.name:<16} {r.current}", flush=True)
-        await wait_for_signal()
+        await stop.wait()
