@@ -65,8 +65,9 @@ def parse(output: str) -> dict:
 
 
 def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1,
-        headers: dict[str, str] | None = None) -> dict:
-    """Load ``url`` with wrk; returns {"rps", "p50_ms", "p99_ms", "errors"}.
+        headers: dict[str, str] | None = None, script: str | None = None) -> dict:
+    """Load ``url`` with wrk (``script``: a Lua file for ``-s``, e.g. a POST's method
+    and body); returns {"rps", "p50_ms", "p99_ms", "errors"}.
 
     Raises RuntimeError if wrk is missing (naming ``apt-get install -y wrk``),
     exits non-zero, hangs well past ``seconds`` or prints something unparseable;
@@ -78,6 +79,8 @@ def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1,
     cmd = [wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", url]
     for name, value in (headers or {}).items():
         cmd[1:1] = ["-H", f"{name}: {value}"]
+    if script is not None:
+        cmd[1:1] = ["-s", script]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
     except subprocess.TimeoutExpired as exc:

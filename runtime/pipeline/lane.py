@@ -46,7 +46,10 @@ exact native form, and its executor is one the lane can call:
 Any other kept stage (waf, auth, ratelimit, the caches, tracing, a timed chain, an
 ``access_log`` stage without ``events``) makes the target ineligible: its requests
 take the Python path, as does every request the C does not take (see lane.c: a
-body, a query-less path it has no route for, odd headers, a failed call).
+body past Content-Length framing or the limits, a method but GET, HEAD and POST, a
+path it has no route for, odd headers, a failed call). A POST where http_cache
+counts is its BYPASS: the header (lane.c), the event's record (`EventMaker`), the
+count (`_groups`), `bypass_answer` when Python finishes the call.
 
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
@@ -95,14 +98,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgefn.http")
 
+METHODS = ("GET", "HEAD", "POST")  # lane.c's METHOD_NAMES: a record's method code
+POST = METHODS.index("POST")
+BYPASSED = {"outcome": "BYPASS"}  # a POST's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
 CLASSES = ("browser", "verified_agent", "declared_agent", "automation", "abusive")
 NO_UA = ("automation", ("empty_ua",))  # `Classifier.classify` without a User-Agent
 MAX_VERDICTS = 256
 # the fields `EventMaker.make` writes into its copy of an Event, in lane.c's F_* order
 MADE_FIELDS = ("ts", "rid", "client", "bot", "method", "host", "path", "query", "status",
-               "target", "owner", "route", "decisions", "stages_ms", "bytes_out",
-               "duration_ms")
+               "target", "owner", "route", "decisions", "stages_ms", "bytes_in",
+               "bytes_out", "duration_ms")
 STATUS_LINES = tuple(b"HTTP/1.1 %d %s\r\n" % (s, HTTPStatus(s).phrase.encode())
                      if s in HTTPStatus._value2member_map_ else None for s in range(600))
 
@@ -143,7 +149,8 @@ class NativeLane:
                              ctypes.sizeof(Result),
                              tuple(principal_blob({"bot": c}) for c in CLASSES),
                              self._classes(), self._classify, STATUS_LINES, rid.prefix,
-                             rid.header, http.max_url_bytes, http.max_header_bytes)
+                             rid.header, http.max_url_bytes, http.max_header_bytes,
+                             http.max_body_bytes)
         self.c.python(self._submit)
         # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
         wasi, self.commands = native_wasi.enabled(), False
@@ -259,9 +266,7 @@ class NativeLane:
         future done with its answer or what it raised when it ran inline, else the
         run on a worker thread, holding a concurrency slot until it ends (dispatch's
         `counted`). What it raises reaches `answer` (contained in `_finish`)."""
-        _, _, _, _, _, verdict, _, host, _, client, _, _, frame = call
-        g = decode_request(frame)
-        request = Request(g.method, g.path, g.query, g.headers, host, "1.1", True, client)
+        request, verdict = _request(call), call[5]
         loop = asyncio.get_running_loop()
         try:
             result = wasm.handle(request, route, {}, self.callers[self.records_of[verdict][0]])
@@ -321,7 +326,9 @@ class NativeLane:
         except Exception as e:  # what dispatch's link contains
             response = contain(ctx, e)
         http = self.http_cache
-        if cache == CACHE_FIRST and http is not None:
+        if cache == CACHE_FIRST and http is not None and call[6] == POST:
+            response = http.bypass_answer(response, request, ctx, fn)
+        elif cache == CACHE_FIRST and http is not None:
             response = http.first_answer(response, request, ctx, fn, http.settings_for(fn),
                                    call[11] / 1e9, False)
         elif cache == CACHE_OFF:
@@ -337,9 +344,8 @@ class NativeLane:
 
     def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
         """The request of `call` and the context the stages before dispatch leave."""
-        _, (fn, route, _, _), _, _, n, verdict, _, host, _, client, _, started, frame = call
-        g = decode_request(frame)
-        request = Request(g.method, g.path, g.query, g.headers, host, "1.1", True, client)
+        _, (fn, route, _, _), _, _, n, verdict, _, _, _, client, _, started, _, _ = call
+        request = _request(call)
         ctx = Context(client)
         ctx.started = started / 1e9  # CLOCK_MONOTONIC, perf_counter's clock
         ctx.request_id = b"%s-%x" % (self.request_id.prefix, n)
@@ -538,16 +544,17 @@ class NativeLane:
         ev.observers.observe_batch(EventBatch(events, lines, groups))
 
     def _groups(self, made: list[tuple[Any, ...]]) -> list[Group]:
-        """The C's groups as `Group`s; each MISS of http_cache's counted in its stats."""
+        """The C's groups as `Group`s; each MISS of http_cache's (`first_answer`'s
+        count), and each BYPASS (a POST: `_bypass`'s), counted in its stats."""
         stats = self.http_cache.stats if self.http_cache is not None else None
         if stats is not None:
-            misses: dict[str, int] = {}  # function -> HTTP cache misses (`first_answer`'s count)
-            for ri, _, _, n, *_ in made:
+            counts: dict[tuple[str, str], int] = {}  # (function, outcome) -> requests
+            for ri, _, method, n, *_ in made:
                 if self.route_texts[ri][4]:
-                    name = self.routes[ri][0].name
-                    misses[name] = misses.get(name, 0) + n
-            for name, n in misses.items():
-                stats.record("http", "MISS", function=name, n=n)
+                    key = (self.routes[ri][0].name, "BYPASS" if method == POST else "MISS")
+                    counts[key] = counts.get(key, 0) + n
+            for (name, outcome), n in counts.items():
+                stats.record("http", outcome, function=name, n=n)
         return groups_of(made, self.route_texts, self.verdict_texts)
 
 
@@ -568,16 +575,29 @@ class LaneEvents:
         return made
 
 
+def _request(call: tuple[Any, ...]) -> Request:
+    """The request of a Python route's `call` (lane.c `python_call`) as the front
+    makes it: its frame (the request encoded) decoded, with its Host and client."""
+    g = decode_request(call[12])
+    request = Request(g.method, g.path, g.query, g.headers, call[7], "1.1", True, call[9])
+    request.body = g.body
+    return request
+
+
 def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], ...],
               verdict_texts: tuple[tuple[Any, ...], ...]) -> list[Group]:
     """`EventMaker.make`'s groups of records as the metrics' `Group`s, the routes and
     verdicts named by the texts `make` was given."""
     groups = []
-    for ri, status, head, n, size, verdicts, buckets, durations in made:
+    for ri, status, method, n, size, verdicts, buckets, durations in made:
         _, target, _, route, first = route_texts[ri]
-        at = 2 if first else 1
-        decided = [(verdict_texts[v][at], k) for v, k in verdicts.items()]
-        groups.append(Group(target, route, status, "HEAD" if head else "GET", n, size, buckets,
+        if first and method == POST:  # what the metrics read of `_bypass`'s record
+            decided = [({**verdict_texts[v][1], "http_cache": BYPASSED}, k)
+                       for v, k in verdicts.items()]
+        else:
+            at = 2 if first else 1
+            decided = [(verdict_texts[v][at], k) for v, k in verdicts.items()]
+        groups.append(Group(target, route, status, METHODS[method], n, size, buckets,
                             durations, decided))
     return groups
 

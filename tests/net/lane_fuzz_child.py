@@ -34,7 +34,8 @@ def handle(request, env):
 async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pop = PoP(c.load(None, data=tmp, **{"ai.enabled": False, "http.max_url_bytes": 1024,
-                                            "http.max_header_bytes": 2048}))
+                                            "http.max_header_bytes": 2048,
+                                            "http.max_body_bytes": 4096}))
         for folder in [ROOT / "functions" / "examples" / "hello-wat",
                        *guests(Path(tmp) / "fns"), python_function(Path(tmp) / "py", "pyf", PYF)]:
             await pop.registry.deploy(deploys.pack_dir(folder))

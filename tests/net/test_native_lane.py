@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from runtime.admin.client import AdminClient
 from runtime.pipeline.lane import NativeLane
 from runtime.pipeline.stages.access_log import AccessLog
-from tests.net.lane_support import exchange, guests, normal
-from tests.support import Running, pop_thread
+from tests.net.lane_support import exchange, guests, normal, static_reactor
+from tests.support import Running, function_dir, pop_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTS = {"auto": 28010, "off": 28011}
@@ -144,7 +144,21 @@ SERVED = {  # name: (request, the lane serves it)
     "205": (request("GET", "/reset", [("Host", "x")]), True),
     "418": (request("GET", "/teapot", [("Host", "x")]), True),
     "head of 418": (request("HEAD", "/teapot", [("Host", "x")]), True),
-    "body": (request("POST", "/mirror", [("Host", "x")], b"abc"), False),
+    "post": (request("POST", "/mirror", [("Host", "x"), ("Content-Type", "text/plain")],
+                     b"abc"), True),
+    "post, no body": (request("POST", "/mirror?a", [("Host", "x")]), True),
+    "post, empty body": (b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+                         True),
+    "post, binary body": (request("POST", "/echo", [("Host", "x")], bytes(range(256)) * 40),
+                          True),
+    "post, body past the lane's": (request("POST", "/mirror", [("Host", "x")],
+                                           b"b" * ((1 << 20) + 1)), False),
+    "post, two lengths": (b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                          b"Content-Length: 3\r\n\r\nabc", False),
+    "post, head 418": (request("POST", "/teapot", [("Host", "x")], b"t"), True),
+    "post, trap": (request("POST", "/trap", [("Host", "x")], b"t"), False),
+    "get with a body": (request("GET", "/mirror", [("Host", "x")], b"abc"), False),
+    "put": (request("PUT", "/mirror", [("Host", "x")], b"abc"), False),
     "chunked": (b"POST /mirror HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"3\r\nabc\r\n0\r\n\r\n", False),
     "expect": (request("GET", "/hello", [("Host", "x"), ("Expect", "100-continue")]), False),
@@ -211,6 +225,47 @@ def test_metrics_after_kinds(pair: tuple[Side, Side]) -> None:
     assert any(line.startswith("edgefn_requests_total{") for line in scraped)
     assert scraped == off.metrics()
     assert on.cache_stats() == off.cache_stats()
+
+
+def test_a_post_body_reaches_the_reactor(pair: tuple[Side, Side]) -> None:
+    """The echo example answers a POST's body as its body, by the lane as by Python."""
+    on, _ = pair
+    assert on.lane is not None
+    body = bytes(range(256)) * 3
+    before = on.lane.served
+    got = both(pair, request("POST", "/echo?q=1", [("Host", "x")], body), [b"POST"])[0]
+    assert on.lane.served - before == 1
+    assert got.endswith(b"\r\n\r\n" + body) and b"x-echo-method: POST\r\n" in got
+
+
+def test_a_post_bypasses_the_http_cache_as_python_does(pair: tuple[Side, Side],
+                                                       tmp_path: Path) -> None:
+    """A POST to a function the HTTP cache is on for: BYPASS (its header, its event's
+    record with the URL's key, its count), served by the lane while nothing of the
+    deployment is stored; once a GET stored an answer, the POST is Python's, which
+    drops the URL's entries (the next GET is a MISS again, on both)."""
+    on, off = pair
+    assert on.lane is not None
+    d = function_dir(tmp_path, "postcache", static_reactor(
+        200, [(b"Cache-Control", b"max-age=60")], b"kept"))
+    on.r.deploy(d)
+    off.r.deploy(d)
+    post = request("POST", "/postcache?x=1", [("Host", "h")], b"data")
+    get = request("GET", "/postcache?x=1", [("Host", "h")])
+    steps = [(post, b"POST", 1, b"BYPASS"), (get, b"GET", 0, b"MISS"),
+             (get, b"GET", 0, b"HIT"), (post, b"POST", 0, b"BYPASS"),
+             (get, b"GET", 0, b"MISS")]
+    for raw, method, by_lane, outcome in steps:
+        before = on.lane.served
+        got = both(pair, raw, [method])
+        assert b"x-edgefn-cache: " + outcome in got[0], (method, got)
+        assert on.lane.served - before == by_lane, method
+    bypassed = [e for e in on.r.pop.ring.events if e.path == "/postcache" and
+                e.method == "POST"]
+    assert [e.decisions["http_cache"] for e in bypassed] == \
+        [{"outcome": "BYPASS", "key": f"{bypassed[0].target} h/postcache?x=1"}] * 2
+    assert on.cache_stats() == off.cache_stats()
+    assert on.metrics() == off.metrics()
 
 
 # -- random requests --------------------------------------------------------------------------

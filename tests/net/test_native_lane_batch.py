@@ -39,35 +39,43 @@ ROUTES = (("/hello", "hello@1a2b3c4d", None, "/hello", False),
 # bot class, decisions, decisions with the MISS (NativeLane.verdict_texts)
 VERDICTS = (("automation", {"bots": BOTS}, {"bots": BOTS, "http_cache": MISS}),
             ("declared_agent", {"bots": CRAWLER}, {"bots": CRAWLER, "http_cache": MISS}))
-# (ts, number, route, status, body bytes, took ns, verdict, head, host, query, client):
-# half-even rounding of microseconds (1500, 2500 ns), durations on a bucket's bound
-# (500 us = 0.0005 s), a millisecond's edge, latin-1 in host and query, odd clients
+# (ts, number, route, status, body bytes, took ns, verdict, method, host, query, client,
+# request body bytes), method 0 GET, 1 HEAD, 2 POST (lane.c's MC_*): half-even rounding
+# of microseconds (1500, 2500 ns), durations on a bucket's bound (500 us = 0.0005 s), a
+# millisecond's edge, latin-1 in host and query, odd clients, POSTs (a BYPASS of
+# http_cache's where it counts, its key the URL's)
 RECORDS = [
-    (1796281449.9995, 1, 0, 200, 13, 1500, 0, 0, b"x", b"", "127.0.0.1:5000"),
-    (1796281450.0, 2, 0, 200, 13, 2500, 0, 1, b"x:8080", b"a=1&b", "127.0.0.1:5001"),
-    (1796281450.1234567, 0xFFFF, 1, 418, 0, 500_000, 1, 0, b"h\xe9", b"q=\xff", "[::1]:80"),
-    (1796281450.5, 17, 2, 204, 0, 999_999_500, 0, 0, b"x", b"", "nocolon"),
-    (1000000000.000999, 18, 1, 200, 5, 10_000_000_000, 1, 1, b"x", b"", ":9"),
-    (1796281451.25, 19, 0, 200, 13, 2_500_000, 1, 0, b"x", b"", "10.0.0.1:1"),
-    (1796281451.75, 20, 0, 200, 13, 1_000_499, 0, 0, b"x", b"z", "10.0.0.1:1"),
-    (1796281451.76, 21, 2, 503, 7, 123_456, 0, 0, b"x", b"", "10.0.0.2:1"),
+    (1796281449.9995, 1, 0, 200, 13, 1500, 0, 0, b"x", b"", "127.0.0.1:5000", 0),
+    (1796281450.0, 2, 0, 200, 13, 2500, 0, 1, b"x:8080", b"a=1&b", "127.0.0.1:5001", 0),
+    (1796281450.1234567, 0xFFFF, 1, 418, 0, 500_000, 1, 0, b"h\xe9", b"q=\xff", "[::1]:80", 0),
+    (1796281450.5, 17, 2, 204, 0, 999_999_500, 0, 0, b"x", b"", "nocolon", 0),
+    (1000000000.000999, 18, 1, 200, 5, 10_000_000_000, 1, 1, b"x", b"", ":9", 0),
+    (1796281451.25, 19, 0, 200, 13, 2_500_000, 1, 0, b"x", b"", "10.0.0.1:1", 0),
+    (1796281451.75, 20, 0, 200, 13, 1_000_499, 0, 0, b"x", b"z", "10.0.0.1:1", 0),
+    (1796281451.76, 21, 2, 503, 7, 123_456, 0, 0, b"x", b"", "10.0.0.2:1", 0),
+    (1796281451.77, 22, 0, 200, 13, 40_000, 0, 2, b"x", b"", "10.0.0.3:1", 3),
+    (1796281451.78, 23, 1, 200, 2, 41_000, 1, 2, b"h\xe9", b"q=\xff&r", "10.0.0.3:2", 70000),
+    (1796281451.79, 24, 1, 200, 0, 42_000, 0, 2, b"x", b"", "10.0.0.3:3", 0),
 ]
 
 
 def reference(rec: tuple[Any, ...]) -> Event:
     """The event the Python drain made of `rec` (the events stage's fields)."""
-    ts, n, ri, status, size, took, verdict, head, host, query, client = rec
+    ts, n, ri, status, size, took, verdict, method, host, query, client, size_in = rec
     path, target, owner, route, first = ROUTES[ri]
     cls, plain, missed = VERDICTS[verdict]
     event = Event(ts=ts, rid=f"{PREFIX}-{n:x}", pop=POP, tier=TIER, client=client.rpartition(
-                  ":")[0] or client, bot=cls, method="HEAD" if head else "GET",
+                  ":")[0] or client, bot=cls, method=("GET", "HEAD", "POST")[method],
                   host=host.decode("latin-1"), path=path, status=status, target=target,
-                  owner=owner, route=route or None, bytes_out=size,
+                  owner=owner, route=route or None, bytes_in=size_in, bytes_out=size,
                   duration_ms=round(took / 1000) / 1000)
     event.geo = GEO
     if query:
         event.query = query.decode("latin-1")
     event.decisions = dict(missed if first else plain)
+    if first and method == 2:  # HttpCacheStage._bypass's record: `_label` of the key
+        url = host.decode("latin-1") + path + ("?" + query.decode("latin-1") if query else "")
+        event.decisions = {**plain, "http_cache": {"outcome": "BYPASS", "key": f"{target} {url}"}}
     return event
 
 
@@ -133,7 +141,9 @@ def test_groups_count_what_each_event_counts() -> None:
 
 def test_a_bad_record_raises() -> None:
     with pytest.raises(ValueError):
-        make([(1.0, 1, 9, 200, 0, 0, 0, 0, b"x", b"", "c")])  # no route 9
+        make([(1.0, 1, 9, 200, 0, 0, 0, 0, b"x", b"", "c", 0)])  # no route 9
+    with pytest.raises(ValueError):
+        make([(1.0, 1, 0, 200, 0, 0, 0, 3, b"x", b"", "c", 0)])  # no method 3
     with pytest.raises(TypeError):
         make([(1.0, 1)])
 

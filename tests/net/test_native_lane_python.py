@@ -48,6 +48,10 @@ def handle(request, env):
                                  ("X-Edgefn-Function", "other@1")])
     if path == "/pyboom":
         raise RuntimeError("boom")
+    if path == "/pyecho":  # what a POST brought
+        return Response(b"%s %d %r %s" % (request.method.encode(), len(request.body),
+                                           request.headers.get("content-type"),
+                                           request.body[:40]))
     if path == "/pycached":
         return Response("keep me\\n", headers={"Cache-Control": "max-age=60"})
     if path == "/pystream":
@@ -68,7 +72,7 @@ def handle(request, env):
         return Response("slept\\n")
     return Response("?", status=500)
 '''
-ROUTES = ["/pyfn", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
+ROUTES = ["/pyfn", "/pyecho", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
           "/pyslow", "/pylongname", "/pybig"]
 
 
@@ -121,7 +125,13 @@ SERVED = {  # name: (request, the lane starts its call)
     "cacheable": (request("GET", "/pycached", H), True),
     "streams": (request("GET", "/pystream", H), True),
     "head of a stream": (request("HEAD", "/pystream", H), True),
-    "body": (request("POST", "/pyfn", H, b"abc"), False),
+    "post": (request("POST", "/pyecho", [*H, ("Content-Type", "application/json")],
+                     b'{"a": 1}'), True),
+    "post, no body": (request("POST", "/pyecho", H), True),
+    "post, binary": (request("POST", "/pyecho?x", H, bytes(range(256)) * 8), True),
+    "post raises": (request("POST", "/pyboom", H, b"x"), True),
+    "post streams": (request("POST", "/pystream", H, b"x"), True),
+    "put": (request("PUT", "/pyecho", H, b"abc"), False),
     "close": (request("GET", "/pyfn", [*H, ("Connection", "close")]), False),
     "cdn-loop": (request("GET", "/pyfn", [*H, ("CDN-Loop", "edgefn; t=1")]), False),
     "browser": (request("GET", "/pyfn", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
@@ -165,6 +175,11 @@ def test_answers_and_counts(pair: tuple[Side, Side]) -> None:
     assert b"x-edgefn-error" not in plain and b"mine" not in plain
     boom = both(pair, SERVED["raises"][0], [b"GET"])[0]
     assert boom.startswith(b"HTTP/1.1 500 ") and b"x-edgefn-error: trap\r\n" in boom
+    posted = both(pair, SERVED["post"][0], [b"POST"])[0]
+    assert posted.startswith(b"HTTP/1.1 200 OK\r\n") and b"x-edgefn-cache: BYPASS\r\n" in posted
+    assert posted.endswith(b"POST 8 'application/json' {\"a\": 1}")
+    boom = both(pair, SERVED["post raises"][0], [b"POST"])[0]
+    assert boom.startswith(b"HTTP/1.1 500 ") and b"x-edgefn-cache: BYPASS\r\n" in boom
     for raw, _ in SERVED.values():
         both(pair, raw, [raw.split(b" ", 1)[0]])
     assert on.metrics() == off.metrics()

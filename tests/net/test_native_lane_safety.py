@@ -410,3 +410,19 @@ def test_the_header_limit_is_the_fronts(child: Child, extra: int) -> None:
     data = head + name + b": " + value + b"\r\n\r\n"
     used, _, _ = child.feed(data)
     assert (used > 0) == (extra == 0)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_body_limit_is_the_fronts(child: Child, extra: int) -> None:
+    """The child's max_body_bytes is 4096: a POST whose body is exactly that long is
+    the lane's, one byte more is Python's (413); so is one past Content-Length's
+    framing (chunked), or whose body has not all arrived."""
+    body = b"b" * (4096 + extra)
+    data = b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body), body)
+    used, _, _ = child.feed(data)
+    assert used == (len(data) if extra == 0 else 0)
+    assert child.feed(data[:-1])[0] == 0  # the body's last byte still to come
+    chunked = (b"POST /mirror HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3\r\nabc\r\n0\r\n\r\n")
+    assert child.feed(chunked)[0] == 0

@@ -140,7 +140,7 @@ SERVED = {
     "stderr": (request("GET", "/stderr", H), "call"),
     "cacheable": (request("GET", "/cached", H), "call"),
     "sleeps": (request("GET", "/sleepy", H), "call"),
-    "body": (request("POST", "/env", H, b"abc"), "python"),
+    "body": (request("POST", "/env", H, b"abc"), "call"),  # stdin: the call's run
     "close": (request("GET", "/env", [*H, ("Connection", "close")]), "python"),
     "browser": (request("GET", "/env", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                 "AppleWebKit/537.36 (KHTML, like Gecko) "

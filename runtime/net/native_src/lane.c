@@ -7,8 +7,9 @@
  * struct layout below is llhttp 9.x's public header, checked at load by
  * `layout_check()` against llhttp's own accessors). For each complete request it
  * decides whether it is one the lane serves exactly as the Python front and
- * pipeline would: HTTP/1.1 GET or HEAD, no body, no header that any stage or the
- * front reads differently (Connection, Expect, Upgrade, a body's framing, a
+ * pipeline would: HTTP/1.1 GET or HEAD without a body, or POST with a Content-Length
+ * body whole in the read (up to `max_body`), no header that any stage or the
+ * front reads differently (Connection, Expect, Upgrade, chunked framing, a
  * request id, credentials, signatures, x-edgefn-*), a plain origin-form path that
  * exactly equals an eligible route, a User-Agent Python has classified as a
  * non-browser class its policy allows, sizes under the front's limits. If so:
@@ -84,7 +85,11 @@ _Static_assert(offsetof(llhttp_settings_t, on_headers_complete) == 0x50, "settin
 _Static_assert(offsetof(llhttp_settings_t, on_message_complete) == 0x60, "settings mc");
 _Static_assert(offsetof(llhttp_settings_t, on_reset) == 0xc0, "settings reset");
 
-enum { HPE_OK = 0, HPE_PAUSED = 21, HTTP_REQUEST = 1, M_GET = 1, M_HEAD = 2 };
+enum { HPE_OK = 0, HPE_PAUSED = 21, HTTP_REQUEST = 1, M_GET = 1, M_HEAD = 2, M_POST = 3 };
+/* The methods the lane serves, as its records, calls and groups name them (METHODS) */
+enum { MC_GET = 0, MC_HEAD = 1, MC_POST = 2, N_METHODS = 3 };
+static const char *const METHOD_NAMES[N_METHODS] = {"GET", "HEAD", "POST"};
+#define BODY_MAX ((uint64_t)1 << 20)  /* a larger body is Python's, whatever max_body says */
 
 static void (*ll_init)(llhttp_t *, int, const llhttp_settings_t *);
 static void (*ll_settings_init)(llhttp_settings_t *);
@@ -148,6 +153,9 @@ typedef struct {
     int hstate;    /* 0: none yet, 1: in a field, 2: in a value */
     uint32_t url_len, head_len, nh;
     uint64_t py_head;  /* the front's measure: sum of name + value + 4 */
+    const char *body;  /* a POST's body: a span of the read's bytes (contiguous: */
+    uint64_t body_len; /* Content-Length framing), at most max_body */
+    uint64_t max_body; /* min(the front's max_body_bytes, BODY_MAX); 0: no bodies */
     hdr_t h[MAX_HEADERS];
     char url[URL_MAX];
     char head[HEAD_MAX];
@@ -158,6 +166,8 @@ static int on_message_begin(llhttp_t *p) {
     q->done = q->bad = q->hstate = 0;
     q->url_len = q->head_len = q->nh = 0;
     q->py_head = 0;
+    q->body = NULL;
+    q->body_len = 0;
     return 0;
 }
 
@@ -210,7 +220,8 @@ static int on_headers_complete(llhttp_t *p) {
                                 q->head[h->value + h->value_len - 1] == '\t'))
             h->value_len--;
     }
-    if (p->http_major != 1 || p->http_minor != 1 || (p->method != M_GET && p->method != M_HEAD)) {
+    if (p->http_major != 1 || p->http_minor != 1 ||
+            (p->method != M_GET && p->method != M_HEAD && p->method != M_POST)) {
         q->bad = 1;
         return -1;
     }
@@ -218,9 +229,15 @@ static int on_headers_complete(llhttp_t *p) {
 }
 
 static int on_body(llhttp_t *p, const char *at, size_t n) {
-    (void)at; (void)n;
-    ((req_t *)p->data)->bad = 1;
-    return -1;
+    req_t *q = p->data;
+    if (p->method != M_POST || (q->body && at != q->body + q->body_len) ||
+            n > q->max_body - q->body_len) {  /* not one span (chunked), or too large */
+        q->bad = 1;
+        return -1;
+    }
+    if (!q->body) q->body = at;
+    q->body_len += n;
+    return 0;
 }
 
 static int on_message_complete(llhttp_t *p) {
@@ -421,16 +438,16 @@ static uint8_t *put_blob(uint8_t *o, PyObject *b) {
 
 /* The request in the function ABI into l->req, as `encode_request` writes it; its
  * length, or 0 (no memory). */
-static size_t encode(Lane *l, const route_t *r, PyObject *principal, int head,
+static size_t encode(Lane *l, const route_t *r, PyObject *principal, int method,
                      const char *path, size_t path_len, const char *query, size_t query_len) {
     const req_t *q = &l->q;
     size_t n = 4 + 4 * 6 + 4 + path_len + query_len + (size_t)q->nh * 8 + q->head_len +
-               (size_t)PyBytes_GET_SIZE(r->env_blob) + 4 /* no params */ +
+               (size_t)PyBytes_GET_SIZE(r->env_blob) + (size_t)q->body_len + 4 /* params */ +
                (size_t)PyBytes_GET_SIZE(principal);
     if (grow(&l->req, &l->req_cap, n)) return 0;
     uint8_t *o = l->req;
     memcpy(o, "EFQ1", 4);
-    o = put_str(o + 4, head ? "HEAD" : "GET", head ? 4 : 3);
+    o = put_str(o + 4, METHOD_NAMES[method], (uint32_t)strlen(METHOD_NAMES[method]));
     o = put_str(o, path, (uint32_t)path_len);
     o = put_str(o, query, (uint32_t)query_len);
     memcpy(o, &q->nh, 4);
@@ -440,7 +457,7 @@ static size_t encode(Lane *l, const route_t *r, PyObject *principal, int head,
         o = put_str(o, q->head + q->h[i].value, q->h[i].value_len);
     }
     o = put_blob(o, r->env_blob);
-    o = put_str(o, "", 0);  /* the body */
+    o = put_str(o, q->body ? q->body : "", (uint32_t)q->body_len);
     o = put_str(o, "", 0);  /* params: encode_params({}) is NO_PAIRS, a zero count */
     o = put_blob(o, principal);
     return (size_t)(o - l->req);
@@ -542,7 +559,7 @@ static int dropped(const Lane *l, const uint8_t *name, uint32_t n, int cache) {
 static int write_response(Lane *l, const route_t *r, uint32_t status, const uint8_t *pairs,
                           uint32_t count, const uint8_t *body, uint32_t body_len,
                           const char *rid, size_t rid_len, PyObject *date, PyObject *extra,
-                          int head) {
+                          int method) {
     PyObject *line = PyTuple_GET_ITEM(l->status_lines, status);  /* 200..599 */
     size_t need = 64 + (line == Py_None ? 32 : (size_t)PyBytes_GET_SIZE(line)) +
                   (size_t)PyBytes_GET_SIZE(date) + (size_t)PyBytes_GET_SIZE(extra) +
@@ -587,7 +604,10 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     PUTS("x-edgefn-function: ");
     PUT(PyBytes_AS_STRING(r->label), (size_t)PyBytes_GET_SIZE(r->label));
     PUTS("\r\n");
-    if (r->cache == CACHE_FIRST) PUTS("x-edgefn-cache: MISS\r\n");
+    if (r->cache == CACHE_FIRST) {  /* http_cache's `answered` (MISS), `_bypassed` (a POST) */
+        if (method == MC_POST) PUTS("x-edgefn-cache: BYPASS\r\n");
+        else PUTS("x-edgefn-cache: MISS\r\n");
+    }
     PUT(l->rid_header, l->rid_header_len);
     PUTS(": ");
     PUT(rid, rid_len);
@@ -599,7 +619,7 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
         PUTS("\r\n");
     }
     PUTS("\r\n");
-    if (!no_body && status != 205 && !head) PUT(body, body_len);
+    if (!no_body && status != 205 && method != MC_HEAD) PUT(body, body_len);
     l->out_len = (size_t)((uint8_t *)o - l->out);
     return 0;
 }
@@ -619,25 +639,26 @@ static uint64_t mono_ns(void) {
 /* ---- the record of a request the lane answered ---------------------------------------- */
 /* One record appended to `records` (a list the drain empties: runtime/pipeline/lane.py
  * `NativeLane.drain`, through `EventMaker.make` below): the tuple
- * (ts, number, route, status, body bytes, took ns, verdict, head, host, query, client),
- * `host` and `query` as bytes, `client` the connection's "ip:port" str. Every request
+ * (ts, number, route, status, body bytes, took ns, verdict, method, host, query, client,
+ * request body bytes), `method` an MC_* code, `host` and `query` as bytes, `client` the
+ * connection's "ip:port" str. Every request
  * the lane answers is recorded here and only here. 0, or -1 with a Python error. */
 static int add_record(PyObject *records, double ts, uint64_t number, int route,
-                      uint32_t status, uint32_t size, uint64_t took, int verdict, int head,
+                      uint32_t status, uint32_t size, uint64_t took, int verdict, int method,
                       const char *host, size_t host_len, const char *query, size_t query_len,
-                      PyObject *client) {
-    PyObject *rec = PyTuple_New(11);
+                      PyObject *client, uint64_t bytes_in) {
+    PyObject *rec = PyTuple_New(12);
     if (!rec) return -1;
-    PyObject *items[11] = {
+    PyObject *items[12] = {
         PyFloat_FromDouble(ts), PyLong_FromUnsignedLongLong(number), PyLong_FromLong(route),
         PyLong_FromUnsignedLong(status), PyLong_FromUnsignedLong(size),
-        PyLong_FromUnsignedLongLong(took), PyLong_FromLong(verdict), PyLong_FromLong(head),
+        PyLong_FromUnsignedLongLong(took), PyLong_FromLong(verdict), PyLong_FromLong(method),
         PyBytes_FromStringAndSize(host, (Py_ssize_t)host_len),
         query_len ? PyBytes_FromStringAndSize(query, (Py_ssize_t)query_len)
                   : PyBytes_FromStringAndSize(NULL, 0),
-        Py_NewRef(client)};
+        Py_NewRef(client), PyLong_FromUnsignedLongLong(bytes_in)};
     int failed = 0;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 12; i++) {
         if (!items[i]) failed = 1;
         PyTuple_SET_ITEM(rec, i, items[i]);  /* NULL items: the tuple's dealloc skips them */
     }
@@ -670,7 +691,7 @@ static int allowed_verdict(Lane *l, const route_t *r, long *cls) {
  * answer comes back to `respond`, or to Python's own finish). 2: started (the call, a tuple, in l->started: serve stops after it, as
  * the connection has a response in progress), 0 for Python (submit said no: a
  * concurrency limit), -1 a Python error (nothing submitted). */
-static int python_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
+static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *host,
                        const char *url, size_t path_len, const char *query, size_t query_len,
                        PyObject *client) {
     const req_t *q = &l->q;
@@ -681,18 +702,19 @@ static int python_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
     if (verdict < 0) return 0;
     uint64_t started = mono_ns();
     double ts = now_wall();
-    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), head, url, path_len, query,
-                      query_len);
+    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), method, url, path_len,
+                      query, query_len);
     if (!n) { PyErr_NoMemory(); return -1; }
-    /* (future, route, table generation, route index, id number, verdict, head, host,
-     * query, client, ts, started ns, frame): the future is set once submitted */
-    PyObject *call = Py_BuildValue("(OOKiKiiy#y#OdKy#)", Py_None, r->python,
+    /* (future, route, table generation, route index, id number, verdict, method, host,
+     * query, client, ts, started ns, frame, request body bytes): the future is set once
+     * submitted */
+    PyObject *call = Py_BuildValue("(OOKiKiiy#y#OdKy#K)", Py_None, r->python,
                                    (unsigned long long)l->generation, ri,
-                                   (unsigned long long)(l->counter + 1), verdict, head,
+                                   (unsigned long long)(l->counter + 1), verdict, method,
                                    q->head + host->value, (Py_ssize_t)host->value_len, query,
                                    (Py_ssize_t)query_len, client, ts,
                                    (unsigned long long)started, (const char *)l->req,
-                                   (Py_ssize_t)n);
+                                   (Py_ssize_t)n, (unsigned long long)l->q.body_len);
     if (!call) return -1;
     PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, call);
     if (!future || future == Py_None) {
@@ -727,7 +749,7 @@ static int runs_inline(Lane *l, const route_t *r) {
  * written as the front writes it, its record appended: 1; 0 when it is Python's (not
  * as abi.decode_response takes it, or one http_cache stores: Python runs the request
  * again, a pure function); -1 a Python error. */
-static int answer_frame(Lane *l, const route_t *r, int ri, int head, const uint8_t *frame,
+static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uint8_t *frame,
                         uint64_t frame_len, uint64_t started, double ts, int verdict,
                         const hdr_t *host, const char *query, size_t query_len, PyObject *date,
                         PyObject *extra, PyObject *events, PyObject *client) {
@@ -735,21 +757,22 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int head, const uint8
     const uint8_t *body = NULL;
     const uint8_t *pairs = check_frame(frame, frame_len, &status, &count, &body, &body_len);
     if (!pairs) return 0;
-    if (r->cache == CACHE_FIRST && !head && may_store(pairs, count))
+    if (r->cache == CACHE_FIRST && method == MC_GET && may_store(pairs, count))
         return 0;  /* http_cache stores it: Python runs it again (a pure function) */
     uint64_t counter = ++l->counter;
     char rid[96];
     size_t rid_len = request_id(l, counter, rid);
     size_t before = l->out_len;
     if (write_response(l, r, status, pairs, count, body, body_len, rid, rid_len, date, extra,
-                       head)) {
+                       method)) {
         l->counter--;
         PyErr_NoMemory();
         return -1;
     }
     uint64_t took = mono_ns() - started;
-    if (add_record(events, ts, counter, ri, status, body_len, took, verdict, head,
-                   l->q.head + host->value, host->value_len, query, query_len, client)) {
+    if (add_record(events, ts, counter, ri, status, body_len, took, verdict, method,
+                   l->q.head + host->value, host->value_len, query, query_len, client,
+                   l->q.body_len)) {
         /* not answered after all: Python answers it, with this number unused */
         l->out_len = before;
         l->counter--;
@@ -777,7 +800,7 @@ static int plain_text(const char *s, size_t n) {
  * makes them for it (the caller dispatch gives the bot class `cls`), into l->cgi in
  * the run's form (wasi.c `edgefn_wasi_run`'s `strings`): its length, and the pairs in
  * `*envc`; 0 when it is not plain (a byte outside ASCII: Python's). -1 no memory. */
-static long cgi_strings(Lane *l, const route_t *r, int head, const char *path,
+static long cgi_strings(Lane *l, const route_t *r, int method, const char *path,
                         size_t path_len, const char *query, size_t query_len,
                         PyObject *client, long cls, size_t *envc) {
     const req_t *q = &l->q;
@@ -800,7 +823,7 @@ static long cgi_strings(Lane *l, const route_t *r, int head, const char *path,
     memcpy(o, PyBytes_AS_STRING(r->cgi), (size_t)PyBytes_GET_SIZE(r->cgi));
     o += PyBytes_GET_SIZE(r->cgi);
     o = put_cstr(o, "REQUEST_METHOD", 14);
-    o = put_cstr(o, head ? "HEAD" : "GET", head ? 4 : 3);
+    o = put_cstr(o, METHOD_NAMES[method], strlen(METHOD_NAMES[method]));
     o = put_cstr(o, "PATH_INFO", 9);
     o = put_cstr(o, path, path_len);
     o = put_cstr(o, "QUERY_STRING", 12);
@@ -935,7 +958,7 @@ static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len
  * native path: 1 served, 0 for Python's call (`submit`: what is not plain, a run that
  * failed, wrote to stderr or answered what parse_response refuses: run again there,
  * the lane's run counting as its first inline try), -1 a Python error. */
-static int command_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host,
+static int command_call(Lane *l, route_t *r, int ri, int method, const hdr_t *host,
                         const char *url, size_t path_len, const char *query,
                         size_t query_len, PyObject *date, PyObject *extra, PyObject *events,
                         PyObject *client) {
@@ -947,7 +970,7 @@ static int command_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host
     uint64_t started = mono_ns();
     double ts = now_wall();
     size_t envc = 0;
-    long n = cgi_strings(l, r, head, url, path_len, query, query_len, client, cls, &envc);
+    long n = cgi_strings(l, r, method, url, path_len, query, query_len, client, cls, &envc);
     if (n <= 0) {
         if (n < 0 && !PyErr_Occurred()) PyErr_NoMemory();
         return n < 0 ? -1 : 0;
@@ -973,7 +996,7 @@ static int command_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host
         if (f < 0) PyErr_NoMemory();
         return f < 0 ? -1 : 0;
     }
-    int done = answer_frame(l, r, ri, head, l->cgi, (uint64_t)f, started, ts, verdict, host,
+    int done = answer_frame(l, r, ri, method, l->cgi, (uint64_t)f, started, ts, verdict, host,
                             query, query_len, date, extra, events, client);
     l->commands_run += done == 1;
     return done;
@@ -981,17 +1004,20 @@ static int command_call(Lane *l, route_t *r, int ri, int head, const hdr_t *host
 
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. */
-static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObject *events,
+static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObject *events,
                      PyObject *client) {
     req_t *q = &l->q;
     if (q->url_len > l->max_url || q->py_head > l->max_head) return 0;
     if (!plain_path(q->url, q->url_len)) return 0;
     const hdr_t *host = NULL;
+    int framed = 0;  /* a POST's one Content-Length (its body whole: on_body) */
     for (uint32_t i = 0; i < q->nh; i++) {
         const hdr_t *h = &q->h[i];
         if (name_is(q, h, "host", 4)) {
             if (host) return 0;
             host = h;
+        } else if (method == MC_POST && !framed && name_is(q, h, "content-length", 14)) {
+            framed = 1;
         } else if (handed_over(l, q, h)) {
             return 0;
         }
@@ -1015,8 +1041,8 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
         int stored = PySet_Contains(r->caching, r->label_str);
         if (stored) return stored < 0 ? -1 : 0;
     }
-    if (r->cgi && l->wasi_run) {
-        int done = command_call(l, r, ri, head, host, url, path_len, query, query_len, date,
+    if (r->cgi && l->wasi_run && method != MC_POST) {  /* a body (stdin): the call's run */
+        int done = command_call(l, r, ri, method, host, url, path_len, query, query_len, date,
                                 extra, events, client);
         if (l->cgi_cap > ((size_t)1 << 20)) {  /* a large answer's buffer is not kept */
             free(l->cgi);
@@ -1025,7 +1051,7 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
         }
         if (done) return done;
     }
-    if (r->python) return python_call(l, r, ri, head, host, url, path_len, query, query_len,
+    if (r->python) return python_call(l, r, ri, method, host, url, path_len, query, query_len,
                                       client);
     int idle = runs_inline(l, r);
     if (idle <= 0) return idle;
@@ -1034,8 +1060,8 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
     if (verdict < 0) return 0;
     uint64_t started = mono_ns();
     double ts = now_wall();
-    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), head, url, path_len, query,
-                      query_len);
+    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), method, url, path_len,
+                      query, query_len);
     if (!n) { PyErr_NoMemory(); return -1; }
     int32_t failed;
     edgefn_result *res = &l->result;
@@ -1052,7 +1078,7 @@ static int serve_one(Lane *l, int head, PyObject *date, PyObject *extra, PyObjec
          * stalls the PoP": inline at most twice, then the worker threads) */
         return PyObject_SetAttr(r->executor, l->lane_cut_name, Py_True) < 0 ? -1 : 0;
     }
-    return answer_frame(l, r, ri, head, res->response, res->response_len, started, ts, verdict,
+    return answer_frame(l, r, ri, method, res->response, res->response_len, started, ts, verdict,
                         host, query, query_len, date, extra, events, client);
 }
 
@@ -1087,7 +1113,9 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
         const char *end = ll_error_pos(&p);
         if (!end || end < buf + used || end > buf + len) break;
         if (!ll_should_keep_alive(&p)) break;
-        int served = serve_one(l, p.method == M_HEAD, a[1], a[2], a[4], a[5]);
+        int served = serve_one(l, p.method == M_HEAD ? MC_HEAD : p.method == M_POST ? MC_POST
+                                                                                : MC_GET,
+                               a[1], a[2], a[4], a[5]);
         if (served < 0) { failed = 1; break; }
         if (!served) break;
         used = (size_t)(end - buf);
@@ -1109,7 +1137,7 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
  * HTTP cache would store the answer (a GET with Cache-Control or Expires), or the
  * headers are not the decoded (name, value) bytes pairs. */
 static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 13 ||
+    if (nargs != 7 || !PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 14 ||
             !PyList_Check(a[2]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4]) ||
             !PyBytes_Check(a[5]) || !PyList_Check(a[6])) {
         PyErr_SetString(PyExc_TypeError,
@@ -1121,13 +1149,15 @@ static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     long ri = PyLong_AsLong(PyTuple_GET_ITEM(c, 3));
     unsigned long long counter = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 4));
     long verdict = PyLong_AsLong(PyTuple_GET_ITEM(c, 5));
-    long head = PyLong_AsLong(PyTuple_GET_ITEM(c, 6));
+    long method = PyLong_AsLong(PyTuple_GET_ITEM(c, 6));
+    unsigned long long bytes_in = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 13));
     long status = PyLong_AsLong(a[1]);
     double ts = PyFloat_AsDouble(PyTuple_GET_ITEM(c, 10));
     unsigned long long started = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 11));
     PyObject *host = PyTuple_GET_ITEM(c, 7), *query = PyTuple_GET_ITEM(c, 8);
     if (PyErr_Occurred()) return NULL;
     if (gen != l->generation || ri < 0 || ri >= l->n_routes || status < 200 || status > 599 ||
+            method < 0 || method >= N_METHODS ||
             !PyBytes_Check(host) || !PyBytes_Check(query) || !l->routes[ri].python)
         Py_RETURN_NONE;
     route_t *r = &l->routes[ri];
@@ -1151,7 +1181,7 @@ static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
         o = put_str(o, PyBytes_AS_STRING(k), (uint32_t)PyBytes_GET_SIZE(k));
         o = put_str(o, PyBytes_AS_STRING(v), (uint32_t)PyBytes_GET_SIZE(v));
     }
-    if (r->cache == CACHE_FIRST && !head && may_store(l->req, (uint32_t)count))
+    if (r->cache == CACHE_FIRST && method == MC_GET && may_store(l->req, (uint32_t)count))
         Py_RETURN_NONE;  /* http_cache stores it: Python's */
     PyObject *body = a[3];
     char rid[96];
@@ -1159,13 +1189,13 @@ static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     l->out_len = 0;
     if (write_response(l, r, (uint32_t)status, l->req, (uint32_t)count,
                        (const uint8_t *)PyBytes_AS_STRING(body), (uint32_t)PyBytes_GET_SIZE(body),
-                       rid, rid_len, a[4], a[5], (int)head))
+                       rid, rid_len, a[4], a[5], (int)method))
         return PyErr_NoMemory();
     if (add_record(a[6], ts, counter, (int)ri, (uint32_t)status,
                    (uint32_t)PyBytes_GET_SIZE(body), mono_ns() - started, (int)verdict,
-                   (int)head, PyBytes_AS_STRING(host), (size_t)PyBytes_GET_SIZE(host),
+                   (int)method, PyBytes_AS_STRING(host), (size_t)PyBytes_GET_SIZE(host),
                    PyBytes_AS_STRING(query), (size_t)PyBytes_GET_SIZE(query),
-                   PyTuple_GET_ITEM(c, 9)))
+                   PyTuple_GET_ITEM(c, 9), bytes_in))
         return NULL;
     return PyBytes_FromStringAndSize((const char *)l->out, (Py_ssize_t)l->out_len);
 }
@@ -1367,13 +1397,14 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     (void)kw;
     const char *so, *prefix, *rid;
     Py_ssize_t prefix_len, rid_len;
-    unsigned long long entry, trap_delete, error_delete, max_url, max_head;
+    unsigned long long entry, trap_delete, error_delete, max_url, max_head, max_body = 0;
     Py_ssize_t result_size;
     PyObject *blobs, *classes, *classify, *lines;
-    if (!PyArg_ParseTuple(args, "sKKKnO!O!OO!y#y#KK", &so, &entry, &trap_delete,
+    if (!PyArg_ParseTuple(args, "sKKKnO!O!OO!y#y#KK|K", &so, &entry, &trap_delete,
                           &error_delete, &result_size, &PyTuple_Type,
                           &blobs, &PyTuple_Type, &classes, &classify, &PyTuple_Type, &lines,
-                          &prefix, &prefix_len, &rid, &rid_len, &max_url, &max_head))
+                          &prefix, &prefix_len, &rid, &rid_len, &max_url, &max_head,
+                          &max_body))
         return -1;
     if (result_size != (Py_ssize_t)sizeof(edgefn_result)) {
         PyErr_SetString(PyExc_RuntimeError, "edgefn_result layout differs from reactor.c's");
@@ -1432,6 +1463,7 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     l->rid_header_len = (size_t)rid_len;
     l->max_url = max_url;
     l->max_head = max_head;
+    l->q.max_body = max_body < BODY_MAX ? max_body : BODY_MAX;  /* 0 (not given): no POST */
     return 0;
 }
 
@@ -1562,18 +1594,20 @@ static PyType_Spec LANE_SPEC = {"_edgefn_lane.Lane", sizeof(Lane), 0,
  *   plain object slots of the template's type), the same values the Python drain gave;
  * - with `lines`, the access log's text lines (runtime/pipeline/stages/access_log.py
  *   TEXT_STR) of those events, byte for byte what `AccessLog.observe` writes;
- * - the records grouped by (route, status, head): their count, the count per verdict,
+ * - the records grouped by (route, status, method): their count, the count per verdict,
  *   body bytes, the duration histogram's buckets (`bounds`: bisect_left, the last one
  *   +Inf) and the durations in seconds, in order, for the histogram's sum.
  */
 enum { F_TS, F_RID, F_CLIENT, F_BOT, F_METHOD, F_HOST, F_PATH, F_QUERY, F_STATUS, F_TARGET,
-       F_OWNER, F_ROUTE, F_DECISIONS, F_STAGES, F_BYTES_OUT, F_DURATION, N_FIELDS };
+       F_OWNER, F_ROUTE, F_DECISIONS, F_STAGES, F_BYTES_IN, F_BYTES_OUT, F_DURATION,
+       N_FIELDS };
 #define MAX_BOUNDS 31
 #define TEXT_CACHE 4096  /* clients and hosts kept as text (NativeLane.texts) */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *template, *copy, *get, *head;  /* the Event to copy, its type's __copy__, "GET", "HEAD" */
+    PyObject *template, *copy;  /* the Event to copy, its type's __copy__ */
+    PyObject *methods[N_METHODS];  /* "GET", "HEAD", "POST": METHOD_NAMES as str */
     Py_ssize_t offset[N_FIELDS];
     double bounds[MAX_BOUNDS];
     int n_bounds;
@@ -1614,10 +1648,12 @@ static int EventMaker_init(EventMaker *m, PyObject *args, PyObject *kw) {
     m->n_bounds = (int)PyTuple_GET_SIZE(bounds);
     Py_XSETREF(m->template, Py_NewRef(template));
     Py_XSETREF(m->copy, PyObject_GetAttrString((PyObject *)Py_TYPE(template), "__copy__"));
-    Py_XSETREF(m->get, PyUnicode_InternFromString("GET"));
-    Py_XSETREF(m->head, PyUnicode_InternFromString("HEAD"));
+    for (int i = 0; i < N_METHODS; i++) {
+        Py_XSETREF(m->methods[i], PyUnicode_InternFromString(METHOD_NAMES[i]));
+        if (!m->methods[i]) return -1;
+    }
     m->second = -1;
-    return m->copy && m->get && m->head ? 0 : -1;
+    return m->copy ? 0 : -1;
 }
 
 /* Write `value` (a new reference, may be NULL: then -1) into `obj`'s slot `field`. */
@@ -1746,10 +1782,10 @@ static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObje
     return 0;
 }
 
-/* ---- groups: records of one (route, status, head) ---- */
+/* ---- groups: records of one (route, status, method) ---- */
 #define MAX_VERDICTS 256  /* runtime/pipeline/lane.py's */
 typedef struct {
-    long route, status, head, n;
+    long route, status, method, n;
     long long bytes;
     long buckets[MAX_BOUNDS + 1];
     long verdicts[MAX_VERDICTS];  /* records per verdict */
@@ -1761,11 +1797,11 @@ static void free_groups(group_t *g, size_t n) {
     free(g);
 }
 
-/* The group of (route, status, head) in `*gs` (made if new), NULL with a Python error. */
+/* The group of (route, status, method) in `*gs` (made if new), NULL with a Python error. */
 static group_t *group_of(group_t **gs, size_t *n, size_t *cap, long route, long status,
-                         long head) {
+                         long method) {
     for (size_t i = *n; i-- > 0;)
-        if ((*gs)[i].route == route && (*gs)[i].status == status && (*gs)[i].head == head)
+        if ((*gs)[i].route == route && (*gs)[i].status == status && (*gs)[i].method == method)
             return &(*gs)[i];
     if (*n == *cap) {
         size_t c = *cap ? *cap * 2 : 4;
@@ -1778,7 +1814,7 @@ static group_t *group_of(group_t **gs, size_t *n, size_t *cap, long route, long 
     memset(g, 0, sizeof *g);
     g->route = route;
     g->status = status;
-    g->head = head;
+    g->method = method;
     g->durations = PyList_New(0);
     return g->durations ? g : NULL;
 }
@@ -1802,7 +1838,7 @@ static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
             Py_XDECREF(k);
             Py_XDECREF(c);
         }
-        PyObject *t = verdicts ? Py_BuildValue("(lllllNNO)", g->route, g->status, g->head, g->n,
+        PyObject *t = verdicts ? Py_BuildValue("(lllllNNO)", g->route, g->status, g->method, g->n,
                                                (long)g->bytes, verdicts, buckets,
                                                g->durations) : NULL;
         if (!verdicts) Py_XDECREF(buckets);
@@ -1833,12 +1869,34 @@ static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObje
             put(m, e, F_OWNER, Py_NewRef(PyTuple_GET_ITEM(route, 2))) ||
             put(m, e, F_ROUTE, Py_NewRef(PyTuple_GET_ITEM(route, 3))) ||
             put(m, e, F_DECISIONS, PyDict_Copy(decisions)) ||
-            put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
+            put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_IN, Py_NewRef(r[11])) ||
+            put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
             put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms))) {
         Py_XDECREF(e);
         return NULL;
     }
     return e;
+}
+
+/* `base` (a verdict's decisions) with http_cache's record of a bypassed request (a
+ * POST): {"outcome": "BYPASS", "key": "<label> <host><path>[?<query>]"}, as
+ * `HttpCacheStage._record` makes it (`_label` of the key). A new dict, NULL with a
+ * Python error. */
+static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *host,
+                                  PyObject *path, PyObject *query) {
+    PyObject *key = PyUnicode_FromFormat(PyBytes_GET_SIZE(query) ? "%U %U%U?%s" : "%U %U%U%s",
+                                         label, host, path, "");
+    if (key && PyBytes_GET_SIZE(query)) {
+        PyObject *q = PyUnicode_DecodeLatin1(PyBytes_AS_STRING(query), PyBytes_GET_SIZE(query),
+                                             NULL);
+        Py_SETREF(key, q ? PyUnicode_Concat(key, q) : NULL);
+        Py_XDECREF(q);
+    }
+    PyObject *record = key ? Py_BuildValue("{s:s,s:N}", "outcome", "BYPASS", "key", key) : NULL;
+    PyObject *d = record ? PyDict_Copy(base) : NULL;
+    if (d && PyDict_SetItemString(d, "http_cache", record)) Py_CLEAR(d);
+    Py_XDECREF(record);
+    return d;
 }
 
 /* One record's event (a new reference; with `ctx`, the pair (ctx, record) instead), its
@@ -1847,8 +1905,8 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
                           PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
                           PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
                           size_t *max_text) {
-    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 11) {
-        PyErr_SetString(PyExc_TypeError, "a record: an 11-tuple (add_record)");
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 12) {
+        PyErr_SetString(PyExc_TypeError, "a record: a 12-tuple (add_record)");
         return NULL;
     }
     PyObject **r = &PyTuple_GET_ITEM(rec, 0);
@@ -1857,9 +1915,10 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     long ri = PyLong_AsLong(r[2]), status = PyLong_AsLong(r[3]);
     unsigned long long took = PyLong_AsUnsignedLongLong(r[5]);
     unsigned long long size = PyLong_AsUnsignedLongLong(r[4]);
-    long verdict = PyLong_AsLong(r[6]), head = PyLong_AsLong(r[7]);
+    long verdict = PyLong_AsLong(r[6]), method = PyLong_AsLong(r[7]);
     if (PyErr_Occurred()) return NULL;
     if (ri < 0 || ri >= PyTuple_GET_SIZE(routes) || verdict < 0 || verdict >= MAX_VERDICTS ||
+            method < 0 || method >= N_METHODS || !PyLong_Check(r[11]) ||
             verdict >= PyTuple_GET_SIZE(verdicts) || !PyBytes_Check(r[8]) ||
             !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10])) {
         PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
@@ -1873,29 +1932,37 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         return NULL;
     }
     int first = PyObject_IsTrue(PyTuple_GET_ITEM(route, 4));
-    PyObject *decisions = PyTuple_GET_ITEM(v, first > 0 ? 2 : 1);
+    PyObject *decisions = PyTuple_GET_ITEM(v, first > 0 && method != MC_POST ? 2 : 1);
     PyObject *client = text_of(texts, r[10], client_ip);
     PyObject *host = client ? text_of(texts, r[8], host_text) : NULL;
     if (first < 0 || !client || !host || !PyDict_Check(decisions)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
         return NULL;
     }
+    PyObject *bypass = NULL;  /* a POST's, where http_cache counts: its `_record` of BYPASS */
+    if (first > 0 && method == MC_POST && !ctx) {
+        bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host,
+                                  PyTuple_GET_ITEM(route, 0), r[9]);
+        if (!bypass) return NULL;
+        decisions = bypass;
+    }
     double micros = nearbyint((double)took / 1000.0);  /* Python's round(): half to even */
     double duration_ms = micros / 1000.0;                /* round(took / 1000) / 1000 */
-    PyObject *method = head ? m->head : m->get;
+    PyObject *method_text = m->methods[method];
     char id[128];  /* f"{prefix}-{number:x}" */
     memcpy(id, prefix, prefix_len);
     id[prefix_len] = '-';
     size_t id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
-    if (log && put_line(m, log, ts, method, PyTuple_GET_ITEM(route, 0), status,
+    if (log && put_line(m, log, ts, method_text, PyTuple_GET_ITEM(route, 0), status,
                         PyTuple_GET_ITEM(route, 1), (unsigned long long)micros, size, id,
                         id_len, client))
         return NULL;
-    PyObject *e = ctx ? PyTuple_Pack(2, ctx, rec) : make_event(m, r, route, v, decisions, method,
-                                                            host, client, id, id_len,
-                                                            duration_ms);
+    PyObject *e = ctx ? PyTuple_Pack(2, ctx, rec) : make_event(m, r, route, v, decisions,
+                                                            method_text, host, client, id,
+                                                            id_len, duration_ms);
+    Py_XDECREF(bypass);
     if (!e) return NULL;
-    group_t *g = group_of(gs, ng, cap, ri, status, head);
+    group_t *g = group_of(gs, ng, cap, ri, status, method);
     double seconds = duration_ms / 1000;
     int b = 0;
     while (b < m->n_bounds && m->bounds[b] < seconds) b++;  /* bisect_left */
@@ -1918,7 +1985,7 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
  * `_first`), `verdicts[i]` (bot class, decisions, decisions with the MISS), `texts` the
  * dict of clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines`
  * whether to write the access log's lines (else None). With `ctx` (not None), no Event is
- * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, head, n, bytes,
+ * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, method, n, bytes,
  * {verdict: n}, [(bucket, n)], [seconds]); `text` the most characters of path, query and
  * host together in one event. */
 static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t nargs) {
@@ -1981,8 +2048,7 @@ static int EventMaker_traverse(EventMaker *m, visitproc visit, void *arg) {
 static int EventMaker_clear(EventMaker *m) {
     Py_CLEAR(m->template);
     Py_CLEAR(m->copy);
-    Py_CLEAR(m->get);
-    Py_CLEAR(m->head);
+    for (int i = 0; i < N_METHODS; i++) Py_CLEAR(m->methods[i]);
     return 0;
 }
 

@@ -149,6 +149,14 @@ class HttpCacheStage:
         return then(call_next(request, ctx), self._bypassed,
                     key if request.method not in SAFE else None)
 
+    def bypass_answer(self, response: Response, request: Request, ctx: Context,
+                      target: Target) -> Response:
+        """`_bypass` of a request the native lane took (a POST), its origin's answer
+        `response` already here: recorded, its URL's entries dropped on success."""
+        key = HttpCache.key(target.label, request)
+        self._record(ctx, target, key, "BYPASS")
+        return self._bypassed(response, key if request.method not in SAFE else None)
+
     def _bypassed(self, response: Response, key: bytes | None) -> Response:
         if key is not None and response.status < 400:
             self.cache.invalidate(key)
