@@ -5,7 +5,8 @@ Python front, measured in the same run.
 
 Two PoPs (`edgefn serve`), one with the lane (the default) and one without
 (``EDGEFN_NATIVE_LANE=0``), each serving the echo example (a WASM reactor that
-answers the body it got) and a Python function that answers its body's length.
+answers the body it got), hello-c (a WASI command: C that counts its stdin's bytes)
+and a Python function that answers its body's length.
 ``wrk -t1 -c32`` POSTs a 39-byte JSON body (Content-Length framing) to each, in
 turns, best of `--rounds`; the raw uvloop + httptools hello (a GET) is the
 baseline of the "x raw" column, as in bench_runtime.py.
@@ -31,6 +32,7 @@ import bench_runtime  # noqa: E402
 from runtime.admin.client import AdminClient  # noqa: E402
 
 ECHO = ROOT / "functions" / "examples" / "echo"
+HELLO_C = ROOT / "functions" / "examples" / "hello-c"
 BODY = '{"prompt":"hello there","max_tokens":8}'  # 39 bytes of JSON
 POST_LUA = f"""wrk.method = "POST"
 wrk.body = '{BODY}'
@@ -78,8 +80,10 @@ def main() -> int:
             servers.append(proc)
             admin = AdminClient(work / f"data-{lane}")
             admin.deploy(ECHO)
+            admin.deploy(HELLO_C)
             admin.deploy(py_echo)
             urls[f"WASM echo POST, {label}"] = (f"http://127.0.0.1:{port}/echo", str(script))
+            urls[f"hello-c POST, {label}"] = (f"http://127.0.0.1:{port}/hello-c", str(script))
             urls[f"Python echo POST, {label}"] = (f"http://127.0.0.1:{port}/py/echo",
                                                   str(script))
         for url, lua in urls.values():

@@ -140,7 +140,11 @@ SERVED = {
     "stderr": (request("GET", "/stderr", H), "call"),
     "cacheable": (request("GET", "/cached", H), "call"),
     "sleeps": (request("GET", "/sleepy", H), "call"),
-    "body": (request("POST", "/env", H, b"abc"), "call"),  # stdin: the call's run
+    "post": (request("POST", "/env", [*H, ("Content-Type", "text/plain")], b"abc"), "c"),
+    "post, no body": (request("POST", "/env", H), "c"),
+    "post to hello-c": (request("POST", "/hello-c", H, b"hello"), "c"),  # stdin: 5 bytes
+    "post, binary": (request("POST", "/hello-c", H, bytes(range(256)) * 4), "c"),
+    "post, not ASCII": (request("POST", "/env", [*H, ("X-A", "caf\u00e9")], b"x"), "call"),
     "close": (request("GET", "/env", [*H, ("Connection", "close")]), "python"),
     "browser": (request("GET", "/env", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                 "AppleWebKit/537.36 (KHTML, like Gecko) "
@@ -288,3 +292,18 @@ def test_a_command_whose_env_a_request_may_hide_is_not_run_by_the_c(
         assert lane._cgi(fn, "/env") is None
     finally:
         del fn.env["NUL"]
+
+
+def test_a_posts_body_is_the_commands_stdin(pair: tuple[Side, Side]) -> None:
+    """hello-c reads its stdin and says how many bytes it got; `/env` says its
+    CONTENT_LENGTH and CONTENT_TYPE: the lane's C run gives a command the body the
+    Python run gives it."""
+    on, _ = pair
+    before = counts(on)
+    hello = both(pair, request("POST", "/hello-c", H, b"x" * 300), [b"POST"])[0]
+    env = both(pair, request("POST", "/env", [*H, ("Content-Type", "a/b")], b"abc"),
+               [b"POST"])[0]
+    if on.lane.commands:  # type: ignore[union-attr]
+        assert counts(on)[0] - before[0] == 2
+    assert b"method=POST" in hello and b"body-bytes=300" in hello
+    assert b"\nCONTENT_LENGTH=3\n" in env and b"\nCONTENT_TYPE=a/b\n" in env

@@ -831,7 +831,8 @@ static long cgi_strings(Lane *l, const route_t *r, int method, const char *path,
     o = put_cstr(o, "SERVER_PROTOCOL", 15);
     o = put_cstr(o, "HTTP/1.1", 8);
     o = put_cstr(o, "CONTENT_LENGTH", 14);
-    o = put_cstr(o, "0", 1);
+    char digits[24];  /* str(len(request.body)) */
+    o = put_cstr(o, digits, (size_t)(put_u64(digits, q->body_len) - digits));
     const hdr_t *type = NULL;  /* the first Content-Type, as `Request.header` reads it */
     for (uint32_t i = 0; i < q->nh && !type; i++)
         if (name_is(q, &q->h[i], "content-type", 12)) type = &q->h[i];
@@ -980,7 +981,8 @@ static int command_call(Lane *l, route_t *r, int ri, int method, const hdr_t *ho
     Py_BEGIN_ALLOW_THREADS
     l->guest_begin();
     stage = l->wasi_run(r->engine, r->pre, r->memory_limit, r->deadline_ticks,
-                        (const char *)l->cgi, (size_t)n, 1, envc, (const uint8_t *)"", 0,
+                        (const char *)l->cgi, (size_t)n, 1, envc,
+                        (const uint8_t *)(l->q.body ? l->q.body : ""), (size_t)l->q.body_len,
                         r->max_response, &res);
     l->guest_end();
     Py_END_ALLOW_THREADS
@@ -1041,7 +1043,7 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
         int stored = PySet_Contains(r->caching, r->label_str);
         if (stored) return stored < 0 ? -1 : 0;
     }
-    if (r->cgi && l->wasi_run && method != MC_POST) {  /* a body (stdin): the call's run */
+    if (r->cgi && l->wasi_run) {
         int done = command_call(l, r, ri, method, host, url, path_len, query, query_len, date,
                                 extra, events, client);
         if (l->cgi_cap > ((size_t)1 << 20)) {  /* a large answer's buffer is not kept */
