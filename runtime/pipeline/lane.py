@@ -46,10 +46,10 @@ exact native form, and its executor is one the lane can call:
 Any other kept stage (waf, auth, ratelimit, the caches, tracing, a timed chain, an
 ``access_log`` stage without ``events``) makes the target ineligible: its requests
 take the Python path, as does every request the C does not take (see lane.c: a
-body past Content-Length framing or the limits, a method but GET, HEAD and POST, a
-path it has no route for, odd headers, a failed call). A POST where http_cache
-counts is its BYPASS: the header (lane.c), the event's record (`EventMaker`), the
-count (`_groups`), `bypass_answer` when Python finishes the call.
+body past Content-Length framing or the limits, a method but GET, HEAD, POST, PUT,
+PATCH and DELETE, a path it has no route for, odd headers, a failed call). An unsafe
+method where http_cache counts is its BYPASS: the header (lane.c), the event's record
+(`EventMaker`), the count (`_groups`), `bypass_answer` when Python finishes the call.
 
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
@@ -98,9 +98,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgefn.http")
 
-METHODS = ("GET", "HEAD", "POST")  # lane.c's METHOD_NAMES: a record's method code
+# lane.c's METHOD_NAMES: a record's method code; from POST on, unsafe (http_cache bypasses)
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 POST = METHODS.index("POST")
-BYPASSED = {"outcome": "BYPASS"}  # a POST's http_cache record, as the metrics count it
+BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
 CLASSES = ("browser", "verified_agent", "declared_agent", "automation", "abusive")
 NO_UA = ("automation", ("empty_ua",))  # `Classifier.classify` without a User-Agent
@@ -326,7 +327,7 @@ class NativeLane:
         except Exception as e:  # what dispatch's link contains
             response = contain(ctx, e)
         http = self.http_cache
-        if cache == CACHE_FIRST and http is not None and call[6] == POST:
+        if cache == CACHE_FIRST and http is not None and call[6] >= POST:
             response = http.bypass_answer(response, request, ctx, fn)
         elif cache == CACHE_FIRST and http is not None:
             response = http.first_answer(response, request, ctx, fn, http.settings_for(fn),
@@ -545,13 +546,13 @@ class NativeLane:
 
     def _groups(self, made: list[tuple[Any, ...]]) -> list[Group]:
         """The C's groups as `Group`s; each MISS of http_cache's (`first_answer`'s
-        count), and each BYPASS (a POST: `_bypass`'s), counted in its stats."""
+        count), and each BYPASS (an unsafe method: `_bypass`'s), counted in its stats."""
         stats = self.http_cache.stats if self.http_cache is not None else None
         if stats is not None:
             counts: dict[tuple[str, str], int] = {}  # (function, outcome) -> requests
             for ri, _, method, n, *_ in made:
                 if self.route_texts[ri][4]:
-                    key = (self.routes[ri][0].name, "BYPASS" if method == POST else "MISS")
+                    key = (self.routes[ri][0].name, "BYPASS" if method >= POST else "MISS")
                     counts[key] = counts.get(key, 0) + n
             for (name, outcome), n in counts.items():
                 stats.record("http", outcome, function=name, n=n)
@@ -591,7 +592,7 @@ def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], .
     groups = []
     for ri, status, method, n, size, verdicts, buckets, durations in made:
         _, target, _, route, first = route_texts[ri]
-        if first and method == POST:  # what the metrics read of `_bypass`'s record
+        if first and method >= POST:  # what the metrics read of `_bypass`'s record
             decided = [({**verdict_texts[v][1], "http_cache": BYPASSED}, k)
                        for v, k in verdicts.items()]
         else:

@@ -158,7 +158,10 @@ SERVED = {  # name: (request, the lane serves it)
     "post, head 418": (request("POST", "/teapot", [("Host", "x")], b"t"), True),
     "post, trap": (request("POST", "/trap", [("Host", "x")], b"t"), False),
     "get with a body": (request("GET", "/mirror", [("Host", "x")], b"abc"), False),
-    "put": (request("PUT", "/mirror", [("Host", "x")], b"abc"), False),
+    "put": (request("PUT", "/mirror", [("Host", "x")], b"abc"), True),
+    "patch": (request("PATCH", "/echo", [("Host", "x")], b"{}"), True),
+    "delete": (request("DELETE", "/mirror?id=1", [("Host", "x")]), True),
+    "delete with a body": (request("DELETE", "/echo", [("Host", "x")], b"why"), True),
     "chunked": (b"POST /mirror HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"3\r\nabc\r\n0\r\n\r\n", False),
     "expect": (request("GET", "/hello", [("Host", "x"), ("Expect", "100-continue")]), False),

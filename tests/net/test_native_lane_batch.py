@@ -40,7 +40,7 @@ ROUTES = (("/hello", "hello@1a2b3c4d", None, "/hello", False),
 VERDICTS = (("automation", {"bots": BOTS}, {"bots": BOTS, "http_cache": MISS}),
             ("declared_agent", {"bots": CRAWLER}, {"bots": CRAWLER, "http_cache": MISS}))
 # (ts, number, route, status, body bytes, took ns, verdict, method, host, query, client,
-# request body bytes), method 0 GET, 1 HEAD, 2 POST (lane.c's MC_*): half-even rounding
+# request body bytes), method 0 GET, 1 HEAD, 2 POST, 3 PUT, 4 PATCH, 5 DELETE (lane.c's MC_*): half-even rounding
 # of microseconds (1500, 2500 ns), durations on a bucket's bound (500 us = 0.0005 s), a
 # millisecond's edge, latin-1 in host and query, odd clients, POSTs (a BYPASS of
 # http_cache's where it counts, its key the URL's)
@@ -56,6 +56,9 @@ RECORDS = [
     (1796281451.77, 22, 0, 200, 13, 40_000, 0, 2, b"x", b"", "10.0.0.3:1", 3),
     (1796281451.78, 23, 1, 200, 2, 41_000, 1, 2, b"h\xe9", b"q=\xff&r", "10.0.0.3:2", 70000),
     (1796281451.79, 24, 1, 200, 0, 42_000, 0, 2, b"x", b"", "10.0.0.3:3", 0),
+    (1796281451.80, 25, 0, 200, 13, 43_000, 0, 3, b"x", b"", "10.0.0.3:4", 9),
+    (1796281451.81, 26, 2, 404, 3, 44_000, 1, 5, b"x", b"id=2", "10.0.0.3:5", 0),
+    (1796281451.82, 27, 1, 409, 4, 45_000, 0, 4, b"x", b"", "10.0.0.3:6", 2),
 ]
 
 
@@ -65,7 +68,8 @@ def reference(rec: tuple[Any, ...]) -> Event:
     path, target, owner, route, first = ROUTES[ri]
     cls, plain, missed = VERDICTS[verdict]
     event = Event(ts=ts, rid=f"{PREFIX}-{n:x}", pop=POP, tier=TIER, client=client.rpartition(
-                  ":")[0] or client, bot=cls, method=("GET", "HEAD", "POST")[method],
+                  ":")[0] or client, bot=cls,
+                  method=("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")[method],
                   host=host.decode("latin-1"), path=path, status=status, target=target,
                   owner=owner, route=route or None, bytes_in=size_in, bytes_out=size,
                   duration_ms=round(took / 1000) / 1000)
@@ -73,7 +77,7 @@ def reference(rec: tuple[Any, ...]) -> Event:
     if query:
         event.query = query.decode("latin-1")
     event.decisions = dict(missed if first else plain)
-    if first and method == 2:  # HttpCacheStage._bypass's record: `_label` of the key
+    if first and method >= 2:  # HttpCacheStage._bypass's record: `_label` of the key
         url = host.decode("latin-1") + path + ("?" + query.decode("latin-1") if query else "")
         event.decisions = {**plain, "http_cache": {"outcome": "BYPASS", "key": f"{target} {url}"}}
     return event
@@ -143,7 +147,7 @@ def test_a_bad_record_raises() -> None:
     with pytest.raises(ValueError):
         make([(1.0, 1, 9, 200, 0, 0, 0, 0, b"x", b"", "c", 0)])  # no route 9
     with pytest.raises(ValueError):
-        make([(1.0, 1, 0, 200, 0, 0, 0, 3, b"x", b"", "c", 0)])  # no method 3
+        make([(1.0, 1, 0, 200, 0, 0, 0, 6, b"x", b"", "c", 0)])  # no method 6
     with pytest.raises(TypeError):
         make([(1.0, 1)])
 

@@ -131,7 +131,8 @@ SERVED = {  # name: (request, the lane starts its call)
     "post, binary": (request("POST", "/pyecho?x", H, bytes(range(256)) * 8), True),
     "post raises": (request("POST", "/pyboom", H, b"x"), True),
     "post streams": (request("POST", "/pystream", H, b"x"), True),
-    "put": (request("PUT", "/pyecho", H, b"abc"), False),
+    "put": (request("PUT", "/pyecho", H, b"abc"), True),
+    "delete": (request("DELETE", "/pyecho", H), True),
     "close": (request("GET", "/pyfn", [*H, ("Connection", "close")]), False),
     "cdn-loop": (request("GET", "/pyfn", [*H, ("CDN-Loop", "edgefn; t=1")]), False),
     "browser": (request("GET", "/pyfn", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "

@@ -85,10 +85,27 @@ _Static_assert(offsetof(llhttp_settings_t, on_headers_complete) == 0x50, "settin
 _Static_assert(offsetof(llhttp_settings_t, on_message_complete) == 0x60, "settings mc");
 _Static_assert(offsetof(llhttp_settings_t, on_reset) == 0xc0, "settings reset");
 
-enum { HPE_OK = 0, HPE_PAUSED = 21, HTTP_REQUEST = 1, M_GET = 1, M_HEAD = 2, M_POST = 3 };
-/* The methods the lane serves, as its records, calls and groups name them (METHODS) */
-enum { MC_GET = 0, MC_HEAD = 1, MC_POST = 2, N_METHODS = 3 };
-static const char *const METHOD_NAMES[N_METHODS] = {"GET", "HEAD", "POST"};
+enum { HPE_OK = 0, HPE_PAUSED = 21, HTTP_REQUEST = 1 };
+enum { M_DELETE = 0, M_GET = 1, M_HEAD = 2, M_POST = 3, M_PUT = 4, M_PATCH = 28 };  /* llhttp's */
+/* The methods the lane serves, as its records, calls and groups name them (METHODS);
+ * from MC_POST on, the unsafe ones: a body may come, http_cache bypasses them */
+enum { MC_GET = 0, MC_HEAD = 1, MC_POST = 2, MC_PUT = 3, MC_PATCH = 4, MC_DELETE = 5,
+       N_METHODS = 6 };
+static const char *const METHOD_NAMES[N_METHODS] = {"GET", "HEAD", "POST", "PUT", "PATCH",
+                                                     "DELETE"};
+
+/* llhttp's method `m` as the lane's MC_* code, or -1 (a method the lane leaves) */
+static int method_code(uint8_t m) {
+    switch (m) {
+        case M_GET: return MC_GET;
+        case M_HEAD: return MC_HEAD;
+        case M_POST: return MC_POST;
+        case M_PUT: return MC_PUT;
+        case M_PATCH: return MC_PATCH;
+        case M_DELETE: return MC_DELETE;
+        default: return -1;
+    }
+}
 #define BODY_MAX ((uint64_t)1 << 20)  /* a larger body is Python's, whatever max_body says */
 
 static void (*ll_init)(llhttp_t *, int, const llhttp_settings_t *);
@@ -221,7 +238,7 @@ static int on_headers_complete(llhttp_t *p) {
             h->value_len--;
     }
     if (p->http_major != 1 || p->http_minor != 1 ||
-            (p->method != M_GET && p->method != M_HEAD && p->method != M_POST)) {
+            method_code(p->method) < 0) {
         q->bad = 1;
         return -1;
     }
@@ -230,7 +247,7 @@ static int on_headers_complete(llhttp_t *p) {
 
 static int on_body(llhttp_t *p, const char *at, size_t n) {
     req_t *q = p->data;
-    if (p->method != M_POST || (q->body && at != q->body + q->body_len) ||
+    if (method_code(p->method) < MC_POST || (q->body && at != q->body + q->body_len) ||
             n > q->max_body - q->body_len) {  /* not one span (chunked), or too large */
         q->bad = 1;
         return -1;
@@ -605,7 +622,7 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     PUT(PyBytes_AS_STRING(r->label), (size_t)PyBytes_GET_SIZE(r->label));
     PUTS("\r\n");
     if (r->cache == CACHE_FIRST) {  /* http_cache's `answered` (MISS), `_bypassed` (a POST) */
-        if (method == MC_POST) PUTS("x-edgefn-cache: BYPASS\r\n");
+        if (method >= MC_POST) PUTS("x-edgefn-cache: BYPASS\r\n");
         else PUTS("x-edgefn-cache: MISS\r\n");
     }
     PUT(l->rid_header, l->rid_header_len);
@@ -1018,7 +1035,7 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
         if (name_is(q, h, "host", 4)) {
             if (host) return 0;
             host = h;
-        } else if (method == MC_POST && !framed && name_is(q, h, "content-length", 14)) {
+        } else if (method >= MC_POST && !framed && name_is(q, h, "content-length", 14)) {
             framed = 1;
         } else if (handed_over(l, q, h)) {
             return 0;
@@ -1115,9 +1132,7 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
         const char *end = ll_error_pos(&p);
         if (!end || end < buf + used || end > buf + len) break;
         if (!ll_should_keep_alive(&p)) break;
-        int served = serve_one(l, p.method == M_HEAD ? MC_HEAD : p.method == M_POST ? MC_POST
-                                                                                : MC_GET,
-                               a[1], a[2], a[4], a[5]);
+        int served = serve_one(l, method_code(p.method), a[1], a[2], a[4], a[5]);
         if (served < 0) { failed = 1; break; }
         if (!served) break;
         used = (size_t)(end - buf);
@@ -1609,7 +1624,7 @@ enum { F_TS, F_RID, F_CLIENT, F_BOT, F_METHOD, F_HOST, F_PATH, F_QUERY, F_STATUS
 typedef struct {
     PyObject_HEAD
     PyObject *template, *copy;  /* the Event to copy, its type's __copy__ */
-    PyObject *methods[N_METHODS];  /* "GET", "HEAD", "POST": METHOD_NAMES as str */
+    PyObject *methods[N_METHODS];  /* METHOD_NAMES as str */
     Py_ssize_t offset[N_FIELDS];
     double bounds[MAX_BOUNDS];
     int n_bounds;
@@ -1934,15 +1949,15 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         return NULL;
     }
     int first = PyObject_IsTrue(PyTuple_GET_ITEM(route, 4));
-    PyObject *decisions = PyTuple_GET_ITEM(v, first > 0 && method != MC_POST ? 2 : 1);
+    PyObject *decisions = PyTuple_GET_ITEM(v, first > 0 && method < MC_POST ? 2 : 1);
     PyObject *client = text_of(texts, r[10], client_ip);
     PyObject *host = client ? text_of(texts, r[8], host_text) : NULL;
     if (first < 0 || !client || !host || !PyDict_Check(decisions)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
         return NULL;
     }
-    PyObject *bypass = NULL;  /* a POST's, where http_cache counts: its `_record` of BYPASS */
-    if (first > 0 && method == MC_POST && !ctx) {
+    PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s */
+    if (first > 0 && method >= MC_POST && !ctx) {
         bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host,
                                   PyTuple_GET_ITEM(route, 0), r[9]);
         if (!bypass) return NULL;
