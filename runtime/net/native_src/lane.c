@@ -7,8 +7,9 @@
  * struct layout below is llhttp 9.x's public header, checked at load by
  * `layout_check()` against llhttp's own accessors). For each complete request it
  * decides whether it is one the lane serves exactly as the Python front and
- * pipeline would: HTTP/1.1 GET or HEAD without a body, or POST with a Content-Length
- * body whole in the read (up to `max_body`), no header that any stage or the
+ * pipeline would: HTTP/1.1 GET or HEAD without a body, or POST, PUT, PATCH or DELETE
+ * with no body or one framed by Content-Length and whole in the read (up to
+ * `max_body`), no header that any stage or the
  * front reads differently (Connection, Expect, Upgrade, chunked framing, a
  * request id, credentials, signatures, x-edgefn-*), a plain origin-form path that
  * exactly equals an eligible route, a User-Agent Python has classified as a
@@ -170,7 +171,7 @@ typedef struct {
     int hstate;    /* 0: none yet, 1: in a field, 2: in a value */
     uint32_t url_len, head_len, nh;
     uint64_t py_head;  /* the front's measure: sum of name + value + 4 */
-    const char *body;  /* a POST's body: a span of the read's bytes (contiguous: */
+    const char *body;  /* an unsafe method's body: a span of the read's bytes (one: */
     uint64_t body_len; /* Content-Length framing), at most max_body */
     uint64_t max_body; /* min(the front's max_body_bytes, BODY_MAX); 0: no bodies */
     hdr_t h[MAX_HEADERS];
@@ -621,7 +622,7 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     PUTS("x-edgefn-function: ");
     PUT(PyBytes_AS_STRING(r->label), (size_t)PyBytes_GET_SIZE(r->label));
     PUTS("\r\n");
-    if (r->cache == CACHE_FIRST) {  /* http_cache's `answered` (MISS), `_bypassed` (a POST) */
+    if (r->cache == CACHE_FIRST) {  /* http_cache's `answered` (MISS), `_bypassed` (unsafe) */
         if (method >= MC_POST) PUTS("x-edgefn-cache: BYPASS\r\n");
         else PUTS("x-edgefn-cache: MISS\r\n");
     }
@@ -1029,7 +1030,7 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     if (q->url_len > l->max_url || q->py_head > l->max_head) return 0;
     if (!plain_path(q->url, q->url_len)) return 0;
     const hdr_t *host = NULL;
-    int framed = 0;  /* a POST's one Content-Length (its body whole: on_body) */
+    int framed = 0;  /* an unsafe method's one Content-Length (its body whole: on_body) */
     for (uint32_t i = 0; i < q->nh; i++) {
         const hdr_t *h = &q->h[i];
         if (name_is(q, h, "host", 4)) {
@@ -1480,7 +1481,7 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     l->rid_header_len = (size_t)rid_len;
     l->max_url = max_url;
     l->max_head = max_head;
-    l->q.max_body = max_body < BODY_MAX ? max_body : BODY_MAX;  /* 0 (not given): no POST */
+    l->q.max_body = max_body < BODY_MAX ? max_body : BODY_MAX;  /* 0 (not given): no bodies */
     return 0;
 }
 
@@ -1895,8 +1896,8 @@ static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObje
     return e;
 }
 
-/* `base` (a verdict's decisions) with http_cache's record of a bypassed request (a
- * POST): {"outcome": "BYPASS", "key": "<label> <host><path>[?<query>]"}, as
+/* `base` (a verdict's decisions) with http_cache's record of a bypassed request (an
+ * unsafe method): {"outcome": "BYPASS", "key": "<label> <host><path>[?<query>]"}, as
  * `HttpCacheStage._record` makes it (`_label` of the key). A new dict, NULL with a
  * Python error. */
 static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *host,
