@@ -97,6 +97,26 @@ def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1,
         raise RuntimeError(f"could not parse wrk output:\n{output}") from None
 
 
+def best_of(urls: dict[str, str], seconds: int, rounds: int,
+            scripts: dict[str, str] | None = None) -> dict[str, dict]:
+    """Each of `urls` (name -> URL) warmed for a second, then loaded `rounds` times
+    in turns (a noisy machine hits each alike), with its Lua file from `scripts`
+    if named there: the best round of each, as `run` gives it. Raises RuntimeError
+    as `run` does, and when a round had errors."""
+    scripts = scripts or {}
+    for name, url in urls.items():
+        run(url, seconds=1, script=scripts.get(name))
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, url in urls.items():
+            r = run(url, seconds=seconds, script=scripts.get(name))
+            if r["errors"]:
+                raise RuntimeError(f"{name}: {r['errors']} errors under load")
+            if name not in best or r["rps"] > best[name]["rps"]:
+                best[name] = r
+    return best
+
+
 def latency_probe(host: str, port: int, path: str, n: int) -> list[float]:
     """Time ``n`` sequential GETs of ``path`` over ONE keep-alive connection.
 

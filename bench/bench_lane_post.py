@@ -86,15 +86,8 @@ def main() -> int:
             urls[f"hello-c POST, {label}"] = (f"http://127.0.0.1:{port}/hello-c", str(script))
             urls[f"Python echo POST, {label}"] = (f"http://127.0.0.1:{port}/py/echo",
                                                   str(script))
-        for url, lua in urls.values():
-            _wrk.run(url, seconds=1, script=lua)  # warm
-        for _ in range(args.rounds):
-            for name, (url, lua) in urls.items():
-                r = _wrk.run(url, seconds=args.seconds, script=lua)
-                if r["errors"]:
-                    raise RuntimeError(f"{name}: {r['errors']} errors under load")
-                if name not in best or r["rps"] > best[name]["rps"]:
-                    best[name] = r
+        best = _wrk.best_of({name: url for name, (url, _) in urls.items()}, args.seconds,
+                            args.rounds, {name: lua for name, (_, lua) in urls.items() if lua})
     finally:
         for proc in servers:
             proc.terminate()

@@ -92,15 +92,7 @@ def http_rounds(trees: dict[str, Path], seconds: int, rounds: int) -> dict[str, 
             if label == "this tree":
                 admin.deploy(tree / HELLO_WAT)
                 urls["reactor hello (hello-wat), this tree"] = f"http://127.0.0.1:{port}/hello"
-        for url in urls.values():
-            _wrk.run(url, seconds=1)  # warm
-        for _ in range(rounds):
-            for name, url in urls.items():
-                r = _wrk.run(url, seconds=seconds)
-                if r["errors"]:
-                    raise RuntimeError(f"{name}: {r['errors']} errors under load")
-                if name not in best or r["rps"] > best[name]["rps"]:
-                    best[name] = r
+        best = _wrk.best_of(urls, seconds, rounds)
     finally:
         for proc in servers:
             proc.terminate()
