@@ -398,7 +398,7 @@ def test_a_signal_while_dev_deploys_stops_it_at_once(tmp_path: Path, sig: signal
     takes 20 s holds the deploy): SIGTERM killed it outright (status -15, the deploy
     left as it was), and SIGINT was lost where the shell started it with SIGINT
     ignored (a background job: Python then installs no handler). Now either stops it
-    within the second, undoes the deploy and reports 128 + the signal's number."""
+    at once, undoes the deploy and reports 128 + the signal's number."""
     data, tree = tmp_path / "data", tmp_path / "fns"
     shutil.copytree(EXAMPLES / "hello-wat", tree / "a-hello")
     python_function(tree, "slow", "import time\ntime.sleep(20)\n\ndef handle(request, env):\n"
@@ -425,7 +425,7 @@ def test_a_signal_while_dev_deploys_stops_it_at_once(tmp_path: Path, sig: signal
         if proc.stdout:
             proc.stdout.close()
     assert status == 128 + sig, (status, out)
-    assert took < 3, (took, out)
+    assert took < 6, (took, out)  # as the deploy-by-admin test; it was never (30 s)
     assert "deployed  hello" in out and "deployed  slow" not in out, out
     assert "Traceback" not in out, out
     assert not host_pids("slow", proc.pid)
