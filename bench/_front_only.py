@@ -12,7 +12,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.app import wait_for_signal
+from runtime.app import StopSignals
 from runtime.net import Response, Server
 
 RESPONSE = Response(200, [(b"content-type", b"text/plain")], b"hello world\n")
@@ -23,11 +23,12 @@ def app(request: object) -> Response:
 
 
 async def main(port: int) -> None:
-    server = Server(app)
-    await server.start("127.0.0.1", port)
-    print(f"listening on 127.0.0.1:{port}", flush=True)
-    await wait_for_signal()
-    await server.shutdown(1)
+    async with StopSignals() as stop:
+        server = Server(app)
+        await server.start("127.0.0.1", port)
+        print(f"listening on 127.0.0.1:{port}", flush=True)
+        await stop.wait()
+        await server.shutdown(1)
 
 
 if __name__ == "__main__":
