@@ -427,6 +427,7 @@ def test_a_signal_while_dev_deploys_stops_it_at_once(tmp_path: Path, sig: signal
     assert status == 128 + sig, (status, out)
     assert took < 6, (took, out)  # as the deploy-by-admin test; it was never (30 s)
     assert "deployed  hello" in out and "deployed  slow" not in out, out
+    assert f"edgefn: {sig.name} while starting; what had started is stopped" in out, out
     assert "Traceback" not in out, out
     assert not host_pids("slow", proc.pid)
     assert not (data / "pop.json").exists()

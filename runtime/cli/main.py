@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         status = handler(args.handler)(args)
         sys.stdout.flush()  # here, so a closed pipe is seen here and not at exit
     except Interrupted as e:  # SIGTERM/SIGINT while the PoP started: 128 + its number,
-        return 128 + e.signum  # as a shell reports a process its signal ended
+        name = signal.Signals(e.signum).name  # as a shell reports a process its signal ended
+        print(f"edgefn: {name} while starting; what had started is stopped", file=sys.stderr)
+        return 128 + e.signum
     except EdgefnError as e:  # a command line only the command could judge: still usage
         return fail(e.code, str(e), args.json, EXIT_USAGE if e.code == "usage" else EXIT_ERROR)
     except BrokenPipeError:
