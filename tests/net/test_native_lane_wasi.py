@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runtime.executors.wasm.function import WasmFunction
 from tests.net.test_native_lane import Side, both, request
@@ -131,7 +133,12 @@ SERVED = {
                                                 "(+http://www.google.com/bot.html)")]), "c"),
     "content types": (request("GET", "/env", [*H, ("Content-Type", "text/a"),
                                                ("content-type", "text/b")]), "c"),
-    "not ASCII": (request("GET", "/env", [*H, ("X-A", "caf\u00e9")]), "call"),
+    # UTF-8 arrives byte for byte (the C's); what `_text` would replace is the call's
+    "UTF-8": (request("GET", "/env", [*H, ("X-A", "caf\u00c3\u00a9 \u00f0\u009f\u0098\u0080")]),
+              "c"),
+    "not UTF-8": (request("GET", "/env", [*H, ("X-A", "caf\u00e9")]), "call"),
+    "overlong": (request("GET", "/env", [*H, ("X-A", "\u00c0\u00af")]), "call"),
+    "surrogate": (request("GET", "/env", [*H, ("X-A", "\u00ed\u00a0\u0080")]), "call"),
     "status and reserved headers": (request("GET", "/odd", H), "c"),
     "trap": (request("GET", "/trap", H), "call"),
     "bad CGI": (request("GET", "/bad", H), "call"),
@@ -144,7 +151,7 @@ SERVED = {
     "post, no body": (request("POST", "/env", H), "c"),
     "post to hello-c": (request("POST", "/hello-c", H, b"hello"), "c"),  # stdin: 5 bytes
     "post, binary": (request("POST", "/hello-c", H, bytes(range(256)) * 4), "c"),
-    "post, not ASCII": (request("POST", "/env", [*H, ("X-A", "caf\u00e9")], b"x"), "call"),
+    "post, not UTF-8": (request("POST", "/env", [*H, ("X-A", "caf\u00e9")], b"x"), "call"),
     "close": (request("GET", "/env", [*H, ("Connection", "close")]), "python"),
     "browser": (request("GET", "/env", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                 "AppleWebKit/537.36 (KHTML, like Gecko) "
@@ -307,3 +314,26 @@ def test_a_posts_body_is_the_commands_stdin(pair: tuple[Side, Side]) -> None:
         assert counts(on)[0] - before[0] == 2
     assert b"method=POST" in hello and b"body-bytes=300" in hello
     assert b"\nCONTENT_LENGTH=3\n" in env and b"\nCONTENT_TYPE=a/b\n" in env
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(value=st.lists(st.integers(0x20, 0xff).filter(lambda c: c != 0x7f), min_size=1,
+                      max_size=12).map(bytes).filter(lambda b: b[0] != 32 and b[-1] != 32))
+def test_header_bytes_reach_a_command_as_the_python_run_gives_them(pair: tuple[Side, Side],
+                                                                  value: bytes) -> None:
+    """Any visible bytes, ASCII or not, in a header value: the same CGI variables on
+    both paths; the C runs the command exactly when they are well-formed UTF-8 (as
+    `_text` leaves them), the call otherwise."""
+    on, _ = pair
+    try:
+        value.decode("utf-8")
+        who = "c" if on.lane.commands else "call"  # type: ignore[union-attr]
+    except UnicodeDecodeError:
+        who = "call"
+    raw = request("GET", "/env", [*H, ("X-V", value.decode("latin-1"))])
+    before = counts(on)
+    both(pair, raw, [b"GET"])
+    after = counts(on)
+    assert (after[0] - before[0], after[1] - before[1]) == \
+        {"c": (1, 0), "call": (0, 1)}[who], value

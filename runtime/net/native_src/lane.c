@@ -806,18 +806,36 @@ static uint8_t *put_cstr(uint8_t *o, const char *s, size_t n) {  /* s and its NU
     return o + n + 1;
 }
 
-/* Whether wasi.environ's `_text` (UTF-8, invalid bytes as U+FFFD) keeps `s` as it is
- * and it fits a C string: ASCII without NUL. */
+/* Whether wasi.environ's `_text` (`decode("utf-8", "replace")`, then encoded again)
+ * keeps `s` as it is and it fits a C string: well-formed UTF-8 (Unicode's table 3-7,
+ * as Python's decoder takes it: no overlong form, no surrogate, nothing past U+10FFFF)
+ * without NUL. Header names are tokens (ASCII), so `.upper()` is the C's. */
 static int plain_text(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if ((uint8_t)s[i] >= 0x80 || s[i] == 0) return 0;
+    const uint8_t *u = (const uint8_t *)s;
+    for (size_t i = 0; i < n;) {
+        uint8_t c = u[i];
+        if (c == 0) return 0;
+        if (c < 0x80) { i++; continue; }
+        size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+                     : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        if (!len || len > n - i) return 0;
+        uint8_t lo = 0x80, hi = 0xbf;  /* the second byte's range */
+        if (c == 0xe0) lo = 0xa0;
+        else if (c == 0xed) hi = 0x9f;
+        else if (c == 0xf0) lo = 0x90;
+        else if (c == 0xf4) hi = 0x8f;
+        if (u[i + 1] < lo || u[i + 1] > hi) return 0;
+        for (size_t j = 2; j < len; j++)
+            if (u[i + j] < 0x80 || u[i + j] > 0xbf) return 0;
+        i += len;
+    }
     return 1;
 }
 
 /* The command's arguments and environment for the request in l->q, as wasi.environ
  * makes them for it (the caller dispatch gives the bot class `cls`), into l->cgi in
  * the run's form (wasi.c `edgefn_wasi_run`'s `strings`): its length, and the pairs in
- * `*envc`; 0 when it is not plain (a byte outside ASCII: Python's). -1 no memory. */
+ * `*envc`; 0 when it is not plain (not UTF-8, a NUL: Python's). -1 no memory. */
 static long cgi_strings(Lane *l, const route_t *r, int method, const char *path,
                         size_t path_len, const char *query, size_t query_len,
                         PyObject *client, long cls, size_t *envc) {
