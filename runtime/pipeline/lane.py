@@ -33,7 +33,7 @@ exact native form, and its executor is one the lane can call:
                  and writes the answer (`respond`) when it comes back; or a WASI
                  command (no canary): without host imports or sleeps and with an env
                  no request hides (`_cgi`), the C runs it as `handle` runs it inline
-                 (lane.c `command_call`: the CGI variables of an ASCII request, the
+                 (lane.c `command_call`: the CGI variables of a UTF-8 request, the
                  run, the CGI answer parsed); any other, and whatever the C leaves
                  (a failed run, stderr, an answer parse_response refuses), `_submit`
                  runs as dispatch runs it (inline, or its future on a worker
