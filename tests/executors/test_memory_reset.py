@@ -9,14 +9,16 @@ runs the command in C."""
 from __future__ import annotations
 
 import http.client
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from runtime.executors.wasm.engine import KEEP_RESIDENT, WasmEngine
+from runtime.executors.wasm.engine import KEEP_RESIDENT
 from runtime.pipeline.lane import NativeLane
-from tests.executors.test_wasm_function import HEADER, load, run
+from tests.executors.test_wasm_function import HEADER
 from tests.support import function_dir, pop_thread, reactor
 
 # page 0 (the data image's page), the last word kept resident, the first word past
@@ -39,21 +41,33 @@ COMMAND = f"""(module
     unreachable))"""
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WasmEngine]:
-    e = WasmEngine(tmp_path_factory.mktemp("cache"))
-    yield e
-    e.close()
-
-
-@pytest.mark.parametrize("source", [REACTOR, COMMAND], ids=["reactor", "command"])
-def test_in_process_each_request_finds_memory_zeroed(engine: WasmEngine, tmp_path: Path,
-                                                      source: str) -> None:
-    fn = load(engine, function_dir(tmp_path, "marks", source,
-                                   extra='abi = "wasi"' if source is COMMAND else ""))
+# In a process of its own: this one may hold POOLED_MAX pooling engines already (other
+# tests' PoPs), and a new engine would then make its instances on demand, fresh mmaps
+# that prove nothing about the pool's reset.
+CHILD = """
+import asyncio, sys
+from pathlib import Path
+from runtime.executors.wasm.engine import WasmEngine
+from tests.executors.test_wasm_function import load, run
+engine = WasmEngine(Path(sys.argv[1]) / "cache")
+assert engine.pooling, "no pooling allocator here"
+for name in sys.argv[2:]:
+    fn = load(engine, Path(sys.argv[1]) / name)
     for _ in range(5):
         response = run(fn)
-        assert response.status == 200, response.body
+        assert response.status == 200, (name, response.status, response.body)
+print("ok", flush=True)
+"""
+
+
+def test_in_process_each_request_finds_memory_zeroed(tmp_path: Path) -> None:
+    function_dir(tmp_path, "rmarks", REACTOR)
+    function_dir(tmp_path, "cmarks", COMMAND, extra='abi = "wasi"')
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "rmarks", "cmarks"],
+                           capture_output=True, text=True, timeout=120, cwd=root,
+                           env={**os.environ, "PYTHONPATH": str(root)})
+    assert child.returncode == 0 and child.stdout == "ok\n", child.stderr[-3000:]
 
 
 def test_over_the_native_lane_each_request_finds_memory_zeroed(tmp_path: Path) -> None:

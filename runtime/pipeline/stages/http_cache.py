@@ -151,7 +151,7 @@ class HttpCacheStage:
 
     def bypass_answer(self, response: Response, request: Request, ctx: Context,
                       target: Target) -> Response:
-        """`_bypass` of a request the native lane took (a POST), its origin's answer
+        """`_bypass` of a request the native lane took (an unsafe method), its answer
         `response` already here: recorded, its URL's entries dropped on success."""
         key = HttpCache.key(target.label, request)
         self._record(ctx, target, key, "BYPASS")
