@@ -1,30 +1,39 @@
 """Every script under bench/ imports: the benchmarks are run by hand, so a name one
 of them takes from the runtime (bench/_front_only.py's `wait_for_signal`, gone when
-`StopSignals` replaced it) would otherwise break only when someone next measures."""
+`StopSignals` replaced it) would otherwise break only when someone next measures.
+They are imported in a child process: some set what they measure at import
+(bench_observe_inprocess.py sets the inline slice to 10 s, bench_vectors.py
+OPENBLAS_NUM_THREADS), which in the suite's process broke six tests of the slice."""
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
-def test_a_bench_script_imports(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "path", [str(BENCH), *sys.path])  # restored after: scripts
-    spec = importlib.util.spec_from_file_location(  # add their folders to it
-        f"bench_under_test_{script[:-3]}", BENCH / script)
-    assert spec is not None and spec.loader is not None
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = """
+import importlib.util, sys, traceback
+from pathlib import Path
+bench = Path(sys.argv[1])
+sys.path[:0] = [str(bench.parent), str(bench)]
+failed = []
+for script in sorted(bench.glob("*.py")):
+    spec = importlib.util.spec_from_file_location("bench_under_test_" + script.stem, script)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)  # its top level only: `main` runs under __main__
-    finally:  # bench's own modules leave (`_wrk`, `bench_runtime`): nothing else sees them
-        for name, m in list(sys.modules.items()):
-            if name == spec.name or str(getattr(m, "__file__", "") or "").startswith(
-                    str(BENCH)):
-                del sys.modules[name]
+    except BaseException:
+        failed.append(script.name + ": " + traceback.format_exc(limit=3))
+print("\\n".join(failed) if failed else "all imported", flush=True)
+"""
+
+
+def test_every_bench_script_imports() -> None:
+    child = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "bench")],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.strip().splitlines()[-1:] == ["all imported"], child.stdout[-5000:]
