@@ -763,6 +763,22 @@ static int runs_inline(Lane *l, const route_t *r) {
     return busy < 0 ? -1 : !busy;
 }
 
+/* Whether the request in l->q may run inline now for `r` (a reactor's call, a command's
+ * run): 1 with its verdict and bot class, and the clocks its record reads, set; 0 for
+ * Python (its function busy or on the threads, a verdict the lane may not serve); -1 a
+ * Python error. */
+typedef struct { int verdict; long cls; uint64_t started; double ts; } start_t;
+
+static int inline_start(Lane *l, const route_t *r, start_t *s) {
+    int idle = runs_inline(l, r);
+    if (idle <= 0) return idle;
+    s->verdict = allowed_verdict(l, r, &s->cls);
+    if (s->verdict < 0) return 0;
+    s->started = mono_ns();
+    s->ts = now_wall();
+    return 1;
+}
+
 /* The response frame `frame` (a guest's, or a command's answer made one: `cgi_frame`)
  * written as the front writes it, its record appended: 1; 0 when it is Python's (not
  * as abi.decode_response takes it, or one http_cache stores: Python runs the request
@@ -999,15 +1015,11 @@ static int command_call(Lane *l, route_t *r, int ri, int method, const hdr_t *ho
                         const char *url, size_t path_len, const char *query,
                         size_t query_len, PyObject *date, PyObject *extra, PyObject *events,
                         PyObject *client) {
-    int idle = runs_inline(l, r);
-    if (idle <= 0) return idle;
-    long cls;
-    int verdict = allowed_verdict(l, r, &cls);
-    if (verdict < 0) return 0;
-    uint64_t started = mono_ns();
-    double ts = now_wall();
+    start_t s;
+    int go = inline_start(l, r, &s);
+    if (go <= 0) return go;
     size_t envc = 0;
-    long n = cgi_strings(l, r, method, url, path_len, query, query_len, client, cls, &envc);
+    long n = cgi_strings(l, r, method, url, path_len, query, query_len, client, s.cls, &envc);
     if (n <= 0) {
         if (n < 0 && !PyErr_Occurred()) PyErr_NoMemory();
         return n < 0 ? -1 : 0;
@@ -1034,8 +1046,8 @@ static int command_call(Lane *l, route_t *r, int ri, int method, const hdr_t *ho
         if (f < 0) PyErr_NoMemory();
         return f < 0 ? -1 : 0;
     }
-    int done = answer_frame(l, r, ri, method, l->cgi, (uint64_t)f, started, ts, verdict, host,
-                            query, query_len, date, extra, events, client);
+    int done = answer_frame(l, r, ri, method, l->cgi, (uint64_t)f, s.started, s.ts, s.verdict,
+                            host, query, query_len, date, extra, events, client);
     l->commands_run += done == 1;
     return done;
 }
@@ -1091,14 +1103,10 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     }
     if (r->python) return python_call(l, r, ri, method, host, url, path_len, query, query_len,
                                       client);
-    int idle = runs_inline(l, r);
-    if (idle <= 0) return idle;
-    long cls;
-    int verdict = allowed_verdict(l, r, &cls);
-    if (verdict < 0) return 0;
-    uint64_t started = mono_ns();
-    double ts = now_wall();
-    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), method, url, path_len,
+    start_t s;
+    int go = inline_start(l, r, &s);
+    if (go <= 0) return go;
+    size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, s.cls), method, url, path_len,
                       query, query_len);
     if (!n) { PyErr_NoMemory(); return -1; }
     int32_t failed;
@@ -1116,8 +1124,8 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
          * stalls the PoP": inline at most twice, then the worker threads) */
         return PyObject_SetAttr(r->executor, l->lane_cut_name, Py_True) < 0 ? -1 : 0;
     }
-    return answer_frame(l, r, ri, method, res->response, res->response_len, started, ts, verdict,
-                        host, query, query_len, date, extra, events, client);
+    return answer_frame(l, r, ri, method, res->response, res->response_len, s.started, s.ts,
+                        s.verdict, host, query, query_len, date, extra, events, client);
 }
 
 /* serve(data, date, extra_head, budget, events, client) -> (used, out, call): the
