@@ -107,6 +107,16 @@ class StoresConfig(Struct, forbid_unknown_fields=True, frozen=True):
     binding_threads: Annotated[int, Meta(ge=1, le=64)] = 2
 
 
+class WasmConfig(Struct, forbid_unknown_fields=True, frozen=True):
+    """The WASM engine (`runtime.executors.wasm.engine`)."""
+
+    # KiB at the start of each instance's linear memory that its reset (a fresh instance
+    # per request) zeroes with memset, rounded up to 4 KiB pages; the rest is decommitted
+    # (madvise), and pages a guest touched there fault in again at its next request. It
+    # is the trade-off of the README's "Memory after a request" (bench/bench_reset.py)
+    keep_resident_kib: Annotated[int, Meta(ge=0, le=1 << 20)] = 128
+
+
 # -- pipeline stages: a tagged union on `stage`, each with its own settings -----------------
 class StageConfig(Struct, forbid_unknown_fields=True, frozen=True, tag_field="stage"):
     """One stage of the request pipeline."""
@@ -231,6 +241,7 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     insecure_python: bool = False
     ai: AIConfig = field(default_factory=AIConfig)
     stores: StoresConfig = field(default_factory=StoresConfig)
+    wasm: WasmConfig = field(default_factory=WasmConfig)
     auth: AuthSettings = field(default_factory=AuthSettings)
     waf: WafSettings = field(default_factory=WafSettings)
     bots: BotSettings = field(default_factory=BotSettings)

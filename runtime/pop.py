@@ -58,7 +58,8 @@ class PoP:
                              config.residency, config.name, config.stores.binding_threads)
         self.stores.kv_quota = config.stores.kv_owner_quota_mb << 20
         self.stores.vectors_quota = config.stores.vectors_owner_quota_mb << 20
-        self.wasm = WasmEngine(self.data_dir / "cache")
+        self.wasm = WasmEngine(self.data_dir / "cache",
+                               keep_resident=config.wasm.keep_resident_kib << 10)
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,
                                  self._vet)

@@ -1,10 +1,12 @@
 """No request sees what the one before it left in linear memory: every WASM request
 gets a fresh instance, and the pooling allocator hands it a slot whose first
-`KEEP_RESIDENT` bytes were reset by memset and the rest by madvise. A guest that
-finds a marker of its own at an address below, at and past that boundary traps;
-otherwise it leaves the marker there for the next request. Run in process (the
-executor's inline call) and over HTTP, where the native lane calls the reactor and
-runs the command in C."""
+`KEEP_RESIDENT` bytes (`[wasm] keep_resident_kib`) were reset by memset and the rest
+by madvise. A guest that finds a marker of its own at an address below, at and past
+that boundary (the default's, and 4 KiB's) traps; otherwise it leaves the marker
+there for the next request. Run in process (the executor's inline call) with the
+default and with 4 KiB kept, and over HTTP, where the native lane calls the reactor
+and runs the command in C. What the setting changes, which pages stay resident, is
+read from the kernel (mincore)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from tests.support import function_dir, pop_thread, reactor
 
 # page 0 (the data image's page), the last word kept resident, the first word past
 # it, and one deep in the third page: each must read 0 in every fresh instance
-ADDRESSES = [200, KEEP_RESIDENT - 4, KEEP_RESIDENT, KEEP_RESIDENT + 9000]
+ADDRESSES = [200, 4092, 4096, KEEP_RESIDENT - 4, KEEP_RESIDENT, KEEP_RESIDENT + 9000]
 PAGES = (KEEP_RESIDENT + 9000) // 65536 + 1
 CHECK = "".join(f"(br_if $dirty (i32.load (i32.const {a})))" for a in ADDRESSES)
 MARK = "".join(f"(i32.store (i32.const {a}) (i32.const 0x5a5a5a5a))" for a in ADDRESSES)
@@ -49,9 +51,9 @@ import asyncio, sys
 from pathlib import Path
 from runtime.executors.wasm.engine import WasmEngine
 from tests.executors.test_wasm_function import load, run
-engine = WasmEngine(Path(sys.argv[1]) / "cache")
+engine = WasmEngine(Path(sys.argv[1]) / "cache", keep_resident=int(sys.argv[2]))
 assert engine.pooling, "no pooling allocator here"
-for name in sys.argv[2:]:
+for name in sys.argv[3:]:
     fn = load(engine, Path(sys.argv[1]) / name)
     for _ in range(5):
         response = run(fn)
@@ -60,14 +62,62 @@ print("ok", flush=True)
 """
 
 
-def test_in_process_each_request_finds_memory_zeroed(tmp_path: Path) -> None:
+def in_child(script: str, *args: str) -> str:
+    """What `script` prints, run with `args` in a process of its own (see CHILD)."""
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                           text=True, timeout=120, cwd=root,
+                           env={**os.environ, "PYTHONPATH": str(root)})
+    assert child.returncode == 0, child.stderr[-3000:]
+    return child.stdout
+
+
+@pytest.mark.parametrize("keep", [KEEP_RESIDENT, 4096])
+def test_in_process_each_request_finds_memory_zeroed(tmp_path: Path, keep: int) -> None:
     function_dir(tmp_path, "rmarks", REACTOR)
     function_dir(tmp_path, "cmarks", COMMAND, extra='abi = "wasi"')
-    root = Path(__file__).resolve().parents[2]
-    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), "rmarks", "cmarks"],
-                           capture_output=True, text=True, timeout=120, cwd=root,
-                           env={**os.environ, "PYTHONPATH": str(root)})
-    assert child.returncode == 0 and child.stdout == "ok\n", child.stderr[-3000:]
+    assert in_child(CHILD, str(tmp_path), str(keep), "rmarks", "cmarks") == "ok\n"
+
+
+# An instance writes a byte 100 bytes into its second page and is dropped: is that
+# page still resident (reset by memset) or not (decommitted)? mincore says.
+RESIDENT = """
+import ctypes, gc, sys
+import wasmtime
+from runtime.executors.wasm.engine import WasmEngine
+engine = WasmEngine(None, keep_resident=int(sys.argv[1]))
+assert engine.pooling, "no pooling allocator here"
+module = wasmtime.Module(engine.engine, '(module (memory (export "memory") 3) '
+                         '(func (export "touch") (i32.store8 (i32.const 65636) (i32.const 1))))')
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+vec = (ctypes.c_ubyte * 1)()
+for _ in range(3):
+    store = wasmtime.Store(engine.engine)
+    store.set_epoch_deadline(1 << 30)
+    instance = wasmtime.Instance(store, module, [])
+    memory = instance.exports(store)["memory"]
+    page = ctypes.addressof(memory.data_ptr(store).contents) + 65536
+    instance.exports(store)["touch"](store)
+    del instance, memory, store
+    gc.collect()  # the store is dropped: its slot reset as keep_resident says
+    assert libc.mincore(ctypes.c_void_p(page), 4096, vec) == 0, ctypes.get_errno()
+    print(vec[0] & 1, end=" ")
+engine.close()
+"""
+
+
+@pytest.mark.parametrize(("keep", "resident"), [(KEEP_RESIDENT, "1 1 1 "), (4096, "0 0 0 "),
+                                                (65536, "0 0 0 "), (69632, "1 1 1 ")])
+def test_keep_resident_decides_which_pages_stay_resident(keep: int, resident: str) -> None:
+    """The engine's `keep_resident` reaches wasmtime's pool: a page past it that the
+    guest wrote is decommitted when its instance is dropped, one below it is kept."""
+    assert in_child(RESIDENT, str(keep)) == resident
+
+
+def test_the_pop_config_sets_keep_resident(tmp_path: Path) -> None:
+    with pop_thread(tmp_path / "data", **{"wasm.keep_resident_kib": 8}) as pop:
+        assert pop.pop.wasm.keep_resident == 8192
 
 
 def test_over_the_native_lane_each_request_finds_memory_zeroed(tmp_path: Path) -> None:

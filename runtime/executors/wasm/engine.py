@@ -46,8 +46,9 @@ POOL_MAX_MEMORY = 1 << 30  # the largest `limits.memory_mb` the pool can host
 # shootdown interrupts the other cores). 128 KiB covers a C command's or reactor's
 # two pages (wasi-sdk: data, then a 64 KiB stack): hello-c's run took 24.5 us with 64
 # KiB kept (faults and shootdowns were 13% of its samples), 14.4 us with this; a
-# one-page module (hello-wat) resets its 64 KiB either way. wasmtime's PAGEMAP_SCAN
-# reset (only the dirty pages) is not in its C API.
+# one-page module (hello-wat) resets its 64 KiB either way. The default of `[wasm]
+# keep_resident_kib`; bench/bench_reset.py measures the trade-off. wasmtime's
+# PAGEMAP_SCAN reset (only the pages a guest dirtied) is not in its C API (50.0.1, 51.0.0).
 KEEP_RESIDENT = 128 << 10
 WORKER_THREADS = 16  # WASI commands and reactors that may block or run long
 THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at once
@@ -74,12 +75,14 @@ class WasmEngine:
     """
 
     def __init__(self, cache_dir: str | Path | None = None, pooling: bool = True,
-                 native: bool | None = None, ticker_idle: float = TICKER_IDLE_SECONDS) -> None:
+                 native: bool | None = None, ticker_idle: float = TICKER_IDLE_SECONDS,
+                 keep_resident: int = KEEP_RESIDENT) -> None:
         from runtime.executors.wasm import native as wasm_native
 
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.compiles = 0  # modules compiled rather than loaded from the cache (tests count them)
-        self.engine, self.pooling = _make_engine(pooling)
+        self.keep_resident = keep_resident  # bytes ([wasm] keep_resident_kib); pooling only
+        self.engine, self.pooling = _make_engine(pooling, keep_resident)
         self.fingerprint = (f"wasmtime={WASMTIME_VERSION};epoch=1;pooling={int(self.pooling)};"
                             f"max_memory={POOL_MAX_MEMORY}")
         self.threads = ThreadPoolExecutor(max_workers=WORKER_THREADS,
@@ -177,7 +180,8 @@ class WasmEngine:
         self.threads.shutdown(wait=False, cancel_futures=True)
 
 
-def _make_engine(pooling: bool) -> tuple[wasmtime.Engine, bool]:
+def _make_engine(pooling: bool, keep_resident: int = KEEP_RESIDENT
+                 ) -> tuple[wasmtime.Engine, bool]:
     """An Engine with epoch interruption and, where the host allows, the pooling allocator
     (not past `POOLED_MAX` live pooling engines in this process).
 
@@ -194,7 +198,7 @@ def _make_engine(pooling: bool) -> tuple[wasmtime.Engine, bool]:
             pooling = False
     if pooling:
         try:
-            _enable_pooling(config)
+            _enable_pooling(config, keep_resident)
             engine = wasmtime.Engine(config)
             _pooled.add(engine)
             return engine, True
@@ -205,7 +209,7 @@ def _make_engine(pooling: bool) -> tuple[wasmtime.Engine, bool]:
     return wasmtime.Engine(config), False
 
 
-def _enable_pooling(config: wasmtime.Config) -> None:
+def _enable_pooling(config: wasmtime.Config, keep_resident: int) -> None:
     pc = bindings.wasmtime_pooling_allocation_config_new()
     try:
         bindings.wasmtime_pooling_allocation_config_total_core_instances_set(pc, POOL_INSTANCES)
@@ -214,7 +218,7 @@ def _enable_pooling(config: wasmtime.Config) -> None:
         bindings.wasmtime_pooling_allocation_config_max_memory_size_set(pc, POOL_MAX_MEMORY)
         # Reset small memories with memset instead of madvise: a syscall less per request.
         bindings.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(
-            pc, KEEP_RESIDENT)
+            pc, keep_resident)
         bindings.wasmtime_pooling_allocation_config_table_keep_resident_set(pc, 1 << 16)
         bindings.wasmtime_pooling_allocation_strategy_set(config.ptr(), pc)
     finally:
