@@ -1,7 +1,7 @@
 """The PoP's own CPU per request on the native lane, without sockets or a load
 generator: a real PoP (its public server's connections, its lane, its stages,
 real wasmtime) fed whole requests through `HttpProtocol.data_received` on
-`--connections` connections whose transport only counts what is written, as a
+`--connections` connections whose transport only keeps what is written, as a
 loop iteration of a loaded PoP reads them; then one turn of the loop (the
 responses' flush, the lane's drain: events, metrics, access log). Sub-microsecond
 changes to the front, the lane or the drain show here (the access log's lines are
@@ -42,19 +42,25 @@ from runtime.pipeline.stages.access_log import AccessLog  # noqa: E402
 
 
 class CountingTransport(asyncio.Transport):
-    """A connection's transport that keeps nothing: counts writes and responses."""
+    """A connection's transport that keeps what is written until `count` reads it."""
 
     def __init__(self, port: int) -> None:
         super().__init__()
         self.port = port
-        self.writes = 0
+        self.written: list[bytes | bytearray | memoryview] = []
         self.responses = 0
         self.last = b""
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.writes += 1
-        self.responses += bytes(data).count(b"HTTP/1.1 200 OK\r\n")
-        self.last = bytes(data)
+        self.written.append(data)
+
+    def count(self) -> int:
+        """The 200s written so far (read outside the timed loop)."""
+        for data in self.written:
+            self.responses += bytes(data).count(b"HTTP/1.1 200 OK\r\n")
+            self.last = bytes(data)
+        self.written.clear()
+        return self.responses
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"peername": ("127.0.0.1", self.port), "sockname": ("127.0.0.1", 8080)}.get(
@@ -110,7 +116,7 @@ async def run(args: argparse.Namespace) -> None:
                     await asyncio.sleep(0)  # the flush and the drain: the loop's turn
                 took = time.thread_time() - started
                 total += turns * per_turn
-                answered = sum(t.responses for _, t in conns)
+                answered = sum(t.count() for _, t in conns)
                 if answered != total:  # each request one 200, none left waiting
                     raise RuntimeError(f"{answered} 200s to {total} requests; the last "
                                        f"write: {conns[0][1].last[:300]!r}")
