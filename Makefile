@@ -50,10 +50,12 @@ topology: venv services
 topology-down: venv
 	$(BIN)/edgefn topology down --dir .topology
 
+# mypy bench: its scripts run by hand only, so an API change broke them unseen
 lint: venv
 	$(BIN)/ruff check edgefn_core runtime kv gpu_worker functions tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(BIN)/mypy bench
 
 test: lint toolchains services
 	$(BIN)/pytest -q

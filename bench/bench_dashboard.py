@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,7 +86,7 @@ def main() -> None:
     print(f"aggregator: {us:.2f} us per event (best of 3 x {args.events}); snapshot of a "
           f"full window {snap_ms:.1f} ms; window memory {kib:.0f} KiB")
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-dash-"))
-    servers = {}
+    servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     for name, on in (("dashboard off", False), ("dashboard on", True)):
         toml = work / f"{len(servers)}.toml"
         toml.write_text(pop_toml(on))

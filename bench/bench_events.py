@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-events-"))
-    servers = {}
+    servers: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
     for name, events, file, metrics in (
             ("no events stage", False, False, True), ("events, ring, no metrics", True, False,
                                                       False),

@@ -156,7 +156,8 @@ def binding_get_cost(work: Path) -> list[float]:
             + ('[pool]\nstandby = false\n' if runtime == "python" else ""))
 
     async def run() -> list[float]:
-        pop = PoP(config.load(None, data=str(work / "pop"), **{"ai.enabled": False}))
+        off: dict[str, Any] = {"ai.enabled": False}
+        pop = PoP(config.load(None, data=str(work / "pop"), **off))
         try:
             pop.stores.kv.create_namespace("b")
             pop.stores.kv.put("b", b"key:000001", b"v" * 100)
@@ -222,7 +223,7 @@ def vectors_bench(work: Path, n: int, dim: int, queries: int) -> None:
             vs.upsert("bench", [(str(i), data[i], None) for i in range(lo, min(n, lo + 5000))])
         build = time.perf_counter() - start
         for ef in (256, 1024):  # HNSW search breadth: recall against speed
-            vs._open["bench"].index.expansion_search = ef  # bench-only knob
+            vs._open["bench"].index.expansion_search = ef  # type: ignore[misc]  # bench-only knob
             start = time.perf_counter()
             got = [vs.query("bench", q, 10) for q in qs]
             index_qps = queries / (time.perf_counter() - start)
@@ -282,11 +283,11 @@ def large_values(work: Path, seconds: float) -> None:
         'routes = ["/big"]\n[bindings]\nkv = ["big"]\n'
         "[limits]\ncpu_ms = 60000\nwall_ms = 60000\nmemory_mb = 1024\n"
         "[pool]\nmin = 8\nmax = 8\nstandby = false\n")
-    raw_replies = getattr(wire, "VALUE_REPLIES", frozenset())
+    raw_replies: frozenset[str] = getattr(wire, "VALUE_REPLIES", frozenset())
 
     def answered(raw: bool) -> None:  # in the PoP's process: the isolates keep their own
         if hasattr(wire, "VALUE_REPLIES"):
-            wire.VALUE_REPLIES = raw_replies if raw else frozenset()  # type: ignore[misc]
+            wire.VALUE_REPLIES = raw_replies if raw else frozenset()
 
     with pop_thread(work / "pop-big") as pop:
         loop = pop.loop

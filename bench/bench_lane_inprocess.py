@@ -88,7 +88,8 @@ class CountingTransport(asyncio.Transport):
 
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = config.load(None, data=tmp, **{"public.port": 0, "ai.enabled": False})
+        overrides: dict[str, Any] = {"public.port": 0, "ai.enabled": False}
+        cfg = config.load(None, data=tmp, **overrides)
         async with running_pop(cfg) as (pop, public, _admin):
             await asyncio.to_thread(AdminClient(Path(tmp)).deploy, Path(args.function))
             devnull = open(os.devnull, "wb")  # noqa: SIM115 (closed below)

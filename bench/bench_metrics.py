@@ -24,7 +24,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,7 +43,7 @@ from runtime.observe.metrics import (  # noqa: E402
 
 
 def mix() -> list[Event]:
-    base = {"ts": 0.0, "rid": "r", "pop": "p", "tier": "edge", "geo": "fra",
+    base: dict[str, Any] = {"ts": 0.0, "rid": "r", "pop": "p", "tier": "edge", "geo": "fra",
             "client": "127.0.0.1", "method": "GET", "host": "h", "path": "/hello",
             "bytes_out": 26}
     passed = {"bots": {"class": "browser", "action": "allow"}, "ratelimit": {"limited": None}}
@@ -84,7 +86,7 @@ class OfficialClient:
         c[2].inc(e.bytes_out)
 
 
-def per_event_us(observe, events: list[Event], n: int) -> float:
+def per_event_us(observe: Callable[[Event], object], events: list[Event], n: int) -> float:
     rounds = max(1, n // len(events))
     best = float("inf")
     for _ in range(3):

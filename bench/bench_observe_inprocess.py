@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -41,8 +42,8 @@ VARIANTS = ("(a) no events stage", "(b) events, metrics off", "(c) events + metr
 
 
 def make(variant: int, data: Path) -> PoP:
-    cfg = c.load(None, data=str(data), **{"ai.enabled": False,
-                                           "metrics.enabled": variant == 2})
+    overrides: dict[str, Any] = {"ai.enabled": False, "metrics.enabled": variant == 2}
+    cfg = c.load(None, data=str(data), **overrides)
     if variant == 0:
         cfg = msgspec.structs.replace(cfg, pipeline=[
             s for s in cfg.pipeline if not isinstance(s, c.EventsStage)])

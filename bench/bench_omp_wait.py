@@ -30,7 +30,8 @@ import bench_ai  # (also sets OpenMP's wait in this process, as the worker does)
 from gpu_worker.client import WorkerClient
 from gpu_worker.engines import BARRIER_SPINS
 
-SETTINGS = {"spin": str(BARRIER_SPINS), "passive": None}  # GOMP_SPINCOUNT; None: unset
+# GOMP_SPINCOUNT; None: unset
+SETTINGS: dict[str, str | None] = {"spin": str(BARRIER_SPINS), "passive": None}
 
 
 async def chats(tmp: Path, spins: str | None, a: argparse.Namespace) -> list[float]:
@@ -55,7 +56,7 @@ async def chats(tmp: Path, spins: str | None, a: argparse.Namespace) -> list[flo
 async def main(a: argparse.Namespace) -> None:
     print(f"one chat at a time, {a.tokens} tokens, {a.chats} in a row, {a.threads} threads; "
           f"median seconds a chat ({bench_ai.uptime()})")
-    print(f"{'busy processes':>15} {'spin ' + SETTINGS['spin']:>10} {'passive':>10} "
+    print(f"{'busy processes':>15} {'spin ' + str(SETTINGS['spin']):>10} {'passive':>10} "
           f"{'spin / passive':>15}")
     with tempfile.TemporaryDirectory(prefix="edgefn-bench-omp-") as folder:
         for n, busy in enumerate(int(b) for b in a.busy.split(",")):

@@ -143,7 +143,8 @@ async def hogs_beside_chats(client: WorkerClient, chats: bool
 async def chatty(client: WorkerClient, rounds: int) -> None:
     for chats in (False, True):
         runs = [await hogs_beside_chats(client, chats) for _ in range(rounds)]
-        took, cpu = (statistics.median(run[i] for run in runs) for i in (0, 1))
+        took, cpu = statistics.median(run[0] for run in runs), statistics.median(
+            run[1] for run in runs)
         times = [t for run in runs for t in run[2] if isinstance(t, float)]
         print(f"  a's {MAX_BATCH} briefed streams {'beside b' if chats else 'alone'}: "
               f"p50 {took:6.2f} s, worker CPU {cpu:6.2f} s  each: "

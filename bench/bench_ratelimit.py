@@ -67,7 +67,7 @@ def answer(request: Request, ctx: Context) -> Response:
 
 
 def targets() -> Targets:
-    return Targets(SimpleNamespace(router=Router()), {b"/hello": Function()})  # type: ignore[arg-type]
+    return Targets(SimpleNamespace(router=Router()), {b"/hello": Function()})  # type: ignore[arg-type, dict-item]
 
 
 def stage(rules: int, headers: bool = True, storage: str = "memory://") -> RateLimit:

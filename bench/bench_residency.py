@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from runtime import config as c  # noqa: E402
 from runtime.net.message import Request, Response  # noqa: E402
 from runtime.pipeline.chain import Chain  # noqa: E402
-from runtime.pipeline.stage import Context, Next, Result  # noqa: E402
+from runtime.pipeline.stage import Context, Next, Result, Stage  # noqa: E402
 from runtime.pipeline.stages.request_id import RequestId  # noqa: E402
 from runtime.pipeline.stages.residency import Residency  # noqa: E402
 from runtime.security import residency as r  # noqa: E402
@@ -62,7 +62,7 @@ def variants() -> list[tuple[str, Chain, Request]]:
             b"localhost", "1.1", True, "127.0.0.1:5000")
 
     def chain(tenant: str | None, residency: bool) -> Chain:
-        stages = [RequestId(c.RequestIdStage()), As(tenant)]
+        stages: list[Stage] = [RequestId(c.RequestIdStage()), As(tenant)]
         if residency:
             stages.append(Residency(SETTINGS, "bench", "emea"))
         return Chain([*stages, Answer()], False)

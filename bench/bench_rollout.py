@@ -119,7 +119,8 @@ def bench_rollout(root: Path, n: int) -> None:
             t0 = time.perf_counter()
             AdminClient(single).request("POST", "/v1/deploy", blob)
             t1 = time.perf_counter()
-            staged = rollout.stage(pops, lambda _, c, b=blob: c.request("POST", "/v1/stage", b))
+            staged = rollout.stage(pops, lambda _, c, b=blob: c.request(  # type: ignore[misc]
+                "POST", "/v1/stage", b))
             t2 = time.perf_counter()
             r = rollout.activate(pops, staged)
             t3 = time.perf_counter()

@@ -80,11 +80,11 @@ def served(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:
     from runtime.security.keys import KeyStore
 
     fn = keyed_hello(work)
-    servers = {}
+    servers: dict[str, tuple[subprocess.Popen[bytes], int, dict[str, str]]] = {}
     for i, (name, (toml, keyed)) in enumerate(SERVERS.items()):
-        servers[name] = start(work, f"s{i}", toml, fn if keyed else HELLO)
+        proc, port = start(work, f"s{i}", toml, fn if keyed else HELLO)
         key, _ = KeyStore(work / f"s{i}").create("bench", ("fn:*",))
-        servers[name] += ({"x-api-key": key},)
+        servers[name] = (proc, port, {"x-api-key": key})
     time.sleep(1.2)  # a PoP re-reads keys.json within a second
     best: dict[str, dict[str, float]] = {}
     try:
@@ -113,6 +113,7 @@ def per_stage(n: int, work: Path) -> dict[str, float]:
     from runtime.functions.router import Router
     from runtime.net.message import Request, Response
     from runtime.pipeline.chain import Chain
+    from runtime.pipeline.stage import Stage
     from runtime.pipeline.stages.auth import Auth
     from runtime.pipeline.stages.bots import Bots
     from runtime.pipeline.stages.ratelimit import RateLimit
@@ -146,9 +147,9 @@ def per_stage(n: int, work: Path) -> dict[str, float]:
                (b"accept", b"text/html"), (b"accept-language", b"en"),
                (b"sec-fetch-mode", b"navigate")]
     keyed = [*browser, (b"x-api-key", key.encode())]
-    rules = [s.RateRule(by, "100000000/minute") for by in ("ip", "key", "function")]  # type: ignore[arg-type]
+    rules = [s.RateRule(by, "100000000/minute") for by in ("ip", "key", "function")]
     none, key_auth = s.TargetPolicy(), s.TargetPolicy(auth="key")
-    cases = {
+    cases: dict[str, tuple[list[Stage], list[tuple[bytes, bytes]]]] = {
         "waf (off)": ([Waf(s.WafSettings(), targets(none))], browser),
         "bots (cached browser UA)": ([Bots.from_settings(s.BotSettings(), targets(none))],
                                      browser),

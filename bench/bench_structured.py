@@ -31,7 +31,7 @@ from tests.support import pop_thread
 
 CHAT = "smollm2-135m"
 DATA = Path(__file__).resolve().parent / "data" / "structured_schemas.json"
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
      "parameters": {"type": "object", "properties": {
          "city": {"type": "string", "maxLength": 30},
@@ -59,10 +59,11 @@ def valid_json(text: str | None, schema: dict[str, Any]) -> bool:
 
 def structured(c: openai.OpenAI, case: tuple[dict[str, Any], str], max_tokens: int) -> bool:
     spec, prompt = case
-    r = c.chat.completions.create(
+    kw: dict[str, Any] = dict(
         model=CHAT, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
         temperature=0, response_format={"type": "json_schema", "json_schema": {**spec,
                                                                                 "strict": True}})
+    r = c.chat.completions.create(**kw)
     return valid_json(r.choices[0].message.content, spec["schema"])
 
 
@@ -79,7 +80,7 @@ def tool_call(c: openai.OpenAI, ask: str, stream: bool, max_tokens: int) -> bool
     if not stream:
         msg = c.chat.completions.create(**kw).choices[0].message
         return calls_valid([{"name": t.function.name, "arguments": t.function.arguments}
-                            for t in msg.tool_calls or []])  # type: ignore[union-attr]
+                            for t in msg.tool_calls or []])
     calls: dict[int, dict[str, Any]] = {}
     for chunk in c.chat.completions.create(**kw, stream=True):
         for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
@@ -97,9 +98,11 @@ def throughput(c: openai.OpenAI, prompts: list[str], fmt: dict[str, Any] | None,
                max_tokens: int) -> float:
     tokens, started = 0, time.perf_counter()
     for p in prompts:
-        extra = {"response_format": fmt} if fmt else {}
-        r = c.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": p}],
-                                      max_tokens=max_tokens, temperature=0, **extra)
+        kw: dict[str, Any] = dict(model=CHAT, messages=[{"role": "user", "content": p}],
+                                  max_tokens=max_tokens, temperature=0)
+        if fmt:
+            kw["response_format"] = fmt
+        r = c.chat.completions.create(**kw)
         assert r.usage is not None
         tokens += r.usage.completion_tokens
     return tokens / (time.perf_counter() - started)

@@ -159,7 +159,7 @@ def build(data: np.ndarray, connectivity: int, expansion_add: int, dtype: str
 def measure(index: Index, queries: np.ndarray, truth: np.ndarray, ef: int
             ) -> tuple[float, float, dict[int, float]]:
     """``(recall@K, single-query QPS, {batch: QPS})`` at expansion_search `ef`."""
-    index.expansion_search = ef
+    index.expansion_search = ef  # type: ignore[misc]  # (a setter usearch's stub omits)
     found = np.stack([index.search(q, K, threads=1).keys for q in queries]).astype(np.int64)
     single = len(queries) / best_time(lambda: [index.search(q, K, threads=1) for q in queries], 2)
     batched = {b: _batched_qps(lambda qs: index.search(qs, K, threads=1), queries, b)

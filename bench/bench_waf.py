@@ -66,7 +66,7 @@ def ok(request: Request, ctx: Context) -> Response:
     return Response(200, [], b"ok")
 
 
-def per_call_us(waf: Waf, spec: tuple, n: int) -> float:  # type: ignore[type-arg]
+def per_call_us(waf: Waf, spec: tuple, n: int) -> float:
     method, path, query, headers, body = spec
     request = Request(method, path, query, headers, b"api.example.com", "1.1", True,
                       "127.0.0.1:40000")
@@ -93,7 +93,7 @@ def stage_figures(n: int) -> None:
               f"ratio {cost / base:7.1f}x   WAF cost {cost - base:7.1f} us")
 
 
-def pop_ms(port: int, spec: tuple, n: int) -> float:  # type: ignore[type-arg]
+def pop_ms(port: int, spec: tuple, n: int) -> float:
     method, path, query, headers, body = spec
     target = (path + b"?" + query if query else path).decode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -111,7 +112,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        config = c.load(None, data=tmp, **{"ai.enabled": False})
+        off: dict[str, Any] = {"ai.enabled": False}  # (dotted names: **)
+        config = c.load(None, data=tmp, **off)
         pop = PoP(config)
         devnull = open(os.devnull, "wb")  # noqa: SIM115 (closed below)
         for observer in pop.observers:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -270,7 +271,7 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
         return [type(s).__struct_config__.tag for s in self.pipeline]  # type: ignore[misc]
 
 
-def load(path: str | Path | None = None, *, under: dict[str, object] | None = None,
+def load(path: str | Path | None = None, *, under: Mapping[str, object] | None = None,
          **overrides: object) -> PopConfig:
     """The config in `path` (defaults when None), with `overrides` applied on top:
     top-level fields by name, nested ones as ``"public.port"``. `under`: top-level

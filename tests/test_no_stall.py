@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,7 +126,8 @@ def test_a_reactor_cut_at_the_slice_runs_inline_twice_then_on_a_thread(
     loop: 18.6 ms longest loop lag against 12.6 without the lane)."""
     # spins on a long request only: the deploy's warm-up (a short GET) keeps it inline
     spin = reactor("(if (i32.gt_u (local.get $n) (i32.const 300)) (then (loop $l (br $l))))")
-    with pop_thread(tmp_path / "data", **{"http.native_lane": lane}) as pop:
+    lane_setting: dict[str, Any] = {"http.native_lane": lane}
+    with pop_thread(tmp_path / "data", **lane_setting) as pop:
         pop.deploy(function_dir(tmp_path, "spin", spin,
                                 limits="cpu_ms = 60000\nwall_ms = 300"))
         assert (pop.pop.lane is not None) == (lane == "auto")

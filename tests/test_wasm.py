@@ -360,6 +360,7 @@ def test_wasi_request_bytes_arrive_as_utf8_once(engine: WasmEngine, tmp_path: Pa
     req = request("/e/zoë/ü".encode(), query="q=café".encode(),
                   headers=[(b"x-name", "café".encode()), (b"x-bad", b"ok\xff\xfe!")])
     r = asyncio.run(_wait(fn.handle(req, "/e/:who", {"who": "zoë".encode().decode("latin-1")})))
+    assert isinstance(r.body, bytes)
     env = dict(e.split(b"=", 1) for e in r.body.split(b"\0") if e)
     assert env[b"HTTP_X_NAME"] == "café".encode()
     assert env[b"HTTP_X_BAD"] == "ok\ufffd\ufffd!".encode()
@@ -375,6 +376,7 @@ def test_a_nul_in_a_stored_versions_env_cuts_that_string_only(engine: WasmEngine
     fn = load(engine, function_dir(tmp_path, "envdump", ENV_DUMP, extra='abi = "wasi"'))
     fn.env.update({"SEP": "a\0b", "N\0AME": "v", "AFTER": "whole"})
     r = asyncio.run(_wait(fn.handle(request(b"/envdump"), "/envdump", {})))
+    assert isinstance(r.body, bytes)
     env = dict(e.split(b"=", 1) for e in r.body.split(b"\0") if e)
     assert (env[b"SEP"], env[b"N"], env[b"AFTER"]) == (b"a", b"v", b"whole")
     assert env[b"PATH_INFO"] == b"/envdump"

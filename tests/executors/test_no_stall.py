@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,7 +123,7 @@ def test_a_short_reactor_cut_at_its_slice_runs_inline_again_while_threads_are_he
     serve_once = hello.call.serve
     cuts = [1]
 
-    def preempted(*args: object) -> object:
+    def preempted(*args: Any) -> object:
         if cuts:  # as a slice that ran out while the loop's thread waited for a core
             cuts.pop()
             raise FunctionError("inline_slice", 503, "cut at the inline slice")

@@ -117,6 +117,7 @@ def test_a_wasi_response_of_exactly_max_response_mb_is_served(engine: WasmEngine
       (drop (call $write (i32.const 1) (i32.const 4096) (i32.const {body})))""",
                HEADER, memory=17)
     r = run(load(engine, function_dir(tmp_path, "exact", src, limits="max_response_mb = 1")))
+    assert isinstance(r.body, bytes)
     assert (r.status, r.headers, len(r.body)) == (200, [(b"x-a", b"b")], body)
 
 
@@ -184,7 +185,9 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
             for _ in range(2):
                 result = fn.handle(request(), "/counter-c", {})
                 assert not isinstance(result, Response)  # off the event loop
-                bodies.append((await result).body)
+                body = (await result).body
+                assert isinstance(body, bytes)
+                bodies.append(body)
             return bodies
 
         assert asyncio.run(twice()) == [b'{"count": 1}\n', b'{"count": 2}\n']
@@ -217,7 +220,9 @@ def test_a_wasi_command_with_bindings_runs_on_a_worker_thread(tmp_path: Path,
             for _ in range(2):
                 result = fn.handle(request(), "/count", {})
                 assert not isinstance(result, Response)  # off the event loop
-                bodies.append((await result).body)
+                body = (await result).body
+                assert isinstance(body, bytes)
+                bodies.append(body)
             return bodies
 
         assert asyncio.run(twice()) == [b"1", b"2"]
@@ -386,7 +391,7 @@ def test_a_wall_limit_says_whether_the_request_ran_or_waited_for_a_thread(
         await asyncio.sleep(0.05)  # it holds the function's one thread
         second = asyncio.ensure_future(fn._on_thread(hold))
         try:
-            return await asyncio.gather(first, second, return_exceptions=True)
+            return list(await asyncio.gather(first, second, return_exceptions=True))
         finally:
             release.set()
 
