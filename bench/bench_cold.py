@@ -21,6 +21,8 @@ bench_topology's cold-start rounds have, so that request 1 and request 6 differ
 only in what is done for the first time (without it, requests 2-6 come back to
 back and find the CPU's caches warm: the pause shows up as a first-time cost).
 A garbage collection during a request shows as its own column, ``gc<generation>``.
+The PoP's native lane is off: it serves both functions in C, past the stages timed
+here (with it on, every column read 0).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ sys.path.insert(0, str(ROOT))
 from runtime.net import protocol  # noqa: E402
 from runtime.pipeline.chain import Chain  # noqa: E402
 from tests.support import EXAMPLES, Running, pop_thread  # noqa: E402
+
+STAGES: dict[str, Any] = {"http.native_lane": "off"}  # the stages timed here run
 
 PATHS = {"hello-wat": "/hello", "python-hello": "/py/hello"}
 SHOWN = (0, 1, 5)  # the requests printed: 1st, 2nd, 6th
@@ -135,10 +139,11 @@ def measure(pop: Running, work: Path, example: str, mode: str, rounds: int
     if mode != "boot":
         for _ in range(50):
             get(conn, path)
-    before: Callable[[int], None] = {
-        "redeploy": lambda n: pop.deploy(new_version(work, example, n)) and None,
+    actions: dict[str, Callable[[int], object]] = {
+        "redeploy": lambda n: pop.deploy(new_version(work, example, n)),
         "pause": lambda n: time.sleep(0.2),
-        "boot": lambda n: None}[mode]
+        "boot": lambda n: None}
+    before = actions[mode]
     rows = []
     for n in range(1 if mode == "boot" else rounds):
         before(n)
@@ -182,7 +187,7 @@ def main() -> int:
         if args.mode == "boot":
             boots(Path(tmp), args.rounds, args.fresh)
             return 0
-        with pop_thread(Path(tmp) / "data") as pop:
+        with pop_thread(Path(tmp) / "data", **STAGES) as pop:
             instrument(pop)
             for example in PATHS:
                 pop.deploy(EXAMPLES / example)
@@ -196,7 +201,7 @@ def boots(tmp: Path, rounds: int, fresh: bool) -> None:
     the function gets the restarted PoP's first request. `fresh`: each restart in
     a new process."""
     data = tmp / "data"
-    with pop_thread(data) as pop:
+    with pop_thread(data, **STAGES) as pop:
         for example in PATHS:
             pop.deploy(EXAMPLES / example)
     for example, path in PATHS.items():
@@ -207,7 +212,7 @@ def boots(tmp: Path, rounds: int, fresh: bool) -> None:
 
 
 def one_boot(data: Path, example: str) -> list[tuple[int, dict[str, int]]]:
-    with pop_thread(data) as pop:
+    with pop_thread(data, **STAGES) as pop:
         instrument(pop)
         return measure(pop, data.parent, example, "boot", 1)
 
