@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -43,6 +44,7 @@ import bench_runtime  # noqa: E402
 
 from runtime.admin.client import AdminClient  # noqa: E402
 from runtime.executors.wasm.engine import KEEP_RESIDENT  # noqa: E402
+from tests.support import function_dir  # noqa: E402
 
 DEFAULT_KIB = KEEP_RESIDENT >> 10
 STACK_TOP = 1 << 20  # rustc's wasm32 default stack: 1 MiB from address 0
@@ -88,31 +90,25 @@ def measured(pid: int, url: str, seconds: int) -> dict:
     return r
 
 
-def best_rounds(pid: int, urls: dict[str, str], seconds: int, rounds: int) -> dict[str, dict]:
-    """Each of `urls` warmed, then loaded `rounds` times in turns: the best round."""
-    for url in urls.values():
+def best_rounds(targets: dict[Any, tuple[int, str]], seconds: int, rounds: int
+                ) -> dict[Any, dict]:
+    """Each of `targets` (name -> the serving process's pid, a URL) warmed, then
+    loaded `rounds` times in turns: the best round of each, with its CPU (`measured`)."""
+    for _, url in targets.values():
         _wrk.run(url, seconds=1)
-    best: dict[str, dict] = {}
+    best: dict[Any, dict] = {}
     for _ in range(rounds):
-        for name, url in urls.items():
+        for name, (pid, url) in targets.items():
             r = measured(pid, url, seconds)
             if name not in best or r["rps"] > best[name]["rps"]:
                 best[name] = r
     return best
 
 
-def stack_first_dir(work: Path) -> Path:
-    d = work / "stack-first"
-    d.mkdir()
-    (d / "main.wat").write_text(STACK_FIRST)
-    (d / "edgefn.toml").write_text('name = "stack-first"\nruntime = "wasm"\n'
-                                   'entry = "main.wat"\nroutes = ["/stack-first"]\n')
-    return d
-
-
 def by_setting(args: argparse.Namespace, work: Path) -> None:
     functions = [ROOT / "functions" / "examples" / "hello-wat",
-                 ROOT / "functions" / "examples" / "hello-c", stack_first_dir(work)]
+                 ROOT / "functions" / "examples" / "hello-c",
+                 function_dir(work, "stack-first", STACK_FIRST)]
     results: dict[int, dict[str, dict]] = {}
     for kib in args.keep:
         data = work / f"data-{kib}"
@@ -123,8 +119,9 @@ def by_setting(args: argparse.Namespace, work: Path) -> None:
         try:
             for d in functions:
                 AdminClient(data).deploy(d)
-            urls = {name: f"http://127.0.0.1:{port}{path}" for name, path in MODULES.items()}
-            results[kib] = best_rounds(proc.pid, urls, args.seconds, args.rounds)
+            results[kib] = best_rounds({name: (proc.pid, f"http://127.0.0.1:{port}{path}")
+                                        for name, path in MODULES.items()},
+                                       args.seconds, args.rounds)
         finally:
             proc.terminate()
             proc.wait(20)
@@ -149,14 +146,8 @@ def memset_effect(args: argparse.Namespace) -> None:
                                     stdout=subprocess.DEVNULL)
             servers[touch] = (proc, f"http://127.0.0.1:{port}/")
             _baseline.wait_until_listening(proc, "127.0.0.1", port, 10)
-        best: dict[int, dict] = {}
-        for _proc, url in servers.values():
-            _wrk.run(url, seconds=1)
-        for _ in range(args.rounds):
-            for touch, (proc, url) in servers.items():
-                r = measured(proc.pid, url, args.seconds)
-                if touch not in best or r["rps"] > best[touch]["rps"]:
-                    best[touch] = r
+        best = best_rounds({touch: (proc.pid, url) for touch, (proc, url) in servers.items()},
+                           args.seconds, args.rounds)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
