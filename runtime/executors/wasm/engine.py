@@ -71,7 +71,9 @@ class WasmEngine:
 
     `native`: use the C fast path (`wasm_native`) for reactor calls and the
     ticker; None picks it when it can be built. `ticker_idle`: the native ticker
-    parks once no guest has run for this many seconds (0: never).
+    parks once no guest has run for this many seconds (0: never). `keep_resident`:
+    the bytes at the start of a freed instance's linear memory the pool zeroes by
+    memset, the rest it decommits (`[wasm] keep_resident_kib`; see KEEP_RESIDENT).
     """
 
     def __init__(self, cache_dir: str | Path | None = None, pooling: bool = True,
