@@ -85,39 +85,40 @@ def main() -> None:
     us, snap_ms, kib = per_event_us(args.events)
     print(f"aggregator: {us:.2f} us per event (best of 3 x {args.events}); snapshot of a "
           f"full window {snap_ms:.1f} ms; window memory {kib:.0f} KiB")
-    work = Path(tempfile.mkdtemp(prefix="edgefn-bench-dash-"))
-    servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
-    for name, on in (("dashboard off", False), ("dashboard on", True)):
-        toml = work / f"{len(servers)}.toml"
-        toml.write_text(pop_toml(on))
-        data = work / str(len(servers))
-        servers[name] = start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO)
-        if on:  # the aggregator observes from the first login on
-            AdminClient(data).request("POST", "/v1/dashboard/login")
-    best: dict[str, float] = {}
-    ratios: list[float] = []
-    try:
-        for _, port in servers.values():
-            _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1)
-        for _ in range(args.rounds):
-            this = {}
-            for name, (_, port) in servers.items():
-                r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds)
-                if r["errors"]:
-                    raise RuntimeError(f"{name}: {r['errors']} errors under load")
-                this[name] = r["rps"]
-                best[name] = max(best.get(name, 0.0), r["rps"])
-            ratios.append(this["dashboard on"] / this["dashboard off"])
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(20)
-    base = best["dashboard off"]
-    print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
-    for name, rps in best.items():
-        print(f"{name:<16}{rps:>10.0f} req/s{rps / base:>8.2f}x off")
-    print(f"median ratio on/off within a round: {statistics.median(ratios):.2f} "
-          f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+    with tempfile.TemporaryDirectory(prefix="edgefn-bench-dash-") as tmp:  # removed at the end
+        work = Path(tmp)
+        servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        for name, on in (("dashboard off", False), ("dashboard on", True)):
+            toml = work / f"{len(servers)}.toml"
+            toml.write_text(pop_toml(on))
+            data = work / str(len(servers))
+            servers[name] = start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO)
+            if on:  # the aggregator observes from the first login on
+                AdminClient(data).request("POST", "/v1/dashboard/login")
+        best: dict[str, float] = {}
+        ratios: list[float] = []
+        try:
+            for _, port in servers.values():
+                _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1)
+            for _ in range(args.rounds):
+                this = {}
+                for name, (_, port) in servers.items():
+                    r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds)
+                    if r["errors"]:
+                        raise RuntimeError(f"{name}: {r['errors']} errors under load")
+                    this[name] = r["rps"]
+                    best[name] = max(best.get(name, 0.0), r["rps"])
+                ratios.append(this["dashboard on"] / this["dashboard off"])
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(20)
+        base = best["dashboard off"]
+        print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
+        for name, rps in best.items():
+            print(f"{name:<16}{rps:>10.0f} req/s{rps / base:>8.2f}x off")
+        print(f"median ratio on/off within a round: {statistics.median(ratios):.2f} "
+              f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 if __name__ == "__main__":

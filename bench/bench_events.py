@@ -3,8 +3,11 @@ and the JSONL file) next to the same pipeline without it, measured in the same r
 
     python bench/bench_events.py [--seconds 5] [--rounds 3]
 
-Servers, all serving functions/examples/hello-wat with ``--no-ai``, alternated
-round by round (wrk -t1 -c32), best round of each kept:
+Servers, all serving functions/examples/hello-wat with ``--no-ai`` and the native lane
+off (a pipeline without the events stage has no lane: (a) would take the Python path
+and the others the lane's C; what events cost the lane is bench_observe_inprocess's
+and bench_lane_inprocess's), alternated round by round (wrk -t1 -c32), best round of
+each kept:
   (a) the default pipeline without the events stage (so no metrics are counted either:
       they are an observer of the events);
   (b) the default pipeline, events into the ring (10000 events), [metrics] off;
@@ -43,7 +46,10 @@ HELLO = ROOT / "functions" / "examples" / "hello-wat"
 
 def pop_toml(events: bool, file: bool, metrics: bool = True) -> str:
     names = [n for n in config.load(None).stage_names() if events or n != "events"]
-    text = "".join(f'[[pipeline]]\nstage = "{n}"\n' for n in names)
+    # the native lane off in all four: it needs the events stage (a pipeline without it
+    # has none), so (a) took the Python path and the others the lane's C
+    text = '[http]\nnative_lane = "off"\n'
+    text += "".join(f'[[pipeline]]\nstage = "{n}"\n' for n in names)
     text += '[events]\nfile = "events.jsonl"\n' if file else ""
     return text + ("" if metrics else "[metrics]\nenabled = false\n")
 
@@ -59,61 +65,62 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="edgefn-bench-events-"))
-    servers: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
-    for name, events, file, metrics in (
-            ("no events stage", False, False, True), ("events, ring, no metrics", True, False,
-                                                      False),
-            ("events, ring", True, False, True), ("events, ring + JSONL", True, True, True)):
-        toml = work / f"{len(servers)}.toml"
-        toml.write_text(pop_toml(events, file, metrics))
-        data = work / str(len(servers))
-        servers[name] = (*start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO),
-                         data)
-    best: dict[str, dict[str, float]] = {}
-    ratios: dict[str, list[float]] = {name: [] for name in servers}
-    cpu: dict[str, list[float]] = {name: [] for name in servers}  # CPU µs per request
-    try:
-        for _, port, _ in servers.values():
-            _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1)
-        for _ in range(args.rounds):
-            this: dict[str, float] = {}
-            for name, (proc, port, _) in servers.items():
-                before = cpu_seconds(proc.pid)
-                r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds)
-                cpu[name].append((cpu_seconds(proc.pid) - before) * 1e6
-                                 / (r["rps"] * args.seconds))
-                if r["errors"]:
-                    raise RuntimeError(f"{name}: {r['errors']} errors under load")
-                if name not in best or r["rps"] > best[name]["rps"]:
-                    best[name] = r
-                this[name] = r["rps"]
-            for name, rps in this.items():  # within one round: the same load around it
-                ratios[name].append(rps / this["no events stage"])
-        data = servers["events, ring"][2]
-        ring = AdminClient(data).request("GET", "/v1/events?limit=10000")["events"]
-        jsonl = servers["events, ring + JSONL"][2] / "events.jsonl"
-        lines = sum(1 for _ in jsonl.open("rb")) if jsonl.exists() else 0
-    finally:
-        for proc, _, _ in servers.values():
-            proc.terminate()
-            proc.wait(20)
-    base = best["no events stage"]["rps"]
-    print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
-    print(f"{'server':<26}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x without':>11}"
-          f"{'median x/round':>16}")
-    for name, r in best.items():
-        print(f"{name:<26}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
-              f"{r['rps'] / base:>11.2f}{statistics.median(ratios[name]):>16.2f}")
-    base_cpu = statistics.median(cpu["no events stage"])
-    print("\nCPU time of the PoP process per request (median of rounds; what other load on "
-          "the machine barely changes):")
-    for name, spent in cpu.items():
-        us = statistics.median(spent)
-        print(f"  {name:<26}{us:>8.1f} us{base_cpu / us:>8.2f}x the req/s it allows")
-    size = sum(len(str(e)) for e in ring)
-    print(f"\nring: {len(ring)} events kept (ring_size 10000), about {size / 1e6:.1f} MB as "
-          f"JSON ({size / max(len(ring), 1):.0f} B/event); JSONL file: {lines} lines")
+    with tempfile.TemporaryDirectory(prefix="edgefn-bench-events-") as tmp:  # removed at the end
+        work = Path(tmp)
+        servers: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
+        for name, events, file, metrics in (
+                ("no events stage", False, False, True), ("events, ring, no metrics", True, False,
+                                                          False),
+                ("events, ring", True, False, True), ("events, ring + JSONL", True, True, True)):
+            toml = work / f"{len(servers)}.toml"
+            toml.write_text(pop_toml(events, file, metrics))
+            data = work / str(len(servers))
+            servers[name] = (*start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO),
+                             data)
+        best: dict[str, dict[str, float]] = {}
+        ratios: dict[str, list[float]] = {name: [] for name in servers}
+        cpu: dict[str, list[float]] = {name: [] for name in servers}  # CPU µs per request
+        try:
+            for _, port, _ in servers.values():
+                _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1)
+            for _ in range(args.rounds):
+                this: dict[str, float] = {}
+                for name, (proc, port, _) in servers.items():
+                    before = cpu_seconds(proc.pid)
+                    r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds)
+                    cpu[name].append((cpu_seconds(proc.pid) - before) * 1e6
+                                     / (r["rps"] * args.seconds))
+                    if r["errors"]:
+                        raise RuntimeError(f"{name}: {r['errors']} errors under load")
+                    if name not in best or r["rps"] > best[name]["rps"]:
+                        best[name] = r
+                    this[name] = r["rps"]
+                for name, rps in this.items():  # within one round: the same load around it
+                    ratios[name].append(rps / this["no events stage"])
+            data = servers["events, ring"][2]
+            ring = AdminClient(data).request("GET", "/v1/events?limit=10000")["events"]
+            jsonl = servers["events, ring + JSONL"][2] / "events.jsonl"
+            lines = sum(1 for _ in jsonl.open("rb")) if jsonl.exists() else 0
+        finally:
+            for proc, _, _ in servers.values():
+                proc.terminate()
+                proc.wait(20)
+        base = best["no events stage"]["rps"]
+        print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
+        print(f"{'server':<26}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x without':>11}"
+              f"{'median x/round':>16}")
+        for name, r in best.items():
+            print(f"{name:<26}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+                  f"{r['rps'] / base:>11.2f}{statistics.median(ratios[name]):>16.2f}")
+        base_cpu = statistics.median(cpu["no events stage"])
+        print("\nCPU time of the PoP process per request (median of rounds; what other load on "
+              "the machine barely changes):")
+        for name, spent in cpu.items():
+            us = statistics.median(spent)
+            print(f"  {name:<26}{us:>8.1f} us{base_cpu / us:>8.2f}x the req/s it allows")
+        size = sum(len(str(e)) for e in ring)
+        print(f"\nring: {len(ring)} events kept (ring_size 10000), about {size / 1e6:.1f} MB as "
+              f"JSON ({size / max(len(ring), 1):.0f} B/event); JSONL file: {lines} lines")
 
 
 if __name__ == "__main__":

@@ -189,18 +189,19 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000)
     args = ap.parse_args()
     os.environ.setdefault("EDGEFN_LOG", "warning")
-    work = Path(tempfile.mkdtemp(prefix="edgefn-bench-security-"))
-    costs = per_stage(args.n, work)
-    best = served(args, work)
-    base = best["(a) no security stages"]["rps"]
-    print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
-    print(f"{'server':<34}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x (a)':>8}")
-    for name, r in best.items():
-        print(f"{name:<34}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
-              f"{r['rps'] / base:>8.2f}")
-    print(f"\n== per-stage cost, in process, {args.n} requests (us per request) ==")
-    for name, us in costs.items():
-        print(f"{name:<40}{us:>8.2f}")
+    with tempfile.TemporaryDirectory(prefix="edgefn-bench-security-") as tmp:  # removed at the end
+        work = Path(tmp)
+        costs = per_stage(args.n, work)
+        best = served(args, work)
+        base = best["(a) no security stages"]["rps"]
+        print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
+        print(f"{'server':<34}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x (a)':>8}")
+        for name, r in best.items():
+            print(f"{name:<34}{r['rps']:>10.0f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
+                  f"{r['rps'] / base:>8.2f}")
+        print(f"\n== per-stage cost, in process, {args.n} requests (us per request) ==")
+        for name, us in costs.items():
+            print(f"{name:<40}{us:>8.2f}")
 
 
 if __name__ == "__main__":
