@@ -7,7 +7,9 @@ a local sink (an HTTP server in this process that reads and drops each export);
 ``sample = 0.0`` (what a request not sampled pays: ids, traceparent, timed chain).
 Measured in the same run, alternated round by round (wrk -t1 -c32), best round
 of each kept; ratios are to (a), of the best rounds and (median) within each
-round. Also the PoP process's CPU time per request.
+round. Also the PoP process's CPU time per request. (c)-(e) include what the native
+lane saves (a) and (b): a timed chain has no lane, so enabling tracing takes every
+request to the Python path, and that is part of its cost.
 
     python bench/bench_tracing.py [--seconds 5] [--rounds 3]
 
