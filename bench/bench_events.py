@@ -24,7 +24,6 @@ Needs wrk (apt-get install -y wrk).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -54,12 +53,6 @@ def pop_toml(events: bool, file: bool, metrics: bool = True) -> str:
     return text + ("" if metrics else "[metrics]\nenabled = false\n")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time the process has used (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=5)
@@ -86,10 +79,8 @@ def main() -> None:
             for _ in range(args.rounds):
                 this: dict[str, float] = {}
                 for name, (proc, port, _) in servers.items():
-                    before = cpu_seconds(proc.pid)
-                    r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds)
-                    cpu[name].append((cpu_seconds(proc.pid) - before) * 1e6
-                                     / (r["rps"] * args.seconds))
+                    r = _wrk.measured(proc.pid, f"http://127.0.0.1:{port}/hello", args.seconds)
+                    cpu[name].append(r["cpu_us"])
                     if r["errors"]:
                         raise RuntimeError(f"{name}: {r['errors']} errors under load")
                     if name not in best or r["rps"] > best[name]["rps"]:

@@ -38,7 +38,6 @@ HELLO = ROOT / "functions" / "examples" / "hello-wat"
 BASE = ["route", "dispatch"]
 ADDED = ["health", "request_id", "events", "access_log", "waf", "bots", "auth", "residency",
          "ratelimit", "http_cache", "ai_cache", "openai"]  # the default order before `route`
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def variants() -> list[tuple[str, list[str]]]:
@@ -70,11 +69,6 @@ def start(folder: Path, stages: list[str]) -> tuple[subprocess.Popen[bytes], int
     return proc, port
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=int, default=3)
@@ -93,12 +87,10 @@ def main() -> None:
                 _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1)  # warm-up
             for _ in range(args.rounds):
                 for what, proc, port in servers:
-                    before = cpu_seconds(proc.pid)
-                    r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds)
-                    used = cpu_seconds(proc.pid) - before
+                    r = _wrk.measured(proc.pid, f"http://127.0.0.1:{port}/hello", args.seconds)
                     if r["errors"]:
                         raise RuntimeError(f"{what}: {r['errors']} errors under load")
-                    per = used / (r["rps"] * args.seconds) * 1e6
+                    per = r["cpu_us"]
                     if what not in best or r["rps"] > best[what][0]:
                         best[what] = (r["rps"], per)
         finally:

@@ -74,17 +74,9 @@ STACK_FIRST = f"""(module
 MODULES = {"hello-wat": "/hello", "hello-c": "/hello-c", "stack-first": "/stack-first"}
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measured(pid: int, url: str, seconds: int) -> dict:
     """One wrk round against `url`, with the CPU the process `pid` used in it."""
-    before = cpu_seconds(pid)
-    r = _wrk.run(url, seconds=seconds)
-    r["cpu_us"] = (cpu_seconds(pid) - before) / max(r["rps"] * seconds, 1) * 1e6
+    r = _wrk.measured(pid, url, seconds)
     if r["errors"]:
         raise RuntimeError(f"{url}: {r['errors']} errors under load")
     return r

@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import _wrk  # noqa: E402
-from bench_events import cpu_seconds  # noqa: E402
 from bench_runtime import start_edgefn  # noqa: E402
 
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
@@ -94,10 +93,8 @@ def main() -> None:
         for _ in range(args.rounds):
             this: dict[str, float] = {}
             for name, (proc, port) in servers.items():
-                before = cpu_seconds(proc.pid)
-                r = _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=args.seconds)
-                cpu[name].append((cpu_seconds(proc.pid) - before) * 1e6
-                                 / (r["rps"] * args.seconds))
+                r = _wrk.measured(proc.pid, f"http://127.0.0.1:{port}/hello", args.seconds)
+                cpu[name].append(r["cpu_us"])
                 if r["errors"]:
                     raise RuntimeError(f"{name}: {r['errors']} errors under load")
                 if name not in best or r["rps"] > best[name]["rps"]:
