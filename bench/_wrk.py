@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import time
+from typing import Any
 
 INSTALL_HINT = "wrk not found; install it with: apt-get install -y wrk"
 
@@ -80,6 +81,31 @@ def measured(pid: int, url: str, seconds: int) -> dict:
     r = run(url, seconds=seconds)
     r["cpu_us"] = (cpu_seconds(pid) - before) / max(r["rps"] * seconds, 1) * 1e6
     return r
+
+
+def rounds(targets: dict[Any, tuple[int, str]], seconds: int, n: int
+           ) -> list[dict[Any, dict]]:
+    """Each of `targets` (name -> the serving process's pid, a URL) warmed for a
+    second, then `n` rounds loading each in turn (a noisy machine hits each alike),
+    each run `measured`: every round's runs by name. Raises RuntimeError when a run
+    had errors under load, and as `run` does."""
+    for _, url in targets.values():
+        run(url, seconds=1)
+    out: list[dict[Any, dict]] = []
+    for _ in range(n):
+        this: dict[Any, dict] = {}
+        for name, (pid, url) in targets.items():
+            r = measured(pid, url, seconds)
+            if r["errors"]:
+                raise RuntimeError(f"{name}: {r['errors']} errors under load")
+            this[name] = r
+        out.append(this)
+    return out
+
+
+def best(runs: list[dict[Any, dict]]) -> dict[Any, dict]:
+    """Of `rounds`' runs, the one with the most req/s of each name."""
+    return {name: max((r[name] for r in runs), key=lambda x: x["rps"]) for name in runs[0]}
 
 
 def run(url: str, seconds: int = 5, connections: int = 32, threads: int = 1,

@@ -70,24 +70,10 @@ def main() -> None:
             data = work / str(len(servers))
             servers[name] = (*start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO),
                              data)
-        best: dict[str, dict[str, float]] = {}
-        ratios: dict[str, list[float]] = {name: [] for name in servers}
-        cpu: dict[str, list[float]] = {name: [] for name in servers}  # CPU µs per request
         try:
-            for _, port, _ in servers.values():
-                _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1)
-            for _ in range(args.rounds):
-                this: dict[str, float] = {}
-                for name, (proc, port, _) in servers.items():
-                    r = _wrk.measured(proc.pid, f"http://127.0.0.1:{port}/hello", args.seconds)
-                    cpu[name].append(r["cpu_us"])
-                    if r["errors"]:
-                        raise RuntimeError(f"{name}: {r['errors']} errors under load")
-                    if name not in best or r["rps"] > best[name]["rps"]:
-                        best[name] = r
-                    this[name] = r["rps"]
-                for name, rps in this.items():  # within one round: the same load around it
-                    ratios[name].append(rps / this["no events stage"])
+            runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}/hello")
+                                for name, (proc, port, _) in servers.items()},
+                               args.seconds, args.rounds)
             data = servers["events, ring"][2]
             ring = AdminClient(data).request("GET", "/v1/events?limit=10000")["events"]
             jsonl = servers["events, ring + JSONL"][2] / "events.jsonl"
@@ -96,6 +82,11 @@ def main() -> None:
             for proc, _, _ in servers.values():
                 proc.terminate()
                 proc.wait(20)
+        best = _wrk.best(runs)
+        # within one round: the same load around each
+        ratios = {name: [r[name]["rps"] / r["no events stage"]["rps"] for r in runs]
+                  for name in servers}
+        cpu = {name: [r[name]["cpu_us"] for r in runs] for name in servers}  # µs a request
         base = best["no events stage"]["rps"]
         print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
         print(f"{'server':<26}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x without':>11}"

@@ -19,6 +19,7 @@ hello-wat, ``[metrics] enabled = true`` vs ``false``, alternated round by round
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
 import shutil
 import sys
@@ -134,6 +135,7 @@ def over_http(seconds: int, rounds: int) -> None:
     from bench_runtime import HELLO, start_edgefn
 
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-metrics-"))
+    atexit.register(shutil.rmtree, work, True)  # its PoPs' data dirs, at exit
     off = work / "off.toml"
     off.write_text("[metrics]\nenabled = false\n")
     servers = {"metrics off": start_edgefn(work / "off", ["--no-ai", "--config", str(off)],

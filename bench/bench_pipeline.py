@@ -15,6 +15,8 @@ Ratios are to (a). Needs git and wrk (apt-get install -y wrk).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,6 +54,7 @@ def main() -> None:
     ap.add_argument("--baseline-rev", default="c7c9a92")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-pipeline-"))
+    atexit.register(shutil.rmtree, work, True)  # its PoPs' data dirs, at exit
     minimal = work / "minimal.toml"
     minimal.write_text(MINIMAL)
     servers = {

@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -74,29 +73,6 @@ STACK_FIRST = f"""(module
 MODULES = {"hello-wat": "/hello", "hello-c": "/hello-c", "stack-first": "/stack-first"}
 
 
-def measured(pid: int, url: str, seconds: int) -> dict:
-    """One wrk round against `url`, with the CPU the process `pid` used in it."""
-    r = _wrk.measured(pid, url, seconds)
-    if r["errors"]:
-        raise RuntimeError(f"{url}: {r['errors']} errors under load")
-    return r
-
-
-def best_rounds(targets: dict[Any, tuple[int, str]], seconds: int, rounds: int
-                ) -> dict[Any, dict]:
-    """Each of `targets` (name -> the serving process's pid, a URL) warmed, then
-    loaded `rounds` times in turns: the best round of each, with its CPU (`measured`)."""
-    for _, url in targets.values():
-        _wrk.run(url, seconds=1)
-    best: dict[Any, dict] = {}
-    for _ in range(rounds):
-        for name, (pid, url) in targets.items():
-            r = measured(pid, url, seconds)
-            if name not in best or r["rps"] > best[name]["rps"]:
-                best[name] = r
-    return best
-
-
 def by_setting(args: argparse.Namespace, work: Path) -> None:
     functions = [ROOT / "functions" / "examples" / "hello-wat",
                  ROOT / "functions" / "examples" / "hello-c",
@@ -111,9 +87,9 @@ def by_setting(args: argparse.Namespace, work: Path) -> None:
         try:
             for d in functions:
                 AdminClient(data).deploy(d)
-            results[kib] = best_rounds({name: (proc.pid, f"http://127.0.0.1:{port}{path}")
-                                        for name, path in MODULES.items()},
-                                       args.seconds, args.rounds)
+            results[kib] = _wrk.best(_wrk.rounds(
+                {name: (proc.pid, f"http://127.0.0.1:{port}{path}")
+                 for name, path in MODULES.items()}, args.seconds, args.rounds))
         finally:
             proc.terminate()
             proc.wait(20)
@@ -138,8 +114,9 @@ def memset_effect(args: argparse.Namespace) -> None:
                                     stdout=subprocess.DEVNULL)
             servers[touch] = (proc, f"http://127.0.0.1:{port}/")
             _baseline.wait_until_listening(proc, "127.0.0.1", port, 10)
-        best = best_rounds({touch: (proc.pid, url) for touch, (proc, url) in servers.items()},
-                           args.seconds, args.rounds)
+        best = _wrk.best(_wrk.rounds({touch: (proc.pid, url)
+                                      for touch, (proc, url) in servers.items()},
+                                     args.seconds, args.rounds))
     finally:
         for proc, _ in servers.values():
             proc.terminate()

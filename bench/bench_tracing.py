@@ -19,6 +19,8 @@ Needs wrk (apt-get install -y wrk).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import sys
 import tempfile
@@ -67,6 +69,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-tracing-"))
+    atexit.register(shutil.rmtree, work, True)  # its PoPs' data dirs, at exit
     sink = Sink()
     tables = {"no [tracing] table": "",
               "tracing off": "[tracing]\nenabled = false\n",
@@ -83,29 +86,17 @@ def main() -> None:
         toml.write_text(table)
         servers[name] = start_edgefn(work / str(i), ["--no-ai", "--config", str(toml)], ROOT,
                                      HELLO)
-    best: dict[str, dict[str, float]] = {}
-    ratios: dict[str, list[float]] = {name: [] for name in servers}
-    cpu: dict[str, list[float]] = {name: [] for name in servers}
     base_name = "no [tracing] table"
     try:
-        for _, port in servers.values():
-            _wrk.run(f"http://127.0.0.1:{port}/hello", seconds=1)
-        for _ in range(args.rounds):
-            this: dict[str, float] = {}
-            for name, (proc, port) in servers.items():
-                r = _wrk.measured(proc.pid, f"http://127.0.0.1:{port}/hello", args.seconds)
-                cpu[name].append(r["cpu_us"])
-                if r["errors"]:
-                    raise RuntimeError(f"{name}: {r['errors']} errors under load")
-                if name not in best or r["rps"] > best[name]["rps"]:
-                    best[name] = r
-                this[name] = r["rps"]
-            for name, rps in this.items():
-                ratios[name].append(rps / this[base_name])
+        runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}/hello")
+                            for name, (proc, port) in servers.items()}, args.seconds, args.rounds)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(20)
+    best = _wrk.best(runs)
+    ratios = {name: [r[name]["rps"] / r[base_name]["rps"] for r in runs] for name in servers}
+    cpu = {name: [r[name]["cpu_us"] for r in runs] for name in servers}
     base = best[base_name]["rps"]
     print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
     print(f"{'server':<26}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x no table':>12}"

@@ -17,7 +17,9 @@ Ratios are block / off.
 from __future__ import annotations
 
 import argparse
+import atexit
 import http.client
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,6 +121,7 @@ def start(data: Path, config: Path) -> tuple[subprocess.Popen[bytes], int]:
 
 def pop_figures(n: int, rounds: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="edgefn-bench-waf-"))
+    atexit.register(shutil.rmtree, work, True)  # its PoPs' data dirs, at exit
     servers = {}
     for mode in ("off", "block"):
         cfg = work / f"{mode}.toml"
