@@ -1,15 +1,14 @@
 """What events cost: WASM hello req/s with the ``events`` stage (ring only; ring
 and the JSONL file) next to the same pipeline without it, measured in the same run.
 
-    python bench/bench_events.py [--seconds 5] [--rounds 3]
+    python bench/bench_events.py [--seconds 5] [--rounds 3] [--lane auto|off]
 
-Servers, all serving functions/examples/hello-wat with ``--no-ai`` and the native lane
-off (a pipeline without the events stage has no lane: (a) would take the Python path
-and the others the lane's C; what events cost the lane is bench_observe_inprocess's
-and bench_lane_inprocess's), alternated round by round (wrk -t1 -c32), best round of
-each kept:
-  (a) the default pipeline without the events stage (so no metrics are counted either:
-      they are an observer of the events);
+Servers, all serving functions/examples/hello-wat with ``--no-ai``, the native lane
+as ``--lane`` says (``auto``, the default: the lane's C serves all four, and the
+events are made from its records; ``off``: the Python path, the stages' own code),
+alternated round by round (wrk -t1 -c32), best round of each kept:
+  (a) the default pipeline without the events and access_log stages (so no metrics
+      are counted either: they are an observer of the events);
   (b) the default pipeline, events into the ring (10000 events), [metrics] off;
   (c) the default pipeline: events into the ring and the Prometheus metrics;
   (d) the same, and every event appended to DATA/events.jsonl.
@@ -43,11 +42,12 @@ from runtime.admin.client import AdminClient  # noqa: E402
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
 
 
-def pop_toml(events: bool, file: bool, metrics: bool = True) -> str:
-    names = [n for n in config.load(None).stage_names() if events or n != "events"]
-    # the native lane off in all four: it needs the events stage (a pipeline without it
-    # has none), so (a) took the Python path and the others the lane's C
-    text = '[http]\nnative_lane = "off"\n'
+def pop_toml(events: bool, file: bool, metrics: bool = True, lane: str = "auto") -> str:
+    # without events, no access_log either: it would run as a stage of its own, writing
+    # its lines itself (and keep the lane off)
+    names = [n for n in config.load(None).stage_names()
+             if events or n not in ("events", "access_log")]
+    text = f'[http]\nnative_lane = "{lane}"\n'
     text += "".join(f'[[pipeline]]\nstage = "{n}"\n' for n in names)
     text += '[events]\nfile = "events.jsonl"\n' if file else ""
     return text + ("" if metrics else "[metrics]\nenabled = false\n")
@@ -57,6 +57,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--lane", choices=("auto", "off"), default="auto",
+                    help="[http] native_lane of all four PoPs")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgefn-bench-events-") as tmp:  # removed at the end
         work = Path(tmp)
@@ -66,7 +68,7 @@ def main() -> None:
                                                           False),
                 ("events, ring", True, False, True), ("events, ring + JSONL", True, True, True)):
             toml = work / f"{len(servers)}.toml"
-            toml.write_text(pop_toml(events, file, metrics))
+            toml.write_text(pop_toml(events, file, metrics, args.lane))
             data = work / str(len(servers))
             servers[name] = (*start_edgefn(data, ["--no-ai", "--config", str(toml)], ROOT, HELLO),
                              data)
@@ -76,8 +78,9 @@ def main() -> None:
                                args.seconds, args.rounds)
             data = servers["events, ring"][2]
             ring = AdminClient(data).request("GET", "/v1/events?limit=10000")["events"]
-            jsonl = servers["events, ring + JSONL"][2] / "events.jsonl"
-            lines = sum(1 for _ in jsonl.open("rb")) if jsonl.exists() else 0
+            # the file and its rotated backups (it rotates at [events] max_bytes)
+            lines = sum(1 for f in servers["events, ring + JSONL"][2].glob("events.jsonl*")
+                        for _ in f.open("rb"))
         finally:
             for proc, _, _ in servers.values():
                 proc.terminate()
@@ -88,7 +91,8 @@ def main() -> None:
                   for name in servers}
         cpu = {name: [r[name]["cpu_us"] for r in runs] for name in servers}  # µs a request
         base = best["no events stage"]["rps"]
-        print(f"\n== WASM hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
+        print(f"\n== WASM hello, native lane {args.lane}, wrk -t1 -c32 -d{args.seconds}s, best of "
+              f"{args.rounds} rounds ==")
         print(f"{'server':<26}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x without':>11}"
               f"{'median x/round':>16}")
         for name, r in best.items():
@@ -102,7 +106,7 @@ def main() -> None:
             print(f"  {name:<26}{us:>8.1f} us{base_cpu / us:>8.2f}x the req/s it allows")
         size = sum(len(str(e)) for e in ring)
         print(f"\nring: {len(ring)} events kept (ring_size 10000), about {size / 1e6:.1f} MB as "
-              f"JSON ({size / max(len(ring), 1):.0f} B/event); JSONL file: {lines} lines")
+              f"JSON ({size / max(len(ring), 1):.0f} B/event); JSONL files: {lines} lines")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ exact native form, and its executor is one the lane can call:
                  lane.c `EventMaker`), handed to the same observers (ring, metrics,
                  access log, file) once per loop turn as one `EventBatch`, with the
                  access log's lines and the metrics' groups the C made of them, and
-                 before any event Python makes meanwhile: in the order of the answers
+                 before any event Python makes meanwhile: in the order of the answers.
+                 Without an events stage the records are only counted (http_cache's
+                 MISS and BYPASS) and dropped, and no event is made, as in Python
     bots         a User-Agent Python classified as a non-browser class (the verdict of
                  `Classifier.view`, which depends on the string alone), whose action
                  for the target is ``allow``; no ``abusive_rate`` (it counts requests)
@@ -62,6 +64,7 @@ import asyncio
 import ctypes
 import logging
 from asyncio import _get_running_loop as running_loop
+from collections.abc import Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -125,12 +128,14 @@ class NativeLane:
                                "runs for every request")
         stages = {type(s): s for s in chain.stages}
         rid, bots, events = stages.get(RequestId), stages.get(Bots), stages.get(Events)
-        if not isinstance(rid, RequestId) or not isinstance(events, Events) or \
-                not isinstance(bots, Bots) or pop.wasm.native is None:
-            raise RuntimeError("the pipeline has no request_id, events and bots stages, or "
-                               "the WASM native call is off")
+        if not isinstance(rid, RequestId) or not isinstance(bots, Bots) or \
+                pop.wasm.native is None:
+            raise RuntimeError("the pipeline has no request_id and bots stages, or the WASM "
+                               "native call is off")
         self.chain, self.pop, self.registry = chain, pop, pop.registry
-        self.request_id, self.events, self.bots = rid, events, bots
+        self.request_id, self.bots = rid, bots
+        # None: no events stage; the records are counted and dropped (`drain`)
+        self.events = events if isinstance(events, Events) else None
         self.classifier = bots.manager.classifier
         self.verdicts: list[tuple[str, tuple[str, ...]]] = [NO_UA]
         # per verdict: its class and the bots stage's record (shared, as a stage's may be)
@@ -172,10 +177,11 @@ class NativeLane:
         # per route, for `EventMaker.make`: path, target, owner, route, whether http_cache
         # counts a MISS (`first_answer`)
         self.route_texts: tuple[tuple[str, str, str | None, str | None, bool], ...] = ()
-        ev = events
+        ev = self.events
         self.maker = module.EventMaker(
             Event(ts=0.0, rid="", pop=ev.pop, tier=ev.tier, geo=ev.geo, client="",
-                  method="GET", host="", path="", status=0), MADE_FIELDS, DURATION_BUCKETS)
+                  method="GET", host="", path="", status=0), MADE_FIELDS, DURATION_BUCKETS
+        ) if ev is not None else None
         self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
         self.served = 0  # requests the lane answered
         self.calls = 0  # requests to Python functions whose call the lane started
@@ -185,7 +191,7 @@ class NativeLane:
         self.submitted: tuple[Deployment | None, asyncio.Future[Response]] | None = None
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.stamp_checked = False  # a read checked the stamp and scheduled that drain
-        self.observers = events.observers
+        self.observers = ev.observers if ev is not None else None
         # what the table was made for: the routes, the canaries, the stages' stamp
         self.router: object = None
         self.canaries: object = None
@@ -235,7 +241,8 @@ class NativeLane:
             self.drain()
         else:
             self.scheduled = True
-            self.observers.first = self.drain
+            if self.observers is not None:
+                self.observers.first = self.drain
             loop.call_soon(self.drain)
 
     # -- Python functions' calls --------------------------------------------------------
@@ -297,8 +304,9 @@ class NativeLane:
         if gone or future.cancelled():
             if not future.cancelled():
                 future.exception()  # retrieved: it is the 499's now, not a loose error
-            request, ctx = self._context(call)
-            self.events.emit(request, ctx, Response(CLIENT_GONE), call[10], 0)
+            if self.events is not None:
+                request, ctx = self._context(call)
+                self.events.emit(request, ctx, Response(CLIENT_GONE), call[10], 0)
             return None
         kept = len(self.records)
         try:
@@ -341,6 +349,8 @@ class NativeLane:
         """`response` as request_id and events, the stages before dispatch, leave it:
         tagged with its id, its event (and access-log line) made."""
         response = self.request_id.tagged(response, ctx.request_id)
+        if self.events is None:
+            return response
         return self.events.answered(response, request, ctx, call[10])
 
     def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
@@ -513,20 +523,24 @@ class NativeLane:
         stage hands them, in one `EventBatch` (with, from the C, the access log's
         lines and the metrics' groups: what each event would have added). Runs once
         per loop turn, or earlier, from the observers, when Python observes an event
-        first (a request answered after them)."""
+        first (a request answered after them). Without an events stage, only what
+        http_cache counts of them (`_count_cache`)."""
         self.scheduled = self.stamp_checked = False
-        self.observers.first = None
         records, self.records = self.records, []
+        self.served += len(records)
+        ev, maker = self.events, self.maker
+        if ev is None or maker is None:  # (both or neither)
+            self._count_cache((r[2], r[7], 1) for r in records)
+            return
+        ev.observers.first = None
         if not records:
             return
-        self.served += len(records)
-        ev = self.events
         sample, redact = ev.sample, ev.redact
         prefix = self.request_id.prefix.decode()
         # every event as it is made (no sampling, no redaction): made when read
-        later = LaneEvents(self.maker, self.route_texts, self.verdict_texts, prefix) \
+        later = LaneEvents(maker, self.route_texts, self.verdict_texts, prefix) \
             if sample >= 1.0 and redact is None else None
-        events, lines, made, text = self.maker.make(
+        events, lines, made, text = maker.make(
             records, self.route_texts, self.verdict_texts, self.texts, prefix,
             redact is None and ev.observers.takes_lines, later)
         groups: list[Group] | None = self._groups(made)
@@ -545,18 +559,24 @@ class NativeLane:
         ev.observers.observe_batch(EventBatch(events, lines, groups))
 
     def _groups(self, made: list[tuple[Any, ...]]) -> list[Group]:
-        """The C's groups as `Group`s; each MISS of http_cache's (`first_answer`'s
-        count), and each BYPASS (an unsafe method: `_bypass`'s), counted in its stats."""
-        stats = self.http_cache.stats if self.http_cache is not None else None
-        if stats is not None:
-            counts: dict[tuple[str, str], int] = {}  # (function, outcome) -> requests
-            for ri, _, method, n, *_ in made:
-                if self.route_texts[ri][4]:
-                    key = (self.routes[ri][0].name, "BYPASS" if method >= POST else "MISS")
-                    counts[key] = counts.get(key, 0) + n
-            for (name, outcome), n in counts.items():
-                stats.record("http", outcome, function=name, n=n)
+        """The C's groups as `Group`s, counted in http_cache's stats (`_count_cache`)."""
+        self._count_cache((ri, method, n) for ri, _, method, n, *_ in made)
         return groups_of(made, self.route_texts, self.verdict_texts)
+
+    def _count_cache(self, served: Iterable[tuple[int, int, int]]) -> None:
+        """Each MISS of http_cache's (`first_answer`'s count), and each BYPASS (an
+        unsafe method: `_bypass`'s), of the requests `served` (route index, method
+        code, requests: each) counted in its stats."""
+        stats = self.http_cache.stats if self.http_cache is not None else None
+        if stats is None:
+            return
+        counts: dict[tuple[str, str], int] = {}  # (function, outcome) -> requests
+        for ri, method, n in served:
+            if self.route_texts[ri][4]:
+                key = (self.routes[ri][0].name, "BYPASS" if method >= POST else "MISS")
+                counts[key] = counts.get(key, 0) + n
+        for (name, outcome), n in counts.items():
+            stats.record("http", outcome, function=name, n=n)
 
 
 class LaneEvents:

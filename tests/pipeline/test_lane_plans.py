@@ -508,3 +508,69 @@ def test_a_python_functions_requests_are_called_by_the_lane(tmp_path: Path) -> N
             pop.close()
 
     asyncio.run(run())
+
+
+NO_EVENTS = [{"stage": s} for s in ("health", "request_id", "waf", "bots", "auth",
+                                     "residency", "ratelimit", "http_cache", "route",
+                                     "dispatch")]
+
+
+def test_without_an_events_stage_the_lane_serves_and_counts_the_cache_as_the_chain(
+        tmp_path: Path) -> None:
+    """A pipeline without ``events`` (nor ``access_log``), made lighter: the lane still
+    serves its functions, a WASM reactor's and a Python function's, with the chain's
+    answers; no event is made on either path, and http_cache counts the lane's MISS
+    and BYPASS as the chain's, per function. A client gone during a Python call
+    leaves no event and gives its slot back."""
+    from tests.support import python_function
+
+    pop = pop_with(tmp_path, pipeline=NO_EVENTS)
+    lane = pop.lane
+    assert lane is not None and lane.events is None and lane.maker is None
+    stage = lane.http_cache
+    assert stage is not None and stage.stats is not None
+    stats = stage.stats
+
+    def counts() -> dict[tuple[str, str], int]:
+        return {(k[1], k[4]): t.count for k, t in stats.tallies.items() if k[0] == "http"}
+
+    async def main() -> None:
+        await pop.registry.deploy(deploys.pack_dir(function_dir(tmp_path / "fns", "plain",
+                                                                OK, routes=["/plain"])))
+        await pop.registry.deploy(deploys.pack_dir(python_function(
+            tmp_path / "fns", "py", PYFN, pool="min = 1\nmax = 1\nstandby = false")))
+        for path, method in [("/plain", b"GET"), ("/plain", b"POST"), ("/py", b"GET"),
+                             ("/py", b"POST")]:
+            data = raw(path, CURL, method)
+            before = counts()
+            used, out, call = lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
+            assert used == len(data), path
+            if call is not None:
+                await asyncio.wait([call[0]])
+                out = lane.answer(call, False, False, b"date: D\r\n", b"")
+            assert isinstance(out, bytes) and out.startswith(b"HTTP/1.1 200 "), path
+            lane.drain()
+            after = counts()
+            by_lane = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
+            headers = [(b"host", b"x"), (b"user-agent", CURL)]
+            request = Request(method, path.encode(), b"", headers, b"x", "1.1", True,
+                              "127.0.0.1:1")
+            result = pop.pipeline.run(request, Context("127.0.0.1:1"))
+            python = result if isinstance(result, Response) else await result
+            assert same(bytes(out), python, method), path
+            by_chain = {k: n - after.get(k, 0) for k, n in counts().items()
+                        if n > after.get(k, 0)}
+            assert by_lane == by_chain and sum(by_lane.values()) == 1, path
+        call = lane.serve(raw("/py", CURL), "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)[2]
+        assert call is not None
+        await asyncio.wait([call[0]])
+        assert lane.answer(call, True, False, b"date: D\r\n", b"") is None
+        assert all(fn.inflight == 0 for fn in pop.registry.functions.values())
+        assert lane.served == 4 and lane.calls == 3
+        pop.observers.flush()
+        assert len(pop.ring.events) == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        pop.close()
