@@ -31,6 +31,7 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
         self.posts: list[dict[str, str]] = []  # each export's headers
+        self.refuse: list[int] = []  # statuses to answer the next exports with, in order
         self.lock = threading.Lock()
         self.url = ""
 
@@ -81,6 +82,13 @@ def otlp_receiver() -> Iterator[Receiver]:
             if self.path != "/v1/traces" or \
                     self.headers.get("content-type") != "application/x-protobuf":
                 self.send_response(404)
+                self.end_headers()
+                return
+            with receiver.lock:
+                refused = receiver.refuse.pop(0) if receiver.refuse else None
+            if refused is not None:
+                self.send_response(refused)
+                self.send_header("content-length", "0")
                 self.end_headers()
                 return
             receiver.take(body, {k.lower(): v for k, v in self.headers.items()})
