@@ -7,8 +7,9 @@ up to ``[tracing] max_queue`` spans: past it they are dropped, and counted. The
 thread sends what is queued every ``batch_delay_ms``, or at once when a batch's
 worth (`BATCH` spans) waits or `flush` asks. A send that fails for a reason that
 may pass (no connection, 429, 502, 503, 504) is tried again, backing off, within
-``[tracing] timeout`` seconds; then, or at any other status, the batch is dropped
-and logged (at most once every `LOG_EVERY` seconds, with what was dropped since).
+``[tracing] timeout`` seconds (not once `close` began); then, or at any other
+status, the batch is dropped and logged (at most once every `LOG_EVERY` seconds,
+with what was dropped since).
 Nothing here raises into the PoP.
 """
 
@@ -95,7 +96,8 @@ class Exporter:
                 self.flushing -= 1
 
     def close(self) -> None:
-        """Send what is queued (within `timeout` seconds in all), then stop the thread."""
+        """Send what is queued (each batch tried once, within `timeout` seconds in all),
+        then stop the thread."""
         with self.cond:
             self.closing = True
             self.cond.notify_all()
@@ -148,8 +150,8 @@ class Exporter:
             if status is not None and 200 <= status < 300:
                 self.sent += spans
                 return
-            if (status is not None and status not in RETRIED) or \
-                    time.monotonic() + backoff > deadline:
+            if (status is not None and status not in RETRIED) or self.closing or \
+                    time.monotonic() + backoff > deadline:  # (a stopping PoP tries once)
                 self._lost(spans, why)
                 return
             with self.cond:  # a close meanwhile stops the wait, not the retry

@@ -221,3 +221,18 @@ def test_close_sends_what_is_queued() -> None:
         e.add(5, spans(5))
         e.close()
         assert len(receiver.spans) == 5 and not e.thread.is_alive()
+
+
+def test_close_with_the_receiver_gone_tries_each_batch_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A PoP stopping (its SIGTERM grace) does not back off and retry for `timeout`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1/traces"
+    e = exporter(url, timeout=5.0)
+    e.add(2, spans(2))
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, "edgefn.tracing"):
+        e.close()
+    assert time.monotonic() - started < 0.5 and not e.thread.is_alive()
+    assert e.lost == 2 and "2 spans dropped" in caplog.text
