@@ -224,6 +224,7 @@ class AdminApp:
                 case ["v1", "limits"] if method == b"GET":
                     return json_response(self._limits(who))
                 case ["v1", "cache", "stats"] if method == b"GET":
+                    await self.on_pop(_call(self.pop.observers.flush))  # what is sent counts
                     rows = self.pop.stores.cache_stats.snapshot()
                     if self.workers is not None:  # every worker's counts, summed
                         got, _ = await self.workers.ask({"op": "cache_stats"}, 5.0)

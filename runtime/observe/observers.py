@@ -79,11 +79,11 @@ class Observers:
         if len(pending) == 1:
             loop: AbstractEventLoop | None = running_loop()
             if loop is None:
-                self.flush()
+                self._deliver()
             else:
-                loop.call_soon(self.flush)
+                loop.call_soon(self._deliver)
         elif len(pending) + self.more >= MAX_BATCH:
-            self.flush()
+            self._deliver()
 
     def observe_batch(self, batch: EventBatch) -> None:
         """`batch`'s events, delivered as `observe` delivers one (in order with them)."""
@@ -99,16 +99,23 @@ class Observers:
         if len(pending) == 1 and n < MAX_BATCH:
             loop: AbstractEventLoop | None = running_loop()
             if loop is None:
-                self.flush()
+                self._deliver()
             else:
-                loop.call_soon(self.flush)
+                loop.call_soon(self._deliver)
         elif len(pending) + self.more >= MAX_BATCH:
-            self.flush()
+            self._deliver()
 
     def flush(self) -> None:
-        """Deliver the pending events now (a scheduled delivery then finds none)."""
+        """Deliver the pending events now, the native lane's records first (a
+        scheduled delivery then finds none): what reads the observers calls this."""
         if self.first is not None:
             self.first()
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Deliver the pending events (the scheduled delivery). Records the lane has
+        not drained yet are newer than all of them (`observe` drains them before
+        taking an event): they wait for their own drain, which batches them."""
         items = self.pending
         if not items:
             return

@@ -11,9 +11,11 @@ exact native form, and its executor is one the lane can call:
                  (a request that sends the id header goes to Python)
     events       the lane's record of each request becomes the same `Event` (made in C:
                  lane.c `EventMaker`), handed to the same observers (ring, metrics,
-                 access log, file) once per loop turn as one `EventBatch`, with the
-                 access log's lines and the metrics' groups the C made of them, and
-                 before any event Python makes meanwhile: in the order of the answers.
+                 access log, file) as one `EventBatch` at the end of a loop turn, or
+                 under load once a millisecond (`DRAIN_EVERY`), with the access log's
+                 lines and the metrics' groups the C made of them, and before any
+                 event Python makes, and before anything reads the observers (their
+                 flush): in the order of the answers.
                  Without an events stage the records are only counted (http_cache's
                  MISS and BYPASS) and dropped, and no event is made, as in Python
     bots         a User-Agent Python classified as a non-browser class (the verdict of
@@ -113,6 +115,7 @@ MAX_VERDICTS = 256
 MADE_FIELDS = ("ts", "rid", "client", "bot", "method", "host", "path", "query", "status",
                "target", "owner", "route", "decisions", "stages_ms", "bytes_in",
                "bytes_out", "duration_ms")
+DRAIN_EVERY = 0.001  # seconds: under load, the records drained at most this often
 STATUS_LINES = tuple(b"HTTP/1.1 %d %s\r\n" % (s, HTTPStatus(s).phrase.encode())
                      if s in HTTPStatus._value2member_map_ else None for s in range(600))
 
@@ -191,7 +194,9 @@ class NativeLane:
         self.submitted: tuple[Deployment | None, asyncio.Future[Response]] | None = None
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.stamp_checked = False  # a read checked the stamp and scheduled that drain
-        self.observers = ev.observers if ev is not None else None
+        # the PoP's (the events stage's), also without one: what reads them drains first
+        self.observers = pop.observers
+        self.drained = 0.0  # the loop's time of the last drain
         # what the table was made for: the routes, the canaries, the stages' stamp
         self.router: object = None
         self.canaries: object = None
@@ -209,9 +214,10 @@ class NativeLane:
         The table is checked against the routes and canaries at every read, and
         against the stages' stamp (a clock read, and the key file's state: 0.4 us
         of each read's 10) at every read but those after one that checked it and
-        scheduled the drain, until that drain (`stamp_checked`): the reads of one
-        poll of the loop, all sent before any answer to them went out (`Outbox`),
-        so no client can tell them from reads made before the stamp moved."""
+        scheduled the drain, until the loop's turn ends (`stamp_checked`): the reads
+        of one poll of the loop, all sent before any answer to them went out
+        (`Outbox`), so no client can tell them from reads made before the stamp
+        moved."""
         registry = self.registry
         if registry.router is not self.router or registry.canaries is not self.canaries or \
                 (not self.stamp_checked and self.stamp is not None and
@@ -230,20 +236,33 @@ class NativeLane:
         self.submitted = None
         if records and not self.scheduled:
             self._schedule()
-            self.stamp_checked = self.scheduled  # by this read, in this poll, until the drain
+            self.stamp_checked = self.scheduled  # by this read, in this poll, to its end
         return used, out, call
 
     def _schedule(self) -> None:
-        """Drain once this loop turn has run what it read (one pass for all), or
-        before any event Python makes meanwhile (`Observers.first`): in order."""
+        """Drain once this loop turn has run what it read (one pass for all), or,
+        when the last drain was less than DRAIN_EVERY ago, once that is past: under
+        load one drain takes a millisecond's requests (its cost is mostly per pass:
+        the C's call, the observers', the access log's write; a turn held a few
+        requests, a Python call's answer one). Sooner when Python makes an event
+        meanwhile, or anything reads the observers (`Observers.first`: the admin
+        API's events, metrics and cache counts flush them): in order."""
         loop = running_loop()
         if loop is None:  # a direct call (a test): now
             self.drain()
-        else:
-            self.scheduled = True
-            if self.observers is not None:
-                self.observers.first = self.drain
+            return
+        self.scheduled = True
+        self.observers.first = self.drain
+        due = self.drained + DRAIN_EVERY
+        if loop.time() >= due:
             loop.call_soon(self.drain)
+        else:
+            loop.call_at(due, self.drain)
+            loop.call_soon(self._turned)
+
+    def _turned(self) -> None:
+        """The loop's turn has run what it read: the next read checks the stamp."""
+        self.stamp_checked = False
 
     # -- Python functions' calls --------------------------------------------------------
     def _submit(self, ri: int, call: tuple[Any, ...]) -> asyncio.Future[Response] | None:
@@ -521,18 +540,22 @@ class NativeLane:
         """The records of the requests the lane served since the last drain, as the
         `Event`s the events stage would have made, handed to the observers as that
         stage hands them, in one `EventBatch` (with, from the C, the access log's
-        lines and the metrics' groups: what each event would have added). Runs once
-        per loop turn, or earlier, from the observers, when Python observes an event
-        first (a request answered after them). Without an events stage, only what
-        http_cache counts of them (`_count_cache`)."""
+        lines and the metrics' groups: what each event would have added). Runs as
+        `_schedule` says, or earlier, from the observers, when Python observes an
+        event first (a request answered after them) or they are read (`flush`).
+        Without an events stage, only what http_cache counts of them
+        (`_count_cache`)."""
         self.scheduled = self.stamp_checked = False
+        self.observers.first = None
+        loop = running_loop()
+        if loop is not None:
+            self.drained = loop.time()
         records, self.records = self.records, []
         self.served += len(records)
         ev, maker = self.events, self.maker
         if ev is None or maker is None:  # (both or neither)
             self._count_cache((r[2], r[7], 1) for r in records)
             return
-        ev.observers.first = None
         if not records:
             return
         sample, redact = ev.sample, ev.redact

@@ -71,6 +71,7 @@ async def _serve(pop: PoP, reader: asyncio.StreamReader, writer: asyncio.StreamW
         elif msg.get("op") == "purge":
             reply = {"ok": True, "pid": os.getpid(), "result": purge(pop, msg)}
         elif msg.get("op") == "cache_stats":
+            pop.observers.flush()  # every response already sent counted (the lane's too)
             reply = {"ok": True, "pid": os.getpid(),
                      "result": pop.stores.cache_stats.snapshot()}
         else:

@@ -574,3 +574,53 @@ def test_without_an_events_stage_the_lane_serves_and_counts_the_cache_as_the_cha
         asyncio.run(main())
     finally:
         pop.close()
+
+
+def test_under_load_the_lanes_records_are_drained_at_most_every_drain_every(
+        pop: PoP, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone request's record is drained as its loop turn ends; the next one's,
+    within DRAIN_EVERY of that drain, once DRAIN_EVERY is past (one pass for a
+    millisecond's requests), or at once when the observers are read (a flush). The
+    stamp is checked once a turn, delayed drain or not."""
+    from runtime.pipeline import lane as lane_module
+
+    monkeypatch.setattr(lane_module, "DRAIN_EVERY", 0.2)  # wide: a busy CI's turns fit in it
+    lane = pop.lane
+    assert lane is not None and lane.stamp is not None
+    stamp, checks = lane.stamp, [0]
+
+    def counted() -> object:
+        checks[0] += 1
+        return stamp()
+
+    monkeypatch.setattr(lane, "stamp", counted)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def one() -> None:
+            data = raw("/plain", CURL)
+            assert lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)[0] == len(data)
+
+        lane.drained = loop.time() - 1.0  # the last drain long ago
+        served = lane.served
+        one()
+        one()  # the same turn: the stamp is not checked again
+        assert checks[0] == 1
+        await asyncio.sleep(0)
+        assert lane.served == served + 2 and not lane.scheduled  # drained at the turn's end
+        one()  # within DRAIN_EVERY of that drain: waits for it
+        started = loop.time()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert lane.served == served + 2 and lane.scheduled and checks[0] == 2
+        one()  # a later turn before the drain: the stamp checked again
+        assert checks[0] == 3
+        while lane.served < served + 4 and loop.time() - started < 5:
+            await asyncio.sleep(0.01)
+        assert lane.served == served + 4 and 0.15 <= loop.time() - started < 1.0
+        one()
+        pop.observers.flush()  # what reads the observers drains the lane first
+        assert lane.served == served + 5 and not lane.scheduled
+
+    asyncio.run(main())

@@ -1,0 +1,66 @@
+"""One function over HTTP, served by this checkout and by another one (a worktree of
+the commit before), in the same run: req/s and the PoP's CPU per request of each,
+and this checkout's ratios to the other.
+
+    python bench/bench_tree_http.py --tree ../before [--function functions/examples/hello-wat]
+                                    [--path /hello] [--seconds 4] [--rounds 5]
+
+Both PoPs (`edgefn serve --no-ai`, the function deployed from each checkout's own
+folder) are loaded in turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
+warmed first), so the machine's load hits both alike; each round's ratio is taken
+within the round, and the medians of those are printed. CPU per request (from /proc)
+moves less than req/s on a noisy machine. Needs wrk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import _wrk  # noqa: E402
+from bench_runtime import start_edgefn  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", type=Path, required=True, help="the other checkout")
+    p.add_argument("--function", default="functions/examples/hello-wat",
+                   help="a function folder, relative to each checkout")
+    p.add_argument("--path", default="/hello")
+    p.add_argument("--seconds", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    trees = {"other": args.tree.resolve(), "this": ROOT}
+    with tempfile.TemporaryDirectory(prefix="edgefn-bench-tree-") as tmp:
+        servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        try:
+            for name, tree in trees.items():
+                servers[name] = start_edgefn(Path(tmp) / name, ["--no-ai"], tree,
+                                             tree / args.function)
+            runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}{args.path}")
+                                for name, (proc, port) in servers.items()},
+                               args.seconds, args.rounds)
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(20)
+    print(f"\n== {args.function} {args.path}, wrk -t1 -c32 -d{args.seconds}s, "
+          f"{args.rounds} rounds ==")
+    for name, tree in trees.items():
+        print(f"{name} ({tree}): req/s " + " ".join(f"{r[name]['rps']:.0f}" for r in runs)
+              + "; PoP us/request " + " ".join(f"{r[name]['cpu_us']:.2f}" for r in runs))
+    rps = statistics.median(r["this"]["rps"] / r["other"]["rps"] for r in runs)
+    cpu = statistics.median(r["this"]["cpu_us"] / r["other"]["cpu_us"] for r in runs)
+    print(f"this / other, median of the rounds' ratios: req/s {rps:.3f}x, "
+          f"PoP CPU per request {cpu:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
