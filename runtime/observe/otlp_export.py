@@ -15,6 +15,7 @@ Nothing here raises into the PoP.
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import logging
 import threading
@@ -36,11 +37,12 @@ LOG_EVERY = 10.0  # seconds between two log lines about lost spans
 class Exporter:
     def __init__(self, endpoint: str, headers: Mapping[str, str], timeout: float,
                  batch_delay_ms: int, max_queue: int, resource_field: bytes,
-                 scope_field: bytes) -> None:
+                 scope_field: bytes, compression: str = "none") -> None:
         """`endpoint`: the receiver's ``http(s)://host[:port]/path`` (checked by the
         settings); `timeout`: seconds for one export, its retries included;
-        `resource_field`, `scope_field`: what `otlp.request` wraps each batch in.
-        Starts the thread."""
+        `resource_field`, `scope_field`: what `otlp.request` wraps each batch in;
+        `compression`: ``"gzip"`` or ``"none"``, of each export's body. Starts the
+        thread."""
         url = urlsplit(endpoint)
         self.https = url.scheme == "https"
         self.host = url.hostname or ""
@@ -49,6 +51,9 @@ class Exporter:
         self.endpoint = endpoint
         self.headers = {"Content-Type": "application/x-protobuf", "User-Agent": "edgefn",
                         **headers}
+        self.gzip = compression == "gzip"
+        if self.gzip:
+            self.headers["Content-Encoding"] = "gzip"
         self.timeout = timeout
         self.delay = batch_delay_ms / 1000
         self.max_queue = max_queue
@@ -144,6 +149,8 @@ class Exporter:
 
     def _export(self, batch: list[bytes], spans: int, deadline: float) -> None:
         body = otlp.request(self.resource, self.scope, batch)
+        if self.gzip:  # (zlib's default level)
+            body = gzip.compress(body, 6)
         backoff = FIRST_BACKOFF
         while True:
             status, why = self._post(body, max(0.1, deadline - time.monotonic()))

@@ -13,6 +13,7 @@ the pipeline is exactly what it is without the table.
                                                     # client could have every one of its
                                                     # requests traced, at 0.1x the req/s)
     headers = { authorization = "Bearer ..." }      # sent with every export
+    compression = "gzip"                            # of each export ("none": the default)
     stage_spans = true                              # a child span per stage (about 6 us
                                                     # each); false: the request's span and
                                                     # the model call's only
@@ -23,7 +24,7 @@ the pipeline is exactly what it is without the table.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from msgspec import Meta, Struct
@@ -43,6 +44,7 @@ class TracingSettings(Struct, forbid_unknown_fields=True, frozen=True):
     timeout: Annotated[float, Meta(gt=0, le=60)] = 5.0  # seconds per export
     batch_delay_ms: Annotated[int, Meta(ge=1, le=60_000)] = 1000  # between exports
     max_queue: Annotated[int, Meta(ge=16, le=1_000_000)] = 8192  # spans; more are dropped
+    compression: Literal["none", "gzip"] = "none"  # of each export's body
 
     def problem(self) -> tuple[str, str] | None:
         """(field, what is wrong) for what the schema cannot say, or None."""

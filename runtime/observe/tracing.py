@@ -51,12 +51,13 @@ class Tracer:
     def __init__(self, pop: str, tier: str, geo: str, settings: TracingSettings,
                  exporter: Exporter | None = None) -> None:
         """`exporter`: default, OTLP/HTTP to `settings.endpoint` with its headers,
-        timeout, batch delay and queue bound."""
+        timeout, batch delay, queue bound and compression."""
         self.pop = {"edgefn.pop": pop, "edgefn.tier": tier, "edgefn.geo": geo}
         resource = Resource.create({"service.name": settings.service_name or pop, **self.pop})
         self.exporter = exporter if exporter is not None else Exporter(
             settings.endpoint, settings.headers, settings.timeout, settings.batch_delay_ms,
-            settings.max_queue, otlp.resource(dict(resource.attributes)), otlp.scope("edgefn"))
+            settings.max_queue, otlp.resource(dict(resource.attributes)), otlp.scope("edgefn"),
+            settings.compression)
         self.stage_spans = settings.stage_spans
 
     def observe(self, event: Event) -> None:

@@ -27,7 +27,8 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, 
     with otlp_receiver() as receiver, pop_thread(
             root / "data", name="pop-t", geo="fra", **{
                 "tracing.enabled": True, "tracing.endpoint": receiver.url,
-                "tracing.headers": {"authorization": "Bearer otlp-secret"}}) as pop:
+                "tracing.headers": {"authorization": "Bearer otlp-secret"},
+                "tracing.compression": "gzip"}) as pop:
         pop.deploy(function_dir(root, "hello", reactor("")))
         pop.deploy(python_function(root, "seen", SEEN))
         yield pop, receiver
@@ -68,6 +69,7 @@ def test_a_request_is_a_server_span_with_a_child_per_stage(traced: tuple[Running
         assert c["parent_id"] == server["span_id"]
         assert server["start"] <= c["start"] <= c["end"] <= server["end"]
     assert receiver.posts[-1]["authorization"] == "Bearer otlp-secret"
+    assert receiver.posts[-1]["content-encoding"] == "gzip"  # [tracing] compression
 
 
 def test_stage_decisions_are_attributes_of_their_stage_spans(traced: tuple[Running, Receiver]

@@ -119,10 +119,10 @@ def test_a_request_is_the_bytes_opentelemetry_proto_serializes(
 # -- the exporter ----------------------------------------------------------------------------
 def exporter(url: str, **kw: Any) -> Exporter:
     args: dict[str, Any] = {"headers": {"x-key": "k"}, "timeout": 2.0, "batch_delay_ms": 60_000,
-                            "max_queue": 1024, **kw}
+                            "max_queue": 1024, "compression": "none", **kw}
     return Exporter(url, args["headers"], args["timeout"], args["batch_delay_ms"],
                     args["max_queue"], otlp.resource({"service.name": "t"}),
-                    otlp.scope("edgefn"))
+                    otlp.scope("edgefn"), args["compression"])
 
 
 def spans(n: int, first: int = 0) -> bytes:
@@ -141,6 +141,25 @@ def test_queued_spans_go_at_flush_in_one_export_with_the_headers() -> None:
             assert len(receiver.posts) == 1 and receiver.posts[0]["x-key"] == "k"
             assert receiver.spans[0]["resource"] == {"service.name": "t"}
             assert e.sent == 5
+        finally:
+            e.close()
+
+
+def test_gzip_compresses_each_export() -> None:
+    with otlp_receiver() as receiver:
+        e = exporter(receiver.url, compression="gzip")
+        try:
+            e.add(3, spans(3))
+            assert e.flush(5.0)
+            assert len(receiver.spans) == 3 and receiver.posts[0]["content-encoding"] == "gzip"
+        finally:
+            e.close()
+    with otlp_receiver() as receiver:
+        e = exporter(receiver.url)
+        try:
+            e.add(1, spans(1))
+            assert e.flush(5.0)
+            assert len(receiver.spans) == 1 and "content-encoding" not in receiver.posts[0]
         finally:
             e.close()
 

@@ -31,6 +31,7 @@ def load(tmp_path: Path, table: str | None) -> config.PopConfig:
     ("timeout = 0", "tracing.timeout", "> 0"),
     ("enabled = 1", "tracing.enabled", "expected `bool`"),
     ("url = 'http://x'", "tracing.url", "unknown field"),
+    ('compression = "zstd"', "tracing.compression", "expected one of: 'gzip', 'none'"),
 ])
 def test_bad_values_name_the_field(tmp_path: Path, table: str, field: str, says: str) -> None:
     with pytest.raises(InvalidConfig) as err:
@@ -50,9 +51,10 @@ def test_tracing_without_the_events_stage_is_refused(tmp_path: Path) -> None:
 
 def test_good_values_load(tmp_path: Path) -> None:
     cfg = load(tmp_path, 'enabled = true\nendpoint = "https://otel.example:4318/v1/traces"\n'
-               'service_name = "edge-fra"\nsample = 0.25\nheaders = { authorization = "Bearer t" }')
+               'service_name = "edge-fra"\nsample = 0.25\nheaders = { authorization = "Bearer t" }\n'
+               'compression = "gzip"')
     t = cfg.tracing
-    assert (t.enabled, t.service_name, t.sample) == (True, "edge-fra", 0.25)
+    assert (t.enabled, t.service_name, t.sample, t.compression) == (True, "edge-fra", 0.25, "gzip")
     assert t.headers == {"authorization": "Bearer t"}
 
 
