@@ -43,6 +43,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 )
 
 from runtime.admin.client import AdminClient  # noqa: E402
+from runtime.topology.load import metric_sum  # noqa: E402
 
 HELLO = ROOT / "functions" / "examples" / "hello-wat"
 
@@ -135,10 +136,7 @@ def main() -> None:
 
 def requests_total(data: Path) -> int:
     """The requests a PoP counted (its metrics' ``edgefn_requests_total``)."""
-    text = AdminClient(data).metrics()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("edgefn_requests_total{")))
-
+    return int(metric_sum(AdminClient(data).metrics(), "edgefn_requests_total"))
 
 if __name__ == "__main__":
     main()

@@ -92,7 +92,6 @@ class Tracer:
                            otlp.attributes(SPAN_ATTRS, self._server(event)),
                            status=otlp.STATUS_ERROR if error else otlp.STATUS_UNSET,
                            message=(event.error or "") if error else "", flags=flags)]
-        local = otlp.HAS_IS_REMOTE
         at = start
         for name, ms in event.stages_ms.items() if self.stage_spans else ():
             until = at + int(ms * 1e6)
@@ -102,8 +101,7 @@ class Tracer:
             spans.append(otlp.span(trace_id, stage_id, span_id, state, f"stage {name}",
                                    otlp.SPAN_INTERNAL, at, until,
                                    otlp.attributes(SPAN_ATTRS,
-                                                   _decided(name, event.decisions.get(name))),
-                                   flags=local))
+                                                   _decided(name, event.decisions.get(name)))))
             at = until
         if event.ai is not None and not (self.stage_spans and "openai" in event.stages_ms):
             spans.append(self._model(event, trace_id, span_id, state,
@@ -171,8 +169,7 @@ class Tracer:
             events = otlp.event("gen_ai.first_token",
                                 min(end, request_start + int(ai.ttft_ms * 1e6)))
         return otlp.span(trace_id, _span_id(), parent, state, f"{ai.operation} {ai.model}",
-                         otlp.SPAN_CLIENT, start, end, otlp.attributes(SPAN_ATTRS, a), events,
-                         flags=otlp.HAS_IS_REMOTE)
+                         otlp.SPAN_CLIENT, start, end, otlp.attributes(SPAN_ATTRS, a), events)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Send what is queued; whether it all went (or was dropped) in time."""
