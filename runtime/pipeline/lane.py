@@ -77,6 +77,8 @@ from runtime.bindings.fetch import Lineage
 from runtime.cache.http.cache import client_view
 from runtime.executors.base import Caller, principal_blob
 from runtime.executors.python.function import PythonFunction
+from runtime.executors.python.isolate import response_of
+from runtime.executors.python.wire import FRAME_HEAD
 from runtime.executors.wasm import native_wasi
 from runtime.executors.wasm.function import WasmFunction
 from runtime.executors.wasm.native import NativeReactorCall, Result
@@ -191,7 +193,7 @@ class NativeLane:
         # the call `_submit` started in this `serve` (the C starts one at most, last),
         # with the deployment whose concurrency slot it took (None: a WASI command's,
         # whose run on a thread holds its own, as dispatch's `counted`)
-        self.submitted: tuple[Deployment | None, asyncio.Future[Response]] | None = None
+        self.submitted: tuple[Deployment | None, asyncio.Future[Any]] | None = None
         self.scheduled = False  # a drain is scheduled (`serve`)
         self.stamp_checked = False  # a read checked the stamp and scheduled that drain
         # the PoP's (the events stage's), also without one: what reads them drains first
@@ -265,10 +267,12 @@ class NativeLane:
         self.stamp_checked = False
 
     # -- Python functions' calls --------------------------------------------------------
-    def _submit(self, ri: int, call: tuple[Any, ...]) -> asyncio.Future[Response] | None:
+    def _submit(self, ri: int, call: tuple[Any, ...]) -> asyncio.Future[Any] | None:
         """The C's one call for a request to a Python route: its frame (`call[12]`,
-        the encoded request) submitted to the function's pool, as `dispatch` submits
-        it, or a WASI command's run (`_command`); None (the request is Python's) past
+        the encoded request framed as the isolate reads it) submitted to the
+        function's pool, as `dispatch` submits it (its whole response to come back
+        undecoded: `answer` has the C check and write it), or a WASI command's run
+        (`_command`); None (the request is Python's) past
         `limits.concurrency`, whose 503 is dispatch's. The concurrency slot a Python
         function's call takes comes back in `answer`, or in `serve` when the C fails
         after this returned (its call then reaches no `answer`)."""
@@ -276,15 +280,18 @@ class NativeLane:
         if fn.inflight >= fn.concurrency:
             return None
         executor = fn.executor
+        future: asyncio.Future[Any]  # a Response, or a Python function's whole one as bytes
         if isinstance(executor, WasmFunction):
-            self.submitted = (None, self._command(fn, executor, route, call))
+            future = self._command(fn, executor, route, call)
+            self.submitted = (None, future)
         else:
             assert isinstance(executor, PythonFunction) and executor.pool is not None
             # no CDN-Loop: lane.c leaves such requests to Python
-            self.submitted = (fn, executor.pool.submit(call[12], None, Lineage(None)))
+            future = executor.pool.submit_frame(call[12], Lineage(None))
+            self.submitted = (fn, future)
             fn.inflight += 1
         self.calls += 1
-        return self.submitted[1]
+        return future
 
     def _command(self, fn: Deployment, wasm: WasmFunction, route: str, call: tuple[Any, ...]
                  ) -> asyncio.Future[Response]:
@@ -317,7 +324,7 @@ class NativeLane:
         closes after it (Python writes that). A failure making the answer (`respond`,
         `_finish`) is contained as dispatch's link contains one (the function's 502,
         its event and log line); raises only what that containment raises."""
-        future, (fn, *_) = call[0], call[1]
+        future, (fn, _, _, _, max_response) = call[0], call[1]
         if not isinstance(fn.executor, WasmFunction):  # first: whatever follows, the slot
             fn.inflight -= 1  # is given back once (a command's thread run gives its own)
         if gone or future.cancelled():
@@ -330,14 +337,19 @@ class NativeLane:
         kept = len(self.records)
         try:
             if not closing and future.exception() is None:
-                response = future.result()
-                if type(response.body) is bytes:
+                response = future.result()  # a whole response as the guest framed it, or
+                if type(response) is bytes:  # a Response (a WASI command's, a stream)
+                    out = self.c.respond_frame(call, response, max_response, date, extra,
+                                               self.records)
+                elif type(response.body) is bytes:
                     out = self.c.respond(call, response.status, response.headers,
                                          response.body, date, extra, self.records)
-                    if out is not None:
-                        if not self.scheduled:
-                            self._schedule()
-                        return bytes(out)
+                else:
+                    out = None
+                if out is not None:
+                    if not self.scheduled:
+                        self._schedule()
+                    return bytes(out)
             return self._finish(call)
         except Exception as e:  # a bug here: contained as dispatch's link contains one (its
             del self.records[kept:]  # event, its log line), never the C's record of it too
@@ -347,10 +359,15 @@ class NativeLane:
     def _finish(self, call: tuple[Any, ...]) -> tuple[Request, Response]:
         """`call`'s response as the stages after the front make it (dispatch and its
         containment, http_cache, request_id, events), by their own code."""
-        future, (fn, _, _, cache), *_ = call
+        future, (fn, _, _, cache, _), *_ = call
         request, ctx = self._context(call)
         try:
-            response = tagged(future.result(), fn.tag)
+            answered = future.result()
+            if type(answered) is bytes:  # a Python function's whole response, as it came
+                executor = fn.executor
+                assert isinstance(executor, PythonFunction) and executor.pool is not None
+                answered = response_of(answered, executor.pool.cfg)
+            response = tagged(answered, fn.tag)
         except Exception as e:  # what dispatch's link contains
             response = contain(ctx, e)
         http = self.http_cache
@@ -374,7 +391,7 @@ class NativeLane:
 
     def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
         """The request of `call` and the context the stages before dispatch leave."""
-        _, (fn, route, _, _), _, _, n, verdict, _, _, _, client, _, started, _, _ = call
+        _, (fn, route, _, _, _), _, _, n, verdict, _, _, _, client, _, started, _, _ = call
         request = _request(call)
         ctx = Context(client)
         ctx.started = started / 1e9  # CLOCK_MONOTONIC, perf_counter's clock
@@ -470,16 +487,17 @@ class NativeLane:
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
         if isinstance(executor, PythonFunction):  # a call (`_submit`)
+            assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
                     fn.label.encode(), fn, allowed, cache, caching, fn.label, executor,
-                    (fn, route, path, cache))
+                    (fn, route, path, cache, executor.pool.cfg.max_response))
         if executor.abi == "wasi":  # run by the C (`_cgi`), else, and what it leaves, a call
             cgi = self._cgi(executor, route)
             engine, pre = executor.raw_pre if cgi is not None else (0, 0)
             return (path.encode("latin-1"), engine or 0, pre or 0, executor.memory_limit,
                     executor.slice_ticks, executor.max_response, 0, executor.env_blob,
                     fn.label.encode(), fn, allowed, cache, caching, fn.label, executor,
-                    (fn, route, path, cache), cgi)
+                    (fn, route, path, cache, 0), cgi)
         wasm = executor
         assert isinstance(wasm.call, NativeReactorCall)
         call = wasm.call
@@ -622,7 +640,7 @@ class LaneEvents:
 def _request(call: tuple[Any, ...]) -> Request:
     """The request of a Python route's `call` (lane.c `python_call`) as the front
     makes it: its frame (the request encoded) decoded, with its Host and client."""
-    g = decode_request(call[12])
+    g = decode_request(call[12][FRAME_HEAD:])
     request = Request(g.method, g.path, g.query, g.headers, call[7], "1.1", True, call[9])
     request.body = g.body
     return request

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from edgefn_core.abi import encode_response
 from runtime.executors.python.function import PythonFunction
 from runtime.net.protocol import HttpProtocol
 from runtime.pipeline.lane import NativeLane
@@ -67,19 +68,22 @@ def handle(request, env):
                                              ("X-" + "b" * 70, "kept")])
     if path == "/pybig":
         return Response(b"%d" % int(request.query.get("n", "0")) + b"x" * 200_000)
+    if path == "/pyhuge":  # past limits.max_response_mb (1)
+        return Response(b"x" * (1 << 20) + b"!")
     if path in ("/pyslow", "/pyone"):
         time.sleep(float(request.query.get("s", "0.05")))
         return Response("slept\\n")
     return Response("?", status=500)
 '''
 ROUTES = ["/pyfn", "/pyecho", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
-          "/pyslow", "/pylongname", "/pybig"]
+          "/pyslow", "/pylongname", "/pybig", "/pyhuge"]
 
 
 def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES,
                   wall_ms: int = 1500, concurrency: int = 64) -> Path:
     d = python_function(root, name, PYFN,
-                        limits=f"wall_ms = {wall_ms}\nconcurrency = {concurrency}",
+                        limits=f"wall_ms = {wall_ms}\nconcurrency = {concurrency}\n"
+                               "max_response_mb = 1",
                         pool="min = 2\nmax = 2\nstandby = false")
     manifest = d / "edgefn.toml"
     manifest.write_text(manifest.read_text().replace(f'routes = ["/{name}"]',
@@ -121,6 +125,7 @@ SERVED = {  # name: (request, the lane starts its call)
     "418": (request("GET", "/pyteapot", H), True),
     "dated": (request("GET", "/pydated", H), True),
     "raises": (request("GET", "/pyboom", H), True),
+    "over max_response_mb": (request("GET", "/pyhuge", H), True),
     "long header names": (request("GET", "/pylongname", H), True),
     "cacheable": (request("GET", "/pycached", H), True),
     "streams": (request("GET", "/pystream", H), True),
@@ -463,8 +468,9 @@ def test_requests_sent_ahead(tmp_path: Path) -> None:
 
 
 class FailingRespond:
-    """The lane's C `Lane` whose `respond` fails (a fault injected where a
-    MemoryError, or a bug, would raise); the rest is the real one's."""
+    """The lane's C `Lane` whose `respond` and `respond_frame` (a whole response as
+    the guest framed it) fail (a fault injected where a MemoryError, or a bug,
+    would raise); the rest is the real one's."""
 
     def __init__(self, c: object) -> None:
         self.c = c
@@ -474,6 +480,9 @@ class FailingRespond:
 
     def respond(self, *args: object) -> bytes:
         raise MemoryError("respond failed (injected)")
+
+    def respond_frame(self, *args: object) -> bytes:
+        raise MemoryError("respond_frame failed (injected)")
 
 
 def test_a_failing_answer_is_contained_as_pythons(tmp_path: Path) -> None:
@@ -496,6 +505,51 @@ def test_a_failing_answer_is_contained_as_pythons(tmp_path: Path) -> None:
         assert [(e["status"], e["error"]) for e in side.new_events()] == [(502, "crash"),
                                                                          (200, None)]
         assert [b"status=502" in line for line in side.new_log()] == [True, False]
+        assert on.pop.registry.functions["pyfn"].inflight == 0
+
+
+FORGED = {  # a RESPONSE frame's payload the SDK never sends, and what decode_response says
+    "truncated": (b"\xc8\x00\x00\x00\x01\x00\x00\x00", b"malformed response"),
+    "a CR in a value": (encode_response(200, [(b"x-a", b"1\r\nx-b: 2")], b"hi"),
+                        b"invalid value for header"),
+    "a 1xx status": (encode_response(101, [], b""), b"invalid HTTP status 101"),
+    "a body past the limit": (encode_response(200, [], b"x" * ((1 << 20) + 1)),
+                              b"exceeds the limit of 1048576 bytes"),
+}
+
+
+@pytest.mark.parametrize("name", list(FORGED))
+def test_a_forged_response_frame_is_refused_as_pythons(tmp_path: Path, name: str) -> None:
+    """A whole response reaches the lane as the guest's RESPONSE frame, undecoded
+    (`Pool.submit_frame`): one `decode_response` refuses, or one past
+    `limits.max_response_mb`, is not written by the C (`respond_frame`) but
+    refused as the Python path refuses it (injected in place of the real frame):
+    a 502 ``bad_response`` saying why, its event; the slot given back, the
+    connection goes on."""
+    frame, why = FORGED[name]
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
+        on.deploy(python_folder(tmp_path / "fns"))
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+
+        def forged(ri: int, call: tuple[object, ...]) -> asyncio.Future[object] | None:
+            real = lane._submit(ri, call)
+            if real is None:
+                return None
+            out: asyncio.Future[object] = real.get_loop().create_future()
+            real.add_done_callback(lambda f: out.set_result(frame))
+            return out
+
+        lane.c.python(forged)
+        plain = SERVED["plain"][0]
+        side = Side(on)
+        got = side.send(plain, [b"GET"]) + side.send(plain, [b"GET"])
+        assert len(got) == 2 and lane.calls == 2, got
+        for answer in got:
+            assert answer.startswith(b"HTTP/1.1 502 "), answer[:300]
+            assert b"x-edgefn-error: bad_response\r\n" in answer and why in answer, answer
+        assert [(e["status"], e["error"]) for e in side.new_events()] == \
+            [(502, "bad_response")] * 2
         assert on.pop.registry.functions["pyfn"].inflight == 0
 
 

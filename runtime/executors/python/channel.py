@@ -95,10 +95,12 @@ class Channel:
         self.eof = False  # the peer closed it: everything it sent was read
         self.reading = False
         self.held: list[bytes] | None = None  # frames for the end of the loop's turn
+        self.corks: Corks | None = None  # the loop's (`attach`)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start reading on `loop` (until then the socket may be used blocking)."""
         self.loop = loop
+        self.corks = corks_of(loop)
         self.sock.setblocking(False)
         self.resume_reading()
 
@@ -132,7 +134,7 @@ class Channel:
         """`send` `data` at the end of the loop's turn, in one write with the other
         frames sent on this channel meanwhile (any `send` sends those held first, in
         order). Large data is sent at once."""
-        if self.closed or self.loop is None:
+        if self.closed or self.corks is None:
             return
         held = self.held
         if len(data) >= COPIED_BELOW:  # not copied into one write: after those held, now
@@ -141,7 +143,7 @@ class Channel:
             held.append(data)
         else:
             self.held = [data]
-            corks_of(self.loop).add(self)
+            self.corks.add(self)
 
     def uncork(self) -> None:
         """Send the frames held by `send_soon` now."""

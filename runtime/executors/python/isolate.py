@@ -128,6 +128,7 @@ class Isolate:
         # Global state: for the life of its socket
         self.owner = owner
         self.cfg = owner.cfg
+        self.max_response = self.cfg.max_response  # bytes of a body, at most
         self.generation = owner.generation
         # a whole response up to its limit (and its head) fits one frame
         self.channel = Channel(sock, self, max(wire.MAX_FRAME,
@@ -164,7 +165,7 @@ class Isolate:
 
     def run(self, job: Job) -> None:
         """Send `job`: it runs now if the isolate has none, else after those sent."""
-        frame = wire.frame(wire.REQUEST, job.payload)
+        frame = job.frame
         if self.job is None:  # at once: its thread starts while the loop goes on
             self.job = job
             self.streamed = 0
@@ -293,7 +294,7 @@ class Isolate:
     def _frame(self, kind: bytes, payload: bytes) -> None:
         if kind == wire.RESPONSE:  # most frames: tested first
             if self.job is not None:  # else a late frame of a job that already ended
-                self._finish(lambda job: job.respond(self._response(payload)))
+                self._finish(None, payload)
             return
         if kind in SMALL and len(payload) > MAX_SMALL_FRAME:  # before it is parsed
             self.garbage(ProtocolError(f"a frame {kind!r} of {len(payload)} bytes (at "
@@ -462,11 +463,7 @@ class Isolate:
 
     def _response(self, payload: bytes) -> Response:
         """Raises `FunctionError` (bad_response) for an invalid or oversized response."""
-        status, headers, body = decode_response(payload)
-        if len(body) > self.cfg.max_response:
-            raise FunctionError("bad_response", 502, f"response body of {len(body)} bytes "
-                                f"exceeds the limit of {self._limit()}")
-        return Response(status, headers, body)
+        return response_of(payload, self.cfg)
 
     def _head(self, job: Job, payload: bytes) -> None:
         try:
@@ -482,7 +479,7 @@ class Isolate:
         if self.stuck or job.chunks is None:
             return
         self.streamed += len(payload)
-        if self.streamed > self.cfg.max_response:  # cut the stream; the guest stops at CANCEL
+        if self.streamed > self.max_response:  # cut the stream; the guest stops at CANCEL
             job.fail(FunctionError("bad_response", 502, f"streamed response body exceeded the "
                                    f"limit of {self._limit()}; the stream was cut"))
             self.stuck = True
@@ -501,14 +498,18 @@ class Isolate:
         message = str(info.get("message", "failed"))  # FunctionError keeps 4 KiB of it
         self._finish(lambda job: job.fail(FunctionError(code, status, message)))
 
-    def _finish(self, deliver: Callable[[Job], object]) -> None:
-        """The job's last frame: deliver it (unless the job already ended), then tell
-        the pool the isolate is free."""
+    def _finish(self, deliver: Callable[[Job], object] | None, response: bytes = b"") -> None:
+        """The job's last frame: deliver it (None: the RESPONSE frame's payload
+        `response`; unless the job already ended), then tell the pool the isolate
+        is free."""
         job, self.job = self.job, None
         if job is not None:
             if not self.stuck:
                 try:
-                    deliver(job)
+                    if deliver is None:  # (a raw job's checked where it is written)
+                        job.respond(response if job.raw else self._response(response))
+                    else:
+                        deliver(job)
                 except FunctionError as e:  # the response itself was invalid
                     job.fail(e)
             if not job.future.done():  # e.g. END without a HEAD: never leave it hanging
@@ -525,8 +526,22 @@ class Isolate:
             return
         self.owner.events.finished(self)
     def _limit(self) -> str:
-        cfg = self.cfg
-        return f"{cfg.max_response} bytes (limits.max_response_mb = {cfg.max_response_mb})"
+        return _limit(self.cfg)
+
+
+def response_of(payload: bytes, cfg: HostConfig) -> Response:
+    """A RESPONSE frame's payload as the function's response. Raises `FunctionError`
+    (bad_response) for an invalid one, or one whose body is over the function's
+    `limits.max_response_mb`."""
+    status, headers, body = decode_response(payload)
+    if len(body) > cfg.max_response:
+        raise FunctionError("bad_response", 502, f"response body of {len(body)} bytes "
+                            f"exceeds the limit of {_limit(cfg)}")
+    return Response(status, headers, body)
+
+
+def _limit(cfg: HostConfig) -> str:
+    return f"{cfg.max_response} bytes (limits.max_response_mb = {cfg.max_response_mb})"
 
 
 def read_json(payload: bytes) -> dict[str, Any]:

@@ -74,6 +74,17 @@ class Pool:
         self.scheduler.submit(job)
         return job.future
 
+    def submit_frame(self, frame: bytes, lineage: Lineage | None = None
+                     ) -> asyncio.Future[Response | bytes]:
+        """`submit` of a request the native lane encoded and framed (`frame`: the
+        whole REQUEST frame), whose whole response comes back as the guest's
+        RESPONSE frame's payload (bytes, neither decoded nor checked: `response_of`
+        does that), a streamed one as a `Response`. Raises as `submit` does."""
+        assert self.loop is not None, "pool not activated"
+        job = Job(self.loop, frame, None, lineage, framed=True, raw=True)
+        self.scheduler.submit(job)
+        return job.future
+
     # -- isolate events (`isolate.Events`) ------------------------------------------------------
     def started(self, isolate: Isolate) -> None:
         self.scheduler.started(isolate)

@@ -148,6 +148,7 @@ class Scheduler[W: Worker]:
         self.timer: asyncio.TimerHandle | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the jobs' (set by `submit`)
         self.steal_due = False  # `_steal_idle` is scheduled for the end of the loop's turn
+        self.job_ended = self._job_ended  # each job's `on_end` (one bound method for all)
 
     # -- generations ----------------------------------------------------------------------------
     def use(self, generation: int, isolates: Sequence[W]) -> None:
@@ -183,12 +184,8 @@ class Scheduler[W: Worker]:
         deadlines.append((loop.time() + self.wall_ms / 1000 + TIMER_SLACK, entry))
         if self.timer is None:
             self.timer = loop.call_at(deadlines[0][0], self._expire, loop)
-
-        def ended() -> None:
-            entry.clear()
-            self._ended()
-
-        job.on_end = ended
+        job.deadline = entry
+        job.on_end = self.job_ended
         self._dispatch(job)
 
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -202,7 +199,10 @@ class Scheduler[W: Worker]:
         if deadlines:
             self.timer = loop.call_at(deadlines[0][0], self._expire, loop)
 
-    def _ended(self) -> None:
+    def _job_ended(self, job: Job) -> None:
+        """`job` ended (its `on_end`): nothing of it to time out."""
+        if job.deadline is not None:
+            job.deadline.clear()
         self.in_flight -= 1
         if self.retired and self.in_flight == 0:
             self._report_drained()
@@ -211,7 +211,7 @@ class Scheduler[W: Worker]:
         """Run `job` on the warmest idle isolate, or send it ahead to a busy one, or
         queue it (`first`: ahead of the others); and start one more isolate if the
         pool has room."""
-        if (self.room and not self.waiting and len(job.payload) < AHEAD_BELOW
+        if (self.room and not self.waiting and job.size < AHEAD_BELOW
                 and (busy := self._pack_onto()) is not None):
             self._send_ahead(busy, job)
             if self.patrol is None and self.loop is not None:
@@ -222,7 +222,7 @@ class Scheduler[W: Worker]:
             if isolate.state == "idle" and isolate.generation == self.generation:
                 self._run(isolate, job)
                 return
-        if (self.depth and not self.waiting and len(job.payload) < AHEAD_BELOW
+        if (self.depth and not self.waiting and job.size < AHEAD_BELOW
                 and (busy := self._ahead()) is not None):
             self._send_ahead(busy, job)
         elif first:
@@ -247,13 +247,16 @@ class Scheduler[W: Worker]:
         wake an idle one: the one with the most jobs ahead under `room` whose job has
         not run past PACK_WAIT (a wake-up saved on each side; the job waits behind
         a few short ones instead)."""
-        now = self.clock()
+        now, limit = self.clock(), min(self.room, self.depth)
+        generation, recycle_after = self.generation, self.recycle_after
         best: W | None = None
-        for isolate in self.isolates:
-            if (len(isolate.queue) < self.room and now - isolate.since < PACK_WAIT
-                    and self._takes_ahead(isolate)
-                    and (best is None or len(isolate.queue) > len(best.queue))):
-                best = isolate
+        most = -1
+        for isolate in self.isolates:  # (`_takes_ahead`'s test, inlined: once a request)
+            n = len(isolate.queue)
+            if (most < n < limit and isolate.state == "busy" and now - isolate.since < PACK_WAIT
+                    and not isolate.stuck and not isolate.dropping and not isolate.recycling
+                    and isolate.uses < recycle_after and isolate.generation == generation):
+                best, most = isolate, n
         return best
 
     def _patrolled(self) -> None:
@@ -303,7 +306,7 @@ class Scheduler[W: Worker]:
         it: `_dispatch` sends none ahead while any waits)."""
         waiting = self.waiting
         while waiting and self._takes_ahead(isolate):
-            if len(waiting[0].payload) >= AHEAD_BELOW:
+            if waiting[0].size >= AHEAD_BELOW:
                 return
             job = waiting.popleft()
             if not job.done:

@@ -55,6 +55,7 @@ VALUE_CALLS = frozenset({"kv.put", "kv.cas"})
 VALUE_REPLIES = frozenset({"kv.get"})
 HEAD_LENGTH = struct.Struct("<I")  # of a CALL_VALUE's or REPLY_VALUE's head
 FRAMING = Framing("<", MAX_FRAME, min_size=1)
+FRAME_HEAD = FRAMING.length.size + 1  # bytes before a frame's payload: its length, its kind
 MAX_BODY = 256 << 20  # the ceiling of limits.max_response_mb
 # a whole response in one frame: a body up to MAX_BODY and its head
 RESPONSE_FRAMING = Framing("<", MAX_BODY + (1 << 20), min_size=1)
@@ -62,8 +63,8 @@ RESPONSE_FRAMING = Framing("<", MAX_BODY + (1 << 20), min_size=1)
 # and again by the PoP (past its frame bound, the PoP takes the frame for a forgery)
 MAX_TRACEBACK = 64 << 10
 
-__all__ = ["FRAMING", "MAX_BODY", "MAX_FRAME", "RESPONSE_FRAMING", "Reader", "encode_response",
-           "frame", "json_frame", "recv_frame", "split_value", "value_frame"]
+__all__ = ["FRAME_HEAD", "FRAMING", "MAX_BODY", "MAX_FRAME", "RESPONSE_FRAMING", "Reader",
+           "encode_response", "frame", "json_frame", "recv_frame", "split_value", "value_frame"]
 
 
 def frame(kind: bytes, payload: bytes = b"", framing: Framing = FRAMING) -> bytes:

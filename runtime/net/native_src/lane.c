@@ -723,16 +723,25 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     size_t n = encode(l, r, PyTuple_GET_ITEM(l->class_blobs, cls), method, url, path_len,
                       query, query_len);
     if (!n) { PyErr_NoMemory(); return -1; }
+    /* the isolate's REQUEST frame (wire.frame(REQUEST, the request encoded)): its
+     * length (u32 LE, the kind and what follows), the kind, the request */
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n + 5);
+    if (!frame) return -1;
+    uint8_t *fp = (uint8_t *)PyBytes_AS_STRING(frame);
+    uint32_t framed = (uint32_t)n + 1;
+    memcpy(fp, &framed, 4);  /* (x86-64, aarch64: little-endian) */
+    fp[4] = 'Q';
+    memcpy(fp + 5, l->req, n);
     /* (future, route, table generation, route index, id number, verdict, method, host,
      * query, client, ts, started ns, frame, request body bytes): the future is set once
      * submitted */
-    PyObject *call = Py_BuildValue("(OOKiKiiy#y#OdKy#K)", Py_None, r->python,
+    PyObject *call = Py_BuildValue("(OOKiKiiy#y#OdKNK)", Py_None, r->python,
                                    (unsigned long long)l->generation, ri,
                                    (unsigned long long)(l->counter + 1), verdict, method,
                                    q->head + host->value, (Py_ssize_t)host->value_len, query,
                                    (Py_ssize_t)query_len, client, ts,
-                                   (unsigned long long)started, (const char *)l->req,
-                                   (Py_ssize_t)n, (unsigned long long)l->q.body_len);
+                                   (unsigned long long)started, frame,
+                                   (unsigned long long)l->q.body_len);
     if (!call) return -1;
     PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, call);
     if (!future || future == Py_None) {
@@ -1174,6 +1183,67 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
                          (Py_ssize_t)l->out_len, call);  /* y# of NULL would be None */
 }
 
+/* A Python route's `call` (serve's), read back (`read_call`). */
+typedef struct {
+    route_t *r;
+    long ri, verdict, method;
+    unsigned long long counter, bytes_in, started;
+    double ts;
+    PyObject *host, *query, *client;
+} pycall_t;
+
+/* `c`, a Python route's call, into `f`: 1; 0 when Python answers it instead (the
+ * route table changed since: a deploy, its index names another route now; or a field
+ * is not what serve made); -1 a Python error (TypeError: not serve's tuple). */
+static int read_call(Lane *l, PyObject *c, pycall_t *f) {
+    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 14) {
+        PyErr_SetString(PyExc_TypeError, "a call is the tuple serve made");
+        return -1;
+    }
+    unsigned long long gen = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 2));
+    f->ri = PyLong_AsLong(PyTuple_GET_ITEM(c, 3));
+    f->counter = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 4));
+    f->verdict = PyLong_AsLong(PyTuple_GET_ITEM(c, 5));
+    f->method = PyLong_AsLong(PyTuple_GET_ITEM(c, 6));
+    f->bytes_in = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 13));
+    f->ts = PyFloat_AsDouble(PyTuple_GET_ITEM(c, 10));
+    f->started = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 11));
+    f->host = PyTuple_GET_ITEM(c, 7);
+    f->query = PyTuple_GET_ITEM(c, 8);
+    f->client = PyTuple_GET_ITEM(c, 9);
+    if (PyErr_Occurred()) return -1;
+    if (gen != l->generation || f->ri < 0 || f->ri >= l->n_routes || f->method < 0 ||
+            f->method >= N_METHODS || !PyBytes_Check(f->host) || !PyBytes_Check(f->query) ||
+            !l->routes[f->ri].python)
+        return 0;
+    f->r = &l->routes[f->ri];
+    return 1;
+}
+
+/* The response to `f` (status, `count` pairs in the ABI's layout, body) as the front
+ * writes it, its record appended to `events`; None when Python answers it instead
+ * (the HTTP cache would store it: a GET with Cache-Control or Expires). */
+static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
+                              const uint8_t *pairs, uint32_t count, const uint8_t *body,
+                              uint32_t body_len, PyObject *date, PyObject *extra,
+                              PyObject *events) {
+    if (f->r->cache == CACHE_FIRST && f->method == MC_GET && may_store(pairs, count))
+        Py_RETURN_NONE;  /* http_cache stores it: Python's */
+    char rid[96];
+    size_t rid_len = request_id(l, f->counter, rid);
+    l->out_len = 0;
+    if (write_response(l, f->r, status, pairs, count, body, body_len, rid, rid_len, date,
+                       extra, (int)f->method))
+        return PyErr_NoMemory();
+    if (add_record(events, f->ts, f->counter, (int)f->ri, status, body_len,
+                   mono_ns() - f->started, (int)f->verdict, (int)f->method,
+                   PyBytes_AS_STRING(f->host), (size_t)PyBytes_GET_SIZE(f->host),
+                   PyBytes_AS_STRING(f->query), (size_t)PyBytes_GET_SIZE(f->query),
+                   f->client, f->bytes_in))
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)l->out, (Py_ssize_t)l->out_len);
+}
+
 /* respond(call, status, headers, body, date, extra_head, events) -> bytes or None:
  * the response to a Python route's `call` (serve's) as the front writes it, its
  * record appended to `events`; None when Python answers it instead: the route
@@ -1181,30 +1251,18 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
  * HTTP cache would store the answer (a GET with Cache-Control or Expires), or the
  * headers are not the decoded (name, value) bytes pairs. */
 static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 14 ||
-            !PyList_Check(a[2]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4]) ||
+    if (nargs != 7 || !PyList_Check(a[2]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4]) ||
             !PyBytes_Check(a[5]) || !PyList_Check(a[6])) {
         PyErr_SetString(PyExc_TypeError,
                         "respond(call, status, headers, body, date, extra_head, events)");
         return NULL;
     }
-    PyObject *c = a[0];
-    unsigned long long gen = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 2));
-    long ri = PyLong_AsLong(PyTuple_GET_ITEM(c, 3));
-    unsigned long long counter = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 4));
-    long verdict = PyLong_AsLong(PyTuple_GET_ITEM(c, 5));
-    long method = PyLong_AsLong(PyTuple_GET_ITEM(c, 6));
-    unsigned long long bytes_in = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 13));
+    pycall_t f;
+    int ok = read_call(l, a[0], &f);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
     long status = PyLong_AsLong(a[1]);
-    double ts = PyFloat_AsDouble(PyTuple_GET_ITEM(c, 10));
-    unsigned long long started = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 11));
-    PyObject *host = PyTuple_GET_ITEM(c, 7), *query = PyTuple_GET_ITEM(c, 8);
-    if (PyErr_Occurred()) return NULL;
-    if (gen != l->generation || ri < 0 || ri >= l->n_routes || status < 200 || status > 599 ||
-            method < 0 || method >= N_METHODS ||
-            !PyBytes_Check(host) || !PyBytes_Check(query) || !l->routes[ri].python)
-        Py_RETURN_NONE;
-    route_t *r = &l->routes[ri];
+    if (status == -1 && PyErr_Occurred()) return NULL;
+    if (status < 200 || status > 599) Py_RETURN_NONE;
     /* the headers in the ABI's layout (what write_response reads), into l->req */
     PyObject *hs = a[2];
     Py_ssize_t count = PyList_GET_SIZE(hs);
@@ -1225,23 +1283,36 @@ static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
         o = put_str(o, PyBytes_AS_STRING(k), (uint32_t)PyBytes_GET_SIZE(k));
         o = put_str(o, PyBytes_AS_STRING(v), (uint32_t)PyBytes_GET_SIZE(v));
     }
-    if (r->cache == CACHE_FIRST && method == MC_GET && may_store(l->req, (uint32_t)count))
-        Py_RETURN_NONE;  /* http_cache stores it: Python's */
     PyObject *body = a[3];
-    char rid[96];
-    size_t rid_len = request_id(l, counter, rid);
-    l->out_len = 0;
-    if (write_response(l, r, (uint32_t)status, l->req, (uint32_t)count,
-                       (const uint8_t *)PyBytes_AS_STRING(body), (uint32_t)PyBytes_GET_SIZE(body),
-                       rid, rid_len, a[4], a[5], (int)method))
-        return PyErr_NoMemory();
-    if (add_record(a[6], ts, counter, (int)ri, (uint32_t)status,
-                   (uint32_t)PyBytes_GET_SIZE(body), mono_ns() - started, (int)verdict,
-                   (int)method, PyBytes_AS_STRING(host), (size_t)PyBytes_GET_SIZE(host),
-                   PyBytes_AS_STRING(query), (size_t)PyBytes_GET_SIZE(query),
-                   PyTuple_GET_ITEM(c, 9), bytes_in))
+    return respond_call(l, &f, (uint32_t)status, l->req, (uint32_t)count,
+                        (const uint8_t *)PyBytes_AS_STRING(body),
+                        (uint32_t)PyBytes_GET_SIZE(body), a[4], a[5], a[6]);
+}
+
+/* respond_frame(call, frame, max_body, date, extra_head, events) -> bytes or None:
+ * `respond` of the guest's RESPONSE frame payload `frame` (the function ABI's
+ * response) as it came, not decoded in Python first; None also when the frame is
+ * not as abi.decode_response takes it, or its body is over `max_body` bytes
+ * (Python decodes it and says what is wrong). */
+static PyObject *Lane_respond_frame(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyBytes_Check(a[1]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4]) ||
+            !PyList_Check(a[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "respond_frame(call, frame, max_body, date, extra_head, events)");
         return NULL;
-    return PyBytes_FromStringAndSize((const char *)l->out, (Py_ssize_t)l->out_len);
+    }
+    long long max_body = PyLong_AsLongLong(a[2]);
+    if (max_body == -1 && PyErr_Occurred()) return NULL;
+    pycall_t f;
+    int ok = read_call(l, a[0], &f);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_None);
+    uint32_t status, count, body_len = 0;
+    const uint8_t *body = NULL;
+    const uint8_t *pairs = check_frame((const uint8_t *)PyBytes_AS_STRING(a[1]),
+                                       (uint64_t)PyBytes_GET_SIZE(a[1]), &status, &count,
+                                       &body, &body_len);
+    if (!pairs || (long long)body_len > max_body) Py_RETURN_NONE;
+    return respond_call(l, &f, status, pairs, count, body, body_len, a[3], a[4], a[5]);
 }
 
 /* commands(run, result_size, guest_begin, guest_end, principals): the address of
@@ -1595,6 +1666,8 @@ static PyMethodDef LANE_METHODS[] = {
      "serve(data, date, extra_head, budget, events, client) -> (used, out, call)"},
     {"respond", (PyCFunction)(void (*)(void))Lane_respond, METH_FASTCALL,
      "respond(call, status, headers, body, date, extra_head, events) -> bytes or None"},
+    {"respond_frame", (PyCFunction)(void (*)(void))Lane_respond_frame, METH_FASTCALL,
+     "respond_frame(call, frame, max_body, date, extra_head, events) -> bytes or None"},
     {"python", (PyCFunction)Lane_python, METH_O, "python(submit): how Python routes run"},
     {"commands", (PyCFunction)Lane_commands, METH_VARARGS,
      "commands(run, result_size, guest_begin, guest_end, principals): WASI commands "

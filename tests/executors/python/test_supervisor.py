@@ -38,7 +38,7 @@ class FakeIsolate:
     def run(self, job: Job) -> None:
         self.job = job
 
-    def cancel(self) -> None:
+    def cancel(self, job: Job) -> None:
         pass
 
     def answer(self) -> None:
