@@ -73,7 +73,6 @@ from typing import TYPE_CHECKING, Any
 from wasmtime import _ffi as ffi
 
 from edgefn_core.abi import decode_request
-from runtime.bindings.fetch import Lineage
 from runtime.cache.http.cache import client_view
 from runtime.executors.base import Caller, principal_blob
 from runtime.executors.python.function import PythonFunction
@@ -287,7 +286,7 @@ class NativeLane:
         else:
             assert isinstance(executor, PythonFunction) and executor.pool is not None
             # no CDN-Loop: lane.c leaves such requests to Python
-            future = executor.pool.submit_frame(call[12], Lineage(None))
+            future = executor.pool.submit_frame(call[12])  # (its Lineage: at a first fetch)
             self.submitted = (fn, future)
             fn.inflight += 1
         self.calls += 1

@@ -42,22 +42,25 @@ class Runner(Protocol):
 class JobFuture(asyncio.Future[Any]):
     """A job's future: its cancel (the client went away: `connection_lost`, or the
     task awaiting it cancelled) tells the job at once. (A done-callback on a plain
-    future did that, scheduled on the loop for every response: ~0.4 us of each.)"""
+    future did that, scheduled on the loop for every response: ~0.4 us of each.)
+    Made as ``JobFuture(loop=loop)``, its `job` set after (an ``__init__`` of its
+    own cost a Python frame per request)."""
 
     __slots__ = ("job",)
-
-    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self.job = job
+    job: Job | None  # None once the job ended (no cycle left for the collector)
 
     def cancel(self, msg: object = None) -> bool:
         if not super().cancel(msg):
             return False
-        self.job._cancelled()
+        if self.job is not None:
+            self.job._cancelled()
         return True
 
 
 class Job:
+    __slots__ = ("__weakref__", "_lineage", "chunks", "cleanups", "deadline", "done", "frame",
+                 "future", "isolate", "on_end", "paused", "queued", "raw", "size", "tenant")
+
     def __init__(self, loop: asyncio.AbstractEventLoop, payload: bytes,
                  tenant: str | None = None, lineage: Lineage | None = None, *,
                  framed: bool = False, raw: bool = False) -> None:
@@ -65,7 +68,8 @@ class Job:
         native lane makes it). `tenant`: the calling principal's (its binding calls
         answer to its data residency: `runtime.bindings.ai.AIBinding.as_caller`);
         `lineage`: the request's ``CDN-Loop`` and tree (its fetch calls add to it
-        and are counted against it: `runtime.bindings.fetch`). `raw`: a whole
+        and are counted against it: `runtime.bindings.fetch`); None: a request
+        without one (made at its first fetch). `raw`: a whole
         response is the future's as the guest's RESPONSE frame sent it (its payload,
         bytes: not decoded or checked; the native lane's `respond_frame` does that);
         a streamed one is a `Response` either way.
@@ -75,8 +79,9 @@ class Job:
         self.size = len(self.frame) - wire.FRAME_HEAD  # of the encoded request
         self.raw = raw
         self.tenant = tenant
-        self.lineage = lineage
-        self.future: asyncio.Future[Any] = JobFuture(self, loop)
+        self._lineage = lineage
+        future = self.future = JobFuture(loop=loop)
+        future.job = self
         self.chunks: asyncio.Queue[bytes | BaseException | None] | None = None
         self.isolate: Runner | None = None
         self.done = False
@@ -91,6 +96,13 @@ class Job:
         self.cleanups: list[Callable[[], None]] = []
 
     @property
+    def lineage(self) -> Lineage:
+        """The request's place in its tree of subrequests (`__init__`'s `lineage`)."""
+        if self._lineage is None:
+            self._lineage = Lineage(None)
+        return self._lineage
+
+    @property
     def payload(self) -> bytes:
         """The encoded request (a copy: its frame is what is kept)."""
         return self.frame[wire.FRAME_HEAD:]
@@ -99,6 +111,7 @@ class Job:
         """The job reached its last frame (or failed); runs `on_end` once."""
         if not self.done:
             self.done = True
+            self.future.job = None  # a cancel from now on has nothing to stop
             self._resume()  # its isolate is free for the next job, whatever is queued here
             self.let_go()
             if self.on_end is not None:
