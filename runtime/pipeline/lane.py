@@ -214,11 +214,11 @@ class NativeLane:
 
         The table is checked against the routes and canaries at every read, and
         against the stages' stamp (a clock read, and the key file's state: 0.4 us
-        of each read's 10) at every read but those after one that checked it and
-        scheduled the drain, until the loop's turn ends (`stamp_checked`): the reads
-        of one poll of the loop, all sent before any answer to them went out
-        (`Outbox`), so no client can tell them from reads made before the stamp
-        moved."""
+        of each read's 10) at the first read of each turn of the loop, not at those
+        after it until the turn ends (`stamp_checked`): the reads of one poll of
+        the loop, all sent before any answer to them went out (`Outbox`; a Python
+        call's answer comes in a later turn), so no client can tell them from
+        reads made before the stamp moved."""
         registry = self.registry
         if registry.router is not self.router or registry.canaries is not self.canaries or \
                 (not self.stamp_checked and self.stamp is not None and
@@ -238,6 +238,13 @@ class NativeLane:
         if records and not self.scheduled:
             self._schedule()
             self.stamp_checked = self.scheduled  # by this read, in this poll, to its end
+        elif not self.stamp_checked and self.stamp is not None:
+            # checked by this read (a call started, or a drain already waits for a later
+            # turn): not again in this poll
+            loop = running_loop()
+            if loop is not None:
+                self.stamp_checked = True
+                loop.call_soon(self._turned)
         return used, out, call
 
     def _schedule(self) -> None:

@@ -616,11 +616,17 @@ def test_under_load_the_lanes_records_are_drained_at_most_every_drain_every(
         assert lane.served == served + 2 and lane.scheduled and checks[0] == 2
         one()  # a later turn before the drain: the stamp checked again
         assert checks[0] == 3
-        while lane.served < served + 4 and loop.time() - started < 5:
+        one()  # and not again in that turn (it was, for every read, until the drain)
+        assert checks[0] == 3
+        await asyncio.sleep(0)
+        one()  # nor in the next one, but once
+        one()
+        assert checks[0] == 4
+        while lane.served < served + 7 and loop.time() - started < 5:
             await asyncio.sleep(0.01)
-        assert lane.served == served + 4 and 0.15 <= loop.time() - started < 1.0
+        assert lane.served == served + 7 and 0.15 <= loop.time() - started < 1.0
         one()
         pop.observers.flush()  # what reads the observers drains the lane first
-        assert lane.served == served + 5 and not lane.scheduled
+        assert lane.served == served + 8 and not lane.scheduled
 
     asyncio.run(main())
