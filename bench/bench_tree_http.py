@@ -3,10 +3,12 @@ the commit before), in the same run: req/s and the PoP's CPU per request of each
 and this checkout's ratios to the other.
 
     python bench/bench_tree_http.py --tree ../before [--function functions/examples/hello-wat]
-                                    [--path /hello] [--seconds 4] [--rounds 5]
+                                    [--path /hello] [--config pop.toml] [--seconds 4]
+                                    [--rounds 5]
 
 Both PoPs (`edgefn serve --no-ai`, the function deployed from each checkout's own
-folder) are loaded in turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
+folder; `--config`: both serve with that PoP config, e.g. a pipeline of one's own) are
+loaded in turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
 warmed first), so the machine's load hits both alike; each round's ratio is taken
 within the round, and the medians of those are printed. CPU per request (from /proc)
 moves less than req/s on a noisy machine. Needs wrk.
@@ -34,6 +36,7 @@ def main() -> None:
     p.add_argument("--function", default="functions/examples/hello-wat",
                    help="a function folder, relative to each checkout")
     p.add_argument("--path", default="/hello")
+    p.add_argument("--config", type=Path, help="a PoP config (pop.toml) both serve with")
     p.add_argument("--seconds", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
@@ -42,7 +45,9 @@ def main() -> None:
         servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         try:
             for name, tree in trees.items():
-                servers[name] = start_edgefn(Path(tmp) / name, ["--no-ai"], tree,
+                extra = ["--no-ai"] + (["--config", str(args.config.resolve())]
+                                       if args.config is not None else [])
+                servers[name] = start_edgefn(Path(tmp) / name, extra, tree,
                                              tree / args.function)
             runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}{args.path}")
                                 for name, (proc, port) in servers.items()},
@@ -51,7 +56,8 @@ def main() -> None:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(20)
-    print(f"\n== {args.function} {args.path}, wrk -t1 -c32 -d{args.seconds}s, "
+    config = f", --config {args.config}" if args.config is not None else ""
+    print(f"\n== {args.function} {args.path}{config}, wrk -t1 -c32 -d{args.seconds}s, "
           f"{args.rounds} rounds ==")
     for name, tree in trees.items():
         print(f"{name} ({tree}): req/s " + " ".join(f"{r[name]['rps']:.0f}" for r in runs)

@@ -18,6 +18,9 @@ exact native form, and its executor is one the lane can call:
                  flush): in the order of the answers.
                  Without an events stage the records are only counted (http_cache's
                  MISS and BYPASS) and dropped, and no event is made, as in Python
+    cors         a request without an Origin header (cors hands it on untouched), or
+                 one whose path is outside the stage's `paths`; one with an Origin on
+                 them (a preflight, or a response cors tags) goes to Python
     bots         a User-Agent Python classified as a non-browser class (the verdict of
                  `Classifier.view`, which depends on the string alone), whose action
                  for the target is ``allow``; no ``abusive_rate`` (it counts requests)
@@ -92,6 +95,7 @@ from runtime.pipeline.chain import Chain
 from runtime.pipeline.contain import contain
 from runtime.pipeline.stage import Context, Stage
 from runtime.pipeline.stages.bots import Bots
+from runtime.pipeline.stages.cors import Cors
 from runtime.pipeline.stages.dispatch import Dispatch, counted, tagged
 from runtime.pipeline.stages.events import CLIENT_GONE, Events
 from runtime.pipeline.stages.health import Health
@@ -460,7 +464,7 @@ class NativeLane:
             # (`HttpCache.labels_stamp`), and the C then finds it in `caching`
             s = stage.settings_for(fn)
             return not s.enabled or s.default_ttl is None
-        return isinstance(stage, Health | RequestId | Events | Bots | Dispatch)
+        return isinstance(stage, Health | RequestId | Events | Bots | Dispatch | Cors)
 
     def _cache_mode(self, fn: Deployment) -> int:
         stage = self.http_cache
@@ -492,17 +496,19 @@ class NativeLane:
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
+        origin = self._origin(fn, path)
         if isinstance(executor, PythonFunction):  # a call (`_submit`)
             assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
-                    fn.label.encode(), fn, allowed, cache, caching, fn.label, executor,
+                    fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, executor,
                     (fn, route, path, cache, executor.pool.cfg.max_response))
         if executor.abi == "wasi":  # run by the C (`_cgi`), else, and what it leaves, a call
             cgi = self._cgi(executor, route)
             engine, pre = executor.raw_pre if cgi is not None else (0, 0)
             return (path.encode("latin-1"), engine or 0, pre or 0, executor.memory_limit,
                     executor.slice_ticks, executor.max_response, 0, executor.env_blob,
-                    fn.label.encode(), fn, allowed, cache, caching, fn.label, executor,
+                    fn.label.encode(), fn, allowed, cache, origin, caching, fn.label,
+                    executor,
                     (fn, route, path, cache, 0), cgi)
         wasm = executor
         assert isinstance(wasm.call, NativeReactorCall)
@@ -510,9 +516,16 @@ class NativeLane:
         times = ctypes.addressof(call.times) if call.times is not None else 0
         return (path.encode("latin-1"), call.engine or 0, call.pre or 0, call.memory_limit,
                 call.deadline_ticks, call.max_response, times, wasm.env_blob,
-                fn.label.encode(), fn, allowed, cache,
-                self.http_cache.cache.caching if self.http_cache is not None else None,
-                fn.label, wasm, None)
+                fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, wasm, None)
+
+    def _origin(self, fn: Deployment, path: str) -> int:
+        """1 when a `cors` stage `fn`'s requests go through acts on a request for
+        `path` that carries an Origin header (a preflight, or a response to tag: its
+        `paths` hold it), which the C then leaves to Python; else 0 (cors hands the
+        request on untouched)."""
+        raw = path.encode("latin-1")
+        return int(any(isinstance(s, Cors) and raw.startswith(s.paths)
+                       for s in self.chain.kept(fn) or ()))
 
     def _cgi(self, wasm: WasmFunction, route: str) -> tuple[bytes, int, bytes] | None:
         """What the C needs to run the WASI command `wasm` itself, as `handle` runs it

@@ -576,6 +576,54 @@ def test_without_an_events_stage_the_lane_serves_and_counts_the_cache_as_the_cha
         pop.close()
 
 
+def with_cors() -> list[dict[str, Any]]:
+    """The default pipeline with a ``cors`` stage before ``auth``, as the README shows."""
+    names = [type(s).__struct_config__.tag for s in c.default_pipeline()]  # type: ignore[attr-defined]
+    cors = {"stage": "cors", "allowed_origins": ["https://app.example"],
+            "paths": ["/v1/", "/cors/"]}
+    at = names.index("auth")
+    return [{"stage": n} for n in names[:at]] + [cors] + [{"stage": n} for n in names[at:]]
+
+
+def test_a_cors_stage_leaves_the_lane_every_request_it_hands_on_untouched(
+        tmp_path: Path) -> None:
+    """A ``cors`` stage in the pipeline (the README's example) took every function off
+    the lane. Now the lane serves what cors hands on untouched, as the chain answers
+    it: a request without an Origin header, or with one for a path outside the
+    stage's `paths`; one with an Origin on them (cors tags its response, or answers
+    its preflight) is Python's, and gets its CORS headers there."""
+    pop = pop_with(tmp_path, pipeline=with_cors())
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "plain", OK, routes=["/plain"]))
+        deploy(pop, function_dir(tmp_path / "fns", "under", OK, routes=["/cors/x"]))
+        origin = (b"origin", b"https://app.example")
+
+        def lane(path: str, headers: list[tuple[bytes, bytes]], method: bytes = b"GET"
+                 ) -> bytes | None:
+            assert pop.lane is not None
+            data = b"%s %s HTTP/1.1\r\nHost: x\r\nUser-Agent: %s\r\n%s\r\n" % (
+                method, path.encode(), CURL, b"".join(b"%s: %s\r\n" % h for h in headers))
+            used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"",
+                                             1 << 20)
+            assert call is None and used in (0, len(data))
+            return bytes(out) if used else None
+
+        for path, headers in [("/plain", []), ("/plain", [origin]), ("/cors/x", [])]:
+            served = lane(path, headers)
+            python = chain_answer(pop, path, CURL, extra=headers)
+            assert served is not None and same(served, python), (path, headers)
+            assert header(python, b"access-control-allow-origin") is None
+        assert lane("/cors/x", [origin]) is None
+        python = chain_answer(pop, "/cors/x", CURL, extra=[origin])
+        assert header(python, b"access-control-allow-origin") == b"https://app.example"
+        assert lane("/cors/x", [(b"Origin", b"https://evil.example")]) is None  # any case
+        preflight = [origin, (b"access-control-request-method", b"POST")]
+        assert lane("/cors/x", preflight, b"OPTIONS") is None
+        assert chain_answer(pop, "/cors/x", CURL, b"OPTIONS", preflight).status == 204
+    finally:
+        pop.close()
+
+
 def test_under_load_the_lanes_records_are_drained_at_most_every_drain_every(
         pop: PoP, monkeypatch: pytest.MonkeyPatch) -> None:
     """A lone request's record is drained as its loop turn ends; the next one's,

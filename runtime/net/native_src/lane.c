@@ -273,6 +273,8 @@ typedef struct {
     PyObject *env_blob, *label, *fn;  /* bytes, bytes, the Deployment (its `inflight`) */
     uint32_t allowed;                  /* bit per bot class whose action is "allow" */
     int cache;                         /* CACHE_*: what http_cache does for it */
+    int origin;                        /* a request with an Origin header is Python's (a
+                                        * `cors` stage acts on it: its paths hold this) */
     PyObject *caching, *label_str;     /* the HTTP cache's labels with entries; its label */
     PyObject *executor;                /* its WasmFunction (`threaded`: moved off the loop) */
     PyObject *python;                  /* a Python function's route: what `submit` and the
@@ -1089,6 +1091,9 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     int ri = find_route(l, url, path_len);
     if (ri < 0) return 0;
     route_t *r = &l->routes[ri];
+    if (r->origin)  /* what `cors` answers, or tags: Python's */
+        for (uint32_t i = 0; i < q->nh; i++)
+            if (name_is(q, &q->h[i], "origin", 6)) return 0;
     if (r->cache == CACHE_FIRST) {
         /* what would make http_cache look up, validate or bypass: Python's */
         for (uint32_t i = 0; i < q->nh; i++) {
@@ -1377,8 +1382,9 @@ static void clear_uas(Lane *l) {
 }
 
 /* routes(list of (path, engine, pre, memory_limit, deadline_ticks, max_response, times,
- * env_blob, label, fn, allowed, cache, caching, label_str, executor, python[, cgi]): the
- * eligible routes, replacing the ones before (`caching`: a set, for CACHE_FIRST;
+ * env_blob, label, fn, allowed, cache, origin, caching, label_str, executor, python[,
+ * cgi]): the eligible routes, replacing the ones before (`origin`: 1 when a request
+ * with an Origin header is Python's; `caching`: a set, for CACHE_FIRST;
  * `python`: None for a WASM reactor, what a Python function's call carries for Python's
  * finish; `cgi`: for a WASI command the C may run itself (`commands`), (argv[0] and the
  * manifest env as NUL-ended strings, the env's pair count, X_MATCHED_ROUTE), its engine,
@@ -1398,11 +1404,11 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         unsigned long long engine, pre, times, ticks, max_response;
         long long memory;
         unsigned int allowed;
-        int cache;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiOUOO|O", &path,
+        int cache, origin;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiiOUOO|O", &path,
                               &path_len, &engine, &pre, &memory, &ticks, &max_response, &times,
-                              &env, &label, &fn, &allowed, &cache, &caching, &label_str,
-                              &executor, &python, &cgi))
+                              &env, &label, &fn, &allowed, &cache, &origin, &caching,
+                              &label_str, &executor, &python, &cgi))
             return NULL;
         PyObject *strings = NULL, *matched = NULL;
         unsigned int envc = 0;
@@ -1438,6 +1444,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->fn = Py_NewRef(fn);
         r->allowed = allowed;
         r->cache = cache;
+        r->origin = origin != 0;
         r->caching = Py_NewRef(caching);
         r->label_str = Py_NewRef(label_str);
         r->executor = Py_NewRef(executor);
