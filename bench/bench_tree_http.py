@@ -3,12 +3,14 @@ the commit before), in the same run: req/s and the PoP's CPU per request of each
 and this checkout's ratios to the other.
 
     python bench/bench_tree_http.py --tree ../before [--function functions/examples/hello-wat]
-                                    [--path /hello] [--config pop.toml] [--seconds 4]
-                                    [--rounds 5]
+                                    [--path /hello] [--config pop.toml] [--key]
+                                    [--seconds 4] [--rounds 5]
 
 Both PoPs (`edgefn serve --no-ai`, the function deployed from each checkout's own
-folder; `--config`: both serve with that PoP config, e.g. a pipeline of one's own) are
-loaded in turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
+folder; `--config`: both serve with that PoP config, e.g. a pipeline of one's own;
+`--key`: an API key made in each one's data dir first, `edgefn keys create`, as a PoP
+guarding its OpenAI API has, so that auth is kept for every function) are loaded in
+turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
 warmed first), so the machine's load hits both alike; each round's ratio is taken
 within the round, and the medians of those are printed. CPU per request (from /proc)
 moves less than req/s on a noisy machine. Needs wrk.
@@ -17,6 +19,7 @@ moves less than req/s on a noisy machine. Needs wrk.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -37,6 +40,7 @@ def main() -> None:
                    help="a function folder, relative to each checkout")
     p.add_argument("--path", default="/hello")
     p.add_argument("--config", type=Path, help="a PoP config (pop.toml) both serve with")
+    p.add_argument("--key", action="store_true", help="an API key made in each data dir")
     p.add_argument("--seconds", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
@@ -47,6 +51,12 @@ def main() -> None:
             for name, tree in trees.items():
                 extra = ["--no-ai"] + (["--config", str(args.config.resolve())]
                                        if args.config is not None else [])
+                if args.key:
+                    subprocess.run([sys.executable, "-m", "runtime.cli", "keys", "create",
+                                    "--data", str(Path(tmp) / name), "--tenant", "bench",
+                                    "--scopes", "*"], cwd=tree, check=True,
+                                   capture_output=True, env={**os.environ,
+                                                             "PYTHONPATH": str(tree)})
                 servers[name] = start_edgefn(Path(tmp) / name, extra, tree,
                                              tree / args.function)
             runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}{args.path}")
@@ -56,7 +66,8 @@ def main() -> None:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(20)
-    config = f", --config {args.config}" if args.config is not None else ""
+    config = (f", --config {args.config}" if args.config is not None else "") + \
+        (", --key" if args.key else "")
     print(f"\n== {args.function} {args.path}{config}, wrk -t1 -c32 -d{args.seconds}s, "
           f"{args.rounds} rounds ==")
     for name, tree in trees.items():

@@ -18,6 +18,11 @@ exact native form, and its executor is one the lane can call:
                  flush): in the order of the answers.
                  Without an events stage the records are only counted (http_cache's
                  MISS and BYPASS) and dropped, and no event is made, as in Python
+    auth         a function whose mode is ``none`` (a request without a credential goes
+                 on untouched, whatever keys exist: the C leaves ``Authorization`` and
+                 ``x-api-key`` to Python, where auth proves the principal)
+    ratelimit    no PoP rule, none of the function's (a request without a principal
+                 goes on untouched; a key's or tenant's limits need a credential)
     cors         a request without an Origin header (cors hands it on untouched), or
                  one whose path is outside the stage's `paths`; one with an Origin on
                  them (a preflight, or a response cors tags) goes to Python
@@ -50,9 +55,10 @@ exact native form, and its executor is one the lane can call:
                  meanwhile; a connection closing) is finished in Python by the
                  stages' own code (`_finish`), from the same call: never run twice
 
-Any other kept stage (waf, auth, ratelimit, the caches, tracing, a timed chain, an
-``access_log`` stage without ``events``) makes the target ineligible: its requests
-take the Python path, as does every request the C does not take (see lane.c: a
+Any other kept stage (waf, auth with a key or JWT mode, ratelimit with rules, the
+caches, tracing, a timed chain, an ``access_log`` stage without ``events``) makes the
+target ineligible: its requests take the Python path, as does every request the C
+does not take (see lane.c: a
 body past Content-Length framing or the limits, a method but GET, HEAD, POST, PUT,
 PATCH and DELETE, a path it has no route for, odd headers, a failed call). An unsafe
 method where http_cache counts is its BYPASS: the header (lane.c), the event's record
@@ -94,12 +100,14 @@ from runtime.observe.ring import PLAIN_TEXT
 from runtime.pipeline.chain import Chain
 from runtime.pipeline.contain import contain
 from runtime.pipeline.stage import Context, Stage
+from runtime.pipeline.stages.auth import Auth
 from runtime.pipeline.stages.bots import Bots
 from runtime.pipeline.stages.cors import Cors
 from runtime.pipeline.stages.dispatch import Dispatch, counted, tagged
 from runtime.pipeline.stages.events import CLIENT_GONE, Events
 from runtime.pipeline.stages.health import Health
 from runtime.pipeline.stages.http_cache import NOT_STORED, HttpCacheStage
+from runtime.pipeline.stages.ratelimit import RateLimit
 from runtime.pipeline.stages.request_id import RequestId
 from runtime.pipeline.stages.residency import Residency
 
@@ -464,6 +472,8 @@ class NativeLane:
             # (`HttpCache.labels_stamp`), and the C then finds it in `caching`
             s = stage.settings_for(fn)
             return not s.enabled or s.default_ttl is None
+        if isinstance(stage, Auth | RateLimit):  # (the C leaves a credential to Python)
+            return stage.untouched_anonymous(fn)
         return isinstance(stage, Health | RequestId | Events | Bots | Dispatch | Cors)
 
     def _cache_mode(self, fn: Deployment) -> int:

@@ -277,28 +277,50 @@ def test_a_request_cut_between_reads_is_finished_by_python(tmp_path: Path) -> No
         assert exchange(pop.port, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n", [b"GET"])
 
 
-def test_a_stage_that_starts_working_moves_the_target_to_python(tmp_path: Path) -> None:
+def test_a_key_made_remakes_the_table_and_a_public_function_stays_on_the_lane(
+        tmp_path: Path) -> None:
     """auth is idle for a function while no key exists (its plan skips it): the lane
-    serves it. Once a key is made the plans change (auth's stamp) and so does the
-    lane's table: the next request is Python's."""
+    serves it. Once a key is made the plans change (auth's stamp), and so is the
+    lane's table made again; a public function (auth mode ``none``) stays on the
+    lane for requests without a credential, and one sending the key is Python's,
+    whose auth proves it (it took every function off the lane before)."""
     with pop_thread(tmp_path / "data", port=28016) as pop:
         pop.deploy(ROOT / "functions" / "examples" / "hello-wat")
         lane = pop.pop.lane
         assert isinstance(lane, NativeLane)
+        rebuilt = counting(lane)
         hello = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
         exchange(pop.port, hello, [b"GET"])
         assert lane.served == 1
-        pop.pop.keys.store.create("acme", ("*",))
+        before = rebuilt[0]
+        key = pop.pop.keys.store.create("acme", ("*",))[0]
         pop.admin.request("POST", "/v1/keys/reload")
         [answer] = exchange(pop.port, hello, [b"GET"])
-        assert answer.startswith(b"HTTP/1.1 200 ") and lane.served == 1
+        assert answer.startswith(b"HTTP/1.1 200 ") and lane.served == 2
+        assert rebuilt[0] == before + 1
+        with_key = hello.replace(b"\r\n\r\n", b"\r\nx-api-key: %s\r\n\r\n" % key.encode())
+        [answer] = exchange(pop.port, with_key, [b"GET"])
+        assert answer.startswith(b"HTTP/1.1 200 ") and lane.served == 2
+
+
+def counting(lane: NativeLane) -> list[int]:
+    """How many times `lane` made its table again from now on (a list of one count)."""
+    made, rebuild = [0], lane._rebuild
+
+    def counted() -> None:
+        made[0] += 1
+        rebuild()
+
+    lane._rebuild = counted  # type: ignore[method-assign]
+    return made
 
 
 def test_the_stamp_is_checked_once_per_poll_and_again_after_the_drain(tmp_path: Path) -> None:
     """The stages' stamp is read at a loop turn's first read the lane serves; the
     reads after it in the same poll (sent before any answer of it) are served by the
-    table it checked, and the first after the drain sees a key made meanwhile.
-    Called directly (no loop, so no drain pending) every read checks it."""
+    table it checked, and the first after the drain sees a key made meanwhile (the
+    table is made again). Called directly (no loop, so no drain pending) every read
+    checks it."""
     import asyncio
 
     with pop_thread(tmp_path / "data", port=28016) as pop:
@@ -308,17 +330,24 @@ def test_the_stamp_is_checked_once_per_poll_and_again_after_the_drain(tmp_path: 
         hello = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
 
         async def one_poll_then_next() -> list[int]:
-            used = [lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0]]
+            lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)  # the table made for the deploy
+            await asyncio.sleep(0)
+            rebuilt = counting(lane)
+            lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)
+            made = [rebuilt[0]]
             keys.store.create("acme", ("*",))
             keys.reload()  # the stamp moves, within this poll's reads
-            used.append(lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0])
+            lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)
+            made.append(rebuilt[0])
             await asyncio.sleep(0)  # the turn ends: the drain runs
-            used.append(lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0])
-            return used
+            lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)
+            made.append(rebuilt[0])
+            await asyncio.sleep(0.05)  # past DRAIN_EVERY: its record drained
+            return made
 
         assert pop.loop is not None
         got = asyncio.run_coroutine_threadsafe(one_poll_then_next(), pop.loop).result(30)
-        assert got == [len(hello), len(hello), 0]
+        assert got == [0, 0, 1]
         assert not lane.stamp_checked and not lane.scheduled
 
     pop2 = PoP(c.load(None, data=str(tmp_path / "d"), **{"ai.enabled": False}))
@@ -330,9 +359,11 @@ def test_the_stamp_is_checked_once_per_poll_and_again_after_the_drain(tmp_path: 
         lane = pop2.lane
         assert isinstance(lane, NativeLane)
         assert lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0] == len(hello)
+        rebuilt = counting(lane)
         pop2.keys.store.create("acme", ("*",))
         pop2.keys.reload()
-        assert lane.serve(hello, "127.0.0.1:1", b"", b"", 65536) == (0, b"", None)
+        assert lane.serve(hello, "127.0.0.1:1", b"", b"", 65536)[0] == len(hello)
+        assert rebuilt[0] == 1
     finally:
         pop2.close()
 

@@ -278,18 +278,36 @@ def test_a_host_bound_route_takes_every_function_off_the_lane(tmp_path: Path) ->
         pop.close()
 
 
-def test_a_key_file_with_keys_moves_functions_to_auth(tmp_path: Path) -> None:
-    """auth is idle while no key exists; once the key file has one, auth is kept (its
-    stamp changes the plans): requests are the chain's, whose auth proves a key's
-    principal (mode ``none``: a request without one is still served)."""
+def test_a_key_file_with_keys_leaves_anonymous_requests_of_public_functions_on_the_lane(
+        tmp_path: Path) -> None:
+    """auth is idle while no key exists; once the key file has one, auth (and the
+    ratelimit stage after it: a key may carry limits) is kept for every function (its
+    stamp changes the plans). That took every function off the lane, once anyone made
+    a key (for the OpenAI API, say). Now a public function's (mode ``none``) requests
+    without a credential stay on it, answered as the chain answers them; one with a
+    key is the chain's, whose auth proves its principal, and a function that needs a
+    key (``auth = "key"``) is the chain's, as are functions with rate limits."""
     pop = pop_with(tmp_path)
     try:
         deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
+        deploy(pop, function_dir(tmp_path / "fns", "private", OK, routes=["/private"],
+                                 extra='auth = "key"\n'))
+        routes, extra = FUNCTIONS["limited"]
+        deploy(pop, function_dir(tmp_path / "fns", "limited", OK, routes=routes, extra=extra))
         assert lane_answer(pop, "/plain") is not None
         assert pop.keys is not None
         key = pop.keys.store.create("acme", ("*",))[0]
         pop.keys.reload()
-        assert lane_answer(pop, "/plain") is None
+        assert pop.lane is not None
+        names = [s.name for s in pop.pipeline.kept(pop.registry.functions["plain"]) or []]
+        assert "auth" in names and "ratelimit" in names
+        served = lane_answer(pop, "/plain", CURL)
+        assert served is not None and same(served, chain_answer(pop, "/plain", CURL))
+        assert lane_answer(pop, "/private", CURL) is None
+        assert chain_answer(pop, "/private", CURL).status == 401
+        assert lane_answer(pop, "/limited", CURL) is None
+        with_key = b"GET /plain HTTP/1.1\r\nHost: x\r\nx-api-key: %s\r\n\r\n" % key.encode()
+        assert pop.lane.serve(with_key, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)[0] == 0
         ctx = Context("127.0.0.1:1")
         assert chain_answer(pop, "/plain", extra=[(b"x-api-key", key.encode())],
                             ctx=ctx).status == 200

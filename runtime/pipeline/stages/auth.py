@@ -112,6 +112,17 @@ class Auth:
         """Changes when the keys are read again (`idle_for` depends on them)."""
         return self.keys.generation()
 
+    def untouched_anonymous(self, target: Target | None) -> bool:
+        """Whether a request for `target` that carries no credential (no
+        ``Authorization``, no ``x-api-key``) goes on untouched, whatever keys exist:
+        its mode is ``none`` (`_optional` finds no principal, nothing is recorded)
+        and it is no model call (whose forwarded client this stage reads)."""
+        if target is None:
+            return True
+        if self.secret and target.kind == "openai":
+            return False
+        return self._mode(target) == "none"
+
     def identifies(self, target: Target | None) -> bool:
         """Whether a request for `target` may come out of this stage with a principal
         (what a later stage's limits may depend on)."""

@@ -85,6 +85,12 @@ class RateLimit:
         return self._decided(self.limiter.hit(checks, self.settings.headers), request, ctx,
                              call_next)
 
+    def untouched_anonymous(self, target: Target | None) -> bool:
+        """Whether a request for `target` without a principal (none proved: no
+        credential) goes on untouched: no PoP rule and none of its function's
+        (`__call__`'s fast path)."""
+        return not self.rules and (target is None or not target.policy.rate_limits)
+
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
         no PoP rule, none of its function's, and no principal (whose key or tenant
