@@ -270,6 +270,10 @@ class Isolate:
         if self.backlog is not None:
             self.backlog.append((kind, payload))
             return
+        if kind == wire.RESPONSE:  # most frames: tested first, here (a call less)
+            if self.job is not None:  # else a late frame of a job that already ended
+                self._finish(None, payload)
+            return
         if kind in CALLS:
             if self.turn_calls >= CALLS_PER_TURN:
                 self.backlog = deque([(kind, payload)])
@@ -292,10 +296,7 @@ class Isolate:
         self._read_if_free()
 
     def _frame(self, kind: bytes, payload: bytes) -> None:
-        if kind == wire.RESPONSE:  # most frames: tested first
-            if self.job is not None:  # else a late frame of a job that already ended
-                self._finish(None, payload)
-            return
+        """Any frame but RESPONSE (`frame` finishes a job with that at once)."""
         if kind in SMALL and len(payload) > MAX_SMALL_FRAME:  # before it is parsed
             self.garbage(ProtocolError(f"a frame {kind!r} of {len(payload)} bytes (at "
                                        f"most {MAX_SMALL_FRAME}; the guest sends less)"))
@@ -525,6 +526,7 @@ class Isolate:
                 self.owner.events.begun(self, self.job)
             return
         self.owner.events.finished(self)
+
     def _limit(self) -> str:
         return _limit(self.cfg)
 

@@ -112,8 +112,10 @@ class Job:
         if not self.done:
             self.done = True
             self.future.job = None  # a cancel from now on has nothing to stop
-            self._resume()  # its isolate is free for the next job, whatever is queued here
-            self.let_go()
+            if self.paused:  # its isolate is free for the next job, whatever is queued here
+                self._resume()
+            if self.cleanups:
+                self.let_go()
             if self.on_end is not None:
                 self.on_end(self)
 
