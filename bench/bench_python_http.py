@@ -9,6 +9,10 @@ and of its isolate hosts (their CPU clocks; the hosts, the active one and its
 standby, found among the PoP's descendants). CPU per request moves less than req/s
 on a noisy machine: both sides' figures say where a change took effect.
 
+wrk's own CPU per request is printed too (its rusage), and the cores the three took
+together: on a 2-core machine near 2.0 means req/s is bound by the machine, and a
+PoP's saving shows as CPU, not as req/s.
+
 `--pool "max=4,pipeline=0"`: python-hello with those keys of its manifest's [pool]
 set; given more than once, each is a variant, measured in alternating rounds with
 the others ("" is the manifest as it is), and each variant's ratio to the first.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -45,6 +50,12 @@ def cpu_seconds(pid: int) -> float:
     if seconds is None:
         raise RuntimeError(f"process {pid} is gone")
     return seconds
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that ended (wrk, once it exits)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def descendants(pid: int) -> list[int]:
@@ -90,7 +101,7 @@ def with_pool(example: Path, work: Path, pool: str) -> Path:
 
 def one_round(tree: Path, pool: str, seconds: int, connections: int) -> dict[str, float]:
     """A fresh PoP from checkout `tree`, python-hello's [pool] set as `pool` says:
-    {"rps", "pop_us", "host_us"}."""
+    {"rps", "pop_us", "host_us", "wrk_us", "cores"}."""
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         proc, port = bench_runtime.start_edgefn(data, tree=tree)
@@ -101,14 +112,16 @@ def one_round(tree: Path, pool: str, seconds: int, connections: int) -> dict[str
             _wrk.run(url, seconds=1, connections=connections)  # warm-up: the pool grows
             hosts = isolate_hosts(proc.pid)
             pop0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            host0 = sum(cpu_seconds(h) for h in hosts)
+            host0, wrk0 = sum(cpu_seconds(h) for h in hosts), children_cpu()
             r = _wrk.run(url, seconds=seconds, connections=connections)
             wall = time.monotonic() - t0
+            wrk = children_cpu() - wrk0
             if r["errors"]:
                 raise RuntimeError(f"{r['errors']} errors under load")
             n = r["rps"] * wall
-            return {"rps": r["rps"], "pop_us": (cpu_seconds(proc.pid) - pop0) / n * 1e6,
-                    "host_us": (sum(cpu_seconds(h) for h in hosts) - host0) / n * 1e6}
+            pop, host = cpu_seconds(proc.pid) - pop0, sum(cpu_seconds(h) for h in hosts) - host0
+            return {"rps": r["rps"], "pop_us": pop / n * 1e6, "host_us": host / n * 1e6,
+                    "wrk_us": wrk / n * 1e6, "cores": (pop + host + wrk) / wall}
         finally:
             proc.terminate()
             proc.wait(20)
@@ -129,7 +142,8 @@ def main() -> int:
     def report(n: int, variant: tuple[Path, str], r: dict[str, float]) -> None:
         tree, pool = variant
         print(f"round {n} {tree} [{pool or 'manifest'}]: {r['rps']:.0f} req/s, "
-              f"PoP {r['pop_us']:.1f} us, host {r['host_us']:.1f} us", flush=True)
+              f"PoP {r['pop_us']:.1f} us, host {r['host_us']:.1f} us, wrk {r['wrk_us']:.1f} "
+              f"us, {r['cores']:.2f} cores", flush=True)
 
     results = _variants.alternate(
         variants, args.rounds,
@@ -137,11 +151,12 @@ def main() -> int:
     print(f"\n== python-hello, wrk -t1 -c{args.connections} -d{args.seconds}s, medians of "
           f"{args.rounds} rounds (x first: ratio to the first line) ==")
     print(f"{'checkout':<28}{'[pool]':<40}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
-          f"{'x first':>8}{'PoP':>6}{'host':>6}")
-    for (tree, pool), m, x in _variants.medians(results, ("rps", "pop_us", "host_us")):
+          f"{'x first':>8}{'PoP':>6}{'host':>6}{'wrk us':>8}{'cores':>6}")
+    for (tree, pool), m, x in _variants.medians(results, ("rps", "pop_us", "host_us",
+                                                          "wrk_us", "cores")):
         print(f"{str(tree)[-27:]:<28}{pool or 'as in its manifest':<40}{m['rps']:>8.0f}"
               f"{m['pop_us']:>8.1f}{m['host_us']:>8.1f}{x['rps']:>8.2f}"
-              f"{x['pop_us']:>6.2f}{x['host_us']:>6.2f}")
+              f"{x['pop_us']:>6.2f}{x['host_us']:>6.2f}{m['wrk_us']:>8.1f}{m['cores']:>6.2f}")
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 
