@@ -58,9 +58,9 @@ exact native form, and its executor is one the lane can call:
 Any other kept stage (waf, auth with a key or JWT mode, ratelimit with rules, the
 caches, tracing, a timed chain, an ``access_log`` stage without ``events``) makes the
 target ineligible: its requests take the Python path, as does every request the C
-does not take (see lane.c: a
-body past Content-Length framing or the limits, a method but GET, HEAD, POST, PUT,
-PATCH and DELETE, a path it has no route for, odd headers, a failed call). An unsafe
+does not take (see lane.c: a body past Content-Length framing or the limits, a method
+but GET, HEAD, POST, PUT, PATCH and DELETE, a path it has no route for, odd headers,
+a credential, an Origin where cors acts, a failed call). An unsafe
 method where http_cache counts is its BYPASS: the header (lane.c), the event's record
 (`EventMaker`), the count (`_groups`), `bypass_answer` when Python finishes the call.
 
@@ -206,7 +206,7 @@ class NativeLane:
         # whose run on a thread holds its own, as dispatch's `counted`)
         self.submitted: tuple[Deployment | None, asyncio.Future[Any]] | None = None
         self.scheduled = False  # a drain is scheduled (`serve`)
-        self.stamp_checked = False  # a read checked the stamp and scheduled that drain
+        self.stamp_checked = False  # a read of this loop turn checked the stamp (`_turned`)
         # the PoP's (the events stage's), also without one: what reads them drains first
         self.observers = pop.observers
         self.drained = 0.0  # the loop's time of the last drain
