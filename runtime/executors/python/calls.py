@@ -95,10 +95,16 @@ class HostCalls:
                 reply = {"error": str(e)}
             else:
                 if inspect.isawaitable(result):
-                    task = asyncio.get_running_loop().create_task(
-                        self._reply_later(isolate, msg, result, name, job))
+                    # the call's work as a task of its own, which the request's end stops:
+                    # `_reply_later` awaits it, so even a cancel before either ran (the
+                    # client gone in this same turn) ends in the guest's error reply (the
+                    # reply's own task, cancelled unstarted, sent none: the guest waited
+                    # to its wall limit, holding the isolate)
+                    work = asyncio.ensure_future(result)
+                    asyncio.get_running_loop().create_task(
+                        self._reply_later(isolate, msg, work, name, job))
                     if job is not None and not job.done and _ends_with_request(name):
-                        job.cleanups.append(task.cancel)  # stopped with its request
+                        job.cleanups.append(work.cancel)  # stopped with its request
                     return
                 reply = {"result": result}
         else:
@@ -110,8 +116,8 @@ class HostCalls:
                            pending: Awaitable[Any], name: str = "",
                            job: Job | None = None) -> None:
         """The reply to a call that awaits (a model call): its result, or its error;
-        when the request's client went away meanwhile (the task is cancelled), an
-        error that ends the handler's wait. A model stream it opens is closed when
+        when the request's client went away meanwhile (`pending`, the call's task, is
+        cancelled), an error that ends the handler's wait. A model stream it opens is closed when
         the request ends, however it ends."""
         try:
             reply = {"result": await pending}

@@ -297,3 +297,40 @@ def test_a_guest_s_values_waiting_for_answers_hold_its_socket_past_a_bound() -> 
     assert first == list(range(held))
     assert after_two == list(range(held + 2))
     assert every == list(range(8))
+
+
+def test_a_model_call_cut_before_its_task_ran_still_answers_the_guest() -> None:
+    """A client that leaves in the same loop turn its handler's model call came in
+    (the call's task made, not run yet) stops the call with the request
+    (`Job.let_go`): the guest still gets its error reply. The task cancelled before its
+    first step never ran its reply: the guest waited on it to its wall limit, holding
+    the isolate (a 10 s timeout in `test_a_functions_model_call_stops_when_its_client_goes_away`
+    on a fresh clone), and the binding's coroutine was never awaited."""
+    from runtime.executors.python.job import Job
+
+    started: list[str] = []
+
+    async def generate() -> dict[str, Any]:
+        started.append("model")
+        await asyncio.sleep(30)
+        return {"text": "never"}
+
+    def bindings(name: str, args: dict[str, Any], caller: str | None, raw: bool = False) -> Any:
+        return generate()
+
+    async def go() -> tuple[Sink, Job]:
+        loop = asyncio.get_running_loop()
+        calls, sink = HostCalls(CFG, bindings), Sink()
+        job = Job(loop, b"req")
+        sink.job = job  # type: ignore[attr-defined]  # the request the call is made for
+        calls.handle(sink, {"id": 7, "name": "ai.chat", "args": {}, "wait": True})  # type: ignore[arg-type]
+        job.let_go()  # the client left, this same turn
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return sink, job
+
+    sink, job = asyncio.run(go())
+    assert [json.loads(f[5:]) for f in sink.sent] == [
+        {"id": 7, "error": "cancelled: the request's client went away"}]
+    assert sink.answered_ids == [7]
+    assert started == [] and job.cleanups == []  # stopped before it began, and let go
