@@ -117,8 +117,8 @@ class HostCalls:
                            job: Job | None = None) -> None:
         """The reply to a call that awaits (a model call): its result, or its error;
         when the request's client went away meanwhile (`pending`, the call's task, is
-        cancelled), an error that ends the handler's wait. A model stream it opens is closed when
-        the request ends, however it ends."""
+        cancelled), an error that ends the handler's wait. A model stream it opens is
+        closed when the request ends, however it ends."""
         try:
             reply = {"result": await pending}
         except asyncio.CancelledError:

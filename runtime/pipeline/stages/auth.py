@@ -102,11 +102,8 @@ class Auth:
         None and nothing is recorded, and it is no model call that may carry a
         lower tier's signed fair share (``x-edgefn-client``). It changes with the
         key file (`plan_stamp`)."""
-        if target is None:
-            return True
-        if self.secret and target.kind == "openai":
-            return False  # it reads the forwarded client (`_client`)
-        return self._mode(target) == "none" and self.jwt is None and len(self.keys) == 0
+        return self.untouched_anonymous(target) and (
+            target is None or (self.jwt is None and len(self.keys) == 0))
 
     def plan_stamp(self) -> int:
         """Changes when the keys are read again (`idle_for` depends on them)."""
@@ -120,7 +117,7 @@ class Auth:
         if target is None:
             return True
         if self.secret and target.kind == "openai":
-            return False
+            return False  # it reads the forwarded client (`_client`)
         return self._mode(target) == "none"
 
     def identifies(self, target: Target | None) -> bool:

@@ -95,8 +95,7 @@ class RateLimit:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
         no PoP rule, none of its function's, and no principal (whose key or tenant
         may have a limit) possible (`identifies`)."""
-        return (not self.rules and (target is None or not target.policy.rate_limits)
-                and not self.identifies(target))
+        return self.untouched_anonymous(target) and not self.identifies(target)
 
     async def _remote(self, request: Request, ctx: Context, call_next: Next,
                       checks: list[Check]) -> Response:
