@@ -74,28 +74,30 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measured(pid: int, url: str, seconds: int) -> dict:
-    """`run` against `url`, with ``"cpu_us"``: the CPU microseconds per request the
-    serving process `pid` used over it. Raises as `run` does."""
+def measured(pid: int, url: str, seconds: int, headers: dict[str, str] | None = None
+             ) -> dict:
+    """`run` against `url` (each request with `headers`), with ``"cpu_us"``: the CPU
+    microseconds per request the serving process `pid` used over it. Raises as `run`
+    does."""
     before = cpu_seconds(pid)
-    r = run(url, seconds=seconds)
+    r = run(url, seconds=seconds, headers=headers)
     r["cpu_us"] = (cpu_seconds(pid) - before) / max(r["rps"] * seconds, 1) * 1e6
     return r
 
 
-def rounds(targets: dict[Any, tuple[int, str]], seconds: int, n: int
-           ) -> list[dict[Any, dict]]:
+def rounds(targets: dict[Any, tuple[int, str]], seconds: int, n: int,
+           headers: dict[str, str] | None = None) -> list[dict[Any, dict]]:
     """Each of `targets` (name -> the serving process's pid, a URL) warmed for a
     second, then `n` rounds loading each in turn (a noisy machine hits each alike),
-    each run `measured`: every round's runs by name. Raises RuntimeError when a run
-    had errors under load, and as `run` does."""
+    each run `measured` (each request with `headers`): every round's runs by name.
+    Raises RuntimeError when a run had errors under load, and as `run` does."""
     for _, url in targets.values():
-        run(url, seconds=1)
+        run(url, seconds=1, headers=headers)
     out: list[dict[Any, dict]] = []
     for _ in range(n):
         this: dict[Any, dict] = {}
         for name, (pid, url) in targets.items():
-            r = measured(pid, url, seconds)
+            r = measured(pid, url, seconds, headers)
             if r["errors"]:
                 raise RuntimeError(f"{name}: {r['errors']} errors under load")
             this[name] = r

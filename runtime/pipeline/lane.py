@@ -7,8 +7,8 @@ deployed function is *eligible* when every stage its requests go through has an
 exact native form, and its executor is one the lane can call:
 
     health       its paths are never a function's route
-    request_id   the lane takes its numbers from the same counter, with the same prefix
-                 (a request that sends the id header goes to Python)
+    request_id   the lane takes its numbers from the same counter, with the same prefix,
+                 and keeps a caller's well-formed id as the stage does (lane.c `kept_id`)
     events       the lane's record of each request becomes the same `Event` (made in C:
                  lane.c `EventMaker`), handed to the same observers (ring, metrics,
                  access log, file) as one `EventBatch` at the end of a loop turn, or
@@ -172,7 +172,7 @@ class NativeLane:
                              tuple(principal_blob({"bot": c}) for c in CLASSES),
                              self._classes(), self._classify, STATUS_LINES, rid.prefix,
                              rid.header, http.max_url_bytes, http.max_header_bytes,
-                             http.max_body_bytes)
+                             http.max_body_bytes, rid.trust)
         self.c.python(self._submit)
         # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
         wasi, self.commands = native_wasi.enabled(), False
@@ -413,7 +413,8 @@ class NativeLane:
         request = _request(call)
         ctx = Context(client)
         ctx.started = started / 1e9  # CLOCK_MONOTONIC, perf_counter's clock
-        ctx.request_id = b"%s-%x" % (self.request_id.prefix, n)
+        # the caller's id (bytes), kept; else the number request_id gave it
+        ctx.request_id = n if type(n) is bytes else b"%s-%x" % (self.request_id.prefix, n)
         ctx.resolved, ctx.target, ctx.route = True, fn, route
         cls, record = self.records_of[verdict]
         ctx.bot = cls

@@ -143,7 +143,14 @@ SERVED = {  # name: (request, the lane starts its call)
     "browser": (request("GET", "/pyfn", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                "AppleWebKit/537.36 (KHTML, like Gecko) "
                                                "Chrome/120.0.0.0 Safari/537.36")]), False),
-    "request id": (request("GET", "/pyfn", [*H, ("X-Request-Id", "abc")]), False),
+    "request id": (request("GET", "/pyfn", [*H, ("X-Request-Id", "abc")]), True),
+    "request id, post": (request("POST", "/pyecho", [*H, ("X-Request-Id", "Z.9:_-")], b"b"),
+                         True),
+    "request id, malformed": (request("GET", "/pyfn", [*H, ("X-Request-Id", "a b")]), True),
+    "request id, raises": (request("POST", "/pyboom", [*H, ("X-Request-Id", "boom.1")], b"x"),
+                           True),
+    "request id, streams": (request("POST", "/pystream", [*H, ("X-Request-Id", "s-1")], b"x"),
+                            True),
     "http/1.0": (request("GET", "/pyfn", H, version="HTTP/1.0"), False),
 }
 

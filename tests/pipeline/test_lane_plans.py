@@ -696,3 +696,52 @@ def test_under_load_the_lanes_records_are_drained_at_most_every_drain_every(
         assert lane.served == served + 8 and not lane.scheduled
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("trust", [True, False])
+def test_a_callers_request_id_is_kept_or_replaced_on_the_lane_as_request_id_does(
+        tmp_path: Path, trust: bool) -> None:
+    """A request that sends its own id (a proxy's: Envoy sets one on every request)
+    was Python's. Now the lane serves it as the ``request_id`` stage does: a
+    well-formed id is kept when ``trust_incoming`` is on (the counter does not move),
+    anything else, or any id when it is off, gets the counter's next number; the
+    first of two copies is the one read; the name is the stage's ``header``."""
+    names = [type(s).__struct_config__.tag for s in c.default_pipeline()]  # type: ignore[attr-defined]
+    stages = [{"stage": n} for n in names]
+    stages[names.index("request_id")] = {"stage": "request_id", "header": "X-Trace-Ref",
+                                         "trust_incoming": trust}
+    pop = pop_with(tmp_path, pipeline=stages)
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "plain", OK, routes=["/plain"]))
+        lane = pop.lane
+        assert lane is not None
+        prefix = lane.request_id.prefix
+
+        def both(ids: list[bytes]) -> tuple[bytes, bytes]:
+            """The id the lane answered with, and the one the chain did."""
+            data = b"GET /plain HTTP/1.1\r\nHost: x\r\n%s\r\n" % b"".join(
+                b"x-trace-ref: %s\r\n" % i for i in ids)
+            before = lane.c.counter
+            used, out, call = lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
+            assert used == len(data) and call is None, ids
+            got = re.findall(rb"\r\nx-trace-ref: ([^\r]*)\r\n", out)
+            assert len(got) == 1 and b"x-request-id" not in out
+            python = chain_answer(pop, "/plain", extra=[(b"x-trace-ref", i) for i in ids])
+            numbered = got[0] == b"%s-%x" % (prefix, before + 1)
+            assert lane.c.counter == before + 2 * numbered  # and the chain's number
+            assert same(out.replace(got[0], b"ID"),
+                        Response(python.status, [(k, b"ID" if k == b"x-trace-ref" else v)
+                                                 for k, v in python.headers], python.body))
+            return got[0], header(python, b"x-trace-ref") or b""
+
+        for ids in ([b"abc"], [b"Z.9:_-" * 21 + b"ab"], [b"first", b"second"]):
+            lane_id, python_id = both(ids)
+            if trust:
+                assert lane_id == python_id == ids[0]
+            else:
+                assert lane_id.startswith(prefix + b"-") and python_id.startswith(prefix + b"-")
+        for bad in ([b"a b"], [b"a" * 129], [b"warmup"], [b"a/b", b"ok"], [b""]):
+            lane_id, python_id = both(bad)
+            assert lane_id.startswith(prefix + b"-") and python_id.startswith(prefix + b"-")
+    finally:
+        pop.close()

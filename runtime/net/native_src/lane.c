@@ -174,6 +174,8 @@ typedef struct {
     const char *body;  /* an unsafe method's body: a span of the read's bytes (one: */
     uint64_t body_len; /* Content-Length framing), at most max_body */
     uint64_t max_body; /* min(the front's max_body_bytes, BODY_MAX); 0: no bodies */
+    const char *rid;   /* the caller's request id `request_id` keeps (in `head`), or NULL */
+    uint32_t rid_len;
     hdr_t h[MAX_HEADERS];
     char url[URL_MAX];
     char head[HEAD_MAX];
@@ -310,6 +312,7 @@ typedef struct {
     char rid_header[64];     /* the request id header, lower case */
     size_t rid_header_len;
     uint64_t counter;        /* the request id counter, shared with `request_id` */
+    int trust;               /* `request_id`'s trust_incoming: a caller's id is kept */
     uint64_t max_url, max_head;
     ua_slot uas[UA_SLOTS];
     size_t n_uas;
@@ -354,20 +357,33 @@ static int name_is(const req_t *q, const hdr_t *h, const char *s, size_t n) {
 }
 
 /* Headers the lane leaves to Python: the front reads them (framing, Connection,
- * Expect, Upgrade, x-edgefn-warmup), a stage does (a request id, credentials, a
- * Web Bot Auth signature, residency's x-edgefn-*), or a function's copy of the
- * request would differ (API keys are taken out by `dispatch`). */
-static int handed_over(const Lane *l, const req_t *q, const hdr_t *h) {
+ * Expect, Upgrade, x-edgefn-warmup), a stage does (credentials, a Web Bot Auth
+ * signature, residency's x-edgefn-*), or a function's copy of the request would
+ * differ (API keys are taken out by `dispatch`). The request id header is
+ * `kept_id`'s. */
+static int handed_over(const req_t *q, const hdr_t *h) {
     static const char *NAMES[] = {"connection", "content-length", "transfer-encoding",
                                   "expect", "upgrade", "authorization", "x-api-key",
                                   "signature-input", "signature", "keep-alive", "te",
                                   "proxy-connection", "http2-settings"};
     const char *name = q->head + h->name;
     if (h->name_len >= 9 && !memcmp(name, "x-edgefn-", 9)) return 1;
-    if (h->name_len == l->rid_header_len && !memcmp(name, l->rid_header, h->name_len)) return 1;
     for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++)
         if (strlen(NAMES[i]) == h->name_len && !memcmp(name, NAMES[i], h->name_len)) return 1;
     return 0;
+}
+
+/* Whether `request_id` keeps a caller's id `v` (its WELL_FORMED: 1..128 of
+ * A-Za-z0-9._:-, and not the warm-ups' QUIET_ID) rather than making one. */
+static int kept_id(const char *v, uint32_t n) {
+    if (n == 0 || n > 128 || (n == 6 && !memcmp(v, "warmup", 6))) return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        char c = v[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-'))
+            return 0;
+    }
+    return 1;
 }
 
 /* A Host the front takes without `_target` or `_check_host` having anything to say:
@@ -657,20 +673,29 @@ static uint64_t mono_ns(void) {
 }
 
 /* ---- the record of a request the lane answered ---------------------------------------- */
+/* A request's id as its record and its call carry it: the caller's that `request_id`
+ * keeps (`kept`, bytes), else the number it gives (an int). A new reference, or NULL
+ * with a Python error. */
+static PyObject *id_object(uint64_t number, const char *kept, size_t kept_len) {
+    return kept ? PyBytes_FromStringAndSize(kept, (Py_ssize_t)kept_len)
+                : PyLong_FromUnsignedLongLong(number);
+}
+
 /* One record appended to `records` (a list the drain empties: runtime/pipeline/lane.py
  * `NativeLane.drain`, through `EventMaker.make` below): the tuple
- * (ts, number, route, status, body bytes, took ns, verdict, method, host, query, client,
- * request body bytes), `method` an MC_* code, `host` and `query` as bytes, `client` the
- * connection's "ip:port" str. Every request
+ * (ts, id, route, status, body bytes, took ns, verdict, method, host, query, client,
+ * request body bytes), `id` as `id_object` makes it, `method` an MC_* code, `host` and
+ * `query` as bytes, `client` the connection's "ip:port" str. Every request
  * the lane answers is recorded here and only here. 0, or -1 with a Python error. */
-static int add_record(PyObject *records, double ts, uint64_t number, int route,
-                      uint32_t status, uint32_t size, uint64_t took, int verdict, int method,
-                      const char *host, size_t host_len, const char *query, size_t query_len,
-                      PyObject *client, uint64_t bytes_in) {
+static int add_record(PyObject *records, double ts, uint64_t number, const char *kept,
+                      size_t kept_len, int route, uint32_t status, uint32_t size,
+                      uint64_t took, int verdict, int method, const char *host,
+                      size_t host_len, const char *query, size_t query_len, PyObject *client,
+                      uint64_t bytes_in) {
     PyObject *rec = PyTuple_New(12);
     if (!rec) return -1;
     PyObject *items[12] = {
-        PyFloat_FromDouble(ts), PyLong_FromUnsignedLongLong(number), PyLong_FromLong(route),
+        PyFloat_FromDouble(ts), id_object(number, kept, kept_len), PyLong_FromLong(route),
         PyLong_FromUnsignedLong(status), PyLong_FromUnsignedLong(size),
         PyLong_FromUnsignedLongLong(took), PyLong_FromLong(verdict), PyLong_FromLong(method),
         PyBytes_FromStringAndSize(host, (Py_ssize_t)host_len),
@@ -734,12 +759,13 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     memcpy(fp, &framed, 4);  /* (x86-64, aarch64: little-endian) */
     fp[4] = 'Q';
     memcpy(fp + 5, l->req, n);
-    /* (future, route, table generation, route index, id number, verdict, method, host,
-     * query, client, ts, started ns, frame, request body bytes): the future is set once
-     * submitted */
-    PyObject *call = Py_BuildValue("(OOKiKiiy#y#OdKNK)", Py_None, r->python,
-                                   (unsigned long long)l->generation, ri,
-                                   (unsigned long long)(l->counter + 1), verdict, method,
+    /* (future, route, table generation, route index, id (`id_object`), verdict, method,
+     * host, query, client, ts, started ns, frame, request body bytes): the future is set
+     * once submitted */
+    PyObject *id = id_object(l->counter + 1, q->rid, q->rid_len);
+    if (!id) { Py_DECREF(frame); return -1; }
+    PyObject *call = Py_BuildValue("(OOKiNiiy#y#OdKNK)", Py_None, r->python,
+                                   (unsigned long long)l->generation, ri, id, verdict, method,
                                    q->head + host->value, (Py_ssize_t)host->value_len, query,
                                    (Py_ssize_t)query_len, client, ts,
                                    (unsigned long long)started, frame,
@@ -751,7 +777,7 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
         Py_XDECREF(future);
         return future ? 0 : -1;
     }
-    l->counter++;  /* the number `request_id` would have given it */
+    if (!q->rid) l->counter++;  /* the number `request_id` would have given it */
     PyTuple_SET_ITEM(call, 0, future);  /* a fresh tuple: its None is replaced */
     Py_DECREF(Py_None);
     Py_XSETREF(l->started, call);
@@ -804,23 +830,24 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
     if (!pairs) return 0;
     if (r->cache == CACHE_FIRST && method == MC_GET && may_store(pairs, count))
         return 0;  /* http_cache stores it: Python runs it again (a pure function) */
-    uint64_t counter = ++l->counter;
-    char rid[96];
-    size_t rid_len = request_id(l, counter, rid);
+    const char *kept = l->q.rid;  /* the caller's id, else a number of the counter's */
+    uint64_t counter = kept ? 0 : ++l->counter;
+    char made[96];
+    size_t rid_len = kept ? l->q.rid_len : request_id(l, counter, made);
     size_t before = l->out_len;
-    if (write_response(l, r, status, pairs, count, body, body_len, rid, rid_len, date, extra,
-                       method)) {
-        l->counter--;
+    if (write_response(l, r, status, pairs, count, body, body_len, kept ? kept : made, rid_len,
+                       date, extra, method)) {
+        l->counter -= !kept;
         PyErr_NoMemory();
         return -1;
     }
     uint64_t took = mono_ns() - started;
-    if (add_record(events, ts, counter, ri, status, body_len, took, verdict, method,
-                   l->q.head + host->value, host->value_len, query, query_len, client,
+    if (add_record(events, ts, counter, kept, rid_len, ri, status, body_len, took, verdict,
+                   method, l->q.head + host->value, host->value_len, query, query_len, client,
                    l->q.body_len)) {
         /* not answered after all: Python answers it, with this number unused */
         l->out_len = before;
-        l->counter--;
+        l->counter -= !kept;
         return -1;
     }
     return 1;
@@ -1072,6 +1099,8 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     if (!plain_path(q->url, q->url_len)) return 0;
     const hdr_t *host = NULL;
     int framed = 0;  /* an unsafe method's one Content-Length (its body whole: on_body) */
+    int rid_seen = 0;  /* request_id reads the first id header (Request.header) */
+    q->rid = NULL;
     for (uint32_t i = 0; i < q->nh; i++) {
         const hdr_t *h = &q->h[i];
         if (name_is(q, h, "host", 4)) {
@@ -1079,7 +1108,13 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
             host = h;
         } else if (method >= MC_POST && !framed && name_is(q, h, "content-length", 14)) {
             framed = 1;
-        } else if (handed_over(l, q, h)) {
+        } else if (h->name_len == l->rid_header_len &&
+                   !memcmp(q->head + h->name, l->rid_header, h->name_len)) {
+            if (!rid_seen++ && l->trust && kept_id(q->head + h->value, h->value_len)) {
+                q->rid = q->head + h->value;
+                q->rid_len = h->value_len;
+            }
+        } else if (handed_over(q, h)) {
             return 0;
         }
     }
@@ -1193,6 +1228,8 @@ typedef struct {
     route_t *r;
     long ri, verdict, method;
     unsigned long long counter, bytes_in, started;
+    const char *rid;  /* the caller's id (the call's bytes), or NULL: `counter`'s */
+    size_t rid_len;
     double ts;
     PyObject *host, *query, *client;
 } pycall_t;
@@ -1207,7 +1244,10 @@ static int read_call(Lane *l, PyObject *c, pycall_t *f) {
     }
     unsigned long long gen = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 2));
     f->ri = PyLong_AsLong(PyTuple_GET_ITEM(c, 3));
-    f->counter = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 4));
+    PyObject *id = PyTuple_GET_ITEM(c, 4);
+    f->rid = PyBytes_Check(id) ? PyBytes_AS_STRING(id) : NULL;
+    f->rid_len = f->rid ? (size_t)PyBytes_GET_SIZE(id) : 0;
+    f->counter = f->rid ? 0 : PyLong_AsUnsignedLongLong(id);
     f->verdict = PyLong_AsLong(PyTuple_GET_ITEM(c, 5));
     f->method = PyLong_AsLong(PyTuple_GET_ITEM(c, 6));
     f->bytes_in = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(c, 13));
@@ -1219,7 +1259,7 @@ static int read_call(Lane *l, PyObject *c, pycall_t *f) {
     if (PyErr_Occurred()) return -1;
     if (gen != l->generation || f->ri < 0 || f->ri >= l->n_routes || f->method < 0 ||
             f->method >= N_METHODS || !PyBytes_Check(f->host) || !PyBytes_Check(f->query) ||
-            !l->routes[f->ri].python)
+            !l->routes[f->ri].python || (f->rid && (f->rid_len == 0 || f->rid_len > 128)))
         return 0;
     f->r = &l->routes[f->ri];
     return 1;
@@ -1234,13 +1274,13 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
                               PyObject *events) {
     if (f->r->cache == CACHE_FIRST && f->method == MC_GET && may_store(pairs, count))
         Py_RETURN_NONE;  /* http_cache stores it: Python's */
-    char rid[96];
-    size_t rid_len = request_id(l, f->counter, rid);
+    char made[96];
+    size_t rid_len = f->rid ? f->rid_len : request_id(l, f->counter, made);
     l->out_len = 0;
-    if (write_response(l, f->r, status, pairs, count, body, body_len, rid, rid_len, date,
-                       extra, (int)f->method))
+    if (write_response(l, f->r, status, pairs, count, body, body_len, f->rid ? f->rid : made,
+                       rid_len, date, extra, (int)f->method))
         return PyErr_NoMemory();
-    if (add_record(events, f->ts, f->counter, (int)f->ri, status, body_len,
+    if (add_record(events, f->ts, f->counter, f->rid, rid_len, (int)f->ri, status, body_len,
                    mono_ns() - f->started, (int)f->verdict, (int)f->method,
                    PyBytes_AS_STRING(f->host), (size_t)PyBytes_GET_SIZE(f->host),
                    PyBytes_AS_STRING(f->query), (size_t)PyBytes_GET_SIZE(f->query),
@@ -1514,7 +1554,8 @@ static int load_llhttp(const char *so) {
 }
 
 /* Lane(httptools_so, reactor_entry, trap_delete, error_delete, result_size, class_blobs,
- *      verdict_class, classify, status_lines, prefix, rid_header, max_url, max_head) */
+ *      verdict_class, classify, status_lines, prefix, rid_header, max_url, max_head
+ *      [, max_body, trust_incoming]) */
 static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     (void)kw;
     const char *so, *prefix, *rid;
@@ -1522,11 +1563,12 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     unsigned long long entry, trap_delete, error_delete, max_url, max_head, max_body = 0;
     Py_ssize_t result_size;
     PyObject *blobs, *classes, *classify, *lines;
-    if (!PyArg_ParseTuple(args, "sKKKnO!O!OO!y#y#KK|K", &so, &entry, &trap_delete,
+    int trust = 0;
+    if (!PyArg_ParseTuple(args, "sKKKnO!O!OO!y#y#KK|Kp", &so, &entry, &trap_delete,
                           &error_delete, &result_size, &PyTuple_Type,
                           &blobs, &PyTuple_Type, &classes, &classify, &PyTuple_Type, &lines,
                           &prefix, &prefix_len, &rid, &rid_len, &max_url, &max_head,
-                          &max_body))
+                          &max_body, &trust))
         return -1;
     if (result_size != (Py_ssize_t)sizeof(edgefn_result)) {
         PyErr_SetString(PyExc_RuntimeError, "edgefn_result layout differs from reactor.c's");
@@ -1586,6 +1628,7 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     l->max_url = max_url;
     l->max_head = max_head;
     l->q.max_body = max_body < BODY_MAX ? max_body : BODY_MAX;  /* 0 (not given): no bodies */
+    l->trust = trust;
     return 0;
 }
 
@@ -2035,7 +2078,8 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     }
     PyObject **r = &PyTuple_GET_ITEM(rec, 0);
     double ts = PyFloat_AsDouble(r[0]);
-    unsigned long long number = PyLong_AsUnsignedLongLong(r[1]);
+    int kept = PyBytes_Check(r[1]);  /* the caller's id, else a number (`id_object`) */
+    unsigned long long number = kept ? 0 : PyLong_AsUnsignedLongLong(r[1]);
     long ri = PyLong_AsLong(r[2]), status = PyLong_AsLong(r[3]);
     unsigned long long took = PyLong_AsUnsignedLongLong(r[5]);
     unsigned long long size = PyLong_AsUnsignedLongLong(r[4]);
@@ -2044,7 +2088,8 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     if (ri < 0 || ri >= PyTuple_GET_SIZE(routes) || verdict < 0 || verdict >= MAX_VERDICTS ||
             method < 0 || method >= N_METHODS || !PyLong_Check(r[11]) ||
             verdict >= PyTuple_GET_SIZE(verdicts) || !PyBytes_Check(r[8]) ||
-            !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10])) {
+            !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10]) ||
+            (kept && (PyBytes_GET_SIZE(r[1]) == 0 || PyBytes_GET_SIZE(r[1]) > 128))) {
         PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
         return NULL;
     }
@@ -2073,10 +2118,16 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     double micros = nearbyint((double)took / 1000.0);  /* Python's round(): half to even */
     double duration_ms = micros / 1000.0;                /* round(took / 1000) / 1000 */
     PyObject *method_text = m->methods[method];
-    char id[128];  /* f"{prefix}-{number:x}" */
-    memcpy(id, prefix, prefix_len);
-    id[prefix_len] = '-';
-    size_t id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
+    char id[160];  /* the caller's, or f"{prefix}-{number:x}" */
+    size_t id_len;
+    if (kept) {
+        id_len = (size_t)PyBytes_GET_SIZE(r[1]);
+        memcpy(id, PyBytes_AS_STRING(r[1]), id_len);
+    } else {
+        memcpy(id, prefix, prefix_len);
+        id[prefix_len] = '-';
+        id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
+    }
     if (log && put_line(m, log, ts, method_text, PyTuple_GET_ITEM(route, 0), status,
                         PyTuple_GET_ITEM(route, 1), (unsigned long long)micros, size, id,
                         id_len, client))
