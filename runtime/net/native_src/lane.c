@@ -10,8 +10,9 @@
  * pipeline would: HTTP/1.1 GET or HEAD without a body, or POST, PUT, PATCH or DELETE
  * with no body or one framed by Content-Length and whole in the read (up to
  * `max_body`), no header that any stage or the
- * front reads differently (Connection, Expect, Upgrade, chunked framing, a
- * request id, credentials, signatures, x-edgefn-*), a plain origin-form path that
+ * front reads differently (Connection, Expect, Upgrade, chunked framing,
+ * credentials, signatures, x-edgefn-*; a caller's request id is kept as
+ * `request_id` keeps it: `kept_id`), a plain origin-form path that
  * exactly equals an eligible route, a User-Agent Python has classified as a
  * non-browser class its policy allows, sizes under the front's limits. If so:
  * encode the request (edgefn_core/abi.py), call the PoP's own reactor entry
