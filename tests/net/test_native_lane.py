@@ -188,6 +188,21 @@ SERVED = {  # name: (request, the lane serves it)
     "bad frame": (request("GET", "/badframe", [("Host", "x")]), False),
     "cacheable": (request("GET", "/cached", [("Host", "x")]), False),
     "close": (request("GET", "/hello", [("Host", "x"), ("Connection", "close")]), False),
+    "keep-alive": (request("GET", "/mirror", [("Host", "x"), ("Connection", "keep-alive")]),
+                   True),
+    "keep-alive, any case": (request("POST", "/mirror", [("Host", "x"),
+                                                         ("connection", "Keep-Alive")], b"k"),
+                             True),
+    "keep-alive, close": (request("GET", "/hello", [("Host", "x"),
+                                                    ("Connection", "keep-alive, close")]), False),
+    "keep-alive, then close": (request("GET", "/hello", [("Host", "x"),
+                                                         ("Connection", "keep-alive"),
+                                                         ("Connection", "close")]), False),
+    "keep-alive, upgrade": (request("GET", "/hello", [("Host", "x"),
+                                                      ("Connection", "keep-alive"),
+                                                      ("Upgrade", "websocket")]), False),
+    "keep-alive header": (request("GET", "/hello", [("Host", "x"), ("Keep-Alive", "timeout=5")]),
+                          False),
     "http/1.0": (request("GET", "/hello", [("Host", "x")], version="HTTP/1.0"), False),
     "no host": (b"GET /hello HTTP/1.1\r\n\r\n", False),
     "two hosts": (request("GET", "/hello", [("Host", "x"), ("Host", "y")]), False),
@@ -240,6 +255,35 @@ def test_metrics_after_kinds(pair: tuple[Side, Side]) -> None:
     assert any(line.startswith("edgefn_requests_total{") for line in scraped)
     assert scraped == off.metrics()
     assert on.cache_stats() == off.cache_stats()
+
+
+def test_a_real_http_client_keeps_the_lane(pair: tuple[Side, Side]) -> None:
+    """httpx (the client under the official `openai` package), like Python's requests and
+    Node's agents, sends `Connection: keep-alive` with every request, which took it off
+    the lane. Its GET and POST over one kept connection: served in C, the function
+    given that header as sent, the answers, events and log lines Python's."""
+    import httpx
+
+    on, off = pair
+    assert on.lane is not None
+    answers: list[list[tuple[int, list[tuple[bytes, bytes]], bytes]]] = []
+    on.r.delivered()
+    before = on.lane.served
+    for side in pair:
+        with httpx.Client(base_url=f"http://127.0.0.1:{side.r.port}",
+                          headers={"Host": "x"}) as client:  # the same on both
+            got = [client.get("/mirror?q=1"), client.post("/mirror", content=b"body"),
+                   client.get("/hello")]
+        pfx = side.prefix
+        answers.append([(r.status_code, [(k, v.replace(pfx + b"-", b"RID-"))
+                                         for k, v in r.headers.raw if k != b"date"],
+                         r.content) for r in got])
+    on.r.delivered()
+    assert on.lane.served - before == 3
+    assert answers[0] == answers[1]
+    assert b"connection\n\x00\x00\x00keep-alive" in answers[0][0][2]  # as the guest got it
+    assert on.new_events() == off.new_events()
+    assert on.new_log() == off.new_log()
 
 
 def test_a_post_body_reaches_the_reactor(pair: tuple[Side, Side]) -> None:

@@ -139,6 +139,7 @@ SERVED = {  # name: (request, the lane starts its call)
     "put": (request("PUT", "/pyecho", H, b"abc"), True),
     "delete": (request("DELETE", "/pyecho", H), True),
     "close": (request("GET", "/pyfn", [*H, ("Connection", "close")]), False),
+    "keep-alive": (request("POST", "/pyecho", [*H, ("Connection", "keep-alive")], b"k"), True),
     "cdn-loop": (request("GET", "/pyfn", [*H, ("CDN-Loop", "edgefn; t=1")]), False),
     "browser": (request("GET", "/pyfn", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                "AppleWebKit/537.36 (KHTML, like Gecko) "

@@ -42,6 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* ---- llhttp 9.x ------------------------------------------------------------------------ */
@@ -357,8 +358,8 @@ static int name_is(const req_t *q, const hdr_t *h, const char *s, size_t n) {
     return h->name_len == n && !memcmp(q->head + h->name, s, n);
 }
 
-/* Headers the lane leaves to Python: the front reads them (framing, Connection,
- * Expect, Upgrade, x-edgefn-warmup), a stage does (credentials, a Web Bot Auth
+/* Headers the lane leaves to Python: the front reads them (framing, Connection but
+ * `Connection: keep-alive`, Expect, Upgrade, x-edgefn-warmup), a stage does (credentials, a Web Bot Auth
  * signature, residency's x-edgefn-*), or a function's copy of the request would
  * differ (API keys are taken out by `dispatch`). The request id header is
  * `kept_id`'s. */
@@ -1115,6 +1116,11 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
                 q->rid = q->head + h->value;
                 q->rid_len = h->value_len;
             }
+        } else if (name_is(q, h, "connection", 10) && h->value_len == 10 &&
+                   !strncasecmp(q->head + h->value, "keep-alive", 10)) {
+            /* what HTTP/1.1 means anyway (llhttp's keep-alive, checked by serve): the
+             * front reads nothing else of it, the function gets it as sent. Python's
+             * requests, httpx (the openai client) and Node's agents send it */
         } else if (handed_over(q, h)) {
             return 0;
         }
