@@ -66,6 +66,36 @@ def parse(output: str) -> dict:
     }
 
 
+_AB_RPS = re.compile(r"^Requests per second:\s+([\d.]+)", re.M)
+_AB_FAILED = re.compile(r"^(?:Failed requests|Non-2xx responses):\s+(\d+)", re.M)
+
+
+def ab_run(url: str, seconds: int = 5, connections: int = 32,
+           headers: dict[str, str] | None = None) -> dict:
+    """Load ``url`` with ApacheBench kept alive (``ab -k``: HTTP/1.0 with ``Connection:
+    Keep-Alive``) for `seconds`; returns {"rps", "errors"}. Raises RuntimeError if ab
+    is missing (naming ``apt-get install -y apache2-utils``), exits non-zero, hangs or
+    prints something unparseable."""
+    ab = shutil.which("ab")
+    if ab is None:
+        raise RuntimeError("ab not found; install it with: apt-get install -y apache2-utils")
+    # -n after -t: -t alone caps the run at 50000 requests
+    cmd = [ab, "-k", "-q", f"-c{connections}", f"-t{seconds}", "-n", "100000000"]
+    for name, value in (headers or {}).items():
+        cmd += ["-H", f"{name}: {value}"]
+    cmd.append(url)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"ab hung: {' '.join(cmd)}") from None
+    output = proc.stdout + proc.stderr
+    rps = _AB_RPS.search(output)
+    if proc.returncode != 0 or rps is None:
+        raise RuntimeError(f"ab failed ({proc.returncode}): {' '.join(cmd)}\n{output}")
+    return {"rps": float(rps.group(1)),
+            "errors": sum(int(n) for n in _AB_FAILED.findall(output))}
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time process `pid` has used (all its threads), in seconds
     (/proc's clock ticks)."""
@@ -74,30 +104,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measured(pid: int, url: str, seconds: int, headers: dict[str, str] | None = None
-             ) -> dict:
-    """`run` against `url` (each request with `headers`), with ``"cpu_us"``: the CPU
-    microseconds per request the serving process `pid` used over it. Raises as `run`
-    does."""
+def measured(pid: int, url: str, seconds: int, headers: dict[str, str] | None = None,
+             client: str = "wrk") -> dict:
+    """`run` (`client` "ab": `ab_run`) against `url` (each request with `headers`), with
+    ``"cpu_us"``: the CPU microseconds per request the serving process `pid` used over
+    it. Raises as `run` does."""
     before = cpu_seconds(pid)
-    r = run(url, seconds=seconds, headers=headers)
+    r = (ab_run if client == "ab" else run)(url, seconds=seconds, headers=headers)
     r["cpu_us"] = (cpu_seconds(pid) - before) / max(r["rps"] * seconds, 1) * 1e6
     return r
 
 
 def rounds(targets: dict[Any, tuple[int, str]], seconds: int, n: int,
-           headers: dict[str, str] | None = None) -> list[dict[Any, dict]]:
+           headers: dict[str, str] | None = None, client: str = "wrk"
+           ) -> list[dict[Any, dict]]:
     """Each of `targets` (name -> the serving process's pid, a URL) warmed for a
     second, then `n` rounds loading each in turn (a noisy machine hits each alike),
-    each run `measured` (each request with `headers`): every round's runs by name.
-    Raises RuntimeError when a run had errors under load, and as `run` does."""
+    each run `measured` (each request with `headers`, by `client`): every round's runs
+    by name. Raises RuntimeError when a run had errors under load, and as `run` does."""
     for _, url in targets.values():
-        run(url, seconds=1, headers=headers)
+        (ab_run if client == "ab" else run)(url, seconds=1, headers=headers)
     out: list[dict[Any, dict]] = []
     for _ in range(n):
         this: dict[Any, dict] = {}
         for name, (pid, url) in targets.items():
-            r = measured(pid, url, seconds, headers)
+            r = measured(pid, url, seconds, headers, client)
             if r["errors"]:
                 raise RuntimeError(f"{name}: {r['errors']} errors under load")
             this[name] = r

@@ -4,13 +4,15 @@ and this checkout's ratios to the other.
 
     python bench/bench_tree_http.py --tree ../before [--function functions/examples/hello-wat]
                                     [--path /hello] [--config pop.toml] [--key]
-                                    [--header 'X-Request-Id: r1'] [--seconds 4] [--rounds 5]
+                                    [--header 'X-Request-Id: r1'] [--client wrk|ab]
+                                    [--seconds 4] [--rounds 5]
 
 Both PoPs (`edgefn serve --no-ai`, the function deployed from each checkout's own
 folder; `--config`: both serve with that PoP config, e.g. a pipeline of one's own;
 `--key`: an API key made in each one's data dir first, `edgefn keys create`, as a PoP
 guarding its OpenAI API has, so that auth is kept for every function; `--header`: a
-header every request sends, as a proxy's request id) are loaded in
+header every request sends, as a proxy's request id; `--client ab`: loaded by
+ApacheBench kept alive, `ab -k -c32`, HTTP/1.0) are loaded in
 turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
 warmed first), so the machine's load hits both alike; each round's ratio is taken
 within the round, and the medians of those are printed. CPU per request (from /proc)
@@ -44,6 +46,8 @@ def main() -> None:
     p.add_argument("--key", action="store_true", help="an API key made in each data dir")
     p.add_argument("--header", action="append", default=[],
                    help="'Name: value', sent with every request (repeatable)")
+    p.add_argument("--client", choices=("wrk", "ab"), default="wrk",
+                   help="the load generator: wrk -t1 -c32, or ab -k -c32 (HTTP/1.0)")
     p.add_argument("--seconds", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
@@ -66,14 +70,15 @@ def main() -> None:
                                              tree / args.function)
             runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}{args.path}")
                                 for name, (proc, port) in servers.items()},
-                               args.seconds, args.rounds, headers)
+                               args.seconds, args.rounds, headers, args.client)
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(20)
     config = (f", --config {args.config}" if args.config is not None else "") + \
         (", --key" if args.key else "") + "".join(f", --header '{h}'" for h in args.header)
-    print(f"\n== {args.function} {args.path}{config}, wrk -t1 -c32 -d{args.seconds}s, "
+    load = "ab -k -c32" if args.client == "ab" else "wrk -t1 -c32"
+    print(f"\n== {args.function} {args.path}{config}, {load}, {args.seconds} s each, "
           f"{args.rounds} rounds ==")
     for name, tree in trees.items():
         print(f"{name} ({tree}): req/s " + " ".join(f"{r[name]['rps']:.0f}" for r in runs)

@@ -153,6 +153,8 @@ SERVED = {  # name: (request, the lane starts its call)
     "request id, streams": (request("POST", "/pystream", [*H, ("X-Request-Id", "s-1")], b"x"),
                             True),
     "http/1.0": (request("GET", "/pyfn", H, version="HTTP/1.0"), False),
+    "http/1.0 kept alive": (request("GET", "/pyfn", [*H, ("Connection", "keep-alive")],
+                                    version="HTTP/1.0"), False),
 }
 
 

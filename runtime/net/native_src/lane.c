@@ -7,7 +7,8 @@
  * struct layout below is llhttp 9.x's public header, checked at load by
  * `layout_check()` against llhttp's own accessors). For each complete request it
  * decides whether it is one the lane serves exactly as the Python front and
- * pipeline would: HTTP/1.1 GET or HEAD without a body, or POST, PUT, PATCH or DELETE
+ * pipeline would: HTTP/1.1 (or 1.0 kept alive, but for a Python route) GET or HEAD
+ * without a body, or POST, PUT, PATCH or DELETE
  * with no body or one framed by Content-Length and whole in the read (up to
  * `max_body`), no header that any stage or the
  * front reads differently (Connection, Expect, Upgrade, chunked framing,
@@ -176,6 +177,7 @@ typedef struct {
     const char *body;  /* an unsafe method's body: a span of the read's bytes (one: */
     uint64_t body_len; /* Content-Length framing), at most max_body */
     uint64_t max_body; /* min(the front's max_body_bytes, BODY_MAX); 0: no bodies */
+    int http10;        /* an HTTP/1.0 request (kept alive: `Connection: keep-alive`) */
     const char *rid;   /* the caller's request id `request_id` keeps (in `head`), or NULL */
     uint32_t rid_len;
     hdr_t h[MAX_HEADERS];
@@ -242,11 +244,11 @@ static int on_headers_complete(llhttp_t *p) {
                                 q->head[h->value + h->value_len - 1] == '\t'))
             h->value_len--;
     }
-    if (p->http_major != 1 || p->http_minor != 1 ||
-            method_code(p->method) < 0) {
+    if (p->http_major != 1 || p->http_minor > 1 || method_code(p->method) < 0) {
         q->bad = 1;
         return -1;
     }
+    q->http10 = p->http_minor == 0;
     return 0;
 }
 
@@ -592,17 +594,17 @@ static int dropped(const Lane *l, const uint8_t *name, uint32_t n, int cache) {
     return 0;
 }
 
-/* The response as the front writes it (protocol.py `_head`, `_write`) into l->out.
- * -1: no memory. */
+/* The response as the front writes it (protocol.py `_head`, `_write`) into l->out;
+ * `http10`: to an HTTP/1.0 request kept alive. -1: no memory. */
 static int write_response(Lane *l, const route_t *r, uint32_t status, const uint8_t *pairs,
                           uint32_t count, const uint8_t *body, uint32_t body_len,
                           const char *rid, size_t rid_len, PyObject *date, PyObject *extra,
-                          int method) {
+                          int method, int http10) {
     PyObject *line = PyTuple_GET_ITEM(l->status_lines, status);  /* 200..599 */
     size_t need = 64 + (line == Py_None ? 32 : (size_t)PyBytes_GET_SIZE(line)) +
                   (size_t)PyBytes_GET_SIZE(date) + (size_t)PyBytes_GET_SIZE(extra) +
                   (size_t)PyBytes_GET_SIZE(r->label) + l->rid_header_len + rid_len +
-                  (size_t)body_len + 64;
+                  (size_t)body_len + 96;
     const uint8_t *p = pairs;
     int dated = 0;
     for (uint32_t i = 0; i < count; i++) {
@@ -650,6 +652,8 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     PUTS(": ");
     PUT(rid, rid_len);
     PUTS("\r\n");
+    if (http10) PUTS("connection: keep-alive\r\n");  /* a 1.0 client assumes a close
+                                                        * unless told */
     int no_body = status == 204 || status == 304;
     if (!no_body) {
         PUTS("content-length: ");
@@ -742,6 +746,7 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
                        const char *url, size_t path_len, const char *query, size_t query_len,
                        PyObject *client) {
     const req_t *q = &l->q;
+    if (q->http10) return 0;  /* Python finishes calls as HTTP/1.1's (`_request`) */
     for (uint32_t i = 0; i < q->nh; i++)
         if (name_is(q, &q->h[i], "cdn-loop", 8)) return 0;  /* the call's Lineage reads it */
     long cls;
@@ -838,7 +843,7 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
     size_t rid_len = kept ? l->q.rid_len : request_id(l, counter, made);
     size_t before = l->out_len;
     if (write_response(l, r, status, pairs, count, body, body_len, kept ? kept : made, rid_len,
-                       date, extra, method)) {
+                       date, extra, method, l->q.http10)) {
         l->counter -= !kept;
         PyErr_NoMemory();
         return -1;
@@ -921,7 +926,7 @@ static long cgi_strings(Lane *l, const route_t *r, int method, const char *path,
     o = put_cstr(o, "QUERY_STRING", 12);
     o = put_cstr(o, query, query_len);
     o = put_cstr(o, "SERVER_PROTOCOL", 15);
-    o = put_cstr(o, "HTTP/1.1", 8);
+    o = put_cstr(o, q->http10 ? "HTTP/1.0" : "HTTP/1.1", 8);
     o = put_cstr(o, "CONTENT_LENGTH", 14);
     char digits[24];  /* str(len(request.body)) */
     o = put_cstr(o, digits, (size_t)(put_u64(digits, q->body_len) - digits));
@@ -1285,7 +1290,7 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
     size_t rid_len = f->rid ? f->rid_len : request_id(l, f->counter, made);
     l->out_len = 0;
     if (write_response(l, f->r, status, pairs, count, body, body_len, f->rid ? f->rid : made,
-                       rid_len, date, extra, (int)f->method))
+                       rid_len, date, extra, (int)f->method, 0))  /* (1.1: python_call) */
         return PyErr_NoMemory();
     if (add_record(events, f->ts, f->counter, f->rid, rid_len, (int)f->ri, status, body_len,
                    mono_ns() - f->started, (int)f->verdict, (int)f->method,
