@@ -64,6 +64,11 @@ a credential, an Origin where cors acts, a failed call). An unsafe
 method where http_cache counts is its BYPASS: the header (lane.c), the event's record
 (`EventMaker`), the count (`_groups`), `bypass_answer` when Python finishes the call.
 
+A literal route also serves the paths under it (every route is a prefix: ``/api``
+serves ``/api/todos/7``) when nothing else claims any of them (`_alone_under`: no
+route of any function, built-in path or built-in prefix lies under it); the
+request's path then goes into its record, call and event (lane.c `path_object`).
+
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
 read the lane serves, so no request is served by a version already switched away.
@@ -121,6 +126,7 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 POST = METHODS.index("POST")
 BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
+ROUTE_ORIGIN, ROUTE_PREFIX = 1, 2  # lane.c's: a route's flags
 CLASSES = ("browser", "verified_agent", "declared_agent", "automation", "abusive")
 NO_UA = ("automation", ("empty_ua",))  # `Classifier.classify` without a User-Agent
 MAX_VERDICTS = 256
@@ -409,7 +415,7 @@ class NativeLane:
 
     def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
         """The request of `call` and the context the stages before dispatch leave."""
-        _, (fn, route, _, _, _), _, _, n, verdict, _, _, _, client, _, started, _, _ = call
+        _, (fn, route, _, _, _), _, _, n, verdict, _, _, _, client, _, started, _, _, _ = call
         request = _request(call)
         ctx = Context(client)
         ctx.started = started / 1e9  # CLOCK_MONOTONIC, perf_counter's clock
@@ -432,6 +438,7 @@ class NativeLane:
         table: list[tuple[Any, ...]] = []
         router = self.registry.router
         if not router.host_bound:
+            taken = self._taken()
             for fn in self.registry.functions.values():
                 allowed = self.allowed(fn)
                 if not allowed:
@@ -439,8 +446,9 @@ class NativeLane:
                 cache = self._cache_mode(fn)
                 for path, route in self._paths(fn):
                     if len(table) < 256:
+                        prefix = route == path and _alone_under(path, taken)
                         routes.append((fn, route, path, cache))
-                        table.append(self._entry(fn, path, route, allowed, cache))
+                        table.append(self._entry(fn, path, route, allowed, cache, prefix))
         self.c.routes(table)
         self.routes = routes
         counts = self.http_cache is not None and self.http_cache.stats is not None
@@ -502,12 +510,29 @@ class NativeLane:
                 out.append((path, ctx.route))
         return out
 
-    def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int
-               ) -> tuple[Any, ...]:
+    def _taken(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """What claims paths besides a route (`_alone_under`): every function's routes
+        (as written: patterns too), the built-in endpoints and health paths no route
+        may cover (`Registry.reserved`, `Targets.builtin`); and the built-in APIs'
+        prefixes taken before function routes (`Targets.before`)."""
+        paths = [r.path for f in self.registry.functions.values()
+                 for r in f.manifest.route_list()]
+        paths += [p.decode("latin-1") for p in self.registry.reserved]
+        targets = self.chain.planner.targets if self.chain.planner is not None else None
+        before: list[str] = []
+        if targets is not None:
+            paths += [p.decode("latin-1") for p in targets.builtin]
+            before = [p.decode("latin-1") for p, _ in targets.before]
+        return tuple(paths), tuple(before)
+
+    def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int,
+               prefix: bool = False) -> tuple[Any, ...]:
+        """The C's route tuple for `fn`'s literal route `path` (`prefix`: it also serves
+        the paths under it, lane.c `find_route`)."""
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
-        origin = self._origin(fn, path)
+        origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
         if isinstance(executor, PythonFunction):  # a call (`_submit`)
             assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
@@ -529,14 +554,20 @@ class NativeLane:
                 call.deadline_ticks, call.max_response, times, wasm.env_blob,
                 fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, wasm, None)
 
-    def _origin(self, fn: Deployment, path: str) -> int:
+    def _origin(self, fn: Deployment, path: str, prefix: bool = False) -> int:
         """1 when a `cors` stage `fn`'s requests go through acts on a request for
-        `path` that carries an Origin header (a preflight, or a response to tag: its
-        `paths` hold it), which the C then leaves to Python; else 0 (cors hands the
-        request on untouched)."""
+        `path` (`prefix`: or for one under it) that carries an Origin header (a
+        preflight, or a response to tag: its `paths` hold it), which the C then leaves
+        to Python; else 0 (cors hands the request on untouched)."""
         raw = path.encode("latin-1")
-        return int(any(isinstance(s, Cors) and raw.startswith(s.paths)
-                       for s in self.chain.kept(fn) or ()))
+        under = raw + b"/"
+        for s in self.chain.kept(fn) or ():
+            if not isinstance(s, Cors):
+                continue
+            if raw.startswith(s.paths) or (prefix and any(
+                    p.startswith(under) or under.startswith(p) for p in s.paths)):
+                return 1
+        return 0
 
     def _cgi(self, wasm: WasmFunction, route: str) -> tuple[bytes, int, bytes] | None:
         """What the C needs to run the WASI command `wasm` itself, as `handle` runs it
@@ -665,6 +696,20 @@ class LaneEvents:
         made: list[Event] = self.maker.make(records, self.routes, self.verdicts, {},
                                             self.prefix, False)[0]
         return made
+
+
+def _alone_under(path: str, taken: tuple[tuple[str, ...], tuple[str, ...]]) -> bool:
+    """Whether every path under the literal route `path` ("/a" serves "/a/x") resolves
+    to it: no route nor reserved path (`taken[0]`) lies under it (a literal segment
+    beats a capture and the longer literal prefix wins: no other route takes them)
+    and no built-in prefix taken before routes (`taken[1]`) meets it. Never "/" (the
+    built-ins come first) nor a path ending in "/"."""
+    if path.endswith("/"):
+        return False
+    under = path + "/"
+    paths, before = taken
+    return not any(t.startswith(under) for t in paths) and \
+        not any(b.startswith(under) or under.startswith(b) for b in before)
 
 
 def _request(call: tuple[Any, ...]) -> Request:

@@ -47,6 +47,8 @@ def handle(request, env):
                                  ("x-request-id", "mine"), ("X-Edgefn-Error", "forged"),
                                  ("Content-Length", "999"), ("Connection", "close"),
                                  ("X-Edgefn-Function", "other@1")])
+    if path.startswith("/pyfn/"):  # under the route: the path as the function got it
+        return Response(f"under {path} {request.query.get('name', '-')}\\n")
     if path == "/pyboom":
         raise RuntimeError("boom")
     if path == "/pyecho":  # what a POST brought
@@ -153,6 +155,9 @@ SERVED = {  # name: (request, the lane starts its call)
     "request id, streams": (request("POST", "/pystream", [*H, ("X-Request-Id", "s-1")], b"x"),
                             True),
     "http/1.0": (request("GET", "/pyfn", H, version="HTTP/1.0"), False),
+    "under its route": (request("GET", "/pyfn/a/b?name=c", H), True),
+    "post under its route": (request("POST", "/pyecho/items/7", H, b"{}"), True),
+    "raises under its route": (request("POST", "/pyboom/x", H, b"x"), True),
     "http/1.0 kept alive": (request("GET", "/pyfn", [*H, ("Connection", "keep-alive")],
                                     version="HTTP/1.0"), False),
 }

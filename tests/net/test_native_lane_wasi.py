@@ -157,6 +157,8 @@ SERVED = {
                                                 "AppleWebKit/537.36 (KHTML, like Gecko) "
                                                 "Chrome/120.0.0.0 Safari/537.36")]), "python"),
     "http/1.0": (request("GET", "/env", H, version="HTTP/1.0"), "python"),
+    "under its route": (request("GET", "/env/a/b?x=1", H), "c"),  # PATH_INFO=/env/a/b
+    "post under its route": (request("POST", "/hello-c/x", H, b"hi"), "c"),
     "http/1.0 kept alive": (request("GET", "/env", [*H, ("Connection", "keep-alive")],
                                     version="HTTP/1.0"), "c"),  # SERVER_PROTOCOL=HTTP/1.0
 }

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runtime import config as c
 from runtime.functions import deploys
@@ -187,14 +189,48 @@ def test_a_browser_is_always_pythons(pop: PoP) -> None:
     assert chain_answer(pop, "/plain", FIREFOX).status == 200
 
 
-def test_only_literal_routes_are_the_lanes(pop: PoP) -> None:
-    """The function's literal route is the lane's; a path under it (every route is a
-    prefix), or one its capture or wildcard route matches, is Python's (the chain fills
-    ``params`` and ``route``)."""
+def test_a_literal_route_and_what_lies_under_it_alone_are_the_lanes(pop: PoP) -> None:
+    """Every route is a prefix: the lane serves a literal route and the paths under it
+    when no other route lies under it (``/plain/sub``; ``/plain2`` is beside it), as
+    the chain answers them; under ``/captures``, whose ``/captures/:id`` lies there,
+    or what a capture or wildcard route matches, is Python's (the chain fills
+    ``params`` and ``route``), and so is a path past a segment boundary."""
     assert same(lane_answer(pop, "/captures"), chain_answer(pop, "/captures"))
-    for path in ("/captures/1", "/star/a", "/star", "/plain/sub"):
+    for path in ("/plain/sub", "/plain/a/b/", "/plain2/x", "/noagents/1?q"):
+        assert same(lane_answer(pop, path), chain_answer(pop, path)), path
+        assert fields(pop, 1) == [{**fields(pop, 1)[0]}]
+    for path in ("/captures/1", "/captures/1/x", "/star/a", "/star", "/plainx"):
         assert lane_answer(pop, path) is None
-        assert chain_answer(pop, path).status == 200
+        assert chain_answer(pop, path).status in (200, 404)
+
+
+SEGMENTS = ["plain", "plain2", "captures", "star", "nocache", "limited", "noagents", "sub",
+            "1", "x", "", "l" * 254]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(segments=st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=4),
+       method=st.sampled_from([b"GET", b"HEAD", b"POST"]))
+def test_a_path_the_lane_serves_is_served_as_the_router_routes_it(
+        pop: PoP, segments: list[str], method: bytes) -> None:
+    """Any path made of the routes' segments: what the lane answers, it answers as the
+    chain does (the function, the answer) and leaves the chain's event (its route and
+    path, decisions, bytes); what it leaves, the chain answers. A path under a literal
+    route that no other route lies under is the lane's (completeness)."""
+    path = "/" + "/".join(segments)
+    lane = lane_answer(pop, path, method=method)
+    if lane is not None:
+        served = fields(pop, 1)
+        assert same(lane, chain_answer(pop, path, method=method), method), path
+        assert served == fields(pop, 1), path
+    else:
+        chain_answer(pop, path, method=method)
+    # the literal routes nothing else lies under: each path from them on is the lane's
+    if segments[0] in ("plain", "plain2", "nocache", "noagents", "l" * 254):
+        assert lane is not None, path
+    elif segments[0] in ("captures", "star", "limited") and len(segments) > 1:
+        assert lane is None, path  # under a capture's literal part, a wildcard, a limit
 
 
 def test_the_longest_path_the_table_holds(pop: PoP) -> None:
@@ -638,6 +674,55 @@ def test_a_cors_stage_leaves_the_lane_every_request_it_hands_on_untouched(
         preflight = [origin, (b"access-control-request-method", b"POST")]
         assert lane("/cors/x", preflight, b"OPTIONS") is None
         assert chain_answer(pop, "/cors/x", CURL, b"OPTIONS", preflight).status == 204
+    finally:
+        pop.close()
+
+
+def test_a_route_deployed_under_a_prefix_takes_its_paths_from_the_lane_at_once(
+        tmp_path: Path) -> None:
+    """``/shop`` serves ``/shop/cart`` on the lane until another function deploys
+    ``/shop/cart``: from the next read on, that path is the new function's (on the
+    lane: a literal route), and the rest under ``/shop`` Python's (the router's)."""
+    pop = pop_with(tmp_path)
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "shop", OK, routes=["/shop"]))
+        served = lane_answer(pop, "/shop/cart/1")
+        assert served is not None and b"x-edgefn-function: shop@" in served
+        cart = static_reactor(200, [], b"cart")
+        deploy(pop, function_dir(tmp_path / "fns", "cart", cart, routes=["/shop/cart"]))
+        for path in ("/shop/cart", "/shop/cart/1"):
+            served = lane_answer(pop, path)
+            assert served is not None and served.endswith(b"\r\n\r\ncart"), path
+            assert same(served, chain_answer(pop, path))
+        assert lane_answer(pop, "/shop/x") is None
+        assert chain_answer(pop, "/shop/x").body == b"ok"
+    finally:
+        pop.close()
+
+
+def test_under_a_prefix_route_cors_still_sees_every_request_it_acts_on(tmp_path: Path
+                                                                        ) -> None:
+    """A route the lane serves as a prefix (``/cors``) whose paths reach into a cors
+    `paths` entry (``/cors/``): a request with an Origin under it is Python's, where
+    cors tags it; one without is the lane's."""
+    pop = pop_with(tmp_path, pipeline=with_cors())
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "top", OK, routes=["/cors"]))
+        origin = (b"origin", b"https://app.example")
+
+        def lane(path: str, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+            assert pop.lane is not None
+            data = b"GET %s HTTP/1.1\r\nHost: x\r\nUser-Agent: %s\r\n%s\r\n" % (
+                path.encode(), CURL, b"".join(b"%s: %s\r\n" % h for h in headers))
+            used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"",
+                                             1 << 20)
+            assert call is None and used in (0, len(data))
+            return bytes(out) if used else None
+
+        assert same(lane("/cors/y", []), chain_answer(pop, "/cors/y", CURL))
+        assert lane("/cors/y", [origin]) is None
+        python = chain_answer(pop, "/cors/y", CURL, extra=[origin])
+        assert header(python, b"access-control-allow-origin") == b"https://app.example"
     finally:
         pop.close()
 

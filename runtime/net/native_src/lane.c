@@ -14,7 +14,8 @@
  * front reads differently (Connection, Expect, Upgrade, chunked framing,
  * credentials, signatures, x-edgefn-*; a caller's request id is kept as
  * `request_id` keeps it: `kept_id`), a plain origin-form path that
- * exactly equals an eligible route, a User-Agent Python has classified as a
+ * equals an eligible route or lies under one Python found alone there (`find_route`),
+ * a User-Agent Python has classified as a
  * non-browser class its policy allows, sizes under the front's limits. If so:
  * encode the request (edgefn_core/abi.py), call the PoP's own reactor entry
  * (reactor.c `edgefn_reactor_call`, passed in as a pointer; the GIL released as
@@ -178,6 +179,8 @@ typedef struct {
     uint64_t body_len; /* Content-Length framing), at most max_body */
     uint64_t max_body; /* min(the front's max_body_bytes, BODY_MAX); 0: no bodies */
     int http10;        /* an HTTP/1.0 request (kept alive: `Connection: keep-alive`) */
+    int sub;           /* its path is under its route's (a prefix's), not the route's own */
+    uint32_t path_len; /* of `url`, before any '?' */
     const char *rid;   /* the caller's request id `request_id` keeps (in `head`), or NULL */
     uint32_t rid_len;
     hdr_t h[MAX_HEADERS];
@@ -281,6 +284,9 @@ typedef struct {
     int cache;                         /* CACHE_*: what http_cache does for it */
     int origin;                        /* a request with an Origin header is Python's (a
                                         * `cors` stage acts on it: its paths hold this) */
+    int prefix;                        /* it also serves the paths under it ("/a" serves
+                                        * "/a/x"): no other route, built-in path or reserved
+                                        * one lies under it (Python checked) */
     PyObject *caching, *label_str;     /* the HTTP cache's labels with entries; its label */
     PyObject *executor;                /* its WasmFunction (`threaded`: moved off the loop) */
     PyObject *python;                  /* a Python function's route: what `submit` and the
@@ -290,6 +296,9 @@ typedef struct {
     uint32_t cgi_envc;                 /* the env's pairs in `cgi` */
     PyObject *cgi_route;               /* bytes: X_MATCHED_ROUTE */
 } route_t;
+
+/* a route's flags (its tuple's `origin` field) */
+enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2 };
 
 /* http_cache for a route: not in its plan; off for the function (its Cache-Tag
  * dropped); nothing of the deployment stored (`_first`: MISS, unless the response
@@ -458,10 +467,19 @@ static int verdict_of(Lane *l, const req_t *q) {
     return (int)verdict;
 }
 
+/* The route serving `path` (n bytes): the one equal to it, else the prefix route it lies
+ * under (a segment boundary: "/a" serves "/a/x", not "/ax"; such routes are never
+ * nested, so at most one is), as the Router picks it; -1: none of the lane's. */
 static int find_route(const Lane *l, const char *path, size_t n) {
-    for (int i = 0; i < l->n_routes; i++)
-        if (l->routes[i].path_len == n && !memcmp(l->routes[i].path, path, n)) return i;
-    return -1;
+    int under = -1;
+    for (int i = 0; i < l->n_routes; i++) {
+        const route_t *r = &l->routes[i];
+        if (r->path_len == n && !memcmp(r->path, path, n)) return i;
+        if (under < 0 && r->prefix && r->path_len < n && path[r->path_len] == '/' &&
+                !memcmp(r->path, path, r->path_len))
+            under = i;
+    }
+    return under;
 }
 
 static uint8_t *put_str(uint8_t *o, const void *s, uint32_t n) {
@@ -687,29 +705,37 @@ static PyObject *id_object(uint64_t number, const char *kept, size_t kept_len) {
                 : PyLong_FromUnsignedLongLong(number);
 }
 
+/* A request's path as its record and its call carry it: None when it is its route's
+ * own (`path` NULL), else the path (bytes). A new reference, NULL with a Python error. */
+static PyObject *path_object(const char *path, size_t n) {
+    return path ? PyBytes_FromStringAndSize(path, (Py_ssize_t)n) : Py_NewRef(Py_None);
+}
+
 /* One record appended to `records` (a list the drain empties: runtime/pipeline/lane.py
  * `NativeLane.drain`, through `EventMaker.make` below): the tuple
  * (ts, id, route, status, body bytes, took ns, verdict, method, host, query, client,
- * request body bytes), `id` as `id_object` makes it, `method` an MC_* code, `host` and
- * `query` as bytes, `client` the connection's "ip:port" str. Every request
+ * request body bytes, path), `id` as `id_object` makes it, `method` an MC_* code, `host`
+ * and `query` as bytes, `client` the connection's "ip:port" str, `path` as
+ * `path_object` makes it. Every request
  * the lane answers is recorded here and only here. 0, or -1 with a Python error. */
 static int add_record(PyObject *records, double ts, uint64_t number, const char *kept,
                       size_t kept_len, int route, uint32_t status, uint32_t size,
                       uint64_t took, int verdict, int method, const char *host,
                       size_t host_len, const char *query, size_t query_len, PyObject *client,
-                      uint64_t bytes_in) {
-    PyObject *rec = PyTuple_New(12);
+                      uint64_t bytes_in, const char *path, size_t path_len) {
+    PyObject *rec = PyTuple_New(13);
     if (!rec) return -1;
-    PyObject *items[12] = {
+    PyObject *items[13] = {
         PyFloat_FromDouble(ts), id_object(number, kept, kept_len), PyLong_FromLong(route),
         PyLong_FromUnsignedLong(status), PyLong_FromUnsignedLong(size),
         PyLong_FromUnsignedLongLong(took), PyLong_FromLong(verdict), PyLong_FromLong(method),
         PyBytes_FromStringAndSize(host, (Py_ssize_t)host_len),
         query_len ? PyBytes_FromStringAndSize(query, (Py_ssize_t)query_len)
                   : PyBytes_FromStringAndSize(NULL, 0),
-        Py_NewRef(client), PyLong_FromUnsignedLongLong(bytes_in)};
+        Py_NewRef(client), PyLong_FromUnsignedLongLong(bytes_in),
+        path_object(path, path_len)};
     int failed = 0;
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < 13; i++) {
         if (!items[i]) failed = 1;
         PyTuple_SET_ITEM(rec, i, items[i]);  /* NULL items: the tuple's dealloc skips them */
     }
@@ -767,16 +793,17 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     fp[4] = 'Q';
     memcpy(fp + 5, l->req, n);
     /* (future, route, table generation, route index, id (`id_object`), verdict, method,
-     * host, query, client, ts, started ns, frame, request body bytes): the future is set
-     * once submitted */
+     * host, query, client, ts, started ns, frame, request body bytes, path (`path_object`)):
+     * the future is set once submitted */
     PyObject *id = id_object(l->counter + 1, q->rid, q->rid_len);
-    if (!id) { Py_DECREF(frame); return -1; }
-    PyObject *call = Py_BuildValue("(OOKiNiiy#y#OdKNK)", Py_None, r->python,
+    PyObject *path = id ? path_object(q->sub ? url : NULL, path_len) : NULL;
+    if (!path) { Py_XDECREF(id); Py_DECREF(frame); return -1; }
+    PyObject *call = Py_BuildValue("(OOKiNiiy#y#OdKNKN)", Py_None, r->python,
                                    (unsigned long long)l->generation, ri, id, verdict, method,
                                    q->head + host->value, (Py_ssize_t)host->value_len, query,
                                    (Py_ssize_t)query_len, client, ts,
                                    (unsigned long long)started, frame,
-                                   (unsigned long long)l->q.body_len);
+                                   (unsigned long long)l->q.body_len, path);
     if (!call) return -1;
     PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, call);
     if (!future || future == Py_None) {
@@ -851,7 +878,7 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
     uint64_t took = mono_ns() - started;
     if (add_record(events, ts, counter, kept, rid_len, ri, status, body_len, took, verdict,
                    method, l->q.head + host->value, host->value_len, query, query_len, client,
-                   l->q.body_len)) {
+                   l->q.body_len, l->q.sub ? l->q.url : NULL, l->q.path_len)) {
         /* not answered after all: Python answers it, with this number unused */
         l->out_len = before;
         l->counter -= !kept;
@@ -1138,6 +1165,8 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     int ri = find_route(l, url, path_len);
     if (ri < 0) return 0;
     route_t *r = &l->routes[ri];
+    q->sub = r->path_len != path_len;
+    q->path_len = (uint32_t)path_len;
     if (r->origin)  /* what `cors` answers, or tags: Python's */
         for (uint32_t i = 0; i < q->nh; i++)
             if (name_is(q, &q->h[i], "origin", 6)) return 0;
@@ -1243,14 +1272,14 @@ typedef struct {
     const char *rid;  /* the caller's id (the call's bytes), or NULL: `counter`'s */
     size_t rid_len;
     double ts;
-    PyObject *host, *query, *client;
+    PyObject *host, *query, *client, *path;  /* path: bytes, or None (the route's) */
 } pycall_t;
 
 /* `c`, a Python route's call, into `f`: 1; 0 when Python answers it instead (the
  * route table changed since: a deploy, its index names another route now; or a field
  * is not what serve made); -1 a Python error (TypeError: not serve's tuple). */
 static int read_call(Lane *l, PyObject *c, pycall_t *f) {
-    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 14) {
+    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 15) {
         PyErr_SetString(PyExc_TypeError, "a call is the tuple serve made");
         return -1;
     }
@@ -1268,10 +1297,12 @@ static int read_call(Lane *l, PyObject *c, pycall_t *f) {
     f->host = PyTuple_GET_ITEM(c, 7);
     f->query = PyTuple_GET_ITEM(c, 8);
     f->client = PyTuple_GET_ITEM(c, 9);
+    f->path = PyTuple_GET_ITEM(c, 14);
     if (PyErr_Occurred()) return -1;
     if (gen != l->generation || f->ri < 0 || f->ri >= l->n_routes || f->method < 0 ||
             f->method >= N_METHODS || !PyBytes_Check(f->host) || !PyBytes_Check(f->query) ||
-            !l->routes[f->ri].python || (f->rid && (f->rid_len == 0 || f->rid_len > 128)))
+            !l->routes[f->ri].python || (f->rid && (f->rid_len == 0 || f->rid_len > 128)) ||
+            (f->path != Py_None && !PyBytes_Check(f->path)))
         return 0;
     f->r = &l->routes[f->ri];
     return 1;
@@ -1296,7 +1327,9 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
                    mono_ns() - f->started, (int)f->verdict, (int)f->method,
                    PyBytes_AS_STRING(f->host), (size_t)PyBytes_GET_SIZE(f->host),
                    PyBytes_AS_STRING(f->query), (size_t)PyBytes_GET_SIZE(f->query),
-                   f->client, f->bytes_in))
+                   f->client, f->bytes_in,
+                   f->path == Py_None ? NULL : PyBytes_AS_STRING(f->path),
+                   f->path == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(f->path)))
         return NULL;
     return PyBytes_FromStringAndSize((const char *)l->out, (Py_ssize_t)l->out_len);
 }
@@ -1496,7 +1529,8 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->fn = Py_NewRef(fn);
         r->allowed = allowed;
         r->cache = cache;
-        r->origin = origin != 0;
+        r->origin = (origin & ROUTE_ORIGIN) != 0;
+        r->prefix = (origin & ROUTE_PREFIX) != 0;
         r->caching = Py_NewRef(caching);
         r->label_str = Py_NewRef(label_str);
         r->executor = Py_NewRef(executor);
@@ -2031,7 +2065,7 @@ static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
  * template with the per-request fields written. NULL with a Python error. */
 static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObject *v,
                             PyObject *decisions, PyObject *method, PyObject *host,
-                            PyObject *client, const char *id, size_t id_len,
+                            PyObject *path, PyObject *client, const char *id, size_t id_len,
                             double duration_ms) {
     PyObject *e = PyObject_Vectorcall(m->copy, &m->template, 1, NULL);
     if (!e || put(m, e, F_TS, Py_NewRef(r[0])) ||
@@ -2039,7 +2073,7 @@ static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObje
             put(m, e, F_CLIENT, Py_NewRef(client)) ||
             put(m, e, F_BOT, Py_NewRef(PyTuple_GET_ITEM(v, 0))) ||
             put(m, e, F_METHOD, Py_NewRef(method)) || put(m, e, F_HOST, Py_NewRef(host)) ||
-            put(m, e, F_PATH, Py_NewRef(PyTuple_GET_ITEM(route, 0))) ||
+            put(m, e, F_PATH, Py_NewRef(path)) ||
             (PyBytes_GET_SIZE(r[9]) &&
              put(m, e, F_QUERY, PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[9]),
                                                        PyBytes_GET_SIZE(r[9]), NULL))) ||
@@ -2084,8 +2118,8 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
                           PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
                           PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
                           size_t *max_text) {
-    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 12) {
-        PyErr_SetString(PyExc_TypeError, "a record: a 12-tuple (add_record)");
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 13) {
+        PyErr_SetString(PyExc_TypeError, "a record: a 13-tuple (add_record)");
         return NULL;
     }
     PyObject **r = &PyTuple_GET_ITEM(rec, 0);
@@ -2101,7 +2135,8 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
             method < 0 || method >= N_METHODS || !PyLong_Check(r[11]) ||
             verdict >= PyTuple_GET_SIZE(verdicts) || !PyBytes_Check(r[8]) ||
             !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10]) ||
-            (kept && (PyBytes_GET_SIZE(r[1]) == 0 || PyBytes_GET_SIZE(r[1]) > 128))) {
+            (kept && (PyBytes_GET_SIZE(r[1]) == 0 || PyBytes_GET_SIZE(r[1]) > 128)) ||
+            (r[12] != Py_None && !PyBytes_Check(r[12]))) {
         PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
         return NULL;
     }
@@ -2120,11 +2155,15 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
         return NULL;
     }
+    /* the request's path: its route's own, or one under it (latin-1, as the front's) */
+    PyObject *path = r[12] == Py_None ? Py_NewRef(PyTuple_GET_ITEM(route, 0))
+                                      : PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[12]),
+                                                               PyBytes_GET_SIZE(r[12]), NULL);
+    if (!path) return NULL;
     PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s */
     if (first > 0 && method >= MC_POST && !ctx) {
-        bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host,
-                                  PyTuple_GET_ITEM(route, 0), r[9]);
-        if (!bypass) return NULL;
+        bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host, path, r[9]);
+        if (!bypass) { Py_DECREF(path); return NULL; }
         decisions = bypass;
     }
     double micros = nearbyint((double)took / 1000.0);  /* Python's round(): half to even */
@@ -2140,14 +2179,19 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         id[prefix_len] = '-';
         id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
     }
-    if (log && put_line(m, log, ts, method_text, PyTuple_GET_ITEM(route, 0), status,
-                        PyTuple_GET_ITEM(route, 1), (unsigned long long)micros, size, id,
-                        id_len, client))
+    if (log && put_line(m, log, ts, method_text, path, status, PyTuple_GET_ITEM(route, 1),
+                        (unsigned long long)micros, size, id, id_len, client)) {
+        Py_XDECREF(bypass);
+        Py_DECREF(path);
         return NULL;
+    }
     PyObject *e = ctx ? PyTuple_Pack(2, ctx, rec) : make_event(m, r, route, v, decisions,
-                                                            method_text, host, client, id,
-                                                            id_len, duration_ms);
+                                                            method_text, host, path, client,
+                                                            id, id_len, duration_ms);
     Py_XDECREF(bypass);
+    size_t text = (size_t)(PyUnicode_GET_LENGTH(path) + PyBytes_GET_SIZE(r[9]) +
+                           PyUnicode_GET_LENGTH(host));
+    Py_DECREF(path);
     if (!e) return NULL;
     group_t *g = group_of(gs, ng, cap, ri, status, method);
     double seconds = duration_ms / 1000;
@@ -2161,8 +2205,6 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     g->bytes += (long long)size;
     g->buckets[b]++;
     g->verdicts[verdict]++;
-    size_t text = (size_t)(PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(route, 0)) +
-                           PyBytes_GET_SIZE(r[9]) + PyUnicode_GET_LENGTH(host));
     if (text > *max_text) *max_text = text;
     return e;
 }
