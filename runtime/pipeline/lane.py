@@ -26,9 +26,11 @@ exact native form, and its executor is one the lane can call:
     cors         a request without an Origin header (cors hands it on untouched), or
                  one whose path is outside the stage's `paths`; one with an Origin on
                  them (a preflight, or a response cors tags) goes to Python
-    bots         a User-Agent Python classified as a non-browser class (the verdict of
-                 `Classifier.view`, which depends on the string alone), whose action
-                 for the target is ``allow``; no ``abusive_rate`` (it counts requests)
+    bots         a User-Agent Python classified (`Classifier.view`, which depends on the
+                 string alone; a browser's by its other headers too, in C as
+                 `Classifier.classify` decides it: lane.c `browser_verdict`), whose
+                 class's action for the target is ``allow``; no ``abusive_rate`` (it
+                 counts requests)
     residency    no tenant header, no de-sensitised mark (those go to Python), no
                  samples ingest on the path
     http_cache   off for the function (its Cache-Tag dropped), or nothing of the
@@ -127,6 +129,10 @@ POST = METHODS.index("POST")
 BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
 ROUTE_ORIGIN, ROUTE_PREFIX = 1, 2  # lane.c's: a route's flags
+# what a browser's other headers make of it (`Classifier.classify`), in lane.c's BV_* order
+BROWSER_VERDICTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("browser", ()), ("automation", ("browser_headers_missing",)),
+    ("automation", ("no_sec_fetch",)), ("automation", ("hints_mismatch",)))
 CLASSES = ("browser", "verified_agent", "declared_agent", "automation", "abusive")
 NO_UA = ("automation", ("empty_ua",))  # `Classifier.classify` without a User-Agent
 MAX_VERDICTS = 256
@@ -591,13 +597,21 @@ class NativeLane:
     def _classes(self) -> tuple[int, ...]:
         return tuple(CLASSES.index(c) for c, _ in self.verdicts)
 
-    def _classify(self, ua: bytes) -> int:
-        """The verdict of a request whose User-Agent is `ua` when the string alone
-        decides it (not a browser's: its other headers count), else -1."""
+    def _classify(self, ua: bytes) -> int | tuple[int, int, int, int, int, bool]:
+        """The verdict of a request whose User-Agent is `ua` (-1: Python's), or for a
+        browser's, whose other headers count (`Classifier.classify`), the verdicts
+        they choose from (lane.c `browser_verdict`: a browser; automation without
+        Accept or Accept-Language, without Sec-Fetch-Mode, with hints that disagree),
+        the Chrome version it claims and whether it sends Sec-Fetch-*."""
         view = self.classifier.view(ua)
-        if view.browser:
-            return -1
-        verdict = (view.cls, view.signals)
+        if not view.browser:
+            return self._verdict((view.cls, view.signals))
+        browser, missing, no_fetch, hints = (self._verdict(v) for v in BROWSER_VERDICTS)
+        return browser, missing, no_fetch, hints, view.chrome, view.sec_fetch
+
+    def _verdict(self, verdict: tuple[str, tuple[str, ...]]) -> int:
+        """The index of `verdict` (class, signals) in the lane's table, added if new;
+        -1 when the table is full."""
         try:
             return self.verdicts.index(verdict)
         except ValueError:

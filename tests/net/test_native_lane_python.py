@@ -145,7 +145,7 @@ SERVED = {  # name: (request, the lane starts its call)
     "cdn-loop": (request("GET", "/pyfn", [*H, ("CDN-Loop", "edgefn; t=1")]), False),
     "browser": (request("GET", "/pyfn", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                "AppleWebKit/537.36 (KHTML, like Gecko) "
-                                               "Chrome/120.0.0.0 Safari/537.36")]), False),
+                                               "Chrome/120.0.0.0 Safari/537.36")]), True),
     "request id": (request("GET", "/pyfn", [*H, ("X-Request-Id", "abc")]), True),
     "request id, post": (request("POST", "/pyecho", [*H, ("X-Request-Id", "Z.9:_-")], b"b"),
                          True),

@@ -155,7 +155,7 @@ SERVED = {
     "close": (request("GET", "/env", [*H, ("Connection", "close")]), "python"),
     "browser": (request("GET", "/env", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                 "AppleWebKit/537.36 (KHTML, like Gecko) "
-                                                "Chrome/120.0.0.0 Safari/537.36")]), "python"),
+                                                "Chrome/120.0.0.0 Safari/537.36")]), "c"),
     "http/1.0": (request("GET", "/env", H, version="HTTP/1.0"), "python"),
     "under its route": (request("GET", "/env/a/b?x=1", H), "c"),  # PATH_INFO=/env/a/b
     "post under its route": (request("POST", "/hello-c/x", H, b"hi"), "c"),

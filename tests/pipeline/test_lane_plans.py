@@ -182,11 +182,54 @@ def test_the_lane_serves_only_the_bot_classes_a_function_allows(
         assert chain_answer(pop, path, ua).status in (403, 429)
 
 
-def test_a_browser_is_always_pythons(pop: PoP) -> None:
-    """A browser's class depends on its other headers: the classifier's string alone
-    does not decide it."""
-    assert lane_answer(pop, "/plain", FIREFOX) is None
-    assert chain_answer(pop, "/plain", FIREFOX).status == 200
+CHROME = (b"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+          b"Chrome/120.0.0.0 Safari/537.36")
+SAFARI = (b"Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 (KHTML, "
+          b"like Gecko) Version/17.0 Safari/605.1.15")
+HINTS = [b'"Chromium";v="120", "Not(A:Brand";v="24", "Google Chrome";v="120"',
+         b'"Not(A:Brand";v="24", "Google Chrome";v="119"', b'"Microsoft Edge";  v="120"',
+         b'"Chromium";\tv="120"', b'"Chromium";v="1234567", "Chromium";v="120"',
+         b'"Chromium";v="0120"', b'"Brave";v="120"', b'"Chromium" ;v="120"',
+         b'x"Chromium";v="120"', b'"Chromium";v=120', b"", b'"Chromium";v=""']
+
+
+def served(pop: PoP, path: str, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The lane's answer to a GET of `path` with `headers`, or None (Python's)."""
+    assert pop.lane is not None
+    data = b"GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (
+        path.encode(), b"".join(b"%s: %s\r\n" % h for h in headers))
+    used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
+    assert call is None and used in (0, len(data))
+    return bytes(out) if used else None
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ua=st.sampled_from([CHROME, FIREFOX, SAFARI]), accept=st.booleans(),
+       language=st.booleans(), fetch=st.booleans(),
+       hints=st.lists(st.sampled_from(HINTS), max_size=2),
+       path=st.sampled_from(["/plain", "/noautomation"]))
+def test_a_browsers_class_is_decided_in_c_as_the_classifier_decides_it(
+        pop: PoP, ua: bytes, accept: bool, language: bool, fetch: bool, hints: list[bytes],
+        path: str) -> None:
+    """A browser's User-Agent was always Python's (its other headers decide its class).
+    Now the C decides it as `Classifier.classify` does: automation without Accept or
+    Accept-Language, without Sec-Fetch-Mode where its version sends it, or with
+    Sec-CH-UA hints (the last copy) whose Chromium version differs; else a browser.
+    The lane's answer and event (class, signals) are the chain's; a class the
+    function blocks (``/noautomation``) is Python's, which refuses it."""
+    headers = [(b"user-agent", ua)]
+    headers += [(b"accept", b"text/html")] if accept else []
+    headers += [(b"accept-language", b"en")] if language else []
+    headers += [(b"sec-fetch-mode", b"cors")] if fetch else []
+    headers += [(b"sec-ch-ua", h) for h in hints]
+    lane = served(pop, path, headers)
+    python = chain_answer(pop, path, ua, extra=headers[1:])
+    if lane is None:
+        assert path == "/noautomation" and python.status == 403
+        return
+    event = fields(pop, 2)
+    assert same(lane, python) and event[0] == event[1]
 
 
 def test_a_literal_route_and_what_lies_under_it_alone_are_the_lanes(pop: PoP) -> None:

@@ -305,7 +305,17 @@ enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2 };
  * says it may be stored, which Python does) */
 enum { CACHE_NONE = 0, CACHE_OFF = 1, CACHE_FIRST = 2 };
 
-typedef struct { PyObject *ua; int verdict; } ua_slot;
+/* A User-Agent's verdict: one index, or for a browser's (`browser`) the four its other
+ * headers choose from (`browser_verdict`), with the Chrome major version it claims and
+ * whether it sends Sec-Fetch-* (`UaView`) */
+typedef struct {
+    PyObject *ua;
+    int verdict;
+    int browser, sec_fetch;
+    int of[4];  /* BV_*: browser, headers missing, no Sec-Fetch-Mode, hints mismatch */
+    long chrome;
+} ua_slot;
+enum { BV_BROWSER, BV_MISSING, BV_NO_SEC_FETCH, BV_HINTS, N_BV };
 
 typedef struct {
     PyObject_HEAD
@@ -430,8 +440,84 @@ static uint64_t hash(const uint8_t *s, size_t n) {
     return h;
 }
 
+/* The Chromium major version client hints `v` (n bytes) claim, 0 for none: the first
+ * match of classify.py's `_HINT`, '"(?:Chromium|Google Chrome|Microsoft Edge)";\s*v="(\d{1,6})"' */
+static long hinted(const char *v, size_t n) {
+    static const char *const BRANDS[3] = {"Chromium", "Google Chrome", "Microsoft Edge"};
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] != '"') continue;
+        for (int b = 0; b < 3; b++) {
+            size_t j = i + 1, len = strlen(BRANDS[b]);
+            if (n - j < len + 2 || memcmp(v + j, BRANDS[b], len) || v[j + len] != '"' ||
+                    v[j + len + 1] != ';')
+                continue;
+            j += len + 2;
+            while (j < n && (v[j] == ' ' || v[j] == '\t' || v[j] == '\n' || v[j] == '\r' ||
+                             v[j] == '\f' || v[j] == '\v'))
+                j++;
+            if (n - j < 3 || memcmp(v + j, "v=\"", 3)) continue;
+            j += 3;
+            size_t d = 0;
+            long major = 0;
+            while (d < 7 && j + d < n && v[j + d] >= '0' && v[j + d] <= '9')
+                major = major * 10 + (v[j + d++] - '0');
+            if (d >= 1 && d <= 6 && j + d < n && v[j + d] == '"') return major;
+        }
+    }
+    return 0;
+}
+
+/* A browser's verdict by its other headers, as `Classifier.classify` decides it (on
+ * `dict(headers)`: a name's last value): without Accept or Accept-Language, or a
+ * Sec-Fetch-Mode its version sends, or with Sec-CH-UA hints that disagree with its
+ * Chrome version, it is automation. */
+static int browser_verdict(const req_t *q, const ua_slot *s) {
+    int accept = 0, language = 0, fetch = 0;
+    const hdr_t *hints = NULL;
+    for (uint32_t i = 0; i < q->nh; i++) {
+        const hdr_t *h = &q->h[i];
+        if (name_is(q, h, "accept", 6)) accept = 1;
+        else if (name_is(q, h, "accept-language", 15)) language = 1;
+        else if (name_is(q, h, "sec-fetch-mode", 14)) fetch = 1;
+        else if (name_is(q, h, "sec-ch-ua", 9)) hints = h;
+    }
+    if (!accept || !language) return s->of[BV_MISSING];
+    if (s->sec_fetch && !fetch) return s->of[BV_NO_SEC_FETCH];
+    if (hints && hinted(q->head + hints->value, hints->value_len) != s->chrome)
+        return s->of[BV_HINTS];
+    return s->of[BV_BROWSER];
+}
+
+/* What Python's `classify(ua)` answered, into `s`: an int (the verdict, -1 for Python),
+ * or for a browser the tuple (the four BV_* verdicts, its Chrome version, whether it
+ * sends Sec-Fetch-*). 0, or -1 with a Python error. */
+static int read_verdict(const Lane *l, PyObject *r, ua_slot *s) {
+    Py_ssize_t n = PyTuple_GET_SIZE(l->verdict_class);
+    s->browser = PyTuple_Check(r);
+    if (!s->browser) {
+        long v = PyLong_AsLong(r);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        s->verdict = v < -1 || v >= n ? -1 : (int)v;
+        return 0;
+    }
+    int of[N_BV], fetch;
+    long chrome;
+    if (!PyArg_ParseTuple(r, "iiiilp", &of[0], &of[1], &of[2], &of[3], &chrome, &fetch))
+        return -1;
+    s->verdict = 0;
+    for (int i = 0; i < N_BV; i++) {
+        if (of[i] < 0 || of[i] >= n) s->verdict = -1;  /* Python's */
+        s->of[i] = of[i];
+    }
+    s->chrome = chrome;
+    s->sec_fetch = fetch;
+    if (s->verdict < 0) s->browser = 0;
+    return 0;
+}
+
 /* The verdict of a request's User-Agent (0: none sent), from the lane's table or
- * Python's `classify`; -1: leave it to Python. -2: a Python error. */
+ * Python's `classify` (a browser's from its other headers too: `browser_verdict`);
+ * -1: leave it to Python. -2: a Python error. */
 static int verdict_of(Lane *l, const req_t *q) {
     const hdr_t *ua = NULL;
     for (uint32_t i = 0; i < q->nh; i++)
@@ -448,23 +534,26 @@ static int verdict_of(Lane *l, const req_t *q) {
         if (!s->ua) break;
         if ((size_t)PyBytes_GET_SIZE(s->ua) == ua->value_len &&
                 !memcmp(PyBytes_AS_STRING(s->ua), v, ua->value_len))
-            return s->verdict;
+            return s->browser ? browser_verdict(q, s) : s->verdict;
     }
     PyObject *key = PyBytes_FromStringAndSize((const char *)v, ua->value_len);
     if (!key) return -2;
     PyObject *r = PyObject_CallOneArg(l->classify, key);
-    long verdict = r ? PyLong_AsLong(r) : -1;
-    Py_XDECREF(r);
-    if (PyErr_Occurred()) { Py_DECREF(key); return -2; }
-    if (verdict < -1 || verdict >= PyTuple_GET_SIZE(l->verdict_class)) verdict = -1;
+    ua_slot got = {0};
+    if (!r || read_verdict(l, r, &got)) {
+        Py_XDECREF(r);
+        Py_DECREF(key);
+        return -2;
+    }
+    Py_DECREF(r);
     if (l->n_uas < UA_SLOTS / 2 && !l->uas[i].ua) {
-        l->uas[i].ua = key;
-        l->uas[i].verdict = (int)verdict;
+        got.ua = key;
+        l->uas[i] = got;
         l->n_uas++;
     } else {
         Py_DECREF(key);
     }
-    return (int)verdict;
+    return got.browser ? browser_verdict(q, &got) : got.verdict;
 }
 
 /* The route serving `path` (n bytes): the one equal to it, else the prefix route it lies
