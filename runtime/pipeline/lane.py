@@ -19,8 +19,10 @@ exact native form, and its executor is one the lane can call:
                  Without an events stage the records are only counted (http_cache's
                  MISS and BYPASS) and dropped, and no event is made, as in Python
     auth         a function whose mode is ``none`` (a request without a credential goes
-                 on untouched, whatever keys exist: the C leaves ``Authorization`` and
-                 ``x-api-key`` to Python, where auth proves the principal)
+                 on untouched, whatever keys exist; so does one whose ``Authorization``
+                 or ``x-api-key`` holds no ``efn_`` where no ``[auth.jwt]`` is set: it
+                 proves no one, and dispatch leaves it to the function. The C leaves
+                 any other credential to Python, where auth proves the principal)
     ratelimit    no PoP rule, none of the function's (a request without a principal
                  goes on untouched; a key's or tenant's limits need a credential)
     cors         a request without an Origin header (cors hands it on untouched), or
@@ -184,7 +186,8 @@ class NativeLane:
                              tuple(principal_blob({"bot": c}) for c in CLASSES),
                              self._classes(), self._classify, STATUS_LINES, rid.prefix,
                              rid.header, http.max_url_bytes, http.max_header_bytes,
-                             http.max_body_bytes, rid.trust)
+                             http.max_body_bytes, rid.trust,
+                             all(s.jwt is None for s in chain.stages if isinstance(s, Auth)))
         self.c.python(self._submit)
         # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
         wasi, self.commands = native_wasi.enabled(), False

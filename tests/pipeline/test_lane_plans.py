@@ -743,6 +743,40 @@ def test_a_route_deployed_under_a_prefix_takes_its_paths_from_the_lane_at_once(
         pop.close()
 
 
+def test_a_bearer_token_is_pythons_where_a_jwt_may_prove_someone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``[auth.jwt]`` a bearer token that is no edgefn key proves no one (auth
+    in mode ``none`` ignores it): the lane serves it as the chain answers it. With
+    one, the token may prove a principal (the function's principal section, its
+    limits): Python's, where a valid token sets it."""
+    import jwt as pyjwt
+
+    monkeypatch.setenv("EDGEFN_LANE_JWT", "lane-test-secret-" + "s" * 32)
+    token = pyjwt.encode({"tenant": "acme", "sub": "u", "scope": "fn:*",
+                          "exp": int(__import__("time").time()) + 600},
+                         "lane-test-secret-" + "s" * 32, algorithm="HS256")
+    bearer = [(b"authorization", b"Bearer " + token.encode())]
+    for jwt_on in (False, True):
+        root = tmp_path / str(jwt_on)
+        extra = {"auth.jwt": {"secret_env": "EDGEFN_LANE_JWT", "algorithms": ["HS256"]}} \
+            if jwt_on else {}
+        pop = pop_with(root, **extra)
+        try:
+            deploy(pop, function_dir(root / "fns", "plain", OK, routes=["/plain"]))
+            lane = served(pop, "/plain", bearer)
+            if jwt_on:
+                assert lane is None
+                ctx = Context("127.0.0.1:1")
+                assert chain_answer(pop, "/plain", extra=bearer, ctx=ctx).status == 200
+                assert ctx.principal is not None and ctx.principal.tenant == "acme"
+            else:
+                assert same(lane, chain_answer(pop, "/plain", extra=bearer))
+                event = fields(pop, 2)
+                assert event[0] == event[1]
+        finally:
+            pop.close()
+
+
 def test_under_a_prefix_route_cors_still_sees_every_request_it_acts_on(tmp_path: Path
                                                                         ) -> None:
     """A route the lane serves as a prefix (``/cors``) whose paths reach into a cors

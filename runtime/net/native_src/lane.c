@@ -336,6 +336,8 @@ typedef struct {
     size_t rid_header_len;
     uint64_t counter;        /* the request id counter, shared with `request_id` */
     int trust;               /* `request_id`'s trust_incoming: a caller's id is kept */
+    int foreign;             /* a credential that is no edgefn key proves no one here (no
+                              * [auth.jwt]): it goes to the function as sent */
     uint64_t max_url, max_head;
     ua_slot uas[UA_SLOTS];
     size_t n_uas;
@@ -379,17 +381,29 @@ static int name_is(const req_t *q, const hdr_t *h, const char *s, size_t n) {
     return h->name_len == n && !memcmp(q->head + h->name, s, n);
 }
 
+/* Whether `v` (n bytes) holds "efn_": what `dispatch` takes out of a function's copy
+ * of the request (`_without_keys`), and what any edgefn API key starts with. */
+static int has_key_mark(const char *v, uint32_t n) {
+    for (uint32_t i = 0; i + 4 <= n; i++)
+        if (v[i] == 'e' && !memcmp(v + i, "efn_", 4)) return 1;
+    return 0;
+}
+
 /* Headers the lane leaves to Python: the front reads them (framing, Connection but
- * `Connection: keep-alive`, Expect, Upgrade, x-edgefn-warmup), a stage does (credentials, a Web Bot Auth
- * signature, residency's x-edgefn-*), or a function's copy of the request would
- * differ (API keys are taken out by `dispatch`). The request id header is
+ * `Connection: keep-alive`, Expect, Upgrade, x-edgefn-warmup), a stage does (a
+ * credential that may prove someone: an edgefn key, or any bearer token where
+ * [auth.jwt] may verify it; a Web Bot Auth signature, residency's x-edgefn-*), or a
+ * function's copy of the request would differ (API keys are taken out by `dispatch`).
+ * A foreign credential (a function's own Basic auth or token) proves no one: auth
+ * (mode none) and dispatch leave it, so the lane does. The request id header is
  * `kept_id`'s. */
-static int handed_over(const req_t *q, const hdr_t *h) {
+static int handed_over(const Lane *l, const req_t *q, const hdr_t *h) {
     static const char *NAMES[] = {"connection", "content-length", "transfer-encoding",
-                                  "expect", "upgrade", "authorization", "x-api-key",
-                                  "signature-input", "signature", "keep-alive", "te",
-                                  "proxy-connection", "http2-settings"};
+                                  "expect", "upgrade", "signature-input", "signature",
+                                  "keep-alive", "te", "proxy-connection", "http2-settings"};
     const char *name = q->head + h->name;
+    if (name_is(q, h, "authorization", 13) || name_is(q, h, "x-api-key", 9))
+        return !l->foreign || has_key_mark(q->head + h->value, h->value_len);
     if (h->name_len >= 9 && !memcmp(name, "x-edgefn-", 9)) return 1;
     for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++)
         if (strlen(NAMES[i]) == h->name_len && !memcmp(name, NAMES[i], h->name_len)) return 1;
@@ -1242,7 +1256,7 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
             /* what HTTP/1.1 means anyway (llhttp's keep-alive, checked by serve): the
              * front reads nothing else of it, the function gets it as sent. Python's
              * requests, httpx (the openai client) and Node's agents send it */
-        } else if (handed_over(q, h)) {
+        } else if (handed_over(l, q, h)) {
             return 0;
         }
     }
@@ -1690,7 +1704,7 @@ static int load_llhttp(const char *so) {
 
 /* Lane(httptools_so, reactor_entry, trap_delete, error_delete, result_size, class_blobs,
  *      verdict_class, classify, status_lines, prefix, rid_header, max_url, max_head
- *      [, max_body, trust_incoming]) */
+ *      [, max_body, trust_incoming, foreign_credentials]) */
 static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     (void)kw;
     const char *so, *prefix, *rid;
@@ -1698,12 +1712,12 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     unsigned long long entry, trap_delete, error_delete, max_url, max_head, max_body = 0;
     Py_ssize_t result_size;
     PyObject *blobs, *classes, *classify, *lines;
-    int trust = 0;
-    if (!PyArg_ParseTuple(args, "sKKKnO!O!OO!y#y#KK|Kp", &so, &entry, &trap_delete,
+    int trust = 0, foreign = 0;
+    if (!PyArg_ParseTuple(args, "sKKKnO!O!OO!y#y#KK|Kpp", &so, &entry, &trap_delete,
                           &error_delete, &result_size, &PyTuple_Type,
                           &blobs, &PyTuple_Type, &classes, &classify, &PyTuple_Type, &lines,
                           &prefix, &prefix_len, &rid, &rid_len, &max_url, &max_head,
-                          &max_body, &trust))
+                          &max_body, &trust, &foreign))
         return -1;
     if (result_size != (Py_ssize_t)sizeof(edgefn_result)) {
         PyErr_SetString(PyExc_RuntimeError, "edgefn_result layout differs from reactor.c's");
@@ -1764,6 +1778,7 @@ static int Lane_init(Lane *l, PyObject *args, PyObject *kw) {
     l->max_head = max_head;
     l->q.max_body = max_body < BODY_MAX ? max_body : BODY_MAX;  /* 0 (not given): no bodies */
     l->trust = trust;
+    l->foreign = foreign;
     return 0;
 }
 
