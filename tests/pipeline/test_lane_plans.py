@@ -907,3 +907,23 @@ def test_a_callers_request_id_is_kept_or_replaced_on_the_lane_as_request_id_does
             assert lane_id.startswith(prefix + b"-") and python_id.startswith(prefix + b"-")
     finally:
         pop.close()
+
+
+def test_a_verdict_the_c_no_longer_has_is_pythons(tmp_path: Path) -> None:
+    """The C's User-Agent cache names verdicts by index: were its verdict table ever
+    given fewer, a cached index past it is asked again and, still past it, left to
+    Python (never read past the table); with the table back, the lane serves it."""
+    pop = pop_with(tmp_path)
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "plain", OK, routes=["/plain"]))
+        lane = pop.lane
+        assert lane is not None
+        assert lane_answer(pop, "/plain", GPTBOT) is not None  # cached, a new verdict
+        assert lane._classify(GPTBOT) == len(lane.verdicts) - 1 > 0
+        lane.c.verdicts(lane._classes()[:1])
+        assert lane_answer(pop, "/plain", GPTBOT) is None
+        assert chain_answer(pop, "/plain", GPTBOT).status == 200
+        lane.c.verdicts(lane._classes())
+        assert same(lane_answer(pop, "/plain", GPTBOT), chain_answer(pop, "/plain", GPTBOT))
+    finally:
+        pop.close()

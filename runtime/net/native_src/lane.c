@@ -504,15 +504,18 @@ static int browser_verdict(const req_t *q, const ua_slot *s) {
 
 /* What Python's `classify(ua)` answered, into `s`: an int (the verdict, -1 for Python),
  * or for a browser the tuple (the four BV_* verdicts, its Chrome version, whether it
- * sends Sec-Fetch-*). 0, or -1 with a Python error. */
+ * sends Sec-Fetch-*). 0; 1 when it named a verdict past the C's table (Python's this
+ * time, not kept); -1 with a Python error. */
 static int read_verdict(const Lane *l, PyObject *r, ua_slot *s) {
     Py_ssize_t n = PyTuple_GET_SIZE(l->verdict_class);
+    int past = 0;
     s->browser = PyTuple_Check(r);
     if (!s->browser) {
         long v = PyLong_AsLong(r);
         if (v == -1 && PyErr_Occurred()) return -1;
-        s->verdict = v < -1 || v >= n ? -1 : (int)v;
-        return 0;
+        past = v < -1 || v >= n;
+        s->verdict = past ? -1 : (int)v;
+        return past;
     }
     int of[N_BV], fetch;
     long chrome;
@@ -520,13 +523,17 @@ static int read_verdict(const Lane *l, PyObject *r, ua_slot *s) {
         return -1;
     s->verdict = 0;
     for (int i = 0; i < N_BV; i++) {
-        if (of[i] < 0 || of[i] >= n) s->verdict = -1;  /* Python's */
+        if (of[i] < 0) s->verdict = -1;  /* Python's: its table was full */
+        if (of[i] < -1 || of[i] >= n) past = 1;
         s->of[i] = of[i];
     }
     s->chrome = chrome;
     s->sec_fetch = fetch;
-    if (s->verdict < 0) s->browser = 0;
-    return 0;
+    if (s->verdict < 0 || past) {
+        s->browser = 0;
+        s->verdict = -1;
+    }
+    return past;
 }
 
 /* The verdict of a request's User-Agent (0: none sent), from the lane's table or
@@ -554,13 +561,13 @@ static int verdict_of(Lane *l, const req_t *q) {
     if (!key) return -2;
     PyObject *r = PyObject_CallOneArg(l->classify, key);
     ua_slot got = {0};
-    if (!r || read_verdict(l, r, &got)) {
-        Py_XDECREF(r);
+    int read = r ? read_verdict(l, r, &got) : -1;
+    Py_XDECREF(r);
+    if (read < 0) {
         Py_DECREF(key);
         return -2;
     }
-    Py_DECREF(r);
-    if (l->n_uas < UA_SLOTS / 2 && !l->uas[i].ua) {
+    if (!read && l->n_uas < UA_SLOTS / 2 && !l->uas[i].ua) {
         got.ua = key;
         l->uas[i] = got;
         l->n_uas++;
@@ -860,7 +867,7 @@ static size_t request_id(const Lane *l, uint64_t counter, char *rid) {
 static int allowed_verdict(Lane *l, const route_t *r, long *cls) {
     int verdict = verdict_of(l, &l->q);
     if (verdict == -2) { PyErr_Clear(); return -1; }
-    if (verdict < 0) return -1;
+    if (verdict < 0 || verdict >= PyTuple_GET_SIZE(l->verdict_class)) return -1;
     *cls = PyLong_AsLong(PyTuple_GET_ITEM(l->verdict_class, verdict));
     if (*cls < 0 || *cls >= 32 || !(r->allowed & (1u << *cls))) return -1;
     return verdict;
@@ -1662,6 +1669,8 @@ static PyObject *Lane_verdicts(Lane *l, PyObject *classes) {
             return NULL;
         }
     }
+    if (PyTuple_GET_SIZE(classes) < PyTuple_GET_SIZE(l->verdict_class))
+        clear_uas(l);  /* fewer verdicts: the User-Agents' indexes are asked again */
     Py_XSETREF(l->verdict_class, Py_NewRef(classes));
     Py_RETURN_NONE;
 }
