@@ -69,9 +69,10 @@ method where http_cache counts is its BYPASS: the header (lane.c), the event's r
 (`EventMaker`), the count (`_groups`), `bypass_answer` when Python finishes the call.
 
 A literal route also serves the paths under it (every route is a prefix: ``/api``
-serves ``/api/todos/7``) when nothing else claims any of them (`_alone_under`: no
-route of any function, built-in path or built-in prefix lies under it); the
-request's path then goes into its record, call and event (lane.c `path_object`).
+serves ``/api/todos/7``; ``/`` every path) but those the Router gives another target
+(`_under`: another route's subtree under it, a built-in path or prefix; none where a
+capture or wildcard route starts with its segments); the request's path then goes
+into its record, call and event (lane.c `path_object`).
 
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
@@ -99,6 +100,7 @@ from runtime.executors.python.wire import FRAME_HEAD
 from runtime.executors.wasm import native_wasi
 from runtime.executors.wasm.function import WasmFunction
 from runtime.executors.wasm.native import NativeReactorCall, Result
+from runtime.functions.manifest import parse_path
 from runtime.functions.registry import Deployment
 from runtime.net import lane as native
 from runtime.net.message import Request, Response
@@ -131,6 +133,10 @@ POST = METHODS.index("POST")
 BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
 ROUTE_ORIGIN, ROUTE_PREFIX = 1, 2  # lane.c's: a route's flags
+# lane.c's EX_*: a path under a prefix route another target takes: exactly; it and the
+# paths under it; every path it starts
+EXCLUDE_PATH, EXCLUDE_TREE, EXCLUDE_PREFIX = range(3)
+type Exclusions = tuple[tuple[bytes, int], ...]
 # what a browser's other headers make of it (`Classifier.classify`), in lane.c's BV_* order
 BROWSER_VERDICTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("browser", ()), ("automation", ("browser_headers_missing",)),
@@ -455,9 +461,9 @@ class NativeLane:
                 cache = self._cache_mode(fn)
                 for path, route in self._paths(fn):
                     if len(table) < 256:
-                        prefix = route == path and _alone_under(path, taken)
+                        under = _under(path, *taken) if route == path else None
                         routes.append((fn, route, path, cache))
-                        table.append(self._entry(fn, path, route, allowed, cache, prefix))
+                        table.append(self._entry(fn, path, route, allowed, cache, under))
         self.c.routes(table)
         self.routes = routes
         counts = self.http_cache is not None and self.http_cache.stats is not None
@@ -519,34 +525,35 @@ class NativeLane:
                 out.append((path, ctx.route))
         return out
 
-    def _taken(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """What claims paths besides a route (`_alone_under`): every function's routes
-        (as written: patterns too), the built-in endpoints and health paths no route
-        may cover (`Registry.reserved`, `Targets.builtin`); and the built-in APIs'
-        prefixes taken before function routes (`Targets.before`)."""
-        paths = [r.path for f in self.registry.functions.values()
-                 for r in f.manifest.route_list()]
-        paths += [p.decode("latin-1") for p in self.registry.reserved]
+    def _taken(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """What claims paths besides a route (`_under`): every function's routes (as
+        written: patterns too); the built-in endpoints and health paths, each exactly
+        (`Registry.reserved`, `Targets.builtin`); the built-in APIs' prefixes taken
+        before function routes (`Targets.before`)."""
+        routes = tuple(r.path for f in self.registry.functions.values()
+                       for r in f.manifest.route_list())
+        exact = {p.decode("latin-1") for p in self.registry.reserved}
         targets = self.chain.planner.targets if self.chain.planner is not None else None
-        before: list[str] = []
+        before: tuple[str, ...] = ()
         if targets is not None:
-            paths += [p.decode("latin-1") for p in targets.builtin]
-            before = [p.decode("latin-1") for p, _ in targets.before]
-        return tuple(paths), tuple(before)
+            exact |= {p.decode("latin-1") for p in targets.builtin}
+            before = tuple(p.decode("latin-1") for p, _ in targets.before)
+        return routes, tuple(sorted(exact)), before
 
     def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int,
-               prefix: bool = False) -> tuple[Any, ...]:
-        """The C's route tuple for `fn`'s literal route `path` (`prefix`: it also serves
-        the paths under it, lane.c `find_route`)."""
+               under: Exclusions | None = None) -> tuple[Any, ...]:
+        """The C's route tuple for `fn`'s literal route `path` (`under`: it also serves
+        the paths under it but these, lane.c `find_route`)."""
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
+        prefix = under is not None
         origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
         if isinstance(executor, PythonFunction):  # a call (`_submit`)
             assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
                     fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, executor,
-                    (fn, route, path, cache, executor.pool.cfg.max_response))
+                    (fn, route, path, cache, executor.pool.cfg.max_response), None, under)
         if executor.abi == "wasi":  # run by the C (`_cgi`), else, and what it leaves, a call
             cgi = self._cgi(executor, route)
             engine, pre = executor.raw_pre if cgi is not None else (0, 0)
@@ -554,14 +561,15 @@ class NativeLane:
                     executor.slice_ticks, executor.max_response, 0, executor.env_blob,
                     fn.label.encode(), fn, allowed, cache, origin, caching, fn.label,
                     executor,
-                    (fn, route, path, cache, 0), cgi)
+                    (fn, route, path, cache, 0), cgi, under)
         wasm = executor
         assert isinstance(wasm.call, NativeReactorCall)
         call = wasm.call
         times = ctypes.addressof(call.times) if call.times is not None else 0
         return (path.encode("latin-1"), call.engine or 0, call.pre or 0, call.memory_limit,
                 call.deadline_ticks, call.max_response, times, wasm.env_blob,
-                fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, wasm, None)
+                fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, wasm, None,
+                None, under)
 
     def _origin(self, fn: Deployment, path: str, prefix: bool = False) -> int:
         """1 when a `cors` stage `fn`'s requests go through acts on a request for
@@ -715,18 +723,45 @@ class LaneEvents:
         return made
 
 
-def _alone_under(path: str, taken: tuple[tuple[str, ...], tuple[str, ...]]) -> bool:
-    """Whether every path under the literal route `path` ("/a" serves "/a/x") resolves
-    to it: no route nor reserved path (`taken[0]`) lies under it (a literal segment
-    beats a capture and the longer literal prefix wins: no other route takes them)
-    and no built-in prefix taken before routes (`taken[1]`) meets it. Never "/" (the
-    built-ins come first) nor a path ending in "/"."""
-    if path.endswith("/"):
-        return False
-    under = path + "/"
-    paths, before = taken
-    return not any(t.startswith(under) for t in paths) and \
-        not any(b.startswith(under) or under.startswith(b) for b in before)
+def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
+           before: tuple[str, ...]) -> Exclusions | None:
+    """What of the paths under the literal route `path` ("/a" serves "/a/x"; "/" every
+    path) the Router gives another target (lane.c `excluded`), or None when the lane
+    may serve none of them. Per segment a literal beats a capture, which beats a
+    route's end, so another route takes paths under `path` only when `path`'s
+    segments start it and it goes on: a literal route takes its own subtree; a
+    pattern at most the paths under its literal head (what its captures refuse is
+    left to Python too); one that goes on with a capture, or ties (the same segments:
+    a wildcard's, another spelling), may take any (None). Built-in paths under it are
+    excluded exactly, built-in prefixes (taken before routes) as prefixes. None for a
+    path ending in "/" (but "/")."""
+    if path != "/" and path.endswith("/"):
+        return None
+    mine = parse_path(path).segments
+    n = len(mine)
+    under = "/" if path == "/" else path + "/"
+    out: list[tuple[bytes, int]] = []
+    for q in routes:
+        if q == path:
+            continue
+        pattern = parse_path(q)
+        segments = pattern.segments
+        if len(segments) < n or segments[:n] != mine:
+            continue
+        head = next((i for i, seg in enumerate(segments) if seg.startswith(":")),
+                    len(segments))
+        if len(segments) == n or head == n:
+            return None  # every path under it may be q's
+        text = ("/" + "/".join(segments[:head])).encode("latin-1")
+        out.append((text, EXCLUDE_TREE) if head == len(segments) else
+                   (text + b"/", EXCLUDE_PREFIX))  # a literal's (a wildcard's) subtree
+    out += [(p.encode("latin-1"), EXCLUDE_PATH) for p in exact if p.startswith(under)]
+    for b in before:
+        if under.startswith(b):
+            return None
+        if b.startswith(under):
+            out.append((b.encode("latin-1"), EXCLUDE_PREFIX))
+    return tuple(out)
 
 
 def _request(call: tuple[Any, ...]) -> Request:

@@ -721,11 +721,57 @@ def test_a_cors_stage_leaves_the_lane_every_request_it_hands_on_untouched(
         pop.close()
 
 
+ROOTED: dict[str, tuple[list[str], bytes]] = {  # name: (routes, body)
+    "root": (["/"], b"root"), "plain": (["/plain", "/plain/deep"], b"plain"),
+    "captures": (["/captures/:id"], b"captured"), "files": (["/files/*"], b"files")}
+ROOTED_SEGMENTS = ["plain", "plainx", "deep", "captures", "files", "healthz", "readyz", "x", "1",
+                   ""]
+
+
+@pytest.fixture(scope="module")
+def rooted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoP]:
+    """A PoP whose ``root`` function serves ``/`` (the catch-all), beside a literal
+    route with one under it, a capture's and a wildcard's."""
+    root = tmp_path_factory.mktemp("lane_rooted")
+    pop = pop_with(root)
+    for name, (routes, body) in ROOTED.items():
+        deploy(pop, function_dir(root / "fns", name, static_reactor(200, [], body),
+                                 routes=routes))
+    yield pop
+    pop.close()
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(segments=st.lists(st.sampled_from(ROOTED_SEGMENTS), min_size=0, max_size=4))
+def test_the_catch_all_serves_on_the_lane_what_the_router_gives_it(
+        rooted: PoP, segments: list[str]) -> None:
+    """``/`` serves every path no other target takes: on the lane now too, but the
+    health paths (answered before routes), a capture's or a wildcard's paths and
+    the subtrees of the literal routes (each its own): the lane answers a path as
+    the chain does, with the chain's event, and every path the router gives the
+    catch-all (and no built-in takes) is the lane's, but those under a capture's
+    literal head."""
+    path = "/" + "/".join(segments)
+    lane = lane_answer(rooted, path)
+    ctx = Context("127.0.0.1:1")
+    python = chain_answer(rooted, path, ctx=ctx)
+    if lane is not None:
+        event = fields(rooted, 2)
+        assert same(lane, python) and event[0] == event[1], path
+    # (under a capture's literal head the lane leaves every path: what the capture
+    # refuses, an empty segment, is the catch-all's in Python)
+    if path not in ("/healthz", "/readyz") and ctx.route == "/" and \
+            not path.startswith("/captures/"):
+        assert lane is not None and lane.endswith(b"\r\n\r\nroot"), path
+
+
 def test_a_route_deployed_under_a_prefix_takes_its_paths_from_the_lane_at_once(
         tmp_path: Path) -> None:
     """``/shop`` serves ``/shop/cart`` on the lane until another function deploys
-    ``/shop/cart``: from the next read on, that path is the new function's (on the
-    lane: a literal route), and the rest under ``/shop`` Python's (the router's)."""
+    ``/shop/cart``: from the next read on, that path and those under it are the new
+    function's (on the lane: its literal route), the rest under ``/shop`` still
+    ``/shop``'s."""
     pop = pop_with(tmp_path)
     try:
         deploy(pop, function_dir(tmp_path / "fns", "shop", OK, routes=["/shop"]))
@@ -737,8 +783,10 @@ def test_a_route_deployed_under_a_prefix_takes_its_paths_from_the_lane_at_once(
             served = lane_answer(pop, path)
             assert served is not None and served.endswith(b"\r\n\r\ncart"), path
             assert same(served, chain_answer(pop, path))
-        assert lane_answer(pop, "/shop/x") is None
-        assert chain_answer(pop, "/shop/x").body == b"ok"
+        for path in ("/shop/x", "/shop/cartx", "/shop/x/cart"):
+            served = lane_answer(pop, path)
+            assert served is not None and served.endswith(b"\r\n\r\nok"), path
+            assert same(served, chain_answer(pop, path))
     finally:
         pop.close()
 

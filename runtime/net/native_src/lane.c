@@ -285,8 +285,10 @@ typedef struct {
     int origin;                        /* a request with an Origin header is Python's (a
                                         * `cors` stage acts on it: its paths hold this) */
     int prefix;                        /* it also serves the paths under it ("/a" serves
-                                        * "/a/x"): no other route, built-in path or reserved
-                                        * one lies under it (Python checked) */
+                                        * "/a/x", "/" every path) but `excluded`'s */
+    PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
+                                        * Router gives another target (Python's `_under`),
+                                        * or NULL */
     PyObject *caching, *label_str;     /* the HTTP cache's labels with entries; its label */
     PyObject *executor;                /* its WasmFunction (`threaded`: moved off the loop) */
     PyObject *python;                  /* a Python function's route: what `submit` and the
@@ -299,6 +301,9 @@ typedef struct {
 
 /* a route's flags (its tuple's `origin` field) */
 enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2 };
+/* an exclusion under a prefix route: that path; it and the paths under it; every path
+ * it starts (runtime/pipeline/lane.py EXCLUDE_*) */
+enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2 };
 
 /* http_cache for a route: not in its plan; off for the function (its Cache-Tag
  * dropped); nothing of the deployment stored (`_first`: MISS, unless the response
@@ -577,19 +582,34 @@ static int verdict_of(Lane *l, const req_t *q) {
     return got.browser ? browser_verdict(q, &got) : got.verdict;
 }
 
+/* Whether `path` (n bytes, under prefix route `r`) is one of `r`'s exclusions. */
+static int excluded(const route_t *r, const char *path, size_t n) {
+    if (!r->excluded) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r->excluded); i++) {
+        PyObject *x = PyTuple_GET_ITEM(r->excluded, i);  /* checked by `routes` */
+        PyObject *p = PyTuple_GET_ITEM(x, 0);
+        size_t m = (size_t)PyBytes_GET_SIZE(p);
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(x, 1));
+        if (n < m || memcmp(path, PyBytes_AS_STRING(p), m)) continue;
+        if (kind == EX_PREFIX || n == m || (kind == EX_TREE && path[m] == '/')) return 1;
+    }
+    return 0;
+}
+
 /* The route serving `path` (n bytes): the one equal to it, else the prefix route it lies
- * under (a segment boundary: "/a" serves "/a/x", not "/ax"; such routes are never
- * nested, so at most one is), as the Router picks it; -1: none of the lane's. */
+ * under (a segment boundary: "/a" serves "/a/x", not "/ax"; "/" every path) that does
+ * not exclude it, as the Router picks it (a prefix route excludes the subtrees of the
+ * routes under it: at most one takes a path); -1: none of the lane's. */
 static int find_route(const Lane *l, const char *path, size_t n) {
-    int under = -1;
+    for (int i = 0; i < l->n_routes; i++)
+        if (l->routes[i].path_len == n && !memcmp(l->routes[i].path, path, n)) return i;
     for (int i = 0; i < l->n_routes; i++) {
         const route_t *r = &l->routes[i];
-        if (r->path_len == n && !memcmp(r->path, path, n)) return i;
-        if (under < 0 && r->prefix && r->path_len < n && path[r->path_len] == '/' &&
-                !memcmp(r->path, path, r->path_len))
-            under = i;
+        if (r->prefix && r->path_len < n && !memcmp(r->path, path, r->path_len) &&
+                (r->path_len == 1 || path[r->path_len] == '/') && !excluded(r, path, n))
+            return i;
     }
-    return under;
+    return -1;
 }
 
 static uint8_t *put_str(uint8_t *o, const void *s, uint32_t n) {
@@ -1566,6 +1586,7 @@ static void clear_routes(Lane *l) {
         Py_CLEAR(r->python);
         Py_CLEAR(r->cgi);
         Py_CLEAR(r->cgi_route);
+        Py_CLEAR(r->excluded);
     }
     l->n_routes = 0;
     l->generation++;
@@ -1576,10 +1597,31 @@ static void clear_uas(Lane *l) {
     l->n_uas = 0;
 }
 
+/* Whether `x` is a route's exclusions: a tuple of (bytes, EX_*); else a ValueError. */
+static int exclusions_ok(PyObject *x) {
+    if (PyTuple_Check(x)) {
+        Py_ssize_t i = 0;
+        for (; i < PyTuple_GET_SIZE(x); i++) {
+            PyObject *e = PyTuple_GET_ITEM(x, i);
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2 ||
+                    !PyBytes_Check(PyTuple_GET_ITEM(e, 0)) ||
+                    !PyLong_Check(PyTuple_GET_ITEM(e, 1)))
+                break;
+            long kind = PyLong_AsLong(PyTuple_GET_ITEM(e, 1));
+            if (kind < EX_PATH || kind > EX_PREFIX) break;
+        }
+        if (i == PyTuple_GET_SIZE(x)) return 1;
+    }
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "exclusions: a tuple of (bytes, 0..2)");
+    return 0;
+}
+
 /* routes(list of (path, engine, pre, memory_limit, deadline_ticks, max_response, times,
  * env_blob, label, fn, allowed, cache, origin, caching, label_str, executor, python[,
- * cgi]): the eligible routes, replacing the ones before (`origin`: 1 when a request
- * with an Origin header is Python's; `caching`: a set, for CACHE_FIRST;
+ * cgi[, excluded]]): the eligible routes, replacing the ones before (`origin`: ROUTE_*
+ * flags, ROUTE_ORIGIN when a request with an Origin header is Python's, ROUTE_PREFIX
+ * when the route serves the paths under it but `excluded`'s, a tuple of (path, EX_*); `caching`: a set, for CACHE_FIRST;
  * `python`: None for a WASM reactor, what a Python function's call carries for Python's
  * finish; `cgi`: for a WASI command the C may run itself (`commands`), (argv[0] and the
  * manifest env as NUL-ended strings, the env's pair count, X_MATCHED_ROUTE), its engine,
@@ -1595,16 +1637,18 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         route_t *r = &l->routes[i];
         const char *path;
         Py_ssize_t path_len;
-        PyObject *env, *label, *fn, *caching, *label_str, *executor, *python, *cgi = Py_None;
+        PyObject *env, *label, *fn, *caching, *label_str, *executor, *python, *cgi = Py_None,
+                 *excl = Py_None;
         unsigned long long engine, pre, times, ticks, max_response;
         long long memory;
         unsigned int allowed;
         int cache, origin;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiiOUOO|O", &path,
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiiOUOO|OO", &path,
                               &path_len, &engine, &pre, &memory, &ticks, &max_response, &times,
                               &env, &label, &fn, &allowed, &cache, &origin, &caching,
-                              &label_str, &executor, &python, &cgi))
+                              &label_str, &executor, &python, &cgi, &excl))
             return NULL;
+        if (excl != Py_None && !exclusions_ok(excl)) return NULL;
         PyObject *strings = NULL, *matched = NULL;
         unsigned int envc = 0;
         if (cgi != Py_None && (!PyArg_ParseTuple(cgi, "SIS", &strings, &envc, &matched) ||
@@ -1641,6 +1685,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->cache = cache;
         r->origin = (origin & ROUTE_ORIGIN) != 0;
         r->prefix = (origin & ROUTE_PREFIX) != 0;
+        r->excluded = excl == Py_None ? NULL : Py_NewRef(excl);
         r->caching = Py_NewRef(caching);
         r->label_str = Py_NewRef(label_str);
         r->executor = Py_NewRef(executor);
@@ -1800,6 +1845,7 @@ static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
     for (int i = 0; i < l->n_routes; i++) {
         Py_VISIT(l->routes[i].fn);
         Py_VISIT(l->routes[i].caching);
+        Py_VISIT(l->routes[i].excluded);
         Py_VISIT(l->routes[i].executor);
         Py_VISIT(l->routes[i].python);
     }
