@@ -103,17 +103,19 @@ def python_headers() -> Path | None:
     return include if (include / "Python.h").exists() else None
 
 
-def build(source: str | Path = SOURCE, stem: str = "codec") -> Path:
+def build(source: str | Path = SOURCE, stem: str = "codec", parts: tuple[Path, ...] = ()
+          ) -> Path:
     """`source` compiled as a CPython extension for this Python (`compile_cached`,
-    keyed by the Python build). Raises RuntimeError without a C compiler or
-    Python's headers, or if the build fails."""
+    keyed by the Python build and the bytes of `parts`, the files `source`
+    ``#include``s). Raises RuntimeError without a C compiler or Python's headers, or
+    if the build fails."""
     from pathlib import Path
 
     headers = python_headers()
     if headers is None:
         raise RuntimeError("no Python.h: this Python's headers are not installed")
-    return compile_cached(Path(source), stem, (sys.version + str(headers)).encode(),
-                          ["-Wall", f"-I{headers}"])
+    key = (sys.version + str(headers)).encode() + b"".join(p.read_bytes() for p in parts)
+    return compile_cached(Path(source), stem, key, ["-Wall", f"-I{headers}"])
 
 
 def compile_cached(source: Path, stem: str, key: bytes, args: list[str]) -> Path:

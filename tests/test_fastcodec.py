@@ -303,3 +303,20 @@ def test_off_switch_and_no_compiler_leave_the_python_codec(tmp_path: Path) -> No
     out = run_python({"CC": str(tmp_path / "no-cc"), "EDGEFN_NATIVE_CACHE": str(tmp_path)})
     assert out.startswith("False False\n(201, [], b'x')")
     assert out.count("the C codec is unavailable") == 1, out  # logged once
+
+
+def test_a_file_a_source_includes_is_part_of_the_build_key(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`build(source, stem, parts)` keys the cached library by the parts too (the lane's
+    lane.c includes lane_drain.c.h): a changed part builds anew, never the stale one."""
+    if fastcodec.python_headers() is None:
+        pytest.skip("no Python.h")
+    monkeypatch.setenv("EDGEFN_NATIVE_CACHE", str(tmp_path / "cache"))
+    source, part = tmp_path / "m.c", tmp_path / "m_part.c.h"
+    source.write_text('#include "m_part.c.h"\nint answer(void) { return ANSWER; }\n')
+    part.write_text("#define ANSWER 1\n")
+    first = fastcodec.build(source, "m", (part,))
+    assert fastcodec.build(source, "m", (part,)) == first  # cached
+    part.write_text("#define ANSWER 2\n")
+    second = fastcodec.build(source, "m", (part,))
+    assert second != first and first.exists() and second.exists()

@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_FILES = [
     "runtime/executors/wasm/native_src/reactor.c",  # the native fast path, built on first use
     "runtime/executors/wasm/native_src/kv_get.c",  # the native kv_get, built on first use
+    "runtime/executors/wasm/native_src/wasi.c",  # WASI commands run natively
+    "runtime/net/native_src/lane.c",  # the native lane, built on first use: without it
+    "runtime/net/native_src/lane_drain.c.h",  # every request took the Python front
     "edgefn_core/codec.c",  # the C codec of the function ABI, built on first use
     "kv/lmdb_handles.py",
     "edgefn/__init__.py",  # the Python guest SDK, imported inside isolates
@@ -117,5 +120,7 @@ def test_edgefn_dev_from_the_wheel_serves_wasm_and_python(
         assert r.status == 200 and b"hello" in r.read().lower()
     with urllib.request.urlopen(url + "/py/hello?name=wheel", timeout=30) as r:
         assert r.status == 200 and b"wheel" in r.read()
-    # the native fast path was compiled here, from the reactor.c inside the wheel
+    # the native fast path was compiled here, from the reactor.c inside the wheel, and
+    # the native lane from its lane.c (a wheel without it served every request in Python)
     assert list((tmp_path / "native").glob("*.so")), "native reactor not built"
+    assert list((tmp_path / "native").glob("lane-*.so")), "native lane not built"

@@ -26,6 +26,7 @@ from edgefn_core.fastcodec import build, import_extension
 
 log = logging.getLogger("edgefn.http")
 SOURCE = Path(__file__).with_name("native_src") / "lane.c"
+PARTS = (SOURCE.with_name("lane_drain.c.h"),)  # what lane.c includes: part of the key
 NAME = "_edgefn_lane"
 ENV = "EDGEFN_NATIVE_LANE"  # "0": off, whatever [http] native_lane says
 # (err, method field, accessor, major, minor, major accessor, minor accessor, keep-alive)
@@ -50,7 +51,7 @@ def disabled() -> bool:
 def load() -> ModuleType | None:
     """The extension, built if needed; None (logged once) when it cannot be had."""
     try:
-        return import_extension(NAME, build(SOURCE, "lane"))
+        return import_extension(NAME, build(SOURCE, "lane", PARTS))
     except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as e:
         log.warning("the native lane is unavailable (%s); every request takes the Python "
                     "front", e)

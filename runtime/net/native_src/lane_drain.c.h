@@ -1,0 +1,513 @@
+/*
+ * The native lane's drain (part of lane.c, included by it: one translation unit, so
+ * its helpers are lane.c's; `runtime.net.lane` hashes this file into the build's key).
+ */
+/* ---- the drain: records -> events, access-log lines, metric groups ---------------------- */
+/*
+ * `EventMaker(template, fields, bounds)` turns the records `add_record` appended into
+ * what `NativeLane.drain` hands the observers (runtime/observe/batch.py `EventBatch`):
+ *
+ * - one `Event` per record: a copy of `template` (an Event with the PoP's pop, tier and
+ *   geo, every other field its default) whose per-request fields are written through
+ *   their member descriptors' offsets (`fields`: the names in FIELD order; checked to be
+ *   plain object slots of the template's type), the same values the Python drain gave;
+ * - with `lines`, the access log's text lines (runtime/pipeline/stages/access_log.py
+ *   TEXT_STR) of those events, byte for byte what `AccessLog.observe` writes;
+ * - the records grouped by (route, status, method): their count, the count per verdict,
+ *   body bytes, the duration histogram's buckets (`bounds`: bisect_left, the last one
+ *   +Inf) and the durations in seconds, in order, for the histogram's sum.
+ */
+enum { F_TS, F_RID, F_CLIENT, F_BOT, F_METHOD, F_HOST, F_PATH, F_QUERY, F_STATUS, F_TARGET,
+       F_OWNER, F_ROUTE, F_DECISIONS, F_STAGES, F_BYTES_IN, F_BYTES_OUT, F_DURATION,
+       N_FIELDS };
+#define MAX_BOUNDS 31
+#define TEXT_CACHE 4096  /* clients and hosts kept as text (NativeLane.texts) */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *template, *copy;  /* the Event to copy, its type's __copy__ */
+    PyObject *methods[N_METHODS];  /* METHOD_NAMES as str */
+    Py_ssize_t offset[N_FIELDS];
+    double bounds[MAX_BOUNDS];
+    int n_bounds;
+    long long second;  /* the second `stamp` renders (-1: none yet) */
+    char stamp[32];
+    size_t stamp_len;
+} EventMaker;
+
+static int EventMaker_init(EventMaker *m, PyObject *args, PyObject *kw) {
+    (void)kw;
+    PyObject *template, *fields, *bounds;
+    if (!PyArg_ParseTuple(args, "OO!O!", &template, &PyTuple_Type, &fields, &PyTuple_Type,
+                          &bounds))
+        return -1;
+    if (PyTuple_GET_SIZE(fields) != N_FIELDS || PyTuple_GET_SIZE(bounds) > MAX_BOUNDS) {
+        PyErr_Format(PyExc_ValueError, "EventMaker: %d fields, at most %d bounds", N_FIELDS,
+                     MAX_BOUNDS);
+        return -1;
+    }
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *d = PyObject_GetAttr((PyObject *)Py_TYPE(template), PyTuple_GET_ITEM(fields, i));
+        if (!d) return -1;
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX &&
+                 !(((PyMemberDescrObject *)d)->d_member->flags & Py_READONLY);
+        if (ok) m->offset[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok) {
+            PyErr_Format(PyExc_RuntimeError, "EventMaker: %R is not a writable object slot",
+                         PyTuple_GET_ITEM(fields, i));
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(bounds); i++) {
+        m->bounds[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(bounds, i));
+        if (m->bounds[i] == -1.0 && PyErr_Occurred()) return -1;
+    }
+    m->n_bounds = (int)PyTuple_GET_SIZE(bounds);
+    Py_XSETREF(m->template, Py_NewRef(template));
+    Py_XSETREF(m->copy, PyObject_GetAttrString((PyObject *)Py_TYPE(template), "__copy__"));
+    for (int i = 0; i < N_METHODS; i++) {
+        Py_XSETREF(m->methods[i], PyUnicode_InternFromString(METHOD_NAMES[i]));
+        if (!m->methods[i]) return -1;
+    }
+    m->second = -1;
+    return m->copy ? 0 : -1;
+}
+
+/* Write `value` (a new reference, may be NULL: then -1) into `obj`'s slot `field`. */
+static int put(EventMaker *m, PyObject *obj, int field, PyObject *value) {
+    if (!value) return -1;
+    PyObject **slot = (PyObject **)((char *)obj + m->offset[field]);
+    Py_XSETREF(*slot, value);
+    return 0;
+}
+
+/* texts[key], or `make()` kept there (the table cleared past TEXT_CACHE): a borrowed
+ * reference, NULL with a Python error. */
+static PyObject *text_of(PyObject *texts, PyObject *key, PyObject *(*make)(PyObject *)) {
+    PyObject *t = PyDict_GetItemWithError(texts, key);
+    if (t || PyErr_Occurred()) return t;
+    PyObject *made = make(key);
+    if (!made) return NULL;
+    if (PyDict_GET_SIZE(texts) >= TEXT_CACHE) PyDict_Clear(texts);
+    int err = PyDict_SetItem(texts, key, made);
+    Py_DECREF(made);  /* the dict holds it */
+    return err ? NULL : made;
+}
+
+/* "ip:port" -> "ip" (Python's `client.rpartition(":")[0] or client`) */
+static PyObject *client_ip(PyObject *client) {
+    Py_ssize_t at = PyUnicode_FindChar(client, ':', 0, PyUnicode_GET_LENGTH(client), -1);
+    if (at == -2) return NULL;
+    if (at <= 0) return Py_NewRef(client);
+    return PyUnicode_Substring(client, 0, at);
+}
+
+static PyObject *host_text(PyObject *host) {
+    return PyUnicode_DecodeLatin1(PyBytes_AS_STRING(host), PyBytes_GET_SIZE(host), NULL);
+}
+
+/* ---- a growable byte buffer: the access-log lines ---- */
+typedef struct { char *p; size_t len, cap; } buf_t;
+
+static int reserve(buf_t *b, size_t more) {
+    if (b->len + more <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) { PyErr_NoMemory(); return -1; }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* `s` encoded as `.encode("latin-1", "replace")` does: one '?' per code point past 255 */
+static int put_latin1(buf_t *b, PyObject *s) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (reserve(b, (size_t)n)) return -1;
+    if (PyUnicode_KIND(s) == PyUnicode_1BYTE_KIND) {
+        memcpy(b->p + b->len, PyUnicode_1BYTE_DATA(s), (size_t)n);
+    } else {
+        int kind = PyUnicode_KIND(s);
+        const void *data = PyUnicode_DATA(s);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_UCS4 c = PyUnicode_READ(kind, data, i);
+            b->p[b->len + (size_t)i] = c > 255 ? '?' : (char)c;
+        }
+    }
+    b->len += (size_t)n;
+    return 0;
+}
+
+#define LIT(s_) (memcpy(b->p + b->len, s_, sizeof s_ - 1), b->len += sizeof s_ - 1)
+
+/* The access log's text line of one event (access_log.TEXT_STR):
+ * ts=%s.%03dZ method=%s path=%s status=%d fn=%s dur_ms=%.3f bytes=%d rid=%s client=%s
+ * `micros` is round(took / 1000): dur_ms (micros / 1000, a double) printed with %.3f is
+ * micros' digits with the point three from the right. */
+static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
+                    long status, PyObject *target, unsigned long long micros,
+                    unsigned long long size, const char *rid, size_t rid_len,
+                    PyObject *client) {
+    long long second = (long long)ts;
+    if (second != m->second) {
+        time_t t = (time_t)second;
+        struct tm tm;
+        if (!gmtime_r(&t, &tm) ||
+                !(m->stamp_len = strftime(m->stamp, sizeof m->stamp, "%Y-%m-%dT%H:%M:%S", &tm))) {
+            PyErr_SetString(PyExc_ValueError, "access log: a time gmtime cannot render");
+            return -1;
+        }
+        m->second = second;
+    }
+    if (reserve(b, 160 + m->stamp_len)) return -1;
+    int millis = (int)(fmod(ts, 1.0) * 1000);  /* Python's %03d of ts % 1 * 1000 */
+    LIT("ts=");
+    memcpy(b->p + b->len, m->stamp, m->stamp_len);
+    b->len += m->stamp_len;
+    char *o = b->p + b->len;
+    *o++ = '.';
+    *o++ = (char)('0' + millis / 100);
+    *o++ = (char)('0' + millis / 10 % 10);
+    *o++ = (char)('0' + millis % 10);
+    b->len = (size_t)(o - b->p);
+    LIT("Z method=");
+    if (put_latin1(b, method) || reserve(b, 8)) return -1;
+    LIT(" path=");
+    if (put_latin1(b, path) || reserve(b, 40)) return -1;
+    LIT(" status=");
+    b->len = (size_t)(put_u64(b->p + b->len, (unsigned long long)status) - b->p);
+    LIT(" fn=");
+    if (target != Py_None ? put_latin1(b, target) : (reserve(b, 1) ? -1 : (LIT("-"), 0)))
+        return -1;
+    if (reserve(b, 100)) return -1;
+    LIT(" dur_ms=");
+    o = put_u64(b->p + b->len, micros / 1000);
+    *o++ = '.';
+    *o++ = (char)('0' + micros % 1000 / 100);
+    *o++ = (char)('0' + micros % 100 / 10);
+    *o++ = (char)('0' + micros % 10);
+    b->len = (size_t)(o - b->p);
+    LIT(" bytes=");
+    b->len = (size_t)(put_u64(b->p + b->len, size) - b->p);
+    LIT(" rid=");  /* never empty: "prefix-number" */
+    if (reserve(b, rid_len + 9)) return -1;
+    memcpy(b->p + b->len, rid, rid_len);
+    b->len += rid_len;
+    LIT(" client=");
+    if (put_latin1(b, client) || reserve(b, 1)) return -1;
+    LIT("\n");
+    return 0;
+}
+
+/* ---- groups: records of one (route, status, method) ---- */
+#define MAX_VERDICTS 256  /* runtime/pipeline/lane.py's */
+typedef struct {
+    long route, status, method, n;
+    long long bytes;
+    long buckets[MAX_BOUNDS + 1];
+    long verdicts[MAX_VERDICTS];  /* records per verdict */
+    PyObject *durations;  /* list of seconds, in order */
+} group_t;
+
+static void free_groups(group_t *g, size_t n) {
+    for (size_t i = 0; i < n; i++) Py_XDECREF(g[i].durations);
+    free(g);
+}
+
+/* The group of (route, status, method) in `*gs` (made if new), NULL with a Python error. */
+static group_t *group_of(group_t **gs, size_t *n, size_t *cap, long route, long status,
+                         long method) {
+    for (size_t i = *n; i-- > 0;)
+        if ((*gs)[i].route == route && (*gs)[i].status == status && (*gs)[i].method == method)
+            return &(*gs)[i];
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 4;
+        group_t *p = realloc(*gs, c * sizeof *p);
+        if (!p) { PyErr_NoMemory(); return NULL; }
+        *gs = p;
+        *cap = c;
+    }
+    group_t *g = &(*gs)[(*n)++];
+    memset(g, 0, sizeof *g);
+    g->route = route;
+    g->status = status;
+    g->method = method;
+    g->durations = PyList_New(0);
+    return g->durations ? g : NULL;
+}
+
+static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        group_t *g = &gs[i];
+        PyObject *buckets = PyList_New(0);
+        for (int b = 0; buckets && b <= m->n_bounds; b++) {
+            if (!g->buckets[b]) continue;
+            PyObject *pair = Py_BuildValue("(il)", b, g->buckets[b]);
+            if (!pair || PyList_Append(buckets, pair)) Py_CLEAR(buckets);
+            Py_XDECREF(pair);
+        }
+        PyObject *verdicts = buckets ? PyDict_New() : NULL;
+        for (int v = 0; verdicts && v < MAX_VERDICTS; v++) {
+            if (!g->verdicts[v]) continue;
+            PyObject *k = PyLong_FromLong(v), *c = PyLong_FromLong(g->verdicts[v]);
+            if (!k || !c || PyDict_SetItem(verdicts, k, c)) Py_CLEAR(verdicts);
+            Py_XDECREF(k);
+            Py_XDECREF(c);
+        }
+        PyObject *t = verdicts ? Py_BuildValue("(lllllNNO)", g->route, g->status, g->method, g->n,
+                                               (long)g->bytes, verdicts, buckets,
+                                               g->durations) : NULL;
+        if (!verdicts) Py_XDECREF(buckets);
+        if (!t) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+    }
+    return out;
+}
+
+/* The Event of record `r` (its route's and verdict's texts given): a copy of the
+ * template with the per-request fields written. NULL with a Python error. */
+static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObject *v,
+                            PyObject *decisions, PyObject *method, PyObject *host,
+                            PyObject *path, PyObject *client, const char *id, size_t id_len,
+                            double duration_ms) {
+    PyObject *e = PyObject_Vectorcall(m->copy, &m->template, 1, NULL);
+    if (!e || put(m, e, F_TS, Py_NewRef(r[0])) ||
+            put(m, e, F_RID, PyUnicode_FromStringAndSize(id, (Py_ssize_t)id_len)) ||
+            put(m, e, F_CLIENT, Py_NewRef(client)) ||
+            put(m, e, F_BOT, Py_NewRef(PyTuple_GET_ITEM(v, 0))) ||
+            put(m, e, F_METHOD, Py_NewRef(method)) || put(m, e, F_HOST, Py_NewRef(host)) ||
+            put(m, e, F_PATH, Py_NewRef(path)) ||
+            (PyBytes_GET_SIZE(r[9]) &&
+             put(m, e, F_QUERY, PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[9]),
+                                                       PyBytes_GET_SIZE(r[9]), NULL))) ||
+            put(m, e, F_STATUS, Py_NewRef(r[3])) ||
+            put(m, e, F_TARGET, Py_NewRef(PyTuple_GET_ITEM(route, 1))) ||
+            put(m, e, F_OWNER, Py_NewRef(PyTuple_GET_ITEM(route, 2))) ||
+            put(m, e, F_ROUTE, Py_NewRef(PyTuple_GET_ITEM(route, 3))) ||
+            put(m, e, F_DECISIONS, PyDict_Copy(decisions)) ||
+            put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_IN, Py_NewRef(r[11])) ||
+            put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
+            put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms))) {
+        Py_XDECREF(e);
+        return NULL;
+    }
+    return e;
+}
+
+/* `base` (a verdict's decisions) with http_cache's record of a bypassed request (an
+ * unsafe method): {"outcome": "BYPASS", "key": "<label> <host><path>[?<query>]"}, as
+ * `HttpCacheStage._record` makes it (`_label` of the key). A new dict, NULL with a
+ * Python error. */
+static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *host,
+                                  PyObject *path, PyObject *query) {
+    PyObject *key = PyUnicode_FromFormat(PyBytes_GET_SIZE(query) ? "%U %U%U?%s" : "%U %U%U%s",
+                                         label, host, path, "");
+    if (key && PyBytes_GET_SIZE(query)) {
+        PyObject *q = PyUnicode_DecodeLatin1(PyBytes_AS_STRING(query), PyBytes_GET_SIZE(query),
+                                             NULL);
+        Py_SETREF(key, q ? PyUnicode_Concat(key, q) : NULL);
+        Py_XDECREF(q);
+    }
+    PyObject *record = key ? Py_BuildValue("{s:s,s:N}", "outcome", "BYPASS", "key", key) : NULL;
+    PyObject *d = record ? PyDict_Copy(base) : NULL;
+    if (d && PyDict_SetItemString(d, "http_cache", record)) Py_CLEAR(d);
+    Py_XDECREF(record);
+    return d;
+}
+
+/* One record's event (a new reference; with `ctx`, the pair (ctx, record) instead), its
+ * line in `log` (when given) and its share of its group. NULL with a Python error. */
+static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObject *verdicts,
+                          PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
+                          PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
+                          size_t *max_text) {
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 13) {
+        PyErr_SetString(PyExc_TypeError, "a record: a 13-tuple (add_record)");
+        return NULL;
+    }
+    PyObject **r = &PyTuple_GET_ITEM(rec, 0);
+    double ts = PyFloat_AsDouble(r[0]);
+    int kept = PyBytes_Check(r[1]);  /* the caller's id, else a number (`id_object`) */
+    unsigned long long number = kept ? 0 : PyLong_AsUnsignedLongLong(r[1]);
+    long ri = PyLong_AsLong(r[2]), status = PyLong_AsLong(r[3]);
+    unsigned long long took = PyLong_AsUnsignedLongLong(r[5]);
+    unsigned long long size = PyLong_AsUnsignedLongLong(r[4]);
+    long verdict = PyLong_AsLong(r[6]), method = PyLong_AsLong(r[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (ri < 0 || ri >= PyTuple_GET_SIZE(routes) || verdict < 0 || verdict >= MAX_VERDICTS ||
+            method < 0 || method >= N_METHODS || !PyLong_Check(r[11]) ||
+            verdict >= PyTuple_GET_SIZE(verdicts) || !PyBytes_Check(r[8]) ||
+            !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10]) ||
+            (kept && (PyBytes_GET_SIZE(r[1]) == 0 || PyBytes_GET_SIZE(r[1]) > 128)) ||
+            (r[12] != Py_None && !PyBytes_Check(r[12]))) {
+        PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
+        return NULL;
+    }
+    /* route: (path, target, owner, route, first); verdict: (class, decisions, with MISS) */
+    PyObject *route = PyTuple_GET_ITEM(routes, ri), *v = PyTuple_GET_ITEM(verdicts, verdict);
+    if (!PyTuple_Check(route) || PyTuple_GET_SIZE(route) != 5 || !PyTuple_Check(v) ||
+            PyTuple_GET_SIZE(v) != 3) {
+        PyErr_SetString(PyExc_TypeError, "routes: 5-tuples; verdicts: 3-tuples");
+        return NULL;
+    }
+    int first = PyObject_IsTrue(PyTuple_GET_ITEM(route, 4));
+    PyObject *decisions = PyTuple_GET_ITEM(v, first > 0 && method < MC_POST ? 2 : 1);
+    PyObject *client = text_of(texts, r[10], client_ip);
+    PyObject *host = client ? text_of(texts, r[8], host_text) : NULL;
+    if (first < 0 || !client || !host || !PyDict_Check(decisions)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
+        return NULL;
+    }
+    /* the request's path: its route's own, or one under it (latin-1, as the front's) */
+    PyObject *path = r[12] == Py_None ? Py_NewRef(PyTuple_GET_ITEM(route, 0))
+                                      : PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[12]),
+                                                               PyBytes_GET_SIZE(r[12]), NULL);
+    if (!path) return NULL;
+    PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s */
+    if (first > 0 && method >= MC_POST && !ctx) {
+        bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host, path, r[9]);
+        if (!bypass) { Py_DECREF(path); return NULL; }
+        decisions = bypass;
+    }
+    double micros = nearbyint((double)took / 1000.0);  /* Python's round(): half to even */
+    double duration_ms = micros / 1000.0;                /* round(took / 1000) / 1000 */
+    PyObject *method_text = m->methods[method];
+    char id[160];  /* the caller's, or f"{prefix}-{number:x}" */
+    size_t id_len;
+    if (kept) {
+        id_len = (size_t)PyBytes_GET_SIZE(r[1]);
+        memcpy(id, PyBytes_AS_STRING(r[1]), id_len);
+    } else {
+        memcpy(id, prefix, prefix_len);
+        id[prefix_len] = '-';
+        id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
+    }
+    if (log && put_line(m, log, ts, method_text, path, status, PyTuple_GET_ITEM(route, 1),
+                        (unsigned long long)micros, size, id, id_len, client)) {
+        Py_XDECREF(bypass);
+        Py_DECREF(path);
+        return NULL;
+    }
+    PyObject *e = ctx ? PyTuple_Pack(2, ctx, rec) : make_event(m, r, route, v, decisions,
+                                                            method_text, host, path, client,
+                                                            id, id_len, duration_ms);
+    Py_XDECREF(bypass);
+    size_t text = (size_t)(PyUnicode_GET_LENGTH(path) + PyBytes_GET_SIZE(r[9]) +
+                           PyUnicode_GET_LENGTH(host));
+    Py_DECREF(path);
+    if (!e) return NULL;
+    group_t *g = group_of(gs, ng, cap, ri, status, method);
+    double seconds = duration_ms / 1000;
+    int b = 0;
+    while (b < m->n_bounds && m->bounds[b] < seconds) b++;  /* bisect_left */
+    PyObject *s = g ? PyFloat_FromDouble(seconds) : NULL;
+    int err = !s || PyList_Append(g->durations, s);
+    Py_XDECREF(s);
+    if (err) { Py_DECREF(e); return NULL; }
+    g->n++;
+    g->bytes += (long long)size;
+    g->buckets[b]++;
+    g->verdicts[verdict]++;
+    if (text > *max_text) *max_text = text;
+    return e;
+}
+
+/* make(records, routes, verdicts, texts, prefix, lines[, ctx]) -> (events, lines, groups,
+ * text): `routes[i]` (path, target, owner, route, first: the MISS of http_cache's
+ * `_first`), `verdicts[i]` (bot class, decisions, decisions with the MISS), `texts` the
+ * dict of clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines`
+ * whether to write the access log's lines (else None). With `ctx` (not None), no Event is
+ * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, method, n, bytes,
+ * {verdict: n}, [(bucket, n)], [seconds]); `text` the most characters of path, query and
+ * host together in one event. */
+static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs < 6 || nargs > 7 || !PyList_Check(a[0]) || !PyTuple_Check(a[1]) ||
+            !PyTuple_Check(a[2]) || !PyDict_Check(a[3]) || !PyUnicode_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "make(records, routes, verdicts, texts, prefix, lines[, ctx])");
+        return NULL;
+    }
+    PyObject *ctx = nargs == 7 && a[6] != Py_None ? a[6] : NULL;
+    int want = PyObject_IsTrue(a[5]);
+    if (want < 0 || !m->template) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "EventMaker not initialised");
+        return NULL;
+    }
+    Py_ssize_t prefix_len;
+    const char *prefix = PyUnicode_AsUTF8AndSize(a[4], &prefix_len);
+    if (!prefix) return NULL;
+    if (prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "a request id prefix past 64 bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(a[0]);
+    size_t max_text = 0;
+    PyObject *events = PyList_New(n);
+    buf_t log = {NULL, 0, 0};
+    group_t *gs = NULL;
+    size_t ng = 0, cap = 0;
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; events && i < n; i++) {
+        PyObject *e = make_one(m, PyList_GET_ITEM(a[0], i), a[1], a[2], a[3], prefix,
+                               (size_t)prefix_len, want ? &log : NULL, ctx, &gs, &ng,
+                               &cap, &max_text);
+        if (!e) goto done;
+        PyList_SET_ITEM(events, i, e);
+    }
+    if (events) {
+        PyObject *groups = groups_out(m, gs, ng);
+        PyObject *lines = !want ? Py_NewRef(Py_None)
+                                : PyBytes_FromStringAndSize(log.p ? log.p : "", (Py_ssize_t)log.len);
+        if (groups && lines) out = Py_BuildValue("(OOOn)", events, lines, groups,
+                                                 (Py_ssize_t)max_text);
+        Py_XDECREF(groups);
+        Py_XDECREF(lines);
+    }
+done:
+    Py_XDECREF(events);
+    free(log.p);
+    free_groups(gs, ng);
+    return out;
+}
+
+static int EventMaker_traverse(EventMaker *m, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(m));
+    Py_VISIT(m->template);
+    Py_VISIT(m->copy);
+    return 0;
+}
+
+static int EventMaker_clear(EventMaker *m) {
+    Py_CLEAR(m->template);
+    Py_CLEAR(m->copy);
+    for (int i = 0; i < N_METHODS; i++) Py_CLEAR(m->methods[i]);
+    return 0;
+}
+
+static void EventMaker_dealloc(EventMaker *m) {
+    PyTypeObject *tp = Py_TYPE(m);
+    PyObject_GC_UnTrack(m);
+    EventMaker_clear(m);
+    tp->tp_free((PyObject *)m);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef MAKER_METHODS[] = {
+    {"make", (PyCFunction)(void (*)(void))EventMaker_make, METH_FASTCALL,
+     "make(records, routes, verdicts, texts, prefix, lines[, ctx]) -> (events, lines, groups, text)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyType_Slot MAKER_SLOTS[] = {
+    {Py_tp_init, EventMaker_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, EventMaker_dealloc},
+    {Py_tp_traverse, EventMaker_traverse},
+    {Py_tp_clear, EventMaker_clear},
+    {Py_tp_methods, MAKER_METHODS},
+    {0, NULL}};
+
+static PyType_Spec MAKER_SPEC = {"_edgefn_lane.EventMaker", sizeof(EventMaker), 0,
+                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, MAKER_SLOTS};
