@@ -71,8 +71,11 @@ method where http_cache counts is its BYPASS: the header (lane.c), the event's r
 A literal route also serves the paths under it (every route is a prefix: ``/api``
 serves ``/api/todos/7``; ``/`` every path) but those the Router gives another target
 (`_under`: another route's subtree under it, a built-in path or prefix; none where a
-capture or wildcard route starts with its segments); the request's path then goes
-into its record, call and event (lane.c `path_object`).
+route ties it); the request's path then goes
+into its record, call and event (lane.c `path_object`). A route with captures
+(``/users/:id``: a WASM reactor's or a Python function's) serves its matches but
+those a route that outranks it takes (`_beside`), its captures encoded as the
+request's params (lane.c `matches`, `encode`).
 
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
@@ -132,10 +135,11 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 POST = METHODS.index("POST")
 BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
-ROUTE_ORIGIN, ROUTE_PREFIX = 1, 2  # lane.c's: a route's flags
+ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN = 1, 2, 4  # lane.c's: a route's flags
 # lane.c's EX_*: a path under a prefix route another target takes: exactly; it and the
 # paths under it; every path it starts
-EXCLUDE_PATH, EXCLUDE_TREE, EXCLUDE_PREFIX = range(3)
+EXCLUDE_PATH, EXCLUDE_TREE, EXCLUDE_PREFIX, EXCLUDE_SEGMENT = range(4)  # (+ i: segment i's)
+ANY_SEGMENT = b":"  # EXCLUDE_SEGMENT's for any non-empty segment (no literal is ":")
 type Exclusions = tuple[tuple[bytes, int], ...]
 # what a browser's other headers make of it (`Classifier.classify`), in lane.c's BV_* order
 BROWSER_VERDICTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -464,6 +468,12 @@ class NativeLane:
                         under = _under(path, *taken) if route == path else None
                         routes.append((fn, route, path, cache))
                         table.append(self._entry(fn, path, route, allowed, cache, under))
+                for route in self._patterns(fn):
+                    beside = _beside(route, *taken)
+                    if beside is not None and len(table) < 256:
+                        routes.append((fn, route, route, cache))
+                        table.append(self._entry(fn, route, route, allowed, cache, beside,
+                                                 pattern=True))
         self.c.routes(table)
         self.routes = routes
         counts = self.http_cache is not None and self.http_cache.stats is not None
@@ -540,15 +550,35 @@ class NativeLane:
             before = tuple(p.decode("latin-1") for p, _ in targets.before)
         return routes, tuple(sorted(exact)), before
 
+    def _patterns(self, fn: Deployment) -> list[str]:
+        """`fn`'s routes with captures (``/users/:id``, no wildcard, no host) the C may
+        match (lane.c `matches`): a WASM reactor's or a Python function's (a command's
+        call takes no params: `_submit`), of at most 16 segments and 255 bytes."""
+        if isinstance(fn.executor, WasmFunction) and fn.executor.abi == "wasi":
+            return []
+        out = []
+        for r in fn.manifest.route_list():
+            pattern = parse_path(r.path)
+            if r.host or pattern.literal or pattern.wildcard or len(pattern.segments) > 16 \
+                    or len(r.path.encode("latin-1", "replace")) > 255 or r.path.endswith("/"):
+                continue
+            out.append(r.path)
+        return out
+
     def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int,
-               under: Exclusions | None = None) -> tuple[Any, ...]:
-        """The C's route tuple for `fn`'s literal route `path` (`under`: it also serves
-        the paths under it but these, lane.c `find_route`)."""
+               under: Exclusions | None = None, pattern: bool = False) -> tuple[Any, ...]:
+        """The C's route tuple for `fn`'s route `path`: a literal one (`under`: it also
+        serves the paths under it but these), or with `pattern` one with captures, whose
+        matches but `under` it serves (lane.c `find_route`)."""
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
-        prefix = under is not None
-        origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
+        prefix = under is not None and not pattern
+        if pattern:  # cors acts on paths under its literal head
+            head = path[:path.index("/:")] or "/"
+            origin = self._origin(fn, head, True) | ROUTE_PATTERN
+        else:
+            origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
         if isinstance(executor, PythonFunction):  # a call (`_submit`)
             assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
@@ -731,8 +761,9 @@ def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
     route's end, so another route takes paths under `path` only when `path`'s
     segments start it and it goes on: a literal route takes its own subtree; a
     pattern at most the paths under its literal head (what its captures refuse is
-    left to Python too); one that goes on with a capture, or ties (the same segments:
-    a wildcard's, another spelling), may take any (None). Built-in paths under it are
+    left to Python too), or where a capture follows `path`'s segments any path with a
+    non-empty segment there; one that ties (the same segments: a wildcard's, another
+    spelling) may take any (None). Built-in paths under it are
     excluded exactly, built-in prefixes (taken before routes) as prefixes. None for a
     path ending in "/" (but "/")."""
     if path != "/" and path.endswith("/"):
@@ -750,8 +781,11 @@ def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
             continue
         head = next((i for i, seg in enumerate(segments) if seg.startswith(":")),
                     len(segments))
-        if len(segments) == n or head == n:
-            return None  # every path under it may be q's
+        if len(segments) == n:
+            return None  # a tie: the same segments (a wildcard's, another spelling)
+        if head == n:  # a capture next: any path with a segment there may be q's
+            out.append((ANY_SEGMENT, EXCLUDE_SEGMENT + n))
+            continue
         text = ("/" + "/".join(segments[:head])).encode("latin-1")
         out.append((text, EXCLUDE_TREE) if head == len(segments) else
                    (text + b"/", EXCLUDE_PREFIX))  # a literal's (a wildcard's) subtree
@@ -762,6 +796,62 @@ def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
         if b.startswith(under):
             out.append((b.encode("latin-1"), EXCLUDE_PREFIX))
     return tuple(out)
+
+
+def _beside(route: str, routes: tuple[str, ...], exact: tuple[str, ...],
+            before: tuple[str, ...]) -> Exclusions | None:
+    """What of the paths the route with captures `route` matches the Router gives
+    another target (lane.c `excluded`), or None when the lane may serve none of them.
+    The Router ranks routes segment by segment (a literal beats a capture, which beats
+    a route's end), so walking `route` beside another route `q`: a literal of `route`
+    against a capture of `q`, or two literals that differ, settle it for `route` (or
+    nothing of `q` meets it); a capture of `route` against a literal of `q` gives `q`
+    the paths whose segment there is that literal (excluded); `q` going on past
+    `route`'s end takes those whose next segment is its literal, or with a capture
+    any non-empty one (excluded); a tie (the same segments) any (None). Built-in paths it matches
+    are excluded exactly; a built-in prefix it may meet: None."""
+    mine = parse_path(route).segments
+    n = len(mine)
+    out: list[tuple[bytes, int]] = []
+    for q in routes:
+        if q == route:
+            continue
+        theirs = parse_path(q).segments
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+            if a.startswith(":") and not b.startswith(":"):
+                out.append((_segment(b), EXCLUDE_SEGMENT + i))
+                break
+            if not a.startswith(":") and (b.startswith(":") or a != b):
+                break  # `route` outranks q there, or they never meet
+        else:
+            if len(theirs) < n:
+                continue  # q ends where `route` goes on: `route` outranks it
+            if len(theirs) == n:
+                return None  # a tie: the same segments
+            out.append((_segment(theirs[n]), EXCLUDE_SEGMENT + n))
+    for p in exact:
+        if _matches(mine, p):
+            out.append((p.encode("latin-1"), EXCLUDE_PATH))
+    for b in before:
+        if all(x.startswith(":") or x == y for x, y in zip(mine, b.strip("/").split("/"),
+                                                          strict=False)):
+            return None
+    return tuple(out)
+
+
+def _segment(segment: str) -> bytes:
+    """A route's segment as an EXCLUDE_SEGMENT exclusion: a literal as it is, a
+    capture as ANY_SEGMENT (any non-empty one)."""
+    return ANY_SEGMENT if segment.startswith(":") else segment.encode("latin-1")
+
+
+def _matches(segments: tuple[str, ...], path: str) -> bool:
+    """Whether `path` matches a route of `segments` (lane.c `matches`)."""
+    parts = path.split("/")[1:]
+    if len(parts) < len(segments):
+        return False
+    return all(p != "" if s.startswith(":") else p == s
+               for s, p in zip(segments, parts, strict=False))
 
 
 def _request(call: tuple[Any, ...]) -> Request:

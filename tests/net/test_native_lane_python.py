@@ -47,6 +47,8 @@ def handle(request, env):
                                  ("x-request-id", "mine"), ("X-Edgefn-Error", "forged"),
                                  ("Content-Length", "999"), ("Connection", "close"),
                                  ("X-Edgefn-Function", "other@1")])
+    if path.startswith("/pyitem/"):  # a route with captures: what it captured
+        return Response(f"item {sorted(request.params.items())} {path}\\n")
     if path.startswith("/pyfn/"):  # under the route: the path as the function got it
         return Response(f"under {path} {request.query.get('name', '-')}\\n")
     if path == "/pyboom":
@@ -78,7 +80,7 @@ def handle(request, env):
     return Response("?", status=500)
 '''
 ROUTES = ["/pyfn", "/pyecho", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
-          "/pyslow", "/pylongname", "/pybig", "/pyhuge"]
+          "/pyslow", "/pylongname", "/pybig", "/pyhuge", "/pyitem/:id", "/pyitem/:id/:part"]
 
 
 def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES,
@@ -156,6 +158,9 @@ SERVED = {  # name: (request, the lane starts its call)
                             True),
     "http/1.0": (request("GET", "/pyfn", H, version="HTTP/1.0"), False),
     "under its route": (request("GET", "/pyfn/a/b?name=c", H), True),
+    "captures": (request("GET", "/pyitem/42?x=1", H), True),
+    "captures, two": (request("POST", "/pyitem/42/photos/9", H, b"p"), True),
+    "captures, empty": (request("GET", "/pyitem/", H), False),
     "post under its route": (request("POST", "/pyecho/items/7", H, b"{}"), True),
     "raises under its route": (request("POST", "/pyboom/x", H, b"x"), True),
     "http/1.0 kept alive": (request("GET", "/pyfn", [*H, ("Connection", "keep-alive")],

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from runtime import config as c
@@ -27,7 +27,7 @@ from runtime.observe.metrics import DURATION
 from runtime.pipeline.lane import NativeLane
 from runtime.pipeline.stage import Context
 from runtime.pop import PoP
-from tests.net.lane_support import static_reactor
+from tests.net.lane_support import MIRROR, static_reactor
 from tests.net.test_native_lane_wasi import writing as wasi_command
 from tests.support import function_dir
 
@@ -234,15 +234,17 @@ def test_a_browsers_class_is_decided_in_c_as_the_classifier_decides_it(
 
 def test_a_literal_route_and_what_lies_under_it_alone_are_the_lanes(pop: PoP) -> None:
     """Every route is a prefix: the lane serves a literal route and the paths under it
-    when no other route lies under it (``/plain/sub``; ``/plain2`` is beside it), as
-    the chain answers them; under ``/captures``, whose ``/captures/:id`` lies there,
-    or what a capture or wildcard route matches, is Python's (the chain fills
-    ``params`` and ``route``), and so is a path past a segment boundary."""
+    that no other route takes (``/plain/sub``; ``/plain2`` is beside it; ``/captures/``,
+    whose empty segment ``/captures/:id`` refuses), and a capture's matches, as the
+    chain answers them; a wildcard's is Python's, and so is a path past a segment
+    boundary."""
     assert same(lane_answer(pop, "/captures"), chain_answer(pop, "/captures"))
-    for path in ("/plain/sub", "/plain/a/b/", "/plain2/x", "/noagents/1?q"):
+    for path in ("/plain/sub", "/plain/a/b/", "/plain2/x", "/noagents/1", "/captures/",
+                 "/captures/1", "/captures/1/x"):
         assert same(lane_answer(pop, path), chain_answer(pop, path)), path
-        assert fields(pop, 1) == [{**fields(pop, 1)[0]}]
-    for path in ("/captures/1", "/captures/1/x", "/star/a", "/star", "/plainx"):
+        served = fields(pop, 2)
+        assert served[0] == served[1], path
+    for path in ("/star/a", "/star", "/plainx"):
         assert lane_answer(pop, path) is None
         assert chain_answer(pop, path).status in (200, 404)
 
@@ -272,8 +274,8 @@ def test_a_path_the_lane_serves_is_served_as_the_router_routes_it(
     # the literal routes nothing else lies under: each path from them on is the lane's
     if segments[0] in ("plain", "plain2", "nocache", "noagents", "l" * 254):
         assert lane is not None, path
-    elif segments[0] in ("captures", "star", "limited") and len(segments) > 1:
-        assert lane is None, path  # under a capture's literal part, a wildcard, a limit
+    elif segments[0] in ("star", "limited") and len(segments) > 1:
+        assert lane is None, path  # a wildcard's, a limited function's
 
 
 def test_the_longest_path_the_table_holds(pop: PoP) -> None:
@@ -764,6 +766,56 @@ def test_the_catch_all_serves_on_the_lane_what_the_router_gives_it(
     if path not in ("/healthz", "/readyz") and ctx.route == "/" and \
             not path.startswith("/captures/"):
         assert lane is not None and lane.endswith(b"\r\n\r\nroot"), path
+
+
+CAPTURING: dict[str, list[str]] = {  # name: routes (mirrors: the guest's request, params too)
+    "users": ["/users", "/users/:id", "/users/:id/posts", "/users/me", "/users/me/:tab"],
+    "orgs": ["/orgs/:org/repos/:repo"], "plain": ["/plain"]}
+CAPTURING_SEGMENTS = ["users", "me", "7", "posts", "x", "orgs", "acme", "repos", "r1",
+                      "plain", "", "healthz"]
+
+
+@pytest.fixture(scope="module")
+def capturing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoP]:
+    """A PoP whose functions have routes with captures (one beside a literal and a
+    longer one of its own), each a mirror of what its guest is given."""
+    root = tmp_path_factory.mktemp("lane_capturing")
+    pop = pop_with(root)
+    for name, routes in CAPTURING.items():
+        deploy(pop, function_dir(root / "fns", name, MIRROR, routes=routes))
+    yield pop
+    pop.close()
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(segments=st.lists(st.sampled_from(CAPTURING_SEGMENTS), min_size=1, max_size=5),
+       method=st.sampled_from([b"GET", b"POST"]))
+@example(segments=["users", "7", "posts"], method=b"GET")
+@example(segments=["users", "7", "posts", "x"], method=b"GET")
+@example(segments=["users", "me", "posts"], method=b"GET")
+@example(segments=["users", "me", "x"], method=b"GET")
+@example(segments=["users", "7", "x"], method=b"POST")
+@example(segments=["orgs", "acme", "repos", "r1", "x"], method=b"GET")
+@example(segments=["orgs", "acme", "repos", ""], method=b"GET")
+def test_a_route_with_captures_serves_on_the_lane_what_the_router_gives_it(
+        capturing: PoP, segments: list[str], method: bytes) -> None:
+    """A route with captures (``/users/:id``) was always Python's. Now the C matches it
+    as the Router's regex does and encodes its params, but leaves what a route that
+    outranks it takes (``/users/me``, ``/users/:id/posts``): the lane answers a path as
+    the chain does (the mirror's body is the guest's request, params included), with
+    the chain's event (its route), and every path the router gives such a route is
+    the lane's."""
+    path = "/" + "/".join(segments)
+    lane = lane_answer(capturing, path, method=method)
+    ctx = Context("127.0.0.1:1")
+    python = chain_answer(capturing, path, method=method, ctx=ctx)
+    if lane is not None:
+        event = fields(capturing, 2)
+        assert same(lane, python, method) and event[0] == event[1], path
+    if ctx.route is not None and ":" in ctx.route:
+        assert lane is not None, path
+        assert all(v.encode() in lane for v in ctx.params.values())
 
 
 def test_a_route_deployed_under_a_prefix_takes_its_paths_from_the_lane_at_once(

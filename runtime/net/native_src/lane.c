@@ -14,7 +14,8 @@
  * front reads differently (Connection, Expect, Upgrade, chunked framing,
  * credentials, signatures, x-edgefn-*; a caller's request id is kept as
  * `request_id` keeps it: `kept_id`), a plain origin-form path that
- * equals an eligible route or lies under one Python found alone there (`find_route`),
+ * equals an eligible route, lies under one or matches one with captures where the
+ * Router picks it (`find_route`: Python lists what another route takes there),
  * a User-Agent Python has classified as a
  * non-browser class its policy allows, sizes under the front's limits. If so:
  * encode the request (edgefn_core/abi.py), call the PoP's own reactor entry
@@ -164,6 +165,7 @@ enum { WASI_RUN_OK = 0 };  /* wasi.c's RUN_OK: `_start` returned (or exited 0) *
 #define MAX_HEADERS 64
 #define UA_MAX 512
 #define MAX_ROUTES 256
+#define MAX_SEGMENTS 16  /* of a pattern route the lane serves (Python checks) */
 #define UA_SLOTS 1024  /* a power of two */
 #define MAX_HEAD_BYTES (64 << 10)  /* edgefn_core.abi.MAX_HEAD_BYTES */
 
@@ -180,6 +182,8 @@ typedef struct {
     uint64_t max_body; /* min(the front's max_body_bytes, BODY_MAX); 0: no bodies */
     int http10;        /* an HTTP/1.0 request (kept alive: `Connection: keep-alive`) */
     int sub;           /* its path is under its route's (a prefix's), not the route's own */
+    uint32_t ncaps;    /* what a pattern route captured: spans of `url` */
+    struct { uint32_t at, len; } caps[MAX_SEGMENTS];
     uint32_t path_len; /* of `url`, before any '?' */
     const char *rid;   /* the caller's request id `request_id` keeps (in `head`), or NULL */
     uint32_t rid_len;
@@ -286,6 +290,11 @@ typedef struct {
                                         * `cors` stage acts on it: its paths hold this) */
     int prefix;                        /* it also serves the paths under it ("/a" serves
                                         * "/a/x", "/" every path) but `excluded`'s */
+    int pattern;                       /* a route with captures ("/users/:id"): `path` is
+                                        * it as written, split into `seg` (a capture's
+                                        * name after its ':') */
+    uint32_t nseg;
+    struct { uint32_t at, len; int capture; } seg[MAX_SEGMENTS];
     PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
                                         * Router gives another target (Python's `_under`),
                                         * or NULL */
@@ -300,10 +309,11 @@ typedef struct {
 } route_t;
 
 /* a route's flags (its tuple's `origin` field) */
-enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2 };
+enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4 };
 /* an exclusion under a prefix route: that path; it and the paths under it; every path
  * it starts (runtime/pipeline/lane.py EXCLUDE_*) */
-enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2 };
+enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2, EX_SEGMENT = 3 };
+/* (EX_SEGMENT + i: a path whose segment i, from 0, is that literal; ":" any non-empty) */
 
 /* http_cache for a route: not in its plan; off for the function (its Cache-Tag
  * dropped); nothing of the deployment stored (`_first`: MISS, unless the response
@@ -582,33 +592,85 @@ static int verdict_of(Lane *l, const req_t *q) {
     return got.browser ? browser_verdict(q, &got) : got.verdict;
 }
 
-/* Whether `path` (n bytes, under prefix route `r`) is one of `r`'s exclusions. */
+/* Segment `i` (from 0) of `path` (n bytes, starting with '/'): its start; its length in
+ * *len; NULL when the path has fewer. */
+static const char *segment(const char *path, size_t n, long i, size_t *len) {
+    size_t at = 0;
+    for (; i >= 0; i--) {
+        if (at >= n || path[at] != '/') return NULL;
+        size_t end = ++at;
+        while (end < n && path[end] != '/') end++;
+        if (i == 0) { *len = end - at; return path + at; }
+        at = end;
+    }
+    return NULL;
+}
+
+/* Whether `path` (n bytes, under prefix route or matching pattern route `r`) is one of
+ * `r`'s exclusions. */
 static int excluded(const route_t *r, const char *path, size_t n) {
     if (!r->excluded) return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r->excluded); i++) {
         PyObject *x = PyTuple_GET_ITEM(r->excluded, i);  /* checked by `routes` */
         PyObject *p = PyTuple_GET_ITEM(x, 0);
-        size_t m = (size_t)PyBytes_GET_SIZE(p);
+        size_t m = (size_t)PyBytes_GET_SIZE(p), len;
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(x, 1));
+        if (kind >= EX_SEGMENT) {  /* ":" (no literal segment is one): any non-empty */
+            const char *seg = segment(path, n, kind - EX_SEGMENT, &len);
+            int any = m == 1 && PyBytes_AS_STRING(p)[0] == ':';
+            if (seg && (any ? len > 0 : len == m && !memcmp(seg, PyBytes_AS_STRING(p), m)))
+                return 1;
+            continue;
+        }
         if (n < m || memcmp(path, PyBytes_AS_STRING(p), m)) continue;
         if (kind == EX_PREFIX || n == m || (kind == EX_TREE && path[m] == '/')) return 1;
     }
     return 0;
 }
 
+/* Whether `path` (n bytes) matches pattern route `r` as the Router's regex does (a
+ * literal segment equal, a capture one non-empty segment, then the end or a '/'), its
+ * captures into `q`. */
+static int matches(const route_t *r, const char *path, size_t n, req_t *q) {
+    size_t at = 0;
+    q->ncaps = 0;
+    for (uint32_t i = 0; i < r->nseg; i++) {
+        if (at >= n || path[at] != '/') return 0;
+        size_t start = ++at;
+        while (at < n && path[at] != '/') at++;
+        size_t len = at - start;
+        if (r->seg[i].capture) {
+            if (!len) return 0;
+            q->caps[q->ncaps].at = (uint32_t)start;
+            q->caps[q->ncaps++].len = (uint32_t)len;
+        } else if (len != r->seg[i].len || memcmp(path + start, r->path + r->seg[i].at, len)) {
+            return 0;
+        }
+    }
+    return at == n || path[at] == '/';
+}
+
 /* The route serving `path` (n bytes): the one equal to it, else the prefix route it lies
  * under (a segment boundary: "/a" serves "/a/x", not "/ax"; "/" every path) that does
  * not exclude it, as the Router picks it (a prefix route excludes the subtrees of the
  * routes under it: at most one takes a path); -1: none of the lane's. */
-static int find_route(const Lane *l, const char *path, size_t n) {
+static int find_route(const Lane *l, const char *path, size_t n, req_t *q) {
+    q->ncaps = 0;
     for (int i = 0; i < l->n_routes; i++)
-        if (l->routes[i].path_len == n && !memcmp(l->routes[i].path, path, n)) return i;
+        if (!l->routes[i].pattern && l->routes[i].path_len == n &&
+                !memcmp(l->routes[i].path, path, n))
+            return i;
     for (int i = 0; i < l->n_routes; i++) {
         const route_t *r = &l->routes[i];
         if (r->prefix && r->path_len < n && !memcmp(r->path, path, r->path_len) &&
                 (r->path_len == 1 || path[r->path_len] == '/') && !excluded(r, path, n))
             return i;
     }
+    for (int i = 0; i < l->n_routes; i++) {  /* a pattern's: what Python found it alone on */
+        const route_t *r = &l->routes[i];
+        if (r->pattern && matches(r, path, n, q) && !excluded(r, path, n)) return i;
+    }
+    q->ncaps = 0;
     return -1;
 }
 
@@ -631,7 +693,7 @@ static size_t encode(Lane *l, const route_t *r, PyObject *principal, int method,
     const req_t *q = &l->q;
     size_t n = 4 + 4 * 6 + 4 + path_len + query_len + (size_t)q->nh * 8 + q->head_len +
                (size_t)PyBytes_GET_SIZE(r->env_blob) + (size_t)q->body_len + 4 /* params */ +
-               (size_t)PyBytes_GET_SIZE(principal);
+               (size_t)PyBytes_GET_SIZE(principal) + r->path_len + path_len + 8 * q->ncaps;
     if (grow(&l->req, &l->req_cap, n)) return 0;
     uint8_t *o = l->req;
     memcpy(o, "EFQ1", 4);
@@ -646,7 +708,16 @@ static size_t encode(Lane *l, const route_t *r, PyObject *principal, int method,
     }
     o = put_blob(o, r->env_blob);
     o = put_str(o, q->body ? q->body : "", (uint32_t)q->body_len);
-    o = put_str(o, "", 0);  /* params: encode_params({}) is NO_PAIRS, a zero count */
+    /* params: encode_params(captures), a count then (name, value) pairs, latin-1: the
+     * names after a pattern's ':'s, the values the path's bytes (NO_PAIRS: none) */
+    memcpy(o, &q->ncaps, 4);
+    o += 4;
+    for (uint32_t i = 0, k = 0; i < r->nseg && k < q->ncaps; i++) {
+        if (!r->seg[i].capture) continue;
+        o = put_str(o, r->path + r->seg[i].at + 1, r->seg[i].len - 1);
+        o = put_str(o, path + q->caps[k].at, q->caps[k].len);
+        k++;
+    }
     o = put_blob(o, principal);
     return (size_t)(o - l->req);
 }
@@ -1292,10 +1363,10 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     size_t path_len = mark ? (size_t)(mark - url) : q->url_len;
     const char *query = mark ? mark + 1 : "";
     size_t query_len = mark ? q->url_len - path_len - 1 : 0;
-    int ri = find_route(l, url, path_len);
+    int ri = find_route(l, url, path_len, q);
     if (ri < 0) return 0;
     route_t *r = &l->routes[ri];
-    q->sub = r->path_len != path_len;
+    q->sub = r->pattern || r->path_len != path_len;
     q->path_len = (uint32_t)path_len;
     if (r->origin)  /* what `cors` answers, or tags: Python's */
         for (uint32_t i = 0; i < q->nh; i++)
@@ -1597,6 +1668,23 @@ static void clear_uas(Lane *l) {
     l->n_uas = 0;
 }
 
+/* `r`'s path split into its segments (a pattern route's): 0, -1 when it is no
+ * '/'-separated list of at most MAX_SEGMENTS non-empty segments. */
+static int split_pattern(route_t *r) {
+    size_t at = 0;
+    r->nseg = 0;
+    while (at < r->path_len) {
+        if (r->path[at] != '/' || r->nseg == MAX_SEGMENTS) return -1;
+        size_t start = ++at;
+        while (at < r->path_len && r->path[at] != '/') at++;
+        if (at == start) return -1;
+        r->seg[r->nseg].at = (uint32_t)start;
+        r->seg[r->nseg].len = (uint32_t)(at - start);
+        r->seg[r->nseg++].capture = r->path[start] == ':' && at - start > 1;
+    }
+    return r->nseg ? 0 : -1;
+}
+
 /* Whether `x` is a route's exclusions: a tuple of (bytes, EX_*); else a ValueError. */
 static int exclusions_ok(PyObject *x) {
     if (PyTuple_Check(x)) {
@@ -1608,12 +1696,12 @@ static int exclusions_ok(PyObject *x) {
                     !PyLong_Check(PyTuple_GET_ITEM(e, 1)))
                 break;
             long kind = PyLong_AsLong(PyTuple_GET_ITEM(e, 1));
-            if (kind < EX_PATH || kind > EX_PREFIX) break;
+            if (kind < EX_PATH || kind >= EX_SEGMENT + MAX_SEGMENTS) break;
         }
         if (i == PyTuple_GET_SIZE(x)) return 1;
     }
     PyErr_Clear();
-    PyErr_SetString(PyExc_ValueError, "exclusions: a tuple of (bytes, 0..2)");
+    PyErr_SetString(PyExc_ValueError, "exclusions: a tuple of (bytes, 0..18)");
     return 0;
 }
 
@@ -1672,6 +1760,14 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         }
         memcpy(r->path, path, (size_t)path_len);
         r->path_len = (size_t)path_len;
+        r->pattern = (origin & ROUTE_PATTERN) != 0;
+        r->nseg = 0;
+        if (r->pattern && (split_pattern(r) || cgi != Py_None)) {
+            r->pattern = 0;
+            PyErr_SetString(PyExc_ValueError, "a pattern route: '/'-separated segments, at "
+                            "most 16, each non-empty (a capture ':name'); no command's");
+            return NULL;
+        }
         r->engine = (void *)(uintptr_t)engine;
         r->pre = (void *)(uintptr_t)pre;
         r->times = (void *)(uintptr_t)times;
