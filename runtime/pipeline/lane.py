@@ -71,11 +71,10 @@ method where http_cache counts is its BYPASS: the header (lane.c), the event's r
 A literal route also serves the paths under it (every route is a prefix: ``/api``
 serves ``/api/todos/7``; ``/`` every path) but those the Router gives another target
 (`_under`: another route's subtree under it, a built-in path or prefix; none where a
-route ties it); the request's path then goes
-into its record, call and event (lane.c `path_object`). A route with captures
-(``/users/:id``: a WASM reactor's or a Python function's) serves its matches but
-those a route that outranks it takes (`_beside`), its captures encoded as the
-request's params (lane.c `matches`, `encode`).
+route ties it); the request's path then goes into its record, call and event (lane.c
+`path_object`). A route with captures (``/users/:id``: a WASM reactor's or a Python
+function's) serves its matches but those a route that outranks it takes (`_beside`),
+its captures encoded as the request's params (lane.c `matches`, `encode`).
 
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
@@ -763,9 +762,9 @@ def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
     pattern at most the paths under its literal head (what its captures refuse is
     left to Python too), or where a capture follows `path`'s segments any path with a
     non-empty segment there; one that ties (the same segments: a wildcard's, another
-    spelling) may take any (None). Built-in paths under it are
-    excluded exactly, built-in prefixes (taken before routes) as prefixes. None for a
-    path ending in "/" (but "/")."""
+    spelling) may take any (None). Built-in paths under it are excluded exactly,
+    built-in prefixes (taken before routes) as prefixes. None for a path ending in
+    "/" (but "/")."""
     if path != "/" and path.endswith("/"):
         return None
     mine = parse_path(path).segments
@@ -808,8 +807,8 @@ def _beside(route: str, routes: tuple[str, ...], exact: tuple[str, ...],
     nothing of `q` meets it); a capture of `route` against a literal of `q` gives `q`
     the paths whose segment there is that literal (excluded); `q` going on past
     `route`'s end takes those whose next segment is its literal, or with a capture
-    any non-empty one (excluded); a tie (the same segments) any (None). Built-in paths it matches
-    are excluded exactly; a built-in prefix it may meet: None."""
+    any non-empty one (excluded); a tie (the same segments) any (None). Built-in
+    paths it matches are excluded exactly; a built-in prefix it may meet: None."""
     mine = parse_path(route).segments
     n = len(mine)
     out: list[tuple[bytes, int]] = []
