@@ -102,8 +102,9 @@ from runtime.executors.python.wire import FRAME_HEAD
 from runtime.executors.wasm import native_wasi
 from runtime.executors.wasm.function import WasmFunction
 from runtime.executors.wasm.native import NativeReactorCall, Result
-from runtime.functions.manifest import parse_path
+from runtime.functions.manifest import Route, parse_path
 from runtime.functions.registry import Deployment
+from runtime.functions.router import Router
 from runtime.net import lane as native
 from runtime.net.message import Request, Response
 from runtime.observe.batch import EventBatch, Group
@@ -140,6 +141,7 @@ ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN = 1, 2, 4  # lane.c's: a route's flags
 EXCLUDE_PATH, EXCLUDE_TREE, EXCLUDE_PREFIX, EXCLUDE_SEGMENT = range(4)  # (+ i: segment i's)
 ANY_SEGMENT = b":"  # EXCLUDE_SEGMENT's for any non-empty segment (no literal is ":")
 type Exclusions = tuple[tuple[bytes, int], ...]
+type Segmented = tuple[tuple[str, tuple[str, ...]], ...]  # routes, each with its segments
 # what a browser's other headers make of it (`Classifier.classify`), in lane.c's BV_* order
 BROWSER_VERDICTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("browser", ()), ("automation", ("browser_headers_missing",)),
@@ -534,13 +536,14 @@ class NativeLane:
                 out.append((path, ctx.route))
         return out
 
-    def _taken(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-        """What claims paths besides a route (`_under`): every function's routes (as
-        written: patterns too); the built-in endpoints and health paths, each exactly
-        (`Registry.reserved`, `Targets.builtin`); the built-in APIs' prefixes taken
-        before function routes (`Targets.before`)."""
-        routes = tuple(r.path for f in self.registry.functions.values()
-                       for r in f.manifest.route_list())
+    def _taken(self) -> tuple[Segmented, tuple[str, ...], tuple[str, ...]]:
+        """What claims paths besides a route (`_under`, `_beside`): every function's
+        routes (as written, patterns too, each with its segments: parsed once a
+        rebuild, not once per pair); the built-in endpoints and health paths, each
+        exactly (`Registry.reserved`, `Targets.builtin`); the built-in APIs' prefixes
+        taken before function routes (`Targets.before`)."""
+        routes = tuple((r.path, parse_path(r.path).segments)
+                       for f in self.registry.functions.values() for r in f.manifest.route_list())
         exact = {p.decode("latin-1") for p in self.registry.reserved}
         targets = self.chain.planner.targets if self.chain.planner is not None else None
         before: tuple[str, ...] = ()
@@ -752,7 +755,7 @@ class LaneEvents:
         return made
 
 
-def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
+def _under(path: str, routes: Segmented, exact: tuple[str, ...],
            before: tuple[str, ...]) -> Exclusions | None:
     """What of the paths under the literal route `path` ("/a" serves "/a/x"; "/" every
     path) the Router gives another target (lane.c `excluded`), or None when the lane
@@ -771,11 +774,9 @@ def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
     n = len(mine)
     under = "/" if path == "/" else path + "/"
     out: list[tuple[bytes, int]] = []
-    for q in routes:
+    for q, segments in routes:
         if q == path:
             continue
-        pattern = parse_path(q)
-        segments = pattern.segments
         if len(segments) < n or segments[:n] != mine:
             continue
         head = next((i for i, seg in enumerate(segments) if seg.startswith(":")),
@@ -797,7 +798,7 @@ def _under(path: str, routes: tuple[str, ...], exact: tuple[str, ...],
     return tuple(out)
 
 
-def _beside(route: str, routes: tuple[str, ...], exact: tuple[str, ...],
+def _beside(route: str, routes: Segmented, exact: tuple[str, ...],
             before: tuple[str, ...]) -> Exclusions | None:
     """What of the paths the route with captures `route` matches the Router gives
     another target (lane.c `excluded`), or None when the lane may serve none of them.
@@ -812,10 +813,9 @@ def _beside(route: str, routes: tuple[str, ...], exact: tuple[str, ...],
     mine = parse_path(route).segments
     n = len(mine)
     out: list[tuple[bytes, int]] = []
-    for q in routes:
+    for q, theirs in routes:
         if q == route:
             continue
-        theirs = parse_path(q).segments
         for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
             if a.startswith(":") and not b.startswith(":"):
                 out.append((_segment(b), EXCLUDE_SEGMENT + i))
@@ -828,9 +828,9 @@ def _beside(route: str, routes: tuple[str, ...], exact: tuple[str, ...],
             if len(theirs) == n:
                 return None  # a tie: the same segments
             out.append((_segment(theirs[n]), EXCLUDE_SEGMENT + n))
-    for p in exact:
-        if _matches(mine, p):
-            out.append((p.encode("latin-1"), EXCLUDE_PATH))
+    alone = Router([(Route(route), "lane", None)])  # (as `Registry._check_reserved` asks)
+    out += [(p.encode("latin-1"), EXCLUDE_PATH) for p in exact
+            if alone.match(b"", p.encode("latin-1")) is not None]
     for b in before:
         if all(x.startswith(":") or x == y for x, y in zip(mine, b.strip("/").split("/"),
                                                           strict=False)):
@@ -842,15 +842,6 @@ def _segment(segment: str) -> bytes:
     """A route's segment as an EXCLUDE_SEGMENT exclusion: a literal as it is, a
     capture as ANY_SEGMENT (any non-empty one)."""
     return ANY_SEGMENT if segment.startswith(":") else segment.encode("latin-1")
-
-
-def _matches(segments: tuple[str, ...], path: str) -> bool:
-    """Whether `path` matches a route of `segments` (lane.c `matches`)."""
-    parts = path.split("/")[1:]
-    if len(parts) < len(segments):
-        return False
-    return all(p != "" if s.startswith(":") else p == s
-               for s, p in zip(segments, parts, strict=False))
 
 
 def _request(call: tuple[Any, ...]) -> Request:

@@ -193,11 +193,12 @@ HINTS = [b'"Chromium";v="120", "Not(A:Brand";v="24", "Google Chrome";v="120"',
          b'x"Chromium";v="120"', b'"Chromium";v=120', b"", b'"Chromium";v=""']
 
 
-def served(pop: PoP, path: str, headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The lane's answer to a GET of `path` with `headers`, or None (Python's)."""
+def served(pop: PoP, path: str, headers: list[tuple[bytes, bytes]], method: bytes = b"GET"
+           ) -> bytes | None:
+    """The lane's answer to `method` `path` with `headers`, or None (Python's)."""
     assert pop.lane is not None
-    data = b"GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (
-        path.encode(), b"".join(b"%s: %s\r\n" % h for h in headers))
+    data = b"%s %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (
+        method, path.encode(), b"".join(b"%s: %s\r\n" % h for h in headers))
     used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)
     assert call is None and used in (0, len(data))
     return bytes(out) if used else None
@@ -699,18 +700,12 @@ def test_a_cors_stage_leaves_the_lane_every_request_it_hands_on_untouched(
 
         def lane(path: str, headers: list[tuple[bytes, bytes]], method: bytes = b"GET"
                  ) -> bytes | None:
-            assert pop.lane is not None
-            data = b"%s %s HTTP/1.1\r\nHost: x\r\nUser-Agent: %s\r\n%s\r\n" % (
-                method, path.encode(), CURL, b"".join(b"%s: %s\r\n" % h for h in headers))
-            used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"",
-                                             1 << 20)
-            assert call is None and used in (0, len(data))
-            return bytes(out) if used else None
+            return served(pop, path, [(b"user-agent", CURL), *headers], method)
 
         for path, headers in [("/plain", []), ("/plain", [origin]), ("/cors/x", [])]:
-            served = lane(path, headers)
+            answer = lane(path, headers)
             python = chain_answer(pop, path, CURL, extra=headers)
-            assert served is not None and same(served, python), (path, headers)
+            assert answer is not None and same(answer, python), (path, headers)
             assert header(python, b"access-control-allow-origin") is None
         assert lane("/cors/x", [origin]) is None
         python = chain_answer(pop, "/cors/x", CURL, extra=[origin])
@@ -888,13 +883,7 @@ def test_under_a_prefix_route_cors_still_sees_every_request_it_acts_on(tmp_path:
         origin = (b"origin", b"https://app.example")
 
         def lane(path: str, headers: list[tuple[bytes, bytes]]) -> bytes | None:
-            assert pop.lane is not None
-            data = b"GET %s HTTP/1.1\r\nHost: x\r\nUser-Agent: %s\r\n%s\r\n" % (
-                path.encode(), CURL, b"".join(b"%s: %s\r\n" % h for h in headers))
-            used, out, call = pop.lane.serve(data, "127.0.0.1:1", b"date: D\r\n", b"",
-                                             1 << 20)
-            assert call is None and used in (0, len(data))
-            return bytes(out) if used else None
+            return served(pop, path, [(b"user-agent", CURL), *headers])
 
         assert same(lane("/cors/y", []), chain_answer(pop, "/cors/y", CURL))
         assert lane("/cors/y", [origin]) is None
