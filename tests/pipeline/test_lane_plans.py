@@ -1016,3 +1016,23 @@ def test_a_verdict_the_c_no_longer_has_is_pythons(tmp_path: Path) -> None:
         assert same(lane_answer(pop, "/plain", GPTBOT), chain_answer(pop, "/plain", GPTBOT))
     finally:
         pop.close()
+
+
+def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> None:
+    """`Lane.routes` refuses what Python never builds (exclusions not a tuple of (bytes,
+    kind) with a kind it knows; a pattern route with an empty segment) with a ValueError
+    saying what it takes, and keeps only the valid routes before it: a rebuild serves
+    again."""
+    lane = rooted.lane
+    assert lane is not None
+    fn = rooted.registry.functions["root"]
+    entry = lane._entry(fn, "/", "/", lane.allowed(fn), lane._cache_mode(fn), ())
+    for excluded in ((("/plain", 1),), ((b"/plain", 99),), [(b"/plain", 1)]):
+        with pytest.raises(ValueError, match="exclusions"):
+            lane.c.routes([(*entry[:18], excluded)])
+    bad = list(entry)
+    bad[0], bad[12] = b"/a//:id", 4  # ROUTE_PATTERN, an empty segment
+    with pytest.raises(ValueError, match="pattern route"):
+        lane.c.routes([tuple(bad)])
+    lane._rebuild()
+    assert same(lane_answer(rooted, "/x/y"), chain_answer(rooted, "/x/y"))
