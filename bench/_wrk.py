@@ -8,11 +8,14 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 INSTALL_HINT = "wrk not found; install it with: apt-get install -y wrk"
@@ -96,6 +99,30 @@ def ab_run(url: str, seconds: int = 5, connections: int = 32,
             "errors": sum(int(n) for n in _AB_FAILED.findall(output))}
 
 
+SPLIT_BODY = '{"prompt":"hello there","max_tokens":8}'  # 39 bytes of JSON
+
+
+def split_run(url: str, seconds: int = 5, connections: int = 32,
+              headers: dict[str, str] | None = None) -> dict:
+    """POST `SPLIT_BODY` to ``url`` as httpx does, each request's head and body in two
+    sends (bench/_split_post.py, Python on uvloop: the client itself bounds req/s
+    on a small machine); returns {"rps", "errors"}. Raises RuntimeError when it
+    fails or hangs."""
+    cmd = [sys.executable, str(Path(__file__).with_name("_split_post.py")), url, str(seconds),
+           str(connections), SPLIT_BODY, *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the split-POST client hung: {' '.join(cmd)}") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"the split-POST client failed ({proc.returncode}):\n{proc.stderr}")
+    r = json.loads(proc.stdout)
+    return {"rps": r["rps"], "errors": r["errors"]}
+
+
+CLIENTS = {"ab": ab_run, "split": split_run}
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time process `pid` has used (all its threads), in seconds
     (/proc's clock ticks)."""
@@ -105,30 +132,32 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measured(pid: int, url: str, seconds: int, headers: dict[str, str] | None = None,
-             client: str = "wrk") -> dict:
-    """`run` (`client` "ab": `ab_run`) against `url` (each request with `headers`), with
-    ``"cpu_us"``: the CPU microseconds per request the serving process `pid` used over
-    it. Raises as `run` does."""
+             client: str = "wrk", connections: int = 32) -> dict:
+    """`run` (`client` "ab": `ab_run`, "split": `split_run`) against `url` (each request
+    with `headers`), with ``"cpu_us"``: the CPU microseconds per request the serving
+    process `pid` used over it. Raises as `run` does."""
     before = cpu_seconds(pid)
-    r = (ab_run if client == "ab" else run)(url, seconds=seconds, headers=headers)
+    r = CLIENTS.get(client, run)(url, seconds=seconds, headers=headers,
+                                 connections=connections)
     r["cpu_us"] = (cpu_seconds(pid) - before) / max(r["rps"] * seconds, 1) * 1e6
     return r
 
 
 def rounds(targets: dict[Any, tuple[int, str]], seconds: int, n: int,
-           headers: dict[str, str] | None = None, client: str = "wrk"
-           ) -> list[dict[Any, dict]]:
+           headers: dict[str, str] | None = None, client: str = "wrk",
+           connections: int = 32) -> list[dict[Any, dict]]:
     """Each of `targets` (name -> the serving process's pid, a URL) warmed for a
     second, then `n` rounds loading each in turn (a noisy machine hits each alike),
-    each run `measured` (each request with `headers`, by `client`): every round's runs
-    by name. Raises RuntimeError when a run had errors under load, and as `run` does."""
+    each run `measured` (each request with `headers`, by `client` on `connections`):
+    every round's runs by name. Raises RuntimeError when a run had errors under load,
+    and as `run` does."""
     for _, url in targets.values():
-        (ab_run if client == "ab" else run)(url, seconds=1, headers=headers)
+        CLIENTS.get(client, run)(url, seconds=1, headers=headers)
     out: list[dict[Any, dict]] = []
     for _ in range(n):
         this: dict[Any, dict] = {}
         for name, (pid, url) in targets.items():
-            r = measured(pid, url, seconds, headers, client)
+            r = measured(pid, url, seconds, headers, client, connections)
             if r["errors"]:
                 raise RuntimeError(f"{name}: {r['errors']} errors under load")
             this[name] = r

@@ -4,7 +4,7 @@ and this checkout's ratios to the other.
 
     python bench/bench_tree_http.py --tree ../before [--function functions/examples/hello-wat]
                                     [--path /hello] [--config pop.toml] [--key]
-                                    [--header 'X-Request-Id: r1'] [--client wrk|ab]
+                                    [--header 'X-Request-Id: r1'] [--client wrk|ab|split]
                                     [--seconds 4] [--rounds 5]
 
 Both PoPs (`edgefn serve --no-ai`, the function deployed from each checkout's own
@@ -12,7 +12,9 @@ folder; `--config`: both serve with that PoP config, e.g. a pipeline of one's ow
 `--key`: an API key made in each one's data dir first, `edgefn keys create`, as a PoP
 guarding its OpenAI API has, so that auth is kept for every function; `--header`: a
 header every request sends, as a proxy's request id; `--client ab`: loaded by
-ApacheBench kept alive, `ab -k -c32`, HTTP/1.0) are loaded in
+ApacheBench kept alive, `ab -k -c32`, HTTP/1.0; `--client split`: POSTs of a JSON
+body whose head and body are sent apart, as httpx sends them: bench/_split_post.py)
+are loaded in
 turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
 warmed first), so the machine's load hits both alike; each round's ratio is taken
 within the round, and the medians of those are printed. CPU per request (from /proc)
@@ -46,8 +48,11 @@ def main() -> None:
     p.add_argument("--key", action="store_true", help="an API key made in each data dir")
     p.add_argument("--header", action="append", default=[],
                    help="'Name: value', sent with every request (repeatable)")
-    p.add_argument("--client", choices=("wrk", "ab"), default="wrk",
-                   help="the load generator: wrk -t1 -c32, or ab -k -c32 (HTTP/1.0)")
+    p.add_argument("--client", choices=("wrk", "ab", "split"), default="wrk",
+                   help="the load generator: wrk -t1 -c32, ab -k -c32 (HTTP/1.0), or split "
+                        "(POSTs whose head and body are sent apart, as httpx sends them)")
+    p.add_argument("--connections", type=int, default=32,
+                   help="connections the load generator keeps (-c)")
     p.add_argument("--seconds", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
@@ -70,14 +75,17 @@ def main() -> None:
                                              tree / args.function)
             runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}{args.path}")
                                 for name, (proc, port) in servers.items()},
-                               args.seconds, args.rounds, headers, args.client)
+                               args.seconds, args.rounds, headers, args.client,
+                               args.connections)
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(20)
     config = (f", --config {args.config}" if args.config is not None else "") + \
         (", --key" if args.key else "") + "".join(f", --header '{h}'" for h in args.header)
-    load = "ab -k -c32" if args.client == "ab" else "wrk -t1 -c32"
+    c = args.connections
+    load = {"ab": f"ab -k -c{c}", "split": f"POSTs with the head and body sent apart, -c{c}"
+            }.get(args.client, f"wrk -t1 -c{c}")
     print(f"\n== {args.function} {args.path}{config}, {load}, {args.seconds} s each, "
           f"{args.rounds} rounds ==")
     for name, tree in trees.items():

@@ -96,9 +96,10 @@ class HttpProtocol(asyncio.Protocol):
     # attribute access on this hot path got slower (2.9 -> 3.8 us a request in process)
     __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "call", "client",
                  "closing", "config", "current", "deadline", "deadline_status",
-                 "dispatching", "drain_waiter", "eof", "head_size", "headers", "in_body",
-                 "in_message", "lane", "lingered", "loop", "out", "out_size", "parser", "queue",
-                 "reading", "refusing", "stalled", "state", "task", "transport",
+                 "dispatching", "drain_waiter", "eof", "head_size", "headers", "held",
+                 "held_need", "in_body", "in_message", "lane", "lingered", "loop", "out",
+                 "out_size", "parser", "queue", "reading", "refusing", "stalled", "state",
+                 "task", "transport",
                  "upgrade_ignored", "url", "write_deadline", "write_paused")
 
     def __init__(self, app: Any, state: ServerState) -> None:
@@ -129,6 +130,10 @@ class HttpProtocol(asyncio.Protocol):
         self.refusing = False  # past a cap: answered 503 once its first bytes are read
         self.lingered = -1  # after a 413: bytes read and dropped since (-1: not lingering)
         self.drain_waiter: asyncio.Future[None] | None = None
+        # a request the lane waits to see whole (`_hold`): the reads so far, and the
+        # bytes still to come (0: none held)
+        self.held: list[bytes] = []
+        self.held_need = 0
         self.deadline = 0.0  # loop.time() after which the client is too slow or idle
         self.deadline_status = 0  # 408 while a request is arriving, 0 while idle
 
@@ -184,13 +189,27 @@ class HttpProtocol(asyncio.Protocol):
             if self.lingered > LINGER_BYTES:
                 self._close()
             return
+        if self.held_need:  # a request the lane waits for: its body is not all here yet
+            self.held.append(data)
+            self.held_need -= len(data)
+            if self.held_need > 0:
+                return
+            self.held_need = 0
+            data = b"".join(self.held)
+            self.held.clear()
         if self.lane is not None and not (self.in_message or self.queue or self.busy or
                                           self.closing or self.write_paused or self.eof):
             used = self._lane(data)
-            if used:
-                if used == len(data):
-                    return
-                data = data[used:]  # the rest is Python's, from a request's first byte
+            if used == len(data):
+                return
+            if used > 0:
+                data = data[used:]  # the rest starts at a request's first byte
+            if used >= 0 and self.lane.waiting:
+                return self._hold(data)
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
+        """`data` read by the Python front's parser, and what it completed dispatched."""
         # a message that was arriving, and how far: did this read move it on?
         was = self.head_size + self.body_size if self.in_message else -1
         try:
@@ -225,7 +244,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def _lane(self, data: bytes) -> int:
         """The whole requests at the start of `data` the native lane answers, their
-        responses waiting for the loop's turn as `_write`'s do; the bytes they took.
+        responses waiting for the loop's turn as `_write`'s do; the bytes they took
+        (-1: the lane failed, all of `data` is Python's).
         The lane stops once it has written what backpressure allows, so the rest
         goes through `_answer_queued`, which waits for the client. It also stops
         after a request it handed to a Python function (`call`): the connection is
@@ -240,7 +260,7 @@ class HttpProtocol(asyncio.Protocol):
                                               config.write_buffer_bytes - self.out_size)
         except Exception:  # nothing was answered: all of it is Python's
             log.exception("native lane failed; the Python front answers instead")
-            return 0
+            return -1
         if out:
             waiting = self.out
             waiting.append(out)
@@ -256,6 +276,19 @@ class HttpProtocol(asyncio.Protocol):
             self.call = call
             call[0].add_done_callback(self._lane_answered)
         return used
+
+    def _hold(self, data: bytes) -> None:
+        """Keep `data`, a request whose head the lane takes and whose body is not all
+        here yet (httpx writes the head and the body apart; a body may come in a
+        later segment), until the rest of it is read: then the lane serves it whole,
+        or the Python front reads it as it would have. Nothing is parsed meanwhile:
+        the body's deadline (408) stands from now, as the front's own would from the
+        head's end; the bytes kept are at most what the lane takes (its body limit),
+        and joined once, when all came."""
+        self.held.append(data)
+        self.held_need = self.lane.waiting  # type: ignore[union-attr]
+        self.deadline = self.loop.time() + self.config.body_timeout
+        self.deadline_status = 408
 
     def _queue_out(self, out: bytes) -> None:
         """A whole response for the loop's turn (`Outbox`), or now past the budget."""
@@ -741,6 +774,13 @@ class HttpProtocol(asyncio.Protocol):
             return self._close()
         if self.transport is None or self.busy:
             return
+        if self.held_need:  # read as the front reads it: its error is the request's
+            self.held_need = 0
+            held = b"".join(self.held)
+            self.held.clear()
+            self._parse(held)
+            if self.transport is None or self.busy:
+                return
         if self.deadline_status and not self.queue:
             self._write_error(408, "request not received in time")
         elif not self.queue:

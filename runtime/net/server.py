@@ -67,6 +67,13 @@ class Lane(Protocol):
         its future (``call[0]``) says when to ask for its `answer`."""
         ...
 
+    @property
+    def waiting(self) -> int:
+        """After a `serve` that left bytes: the body bytes the request they start with
+        still needs when the lane would take it once they come (the front holds the
+        bytes until then, and serves them all again); 0 when it is Python's."""
+        ...
+
     def answer(self, call: Call, gone: bool, closing: bool, date: bytes, extra: bytes
                ) -> bytes | tuple[Request, Response] | None:
         """The answer to `call`, whose future is done: the response's bytes, or the

@@ -285,6 +285,12 @@ class NativeLane:
                 loop.call_soon(self._turned)
         return used, out, call
 
+    @property
+    def waiting(self) -> int:
+        """The body bytes the request the last `serve` stopped at still needs, when the
+        C would take it once they come (lane.c `held`), else 0."""
+        return self.c.waiting
+
     def _schedule(self) -> None:
         """Drain once this loop turn has run what it read (one pass for all), or,
         when the last drain was less than DRAIN_EVERY ago, once that is past: under

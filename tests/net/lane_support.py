@@ -106,11 +106,23 @@ def responses(data: bytes, methods: list[bytes]) -> tuple[list[bytes], bool]:
     return out, True
 
 
-def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0) -> list[bytes]:
-    """Send `raw` on a new connection; the responses, once one per method came or the
-    server closed."""
+def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0,
+             cuts: tuple[int, ...] = (), gap: float = 0.03) -> list[bytes]:
+    """Send `raw` on a new connection (in pieces cut at the offsets `cuts`, `gap`
+    seconds apart, each its own segment: so many reads for the PoP); the responses,
+    once one per method came or the server closed."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(raw)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        at = 0
+        try:
+            for cut in sorted(set(cuts)):
+                if at < cut < len(raw):
+                    s.sendall(raw[at:cut])
+                    at = cut
+                    time.sleep(gap)
+            s.sendall(raw[at:])
+        except (BrokenPipeError, ConnectionResetError):  # it answered (a 400) and closed
+            pass
         data = b""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -119,7 +131,7 @@ def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0)
                 break
             try:
                 chunk = s.recv(65536)
-            except TimeoutError:
+            except (TimeoutError, ConnectionResetError):
                 break
             if not chunk:
                 break

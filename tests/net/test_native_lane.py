@@ -331,10 +331,9 @@ def test_a_real_http_client_keeps_the_lane(pair: tuple[Side, Side]) -> None:
                                          for k, v in r.headers.raw if k != b"date"],
                          r.content) for r in got])
     on.r.delivered()
-    # both GETs; the POST too unless its body came in a read of its own (httpx writes the
-    # head and the body apart): then it is Python's, answered alike (a fresh clone's CI
-    # saw 2)
-    assert on.lane.served - before in (2, 3)
+    # all three: the POST too when its body comes in a read of its own (httpx writes the
+    # head and the body apart; 80 of 300 came so here): the front holds the head for it
+    assert on.lane.served - before == 3
     assert answers[0] == answers[1]
     assert b"connection\n\x00\x00\x00keep-alive" in answers[0][0][2]  # as the guest got it
     assert on.new_events() == off.new_events()

@@ -92,6 +92,7 @@ _Static_assert(offsetof(llhttp_settings_t, on_message_complete) == 0x60, "settin
 _Static_assert(offsetof(llhttp_settings_t, on_reset) == 0xc0, "settings reset");
 
 enum { HPE_OK = 0, HPE_PAUSED = 21, HTTP_REQUEST = 1 };
+enum { F_CHUNKED = 1 << 3, F_CONTENT_LENGTH = 1 << 5, F_TRANSFER_ENCODING = 1 << 9 };  /* flags */
 enum { M_DELETE = 0, M_GET = 1, M_HEAD = 2, M_POST = 3, M_PUT = 4, M_PATCH = 28 };  /* llhttp's */
 /* The methods the lane serves, as its records, calls and groups name them (METHODS);
  * from MC_POST on, the unsafe ones: a body may come, http_cache bypasses them */
@@ -173,6 +174,7 @@ typedef struct { uint32_t name, name_len, value, value_len; } hdr_t;
 
 typedef struct {
     int done;      /* on_message_complete ran */
+    int headed;    /* on_headers_complete ran (its checks passed) */
     int bad;       /* not one the lane serves */
     int hstate;    /* 0: none yet, 1: in a field, 2: in a value */
     uint32_t url_len, head_len, nh;
@@ -194,7 +196,7 @@ typedef struct {
 
 static int on_message_begin(llhttp_t *p) {
     req_t *q = p->data;
-    q->done = q->bad = q->hstate = 0;
+    q->done = q->bad = q->hstate = q->headed = 0;
     q->url_len = q->head_len = q->nh = 0;
     q->py_head = 0;
     q->body = NULL;
@@ -256,6 +258,7 @@ static int on_headers_complete(llhttp_t *p) {
         return -1;
     }
     q->http10 = p->http_minor == 0;
+    q->headed = 1;
     return 0;
 }
 
@@ -371,6 +374,8 @@ typedef struct {
     size_t req_cap;
     uint8_t *out;            /* responses of one serve() */
     size_t out_len, out_cap;
+    uint64_t waiting;        /* the body bytes the request serve stopped at still needs
+                              * (`held`), 0 when it is not one the lane waits for */
     req_t q;
 } Lane;
 
@@ -1325,13 +1330,13 @@ static int command_call(Lane *l, route_t *r, int ri, int method, const hdr_t *ho
     return done;
 }
 
-/* The request in l->q, complete: 1 served (its response in l->out, its record in
- * `events`), 0 for Python, -1 a Python error. */
-static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObject *events,
-                     PyObject *client) {
+/* The route that may serve the request in l->q by what its head says (its index, its
+ * Host in `*host_out`), -1 when it is Python's, -2 a Python error. What the head
+ * decides: sizes, path, headers, Host, the route, an Origin, what http_cache reads. */
+static int admit(Lane *l, int method, const hdr_t **host_out) {
     req_t *q = &l->q;
-    if (q->url_len > l->max_url || q->py_head > l->max_head) return 0;
-    if (!plain_path(q->url, q->url_len)) return 0;
+    if (q->url_len > l->max_url || q->py_head > l->max_head) return -1;
+    if (!plain_path(q->url, q->url_len)) return -1;
     const hdr_t *host = NULL;
     int framed = 0;  /* an unsafe method's one Content-Length (its body whole: on_body) */
     int rid_seen = 0;  /* request_id reads the first id header (Request.header) */
@@ -1339,7 +1344,7 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     for (uint32_t i = 0; i < q->nh; i++) {
         const hdr_t *h = &q->h[i];
         if (name_is(q, h, "host", 4)) {
-            if (host) return 0;
+            if (host) return -1;
             host = h;
         } else if (method >= MC_POST && !framed && name_is(q, h, "content-length", 14)) {
             framed = 1;
@@ -1355,33 +1360,49 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
              * front reads nothing else of it, the function gets it as sent. Python's
              * requests, httpx (the openai client) and Node's agents send it */
         } else if (handed_over(l, q, h)) {
-            return 0;
+            return -1;
         }
     }
-    if (!host || !plain_host((const uint8_t *)q->head + host->value, host->value_len)) return 0;
-    const char *url = q->url, *mark = memchr(url, '?', q->url_len);
-    size_t path_len = mark ? (size_t)(mark - url) : q->url_len;
-    const char *query = mark ? mark + 1 : "";
-    size_t query_len = mark ? q->url_len - path_len - 1 : 0;
-    int ri = find_route(l, url, path_len, q);
-    if (ri < 0) return 0;
+    if (!host || !plain_host((const uint8_t *)q->head + host->value, host->value_len))
+        return -1;
+    const char *mark = memchr(q->url, '?', q->url_len);
+    size_t path_len = mark ? (size_t)(mark - q->url) : q->url_len;
+    int ri = find_route(l, q->url, path_len, q);
+    if (ri < 0) return -1;
     route_t *r = &l->routes[ri];
     q->sub = r->pattern || r->path_len != path_len;
     q->path_len = (uint32_t)path_len;
     if (r->origin)  /* what `cors` answers, or tags: Python's */
         for (uint32_t i = 0; i < q->nh; i++)
-            if (name_is(q, &q->h[i], "origin", 6)) return 0;
+            if (name_is(q, &q->h[i], "origin", 6)) return -1;
     if (r->cache == CACHE_FIRST) {
         /* what would make http_cache look up, validate or bypass: Python's */
         for (uint32_t i = 0; i < q->nh; i++) {
             const hdr_t *h = &q->h[i];
             if (name_is(q, h, "range", 5) || name_is(q, h, "cache-control", 13) ||
                     name_is(q, h, "if-none-match", 13) || name_is(q, h, "if-modified-since", 17))
-                return 0;
+                return -1;
         }
         int stored = PySet_Contains(r->caching, r->label_str);
-        if (stored) return stored < 0 ? -1 : 0;
+        if (stored) return stored < 0 ? -2 : -1;
     }
+    *host_out = host;
+    return ri;
+}
+
+/* The request in l->q, complete: 1 served (its response in l->out, its record in
+ * `events`), 0 for Python, -1 a Python error. */
+static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObject *events,
+                     PyObject *client) {
+    const hdr_t *host = NULL;
+    int ri = admit(l, method, &host);
+    if (ri < 0) return ri == -2 ? -1 : 0;
+    req_t *q = &l->q;
+    route_t *r = &l->routes[ri];
+    const char *url = q->url, *query = url + q->path_len + 1;
+    size_t path_len = q->path_len, query_len = 0;
+    if (path_len < q->url_len) query_len = q->url_len - path_len - 1;
+    else query = "";
     if (r->cgi && l->wasi_run) {
         int done = command_call(l, r, ri, method, host, url, path_len, query, query_len, date,
                                 extra, events, client);
@@ -1419,6 +1440,25 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
                         s.verdict, host, query, query_len, date, extra, events, client);
 }
 
+/* The body bytes the request `p` stopped in still needs, when the lane would wait for
+ * them (`waiting`: the front holds what came until they are read, then serves it all
+ * again): its head whole and one `admit` takes, an unsafe method's body framed by
+ * Content-Length, all of it under max_body, kept alive. 0: Python's, from this read
+ * on, as before. (A client that writes the head and the body apart, httpx's, or a
+ * body in a later TCP segment, reaches here.) */
+static uint64_t held(Lane *l, llhttp_t *p) {
+    req_t *q = &l->q;
+    int method = method_code(p->method);
+    if (!q->headed || q->bad || method < MC_POST || !p->content_length ||
+            (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) || !(p->flags & F_CONTENT_LENGTH) ||
+            p->content_length > q->max_body - q->body_len || !ll_should_keep_alive(p))
+        return 0;
+    const hdr_t *host;
+    int ri = admit(l, method, &host);
+    if (ri == -2) PyErr_Clear();  /* the cache's set: the whole request asks again */
+    return ri < 0 ? 0 : p->content_length;
+}
+
 /* serve(data, date, extra_head, budget, events, client) -> (used, out, call): the
  * whole requests at the start of `data` the lane answers, their responses (`out`) and
  * records (appended to `events`, each ending with `client`); `used` bytes of `data`
@@ -1442,10 +1482,15 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     ll_init(&p, HTTP_REQUEST, &SETTINGS);
     p.data = &l->q;
     l->out_len = 0;
+    l->waiting = 0;
     int failed = 0;
     while (used < len && (Py_ssize_t)l->out_len < budget) {
-        l->q.done = 0;
+        l->q.done = l->q.headed = 0;
         int err = ll_execute(&p, buf + used, len - used);
+        if (err == HPE_OK && !l->q.done) {  /* `data` ends inside this request */
+            l->waiting = held(l, &p);
+            break;
+        }
         if (err != HPE_PAUSED || !l->q.done || l->q.bad) break;
         const char *end = ll_error_pos(&p);
         if (!end || end < buf + used || end > buf + len) break;
@@ -1987,6 +2032,11 @@ static PyObject *Lane_get_commands_run(Lane *l, void *c) {
     return PyLong_FromUnsignedLongLong(l->commands_run);
 }
 
+static PyObject *Lane_get_waiting(Lane *l, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLongLong(l->waiting);
+}
+
 static PyObject *Lane_get_size(Lane *l, void *c) {
     (void)c;
     return PyLong_FromLong(l->n_routes);
@@ -2032,6 +2082,9 @@ static PyMethodDef LANE_METHODS[] = {
 static PyGetSetDef LANE_GETSET[] = {
     {"counter", (getter)Lane_get_counter, NULL, "the last request id number given", NULL},
     {"size", (getter)Lane_get_size, NULL, "routes served", NULL},
+    {"waiting", (getter)Lane_get_waiting, NULL,
+     "the body bytes the request the last serve stopped at still needs, when the lane "
+     "waits for them (0: it is Python's)", NULL},
     {"commands_run", (getter)Lane_get_commands_run, NULL,
      "requests to WASI commands the C ran and answered itself", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
