@@ -72,9 +72,10 @@ A literal route also serves the paths under it (every route is a prefix: ``/api`
 serves ``/api/todos/7``; ``/`` every path) but those the Router gives another target
 (`_under`: another route's subtree under it, a built-in path or prefix; none where a
 route ties it); the request's path then goes into its record, call and event (lane.c
-`path_object`). A route with captures (``/users/:id``: a WASM reactor's or a Python
-function's) serves its matches but those a route that outranks it takes (`_beside`),
-its captures encoded as the request's params (lane.c `matches`, `encode`).
+`path_object`). A route with captures or a final wildcard (``/users/:id``,
+``/files/*``: a WASM reactor's or a Python function's) serves its matches but those a
+route that outranks it takes (`_beside`), its captures (a wildcard's rest as ``*``)
+encoded as the request's params (lane.c `matches`, `encode`).
 
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
@@ -559,15 +560,16 @@ class NativeLane:
         return routes, tuple(sorted(exact)), before
 
     def _patterns(self, fn: Deployment) -> list[str]:
-        """`fn`'s routes with captures (``/users/:id``, no wildcard, no host) the C may
-        match (lane.c `matches`): a WASM reactor's or a Python function's (a command's
-        call takes no params: `_submit`), of at most 16 segments and 255 bytes."""
+        """`fn`'s routes with captures or a final wildcard (``/users/:id``,
+        ``/files/*``; no host) the C may match (lane.c `matches`): a WASM reactor's or a
+        Python function's (a command's call takes no params: `_submit`), of at most 16
+        segments and 255 bytes."""
         if isinstance(fn.executor, WasmFunction) and fn.executor.abi == "wasi":
             return []
         out = []
         for r in fn.manifest.route_list():
             pattern = parse_path(r.path)
-            if r.host or pattern.literal or pattern.wildcard or len(pattern.segments) > 16 \
+            if r.host or pattern.literal or len(pattern.segments) > 16 \
                     or len(r.path.encode("latin-1", "replace")) > 255 or r.path.endswith("/"):
                 continue
             out.append(r.path)
@@ -583,7 +585,10 @@ class NativeLane:
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
         prefix = under is not None and not pattern
         if pattern:  # cors acts on paths under its literal head
-            head = path[:path.index("/:")] or "/"
+            segments = parse_path(path).segments
+            literal = next((i for i, s in enumerate(segments) if s.startswith(":")),
+                           len(segments))
+            head = "/" + "/".join(segments[:literal])
             origin = self._origin(fn, head, True) | ROUTE_PATTERN
         else:
             origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
@@ -615,7 +620,7 @@ class NativeLane:
         preflight, or a response to tag: its `paths` hold it), which the C then leaves
         to Python; else 0 (cors hands the request on untouched)."""
         raw = path.encode("latin-1")
-        under = raw + b"/"
+        under = raw if raw.endswith(b"/") else raw + b"/"  # "/": every path
         for s in self.chain.kept(fn) or ():
             if not isinstance(s, Cors):
                 continue

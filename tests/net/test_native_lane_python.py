@@ -47,7 +47,7 @@ def handle(request, env):
                                  ("x-request-id", "mine"), ("X-Edgefn-Error", "forged"),
                                  ("Content-Length", "999"), ("Connection", "close"),
                                  ("X-Edgefn-Function", "other@1")])
-    if path.startswith("/pyitem/"):  # a route with captures: what it captured
+    if path.startswith(("/pyitem/", "/pyfiles")):  # a route with captures: what it captured
         return Response(f"item {sorted(request.params.items())} {path}\\n")
     if path.startswith("/pyfn/"):  # under the route: the path as the function got it
         return Response(f"under {path} {request.query.get('name', '-')}\\n")
@@ -80,7 +80,8 @@ def handle(request, env):
     return Response("?", status=500)
 '''
 ROUTES = ["/pyfn", "/pyecho", "/pyboom", "/pystream", "/pynobody", "/pyteapot", "/pydated",
-          "/pyslow", "/pylongname", "/pybig", "/pyhuge", "/pyitem/:id", "/pyitem/:id/:part"]
+          "/pyslow", "/pylongname", "/pybig", "/pyhuge", "/pyitem/:id", "/pyitem/:id/:part",
+          "/pyfiles/*"]
 
 
 def python_folder(root: Path, name: str = "pyfn", routes: list[str] = ROUTES,
@@ -161,6 +162,9 @@ SERVED = {  # name: (request, the lane starts its call)
     "captures": (request("GET", "/pyitem/42?x=1", H), True),
     "captures, two": (request("POST", "/pyitem/42/photos/9", H, b"p"), True),
     "captures, empty": (request("GET", "/pyitem/", H), False),
+    "wildcard": (request("GET", "/pyfiles/a/b.txt?x=1", H), True),
+    "wildcard, empty": (request("POST", "/pyfiles", H, b"p"), True),
+    "wildcard, slash": (request("GET", "/pyfiles/", H), True),
     "post under its route": (request("POST", "/pyecho/items/7", H, b"{}"), True),
     "raises under its route": (request("POST", "/pyboom/x", H, b"x"), True),
     "http/1.0 kept alive": (request("GET", "/pyfn", [*H, ("Connection", "keep-alive")],

@@ -236,18 +236,17 @@ def test_a_browsers_class_is_decided_in_c_as_the_classifier_decides_it(
 def test_a_literal_route_and_what_lies_under_it_alone_are_the_lanes(pop: PoP) -> None:
     """Every route is a prefix: the lane serves a literal route and the paths under it
     that no other route takes (``/plain/sub``; ``/plain2`` is beside it; ``/captures/``,
-    whose empty segment ``/captures/:id`` refuses), and a capture's matches, as the
-    chain answers them; a wildcard's is Python's, and so is a path past a segment
-    boundary."""
+    whose empty segment ``/captures/:id`` refuses), a capture's matches and a
+    wildcard's (``/star/*``), as the chain answers them; a path past a segment
+    boundary is Python's."""
     assert same(lane_answer(pop, "/captures"), chain_answer(pop, "/captures"))
     for path in ("/plain/sub", "/plain/a/b/", "/plain2/x", "/noagents/1", "/captures/",
-                 "/captures/1", "/captures/1/x"):
+                 "/captures/1", "/captures/1/x", "/star/a", "/star", "/star/", "/star/a//b"):
         assert same(lane_answer(pop, path), chain_answer(pop, path)), path
         served = fields(pop, 2)
         assert served[0] == served[1], path
-    for path in ("/star/a", "/star", "/plainx"):
-        assert lane_answer(pop, path) is None
-        assert chain_answer(pop, path).status in (200, 404)
+    assert lane_answer(pop, "/plainx") is None
+    assert chain_answer(pop, "/plainx").status in (200, 404)
 
 
 SEGMENTS = ["plain", "plain2", "captures", "star", "nocache", "limited", "noagents", "sub",
@@ -263,7 +262,8 @@ def test_a_path_the_lane_serves_is_served_as_the_router_routes_it(
     """Any path made of the routes' segments: what the lane answers, it answers as the
     chain does (the function, the answer) and leaves the chain's event (its route and
     path, decisions, bytes); what it leaves, the chain answers. A path under a literal
-    route that no other route lies under is the lane's (completeness)."""
+    route that no other route lies under, or a wildcard's, is the lane's
+    (completeness)."""
     path = "/" + "/".join(segments)
     lane = lane_answer(pop, path, method=method)
     if lane is not None:
@@ -272,11 +272,12 @@ def test_a_path_the_lane_serves_is_served_as_the_router_routes_it(
         assert served == fields(pop, 1), path
     else:
         chain_answer(pop, path, method=method)
-    # the literal routes nothing else lies under: each path from them on is the lane's
-    if segments[0] in ("plain", "plain2", "nocache", "noagents", "l" * 254):
+    # the literal routes nothing else lies under, and the wildcard: each path from them
+    # on is the lane's
+    if segments[0] in ("plain", "plain2", "nocache", "noagents", "l" * 254, "star"):
         assert lane is not None, path
-    elif segments[0] in ("star", "limited") and len(segments) > 1:
-        assert lane is None, path  # a wildcard's, a limited function's
+    elif segments[0] == "limited" and len(segments) > 1:
+        assert lane is None, path  # a limited function's
 
 
 def test_the_longest_path_the_table_holds(pop: PoP) -> None:
@@ -765,9 +766,10 @@ def test_the_catch_all_serves_on_the_lane_what_the_router_gives_it(
 
 CAPTURING: dict[str, list[str]] = {  # name: routes (mirrors: the guest's request, params too)
     "users": ["/users", "/users/:id", "/users/:id/posts", "/users/me", "/users/me/:tab"],
-    "orgs": ["/orgs/:org/repos/:repo"], "plain": ["/plain"]}
+    "orgs": ["/orgs/:org/repos/:repo"], "plain": ["/plain"],
+    "files": ["/files/*", "/users/:id/files/*"]}
 CAPTURING_SEGMENTS = ["users", "me", "7", "posts", "x", "orgs", "acme", "repos", "r1",
-                      "plain", "", "healthz"]
+                      "plain", "", "healthz", "files", "a.txt"]
 
 
 @pytest.fixture(scope="module")
@@ -793,14 +795,20 @@ def capturing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoP]:
 @example(segments=["users", "7", "x"], method=b"POST")
 @example(segments=["orgs", "acme", "repos", "r1", "x"], method=b"GET")
 @example(segments=["orgs", "acme", "repos", ""], method=b"GET")
+@example(segments=["files"], method=b"GET")
+@example(segments=["files", ""], method=b"GET")
+@example(segments=["files", "x", "", "a.txt"], method=b"POST")
+@example(segments=["users", "7", "files", "x", "a.txt"], method=b"GET")
+@example(segments=["users", "me", "files"], method=b"GET")
 def test_a_route_with_captures_serves_on_the_lane_what_the_router_gives_it(
         capturing: PoP, segments: list[str], method: bytes) -> None:
-    """A route with captures (``/users/:id``) was always Python's. Now the C matches it
-    as the Router's regex does and encodes its params, but leaves what a route that
-    outranks it takes (``/users/me``, ``/users/:id/posts``): the lane answers a path as
-    the chain does (the mirror's body is the guest's request, params included), with
-    the chain's event (its route), and every path the router gives such a route is
-    the lane's."""
+    """A route with captures (``/users/:id``) or a final wildcard (``/files/*``,
+    ``/users/:id/files/*``: the rest of the path as ``*``) was always Python's. Now the
+    C matches it as the Router's regex does and encodes its params, but leaves what a
+    route that outranks it takes (``/users/me``, ``/users/:id/posts``): the lane
+    answers a path as the chain does (the mirror's body is the guest's request, params
+    included), with the chain's event (its route), and every path the router gives
+    such a route is the lane's."""
     path = "/" + "/".join(segments)
     lane = lane_answer(capturing, path, method=method)
     ctx = Context("127.0.0.1:1")
@@ -808,7 +816,7 @@ def test_a_route_with_captures_serves_on_the_lane_what_the_router_gives_it(
     if lane is not None:
         event = fields(capturing, 2)
         assert same(lane, python, method) and event[0] == event[1], path
-    if ctx.route is not None and ":" in ctx.route:
+    if ctx.route is not None and (":" in ctx.route or "*" in ctx.route):
         assert lane is not None, path
         assert all(v.encode() in lane for v in ctx.params.values())
 
@@ -872,14 +880,15 @@ def test_a_bearer_token_is_pythons_where_a_jwt_may_prove_someone(
             pop.close()
 
 
-def test_under_a_prefix_route_cors_still_sees_every_request_it_acts_on(tmp_path: Path
-                                                                        ) -> None:
-    """A route the lane serves as a prefix (``/cors``) whose paths reach into a cors
-    `paths` entry (``/cors/``): a request with an Origin under it is Python's, where
-    cors tags it; one without is the lane's."""
+@pytest.mark.parametrize("route", ["/cors", "/", "/cors/*"])
+def test_under_a_prefix_route_cors_still_sees_every_request_it_acts_on(tmp_path: Path,
+                                                                        route: str) -> None:
+    """A route the lane serves as a prefix (``/cors``; ``/``; a wildcard's, ``/cors/*``)
+    whose paths reach into a cors `paths` entry (``/cors/``): a request with an Origin
+    under it is Python's, where cors tags it; one without is the lane's."""
     pop = pop_with(tmp_path, pipeline=with_cors())
     try:
-        deploy(pop, function_dir(tmp_path / "fns", "top", OK, routes=["/cors"]))
+        deploy(pop, function_dir(tmp_path / "fns", "top", OK, routes=[route]))
         origin = (b"origin", b"https://app.example")
 
         def lane(path: str, headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -1020,7 +1029,8 @@ def test_a_verdict_the_c_no_longer_has_is_pythons(tmp_path: Path) -> None:
 
 def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> None:
     """`Lane.routes` refuses what Python never builds (exclusions not a tuple of (bytes,
-    kind) with a kind it knows; a pattern route with an empty segment) with a ValueError
+    kind) with a kind it knows; a pattern route with an empty segment, a `*` not last,
+    or no segment) with a ValueError
     saying what it takes, and keeps only the valid routes before it: a rebuild serves
     again."""
     lane = rooted.lane
@@ -1031,8 +1041,10 @@ def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> Non
         with pytest.raises(ValueError, match="exclusions"):
             lane.c.routes([(*entry[:18], excluded)])
     bad = list(entry)
-    bad[0], bad[12] = b"/a//:id", 4  # ROUTE_PATTERN, an empty segment
-    with pytest.raises(ValueError, match="pattern route"):
-        lane.c.routes([tuple(bad)])
+    # an empty segment, a `*` not last (twice), no segment
+    for path in (b"/a//:id", b"/a/*/b", b"/*/*", b"/"):
+        bad[0], bad[12] = path, 4  # ROUTE_PATTERN
+        with pytest.raises(ValueError, match="pattern route"):
+            lane.c.routes([tuple(bad)])
     lane._rebuild()
     assert same(lane_answer(rooted, "/x/y"), chain_answer(rooted, "/x/y"))

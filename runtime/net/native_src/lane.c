@@ -10,11 +10,13 @@
  * pipeline would: HTTP/1.1 (or 1.0 kept alive, but for a Python route) GET or HEAD
  * without a body, or POST, PUT, PATCH or DELETE
  * with no body or one framed by Content-Length and whole in the read (up to
- * `max_body`), no header that any stage or the
+ * `max_body`; one whose body is still to come, `held`, the front keeps until it is,
+ * then serves again), no header that any stage or the
  * front reads differently (Connection, Expect, Upgrade, chunked framing,
  * credentials, signatures, x-edgefn-*; a caller's request id is kept as
  * `request_id` keeps it: `kept_id`), a plain origin-form path that
- * equals an eligible route, lies under one or matches one with captures where the
+ * equals an eligible route, lies under one or matches one with captures (or a final
+ * `*`) where the
  * Router picks it (`find_route`: Python lists what another route takes there),
  * a User-Agent Python has classified as a
  * non-browser class its policy allows, sizes under the front's limits. If so:
@@ -186,6 +188,7 @@ typedef struct {
     int sub;           /* its path is under its route's (a prefix's), not the route's own */
     uint32_t ncaps;    /* what a pattern route captured: spans of `url` */
     struct { uint32_t at, len; } caps[MAX_SEGMENTS];
+    uint32_t rest_at, rest_len;  /* what a final `*` captured: a span of `url` */
     uint32_t path_len; /* of `url`, before any '?' */
     const char *rid;   /* the caller's request id `request_id` keeps (in `head`), or NULL */
     uint32_t rid_len;
@@ -293,9 +296,11 @@ typedef struct {
                                         * `cors` stage acts on it: its paths hold this) */
     int prefix;                        /* it also serves the paths under it ("/a" serves
                                         * "/a/x", "/" every path) but `excluded`'s */
-    int pattern;                       /* a route with captures ("/users/:id"): `path` is
-                                        * it as written, split into `seg` (a capture's
-                                        * name after its ':') */
+    int pattern;                       /* a route with captures ("/users/:id") or a final
+                                        * wildcard ("/files/*"): `path` is it as written,
+                                        * split into `seg` (a capture's name after its
+                                        * ':'; the `*` not among them: `wildcard`) */
+    int wildcard;                      /* it ends in `*`: the rest of the path is a param */
     uint32_t nseg;
     struct { uint32_t at, len; int capture; } seg[MAX_SEGMENTS];
     PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
@@ -635,7 +640,7 @@ static int excluded(const route_t *r, const char *path, size_t n) {
 
 /* Whether `path` (n bytes) matches pattern route `r` as the Router's regex does (a
  * literal segment equal, a capture one non-empty segment, then the end or a '/'), its
- * captures into `q`. */
+ * captures into `q`; a final `*`'s: what follows that '/' (empty at the end). */
 static int matches(const route_t *r, const char *path, size_t n, req_t *q) {
     size_t at = 0;
     q->ncaps = 0;
@@ -652,7 +657,10 @@ static int matches(const route_t *r, const char *path, size_t n, req_t *q) {
             return 0;
         }
     }
-    return at == n || path[at] == '/';
+    if (at < n && path[at] != '/') return 0;
+    q->rest_at = at < n ? (uint32_t)at + 1 : (uint32_t)n;
+    q->rest_len = (uint32_t)(n - q->rest_at);
+    return 1;
 }
 
 /* The route serving `path` (n bytes): the one equal to it, else the prefix route it lies
@@ -698,7 +706,8 @@ static size_t encode(Lane *l, const route_t *r, PyObject *principal, int method,
     const req_t *q = &l->q;
     size_t n = 4 + 4 * 6 + 4 + path_len + query_len + (size_t)q->nh * 8 + q->head_len +
                (size_t)PyBytes_GET_SIZE(r->env_blob) + (size_t)q->body_len + 4 /* params */ +
-               (size_t)PyBytes_GET_SIZE(principal) + r->path_len + path_len + 8 * q->ncaps;
+               (size_t)PyBytes_GET_SIZE(principal) + r->path_len + path_len +
+               8 * ((size_t)q->ncaps + 1);
     if (grow(&l->req, &l->req_cap, n)) return 0;
     uint8_t *o = l->req;
     memcpy(o, "EFQ1", 4);
@@ -714,14 +723,20 @@ static size_t encode(Lane *l, const route_t *r, PyObject *principal, int method,
     o = put_blob(o, r->env_blob);
     o = put_str(o, q->body ? q->body : "", (uint32_t)q->body_len);
     /* params: encode_params(captures), a count then (name, value) pairs, latin-1: the
-     * names after a pattern's ':'s, the values the path's bytes (NO_PAIRS: none) */
-    memcpy(o, &q->ncaps, 4);
+     * names after a pattern's ':'s, the values the path's bytes, then a final `*`'s
+     * (the Router's order; NO_PAIRS: none) */
+    uint32_t count = q->ncaps + (r->wildcard ? 1 : 0);
+    memcpy(o, &count, 4);
     o += 4;
     for (uint32_t i = 0, k = 0; i < r->nseg && k < q->ncaps; i++) {
         if (!r->seg[i].capture) continue;
         o = put_str(o, r->path + r->seg[i].at + 1, r->seg[i].len - 1);
         o = put_str(o, path + q->caps[k].at, q->caps[k].len);
         k++;
+    }
+    if (r->wildcard) {
+        o = put_str(o, "*", 1);
+        o = put_str(o, path + q->rest_at, q->rest_len);
     }
     o = put_blob(o, principal);
     return (size_t)(o - l->req);
@@ -1713,21 +1728,27 @@ static void clear_uas(Lane *l) {
     l->n_uas = 0;
 }
 
-/* `r`'s path split into its segments (a pattern route's): 0, -1 when it is no
- * '/'-separated list of at most MAX_SEGMENTS non-empty segments. */
+/* `r`'s path split into its segments (a pattern route's; a last `*` sets `wildcard`):
+ * 0, -1 when it is no '/'-separated list of at most MAX_SEGMENTS non-empty segments
+ * (a `*` only last, and something besides "/"). */
 static int split_pattern(route_t *r) {
     size_t at = 0;
     r->nseg = 0;
+    r->wildcard = 0;
     while (at < r->path_len) {
-        if (r->path[at] != '/' || r->nseg == MAX_SEGMENTS) return -1;
+        if (r->path[at] != '/' || r->wildcard || r->nseg == MAX_SEGMENTS) return -1;
         size_t start = ++at;
         while (at < r->path_len && r->path[at] != '/') at++;
         if (at == start) return -1;
+        if (at - start == 1 && r->path[start] == '*') {  /* the last segment, or refused */
+            r->wildcard = 1;
+            continue;
+        }
         r->seg[r->nseg].at = (uint32_t)start;
         r->seg[r->nseg].len = (uint32_t)(at - start);
         r->seg[r->nseg++].capture = r->path[start] == ':' && at - start > 1;
     }
-    return r->nseg ? 0 : -1;
+    return r->nseg || r->wildcard ? 0 : -1;
 }
 
 /* Whether `x` is a route's exclusions: a tuple of (bytes, EX_*); else a ValueError. */
@@ -1807,10 +1828,12 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->path_len = (size_t)path_len;
         r->pattern = (origin & ROUTE_PATTERN) != 0;
         r->nseg = 0;
+        r->wildcard = 0;
         if (r->pattern && (split_pattern(r) || cgi != Py_None)) {
-            r->pattern = 0;
+            r->pattern = r->wildcard = 0;
             PyErr_SetString(PyExc_ValueError, "a pattern route: '/'-separated segments, at "
-                            "most 16, each non-empty (a capture ':name'); no command's");
+                            "most 16, each non-empty (a capture ':name'), a `*` only last; "
+                            "no command's");
             return NULL;
         }
         r->engine = (void *)(uintptr_t)engine;
