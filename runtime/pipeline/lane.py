@@ -23,8 +23,16 @@ exact native form, and its executor is one the lane can call:
                  or ``x-api-key`` holds no ``efn_`` where no ``[auth.jwt]`` is set: it
                  proves no one, and dispatch leaves it to the function. The C leaves
                  any other credential to Python, where auth proves the principal)
-    ratelimit    no PoP rule, none of the function's (a request without a principal
-                 goes on untouched; a key's or tenant's limits need a credential)
+    ratelimit    no rule a request without a principal meets (a key's or tenant's
+                 limits need a credential, Python's); or, on memory storage, rules
+                 by ip or function (the PoP's, the function's own) of a WASM
+                 function: the C asks the stage before the function runs whether it
+                 would admit the request now (`RateLimit.lane_admits`, counting
+                 nothing: else the request is Python's, which refuses it), counts it
+                 as the C answers it (`lane_count`: the same counters, the same
+                 instant) and writes the RateLimit fields it adds; its event carries
+                 the stage's pass. Not a rule by agent, not on Redis, not a Python
+                 function's (its call would be counted before its answer)
     cors         a request without an Origin header (cors hands it on untouched), or
                  one whose path is outside the stage's `paths`; one with an Origin on
                  them (a preflight, or a response cors tags) goes to Python
@@ -59,7 +67,7 @@ exact native form, and its executor is one the lane can call:
                  meanwhile; a connection closing) is finished in Python by the
                  stages' own code (`_finish`), from the same call: never run twice
 
-Any other kept stage (waf, auth with a key or JWT mode, ratelimit with rules, the
+Any other kept stage (waf, auth with a key or JWT mode, ratelimit but as above, the
 caches, tracing, a timed chain, an ``access_log`` stage without ``events``) makes the
 target ineligible: its requests take the Python path, as does every request the C
 does not take (see lane.c: a body past Content-Length framing or the limits, a method
@@ -122,7 +130,7 @@ from runtime.pipeline.stages.dispatch import Dispatch, counted, tagged
 from runtime.pipeline.stages.events import CLIENT_GONE, Events
 from runtime.pipeline.stages.health import Health
 from runtime.pipeline.stages.http_cache import NOT_STORED, HttpCacheStage
-from runtime.pipeline.stages.ratelimit import RateLimit
+from runtime.pipeline.stages.ratelimit import PASSED, RateLimit
 from runtime.pipeline.stages.request_id import RequestId
 from runtime.pipeline.stages.residency import Residency
 
@@ -136,7 +144,8 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 POST = METHODS.index("POST")
 BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
-ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN = 1, 2, 4  # lane.c's: a route's flags
+ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN, ROUTE_LIMITED = 1, 2, 4, 8  # lane.c's: a route's
+ROUTE_MISS, ROUTE_PASSED = 1, 2  # lane_drain.c.h's: a route's flags in `route_texts`
 # lane.c's EX_*: a path under a prefix route another target takes: exactly; it and the
 # paths under it; every path it starts
 EXCLUDE_PATH, EXCLUDE_TREE, EXCLUDE_PREFIX, EXCLUDE_SEGMENT = range(4)  # (+ i: segment i's)
@@ -185,8 +194,8 @@ class NativeLane:
         # per bot class, the principal dispatch gives a WASI command (`_caller`: no agent)
         self.callers = {c: Caller({"bot": c}) for c in CLASSES}
         # per verdict, for `EventMaker.make`: its class, an event's decisions without and
-        # with http_cache's MISS (copied for each event)
-        self.verdict_texts: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = ()
+        # with http_cache's MISS, then both with ratelimit's pass (copied for each event)
+        self.verdict_texts: tuple[tuple[Any, ...], ...] = ()
         self._verdict_texts()
         self.texts: dict[str | bytes, str] = {}
         entry = pop.wasm.native.lib.edgefn_reactor_call
@@ -201,6 +210,9 @@ class NativeLane:
                              http.max_body_bytes, rid.trust,
                              all(s.jwt is None for s in chain.stages if isinstance(s, Auth)))
         self.c.python(self._submit)
+        self.ratelimit = stages.get(RateLimit)
+        if isinstance(self.ratelimit, RateLimit):
+            self.c.limiter(self._limit_admits, self.ratelimit.lane_count)
         # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
         wasi, self.commands = native_wasi.enabled(), False
         if wasi is not None:
@@ -217,9 +229,11 @@ class NativeLane:
         rid.counter = self.c  # one sequence of ids, whichever path a request takes
         self.http_cache = next((s for s in chain.stages if isinstance(s, HttpCacheStage)), None)
         self.routes: list[tuple[Deployment, str, str, int]] = []  # parallel to the C's
-        # per route, for `EventMaker.make`: path, target, owner, route, whether http_cache
-        # counts a MISS (`first_answer`)
-        self.route_texts: tuple[tuple[str, str, str | None, str | None, bool], ...] = ()
+        # per route, the limits ratelimit counts its requests against (`anonymous`)
+        self.limits: list[list[tuple[Any, ...]]] = []
+        # per route, for `EventMaker.make`: path, target, owner, route, flags: ROUTE_MISS
+        # (http_cache counts a MISS: `first_answer`), ROUTE_PASSED (ratelimit passes it)
+        self.route_texts: tuple[tuple[str, str, str | None, str | None, int], ...] = ()
         ev = self.events
         self.maker = module.EventMaker(
             Event(ts=0.0, rid="", pop=ev.pop, tier=ev.tier, geo=ev.geo, client="",
@@ -463,6 +477,7 @@ class NativeLane:
         self.stamped = self.stamp() if self.stamp is not None else None
         routes: list[tuple[Deployment, str, str, int]] = []
         table: list[tuple[Any, ...]] = []
+        limits: list[list[tuple[Any, ...]]] = []
         router = self.registry.router
         if not router.host_bound:
             taken = self._taken()
@@ -471,23 +486,29 @@ class NativeLane:
                 if not allowed:
                     continue
                 cache = self._cache_mode(fn)
+                limited = self._limits(fn)
                 for path, route in self._paths(fn):
                     if len(table) < 256:
                         under = _under(path, *taken) if route == path else None
                         routes.append((fn, route, path, cache))
-                        table.append(self._entry(fn, path, route, allowed, cache, under))
+                        limits.append(limited)
+                        table.append(self._entry(fn, path, route, allowed, cache, under,
+                                                 limited=bool(limited)))
                 for route in self._patterns(fn):
                     beside = _beside(route, *taken)
                     if beside is not None and len(table) < 256:
                         routes.append((fn, route, route, cache))
+                        limits.append(limited)
                         table.append(self._entry(fn, route, route, allowed, cache, beside,
-                                                 pattern=True))
+                                                 pattern=True, limited=bool(limited)))
         self.c.routes(table)
-        self.routes = routes
+        self.routes, self.limits = routes, limits
         counts = self.http_cache is not None and self.http_cache.stats is not None
         self.route_texts = tuple((path, fn.label, fn.tenant, route or None,
-                                  cache == CACHE_FIRST and counts)
-                                 for fn, route, path, cache in routes)
+                                  (ROUTE_MISS if cache == CACHE_FIRST and counts else 0) |
+                                  (ROUTE_PASSED if limited else 0))
+                                 for (fn, route, path, cache), limited in zip(routes, limits,
+                                                                               strict=True))
         log.debug("native lane: %d routes (%s)", len(routes),
                   ", ".join(sorted({r[0].label for r in routes})) or "none")
 
@@ -514,9 +535,30 @@ class NativeLane:
             # (`HttpCache.labels_stamp`), and the C then finds it in `caching`
             s = stage.settings_for(fn)
             return not s.enabled or s.default_ttl is None
-        if isinstance(stage, Auth | RateLimit):  # (the C leaves a credential to Python)
+        if isinstance(stage, Auth):  # (the C leaves a credential to Python)
             return stage.untouched_anonymous(fn)
+        if isinstance(stage, RateLimit):  # a request with a principal is Python's too; the
+            # C asks the stage about those without (`_limit_admits`), but a Python
+            # function's: its call would be counted before it is answered
+            limits = stage.anonymous(fn)
+            return limits is not None and (not limits or not isinstance(fn.executor,
+                                                                        PythonFunction))
         return isinstance(stage, Health | RequestId | Events | Bots | Dispatch | Cors)
+
+    def _limits(self, fn: Deployment) -> list[tuple[Any, ...]]:
+        """What ratelimit counts `fn`'s requests without a principal against (its
+        `anonymous`): [] when nothing, or it is not in `fn`'s plan."""
+        stage = self.ratelimit
+        if not isinstance(stage, RateLimit) or stage not in (self.chain.kept(fn) or ()):
+            return []
+        return stage.anonymous(fn) or []
+
+    def _limit_admits(self, ri: int, client: str) -> tuple[Any, ...] | None:
+        """The C's question for a limited route's request from `client`, before the
+        function runs: would ratelimit admit it now (`RateLimit.lane_admits`: its
+        checks and instant, counted by `lane_count` once answered), or None."""
+        assert isinstance(self.ratelimit, RateLimit)
+        return self.ratelimit.lane_admits(self.limits[ri], client.rpartition(":")[0] or client)
 
     def _cache_mode(self, fn: Deployment) -> int:
         stage = self.http_cache
@@ -576,10 +618,12 @@ class NativeLane:
         return out
 
     def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int,
-               under: Exclusions | None = None, pattern: bool = False) -> tuple[Any, ...]:
+               under: Exclusions | None = None, pattern: bool = False, limited: bool = False
+               ) -> tuple[Any, ...]:
         """The C's route tuple for `fn`'s route `path`: a literal one (`under`: it also
         serves the paths under it but these), or with `pattern` one with captures, whose
-        matches but `under` it serves (lane.c `find_route`)."""
+        matches but `under` it serves (lane.c `find_route`); `limited`: ratelimit
+        counts its requests (`_limit_admits`)."""
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
@@ -592,6 +636,8 @@ class NativeLane:
             origin = self._origin(fn, head, True) | ROUTE_PATTERN
         else:
             origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
+        if limited:
+            origin |= ROUTE_LIMITED
         if isinstance(executor, PythonFunction):  # a call (`_submit`)
             assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
@@ -678,9 +724,11 @@ class NativeLane:
         return len(self.verdicts) - 1
 
     def _verdict_texts(self) -> None:
-        self.verdict_texts = tuple((cls, {"bots": record},
-                                    {"bots": record, "http_cache": NOT_STORED})
-                                   for cls, record in self.records_of)
+        self.verdict_texts = tuple(
+            (cls, {"bots": record}, {"bots": record, "http_cache": NOT_STORED},
+             {"bots": record, "ratelimit": PASSED},
+             {"bots": record, "ratelimit": PASSED, "http_cache": NOT_STORED})
+            for cls, record in self.records_of)
 
     # -- events -----------------------------------------------------------------------------
     def drain(self) -> None:
@@ -742,7 +790,7 @@ class NativeLane:
             return
         counts: dict[tuple[str, str], int] = {}  # (function, outcome) -> requests
         for ri, method, n in served:
-            if self.route_texts[ri][4]:
+            if self.route_texts[ri][4] & ROUTE_MISS:
                 key = (self.routes[ri][0].name, "BYPASS" if method >= POST else "MISS")
                 counts[key] = counts.get(key, 0) + n
         for (name, outcome), n in counts.items():
@@ -870,12 +918,13 @@ def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], .
     verdicts named by the texts `make` was given."""
     groups = []
     for ri, status, method, n, size, verdicts, buckets, durations in made:
-        _, target, _, route, first = route_texts[ri]
+        _, target, _, route, flags = route_texts[ri]
+        first, passed = flags & ROUTE_MISS, 2 if flags & ROUTE_PASSED else 0
         if first and method >= POST:  # what the metrics read of `_bypass`'s record
-            decided = [({**verdict_texts[v][1], "http_cache": BYPASSED}, k)
+            decided = [({**verdict_texts[v][1 + passed], "http_cache": BYPASSED}, k)
                        for v, k in verdicts.items()]
         else:
-            at = 2 if first else 1
+            at = (2 if first else 1) + passed
             decided = [(verdict_texts[v][at], k) for v, k in verdicts.items()]
         groups.append(Group(target, route, status, METHODS[method], n, size, buckets,
                             durations, decided))

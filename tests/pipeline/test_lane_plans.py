@@ -108,10 +108,15 @@ def _phrase(status: int) -> bytes:
 
 
 def same(lane: bytes | None, python: Response, method: bytes = b"GET") -> bool:
-    """The lane's answer is the chain's, up to the request id's number."""
+    """The lane's answer is the chain's, up to the request id's number and a rate
+    limit's state (the quota left: one request apart, one fewer)."""
     assert lane is not None
-    ids = re.compile(rb"(x-request-id: [0-9a-f]+-)[0-9a-f]+")
-    return ids.sub(rb"\1N", lane) == ids.sub(rb"\1N", written(python, method))
+
+    def plain(raw: bytes) -> bytes:
+        raw = re.sub(rb"(x-request-id: [0-9a-f]+-)[0-9a-f]+", rb"\1N", raw)
+        return re.sub(rb'("[a-z0-9-]+";)r=\d+;t=\d+', rb"\1r=R;t=T", raw)
+
+    return plain(lane) == plain(written(python, method))
 
 
 def header(response: Response, name: bytes) -> bytes | None:
@@ -160,11 +165,30 @@ def test_a_default_ttl_leaves_the_function_to_python(pop: PoP) -> None:
     assert lane_answer(pop, "/ttl") is None
 
 
-def test_a_rate_limited_function_is_pythons(pop: PoP) -> None:
-    """A rate limit counts every request: none is the lane's, the chain's carry the
-    limit's headers."""
-    assert lane_answer(pop, "/limited") is None
-    assert header(chain_answer(pop, "/limited"), b"ratelimit-policy") is not None
+def test_a_rate_limited_function_is_the_lanes_counted_in_the_stages_counts(pop: PoP
+                                                                           ) -> None:
+    """A WASM function with a rate limit by ip (1000/minute): the lane serves it as
+    the chain does, the RateLimit fields and the pass in its event included, each
+    request counted once in the stage's counters whichever path took it (the quota
+    left goes down by one per request, lane or chain)."""
+    quota = re.compile(rb";r=(\d+);t=\d+")
+
+    def plain(raw: bytes) -> bytes:  # but the quota's state and the request id's number
+        return re.sub(rb"(x-request-id: [0-9a-f]+-)[0-9a-f]+", rb"\1N", quota.sub(b"", raw))
+
+    remaining = []
+    for _ in range(2):
+        lane = lane_answer(pop, "/limited")
+        assert lane is not None
+        lane_event = fields(pop, 1)[0]
+        python = chain_answer(pop, "/limited")
+        assert lane_event["decisions"]["ratelimit"] == {"limited": None}
+        assert lane_event == fields(pop, 1)[0]
+        state = header(python, b"ratelimit")
+        assert state is not None
+        remaining += [int(quota.findall(lane)[0]), int(quota.findall(state)[0])]
+        assert plain(lane) == plain(written(python, b"GET"))
+    assert remaining == list(range(remaining[0], remaining[0] - 4, -1))
 
 
 @pytest.mark.parametrize("path, taken, left", [
@@ -273,11 +297,10 @@ def test_a_path_the_lane_serves_is_served_as_the_router_routes_it(
     else:
         chain_answer(pop, path, method=method)
     # the literal routes nothing else lies under, and the wildcard: each path from them
-    # on is the lane's
-    if segments[0] in ("plain", "plain2", "nocache", "noagents", "l" * 254, "star"):
+    # on is the lane's (a rate-limited function's too)
+    if segments[0] in ("plain", "plain2", "nocache", "noagents", "l" * 254, "star",
+                       "limited"):
         assert lane is not None, path
-    elif segments[0] == "limited" and len(segments) > 1:
-        assert lane is None, path  # a limited function's
 
 
 def test_the_longest_path_the_table_holds(pop: PoP) -> None:
@@ -369,7 +392,8 @@ def test_a_key_file_with_keys_leaves_anonymous_requests_of_public_functions_on_t
     a key (for the OpenAI API, say). Now a public function's (mode ``none``) requests
     without a credential stay on it, answered as the chain answers them; one with a
     key is the chain's, whose auth proves its principal, and a function that needs a
-    key (``auth = "key"``) is the chain's, as are functions with rate limits."""
+    key (``auth = "key"``) is the chain's; a function with a rate limit by ip stays
+    the lane's, counted by the stage (`RateLimit.lane_admits`)."""
     pop = pop_with(tmp_path)
     try:
         deploy(pop, function_dir(tmp_path / "fns", "plain", OK))
@@ -388,7 +412,8 @@ def test_a_key_file_with_keys_leaves_anonymous_requests_of_public_functions_on_t
         assert served is not None and same(served, chain_answer(pop, "/plain", CURL))
         assert lane_answer(pop, "/private", CURL) is None
         assert chain_answer(pop, "/private", CURL).status == 401
-        assert lane_answer(pop, "/limited", CURL) is None
+        served = lane_answer(pop, "/limited", CURL)
+        assert served is not None and same(served, chain_answer(pop, "/limited", CURL))
         with_key = b"GET /plain HTTP/1.1\r\nHost: x\r\nx-api-key: %s\r\n\r\n" % key.encode()
         assert pop.lane.serve(with_key, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)[0] == 0
         ctx = Context("127.0.0.1:1")

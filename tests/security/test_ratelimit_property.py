@@ -137,6 +137,37 @@ def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
         limits.strategies.time = saved  # type: ignore[attr-defined]
 
 
+@settings(max_examples=150, deadline=None)
+@example(algorithm="fixed_window", limit=1, steps=[(0, 0, False), (64, 0, True)])  # expiry
+@example(algorithm="sliding_window", limit=1, steps=[(0, 0, False), (64, 0, True)])  # next
+@example(algorithm="moving_window", limit=1, steps=[(0, 0, False), (64, 0, True)])  # window
+@given(algorithm=st.sampled_from(["moving_window", "sliding_window", "fixed_window"]),
+       limit=st.integers(0, 5),
+       steps=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 1), st.booleans()),
+                      max_size=60))
+def test_admits_says_what_hit_would_decide_and_counts_nothing(
+        algorithm: str, limit: int, steps: list[tuple[int, int, bool]]) -> None:
+    """`admits` (what the native lane asks before it runs a function) answers what
+    `hit` at the same instant decides, and leaves every count as it was: asked or
+    not, the same decisions follow."""
+    import copy
+
+    from runtime.security.ratelimit.counters import Counters
+
+    now = [1000.0]
+    ours, control = Counters(clock=lambda: now[0]), Counters(clock=lambda: now[0])
+    for dt, who, ask in steps:
+        now[0] += dt / 8
+        if ask:
+            before = copy.deepcopy(ours.state)
+            admits = ours.admits(f"k{who}", algorithm, limit, 8, now[0])
+            assert ours.state == before
+        admitted = ours.hit(f"k{who}", algorithm, limit, 8)[0]
+        assert control.hit(f"k{who}", algorithm, limit, 8)[0] == admitted
+        if ask:
+            assert admits == admitted, (now[0], who)
+
+
 def test_counters_drop_state_whose_window_has_passed_and_keep_live_counts() -> None:
     from runtime.security.ratelimit.counters import Counters
 

@@ -301,6 +301,7 @@ typedef struct {
                                         * split into `seg` (a capture's name after its
                                         * ':'; the `*` not among them: `wildcard`) */
     int wildcard;                      /* it ends in `*`: the rest of the path is a param */
+    int limited;                       /* ratelimit counts its requests (`limit_admits`) */
     uint32_t nseg;
     struct { uint32_t at, len; int capture; } seg[MAX_SEGMENTS];
     PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
@@ -317,7 +318,7 @@ typedef struct {
 } route_t;
 
 /* a route's flags (its tuple's `origin` field) */
-enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4 };
+enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4, ROUTE_LIMITED = 8 };
 /* an exclusion under a prefix route: that path; it and the paths under it; every path
  * it starts (runtime/pipeline/lane.py EXCLUDE_*) */
 enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2, EX_SEGMENT = 3 };
@@ -379,6 +380,10 @@ typedef struct {
     size_t req_cap;
     uint8_t *out;            /* responses of one serve() */
     size_t out_len, out_cap;
+    PyObject *limit_admits;  /* limiter(admits, count): ratelimit's, for limited routes */
+    PyObject *limit_count;
+    PyObject *limit_token;   /* what limit_admits said of the request being served */
+    PyObject *limit_head;    /* the RateLimit fields limit_count gave it (header lines) */
     uint64_t waiting;        /* the body bytes the request serve stopped at still needs
                               * (`held`), 0 when it is not one the lane waits for */
     req_t q;
@@ -843,7 +848,8 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     size_t need = 64 + (line == Py_None ? 32 : (size_t)PyBytes_GET_SIZE(line)) +
                   (size_t)PyBytes_GET_SIZE(date) + (size_t)PyBytes_GET_SIZE(extra) +
                   (size_t)PyBytes_GET_SIZE(r->label) + l->rid_header_len + rid_len +
-                  (size_t)body_len + 96;
+                  (size_t)body_len + 96 +
+                  (l->limit_head ? (size_t)PyBytes_GET_SIZE(l->limit_head) : 0);
     const uint8_t *p = pairs;
     int dated = 0;
     for (uint32_t i = 0; i < count; i++) {
@@ -887,6 +893,8 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
         if (method >= MC_POST) PUTS("x-edgefn-cache: BYPASS\r\n");
         else PUTS("x-edgefn-cache: MISS\r\n");
     }
+    if (l->limit_head)  /* ratelimit's fields, added after http_cache's (`_add`) */
+        PUT(PyBytes_AS_STRING(l->limit_head), (size_t)PyBytes_GET_SIZE(l->limit_head));
     PUT(l->rid_header, l->rid_header_len);
     PUTS(": ");
     PUT(rid, rid_len);
@@ -1085,13 +1093,27 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
     if (!pairs) return 0;
     if (r->cache == CACHE_FIRST && method == MC_GET && may_store(pairs, count))
         return 0;  /* http_cache stores it: Python runs it again (a pure function) */
+    if (l->limit_token) {  /* answered: counted now, as ratelimit counts what it admits */
+        PyObject *head = PyObject_CallOneArg(l->limit_count, l->limit_token);
+        Py_CLEAR(l->limit_token);
+        if (!head) return -1;
+        if (!PyBytes_Check(head)) {
+            Py_DECREF(head);
+            PyErr_SetString(PyExc_TypeError, "limiter's count: header lines (bytes)");
+            return -1;
+        }
+        l->limit_head = head;
+    }
     const char *kept = l->q.rid;  /* the caller's id, else a number of the counter's */
     uint64_t counter = kept ? 0 : ++l->counter;
     char made[96];
     size_t rid_len = kept ? l->q.rid_len : request_id(l, counter, made);
     size_t before = l->out_len;
-    if (write_response(l, r, status, pairs, count, body, body_len, kept ? kept : made, rid_len,
-                       date, extra, method, l->q.http10)) {
+    int unwritten = write_response(l, r, status, pairs, count, body, body_len,
+                                   kept ? kept : made, rid_len, date, extra, method,
+                                   l->q.http10);
+    Py_CLEAR(l->limit_head);
+    if (unwritten) {
         l->counter -= !kept;
         PyErr_NoMemory();
         return -1;
@@ -1405,13 +1427,10 @@ static int admit(Lane *l, int method, const hdr_t **host_out) {
     return ri;
 }
 
-/* The request in l->q, complete: 1 served (its response in l->out, its record in
- * `events`), 0 for Python, -1 a Python error. */
-static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObject *events,
-                     PyObject *client) {
-    const hdr_t *host = NULL;
-    int ri = admit(l, method, &host);
-    if (ri < 0) return ri == -2 ? -1 : 0;
+/* The request in l->q for route `ri` (`admit`'s), run: 1 served, 0 for Python, -1 a
+ * Python error. */
+static int serve_route(Lane *l, int ri, int method, const hdr_t *host, PyObject *date,
+                       PyObject *extra, PyObject *events, PyObject *client) {
     req_t *q = &l->q;
     route_t *r = &l->routes[ri];
     const char *url = q->url, *query = url + q->path_len + 1;
@@ -1428,8 +1447,9 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
         }
         if (done) return done;
     }
-    if (r->python) return python_call(l, r, ri, method, host, url, path_len, query, query_len,
-                                      client);
+    if (r->python)  /* (a limited route's call: Python's, which counts it in its stage) */
+        return r->limited ? 0 : python_call(l, r, ri, method, host, url, path_len, query,
+                                            query_len, client);
     start_t s;
     int go = inline_start(l, r, &s);
     if (go <= 0) return go;
@@ -1453,6 +1473,31 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     }
     return answer_frame(l, r, ri, method, res->response, res->response_len, s.started, s.ts,
                         s.verdict, host, query, query_len, date, extra, events, client);
+}
+
+/* The request in l->q, complete: 1 served (its response in l->out, its record in
+ * `events`), 0 for Python, -1 a Python error. A limited route's request is asked of
+ * ratelimit first (`limit_admits`: would it be admitted now? nothing counted), and
+ * counted as it is answered (`answer_frame`): one ratelimit would refuse, and one
+ * the lane leaves after all, is Python's, whose stage counts it once. */
+static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObject *events,
+                     PyObject *client) {
+    const hdr_t *host = NULL;
+    int ri = admit(l, method, &host);
+    if (ri < 0) return ri == -2 ? -1 : 0;
+    if (l->routes[ri].limited) {
+        if (!l->limit_admits) return 0;
+        PyObject *a[2] = {PyLong_FromLong(ri), client};
+        if (!a[0]) return -1;
+        PyObject *token = PyObject_Vectorcall(l->limit_admits, a, 2, NULL);
+        Py_DECREF(a[0]);
+        if (!token) return -1;
+        if (token == Py_None) { Py_DECREF(token); return 0; }
+        l->limit_token = token;
+    }
+    int done = serve_route(l, ri, method, host, date, extra, events, client);
+    Py_CLEAR(l->limit_token);
+    return done;
 }
 
 /* The body bytes the request `p` stopped in still needs, when the lane would wait for
@@ -1695,6 +1740,21 @@ static PyObject *Lane_commands(Lane *l, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* limiter(admits, count): ratelimit's, for the requests of limited routes:
+ * `admits(route index, client)` -> a token (admitted now) or None (Python's);
+ * `count(token)` -> the header lines to add (bytes), once the request is answered. */
+static PyObject *Lane_limiter(Lane *l, PyObject *args) {
+    PyObject *admits, *count;
+    if (!PyArg_ParseTuple(args, "OO:limiter", &admits, &count)) return NULL;
+    if (!PyCallable_Check(admits) || !PyCallable_Check(count)) {
+        PyErr_SetString(PyExc_TypeError, "limiter(admits, count): two callables");
+        return NULL;
+    }
+    Py_XSETREF(l->limit_admits, Py_NewRef(admits));
+    Py_XSETREF(l->limit_count, Py_NewRef(count));
+    Py_RETURN_NONE;
+}
+
 /* python(submit): what runs a Python route's request (`python_call`). */
 static PyObject *Lane_python(Lane *l, PyObject *submit) {
     if (!PyCallable_Check(submit)) {
@@ -1849,6 +1909,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->cache = cache;
         r->origin = (origin & ROUTE_ORIGIN) != 0;
         r->prefix = (origin & ROUTE_PREFIX) != 0;
+        r->limited = (origin & ROUTE_LIMITED) != 0;
         r->excluded = excl == Py_None ? NULL : Py_NewRef(excl);
         r->caching = Py_NewRef(caching);
         r->label_str = Py_NewRef(label_str);
@@ -2015,6 +2076,10 @@ static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
     }
     Py_VISIT(l->submit);
     Py_VISIT(l->started);
+    Py_VISIT(l->limit_admits);
+    Py_VISIT(l->limit_count);
+    Py_VISIT(l->limit_token);
+    Py_VISIT(l->limit_head);
     return 0;
 }
 
@@ -2028,6 +2093,10 @@ static int Lane_clear(Lane *l) {
     Py_CLEAR(l->lane_cut_name);
     Py_CLEAR(l->submit);
     Py_CLEAR(l->started);
+    Py_CLEAR(l->limit_admits);
+    Py_CLEAR(l->limit_count);
+    Py_CLEAR(l->limit_token);
+    Py_CLEAR(l->limit_head);
     Py_CLEAR(l->principals);
     clear_routes(l);
     clear_uas(l);
@@ -2093,6 +2162,8 @@ static PyMethodDef LANE_METHODS[] = {
     {"respond_frame", (PyCFunction)(void (*)(void))Lane_respond_frame, METH_FASTCALL,
      "respond_frame(call, frame, max_body, date, extra_head, events) -> bytes or None"},
     {"python", (PyCFunction)Lane_python, METH_O, "python(submit): how Python routes run"},
+    {"limiter", (PyCFunction)Lane_limiter, METH_VARARGS,
+     "limiter(admits, count): how limited routes' requests are asked and counted"},
     {"commands", (PyCFunction)Lane_commands, METH_VARARGS,
      "commands(run, result_size, guest_begin, guest_end, principals): WASI commands "
      "run here"},

@@ -203,6 +203,9 @@ static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObje
 
 /* ---- groups: records of one (route, status, method) ---- */
 #define MAX_VERDICTS 256  /* runtime/pipeline/lane.py's */
+/* a route's flags in `make`'s routes: http_cache counts its GETs' MISS (`_first`);
+ * ratelimit passed its requests (its decision in their events) */
+enum { ROUTE_MISS = 1, ROUTE_PASSED = 2 };
 typedef struct {
     long route, status, method, n;
     long long bytes;
@@ -346,18 +349,26 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
         return NULL;
     }
-    /* route: (path, target, owner, route, first); verdict: (class, decisions, with MISS) */
+    /* route: (path, target, owner, route, flags: ROUTE_MISS, ROUTE_PASSED); verdict:
+     * (class, decisions, with MISS[, with ratelimit's pass, with both]) */
     PyObject *route = PyTuple_GET_ITEM(routes, ri), *v = PyTuple_GET_ITEM(verdicts, verdict);
-    if (!PyTuple_Check(route) || PyTuple_GET_SIZE(route) != 5 || !PyTuple_Check(v) ||
-            PyTuple_GET_SIZE(v) != 3) {
-        PyErr_SetString(PyExc_TypeError, "routes: 5-tuples; verdicts: 3-tuples");
+    long flags = PyTuple_Check(route) && PyTuple_GET_SIZE(route) == 5
+                     ? PyLong_AsLong(PyTuple_GET_ITEM(route, 4)) : -1;
+    Py_ssize_t sized = PyTuple_Check(v) ? PyTuple_GET_SIZE(v) : 0;
+    if (flags < 0 || flags > 3 || !(sized == 5 || (sized == 3 && !(flags & ROUTE_PASSED)))) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "routes: 5-tuples ending in flags 0..3; verdicts: "
+                            "3-tuples, 5 for a route ratelimit passes");
+        }
         return NULL;
     }
-    int first = PyObject_IsTrue(PyTuple_GET_ITEM(route, 4));
-    PyObject *decisions = PyTuple_GET_ITEM(v, first > 0 && method < MC_POST ? 2 : 1);
+    int first = (flags & ROUTE_MISS) != 0;
+    PyObject *decisions = PyTuple_GET_ITEM(v, (first && method < MC_POST ? 2 : 1) +
+                                                  (flags & ROUTE_PASSED ? 2 : 0));
     PyObject *client = text_of(texts, r[10], client_ip);
     PyObject *host = client ? text_of(texts, r[8], host_text) : NULL;
-    if (first < 0 || !client || !host || !PyDict_Check(decisions)) {
+    if (!client || !host || !PyDict_Check(decisions)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
         return NULL;
     }
@@ -367,7 +378,7 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
                                                                PyBytes_GET_SIZE(r[12]), NULL);
     if (!path) return NULL;
     PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s */
-    if (first > 0 && method >= MC_POST && !ctx) {
+    if (first && method >= MC_POST && !ctx) {
         bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host, path, r[9]);
         if (!bypass) { Py_DECREF(path); return NULL; }
         decisions = bypass;
@@ -416,8 +427,9 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
 }
 
 /* make(records, routes, verdicts, texts, prefix, lines[, ctx]) -> (events, lines, groups,
- * text): `routes[i]` (path, target, owner, route, first: the MISS of http_cache's
- * `_first`), `verdicts[i]` (bot class, decisions, decisions with the MISS), `texts` the
+ * text): `routes[i]` (path, target, owner, route, flags: ROUTE_MISS, http_cache's
+ * `_first`; ROUTE_PASSED, ratelimit's), `verdicts[i]` (bot class, decisions, decisions
+ * with the MISS[, with ratelimit's pass, with both]), `texts` the
  * dict of clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines`
  * whether to write the access log's lines (else None). With `ctx` (not None), no Event is
  * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, method, n, bytes,

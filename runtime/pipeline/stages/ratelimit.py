@@ -15,6 +15,7 @@ are the OpenAI API's (`runtime.security.ratelimit.admission`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,53 @@ class RateLimit:
         credential) goes on untouched: no PoP rule and none of its function's
         (`__call__`'s fast path)."""
         return not self.rules and (target is None or not target.policy.rate_limits)
+
+    def anonymous(self, target: Target) -> list[tuple[Limit, tuple[str, ...], bool]] | None:
+        """The limits a request without a principal for `target` meets, as `_checks`
+        finds them, for the native lane (`lane_admits`, `lane_count`): each with who it
+        counts, and whether the client's address (a ``by = "ip"`` rule's) completes
+        that; [] when none applies (nothing decided, as here); None when the lane
+        cannot count them as this stage does: on Redis (a hit awaits), or with a
+        ``by = "agent"`` rule (a verified agent's name is the bots stage's, in Python)."""
+        if self.limiter.remote:
+            return None
+        out: list[tuple[Limit, tuple[str, ...], bool]] = []
+        own = self._function_limits(target) if target.policy.rate_limits else []
+        for scope, limits in ((("pop",), self.rules), (("fn", target.name), own)):
+            for limit in limits:
+                if limit.by == "agent":
+                    return None
+                if limit.by == "ip":
+                    out.append((limit, (*scope, limit.name), True))
+                elif limit.by == "function" and target.kind == "function":
+                    out.append((limit, (*scope, limit.name, target.name), False))
+                # key, tenant: no principal; model: no OpenAI API request
+        return out
+
+    def lane_admits(self, limits: list[tuple[Limit, tuple[str, ...], bool]], ip: str
+                    ) -> tuple[list[Check], float] | None:
+        """Whether a request from `ip` meeting `limits` (`anonymous`) would be admitted
+        now: its checks and the instant (`lane_count` counts them then), else None
+        (the request is the stage's, which refuses it). Counts nothing."""
+        value = self.address(ip)
+        checks: list[Check] = [(limit, (*ids, value) if by_ip else ids)
+                               for limit, ids, by_ip in limits]
+        now = time.time()
+        return (checks, now) if self.limiter.admits(checks, now) else None
+
+    def lane_count(self, admitted: tuple[list[Check], float]) -> bytes:
+        """Count a request `lane_admits` admitted, at its instant (nothing ran on the
+        loop between the two: the same decision), as `__call__` counts it: the
+        RateLimit fields it adds to the response with ``headers``, as header lines.
+        Raises RuntimeError if a limit refuses it after all (a bug)."""
+        checks, now = admitted
+        outcome = self.limiter.hit(checks, self.settings.headers, now)
+        if outcome.refused is not None:
+            raise RuntimeError(f"rate limit {outcome.refused.name!r} refused at {now} what "
+                               "it admitted then")
+        if not outcome.quotas:
+            return b""
+        return b"".join(b"%s: %s\r\n" % kv for kv in fields(outcome.quotas))
 
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):

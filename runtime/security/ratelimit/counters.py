@@ -48,6 +48,34 @@ class Counters:
                 self._sweep(now)
             return self.steps[algorithm](key, amount, window, now)
 
+    def admits(self, key: object, algorithm: str, amount: int, window: int, now: float
+               ) -> bool:
+        """Whether `hit` at `now` would admit a request, counting nothing (the native
+        lane asks before it runs a function, and hits once it answered)."""
+        with self.lock:
+            s = self.state.get(key)
+            if algorithm == "fixed_window":
+                return (0 if s is None or now >= s[1] else s[0]) + 1 <= amount
+            if algorithm == "sliding_window":
+                index = int(now // window)
+                if s is None or s[0] < index - 1:
+                    previous, current = 0, 0
+                elif s[0] == index - 1:
+                    previous, current = s[2], 0
+                else:
+                    previous, current = s[1], s[2]
+                left = window - (now - index * window)
+                return previous * left / window + current < amount
+            if s is None:
+                return amount > 0
+            hits: deque[float] = s[0]
+            old = 0
+            for t in hits:  # oldest first: those `_moving` would drop
+                if t >= now - window:
+                    break
+                old += 1
+            return len(hits) - old < amount
+
     def _fixed(self, key: object, amount: int, window: int, now: float
                ) -> tuple[bool, int, float]:
         s = self.state.get(key)

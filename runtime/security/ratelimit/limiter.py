@@ -117,11 +117,20 @@ class Limiter:
             raise InvalidConfig(where, f"storage must be memory:// or redis://host:port, got "
                                 f"{storage!r}", "ratelimit.storage")
 
-    def hit(self, checks: list[Check], stats: bool) -> Outcome:
-        """Hit each limit (memory only). With `stats`, the quotas of all."""
+    def admits(self, checks: list[Check], now: float) -> bool:
+        """Whether `hit` at `now` would admit a request (memory only), counting
+        nothing."""
+        admits = self.counters.admits
+        return all(admits((limit.shape, ids), limit.algorithm, limit.amount, limit.window, now)
+                   for limit, ids in checks)
+
+    def hit(self, checks: list[Check], stats: bool, now: float | None = None) -> Outcome:
+        """Hit each limit at `now` (default: the clock; memory only). With `stats`, the
+        quotas of all."""
         quotas: list[Quota] = []
         hit = self.counters.hit
-        now = time.time()
+        if now is None:
+            now = time.time()
         for limit, ids in checks:
             admitted, remaining, reset = hit((limit.shape, ids), limit.algorithm,
                                              limit.amount, limit.window, now)

@@ -1,0 +1,114 @@
+"""Rate limits on the native lane (lane.c `serve_one`, `answer_frame`; runtime/pipeline/
+lane.py `_limit_admits`; `RateLimit.lane_admits`, `lane_count`): two real PoPs on
+loopback, the lane on and off, the same PoP rule by ip and the same functions with
+rules of their own (each algorithm, by ip and by function), the same requests sent
+to both in the same order. The lane serves what ratelimit admits, counted in the
+stage's own counters: the same answers (the RateLimit fields, a 429 where the limit
+is full), events, log lines and counts as the Python front's."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.net.lane_support import exchange, normal
+from tests.net.test_native_lane import Side, request
+from tests.support import function_dir, pop_thread, reactor
+
+PORTS = {"auto": 28024, "off": 28025}
+LIMIT = 4  # each function's own, per minute
+FUNCTIONS = {  # name: its [[rate_limits]]
+    "slide": '[[rate_limits]]\nby = "ip"\nlimit = "4/minute"\n',
+    "fixed": '[[rate_limits]]\nby = "ip"\nlimit = "4/minute"\nalgorithm = "fixed_window"\n',
+    "moving": '[[rate_limits]]\nby = "ip"\nlimit = "4/minute"\nalgorithm = "moving_window"\n',
+    "byfn": '[[rate_limits]]\nby = "function"\nlimit = "4/minute"\n',
+    "twice": '[[rate_limits]]\nby = "ip"\nlimit = "6/minute"\n'
+             '[[rate_limits]]\nby = "ip"\nlimit = "4/minute"\nalgorithm = "fixed_window"\n',
+}
+POP_RULE = [{"by": "ip", "limit": "40/minute"}]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
+    root = tmp_path_factory.mktemp("limits")
+    folders = [function_dir(root / "fns", name, reactor(""), extra=rules)
+               for name, rules in {**FUNCTIONS, "open": ""}.items()]
+    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"},
+                    **{"ratelimit.rules": POP_RULE}) as on, \
+            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"},
+                       **{"ratelimit.rules": POP_RULE}) as off:
+        for f in folders:
+            on.deploy(f)
+            off.deploy(f)
+        a, b = Side(on), Side(off)
+        assert a.lane is not None and b.lane is None
+        yield a, b
+
+
+def steady(response: bytes) -> bytes:
+    """`response` without the seconds to a window's reset (`t=`, `Retry-After`): the
+    two PoPs' first hits were a moment apart, across a second's edge at times."""
+    response = re.sub(rb";t=\d+", b";t=T", response)
+    response = re.sub(rb"retry after \d+ s", b"retry after N s", response)
+    return re.sub(rb"\r\nretry-after: \d+\r\n", b"\r\nretry-after: N\r\n", response)
+
+
+def sent(pair: tuple[Side, Side], raw: bytes, method: bytes = b"GET") -> bytes:
+    """`raw` sent to both PoPs: the same answer, events and log lines (but the seconds
+    to a reset)."""
+    on, off = pair
+    got, want = (steady(normal(exchange(side.r.port, raw, [method])[0], side.prefix))
+                 for side in pair)
+    assert got == want, raw
+    assert [steady_event(e) for e in on.new_events()] == \
+        [steady_event(e) for e in off.new_events()], raw
+    assert [steady(x) for x in on.new_log()] == [steady(x) for x in off.new_log()], raw
+    return got
+
+
+def steady_event(event: dict[str, object]) -> dict[str, object]:
+    return {k: (steady(v.encode()).decode() if isinstance(v, str) else v)
+            for k, v in event.items()}
+
+
+def served(side: Side) -> int:
+    side.r.delivered()
+    assert side.lane is not None
+    return side.lane.served
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_the_lane_serves_what_ratelimit_admits_and_python_refuses_the_rest(
+        pair: tuple[Side, Side], name: str) -> None:
+    """Up to the function's limit each request is the lane's, answered with the
+    RateLimit fields its counts give (the remaining quota goes down by one each
+    time, as on the Python PoP); past it each is Python's 429, from the same counts:
+    the lane counted what it served, and nothing it left."""
+    on, _ = pair
+    answers = []
+    for i in range(LIMIT + 2):
+        before = served(on)
+        method = b"POST" if i % 2 else b"GET"
+        got = sent(pair, request(method.decode(), f"/{name}", [("Host", "x")],
+                                 b"b" * i if method == b"POST" else b""), method)
+        answers.append(got)
+        assert served(on) - before == (1 if i < LIMIT else 0), (name, i)
+    assert [a.split(b" ", 2)[1] for a in answers] == [b"200"] * LIMIT + [b"429"] * 2
+    assert b"\r\nratelimit: " in answers[0] and b"\r\nratelimit-policy: " in answers[0]
+    remaining = [re.findall(rb'"fn-ip(?:-2)?";r=(\d+)|"fn-function";r=(\d+)', a)
+                 for a in answers[:LIMIT]]
+    assert len({tuple(r) for r in remaining}) == LIMIT  # one fewer each time
+
+
+def test_a_function_without_rules_of_its_own_meets_the_pops(pair: tuple[Side, Side]) -> None:
+    """The PoP's rule by ip alone (`open`): the lane's, with that rule's fields and its
+    pass in the event; the scrape's counts the same on both PoPs."""
+    on, off = pair
+    for _ in range(2):
+        before = served(on)
+        got = sent(pair, request("GET", "/open", [("Host", "x")]))
+        assert served(on) - before == 1
+        assert b'\r\nratelimit-policy: "by-ip";q=40;w=60\r\n' in got
+    assert on.metrics() == off.metrics()
