@@ -212,6 +212,7 @@ class NativeLane:
         self.c.python(self._submit)
         self.ratelimit = stages.get(RateLimit)
         if isinstance(self.ratelimit, RateLimit):
+            self.lane_admits = self.ratelimit.lane_admits
             self.c.limiter(self._limit_admits, self.ratelimit.lane_count)
         # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
         wasi, self.commands = native_wasi.enabled(), False
@@ -557,8 +558,7 @@ class NativeLane:
         """The C's question for a limited route's request from `client`, before the
         function runs: would ratelimit admit it now (`RateLimit.lane_admits`: its
         checks and instant, counted by `lane_count` once answered), or None."""
-        assert isinstance(self.ratelimit, RateLimit)
-        return self.ratelimit.lane_admits(self.limits[ri], client.rpartition(":")[0] or client)
+        return self.lane_admits(self.limits[ri], client.rpartition(":")[0] or client)
 
     def _cache_mode(self, fn: Deployment) -> int:
         stage = self.http_cache

@@ -69,6 +69,10 @@ class RateLimit:
         self.rpm: dict[int, Limit] = {}  # a key's rpm -> its limit
         self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
         self.outage = Outage(settings.on_storage_error, "rate limits")
+        # (id of a route's `anonymous` limits, client address) -> (those limits, the
+        # checks `lane_admits` makes of them): the native lane's, per client
+        self.lane_checks: dict[tuple[int, str], tuple[list[tuple[Limit, tuple[str, ...],
+                                                               bool]], list[Check]]] = {}
         # whether a request for a target may have a principal here (its key's or
         # tenant's limits); `build` asks an `auth` stage before this one
         self.identifies: Callable[[Target | None], bool] = _anyone
@@ -119,11 +123,16 @@ class RateLimit:
         """Whether a request from `ip` meeting `limits` (`anonymous`) would be admitted
         now: its checks and the instant (`lane_count` counts them then), else None
         (the request is the stage's, which refuses it). Counts nothing."""
-        value = self.address(ip)
-        checks: list[Check] = [(limit, (*ids, value) if by_ip else ids)
-                               for limit, ids, by_ip in limits]
+        key = (id(limits), ip)
+        checks = self.lane_checks.get(key)
+        if checks is None or checks[0] is not limits:
+            if len(self.lane_checks) >= 4096:
+                self.lane_checks.clear()
+            value = self.address(ip)
+            checks = self.lane_checks[key] = (limits, [(limit, (*ids, value) if by_ip else ids)
+                                                       for limit, ids, by_ip in limits])
         now = time.time()
-        return (checks, now) if self.limiter.admits(checks, now) else None
+        return (checks[1], now) if self.limiter.admits(checks[1], now) else None
 
     def lane_count(self, admitted: tuple[list[Check], float]) -> bytes:
         """Count a request `lane_admits` admitted, at its instant (nothing ran on the
@@ -137,7 +146,8 @@ class RateLimit:
                                "it admitted then")
         if not outcome.quotas:
             return b""
-        return b"".join(b"%s: %s\r\n" % kv for kv in fields(outcome.quotas))
+        (policy, quotas), (state, now_left) = fields(outcome.quotas)
+        return b"%s: %s\r\n%s: %s\r\n" % (policy, quotas, state, now_left)
 
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):

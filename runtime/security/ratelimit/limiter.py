@@ -121,8 +121,10 @@ class Limiter:
         """Whether `hit` at `now` would admit a request (memory only), counting
         nothing."""
         admits = self.counters.admits
-        return all(admits((limit.shape, ids), limit.algorithm, limit.amount, limit.window, now)
-                   for limit, ids in checks)
+        for limit, ids in checks:
+            if not admits((limit.shape, ids), limit.algorithm, limit.amount, limit.window, now):
+                return False
+        return True
 
     def hit(self, checks: list[Check], stats: bool, now: float | None = None) -> Outcome:
         """Hit each limit at `now` (default: the clock; memory only). With `stats`, the
