@@ -25,14 +25,14 @@ exact native form, and its executor is one the lane can call:
                  any other credential to Python, where auth proves the principal)
     ratelimit    no rule a request without a principal meets (a key's or tenant's
                  limits need a credential, Python's); or, on memory storage, rules
-                 by ip or function (the PoP's, the function's own) of a WASM
-                 function: the C asks the stage before the function runs whether it
-                 would admit the request now (`RateLimit.lane_admits`, counting
-                 nothing: else the request is Python's, which refuses it), counts it
-                 as the C answers it (`lane_count`: the same counters, the same
-                 instant) and writes the RateLimit fields it adds; its event carries
-                 the stage's pass. Not a rule by agent, not on Redis, not a Python
-                 function's (its call would be counted before its answer)
+                 by ip or function (the PoP's, the function's own): the C asks the
+                 stage before the function runs whether it would admit the request
+                 now (`RateLimit.lane_admits`, counting nothing: else the request is
+                 Python's, which refuses it), counts it as the C answers it, or as
+                 a Python function's call is submitted (`lane_count`: the same
+                 counters, the same instant; the call carries the fields, `_finish`
+                 adds them too), and writes the RateLimit fields it adds; its event
+                 carries the stage's pass. Not a rule by agent, not on Redis
     cors         a request without an Origin header (cors hands it on untouched), or
                  one whose path is outside the stage's `paths`; one with an Origin on
                  them (a preflight, or a response cors tags) goes to Python
@@ -444,6 +444,9 @@ class NativeLane:
                                    call[11] / 1e9, False)
         elif cache == CACHE_OFF:
             response = client_view(response)
+        if call[15]:  # ratelimit's fields, after http_cache's (`_add`)
+            response.headers.extend(tuple(line.split(b": ", 1))
+                                    for line in call[15].split(b"\r\n") if line)
         return request, self._observed(response, request, ctx, call)
 
     def _observed(self, response: Response, request: Request, ctx: Context,
@@ -457,7 +460,7 @@ class NativeLane:
 
     def _context(self, call: tuple[Any, ...]) -> tuple[Request, Context]:
         """The request of `call` and the context the stages before dispatch leave."""
-        _, (fn, route, _, _, _), _, _, n, verdict, _, _, _, client, _, started, _, _, _ = call
+        _, (fn, route, _, _, _), _, _, n, verdict, _, _, _, client, _, started, *_ = call
         request = _request(call)
         ctx = Context(client)
         ctx.started = started / 1e9  # CLOCK_MONOTONIC, perf_counter's clock
@@ -467,6 +470,8 @@ class NativeLane:
         cls, record = self.records_of[verdict]
         ctx.bot = cls
         ctx.decide("bots", record)
+        if call[15] is not None:  # counted by ratelimit as it was submitted
+            ctx.decide("ratelimit", PASSED)
         return request, ctx
 
     # -- eligibility ------------------------------------------------------------------------
@@ -539,11 +544,8 @@ class NativeLane:
         if isinstance(stage, Auth):  # (the C leaves a credential to Python)
             return stage.untouched_anonymous(fn)
         if isinstance(stage, RateLimit):  # a request with a principal is Python's too; the
-            # C asks the stage about those without (`_limit_admits`), but a Python
-            # function's: its call would be counted before it is answered
-            limits = stage.anonymous(fn)
-            return limits is not None and (not limits or not isinstance(fn.executor,
-                                                                        PythonFunction))
+            # C asks the stage about those without (`_limit_admits`)
+            return stage.anonymous(fn) is not None
         return isinstance(stage, Health | RequestId | Events | Bots | Dispatch | Cors)
 
     def _limits(self, fn: Deployment) -> list[tuple[Any, ...]]:

@@ -353,12 +353,13 @@ def test_many_pipelined_in_order(pair: tuple[Side, Side]) -> None:
 
 
 def test_off_when_a_kept_stage_has_no_native_form(tmp_path: Path) -> None:
-    """A function with a rate limit (a kept stage without a native form): its
-    requests take the Python path; the lane starts no call for it."""
+    """A function with a rate limit by agent (a kept stage without a native form: a
+    verified agent's name is the bots stage's): its requests take the Python path;
+    the lane starts no call for it."""
     folder = python_folder(tmp_path / "fns")
     manifest = folder / "edgefn.toml"
     manifest.write_text(manifest.read_text() +
-                        '\n[[rate_limits]]\nby = "ip"\nlimit = "1000/minute"\n')
+                        '\n[[rate_limits]]\nby = "agent"\nlimit = "1000/minute"\n')
     with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
         on.deploy(folder)
         lane = on.pop.lane

@@ -15,7 +15,7 @@ import pytest
 
 from tests.net.lane_support import exchange, normal
 from tests.net.test_native_lane import Side, request
-from tests.support import function_dir, pop_thread, reactor
+from tests.support import function_dir, pop_thread, python_function, reactor
 
 PORTS = {"auto": 28024, "off": 28025}
 LIMIT = 4  # each function's own, per minute
@@ -27,7 +27,17 @@ FUNCTIONS = {  # name: its [[rate_limits]]
     "twice": '[[rate_limits]]\nby = "ip"\nlimit = "6/minute"\n'
              '[[rate_limits]]\nby = "ip"\nlimit = "4/minute"\nalgorithm = "fixed_window"\n',
 }
-POP_RULE = [{"by": "ip", "limit": "40/minute"}]
+PYTHON = {"pylimit": "ok", "pyboom": "boom"}  # name: what it does; each limited as "slide"
+PYFN = '''
+from edgefn import Response
+
+
+def handle(request, env):
+    if request.path == "/pyboom":
+        raise RuntimeError("boom")
+    return Response(b"py " + request.body, headers={"x-py": "1"})
+'''
+POP_RULE = [{"by": "ip", "limit": "60/minute"}]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +45,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]
     root = tmp_path_factory.mktemp("limits")
     folders = [function_dir(root / "fns", name, reactor(""), extra=rules)
                for name, rules in {**FUNCTIONS, "open": ""}.items()]
+    folders += [python_function(root / "fns", name, PYFN, extra=FUNCTIONS["slide"])
+                for name in PYTHON]
     with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"},
                     **{"ratelimit.rules": POP_RULE}) as on, \
             pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"},
@@ -79,23 +91,30 @@ def served(side: Side) -> int:
     return side.lane.served
 
 
-@pytest.mark.parametrize("name", list(FUNCTIONS))
+@pytest.mark.parametrize("name", [*FUNCTIONS, *PYTHON])
 def test_the_lane_serves_what_ratelimit_admits_and_python_refuses_the_rest(
         pair: tuple[Side, Side], name: str) -> None:
     """Up to the function's limit each request is the lane's, answered with the
     RateLimit fields its counts give (the remaining quota goes down by one each
     time, as on the Python PoP); past it each is Python's 429, from the same counts:
-    the lane counted what it served, and nothing it left."""
+    the lane counted what it served, and nothing it left. A Python function's call is
+    counted as it is submitted; one that raises answers the isolate's 500, with the
+    fields too."""
     on, _ = pair
+    assert on.lane is not None
     answers = []
     for i in range(LIMIT + 2):
-        before = served(on)
+        before, calls = served(on), on.lane.calls
         method = b"POST" if i % 2 else b"GET"
         got = sent(pair, request(method.decode(), f"/{name}", [("Host", "x")],
                                  b"b" * i if method == b"POST" else b""), method)
         answers.append(got)
-        assert served(on) - before == (1 if i < LIMIT else 0), (name, i)
-    assert [a.split(b" ", 2)[1] for a in answers] == [b"200"] * LIMIT + [b"429"] * 2
+        # a Python function's: its call started by the lane (one that raised was
+        # finished by the stages' code: no record of the C's)
+        took = on.lane.calls - calls if name in PYTHON else served(on) - before
+        assert took == (1 if i < LIMIT else 0), (name, i)
+    ok = b"500" if name == "pyboom" else b"200"
+    assert [a.split(b" ", 2)[1] for a in answers] == [ok] * LIMIT + [b"429"] * 2
     assert b"\r\nratelimit: " in answers[0] and b"\r\nratelimit-policy: " in answers[0]
     remaining = [re.findall(rb'"fn-ip(?:-2)?";r=(\d+)|"fn-function";r=(\d+)', a)
                  for a in answers[:LIMIT]]
@@ -110,5 +129,5 @@ def test_a_function_without_rules_of_its_own_meets_the_pops(pair: tuple[Side, Si
         before = served(on)
         got = sent(pair, request("GET", "/open", [("Host", "x")]))
         assert served(on) - before == 1
-        assert b'\r\nratelimit-policy: "by-ip";q=40;w=60\r\n' in got
+        assert b'\r\nratelimit-policy: "by-ip";q=60;w=60\r\n' in got
     assert on.metrics() == off.metrics()

@@ -550,8 +550,9 @@ def handle(request, env):
 
 def test_a_python_functions_requests_are_called_by_the_lane(tmp_path: Path) -> None:
     """A Python function whose plan is all native: the lane starts its call and writes
-    its answer as the chain would; one past `limits.concurrency`, or with a rate limit,
-    is the chain's (dispatch's 503, the limiter's headers). A call that fails, one
+    its answer as the chain would; one past `limits.concurrency` is the chain's
+    (dispatch's 503); one with a rate limit is counted as the lane submits it, its
+    answer with the limiter's headers, as the chain's. A call that fails, one
     whose answer the HTTP cache stores, one whose connection closes and one whose
     client left are finished by the stages' own code, with the chain's events."""
     from tests.support import python_function
@@ -620,9 +621,11 @@ def test_a_python_functions_requests_are_called_by_the_lane(tmp_path: Path) -> N
         assert (await chain("/one")).status == 503
         assert isinstance(await answer(first), bytes)
         assert isinstance(await answer(start("/one")), bytes)
-        # a rate-limited function is the chain's
-        assert start("/limited") is None
-        assert header(await chain("/limited"), b"ratelimit-policy") is not None
+        # a rate-limited function's call: counted as submitted, answered with the fields
+        got = await answer(start("/limited"))
+        assert isinstance(got, bytes) and same(got, await chain("/limited"))
+        assert b"\r\nratelimit-policy: " in got
+        assert fields(pop, 2)[0] == fields(pop, 2)[1]
         assert all(fn.inflight == 0 for fn in pop.registry.functions.values())
 
     async def run() -> None:

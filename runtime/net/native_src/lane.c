@@ -1022,17 +1022,18 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     fp[4] = 'Q';
     memcpy(fp + 5, l->req, n);
     /* (future, route, table generation, route index, id (`id_object`), verdict, method,
-     * host, query, client, ts, started ns, frame, request body bytes, path (`path_object`)):
-     * the future is set once submitted */
+     * host, query, client, ts, started ns, frame, request body bytes, path (`path_object`),
+     * ratelimit's fields (header lines; None where it counts nothing)): the future and
+     * the fields are set once submitted */
     PyObject *id = id_object(l->counter + 1, q->rid, q->rid_len);
     PyObject *path = id ? path_object(q->sub ? url : NULL, path_len) : NULL;
     if (!path) { Py_XDECREF(id); Py_DECREF(frame); return -1; }
-    PyObject *call = Py_BuildValue("(OOKiNiiy#y#OdKNKN)", Py_None, r->python,
+    PyObject *call = Py_BuildValue("(OOKiNiiy#y#OdKNKNO)", Py_None, r->python,
                                    (unsigned long long)l->generation, ri, id, verdict, method,
                                    q->head + host->value, (Py_ssize_t)host->value_len, query,
                                    (Py_ssize_t)query_len, client, ts,
                                    (unsigned long long)started, frame,
-                                   (unsigned long long)l->q.body_len, path);
+                                   (unsigned long long)l->q.body_len, path, Py_None);
     if (!call) return -1;
     PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, call);
     if (!future || future == Py_None) {
@@ -1043,7 +1044,19 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     if (!q->rid) l->counter++;  /* the number `request_id` would have given it */
     PyTuple_SET_ITEM(call, 0, future);  /* a fresh tuple: its None is replaced */
     Py_DECREF(Py_None);
-    Py_XSETREF(l->started, call);
+    Py_XSETREF(l->started, call);  /* (serve gives back its slot if what follows fails) */
+    if (l->limit_token) {  /* submitted: counted now, as ratelimit counts it before dispatch */
+        PyObject *head = PyObject_CallOneArg(l->limit_count, l->limit_token);
+        Py_CLEAR(l->limit_token);
+        if (!head) return -1;
+        if (!PyBytes_Check(head)) {
+            Py_DECREF(head);
+            PyErr_SetString(PyExc_TypeError, "limiter's count: header lines (bytes)");
+            return -1;
+        }
+        PyTuple_SET_ITEM(call, 15, head);
+        Py_DECREF(Py_None);
+    }
     return 2;
 }
 
@@ -1447,9 +1460,8 @@ static int serve_route(Lane *l, int ri, int method, const hdr_t *host, PyObject 
         }
         if (done) return done;
     }
-    if (r->python)  /* (a limited route's call: Python's, which counts it in its stage) */
-        return r->limited ? 0 : python_call(l, r, ri, method, host, url, path_len, query,
-                                            query_len, client);
+    if (r->python) return python_call(l, r, ri, method, host, url, path_len, query, query_len,
+                                      client);
     start_t s;
     int go = inline_start(l, r, &s);
     if (go <= 0) return go;
@@ -1478,8 +1490,10 @@ static int serve_route(Lane *l, int ri, int method, const hdr_t *host, PyObject 
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. A limited route's request is asked of
  * ratelimit first (`limit_admits`: would it be admitted now? nothing counted), and
- * counted as it is answered (`answer_frame`): one ratelimit would refuse, and one
- * the lane leaves after all, is Python's, whose stage counts it once. */
+ * counted as it is answered (`answer_frame`), or as its call is submitted
+ * (`python_call`: then its answer carries the fields, `read_call`): one ratelimit
+ * would refuse, and one the lane leaves after all, is Python's, whose stage counts
+ * it once. */
 static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObject *events,
                      PyObject *client) {
     const hdr_t *host = NULL;
@@ -1579,13 +1593,14 @@ typedef struct {
     size_t rid_len;
     double ts;
     PyObject *host, *query, *client, *path;  /* path: bytes, or None (the route's) */
+    PyObject *limit;  /* ratelimit's fields (bytes), or None */
 } pycall_t;
 
 /* `c`, a Python route's call, into `f`: 1; 0 when Python answers it instead (the
  * route table changed since: a deploy, its index names another route now; or a field
  * is not what serve made); -1 a Python error (TypeError: not serve's tuple). */
 static int read_call(Lane *l, PyObject *c, pycall_t *f) {
-    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 15) {
+    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 16) {
         PyErr_SetString(PyExc_TypeError, "a call is the tuple serve made");
         return -1;
     }
@@ -1604,11 +1619,13 @@ static int read_call(Lane *l, PyObject *c, pycall_t *f) {
     f->query = PyTuple_GET_ITEM(c, 8);
     f->client = PyTuple_GET_ITEM(c, 9);
     f->path = PyTuple_GET_ITEM(c, 14);
+    f->limit = PyTuple_GET_ITEM(c, 15);
     if (PyErr_Occurred()) return -1;
     if (gen != l->generation || f->ri < 0 || f->ri >= l->n_routes || f->method < 0 ||
             f->method >= N_METHODS || !PyBytes_Check(f->host) || !PyBytes_Check(f->query) ||
             !l->routes[f->ri].python || (f->rid && (f->rid_len == 0 || f->rid_len > 128)) ||
-            (f->path != Py_None && !PyBytes_Check(f->path)))
+            (f->path != Py_None && !PyBytes_Check(f->path)) ||
+            (f->limit != Py_None && !PyBytes_Check(f->limit)))
         return 0;
     f->r = &l->routes[f->ri];
     return 1;
@@ -1626,9 +1643,12 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
     char made[96];
     size_t rid_len = f->rid ? f->rid_len : request_id(l, f->counter, made);
     l->out_len = 0;
-    if (write_response(l, f->r, status, pairs, count, body, body_len, f->rid ? f->rid : made,
-                       rid_len, date, extra, (int)f->method, 0))  /* (1.1: python_call) */
-        return PyErr_NoMemory();
+    l->limit_head = f->limit == Py_None ? NULL : Py_NewRef(f->limit);
+    int unwritten = write_response(l, f->r, status, pairs, count, body, body_len,
+                                   f->rid ? f->rid : made, rid_len, date, extra,
+                                   (int)f->method, 0);  /* (1.1: python_call) */
+    Py_CLEAR(l->limit_head);
+    if (unwritten) return PyErr_NoMemory();
     if (add_record(events, f->ts, f->counter, f->rid, rid_len, (int)f->ri, status, body_len,
                    mono_ns() - f->started, (int)f->verdict, (int)f->method,
                    PyBytes_AS_STRING(f->host), (size_t)PyBytes_GET_SIZE(f->host),
