@@ -81,9 +81,10 @@ serves ``/api/todos/7``; ``/`` every path) but those the Router gives another ta
 (`_under`: another route's subtree under it, a built-in path or prefix; none where a
 route ties it); the request's path then goes into its record, call and event (lane.c
 `path_object`). A route with captures or a final wildcard (``/users/:id``,
-``/files/*``: a WASM reactor's or a Python function's) serves its matches but those a
-route that outranks it takes (`_beside`), its captures (a wildcard's rest as ``*``)
-encoded as the request's params (lane.c `matches`, `encode`).
+``/files/*``) serves its matches but those a route that outranks it takes
+(`_beside`), its captures (a wildcard's rest as ``*``) encoded as the request's params
+(lane.c `matches`, `encode`), or for a WASI command the C runs, its variables
+(`cgi_strings`: EDGEFN_PARAM_<NAME>, EDGEFN_WILDCARD; `_command` passes them on).
 
 The table is made again when the plans would be: the routes or the canaries change
 (a deploy, rollback or removal), or a stage's stamp does; the check runs before each
@@ -102,7 +103,7 @@ from typing import TYPE_CHECKING, Any
 
 from wasmtime import _ffi as ffi
 
-from edgefn_core.abi import decode_request
+from edgefn_core.abi import GuestRequest, decode_request
 from runtime.cache.http.cache import client_view
 from runtime.executors.base import Caller, principal_blob
 from runtime.executors.python.function import PythonFunction
@@ -366,10 +367,14 @@ class NativeLane:
         future done with its answer or what it raised when it ran inline, else the
         run on a worker thread, holding a concurrency slot until it ends (dispatch's
         `counted`). What it raises reaches `answer` (contained in `_finish`)."""
-        request, verdict = _request(call), call[5]
+        g = decode_request(call[12][FRAME_HEAD:])
+        request, verdict = _request(call, g), call[5]
+        # what the route captured (lane.c `encode`): the Router's text of the path's bytes
+        params = {k.decode("latin-1"): v.decode("latin-1") for k, v in g.params}
         loop = asyncio.get_running_loop()
         try:
-            result = wasm.handle(request, route, {}, self.callers[self.records_of[verdict][0]])
+            result = wasm.handle(request, route, params,
+                                 self.callers[self.records_of[verdict][0]])
         except Exception as e:
             done = loop.create_future()
             done.set_exception(e)
@@ -605,11 +610,9 @@ class NativeLane:
 
     def _patterns(self, fn: Deployment) -> list[str]:
         """`fn`'s routes with captures or a final wildcard (``/users/:id``,
-        ``/files/*``; no host) the C may match (lane.c `matches`): a WASM reactor's or a
-        Python function's (a command's call takes no params: `_submit`), of at most 16
+        ``/files/*``; no host) the C may match (lane.c `matches`: a WASI command gets
+        them as EDGEFN_PARAM_* and EDGEFN_WILDCARD, `cgi_strings`), of at most 16
         segments and 255 bytes."""
-        if isinstance(fn.executor, WasmFunction) and fn.executor.abi == "wasi":
-            return []
         out = []
         for r in fn.manifest.route_list():
             pattern = parse_path(r.path)
@@ -905,10 +908,12 @@ def _segment(segment: str) -> bytes:
     return ANY_SEGMENT if segment.startswith(":") else segment.encode("latin-1")
 
 
-def _request(call: tuple[Any, ...]) -> Request:
+def _request(call: tuple[Any, ...], g: GuestRequest | None = None) -> Request:
     """The request of a Python route's `call` (lane.c `python_call`) as the front
-    makes it: its frame (the request encoded) decoded, with its Host and client."""
-    g = decode_request(call[12][FRAME_HEAD:])
+    makes it: its frame (the request encoded; `g`, decoded already) decoded, with its
+    Host and client."""
+    if g is None:
+        g = decode_request(call[12][FRAME_HEAD:])
     request = Request(g.method, g.path, g.query, g.headers, call[7], "1.1", True, call[9])
     request.body = g.body
     return request

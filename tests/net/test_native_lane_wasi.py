@@ -94,7 +94,8 @@ def folders(root: Path) -> list[Path]:
         return function_dir(root, name, source, routes=routes, extra='abi = "wasi"\n' + env,
                             limits=limits or "cpu_ms = 1000\nwall_ms = 2000")
     return [ROOT / "functions" / "examples" / "hello-c",
-            cmd("env", ENV, ["/env", "/env2"], env='[env]\nMODE = "m"\nEMPTY = ""\n'),
+            cmd("env", ENV, ["/env", "/env2", "/envid/:id/:Part", "/envfiles/*"],
+                env='[env]\nMODE = "m"\nEMPTY = ""\n'),
             cmd("odd", ODD, ["/odd"]), cmd("spin", command("(loop $l (br $l))"), ["/spin"],
                                            "cpu_ms = 1000\nwall_ms = 300"),
             cmd("trap", TRAP, ["/trap"]), cmd("bad", BAD, ["/bad"]),
@@ -161,6 +162,14 @@ SERVED = {
     "post under its route": (request("POST", "/hello-c/x", H, b"hi"), "c"),
     "http/1.0 kept alive": (request("GET", "/env", [*H, ("Connection", "keep-alive")],
                                     version="HTTP/1.0"), "c"),  # SERVER_PROTOCOL=HTTP/1.0
+    # a route's captures: EDGEFN_PARAM_ID, EDGEFN_PARAM_PART; a wildcard's EDGEFN_WILDCARD
+    "captures": (request("GET", "/envid/7/Ab_c?x=1", H), "c"),
+    "captures, deeper": (request("POST", "/envid/7/x/y", H, b"p"), "c"),
+    "captures, a call": (request("GET", "/envid/7/x", [*H, ("X-A", "caf\u00e9")]), "call"),
+    "wildcard": (request("GET", "/envfiles/a/b.txt", H), "c"),
+    "wildcard, empty": (request("GET", "/envfiles", H), "c"),
+    "wildcard, slash": (request("GET", "/envfiles/", H), "c"),
+    "wildcard, a call": (request("GET", "/envfiles/a", [*H, ("X-A", "caf\u00e9")]), "call"),
 }
 
 
@@ -194,6 +203,25 @@ def test_each_kind_alone_and_pipelined(pair: tuple[Side, Side], name: str) -> No
     got = both(pair, plain + raw + plain, [b"GET", method, b"GET"])
     assert len(got) == (2 if name in ("close", "http/1.0") else 3)
     assert got[0].endswith(b"Hello, Ada from C! method=GET path=/hello-c\n")
+
+
+@pytest.mark.parametrize("path, want", [
+    ("/envid/7/Ab_c?x=1", [b"EDGEFN_PARAM_ID=7", b"EDGEFN_PARAM_PART=Ab_c"]),
+    ("/envfiles/a/b.txt", [b"EDGEFN_WILDCARD=a/b.txt"]),
+    ("/envfiles", [b"EDGEFN_WILDCARD="]),
+])
+def test_a_commands_captures_come_from_the_c_as_variables(pair: tuple[Side, Side], path: str,
+                                                          want: list[bytes]) -> None:
+    """What a route captured reaches a command the C runs as the Python run gives it:
+    EDGEFN_PARAM_<NAME> per capture (the name upper-cased), EDGEFN_WILDCARD for the
+    rest a final `*` matched (the bytes compared with the Python PoP's by `both`)."""
+    on, _ = pair
+    before = counts(on)
+    got = both(pair, request("GET", path, H), [b"GET"])[0]
+    if on.lane is not None and on.lane.commands:
+        assert counts(on)[0] - before[0] == 1
+    body = got.split(b"\r\n\r\n", 1)[1]
+    assert all(w in body.split(b"\n") for w in want), body
 
 
 def test_what_a_command_gets_and_answers(pair: tuple[Side, Side]) -> None:

@@ -1197,7 +1197,8 @@ static long cgi_strings(Lane *l, const route_t *r, int method, const char *path,
     PyObject *tail = PyTuple_GET_ITEM(l->principals, cls);
     size_t need = (size_t)PyBytes_GET_SIZE(r->cgi) + (size_t)PyBytes_GET_SIZE(r->cgi_route) +
                   path_len + query_len + addr_len + (size_t)PyBytes_GET_SIZE(tail) + 160 +
-                  q->head_len + (size_t)q->nh * 8;
+                  q->head_len + (size_t)q->nh * 8 +
+                  r->path_len + path_len + 32 * ((size_t)q->ncaps + 1);  /* the params */
     if (grow(&l->cgi, &l->cgi_cap, need)) return -1;
     uint8_t *o = l->cgi;
     memcpy(o, PyBytes_AS_STRING(r->cgi), (size_t)PyBytes_GET_SIZE(r->cgi));
@@ -1240,6 +1241,28 @@ static long cgi_strings(Lane *l, const route_t *r, int method, const char *path,
         }
         *o++ = 0;
         o = put_cstr(o, q->head + h->value, h->value_len);
+        n++;
+    }
+    /* what the route captured: EDGEFN_PARAM_<NAME> each (`param_variable`: the name
+     * upper-cased, ASCII), then a final `*`'s EDGEFN_WILDCARD, as raw as PATH_INFO */
+    for (uint32_t i = 0, k = 0; i < r->nseg && k < q->ncaps; i++) {
+        if (!r->seg[i].capture) continue;
+        const char *value = path + q->caps[k].at;
+        uint32_t value_len = q->caps[k++].len;
+        if (!plain_text(value, value_len)) return 0;
+        memcpy(o, "EDGEFN_PARAM_", 13);
+        o += 13;
+        const char *name = r->path + r->seg[i].at + 1;
+        for (uint32_t j = 0; j + 1 < r->seg[i].len; j++)
+            *o++ = (uint8_t)(name[j] >= 'a' && name[j] <= 'z' ? name[j] - 32 : name[j]);
+        *o++ = 0;
+        o = put_cstr(o, value, value_len);
+        n++;
+    }
+    if (r->wildcard) {
+        if (!plain_text(path + q->rest_at, q->rest_len)) return 0;
+        o = put_cstr(o, "EDGEFN_WILDCARD", 15);
+        o = put_cstr(o, path + q->rest_at, q->rest_len);
         n++;
     }
     memcpy(o, PyBytes_AS_STRING(tail), (size_t)PyBytes_GET_SIZE(tail));
@@ -1909,11 +1932,10 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->pattern = (origin & ROUTE_PATTERN) != 0;
         r->nseg = 0;
         r->wildcard = 0;
-        if (r->pattern && (split_pattern(r) || cgi != Py_None)) {
+        if (r->pattern && split_pattern(r)) {
             r->pattern = r->wildcard = 0;
             PyErr_SetString(PyExc_ValueError, "a pattern route: '/'-separated segments, at "
-                            "most 16, each non-empty (a capture ':name'), a `*` only last; "
-                            "no command's");
+                            "most 16, each non-empty (a capture ':name'), a `*` only last");
             return NULL;
         }
         r->engine = (void *)(uintptr_t)engine;
