@@ -25,7 +25,9 @@ RUNTIME_FILES = [
     "runtime/executors/wasm/native_src/kv_get.c",  # the native kv_get, built on first use
     "runtime/executors/wasm/native_src/wasi.c",  # WASI commands run natively
     "runtime/net/native_src/lane.c",  # the native lane, built on first use: without it
-    "runtime/net/native_src/lane_drain.c.h",  # every request took the Python front
+    "runtime/net/native_src/lane_drain.c.h",  # every request took the Python front (and
+    "runtime/net/native_src/lane_routes.c.h",  # its parts, which it includes)
+    "runtime/net/native_src/lane_cgi.c.h",
     "edgefn_core/codec.c",  # the C codec of the function ABI, built on first use
     "kv/lmdb_handles.py",
     "edgefn/__init__.py",  # the Python guest SDK, imported inside isolates
