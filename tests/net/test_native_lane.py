@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,19 +93,30 @@ class Side:
         return lane if isinstance(lane, NativeLane) else None
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
-    root = tmp_path_factory.mktemp("lane")
-    folders = [ROOT / "functions" / "examples" / "hello-wat",
-               ROOT / "functions" / "examples" / "echo", *guests(root / "fns")]
-    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"}) as on, \
-            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"}) as off:
+@contextmanager
+def lane_pair(root: Path, ports: dict[str, int], folders: list[Path],
+              **overrides: Any) -> Iterator[tuple[Side, Side]]:
+    """Two PoPs on `ports`, the lane on (``"auto"``) and off, with the same config
+    `overrides`, each with `folders` deployed: (lane's, Python's)."""
+    with pop_thread(root / "on", port=ports["auto"], **{"http.native_lane": "auto"},
+                    **overrides) as on, \
+            pop_thread(root / "off", port=ports["off"], **{"http.native_lane": "off"},
+                       **overrides) as off:
         for f in folders:
             on.deploy(f)
             off.deploy(f)
         a, b = Side(on), Side(off)
         assert a.lane is not None and b.lane is None
         yield a, b
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
+    root = tmp_path_factory.mktemp("lane")
+    folders = [ROOT / "functions" / "examples" / "hello-wat",
+               ROOT / "functions" / "examples" / "echo", *guests(root / "fns")]
+    with lane_pair(root, PORTS, folders) as sides:
+        yield sides
 
 
 def both(pair: tuple[Side, Side], raw: bytes, methods: list[bytes]) -> list[bytes]:

@@ -18,9 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.net.lane_support import exchange, normal
-from tests.net.test_native_lane import ROOT, Side, build, one_request, request
+from tests.net.test_native_lane import ROOT, Side, build, lane_pair, one_request, request
 from tests.net.test_native_lane_python import python_folder
-from tests.support import pop_thread
 
 PORTS = {"auto": 28022, "off": 28023}
 BODY_TIMEOUT = 1.0
@@ -31,17 +30,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]
     root = tmp_path_factory.mktemp("held")
     folders = [ROOT / "functions" / "examples" / "echo",
                ROOT / "functions" / "examples" / "hello-wat", python_folder(root / "fns")]
-    common = {"http.body_timeout": BODY_TIMEOUT, "http.max_body_bytes": 1 << 16}
-    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"},
-                    **common) as on, \
-            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"},
-                       **common) as off:
-        for f in folders:
-            on.deploy(f)
-            off.deploy(f)
-        a, b = Side(on), Side(off)
-        assert a.lane is not None and b.lane is None
-        yield a, b
+    with lane_pair(root, PORTS, folders, **{"http.body_timeout": BODY_TIMEOUT,
+                                             "http.max_body_bytes": 1 << 16}) as sides:
+        yield sides
 
 
 def both_cut(pair: tuple[Side, Side], raw: bytes, methods: list[bytes],

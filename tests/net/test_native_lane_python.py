@@ -24,7 +24,7 @@ from runtime.executors.python.function import PythonFunction
 from runtime.net.protocol import HttpProtocol
 from runtime.pipeline.lane import NativeLane
 from tests.net.lane_support import exchange, normal, responses
-from tests.net.test_native_lane import Side, both, request
+from tests.net.test_native_lane import Side, both, lane_pair, request
 from tests.support import pop_thread, python_function, wait_for
 
 PORTS = {"auto": 28012, "off": 28013}
@@ -104,14 +104,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]
     folders = [python_folder(root / "fns"), python_folder(root / "fns", "pycached",
                                                           ["/pycached"]),
                python_folder(root / "fns", "pyone", ["/pyone"], concurrency=1)]
-    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"}) as on, \
-            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"}) as off:
-        for folder in folders:
-            on.deploy(folder)
-            off.deploy(folder)
-        a, b = Side(on), Side(off)
-        assert a.lane is not None and b.lane is None
-        yield a, b
+    with lane_pair(root, PORTS, folders) as sides:
+        yield sides
 
 
 def calls(side: Side) -> int:

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.net.lane_support import exchange, normal
-from tests.net.test_native_lane import Side, request
-from tests.support import function_dir, pop_thread, python_function, reactor
+from tests.net.test_native_lane import Side, lane_pair, request
+from tests.support import function_dir, python_function, reactor
 
 PORTS = {"auto": 28024, "off": 28025}
 LIMIT = 4  # each function's own, per minute
@@ -47,16 +47,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]
                for name, rules in {**FUNCTIONS, "open": ""}.items()]
     folders += [python_function(root / "fns", name, PYFN, extra=FUNCTIONS["slide"])
                 for name in PYTHON]
-    with pop_thread(root / "on", port=PORTS["auto"], **{"http.native_lane": "auto"},
-                    **{"ratelimit.rules": POP_RULE}) as on, \
-            pop_thread(root / "off", port=PORTS["off"], **{"http.native_lane": "off"},
-                       **{"ratelimit.rules": POP_RULE}) as off:
-        for f in folders:
-            on.deploy(f)
-            off.deploy(f)
-        a, b = Side(on), Side(off)
-        assert a.lane is not None and b.lane is None
-        yield a, b
+    with lane_pair(root, PORTS, folders, **{"ratelimit.rules": POP_RULE}) as sides:
+        yield sides
 
 
 def steady(response: bytes) -> bytes:

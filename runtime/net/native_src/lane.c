@@ -913,6 +913,20 @@ static int allowed_verdict(Lane *l, const route_t *r, long *cls) {
     return verdict;
 }
 
+/* The request being served counted by ratelimit (`limit_count` of what `limit_admits`
+ * said of it, let go): the header lines it adds (bytes, a new reference); NULL with a
+ * Python error (TypeError: not bytes). */
+static PyObject *limit_count(Lane *l) {
+    PyObject *head = PyObject_CallOneArg(l->limit_count, l->limit_token);
+    Py_CLEAR(l->limit_token);
+    if (head && !PyBytes_Check(head)) {
+        Py_DECREF(head);
+        PyErr_SetString(PyExc_TypeError, "limiter's count: header lines (bytes)");
+        return NULL;
+    }
+    return head;
+}
+
 /* The request in l->q, for Python route `r`: its call (the frame, the client, ...)
  * handed to Python's `submit` (the function's pool runs it, or the command runs; its
  * answer comes back to `respond`, or to Python's own finish). 2: started (the call, a tuple, in l->started: serve stops after it, as
@@ -967,14 +981,8 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     Py_DECREF(Py_None);
     Py_XSETREF(l->started, call);  /* (serve gives back its slot if what follows fails) */
     if (l->limit_token) {  /* submitted: counted now, as ratelimit counts it before dispatch */
-        PyObject *head = PyObject_CallOneArg(l->limit_count, l->limit_token);
-        Py_CLEAR(l->limit_token);
+        PyObject *head = limit_count(l);
         if (!head) return -1;
-        if (!PyBytes_Check(head)) {
-            Py_DECREF(head);
-            PyErr_SetString(PyExc_TypeError, "limiter's count: header lines (bytes)");
-            return -1;
-        }
         PyTuple_SET_ITEM(call, 15, head);
         Py_DECREF(Py_None);
     }
@@ -1028,15 +1036,8 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
     if (r->cache == CACHE_FIRST && method == MC_GET && may_store(pairs, count))
         return 0;  /* http_cache stores it: Python runs it again (a pure function) */
     if (l->limit_token) {  /* answered: counted now, as ratelimit counts what it admits */
-        PyObject *head = PyObject_CallOneArg(l->limit_count, l->limit_token);
-        Py_CLEAR(l->limit_token);
-        if (!head) return -1;
-        if (!PyBytes_Check(head)) {
-            Py_DECREF(head);
-            PyErr_SetString(PyExc_TypeError, "limiter's count: header lines (bytes)");
-            return -1;
-        }
-        l->limit_head = head;
+        l->limit_head = limit_count(l);
+        if (!l->limit_head) return -1;
     }
     const char *kept = l->q.rid;  /* the caller's id, else a number of the counter's */
     uint64_t counter = kept ? 0 : ++l->counter;
