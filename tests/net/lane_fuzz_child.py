@@ -1,6 +1,7 @@
 """A child process for `test_native_lane_safety`: a PoP (no listener) with the lane's
 functions deployed, feeding each input it reads on stdin (u32 length, bytes) to the
-lane's C entry, and answering (used, len(out), responses in out) on stdout. A crash
+lane's C entry, and answering (used, len(out), responses in out, the body bytes the
+request it stopped in still needs: `Lane.waiting`) on stdout. A crash
 in the C ends this process, not pytest. A request for the Python function (/pyf) is
 a call: awaited, then its answer asked of the lane (the C's `respond`, or Python's
 finish, written here as its status line), as the front does."""
@@ -16,8 +17,8 @@ from pathlib import Path
 from runtime import config as c
 from runtime.functions import deploys
 from runtime.pop import PoP
-from tests.net.lane_support import guests
-from tests.support import python_function
+from tests.net.lane_support import guests, static_reactor
+from tests.support import function_dir, python_function
 
 ROOT = Path(__file__).resolve().parents[2]
 PYF = '''
@@ -36,8 +37,12 @@ async def main() -> None:
         pop = PoP(c.load(None, data=tmp, **{"ai.enabled": False, "http.max_url_bytes": 1024,
                                             "http.max_header_bytes": 2048,
                                             "http.max_body_bytes": 4096}))
+        limited = '[[rate_limits]]\nby = "ip"\nlimit = "1000000/minute"\n'
         for folder in [ROOT / "functions" / "examples" / "hello-wat",
-                       *guests(Path(tmp) / "fns"), python_function(Path(tmp) / "py", "pyf", PYF)]:
+                       *guests(Path(tmp) / "fns"),
+                       python_function(Path(tmp) / "py", "pyf", PYF, extra=limited),
+                       function_dir(Path(tmp) / "fns", "wild", static_reactor(200, [], b"w"),
+                                    routes=["/wild/*", "/cap/:id/x"], extra=limited)]:
             await pop.registry.deploy(deploys.pack_dir(folder))
         lane = pop.lane
         assert lane is not None
@@ -56,7 +61,8 @@ async def main() -> None:
                 elif answer is not None:
                     out += b"HTTP/1.1 %d (Python's)\r\n" % answer[1].status
             count = out.count(b"HTTP/1.1 ")
-            sys.stdout.buffer.write(struct.pack("<III", used, len(out), count))
+            sys.stdout.buffer.write(struct.pack("<IIII", used, len(out), count,
+                                                lane.c.waiting))
             sys.stdout.buffer.flush()
         pop.close()
 

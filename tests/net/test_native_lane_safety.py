@@ -39,19 +39,19 @@ class Child:
                                      stdout=subprocess.PIPE, env=env, cwd=ROOT)
         assert self.proc.stdout is not None and self.proc.stdout.readline() == b"ready\n"
 
-    def feed(self, data: bytes, budget: int = 1 << 20) -> tuple[int, int, int]:
+    def feed(self, data: bytes, budget: int = 1 << 20) -> tuple[int, int, int, int]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             self.proc.stdin.write(struct.pack("<II", len(data), budget) + data)
             self.proc.stdin.flush()
-            answer = self.proc.stdout.read(12)
+            answer = self.proc.stdout.read(16)
         except BrokenPipeError:
             answer = b""
-        if len(answer) != 12:
+        if len(answer) != 16:
             rc = self.proc.wait(5)
             pytest.fail(f"the lane's child died (exit {rc}) on {data[:200]!r}")
-        used, size, count = struct.unpack("<III", answer)
-        return used, size, count
+        used, size, count, waiting = struct.unpack("<IIII", answer)
+        return used, size, count, waiting
 
     def close(self) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -67,13 +67,17 @@ def child() -> Iterator[Child]:
     ch.close()
 
 
+PYF_AT = 5  # VALID[5]: a Python call; VALID[6] one that raises
 VALID = [b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
          b"HEAD /mirror?a=b HTTP/1.1\r\nHost: x:1\r\nUser-Agent: curl/8\r\n\r\n",
          b"GET /odd HTTP/1.1\r\nhost: x\r\nX-A: b\r\n\r\n",
          b"GET /nobody HTTP/1.1\r\nHost: x\r\n\r\n",
          b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
          b"GET /pyf?a=b HTTP/1.1\r\nHost: x\r\nUser-Agent: curl/8\r\n\r\n",  # a Python call
-         b"GET /pyf?raise=1 HTTP/1.1\r\nHost: x\r\n\r\n"]  # one that raises: Python's finish
+         b"GET /pyf?raise=1 HTTP/1.1\r\nHost: x\r\n\r\n",  # one that raises: Python's finish
+         b"GET /wild/a//b?c HTTP/1.1\r\nHost: x\r\n\r\n",  # a wildcard's, rate-limited
+         b"POST /cap/7/x/y HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab",
+         b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nab"]  # held
 pieces = st.one_of(st.sampled_from(VALID), st.binary(max_size=64),
                    st.sampled_from([b"\r\n", b"\n", b":", b" ", b"\x00", b"HTTP/1.1", b"Host: ",
                                     b"GET ", b"/hello", b"/pyf", b"%", b"?", b"Transfer-Encoding: chunked",
@@ -86,24 +90,26 @@ pieces = st.one_of(st.sampled_from(VALID), st.binary(max_size=64),
 def test_hostile_bytes_never_crash_and_stay_in_bounds(child: Child, parts: list[bytes],
                                                       cut: int, budget: int) -> None:
     """Random mixes of valid requests, fragments and junk, cut anywhere: the C answers,
-    takes at most the input, and only whole requests it answered."""
+    takes at most the input, and only whole requests it answered; a request it waits
+    for (`waiting`) never needs more than the body limit (4096 here)."""
     data = b"".join(parts)
     data = data[:cut] if cut < len(data) else data
-    used, size, count = child.feed(data, budget)
+    used, size, count, waiting = child.feed(data, budget)
     assert used <= len(data)
     assert (used == 0) == (count == 0) == (size == 0)
     assert count <= data[:used].count(b"HTTP/1.1\r\n")
+    assert waiting <= 4096 and (waiting == 0 or used < len(data))
 
 
 def test_a_python_call_is_answered_and_stops_the_lane(child: Child) -> None:
     """A request for a Python function, then two more: the lane takes the call's
     request only (what follows waits for its answer) and the answer is whole."""
-    plain, raises = VALID[0], VALID[-1]
-    for call in (VALID[-2], raises):
-        used, size, count = child.feed(call + plain + plain)
-        assert (used, count) == (len(call), 1) and size > 0
-    used, _, count = child.feed(plain + VALID[-2] + plain)
-    assert (used, count) == (len(plain) + len(VALID[-2]), 2)
+    plain, call, raises = VALID[0], VALID[PYF_AT], VALID[PYF_AT + 1]
+    for one in (call, raises):
+        used, size, count, _ = child.feed(one + plain + plain)
+        assert (used, count) == (len(one), 1) and size > 0
+    used, _, count, _ = child.feed(plain + call + plain)
+    assert (used, count) == (len(plain) + len(call), 2)
 
 
 @pytest.mark.parametrize("data", [
@@ -115,7 +121,7 @@ def test_a_python_call_is_answered_and_stops_the_lane(child: Child) -> None:
     b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n" * 20000,  # many, a small budget below
 ])
 def test_overlong_input_is_left_to_python(child: Child, data: bytes) -> None:
-    used, size, count = child.feed(data, budget=4096)
+    used, size, count, _ = child.feed(data, budget=4096)
     if data.count(b"GET ") > 1:
         assert size > 0 and used < len(data)  # stopped at the budget
     else:
@@ -439,7 +445,7 @@ def test_the_header_limit_is_the_fronts(child: Child, extra: int) -> None:
     name = b"x-fill"
     value = b"v" * (2048 - used_so_far - len(name) - 4 + extra)
     data = head + name + b": " + value + b"\r\n\r\n"
-    used, _, _ = child.feed(data)
+    used, *_ = child.feed(data)
     assert (used > 0) == (extra == 0)
 
 
@@ -447,13 +453,15 @@ def test_the_header_limit_is_the_fronts(child: Child, extra: int) -> None:
 def test_the_body_limit_is_the_fronts(child: Child, extra: int) -> None:
     """The child's max_body_bytes is 4096: a POST whose body is exactly that long is
     the lane's, one byte more is Python's (413); so is one past Content-Length's
-    framing (chunked), or whose body has not all arrived."""
+    framing (chunked); one whose body has not all arrived is waited for."""
     body = b"b" * (4096 + extra)
     data = b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
         len(body), body)
-    used, _, _ = child.feed(data)
+    used, *_ = child.feed(data)
     assert used == (len(data) if extra == 0 else 0)
-    assert child.feed(data[:-1])[0] == 0  # the body's last byte still to come
+    # the body's last byte still to come: the lane waits for it (the front holds the
+    # request, `_hold`), but past the limit
+    assert child.feed(data[:-1])[::3] == (0, 1 if extra == 0 else 0)
     chunked = (b"POST /mirror HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"3\r\nabc\r\n0\r\n\r\n")
     assert child.feed(chunked)[0] == 0
