@@ -194,9 +194,7 @@ class HttpProtocol(asyncio.Protocol):
             self.held_need -= len(data)
             if self.held_need > 0:
                 return
-            self.held_need = 0
-            data = b"".join(self.held)
-            self.held.clear()
+            data = self._unhold()
         if self.lane is not None and not (self.in_message or self.queue or self.busy or
                                           self.closing or self.write_paused or self.eof):
             used = self._lane(data)
@@ -204,8 +202,9 @@ class HttpProtocol(asyncio.Protocol):
                 return
             if used > 0:
                 data = data[used:]  # the rest starts at a request's first byte
-            if used >= 0 and self.lane.waiting:
-                return self._hold(data)
+            need = self.lane.waiting if used >= 0 else 0
+            if need:
+                return self._hold(data, need)
         self._parse(data)
 
     def _parse(self, data: bytes) -> None:
@@ -277,18 +276,25 @@ class HttpProtocol(asyncio.Protocol):
             call[0].add_done_callback(self._lane_answered)
         return used
 
-    def _hold(self, data: bytes) -> None:
+    def _hold(self, data: bytes, need: int) -> None:
         """Keep `data`, a request whose head the lane takes and whose body is not all
         here yet (httpx writes the head and the body apart; a body may come in a
         later segment), until the rest of it is read: then the lane serves it whole,
         or the Python front reads it as it would have. Nothing is parsed meanwhile:
         the body's deadline (408) stands from now, as the front's own would from the
         head's end; the bytes kept are at most what the lane takes (its body limit),
-        and joined once, when all came."""
+        and joined once, when all came (`_unhold`). `need`: the bytes still to come."""
         self.held.append(data)
-        self.held_need = self.lane.waiting  # type: ignore[union-attr]
+        self.held_need = need
         self.deadline = self.loop.time() + self.config.body_timeout
         self.deadline_status = 408
+
+    def _unhold(self) -> bytes:
+        """What `_hold` kept, joined, and nothing held any more."""
+        self.held_need = 0
+        data = b"".join(self.held)
+        self.held.clear()
+        return data
 
     def _queue_out(self, out: bytes) -> None:
         """A whole response for the loop's turn (`Outbox`), or now past the budget."""
@@ -775,10 +781,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.transport is None or self.busy:
             return
         if self.held_need:  # read as the front reads it: its error is the request's
-            self.held_need = 0
-            held = b"".join(self.held)
-            self.held.clear()
-            self._parse(held)
+            self._parse(self._unhold())
             if self.transport is None or self.busy:
                 return
         if self.deadline_status and not self.queue:

@@ -635,9 +635,7 @@ class NativeLane:
         prefix = under is not None and not pattern
         if pattern:  # cors acts on paths under its literal head
             segments = parse_path(path).segments
-            literal = next((i for i, s in enumerate(segments) if s.startswith(":")),
-                           len(segments))
-            head = "/" + "/".join(segments[:literal])
+            head = "/" + "/".join(segments[:_literal_head(segments)])
             origin = self._origin(fn, head, True) | ROUTE_PATTERN
         else:
             origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
@@ -843,8 +841,7 @@ def _under(path: str, routes: Segmented, exact: tuple[str, ...],
             continue
         if len(segments) < n or segments[:n] != mine:
             continue
-        head = next((i for i, seg in enumerate(segments) if seg.startswith(":")),
-                    len(segments))
+        head = _literal_head(segments)
         if len(segments) == n:
             return None  # a tie: the same segments (a wildcard's, another spelling)
         if head == n:  # a capture next: any path with a segment there may be q's
@@ -900,6 +897,12 @@ def _beside(route: str, routes: Segmented, exact: tuple[str, ...],
                                                           strict=False)):
             return None
     return tuple(out)
+
+
+def _literal_head(segments: tuple[str, ...]) -> int:
+    """How many of a route's `segments` come before its first capture (all of them
+    for a literal route, or a wildcard's)."""
+    return next((i for i, s in enumerate(segments) if s.startswith(":")), len(segments))
 
 
 def _segment(segment: str) -> bytes:
