@@ -28,6 +28,7 @@ RUNTIME_FILES = [
     "runtime/net/native_src/lane_drain.c.h",  # every request took the Python front (and
     "runtime/net/native_src/lane_routes.c.h",  # its parts, which it includes)
     "runtime/net/native_src/lane_cgi.c.h",
+    "runtime/security/ratelimit/native_src/counters.c",  # rate limits counted in C
     "edgefn_core/codec.c",  # the C codec of the function ABI, built on first use
     "kv/lmdb_handles.py",
     "edgefn/__init__.py",  # the Python guest SDK, imported inside isolates

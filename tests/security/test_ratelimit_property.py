@@ -1,6 +1,7 @@
 """No window ever admits more than its limit, whatever the algorithm, however many
 clients hit it at once: threads on the memory storage, and several PoPs' worth of
-connections on one real Redis server.
+connections on one real Redis server. The memory counters, in Python and in C
+(native_src/counters.c), decide as `limits` does and as each other, byte for byte.
 
 Windows are a day long so a burst never straddles two of them (a fixed or
 sliding window may admit its limit again in the next one): within one window,
@@ -13,17 +14,38 @@ import asyncio
 import os
 import threading
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from runtime.security.ratelimit import counters as python_counters
+from runtime.security.ratelimit import native
 from runtime.security.ratelimit.limiter import Limiter, compile_rules
 from runtime.security.settings import RateRule
 
 from .redis_server import RedisServer, redis_server  # noqa: F401
 
 ALGORITHMS = st.sampled_from(["moving_window", "sliding_window", "fixed_window"])
+
+
+def c_counters(clock: Any) -> Any:
+    """native_src/counters.c's `Counters` (built here: a test machine has a compiler,
+    and a PoP there counts with it)."""
+    module = native.load()
+    assert module is not None, "native_src/counters.c did not build"
+    return module.Counters(clock)
+
+
+# both implementations of the memory counters, each held to the same properties
+IMPLEMENTATIONS = pytest.mark.parametrize("make", [python_counters.Counters, c_counters],
+                                          ids=["python", "c"])
+
+
+def test_a_memory_limiter_counts_with_the_c_counters() -> None:
+    """Where the extension builds (here) a PoP's limiter counts in C, as measured."""
+    assert type(Limiter("memory://").counters) is not python_counters.Counters
 
 
 @settings(max_examples=30, deadline=None)
@@ -91,6 +113,7 @@ class FakeClock:
         return self.now
 
 
+@IMPLEMENTATIONS
 @settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
 @example(algorithm="moving_window", limit=1, steps=[(0, 0), (64, 0)])  # exactly one window
 @example(algorithm="fixed_window", limit=1, steps=[(0, 0), (64, 0)])
@@ -98,7 +121,7 @@ class FakeClock:
 @given(algorithm=ALGORITHMS, limit=st.integers(1, 6),
        steps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 1)), min_size=1,
                       max_size=60))
-def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
+def test_counters_decide_as_the_limits_library_does(make: Any, algorithm: str, limit: int,
                                                     steps: list[tuple[int, int]]) -> None:
     """The memory counters against `limits`' own MemoryStorage and strategy, on the
     same clock: every decision and every remaining count agree. Steps advance the
@@ -106,8 +129,6 @@ def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
     import limits
     import limits.storage.memory
     import limits.strategies
-
-    from runtime.security.ratelimit.counters import Counters
 
     clock = FakeClock()
     strategies = {"moving_window": limits.strategies.MovingWindowRateLimiter,
@@ -120,7 +141,7 @@ def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
     try:
         theirs = strategies[algorithm](storage)
         item = limits.RateLimitItemPerSecond(limit, 8)
-        ours = Counters(clock=clock.time)
+        ours = make(clock.time)
         for dt, who in steps:
             clock.now += dt / 8
             admitted, remaining, reset = ours.hit(f"k{who}", algorithm, limit, 8)
@@ -137,6 +158,7 @@ def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
         limits.strategies.time = saved  # type: ignore[attr-defined]
 
 
+@IMPLEMENTATIONS
 @settings(max_examples=150, deadline=None)
 @example(algorithm="fixed_window", limit=1, steps=[(0, 0, False), (64, 0, True)])  # expiry
 @example(algorithm="sliding_window", limit=1, steps=[(0, 0, False), (64, 0, True)])  # next
@@ -146,16 +168,14 @@ def test_counters_decide_as_the_limits_library_does(algorithm: str, limit: int,
        steps=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 1), st.booleans()),
                       max_size=60))
 def test_admits_says_what_hit_would_decide_and_counts_nothing(
-        algorithm: str, limit: int, steps: list[tuple[int, int, bool]]) -> None:
+        make: Any, algorithm: str, limit: int, steps: list[tuple[int, int, bool]]) -> None:
     """`admits` (what the native lane asks before it runs a function) answers what
     `hit` at the same instant decides, and leaves every count as it was: asked or
     not, the same decisions follow."""
     import copy
 
-    from runtime.security.ratelimit.counters import Counters
-
     now = [1000.0]
-    ours, control = Counters(clock=lambda: now[0]), Counters(clock=lambda: now[0])
+    ours, control = make(lambda: now[0]), make(lambda: now[0])
     for dt, who, ask in steps:
         now[0] += dt / 8
         if ask:
@@ -168,11 +188,10 @@ def test_admits_says_what_hit_would_decide_and_counts_nothing(
             assert admits == admitted, (now[0], who)
 
 
-def test_counters_drop_state_whose_window_has_passed_and_keep_live_counts() -> None:
-    from runtime.security.ratelimit.counters import Counters
-
+@IMPLEMENTATIONS
+def test_counters_drop_state_whose_window_has_passed_and_keep_live_counts(make: Any) -> None:
     clock = FakeClock()
-    counters = Counters(clock=clock.time)
+    counters = make(clock.time)
     counters.sweep_at = 4
     for i, algorithm in enumerate(["fixed_window", "sliding_window", "moving_window"]):
         counters.hit(f"old{i}", algorithm, 5, 10)
@@ -189,15 +208,14 @@ def test_counters_drop_state_whose_window_has_passed_and_keep_live_counts() -> N
     assert len(counters.state) == 5 and counters.sweep_at == max(50_000, 8)
 
 
+@IMPLEMENTATIONS
 @pytest.mark.parametrize("algorithm", ["moving_window", "sliding_window", "fixed_window"])
-def test_a_sweep_keeps_every_live_count(algorithm: str) -> None:
+def test_a_sweep_keeps_every_live_count(make: Any, algorithm: str) -> None:
     """A moving window's state was kept with an expiry in the past (`now - window`
     read the same to every other test): the sweep dropped it, and a client at its
     limit was admitted again."""
-    from runtime.security.ratelimit.counters import Counters
-
     now = [1_700_000_000.0]
-    counters = Counters(clock=lambda: now[0])
+    counters = make(lambda: now[0])
     counters.sweep_at = 2
     assert counters.hit("live", algorithm, 2, 60)[0] and counters.hit("live", algorithm, 2, 60)[0]
     now[0] += 1
@@ -205,17 +223,88 @@ def test_a_sweep_keeps_every_live_count(algorithm: str) -> None:
     assert counters.hit("live", algorithm, 2, 60)[0] is False and "live" in counters.state
 
 
-def test_a_sweep_that_frees_little_doubles_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+@IMPLEMENTATIONS
+def test_a_sweep_that_frees_little_doubles_the_threshold(make: Any) -> None:
     """Past SWEEP_AT live keys, a threshold that did not grow swept on every hit."""
-    from runtime.security.ratelimit import counters as module
-
-    monkeypatch.setattr(module, "SWEEP_AT", 4)
     now = [1_700_000_000.0]
-    counters = module.Counters(clock=lambda: now[0])
-    counters.sweep_at = 4
+    counters = make(lambda: now[0])
+    assert counters.sweep_at == counters.sweep_floor == python_counters.SWEEP_AT
+    counters.sweep_at = counters.sweep_floor = 4
     for i in range(5):
         counters.hit(f"k{i}", "fixed_window", 5, 60)
     assert len(counters.state) == 5 and counters.sweep_at == 8
     for i in range(5, 9):
         counters.hit(f"k{i}", "fixed_window", 5, 60)
     assert counters.sweep_at == 16
+
+
+# one operation on the counters: (clock step in 1/16 s, 0: a huge jump ahead, key,
+# what: "hit" | "admits" | "admits_all" | "count" | "count_quiet")
+OPERATIONS = st.lists(st.tuples(st.integers(0, 40), st.booleans(), st.integers(0, 2),
+                                st.sampled_from(["hit", "admits", "admits_all", "count",
+                                                 "count_quiet"])), max_size=80)
+
+
+@settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
+@example(start=1_700_000_000.0, shapes=[("sliding_window", 2, 60)] * 3,
+         ops=[(0, False, 0, "count"), (16 * 59, False, 0, "count"), (32, False, 0, "count")])
+@given(start=st.floats(1_600_000_000, 1_800_000_000),
+       shapes=st.lists(st.tuples(ALGORITHMS, st.integers(0, 6), st.sampled_from([1, 8, 60])),
+                       min_size=3, max_size=3),
+       ops=OPERATIONS)
+def test_the_c_counters_decide_and_write_as_the_python_ones(
+        start: float, shapes: list[tuple[str, int, int]],
+        ops: list[tuple[int, bool, int, str]]) -> None:
+    """Every answer of the C counters equals the Python ones' at every step, exactly
+    (remaining counts, reset instants to the bit, the RateLimit fields' bytes, a
+    refusal's error), and so does their state: the same IEEE arithmetic in the same
+    order, a float's `//` and `%` as CPython computes them. Clocks start anywhere
+    (fractional epochs), steps are sixteenths of a second or a leap past every window."""
+    now = [start]
+    python, c = python_counters.Counters(lambda: now[0]), c_counters(lambda: now[0])
+    checks = [((f"shape{i}", ("pop", "by-ip", "10.0.0.1")), algorithm, amount, window,
+               f"by-ip-{i}") for i, (algorithm, amount, window) in enumerate(shapes)]
+    for dt, leap, i, what in ops:
+        now[0] += 1000.0 if leap else dt / 16
+        key, algorithm, amount, window, _ = checks[i]
+        answers = []
+        for counters in (python, c):
+            try:
+                if what == "hit":
+                    answers.append(counters.hit(key, algorithm, amount, window))
+                elif what == "admits":
+                    answers.append(counters.admits(key, algorithm, amount, window, now[0]))
+                elif what == "admits_all":
+                    answers.append(counters.admits_all(checks[:i + 1], now[0]))
+                else:
+                    answers.append(counters.count(checks[:i + 1], now[0], what == "count"))
+            except RuntimeError as e:
+                answers.append(("refused", str(e)))
+        assert answers[0] == answers[1], (what, now[0], i)
+        assert python.state == c.state, (what, now[0], i)
+
+
+def test_counted_fields_are_what_the_stage_writes() -> None:
+    """`count`'s header lines (both implementations) are `headers.fields` of the
+    quotas `Limiter.hit` reports for the same hits: what the native lane adds to a
+    response is what the stage adds."""
+    from runtime.security.ratelimit.headers import fields
+
+    rules = compile_rules([RateRule("ip", "5/minute;100/hour", "sliding_window"),  # type: ignore[arg-type]
+                           RateRule("function", "3/second", "moving_window")],  # type: ignore[arg-type]
+                          "by", "t", "r")
+    who = [(rule, ("pop", rule.name, "10.0.0.7")) for rule in rules]
+    now = 1_700_000_123.25
+    for make in (python_counters.Counters, c_counters):
+        limiter = Limiter("memory://")
+        limiter.counters = make(lambda: now)
+        reference = Limiter("memory://")
+        reference.counters = make(lambda: now)
+        for step in range(4):
+            at = now + step * 0.4
+            lines = limiter.counters.count(limiter.prepare(who), at, True)
+            outcome = reference.hit(who, stats=True, now=at)
+            (policy, quotas), (state, left) = fields(outcome.quotas)
+            assert lines == b"%s: %s\r\n%s: %s\r\n" % (policy, quotas, state, left)
+            assert b'"by-function";q=3;w=1' in lines and b'"by-ip-2";q=100;w=3600' in lines
+        assert limiter.counters.count(limiter.prepare(who), now + 2, False) == b""

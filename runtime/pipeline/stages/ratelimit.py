@@ -26,6 +26,7 @@ from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result, then
 from runtime.pipeline.targets import Targets
 from runtime.security.ratelimit.addresses import Aggregator
+from runtime.security.ratelimit.counters import Check as CounterCheck
 from runtime.security.ratelimit.headers import fields, retry_after
 from runtime.security.ratelimit.limiter import (
     Check,
@@ -72,7 +73,7 @@ class RateLimit:
         # (id of a route's `anonymous` limits, client address) -> (those limits, the
         # checks `lane_admits` makes of them): the native lane's, per client
         self.lane_checks: dict[tuple[int, str], tuple[list[tuple[Limit, tuple[str, ...],
-                                                               bool]], list[Check]]] = {}
+                                                               bool]], list[CounterCheck]]] = {}
         # whether a request for a target may have a principal here (its key's or
         # tenant's limits); `build` asks an `auth` stage before this one
         self.identifies: Callable[[Target | None], bool] = _anyone
@@ -119,7 +120,7 @@ class RateLimit:
         return out
 
     def lane_admits(self, limits: list[tuple[Limit, tuple[str, ...], bool]], ip: str
-                    ) -> tuple[list[Check], float] | None:
+                    ) -> tuple[list[CounterCheck], float] | None:
         """Whether a request from `ip` meeting `limits` (`anonymous`) would be admitted
         now: its checks and the instant (`lane_count` counts them then), else None
         (the request is the stage's, which refuses it). Counts nothing."""
@@ -129,25 +130,17 @@ class RateLimit:
             if len(self.lane_checks) >= 4096:
                 self.lane_checks.clear()
             value = self.address(ip)
-            checks = self.lane_checks[key] = (limits, [(limit, (*ids, value) if by_ip else ids)
-                                                       for limit, ids, by_ip in limits])
+            checks = self.lane_checks[key] = (limits, self.limiter.prepare(
+                [(limit, (*ids, value) if by_ip else ids) for limit, ids, by_ip in limits]))
         now = time.time()
-        return (checks[1], now) if self.limiter.admits(checks[1], now) else None
+        return (checks[1], now) if self.limiter.counters.admits_all(checks[1], now) else None
 
-    def lane_count(self, admitted: tuple[list[Check], float]) -> bytes:
+    def lane_count(self, admitted: tuple[list[CounterCheck], float]) -> bytes:
         """Count a request `lane_admits` admitted, at its instant (nothing ran on the
         loop between the two: the same decision), as `__call__` counts it: the
         RateLimit fields it adds to the response with ``headers``, as header lines.
         Raises RuntimeError if a limit refuses it after all (a bug)."""
-        checks, now = admitted
-        outcome = self.limiter.hit(checks, self.settings.headers, now)
-        if outcome.refused is not None:
-            raise RuntimeError(f"rate limit {outcome.refused.name!r} refused at {now} what "
-                               "it admitted then")
-        if not outcome.quotas:
-            return b""
-        (policy, quotas), (state, now_left) = fields(outcome.quotas)
-        return b"%s: %s\r\n%s: %s\r\n" % (policy, quotas, state, now_left)
+        return self.limiter.counters.count(admitted[0], admitted[1], self.settings.headers)
 
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):

@@ -15,6 +15,11 @@ whole request: these counters keep the same arithmetic in about a microsecond.
 
 State whose window has passed is dropped by a sweep once more than `SWEEP_AT`
 keys are held, so memory follows the clients active in one window.
+
+`admits_all` and `count` take a request's checks at once (the native lane's question
+before a function runs, and its count once answered). native_src/counters.c is the
+same class in C, which a PoP uses where it builds (`native.counters`); this one is
+the reference the property tests hold it to, and the fallback.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from runtime.security.ratelimit.headers import POLICY, STATE
+
 SWEEP_AT = 50_000
+
+# (key, algorithm, amount, window, name): one limit of a request, as `admits_all` and
+# `count` take it (`RateLimit.lane_admits` makes them)
+type Check = tuple[object, str, int, int, str]
 
 
 class Counters:
@@ -33,7 +44,7 @@ class Counters:
         self.clock = clock
         self.state: dict[object, list] = {}  # key -> [algorithm's state..., expires]
         self.lock = threading.Lock()  # the stage runs on one loop; tests hit from threads
-        self.sweep_at = SWEEP_AT
+        self.sweep_at = self.sweep_floor = SWEEP_AT
         self.steps = {"sliding_window": self._sliding, "fixed_window": self._fixed,
                       "moving_window": self._moving}
 
@@ -75,6 +86,30 @@ class Counters:
                     break
                 old += 1
             return len(hits) - old < amount
+
+    def admits_all(self, checks: list[Check], now: float) -> bool:
+        """Whether `hit` at `now` would admit a request on each of `checks`, counting
+        nothing."""
+        return all(self.admits(key, algorithm, amount, window, now)
+                   for key, algorithm, amount, window, _ in checks)
+
+    def count(self, checks: list[Check], now: float, fields: bool) -> bytes:
+        """Hit each of `checks` at `now`, in order: with `fields`, the RateLimit
+        fields `headers.fields` makes of them, as header lines (else b""). Raises
+        RuntimeError if one refuses (`admits_all` admitted the request at `now`, and
+        nothing counted since: a bug)."""
+        policy, state = [], []
+        for key, algorithm, amount, window, name in checks:
+            admitted, remaining, reset = self.hit(key, algorithm, amount, window, now)
+            if not admitted:
+                raise RuntimeError(f"rate limit {name!r} refused at {now!r} what it admitted "
+                                   "then")
+            policy.append(f'"{name}";q={amount};w={window}')
+            state.append(f'"{name}";r={max(0, remaining)};t={max(0, math.ceil(reset - now))}')
+        if not fields or not checks:
+            return b""
+        return b"%s: %s\r\n%s: %s\r\n" % (POLICY, ", ".join(policy).encode(), STATE,
+                                          ", ".join(state).encode())
 
     def _fixed(self, key: object, amount: int, window: int, now: float
                ) -> tuple[bool, int, float]:
@@ -125,4 +160,4 @@ class Counters:
         before = len(self.state)
         self.state = {k: s for k, s in self.state.items() if s[-1] > now}
         if len(self.state) > before // 2:
-            self.sweep_at = max(SWEEP_AT, 2 * len(self.state))
+            self.sweep_at = max(self.sweep_floor, 2 * len(self.state))

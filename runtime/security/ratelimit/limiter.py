@@ -9,9 +9,9 @@ never blocks on the network).
 
 In memory the algorithms run on `Counters` (the same arithmetic as `limits`'
 strategies, without its MemoryStorage's per-key locks and expiry events, which
-cost a third of a hello request per rule), with each counter's key built once;
-the property tests hold both to the same bound. On Redis, `limits`' own async
-strategies run.
+cost a third of a hello request per rule; in C where it builds, `native.counters`),
+with each counter's key built once; the property tests hold both to the same bound.
+On Redis, `limits`' own async strategies run.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import limits.aio.strategies
 from limits import RateLimitItem
 
 from edgefn_core.errors import InvalidConfig
-from runtime.security.ratelimit.counters import Counters
+from runtime.security.ratelimit import counters as counters_
 from runtime.security.ratelimit.headers import Quota
+from runtime.security.ratelimit.native import counters as new_counters
 from runtime.security.ratelimit.outage import TIMEOUT_S, down
 from runtime.security.settings import Algorithm, RateRule
 
@@ -112,19 +113,17 @@ class Limiter:
                 socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S)
             self.astrategies = {k: v(self.astore) for k, v in _ASYNC.items()}
         elif scheme == "memory":
-            self.counters = Counters()
+            self.counters = new_counters()
         else:
             raise InvalidConfig(where, f"storage must be memory:// or redis://host:port, got "
                                 f"{storage!r}", "ratelimit.storage")
 
-    def admits(self, checks: list[Check], now: float) -> bool:
-        """Whether `hit` at `now` would admit a request (memory only), counting
-        nothing."""
-        admits = self.counters.admits
-        for limit, ids in checks:
-            if not admits((limit.shape, ids), limit.algorithm, limit.amount, limit.window, now):
-                return False
-        return True
+    @staticmethod
+    def prepare(checks: list[Check]) -> list[counters_.Check]:
+        """`checks` as the counters take a request's at once (memory only:
+        `counters.admits_all`, `counters.count`), keyed as `hit` keys them."""
+        return [((limit.shape, ids), limit.algorithm, limit.amount, limit.window, limit.name)
+                for limit, ids in checks]
 
     def hit(self, checks: list[Check], stats: bool, now: float | None = None) -> Outcome:
         """Hit each limit at `now` (default: the clock; memory only). With `stats`, the
