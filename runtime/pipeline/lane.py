@@ -26,13 +26,14 @@ exact native form, and its executor is one the lane can call:
     ratelimit    no rule a request without a principal meets (a key's or tenant's
                  limits need a credential, Python's); or, on memory storage, rules
                  by ip or function (the PoP's, the function's own): the C asks the
-                 stage before the function runs whether it would admit the request
-                 now (`RateLimit.lane_admits`, counting nothing: else the request is
-                 Python's, which refuses it), counts it as the C answers it, or as
-                 a Python function's call is submitted (`lane_count`: the same
-                 counters, the same instant; the call carries the fields, `_finish`
-                 adds them too), and writes the RateLimit fields it adds; its event
-                 carries the stage's pass. Not a rule by agent, not on Redis
+                 stage's counters before the function runs whether they would admit
+                 the request now (`_limit_admits`: `admits_all`, counting nothing:
+                 else the request is Python's, which refuses it), counts it as the
+                 C answers it, or as a Python function's call is submitted (their
+                 `count`: the same counters, the same instant; the call carries the
+                 fields, `_finish` adds them too), and writes the RateLimit fields it
+                 adds; its event carries the stage's pass. Not a rule by agent, not
+                 on Redis
     cors         a request without an Origin header (cors hands it on untouched), or
                  one whose path is outside the stage's `paths`; one with an Origin on
                  them (a preflight, or a response cors tags) goes to Python
@@ -96,6 +97,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import time
 from asyncio import _get_running_loop as running_loop
 from collections.abc import Iterable
 from http import HTTPStatus
@@ -212,9 +214,14 @@ class NativeLane:
                              all(s.jwt is None for s in chain.stages if isinstance(s, Auth)))
         self.c.python(self._submit)
         self.ratelimit = stages.get(RateLimit)
-        if isinstance(self.ratelimit, RateLimit):
-            self.lane_admits = self.ratelimit.lane_admits
-            self.c.limiter(self._limit_admits, self.ratelimit.lane_count)
+        # (route index, client) -> the checks its requests make (`_limit_admits`):
+        # a connection's client is one str, its hash kept
+        self.limit_checks: dict[tuple[int, str], list[Any]] = {}
+        if isinstance(self.ratelimit, RateLimit) and not self.ratelimit.limiter.remote:
+            counters = self.ratelimit.limiter.counters
+            self.lane_checks = self.ratelimit.lane_checks
+            self.admits_all, self.limit_fields = counters.admits_all, self.ratelimit.fields
+            self.c.limiter(self._limit_admits, counters.count)
         # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
         wasi, self.commands = native_wasi.enabled(), False
         if wasi is not None:
@@ -514,6 +521,7 @@ class NativeLane:
                                                  pattern=True, limited=bool(limited)))
         self.c.routes(table)
         self.routes, self.limits = routes, limits
+        self.limit_checks.clear()  # by route index: those changed
         counts = self.http_cache is not None and self.http_cache.stats is not None
         self.route_texts = tuple((path, fn.label, fn.tenant, route or None,
                                   (ROUTE_MISS if cache == CACHE_FIRST and counts else 0) |
@@ -561,11 +569,20 @@ class NativeLane:
             return []
         return stage.anonymous(fn) or []
 
-    def _limit_admits(self, ri: int, client: str) -> tuple[Any, ...] | None:
+    def _limit_admits(self, ri: int, client: str) -> tuple[list[Any], float, bool] | None:
         """The C's question for a limited route's request from `client`, before the
-        function runs: would ratelimit admit it now (`RateLimit.lane_admits`: its
-        checks and instant, counted by `lane_count` once answered), or None."""
-        return self.lane_admits(self.limits[ri], client.rpartition(":")[0] or client)
+        function runs: would ratelimit's counters admit it now (counting nothing)?
+        Then the arguments of their `count`, which the C calls once it answered it
+        (the checks, this instant, whether to write the fields), else None."""
+        key = (ri, client)
+        checks = self.limit_checks.get(key)
+        if checks is None:
+            if len(self.limit_checks) >= 4096:
+                self.limit_checks.clear()
+            checks = self.limit_checks[key] = self.lane_checks(
+                self.limits[ri], client.rpartition(":")[0] or client)
+        now = time.time()
+        return (checks, now, self.limit_fields) if self.admits_all(checks, now) else None
 
     def _cache_mode(self, fn: Deployment) -> int:
         stage = self.http_cache

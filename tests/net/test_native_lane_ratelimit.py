@@ -1,5 +1,5 @@
 """Rate limits on the native lane (lane.c `serve_one`, `answer_frame`; runtime/pipeline/
-lane.py `_limit_admits`; `RateLimit.lane_admits`, `lane_count`): two real PoPs on
+lane.py `_limit_admits`; `RateLimit.lane_checks`, the counters' `count`): two real PoPs on
 loopback, the lane on and off, the same PoP rule by ip and the same functions with
 rules of their own (each algorithm, by ip and by function), the same requests sent
 to both in the same order. The lane serves what ratelimit admits, counted in the
@@ -8,8 +8,10 @@ is full), events, log lines and counts as the Python front's."""
 
 from __future__ import annotations
 
+import http.client
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +125,37 @@ def test_a_function_without_rules_of_its_own_meets_the_pops(pair: tuple[Side, Si
         assert served(on) - before == 1
         assert b'\r\nratelimit-policy: "by-ip";q=60;w=60\r\n' in got
     assert on.metrics() == off.metrics()
+
+
+def test_a_redeploy_with_new_limits_counts_by_them_on_a_connection_left_open(
+        pair: tuple[Side, Side], tmp_path: Path) -> None:
+    """The lane keeps each connection's checks (`limit_checks`, by route index): a
+    redeploy that changes a function's limit drops them, so the next request on a
+    connection opened before it is counted by the new limit, as on the Python PoP
+    (kept, it answered with the old limit's fields and counted the old counter)."""
+    on, _ = pair
+    got = []
+    for side in pair:
+        folder = tmp_path / side.r.pop.config.data_dir.name
+        conn = http.client.HTTPConnection("127.0.0.1", side.r.port, timeout=10)
+        answers = []
+        for limit in (3, 5):
+            side.r.deploy(function_dir(folder, "relimit", reactor(""),
+                                       extra=f'[[rate_limits]]\nby = "ip"\nlimit = "{limit}/minute"\n'))
+            for _ in range(2):
+                before = served(on)
+                conn.request("GET", "/relimit")
+                response = conn.getresponse()
+                response.read()
+                answers.append((response.status, response.getheader("ratelimit-policy"),
+                                response.getheader("ratelimit")))
+                if side is on:
+                    assert served(on) - before == 1
+        conn.close()
+        side.new_events(), side.new_log()  # read: the next test compares what follows
+        got.append([(s, p, re.sub(r";t=\d+", "", r)) for s, p, r in answers])
+    assert got[0] == got[1]
+    assert [(status, policy) for status, policy, _ in got[0]] == \
+        [(200, f'"by-ip";q=60;w=60, "fn-ip";q={q};w=60') for q in (3, 3, 5, 5)]
+    assert [re.findall(r'"fn-ip";r=(\d+)', state) for _, _, state in got[0]] == \
+        [["2"], ["1"], ["4"], ["3"]]

@@ -393,7 +393,7 @@ def test_a_key_file_with_keys_leaves_anonymous_requests_of_public_functions_on_t
     without a credential stay on it, answered as the chain answers them; one with a
     key is the chain's, whose auth proves its principal, and a function that needs a
     key (``auth = "key"``) is the chain's; a function with a rate limit by ip stays
-    the lane's, counted by the stage (`RateLimit.lane_admits`)."""
+    the lane's, counted in the stage's counters (`RateLimit.lane_checks`)."""
     pop = pop_with(tmp_path)
     try:
         deploy(pop, function_dir(tmp_path / "fns", "plain", OK))

@@ -913,11 +913,15 @@ static int allowed_verdict(Lane *l, const route_t *r, long *cls) {
     return verdict;
 }
 
-/* The request being served counted by ratelimit (`limit_count` of what `limit_admits`
- * said of it, let go): the header lines it adds (bytes, a new reference); NULL with a
- * Python error (TypeError: not bytes). */
+/* The request being served counted by ratelimit (`limit_count` called with what
+ * `limit_admits` said of it, its arguments, let go): the header lines it adds (bytes,
+ * a new reference); NULL with a Python error (TypeError: not a tuple, not bytes). */
 static PyObject *limit_count(Lane *l) {
-    PyObject *head = PyObject_CallOneArg(l->limit_count, l->limit_token);
+    PyObject *token = l->limit_token, *head = NULL;
+    if (PyTuple_Check(token))
+        head = PyObject_Call(l->limit_count, token, NULL);
+    else
+        PyErr_SetString(PyExc_TypeError, "limiter's admits: the arguments of its count (a tuple)");
     Py_CLEAR(l->limit_token);
     if (head && !PyBytes_Check(head)) {
         Py_DECREF(head);
@@ -1448,8 +1452,8 @@ static PyObject *Lane_commands(Lane *l, PyObject *args) {
 }
 
 /* limiter(admits, count): ratelimit's, for the requests of limited routes:
- * `admits(route index, client)` -> a token (admitted now) or None (Python's);
- * `count(token)` -> the header lines to add (bytes), once the request is answered. */
+ * `admits(route index, client)` -> a tuple (admitted now) or None (Python's);
+ * `count(*that tuple)` -> the header lines to add (bytes), once the request is answered. */
 static PyObject *Lane_limiter(Lane *l, PyObject *args) {
     PyObject *admits, *count;
     if (!PyArg_ParseTuple(args, "OO:limiter", &admits, &count)) return NULL;

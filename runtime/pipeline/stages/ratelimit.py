@@ -15,7 +15,6 @@ are the OpenAI API's (`runtime.security.ratelimit.admission`).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -70,10 +69,7 @@ class RateLimit:
         self.rpm: dict[int, Limit] = {}  # a key's rpm -> its limit
         self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
         self.outage = Outage(settings.on_storage_error, "rate limits")
-        # (id of a route's `anonymous` limits, client address) -> (those limits, the
-        # checks `lane_admits` makes of them): the native lane's, per client
-        self.lane_checks: dict[tuple[int, str], tuple[list[tuple[Limit, tuple[str, ...],
-                                                               bool]], list[CounterCheck]]] = {}
+        self.fields = settings.headers  # whether a response carries the RateLimit fields
         # whether a request for a target may have a principal here (its key's or
         # tenant's limits); `build` asks an `auth` stage before this one
         self.identifies: Callable[[Target | None], bool] = _anyone
@@ -99,7 +95,7 @@ class RateLimit:
 
     def anonymous(self, target: Target) -> list[tuple[Limit, tuple[str, ...], bool]] | None:
         """The limits a request without a principal for `target` meets, as `_checks`
-        finds them, for the native lane (`lane_admits`, `lane_count`): each with who it
+        finds them, for the native lane (`lane_checks`): each with who it
         counts, and whether the client's address (a ``by = "ip"`` rule's) completes
         that; [] when none applies (nothing decided, as here); None when the lane
         cannot count them as this stage does: on Redis (a hit awaits), or with a
@@ -119,28 +115,15 @@ class RateLimit:
                 # key, tenant: no principal; model: no OpenAI API request
         return out
 
-    def lane_admits(self, limits: list[tuple[Limit, tuple[str, ...], bool]], ip: str
-                    ) -> tuple[list[CounterCheck], float] | None:
-        """Whether a request from `ip` meeting `limits` (`anonymous`) would be admitted
-        now: its checks and the instant (`lane_count` counts them then), else None
-        (the request is the stage's, which refuses it). Counts nothing."""
-        key = (id(limits), ip)
-        checks = self.lane_checks.get(key)
-        if checks is None or checks[0] is not limits:
-            if len(self.lane_checks) >= 4096:
-                self.lane_checks.clear()
-            value = self.address(ip)
-            checks = self.lane_checks[key] = (limits, self.limiter.prepare(
-                [(limit, (*ids, value) if by_ip else ids) for limit, ids, by_ip in limits]))
-        now = time.time()
-        return (checks[1], now) if self.limiter.counters.admits_all(checks[1], now) else None
-
-    def lane_count(self, admitted: tuple[list[CounterCheck], float]) -> bytes:
-        """Count a request `lane_admits` admitted, at its instant (nothing ran on the
-        loop between the two: the same decision), as `__call__` counts it: the
-        RateLimit fields it adds to the response with ``headers``, as header lines.
-        Raises RuntimeError if a limit refuses it after all (a bug)."""
-        return self.limiter.counters.count(admitted[0], admitted[1], self.settings.headers)
+    def lane_checks(self, limits: list[tuple[Limit, tuple[str, ...], bool]], ip: str
+                    ) -> list[CounterCheck]:
+        """The checks a request from `ip` meeting `limits` (`anonymous`) makes, as the
+        counters take them at once (the native lane's: `admits_all` before the
+        function runs, `count` once it answered, with `fields`), keyed as `__call__`
+        counts them."""
+        value = self.address(ip)
+        return self.limiter.prepare([(limit, (*ids, value) if by_ip else ids)
+                                     for limit, ids, by_ip in limits])
 
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
