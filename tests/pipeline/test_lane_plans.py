@@ -26,7 +26,10 @@ from runtime.net.message import Request, Response
 from runtime.observe.metrics import DURATION
 from runtime.pipeline.lane import NativeLane
 from runtime.pipeline.stage import Context
+from runtime.pipeline.stages.ratelimit import RateLimit
 from runtime.pop import PoP
+from runtime.security.ratelimit import native as native_counters
+from runtime.security.ratelimit.counters import Counters as PythonCounters
 from tests.net.lane_support import MIRROR, static_reactor
 from tests.net.test_native_lane_wasi import writing as wasi_command
 from tests.support import function_dir
@@ -171,6 +174,28 @@ def test_a_rate_limited_function_is_the_lanes_counted_in_the_stages_counts(pop: 
     the chain does, the RateLimit fields and the pass in its event included, each
     request counted once in the stage's counters whichever path took it (the quota
     left goes down by one per request, lane or chain)."""
+    counted_alike(pop)
+
+
+def test_with_the_python_counters_the_lane_counts_as_the_chain(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the counters' C cannot be had (no compiler), counters.py's count: the
+    lane asks them and counts in them as it does the C's (`admits_all`, `count`)."""
+    monkeypatch.setattr(native_counters, "load", lambda: None)
+    pop = pop_with(tmp_path)
+    try:
+        routes, extra = FUNCTIONS["limited"]
+        deploy(pop, function_dir(tmp_path / "fns", "limited", OK, routes=routes, extra=extra))
+        stage = next(s for s in pop.pipeline.stages if isinstance(s, RateLimit))
+        assert type(stage.limiter.counters) is PythonCounters
+        counted_alike(pop)
+    finally:
+        pop.close()
+
+
+def counted_alike(pop: PoP) -> None:
+    """/limited, twice by the lane and twice by the chain, in turns: the same answers
+    and events (but the quota and the request id), the quota down by one each time."""
     quota = re.compile(rb";r=(\d+);t=\d+")
 
     def plain(raw: bytes) -> bytes:  # but the quota's state and the request id's number
