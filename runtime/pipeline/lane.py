@@ -931,10 +931,11 @@ def _segment(segment: str) -> bytes:
 def _request(call: tuple[Any, ...], g: GuestRequest | None = None) -> Request:
     """The request of a Python route's `call` (lane.c `python_call`) as the front
     makes it: its frame (the request encoded; `g`, decoded already) decoded, with its
-    Host and client."""
+    Host, client and version (an HTTP/1.0 one is kept alive: the C takes no other)."""
     if g is None:
         g = decode_request(call[12][FRAME_HEAD:])
-    request = Request(g.method, g.path, g.query, g.headers, call[7], "1.1", True, call[9])
+    request = Request(g.method, g.path, g.query, g.headers, call[7],
+                      "1.0" if call[16] else "1.1", True, call[9])
     request.body = g.body
     return request
 

@@ -75,9 +75,12 @@ def guests(root: Path) -> list[Path]:
     ]
 
 
-def responses(data: bytes, methods: list[bytes]) -> tuple[list[bytes], bool]:
+def responses(data: bytes, methods: list[bytes], closed: bool = False
+              ) -> tuple[list[bytes], bool]:
     """The whole responses in `data` (interim 1xx dropped), for requests of
-    `methods` in order; and whether `data` ends with a whole one."""
+    `methods` in order; and whether `data` ends with a whole one. A body framed by
+    neither Content-Length nor chunked runs to the close (a stream to HTTP/1.0):
+    whole once the server `closed` the connection."""
     out: list[bytes] = []
     pos = 0
     while pos < len(data):
@@ -98,7 +101,13 @@ def responses(data: bytes, methods: list[bytes]) -> tuple[list[bytes], bool]:
             out.append(data[pos:last + 7])
             pos = last + 7
             continue
-        size = int(m.group(1)) if m and method != b"HEAD" and status not in (204, 304) else 0
+        bodiless = method == b"HEAD" or status in (204, 304)
+        if m is None and not bodiless:  # to the close
+            if not closed:
+                return out, False
+            out.append(data[pos:])
+            return out, True
+        size = int(m.group(1)) if m and not bodiless else 0
         if len(data) < end + 4 + size:
             return out, False
         out.append(data[pos:end + 4 + size])
@@ -124,6 +133,7 @@ def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0,
         except (BrokenPipeError, ConnectionResetError):  # it answered (a 400) and closed
             pass
         data = b""
+        closed = False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got, whole = responses(data, methods)
@@ -134,9 +144,10 @@ def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0,
             except (TimeoutError, ConnectionResetError):
                 break
             if not chunk:
+                closed = True
                 break
             data += chunk
-    return responses(data, methods)[0]
+    return responses(data, methods, closed)[0]
 
 
 def normal(response: bytes, prefix: bytes) -> bytes:

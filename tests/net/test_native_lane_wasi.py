@@ -162,6 +162,9 @@ SERVED = {
     "post under its route": (request("POST", "/hello-c/x", H, b"hi"), "c"),
     "http/1.0 kept alive": (request("GET", "/env", [*H, ("Connection", "keep-alive")],
                                     version="HTTP/1.0"), "c"),  # SERVER_PROTOCOL=HTTP/1.0
+    "http/1.0 kept alive, a call": (request("GET", "/env", [*H, ("Connection", "keep-alive"),
+                                                          ("X-A", "caf\u00e9")],
+                                            version="HTTP/1.0"), "call"),
     # a route's captures: EDGEFN_PARAM_ID, EDGEFN_PARAM_PART; a wildcard's EDGEFN_WILDCARD
     "captures": (request("GET", "/envid/7/Ab_c?x=1", H), "c"),
     "captures, deeper": (request("POST", "/envid/7/x/y", H, b"p"), "c"),

@@ -7,7 +7,7 @@
  * struct layout below is llhttp 9.x's public header, checked at load by
  * `layout_check()` against llhttp's own accessors). For each complete request it
  * decides whether it is one the lane serves exactly as the Python front and
- * pipeline would: HTTP/1.1 (or 1.0 kept alive, but for a Python route) GET or HEAD
+ * pipeline would: HTTP/1.1 (or 1.0 kept alive) GET or HEAD
  * without a body, or POST, PUT, PATCH or DELETE
  * with no body or one framed by Content-Length and whole in the read (up to
  * `max_body`; one whose body is still to come, `held`, the front keeps until it is,
@@ -940,7 +940,6 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
                        const char *url, size_t path_len, const char *query, size_t query_len,
                        PyObject *client) {
     const req_t *q = &l->q;
-    if (q->http10) return 0;  /* Python finishes calls as HTTP/1.1's (`_request`) */
     for (uint32_t i = 0; i < q->nh; i++)
         if (name_is(q, &q->h[i], "cdn-loop", 8)) return 0;  /* the call's Lineage reads it */
     long cls;
@@ -962,17 +961,18 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     memcpy(fp + 5, l->req, n);
     /* (future, route, table generation, route index, id (`id_object`), verdict, method,
      * host, query, client, ts, started ns, frame, request body bytes, path (`path_object`),
-     * ratelimit's fields (header lines; None where it counts nothing)): the future and
-     * the fields are set once submitted */
+     * ratelimit's fields (header lines; None where it counts nothing), HTTP/1.0 (kept
+     * alive): 1): the future and the fields are set once submitted */
     PyObject *id = id_object(l->counter + 1, q->rid, q->rid_len);
     PyObject *path = id ? path_object(q->sub ? url : NULL, path_len) : NULL;
     if (!path) { Py_XDECREF(id); Py_DECREF(frame); return -1; }
-    PyObject *call = Py_BuildValue("(OOKiNiiy#y#OdKNKNO)", Py_None, r->python,
+    PyObject *call = Py_BuildValue("(OOKiNiiy#y#OdKNKNOi)", Py_None, r->python,
                                    (unsigned long long)l->generation, ri, id, verdict, method,
                                    q->head + host->value, (Py_ssize_t)host->value_len, query,
                                    (Py_ssize_t)query_len, client, ts,
                                    (unsigned long long)started, frame,
-                                   (unsigned long long)l->q.body_len, path, Py_None);
+                                   (unsigned long long)l->q.body_len, path, Py_None,
+                                   q->http10);
     if (!call) return -1;
     PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, call);
     if (!future || future == Py_None) {
@@ -1278,7 +1278,7 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
 /* A Python route's `call` (serve's), read back (`read_call`). */
 typedef struct {
     route_t *r;
-    long ri, verdict, method;
+    long ri, verdict, method, http10;  /* http10: an HTTP/1.0 request (kept alive) */
     unsigned long long counter, bytes_in, started;
     const char *rid;  /* the caller's id (the call's bytes), or NULL: `counter`'s */
     size_t rid_len;
@@ -1291,7 +1291,7 @@ typedef struct {
  * route table changed since: a deploy, its index names another route now; or a field
  * is not what serve made); -1 a Python error (TypeError: not serve's tuple). */
 static int read_call(Lane *l, PyObject *c, pycall_t *f) {
-    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 16) {
+    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 17) {
         PyErr_SetString(PyExc_TypeError, "a call is the tuple serve made");
         return -1;
     }
@@ -1311,6 +1311,7 @@ static int read_call(Lane *l, PyObject *c, pycall_t *f) {
     f->client = PyTuple_GET_ITEM(c, 9);
     f->path = PyTuple_GET_ITEM(c, 14);
     f->limit = PyTuple_GET_ITEM(c, 15);
+    f->http10 = PyLong_AsLong(PyTuple_GET_ITEM(c, 16));
     if (PyErr_Occurred()) return -1;
     if (gen != l->generation || f->ri < 0 || f->ri >= l->n_routes || f->method < 0 ||
             f->method >= N_METHODS || !PyBytes_Check(f->host) || !PyBytes_Check(f->query) ||
@@ -1337,7 +1338,7 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
     l->limit_head = f->limit == Py_None ? NULL : Py_NewRef(f->limit);
     int unwritten = write_response(l, f->r, status, pairs, count, body, body_len,
                                    f->rid ? f->rid : made, rid_len, date, extra,
-                                   (int)f->method, 0);  /* (1.1: python_call) */
+                                   (int)f->method, f->http10 != 0);
     Py_CLEAR(l->limit_head);
     if (unwritten) return PyErr_NoMemory();
     if (add_record(events, f->ts, f->counter, f->rid, rid_len, (int)f->ri, status, body_len,
