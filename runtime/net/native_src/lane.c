@@ -921,7 +921,8 @@ static PyObject *limit_count(Lane *l) {
     if (PyTuple_Check(token))
         head = PyObject_Call(l->limit_count, token, NULL);
     else
-        PyErr_SetString(PyExc_TypeError, "limiter's admits: the arguments of its count (a tuple)");
+        PyErr_SetString(PyExc_TypeError,
+                        "limiter's admits: the arguments of its count (a tuple)");
     Py_CLEAR(l->limit_token);
     if (head && !PyBytes_Check(head)) {
         Py_DECREF(head);

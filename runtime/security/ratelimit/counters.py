@@ -35,7 +35,7 @@ from runtime.security.ratelimit.headers import POLICY, STATE
 SWEEP_AT = 50_000
 
 # (key, algorithm, amount, window, name): one limit of a request, as `admits_all` and
-# `count` take it (`RateLimit.lane_admits` makes them)
+# `count` take it (`RateLimit.lane_checks` makes them)
 type Check = tuple[object, str, int, int, str]
 
 
@@ -104,8 +104,9 @@ class Counters:
             if not admitted:
                 raise RuntimeError(f"rate limit {name!r} refused at {now!r} what it admitted "
                                    "then")
-            policy.append(f'"{name}";q={amount};w={window}')
-            state.append(f'"{name}";r={max(0, remaining)};t={max(0, math.ceil(reset - now))}')
+            if fields:
+                policy.append(f'"{name}";q={amount};w={window}')
+                state.append(f'"{name}";r={max(0, remaining)};t={max(0, math.ceil(reset - now))}')
         if not fields or not checks:
             return b""
         return b"%s: %s\r\n%s: %s\r\n" % (POLICY, ", ".join(policy).encode(), STATE,
