@@ -3,12 +3,15 @@ the commit before), in the same run: req/s and the PoP's CPU per request of each
 and this checkout's ratios to the other.
 
     python bench/bench_tree_http.py --tree ../before [--function functions/examples/hello-wat]
-                                    [--path /hello] [--config pop.toml] [--key]
+                                    [--path /hello] [--config pop.toml]
+                                    [--other-config before.toml] [--key]
                                     [--header 'X-Request-Id: r1'] [--client wrk|ab|split]
                                     [--seconds 4] [--rounds 5]
 
 Both PoPs (`edgefn serve --no-ai`, the function deployed from each checkout's own
 folder; `--config`: both serve with that PoP config, e.g. a pipeline of one's own;
+`--other-config`: the other checkout serves with this one instead, for a setting
+the other does not know, or the same checkout given twice as two settings;
 `--key`: an API key made in each one's data dir first, `edgefn keys create`, as a PoP
 guarding its OpenAI API has, so that auth is kept for every function; `--header`: a
 header every request sends, as a proxy's request id; `--client ab`: loaded by
@@ -45,6 +48,8 @@ def main() -> None:
                    help="a function folder, relative to each checkout")
     p.add_argument("--path", default="/hello")
     p.add_argument("--config", type=Path, help="a PoP config (pop.toml) both serve with")
+    p.add_argument("--other-config", type=Path,
+                   help="the config the other checkout serves with (default: --config)")
     p.add_argument("--key", action="store_true", help="an API key made in each data dir")
     p.add_argument("--header", action="append", default=[],
                    help="'Name: value', sent with every request (repeatable)")
@@ -63,8 +68,10 @@ def main() -> None:
         servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
         try:
             for name, tree in trees.items():
-                extra = ["--no-ai"] + (["--config", str(args.config.resolve())]
-                                       if args.config is not None else [])
+                conf = args.other_config if name == "other" and args.other_config else \
+                    args.config
+                extra = ["--no-ai"] + (["--config", str(conf.resolve())]
+                                       if conf is not None else [])
                 if args.key:
                     subprocess.run([sys.executable, "-m", "runtime.cli", "keys", "create",
                                     "--data", str(Path(tmp) / name), "--tenant", "bench",
@@ -82,6 +89,7 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(20)
     config = (f", --config {args.config}" if args.config is not None else "") + \
+        (f", --other-config {args.other_config}" if args.other_config is not None else "") + \
         (", --key" if args.key else "") + "".join(f", --header '{h}'" for h in args.header)
     c = args.connections
     load = {"ab": f"ab -k -c{c}", "split": f"POSTs with the head and body sent apart, -c{c}"

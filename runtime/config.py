@@ -147,9 +147,13 @@ class TracingStage(StageConfig, frozen=True, tag="tracing"):
 
 
 class AccessLogStage(StageConfig, frozen=True, tag="access_log"):
-    """One line per request on stderr: ``text`` (key=value) or ``json``."""
+    """One line per request on stderr: ``text`` (key=value) or ``json``. A JSON line
+    carries each stage's timing (``stages``) unless `stage_timings` is false: timing
+    every stage times every request in Python, so a PoP that does leaves its native
+    lane; without them (``"stages": {}``) the lane serves what it would."""
 
     format: Literal["text", "json"] = "text"
+    stage_timings: bool = True
 
 
 Origin = Annotated[str, Meta(pattern=r"^(\*|https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?)$")]

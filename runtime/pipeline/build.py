@@ -51,7 +51,7 @@ def _wire_auth_to_limits(stages: list[Stage]) -> None:
 def _keep_timings(config: c.PopConfig) -> bool:
     """Whether something wants every request's stage timings (the tracer wants only
     the sampled requests')."""
-    return any((isinstance(s, c.AccessLogStage) and s.format == "json")
+    return any((isinstance(s, c.AccessLogStage) and s.format == "json" and s.stage_timings)
                or (isinstance(s, c.EventsStage) and config.events.stage_timings)
                for s in config.pipeline)
 
