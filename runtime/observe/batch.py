@@ -50,22 +50,28 @@ class EventBatch:
     """Events in order (`events`), with their access-log lines and metric groups
     when the producer made them (None otherwise)."""
 
-    __slots__ = ("_events", "deferred", "groups", "lines", "n", "plain", "records")
+    __slots__ = ("_events", "deferred", "groups", "line_format", "lines", "n", "plain",
+                 "records")
 
     def __init__(self, events: list[Event], lines: bytes | None = None,
-                 groups: list[Group] | None = None, plain: bool = False) -> None:
+                 groups: list[Group] | None = None, plain: bool = False,
+                 line_format: str = "text") -> None:
+        """`line_format`: how `lines` are written, ``text`` or ``json`` (the access
+        log's formats)."""
         self._events: list[Event] | None = events
         self.lines, self.groups, self.plain = lines, groups, plain
+        self.line_format = line_format
         self.n = len(events)
         self.deferred: list[tuple[Deferred, Any]] | None = None
         self.records: list[Any] = []
 
     @classmethod
     def later(cls, deferred: list[tuple[Deferred, Any]], records: list[Any],
-              lines: bytes | None, groups: list[Group] | None) -> EventBatch:
+              lines: bytes | None, groups: list[Group] | None,
+              line_format: str = "text") -> EventBatch:
         """A `plain` batch of the events `deferred` makes of `records` (a pair per
         record, in order), made when read."""
-        batch = cls([], lines, groups, True)
+        batch = cls([], lines, groups, True, line_format)
         batch._events, batch.n = None, len(deferred)
         batch.deferred, batch.records = deferred, records
         return batch

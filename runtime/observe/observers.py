@@ -44,7 +44,7 @@ class Observers:
         self.batches = 0  # batches pending
         # per observer: its observe_batch, or None (it gets a batch's events one by one)
         self.batched: tuple[Callable[[EventBatch], None] | None, ...] = ()
-        self.takes_lines = False
+        self.line_format: str | None = None
         # what must be observed before the next event: the native lane's records of
         # requests answered before it (`runtime.pipeline.lane`), None when there are none
         self.first: Callable[[], None] | None = None
@@ -68,8 +68,10 @@ class Observers:
     def _set(self, observers: tuple[Observer, ...]) -> None:
         self._observers = observers
         self.batched = tuple(getattr(o, "observe_batch", None) for o in observers)
-        # an observer takes a batch's access-log lines (`EventBatch.lines`): make them
-        self.takes_lines = any(getattr(o, "takes_lines", False) for o in observers)
+        # the format in which the observers take a batch's access-log lines
+        # (`EventBatch.lines`: make them so); None when none does, or two differ
+        formats = {f for f in (getattr(o, "line_format", None) for o in observers) if f}
+        self.line_format = formats.pop() if len(formats) == 1 else None
 
     def observe(self, event: Event) -> None:
         if self.first is not None:

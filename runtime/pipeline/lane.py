@@ -149,6 +149,7 @@ BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
 ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN, ROUTE_LIMITED = 1, 2, 4, 8  # lane.c's: a route's
 ROUTE_MISS, ROUTE_PASSED = 1, 2  # lane_drain.c.h's: a route's flags in `route_texts`
+LINE_FORMATS = {"text": 1, "json": 2}  # lane_drain.c.h's: the access-log lines `make` writes
 # lane.c's EX_*: a path under a prefix route another target takes: exactly; it and the
 # paths under it; every path it starts
 EXCLUDE_PATH, EXCLUDE_TREE, EXCLUDE_PREFIX, EXCLUDE_SEGMENT = range(4)  # (+ i: segment i's)
@@ -778,12 +779,14 @@ class NativeLane:
         # every event as it is made (no sampling, no redaction): made when read
         later = LaneEvents(maker, self.route_texts, self.verdict_texts, prefix) \
             if sample >= 1.0 and redact is None else None
+        fmt = ev.observers.line_format if redact is None else None
         events, lines, made, text = maker.make(
             records, self.route_texts, self.verdict_texts, self.texts, prefix,
-            redact is None and ev.observers.takes_lines, later)
+            LINE_FORMATS.get(fmt or "", 0), later)
         groups: list[Group] | None = self._groups(made)
         if later is not None and text <= PLAIN_TEXT:
-            ev.observers.observe_batch(EventBatch.later(events, records, lines, groups))
+            ev.observers.observe_batch(EventBatch.later(events, records, lines, groups,
+                                                        fmt or "text"))
             return
         if later is not None:  # a long path, query or host: the ring bounds it now
             events = later.events(records)
@@ -794,7 +797,7 @@ class NativeLane:
                     event.sampled = False
         if redact is not None:  # the lines and groups are of the events before it
             events, groups = [redact(e) for e in events], None
-        ev.observers.observe_batch(EventBatch(events, lines, groups))
+        ev.observers.observe_batch(EventBatch(events, lines, groups, line_format=fmt or "text"))
 
     def _groups(self, made: list[tuple[Any, ...]]) -> list[Group]:
         """The C's groups as `Group`s, counted in http_cache's stats (`_count_cache`)."""

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.config import AccessLogStage
 from runtime.net import lane as native
@@ -21,9 +23,10 @@ from runtime.observe.event import Event
 from runtime.observe.metrics import DURATION, DURATION_BUCKETS, RequestMetrics
 from runtime.observe.redact import MASK
 from runtime.observe.ring import Query
-from runtime.pipeline.lane import MADE_FIELDS, groups_of
+from runtime.pipeline.lane import LINE_FORMATS, MADE_FIELDS, groups_of
 from runtime.pipeline.stages.access_log import AccessLog
 from tests.net.lane_support import guests
+from tests.net.test_native_lane_json_log import pipeline
 from tests.support import Running, pop_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,14 +102,16 @@ def maker() -> Any:
     return module.EventMaker(template, MADE_FIELDS, DURATION_BUCKETS)
 
 
-def make(records: list[tuple[Any, ...]], lines: bool = True) -> tuple[Any, ...]:
+def make(records: list[tuple[Any, ...]], lines: int = 1) -> tuple[Any, ...]:
+    """`EventMaker.make` of `records`, with the access log's lines: 0 none, 1 text,
+    2 JSON (`LINE_FORMATS`)."""
     out: tuple[Any, ...] = maker().make(records, ROUTES, VERDICTS, {}, PREFIX, lines)
     return out
 
 
-def logged(events: list[Event]) -> bytes:
-    """What `AccessLog.observe` writes for `events`."""
-    log = AccessLog(AccessLogStage(), io.BytesIO())
+def logged(events: list[Event], fmt: str = "text") -> bytes:
+    """What `AccessLog.observe` writes for `events` in format `fmt`."""
+    log = AccessLog(AccessLogStage(format=fmt), io.BytesIO())  # type: ignore[arg-type]
     for e in events:
         log.observe(e)
     log.flush()
@@ -131,6 +136,30 @@ def test_lines_are_the_access_logs_bytes() -> None:
     assert lines == logged([reference(r) for r in RECORDS])
     assert b"dur_ms=10000.000 " in lines and b"ts=2001-09-09T01:46:40.000Z" in lines
     assert make(RECORDS, lines=False)[1] is None
+    _, lines, _, _ = make(RECORDS, LINE_FORMATS["json"])
+    assert lines == logged([reference(r) for r in RECORDS], "json")
+    assert b'"dur_ms":10000.0,' in lines and b'"ts":"2001-09-09T01:46:40.000Z"' in lines
+    assert b'"path":"/caf\xc3\xa9/x"' in lines and b'"stages":{}}\n' in lines
+    with pytest.raises(ValueError):
+        make(RECORDS, 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.binary(max_size=40).map(lambda b: b"/" + b), took=st.integers(0, 10**13),
+       ts=st.floats(0, 4_000_000_000), rid=st.one_of(
+           st.integers(0, 2**64 - 1), st.text("abcXYZ09._:-", min_size=1, max_size=128)
+           .map(str.encode)),
+       client=st.sampled_from(["127.0.0.1:5000", "[::1]:80", "nocolon", ":9", "a\"b:1"]),
+       status=st.integers(200, 599), size=st.integers(0, 2**40))
+def test_json_lines_are_the_access_logs_bytes(path: bytes, took: int, ts: float,
+                                               rid: int | bytes, client: str, status: int,
+                                               size: int) -> None:
+    """Any path's bytes (latin-1: quotes, backslashes, control characters, bytes past
+    127 as UTF-8), any duration (its shortest float form), time, id and client: the
+    C's JSON line is the one `AccessLog.observe` writes with msgspec."""
+    rec = (ts, rid, 0, status, size, took, 0, 0, b"x", b"", client, 0, path)
+    events, lines, _, _ = make([rec], LINE_FORMATS["json"])
+    assert lines == logged([reference(rec)], "json") == logged(events, "json")
 
 
 def test_groups_count_what_each_event_counts() -> None:
@@ -205,12 +234,16 @@ def traffic(r: Running) -> io.BytesIO:
     return log
 
 
-@pytest.mark.parametrize("at, config", [(0, {}), (1, {"events.redact": ["client", "path"]})])
+@pytest.mark.parametrize("at, config", [
+    (0, {}), (1, {"events.redact": ["client", "path"]}),
+    (3, {"pipeline": pipeline(format="json", stage_timings=False)}),
+], ids=["text", "redacted", "json"])
 def test_a_pops_metrics_and_log_are_its_events_one_by_one(tmp_path: Path, at: int,
                                                           config: dict[str, Any]) -> None:
     """The PoP's request metrics (every series' state, bit for bit) and access log
     (every byte, with ts and dur_ms) are what its ring's events give when observed
-    one by one; with `[events] redact`, of the redacted events."""
+    one by one; with `[events] redact`, of the redacted events; with a JSON log (no
+    stage timings: the lane serves), its JSON lines."""
     with pop_thread(tmp_path / "data", port=PORT + at, **{"http.native_lane": "auto"},
                     **config) as r:
         log = traffic(r)
@@ -218,9 +251,9 @@ def test_a_pops_metrics_and_log_are_its_events_one_by_one(tmp_path: Path, at: in
         assert len(events) == SENT
         # without redaction the ring keeps the lane's records, made into events when read
         made_later = sum(isinstance(i, tuple) for i in r.pop.ring.items)
-        assert (made_later >= 100) if not config else made_later == 0
+        assert (made_later >= 100) if "events.redact" not in config else made_later == 0
         assert r.pop.ring.query(Query(limit=SENT)) == events
-        if config:
+        if "events.redact" in config:
             assert {e.client for e in events} == {MASK} and MASK.encode() in log.getvalue()
         metrics = RequestMetrics(r.pop.config.name, r.pop.config.tier, r.pop.config.geo)
         for e in events:
@@ -229,7 +262,7 @@ def test_a_pops_metrics_and_log_are_its_events_one_by_one(tmp_path: Path, at: in
         assert metrics.series == r.pop.metrics.requests.series
         assert metrics.bots.by == r.pop.metrics.requests.bots.by
         assert metrics.cache.by == r.pop.metrics.requests.cache.by
-        assert log.getvalue() == logged(events)
+        assert log.getvalue() == logged(events, "json" if "pipeline" in config else "text")
 
 
 def test_unsampled_lane_events_are_counted_not_kept(tmp_path: Path) -> None:

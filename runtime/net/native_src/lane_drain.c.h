@@ -11,8 +11,9 @@
  *   geo, every other field its default) whose per-request fields are written through
  *   their member descriptors' offsets (`fields`: the names in FIELD order; checked to be
  *   plain object slots of the template's type), the same values the Python drain gave;
- * - with `lines`, the access log's text lines (runtime/pipeline/stages/access_log.py
- *   TEXT_STR) of those events, byte for byte what `AccessLog.observe` writes;
+ * - with `lines`, the access log's lines of those events, byte for byte what
+ *   `AccessLog.observe` writes: text (runtime/pipeline/stages/access_log.py TEXT_STR)
+ *   or JSON (`AccessLog._json` as msgspec writes it);
  * - the records grouped by (route, status, method): their count, the count per verdict,
  *   body bytes, the duration histogram's buckets (`bounds`: bisect_left, the last one
  *   +Inf) and the durations in seconds, in order, for the histogram's sum.
@@ -146,10 +147,8 @@ static int put_latin1(buf_t *b, PyObject *s) {
  * ts=%s.%03dZ method=%s path=%s status=%d fn=%s dur_ms=%.3f bytes=%d rid=%s client=%s
  * `micros` is round(took / 1000): dur_ms (micros / 1000, a double) printed with %.3f is
  * micros' digits with the point three from the right. */
-static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
-                    long status, PyObject *target, unsigned long long micros,
-                    unsigned long long size, const char *rid, size_t rid_len,
-                    PyObject *client) {
+/* m->stamp: the second `ts` falls in, as the access log renders it; -1 with an error. */
+static int stamp_of(EventMaker *m, double ts) {
     long long second = (long long)ts;
     if (second != m->second) {
         time_t t = (time_t)second;
@@ -161,7 +160,14 @@ static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObje
         }
         m->second = second;
     }
-    if (reserve(b, 160 + m->stamp_len)) return -1;
+    return 0;
+}
+
+static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
+                    long status, PyObject *target, unsigned long long micros,
+                    unsigned long long size, const char *rid, size_t rid_len,
+                    PyObject *client) {
+    if (stamp_of(m, ts) || reserve(b, 160 + m->stamp_len)) return -1;
     int millis = (int)(fmod(ts, 1.0) * 1000);  /* Python's %03d of ts % 1 * 1000 */
     LIT("ts=");
     memcpy(b->p + b->len, m->stamp, m->stamp_len);
@@ -198,6 +204,108 @@ static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObje
     LIT(" client=");
     if (put_latin1(b, client) || reserve(b, 1)) return -1;
     LIT("\n");
+    return 0;
+}
+
+/* `s` as msgspec writes a str in JSON: quoted; `"` and `\` escaped, control characters
+ * as \b \t \n \f \r or \u00xx, the rest UTF-8 (DEL and U+2028 as they are). */
+static int put_json_str(buf_t *b, PyObject *s) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (reserve(b, (size_t)n * 6 + 2)) return -1;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    char *o = b->p + b->len;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c == '"' || c == '\\') {
+            *o++ = '\\';
+            *o++ = (char)c;
+        } else if (c < 0x20) {
+            static const char SHORT[32] = {[8] = 'b', [9] = 't', [10] = 'n', [12] = 'f',
+                                           [13] = 'r'};
+            *o++ = '\\';
+            if (SHORT[c]) {
+                *o++ = SHORT[c];
+            } else {
+                static const char HEX[] = "0123456789abcdef";
+                memcpy(o, "u00", 3);
+                o[3] = HEX[c >> 4];
+                o[4] = HEX[c & 15];
+                o += 5;
+            }
+        } else if (c < 0x80) {
+            *o++ = (char)c;
+        } else if (c < 0x800) {
+            *o++ = (char)(0xc0 | (c >> 6));
+            *o++ = (char)(0x80 | (c & 0x3f));
+        } else if (c < 0x10000) {
+            if (c >= 0xd800 && c <= 0xdfff) {  /* a lone surrogate: msgspec refuses it */
+                PyErr_SetString(PyExc_UnicodeEncodeError, "access log: a lone surrogate");
+                return -1;
+            }
+            *o++ = (char)(0xe0 | (c >> 12));
+            *o++ = (char)(0x80 | ((c >> 6) & 0x3f));
+            *o++ = (char)(0x80 | (c & 0x3f));
+        } else {
+            *o++ = (char)(0xf0 | (c >> 18));
+            *o++ = (char)(0x80 | ((c >> 12) & 0x3f));
+            *o++ = (char)(0x80 | ((c >> 6) & 0x3f));
+            *o++ = (char)(0x80 | (c & 0x3f));
+        }
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->p);
+    return 0;
+}
+
+/* The access log's JSON line of one event (`AccessLog._json`, as msgspec writes it):
+ * {"ts":"<stamp>.<ms>Z","method":..,"path":..,"status":..,"fn":..,"dur_ms":..,
+ *  "bytes":..,"rid":..,"client":..,"stages":{}} -- the lane's requests are not timed
+ * stage by stage. dur_ms is round(micros / 1000, 3) in the shortest form that reads
+ * back as that float: micros' digits with the point three from the right, its trailing
+ * zeros dropped but one ("2.0", "1.5", "0.001"). */
+static int put_json_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
+                         long status, PyObject *target, unsigned long long micros,
+                         unsigned long long size, const char *rid, size_t rid_len,
+                         PyObject *client) {
+    if (stamp_of(m, ts) || reserve(b, 64 + m->stamp_len)) return -1;
+    int millis = (int)(fmod(ts, 1.0) * 1000);  /* Python's %03d of ts % 1 * 1000 */
+    LIT("{\"ts\":\"");
+    memcpy(b->p + b->len, m->stamp, m->stamp_len);
+    b->len += m->stamp_len;
+    char *o = b->p + b->len;
+    *o++ = '.';
+    *o++ = (char)('0' + millis / 100);
+    *o++ = (char)('0' + millis / 10 % 10);
+    *o++ = (char)('0' + millis % 10);
+    b->len = (size_t)(o - b->p);
+    LIT("Z\",\"method\":");
+    if (put_json_str(b, method) || reserve(b, 16)) return -1;
+    LIT(",\"path\":");
+    if (put_json_str(b, path) || reserve(b, 48)) return -1;
+    LIT(",\"status\":");
+    b->len = (size_t)(put_u64(b->p + b->len, (unsigned long long)status) - b->p);
+    LIT(",\"fn\":");
+    if (target != Py_None ? put_json_str(b, target) : (reserve(b, 3) ? -1 : (LIT("\"-\""), 0)))
+        return -1;
+    if (reserve(b, 96 + rid_len * 6)) return -1;
+    LIT(",\"dur_ms\":");
+    o = put_u64(b->p + b->len, micros / 1000);
+    *o++ = '.';
+    unsigned frac = (unsigned)(micros % 1000);
+    *o++ = (char)('0' + frac / 100);
+    if (frac % 100) *o++ = (char)('0' + frac / 10 % 10);
+    if (frac % 10) *o++ = (char)('0' + frac % 10);
+    b->len = (size_t)(o - b->p);
+    LIT(",\"bytes\":");
+    b->len = (size_t)(put_u64(b->p + b->len, size) - b->p);
+    LIT(",\"rid\":\"");  /* a request id: token characters, nothing JSON escapes */
+    memcpy(b->p + b->len, rid, rid_len);
+    b->len += rid_len;
+    LIT("\",\"client\":");
+    if (put_json_str(b, client) || reserve(b, 16)) return -1;
+    LIT(",\"stages\":{}}\n");
     return 0;
 }
 
@@ -325,7 +433,7 @@ static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *hos
  * line in `log` (when given) and its share of its group. NULL with a Python error. */
 static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObject *verdicts,
                           PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
-                          PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
+                          int json, PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
                           size_t *max_text) {
     if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 13) {
         PyErr_SetString(PyExc_TypeError, "a record: a 13-tuple (add_record)");
@@ -396,8 +504,10 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         id[prefix_len] = '-';
         id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
     }
-    if (log && put_line(m, log, ts, method_text, path, status, PyTuple_GET_ITEM(route, 1),
-                        (unsigned long long)micros, size, id, id_len, client)) {
+    if (log && (json ? put_json_line : put_line)(m, log, ts, method_text, path, status,
+                                                 PyTuple_GET_ITEM(route, 1),
+                                                 (unsigned long long)micros, size, id, id_len,
+                                                 client)) {
         Py_XDECREF(bypass);
         Py_DECREF(path);
         return NULL;
@@ -431,7 +541,7 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
  * `_first`; ROUTE_PASSED, ratelimit's), `verdicts[i]` (bot class, decisions, decisions
  * with the MISS[, with ratelimit's pass, with both]), `texts` the
  * dict of clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines`
- * whether to write the access log's lines (else None). With `ctx` (not None), no Event is
+ * which access-log lines to write: 0 (or False) none (None), 1 (True) text, 2 JSON. With `ctx` (not None), no Event is
  * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, method, n, bytes,
  * {verdict: n}, [(bucket, n)], [seconds]); `text` the most characters of path, query and
  * host together in one event. */
@@ -443,8 +553,10 @@ static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t n
         return NULL;
     }
     PyObject *ctx = nargs == 7 && a[6] != Py_None ? a[6] : NULL;
-    int want = PyObject_IsTrue(a[5]);
-    if (want < 0 || !m->template) {
+    long want = PyLong_AsLong(a[5]);
+    if (want < 0 || want > 2 || !m->template) {
+        if (!PyErr_Occurred() && m->template)
+            PyErr_SetString(PyExc_ValueError, "lines: 0 none, 1 text, 2 JSON");
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "EventMaker not initialised");
         return NULL;
     }
@@ -464,8 +576,8 @@ static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t n
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; events && i < n; i++) {
         PyObject *e = make_one(m, PyList_GET_ITEM(a[0], i), a[1], a[2], a[3], prefix,
-                               (size_t)prefix_len, want ? &log : NULL, ctx, &gs, &ng,
-                               &cap, &max_text);
+                               (size_t)prefix_len, want ? &log : NULL, want == 2, ctx, &gs,
+                               &ng, &cap, &max_text);
         if (!e) goto done;
         PyList_SET_ITEM(events, i, e);
     }

@@ -12,7 +12,7 @@ requests.
 With an ``events`` stage in the pipeline, the log is written from each request's
 `Event` (an observer: `AccessLog.observe`) instead of gathering the same fields a
 second time as a stage: `runtime.pipeline.build` decides. The native lane's events
-come as an `EventBatch` whose lines its C already wrote in the text format
+come as an `EventBatch` whose lines its C already wrote in this log's format
 (`observe_batch`; tests/observe/events/test_batch.py holds them to `observe`'s bytes).
 """
 
@@ -100,15 +100,15 @@ class AccessLog:
         self._add(line)
 
     @property
-    def takes_lines(self) -> bool:
-        """Whether `observe_batch` writes an `EventBatch`'s own lines (the text format:
-        `TEXT_STR`, as `observe` formats it)."""
-        return not self.json
+    def line_format(self) -> str:
+        """The format of the lines `observe_batch` takes from an `EventBatch` as they
+        are (its producer wrote them as `observe` would: ``text`` or ``json``)."""
+        return "json" if self.json else "text"
 
     def observe_batch(self, batch: EventBatch) -> None:
-        """The lines of `batch`'s events: its `lines` as they are, in the text format,
-        else each event's (`observe`)."""
-        if batch.lines is not None and not self.json:
+        """The lines of `batch`'s events: its `lines` as they are when written in this
+        log's format, else each event's (`observe`)."""
+        if batch.lines is not None and batch.line_format == self.line_format:
             if batch.lines:
                 self._add(batch.lines)
         else:

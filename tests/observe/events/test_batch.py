@@ -277,12 +277,15 @@ def test_a_group_counts_n_events() -> None:
 
 
 def test_the_access_log_writes_a_batchs_lines_or_each_event() -> None:
-    text, as_json = (AccessLog(AccessLogStage(format=f), io.BytesIO())
+    """A batch's lines as they are when written in the log's format, else each
+    event's line (`observe`)."""
+    text, as_json = (AccessLog(AccessLogStage(format=f), io.BytesIO())  # type: ignore[arg-type]
                      for f in ("text", "json"))
-    assert text.takes_lines and not as_json.takes_lines
+    assert (text.line_format, as_json.line_format) == ("text", "json")
     events = [event(1), event(2)]
     for log in (text, as_json):
         log.observe_batch(EventBatch(events, b"the lines\n"))
+        log.observe_batch(EventBatch(events, b"json lines\n", line_format="json"))
         log.observe_batch(EventBatch(events))
         log.flush()
     assert isinstance(text.stream, io.BytesIO) and isinstance(as_json.stream, io.BytesIO)
@@ -291,5 +294,22 @@ def test_the_access_log_writes_a_batchs_lines_or_each_event() -> None:
         one.observe(e)
     one.flush()
     assert isinstance(one.stream, io.BytesIO)
-    assert text.stream.getvalue() == b"the lines\n" + one.stream.getvalue()
-    assert as_json.stream.getvalue().count(b'"rid"') == 4  # json: each event's, twice
+    assert text.stream.getvalue() == b"the lines\n" + one.stream.getvalue() * 2
+    written = as_json.stream.getvalue()
+    assert written.count(b'"rid"') == 4 and written.count(b"json lines\n") == 1
+
+
+def test_observers_ask_for_lines_in_the_one_format_they_take() -> None:
+    from runtime.observe.observers import Observers
+
+    logs = [AccessLog(AccessLogStage(format=f), io.BytesIO())  # type: ignore[arg-type]
+            for f in ("text", "json")]
+    def observing(*observers: AccessLog) -> Observers:
+        o = Observers()
+        o.observers = observers
+        return o
+
+    assert observing(logs[0]).line_format == "text"
+    assert observing(logs[1]).line_format == "json"
+    assert observing(*logs).line_format is None  # two formats: each event's own line
+    assert observing().line_format is None
