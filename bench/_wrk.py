@@ -74,16 +74,18 @@ _AB_FAILED = re.compile(r"^(?:Failed requests|Non-2xx responses):\s+(\d+)", re.M
 
 
 def ab_run(url: str, seconds: int = 5, connections: int = 32,
-           headers: dict[str, str] | None = None) -> dict:
+           headers: dict[str, str] | None = None, keep_alive: bool = True) -> dict:
     """Load ``url`` with ApacheBench kept alive (``ab -k``: HTTP/1.0 with ``Connection:
-    Keep-Alive``) for `seconds`; returns {"rps", "errors"}. Raises RuntimeError if ab
-    is missing (naming ``apt-get install -y apache2-utils``), exits non-zero, hangs or
-    prints something unparseable."""
+    Keep-Alive``; without `keep_alive`, plain ``ab``: a connection a request) for
+    `seconds`; returns {"rps", "errors"}. Raises RuntimeError if ab is missing
+    (naming ``apt-get install -y apache2-utils``), exits non-zero, hangs or prints
+    something unparseable."""
     ab = shutil.which("ab")
     if ab is None:
         raise RuntimeError("ab not found; install it with: apt-get install -y apache2-utils")
     # -n after -t: -t alone caps the run at 50000 requests
-    cmd = [ab, "-k", "-q", f"-c{connections}", f"-t{seconds}", "-n", "100000000"]
+    cmd = [ab, *(["-k"] if keep_alive else []), "-q", f"-c{connections}", f"-t{seconds}",
+           "-n", "100000000"]
     for name, value in (headers or {}).items():
         cmd += ["-H", f"{name}: {value}"]
     cmd.append(url)
@@ -120,7 +122,13 @@ def split_run(url: str, seconds: int = 5, connections: int = 32,
     return {"rps": r["rps"], "errors": r["errors"]}
 
 
-CLIENTS = {"ab": ab_run, "split": split_run}
+def ab_close_run(url: str, seconds: int = 5, connections: int = 32,
+                 headers: dict[str, str] | None = None) -> dict:
+    """`ab_run` without ``-k``: HTTP/1.0, not kept alive (a connection a request)."""
+    return ab_run(url, seconds, connections, headers, keep_alive=False)
+
+
+CLIENTS = {"ab": ab_run, "ab-close": ab_close_run, "split": split_run}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -15,7 +15,8 @@ the other does not know, or the same checkout given twice as two settings;
 `--key`: an API key made in each one's data dir first, `edgefn keys create`, as a PoP
 guarding its OpenAI API has, so that auth is kept for every function; `--header`: a
 header every request sends, as a proxy's request id; `--client ab`: loaded by
-ApacheBench kept alive, `ab -k -c32`, HTTP/1.0; `--client split`: POSTs of a JSON
+ApacheBench kept alive, `ab -k -c32`, HTTP/1.0; `--client ab-close`: plain `ab -c32`,
+a connection a request; `--client split`: POSTs of a JSON
 body whose head and body are sent apart, as httpx sends them: bench/_split_post.py)
 are loaded in
 turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
@@ -53,9 +54,10 @@ def main() -> None:
     p.add_argument("--key", action="store_true", help="an API key made in each data dir")
     p.add_argument("--header", action="append", default=[],
                    help="'Name: value', sent with every request (repeatable)")
-    p.add_argument("--client", choices=("wrk", "ab", "split"), default="wrk",
-                   help="the load generator: wrk -t1 -c32, ab -k -c32 (HTTP/1.0), or split "
-                        "(POSTs whose head and body are sent apart, as httpx sends them)")
+    p.add_argument("--client", choices=("wrk", "ab", "ab-close", "split"), default="wrk",
+                   help="the load generator: wrk -t1 -c32, ab -k -c32 (HTTP/1.0), ab-close "
+                        "(ab -c32 without -k: a connection a request), or split (POSTs whose "
+                        "head and body are sent apart, as httpx sends them)")
     p.add_argument("--connections", type=int, default=32,
                    help="connections the load generator keeps (-c)")
     p.add_argument("--seconds", type=int, default=4)
@@ -92,7 +94,8 @@ def main() -> None:
         (f", --other-config {args.other_config}" if args.other_config is not None else "") + \
         (", --key" if args.key else "") + "".join(f", --header '{h}'" for h in args.header)
     c = args.connections
-    load = {"ab": f"ab -k -c{c}", "split": f"POSTs with the head and body sent apart, -c{c}"
+    load = {"ab": f"ab -k -c{c}", "ab-close": f"ab -c{c} (no keep-alive)",
+            "split": f"POSTs with the head and body sent apart, -c{c}"
             }.get(args.client, f"wrk -t1 -c{c}")
     print(f"\n== {args.function} {args.path}{config}, {load}, {args.seconds} s each, "
           f"{args.rounds} rounds ==")

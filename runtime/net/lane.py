@@ -33,6 +33,9 @@ ENV = "EDGEFN_NATIVE_LANE"  # "0": off, whatever [http] native_lane says
 # (err, method field, accessor, major, minor, major accessor, minor accessor, keep-alive)
 # of "PUT /x HTTP/1.0" with keep-alive: PUT is llhttp's method 4
 LAYOUT = (0, 4, 4, 1, 0, 1, 0, 1)
+# what a Python route's call says of its request's connection (its 17th field, lane.c
+# `conn_of`): an HTTP/1.0 request; one not kept alive (answered with `connection: close`)
+CONN_HTTP10, CONN_CLOSE = 1, 2
 
 
 def httptools_parser() -> str:

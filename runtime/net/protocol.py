@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 
 from edgefn_core.errors import FunctionError, HttpReject
+from runtime.net.lane import CONN_CLOSE
 from runtime.net.message import Request, Response
 
 # the code of a front error in a JSON body (`_write_error`)
@@ -198,6 +199,10 @@ class HttpProtocol(asyncio.Protocol):
         if self.lane is not None and not (self.in_message or self.queue or self.busy or
                                           self.closing or self.write_paused or self.eof):
             used = self._lane(data)
+            if used > 0 and self.lane.closing:  # the connection's last request: nothing
+                if self.call is None:  # after it is read (Python's parser would queue
+                    self._finish(False)  # it, then drop it); answered by the C: closed
+                return  # now, a call's once answered (`_lane_answered`)
             if used == len(data):
                 return
             if used > 0:
@@ -325,7 +330,7 @@ class HttpProtocol(asyncio.Protocol):
         elif isinstance(answer, bytes):
             self._queue_out(answer)
             self.busy = False
-            self._finish(True)
+            self._finish(not call[16] & CONN_CLOSE)  # (its answer says connection: close)
             self._dispatch()
         else:
             task = asyncio.Task(self._run(*answer), loop=self.loop, eager_start=True)

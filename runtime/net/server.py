@@ -68,6 +68,12 @@ class Lane(Protocol):
         ...
 
     @property
+    def closing(self) -> bool:
+        """After a `serve`: whether the last request it took was not kept alive (the
+        connection closes once that is answered; nothing after it is read)."""
+        ...
+
+    @property
     def waiting(self) -> int:
         """After a `serve` that left bytes: the body bytes the request they start with
         still needs when the lane would take it once they come (the front holds the

@@ -118,6 +118,7 @@ from runtime.functions.manifest import Route, parse_path
 from runtime.functions.registry import Deployment
 from runtime.functions.router import Router
 from runtime.net import lane as native
+from runtime.net.lane import CONN_CLOSE, CONN_HTTP10
 from runtime.net.message import Request, Response
 from runtime.observe.batch import EventBatch, Group
 from runtime.observe.event import Event
@@ -315,6 +316,12 @@ class NativeLane:
         """The body bytes the request the last `serve` stopped at still needs, when the
         C would take it once they come (lane.c `held`), else 0."""
         return self.c.waiting
+
+    @property
+    def closing(self) -> bool:
+        """Whether the last request the last `serve` took was not kept alive: its
+        connection closes once that is answered, and nothing after it is read."""
+        return bool(self.c.closing)
 
     def _schedule(self) -> None:
         """Drain once this loop turn has run what it read (one pass for all), or,
@@ -934,11 +941,12 @@ def _segment(segment: str) -> bytes:
 def _request(call: tuple[Any, ...], g: GuestRequest | None = None) -> Request:
     """The request of a Python route's `call` (lane.c `python_call`) as the front
     makes it: its frame (the request encoded; `g`, decoded already) decoded, with its
-    Host, client and version (an HTTP/1.0 one is kept alive: the C takes no other)."""
+    Host, client, version and whether it is kept alive (`call[16]`, lane.c `conn_of`)."""
     if g is None:
         g = decode_request(call[12][FRAME_HEAD:])
+    conn = call[16]
     request = Request(g.method, g.path, g.query, g.headers, call[7],
-                      "1.0" if call[16] else "1.1", True, call[9])
+                      "1.0" if conn & CONN_HTTP10 else "1.1", not conn & CONN_CLOSE, call[9])
     request.body = g.body
     return request
 

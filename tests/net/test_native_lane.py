@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -207,7 +208,8 @@ SERVED = {  # name: (request, the lane serves it)
     "trap": (request("GET", "/trap", [("Host", "x")]), False),
     "bad frame": (request("GET", "/badframe", [("Host", "x")]), False),
     "cacheable": (request("GET", "/cached", [("Host", "x")]), False),
-    "close": (request("GET", "/hello", [("Host", "x"), ("Connection", "close")]), False),
+    # the connection's last request: answered with `connection: close`, then closed
+    "close": (request("GET", "/hello", [("Host", "x"), ("Connection", "close")]), True),
     "keep-alive": (request("GET", "/mirror", [("Host", "x"), ("Connection", "keep-alive")]),
                    True),
     "keep-alive, any case": (request("POST", "/mirror", [("Host", "x"),
@@ -217,13 +219,18 @@ SERVED = {  # name: (request, the lane serves it)
                                                     ("Connection", "keep-alive, close")]), False),
     "keep-alive, then close": (request("GET", "/hello", [("Host", "x"),
                                                          ("Connection", "keep-alive"),
-                                                         ("Connection", "close")]), False),
+                                                         ("Connection", "close")]), True),
     "keep-alive, upgrade": (request("GET", "/hello", [("Host", "x"),
                                                       ("Connection", "keep-alive"),
                                                       ("Upgrade", "websocket")]), False),
     "keep-alive header": (request("GET", "/hello", [("Host", "x"), ("Keep-Alive", "timeout=5")]),
                           False),
-    "http/1.0": (request("GET", "/hello", [("Host", "x")], version="HTTP/1.0"), False),
+    # ApacheBench's `ab` (without -k): HTTP/1.0, not kept alive
+    "http/1.0": (request("GET", "/hello", [("Host", "x")], version="HTTP/1.0"), True),
+    "http/1.0, post": (request("POST", "/echo", [("Host", "x")], b"posted",
+                               version="HTTP/1.0"), True),
+    "close, post": (request("POST", "/echo", [("Host", "x"), ("Connection", "close")], b"p"),
+                    True),
     # ApacheBench's `ab -k`: HTTP/1.0 kept alive, answered with `connection: keep-alive`
     "http/1.0 kept alive": (request("GET", "/mirror?n=1", [("Host", "x"), ("Connection", "Keep-Alive"), ("User-Agent", "ApacheBench/2.3"), ("Accept", "*/*")],
                                     version="HTTP/1.0"), True),
@@ -438,3 +445,19 @@ def test_random_batches_answered_alike(pair: tuple[Side, Side],
     same bytes back, the same events and log lines."""
     raw = b"".join(build(r) for r in batch)
     both(pair, raw, [r[0].encode() for r in batch])
+
+
+@pytest.mark.parametrize("name", ["close", "http/1.0", "close, post"])
+def test_a_last_request_closes_its_connection(pair: tuple[Side, Side], name: str) -> None:
+    """A request not kept alive, with another behind it in the same write: its answer
+    alone (the lane's), then the close, on both PoPs."""
+    raw = SERVED[name][0]
+    on, _ = pair
+    assert on.lane is not None
+    for side in pair:
+        with socket.create_connection(("127.0.0.1", side.r.port), timeout=5) as s:
+            s.sendall(raw + SERVED["plain"][0])
+            data = b""
+            while chunk := s.recv(65536):  # a connection left open: TimeoutError
+                data += chunk
+        assert data.count(b"HTTP/1.1 ") == 1 and b"\r\nconnection: close\r\n" in data, data

@@ -152,3 +152,19 @@ def test_random_batches_in_random_pieces_answered_alike(
     raw = b"".join(build(r) for r in batch)
     both_cut(pair, raw, [r[0].encode() for r in batch],
              tuple(int(f * len(raw)) for f in fractions), gap=0.01)
+
+
+@pytest.mark.parametrize("path", ["/echo?q=1", "/pyecho"])
+def test_a_last_request_whose_body_comes_later_is_the_lanes_and_closes(
+        pair: tuple[Side, Side], path: str) -> None:
+    """A POST with ``Connection: close`` cut after its head: held, then served by the
+    lane with ``connection: close``, as Python answers it; what follows it on the
+    connection is never answered."""
+    on, _ = pair
+    body = b"x" * 300
+    post = request("POST", path, [("Host", "x"), ("Connection", "close")], body)
+    get = request("GET", "/hello", [("Host", "x")])
+    before = served(on)
+    got = both_cut(pair, post + get, [b"POST", b"GET"], (len(post) - len(body),))
+    assert served(on) - before == 1
+    assert len(got) == 1 and b"\r\nconnection: close\r\n" in got[0]

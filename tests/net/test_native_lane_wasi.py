@@ -153,11 +153,11 @@ SERVED = {
     "post to hello-c": (request("POST", "/hello-c", H, b"hello"), "c"),  # stdin: 5 bytes
     "post, binary": (request("POST", "/hello-c", H, bytes(range(256)) * 4), "c"),
     "post, not UTF-8": (request("POST", "/env", [*H, ("X-A", "caf\u00e9")], b"x"), "call"),
-    "close": (request("GET", "/env", [*H, ("Connection", "close")]), "python"),
+    "close": (request("GET", "/env", [*H, ("Connection", "close")]), "c"),
     "browser": (request("GET", "/env", [*H, ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) "
                                                 "AppleWebKit/537.36 (KHTML, like Gecko) "
                                                 "Chrome/120.0.0.0 Safari/537.36")]), "c"),
-    "http/1.0": (request("GET", "/env", H, version="HTTP/1.0"), "python"),
+    "http/1.0": (request("GET", "/env", H, version="HTTP/1.0"), "c"),
     "under its route": (request("GET", "/env/a/b?x=1", H), "c"),  # PATH_INFO=/env/a/b
     "post under its route": (request("POST", "/hello-c/x", H, b"hi"), "c"),
     "http/1.0 kept alive": (request("GET", "/env", [*H, ("Connection", "keep-alive")],

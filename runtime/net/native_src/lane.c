@@ -7,7 +7,8 @@
  * struct layout below is llhttp 9.x's public header, checked at load by
  * `layout_check()` against llhttp's own accessors). For each complete request it
  * decides whether it is one the lane serves exactly as the Python front and
- * pipeline would: HTTP/1.1 (or 1.0 kept alive) GET or HEAD
+ * pipeline would: HTTP/1.1 or 1.0 (kept alive, or not: then answered with
+ * `connection: close`, the last it serves on the connection: `closing`) GET or HEAD
  * without a body, or POST, PUT, PATCH or DELETE
  * with no body or one framed by Content-Length and whole in the read (up to
  * `max_body`; one whose body is still to come, `held`, the front keeps until it is,
@@ -188,7 +189,9 @@ typedef struct {
     const char *body;  /* an unsafe method's body: a span of the read's bytes (one: */
     uint64_t body_len; /* Content-Length framing), at most max_body */
     uint64_t max_body; /* min(the front's max_body_bytes, BODY_MAX); 0: no bodies */
-    int http10;        /* an HTTP/1.0 request (kept alive: `Connection: keep-alive`) */
+    int http10;        /* an HTTP/1.0 request */
+    int close;         /* not kept alive (`Connection: close`, 1.0's default): its answer
+                        * says `connection: close`, and the connection closes after it */
     int sub;           /* its path is under its route's (a prefix's), not the route's own */
     uint32_t ncaps;    /* what a pattern route captured: spans of `url` */
     struct { uint32_t at, len; } caps[MAX_SEGMENTS];
@@ -390,6 +393,7 @@ typedef struct {
     PyObject *limit_head;    /* the RateLimit fields limit_count gave it (header lines) */
     uint64_t waiting;        /* the body bytes the request serve stopped at still needs
                               * (`held`), 0 when it is not one the lane waits for */
+    int closing;             /* the last request serve took was not kept alive */
     req_t q;
 } Lane;
 
@@ -759,12 +763,21 @@ static int dropped(const Lane *l, const uint8_t *name, uint32_t n, int cache) {
     return 0;
 }
 
+/* What a request's answer says of its connection (the call's 17th field holds it):
+ * CONN_HTTP10, an HTTP/1.0 request; CONN_CLOSE, not kept alive. */
+enum { CONN_HTTP10 = 1, CONN_CLOSE = 2 };
+
+static int conn_of(const req_t *q) {
+    return (q->http10 ? CONN_HTTP10 : 0) | (q->close ? CONN_CLOSE : 0);
+}
+
 /* The response as the front writes it (protocol.py `_head`, `_write`) into l->out;
- * `http10`: to an HTTP/1.0 request kept alive. -1: no memory. */
+ * `conn` (CONN_*): `connection: close` for one not kept alive, `connection:
+ * keep-alive` for HTTP/1.0 kept alive. -1: no memory. */
 static int write_response(Lane *l, const route_t *r, uint32_t status, const uint8_t *pairs,
                           uint32_t count, const uint8_t *body, uint32_t body_len,
                           const char *rid, size_t rid_len, PyObject *date, PyObject *extra,
-                          int method, int http10) {
+                          int method, int conn) {
     PyObject *line = PyTuple_GET_ITEM(l->status_lines, status);  /* 200..599 */
     size_t need = 64 + (line == Py_None ? 32 : (size_t)PyBytes_GET_SIZE(line)) +
                   (size_t)PyBytes_GET_SIZE(date) + (size_t)PyBytes_GET_SIZE(extra) +
@@ -820,8 +833,9 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     PUTS(": ");
     PUT(rid, rid_len);
     PUTS("\r\n");
-    if (http10) PUTS("connection: keep-alive\r\n");  /* a 1.0 client assumes a close
-                                                        * unless told */
+    if (conn & CONN_CLOSE) PUTS("connection: close\r\n");
+    else if (conn & CONN_HTTP10) PUTS("connection: keep-alive\r\n");  /* a 1.0 client
+                                                        * assumes a close unless told */
     int no_body = status == 204 || status == 304;
     if (!no_body) {
         PUTS("content-length: ");
@@ -962,8 +976,8 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
     memcpy(fp + 5, l->req, n);
     /* (future, route, table generation, route index, id (`id_object`), verdict, method,
      * host, query, client, ts, started ns, frame, request body bytes, path (`path_object`),
-     * ratelimit's fields (header lines; None where it counts nothing), HTTP/1.0 (kept
-     * alive): 1): the future and the fields are set once submitted */
+     * ratelimit's fields (header lines; None where it counts nothing), its connection
+     * (`conn_of`)): the future and the fields are set once submitted */
     PyObject *id = id_object(l->counter + 1, q->rid, q->rid_len);
     PyObject *path = id ? path_object(q->sub ? url : NULL, path_len) : NULL;
     if (!path) { Py_XDECREF(id); Py_DECREF(frame); return -1; }
@@ -973,7 +987,7 @@ static int python_call(Lane *l, route_t *r, int ri, int method, const hdr_t *hos
                                    (Py_ssize_t)query_len, client, ts,
                                    (unsigned long long)started, frame,
                                    (unsigned long long)l->q.body_len, path, Py_None,
-                                   q->http10);
+                                   conn_of(q));
     if (!call) return -1;
     PyObject *future = PyObject_CallFunction(l->submit, "iO", ri, call);
     if (!future || future == Py_None) {
@@ -1051,7 +1065,7 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
     size_t before = l->out_len;
     int unwritten = write_response(l, r, status, pairs, count, body, body_len,
                                    kept ? kept : made, rid_len, date, extra, method,
-                                   l->q.http10);
+                                   conn_of(&l->q));
     Py_CLEAR(l->limit_head);
     if (unwritten) {
         l->counter -= !kept;
@@ -1096,11 +1110,13 @@ static int admit(Lane *l, int method, const hdr_t **host_out) {
                 q->rid = q->head + h->value;
                 q->rid_len = h->value_len;
             }
-        } else if (name_is(q, h, "connection", 10) && h->value_len == 10 &&
-                   !strncasecmp(q->head + h->value, "keep-alive", 10)) {
-            /* what HTTP/1.1 means anyway (llhttp's keep-alive, checked by serve): the
-             * front reads nothing else of it, the function gets it as sent. Python's
-             * requests, httpx (the openai client) and Node's agents send it */
+        } else if (name_is(q, h, "connection", 10) &&
+                   ((h->value_len == 10 && !strncasecmp(q->head + h->value, "keep-alive", 10))
+                    || (h->value_len == 5 && !strncasecmp(q->head + h->value, "close", 5)))) {
+            /* keep-alive: what HTTP/1.1 means anyway; close: the last request (both
+             * llhttp's keep-alive, which serve reads, as the front does): the front
+             * reads nothing else of it, the function gets it as sent. Python's
+             * requests, httpx (the openai client) and Node's agents send keep-alive */
         } else if (handed_over(l, q, h)) {
             return -1;
         }
@@ -1209,7 +1225,7 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
 /* The body bytes the request `p` stopped in still needs, when the lane would wait for
  * them (`waiting`: the front holds what came until they are read, then serves it all
  * again): its head whole and one `admit` takes, an unsafe method's body framed by
- * Content-Length, all of it under max_body, kept alive. 0: Python's, from this read
+ * Content-Length, all of it under max_body. 0: Python's, from this read
  * on, as before. (A client that writes the head and the body apart, httpx's, or a
  * body in a later TCP segment, reaches here.) */
 static uint64_t held(Lane *l, llhttp_t *p) {
@@ -1217,7 +1233,7 @@ static uint64_t held(Lane *l, llhttp_t *p) {
     int method = method_code(p->method);
     if (!q->headed || q->bad || method < MC_POST || !p->content_length ||
             (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) || !(p->flags & F_CONTENT_LENGTH) ||
-            p->content_length > q->max_body - q->body_len || !ll_should_keep_alive(p))
+            p->content_length > q->max_body - q->body_len)
         return 0;
     const hdr_t *host;
     int ri = admit(l, method, &host);
@@ -1228,9 +1244,10 @@ static uint64_t held(Lane *l, llhttp_t *p) {
 /* serve(data, date, extra_head, budget, events, client) -> (used, out, call): the
  * whole requests at the start of `data` the lane answers, their responses (`out`) and
  * records (appended to `events`, each ending with `client`); `used` bytes of `data`
- * are answered, the rest is Python's. Stops once `out` reaches `budget` bytes, and
- * after a request for a Python route, whose `call` (else None) is in progress: its
- * answer goes to `respond`. */
+ * are answered, the rest is Python's. Stops once `out` reaches `budget` bytes, after a
+ * request for a Python route, whose `call` (else None) is in progress: its answer goes
+ * to `respond`, and after a request not kept alive (`closing`: what follows it is
+ * never read). */
 static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 6 || !PyBytes_Check(a[0]) || !PyBytes_Check(a[1]) || !PyBytes_Check(a[2]) ||
             !PyList_Check(a[4])) {
@@ -1249,6 +1266,7 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     p.data = &l->q;
     l->out_len = 0;
     l->waiting = 0;
+    l->closing = 0;
     int failed = 0;
     while (used < len && (Py_ssize_t)l->out_len < budget) {
         l->q.done = l->q.headed = 0;
@@ -1260,11 +1278,15 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
         if (err != HPE_PAUSED || !l->q.done || l->q.bad) break;
         const char *end = ll_error_pos(&p);
         if (!end || end < buf + used || end > buf + len) break;
-        if (!ll_should_keep_alive(&p)) break;
+        l->q.close = !ll_should_keep_alive(&p);
         int served = serve_one(l, method_code(p.method), a[1], a[2], a[4], a[5]);
         if (served < 0) { failed = 1; break; }
         if (!served) break;
         used = (size_t)(end - buf);
+        if (l->q.close) {  /* the connection's last: nothing after it is read */
+            l->closing = 1;
+            break;
+        }
         if (served == 2) break;  /* a Python call: what follows waits for its answer */
         ll_resume(&p);
     }
@@ -1279,7 +1301,7 @@ static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
 /* A Python route's `call` (serve's), read back (`read_call`). */
 typedef struct {
     route_t *r;
-    long ri, verdict, method, http10;  /* http10: an HTTP/1.0 request (kept alive) */
+    long ri, verdict, method, conn;  /* conn: `conn_of` its request */
     unsigned long long counter, bytes_in, started;
     const char *rid;  /* the caller's id (the call's bytes), or NULL: `counter`'s */
     size_t rid_len;
@@ -1312,9 +1334,10 @@ static int read_call(Lane *l, PyObject *c, pycall_t *f) {
     f->client = PyTuple_GET_ITEM(c, 9);
     f->path = PyTuple_GET_ITEM(c, 14);
     f->limit = PyTuple_GET_ITEM(c, 15);
-    f->http10 = PyLong_AsLong(PyTuple_GET_ITEM(c, 16));
+    f->conn = PyLong_AsLong(PyTuple_GET_ITEM(c, 16));
     if (PyErr_Occurred()) return -1;
     if (gen != l->generation || f->ri < 0 || f->ri >= l->n_routes || f->method < 0 ||
+            f->conn < 0 || f->conn > (CONN_HTTP10 | CONN_CLOSE) ||
             f->method >= N_METHODS || !PyBytes_Check(f->host) || !PyBytes_Check(f->query) ||
             !l->routes[f->ri].python || (f->rid && (f->rid_len == 0 || f->rid_len > 128)) ||
             (f->path != Py_None && !PyBytes_Check(f->path)) ||
@@ -1339,7 +1362,7 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
     l->limit_head = f->limit == Py_None ? NULL : Py_NewRef(f->limit);
     int unwritten = write_response(l, f->r, status, pairs, count, body, body_len,
                                    f->rid ? f->rid : made, rid_len, date, extra,
-                                   (int)f->method, f->http10 != 0);
+                                   (int)f->method, (int)f->conn);
     Py_CLEAR(l->limit_head);
     if (unwritten) return PyErr_NoMemory();
     if (add_record(events, f->ts, f->counter, f->rid, rid_len, (int)f->ri, status, body_len,
@@ -1841,6 +1864,11 @@ static PyObject *Lane_get_waiting(Lane *l, void *c) {
     return PyLong_FromUnsignedLongLong(l->waiting);
 }
 
+static PyObject *Lane_get_closing(Lane *l, void *c) {
+    (void)c;
+    return PyBool_FromLong(l->closing);
+}
+
 static PyObject *Lane_get_size(Lane *l, void *c) {
     (void)c;
     return PyLong_FromLong(l->n_routes);
@@ -1888,6 +1916,9 @@ static PyMethodDef LANE_METHODS[] = {
 static PyGetSetDef LANE_GETSET[] = {
     {"counter", (getter)Lane_get_counter, NULL, "the last request id number given", NULL},
     {"size", (getter)Lane_get_size, NULL, "routes served", NULL},
+    {"closing", (getter)Lane_get_closing, NULL,
+     "whether the last request the last serve took was not kept alive: the connection "
+     "closes once its answer is written (a Python call's: once it is answered)", NULL},
     {"waiting", (getter)Lane_get_waiting, NULL,
      "the body bytes the request the last serve stopped at still needs, when the lane "
      "waits for them (0: it is Python's)", NULL},
