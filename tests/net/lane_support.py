@@ -150,6 +150,17 @@ def exchange(port: int, raw: bytes, methods: list[bytes], timeout: float = 10.0,
     return responses(data, methods, closed)[0]
 
 
+def to_the_close(port: int, raw: bytes, timeout: float = 5.0) -> bytes:
+    """Send `raw` on a new connection; all the server writes until it closes it.
+    Raises TimeoutError if it keeps the connection open past `timeout`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(raw)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data
+
+
 def normal(response: bytes, prefix: bytes) -> bytes:
     """`response` without what differs between two PoPs: its date, the request id's
     per-process prefix, and a stored answer's age (whole seconds since each PoP

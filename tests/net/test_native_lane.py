@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import re
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 from runtime.admin.client import AdminClient
 from runtime.pipeline.lane import NativeLane
 from runtime.pipeline.stages.access_log import AccessLog
-from tests.net.lane_support import exchange, guests, normal, static_reactor
+from tests.net.lane_support import exchange, guests, normal, static_reactor, to_the_close
 from tests.support import Running, function_dir, pop_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -455,9 +454,5 @@ def test_a_last_request_closes_its_connection(pair: tuple[Side, Side], name: str
     on, _ = pair
     assert on.lane is not None
     for side in pair:
-        with socket.create_connection(("127.0.0.1", side.r.port), timeout=5) as s:
-            s.sendall(raw + SERVED["plain"][0])
-            data = b""
-            while chunk := s.recv(65536):  # a connection left open: TimeoutError
-                data += chunk
+        data = to_the_close(side.r.port, raw + SERVED["plain"][0])
         assert data.count(b"HTTP/1.1 ") == 1 and b"\r\nconnection: close\r\n" in data, data

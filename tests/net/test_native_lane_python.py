@@ -23,7 +23,7 @@ from edgefn_core.abi import encode_response
 from runtime.executors.python.function import PythonFunction
 from runtime.net.protocol import HttpProtocol
 from runtime.pipeline.lane import NativeLane
-from tests.net.lane_support import exchange, normal, responses
+from tests.net.lane_support import exchange, normal, responses, to_the_close
 from tests.net.test_native_lane import Side, both, lane_pair, request
 from tests.support import pop_thread, python_function, wait_for
 
@@ -616,10 +616,6 @@ def test_a_last_request_closes_its_connection_once_answered(pair: tuple[Side, Si
     on, _ = pair
     before = calls(on)
     for side in pair:
-        with socket.create_connection(("127.0.0.1", side.r.port), timeout=5) as s:
-            s.sendall(raw + SERVED["post"][0])
-            data = b""
-            while chunk := s.recv(65536):  # a connection left open: TimeoutError
-                data += chunk
+        data = to_the_close(side.r.port, raw + SERVED["post"][0])
         assert data.count(b"HTTP/1.1 ") == 1, data
     assert calls(on) - before == 1

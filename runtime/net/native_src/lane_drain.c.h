@@ -163,21 +163,26 @@ static int stamp_of(EventMaker *m, double ts) {
     return 0;
 }
 
-static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
-                    long status, PyObject *target, unsigned long long micros,
-                    unsigned long long size, const char *rid, size_t rid_len,
-                    PyObject *client) {
-    if (stamp_of(m, ts) || reserve(b, 160 + m->stamp_len)) return -1;
-    int millis = (int)(fmod(ts, 1.0) * 1000);  /* Python's %03d of ts % 1 * 1000 */
-    LIT("ts=");
+/* `ts` as the access log writes it, reserved for: its second's stamp, "." and its
+ * milliseconds (Python's %03d of ts % 1 * 1000). */
+static void put_ts(EventMaker *m, buf_t *b, double ts) {
+    int millis = (int)(fmod(ts, 1.0) * 1000);
     memcpy(b->p + b->len, m->stamp, m->stamp_len);
-    b->len += m->stamp_len;
-    char *o = b->p + b->len;
+    char *o = b->p + b->len + m->stamp_len;
     *o++ = '.';
     *o++ = (char)('0' + millis / 100);
     *o++ = (char)('0' + millis / 10 % 10);
     *o++ = (char)('0' + millis % 10);
     b->len = (size_t)(o - b->p);
+}
+
+static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObject *path,
+                    long status, PyObject *target, unsigned long long micros,
+                    unsigned long long size, const char *rid, size_t rid_len,
+                    PyObject *client) {
+    if (stamp_of(m, ts) || reserve(b, 160 + m->stamp_len)) return -1;
+    LIT("ts=");
+    put_ts(m, b, ts);
     LIT("Z method=");
     if (put_latin1(b, method) || reserve(b, 8)) return -1;
     LIT(" path=");
@@ -189,7 +194,7 @@ static int put_line(EventMaker *m, buf_t *b, double ts, PyObject *method, PyObje
         return -1;
     if (reserve(b, 100)) return -1;
     LIT(" dur_ms=");
-    o = put_u64(b->p + b->len, micros / 1000);
+    char *o = put_u64(b->p + b->len, micros / 1000);
     *o++ = '.';
     *o++ = (char)('0' + micros % 1000 / 100);
     *o++ = (char)('0' + micros % 100 / 10);
@@ -270,16 +275,8 @@ static int put_json_line(EventMaker *m, buf_t *b, double ts, PyObject *method, P
                          unsigned long long size, const char *rid, size_t rid_len,
                          PyObject *client) {
     if (stamp_of(m, ts) || reserve(b, 64 + m->stamp_len)) return -1;
-    int millis = (int)(fmod(ts, 1.0) * 1000);  /* Python's %03d of ts % 1 * 1000 */
     LIT("{\"ts\":\"");
-    memcpy(b->p + b->len, m->stamp, m->stamp_len);
-    b->len += m->stamp_len;
-    char *o = b->p + b->len;
-    *o++ = '.';
-    *o++ = (char)('0' + millis / 100);
-    *o++ = (char)('0' + millis / 10 % 10);
-    *o++ = (char)('0' + millis % 10);
-    b->len = (size_t)(o - b->p);
+    put_ts(m, b, ts);
     LIT("Z\",\"method\":");
     if (put_json_str(b, method) || reserve(b, 16)) return -1;
     LIT(",\"path\":");
@@ -291,7 +288,7 @@ static int put_json_line(EventMaker *m, buf_t *b, double ts, PyObject *method, P
         return -1;
     if (reserve(b, 96 + rid_len * 6)) return -1;
     LIT(",\"dur_ms\":");
-    o = put_u64(b->p + b->len, micros / 1000);
+    char *o = put_u64(b->p + b->len, micros / 1000);
     *o++ = '.';
     unsigned frac = (unsigned)(micros % 1000);
     *o++ = (char)('0' + frac / 100);
