@@ -94,6 +94,8 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
     ('[[pipeline]]\nstage = "wat"\n', "pipeline[0].stage", "invalid value 'wat'"),
     ('[[pipeline]]\nstage = "access_log"\nformat = "xml"\n', "pipeline[0].format",
      "invalid enum value 'xml'"),
+    ('[[pipeline]]\nstage = "access_log"\nformat = "json"\nstage_timings = "no"\n',
+     "pipeline[0].stage_timings", "expected `bool`"),
     ('[[pipeline]]\nstage = "dispatch"\n[[pipeline]]\nstage = "route"\n',
      "pipeline[0].stage", "needs a `route` stage before it"),
     ('[[pipeline]]\nstage = "route"\n[[pipeline]]\nstage = "route"\n', "pipeline[1].stage",

@@ -222,7 +222,8 @@ class NativeLane:
         if isinstance(self.ratelimit, RateLimit) and not self.ratelimit.limiter.remote:
             counters = self.ratelimit.limiter.counters
             self.lane_checks = self.ratelimit.lane_checks
-            self.admits_all, self.limit_fields = counters.admits_all, self.ratelimit.fields
+            self.admits_all = counters.admits_all
+            self.limit_fields = self.ratelimit.settings.headers  # RateLimit fields written
             self.c.limiter(self._limit_admits, counters.count)
         # WASI commands the C runs itself (`_cgi`): wasi.c's run and the ticker's marks
         wasi, self.commands = native_wasi.enabled(), False

@@ -1101,3 +1101,20 @@ def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> Non
             lane.c.routes([tuple(bad)])
     lane._rebuild()
     assert same(lane_answer(rooted, "/x/y"), chain_answer(rooted, "/x/y"))
+
+
+def test_with_the_fields_off_the_lane_writes_none_and_still_counts(tmp_path: Path) -> None:
+    """``[ratelimit] headers = false``: a limited function's lane answer carries no
+    RateLimit field, as the chain's does not, and the lane still counts: past the
+    limit the chain refuses."""
+    pop = pop_with(tmp_path, **{"ratelimit.headers": False})
+    try:
+        deploy(pop, function_dir(tmp_path / "fns", "limited", OK, routes=["/limited"],
+                                 extra='[[rate_limits]]\nby = "ip"\nlimit = "2/minute"\n'))
+        lane = lane_answer(pop, "/limited")
+        assert lane is not None and b"ratelimit" not in lane.lower()
+        assert header(chain_answer(pop, "/limited"), b"ratelimit") is None
+        assert lane_answer(pop, "/limited") is None  # the third: refused, Python's
+        assert chain_answer(pop, "/limited").status == 429
+    finally:
+        pop.close()

@@ -69,7 +69,6 @@ class RateLimit:
         self.rpm: dict[int, Limit] = {}  # a key's rpm -> its limit
         self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
         self.outage = Outage(settings.on_storage_error, "rate limits")
-        self.fields = settings.headers  # whether a response carries the RateLimit fields
         # whether a request for a target may have a principal here (its key's or
         # tenant's limits); `build` asks an `auth` stage before this one
         self.identifies: Callable[[Target | None], bool] = _anyone
@@ -119,8 +118,8 @@ class RateLimit:
                     ) -> list[CounterCheck]:
         """The checks a request from `ip` meeting `limits` (`anonymous`) makes, as the
         counters take them at once (the native lane's: `admits_all` before the
-        function runs, `count` once it answered, with `fields`), keyed as `__call__`
-        counts them."""
+        function runs, `count` once it answered, with ``settings.headers``), keyed as
+        `__call__` counts them."""
         value = self.address(ip)
         return self.limiter.prepare([(limit, (*ids, value) if by_ip else ids)
                                      for limit, ids, by_ip in limits])
