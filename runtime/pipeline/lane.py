@@ -27,8 +27,11 @@ exact native form, and its executor is one the lane can call:
                  limits need a credential, Python's); or, on memory storage, rules
                  by ip or function (the PoP's, the function's own): the C asks the
                  stage's counters before the function runs whether they would admit
-                 the request now (`_limit_admits`: `admits_all`, counting nothing:
-                 else the request is Python's, which refuses it), counts it as the
+                 the request now (`_limit_admits`: `admits_all`, counting nothing;
+                 else the stage hits them as it would and the C writes its 429, the
+                 function never run, where only stages before ratelimit act on a
+                 refusal: `_refuses`, `_refusal`, lane.c `refuse`; else the request is
+                 Python's, which refuses it), counts it as the
                  C answers it, or as a Python function's call is submitted (their
                  `count`: the same counters, the same instant; the call carries the
                  fields, `_finish` adds them too), and writes the RateLimit fields it
@@ -148,7 +151,8 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 POST = METHODS.index("POST")
 BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the metrics count it
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
-ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN, ROUTE_LIMITED = 1, 2, 4, 8  # lane.c's: a route's
+# lane.c's: a route's flags (its tuple's `origin`)
+ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN, ROUTE_LIMITED, ROUTE_REFUSES = 1, 2, 4, 8, 16
 ROUTE_MISS, ROUTE_PASSED = 1, 2  # lane_drain.c.h's: a route's flags in `route_texts`
 LINE_FORMATS = {"text": 1, "json": 2}  # lane_drain.c.h's: the access-log lines `make` writes
 # lane.c's EX_*: a path under a prefix route another target takes: exactly; it and the
@@ -167,7 +171,7 @@ MAX_VERDICTS = 256
 # the fields `EventMaker.make` writes into its copy of an Event, in lane.c's F_* order
 MADE_FIELDS = ("ts", "rid", "client", "bot", "method", "host", "path", "query", "status",
                "target", "owner", "route", "decisions", "stages_ms", "bytes_in",
-               "bytes_out", "duration_ms")
+               "bytes_out", "duration_ms", "error")
 DRAIN_EVERY = 0.001  # seconds: under load, the records drained at most this often
 STATUS_LINES = tuple(b"HTTP/1.1 %d %s\r\n" % (s, HTTPStatus(s).phrase.encode())
                      if s in HTTPStatus._value2member_map_ else None for s in range(600))
@@ -216,9 +220,14 @@ class NativeLane:
                              all(s.jwt is None for s in chain.stages if isinstance(s, Auth)))
         self.c.python(self._submit)
         self.ratelimit = stages.get(RateLimit)
-        # (route index, client) -> the checks its requests make (`_limit_admits`):
-        # a connection's client is one str, its hash kept
-        self.limit_checks: dict[tuple[int, str], list[Any]] = {}
+        # (route index, client) -> the checks its requests make (`_limit_admits`), as
+        # the counters take them and as the stage hits them: a connection's client is one
+        # str, its hash kept
+        self.limit_checks: dict[tuple[int, str], tuple[list[Any], list[Any]]] = {}
+        self.refusing: set[int] = set()  # route indexes whose 429 the C writes
+        # a refusal's record, per limit: its decision and error (shared by its events,
+        # and by its records, which the C groups by it)
+        self.refusals: dict[str, tuple[dict[str, Any], str]] = {}
         if isinstance(self.ratelimit, RateLimit) and not self.ratelimit.limiter.remote:
             counters = self.ratelimit.limiter.counters
             self.lane_checks = self.ratelimit.lane_checks
@@ -514,22 +523,25 @@ class NativeLane:
                     continue
                 cache = self._cache_mode(fn)
                 limited = self._limits(fn)
+                refuses = bool(limited) and self._refuses(fn)
                 for path, route in self._paths(fn):
                     if len(table) < 256:
                         under = _under(path, *taken) if route == path else None
                         routes.append((fn, route, path, cache))
                         limits.append(limited)
                         table.append(self._entry(fn, path, route, allowed, cache, under,
-                                                 limited=bool(limited)))
+                                                 limited=bool(limited), refuses=refuses))
                 for route in self._patterns(fn):
                     beside = _beside(route, *taken)
                     if beside is not None and len(table) < 256:
                         routes.append((fn, route, route, cache))
                         limits.append(limited)
                         table.append(self._entry(fn, route, route, allowed, cache, beside,
-                                                 pattern=True, limited=bool(limited)))
+                                                 pattern=True, limited=bool(limited),
+                                                 refuses=refuses))
         self.c.routes(table)
         self.routes, self.limits = routes, limits
+        self.refusing = {i for i, entry in enumerate(table) if entry[12] & ROUTE_REFUSES}
         self.limit_checks.clear()  # by route index: those changed
         counts = self.http_cache is not None and self.http_cache.stats is not None
         self.route_texts = tuple((path, fn.label, fn.tenant, route or None,
@@ -570,6 +582,18 @@ class NativeLane:
             return stage.anonymous(fn) is not None
         return isinstance(stage, Health | RequestId | Events | Bots | Dispatch | Cors)
 
+    def _refuses(self, fn: Deployment) -> bool:
+        """Whether the lane answers what ratelimit refuses of `fn`'s requests as the
+        stages do: a 429 only the stages before ratelimit act on (request_id's id, the
+        bots record, the event), when the stages after it are http_cache and dispatch,
+        which a refused request never reaches (the default order; in another, a stage
+        after it, request_id or bots, would not see the refusal)."""
+        kept = self.chain.kept(fn) or []
+        if self.ratelimit not in kept:
+            return False
+        after = kept[kept.index(self.ratelimit) + 1:]
+        return all(isinstance(s, HttpCacheStage | Dispatch) for s in after)
+
     def _limits(self, fn: Deployment) -> list[tuple[Any, ...]]:
         """What ratelimit counts `fn`'s requests without a principal against (its
         `anonymous`): [] when nothing, or it is not in `fn`'s plan."""
@@ -584,14 +608,37 @@ class NativeLane:
         Then the arguments of their `count`, which the C calls once it answered it
         (the checks, this instant, whether to write the fields), else None."""
         key = (ri, client)
-        checks = self.limit_checks.get(key)
-        if checks is None:
+        entry = self.limit_checks.get(key)
+        if entry is None:
             if len(self.limit_checks) >= 4096:
                 self.limit_checks.clear()
-            checks = self.limit_checks[key] = self.lane_checks(
+            entry = self.limit_checks[key] = self.lane_checks(
                 self.limits[ri], client.rpartition(":")[0] or client)
+        checks, hits = entry
         now = time.time()
-        return (checks, now, self.limit_fields) if self.admits_all(checks, now) else None
+        if self.admits_all(checks, now):
+            return checks, now, self.limit_fields
+        if ri not in self.refusing:
+            return None
+        return self._refusal(hits, now)
+
+    def _refusal(self, hits: list[Any], now: float) -> tuple[Any, ...] | None:
+        """What the C answers a request ratelimit refuses at `now` with (`hits`: its
+        checks as the stage hits them, counted here): the stages' 429 (status, header
+        lines, body) and its record (`refusals`); None when admitted after all, which
+        cannot be (`RateLimit.lane_refusal`)."""
+        assert isinstance(self.ratelimit, RateLimit)
+        refused = self.ratelimit.lane_refusal(hits, now)
+        if refused is None:  # (counted: it cannot be left to Python, to count it again)
+            raise RuntimeError("ratelimit admitted a request its counters refused")
+        response, over, name = refused
+        refusal = self.refusals.get(name)
+        if refusal is None or refusal[1] != over.code:
+            if len(self.refusals) >= 4096:
+                self.refusals.clear()
+            refusal = self.refusals[name] = ({"limited": name}, over.code)
+        head = b"".join([b"%s: %s\r\n" % pair for pair in response.headers])
+        return response.status, head, response.body, refusal
 
     def _cache_mode(self, fn: Deployment) -> int:
         stage = self.http_cache
@@ -649,12 +696,13 @@ class NativeLane:
         return out
 
     def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int,
-               under: Exclusions | None = None, pattern: bool = False, limited: bool = False
-               ) -> tuple[Any, ...]:
+               under: Exclusions | None = None, pattern: bool = False, limited: bool = False,
+               refuses: bool = False) -> tuple[Any, ...]:
         """The C's route tuple for `fn`'s route `path`: a literal one (`under`: it also
         serves the paths under it but these), or with `pattern` one with captures, whose
         matches but `under` it serves (lane.c `find_route`); `limited`: ratelimit
-        counts its requests (`_limit_admits`)."""
+        counts its requests (`_limit_admits`); `refuses`: the C writes the 429s it
+        refuses them with (`_refuses`)."""
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
@@ -666,7 +714,7 @@ class NativeLane:
         else:
             origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
         if limited:
-            origin |= ROUTE_LIMITED
+            origin |= ROUTE_LIMITED | (ROUTE_REFUSES if refuses else 0)
         if isinstance(executor, PythonFunction):  # a call (`_submit`)
             assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
@@ -778,7 +826,7 @@ class NativeLane:
         self.served += len(records)
         ev, maker = self.events, self.maker
         if ev is None or maker is None:  # (both or neither)
-            self._count_cache((r[2], r[7], 1) for r in records)
+            self._count_cache((r[2], r[7], 1) for r in records if r[13] is None)
             return
         if not records:
             return
@@ -809,7 +857,8 @@ class NativeLane:
 
     def _groups(self, made: list[tuple[Any, ...]]) -> list[Group]:
         """The C's groups as `Group`s, counted in http_cache's stats (`_count_cache`)."""
-        self._count_cache((ri, method, n) for ri, _, method, n, *_ in made)
+        self._count_cache((ri, method, n) for ri, _, method, n, *_, refused in made
+                          if refused is None)  # (a refused request reached no cache)
         return groups_of(made, self.route_texts, self.verdict_texts)
 
     def _count_cache(self, served: Iterable[tuple[int, int, int]]) -> None:
@@ -957,10 +1006,13 @@ def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], .
     """`EventMaker.make`'s groups of records as the metrics' `Group`s, the routes and
     verdicts named by the texts `make` was given."""
     groups = []
-    for ri, status, method, n, size, verdicts, buckets, durations in made:
+    for ri, status, method, n, size, verdicts, buckets, durations, refused in made:
         _, target, _, route, flags = route_texts[ri]
         first, passed = flags & ROUTE_MISS, 2 if flags & ROUTE_PASSED else 0
-        if first and method >= POST:  # what the metrics read of `_bypass`'s record
+        if refused is not None:  # ratelimit's refusal, no http_cache (`refuse`)
+            decided = [({**verdict_texts[v][1], "ratelimit": refused[0]}, k)
+                       for v, k in verdicts.items()]
+        elif first and method >= POST:  # what the metrics read of `_bypass`'s record
             decided = [({**verdict_texts[v][1 + passed], "http_cache": BYPASSED}, k)
                        for v, k in verdicts.items()]
         else:

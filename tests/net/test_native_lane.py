@@ -76,7 +76,7 @@ class Side:
         """The scrape's counts a request changes (not its timings)."""
         keep = ("edgefn_requests_total", "edgefn_response_bytes_total",
                 "edgefn_request_duration_seconds_count", "edgefn_bot_actions_total",
-                "edgefn_cache", "edgefn_front")
+                "edgefn_cache", "edgefn_front", "edgefn_ratelimit")
         text = AdminClient(self.r.data).metrics()
         return sorted(line for line in text.splitlines()
                       if line.startswith(keep) and not line.startswith("#"))

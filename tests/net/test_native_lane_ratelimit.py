@@ -1,10 +1,11 @@
-"""Rate limits on the native lane (lane.c `serve_one`, `answer_frame`; runtime/pipeline/
-lane.py `_limit_admits`; `RateLimit.lane_checks`, the counters' `count`): two real PoPs on
-loopback, the lane on and off, the same PoP rule by ip and the same functions with
-rules of their own (each algorithm, by ip and by function), the same requests sent
-to both in the same order. The lane serves what ratelimit admits, counted in the
-stage's own counters: the same answers (the RateLimit fields, a 429 where the limit
-is full), events, log lines and counts as the Python front's."""
+"""Rate limits on the native lane (lane.c `serve_one`, `answer_frame`, `refuse`;
+runtime/pipeline/lane.py `_limit_admits`, `_refusal`; `RateLimit.lane_checks`,
+`lane_refusal`, the counters' `count`): two real PoPs on loopback, the lane on and off,
+the same PoP rule by ip and the same functions with rules of their own (each algorithm,
+by ip and by function), the same requests sent to both in the same order. The lane
+serves what ratelimit admits, counted in the stage's own counters, and writes the 429s
+it refuses with: the same answers (the RateLimit fields, a 429 where the limit is
+full), events, log lines and counts as the Python front's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.net.lane_support import exchange, normal
+from tests.net.lane_support import exchange, normal, to_the_close
 from tests.net.test_native_lane import Side, lane_pair, request
 from tests.support import function_dir, python_function, reactor
 
@@ -40,13 +41,18 @@ def handle(request, env):
     return Response(b"py " + request.body, headers={"x-py": "1"})
 '''
 POP_RULE = [{"by": "ip", "limit": "60/minute"}]
+GUARDED = FUNCTIONS["slide"] + '[bots]\nautomation = "block"\n'  # limited, and bots acts
+BROWSER = [("Host", "x"), ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 "
+                                         "(KHTML, like Gecko) Chrome/126.0.0.0 Safari/537.36"),
+           ("Accept", "text/html"), ("Accept-Language", "en"), ("Sec-Fetch-Mode", "navigate")]
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
     root = tmp_path_factory.mktemp("limits")
     folders = [function_dir(root / "fns", name, reactor(""), extra=rules)
-               for name, rules in {**FUNCTIONS, "open": ""}.items()]
+               for name, rules in {**FUNCTIONS, "open": "", "guarded": GUARDED,
+                                   "closing": FUNCTIONS["slide"]}.items()]
     folders += [python_function(root / "fns", name, PYFN, extra=FUNCTIONS["slide"])
                 for name in PYTHON]
     with lane_pair(root, PORTS, folders, **{"ratelimit.rules": POP_RULE}) as sides:
@@ -86,33 +92,78 @@ def served(side: Side) -> int:
 
 
 @pytest.mark.parametrize("name", [*FUNCTIONS, *PYTHON])
-def test_the_lane_serves_what_ratelimit_admits_and_python_refuses_the_rest(
+def test_the_lane_serves_what_ratelimit_admits_and_refuses_the_rest(
         pair: tuple[Side, Side], name: str) -> None:
     """Up to the function's limit each request is the lane's, answered with the
     RateLimit fields its counts give (the remaining quota goes down by one each
-    time, as on the Python PoP); past it each is Python's 429, from the same counts:
-    the lane counted what it served, and nothing it left. A Python function's call is
-    counted as it is submitted; one that raises answers the isolate's 500, with the
-    fields too."""
-    on, _ = pair
+    time, as on the Python PoP); past it each is the lane's 429, from the same counts
+    (the function never called): the lane counted what it served, and the refusals
+    as the stage counts them. A Python function's call is counted as it is
+    submitted; one that raises answers the isolate's 500, with the fields too. The
+    scrape's counts (the 429s', their policy's) are the Python PoP's."""
+    on, off = pair
     assert on.lane is not None
     answers = []
-    for i in range(LIMIT + 2):
+    for i in range(LIMIT + 3):
         before, calls = served(on), on.lane.calls
-        method = b"POST" if i % 2 else b"GET"
+        method = b"HEAD" if i == LIMIT + 2 else b"POST" if i % 2 else b"GET"
         got = sent(pair, request(method.decode(), f"/{name}", [("Host", "x")],
                                  b"b" * i if method == b"POST" else b""), method)
         answers.append(got)
         # a Python function's: its call started by the lane (one that raised was
         # finished by the stages' code: no record of the C's)
-        took = on.lane.calls - calls if name in PYTHON else served(on) - before
-        assert took == (1 if i < LIMIT else 0), (name, i)
+        took = on.lane.calls - calls if name in PYTHON and i < LIMIT else served(on) - before
+        assert took == 1, (name, i)
+        if i >= LIMIT:  # refused: no call
+            assert on.lane.calls == calls, (name, i)
     ok = b"500" if name == "pyboom" else b"200"
-    assert [a.split(b" ", 2)[1] for a in answers] == [ok] * LIMIT + [b"429"] * 2
+    assert [a.split(b" ", 2)[1] for a in answers] == [ok] * LIMIT + [b"429"] * 3
+    assert answers[-1].endswith(b"\r\n\r\n")  # HEAD's: its length, no body
     assert b"\r\nratelimit: " in answers[0] and b"\r\nratelimit-policy: " in answers[0]
     remaining = [re.findall(rb'"fn-ip(?:-2)?";r=(\d+)|"fn-function";r=(\d+)', a)
                  for a in answers[:LIMIT]]
     assert len({tuple(r) for r in remaining}) == LIMIT  # one fewer each time
+    assert on.metrics() == off.metrics()
+    assert on.cache_stats() == off.cache_stats()
+
+
+def test_bots_refuses_before_ratelimit_on_the_lane_too(pair: tuple[Side, Side]) -> None:
+    """A request whose bot class the function blocks is bots' 403 (Python's), whatever
+    ratelimit would say: with the limit full, too (the lane finds a refused request's
+    verdict before it asks ratelimit, which would count it), and it counts nothing."""
+    on, _ = pair
+    for _ in range(LIMIT):
+        assert sent(pair, request("GET", "/guarded", BROWSER)).split(b" ", 2)[1] == b"200"
+    for _ in range(2):
+        before = served(on)
+        got = sent(pair, request("GET", "/guarded", [("Host", "x"), ("User-Agent", "curl/8")]))
+        assert got.split(b" ", 2)[1] == b"403" and served(on) == before
+    before = served(on)
+    assert sent(pair, request("GET", "/guarded", BROWSER)).split(b" ", 2)[1] == b"429"
+    assert served(on) - before == 1
+
+
+def test_a_refusal_says_how_its_connection_goes_on(pair: tuple[Side, Side]) -> None:
+    """The lane's 429 to a request not kept alive (``Connection: close``, HTTP/1.0)
+    says ``connection: close`` and is the connection's last; to HTTP/1.0 kept alive,
+    ``connection: keep-alive``: as the front writes the stages' 429."""
+    on, _ = pair
+    for _ in range(LIMIT):
+        sent(pair, request("GET", "/closing", [("Host", "x")]))
+    cases = {b"GET /closing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n":
+             b"\r\nconnection: close\r\n",
+             b"GET /closing HTTP/1.0\r\nHost: x\r\n\r\n": b"\r\nconnection: close\r\n",
+             b"GET /closing HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n":
+             b"\r\nconnection: keep-alive\r\n"}
+    for raw, says in cases.items():
+        before = served(on)
+        got = sent(pair, raw)
+        assert got.split(b" ", 2)[1] == b"429" and says in got, raw
+        assert served(on) - before == 1
+    for side in pair:  # the last one read: what follows a close is never answered
+        closed = to_the_close(side.r.port, next(iter(cases)) + request("GET", "/open",
+                                                                       [("Host", "x")]))
+        assert closed.count(b"HTTP/1.1 ") == 1 and b" 429 " in closed
 
 
 def test_a_function_without_rules_of_its_own_meets_the_pops(pair: tuple[Side, Side]) -> None:

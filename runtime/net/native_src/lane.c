@@ -309,6 +309,7 @@ typedef struct {
                                         * ':'; the `*` not among them: `wildcard`) */
     int wildcard;                      /* it ends in `*`: the rest of the path is a param */
     int limited;                       /* ratelimit counts its requests (`limit_admits`) */
+    int refuses;                       /* ...and the lane writes the 429 it refuses with */
     uint32_t nseg;
     struct { uint32_t at, len; int capture; } seg[MAX_SEGMENTS];
     PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
@@ -325,7 +326,8 @@ typedef struct {
 } route_t;
 
 /* a route's flags (its tuple's `origin` field) */
-enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4, ROUTE_LIMITED = 8 };
+enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4, ROUTE_LIMITED = 8,
+       ROUTE_REFUSES = 16 };
 /* an exclusion under a prefix route: that path; it and the paths under it; every path
  * it starts (runtime/pipeline/lane.py EXCLUDE_*) */
 enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2, EX_SEGMENT = 3 };
@@ -848,6 +850,45 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     return 0;
 }
 
+/* A refusal as the front writes the stages' error response (protocol.py `_head`,
+ * `_write`) into l->out: its status line, the date, `head` (its header lines as
+ * ratelimit's `lane_refusal` made them, each ending in CRLF), the request id, the
+ * connection, the length, `body` (not for HEAD). A refusal's status is 400..599, never
+ * one without a body. -1: no memory. */
+static int write_refusal(Lane *l, uint32_t status, PyObject *head, PyObject *body,
+                         const char *rid, size_t rid_len, PyObject *date, PyObject *extra,
+                         int method, int conn) {
+    PyObject *line = PyTuple_GET_ITEM(l->status_lines, status);
+    size_t body_len = (size_t)PyBytes_GET_SIZE(body);
+    size_t need = 128 + (line == Py_None ? 32 : (size_t)PyBytes_GET_SIZE(line)) +
+                  (size_t)PyBytes_GET_SIZE(date) + (size_t)PyBytes_GET_SIZE(extra) +
+                  (size_t)PyBytes_GET_SIZE(head) + l->rid_header_len + rid_len + body_len;
+    if (grow(&l->out, &l->out_cap, l->out_len + need)) return -1;
+    char *o = (char *)l->out + l->out_len;
+    if (line == Py_None) {
+        PUTS("HTTP/1.1 ");
+        o = put_u64(o, status);
+        PUTS(" Unknown\r\n");
+    } else {
+        PUT(PyBytes_AS_STRING(line), (size_t)PyBytes_GET_SIZE(line));
+    }
+    PUT(PyBytes_AS_STRING(date), (size_t)PyBytes_GET_SIZE(date));
+    PUT(PyBytes_AS_STRING(extra), (size_t)PyBytes_GET_SIZE(extra));
+    PUT(PyBytes_AS_STRING(head), (size_t)PyBytes_GET_SIZE(head));
+    PUT(l->rid_header, l->rid_header_len);
+    PUTS(": ");
+    PUT(rid, rid_len);
+    PUTS("\r\n");
+    if (conn & CONN_CLOSE) PUTS("connection: close\r\n");
+    else if (conn & CONN_HTTP10) PUTS("connection: keep-alive\r\n");
+    PUTS("content-length: ");
+    o = put_u64(o, body_len);
+    PUTS("\r\n\r\n");
+    if (method != MC_HEAD) PUT(PyBytes_AS_STRING(body), body_len);
+    l->out_len = (size_t)((uint8_t *)o - l->out);
+    return 0;
+}
+
 static double now_wall(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -878,18 +919,20 @@ static PyObject *path_object(const char *path, size_t n) {
 /* One record appended to `records` (a list the drain empties: runtime/pipeline/lane.py
  * `NativeLane.drain`, through `EventMaker.make` below): the tuple
  * (ts, id, route, status, body bytes, took ns, verdict, method, host, query, client,
- * request body bytes, path), `id` as `id_object` makes it, `method` an MC_* code, `host`
- * and `query` as bytes, `client` the connection's "ip:port" str, `path` as
- * `path_object` makes it. Every request
+ * request body bytes, path, refused), `id` as `id_object` makes it, `method` an MC_*
+ * code, `host` and `query` as bytes, `client` the connection's "ip:port" str, `path` as
+ * `path_object` makes it, `refused` None, or for a request ratelimit refused (`refuse`)
+ * the pair (its decision, the error) its event carries. Every request
  * the lane answers is recorded here and only here. 0, or -1 with a Python error. */
 static int add_record(PyObject *records, double ts, uint64_t number, const char *kept,
                       size_t kept_len, int route, uint32_t status, uint32_t size,
                       uint64_t took, int verdict, int method, const char *host,
                       size_t host_len, const char *query, size_t query_len, PyObject *client,
-                      uint64_t bytes_in, const char *path, size_t path_len) {
-    PyObject *rec = PyTuple_New(13);
+                      uint64_t bytes_in, const char *path, size_t path_len,
+                      PyObject *refused) {
+    PyObject *rec = PyTuple_New(14);
     if (!rec) return -1;
-    PyObject *items[13] = {
+    PyObject *items[14] = {
         PyFloat_FromDouble(ts), id_object(number, kept, kept_len), PyLong_FromLong(route),
         PyLong_FromUnsignedLong(status), PyLong_FromUnsignedLong(size),
         PyLong_FromUnsignedLongLong(took), PyLong_FromLong(verdict), PyLong_FromLong(method),
@@ -897,9 +940,9 @@ static int add_record(PyObject *records, double ts, uint64_t number, const char 
         query_len ? PyBytes_FromStringAndSize(query, (Py_ssize_t)query_len)
                   : PyBytes_FromStringAndSize(NULL, 0),
         Py_NewRef(client), PyLong_FromUnsignedLongLong(bytes_in),
-        path_object(path, path_len)};
+        path_object(path, path_len), Py_NewRef(refused ? refused : Py_None)};
     int failed = 0;
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < 14; i++) {
         if (!items[i]) failed = 1;
         PyTuple_SET_ITEM(rec, i, items[i]);  /* NULL items: the tuple's dealloc skips them */
     }
@@ -1075,7 +1118,7 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
     uint64_t took = mono_ns() - started;
     if (add_record(events, ts, counter, kept, rid_len, ri, status, body_len, took, verdict,
                    method, l->q.head + host->value, host->value_len, query, query_len, client,
-                   l->q.body_len, l->q.sub ? l->q.url : NULL, l->q.path_len)) {
+                   l->q.body_len, l->q.sub ? l->q.url : NULL, l->q.path_len, NULL)) {
         /* not answered after all: Python answers it, with this number unused */
         l->out_len = before;
         l->counter -= !kept;
@@ -1195,13 +1238,63 @@ static int serve_route(Lane *l, int ri, int method, const hdr_t *host, PyObject 
                         s.verdict, host, query, query_len, date, extra, events, client);
 }
 
+/* The request in l->q for route `ri`, which ratelimit refused (`limit_admits` said
+ * so, counted, with `token`: (status, header lines, body, (decision, error)), the
+ * stages' error response, `lane_refusal`'s), answered with that response and recorded
+ * (its event: the verdict's decisions with ratelimit's `decision`, and `error`), as the
+ * stages answer it: the function never runs. `s`: its verdict, and the clocks its
+ * record reads. 1 served; -1 a Python error (a token of the wrong shape, no memory:
+ * then the request is Python's, whose stage counts it again). */
+static int refuse(Lane *l, int ri, int method, const hdr_t *host, const start_t *s,
+                  PyObject *token, PyObject *date, PyObject *extra, PyObject *events,
+                  PyObject *client) {
+    req_t *q = &l->q;
+    PyObject *head = PyTuple_GET_ITEM(token, 1), *body = PyTuple_GET_ITEM(token, 2);
+    PyObject *refused = PyTuple_GET_ITEM(token, 3);
+    long status = PyLong_AsLong(PyTuple_GET_ITEM(token, 0));
+    if (status < 400 || status > 599 || !PyBytes_Check(head) || !PyBytes_Check(body) ||
+            PyBytes_GET_SIZE(body) > UINT32_MAX || !PyTuple_Check(refused) ||
+            PyTuple_GET_SIZE(refused) != 2 || !PyDict_Check(PyTuple_GET_ITEM(refused, 0)) ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(refused, 1))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "limiter's refusal: (status 400..599, header "
+                            "lines, body, (decision dict, error str))");
+        return -1;
+    }
+    const char *query = q->url + q->path_len + 1;
+    size_t query_len = q->path_len < q->url_len ? q->url_len - q->path_len - 1 : 0;
+    if (!query_len) query = "";
+    const char *kept = q->rid;  /* the caller's id, else a number of the counter's */
+    uint64_t counter = kept ? 0 : ++l->counter;
+    char made[96];
+    size_t rid_len = kept ? q->rid_len : request_id(l, counter, made);
+    size_t before = l->out_len;
+    if (write_refusal(l, (uint32_t)status, head, body, kept ? kept : made, rid_len, date,
+                      extra, method, conn_of(q))) {
+        l->counter -= !kept;
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (add_record(events, s->ts, counter, kept, rid_len, ri, (uint32_t)status,
+                   (uint32_t)PyBytes_GET_SIZE(body), mono_ns() - s->started, s->verdict,
+                   method, q->head + host->value, host->value_len, query, query_len, client,
+                   q->body_len, q->sub ? q->url : NULL, q->path_len, refused)) {
+        l->out_len = before;
+        l->counter -= !kept;
+        return -1;
+    }
+    return 1;
+}
+
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. A limited route's request is asked of
  * ratelimit first (`limit_admits`: would it be admitted now? nothing counted), and
  * counted as it is answered (`answer_frame`), or as its call is submitted
- * (`python_call`: then its answer carries the fields, `read_call`): one ratelimit
- * would refuse, and one the lane leaves after all, is Python's, whose stage counts
- * it once. */
+ * (`python_call`: then its answer carries the fields, `read_call`): one the lane
+ * leaves after all is Python's, whose stage counts it once. One ratelimit refuses is
+ * Python's too, but on a route the lane `refuses` on: there its verdict is found
+ * first (a class the lane may not serve is Python's, asked nothing), and ratelimit
+ * counts it as it refuses it (`limit_admits` answers with the refusal: `refuse`). */
 static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObject *events,
                      PyObject *client) {
     const hdr_t *host = NULL;
@@ -1209,12 +1302,27 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     if (ri < 0) return ri == -2 ? -1 : 0;
     if (l->routes[ri].limited) {
         if (!l->limit_admits) return 0;
+        start_t s = {0, 0, 0, 0.0};
+        if (l->routes[ri].refuses) {
+            s.verdict = allowed_verdict(l, &l->routes[ri], &s.cls);
+            if (s.verdict < 0) return 0;
+            s.started = mono_ns();
+            s.ts = now_wall();
+        }
         PyObject *a[2] = {PyLong_FromLong(ri), client};
         if (!a[0]) return -1;
         PyObject *token = PyObject_Vectorcall(l->limit_admits, a, 2, NULL);
         Py_DECREF(a[0]);
         if (!token) return -1;
         if (token == Py_None) { Py_DECREF(token); return 0; }
+        if (PyTuple_Check(token) && PyTuple_GET_SIZE(token) == 4) {  /* refused */
+            int done = l->routes[ri].refuses
+                           ? refuse(l, ri, method, host, &s, token, date, extra, events, client)
+                           : (PyErr_SetString(PyExc_TypeError, "limiter's refusal for a "
+                                              "route the lane does not refuse on"), -1);
+            Py_DECREF(token);
+            return done;
+        }
         l->limit_token = token;
     }
     int done = serve_route(l, ri, method, host, date, extra, events, client);
@@ -1371,7 +1479,7 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
                    PyBytes_AS_STRING(f->query), (size_t)PyBytes_GET_SIZE(f->query),
                    f->client, f->bytes_in,
                    f->path == Py_None ? NULL : PyBytes_AS_STRING(f->path),
-                   f->path == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(f->path)))
+                   f->path == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(f->path), NULL))
         return NULL;
     return PyBytes_FromStringAndSize((const char *)l->out, (Py_ssize_t)l->out_len);
 }
@@ -1477,7 +1585,8 @@ static PyObject *Lane_commands(Lane *l, PyObject *args) {
 }
 
 /* limiter(admits, count): ratelimit's, for the requests of limited routes:
- * `admits(route index, client)` -> a tuple (admitted now) or None (Python's);
+ * `admits(route index, client)` -> a 3-tuple (admitted now: `count`'s arguments), on a
+ * route the lane refuses on a 4-tuple (refused, counted: `refuse`), or None (Python's);
  * `count(*that tuple)` -> the header lines to add (bytes), once the request is answered. */
 static PyObject *Lane_limiter(Lane *l, PyObject *args) {
     PyObject *admits, *count;
@@ -1645,6 +1754,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->origin = (origin & ROUTE_ORIGIN) != 0;
         r->prefix = (origin & ROUTE_PREFIX) != 0;
         r->limited = (origin & ROUTE_LIMITED) != 0;
+        r->refuses = r->limited && (origin & ROUTE_REFUSES) != 0;
         r->excluded = excl == Py_None ? NULL : Py_NewRef(excl);
         r->caching = Py_NewRef(caching);
         r->label_str = Py_NewRef(label_str);

@@ -14,13 +14,13 @@
  * - with `lines`, the access log's lines of those events, byte for byte what
  *   `AccessLog.observe` writes: text (runtime/pipeline/stages/access_log.py TEXT_STR)
  *   or JSON (`AccessLog._json` as msgspec writes it);
- * - the records grouped by (route, status, method): their count, the count per verdict,
- *   body bytes, the duration histogram's buckets (`bounds`: bisect_left, the last one
- *   +Inf) and the durations in seconds, in order, for the histogram's sum.
+ * - the records grouped by (route, status, method, refusal): their count, the count per
+ *   verdict, body bytes, the duration histogram's buckets (`bounds`: bisect_left, the
+ *   last one +Inf) and the durations in seconds, in order, for the histogram's sum.
  */
 enum { F_TS, F_RID, F_CLIENT, F_BOT, F_METHOD, F_HOST, F_PATH, F_QUERY, F_STATUS, F_TARGET,
        F_OWNER, F_ROUTE, F_DECISIONS, F_STAGES, F_BYTES_IN, F_BYTES_OUT, F_DURATION,
-       N_FIELDS };
+       F_ERROR, N_FIELDS };
 #define MAX_BOUNDS 31
 #define TEXT_CACHE 4096  /* clients and hosts kept as text (NativeLane.texts) */
 
@@ -313,6 +313,7 @@ static int put_json_line(EventMaker *m, buf_t *b, double ts, PyObject *method, P
 enum { ROUTE_MISS = 1, ROUTE_PASSED = 2 };
 typedef struct {
     long route, status, method, n;
+    PyObject *refused;  /* its records' (borrowed from them): None, or a refusal's pair */
     long long bytes;
     long buckets[MAX_BOUNDS + 1];
     long verdicts[MAX_VERDICTS];  /* records per verdict */
@@ -324,11 +325,13 @@ static void free_groups(group_t *g, size_t n) {
     free(g);
 }
 
-/* The group of (route, status, method) in `*gs` (made if new), NULL with a Python error. */
+/* The group of (route, status, method, refused) in `*gs` (made if new), NULL with a
+ * Python error. */
 static group_t *group_of(group_t **gs, size_t *n, size_t *cap, long route, long status,
-                         long method) {
+                         long method, PyObject *refused) {
     for (size_t i = *n; i-- > 0;)
-        if ((*gs)[i].route == route && (*gs)[i].status == status && (*gs)[i].method == method)
+        if ((*gs)[i].route == route && (*gs)[i].status == status &&
+                (*gs)[i].method == method && (*gs)[i].refused == refused)
             return &(*gs)[i];
     if (*n == *cap) {
         size_t c = *cap ? *cap * 2 : 4;
@@ -342,6 +345,7 @@ static group_t *group_of(group_t **gs, size_t *n, size_t *cap, long route, long 
     g->route = route;
     g->status = status;
     g->method = method;
+    g->refused = refused;
     g->durations = PyList_New(0);
     return g->durations ? g : NULL;
 }
@@ -365,9 +369,9 @@ static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
             Py_XDECREF(k);
             Py_XDECREF(c);
         }
-        PyObject *t = verdicts ? Py_BuildValue("(lllllNNO)", g->route, g->status, g->method, g->n,
-                                               (long)g->bytes, verdicts, buckets,
-                                               g->durations) : NULL;
+        PyObject *t = verdicts ? Py_BuildValue("(lllllNNOO)", g->route, g->status, g->method,
+                                               g->n, (long)g->bytes, verdicts, buckets,
+                                               g->durations, g->refused) : NULL;
         if (!verdicts) Py_XDECREF(buckets);
         if (!t) { Py_CLEAR(out); break; }
         PyList_SET_ITEM(out, (Py_ssize_t)i, t);
@@ -380,7 +384,7 @@ static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
 static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObject *v,
                             PyObject *decisions, PyObject *method, PyObject *host,
                             PyObject *path, PyObject *client, const char *id, size_t id_len,
-                            double duration_ms) {
+                            double duration_ms, PyObject *error) {
     PyObject *e = PyObject_Vectorcall(m->copy, &m->template, 1, NULL);
     if (!e || put(m, e, F_TS, Py_NewRef(r[0])) ||
             put(m, e, F_RID, PyUnicode_FromStringAndSize(id, (Py_ssize_t)id_len)) ||
@@ -398,7 +402,8 @@ static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObje
             put(m, e, F_DECISIONS, PyDict_Copy(decisions)) ||
             put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_IN, Py_NewRef(r[11])) ||
             put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
-            put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms))) {
+            put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms)) ||
+            (error && put(m, e, F_ERROR, Py_NewRef(error)))) {
         Py_XDECREF(e);
         return NULL;
     }
@@ -432,8 +437,8 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
                           PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
                           int json, PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
                           size_t *max_text) {
-    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 13) {
-        PyErr_SetString(PyExc_TypeError, "a record: a 13-tuple (add_record)");
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 14) {
+        PyErr_SetString(PyExc_TypeError, "a record: a 14-tuple (add_record)");
         return NULL;
     }
     PyObject **r = &PyTuple_GET_ITEM(rec, 0);
@@ -450,7 +455,10 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
             verdict >= PyTuple_GET_SIZE(verdicts) || !PyBytes_Check(r[8]) ||
             !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10]) ||
             (kept && (PyBytes_GET_SIZE(r[1]) == 0 || PyBytes_GET_SIZE(r[1]) > 128)) ||
-            (r[12] != Py_None && !PyBytes_Check(r[12]))) {
+            (r[12] != Py_None && !PyBytes_Check(r[12])) ||
+            (r[13] != Py_None && (!PyTuple_Check(r[13]) || PyTuple_GET_SIZE(r[13]) != 2 ||
+                                  !PyDict_Check(PyTuple_GET_ITEM(r[13], 0)) ||
+                                  !PyUnicode_Check(PyTuple_GET_ITEM(r[13], 1))))) {
         PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
         return NULL;
     }
@@ -468,8 +476,11 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         }
         return NULL;
     }
-    int first = (flags & ROUTE_MISS) != 0;
-    PyObject *decisions = PyTuple_GET_ITEM(v, (first && method < MC_POST ? 2 : 1) +
+    /* a refused request's: the verdict's decisions and ratelimit's refusal, nothing of
+     * http_cache (not reached) */
+    PyObject *refused = r[13] == Py_None ? NULL : r[13];
+    int first = (flags & ROUTE_MISS) != 0 && !refused;
+    PyObject *decisions = PyTuple_GET_ITEM(v, refused ? 1 : (first && method < MC_POST ? 2 : 1) +
                                                   (flags & ROUTE_PASSED ? 2 : 0));
     PyObject *client = text_of(texts, r[10], client_ip);
     PyObject *host = client ? text_of(texts, r[8], host_text) : NULL;
@@ -482,8 +493,17 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
                                       : PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[12]),
                                                                PyBytes_GET_SIZE(r[12]), NULL);
     if (!path) return NULL;
-    PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s */
-    if (first && method >= MC_POST && !ctx) {
+    PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s;
+                               * a refusal's */
+    if (refused && !ctx) {
+        bypass = PyDict_Copy(decisions);
+        if (!bypass || PyDict_SetItemString(bypass, "ratelimit", PyTuple_GET_ITEM(refused, 0))) {
+            Py_XDECREF(bypass);
+            Py_DECREF(path);
+            return NULL;
+        }
+        decisions = bypass;
+    } else if (first && method >= MC_POST && !ctx) {
         bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host, path, r[9]);
         if (!bypass) { Py_DECREF(path); return NULL; }
         decisions = bypass;
@@ -511,13 +531,15 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     }
     PyObject *e = ctx ? PyTuple_Pack(2, ctx, rec) : make_event(m, r, route, v, decisions,
                                                             method_text, host, path, client,
-                                                            id, id_len, duration_ms);
+                                                            id, id_len, duration_ms,
+                                                            refused ? PyTuple_GET_ITEM(refused, 1)
+                                                                    : NULL);
     Py_XDECREF(bypass);
     size_t text = (size_t)(PyUnicode_GET_LENGTH(path) + PyBytes_GET_SIZE(r[9]) +
                            PyUnicode_GET_LENGTH(host));
     Py_DECREF(path);
     if (!e) return NULL;
-    group_t *g = group_of(gs, ng, cap, ri, status, method);
+    group_t *g = group_of(gs, ng, cap, ri, status, method, refused ? refused : Py_None);
     double seconds = duration_ms / 1000;
     int b = 0;
     while (b < m->n_bounds && m->bounds[b] < seconds) b++;  /* bisect_left */
@@ -540,8 +562,9 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
  * dict of clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines`
  * which access-log lines to write: 0 (or False) none (None), 1 (True) text, 2 JSON. With `ctx` (not None), no Event is
  * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, method, n, bytes,
- * {verdict: n}, [(bucket, n)], [seconds]); `text` the most characters of path, query and
- * host together in one event. */
+ * {verdict: n}, [(bucket, n)], [seconds], refused: None or the refusal's pair its
+ * records share); `text` the most characters of path, query and host together in one
+ * event. */
 static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs < 6 || nargs > 7 || !PyList_Check(a[0]) || !PyTuple_Check(a[1]) ||
             !PyTuple_Check(a[2]) || !PyDict_Check(a[3]) || !PyUnicode_Check(a[4])) {

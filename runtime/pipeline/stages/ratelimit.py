@@ -22,6 +22,7 @@ import msgspec
 
 from edgefn_core.errors import Rejected
 from runtime.net.message import Request, Response
+from runtime.pipeline.contain import plain_error
 from runtime.pipeline.stage import Context, Next, Result, then
 from runtime.pipeline.targets import Targets
 from runtime.security.ratelimit.addresses import Aggregator
@@ -115,14 +116,31 @@ class RateLimit:
         return out
 
     def lane_checks(self, limits: list[tuple[Limit, tuple[str, ...], bool]], ip: str
-                    ) -> list[CounterCheck]:
+                    ) -> tuple[list[CounterCheck], list[Check]]:
         """The checks a request from `ip` meeting `limits` (`anonymous`) makes, as the
         counters take them at once (the native lane's: `admits_all` before the
         function runs, `count` once it answered, with ``settings.headers``), keyed as
-        `__call__` counts them."""
+        `__call__` counts them; and as `__call__` hits them (`lane_refusal`'s)."""
         value = self.address(ip)
-        return self.limiter.prepare([(limit, (*ids, value) if by_ip else ids)
-                                     for limit, ids, by_ip in limits])
+        checks = [(limit, (*ids, value) if by_ip else ids) for limit, ids, by_ip in limits]
+        return self.limiter.prepare(checks), checks
+
+    def lane_refusal(self, checks: list[Check], now: float
+                     ) -> tuple[Response, Rejected, str] | None:
+        """`checks` (`lane_checks`' second list) hit at `now` as `__call__` hits a
+        request's (each counted up to the first full one): the response the stages
+        answer its 429 with (`contain`'s of the `Rejected` `__call__` raises: a
+        function's, in the PoP's own error shape), that `Rejected` and the full limit's
+        name (its decision's); None when every limit admitted it (then counted: the
+        native lane asks only once `admits_all` said no at `now`, where one of them is
+        full, and no two checks share a counter)."""
+        outcome = self.limiter.hit(checks, self.settings.headers, now)
+        over = self._refusal(outcome)
+        if over is None or outcome.refused is None:
+            return None
+        response = plain_error(over)
+        response.headers.extend(over.headers)
+        return response, over, outcome.refused.name
 
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
@@ -161,10 +179,16 @@ class RateLimit:
 
     def _over(self, outcome: Outcome, ctx: Context) -> Rejected | None:
         """The 429 for `outcome` (recorded), or None when no limit is full."""
+        over = self._refusal(outcome)
+        if over is not None and outcome.refused is not None:
+            ctx.decide("ratelimit", {"limited": outcome.refused.name})
+        return over
+
+    def _refusal(self, outcome: Outcome) -> Rejected | None:
+        """The 429 for `outcome`, or None when no limit is full."""
         refused = outcome.refused
         if refused is None:
             return None
-        ctx.decide("ratelimit", {"limited": refused.name})
         headers = [retry_after(outcome.retry_after)]
         if self.settings.headers:
             headers += fields(outcome.quotas[-1:])
