@@ -1106,7 +1106,7 @@ def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> Non
 def test_with_the_fields_off_the_lane_writes_none_and_still_counts(tmp_path: Path) -> None:
     """``[ratelimit] headers = false``: a limited function's lane answer carries no
     RateLimit field, as the chain's does not, and the lane still counts: past the
-    limit the chain refuses."""
+    limit it refuses, with the chain's 429 (a Retry-After, no field)."""
     pop = pop_with(tmp_path, **{"ratelimit.headers": False})
     try:
         deploy(pop, function_dir(tmp_path / "fns", "limited", OK, routes=["/limited"],
@@ -1114,7 +1114,52 @@ def test_with_the_fields_off_the_lane_writes_none_and_still_counts(tmp_path: Pat
         lane = lane_answer(pop, "/limited")
         assert lane is not None and b"ratelimit" not in lane.lower()
         assert header(chain_answer(pop, "/limited"), b"ratelimit") is None
-        assert lane_answer(pop, "/limited") is None  # the third: refused, Python's
-        assert chain_answer(pop, "/limited").status == 429
+        third = lane_answer(pop, "/limited")  # refused: the lane's 429
+        python = chain_answer(pop, "/limited")
+        assert third is not None and third.startswith(b"HTTP/1.1 429 ")
+        assert python.status == 429 and header(python, b"ratelimit") is None
+
+        def waited(raw: bytes) -> bytes:  # (the seconds to the reset, a moment apart: as
+            # many Ns, the length kept)
+            return re.sub(rb"(?<=retry-after: )\d+|(?<=retry after )\d+",
+                          lambda m: b"N" * len(m[0]), raw)
+
+        headers = [(k, waited(b"retry-after: " + v)[13:] if k == b"retry-after" else v)
+                   for k, v in python.headers]
+        assert same(waited(third), Response(python.status, headers, waited(python.body)))
+        assert b"\r\nretry-after: " in third and b"ratelimit" not in third.lower()
     finally:
         pop.close()
+
+
+def test_ratelimit_before_bots_leaves_its_refusals_to_python(tmp_path: Path) -> None:
+    """The lane writes ratelimit's 429 only where the stages after it are those a
+    refused request never reaches (http_cache, dispatch): in the default order it
+    does; with ``ratelimit`` before ``bots`` (which then never records a refused
+    request's class) the refusal is Python's, counted once, and its event has no bots
+    record; the admitted requests are still the lane's."""
+    names = [type(s).__struct_config__.tag for s in c.default_pipeline()]  # type: ignore[attr-defined]
+    names.remove("ratelimit")
+    early = [{"stage": n} for n in names[:names.index("bots")]] + [{"stage": "ratelimit"}] + \
+        [{"stage": n} for n in names[names.index("bots"):]]
+    limited = '[[rate_limits]]\nby = "ip"\nlimit = "1/minute"\n'
+    for pipeline, refuses in ((None, True), (early, False)):
+        root = tmp_path / str(refuses)
+        pop = pop_with(root, **({"pipeline": pipeline} if pipeline else {}))
+        try:
+            deploy(pop, function_dir(root / "fns", "one", OK, extra=limited))
+            lane = pop.lane
+            assert lane is not None
+            assert lane_answer(pop, "/one", CURL) is not None  # admitted: the lane's
+            assert bool(lane.refusing) is refuses
+            answer = lane_answer(pop, "/one", CURL)
+            if refuses:
+                assert answer is not None and answer.startswith(b"HTTP/1.1 429 ")
+                continue
+            assert answer is None
+            ctx = Context("127.0.0.1:1")
+            python = chain_answer(pop, "/one", CURL, ctx=ctx)
+            assert python.status == 429 and "bots" not in ctx.decisions
+            assert ctx.decisions["ratelimit"] == {"limited": "fn-ip"}
+        finally:
+            pop.close()
