@@ -42,36 +42,46 @@ ROUTES = (("/hello", "hello@1a2b3c4d", None, "/hello", False),
 # bot class, decisions, decisions with the MISS (NativeLane.verdict_texts)
 VERDICTS = (("automation", {"bots": BOTS}, {"bots": BOTS, "http_cache": MISS}),
             ("declared_agent", {"bots": CRAWLER}, {"bots": CRAWLER, "http_cache": MISS}))
+REFUSED = ({"limited": "by-ip"}, "rate_limited")  # a refusal's decision and error
+OTHER = ({"limited": "fn-ip"}, "rate_limited")
 # (ts, id, route, status, body bytes, took ns, verdict, method, host, query, client,
-# request body bytes, path: None for the route's own), id a number or a caller's (bytes), method 0 GET, 1 HEAD, 2 POST, 3 PUT, 4 PATCH, 5 DELETE (lane.c's MC_*): half-even rounding
+# request body bytes, path: None for the route's own, refused: None or a refusal's pair), id a number or a caller's (bytes), method 0 GET, 1 HEAD, 2 POST, 3 PUT, 4 PATCH, 5 DELETE (lane.c's MC_*): half-even rounding
 # of microseconds (1500, 2500 ns), durations on a bucket's bound (500 us = 0.0005 s), a
 # millisecond's edge, latin-1 in host and query, odd clients, POSTs (a BYPASS of
 # http_cache's where it counts, its key the URL's)
 RECORDS = [
-    (1796281449.9995, 1, 0, 200, 13, 1500, 0, 0, b"x", b"", "127.0.0.1:5000", 0, None),
-    (1796281450.0, 2, 0, 200, 13, 2500, 0, 1, b"x:8080", b"a=1&b", "127.0.0.1:5001", 0, None),
-    (1796281450.1234567, 0xFFFF, 1, 418, 0, 500_000, 1, 0, b"h\xe9", b"q=\xff", "[::1]:80", 0, None),
-    (1796281450.5, 17, 2, 204, 0, 999_999_500, 0, 0, b"x", b"", "nocolon", 0, None),
-    (1000000000.000999, 18, 1, 200, 5, 10_000_000_000, 1, 1, b"x", b"", ":9", 0, None),
-    (1796281451.25, 19, 0, 200, 13, 2_500_000, 1, 0, b"x", b"", "10.0.0.1:1", 0, None),
-    (1796281451.75, 20, 0, 200, 13, 1_000_499, 0, 0, b"x", b"z", "10.0.0.1:1", 0, None),
-    (1796281451.76, 21, 2, 503, 7, 123_456, 0, 0, b"x", b"", "10.0.0.2:1", 0, None),
-    (1796281451.77, 22, 0, 200, 13, 40_000, 0, 2, b"x", b"", "10.0.0.3:1", 3, None),
-    (1796281451.78, 23, 1, 200, 2, 41_000, 1, 2, b"h\xe9", b"q=\xff&r", "10.0.0.3:2", 70000, None),
-    (1796281451.79, 24, 1, 200, 0, 42_000, 0, 2, b"x", b"", "10.0.0.3:3", 0, None),
-    (1796281451.80, 25, 0, 200, 13, 43_000, 0, 3, b"x", b"", "10.0.0.3:4", 9, None),
-    (1796281451.81, 26, 2, 404, 3, 44_000, 1, 5, b"x", b"id=2", "10.0.0.3:5", 0, None),
-    (1796281451.82, 27, 1, 409, 4, 45_000, 0, 4, b"x", b"", "10.0.0.3:6", 2, None),
+    (1796281449.9995, 1, 0, 200, 13, 1500, 0, 0, b"x", b"", "127.0.0.1:5000", 0, None, None),
+    (1796281450.0, 2, 0, 200, 13, 2500, 0, 1, b"x:8080", b"a=1&b", "127.0.0.1:5001", 0, None, None),
+    (1796281450.1234567, 0xFFFF, 1, 418, 0, 500_000, 1, 0, b"h\xe9", b"q=\xff", "[::1]:80", 0, None, None),
+    (1796281450.5, 17, 2, 204, 0, 999_999_500, 0, 0, b"x", b"", "nocolon", 0, None, None),
+    (1000000000.000999, 18, 1, 200, 5, 10_000_000_000, 1, 1, b"x", b"", ":9", 0, None, None),
+    (1796281451.25, 19, 0, 200, 13, 2_500_000, 1, 0, b"x", b"", "10.0.0.1:1", 0, None, None),
+    (1796281451.75, 20, 0, 200, 13, 1_000_499, 0, 0, b"x", b"z", "10.0.0.1:1", 0, None, None),
+    (1796281451.76, 21, 2, 503, 7, 123_456, 0, 0, b"x", b"", "10.0.0.2:1", 0, None, None),
+    (1796281451.77, 22, 0, 200, 13, 40_000, 0, 2, b"x", b"", "10.0.0.3:1", 3, None, None),
+    (1796281451.78, 23, 1, 200, 2, 41_000, 1, 2, b"h\xe9", b"q=\xff&r", "10.0.0.3:2", 70000, None, None),
+    (1796281451.79, 24, 1, 200, 0, 42_000, 0, 2, b"x", b"", "10.0.0.3:3", 0, None, None),
+    (1796281451.80, 25, 0, 200, 13, 43_000, 0, 3, b"x", b"", "10.0.0.3:4", 9, None, None),
+    (1796281451.81, 26, 2, 404, 3, 44_000, 1, 5, b"x", b"id=2", "10.0.0.3:5", 0, None, None),
+    (1796281451.82, 27, 1, 409, 4, 45_000, 0, 4, b"x", b"", "10.0.0.3:6", 2, None, None),
     # a path under its route (a prefix's), latin-1; a caller's request id kept
-    (1796281451.83, 28, 0, 200, 13, 46_000, 0, 0, b"x", b"a", "10.0.0.4:1", 0, b"/hello/w\xe9"),
-    (1796281451.84, b"req-7f3a.01", 2, 201, 1, 47_000, 1, 2, b"x", b"", "10.0.0.4:2", 4, None),
-    (1796281451.85, b"Z" * 128, 1, 200, 2, 48_000, 0, 3, b"x", b"q", "10.0.0.4:3", 1, b"/caf\xe9/x"),
+    (1796281451.83, 28, 0, 200, 13, 46_000, 0, 0, b"x", b"a", "10.0.0.4:1", 0, b"/hello/w\xe9", None),
+    (1796281451.84, b"req-7f3a.01", 2, 201, 1, 47_000, 1, 2, b"x", b"", "10.0.0.4:2", 4, None, None),
+    (1796281451.85, b"Z" * 128, 1, 200, 2, 48_000, 0, 3, b"x", b"q", "10.0.0.4:3", 1, b"/caf\xe9/x", None),
+    # ratelimit's refusals (lane.c `refuse`): the verdict's decisions and the refusal's, no
+    # http_cache record (a route whose GETs count a MISS, a POST's BYPASS); grouped apart
+    # from the admitted requests of their route, status and method, and by limit
+    (1796281451.86, 29, 0, 429, 129, 49_000, 0, 0, b"x", b"", "10.0.0.5:1", 0, None, REFUSED),
+    (1796281451.87, 30, 0, 429, 129, 50_000, 1, 2, b"x", b"", "10.0.0.5:2", 3, None, REFUSED),
+    (1796281451.88, 31, 0, 429, 130, 51_000, 0, 0, b"x", b"", "10.0.0.5:3", 0, None, OTHER),
+    (1796281451.89, 32, 1, 429, 129, 52_000, 0, 1, b"x", b"", "10.0.0.5:4", 0, None, REFUSED),
 ]
 
 
 def reference(rec: tuple[Any, ...]) -> Event:
     """The event the Python drain made of `rec` (the events stage's fields)."""
-    ts, n, ri, status, size, took, verdict, method, host, query, client, size_in, under = rec
+    ts, n, ri, status, size, took, verdict, method, host, query, client, size_in, under, \
+        refused = rec
     path, target, owner, route, first = ROUTES[ri]
     if under is not None:
         path = under.decode("latin-1")
@@ -87,7 +97,10 @@ def reference(rec: tuple[Any, ...]) -> Event:
     if query:
         event.query = query.decode("latin-1")
     event.decisions = dict(missed if first else plain)
-    if first and method >= 2:  # HttpCacheStage._bypass's record: `_label` of the key
+    if refused is not None:  # ratelimit refused it: http_cache never saw it
+        event.decisions = {**plain, "ratelimit": refused[0]}
+        event.error = refused[1]
+    elif first and method >= 2:  # HttpCacheStage._bypass's record: `_label` of the key
         url = host.decode("latin-1") + path + ("?" + query.decode("latin-1") if query else "")
         event.decisions = {**plain, "http_cache": {"outcome": "BYPASS", "key": f"{target} {url}"}}
     return event
@@ -157,7 +170,7 @@ def test_json_lines_are_the_access_logs_bytes(path: bytes, took: int, ts: float,
     """Any path's bytes (latin-1: quotes, backslashes, control characters, bytes past
     127 as UTF-8), any duration (its shortest float form), time, id and client: the
     C's JSON line is the one `AccessLog.observe` writes with msgspec."""
-    rec = (ts, rid, 0, status, size, took, 0, 0, b"x", b"", client, 0, path)
+    rec = (ts, rid, 0, status, size, took, 0, 0, b"x", b"", client, 0, path, None)
     events, lines, _, _ = make([rec], LINE_FORMATS["json"])
     assert lines == logged([reference(rec)], "json") == logged(events, "json")
 
@@ -173,7 +186,9 @@ def test_groups_count_what_each_event_counts() -> None:
         single.observe(e)
     assert batched.series == single.series
     assert batched.raw == single.raw
-    assert (batched.bots.by, batched.cache.by) == (single.bots.by, single.cache.by)
+    assert (batched.bots.by, batched.cache.by, batched.rejects.by) == \
+        (single.bots.by, single.cache.by, single.rejects.by)
+    assert sum(single.rejects.by.values()) == 12  # the refusals', by limit
     assert sum(g[3] for g in made) == len(events)
     on_bound = next(s for k, s in single.series.items() if k[2] == "4xx")
     assert on_bound[0] == 3  # 0.0005 s counted under le="0.0005"
@@ -181,18 +196,22 @@ def test_groups_count_what_each_event_counts() -> None:
 
 def test_a_bad_record_raises() -> None:
     with pytest.raises(ValueError):
-        make([(1.0, 1, 9, 200, 0, 0, 0, 0, b"x", b"", "c", 0, None)])  # no route 9
+        make([(1.0, 1, 9, 200, 0, 0, 0, 0, b"x", b"", "c", 0, None, None)])  # no route 9
     with pytest.raises(ValueError):
-        make([(1.0, 1, 0, 200, 0, 0, 0, 6, b"x", b"", "c", 0, None)])  # no method 6
+        make([(1.0, 1, 0, 200, 0, 0, 0, 6, b"x", b"", "c", 0, None, None)])  # no method 6
     with pytest.raises(ValueError):  # a path neither bytes nor None
-        make([(1.0, 1, 0, 200, 0, 0, 0, 0, b"x", b"", "c", 0, "/hello/x")])
+        make([(1.0, 1, 0, 200, 0, 0, 0, 0, b"x", b"", "c", 0, "/hello/x", None)])
     for rid in (b"", b"a" * 129):  # a caller's id request_id would not have kept
         with pytest.raises(ValueError):
-            make([(1.0, rid, 0, 200, 0, 0, 0, 0, b"x", b"", "c", 0, None)])
+            make([(1.0, rid, 0, 200, 0, 0, 0, 0, b"x", b"", "c", 0, None, None)])
+    for refused in ({"limited": "x"}, ({"limited": "x"},), ("x", "rate_limited"),
+                    ({"limited": "x"}, b"rate_limited")):  # not a (dict, str) pair
+        with pytest.raises(ValueError):
+            make([(1.0, 1, 0, 429, 0, 0, 0, 0, b"x", b"", "c", 0, None, refused)])
     with pytest.raises(TypeError):
         make([(1.0, 1)])
-    with pytest.raises(TypeError):  # the 12 fields before a path was one
-        make([(1.0, 1, 0, 200, 0, 0, 0, 0, b"x", b"", "c", 0)])
+    with pytest.raises(TypeError):  # the 13 fields before a refusal was one
+        make([(1.0, 1, 0, 200, 0, 0, 0, 0, b"x", b"", "c", 0, None)])
 
 
 # -- a real PoP -------------------------------------------------------------------------------
