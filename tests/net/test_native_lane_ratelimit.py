@@ -40,7 +40,7 @@ def handle(request, env):
         raise RuntimeError("boom")
     return Response(b"py " + request.body, headers={"x-py": "1"})
 '''
-POP_RULE = [{"by": "ip", "limit": "60/minute"}]
+POP_RULE = [{"by": "ip", "limit": "200/minute"}]  # (every test's requests count)
 GUARDED = FUNCTIONS["slide"] + '[bots]\nautomation = "block"\n'  # limited, and bots acts
 BROWSER = [("Host", "x"), ("User-Agent", "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 "
                                          "(KHTML, like Gecko) Chrome/126.0.0.0 Safari/537.36"),
@@ -174,7 +174,7 @@ def test_a_function_without_rules_of_its_own_meets_the_pops(pair: tuple[Side, Si
         before = served(on)
         got = sent(pair, request("GET", "/open", [("Host", "x")]))
         assert served(on) - before == 1
-        assert b'\r\nratelimit-policy: "by-ip";q=60;w=60\r\n' in got
+        assert b'\r\nratelimit-policy: "by-ip";q=200;w=60\r\n' in got
     assert on.metrics() == off.metrics()
 
 
@@ -207,6 +207,6 @@ def test_a_redeploy_with_new_limits_counts_by_them_on_a_connection_left_open(
         got.append([(s, p, re.sub(r";t=\d+", "", r)) for s, p, r in answers])
     assert got[0] == got[1]
     assert [(status, policy) for status, policy, _ in got[0]] == \
-        [(200, f'"by-ip";q=60;w=60, "fn-ip";q={q};w=60') for q in (3, 3, 5, 5)]
+        [(200, f'"by-ip";q=200;w=60, "fn-ip";q={q};w=60') for q in (3, 3, 5, 5)]
     assert [re.findall(r'"fn-ip";r=(\d+)', state) for _, _, state in got[0]] == \
         [["2"], ["1"], ["4"], ["3"]]
