@@ -66,6 +66,7 @@ def parse(output: str) -> dict:
         "p50_ms": dist[50.0],
         "p99_ms": dist[99.0],
         "errors": errors(output),
+        "non_2xx": sum(int(n) for n in _NON_2XX.findall(output)),
     }
 
 
@@ -153,12 +154,14 @@ def measured(pid: int, url: str, seconds: int, headers: dict[str, str] | None = 
 
 def rounds(targets: dict[Any, tuple[int, str]], seconds: int, n: int,
            headers: dict[str, str] | None = None, client: str = "wrk",
-           connections: int = 32) -> list[dict[Any, dict]]:
+           connections: int = 32, refused: bool = False) -> list[dict[Any, dict]]:
     """Each of `targets` (name -> the serving process's pid, a URL) warmed for a
     second, then `n` rounds loading each in turn (a noisy machine hits each alike),
     each run `measured` (each request with `headers`, by `client` on `connections`):
-    every round's runs by name. Raises RuntimeError when a run had errors under load,
-    and as `run` does."""
+    every round's runs by name. With `refused` (wrk only), the answers are to be
+    refusals (a rate limit's 429s): at least 99% of them not 2xx/3xx, which are then
+    no errors. Raises RuntimeError when a run had errors under load, and as `run`
+    does."""
     for _, url in targets.values():
         CLIENTS.get(client, run)(url, seconds=1, headers=headers)
     out: list[dict[Any, dict]] = []
@@ -166,7 +169,10 @@ def rounds(targets: dict[Any, tuple[int, str]], seconds: int, n: int,
         this: dict[Any, dict] = {}
         for name, (pid, url) in targets.items():
             r = measured(pid, url, seconds, headers, client, connections)
-            if r["errors"]:
+            if refused and r["non_2xx"] < 0.99 * r["rps"] * seconds:
+                raise RuntimeError(f"{name}: {r['non_2xx']} refusals, of ~"
+                                   f"{r['rps'] * seconds:.0f} requests")
+            if r["errors"] - (r["non_2xx"] if refused else 0):
                 raise RuntimeError(f"{name}: {r['errors']} errors under load")
             this[name] = r
         out.append(this)

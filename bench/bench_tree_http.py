@@ -6,7 +6,7 @@ and this checkout's ratios to the other.
                                     [--path /hello] [--config pop.toml]
                                     [--other-config before.toml] [--key]
                                     [--header 'X-Request-Id: r1'] [--client wrk|ab|split]
-                                    [--seconds 4] [--rounds 5]
+                                    [--refused] [--seconds 4] [--rounds 5]
 
 Both PoPs (`edgefn serve --no-ai`, the function deployed from each checkout's own
 folder; `--config`: both serve with that PoP config, e.g. a pipeline of one's own;
@@ -17,7 +17,9 @@ guarding its OpenAI API has, so that auth is kept for every function; `--header`
 header every request sends, as a proxy's request id; `--client ab`: loaded by
 ApacheBench kept alive, `ab -k -c32`, HTTP/1.0; `--client ab-close`: plain `ab -c32`,
 a connection a request; `--client split`: POSTs of a JSON
-body whose head and body are sent apart, as httpx sends them: bench/_split_post.py)
+body whose head and body are sent apart, as httpx sends them: bench/_split_post.py;
+`--refused`: the answers are a full rate limit's 429s, a flood of refused requests,
+`--config` setting the limit, e.g. `rules = [{ by = "ip", limit = "1/minute" }]`)
 are loaded in
 turns, round by round (`_wrk.rounds`: wrk -t1 -c32, each
 warmed first), so the machine's load hits both alike; each round's ratio is taken
@@ -60,9 +62,14 @@ def main() -> None:
                         "head and body are sent apart, as httpx sends them)")
     p.add_argument("--connections", type=int, default=32,
                    help="connections the load generator keeps (-c)")
+    p.add_argument("--refused", action="store_true",
+                   help="the answers are refusals (a full rate limit's 429s, --config's): "
+                        "not errors (wrk only)")
     p.add_argument("--seconds", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
+    if args.refused and args.client != "wrk":
+        p.error("--refused counts wrk's non-2xx answers: --client wrk")
     headers = dict(h.split(":", 1) for h in args.header)
     headers = {k.strip(): v.strip() for k, v in headers.items()}
     trees = {"other": args.tree.resolve(), "this": ROOT}
@@ -85,14 +92,15 @@ def main() -> None:
             runs = _wrk.rounds({name: (proc.pid, f"http://127.0.0.1:{port}{args.path}")
                                 for name, (proc, port) in servers.items()},
                                args.seconds, args.rounds, headers, args.client,
-                               args.connections)
+                               args.connections, args.refused)
         finally:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(20)
     config = (f", --config {args.config}" if args.config is not None else "") + \
         (f", --other-config {args.other_config}" if args.other_config is not None else "") + \
-        (", --key" if args.key else "") + "".join(f", --header '{h}'" for h in args.header)
+        (", --key" if args.key else "") + (", --refused" if args.refused else "") + \
+        "".join(f", --header '{h}'" for h in args.header)
     c = args.connections
     load = {"ab": f"ab -k -c{c}", "ab-close": f"ab -c{c} (no keep-alive)",
             "split": f"POSTs with the head and body sent apart, -c{c}"
