@@ -631,14 +631,13 @@ class NativeLane:
         refused = self.ratelimit.lane_refusal(hits, now)
         if refused is None:  # (counted: it cannot be left to Python, to count it again)
             raise RuntimeError("ratelimit admitted a request its counters refused")
-        response, over, name = refused
+        status, head, body, name, code = refused
         refusal = self.refusals.get(name)
-        if refusal is None or refusal[1] != over.code:
+        if refusal is None or refusal[1] != code:
             if len(self.refusals) >= 4096:
                 self.refusals.clear()
-            refusal = self.refusals[name] = ({"limited": name}, over.code)
-        head = b"".join([b"%s: %s\r\n" % pair for pair in response.headers])
-        return response.status, head, response.body, refusal
+            refusal = self.refusals[name] = ({"limited": name}, code)
+        return status, head, body, refusal
 
     def _cache_mode(self, fn: Deployment) -> int:
         stage = self.http_cache

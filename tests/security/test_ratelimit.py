@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgefn_core.errors import EdgefnError, InvalidConfig, ManifestError, Rejected
 from runtime import config
@@ -23,6 +25,7 @@ from runtime.pipeline.stage import Context, Next, Result
 from runtime.pipeline.stages.ratelimit import RateLimit
 from runtime.pipeline.targets import Targets
 from runtime.security.principal import Principal
+from runtime.security.ratelimit import limiter as limiter_module
 from runtime.security.ratelimit.limiter import compile_rules
 from runtime.security.settings import (
     NO_POLICY,
@@ -283,3 +286,41 @@ def test_decisions_are_recorded(closing: list[RateLimit]) -> None:
         stage(request, second, lambda r, c: Response(200, [], b""))
     assert first.decisions == {"ratelimit": {"limited": None}}
     assert second.decisions == {"ratelimit": {"limited": "by-ip"}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.floats(0.001, 25.0), min_size=1, max_size=40),
+       algorithm=st.sampled_from(["fixed_window", "sliding_window", "moving_window"]))
+def test_the_lanes_refusals_are_the_stages_429s(steps: list[float], algorithm: Any) -> None:
+    """What `lane_refusal` gives the native lane (rendered once per limit and the
+    seconds its message and fields say, then kept) is, at every instant, the 429
+    the stage's own path answers: two stages, the same rule, the same requests at the
+    same clock (steps apart), one asked as the lane asks (`admits_all`, then `count`
+    or `lane_refusal`), one called as a chain calls it."""
+    clock = [1_796_000_000.25]
+    fake = SimpleNamespace(time=lambda: clock[0])
+    rules = [RateRule("ip", "3/minute", algorithm)]
+    app, stage = chain(RateLimitSettings(rules=rules))
+    _, lane_rl = chain(RateLimitSettings(rules=rules))
+    prepared, hits = lane_rl.lane_checks([(r, ("pop", r.name), True) for r in lane_rl.rules],
+                                         "10.0.0.1")
+    counters = lane_rl.limiter.counters
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(limiter_module, "time", fake)
+        try:
+            for step in steps:
+                clock[0] += step
+                python = call(app)
+                now = clock[0]
+                if counters.admits_all(prepared, now):
+                    counters.count(prepared, now, True)
+                    assert python.status == 200
+                    continue
+                made = lane_rl.lane_refusal(hits, now)
+                assert made is not None and python.status == 429
+                status, head, body, name, code = made
+                assert (status, body, name, code) == (429, python.body, "by-ip", "rate_limited")
+                assert head == b"".join(b"%s: %s\r\n" % h for h in python.headers)
+        finally:
+            stage.close()
+            lane_rl.close()

@@ -15,6 +15,7 @@ are the OpenAI API's (`runtime.security.ratelimit.admission`).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -70,6 +71,8 @@ class RateLimit:
         self.rpm: dict[int, Limit] = {}  # a key's rpm -> its limit
         self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
         self.outage = Outage(settings.on_storage_error, "rate limits")
+        # the native lane's refusals, rendered (`lane_refusal`): by limit and seconds
+        self.rendered: dict[tuple[Limit, int, int, int], tuple[int, bytes, bytes, str, str]] = {}
         # whether a request for a target may have a principal here (its key's or
         # tenant's limits); `build` asks an `auth` stage before this one
         self.identifies: Callable[[Target | None], bool] = _anyone
@@ -126,21 +129,36 @@ class RateLimit:
         return self.limiter.prepare(checks), checks
 
     def lane_refusal(self, checks: list[Check], now: float
-                     ) -> tuple[Response, Rejected, str] | None:
+                     ) -> tuple[int, bytes, bytes, str, str] | None:
         """`checks` (`lane_checks`' second list) hit at `now` as `__call__` hits a
         request's (each counted up to the first full one): the response the stages
         answer its 429 with (`contain`'s of the `Rejected` `__call__` raises: a
-        function's, in the PoP's own error shape), that `Rejected` and the full limit's
-        name (its decision's); None when every limit admitted it (then counted: the
-        native lane asks only once `admits_all` said no at `now`, where one of them is
-        full, and no two checks share a counter)."""
+        function's, in the PoP's own error shape) as its status, header lines and body,
+        with the full limit's name (its decision's) and the error's code; None when
+        every limit admitted it (then counted: the native lane asks only once
+        `admits_all` said no at `now`, where one of them is full, and no two checks
+        share a counter). Rendered once per limit and the seconds its fields and
+        message say (`rendered`): a flood of refusals renders one a second."""
         outcome = self.limiter.hit(checks, self.settings.headers, now)
-        over = self._refusal(outcome)
-        if over is None or outcome.refused is None:
+        refused = outcome.refused
+        if refused is None:
             return None
-        response = plain_error(over)
-        response.headers.extend(over.headers)
-        return response, over, outcome.refused.name
+        last = outcome.quotas[-1]  # the refused limit's (`_refused`): what `_refusal` reads
+        key = (refused, max(1, math.ceil(outcome.retry_after)), max(0, last[3]),
+               max(0, math.ceil(last[4])))
+        made = self.rendered.get(key)
+        if made is None:
+            over = self._refusal(outcome)
+            assert over is not None
+            response = plain_error(over)
+            response.headers.extend(over.headers)
+            assert isinstance(response.body, bytes)
+            made = (response.status, b"".join([b"%s: %s\r\n" % h for h in response.headers]),
+                    response.body, refused.name, over.code)
+            if len(self.rendered) >= 1024:
+                self.rendered.clear()
+            self.rendered[key] = made
+        return made
 
     def idle_for(self, target: Target | None) -> bool:
         """Whether requests for `target` go on untouched (`runtime.pipeline.plan`):
