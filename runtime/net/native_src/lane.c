@@ -773,6 +773,31 @@ static int conn_of(const req_t *q) {
     return (q->http10 ? CONN_HTTP10 : 0) | (q->close ? CONN_CLOSE : 0);
 }
 
+/* `status`'s line (`line`: STATUS_LINES', None for one it does not name) at `o`; past it. */
+static char *put_status(char *o, PyObject *line, uint32_t status) {
+    if (line == Py_None) {
+        PUTS("HTTP/1.1 ");
+        o = put_u64(o, status);
+        PUTS(" Unknown\r\n");
+    } else {
+        PUT(PyBytes_AS_STRING(line), (size_t)PyBytes_GET_SIZE(line));
+    }
+    return o;
+}
+
+/* The request id's header line, and the connection's (`conn`: CONN_*), at `o`; past them. */
+static char *put_id_and_connection(const Lane *l, char *o, const char *rid, size_t rid_len,
+                                   int conn) {
+    PUT(l->rid_header, l->rid_header_len);
+    PUTS(": ");
+    PUT(rid, rid_len);
+    PUTS("\r\n");
+    if (conn & CONN_CLOSE) PUTS("connection: close\r\n");
+    else if (conn & CONN_HTTP10) PUTS("connection: keep-alive\r\n");  /* a 1.0 client
+                                                        * assumes a close unless told */
+    return o;
+}
+
 /* The response as the front writes it (protocol.py `_head`, `_write`) into l->out;
  * `conn` (CONN_*): `connection: close` for one not kept alive, `connection:
  * keep-alive` for HTTP/1.0 kept alive. -1: no memory. */
@@ -801,13 +826,7 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     }
     if (grow(&l->out, &l->out_cap, l->out_len + need)) return -1;
     char *o = (char *)l->out + l->out_len;
-    if (line == Py_None) {
-        PUTS("HTTP/1.1 ");
-        o = put_u64(o, status);
-        PUTS(" Unknown\r\n");
-    } else {
-        PUT(PyBytes_AS_STRING(line), (size_t)PyBytes_GET_SIZE(line));
-    }
+    o = put_status(o, line, status);
     if (!dated) PUT(PyBytes_AS_STRING(date), (size_t)PyBytes_GET_SIZE(date));
     PUT(PyBytes_AS_STRING(extra), (size_t)PyBytes_GET_SIZE(extra));
     p = pairs;
@@ -831,13 +850,7 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     }
     if (l->limit_head)  /* ratelimit's fields, added after http_cache's (`_add`) */
         PUT(PyBytes_AS_STRING(l->limit_head), (size_t)PyBytes_GET_SIZE(l->limit_head));
-    PUT(l->rid_header, l->rid_header_len);
-    PUTS(": ");
-    PUT(rid, rid_len);
-    PUTS("\r\n");
-    if (conn & CONN_CLOSE) PUTS("connection: close\r\n");
-    else if (conn & CONN_HTTP10) PUTS("connection: keep-alive\r\n");  /* a 1.0 client
-                                                        * assumes a close unless told */
+    o = put_id_and_connection(l, o, rid, rid_len, conn);
     int no_body = status == 204 || status == 304;
     if (!no_body) {
         PUTS("content-length: ");
@@ -865,22 +878,11 @@ static int write_refusal(Lane *l, uint32_t status, PyObject *head, PyObject *bod
                   (size_t)PyBytes_GET_SIZE(head) + l->rid_header_len + rid_len + body_len;
     if (grow(&l->out, &l->out_cap, l->out_len + need)) return -1;
     char *o = (char *)l->out + l->out_len;
-    if (line == Py_None) {
-        PUTS("HTTP/1.1 ");
-        o = put_u64(o, status);
-        PUTS(" Unknown\r\n");
-    } else {
-        PUT(PyBytes_AS_STRING(line), (size_t)PyBytes_GET_SIZE(line));
-    }
+    o = put_status(o, line, status);
     PUT(PyBytes_AS_STRING(date), (size_t)PyBytes_GET_SIZE(date));
     PUT(PyBytes_AS_STRING(extra), (size_t)PyBytes_GET_SIZE(extra));
     PUT(PyBytes_AS_STRING(head), (size_t)PyBytes_GET_SIZE(head));
-    PUT(l->rid_header, l->rid_header_len);
-    PUTS(": ");
-    PUT(rid, rid_len);
-    PUTS("\r\n");
-    if (conn & CONN_CLOSE) PUTS("connection: close\r\n");
-    else if (conn & CONN_HTTP10) PUTS("connection: keep-alive\r\n");
+    o = put_id_and_connection(l, o, rid, rid_len, conn);
     PUTS("content-length: ");
     o = put_u64(o, body_len);
     PUTS("\r\n\r\n");
