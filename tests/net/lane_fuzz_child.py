@@ -42,7 +42,10 @@ async def main() -> None:
                        *guests(Path(tmp) / "fns"),
                        python_function(Path(tmp) / "py", "pyf", PYF, extra=limited),
                        function_dir(Path(tmp) / "fns", "wild", static_reactor(200, [], b"w"),
-                                    routes=["/wild/*", "/cap/:id/x"], extra=limited)]:
+                                    routes=["/wild/*", "/cap/:id/x"], extra=limited),
+                       # full after its first request: the lane's 429s (lane.c `refuse`)
+                       function_dir(Path(tmp) / "fns", "tiny", static_reactor(200, [], b"t"),
+                                    extra='[[rate_limits]]\nby = "ip"\nlimit = "1/minute"\n')]:
             await pop.registry.deploy(deploys.pack_dir(folder))
         lane = pop.lane
         assert lane is not None

@@ -77,7 +77,10 @@ VALID = [b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n",
          b"GET /pyf?raise=1 HTTP/1.1\r\nHost: x\r\n\r\n",  # one that raises: Python's finish
          b"GET /wild/a//b?c HTTP/1.1\r\nHost: x\r\n\r\n",  # a wildcard's, rate-limited
          b"POST /cap/7/x/y HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab",
-         b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nab"]  # held
+         b"POST /mirror HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nab",  # held
+         b"GET /tiny HTTP/1.1\r\nHost: x\r\n\r\n",  # past its limit: the lane's 429
+         b"HEAD /tiny?q HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"]
+TINY_AT = 10
 pieces = st.one_of(st.sampled_from(VALID), st.binary(max_size=64),
                    st.sampled_from([b"\r\n", b"\n", b":", b" ", b"\x00", b"HTTP/1.1", b"Host: ",
                                     b"GET ", b"/hello", b"/pyf", b"%", b"?", b"Transfer-Encoding: chunked",
@@ -99,6 +102,14 @@ def test_hostile_bytes_never_crash_and_stay_in_bounds(child: Child, parts: list[
     assert (used == 0) == (count == 0) == (size == 0)
     assert count <= data[:used].count(b"HTTP/1.1\r\n")
     assert waiting <= 4096 and (waiting == 0 or used < len(data))
+
+
+def test_refusals_are_answered_in_one_read(child: Child) -> None:
+    """Past its limit a function's requests are the lane's 429s: all of a pipelined
+    read's, and a last one not kept alive ends it."""
+    plain, tiny, last = VALID[0], VALID[TINY_AT], VALID[TINY_AT + 1]
+    used, size, count, _ = child.feed(tiny + tiny + plain + tiny + last + plain)
+    assert (used, count) == (len(tiny * 3 + plain + last), 5) and size > 0
 
 
 def test_a_python_call_is_answered_and_stops_the_lane(child: Child) -> None:
