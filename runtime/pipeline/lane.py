@@ -109,6 +109,7 @@ from typing import TYPE_CHECKING, Any
 from wasmtime import _ffi as ffi
 
 from edgefn_core.abi import GuestRequest, decode_request
+from edgefn_core.errors import Rejected
 from runtime.cache.http.cache import client_view
 from runtime.executors.base import Caller, principal_blob
 from runtime.executors.python.function import PythonFunction
@@ -128,7 +129,7 @@ from runtime.observe.event import Event
 from runtime.observe.metrics import DURATION_BUCKETS
 from runtime.observe.ring import PLAIN_TEXT
 from runtime.pipeline.chain import Chain
-from runtime.pipeline.contain import contain
+from runtime.pipeline.contain import contain, plain_error
 from runtime.pipeline.stage import Context, Stage
 from runtime.pipeline.stages.auth import Auth
 from runtime.pipeline.stages.bots import Bots
@@ -219,13 +220,14 @@ class NativeLane:
                              http.max_body_bytes, rid.trust,
                              all(s.jwt is None for s in chain.stages if isinstance(s, Auth)))
         self.c.python(self._submit)
+        self.c.blocks(self._blocks())
         self.ratelimit = stages.get(RateLimit)
         # (route index, client) -> the checks its requests make (`_limit_admits`), as
         # the counters take them and as the stage hits them: a connection's client is one
         # str, its hash kept
         self.limit_checks: dict[tuple[int, str], tuple[list[Any], list[Any]]] = {}
         self.refusing: set[int] = set()  # route indexes whose 429 the C writes
-        # a refusal's record, per limit: its decision and error (shared by its events,
+        # a refusal's record, per limit: its decisions and error (shared by its events,
         # and by its records, which the C groups by it)
         self.refusals: dict[str, tuple[dict[str, Any], str]] = {}
         if isinstance(self.ratelimit, RateLimit) and not self.ratelimit.limiter.remote:
@@ -524,13 +526,15 @@ class NativeLane:
                 cache = self._cache_mode(fn)
                 limited = self._limits(fn)
                 refuses = bool(limited) and self._refuses(fn)
+                blocked = self._blocked(fn)
                 for path, route in self._paths(fn):
                     if len(table) < 256:
                         under = _under(path, *taken) if route == path else None
                         routes.append((fn, route, path, cache))
                         limits.append(limited)
                         table.append(self._entry(fn, path, route, allowed, cache, under,
-                                                 limited=bool(limited), refuses=refuses))
+                                                 limited=bool(limited), refuses=refuses,
+                                                 blocked=blocked))
                 for route in self._patterns(fn):
                     beside = _beside(route, *taken)
                     if beside is not None and len(table) < 256:
@@ -538,7 +542,7 @@ class NativeLane:
                         limits.append(limited)
                         table.append(self._entry(fn, route, route, allowed, cache, beside,
                                                  pattern=True, limited=bool(limited),
-                                                 refuses=refuses))
+                                                 refuses=refuses, blocked=blocked))
         self.c.routes(table)
         self.routes, self.limits = routes, limits
         self.refusing = {i for i, entry in enumerate(table) if entry[12] & ROUTE_REFUSES}
@@ -594,6 +598,37 @@ class NativeLane:
         after = kept[kept.index(self.ratelimit) + 1:]
         return all(isinstance(s, HttpCacheStage | Dispatch) for s in after)
 
+    def _blocked(self, fn: Deployment) -> int:
+        """The bot classes (a bit each, `CLASSES`) whose requests for `fn` bots blocks
+        (403), where the lane writes that as the stage does (`_blocks`): where no
+        ratelimit comes before bots in its plan (one would count them first)."""
+        kept = self.chain.kept(fn) or []
+        stage = next((s for s in kept if isinstance(s, Bots)), None)
+        if stage is None or any(isinstance(s, RateLimit) for s in kept[:kept.index(stage)]):
+            return 0
+        policy = stage.manager.policy(fn.policy.bots)
+        return sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "block")
+
+    def _blocks(self) -> tuple[tuple[Any, ...], ...]:
+        """Per verdict, bots' 403 for it, as the C writes it (lane.c `block`): the
+        `Rejected` the manager raises (`enforce`), rendered as `contain` renders it,
+        and the bots record the stage makes of it, with the action ``block``."""
+        out = []
+        for cls, record in self.records_of:
+            try:
+                verdict: Any = (cls, None, record["signals"], None)
+                self.bots.manager.enforce("block", verdict, "", None)  # type: ignore[arg-type]
+            except Rejected as e:
+                response = plain_error(e)
+                response.headers.extend(e.headers)
+                assert isinstance(response.body, bytes)
+                out.append((response.status,
+                            b"".join([b"%s: %s\r\n" % h for h in response.headers]),
+                            response.body, ({"bots": {**record, "action": "block"}}, e.code)))
+            else:
+                raise RuntimeError("bots' block refused nothing")
+        return tuple(out)
+
     def _limits(self, fn: Deployment) -> list[tuple[Any, ...]]:
         """What ratelimit counts `fn`'s requests without a principal against (its
         `anonymous`): [] when nothing, or it is not in `fn`'s plan."""
@@ -636,7 +671,7 @@ class NativeLane:
         if refusal is None or refusal[1] != code:
             if len(self.refusals) >= 4096:
                 self.refusals.clear()
-            refusal = self.refusals[name] = ({"limited": name}, code)
+            refusal = self.refusals[name] = ({"ratelimit": {"limited": name}}, code)
         return status, head, body, refusal
 
     def _cache_mode(self, fn: Deployment) -> int:
@@ -696,12 +731,13 @@ class NativeLane:
 
     def _entry(self, fn: Deployment, path: str, route: str, allowed: int, cache: int,
                under: Exclusions | None = None, pattern: bool = False, limited: bool = False,
-               refuses: bool = False) -> tuple[Any, ...]:
+               refuses: bool = False, blocked: int = 0) -> tuple[Any, ...]:
         """The C's route tuple for `fn`'s route `path`: a literal one (`under`: it also
         serves the paths under it but these), or with `pattern` one with captures, whose
         matches but `under` it serves (lane.c `find_route`); `limited`: ratelimit
         counts its requests (`_limit_admits`); `refuses`: the C writes the 429s it
-        refuses them with (`_refuses`)."""
+        refuses them with (`_refuses`); `blocked`: the bot classes whose 403 the C
+        writes (`_blocked`)."""
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
@@ -718,7 +754,8 @@ class NativeLane:
             assert executor.pool is not None  # (`_lane_executor`)
             return (path.encode("latin-1"), 0, 0, 0, 0, 0, 0, executor.env_blob,
                     fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, executor,
-                    (fn, route, path, cache, executor.pool.cfg.max_response), None, under)
+                    (fn, route, path, cache, executor.pool.cfg.max_response), None, under,
+                    blocked)
         if executor.abi == "wasi":  # run by the C (`_cgi`), else, and what it leaves, a call
             cgi = self._cgi(executor, route)
             engine, pre = executor.raw_pre if cgi is not None else (0, 0)
@@ -726,7 +763,7 @@ class NativeLane:
                     executor.slice_ticks, executor.max_response, 0, executor.env_blob,
                     fn.label.encode(), fn, allowed, cache, origin, caching, fn.label,
                     executor,
-                    (fn, route, path, cache, 0), cgi, under)
+                    (fn, route, path, cache, 0), cgi, under, blocked)
         wasm = executor
         assert isinstance(wasm.call, NativeReactorCall)
         call = wasm.call
@@ -734,7 +771,7 @@ class NativeLane:
         return (path.encode("latin-1"), call.engine or 0, call.pre or 0, call.memory_limit,
                 call.deadline_ticks, call.max_response, times, wasm.env_blob,
                 fn.label.encode(), fn, allowed, cache, origin, caching, fn.label, wasm, None,
-                None, under)
+                None, under, blocked)
 
     def _origin(self, fn: Deployment, path: str, prefix: bool = False) -> int:
         """1 when a `cors` stage `fn`'s requests go through acts on a request for
@@ -797,6 +834,7 @@ class NativeLane:
         self.records_of.append(_bots_record(*verdict))
         self._verdict_texts()
         self.c.verdicts(self._classes())
+        self.c.blocks(self._blocks())
         return len(self.verdicts) - 1
 
     def _verdict_texts(self) -> None:
@@ -1008,8 +1046,8 @@ def groups_of(made: list[tuple[Any, ...]], route_texts: tuple[tuple[Any, ...], .
     for ri, status, method, n, size, verdicts, buckets, durations, refused in made:
         _, target, _, route, flags = route_texts[ri]
         first, passed = flags & ROUTE_MISS, 2 if flags & ROUTE_PASSED else 0
-        if refused is not None:  # ratelimit's refusal, no http_cache (`refuse`)
-            decided = [({**verdict_texts[v][1], "ratelimit": refused[0]}, k)
+        if refused is not None:  # a stage's refusal, no http_cache (`refuse`)
+            decided = [({**verdict_texts[v][1], **refused[0]}, k)
                        for v, k in verdicts.items()]
         elif first and method >= POST:  # what the metrics read of `_bypass`'s record
             decided = [({**verdict_texts[v][1 + passed], "http_cache": BYPASSED}, k)

@@ -42,8 +42,10 @@ ROUTES = (("/hello", "hello@1a2b3c4d", None, "/hello", False),
 # bot class, decisions, decisions with the MISS (NativeLane.verdict_texts)
 VERDICTS = (("automation", {"bots": BOTS}, {"bots": BOTS, "http_cache": MISS}),
             ("declared_agent", {"bots": CRAWLER}, {"bots": CRAWLER, "http_cache": MISS}))
-REFUSED = ({"limited": "by-ip"}, "rate_limited")  # a refusal's decision and error
-OTHER = ({"limited": "fn-ip"}, "rate_limited")
+# a refusal's decisions (the verdict's updated with them) and error: ratelimit's, bots'
+REFUSED = ({"ratelimit": {"limited": "by-ip"}}, "rate_limited")
+OTHER = ({"ratelimit": {"limited": "fn-ip"}}, "rate_limited")
+BLOCKED = ({"bots": {**BOTS, "action": "block"}}, "bot_blocked")
 # (ts, id, route, status, body bytes, took ns, verdict, method, host, query, client,
 # request body bytes, path: None for the route's own, refused: None or a refusal's pair), id a number or a caller's (bytes), method 0 GET, 1 HEAD, 2 POST, 3 PUT, 4 PATCH, 5 DELETE (lane.c's MC_*): half-even rounding
 # of microseconds (1500, 2500 ns), durations on a bucket's bound (500 us = 0.0005 s), a
@@ -75,6 +77,7 @@ RECORDS = [
     (1796281451.87, 30, 0, 429, 129, 50_000, 1, 2, b"x", b"", "10.0.0.5:2", 3, None, REFUSED),
     (1796281451.88, 31, 0, 429, 130, 51_000, 0, 0, b"x", b"", "10.0.0.5:3", 0, None, OTHER),
     (1796281451.89, 32, 1, 429, 129, 52_000, 0, 1, b"x", b"", "10.0.0.5:4", 0, None, REFUSED),
+    (1796281451.90, 33, 0, 403, 90, 53_000, 0, 0, b"x", b"", "10.0.0.6:1", 0, None, BLOCKED),
 ]
 
 
@@ -98,7 +101,7 @@ def reference(rec: tuple[Any, ...]) -> Event:
         event.query = query.decode("latin-1")
     event.decisions = dict(missed if first else plain)
     if refused is not None:  # ratelimit refused it: http_cache never saw it
-        event.decisions = {**plain, "ratelimit": refused[0]}
+        event.decisions = {**plain, **refused[0]}
         event.error = refused[1]
     elif first and method >= 2:  # HttpCacheStage._bypass's record: `_label` of the key
         url = host.decode("latin-1") + path + ("?" + query.decode("latin-1") if query else "")
@@ -204,8 +207,8 @@ def test_a_bad_record_raises() -> None:
     for rid in (b"", b"a" * 129):  # a caller's id request_id would not have kept
         with pytest.raises(ValueError):
             make([(1.0, rid, 0, 200, 0, 0, 0, 0, b"x", b"", "c", 0, None, None)])
-    for refused in ({"limited": "x"}, ({"limited": "x"},), ("x", "rate_limited"),
-                    ({"limited": "x"}, b"rate_limited")):  # not a (dict, str) pair
+    for refused in ({"limited": "x"}, ({"ratelimit": {}},), ("x", "rate_limited"),
+                    ({"ratelimit": {}}, b"rate_limited")):  # not a (dict, str) pair
         with pytest.raises(ValueError):
             make([(1.0, 1, 0, 429, 0, 0, 0, 0, b"x", b"", "c", 0, None, refused)])
     with pytest.raises(TypeError):

@@ -127,20 +127,38 @@ def test_the_lane_serves_what_ratelimit_admits_and_refuses_the_rest(
     assert on.cache_stats() == off.cache_stats()
 
 
-def test_bots_refuses_before_ratelimit_on_the_lane_too(pair: tuple[Side, Side]) -> None:
-    """A request whose bot class the function blocks is bots' 403 (Python's), whatever
-    ratelimit would say: with the limit full, too (the lane finds a refused request's
-    verdict before it asks ratelimit, which would count it), and it counts nothing."""
-    on, _ = pair
-    for _ in range(LIMIT):
-        assert sent(pair, request("GET", "/guarded", BROWSER)).split(b" ", 2)[1] == b"200"
+def test_bots_blocks_before_ratelimit_counts_on_the_lane_too(pair: tuple[Side, Side]) -> None:
+    """A request whose bot class the function blocks is bots' 403, written by the lane
+    as the stage answers it (its event with the bots record's ``block``, the metrics'
+    bot actions): ratelimit never sees it, so it counts nothing (the limit's requests
+    after it are all admitted), and with the limit full it is still the 403."""
+    on, off = pair
+    curl = [("Host", "x"), ("User-Agent", "curl/8")]
     for _ in range(2):
         before = served(on)
-        got = sent(pair, request("GET", "/guarded", [("Host", "x"), ("User-Agent", "curl/8")]))
-        assert got.split(b" ", 2)[1] == b"403" and served(on) == before
-    before = served(on)
-    assert sent(pair, request("GET", "/guarded", BROWSER)).split(b" ", 2)[1] == b"429"
-    assert served(on) - before == 1
+        got = sent(pair, request("GET", "/guarded", curl))
+        assert got.split(b" ", 2)[1] == b"403" and served(on) - before == 1
+        assert b"\r\nx-edgefn-error: bot_blocked\r\n" in got
+    for _ in range(LIMIT):
+        assert sent(pair, request("GET", "/guarded", BROWSER)).split(b" ", 2)[1] == b"200"
+    for headers, status in ((curl, b"403"), (BROWSER, b"429")):
+        before = served(on)
+        assert sent(pair, request("GET", "/guarded", headers)).split(b" ", 2)[1] == status
+        assert served(on) - before == 1
+    assert on.metrics() == off.metrics()
+
+
+def test_a_blocked_clients_head_and_post_are_the_lanes_403s(pair: tuple[Side, Side]) -> None:
+    """A class a function blocks (``[bots] automation = "block"``): its HEAD (the
+    length, no body) and its POST (a body read, never run) are the lane's 403s too,
+    with the Python PoP's bytes, events, lines and counts."""
+    on, off = pair
+    for method in ("HEAD", "POST"):
+        before = served(on)
+        got = sent(pair, request(method, "/guarded", [("Host", "x"), ("User-Agent", "curl/8")],
+                                 b"x" if method == "POST" else b""), method.encode())
+        assert got.split(b" ", 2)[1] == b"403" and served(on) - before == 1
+    assert on.metrics() == off.metrics()
 
 
 def test_a_refusal_says_how_its_connection_goes_on(pair: tuple[Side, Side]) -> None:

@@ -1137,7 +1137,8 @@ def test_ratelimit_before_bots_leaves_its_refusals_to_python(tmp_path: Path) -> 
     refused request never reaches (http_cache, dispatch): in the default order it
     does; with ``ratelimit`` before ``bots`` (which then never records a refused
     request's class) the refusal is Python's, counted once, and its event has no bots
-    record; the admitted requests are still the lane's."""
+    record; the admitted requests are still the lane's. Bots' 403 likewise: the lane's
+    where no ratelimit comes before bots, else Python's (ratelimit counts it first)."""
     names = [type(s).__struct_config__.tag for s in c.default_pipeline()]  # type: ignore[attr-defined]
     names.remove("ratelimit")
     early = [{"stage": n} for n in names[:names.index("bots")]] + [{"stage": "ratelimit"}] + \
@@ -1148,8 +1149,21 @@ def test_ratelimit_before_bots_leaves_its_refusals_to_python(tmp_path: Path) -> 
         pop = pop_with(root, **({"pipeline": pipeline} if pipeline else {}))
         try:
             deploy(pop, function_dir(root / "fns", "one", OK, extra=limited))
+            deploy(pop, function_dir(root / "fns", "guarded", OK, extra=limited +
+                                     '[bots]\nautomation = "block"\n'))
             lane = pop.lane
             assert lane is not None
+            # bots' 403: the lane's where ratelimit comes after bots (it counts nothing);
+            # before it, ratelimit counts it first: Python's
+            blocked = lane_answer(pop, "/guarded", CURL)
+            if refuses:
+                assert blocked is not None and blocked.startswith(b"HTTP/1.1 403 ")
+                assert same(blocked, chain_answer(pop, "/guarded", CURL))
+            else:
+                assert blocked is None
+                ctx = Context("127.0.0.1:1")
+                assert chain_answer(pop, "/guarded", CURL, ctx=ctx).status == 403
+                assert ctx.decisions["ratelimit"] == {"limited": None}  # counted
             assert lane_answer(pop, "/one", CURL) is not None  # admitted: the lane's
             assert bool(lane.refusing) is refuses
             answer = lane_answer(pop, "/one", CURL)

@@ -199,6 +199,8 @@ typedef struct {
     uint32_t path_len; /* of `url`, before any '?' */
     const char *rid;   /* the caller's request id `request_id` keeps (in `head`), or NULL */
     uint32_t rid_len;
+    int judged;        /* its verdict is found (`verdict`: `request_verdict`'s) */
+    int verdict;
     hdr_t h[MAX_HEADERS];
     char url[URL_MAX];
     char head[HEAD_MAX];
@@ -206,7 +208,7 @@ typedef struct {
 
 static int on_message_begin(llhttp_t *p) {
     req_t *q = p->data;
-    q->done = q->bad = q->hstate = q->headed = 0;
+    q->done = q->bad = q->hstate = q->headed = q->judged = 0;
     q->url_len = q->head_len = q->nh = 0;
     q->py_head = 0;
     q->body = NULL;
@@ -310,6 +312,8 @@ typedef struct {
     int wildcard;                      /* it ends in `*`: the rest of the path is a param */
     int limited;                       /* ratelimit counts its requests (`limit_admits`) */
     int refuses;                       /* ...and the lane writes the 429 it refuses with */
+    uint32_t blocked;                  /* bit per bot class whose action is "block", where
+                                        * the lane writes bots' 403 (`block`) */
     uint32_t nseg;
     struct { uint32_t at, len; int capture; } seg[MAX_SEGMENTS];
     PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
@@ -358,6 +362,7 @@ typedef struct {
     int n_routes;
     PyObject *class_blobs;   /* tuple: the principal blob per bot class */
     PyObject *verdict_class; /* tuple: verdict -> bot class index */
+    PyObject *blocks;        /* tuple: verdict -> bots' refusal of it (`block`), or None */
     PyObject *classify;      /* classify(ua) -> verdict index, or -1: Python's */
     PyObject *status_lines;  /* tuple of 600: bytes or None */
     PyObject *inflight_name; /* "inflight" */
@@ -961,11 +966,25 @@ static size_t request_id(const Lane *l, uint64_t counter, char *rid) {
     return (size_t)(put_hex(rid + l->prefix_len + 1, counter) - rid);
 }
 
+/* The verdict of the request in l->q (`verdict_of`, found once a request): its index,
+ * -1 for Python (a Python error is Python's too: cleared). */
+static int request_verdict(Lane *l) {
+    req_t *q = &l->q;
+    if (!q->judged) {
+        q->verdict = verdict_of(l, q);
+        if (q->verdict == -2) {
+            PyErr_Clear();
+            q->verdict = -1;
+        }
+        q->judged = 1;
+    }
+    return q->verdict;
+}
+
 /* The verdict of the request in l->q, if the lane may serve it for `r`: a verdict
  * index, -1 for Python. */
 static int allowed_verdict(Lane *l, const route_t *r, long *cls) {
-    int verdict = verdict_of(l, &l->q);
-    if (verdict == -2) { PyErr_Clear(); return -1; }
+    int verdict = request_verdict(l);
     if (verdict < 0 || verdict >= PyTuple_GET_SIZE(l->verdict_class)) return -1;
     *cls = PyLong_AsLong(PyTuple_GET_ITEM(l->verdict_class, verdict));
     if (*cls < 0 || *cls >= 32 || !(r->allowed & (1u << *cls))) return -1;
@@ -1240,13 +1259,14 @@ static int serve_route(Lane *l, int ri, int method, const hdr_t *host, PyObject 
                         s.verdict, host, query, query_len, date, extra, events, client);
 }
 
-/* The request in l->q for route `ri`, which ratelimit refused (`limit_admits` said
- * so, counted, with `token`: (status, header lines, body, (decision, error)), the
- * stages' error response, `lane_refusal`'s), answered with that response and recorded
- * (its event: the verdict's decisions with ratelimit's `decision`, and `error`), as the
- * stages answer it: the function never runs. `s`: its verdict, and the clocks its
- * record reads. 1 served; -1 a Python error (a token of the wrong shape, no memory:
- * then the request is Python's, whose stage counts it again). */
+/* The request in l->q for route `ri`, which a stage refused with `token`: (status,
+ * header lines, body, (decisions, error)), the stages' error response: ratelimit's
+ * (`limit_admits` said so, counted: `lane_refusal`'s) or bots' (`block`). Answered
+ * with that response and recorded (its event: the verdict's decisions updated with
+ * the refusal's `decisions`, and `error`), as the stages answer it: the function never
+ * runs. `s`: its verdict, and the clocks its record reads. 1 served; -1 a Python error
+ * (a token of the wrong shape, no memory: then the request is Python's, whose
+ * ratelimit counts it again). */
 static int refuse(Lane *l, int ri, int method, const hdr_t *host, const start_t *s,
                   PyObject *token, PyObject *date, PyObject *extra, PyObject *events,
                   PyObject *client) {
@@ -1288,6 +1308,26 @@ static int refuse(Lane *l, int ri, int method, const hdr_t *host, const start_t 
     return 1;
 }
 
+/* The request in l->q for route `ri`, if its verdict's class is one `ri` blocks: bots'
+ * 403 (`blocks`: as the stage refuses it, and records it), written and recorded by
+ * `refuse`: 1. 0 when it is not blocked here, or its block is Python's (no verdict,
+ * none rendered); -1 a Python error. Nothing after bots runs for it: ratelimit counts
+ * nothing (the lane blocks only where no ratelimit comes before bots). */
+static int block(Lane *l, int ri, int method, const hdr_t *host, PyObject *date,
+                 PyObject *extra, PyObject *events, PyObject *client) {
+    uint64_t started = mono_ns();
+    int verdict = request_verdict(l);
+    if (verdict < 0 || !l->blocks || verdict >= PyTuple_GET_SIZE(l->blocks) ||
+            verdict >= PyTuple_GET_SIZE(l->verdict_class))
+        return 0;
+    long cls = PyLong_AsLong(PyTuple_GET_ITEM(l->verdict_class, verdict));
+    PyObject *token = PyTuple_GET_ITEM(l->blocks, verdict);
+    if (cls < 0 || cls >= 32 || !(l->routes[ri].blocked & (1u << cls)) || token == Py_None)
+        return 0;
+    start_t s = {verdict, cls, started, now_wall()};
+    return refuse(l, ri, method, host, &s, token, date, extra, events, client);
+}
+
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. A limited route's request is asked of
  * ratelimit first (`limit_admits`: would it be admitted now? nothing counted), and
@@ -1302,6 +1342,10 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
     const hdr_t *host = NULL;
     int ri = admit(l, method, &host);
     if (ri < 0) return ri == -2 ? -1 : 0;
+    if (l->routes[ri].blocked) {
+        int blocked = block(l, ri, method, host, date, extra, events, client);
+        if (blocked) return blocked;
+    }
     if (l->routes[ri].limited) {
         if (!l->limit_admits) return 0;
         start_t s = {0, 0, 0, 0.0};
@@ -1680,7 +1724,8 @@ static int exclusions_ok(PyObject *x) {
 
 /* routes(list of (path, engine, pre, memory_limit, deadline_ticks, max_response, times,
  * env_blob, label, fn, allowed, cache, origin, caching, label_str, executor, python[,
- * cgi[, excluded]]): the eligible routes, replacing the ones before (`origin`: ROUTE_*
+ * cgi[, excluded[, blocked]]]): the eligible routes, replacing the ones before (`blocked`:
+ * a bit per bot class whose requests get bots' 403 from the lane, `block`; `origin`: ROUTE_*
  * flags, ROUTE_ORIGIN when a request with an Origin header is Python's, ROUTE_PREFIX
  * when the route serves the paths under it but `excluded`'s, a tuple of (path, EX_*); `caching`: a set, for CACHE_FIRST;
  * `python`: None for a WASM reactor, what a Python function's call carries for Python's
@@ -1702,12 +1747,12 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
                  *excl = Py_None;
         unsigned long long engine, pre, times, ticks, max_response;
         long long memory;
-        unsigned int allowed;
+        unsigned int allowed, blocked = 0;
         int cache, origin;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiiOUOO|OO", &path,
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiiOUOO|OOI", &path,
                               &path_len, &engine, &pre, &memory, &ticks, &max_response, &times,
                               &env, &label, &fn, &allowed, &cache, &origin, &caching,
-                              &label_str, &executor, &python, &cgi, &excl))
+                              &label_str, &executor, &python, &cgi, &excl, &blocked))
             return NULL;
         if (excl != Py_None && !exclusions_ok(excl)) return NULL;
         PyObject *strings = NULL, *matched = NULL;
@@ -1752,6 +1797,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->label = Py_NewRef(label);
         r->fn = Py_NewRef(fn);
         r->allowed = allowed;
+        r->blocked = blocked & ~allowed;
         r->cache = cache;
         r->origin = (origin & ROUTE_ORIGIN) != 0;
         r->prefix = (origin & ROUTE_PREFIX) != 0;
@@ -1789,6 +1835,25 @@ static PyObject *Lane_verdicts(Lane *l, PyObject *classes) {
     if (PyTuple_GET_SIZE(classes) < PyTuple_GET_SIZE(l->verdict_class))
         clear_uas(l);  /* fewer verdicts: the User-Agents' indexes are asked again */
     Py_XSETREF(l->verdict_class, Py_NewRef(classes));
+    Py_RETURN_NONE;
+}
+
+/* blocks(tuple): per verdict, bots' refusal of it, as `refuse` takes a refusal (status,
+ * header lines, body, (decisions, error)), or None (Python's): what `block` writes for a
+ * verdict whose class a route blocks. */
+static PyObject *Lane_blocks(Lane *l, PyObject *blocks) {
+    if (!PyTuple_Check(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "blocks(tuple of refusals or None, by verdict)");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(blocks); i++) {
+        PyObject *x = PyTuple_GET_ITEM(blocks, i);
+        if (x != Py_None && (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) != 4)) {
+            PyErr_SetString(PyExc_ValueError, "a verdict's block: a refusal (a 4-tuple) or None");
+            return NULL;
+        }
+    }
+    Py_XSETREF(l->blocks, Py_NewRef(blocks));
     Py_RETURN_NONE;
 }
 
@@ -1912,6 +1977,7 @@ static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(l));
     Py_VISIT(l->class_blobs);
     Py_VISIT(l->verdict_class);
+    Py_VISIT(l->blocks);
     Py_VISIT(l->classify);
     Py_VISIT(l->status_lines);
     for (int i = 0; i < l->n_routes; i++) {
@@ -1933,6 +1999,7 @@ static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
 static int Lane_clear(Lane *l) {
     Py_CLEAR(l->class_blobs);
     Py_CLEAR(l->verdict_class);
+    Py_CLEAR(l->blocks);
     Py_CLEAR(l->classify);
     Py_CLEAR(l->status_lines);
     Py_CLEAR(l->inflight_name);
@@ -2021,6 +2088,7 @@ static PyMethodDef LANE_METHODS[] = {
      "run here"},
     {"routes", (PyCFunction)Lane_routes, METH_O, "replace the eligible routes"},
     {"verdicts", (PyCFunction)Lane_verdicts, METH_O, "replace the verdicts' classes"},
+    {"blocks", (PyCFunction)Lane_blocks, METH_O, "replace the verdicts' blocks (bots' 403s)"},
     {"forget_agents", (PyCFunction)Lane_forget_agents, METH_NOARGS,
      "drop the User-Agent verdicts learnt"},
     {NULL, NULL, 0, NULL}};

@@ -476,8 +476,8 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
         }
         return NULL;
     }
-    /* a refused request's: the verdict's decisions and ratelimit's refusal, nothing of
-     * http_cache (not reached) */
+    /* a refused request's: the verdict's decisions updated with the refusal's (ratelimit's
+     * record added, or bots' replaced), nothing of http_cache (not reached) */
     PyObject *refused = r[13] == Py_None ? NULL : r[13];
     int first = (flags & ROUTE_MISS) != 0 && !refused;
     PyObject *decisions = PyTuple_GET_ITEM(v, refused ? 1 : (first && method < MC_POST ? 2 : 1) +
@@ -497,7 +497,7 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
                                * a refusal's */
     if (refused && !ctx) {
         bypass = PyDict_Copy(decisions);
-        if (!bypass || PyDict_SetItemString(bypass, "ratelimit", PyTuple_GET_ITEM(refused, 0))) {
+        if (!bypass || PyDict_Update(bypass, PyTuple_GET_ITEM(refused, 0))) {
             Py_XDECREF(bypass);
             Py_DECREF(path);
             return NULL;
