@@ -216,16 +216,22 @@ def counted_alike(pop: PoP) -> None:
     assert remaining == list(range(remaining[0], remaining[0] - 4, -1))
 
 
-@pytest.mark.parametrize("path, taken, left", [
-    ("/noautomation", [GPTBOT], [b"", CURL]),
-    ("/noagents", [b"", CURL], [GPTBOT]),
+@pytest.mark.parametrize("path, taken, blocked, left", [
+    ("/noautomation", [GPTBOT], [b"", CURL], []),
+    ("/noagents", [b"", CURL], [], [GPTBOT]),
 ])
 def test_the_lane_serves_only_the_bot_classes_a_function_allows(
-        pop: PoP, path: str, taken: list[bytes], left: list[bytes]) -> None:
-    """A class the function's ``[bots]`` blocks or challenges is the chain's (403 or
-    429); the classes it allows are still the lane's."""
+        pop: PoP, path: str, taken: list[bytes], blocked: list[bytes], left: list[bytes]
+        ) -> None:
+    """The classes a function's ``[bots]`` allows are the lane's; one it blocks is
+    bots' 403, written by the lane as the chain answers it; one it challenges is the
+    chain's (429)."""
     for ua in taken:
         assert same(lane_answer(pop, path, ua), chain_answer(pop, path, ua))
+    for ua in blocked:
+        answer = lane_answer(pop, path, ua)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 403 ")
+        assert same(answer, chain_answer(pop, path, ua))
     for ua in left:
         assert lane_answer(pop, path, ua) is None
         assert chain_answer(pop, path, ua).status in (403, 429)
