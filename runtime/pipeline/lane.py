@@ -591,20 +591,24 @@ class NativeLane:
         stages do: a 429 only the stages before ratelimit act on (request_id's id, the
         bots record, the event), when the stages after it are http_cache and dispatch,
         which a refused request never reaches (the default order; in another, a stage
-        after it, request_id or bots, would not see the refusal)."""
+        after it, request_id or bots, would not see the refusal, and an http_cache
+        before it would mark and count it)."""
         kept = self.chain.kept(fn) or []
         if self.ratelimit not in kept:
             return False
-        after = kept[kept.index(self.ratelimit) + 1:]
-        return all(isinstance(s, HttpCacheStage | Dispatch) for s in after)
+        at = kept.index(self.ratelimit)
+        return all(isinstance(s, HttpCacheStage | Dispatch) for s in kept[at + 1:]) and \
+            not any(isinstance(s, HttpCacheStage) for s in kept[:at])
 
     def _blocked(self, fn: Deployment) -> int:
         """The bot classes (a bit each, `CLASSES`) whose requests for `fn` bots blocks
         (403), where the lane writes that as the stage does (`_blocks`): where no
-        ratelimit comes before bots in its plan (one would count them first)."""
+        ratelimit comes before bots in its plan (one would count them first), nor an
+        http_cache (it would mark and count the 403)."""
         kept = self.chain.kept(fn) or []
         stage = next((s for s in kept if isinstance(s, Bots)), None)
-        if stage is None or any(isinstance(s, RateLimit) for s in kept[:kept.index(stage)]):
+        if stage is None or any(isinstance(s, RateLimit | HttpCacheStage)
+                                for s in kept[:kept.index(stage)]):
             return 0
         policy = stage.manager.policy(fn.policy.bots)
         return sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "block")
