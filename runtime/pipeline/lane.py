@@ -220,7 +220,9 @@ class NativeLane:
                              http.max_body_bytes, rid.trust,
                              all(s.jwt is None for s in chain.stages if isinstance(s, Auth)))
         self.c.python(self._submit)
-        self.c.blocks(self._blocks())
+        # per verdict, bots' 403 (`_block`): what the C writes for a class a route blocks
+        self.blocks = [self._block(*r) for r in self.records_of]
+        self.c.blocks(tuple(self.blocks))
         self.ratelimit = stages.get(RateLimit)
         # (route index, client) -> the checks its requests make (`_limit_admits`), as
         # the counters take them and as the stage hits them: a connection's client is one
@@ -602,7 +604,7 @@ class NativeLane:
 
     def _blocked(self, fn: Deployment) -> int:
         """The bot classes (a bit each, `CLASSES`) whose requests for `fn` bots blocks
-        (403), where the lane writes that as the stage does (`_blocks`): where no
+        (403), where the lane writes that as the stage does (`_block`): where no
         ratelimit comes before bots in its plan (one would count them first), nor an
         http_cache (it would mark and count the 403)."""
         kept = self.chain.kept(fn) or []
@@ -613,25 +615,21 @@ class NativeLane:
         policy = stage.manager.policy(fn.policy.bots)
         return sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "block")
 
-    def _blocks(self) -> tuple[tuple[Any, ...], ...]:
-        """Per verdict, bots' 403 for it, as the C writes it (lane.c `block`): the
-        `Rejected` the manager raises (`enforce`), rendered as `contain` renders it,
-        and the bots record the stage makes of it, with the action ``block``."""
-        out = []
-        for cls, record in self.records_of:
-            try:
-                verdict: Any = (cls, None, record["signals"], None)
-                self.bots.manager.enforce("block", verdict, "", None)  # type: ignore[arg-type]
-            except Rejected as e:
-                response = plain_error(e)
-                response.headers.extend(e.headers)
-                assert isinstance(response.body, bytes)
-                out.append((response.status,
-                            b"".join([b"%s: %s\r\n" % h for h in response.headers]),
-                            response.body, ({"bots": {**record, "action": "block"}}, e.code)))
-            else:
-                raise RuntimeError("bots' block refused nothing")
-        return tuple(out)
+    def _block(self, cls: str, record: dict[str, Any]) -> tuple[Any, ...]:
+        """Bots' 403 for a verdict (its class and the stage's `record` of it), as the
+        C writes it (lane.c `block`): the `Rejected` the manager raises (`enforce`),
+        rendered as `contain` renders it, and the stage's record with the action
+        ``block``."""
+        try:
+            verdict: Any = (cls, None, record["signals"], None)
+            self.bots.manager.enforce("block", verdict, "", None)  # type: ignore[arg-type]
+        except Rejected as e:
+            response = plain_error(e)
+            response.headers.extend(e.headers)
+            assert isinstance(response.body, bytes)
+            return (response.status, b"".join([b"%s: %s\r\n" % h for h in response.headers]),
+                    response.body, ({"bots": {**record, "action": "block"}}, e.code))
+        raise RuntimeError("bots' block refused nothing")
 
     def _limits(self, fn: Deployment) -> list[tuple[Any, ...]]:
         """What ratelimit counts `fn`'s requests without a principal against (its
@@ -836,9 +834,10 @@ class NativeLane:
                 return -1
         self.verdicts.append(verdict)
         self.records_of.append(_bots_record(*verdict))
+        self.blocks.append(self._block(*self.records_of[-1]))
         self._verdict_texts()
         self.c.verdicts(self._classes())
-        self.c.blocks(self._blocks())
+        self.c.blocks(tuple(self.blocks))
         return len(self.verdicts) - 1
 
     def _verdict_texts(self) -> None:
