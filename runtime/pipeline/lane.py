@@ -524,6 +524,7 @@ class NativeLane:
             for fn in self.registry.functions.values():
                 allowed = self.allowed(fn)
                 if not allowed:
+                    self._guarded_routes(fn, taken, routes, table, limits)
                     continue
                 cache = self._cache_mode(fn)
                 limited = self._limits(fn)
@@ -601,6 +602,73 @@ class NativeLane:
         at = kept.index(self.ratelimit)
         return all(isinstance(s, HttpCacheStage | Dispatch) for s in kept[at + 1:]) and \
             not any(isinstance(s, HttpCacheStage) for s in kept[:at])
+
+    def _guarded_routes(self, fn: Deployment, taken: Any, routes: list[Any],
+                        table: list[Any], limits: list[Any]) -> None:
+        """`fn`'s routes (appended to the tables `_rebuild` makes) where the lane only
+        refuses: a function whose auth asks for a credential (`_guard`), its requests
+        without one answered with auth's 401, every other Python's."""
+        guard = self._guard(fn)
+        if guard is None:
+            return
+        allowed, refusal = guard
+        blocked = self._blocked(fn)
+        entries = []  # (path, route, origin flags, exclusions), as `_entry` makes them
+        for path, route in self._paths(fn):
+            under = _under(path, *taken) if route == path else None
+            entries.append((path, route, self._origin(fn, path, under is not None) |
+                            (ROUTE_PREFIX if under is not None else 0), under))
+        for route in self._patterns(fn):
+            beside = _beside(route, *taken)
+            if beside is not None:
+                segments = parse_path(route).segments
+                head = "/" + "/".join(segments[:_literal_head(segments)])
+                entries.append((route, route, self._origin(fn, head, True) | ROUTE_PATTERN,
+                                beside))
+        for path, route, origin, under in entries:
+            if len(table) >= 256:
+                break
+            routes.append((fn, route, path, CACHE_NONE))
+            limits.append([])
+            table.append((path.encode("latin-1"), 0, 0, 0, 0, 0, 0, b"", fn.label.encode(), fn,
+                          allowed, CACHE_NONE, origin, None, fn.label, fn.executor, None, None,
+                          under, blocked, refusal))
+
+    def _guard(self, fn: Deployment) -> tuple[int, tuple[Any, ...]] | None:
+        """For a function whose auth asks for a credential (mode ``key``, ``jwt``):
+        the bot classes (a bit each) bots lets on to auth, and auth's 401 to a request
+        without one as the C writes it (`refuse`: the stages' error response, auth's
+        record of it, its error), where the lane writes it as the stages do: the stages
+        before auth are those it models (health, request_id, events, bots, cors: bots
+        among them, `ctx.bot`), bots counts nothing (no ``abusive_rate``), no canary,
+        and no ratelimit after auth counts the refusal (`on_refused`: rules by ip).
+        None otherwise: every request for it is Python's."""
+        kept = self.chain.kept(fn)
+        if kept is None or fn.name in self.registry.canaries or \
+                self.bots.manager.settings.abusive_rate:
+            return None
+        auth = next((s for s in kept if isinstance(s, Auth)), None)
+        if auth is None:
+            return None
+        before = kept[:kept.index(auth)]
+        if not all(isinstance(s, Health | RequestId | Events | Bots | Cors) for s in before) \
+                or not any(isinstance(s, Bots) for s in before):
+            return None
+        if auth.on_refused is not None and isinstance(self.ratelimit, RateLimit) and \
+                self.ratelimit.ip_rules:
+            return None
+        refused = auth.anonymous_refusal(fn)
+        if refused is None:
+            return None
+        mode, e = refused
+        response = plain_error(e)
+        response.headers.extend(e.headers)
+        assert isinstance(response.body, bytes)
+        policy = self.bots.manager.policy(fn.policy.bots)
+        allowed = sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "allow")
+        return allowed, (response.status,
+                         b"".join([b"%s: %s\r\n" % h for h in response.headers]),
+                         response.body, ({"auth": {"mode": mode, "result": e.code}}, e.code))
 
     def _blocked(self, fn: Deployment) -> int:
         """The bot classes (a bit each, `CLASSES`) whose requests for `fn` bots blocks

@@ -1191,3 +1191,26 @@ def test_ratelimit_before_bots_leaves_its_refusals_to_python(tmp_path: Path) -> 
             assert ctx.decisions["ratelimit"] == {"limited": "fn-ip"}
         finally:
             pop.close()
+
+
+def test_a_guarded_functions_401_is_pythons_where_ratelimit_counts_it(tmp_path: Path) -> None:
+    """Auth's 401 to a request without a credential is the lane's (`_guard`) unless a
+    PoP rule by ip counts it first (`on_refused`: a credential-guessing flood meets
+    its 429): then it is Python's, counted; the lane's and the chain's 401s are the
+    same bytes."""
+    for rules, lanes in (([], True), ([{"by": "ip", "limit": "5/minute"}], False)):
+        root = tmp_path / str(lanes)
+        pop = pop_with(root, **{"ratelimit.rules": rules})
+        try:
+            deploy(pop, function_dir(root / "fns", "keyed", OK, extra='auth = "key"\n'))
+            answer = lane_answer(pop, "/keyed", FIREFOX)
+            ctx = Context("127.0.0.1:1")
+            python = chain_answer(pop, "/keyed", FIREFOX, ctx=ctx)
+            assert python.status == 401
+            assert ctx.decisions["auth"] == {"mode": "key", "result": "unauthorized"}
+            if lanes:
+                assert answer is not None and same(answer, python)
+            else:
+                assert answer is None
+        finally:
+            pop.close()

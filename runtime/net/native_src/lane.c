@@ -314,6 +314,9 @@ typedef struct {
     int refuses;                       /* ...and the lane writes the 429 it refuses with */
     uint32_t blocked;                  /* bit per bot class whose action is "block", where
                                         * the lane writes bots' 403 (`block`) */
+    PyObject *guard;                   /* a function that asks for a credential: auth's
+                                        * 401 to a request without one (`refuse` takes
+                                        * it), one with one being Python's; or NULL */
     uint32_t nseg;
     struct { uint32_t at, len; int capture; } seg[MAX_SEGMENTS];
     PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
@@ -1328,6 +1331,26 @@ static int block(Lane *l, int ri, int method, const hdr_t *host, PyObject *date,
     return refuse(l, ri, method, host, &s, token, date, extra, events, client);
 }
 
+/* The request in l->q for route `ri`, which guards its function (auth asks for a
+ * credential): one that carries none (no Authorization, no x-api-key) is refused with
+ * the route's `guard` (auth's 401) when its verdict's class is one the route allows
+ * (bots, before auth, lets it on), and recorded (`refuse`): 1; anything else is
+ * Python's (a credential: auth proves it, or not), 0; -1 a Python error. The function
+ * never runs here: the route is in the table only for this. */
+static int guarded(Lane *l, int ri, int method, const hdr_t *host, PyObject *date,
+                   PyObject *extra, PyObject *events, PyObject *client) {
+    const req_t *q = &l->q;
+    for (uint32_t i = 0; i < q->nh; i++)
+        if (name_is(q, &q->h[i], "authorization", 13) || name_is(q, &q->h[i], "x-api-key", 9))
+            return 0;
+    route_t *r = &l->routes[ri];
+    start_t s = {0, 0, mono_ns(), 0.0};
+    s.verdict = allowed_verdict(l, r, &s.cls);
+    if (s.verdict < 0) return 0;
+    s.ts = now_wall();
+    return refuse(l, ri, method, host, &s, r->guard, date, extra, events, client);
+}
+
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
  * `events`), 0 for Python, -1 a Python error. A limited route's request is asked of
  * ratelimit first (`limit_admits`: would it be admitted now? nothing counted), and
@@ -1346,6 +1369,8 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
         int blocked = block(l, ri, method, host, date, extra, events, client);
         if (blocked) return blocked;
     }
+    if (l->routes[ri].guard)  /* (never served past here: its function is Python's) */
+        return guarded(l, ri, method, host, date, extra, events, client);
     if (l->routes[ri].limited) {
         if (!l->limit_admits) return 0;
         start_t s = {0, 0, 0, 0.0};
@@ -1669,6 +1694,7 @@ static void clear_routes(Lane *l) {
         Py_CLEAR(r->cgi);
         Py_CLEAR(r->cgi_route);
         Py_CLEAR(r->excluded);
+        Py_CLEAR(r->guard);
     }
     l->n_routes = 0;
     l->generation++;
@@ -1724,8 +1750,9 @@ static int exclusions_ok(PyObject *x) {
 
 /* routes(list of (path, engine, pre, memory_limit, deadline_ticks, max_response, times,
  * env_blob, label, fn, allowed, cache, origin, caching, label_str, executor, python[,
- * cgi[, excluded[, blocked]]]): the eligible routes, replacing the ones before (`blocked`:
- * a bit per bot class whose requests get bots' 403 from the lane, `block`; `origin`: ROUTE_*
+ * cgi[, excluded[, blocked[, guard]]]]): the eligible routes, replacing the ones before
+ * (`blocked`: a bit per bot class whose requests get bots' 403 from the lane, `block`;
+ * `guard`: auth's 401 to a request without a credential, `guarded`; `origin`: ROUTE_*
  * flags, ROUTE_ORIGIN when a request with an Origin header is Python's, ROUTE_PREFIX
  * when the route serves the paths under it but `excluded`'s, a tuple of (path, EX_*); `caching`: a set, for CACHE_FIRST;
  * `python`: None for a WASM reactor, what a Python function's call carries for Python's
@@ -1744,16 +1771,23 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         const char *path;
         Py_ssize_t path_len;
         PyObject *env, *label, *fn, *caching, *label_str, *executor, *python, *cgi = Py_None,
-                 *excl = Py_None;
+                 *excl = Py_None, *guard = Py_None;
         unsigned long long engine, pre, times, ticks, max_response;
         long long memory;
         unsigned int allowed, blocked = 0;
         int cache, origin;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiiOUOO|OOI", &path,
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "y#KKLKKKSSOIiiOUOO|OOIO", &path,
                               &path_len, &engine, &pre, &memory, &ticks, &max_response, &times,
                               &env, &label, &fn, &allowed, &cache, &origin, &caching,
-                              &label_str, &executor, &python, &cgi, &excl, &blocked))
+                              &label_str, &executor, &python, &cgi, &excl, &blocked, &guard))
             return NULL;
+        if (guard != Py_None && (!PyTuple_Check(guard) || PyTuple_GET_SIZE(guard) != 4 ||
+                                 python != Py_None || cgi != Py_None ||
+                                 (origin & ROUTE_LIMITED))) {
+            PyErr_SetString(PyExc_ValueError, "a guard: a refusal (a 4-tuple), on a route "
+                            "neither called, run nor limited");
+            return NULL;
+        }
         if (excl != Py_None && !exclusions_ok(excl)) return NULL;
         PyObject *strings = NULL, *matched = NULL;
         unsigned int envc = 0;
@@ -1798,6 +1832,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->fn = Py_NewRef(fn);
         r->allowed = allowed;
         r->blocked = blocked & ~allowed;
+        r->guard = guard == Py_None ? NULL : Py_NewRef(guard);
         r->cache = cache;
         r->origin = (origin & ROUTE_ORIGIN) != 0;
         r->prefix = (origin & ROUTE_PREFIX) != 0;
@@ -1986,6 +2021,7 @@ static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
         Py_VISIT(l->routes[i].excluded);
         Py_VISIT(l->routes[i].executor);
         Py_VISIT(l->routes[i].python);
+        Py_VISIT(l->routes[i].guard);
     }
     Py_VISIT(l->submit);
     Py_VISIT(l->started);

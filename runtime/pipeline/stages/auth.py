@@ -45,6 +45,8 @@ CHALLENGE = [(b"www-authenticate", b'Bearer realm="edgefn"')]
 type Refusal = Rejected | Awaitable[Rejected | None] | None
 MAX_CREDENTIAL = 8192
 MAX_GRANTS = 4096  # (principal, target) scope decisions kept
+# a request with no credential (`anonymous_refusal`): what `_authenticate` reads of one
+_ANONYMOUS = Request(b"GET", b"/", b"", [], b"", "1.1", True, "")
 
 
 class Auth:
@@ -119,6 +121,23 @@ class Auth:
         if self.secret and target.kind == "openai":
             return False  # it reads the forwarded client (`_client`)
         return self._mode(target) == "none"
+
+    def anonymous_refusal(self, target: Target) -> tuple[str, Rejected] | None:
+        """What a request for function `target` that carries no credential (no
+        ``Authorization``, no ``x-api-key``) gets here where its mode asks for one
+        (``key``, ``jwt``): the mode and the 401 `_authenticate` raises (recorded as
+        ``{"mode", "result"}``; a ``ratelimit`` after this stage may count it first:
+        `on_refused`); None where it goes on (mode ``none``, or not a function)."""
+        if target.kind != "function":
+            return None
+        mode = self._mode(target)
+        if mode == "none":
+            return None
+        try:
+            self._authenticate(mode, _ANONYMOUS, target)
+        except Rejected as e:
+            return mode, e
+        raise RuntimeError("auth admitted a request without a credential")
 
     def identifies(self, target: Target | None) -> bool:
         """Whether a request for `target` may come out of this stage with a principal
