@@ -423,7 +423,8 @@ def test_a_key_file_with_keys_leaves_anonymous_requests_of_public_functions_on_t
     a key (for the OpenAI API, say). Now a public function's (mode ``none``) requests
     without a credential stay on it, answered as the chain answers them; one with a
     key is the chain's, whose auth proves its principal, and a function that needs a
-    key (``auth = "key"``) is the chain's; a function with a rate limit by ip stays
+    key (``auth = "key"``) is the chain's but for auth's 401 to a request without a
+    credential (the lane's, the chain's bytes); a function with a rate limit by ip stays
     the lane's, counted in the stage's counters (`RateLimit.lane_checks`)."""
     pop = pop_with(tmp_path)
     try:
@@ -441,8 +442,11 @@ def test_a_key_file_with_keys_leaves_anonymous_requests_of_public_functions_on_t
         assert "auth" in names and "ratelimit" in names
         served = lane_answer(pop, "/plain", CURL)
         assert served is not None and same(served, chain_answer(pop, "/plain", CURL))
-        assert lane_answer(pop, "/private", CURL) is None
-        assert chain_answer(pop, "/private", CURL).status == 401
+        refused = lane_answer(pop, "/private", CURL)  # no credential: auth's 401, the C's
+        assert refused is not None and same(refused, chain_answer(pop, "/private", CURL))
+        assert refused.startswith(b"HTTP/1.1 401 ")
+        private = b"GET /private HTTP/1.1\r\nHost: x\r\nx-api-key: %s\r\n\r\n" % key.encode()
+        assert pop.lane.serve(private, "127.0.0.1:1", b"date: D\r\n", b"", 1 << 20)[0] == 0
         served = lane_answer(pop, "/limited", CURL)
         assert served is not None and same(served, chain_answer(pop, "/limited", CURL))
         with_key = b"GET /plain HTTP/1.1\r\nHost: x\r\nx-api-key: %s\r\n\r\n" % key.encode()
