@@ -22,7 +22,11 @@ exact native form, and its executor is one the lane can call:
                  on untouched, whatever keys exist; so does one whose ``Authorization``
                  or ``x-api-key`` holds no ``efn_`` where no ``[auth.jwt]`` is set: it
                  proves no one, and dispatch leaves it to the function. The C leaves
-                 any other credential to Python, where auth proves the principal)
+                 any other credential to Python, where auth proves the principal).
+                 A function whose mode asks for a credential (key, jwt) is in the
+                 table only to refuse: a request without one gets auth's 401 from the
+                 C, any other is Python's (`_guarded_routes`, `_guard`, lane.c
+                 `guarded`)
     ratelimit    no rule a request without a principal meets (a key's or tenant's
                  limits need a credential, Python's); or, on memory storage, rules
                  by ip or function (the PoP's, the function's own): the C asks the
@@ -44,7 +48,9 @@ exact native form, and its executor is one the lane can call:
                  string alone; a browser's by its other headers too, in C as
                  `Classifier.classify` decides it: lane.c `browser_verdict`), whose
                  class's action for the target is ``allow``; no ``abusive_rate`` (it
-                 counts requests)
+                 counts requests). A class whose action is ``block`` gets bots' 403
+                 from the C, where no ratelimit or http_cache comes before bots
+                 (`_blocked`, `_block`, lane.c `block`)
     residency    no tenant header, no de-sensitised mark (those go to Python), no
                  samples ingest on the path
     http_cache   off for the function (its Cache-Tag dropped), or nothing of the
