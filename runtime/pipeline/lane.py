@@ -160,6 +160,7 @@ BYPASSED = {"outcome": "BYPASS"}  # an unsafe method's http_cache record, as the
 CACHE_NONE, CACHE_OFF, CACHE_FIRST = range(3)  # lane.c's: what http_cache does for a route
 # lane.c's: a route's flags (its tuple's `origin`)
 ROUTE_ORIGIN, ROUTE_PREFIX, ROUTE_PATTERN, ROUTE_LIMITED, ROUTE_REFUSES = 1, 2, 4, 8, 16
+ROUTE_GUARD_COUNTS = 32
 ROUTE_MISS, ROUTE_PASSED = 1, 2  # lane_drain.c.h's: a route's flags in `route_texts`
 LINE_FORMATS = {"text": 1, "json": 2}  # lane_drain.c.h's: the access-log lines `make` writes
 # lane.c's EX_*: a path under a prefix route another target takes: exactly; it and the
@@ -226,6 +227,7 @@ class NativeLane:
                              http.max_body_bytes, rid.trust,
                              all(s.jwt is None for s in chain.stages if isinstance(s, Auth)))
         self.c.python(self._submit)
+        self.c.guard_ask(self._guard_refusal)
         # per verdict, bots' 403 (`_block`): what the C writes for a class a route blocks
         self.blocks = [self._block(*r) for r in self.records_of]
         self.c.blocks(tuple(self.blocks))
@@ -235,6 +237,12 @@ class NativeLane:
         # str, its hash kept
         self.limit_checks: dict[tuple[int, str], tuple[list[Any], list[Any]]] = {}
         self.refusing: set[int] = set()  # route indexes whose 429 the C writes
+        # guarded routes (`_guarded_routes`): auth's 401, by route index; for those
+        # whose refusal ratelimit counts, each client's checks (by ip) and the 429s'
+        # records (by route, limit and error)
+        self.guards: dict[int, tuple[Any, ...]] = {}
+        self.guard_checks: dict[str, list[Any]] = {}
+        self.guard_refusals: dict[tuple[int, str, str], tuple[dict[str, Any], str]] = {}
         # a refusal's record, per limit: its decisions and error (shared by its events,
         # and by its records, which the C groups by it)
         self.refusals: dict[str, tuple[dict[str, Any], str]] = {}
@@ -523,6 +531,7 @@ class NativeLane:
         self.stamped = self.stamp() if self.stamp is not None else None
         routes: list[tuple[Deployment, str, str, int]] = []
         table: list[tuple[Any, ...]] = []
+        self.guards, self.guard_refusals = {}, {}  # by route index: those change
         limits: list[list[tuple[Any, ...]]] = []
         router = self.registry.router
         if not router.host_bound:
@@ -554,6 +563,7 @@ class NativeLane:
                                                  refuses=refuses, blocked=blocked))
         self.c.routes(table)
         self.routes, self.limits = routes, limits
+        self.guard_checks.clear()  # (a rule changed by a config reload: its new limits)
         self.refusing = {i for i, entry in enumerate(table) if entry[12] & ROUTE_REFUSES}
         self.limit_checks.clear()  # by route index: those changed
         counts = self.http_cache is not None and self.http_cache.stats is not None
@@ -617,7 +627,7 @@ class NativeLane:
         guard = self._guard(fn)
         if guard is None:
             return
-        allowed, refusal = guard
+        allowed, refusal, counts = guard
         blocked = self._blocked(fn)
         entries = []  # (path, route, origin flags, exclusions), as `_entry` makes them
         for path, route in self._paths(fn):
@@ -636,18 +646,20 @@ class NativeLane:
                 break
             routes.append((fn, route, path, CACHE_NONE))
             limits.append([])
+            self.guards[len(table)] = refusal
             table.append((path.encode("latin-1"), 0, 0, 0, 0, 0, 0, b"", fn.label.encode(), fn,
-                          allowed, CACHE_NONE, origin, None, fn.label, fn.executor, None, None,
-                          under, blocked, refusal))
+                          allowed, CACHE_NONE, origin | (ROUTE_GUARD_COUNTS if counts else 0),
+                          None, fn.label, fn.executor, None, None, under, blocked, refusal))
 
-    def _guard(self, fn: Deployment) -> tuple[int, tuple[Any, ...]] | None:
+    def _guard(self, fn: Deployment) -> tuple[int, tuple[Any, ...], bool] | None:
         """For a function whose auth asks for a credential (mode ``key``, ``jwt``):
-        the bot classes (a bit each) bots lets on to auth, and auth's 401 to a request
+        the bot classes (a bit each) bots lets on to auth, auth's 401 to a request
         without one as the C writes it (`refuse`: the stages' error response, auth's
-        record of it, its error), where the lane writes it as the stages do: the stages
-        before auth are those it models (health, request_id, events, bots, cors: bots
-        among them, `ctx.bot`), bots counts nothing (no ``abusive_rate``), no canary,
-        and no ratelimit after auth counts the refusal (`on_refused`: rules by ip).
+        record of it, its error), and whether a ratelimit after auth counts that
+        refusal (`on_refused`: the PoP's rules by ip, in memory; `_guard_refusal`),
+        where the lane writes it as the stages do: the stages before auth are those it
+        models (health, request_id, events, bots, cors: bots among them, `ctx.bot`),
+        bots counts nothing (no ``abusive_rate``), no canary, no Redis to count on.
         None otherwise: every request for it is Python's."""
         kept = self.chain.kept(fn)
         if kept is None or fn.name in self.registry.canaries or \
@@ -660,8 +672,9 @@ class NativeLane:
         if not all(isinstance(s, Health | RequestId | Events | Bots | Cors) for s in before) \
                 or not any(isinstance(s, Bots) for s in before):
             return None
-        if auth.on_refused is not None and isinstance(self.ratelimit, RateLimit) and \
-                self.ratelimit.ip_rules:
+        counts = auth.on_refused is not None and isinstance(self.ratelimit, RateLimit) and \
+            bool(self.ratelimit.ip_rules)
+        if counts and self.ratelimit.limiter.remote:  # type: ignore[union-attr]
             return None
         refused = auth.anonymous_refusal(fn)
         if refused is None:
@@ -674,7 +687,37 @@ class NativeLane:
         allowed = sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "allow")
         return allowed, (response.status,
                          b"".join([b"%s: %s\r\n" % h for h in response.headers]),
-                         response.body, ({"auth": {"mode": mode, "result": e.code}}, e.code))
+                         response.body, ({"auth": {"mode": mode, "result": e.code}}, e.code)
+                         ), counts
+
+    def _guard_refusal(self, ri: int, client: str) -> tuple[Any, ...]:
+        """The C's question for a request without a credential to guarded route `ri`
+        whose refusal ratelimit counts (`on_refused`: `RateLimit.refused`, as
+        `lane_refusal` hits the PoP's rules by ip): auth's 401 once counted, or, where
+        one of them is full, the 429 auth answers instead (its record and ratelimit's)."""
+        refusal = self.guards[ri]
+        stage = self.ratelimit
+        assert isinstance(stage, RateLimit)
+        ip = client.rpartition(":")[0] or client
+        checks = self.guard_checks.get(ip)
+        if checks is None:
+            if len(self.guard_checks) >= 4096:
+                self.guard_checks.clear()
+            value = stage.address(ip)
+            checks = self.guard_checks[ip] = [(limit, ("pop", limit.name, value))
+                                              for limit in stage.ip_rules]
+        made = stage.lane_refusal(checks, time.time())
+        if made is None:
+            return refusal
+        status, head, body, name, code = made
+        key = (ri, name, code)
+        pair = self.guard_refusals.get(key)
+        if pair is None:
+            if len(self.guard_refusals) >= 4096:
+                self.guard_refusals.clear()
+            pair = self.guard_refusals[key] = ({**refusal[3][0], "ratelimit": {"limited": name}},
+                                               code)
+        return status, head, body, pair
 
     def _blocked(self, fn: Deployment) -> int:
         """The bot classes (a bit each, `CLASSES`) whose requests for `fn` bots blocks

@@ -72,3 +72,35 @@ def test_bots_answers_before_auth(pair: tuple[Side, Side]) -> None:
         got = sent(pair, request("GET", "/keyedbots", headers))
         assert got.split(b" ", 2)[1] == status and served(on) - before == 1
     assert on.metrics() == off.metrics()
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
+    """The pair with a PoP rule by ip, which counts auth's refusals (`on_refused`)."""
+    root = tmp_path_factory.mktemp("guarded_counted")
+    folders = [function_dir(root / "fns", "keyed", reactor(""), extra=FUNCTIONS["keyed"])]
+    with lane_pair(root, COUNTED_PORTS, folders,
+                   **{"ratelimit.rules": [{"by": "ip", "limit": f"{RULE}/minute"}]}) as sides:
+        yield sides
+
+
+COUNTED_PORTS = {"auto": 28032, "off": 28033}
+RULE = 3
+
+
+def test_refusals_a_pop_rule_counts_are_the_lanes_then_its_429(
+        counted: tuple[Side, Side]) -> None:
+    """With a PoP rule by ip, auth's refusals count against it (a credential-guessing
+    flood meets its 429): the lane asks the stage (`_guard_refusal`), which counts
+    each; up to the rule's limit the 401, past it the 429 (Retry-After, the RateLimit
+    fields, auth's and ratelimit's records), all the lane's, with the Python PoP's
+    bytes, events, lines and counts."""
+    on, off = counted
+    statuses = []
+    for _ in range(RULE + 2):
+        before = served(on)
+        got = sent(counted, request("GET", "/keyed", BROWSER))
+        assert served(on) - before == 1
+        statuses.append(got.split(b" ", 2)[1])
+    assert statuses == [b"401"] * RULE + [b"429"] * 2
+    assert on.metrics() == off.metrics()

@@ -1197,24 +1197,29 @@ def test_ratelimit_before_bots_leaves_its_refusals_to_python(tmp_path: Path) -> 
             pop.close()
 
 
-def test_a_guarded_functions_401_is_pythons_where_ratelimit_counts_it(tmp_path: Path) -> None:
-    """Auth's 401 to a request without a credential is the lane's (`_guard`) unless a
-    PoP rule by ip counts it first (`on_refused`: a credential-guessing flood meets
-    its 429): then it is Python's, counted; the lane's and the chain's 401s are the
-    same bytes."""
-    for rules, lanes in (([], True), ([{"by": "ip", "limit": "5/minute"}], False)):
-        root = tmp_path / str(lanes)
+def test_a_guarded_functions_401_is_the_lanes_counted_where_ratelimit_counts_it(
+        tmp_path: Path) -> None:
+    """Auth's 401 to a request without a credential is the lane's (`_guard`), the
+    chain's bytes; where a PoP rule by ip counts auth's refusals (`on_refused`: a
+    credential-guessing flood meets its 429) the lane asks the stage, which counts it
+    (`_guard_refusal`): the lane's and the chain's requests share the count, and past
+    the limit both answer the 429 (auth's record and ratelimit's)."""
+    for rules in ([], [{"by": "ip", "limit": "4/minute"}]):
+        root = tmp_path / str(len(rules))
         pop = pop_with(root, **{"ratelimit.rules": rules})
         try:
             deploy(pop, function_dir(root / "fns", "keyed", OK, extra='auth = "key"\n'))
-            answer = lane_answer(pop, "/keyed", FIREFOX)
-            ctx = Context("127.0.0.1:1")
-            python = chain_answer(pop, "/keyed", FIREFOX, ctx=ctx)
-            assert python.status == 401
-            assert ctx.decisions["auth"] == {"mode": "key", "result": "unauthorized"}
-            if lanes:
-                assert answer is not None and same(answer, python)
-            else:
-                assert answer is None
+            for n in range(3):  # lane, chain, lane, chain, ...: 6 with a rule of 4
+                answer = lane_answer(pop, "/keyed", FIREFOX)
+                ctx = Context("127.0.0.1:1")
+                python = chain_answer(pop, "/keyed", FIREFOX, ctx=ctx)
+                assert answer is not None
+                assert ctx.decisions["auth"] == {"mode": "key", "result": "unauthorized"}
+                if not rules or n < 2:
+                    assert python.status == 401 and same(answer, python)
+                    assert "ratelimit" not in ctx.decisions
+                    continue
+                assert answer.startswith(b"HTTP/1.1 429 ") and python.status == 429
+                assert ctx.decisions["ratelimit"] == {"limited": "by-ip"}
         finally:
             pop.close()

@@ -317,6 +317,7 @@ typedef struct {
     PyObject *guard;                   /* a function that asks for a credential: auth's
                                         * 401 to a request without one (`refuse` takes
                                         * it), one with one being Python's; or NULL */
+    int guard_counts;                  /* ratelimit counts that refusal (`guard_ask`) */
     uint32_t nseg;
     struct { uint32_t at, len; int capture; } seg[MAX_SEGMENTS];
     PyObject *excluded;                /* tuple of (path bytes, EX_*): paths under it the
@@ -334,7 +335,7 @@ typedef struct {
 
 /* a route's flags (its tuple's `origin` field) */
 enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4, ROUTE_LIMITED = 8,
-       ROUTE_REFUSES = 16 };
+       ROUTE_REFUSES = 16, ROUTE_GUARD_COUNTS = 32 };
 /* an exclusion under a prefix route: that path; it and the paths under it; every path
  * it starts (runtime/pipeline/lane.py EXCLUDE_*) */
 enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2, EX_SEGMENT = 3 };
@@ -366,6 +367,8 @@ typedef struct {
     PyObject *class_blobs;   /* tuple: the principal blob per bot class */
     PyObject *verdict_class; /* tuple: verdict -> bot class index */
     PyObject *blocks;        /* tuple: verdict -> bots' refusal of it (`block`), or None */
+    PyObject *guard_ask;     /* guard_ask(route index, client) -> a refusal: auth's 401,
+                              * counted by ratelimit (its 429 where a limit is full) */
     PyObject *classify;      /* classify(ua) -> verdict index, or -1: Python's */
     PyObject *status_lines;  /* tuple of 600: bytes or None */
     PyObject *inflight_name; /* "inflight" */
@@ -1333,8 +1336,10 @@ static int block(Lane *l, int ri, int method, const hdr_t *host, PyObject *date,
 
 /* The request in l->q for route `ri`, which guards its function (auth asks for a
  * credential): one that carries none (no Authorization, no x-api-key) is refused with
- * the route's `guard` (auth's 401) when its verdict's class is one the route allows
- * (bots, before auth, lets it on), and recorded (`refuse`): 1; anything else is
+ * the route's `guard` (auth's 401; where ratelimit counts that refusal, what
+ * `guard_ask` answers once it counted it: the 401, or its 429) when its verdict's class
+ * is one the route allows (bots, before auth, lets it on), and recorded (`refuse`): 1;
+ * anything else is
  * Python's (a credential: auth proves it, or not), 0; -1 a Python error. The function
  * never runs here: the route is in the table only for this. */
 static int guarded(Lane *l, int ri, int method, const hdr_t *host, PyObject *date,
@@ -1348,7 +1353,19 @@ static int guarded(Lane *l, int ri, int method, const hdr_t *host, PyObject *dat
     s.verdict = allowed_verdict(l, r, &s.cls);
     if (s.verdict < 0) return 0;
     s.ts = now_wall();
-    return refuse(l, ri, method, host, &s, r->guard, date, extra, events, client);
+    if (!r->guard_counts)
+        return refuse(l, ri, method, host, &s, r->guard, date, extra, events, client);
+    if (!l->guard_ask) return 0;
+    PyObject *a[2] = {PyLong_FromLong(ri), client};
+    if (!a[0]) return -1;
+    PyObject *token = PyObject_Vectorcall(l->guard_ask, a, 2, NULL);  /* counted */
+    Py_DECREF(a[0]);
+    if (!token) return -1;
+    int done = PyTuple_Check(token) && PyTuple_GET_SIZE(token) == 4
+                   ? refuse(l, ri, method, host, &s, token, date, extra, events, client)
+                   : (PyErr_SetString(PyExc_TypeError, "guard_ask: a refusal (a 4-tuple)"), -1);
+    Py_DECREF(token);
+    return done;
 }
 
 /* The request in l->q, complete: 1 served (its response in l->out, its record in
@@ -1833,6 +1850,7 @@ static PyObject *Lane_routes(Lane *l, PyObject *list) {
         r->allowed = allowed;
         r->blocked = blocked & ~allowed;
         r->guard = guard == Py_None ? NULL : Py_NewRef(guard);
+        r->guard_counts = r->guard && (origin & ROUTE_GUARD_COUNTS) != 0;
         r->cache = cache;
         r->origin = (origin & ROUTE_ORIGIN) != 0;
         r->prefix = (origin & ROUTE_PREFIX) != 0;
@@ -1889,6 +1907,17 @@ static PyObject *Lane_blocks(Lane *l, PyObject *blocks) {
         }
     }
     Py_XSETREF(l->blocks, Py_NewRef(blocks));
+    Py_RETURN_NONE;
+}
+
+/* guard_ask(callable): how a guarded route whose refusal ratelimit counts is refused
+ * (`guarded`): callable(route index, client) -> a refusal. */
+static PyObject *Lane_guard_ask(Lane *l, PyObject *ask) {
+    if (!PyCallable_Check(ask)) {
+        PyErr_SetString(PyExc_TypeError, "guard_ask(callable)");
+        return NULL;
+    }
+    Py_XSETREF(l->guard_ask, Py_NewRef(ask));
     Py_RETURN_NONE;
 }
 
@@ -2013,6 +2042,7 @@ static int Lane_traverse(Lane *l, visitproc visit, void *arg) {
     Py_VISIT(l->class_blobs);
     Py_VISIT(l->verdict_class);
     Py_VISIT(l->blocks);
+    Py_VISIT(l->guard_ask);
     Py_VISIT(l->classify);
     Py_VISIT(l->status_lines);
     for (int i = 0; i < l->n_routes; i++) {
@@ -2036,6 +2066,7 @@ static int Lane_clear(Lane *l) {
     Py_CLEAR(l->class_blobs);
     Py_CLEAR(l->verdict_class);
     Py_CLEAR(l->blocks);
+    Py_CLEAR(l->guard_ask);
     Py_CLEAR(l->classify);
     Py_CLEAR(l->status_lines);
     Py_CLEAR(l->inflight_name);
@@ -2125,6 +2156,8 @@ static PyMethodDef LANE_METHODS[] = {
     {"routes", (PyCFunction)Lane_routes, METH_O, "replace the eligible routes"},
     {"verdicts", (PyCFunction)Lane_verdicts, METH_O, "replace the verdicts' classes"},
     {"blocks", (PyCFunction)Lane_blocks, METH_O, "replace the verdicts' blocks (bots' 403s)"},
+    {"guard_ask", (PyCFunction)Lane_guard_ask, METH_O,
+     "how a guarded route's counted refusal is asked"},
     {"forget_agents", (PyCFunction)Lane_forget_agents, METH_NOARGS,
      "drop the User-Agent verdicts learnt"},
     {NULL, NULL, 0, NULL}};
