@@ -46,6 +46,17 @@ def contain(ctx: Context, exc: Exception) -> Response:
                                    f"request {rid}"))
 
 
+def rendered(err: Rejected) -> tuple[int, bytes, bytes]:
+    """`err` as `contain` answers it for a function (the PoP's own shape, its headers
+    after), as the native lane writes it: the status, the header lines (each ending
+    in CRLF) and the body."""
+    response = plain_error(err)
+    response.headers.extend(err.headers)
+    assert isinstance(response.body, bytes)
+    return (response.status, b"".join([b"%s: %s\r\n" % h for h in response.headers]),
+            response.body)
+
+
 def plain_error(err: EdgefnError) -> Response:
     """The PoP's own error shape: ``{"error": {"kind", "message"}}`` (and a
     `Rejected`'s detail)."""

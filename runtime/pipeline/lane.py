@@ -135,7 +135,7 @@ from runtime.observe.event import Event
 from runtime.observe.metrics import DURATION_BUCKETS
 from runtime.observe.ring import PLAIN_TEXT
 from runtime.pipeline.chain import Chain
-from runtime.pipeline.contain import contain, plain_error
+from runtime.pipeline.contain import contain, rendered
 from runtime.pipeline.stage import Context, Stage
 from runtime.pipeline.stages.auth import Auth
 from runtime.pipeline.stages.bots import Bots
@@ -545,22 +545,14 @@ class NativeLane:
                 limited = self._limits(fn)
                 refuses = bool(limited) and self._refuses(fn)
                 blocked = self._blocked(fn)
-                for path, route in self._paths(fn):
-                    if len(table) < 256:
-                        under = _under(path, *taken) if route == path else None
-                        routes.append((fn, route, path, cache))
-                        limits.append(limited)
-                        table.append(self._entry(fn, path, route, allowed, cache, under,
-                                                 limited=bool(limited), refuses=refuses,
-                                                 blocked=blocked))
-                for route in self._patterns(fn):
-                    beside = _beside(route, *taken)
-                    if beside is not None and len(table) < 256:
-                        routes.append((fn, route, route, cache))
-                        limits.append(limited)
-                        table.append(self._entry(fn, route, route, allowed, cache, beside,
-                                                 pattern=True, limited=bool(limited),
-                                                 refuses=refuses, blocked=blocked))
+                for path, route, under, pattern in self._table_routes(fn, taken):
+                    if len(table) >= 256:
+                        break
+                    routes.append((fn, route, path, cache))
+                    limits.append(limited)
+                    table.append(self._entry(fn, path, route, allowed, cache, under,
+                                             pattern=pattern, limited=bool(limited),
+                                             refuses=refuses, blocked=blocked))
         self.c.routes(table)
         self.routes, self.limits = routes, limits
         self.guard_checks.clear()  # (a rule changed by a config reload: its new limits)
@@ -629,27 +621,43 @@ class NativeLane:
             return
         allowed, refusal, counts = guard
         blocked = self._blocked(fn)
-        entries = []  # (path, route, origin flags, exclusions), as `_entry` makes them
-        for path, route in self._paths(fn):
-            under = _under(path, *taken) if route == path else None
-            entries.append((path, route, self._origin(fn, path, under is not None) |
-                            (ROUTE_PREFIX if under is not None else 0), under))
-        for route in self._patterns(fn):
-            beside = _beside(route, *taken)
-            if beside is not None:
-                segments = parse_path(route).segments
-                head = "/" + "/".join(segments[:_literal_head(segments)])
-                entries.append((route, route, self._origin(fn, head, True) | ROUTE_PATTERN,
-                                beside))
-        for path, route, origin, under in entries:
+        for path, route, under, pattern in self._table_routes(fn, taken):
             if len(table) >= 256:
                 break
             routes.append((fn, route, path, CACHE_NONE))
             limits.append([])
             self.guards[len(table)] = refusal
+            flags = self._flags(fn, path, under, pattern) | \
+                (ROUTE_GUARD_COUNTS if counts else 0)
             table.append((path.encode("latin-1"), 0, 0, 0, 0, 0, 0, b"", fn.label.encode(), fn,
-                          allowed, CACHE_NONE, origin | (ROUTE_GUARD_COUNTS if counts else 0),
-                          None, fn.label, fn.executor, None, None, under, blocked, refusal))
+                          allowed, CACHE_NONE, flags, None, fn.label, fn.executor, None, None,
+                          under, blocked, refusal))
+
+    def _table_routes(self, fn: Deployment, taken: Any
+                      ) -> list[tuple[str, str, Exclusions | None, bool]]:
+        """`fn`'s routes the table may hold, each as (path, route, exclusions, pattern):
+        its literal ones (those it serves under them but `_under`'s), then those with
+        captures whose matches it serves but `_beside`'s (none: left out)."""
+        out: list[tuple[str, str, Exclusions | None, bool]] = [
+            (path, route, _under(path, *taken) if route == path else None, False)
+            for path, route in self._paths(fn)]
+        for route in self._patterns(fn):
+            beside = _beside(route, *taken)
+            if beside is not None:
+                out.append((route, route, beside, True))
+        return out
+
+    def _flags(self, fn: Deployment, path: str, under: Exclusions | None, pattern: bool
+               ) -> int:
+        """A route's ROUTE_* flags for its place: ROUTE_PATTERN, or ROUTE_PREFIX for a
+        literal one serving paths under it; ROUTE_ORIGIN where cors acts (`_origin`: on
+        a pattern's literal head and what lies under it)."""
+        if pattern:
+            segments = parse_path(path).segments
+            head = "/" + "/".join(segments[:_literal_head(segments)])
+            return self._origin(fn, head, True) | ROUTE_PATTERN
+        prefix = under is not None
+        return self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
 
     def _guard(self, fn: Deployment) -> tuple[int, tuple[Any, ...], bool] | None:
         """For a function whose auth asks for a credential (mode ``key``, ``jwt``):
@@ -680,14 +688,9 @@ class NativeLane:
         if refused is None:
             return None
         mode, e = refused
-        response = plain_error(e)
-        response.headers.extend(e.headers)
-        assert isinstance(response.body, bytes)
         policy = self.bots.manager.policy(fn.policy.bots)
         allowed = sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "allow")
-        return allowed, (response.status,
-                         b"".join([b"%s: %s\r\n" % h for h in response.headers]),
-                         response.body, ({"auth": {"mode": mode, "result": e.code}}, e.code)
+        return allowed, (*rendered(e), ({"auth": {"mode": mode, "result": e.code}}, e.code)
                          ), counts
 
     def _guard_refusal(self, ri: int, client: str) -> tuple[Any, ...]:
@@ -703,9 +706,7 @@ class NativeLane:
         if checks is None:
             if len(self.guard_checks) >= 4096:
                 self.guard_checks.clear()
-            value = stage.address(ip)
-            checks = self.guard_checks[ip] = [(limit, ("pop", limit.name, value))
-                                              for limit in stage.ip_rules]
+            checks = self.guard_checks[ip] = stage.ip_checks(ip)
         made = stage.lane_refusal(checks, time.time())
         if made is None:
             return refusal
@@ -741,11 +742,7 @@ class NativeLane:
             verdict: Any = (cls, None, record["signals"], None)
             self.bots.manager.enforce("block", verdict, "", None)  # type: ignore[arg-type]
         except Rejected as e:
-            response = plain_error(e)
-            response.headers.extend(e.headers)
-            assert isinstance(response.body, bytes)
-            return (response.status, b"".join([b"%s: %s\r\n" % h for h in response.headers]),
-                    response.body, ({"bots": {**record, "action": "block"}}, e.code))
+            return (*rendered(e), ({"bots": {**record, "action": "block"}}, e.code))
         raise RuntimeError("bots' block refused nothing")
 
     def _limits(self, fn: Deployment) -> list[tuple[Any, ...]]:
@@ -860,13 +857,7 @@ class NativeLane:
         executor = fn.executor
         assert isinstance(executor, PythonFunction | WasmFunction)
         caching = self.http_cache.cache.caching if self.http_cache is not None else None
-        prefix = under is not None and not pattern
-        if pattern:  # cors acts on paths under its literal head
-            segments = parse_path(path).segments
-            head = "/" + "/".join(segments[:_literal_head(segments)])
-            origin = self._origin(fn, head, True) | ROUTE_PATTERN
-        else:
-            origin = self._origin(fn, path, prefix) | (ROUTE_PREFIX if prefix else 0)
+        origin = self._flags(fn, path, under, pattern)
         if limited:
             origin |= ROUTE_LIMITED | (ROUTE_REFUSES if refuses else 0)
         if isinstance(executor, PythonFunction):  # a call (`_submit`)

@@ -1265,6 +1265,16 @@ static int serve_route(Lane *l, int ri, int method, const hdr_t *host, PyObject 
                         s.verdict, host, query, query_len, date, extra, events, client);
 }
 
+/* `question(ri, client)`: a stage's answer about a request for route `ri` from `client`
+ * (ratelimit's `limit_admits`, `guard_ask`), a new reference; NULL with a Python error. */
+static PyObject *ask(PyObject *question, int ri, PyObject *client) {
+    PyObject *a[2] = {PyLong_FromLong(ri), client};
+    if (!a[0]) return NULL;
+    PyObject *answer = PyObject_Vectorcall(question, a, 2, NULL);
+    Py_DECREF(a[0]);
+    return answer;
+}
+
 /* The request in l->q for route `ri`, which a stage refused with `token`: (status,
  * header lines, body, (decisions, error)), the stages' error response: ratelimit's
  * (`limit_admits` said so, counted: `lane_refusal`'s) or bots' (`block`). Answered
@@ -1356,10 +1366,7 @@ static int guarded(Lane *l, int ri, int method, const hdr_t *host, PyObject *dat
     if (!r->guard_counts)
         return refuse(l, ri, method, host, &s, r->guard, date, extra, events, client);
     if (!l->guard_ask) return 0;
-    PyObject *a[2] = {PyLong_FromLong(ri), client};
-    if (!a[0]) return -1;
-    PyObject *token = PyObject_Vectorcall(l->guard_ask, a, 2, NULL);  /* counted */
-    Py_DECREF(a[0]);
+    PyObject *token = ask(l->guard_ask, ri, client);  /* counted */
     if (!token) return -1;
     int done = PyTuple_Check(token) && PyTuple_GET_SIZE(token) == 4
                    ? refuse(l, ri, method, host, &s, token, date, extra, events, client)
@@ -1397,10 +1404,7 @@ static int serve_one(Lane *l, int method, PyObject *date, PyObject *extra, PyObj
             s.started = mono_ns();
             s.ts = now_wall();
         }
-        PyObject *a[2] = {PyLong_FromLong(ri), client};
-        if (!a[0]) return -1;
-        PyObject *token = PyObject_Vectorcall(l->limit_admits, a, 2, NULL);
-        Py_DECREF(a[0]);
+        PyObject *token = ask(l->limit_admits, ri, client);
         if (!token) return -1;
         if (token == Py_None) { Py_DECREF(token); return 0; }
         if (PyTuple_Check(token) && PyTuple_GET_SIZE(token) == 4) {  /* refused */

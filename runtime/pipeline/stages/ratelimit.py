@@ -23,7 +23,7 @@ import msgspec
 
 from edgefn_core.errors import Rejected
 from runtime.net.message import Request, Response
-from runtime.pipeline.contain import plain_error
+from runtime.pipeline.contain import rendered
 from runtime.pipeline.stage import Context, Next, Result, then
 from runtime.pipeline.targets import Targets
 from runtime.security.ratelimit.addresses import Aggregator
@@ -72,7 +72,7 @@ class RateLimit:
         self.functions: dict[int, tuple[TargetPolicy, list[Limit]]] = {}
         self.outage = Outage(settings.on_storage_error, "rate limits")
         # the native lane's refusals, rendered (`lane_refusal`): by limit and seconds
-        self.rendered: dict[tuple[Limit, int, int, int], tuple[int, bytes, bytes, str, str]] = {}
+        self.renders: dict[tuple[Limit, int, int, int], tuple[int, bytes, bytes, str, str]] = {}
         # whether a request for a target may have a principal here (its key's or
         # tenant's limits); `build` asks an `auth` stage before this one
         self.identifies: Callable[[Target | None], bool] = _anyone
@@ -138,7 +138,7 @@ class RateLimit:
         every limit admitted it (then counted: the native lane asks only once
         `admits_all` said no at `now`, where one of them is full, and no two checks
         share a counter). Rendered once per limit and the seconds its fields and
-        message say (`rendered`): a flood of refusals renders one a second."""
+        message say (`renders`): a flood of refusals renders one a second."""
         outcome = self.limiter.hit(checks, self.settings.headers, now)
         refused = outcome.refused
         if refused is None:
@@ -146,18 +146,14 @@ class RateLimit:
         last = outcome.quotas[-1]  # the refused limit's (`_refused`): what `_refusal` reads
         key = (refused, max(1, math.ceil(outcome.retry_after)), max(0, last[3]),
                max(0, math.ceil(last[4])))
-        made = self.rendered.get(key)
+        made = self.renders.get(key)
         if made is None:
             over = self._refusal(outcome)
             assert over is not None
-            response = plain_error(over)
-            response.headers.extend(over.headers)
-            assert isinstance(response.body, bytes)
-            made = (response.status, b"".join([b"%s: %s\r\n" % h for h in response.headers]),
-                    response.body, refused.name, over.code)
-            if len(self.rendered) >= 1024:
-                self.rendered.clear()
-            self.rendered[key] = made
+            made = (*rendered(over), refused.name, over.code)
+            if len(self.renders) >= 1024:
+                self.renders.clear()
+            self.renders[key] = made
         return made
 
     def idle_for(self, target: Target | None) -> bool:
@@ -183,11 +179,16 @@ class RateLimit:
         None (an awaitable of either with remote storage; unreachable: None)."""
         if not self.ip_rules or ctx.quiet:
             return None
-        value = self.address(ctx.ip)
-        checks: list[Check] = [(limit, ("pop", limit.name, value)) for limit in self.ip_rules]
+        checks = self.ip_checks(ctx.ip)
         if self.limiter.remote:
             return self._refused_remote(checks, ctx)
         return self._over(self.limiter.hit(checks, self.settings.headers), ctx)
+
+    def ip_checks(self, ip: str) -> list[Check]:
+        """The checks of the PoP's ``by = "ip"`` rules for a request from `ip`, keyed
+        as `refused` counts an earlier stage's refusal (the native lane's too)."""
+        value = self.address(ip)
+        return [(limit, ("pop", limit.name, value)) for limit in self.ip_rules]
 
     async def _refused_remote(self, checks: list[Check], ctx: Context) -> Rejected | None:
         try:
