@@ -1093,7 +1093,8 @@ def test_a_verdict_the_c_no_longer_has_is_pythons(tmp_path: Path) -> None:
 def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> None:
     """`Lane.routes` refuses what Python never builds (exclusions not a tuple of (bytes,
     kind) with a kind it knows; a pattern route with an empty segment, a `*` not last,
-    or no segment) with a ValueError
+    or no segment; a guard that is no refusal, or on a limited route), as `Lane.blocks`
+    a block that is no refusal, with a ValueError
     saying what it takes, and keeps only the valid routes before it: a rebuild serves
     again."""
     lane = rooted.lane
@@ -1109,6 +1110,18 @@ def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> Non
         bad[0], bad[12] = path, 4  # ROUTE_PATTERN
         with pytest.raises(ValueError, match="pattern route"):
             lane.c.routes([tuple(bad)])
+    # a guard (auth's refusal) not a refusal, or on a route the lane calls or counts
+    refusal = (401, b"", b"", ({}, "unauthorized"))
+    for guard, origin in (((401, b""), 0), (refusal, 8)):  # 8: ROUTE_LIMITED
+        bad = list(entry[:19]) + [0, guard]
+        bad[12] = origin
+        with pytest.raises(ValueError, match="a guard"):
+            lane.c.routes([tuple(bad)])
+    with pytest.raises(ValueError, match="a verdict's block"):  # bots' 403s by verdict
+        lane.c.blocks(((403, b""),))
+    with pytest.raises(TypeError, match="blocks"):
+        lane.c.blocks([None])
+    lane.c.blocks(tuple(lane.blocks))
     lane._rebuild()
     assert same(lane_answer(rooted, "/x/y"), chain_answer(rooted, "/x/y"))
 
