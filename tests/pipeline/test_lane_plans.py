@@ -1113,7 +1113,7 @@ def test_a_route_table_the_c_cannot_take_is_refused_with_why(rooted: PoP) -> Non
     # a guard (auth's refusal) not a refusal, or on a route the lane calls or counts
     refusal = (401, b"", b"", ({}, "unauthorized"))
     for guard, origin in (((401, b""), 0), (refusal, 8)):  # 8: ROUTE_LIMITED
-        bad = list(entry[:19]) + [0, guard]
+        bad = [*entry[:19], 0, guard]
         bad[12] = origin
         with pytest.raises(ValueError, match="a guard"):
             lane.c.routes([tuple(bad)])
