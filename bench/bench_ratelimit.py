@@ -7,8 +7,10 @@ stage answering a ready Response, best of 5 rounds each. Figures in µs per
 request; ratios to a pass-through stage measured in the same run:
   pass-through          a stage that only calls the next one (the baseline)
   no rule applies       the ratelimit stage with nothing to do
-  1 / 3 memory rules    by ip (+ by function, by agent), moving window, headers on
+  1 / 3 memory rules    by ip (+ by function, by agent), sliding window, headers on
   1 rule, headers off
+  1 / 3 shared rules    the same memory rules counted in the shared table of
+                        ``workers = N`` (`native.create_table`; sliding window)
 With --redis (starts redis-server on a free port; needs it installed):
   redis PING            one round trip with redis.asyncio (the floor)
   1 / 3 redis rules     the stage awaiting limits' Redis storage
@@ -25,6 +27,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,6 +40,7 @@ from runtime.pipeline.stage import Context, Next, Result
 from runtime.pipeline.stages.ratelimit import RateLimit
 from runtime.pipeline.targets import Targets
 from runtime.security.ratelimit.budget import BudgetStore, MemoryBudgetStore
+from runtime.security.ratelimit.native import create_table
 from runtime.security.ratelimit.redis_budget import RedisBudgetStore
 from runtime.security.settings import NO_POLICY, RateLimitSettings, RateRule
 
@@ -70,10 +74,12 @@ def targets() -> Targets:
     return Targets(SimpleNamespace(router=Router()), {b"/hello": Function()})  # type: ignore[arg-type, dict-item]
 
 
-def stage(rules: int, headers: bool = True, storage: str = "memory://") -> RateLimit:
+def stage(rules: int, headers: bool = True, storage: str = "memory://",
+          table: str | None = None) -> RateLimit:
     by = ["ip", "function", "agent"][:rules]
     return RateLimit(RateLimitSettings(storage=storage, headers=headers,
-                                       rules=[RateRule(b, BIG) for b in by]), targets())  # type: ignore[arg-type]
+                                       rules=[RateRule(b, BIG) for b in by]), targets(),  # type: ignore[arg-type]
+                     table=table)
 
 
 def request() -> Request:
@@ -126,6 +132,13 @@ def memory(n: int) -> float:
     s = stage(1, headers=False)
     report("1 memory rule, headers off", per_call_us(sync_call(s), n), base)
     s.close()
+    with tempfile.TemporaryDirectory() as tmp:  # workers = N: the table they share
+        table = f"{tmp}/table"
+        create_table(Path(table))
+        for rules in (1, 3):
+            s = stage(rules, table=table)
+            report(f"{rules} shared rule(s)", per_call_us(sync_call(s), n), base)
+            s.close()
     store = MemoryBudgetStore()
     report("token reserve+settle, memory", asyncio.run(_budget(store, n)), base)
     return base

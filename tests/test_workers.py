@@ -24,6 +24,7 @@ import pytest
 from edgefn_core.errors import InvalidConfig
 from runtime import config
 from runtime.admin.client import AdminClient
+from runtime.security.ratelimit.native import table_path
 from tests.support import ROOT, function_dir, python_function, reactor, running, wait_for
 
 POP_TOML = """workers = 2
@@ -432,6 +433,29 @@ def test_the_waf_blocks_in_every_worker(tmp_path: Path) -> None:
                 break
         assert len(seen) == 2, seen  # both workers answered, both blocked
         assert w.get()[0] == 200
+
+
+def test_memory_rate_limits_count_across_workers(tmp_path: Path) -> None:
+    """``storage = "memory://"`` with two workers: one limit of 20 a minute, not 20
+    per worker (both answered 200s and 429s; before the shared table, each let 20
+    through). A worker killed and started again counts on: its limit stays full. The
+    table is the PoP's: gone once it stops."""
+    toml = POP_TOML + '[ratelimit]\nrules = [{ by = "ip", limit = "20/minute" }]\n'
+    with serving(tmp_path, toml) as w:
+        table = table_path(w.data)
+        assert table.exists()
+        deploy(w, tmp_path, 1)
+        answers = [w.get() for _ in range(60)]
+        assert [a[0] for a in answers].count(200) == 20, answers
+        assert {a[0] for a in answers} == {200, 429}
+        assert {a[2] for a in answers if a[0] == 200} == {a[2] for a in answers} \
+            == {str(p) for p in w.children()}  # each worker admitted some, refused some
+        victim = max(w.children())
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(w.children() - {victim}) == 2, 60, "a worker started again")
+        wait_for(lambda: len({w.get()[2] for _ in range(20)}) == 2, 60, "both serving")
+        assert {w.get()[0] for _ in range(20)} == {429}
+    assert not table.exists()
 
 
 def test_a_function_no_worker_loads_costs_no_worker_its_life(tmp_path: Path) -> None:

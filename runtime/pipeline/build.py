@@ -70,6 +70,30 @@ def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
     return frozenset(reserved)
 
 
+def shared_table(config: c.PopConfig) -> str | None:
+    """The table of shared memory in which the PoP processes of ``workers = N`` count
+    rate limits stored in ``memory://`` together (`runtime.workers.primary` makes it
+    before it starts them), or None: one process, Redis, or no such table (logged:
+    each worker then counts alone)."""
+    if not wants_shared_table(config):
+        return None
+    from runtime.security.ratelimit.native import table_path
+
+    path = table_path(config.data_dir)
+    if not path.exists():
+        log.warning("no shared rate-limit table at %s: this worker counts its rate limits "
+                    "alone", path)
+        return None
+    return str(path)
+
+
+def wants_shared_table(config: c.PopConfig) -> bool:
+    """Whether the PoP's workers count rate limits in a shared table: several of them,
+    a ``ratelimit`` stage, its storage in memory."""
+    return (config.worker_count() > 1 and config.ratelimit.storage.startswith("memory://")
+            and any(isinstance(s, c.RateLimitStage) for s in config.pipeline))
+
+
 def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
     """The token budgets AI calls are charged to (the OpenAI API's and functions'
     ``ai`` binding's, one store for both): with a model worker and a
@@ -151,7 +175,8 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
         case c.RateLimitStage():
             from runtime.pipeline.stages.ratelimit import RateLimit
 
-            return RateLimit(pop.config.ratelimit, targets, where="pop.toml")
+            return RateLimit(pop.config.ratelimit, targets, where="pop.toml",
+                             table=shared_table(pop.config))
         case c.HttpCacheStage():
             return _http_cache(pop, targets)
         case c.AICacheStage():

@@ -3,7 +3,8 @@
 It holds DATA/pop.lock, reserves the public and admin ports (a socket bound with
 SO_REUSEPORT that never listens: the workers bind the same port beside it, and a
 restarted worker finds its port still free), runs the one model worker the
-workers share (they reach it on its socket), starts the workers, starts again one
+workers share (they reach it on its socket), makes the table of shared memory
+they count rate limits in (`native.create_table`), starts the workers, starts again one
 that dies, and on SIGTERM/SIGINT drains them all (each finishes its in-flight
 requests for `grace_seconds`).
 """
@@ -31,7 +32,9 @@ from runtime.admin.client import PopInfo
 from runtime.ai.service import AIService
 from runtime.app import StopSignals, _lock, _start_ai, admin_token
 from runtime.config import AdminListener, Listener, PopConfig
+from runtime.pipeline.build import wants_shared_table
 from runtime.security.bots.manager import challenge_secret
+from runtime.security.ratelimit.native import create_table, table_path
 from runtime.workers import child
 from runtime.workers.role import Role
 
@@ -230,6 +233,7 @@ async def running_workers(config: PopConfig, verbosity: int = 0
     held: list[socket.socket] = []
     ai: AIService | None = None
     primary: Primary | None = None
+    table: Path | None = None  # the rate limits' shared table (`create_table`)
     try:
         migrate_requests()
         held = [reserve(config.public.host, config.public.port),
@@ -237,6 +241,10 @@ async def running_workers(config: PopConfig, verbosity: int = 0
         ai, shared = await _shared_ai(config)
         admin_token(data)  # made once here, not raced by the workers
         challenge_secret(data)
+        if wants_shared_table(config):  # fresh: rate limits start over with the PoP
+            table = table_path(data)
+            if not create_table(table):
+                table = None
         (_, pport), (_, aport) = (s.getsockname()[:2] for s in held)
         fixed = msgspec.structs.replace(
             config, public=Listener(config.public.host, pport),
@@ -260,6 +268,8 @@ async def running_workers(config: PopConfig, verbosity: int = 0
             await ai.close()
         for sock in held:
             sock.close()
+        if table is not None:
+            table.unlink(missing_ok=True)
         lock.close()
 
 

@@ -58,11 +58,15 @@ class RateLimit:
     name = "ratelimit"
 
     def __init__(self, settings: RateLimitSettings, targets: Targets,
-                 limiter: Limiter | None = None, where: str = "<config>") -> None:
-        """Raises `InvalidConfig` for a rule or storage the PoP cannot use."""
+                 limiter: Limiter | None = None, where: str = "<config>",
+                 table: str | None = None) -> None:
+        """`table`: the shared table of ``workers = N`` (`Limiter`). Raises
+        `InvalidConfig` for a rule or storage the PoP cannot use, OSError or
+        ValueError for a table it cannot map."""
         self.settings = settings
         self.targets = targets
-        self.limiter = limiter if limiter is not None else Limiter(settings.storage, where)
+        self.limiter = limiter if limiter is not None else Limiter(settings.storage, where,
+                                                                   table)
         self.rules = compile_rules(settings.rules, "by", where, "ratelimit.rules")
         self.ip_rules = [limit for limit in self.rules if limit.by == "ip"]
         self.tenants = {t: per_minute("tenant-rpm", "tenant", lim.rpm)

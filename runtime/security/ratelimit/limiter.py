@@ -1,5 +1,6 @@
-"""`Limiter`: request rates counted by the `limits` library, in this process's
-memory or on Redis (shared by every PoP that names the same server).
+"""`Limiter`: request rates counted by the `limits` library, in memory (this
+process's, or with ``workers = N`` a table every worker of the PoP shares) or on
+Redis (shared by every PoP that names the same server).
 
 A `Limit` is one rate of one rule (``"1000/hour;50/minute"`` is two). Checking
 a request hits each of its limits in order and stops at the first one that is
@@ -102,9 +103,13 @@ class Limiter:
     """Counts hits. `storage`: ``memory://`` or ``redis://host:port[/db]``
     (``rediss://`` for TLS). `remote` says which of `hit` / `hit_async` to call."""
 
-    def __init__(self, storage: str = "memory://", where: str = "<config>") -> None:
-        """Raises `InvalidConfig` (field ``ratelimit.storage``) for another scheme.
-        A Redis server is not contacted until the first hit."""
+    def __init__(self, storage: str = "memory://", where: str = "<config>",
+                 table: str | None = None) -> None:
+        """`table`: in memory, the shared table (`native.create_table`) whose windows
+        every PoP process of ``workers = N`` counts in (None: this process's only).
+        Raises `InvalidConfig` (field ``ratelimit.storage``) for another scheme,
+        OSError or ValueError for a table it cannot map. A Redis server is not
+        contacted until the first hit."""
         scheme = storage.partition("://")[0]
         self.remote = scheme in ("redis", "rediss", "redis+unix")
         if self.remote:
@@ -113,7 +118,7 @@ class Limiter:
                 socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S)
             self.astrategies = {k: v(self.astore) for k, v in _ASYNC.items()}
         elif scheme == "memory":
-            self.counters = new_counters()
+            self.counters = new_counters(table=table)
         else:
             raise InvalidConfig(where, f"storage must be memory:// or redis://host:port, got "
                                 f"{storage!r}", "ratelimit.storage")

@@ -9,14 +9,32 @@
  * lines. Every method runs under the GIL without calling Python code between its
  * reads and writes of the state (keys are str or tuples of str), so each is atomic
  * as the Python one is under its lock.
+ *
+ * `Counters(table=PATH)` keeps fixed and sliding windows in a table of shared memory
+ * (`create_table`) instead, so the PoP processes of `workers = N` count together:
+ * one limit, not N. A key is known there by two SipHash-2-4 sums of it under the
+ * table's random keys; its window lives in one group of GROUP_SLOTS slots behind the
+ * group's robust, process-shared mutex (a worker killed holding it costs its
+ * unfinished write, never the lock). A slot whose window has passed is free again;
+ * when a group's slots all hold live windows, the one that ends first is given up
+ * (`evictions` counts them: that key starts over). Moving windows (their hits' times
+ * are O(limit) a key) stay in the process's dict.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #define SWEEP_AT 50000  /* counters.SWEEP_AT */
 
@@ -32,11 +50,43 @@ typedef struct {
     size_t head, len, cap;
 } window_t;
 
+#define TABLE_MAGIC 0x746e436c52666e65ull  /* "efnRlCnt" */
+#define TABLE_VERSION 1
+#define GROUP_SLOTS 8
+#define LOCK_WAIT_S 1  /* a group held longer than this by another process: an error */
+
+typedef struct {
+    uint64_t h0, h1;     /* the key's sums; both 0: never used */
+    int32_t algorithm;
+    int32_t unused;
+    int64_t count, previous, index;
+    double expires;      /* free for another key once past */
+} slot_t;
+
+typedef struct {
+    _Alignas(64) pthread_mutex_t lock;
+    slot_t slots[GROUP_SLOTS];
+} group_t;
+
+typedef struct {
+    uint64_t magic;      /* written last: a table is whole once it reads TABLE_MAGIC */
+    uint32_t version, groups;
+    uint64_t keys[4];    /* SipHash keys of the two sums */
+    uint64_t evictions;  /* live windows given up for another key (atomic) */
+    uint64_t recovered;  /* locks taken over from a process that died holding them */
+    _Alignas(64) group_t first[];
+} table_t;
+
 typedef struct {
     PyObject_HEAD
     PyObject *state;  /* key -> capsule of a window_t */
     PyObject *clock;
     Py_ssize_t sweep_at, sweep_floor;
+    table_t *table;   /* shared fixed and sliding windows, or NULL */
+    size_t table_size;
+    PyObject *path;
+    uint8_t *kbuf;    /* a key's bytes, hashed (reused) */
+    size_t kcap;
 } Counters;
 
 static void window_free(PyObject *capsule) {
@@ -148,66 +198,52 @@ typedef struct {
     double reset;  /* epoch seconds */
 } outcome_t;
 
-/* One hit of `key` at `now`: `Counters.hit`'s three steps. -1 with an exception. */
-static int hit(Counters *c, PyObject *key, int algorithm, int64_t amount, int64_t window,
-               double now, outcome_t *o) {
-    if (PyDict_GET_SIZE(c->state) >= c->sweep_at && sweep(c, now)) return -1;
-    window_t *w = find(c, key, algorithm);
-    if (!w && PyErr_Occurred()) return -1;
-    if (algorithm == FIXED) {
-        if (!w || now >= w->expires) {
-            if (!(w = fresh(c, key, algorithm))) return -1;
+/* One hit of a fixed or sliding window `w` at `now` (`have`: `w` holds the key's
+ * window, else it starts one): `Counters._fixed` and `_sliding`. */
+static void step(window_t *w, int have, int64_t amount, int64_t window, double now,
+                 outcome_t *o) {
+    if (w->algorithm == FIXED) {
+        if (!have || now >= w->expires) {
+            w->count = 0;
             w->expires = now + (double)window;
         }
         w->count++;
         o->admitted = w->count <= amount;
         o->remaining = amount - w->count;
         o->reset = w->expires;
-        return 0;
+        return;
     }
-    if (algorithm == SLIDING) {
-        int64_t index = (int64_t)floor_div(now, (double)window);
-        if (!w || w->index < index - 1) {
-            if (!(w = fresh(c, key, algorithm))) return -1;
-            w->index = index;
-        } else if (w->index == index - 1) {
-            w->index = index;
-            w->previous = w->count;
-            w->count = 0;
-        }
-        w->expires = (double)((index + 2) * window);
-        double left = (double)window - (now - (double)(index * window));
-        double weighted = (double)w->previous * left / (double)window + (double)w->count;
-        o->admitted = weighted < (double)amount;
-        if (o->admitted) {
-            w->count++;
-            weighted += 1;
-        }
-        double reset = w->previous ? float_mod(left, (double)window / (double)w->previous)
-                                   : INFINITY;
-        if (w->count) {
-            double r = float_mod(left, (double)window);
-            if (r < reset) reset = r;
-        }
-        o->remaining = amount - (int64_t)weighted;
-        o->reset = now + (isinf(reset) ? 0.0 : reset);
-        return 0;
+    int64_t index = (int64_t)floor_div(now, (double)window);
+    if (!have || w->index < index - 1) {
+        w->count = w->previous = 0;
+        w->index = index;
+    } else if (w->index == index - 1) {
+        w->index = index;
+        w->previous = w->count;
+        w->count = 0;
     }
-    if (!w && !(w = fresh(c, key, algorithm))) return -1;
-    drop_before(w, now - (double)window);
-    o->admitted = (int64_t)w->len < amount;
-    if (o->admitted && append_hit(w, now)) return -1;
-    w->expires = now + (double)window;
-    o->remaining = amount - (int64_t)w->len;
-    o->reset = (w->len ? w->hits[w->head] : now) + (double)window;
-    return 0;
+    w->expires = (double)((index + 2) * window);
+    double left = (double)window - (now - (double)(index * window));
+    double weighted = (double)w->previous * left / (double)window + (double)w->count;
+    o->admitted = weighted < (double)amount;
+    if (o->admitted) {
+        w->count++;
+        weighted += 1;
+    }
+    double reset = w->previous ? float_mod(left, (double)window / (double)w->previous)
+                               : INFINITY;
+    if (w->count) {
+        double r = float_mod(left, (double)window);
+        if (r < reset) reset = r;
+    }
+    o->remaining = amount - (int64_t)weighted;
+    o->reset = now + (isinf(reset) ? 0.0 : reset);
 }
 
-/* Whether `hit` at `now` would admit a request, changing nothing: 1, 0, -1 error. */
-static int admits(Counters *c, PyObject *key, int algorithm, int64_t amount, int64_t window,
+/* Whether a hit of `w` (NULL: the key has no window) at `now` would admit a request,
+ * changing nothing: 1 or 0. */
+static int decide(const window_t *w, int algorithm, int64_t amount, int64_t window,
                   double now) {
-    window_t *w = find(c, key, algorithm);
-    if (!w && PyErr_Occurred()) return -1;
     if (algorithm == FIXED)
         return (!w || now >= w->expires ? 0 : w->count) + 1 <= amount;
     if (algorithm == SLIDING) {
@@ -226,6 +262,42 @@ static int admits(Counters *c, PyObject *key, int algorithm, int64_t amount, int
     double since = now - (double)window;
     while (old < w->len && w->hits[w->head + old] < since) old++;
     return (int64_t)(w->len - old) < amount;
+}
+
+#include "counters_table.c.h"  /* the shared table: shared_hit, shared_admits */
+
+/* One hit of `key` at `now`: `Counters.hit`'s three steps. -1 with an exception. */
+static int hit(Counters *c, PyObject *key, int algorithm, int64_t amount, int64_t window,
+               double now, outcome_t *o) {
+    if (c->table && algorithm != MOVING)
+        return shared_hit(c, key, algorithm, amount, window, now, o);
+    if (PyDict_GET_SIZE(c->state) >= c->sweep_at && sweep(c, now)) return -1;
+    window_t *w = find(c, key, algorithm);
+    if (!w && PyErr_Occurred()) return -1;
+    if (algorithm != MOVING) {
+        int have = w != NULL;
+        if (!w && !(w = fresh(c, key, algorithm))) return -1;
+        step(w, have, amount, window, now, o);
+        return 0;
+    }
+    if (!w && !(w = fresh(c, key, algorithm))) return -1;
+    drop_before(w, now - (double)window);
+    o->admitted = (int64_t)w->len < amount;
+    if (o->admitted && append_hit(w, now)) return -1;
+    w->expires = now + (double)window;
+    o->remaining = amount - (int64_t)w->len;
+    o->reset = (w->len ? w->hits[w->head] : now) + (double)window;
+    return 0;
+}
+
+/* Whether `hit` at `now` would admit a request, changing nothing: 1, 0, -1 error. */
+static int admits(Counters *c, PyObject *key, int algorithm, int64_t amount, int64_t window,
+                  double now) {
+    if (c->table && algorithm != MOVING)
+        return shared_admits(c, key, algorithm, amount, window, now);
+    window_t *w = find(c, key, algorithm);
+    if (!w && PyErr_Occurred()) return -1;
+    return decide(w, algorithm, amount, window, now);
 }
 
 /* (key, algorithm, amount, window) from `args`; -1 with an exception. */
@@ -372,7 +444,8 @@ static PyObject *Counters_count(Counters *c, PyObject *const *args, Py_ssize_t n
         Py_ssize_t name_len;
         const char *name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(check, 4), &name_len);
         if (!name) goto fail;
-        if (!o.admitted) {
+        if (!o.admitted && !(c->table && algorithm != MOVING)) {  /* shared: another
+             * process may have filled it since `admits_all` (it counts as Redis does) */
             PyErr_Format(PyExc_RuntimeError, "rate limit '%s' refused at %R what it admitted "
                          "then", name, args[1]);
             goto fail;
@@ -449,9 +522,12 @@ fail:
 }
 
 static int Counters_init(Counters *c, PyObject *args, PyObject *kwargs) {
-    static char *kw[] = {"clock", NULL};
-    PyObject *clock = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:Counters", kw, &clock)) return -1;
+    static char *kw[] = {"clock", "table", NULL};
+    PyObject *clock = NULL, *table = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:Counters", kw, &clock, &table))
+        return -1;
+    close_table(c);
+    if (table != Py_None && open_table(c, table)) return -1;
     if (!clock) {
         PyObject *time = PyImport_ImportModule("time");
         if (!time) return -1;
@@ -477,6 +553,7 @@ static int Counters_traverse(Counters *c, visitproc visit, void *arg) {
 static int Counters_clear(Counters *c) {
     Py_CLEAR(c->state);
     Py_CLEAR(c->clock);
+    Py_CLEAR(c->path);
     return 0;
 }
 
@@ -484,6 +561,7 @@ static void Counters_dealloc(Counters *c) {
     PyTypeObject *type = Py_TYPE(c);
     PyObject_GC_UnTrack(c);
     Counters_clear(c);
+    close_table(c);
     type->tp_free(c);
     Py_DECREF(type);
 }
@@ -497,6 +575,8 @@ static PyMethodDef COUNTERS_METHODS[] = {
      "admits_all(checks, now) -> whether every check would admit, counting nothing"},
     {"count", (PyCFunction)(void (*)(void))Counters_count, METH_FASTCALL,
      "count(checks, now, fields) -> the RateLimit header lines; RuntimeError if refused"},
+    {"_hold", (PyCFunction)Counters_hold, METH_O,
+     "_hold(key): lock key's group of the table and keep it locked (tests)"},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef COUNTERS_MEMBERS[] = {
@@ -508,6 +588,10 @@ static PyMemberDef COUNTERS_MEMBERS[] = {
 
 static PyGetSetDef COUNTERS_GETSET[] = {
     {"state", (getter)Counters_get_state, NULL, "a copy of the state (key -> list)", NULL},
+    {"table", (getter)Counters_get_table, NULL,
+     "the shared table's path (None: this process's memory only)", NULL},
+    {"table_stats", (getter)Counters_get_table_stats, NULL,
+     "the shared table's evictions, recovered locks and groups (None without one)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyType_Slot COUNTERS_SLOTS[] = {
@@ -533,12 +617,18 @@ static int exec_module(PyObject *m) {
     return failed;
 }
 
+static PyMethodDef MODULE_METHODS[] = {
+    {"create_table", create_table, METH_VARARGS,
+     "create_table(path, groups): a fresh shared table of rate-limit windows at path"},
+    {NULL, NULL, 0, NULL}};
+
 static PyModuleDef_Slot SLOTS[] = {
     {Py_mod_exec, exec_module},
     {0, NULL}};
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_edgefn_counters",
-    "edgefn's rate-limit counters (runtime/security/ratelimit/native.py)", 0, NULL, SLOTS,
+    "edgefn's rate-limit counters (runtime/security/ratelimit/native.py)", 0, MODULE_METHODS,
+    SLOTS,
     NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__edgefn_counters(void) { return PyModuleDef_Init(&MODULE); }

@@ -1,0 +1,297 @@
+/*
+ * The shared table of counters.c (included there): fixed and sliding windows in a
+ * file of shared memory that every PoP process of `workers = N` maps, so they count
+ * together. `create_table` makes one (the workers' parent, before it starts them);
+ * `Counters(table=PATH)` maps it. See counters.c's head for the layout's promises.
+ */
+
+static size_t table_bytes(uint32_t groups) {
+    return sizeof(table_t) + (size_t)groups * sizeof(group_t);
+}
+
+/* SipHash-2-4 of `n` bytes under (k0, k1). */
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                      \
+    do {                                                              \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);     \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                        \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                        \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);     \
+    } while (0)
+
+static uint64_t siphash(const uint8_t *in, size_t n, uint64_t k0, uint64_t k1) {
+    uint64_t v0 = 0x736f6d6570736575ull ^ k0, v1 = 0x646f72616e646f6dull ^ k1;
+    uint64_t v2 = 0x6c7967656e657261ull ^ k0, v3 = 0x7465646279746573ull ^ k1;
+    uint64_t b = (uint64_t)n << 56, m;
+    const uint8_t *end = in + n - (n % 8);
+    for (; in != end; in += 8) {
+        memcpy(&m, in, 8);  /* little-endian: the machines the table is shared on */
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (size_t i = 0; i < n % 8; i++) b |= (uint64_t)in[i] << (8 * i);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static int kput(Counters *c, size_t *len, const void *p, size_t n) {
+    if (*len + n > c->kcap) {
+        size_t cap = c->kcap ? c->kcap : 256;
+        while (cap < *len + n) cap *= 2;
+        uint8_t *b = PyMem_Realloc(c->kbuf, cap);
+        if (!b) { PyErr_NoMemory(); return -1; }
+        c->kbuf = b;
+        c->kcap = cap;
+    }
+    memcpy(c->kbuf + *len, p, n);
+    *len += n;
+    return 0;
+}
+
+/* `key` as bytes that tell any two keys apart (each part typed and sized): a str, bytes,
+ * an int, or a tuple of them (nested). -1 with TypeError for anything else. */
+static int key_bytes(Counters *c, PyObject *key, size_t *len) {
+    uint8_t tag;
+    uint32_t n;
+    if (PyUnicode_Check(key)) {
+        Py_ssize_t size;
+        const char *s = PyUnicode_AsUTF8AndSize(key, &size);
+        if (!s) return -1;
+        tag = 's', n = (uint32_t)size;
+        return kput(c, len, &tag, 1) || kput(c, len, &n, 4) || kput(c, len, s, (size_t)size);
+    }
+    if (PyBytes_Check(key)) {
+        tag = 'b', n = (uint32_t)PyBytes_GET_SIZE(key);
+        return kput(c, len, &tag, 1) || kput(c, len, &n, 4) ||
+               kput(c, len, PyBytes_AS_STRING(key), n);
+    }
+    if (PyLong_Check(key)) {
+        long long v = PyLong_AsLongLong(key);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        tag = 'i';
+        return kput(c, len, &tag, 1) || kput(c, len, &v, 8);
+    }
+    if (PyTuple_Check(key)) {
+        tag = 't', n = (uint32_t)PyTuple_GET_SIZE(key);
+        if (kput(c, len, &tag, 1) || kput(c, len, &n, 4)) return -1;
+        for (uint32_t i = 0; i < n; i++)
+            if (key_bytes(c, PyTuple_GET_ITEM(key, i), len)) return -1;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "a shared counter's key is str, bytes, int or a tuple of "
+                 "them, not %.100s", Py_TYPE(key)->tp_name);
+    return -1;
+}
+
+/* The group of `key`, locked, and its two sums; NULL with an exception. */
+static group_t *lock_key(Counters *c, PyObject *key, uint64_t *h0, uint64_t *h1) {
+    size_t len = 0;
+    if (key_bytes(c, key, &len)) return NULL;
+    const uint64_t *k = c->table->keys;
+    *h0 = siphash(c->kbuf, len, k[0], k[1]);
+    *h1 = siphash(c->kbuf, len, k[2], k[3]) | 1;  /* never 0: 0,0 is a slot never used */
+    group_t *g = &c->table->first[*h0 % c->table->groups];
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += LOCK_WAIT_S;
+    int r = pthread_mutex_timedlock(&g->lock, &until);
+    if (r == EOWNERDEAD) {  /* its holder died: its write may be half done, the rest holds */
+        pthread_mutex_consistent(&g->lock);
+        __atomic_add_fetch(&c->table->recovered, 1, __ATOMIC_RELAXED);
+        r = 0;
+    }
+    if (r) {
+        errno = r;
+        PyErr_Format(r == ETIMEDOUT ? PyExc_TimeoutError : PyExc_OSError,
+                     "the shared rate-limit table %R: a group's lock: %s", c->path,
+                     strerror(r));
+        return NULL;
+    }
+    return g;
+}
+
+static slot_t *slot_of(group_t *g, uint64_t h0, uint64_t h1) {
+    for (int i = 0; i < GROUP_SLOTS; i++)
+        if (g->slots[i].h0 == h0 && g->slots[i].h1 == h1) return &g->slots[i];
+    return NULL;
+}
+
+/* A slot of `g` for a new key: one never used or whose window has passed, else the
+ * one whose window ends first (counted in `evictions`). */
+static slot_t *claim(Counters *c, group_t *g, double now) {
+    slot_t *first = &g->slots[0];
+    for (int i = 0; i < GROUP_SLOTS; i++) {
+        slot_t *s = &g->slots[i];
+        if ((!s->h0 && !s->h1) || s->expires <= now) return s;
+        if (s->expires < first->expires) first = s;
+    }
+    __atomic_add_fetch(&c->table->evictions, 1, __ATOMIC_RELAXED);
+    return first;
+}
+
+static void load(window_t *w, const slot_t *s) {
+    w->count = s->count;
+    w->previous = s->previous;
+    w->index = s->index;
+    w->expires = s->expires;
+}
+
+static int shared_hit(Counters *c, PyObject *key, int algorithm, int64_t amount,
+                      int64_t window, double now, outcome_t *o) {
+    uint64_t h0, h1;
+    group_t *g = lock_key(c, key, &h0, &h1);
+    if (!g) return -1;
+    slot_t *s = slot_of(g, h0, h1);
+    window_t w = {.algorithm = algorithm};
+    int have = s && s->algorithm == algorithm;
+    if (have) load(&w, s);
+    step(&w, have, amount, window, now, o);
+    if (!s) s = claim(c, g, now);
+    *s = (slot_t){.h0 = h0, .h1 = h1, .algorithm = algorithm, .count = w.count,
+                  .previous = w.previous, .index = w.index, .expires = w.expires};
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+}
+
+static int shared_admits(Counters *c, PyObject *key, int algorithm, int64_t amount,
+                         int64_t window, double now) {
+    uint64_t h0, h1;
+    group_t *g = lock_key(c, key, &h0, &h1);
+    if (!g) return -1;
+    slot_t *s = slot_of(g, h0, h1);
+    window_t w = {.algorithm = algorithm};
+    int have = s && s->algorithm == algorithm;
+    if (have) load(&w, s);
+    int r = decide(have ? &w : NULL, algorithm, amount, window, now);
+    pthread_mutex_unlock(&g->lock);
+    return r;
+}
+
+/* create_table(path, groups): a fresh table of `groups` groups at `path` (replacing
+ * what is there), for `Counters(table=path)` in every process that counts together.
+ * Raises OSError. */
+static PyObject *create_table(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *path;
+    unsigned int groups;
+    if (!PyArg_ParseTuple(args, "O&I:create_table", PyUnicode_FSConverter, &path, &groups))
+        return NULL;
+    if (!groups) {
+        Py_DECREF(path);
+        PyErr_SetString(PyExc_ValueError, "a table has at least one group");
+        return NULL;
+    }
+    size_t size = table_bytes(groups);
+    int fd = open(PyBytes_AS_STRING(path), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    table_t *t = MAP_FAILED;
+    pthread_mutexattr_t attr;
+    int attr_made = 0;
+    if (fd < 0 || ftruncate(fd, (off_t)size)) goto fail;
+    t = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (t == MAP_FAILED) goto fail;
+    if (getrandom(t->keys, sizeof t->keys, 0) != (ssize_t)sizeof t->keys) goto fail;
+    if ((errno = pthread_mutexattr_init(&attr))) goto fail;
+    attr_made = 1;
+    if ((errno = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED)) ||
+            (errno = pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST)))
+        goto fail;
+    for (uint32_t i = 0; i < groups; i++)
+        if ((errno = pthread_mutex_init(&t->first[i].lock, &attr))) goto fail;
+    pthread_mutexattr_destroy(&attr);
+    t->version = TABLE_VERSION;
+    t->groups = groups;
+    __atomic_store_n(&t->magic, TABLE_MAGIC, __ATOMIC_RELEASE);
+    munmap(t, size);
+    close(fd);
+    Py_DECREF(path);
+    Py_RETURN_NONE;
+fail:
+    PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+    if (attr_made) pthread_mutexattr_destroy(&attr);
+    if (t != MAP_FAILED) munmap(t, size);
+    if (fd >= 0) close(fd);
+    Py_DECREF(path);
+    return NULL;
+}
+
+/* Map the table at `path` into `c`. -1 with OSError (it cannot be opened) or ValueError
+ * (it is not a whole table of this version). */
+static int open_table(Counters *c, PyObject *path) {
+    PyObject *bytes;
+    if (!PyUnicode_FSConverter(path, &bytes)) return -1;
+    int fd = open(PyBytes_AS_STRING(bytes), O_RDWR | O_CLOEXEC);
+    Py_DECREF(bytes);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    size_t size = (size_t)st.st_size;
+    table_t *t = size >= sizeof(table_t) ?
+        mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (t == MAP_FAILED) {
+        PyErr_Format(PyExc_ValueError, "%R is not a rate-limit table (%zu bytes)", path, size);
+        return -1;
+    }
+    if (__atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) != TABLE_MAGIC ||
+            t->version != TABLE_VERSION || !t->groups || table_bytes(t->groups) != size) {
+        munmap(t, size);
+        PyErr_Format(PyExc_ValueError, "%R is not a rate-limit table of version %d (made by "
+                     "another edgefn, or not one at all)", path, TABLE_VERSION);
+        return -1;
+    }
+    c->table = t;
+    c->table_size = size;
+    Py_INCREF(path);
+    Py_XSETREF(c->path, path);
+    return 0;
+}
+
+static void close_table(Counters *c) {
+    if (c->table) munmap(c->table, c->table_size);
+    c->table = NULL;
+    PyMem_Free(c->kbuf);
+    c->kbuf = NULL;
+    c->kcap = 0;
+}
+
+static PyObject *Counters_get_table(Counters *c, void *closure) {
+    (void)closure;
+    return Py_NewRef(c->path ? c->path : Py_None);
+}
+
+/* The table's counts (`evictions`, `recovered`), or None without a table. */
+static PyObject *Counters_get_table_stats(Counters *c, void *closure) {
+    (void)closure;
+    if (!c->table) Py_RETURN_NONE;
+    return Py_BuildValue("{sKsKsI}", "evictions",
+                         (unsigned long long)__atomic_load_n(&c->table->evictions,
+                                                             __ATOMIC_RELAXED),
+                         "recovered",
+                         (unsigned long long)__atomic_load_n(&c->table->recovered,
+                                                             __ATOMIC_RELAXED),
+                         "groups", c->table->groups);
+}
+
+/* _hold(key): lock `key`'s group and keep it locked (tests: a process that dies
+ * holding one). */
+static PyObject *Counters_hold(Counters *c, PyObject *key) {
+    uint64_t h0, h1;
+    if (!c->table) {
+        PyErr_SetString(PyExc_ValueError, "no shared table");
+        return NULL;
+    }
+    return lock_key(c, key, &h0, &h1) ? Py_NewRef(Py_None) : NULL;
+}

@@ -1,0 +1,281 @@
+"""The shared table of rate-limit windows (native_src/counters_table.c.h): the PoP
+processes of ``workers = N`` count in it together. It decides as the per-process
+counters do, step for step; real processes hitting one key at once admit exactly
+the limit; a process killed holding a group's lock costs nobody the lock; a full
+group gives up the window that ends first; a file that is not a table is refused.
+(tests/test_workers.py runs it in a real two-worker PoP.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from runtime.security.ratelimit import counters as python_counters
+from runtime.security.ratelimit import native
+from tests.support import ROOT
+
+SHARED = st.sampled_from(["sliding_window", "fixed_window"])  # moving ones: per process
+# one hit of one of three keys, from one of two mappings of the table: (clock step in
+# 1/16 s, a leap past every window, key, mapping, what)
+OPERATIONS = st.lists(st.tuples(st.integers(0, 40), st.booleans(), st.integers(0, 2),
+                                st.integers(0, 1),
+                                st.sampled_from(["hit", "admits", "admits_all", "count"])),
+                      max_size=80)
+
+
+def module() -> Any:
+    mod = native.load()
+    assert mod is not None, "native_src/counters.c did not build"
+    return mod
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    path = tmp_path / "table"
+    assert native.create_table(path, 64)
+    return path
+
+
+def shared(path: Path, clock: Callable[[], float]) -> Any:
+    return module().Counters(clock, str(path))
+
+
+@settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
+@example(start=1_700_000_000.0, shapes=[("sliding_window", 2, 60)] * 3,
+         ops=[(0, False, 0, 0, "count"), (16 * 59, False, 0, 1, "count"),
+              (32, False, 0, 0, "count")])
+@given(start=st.floats(1_600_000_000, 1_800_000_000),
+       shapes=st.lists(st.tuples(SHARED, st.integers(0, 6), st.sampled_from([1, 8, 60])),
+                       min_size=3, max_size=3),
+       ops=OPERATIONS)
+def test_the_table_decides_as_one_process_counts(
+        start: float, shapes: list[tuple[str, int, int]],
+        ops: list[tuple[int, bool, int, int, str]]) -> None:
+    """Two mappings of one table (two workers), hit in turn, answer for fixed and
+    sliding windows exactly what one process's counters (the Python reference) answer for the same hits: every
+    decision, remaining count, reset instant and RateLimit field. A count is made
+    only where `admits_all` admits (as the lane counts), since the table counts a
+    full limit where one process raises (another worker may have filled it)."""
+    now = [start]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "table"
+        native.create_table(path, 4)  # few groups: keys share them
+        reference = python_counters.Counters(lambda: now[0])
+        mappings = [shared(path, lambda: now[0]), shared(path, lambda: now[0])]
+        checks = [((f"shape{i}", ("pop", "by-ip", "10.0.0.1")), algorithm, amount, window,
+                   f"by-ip-{i}") for i, (algorithm, amount, window) in enumerate(shapes)]
+        for dt, leap, i, m, what in ops:
+            now[0] += 1000.0 if leap else dt / 16
+            key, algorithm, amount, window, _ = checks[i]
+            if what == "count" and not reference.admits_all(checks[:i + 1], now[0]):
+                what = "admits_all"
+            answers = []
+            for counters in (reference, mappings[m]):
+                if what == "hit":
+                    answers.append(counters.hit(key, algorithm, amount, window))
+                elif what == "admits":
+                    answers.append(counters.admits(key, algorithm, amount, window, now[0]))
+                elif what == "admits_all":
+                    answers.append(counters.admits_all(checks[:i + 1], now[0]))
+                else:
+                    answers.append(counters.count(checks[:i + 1], now[0], True))
+            assert answers[0] == answers[1], (what, now[0], i, m)
+        assert mappings[0].table_stats == {"evictions": 0, "recovered": 0, "groups": 4}
+
+
+def test_windows_live_in_the_table_and_moving_ones_in_the_process(table: Path) -> None:
+    now = 1_700_000_000.0
+    a, b = shared(table, lambda: now), shared(table, lambda: now)
+    alone = module().Counters(lambda: now)
+    for algorithm in ("fixed_window", "sliding_window"):
+        assert a.hit("k", algorithm, 2, 60)[0] and b.hit("k", algorithm, 2, 60)[0]
+        assert not a.hit("k", algorithm, 2, 60)[0]  # the two hits above filled it
+        assert not b.admits("k", algorithm, 2, 60, now) and alone.admits("k", algorithm, 2,
+                                                                         60, now)
+        assert a.state == {}  # nothing of them in the process
+    assert a.hit("m", "moving_window", 1, 60)[0] and b.hit("m", "moving_window", 1, 60)[0]
+    assert set(a.state) == {"m"}  # a moving window is each process's own
+    assert a.table == b.table == str(table) and alone.table is None
+
+
+def test_a_count_the_limit_refuses_counts_in_the_table(table: Path) -> None:
+    """Between the lane's `admits_all` and its `count`, another worker may fill the
+    limit: the count is made (as on Redis), not raised as a bug; one process alone
+    still raises."""
+    now = 1_700_000_000.0
+    a, b = shared(table, lambda: now), shared(table, lambda: now)
+    checks = [(("shape", ("pop", "by-ip", "10.0.0.1")), "fixed_window", 1, 60, "by-ip")]
+    assert a.admits_all(checks, now) and b.admits_all(checks, now)
+    assert b.count(checks, now, True) == \
+        b"ratelimit-policy: \"by-ip\";q=1;w=60\r\nratelimit: \"by-ip\";r=0;t=60\r\n"
+    assert a.count(checks, now, True).endswith(b";r=0;t=60\r\n")
+    assert not a.hit(*checks[0][:4])[0]
+    alone = module().Counters(lambda: now)
+    alone.hit(*checks[0][:4])
+    with pytest.raises(RuntimeError, match="refused"):
+        alone.count(checks, now, False)
+
+
+HITTER = """
+import sys, time
+from runtime.security.ratelimit import native
+c = native.load().Counters(table=sys.argv[1])
+algorithm, amount, seconds = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+key = ("shape", ("pop", "10.0.0.1"))
+print("ready", flush=True)
+sys.stdin.readline()
+admitted = hits = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for _ in range(100):
+        admitted += c.hit(key, algorithm, amount, 86400)[0]
+    hits += 100
+print(admitted, hits, flush=True)
+"""
+LIMIT = 200_000
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
+def test_processes_hitting_one_key_at_once_admit_exactly_the_limit(
+        table: Path, algorithm: str) -> None:
+    """Four processes hitting one key as fast as they can for half a second, all at
+    once: 200,000 admitted in all, not one more (a lost update admits more; a
+    day-long window holds them all), and each admitted some (they ran together).
+    The sliding window's first window admits while its plain count is below it."""
+    procs = [subprocess.Popen([sys.executable, "-c", HITTER, str(table), algorithm,
+                               str(LIMIT), "0.5"], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        for p in procs:  # all go at once
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        counts = [tuple(map(int, p.communicate(timeout=60)[0].split())) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert sum(a for a, _ in counts) == LIMIT, counts
+    assert all(a > 0 for a, _ in counts) and sum(h for _, h in counts) > LIMIT, counts
+
+
+HOLDER = """
+import os, sys, time
+from runtime.security.ratelimit import native
+c = native.load().Counters(table=sys.argv[1])
+c._hold(("shape", ("pop", "10.0.0.1")))
+print("held", flush=True)
+if sys.argv[2] == "die":
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_process_that_dies_holding_a_lock_costs_nobody_the_lock(table: Path) -> None:
+    holder = subprocess.run([sys.executable, "-c", HOLDER, str(table), "die"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert holder.stdout == "held\n", holder.stderr
+    c = shared(table, time.time)
+    started = time.monotonic()
+    assert c.hit(("shape", ("pop", "10.0.0.1")), "fixed_window", 5, 60)[:2] == (True, 4)
+    assert time.monotonic() - started < 0.5  # taken over at once, not waited out
+    assert c.table_stats["recovered"] == 1
+
+
+def test_a_lock_held_past_a_second_is_an_error_not_a_hang(table: Path) -> None:
+    """A worker stopped (SIGSTOP) holding a group's lock stalls no other worker for
+    long: past LOCK_WAIT_S (1 s) the hit raises TimeoutError, which the stage turns
+    into its error answer, and keys of other groups are not held up at all."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(table), "hold"], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        c = shared(table, time.time)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="lock"):
+            c.hit(("shape", ("pop", "10.0.0.1")), "fixed_window", 5, 60)
+        assert 0.9 < time.monotonic() - started < 2.0
+        quick = 0
+        for i in range(2, 40):  # keys of other groups: not held up (one in 64 shares it)
+            started = time.monotonic()
+            try:
+                assert c.hit(("shape", ("pop", f"10.0.0.{i}")), "fixed_window", 5, 60)[0]
+            except TimeoutError:
+                continue
+            assert time.monotonic() - started < 0.2
+            quick += 1
+            if quick == 5:
+                break
+        assert quick == 5
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()  # type: ignore[union-attr]
+
+
+def test_a_full_group_gives_up_the_window_that_ends_first(tmp_path: Path) -> None:
+    """One group of 8 slots: 8 live keys fill it; a 9th takes the slot of the window
+    that ends first (that key starts over, counted in `evictions`), whichever slot
+    it is in; a key whose window has passed frees its slot with no eviction."""
+    path = tmp_path / "table"
+    native.create_table(path, 1)
+    now = [1_700_000_000.0]
+    c = shared(path, lambda: now[0])
+    for i in range(8):
+        assert c.hit(f"k{i}", "fixed_window", 1, 67 - i)[0]  # k7, in the last slot, ends first
+    assert c.table_stats["evictions"] == 0
+    assert c.hit("k8", "fixed_window", 1, 100)[0]
+    assert c.table_stats["evictions"] == 1
+    assert not any(c.hit(f"k{i}", "fixed_window", 1, 67 - i)[0] for i in range(7))  # kept
+    assert c.hit("k7", "fixed_window", 1, 60)[0]  # given up: it starts over, in k6's slot
+    assert c.table_stats["evictions"] == 2
+    assert not c.hit("k8", "fixed_window", 1, 100)[0] and \
+        not c.hit("k5", "fixed_window", 1, 62)[0]
+    now[0] += 60.5  # k7's window (from the instant it started over) has passed
+    assert c.hit("k9", "fixed_window", 1, 60)[0]
+    assert c.table_stats["evictions"] == 2
+
+
+def test_what_is_not_a_table_is_refused_saying_so(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        shared(tmp_path / "absent", time.time)
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\0" * 8192)
+    with pytest.raises(ValueError, match="not a rate-limit table of version 1"):
+        shared(junk, time.time)
+    short = tmp_path / "short"
+    short.write_bytes(b"x")
+    with pytest.raises(ValueError, match="not a rate-limit table"):
+        shared(short, time.time)
+    made = tmp_path / "made"
+    native.create_table(made, 2)
+    with made.open("r+b") as f:  # a table cut short (a different size than it says)
+        f.truncate(made.stat().st_size - 512)
+    with pytest.raises(ValueError, match="not a rate-limit table"):
+        shared(made, time.time)
+    with pytest.raises(ValueError, match="at least one group"):
+        module().create_table(str(tmp_path / "empty"), 0)
+    native.create_table(tmp_path / "one", 1)
+    c = shared(tmp_path / "one", time.time)
+    with pytest.raises(TypeError, match="str, bytes, int or a tuple"):
+        c.hit(("shape", [1]), "fixed_window", 1, 60)
+
+
+def test_the_path_is_in_shared_memory_named_after_the_data_dir(tmp_path: Path) -> None:
+    a, b = native.table_path(tmp_path / "a"), native.table_path(tmp_path / "b")
+    assert a != b and a == native.table_path(tmp_path / "a" / ".." / "a")
+    if native.SHM.is_dir():
+        assert a.parent == native.SHM and a.name.startswith("edgefn-")
