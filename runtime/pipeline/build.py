@@ -103,7 +103,7 @@ def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
         return None
     from runtime.security.ratelimit.admission import TokenBudgets
 
-    return TokenBudgets(config.ratelimit)
+    return TokenBudgets(config.ratelimit, table=shared_table(config))
 
 
 def _targets(pop: PoP) -> Targets:

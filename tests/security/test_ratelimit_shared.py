@@ -279,3 +279,135 @@ def test_the_path_is_in_shared_memory_named_after_the_data_dir(tmp_path: Path) -
     assert a != b and a == native.table_path(tmp_path / "a" / ".." / "a")
     if native.SHM.is_dir():
         assert a.parent == native.SHM and a.name.startswith("edgefn-")
+
+
+# -- token budgets (budget.py's windows, in the table) ---------------------------------------
+# (clock step in seconds, which buckets (0: key, 1: tenant, 2: both), amount, a settle
+# (delta, of the admitted reservation this many before the last) or None, which mapping)
+BUDGET_OPS = st.lists(st.tuples(st.integers(0, 90), st.integers(0, 2), st.integers(0, 60),
+                                st.one_of(st.none(), st.tuples(st.integers(-60, 30),
+                                                               st.integers(0, 3))),
+                                st.integers(0, 1)), max_size=60)
+
+
+@settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
+@example(start=6000.0, ops=[(0, 0, 60, None, 0), (60, 0, 10, None, 1),  # a refund of the
+                            (0, 0, 35, (-60, 1), 0)])  # window before, after it rolled over
+@given(start=st.floats(1_600_000_000, 1_800_000_000), ops=BUDGET_OPS)
+def test_shared_token_budgets_reserve_and_settle_as_one_process_does(
+        start: float, ops: list[tuple[int, int, int, tuple[int, int] | None, int]]) -> None:
+    """Two workers' `SharedBudgetStore`s on one table answer every reservation
+    exactly as one process's `MemoryBudgetStore` (the window charged, or the
+    refusing bucket, its use and its retry hint), refunds and charges included, of
+    the current window or of the one before."""
+    from runtime.security.ratelimit.budget import MemoryBudgetStore, Refusal, SharedBudgetStore
+
+    now = [start]
+    with tempfile.TemporaryDirectory() as tmp:
+        native.create_table(Path(tmp) / "table", 2)
+        reference = MemoryBudgetStore(lambda: now[0])
+        workers = [SharedBudgetStore(shared(Path(tmp) / "table", time.time), lambda: now[0])
+                   for _ in range(2)]
+        last: list[tuple[list[str], int]] = []
+        for dt, which, amount, delta, w in ops:
+            now[0] += dt
+            buckets, limits = [["key:k"], ["tenant:t"], ["key:k", "tenant:t"]][which], \
+                [[100], [150], [100, 150]][which]
+            if delta is not None and last:  # a refund or charge, maybe of a window before
+                charged, window = last[max(0, len(last) - 1 - delta[1])]
+                for store in (reference, workers[w]):
+                    _run(store.settle(charged, window, delta[0]))
+            ours, theirs = reference.reserve_now(buckets, limits, amount), \
+                workers[w].reserve_now(buckets, limits, amount)
+            if isinstance(ours, Refusal):
+                assert isinstance(theirs, Refusal)
+                assert (ours.index, ours.used, ours.retry_after) == \
+                    (theirs.index, theirs.used, theirs.retry_after), now[0]
+            else:
+                assert ours == theirs, now[0]
+                last.append((buckets, ours))
+
+
+def _run(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+RESERVER = """
+import sys, time
+from runtime.security.ratelimit import native
+c = native.load().Counters(table=sys.argv[1])
+limit, seconds = int(sys.argv[2]), float(sys.argv[3])
+now = 1_700_000_010.0  # one instant: no window starts while they run
+print("ready", flush=True)
+sys.stdin.readline()
+reserved = tries = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for _ in range(100):
+        reserved += isinstance(c.reserve(["key:k", "tenant:t"], [limit, limit], 1, now), int)
+    tries += 100
+print(reserved, tries, flush=True)
+"""
+
+
+def test_workers_reserving_at_once_never_overspend_a_budget(table: Path) -> None:
+    """Four processes reserving a token at a time from one key's and one tenant's
+    budget for half a second, all at once: exactly the budget is reserved."""
+    procs = [subprocess.Popen([sys.executable, "-c", RESERVER, str(table), "100000", "0.5"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        counts = [tuple(map(int, p.communicate(timeout=60)[0].split())) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert sum(r for r, _ in counts) == 100_000, counts
+    assert all(r > 0 for r, _ in counts) and sum(t for _, t in counts) > 100_000, counts
+
+
+def test_budgets_need_a_table_and_take_a_handful_of_buckets(table: Path) -> None:
+    with pytest.raises(ValueError, match="need a shared table"):
+        module().Counters().reserve(["b"], [1], 1, 0.0)
+    c = shared(table, time.time)
+    with pytest.raises(TypeError, match="at most 8"):
+        c.reserve([f"b{i}" for i in range(9)], [1] * 9, 1, 0.0)
+    with pytest.raises(ValueError, match="one limit a bucket"):
+        c.reserve(["a", "b"], [1], 1, 0.0)
+    assert c.reserve(["a", "a"], [2, 2], 1, 60.0) == 1  # one bucket twice: its group locked once
+
+
+def test_a_worker_counts_in_the_table_its_parent_made(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """What `build` hands the ratelimit stage and the token budgets: the table of the
+    data dir once there are several workers and it exists; none for one process,
+    Redis, or a missing table (logged: that worker counts alone)."""
+    from runtime import config
+    from runtime.pipeline.build import shared_table, token_budgets
+    from runtime.security.ratelimit.budget import MemoryBudgetStore, SharedBudgetStore
+
+    two = config.load(None, data=str(tmp_path), workers=2)
+    path = native.table_path(two.data_dir)
+    assert shared_table(two) is None and "no shared rate-limit table" in caplog.text
+    native.create_table(path, 2)
+    try:
+        assert shared_table(two) == str(path)
+        budgets = token_budgets(two)
+        assert budgets is not None and isinstance(budgets.store, SharedBudgetStore)
+        assert budgets.store.counters.table == str(path)
+        assert shared_table(config.load(None, data=str(tmp_path))) is None  # one worker
+        on_redis = config.load(None, data=str(tmp_path), workers=2,
+                               **{"ratelimit.storage": "redis://127.0.0.1:1/0"})
+        assert shared_table(on_redis) is None
+        one = token_budgets(config.load(None, data=str(tmp_path)))
+        assert one is not None and type(one.store) is MemoryBudgetStore
+    finally:
+        path.unlink()

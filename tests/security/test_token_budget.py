@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -13,8 +14,14 @@ from hypothesis import strategies as st
 
 from edgefn_core.errors import Rejected
 from runtime.security.principal import Principal
+from runtime.security.ratelimit import native
 from runtime.security.ratelimit.admission import TokenBudgets
-from runtime.security.ratelimit.budget import BudgetStore, MemoryBudgetStore, Refusal
+from runtime.security.ratelimit.budget import (
+    BudgetStore,
+    MemoryBudgetStore,
+    Refusal,
+    SharedBudgetStore,
+)
 from runtime.security.ratelimit.redis_budget import PREFIX, RedisBudgetStore
 from runtime.security.settings import RateLimitSettings, TenantLimits
 
@@ -29,13 +36,20 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis"])
-def make_store(request: pytest.FixtureRequest) -> Iterator[Callable[[], BudgetStore]]:
-    """A factory of stores that share counts (one PoP's memory, or one Redis
-    server seen by several PoPs); each test uses its own bucket names."""
+@pytest.fixture(params=["memory", "shared", "redis"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path
+               ) -> Iterator[Callable[[], BudgetStore]]:
+    """A factory of stores that share counts (one PoP's memory, the table the PoP
+    processes of ``workers = N`` share, or one Redis server seen by several PoPs);
+    each test uses its own bucket names."""
     if request.param == "memory":
         store = MemoryBudgetStore()
         yield lambda: store
+        return
+    if request.param == "shared":  # a store per worker, one table (stream slots: each's)
+        assert native.create_table(tmp_path / "table", 64)
+        shared = SharedBudgetStore(native.counters(table=str(tmp_path / "table")))
+        yield lambda: shared
         return
     server: RedisServer = request.getfixturevalue("redis_server")
     yield lambda: RedisBudgetStore(server.url)

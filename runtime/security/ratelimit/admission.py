@@ -20,7 +20,13 @@ import msgspec
 
 from edgefn_core.errors import Rejected, WorkerDead, WorkerError
 from runtime.security.principal import Principal
-from runtime.security.ratelimit.budget import WINDOW, BudgetStore, MemoryBudgetStore, Refusal
+from runtime.security.ratelimit.budget import (
+    WINDOW,
+    BudgetStore,
+    MemoryBudgetStore,
+    Refusal,
+    SharedBudgetStore,
+)
 from runtime.security.ratelimit.headers import Quota, fields, retry_after
 from runtime.security.ratelimit.outage import Outage, StorageDown
 from runtime.security.settings import RateLimitSettings
@@ -102,10 +108,12 @@ class Ticket:
 class TokenBudgets:
     """Reservations against ``[ratelimit]``'s tenants and each key's limits."""
 
-    def __init__(self, settings: RateLimitSettings, store: BudgetStore | None = None) -> None:
-        """`store`: default, the one `settings.storage` names (memory or Redis)."""
+    def __init__(self, settings: RateLimitSettings, store: BudgetStore | None = None,
+                 table: str | None = None) -> None:
+        """`store`: default, the one `settings.storage` names (memory, in `table` where
+        ``workers = N`` share one: `store_for`, or Redis)."""
         self.settings = settings
-        self.store = store if store is not None else store_for(settings.storage)
+        self.store = store if store is not None else store_for(settings.storage, table)
         self.outage = Outage(settings.on_storage_error, "token budgets")
 
     def payer(self, principal: Principal | None, tenant: str | None = None) -> Payer:
@@ -230,12 +238,20 @@ def used_by(ticket: Ticket, gen: Generation | None, error: BaseException | None)
     return min(ticket.reserved, ticket.prompt + gen.tokens + gen.window)
 
 
-def store_for(storage: str) -> BudgetStore:
-    """The budget store of a ``[ratelimit] storage`` URI (checked by `Limiter`)."""
+def store_for(storage: str, table: str | None = None) -> BudgetStore:
+    """The budget store of a ``[ratelimit] storage`` URI (checked by `Limiter`); in
+    memory, the shared `table` of ``workers = N`` where there is one (None: this
+    process's memory). Raises OSError or ValueError for a table it cannot map."""
     if storage.startswith(("redis://", "rediss://", "redis+unix://")):
         from runtime.security.ratelimit.redis_budget import RedisBudgetStore
 
         return RedisBudgetStore(storage.replace("redis+unix://", "unix://", 1))
+    if table is not None:
+        from runtime.security.ratelimit.native import counters
+
+        shared = counters(table=table)
+        if shared.table is not None:  # (None: no native counters, logged)
+            return SharedBudgetStore(shared)
     return MemoryBudgetStore()
 
 

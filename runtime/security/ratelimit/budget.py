@@ -10,8 +10,10 @@ reservation was made in (a refund when negative; never below zero).
 A stream slot is a counter per bucket, taken if below its cap and given back
 when the stream ends.
 
-`MemoryBudgetStore` is this module; `redis_budget.RedisBudgetStore` runs the same
-steps in Lua, so a reserve is atomic across every PoP sharing the server.
+`MemoryBudgetStore` is this module; `SharedBudgetStore` keeps its token windows in
+the table the PoP processes of ``workers = N`` share (native_src/counters_table.c.h,
+the same steps in C); `redis_budget.RedisBudgetStore` runs them in Lua, so a
+reserve is atomic across every PoP sharing the server.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 WINDOW = 60  # seconds: budgets are per minute
 
@@ -126,3 +129,28 @@ class MemoryBudgetStore(BudgetStore):
             self.reserves = 0
             for key in [k for k in self.windows if k[1] < wid - 1]:
                 del self.windows[key]
+
+
+class SharedBudgetStore(MemoryBudgetStore):
+    """Token windows in the shared table of ``workers = N`` (`native.create_table`),
+    reserved and settled by the same steps for every worker at once (`counters`: a
+    `Counters` on that table); stream slots, a cap on concurrency, stay each
+    process's own (as a function's `limits.concurrency` is)."""
+
+    def __init__(self, counters: Any, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(clock)
+        self.counters = counters
+
+    def reserve_now(self, buckets: Sequence[str], limits: Sequence[int], amount: int
+                    ) -> int | Refusal:
+        now = self.clock()
+        got = self.counters.reserve(list(buckets), list(limits), amount, now)
+        if isinstance(got, int):
+            return got
+        i, prev, cur = got
+        frac = now / WINDOW - math.floor(now / WINDOW)
+        return Refusal(i, prev * (1 - frac) + cur,
+                       wait_until_fits(prev, cur, amount, limits[i], frac))
+
+    async def settle(self, buckets: Sequence[str], window: int, delta: int) -> None:
+        self.counters.settle(list(buckets), window, delta)

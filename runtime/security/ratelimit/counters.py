@@ -40,6 +40,8 @@ type Check = tuple[object, str, int, int, str]
 
 
 class Counters:
+    table: str | None = None  # this process's memory only (the C ones may share a table)
+
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.state: dict[object, list] = {}  # key -> [algorithm's state..., expires]

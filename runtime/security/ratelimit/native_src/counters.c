@@ -87,6 +87,7 @@ typedef struct {
     PyObject *path;
     uint8_t *kbuf;    /* a key's bytes, hashed (reused) */
     size_t kcap;
+    PyObject *budget_tag;  /* "budget": a token budget's bucket is keyed (it, bucket) */
 } Counters;
 
 static void window_free(PyObject *capsule) {
@@ -528,6 +529,7 @@ static int Counters_init(Counters *c, PyObject *args, PyObject *kwargs) {
         return -1;
     close_table(c);
     if (table != Py_None && open_table(c, table)) return -1;
+    if (!c->budget_tag && !(c->budget_tag = PyUnicode_FromString("budget"))) return -1;
     if (!clock) {
         PyObject *time = PyImport_ImportModule("time");
         if (!time) return -1;
@@ -554,6 +556,7 @@ static int Counters_clear(Counters *c) {
     Py_CLEAR(c->state);
     Py_CLEAR(c->clock);
     Py_CLEAR(c->path);
+    Py_CLEAR(c->budget_tag);
     return 0;
 }
 
@@ -575,6 +578,11 @@ static PyMethodDef COUNTERS_METHODS[] = {
      "admits_all(checks, now) -> whether every check would admit, counting nothing"},
     {"count", (PyCFunction)(void (*)(void))Counters_count, METH_FASTCALL,
      "count(checks, now, fields) -> the RateLimit header lines; RuntimeError if refused"},
+    {"reserve", (PyCFunction)(void (*)(void))Counters_reserve, METH_FASTCALL,
+     "reserve(buckets, limits, amount, now) -> window id, or (index, previous, current) "
+     "of the first bucket it does not fit (shared table only)"},
+    {"settle", (PyCFunction)(void (*)(void))Counters_settle, METH_FASTCALL,
+     "settle(buckets, window, delta): add delta to each bucket's window (shared table only)"},
     {"_hold", (PyCFunction)Counters_hold, METH_O,
      "_hold(key): lock key's group of the table and keep it locked (tests)"},
     {NULL, NULL, 0, NULL}};

@@ -93,14 +93,9 @@ static int key_bytes(Counters *c, PyObject *key, size_t *len) {
     return -1;
 }
 
-/* The group of `key`, locked, and its two sums; NULL with an exception. */
-static group_t *lock_key(Counters *c, PyObject *key, uint64_t *h0, uint64_t *h1) {
-    size_t len = 0;
-    if (key_bytes(c, key, &len)) return NULL;
-    const uint64_t *k = c->table->keys;
-    *h0 = siphash(c->kbuf, len, k[0], k[1]);
-    *h1 = siphash(c->kbuf, len, k[2], k[3]) | 1;  /* never 0: 0,0 is a slot never used */
-    group_t *g = &c->table->first[*h0 % c->table->groups];
+/* Lock `g`, taking it over from a process that died holding it; -1 with TimeoutError
+ * (held past LOCK_WAIT_S) or OSError. */
+static int lock_group(Counters *c, group_t *g) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += LOCK_WAIT_S;
@@ -115,9 +110,20 @@ static group_t *lock_key(Counters *c, PyObject *key, uint64_t *h0, uint64_t *h1)
         PyErr_Format(r == ETIMEDOUT ? PyExc_TimeoutError : PyExc_OSError,
                      "the shared rate-limit table %R: a group's lock: %s", c->path,
                      strerror(r));
-        return NULL;
+        return -1;
     }
-    return g;
+    return 0;
+}
+
+/* The group of `key`, locked, and its two sums; NULL with an exception. */
+static group_t *lock_key(Counters *c, PyObject *key, uint64_t *h0, uint64_t *h1) {
+    size_t len = 0;
+    if (key_bytes(c, key, &len)) return NULL;
+    const uint64_t *k = c->table->keys;
+    *h0 = siphash(c->kbuf, len, k[0], k[1]);
+    *h1 = siphash(c->kbuf, len, k[2], k[3]) | 1;  /* never 0: 0,0 is a slot never used */
+    group_t *g = &c->table->first[*h0 % c->table->groups];
+    return lock_group(c, g) ? NULL : g;
 }
 
 static slot_t *slot_of(group_t *g, uint64_t h0, uint64_t h1) {
@@ -265,6 +271,140 @@ static void close_table(Counters *c) {
     PyMem_Free(c->kbuf);
     c->kbuf = NULL;
     c->kcap = 0;
+}
+
+/* Token budgets (budget.py's sliding-window counter of reserved tokens, a minute a
+ * window): a bucket's slot holds its current window (`index`, `count`) and the one
+ * before (`previous`), keyed by ("budget", bucket). */
+#define BUDGET 3          /* a slot's `algorithm` for a budget's bucket */
+#define BUDGET_WINDOW 60  /* budget.WINDOW */
+#define MAX_BUCKETS 8
+
+/* The buckets of `list` (str), their groups locked in address order (each once):
+ * the count, or -1 with an exception (nothing locked). */
+static Py_ssize_t lock_buckets(Counters *c, PyObject *list, group_t **groups, uint64_t *h0,
+                               uint64_t *h1) {
+    if (!c->table) {
+        PyErr_SetString(PyExc_ValueError, "token budgets need a shared table");
+        return -1;
+    }
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) > MAX_BUCKETS) {
+        PyErr_SetString(PyExc_TypeError, "buckets: a list of at most 8 str");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    group_t *order[MAX_BUCKETS];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyTuple_Pack(2, c->budget_tag, PyList_GET_ITEM(list, i));
+        size_t len = 0;
+        int failed = !key || key_bytes(c, key, &len);
+        Py_XDECREF(key);
+        if (failed) return -1;
+        h0[i] = siphash(c->kbuf, len, c->table->keys[0], c->table->keys[1]);
+        h1[i] = siphash(c->kbuf, len, c->table->keys[2], c->table->keys[3]) | 1;
+        groups[i] = order[i] = &c->table->first[h0[i] % c->table->groups];
+    }
+    for (Py_ssize_t i = 1; i < n; i++)  /* insertion sort: a handful */
+        for (Py_ssize_t j = i; j > 0 && order[j - 1] > order[j]; j--) {
+            group_t *t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+        }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i && order[i] == order[i - 1]) continue;
+        if (lock_group(c, order[i])) {
+            for (Py_ssize_t j = i - 1; j >= 0; j--)
+                if (!j || order[j] != order[j - 1]) pthread_mutex_unlock(&order[j]->lock);
+            return -1;
+        }
+    }
+    return n;
+}
+
+static void unlock_buckets(group_t **groups, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int seen = 0;
+        for (Py_ssize_t j = 0; j < i; j++) seen |= groups[j] == groups[i];
+        if (!seen) pthread_mutex_unlock(&groups[i]->lock);
+    }
+}
+
+/* A bucket's tokens in window `wid` - 1 and `wid` (0 for none). */
+static void budget_use(const slot_t *s, int64_t wid, int64_t *prev, int64_t *cur) {
+    *prev = *cur = 0;
+    if (s && s->index == wid) {
+        *prev = s->previous;
+        *cur = s->count;
+    } else if (s && s->index == wid - 1) {
+        *prev = s->count;
+    }
+}
+
+/* reserve(buckets, limits, amount, now) -> the window's id, or (index, previous,
+ * current) of the first bucket it does not fit: `MemoryBudgetStore.reserve_now`'s
+ * steps, all buckets at once for every process sharing the table. */
+static PyObject *Counters_reserve(Counters *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "reserve(buckets, limits: list, amount, now)");
+        return NULL;
+    }
+    long long amount = PyLong_AsLongLong(args[2]);
+    double seconds = PyFloat_AsDouble(args[3]), now = seconds / BUDGET_WINDOW;
+    if (PyErr_Occurred()) return NULL;
+    int64_t limits[MAX_BUCKETS], wid = (int64_t)floor(now);
+    double frac = now - (double)wid;
+    group_t *groups[MAX_BUCKETS];
+    uint64_t h0[MAX_BUCKETS], h1[MAX_BUCKETS];
+    if (PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[0])) {
+        PyErr_SetString(PyExc_ValueError, "one limit a bucket");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[1]) && i < MAX_BUCKETS; i++) {
+        limits[i] = PyLong_AsLongLong(PyList_GET_ITEM(args[1], i));
+        if (PyErr_Occurred()) return NULL;
+    }
+    Py_ssize_t n = lock_buckets(c, args[0], groups, h0, h1);
+    if (n < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t prev, cur;
+        budget_use(slot_of(groups[i], h0[i], h1[i]), wid, &prev, &cur);
+        if ((double)prev * (1 - frac) + (double)cur + (double)amount > (double)limits[i]) {
+            unlock_buckets(groups, n);
+            return Py_BuildValue("(nLL)", i, (long long)prev, (long long)cur);
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        slot_t *s = slot_of(groups[i], h0[i], h1[i]);
+        int64_t prev, cur;
+        budget_use(s, wid, &prev, &cur);
+        if (!s) s = claim(c, groups[i], seconds);
+        *s = (slot_t){.h0 = h0[i], .h1 = h1[i], .algorithm = BUDGET, .index = wid,
+                      .previous = prev, .count = cur + amount,
+                      .expires = (double)((wid + 2) * BUDGET_WINDOW)};
+    }
+    unlock_buckets(groups, n);
+    return PyLong_FromLongLong(wid);
+}
+
+/* settle(buckets, window, delta): add `delta` to each bucket's window `window` where it
+ * still holds it, never below zero (`MemoryBudgetStore.settle`). */
+static PyObject *Counters_settle(Counters *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "settle(buckets, window, delta)");
+        return NULL;
+    }
+    long long window = PyLong_AsLongLong(args[1]), delta = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    group_t *groups[MAX_BUCKETS];
+    uint64_t h0[MAX_BUCKETS], h1[MAX_BUCKETS];
+    Py_ssize_t n = lock_buckets(c, args[0], groups, h0, h1);
+    if (n < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        slot_t *s = slot_of(groups[i], h0[i], h1[i]);
+        int64_t *tokens = !s ? NULL : s->index == window ? &s->count :
+                          s->index == window + 1 ? &s->previous : NULL;
+        if (tokens) *tokens = *tokens + delta > 0 ? *tokens + delta : 0;
+    }
+    unlock_buckets(groups, n);
+    Py_RETURN_NONE;
 }
 
 static PyObject *Counters_get_table(Counters *c, void *closure) {
