@@ -10,7 +10,7 @@ the stage's own cost = figure - baseline):
   resolve only        ... after looking up the target (which `route` then reuses)
   cached UA           a browser whose User-Agent is in the LRU (the common case)
   declared agent      GPTBot, cached
-  cached + rate       the same browser with [bots] abusive_rate set (a `limits` hit)
+  cached + rate       the same browser with [bots] abusive_rate set (a counters hit)
   new UA              a User-Agent never seen (ua-parser + the agents regex)
   signed (verify)     a Web Bot Auth request: RFC 9421 parse + Ed25519 verify + replay set
 """
@@ -98,7 +98,7 @@ def bots_stage(settings: BotSettings, keys: webbotauth.KeyDirectory | None = Non
     verifier = webbotauth.Verifier(keys, 300, capacity=10_000_000) if keys else None
     manager = BotManager(settings, Classifier(agents.load(), cache_size=4096), verifier)
     router = Router([(Route("/fn"), "fn", Target())])
-    return Bots(manager, Targets(SimpleNamespace(router=router)))  # type: ignore[arg-type]
+    return Bots(manager, Targets(SimpleNamespace(router=router, canaries={})))  # type: ignore[arg-type]
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ def per_call_us(waf: Waf, spec: tuple, n: int) -> float:
 
 def stage_figures(n: int) -> None:
     router = Router([(Route("/hello"), "hello", Hello())])
-    targets = Targets(SimpleNamespace(router=router))  # type: ignore[arg-type]
+    targets = Targets(SimpleNamespace(router=router, canaries={}))  # type: ignore[arg-type]
     off, block = Waf(WafSettings(mode="off"), targets), Waf(WafSettings(mode="block"), targets)
     print("(a) the waf stage alone, per call")
     bare = min(per_call_us(lambda r, c, n: n(r, c), REQUESTS["GET + args"], n * 20)  # type: ignore[arg-type]

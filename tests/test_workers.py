@@ -438,23 +438,24 @@ def test_the_waf_blocks_in_every_worker(tmp_path: Path) -> None:
 def test_memory_rate_limits_count_across_workers(tmp_path: Path) -> None:
     """``storage = "memory://"`` with two workers: one limit of 20 a minute, not 20
     per worker (both answered 200s and 429s; before the shared table, each let 20
-    through). A worker killed and started again counts on: its limit stays full. The
-    table is the PoP's: gone once it stops."""
-    toml = POP_TOML + '[ratelimit]\nrules = [{ by = "ip", limit = "20/minute" }]\n'
+    through), and bots' `abusive_rate` of 45 a minute PoP-wide (the 46th request on is
+    abusive, blocked: each worker saw ~30). A worker killed and started again counts
+    on: its limit stays full. The table is the PoP's: gone once it stops."""
+    toml = POP_TOML + ('[ratelimit]\nrules = [{ by = "ip", limit = "20/minute" }]\n'
+                       '[bots]\nabusive_rate = "45/minute"\n')
     with serving(tmp_path, toml) as w:
         table = table_path(w.data)
         assert table.exists()
         deploy(w, tmp_path, 1)
         answers = [w.get() for _ in range(60)]
-        assert [a[0] for a in answers].count(200) == 20, answers
-        assert {a[0] for a in answers} == {200, 429}
+        assert [a[0] for a in answers] == [200] * 20 + [429] * 25 + [403] * 15, answers
         assert {a[2] for a in answers if a[0] == 200} == {a[2] for a in answers} \
             == {str(p) for p in w.children()}  # each worker admitted some, refused some
         victim = max(w.children())
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: len(w.children() - {victim}) == 2, 60, "a worker started again")
         wait_for(lambda: len({w.get()[2] for _ in range(20)}) == 2, 60, "both serving")
-        assert {w.get()[0] for _ in range(20)} == {429}
+        assert {w.get()[0] for _ in range(20)} == {403}
     assert not table.exists()
 
 

@@ -72,9 +72,9 @@ def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
 
 def shared_table(config: c.PopConfig) -> str | None:
     """The table of shared memory in which the PoP processes of ``workers = N`` count
-    rate limits stored in ``memory://`` together (`runtime.workers.primary` makes it
-    before it starts them), or None: one process, Redis, or no such table (logged:
-    each worker then counts alone)."""
+    together (rate limits and token budgets stored in ``memory://``, bots'
+    `abusive_rate`; `runtime.workers.primary` makes it before it starts them), or
+    None: one process, or no such table (logged: each worker then counts alone)."""
     if not wants_shared_table(config):
         return None
     from runtime.security.ratelimit.native import table_path
@@ -88,10 +88,13 @@ def shared_table(config: c.PopConfig) -> str | None:
 
 
 def wants_shared_table(config: c.PopConfig) -> bool:
-    """Whether the PoP's workers count rate limits in a shared table: several of them,
-    a ``ratelimit`` stage, its storage in memory."""
-    return (config.worker_count() > 1 and config.ratelimit.storage.startswith("memory://")
-            and any(isinstance(s, c.RateLimitStage) for s in config.pipeline))
+    """Whether the PoP's workers count in a shared table: several of them, and a
+    ``ratelimit`` stage storing in memory or a ``bots`` stage."""
+    if config.worker_count() <= 1:
+        return False
+    memory = config.ratelimit.storage.startswith("memory://")
+    return any(isinstance(s, c.BotsStage) or (memory and isinstance(s, c.RateLimitStage))
+               for s in config.pipeline)
 
 
 def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
@@ -169,7 +172,7 @@ def _make(cfg: c.Stage, pop: PoP, targets: Targets) -> Stage | None:
             from runtime.pipeline.stages.bots import Bots
 
             return Bots.from_settings(pop.config.bots, targets, pop.config.data_dir,
-                                      pop.config.worker_count())
+                                      pop.config.worker_count(), shared_table(pop.config))
         case c.ResidencyStage():
             return _residency(pop)
         case c.RateLimitStage():

@@ -78,13 +78,14 @@ class FnTarget:
 
 
 def stage(settings: BotSettings | None = None,
-          keys: webbotauth.KeyDirectory | None = None,
+          keys: webbotauth.KeyDirectory | None = None, counters: Any = None,
           **routes: BotOverride | None) -> Bots:
     """A bots stage over a real router: one function per keyword (its route is
-    /<name>), each with that `[bots]` override; /fn when none is given."""
+    /<name>), each with that `[bots]` override; /fn when none is given. `counters`:
+    where it counts (default: its own)."""
     settings = settings or BotSettings()
     verifier = webbotauth.Verifier(keys, settings.signature_max_age) if keys else None
-    manager = BotManager(settings, Classifier(agents.load()), verifier)
+    manager = BotManager(settings, Classifier(agents.load()), verifier, counters=counters)
     routes = routes or {"fn": None}
     router = Router([(Route(f"/{n}"), n, FnTarget(n, o)) for n, o in routes.items()])
     return Bots(manager, Targets(SimpleNamespace(router=router, canaries={})))  # type: ignore[arg-type]

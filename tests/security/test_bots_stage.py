@@ -3,6 +3,8 @@ a Context, a real router behind `Targets`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -10,6 +12,7 @@ from edgefn_core.errors import InvalidConfig, Rejected
 from runtime.net.message import Response
 from runtime.pipeline.chain import Chain
 from runtime.security.bots import pow
+from runtime.security.ratelimit import native
 from runtime.security.settings import BotOverride, BotPolicy, BotSettings
 from tests.security.bots_helpers import (
     BROWSER_HEADERS,
@@ -177,6 +180,26 @@ def test_past_the_abusive_rate_a_client_is_abusive() -> None:
         run(bots, signed(KEY, agent=AGENT, client=f"192.0.2.{i}:1"))
     err = refused(bots, signed(KEY, agent=AGENT, client="192.0.2.200:1"))
     assert err.detail == {"class": "abusive", "signals": ["web_bot_auth", "rate"]}
+
+
+def test_workers_count_the_abusive_rate_together(tmp_path: Path) -> None:
+    """``workers = N``: the PoP processes' bots stages count `abusive_rate` in their
+    shared table (before, each let a client through at the whole rate); class
+    budgets (moving windows) stay each worker's own."""
+    assert native.create_table(tmp_path / "table", 16)
+    s = BotSettings(abusive_rate="5/minute", policy=BotPolicy(automation="limit"),
+                    budgets={"automation": "4/minute"})
+    workers = [stage(s, counters=native.counters(table=str(tmp_path / "table")))
+               for _ in range(2)]
+    for i in range(4):
+        run(workers[i % 2], request("/fn", CURL))  # 2 each: each worker's budget holds 4
+    run(workers[0], request("/fn", CURL))  # the 5th in the minute, PoP-wide
+    err = refused(workers[1], request("/fn", CURL))
+    assert err.detail == {"class": "abusive", "signals": ["ua:curl", "rate"]}
+    alone = stage(s)
+    for _ in range(4):
+        run(alone, request("/fn", CURL))
+    assert refused(alone, request("/fn", CURL)).code == "rate_limited"  # its budget, not rate
 
 
 def test_a_challenge_solved_passes_once() -> None:

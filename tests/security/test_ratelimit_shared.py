@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -387,11 +388,12 @@ def test_budgets_need_a_table_and_take_a_handful_of_buckets(table: Path) -> None
 
 def test_a_worker_counts_in_the_table_its_parent_made(tmp_path: Path,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    """What `build` hands the ratelimit stage and the token budgets: the table of the
-    data dir once there are several workers and it exists; none for one process,
-    Redis, or a missing table (logged: that worker counts alone)."""
+    """What `build` hands the ratelimit and bots stages and the token budgets: the
+    table of the data dir once there are several workers and it exists; none for one
+    process or a missing table (logged: that worker counts alone), and none is made
+    where nothing would count in it (limits on Redis, no bots stage)."""
     from runtime import config
-    from runtime.pipeline.build import shared_table, token_budgets
+    from runtime.pipeline.build import shared_table, token_budgets, wants_shared_table
     from runtime.security.ratelimit.budget import MemoryBudgetStore, SharedBudgetStore
 
     two = config.load(None, data=str(tmp_path), workers=2)
@@ -406,7 +408,9 @@ def test_a_worker_counts_in_the_table_its_parent_made(tmp_path: Path,
         assert shared_table(config.load(None, data=str(tmp_path))) is None  # one worker
         on_redis = config.load(None, data=str(tmp_path), workers=2,
                                **{"ratelimit.storage": "redis://127.0.0.1:1/0"})
-        assert shared_table(on_redis) is None
+        assert shared_table(on_redis) == str(path)  # bots count there; the limits on Redis
+        assert not wants_shared_table(msgspec.structs.replace(on_redis, pipeline=[
+            s for s in on_redis.pipeline if s.__struct_config__.tag != "bots"]))
         one = token_budgets(config.load(None, data=str(tmp_path)))
         assert one is not None and type(one.store) is MemoryBudgetStore
     finally:

@@ -28,10 +28,12 @@ class Bots:
 
     @classmethod
     def from_settings(cls, settings: BotSettings, targets: Targets,
-                      data_dir: Path | None = None, workers: int = 1) -> Bots:
+                      data_dir: Path | None = None, workers: int = 1,
+                      table: str | None = None) -> Bots:
         """Raises `InvalidConfig` when the agents list or a key directory cannot be used
-        (`BotManager.from_settings`: what of it the PoP's workers share)."""
-        return cls(BotManager.from_settings(settings, data_dir, workers), targets)
+        (`BotManager.from_settings`: what of it the PoP's workers share, `table`
+        included)."""
+        return cls(BotManager.from_settings(settings, data_dir, workers, table), targets)
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)

@@ -25,10 +25,9 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import limits
-from limits.storage import MemoryStorage
-from limits.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from edgefn_core.errors import InvalidConfig, Rejected
 from edgefn_core.secret_file import secret_file
@@ -39,6 +38,7 @@ from runtime.security.bots.pow import CHALLENGE_HEADER, INSTRUCTIONS, SOLUTION_H
 from runtime.security.bots.seen import SharedSeen
 from runtime.security.bots.webbotauth import Verifier, load_directories
 from runtime.security.ratelimit.addresses import Aggregator
+from runtime.security.ratelimit.native import counters as new_counters
 from runtime.security.settings import (
     BotAction,
     BotClass,
@@ -61,21 +61,25 @@ class BotManager:
     def __init__(self, settings: BotSettings, classifier: Classifier,
                  verifier: Verifier | None = None, *, secret: bytes | None = None,
                  used: SharedSeen | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, counters: Any = None) -> None:
         """`verifier` None: no key directory is trusted (every signature is an
         unknown key). `secret` signs challenge nonces (default: random per process);
-        `used` remembers solved ones (default: in this process).
-        Raises `InvalidConfig` when a rate in `settings` cannot be parsed."""
+        `used` remembers solved ones (default: in this process). `counters`: where
+        `abusive_rate` and the class budgets are counted (`native.counters`; default:
+        this process's). Raises `InvalidConfig` when a rate in `settings` cannot be
+        parsed."""
         self.settings = settings
         self.classifier = classifier
         self.verifier = verifier
         self.challenger = Challenger(settings.pow_difficulty, secret=secret, used=used)
         self.clock = clock
-        storage = MemoryStorage()
-        self._watch = FixedWindowRateLimiter(storage)  # cheapest: it runs on every request
-        self._limiter = MovingWindowRateLimiter(storage)
-        self._abusive_rate = (_rates(settings.abusive_rate, "bots.abusive_rate")
-                              if settings.abusive_rate else [])
+        # `limits`' algorithms on the ratelimit stage's counters (its MemoryStorage cost
+        # 7-10 us a rule); with ``workers = N`` in the table they share
+        self.counters = counters if counters is not None else new_counters()
+        # (amount, window) of each rate of `abusive_rate`
+        self._abusive_rate = [(r.amount, int(r.get_expiry())) for r in
+                              (_rates(settings.abusive_rate, "bots.abusive_rate")
+                               if settings.abusive_rate else [])]
         budgets = {**BotSettings().budgets, **settings.budgets}
         self._budgets = {c: _rates(r, f"bots.budgets.{c}") for c, r in budgets.items()}
         self._policies: dict[BotOverride, BotPolicy] = {}
@@ -85,15 +89,17 @@ class BotManager:
 
     @classmethod
     def from_settings(cls, settings: BotSettings, data_dir: Path | None = None,
-                      workers: int = 1) -> BotManager:
+                      workers: int = 1, table: str | None = None) -> BotManager:
         """Load the agents list and fetch the key directories now. With the PoP's
         `data_dir`, challenges are signed with DATA/bots.secret (made once: every
         worker, and a restarted PoP, takes the solutions of the others' challenges;
         a random secret per process answered "forged" to a solution that reached
         another worker), and with ``workers = N`` solved challenges and seen
         signatures are remembered in DATA/bots/ for all of them (replayed to another
-        worker, they passed). Raises `InvalidConfig` naming the file or URL that
-        cannot be used."""
+        worker, they passed), and `abusive_rate` counts in their shared `table`
+        (`native.create_table`; class budgets, moving windows, stay each worker's).
+        Raises `InvalidConfig` naming the file or URL that cannot be used, OSError or
+        ValueError for a table it cannot map."""
         shared = data_dir / "bots" if data_dir is not None and workers > 1 else None
         verifier = None
         if settings.directories:
@@ -103,7 +109,7 @@ class BotManager:
         secret = challenge_secret(data_dir) if data_dir is not None else None
         used = SharedSeen(shared / "pow", Challenger.TTL) if shared is not None else None
         return cls(settings, Classifier(agent_list.load(settings.agents)), verifier,
-                   secret=secret, used=used)
+                   secret=secret, used=used, counters=new_counters(table=table))
 
     def judge(self, request: Request, client: str, count: bool = True) -> Verdict:
         """`request`'s class, the verified agent's identity, the signals used and
@@ -121,7 +127,11 @@ class BotManager:
         return verdict
 
     def _too_fast(self, identity: str) -> bool:
-        return not all([self._watch.hit(r, "bots", identity) for r in self._abusive_rate])
+        """Whether `identity` is past `abusive_rate` (each of its rates hit, as
+        `limits`' fixed window hits them)."""
+        hit, now = self.counters.hit, time.time()
+        return not all([hit(("bots", amount, window, identity), "fixed_window", amount, window,
+                            now)[0] for amount, window in self._abusive_rate])
 
     def policy(self, override: BotOverride | None) -> BotPolicy:
         """The PoP's policy with a target's ``[bots]`` `override` merged over it."""
@@ -161,10 +171,13 @@ class BotManager:
         return ("verified_agent", verified.identity, ("web_bot_auth",), None)
 
     def _limit(self, cls: BotClass, identity: str) -> None:
+        now = time.time()
         for rate in self._budgets[cls]:
-            if not self._limiter.hit(rate, "budget", cls, identity):
-                reset = self._limiter.get_window_stats(rate, "budget", cls, identity).reset_time
-                retry = max(1, math.ceil(reset - time.time()))
+            window = int(rate.get_expiry())
+            admitted, _, reset = self.counters.hit(("budget", rate.amount, window, cls, identity),
+                                                   "moving_window", rate.amount, window, now)
+            if not admitted:
+                retry = max(1, math.ceil(reset - now))
                 raise Rejected("rate_limited", 429, f"too many requests from {identity} "
                                f"({cls}): its budget is {rate}; retry in {retry} s",
                                headers=[(b"retry-after", str(retry).encode())])
