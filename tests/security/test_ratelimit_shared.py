@@ -415,3 +415,19 @@ def test_a_worker_counts_in_the_table_its_parent_made(tmp_path: Path,
         assert one is not None and type(one.store) is MemoryBudgetStore
     finally:
         path.unlink()
+
+
+def test_a_new_table_leaves_one_still_mapped_whole(tmp_path: Path) -> None:
+    """A PoP starting again makes a new table at the same path: a process that still
+    maps the old one (a worker of the PoP before) keeps counting in it, unharmed
+    (truncating it in place would fault every access), and the new one starts empty."""
+    path = tmp_path / "table"
+    native.create_table(path, 2)
+    old = shared(path, time.time)
+    assert old.hit("k", "fixed_window", 1, 60)[0]
+    native.create_table(path, 2)
+    assert not old.hit("k", "fixed_window", 1, 60)[0]  # the old table, whole
+    assert shared(path, time.time).hit("k", "fixed_window", 1, 60)[0]  # the new one, empty
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(OSError):
+        native.create_table(tmp_path / "dir", 1)  # not a file it can replace

@@ -183,9 +183,9 @@ static int shared_admits(Counters *c, PyObject *key, int algorithm, int64_t amou
     return r;
 }
 
-/* create_table(path, groups): a fresh table of `groups` groups at `path` (replacing
- * what is there), for `Counters(table=path)` in every process that counts together.
- * Raises OSError. */
+/* create_table(path, groups): a fresh table of `groups` groups at `path` (what was
+ * there unlinked first), for `Counters(table=path)` in every process that counts
+ * together. Raises OSError. */
 static PyObject *create_table(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *path;
@@ -198,7 +198,14 @@ static PyObject *create_table(PyObject *module, PyObject *args) {
         return NULL;
     }
     size_t size = table_bytes(groups);
-    int fd = open(PyBytes_AS_STRING(path), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* a new file, never the old one cut short: a process still mapping that one (a
+     * worker of the PoP before, draining) keeps it whole instead of faulting */
+    if (unlink(PyBytes_AS_STRING(path)) && errno != ENOENT) {
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        Py_DECREF(path);
+        return NULL;
+    }
+    int fd = open(PyBytes_AS_STRING(path), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     table_t *t = MAP_FAILED;
     pthread_mutexattr_t attr;
     int attr_made = 0;
