@@ -126,6 +126,7 @@ async def running_worker(config: PopConfig, role: Role | None, freeze_heap: bool
         if role is not None and role.leader and pop.metrics is not None:
             pop.metrics.peers = _peer_metrics(Fanout(role))  # one scrape: every worker
             pop.metrics.continuity = Continuity(data / "metrics-continuity.json")
+            _table_metrics(pop, config)
         admin = await _admin(pop, config, role)
         scrapes = await _metrics_listener(pop, config) if admin is not None else None
         if role is None and admin is not None:
@@ -163,6 +164,23 @@ async def running_worker(config: PopConfig, role: Role | None, freeze_heap: bool
         if pop.ai is not None:
             await pop.ai.close()
         pop.close()
+
+
+def _table_metrics(pop: PoP, config: PopConfig) -> None:
+    """The workers' shared rate-limit table in the admin worker's metrics (only there:
+    the others' would be summed in N times), where there is one."""
+    from runtime.observe.metrics_table import TableMetrics
+    from runtime.pipeline.build import shared_table
+    from runtime.security.ratelimit.native import counters
+
+    path = shared_table(config)
+    if path is None or pop.metrics is None:
+        return
+    mapped = counters(table=path)
+    if mapped.table is None:  # no native counters: the workers count alone (logged)
+        return
+    pop.metrics.registry.register(TableMetrics(pop.metrics.requests.base,
+                                               lambda: mapped.table_stats))
 
 
 async def _admin(pop: PoP, config: PopConfig, role: Role | None) -> AdminThread | None:

@@ -268,3 +268,24 @@ def test_counts_stay_whole_when_a_worker_and_then_the_admin_worker_restart(
 
             wait_for(whole, 60, "every worker answering the scrape")
             assert set(seen) == {n}, (victim == leader, seen)
+
+
+def test_the_shared_rate_limit_table_is_in_one_scrape_once(tmp_path: Path) -> None:
+    """The workers' shared table (`[ratelimit] shared_keys = 8`: one group of 8 slots)
+    is read by the admin worker alone: ten clients' windows there give up two, and the
+    scrape says 2 (not 2 per worker), the table's 8 keys and no lock taken over."""
+    toml = METRICS_TOML + ('[ratelimit]\nshared_keys = 8\n'
+                           'rules = [{ by = "ip", limit = "100/minute" }]\n')
+    with serving(tmp_path, toml) as w:
+        deploy(w, tmp_path, 1)
+        for i in range(10):  # ten clients: 127.0.0.10 .. 127.0.0.19
+            conn = http.client.HTTPConnection(w.host, w.port, timeout=30,
+                                              source_address=(f"127.0.0.{10 + i}", 0))
+            try:
+                assert get(conn, "/f")[0] == 200
+            finally:
+                conn.close()
+        samples = scrape(w)
+        assert total(samples, "edgefn_ratelimit_table_evictions_total") == 2
+        assert total(samples, "edgefn_ratelimit_table_recovered_total") == 0
+        assert total(samples, "edgefn_ratelimit_table_keys") == 8

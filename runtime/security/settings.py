@@ -175,6 +175,9 @@ class RateLimitSettings(Struct, forbid_unknown_fields=True, frozen=True):
     default_max_tokens: Annotated[int, Meta(ge=1)] = 256
     # storage unreachable (Redis down): "open" admits uncounted, "closed" answers 503
     on_storage_error: Literal["open", "closed"] = "open"
+    # ``workers = N``: the windows their shared table holds (8 MiB at the default);
+    # past it, a full group gives up the window that ends first (see README)
+    shared_keys: Annotated[int, Meta(ge=8, le=1 << 26, multiple_of=8)] = 131072
 
 
 # -- what a target asks -----------------------------------------------------------------------

@@ -243,7 +243,7 @@ async def running_workers(config: PopConfig, verbosity: int = 0
         challenge_secret(data)
         if wants_shared_table(config):  # fresh: rate limits start over with the PoP
             table = table_path(data)
-            if not create_table(table):
+            if not create_table(table, config.ratelimit.shared_keys // 8):
                 table = None
         (_, pport), (_, aport) = (s.getsockname()[:2] for s in held)
         fixed = msgspec.structs.replace(

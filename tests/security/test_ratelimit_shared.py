@@ -431,3 +431,14 @@ def test_a_new_table_leaves_one_still_mapped_whole(tmp_path: Path) -> None:
     (tmp_path / "dir").mkdir()
     with pytest.raises(OSError):
         native.create_table(tmp_path / "dir", 1)  # not a file it can replace
+
+
+@pytest.mark.parametrize(("value", "said"), [(12, "a multiple of 8"), (0, ">= 8"),
+                                             (1 << 27, "<= 67108864")])
+def test_a_table_size_it_cannot_make_is_refused_naming_the_key(tmp_path: Path, value: int,
+                                                               said: str) -> None:
+    from edgefn_core.errors import InvalidConfig
+    from runtime import config
+
+    with pytest.raises(InvalidConfig, match=f"ratelimit.shared_keys.*{said}"):
+        config.load(None, data=str(tmp_path), **{"ratelimit.shared_keys": value})
