@@ -238,6 +238,16 @@ def test_a_sweep_that_frees_little_doubles_the_threshold(make: Any) -> None:
     assert counters.sweep_at == 16
 
 
+STARTS = st.floats(1_600_000_000, 1_800_000_000)  # epochs, fractional
+
+
+def shapes_of(algorithms: st.SearchStrategy[str]) -> st.SearchStrategy[list[tuple[str, int,
+                                                                                int]]]:
+    """Three limits' (algorithm, amount, window): windows of 1 s, 8 s and a minute."""
+    return st.lists(st.tuples(algorithms, st.integers(0, 6), st.sampled_from([1, 8, 60])),
+                    min_size=3, max_size=3)
+
+
 # one operation on the counters: (clock step in 1/16 s, 0: a huge jump ahead, key,
 # what: "hit" | "admits" | "admits_all" | "count" | "count_quiet")
 OPERATIONS = st.lists(st.tuples(st.integers(0, 40), st.booleans(), st.integers(0, 2),
@@ -248,10 +258,7 @@ OPERATIONS = st.lists(st.tuples(st.integers(0, 40), st.booleans(), st.integers(0
 @settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
 @example(start=1_700_000_000.0, shapes=[("sliding_window", 2, 60)] * 3,
          ops=[(0, False, 0, "count"), (16 * 59, False, 0, "count"), (32, False, 0, "count")])
-@given(start=st.floats(1_600_000_000, 1_800_000_000),
-       shapes=st.lists(st.tuples(ALGORITHMS, st.integers(0, 6), st.sampled_from([1, 8, 60])),
-                       min_size=3, max_size=3),
-       ops=OPERATIONS)
+@given(start=STARTS, shapes=shapes_of(ALGORITHMS), ops=OPERATIONS)
 def test_the_c_counters_decide_and_write_as_the_python_ones(
         start: float, shapes: list[tuple[str, int, int]],
         ops: list[tuple[int, bool, int, str]]) -> None:
@@ -266,22 +273,27 @@ def test_the_c_counters_decide_and_write_as_the_python_ones(
                f"by-ip-{i}") for i, (algorithm, amount, window) in enumerate(shapes)]
     for dt, leap, i, what in ops:
         now[0] += 1000.0 if leap else dt / 16
-        key, algorithm, amount, window, _ = checks[i]
         answers = []
         for counters in (python, c):
             try:
-                if what == "hit":
-                    answers.append(counters.hit(key, algorithm, amount, window))
-                elif what == "admits":
-                    answers.append(counters.admits(key, algorithm, amount, window, now[0]))
-                elif what == "admits_all":
-                    answers.append(counters.admits_all(checks[:i + 1], now[0]))
-                else:
-                    answers.append(counters.count(checks[:i + 1], now[0], what == "count"))
+                answers.append(ask(counters, what, checks[:i + 1], now[0]))
             except RuntimeError as e:
                 answers.append(("refused", str(e)))
         assert answers[0] == answers[1], (what, now[0], i)
         assert python.state == c.state, (what, now[0], i)
+
+
+def ask(counters: Any, what: str, checks: list[Any], now: float) -> Any:
+    """`counters`' answer to one operation on the last of `checks` at `now` (`hit`
+    on their clock; `count` with the fields, `count_quiet` without)."""
+    key, algorithm, amount, window, _ = checks[-1]
+    if what == "hit":
+        return counters.hit(key, algorithm, amount, window)
+    if what == "admits":
+        return counters.admits(key, algorithm, amount, window, now)
+    if what == "admits_all":
+        return counters.admits_all(checks, now)
+    return counters.count(checks, now, what == "count")
 
 
 def test_counted_fields_are_what_the_stage_writes() -> None:

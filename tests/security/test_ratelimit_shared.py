@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from runtime.security.ratelimit import counters as python_counters
 from runtime.security.ratelimit import native
+from tests.security.test_ratelimit_property import STARTS, ask, shapes_of
 from tests.support import ROOT
 
 SHARED = st.sampled_from(["sliding_window", "fixed_window"])  # moving ones: per process
@@ -56,10 +57,7 @@ def shared(path: Path, clock: Callable[[], float]) -> Any:
 @example(start=1_700_000_000.0, shapes=[("sliding_window", 2, 60)] * 3,
          ops=[(0, False, 0, 0, "count"), (16 * 59, False, 0, 1, "count"),
               (32, False, 0, 0, "count")])
-@given(start=st.floats(1_600_000_000, 1_800_000_000),
-       shapes=st.lists(st.tuples(SHARED, st.integers(0, 6), st.sampled_from([1, 8, 60])),
-                       min_size=3, max_size=3),
-       ops=OPERATIONS)
+@given(start=STARTS, shapes=shapes_of(SHARED), ops=OPERATIONS)
 def test_the_table_decides_as_one_process_counts(
         start: float, shapes: list[tuple[str, int, int]],
         ops: list[tuple[int, bool, int, int, str]]) -> None:
@@ -78,19 +76,10 @@ def test_the_table_decides_as_one_process_counts(
                    f"by-ip-{i}") for i, (algorithm, amount, window) in enumerate(shapes)]
         for dt, leap, i, m, what in ops:
             now[0] += 1000.0 if leap else dt / 16
-            key, algorithm, amount, window, _ = checks[i]
             if what == "count" and not reference.admits_all(checks[:i + 1], now[0]):
                 what = "admits_all"
-            answers = []
-            for counters in (reference, mappings[m]):
-                if what == "hit":
-                    answers.append(counters.hit(key, algorithm, amount, window))
-                elif what == "admits":
-                    answers.append(counters.admits(key, algorithm, amount, window, now[0]))
-                elif what == "admits_all":
-                    answers.append(counters.admits_all(checks[:i + 1], now[0]))
-                else:
-                    answers.append(counters.count(checks[:i + 1], now[0], True))
+            answers = [ask(counters, what, checks[:i + 1], now[0])
+                       for counters in (reference, mappings[m])]
             assert answers[0] == answers[1], (what, now[0], i, m)
         assert mappings[0].table_stats == {"evictions": 0, "recovered": 0, "groups": 4}
 
@@ -147,16 +136,12 @@ print(admitted, hits, flush=True)
 LIMIT = 200_000
 
 
-@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
-def test_processes_hitting_one_key_at_once_admit_exactly_the_limit(
-        table: Path, algorithm: str) -> None:
-    """Four processes hitting one key as fast as they can for half a second, all at
-    once: 200,000 admitted in all, not one more (a lost update admits more; a
-    day-long window holds them all), and each admitted some (they ran together).
-    The sliding window's first window admits while its plain count is below it."""
-    procs = [subprocess.Popen([sys.executable, "-c", HITTER, str(table), algorithm,
-                               str(LIMIT), "0.5"], cwd=ROOT, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+def together(script: str, *args: str) -> list[tuple[int, ...]]:
+    """Four processes running `script` with `args`, let go at once (each waits for a
+    line once it printed ``ready``); the numbers each printed at the end."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline() == "ready\n"
@@ -164,11 +149,21 @@ def test_processes_hitting_one_key_at_once_admit_exactly_the_limit(
             assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
-        counts = [tuple(map(int, p.communicate(timeout=60)[0].split())) for p in procs]
+        return [tuple(map(int, p.communicate(timeout=60)[0].split())) for p in procs]
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window"])
+def test_processes_hitting_one_key_at_once_admit_exactly_the_limit(
+        table: Path, algorithm: str) -> None:
+    """Four processes hitting one key as fast as they can for half a second, all at
+    once: 200,000 admitted in all, not one more (a lost update admits more; a
+    day-long window holds them all), and each admitted some (they ran together).
+    The sliding window's first window admits while its plain count is below it."""
+    counts = together(HITTER, str(table), algorithm, str(LIMIT), "0.5")
     assert sum(a for a, _ in counts) == LIMIT, counts
     assert all(a > 0 for a, _ in counts) and sum(h for _, h in counts) > LIMIT, counts
 
@@ -294,7 +289,7 @@ BUDGET_OPS = st.lists(st.tuples(st.integers(0, 90), st.integers(0, 2), st.intege
 @settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
 @example(start=6000.0, ops=[(0, 0, 60, None, 0), (60, 0, 10, None, 1),  # a refund of the
                             (0, 0, 35, (-60, 1), 0)])  # window before, after it rolled over
-@given(start=st.floats(1_600_000_000, 1_800_000_000), ops=BUDGET_OPS)
+@given(start=STARTS, ops=BUDGET_OPS)
 def test_shared_token_budgets_reserve_and_settle_as_one_process_does(
         start: float, ops: list[tuple[int, int, int, tuple[int, int] | None, int]]) -> None:
     """Two workers' `SharedBudgetStore`s on one table answer every reservation
@@ -356,21 +351,7 @@ print(reserved, tries, flush=True)
 def test_workers_reserving_at_once_never_overspend_a_budget(table: Path) -> None:
     """Four processes reserving a token at a time from one key's and one tenant's
     budget for half a second, all at once: exactly the budget is reserved."""
-    procs = [subprocess.Popen([sys.executable, "-c", RESERVER, str(table), "100000", "0.5"],
-                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True) for _ in range(4)]
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline() == "ready\n"
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        counts = [tuple(map(int, p.communicate(timeout=60)[0].split())) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    counts = together(RESERVER, str(table), "100000", "0.5")
     assert sum(r for r, _ in counts) == 100_000, counts
     assert all(r > 0 for r, _ in counts) and sum(t for _, t in counts) > 100_000, counts
 

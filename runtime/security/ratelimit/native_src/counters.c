@@ -265,13 +265,13 @@ static int decide(const window_t *w, int algorithm, int64_t amount, int64_t wind
     return (int64_t)(w->len - old) < amount;
 }
 
-#include "counters_table.c.h"  /* the shared table: shared_hit, shared_admits */
+#include "counters_table.c.h"  /* the shared table: shared_step */
 
 /* One hit of `key` at `now`: `Counters.hit`'s three steps. -1 with an exception. */
 static int hit(Counters *c, PyObject *key, int algorithm, int64_t amount, int64_t window,
                double now, outcome_t *o) {
     if (c->table && algorithm != MOVING)
-        return shared_hit(c, key, algorithm, amount, window, now, o);
+        return shared_step(c, key, algorithm, amount, window, now, o);
     if (PyDict_GET_SIZE(c->state) >= c->sweep_at && sweep(c, now)) return -1;
     window_t *w = find(c, key, algorithm);
     if (!w && PyErr_Occurred()) return -1;
@@ -295,7 +295,7 @@ static int hit(Counters *c, PyObject *key, int algorithm, int64_t amount, int64_
 static int admits(Counters *c, PyObject *key, int algorithm, int64_t amount, int64_t window,
                   double now) {
     if (c->table && algorithm != MOVING)
-        return shared_admits(c, key, algorithm, amount, window, now);
+        return shared_step(c, key, algorithm, amount, window, now, NULL);
     window_t *w = find(c, key, algorithm);
     if (!w && PyErr_Occurred()) return -1;
     return decide(w, algorithm, amount, window, now);

@@ -3,6 +3,7 @@
  * file of shared memory that every PoP process of `workers = N` maps, so they count
  * together. `create_table` makes one (the workers' parent, before it starts them);
  * `Counters(table=PATH)` maps it. See counters.c's head for the layout's promises.
+ * `shared_step` is the hits and questions of counters.c's `hit` and `admits` there.
  */
 
 static size_t table_bytes(uint32_t groups) {
@@ -152,33 +153,26 @@ static void load(window_t *w, const slot_t *s) {
     w->expires = s->expires;
 }
 
-static int shared_hit(Counters *c, PyObject *key, int algorithm, int64_t amount,
-                      int64_t window, double now, outcome_t *o) {
+/* With `o`, one hit of `key` at `now` (`Counters.hit`'s steps on its slot, claimed if
+ * it has none); without, whether one would admit a request, changing nothing (1, 0).
+ * -1 with an exception. */
+static int shared_step(Counters *c, PyObject *key, int algorithm, int64_t amount,
+                       int64_t window, double now, outcome_t *o) {
     uint64_t h0, h1;
     group_t *g = lock_key(c, key, &h0, &h1);
     if (!g) return -1;
     slot_t *s = slot_of(g, h0, h1);
     window_t w = {.algorithm = algorithm};
-    int have = s && s->algorithm == algorithm;
+    int have = s && s->algorithm == algorithm, r = 0;
     if (have) load(&w, s);
-    step(&w, have, amount, window, now, o);
-    if (!s) s = claim(c, g, now);
-    *s = (slot_t){.h0 = h0, .h1 = h1, .algorithm = algorithm, .count = w.count,
-                  .previous = w.previous, .index = w.index, .expires = w.expires};
-    pthread_mutex_unlock(&g->lock);
-    return 0;
-}
-
-static int shared_admits(Counters *c, PyObject *key, int algorithm, int64_t amount,
-                         int64_t window, double now) {
-    uint64_t h0, h1;
-    group_t *g = lock_key(c, key, &h0, &h1);
-    if (!g) return -1;
-    slot_t *s = slot_of(g, h0, h1);
-    window_t w = {.algorithm = algorithm};
-    int have = s && s->algorithm == algorithm;
-    if (have) load(&w, s);
-    int r = decide(have ? &w : NULL, algorithm, amount, window, now);
+    if (!o) {
+        r = decide(have ? &w : NULL, algorithm, amount, window, now);
+    } else {
+        step(&w, have, amount, window, now, o);
+        if (!s) s = claim(c, g, now);
+        *s = (slot_t){.h0 = h0, .h1 = h1, .algorithm = algorithm, .count = w.count,
+                      .previous = w.previous, .index = w.index, .expires = w.expires};
+    }
     pthread_mutex_unlock(&g->lock);
     return r;
 }
