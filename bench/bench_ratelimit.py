@@ -10,7 +10,7 @@ request; ratios to a pass-through stage measured in the same run:
   1 / 3 memory rules    by ip (+ by function, by agent), sliding window, headers on
   1 rule, headers off
   1 / 3 shared rules    the same memory rules counted in the shared table of
-                        ``workers = N`` (`native.create_table`; sliding window)
+                        ``workers = N`` (`native.create_table`, a file here; sliding window)
 With --redis (starts redis-server on a free port; needs it installed):
   redis PING            one round trip with redis.asyncio (the floor)
   1 / 3 redis rules     the stage awaiting limits' Redis storage

@@ -73,18 +73,18 @@ def reserved_paths(config: c.PopConfig) -> frozenset[bytes]:
 def shared_table(config: c.PopConfig) -> str | None:
     """The table of shared memory in which the PoP processes of ``workers = N`` count
     together (rate limits and token budgets stored in ``memory://``, bots'
-    `abusive_rate`; `runtime.workers.primary` makes it before it starts them), or
-    None: one process, or no such table (logged: each worker then counts alone)."""
+    `abusive_rate`; `runtime.workers.primary` makes it before it starts them and
+    names it to each: `native.inherit_table`), or None: one process, or no such
+    table (logged: each worker then counts alone)."""
     if not wants_shared_table(config):
         return None
-    from runtime.security.ratelimit.native import table_path
+    from runtime.security.ratelimit.native import inherited_table
 
-    path = table_path(config.data_dir)
-    if not path.exists():
-        log.warning("no shared rate-limit table at %s: this worker counts its rate limits "
-                    "alone", path)
-        return None
-    return str(path)
+    path = inherited_table()
+    if path is None:
+        log.warning("no shared rate-limit table from the workers' parent: this worker "
+                    "counts its rate limits alone")
+    return path
 
 
 def wants_shared_table(config: c.PopConfig) -> bool:

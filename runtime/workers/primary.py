@@ -4,7 +4,7 @@ It holds DATA/pop.lock, reserves the public and admin ports (a socket bound with
 SO_REUSEPORT that never listens: the workers bind the same port beside it, and a
 restarted worker finds its port still free), runs the one model worker the
 workers share (they reach it on its socket), makes the table of shared memory
-they count rate limits in (`native.create_table`), starts the workers, starts again one
+they count rate limits in (`native.SharedTable`), starts the workers, starts again one
 that dies, and on SIGTERM/SIGINT drains them all (each finishes its in-flight
 requests for `grace_seconds`).
 """
@@ -34,7 +34,7 @@ from runtime.app import StopSignals, _lock, _start_ai, admin_token
 from runtime.config import AdminListener, Listener, PopConfig
 from runtime.pipeline.build import wants_shared_table
 from runtime.security.bots.manager import challenge_secret
-from runtime.security.ratelimit.native import create_table, table_path
+from runtime.security.ratelimit.native import SharedTable, inherit_table
 from runtime.workers import child
 from runtime.workers.role import Role
 
@@ -62,8 +62,11 @@ def reserve(host: str, port: int) -> socket.socket:
 class Primary:
     """Starts, restarts and stops the workers of one PoP config."""
 
-    def __init__(self, config: PopConfig, verbosity: int = 0) -> None:
+    def __init__(self, config: PopConfig, verbosity: int = 0, table: str | None = None
+                 ) -> None:
+        """`table`: the path its workers open the shared rate-limit table by."""
         self.config = config
+        self.table = table
         self.count = config.worker_count()
         self.verbosity = verbosity
         self.procs: list[BaseProcess | None] = [None] * self.count
@@ -76,7 +79,8 @@ class Primary:
     def start(self, index: int) -> Connection:
         """Start worker `index`; the connection it says ``ready`` on."""
         ours, theirs = self._ctx.Pipe(duplex=False)
-        role = Role(index, self.count, self.config.data_dir, self.config.worker_ack_timeout)
+        role = Role(index, self.count, self.config.data_dir, self.config.worker_ack_timeout,
+                    self.table)
         proc = self._ctx.Process(target=child.main, args=(for_worker(self.config, index), role,
                                                            theirs, self.verbosity),
                                  name=f"edgefn-worker-{index}", daemon=False)
@@ -189,6 +193,7 @@ def worker_main(config: PopConfig, role: Role, ready: Connection, verbosity: int
     if os.getppid() == 1:  # it died before the line above
         return
     configure(verbosity)
+    inherit_table(role.table)
     with contextlib.suppress(Interrupted):  # stopped while it started: what started unwound
         uvloop.run(_worker(config, role, ready))
 
@@ -233,7 +238,7 @@ async def running_workers(config: PopConfig, verbosity: int = 0
     held: list[socket.socket] = []
     ai: AIService | None = None
     primary: Primary | None = None
-    table: Path | None = None  # the rate limits' shared table (`create_table`)
+    table: SharedTable | None = None  # what the workers count rate limits in
     try:
         migrate_requests()
         held = [reserve(config.public.host, config.public.port),
@@ -242,14 +247,12 @@ async def running_workers(config: PopConfig, verbosity: int = 0
         admin_token(data)  # made once here, not raced by the workers
         challenge_secret(data)
         if wants_shared_table(config):  # fresh: rate limits start over with the PoP
-            table = table_path(data)
-            if not create_table(table, config.ratelimit.shared_keys // 8):
-                table = None
+            table = SharedTable.create(config.ratelimit.shared_keys // 8)
         (_, pport), (_, aport) = (s.getsockname()[:2] for s in held)
         fixed = msgspec.structs.replace(
             config, public=Listener(config.public.host, pport),
             admin=AdminListener(config.admin.host, aport), ai=shared)
-        primary = Primary(fixed, verbosity)
+        primary = Primary(fixed, verbosity, table.path if table is not None else None)
         conns = [primary.start(i) for i in range(primary.count)]
         await asyncio.gather(*(primary.ready(i, c) for i, c in enumerate(conns)))
         info = PopInfo(os.getpid(), f"http://{config.public.host}:{pport}",
@@ -269,7 +272,7 @@ async def running_workers(config: PopConfig, verbosity: int = 0
         for sock in held:
             sock.close()
         if table is not None:
-            table.unlink(missing_ok=True)
+            table.close()
         lock.close()
 
 

@@ -13,6 +13,7 @@ class Role:
     count: int  # N
     data_dir: Path
     ack_timeout: float = 30.0  # seconds a worker has to follow a change before it is killed
+    table: str | None = None  # where the shared rate-limit table opens (`native.SharedTable`)
 
     @property
     def leader(self) -> bool:

@@ -263,18 +263,37 @@ def test_what_is_not_a_table_is_refused_saying_so(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a rate-limit table"):
         shared(made, time.time)
     with pytest.raises(ValueError, match="at least one group"):
-        module().create_table(str(tmp_path / "empty"), 0)
+        native.create_table(tmp_path / "empty", 0)
     native.create_table(tmp_path / "one", 1)
     c = shared(tmp_path / "one", time.time)
     with pytest.raises(TypeError, match="str, bytes, int or a tuple"):
         c.hit(("shape", [1]), "fixed_window", 1, 60)
 
 
-def test_the_path_is_in_shared_memory_named_after_the_data_dir(tmp_path: Path) -> None:
-    a, b = native.table_path(tmp_path / "a"), native.table_path(tmp_path / "b")
-    assert a != b and a == native.table_path(tmp_path / "a" / ".." / "a")
-    if native.SHM.is_dir():
-        assert a.parent == native.SHM and a.name.startswith("edgefn-")
+def test_the_workers_table_is_a_memfd_that_goes_with_its_last_holder() -> None:
+    """The parent's table has no name to leave behind (a SIGKILLed PoP left 8 MiB in
+    /dev/shm): another process opens it by ``/proc/<pid>/fd/<fd>`` while the parent
+    holds it; once let go, the path opens nothing and a mapping made before still
+    counts."""
+    table = native.SharedTable.create(2)
+    assert table is not None and table.path == f"/proc/{os.getpid()}/fd/{table.fd}"
+    try:
+        assert os.readlink(table.path) == "/memfd:edgefn-ratelimit (deleted)"
+        other = subprocess.run(
+            [sys.executable, "-c", "import sys\nfrom runtime.security.ratelimit import native\n"
+             "c = native.load().Counters(table=sys.argv[1])\n"
+             "print(c.hit('k', 'fixed_window', 1, 60)[0])", table.path],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert other.stdout == "True\n", other.stderr
+        mapped = shared(Path(table.path), time.time)
+        assert not mapped.hit("k", "fixed_window", 1, 60)[0]  # the other process's hit
+    finally:
+        table.close()
+    table.close()  # twice: nothing more to let go
+    with pytest.raises(FileNotFoundError):
+        shared(Path(table.path), time.time)
+    assert not mapped.hit("k", "fixed_window", 1, 60)[0]  # its mapping holds the memory
+    assert not any(p.name.startswith("edgefn-") for p in Path("/dev/shm").glob("*"))
 
 
 # -- token budgets (budget.py's windows, in the table) ---------------------------------------
@@ -378,9 +397,10 @@ def test_a_worker_counts_in_the_table_its_parent_made(tmp_path: Path,
     from runtime.security.ratelimit.budget import MemoryBudgetStore, SharedBudgetStore
 
     two = config.load(None, data=str(tmp_path), workers=2)
-    path = native.table_path(two.data_dir)
+    path = tmp_path / "table"
     assert shared_table(two) is None and "no shared rate-limit table" in caplog.text
     native.create_table(path, 2)
+    native.inherit_table(str(path))  # what a worker's parent tells it
     try:
         assert shared_table(two) == str(path)
         budgets = token_budgets(two)
@@ -395,7 +415,7 @@ def test_a_worker_counts_in_the_table_its_parent_made(tmp_path: Path,
         one = token_budgets(config.load(None, data=str(tmp_path)))
         assert one is not None and type(one.store) is MemoryBudgetStore
     finally:
-        path.unlink()
+        native.inherit_table(None)
 
 
 def test_a_new_table_leaves_one_still_mapped_whole(tmp_path: Path) -> None:

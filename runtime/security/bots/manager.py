@@ -97,7 +97,7 @@ class BotManager:
         another worker), and with ``workers = N`` solved challenges and seen
         signatures are remembered in DATA/bots/ for all of them (replayed to another
         worker, they passed), and `abusive_rate` counts in their shared `table`
-        (`native.create_table`; class budgets, moving windows, stay each worker's).
+        (`native.SharedTable`; class budgets, moving windows, stay each worker's).
         Raises `InvalidConfig` naming the file or URL that cannot be used, OSError or
         ValueError for a table it cannot map."""
         shared = data_dir / "bots" if data_dir is not None and workers > 1 else None

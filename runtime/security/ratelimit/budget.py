@@ -132,7 +132,7 @@ class MemoryBudgetStore(BudgetStore):
 
 
 class SharedBudgetStore(MemoryBudgetStore):
-    """Token windows in the shared table of ``workers = N`` (`native.create_table`),
+    """Token windows in the shared table of ``workers = N`` (`native.SharedTable`),
     reserved and settled by the same steps for every worker at once (`counters`: a
     `Counters` on that table); stream slots, a cap on concurrency, stay each
     process's own (as a function's `limits.concurrency` is)."""

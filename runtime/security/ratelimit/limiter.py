@@ -105,7 +105,7 @@ class Limiter:
 
     def __init__(self, storage: str = "memory://", where: str = "<config>",
                  table: str | None = None) -> None:
-        """`table`: in memory, the shared table (`native.create_table`) whose windows
+        """`table`: in memory, the shared table (`native.SharedTable`) whose windows
         every PoP process of ``workers = N`` counts in (None: this process's only).
         Raises `InvalidConfig` (field ``ratelimit.storage``) for another scheme,
         OSError or ValueError for a table it cannot map. A Redis server is not

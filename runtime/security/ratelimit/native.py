@@ -1,7 +1,7 @@
 """The rate-limit counters' C extension (``native_src/counters.c``,
 `_edgefn_counters`): `Counters` in C, the same decisions as counters.py's, and the
 table of shared memory through which the PoP processes of ``workers = N`` count
-together (`create_table`, `counters(table=...)`).
+together (`SharedTable`, `counters(table=...)`; `create_table` makes one in a file).
 
 Built on first use with the system C compiler into the native cache
 (`edgefn_core.fastcodec.build`, as the lane and the codec are). Without a compiler or
@@ -11,7 +11,6 @@ Python's headers, or with ``EDGEFN_NATIVE=0``, `counters()` gives the Python cla
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import subprocess
@@ -34,7 +33,6 @@ NAME = "_edgefn_counters"
 # holds ~50,000 live keys (clients x rules within one window; the per-process counters
 # sweep at as many) before that is common.
 TABLE_GROUPS = 1 << 14
-SHM = Path("/dev/shm")
 
 
 @cache
@@ -53,9 +51,10 @@ def load() -> ModuleType | None:
 
 def counters(clock: Callable[[], float] = time.time, table: str | None = None) -> Any:
     """A fresh `Counters` on `clock`: the C one where it loads, else counters.py's.
-    `table`: the path of a shared table (`create_table`) its fixed and sliding windows
-    live in, counted with every process that maps it; without the extension, this
-    process's memory (logged). Raises OSError or ValueError for a table it cannot map."""
+    `table`: the path of a shared table (`SharedTable`, `create_table`) its fixed and
+    sliding windows live in, counted with every process that maps it; without the
+    extension, this process's memory (logged). Raises OSError or ValueError for a
+    table it cannot map."""
     module = load()
     if module is None:
         if table is not None:
@@ -65,23 +64,66 @@ def counters(clock: Callable[[], float] = time.time, table: str | None = None) -
     return module.Counters(clock, table)
 
 
-def table_path(data_dir: Path) -> Path:
-    """Where the shared table of the PoP on `data_dir` lives: in /dev/shm (named
-    after the data dir, as the workers' control sockets are), else in the data dir."""
-    key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:24]
-    if SHM.is_dir() and os.access(SHM, os.W_OK):
-        return SHM / f"edgefn-{key}-ratelimit"
-    return data_dir / "ratelimit.table"
-
-
 def create_table(path: Path, groups: int = TABLE_GROUPS) -> bool:
-    """A fresh shared table at `path` (what was there is replaced): the workers' parent
-    makes it before it starts them. False (logged) without the extension: each
-    worker then counts alone. Raises OSError."""
+    """A fresh shared table in a file at `path` (what was there is unlinked first: a
+    process still mapping it keeps it whole). False (logged) without the extension.
+    Raises OSError, ValueError for 0 groups."""
     module = load()
     if module is None:
-        log.warning("rate limits with storage memory:// are counted per worker: the "
-                    "shared table needs the native counters")
+        log.warning("rate limits are counted per process: the shared table needs the "
+                    "native counters")
         return False
-    module.create_table(str(path), groups)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        module.init_table(fd, groups)
+    finally:
+        os.close(fd)
     return True
+
+
+class SharedTable:
+    """The table the workers of ``workers = N`` count in, made by their parent: a
+    memfd (no name in /dev/shm to leave behind), which this process holds open and
+    the workers open by `path`, ``/proc/<its pid>/fd/<fd>``. Its memory goes when the
+    last process holding or mapping it does, whatever killed them."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
+
+    @classmethod
+    def create(cls, groups: int = TABLE_GROUPS) -> SharedTable | None:
+        """A fresh table of `groups` groups; None (logged) without the extension: each
+        worker then counts alone. Raises OSError."""
+        module = load()
+        if module is None:
+            log.warning("rate limits with storage memory:// are counted per worker: the "
+                        "shared table needs the native counters")
+            return None
+        fd = os.memfd_create("edgefn-ratelimit", os.MFD_CLOEXEC)
+        try:
+            module.init_table(fd, groups)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+
+    def close(self) -> None:
+        """Let it go (the workers that map it keep it until they exit)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_inherited: list[str | None] = [None]
+
+
+def inherit_table(path: str | None) -> None:
+    """Count in the table at `path` (a worker, told by its parent: `shared_table`)."""
+    _inherited[0] = path
+
+
+def inherited_table() -> str | None:
+    """The table `inherit_table` named in this process, if any."""
+    return _inherited[0]

@@ -11,7 +11,7 @@
  * as the Python one is under its lock.
  *
  * `Counters(table=PATH)` keeps fixed and sliding windows in a table of shared memory
- * (`create_table`) instead, so the PoP processes of `workers = N` count together:
+ * (`init_table`) instead, so the PoP processes of `workers = N` count together:
  * one limit, not N. A key is known there by two SipHash-2-4 sums of it under the
  * table's random keys; its window lives in one group of GROUP_SLOTS slots behind the
  * group's robust, process-shared mutex (a worker killed holding it costs its
@@ -626,8 +626,8 @@ static int exec_module(PyObject *m) {
 }
 
 static PyMethodDef MODULE_METHODS[] = {
-    {"create_table", create_table, METH_VARARGS,
-     "create_table(path, groups): a fresh shared table of rate-limit windows at path"},
+    {"init_table", init_table, METH_VARARGS,
+     "init_table(fd, groups): make the new file on fd a shared table of rate-limit windows"},
     {NULL, NULL, 0, NULL}};
 
 static PyModuleDef_Slot SLOTS[] = {

@@ -1,8 +1,8 @@
 /*
  * The shared table of counters.c (included there): fixed and sliding windows in a
  * file of shared memory that every PoP process of `workers = N` maps, so they count
- * together. `create_table` makes one (the workers' parent, before it starts them);
- * `Counters(table=PATH)` maps it. See counters.c's head for the layout's promises.
+ * together. `init_table` makes one (in the workers' parent, a memfd, before it starts
+ * them: native.py `SharedTable`); `Counters(table=PATH)` maps it. See counters.c's head for the layout's promises.
  * `shared_step` is the hits and questions of counters.c's `hit` and `admits` there.
  */
 
@@ -177,33 +177,23 @@ static int shared_step(Counters *c, PyObject *key, int algorithm, int64_t amount
     return r;
 }
 
-/* create_table(path, groups): a fresh table of `groups` groups at `path` (what was
- * there unlinked first), for `Counters(table=path)` in every process that counts
- * together. Raises OSError. */
-static PyObject *create_table(PyObject *module, PyObject *args) {
+/* init_table(fd, groups): make the file open on `fd` (new, empty: a memfd, or a file
+ * created for it) a table of `groups` groups, for `Counters(table=PATH)` in every
+ * process that counts together. Raises OSError, ValueError for 0 groups. */
+static PyObject *init_table(PyObject *module, PyObject *args) {
     (void)module;
-    PyObject *path;
+    int fd;
     unsigned int groups;
-    if (!PyArg_ParseTuple(args, "O&I:create_table", PyUnicode_FSConverter, &path, &groups))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "iI:init_table", &fd, &groups)) return NULL;
     if (!groups) {
-        Py_DECREF(path);
         PyErr_SetString(PyExc_ValueError, "a table has at least one group");
         return NULL;
     }
     size_t size = table_bytes(groups);
-    /* a new file, never the old one cut short: a process still mapping that one (a
-     * worker of the PoP before, draining) keeps it whole instead of faulting */
-    if (unlink(PyBytes_AS_STRING(path)) && errno != ENOENT) {
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
-        Py_DECREF(path);
-        return NULL;
-    }
-    int fd = open(PyBytes_AS_STRING(path), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     table_t *t = MAP_FAILED;
     pthread_mutexattr_t attr;
     int attr_made = 0;
-    if (fd < 0 || ftruncate(fd, (off_t)size)) goto fail;
+    if (ftruncate(fd, (off_t)size)) goto fail;
     t = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (t == MAP_FAILED) goto fail;
     if (getrandom(t->keys, sizeof t->keys, 0) != (ssize_t)sizeof t->keys) goto fail;
@@ -219,15 +209,11 @@ static PyObject *create_table(PyObject *module, PyObject *args) {
     t->groups = groups;
     __atomic_store_n(&t->magic, TABLE_MAGIC, __ATOMIC_RELEASE);
     munmap(t, size);
-    close(fd);
-    Py_DECREF(path);
     Py_RETURN_NONE;
 fail:
-    PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+    PyErr_SetFromErrno(PyExc_OSError);
     if (attr_made) pthread_mutexattr_destroy(&attr);
     if (t != MAP_FAILED) munmap(t, size);
-    if (fd >= 0) close(fd);
-    Py_DECREF(path);
     return NULL;
 }
 
