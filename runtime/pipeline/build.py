@@ -105,8 +105,11 @@ def token_budgets(config: c.PopConfig) -> TokenBudgets | None:
                                         for s in config.pipeline):
         return None
     from runtime.security.ratelimit.admission import TokenBudgets
+    from runtime.security.ratelimit.native import inherited_worker
 
-    return TokenBudgets(config.ratelimit, table=shared_table(config))
+    table = shared_table(config)
+    return TokenBudgets(config.ratelimit, table=table,
+                        worker=inherited_worker() if table is not None else None)
 
 
 def _targets(pop: PoP) -> Targets:

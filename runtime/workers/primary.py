@@ -193,7 +193,7 @@ def worker_main(config: PopConfig, role: Role, ready: Connection, verbosity: int
     if os.getppid() == 1:  # it died before the line above
         return
     configure(verbosity)
-    inherit_table(role.table)
+    inherit_table(role.table, role.index, role.count)
     with contextlib.suppress(Interrupted):  # stopped while it started: what started unwound
         uvloop.run(_worker(config, role, ready))
 

@@ -141,9 +141,17 @@ LIMIT = 400_000
 def together(script: str, *args: str) -> list[tuple[int, ...]]:
     """Four processes running `script` with `args`, let go at once (each waits for a
     line once it printed ``ready``); the numbers each printed at the end."""
-    procs = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    return _together([[sys.executable, "-c", script, *args]] * 4)
+
+
+def together_as_workers(script: str, *args: str) -> list[tuple[int, ...]]:
+    """`together`, each process given its index (0-3) after `args`."""
+    return _together([[sys.executable, "-c", script, *args, str(i)] for i in range(4)])
+
+
+def _together(commands: list[list[str]]) -> list[tuple[int, ...]]:
+    procs = [subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for command in commands]
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline() == "ready\n"
@@ -253,7 +261,7 @@ def test_what_is_not_a_table_is_refused_saying_so(tmp_path: Path) -> None:
         shared(tmp_path / "absent", time.time)
     junk = tmp_path / "junk"
     junk.write_bytes(b"\0" * 8192)
-    with pytest.raises(ValueError, match="not a rate-limit table of version 1"):
+    with pytest.raises(ValueError, match="not a rate-limit table of version 2"):
         shared(junk, time.time)
     short = tmp_path / "short"
     short.write_bytes(b"x")
@@ -407,12 +415,12 @@ def test_a_worker_counts_in_the_table_its_parent_made(tmp_path: Path,
     path = tmp_path / "table"
     assert shared_table(two) is None and "no shared rate-limit table" in caplog.text
     native.create_table(path, 2)
-    native.inherit_table(str(path))  # what a worker's parent tells it
+    native.inherit_table(str(path), 1, 2)  # what a worker's parent tells it
     try:
         assert shared_table(two) == str(path)
         budgets = token_budgets(two)
         assert budgets is not None and isinstance(budgets.store, SharedBudgetStore)
-        assert budgets.store.counters.table == str(path)
+        assert budgets.store.counters.table == str(path) and budgets.store.worker == (1, 2)
         assert shared_table(config.load(None, data=str(tmp_path))) is None  # one worker
         on_redis = config.load(None, data=str(tmp_path), workers=2,
                                **{"ratelimit.storage": "redis://127.0.0.1:1/0"})
@@ -450,3 +458,119 @@ def test_a_table_size_it_cannot_make_is_refused_naming_the_key(tmp_path: Path, v
 
     with pytest.raises(InvalidConfig, match=f"ratelimit.shared_keys.*{said}"):
         config.load(None, data=str(tmp_path), **{"ratelimit.shared_keys": value})
+
+
+# -- stream slots (budget.py's acquire/release, each worker's count in the table) -------------
+# (which buckets (0: key, 1: tenant, 2: both), acquire or release, which worker)
+STREAM_OPS = st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.integers(0, 2)),
+                      max_size=80)
+
+
+@settings(max_examples=int(os.environ.get("EDGEFN_EXAMPLES", "150")), deadline=None)
+@given(ops=STREAM_OPS)
+def test_three_workers_hold_stream_slots_as_one_process_does(
+        ops: list[tuple[int, bool, int]]) -> None:
+    """Three workers' `SharedBudgetStore`s on one table take and give back stream
+    slots exactly as one process's `MemoryBudgetStore` (the first full bucket or None);
+    a worker gives back only what it holds."""
+    from runtime.security.ratelimit.budget import MemoryBudgetStore, SharedBudgetStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        native.create_table(Path(tmp) / "table", 2)
+        reference = MemoryBudgetStore()
+        workers = [SharedBudgetStore(shared(Path(tmp) / "table", time.time), worker=(i, 3))
+                   for i in range(3)]
+        held: list[list[list[str]]] = [[], [], []]  # what each worker holds, stream by stream
+        for which, take, w in ops:
+            buckets, caps = [["key:k"], ["tenant:t"], ["key:k", "tenant:t"]][which], \
+                [[2], [3], [2, 3]][which]
+            if take:
+                ours = _run(reference.acquire(buckets, caps))
+                assert _run(workers[w].acquire(buckets, caps)) == ours, (which, w)
+                if ours is None:
+                    held[w].append(buckets)
+            elif held[w]:
+                given = held[w].pop(0)
+                for store in (reference, workers[w]):
+                    _run(store.release(given))
+
+
+def test_a_worker_started_again_holds_nothing_its_last_life_took(table: Path) -> None:
+    """A worker killed mid-stream (its slots never given back): once the parent starts
+    it again (`join` as the same worker), what it held is free, at once; the other
+    workers' slots still count."""
+    held = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom runtime.security.ratelimit import native\n"
+         "c = native.load().Counters(table=sys.argv[1])\nc.join(1, 2)\n"
+         "print(c.acquire(['tenant:t'], [3]), c.acquire(['tenant:t'], [3]))", str(table)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert held.stdout == "None None\n", held.stderr  # two streams, then killed (exit)
+    alive = shared(table, time.time)
+    alive.join(0, 2)
+    assert alive.acquire(["tenant:t"], [3]) is None  # the third
+    assert alive.acquire(["tenant:t"], [3]) == 0  # the dead one's two still count...
+    again = shared(table, time.time)
+    again.join(1, 2)  # ...until it is started again
+    assert alive.acquire(["tenant:t"], [3]) is None and again.acquire(["tenant:t"], [3]) is None
+    assert again.acquire(["tenant:t"], [3]) == 0  # 2 + 1: full
+    again.release(["tenant:t"])
+    assert alive.acquire(["tenant:t"], [3]) is None
+    assert alive.table_stats["evictions"] == 0
+
+
+STREAMER = """
+import sys
+from runtime.security.ratelimit import native
+c = native.load().Counters(table=sys.argv[1])
+c.join(int(sys.argv[2]), 4)
+print("ready", flush=True)
+sys.stdin.readline()
+taken = []
+for r in range(1000):  # a fresh tenant each round: take its slots until its cap refuses
+    n = 0
+    while c.acquire(["key:k", f"tenant:{r}"], [10**9, 5]) is None:
+        n += 1
+    taken.append(n)
+print(*taken, flush=True)
+"""
+
+
+def test_workers_taking_streams_at_once_hold_exactly_the_cap(tmp_path: Path) -> None:
+    """Four workers racing for 1,000 tenants' 5 stream slots each (a fresh tenant a
+    round), each taking slots until the cap refuses it: every tenant ends with
+    exactly 5 held, between them (a check and a take not made under the locks of
+    every worker's slot let a sixth in). The table holds every slot taken."""
+    native.create_table(tmp_path / "table", 4096)
+    counts = together_as_workers(STREAMER, str(tmp_path / "table"))
+    per_tenant = [sum(round_) for round_ in zip(*counts, strict=True)]
+    assert per_tenant == [5] * 1000, [i for i, n in enumerate(per_tenant) if n != 5][:10]
+    assert shared(tmp_path / "table", time.time).table_stats["evictions"] == 0
+    assert sum(any(n for n in c) for c in counts) >= 2, "they did not race"
+
+
+def test_stream_slots_need_a_worker_it_can_count(table: Path) -> None:
+    c = shared(table, time.time)
+    with pytest.raises(ValueError, match="need `join` first"):
+        c.acquire(["t"], [1])
+    for worker, workers in ((0, 0), (2, 2), (-1, 2), (0, 257)):
+        with pytest.raises(ValueError, match="at most 256 workers"):
+            c.join(worker, workers)
+    with pytest.raises(ValueError, match="need a shared table"):
+        module().Counters().join(0, 1)
+    c.join(0, 1)
+    with pytest.raises(TypeError, match="one cap a bucket"):
+        c.acquire(["a", "b"], [1])
+
+
+def test_an_earlier_lifes_stream_slots_are_free_for_other_keys(tmp_path: Path) -> None:
+    """Slots a worker held streams in before it was started again are free: a new key
+    takes one without giving up a live window."""
+    native.create_table(tmp_path / "table", 1)  # one group of 8 slots
+    first = shared(tmp_path / "table", time.time)
+    first.join(0, 1)
+    for i in range(8):
+        assert first.acquire([f"tenant:{i}"], [1]) is None
+    again = shared(tmp_path / "table", time.time)
+    again.join(0, 1)  # started again: the 8 slots are its earlier life's
+    assert again.hit("k", "fixed_window", 1, 60)[0] and again.acquire(["tenant:0"], [1]) is None
+    assert again.table_stats["evictions"] == 0

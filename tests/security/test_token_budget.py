@@ -46,10 +46,12 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path
         store = MemoryBudgetStore()
         yield lambda: store
         return
-    if request.param == "shared":  # a store per worker, one table (stream slots: each's)
+    if request.param == "shared":  # two workers' stores on one table, in turn
         assert native.create_table(tmp_path / "table", 64)
-        shared = SharedBudgetStore(native.counters(table=str(tmp_path / "table")))
-        yield lambda: shared
+        workers = [SharedBudgetStore(native.counters(table=str(tmp_path / "table")),
+                                     worker=(i, 2)) for i in range(2)]
+        turn = iter(range(1 << 30))
+        yield lambda: workers[next(turn) % 2]
         return
     server: RedisServer = request.getfixturevalue("redis_server")
     yield lambda: RedisBudgetStore(server.url)

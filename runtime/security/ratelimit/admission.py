@@ -109,11 +109,12 @@ class TokenBudgets:
     """Reservations against ``[ratelimit]``'s tenants and each key's limits."""
 
     def __init__(self, settings: RateLimitSettings, store: BudgetStore | None = None,
-                 table: str | None = None) -> None:
+                 table: str | None = None, worker: tuple[int, int] | None = None) -> None:
         """`store`: default, the one `settings.storage` names (memory, in `table` where
-        ``workers = N`` share one: `store_for`, or Redis)."""
+        ``workers = N`` share one, as `worker`: `store_for`, or Redis)."""
         self.settings = settings
-        self.store = store if store is not None else store_for(settings.storage, table)
+        self.store = store if store is not None else store_for(settings.storage, table,
+                                                               worker)
         self.outage = Outage(settings.on_storage_error, "token budgets")
 
     def payer(self, principal: Principal | None, tenant: str | None = None) -> Payer:
@@ -238,10 +239,12 @@ def used_by(ticket: Ticket, gen: Generation | None, error: BaseException | None)
     return min(ticket.reserved, ticket.prompt + gen.tokens + gen.window)
 
 
-def store_for(storage: str, table: str | None = None) -> BudgetStore:
+def store_for(storage: str, table: str | None = None, worker: tuple[int, int] | None = None
+              ) -> BudgetStore:
     """The budget store of a ``[ratelimit] storage`` URI (checked by `Limiter`); in
-    memory, the shared `table` of ``workers = N`` where there is one (None: this
-    process's memory). Raises OSError or ValueError for a table it cannot map."""
+    memory, the shared `table` of ``workers = N`` where there is one, its stream slots
+    held as `worker` (which, of how many; None: this process's own). Raises OSError or
+    ValueError for a table it cannot map or a worker it cannot count."""
     if storage.startswith(("redis://", "rediss://", "redis+unix://")):
         from runtime.security.ratelimit.redis_budget import RedisBudgetStore
 
@@ -251,7 +254,7 @@ def store_for(storage: str, table: str | None = None) -> BudgetStore:
 
         shared = counters(table=table)
         if shared.table is not None:  # (None: no native counters, logged)
-            return SharedBudgetStore(shared)
+            return SharedBudgetStore(shared, worker=worker)
     return MemoryBudgetStore()
 
 

@@ -10,10 +10,10 @@ reservation was made in (a refund when negative; never below zero).
 A stream slot is a counter per bucket, taken if below its cap and given back
 when the stream ends.
 
-`MemoryBudgetStore` is this module; `SharedBudgetStore` keeps its token windows in
-the table the PoP processes of ``workers = N`` share (native_src/counters_table.c.h,
-the same steps in C); `redis_budget.RedisBudgetStore` runs them in Lua, so a
-reserve is atomic across every PoP sharing the server.
+`MemoryBudgetStore` is this module; `SharedBudgetStore` keeps its token windows and
+stream slots in the table the PoP processes of ``workers = N`` share
+(native_src/counters_table.c.h, the same steps in C); `redis_budget.RedisBudgetStore`
+runs them in Lua, so a reserve is atomic across every PoP sharing the server.
 """
 
 from __future__ import annotations
@@ -132,14 +132,20 @@ class MemoryBudgetStore(BudgetStore):
 
 
 class SharedBudgetStore(MemoryBudgetStore):
-    """Token windows in the shared table of ``workers = N`` (`native.SharedTable`),
-    reserved and settled by the same steps for every worker at once (`counters`: a
-    `Counters` on that table); stream slots, a cap on concurrency, stay each
-    process's own (as a function's `limits.concurrency` is)."""
+    """Token windows and stream slots in the shared table of ``workers = N``
+    (`native.SharedTable`), by the same steps for every worker at once (`counters`: a
+    `Counters` on that table). `worker`: (which, of how many) this process is: its
+    stream slots are counted as that worker's (an earlier incarnation's, one that
+    died holding some, count no more); None: this process's own, as in memory."""
 
-    def __init__(self, counters: Any, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, counters: Any, clock: Callable[[], float] = time.time,
+                 worker: tuple[int, int] | None = None) -> None:
+        """Raises ValueError for a worker the table cannot count (past 256)."""
         super().__init__(clock)
         self.counters = counters
+        self.worker = worker
+        if worker is not None:
+            counters.join(*worker)
 
     def reserve_now(self, buckets: Sequence[str], limits: Sequence[int], amount: int
                     ) -> int | Refusal:
@@ -154,3 +160,14 @@ class SharedBudgetStore(MemoryBudgetStore):
 
     async def settle(self, buckets: Sequence[str], window: int, delta: int) -> None:
         self.counters.settle(list(buckets), window, delta)
+
+    async def acquire(self, slots: Sequence[str], caps: Sequence[int]) -> int | None:
+        if self.worker is None:
+            return await super().acquire(slots, caps)
+        return self.counters.acquire(list(slots), list(caps))
+
+    async def release(self, slots: Sequence[str]) -> None:
+        if self.worker is None:
+            await super().release(slots)
+        else:
+            self.counters.release(list(slots))

@@ -116,14 +116,23 @@ class SharedTable:
             self.fd = -1
 
 
-_inherited: list[str | None] = [None]
+# (path, worker, workers) of the table this process's parent made (`inherit_table`)
+_inherited: list[tuple[str, int, int] | None] = [None]
 
 
-def inherit_table(path: str | None) -> None:
-    """Count in the table at `path` (a worker, told by its parent: `shared_table`)."""
-    _inherited[0] = path
+def inherit_table(path: str | None, worker: int = 0, workers: int = 1) -> None:
+    """Count in the table at `path` as `worker` of `workers` (a worker, told by its
+    parent: `shared_table`); None: in nothing shared."""
+    _inherited[0] = (path, worker, workers) if path is not None else None
 
 
 def inherited_table() -> str | None:
     """The table `inherit_table` named in this process, if any."""
-    return _inherited[0]
+    got = _inherited[0]
+    return got[0] if got is not None else None
+
+
+def inherited_worker() -> tuple[int, int] | None:
+    """Which worker, of how many, `inherit_table` said this process is (None: none)."""
+    got = _inherited[0]
+    return (got[1], got[2]) if got is not None else None

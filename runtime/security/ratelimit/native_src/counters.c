@@ -51,7 +51,8 @@ typedef struct {
 } window_t;
 
 #define TABLE_MAGIC 0x746e436c52666e65ull  /* "efnRlCnt" */
-#define TABLE_VERSION 1
+#define TABLE_VERSION 2
+#define MAX_WORKERS 256  /* workers that may hold stream slots in one table */
 #define GROUP_SLOTS 8
 #define LOCK_WAIT_S 1  /* a group held longer than this by another process: an error */
 
@@ -74,6 +75,8 @@ typedef struct {
     uint64_t keys[4];    /* SipHash keys of the two sums */
     uint64_t evictions;  /* live windows given up for another key (atomic) */
     uint64_t recovered;  /* locks taken over from a process that died holding them */
+    /* each worker's incarnation: a stream slot written by an earlier one is void */
+    uint64_t epochs[MAX_WORKERS];
     _Alignas(64) group_t first[];
 } table_t;
 
@@ -88,6 +91,9 @@ typedef struct {
     uint8_t *kbuf;    /* a key's bytes, hashed (reused) */
     size_t kcap;
     PyObject *budget_tag;  /* "budget": a token budget's bucket is keyed (it, bucket) */
+    PyObject *stream_tag;  /* "stream": a worker's streams of a bucket, (it, bucket, worker) */
+    Py_ssize_t worker, workers;  /* which worker of how many (`join`); workers 0: none */
+    uint64_t epoch;        /* its incarnation (`join`) */
 } Counters;
 
 static void window_free(PyObject *capsule) {
@@ -530,6 +536,8 @@ static int Counters_init(Counters *c, PyObject *args, PyObject *kwargs) {
     close_table(c);
     if (table != Py_None && open_table(c, table)) return -1;
     if (!c->budget_tag && !(c->budget_tag = PyUnicode_FromString("budget"))) return -1;
+    if (!c->stream_tag && !(c->stream_tag = PyUnicode_FromString("stream"))) return -1;
+    c->workers = 0;
     if (!clock) {
         PyObject *time = PyImport_ImportModule("time");
         if (!time) return -1;
@@ -557,6 +565,7 @@ static int Counters_clear(Counters *c) {
     Py_CLEAR(c->clock);
     Py_CLEAR(c->path);
     Py_CLEAR(c->budget_tag);
+    Py_CLEAR(c->stream_tag);
     return 0;
 }
 
@@ -583,6 +592,14 @@ static PyMethodDef COUNTERS_METHODS[] = {
      "of the first bucket it does not fit (shared table only)"},
     {"settle", (PyCFunction)(void (*)(void))Counters_settle, METH_FASTCALL,
      "settle(buckets, window, delta): add delta to each bucket's window (shared table only)"},
+    {"join", (PyCFunction)(void (*)(void))Counters_join, METH_FASTCALL,
+     "join(worker, workers): hold stream slots as this worker, voiding those its earlier "
+     "incarnations held (shared table only)"},
+    {"acquire", (PyCFunction)(void (*)(void))Counters_acquire, METH_FASTCALL,
+     "acquire(buckets, caps) -> the index of the first full bucket, or None when a slot "
+     "of each was taken (after join)"},
+    {"release", (PyCFunction)Counters_release, METH_O,
+     "release(buckets): give back a slot of each (after join)"},
     {"_hold", (PyCFunction)Counters_hold, METH_O,
      "_hold(key): lock key's group of the table and keep it locked (tests)"},
     {NULL, NULL, 0, NULL}};

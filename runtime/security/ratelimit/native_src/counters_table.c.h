@@ -94,6 +94,16 @@ static int key_bytes(Counters *c, PyObject *key, size_t *len) {
     return -1;
 }
 
+/* `key`'s two sums; -1 with an exception. */
+static int sums_of(Counters *c, PyObject *key, uint64_t *h0, uint64_t *h1) {
+    size_t len = 0;
+    if (key_bytes(c, key, &len)) return -1;
+    *h0 = siphash(c->kbuf, len, c->table->keys[0], c->table->keys[1]);
+    *h1 = siphash(c->kbuf, len, c->table->keys[2], c->table->keys[3]) | 1;  /* never 0: 0,0
+                                                                           * is a slot never used */
+    return 0;
+}
+
 /* Lock `g`, taking it over from a process that died holding it; -1 with TimeoutError
  * (held past LOCK_WAIT_S) or OSError. */
 static int lock_group(Counters *c, group_t *g) {
@@ -118,11 +128,7 @@ static int lock_group(Counters *c, group_t *g) {
 
 /* The group of `key`, locked, and its two sums; NULL with an exception. */
 static group_t *lock_key(Counters *c, PyObject *key, uint64_t *h0, uint64_t *h1) {
-    size_t len = 0;
-    if (key_bytes(c, key, &len)) return NULL;
-    const uint64_t *k = c->table->keys;
-    *h0 = siphash(c->kbuf, len, k[0], k[1]);
-    *h1 = siphash(c->kbuf, len, k[2], k[3]) | 1;  /* never 0: 0,0 is a slot never used */
+    if (sums_of(c, key, h0, h1)) return NULL;
     group_t *g = &c->table->first[*h0 % c->table->groups];
     return lock_group(c, g) ? NULL : g;
 }
@@ -133,13 +139,22 @@ static slot_t *slot_of(group_t *g, uint64_t h0, uint64_t h1) {
     return NULL;
 }
 
-/* A slot of `g` for a new key: one never used or whose window has passed, else the
- * one whose window ends first (counted in `evictions`). */
+#define STREAM 4  /* a slot's `algorithm` for a worker's streams of a bucket */
+
+/* Whether `s` is a worker's streams written by an earlier incarnation of it. */
+static int stale(const Counters *c, const slot_t *s) {
+    return s->algorithm == STREAM &&
+        (uint64_t)s->index != __atomic_load_n(&c->table->epochs[s->previous], __ATOMIC_RELAXED);
+}
+
+/* A slot of `g` for a new key: one never used, whose window has passed or that holds
+ * an earlier incarnation's streams, else the one whose window ends first (counted in
+ * `evictions`). */
 static slot_t *claim(Counters *c, group_t *g, double now) {
     slot_t *first = &g->slots[0];
     for (int i = 0; i < GROUP_SLOTS; i++) {
         slot_t *s = &g->slots[i];
-        if ((!s->h0 && !s->h1) || s->expires <= now) return s;
+        if ((!s->h0 && !s->h1) || s->expires <= now || stale(c, s)) return s;
         if (s->expires < first->expires) first = s;
     }
     __atomic_add_fetch(&c->table->evictions, 1, __ATOMIC_RELAXED);
@@ -267,34 +282,17 @@ static void close_table(Counters *c) {
 #define BUDGET_WINDOW 60  /* budget.WINDOW */
 #define MAX_BUCKETS 8
 
-/* The buckets of `list` (str), their groups locked in address order (each once):
- * the count, or -1 with an exception (nothing locked). */
-static Py_ssize_t lock_buckets(Counters *c, PyObject *list, group_t **groups, uint64_t *h0,
-                               uint64_t *h1) {
-    if (!c->table) {
-        PyErr_SetString(PyExc_ValueError, "token budgets need a shared table");
-        return -1;
-    }
-    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) > MAX_BUCKETS) {
-        PyErr_SetString(PyExc_TypeError, "buckets: a list of at most 8 str");
-        return -1;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(list);
-    group_t *order[MAX_BUCKETS];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyTuple_Pack(2, c->budget_tag, PyList_GET_ITEM(list, i));
-        size_t len = 0;
-        int failed = !key || key_bytes(c, key, &len);
-        Py_XDECREF(key);
-        if (failed) return -1;
-        h0[i] = siphash(c->kbuf, len, c->table->keys[0], c->table->keys[1]);
-        h1[i] = siphash(c->kbuf, len, c->table->keys[2], c->table->keys[3]) | 1;
-        groups[i] = order[i] = &c->table->first[h0[i] % c->table->groups];
-    }
-    for (Py_ssize_t i = 1; i < n; i++)  /* insertion sort: a handful */
-        for (Py_ssize_t j = i; j > 0 && order[j - 1] > order[j]; j--) {
-            group_t *t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
-        }
+static int by_address(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)*(group_t *const *)a, y = (uintptr_t)*(group_t *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* Lock `groups` (n of them, repeats allowed), each once, in address order (no two
+ * processes wait on each other); `order` (n entries) keeps the order for
+ * `unlock_all`. -1 with an exception, nothing left locked. */
+static int lock_all(Counters *c, group_t **groups, group_t **order, Py_ssize_t n) {
+    memcpy(order, groups, (size_t)n * sizeof *order);
+    qsort(order, (size_t)n, sizeof *order, by_address);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i && order[i] == order[i - 1]) continue;
         if (lock_group(c, order[i])) {
@@ -303,15 +301,38 @@ static Py_ssize_t lock_buckets(Counters *c, PyObject *list, group_t **groups, ui
             return -1;
         }
     }
-    return n;
+    return 0;
 }
 
-static void unlock_buckets(group_t **groups, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int seen = 0;
-        for (Py_ssize_t j = 0; j < i; j++) seen |= groups[j] == groups[i];
-        if (!seen) pthread_mutex_unlock(&groups[i]->lock);
+static void unlock_all(group_t **order, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!i || order[i] != order[i - 1]) pthread_mutex_unlock(&order[i]->lock);
+}
+
+/* The slots of `list` (str: at most MAX_BUCKETS), keyed (`tag`, name) or, with
+ * `workers`, (`tag`, name, worker) for each worker: their sums and groups. The
+ * count of keys, or -1 with an exception. */
+static Py_ssize_t keys_of(Counters *c, PyObject *tag, PyObject *list, int workers,
+                          group_t **groups, uint64_t *h0, uint64_t *h1) {
+    if (!c->table) {
+        PyErr_SetString(PyExc_ValueError, "token budgets need a shared table");
+        return -1;
     }
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) > MAX_BUCKETS) {
+        PyErr_SetString(PyExc_TypeError, "buckets: a list of at most 8 str");
+        return -1;
+    }
+    Py_ssize_t n = 0, per = workers ? workers : 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
+        for (Py_ssize_t w = 0; w < per; w++, n++) {
+            PyObject *key = workers ? Py_BuildValue("(OOn)", tag, PyList_GET_ITEM(list, i), w)
+                                    : PyTuple_Pack(2, tag, PyList_GET_ITEM(list, i));
+            int failed = !key || sums_of(c, key, &h0[n], &h1[n]);
+            Py_XDECREF(key);
+            if (failed) return -1;
+            groups[n] = &c->table->first[h0[n] % c->table->groups];
+        }
+    return n;
 }
 
 /* A bucket's tokens in window `wid` - 1 and `wid` (0 for none). */
@@ -338,7 +359,7 @@ static PyObject *Counters_reserve(Counters *c, PyObject *const *args, Py_ssize_t
     if (PyErr_Occurred()) return NULL;
     int64_t limits[MAX_BUCKETS], wid = (int64_t)floor(now);
     double frac = now - (double)wid;
-    group_t *groups[MAX_BUCKETS];
+    group_t *groups[MAX_BUCKETS], *order[MAX_BUCKETS];
     uint64_t h0[MAX_BUCKETS], h1[MAX_BUCKETS];
     if (PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[0])) {
         PyErr_SetString(PyExc_ValueError, "one limit a bucket");
@@ -348,13 +369,13 @@ static PyObject *Counters_reserve(Counters *c, PyObject *const *args, Py_ssize_t
         limits[i] = PyLong_AsLongLong(PyList_GET_ITEM(args[1], i));
         if (PyErr_Occurred()) return NULL;
     }
-    Py_ssize_t n = lock_buckets(c, args[0], groups, h0, h1);
-    if (n < 0) return NULL;
+    Py_ssize_t n = keys_of(c, c->budget_tag, args[0], 0, groups, h0, h1);
+    if (n < 0 || lock_all(c, groups, order, n)) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t prev, cur;
         budget_use(slot_of(groups[i], h0[i], h1[i]), wid, &prev, &cur);
         if ((double)prev * (1 - frac) + (double)cur + (double)amount > (double)limits[i]) {
-            unlock_buckets(groups, n);
+            unlock_all(order, n);
             return Py_BuildValue("(nLL)", i, (long long)prev, (long long)cur);
         }
     }
@@ -367,7 +388,7 @@ static PyObject *Counters_reserve(Counters *c, PyObject *const *args, Py_ssize_t
                       .previous = prev, .count = cur + amount,
                       .expires = (double)((wid + 2) * BUDGET_WINDOW)};
     }
-    unlock_buckets(groups, n);
+    unlock_all(order, n);
     return PyLong_FromLongLong(wid);
 }
 
@@ -380,17 +401,168 @@ static PyObject *Counters_settle(Counters *c, PyObject *const *args, Py_ssize_t 
     }
     long long window = PyLong_AsLongLong(args[1]), delta = PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred()) return NULL;
-    group_t *groups[MAX_BUCKETS];
+    group_t *groups[MAX_BUCKETS], *order[MAX_BUCKETS];
     uint64_t h0[MAX_BUCKETS], h1[MAX_BUCKETS];
-    Py_ssize_t n = lock_buckets(c, args[0], groups, h0, h1);
-    if (n < 0) return NULL;
+    Py_ssize_t n = keys_of(c, c->budget_tag, args[0], 0, groups, h0, h1);
+    if (n < 0 || lock_all(c, groups, order, n)) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         slot_t *s = slot_of(groups[i], h0[i], h1[i]);
         int64_t *tokens = !s ? NULL : s->index == window ? &s->count :
                           s->index == window + 1 ? &s->previous : NULL;
         if (tokens) *tokens = *tokens + delta > 0 ? *tokens + delta : 0;
     }
-    unlock_buckets(groups, n);
+    unlock_all(order, n);
+    Py_RETURN_NONE;
+}
+
+/* Stream slots (budget.py's `acquire`/`release`): each worker counts the streams it
+ * holds of a bucket in its own slot, ("stream", bucket, worker), tagged with its
+ * incarnation; a bucket's streams are the sum of its workers' slots of their current
+ * incarnations, so a worker that died holding some (and is started again, `join`)
+ * holds none, and nothing waits for a lease to run out. */
+
+/* join(worker, workers) -> the new incarnation of `worker` (of `workers`). */
+static PyObject *Counters_join(Counters *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "join(worker, workers)");
+        return NULL;
+    }
+    Py_ssize_t worker = PyLong_AsSsize_t(args[0]), workers = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (!c->table) {
+        PyErr_SetString(PyExc_ValueError, "stream slots need a shared table");
+        return NULL;
+    }
+    if (workers < 1 || workers > MAX_WORKERS || worker < 0 || worker >= workers) {
+        PyErr_Format(PyExc_ValueError, "worker %zd of %zd: the table holds the streams of "
+                     "at most %d workers", worker, workers, MAX_WORKERS);
+        return NULL;
+    }
+    c->worker = worker;
+    c->workers = workers;
+    c->epoch = __atomic_add_fetch(&c->table->epochs[worker], 1, __ATOMIC_SEQ_CST);
+    return PyLong_FromUnsignedLongLong(c->epoch);
+}
+
+/* The streams slot `s` holds now (0: none, another kind, or an earlier incarnation's). */
+static int64_t streams_in(const Counters *c, const slot_t *s) {
+    return s && s->algorithm == STREAM && !stale(c, s) ? s->count : 0;
+}
+
+/* A set of keys' groups, sums and the order to unlock them in. */
+typedef struct {
+    group_t **groups, **order;
+    uint64_t *h0, *h1;
+} keyset_t;
+
+static void keyset_free(keyset_t *k) {
+    PyMem_Free(k->groups);
+    PyMem_Free(k->order);
+    PyMem_Free(k->h0);
+    PyMem_Free(k->h1);
+}
+
+/* `buckets`' stream keys of every worker (`all`: bucket-major) or of this one, locked,
+ * in `k` (free it with `keyset_free`): the count of keys, -1 with an exception. */
+static Py_ssize_t lock_streams(Counters *c, PyObject *buckets, int all, keyset_t *k) {
+    *k = (keyset_t){0};
+    if (!c->workers) {
+        PyErr_SetString(PyExc_ValueError, "stream slots need `join` first");
+        return -1;
+    }
+    size_t most = (size_t)MAX_BUCKETS * (size_t)(all ? c->workers : 1);
+    k->groups = PyMem_Malloc(most * sizeof *k->groups);
+    k->order = PyMem_Malloc(most * sizeof *k->order);
+    k->h0 = PyMem_Malloc(most * sizeof *k->h0);
+    k->h1 = PyMem_Malloc(most * sizeof *k->h1);
+    if (!k->groups || !k->order || !k->h0 || !k->h1) {
+        keyset_free(k);
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t n;
+    if (all) {
+        n = keys_of(c, c->stream_tag, buckets, (int)c->workers, k->groups, k->h0, k->h1);
+    } else {  /* this worker's keys only: (tag, bucket, worker) */
+        n = 0;
+        if (!PyList_CheckExact(buckets) || PyList_GET_SIZE(buckets) > MAX_BUCKETS) {
+            PyErr_SetString(PyExc_TypeError, "buckets: a list of at most 8 str");
+            n = -1;
+        }
+        for (Py_ssize_t i = 0; n >= 0 && i < PyList_GET_SIZE(buckets); i++, n++) {
+            PyObject *key = Py_BuildValue("(OOn)", c->stream_tag,
+                                          PyList_GET_ITEM(buckets, i), c->worker);
+            int failed = !key || sums_of(c, key, &k->h0[n], &k->h1[n]);
+            Py_XDECREF(key);
+            if (failed) {
+                n = -1;
+                break;
+            }
+            k->groups[n] = &c->table->first[k->h0[n] % c->table->groups];
+        }
+    }
+    if (n < 0 || lock_all(c, k->groups, k->order, n)) {
+        keyset_free(k);
+        return -1;
+    }
+    return n;
+}
+
+/* acquire(buckets, caps) -> the index of the first bucket whose workers hold its cap
+ * of streams already, or None once this worker took a slot of each. */
+static PyObject *Counters_acquire(Counters *c, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[0]) ||
+            PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "acquire(buckets, caps: lists, one cap a bucket)");
+        return NULL;
+    }
+    keyset_t k;
+    Py_ssize_t n = lock_streams(c, args[0], 1, &k), per = c->workers;
+    if (n < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t buckets = n / per;
+    for (Py_ssize_t b = 0; b < buckets && !out; b++) {
+        long long cap = PyLong_AsLongLong(PyList_GET_ITEM(args[1], b));
+        if (cap == -1 && PyErr_Occurred()) goto done;
+        int64_t held = 0;
+        for (Py_ssize_t w = 0; w < per; w++) {
+            Py_ssize_t i = b * per + w;
+            held += streams_in(c, slot_of(k.groups[i], k.h0[i], k.h1[i]));
+        }
+        if (held >= cap) out = PyLong_FromSsize_t(b);
+    }
+    if (out) goto done;
+    for (Py_ssize_t b = 0; b < buckets; b++) {
+        Py_ssize_t i = b * per + c->worker;
+        slot_t *s = slot_of(k.groups[i], k.h0[i], k.h1[i]);
+        int64_t held = streams_in(c, s);
+        if (!s) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);  /* epoch seconds, as the windows' */
+            s = claim(c, k.groups[i], (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
+        }
+        *s = (slot_t){.h0 = k.h0[i], .h1 = k.h1[i], .algorithm = STREAM, .count = held + 1,
+                      .previous = c->worker, .index = (int64_t)c->epoch, .expires = INFINITY};
+    }
+    out = Py_NewRef(Py_None);
+done:
+    unlock_all(k.order, n);
+    keyset_free(&k);
+    return out;
+}
+
+/* release(buckets): give back one of this worker's slots of each. */
+static PyObject *Counters_release(Counters *c, PyObject *buckets) {
+    keyset_t k;
+    Py_ssize_t n = lock_streams(c, buckets, 0, &k);
+    if (n < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        slot_t *s = slot_of(k.groups[i], k.h0[i], k.h1[i]);
+        if (streams_in(c, s) > 0 && --s->count == 0)
+            s->expires = -INFINITY;  /* free for another key */
+    }
+    unlock_all(k.order, n);
+    keyset_free(&k);
     Py_RETURN_NONE;
 }
 
