@@ -252,6 +252,7 @@ def test_client_gone_during_a_call(pair: tuple[Side, Side]) -> None:
     concurrency count given back."""
     on, off = pair
     for side in (on, off):
+        side.new_events()  # what a test before left unread (one that reads none)
         with socket.create_connection(("127.0.0.1", side.r.port)) as s:
             s.sendall(request("GET", "/pyslow?s=0.3", H))
             time.sleep(0.1)
