@@ -1692,14 +1692,19 @@ static PyObject *Lane_limiter(Lane *l, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* python(submit): what runs a Python route's request (`python_call`). */
-static PyObject *Lane_python(Lane *l, PyObject *submit) {
-    if (!PyCallable_Check(submit)) {
-        PyErr_SetString(PyExc_TypeError, "python(submit): a callable");
+/* `*slot` = `fn`, a callable (TypeError saying `usage` otherwise): the setters' step. */
+static PyObject *set_callable(PyObject **slot, PyObject *fn, const char *usage) {
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
-    Py_XSETREF(l->submit, Py_NewRef(submit));
+    Py_XSETREF(*slot, Py_NewRef(fn));
     Py_RETURN_NONE;
+}
+
+/* python(submit): what runs a Python route's request (`python_call`). */
+static PyObject *Lane_python(Lane *l, PyObject *submit) {
+    return set_callable(&l->submit, submit, "python(submit): a callable");
 }
 
 static void clear_routes(Lane *l) {
@@ -1917,12 +1922,7 @@ static PyObject *Lane_blocks(Lane *l, PyObject *blocks) {
 /* guard_ask(callable): how a guarded route whose refusal ratelimit counts is refused
  * (`guarded`): callable(route index, client) -> a refusal. */
 static PyObject *Lane_guard_ask(Lane *l, PyObject *ask) {
-    if (!PyCallable_Check(ask)) {
-        PyErr_SetString(PyExc_TypeError, "guard_ask(callable)");
-        return NULL;
-    }
-    Py_XSETREF(l->guard_ask, Py_NewRef(ask));
-    Py_RETURN_NONE;
+    return set_callable(&l->guard_ask, ask, "guard_ask(callable)");
 }
 
 static PyObject *Lane_forget_agents(Lane *l, PyObject *unused) {

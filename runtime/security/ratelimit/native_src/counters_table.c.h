@@ -309,11 +309,11 @@ static void unlock_all(group_t **order, Py_ssize_t n) {
         if (!i || order[i] != order[i - 1]) pthread_mutex_unlock(&order[i]->lock);
 }
 
-/* The slots of `list` (str: at most MAX_BUCKETS), keyed (`tag`, name) or, with
- * `workers`, (`tag`, name, worker) for each worker: their sums and groups. The
- * count of keys, or -1 with an exception. */
-static Py_ssize_t keys_of(Counters *c, PyObject *tag, PyObject *list, int workers,
-                          group_t **groups, uint64_t *h0, uint64_t *h1) {
+/* The slots of `list` (str: at most MAX_BUCKETS), keyed (`tag`, name) or, with `count`
+ * workers from `first` on, (`tag`, name, worker) for each of them (bucket-major): their
+ * sums and groups. The count of keys, or -1 with an exception. */
+static Py_ssize_t keys_of(Counters *c, PyObject *tag, PyObject *list, Py_ssize_t first,
+                          Py_ssize_t count, group_t **groups, uint64_t *h0, uint64_t *h1) {
     if (!c->table) {
         PyErr_SetString(PyExc_ValueError, "token budgets need a shared table");
         return -1;
@@ -322,11 +322,11 @@ static Py_ssize_t keys_of(Counters *c, PyObject *tag, PyObject *list, int worker
         PyErr_SetString(PyExc_TypeError, "buckets: a list of at most 8 str");
         return -1;
     }
-    Py_ssize_t n = 0, per = workers ? workers : 1;
+    Py_ssize_t n = 0, per = count ? count : 1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
-        for (Py_ssize_t w = 0; w < per; w++, n++) {
-            PyObject *key = workers ? Py_BuildValue("(OOn)", tag, PyList_GET_ITEM(list, i), w)
-                                    : PyTuple_Pack(2, tag, PyList_GET_ITEM(list, i));
+        for (Py_ssize_t w = first; w < first + per; w++, n++) {
+            PyObject *key = count ? Py_BuildValue("(OOn)", tag, PyList_GET_ITEM(list, i), w)
+                                  : PyTuple_Pack(2, tag, PyList_GET_ITEM(list, i));
             int failed = !key || sums_of(c, key, &h0[n], &h1[n]);
             Py_XDECREF(key);
             if (failed) return -1;
@@ -369,7 +369,7 @@ static PyObject *Counters_reserve(Counters *c, PyObject *const *args, Py_ssize_t
         limits[i] = PyLong_AsLongLong(PyList_GET_ITEM(args[1], i));
         if (PyErr_Occurred()) return NULL;
     }
-    Py_ssize_t n = keys_of(c, c->budget_tag, args[0], 0, groups, h0, h1);
+    Py_ssize_t n = keys_of(c, c->budget_tag, args[0], 0, 0, groups, h0, h1);
     if (n < 0 || lock_all(c, groups, order, n)) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t prev, cur;
@@ -403,7 +403,7 @@ static PyObject *Counters_settle(Counters *c, PyObject *const *args, Py_ssize_t 
     if (PyErr_Occurred()) return NULL;
     group_t *groups[MAX_BUCKETS], *order[MAX_BUCKETS];
     uint64_t h0[MAX_BUCKETS], h1[MAX_BUCKETS];
-    Py_ssize_t n = keys_of(c, c->budget_tag, args[0], 0, groups, h0, h1);
+    Py_ssize_t n = keys_of(c, c->budget_tag, args[0], 0, 0, groups, h0, h1);
     if (n < 0 || lock_all(c, groups, order, n)) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         slot_t *s = slot_of(groups[i], h0[i], h1[i]);
@@ -470,7 +470,8 @@ static Py_ssize_t lock_streams(Counters *c, PyObject *buckets, int all, keyset_t
         PyErr_SetString(PyExc_ValueError, "stream slots need `join` first");
         return -1;
     }
-    size_t most = (size_t)MAX_BUCKETS * (size_t)(all ? c->workers : 1);
+    Py_ssize_t first = all ? 0 : c->worker, count = all ? c->workers : 1;
+    size_t most = (size_t)MAX_BUCKETS * (size_t)count;
     k->groups = PyMem_Malloc(most * sizeof *k->groups);
     k->order = PyMem_Malloc(most * sizeof *k->order);
     k->h0 = PyMem_Malloc(most * sizeof *k->h0);
@@ -480,27 +481,7 @@ static Py_ssize_t lock_streams(Counters *c, PyObject *buckets, int all, keyset_t
         PyErr_NoMemory();
         return -1;
     }
-    Py_ssize_t n;
-    if (all) {
-        n = keys_of(c, c->stream_tag, buckets, (int)c->workers, k->groups, k->h0, k->h1);
-    } else {  /* this worker's keys only: (tag, bucket, worker) */
-        n = 0;
-        if (!PyList_CheckExact(buckets) || PyList_GET_SIZE(buckets) > MAX_BUCKETS) {
-            PyErr_SetString(PyExc_TypeError, "buckets: a list of at most 8 str");
-            n = -1;
-        }
-        for (Py_ssize_t i = 0; n >= 0 && i < PyList_GET_SIZE(buckets); i++, n++) {
-            PyObject *key = Py_BuildValue("(OOn)", c->stream_tag,
-                                          PyList_GET_ITEM(buckets, i), c->worker);
-            int failed = !key || sums_of(c, key, &k->h0[n], &k->h1[n]);
-            Py_XDECREF(key);
-            if (failed) {
-                n = -1;
-                break;
-            }
-            k->groups[n] = &c->table->first[k->h0[n] % c->table->groups];
-        }
-    }
+    Py_ssize_t n = keys_of(c, c->stream_tag, buckets, first, count, k->groups, k->h0, k->h1);
     if (n < 0 || lock_all(c, k->groups, k->order, n)) {
         keyset_free(k);
         return -1;
