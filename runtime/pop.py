@@ -19,6 +19,7 @@ Nothing is patched in after construction; `runtime.app` starts and stops it.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from edgefn_core.errors import OutOfRegion
@@ -42,6 +43,8 @@ from runtime.security.settings import merge
 
 if TYPE_CHECKING:
     from runtime.observe.tracing import Tracer
+
+log = logging.getLogger("edgefn.pop")
 
 
 class PoP:
@@ -106,10 +109,16 @@ class PoP:
 
     async def warm(self, *fns: Deployment) -> None:
         """A quiet warm-up request to each of `fns` through the whole pipeline
-        (`runtime.pipeline.warm`): at boot, and after each switch. Never raises."""
+        (`runtime.pipeline.warm`): at boot, and after each switch; then the lane's
+        table is made for the new routes (`NativeLane.refresh`). Never raises."""
         live = self.registry.functions
         await warm.quiet(self.pipeline, list(fns),
                          frozenset(f.label for f in fns if live.get(f.name) is not f))
+        if self.lane is not None:
+            try:
+                self.lane.refresh()
+            except Exception:  # its next read makes it again (and says why it fails)
+                log.exception("native lane: the table could not be made after a switch")
 
     def watch_dashboard(self) -> None:
         """Make the dashboard's aggregator an observer, if it is not yet, first

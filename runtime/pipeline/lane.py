@@ -523,6 +523,13 @@ class NativeLane:
         return request, ctx
 
     # -- eligibility ------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Make the table now for what the registry routes, as `serve` would at its next
+        read: `PoP.warm` calls this after each switch, so the first request after a
+        deploy finds it made (0.15-0.25 ms with two functions, paid by that request
+        before). Loop thread only."""
+        self._rebuild()
+
     def _rebuild(self) -> None:
         if self.records:
             self.drain()  # they name routes by their index in the table being replaced
