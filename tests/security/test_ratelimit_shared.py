@@ -99,6 +99,40 @@ def test_windows_live_in_the_table_and_moving_ones_in_the_process(table: Path) -
     assert a.table == b.table == str(table) and alone.table is None
 
 
+def test_a_moving_window_in_a_shared_table_is_said_to_count_per_worker(
+        table: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A rule with ``algorithm = "moving_window"`` counts in each worker alone even
+    where the workers share a table (its timestamps stay in the process): the stage
+    says so when it compiles one, the PoP's rules at start and a function's at its
+    first request, naming the rule; sliding windows, and one process, say nothing."""
+    from types import SimpleNamespace
+
+    from runtime.functions.router import Router
+    from runtime.pipeline.stages.ratelimit import RateLimit
+    from runtime.pipeline.targets import Targets
+    from runtime.security.settings import RateLimitSettings, RateRule, TargetPolicy
+
+    targets = Targets(SimpleNamespace(router=Router(), canaries={}), {})  # type: ignore[arg-type]
+    rules = [RateRule("ip", "9/minute"), RateRule("ip", "5/minute", "moving_window")]
+    fn = SimpleNamespace(name="moves", policy=TargetPolicy(rate_limits=[
+        RateRule("key", "3/minute", "moving_window")]))
+    slides = SimpleNamespace(name="slides", policy=TargetPolicy(rate_limits=[
+        RateRule("key", "3/minute")]))
+    stages = []
+    with caplog.at_level("WARNING", logger="edgefn.pop"):
+        stages.append(RateLimit(RateLimitSettings(rules=rules), targets, table=str(table)))
+        stages.append(RateLimit(RateLimitSettings(rules=rules), targets))  # one process
+        for stage in stages:
+            for target in (fn, fn, slides):  # compiled once per policy: said once
+                stage._function_limits(target)  # type: ignore[arg-type]
+    for stage in stages:
+        stage.close()
+    said = [r.getMessage() for r in caplog.records if "each worker alone" in r.getMessage()]
+    assert [m.split(" counted")[0] for m in said] == [
+        "[ratelimit] rules: by-ip-2", "function 'moves''s rate_limits: fn-key"]
+    assert all("sliding_window" in m and "redis://" in m for m in said)
+
+
 def test_a_count_the_limit_refuses_counts_in_the_table(table: Path) -> None:
     """Between the lane's `admits_all` and its `count`, another worker may fill the
     limit: the count is made (as on Redis), not raised as a bug; one process alone

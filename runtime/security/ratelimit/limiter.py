@@ -17,6 +17,7 @@ On Redis, `limits`' own async strategies run.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,8 @@ from runtime.security.ratelimit.headers import Quota
 from runtime.security.ratelimit.native import counters as new_counters
 from runtime.security.ratelimit.outage import TIMEOUT_S, down
 from runtime.security.settings import Algorithm, RateRule
+
+log = logging.getLogger("edgefn.pop")
 
 _ASYNC: dict[str, Callable[[Any], limits.aio.strategies.RateLimiter]] = {
     "moving_window": limits.aio.strategies.MovingWindowRateLimiter,
@@ -69,6 +72,21 @@ def compile_rules(rules: Sequence[RateRule], prefix: str, where: str, field: str
             out.append(Limit(_unique(f"{prefix}-{rule.by}", out), rule.by, item,
                              rule.algorithm))
     return out
+
+
+def warn_moving(limits: Sequence[Limit], counters: Any, where: str) -> bool:
+    """Log, and say, when `limits` hold a moving window that `counters` count in
+    this process alone although they share a table with other workers (``workers =
+    N``: the table holds fixed and sliding windows; a moving window's timestamps stay
+    in each worker, so N workers admit up to N times its limit)."""
+    moving = [lim.name for lim in limits if lim.algorithm == "moving_window"]
+    if not moving or counters is None or getattr(counters, "table", None) is None:
+        return False
+    log.warning("%s: %s counted by each worker alone (moving_window; with workers = N "
+                "up to N times the limit): use sliding_window, the default, or "
+                "storage = \"redis://...\" to count them together", where,
+                ", ".join(moving))
+    return True
 
 
 def per_minute(name: str, by: str, amount: int) -> Limit:
