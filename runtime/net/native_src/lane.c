@@ -337,7 +337,7 @@ typedef struct {
 enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4, ROUTE_LIMITED = 8,
        ROUTE_REFUSES = 16, ROUTE_GUARD_COUNTS = 32 };
 /* an exclusion under a prefix route: that path; it and the paths under it; every path
- * it starts (runtime/pipeline/lane.py EXCLUDE_*) */
+ * it starts (runtime/pipeline/lane_table.py EXCLUDE_*) */
 enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2, EX_SEGMENT = 3 };
 /* (EX_SEGMENT + i: a path whose segment i, from 0, is that literal; ":" any non-empty) */
 
