@@ -40,6 +40,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def isolate_hosts(pop: int) -> list[int]:
+    """The isolate host processes under the PoP `pop` (the active one and its
+    standby; none for a PoP that runs no Python function)."""
+    hosts = []
+    for pid in descendants(pop):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"runtime.executors.python.host" in f.read():
+                    hosts.append(pid)
+        except OSError:
+            continue  # (a process that ended meanwhile)
+    return hosts
+
+
 def _children() -> tuple[float, float]:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime, usage.ru_stime

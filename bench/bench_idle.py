@@ -30,7 +30,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import _baseline  # noqa: E402
 import bench_runtime  # noqa: E402
-from bench_python_http import cpu_seconds, descendants  # noqa: E402
+from _cpu import descendants  # noqa: E402
+from bench_python_http import cpu_seconds  # noqa: E402
 
 from runtime.admin.client import AdminClient  # noqa: E402
 

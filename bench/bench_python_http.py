@@ -26,7 +26,6 @@ import argparse
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import _cpu  # noqa: E402
 import _variants  # noqa: E402
 import _wrk  # noqa: E402
 import bench_runtime  # noqa: E402
@@ -58,24 +58,10 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True,
-                             text=True).stdout.split()
-        found += [int(p) for p in out]
-        todo += [int(p) for p in out]
-    return found
-
-
 def isolate_hosts(pop: int) -> list[int]:
     """The PoP's isolate host processes (the active one and its standby). Raises
     RuntimeError if it has none."""
-    hosts = []
-    for pid in descendants(pop):
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"runtime.executors.python.host" in f.read():
-                hosts.append(pid)
+    hosts = _cpu.isolate_hosts(pop)
     if not hosts:
         raise RuntimeError("no isolate host among the PoP's processes")
     return hosts

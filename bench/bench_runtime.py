@@ -117,7 +117,7 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
             _wrk.run(url, seconds=1)  # warm-up
         for _ in range(args.rounds):
             for name, (proc, url) in servers.items():
-                hosts = isolate_hosts(proc.pid) if name == "edgefn Python hello" else []
+                hosts = _cpu.isolate_hosts(proc.pid) if name == "edgefn Python hello" else []
                 meter, host_meter = _cpu.Meter([proc.pid]), _cpu.Meter(hosts)
                 started = time.monotonic()
                 r = _wrk.run(url, seconds=args.seconds)
@@ -157,19 +157,6 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
     print(f"sequential p50 on one connection: WASM hello {wasm_p50:.3f} ms, Python hello "
           f"{py_p50:.3f} ms; Python dispatch overhead vs WASM {py_p50 - wasm_p50:+.3f} ms "
           f"({py_p50 / wasm_p50:.2f}x)")
-
-
-def isolate_hosts(pop: int) -> list[int]:
-    """The PoP's isolate host processes (the active one and its standby)."""
-    hosts = []
-    for pid in _cpu.descendants(pop):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"runtime.executors.python.host" in f.read():
-                    hosts.append(pid)
-        except OSError:
-            continue  # (a process that ended meanwhile)
-    return hosts
 
 
 def budgets(best: dict[str, dict[str, float]], workerd: float) -> None:
