@@ -9,7 +9,7 @@ fields the C reads with llhttp's accessors on a known request before the lane is
 used. Without a compiler, Python's headers or a matching llhttp, `load()` returns
 None (logged once) and every request takes the Python front and pipeline.
 
-What the lane serves, and how a PoP decides it, is `runtime.pipeline.lane`'s; this
+What the lane serves, and how a PoP decides it, is `runtime.pipeline.lane_table`'s; this
 module only builds and loads the extension.
 """
 

@@ -103,8 +103,9 @@ def test_a_moving_window_in_a_shared_table_is_said_to_count_per_worker(
         table: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A rule with ``algorithm = "moving_window"`` counts in each worker alone even
     where the workers share a table (its timestamps stay in the process): the stage
-    says so when it compiles one, the PoP's rules at start and a function's at its
-    first request, naming the rule; sliding windows, and one process, say nothing."""
+    says so when it compiles one, the PoP's rules at start and a function's when
+    first compiled (its deploy's quiet request), naming the rule; sliding windows,
+    and one process, say nothing."""
     from types import SimpleNamespace
 
     from runtime.functions.router import Router
