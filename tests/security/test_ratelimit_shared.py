@@ -130,7 +130,7 @@ def test_a_moving_window_in_a_shared_table_is_said_to_count_per_worker(
         stage.close()
     said = [r.getMessage() for r in caplog.records if "each worker alone" in r.getMessage()]
     assert [m.split(" counted")[0] for m in said] == [
-        "[ratelimit] rules: by-ip-2", "function 'moves''s rate_limits: fn-key"]
+        "[ratelimit] rules: by-ip-2", "function 'moves' (rate_limits): fn-key"]
     assert all("sliding_window" in m and "redis://" in m for m in said)
 
 

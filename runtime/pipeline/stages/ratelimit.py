@@ -286,7 +286,7 @@ class RateLimit:
             limits = compile_rules(policy.rate_limits, "fn", f"function {target.name!r}",
                                    "rate_limits")
             warn_moving(limits, getattr(self.limiter, "counters", None),
-                        f"function {target.name!r}'s rate_limits")
+                        f"function {target.name!r} (rate_limits)")
             hit = self.functions[id(policy)] = (policy, limits)
         return hit[1]
 
