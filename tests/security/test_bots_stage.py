@@ -184,22 +184,42 @@ def test_past_the_abusive_rate_a_client_is_abusive() -> None:
 
 def test_workers_count_the_abusive_rate_together(tmp_path: Path) -> None:
     """``workers = N``: the PoP processes' bots stages count `abusive_rate` in their
-    shared table (before, each let a client through at the whole rate); class
-    budgets (moving windows) stay each worker's own."""
+    shared table (before, each let a client through at the whole rate)."""
     assert native.create_table(tmp_path / "table", 16)
     s = BotSettings(abusive_rate="5/minute", policy=BotPolicy(automation="limit"),
-                    budgets={"automation": "4/minute"})
+                    budgets={"automation": "100/minute"})
     workers = [stage(s, counters=native.counters(table=str(tmp_path / "table")))
                for _ in range(2)]
-    for i in range(4):
-        run(workers[i % 2], request("/fn", CURL))  # 2 each: each worker's budget holds 4
-    run(workers[0], request("/fn", CURL))  # the 5th in the minute, PoP-wide
+    for i in range(5):
+        run(workers[i % 2], request("/fn", CURL))  # the 5 in the minute, PoP-wide
     err = refused(workers[1], request("/fn", CURL))
     assert err.detail == {"class": "abusive", "signals": ["ua:curl", "rate"]}
     alone = stage(s)
+    for _ in range(5):
+        run(alone, request("/fn", CURL))
+    assert refused(alone, request("/fn", CURL)).detail["signals"] == ["ua:curl", "rate"]
+
+
+def test_workers_count_a_class_budget_together(tmp_path: Path) -> None:
+    """``workers = N``: a class budget counts PoP-wide in the workers' shared table
+    (a sliding window there; one process's is a moving window): two workers taking
+    a client's requests in turn refuse its 5th in the minute of a 4/minute budget
+    (before, each worker let 4 through: 8), with a Retry-After within the minute."""
+    assert native.create_table(tmp_path / "table", 16)
+    s = BotSettings(policy=BotPolicy(automation="limit"), budgets={"automation": "4/minute"})
+    workers = [stage(s, counters=native.counters(table=str(tmp_path / "table")))
+               for _ in range(2)]
+    for i in range(4):
+        run(workers[i % 2], request("/fn", CURL))
+    for worker in workers:
+        err = refused(worker, request("/fn", CURL))
+        assert (err.code, err.status) == ("rate_limited", 429)
+        assert 1 <= int(dict(err.headers)[b"retry-after"]) <= 60
+    alone = stage(s)  # one process: the moving window, exact
+    assert alone.manager._budget_algorithm == "moving_window"
     for _ in range(4):
         run(alone, request("/fn", CURL))
-    assert refused(alone, request("/fn", CURL)).code == "rate_limited"  # its budget, not rate
+    assert refused(alone, request("/fn", CURL)).code == "rate_limited"
 
 
 def test_a_challenge_solved_passes_once() -> None:

@@ -82,6 +82,11 @@ class BotManager:
                                if settings.abusive_rate else [])]
         budgets = {**BotSettings().budgets, **settings.budgets}
         self._budgets = {c: _rates(r, f"bots.budgets.{c}") for c, r in budgets.items()}
+        # a class budget is a moving window (exact) in one process; where the workers
+        # share a table (``workers = N``), a sliding window in it, counted PoP-wide: a
+        # moving window's hits would stay in each worker, N of them allowing N budgets
+        self._budget_algorithm = "moving_window" if getattr(self.counters, "table", None) \
+            is None else "sliding_window"
         self._policies: dict[BotOverride, BotPolicy] = {}
         # an IPv6 client has a /64 to itself: counted per address, it stepped round a
         # class budget or abusive_rate by changing its last 64 bits
@@ -96,8 +101,8 @@ class BotManager:
         a random secret per process answered "forged" to a solution that reached
         another worker), and with ``workers = N`` solved challenges and seen
         signatures are remembered in DATA/bots/ for all of them (replayed to another
-        worker, they passed), and `abusive_rate` counts in their shared `table`
-        (`native.SharedTable`; class budgets, moving windows, stay each worker's).
+        worker, they passed), and `abusive_rate` and the class budgets count in their
+        shared `table` (`native.SharedTable`; the budgets as sliding windows there).
         Raises `InvalidConfig` naming the file or URL that cannot be used, OSError or
         ValueError for a table it cannot map."""
         shared = data_dir / "bots" if data_dir is not None and workers > 1 else None
@@ -172,10 +177,11 @@ class BotManager:
 
     def _limit(self, cls: BotClass, identity: str) -> None:
         now = time.time()
+        algorithm = self._budget_algorithm
         for rate in self._budgets[cls]:
             window = int(rate.get_expiry())
             admitted, _, reset = self.counters.hit(("budget", rate.amount, window, cls, identity),
-                                                   "moving_window", rate.amount, window, now)
+                                                   algorithm, rate.amount, window, now)
             if not admitted:
                 retry = max(1, math.ceil(reset - now))
                 raise Rejected("rate_limited", 429, f"too many requests from {identity} "
