@@ -30,6 +30,26 @@ log = logging.getLogger("edgefn.isolates")
 KILL_GRACE = 1.0  # after a wall-limit timeout, how long a stuck isolate gets before its host dies
 DRAIN_CHECK = 1.0  # how often a host being replaced is checked for jobs still in flight
 RESPAWN_DELAY = 1.0  # a replacement for a retiring host failed to start: try again after this
+# the threads stopping retired hosts, until each has reaped its host (`stopping`)
+_stopping: set[threading.Thread] = set()
+_stopping_lock = threading.Lock()
+
+
+def stopping() -> bool:
+    """Whether a retired host is still being stopped (its process not yet reaped)."""
+    with _stopping_lock:
+        return bool(_stopping)
+
+
+def wait_stopped(timeout: float) -> bool:
+    """Block until every host being stopped now has exited and been reaped, or
+    `timeout` seconds pass; whether they all had. Call off the event loop."""
+    with _stopping_lock:
+        threads = list(_stopping)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in threads)
 
 
 class Supervisor:
@@ -269,7 +289,18 @@ class Supervisor:
     # -- stopping -------------------------------------------------------------------------------
     def _stop_later(self, host: Host) -> None:
         host.close_isolates()  # loop state, on the loop's thread
-        threading.Thread(target=host.stop, daemon=True).start()
+
+        def stop() -> None:
+            try:
+                host.stop()
+            finally:
+                with _stopping_lock:
+                    _stopping.discard(thread)
+
+        thread = threading.Thread(target=stop, daemon=True)
+        with _stopping_lock:
+            _stopping.add(thread)
+        thread.start()
 
     def stop_hosts(self) -> None:
         """Stop the hosts without blocking (a retired pool drained; on the loop's thread)."""
