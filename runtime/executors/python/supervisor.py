@@ -41,15 +41,14 @@ def stopping() -> bool:
         return bool(_stopping)
 
 
-def wait_stopped(timeout: float) -> bool:
+def wait_stopped(timeout: float) -> None:
     """Block until every host being stopped now has exited and been reaped, or
-    `timeout` seconds pass; whether they all had. Call off the event loop."""
+    `timeout` seconds pass. Call off the event loop."""
     with _stopping_lock:
         threads = list(_stopping)
     deadline = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
-    return not any(t.is_alive() for t in threads)
 
 
 class Supervisor:

@@ -36,7 +36,6 @@ from runtime.security.ratelimit.limiter import (
     Outcome,
     compile_rules,
     per_minute,
-    warn_moving,
 )
 from runtime.security.ratelimit.outage import Outage, StorageDown
 from runtime.security.settings import RateLimitSettings, TargetPolicy
@@ -69,7 +68,7 @@ class RateLimit:
         self.limiter = limiter if limiter is not None else Limiter(settings.storage, where,
                                                                    table)
         self.rules = compile_rules(settings.rules, "by", where, "ratelimit.rules")
-        warn_moving(self.rules, getattr(self.limiter, "counters", None), "[ratelimit] rules")
+        self.limiter.warn_moving(self.rules, "[ratelimit] rules")
         self.ip_rules = [limit for limit in self.rules if limit.by == "ip"]
         self.tenants = {t: per_minute("tenant-rpm", "tenant", lim.rpm)
                         for t, lim in settings.tenants.items() if lim.rpm is not None}
@@ -285,8 +284,7 @@ class RateLimit:
                 self.functions.clear()
             limits = compile_rules(policy.rate_limits, "fn", f"function {target.name!r}",
                                    "rate_limits")
-            warn_moving(limits, getattr(self.limiter, "counters", None),
-                        f"function {target.name!r} (rate_limits)")
+            self.limiter.warn_moving(limits, f"function {target.name!r} (rate_limits)")
             hit = self.functions[id(policy)] = (policy, limits)
         return hit[1]
 

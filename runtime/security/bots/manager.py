@@ -85,8 +85,8 @@ class BotManager:
         # a class budget is a moving window (exact) in one process; where the workers
         # share a table (``workers = N``), a sliding window in it, counted PoP-wide: a
         # moving window's hits would stay in each worker, N of them allowing N budgets
-        self._budget_algorithm = "moving_window" if getattr(self.counters, "table", None) \
-            is None else "sliding_window"
+        self._budget_algorithm = "moving_window" if self.counters.table is None \
+            else "sliding_window"
         self._policies: dict[BotOverride, BotPolicy] = {}
         # an IPv6 client has a /64 to itself: counted per address, it stepped round a
         # class budget or abusive_rate by changing its last 64 bits

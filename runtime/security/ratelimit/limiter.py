@@ -74,21 +74,6 @@ def compile_rules(rules: Sequence[RateRule], prefix: str, where: str, field: str
     return out
 
 
-def warn_moving(limits: Sequence[Limit], counters: Any, where: str) -> bool:
-    """Log, and say, when `limits` hold a moving window that `counters` count in
-    this process alone although they share a table with other workers (``workers =
-    N``: the table holds fixed and sliding windows; a moving window's timestamps stay
-    in each worker, so N workers admit up to N times its limit)."""
-    moving = [lim.name for lim in limits if lim.algorithm == "moving_window"]
-    if not moving or counters is None or getattr(counters, "table", None) is None:
-        return False
-    log.warning("%s: %s counted by each worker alone (moving_window; with workers = N "
-                "up to N times the limit): use sliding_window, the default, or "
-                "storage = \"redis://...\" to count them together", where,
-                ", ".join(moving))
-    return True
-
-
 def per_minute(name: str, by: str, amount: int) -> Limit:
     """A sliding-window limit of `amount` per minute (a key's or a tenant's rpm)."""
     return Limit(name, by, limits.RateLimitItemPerMinute(amount), "sliding_window")
@@ -140,6 +125,19 @@ class Limiter:
         else:
             raise InvalidConfig(where, f"storage must be memory:// or redis://host:port, got "
                                 f"{storage!r}", "ratelimit.storage")
+
+    def warn_moving(self, limits: Sequence[Limit], where: str) -> None:
+        """Log that `limits`' moving windows count in this process alone although its
+        counters share a table with other workers (``workers = N``: the table holds
+        fixed and sliding windows; a moving window's timestamps stay in each worker,
+        so N workers admit up to N times its limit)."""
+        moving = [lim.name for lim in limits if lim.algorithm == "moving_window"]
+        if not moving or self.remote or self.counters.table is None:
+            return
+        log.warning("%s: %s counted by each worker alone (moving_window; with workers = N "
+                    "up to N times the limit): use sliding_window, the default, or "
+                    "storage = \"redis://...\" to count them together", where,
+                    ", ".join(moving))
 
     @staticmethod
     def prepare(checks: list[Check]) -> list[counters_.Check]:
