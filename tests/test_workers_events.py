@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from runtime.observe.event import Event
-from runtime.observe.ring import MAX_TEXT, Query, Ring
+from runtime.observe.ring import MAX_TEXT, Chunk, Query, Ring
 from runtime.workers import events
 from runtime.workers.events import HEADER, Forwarder, peer_observers, peer_raw, receive
 from runtime.workers.role import Role
@@ -251,14 +251,14 @@ def test_unwatched_frames_go_into_the_ring_undecoded_and_read_back_whole(
         try:
             for e in sent:
                 forwarder.observe(e)
-            await until(lambda: len(ring.items) == 20)
+            await until(lambda: len(ring) == 20)
         finally:
             forwarder.close()
             server.close()
         return got
 
     assert asyncio.run(main()) == []
-    assert all(isinstance(item, tuple) for item in ring.items)  # none decoded yet
+    assert all(isinstance(item, Chunk) for item in ring.items)  # none decoded yet
     read = list(ring.events)
     assert [e.rid for e in read] == [e.rid for e in sent]
     assert read[3].path == long_path[:MAX_TEXT // 2]
@@ -288,7 +288,7 @@ def test_a_live_follower_of_the_ring_gets_the_undecoded_events_decoded(
         return [e.rid for e in events_]
 
     assert asyncio.run(main()) == [f"r-{i}" for i in range(5)]
-    assert not any(isinstance(item, tuple) for item in ring.items)
+    assert not any(isinstance(item, Chunk) for item in ring.items)
 
 
 def test_once_watched_the_admin_worker_decodes_every_frame(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from edgefn_core.fastcodec import build, import_extension
 log = logging.getLogger("edgefn.http")
 SOURCE = Path(__file__).with_name("native_src") / "lane.c"
 PARTS = tuple(SOURCE.with_name(f"lane_{part}.c.h")  # what lane.c includes: part of the key
-              for part in ("routes", "cgi", "drain"))
+              for part in ("routes", "records", "cgi", "drain"))
 NAME = "_edgefn_lane"
 ENV = "EDGEFN_NATIVE_LANE"  # "0": off, whatever [http] native_lane says
 # (err, method field, accessor, major, minor, major accessor, minor accessor, keep-alive)

@@ -9,9 +9,10 @@ them, so that an observer need not look at each event for it:
 - `plain`: every event is sampled, has no ``waf`` record and at most
   `ring.PLAIN_TEXT` characters of path, query and host together: the ring keeps
   them as they are, without looking at each (`Ring.observe_batch`);
-- `deferred`: when given, the events are made only when read: `events` makes them
-  all (once) for an observer that needs them now; the ring keeps `deferred`'s pairs
-  (a `Deferred` and what it makes one event of) and makes each event when it is read.
+- `deferred`: when given, the events are made only when read, by it, of `records`
+  (a sequence: one event each): `events` makes them all (once) for an observer that
+  needs them now; the ring keeps the two as one item (`ring.Chunk`) and makes each
+  event when it is read.
 
 An observer without ``observe_batch`` gets each event of `events` (`Observers`).
 """
@@ -39,10 +40,12 @@ class Group(NamedTuple):
 
 
 class Deferred(Protocol):
-    """What makes an event when it is read (the native lane's records)."""
+    """What makes events when they are read (of the native lane's records, of the
+    other workers' undecoded events)."""
 
-    def events(self, records: list[Any]) -> list[Event]:
-        """The events of `records`, in their order."""
+    def events(self, records: Any) -> list[Event]:
+        """The events of `records` (a sequence, or a list of some of its items), in
+        their order."""
         ...
 
 
@@ -62,17 +65,16 @@ class EventBatch:
         self.lines, self.groups, self.plain = lines, groups, plain
         self.line_format = line_format
         self.n = len(events)
-        self.deferred: list[tuple[Deferred, Any]] | None = None
-        self.records: list[Any] = []
+        self.deferred: Deferred | None = None
+        self.records: Any = ()
 
     @classmethod
-    def later(cls, deferred: list[tuple[Deferred, Any]], records: list[Any],
-              lines: bytes | None, groups: list[Group] | None,
-              line_format: str = "text") -> EventBatch:
-        """A `plain` batch of the events `deferred` makes of `records` (a pair per
-        record, in order), made when read."""
+    def later(cls, deferred: Deferred, records: Any, lines: bytes | None,
+              groups: list[Group] | None, line_format: str = "text") -> EventBatch:
+        """A `plain` batch of the events `deferred` makes of `records` (a sequence, an
+        event each, in order), made when read."""
         batch = cls([], lines, groups, True, line_format)
-        batch._events, batch.n = None, len(deferred)
+        batch._events, batch.n = None, len(records)
         batch.deferred, batch.records = deferred, records
         return batch
 
@@ -80,7 +82,7 @@ class EventBatch:
     def events(self) -> list[Event]:
         if self._events is None:
             assert self.deferred is not None
-            self._events = self.deferred[0][0].events(self.records) if self.deferred else []
+            self._events = self.deferred.events(self.records) if self.records else []
         return self._events
 
     def __len__(self) -> int:

@@ -14,7 +14,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -28,7 +28,7 @@ MAX_TEXT = 1024  # path and query characters a ring event keeps
 # path, query and host characters past which an event's stage records are measured
 PLAIN_TEXT = 256
 MAX_LIMIT = 10_000
-MAKE_AT_ONCE = 64  # deferred events a read makes in one call (a query may stop early)
+MAKE_AT_ONCE = 64  # a Chunk's events a read makes in one call (a query may stop early)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 Clock = Callable[[], float]
@@ -134,14 +134,42 @@ class Subscriber:
         return events, dropped
 
 
+class Chunk:
+    """Events made when read (a plain `EventBatch`'s, `deferred`): `deferred`'s of
+    `records[start:]`, the ring having let the first `start` go. `records` is never
+    changed once here (the native lane's `Records`, a frame of undecoded events)."""
+
+    __slots__ = ("deferred", "records", "start")
+
+    def __init__(self, deferred: Deferred, records: Any) -> None:
+        self.deferred, self.records, self.start = deferred, records, 0
+
+    def __len__(self) -> int:
+        return len(self.records) - self.start
+
+    def newest_first(self) -> Iterator[Event]:
+        """Its events, newest first, made `MAKE_AT_ONCE` at a time (a query may stop
+        early)."""
+        records, deferred = self.records, self.deferred
+        start, stop = self.start, len(records)  # read once: the loop may move `start`
+        while stop > start:
+            lo = max(start, stop - MAKE_AT_ONCE)
+            yield from reversed(deferred.events(records[lo:stop]))
+            stop = lo
+
+
 class Ring:
     """The last `size` sampled events; an `Observer`. A plain `EventBatch` whose
-    events are made when read (the native lane's) is kept as its pairs: each event
-    is made when a query, a subscriber or `events` reads it."""
+    events are made when read (the native lane's, the other workers') is kept as
+    one `Chunk`, nothing made of it: each event is made when a query, a subscriber
+    or `events` reads it."""
 
     def __init__(self, size: int, max_event_bytes: int = MAX_EVENT_BYTES,
                  clock: Clock = time.time) -> None:
-        self.items: deque[Event | tuple[Deferred, Any]] = deque(maxlen=size)
+        self.size = size
+        # appended to on the loop only; readers copy it (`_newest_first`)
+        self.items: deque[Event | Chunk] = deque()
+        self.count = 0  # the events in `items`: at most `size`
         self.max_event_bytes = max_event_bytes
         self.clock = clock
         self.subscribers: list[Subscriber] = []
@@ -150,7 +178,7 @@ class Ring:
         if not event.sampled:
             return
         event = kept(event, self.max_event_bytes)
-        self.items.append(event)
+        self._keep(event, 1)
         for sub in self.subscribers:
             sub.push(event)
 
@@ -163,25 +191,51 @@ class Ring:
                 self.observe(event)
             return
         if batch.deferred is not None and not self.subscribers:
-            self.items.extend(batch.deferred)
+            if batch.n:
+                self._keep(Chunk(batch.deferred, batch.records), batch.n)
             return
-        self.items.extend(batch.events)
+        events = batch.events
+        self.items.extend(events)
+        self.count += len(events)
+        if self.count > self.size:
+            self._trim()
         for sub in self.subscribers:
-            for event in batch.events:
+            for event in events:
                 sub.push(event)
+
+    def _keep(self, item: Event | Chunk, n: int) -> None:
+        self.items.append(item)
+        self.count += n
+        if self.count > self.size:
+            self._trim()
+
+    def _trim(self) -> None:
+        """The oldest events let go, past `size`: whole items, or the first events of
+        a `Chunk` (its `start` moved)."""
+        items, over = self.items, self.count - self.size
+        while over > 0:
+            first = items[0]
+            n = len(first) if isinstance(first, Chunk) else 1
+            if n > over:
+                assert isinstance(first, Chunk)
+                first.start += over
+                self.count -= over
+                return
+            items.popleft()
+            self.count -= n
+            over -= n
 
     @property
     def events(self) -> deque[Event]:
         """The events kept, oldest first (a copy: those made when read are made now)."""
-        newest = list(_made(reversed(self.items.copy())))
-        return deque(reversed(newest), maxlen=self.items.maxlen)
+        newest = list(_newest_first(self.items))
+        return deque(reversed(newest), maxlen=self.size)
 
     def query(self, q: Query) -> list[Event]:
         """The newest `q.limit` events matching `q`, oldest first."""
         match = q.matcher(self.clock())
         out: list[Event] = []
-        # copy: the PoP's loop appends meanwhile
-        for e in _made(reversed(self.items.copy())):
+        for e in _newest_first(self.items):
             if match(e):
                 out.append(e)
                 if len(out) >= q.limit:
@@ -200,31 +254,18 @@ class Ring:
         self.subscribers = [s for s in self.subscribers if s is not sub]
 
     def __len__(self) -> int:
-        return len(self.items)
+        return self.count
 
 
-def _made(items: Iterable[Event | tuple[Deferred, Any]]) -> Iterator[Event]:
-    """The events of ring items, in their order: pairs made now, up to `MAKE_AT_ONCE`
-    alike in a row at a time (one call of their `Deferred`)."""
-    run: list[Any] = []  # records of a row of pairs with the same Deferred
-    made_by: Deferred | None = None
-    for item in items:
-        if isinstance(item, tuple):
-            if item[0] is not made_by or len(run) >= MAKE_AT_ONCE:
-                if run:
-                    assert made_by is not None
-                    yield from made_by.events(run)
-                run, made_by = [], item[0]
-            run.append(item[1])
-            continue
-        if run:
-            assert made_by is not None
-            yield from made_by.events(run)
-            run, made_by = [], None
-        yield item
-    if run:
-        assert made_by is not None
-        yield from made_by.events(run)
+def _newest_first(items: deque[Event | Chunk]) -> Iterator[Event]:
+    """The events of ring items, newest first, those of a `Chunk` made as they are
+    reached. `items` is copied first (one C call under the GIL): the PoP's loop
+    appends meanwhile, and the admin API's thread reads."""
+    for item in reversed(items.copy()):
+        if isinstance(item, Chunk):
+            yield from item.newest_first()
+        else:
+            yield item
 
 
 def encoded_size(event: Event) -> int:

@@ -22,7 +22,7 @@ import ctypes
 import logging
 import time
 from asyncio import _get_running_loop as running_loop
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -183,7 +183,9 @@ class NativeLane(LaneTable):
             Event(ts=0.0, rid="", pop=ev.pop, tier=ev.tier, geo=ev.geo, client="",
                   method="GET", host="", path="", status=0), MADE_FIELDS, DURATION_BUCKETS
         ) if ev is not None else None
-        self.records: list[tuple[Any, ...]] = []  # what the C served, until `drain`
+        # what the C served, until `drain` (lane_records.c.h: packed, no object a request)
+        self.new_records: Callable[[], Any] = module.Records
+        self.records: Any = module.Records()
         self.served = 0  # requests the lane answered
         self.calls = 0  # requests to Python functions whose call the lane started
         # the call `_submit` started in this `serve` (the C starts one at most, last),
@@ -371,7 +373,7 @@ class NativeLane(LaneTable):
                     return bytes(out)
             return self._finish(call)
         except Exception as e:  # a bug here: contained as dispatch's link contains one (its
-            del self.records[kept:]  # event, its log line), never the C's record of it too
+            self.records.truncate(kept)  # event, its log line), never the C's record of it too
             request, ctx = self._context(call)
             return request, self._observed(contain(ctx, e), request, ctx, call)
 
@@ -558,11 +560,11 @@ class NativeLane(LaneTable):
         loop = running_loop()
         if loop is not None:
             self.drained = loop.time()
-        records, self.records = self.records, []
+        records, self.records = self.records, self.new_records()
         self.served += len(records)
         ev, maker = self.events, self.maker
         if ev is None or maker is None:  # (both or neither)
-            self._count_cache((r[2], r[7], 1) for r in records if r[13] is None)
+            self._count_cache(records.served())
             return
         if not records:
             return
@@ -577,7 +579,7 @@ class NativeLane(LaneTable):
             LINE_FORMATS.get(fmt or "", 0), later)
         groups: list[Group] | None = self._groups(made)
         if later is not None and text <= PLAIN_TEXT:
-            ev.observers.observe_batch(EventBatch.later(events, records, lines, groups,
+            ev.observers.observe_batch(EventBatch.later(later, records, lines, groups,
                                                         fmt or "text"))
             return
         if later is not None:  # a long path, query or host: the ring bounds it now
@@ -615,8 +617,8 @@ class NativeLane(LaneTable):
 
 class LaneEvents:
     """The events of one drain's records, made when they are read (`Deferred`: the
-    ring keeps (this, record) pairs), by the C that makes them at once otherwise:
-    the same `Event`s."""
+    ring keeps this and the `Records` as one `Chunk`), by the C that makes them at
+    once otherwise: the same `Event`s."""
 
     __slots__ = ("maker", "prefix", "routes", "verdicts")
 
@@ -624,7 +626,8 @@ class LaneEvents:
                  verdicts: tuple[tuple[Any, ...], ...], prefix: str) -> None:
         self.maker, self.routes, self.verdicts, self.prefix = maker, routes, verdicts, prefix
 
-    def events(self, records: list[tuple[Any, ...]]) -> list[Event]:
+    def events(self, records: Any) -> list[Event]:
+        """The events of `records`: a `Records`, or a list of the tuples it reads as."""
         made: list[Event] = self.maker.make(records, self.routes, self.verdicts, {},
                                             self.prefix, False)[0]
         return made

@@ -244,8 +244,7 @@ def peer_raw(pop: PoP) -> Callable[[list[msgspec.Raw]], None]:
     """What the admin worker does with a frame of undecoded events (`receive`): its
     ring keeps them so (decoding them at once for a live follower)."""
     def deliver(raws: list[msgspec.Raw]) -> None:
-        pop.ring.observe_batch(EventBatch.later([(RAW_EVENTS, raw) for raw in raws], raws,
-                                                None, None))
+        pop.ring.observe_batch(EventBatch.later(RAW_EVENTS, raws, None, None))
 
     return deliver
 

@@ -22,7 +22,7 @@ from runtime.observe.batch import EventBatch
 from runtime.observe.event import Event
 from runtime.observe.metrics import DURATION, DURATION_BUCKETS, RequestMetrics
 from runtime.observe.redact import MASK
-from runtime.observe.ring import Query
+from runtime.observe.ring import Chunk, Query
 from runtime.pipeline.lane import LINE_FORMATS, MADE_FIELDS, groups_of
 from runtime.pipeline.stages.access_log import AccessLog
 from tests.net.lane_support import guests
@@ -118,10 +118,10 @@ def maker() -> Any:
     return module.EventMaker(template, MADE_FIELDS, DURATION_BUCKETS)
 
 
-def make(records: list[tuple[Any, ...]], lines: int = 1) -> tuple[Any, ...]:
-    """`EventMaker.make` of `records`, with the access log's lines: 0 none, 1 text,
-    2 JSON (`LINE_FORMATS`)."""
-    out: tuple[Any, ...] = maker().make(records, ROUTES, VERDICTS, {}, PREFIX, lines)
+def make(rows: Any, lines: int = 1) -> tuple[Any, ...]:
+    """`EventMaker.make` of `rows` (a list of records, or a `Records`), with the access
+    log's lines: 0 none, 1 text, 2 JSON (`LINE_FORMATS`)."""
+    out: tuple[Any, ...] = maker().make(rows, ROUTES, VERDICTS, {}, PREFIX, lines)
     return out
 
 
@@ -195,6 +195,63 @@ def test_groups_count_what_each_event_counts() -> None:
     assert sum(g[3] for g in made) == len(events)
     on_bound = next(s for k, s in single.series.items() if k[2] == "4xx")
     assert on_bound[0] == 3  # 0.0005 s counted under le="0.0005"
+
+
+def records(rows: list[tuple[Any, ...]]) -> Any:
+    """`rows` packed as the lane packs what it answers (lane_records.c.h `Records`)."""
+    module = native.load()
+    if module is None:
+        pytest.skip("no C compiler or Python headers: the native lane is off")
+    return module.Records(rows)
+
+
+def test_packed_records_read_as_their_tuples() -> None:
+    """A `Records` reads back as the tuples it was made of (an index, a slice, in
+    order); `truncate` drops the last ones; `served` counts those not refused by
+    route and method, as http_cache's stats count them."""
+    packed = records(RECORDS)
+    assert len(packed) == len(RECORDS) and list(packed) == RECORDS
+    assert packed[-1] == RECORDS[-1] and packed[2:5] == RECORDS[2:5]
+    assert packed[::-3] == RECORDS[::-3]
+    with pytest.raises(IndexError):
+        packed[len(RECORDS)]
+    counted: dict[tuple[int, int], int] = {}
+    for r in RECORDS:
+        if r[13] is None:
+            counted[(r[2], r[7])] = counted.get((r[2], r[7]), 0) + 1
+    assert sorted(packed.served()) == sorted((*k, n) for k, n in counted.items())
+    packed.truncate(len(RECORDS) + 1)
+    assert list(packed) == RECORDS
+    packed.truncate(15)
+    assert list(packed) == RECORDS[:15] and packed[14] == RECORDS[14]
+    packed.truncate(0)
+    assert len(packed) == 0 and list(packed) == [] and packed.served() == []
+    with pytest.raises(ValueError):
+        packed.truncate(-1)
+    assert list(records([])) == []
+
+
+@pytest.mark.parametrize("lines", [0, 1, 2], ids=["none", "text", "json"])
+def test_packed_records_make_what_their_tuples_make(lines: int) -> None:
+    """`make` of a `Records` (what the drain reads) is `make` of its tuples: the
+    same events, access-log lines, groups and longest text; with a context (the
+    ring's), no event and no pair is made of it, the rest the same."""
+    packed, rows = records(RECORDS * 2), RECORDS * 2
+    assert make(packed, lines) == make(rows, lines)
+    ctx = object()
+    events, *rest = maker().make(packed, ROUTES, VERDICTS, {}, PREFIX, lines, ctx)
+    pairs, *rest_of_rows = maker().make(rows, ROUTES, VERDICTS, {}, PREFIX, lines, ctx)
+    assert events is None and rest == rest_of_rows == list(make(rows, lines)[1:])
+    assert pairs == [(ctx, r) for r in rows]
+
+
+def test_a_bad_row_makes_no_records() -> None:
+    with pytest.raises(TypeError):
+        records([(1.0, 1)])
+    with pytest.raises(ValueError):  # a refusal neither None nor a (dict, str) pair
+        records([RECORDS[0], (1.0, 1, 0, 429, 0, 0, 0, 0, b"x", b"", "c", 0, None, "x")])
+    with pytest.raises(TypeError):
+        records(RECORDS[0])  # one row, not an iterable of them
 
 
 def test_a_bad_record_raises() -> None:
@@ -272,7 +329,7 @@ def test_a_pops_metrics_and_log_are_its_events_one_by_one(tmp_path: Path, at: in
         events = list(r.pop.ring.events)
         assert len(events) == SENT
         # without redaction the ring keeps the lane's records, made into events when read
-        made_later = sum(isinstance(i, tuple) for i in r.pop.ring.items)
+        made_later = sum(len(i) for i in r.pop.ring.items if isinstance(i, Chunk))
         assert (made_later >= 100) if "events.redact" not in config else made_later == 0
         assert r.pop.ring.query(Query(limit=SENT)) == events
         if "events.redact" in config:

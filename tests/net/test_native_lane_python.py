@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -502,32 +503,38 @@ def test_requests_sent_ahead(tmp_path: Path) -> None:
 class FailingRespond:
     """The lane's C `Lane` whose `respond` and `respond_frame` (a whole response as
     the guest framed it) fail (a fault injected where a MemoryError, or a bug,
-    would raise); the rest is the real one's."""
+    would raise): at once, or `late`, once the real one has recorded the answer (as
+    when the response's bytes cannot be made); the rest is the real one's."""
 
-    def __init__(self, c: object) -> None:
-        self.c = c
+    def __init__(self, c: Any, late: bool) -> None:
+        self.c, self.late = c, late
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.c, name)
 
     def respond(self, *args: object) -> bytes:
+        if self.late:
+            self.c.respond(*args)
         raise MemoryError("respond failed (injected)")
 
     def respond_frame(self, *args: object) -> bytes:
+        if self.late:
+            self.c.respond_frame(*args)
         raise MemoryError("respond_frame failed (injected)")
 
 
-def test_a_failing_answer_is_contained_as_pythons(tmp_path: Path) -> None:
+@pytest.mark.parametrize("late", [False, True], ids=["at-once", "after-its-record"])
+def test_a_failing_answer_is_contained_as_pythons(tmp_path: Path, late: bool) -> None:
     """`respond` (or `_finish`) raising: the call is answered as the Python path's
     containment answers a bug (the function's 502 ``crash``), with its event and
     access-log line, and the connection goes on (the request pipelined behind it
-    is answered); the C's record of it is dropped. It used to close the connection
-    with no answer and no event."""
+    is answered); the C's record of it, if it made one, is dropped. It used to
+    close the connection with no answer and no event."""
     with pop_thread(tmp_path / "d", **{"http.native_lane": "auto"}) as on:
         on.deploy(python_folder(tmp_path / "fns"))
         lane = on.pop.lane
         assert isinstance(lane, NativeLane)
-        lane.c = FailingRespond(lane.c)
+        lane.c = FailingRespond(lane.c, late)
         side = Side(on)
         plain = SERVED["plain"][0]
         got = side.send(plain + plain, [b"GET", b"GET"])
@@ -538,6 +545,10 @@ def test_a_failing_answer_is_contained_as_pythons(tmp_path: Path) -> None:
                                                                          (200, None)]
         assert [b"status=502" in line for line in side.new_log()] == [True, False]
         assert on.pop.registry.functions["pyfn"].inflight == 0
+        lane.c = lane.c.c  # answers again: its records, drained, hold this one's alone
+        got = side.send(plain, [b"GET"])
+        assert lane.calls == 2 and got[0].endswith(b"hi a GET\n")
+        assert [(e["rid"], e["status"]) for e in side.new_events()] == [("RID-3", 200)]
 
 
 FORGED = {  # a RESPONSE frame's payload the SDK never sends, and what decode_response says

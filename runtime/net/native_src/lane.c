@@ -38,8 +38,9 @@
  * (runtime/pipeline/lane.py `NativeLane.drain`).
  *
  * Parts it includes (one translation unit; `runtime.net.lane.PARTS` hash them into the
- * build's key): lane_routes.c.h (which route serves a path), lane_cgi.c.h (WASI
- * commands run here), lane_drain.c.h (records into events, log lines, metric groups).
+ * build's key): lane_routes.c.h (which route serves a path), lane_records.c.h (what it
+ * answered, packed until read), lane_cgi.c.h (WASI commands run here), lane_drain.c.h
+ * (records into events, log lines, metric groups).
  *
  * Every read is bounded: the parse buffers are fixed (URL_MAX, HEAD_MAX,
  * MAX_HEADERS; past them the request goes to Python), the guest's frame is
@@ -929,40 +930,7 @@ static PyObject *path_object(const char *path, size_t n) {
     return path ? PyBytes_FromStringAndSize(path, (Py_ssize_t)n) : Py_NewRef(Py_None);
 }
 
-/* One record appended to `records` (a list the drain empties: runtime/pipeline/lane.py
- * `NativeLane.drain`, through `EventMaker.make` below): the tuple
- * (ts, id, route, status, body bytes, took ns, verdict, method, host, query, client,
- * request body bytes, path, refused), `id` as `id_object` makes it, `method` an MC_*
- * code, `host` and `query` as bytes, `client` the connection's "ip:port" str, `path` as
- * `path_object` makes it, `refused` None, or for a request ratelimit refused (`refuse`)
- * the pair (its decision, the error) its event carries. Every request
- * the lane answers is recorded here and only here. 0, or -1 with a Python error. */
-static int add_record(PyObject *records, double ts, uint64_t number, const char *kept,
-                      size_t kept_len, int route, uint32_t status, uint32_t size,
-                      uint64_t took, int verdict, int method, const char *host,
-                      size_t host_len, const char *query, size_t query_len, PyObject *client,
-                      uint64_t bytes_in, const char *path, size_t path_len,
-                      PyObject *refused) {
-    PyObject *rec = PyTuple_New(14);
-    if (!rec) return -1;
-    PyObject *items[14] = {
-        PyFloat_FromDouble(ts), id_object(number, kept, kept_len), PyLong_FromLong(route),
-        PyLong_FromUnsignedLong(status), PyLong_FromUnsignedLong(size),
-        PyLong_FromUnsignedLongLong(took), PyLong_FromLong(verdict), PyLong_FromLong(method),
-        PyBytes_FromStringAndSize(host, (Py_ssize_t)host_len),
-        query_len ? PyBytes_FromStringAndSize(query, (Py_ssize_t)query_len)
-                  : PyBytes_FromStringAndSize(NULL, 0),
-        Py_NewRef(client), PyLong_FromUnsignedLongLong(bytes_in),
-        path_object(path, path_len), Py_NewRef(refused ? refused : Py_None)};
-    int failed = 0;
-    for (int i = 0; i < 14; i++) {
-        if (!items[i]) failed = 1;
-        PyTuple_SET_ITEM(rec, i, items[i]);  /* NULL items: the tuple's dealloc skips them */
-    }
-    if (!failed) failed = PyList_Append(records, rec);
-    Py_DECREF(rec);
-    return failed ? -1 : 0;
-}
+#include "lane_records.c.h"
 
 /* Request id number `counter` as `request_id` writes it (prefix-hex) into `rid`
  * (96 bytes); its length. */
@@ -1443,14 +1411,14 @@ static uint64_t held(Lane *l, llhttp_t *p) {
 
 /* serve(data, date, extra_head, budget, events, client) -> (used, out, call): the
  * whole requests at the start of `data` the lane answers, their responses (`out`) and
- * records (appended to `events`, each ending with `client`); `used` bytes of `data`
+ * records (appended to `events`, a `Records`, each with `client`); `used` bytes of `data`
  * are answered, the rest is Python's. Stops once `out` reaches `budget` bytes, after a
  * request for a Python route, whose `call` (else None) is in progress: its answer goes
  * to `respond`, and after a request not kept alive (`closing`: what follows it is
  * never read). */
 static PyObject *Lane_serve(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 6 || !PyBytes_Check(a[0]) || !PyBytes_Check(a[1]) || !PyBytes_Check(a[2]) ||
-            !PyList_Check(a[4])) {
+            !is_records(a[4])) {
         PyErr_SetString(PyExc_TypeError,
                         "serve(data, date, extra_head, budget, events, client)");
         return NULL;
@@ -1578,13 +1546,13 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
 
 /* respond(call, status, headers, body, date, extra_head, events) -> bytes or None:
  * the response to a Python route's `call` (serve's) as the front writes it, its
- * record appended to `events`; None when Python answers it instead: the route
+ * record appended to `events` (a `Records`); None when Python answers it instead: the route
  * table changed since (a deploy: its index names another route now), or the
  * HTTP cache would store the answer (a GET with Cache-Control or Expires), or the
  * headers are not the decoded (name, value) bytes pairs. */
 static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 7 || !PyList_Check(a[2]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4]) ||
-            !PyBytes_Check(a[5]) || !PyList_Check(a[6])) {
+            !PyBytes_Check(a[5]) || !is_records(a[6])) {
         PyErr_SetString(PyExc_TypeError,
                         "respond(call, status, headers, body, date, extra_head, events)");
         return NULL;
@@ -1628,7 +1596,7 @@ static PyObject *Lane_respond(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
  * (Python decodes it and says what is wrong). */
 static PyObject *Lane_respond_frame(Lane *l, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 6 || !PyBytes_Check(a[1]) || !PyBytes_Check(a[3]) || !PyBytes_Check(a[4]) ||
-            !PyList_Check(a[5])) {
+            !is_records(a[5])) {
         PyErr_SetString(PyExc_TypeError,
                         "respond_frame(call, frame, max_body, date, extra_head, events)");
         return NULL;
@@ -2230,6 +2198,11 @@ static int exec_module(PyObject *m) {
     t = PyType_FromModuleAndSpec(m, &MAKER_SPEC, NULL);
     if (!t) return -1;
     err = PyModule_AddObjectRef(m, "EventMaker", t);
+    Py_DECREF(t);
+    if (err) return -1;
+    t = PyType_FromModuleAndSpec(m, &RECORDS_SPEC, NULL);
+    if (!t) return -1;
+    err = PyModule_AddObjectRef(m, "Records", t);
     Py_DECREF(t);
     return err;
 }

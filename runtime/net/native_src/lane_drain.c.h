@@ -379,29 +379,32 @@ static PyObject *groups_out(EventMaker *m, group_t *gs, size_t n) {
     return out;
 }
 
+static PyObject *latin1(const char *s, size_t n) {
+    return PyUnicode_DecodeLatin1(s, (Py_ssize_t)n, NULL);
+}
+
 /* The Event of record `r` (its route's and verdict's texts given): a copy of the
  * template with the per-request fields written. NULL with a Python error. */
-static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObject *v,
+static PyObject *make_event(EventMaker *m, const view_t *r, PyObject *route, PyObject *v,
                             PyObject *decisions, PyObject *method, PyObject *host,
                             PyObject *path, PyObject *client, const char *id, size_t id_len,
                             double duration_ms, PyObject *error) {
     PyObject *e = PyObject_Vectorcall(m->copy, &m->template, 1, NULL);
-    if (!e || put(m, e, F_TS, Py_NewRef(r[0])) ||
+    if (!e || put(m, e, F_TS, PyFloat_FromDouble(r->ts)) ||
             put(m, e, F_RID, PyUnicode_FromStringAndSize(id, (Py_ssize_t)id_len)) ||
             put(m, e, F_CLIENT, Py_NewRef(client)) ||
             put(m, e, F_BOT, Py_NewRef(PyTuple_GET_ITEM(v, 0))) ||
             put(m, e, F_METHOD, Py_NewRef(method)) || put(m, e, F_HOST, Py_NewRef(host)) ||
             put(m, e, F_PATH, Py_NewRef(path)) ||
-            (PyBytes_GET_SIZE(r[9]) &&
-             put(m, e, F_QUERY, PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[9]),
-                                                       PyBytes_GET_SIZE(r[9]), NULL))) ||
-            put(m, e, F_STATUS, Py_NewRef(r[3])) ||
+            (r->query_len && put(m, e, F_QUERY, latin1(r->query, r->query_len))) ||
+            put(m, e, F_STATUS, PyLong_FromLong(r->status)) ||
             put(m, e, F_TARGET, Py_NewRef(PyTuple_GET_ITEM(route, 1))) ||
             put(m, e, F_OWNER, Py_NewRef(PyTuple_GET_ITEM(route, 2))) ||
             put(m, e, F_ROUTE, Py_NewRef(PyTuple_GET_ITEM(route, 3))) ||
             put(m, e, F_DECISIONS, PyDict_Copy(decisions)) ||
-            put(m, e, F_STAGES, PyDict_New()) || put(m, e, F_BYTES_IN, Py_NewRef(r[11])) ||
-            put(m, e, F_BYTES_OUT, Py_NewRef(r[4])) ||
+            put(m, e, F_STAGES, PyDict_New()) ||
+            put(m, e, F_BYTES_IN, PyLong_FromUnsignedLongLong(r->bytes_in)) ||
+            put(m, e, F_BYTES_OUT, PyLong_FromUnsignedLongLong(r->size)) ||
             put(m, e, F_DURATION, PyFloat_FromDouble(duration_ms)) ||
             (error && put(m, e, F_ERROR, Py_NewRef(error)))) {
         Py_XDECREF(e);
@@ -415,12 +418,11 @@ static PyObject *make_event(EventMaker *m, PyObject **r, PyObject *route, PyObje
  * `HttpCacheStage._record` makes it (`_label` of the key). A new dict, NULL with a
  * Python error. */
 static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *host,
-                                  PyObject *path, PyObject *query) {
-    PyObject *key = PyUnicode_FromFormat(PyBytes_GET_SIZE(query) ? "%U %U%U?%s" : "%U %U%U%s",
+                                  PyObject *path, const char *query, size_t query_len) {
+    PyObject *key = PyUnicode_FromFormat(query_len ? "%U %U%U?%s" : "%U %U%U%s",
                                          label, host, path, "");
-    if (key && PyBytes_GET_SIZE(query)) {
-        PyObject *q = PyUnicode_DecodeLatin1(PyBytes_AS_STRING(query), PyBytes_GET_SIZE(query),
-                                             NULL);
+    if (key && query_len) {
+        PyObject *q = latin1(query, query_len);
         Py_SETREF(key, q ? PyUnicode_Concat(key, q) : NULL);
         Py_XDECREF(q);
     }
@@ -431,36 +433,19 @@ static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *hos
     return d;
 }
 
-/* One record's event (a new reference; with `ctx`, the pair (ctx, record) instead), its
- * line in `log` (when given) and its share of its group. NULL with a Python error. */
-static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObject *verdicts,
-                          PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
-                          int json, PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
-                          size_t *max_text) {
-    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 14) {
-        PyErr_SetString(PyExc_TypeError, "a record: a 14-tuple (add_record)");
-        return NULL;
-    }
-    PyObject **r = &PyTuple_GET_ITEM(rec, 0);
-    double ts = PyFloat_AsDouble(r[0]);
-    int kept = PyBytes_Check(r[1]);  /* the caller's id, else a number (`id_object`) */
-    unsigned long long number = kept ? 0 : PyLong_AsUnsignedLongLong(r[1]);
-    long ri = PyLong_AsLong(r[2]), status = PyLong_AsLong(r[3]);
-    unsigned long long took = PyLong_AsUnsignedLongLong(r[5]);
-    unsigned long long size = PyLong_AsUnsignedLongLong(r[4]);
-    long verdict = PyLong_AsLong(r[6]), method = PyLong_AsLong(r[7]);
-    if (PyErr_Occurred()) return NULL;
+/* One record's event into `*event` (a new reference; with `ctx`, the pair (ctx, its
+ * tuple) instead; `event` NULL: none, the ring keeps the records), its line in `log`
+ * (when given) and its share of its group. 0, or -1 with a Python error. */
+static int make_one(EventMaker *m, const view_t *r, PyObject *routes, PyObject *verdicts,
+                    PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
+                    int json, PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
+                    size_t *max_text, PyObject **event) {
+    long ri = r->ri, verdict = r->verdict, method = r->method, status = r->status;
     if (ri < 0 || ri >= PyTuple_GET_SIZE(routes) || verdict < 0 || verdict >= MAX_VERDICTS ||
-            method < 0 || method >= N_METHODS || !PyLong_Check(r[11]) ||
-            verdict >= PyTuple_GET_SIZE(verdicts) || !PyBytes_Check(r[8]) ||
-            !PyBytes_Check(r[9]) || !PyUnicode_Check(r[10]) ||
-            (kept && (PyBytes_GET_SIZE(r[1]) == 0 || PyBytes_GET_SIZE(r[1]) > 128)) ||
-            (r[12] != Py_None && !PyBytes_Check(r[12])) ||
-            (r[13] != Py_None && (!PyTuple_Check(r[13]) || PyTuple_GET_SIZE(r[13]) != 2 ||
-                                  !PyDict_Check(PyTuple_GET_ITEM(r[13], 0)) ||
-                                  !PyUnicode_Check(PyTuple_GET_ITEM(r[13], 1))))) {
+            method < 0 || method >= N_METHODS || verdict >= PyTuple_GET_SIZE(verdicts) ||
+            r->kept_len > 128) {
         PyErr_SetString(PyExc_ValueError, "a record names no route or verdict, or is mistyped");
-        return NULL;
+        return -1;
     }
     /* route: (path, target, owner, route, flags: ROUTE_MISS, ROUTE_PASSED); verdict:
      * (class, decisions, with MISS[, with ratelimit's pass, with both]) */
@@ -474,71 +459,72 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
             PyErr_SetString(PyExc_TypeError, "routes: 5-tuples ending in flags 0..3; verdicts: "
                             "3-tuples, 5 for a route ratelimit passes");
         }
-        return NULL;
+        return -1;
     }
     /* a refused request's: the verdict's decisions updated with the refusal's (ratelimit's
      * record added, or bots' replaced), nothing of http_cache (not reached) */
-    PyObject *refused = r[13] == Py_None ? NULL : r[13];
+    PyObject *refused = r->refused;
     int first = (flags & ROUTE_MISS) != 0 && !refused;
     PyObject *decisions = PyTuple_GET_ITEM(v, refused ? 1 : (first && method < MC_POST ? 2 : 1) +
                                                   (flags & ROUTE_PASSED ? 2 : 0));
-    PyObject *client = text_of(texts, r[10], client_ip);
-    PyObject *host = client ? text_of(texts, r[8], host_text) : NULL;
+    PyObject *client = text_of(texts, r->client, client_ip);
+    PyObject *host = client ? text_of(texts, r->host, host_text) : NULL;
     if (!client || !host || !PyDict_Check(decisions)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
-        return NULL;
+        return -1;
     }
+    int made = event && !ctx;  /* the Event now */
     /* the request's path: its route's own, or one under it (latin-1, as the front's) */
-    PyObject *path = r[12] == Py_None ? Py_NewRef(PyTuple_GET_ITEM(route, 0))
-                                      : PyUnicode_DecodeLatin1(PyBytes_AS_STRING(r[12]),
-                                                               PyBytes_GET_SIZE(r[12]), NULL);
-    if (!path) return NULL;
+    PyObject *path = r->path ? latin1(r->path, r->path_len)
+                             : Py_NewRef(PyTuple_GET_ITEM(route, 0));
+    if (!path) return -1;
     PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s;
                                * a refusal's */
-    if (refused && !ctx) {
+    if (refused && made) {
         bypass = PyDict_Copy(decisions);
         if (!bypass || PyDict_Update(bypass, PyTuple_GET_ITEM(refused, 0))) {
             Py_XDECREF(bypass);
             Py_DECREF(path);
-            return NULL;
+            return -1;
         }
         decisions = bypass;
-    } else if (first && method >= MC_POST && !ctx) {
-        bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host, path, r[9]);
-        if (!bypass) { Py_DECREF(path); return NULL; }
+    } else if (first && method >= MC_POST && made) {
+        bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host, path, r->query,
+                                  r->query_len);
+        if (!bypass) { Py_DECREF(path); return -1; }
         decisions = bypass;
     }
-    double micros = nearbyint((double)took / 1000.0);  /* Python's round(): half to even */
-    double duration_ms = micros / 1000.0;                /* round(took / 1000) / 1000 */
+    double micros = nearbyint((double)r->took / 1000.0);  /* Python's round(): half to even */
+    double duration_ms = micros / 1000.0;                  /* round(took / 1000) / 1000 */
     PyObject *method_text = m->methods[method];
     char id[160];  /* the caller's, or f"{prefix}-{number:x}" */
     size_t id_len;
-    if (kept) {
-        id_len = (size_t)PyBytes_GET_SIZE(r[1]);
-        memcpy(id, PyBytes_AS_STRING(r[1]), id_len);
+    if (r->kept) {
+        id_len = r->kept_len;
+        memcpy(id, r->kept, id_len);
     } else {
         memcpy(id, prefix, prefix_len);
         id[prefix_len] = '-';
-        id_len = (size_t)(put_hex(id + prefix_len + 1, number) - id);
+        id_len = (size_t)(put_hex(id + prefix_len + 1, r->number) - id);
     }
-    if (log && (json ? put_json_line : put_line)(m, log, ts, method_text, path, status,
+    if (log && (json ? put_json_line : put_line)(m, log, r->ts, method_text, path, status,
                                                  PyTuple_GET_ITEM(route, 1),
-                                                 (unsigned long long)micros, size, id, id_len,
-                                                 client)) {
+                                                 (unsigned long long)micros, r->size, id,
+                                                 id_len, client)) {
         Py_XDECREF(bypass);
         Py_DECREF(path);
-        return NULL;
+        return -1;
     }
-    PyObject *e = ctx ? PyTuple_Pack(2, ctx, rec) : make_event(m, r, route, v, decisions,
-                                                            method_text, host, path, client,
-                                                            id, id_len, duration_ms,
-                                                            refused ? PyTuple_GET_ITEM(refused, 1)
-                                                                    : NULL);
+    PyObject *e = !event ? NULL
+                  : ctx ? PyTuple_Pack(2, ctx, r->rec)
+                        : make_event(m, r, route, v, decisions, method_text, host, path,
+                                     client, id, id_len, duration_ms,
+                                     refused ? PyTuple_GET_ITEM(refused, 1) : NULL);
     Py_XDECREF(bypass);
-    size_t text = (size_t)(PyUnicode_GET_LENGTH(path) + PyBytes_GET_SIZE(r[9]) +
-                           PyUnicode_GET_LENGTH(host));
+    size_t text = (size_t)PyUnicode_GET_LENGTH(path) + r->query_len +
+                  (size_t)PyUnicode_GET_LENGTH(host);
     Py_DECREF(path);
-    if (!e) return NULL;
+    if (event && !e) return -1;
     group_t *g = group_of(gs, ng, cap, ri, status, method, refused ? refused : Py_None);
     double seconds = duration_ms / 1000;
     int b = 0;
@@ -546,28 +532,32 @@ static PyObject *make_one(EventMaker *m, PyObject *rec, PyObject *routes, PyObje
     PyObject *s = g ? PyFloat_FromDouble(seconds) : NULL;
     int err = !s || PyList_Append(g->durations, s);
     Py_XDECREF(s);
-    if (err) { Py_DECREF(e); return NULL; }
+    if (err) { Py_XDECREF(e); return -1; }
     g->n++;
-    g->bytes += (long long)size;
+    g->bytes += (long long)r->size;
     g->buckets[b]++;
     g->verdicts[verdict]++;
     if (text > *max_text) *max_text = text;
-    return e;
+    if (event) *event = e;
+    return 0;
 }
 
 /* make(records, routes, verdicts, texts, prefix, lines[, ctx]) -> (events, lines, groups,
- * text): `routes[i]` (path, target, owner, route, flags: ROUTE_MISS, http_cache's
- * `_first`; ROUTE_PASSED, ratelimit's), `verdicts[i]` (bot class, decisions, decisions
- * with the MISS[, with ratelimit's pass, with both]), `texts` the
- * dict of clients' and hosts' texts it keeps, `prefix` the request ids' (str), `lines`
- * which access-log lines to write: 0 (or False) none (None), 1 (True) text, 2 JSON. With `ctx` (not None), no Event is
- * made: `events` holds (ctx, record) for each record instead (made when read: the ring). Groups: (route, status, method, n, bytes,
- * {verdict: n}, [(bucket, n)], [seconds], refused: None or the refusal's pair its
- * records share); `text` the most characters of path, query and host together in one
- * event. */
+ * text): `records` a `Records`, or a list of the tuples it reads as; `routes[i]` (path,
+ * target, owner, route, flags: ROUTE_MISS, http_cache's `_first`; ROUTE_PASSED,
+ * ratelimit's), `verdicts[i]` (bot class, decisions, decisions with the MISS[, with
+ * ratelimit's pass, with both]), `texts` the dict of clients' and hosts' texts it keeps,
+ * `prefix` the request ids' (str), `lines` which access-log lines to write: 0 (or
+ * False) none (None), 1 (True) text, 2 JSON. With `ctx` (not None), no Event is made:
+ * of a `Records`, `events` is None (the ring keeps them, and makes each event when it is
+ * read); of a list, it holds (ctx, record) for each record. Groups: (route, status,
+ * method, n, bytes, {verdict: n}, [(bucket, n)], [seconds], refused: None or the
+ * refusal's pair its records share); `text` the most characters of path, query and
+ * host together in one event. */
 static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t nargs) {
-    if (nargs < 6 || nargs > 7 || !PyList_Check(a[0]) || !PyTuple_Check(a[1]) ||
-            !PyTuple_Check(a[2]) || !PyDict_Check(a[3]) || !PyUnicode_Check(a[4])) {
+    if (nargs < 6 || nargs > 7 || !(PyList_Check(a[0]) || is_records(a[0])) ||
+            !PyTuple_Check(a[1]) || !PyTuple_Check(a[2]) || !PyDict_Check(a[3]) ||
+            !PyUnicode_Check(a[4])) {
         PyErr_SetString(PyExc_TypeError,
                         "make(records, routes, verdicts, texts, prefix, lines[, ctx])");
         return NULL;
@@ -587,19 +577,25 @@ static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "a request id prefix past 64 bytes");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(a[0]);
+    Records *packed = is_records(a[0]) ? (Records *)a[0] : NULL;
+    Py_ssize_t n = packed ? packed->n : PyList_GET_SIZE(a[0]);
     size_t max_text = 0;
-    PyObject *events = PyList_New(n);
+    /* the ring keeps a Records as it is: no event, no pair */
+    PyObject *events = packed && ctx ? Py_NewRef(Py_None) : PyList_New(n);
     buf_t log = {NULL, 0, 0};
     group_t *gs = NULL;
     size_t ng = 0, cap = 0;
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; events && i < n; i++) {
-        PyObject *e = make_one(m, PyList_GET_ITEM(a[0], i), a[1], a[2], a[3], prefix,
-                               (size_t)prefix_len, want ? &log : NULL, want == 2, ctx, &gs,
-                               &ng, &cap, &max_text);
-        if (!e) goto done;
-        PyList_SET_ITEM(events, i, e);
+        view_t v;
+        if (packed) packed_view(packed, i, &v);
+        else if (tuple_view(PyList_GET_ITEM(a[0], i), &v)) goto done;
+        PyObject *e = NULL;
+        if (make_one(m, &v, a[1], a[2], a[3], prefix, (size_t)prefix_len,
+                     want ? &log : NULL, want == 2, ctx, &gs, &ng, &cap, &max_text,
+                     events == Py_None ? NULL : &e))
+            goto done;
+        if (e) PyList_SET_ITEM(events, i, e);
     }
     if (events) {
         PyObject *groups = groups_out(m, gs, ng);

@@ -16,7 +16,7 @@ from runtime.observe.batch import EventBatch, Group
 from runtime.observe.event import Event
 from runtime.observe.metrics import DURATION, RequestMetrics
 from runtime.observe.observers import Observers
-from runtime.observe.ring import MAX_TEXT, Query, Ring
+from runtime.observe.ring import MAKE_AT_ONCE, MAX_TEXT, Chunk, Query, Ring
 from runtime.pipeline.stages.access_log import AccessLog
 
 
@@ -198,33 +198,52 @@ class Later:
 
 
 def test_the_ring_makes_deferred_events_when_read() -> None:
-    """A batch made later is kept as its pairs; `events`, a query and the admin
-    API see the events they make; a subscriber gets them made at once."""
+    """A batch made later is kept as one `Chunk`, nothing made of it; `events`, a
+    query and the admin API see the events it makes; the ring holds `size` events,
+    letting a chunk's first ones go; a subscriber gets them made at once."""
     later = Later()
     ring = Ring(4)
     ring.observe(event(0))
-    batch = EventBatch.later([(later, n) for n in range(1, 4)], [1, 2, 3], None, None)
+    batch = EventBatch.later(later, [1, 2, 3], None, None)
     assert len(batch) == 3 and batch.plain
     ring.observe_batch(batch)
-    ring.observe_batch(EventBatch.later([(later, 4)], [4], None, None))  # pushes 0 out
-    assert later.made == 0 and len(ring) == 4
+    ring.observe_batch(EventBatch.later(later, [4], None, None))  # pushes 0 out
+    assert later.made == 0 and len(ring) == 4 and len(ring.items) == 2
+    assert all(isinstance(item, Chunk) for item in ring.items)
     assert list(ring.events) == [event(n) for n in range(1, 5)]
-    assert (later.made, later.calls) == (4, 1)  # a row of pairs: one call
+    assert (later.made, later.calls) == (4, 2)  # a call a chunk
     assert ring.query(Query(limit=2)) == [event(3), event(4)]
+    ring.observe_batch(EventBatch.later(later, [5, 6], None, None))  # 1 and 2 let go
+    assert len(ring) == 4 and len(ring.items) == 3 and ring.items[0].start == 2
+    assert list(ring.events) == [event(n) for n in range(3, 7)]
+    ring.observe_batch(EventBatch.later(later, list(range(10, 20)), None, None))
+    assert len(ring) == 4 and len(ring.items) == 1  # larger than the ring: its last 4
+    assert list(ring.events) == [event(n) for n in range(16, 20)]
+    ring.observe_batch(EventBatch.later(later, [], None, None))  # nothing kept of none
+    assert len(ring) == 4 and len(ring.items) == 1
     mixed = Ring(10)
     for n in range(5):
-        mixed.observe_batch(EventBatch.later([(later, 10 * n + k) for k in range(3)], [], None,
+        mixed.observe_batch(EventBatch.later(later, [10 * n + k for k in range(3)], None,
                                              None))
         mixed.observe(event(10 * n + 9))
+    assert len(mixed) == 10
     assert [e.rid for e in mixed.events] == [str(10 * n + k) for n in range(2, 5)
                                               for k in (0, 1, 2, 9)][-10:]
     assert [e.rid for e in mixed.query(Query(limit=3))] == ["41", "42", "49"]
     assert batch.events == [event(1), event(2), event(3)]  # made for a non-batch observer
+    big = Ring(1000)
+    big.observe_batch(EventBatch.later(later, list(range(200)), None, None))
+    calls, made = later.calls, later.made
+    assert [e.rid for e in big.query(Query(limit=3))] == ["197", "198", "199"]
+    # the newest MAKE_AT_ONCE made, not the whole chunk
+    assert (later.calls, later.made) == (calls + 1, made + MAKE_AT_ONCE)
+    assert big.query(Query(limit=100))[0].rid == "100"
+    assert (later.calls, later.made) == (calls + 3, made + 3 * MAKE_AT_ONCE)
 
-    async def follow() -> tuple[list[Event], list[Event | tuple[object, object]]]:
+    async def follow() -> tuple[list[Event], list[Event | Chunk]]:
         ring = Ring(4)
         sub = ring.subscribe(Query(), 10)
-        ring.observe_batch(EventBatch.later([(Later(), 7)], [7], None, None))
+        ring.observe_batch(EventBatch.later(Later(), [7], None, None))
         pushed, _ = await sub.get(1.0)
         return pushed, list(ring.items)
 
