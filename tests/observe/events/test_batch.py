@@ -215,7 +215,23 @@ def test_the_ring_makes_deferred_events_when_read() -> None:
     assert ring.query(Query(limit=2)) == [event(3), event(4)]
     ring.observe_batch(EventBatch.later(later, [5, 6], None, None))  # 1 and 2 let go
     assert len(ring) == 4 and len(ring.items) == 3 and ring.items[0].start == 2
+    assert [len(item) for item in ring.items] == [1, 1, 2]
     assert list(ring.events) == [event(n) for n in range(3, 7)]
+    ring.observe(event(7))  # 3, the rest of the first chunk, let go
+    assert len(ring) == 4 and [len(i) if isinstance(i, Chunk) else 1 for i in ring.items] == [1, 2, 1]
+    ring = Ring(5)
+    ring.observe_batch(EventBatch.later(later, list(range(1, 7)), None, None))  # 1 let go
+    ring.observe(event(7))
+    ring.observe(event(8))  # then 2, then 3: its start moved on from where it was
+    assert ring.items[0].start == 3 and len(ring) == 5
+    assert list(ring.events) == [event(n) for n in range(4, 9)]
+    ring.observe_batch(EventBatch([event(9), event(10)], plain=True))  # made already
+    assert len(ring) == 5 and list(ring.events) == [event(n) for n in range(6, 11)]
+    ring = Ring(4)
+    ring.observe(event(0))
+    ring.observe_batch(EventBatch([event(1), event(2)], plain=True))
+    assert len(ring) == 3 and list(ring.events) == [event(0), event(1), event(2)]
+    ring.observe_batch(EventBatch.later(later, list(range(10, 20)), None, None))
     ring.observe_batch(EventBatch.later(later, list(range(10, 20)), None, None))
     assert len(ring) == 4 and len(ring.items) == 1  # larger than the ring: its last 4
     assert list(ring.events) == [event(n) for n in range(16, 20)]
