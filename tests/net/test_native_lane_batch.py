@@ -235,14 +235,16 @@ def test_packed_records_read_as_their_tuples() -> None:
 def test_packed_records_make_what_their_tuples_make(lines: int) -> None:
     """`make` of a `Records` (what the drain reads) is `make` of its tuples: the
     same events, access-log lines, groups and longest text; with a context (the
-    ring's), no event and no pair is made of it, the rest the same."""
+    ring's), no event is made of it, the rest the same. A context is for a
+    `Records` only: with a list of tuples, a TypeError and nothing made."""
     packed, rows = records(RECORDS * 2), RECORDS * 2
     assert make(packed, lines) == make(rows, lines)
     ctx = object()
     events, *rest = maker().make(packed, ROUTES, VERDICTS, {}, PREFIX, lines, ctx)
-    pairs, *rest_of_rows = maker().make(rows, ROUTES, VERDICTS, {}, PREFIX, lines, ctx)
-    assert events is None and rest == rest_of_rows == list(make(rows, lines)[1:])
-    assert pairs == [(ctx, r) for r in rows]
+    assert events is None and rest == list(make(rows, lines)[1:])
+    with pytest.raises(TypeError, match="Records only"):
+        maker().make(rows, ROUTES, VERDICTS, {}, PREFIX, lines, ctx)
+    assert maker().make(rows, ROUTES, VERDICTS, {}, PREFIX, lines, None) == make(rows, lines)
 
 
 def test_a_bad_row_makes_no_records() -> None:

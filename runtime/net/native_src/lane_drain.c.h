@@ -433,13 +433,13 @@ static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *hos
     return d;
 }
 
-/* One record's event into `*event` (a new reference; with `ctx`, the pair (ctx, its
- * tuple) instead; `event` NULL: none, the ring keeps the records), its line in `log`
- * (when given) and its share of its group. 0, or -1 with a Python error. */
+/* One record's event into `*event` (a new reference; `event` NULL: none, the ring
+ * keeps the records), its line in `log` (when given) and its share of its group. 0, or
+ * -1 with a Python error. */
 static int make_one(EventMaker *m, const view_t *r, PyObject *routes, PyObject *verdicts,
                     PyObject *texts, const char *prefix, size_t prefix_len, buf_t *log,
-                    int json, PyObject *ctx, group_t **gs, size_t *ng, size_t *cap,
-                    size_t *max_text, PyObject **event) {
+                    int json, group_t **gs, size_t *ng, size_t *cap, size_t *max_text,
+                    PyObject **event) {
     long ri = r->ri, verdict = r->verdict, method = r->method, status = r->status;
     if (ri < 0 || ri >= PyTuple_GET_SIZE(routes) || verdict < 0 || verdict >= MAX_VERDICTS ||
             method < 0 || method >= N_METHODS || verdict >= PyTuple_GET_SIZE(verdicts) ||
@@ -473,14 +473,13 @@ static int make_one(EventMaker *m, const view_t *r, PyObject *routes, PyObject *
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "decisions: a dict");
         return -1;
     }
-    int made = event && !ctx;  /* the Event now */
     /* the request's path: its route's own, or one under it (latin-1, as the front's) */
     PyObject *path = r->path ? latin1(r->path, r->path_len)
                              : Py_NewRef(PyTuple_GET_ITEM(route, 0));
     if (!path) return -1;
     PyObject *bypass = NULL;  /* an unsafe method's, where http_cache counts: `_record`'s;
                                * a refusal's */
-    if (refused && made) {
+    if (refused && event) {
         bypass = PyDict_Copy(decisions);
         if (!bypass || PyDict_Update(bypass, PyTuple_GET_ITEM(refused, 0))) {
             Py_XDECREF(bypass);
@@ -488,7 +487,7 @@ static int make_one(EventMaker *m, const view_t *r, PyObject *routes, PyObject *
             return -1;
         }
         decisions = bypass;
-    } else if (first && method >= MC_POST && made) {
+    } else if (first && method >= MC_POST && event) {
         bypass = bypass_decisions(decisions, PyTuple_GET_ITEM(route, 1), host, path, r->query,
                                   r->query_len);
         if (!bypass) { Py_DECREF(path); return -1; }
@@ -516,10 +515,9 @@ static int make_one(EventMaker *m, const view_t *r, PyObject *routes, PyObject *
         return -1;
     }
     PyObject *e = !event ? NULL
-                  : ctx ? PyTuple_Pack(2, ctx, r->rec)
-                        : make_event(m, r, route, v, decisions, method_text, host, path,
-                                     client, id, id_len, duration_ms,
-                                     refused ? PyTuple_GET_ITEM(refused, 1) : NULL);
+                         : make_event(m, r, route, v, decisions, method_text, host, path,
+                                      client, id, id_len, duration_ms,
+                                      refused ? PyTuple_GET_ITEM(refused, 1) : NULL);
     Py_XDECREF(bypass);
     size_t text = (size_t)PyUnicode_GET_LENGTH(path) + r->query_len +
                   (size_t)PyUnicode_GET_LENGTH(host);
@@ -548,9 +546,9 @@ static int make_one(EventMaker *m, const view_t *r, PyObject *routes, PyObject *
  * ratelimit's), `verdicts[i]` (bot class, decisions, decisions with the MISS[, with
  * ratelimit's pass, with both]), `texts` the dict of clients' and hosts' texts it keeps,
  * `prefix` the request ids' (str), `lines` which access-log lines to write: 0 (or
- * False) none (None), 1 (True) text, 2 JSON. With `ctx` (not None), no Event is made:
- * of a `Records`, `events` is None (the ring keeps them, and makes each event when it is
- * read); of a list, it holds (ctx, record) for each record. Groups: (route, status,
+ * False) none (None), 1 (True) text, 2 JSON. With `ctx` (not None; a `Records` only:
+ * TypeError with a list), no Event is made: `events` is None (the ring keeps the
+ * `Records`, and makes each event when it is read). Groups: (route, status,
  * method, n, bytes, {verdict: n}, [(bucket, n)], [seconds], refused: None or the
  * refusal's pair its records share); `text` the most characters of path, query and
  * host together in one event. */
@@ -562,7 +560,13 @@ static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t n
                         "make(records, routes, verdicts, texts, prefix, lines[, ctx])");
         return NULL;
     }
-    PyObject *ctx = nargs == 7 && a[6] != Py_None ? a[6] : NULL;
+    Records *packed = is_records(a[0]) ? (Records *)a[0] : NULL;
+    int later = nargs == 7 && a[6] != Py_None;  /* made when read: no event now */
+    if (later && !packed) {
+        PyErr_SetString(PyExc_TypeError, "make: a ctx (events made when read) is for a "
+                        "Records only");
+        return NULL;
+    }
     long want = PyLong_AsLong(a[5]);
     if (want < 0 || want > 2 || !m->template) {
         if (!PyErr_Occurred() && m->template)
@@ -577,11 +581,10 @@ static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "a request id prefix past 64 bytes");
         return NULL;
     }
-    Records *packed = is_records(a[0]) ? (Records *)a[0] : NULL;
     Py_ssize_t n = packed ? packed->n : PyList_GET_SIZE(a[0]);
     size_t max_text = 0;
-    /* the ring keeps a Records as it is: no event, no pair */
-    PyObject *events = packed && ctx ? Py_NewRef(Py_None) : PyList_New(n);
+    /* the ring keeps a Records as it is: no event */
+    PyObject *events = later ? Py_NewRef(Py_None) : PyList_New(n);
     buf_t log = {NULL, 0, 0};
     group_t *gs = NULL;
     size_t ng = 0, cap = 0;
@@ -592,7 +595,7 @@ static PyObject *EventMaker_make(EventMaker *m, PyObject *const *a, Py_ssize_t n
         else if (tuple_view(PyList_GET_ITEM(a[0], i), &v)) goto done;
         PyObject *e = NULL;
         if (make_one(m, &v, a[1], a[2], a[3], prefix, (size_t)prefix_len,
-                     want ? &log : NULL, want == 2, ctx, &gs, &ng, &cap, &max_text,
+                     want ? &log : NULL, want == 2, &gs, &ng, &cap, &max_text,
                      events == Py_None ? NULL : &e))
             goto done;
         if (e) PyList_SET_ITEM(events, i, e);

@@ -166,7 +166,6 @@ typedef struct {
     PyObject *host, *client, *refused;  /* bytes, str, NULL or the refusal's pair */
     const char *query, *path;  /* path NULL: its route's own */
     size_t query_len, path_len;
-    PyObject *rec;  /* the tuple, or NULL */
 } view_t;
 
 static void packed_view(const Records *s, Py_ssize_t i, view_t *v) {
@@ -189,7 +188,6 @@ static void packed_view(const Records *s, Py_ssize_t i, view_t *v) {
     v->query_len = r->query_len;
     v->path = r->has_path ? rec_path(s, r) : NULL;
     v->path_len = r->path_len;
-    v->rec = NULL;
 }
 
 /* `rec`, a tuple as `record_tuple` makes it, into `v`: 0, or -1 with a Python error
@@ -230,7 +228,6 @@ static int tuple_view(PyObject *rec, view_t *v) {
     v->path = r[12] == Py_None ? NULL : PyBytes_AS_STRING(r[12]);
     v->path_len = r[12] == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(r[12]);
     v->refused = r[13] == Py_None ? NULL : r[13];
-    v->rec = rec;
     return 0;
 }
 
