@@ -83,6 +83,42 @@ def test_a_handler_within_its_limits_is_never_interrupted() -> None:
     assert raised is None and wall >= 0.2
 
 
+def test_a_reused_cpu_reading_never_lands_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`arm` soon after the last reading of the thread's CPU clock reuses it (no clock
+    read): the CPU the thread spent meanwhile (an earlier request's) is not this
+    request's, so the limit still lands only once this request has spent it, and
+    within the wall time since that reading (plus a tick) after."""
+    monkeypatch.setattr(watchdog, "REREAD_AFTER", 10.0)  # reuse, however slow the box
+    out: dict[str, float] = {}
+
+    def target() -> None:
+        dog = Watchdog(threading.get_ident(), 20, 5000)
+        dog.arm()  # reads the clock
+        dog.disarm()
+        spent = time.thread_time()
+        while time.thread_time() - spent < 0.030:  # an earlier request's CPU, past the limit
+            pass
+        read_at, wall0, cpu0 = dog.read_at, time.monotonic(), time.thread_time()
+        try:
+            dog.arm()
+            try:
+                while True:
+                    pass
+            finally:
+                dog.disarm()
+        except CpuInterrupt:
+            out["cpu"] = time.thread_time() - cpu0
+        out["reused"] = float(dog.read_at == read_at)
+        out["since"] = wall0 - read_at
+        dog.stop()
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    assert out["reused"] == 1.0
+    assert 0.020 <= out["cpu"] < 0.020 + out["since"] + 0.015  # ticks of 5 ms
+
+
 def test_an_interrupt_is_raised_once_then_again_only_after_a_second() -> None:
     """A handler that swallows its interrupt gets another one, but not within the
     moment the request loop needs to disarm."""
