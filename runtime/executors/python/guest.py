@@ -315,6 +315,7 @@ def _user_frame(e: BaseException) -> str:
 
 
 CHUNK_MAX = 16 << 20  # a streamed chunk larger than this goes in several frames
+WHOLE = (bytes, str, bytearray, memoryview)  # a body sent whole (`Response.streaming`)
 
 
 class BadResponse(Exception):
@@ -526,30 +527,31 @@ class Session:
         before anything is sent, so the client gets a 502 and not a broken 200)."""
         if not isinstance(result, self.sdk.Response):
             raise TypeError(f"handler returned {type(result).__name__}, expected edgefn.Response")
-        status = result.status
+        status, body = result.status, result.body
         if type(status) is not int or not 200 <= status <= 599:
             raise BadResponse(f"invalid HTTP status {status!r} (expected an int 200..599: a "
                               "final status)")
-        if result.streaming and (isinstance(result.body, (dict, set, frozenset)) or not (
-                hasattr(result.body, "__iter__") or hasattr(result.body, "__anext__"))):
+        # (`Response.streaming`, its property's call once: a whole body is most responses)
+        streaming = type(body) not in WHOLE and not isinstance(body, WHOLE)
+        if streaming and (isinstance(body, (dict, set, frozenset)) or not (
+                hasattr(body, "__iter__") or hasattr(body, "__anext__"))):
             # a dict streamed its keys as the body, after a 200 (Response.json sends JSON)
-            raise BadResponse(f"response body is {type(result.body).__name__}: expected bytes, "
+            raise BadResponse(f"response body is {type(body).__name__}: expected bytes, "
                               "str or a (async) generator of them (JSON: Response.json)")
         try:  # values as UTF-8, as the SDK decodes a request's: a reflected header round-trips
             headers = [(k.encode("latin-1"), v.encode()) for k, v in result.headers.items()]
         except (AttributeError, UnicodeEncodeError):
             raise BadResponse(_bad_header(result.headers.items())) from None
-        body = result.body
-        if not result.streaming:
+        if not streaming:
             data = body.encode() if isinstance(body, str) else bytes(body)
             if len(data) > self.max_response:  # the PoP would refuse the frame: never sent
                 raise BadResponse(f"response body of {len(data)} bytes exceeds the limit of "
                                   f"{self.max_response} bytes (limits.max_response_mb = "
                                   f"{self.max_response >> 20})")
-            self._send(wire.frame(wire.RESPONSE, wire.encode_response(
-                result.status, headers, data), wire.RESPONSE_FRAMING))
+            self._send(wire.frame(wire.RESPONSE, wire.encode_response(status, headers, data),
+                                  wire.RESPONSE_FRAMING))
             return
-        self._send(wire.frame(wire.HEAD, wire.encode_response(result.status, headers, b"")))
+        self._send(wire.frame(wire.HEAD, wire.encode_response(status, headers, b"")))
         # A failure mid-stream propagates to `one`, which ends the request with ERROR
         # instead of END: exactly one terminal frame per request.
         for chunk in self._chunks(body):

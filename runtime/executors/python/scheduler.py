@@ -273,10 +273,11 @@ class Scheduler[W: Worker]:
         if self.loop is not None and any(i.queue for i in self.isolates):
             self.patrol = self.loop.call_later(2 * PACK_WAIT, self._patrolled)
 
-    def _served(self, isolate: W) -> None:
-        """Auto: `isolate`'s job ended: follow the mean time a job holds its isolate,
-        and send jobs ahead (and pack them) only while it is short."""
-        self.service += (self.clock() - isolate.since - self.service) * SERVICE_WEIGHT
+    def _served(self, isolate: W, now: float) -> None:
+        """Auto: `isolate`'s job ended at `now` (the scheduler's clock): follow the mean
+        time a job holds its isolate, and send jobs ahead (and pack them) only while
+        it is short."""
+        self.service += (now - isolate.since - self.service) * SERVICE_WEIGHT
         if self.service <= PACK_WAIT / 2:
             self.depth = AUTO_DEPTH
             self.room = min(AUTO_DEPTH, int(PACK_WAIT / max(self.service, 1e-9)) - 1)
@@ -376,9 +377,10 @@ class Scheduler[W: Worker]:
     def begun(self, isolate: W, job: Job) -> None:
         """`job`, sent ahead to `isolate`, is its job now (the one before it ended).
         One cut meanwhile that was not taken back in time is handled as stuck."""
+        now = self.clock()
         if self.auto:
-            self._served(isolate)
-        isolate.since = self.clock()
+            self._served(isolate, now)
+        isolate.since = now
         if job.done:
             isolate.stuck = True
             self.stuck(isolate, job)
@@ -399,7 +401,7 @@ class Scheduler[W: Worker]:
         if isolate.state != "busy":
             return
         if self.auto:
-            self._served(isolate)
+            self._served(isolate, self.clock())
         if isolate.recycling or isolate.uses >= self.recycle_after:
             isolate.recycling = False
             isolate.state = "recycling"
