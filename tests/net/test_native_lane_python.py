@@ -631,3 +631,23 @@ def test_a_last_request_closes_its_connection_once_answered(pair: tuple[Side, Si
         data = to_the_close(side.r.port, raw + SERVED["post"][0])
         assert data.count(b"HTTP/1.1 ") == 1, data
     assert calls(on) - before == 1
+
+
+def test_a_calls_answer_restarts_the_keep_alive_wait(tmp_path: Path) -> None:
+    """The keep-alive wait runs from a Python call's answer, as from any answer
+    (`_idle`): a connection whose call took 1 s is still open 0.9 s after it with
+    a 1.5 s `keepalive_timeout` (cut 1.5 s after it opened when the wait ran from
+    before the call), and a request sent then is answered."""
+    with pop_thread(tmp_path / "d", **{"http.native_lane": "auto",
+                                       "http.keepalive_timeout": 1.5}) as on:
+        on.deploy(python_folder(tmp_path / "fns"))
+        lane = on.pop.lane
+        assert isinstance(lane, NativeLane)
+        exchange(on.port, SERVED["plain"][0], [b"GET"])  # the table made
+        with socket.create_connection(("127.0.0.1", on.port), timeout=5) as s:
+            s.sendall(request("GET", "/pyslow?s=1.0", H))
+            assert s.recv(65536).endswith(b"slept\n")
+            time.sleep(0.9)
+            s.sendall(SERVED["plain"][0])
+            assert s.recv(65536).endswith(b"hi a GET\n")
+        assert lane.calls == 3
