@@ -328,27 +328,17 @@ class HttpProtocol(asyncio.Protocol):
         if answer is None:  # the client is gone
             self.busy = False
         elif isinstance(answer, bytes):
+            self._queue_out(answer)
             self.busy = False
             if call[16] & CONN_CLOSE or self.queue or self.eof:
-                self._queue_out(answer)
                 self._finish(not call[16] & CONN_CLOSE)  # (its answer says connection: close)
                 self._dispatch()
-                return
-            # kept alive, nothing queued meanwhile (most answers): `_queue_out`, `_finish`
-            # and its `_idle` inlined, as `_lane` inlines them, and `_dispatch` only
-            # where it has something to do (`answer` writes no bytes once closing)
-            waiting = self.out
-            waiting.append(answer)
-            self.out_size += len(answer)
-            if self.out_size >= self.config.write_buffer_bytes:
-                self._flush()
-            elif len(waiting) == 1:
-                state.outbox.add(self)
-            if not self.in_message:  # (a request arriving: its own deadline stands)
-                self.deadline = self.loop.time() + self.config.keepalive_timeout
-                self.deadline_status = 0
-            if not self.reading:
-                self._dispatch()
+            else:  # kept alive, nothing queued meanwhile (most answers): `_finish` is
+                # `_idle` then (`answer` writes no bytes once closing), and `_dispatch`
+                # has something to do only where reading was paused
+                self._idle()
+                if not self.reading:
+                    self._dispatch()
         else:
             task = asyncio.Task(self._run(*answer), loop=self.loop, eager_start=True)
             if not task.done():
