@@ -196,15 +196,17 @@ class Ring:
             return
         events = batch.events
         self.items.extend(events)
-        self.count += len(events)
-        if self.count > self.size:
-            self._trim()
+        self._counted(len(events))
         for sub in self.subscribers:
             for event in events:
                 sub.push(event)
 
     def _keep(self, item: Event | Chunk, n: int) -> None:
         self.items.append(item)
+        self._counted(n)
+
+    def _counted(self, n: int) -> None:
+        """`n` events were appended to `items`: the oldest past `size` let go."""
         self.count += n
         if self.count > self.size:
             self._trim()
