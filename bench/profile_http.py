@@ -104,6 +104,7 @@ def record(tree: Path, args: argparse.Namespace, work: Path) -> Profile:
                                             deploy=tree / args.function)
     url = f"http://127.0.0.1:{port}{args.path}"
     out = work / "perf.data"
+    perf: subprocess.Popen[bytes] | None = None
     try:
         _wrk.run(url, seconds=1)  # warm-up (a Python pool grows to its size here)
         pids = [proc.pid] if args.target == "pop" else _cpu.isolate_hosts(proc.pid)
@@ -124,6 +125,9 @@ def record(tree: Path, args: argparse.Namespace, work: Path) -> Profile:
         if perf.returncode not in (0, -2) or not out.exists():
             raise RuntimeError(f"perf record failed ({perf.returncode}): {err.decode()}")
     finally:
+        if perf is not None and perf.poll() is None:  # (wrk failed meanwhile)
+            perf.kill()
+            perf.wait(20)
         proc.terminate()
         proc.wait(20)
     text = subprocess.run(["perf", "script", "-i", str(out), "-F", "comm,tid,ip,sym,dso"],
