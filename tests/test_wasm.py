@@ -490,28 +490,24 @@ def _outcome(f: Callable[[], object]) -> object:
         return (e.code, e.status, str(e))
 
 
+@pytest.fixture(scope="module")
+def mirror(engine: WasmEngine, tmp_path_factory: pytest.TempPathFactory) -> WasmFunction:
+    """The MIRROR guest on `engine`, once a module (hypothesis reruns the test that
+    uses it hundreds of times). In pytest's own temporary directory: a `mkdtemp` removed
+    at exit was left in /tmp by `make mutate`, whose forked workers skip atexit."""
+    return load(engine, function_dir(tmp_path_factory.mktemp("mirror"), "mirror", MIRROR,
+                                     limits=ROOMY))
+
+
 @settings(max_examples=400, deadline=None)
 @given(frame=frames())
-def test_any_response_decodes_as_the_python_decoder_decodes_it(engine: WasmEngine,
+def test_any_response_decodes_as_the_python_decoder_decodes_it(mirror: WasmFunction,
                                                                frame: bytes) -> None:
-    fn = _MIRROR.get(id(engine)) or _MIRROR.setdefault(id(engine), _mirror(engine))
+    fn = mirror
     full = fn.new_call()  # its whole budget: the 5 ms inline slice could cut a preempted run
     got = _outcome(lambda: full.serve(b"GET", b"/", b"", [], fn.env_blob, frame,
                                       abi.NO_PAIRS, b""))
     assert got == _outcome(lambda: abi.decode_response(frame))
-
-
-_MIRROR: dict[int, WasmFunction] = {}
-
-
-def _mirror(engine: WasmEngine) -> WasmFunction:
-    import atexit
-    import shutil
-    import tempfile
-
-    root = tempfile.mkdtemp(prefix="edgefn-test-mirror-")
-    atexit.register(shutil.rmtree, root, ignore_errors=True)  # it was left in /tmp
-    return load(engine, function_dir(Path(root), "mirror", MIRROR, limits=ROOMY))
 
 
 # A guest that answers 200 with its whole request as the body: it frames the request
