@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,23 @@ import pytest
 from edgefn_core.errors import CpuInterrupt, IsolateInterrupt, ThreadStop, WallInterrupt
 from runtime.executors.python import watchdog
 from runtime.executors.python.watchdog import Watchdog, quiet_thread_stop, stop_threads
+
+
+@pytest.fixture(autouse=True)
+def no_collection_meanwhile() -> Iterator[None]:
+    """Every test here lands exceptions in running threads (`PyThreadState_SetAsyncExc`).
+    A collection that runs in one of them meanwhile (any thread may run the one another
+    scheduled) can take it inside an earlier test's finalizer: fresh-clone CI, seed
+    713736070, a ThreadStop in a wasmtime InstancePre's `__del__`, an unraisable error.
+    So the collector runs before each test, and not during it."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def run_guarded(cpu_ms: int, wall_ms: int, work: str, seconds: float = 2.0,
@@ -157,18 +174,6 @@ def test_the_limit_is_named_in_the_message() -> None:
 
 
 def test_stop_threads_ends_spinning_threads_and_reports_blocked_ones() -> None:
-    # no collection while the threads spin: one that runs there (any thread may take the
-    # one another scheduled) can have a ThreadStop land in an earlier test's finalizer
-    # (a wasmtime InstancePre's __del__), which pytest reports as an unraisable error
-    gc.collect()
-    gc.disable()
-    try:
-        _stop_spinning_and_blocked_threads()
-    finally:
-        gc.enable()
-
-
-def _stop_spinning_and_blocked_threads() -> None:
     halt = threading.Event()
 
     def spin() -> None:
