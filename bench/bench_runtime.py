@@ -96,8 +96,7 @@ def with_pipeline(example: Path, work: Path, pipeline: int | None) -> Path:
 
 def http_rounds(args: argparse.Namespace, data: Path) -> None:
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    best: dict[str, dict[str, float]] = {}
-    each: dict[str, list[float]] = {}  # every round's req/s, by server
+    runs: list[dict[str, dict[str, float]]] = []  # each round's results, by server
     try:  # a server started, then a failure (a refused deploy): none is left running
         port = free_port()
         servers["raw uvloop+httptools"] = (_baseline.start(port), f"http://127.0.0.1:{port}/")
@@ -117,6 +116,8 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
         for _, url in servers.values():
             _wrk.run(url, seconds=1)  # warm-up
         for _ in range(args.rounds):
+            this: dict[str, dict[str, float]] = {}
+            runs.append(this)
             for name, (proc, url) in servers.items():
                 hosts = _cpu.isolate_hosts(proc.pid) if name == "edgefn Python hello" else []
                 meter, host_meter = _cpu.Meter([proc.pid]), _cpu.Meter(hosts)
@@ -128,9 +129,7 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
                 n = r["rps"] * wall
                 r["cpu_us"], r["sys_us"], r["wrk_us"] = meter.stop().per_request_us(n)
                 r["hosts_us"] = host_meter.stop().per_request_us(n)[0]
-                each.setdefault(name, []).append(r["rps"])
-                if name not in best or r["rps"] > best[name]["rps"]:
-                    best[name] = r
+                this[name] = r
         dispatch = {name: statistics.median(_wrk.latency_probe("127.0.0.1", int(url.split(":")[2]
                                                                .split("/")[0]), "/" +
                                                                url.split("/", 3)[3], 500))
@@ -139,6 +138,7 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
         for proc, _ in {id(p): (p, u) for p, u in servers.values()}.values():
             proc.terminate()
             proc.wait(20)
+    best = _wrk.best(runs)
     base = best["raw uvloop+httptools"]["rps"]
     workerd = best.get("workerd hello", {}).get("rps")
     print(f"\n== HTTP hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
@@ -154,7 +154,7 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
     if not workerd:
         print("workerd: not available (npm install workerd failed or --no-workerd)")
     else:
-        print(per_round(each, "workerd hello"))
+        print(per_round(runs, "workerd hello"))
         budgets(best, workerd)
     wasm_p50, py_p50 = dispatch["edgefn WASM hello"], dispatch["edgefn Python hello"]
     print(f"sequential p50 on one connection: WASM hello {wasm_p50:.3f} ms, Python hello "
@@ -162,18 +162,18 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
           f"({py_p50 / wasm_p50:.2f}x)")
 
 
-def per_round(each: dict[str, list[float]], base: str) -> str:
+def per_round(runs: list[dict[str, dict[str, float]]], base: str) -> str:
     """Each edgefn server's req/s over `base`'s in the same round, the median of the
     rounds' ratios and their range: the best-of figures above pair two servers' luckiest
     rounds, which on this VM can be minutes apart (workerd moved 20.6k-30.1k req/s
     between runs, and with it the best-of ratio)."""
     parts = []
-    for name, rps in each.items():
+    for name in runs[0]:
         if name.startswith("edgefn ") and name != "edgefn front, static app":
-            ratios = sorted(a / b for a, b in zip(rps, each[base], strict=True))
+            ratios = sorted(r[name]["rps"] / r[base]["rps"] for r in runs)
             parts.append(f"{name.removeprefix('edgefn ')} {statistics.median(ratios):.2f}x "
                          f"({ratios[0]:.2f}-{ratios[-1]:.2f})")
-    return (f"x workerd within each round, median of {len(each[base])} (range): "
+    return (f"x workerd within each round, median of {len(runs)} (range): "
             + ", ".join(parts))
 
 
