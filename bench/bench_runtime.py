@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import _baseline  # noqa: E402
 import _cpu  # noqa: E402
+import _python  # noqa: E402
 import _workerd  # noqa: E402
 import _wrk  # noqa: E402
 
@@ -142,6 +143,7 @@ def http_rounds(args: argparse.Namespace, data: Path) -> None:
     base = best["raw uvloop+httptools"]["rps"]
     workerd = best.get("workerd hello", {}).get("rps")
     print(f"\n== HTTP hello, wrk -t1 -c32 -d{args.seconds}s, best of {args.rounds} rounds ==")
+    print(f"python (the Python servers'): {_python.build()}")
     print(f"{'server':<24}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'x raw':>8}{'x workerd':>11}"
           f"{'CPU us':>8}{'sys us':>8}{'wrk us':>8}")
     for name, r in best.items():
@@ -270,6 +272,7 @@ def deploy_latency(data: Path, work: Path, example: Path, path: str, rounds: int
     first, warm = statistics.median(firsts), statistics.median(warms)
     control = statistics.median(controls)
     print(f"\n== Deploys of {name} ({rounds} new versions, one at a time) ==")
+    print(f"python: {_python.build()}")
     print(f"first request after deploy, median          {first:7.3f} ms")
     print(f"warm request p50 (same connection)          {warm:7.3f} ms   first/warm = "
           f"{first / warm:.2f}x")

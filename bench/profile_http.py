@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import _cpu  # noqa: E402
+import _python  # noqa: E402
 import _wrk  # noqa: E402
 import bench_runtime  # noqa: E402
 
@@ -205,6 +206,7 @@ def main() -> int:
     whose = "the PoP's" if args.target == "pop" else "the isolate hosts'"
     print(f"== {args.function} {args.path}, wrk -t1 -c32 -d{args.seconds}s, perf at "
           f"{args.frequency} Hz on {whose} threads ==")
+    print(f"python: {_python.build()}")
     for prof in profiles:
         print(f"{prof.label}: {prof.rps:.0f} req/s under perf, {prof.us_per_request:.1f} us "
               f"of {whose} CPU a request, {len(prof.samples)} samples")

@@ -1,0 +1,25 @@
+"""Which interpreter a benchmark ran on, for its header: the same code ran 1.3-1.9x
+slower here on a CPython built without profile-guided and link-time optimization
+(pyenv's default) than on one built with them (README "An optimized interpreter"),
+so a figure says which it had. ``make python`` builds the optimized one."""
+
+from __future__ import annotations
+
+import platform
+import sysconfig
+
+
+def optimized(config_args: str) -> bool:
+    """Whether `config_args` (sysconfig's CONFIG_ARGS) asked for PGO and LTO
+    (``--with-lto``, or ``--with-lto=`` any kind but ``no``)."""
+    args = config_args.replace("'", " ").split()
+    lto = any(a == "--with-lto" or (a.startswith("--with-lto=") and a != "--with-lto=no")
+              for a in args)
+    return "--enable-optimizations" in args and lto
+
+
+def build() -> str:
+    """This interpreter, as the header line names it."""
+    args = sysconfig.get_config_var("CONFIG_ARGS") or ""
+    kind = "PGO + LTO" if optimized(args) else "built without PGO and LTO: `make python`"
+    return f"{platform.python_implementation()} {platform.python_version()} ({kind})"

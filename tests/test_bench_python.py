@@ -1,0 +1,29 @@
+"""bench/_python.py names the interpreter a benchmark ran on: optimized only when
+its configure line asked for both profile-guided and link-time optimization."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.support import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _python
+
+
+def test_only_both_flags_make_an_optimized_build() -> None:
+    both = "'--enable-optimizations' '--with-lto' '--prefix=/opt/py'"
+    assert _python.optimized(both)
+    assert not _python.optimized("'--enable-optimizations' '--prefix=/opt/py'")
+    assert not _python.optimized("'--with-lto' '--prefix=/opt/py'")
+    assert not _python.optimized("'--enable-shared' '--prefix=/root/.pyenv/versions/3.13.0'")
+    assert _python.optimized("'--enable-optimizations' '--with-lto=full'")
+    assert not _python.optimized("'--enable-optimizations' '--with-lto=no'")
+    assert not _python.optimized("")
+
+
+def test_the_header_names_version_and_kind() -> None:
+    line = _python.build()
+    assert line.startswith(f"CPython {sys.version.split()[0]} (")
+    assert ("PGO + LTO" in line) != ("without PGO" in line)
