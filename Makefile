@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 DATA ?= .edgefn
 
 # An optimized CPython (profile-guided + link-time optimization), built by `make python`
-# once per machine (~25 min on 2 cores): see .ci/python-pgo and README "An optimized
+# once per machine (~16 min on 2 cores): see .ci/python-pgo and README "An optimized
 # interpreter". The one found first when it is there.
 PGO_HOME ?= $(HOME)/.cache/edgefn/python-3.13.5-pgo
 # First Python >= 3.13 found: $PYTHON, make python's, python3.13, python3.14, pyenv's 3.13+, python3.
