@@ -1,9 +1,13 @@
 """bench/_python.py names the interpreter a benchmark ran on: optimized only when
-its configure line asked for both profile-guided and link-time optimization."""
+its configure line asked for both profile-guided and link-time optimization; run as a
+script it gives `.ci/python-pgo` the same answer."""
 
 from __future__ import annotations
 
+import platform
+import subprocess
 import sys
+import sysconfig
 
 from tests.support import ROOT
 
@@ -27,3 +31,13 @@ def test_the_header_names_version_and_kind() -> None:
     line = _python.build()
     assert line.startswith(f"CPython {sys.version.split()[0]} (")
     assert ("PGO + LTO" in line) != ("without PGO" in line)
+
+
+def test_as_a_script_it_says_whether_this_interpreter_is_that_version_built_so() -> None:
+    """What `.ci/python-pgo` asks of an interpreter before it keeps it."""
+    script = str(ROOT / "bench" / "_python.py")
+    mine = subprocess.run([sys.executable, script, platform.python_version()], timeout=30)
+    built_so = _python.optimized(sysconfig.get_config_var("CONFIG_ARGS") or "")
+    assert mine.returncode == (0 if built_so else 1)
+    other = subprocess.run([sys.executable, script, "3.0.0"], timeout=30)
+    assert other.returncode == 1
