@@ -23,6 +23,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ABI's u32s are co
 typedef struct {
     PyObject *encode_request, *decode_request, *encode_response, *decode_response;
     PyObject *guest_request; /* abi.GuestRequest */
+    PyObject *names[4];      /* "status", "body", "headers", "_items" (`response_frame`) */
 } codec_state;
 
 static codec_state *state_of(PyObject *mod) { return (codec_state *)PyModule_GetState(mod); }
@@ -326,6 +327,110 @@ done:
     return NULL;
 }
 
+/* ---- a guest's response frame -------------------------------------------------------- */
+
+/* A str's bytes as `str.encode(latin-1 if latin1 else utf-8)` makes them, or NULL without
+ * an exception where that encoding would fail (the caller then leaves it to Python). */
+static const char *str_bytes(PyObject *s, int latin1, Py_ssize_t *n) {
+    if (latin1) {
+        if (PyUnicode_KIND(s) != PyUnicode_1BYTE_KIND) return NULL;  /* a char past U+00FF */
+        *n = PyUnicode_GET_LENGTH(s);
+        return (const char *)PyUnicode_1BYTE_DATA(s);
+    }
+    const char *p = PyUnicode_AsUTF8AndSize(s, n);
+    if (!p) PyErr_Clear();  /* a lone surrogate: Python's encode raises, and says so */
+    return p;
+}
+
+/* response_frame(Response, Headers, kind, max_frame, result, max_body) -> bytes | None
+ * The frame runtime.executors.python.guest.Session.respond sends for `result` when it is
+ * a `Response` (exactly) whose status is an int in 200..599, whose body is bytes or str
+ * (UTF-8) of at most `max_body` bytes and whose headers are `Headers` (exactly) of str
+ * pairs, names latin-1, values UTF-8: `kind` (one byte), then the ABI's encoding of
+ * (status, [(name, value)], body), behind its u32 length (at most `max_frame`). None for
+ * anything else: Session's Python path, the reference, then answers or says what is
+ * wrong (tests/test_fastcodec.py holds the two to the same bytes). The attributes are
+ * read as Python reads them (a property the user added runs; again, if this says None). */
+static PyObject *response_frame(PyObject *mod, PyObject *const *a, Py_ssize_t nargs) {
+    codec_state *st = state_of(mod);
+    if (nargs != 6 || !PyBytes_CheckExact(a[2]) || PyBytes_GET_SIZE(a[2]) != 1) {
+        PyErr_SetString(PyExc_TypeError, "response_frame(Response, Headers, kind, max_frame, "
+                        "result, max_body)");
+        return NULL;
+    }
+    if (!st->names[0]) {
+        PyErr_SetString(PyExc_RuntimeError, "_edgefn_codec: bind() was not called");
+        return NULL;
+    }
+    unsigned long long max_frame = PyLong_AsUnsignedLongLong(a[3]);
+    unsigned long long max_body = PyLong_AsUnsignedLongLong(a[5]);
+    if (PyErr_Occurred()) return NULL;
+    if ((PyObject *)Py_TYPE(a[4]) != a[0]) Py_RETURN_NONE;
+    PyObject *status = NULL, *body = NULL, *headers = NULL, *items = NULL, *out = NULL;
+    status = PyObject_GetAttr(a[4], st->names[0]);
+    body = status ? PyObject_GetAttr(a[4], st->names[1]) : NULL;
+    headers = body ? PyObject_GetAttr(a[4], st->names[2]) : NULL;
+    if (!headers) goto done;
+    if (!PyLong_CheckExact(status) || (PyObject *)Py_TYPE(headers) != a[1]) goto none;
+    long code = PyLong_AsLong(status);
+    if (code == -1 && PyErr_Occurred()) { PyErr_Clear(); goto none; }
+    if (code < 200 || code > 599) goto none;
+    const char *bp;
+    Py_ssize_t bn;
+    if (PyBytes_CheckExact(body)) {
+        bp = PyBytes_AS_STRING(body);
+        bn = PyBytes_GET_SIZE(body);
+    } else if (PyUnicode_CheckExact(body)) {
+        if (!(bp = str_bytes(body, 0, &bn))) goto none;
+    } else {
+        goto none;  /* bytearray, memoryview, a stream: Python's */
+    }
+    if ((unsigned long long)bn > max_body) goto none;
+    items = PyObject_GetAttr(headers, st->names[3]);
+    if (!items) { PyErr_Clear(); goto none; }
+    if (!PyList_CheckExact(items)) goto none;
+    /* sized first, then written: nothing between runs Python code (the list stays) */
+    Py_ssize_t count = PyList_GET_SIZE(items), kn, vn;
+    uint64_t size = 1 + 8 + 4 + (uint64_t)bn;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 ||
+                !PyUnicode_CheckExact(PyTuple_GET_ITEM(t, 0)) ||
+                !PyUnicode_CheckExact(PyTuple_GET_ITEM(t, 1)) ||
+                !str_bytes(PyTuple_GET_ITEM(t, 0), 1, &kn) ||
+                !str_bytes(PyTuple_GET_ITEM(t, 1), 0, &vn))
+            goto none;
+        size += 8 + (uint64_t)kn + (uint64_t)vn;
+        if (size > max_frame) goto none;
+    }
+    if (size > max_frame || size > U32_MAX) goto none;
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 + size));
+    if (!out) goto done;
+    char *o = put_u32(PyBytes_AS_STRING(out), size);
+    *o++ = PyBytes_AS_STRING(a[2])[0];
+    o = put_u32(put_u32(o, (uint64_t)code), (uint64_t)count);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = PyList_GET_ITEM(items, i);
+        for (int j = 0; j < 2; j++) {
+            const char *p = str_bytes(PyTuple_GET_ITEM(t, j), j == 0, &kn);
+            o = put_u32(o, (uint64_t)kn);
+            memcpy(o, p, (size_t)kn);
+            o += kn;
+        }
+    }
+    o = put_u32(o, (uint64_t)bn);
+    memcpy(o, bp, (size_t)bn);
+    goto done;
+none:
+    out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(status);
+    Py_XDECREF(body);
+    Py_XDECREF(headers);
+    Py_XDECREF(items);
+    return out;
+}
+
 /* ---- the module --------------------------------------------------------------------- */
 
 /* bind(encode_request, decode_request, encode_response, decode_response, GuestRequest):
@@ -341,6 +446,12 @@ static PyObject *bind(PyObject *mod, PyObject *const *a, Py_ssize_t nargs) {
     PyObject **slots[5] = {&st->encode_request, &st->decode_request, &st->encode_response,
                            &st->decode_response, &st->guest_request};
     for (int i = 0; i < 5; i++) Py_XSETREF(*slots[i], Py_NewRef(a[i]));
+    static const char *const NAMES[4] = {"status", "body", "headers", "_items"};
+    for (int i = 0; i < 4; i++) {
+        PyObject *name = PyUnicode_InternFromString(NAMES[i]);
+        if (!name) return NULL;
+        Py_XSETREF(st->names[i], name);
+    }
     Py_RETURN_NONE;
 }
 
@@ -351,6 +462,7 @@ static int traverse(PyObject *mod, visitproc visit, void *arg) {
     Py_VISIT(st->encode_response);
     Py_VISIT(st->decode_response);
     Py_VISIT(st->guest_request);
+    for (int i = 0; i < 4; i++) Py_VISIT(st->names[i]);
     return 0;
 }
 
@@ -361,6 +473,7 @@ static int clear(PyObject *mod) {
     Py_CLEAR(st->encode_response);
     Py_CLEAR(st->decode_response);
     Py_CLEAR(st->guest_request);
+    for (int i = 0; i < 4; i++) Py_CLEAR(st->names[i]);
     return 0;
 }
 
@@ -376,6 +489,8 @@ static PyMethodDef METHODS[] = {
      "abi.decode_response"},
     {"cut_frames", (PyCFunction)(void (*)(void))cut_frames, METH_FASTCALL,
      "cut_frames(buf, big_endian, min_size, max_size, kinds) -> (frames, end, bad)"},
+    {"response_frame", (PyCFunction)(void (*)(void))response_frame, METH_FASTCALL,
+     "response_frame(Response, Headers, kind, max_frame, result, max_body) -> bytes | None"},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(encode_request, decode_request, encode_response, decode_response, GuestRequest)"},
     {NULL, NULL, 0, NULL}};

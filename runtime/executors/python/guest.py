@@ -338,6 +338,8 @@ class Session:
         self.fd = sock.fileno()
         self.count = array.array("i", [0])  # `_unread`'s answer
         self.pending: list[tuple[bytes, bytes]] = []
+        # a whole response's frame in C, or None: `respond` goes on in Python
+        self.framer = wire.response_framer(sdk.Response, sdk.Headers)
         self.cancel_seen = False  # a CANCEL arrived during a host call of this request
         self.dog = Watchdog(threading.get_ident(), cpu_ms, wall_ms)
         self.loop_: asyncio.AbstractEventLoop | None = None
@@ -525,6 +527,15 @@ class Session:
         """Send `result`. Raises `TypeError` for a handler that returned something else
         and `BadResponse` for a status or body no HTTP response can carry (checked
         before anything is sent, so the client gets a 502 and not a broken 200)."""
+        frame = self.framer(result, self.max_response)  # most responses: one C call
+        if frame is None:
+            self._respond(result)
+        else:
+            self._send(frame)
+
+    def _respond(self, result: Any) -> None:
+        """`respond` in Python: the reference for the frames `framer` makes, and what
+        sends every response it leaves (streams, other types, the wrong ones)."""
         if not isinstance(result, self.sdk.Response):
             raise TypeError(f"handler returned {type(result).__name__}, expected edgefn.Response")
         status, body = result.status, result.body

@@ -40,7 +40,11 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
+from edgefn_core import abi, fastcodec
 from edgefn_core.abi import encode_response
 from edgefn_core.errors import ProtocolError
 from edgefn_core.frames import MAX_FRAME, FrameReader, Framing, kind_and_payload
@@ -71,6 +75,23 @@ def frame(kind: bytes, payload: bytes = b"", framing: Framing = FRAMING) -> byte
     """Raises `ProtocolError` if the payload is over `framing`'s limit (the peer would
     refuse it)."""
     return framing.prefix(len(payload) + 1) + kind + payload
+
+
+def response_framer(response: type, headers: type) -> Callable[[Any, int], bytes | None]:
+    """``framer(result, max_body)``: the RESPONSE frame of a `response` (the SDK's
+    `Response`, exactly) with an int status in 200..599, a bytes or str body of at
+    most `max_body` bytes and `headers` (the SDK's `Headers`, exactly) of str pairs,
+    made in C in one call (`_edgefn_codec.response_frame`); None for anything else,
+    and always without the C codec: the guest's Python path (the reference) then
+    makes the frame or says what is wrong with the response."""
+    mod = fastcodec.module()
+    if mod is None or abi.NATIVE is None:  # (NATIVE: the module was bound: `abi._native`)
+        return _no_frame
+    return partial(mod.response_frame, response, headers, RESPONSE, RESPONSE_FRAMING.max_size)
+
+
+def _no_frame(result: Any, max_body: int) -> None:
+    return None
 
 
 def json_frame(kind: bytes, obj: object) -> bytes:
