@@ -348,9 +348,10 @@ static const char *str_bytes(PyObject *s, int latin1, Py_ssize_t *n) {
  * (UTF-8) of at most `max_body` bytes and whose headers are `Headers` (exactly) of str
  * pairs, names latin-1, values UTF-8: `kind` (one byte), then the ABI's encoding of
  * (status, [(name, value)], body), behind its u32 length (at most `max_frame`). None for
- * anything else: Session's Python path, the reference, then answers or says what is
- * wrong (tests/test_fastcodec.py holds the two to the same bytes). The attributes are
- * read as Python reads them (a property the user added runs; again, if this says None). */
+ * anything else (an attribute deleted too): Session's Python path, the reference, then
+ * answers or says what is wrong (tests/executors/python/test_guest_respond.py holds the
+ * two to the same bytes). The attributes are read as Python reads them (a property the
+ * user added runs; again, if this says None). */
 static PyObject *response_frame(PyObject *mod, PyObject *const *a, Py_ssize_t nargs) {
     codec_state *st = state_of(mod);
     if (nargs != 6 || !PyBytes_CheckExact(a[2]) || PyBytes_GET_SIZE(a[2]) != 1) {
@@ -370,7 +371,7 @@ static PyObject *response_frame(PyObject *mod, PyObject *const *a, Py_ssize_t na
     status = PyObject_GetAttr(a[4], st->names[0]);
     body = status ? PyObject_GetAttr(a[4], st->names[1]) : NULL;
     headers = body ? PyObject_GetAttr(a[4], st->names[2]) : NULL;
-    if (!headers) goto done;
+    if (!headers) { PyErr_Clear(); goto none; }  /* one deleted: Python says which first */
     if (!PyLong_CheckExact(status) || (PyObject *)Py_TYPE(headers) != a[1]) goto none;
     long code = PyLong_AsLong(status);
     if (code == -1 && PyErr_Occurred()) { PyErr_Clear(); goto none; }

@@ -105,7 +105,7 @@ def python_answer(result: Any, max_body: int) -> tuple[str, bytes]:
     try:
         try:
             s.respond(result)
-        except (guest.BadResponse, TypeError) as e:
+        except (guest.BadResponse, TypeError, AttributeError) as e:
             return type(e).__name__, b""
         ours.setblocking(False)
         got = b""
@@ -165,6 +165,16 @@ def test_the_c_leaves_every_other_response_to_python(change: tuple[str, Any]) ->
         setattr(result, name, value)
     assert FRAMER(result, 48) is None
     assert FRAMER(Sub("ok"), 48) is None  # a subclass of Response: Python's too
+
+
+@needs_c
+@pytest.mark.parametrize("missing", ["status", "body", "headers"])
+def test_a_response_missing_an_attribute_is_pythons_to_refuse(missing: str) -> None:
+    result = edgefn.Response("ok", 999)  # Python reads status and body, then refuses 999
+    delattr(result, missing)
+    assert FRAMER(result, 48) is None
+    expected = "BadResponse" if missing == "headers" else "AttributeError"
+    assert python_answer(result, 48) == (expected, b"")
 
 
 class Sub(edgefn.Response):
