@@ -23,13 +23,16 @@ def optimized(config_args: str) -> bool:
     return "--enable-optimizations" in args and lto
 
 
+def running_optimized() -> bool:
+    """Whether the interpreter running this was built with PGO and LTO."""
+    return optimized(sysconfig.get_config_var("CONFIG_ARGS") or "")
+
+
 def build() -> str:
     """This interpreter, as the header line names it."""
-    args = sysconfig.get_config_var("CONFIG_ARGS") or ""
-    kind = "PGO + LTO" if optimized(args) else "built without PGO and LTO: `make python`"
+    kind = "PGO + LTO" if running_optimized() else "built without PGO and LTO: `make python`"
     return f"{platform.python_implementation()} {platform.python_version()} ({kind})"
 
 
 if __name__ == "__main__":
-    sys.exit(not (platform.python_version() == sys.argv[1]
-                  and optimized(sysconfig.get_config_var("CONFIG_ARGS") or "")))
+    sys.exit(not (platform.python_version() == sys.argv[1] and running_optimized()))

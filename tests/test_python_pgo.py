@@ -11,7 +11,6 @@ import os
 import platform
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 from tests.support import ROOT
@@ -45,8 +44,7 @@ def test_an_interpreter_in_the_folder_is_kept_only_when_it_is_the_optimized_buil
     fake = tmp_path / "python.tar.xz"
     fake.write_bytes(b"not the source")
     out = run(tmp_path / "py", fake)
-    if platform.python_version() == "3.13.5" and _python.optimized(
-            sysconfig.get_config_var("CONFIG_ARGS") or ""):  # make python's: kept
+    if platform.python_version() == "3.13.5" and _python.running_optimized():  # make python's
         assert (out.returncode, out.stdout) == (0, f"{tmp_path}/py/bin/python3\n"), out
     else:  # not kept: the tarball is checked (and refused) next
         assert out.returncode == 1 and "sha256 differs" in out.stderr, out

@@ -84,10 +84,10 @@ def response_framer(response: type, headers: type) -> Callable[[Any, int], bytes
     made in C in one call (`_edgefn_codec.response_frame`); None for anything else,
     and always without the C codec: the guest's Python path (the reference) then
     makes the frame or says what is wrong with the response."""
-    mod = fastcodec.module()
-    if mod is None or abi.NATIVE is None:  # (NATIVE: the module was bound: `abi._native`)
+    if abi.NATIVE is None:  # (else `abi._native` bound the module: its names are set)
         return _no_frame
-    return partial(mod.response_frame, response, headers, RESPONSE, RESPONSE_FRAMING.max_size)
+    return partial(fastcodec.module().response_frame,  # type: ignore[union-attr]
+                   response, headers, RESPONSE, RESPONSE_FRAMING.max_size)
 
 
 def _no_frame(result: Any, max_body: int) -> None:
