@@ -170,6 +170,14 @@ class NoRoute(NotFound):
     code = "no_route"
 
 
+class Starting(EdgefnError):
+    """No deployed function serves the request's host and path yet, and one may
+    soon: `edgefn dev` is still deploying its folders (answered with ``Retry-After``)."""
+
+    code = "starting"
+    status = 503
+
+
 class DataDirBusy(EdgefnError):
     """Another PoP holds this data dir."""
 

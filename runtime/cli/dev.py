@@ -348,18 +348,31 @@ async def serve(config: PopConfig, dev_dir: str | None) -> None:
             print_functions(pop.registry.listing())
             await stop.wait()
         else:
-            await develop(in_process(pop.registry), Path(dev_dir), pop.registry.listing, stop)
+            registry = pop.registry
+            await develop(in_process(registry), Path(dev_dir), registry.listing, stop,
+                          lambda why: setattr(registry, "starting", why))
 
 
 async def develop(target: Target, root: Path, listing: Callable[[], list[Any]],
-                  stop: StopSignals) -> None:
+                  stop: StopSignals,
+                  starting: Callable[[str | None], None] | None = None) -> None:
     """`edgefn dev`: deploy every function folder under `root`, then redeploy one
     when its files change and release the function of one that goes (`release`),
-    until SIGINT/SIGTERM."""
+    until SIGINT/SIGTERM. `starting(why)` is told why while the first deploys run
+    (a request to a path no function serves yet gets 503 ``starting``, not a 404
+    that is not true for long), then None."""
     print(f"dev mode: deploying functions under {root}", flush=True)
     session = Session(target)
-    for d in function_dirs(root):
-        await deploy_dir(session, d)
+    dirs = function_dirs(root)
+    try:
+        for i, d in enumerate(dirs):
+            if starting is not None:
+                starting(f"edgefn dev is deploying the functions under {root} "
+                         f"({i} of {len(dirs)} done)")
+            await deploy_dir(session, d)
+    finally:
+        if starting is not None:
+            starting(None)
     watcher = asyncio.create_task(watch(session, root))
     print_functions(await asyncio.to_thread(listing))
     await stop.wait()

@@ -136,6 +136,9 @@ class Registry(Staging, Following):
         # after routing switched to a version: the PoP's quiet warm-up request through
         # its pipeline (`runtime.pipeline.warm`), which this layer cannot import
         self.switched: Callable[[Deployment], Awaitable[None]] | None = None
+        # why a path no function serves may be served soon (`edgefn dev` deploying
+        # its folders): `route` answers it 503 ``starting`` then, not 404
+        self.starting: str | None = None
 
     # -- deploys ----------------------------------------------------------------------------
     async def deploy(self, files: Files, source: str = "", tenant: str | None = None

@@ -1,10 +1,11 @@
 """`route`: find the deployed function that serves (host, path) and what its route
 captured (``ctx.route``, ``ctx.params``), unless an earlier stage already
-resolved it; 404 when none does."""
+resolved it; 404 when none does, or 503 ``starting`` (``Retry-After: 1``) while one
+may soon (`Registry.starting`: `edgefn dev` still deploying its folders)."""
 
 from __future__ import annotations
 
-from edgefn_core.errors import NoRoute
+from edgefn_core.errors import NoRoute, Starting
 from runtime.functions.registry import Deployment
 from runtime.net.message import Request
 from runtime.pipeline.contain import plain_error
@@ -27,5 +28,11 @@ class Route:
         target = self.targets.resolve(request, ctx)
         if not isinstance(target, Deployment):
             path = request.path.decode("latin-1")
-            return plain_error(NoRoute(f"no function serves {path}"))
+            starting = self.targets.registry.starting
+            if starting is None:
+                return plain_error(NoRoute(f"no function serves {path}"))
+            response = plain_error(Starting(f"no function serves {path} yet: {starting}; "
+                                            "retry"))
+            response.headers.append((b"retry-after", b"1"))
+            return response
         return call_next(request, ctx)
