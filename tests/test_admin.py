@@ -148,3 +148,33 @@ def test_the_token_file_is_created_0600_whatever_the_umask(tmp_path: Path) -> No
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert admin_token(tmp_path / "data") == first  # kept, not regenerated
     assert admin_token(tmp_path / "other") != first
+
+
+def test_dev_starting_answers_503_for_paths_not_served_yet_until_it_is_cleared(
+        pop: Running) -> None:
+    """``PUT /v1/dev/starting`` (`edgefn dev`, while it deploys its folders through the
+    admin API): a path no function serves gets 503 ``starting`` with ``Retry-After:
+    1`` and the reason, until ``{"why": null}``; a served path is not touched. A body
+    that is not ``{"why": text | null}`` is a 400 and changes nothing; the operation
+    needs an API key's ``admin:deploy``."""
+    from edgefn_core.errors import AdminError
+    from runtime.admin.api import operation, path_parts
+
+    pop.deploy(EXAMPLES / "hello-wat")
+    assert pop.get("/nothing")[0] == 404
+    put = b'{"why": "deploying 1 of 2"}'
+    assert pop.admin.request("PUT", "/v1/dev/starting", put) == {"starting": "deploying 1 of 2"}
+    status, headers, body = pop.get("/nothing")
+    assert (status, headers["retry-after"], headers["x-edgefn-error"]) == (503, "1", "starting")
+    assert json.loads(body)["error"]["message"] == ("no function serves /nothing yet: "
+                                                    "deploying 1 of 2; retry")
+    assert pop.get("/hello")[0] == 200
+    for bad in (b'{"why": 5}', b'{"why": ""}', b'{"wh": "x"}', b"[]", b"{",
+                json.dumps({"why": "x" * 1001}).encode()):
+        with pytest.raises(AdminError) as err:
+            pop.admin.request("PUT", "/v1/dev/starting", bad)
+        assert (err.value.status, err.value.code) == (400, "bad_request"), bad
+        assert pop.get("/nothing")[0] == 503
+    assert pop.admin.request("PUT", "/v1/dev/starting", b'{"why": null}') == {"starting": None}
+    assert pop.get("/nothing")[0] == 404
+    assert operation(b"PUT", path_parts(b"/v1/dev/starting")) == "deploy"

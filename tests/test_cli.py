@@ -435,20 +435,24 @@ def test_a_signal_while_dev_deploys_stops_it_at_once(tmp_path: Path, sig: signal
                                                                 .iterdir())
 
 
-def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path: Path,
+                                                                        workers: int) -> None:
     """`edgefn dev` listens before it has deployed its folders (a function whose import
     takes 1.5 s holds the first deploy here): a request for a route not deployed yet
     got the 404 ``no_route``, as if nothing would serve it. Now it gets 503
-    ``starting`` with ``Retry-After: 1`` until the folders are deployed; then the
-    function answers, and a path nothing serves is a 404 again."""
+    ``starting`` with ``Retry-After: 1`` until the folders are deployed, from every
+    worker; then the function answers, and a path nothing serves is a 404 again."""
     data, tree = tmp_path / "data", tmp_path / "fns"
     python_function(tree, "a-slow", "import time\nfrom edgefn import Response\n"
                                     "time.sleep(1.5)\n\ndef handle(request, env):\n"
                                     "    return Response('slow')\n")
     shutil.copytree(EXAMPLES / "hello-wat", tree / "z-hello")  # deployed after it
+    (tmp_path / "pop.toml").write_text(f"workers = {workers}\nworker_header = true\n")
     proc = subprocess.Popen([*EDGEFN, "dev", str(tree), "--no-ai", "--port", "0", "--data",
-                             str(data)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=ROOT)
+                             str(data), "--config", str(tmp_path / "pop.toml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
     assert proc.stdout is not None
     try:
         port, lines = 0, []
@@ -458,19 +462,21 @@ def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path:
             lines.append(line)
             if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line):
                 port = int(m.group(1))
-        seen = []
+        seen, refusing = [], set()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            status, body, headers = get(port, "/hello")
+            status, body, headers = get(port, "/hello")  # a fresh connection each
             seen.append(status)
             if status == 200:
                 break
             assert status == 503, (status, body)
+            refusing.add(headers["x-edgefn-worker"])
             assert json.loads(body)["error"]["kind"] == "starting", body
             assert b"edgefn dev is deploying the functions under" in body, body
             assert headers["retry-after"] == "1" and headers["x-edgefn-error"] == "starting"
             time.sleep(0.1)
         assert seen[0] == 503 and seen[-1] == 200, seen
+        assert len(refusing) == workers, (refusing, seen)  # every worker said so
         status, body, _ = get(port, "/nothing-here")
         assert status == 404 and json.loads(body)["error"]["kind"] == "no_route", body
         assert get(port, "/a-slow")[:2] == (200, b"slow")

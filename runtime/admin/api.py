@@ -35,6 +35,9 @@ namespaces and indexes its tenant owns or is granted, and cannot open the dashbo
     GET    /v1/events?since=10m&function=F&status=5xx&tenant=T&path=/p&method=GET&min_ms=N&limit=N
                                               the ring's events, oldest first (`edgefn events`)
     GET    /v1/events/stream?...              the same filters, live as SSE (`edgefn tail`)
+    PUT    /v1/dev/starting                   {"why": text | null}: while `edgefn dev` deploys
+                                              its folders, a path no function serves yet gets
+                                              503 `starting` (why) on every worker; null: 404
     POST   /v1/dashboard/login                a one-time login token for the dashboard
                                               (`edgefn dashboard`); the page and its stream
                                               (`runtime.observe.dashboard.serve`) need the
@@ -82,6 +85,10 @@ class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class VersionBody(msgspec.Struct, forbid_unknown_fields=True):
     version: str
+
+
+class StartingBody(msgspec.Struct, forbid_unknown_fields=True):
+    why: Annotated[str, msgspec.Meta(min_length=1, max_length=1000)] | None = None
 
 
 class ActivateBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -211,6 +218,11 @@ class AdminApp:
                     result = await asyncio.to_thread(operate, self.pop.stores, kind, target, op,
                                                      args)
                     return json_response({"result": result})
+                case ["v1", "dev", "starting"] if method == b"PUT":
+                    why = msgspec.json.decode(request.body or b"{}", type=StartingBody).why
+                    self.pop.registry.starting = why
+                    await self._tell({"op": "starting", "why": why})
+                    return json_response({"starting": why})
                 case ["v1", "keys", "reload"] if method == b"POST":
                     self.pop.keys.reload()  # `edgefn keys` changed DATA/keys.json
                     await self._tell({"op": "keys"})
@@ -492,7 +504,7 @@ def operation(method: bytes, parts: list[str]) -> str:
     """The admin scope a request with these (decoded) path `parts` needs:
     ``admin:<this>``."""
     section = parts[1] if len(parts) > 1 else ""
-    if section in ("deploy", "stage"):
+    if section in ("deploy", "stage", "dev"):
         return "deploy"
     if section == "functions":
         if method == b"DELETE":

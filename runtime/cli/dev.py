@@ -161,15 +161,19 @@ def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
 type Deploy = Callable[[Path], Awaitable[DeployResult]]
 type Remove = Callable[[str], Awaitable[None]]
 type Versions = Callable[[str], Awaitable[set[str]]]
+type Starting = Callable[[str | None], Awaitable[None]]
 
 
 class Target(NamedTuple):
-    """Where `edgefn dev` deploys: how to deploy a folder, to remove a function and
-    to list the versions a function's record holds (none for an unknown one)."""
+    """Where `edgefn dev` deploys: how to deploy a folder, to remove a function, to
+    list the versions a function's record holds (none for an unknown one), and to
+    say why a path no function serves may soon be served (None: it will not:
+    `Registry.starting`)."""
 
     deploy: Deploy
     remove: Remove
     versions: Versions
+    starting: Starting
 
 
 def in_process(registry: Registry) -> Target:
@@ -183,7 +187,10 @@ def in_process(registry: Registry) -> Target:
         except NotFound:
             return set()
 
-    return Target(deploy, registry.delete, versions)
+    async def starting(why: str | None) -> None:
+        registry.starting = why
+
+    return Target(deploy, registry.delete, versions, starting)
 
 
 def through_admin(data: Path) -> Target:
@@ -208,7 +215,11 @@ def through_admin(data: Path) -> Target:
             raise
         return {v["version"] for v in rec["versions"]}
 
-    return Target(deploy, remove, versions)
+    async def starting(why: str | None) -> None:  # (every worker, before it answers)
+        await asyncio.to_thread(client.request, "PUT", "/v1/dev/starting",
+                                msgspec.json.encode({"why": why}))
+
+    return Target(deploy, remove, versions, starting)
 
 
 class Session:
@@ -348,37 +359,42 @@ async def serve(config: PopConfig, dev_dir: str | None) -> None:
             print_functions(pop.registry.listing())
             await stop.wait()
         else:
-            registry = pop.registry
-            await develop(in_process(registry), Path(dev_dir), registry.listing, stop,
-                          lambda why: setattr(registry, "starting", why))
+            await develop(in_process(pop.registry), Path(dev_dir), pop.registry.listing, stop)
 
 
 async def develop(target: Target, root: Path, listing: Callable[[], list[Any]],
-                  stop: StopSignals,
-                  starting: Callable[[str | None], None] | None = None) -> None:
+                  stop: StopSignals) -> None:
     """`edgefn dev`: deploy every function folder under `root`, then redeploy one
     when its files change and release the function of one that goes (`release`),
-    until SIGINT/SIGTERM. `starting(why)` is told why while the first deploys run
-    (a request to a path no function serves yet gets 503 ``starting``, not a 404
-    that is not true for long), then None."""
-    print(f"dev mode: deploying functions under {root}", flush=True)
+    until SIGINT/SIGTERM. While the first deploys run, a request to a path no
+    function serves yet gets 503 ``starting`` (`target.starting`), not a 404 that
+    is not true for long."""
     session = Session(target)
     dirs = function_dirs(root)
-    try:
-        for i, d in enumerate(dirs):
-            if starting is not None:
-                starting(f"edgefn dev is deploying the functions under {root} "
-                         f"({i} of {len(dirs)} done)")
-            await deploy_dir(session, d)
-    finally:
-        if starting is not None:
-            starting(None)
+    for i, d in enumerate(dirs):
+        await say_starting(target, f"edgefn dev is deploying the functions under {root} "
+                                   f"({i} of {len(dirs)} done)")
+        if i == 0:  # (once every worker says so)
+            print(f"dev mode: deploying functions under {root}", flush=True)
+        await deploy_dir(session, d)
+    if not dirs:
+        print(f"dev mode: no function folders under {root}", flush=True)
+    await say_starting(target, None)
     watcher = asyncio.create_task(watch(session, root))
     print_functions(await asyncio.to_thread(listing))
     await stop.wait()
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watcher
+
+
+async def say_starting(target: Target, why: str | None) -> None:
+    """`target.starting(why)`; where the PoP refuses it, a line says so (the deploys
+    go on: the 503 is a courtesy)."""
+    try:
+        await target.starting(why)
+    except (AdminError, Failure) as e:
+        print(f"  ! {e}", flush=True)
 
 
 def print_addresses(pop: PoP, public: tuple[str, int], admin: tuple[str, int],

@@ -12,6 +12,7 @@ reads the record already saved.
 
     {"op": "sync"}                       follow the deploy store's records
     {"op": "keys"}                       re-read DATA/keys.json
+    {"op": "starting", "why": W | null}  answer 503 `starting` (W) for paths no function serves
     {"op": "purge", "args": {...}, "only": [names] | null}   purge the HTTP cache
                                          ("result": how many entries went)
     {"op": "ai_purge", "model": M | null, "tenant": T | null}  purge the AI cache
@@ -95,6 +96,9 @@ async def apply(pop: PoP, msg: dict[str, Any]) -> list[str]:
             return await pop.registry.follow()
         case "keys":
             pop.keys.reload()
+        case "starting":  # (`edgefn dev` deploying its folders: `Registry.starting`)
+            why = msg.get("why")
+            pop.registry.starting = why if isinstance(why, str) else None
         case "purge":
             purge(pop, msg)
         case "ping":
