@@ -1,6 +1,8 @@
 """Variants of a benchmark measured in alternating rounds (the order reverses every
 round, so that none always runs first on a machine that warms or tires), and the
-medians of each variant's figures with their ratios to the first variant's."""
+medians of each variant's figures with their ratios to the first variant's; and the
+ratios paired within each round (`paired`), which a slow spell that takes both
+variants of a round down cancels out of."""
 
 from __future__ import annotations
 
@@ -35,4 +37,24 @@ def medians[V: Hashable](results: dict[V, list[dict[str, float]]], keys: Sequenc
         m = {k: statistics.median(r[k] for r in runs) for k in keys}
         first = first or m
         rows.append((variant, m, {k: m[k] / first[k] for k in keys}))
+    return rows
+
+
+def paired[V: Hashable](results: dict[V, list[dict[str, float]]], keys: Sequence[str]
+                        ) -> list[tuple[V, dict[str, tuple[float, float, float]]]]:
+    """Each variant after the first (in order), and for each of `keys` the median,
+    lowest and highest of its ratio to the first variant's figure of the same round.
+    Raises ValueError when a variant has not as many rounds as the first."""
+    variants = list(results)
+    first = results[variants[0]]
+    rows = []
+    for variant in variants[1:]:
+        runs = results[variant]
+        if len(runs) != len(first):
+            raise ValueError(f"{variant!r} has {len(runs)} rounds, the first {len(first)}")
+        spans = {}
+        for k in keys:
+            ratios = [r[k] / f[k] for r, f in zip(runs, first, strict=True)]
+            spans[k] = (statistics.median(ratios), min(ratios), max(ratios))
+        rows.append((variant, spans))
     return rows

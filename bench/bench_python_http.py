@@ -20,7 +20,9 @@ shows as their CPU a request.
 set; given more than once, each is a variant, measured in alternating rounds with
 the others ("" is the manifest as it is), and each variant's ratio to the first.
 `--tree DIR`: a second checkout (a worktree of the commit before) measured the same
-way (ABBA, so neither always runs first), and this checkout's ratio to it.
+way (ABBA, so neither always runs first), and this checkout's ratio to it: of the
+medians, and paired within each round (median and range: a slow spell of the machine
+takes both of a round down, and cancels out of their ratio).
 """
 
 from __future__ import annotations
@@ -148,6 +150,14 @@ def main() -> int:
               f"{m['pop_us']:>8.1f}{m['host_us']:>8.1f}{x['rps']:>8.2f}"
               f"{x['pop_us']:>6.2f}{x['host_us']:>6.2f}{m['wrk_us']:>8.1f}{m['cores']:>6.2f}"
               f"{m['pop_core']:>9.2f}")
+    pairs = _variants.paired(results, ("rps", "pop_us", "host_us"))
+    if pairs:
+        print("x first within each round (the same round's first line), median (range):")
+    for (tree, pool), span in pairs:
+        print(f"  {str(tree)[-27:]} [{pool or 'manifest'}]: " + ", ".join(
+            f"{name} {m:.2f} ({lo:.2f}-{hi:.2f})" for name, (m, lo, hi) in (
+                ("req/s", span["rps"]), ("PoP us", span["pop_us"]),
+                ("host us", span["host_us"]))))
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 

@@ -8,6 +8,8 @@ import platform
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -40,3 +42,19 @@ def test_as_a_script_it_says_whether_this_interpreter_is_that_version_built_so()
     assert mine.returncode == (0 if built_so else 1)
     other = subprocess.run([sys.executable, script, "3.0.0"], timeout=30)
     assert other.returncode == 1
+
+
+def test_paired_ratios_are_taken_within_each_round() -> None:
+    """`_variants.paired`: each later variant's figure over the first's of the same
+    round (a slow round takes both down: its ratio stays), median and range; the
+    ratio of medians would say otherwise here."""
+    import _variants
+
+    results = {"base": [{"rps": 100.0}, {"rps": 50.0}, {"rps": 100.0}],
+               "new": [{"rps": 110.0}, {"rps": 55.0}, {"rps": 90.0}]}
+    assert _variants.paired(results, ("rps",)) == [("new", {"rps": (1.1, 0.9, 1.1)})]
+    medians = _variants.medians(results, ("rps",))
+    assert medians[1][2]["rps"] == 0.9  # 90 / 100: the slow round moved the medians
+    assert _variants.paired({"base": results["base"]}, ("rps",)) == []
+    with pytest.raises(ValueError, match="has 2 rounds, the first 3"):
+        _variants.paired({"base": results["base"], "short": results["new"][:2]}, ("rps",))
