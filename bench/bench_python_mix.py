@@ -11,7 +11,8 @@ sleeps `--slow-ms` when asked (`?slow=1`). A load generator in this process keep
 `--slow-every`th request is a slow one. Printed for each [pool] variant (the
 defaults first: ``pipeline = "auto"``), in alternating rounds, medians: req/s, the
 short requests' p50 / p99 / max latency, and each figure's ratio to the first
-variant, and how many slow requests are in flight on average (when that reaches
+variant (of the medians, and paired within each round: `_variants.paired`), and how
+many slow requests are in flight on average (when that reaches
 the pool's max, every isolate sleeps and short requests wait whatever the
 scheduler does). A short request packed behind a slow one waits until it is taken
 back (within ~2 ms with "auto"); with ``pipeline = 0`` none ever waits behind one.
@@ -199,6 +200,13 @@ def main() -> int:
               f"{m['max']:>8.1f}{x['rps']:>9.2f}{x['p50']:>7.2f}{x['p99']:>7.2f}{held:>11.1f}")
     print("(slow held: slow requests in flight on average, req/s / slow-every x slow-ms; at "
           "pool.max = 4 or more of them every isolate sleeps)")
+    pairs = _variants.paired(results, ("rps", "p50", "p99"))
+    if pairs:
+        print("x the first within each round (its same round), median (range):")
+    for pool, span in pairs:
+        print(f"  [{pool or 'defaults (auto)'}]: " + ", ".join(
+            f"{name} {m:.2f} ({lo:.2f}-{hi:.2f})" for name, (m, lo, hi) in (
+                ("req/s", span["rps"]), ("p50", span["p50"]), ("p99", span["p99"]))))
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 
