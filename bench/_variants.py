@@ -58,3 +58,17 @@ def paired[V: Hashable](results: dict[V, list[dict[str, float]]], keys: Sequence
             spans[k] = (statistics.median(ratios), min(ratios), max(ratios))
         rows.append((variant, spans))
     return rows
+
+
+def print_paired[V: Hashable](results: dict[V, list[dict[str, float]]],
+                              figures: dict[str, str], label: Callable[[V], str]) -> None:
+    """`paired`'s rows, a line a later variant (`label` names it): each of `figures`
+    (printed name: key) as median (lowest-highest); nothing for one variant."""
+    rows = paired(results, tuple(figures.values()))
+    if rows:
+        print("x the first within each round (the first's figure of the same round), "
+              "median (range):")
+    for variant, spans in rows:
+        print(f"  {label(variant)}: " + ", ".join(
+            "{} {:.2f} ({:.2f}-{:.2f})".format(name, *spans[key])
+            for name, key in figures.items()))

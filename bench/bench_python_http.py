@@ -150,14 +150,8 @@ def main() -> int:
               f"{m['pop_us']:>8.1f}{m['host_us']:>8.1f}{x['rps']:>8.2f}"
               f"{x['pop_us']:>6.2f}{x['host_us']:>6.2f}{m['wrk_us']:>8.1f}{m['cores']:>6.2f}"
               f"{m['pop_core']:>9.2f}")
-    pairs = _variants.paired(results, ("rps", "pop_us", "host_us"))
-    if pairs:
-        print("x first within each round (the same round's first line), median (range):")
-    for (tree, pool), span in pairs:
-        print(f"  {str(tree)[-27:]} [{pool or 'manifest'}]: " + ", ".join(
-            f"{name} {m:.2f} ({lo:.2f}-{hi:.2f})" for name, (m, lo, hi) in (
-                ("req/s", span["rps"]), ("PoP us", span["pop_us"]),
-                ("host us", span["host_us"]))))
+    _variants.print_paired(results, {"req/s": "rps", "PoP us": "pop_us", "host us": "host_us"},
+                           lambda v: f"{str(v[0])[-27:]} [{v[1] or 'manifest'}]")
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 

@@ -200,13 +200,8 @@ def main() -> int:
               f"{m['max']:>8.1f}{x['rps']:>9.2f}{x['p50']:>7.2f}{x['p99']:>7.2f}{held:>11.1f}")
     print("(slow held: slow requests in flight on average, req/s / slow-every x slow-ms; at "
           "pool.max = 4 or more of them every isolate sleeps)")
-    pairs = _variants.paired(results, ("rps", "p50", "p99"))
-    if pairs:
-        print("x the first within each round (its same round), median (range):")
-    for pool, span in pairs:
-        print(f"  [{pool or 'defaults (auto)'}]: " + ", ".join(
-            f"{name} {m:.2f} ({lo:.2f}-{hi:.2f})" for name, (m, lo, hi) in (
-                ("req/s", span["rps"]), ("p50", span["p50"]), ("p99", span["p99"]))))
+    _variants.print_paired(results, {"req/s": "rps", "p50": "p50", "p99": "p99"},
+                           lambda pool: f"[{pool or 'defaults (auto)'}]")
     print(f"(load average {os.getloadavg()[0]:.2f})")
     return 0
 

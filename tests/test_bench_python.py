@@ -58,3 +58,16 @@ def test_paired_ratios_are_taken_within_each_round() -> None:
     assert _variants.paired({"base": results["base"]}, ("rps",)) == []
     with pytest.raises(ValueError, match="has 2 rounds, the first 3"):
         _variants.paired({"base": results["base"], "short": results["new"][:2]}, ("rps",))
+
+
+def test_paired_lines_name_each_later_variant_and_figure(capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    import _variants
+
+    results = {"base": [{"rps": 100.0, "p": 2.0}, {"rps": 50.0, "p": 4.0}],
+               "new": [{"rps": 110.0, "p": 1.0}, {"rps": 45.0, "p": 4.0}]}
+    _variants.print_paired(results, {"req/s": "rps", "p50": "p"}, lambda v: f"[{v}]")
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  [new]: req/s 1.00 (0.90-1.10), p50 0.75 (0.50-1.00)"]
+    _variants.print_paired({"base": results["base"]}, {"req/s": "rps"}, str)
+    assert capsys.readouterr().out == ""

@@ -371,14 +371,16 @@ async def develop(target: Target, root: Path, listing: Callable[[], list[Any]],
     is not true for long."""
     session = Session(target)
     dirs = function_dirs(root)
+
+    def progress(done: int) -> str:
+        return f"edgefn dev is deploying the functions under {root} ({done} of {len(dirs)} done)"
+
+    await say_starting(target, progress(0))
+    print(f"dev mode: deploying functions under {root}", flush=True)  # every worker says so
     for i, d in enumerate(dirs):
-        await say_starting(target, f"edgefn dev is deploying the functions under {root} "
-                                   f"({i} of {len(dirs)} done)")
-        if i == 0:  # (once every worker says so)
-            print(f"dev mode: deploying functions under {root}", flush=True)
+        if i:
+            await say_starting(target, progress(i))
         await deploy_dir(session, d)
-    if not dirs:
-        print(f"dev mode: no function folders under {root}", flush=True)
     await say_starting(target, None)
     watcher = asyncio.create_task(watch(session, root))
     print_functions(await asyncio.to_thread(listing))
