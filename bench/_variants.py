@@ -28,6 +28,12 @@ def alternate[V: Hashable](variants: Sequence[V], rounds: int,
     return results
 
 
+def ratio(a: float, b: float) -> float:
+    """a / b; NaN where b is 0 (a figure a variant does not have: a WASM function's
+    isolate hosts)."""
+    return a / b if b else float("nan")
+
+
 def medians[V: Hashable](results: dict[V, list[dict[str, float]]], keys: Sequence[str]
                          ) -> list[tuple[V, dict[str, float], dict[str, float]]]:
     """Each variant (in order), the medians of its `keys`, and their ratios to the
@@ -36,7 +42,7 @@ def medians[V: Hashable](results: dict[V, list[dict[str, float]]], keys: Sequenc
     for variant, runs in results.items():
         m = {k: statistics.median(r[k] for r in runs) for k in keys}
         first = first or m
-        rows.append((variant, m, {k: m[k] / first[k] for k in keys}))
+        rows.append((variant, m, {k: ratio(m[k], first[k]) for k in keys}))
     return rows
 
 
@@ -54,7 +60,7 @@ def paired[V: Hashable](results: dict[V, list[dict[str, float]]], keys: Sequence
             raise ValueError(f"{variant!r} has {len(runs)} rounds, the first {len(first)}")
         spans = {}
         for k in keys:
-            ratios = [r[k] / f[k] for r, f in zip(runs, first, strict=True)]
+            ratios = [ratio(r[k], f[k]) for r, f in zip(runs, first, strict=True)]
             spans[k] = (statistics.median(ratios), min(ratios), max(ratios))
         rows.append((variant, spans))
     return rows

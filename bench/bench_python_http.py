@@ -2,6 +2,7 @@
 
     python bench/bench_python_http.py [--pool KEY=VALUE,...]... [--rounds 4] [--seconds 5]
                                       [--connections 32] [--tree OTHER_CHECKOUT]
+                                      [--function python-hello --path /py/hello]
 
 A PoP (`edgefn serve`) with python-hello deployed, loaded by `wrk -t1 -c32`
 (`--connections N`: -cN); for each round, req/s and the CPU per request of the PoP
@@ -23,6 +24,8 @@ the others ("" is the manifest as it is), and each variant's ratio to the first.
 way (ABBA, so neither always runs first), and this checkout's ratio to it: of the
 medians, and paired within each round (median and range: a slow spell of the machine
 takes both of a round down, and cancels out of their ratio).
+`--function hello-wat --path /hello`: another example of the checkout (a WASM one
+has no isolate hosts: its host us is 0, and `--pool` does not apply).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,13 +67,18 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def isolate_hosts(pop: int) -> list[int]:
+def isolate_hosts(pop: int, python: bool = True) -> list[int]:
     """The PoP's isolate host processes (the active one and its standby). Raises
-    RuntimeError if it has none."""
+    RuntimeError if it has none and serves a `python` function."""
     hosts = _cpu.isolate_hosts(pop)
-    if not hosts:
+    if python and not hosts:
         raise RuntimeError("no isolate host among the PoP's processes")
     return hosts
+
+
+def is_python(example: Path) -> bool:
+    """Whether the function in folder `example` is a Python one (its manifest says so)."""
+    return tomllib.loads((example / "edgefn.toml").read_text()).get("runtime") == "python"
 
 
 def with_pool(example: Path, work: Path, pool: str) -> Path:
@@ -90,18 +99,20 @@ def with_pool(example: Path, work: Path, pool: str) -> Path:
     return copy
 
 
-def one_round(tree: Path, pool: str, seconds: int, connections: int) -> dict[str, float]:
-    """A fresh PoP from checkout `tree`, python-hello's [pool] set as `pool` says:
+def one_round(tree: Path, pool: str, seconds: int, connections: int,
+              function: str = "python-hello", path: str = "/py/hello") -> dict[str, float]:
+    """A fresh PoP from checkout `tree`, its example `function` deployed (its [pool]
+    set as `pool` says) and loaded at `path`:
     {"rps", "pop_us", "host_us", "wrk_us", "cores", "pop_core"}."""
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         proc, port = bench_runtime.start_edgefn(data, tree=tree)
         try:
-            example = tree / "functions" / "examples" / "python-hello"
+            example = tree / "functions" / "examples" / function
             AdminClient(data).deploy(with_pool(example, Path(tmp), pool))
-            url = f"http://127.0.0.1:{port}/py/hello"
+            url = f"http://127.0.0.1:{port}{path}"
             _wrk.run(url, seconds=1, connections=connections)  # warm-up: the pool grows
-            hosts = isolate_hosts(proc.pid)
+            hosts = isolate_hosts(proc.pid, is_python(example))
             pop0, t0 = cpu_seconds(proc.pid), time.monotonic()
             host0, wrk0 = sum(cpu_seconds(h) for h in hosts), children_cpu()
             r = _wrk.run(url, seconds=seconds, connections=connections)
@@ -127,7 +138,12 @@ def main() -> int:
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--connections", type=int, default=32, help="wrk's -c")
     p.add_argument("--tree", type=Path, help="another checkout, measured in alternating rounds")
+    p.add_argument("--function", default="python-hello",
+                   help="the example served (functions/examples/NAME of each checkout)")
+    p.add_argument("--path", default="/py/hello", help="the path wrk loads")
     args = p.parse_args()
+    if args.pool and not is_python(ROOT / "functions" / "examples" / args.function):
+        p.error("--pool sets a Python function's [pool]")
     trees = [ROOT] if args.tree is None else [args.tree.resolve(), ROOT]
     variants = [(tree, pool) for tree in trees for pool in (args.pool or [""])]
 
@@ -139,9 +155,10 @@ def main() -> int:
 
     results = _variants.alternate(
         variants, args.rounds,
-        lambda v: one_round(v[0], v[1], args.seconds, args.connections), report)
-    print(f"\n== python-hello, wrk -t1 -c{args.connections} -d{args.seconds}s, medians of "
-          f"{args.rounds} rounds (x first: ratio to the first line) ==")
+        lambda v: one_round(v[0], v[1], args.seconds, args.connections, args.function,
+                            args.path), report)
+    print(f"\n== {args.function} {args.path}, wrk -t1 -c{args.connections} -d{args.seconds}s, "
+          f"medians of {args.rounds} rounds (x first: ratio to the first line) ==")
     print(f"{'checkout':<28}{'[pool]':<40}{'req/s':>8}{'PoP us':>8}{'host us':>8}"
           f"{'x first':>8}{'PoP':>6}{'host':>6}{'wrk us':>8}{'cores':>6}{'PoP core':>9}")
     for (tree, pool), m, x in _variants.medians(results, ("rps", "pop_us", "host_us",

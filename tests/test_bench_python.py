@@ -71,3 +71,25 @@ def test_paired_lines_name_each_later_variant_and_figure(capsys: pytest.CaptureF
         "  [new]: req/s 1.00 (0.90-1.10), p50 0.75 (0.50-1.00)"]
     _variants.print_paired({"base": results["base"]}, {"req/s": "rps"}, str)
     assert capsys.readouterr().out == ""
+
+
+def test_a_figure_the_first_variant_lacks_has_no_ratio() -> None:
+    """A WASM function has no isolate hosts (`bench_python_http.py --function
+    hello-wat`): its host figure is 0, and a ratio to it is NaN, not a crash."""
+    import math
+
+    import _variants
+
+    results = {"base": [{"rps": 100.0, "host": 0.0}], "new": [{"rps": 90.0, "host": 0.0}]}
+    assert _variants.medians(results, ("rps",))[1][2] == {"rps": 0.9}
+    assert math.isnan(_variants.medians(results, ("host",))[1][2]["host"])
+    (_, spans), = _variants.paired(results, ("rps", "host"))
+    assert spans["rps"] == (0.9, 0.9, 0.9) and all(math.isnan(x) for x in spans["host"])
+
+
+def test_bench_python_http_tells_a_python_example_by_its_manifest() -> None:
+    import bench_python_http
+
+    examples = ROOT / "functions" / "examples"
+    assert bench_python_http.is_python(examples / "python-hello")
+    assert not bench_python_http.is_python(examples / "hello-wat")
