@@ -74,15 +74,20 @@ class FakeIsolate:
 class Harness:
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int = 4, started: int = 2,
                  wall_ms: int = 10_000, recycle_after: int = 1000, depth: int = 0,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, cpu_ms: int = 50) -> None:
         self.loop = loop
         self.grown: list[FakeIsolate] = []
         self.stuck: list[tuple[FakeIsolate, Job]] = []
         self.drained = 0
+        # the CPU watch's calls: a job that starts on an isolate, and one handed back
+        self.watched: list[tuple[FakeIsolate, Job]] = []
+        self.unwatched: list[tuple[FakeIsolate, Job]] = []
         self.s: Scheduler[FakeIsolate] = Scheduler(
             wall_ms, recycle_after, grow=self.grown.append,
             stuck=lambda i, j: self.stuck.append((i, j)), drained=self._drained, depth=depth,
-            clock=clock or time.monotonic)
+            clock=clock or time.monotonic, cpu_ms=cpu_ms,
+            watch=lambda i, j: self.watched.append((i, j)),
+            unwatch=lambda i, j: self.unwatched.append((i, j)))
         self.isolates = [FakeIsolate(f"i{n}", state="idle" if n < started else "unstarted")
                          for n in range(size)]
         self.s.use(1, self.isolates)
@@ -284,6 +289,7 @@ def test_a_job_that_ended_is_not_held_until_its_deadline(
     h.answer(isolate)
     loop.run_until_complete(asyncio.sleep(0))  # its future's callbacks ran
     isolate.jobs.clear()
+    h.watched.clear()  # (the harness's record of the CPU watch's calls)
     gone = weakref.ref(job)
     del job
     gc.collect()
@@ -396,10 +402,15 @@ class FakeClockLoop:
         return self.call_at(self.now + delay, callback, *args)
 
     def advance(self, seconds: float) -> None:
-        """Run what is ready, then every timer due within `seconds`, each at its time."""
+        """Run what is ready, then every timer due within `seconds`, each at its time.
+        Raises AssertionError past 100,000 timers in one call (one re-armed for the same
+        time, again and again, would never let it return)."""
         end = self.now + seconds
         self._run_ready()
+        fired = 0
         while self.timers and self.timers[0][0] <= end:
+            fired += 1
+            assert fired <= 100_000, "a timer is re-armed for the time it fired at"
             at, _, timer = heapq.heappop(self.timers)
             self.now = max(self.now, at)
             if not timer.cancelled:
@@ -843,3 +854,257 @@ def test_jobs_sent_ahead_run_once_in_the_order_sent_and_keep_their_own_deadlines
     for isolate, jobs in ran.items():  # in the order sent (a subsequence of it)
         sent = iter(isolate.jobs)
         assert all(job in sent for job in jobs)
+
+
+# -- what `make mutate` found untested (its survivors, 2026-12-06) ------------------------
+
+
+def test_each_job_gets_its_cpu_watch_when_it_starts_and_loses_it_when_handed_back(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """The CPU watch counts a job from when it starts on its isolate: at once on an
+    idle one, when the one before it ends for one sent ahead (`begun`); a job handed
+    back unstarted is no longer watched there (`requeue`), and is watched again where
+    it runs next."""
+    h = Harness(loop, size=2, started=2, depth=1)
+    a, b = h.isolates
+    first, second, ahead = h.submit(b"first"), h.submit(b"second"), h.submit(b"ahead")
+    assert h.watched == [(b, first), (a, second)]  # `ahead` waits behind `second` on a
+    assert list(a.queue) == [ahead] and ahead.isolate is a
+    h.answer(a)  # `ahead` starts on a now
+    assert h.watched[2:] == [(a, ahead)] and h.unwatched == []
+    behind = h.submit(b"behind")  # sent ahead to one of them
+    owner = next(i for i in h.isolates if i.queue)
+    other = b if owner is a else a
+    h.answer(other)
+    turn(loop)  # other stays idle: it takes `behind` back
+    h.hand_back(owner)
+    assert h.unwatched == [(owner, behind)]  # handed back by the isolate it was sent to
+    assert h.watched[-1] == (other, behind) and behind.isolate is other
+
+
+def test_a_retired_pool_runs_a_handed_back_job_on_an_isolate_it_still_has(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Only a retired pool with no live isolate fails it (503 ``replaced``, with its
+    message); a pool that is not retired keeps it waiting for a new host even with
+    every isolate dead."""
+    h = Harness(loop, size=2, started=2)
+    lost, busy = h.submit(b"lost"), h.submit(b"busy")
+    gone, alive = h.runner(lost), h.runner(busy)
+    assert gone is not None and alive is not None
+    gone.state = "dead"
+    h.s.retire()
+    h.s.requeue(lost)
+    assert not lost.done and list(h.s.waiting) == [lost]  # `alive` runs it next
+    h.answer(alive)
+    assert alive.job is lost
+    h.answer(alive)
+    assert lost.future.result().status == 200
+
+    h2 = Harness(loop, size=1, started=1)
+    job = h2.submit()
+    (only,) = h2.isolates
+    only.state = "dead"  # not retired: a new host may come
+    h2.s.requeue(job)
+    assert not job.done and list(h2.s.waiting) == [job]
+    h2.s.retire()
+    h2.s.requeue(h2.s.waiting.popleft())
+    err = job.future.exception()
+    assert isinstance(err, FunctionError) and (err.code, err.status) == ("replaced", 503)
+    assert str(err) == ("this version was replaced and its isolate stopped before running "
+                        "the request; retry")
+
+
+def test_a_job_for_a_drained_pool_says_why(loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop)
+    h.s.retire()
+    err = h.submit().future.exception()
+    assert str(err) == "this version was replaced while the request was on its way to it; retry"
+
+
+def test_a_cut_for_cpu_is_a_503_naming_the_limit(loop: asyncio.AbstractEventLoop) -> None:
+    h = Harness(loop, size=1, started=1, cpu_ms=40)
+    job = h.submit()
+    h.s.overran(job)
+    err = job.future.exception()
+    assert isinstance(err, FunctionError) and (err.code, err.status) == ("cpu_limit", 503)
+    assert str(err) == "exceeded its CPU limit of 40 ms"
+
+
+def test_recycled_interpreters_are_counted_once_each(loop: asyncio.AbstractEventLoop) -> None:
+    """`recycled` is the pool's metric of interpreters replaced after their jobs."""
+    h = Harness(loop, size=1, started=1, recycle_after=1)
+    (only,) = h.isolates
+    assert h.s.recycled == 0
+    for n in (1, 2):
+        h.submit()
+        h.answer(only)
+        assert only.state == "recycling" and h.s.recycled == n
+        h.s.started(only)
+
+
+def test_a_scheduler_sends_nothing_ahead_unless_told_to(loop: asyncio.AbstractEventLoop) -> None:
+    s: Scheduler[FakeIsolate] = Scheduler(10_000, 1000, grow=lambda i: None,
+                                          stuck=lambda i, j: None, drained=lambda: None)
+    a = FakeIsolate("a")
+    s.use(1, [a])
+    first, second = Job(loop, b"1"), Job(loop, b"2")
+    s.submit(first)
+    s.submit(second)
+    assert a.jobs == [first] and list(s.waiting) == [second]
+
+
+def test_only_the_active_hosts_isolates_take_jobs(loop: asyncio.AbstractEventLoop) -> None:
+    """Before any host is in use, and after `clear` (the active host died), an isolate
+    that says READY or finishes its job takes none of the waiting jobs."""
+    s: Scheduler[FakeIsolate] = Scheduler(10_000, 1000, grow=lambda i: None,
+                                          stuck=lambda i, j: None, drained=lambda: None)
+    early = FakeIsolate("early", generation=1, state="starting")
+    waiting = Job(loop, b"w")
+    s.submit(waiting)  # no host yet: it waits
+    s.started(early)
+    assert early.jobs == [] and list(s.waiting) == [waiting]
+    s.use(1, [early])
+    assert early.jobs == [waiting]
+
+    h = Harness(loop, size=1, started=1)
+    (old,) = h.isolates
+    h.submit()
+    h.s.clear()
+    later = h.submit()
+    h.answer(old)  # its host is no longer active
+    assert old.jobs[-1] is not later and list(h.s.waiting) == [later]
+
+
+def test_an_isolate_that_goes_idle_before_any_job_looks_for_jobs_to_take_back(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """A READY before the first request (no loop known yet) idles it quietly."""
+    h = Harness(loop, size=2, started=0, depth=1)
+    fresh = h.isolates[0]
+    fresh.state = "starting"
+    h.s.started(fresh)
+    assert list(h.s.idle) == [fresh] and not h.s.steal_due
+
+
+def test_isolates_going_idle_in_one_turn_share_one_look_for_jobs_to_take_back() -> None:
+    loop = FakeClockLoop(0.0)
+    h = Harness(loop, size=3, started=3, depth=1)  # type: ignore[arg-type]
+    for _ in range(4):
+        h.submit()
+    owner = next(i for i in h.isolates if i.queue)
+    others = [i for i in h.isolates if i is not owner]
+    loop.ready.clear()
+    for isolate in others:
+        h.answer(isolate)
+    assert len(loop.ready) == 1 and h.s.steal_due  # one `_steal_idle` for both
+    loop.advance(0)
+    assert not h.s.steal_due and owner.drops == 1
+
+
+def test_a_deadline_due_within_the_timer_grain_fails_then_rather_than_rearming() -> None:
+    """uvloop's timers count whole milliseconds: one may fire a whole TIMER_GRAIN
+    early, and the job due then fails then (armed again for the same time, the timer
+    fired again and again)."""
+    loop = FakeClockLoop(TIMER_GRAIN)
+    h = Harness(loop, size=1, started=1, wall_ms=950)  # type: ignore[arg-type]
+    job = h.submit()  # due at 0.95 + TIMER_SLACK = 1.0
+    loop.advance(0.5)
+    assert not job.done
+    loop.advance(0.5)
+    assert job.done and loop.now == 1.0
+    assert isinstance(job.future.exception(), FunctionError)
+
+
+def test_auto_packs_while_the_mean_is_at_most_half_of_pack_wait() -> None:
+    """Jobs of 0.4 ms (under PACK_WAIT / 2): one packed behind the one running (1 ms /
+    0.4 ms - 1); jobs of 0.6 ms: none (`test_auto_sends_none_ahead_while_jobs_are_long`)."""
+    h, _ = auto_harness(size=2, started=2, job_seconds=0.0004)
+    assert (h.s.depth, h.s.room) == (AUTO_DEPTH, 1)
+    first, packed, other = h.submit(), h.submit(), h.submit()
+    x = next(i for i in h.isolates if i.job is first)
+    assert list(x.queue) == [packed] and other.isolate is not x
+
+
+def test_auto_packs_nothing_onto_an_isolate_that_recycles_after_its_job() -> None:
+    h, _ = auto_harness(size=2, started=2, job_seconds=0.00002)
+    assert h.s.room == AUTO_DEPTH
+    first = h.submit()
+    x = next(i for i in h.isolates if i.job is first)
+    y = next(i for i in h.isolates if i is not x)
+    x.uses = h.s.recycle_after  # its next interpreter starts after this job
+    second = h.submit()
+    assert not x.queue and y.job is second
+
+
+def test_auto_patrol_comes_every_two_pack_waits_while_jobs_are_packed() -> None:
+    """The patrol is armed once when jobs are packed (not again for each job packed),
+    comes 2 x PACK_WAIT later, and again every 2 x PACK_WAIT while any isolate holds
+    jobs ahead."""
+    h, loop = auto_harness(size=2, started=1, job_seconds=0.00002)
+    x, y = h.isolates
+    first = h.submit()
+    h.submit()
+    patrol = h.s.patrol
+    assert patrol is not None and list(x.queue) and x.job is first
+    h.submit()
+    assert h.s.patrol is patrol  # one patrol for all
+    start = loop.now
+    loop.advance(2 * PACK_WAIT - 1e-6)
+    assert h.s.patrol is patrol and not h.grown
+    loop.advance(2e-6)  # x's job has run past PACK_WAIT: one more isolate starts for them
+    assert h.grown == [y] and h.s.patrol is not patrol and h.s.patrol is not None
+    assert h.s.patrol.when == pytest.approx(start + 4 * PACK_WAIT, abs=2e-6)  # type: ignore[attr-defined]
+
+
+def test_auto_patrol_takes_back_only_from_an_isolate_whose_job_runs_on() -> None:
+    """Jobs packed behind a job that started less than PACK_WAIT ago stay, however
+    many they are; those behind one that has run past it come back; no isolate starts
+    for jobs that are not overdue."""
+    h, loop = auto_harness(size=4, started=3, job_seconds=0.0001)
+    assert h.s.room == 8  # 1 ms / ~0.1 ms, less the one running, rounded down
+    slow = h.submit(b"slow")
+    x = next(i for i in h.isolates if i.job is slow)
+    x_packed = [h.submit(b"x")]
+    assert list(x.queue) == x_packed
+    loop.advance(0.0015)  # x's job runs on; a later job on another isolate is fresh
+    fresh = h.submit(b"fresh")
+    z = next(i for i in h.isolates if i.job is fresh)
+    z_packed = [h.submit(b"z") for _ in range(3)]
+    assert list(z.queue) == z_packed and z is not x
+    y = next(i for i in h.isolates[:3] if i not in (x, z))
+    assert y.state == "idle"
+    loop.advance(0.0006)  # the patrol (2 ms after the first packing): x is overdue, z not
+    assert x.dropping and not z.dropping and z.drops == 0 and not h.grown
+
+
+def test_auto_patrol_starts_no_isolate_while_no_job_is_overdue() -> None:
+    h, loop = auto_harness(size=2, started=1, job_seconds=0.0001)
+    x, _ = h.isolates
+    first = h.submit()
+    h.submit()
+    assert x.job is first and len(x.queue) == 1
+    loop.advance(0.0015)
+    h.answer(x)  # its packed job starts now: not overdue at the patrol (2 ms)
+    loop.advance(0.0006)
+    assert h.grown == [] and not x.dropping
+
+
+def test_a_job_handed_back_that_waits_past_its_wall_limit_fails_with_no_isolate_blamed(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """Handed back, it belongs to no isolate while it waits: cut there, it fails with
+    `wall_limit`, no isolate is taken for stuck for it, and the jobs due after it
+    still fail at their own limits (the timer goes on)."""
+    h = Harness(loop, size=2, started=2, depth=1, wall_ms=30)
+    jobs = [h.submit(b"1"), h.submit(b"2")]
+    ahead = h.submit(b"ahead")
+    owner = next(i for i in h.isolates if i.queue)
+    jobs += [ahead, h.submit(b"4")]  # the last ahead to the other one: every place taken
+    owner.recycling = True  # (it takes none ahead now)
+    owner.dropping = True
+    h.hand_back(owner)  # it waits, first in line
+    assert list(h.s.waiting) == [ahead] and ahead.isolate is None
+    done = loop.run_until_complete(asyncio.wait([j.future for j in jobs], timeout=5))[0]
+    assert len(done) == 4
+    for job in jobs:
+        err = job.future.exception()
+        assert isinstance(err, FunctionError) and err.code == "wall_limit"
+    assert all(job is not ahead for _, job in h.stuck) and len(h.stuck) == 2
