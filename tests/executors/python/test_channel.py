@@ -145,3 +145,208 @@ def test_a_plain_send_sends_what_is_held_first_and_held_frames_can_be_forgotten(
         peer.close()
 
     asyncio.run(go())
+
+
+class Recorder:
+    """A receiver that records what its channel reports, and closes it when the peer
+    is lost (as the isolate's owner does)."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[bytes, bytes]] = []
+        self.lost_count = 0
+        self.errors: list[ProtocolError] = []
+        self.channel: Channel | None = None
+
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        self.frames.append((kind, payload))
+
+    def lost(self) -> None:
+        self.lost_count += 1
+        if self.channel is not None:
+            self.channel.close()
+
+    def garbage(self, err: ProtocolError) -> None:
+        self.errors.append(err)
+
+
+async def settle() -> None:
+    """Let the loop read what is readable (a few turns)."""
+    for _ in range(5):
+        await asyncio.sleep(0.002)
+
+
+def test_unread_says_whether_the_peer_may_have_sent_what_was_not_read() -> None:
+    """What `Isolate.drop` bets on: a byte waiting is unread (one is enough); none is
+    not; after the peer's EOF, nothing is; a channel closed before its EOF, or a
+    socket that cannot be asked, may hold anything."""
+
+    async def go() -> None:
+        ours, peer = socket.socketpair()
+        receiver = Recorder()
+        channel = receiver.channel = Channel(ours, receiver)
+        assert not channel.unread()
+        peer.send(b"x")
+        assert channel.unread()  # one byte
+        channel.attach(asyncio.get_running_loop())
+        await settle()  # read (not a whole frame yet): nothing waits now
+        assert not channel.unread() and receiver.frames == []
+        peer.close()
+        await settle()
+        assert channel.eof and receiver.lost_count == 1 and channel.closed
+        assert not channel.unread()  # its EOF came first: everything was read
+
+        ours2, peer2 = socket.socketpair()
+        closed = Channel(ours2, Recorder())
+        closed.close()
+        assert closed.unread()  # closed before its EOF: nothing says
+        peer2.close()
+
+        listener = socket.socket()  # a socket FIONREAD cannot be asked of (EINVAL)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert Channel(listener, Recorder()).unread()
+        listener.close()
+
+    asyncio.run(go())
+
+
+def test_a_peer_that_resets_the_socket_is_lost_once_and_sends_no_frame() -> None:
+    """A read that fails (ECONNRESET: the peer closed with what it was sent unread)
+    is the peer's end, as an EOF is."""
+
+    async def go() -> None:
+        ours, peer = socket.socketpair()
+        receiver = Recorder()
+        channel = receiver.channel = Channel(ours, receiver)
+        channel.attach(asyncio.get_running_loop())
+        channel.send(b"never read by the peer")
+        peer.close()  # with our bytes unread: our next read fails
+        await settle()
+        assert receiver.lost_count == 1 and receiver.frames == [] and receiver.errors == []
+        assert channel.eof and channel.closed
+
+    asyncio.run(go())
+
+
+def test_a_frame_over_the_bound_is_reported_as_garbage_with_why() -> None:
+    async def go() -> None:
+        ours, peer = socket.socketpair()
+        receiver = Recorder()
+        channel = Channel(ours, receiver, max_frame=100)
+        channel.attach(asyncio.get_running_loop())
+        peer.send(wire.frame(wire.RESPONSE, b"x" * 200))
+        await settle()
+        assert len(receiver.errors) == 1 and isinstance(receiver.errors[0], ProtocolError)
+        assert receiver.frames == []
+        channel.close()
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_a_paused_channel_reads_nothing_until_resumed() -> None:
+    """Backpressure (`Isolate.pause`): frames the peer sends meanwhile wait in the
+    socket, then arrive in order; pausing or resuming a closed channel does nothing."""
+
+    async def go() -> None:
+        ours, peer = socket.socketpair()
+        receiver = Recorder()
+        channel = Channel(ours, receiver)
+        channel.attach(asyncio.get_running_loop())
+        channel.pause_reading()
+        assert not channel.reading
+        peer.send(wire.frame(wire.RESPONSE, b"1") + wire.frame(wire.RESPONSE, b"2"))
+        await settle()
+        assert receiver.frames == [] and channel.unread()
+        channel.pause_reading()  # twice: still paused
+        channel.resume_reading()
+        await settle()
+        assert receiver.frames == [(wire.RESPONSE, b"1"), (wire.RESPONSE, b"2")]
+        channel.close()
+        channel.pause_reading()  # (its socket is closed: nothing to remove or add)
+        channel.resume_reading()
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_a_closed_channel_sends_nothing_and_reports_nothing() -> None:
+    async def go() -> None:
+        ours, peer = socket.socketpair()
+        receiver = Recorder()
+        channel = Channel(ours, receiver)
+        channel.attach(asyncio.get_running_loop())
+        channel.close()
+        assert channel.closed and ours.fileno() == -1
+        channel.send(b"after")
+        channel.send_soon(b"after, soon")
+        await settle()
+        assert receiver.lost_count == 0 and channel.held is None
+        assert available(peer) == b""
+        channel.close()  # twice: nothing more
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_one_channel_holding_frames_is_flushed_at_the_turns_end() -> None:
+    """The first channel a turn holds frames for schedules the flush (and a frame
+    held after `forget_held` is held and sent as any)."""
+
+    async def go() -> None:
+        ours, peer = counting_pair()
+        channel = Channel(ours, Receiver())
+        channel.attach(asyncio.get_running_loop())
+        channel.send_soon(b"one;")
+        await asyncio.sleep(0)
+        assert available(peer) == b"one;" and ours.sends == 1
+        channel.send_soon(b"dropped;")
+        channel.forget_held()
+        channel.send_soon(b"two;")
+        channel.send_soon(b"three;")
+        await asyncio.sleep(0)
+        assert available(peer) == b"two;three;" and ours.sends == 2
+        channel.close()
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_a_write_of_exactly_the_copy_bound_waits_uncopied() -> None:
+    """`COPIED_BELOW` bytes or more wait as a view of the caller's bytes; fewer are
+    copied together. Once all is written, the channel stops waiting to write (a
+    writer left on the loop fired on an empty queue: an error each time)."""
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: errors.append(context))
+        ours, peer = socket.socketpair()
+        channel = Channel(ours, Receiver())
+        channel.attach(loop)
+        filler = b"f" * (8 << 20)  # more than the socket holds: the rest waits
+        channel.send(filler)
+        assert channel.out
+        exact = os.urandom(COPIED_BELOW)
+        channel.send(exact)
+        assert isinstance(channel.out[-1], memoryview) and channel.out[-1].obj is exact
+        small = b"s" * (COPIED_BELOW - 1)
+        channel.send(small)
+        assert isinstance(channel.out[-1], bytearray)
+        got = bytearray()
+
+        def read() -> None:
+            while len(got) < len(filler) + len(exact) + len(small):
+                got.extend(peer.recv(1 << 16))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        while reader.is_alive():
+            await asyncio.sleep(0.001)
+        assert bytes(got) == filler + exact + small and not channel.out
+        await settle()
+        assert errors == []
+        channel.close()
+        peer.close()
+
+    asyncio.run(go())
