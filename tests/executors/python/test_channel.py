@@ -169,6 +169,16 @@ class Recorder:
         self.errors.append(err)
 
 
+def recorded(max_frame: int = wire.MAX_FRAME) -> tuple[Channel, Recorder, socket.socket]:
+    """A channel on the running loop, its receiver recording (and closing it once the
+    peer is lost), and the peer's end of its socket."""
+    ours, peer = socket.socketpair()
+    receiver = Recorder()
+    channel = receiver.channel = Channel(ours, receiver, max_frame)
+    channel.attach(asyncio.get_running_loop())
+    return channel, receiver, peer
+
+
 async def settle() -> None:
     """Let the loop read what is readable (a few turns)."""
     for _ in range(5):
@@ -215,10 +225,7 @@ def test_a_peer_that_resets_the_socket_is_lost_once_and_sends_no_frame() -> None
     is the peer's end, as an EOF is."""
 
     async def go() -> None:
-        ours, peer = socket.socketpair()
-        receiver = Recorder()
-        channel = receiver.channel = Channel(ours, receiver)
-        channel.attach(asyncio.get_running_loop())
+        channel, receiver, peer = recorded()
         channel.send(b"never read by the peer")
         peer.close()  # with our bytes unread: our next read fails
         await settle()
@@ -230,10 +237,7 @@ def test_a_peer_that_resets_the_socket_is_lost_once_and_sends_no_frame() -> None
 
 def test_a_frame_over_the_bound_is_reported_as_garbage_with_why() -> None:
     async def go() -> None:
-        ours, peer = socket.socketpair()
-        receiver = Recorder()
-        channel = Channel(ours, receiver, max_frame=100)
-        channel.attach(asyncio.get_running_loop())
+        channel, receiver, peer = recorded(max_frame=100)
         peer.send(wire.frame(wire.RESPONSE, b"x" * 200))
         await settle()
         assert len(receiver.errors) == 1 and isinstance(receiver.errors[0], ProtocolError)
@@ -249,10 +253,7 @@ def test_a_paused_channel_reads_nothing_until_resumed() -> None:
     socket, then arrive in order; pausing or resuming a closed channel does nothing."""
 
     async def go() -> None:
-        ours, peer = socket.socketpair()
-        receiver = Recorder()
-        channel = Channel(ours, receiver)
-        channel.attach(asyncio.get_running_loop())
+        channel, receiver, peer = recorded()
         channel.pause_reading()
         assert not channel.reading
         peer.send(wire.frame(wire.RESPONSE, b"1") + wire.frame(wire.RESPONSE, b"2"))
@@ -272,12 +273,9 @@ def test_a_paused_channel_reads_nothing_until_resumed() -> None:
 
 def test_a_closed_channel_sends_nothing_and_reports_nothing() -> None:
     async def go() -> None:
-        ours, peer = socket.socketpair()
-        receiver = Recorder()
-        channel = Channel(ours, receiver)
-        channel.attach(asyncio.get_running_loop())
+        channel, receiver, peer = recorded()
         channel.close()
-        assert channel.closed and ours.fileno() == -1
+        assert channel.closed and channel.sock.fileno() == -1
         channel.send(b"after")
         channel.send_soon(b"after, soon")
         await settle()
