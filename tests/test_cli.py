@@ -477,6 +477,13 @@ def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path:
             time.sleep(0.1)
         assert seen[0] == 503 and seen[-1] == 200, seen
         assert len(refusing) == workers, (refusing, seen)  # every worker said so
+        # the last function answers once its deploy switched, a moment before dev clears
+        # the 503 (on every worker) and says "serving": a path nothing serves is a 404
+        # from then on
+        while not lines[-1].startswith("serving "):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
         status, body, _ = get(port, "/nothing-here")
         assert status == 404 and json.loads(body)["error"]["kind"] == "no_route", body
         assert get(port, "/a-slow")[:2] == (200, b"slow")
