@@ -37,7 +37,6 @@ import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +49,7 @@ import bench_runtime  # noqa: E402
 
 from runtime.admin.client import AdminClient  # noqa: E402
 from runtime.executors.python.thread_clock import ProcessClock  # noqa: E402
+from runtime.functions import manifest  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -77,8 +77,9 @@ def isolate_hosts(pop: int, python: bool = True) -> list[int]:
 
 
 def is_python(example: Path) -> bool:
-    """Whether the function in folder `example` is a Python one (its manifest says so)."""
-    return tomllib.loads((example / "edgefn.toml").read_text()).get("runtime") == "python"
+    """Whether the function in folder `example` is a Python one (its manifest says so).
+    Raises `ManifestError` for a folder without a valid manifest."""
+    return manifest.load(example).runtime == "python"
 
 
 def with_pool(example: Path, work: Path, pool: str) -> Path:

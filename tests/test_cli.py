@@ -454,14 +454,22 @@ def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT)
     assert proc.stdout is not None
-    try:
-        port, lines = 0, []
-        while not lines or not lines[-1].startswith("dev mode: deploying"):
+    lines: list[str] = []
+
+    def read_to(start: str) -> None:
+        """Dev's output up to its next line that starts with `start`."""
+        assert proc.stdout is not None
+        while True:
             line = proc.stdout.readline()
             assert line, "".join(lines)
             lines.append(line)
-            if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line):
-                port = int(m.group(1))
+            if line.startswith(start):
+                return
+
+    try:
+        read_to("dev mode: deploying")
+        port = next(int(m.group(1)) for line in lines
+                    if (m := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)))
         seen, refusing = [], set()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -480,10 +488,7 @@ def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path:
         # the last function answers once its deploy switched, a moment before dev clears
         # the 503 (on every worker) and says "serving": a path nothing serves is a 404
         # from then on
-        while not lines[-1].startswith("serving "):
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
+        read_to("serving ")
         status, body, _ = get(port, "/nothing-here")
         assert status == 404 and json.loads(body)["error"]["kind"] == "no_route", body
         assert get(port, "/a-slow")[:2] == (200, b"slow")
