@@ -29,6 +29,7 @@ from runtime.observe.metrics_continuity import Continuity
 from runtime.observe.metrics_merge import Wire
 from runtime.observe.metrics_pop import PeersCall
 from runtime.pop import PoP
+from runtime.workers import starting
 from runtime.workers.control import Fanout, control_server
 from runtime.workers.events import Forwarder, peer_observers, peer_raw, receive, watched
 from runtime.workers.role import Role
@@ -104,6 +105,8 @@ async def running_worker(config: PopConfig, role: Role | None, freeze_heap: bool
         # bound before the restore: a change told meanwhile waits, then is followed
         control = await control_server(pop, role) if role is not None and not role.leader \
             else None
+        if role is not None:  # started again while `edgefn dev` deploys: 503, not 404
+            pop.registry.starting = starting.load(data)
         peers = await _peer_events(pop, role)
         if role is None or role.leader:  # the one that deploys: nothing of its is in flight
             for path in await asyncio.to_thread(pop.registry.store.sweep):

@@ -196,6 +196,25 @@ def running(pid: int) -> bool:
         return False
 
 
+def listening(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (its socket inodes in /proc/net/tcp)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll `check` every 10 ms; fail the test with `what` past `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.dev import GONE_SECONDS
-from tests.support import EXAMPLES, function_dir, host_pids, python_function, reactor
+from tests.support import (
+    EXAMPLES,
+    function_dir,
+    host_pids,
+    listening,
+    python_function,
+    reactor,
+    wait_for,
+)
 
 EDGEFN = [sys.executable, "-m", "runtime.cli"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -435,6 +443,56 @@ def test_a_signal_while_dev_deploys_stops_it_at_once(tmp_path: Path, sig: signal
                                                                 .iterdir())
 
 
+class SlowDev:
+    """`edgefn dev` on a tree whose first function's import takes `sleep` seconds,
+    holding the first deploy, and the example hello-wat deployed after it."""
+
+    def __init__(self, tmp_path: Path, workers: int, sleep: float) -> None:
+        data, tree = tmp_path / "data", tmp_path / "fns"
+        python_function(tree, "a-slow", "import time\nfrom edgefn import Response\n"
+                                        f"time.sleep({sleep})\n\ndef handle(request, env):\n"
+                                        "    return Response('slow')\n")
+        shutil.copytree(EXAMPLES / "hello-wat", tree / "z-hello")  # deployed after it
+        (tmp_path / "pop.toml").write_text(f"workers = {workers}\nworker_header = true\n")
+        self.proc = subprocess.Popen(
+            [*EDGEFN, "dev", str(tree), "--no-ai", "--port", "0", "--data", str(data),
+             "--config", str(tmp_path / "pop.toml")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        self.lines: list[str] = []
+        try:
+            self.read_to("dev mode: deploying")
+            self.port, self.admin_port = (
+                next(int(m.group(1)) for line in self.lines if (m := re.search(pattern, line)))
+                for pattern in (r"listening on http://127\.0\.0\.1:(\d+)",
+                                r"admin API on 127\.0\.0\.1:(\d+)"))
+        except BaseException:
+            self.stop()
+            raise
+
+    def read_to(self, start: str) -> None:
+        """Dev's output up to its next line that starts with `start`."""
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "".join(self.lines)
+            self.lines.append(line)
+            if line.startswith(start):
+                return
+
+    def assert_starting(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        """The answer is dev's 503 ``starting``."""
+        assert status == 503, (status, body, "".join(self.lines))
+        assert json.loads(body)["error"]["kind"] == "starting", body
+        assert b"edgefn dev is deploying the functions under" in body, body
+        assert headers["retry-after"] == "1" and headers["x-edgefn-error"] == "starting"
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(20)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path: Path,
                                                                         workers: int) -> None:
@@ -443,56 +501,51 @@ def test_dev_answers_503_starting_not_404_while_it_deploys_its_folders(tmp_path:
     got the 404 ``no_route``, as if nothing would serve it. Now it gets 503
     ``starting`` with ``Retry-After: 1`` until the folders are deployed, from every
     worker; then the function answers, and a path nothing serves is a 404 again."""
-    data, tree = tmp_path / "data", tmp_path / "fns"
-    python_function(tree, "a-slow", "import time\nfrom edgefn import Response\n"
-                                    "time.sleep(1.5)\n\ndef handle(request, env):\n"
-                                    "    return Response('slow')\n")
-    shutil.copytree(EXAMPLES / "hello-wat", tree / "z-hello")  # deployed after it
-    (tmp_path / "pop.toml").write_text(f"workers = {workers}\nworker_header = true\n")
-    proc = subprocess.Popen([*EDGEFN, "dev", str(tree), "--no-ai", "--port", "0", "--data",
-                             str(data), "--config", str(tmp_path / "pop.toml")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT)
-    assert proc.stdout is not None
-    lines: list[str] = []
-
-    def read_to(start: str) -> None:
-        """Dev's output up to its next line that starts with `start`."""
-        assert proc.stdout is not None
-        while True:
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-            if line.startswith(start):
-                return
-
+    dev = SlowDev(tmp_path, workers, 1.5)
     try:
-        read_to("dev mode: deploying")
-        port = next(int(m.group(1)) for line in lines
-                    if (m := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)))
         seen, refusing = [], set()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            status, body, headers = get(port, "/hello")  # a fresh connection each
+            status, body, headers = get(dev.port, "/hello")  # a fresh connection each
             seen.append(status)
             if status == 200:
                 break
-            assert status == 503, (status, body)
+            dev.assert_starting(status, body, headers)
             refusing.add(headers["x-edgefn-worker"])
-            assert json.loads(body)["error"]["kind"] == "starting", body
-            assert b"edgefn dev is deploying the functions under" in body, body
-            assert headers["retry-after"] == "1" and headers["x-edgefn-error"] == "starting"
             time.sleep(0.1)
         assert seen[0] == 503 and seen[-1] == 200, seen
         assert len(refusing) == workers, (refusing, seen)  # every worker said so
         # the last function answers once its deploy switched, a moment before dev clears
         # the 503 (on every worker) and says "serving": a path nothing serves is a 404
         # from then on
-        read_to("serving ")
-        status, body, _ = get(port, "/nothing-here")
+        dev.read_to("serving ")
+        status, body, _ = get(dev.port, "/nothing-here")
         assert status == 404 and json.loads(body)["error"]["kind"] == "no_route", body
-        assert get(port, "/a-slow")[:2] == (200, b"slow")
+        assert get(dev.port, "/a-slow")[:2] == (200, b"slow")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
-        proc.stdout.close()
+        dev.stop()
+
+
+def test_a_worker_started_again_while_dev_deploys_answers_503_starting(tmp_path: Path) -> None:
+    """A worker killed while `edgefn dev` deploys its folders is started again by its
+    parent; it answered 404 ``no_route`` for the functions not deployed yet (the 503
+    was only told to the workers running then). It reads the 503 from the data dir
+    now. The first function's import takes 5 s: the worker is back well before the
+    function after it is deployed."""
+    dev = SlowDev(tmp_path, 2, 5)
+    try:
+        pids: set[str] = set()
+        wait_for(lambda: pids.add(get(dev.port, "/hello")[2]["x-edgefn-worker"]) or
+                 len(pids) == 2, 20, "both workers answering")
+        (follower,) = [int(p) for p in pids if dev.admin_port not in listening(int(p))]
+        os.kill(follower, signal.SIGKILL)
+        answers: list[tuple[int, bytes, dict[str, str]]] = []
+        wait_for(lambda: (answers.append(get(dev.port, "/hello")) or
+                          answers[-1][2]["x-edgefn-worker"] not in pids), 30,
+                 "the killed worker started again and answering")
+        dev.assert_starting(*answers[-1])
+        dev.read_to("serving ")
+        seen = {get(dev.port, "/hello")[:2] for _ in range(20)}
+        assert seen == {(200, b"Hello from edgefn (WASM)!\n")}, seen  # then every worker serves it
+    finally:
+        dev.stop()

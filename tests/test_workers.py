@@ -24,7 +24,7 @@ import pytest
 from edgefn_core.errors import InvalidConfig
 from runtime import config
 from runtime.admin.client import AdminClient
-from tests.support import ROOT, function_dir, python_function, reactor, running, wait_for
+from tests.support import ROOT, function_dir, listening, python_function, reactor, running, wait_for
 
 POP_TOML = """workers = 2
 worker_header = true
@@ -88,25 +88,6 @@ def _children(parent: int) -> set[int]:
             if int(ppid) == parent:
                 found.add(int(entry.name))
     return found
-
-
-def listening(pid: int) -> set[int]:
-    """The TCP ports process `pid` listens on (its socket inodes in /proc/net/tcp)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 @pytest.fixture
@@ -302,6 +283,42 @@ def test_a_restarted_admin_worker_brings_the_others_to_what_was_saved(
     wait_for(lambda: {workers.get()[1] for _ in range(20)} == {f"f@{v2}"}, 30,
              "every worker serving what was saved")
     assert len({workers.get()[2] for _ in range(30)}) == 2  # both workers answered
+
+
+def test_a_dev_sessions_503_left_by_a_killed_pop_is_cleared_at_start(tmp_path: Path) -> None:
+    """A PoP killed while `edgefn dev` deployed leaves its 503 ``starting`` in the data
+    dir (for workers started again meanwhile: `runtime.workers.starting`); the next
+    PoP clears it before its workers start, so a path nothing serves is a 404 on
+    every one of them, and says so again when the admin API is told to."""
+    from runtime.workers import starting
+
+    (tmp_path / "data").mkdir()
+    starting.save(tmp_path / "data", "edgefn dev is deploying (0 of 3 done)")
+    with serving(tmp_path) as w:
+        assert starting.load(w.data) is None
+        assert {w.get("/nothing")[::2] for _ in range(30)} == {(404, p) for p in
+                                                              map(str, w.children())}
+        w.admin.request("PUT", "/v1/dev/starting", b'{"why": "deploying"}')
+        assert starting.load(w.data) == "deploying"
+        assert {w.get("/nothing")[0] for _ in range(10)} == {503}
+        w.admin.request("PUT", "/v1/dev/starting", b'{"why": null}')
+        assert starting.load(w.data) is None
+        assert {w.get("/nothing")[0] for _ in range(10)} == {404}
+
+
+def test_the_dev_starting_record_reads_none_when_missing_or_garbled(tmp_path: Path) -> None:
+    from runtime.workers import starting
+
+    assert starting.load(tmp_path) is None
+    for garbled in ("", "{", "[1]", '{"why": 3}', "null"):
+        (tmp_path / starting.NAME).write_text(garbled)
+        assert starting.load(tmp_path) is None, garbled
+    starting.save(tmp_path, "x")
+    assert starting.load(tmp_path) == "x"
+    assert [p.name for p in tmp_path.iterdir()] == [starting.NAME]  # no temp file left
+    starting.clear(tmp_path)
+    starting.clear(tmp_path)  # nothing to clear: no error
+    assert not any(tmp_path.iterdir())
 
 
 def test_one_admin_listener_and_both_workers_on_the_public_port(workers: Workers) -> None:

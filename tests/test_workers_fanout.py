@@ -17,8 +17,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import wait_for
-from tests.test_workers import POP_TOML, Workers, deploy, listening, running, serving
+from tests.support import listening, wait_for
+from tests.test_workers import POP_TOML, Workers, deploy, running, serving
 
 METRICS_TOML = POP_TOML + "[metrics]\nworker_timeout = 10\n"  # the most: a loaded box
 # a pinned connection waits while the other worker's first model call runs (seconds)

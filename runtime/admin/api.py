@@ -73,6 +73,7 @@ from runtime.observe.ring import Query
 from runtime.pop import PoP
 from runtime.security.keys import is_well_formed
 from runtime.security.principal import Principal
+from runtime.workers import starting
 from runtime.workers.control import Fanout
 
 JSON = (b"content-type", b"application/json")
@@ -221,6 +222,8 @@ class AdminApp:
                 case ["v1", "dev", "starting"] if method == b"PUT":
                     why = msgspec.json.decode(request.body or b"{}", type=StartingBody).why
                     self.pop.registry.starting = why
+                    if self.workers is not None:  # what a worker started again reads
+                        starting.save(self.pop.config.data_dir, why)
                     await self._tell({"op": "starting", "why": why})
                     return json_response({"starting": why})
                 case ["v1", "keys", "reload"] if method == b"POST":

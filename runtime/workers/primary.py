@@ -35,7 +35,7 @@ from runtime.config import AdminListener, Listener, PopConfig
 from runtime.pipeline.build import wants_shared_table
 from runtime.security.bots.manager import challenge_secret
 from runtime.security.ratelimit.native import SharedTable, inherit_table
-from runtime.workers import child
+from runtime.workers import child, starting
 from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn.workers")
@@ -245,6 +245,7 @@ async def running_workers(config: PopConfig, verbosity: int = 0
                 reserve(config.admin.host, config.admin.port)]
         ai, shared = await _shared_ai(config)
         admin_token(data)  # made once here, not raced by the workers
+        starting.clear(data)  # a dev session's, left by a PoP killed while it deployed
         challenge_secret(data)
         if wants_shared_table(config):  # fresh: rate limits start over with the PoP
             table = SharedTable.create(config.ratelimit.shared_keys // 8)
