@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -306,7 +307,8 @@ def test_a_dev_sessions_503_left_by_a_killed_pop_is_cleared_at_start(tmp_path: P
         assert {w.get("/nothing")[0] for _ in range(10)} == {404}
 
 
-def test_the_dev_starting_record_reads_none_when_missing_or_garbled(tmp_path: Path) -> None:
+def test_the_dev_starting_record_reads_none_when_missing_or_garbled(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from runtime.workers import starting
 
     assert starting.load(tmp_path) is None
@@ -319,6 +321,11 @@ def test_the_dev_starting_record_reads_none_when_missing_or_garbled(tmp_path: Pa
     starting.clear(tmp_path)
     starting.clear(tmp_path)  # nothing to clear: no error
     assert not any(tmp_path.iterdir())
+    with caplog.at_level(logging.WARNING, "edgefn.workers"):
+        starting.save(tmp_path / "gone", "x")  # cannot be written: logged, not raised
+    assert starting.load(tmp_path / "gone") is None
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
+        "cannot record edgefn dev's 503 for workers started again"]
 
 
 def test_one_admin_listener_and_both_workers_on_the_public_port(workers: Workers) -> None:

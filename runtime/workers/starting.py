@@ -13,21 +13,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 
+log = logging.getLogger("edgefn.workers")
 NAME = "dev-starting.json"
 
 
 def save(data: Path, why: str | None) -> None:
-    """Record `why` (None: remove the record). Raises OSError."""
+    """Record `why` (None: remove the record). A record that cannot be written is
+    logged, not raised: the workers running are told anyway (only one started
+    again would miss it)."""
     path = data / NAME
-    if why is None:
-        path.unlink(missing_ok=True)
-        return
-    tmp = path.with_name(f".{NAME}.{os.getpid()}")
-    tmp.write_text(json.dumps({"why": why}))
-    os.replace(tmp, path)
+    try:
+        if why is None:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_name(f".{NAME}.{os.getpid()}")
+        tmp.write_text(json.dumps({"why": why}))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("cannot record edgefn dev's 503 for workers started again in %s: %s",
+                    path, e)
 
 
 def load(data: Path) -> str | None:
