@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import json
 import logging
@@ -43,6 +42,7 @@ from runtime.executors.python.isolate import (
 from runtime.executors.python.job import Job
 from runtime.net.message import Response
 from tests.executors.python.test_channel import available
+from tests.executors.python.test_isolate_calls import send_all
 
 CFG = HostConfig(name="f", version="v1", function_dir="/nonexistent", module="main",
                  handler="handle", cpu_ms=50, wall_ms=1000, memory_mb=64, recycle_after=100,
@@ -884,7 +884,7 @@ def through_socket(cfg: HostConfig, frame: bytes) -> tuple[Job, list[tuple[str, 
         isolate.attach(asyncio.get_running_loop())
         job = Job(asyncio.get_running_loop(), b"req", raw=True)
         isolate.run(job)
-        writer = threading.Thread(target=_send_all, args=(guest, frame))
+        writer = threading.Thread(target=send_all, args=(guest, frame))
         writer.start()
         for _ in range(2000):
             if job.done or seen:
@@ -896,11 +896,6 @@ def through_socket(cfg: HostConfig, frame: bytes) -> tuple[Job, list[tuple[str, 
         return job, seen
 
     return asyncio.run(go())
-
-
-def _send_all(sock: socket.socket, data: bytes) -> None:
-    with contextlib.suppress(OSError):  # the PoP closed it (garbage): the rest is dropped
-        sock.sendall(data)
 
 
 def test_a_response_of_the_largest_body_fits_the_socket_s_frame_bound() -> None:

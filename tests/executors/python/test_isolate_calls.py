@@ -157,7 +157,7 @@ def from_guest(data: bytes) -> tuple[Owner, list[tuple[bytes, bytes]]]:
         owner = Owner([0])
         isolate = Isolate(owner, ours)
         isolate.attach(asyncio.get_running_loop())
-        writer = threading.Thread(target=_send_all, args=(guest, data))
+        writer = threading.Thread(target=send_all, args=(guest, data))
         writer.start()
         end = time.monotonic() + 10
         while not (owner.calls or owner.killed or select.select([guest], [], [], 0)[0]) \
@@ -180,7 +180,8 @@ def from_guest(data: bytes) -> tuple[Owner, list[tuple[bytes, bytes]]]:
     return asyncio.run(go())
 
 
-def _send_all(sock: socket.socket, data: bytes) -> None:
+def send_all(sock: socket.socket, data: bytes) -> None:
+    """`sock.sendall(data)`, until the PoP closes the socket."""
     with contextlib.suppress(OSError):  # the PoP closed it (garbage): the rest is dropped
         sock.sendall(data)
 
@@ -271,7 +272,7 @@ def test_a_guest_s_values_waiting_for_answers_hold_its_socket_past_a_bound() -> 
         owner = Owner([0])
         isolate = Isolate(owner, ours)
         isolate.attach(asyncio.get_running_loop())
-        writer = threading.Thread(target=_send_all, args=(guest, b"".join(frames)))
+        writer = threading.Thread(target=send_all, args=(guest, b"".join(frames)))
         writer.start()
 
         async def until(done: Any) -> list[int]:
