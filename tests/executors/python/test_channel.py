@@ -235,6 +235,25 @@ def test_a_peer_that_resets_the_socket_is_lost_once_and_sends_no_frame() -> None
     asyncio.run(go())
 
 
+def test_a_failed_read_ends_the_channel_in_that_read() -> None:
+    """The read that fails is the end: nothing of the inbox (what an earlier read
+    left in it) is taken as sent."""
+
+    async def go() -> None:
+        channel, receiver, peer = recorded()
+        peer.send(wire.frame(wire.RESPONSE, b"earlier"))
+        await settle()
+        assert receiver.frames == [(wire.RESPONSE, b"earlier")]
+        channel.pause_reading()  # the read below is this test's
+        channel.send(b"never read by the peer")
+        peer.close()  # with our bytes unread: our next read fails
+        channel._readable()
+        assert receiver.lost_count == 1 and channel.eof
+        assert receiver.frames == [(wire.RESPONSE, b"earlier")] and receiver.errors == []
+
+    asyncio.run(go())
+
+
 def test_a_frame_over_the_bound_is_reported_as_garbage_with_why() -> None:
     async def go() -> None:
         channel, receiver, peer = recorded(max_frame=100)
