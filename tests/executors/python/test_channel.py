@@ -9,7 +9,10 @@ import socket
 import threading
 from typing import Any
 
+import pytest
+
 from edgefn_core.errors import ProtocolError
+from runtime.executors.python import channel as channel_mod
 from runtime.executors.python import wire
 from runtime.executors.python.channel import COPIED_BELOW, Channel
 
@@ -250,6 +253,68 @@ def test_a_failed_read_ends_the_channel_in_that_read() -> None:
         channel._readable()
         assert receiver.lost_count == 1 and channel.eof
         assert receiver.frames == [(wire.RESPONSE, b"earlier")] and receiver.errors == []
+
+    asyncio.run(go())
+
+
+def fill(sock: socket.socket) -> int:
+    """Fill `sock`'s send buffer (non-blocking) until it takes no more; the bytes sent."""
+    sent = 0
+    try:
+        while True:
+            sent += sock.send(b"f" * 4096)
+    except BlockingIOError:
+        return sent
+
+
+def drain(peer: socket.socket, size: int) -> bytes:
+    """`size` bytes from `peer` (from a thread, as the channel writes them)."""
+    got = bytearray()
+    while len(got) < size:
+        got += peer.recv(1 << 16)
+    return bytes(got)
+
+
+def test_a_send_to_a_full_socket_waits_whole_and_goes_out_in_order() -> None:
+    """A write the socket takes none of (it is full) is kept whole, and goes out
+    after what filled it once the peer reads."""
+
+    async def go() -> None:
+        channel, receiver, peer = recorded()
+        filled = fill(channel.sock)
+        frame = wire.frame(wire.REPLY, b"0123456789")
+        channel.send(frame)
+        assert channel.unsent == len(frame) and receiver.errors == []
+        reader = asyncio.get_running_loop().run_in_executor(
+            None, drain, peer, filled + len(frame))
+        got = await asyncio.wait_for(reader, 10)
+        assert got == b"f" * filled + frame and channel.unsent == 0
+        channel.close()
+        peer.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_a_peer_that_leaves_more_than_max_unread_unread_is_garbage(
+        monkeypatch: pytest.MonkeyPatch, over: int) -> None:
+    """Writes queue while the peer reads nothing; past `MAX_UNREAD` bytes queued the
+    peer is reported (its host is killed: it does not read its socket), at it not."""
+
+    async def go() -> None:
+        channel, receiver, peer = recorded()
+        fill(channel.sock)
+        monkeypatch.setattr(channel_mod, "MAX_UNREAD", 3000 - over)
+        channel.send(b"a" * 1000)  # the socket takes none: queued
+        channel.send(b"b" * 2000)  # queued behind it: 3000 unread
+        assert channel.unsent == 3000
+        if over:
+            assert [str(e) for e in receiver.errors] == [
+                "3000 bytes sent to it are unread: it does not read its socket"]
+        else:
+            assert receiver.errors == []
+        channel.close()
+        peer.close()
 
     asyncio.run(go())
 
