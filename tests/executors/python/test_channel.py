@@ -355,6 +355,50 @@ def test_a_paused_channel_reads_nothing_until_resumed() -> None:
     asyncio.run(go())
 
 
+def test_a_frame_of_its_kind_alone_is_read_and_one_without_a_kind_is_garbage() -> None:
+    async def go() -> None:
+        channel, receiver, peer = recorded()
+        peer.send(wire.frame(wire.END))
+        await settle()
+        assert receiver.frames == [(wire.END, b"")] and receiver.errors == []
+        peer.send((0).to_bytes(wire.FRAME_HEAD - 1, "little"))  # a length of 0
+        await settle()
+        assert [str(e) for e in receiver.errors] == [
+            "frame of 0 bytes is shorter than the 1 byte minimum"]
+        channel.close()
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_a_channel_not_attached_or_closed_while_paused_neither_reads_nor_holds() -> None:
+    async def go() -> None:
+        ours, peer = socket.socketpair()
+        channel = Channel(ours, Recorder())
+        channel.resume_reading()  # no loop yet
+        channel.send_soon(b"before attach")  # no loop's turn to hold it for: dropped
+        assert not channel.reading and channel.held is None
+        channel.attach(asyncio.get_running_loop())
+        channel.pause_reading()
+        channel.close()
+        channel.resume_reading()  # its socket is gone: nothing to read
+        assert not channel.reading
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_one_loop_holds_one_set_of_corks() -> None:
+    """Every channel of a loop holds its frames in the loop's one `Corks`, flushed in
+    one pass at the turn's end (one callback, not one a channel)."""
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        assert channel_mod.corks_of(loop) is channel_mod.corks_of(loop)
+
+    asyncio.run(go())
+
+
 def test_a_closed_channel_sends_nothing_and_reports_nothing() -> None:
     async def go() -> None:
         channel, receiver, peer = recorded()
