@@ -5,13 +5,15 @@ hosts and isolates (the real thing is in tests/test_python.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
 
-from edgefn_core.errors import FunctionError
+from edgefn_core.errors import DeployError, FunctionError
 from runtime.executors.python import supervisor
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.job import Job
@@ -64,29 +66,50 @@ class FakeHost:
         self.dead = False
         self.retiring = False
         self.stopped = False
+        self.killed = 0
+        self.stops = 0
+        self.check_imports = check_imports
+        self.grown = 0
+        self.attached: asyncio.AbstractEventLoop | None = None
+        self.fails = ""  # why its start fails (a DeployError), if it does
+        self.never: list[Job] = []  # what `fail_jobs` hands back as never started
         self.isolates = [FakeIsolate(self, n) for n in range(cfg.max_isolates)]
         made.append(self)
+        self.on_made(self)
+
+    @staticmethod
+    def on_made(host: FakeHost) -> None:
+        """Set per test (`World.each`), before the host is started."""
 
     def wait_ready(self) -> None:
-        assert self.gate.wait(10)
+        deadline = time.monotonic() + 10
+        while True:  # held until the gate opens; a host killed meanwhile fails, as a real one
+            if self.killed:
+                raise DeployError("killed while starting")
+            if self.gate.wait(0.005):
+                break
+            assert time.monotonic() < deadline
+        if self.fails:
+            raise DeployError(self.fails)
         for isolate in self.isolates:
             isolate.state = "idle"
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        pass
+        self.attached = loop
 
     def grow(self) -> None:
-        pass
+        self.grown += 1
 
     def kill(self) -> None:
-        pass
+        self.killed += 1
 
     def fail_jobs(self, why: str) -> list[Job]:
         for isolate in self.isolates:
             if isolate.job is not None:
                 isolate.job.fail(FunctionError("crash", 502, why))
                 isolate.job = None
-        return []
+        never, self.never = self.never, []
+        return never
 
     def close_isolates(self) -> None:
         self.dead = True
@@ -98,6 +121,7 @@ class FakeHost:
         self.stopped = True
 
     def stop(self, grace: float = 0) -> None:
+        self.stops += 1
         self.begin_stop()
         self.finish_stop()
 
@@ -110,7 +134,12 @@ class World:
         monkeypatch.setattr(supervisor, "Host",
                             lambda *a, **kw: FakeHost(self.made, self.gate, *a, **kw))
         monkeypatch.setattr(supervisor, "DRAIN_CHECK", 0.01)
+        self.monkeypatch = monkeypatch
         self.pool: Pool | None = None
+
+    def each(self, made: Callable[[FakeHost], None]) -> None:
+        """Run `made` on every host made from now on, before it starts."""
+        self.monkeypatch.setattr(FakeHost, "on_made", staticmethod(made))
 
     def start(self, standby: bool) -> Pool:
         self.pool = Pool(CFG, standby, b"warm")
@@ -315,3 +344,343 @@ def test_a_stuck_host_is_drained_never_kept_as_the_standby(
         pool.close()
 
     run(scenario())
+
+
+def test_a_standby_that_cannot_start_fails_the_start_and_stops_the_active_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deploy fails (its error is the standby's); the active host, started first
+    and the only one to check the function's imports, is stopped, not left running."""
+    w = World(monkeypatch)
+    w.each(lambda host: setattr(host, "fails", "no room for a standby")
+           if host.generation == 2 else None)
+    with pytest.raises(DeployError, match="no room for a standby"):
+        Pool(CFG, True, b"warm").start()
+    active, standby = w.made
+    assert active.stopped and active.stops == 1 and not standby.stopped
+    assert (active.check_imports, standby.check_imports) == (True, False)
+
+    w = World(monkeypatch)
+    Pool(CFG, False, b"warm").start()  # no standby wanted: one host
+    assert len(w.made) == 1 and not w.made[0].stopped
+
+
+def test_a_host_made_while_closing_is_killed_before_it_is_waited_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch)
+    pool = Pool(CFG, False, b"warm")
+    pool.start()
+    pool.hosts.closing = True  # `close` looked at the hosts starting just before
+    with pytest.raises(DeployError, match="killed while starting"):
+        pool.hosts._spawn()
+    assert w.made[-1].killed == 1 and not pool.hosts.starting
+    assert w.made[0].killed == 0
+
+
+def test_only_the_active_host_grows(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        assert active.attached is standby.attached is asyncio.get_running_loop()
+        pool.hosts.grow(standby.isolates[0])  # type: ignore[arg-type]
+        assert (active.grown, standby.grown) == (0, 0)
+        pool.hosts.grow(active.isolates[1])  # type: ignore[arg-type]
+        assert (active.grown, standby.grown) == (1, 0)
+        pool.close()
+
+    run(scenario())
+
+
+def test_a_stuck_isolate_s_host_is_killed_after_the_grace_unless_its_job_ended(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Without a standby the stuck host keeps serving (nothing to swap to); past
+    `KILL_GRACE` it is killed if the isolate still runs that job, not if the job
+    ended, nor for an isolate already dead."""
+    monkeypatch.setattr(supervisor, "KILL_GRACE", 0.25)
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=False)
+        (host,) = w.made
+        fut1, stuck = await w.submit("1")
+        assert stuck.job is not None
+        pool.hosts.stuck(stuck, stuck.job)  # type: ignore[arg-type]
+        assert pool.hosts.active is host and not pool.hosts.draining and len(w.made) == 1
+        await asyncio.sleep(0.1)
+        assert host.killed == 0  # not before the grace
+        await until(lambda: host.killed == 1)
+        fut2, ends = await w.submit("2")
+        assert ends.job is not None
+        pool.hosts.stuck(ends, ends.job)  # type: ignore[arg-type]
+        ends.answer()  # within the grace
+        assert (await fut2).body == b"2"
+        job = stuck.job
+        assert job is not None
+        pool.hosts.stuck(stuck, job)  # type: ignore[arg-type]
+        stuck.state = "dead"  # its host went meanwhile
+        await asyncio.sleep(0.4)
+        assert host.killed == 1 and len(w.made) == 1
+        fut1.cancel()
+        pool.close()
+
+    with caplog.at_level(logging.WARNING, logger="edgefn.isolates"):
+        run(scenario())
+    assert [r.getMessage() for r in caplog.records] == [
+        "f@1: isolate stuck in native code past its limit; restarting its host"]
+
+
+def test_a_stuck_isolate_of_the_standby_or_a_retired_pool_swaps_nothing(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    monkeypatch.setattr(supervisor, "KILL_GRACE", 0.01)
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        fut, stuck = await w.submit("1")
+        assert stuck.job is not None
+        pool.hosts.stuck(standby.isolates[0], stuck.job)  # type: ignore[arg-type]
+        assert pool.hosts.active is active and pool.hosts.standby is standby
+        pool.scheduler.retired = True  # a retired pool swaps to no standby either
+        pool.hosts.stuck(stuck, stuck.job)  # type: ignore[arg-type]
+        assert pool.hosts.active is active and pool.hosts.standby is standby
+        assert not pool.hosts.draining
+        await until(lambda: active.killed == 1)  # its own isolate: killed past the grace
+        assert standby.killed == 0 and len(w.made) == 2
+        fut.cancel()
+        pool.close()
+
+    run(scenario())
+
+
+def test_an_active_host_that_dies_hands_over_to_the_standby_and_requeues_what_never_ran(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its jobs in flight fail (502), the standby takes new jobs at once, a new
+    standby starts; the jobs it was sent but never started go back in line, the
+    first sent first (each to the front, last first), and run on the new active."""
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        old, standby = w.made
+        requeued: list[bytes] = []
+        requeue = pool.scheduler.requeue
+
+        def record(job: Job) -> None:
+            requeued.append(job.payload)
+            requeue(job)
+
+        monkeypatch.setattr(pool.scheduler, "requeue", record)
+        fut1, _running = await w.submit("1")
+        fut2, sent = await w.submit("2")
+        job2 = sent.job
+        assert job2 is not None
+        sent.job = None  # as if sent behind another and not started
+        old.never = [job2]
+        old.died(old, "signal SIGSEGV")  # as `Host.lost` reports it
+        with pytest.raises(FunctionError, match="signal SIGSEGV"):
+            await fut1
+        assert pool.hosts.active is standby and old.stopped
+        assert requeued == [b"2"] and pool.hosts.crashed == 1
+        on = w.running("2")
+        assert on is not None and on.owner is standby
+        on.answer()
+        assert (await fut2).body == b"2"
+        await until(lambda: pool.hosts.standby is not None)
+        assert pool.hosts.standby is w.made[2] and pool.hosts.replacements == 1
+
+        # the order back in line: the last handed back first, each to the front
+        requeued.clear()
+        jobs = [Job(asyncio.get_running_loop(), tag) for tag in (b"a", b"b", b"c")]
+        standby.never = list(jobs)
+        standby.died(standby, "signal SIGKILL")
+        assert requeued == [b"c", b"b", b"a"]
+        for job in jobs:
+            job.future.cancel()
+        pool.close()
+
+    with caplog.at_level(logging.WARNING, logger="edgefn.isolates"):
+        run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING][:1] == [
+        "f@1: isolate host 1001 died (signal SIGSEGV)"]
+
+
+def test_without_a_standby_jobs_wait_for_the_replacement_of_a_dead_host(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=False)
+        (old,) = w.made
+        w.gate.clear()  # the replacement starts slowly
+        old.died(old, "signal SIGKILL")
+        assert pool.hosts.active is None and pool.hosts.crashed == 1
+        waiting = asyncio.ensure_future(pool.submit(b"w"))
+        await asyncio.sleep(0.02)
+        assert w.running("w") is None  # no host to run it on yet
+        w.gate.set()
+        await until(lambda: w.running("w") is not None)
+        on = w.running("w")
+        assert on is not None and on.owner is w.made[1] is pool.hosts.active
+        on.answer()
+        assert (await waiting).body == b"w"
+        await asyncio.sleep(0.05)
+        assert len(w.made) == 2 and pool.hosts.standby is None
+        pool.close()
+
+    run(scenario())
+
+
+def test_a_dead_standby_is_replaced_and_the_active_host_keeps_serving(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        standby.died(standby, "signal SIGKILL")
+        assert pool.hosts.active is active and standby.stopped
+        await until(lambda: pool.hosts.standby is not None)
+        assert pool.hosts.standby is w.made[2] and len(w.made) == 3
+        fut, on = await w.submit("1")
+        assert on.owner is active
+        on.answer()
+        assert (await fut).body == b"1"
+        pool.close()
+
+    run(scenario())
+
+
+def test_a_host_that_dies_after_the_pool_retired_or_while_closing_is_not_replaced(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        pool.retire()  # nothing in flight: its hosts stop
+        await until(lambda: active.stopped and standby.stopped)
+        active.died(active, "signal SIGKILL")
+        await asyncio.sleep(0.05)
+        assert len(w.made) == 2 and pool.hosts.crashed == 1
+
+        w2 = World(monkeypatch)
+        pool2 = w2.start(standby=False)
+        pool2.hosts.closing = True  # a PoP shutting down: its hosts die, no crash counted
+        w2.made[0].died(w2.made[0], "signal SIGTERM")
+        assert pool2.hosts.crashed == 0
+        pool2.close()
+
+    run(scenario())
+
+
+def test_a_standby_that_asks_to_be_replaced_is_replaced_once(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its RETIRE: drained (it has no jobs: stopped at once) and a new standby
+    started; asked again, or by a retired pool, nothing more happens. The active
+    host's RETIRE is logged the same way."""
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        pool.retiring(standby.isolates[0], "low on room")  # type: ignore[arg-type]
+        pool.retiring(standby.isolates[1], "low on room")  # type: ignore[arg-type]
+        assert pool.hosts.active is active
+        await until(lambda: standby.stopped and pool.hosts.standby is not None)
+        await asyncio.sleep(0.05)
+        assert len(w.made) == 3 and pool.hosts.standby is w.made[2]
+        pool.scheduler.retired = True
+        w.retire_request(active)
+        w.retire_request(w.made[2])
+        await asyncio.sleep(0.05)
+        assert len(w.made) == 3 and not active.retiring and pool.hosts.active is active
+        pool.scheduler.retired = False
+        w.retire_request(active)
+        assert pool.hosts.active is w.made[2]
+        await until(lambda: active.stopped)
+        pool.close()
+
+    with caplog.at_level(logging.INFO, logger="edgefn.isolates"):
+        run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.name == "edgefn.isolates"] == [
+        "f@1: replacing standby isolate host 1002 (low on room)",
+        "f@1: replacing isolate host 1001 (low on room)"]
+
+
+def test_a_replacement_that_cannot_start_is_tried_again_while_the_active_host_retires(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Logged; retried after `RESPAWN_DELAY` while the active host still waits for a
+    successor (it serves meanwhile), not for a standby nobody waits on."""
+    monkeypatch.setattr(supervisor, "RESPAWN_DELAY", 0.3)
+    w = World(monkeypatch)
+    w.each(lambda host: setattr(host, "fails", "out of memory")
+           if host.generation in (2, 4) else None)
+
+    async def scenario() -> None:
+        pool = w.start(standby=False)
+        (old,) = w.made
+        w.retire_request(old)
+        await until(lambda: len(w.made) == 2)
+        await asyncio.sleep(0.1)
+        assert len(w.made) == 2 and pool.hosts.active is old  # not before the delay
+        await until(lambda: pool.hosts.active is not old)
+        assert pool.hosts.active is w.made[2]
+        await until(lambda: old.stopped)
+
+        w2 = World(monkeypatch)
+        w2.each(lambda host: setattr(host, "fails", "out of memory")
+                if host.generation == 3 else None)
+        pool2 = w2.start(standby=True)
+        w2.made[1].died(w2.made[1], "signal SIGKILL")  # its standby: the new one fails
+        await until(lambda: len(w2.made) == 3)
+        await asyncio.sleep(0.5)
+        assert len(w2.made) == 3 and pool2.hosts.standby is None  # not tried again
+        pool.close()
+        pool2.close()
+
+    with caplog.at_level(logging.ERROR, logger="edgefn.isolates"):
+        run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "f: cannot restart its isolate host: out of memory"] * 2
+
+
+def test_stopping_the_hosts_stops_each_once_and_closing_kills_those_starting(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        pool.hosts.stop_hosts()
+        pool.hosts.stop_hosts()
+        supervisor.wait_stopped(5)
+        assert not supervisor.stopping()
+        assert (active.stops, standby.stops) == (1, 1)
+
+        w2 = World(monkeypatch)
+        pool2 = w2.start(standby=True)
+        first, second = w2.made
+        w2.gate.clear()
+        second.died(second, "signal SIGKILL")  # its replacement is held starting
+        await until(lambda: len(w2.made) == 3)
+        starting = w2.made[2]
+        await asyncio.to_thread(pool2.close)  # blocks: off the loop's thread
+        assert starting.killed == 1 and first.stopped and not starting.stopped
+        assert pool2.hosts.standby is None
+
+    with caplog.at_level(logging.ERROR, logger="edgefn.isolates"):
+        run(scenario())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # closing: no error
