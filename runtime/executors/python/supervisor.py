@@ -4,11 +4,13 @@ The supervisor keeps an active host and, if the pool wants one, a pre-warmed
 standby. When the active host dies (a segfault in ctypes, an isolate stuck in
 native code past its limit) its jobs fail, the standby takes over at once (a
 new generation for the scheduler) and a new standby is started in the
-background. When a host asks to be replaced (recycled interpreters have eaten
-into its memory cap: `budget`), it is swapped gracefully instead: the standby,
-or else a new host once it is warm, takes new jobs, and the old host is stopped
-when its jobs in flight have ended. Stopping is parallel: every host's stdin
-closes first, then they share one grace period.
+background; without a standby, new jobs wait for a new host, whose start is
+tried again every `RESPAWN_DELAY` until one is up. When a host asks to be
+replaced (recycled interpreters have eaten into its memory cap: `budget`), it is
+swapped gracefully instead: the standby, or else a new host once it is warm,
+takes new jobs, and the old host is stopped when its jobs in flight have ended.
+Stopping is parallel: every host's stdin closes first, then they share one grace
+period.
 """
 
 from __future__ import annotations
@@ -251,21 +253,29 @@ class Supervisor:
         t.start()
 
     def _landed(self, host: Host | None) -> None:
-        """A background spawn ended: with `host` ready, or failed (None)."""
+        """A background spawn ended: with `host` ready, or failed (None: tried again
+        after `RESPAWN_DELAY` while the pool still needs a host to serve)."""
         self.pending -= 1
         if host is not None:
             return self._adopt(host)
-        active = self.active
-        if (not self.scheduler.retired and self.pending == 0 and active is not None
-                and active.retiring):  # it still needs a successor
+        if self._needs_successor():
             assert self.loop is not None
             self.loop.call_later(RESPAWN_DELAY, self._respawn)
 
     def _respawn(self) -> None:
-        active = self.active
-        if (not self.scheduler.retired and self.pending == 0 and active is not None
-                and active.retiring):
+        if self._needs_successor():
             self._replace()
+
+    def _needs_successor(self) -> bool:
+        """Whether a pool that serves on (not retired, not closing) waits for a host
+        no spawn is starting: it has no active host (the active one died, with no
+        standby to take over), or the active one asked to be replaced. (A function
+        whose host died and whose replacement failed to start had no host until its
+        next deploy: its requests waited to their wall limit.) A missing standby is
+        not retried: the active host serves."""
+        active = self.active
+        return (not self.scheduler.retired and not self.closing and self.pending == 0
+                and (active is None or active.retiring))
 
     def _adopt(self, host: Host) -> None:
         if self.scheduler.retired:

@@ -67,7 +67,10 @@ class FakeHost:
         self.retiring = False
         self.stopped = False
         self.killed = 0
+        self.unkillable = False  # its start ignores a kill (stuck in the kernel, say)
         self.stops = 0
+        self.graces: list[float] = []  # what each `finish_stop` was given
+        self.stop_gate: threading.Event | None = None  # holds `stop` while it is clear
         self.check_imports = check_imports
         self.grown = 0
         self.attached: asyncio.AbstractEventLoop | None = None
@@ -84,7 +87,7 @@ class FakeHost:
     def wait_ready(self) -> None:
         deadline = time.monotonic() + 10
         while True:  # held until the gate opens; a host killed meanwhile fails, as a real one
-            if self.killed:
+            if self.killed and not self.unkillable:
                 raise DeployError("killed while starting")
             if self.gate.wait(0.005):
                 break
@@ -118,10 +121,14 @@ class FakeHost:
         self.close_isolates()
 
     def finish_stop(self, grace: float = 0) -> None:
+        self.graces.append(grace)
         self.stopped = True
 
     def stop(self, grace: float = 0) -> None:
         self.stops += 1
+        if self.stop_gate is not None:
+            assert self.stop_gate.wait(10)
+            time.sleep(0.05)  # a host's exit, reaped after its stdin closed
         self.begin_stop()
         self.finish_stop()
 
@@ -286,6 +293,7 @@ def test_a_host_that_dies_while_draining_is_not_replaced_again(
         await until(lambda: pool.hosts.standby is not None)
         made = len(w.made)
         old.died(old, "signal SIGSEGV")  # as `Host.lost` reports it
+        assert not pool.hosts.draining  # at once, not at the next drain check
         with pytest.raises(FunctionError):
             await fut
         await asyncio.sleep(0.05)
@@ -330,6 +338,7 @@ def test_a_stuck_host_is_drained_never_kept_as_the_standby(
         assert stuck1.job is not None
         pool.hosts.stuck(stuck1, stuck1.job)  # as the scheduler does past wall_ms
         assert pool.hosts.active is standby and first in pool.hosts.draining
+        assert first.retiring is True  # (`Pool._restarting`: its jobs' CPU watch excuses it)
         await until(lambda: pool.hosts.standby is not None)
         fut2, stuck2 = await w.submit("2")
         assert stuck2.owner is standby and stuck2.job is not None
@@ -501,6 +510,11 @@ def test_an_active_host_that_dies_hands_over_to_the_standby_and_requeues_what_ne
         standby.never = list(jobs)
         standby.died(standby, "signal SIGKILL")
         assert requeued == [b"c", b"b", b"a"]
+        assert pool.hosts.crashed == 2 and pool.hosts.replacements == 2
+        assert pool.hosts.active is w.made[2]
+        await until(lambda: pool.hosts.standby is not None)
+        assert pool.hosts.standby is w.made[3]
+        assert w.made[3].attached is asyncio.get_running_loop()  # its sockets read
         for job in jobs:
             job.future.cancel()
         pool.close()
@@ -684,3 +698,263 @@ def test_stopping_the_hosts_stops_each_once_and_closing_kills_those_starting(
     with caplog.at_level(logging.ERROR, logger="edgefn.isolates"):
         run(scenario())
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # closing: no error
+
+
+def test_a_dead_host_whose_replacement_cannot_start_is_tried_again_until_one_does(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """No standby, the active host died, and its replacement failed to start: the
+    function had no host until its next deploy (its requests waited to their wall
+    limit). Now the start is tried again after `RESPAWN_DELAY` until one is up, and
+    the request waiting meanwhile runs there. Not once the pool retired."""
+    monkeypatch.setattr(supervisor, "RESPAWN_DELAY", 0.1)
+    w = World(monkeypatch)
+    w.each(lambda host: setattr(host, "fails", "cannot fork")
+           if host.generation in (2, 3) else None)
+
+    async def scenario() -> None:
+        pool = w.start(standby=False)
+        (old,) = w.made
+        old.died(old, "signal SIGKILL")
+        waiting = asyncio.ensure_future(pool.submit(b"w"))
+        await until(lambda: w.running("w") is not None)
+        on = w.running("w")
+        assert on is not None and on.owner is w.made[3] is pool.hosts.active
+        assert len(w.made) == 4  # two failed starts, then this one
+        on.answer()
+        assert (await waiting).body == b"w"
+
+        w2 = World(monkeypatch)
+        w2.each(lambda host: setattr(host, "fails", "cannot fork")
+                if host.generation == 2 else None)
+        pool2 = w2.start(standby=False)
+        w2.made[0].died(w2.made[0], "signal SIGKILL")
+        await until(lambda: len(w2.made) == 2)
+        pool2.retire()  # during the delay: no more tries
+        await asyncio.sleep(0.3)
+        assert len(w2.made) == 2
+        pool.close()
+        pool2.close()
+
+    run(scenario())
+
+
+def test_a_retiring_host_s_failed_successor_is_not_tried_again_once_the_pool_retired(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    monkeypatch.setattr(supervisor, "RESPAWN_DELAY", 0.1)
+    w = World(monkeypatch)
+    w.each(lambda host: setattr(host, "fails", "cannot fork")
+           if host.generation == 2 else None)
+
+    async def scenario() -> None:
+        pool = w.start(standby=False)
+        (old,) = w.made
+        w.retire_request(old)
+        await until(lambda: len(w.made) == 2)
+        await asyncio.sleep(0.02)
+        pool.retire()  # within the delay
+        await asyncio.sleep(0.3)
+        assert len(w.made) == 2
+        pool.close()
+
+    run(scenario())
+
+
+def test_a_host_that_starts_after_it_is_needed_is_stopped_not_kept(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """A spawn that lands when the pool retired meanwhile, when a standby is already
+    there, or for a pool that wants none, is stopped (and never reads its sockets)."""
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+
+        def landing(pool: Pool, generation: int) -> FakeHost:
+            host = FakeHost(w.made, w.gate, CFG, pool, pool.hosts.host_died,
+                            generation=generation, warm_request=b"")
+            host.wait_ready()
+            pool.hosts.pending += 1  # as `_replace` counts a spawn
+            pool.hosts._landed(host)  # type: ignore[arg-type]
+            return host
+
+        with_standby = w.start(standby=True)
+        active, standby = w.made
+        extra = landing(with_standby, 50)
+        await asyncio.to_thread(supervisor.wait_stopped, 5)
+        assert extra.stopped and with_standby.hosts.standby is standby
+        assert with_standby.hosts.active is active and with_standby.hosts.pending == 0
+
+        without = Pool(CFG, False, b"warm")
+        without.start()
+        without.activate()
+        extra = landing(without, 51)
+        await asyncio.to_thread(supervisor.wait_stopped, 5)
+        assert extra.stopped and without.hosts.standby is None
+
+        with_standby.scheduler.retired = True  # retired while it started
+        late = landing(with_standby, 52)
+        await asyncio.to_thread(supervisor.wait_stopped, 5)
+        assert late.stopped and late.attached is None
+        assert with_standby.hosts.standby is standby and standby.attached is loop
+        with_standby.close()
+        without.close()
+
+    run(scenario())
+
+
+def test_two_starts_in_flight_end_with_one_active_and_one_standby(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """The standby died (its replacement starting) and then the active host asked
+    to be replaced: two starts in flight. The first to land becomes the active, the
+    second the standby, and no third is started."""
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        old, standby = w.made
+        w.gate.clear()
+        standby.died(standby, "signal SIGKILL")
+        w.retire_request(old)
+        await until(lambda: len(w.made) == 4)
+        assert pool.hosts.pending == 2 and pool.hosts.active is old
+        w.gate.set()
+        await until(lambda: pool.hosts.standby is not None and pool.hosts.active is not old)
+        await until(lambda: old.stopped)
+        await asyncio.sleep(0.05)
+        assert {pool.hosts.active, pool.hosts.standby} == {w.made[2], w.made[3]}
+        assert len(w.made) == 4 and pool.hosts.pending == 0
+        pool.close()
+
+    run(scenario())
+
+
+def test_a_draining_host_stops_as_its_last_job_ends_or_at_a_drain_check(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """Told by the job's end (no wait for the next check: `DRAIN_CHECK` is long
+    here); a job that ended otherwise (cut by its wall limit: no last frame) is
+    found by the check."""
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        monkeypatch.setattr(supervisor, "DRAIN_CHECK", 30.0)
+        pool = w.start(standby=True)
+        old, _standby = w.made
+        fut1, on_old = await w.submit("1")
+        fut2, other = await w.submit("2")
+        w.retire_request(old)
+        await until(lambda: pool.hosts.standby is not None)
+        assert old in pool.hosts.draining
+        # a job of another host ending tells nothing about this one
+        fut3, on_new = await w.submit("3")
+        on_new.answer()
+        on_old.answer()
+        await asyncio.sleep(0.05)
+        assert not old.stopped  # "2" still runs there
+        other.answer()
+        await until(lambda: old.stopped, within=1.0)
+        assert [(await f).body for f in (fut1, fut2, fut3)] == [b"1", b"2", b"3"]
+
+        monkeypatch.setattr(supervisor, "DRAIN_CHECK", 0.02)
+        current = pool.hosts.active
+        assert current is not None
+        fut4, on = await w.submit("4")
+        w.retire_request(current)  # type: ignore[arg-type]
+        assert current in pool.hosts.draining
+        job = on.job
+        assert job is not None
+        job.fail(FunctionError("wall_limit", 504, "past its limit"))  # no last frame
+        await until(lambda: current.stopped, within=1.0)  # type: ignore[attr-defined]
+        with pytest.raises(FunctionError):
+            await fut4
+        pool.close()
+
+    run(scenario())
+
+
+def test_a_draining_host_s_retire_request_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        old, standby = w.made
+        fut, on_old = await w.submit("1")
+        w.retire_request(old)
+        await until(lambda: pool.hosts.standby is not None)
+        new_standby = pool.hosts.standby
+        w.retire_request(old)  # again, from the host being drained
+        assert pool.hosts.active is standby and pool.hosts.standby is new_standby
+        await asyncio.sleep(0.05)
+        assert len(w.made) == 3
+        on_old.answer()
+        assert (await fut).body == b"1"
+        pool.close()
+
+    run(scenario())
+
+
+def test_its_threads_never_hold_the_pop_s_exit_and_stopping_is_waited_for(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    """The spawn and stop threads are daemons (a host stuck starting or stopping
+    must not keep the PoP's process alive), the spawn one named for `py-spy`;
+    `stopping()` says a stop is under way and `wait_stopped` waits for it, up to its
+    timeout."""
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        w.gate.clear()
+        standby.died(standby, "signal SIGKILL")
+        await until(lambda: len(w.made) == 3)
+        (spawn,) = [t for t in threading.enumerate() if t.name == "edgefn-host-spawn"]
+        assert spawn.daemon
+        gate = threading.Event()
+        active.stop_gate = gate
+        before = set(threading.enumerate())
+        pool.retire()  # nothing in flight: its hosts stop, on threads of their own
+        await until(lambda: active.stops == 1)
+        stoppers = set(threading.enumerate()) - before
+        assert stoppers and all(t.daemon for t in stoppers)
+        assert supervisor.stopping()
+        started = time.monotonic()
+        await asyncio.to_thread(supervisor.wait_stopped, 0.2)
+        assert 0.15 < time.monotonic() - started < 1.0 and supervisor.stopping()
+        gate.set()
+        await asyncio.to_thread(supervisor.wait_stopped, 5)
+        assert not supervisor.stopping() and active.stopped
+        w.gate.set()
+        await asyncio.to_thread(supervisor.wait_stopped, 5)
+        pool.close()
+
+    run(scenario())
+
+
+def test_closing_gives_each_host_the_grace_and_does_not_wait_out_a_stuck_start(
+        monkeypatch: pytest.MonkeyPatch, run: Callable[[Coroutine[Any, Any, None]], None]
+) -> None:
+    monkeypatch.setattr(supervisor, "READY_TIMEOUT", 0.2)
+    w = World(monkeypatch)
+
+    async def scenario() -> None:
+        pool = w.start(standby=True)
+        active, standby = w.made
+        w.gate.clear()
+        w.each(lambda host: setattr(host, "unkillable", True))
+        standby.died(standby, "signal SIGKILL")
+        await until(lambda: len(w.made) == 3)
+        started = time.monotonic()
+        await asyncio.to_thread(pool.close)
+        assert time.monotonic() - started < 1.5  # its spawn waited for up to READY_TIMEOUT
+        assert w.made[2].killed == 1 and not w.made[2].stopped
+        (grace,) = active.graces
+        assert 0 < grace <= supervisor.STOP_GRACE
+        w.gate.set()
+
+    run(scenario())
