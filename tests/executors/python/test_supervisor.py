@@ -170,6 +170,18 @@ class World:
                     return isolate
         return None
 
+    async def replaced(self) -> tuple[Pool, FakeHost, FakeHost, asyncio.Future[Response],
+                                      FakeIsolate]:
+        """A pool with a standby whose active host asked to be replaced while job "1"
+        ran there: the standby took over and a new standby is warm. (The pool, the
+        old host, the one active now, job "1"'s future, its isolate.)"""
+        pool = self.start(standby=True)
+        old, standby = self.made
+        fut, isolate = await self.submit("1")
+        self.retire_request(old)
+        await until(lambda: pool.hosts.standby is not None)
+        return pool, old, standby, fut, isolate
+
     def retire_request(self, host: FakeHost) -> None:
         """Its host's RETIRE frame, as `Isolate.frame` passes it on."""
         assert self.pool is not None
@@ -286,11 +298,7 @@ def test_a_host_that_dies_while_draining_is_not_replaced_again(
     w = World(monkeypatch)
 
     async def scenario() -> None:
-        pool = w.start(standby=True)
-        old, standby = w.made
-        fut, _isolate = await w.submit("1")
-        w.retire_request(old)
-        await until(lambda: pool.hosts.standby is not None)
+        pool, old, standby, fut, _isolate = await w.replaced()
         made = len(w.made)
         old.died(old, "signal SIGSEGV")  # as `Host.lost` reports it
         assert not pool.hosts.draining  # at once, not at the next drain check
@@ -310,11 +318,7 @@ def test_retiring_the_pool_stops_a_draining_host_too(
     w = World(monkeypatch)
 
     async def scenario() -> None:
-        pool = w.start(standby=True)
-        old, _standby = w.made
-        fut, isolate = await w.submit("1")
-        w.retire_request(old)
-        await until(lambda: pool.hosts.standby is not None)
+        pool, old, _standby, fut, isolate = await w.replaced()
         pool.retire()
         assert not old.stopped
         isolate.answer()
@@ -881,11 +885,7 @@ def test_a_draining_host_s_retire_request_changes_nothing(
     w = World(monkeypatch)
 
     async def scenario() -> None:
-        pool = w.start(standby=True)
-        old, standby = w.made
-        fut, on_old = await w.submit("1")
-        w.retire_request(old)
-        await until(lambda: pool.hosts.standby is not None)
+        pool, old, standby, fut, on_old = await w.replaced()
         new_standby = pool.hosts.standby
         w.retire_request(old)  # again, from the host being drained
         assert pool.hosts.active is standby and pool.hosts.standby is new_standby
