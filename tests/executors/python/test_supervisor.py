@@ -148,6 +148,15 @@ class World:
         """Run `made` on every host made from now on, before it starts."""
         self.monkeypatch.setattr(FakeHost, "on_made", staticmethod(made))
 
+    def fail_starts(self, why: str, *generations: int) -> None:
+        """The hosts of these generations fail to start, with `why`."""
+
+        def made(host: FakeHost) -> None:
+            if host.generation in generations:
+                host.fails = why
+
+        self.each(made)
+
     def start(self, standby: bool) -> Pool:
         self.pool = Pool(CFG, standby, b"warm")
         self.pool.start()
@@ -364,8 +373,7 @@ def test_a_standby_that_cannot_start_fails_the_start_and_stops_the_active_host(
     """The deploy fails (its error is the standby's); the active host, started first
     and the only one to check the function's imports, is stopped, not left running."""
     w = World(monkeypatch)
-    w.each(lambda host: setattr(host, "fails", "no room for a standby")
-           if host.generation == 2 else None)
+    w.fail_starts("no room for a standby", 2)
     with pytest.raises(DeployError, match="no room for a standby"):
         Pool(CFG, True, b"warm").start()
     active, standby = w.made
@@ -643,8 +651,7 @@ def test_a_replacement_that_cannot_start_is_tried_again_while_the_active_host_re
     successor (it serves meanwhile), not for a standby nobody waits on."""
     monkeypatch.setattr(supervisor, "RESPAWN_DELAY", 0.3)
     w = World(monkeypatch)
-    w.each(lambda host: setattr(host, "fails", "out of memory")
-           if host.generation in (2, 4) else None)
+    w.fail_starts("out of memory", 2, 4)
 
     async def scenario() -> None:
         pool = w.start(standby=False)
@@ -658,8 +665,7 @@ def test_a_replacement_that_cannot_start_is_tried_again_while_the_active_host_re
         await until(lambda: old.stopped)
 
         w2 = World(monkeypatch)
-        w2.each(lambda host: setattr(host, "fails", "out of memory")
-                if host.generation == 3 else None)
+        w2.fail_starts("out of memory", 3)
         pool2 = w2.start(standby=True)
         w2.made[1].died(w2.made[1], "signal SIGKILL")  # its standby: the new one fails
         await until(lambda: len(w2.made) == 3)
@@ -713,8 +719,7 @@ def test_a_dead_host_whose_replacement_cannot_start_is_tried_again_until_one_doe
     the request waiting meanwhile runs there. Not once the pool retired."""
     monkeypatch.setattr(supervisor, "RESPAWN_DELAY", 0.1)
     w = World(monkeypatch)
-    w.each(lambda host: setattr(host, "fails", "cannot fork")
-           if host.generation in (2, 3) else None)
+    w.fail_starts("cannot fork", 2, 3)
 
     async def scenario() -> None:
         pool = w.start(standby=False)
@@ -729,8 +734,7 @@ def test_a_dead_host_whose_replacement_cannot_start_is_tried_again_until_one_doe
         assert (await waiting).body == b"w"
 
         w2 = World(monkeypatch)
-        w2.each(lambda host: setattr(host, "fails", "cannot fork")
-                if host.generation == 2 else None)
+        w2.fail_starts("cannot fork", 2)
         pool2 = w2.start(standby=False)
         w2.made[0].died(w2.made[0], "signal SIGKILL")
         await until(lambda: len(w2.made) == 2)
@@ -748,8 +752,7 @@ def test_a_retiring_host_s_failed_successor_is_not_tried_again_once_the_pool_ret
 ) -> None:
     monkeypatch.setattr(supervisor, "RESPAWN_DELAY", 0.1)
     w = World(monkeypatch)
-    w.each(lambda host: setattr(host, "fails", "cannot fork")
-           if host.generation == 2 else None)
+    w.fail_starts("cannot fork", 2)
 
     async def scenario() -> None:
         pool = w.start(standby=False)
