@@ -5,6 +5,7 @@ with the measurement stubbed."""
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import subprocess
 import sys
@@ -75,6 +76,41 @@ def test_headroom_is_what_rlimit_as_leaves_of_the_address_space() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert 280 <= int(out) <= 300
+
+
+
+def vm_size() -> int:
+    """This process's VmSize in bytes, as /proc/self/status says it."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith("VmSize:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_the_address_space_is_the_processs_vm_size_in_bytes() -> None:
+    """What RLIMIT_AS counts: the whole address space (statm's first field, in pages),
+    not what is resident (statm's second: a small part of it in this process)."""
+    before = vm_size()
+    size = budget.address_space()
+    after = vm_size()
+    assert type(size) is int
+    assert min(before, after) - (1 << 20) <= size <= max(before, after) + (1 << 20)
+
+
+def test_headroom_is_none_without_a_cap_and_counts_the_soft_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this process (the test without a cap: tested against a real RLIMIT_AS in a
+    child above): the soft limit, the one the kernel enforces on this process's
+    mappings, less what it maps now; the hard one is only the soft's ceiling."""
+    if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
+        pytest.skip("this test process runs under an RLIMIT_AS of its own")
+    assert budget.headroom() is None
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda which: (budget.address_space() + (300 << 20), resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else (-1, -1))
+    assert 280 << 20 <= budget.headroom() <= 300 << 20  # type: ignore[operator]
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda which: (resource.RLIM_INFINITY, 1 << 40))
+    assert budget.headroom() is None
 
 
 class Room_:
