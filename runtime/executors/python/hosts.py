@@ -74,8 +74,13 @@ class Host:
         try:
             self.proc = _spawn(cfg, [b.fileno() for _, b in pairs], check_imports, self.scratch,
                                self.uid)
-        except BaseException:
+        except BaseException:  # nothing started: give back what was made for it
             uids.release(self.uid_lock)
+            for a, b in pairs:
+                a.close()
+                b.close()
+            if self.scratch is not None:
+                shutil.rmtree(self.scratch, ignore_errors=True)
             raise
         assert self.proc.stdout is not None and self.proc.stderr is not None
         # its stdout/stderr: never the PoP's
