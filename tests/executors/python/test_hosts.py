@@ -227,12 +227,18 @@ def test_a_module_that_fails_at_import_is_refused_and_its_host_stopped(
         started: Callable[..., Started], monkeypatch: pytest.MonkeyPatch,
         source: str, says: str) -> None:
     s = started(source, first=1, isolates=1)
-    real_wait = s.host.proc.wait
-    monkeypatch.setattr(s.host.proc, "wait",  # a host that will not exit: its 5 s cut short
-                        lambda timeout=None: real_wait(min(timeout or 0.5, 0.5)))
+    real_wait, waits = s.host.proc.wait, []
+
+    def wait(timeout: float | None = None) -> int:  # a host that will not exit: 5 s cut short
+        waits.append(timeout)
+        return real_wait(min(timeout or 0.5, 0.5))
+
+    monkeypatch.setattr(s.host.proc, "wait", wait)
     with pytest.raises(DeployError) as e:
         s.host.wait_ready()
     assert str(e.value) == says
+    if "isolate host" in says:  # its status waited for, 5 s at most
+        assert waits[0] == 5
     assert s.host.proc.returncode is not None and s.host.uid_lock == -1
 
 
@@ -667,3 +673,26 @@ def test_a_host_gone_before_its_main_thread_is_read_has_no_count(
     monkeypatch.setattr(hosts, "ThreadClock", gone)
     s = started()
     assert s.host.main is None and s.host.others() is None
+
+
+FORGER = """\
+import os, socket, struct, time
+payload = b'{"ok": false}'
+for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+            s = socket.socket(fileno=os.dup(fd))
+            s.sendall(struct.pack("<I", len(payload) + 1) + b"S" + payload)
+            s.close()
+    except OSError:
+        pass
+time.sleep(30)
+"""
+
+
+def test_a_ready_frame_forged_at_import_without_an_error_says_it_failed_to_start(
+        started: Callable[..., Started]) -> None:
+    s = started(FORGER, first=1, isolates=1)
+    with pytest.raises(DeployError) as e:
+        s.host.wait_ready()
+    assert str(e.value) == "hosted: main.py failed to start"
