@@ -42,17 +42,24 @@ def handle(request, env):
 """
 
 # a module that shuts down every socket of its host as it is imported
-SHUT = """\
-import os, socket
+def each_socket(do: str) -> str:
+    """Module code that runs `do` (Python, on `s`) on a copy of every socket its host
+    holds, as /proc/self/fd shows them."""
+    return f"""\
+import os, socket, struct
 for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
     try:
-        if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+        if os.readlink(f"/proc/self/fd/{{fd}}").startswith("socket:"):
             s = socket.socket(fileno=os.dup(fd))
-            s.shutdown(socket.SHUT_RDWR)
+            {do}
             s.close()
     except OSError:
         pass
 """
+
+
+# a module that shuts down every socket of its host as it is imported
+SHUT = each_socket("s.shutdown(socket.SHUT_RDWR)")
 
 
 class Events:
@@ -675,19 +682,9 @@ def test_a_host_gone_before_its_main_thread_is_read_has_no_count(
     assert s.host.main is None and s.host.others() is None
 
 
-FORGER = """\
-import os, socket, struct, time
-payload = b'{"ok": false}'
-for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
-    try:
-        if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-            s = socket.socket(fileno=os.dup(fd))
-            s.sendall(struct.pack("<I", len(payload) + 1) + b"S" + payload)
-            s.close()
-    except OSError:
-        pass
-time.sleep(30)
-"""
+# a module that sends a READY of its own, {"ok": false} and no error, as it is imported
+FORGER = each_socket('s.sendall(struct.pack("<I", 14) + b"S" + b\'{"ok": false}\')') + (
+    "import time\ntime.sleep(30)\n")
 
 
 def test_a_ready_frame_forged_at_import_without_an_error_says_it_failed_to_start(
