@@ -2,8 +2,9 @@
 scope and its query text (`Call`).
 
 - exact key: blake2b of the kind, tenant, model (a LoRA adapter is its own model
-  id), every message (role kept, text through `text.exact`: whitespace and the
-  closing punctuation only, never a symbol that may change the answer) or the prompt,
+  id), every message (role kept, text through `text.exact`: the whitespace around
+  it and canonically equivalent forms only, never a character that may change the
+  answer) or the prompt,
   and every sampling parameter that changes the output, with the worker's
   defaults filled in (so leaving out ``top_k`` and sending 40 are one key).
   Embeddings hash their inputs as sent: their output depends on every byte.

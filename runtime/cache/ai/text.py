@@ -47,30 +47,40 @@ def normalize(text: str) -> str:
     return text
 
 
-_TRAILING = re.compile(r"[\s.?!]+$")
-
-
 def exact(text: str) -> str:
-    """`text` as the exact cache's key reads it: unicode compatibility forms folded
-    (NFKC), runs of whitespace made one space, and the sentence's closing ``.``, ``?``
-    and ``!`` dropped; case and every other character kept. What `normalize` also
-    folds ("7 * 3" and "7 - 3" both become "7 3") may change the answer, and the
-    exact cache has no guards to catch it: the semantic cache serves such variants
-    only past its guards. Never raises."""
-    return _TRAILING.sub("", " ".join(unicodedata.normalize("NFKC", text).split()))
+    """`text` as the exact cache's key reads it: canonically equivalent forms made
+    one (NFC: a precomposed "é" and "e" + a combining accent are the same text) and
+    the whitespace around it dropped; every other character kept, case, spaces
+    and line breaks inside it, and its closing punctuation included. Folding more
+    served wrong answers: NFKC made "3²" "32" and "H₂O" "H2O", runs of whitespace
+    joined an indented Python snippet into one line, and dropping a closing "!"
+    made "Compute 5!" "Compute 5". Variants that mean the same go to the semantic
+    cache, past its guards (`formula` for those three). Never raises."""
+    return unicodedata.normalize("NFC", text).strip()
 
 
 _OPERATORS = frozenset("*=<>^&|~\\()[]{}\"+")
 
 
+# superscripts, which NFKC folds into plain digits and signs ("3²" became "32")
+_SUPERSCRIPT = re.compile("[\u00b2\u00b3\u00b9\u2070-\u207f]+")
+
+
 @functools.lru_cache(maxsize=4096)
 def formula(text: str) -> str:
-    """The numbers and operator symbols of `text`, in order ("7*3" for "What is
-    7 * 3?"), or "" when it has no operator: what two prompts must share for the
-    semantic cache to serve one's answer for the other ("7 * 3" and "7 - 3" embed
-    alike and have the same numbers). Operators: ``* = < > ^ & | ~ \\ ( ) [ ] { } "
-    +``, ``!=``, and ``-``, ``/`` and ``'`` unless between two letters ("e-mail",
-    "km/h", "don't"). Never raises."""
+    """What two prompts must share for the semantic cache to serve one's answer for
+    the other, beyond their meaning: the numbers and operator symbols of `text`, in
+    order ("7*3" for "What is 7 * 3?"), or "" when it has no operator ("7 * 3" and
+    "7 - 3" embed alike and have the same numbers); then, for a text of several
+    lines some of which are indented, the indentation of each line that is not
+    blank ("|0,4": code, where indentation is meaning, and which `normalize`
+    joins into one line).
+    Operators: ``* = < > ^ & | ~ \\ ( ) [ ] { } " +``, ``!=``, ``!`` after a
+    digit (a factorial: "5!" is not "5"), a superscript (an exponent: "3²" reads
+    "3^2", not "32"), and ``-``, ``/`` and ``'`` unless between two letters
+    ("e-mail", "km/h", "don't"). Never raises."""
+    if not text.isascii():
+        text = _SUPERSCRIPT.sub(lambda m: "^" + unicodedata.normalize("NFKC", m[0]), text)
     t = unicodedata.normalize("NFKC", text)
     parts: list[str] = []
     has_operator = False
@@ -84,12 +94,18 @@ def formula(text: str) -> str:
             parts.append(t[i:j])
             i = j
             continue
-        if c in _OPERATORS or (c == "!" and t[i + 1:i + 2] == "=") or (
+        if c in _OPERATORS or (c == "!" and (t[i + 1:i + 2] == "=" or t[i - 1:i].isdigit())) or (
                 c in "-/'" and not (_letter(t, i - 1) and _letter(t, i + 1))):
             parts.append(c)
             has_operator = True
         i += 1
-    return "".join(parts) if has_operator else ""
+    shape = "".join(parts) if has_operator else ""
+    if "\n" in text:
+        indents = [len(line) - len(line.lstrip(" \t")) for line in text.splitlines()
+                   if line.strip()]
+        if any(indents):
+            shape += "|" + ",".join(map(str, indents))
+    return shape
 
 
 def _letter(t: str, i: int) -> bool:

@@ -45,9 +45,14 @@ def ask(client: openai.OpenAI, question: str, headers: dict[str, str] | None = N
 
 def test_a_repeated_question_is_an_exact_hit(client: openai.OpenAI) -> None:
     miss = ask(client, "Name a primary colour.")
-    hit = ask(client, " Name a primary   colour")  # the same but for spaces and the stop
+    hit = ask(client, " Name a primary colour.\n")  # the same but for the space around it
     assert miss.headers["x-edgefn-cache"] == "miss"
     assert hit.headers["x-edgefn-cache"] == "hit-exact" and hit.headers["x-edgefn-cache-entry"]
+    # spaces inside it and its stop are the exact cache's difference (they can be a
+    # prompt's meaning: "Compute 5!", code), and the semantic cache's sameness
+    near = ask(client, "Name a primary   colour")
+    assert near.headers["x-edgefn-cache"] == "hit-semantic"
+    assert near.headers["x-edgefn-cache-entry"] == hit.headers["x-edgefn-cache-entry"]
     a, b = miss.parse(), hit.parse()
     assert b.choices[0].message.content == a.choices[0].message.content and a.id != b.id
     assert b.usage.prompt_tokens_details.cached_tokens == a.usage.prompt_tokens > 0

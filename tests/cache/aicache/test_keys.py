@@ -59,16 +59,57 @@ def test_a_different_message_changes_the_key(word: str) -> None:
     assert a.scope == b.scope  # only the last user message differs: one scope
 
 
-@given(space=st.sampled_from([" ", "  ", "\t", "\n", " \u3000"]),
-       end=st.sampled_from(["?", "", " ?", "?!", "...", "\uff1f"]), upper=st.booleans())
-def test_whitespace_and_closing_punctuation_keep_the_key_and_case_the_query(
-        space: str, end: str, upper: bool) -> None:
-    text = "What is the capital of France"
-    varied_text = (text.upper() if upper else text).replace(" ", space) + end
-    varied = [MSGS[0], {"role": "user", "content": f"{space}{varied_text}{space}"}]
+@given(space=st.sampled_from([" ", "  ", "\t", "\n", " \u3000"]), upper=st.booleans())
+def test_whitespace_around_the_message_keeps_the_key_and_case_changes_it(
+        space: str, upper: bool) -> None:
+    text = "What is the capital of France?"
+    varied = [MSGS[0], {"role": "user", "content": f"{space}{text.upper() if upper else text}"
+                                                     f"{space}"}]
     a, b = chat_call("t", "m", MSGS, BASE), chat_call("t", "m", varied, BASE)
     assert (a.key == b.key) is not upper  # case can change an answer (code): kept
     assert a.query == b.query == normalize(text) == "what is the capital of france"
+
+
+@given(space=st.sampled_from(["  ", "\t", "\n", " \u3000"]),
+       end=st.sampled_from(["", " ?", "?!", "...", "\uff1f"]))
+def test_inner_whitespace_and_closing_punctuation_change_the_key_not_the_query(
+        space: str, end: str) -> None:
+    """The exact cache keys the text as written (a closing "!" or a line's spaces
+    can be its meaning: "Compute 5!", code); the semantic cache's query folds
+    them, and serves such variants past its guards."""
+    varied = [MSGS[0], {"role": "user",
+                        "content": "What is the capital of France".replace(" ", space) + end}]
+    a, b = chat_call("t", "m", MSGS, BASE), chat_call("t", "m", varied, BASE)
+    assert a.key != b.key and a.scope == b.scope and a.formula == b.formula == ""
+    assert a.query == b.query == "what is the capital of france"
+
+
+def test_canonically_equivalent_text_is_one_key() -> None:
+    composed = [{"role": "user", "content": "Caf\u00e9 hours?"}]
+    decomposed = [{"role": "user", "content": "Cafe\u0301 hours?"}]
+    assert chat_call("t", "m", composed, BASE).key == chat_call("t", "m", decomposed, BASE).key
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    # each pair shared an exact key, and one got the other's answer (NFKC, joined
+    # whitespace, a dropped closing "!"); the formula now keeps the semantic cache
+    # from serving one for the other too
+    ("What is 3\u00b2", "What is 32"), ("Compute 5!", "Compute 5"),
+    ("Is this valid Python?\nif x:\n    y()", "Is this valid Python? if x: y()"),
+    ("Is this valid Python?\nif x:\n    y()\n    z()", "Is this valid Python?\nif x:\n    y()\nz()"),
+    ("x\u207b\u00b9", "x-1"),
+])
+def test_text_the_exact_key_once_folded_changes_the_key_and_the_formula(a: str, b: str) -> None:
+    ca, cb = (chat_call("t", "m", [{"role": "user", "content": x}], BASE) for x in (a, b))
+    assert ca.key != cb.key and ca.formula != cb.formula
+    assert ca.scope == cb.scope
+
+
+def test_compatibility_forms_change_the_key_not_the_meaning() -> None:
+    """"H₂O" and "H2O" are one substance: two exact keys, one query and formula."""
+    a, b = (chat_call("t", "m", [{"role": "user", "content": x}], BASE)
+            for x in ("Is H\u2082O or H2O heavier?", "Is H2O or H2O heavier?"))
+    assert a.key != b.key and a.query == b.query and a.formula == b.formula
 
 
 @pytest.mark.parametrize(("a", "b"), [
