@@ -33,6 +33,7 @@ from edgefn_core.frames import Framing
 
 MAX_FRAME = 64 * 1024 * 1024
 WINDOW = 64  # chunks a stream may run ahead of its reader
+DEFAULT_MAX_TOKENS = 256  # a generation's cap when its caller names none (`Generate`)
 # How a generation's text carries tool calls (every engine writes them so; the API turns
 # them into OpenAI's `tool_calls`): OPEN {"name": "<name>", "arguments": <JSON>} CLOSE,
 # several separated by a newline.
@@ -51,7 +52,10 @@ class Generate(_Msg, tag="gen"):
     model: str
     prompt: str | None = None  # a completion
     messages: list[dict[str, Any]] | None = None  # a chat (rendered with the model's template)
-    max_tokens: int = 256
+    # None (the caller asked for no cap): DEFAULT_MAX_TOKENS, or what the model's context
+    # leaves after the prompt when that is less (a prompt that fits is never refused for
+    # a cap nobody asked for; OpenAI's default is the rest of the context)
+    max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 40  # 0: off. llama.cpp's server default; it makes sampling ~4x cheaper

@@ -221,7 +221,7 @@ class Connection:
             gid = next(self.worker.ids)
             sink = ReplySink(self, msg.id, gid, engine, msg.stream)
             # a non-streamed answer is collected here, so it never waits for credit
-            window = msg.window if msg.stream else msg.max_tokens + 2
+            window = msg.window if msg.stream else (msg.max_tokens or p.DEFAULT_MAX_TOKENS) + 2
             engine.generate(msgspec.structs.replace(msg, id=gid, window=window), sink)
         except EngineError as e:  # a 4xx refuses the input: not the engine's error
             self.worker.metrics.request(error=e.status >= 500)

@@ -138,6 +138,17 @@ def test_lora_added_at_run_time_is_listed_and_served(client: openai.OpenAI, pop:
     assert tuned.choices[0].message.content != base.choices[0].message.content
     kept = {lo["name"]: lo for lo in json.loads((pop.data / "ai" / "loras.json").read_text())}
     assert kept["style"]["path"] == str(path.resolve())  # kept for restarts
+    # another adapter under the name: its answers say so at once (they carried the old
+    # one's fingerprint for the model listing's 5 s, and, cached, for the cache's TTL)
+    other = tmp_path / "style2.gguf"
+    write_random_lora(packaged_model(), other, rank=8, seed=4, std=0.1)
+    pop.admin.request("DELETE", "/v1/ai/loras/style")
+    pop.admin.request("POST", "/v1/ai/loras",
+                      json.dumps({"name": "style", "path": str(other)}).encode())
+    again = [client.chat.completions.create(model="style", messages=HELLO,  # type: ignore[arg-type]
+                                            max_tokens=12, temperature=0) for _ in range(2)]
+    assert again[0].system_fingerprint == again[1].system_fingerprint \
+        != tuned.system_fingerprint
 
 
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
@@ -624,7 +635,9 @@ def handle(request, env):
 def test_the_ai_binding_refuses_unknown_arguments_and_bad_roles(pop: Running,
                                                                 tmp_path: Path) -> None:
     """As /v1/chat/completions does: a typo (`max_token`) ran uncapped until the wall
-    limit, and a role the API refuses went to the model."""
+    limit, and a role the API refuses went to the model. An argument of another kind
+    is named (a null input was embedded, and a number completed, as its `str()`:
+    "None", "12345"); a null one takes its default."""
     from tests.support import python_function
 
     pop.deploy(python_function(tmp_path, "aiargs", """
@@ -646,6 +659,16 @@ def handle(request, env):
             chat = ai._call("ai.chat", {"messages": [{"role": "user", "content": "hi"}],
                                         "max_tokens": 1}, True)
             return Response(f"{len(out['embeddings'][0])} {chat['finish_reason']}")
+        elif case == "null-input":
+            ai._call("ai.embed", {"input": [None]}, True)
+        elif case == "number-prompt":
+            ai._call("ai.complete", {"prompt": 12345, "max_tokens": 2}, True)
+        elif case == "text-cap":
+            ai.chat([{"role": "user", "content": "hi"}], max_tokens="5")
+        elif case == "null-model":  # null takes its default, as in the OpenAI API
+            chat = ai._call("ai.chat", {"model": None, "messages": [
+                {"role": "user", "content": "hi"}], "max_tokens": 1, "seed": None}, True)
+            return Response(chat["finish_reason"])
         else:
             return Response(ai.chat([{"role": "user", "content": "hi"}], max_tokens=2,
                                     temperature=0)["finish_reason"])  # sampled: it could stop
@@ -655,11 +678,17 @@ def handle(request, env):
 """, extra="[bindings]\nai = true"))
     for case, words in (("typo", "ai.chat: unrecognized argument 'max_token'; it takes"),
                         ("role", "ai.chat: messages[0].role must be one of"),
-                        ("embed", "ai.embed: unrecognized argument 'dims'")):
+                        ("embed", "ai.embed: unrecognized argument 'dims'"),
+                        ("null-input", "ai.embed: input must be a string or a list of "
+                                       "strings (not empty), got a list holding null"),
+                        ("number-prompt", "ai.complete: prompt must be a string, got a "
+                                          "number (12345)"),
+                        ("text-cap", "ai.chat: max_tokens must be an integer, got a string")):
         status, _, body = pop.get(f"/aiargs?case={case}")
         assert status == 400 and words.encode() in body, (case, body)
     assert pop.get("/aiargs?case=ok")[:3:2] == (200, b"length")
     assert pop.get("/aiargs?case=no-model")[:3:2] == (200, b"384 length")
+    assert pop.get("/aiargs?case=null-model")[:3:2] == (200, b"length")
 
 
 def test_null_reads_as_the_default_as_openai_reads_it(client: openai.OpenAI) -> None:

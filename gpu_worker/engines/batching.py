@@ -61,6 +61,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..protocol import DEFAULT_MAX_TOKENS
 from ..stops import StopText
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def shaping_of(req: Generate, grammar: str | None) -> Shaping | None:
                                                        or req.frequency_penalty):
         return None
     return Shaping(grammar, req.logit_bias, req.presence_penalty, req.frequency_penalty,
-                   req.max_tokens)
+                   req.max_tokens or DEFAULT_MAX_TOKENS)
 
 
 class Seq:
@@ -115,7 +116,7 @@ class Seq:
         self.preempted = False  # it ran before: its wait is not an admission wait
         self.adapter = adapter
         self.scale = scale
-        self.max_tokens = req.max_tokens
+        self.max_tokens = req.max_tokens or DEFAULT_MAX_TOKENS  # (the engine sets it: `Generate`)
         self.temperature, self.top_p, self.top_k = req.temperature, req.top_p, req.top_k
         self.seed = req.seed if req.seed is not None else random.getrandbits(32)
         self.stop = StopText(req.stop)

@@ -30,10 +30,12 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from edgefn_core.errors import EngineError
 
 from ..models import converted, packaged_model
-from ..protocol import Generate
+from ..protocol import DEFAULT_MAX_TOKENS, Generate
 from . import Engine, ModelInfo, Sink
 from .batching import Scheduler, Seq, seq_ids_for, shaping_of
 from .grammar_cache import Grammars
@@ -101,6 +103,9 @@ class LlamaEngine(Engine):
         if adapter is not None and adapter not in self.loras:
             raise EngineError("model_not_found", 404, f"model {req.model!r} does not exist")
         prompt = self._tokenize(req)
+        if req.max_tokens is None:  # no cap asked for: the default, within what the context leaves
+            req = msgspec.structs.replace(
+                req, max_tokens=min(DEFAULT_MAX_TOKENS, self.limit - len(prompt)))
         grammar = self.grammars.for_request(req)
         scale = self.loras[adapter][1] if adapter else 1.0
         self.driver.mailbox.post_seq(Seq(req, sink, prompt, adapter, scale,
@@ -108,9 +113,15 @@ class LlamaEngine(Engine):
 
     def _tokenize(self, req: Generate) -> list[int]:
         """The prompt's tokens. Raises `EngineError` for an empty prompt, messages the
-        chat template refuses, or a prompt plus ``max_tokens`` over the context."""
+        chat template refuses, or a prompt plus ``max_tokens`` over the context
+        (without ``max_tokens``: a prompt that leaves no room for a token)."""
         prompt = self._prompt(req)
-        if len(prompt) + req.max_tokens > self.limit:
+        if req.max_tokens is None:
+            if len(prompt) >= self.limit:
+                raise EngineError("context_length_exceeded", 400, f"this model's context is "
+                                  f"{self.limit} tokens; the prompt has {len(prompt)}, "
+                                  "which leaves none to generate")
+        elif len(prompt) + req.max_tokens > self.limit:
             raise EngineError("context_length_exceeded", 400, f"this model's context is "
                               f"{self.limit} tokens; the prompt has {len(prompt)} and "
                               f"max_tokens asks for {req.max_tokens} more")
@@ -150,10 +161,13 @@ class LlamaEngine(Engine):
 
     async def count_tokens(self, req: CountTokens) -> int:
         """The prompt's tokens, exactly as a generation counts them (``prompt_tokens``).
-        Raises `EngineError` as `generate` does for the prompt, and model_not_found
-        for an unknown adapter."""
+        Raises `EngineError` as `generate` does for the prompt, model_not_found for
+        an unknown adapter, and invalid_request for texts to embed (``input``)."""
         if req.model != self.spec.name and req.model not in self.loras:
             raise EngineError("model_not_found", 404, f"model {req.model!r} does not exist")
+        if req.inputs is not None:
+            raise EngineError("invalid_request", 400, f"{req.model} generates text: count "
+                              "its 'prompt' or 'messages' ('input' is an embedding model's)")
         return len(self._prompt(req))
 
     def cancel(self, rid: int) -> None:
@@ -202,7 +216,7 @@ class LlamaEngine(Engine):
 
 def _check_params(req: Generate) -> None:
     """Raises `EngineError` naming the first parameter out of range."""
-    if not 1 <= req.max_tokens <= 1_000_000:
+    if req.max_tokens is not None and not 1 <= req.max_tokens <= 1_000_000:
         raise EngineError("invalid_request", 400,
                           f"max_tokens must be between 1 and 1000000, got {req.max_tokens}")
     if not 0 <= req.temperature <= 2:

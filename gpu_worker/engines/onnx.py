@@ -398,7 +398,10 @@ class OnnxEngine(Engine):
 
     async def count_tokens(self, req: CountTokens) -> int:
         """The tokens an embedding of `req.inputs` reads (its ``tokens``). Raises
-        `EngineError` as `embed` does."""
+        `EngineError` as `embed` does, and for a prompt or messages (what it does not read)."""
+        if req.inputs is None:
+            raise EngineError("invalid_request", 400, f"{req.model} is an embedding model: "
+                              "count the texts it embeds, given as 'input'")
         texts = _check_texts(req.inputs, "input", MAX_INPUTS)
         embedder = self._embedder_for(req.model)
 

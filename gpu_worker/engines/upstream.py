@@ -58,6 +58,7 @@ import msgspec
 
 from edgefn_core.errors import EngineError
 
+from ..protocol import DEFAULT_MAX_TOKENS
 from . import Engine, ModelInfo
 from . import upstream_counts as counts
 from .upstream_shapes import CallText, forwarded, token_logprobs
@@ -382,7 +383,8 @@ def _generate_body(req: Generate) -> tuple[str, bytes]:
         body["prompt"] = req.prompt
     else:
         raise EngineError("invalid_request", 400, "a generation needs a prompt or messages")
-    body |= {"max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p}
+    body |= {"max_tokens": req.max_tokens or DEFAULT_MAX_TOKENS, "temperature": req.temperature,
+             "top_p": req.top_p}
     if req.stop:
         body["stop"] = req.stop
     if req.seed is not None:

@@ -188,7 +188,7 @@ class OpenAIApi:
         self.ai = ai
         self.budgets = budgets
         self.egress = egress
-        self.catalog = Catalog(ai.client)
+        self.catalog = Catalog(ai.client, lambda: ai.models_version)
 
     def __call__(self, request: Request, ctx: Context | None = None) -> Awaitable[Response]:
         """`ctx.principal`, when set, limits the models a caller may use and pays

@@ -26,14 +26,16 @@ MAX_MESSAGES = 8192
 def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES,
                    roles_fields: frozenset[str] = TOOL_FIELDS) -> None:
     """Raises `ApiError` (400) naming the first bad message field: an empty list,
-    a role outside `roles`, a tool call field not in `roles_fields` (the tool
-    calls of an assistant message), content that is neither text nor a list of
-    parts."""
+    more messages than any context holds (``context_length_exceeded``), a role
+    outside `roles`, a tool call field not in `roles_fields` (the tool calls of an
+    assistant message), a ``tool`` message that answers no call of the assistant
+    message before it (its ``tool_call_id`` missing or naming none of them), content
+    that is neither text nor a list of parts."""
     if not messages:
         raise ApiError("invalid_request", 400, "'messages' must not be empty", "messages")
     if len(messages) > MAX_MESSAGES:
-        raise ApiError("invalid_request", 400, f"'messages' has {len(messages)} messages; at "
-                       f"most {MAX_MESSAGES} are taken", "messages")
+        raise ApiError("context_length_exceeded", 400, f"'messages' has {len(messages)} "
+                       f"messages; at most {MAX_MESSAGES} are taken", "messages")
     for i, message in enumerate(messages):
         role = message.get("role")
         if role not in roles:
@@ -48,6 +50,8 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
         calls = message.get("tool_calls")
         if calls is not None and "tool_calls" in roles_fields:
             _check_tool_calls(calls, f"messages[{i}].tool_calls")
+        if role == "tool" and "tool_call_id" in roles_fields:
+            _check_answer(messages, i)
         content = message.get("content")
         if not isinstance(content, (str, list)) and not (role == "assistant" and content is None):
             raise ApiError("invalid_value", 400, f"messages[{i}].content must be a string or "
@@ -69,6 +73,30 @@ def _check_tool_calls(calls: Any, where: str) -> None:
             raise ApiError("invalid_value", 400, f"{where}[{j}] must be an object whose "
                            "'function' is {\"name\": string, \"arguments\": string}",
                            f"{where}[{j}].function")
+
+
+def _check_answer(messages: list[dict[str, Any]], i: int) -> None:
+    """Raises `ApiError` (400) unless ``tool`` message `i` answers, by its
+    ``tool_call_id``, a call of the assistant message with ``tool_calls`` before it
+    (only other ``tool`` messages between them), as OpenAI requires."""
+    call_id = messages[i].get("tool_call_id")
+    where = f"messages[{i}].tool_call_id"
+    if not isinstance(call_id, str):
+        raise ApiError("invalid_value", 400, f"{where} must be the id of the tool call it "
+                       f"answers (a string); got {'none' if call_id is None else call_id!r}",
+                       where)
+    j = i - 1
+    while j >= 0 and messages[j].get("role") == "tool":
+        j -= 1
+    calls = messages[j].get("tool_calls") if j >= 0 and \
+        messages[j].get("role") == "assistant" else None
+    if not isinstance(calls, list) or not calls:
+        raise ApiError("invalid_value", 400, f"messages[{i}]: a 'tool' message must answer "
+                       "the 'tool_calls' of the assistant message before it",
+                       f"messages[{i}].role")
+    if call_id not in {c.get("id") for c in calls if isinstance(c, dict)}:
+        raise ApiError("invalid_value", 400, f"{where} {call_id!r} names none of the calls "
+                       f"in messages[{j}].tool_calls", where)
 
 
 def _range(name: str, value: float | None, low: float, high: float) -> None:

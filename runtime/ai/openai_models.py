@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -17,7 +18,7 @@ import msgspec
 
 from gpu_worker.client import WorkerClient
 
-TTL = 5.0  # seconds a listing is reused (a LoRA added at run time shows within this)
+TTL = 5.0  # seconds a listing is reused (an adapter the worker loaded otherwise shows within this)
 
 
 def _version(package: str) -> str:
@@ -40,10 +41,15 @@ def fingerprint(model: dict[str, Any], parent: dict[str, Any] | None = None) -> 
 
 class Catalog:
     """The worker's models: listed fresh, looked up (per generation, for its
-    fingerprint) from a copy at most `TTL` seconds old."""
+    fingerprint) from a copy at most `TTL` seconds old and made since the last
+    change `version` counts (`AIService.models_version`: an adapter added or
+    removed through the PoP, whose answers kept the old one's fingerprint for up to
+    `TTL`, and cached, for the cache's TTL)."""
 
-    def __init__(self, client: WorkerClient) -> None:
+    def __init__(self, client: WorkerClient, version: Callable[[], int] = lambda: 0) -> None:
         self.client = client
+        self.version = version
+        self.seen = -1  # the version the copy was made at
         self.first_seen: dict[str, int] = {}
         self.models: dict[str, dict[str, Any]] = {}
         self.fetched = -TTL
@@ -57,11 +63,13 @@ class Catalog:
 
     async def get(self, model: str) -> dict[str, Any] | None:
         """`model`'s entry (fetched again once if unknown), or None. Raises `WorkerError`."""
-        if model not in self.models or time.monotonic() - self.fetched >= TTL:
+        if model not in self.models or time.monotonic() - self.fetched >= TTL \
+                or self.seen != self.version():
             await self._fetch()
         return self.models.get(model)
 
     async def _fetch(self) -> None:
+        seen = self.version()
         found = {m["id"]: m for m in await self.client.models()}
         now = int(time.time())
         for m in found.values():
@@ -70,4 +78,4 @@ class Catalog:
             m["created"] = mtime if isinstance(mtime, int) else self.first_seen.setdefault(
                 m["id"], now)
             m["fingerprint"] = fingerprint(m, parent)
-        self.models, self.fetched = found, time.monotonic()
+        self.models, self.fetched, self.seen = found, time.monotonic(), seen

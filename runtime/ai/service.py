@@ -49,6 +49,9 @@ class AIService:
         if self.loras_file.exists():
             self.loras = msgspec.json.decode(self.loras_file.read_bytes(), type=list[Lora])
         self.loop: asyncio.AbstractEventLoop | None = None  # the PoP's, once started
+        # bumped when the worker's models change (an adapter added or removed, here or
+        # by another PoP worker: `models_changed`): a listing made before is stale
+        self.models_version = 0
 
     async def start(self, wait: bool = True) -> None:
         """Start the worker. With `wait`, raises `WorkerDead` if it does not come up."""
@@ -64,6 +67,7 @@ class AIService:
         """Register an adapter now and after every restart. Raises `WorkerError`."""
         path = str(Path(path).resolve())
         info = await self.client.add_lora(name, path, base, scale)
+        self.models_changed()
         self.loras.append(Lora(name, path, base, scale))
         self._save()
         return info
@@ -72,9 +76,15 @@ class AIService:
         """Stop serving adapter `name`, now and after restarts. Raises `WorkerError`
         (404 for an unknown model, 400 for a base model)."""
         info = await self.client.remove_lora(name)
+        self.models_changed()
         self.loras = [lo for lo in self.loras if lo.name != name]
         self._save()
         return info
+
+    def models_changed(self) -> None:
+        """The worker's models changed (an adapter added or removed under a name):
+        what was listed before, fingerprints included, is listed again."""
+        self.models_version += 1
 
     def _save(self) -> None:
         tmp = self.loras_file.with_suffix(".tmp")
@@ -82,6 +92,7 @@ class AIService:
         tmp.replace(self.loras_file)
 
     async def _registered_again(self) -> None:
+        self.models_changed()
         for lo in self.loras:
             try:
                 await self.client.add_lora(lo.name, lo.path, lo.base, lo.scale, early=True)

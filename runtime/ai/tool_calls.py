@@ -18,6 +18,8 @@ from gpu_worker.protocol import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 HEAD = re.compile(r'\n?' + re.escape(TOOL_CALL_OPEN) + r'\{"name": "([^"]*)", "arguments": ')
 TAIL = "}" + TOOL_CALL_CLOSE
+# a call's head cut after its name (by max_tokens): the call, without arguments
+NAMED = re.compile(r'\n?' + re.escape(TOOL_CALL_OPEN) + r'\{"name": "([^"]*)"')
 
 
 class Piece(NamedTuple):
@@ -51,15 +53,22 @@ class CallReader:
         return self._calls() if self.mode == "calls" else []
 
     def end(self) -> list[Piece]:
-        """What is left when the generation ended (a call cut short by max_tokens
-        keeps its partial arguments, as OpenAI's do)."""
+        """What is left when the generation ended. A call cut short by max_tokens
+        keeps its partial arguments, as OpenAI's do, or is a call without any when
+        it was cut right after its name; markup cut before a call's name is whole
+        is nobody's text, never content (``"<tool"`` reached clients as the answer)."""
         if self.mode == "calls":
             rest = self._calls()
             if self.in_args and self.buf:
                 kept = self._cut()
                 if kept:
                     rest.append(Piece("args", kept, self.calls - 1))
+            elif not self.in_args and (m := NAMED.match(self.buf)) is not None:
+                rest.append(Piece("call", m[1], self.calls, "call_" + secrets.token_hex(12)))
+                self.calls += 1
             return rest
+        if self.mode is None:  # it ended on what could only open a call: its markup
+            return []
         return [Piece("content", self.buf)] if self.buf else []
 
     def _cut(self) -> str:

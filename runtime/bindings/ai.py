@@ -82,6 +82,59 @@ DEFAULT_MODELS = {"chat": "smollm2-135m", "chat_stream": "smollm2-135m",
                   "complete": "smollm2-135m", "embed": "all-minilm-l6-v2",
                   "rerank": "all-minilm-l6-v2"}
 
+# what each argument must be (checked where the call comes in, `_args`): a value of
+# another kind was made a string (``str(None)``: "None" embedded, completed and cached)
+_TEXT = frozenset({"model", "prompt", "query"})
+_WHOLE = frozenset({"max_tokens", "top_k", "seed", "top_n"})
+_NUMBER = frozenset({"temperature", "top_p", "presence_penalty", "frequency_penalty"})
+_TEXTS = frozenset({"documents"})  # a list of strings
+
+
+def _args(op: str, a: dict[str, Any]) -> dict[str, Any]:
+    """`a` without its null fields (each takes its default, as in the OpenAI API),
+    every value of the kind its argument takes. Raises `BindingError` naming the
+    first argument of another kind."""
+    a = {k: v for k, v in a.items() if v is not None}
+    for name, value in a.items():
+        if name in _TEXT:
+            ok, kind = isinstance(value, str), "a string"
+        elif name in _WHOLE:
+            ok, kind = type(value) is int, "an integer"
+        elif name in _NUMBER:
+            ok, kind = type(value) in (int, float), "a number"
+        elif name in _TEXTS:
+            ok = isinstance(value, list) and all(isinstance(t, str) for t in value)
+            kind = "a list of strings"
+        elif name == "input" or name == "stop":
+            ok = isinstance(value, str) or (isinstance(value, list) and all(
+                isinstance(t, str) for t in value) and (bool(value) or name == "stop"))
+            kind = "a string or a list of strings" + (" (not empty)" if name == "input" else "")
+        elif name == "messages":
+            ok, kind = isinstance(value, list), "a list of messages"
+        else:
+            continue
+        if not ok:
+            raise BindingError(f"ai.{op}: {name} must be {kind}, got {_kind(value)}")
+    return a
+
+
+def _kind(value: Any) -> str:
+    """`value`'s kind as JSON names it (what a function sent)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        odd = [t for t in value if not isinstance(t, str)]
+        return "a list holding " + _kind(odd[0]) if odd else "a list" if value else \
+            "an empty list"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
 class FellBack(Exception):  # not an error: how an answer came (it skips the cache)
     """A fallback model answered (`AIBinding._answered`): its result, and what to
     tell the function (``{"model", "origin"}``)."""
@@ -137,14 +190,16 @@ class AIBinding:
     async def call(self, op: str, a: dict[str, Any], traceparent: str | None = None) -> Any:
         """Run one AI operation; a model call carries `traceparent` (the calling
         request's span) to the worker. Raises `BindingError` (with the worker's
-        reason for a refused request, or the tenant's exhausted budget) and
-        KeyError/TypeError/ValueError for bad arguments."""
+        reason for a refused request, or the tenant's exhausted budget; an argument
+        of the wrong kind, named) and KeyError/TypeError/ValueError for other bad
+        arguments (a missing one). A null argument takes its default."""
         if op not in OPS:
             raise BindingError(f"unknown AI operation {op!r}")
         unknown = sorted(set(a) - ARGS[op])
         if unknown:
             raise BindingError(f"ai.{op}: unrecognized argument {unknown[0]!r}; it takes "
                                f"{', '.join(sorted(ARGS[op])) or 'none'}")
+        a = _args(op, a)
         if "model" in ARGS[op] and "model" not in a and op in DEFAULT_MODELS:
             a = {**a, "model": DEFAULT_MODELS[op]}  # the Python SDK's defaults, from WASM too
         if op in ("chat", "chat_stream") and isinstance(a.get("messages"), list):

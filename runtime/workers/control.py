@@ -118,7 +118,11 @@ def purge(pop: PoP, msg: dict[str, Any]) -> int:
 
 
 def ai_purge(pop: PoP, msg: dict[str, Any]) -> int:
-    """Purge this worker's AI cache as `msg` says; how many entries went."""
+    """Purge this worker's AI cache as `msg` says; how many entries went. A model
+    named is listed again (the admin worker purges an adapter added or removed
+    under that name on every worker: its fingerprint changed)."""
+    if msg.get("model") is not None and pop.ai is not None:
+        pop.ai.models_changed()
     cache = pop.stores.ai_cache
     return 0 if cache is None else cache.purge(model=msg.get("model"), tenant=msg.get("tenant"))
 

@@ -125,6 +125,16 @@ def test_an_unknown_field_is_unrecognized_as_openai_says() -> None:
     assert str(e.value) == "Unrecognized request argument supplied: foo"
 
 
+def call(n: int) -> dict[str, Any]:
+    return {"id": f"call_{n}", "type": "function",
+            "function": {"name": "now", "arguments": "{}"}}
+
+
+ANSWERED = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call(1), call(2)]},
+            {"role": "tool", "content": "12:00", "tool_call_id": "call_1"}]
+
+
 @pytest.mark.parametrize(("messages", "param"), [
     ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
     ([{"role": "user", "content": "hi"}, {"content": "x"}], "messages[1].role"),
@@ -133,12 +143,27 @@ def test_an_unknown_field_is_unrecognized_as_openai_says() -> None:
     ([{"role": "assistant", "content": "x", "function_call": {"name": "f"}}],
      "messages[0].function_call"),
     ([{"role": "system"}], "messages[0].content"),
-    ([], "messages")])
+    ([], "messages"),
+    # a tool message answers a call of the assistant message before it (OpenAI: a 400)
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "12"}],
+     "messages[1].tool_call_id"),
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "12",
+                                           "tool_call_id": "call_1"}], "messages[1].role"),
+    ([*ANSWERED[:2], {"role": "tool", "content": "12", "tool_call_id": "zzz"}],
+     "messages[2].tool_call_id"),
+    ([*ANSWERED, {"role": "user", "content": "and?"}, {"role": "tool", "content": "1",
+                                                        "tool_call_id": "call_1"}],
+     "messages[4].role")])
 def test_a_bad_message_is_refused_naming_it(messages: list[dict[str, Any]], param: str
                                            ) -> None:
     with pytest.raises(ApiError) as e:
         check_messages(messages)
     assert (e.value.status, e.value.param) == (400, param)
+
+
+def test_tool_messages_that_answer_the_calls_before_them_are_accepted() -> None:
+    check_messages(ANSWERED)
+    check_messages([*ANSWERED[:3], {"role": "tool", "content": "2", "tool_call_id": "call_2"}])
 
 
 def test_more_messages_than_any_context_holds_are_refused_before_they_are_read() -> None:
@@ -147,7 +172,8 @@ def test_more_messages_than_any_context_holds_are_refused_before_they_are_read()
     check_messages([{"role": "user", "content": "x"}] * MAX_MESSAGES)
     with pytest.raises(ApiError) as e:
         check_messages([{"role": "user", "content": "x"}] * (MAX_MESSAGES + 1))
-    assert (e.value.status, e.value.param) == (400, "messages")
+    assert (e.value.status, e.value.param, e.value.code) == (
+        400, "messages", "context_length_exceeded")
     assert f"at most {MAX_MESSAGES} are taken" in str(e.value)
 
 

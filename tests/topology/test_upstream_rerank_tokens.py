@@ -141,6 +141,11 @@ def test_a_functions_rerank_counts_in_its_owners_share_upstream(
      "invalid_request", "exactly one of"),
     ("/v1/tokenize", {"model": "nope", "prompt": "a"}, 404, "model_not_found",
      "'nope' does not exist"),
+    # the other kind of model's input: said so (not "the prompt is empty")
+    ("/v1/tokenize", {"model": EMBED, "prompt": "a"}, 400, "invalid_request",
+     "is an embedding model: count the texts it embeds, given as 'input'"),
+    ("/v1/tokenize", {"model": CHAT, "input": "a"}, 400, "invalid_request",
+     "generates text: count its 'prompt' or 'messages'"),
 ])
 def test_a_bad_call_through_the_edge_is_a_clear_4xx(
         tiers: tuple[Running, Running, dict[str, str]], path: str, body: dict[str, object],

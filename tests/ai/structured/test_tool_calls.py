@@ -62,6 +62,28 @@ def test_arguments_stream_before_the_call_ends() -> None:
     assert pieces[1].text.startswith('{"a": "x')
 
 
+@pytest.mark.parametrize("cut", [1, 5, len(TOOL_CALL_OPEN), len(TOOL_CALL_OPEN) + 12])
+def test_a_generation_cut_inside_the_opening_markup_has_no_content_and_no_call(
+        cut: int, rand: random.Random) -> None:
+    """max_tokens ended it before a call's name was whole: "<tool" was the answer."""
+    text = (TOOL_CALL_OPEN + '{"name": "get_weather", "arguments": {}}')[:cut]
+    for parts in ([text], split(text, rand) if len(text) > 3 else [text]):
+        assert read(parts) == [] and message(read(parts)) == {"role": "assistant",
+                                                              "content": ""}
+    # after a whole call, a second one cut short the same way: the first call only
+    first = call_text({"name": "now", "arguments": "{}"})
+    msg = message(read([first + "\n" + text]))
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["now"]
+
+
+def test_a_call_cut_after_its_name_is_a_call_without_arguments(rand: random.Random) -> None:
+    text = TOOL_CALL_OPEN + '{"name": "get_weather", "argu'
+    for parts in ([text], split(text, rand)):
+        msg = message(read(parts))
+        assert msg["content"] is None and [(c["function"]["name"], c["function"]["arguments"])
+                                           for c in msg["tool_calls"]] == [("get_weather", "")]
+
+
 def test_a_call_cut_short_keeps_its_partial_arguments() -> None:
     msg = message(read([TOOL_CALL_OPEN + '{"name": "f", "arguments": {"a": 1, "b"']))
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"a": 1, "b"'
