@@ -160,6 +160,21 @@ def test_fetch_is_denied_outside_the_allowlist_and_to_private_addresses(
     assert status == 403 and words in body.decode(), body
 
 
+def test_the_pops_own_admin_listener_does_not_answer_a_functions_fetch(
+        pop: Running, tmp_path: Path) -> None:
+    """It trusts loopback: a tenant whose fetch pattern named 127.0.0.1 read every
+    tenant's metrics through it (the dashboard and the API are refused alike)."""
+    deploy_fetcher(pop, tmp_path, ["http://127.0.0.1:*/*"])
+    admin = f"http://{pop.admin.info.admin}"
+    for path in ("/metrics", "/v1/functions", "/dashboard"):
+        status, _, body = pop.get(f"/fetcher?url={admin}{path}")
+        assert (status, b"does not answer a function's fetch" in body) == (403, True), body
+    direct = http.client.HTTPConnection(*pop.admin.info.admin.split(":"), timeout=10)
+    direct.request("GET", "/metrics")  # a scraper on loopback still is answered
+    assert direct.getresponse().status == 200
+    direct.close()
+
+
 def test_localhost_under_a_wildcard_is_refused_too(pop: Running, tmp_path: Path,
                                                    upstream: str) -> None:
     deploy_fetcher(pop, tmp_path, ["http://*"])

@@ -65,7 +65,7 @@ from runtime.bindings.owners import WHAT, denied
 from runtime.cache.stats import merged
 from runtime.functions import deploys
 from runtime.functions.registry import Deployment
-from runtime.net.message import Request, Response, json_response
+from runtime.net.message import Request, Response, fetched, json_response
 from runtime.observe import stream
 from runtime.observe.dashboard import serve as dashboard
 from runtime.observe.dashboard.login import Logins
@@ -147,6 +147,8 @@ class AdminApp:
     def __call__(self, request: Request) -> Response | object:
         if not _is_loopback(request.client):
             return _error(403, "forbidden", "the admin API only answers loopback clients")
+        if fetched(request):  # loopback, but a function's subrequest: none of its business
+            return _error(403, "forbidden", "the admin API does not answer a function's fetch")
         if request.path == b"/metrics" and self.metrics is not None:
             return self.metrics(request)  # a scraper's token, not an admin credential
         if dashboard.is_dashboard(request.path) and getattr(self.pop, "dashboard", None):

@@ -52,6 +52,7 @@ from edgefn_core.errors import BindingError
 from runtime.bindings.codec import b64, base64_bytes, known
 from runtime.bindings.threads import OwnerThreads
 from runtime.functions.manifest import MAX_WALL_MS
+from runtime.net.message import LOOP_ID
 
 MAX_RESPONSE = 8 << 20  # bytes of response body a subrequest may bring back
 MAX_REQUEST = 8 << 20
@@ -62,7 +63,6 @@ HOP_BY_HOP = frozenset({"host", "connection", "content-length", "transfer-encodi
                         "upgrade", "te", "trailer", "proxy-authorization", "proxy-connection",
                         "cdn-loop"})
 ARGS = frozenset({"url", "method", "headers", "body", "timeout_ms"})
-LOOP_ID = "edgefn"  # the PoP's cdn-id in CDN-Loop
 MAX_HOPS = 8  # edgefn subrequests one chain of requests may go through
 MAX_SUBREQUESTS = 200  # fetches one request tree may make on one PoP process
 # how long a tree's count is kept: past the longest a tree can live, each of its

@@ -13,6 +13,8 @@ from typing import Any
 import msgspec
 
 Headers = list[tuple[bytes, bytes]]
+LOOP_ID = "edgefn"  # the cdn-id a PoP's fetch binding adds to a subrequest's CDN-Loop
+_LOOP = LOOP_ID.encode()
 
 
 class Request:
@@ -52,6 +54,20 @@ class Response:
         self.headers = headers if headers is not None else []
         self.body = body
         self.close = close
+
+
+def fetched(request: Request) -> bool:
+    """Whether `request` came from a function's fetch: its ``CDN-Loop`` holds an
+    ``edgefn`` entry, which the fetch binding adds and no function can leave out
+    (`runtime.bindings.fetch`). The PoP's own loopback listeners (the admin API,
+    the dashboard, a metrics listener) refuse such a request: they trust loopback,
+    and a function whose fetch pattern named 127.0.0.1 read every tenant's metrics
+    through the admin port."""
+    for k, v in request.headers:
+        if k == b"cdn-loop" and any(entry.partition(b";")[0].strip().lower() == _LOOP
+                                    for entry in v.split(b",")):
+            return True
+    return False
 
 
 def json_response(data: Any, status: int = 200, headers: Headers | None = None) -> Response:

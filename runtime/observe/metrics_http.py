@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from runtime.net.message import Request, Response, json_response
+from runtime.net.message import Request, Response, fetched, json_response
 
 PATH = b"/metrics"
 
@@ -42,6 +42,8 @@ class MetricsEndpoint:
             return _error(404, "not_found", "this listener serves GET /metrics only")
         if request.method not in (b"GET", b"HEAD"):
             return _error(405, "method_not_allowed", "use GET /metrics")
+        if fetched(request):  # a function's subrequest: every tenant's series are not its own
+            return _error(403, "forbidden", "metrics are not served to a function's fetch")
         if not self.allowed(request):
             return _error(401, "unauthorized", "missing or wrong metrics token: send "
                           "`Authorization: Bearer <[metrics] token>`",
