@@ -143,6 +143,9 @@ HOSTILE = {
             "        keep.append(bytearray(b'x' * (8 << 20)))\n",
             "cpu_ms = 5000\nwall_ms = 10000\nmemory_mb = 64", 503, "memory_limit"),
     "raises": ("def handle(request, env):\n    raise ValueError('bad input')\n", "", 500, "trap"),
+    # an exception that cannot be said: its isolate crashed (a 502, the host replaced)
+    "unsayable": ("class E(Exception):\n    def __str__(self):\n        raise RuntimeError\n"
+                  "def handle(request, env):\n    raise E()\n", "", 500, "trap"),
     "badjson": ("import json\ndef handle(request, env):\n    return json.loads('{bad')\n", "",
                 500, "trap"),
     "nap": ("import time\ndef handle(request, env):\n    time.sleep(60)\n",

@@ -103,6 +103,10 @@ def test_seccomp_alone(tmp_path: Path, listener: int) -> None:
         attempt("unix", lambda: [s.close() for s in socket.socketpair()] and None)
         attempt("thread", thread_runs)
         attempt("read", lambda: len(open("/etc/hostname").read()) >= 0)
+        attempt("memfd", lambda: os.memfd_create("x"))
+        attempt("shmget", lambda: (libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno()))
+        attempt("msgget", lambda: (libc.msgget(0, 0o1600), ctypes.get_errno()))
+        attempt("mmap", lambda: len(__import__("mmap").mmap(-1, 1 << 20)))
     """, tmp_path)
     assert out["fork"] == ["PermissionError", 1]
     assert out["libc_fork"] == ["ok", [-1, 1]]  # EPERM
@@ -114,6 +118,11 @@ def test_seccomp_alone(tmp_path: Path, listener: int) -> None:
     assert out["unix"] == ["ok", None]
     assert out["thread"] == ["ok", True]  # clone with CLONE_THREAD, after clone3's ENOSYS
     assert out["read"] == ["ok", True]  # seccomp leaves files to the other layers
+    # memory RLIMIT_AS does not count is refused (IPC_PRIVATE segments and queues);
+    # mapped memory, which it counts, is not
+    assert out["memfd"] == ["PermissionError", 1]
+    assert out["shmget"] == ["ok", [-1, 1]] and out["msgget"] == ["ok", [-1, 1]]
+    assert out["mmap"] == ["ok", 1 << 20]
 
 
 def test_an_x32_system_call_kills_the_process_not_the_thread(tmp_path: Path) -> None:

@@ -41,6 +41,10 @@ class Receiver(Protocol):
     def garbage(self, err: ProtocolError) -> None:
         """The peer sent something that is not a frame; the socket is unusable."""
 
+    def room(self) -> int:
+        """The largest frame the peer may send now (at most the channel's
+        `max_frame`): a larger one is `garbage` as soon as its length is read."""
+
 
 class Corks:
     """A loop's channels holding frames for the end of its turn (`Channel.send_soon`):
@@ -219,17 +223,32 @@ class Channel:
         if not n:
             self.eof = True
             return self.receiver.lost()
+        reader = self.reader
         try:
-            frames = self.reader.feed(self.inbox_view[:n])  # cut from it: kept as copies
+            frames = reader.feed(self.inbox_view[:n])  # cut from it: kept as copies
         except ProtocolError as e:
             return self.receiver.garbage(e)
         for kind, payload in frames:
             self.receiver.frame(kind, payload)
+        held = reader.buf  # a frame begun: one the receiver does not expect now is not
+        # kept (a guest that begins a 256 MiB frame and never ends it held that much of
+        # the PoP per isolate, in a request and, from a thread of its own, between them)
+        length = reader.framing.length
+        if len(held) >= length.size and not self.closed and \
+                (size := length.unpack_from(held)[0]) > (room := self.receiver.room()):
+            self.receiver.garbage(ProtocolError(f"a frame of {size} bytes begun where at most "
+                                                f"{room} may come now"))
 
     def close(self) -> None:
+        """Stop reading and writing; what it held, read or to write, goes at once (not
+        when its isolate is collected: they reference each other)."""
         if self.closed:
             return
         self.closed = True
+        self.reader.buf = bytearray()
+        self.out.clear()
+        self.unsent = 0
+        self.held = None
         if self.loop is not None:
             self.loop.remove_reader(self.sock.fileno())
             self.loop.remove_writer(self.sock.fileno())

@@ -213,7 +213,7 @@ def _describe(e: BaseException, module: str) -> dict[str, Any]:
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
     for exc in chain:
-        m = _UNSUPPORTED.search(str(exc))
+        m = _UNSUPPORTED.search(_text(exc))
         if m:
             top = _imported_by_user(e, module) or m.group(1).split(".")[0]
             return {"error": f"imports `{top}`, which cannot load in a subinterpreter "
@@ -262,7 +262,7 @@ def _cannot_import(e: BaseException) -> str | None:
     while cur is not None and len(chain) < 10:
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
-    found = next((m for m in map(_UNSUPPORTED.search, map(str, chain)) if m), None)
+    found = next((m for m in map(_UNSUPPORTED.search, map(_text, chain)) if m), None)
     if found is None:
         return None
     name, where = _user_import(e) or (found.group(1).split(".")[0], "")
@@ -297,7 +297,16 @@ def _raised(e: BaseException) -> str:
 def _binding_failed(e: BaseException) -> str:
     """``failed in a binding call at main.py:4 in handle: <the PoP's reason>``."""
     where = _user_frame(e)
-    return "failed in a binding call" + (f" at {where}" if where else "") + f": {e}"
+    return "failed in a binding call" + (f" at {where}" if where else "") + f": {_text(e)}"
+
+
+def _text(e: BaseException) -> str:
+    """``str(e)``, or what says it has none: a function's exception whose ``__str__``
+    raised crashed its isolate (a 502 and its host replaced, for a 500's worth)."""
+    try:
+        return str(e)
+    except Exception:
+        return f"<{type(e).__name__} whose str() failed>"
 
 
 def _user_frame(e: BaseException) -> str:

@@ -31,11 +31,13 @@ from edgefn_core.errors import DeployError, FunctionError
 from runtime.executors.output import escaped
 from runtime.executors.python import host_output, sandbox, uids, wire
 from runtime.executors.python.config import HostConfig
+from runtime.executors.python.cpu_watch import outer_limit
 from runtime.executors.python.host import IMPORT_ROOTS
 from runtime.executors.python.isolate import Events, Isolate, read_json
 from runtime.executors.python.job import Job
 from runtime.executors.python.thread_clock import ProcessClock, ThreadClock
 
+log = logging.getLogger("edgefn.isolates")
 functions_log = logging.getLogger("edgefn.functions")
 
 READY_TIMEOUT = 30.0
@@ -44,6 +46,14 @@ STOP_GRACE = 2.0  # after its stdin closes, how long a host gets before it is ki
 # an isolate's socket closed while its host still runs: how long its job waits to learn
 # whether the host is exiting (EOF can beat the exit status), on the loop's clock
 EXIT_LAG = 0.05
+# Every LOOK_EVERY seconds a host's other threads' CPU (`others`) is held to what its
+# requests since the last look may have used (`outer_limit` each: the CPU watch charges
+# a request its share of them) plus IDLE_SHARE of a core (the watchdogs' ticks, a thread
+# winding down); past that, a thread no request accounts for runs (one a handler started
+# through ctypes, which outlives its request: 46 of them spinning slowed every tenant's
+# requests 50-fold for as long as they ran, charged to none) and the host is killed.
+LOOK_EVERY = 1.0
+IDLE_SHARE = 0.25
 
 
 class Host:
@@ -66,6 +76,15 @@ class Host:
         self.retiring = False  # it asked to be replaced; the supervisor swaps it out
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pidfd = -1  # readable once the process exits (`attach`)
+        # what its other threads may use a request (`_look`), and when it last looked:
+        # (time, their CPU, jobs sent to its isolates, jobs they ran then)
+        self.per_job = outer_limit(cfg.cpu_ms, cfg.wall_ms)
+        self.looked: tuple[float, float, int, int] | None = None
+        self.look: asyncio.TimerHandle | None = None
+        self.killed_for: str | None = None  # why the PoP killed it, for its death's report
+        # isolates starting (grown) or restarting (recycled) with no request: since when,
+        # and the jobs sent to each then (`_look`)
+        self.restarting: dict[Isolate, tuple[float, int]] = {}
         pairs = [socket.socketpair() for _ in range(cfg.max_isolates)]
         # as root the host makes a private tmpfs its scratch dir; otherwise it gets one here
         self.scratch = None if os.geteuid() == 0 else tempfile.mkdtemp(prefix="edgefn-scratch-")
@@ -165,8 +184,12 @@ class Host:
             return
         self.pidfd = os.pidfd_open(self.proc.pid)  # unreaped, the pid is still this process
         loop.add_reader(self.pidfd, self._exited)
+        self.look = loop.call_later(LOOK_EVERY, self._look)
 
     def _unwatch(self) -> None:
+        if self.look is not None:
+            self.look.cancel()
+            self.look = None
         if self.pidfd >= 0:
             if self.loop is not None:
                 self.loop.remove_reader(self.pidfd)
@@ -183,7 +206,50 @@ class Host:
         why = ("exited" if code is None  # another thread is reaping it right now
                else f"signal {signal.Signals(-code).name}" if code < 0
                else f"exit status {code}")
+        if self.killed_for is not None:
+            why = f"{why}: {self.killed_for}"
         self.died(self, why)
+
+    def _look(self) -> None:
+        """Kill the host if its other threads used more CPU since the last look than
+        its requests since then may have, and `IDLE_SHARE` of a core (see
+        `LOOK_EVERY`), or if an isolate has been starting or restarting, with no
+        request, for `READY_TIMEOUT` (its module's top-level code, run again as its
+        interpreter recycled, spun: two cores for a minute, every request a 504); else
+        look again in `LOOK_EVERY`."""
+        self.look = None
+        others = None if self.dead else self.others()
+        if others is None or self.loop is None:
+            return
+        now = self.loop.time()
+        for isolate in self.isolates:
+            if isolate.state in ("starting", "recycling") and isolate.job is None:
+                since, sent = self.restarting.get(isolate, (now, isolate.sent))
+                if sent != isolate.sent:  # it ran a job since: another start
+                    since, sent = now, isolate.sent
+                self.restarting[isolate] = (since, sent)
+                if now - since > READY_TIMEOUT:
+                    return self._kill_for(f"an isolate did not start within {READY_TIMEOUT:g} "
+                                          "s (its module's top-level code did not end)")
+            else:
+                self.restarting.pop(isolate, None)
+        sent = sum(i.sent for i in self.isolates)
+        running = sum(1 for i in self.isolates if i.job is not None)
+        last, self.looked = self.looked, (now, others, sent, running)
+        if last is not None:
+            then, before, sent_before, running_before = last
+            may = IDLE_SHARE * (now - then) + self.per_job * (sent - sent_before + running_before)
+            if others - before > may:
+                return self._kill_for(f"its threads used {others - before:.2f} s of CPU in "
+                                      f"{now - then:.1f} s, past the {may:.2f} s its requests "
+                                      "then may have: a thread no request accounts for")
+        self.look = self.loop.call_later(LOOK_EVERY, self._look)
+
+    def _kill_for(self, why: str) -> None:
+        """Kill it, logged; its death is reported saying `why`."""
+        self.killed_for = why
+        log.error("%s: host %d killed: %s", self.cfg.label, self.pid, why)
+        self.kill()
 
     def others(self) -> float | None:
         """Seconds of CPU used by its threads other than its main thread and those

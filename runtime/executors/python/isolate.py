@@ -131,9 +131,10 @@ class Isolate:
         self.max_response = self.cfg.max_response  # bytes of a body, at most
         self.generation = owner.generation
         # a whole response up to its limit (and its head) fits one frame
-        self.channel = Channel(sock, self, max(wire.MAX_FRAME,
-                                               self.cfg.max_response + (1 << 20)))
+        self.max_frame = max(wire.MAX_FRAME, self.cfg.max_response + (1 << 20))
+        self.channel = Channel(sock, self, self.max_frame)
         self.state = state  # unstarted | starting | idle | busy | recycling | dead
+        self.sent = 0  # jobs sent to it, ever (its host's CPU look: `Host._look`)
         # Per-interpreter state (recycling starts a new interpreter on the same socket)
         self.uses = 0
         self.recycling = False  # its interpreter is replaced after the job in flight
@@ -165,6 +166,7 @@ class Isolate:
 
     def run(self, job: Job) -> None:
         """Send `job`: it runs now if the isolate has none, else after those sent."""
+        self.sent += 1
         frame = job.frame
         if self.job is None:  # at once: its thread starts while the loop goes on
             self.job = job
@@ -256,6 +258,12 @@ class Isolate:
     # -- Receiver: what the channel reports ----------------------------------------------------
     def lost(self) -> None:
         self.owner.lost(self)
+
+    def room(self) -> int:
+        """The largest frame the guest may send now: a whole response, or a host
+        call's value, while it runs a request; between requests only its small
+        frames (READY, RETIRE, THREAD, DROPPED)."""
+        return MAX_SMALL_FRAME if self.job is None else self.max_frame
 
     def garbage(self, err: ProtocolError) -> None:
         log.error("%s: isolate sent garbage (%s); killing its host", self.cfg.name, err)

@@ -27,6 +27,9 @@ class Receiver:
     def garbage(self, err: ProtocolError) -> None:
         raise AssertionError(err)
 
+    def room(self) -> int:
+        return wire.MAX_FRAME
+
 
 def test_writes_the_peer_is_slow_to_take_arrive_whole_in_order_large_ones_uncopied() -> None:
     big = os.urandom(3 << 20)
@@ -159,6 +162,7 @@ class Recorder:
         self.lost_count = 0
         self.errors: list[ProtocolError] = []
         self.channel: Channel | None = None
+        self.most = wire.MAX_FRAME  # `room`
 
     def frame(self, kind: bytes, payload: bytes) -> None:
         self.frames.append((kind, payload))
@@ -170,6 +174,9 @@ class Recorder:
 
     def garbage(self, err: ProtocolError) -> None:
         self.errors.append(err)
+
+    def room(self) -> int:
+        return self.most
 
 
 def recorded(max_frame: int = wire.MAX_FRAME) -> tuple[Channel, Recorder, socket.socket]:
@@ -327,6 +334,44 @@ def test_a_frame_over_the_bound_is_reported_as_garbage_with_why() -> None:
         assert len(receiver.errors) == 1 and isinstance(receiver.errors[0], ProtocolError)
         assert receiver.frames == []
         channel.close()
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_a_frame_larger_than_the_receiver_expects_now_is_garbage_once_its_length_is_read(
+        ) -> None:
+    """Before its bytes come: a guest that began a 256 MiB frame and never ended it
+    held that much of the PoP. Whole frames within the room pass; the room is asked
+    only while a frame is begun."""
+    async def go() -> None:
+        channel, receiver, peer = recorded()
+        receiver.most = 1000
+        peer.send(wire.frame(wire.RESPONSE, b"x" * 900) + wire.frame(wire.RESPONSE, b"y")[:3])
+        await settle()
+        assert [len(p) for _, p in receiver.frames] == [900] and receiver.errors == []
+        peer.send(wire.frame(wire.RESPONSE, b"y")[3:] + wire.frame(wire.RESPONSE, b"z" * 5000)[:9])
+        await settle()
+        assert [len(p) for _, p in receiver.frames] == [900, 1]
+        assert [str(e) for e in receiver.errors] == [
+            "a frame of 5001 bytes begun where at most 1000 may come now"]
+        channel.close()
+        peer.close()
+
+    asyncio.run(go())
+
+
+def test_a_closed_channel_lets_go_of_what_it_held_at_once() -> None:
+    """A partial frame and unsent writes go when it closes, not when the isolate that
+    references it (and it the isolate) is collected: 64 MiB a killed host's isolate."""
+    async def go() -> None:
+        channel, _, peer = recorded()
+        peer.send(wire.frame(wire.RESPONSE, b"x" * 100_000)[:60_000])
+        await settle()
+        assert len(channel.reader.buf) == 60_000
+        channel.send_soon(b"held")
+        channel.close()
+        assert (len(channel.reader.buf), channel.held) == (0, None)
         peer.close()
 
     asyncio.run(go())

@@ -437,6 +437,101 @@ def test_other_threads_cpu_is_what_threads_a_handler_started_used(
     assert 0.3 <= served(b"s=0.3&where=thread") < 0.4
 
 
+LEAVES_A_THREAD = """\
+import ctypes
+import mmap
+from edgefn import Response
+
+KEEP = []
+
+
+def handle(request, env):
+    code = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    code.write(b"\\xeb\\xfe")  # jmp $: a thread of its own no watchdog stops
+    KEEP.append(code)
+    start = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(code)))
+    ctypes.CDLL(None).pthread_create(ctypes.byref(ctypes.c_ulong()), None, start, None)
+    return Response("armed")
+"""
+
+
+def test_a_host_whose_threads_use_cpu_no_request_accounts_for_is_killed(
+        started: Callable[..., Started], loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A thread a handler started through ctypes outlives its request (46 of them
+    slowed every tenant 50-fold, charged to none): killed within two looks."""
+    monkeypatch.setattr(hosts, "LOOK_EVERY", 0.2)
+    s = started(LEAVES_A_THREAD, first=1, isolates=1, cpu_ms=50, wall_ms=1000)
+    s.host.wait_ready()
+    s.host.attach(loop)
+    job = Job(loop, request())
+    s.host.isolates[0].run(job)
+    turn_until(loop, lambda: job.done)
+    assert job.future.result().body == b"armed" and not s.deaths
+    armed = time.monotonic()
+    with caplog.at_level(logging.ERROR, "edgefn.isolates"):
+        turn_until(loop, lambda: bool(s.deaths), within=3)
+    assert time.monotonic() - armed < 0.8  # the look after the request's, and one more
+    (why,) = s.deaths
+    assert why.startswith("signal SIGKILL: its threads used ") and why.endswith(
+        "its requests then may have: a thread no request accounts for"), why
+    assert any("killed: its threads used" in r.getMessage() for r in caplog.records)
+
+
+def test_a_host_whose_requests_threads_stay_within_their_limits_is_not_killed(
+        started: Callable[..., Started], loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread a handler started and joined, within its request's CPU; an idle host."""
+    monkeypatch.setattr(hosts, "LOOK_EVERY", 0.1)
+    s = started(THREADS, first=1, isolates=1, cpu_ms=400, wall_ms=2000)
+    s.host.wait_ready()
+    s.host.attach(loop)
+    for _ in range(3):
+        job = Job(loop, request(b"s=0.3&where=thread"))
+        s.host.isolates[0].run(job)
+        turn_until(loop, lambda job=job: job.done)
+    loop.run_until_complete(asyncio.sleep(0.5))  # idle: five looks
+    assert not s.deaths and not s.host.dead and s.host.looked is not None
+
+
+SPINS_WHEN_IMPORTED_AGAIN = """\
+import os
+from edgefn import Response
+
+if os.path.exists("/tmp/imported"):  # its recycled interpreter's import: it never ends
+    while True:
+        pass
+open("/tmp/imported", "w").close()
+
+
+def handle(request, env):
+    return Response("ok")
+"""
+
+
+def test_a_host_whose_isolate_does_not_restart_within_the_ready_timeout_is_killed(
+        started: Callable[..., Started], loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its module's top-level code spun as its interpreter recycled (two cores for a
+    minute, every request a 504): killed once it has restarted for READY_TIMEOUT."""
+    s = started(SPINS_WHEN_IMPORTED_AGAIN, first=1, isolates=1, recycle_after=1)
+    s.host.wait_ready()
+    monkeypatch.setattr(hosts, "LOOK_EVERY", 0.1)
+    monkeypatch.setattr(hosts, "READY_TIMEOUT", 0.5)
+    s.host.attach(loop)
+    isolate = s.host.isolates[0]
+    job = Job(loop, request())
+    isolate.run(job)
+    turn_until(loop, lambda: job.done)
+    assert job.future.result().body == b"ok"
+    isolate.state = "recycling"  # as the scheduler has it after its last job
+    restarted = time.monotonic()
+    turn_until(loop, lambda: bool(s.deaths), within=3)
+    assert 0.5 <= time.monotonic() - restarted < 1.0
+    assert s.deaths == ["signal SIGKILL: an isolate did not start within 0.5 s (its "
+                        "module's top-level code did not end)"]
+
+
 def test_a_fresh_hosts_other_threads_have_used_next_to_nothing(
         started: Callable[..., Started]) -> None:
     """Its main thread's start (the imports, the compile) and its isolates' (an

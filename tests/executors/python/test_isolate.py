@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -538,6 +539,33 @@ def test_a_small_frame_at_its_bound_is_read(rig: Rig, kind: bytes) -> None:
     rig.run(rig.job())
     rig.isolate.frame(kind, b" " * (MAX_SMALL_FRAME - 2) + b"{}")
     assert ("kill", None) not in rig.seen
+
+
+def test_between_requests_only_a_small_frame_may_begin(rig: Rig) -> None:
+    """A response-sized frame begun with no request running (a thread of the guest's
+    own, after its handler returned) held up to max_response_mb of the PoP for as long
+    as the guest liked; its length alone now kills the host. In a request, a
+    response up to its limit (and its head) may come."""
+    assert rig.isolate.room() == MAX_SMALL_FRAME
+    rig.guest.sendall(wire.frame(wire.RESPONSE, b"x" * (MAX_SMALL_FRAME + 1))[:64])
+    rig.turn()
+    assert forged(rig, f"a frame of {MAX_SMALL_FRAME + 2} bytes begun where at most "
+                       f"{MAX_SMALL_FRAME} may come now")
+    assert rig.isolate.channel.reader.buf == bytearray()  # closed: nothing held
+
+
+def test_a_response_up_to_its_limit_may_come_in_a_request(rig: Rig) -> None:
+    (job,) = rig.run(rig.job())
+    assert rig.isolate.room() == max(wire.MAX_FRAME, CFG.max_response + (1 << 20))
+    whole = memoryview(wire.frame(wire.RESPONSE, ok(b"x" * CFG.max_response)))
+    rig.guest.setblocking(False)
+    while whole:  # what the socket takes, then the loop reads it
+        with contextlib.suppress(BlockingIOError):
+            whole = whole[rig.guest.send(whole):]
+        rig.turn()
+        assert ("kill", None) not in rig.seen and (not job.future.done() or not whole)
+    rig.turn()
+    assert job.future.result().status == 200 and rig.isolate.room() == MAX_SMALL_FRAME
 
 
 def test_garbage_from_the_channel_kills_the_host_and_is_logged(rig: Rig) -> None:

@@ -24,6 +24,7 @@ from runtime.executors.python import wire
 from runtime.executors.python.calls import HostCalls
 from runtime.executors.python.config import HostConfig
 from runtime.executors.python.isolate import CALLS_PER_TURN, MAX_VALUES_WAITING, Isolate
+from runtime.executors.python.job import Job
 
 CFG = HostConfig(name="f", version="v1", function_dir="/nonexistent", module="main",
                  handler="handle", cpu_ms=50, wall_ms=1000, memory_mb=64, recycle_after=100,
@@ -150,13 +151,16 @@ def test_a_guest_that_never_reads_its_answers_is_cut_off(
 
 def from_guest(data: bytes) -> tuple[Owner, list[tuple[bytes, bytes]]]:
     """`data` written by a guest to its isolate on the PoP's loop (from a thread: a
-    large frame outgrows the socket's buffer): what reached the pool, the frames the
-    guest got back."""
+    large frame outgrows the socket's buffer) in a request, as its calls are: what
+    reached the pool, the frames the guest got back."""
     async def go() -> tuple[Owner, list[tuple[bytes, bytes]]]:
         ours, guest = socket.socketpair()
         owner = Owner([0])
         isolate = Isolate(owner, ours)
         isolate.attach(asyncio.get_running_loop())
+        isolate.run(Job(asyncio.get_running_loop(), b"req"))
+        request_frame = wire.frame(wire.REQUEST, b"req")
+        assert guest.recv(len(request_frame)) == request_frame  # taken: what comes is replies
         writer = threading.Thread(target=send_all, args=(guest, data))
         writer.start()
         end = time.monotonic() + 10
@@ -172,7 +176,7 @@ def from_guest(data: bytes) -> tuple[Owner, list[tuple[bytes, bytes]]]:
         try:
             while chunk := guest.recv(1 << 16):
                 back.extend(reader.feed(chunk))
-        except BlockingIOError:
+        except (BlockingIOError, ConnectionResetError):  # (reset: closed with bytes unread)
             pass
         guest.close()
         return owner, back
@@ -272,6 +276,7 @@ def test_a_guest_s_values_waiting_for_answers_hold_its_socket_past_a_bound() -> 
         owner = Owner([0])
         isolate = Isolate(owner, ours)
         isolate.attach(asyncio.get_running_loop())
+        isolate.run(Job(asyncio.get_running_loop(), b"req"))  # its calls come in a request
         writer = threading.Thread(target=send_all, args=(guest, b"".join(frames)))
         writer.start()
 
