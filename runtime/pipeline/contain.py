@@ -15,6 +15,7 @@ a new one, which a link or load balancer sends to a PoP that is ready.
 from __future__ import annotations
 
 import logging
+import time
 
 from edgefn_core.errors import EdgefnError, Rejected, WorkerDead
 from runtime.executors.output import said
@@ -23,13 +24,22 @@ from runtime.pipeline.stage import Context
 
 log = logging.getLogger("edgefn.pop")
 
+# refusals that say nothing new from one request to the next (the PoP shedding load):
+# logged once a second per target and code, with how many more came meanwhile (a
+# client at a function's concurrency limit wrote 1,100 warning lines a second)
+SHED = frozenset({"concurrency_limit", "overloaded", "replaced"})
+SHED_EVERY = 1.0
+_shed: dict[tuple[str, str], list[float]] = {}  # (target, code): [when logged, since]
+_MAX_SHED_KEYS = 10_000
+
 
 def contain(ctx: Context, exc: Exception) -> Response:
     target = ctx.target
     where = target.label if target is not None else "pipeline"
     if isinstance(exc, EdgefnError):
-        if exc.status >= 500:
-            log.warning("%s: %s: %s", where, exc.code, said(str(exc)))  # a guest's text
+        if exc.status >= 500 and (exc.code not in SHED or _say_shed(where, exc.code)):
+            log.warning("%s: %s: %s%s", where, exc.code, said(str(exc)),  # a guest's text
+                        _more(where, exc.code))
         if isinstance(exc, Rejected):  # the PoP refused: its shape, but OpenAI's on /v1/*
             openai = target is not None and target.kind == "openai"
             response = target.error_response(exc) if target and openai else plain_error(exc)
@@ -44,6 +54,29 @@ def contain(ctx: Context, exc: Exception) -> Response:
         return target.error_response(target.crashed(exc))
     return plain_error(EdgefnError(f"internal error ({type(exc).__name__}); see the PoP's log, "
                                    f"request {rid}"))
+
+
+def _say_shed(where: str, code: str) -> bool:
+    """Whether this refusal of `code` by `where` is logged: the first in `SHED_EVERY`
+    seconds; the others are counted for the next line (`_more`)."""
+    now = time.monotonic()
+    seen = _shed.get((where, code))
+    if seen is not None and now - seen[0] < SHED_EVERY:
+        seen[1] += 1
+        return False
+    if seen is None and len(_shed) >= _MAX_SHED_KEYS:
+        _shed.clear()
+    _shed[(where, code)] = [now, seen[1] if seen is not None else 0]
+    return True
+
+
+def _more(where: str, code: str) -> str:
+    """`` (and N more since the last)``: refusals `_say_shed` counted and did not log."""
+    seen = _shed.get((where, code))
+    if seen is None or not seen[1]:
+        return ""
+    n, seen[1] = int(seen[1]), 0
+    return f" (and {n} more like it since the last)"
 
 
 def rendered(err: Rejected) -> tuple[int, bytes, bytes]:
