@@ -347,12 +347,15 @@ def test_a_frame_larger_than_the_receiver_expects_now_is_garbage_once_its_length
     async def go() -> None:
         channel, receiver, peer = recorded()
         receiver.most = 1000
-        peer.send(wire.frame(wire.RESPONSE, b"x" * 900) + wire.frame(wire.RESPONSE, b"y")[:3])
+        at_most = wire.frame(wire.RESPONSE, b"x" * 999)  # its length says 1000: it may come
+        peer.send(at_most[:500])
         await settle()
-        assert [len(p) for _, p in receiver.frames] == [900] and receiver.errors == []
-        peer.send(wire.frame(wire.RESPONSE, b"y")[3:] + wire.frame(wire.RESPONSE, b"z" * 5000)[:9])
+        peer.send(at_most[500:] + wire.frame(wire.RESPONSE, b"y")[:3])
         await settle()
-        assert [len(p) for _, p in receiver.frames] == [900, 1]
+        assert [len(p) for _, p in receiver.frames] == [999] and receiver.errors == []
+        peer.send(wire.frame(wire.RESPONSE, b"y")[3:] + wire.frame(wire.RESPONSE, b"z" * 5000)[:4])
+        await settle()  # its length alone, 4 bytes, is enough to refuse it
+        assert [len(p) for _, p in receiver.frames] == [999, 1]
         assert [str(e) for e in receiver.errors] == [
             "a frame of 5001 bytes begun where at most 1000 may come now"]
         channel.close()
@@ -369,9 +372,13 @@ def test_a_closed_channel_lets_go_of_what_it_held_at_once() -> None:
         peer.send(wire.frame(wire.RESPONSE, b"x" * 100_000)[:60_000])
         await settle()
         assert len(channel.reader.buf) == 60_000
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        channel.send(b"w" * (4 << 20))  # more than the socket takes: the rest waits
+        assert channel.out and channel.unsent > 0
         channel.send_soon(b"held")
         channel.close()
-        assert (len(channel.reader.buf), channel.held) == (0, None)
+        assert (len(channel.reader.buf), channel.held, len(channel.out), channel.unsent) == (
+            0, None, 0, 0)
         peer.close()
 
     asyncio.run(go())

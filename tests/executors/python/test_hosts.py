@@ -475,7 +475,10 @@ def test_a_host_whose_threads_use_cpu_no_request_accounts_for_is_killed(
     (why,) = s.deaths
     assert why.startswith("signal SIGKILL: its threads used ") and why.endswith(
         "its requests then may have: a thread no request accounts for"), why
-    assert any("killed: its threads used" in r.getMessage() for r in caplog.records)
+    interval = float(why.split(" s of CPU in ")[1].split(" s,")[0])
+    assert 0.1 <= interval <= 0.5  # between two looks 0.2 s apart
+    assert [r.getMessage() for r in caplog.records if "killed" in r.getMessage()] == [
+        f"hosted@v1: host {s.host.pid} killed: {why.removeprefix('signal SIGKILL: ')}"]
 
 
 def test_a_host_whose_requests_threads_stay_within_their_limits_is_not_killed(
@@ -490,8 +493,13 @@ def test_a_host_whose_requests_threads_stay_within_their_limits_is_not_killed(
         job = Job(loop, request(b"s=0.3&where=thread"))
         s.host.isolates[0].run(job)
         turn_until(loop, lambda job=job: job.done)
+    monkeypatch.setattr(hosts, "READY_TIMEOUT", 0.3)  # idle is not starting
     loop.run_until_complete(asyncio.sleep(0.5))  # idle: five looks
     assert not s.deaths and not s.host.dead and s.host.looked is not None
+    assert s.host.main is not None
+    s.host.main.close()  # its count is gone (it is exiting): no more looks
+    s.host._look()
+    assert s.host.look is None and not s.deaths
 
 
 SPINS_WHEN_IMPORTED_AGAIN = """\
@@ -509,27 +517,64 @@ def handle(request, env):
 """
 
 
+@pytest.mark.parametrize("how", ["recycled", "grown"])
 def test_a_host_whose_isolate_does_not_restart_within_the_ready_timeout_is_killed(
         started: Callable[..., Started], loop: asyncio.AbstractEventLoop,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     """Its module's top-level code spun as its interpreter recycled (two cores for a
-    minute, every request a 504): killed once it has restarted for READY_TIMEOUT."""
-    s = started(SPINS_WHEN_IMPORTED_AGAIN, first=1, isolates=1, recycle_after=1)
+    minute, every request a 504), or as an isolate was added: killed once it has
+    started for READY_TIMEOUT with no request."""
+    s = started(SPINS_WHEN_IMPORTED_AGAIN, first=1, isolates=2, recycle_after=1)
     s.host.wait_ready()
     monkeypatch.setattr(hosts, "LOOK_EVERY", 0.1)
     monkeypatch.setattr(hosts, "READY_TIMEOUT", 0.5)
     s.host.attach(loop)
-    isolate = s.host.isolates[0]
-    job = Job(loop, request())
-    isolate.run(job)
-    turn_until(loop, lambda: job.done)
-    assert job.future.result().body == b"ok"
-    isolate.state = "recycling"  # as the scheduler has it after its last job
+    if how == "recycled":
+        isolate = s.host.isolates[0]
+        job = Job(loop, request())
+        isolate.run(job)
+        turn_until(loop, lambda: job.done)
+        assert job.future.result().body == b"ok"
+        isolate.state = "recycling"  # as the scheduler has it after its last job
+    else:
+        s.host.isolates[1].state = "starting"  # as the scheduler has it, then grows it
+        s.host.grow()
     restarted = time.monotonic()
     turn_until(loop, lambda: bool(s.deaths), within=3)
     assert 0.5 <= time.monotonic() - restarted < 1.0
     assert s.deaths == ["signal SIGKILL: an isolate did not start within 0.5 s (its "
                         "module's top-level code did not end)"]
+
+
+def test_an_isolate_that_ran_a_request_since_the_last_look_starts_anew(
+        started: Callable[..., Started], loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restarting at two looks READY_TIMEOUT apart, with a request between them (one
+    interpreter per request, `recycle_after = 1`): two starts, neither too long."""
+    monkeypatch.setattr(hosts, "LOOK_EVERY", 100.0)  # the looks are this test's
+    s = started(first=1, isolates=1)
+    s.host.wait_ready()
+    monkeypatch.setattr(hosts, "READY_TIMEOUT", 0.3)  # (its start waited the real one)
+    s.host.attach(loop)
+    isolate = s.host.isolates[0]
+    isolate.state = "recycling"
+    s.host._look()
+    loop.run_until_complete(asyncio.sleep(0.2))
+    job = Job(loop, request())
+    isolate.run(job)
+    turn_until(loop, lambda: job.done)
+    isolate.state = "recycling"  # it restarts again after this one
+    s.host._look()  # a new start: since now
+    loop.run_until_complete(asyncio.sleep(0.2))  # 0.4 s since the first look
+    s.host._look()
+    assert not s.deaths and not s.host.dead and isolate in s.host.restarting
+    isolate.state = "idle"  # it started: forgotten
+    s.host._look()
+    assert isolate not in s.host.restarting
+    loop.run_until_complete(asyncio.sleep(0.4))
+    isolate.state = "recycling"  # another start, long after the last, with no request
+    s.host._look()
+    assert not s.deaths and not s.host.dead
 
 
 def test_a_fresh_hosts_other_threads_have_used_next_to_nothing(

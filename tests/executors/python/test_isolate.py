@@ -266,6 +266,13 @@ def test_a_frame_after_the_isolate_died_is_ignored(rig: Rig) -> None:
 
 
 # -- requests sent ahead -----------------------------------------------------------------------
+def test_it_counts_the_jobs_sent_to_it(rig: Rig) -> None:
+    """What its host's look holds its other threads' CPU to (`Host._look`)."""
+    assert rig.isolate.sent == 0
+    rig.run(rig.job(b"1"), rig.job(b"2"), rig.job(b"3"))
+    assert rig.isolate.sent == 3
+
+
 def test_the_job_sent_ahead_begins_when_the_one_before_it_ends(rig: Rig) -> None:
     first, second, third = rig.run(rig.job(b"1"), rig.job(b"2"), rig.job(b"3"))
     rig.turn()
