@@ -223,18 +223,21 @@ class Channel:
         if not n:
             self.eof = True
             return self.receiver.lost()
-        reader = self.reader
         try:
-            frames = reader.feed(self.inbox_view[:n])  # cut from it: kept as copies
+            frames = self.reader.feed(self.inbox_view[:n])  # cut from it: kept as copies
         except ProtocolError as e:
             return self.receiver.garbage(e)
         for kind, payload in frames:
             self.receiver.frame(kind, payload)
-        held = reader.buf  # a frame begun: one the receiver does not expect now is not
-        # kept (a guest that begins a 256 MiB frame and never ends it held that much of
-        # the PoP per isolate, in a request and, from a thread of its own, between them)
-        length = reader.framing.length
-        if len(held) >= length.size and not self.closed and \
+        if self.reader.buf and not self.closed:  # a frame begun (most reads end whole)
+            self._begun()
+
+    def _begun(self) -> None:
+        """A frame is begun: one larger than the receiver expects now is not kept (a
+        guest that began 256 MiB frames and never ended them held that much of the PoP
+        per isolate, in a request and, from a thread of its own, between them)."""
+        held, length = self.reader.buf, self.reader.framing.length
+        if len(held) >= length.size and \
                 (size := length.unpack_from(held)[0]) > (room := self.receiver.room()):
             self.receiver.garbage(ProtocolError(f"a frame of {size} bytes begun where at most "
                                                 f"{room} may come now"))
