@@ -56,59 +56,6 @@ THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at onc
 # every thread at half each (a function of a third then waited out its wall limit); above
 # one function's share, so an owner's busy function leaves threads to its others
 TENANT_SHARE = WORKER_THREADS * 3 // 8
-# ... and the last RESERVE free threads go only to an owner that holds none: three
-# owners at their share held all 16 (3 x 6), and a fourth owner's request waited 7 s
-RESERVE = WORKER_THREADS - 2 * TENANT_SHARE
-
-
-class ThreadShares:
-    """The worker threads of one event loop as owners take them: an owner's first
-    thread may be any free one, a further one only while more than `RESERVE` are
-    free. So two owners at their share leave `RESERVE` threads, and any number of
-    owners leave one to each of up to `RESERVE` owners that hold none."""
-
-    def __init__(self) -> None:
-        self.free = WORKER_THREADS
-        self.held: dict[str, int] = {}
-        self.waiting: list[asyncio.Future[None]] = []
-
-    async def acquire(self, owner: str) -> Taken:
-        """A thread for `owner`, once its turn comes; give it back with `release`."""
-        while not (self.free > RESERVE or (self.free > 0 and not self.held.get(owner))):
-            woken = asyncio.get_running_loop().create_future()
-            self.waiting.append(woken)
-            try:
-                await woken
-            finally:
-                if woken in self.waiting:
-                    self.waiting.remove(woken)
-        self.free -= 1
-        self.held[owner] = self.held.get(owner, 0) + 1
-        return Taken(self, owner)
-
-    def release(self, owner: str) -> None:
-        self.free += 1
-        left = self.held[owner] - 1
-        if left:
-            self.held[owner] = left
-        else:
-            del self.held[owner]
-        waiting, self.waiting = self.waiting, []
-        for woken in waiting:  # each looks again (one owner's may not fit, another's may)
-            if not woken.done():
-                woken.set_result(None)
-
-
-class Taken:
-    """One thread an owner took (`ThreadShares.acquire`): `release` gives it back."""
-
-    __slots__ = ("owner", "shares")
-
-    def __init__(self, shares: ThreadShares, owner: str) -> None:
-        self.shares, self.owner = shares, owner
-
-    def release(self) -> None:
-        self.shares.release(self.owner)
 WASMTIME_VERSION = version("wasmtime")
 # A pooling engine reserves every instance's slots up front: ~2,000 memory mappings each.
 # Linux's default `vm.max_map_count` (65530) held 31 of them in one process, and wasmtime
@@ -150,9 +97,6 @@ class WasmEngine:
         # per event loop and owner: the worker threads its functions hold (`tenant_slots`)
         self._tenant_slots: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
-        # per event loop: the worker threads as owners take them (`thread_shares`)
-        self._shares: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, ThreadShares] = weakref.WeakKeyDictionary()
         self._native_ticker: NativeTicker | None = None
         if self.native is not None:
             self._native_ticker = wasm_native.NativeTicker(self.native, self.engine, TICK_SECONDS,
@@ -173,13 +117,6 @@ class WasmEngine:
         if slots is None:
             slots = per_owner[owner] = asyncio.Semaphore(TENANT_SHARE)
         return slots
-
-    def thread_shares(self, loop: asyncio.AbstractEventLoop) -> ThreadShares:
-        """The worker threads as `loop`'s owners take them (`ThreadShares`)."""
-        shares = self._shares.get(loop)
-        if shares is None:
-            shares = self._shares[loop] = ThreadShares()
-        return shares
 
     def _tick(self) -> None:
         """One epoch per tick of real time, catching up after a late wake-up."""

@@ -60,13 +60,7 @@ from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import native as wasm_native
 from runtime.executors.wasm import native_wasi, wasi_poll, wasi_stdio
 from runtime.executors.wasm import wasi as cgi
-from runtime.executors.wasm.engine import (
-    THREAD_SHARE,
-    TICK_SECONDS,
-    Taken,
-    WasmEngine,
-    ptr_value,
-)
+from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine, ptr_value
 from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
 from runtime.executors.wasm.host import NO_ORIGIN, Origin
 from runtime.executors.wasm.native import NativeReactorCall
@@ -441,8 +435,7 @@ class WasmFunction:
         if self._slots is None or self._slots[0] is not loop:
             self._slots = (loop, asyncio.Semaphore(self.thread_share))
         slots, owned = self._slots[1], self.wasm.tenant_slots(loop, self.manifest.tenant)
-        shares = self.wasm.thread_shares(loop)
-        held: list[asyncio.Semaphore | Taken] = []
+        held: list[asyncio.Semaphore] = []
         stop = Stop()  # what the guest's model calls wait on, stopped if it is left
         running = False
         try:
@@ -451,11 +444,9 @@ class WasmFunction:
                 held.append(slots)
                 await owned.acquire()
                 held.append(owned)
-                taken = await shares.acquire(self.manifest.tenant)
-                held.append(taken)
                 future = self.wasm.threads.submit(_stoppable, stop, job, *args)
                 held, running = [], True  # the job gives them back when it really ends
-                future.add_done_callback(partial(_release, loop, (slots, owned, taken)))
+                future.add_done_callback(partial(_release, loop, (slots, owned)))
                 return await asyncio.wrap_future(future)
         except TimeoutError:
             stop.cancel()  # its model call generated on to max_tokens for no one
@@ -631,7 +622,7 @@ def _stoppable(stop: Stop, job: Callable[..., bytes], *args: object) -> bytes:
         return job(*args)
 
 
-def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore | Taken, ...],
+def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore, ...],
              _: object) -> None:
     """A worker job ended (on its thread): give its slots back on the loop."""
     with contextlib.suppress(RuntimeError):  # the loop closed first: nobody waits any more
