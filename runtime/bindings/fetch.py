@@ -52,7 +52,7 @@ from edgefn_core.errors import BindingError
 from runtime.bindings.codec import b64, base64_bytes, known
 from runtime.bindings.threads import OwnerThreads
 from runtime.functions.manifest import MAX_WALL_MS
-from runtime.net.message import LOOP_ID
+from runtime.net.message import LOOP_ID, hops
 
 MAX_RESPONSE = 8 << 20  # bytes of response body a subrequest may bring back
 MAX_REQUEST = 8 << 20
@@ -73,13 +73,6 @@ MAX_TREES = 1 << 16  # trees counted at once (the oldest is forgotten past it)
 # host, whatever the guest put there: `runtime.bindings.Bindings.call`)
 LOOP_ARG = "cdn_loop"
 _TREE = re.compile(r"^[0-9a-f]{16}$")
-
-
-def cdn_loop(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """A request's CDN-Loop, every line of it joined (RFC 9110 5.3: a list field may
-    come in several; only the first was read, and the others dropped on the way)."""
-    values = [v for k, v in headers if k == b"cdn-loop"]
-    return b", ".join(values).decode("latin-1") if values else None
 
 
 class Lineage:
@@ -153,15 +146,6 @@ class Subrequests:
                     f"{self.limit} fetches already (at most {self.limit} per client "
                     f"request on a PoP); does a function fetch its own URL?")
             seen[1] += 1
-
-
-def hops(cdn_loop: str | None) -> int:
-    """How many edgefn subrequests a request whose CDN-Loop is `cdn_loop` came
-    through (entries ``edgefn``, parameters aside)."""
-    if not cdn_loop:
-        return 0
-    return sum(1 for entry in cdn_loop.split(",")
-               if entry.partition(";")[0].strip().lower() == LOOP_ID)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import msgspec
 
 Headers = list[tuple[bytes, bytes]]
 LOOP_ID = "edgefn"  # the cdn-id a PoP's fetch binding adds to a subrequest's CDN-Loop
-_LOOP = LOOP_ID.encode()
 
 
 class Request:
@@ -56,6 +55,22 @@ class Response:
         self.close = close
 
 
+def cdn_loop(headers: Headers) -> str | None:
+    """A request's CDN-Loop, every line of it joined (RFC 9110 5.3: a list field may
+    come in several; only the first was read, and the others dropped on the way)."""
+    values = [v for k, v in headers if k == b"cdn-loop"]
+    return b", ".join(values).decode("latin-1") if values else None
+
+
+def hops(cdn_loop: str | None) -> int:
+    """How many edgefn subrequests a request whose CDN-Loop is `cdn_loop` came
+    through (entries ``edgefn``, parameters aside)."""
+    if not cdn_loop:
+        return 0
+    return sum(1 for entry in cdn_loop.split(",")
+               if entry.partition(";")[0].strip().lower() == LOOP_ID)
+
+
 def fetched(request: Request) -> bool:
     """Whether `request` came from a function's fetch: its ``CDN-Loop`` holds an
     ``edgefn`` entry, which the fetch binding adds and no function can leave out
@@ -63,11 +78,7 @@ def fetched(request: Request) -> bool:
     the dashboard, a metrics listener) refuse such a request: they trust loopback,
     and a function whose fetch pattern named 127.0.0.1 read every tenant's metrics
     through the admin port."""
-    for k, v in request.headers:
-        if k == b"cdn-loop" and any(entry.partition(b";")[0].strip().lower() == _LOOP
-                                    for entry in v.split(b",")):
-            return True
-    return False
+    return hops(cdn_loop(request.headers)) > 0
 
 
 def json_response(data: Any, status: int = 200, headers: Headers | None = None) -> Response:

@@ -29,7 +29,7 @@ log = logging.getLogger("edgefn.pop")
 # client at a function's concurrency limit wrote 1,100 warning lines a second)
 SHED = frozenset({"concurrency_limit", "overloaded", "replaced"})
 SHED_EVERY = 1.0
-_shed: dict[tuple[str, str], list[float]] = {}  # (target, code): [when logged, since]
+_shed: dict[tuple[str, str], list[float]] = {}  # (target, code): [when logged, counted since]
 _MAX_SHED_KEYS = 10_000
 
 
@@ -37,9 +37,9 @@ def contain(ctx: Context, exc: Exception) -> Response:
     target = ctx.target
     where = target.label if target is not None else "pipeline"
     if isinstance(exc, EdgefnError):
-        if exc.status >= 500 and (exc.code not in SHED or _say_shed(where, exc.code)):
-            log.warning("%s: %s: %s%s", where, exc.code, said(str(exc)),  # a guest's text
-                        _more(where, exc.code))
+        more = "" if exc.code not in SHED else _shed_note(where, exc.code)
+        if exc.status >= 500 and more is not None:
+            log.warning("%s: %s: %s%s", where, exc.code, said(str(exc)), more)  # a guest's text
         if isinstance(exc, Rejected):  # the PoP refused: its shape, but OpenAI's on /v1/*
             openai = target is not None and target.kind == "openai"
             response = target.error_response(exc) if target and openai else plain_error(exc)
@@ -56,27 +56,20 @@ def contain(ctx: Context, exc: Exception) -> Response:
                                    f"request {rid}"))
 
 
-def _say_shed(where: str, code: str) -> bool:
-    """Whether this refusal of `code` by `where` is logged: the first in `SHED_EVERY`
-    seconds; the others are counted for the next line (`_more`)."""
+def _shed_note(where: str, code: str) -> str | None:
+    """For a refusal of `code` by `where`: None when it is not logged (one came within
+    `SHED_EVERY` seconds; it is counted), else what its line adds: how many were
+    counted since the last (`` (and N more like it since the last)``) or nothing."""
     now = time.monotonic()
     seen = _shed.get((where, code))
     if seen is not None and now - seen[0] < SHED_EVERY:
         seen[1] += 1
-        return False
+        return None
     if seen is None and len(_shed) >= _MAX_SHED_KEYS:
         _shed.clear()
-    _shed[(where, code)] = [now, seen[1] if seen is not None else 0]
-    return True
-
-
-def _more(where: str, code: str) -> str:
-    """`` (and N more since the last)``: refusals `_say_shed` counted and did not log."""
-    seen = _shed.get((where, code))
-    if seen is None or not seen[1]:
-        return ""
-    n, seen[1] = int(seen[1]), 0
-    return f" (and {n} more like it since the last)"
+    _shed[(where, code)] = [now, 0]
+    return f" (and {int(seen[1])} more like it since the last)" if seen is not None and seen[1] \
+        else ""
 
 
 def rendered(err: Rejected) -> tuple[int, bytes, bytes]:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from edgefn_core.abi import encode_pairs, encode_params, encode_request
 from runtime.bindings import Bindings
-from runtime.bindings.fetch import Lineage, cdn_loop
+from runtime.bindings.fetch import Lineage
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.python import local_kv_env, policy
 from runtime.executors.python.config import PIPELINE_AUTO, HostConfig
 from runtime.executors.python.pool import Pool
 from runtime.functions.manifest import Manifest
-from runtime.net.message import Request, Response
+from runtime.net.message import Request, Response, cdn_loop
 
 
 class PythonFunction:

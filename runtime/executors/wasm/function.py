@@ -52,7 +52,7 @@ from edgefn_core.abi import (
 )
 from edgefn_core.errors import BindingError, DeployError, FunctionError
 from runtime.bindings import Bindings
-from runtime.bindings.fetch import Lineage, cdn_loop
+from runtime.bindings.fetch import Lineage
 from runtime.bindings.stop import Stop, stopping
 from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.output import GuestLines
@@ -66,7 +66,7 @@ from runtime.executors.wasm.host import NO_ORIGIN, Origin
 from runtime.executors.wasm.native import NativeReactorCall
 from runtime.executors.wasm.timing import InstantiateTimes
 from runtime.functions.manifest import Manifest
-from runtime.net.message import Request, Response
+from runtime.net.message import Request, Response, cdn_loop
 
 log = logging.getLogger("edgefn.wasm")
 
