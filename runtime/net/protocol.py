@@ -97,7 +97,7 @@ class HttpProtocol(asyncio.Protocol):
     # attribute access on this hot path got slower (2.9 -> 3.8 us a request in process)
     __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "call", "client",
                  "closing", "config", "current", "deadline", "deadline_status",
-                 "dispatching", "drain_waiter", "eof", "head_size", "headers", "held",
+                 "dispatching", "drain_waiter", "ends", "eof", "head_size", "headers", "held",
                  "held_need", "in_body", "in_message", "lane", "lingered", "loop", "out",
                  "out_size", "parser", "queue", "reading", "refusing", "stalled", "state",
                  "task", "transport",
@@ -137,6 +137,7 @@ class HttpProtocol(asyncio.Protocol):
         self.held_need = 0
         self.deadline = 0.0  # loop.time() after which the client is too slow or idle
         self.deadline_status = 0  # 408 while a request is arriving, 0 while idle
+        self.ends = 0  # messages read to their end (did a read end one?)
 
         # Per-request state (the request being parsed)
         self.url = b""
@@ -216,6 +217,7 @@ class HttpProtocol(asyncio.Protocol):
         """`data` read by the Python front's parser, and what it completed dispatched."""
         # a message that was arriving, and how far: did this read move it on?
         was = self.head_size + self.body_size if self.in_message else -1
+        ends = self.ends
         try:
             self.parser.feed_data(data)
         except HttpReject as r:
@@ -234,17 +236,30 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(cause if isinstance(cause, HttpReject) else
                          HttpReject(400, f"malformed HTTP request: {e}"))
         else:
-            if self.in_message and was == self.head_size + self.body_size:
+            if not self.in_message:
+                self.stalled = 0
+            elif was == self.head_size + self.body_size:
                 # httptools holds a header line (or a trailer) until it ends, copying it at
                 # every read: without this, one endless line grew the PoP by hundreds of MB
                 # and held its loop, before `on_header` could measure anything
-                self.stalled += len(data)
-                if self.stalled > self.config.max_header_bytes + self.config.max_url_bytes:
-                    self._refuse(HttpReject(431, "request headers larger than "
-                                                 f"{self.config.max_header_bytes} bytes"))
+                self._stalled(len(data))
+            elif was < 0 and ends == self.ends and not self.in_body:
+                # the read began the message and holds nothing else: what of it no
+                # callback counted is the request line's frame and the line still held
+                # (an endless line that came whole in a first read waited for the 408)
+                self.stalled = 0
+                self._stalled(len(data) - len(self.url) - self.head_size)
             else:
                 self.stalled = 0
         self._dispatch()
+
+    def _stalled(self, size: int) -> None:
+        """`size` more bytes read that no part of the message counted; past the head's
+        limits together, a 431."""
+        self.stalled += size
+        if self.stalled > self.config.max_header_bytes + self.config.max_url_bytes:
+            self._refuse(HttpReject(431, "request headers larger than "
+                                         f"{self.config.max_header_bytes} bytes"))
 
     def _lane(self, data: bytes) -> int:
         """The whole requests at the start of `data` the native lane answers, their
@@ -485,6 +500,7 @@ class HttpProtocol(asyncio.Protocol):
         request = self.current
         assert request is not None
         self.current = None
+        self.ends += 1
         self.in_message = self.in_body = False
         parts = self.body_parts
         if parts:

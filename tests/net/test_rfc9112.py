@@ -36,6 +36,33 @@ def test_an_endless_header_line_is_refused_once_past_the_limits() -> None:
     run(go())
 
 
+def test_an_endless_header_line_read_whole_at_once_is_refused_at_once() -> None:
+    """The line came in the message's first read and nothing followed: before, the
+    count began at the next read, so the client got the 408 of `header_timeout`."""
+    async def go() -> None:
+        proto, t = connect(max_header_bytes=1000, max_url_bytes=100)
+        head = b"GET /" + b"u" * 90 + b" HTTP/1.1\r\nHost: a\r\nX: "
+        proto.data_received(head + b"a" * (1000 + 100 - 90 - 1))  # within the limits
+        assert not t.closed
+        proto, t = connect(max_header_bytes=1000, max_url_bytes=100)
+        proto.data_received(head + b"a" * 1400)
+        assert t.closed and responses(t.buffer)[0][0] == 431
+    run(go())
+
+
+def test_a_read_ending_one_request_and_beginning_the_next_is_not_counted_whole() -> None:
+    """What the previous request took of the read (here a chunked body's framing, which
+    no callback counts) is not the next one's head."""
+    async def go() -> None:
+        proto, t = connect(max_header_bytes=1000, max_url_bytes=100)
+        chunks = b"1\r\nx\r\n" * 400 + b"0\r\n\r\n"
+        proto.data_received(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            + chunks + b"GET / HTTP/1.1\r\nHost: a\r\nX: b")
+        proto.data_received(b"\r\n\r\n")
+        assert [r[0] for r in responses(t.buffer)] == [200, 200]
+    run(go())
+
+
 def test_a_field_value_has_no_whitespace_around_it() -> None:
     """RFC 9110 5.5: leading and trailing SP/HTAB are not part of a field value. llhttp
     dropped the leading only: `X-Api-Key: efn_k ` was another key, `Host: a ` another
