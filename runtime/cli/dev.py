@@ -117,7 +117,8 @@ def cannot_listen(reason: str, code: int | None = errno.EADDRINUSE,
 def pop_config(args: argparse.Namespace) -> PopConfig:
     """The PoP config from --config and the flags that override it; the data dir is
     --data, else the file's ``data``, else $EDGEFN_DATA, else ./.edgefn (`args.data`
-    is one of the last two when --data is not given). Raises `InvalidConfig`."""
+    is one of the last two when --data is not given). Raises `InvalidConfig`, or a
+    usage `Failure` for a flag's bad value."""
     data = args.data if getattr(args, "data_given", False) else None
     try:
         return config.load(args.config, under={"data": args.data}, data=data, **{
@@ -129,7 +130,8 @@ def pop_config(args: argparse.Namespace) -> PopConfig:
         flag = FLAGS.get(e.field or "")
         if flag is None or getattr(args, flag[0]) is None:
             raise
-        raise InvalidConfig(flag[1], e.reason) from None
+        raise Failure("usage", 400, f"{args.prog_}: argument {flag[1]}: {e.reason} "
+                      f"(see `{args.prog_} --help`)") from None
 
 
 # config fields a flag of `serve` / `dev` sets: (its argparse dest, the flag)

@@ -156,6 +156,29 @@ def _expiry(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _since(text: str) -> str:
+    """An argparse `type`: seconds or a duration (90, 10m, 2h, 1d), as the PoP reads it."""
+    from edgefn_core.errors import InvalidConfig
+    from runtime.observe.ring import since_seconds
+
+    try:
+        since_seconds(text)
+    except InvalidConfig as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
+    return text
+
+
+def _percent(text: str) -> float:
+    """An argparse `type`: a share strictly between 0 and 100, with or without %."""
+    from edgefn_core.errors import InvalidConfig
+    from runtime.functions.canary import parse_percent
+
+    try:
+        return parse_percent(text)
+    except InvalidConfig as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
+
+
 def _status(text: str) -> str:
     """An argparse `type`: a status (404) or a class (5xx)."""
     if re.fullmatch(r"[1-5][0-9][0-9]|[1-5]xx", text) is None:
@@ -279,9 +302,9 @@ def _function_commands(c: Commands) -> None:
               "PoP, or stage it on every PoP of a topology and then switch them all",
               "edgefn deploy functions/examples/hello-wat --topology run/ --canary 10%", json=True)
     s.add_argument("dir", help="the function's folder (holds edgefn.toml)")
-    s.add_argument("--canary", metavar="PERCENT", help="run it beside the live version for "
-                   "this share of request keys, such as 10%% (default: it replaces the live "
-                   "version)")
+    s.add_argument("--canary", metavar="PERCENT", type=_percent,
+                   help="run it beside the live version for this share of request keys, such "
+                   "as 10%% (default: it replaces the live version)")
     _topology_option(s)
     c.add("ls", f"{mod}:ls", "list deployed functions", "edgefn ls --json", json=True)
     s = c.add("versions", "runtime.cli.rollout:versions", "list a function's versions (* marks "
@@ -445,7 +468,7 @@ def _events_commands(c: Commands) -> None:
     e = c.add("events", "runtime.cli.events:events_command",
               "the recent requests a running PoP kept in its events ring",
               "edgefn events --since 10m --status 5xx", json=True)
-    e.add_argument("--since", default="10m",
+    e.add_argument("--since", type=_since, default="10m",
                    help="how far back: seconds or a duration (90, 10m, 2h, 1d)")
     e.add_argument("--limit", type=positive_int, default=100,
                    help="at most this many (the newest)")

@@ -33,10 +33,9 @@ def deploy(args: argparse.Namespace) -> None:
     if args.topology is None and args.canary is None:
         return commands.deploy(args)
     from runtime.functions import deploys
-    from runtime.functions.canary import parse_percent
     from runtime.topology import rollout
 
-    canary = parse_percent(args.canary) if args.canary is not None else None
+    canary: float | None = args.canary  # a share the parser checked
     pops = _pops(args)
     package = deploys.to_tar(deploys.pack_dir(args.dir))
     r = rollout.deploy(pops, package, str(args.dir).rstrip("/"), canary)

@@ -58,7 +58,8 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
             if name not in known:
                 raise _bad(name, f"unknown filter; use one of {', '.join(sorted(known))}")
         status, status_class = _status(params.get("status"))
-        return cls(since=_since(params.get("since")), function=params.get("function") or None,
+        return cls(since=since_seconds(params.get("since")),
+                   function=params.get("function") or None,
                    status=status, status_class=status_class, tenant=params.get("tenant") or None,
                    path=_prefix(params.get("path")), method=_method(params.get("method")),
                    min_ms=_number("min_ms", params.get("min_ms")),
@@ -308,7 +309,7 @@ def _bad(name: str, message: str) -> InvalidConfig:
     return InvalidConfig("query", message, name)
 
 
-def _since(text: str | None) -> float | None:
+def since_seconds(text: str | None) -> float | None:
     """``"90"``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``: seconds."""
     if not text:
         return None

@@ -139,7 +139,18 @@ def test_a_usage_error_is_one_line() -> None:
         "edgefn kv get: unrecognized arguments: --bogus (see `edgefn kv get --help`)")
     # a flag's bad value is named as the flag, not as a config field of "<defaults>"
     r = edgefn("serve", "--port", "99999", "--no-ai")
-    assert r.returncode == 1 and one_line_error(r) == "edgefn: --port: expected `int` <= 65535"
+    assert r.returncode == 2 and one_line_error(r) == (
+        "edgefn serve: argument --port: expected `int` <= 65535 (see `edgefn serve --help`)")
+
+
+def test_a_since_the_pop_would_refuse_is_a_usage_error_before_any_pop_is_asked(
+        tmp_path: Path) -> None:
+    """Exit 2 as for any bad option (it was 1, or "no PoP is running" without one;
+    tests/rollout/test_cli.py checks --canary alike)."""
+    r = edgefn("events", "--since", "bogus", "--data", str(tmp_path))
+    assert r.returncode == 2 and one_line_error(r) == (
+        "edgefn events: argument --since: expected seconds or a duration like 10m, 2h, 1d; "
+        "got 'bogus' (see `edgefn events --help`)")
 
 
 def json_error(r: subprocess.CompletedProcess[str]) -> dict[str, str]:

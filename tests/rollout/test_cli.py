@@ -72,7 +72,8 @@ def test_a_bad_canary_share_is_refused_before_anything_is_sent(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, why: str) -> None:
     status, out, err = edgefn(capsys, "deploy", fn(tmp_path, "c3", 1), "--canary", value,
                               "--data", str(tmp_path / "no-pop"))
-    assert (status, out, err) == (1, "", f"edgefn: --canary: field `canary`: {why}\n")
+    assert (status, out, err) == (2, "", f"edgefn deploy: argument --canary: {why} "
+                                         "(see `edgefn deploy --help`)\n")
 
 
 def test_promote_of_an_unknown_function_or_without_a_canary(

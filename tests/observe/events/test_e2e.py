@@ -147,7 +147,7 @@ def test_edgefn_events_since_prints_json_of_recent_requests(served: Running) -> 
     assert rid in [e["rid"] for e in events] and all(e["path"] == "/hello" for e in events)
     proc = cli(served.data, "events", "--since", "ten minutes")
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1 and "since" in err and "Traceback" not in err
+    assert proc.returncode == 2 and "argument --since" in err and "Traceback" not in err
 
 
 def test_health_answers_on_the_public_port_and_makes_no_event(served: Running) -> None:
