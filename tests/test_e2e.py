@@ -162,9 +162,16 @@ def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
 
     assert rollback() == f"{v2}:two"  # the one before the current, not the oldest
     assert rollback() == f"{v1}:one"
-    with pytest.raises(AdminError, match=f"nothing served before {v1} to roll back to .*"
-                       "`edgefn rollback ver VERSION`"):
+    oldest = f"{v1} is the oldest version that served, none before it to roll back to .*" \
+             "`edgefn rollback ver VERSION`"
+    with pytest.raises(AdminError, match=oldest):
         rollback()
+    assert rollback(f'{{"version": "{v3}"}}'.encode()) == f"{v3}:three"
+    assert rollback() == f"{v1}:one"  # what served before v3 this time
+    assert rollback(f'{{"version": "{v3}"}}'.encode()) == f"{v3}:three"
+    assert rollback(f'{{"version": "{v1}"}}'.encode()) == f"{v1}:one"
+    with pytest.raises(AdminError, match=oldest):  # v3 and v2 served before, but not before
+        rollback()  # v1: the message said "nothing served before" as if they never had
     assert rollback(f'{{"version": "{v3}"}}'.encode()) == f"{v3}:three"
     with pytest.raises(AdminError) as err:
         rollback(b'{"version": "deadbeef"}')
@@ -174,7 +181,8 @@ def test_versions_rollback_and_delete(pop: Running, tmp_path: Path) -> None:
     assert [v["version"] for v in record["versions"]] == [v1, v2, v3]
     assert [(e["version"], e["action"]) for e in record["history"]] == [
         (v1, "deploy"), (v2, "deploy"), (v3, "deploy"),
-        (v2, "rollback"), (v1, "rollback"), (v3, "rollback")]
+        (v2, "rollback"), (v1, "rollback"), (v3, "rollback"), (v1, "rollback"),
+        (v3, "rollback"), (v1, "rollback"), (v3, "rollback")]
     # older files deployed again serve as their old version; a rollback then goes to
     # what served before them, not to a version created before theirs (there was none)
     (d / "main.wat").write_text(answering("one"))

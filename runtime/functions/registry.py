@@ -393,8 +393,9 @@ class Registry(Staging, Following):
             target = version or record.previous()
             if target is None:
                 raise DeployError(
-                    f"{name}: nothing served before {record.current} to roll back to (each "
-                    "rollback steps back once through what served; `edgefn rollback "
+                    f"{name}: {record.current} is the oldest version that served, none "
+                    "before it to roll back to (each rollback steps back once through what "
+                    "served, an explicit one to its version; `edgefn rollback "
                     f"{name} VERSION` serves any version `edgefn versions {name}` lists)")
             known = {v.version for v in record.versions}
             if target not in known:
