@@ -241,6 +241,24 @@ def test_wrong_method_is_405(pop: Running, method: str, path: str, allowed: str)
     assert f"use {allowed} {path}" in err["message"]
 
 
+@pytest.mark.parametrize(("method", "path", "status", "allow"), [
+    ("HEAD", "/v1/models", 200, None), ("HEAD", f"/v1/models/{CHAT}", 200, None),
+    ("DELETE", "/v1/models", 405, "GET, HEAD"), ("GET", "/v1/embeddings", 405, "POST")])
+def test_head_is_get_without_a_body_and_a_405_says_what_is_allowed(
+        pop: Running, method: str, path: str, status: int, allow: str | None) -> None:
+    """RFC 9110: a GET resource answers HEAD (it was a 405), a 405 carries Allow."""
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=60)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    assert (resp.status, resp.getheader("allow")) == (status, allow)
+    if method == "HEAD":
+        assert body == b"" and int(resp.getheader("content-length") or 0) > 0
+
+
 LONG = "word " * 9000  # more tokens than the model's 8192-token context
 
 
@@ -720,6 +738,21 @@ def test_an_embedding_cache_hit_is_validated_as_a_miss_is(pop: Running) -> None:
     status, data = raw(pop, "POST", "/v1/embeddings",
                        json.dumps({**body, "encoding_format": "hex"}).encode())
     assert status == 400 and json.loads(data)["error"]["param"] == "encoding_format"
+    for dimensions in (128, 0):  # the cached entry is 384 wide: never served for these
+        status, data = raw(pop, "POST", "/v1/embeddings",
+                           json.dumps({**body, "dimensions": dimensions}).encode())
+        assert status == 400 and json.loads(data)["error"]["param"] == "dimensions", data
+
+
+def test_dimensions_may_name_the_models_own_size(client: openai.OpenAI) -> None:
+    """The official client sends what its caller gives; OpenAI's older models refuse any
+    `dimensions`, its text-embedding-3 models shorten. This model cannot shorten."""
+    r = client.embeddings.create(model=EMBED, input="sized", dimensions=384)
+    assert len(r.data[0].embedding) == 384
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=EMBED, input="sized", dimensions=128)
+    assert e.value.body["param"] == "dimensions"  # type: ignore[index]
+    assert "makes embeddings of 384 dimensions and cannot shorten them" in e.value.message
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

@@ -43,6 +43,7 @@ from runtime.ai import structured
 from runtime.ai.egress import Egress, named, with_embedding
 from runtime.ai.openai_checks import check_messages, check_sampling
 from runtime.ai.openai_errors import (
+    MethodNotAllowed,
     error_response,
     unknown_url,
     validation_error,
@@ -125,6 +126,7 @@ class EmbeddingsBody(msgspec.Struct):
     input: str | list[str]
     encoding_format: str = "float"
     user: str | None = None
+    dimensions: int | None = None  # the model's own size only: none here can shorten
 
 
 class RerankBody(msgspec.Struct):
@@ -160,7 +162,10 @@ class OpenAITarget:
         param = getattr(err, "param", None)
         if param is None and isinstance(err, WorkerError) and err.status < 500:
             param = worker_param(str(err))  # the field a worker's refusal names
-        return error_response(err.status, str(err), err.code, param)
+        response = error_response(err.status, str(err), err.code, param)
+        if isinstance(err, MethodNotAllowed):
+            response.headers.append((b"allow", err.allow.encode()))
+        return response
 
     def crashed(self, exc: Exception) -> EdgefnError:
         return EdgefnError(f"internal error in the OpenAI API ({type(exc).__name__}); see the "
@@ -199,15 +204,15 @@ class OpenAIApi:
         who = ctx.principal if ctx is not None else None
         path, method = request.path, request.method
         if path == b"/v1/models" or path.startswith(MODELS):
-            if method != b"GET":
-                raise ApiError("method_not_allowed", 405, f"use GET {path.decode()}")
+            if method != b"GET" and method != b"HEAD":  # HEAD: the front drops the body
+                raise MethodNotAllowed(path.decode(), "GET, HEAD")
             if path == b"/v1/models":
                 return await self.models(who)
             return await self.model(unquote(path[len(MODELS):].decode()), who)
         if path not in PATHS:
             raise unknown_url(method.decode(), path.decode())
         if method != b"POST":
-            raise ApiError("method_not_allowed", 405, f"use POST {path.decode()}")
+            raise MethodNotAllowed(path.decode(), "POST")
         if path == b"/v1/chat/completions":
             return await self.generate(_allowed(_decode(request.body, ChatBody), who), chat=True,
                                        ctx=ctx)
@@ -360,6 +365,9 @@ class OpenAIApi:
         if body.encoding_format not in ENCODINGS:
             raise ApiError("invalid_request", 400, "encoding_format must be 'float' or 'base64'",
                            param="encoding_format")
+        if body.dimensions is not None and body.dimensions < 1:
+            raise ApiError("invalid_request", 400, "dimensions must be at least 1",
+                           param="dimensions")
         inputs = [body.input] if isinstance(body.input, str) else body.input
         inputs = self._inputs(ctx, body.model, inputs)  # refused before any charge
         record = UsageRecord(ctx, "embeddings", body.model)
@@ -369,6 +377,11 @@ class OpenAIApi:
         out = await settled_embedding(ticket, self.ai.client.embed(body.model, inputs,
                                                                    _client(ctx), **hop))
         record.counted(out["tokens"])
+        size = len(out["embeddings"][0]) if out["embeddings"] else 0
+        if body.dimensions is not None and body.dimensions != size:
+            raise ApiError("invalid_request", 400, f"model {body.model!r} makes embeddings of "
+                           f"{size} dimensions and cannot shorten them: leave `dimensions` "
+                           f"out or set it to {size}", param="dimensions")
         data = [{"object": "embedding", "index": i,
                  "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
                 for i, v in enumerate(out["embeddings"])]

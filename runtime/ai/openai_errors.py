@@ -92,6 +92,14 @@ def unknown_url(method: str, path: str) -> ApiError:
     return ApiError("unknown_url", 404, f"Invalid URL ({method} {path})")
 
 
+class MethodNotAllowed(ApiError):
+    """A 405; `allow` goes in its ``Allow`` header (RFC 9110 15.5.6)."""
+
+    def __init__(self, path: str, allow: str) -> None:
+        super().__init__("method_not_allowed", 405, f"use {allow.split(',')[0]} {path}")
+        self.allow = allow
+
+
 def api_off(method: str, path: str) -> ApiError:
     """The 404 of a PoP that runs no model worker (``--no-ai``, ``[ai] enabled = false``)."""
     return ApiError("api_disabled", 404, f"the OpenAI API is off on this PoP ([ai] enabled = "

@@ -52,7 +52,6 @@ _INERT: dict[str, Callable[[Any], bool]] = {
     "service_tier": lambda v: v in (None, "auto", "default"),  # one tier here
     "prompt_cache_key": _none, "prompt_cache_retention": _none, "prompt_cache_options": _none,
     "best_of": lambda v: v in (None, 1), "echo": _falsy, "suffix": _none,
-    "dimensions": _none,  # embeddings: the model's own size only
 }
 _WHY = {"tools": "tool calling", "tool_choice": "tool calling", "response_format":
         "structured output", "logprobs": "log probabilities", "top_logprobs":

@@ -254,8 +254,8 @@ def _asked(kind: str, body: bytes, who: Principal | None,
     tenant = who.tenant if who is not None else (forwarded or "")
     try:
         if isinstance(b, EmbeddingsBody):
-            if b.encoding_format not in ENCODINGS:  # the API's 400, never a hit
-                return None
+            if b.encoding_format not in ENCODINGS or b.dimensions is not None:
+                return None  # the API's 400 (or a size it checks), never a hit
             inputs = [b.input] if isinstance(b.input, str) else b.input
             return Asked(embedding_call(tenant, b.model, inputs), encoding_format=b.encoding_format)
         stop = [b.stop] if isinstance(b.stop, str) else list(b.stop or [])
