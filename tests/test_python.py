@@ -798,6 +798,27 @@ def test_an_interpreter_that_ran_out_of_memory_is_recycled(pop: Running, tmp_pat
     assert (status, body) == (200, b"4194304 0")  # a fresh interpreter: nothing kept
 
 
+MAPS = """
+import mmap
+from edgefn import Response
+
+def handle(request, env):
+    if request.query.get("big"):
+        mmap.mmap(-1, 1 << 30)  # past memory_mb: RLIMIT_AS refuses it (ENOMEM)
+    return Response(f"{len(mmap.mmap(-1, 1 << 20))}")
+"""
+
+
+def test_a_mapping_past_memory_mb_is_the_memory_limit(pop: Running, tmp_path: Path) -> None:
+    """mmap raises OSError(ENOMEM), not MemoryError: it was a 500 `exception` naming
+    an OSError, as if the function had a bug."""
+    pop.deploy(py_function(tmp_path, "maps", MAPS, limits="memory_mb = 64"))
+    status, headers, body = pop.get("/maps?big=1", timeout=60)
+    assert (status, headers["x-edgefn-error"]) == (503, "memory_limit"), body
+    assert b"ran out of memory (OSError ENOMEM)" in body
+    assert pop.get("/maps", timeout=60)[::2] == (200, b"1048576")
+
+
 AWAITS = """
 import asyncio, os
 from edgefn import Response

@@ -121,15 +121,31 @@ def test_a_wasi_response_of_exactly_max_response_mb_is_served(engine: WasmEngine
     assert (r.status, r.headers, len(r.body)) == (200, [(b"x-a", b"b")], body)
 
 
-def test_a_wasi_write_past_max_response_mb_fails_in_the_guest(engine: WasmEngine,
-                                                              tmp_path: Path) -> None:
-    """The guest sees the write fail (and here exits with its error number)."""
+@pytest.mark.parametrize("native", [True, False])
+def test_a_wasi_write_past_max_response_mb_ends_the_run(engine: WasmEngine, tmp_path: Path,
+                                                        native: bool) -> None:
+    """The response is a 502 whatever the guest does next: the write traps. It failed
+    with EFBIG, and a guest that ignored it (here: writes on forever) ran to its CPU
+    limit, which was then the error; one that exited on it, "exited with status 22".
+    `native`: the C stdio (native_wasi), or wasi_stdio's."""
     src = wasi(f"""(drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))
-      (call $proc_exit (call $write (i32.const 1) (i32.const 4096) (i32.const {1 << 20})))""",
-               HEADER, memory=17)
-    err = failure(load(engine, function_dir(tmp_path, "over", src, limits="max_response_mb = 1")))
-    assert (err.code, err.status) == ("trap", 500)
-    assert str(err).startswith("exited with status ") and not str(err).endswith(" 0")
+      (loop $on (drop (call $write (i32.const 1) (i32.const 4096) (i32.const {1 << 19})))
+                (br $on))""", HEADER, memory=17)
+    d = function_dir(tmp_path, "over", src,
+                     limits="max_response_mb = 1\ncpu_ms = 5000\nwall_ms = 5000")
+    python = None if native else WasmEngine(tmp_path / "cache", native=False)
+    fn = load(python or engine, d)
+    assert (fn.native_wasi is not None) == native
+    started = time.perf_counter()
+    try:
+        err = failure(fn)
+    finally:
+        if python is not None:
+            python.close()
+    assert (err.code, err.status, str(err)) == (
+        "bad_response", 502, f"wrote a response larger than the limit of {1 << 20} bytes "
+        "(limits.max_response_mb)")
+    assert time.perf_counter() - started < 1.0  # not the 5 s CPU limit
 
 
 @pytest.mark.parametrize(("code", "result"), [(0, (200, b"")), (1, None), (3, None)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import fcntl
 import functools
 import importlib
@@ -489,15 +490,22 @@ class Session:
         except BadResponse as e:
             self.send_error("bad_response", str(e))
         except MemoryError:
-            self.closing()  # before the answer: no job is sent here again
-            self.send_error("memory_limit", "ran out of memory (MemoryError); its interpreter "
-                            "is recycled")
+            self.out_of_memory("MemoryError")
         except self.sdk.BindingError as e:
             self.send_error("binding", _binding_failed(e), "".join(traceback.format_exception(e)))
         except BaseException as e:  # sys.exit(), asyncio.CancelledError, any BaseException:
             # the handler's (it crashed the isolate, with no traceback, file or line)
+            if isinstance(e, OSError) and e.errno == errno.ENOMEM:  # mmap, past RLIMIT_AS
+                return self.out_of_memory("OSError ENOMEM")
             self.send_error("exception", _cannot_import(e) or _raised(e),
                             "".join(traceback.format_exception(e)))
+
+    def out_of_memory(self, what: str) -> None:
+        """The memory_limit answer; the interpreter is recycled (what its module kept,
+        a leak, would fail every request after)."""
+        self.closing()  # before the answer: no job is sent here again
+        self.send_error("memory_limit", f"ran out of memory ({what}); its interpreter "
+                        "is recycled")
 
     def reap_threads(self) -> None:
         """Stop the threads the function started that outlived its request: work after

@@ -548,11 +548,10 @@ class WasmFunction:
             raise FunctionError("trap", 500, "exports no `_start` function"
                                 if stage == native_wasi.RUN_NO_START else
                                 "cannot set up its WASI context (arguments, environment)")
+        if r.overflow:  # (its trap, `failure`, is freed with it)
+            raise self._too_large()
         if failure is not None:
             self._wasi_failed(failure, outcome, r.memory_size)
-        if r.overflow:
-            raise FunctionError("bad_response", 502, f"response larger than the limit of "
-                                f"{self.max_response} bytes")
         return ctypes.string_at(r.out, r.out_len) if r.out_len else b""
 
     def _start_python(self, env: list[tuple[str, str]], body: bytes, ticks: int,
@@ -578,12 +577,15 @@ class WasmFunction:
         except (wasmtime.Trap, wasmtime.WasmtimeError) as e:  # ExitTrap too
             failure = e
         self._stderr_dropped(stdio.err_dropped)
+        if stdio.overflow:  # (what ended the run: `fd_write` trapped)
+            raise self._too_large()
         if failure is not None:  # (raised here, not in the except: no chained traceback)
             self._wasi_failed(failure, outcome, _memory_size(store, instance))
-        if stdio.overflow:
-            raise FunctionError("bad_response", 502, f"response larger than the limit of "
-                                f"{self.max_response} bytes")
         return stdio.output()
+
+    def _too_large(self) -> FunctionError:
+        return FunctionError("bad_response", 502, f"wrote a response larger than the limit "
+                             f"of {self.max_response} bytes (limits.max_response_mb)")
 
     def _wasi_failed(self, e: wasmtime.WasmtimeError | wasmtime.Trap, outcome: Outcome,
                      memory_size: int) -> None:

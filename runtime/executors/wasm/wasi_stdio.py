@@ -6,8 +6,9 @@ wasmtime's preview1 hands every stdio call (``fd_write``, ``fd_read``,
 of CPU, ~170 us without them (`bench/bench_wasi.py`). These host functions
 shadow wasmtime's on the function's Linker (after `define_wasi`) and serve the
 request's own streams on the calling thread: stdin is the request body, stdout
-the response (at most `limits.max_response_mb`: past it a write fails with
-``EFBIG``; more than `IOV_MAX` iovecs in one call, ``EINVAL``), stderr the PoP's
+the response (at most `limits.max_response_mb`: a write past it traps, ending the
+run, as its response is a 502 whatever the guest would do next; more than `IOV_MAX`
+iovecs in one call, ``EINVAL``), stderr the PoP's
 log, line by line, its first `STDERR_MAX` bytes.
 
 A WASI command here has no other file descriptor (no preopened directory, no
@@ -149,6 +150,8 @@ def fd_write(caller: wasmtime.Caller, fd: int, iovs: int, count: int, written: i
         return EBADF
     data = b"".join(mem.read(p, n) for p, n in mem.iovecs(iovs, count))
     err = stdio.write(kind, data)
+    if err == EFBIG:
+        raise wasmtime.Trap("stdout past the response limit")
     if not err:
         mem.write(written, struct.pack("<I", len(data)))
     return err

@@ -9,7 +9,7 @@
  * fd_fdstat_get, ...) are defined on the function's Linker in place of wasmtime's
  * (whose preview1 hands each call to its tokio threads and waits) and answer as
  * runtime/executors/wasm/wasi_stdio.py does, call for call: stdin is the request
- * body, stdout the response up to its limit (past it a write fails with EFBIG),
+ * body, stdout the response up to its limit (a write past it ends the run),
  * stderr kept up to STDERR_MAX bytes for the PoP's log, fds 0-2 only (any other
  * is EBADF), at most IOV_MAX iovecs a call; a pointer outside guest memory traps.
  * The streams are per thread: one request runs on a thread at a time.
@@ -155,9 +155,10 @@ wasm_trap_t *edgefn_fd_write(void *env, wasmtime_caller_t *caller, wasmtime_val_
     }
     if (!inside(at, 4, size)) return oob();
     if (kind == OUT && S.out.len + total > S.limit) {
+        /* the response is a 502 whatever follows: end the run here (a guest that
+           ignored EFBIG wrote on until its CPU limit) */
         S.overflow = true;
-        v[0].i32 = EFBIG;
-        return NULL;
+        return trap("stdout past the response limit");
     }
     for (uint32_t i = 0; i < count; i++) {
         uint32_t p, l;
