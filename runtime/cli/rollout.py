@@ -68,8 +68,12 @@ def rollback(args: argparse.Namespace) -> None:
     r = rollout.rollback(pops, args.name, version)
     if args.json:
         return commands._print_json(_builtins(r))
-    print(f"{r.name} now serves version {r.version} on "
-          f"{_where([p for p in pops if p[0] not in r.skipped])}")
+    if r.serving:  # the live versions differ (drift): each PoP's
+        print(f"{r.name} now serves " + ", ".join(f"version {v} on {pop}" for pop, v
+                                                   in sorted(r.serving.items())))
+    else:
+        print(f"{r.name} now serves version {r.version} on "
+              f"{_where([p for p in pops if p[0] not in r.skipped])}")
     _left(r)
 
 
@@ -116,8 +120,9 @@ def versions(args: argparse.Namespace) -> None:
         for pop, why in v.unreachable.items():
             print(f"{pop:<16} {'(unreachable)':<20} {why}")
         for name, labels in drifted.items():
-            print(f"drift: {name}: " + ", ".join(f"{p}={lab}" for p, lab in labels.items()
-                                                 if lab) + f" ({ABSENT}: not served)")
+            listed = ", ".join(f"{p}={lab}" for p, lab in labels.items() if lab)
+            print(f"drift: {name}: {listed}" + (f" ({ABSENT}: not served)"
+                                                if ABSENT in labels.values() else ""))
     if v.unreachable:  # exit status 1: a script cannot take the listing as complete
         raise Failure("pop_unreachable", 502, "not checked on " + ", ".join(
             sorted(v.unreachable)) + " (not answering)")

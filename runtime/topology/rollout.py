@@ -47,6 +47,9 @@ class Rollout(msgspec.Struct):
     canary: float | None = None
     window_ms: float = 0.0  # first to last PoP switch
     skipped: dict[str, str] = {}  # PoP -> why the rollout left it as it was
+    # per PoP the live version after, where they differ (`version` is then ""): a
+    # canary dropped where the PoPs' live versions had drifted apart
+    serving: dict[str, str] = {}
 
 
 def pops_of(run: str | Path) -> Pops:
@@ -295,7 +298,9 @@ def _drop_canaries(pops: Pops, name: str, recs: dict[str, dict[str, Any]]) -> Ro
     if failed:
         raise RolloutError(_failures("dropping the canary", failed))
     current = {pop: r["current"] for pop, r in recs.items()}
-    return Rollout(name, next(iter(current.values())), current, bool(had))
+    if len(set(current.values())) == 1:
+        return Rollout(name, next(iter(current.values())), current, bool(had))
+    return Rollout(name, "", current, bool(had), serving=current)
 
 
 def promote(pops: Pops, name: str) -> Rollout:

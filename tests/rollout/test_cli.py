@@ -58,7 +58,21 @@ def test_versions_flags_drift(topology: Topology, tmp_path: Path,
     status, out, _ = edgefn(capsys, "versions", "c2", "--topology", run)
     assert status == 0
     assert f"edge-b           c2                   {v9}  DRIFT\n" in out
-    assert out.endswith(f"drift: c2: edge-a={v1}, edge-b={v9}, central={v1} (-: not served)\n")
+    assert out.endswith(f"drift: c2: edge-a={v1}, edge-b={v9}, central={v1}\n")  # no "-"
+    # a canary dropped over that drift: each PoP's live version (it named edge-a's for all)
+    v2 = version(fn(tmp_path, "c2", 2))
+    assert edgefn(capsys, "deploy", fn(tmp_path, "c2", 2), "--canary", "20%",
+                  "--topology", run)[0] == 0
+    status, out, _ = edgefn(capsys, "rollback", "c2", "--topology", run)
+    assert (status, out) == (0, f"c2 now serves version {v1} on central, version {v1} on "
+                                f"edge-a, version {v9} on edge-b\n")
+    assert edgefn(capsys, "deploy", fn(tmp_path, "c2", 2), "--canary", "20%",
+                  "--topology", run)[0] == 0
+    status, out, _ = edgefn(capsys, "rollback", "c2", "--topology", run, "--json")
+    shown = json.loads(out)
+    assert (shown["version"], shown["serving"]) == ("", {"edge-a": v1, "edge-b": v9,
+                                                         "central": v1})
+    assert v2 not in out
 
 
 @pytest.mark.parametrize(("value", "why"), [
