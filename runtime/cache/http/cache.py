@@ -112,8 +112,9 @@ class HttpCache:
     # -- lookups ----------------------------------------------------------------------------
     @staticmethod
     def key(label: str, request: Request) -> bytes:
-        """`label`: the deployment's ``name@version``."""
-        return b"\0".join((label.encode(), request.host, request.path, request.query))
+        """`label`: the deployment's ``name@version``; the host as `origin_host` reads it."""
+        return b"\0".join((label.encode(), origin_host(request.host), request.path,
+                            request.query))
 
     def lookup(self, key: bytes, request: Request, scope: str) -> Entry | None:
         """The stored variant `request` selects, fresh or not. Raises `StoreClosed`."""
@@ -347,13 +348,24 @@ def _matcher(key: str | None, prefix: str | None, tag: str | None,
     return lambda k, _: k.startswith(name)
 
 
+def origin_host(host: bytes) -> bytes:
+    """`host` as one origin's: ``EXAMPLE.com``, ``example.com:80`` and ``example.com.``
+    are ``example.com`` (each was an entry of its own, and a purge by URL named one)."""
+    host = host.lower()
+    if host.endswith(b":80"):
+        host = host[:-3]
+    if host.endswith(b"."):
+        host = host.rstrip(b".") or b"."
+    return host
+
+
 def _split_url(url: str) -> tuple[bytes | None, bytes]:
     """``http://host/p?q`` -> (host, b"/p?q"); ``/p?q`` -> (None, b"/p?q")."""
     _, sep, rest = url.partition("://")
     if not sep:
         return None, url.encode()
     host, slash, path = rest.partition("/")
-    return host.encode(), (slash + path).encode() or b"/"
+    return origin_host(host.encode()), (slash + path).encode() or b"/"
 
 
 def _url(k: bytes, host: bytes | None) -> bytes | None:

@@ -24,6 +24,7 @@ Interpretations, where the RFCs leave room:
 from __future__ import annotations
 
 import re
+import time
 from email.utils import parsedate_to_datetime
 from typing import NamedTuple, Protocol
 
@@ -218,10 +219,11 @@ def validates(headers: list[tuple[bytes, bytes]], stored_etag: bytes | None) -> 
 def not_modified(if_none_match: bytes | None, if_modified_since: bytes | None,
                  etag: bytes | None, last_modified: bytes | None) -> bool:
     """Whether a conditional GET is answered 304 from the stored response (RFC
-    9110 13.2.2: If-None-Match first; If-Modified-Since only without it)."""
+    9110 13.2.2: If-None-Match first; If-Modified-Since only without it, and only a
+    date not later than now: a later one is invalid, RFC 9110 13.1.3)."""
     if if_none_match is not None:
         return etag_matches(if_none_match, etag)
     if if_modified_since is not None and last_modified is not None:
         since, modified = http_date(if_modified_since), http_date(last_modified)
-        return since is not None and modified is not None and modified <= since
+        return since is not None and modified is not None and modified <= since <= time.time()
     return False

@@ -132,6 +132,7 @@ def test_delta_seconds_are_ascii_digits_capped_at_2_31(arg: str | None, seconds:
     (None, DATE, None, DATE, True),
     (None, DATE, None, IN_90S, False),  # modified after
     (None, b"garbage", None, DATE, False),
+    (None, b"Fri, 31 Dec 9999 23:59:59 GMT", None, DATE, False),  # later than now: invalid
 ])
 def test_conditional_requests(inm: bytes | None, ims: bytes | None, etag: bytes | None,
                               modified: bytes | None, answer: bool) -> None:

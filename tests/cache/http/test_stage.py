@@ -12,7 +12,7 @@ import pytest
 
 from runtime.ai.openai_api import OpenAITarget
 from runtime.cache.settings import HttpCacheOverride, HttpCacheSettings
-from runtime.net.message import Response
+from runtime.net.message import Request, Response
 from runtime.observe.event import Event
 from runtime.observe.redact import Redactor
 from runtime.observe.settings import Redactable
@@ -374,6 +374,28 @@ def test_purge(h: Harness, purge: dict[str, str], gone: set[bytes]) -> None:
     for p, q in paths:
         r, _ = h.call(request(p, query=q))
         assert (outcome(r) == "MISS") is (p in gone), p
+
+
+def at(host: bytes) -> Request:
+    r = request()
+    r.host = host
+    return r
+
+
+def test_one_origin_is_one_entry_however_its_host_is_spelled(h: Harness) -> None:
+    """Host is case-insensitive, :80 is http's default port and a trailing dot names
+    the same name: four spellings were four entries, and a purge by URL left three."""
+    calls = []
+    h.origin.answer = lambda r: calls.append(r.host) or ok()
+    for host in (b"example.com", b"EXAMPLE.com", b"example.com:80", b"example.com."):
+        r, _ = h.call(at(host))
+        assert outcome(r) == ("MISS" if host == b"example.com" else "HIT"), host
+    assert calls == [b"example.com"]
+    assert h.cache.purge(key="http://Example.com:80/shop/item") == 1
+    r, _ = h.call(at(b"example.com."))
+    assert outcome(r) == "MISS"
+    r, _ = h.call(at(b"example.com:8080"))
+    assert outcome(r) == "MISS"  # another port: another origin
 
 
 @pytest.mark.parametrize(("response", "why"), [
