@@ -26,26 +26,32 @@ def build(pop: PoP) -> Chain:
     if tracing and not any(isinstance(s, c.TracingStage) for s in configs):
         configs = [c.TracingStage(), *configs]  # first: its span covers the whole request
     stages = [s for s in (_make(cfg, pop, targets) for cfg in configs) if s is not None]
-    _wire_auth_to_limits(stages)
+    _wire_refusals_to_limits(stages)
     timed = tracing or _keep_timings(pop.config)
     return Chain(stages, timed, targets)
 
 
-def _wire_auth_to_limits(stages: list[Stage]) -> None:
-    """A request `auth` refuses still counts against the ``by = "ip"`` rate limits
-    of a ``ratelimit`` stage after it (a credential-guessing flood was never
-    counted: 401 after 401, never a 429); and that stage knows for which targets
-    `auth` may set a principal (what its plan depends on)."""
+def _wire_refusals_to_limits(stages: list[Stage]) -> None:
+    """A request `auth`, `waf` or `bots` refuses still counts against the ``by =
+    "ip"`` rate limits of a ``ratelimit`` stage after it (`stages.refusals`: a
+    credential-guessing flood, or one of attack payloads, was never counted); and
+    that stage knows for which targets `auth` may set a principal (what its plan
+    depends on)."""
     from runtime.pipeline.stages.auth import Auth
+    from runtime.pipeline.stages.bots import Bots
     from runtime.pipeline.stages.ratelimit import RateLimit
+    from runtime.pipeline.stages.waf import Waf
 
-    names = [type(s) for s in stages]
-    if Auth in names and RateLimit in names and names.index(Auth) < names.index(RateLimit):
-        auth = stages[names.index(Auth)]
-        limits = stages[names.index(RateLimit)]
-        assert isinstance(auth, Auth) and isinstance(limits, RateLimit)
-        auth.on_refused = limits.refused
-        limits.identifies = auth.identifies
+    at = next((i for i, s in enumerate(stages) if isinstance(s, RateLimit)), None)
+    if at is None:
+        return
+    limits = stages[at]
+    assert isinstance(limits, RateLimit)
+    for stage in stages[:at]:
+        if isinstance(stage, Auth | Waf | Bots):
+            stage.on_refused = limits.refused
+        if isinstance(stage, Auth):
+            limits.identifies = stage.identifies
 
 
 def _keep_timings(config: c.PopConfig) -> bool:

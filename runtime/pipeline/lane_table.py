@@ -363,12 +363,16 @@ class LaneTable:
         """The bot classes (a bit each, `CLASSES`) whose requests for `fn` bots blocks
         (403), where the lane writes that as the stage does (`_block`): where no
         ratelimit comes before bots in its plan (one would count them first), nor an
-        http_cache (it would mark and count the 403)."""
+        http_cache (it would mark and count the 403), and none after it counts the
+        403 against rules by ip."""
         kept = self.chain.kept(fn) or []
         stage = next((s for s in kept if isinstance(s, Bots)), None)
         if stage is None or any(isinstance(s, RateLimit | HttpCacheStage)
                                 for s in kept[:kept.index(stage)]):
             return 0
+        if stage.on_refused is not None and isinstance(self.ratelimit, RateLimit) and \
+                self.ratelimit.ip_rules:
+            return 0  # the ratelimit after it counts the 403 (`stages.refusals`)
         policy = stage.manager.policy(fn.policy.bots)
         return sum(1 << i for i, c in enumerate(CLASSES) if getattr(policy, c) == "block")
 

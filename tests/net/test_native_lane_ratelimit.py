@@ -128,36 +128,41 @@ def test_the_lane_serves_what_ratelimit_admits_and_refuses_the_rest(
 
 
 def test_bots_blocks_before_ratelimit_counts_on_the_lane_too(pair: tuple[Side, Side]) -> None:
-    """A request whose bot class the function blocks is bots' 403, written by the lane
-    as the stage answers it (its event with the bots record's ``block``, the metrics'
-    bot actions): ratelimit never sees it, so it counts nothing (the limit's requests
-    after it are all admitted), and with the limit full it is still the 403."""
+    """A request whose bot class the function blocks is bots' 403 (its event with the
+    bots record's ``block``, the metrics' bot actions), counted against the PoP's rule
+    by ip (`stages.refusals`; so Python's, not the lane's: the lane writes bots' 403
+    where nothing counts it, test_native_lane_guarded) but not against the function's
+    own limits (its requests after it are all admitted, the lane's), and with the
+    limit full it is still the 403."""
     on, off = pair
     curl = [("Host", "x"), ("User-Agent", "curl/8")]
     for _ in range(2):
         before = served(on)
         got = sent(pair, request("GET", "/guarded", curl))
-        assert got.split(b" ", 2)[1] == b"403" and served(on) - before == 1
+        assert got.split(b" ", 2)[1] == b"403" and served(on) == before
         assert b"\r\nx-edgefn-error: bot_blocked\r\n" in got
     for _ in range(LIMIT):
         assert sent(pair, request("GET", "/guarded", BROWSER)).split(b" ", 2)[1] == b"200"
-    for headers, status in ((curl, b"403"), (BROWSER, b"429")):
+    for headers, status, lane in ((curl, b"403", 0), (BROWSER, b"429", 1)):
         before = served(on)
         assert sent(pair, request("GET", "/guarded", headers)).split(b" ", 2)[1] == status
-        assert served(on) - before == 1
+        assert served(on) - before == lane
     assert on.metrics() == off.metrics()
 
 
-def test_a_blocked_clients_head_and_post_are_the_lanes_403s(pair: tuple[Side, Side]) -> None:
-    """A class a function blocks (``[bots] automation = "block"``): its HEAD (the
-    length, no body) and its POST (a body read, never run) are the lane's 403s too,
-    with the Python PoP's bytes, events, lines and counts."""
+def test_a_blocked_clients_refusals_are_counted_by_the_pop_rule(pair: tuple[Side, Side]
+                                                                 ) -> None:
+    """A class a function blocks (``[bots] automation = "block"``): its 403s count
+    against the PoP's rule by ip (`stages.refusals`), which the lane does not do for
+    bots, so they are Python's (with no such rule, the lane's: test_native_lane_guarded
+    `test_bots_answers_before_auth`); its HEAD (the length, no body) and its POST (a
+    body read, never run) answered alike on both PoPs, and counted alike."""
     on, off = pair
     for method in ("HEAD", "POST"):
         before = served(on)
         got = sent(pair, request(method, "/guarded", [("Host", "x"), ("User-Agent", "curl/8")],
                                  b"x" if method == "POST" else b""), method.encode())
-        assert got.split(b" ", 2)[1] == b"403" and served(on) - before == 1
+        assert got.split(b" ", 2)[1] == b"403" and served(on) == before
     assert on.metrics() == off.metrics()
 
 

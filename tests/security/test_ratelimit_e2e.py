@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime.security.keys import KeyStore
-from tests.support import function_dir, pop_thread, reactor
+from tests.support import EXAMPLES, function_dir, pop_thread, reactor
 
 from .redis_server import RedisServer, redis_server  # noqa: F401
 
@@ -59,12 +59,22 @@ def test_an_api_keys_rpm_limits_it_over_http(tmp_path: Path) -> None:
     assert anonymous == others == [200] * 3  # no key, or a key without an rpm: no limit
 
 
+def storage_url(storage: str, request: pytest.FixtureRequest) -> str:
+    """``memory://``, or the module's Redis emptied (its other tests counted this
+    address there, under the same rule)."""
+    if storage == "memory":
+        return "memory://"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    server.client().flushall()
+    return server.url
+
+
 @pytest.mark.parametrize("storage", ["memory", "redis"])
 def test_requests_auth_refuses_count_against_the_per_ip_limits(
         tmp_path: Path, storage: str, request: pytest.FixtureRequest) -> None:
     """`auth` runs first: a flood of wrong keys got 401 after 401 and was never
     counted, so a per-IP limit did not slow credential guessing."""
-    url = request.getfixturevalue("redis_server").url if storage == "redis" else "memory://"
+    url = storage_url(storage, request)
     with pop_thread(tmp_path / "data", **{"ratelimit.storage": url, "ratelimit.rules": [
             {"by": "ip", "limit": "3/minute"}]}) as pop:
         pop.deploy(function_dir(tmp_path, "locked", reactor(""), extra='auth = "key"'))
@@ -72,4 +82,29 @@ def test_requests_auth_refuses_count_against_the_per_ip_limits(
         got = [pop.request("GET", "/locked", headers=wrong)[0] for _ in range(5)]
         assert got == [401, 401, 401, 429, 429], got
         status, headers, _ = pop.request("GET", "/locked")  # no key at all: counted too
+        assert status == 429 and int(headers["retry-after"]) >= 1
+
+
+GPTBOT = {"user-agent": "Mozilla/5.0 (compatible; GPTBot/1.1; +https://openai.com/gptbot)"}
+REFUSERS = {  # a stage before ratelimit, what it refuses, and its config
+    "waf": ("/hello?q=<script>alert(1)</script>", {}, "waf_blocked", {"waf.mode": "block"}),
+    "bots": ("/hello", GPTBOT, "bot_blocked", {"bots.policy.declared_agent": "block"}),
+}
+
+
+@pytest.mark.parametrize("storage", ["memory", "redis"])
+@pytest.mark.parametrize("stage", sorted(REFUSERS))
+def test_requests_the_waf_or_bots_refuse_count_against_the_per_ip_limits(
+        tmp_path: Path, storage: str, stage: str, request: pytest.FixtureRequest) -> None:
+    """As auth's: attack payloads (each a WAF inspection) and a blocked crawler got 403
+    after 403, never counted."""
+    url = storage_url(storage, request)
+    path, headers, code, config = REFUSERS[stage]
+    with pop_thread(tmp_path / "data", **{"ratelimit.storage": url, "ratelimit.rules": [
+            {"by": "ip", "limit": "3/minute"}], **config}) as pop:
+        pop.deploy(EXAMPLES / "hello-wat")
+        got = [pop.request("GET", path, headers=headers) for _ in range(5)]
+        assert [g[0] for g in got] == [403, 403, 403, 429, 429], got
+        assert got[0][1]["x-edgefn-error"] == code
+        status, headers, _ = pop.request("GET", "/hello")  # a clean one: the same address
         assert status == 429 and int(headers["retry-after"]) >= 1

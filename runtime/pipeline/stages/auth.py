@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
 from edgefn_core.errors import Rejected
-from runtime.net.message import Request, Response
+from runtime.net.message import Request
 from runtime.pipeline.stage import Context, Next, Result, Target
+from runtime.pipeline.stages.refusals import Counter, refuse
 from runtime.pipeline.targets import Targets
 from runtime.security.jwt_auth import JwtVerifier, TokenInvalid
 from runtime.security.keys import KeyRing, is_well_formed
@@ -41,8 +41,6 @@ from runtime.security.residency import CLIENT_HEADER, TENANT_HEADER, verify, ver
 from runtime.security.settings import AuthSettings
 
 CHALLENGE = [(b"www-authenticate", b'Bearer realm="edgefn"')]
-# what counting a refused request says: the 429 instead, or nothing (or that, later)
-type Refusal = Rejected | Awaitable[Rejected | None] | None
 MAX_CREDENTIAL = 8192
 MAX_GRANTS = 4096  # (principal, target) scope decisions kept
 # a request with no credential (`anonymous_refusal`): what `_authenticate` reads of one
@@ -61,9 +59,8 @@ class Auth:
         self.targets = targets
         self.jwt = jwt
         self.grants: dict[tuple[Principal, str, str], bool] = {}  # scope checks, cached
-        # a refusal counted by the ratelimit stage after this one (`RateLimit.refused`):
-        # the 429 to answer instead, when one of its per-IP limits is full
-        self.on_refused: Callable[[Request, Context], Refusal] | None = None
+        # a refusal counted by the ratelimit stage after this one (`refusals`)
+        self.on_refused: Counter | None = None
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         target = self.targets.resolve(request, ctx)
@@ -86,12 +83,7 @@ class Auth:
             principal = self._authenticate(mode, request, target)
         except Rejected as e:
             ctx.decide("auth", {"mode": mode, "result": e.code})
-            over = self.on_refused(request, ctx) if self.on_refused is not None else None
-            if over is None:
-                raise
-            if isinstance(over, Rejected):
-                raise over from None
-            return _refused_later(over, e)
+            return refuse(self.on_refused, request, ctx, e)
         ctx.principal = principal
         ctx.decide("auth", {"mode": mode, "result": "ok", "key_id": principal.key_id,
                             "tenant": principal.tenant})
@@ -235,11 +227,6 @@ class Auth:
             return self._verify(mode, kind, value)
         except Rejected:
             return None
-
-
-async def _refused_later(over: Awaitable[Rejected | None], refusal: Rejected) -> Response:
-    """Raises the 429 `over` comes to, else `refusal` (a limit counted remotely)."""
-    raise (await over) or refusal
 
 
 def _credential(request: Request) -> tuple[str, str] | None:

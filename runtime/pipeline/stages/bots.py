@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgefn_core.errors import Rejected
 from runtime.net.message import Request
 from runtime.pipeline.stage import Context, Next, Result
+from runtime.pipeline.stages.refusals import Counter, refuse
 from runtime.pipeline.targets import Targets
 from runtime.security.bots.manager import BotManager
 from runtime.security.settings import BotSettings
@@ -25,6 +27,7 @@ class Bots:
     def __init__(self, manager: BotManager, targets: Targets) -> None:
         self.manager = manager
         self.targets = targets
+        self.on_refused: Counter | None = None  # a ratelimit after it counts its refusals
 
     @classmethod
     def from_settings(cls, settings: BotSettings, targets: Targets,
@@ -48,5 +51,8 @@ class Bots:
             record["reason"] = reason
         ctx.decide("bots", record)
         if action != "allow" and not ctx.quiet:  # a warm-up is neither counted nor refused
-            self.manager.enforce(action, verdict, ctx.client, request)
+            try:
+                self.manager.enforce(action, verdict, ctx.client, request)
+            except Rejected as e:
+                return refuse(self.on_refused, request, ctx, e)
         return call_next(request, ctx)

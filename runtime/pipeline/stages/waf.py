@@ -18,6 +18,7 @@ from typing import Any
 from edgefn_core.errors import InvalidConfig, Rejected
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context, Next, Result, Target
+from runtime.pipeline.stages.refusals import Counter, refuse
 from runtime.pipeline.targets import Targets
 from runtime.security.settings import WafOverride, WafSettings, merge
 from runtime.security.waf.crs import Profile, missing
@@ -42,6 +43,7 @@ class Waf:
         self.pop: Chosen = (settings, Profile.of(settings))
         self.openai: Chosen = (settings, Profile.of(settings, prompts=True))
         self._merged: dict[int, tuple[WafOverride, Chosen]] = {}  # id(override) -> ...
+        self.on_refused: Counter | None = None  # a ratelimit after it counts its 403s
         if settings.mode != "off":
             self._start(settings)
 
@@ -55,7 +57,9 @@ class Waf:
             return self._unavailable(e, settings, ctx, call_next, request)
         if engine is None:
             return self._after_build(request, ctx, call_next, settings, profile)
-        self._inspect(engine, request, ctx, settings)
+        refused = self._inspect(engine, request, ctx, settings)
+        if refused is not None:
+            return refuse(self.on_refused, request, ctx, refused)
         return call_next(request, ctx)
 
     def idle_for(self, target: Target | None) -> bool:
@@ -98,18 +102,18 @@ class Waf:
         return chosen
 
     def _inspect(self, engine: WafEngine, request: Request, ctx: Context,
-                 settings: WafSettings) -> None:
-        """Record the verdict; raises `Rejected` (403) when it blocks in block mode."""
+                 settings: WafSettings) -> Rejected | None:
+        """Record the verdict; the 403 when it blocks in block mode."""
         started = time.perf_counter()
         rid = ctx.request_id.decode()
         verdict = engine.inspect(request, ctx.client, settings.max_body_bytes, rid)
         block = verdict.blocked and settings.mode == "block"
         ctx.decide("waf", _record(settings, verdict, block, started))
-        if block:
-            raise Rejected("waf_blocked", 403,
-                           f"request blocked by the WAF (rules {verdict.rules}, "
-                           f"request {rid})",
-                           detail={"request_id": rid, "rules": verdict.rules})
+        if not block:
+            return None
+        return Rejected("waf_blocked", 403, f"request blocked by the WAF (rules "
+                        f"{verdict.rules}, request {rid})",
+                        detail={"request_id": rid, "rules": verdict.rules})
 
     async def _after_build(self, request: Request, ctx: Context, call_next: Next,
                            settings: WafSettings, profile: Profile) -> Response:
@@ -118,8 +122,9 @@ class Waf:
         except InvalidConfig as e:
             result = self._unavailable(e, settings, ctx, call_next, request)
         else:
-            self._inspect(engine, request, ctx, settings)
-            result = call_next(request, ctx)
+            refused = self._inspect(engine, request, ctx, settings)
+            result = call_next(request, ctx) if refused is None else \
+                refuse(self.on_refused, request, ctx, refused)
         return result if isinstance(result, Response) else await result
 
     def _unavailable(self, err: InvalidConfig, settings: WafSettings, ctx: Context,
