@@ -413,14 +413,36 @@ static PyObject *make_event(EventMaker *m, const view_t *r, PyObject *route, PyO
     return e;
 }
 
+/* `host` as a cache key holds it (runtime/cache/http/cache.py `origin_host`): lower
+ * case, without ":80" and trailing dots. A new reference, NULL with a Python error. */
+static PyObject *origin_host(PyObject *host) {
+    PyObject *h = PyObject_CallMethod(host, "lower", NULL);
+    if (!h) return NULL;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(h);
+    if (n >= 3 && PyUnicode_READ_CHAR(h, n - 3) == ':' && PyUnicode_READ_CHAR(h, n - 2) == '8'
+            && PyUnicode_READ_CHAR(h, n - 1) == '0') {
+        Py_SETREF(h, PyUnicode_Substring(h, 0, n - 3));
+        if (!h) return NULL;
+        n -= 3;
+    }
+    Py_ssize_t end = n;
+    while (end > 0 && PyUnicode_READ_CHAR(h, end - 1) == '.') end--;
+    if (end < n && end > 0) Py_SETREF(h, PyUnicode_Substring(h, 0, end));
+    else if (end < n) Py_SETREF(h, PyUnicode_FromString("."));
+    return h;
+}
+
 /* `base` (a verdict's decisions) with http_cache's record of a bypassed request (an
  * unsafe method): {"outcome": "BYPASS", "key": "<label> <host><path>[?<query>]"}, as
  * `HttpCacheStage._record` makes it (`_label` of the key). A new dict, NULL with a
  * Python error. */
 static PyObject *bypass_decisions(PyObject *base, PyObject *label, PyObject *host,
                                   PyObject *path, const char *query, size_t query_len) {
+    PyObject *origin = origin_host(host);
+    if (!origin) return NULL;
     PyObject *key = PyUnicode_FromFormat(query_len ? "%U %U%U?%s" : "%U %U%U%s",
-                                         label, host, path, "");
+                                         label, origin, path, "");
+    Py_DECREF(origin);
     if (key && query_len) {
         PyObject *q = latin1(query, query_len);
         Py_SETREF(key, q ? PyUnicode_Concat(key, q) : NULL);
