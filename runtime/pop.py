@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import OutOfRegion
 from runtime.ai.service import AIService
@@ -148,8 +148,14 @@ class PoP:
         ai = self.ai
         return PopMetrics(self.config.name, self.config.tier, self.config.geo,
                           self.config.metrics,
-                          lambda: [(n, d.executor) for n, d in self.registry.functions.items()],
+                          self._deployed,
                           ai.client.metrics if ai is not None else None)
+
+    def _deployed(self) -> list[tuple[str, str, Any]]:
+        """(name, version, executor) of each live version and canary (metrics)."""
+        registry = self.registry
+        live = [(n, d.version, d.executor) for n, d in registry.functions.items()]
+        return live + [(n, s.fn.version, s.fn.executor) for n, s in registry.canaries.items()]
 
     def _vet(self, m: Manifest) -> None:
         """Raises `DeployError` for a function asking for a WAF this PoP cannot run,

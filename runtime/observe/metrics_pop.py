@@ -40,10 +40,11 @@ log = logging.getLogger("edgefn.metrics")
 
 class PopMetrics:
     def __init__(self, pop: str, tier: str, geo: str, settings: MetricsSettings,
-                 functions: Callable[[], Iterable[tuple[str, Any]]],
+                 functions: Callable[[], Iterable[tuple[str, str, Any]]],
                  worker: WorkerCall | None = None) -> None:
-        """`functions()`: (name, executor) of the deployed functions; `worker()`: the
-        model worker's snapshot (run on the PoP's loop). Raises `InvalidConfig`
+        """`functions()`: (name, version, executor) of the deployed functions' live
+        versions and canaries; `worker()`: the model worker's snapshot (run on the
+        PoP's loop). Raises `InvalidConfig`
         naming ``metrics.token_file`` when that file cannot be read or is empty."""
         base = (pop, tier, geo)
         self.settings = settings

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime.executors.python.scheduler import PACK_WAIT
+from runtime.functions import deploys
 from runtime.observe.event import Event
 from tests.observe.metrics.support import event, samples, value
 from tests.support import (
@@ -130,7 +132,8 @@ def test_isolates_warm_recycled_and_crashed(pop: Running, tmp_path: Path):
         return samples(get(admin)[2])
 
     found = scrape()
-    labels = {"pop": "edge-local", "tier": "edge", "geo": ""}
+    labels = {"pop": "edge-local", "tier": "edge", "geo": "",
+              "version": pop.pop.registry.functions["py"].version}
     key = lambda name, **kw: (name, frozenset({**labels, "function": "py", **kw}.items()))  # noqa: E731
     assert found[key("edgefn_isolates", state="warm")] == 1
     assert found[key("edgefn_isolates", state="busy")] == 0
@@ -163,7 +166,8 @@ def test_requests_sent_ahead_and_handed_back_are_counted(pop: Running, tmp_path:
     pop.deploy(python_function(tmp_path, "ahead", SLOW,
                                pool="min = 1\nmax = 2\nstandby = false\npipeline = 1"))
     admin = pop.admin.info.admin
-    labels = {"pop": "edge-local", "tier": "edge", "geo": ""}
+    labels = {"pop": "edge-local", "tier": "edge", "geo": "",
+              "version": pop.pop.registry.functions["ahead"].version}
     key = lambda name: (name, frozenset({**labels, "function": "ahead"}.items()))  # noqa: E731
     a = threading.Thread(target=pop.get, args=("/ahead?sleep=2",), kwargs={"timeout": 10})
     a.start()
@@ -186,7 +190,9 @@ def test_an_auto_pool_shows_its_requests_mean_time_and_how_deep_it_packs(
                                pool="min = 1\nmax = 1\nstandby = false\npipeline = 2"))
     admin = pop.admin.info.admin
     labels = {"pop": "edge-local", "tier": "edge", "geo": ""}
-    key = lambda name, fn="auto": (name, frozenset({**labels, "function": fn}.items()))  # noqa: E731
+    functions = pop.pop.registry.functions
+    key = lambda name, fn="auto": (name, frozenset({  # noqa: E731
+        **labels, "function": fn, "version": functions[fn].version}.items()))
     scheduler = pop.pop.registry.functions["auto"].executor.pool.scheduler  # type: ignore[attr-defined]
     for _ in range(100):
         assert pop.get("/auto")[0] == 200
@@ -208,13 +214,36 @@ def test_wasm_instantiate_seconds_counts_each_request_not_the_warm_ups(pop: Runn
     for _ in range(7):
         assert pop.get("/hello")[0] == 200
     found = samples(get(pop.admin.info.admin)[2])
-    labels = {"pop": "edge-local", "tier": "edge", "geo": "", "function": "hello"}
+    labels = {"pop": "edge-local", "tier": "edge", "geo": "", "function": "hello",
+              "version": pop.pop.registry.functions["hello"].version}
     key = lambda name, **kw: (name, frozenset({**labels, **kw}.items()))  # noqa: E731
     assert found[key("edgefn_wasm_instantiate_seconds_count")] == 7
     assert found[key("edgefn_wasm_instantiate_seconds_bucket", le="+Inf")] == 7
     assert 0 < found[key("edgefn_wasm_instantiate_seconds_sum")] < 7 * 0.1
     assert found[key("edgefn_wasm_instantiate_seconds_bucket", le="1e-05")] <= \
         found[key("edgefn_wasm_instantiate_seconds_bucket", le="0.01")]
+
+
+def test_a_canary_has_series_of_its_own_beside_the_live_versions(pop: Running,
+                                                                   tmp_path: Path):
+    """Its executor's were left out: its isolates and instantiations were counted
+    nowhere (edgefn_requests_total counted its requests), and a promote made the
+    function's series jump to the canary's counts."""
+    d = function_dir(tmp_path, "split", reactor(""))
+    live = pop.deploy(d)["version"]
+    (d / "main.wat").write_text(reactor("", "(; v2 ;)"))
+    staged = pop.admin.request("POST", "/v1/stage", deploys.to_tar(deploys.pack_dir(d)))
+    canary = staged["version"]
+    pop.admin.request("POST", "/v1/functions/split/activate",
+                      json.dumps({"version": canary, "canary": 50}).encode())
+    served = [pop.get("/split", headers={"x-edgefn-canary-key": f"k{i}"})[1]
+              ["x-edgefn-function"] for i in range(40)]
+    found = samples(get(pop.admin.info.admin)[2])
+    labels = {"pop": "edge-local", "tier": "edge", "geo": "", "function": "split"}
+    counts = {v: found.get(("edgefn_wasm_instantiate_seconds_count", frozenset(
+        {**labels, "version": v}.items()))) for v in (live, canary)}
+    assert counts == {v: served.count(f"split@{v}") for v in (live, canary)}
+    assert all(counts.values())  # (each got some of the 40 keys)
 
 
 def test_the_ctypes_path_records_instantiation_times_too(tmp_path: Path):
