@@ -222,6 +222,20 @@ def test_pack_dir_refuses_a_symbolic_link_instead_of_sending_what_it_points_to(
     assert "passwd" not in deploys.pack_dir(d)
 
 
+@pytest.mark.parametrize("entry", ["target/wasm32-wasip1/release/fn.wasm", ".hello.wat"])
+def test_the_manifests_entry_is_packed_where_the_rest_of_its_folder_is_not(
+        tmp_path: Path, entry: str) -> None:
+    """Cargo builds into target/: "entry file ... is not in the package", though it
+    was on disk. What else lies there (or is a dotfile) is still left out."""
+    d = tmp_path / "rs"
+    (d / entry).parent.mkdir(parents=True, exist_ok=True)
+    d = function_dir(tmp_path, "rs", reactor("nop"), entry=entry)
+    (d / "target" / "debug").mkdir(parents=True)
+    (d / "target" / "debug" / "big.rlib").write_bytes(b"x" * 100)
+    (d / ".env").write_text("SECRET=1")
+    assert sorted(deploys.pack_dir(d)) == sorted(["edgefn.toml", entry])
+
+
 def test_pack_dir_refuses_a_fifo_instead_of_leaving_it_out(tmp_path: Path) -> None:
     import os
 

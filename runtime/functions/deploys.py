@@ -36,12 +36,13 @@ import re
 import shutil
 import tarfile
 import time
+import tomllib
 from pathlib import Path
 
 import msgspec
 
 from edgefn_core.errors import DeployError, NotFound, VersionTampered
-from runtime.functions.manifest import NAME_PATTERN
+from runtime.functions.manifest import MANIFEST_NAME, NAME_PATTERN
 
 MAX_PACKAGE_BYTES = 64 << 20
 MAX_PACKAGE_FILES = 2000
@@ -175,7 +176,8 @@ def check_package(files: Files) -> None:
 
 
 def pack_dir(directory: str | Path) -> Files:
-    """Read a function folder (skipping dotfiles, __pycache__ and the like).
+    """Read a function folder (skipping dotfiles, __pycache__ and the like, but for
+    the manifest's ``entry``: Cargo builds into ``target/``).
 
     Raises `DeployError` if it is not a folder, holds a symbolic link, or is not a
     valid package (`check_package`).
@@ -185,9 +187,11 @@ def pack_dir(directory: str | Path) -> Files:
         raise DeployError(f"{directory}: not a directory")
     files: Files = {}
     total = 0
+    entry = _entry_of(root)
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if any(p.startswith(".") or p in SKIP_NAMES for p in rel.parts):
+        if any(p.startswith(".") or p in SKIP_NAMES for p in rel.parts) and \
+                rel.as_posix() != entry:
             continue
         if path.is_symlink():  # what it points to (/etc/passwd) is not the function's
             raise DeployError(f"{directory}: {rel.as_posix()} is a symbolic link; a package "
@@ -211,6 +215,17 @@ def pack_dir(directory: str | Path) -> Files:
     except DeployError as e:
         raise DeployError(f"{directory}: {e}") from None
     return files
+
+
+def _entry_of(root: Path) -> str | None:
+    """The ``entry`` `root`'s manifest names, as a relative POSIX path, or None (no
+    manifest, or one the deploy refuses for itself)."""
+    try:
+        with (root / MANIFEST_NAME).open("rb") as f:
+            entry = tomllib.load(f).get("entry")
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+    return entry if isinstance(entry, str) else None
 
 
 def to_tar(files: Files) -> bytes:
