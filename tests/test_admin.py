@@ -116,6 +116,19 @@ def test_a_missing_or_wrong_token_is_401_with_a_json_body(pop: Running,
     assert raw_admin(pop, "GET", "/v1/functions", good)[:2] == (200, "application/json")
 
 
+def test_head_of_an_admin_endpoint_is_its_get_without_the_body(pop: Running) -> None:
+    """`curl -I` got 404 "no admin endpoint HEAD /v1/functions"."""
+    conn = http.client.HTTPConnection(*admin_address(pop), timeout=10)
+    try:
+        conn.request("HEAD", "/v1/functions", headers={
+            "Authorization": f"Bearer {pop.admin.token}"})
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (200, b"")
+        assert int(resp.getheader("content-length") or 0) > 0
+    finally:
+        conn.close()
+
+
 def test_a_deploy_with_a_wrong_token_is_refused_and_changes_nothing(pop: Running) -> None:
     from runtime.functions import deploys
 

@@ -180,8 +180,9 @@ class AdminApp:
     async def _route(self, request: Request, who: Principal | None,
                      parts: list[str]) -> Response:
         """`who`: the key's principal (None: the admin token, which may do anything);
-        `parts`: the path's decoded segments, as the scope was chosen from."""
-        method = request.method
+        `parts`: the path's decoded segments, as the scope was chosen from. A HEAD
+        is answered as its GET (the front sends no body)."""
+        method = b"GET" if request.method == b"HEAD" else request.method
         try:
             if who is not None:
                 self._check_tenant(parts, who)
