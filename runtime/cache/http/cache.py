@@ -173,20 +173,10 @@ class HttpCache:
                 response: Response, default_ttl: int | None) -> Entry | str:
         """`entry` updated with a 304 from the origin (RFC 9111 4.3.4): its fields
         replace the stored ones and freshness starts again. Returns the entry to
-        serve; a reason string if it may no longer be stored (it is dropped)."""
-        # what describes the stored content stays its own: a 304 has no content
-        # (RFC 9110 15.4.5), and a Content-Type on one made a cached JSON body "text"
-        fresh = [(k, v) for k, v in _stored(response.headers) if k not in CONTENT_FIELDS]
-        new = _fields(fresh)
-        # a 304 without a Date (the front dates it later) is dated now by `admit`: the
-        # stored one with a restarted Age told caches below it was an hour old
-        headers = [(k, v) for k, v in entry.headers if k not in new and k != b"date"]
-        headers += fresh
-        tags = _fields(response.headers).get(b"cache-tag") or ",".join(entry.tags).encode()
-        if tags:  # kept from the stored response unless the 304 names others
-            headers.append((b"cache-tag", tags))
-        updated = Response(entry.status, headers, entry.body)
-        result = self.admit(key, request, scope, updated, entry.origin_ms, default_ttl)
+        serve; a reason string if it may no longer be stored (it is dropped: the
+        client's answer is then `updated`'s)."""
+        result = self.admit(key, request, scope, updated(entry, response), entry.origin_ms,
+                            default_ttl)
         if isinstance(result, str):
             self.invalidate(key)
         return result
@@ -225,6 +215,23 @@ class HttpCache:
 
 CONTENT_FIELDS = frozenset({b"content-type", b"content-length", b"content-encoding",
                             b"content-range"})
+
+
+def updated(entry: Entry, response: Response) -> Response:
+    """`entry`'s response with the fields of `response`, a 304 that validated it, over
+    its own (RFC 9111 4.3.4)."""
+    # what describes the stored content stays its own: a 304 has no content
+    # (RFC 9110 15.4.5), and a Content-Type on one made a cached JSON body "text"
+    fresh = [(k, v) for k, v in _stored(response.headers) if k not in CONTENT_FIELDS]
+    new = _fields(fresh)
+    # a 304 without a Date (the front dates it later) is dated now by `admit`: the
+    # stored one with a restarted Age told caches below it was an hour old
+    headers = [(k, v) for k, v in entry.headers if k not in new and k != b"date"]
+    headers += fresh
+    tags = _fields(response.headers).get(b"cache-tag") or ",".join(entry.tags).encode()
+    if tags:  # kept from the stored response unless the 304 names others
+        headers.append((b"cache-tag", tags))
+    return Response(entry.status, headers, entry.body)
 
 
 def served(entry: Entry, age: float, outcome: bytes, request: Request) -> Response:
@@ -296,11 +303,16 @@ def _request_fields(request: Request, variants: Variants) -> dict[bytes, bytes]:
 
 def _values(headers: Headers, names: set[bytes]) -> dict[bytes, bytes]:
     """Each of `names` the headers hold: all its values joined with ", " (RFC 9110
-    5.3); a name they lack is left out."""
+    5.3); a name they lack is left out. An API key sent as ``x-api-key`` is a value
+    of ``authorization`` (auth takes it from either: `Vary: Authorization` served one
+    key's answer to another key, or to no key, sent that way)."""
     found: dict[bytes, list[bytes]] = {}
+    credential = b"authorization" in names
     for k, v in headers:
         if k in names:
             found.setdefault(k, []).append(v.strip())
+        elif credential and k == b"x-api-key":
+            found.setdefault(b"authorization", []).append(b"x-api-key " + v.strip())
     return {k: b", ".join(vs) for k, vs in found.items()}
 
 

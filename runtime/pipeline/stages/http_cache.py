@@ -26,7 +26,7 @@ from hashlib import blake2b
 
 from edgefn_core.errors import StoreClosed
 from runtime.cache.http import policy
-from runtime.cache.http.cache import HttpCache, answered, client_view, served
+from runtime.cache.http.cache import HttpCache, answered, client_view, served, updated
 from runtime.cache.http.store import Entry
 from runtime.cache.settings import HttpCacheOverride, HttpCacheSettings
 from runtime.cache.stats import CacheStats
@@ -303,7 +303,9 @@ class HttpCacheStage:
             self._record(ctx, target, key, "EXPIRED", stored=fresh)
             if isinstance(fresh, Entry):
                 return served(fresh, fresh.initial_age, b"EXPIRED", request)
-            return served(entry, 0.0, b"EXPIRED", request)
+            # no longer storable (a Set-Cookie, `no-store`): still the 304's fields over
+            # the stored ones (they were dropped: its cookie never reached the client)
+            return answered(updated(entry, response), request, b"EXPIRED")
         if response.status >= 500:
             age = self.cache.age(entry)
             if policy.may_serve_stale(age, entry, req, entry.sie):

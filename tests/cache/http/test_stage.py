@@ -129,6 +129,22 @@ def test_stale_entry_revalidated_with_validators_and_refreshed_by_304(h: Harness
         formatdate(refreshed, usegmt=True).encode(), b"99")
 
 
+def test_a_304_that_makes_the_entry_unstorable_still_reaches_the_client(h: Harness) -> None:
+    """Its Set-Cookie (and new Cache-Control) were dropped with the entry: the client got
+    the stored response as it was."""
+    h.origin.answer = lambda r: ok("max-age=1", etag='"r7"')
+    h.call(request())
+    h.clock.now += 2
+    h.origin.answer = lambda r: Response(304, [(b"cache-control", b"max-age=60"),
+                                               (b"etag", b'"r7"'), (b"set-cookie", b"sid=1")])
+    r, _ = h.call(request())
+    assert (r.status, outcome(r), r.body, header(r, b"cache-control"),
+            header(r, b"set-cookie")) == (200, "EXPIRED", b"hello", b"max-age=60", b"sid=1")
+    h.origin.answer = lambda r: ok("max-age=1", etag='"r7"')
+    r, _ = h.call(request())
+    assert outcome(r) == "MISS"  # dropped: not stored with the cookie
+
+
 def test_stale_entry_replaced_by_a_new_response(h: Harness) -> None:
     h.origin.answer = lambda r: ok("max-age=10", etag='"v1"')
     h.call(request())
@@ -293,6 +309,18 @@ def test_vary_compares_every_value_of_a_repeated_field(h: Harness) -> None:
     other.headers += [(b"accept", b"text/a"), (b"x-a", b"1")]
     assert outcome(h.call(same)[0]) == "HIT"
     assert outcome(h.call(other)[0]) == "MISS"
+
+
+def test_vary_authorization_tells_keys_apart_however_they_are_sent(h: Harness) -> None:
+    """auth takes an API key from ``x-api-key`` as from ``Authorization``: acme's public
+    answer with `Vary: Authorization` was bob's, and an anonymous caller's, as a HIT."""
+    h.origin.answer = lambda r: ok("public, max-age=60", vary="Authorization",
+                                   body=r.header(b"x-api-key") or b"none")
+    h.call(request(x_api_key="efn_acme"))
+    assert [(outcome(r), r.body) for r, _ in (
+        h.call(request(x_api_key="efn_acme")), h.call(request(x_api_key="efn_bob")),
+        h.call(request()), h.call(request(authorization="efn_acme")))] == [
+        ("HIT", b"efn_acme"), ("MISS", b"efn_bob"), ("MISS", b"none"), ("MISS", b"none")]
 
 
 @pytest.mark.parametrize(("cc", "other_caller_hits"), [
