@@ -228,13 +228,16 @@ class TieredStore:
         self.disk_used = used
 
     def delete(self, key: bytes) -> bool:
-        """Drop `key` from both tiers; whether it was held."""
+        """Drop `key` from both tiers; whether it was held (shared: whether its record
+        was, which one worker deletes: every worker that had read it counted it, and a
+        purge of one URL said "purged 2" with two workers)."""
         held = self.index.pop(key, None) is not None
         n = self._unaccount(key)
         if self.env is not None and (n is not None or self.shared):
             self._check_open()  # shared: another worker's record goes too
             with self.env.begin(write=True) as txn:
-                held = txn.delete(key) or held
+                gone = txn.delete(key)
+            held = gone if self.shared else gone or held
         return held
 
     def items(self) -> Iterator[tuple[bytes, frozenset[str]]]:

@@ -96,3 +96,19 @@ def test_a_record_written_before_stamps_is_still_read(tmp_path: Path, writers: i
     assert got is not None and got[0].tags == ["old"]
     assert s.delete(b"old") and s.get(b"old") is None
     s.close()
+
+
+def test_a_shared_record_is_deleted_once_whichever_workers_read_it(tmp_path: Path) -> None:
+    """Each worker that had read it counted it: a purge of one URL with two workers said
+    "purged 2 entries". (Another worker's delete is one of its record, made here
+    through the same LMDB: one process cannot open it twice.)"""
+    s = TieredStore(memory_bytes=1 << 20, disk=tmp_path, disk_bytes=1 << 20, writers=2)
+    assert s.env is not None
+    s.put(b"k", [entry(600, tag="k")])
+    assert s.delete(b"k") and s.get(b"k") is None
+    s.put(b"k", [entry(600, tag="k")])
+    assert s.get(b"k") is not None
+    with s.env.begin(write=True) as txn:  # the other worker's purge went first
+        assert txn.delete(b"k")
+    assert not s.delete(b"k") and not dict(s.items())  # its copy dropped, not counted
+    s.close()
