@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from edgefn_core.errors import FunctionError, ManifestError, NotFound, RouteConflict
+from edgefn_core.errors import (
+    DeployError,
+    FunctionError,
+    ManifestError,
+    NotFound,
+    NotOwner,
+    RouteConflict,
+)
 from runtime.bindings import Stores
 from runtime.executors.wasm.engine import WasmEngine
 from runtime.functions import deploys
@@ -254,3 +261,40 @@ def test_overlapping_owners_an_older_edgefn_deployed_are_restored_with_a_warning
     finally:
         new.close()
         stores.close()
+
+
+def test_a_deploy_that_replaces_a_function_takes_its_routes_over_in_one_switch(
+        registry: Registry, tmp_path: Path) -> None:
+    """A folder renamed in `edgefn dev`: the old name was deleted first, so its routes
+    answered 404 until the new one loaded, and for good when its code did not load."""
+    deploy(registry, function_dir(tmp_path, "old", reactor(""), routes=["/x"]))
+    broken = function_dir(tmp_path / "b", "new", "(module (bad", routes=["/x"])
+    with pytest.raises(DeployError, match="not a valid WebAssembly module"):
+        asyncio.run(registry.deploy(deploys.pack_dir(broken), replaces="old"))
+    hit = registry.router.match(b"h", b"/x")
+    assert hit is not None and hit[0].name == "old" and registry.versions("old")
+    switches: list[set[str]] = []
+    switch = registry._switch
+
+    def seen(functions: dict[str, object], router: object) -> None:
+        switches.append(set(functions))
+        switch(functions, router)  # type: ignore[arg-type]
+
+    registry._switch = seen  # type: ignore[method-assign]
+    good = function_dir(tmp_path / "g", "new", reactor(""), routes=["/x"])
+    r = asyncio.run(registry.deploy(deploys.pack_dir(good), replaces="old"))
+    assert (r.name, switches) == ("new", [{"new"}])  # one switch: no moment without /x
+    hit = registry.router.match(b"h", b"/x")
+    assert hit is not None and hit[0].name == "new"
+    with pytest.raises(NotFound):
+        registry.versions("old")
+    assert [rec.name for rec in registry.store.records()] == ["new"]
+
+
+def test_a_function_of_another_owner_is_not_replaced(registry: Registry,
+                                                     tmp_path: Path) -> None:
+    deploy(registry, function_dir(tmp_path, "theirs", reactor(""), extra='owner = "globex"'))
+    mine = function_dir(tmp_path / "m", "mine", reactor(""), extra='owner = "acme"')
+    with pytest.raises(NotOwner, match="cannot replace 'theirs': it belongs to another owner"):
+        asyncio.run(registry.deploy(deploys.pack_dir(mine), replaces="theirs"))
+    assert set(registry.functions) == {"theirs"}

@@ -9,7 +9,8 @@ namespaces and indexes its tenant owns or is granted, and cannot open the dashbo
 
     POST   /v1/keys/reload                    re-read DATA/keys.json now (`edgefn keys` does)
     GET    /v1/functions                      deployed functions
-    POST   /v1/deploy                         body: tar.gz package; header x-edgefn-source
+    POST   /v1/deploy                         body: tar.gz package; header x-edgefn-source,
+                                              x-edgefn-replaces (a function it takes over)
     POST   /v1/stage                          the same, staged: loaded and warm, not routed to
     POST   /v1/functions/NAME/stage           {"version"}: stage a stored version (a rollback)
     POST   /v1/functions/NAME/activate        {"version", "canary"?: percent}: route to a staged
@@ -58,7 +59,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from edgefn_core.errors import EdgefnError, InvalidConfig, NotOwner
+from edgefn_core.errors import EdgefnError, Failure, InvalidConfig, NotOwner
 from runtime.bindings import kv as kv_binding
 from runtime.bindings import operate
 from runtime.bindings.owners import WHAT, denied
@@ -200,7 +201,9 @@ class AdminApp:
                     # shielded: a client that goes away mid-deploy must not leave a
                     # half-loaded version (and its processes) behind
                     tenant = who.tenant if who is not None else None
-                    result = await self.on_pop(self.pop.registry.deploy(files, source, tenant))
+                    replaces = _replaces(request, who)
+                    result = await self.on_pop(self.pop.registry.deploy(files, source, tenant,
+                                                                        replaces))
                     return json_response(msgspec.to_builtins(result))
                 case ["v1", "stage"] if method == b"POST":
                     return await self._stage(request, who)
@@ -504,6 +507,18 @@ def _changes_routing(method: bytes, parts: list[str]) -> bool:
     return method == b"POST" and (parts == ["v1", "deploy"] or (
         len(parts) == 4 and parts[:2] == ["v1", "functions"]
         and parts[3] in ("rollback", "activate", "promote")))
+
+
+def _replaces(request: Request, who: Principal | None) -> str | None:
+    """A deploy's ``x-edgefn-replaces: NAME`` (the function it takes over from, which
+    goes: a key needs ``admin:delete`` too). Raises `Failure` (403)."""
+    value = request.header(b"x-edgefn-replaces")
+    if value is None:
+        return None
+    if who is not None and not who.allows("admin", "delete"):
+        raise Failure("forbidden", 403, f"API key {who.key_id} has no scope admin:delete, "
+                      "which a deploy that replaces a function needs")
+    return value.decode("utf-8", "replace")
 
 
 def operation(method: bytes, parts: list[str]) -> str:

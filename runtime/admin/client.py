@@ -108,14 +108,17 @@ class AdminClient:
         return Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
                        f"{self.info.admin}: {e}")
 
-    def deploy(self, directory: str | Path) -> dict[str, Any]:
-        """Pack and deploy a function folder. Raises `DeployError` or `ManifestError`
-        for a folder that cannot be packed, `AdminError` if the PoP rejects it."""
+    def deploy(self, directory: str | Path, replaces: str | None = None) -> dict[str, Any]:
+        """Pack and deploy a function folder (`replaces`: a function it takes over
+        from, `Registry.deploy`). Raises `DeployError` or `ManifestError` for a folder
+        that cannot be packed, `AdminError` if the PoP rejects it."""
         from runtime.functions import deploys  # only deploys need it (and its imports)
 
         package = deploys.to_tar(deploys.pack_dir(directory))
-        result: dict[str, Any] = self.request("POST", "/v1/deploy", package,
-                                              {"x-edgefn-source": str(directory).rstrip("/")})
+        headers = {"x-edgefn-source": str(directory).rstrip("/")}
+        if replaces is not None:
+            headers["x-edgefn-replaces"] = replaces
+        result: dict[str, Any] = self.request("POST", "/v1/deploy", package, headers)
         return result
 
 

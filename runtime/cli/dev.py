@@ -160,7 +160,7 @@ def snapshot(directory: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(sorted(found))
 
 
-type Deploy = Callable[[Path], Awaitable[DeployResult]]
+type Deploy = Callable[[Path, str | None], Awaitable[DeployResult]]  # (folder, replaces)
 type Remove = Callable[[str], Awaitable[None]]
 type Versions = Callable[[str], Awaitable[set[str]]]
 type Starting = Callable[[str | None], Awaitable[None]]
@@ -180,8 +180,9 @@ class Target(NamedTuple):
 
 def in_process(registry: Registry) -> Target:
     """This process's PoP."""
-    async def deploy(directory: Path) -> DeployResult:
-        return await registry.deploy(deploys.pack_dir(directory), str(directory))
+    async def deploy(directory: Path, replaces: str | None) -> DeployResult:
+        return await registry.deploy(deploys.pack_dir(directory), str(directory),
+                                     replaces=replaces)
 
     async def versions(name: str) -> set[str]:
         try:
@@ -200,8 +201,8 @@ def through_admin(data: Path) -> Target:
     and every other worker follows before it answers)."""
     client = AdminClient(data)
 
-    async def deploy(directory: Path) -> DeployResult:
-        answer = await asyncio.to_thread(client.deploy, directory)
+    async def deploy(directory: Path, replaces: str | None) -> DeployResult:
+        answer = await asyncio.to_thread(client.deploy, directory, replaces)
         return msgspec.convert(answer, DeployResult)
 
     async def remove(name: str) -> None:
@@ -238,8 +239,10 @@ class Session:
 
 async def deploy_dir(session: Session, directory: Path) -> bool:
     """Deploy `directory`, keeping `session` up to date: a folder whose manifest now
-    names another function first releases the one it deployed (else its routes would
-    refuse the renamed one)."""
+    names another function replaces the one it deployed, in the same switch (none of
+    its requests goes unrouted, and a renamed folder whose code does not load leaves
+    it serving), where that one is the session's own; else the old one is kept
+    (`release`), and the renamed one may find its routes taken."""
     target, served = session.target, session.served
     try:
         name = manifest.load(directory).name
@@ -252,15 +255,22 @@ async def deploy_dir(session: Session, directory: Path) -> bool:
               "(give one of them another name)", flush=True)
         return False
     before = served.get(directory)
+    replaces = None
     if before is not None and before != name:
-        await release(session, before, f"{directory} is {name!r} now")
-        served.pop(directory)
+        if await owned(session, before):
+            replaces = before
+        else:
+            await release(session, before, f"{directory} is {name!r} now")
+            served.pop(directory)
     try:
         known = await target.versions(name)  # a version recorded before is not this session's
-        r = await target.deploy(directory)
+        r = await target.deploy(directory, replaces)
     except (ManifestError, DeployError, AdminError) as e:
         print(f"  ! {directory}: {e}", flush=True)
         return False
+    if replaces is not None:
+        session.made.pop(replaces, None)
+        print(f"  removed   {replaces:<16} ({directory} is {name!r} now)", flush=True)
     served[directory] = r.name
     if r.changed and r.version not in known:
         session.made.setdefault(r.name, set()).add(r.version)
@@ -277,6 +287,17 @@ def _name(directory: Path) -> str | None:
         return manifest.load(directory).name
     except ManifestError:
         return None
+
+
+async def owned(session: Session, name: str) -> bool:
+    """Whether this session added each version `name`'s record holds (none: it is
+    gone; unreadable: not, and said)."""
+    try:
+        held = await session.target.versions(name)
+    except AdminError as e:
+        print(f"  ! cannot read the versions of {name}: {e}", flush=True)
+        return False
+    return held <= session.made.get(name, set())
 
 
 async def release(session: Session, name: str, why: str) -> None:

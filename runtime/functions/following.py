@@ -23,7 +23,7 @@ from runtime.functions.deploys import FunctionRecord
 from runtime.functions.registry_core import RegistryCore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from runtime.functions.registry import Deployment
 
@@ -35,8 +35,8 @@ class Following(RegistryCore):
     """`follow`: serve what the saved records say."""
 
     if TYPE_CHECKING:  # the registry's step only this mixin uses
-        def _go_live(self, fn: Deployment,
-                     persist: Callable[[], None] | None = None) -> None: ...
+        def _go_live(self, fn: Deployment, persist: Callable[[], None] | None = None,
+                     owners: bool = False, remove: Iterable[str] | None = None) -> None: ...
 
     async def follow(self) -> list[str]:
         """Route as the saved records say, saving nothing: load the current version
@@ -51,8 +51,9 @@ class Following(RegistryCore):
         async with self.changes:
             records = {r.name: r for r in await asyncio.to_thread(self.store.records)}
             self.stores.owners.reload()  # the grants the admin worker's deploys saved
-            for name in [n for n in self.functions if n not in records]:
-                self._switch(*self._table(None, remove=name))
+            # those whose record is gone stop serving in the first switch (a function
+            # that replaced one, `Registry.deploy`, takes its routes over in it)
+            gone = [n for n in self.functions if n not in records]
             self.unserved = {n: v for n, v in self.unserved.items() if n in records}
             errors = []
             for record in records.values():
@@ -62,7 +63,7 @@ class Following(RegistryCore):
                         < RETRY_UNSERVED_S:
                     continue
                 try:
-                    await self._follow_live(record)
+                    await self._follow_live(record, gone)
                     await self._follow_canary(record)
                 except (ManifestError, DeployError, NotFound) as e:
                     log.error("worker cannot serve %s as recorded: %s", record.name, e)
@@ -74,15 +75,20 @@ class Following(RegistryCore):
                 else:
                     self.unserved.pop(record.name, None)
                     self.unserved_tried.pop(record.name, None)
+            if gone:
+                self._switch(*self._table(None, remove=gone))
             return errors
 
-    async def _follow_live(self, record: FunctionRecord) -> None:
+    async def _follow_live(self, record: FunctionRecord, gone: list[str]) -> None:
+        """Serve `record`'s live version; the first switch also ends the functions
+        in `gone` (then emptied)."""
         live = self.functions.get(record.name)
         if live is not None and live.version == record.current:
             return
         fn = await asyncio.to_thread(self._loaded, record.name, record.current)
         await self._warm(fn)  # as the admin worker did before its switch
-        self._go_live(fn)
+        self._go_live(fn, remove=gone)
+        gone.clear()
         await self._after_switch(fn)
 
     async def _follow_canary(self, record: FunctionRecord) -> None:

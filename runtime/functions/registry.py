@@ -21,7 +21,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import lmdb
@@ -141,24 +141,28 @@ class Registry(Staging, Following):
         self.starting: str | None = None
 
     # -- deploys ----------------------------------------------------------------------------
-    async def deploy(self, files: Files, source: str = "", tenant: str | None = None
-                     ) -> DeployResult:
+    async def deploy(self, files: Files, source: str = "", tenant: str | None = None,
+                     replaces: str | None = None) -> DeployResult:
         """Validate, check ownership, store, compile, pre-warm, save the record, claim
         what it binds and switch routing to a new version. Blocking work (hashing,
         writing files, compiling) runs on a worker thread. `tenant`: the deploy acts
         for this tenant (an API key's), so the manifest's ``owner`` must name it and
-        a function of that name must not belong to another.
+        a function of that name must not belong to another. `replaces`: a function
+        of the same owner that the new one takes over from (a folder renamed in
+        `edgefn dev`): it stops serving in the same switch, and is deleted.
 
         Raises `ManifestError`, `DeployError` (`NotOwner` for a namespace or index
-        of another owner, `RouteConflict`), or `Failure` (500) if the record cannot
-        be saved; on error nothing changes, the previous version keeps serving and
-        nothing this deploy wrote is left in the data dir.
+        of another owner, or a replaced function of another, `RouteConflict`), or
+        `Failure` (500) if the record cannot be saved; on error nothing changes, the
+        previous version (and the one to replace) keeps serving and nothing this
+        deploy wrote is left in the data dir.
         """
         m, version, label = await self._checked(files, source, tenant)
         started = time.perf_counter()
         async with self.changes:
             current = self.functions.get(m.name)
-            if current is not None and current.version == version:
+            old = self._replaced(m, replaces, tenant)
+            if current is not None and current.version == version and old is None:
                 return self._result(current, False, started)
             self.stores.owners.check(m, label)
             self._check_tenant_routes(m, label)
@@ -171,12 +175,39 @@ class Registry(Staging, Following):
                 fn = await asyncio.to_thread(self._load, m, version)
                 await self._warm(fn)
                 self._go_live(fn, lambda: self._commit(m, version, source, "deploy"),
-                              owners=True)
+                              owners=True, remove=old)
             except BaseException:
                 await asyncio.to_thread(self._undo, m.name, version, created, cached, made)
                 raise
+            if old is not None:
+                try:
+                    self.store.delete(old)
+                except (OSError, NotFound) as e:  # a restart finds both, restores one
+                    log.error("%s: replaced, but its record cannot be deleted: %s", old, e)
+                self._forget(old)
             await self._after_switch(fn)
             return self._result(fn, True, started)
+
+    def _replaced(self, m: Manifest, name: str | None, tenant: str | None) -> str | None:
+        """The function `m`'s deploy replaces: `name`, if it is another one deployed
+        here. Raises `NotOwner` where its owner is not `m`'s (or not `tenant`)."""
+        old = self.functions.get(name) if name is not None and name != m.name else None
+        if old is None:
+            return None
+        if old.manifest.owner != m.owner or (tenant is not None and old.tenant != tenant):
+            raise NotOwner(f"function {m.name!r} cannot replace {old.name!r}: it belongs to "
+                           f"another owner ({old.manifest.owner!r})")
+        return old.name
+
+    def _forget(self, name: str) -> None:
+        """After `name` (deleted or replaced) stopped serving: its staged versions and
+        grants go (a grant not saved is logged)."""
+        for key in [k for k in self.staged if k[0] == name]:
+            self.staged.pop(key).fn.executor.close()
+        try:
+            self.stores.owners.forget(name)
+        except OSError as e:
+            log.error("%s: cannot save the withdrawal of its grants: %s", name, e)
 
     async def _checked(self, files: Files, source: str, tenant: str | None
                        ) -> tuple[Manifest, str, str]:
@@ -287,17 +318,18 @@ class Registry(Staging, Following):
             await self.switched(fn)
 
     def _go_live(self, fn: Deployment, persist: Callable[[], None] | None = None,
-                 owners: bool = False) -> None:
+                 owners: bool = False, remove: str | Iterable[str] | None = None) -> None:
         """Activate a loaded version, check its routes (`owners`: against other owners'
         too, as a deploy or rollback asks; a restore or a follow serves what the record
-        says), run `persist` (saving the record: the commit point), then route to it.
-        Raises `RouteConflict` or what activating or `persist` raised; then nothing
-        changed and `fn` is released."""
+        says), run `persist` (saving the record: the commit point), then route to it,
+        the functions named in `remove` gone in the same switch. Raises
+        `RouteConflict` or what activating or `persist` raised; then nothing changed
+        and `fn` is released."""
         try:
             fn.executor.activate()
             if owners:
                 self._check_tenant_routes(fn.manifest, fn.label)
-            table = self._table(fn)
+            table = self._table(fn, remove)
             if persist is not None:
                 persist()
         except BaseException:
@@ -305,15 +337,15 @@ class Registry(Staging, Following):
             raise
         self._switch(*table)
 
-    def _table(self, fn: Deployment | None, remove: str | None = None,
+    def _table(self, fn: Deployment | None, remove: str | Iterable[str] | None = None,
                ) -> tuple[dict[str, Deployment], Router[Deployment]]:
-        """The functions and router with `fn` replacing its namesake, without `remove`.
-        Raises `RouteConflict` (a `DeployError`)."""
+        """The functions and router with `fn` replacing its namesake, without `remove`
+        (a name, or several). Raises `RouteConflict` (a `DeployError`)."""
         functions = dict(self.functions)
         if fn is not None:
             functions[fn.name] = fn
-        if remove is not None:
-            functions.pop(remove, None)
+        for name in [remove] if isinstance(remove, str) else remove or ():
+            functions.pop(name, None)
         # `fn`'s routes go in last, so a conflict names the function already serving
         # the route (it named `fn` itself when `fn` replaced an older entry)
         ordered = [f for f in functions.values() if fn is None or f.name != fn.name]
@@ -393,10 +425,10 @@ class Registry(Staging, Following):
             target = version or record.previous()
             if target is None:
                 raise DeployError(
-                    f"{name}: {record.current} is the oldest version that served, none "
-                    "before it to roll back to (each rollback steps back once through what "
-                    "served, an explicit one to its version; `edgefn rollback "
-                    f"{name} VERSION` serves any version `edgefn versions {name}` lists)")
+                    f"{name}: {record.current} is the oldest version that served, none before "
+                    "it to roll back to (each rollback steps back once through what served, an "
+                    f"explicit one to its version; `edgefn rollback {name} VERSION` serves any "
+                    f"version `edgefn versions {name}` lists)")
             known = {v.version for v in record.versions}
             if target not in known:
                 raise NotFound(f"{name} has no version {target!r}; "
@@ -415,13 +447,8 @@ class Registry(Staging, Following):
         """Remove `name`'s record and versions, then stop serving it. Raises `NotFound`."""
         async with self.changes:
             self.store.delete(name)
-            for key in [k for k in self.staged if k[0] == name]:
-                self.staged.pop(key).fn.executor.close()
             self._switch(*self._table(None, remove=name))
-            try:
-                self.stores.owners.forget(name)
-            except OSError as e:
-                log.error("%s: cannot save the withdrawal of its grants: %s", name, e)
+            self._forget(name)
 
     def _stored(self, name: str, version: str) -> Manifest:
         """The manifest of a stored version whose files are intact, whose bindings

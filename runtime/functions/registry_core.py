@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from runtime.bindings import Stores
     from runtime.functions.canary import Split
     from runtime.functions.changes import Changes
@@ -32,7 +34,7 @@ class RegistryCore:
         async def _warm(self, fn: Deployment) -> None: ...
         async def _after_switch(self, fn: Deployment) -> None: ...
         def _stored(self, name: str, version: str) -> Manifest: ...
-        def _table(self, fn: Deployment | None, remove: str | None = None,
+        def _table(self, fn: Deployment | None, remove: str | Iterable[str] | None = None,
                    ) -> tuple[dict[str, Deployment], Router[Deployment]]: ...
         def _switch(self, functions: dict[str, Deployment],
                     router: Router[Deployment]) -> None: ...
