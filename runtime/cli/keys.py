@@ -16,12 +16,12 @@ from typing import Any
 
 from edgefn_core.errors import EdgefnError, InvalidValue
 from runtime.security.keys import KeyRecord, KeyStore
+from runtime.security.principal import TENANT
 
 SCOPE = re.compile(r"^(\*|(fn|model|route|admin):[^\s,]{1,200})$")
 # the operations `admin:OP` may grant (`runtime.admin.api.operation`); OP is a glob
 ADMIN_OPS = frozenset({"deploy", "rollback", "delete", "read", "kv", "vectors", "ai", "keys",
                        "cache", "dashboard"})
-TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 def keys_command(args: argparse.Namespace) -> None:

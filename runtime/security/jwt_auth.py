@@ -14,7 +14,7 @@ from typing import Any
 import jwt
 
 from edgefn_core.errors import InvalidConfig
-from runtime.security.principal import Principal
+from runtime.security.principal import TENANT, Principal
 from runtime.security.settings import JwtSettings
 
 MAX_VERIFIED = 4096  # verified tokens remembered; all dropped when full
@@ -100,6 +100,9 @@ class JwtVerifier:
         tenant = claims.get(s.tenant_claim)
         if not isinstance(tenant, str) or not tenant:
             raise TokenInvalid(f"the token has no {s.tenant_claim!r} claim naming the tenant")
+        if TENANT.match(tenant) is None:  # it goes in labels, tables, logs and file names
+            raise TokenInvalid(f"the token's {s.tenant_claim!r} claim is no tenant name "
+                               "(lower-case letters, digits, _ and -, at most 63)")
         raw = claims.get(s.scopes_claim, ())
         scopes = tuple(raw.split() if isinstance(raw, str) else
                        [x for x in raw if isinstance(x, str)] if isinstance(raw, list) else ())

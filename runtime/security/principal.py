@@ -5,9 +5,13 @@ the ABI for WASM)."""
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Literal
 
 from msgspec import Struct
+
+# a tenant's name, as a key's tenant, a manifest's `owner` and a JWT's tenant claim take it
+TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 class Principal(Struct, frozen=True, omit_defaults=True):

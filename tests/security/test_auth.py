@@ -296,6 +296,8 @@ def test_jwt_mode_verifies_es256_against_the_jwks(tmp_path: Path,
     (lambda k: token(k, exp=int(time.time()) - 120), "expired"),
     (lambda k: token(k, iss="https://evil.test"), "issuer"),
     (lambda k: token(k, tenant=None), "no 'tenant' claim"),
+    (lambda k: token(k, tenant="acme\nx"), "'tenant' claim is no tenant name"),  # broke
+    (lambda k: token(k, tenant='Acme "Corp"'), "'tenant' claim is no tenant name"),  # tables
     (lambda k: token(k, kid="k2"), "no key with kid 'k2'"),
     (lambda k: token(ec.generate_private_key(ec.SECP256R1())), "Signature verification"),
     (lambda k: token(k, exp=None), 'missing the "exp" claim'),
@@ -443,6 +445,11 @@ def test_admin_keys_act_for_their_tenant_within_their_admin_scopes(
         assert "set owner = 'acme' in edgefn.toml (it sets none)" in str(err.value)
         with pytest.raises(AdminError) as err:
             acme.request("DELETE", "/v1/functions/mine")
+        assert (err.value.status, err.value.code) == (403, "forbidden")
+        assert "no scope admin:delete" in str(err.value)
+        renamed = python_function(tmp_path / "c", "mine2", WHO, extra='owner = "acme"\n')
+        with pytest.raises(AdminError) as err:  # a deploy replacing it deletes it too
+            acme.deploy(renamed, replaces="mine")
         assert (err.value.status, err.value.code) == (403, "forbidden")
         assert "no scope admin:delete" in str(err.value)
         monkeypatch.setenv("EDGEFN_API_KEY", other)
