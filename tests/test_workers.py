@@ -464,8 +464,9 @@ def test_memory_rate_limits_count_across_workers(tmp_path: Path) -> None:
     through), and bots' `abusive_rate` of 45 a minute PoP-wide (the 46th request on is
     abusive, blocked: each worker saw ~30). A worker killed and started again counts
     on: its limit stays full. The table is the parent's memfd: nothing is left of it
-    in /dev/shm."""
-    toml = POP_TOML + ('[ratelimit]\nrules = [{ by = "ip", limit = "20/minute" }]\n'
+    in /dev/shm. (A rule by function: one by ip would count bots' 403s too, and answer
+    its 429 for them once full: test_ratelimit_e2e.py.)"""
+    toml = POP_TOML + ('[ratelimit]\nrules = [{ by = "function", limit = "20/minute" }]\n'
                        '[bots]\nabusive_rate = "45/minute"\n')
     with serving(tmp_path, toml) as w:
         for pid in w.children():  # the parent's memfd, mapped by each
