@@ -44,7 +44,9 @@ def ls(args: argparse.Namespace) -> None:
         return _print_json(fns)
     print(f"{'NAME':<20} {'VERSION':<17} {'ABI':<8} ROUTES")
     for f in fns:
-        print(f"{f['name']:<20} {f['version']:<17} {f['abi']:<8} {_routes(f['routes'])}")
+        canary = f.get("canary")  # (`ls --json` had it; the table did not say)
+        beside = f"  (canary {canary['version']} at {canary['percent']:g}%)" if canary else ""
+        print(f"{f['name']:<20} {f['version']:<17} {f['abi']:<8} {_routes(f['routes'])}{beside}")
 
 
 def versions(args: argparse.Namespace) -> None:
@@ -80,8 +82,10 @@ def rollback(args: argparse.Namespace) -> None:
 
 def resolve_version(name: str, prefix: str, known: list[str]) -> str:
     """The one version in `known` that is `prefix` or starts with it, as git
-    resolves a short commit id. Raises `NotFound` if none does, `Failure`
-    (code ``ambiguous_version``) listing the candidates if several do."""
+    resolves a short commit id (versions are lower-case hex: ``7F`` is ``7f``). Raises
+    `NotFound` if none does (an empty `prefix` names none), `Failure` (code
+    ``ambiguous_version``) listing the candidates if several do."""
+    prefix = prefix.lower()
     if prefix in known:
         return prefix
     matches = [v for v in known if v.startswith(prefix)] if prefix else []

@@ -476,7 +476,8 @@ def _events_commands(c: Commands) -> None:
 
 
 def _event_filters(s: Parser) -> None:
-    s.add_argument("--function", help="only this function, name or name@version (default: all)")
+    s.add_argument("--function", help="only this function, name or name@version (a "
+                   "version's first characters do) (default: all)")
     s.add_argument("--status", type=_status,
                    help="only this status (404) or class (5xx) (default: all)")
     s.add_argument("--tenant", help="only requests of this tenant (default: all)")

@@ -51,10 +51,10 @@ def deploy(args: argparse.Namespace) -> None:
 def rollback(args: argparse.Namespace) -> None:
     """Go back everywhere, or drop a canary everywhere. Raises `Failure` (usage) for
     both VERSION and a different --to (--to was ignored)."""
-    if args.version and args.to and args.version != args.to:
+    if args.version is not None and args.to is not None and args.version != args.to:
         raise Failure("usage", 400, f"edgefn rollback: give VERSION ({args.version}) or --to "
                       f"({args.to}), not both")
-    version = args.version or args.to
+    version = args.version if args.version is not None else args.to  # "" names no version
     if args.topology is None:
         args.version = version
         return commands.rollback(args)

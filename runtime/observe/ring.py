@@ -38,7 +38,9 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     """Which events to return: all given filters must match."""
 
     since: float | None = None  # seconds back from now
-    function: str | None = None  # a function's name ("hello") or target label ("hello@1a2b")
+    # a function's name ("hello") or a target label, whose version may be cut ("hello@1a2b",
+    # as `edgefn rollback` takes a version's first characters)
+    function: str | None = None
     status: int | None = None  # an exact status ...
     status_class: int | None = None  # ... or its class: 5 for "5xx"
     tenant: str | None = None
@@ -68,11 +70,13 @@ class Query(msgspec.Struct, frozen=True, kw_only=True):
     def matcher(self, now: float) -> Callable[[Event], bool]:
         """A predicate for this query's filters (`since` relative to `now`)."""
         after = now - self.since if self.since is not None else None
+        fn = self.function
+        versioned = fn is not None and "@" in fn
 
         def match(e: Event) -> bool:
             return ((after is None or e.ts >= after)
-                    and (self.function is None or self.function in (
-                        _function(e.target), e.target))
+                    and (fn is None or (e.target is not None and e.target.startswith(fn)
+                                        if versioned else _function(e.target) == fn))
                     and (self.status is None or e.status == self.status)
                     and (self.status_class is None or e.status // 100 == self.status_class)
                     and (self.tenant is None or e.tenant == self.tenant)

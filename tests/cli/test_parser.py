@@ -98,6 +98,7 @@ KNOWN = ["3f2a000000000001", "3f2b000000000002", "9c00000000000003"]
 @pytest.mark.parametrize(("prefix", "version"), [
     ("9", "9c00000000000003"), ("3f2a", "3f2a000000000001"),
     ("3f2b000000000002", "3f2b000000000002"),
+    ("3F2A", "3f2a000000000001"), ("9C00000000000003", "9c00000000000003"),  # "no version"
 ])
 def test_a_unique_version_prefix_resolves(prefix: str, version: str) -> None:
     assert commands.resolve_version("hello", prefix, KNOWN) == version

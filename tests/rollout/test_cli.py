@@ -43,10 +43,14 @@ def test_deploy_canary_promote_and_rollback_across_the_topology(
     shown = json.loads(out)
     assert shown["drift"] == {} and shown["pops"]["central"]["c1"] == {
         "version": v1, "canary": f"{v2}@10%"}
+    out = edgefn(capsys, "ls", "--data", str(topology.pops["central"].data))[1]
+    assert f"c1                   {v1}  reactor  /c1  (canary {v2} at 10%)\n" in out
     assert edgefn(capsys, "promote", "c1", "--topology", run)[1] == \
         f"promoted c1 version {v2} on 3 PoPs (edge-a, edge-b, central)\n"
     assert edgefn(capsys, "rollback", "c1", "--to", v1[:6], "--topology", run)[1] == \
         f"c1 now serves version {v1} on 3 PoPs (edge-a, edge-b, central)\n"
+    status, _, err = edgefn(capsys, "rollback", "c1", "", "--topology", run)  # was a plain
+    assert status == 1 and "has no version ''" in err  # rollback (to v2, here)
 
 
 def test_versions_flags_drift(topology: Topology, tmp_path: Path,

@@ -113,19 +113,21 @@ def test_queries_filter_by_every_field() -> None:
     ring.observe(event(2, ts=now - 10, target="other@1", status=404, method="POST",
                        path="/api/x"))
     ring.observe(event(3, ts=now - 5, target="hello@2", status=200, tenant="acme"))
+    ring.observe(event(4, ts=now - 4, target="hello2@1b", status=200))
 
     def rids(**params: str) -> list[str]:
         return [e.rid for e in ring.query(Query.parse(params))]
-    assert rids(since="1m") == ["r1", "r2", "r3"]
-    assert rids(since="2h") == ["r0", "r1", "r2", "r3"]
-    assert rids(since="20") == ["r2", "r3"]
-    assert rids(function="hello") == ["r0", "r1", "r3"]
+    assert rids(since="1m") == ["r1", "r2", "r3", "r4"]
+    assert rids(since="2h") == ["r0", "r1", "r2", "r3", "r4"]
+    assert rids(since="20") == ["r2", "r3", "r4"]
+    assert rids(function="hello") == ["r0", "r1", "r3"]  # not hello2
     assert rids(function="hello@1") == ["r0"]
+    assert rids(function="hello2@1") == ["r4"]  # a version's first characters, as rollback's
     assert rids(status="5xx") == ["r1"] and rids(status="404") == ["r2"]
     assert rids(tenant="acme") == ["r1", "r3"]
     assert rids(path="/api/") == ["r2"] and rids(method="post") == ["r2"]
     assert rids(min_ms="50") == ["r1"]
-    assert rids(limit="2") == ["r2", "r3"]  # the newest, oldest first
+    assert rids(limit="2") == ["r3", "r4"]  # the newest, oldest first
     assert rids(function="hello", status="200", tenant="acme") == ["r3"]
 
 
