@@ -156,6 +156,17 @@ def _expiry(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _function_name(text: str) -> str:
+    """An argparse `type`: a function's name as a manifest gives it (`a/../b` was sent,
+    and answered with the HTTP front's message about paths)."""
+    from runtime.functions.manifest import NAME_PATTERN
+
+    if re.match(NAME_PATTERN, text) is None:
+        raise argparse.ArgumentTypeError(f"expected a function name (lower-case letters, "
+                                         f"digits, _ and -, at most 63), got {text!r}")
+    return text
+
+
 def _since(text: str) -> str:
     """An argparse `type`: seconds or a duration (90, 10m, 2h, 1d), as the PoP reads it."""
     from edgefn_core.errors import InvalidConfig
@@ -311,23 +322,24 @@ def _function_commands(c: Commands) -> None:
               "the current one, ~ a canary, ! a current one that does not load), or with "
               "--topology what every PoP serves and where it drifts",
               "edgefn versions hello", json=True)
-    s.add_argument("name", nargs="?", help="the function (optional with --topology)")
+    s.add_argument("name", nargs="?", type=_function_name,
+                   help="the function (optional with --topology)")
     _topology_option(s)
     s = c.add("rollback", "runtime.cli.rollout:rollback", "serve another version of a "
               "function; during a canary, drop the canary", "edgefn rollback hello 3f2a",
               json=True)
-    s.add_argument("name")
+    s.add_argument("name", type=_function_name)
     s.add_argument("version", nargs="?", help="a version or a unique prefix of one "
                                               "(default: the previous version)")
     s.add_argument("--to", help="the same as VERSION (default: the previous version)")
     _topology_option(s)
     s = c.add("promote", "runtime.cli.rollout:promote", "make a function's canary its live "
               "version", "edgefn promote hello --topology run/", json=True)
-    s.add_argument("name")
+    s.add_argument("name", type=_function_name)
     _topology_option(s)
     s = c.add("delete", f"{mod}:delete", "stop serving a function and delete its versions",
               "edgefn delete hello", json=True)
-    s.add_argument("name")
+    s.add_argument("name", type=_function_name)
 
 
 def _topology_option(s: Parser) -> None:

@@ -143,6 +143,16 @@ def test_a_usage_error_is_one_line() -> None:
         "edgefn serve: argument --port: expected `int` <= 65535 (see `edgefn serve --help`)")
 
 
+@pytest.mark.parametrize("command", ["versions", "rollback", "promote", "delete"])
+def test_a_name_no_function_can_have_is_a_usage_error(tmp_path: Path, command: str) -> None:
+    """`versions 'a/../b'` was sent, and answered with the HTTP front's message about
+    a path's `..` segments."""
+    r = edgefn(command, "a/../b", "--data", str(tmp_path))
+    assert r.returncode == 2 and one_line_error(r) == (
+        f"edgefn {command}: argument name: expected a function name (lower-case letters, "
+        f"digits, _ and -, at most 63), got 'a/../b' (see `edgefn {command} --help`)")
+
+
 def test_a_since_the_pop_would_refuse_is_a_usage_error_before_any_pop_is_asked(
         tmp_path: Path) -> None:
     """Exit 2 as for any bad option (it was 1, or "no PoP is running" without one;
