@@ -6,6 +6,7 @@ sends traffic. Saves a screenshot to $EDGEFN_ARTIFACTS (or the test's tmp dir)."
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.dashboard import login_url
+from runtime.functions import deploys
 from runtime.observe.dashboard.aggregator import Rolling
 from tests.support import Running, function_dir, pop_thread, python_function, reactor, wait_for
 
@@ -29,6 +31,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     with pop_thread(root / "data", **{"geo": "eu-west"}) as pop:
         pop.deploy(function_dir(root, "hello", reactor("")))
         pop.deploy(python_function(root, "failing", FAILING))
+        canary = function_dir(root / "next", "hello", reactor("", "(; v2 ;)"))
+        v2 = pop.admin.request("POST", "/v1/stage",
+                               deploys.to_tar(deploys.pack_dir(canary)))["version"]
+        pop.admin.request("POST", "/v1/functions/hello/activate",
+                          json.dumps({"version": v2, "canary": 5}).encode())
         yield pop
 
 
@@ -87,6 +94,9 @@ def test_the_page_shows_live_figures_as_traffic_flows(served: Running,
             assert page.locator("#events tbody tr").count() > 0
             expect(page.locator("#events td.err").first).to_have_text("500")
             expect(page.locator("#versions tr", has_text="failing")).to_have_count(1)
+            canary = served.pop.registry.canaries["hello"].fn.version
+            expect(page.locator("#versions tr", has_text="hello").locator("td").nth(3)) \
+                .to_have_text(f"{canary} at 5%")  # (it showed the live version alone)
             expect(page.locator("#geo")).to_have_text("eu-west")
             out = Path(os.environ.get("EDGEFN_ARTIFACTS") or tmp_path) / "dashboard.png"
             out.parent.mkdir(parents=True, exist_ok=True)

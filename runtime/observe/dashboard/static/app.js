@@ -51,7 +51,8 @@ function snapshot(s) {
   fill("actions", [
     ...Object.entries(s.waf).map(([k, n]) => ["waf", k, n]),
     ...Object.entries(s.ratelimit).map(([k, n]) => ["ratelimit", k, n])]);
-  fill("versions", s.versions.map((v) => [v.name, v.version, v.abi]));
+  fill("versions", s.versions.map((v) => [v.name, v.version, v.abi,
+    v.canary ? v.canary.version + " at " + v.canary.percent + "%" : ""]));
   $("state").textContent = "live · " + new Date(s.now * 1000).toLocaleTimeString();
 }
 
