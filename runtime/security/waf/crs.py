@@ -109,6 +109,13 @@ class Source(NamedTuple):
     value: str
 
 
+def is_json_type(kind: bytes) -> bool:
+    """Whether a Content-Type (lower case, no parameters) makes the rules read the body
+    as JSON (rule 10001's match: ``application/json``, ``application/*+json``)."""
+    return kind.startswith(b"application/") and (kind == b"application/json"
+                                                 or kind.endswith(b"+json"))
+
+
 def sources(profile: Profile) -> list[Source]:
     """The rules set of `profile`, in load order. Raises `FileNotFoundError` naming
     the setup file or rules folder when either is absent."""

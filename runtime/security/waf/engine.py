@@ -112,15 +112,17 @@ OPAQUE = (b"", b"text/plain")
 
 def _json_in_disguise(headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
     """`body` as UTF-8 if it is a JSON object or array sent as text/plain (or with
-    no type), else None: a function may parse it as JSON whatever the type says
-    (the Python SDK's `request.json()` does, as `json.loads` of bytes, which takes
-    a byte-order mark and UTF-16 or UTF-32 too), so the rules must read its fields
-    as JSON (such a body was never inspected: a WAF bypass, with a BOM or in UTF-16
-    even after plain UTF-8 was handled)."""
+    no type), or as JSON with a byte-order mark or in UTF-16 or UTF-32, else None: a
+    function may parse it as JSON whatever the type says (the Python SDK's
+    `request.json()` does, as `json.loads` of bytes, which takes a byte-order mark
+    and UTF-16 or UTF-32 too), so the rules must read its fields as JSON (such a body
+    was never inspected: a WAF bypass, with a BOM or in UTF-16 even after plain UTF-8
+    was handled; typed as JSON, the rules' parser refused it as unparseable, 10003)."""
     if not body:
         return None
     kind = next((v for k, v in headers if k.lower() == b"content-type"), b"")
-    if kind.split(b";", 1)[0].strip().lower() not in OPAQUE:
+    kind = kind.split(b";", 1)[0].strip().lower()
+    if kind not in OPAQUE and not (crs.is_json_type(kind) and _encoded(body)):
         return None
     try:
         text = body.decode(json.detect_encoding(body))
@@ -135,6 +137,11 @@ def _json_in_disguise(headers: list[tuple[bytes, bytes]], body: bytes) -> bytes 
     except ValueError:
         return None
     return text.encode()
+
+
+def _encoded(body: bytes) -> bool:
+    """Whether JSON `body` is not plain UTF-8: a byte-order mark, or UTF-16/32."""
+    return body.startswith(b"\xef\xbb\xbf") or json.detect_encoding(body) != "utf-8"
 
 
 def _verdict(messages: list[RuleMessage], truncated: bool) -> Verdict:
