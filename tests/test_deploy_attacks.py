@@ -236,6 +236,30 @@ def test_the_manifests_entry_is_packed_where_the_rest_of_its_folder_is_not(
     assert sorted(deploys.pack_dir(d)) == sorted(["edgefn.toml", entry])
 
 
+def test_pack_dir_reads_every_folder_up_to_the_size_limit_and_names_what_it_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = function_dir(tmp_path, "sub", reactor("nop"))
+    (d / "lib").mkdir()
+    (d / "lib" / "util.txt").write_text("u")
+    (d / "z.txt").write_text("z")  # sorted after the folder: still read
+    files = deploys.pack_dir(d)
+    assert sorted(files) == ["edgefn.toml", "lib/util.txt", "main.wat", "z.txt"]
+    monkeypatch.setattr(deploys, "MAX_PACKAGE_BYTES", sum(map(len, files.values())))
+    assert deploys.pack_dir(d) == files  # exactly the limit
+    (d / "z.txt").write_text("zz")
+    with pytest.raises(DeployError, match=r"by z\.txt \(2 bytes\)"):
+        deploys.pack_dir(d)
+    with pytest.raises(DeployError) as err:
+        deploys.pack_dir(d / "main.wat")
+    assert str(err.value) == f"{d / 'main.wat'}: not a directory"
+    (d / "z.txt").unlink()
+    (d / "passwd").symlink_to("/etc/passwd")
+    with pytest.raises(DeployError) as err:
+        deploys.pack_dir(d)
+    assert str(err.value) == (f"{d}: passwd is a symbolic link; a package holds plain files "
+                              "and folders only (copy the file in)")
+
+
 def test_pack_dir_refuses_a_fifo_instead_of_leaving_it_out(tmp_path: Path) -> None:
     import os
 

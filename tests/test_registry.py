@@ -298,3 +298,31 @@ def test_a_function_of_another_owner_is_not_replaced(registry: Registry,
     with pytest.raises(NotOwner, match="cannot replace 'theirs': it belongs to another owner"):
         asyncio.run(registry.deploy(deploys.pack_dir(mine), replaces="theirs"))
     assert set(registry.functions) == {"theirs"}
+
+
+def test_a_replace_drops_the_staged_versions_of_what_it_replaced_and_names_its_failures(
+        registry: Registry, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy naming itself as what it replaces replaces nothing; one replacing another
+    function closes that one's staged versions (not another's), and a record or grant
+    that cannot be deleted is logged, naming the function and why."""
+    deploy(registry, function_dir(tmp_path, "old", reactor(""), routes=["/x"]))
+    deploy(registry, function_dir(tmp_path, "other", reactor(""), routes=["/y"]))
+    for name in ("old", "other"):
+        d = function_dir(tmp_path / "s", name, reactor("nop"), routes=[f"/s{name}"])
+        asyncio.run(registry.stage(deploys.pack_dir(d)))
+    again = function_dir(tmp_path / "a", "old", reactor("(nop)"), routes=["/x"])
+    asyncio.run(registry.deploy(deploys.pack_dir(again), replaces="old"))
+    hit = registry.router.match(b"h", b"/x")
+    assert hit is not None and hit[0].name == "old"  # itself: nothing replaced
+
+    def boom(*_: object) -> None:
+        raise OSError("disk gone")
+    monkeypatch.setattr(registry.store, "delete", boom)
+    monkeypatch.setattr(registry.stores.owners, "forget", boom)
+    new = function_dir(tmp_path / "n", "new", reactor(""), routes=["/x"])
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(registry.deploy(deploys.pack_dir(new), replaces="old"))
+    assert [k[0] for k in registry.staged] == ["other"]
+    assert caplog.messages == ["old: replaced, but its record cannot be deleted: disk gone",
+                               "old: cannot save the withdrawal of its grants: disk gone"]

@@ -161,7 +161,7 @@ class Registry(Staging, Following):
         started = time.perf_counter()
         async with self.changes:
             current = self.functions.get(m.name)
-            old = self._replaced(m, replaces, tenant)
+            old = self._replaced(m, replaces)
             if current is not None and current.version == version and old is None:
                 return self._result(current, False, started)
             self.stores.owners.check(m, label)
@@ -188,13 +188,14 @@ class Registry(Staging, Following):
             await self._after_switch(fn)
             return self._result(fn, True, started)
 
-    def _replaced(self, m: Manifest, name: str | None, tenant: str | None) -> str | None:
+    def _replaced(self, m: Manifest, name: str | None) -> str | None:
         """The function `m`'s deploy replaces: `name`, if it is another one deployed
-        here. Raises `NotOwner` where its owner is not `m`'s (or not `tenant`)."""
+        here. Raises `NotOwner` where its owner is not `m`'s (a tenant's deploy names
+        its tenant as `m`'s owner: `_checked`)."""
         old = self.functions.get(name) if name is not None and name != m.name else None
         if old is None:
             return None
-        if old.manifest.owner != m.owner or (tenant is not None and old.tenant != tenant):
+        if old.manifest.owner != m.owner:
             raise NotOwner(f"function {m.name!r} cannot replace {old.name!r}: it belongs to "
                            f"another owner ({old.manifest.owner!r})")
         return old.name

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from runtime.ai.openai_api import OpenAITarget
+from runtime.cache.http.cache import _split_url, origin_host
 from runtime.cache.settings import HttpCacheOverride, HttpCacheSettings
 from runtime.net.message import Request, Response
 from runtime.observe.event import Event
@@ -653,3 +654,66 @@ def test_the_shared_not_stored_decision_is_never_changed_downstream() -> None:
     _decided("http_cache", event.decisions["http_cache"])
     msgspec.json.encode(redacted)
     assert NOT_STORED == {"outcome": "MISS", "stored": "no freshness"}
+
+
+# -- what mutation testing found unchecked in this stop's changes (`make mutate`) --------------
+def test_a_304_keeps_the_stored_tags_unless_it_names_others(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("max-age=1", etag='"t"', cache_tag="a, b")
+    h.call(request())
+    h.clock.now += 2
+    h.origin.answer = lambda r: Response(304, [(b"cache-control", b"max-age=1"),
+                                               (b"etag", b'"t"')])
+    assert outcome(h.call(request())[0]) == "EXPIRED"
+    assert header(h.call(request())[0], b"cache-tag") is None  # still the cache's only
+    assert h.cache.purge(tag="b") == 1  # kept, each of them
+    h.origin.answer = lambda r: ok("max-age=1", etag='"t"', cache_tag="a, b")
+    h.call(request())
+    h.clock.now += 2
+    h.origin.answer = lambda r: Response(304, [(b"cache-control", b"max-age=60"),
+                                               (b"etag", b'"t"'), (b"cache-tag", b"c")])
+    h.call(request())
+    assert h.cache.purge(tag="a") == 0 and h.cache.purge(tag="c") == 1
+
+
+def test_a_304_refreshes_the_variant_it_validated_under_the_default_ttl() -> None:
+    h = Harness(fn=Function(http=HttpCacheOverride(default_ttl=30)))
+    h.origin.answer = lambda r: ok(None, etag='"v"', vary="Accept-Language",
+                                   body=r.header(b"accept-language") or b"none")
+    h.call(request(accept_language="fr"))
+    h.clock.now += 31
+    h.origin.answer = lambda r: Response(304, [(b"etag", b'"v"'),
+                                               (b"vary", b"Accept-Language")])
+    r, _ = h.call(request(accept_language="fr"))
+    assert (outcome(r), r.body) == ("EXPIRED", b"fr")
+    h.clock.now += 29  # fresh again for the default TTL, as the variant it was
+    r, _ = h.call(request(accept_language="fr"))
+    assert (outcome(r), r.body) == ("HIT", b"fr")
+    assert outcome(h.call(request(accept_language="de"))[0]) == "MISS"
+
+
+def test_vary_authorization_reads_no_other_header_as_a_credential(h: Harness) -> None:
+    h.origin.answer = lambda r: ok("public, max-age=60", vary="Authorization")
+    h.call(request(x_api_key="efn_acme", user_agent="a"))
+    assert outcome(h.call(request(x_api_key="efn_acme", user_agent="b"))[0]) == "HIT"
+
+
+def test_a_repeated_field_is_one_value_joined_with_a_comma(h: Harness) -> None:
+    """RFC 9110 5.3: two Accept lines are the one ``Accept: a, b``."""
+    h.origin.answer = lambda r: ok(vary="Accept")
+    two = request()
+    two.headers += [(b"accept", b"text/a"), (b"accept", b"text/b")]
+    h.call(two)
+    one = request()
+    one.headers.append((b"accept", b"text/a, text/b"))
+    assert outcome(h.call(one)[0]) == "HIT"
+
+
+def test_a_purge_by_url_splits_at_its_first_scheme_separator(h: Harness) -> None:
+    h.origin.answer = lambda r: ok()
+    h.call(request(query=b"u=http://x.com"))
+    assert h.cache.purge(key="http://example.com/shop/item?u=http://x.com") == 1
+
+
+def test_a_url_without_a_path_names_the_root_and_dots_alone_stay_a_host() -> None:
+    assert _split_url("http://Example.com:80") == (b"example.com", b"/")
+    assert [origin_host(h) for h in (b".", b"..:80", b"A.:80")] == [b".", b".", b"a"]

@@ -280,3 +280,19 @@ def test_a_follower_fed_from_another_thread_accounts_for_every_event() -> None:
     finally:
         sys.setswitchinterval(interval)
     assert dropped > 0 and delivered + dropped == pushed
+
+
+def test_a_querys_bounds_include_their_edge_and_a_viewer_sees_its_tenants_and_owners() -> None:
+    """`since` and `min_ms` take an event exactly at them; a tenant's key sees the events
+    its tenant made and those of its functions (either is enough)."""
+    now = 2000.0
+    ring = Ring(100, clock=lambda: now)
+    ring.observe(event(0, ts=now - 30, duration_ms=50.0, tenant="acme", owner="globex"))
+    ring.observe(event(1, ts=now - 31, duration_ms=49.0, tenant="globex", owner="acme"))
+    ring.observe(event(2, ts=now - 1, duration_ms=1.0, tenant="globex", owner="globex"))
+
+    def rids(**params: Any) -> list[str]:
+        return [e.rid for e in ring.query(Query(**params))]
+    assert rids(since=30.0) == ["r0", "r2"]
+    assert rids(min_ms=50.0) == ["r0"]
+    assert rids(viewer="acme") == ["r0", "r1"]
