@@ -199,7 +199,8 @@ def test_a_tenant_may_not_route_into_another_tenants_paths(registry: Registry,
                                 ["/alice/x/deeper"])):
         d = function_dir(tmp_path / f"b{n}", "hijack", reactor(""), routes=routes,
                          extra='owner = "bob"')
-        with pytest.raises(RouteConflict, match=r"routes\[\d\]`: route .* reaches paths of route "
+        with pytest.raises(RouteConflict, match=r"^src/edgefn\.toml: field `routes\[\d\]`: "
+                           r"route .* reaches paths of route "
                            r"'/alice/\*' of function 'alice', which belongs to another tenant "
                            r"\('alice'\)"):
             deploy(registry, d, "src")
@@ -326,3 +327,17 @@ def test_a_replace_drops_the_staged_versions_of_what_it_replaced_and_names_its_f
     assert [k[0] for k in registry.staged] == ["other"]
     assert caplog.messages == ["old: replaced, but its record cannot be deleted: disk gone",
                                "old: cannot save the withdrawal of its grants: disk gone"]
+
+
+def test_a_deploy_that_fails_making_its_namespaces_leaves_nothing(
+        registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What raised is what the caller gets (the undo of a deploy that made no namespace
+    yet has none to remove), and the version it wrote is gone."""
+    def full(*_: object) -> list[str]:
+        raise OSError("no room for a namespace")
+    monkeypatch.setattr(registry.stores, "new_namespaces", full)
+    d = function_dir(tmp_path, "f", reactor(""))
+    with pytest.raises(OSError, match="no room for a namespace"):
+        deploy(registry, d)
+    assert registry.listing() == [] and not registry.store.version_dir(
+        "f", deploys.version_of(deploys.pack_dir(d))).exists()
