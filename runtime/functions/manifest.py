@@ -16,10 +16,11 @@ from msgspec import Meta, Struct, field
 from edgefn_core import tomlconf
 from edgefn_core.errors import ManifestError
 from runtime.cache.settings import CacheOverride
+from runtime.security.principal import TENANT_PATTERN
 from runtime.security.settings import AuthMode, BotOverride, RateRule, TargetPolicy, WafOverride
 
 MANIFEST_NAME = "edgefn.toml"
-NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+NAME_PATTERN = TENANT_PATTERN  # a function's name is its tenant where it sets no owner
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HOST_PATTERN = r"^[A-Za-z0-9*]([A-Za-z0-9.-]{0,252})?(:[0-9]{1,5})?$"  # any version's
 # what a new deploy's host must be: a host name (labels of letters, digits and `-`), or

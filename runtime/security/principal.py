@@ -10,8 +10,10 @@ from typing import Literal
 
 from msgspec import Struct
 
-# a tenant's name, as a key's tenant, a manifest's `owner` and a JWT's tenant claim take it
-TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# a tenant's name, as a key's tenant, a manifest's `owner` and a JWT's tenant claim take it;
+# a function's name too (`runtime.functions.manifest`): it is its tenant where no owner is set
+TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+TENANT = re.compile(TENANT_PATTERN)
 
 
 class Principal(Struct, frozen=True, omit_defaults=True):
