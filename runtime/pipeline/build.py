@@ -27,6 +27,7 @@ def build(pop: PoP) -> Chain:
         configs = [c.TracingStage(), *configs]  # first: its span covers the whole request
     stages = [s for s in (_make(cfg, pop, targets) for cfg in configs) if s is not None]
     _wire_refusals_to_limits(stages)
+    _drop_cache_tags(stages)
     timed = tracing or _keep_timings(pop.config)
     return Chain(stages, timed, targets)
 
@@ -52,6 +53,21 @@ def _wire_refusals_to_limits(stages: list[Stage]) -> None:
             stage.on_refused = limits.refused
         if isinstance(stage, Auth):
             limits.identifies = stage.identifies
+
+
+def _drop_cache_tags(stages: list[Stage]) -> None:
+    """Without an ``http_cache`` stage (or with ``[http_cache] enabled = false``), the
+    function's ``Cache-Tag`` is dropped by dispatch: it is the cache's whether or not
+    one runs (a function's own ``[cache.http] enabled = false`` drops it too), never
+    the client's."""
+    from runtime.pipeline.stages.dispatch import Dispatch
+    from runtime.pipeline.stages.http_cache import HttpCacheStage
+
+    if any(isinstance(s, HttpCacheStage) and s.settings.enabled for s in stages):
+        return
+    for i, stage in enumerate(stages):
+        if isinstance(stage, Dispatch):
+            stages[i] = Dispatch(drops_cache_tag=True)
 
 
 def _keep_timings(config: c.PopConfig) -> bool:

@@ -50,7 +50,6 @@ from runtime.pipeline.chain import Chain
 from runtime.pipeline.contain import contain, rendered
 from runtime.pipeline.lane_table import (
     CACHE_FIRST,
-    CACHE_OFF,
     CLASSES,
     ROUTE_MISS,
     ROUTE_PASSED,
@@ -397,7 +396,7 @@ class NativeLane(LaneTable):
         elif cache == CACHE_FIRST and http is not None:
             response = http.first_answer(response, request, ctx, fn, http.settings_for(fn),
                                    call[11] / 1e9, False)
-        elif cache == CACHE_OFF:
+        else:  # a Cache-Tag is the HTTP cache's, on or off, never the client's
             response = client_view(response)
         if call[15]:  # ratelimit's fields, after http_cache's (`_add`)
             response.headers.extend(tuple(line.split(b": ", 1))

@@ -342,8 +342,7 @@ enum { ROUTE_ORIGIN = 1, ROUTE_PREFIX = 2, ROUTE_PATTERN = 4, ROUTE_LIMITED = 8,
 enum { EX_PATH = 0, EX_TREE = 1, EX_PREFIX = 2, EX_SEGMENT = 3 };
 /* (EX_SEGMENT + i: a path whose segment i, from 0, is that literal; ":" any non-empty) */
 
-/* http_cache for a route: not in its plan; off for the function (its Cache-Tag
- * dropped); nothing of the deployment stored (`_first`: MISS, unless the response
+/* http_cache for a route: not in its plan; off for the function; nothing of the deployment stored (`_first`: MISS, unless the response
  * says it may be stored, which Python does) */
 enum { CACHE_NONE = 0, CACHE_OFF = 1, CACHE_FIRST = 2 };
 
@@ -756,9 +755,10 @@ static char *put_hex(char *o, uint64_t v) {
     return o;
 }
 
-static int dropped(const Lane *l, const uint8_t *name, uint32_t n, int cache) {
-    /* dispatch drops a guest's x-edgefn-*, request_id its request id header, the front
-     * the framing headers (HOP_BY_HOP) */
+static int dropped(const Lane *l, const uint8_t *name, uint32_t n) {
+    /* dispatch drops a guest's x-edgefn-* (and its Cache-Tag, the HTTP cache's whether
+     * or not one runs: `cache.http.cache.client_view`), request_id its request id
+     * header, the front the framing headers (HOP_BY_HOP) */
     static const char *HOP[4] = {"content-length", "transfer-encoding", "connection",
                                  "keep-alive"};
     char lower[64];
@@ -771,7 +771,7 @@ static int dropped(const Lane *l, const uint8_t *name, uint32_t n, int cache) {
     for (uint32_t j = 0; j < n; j++)
         lower[j] = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
     if (n == l->rid_header_len && !memcmp(lower, l->rid_header, n)) return 1;
-    if (cache != CACHE_NONE && n == 9 && !memcmp(lower, "cache-tag", 9)) return 1;
+    if (n == 9 && !memcmp(lower, "cache-tag", 9)) return 1;
     for (int i = 0; i < 4; i++)
         if (strlen(HOP[i]) == n && !memcmp(HOP[i], lower, n)) return 1;
     return 0;
@@ -827,7 +827,7 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
     int dated = 0;
     for (uint32_t i = 0; i < count; i++) {
         uint32_t n = get_u32(p), m = get_u32(p + 4 + n);
-        if (n == 4 && !dropped(l, p + 4, n, r->cache)) {
+        if (n == 4 && !dropped(l, p + 4, n)) {
             const uint8_t *s = p + 4;
             if ((s[0] | 32) == 'd' && (s[1] | 32) == 'a' && (s[2] | 32) == 't' &&
                     (s[3] | 32) == 'e')
@@ -846,7 +846,7 @@ static int write_response(Lane *l, const route_t *r, uint32_t status, const uint
         uint32_t n = get_u32(p), m = get_u32(p + 4 + n);
         const uint8_t *name = p + 4, *value = p + 8 + n;
         p += 8 + (size_t)n + m;
-        if (dropped(l, name, n, r->cache)) continue;
+        if (dropped(l, name, n)) continue;
         for (uint32_t j = 0; j < n; j++)
             *o++ = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
         PUTS(": ");

@@ -1,5 +1,7 @@
 """`dispatch`: run the function `route` chose, with what its route captured; its
-response is tagged with ``x-edgefn-function: NAME@VERSION``. What the function
+response is tagged with ``x-edgefn-function: NAME@VERSION``, and loses its
+``Cache-Tag`` where no ``http_cache`` stage runs to read and drop it (a tag is the
+cache's, on or off, never the client's: `client_view`). What the function
 does wrong is raised as `FunctionError` and contained by the chain.
 
 A function has at most `limits.concurrency` requests in flight (counted per
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from edgefn_core.errors import FunctionError
+from runtime.cache.http.cache import client_view
 from runtime.executors.base import Caller
 from runtime.functions.registry import Deployment
 from runtime.functions.warmup import unmetered
@@ -25,8 +28,10 @@ MAX_CALLERS = 4096  # distinct callers whose principal section is kept encoded
 class Dispatch:
     name = "dispatch"
 
-    def __init__(self) -> None:
+    def __init__(self, drops_cache_tag: bool = False) -> None:
+        """`drops_cache_tag`: no http_cache stage comes before (`build`)."""
         self.callers: dict[tuple[object, ...], Caller] = {}
+        self.tagged = client_tagged if drops_cache_tag else tagged
 
     def __call__(self, request: Request, ctx: Context, call_next: Next) -> Result:
         fn = ctx.target
@@ -43,9 +48,9 @@ class Dispatch:
         else:
             result = fn.executor.handle(request, ctx.route, ctx.params, caller)
         if isinstance(result, Response):
-            return tagged(result, fn.tag)
+            return self.tagged(result, fn.tag)
         fn.inflight += 1
-        return then(counted(result, fn), tagged, fn.tag)
+        return then(counted(result, fn), self.tagged, fn.tag)
 
     def _caller(self, ctx: Context) -> Caller | None:
         """`ctx`'s caller (None: anonymous and not classed), its principal section
@@ -153,3 +158,8 @@ def tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:
             break
     headers.append(tag)
     return response
+
+
+def client_tagged(response: Response, tag: tuple[bytes, bytes]) -> Response:
+    """`tagged`, and without a ``Cache-Tag`` (no http_cache stage drops it)."""
+    return client_view(tagged(response, tag))
