@@ -19,6 +19,7 @@ from edgefn_core.errors import FunctionError
 from runtime.bindings import Bindings, Stores
 from runtime.executors.wasm.engine import (
     TENANT_SHARE,
+    THREAD_POOL,
     THREAD_SHARE,
     WORKER_THREADS,
     WasmEngine,
@@ -131,7 +132,7 @@ def test_a_short_reactor_cut_at_its_slice_runs_inline_again_while_threads_are_he
 
     monkeypatch.setattr(hello.call, "serve", preempted)
     release = threading.Event()
-    held = [engine.threads.submit(release.wait, 10) for _ in range(WORKER_THREADS)]
+    held = [engine.threads.submit(release.wait, 10) for _ in range(THREAD_POOL)]
     try:
         started = time.perf_counter()
         result = hello.handle(request(), "/", {})
@@ -321,7 +322,8 @@ def _held_while_a_victim_asks(engine: WasmEngine, tmp_path: Path, owners: list[s
                                       limits="cpu_ms = 5000\nwall_ms = 5000",
                                       extra=f'owner = "{owner}"'))
             for owner in owners for i in range(WORKER_THREADS // THREAD_SHARE)]
-    victim = load(engine, function_dir(tmp_path, f"victim-{victim_owner}", sleeper(0),
+    # (a 1 ms sleep: a thread's; a sleep of 0 ns ran inline, where no thread was needed)
+    victim = load(engine, function_dir(tmp_path, f"victim-{victim_owner}", sleeper(10**6),
                                        extra=f'owner = "{victim_owner}"'))
 
     async def go() -> tuple[float, float]:
@@ -352,6 +354,17 @@ def test_two_owners_leave_worker_threads_to_a_third(engine: WasmEngine, tmp_path
     owner's function waited out its wall limit (504s, in a helper's run, for 60 s)."""
     assert 2 * TENANT_SHARE < WORKER_THREADS and THREAD_SHARE < TENANT_SHARE
     answered, _ = _held_while_a_victim_asks(engine, tmp_path, ["bob", "carol"], "ann")
+    assert answered < 0.45, answered  # not after the first round of 600 ms naps
+
+
+def test_three_owners_leave_worker_threads_to_a_fourth(engine: WasmEngine,
+                                                       tmp_path: Path) -> None:
+    """At their share each, three owners' long functions held every thread (3 x 6 of
+    16): a fourth owner's function waited for the first naps to end (in a helper's
+    run, 504s). THREAD_RESERVE threads more are for owners holding none."""
+    assert 3 * TENANT_SHARE >= WORKER_THREADS
+    answered, _ = _held_while_a_victim_asks(engine, tmp_path, ["bob", "carol", "dave"],
+                                            "ann")
     assert answered < 0.45, answered  # not after the first round of 600 ms naps
 
 

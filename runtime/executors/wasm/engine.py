@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import wasmtime
 from wasmtime import _bindings as bindings
 
+from runtime.executors.wasm.shares import ThreadShares
 from runtime.executors.wasm.wasi_poll import Deadlines
 from runtime.functions.manifest import MAX_CPU_MS, MAX_WALL_MS
 
@@ -56,6 +57,10 @@ THREAD_SHARE = WORKER_THREADS // 4  # the most of them one function holds at onc
 # every thread at half each (a function of a third then waited out its wall limit); above
 # one function's share, so an owner's busy function leaves threads to its others
 TENANT_SHARE = WORKER_THREADS * 3 // 8
+# ... and threads past those that go only to owners holding none: three owners at
+# their share held every thread, and a fourth's request waited (`shares.ThreadShares`)
+THREAD_RESERVE = WORKER_THREADS // 4
+THREAD_POOL = WORKER_THREADS + THREAD_RESERVE
 WASMTIME_VERSION = version("wasmtime")
 # A pooling engine reserves every instance's slots up front: ~2,000 memory mappings each.
 # Linux's default `vm.max_map_count` (65530) held 31 of them in one process, and wasmtime
@@ -87,16 +92,16 @@ class WasmEngine:
         self.engine, self.pooling = _make_engine(pooling, keep_resident)
         self.fingerprint = (f"wasmtime={WASMTIME_VERSION};epoch=1;pooling={int(self.pooling)};"
                             f"max_memory={POOL_MAX_MEMORY}")
-        self.threads = ThreadPoolExecutor(max_workers=WORKER_THREADS,
+        self.threads = ThreadPoolExecutor(max_workers=THREAD_POOL,
                                           thread_name_prefix="edgefn-wasm")
         self.native = wasm_native.load() if native is not False else None
         if native and self.native is None:
             raise RuntimeError("the native fast path was requested but cannot be built")
         self._stop = threading.Event()  # set by close(): ends the ticker and WASI sleeps
         self.deadlines = Deadlines()  # per worker thread: the running WASI request's deadline
-        # per event loop and owner: the worker threads its functions hold (`tenant_slots`)
-        self._tenant_slots: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
+        # per event loop: the worker threads each owner's functions hold (`shares`)
+        self._shares: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, ThreadShares] = weakref.WeakKeyDictionary()
         self._native_ticker: NativeTicker | None = None
         if self.native is not None:
             self._native_ticker = wasm_native.NativeTicker(self.native, self.engine, TICK_SECONDS,
@@ -106,17 +111,16 @@ class WasmEngine:
             self._ticker = threading.Thread(target=self._tick, name="edgefn-epoch", daemon=True)
             self._ticker.start()
 
-    def tenant_slots(self, loop: asyncio.AbstractEventLoop, owner: str) -> asyncio.Semaphore:
-        """The worker threads `owner`'s functions may hold at once on `loop`
-        (`TENANT_SHARE`): one owner's functions that block or loop (four of them at
-        their `THREAD_SHARE` fill every thread) leave threads to the others."""
-        per_owner = self._tenant_slots.get(loop)
-        if per_owner is None:
-            per_owner = self._tenant_slots[loop] = {}
-        slots = per_owner.get(owner)
-        if slots is None:
-            slots = per_owner[owner] = asyncio.Semaphore(TENANT_SHARE)
-        return slots
+    def shares(self, loop: asyncio.AbstractEventLoop) -> ThreadShares:
+        """The worker threads `loop`'s functions share: each owner's at most
+        `TENANT_SHARE` at once (one owner's functions that block or loop, four of
+        them at their `THREAD_SHARE`, filled every thread), `WORKER_THREADS` for
+        any owner, `THREAD_RESERVE` more only for owners holding none."""
+        shares = self._shares.get(loop)
+        if shares is None:
+            shares = self._shares[loop] = ThreadShares(THREAD_POOL, TENANT_SHARE,
+                                                       THREAD_RESERVE)
+        return shares
 
     def _tick(self) -> None:
         """One epoch per tick of real time, catching up after a late wake-up."""

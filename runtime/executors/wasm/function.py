@@ -23,7 +23,8 @@ Two guest ABIs (see README "Guest ABI"):
   inline safe to run again.
 
 A function holds at most `THREAD_SHARE` (or `limits.concurrency`, if smaller)
-worker threads at once, and the functions of one owner `TENANT_SHARE` together;
+worker threads at once, and the functions of one owner `TENANT_SHARE` together,
+and `THREAD_RESERVE` threads more only for owners holding none (`shares`);
 further requests wait for one within their wall time.
 A thread counts as held until its job really ends, not when the request gives up.
 """
@@ -434,19 +435,19 @@ class WasmFunction:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots[0] is not loop:
             self._slots = (loop, asyncio.Semaphore(self.thread_share))
-        slots, owned = self._slots[1], self.wasm.tenant_slots(loop, self.manifest.tenant)
-        held: list[asyncio.Semaphore] = []
+        slots, shares, owner = self._slots[1], self.wasm.shares(loop), self.manifest.tenant
+        held: list[Callable[[], None]] = []
         stop = Stop()  # what the guest's model calls wait on, stopped if it is left
         running = False
         try:
             async with asyncio.timeout(wall_ms / 1000 + 0.05):
                 await slots.acquire()
-                held.append(slots)
-                await owned.acquire()
-                held.append(owned)
+                held.append(slots.release)
+                await shares.acquire(owner)
+                held.append(partial(shares.release, owner))
                 future = self.wasm.threads.submit(_stoppable, stop, job, *args)
-                held, running = [], True  # the job gives them back when it really ends
-                future.add_done_callback(partial(_release, loop, (slots, owned)))
+                releases, held, running = tuple(held), [], True  # given back when it ends
+                future.add_done_callback(partial(_release, loop, releases))
                 return await asyncio.wrap_future(future)
         except TimeoutError:
             stop.cancel()  # its model call generated on to max_tokens for no one
@@ -459,8 +460,8 @@ class WasmFunction:
             stop.cancel()
             raise
         finally:
-            for s in held:  # acquired, then the wait for the next one gave up
-                s.release()
+            for release in held:  # acquired, then the wait for the next one gave up
+                release()
 
     def _wasi_inline(self, env: list[tuple[str, str]], body: bytes, tries: int
                      ) -> Response | None:
@@ -624,12 +625,12 @@ def _stoppable(stop: Stop, job: Callable[..., bytes], *args: object) -> bytes:
         return job(*args)
 
 
-def _release(loop: asyncio.AbstractEventLoop, slots: tuple[asyncio.Semaphore, ...],
+def _release(loop: asyncio.AbstractEventLoop, releases: tuple[Callable[[], None], ...],
              _: object) -> None:
     """A worker job ended (on its thread): give its slots back on the loop."""
     with contextlib.suppress(RuntimeError):  # the loop closed first: nobody waits any more
-        for s in slots:
-            loop.call_soon_threadsafe(s.release)
+        for release in releases:
+            loop.call_soon_threadsafe(release)
 
 
 def _memory_size(store: wasmtime.Store, instance: object) -> int:
