@@ -108,6 +108,51 @@ class StoresConfig(Struct, forbid_unknown_fields=True, frozen=True):
     binding_threads: Annotated[int, Meta(ge=1, le=64)] = 2
 
 
+class FetchConfig(Struct, forbid_unknown_fields=True, frozen=True):
+    """What functions' ``fetch`` may reach (`runtime.bindings.fetch`)."""
+
+    # hosts ("localhost", "10.0.0.7", "*.internal", "db.internal:5432": shell wildcards,
+    # lower case; with a port, that port only) functions may reach at a loopback,
+    # private, link-local or reserved address, where their manifest's pattern names
+    # the host literally: ["*"] (the default, for local mocks) any such host; [] none,
+    # for a PoP whose tenants must reach nothing but the public internet (its own
+    # ports and services on the box included)
+    private_hosts: list[Annotated[str, Meta(min_length=1, max_length=260)]] = field(
+        default_factory=lambda: ["*"])
+
+    def __post_init__(self) -> None:
+        for entry in self.private_hosts:
+            private_host(entry)
+
+    def hosts(self) -> tuple[tuple[str, int | None], ...]:
+        """`private_hosts` as (host pattern in lower case, port or None: any)."""
+        return tuple(private_host(entry) for entry in self.private_hosts)
+
+
+def private_host(entry: str) -> tuple[str, int | None]:
+    """A ``[fetch] private_hosts`` entry as (host pattern in lower case, port or None):
+    ``host``, ``host:port``, ``[v6]``, ``[v6]:port`` or a bare IPv6 address. Raises
+    ValueError (a ValidationError when decoded) for anything else."""
+    host, port = entry.lower(), ""
+    if host.startswith("["):
+        host, bracket, rest = host[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"private_hosts: {entry!r} is not [IPv6] or [IPv6]:port")
+        port = rest[1:] if rest else ""
+        if rest and not port:
+            raise ValueError(f"private_hosts: {entry!r} has an empty port")
+    elif host.count(":") == 1:
+        host, port = host.split(":")
+        if not port:
+            raise ValueError(f"private_hosts: {entry!r} has an empty port")
+    if not host or any(c.isspace() or c in "/@[]" for c in host):
+        raise ValueError(f"private_hosts: {entry!r} is not a host, host:port or [IPv6]:port "
+                         "(shell wildcards allowed in the host)")
+    if port and not (port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
+        raise ValueError(f"private_hosts: {entry!r}: the port must be 1-65535")
+    return host, int(port) if port else None
+
+
 class WasmConfig(Struct, forbid_unknown_fields=True, frozen=True):
     """The WASM engine (`runtime.executors.wasm.engine`)."""
 
@@ -246,6 +291,7 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     insecure_python: bool = False
     ai: AIConfig = field(default_factory=AIConfig)
     stores: StoresConfig = field(default_factory=StoresConfig)
+    fetch: FetchConfig = field(default_factory=FetchConfig)
     wasm: WasmConfig = field(default_factory=WasmConfig)
     auth: AuthSettings = field(default_factory=AuthSettings)
     waf: WafSettings = field(default_factory=WafSettings)

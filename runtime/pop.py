@@ -65,6 +65,7 @@ class PoP:
                              config.residency, config.name, config.stores.binding_threads)
         self.stores.kv_quota = config.stores.kv_owner_quota_mb << 20
         self.stores.vectors_quota = config.stores.vectors_owner_quota_mb << 20
+        self.stores.private_hosts = config.fetch.hosts()
         self.wasm = WasmEngine(self.data_dir / "cache",
                                keep_resident=config.wasm.keep_resident_kib << 10)
         self.registry = Registry(self.data_dir, self.wasm, self.stores,

@@ -22,9 +22,12 @@ from edgefn_core.errors import BindingError
 from runtime.admin.client import AdminError
 from runtime.bindings import fetch as fetch_binding
 from runtime.bindings.fetch import MAX_REQUEST, MAX_RESPONSE, FetchBinding, Target, _pattern_host
-from tests.support import Running, function_dir, python_function, reactor
+from runtime.config import FetchConfig, InvalidConfig, private_host
+from runtime.config import load as load_config
+from tests.support import Running, function_dir, pop_thread, python_function, reactor
 
 TREE = re.compile(r"; tree=[0-9a-f]{16}")
+EXPLICITLY = "list that host in the pattern explicitly to allow it"  # (not a private one)
 
 
 def treeless(value: str) -> str:
@@ -183,6 +186,50 @@ def test_localhost_under_a_wildcard_is_refused_too(pop: Running, tmp_path: Path,
     assert status == 403 and b"'localhost' resolves to" in body, body
 
 
+@pytest.mark.parametrize(("private_hosts", "reached"), [
+    ([], set()),
+    (["localhost"], {"localhost"}),
+    (["127.0.0.*:{port}"], {"127.0.0.1"}),
+    (["127.0.0.1:1", "LOCAL*:1"], set()),  # another port
+    (["*"], {"localhost", "127.0.0.1"}),  # the default
+])
+def test_the_pops_private_hosts_bound_what_a_literal_pattern_reaches(
+        tmp_path: Path, upstream: str, private_hosts: list[str], reached: set[str]) -> None:
+    """A pattern naming 127.0.0.1 reached every loopback service of the box (Redis,
+    another PoP, a tool's port): ``[fetch] private_hosts`` is the operator's say."""
+    port = upstream.rsplit(":", 1)[1]
+    hosts = [h.replace("{port}", port) for h in private_hosts]
+    with pop_thread(tmp_path / "data", **{"fetch.private_hosts": hosts}) as pop:
+        deploy_fetcher(pop, tmp_path, [f"http://127.0.0.1:{port}/*",
+                                       f"http://localhost:{port}/*"])
+        for host in ("127.0.0.1", "localhost"):
+            status, _, body = pop.get(f"/fetcher?url=http://{host}:{port}/data")
+            if host in reached:
+                assert status == 200, body
+            else:
+                assert status == 403, body
+                assert b"a loopback or private address: this PoP's [fetch] private_hosts " \
+                    b"does not let functions reach it" in body, body
+
+
+def test_private_hosts_entries_are_read_and_bad_ones_refused() -> None:
+    assert private_host("LocalHost") == ("localhost", None)
+    assert private_host("db.internal:5432") == ("db.internal", 5432)
+    assert private_host("[::1]:8080") == ("::1", 8080)
+    assert private_host("[fd00::*]") == ("fd00::*", None)
+    assert private_host("fd00::1") == ("fd00::1", None)  # bare IPv6: no port
+    assert FetchConfig().hosts() == (("*", None),)
+    for bad in ("a:", "a:0", "a:65536", "a:http", "[::1", "[::1]8080", "[::1]:", "a b",
+                "user@host", "host/path", ":80"):
+        with pytest.raises(ValueError, match="private_hosts"):
+            private_host(bad)
+    with pytest.raises(InvalidConfig, match="private_hosts"):
+        load_config(None, **{"fetch.private_hosts": ["a:0"]})
+    assert fetch_binding.private_ok((("127.0.0.*", 80),), "127.0.0.9", 80)
+    assert not fetch_binding.private_ok((("127.0.0.*", 80),), "127.0.0.9", 81)
+    assert not fetch_binding.private_ok((), "127.0.0.1", 80)
+
+
 def test_fetch_times_out_and_caps_the_response(pop: Running, tmp_path: Path,
                                                upstream: str) -> None:
     deploy_fetcher(pop, tmp_path, [f"{upstream}/*"])
@@ -268,8 +315,9 @@ def test_patterns_must_be_http_urls(pop: Running, tmp_path: Path) -> None:
 
 def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
     f = FetchBinding("f", ["https://api.example.com/v1/*", "http://10.0.0.*/*"], 1000)
-    assert f.allowed("https://api.example.com/v1/x")[1] is True
-    assert f.allowed("http://10.0.0.7/x")[1] is False  # a wildcard host: no private addresses
+    assert f.allowed("https://api.example.com/v1/x")[1] == ""
+    # a wildcard host: no private addresses
+    assert f.allowed("http://10.0.0.7/x")[1] == EXPLICITLY
     for url in ("https://api.example.com/v2/x", "http://api.example.com/v1/x",
                 "https://api.example.com.evil.test/v1/x"):
         with pytest.raises(Exception, match="is not allowed"):
@@ -289,7 +337,7 @@ def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
     assert _pattern_host("https://Example.com:443/a") == "example.com"
     # an IPv6 literal is no character class: `[::1]` matched no URL, its own included
     six = FetchBinding("f", ["http://[::1]:8080/*"], 1000)
-    assert six.allowed("http://[::1]:8080/x") == (Target("http", "::1", 8080, "/x"), True)
+    assert six.allowed("http://[::1]:8080/x") == (Target("http", "::1", 8080, "/x"), "")
     for url in ("http://[::2]:8080/x", "http://:8080/x", "http://1:8080/x"):
         with pytest.raises(Exception, match=r"is not allowed|host"):
             six.allowed(url)
@@ -639,12 +687,12 @@ def test_patterns_are_named_when_none_allows_and_hosts_are_read_whole() -> None:
         f.allowed("https://d.example/")
     # a URL in the query is not the URL's scheme or host
     assert f.allowed("https://c.example/go?to=https://x.test/") == (
-        Target("https", "c.example", 443, "/go?to=https://x.test/"), True)
+        Target("https", "c.example", 443, "/go?to=https://x.test/"), "")
     assert f.allowed("https://a.example/r?next=https://x.test") == (
-        Target("https", "a.example", 443, "/r?next=https://x.test"), True)
+        Target("https", "a.example", 443, "/r?next=https://x.test"), "")
     assert FetchBinding("f", ["https://*.example.com/*"], 1).allowed(
-        "https://X.Example.com") == (Target("https", "x.example.com", 443, "/"), False)
+        "https://X.Example.com") == (Target("https", "x.example.com", 443, "/"), EXPLICITLY)
     assert FetchBinding("f", ["http://*"], 1).allowed("http://Api.Example.com:8080") == (
-        Target("http", "api.example.com", 8080, "/"), False)
+        Target("http", "api.example.com", 8080, "/"), EXPLICITLY)
     assert _pattern_host("http://10.0.0.5/go?to=http://x") == "10.0.0.5"
     assert _pattern_host("http://[FD00::A]:8080/*") == "fd00::a"

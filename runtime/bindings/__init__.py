@@ -81,6 +81,8 @@ class Stores:
         self.threads = OwnerThreads(binding_threads)  # functions' blocking calls, per owner
         self.cache_stats = CacheStats()  # what the HTTP and AI caches decided
         self.subrequests = Subrequests()  # fetches per request tree, every function's
+        # the hosts fetch may reach at a private address (`[fetch] private_hosts`)
+        self.private_hosts: tuple[tuple[str, int | None], ...] = (("*", None),)
         self.ai_cache: AICache | None = None
         if ai is not None:
             self.ai_cache = AICache(ai_cache or AICacheSettings(), _embedder(ai),
@@ -182,7 +184,7 @@ class Bindings:
         elif b.ai:
             denied = "this PoP runs no model worker (start it without --no-ai)"
         fetch = FetchBinding(m.name, list(b.fetch), m.limits.wall_ms, stores.subrequests,
-                             (stores.threads, m.tenant))
+                             (stores.threads, m.tenant), stores.private_hosts)
         return cls(m.name, kv, vectors, ai, denied, fetch)
 
     def call(self, name: str, args: dict[str, Any], caller: str | None = None,

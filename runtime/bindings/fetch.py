@@ -13,7 +13,8 @@ Rules, checked here in one place:
 - the host's addresses are resolved once and the connection goes to the address
   that was checked (no second lookup a DNS answer could change): loopback,
   private, link-local, multicast and reserved addresses are refused unless the
-  pattern names that host literally (no wildcard in its host part);
+  pattern names that host literally (no wildcard in its host part) and the PoP's
+  ``[fetch] private_hosts`` lets functions reach it (`private_ok`; by default any);
 - a timeout (the call's ``timeout_ms``, at most the function's wall-time limit, which
   the subrequest counts against anyway) and a response cap (`MAX_RESPONSE`);
 - redirects are not followed: a 3xx comes back to the function as it is;
@@ -209,6 +210,14 @@ def _pattern_host(pattern: str) -> str:
     return host.rsplit(":", 1)[0].lower() if host.count(":") == 1 else host.lower()
 
 
+def private_ok(private_hosts: tuple[tuple[str, int | None], ...], host: str, port: int) -> bool:
+    """Whether `private_hosts` (``[fetch] private_hosts``, `FetchConfig.hosts`) lets a
+    function reach `host` (lower case; an IPv6 one without brackets) on `port` at a
+    private address."""
+    return any(fnmatchcase(host, pattern) and at in (None, port)
+               for pattern, at in private_hosts)
+
+
 NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known prefix: IPv4 in the low 32 bits
 # not global, whatever `is_global` says: site-local (deprecated), IPv4-compatible
 # (deprecated), IPv4-translated, and NAT64's local-use prefix (its IPv4 may sit anywhere)
@@ -238,29 +247,37 @@ def _public(ip: str) -> bool:
 class FetchBinding:
     def __init__(self, owner: str, patterns: list[str], wall_ms: int,
                  subrequests: Subrequests | None = None,
-                 resolve_on: tuple[OwnerThreads, str] | None = None) -> None:
+                 resolve_on: tuple[OwnerThreads, str] | None = None,
+                 private_hosts: tuple[tuple[str, int | None], ...] = (("*", None),)) -> None:
         """`subrequests`: the PoP's count of fetches per request tree (one shared by
         every function; None: a count of this binding's own). `resolve_on`: the
         threads and tenant its DNS lookups run on (`OwnerThreads`: a slow resolver
         one tenant points at holds only that tenant's threads; None: the loop's
-        resolver, shared by everyone)."""
+        resolver, shared by everyone). `private_hosts`: the PoP's ``[fetch]
+        private_hosts`` (`FetchConfig.hosts`)."""
         self.owner = owner
         self.patterns = list(patterns)
         self.wall_ms = wall_ms
         self.subrequests = subrequests if subrequests is not None else Subrequests()
         self.resolve_on = resolve_on
+        self.private_hosts = private_hosts
 
-    def allowed(self, url: str) -> tuple[Target, bool]:
-        """The target, and whether a matching pattern names its host literally (then
-        a private address is allowed). Raises `BindingError` if no pattern matches."""
+    def allowed(self, url: str) -> tuple[Target, str]:
+        """The target, and why it may not be at a private address ("": it may, a
+        matching pattern names its host literally and the PoP's `private_hosts`
+        has it). Raises `BindingError` if no pattern matches."""
         target = parse_url(url)
         matching = [p for p in self.patterns if matches(p, url)]
         if not matching:
             allowed = ", ".join(self.patterns) or "none: add `fetch = [...]` to [bindings]"
             raise BindingError(f"fetch: {url!r} is not allowed for function {self.owner!r} "
                                f"(allowed: {allowed})")
-        literal = any(_pattern_host(p) == target.host for p in matching)
-        return target, literal
+        if not any(_pattern_host(p) == target.host for p in matching):
+            return target, "list that host in the pattern explicitly to allow it"
+        if not private_ok(self.private_hosts, target.host, target.port):
+            return target, ("this PoP's [fetch] private_hosts does not let functions "
+                            "reach it")
+        return target, ""
 
     async def call(self, args: dict[str, Any], traceparent: str | None = None,
                    lineage: Lineage | None = None) -> dict[str, Any]:
@@ -298,18 +315,20 @@ class FetchBinding:
             raise ValueError(f"timeout_ms must be a number of milliseconds, at least 1, got "
                              f"{asked!r:.40}")
         timeout_ms = min(int(asked), self.wall_ms)
-        target, literal = self.allowed(url)
+        target, not_private = self.allowed(url)
         self.subrequests.take(lineage.tree)  # an allowed fetch, about to be made
         try:
-            return await asyncio.wait_for(self._fetch(target, literal, method, headers, body),
+            return await asyncio.wait_for(self._fetch(target, not_private, method, headers,
+                                                      body),
                                           timeout_ms / 1000)
         except TimeoutError:
             raise BindingError(f"fetch: {url!r} timed out after {timeout_ms} ms") from None
         except (OSError, ssl.SSLError) as e:
             raise BindingError(f"fetch: {url!r} failed: {e}") from None
 
-    async def _fetch(self, t: Target, literal: bool, method: str, headers: dict[str, str],
+    async def _fetch(self, t: Target, not_private: str, method: str, headers: dict[str, str],
                      body: bytes) -> dict[str, Any]:
+        """`not_private`: why `t` may not be at a private address ("": it may)."""
         if self.resolve_on is None:
             infos = await asyncio.get_running_loop().getaddrinfo(t.host, t.port,
                                                                  type=socket.SOCK_STREAM)
@@ -320,9 +339,9 @@ class FetchBinding:
         if not infos:
             raise BindingError(f"fetch: cannot resolve {t.host!r}")
         ip = str(infos[0][4][0])
-        if not literal and not _public(ip):
+        if not_private and not _public(ip):
             raise BindingError(f"fetch: {t.host!r} resolves to {ip}, a loopback or private "
-                               "address: list that host in the pattern explicitly to allow it")
+                               f"address: {not_private}")
         ctx = ssl.create_default_context() if t.scheme == "https" else None
         reader, writer = await asyncio.open_connection(
             ip, t.port, ssl=ctx, server_hostname=t.host if ctx else None)
