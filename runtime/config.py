@@ -161,6 +161,17 @@ class WasmConfig(Struct, forbid_unknown_fields=True, frozen=True):
     # (madvise), and pages a guest touched there fault in again at its next request. It
     # is the trade-off of the README's "Memory after a request" (bench/bench_reset.py)
     keep_resident_kib: Annotated[int, Meta(ge=0, le=1 << 20)] = 128
+    # MiB of guest memory the requests on the worker threads (WASI commands, reactors
+    # with bindings or long runs) may count together, each its function's
+    # limits.memory_mb; past it a request waits for one to end (an owner counts at
+    # most 3/8 of it). "auto": half of the machine's memory
+    max_thread_memory_mb: Annotated[int, Meta(ge=64, le=1 << 24)] | Literal["auto"] = "auto"
+
+    def thread_memory_mb(self) -> int:
+        """`max_thread_memory_mb`, with "auto" half of the machine's memory."""
+        if isinstance(self.max_thread_memory_mb, int):
+            return self.max_thread_memory_mb
+        return max(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 21, 64)
 
 
 # -- pipeline stages: a tagged union on `stage`, each with its own settings -----------------

@@ -67,7 +67,8 @@ class PoP:
         self.stores.vectors_quota = config.stores.vectors_owner_quota_mb << 20
         self.stores.private_hosts = config.fetch.hosts()
         self.wasm = WasmEngine(self.data_dir / "cache",
-                               keep_resident=config.wasm.keep_resident_kib << 10)
+                               keep_resident=config.wasm.keep_resident_kib << 10,
+                               thread_memory_mb=config.wasm.thread_memory_mb())
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,
                                  self._vet)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "pop.toml"
     path.write_text(text)
     return path
+
+
+def test_the_threads_guest_memory_is_half_the_machines_unless_set(tmp_path: Path) -> None:
+    machine_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    assert config.load(None).wasm.thread_memory_mb() == machine_mb // 2
+    cfg = config.load(write(tmp_path, "[wasm]\nmax_thread_memory_mb = 4096\n"))
+    assert cfg.wasm.thread_memory_mb() == 4096
 
 
 def test_defaults_build_the_default_pipeline() -> None:
@@ -79,6 +87,10 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
     ('[wasm]\nkeep_resident_kib = -4\n', "wasm.keep_resident_kib", ">= 0"),
     ('[wasm]\nkeep_resident_kib = 2097152\n', "wasm.keep_resident_kib", "<= 1048576"),
     ('[wasm]\nkeep_resident = 4\n', "wasm.keep_resident", "unknown field"),
+    ('[wasm]\nmax_thread_memory_mb = 63\n', "wasm.max_thread_memory_mb", ">= 64"),
+    ('[wasm]\nmax_thread_memory_mb = "half"\n', "wasm.max_thread_memory_mb", "auto"),
+    ('[fetch]\nprivate_hosts = ["db:99999"]\n', "fetch", "the port must be 1-65535"),
+    ('[fetch]\nprivate_hosts = [""]\n', "fetch.private_hosts[0]", "length >= 1"),
     ('[http]\nmax_header_bytes = 0\n', "http.max_header_bytes", ">= 256"),
     ('[http]\nkeepalive_timeout = 0\n', "http.keepalive_timeout", "> 0"),
     ('[public]\nport = "80"\n', "public.port", "expected `int`, got `str`"),

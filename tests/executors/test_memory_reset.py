@@ -115,9 +115,11 @@ def test_keep_resident_decides_which_pages_stay_resident(keep: int, resident: st
     assert in_child(RESIDENT, str(keep)) == resident
 
 
-def test_the_pop_config_sets_keep_resident(tmp_path: Path) -> None:
-    with pop_thread(tmp_path / "data", **{"wasm.keep_resident_kib": 8}) as pop:
+def test_the_pop_config_sets_keep_resident_and_the_threads_memory(tmp_path: Path) -> None:
+    with pop_thread(tmp_path / "data", **{"wasm.keep_resident_kib": 8,
+                                          "wasm.max_thread_memory_mb": 3000}) as pop:
         assert pop.pop.wasm.keep_resident == 8192
+        assert pop.pop.wasm.thread_memory_mb == 3000
 
 
 def test_over_the_native_lane_each_request_finds_memory_zeroed(tmp_path: Path) -> None:

@@ -368,6 +368,39 @@ def test_three_owners_leave_worker_threads_to_a_fourth(engine: WasmEngine,
     assert answered < 0.45, answered  # not after the first round of 600 ms naps
 
 
+def test_the_threads_requests_count_their_guest_memory_together(tmp_path: Path) -> None:
+    """Twenty requests of functions allowed 1 GiB each could hold 20 GiB: with
+    ``[wasm] max_thread_memory_mb = 640`` an owner's requests count 240 MiB at most
+    (two of a function allowed 100 MiB at once, not its four threads), and another
+    owner's request still runs beside them."""
+    engine = WasmEngine(tmp_path / "cache", thread_memory_mb=640)
+    try:
+        nap = load(engine, function_dir(tmp_path, "nap", sleeper(300 * 10**6), limits=(
+            "cpu_ms = 1000\nmemory_mb = 100"), extra='owner = "big"'))
+        other = load(engine, function_dir(tmp_path, "other", sleeper(10**6),
+                                          limits="memory_mb = 100", extra='owner = "small"'))
+
+        async def go() -> tuple[float, float, list[tuple[int, str]]]:
+            started = time.perf_counter()
+            naps = [asyncio.ensure_future(outcome(nap)) for _ in range(THREAD_SHARE)]
+            await asyncio.sleep(0.05)
+            assert await outcome(other) == (200, "")
+            answered = time.perf_counter() - started
+            done = await asyncio.gather(*naps)
+            return answered, time.perf_counter() - started, done
+
+        answered, all_done, done = asyncio.run(go())
+        assert done == [(200, "")] * THREAD_SHARE
+        assert answered < 0.25, answered  # beside the first two naps, not after them
+        # four 300 ms naps, two at a time (four at once without the bound: 0.3 s)
+        assert 2 * 0.3 <= all_done < 2 * 0.3 + 0.4, all_done
+        loop = asyncio.new_event_loop()
+        assert engine.shares(loop).memory == 640
+        loop.close()
+    finally:
+        engine.close()
+
+
 # -- memory ------------------------------------------------------------------------------------
 def rss_mib() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20

@@ -102,8 +102,45 @@ def test_a_cancelled_wait_takes_nothing() -> None:
     assert shares.in_use == 0 and shares.held == {} and not shares.waiting
 
 
-@pytest.mark.parametrize("total,per_owner,reserve", [(4, 4, 1), (4, 0, 0), (4, 2, 4),
-                                                     (4, 2, -1)])
-def test_shares_that_do_not_fit_are_refused(total: int, per_owner: int, reserve: int) -> None:
+@pytest.mark.parametrize("total,per_owner,reserve,memory", [
+    (4, 4, 1, 0), (4, 0, 0, 0), (4, 2, 4, 0), (4, 2, -1, 0), (4, 2, 1, -1)])
+def test_shares_that_do_not_fit_are_refused(total: int, per_owner: int, reserve: int,
+                                            memory: int) -> None:
     with pytest.raises(ValueError, match="do not fit"):
-        ThreadShares(total, per_owner, reserve)
+        ThreadShares(total, per_owner, reserve, memory)
+
+
+def test_memory_bounds_the_requests_on_threads_together_and_per_owner() -> None:
+    async def go() -> None:
+        # 16 threads for anyone, 4 more in reserve; 1600 MiB: 600 an owner, 320 kept
+        shares = ThreadShares(total=20, per_owner=6, reserve=4, memory_mb=1600)
+        assert (shares.memory_per_owner, shares.memory_reserve) == (600, 320)
+        assert shares.counted(1024) == 600 and shares.counted(64) == 64
+        await shares.acquire("a", 300)
+        await shares.acquire("a", 300)
+        assert not shares.may_take("a", 1)  # its 600
+        assert shares.may_take("a", 0)  # a request that counts nothing: threads only
+        await shares.acquire("b", 600)
+        await shares.acquire("c", 80)  # 1280: the part for anyone
+        assert not shares.may_take("c", 1)  # it holds a thread: not the reserve's memory
+        later = asyncio.ensure_future(shares.acquire("c", 10))
+        await asyncio.sleep(0)
+        assert shares.may_take("d", 320) and not shares.may_take("d", 321)  # the reserve
+        await shares.acquire("d", 320)
+        assert shares.mb_in_use == 1600 and not later.done()
+        shares.release("a", 300)  # 1300 + 10: still past 1280
+        await asyncio.sleep(0)
+        assert not later.done()
+        shares.release("b", 600)
+        await asyncio.wait_for(later, 1)
+        assert shares.held_mb == {"a": 300, "c": 90, "d": 320} and shares.mb_in_use == 710
+        for owner, mb in (("a", 300), ("c", 80), ("c", 10), ("d", 320)):
+            shares.release(owner, mb)
+        assert shares.mb_in_use == 0 and shares.held_mb == {} and shares.held == {}
+
+    asyncio.run(go())
+
+
+def test_without_a_memory_bound_requests_count_nothing() -> None:
+    shares = ThreadShares(total=20, per_owner=6, reserve=4)
+    assert shares.counted(1024) == 0 and shares.may_take("a", 0)

@@ -416,7 +416,9 @@ def test_a_wall_limit_says_whether_the_request_ran_or_waited_for_a_thread(
     assert str(ran).endswith("exceeded its wall-time limit of 200 ms (running, or blocked in "
                              "a host call)"), str(ran)
     assert str(waited).endswith("exceeded its wall-time limit of 200 ms (waiting for a worker "
-                                "thread: its 1 or its owner's were all busy)"), str(waited)
+                                "thread: its 1 or its owner's were all busy, or the "
+                                "threads' guest memory ([wasm] max_thread_memory_mb) "
+                                "was)"), str(waited)
 
 
 def test_a_process_with_more_live_engines_than_mappings_allow_does_not_abort() -> None:

@@ -79,16 +79,19 @@ class WasmEngine:
     parks once no guest has run for this many seconds (0: never). `keep_resident`:
     the bytes at the start of a freed instance's linear memory the pool zeroes by
     memset, the rest it decommits (`[wasm] keep_resident_kib`; see KEEP_RESIDENT).
+    `thread_memory_mb`: the guest memory the worker threads' requests may count
+    together (`[wasm] max_thread_memory_mb`; 0: not bounded; `shares`).
     """
 
     def __init__(self, cache_dir: str | Path | None = None, pooling: bool = True,
                  native: bool | None = None, ticker_idle: float = TICKER_IDLE_SECONDS,
-                 keep_resident: int = KEEP_RESIDENT) -> None:
+                 keep_resident: int = KEEP_RESIDENT, thread_memory_mb: int = 0) -> None:
         from runtime.executors.wasm import native as wasm_native
 
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.compiles = 0  # modules compiled rather than loaded from the cache (tests count them)
         self.keep_resident = keep_resident  # bytes ([wasm] keep_resident_kib); pooling only
+        self.thread_memory_mb = thread_memory_mb
         self.engine, self.pooling = _make_engine(pooling, keep_resident)
         self.fingerprint = (f"wasmtime={WASMTIME_VERSION};epoch=1;pooling={int(self.pooling)};"
                             f"max_memory={POOL_MAX_MEMORY}")
@@ -115,11 +118,12 @@ class WasmEngine:
         """The worker threads `loop`'s functions share: each owner's at most
         `TENANT_SHARE` at once (one owner's functions that block or loop, four of
         them at their `THREAD_SHARE`, filled every thread), `WORKER_THREADS` for
-        any owner, `THREAD_RESERVE` more only for owners holding none."""
+        any owner, `THREAD_RESERVE` more only for owners holding none; and the guest
+        memory their requests count (`thread_memory_mb`)."""
         shares = self._shares.get(loop)
         if shares is None:
             shares = self._shares[loop] = ThreadShares(THREAD_POOL, TENANT_SHARE,
-                                                       THREAD_RESERVE)
+                                                       THREAD_RESERVE, self.thread_memory_mb)
         return shares
 
     def _tick(self) -> None:

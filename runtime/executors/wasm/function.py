@@ -24,7 +24,8 @@ Two guest ABIs (see README "Guest ABI"):
 
 A function holds at most `THREAD_SHARE` (or `limits.concurrency`, if smaller)
 worker threads at once, and the functions of one owner `TENANT_SHARE` together,
-and `THREAD_RESERVE` threads more only for owners holding none (`shares`);
+and `THREAD_RESERVE` threads more only for owners holding none, and the requests
+on threads count at most `[wasm] max_thread_memory_mb` of guest memory (`shares`);
 further requests wait for one within their wall time.
 A thread counts as held until its job really ends, not when the request gives up.
 """
@@ -436,6 +437,7 @@ class WasmFunction:
         if self._slots is None or self._slots[0] is not loop:
             self._slots = (loop, asyncio.Semaphore(self.thread_share))
         slots, shares, owner = self._slots[1], self.wasm.shares(loop), self.manifest.tenant
+        mb = shares.counted(self.manifest.limits.memory_mb)
         held: list[Callable[[], None]] = []
         stop = Stop()  # what the guest's model calls wait on, stopped if it is left
         running = False
@@ -443,8 +445,8 @@ class WasmFunction:
             async with asyncio.timeout(wall_ms / 1000 + 0.05):
                 await slots.acquire()
                 held.append(slots.release)
-                await shares.acquire(owner)
-                held.append(partial(shares.release, owner))
+                await shares.acquire(owner, mb)
+                held.append(partial(shares.release, owner, mb))
                 future = self.wasm.threads.submit(_stoppable, stop, job, *args)
                 releases, held, running = tuple(held), [], True  # given back when it ends
                 future.add_done_callback(partial(_release, loop, releases))
@@ -453,7 +455,8 @@ class WasmFunction:
             stop.cancel()  # its model call generated on to max_tokens for no one
             where = ("running, or blocked in a host call" if running else
                      f"waiting for a worker thread: its {self.thread_share} or its owner's "
-                     "were all busy")
+                     "were all busy, or the threads' guest memory ([wasm] "
+                     "max_thread_memory_mb) was")
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
                                 f"{wall_ms} ms ({where})") from None
         except asyncio.CancelledError:  # the client went away
