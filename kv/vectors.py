@@ -310,6 +310,14 @@ class VectorStore:
         self._after_write(o, full)
         return len(rows)
 
+    def check(self, config: IndexConfig,
+              items: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> None:
+        """Raises what `upsert` would for `items` into an index of `config` (but the
+        quota), writing nothing: a first upsert checks its items before it makes the
+        index, whose dimension it fixes (a refused one left an index of the wrong one)."""
+        for id_, vector, meta in items:
+            self._encode(config, id_, vector, meta)
+
     def held(self, names: Iterable[str]) -> int:
         """The bytes of the vectors indexes `names` hold (4 a dimension: what they
         take in memory as f32 and in the rows); unknown names count 0."""
@@ -552,21 +560,40 @@ def _held(txn: Any, counting: dict[str, tuple[int, Any]]) -> int:
 
 
 def as_vector(index: str, vector: Any) -> np.ndarray:
-    """`vector` as a flat f32 array of at least one finite number. Raises
-    `InvalidValue` naming `index`."""
-    if isinstance(vector, (str, bytes)):  # np.asarray reads "1.5" as a number
-        raise InvalidValue(f"index {index!r}: vector is not a list of numbers")
+    """`vector` (a list or tuple of numbers, or a 1-d numeric array) as an f32 array
+    of at least one finite number. Raises `InvalidValue` naming `index`: for
+    anything else too (nested lists were flattened into one longer vector, a
+    number read as a vector of one, ``true`` as 1, ``null`` as NaN)."""
+    if isinstance(vector, np.ndarray):
+        if vector.ndim != 1 or vector.dtype.kind not in "iuf":
+            raise InvalidValue(f"index {index!r}: vector is not a list of numbers (an array "
+                               f"of {vector.ndim} dimensions of {vector.dtype})")
+    elif not isinstance(vector, (list, tuple)):
+        raise InvalidValue(f"index {index!r}: vector is not a list of numbers, got "
+                           f"{_kind(vector)}")
+    else:
+        for i, x in enumerate(vector):
+            if type(x) is not float and type(x) is not int:  # (bool is an int's subclass)
+                raise InvalidValue(f"index {index!r}: vector is not a list of numbers (item "
+                                   f"{i} is {_kind(x)})")
     try:
         with np.errstate(over="ignore"):  # past f32's range: inf, refused below
-            v = np.asarray(vector, dtype=np.float32).reshape(-1)
-    except (TypeError, ValueError):
-        raise InvalidValue(f"index {index!r}: vector is not a list of numbers") from None
+            v = np.asarray(vector, dtype=np.float32)
+    except OverflowError:  # an int past f32's range
+        raise InvalidValue(f"index {index!r}: vector has values past f32's range") from None
     if not v.shape[0]:
         raise InvalidValue(f"index {index!r}: the vector is empty")
     if not np.isfinite(v).all():
         raise InvalidValue(f"index {index!r}: vector has NaN or infinite values (or values "
                            "past f32's range)")
     return v
+
+
+def _kind(x: Any) -> str:
+    """What a vector's component is, in JSON's words where it came from JSON."""
+    return {bool: "a boolean", type(None): "null", str: "a string", list: "a list",
+            dict: "an object", int: "a number", float: "a number"}.get(type(x),
+                                                                       type(x).__name__)
 
 
 def _ids(index: str, ids: Any) -> list[str]:
@@ -592,6 +619,10 @@ def _check_settings(name: str, dim: int, metric: str, dtype: str) -> None:
         raise InvalidValue(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     if dtype not in DTYPES:
         raise InvalidValue(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "i8" and metric != "cos":  # usearch scales each vector to length 1 for i8:
+        # [3, 0] and [100, 0] were one point, and [100, 0] the nearest to [50, 0] under l2
+        raise InvalidValue(f"dtype i8 keeps each vector's direction only (usearch scales it "
+                           f"to length 1): use it with metric cos, f16 or f32 for {metric}")
 
 
 def _check_graph(graph: dict[str, Any]) -> None:

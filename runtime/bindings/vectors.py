@@ -10,14 +10,19 @@ from typing import TYPE_CHECKING, Any
 
 from edgefn_core.errors import BindingError
 from kv.quota import Quota
-from kv.vectors import GRAPH_LIMITS, VectorStore, as_vector
+from kv.vectors import GRAPH_LIMITS, IndexConfig, VectorStore, as_vector
 from runtime.bindings import owners
-from runtime.bindings.codec import integer
+from runtime.bindings.codec import integer, known, text
 
 if TYPE_CHECKING:
     from runtime.bindings import Stores
 
 WRITES = frozenset({"upsert", "delete"})
+# each operation's arguments: an unknown one is refused by name (a misspelt ``filtr``
+# was dropped, and the query answered unfiltered: another user's documents)
+ARGS = {"query": frozenset({"index", "vector", "k", "filter"}),
+        "upsert": frozenset({"index", "items"}), "delete": frozenset({"index", "ids"})}
+ITEM = frozenset({"id", "vector", "metadata"})
 SLOW = WRITES | {"query"}  # run off the PoP's event loop (see `Bindings.call`)
 
 
@@ -48,9 +53,10 @@ class VectorsBinding:
     def call(self, op: str, args: dict[str, Any]) -> Any:
         """Raises `BindingError`, `StoreError` (`LimitExceeded` past the owner's
         quota), KeyError/TypeError/ValueError."""
-        if op not in ("query", "upsert", "delete"):
+        if op not in ARGS:
             raise BindingError(f"unknown vectors operation {op!r}")
-        index = self.index(args["index"], op in WRITES)
+        known(args, ARGS[op], f"vectors.{op}")
+        index = self.index(text(args, "index"), op in WRITES)
         return run(self.store, op, index, args, self.quota(index) if op == "upsert" else None)
 
     def quota(self, index: str) -> Quota | None:
@@ -82,15 +88,18 @@ def run(vs: VectorStore, op: str, index: str, a: dict[str, Any],
             if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
                 raise ValueError("items must be an array of objects {\"id\", \"vector\", "
                                  "\"metadata\"}")
+            for item in items:
+                known(item, ITEM, "a vectors.upsert item")
             if not all(isinstance(i.get("id"), str) for i in items):
                 raise ValueError("each item's id must be a string")
-            if items and index not in vs.names():  # first write: the dimension is known now
-                dim = len(as_vector(index, items[0]["vector"]))
+            rows = [(i["id"], i["vector"], i.get("metadata")) for i in items]
+            if rows and index not in vs.names():  # first write: the dimension is known now
+                dim = len(as_vector(index, rows[0][1]))
                 if quota is not None:  # refused before the index is made
-                    quota.check(vs.held(quota.names), len(items) * dim * 4)
+                    quota.check(vs.held(quota.names), len(rows) * dim * 4)
+                vs.check(IndexConfig(index, dim), rows)  # and so are its items
                 vs.create(index, dim)
-            return vs.upsert(index, [(i["id"], i["vector"], i.get("metadata")) for i in items],
-                             quota)
+            return vs.upsert(index, rows, quota)
         case "delete":
             return vs.delete(index, a["ids"])
         case "create":

@@ -248,9 +248,63 @@ def test_a_refused_first_upsert_leaves_no_index_behind(probe: Probe) -> None:
         probe.vec("upsert", [{"id": "a", "vector": "hello world"}]),
         probe.vec("upsert", [{"id": "a", "vector": []}]),
         probe.vec("upsert", [{"id": "a", "vector": [1, 2, 3]}]))
-    assert text["error"] == f"index '{probe.index}': vector is not a list of numbers"
+    assert text["error"] == f"index '{probe.index}': vector is not a list of numbers, got a " \
+        "string"
     assert empty["error"] == f"index '{probe.index}': the vector is empty"
     assert ok == {"ok": 1}
+
+
+@pytest.mark.parametrize("refused", [
+    [{"id": "a", "vector": [1, 2]}, {"id": "b", "vector": [1, 2, 3]}],  # the second item's
+    [{"id": "a", "vector": [70000.0, 1, 2]}],  # past the default f16's range
+    [{"id": "a", "vector": [1, 2]}, {"id": "", "vector": [1, 2]}],  # an empty id
+    [{"id": "a", "vector": [1, 2], "metadata": 5}],
+])
+def test_a_first_upsert_refused_for_any_item_leaves_no_index(probe: Probe,
+                                                             refused: list[Any]) -> None:
+    """The first item's dimension made the index before the rest were checked: a
+    refused upsert fixed it for good (`index 'v4' has dimension 2`), and a function
+    cannot delete an index."""
+    first, ok = probe.run(probe.vec("upsert", refused),
+                          probe.vec("upsert", [{"id": "b", "vector": [1, 2, 3, 4]}]))
+    assert "error" in first, first
+    assert ok == {"ok": 1}
+
+
+def test_vector_arguments_are_checked_and_named(probe: Probe) -> None:
+    """A misspelt `filter` was dropped and the query answered unfiltered (another
+    user's documents, where the filter chose a user's); nested lists were flattened
+    into one longer vector, `true` read as 1, `null` as NaN."""
+    probe.ok(probe.vec("upsert", [{"id": "a", "vector": [1, 0], "metadata": {"u": "a"}},
+                                  {"id": "b", "vector": [0, 1], "metadata": {"u": "b"}}]))
+    ix = probe.index
+    results = probe.run(*({"op": "call", "name": name, "args": args} for name, args in [
+        ("vectors.query", {"index": ix, "vector": [1, 0], "filtr": {"u": "b"}}),
+        ("vectors.query", {"index": ix, "vector": [1, 0], "top_k": 1}),
+        ("vectors.upsert", {"index": ix, "items": [{"id": "c", "vector": [1, 1], "meta": {}}]}),
+        ("vectors.delete", {"index": ix, "items": ["a"]}),
+        ("vectors.query", {"index": [ix], "vector": [1, 0]}),
+        ("vectors.query", {"index": ix, "vector": [[1, 0]]}),
+        ("vectors.query", {"index": ix, "vector": [True, 0]}),
+        ("vectors.query", {"index": ix, "vector": [None, 0]}),
+        ("vectors.query", {"index": ix, "vector": 5}),
+        ("vectors.query", {"index": ix, "vector": [1, 0], "filter": {"u": "b"}}),
+    ]))
+    assert [r.get("error") for r in results[:9]] == [
+        "bad arguments to vectors.query: vectors.query takes no argument 'filtr' (it takes "
+        "filter, index, k, vector)",
+        "bad arguments to vectors.query: vectors.query takes no argument 'top_k' (it takes "
+        "filter, index, k, vector)",
+        "bad arguments to vectors.upsert: a vectors.upsert item takes no argument 'meta' (it "
+        "takes id, metadata, vector)",
+        "bad arguments to vectors.delete: vectors.delete takes no argument 'items' (it takes "
+        "ids, index)",
+        "bad arguments to vectors.query: index must be a string, got an array",
+        f"index '{ix}': vector is not a list of numbers (item 0 is a list)",
+        f"index '{ix}': vector is not a list of numbers (item 0 is a boolean)",
+        f"index '{ix}': vector is not a list of numbers (item 0 is null)",
+        f"index '{ix}': vector is not a list of numbers, got a number"]
+    assert [m["id"] for m in results[9]["ok"]] == ["b"]
 
 
 def test_a_key_that_is_not_utf8_is_listed_so_that_it_can_be_named(probe: Probe) -> None:

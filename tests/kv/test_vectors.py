@@ -234,6 +234,21 @@ def test_what_the_graph_cannot_hold_and_ids_that_are_not_a_list_are_refused(
             s.upsert("docs", [("s", "1.5", None)])
 
 
+def test_i8_is_for_cos_only(tmp_path: Path) -> None:
+    """usearch scales each vector to length 1 for i8: under l2, [3, 0] and [100, 0]
+    were one point, and [100, 0] the nearest to [50, 0] (with [3, 0] in the index)."""
+    with VectorStore(tmp_path) as s:
+        for metric in ("l2", "ip"):
+            with pytest.raises(InvalidValue, match=f"use it with metric cos, f16 or f32 for "
+                                                   f"{metric}"):
+                s.create(f"q-{metric}", 2, metric=metric, dtype="i8")
+        assert s.names() == []
+        s.create("cosine", 2, dtype="i8")
+        s.upsert("cosine", [("far", [100, 0], None), ("up", [0, 100], None),
+                            ("near", [3, 0.1], None)])
+        assert [m.id for m in s.query("cosine", [50, 1], k=3)] == ["near", "far", "up"]
+
+
 def test_an_id_repeated_in_one_upsert_keeps_the_last(tmp_path: Path) -> None:
     with VectorStore(tmp_path) as s:
         s.create("v", 2, metric="l2")
