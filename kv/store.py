@@ -320,11 +320,11 @@ class KVStore:
         """Store `value`; returns the key's new version.
 
         Raises `LimitExceeded` for an oversized key, value or metadata, or past
-        `quota` (the key and value counted as added), `InvalidValue` for a
-        non-positive ttl, `UnknownNamespace`.
+        `quota` (the key and value counted as added, less the record they replace),
+        `InvalidValue` for an empty key or a non-positive ttl, `UnknownNamespace`.
         """
         with self._write() as w:
-            w.room(quota, len(key) + len(value))
+            w.room(quota, ns, key, len(value))
             return w.put(ns, key, value, ttl=ttl, metadata=metadata)
 
     def delete(self, ns: str, key: bytes) -> bool:
@@ -339,18 +339,19 @@ class KVStore:
         is absent). Returns the new version, or None if someone else wrote first.
         Raises as `put` does."""
         with self._write() as w:
-            w.room(quota, len(key) + len(value))
+            w.room(quota, ns, key, len(value))
             return w.cas(ns, key, expected_version, value, ttl=ttl, metadata=metadata)
 
     def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0,
                   quota: Quota | None = None) -> int:
         """Atomically add `delta` to the integer stored at `key` (`initial` if absent).
 
-        Raises `InvalidValue` if the stored value is not a decimal integer,
-        `LimitExceeded` past `quota` (the key and 20 bytes counted as added).
+        Raises `InvalidValue` if the stored value is not a decimal integer or for an
+        empty key, `LimitExceeded` for a key past its limit or past `quota` (the key
+        and 20 bytes counted as added, less the record they replace).
         """
         with self._write() as w:
-            w.room(quota, len(key) + 20)
+            w.room(quota, ns, key, 20)
             return w.increment(ns, key, delta, initial=initial)
 
     def batch(self, ops: Sequence[tuple[Any, ...]]) -> builtins.list[Any]:
@@ -453,9 +454,24 @@ class _Writer:
         self.txn = txn
         self.now = now_ms
 
-    def room(self, quota: Quota | None, adding: int) -> None:
-        """Raises `LimitExceeded` when `adding` bytes would pass `quota`."""
-        if quota is not None:
+    def room(self, quota: Quota | None, ns: str, key: bytes, size: int) -> None:
+        """Raises `LimitExceeded` when writing `size` bytes of value to `key` of `ns`
+        would pass `quota`: the key and value count as added, less the record they
+        replace (a write that shrinks a value was refused at the quota, where
+        deleting first was the only way out); and first, as the write would, for a
+        key or value past its limit (a value past 16 MiB said it passed the quota),
+        `InvalidValue` for an empty key."""
+        if quota is None:
+            return
+        self.s.check_key(ns, key)
+        if size > self.s.limits.max_value_bytes:
+            raise LimitExceeded(f"value of {size} bytes for key {key!r} in {ns!r} exceeds "
+                                f"the limit of {self.s.limits.max_value_bytes} bytes")
+        adding = len(key) + size
+        old = self.txn.get(key, db=self.s._db(ns, self.txn))
+        if old is not None:
+            adding -= len(key) + len(old)
+        if adding > 0:
             quota.check(self.s._used(self.txn, quota.names), adding)
 
     def apply(self, op: tuple[Any, ...]) -> Any:
@@ -540,6 +556,7 @@ class _Writer:
 
     def cas(self, ns: str, key: bytes, expected: int | None, value: bytes, *,
             ttl: float | None = None, metadata: dict[str, Any] | None = None) -> int | None:
+        self.s.check_key(ns, key)  # (not "someone else wrote first" for a key LMDB refuses)
         current = self._current(self.s._db(ns, self.txn), key)
         if (current[0] if current else None) != expected:
             return None
@@ -547,6 +564,7 @@ class _Writer:
 
     def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0) -> int:
         db = self.s._db(ns, self.txn)
+        self.s.check_key(ns, key)  # (LMDB's own error for an empty one named nothing)
         raw = self.txn.get(key, db=db)
         entry = None if raw is None else self.s._decode(raw, self.now)
         if entry is None:

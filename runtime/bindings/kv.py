@@ -172,8 +172,11 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any], raw: bool = F
 
 def _key(a: dict[str, Any]) -> bytes:
     """The key an op names: ``key`` (text, UTF-8) or ``key_b64`` (any bytes, as
-    `kv.list` gives a key that is not UTF-8). Raises KeyError when neither is there."""
-    if "key" not in a and "key_b64" in a:
+    `kv.list` gives a key that is not UTF-8). Raises KeyError when neither is there,
+    ValueError when both are."""
+    if "key_b64" in a:
+        if "key" in a:  # (key_b64 was ignored)
+            raise ValueError("give key or key_b64, not both")
         return base64_bytes(a, "key_b64")
     return text(a, "key").encode()
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from runtime.admin.client import AdminError
-from tests.support import Running, pop_thread
+from tests.support import Running, pop_thread, python_function
 
 # Runs the binding calls a request lists, in order, and answers their results;
 # a failed call gives {"error": message} unless the step says "uncaught".
@@ -322,6 +322,56 @@ def test_a_key_that_is_not_utf8_is_listed_so_that_it_can_be_named(probe: Probe) 
         ("plain", None), ("\ufffd\x00bin\ufffd", base64.b64encode(raw).decode())]
     assert got["ok"]["value"] == "v1" and gone == {"ok": True}  # raw (the probe decodes it)
     assert [k["key"] for k in after["ok"]["keys"]] == ["plain"]
+
+
+SDK_KEYS_AND_CAS = '''
+import base64, json
+from edgefn import BindingError, Response
+
+
+def handle(request, env):
+    kv = env.kv(request.query["ns"])
+    raw = b"\\xff\\x00bin\\xfe"
+    listed = [k for k in kv.list()["keys"] if "key_b64" in k]
+    named = base64.b64decode(listed[0]["key_b64"])
+    out = {"got": kv.get(named).decode(), "put": kv.put(raw, b"v2") > 0,
+           "again": kv.get(raw).decode(), "deleted": kv.delete(raw), "gone": kv.get(raw)}
+    version = kv.put("sess", b"v1", ttl=60, metadata={"user": "u1"})
+    kv.cas("sess", version, b"v2", ttl=600, metadata={"user": "u2"})
+    entry = kv.get_with_metadata("sess")
+    out["cas"] = [entry["value"].decode(), entry["metadata"], round(entry["expires_at"])]
+    try:
+        kv.get(5)
+    except BindingError as e:
+        out["bad"] = str(e)
+    return Response.json(out)
+'''
+
+
+def test_the_python_sdk_names_any_key_and_its_cas_takes_ttl_and_metadata(
+        probe: Probe, tmp_path: Path) -> None:
+    """A WASM function's key that is not UTF-8 was listed (with `key_b64`) but no
+    SDK call could name it; the SDK's cas took no ttl or metadata (a WASM guest's
+    `call` did), so a session key swapped by it lost its expiry for good."""
+    raw = b"\xff\x00bin\xfe"
+    probe.pop.pop.stores.kv.put(probe.ns, raw, b"v1")
+    d = python_function(tmp_path, "sdk-keys", SDK_KEYS_AND_CAS,
+                        extra=f'owner = "{probe.name}"\n[bindings]\nkv = ["{probe.ns}"]\n')
+    probe.pop.deploy(d)
+    started = time.time()
+    status, _, body = probe.pop.get(f"/sdk-keys?ns={probe.ns}")
+    assert status == 200, body
+    out = json.loads(body)
+    assert {k: out[k] for k in ("got", "put", "again", "deleted", "gone")} == {
+        "got": "v1", "put": True, "again": "v2", "deleted": True, "gone": None}
+    value, metadata, expires = out["cas"]
+    assert (value, metadata) == ("v2", {"user": "u2"})
+    assert started + 600 - 2 <= expires <= time.time() + 600 + 2
+    assert out["bad"] == "bad arguments to kv.get: key must be a string, got a number"
+    # both key and key_b64: refused (key_b64 was ignored)
+    both = probe.run({"op": "call", "name": "kv.get", "args": {
+        "namespace": probe.ns, "key": "sess", "key_b64": "c2Vzcw=="}})
+    assert both == [{"error": "bad arguments to kv.get: give key or key_b64, not both"}]
 
 
 def test_integer_arguments_are_json_integers(probe: Probe) -> None:

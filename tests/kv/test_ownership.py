@@ -243,6 +243,34 @@ def test_an_owner_holds_at_most_its_kv_quota_across_its_namespaces(
         ka.increment("a2", b"n")
 
 
+def test_at_its_quota_an_owner_may_shrink_a_value_but_not_grow_one(
+        registry: Registry, tmp_path: Path) -> None:
+    """An overwrite counted its whole value as added: a function at its quota could
+    not shrink a value (only delete first); and a value past the 16 MiB limit was
+    said to pass the quota."""
+    from edgefn_core.errors import InvalidValue, LimitExceeded
+
+    registry.stores.kv_quota = 10_000
+    a = fn(tmp_path, "a", 'kv = ["a1"]', owner="acme")
+    deploy(registry, a)
+    ka = binding(registry, a).kv.store
+    ka.put("a1", b"k1", b"x" * 6000)
+    ka.put("a1", b"k2", b"x" * 3900)  # 9944 held
+    ka.put("a1", b"k1", b"y" * 5000)  # shrinks it: no room needed
+    assert ka.get("a1", b"k1") == b"y" * 5000
+    ka.put("a1", b"k1", b"z" * 5020)  # as many bytes as its record: 8964 held
+    with pytest.raises(LimitExceeded, match="owner 'acme' hold 8964 bytes; 1060 more would "
+                                            "pass its quota"):
+        ka.put("a1", b"k1", b"z" * 6100)  # 6100 + 2 - (2 + 20 + 5020): the key, head, value
+    ka.put("a1", b"k1", b"z" * 6000)
+    assert ka.cas("a1", b"k2", ka.get_entry("a1", b"k2").version, b"w") is not None
+    assert ka.increment("a1", b"n") == 1 and ka.increment("a1", b"n") == 2  # in place
+    with pytest.raises(LimitExceeded, match="exceeds the limit of 16777216 bytes"):
+        ka.put("a1", b"k1", b"x" * ((16 << 20) + 1))
+    with pytest.raises(InvalidValue, match="key of 0 bytes"):
+        ka.put("a1", b"", b"x")
+
+
 def test_a_write_waiting_on_another_is_held_to_the_quota_that_one_left(
         registry: Registry, tmp_path: Path) -> None:
     """The quota was read in a transaction of its own: writers arriving together all

@@ -190,6 +190,13 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(InvalidValue, match="key of 0 bytes in 'ns': keys must be 1 to 511"):
         s.delete("ns", b"")
     assert s.get("ns", b"k" * 512) is None and not s.delete("ns", b"k" * 512)  # never stored
+    for write in (lambda k: s.increment("ns", k), lambda k: s.cas("ns", k, None, b"x"),
+                  lambda k: s.cas("ns", k, 1, b"x"), lambda k: s.batch([("increment", "ns",
+                                                                            k, 1)])):
+        with pytest.raises(InvalidValue, match="key of 0 bytes in 'ns': keys must be 1 to"):
+            write(b"")  # (LMDB's MDB_BAD_VALSIZE)
+        with pytest.raises(LimitExceeded, match="key of 512 bytes in 'ns': keys must be 1"):
+            write(b"k" * 512)  # (a cas said None: "someone else wrote first")
     with pytest.raises(InvalidValue, match="invalid namespace name"):
         s.create_namespace("Bad Name")
     with pytest.raises(LimitExceeded, match="batch of 1001 ops"):

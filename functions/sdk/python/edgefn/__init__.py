@@ -299,10 +299,12 @@ class KV:
         self._call = call
         self._reader = reader
 
-    def _do(self, op: str, **args: Any) -> Any:
-        return self._call(f"kv.{op}", {"namespace": self.namespace, **args}, True)
+    def _do(self, op: str, key: str | bytes, **args: Any) -> Any:
+        return self._call(f"kv.{op}", {"namespace": self.namespace, **_key(key), **args}, True)
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str | bytes) -> bytes | None:
+        """A key is text (sent as UTF-8) or bytes (any: a WASM function's raw key,
+        which `list` gives as ``key_b64``)."""
         if self._reader is not None:
             got = self._reader.get(self.namespace, key)  # None: only the PoP can answer
             if got is not None:
@@ -310,32 +312,45 @@ class KV:
         entry = self.get_with_metadata(key)
         return None if entry is None else entry["value"]
 
-    def get_with_metadata(self, key: str) -> dict[str, Any] | None:
+    def get_with_metadata(self, key: str | bytes) -> dict[str, Any] | None:
         """{"value", "metadata", "version", "expires_at"} or None."""
-        entry = self._do("get", key=key)
+        entry = self._do("get", key)
         if entry is not None and isinstance(entry["value"], str):  # in a JSON reply: base64
             entry["value"] = base64.b64decode(entry["value"])
         return entry
 
-    def put(self, key: str, value: bytes | str, *, ttl: float | None = None,
+    def put(self, key: str | bytes, value: bytes | str, *, ttl: float | None = None,
             metadata: dict[str, Any] | None = None) -> int:
-        return self._do("put", key=key, value=_bytes(value), ttl=ttl, metadata=metadata)
+        return self._do("put", key, value=_bytes(value), ttl=ttl, metadata=metadata)
 
-    def delete(self, key: str) -> bool:
-        return self._do("delete", key=key)
+    def delete(self, key: str | bytes) -> bool:
+        return self._do("delete", key)
 
-    def increment(self, key: str, delta: int = 1) -> int:
-        return self._do("increment", key=key, delta=delta)
+    def increment(self, key: str | bytes, delta: int = 1) -> int:
+        return self._do("increment", key, delta=delta)
 
-    def cas(self, key: str, expected_version: int | None, value: bytes | str) -> int | None:
-        """Write only if the key is at `expected_version` (None: absent)."""
-        return self._do("cas", key=key, expected_version=expected_version,
-                        value=_bytes(value))
+    def cas(self, key: str | bytes, expected_version: int | None, value: bytes | str, *,
+            ttl: float | None = None, metadata: dict[str, Any] | None = None) -> int | None:
+        """Write only if the key is at `expected_version` (None: absent), as `put`
+        writes (its ttl and metadata replace the key's: none given, none kept)."""
+        return self._do("cas", key, expected_version=expected_version,
+                        value=_bytes(value), ttl=ttl, metadata=metadata)
 
     def list(self, prefix: str = "", cursor: str | None = None, limit: int = 100) -> dict:
         """{"keys": [{"key", "metadata", "expires_at"}], "cursor"}: pass "cursor" back
-        until it is None (a page past many expired keys may be short, even empty)."""
-        return self._do("list", prefix=prefix, cursor=cursor, limit=limit)
+        until it is None (a page past many expired keys may be short, even empty). A
+        key that is not UTF-8 comes with "key_b64" too: pass
+        ``base64.b64decode(item["key_b64"])`` to get or delete it."""
+        return self._call("kv.list", {"namespace": self.namespace, "prefix": prefix,
+                                      "cursor": cursor, "limit": limit}, True)
+
+
+def _key(key: str | bytes) -> dict[str, Any]:
+    """A KV call's key argument: bytes as ``key_b64``, anything else as ``key`` (text;
+    the PoP names what else it is, as the local reader's fallback does)."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return {"key_b64": base64.b64encode(bytes(key)).decode()}
+    return {"key": key}
 
 
 class Vectors:
