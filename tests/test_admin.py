@@ -129,6 +129,45 @@ def test_head_of_an_admin_endpoint_is_its_get_without_the_body(pop: Running) -> 
         conn.close()
 
 
+ENDPOINTS = ["/v1/functions", "/v1/functions/nobody/versions", "/v1/limits", "/v1/cache/stats",
+             "/v1/events", "/v1/deploy", "/v1/stage", "/v1/keys/reload", "/v1/cache/purge",
+             "/v1/cache/ai/purge", "/v1/functions/nobody/stage",
+             "/v1/functions/nobody/activate", "/v1/functions/nobody/abort",
+             "/v1/functions/nobody/promote", "/v1/functions/nobody/rollback",
+             "/v1/kv/nons/get", "/v1/vectors/noix/query", "/v1/functions/nobody",
+             "/v1/dev/starting"]
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+def test_a_method_an_endpoint_does_not_take_is_405_with_allow(pop: Running, path: str) -> None:
+    """`PUT /v1/functions` was a 404 "no admin endpoint" (RFC 9110 15.5.6: 405 and
+    ``Allow``); and each method `allowed_methods` names is one the endpoint takes."""
+    from runtime.admin.api import allowed_methods
+
+    allowed = allowed_methods(path.strip("/").split("/")).split(", ")
+    assert allowed != [""]
+    auth = {"Authorization": f"Bearer {pop.admin.token}"}
+    for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+        conn = http.client.HTTPConnection(*admin_address(pop), timeout=10)
+        try:
+            body = b'{"why": null}' if method == "PUT" else b""
+            conn.request(method, path, body, auth)
+            resp = conn.getresponse()
+            status, answer = resp.status, json.loads(resp.read())
+            allow = resp.getheader("allow")
+        finally:
+            conn.close()
+        if method in allowed:
+            assert status != 405 and "no admin endpoint" not in str(answer), (method, answer)
+        else:
+            assert (status, allow) == (405, ", ".join(allowed)), (method, answer)
+            assert answer["error"] == {"kind": "method_not_allowed", "message":
+                                       f"{method} {path}: this endpoint takes "
+                                       f"{', '.join(allowed)}"}
+    status, _, answer = raw_admin(pop, "GET", "/v1/nothing", auth)
+    assert (status, answer["error"]["kind"]) == (404, "not_found")
+
+
 def test_a_deploy_with_a_wrong_token_is_refused_and_changes_nothing(pop: Running) -> None:
     from runtime.functions import deploys
 

@@ -273,8 +273,7 @@ class AdminApp:
                 case ["v1", "functions", name] if method == b"DELETE":
                     await self.on_pop(self.pop.registry.delete(name))
                     return json_response({"deleted": name})
-            where = f"{method.decode()} {request.path.decode('latin-1')}"
-            return _error(404, "not_found", f"no admin endpoint {where}")
+            return _unrouted(method, request.path, parts)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             return _error(400, "bad_request", f"invalid request body: {e}")
         except InvalidConfig as e:
@@ -472,8 +471,7 @@ class AdminApp:
                                                      lora.scale))
                 await self._purged_ai(lora.name, None)
                 return json_response(info)
-        return _error(404, "not_found", f"no admin endpoint {method.decode()} /v1/ai/"
-                      + "/".join(rest))
+        return _unrouted(method, b"/v1/ai/" + "/".join(rest).encode(), ["v1", "ai", *rest])
 
 
 async def _call(fn: Callable[[], None]) -> None:
@@ -560,6 +558,39 @@ def _ai_purge_problem(purge: AIPurgeBody) -> str | None:
     if purge.tenant is not None and len(purge.tenant) > 256:
         return "field `tenant`: expected at most 256 characters"
     return None
+
+
+def allowed_methods(parts: list[str]) -> str:
+    """The methods `_route` answers on the path of `parts` ("": none, no such
+    endpoint), for a 405's ``Allow``; tests/test_admin.py walks it against `_route`."""
+    match parts:
+        case (["v1", "functions"] | ["v1", "functions", _, "versions"] | ["v1", "limits"]
+              | ["v1", "cache", "stats"] | ["v1", "events"] | ["v1", "events", "stream"]
+              | ["v1", "ai", "models" | "metrics"]):
+            return "GET, HEAD"
+        case (["v1", "deploy" | "stage"] | ["v1", "keys", "reload"] | ["v1", "cache", "purge"]
+              | ["v1", "cache", "ai", "purge"] | ["v1", "dashboard", "login"]
+              | ["v1", "functions", _, "stage" | "activate" | "abort" | "promote" | "rollback"]
+              | ["v1", "kv" | "vectors", _, _] | ["v1", "ai", "loras"]):
+            return "POST"
+        case ["v1", "functions", _] | ["v1", "ai", "loras", _]:
+            return "DELETE"
+        case ["v1", "dev", "starting"]:
+            return "PUT"
+    return ""
+
+
+def _unrouted(method: bytes, path: bytes, parts: list[str]) -> Response:
+    """No endpoint answered: 405 with ``Allow`` where the path is one's (RFC 9110
+    15.5.6; it was a 404 "no admin endpoint"), else 404."""
+    where = f"{method.decode()} {path.decode('latin-1')}"
+    allowed = allowed_methods(parts)
+    if allowed and method.decode() not in allowed.split(", "):  # (else: a part it lacks)
+        response = _error(405, "method_not_allowed", f"{where}: this endpoint takes "
+                          f"{allowed}")
+        response.headers.append((b"allow", allowed.encode()))
+        return response
+    return _error(404, "not_found", f"no admin endpoint {where}")
 
 
 def _error(status: int, kind: str, message: str, **extra: object) -> Response:

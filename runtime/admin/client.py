@@ -55,8 +55,8 @@ class AdminClient:
         conn, resp = self._send(method, path, body, headers, self.timeout)
         try:
             raw = resp.read()
-        except (ConnectionError, OSError) as e:
-            raise self._unreachable(e) from None
+        except (ConnectionError, OSError, http.client.HTTPException) as e:
+            raise self._lost(method, path, e) from None
         finally:
             conn.close()
         if resp.status >= 400:
@@ -81,8 +81,8 @@ class AdminClient:
         conn, resp = self._send("GET", "/metrics", timeout=self.timeout)
         try:
             body = resp.read()
-        except (ConnectionError, OSError) as e:
-            raise self._unreachable(e) from None
+        except (ConnectionError, OSError, http.client.HTTPException) as e:
+            raise self._lost("GET", "/metrics", e) from None
         finally:
             conn.close()
         if resp.status >= 400:
@@ -97,16 +97,35 @@ class AdminClient:
         host, port = self.info.admin.rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
         try:
+            conn.connect()
+        except OSError as e:
+            conn.close()
+            raise self._unreachable(e) from None
+        try:
             conn.request(method, path, body, {"authorization": f"Bearer {self.token}",
                                               **(headers or {})})
             return conn, conn.getresponse()
-        except (ConnectionError, OSError) as e:
+        except (ConnectionError, OSError, http.client.HTTPException) as e:
             conn.close()
-            raise self._unreachable(e) from None
+            raise self._lost(method, path, e) from None
 
     def _unreachable(self, e: OSError) -> Failure:
         return Failure("pop_unreachable", 503, "cannot reach the PoP's admin API at "
                        f"{self.info.admin}: {e}")
+
+    def _lost(self, method: str, path: str, e: Exception) -> Failure:
+        """The PoP was reached, then the connection went before its whole answer (it
+        was said "cannot reach", of a deploy the PoP had made)."""
+        if isinstance(e, TimeoutError):
+            said = (f"the PoP's admin API at {self.info.admin} did not answer {method} {path} "
+                    f"in time ({e or 'timed out'})")
+        else:
+            said = (f"the connection to the PoP's admin API at {self.info.admin} was lost "
+                    f"during {method} {path} ({e or type(e).__name__}): the PoP may have "
+                    "restarted")
+        if method not in ("GET", "HEAD"):
+            said += "; what was asked may have been done: check (`edgefn ls`, `edgefn versions`)"
+        return Failure("pop_unreachable", 503, said)
 
     def deploy(self, directory: str | Path, replaces: str | None = None) -> dict[str, Any]:
         """Pack and deploy a function folder (`replaces`: a function it takes over

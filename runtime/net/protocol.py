@@ -52,8 +52,12 @@ log = logging.getLogger("edgefn.http")
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in REASONS.items()}
 NO_BODY_STATUS = frozenset({204, 304})
-# Framing is the server's job: apps' values for these are dropped (names are lower-case).
-HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
+# Framing is the server's job: apps' values for these are dropped (names are lower-case);
+# and so are the other fields of one connection (RFC 9110 7.6.1), which a function has
+# none of: an `upgrade` reached the client without `connection: upgrade` (7.8), a
+# `trailer` announced trailers no response carries
+HOP_BY_HOP = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive",
+                        b"upgrade", b"te", b"trailer", b"proxy-connection"})
 # Marks the PoP's own warm-up requests for handlers (`runtime.functions.warmup`): a
 # handler may trust it, so a client that sends it is refused.
 WARMUP_HEADER = b"x-edgefn-warmup"
@@ -96,7 +100,7 @@ class HttpProtocol(asyncio.Protocol):
     # slots: past 30 attributes an instance's dict stops sharing its keys, and every
     # attribute access on this hot path got slower (2.9 -> 3.8 us a request in process)
     __slots__ = ("address", "admitted", "app", "body_parts", "body_size", "busy", "call", "client",
-                 "closing", "config", "current", "deadline", "deadline_status",
+                 "closing", "config", "continue_due", "current", "deadline", "deadline_status",
                  "dispatching", "drain_waiter", "ends", "eof", "head_size", "headers", "held",
                  "held_need", "in_body", "in_message", "lane", "lingered", "loop", "out",
                  "out_size", "parser", "queue", "reading", "refusing", "stalled", "state",
@@ -110,6 +114,9 @@ class HttpProtocol(asyncio.Protocol):
         self.config = state.config
         self.loop = state.loop
         self.parser = httptools.HttpRequestParser(self)
+        # any version digits parse (1.2 was "Invalid HTTP version", a 400): `on_headers_
+        # complete` serves a later 1.x as 1.1 and answers 505 to the rest
+        self.parser.set_dangerous_leniencies(lenient_version=True)
         self.lane = state.lane  # the native lane, if the server has one
 
         # Per-connection state
@@ -150,6 +157,9 @@ class HttpProtocol(asyncio.Protocol):
         self.in_body = False  # its header section is complete (what follows a body: trailers)
         self.stalled = 0  # bytes read since one last did: a head or trailer line still growing
         self.upgrade_ignored = False  # a GET/HEAD asked to upgrade: answered, then closed
+        # its head asked for 100-continue while earlier requests were answered: the 100
+        # goes once they are (`_idle`)
+        self.continue_due = False
         self.eof = False  # nothing more will be read (an ignored upgrade): close once answered
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -233,8 +243,14 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError as e:
             # httptools wraps exceptions raised in callbacks; a HttpReject keeps its status.
             cause = e.__cause__ or e.__context__
-            self._refuse(cause if isinstance(cause, HttpReject) else
-                         HttpReject(400, f"malformed HTTP request: {e}"))
+            if isinstance(cause, HttpReject):
+                self._refuse(cause)
+            elif data.startswith(b"PRI * HTTP/2.0"):
+                # an HTTP/2 client's preface (llhttp's own words, "Pause on PRI/Upgrade",
+                # were a 400's): what any other version than 1.x gets
+                self._refuse(HttpReject(505, "HTTP/2 is not supported: send HTTP/1.1"))
+            else:
+                self._refuse(HttpReject(400, f"malformed HTTP request: {e}"))
         else:
             if not self.in_message:
                 self.stalled = 0
@@ -421,7 +437,9 @@ class HttpProtocol(asyncio.Protocol):
         self.in_body = True
         method, version = parser.get_method(), parser.get_http_version()
         if version != "1.1" and version != "1.0":
-            raise HttpReject(505, f"HTTP/{version} is not supported: send HTTP/1.1")
+            if not version.startswith("1."):
+                raise HttpReject(505, f"HTTP/{version} is not supported: send HTTP/1.1")
+            version = "1.1"  # RFC 9110 2.5: a later minor version, served as the highest
         if method == b"CONNECT":  # its target is no path (host:port)
             raise HttpReject(501, "CONNECT is not supported: the PoP is not a proxy")
         host = b""
@@ -473,9 +491,11 @@ class HttpProtocol(asyncio.Protocol):
         self.current = Request(method, path, query, self.headers, host, version, keep_alive,
                                self.client)
         self.deadline = self.loop.time() + self.config.body_timeout
-        if expect and version == "1.1" and not self.queue and not self.busy and \
-                self.transport is not None:  # never a 1xx to HTTP/1.0 (RFC 9110 15.2)
-            self._send_now(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if expect and version == "1.1" and self.transport is not None:  # never a 1xx to
+            if self.queue or self.busy:  # HTTP/1.0 (RFC 9110 15.2); after those before it
+                self.continue_due = True  # (pipelined: it never came, and the client that
+            else:  # waited for it got body_timeout's 408)
+                self._send_now(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _upgrade(self, length: int | None, chunked: bool, keep_alive: bool) -> bool:
         """A request with `Upgrade`: answered as HTTP/1.1 when it has no body (RFC
@@ -502,6 +522,7 @@ class HttpProtocol(asyncio.Protocol):
         self.current = None
         self.ends += 1
         self.in_message = self.in_body = False
+        self.continue_due = False  # (its body came without it)
         parts = self.body_parts
         if parts:
             request.body = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -792,7 +813,12 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- timeouts and shutdown (driven by the server) ------------------------------------------
     def _idle(self) -> None:
+        """Every request read so far is answered: wait for the next one."""
         if self.in_message:  # the next request is arriving: its own deadline (and 408) stand
+            if self.continue_due and self.transport is not None:  # its 100, its turn now
+                self.continue_due = False
+                self.deadline = self.loop.time() + self.config.body_timeout
+                self._send_now(b"HTTP/1.1 100 Continue\r\n\r\n")
             return
         self.deadline = self.loop.time() + self.config.keepalive_timeout
         self.deadline_status = 0
@@ -861,7 +887,8 @@ def _target(url: bytes, hosts: int, host: bytes) -> tuple[bytes, bytes, bytes]:
         except httptools.HttpParserInvalidURLError:
             raise HttpReject(400, f"request target is neither a path nor an absolute URL: "
                                   f"{url[:100].decode('latin-1')!r}") from None
-        if parsed.schema not in (b"http", b"https") or not parsed.host:
+        scheme = (parsed.schema or b"").lower()  # (RFC 3986 3.1: case-insensitive)
+        if scheme not in (b"http", b"https") or not parsed.host:
             raise HttpReject(400, "an absolute request target needs http(s)://host")
         path, query = parsed.path or b"/", parsed.query or b""
         name = b"[%s]" % parsed.host if b":" in parsed.host else parsed.host  # an IPv6 literal

@@ -5,6 +5,7 @@ the reader of stdout goes away."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -208,3 +209,52 @@ def test_ls_json_into_a_closed_pipe_stops_quietly(pop: Running, tmp_path: Path) 
     piped = subprocess.run(f"{' '.join(EDGEFN)} ls --json --data {pop.data} | head -1",
                            shell=True, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert (piped.stdout, piped.stderr) == ("[\n", "")
+
+
+def _fake_pop(data: Path, port: int) -> int:
+    """A data dir that says a PoP's admin API is at 127.0.0.1:`port`, held as a live
+    PoP holds it (its pop.lock flocked); the lock's fd (the caller closes it)."""
+    import fcntl
+
+    data.mkdir(parents=True)
+    (data / "pop.json").write_text(json.dumps({"pid": os.getpid(), "public": "127.0.0.1:1",
+                                               "admin": f"127.0.0.1:{port}"}))
+    (data / "admin.token").write_text("t")
+    fd = os.open(data / "pop.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_connection_lost_mid_request_is_not_said_unreachable(tmp_path: Path) -> None:
+    """A worker killed while it handled a deploy: the CLI said "cannot reach the
+    PoP's admin API", of a deploy the PoP had made; now it says the connection was
+    lost and that the change may have been made. A PoP that is not listening is
+    still "cannot reach"."""
+    import threading
+
+    from runtime.admin.client import AdminClient
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def hang_up() -> None:  # reads the request, then closes without an answer
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.close()
+
+    fd = _fake_pop(tmp_path / "data", port)
+    try:
+        threading.Thread(target=hang_up, daemon=True).start()
+        with pytest.raises(Failure) as lost:
+            AdminClient(tmp_path / "data", timeout=10).request("POST", "/v1/deploy", b"x")
+        assert str(lost.value).startswith(f"the connection to the PoP's admin API at "
+                                          f"127.0.0.1:{port} was lost during POST /v1/deploy (")
+        assert str(lost.value).endswith("the PoP may have restarted; what was asked may have "
+                                        "been done: check (`edgefn ls`, `edgefn versions`)")
+        server.close()
+        with pytest.raises(Failure, match=f"^cannot reach the PoP's admin API at 127.0.0.1:"
+                                          f"{port}: "):
+            AdminClient(tmp_path / "data", timeout=10).request("GET", "/v1/functions")
+    finally:
+        os.close(fd)
+        server.close()

@@ -47,7 +47,9 @@ def handle(request, env):
                         headers=[("X-Custom", "A b"), ("Cache-Tag", "t1"),
                                  ("x-request-id", "mine"), ("X-Edgefn-Error", "forged"),
                                  ("Content-Length", "999"), ("Connection", "close"),
-                                 ("X-Edgefn-Function", "other@1")])
+                                 ("X-Edgefn-Function", "other@1"), ("Upgrade", "h2c"),
+                                 ("TE", "trailers"), ("Trailer", "x-foo"),
+                                 ("Proxy-Connection", "close")])
     if path.startswith(("/pyitem/", "/pyfiles")):  # a route with captures: what it captured
         return Response(f"item {sorted(request.params.items())} {path}\\n")
     if path.startswith("/pyfn/"):  # under the route: the path as the function got it
@@ -210,6 +212,10 @@ def test_answers_and_counts(pair: tuple[Side, Side]) -> None:
     assert plain.startswith(b"HTTP/1.1 200 OK\r\n") and plain.endswith(b"hi a GET\n")
     assert b"x-custom: A b\r\n" in plain and b"cache-tag" not in plain
     assert b"x-edgefn-error" not in plain and b"mine" not in plain
+    # a connection's own fields (RFC 9110 7.6.1): an `upgrade` without `connection:
+    # upgrade` (7.8), a `trailer` no response carries
+    for name in (b"upgrade", b"te", b"trailer", b"proxy-connection", b"connection"):
+        assert b"\r\n%s:" % name not in plain.lower(), plain
     boom = both(pair, SERVED["raises"][0], [b"GET"])[0]
     assert boom.startswith(b"HTTP/1.1 500 ") and b"x-edgefn-error: trap\r\n" in boom
     posted = both(pair, SERVED["post"][0], [b"POST"])[0]
@@ -221,6 +227,29 @@ def test_answers_and_counts(pair: tuple[Side, Side]) -> None:
         both(pair, raw, [raw.split(b" ", 1)[0]])
     assert on.metrics() == off.metrics()
     assert on.cache_stats() == off.cache_stats()
+
+
+def test_a_pipelined_100_continue_comes_after_a_python_functions_answer(
+        pair: tuple[Side, Side]) -> None:
+    """Behind a Python function's request (on the lane or not) an Expect request
+    never got its 100: the client waited, then got body_timeout's 408."""
+    for side in pair:
+        with socket.create_connection(("127.0.0.1", side.r.port), timeout=10) as s:
+            s.sendall(request("GET", "/pyslow?s=0.1", H) + b"POST /pyecho HTTP/1.1\r\n"
+                      b"Host: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+            got = b""
+            while not got.endswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+                chunk = s.recv(65536)  # (a TimeoutError after 10 s: it never came)
+                assert chunk, got
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b"slept\n" in got
+            s.sendall(b"ok")
+            rest = b""
+            while not rest.endswith(b"POST 2 None ok"):
+                chunk = s.recv(65536)
+                assert chunk, rest
+                rest += chunk
+            assert rest.startswith(b"HTTP/1.1 200 OK\r\n"), rest
 
 
 def test_wall_limit_contained(pair: tuple[Side, Side]) -> None:

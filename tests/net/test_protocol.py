@@ -201,7 +201,7 @@ def test_stream_failing_midway_cuts_the_connection() -> None:
 @pytest.mark.parametrize(("raw", "status"), [
     (b"GARBAGE\r\n\r\n", 400),
     (b"GET / HTTP/1.1\r\nHost: t\r\nContent-Length: zz\r\n\r\n", 400),
-    (b"GET / HTTP/9.9\r\n\r\n", 400),
+    (b"GET / HTTP/9.9\r\n\r\n", 505),  # any version but 1.x: 505 (README)
     (b"GET / HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n", 400),
     (b"\x16\x03\x01\x02\x00\x01\x00", 400),  # a TLS ClientHello on the plain port
     (b"FOO / HTTP/1.1\r\nHost: a\r\n\r\n", 501),  # a method HTTP does not know (9.1)
@@ -358,6 +358,47 @@ def test_expect_100_continue_is_answered_before_the_body() -> None:
         assert t.buffer == b"HTTP/1.1 100 Continue\r\n\r\n"
         proto.data_received(b"ok")
         assert responses(t.buffer)[0][2] == b"POST /? body=ok"
+    run(go())
+
+
+def test_a_pipelined_100_continue_comes_once_the_requests_before_it_are_answered() -> None:
+    """Its head read while an earlier request's answer was on its way, the 100 was
+    never sent: the client waited for it, then got body_timeout's 408 (RFC 9110
+    10.1.1: a server MUST send a 100 or a final status)."""
+    released = asyncio.Event()
+
+    async def later(r: Request) -> Response:
+        await released.wait()
+        return echo_app(r)
+
+    def app(r: Request) -> Any:
+        return later(r) if r.path == b"/slow" else echo_app(r)
+
+    async def go() -> None:
+        proto, t = connect(app)
+        proto.data_received(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\nPOST /b HTTP/1.1\r\n"
+                            b"Host: t\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        await asyncio.sleep(0.01)
+        assert t.written == b""  # nothing yet: /slow is not answered
+        released.set()
+        for _ in range(50):
+            await asyncio.sleep(0.001)
+            if t.written.endswith(b"100 Continue\r\n\r\n"):
+                break
+        assert t.written.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert t.written.endswith(b"GET /slow? body=HTTP/1.1 100 Continue\r\n\r\n")
+        proto.data_received(b"ok")
+        await asyncio.sleep(0.01)
+        assert [r[2] for r in responses(t.written)] == [b"GET /slow? body=", b"POST /b? body=ok"]
+        # a body sent without waiting for it: no 100 once its turn comes
+        released.clear()
+        proto.data_received(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\nPOST /c HTTP/1.1\r\n"
+                            b"Host: t\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nhi")
+        released.set()
+        await asyncio.sleep(0.02)
+        assert t.written.count(b"100 Continue") == 1
+        assert [r[2] for r in responses(t.written)][2:] == [b"GET /slow? body=",
+                                                            b"POST /c? body=hi"]
     run(go())
 
 

@@ -118,6 +118,9 @@ def test_trailer_fields_are_not_merged_into_the_headers() -> None:
      b"Content-Length: 5\r\n\r\nhello", 400),
     (b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n", 501),
     (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),
+    (b"GET / HTTP/3.0\r\nHost: a\r\n\r\n", 505),  # (400s: "Invalid HTTP version")
+    (b"GET / HTTP/0.9\r\nHost: a\r\n\r\n", 505),
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),  # an HTTP/2 client's preface
     (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
      b"3\r\nabc\r\n0\r\n\r\n", 501),
     (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
@@ -137,6 +140,36 @@ def test_what_the_front_does_not_serve_gets_one_answer(raw: bytes, status: int) 
         proto.data_received(raw)
         assert [r[0] for r in responses(t.buffer)] == [status] and ran == []
         assert b"User callback error" not in t.buffer and t.closed
+    run(go())
+
+
+def test_a_later_http_1_minor_version_is_served_as_1_1() -> None:
+    """RFC 9110 2.5: HTTP/1.2 (or 1.9) is served as the highest 1.x the server
+    speaks; it was a 400 "malformed HTTP request: Invalid HTTP version"."""
+    async def go() -> None:
+        ran: list[Request] = []
+
+        def app(request: Request) -> Response:
+            ran.append(request)
+            return Response(200, [], b"ran")
+
+        proto, t = connect(app)
+        proto.data_received(b"GET /a HTTP/1.2\r\nHost: a\r\n\r\nGET /b HTTP/1.9\r\n"
+                            b"Host: a\r\n\r\n")
+        await asyncio.sleep(0)
+        got = responses(t.written)
+        assert [(r[0], r[2]) for r in got] == [(200, b"ran"), (200, b"ran")], t.written
+        assert t.written.startswith(b"HTTP/1.1 200 OK\r\n") and not t.closed
+        assert [(r.path, r.http_version, r.keep_alive) for r in ran] == [
+            (b"/a", "1.1", True), (b"/b", "1.1", True)]
+    run(go())
+
+
+def test_an_http2_preface_is_told_to_send_http_1_1() -> None:
+    async def go() -> None:
+        proto, t = connect(lambda request: Response(200, [], b"ran"))
+        proto.data_received(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        assert b"HTTP/2 is not supported: send HTTP/1.1" in t.buffer and t.closed
     run(go())
 
 
@@ -266,6 +299,8 @@ def target_app(request: Request) -> Response:
     (b"http://a.example", b"a.example /?"),  # no path: "/"; no port: none in the host
     (b"https://a.example/p?q=1", b"a.example /p?q=1"),
     (b"http://[::1]:8080/p?q", b"[::1]:8080 /p?q"),
+    (b"HTTP://EX.COM/qa", b"EX.COM /qa?"),  # the scheme is case-insensitive (was a 400)
+    (b"Https://a.example/p", b"a.example /p?"),
 ])
 def test_an_absolute_form_target_gives_the_path_query_and_host(target: bytes,
                                                                 seen: bytes) -> None:

@@ -759,8 +759,8 @@ static int dropped(const Lane *l, const uint8_t *name, uint32_t n) {
     /* dispatch drops a guest's x-edgefn-* (and its Cache-Tag, the HTTP cache's whether
      * or not one runs: `cache.http.cache.client_view`), request_id its request id
      * header, the front the framing headers (HOP_BY_HOP) */
-    static const char *HOP[4] = {"content-length", "transfer-encoding", "connection",
-                                 "keep-alive"};
+    static const char *HOP[8] = {"content-length", "transfer-encoding", "connection",
+                                 "keep-alive", "upgrade", "te", "trailer", "proxy-connection"};
     char lower[64];
     if (n >= 9) {  /* any length: a longer reserved name was forged past it */
         for (uint32_t j = 0; j < 9; j++)
@@ -772,7 +772,7 @@ static int dropped(const Lane *l, const uint8_t *name, uint32_t n) {
         lower[j] = (char)(name[j] >= 'A' && name[j] <= 'Z' ? name[j] + 32 : name[j]);
     if (n == l->rid_header_len && !memcmp(lower, l->rid_header, n)) return 1;
     if (n == 9 && !memcmp(lower, "cache-tag", 9)) return 1;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 8; i++)
         if (strlen(HOP[i]) == n && !memcmp(HOP[i], lower, n)) return 1;
     return 0;
 }
