@@ -683,6 +683,12 @@ def handle(request, env):
             ai._call("ai.complete", {"prompt": 12345, "max_tokens": 2}, True)
         elif case == "text-cap":
             ai.chat([{"role": "user", "content": "hi"}], max_tokens="5")
+        elif case.startswith("top-n"):  # -2 answered all but the last two documents
+            ai._call("ai.rerank", {"query": "q", "documents": ["a", "b", "c"],
+                                   "top_n": int(case[5:])}, True)
+        elif case == "huge-seed":  # past /v1's int64: a serializer's error, unnamed
+            ai._call("ai.chat", {"messages": [{"role": "user", "content": "hi"}],
+                                 "max_tokens": 1, "seed": 2 ** 64 - 1}, True)
         elif case == "null-model":  # null takes its default, as in the OpenAI API
             chat = ai._call("ai.chat", {"model": None, "messages": [
                 {"role": "user", "content": "hi"}], "max_tokens": 1, "seed": None}, True)
@@ -701,7 +707,11 @@ def handle(request, env):
                                        "strings (not empty), got a list holding null"),
                         ("number-prompt", "ai.complete: prompt must be a string, got a "
                                           "number (12345)"),
-                        ("text-cap", "ai.chat: max_tokens must be an integer, got a string")):
+                        ("text-cap", "ai.chat: max_tokens must be an integer, got a string"),
+                        ("top-n0", "ai.rerank: top_n must be at least 1, got 0"),
+                        ("top-n-2", "ai.rerank: top_n must be at least 1, got -2"),
+                        ("huge-seed", "ai.chat: seed must be a 64-bit signed integer, got "
+                                      "18446744073709551615")):
         status, _, body = pop.get(f"/aiargs?case={case}")
         assert status == 400 and words.encode() in body, (case, body)
     assert pop.get("/aiargs?case=ok")[:3:2] == (200, b"length")

@@ -327,10 +327,11 @@ def _check_texts(texts: Any, what: str, limit: int) -> list[str]:
         if not isinstance(t, str):
             raise EngineError("invalid_request", 400, f"{what}[{i}] must be a string, "
                               f"not {type(t).__name__}")
+        named = what if limit == 1 else f"{what}[{i}]"  # one text: the query, not query[0]
         if not t:
-            raise EngineError("invalid_request", 400, f"{what}[{i}] is an empty string")
+            raise EngineError("invalid_request", 400, f"{named} is an empty string")
         if len(t) > MAX_TEXT_CHARS:
-            raise EngineError("invalid_request", 400, f"{what}[{i}] has {len(t)} characters; "
+            raise EngineError("invalid_request", 400, f"{named} has {len(t)} characters; "
                               f"at most {MAX_TEXT_CHARS} are taken (the model reads the first "
                               f"{MAX_TOKENS} tokens)")
     return texts

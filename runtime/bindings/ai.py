@@ -115,6 +115,10 @@ def _args(op: str, a: dict[str, Any]) -> dict[str, Any]:
             continue
         if not ok:
             raise BindingError(f"ai.{op}: {name} must be {kind}, got {_kind(value)}")
+        if name == "top_n" and value < 1:  # (the worker took -2 as "all but the last 2")
+            raise BindingError(f"ai.{op}: top_n must be at least 1, got {value}")
+        if name == "seed" and not -(1 << 63) <= value < 1 << 63:  # as /v1's
+            raise BindingError(f"ai.{op}: seed must be a 64-bit signed integer, got {value}")
     return a
 
 

@@ -187,6 +187,14 @@ def test_bad_rerank_inputs_are_invalid_requests(engine: OnnxEngine, query: Any,
     assert e.value.code == "invalid_request"
 
 
+def test_a_long_query_is_named_as_one_text(engine: OnnxEngine) -> None:
+    """It was "query[0] has 32769 characters" for one query string."""
+    with pytest.raises(EngineError, match=rf"^query has {MAX_TEXT_CHARS + 1} characters;"):
+        rerank(engine, "q" * (MAX_TEXT_CHARS + 1), ["d"])
+    with pytest.raises(EngineError, match=rf"^documents\[1\] has {MAX_TEXT_CHARS + 1} "):
+        rerank(engine, "q", ["d", "d" * (MAX_TEXT_CHARS + 1)])
+
+
 def test_other_model_is_not_found(engine: OnnxEngine) -> None:
     with pytest.raises(EngineError) as e:
         embed(engine, ["hi"], model="nope")
