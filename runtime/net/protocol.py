@@ -70,6 +70,10 @@ MAX_REFUSING = 256
 # (RFC 9112 9.6: a close with unread data sends an RST, which can discard the answer).
 LINGER_SECONDS = 2.0
 LINGER_BYTES = 64 << 20
+# the front's refusals while the client may still be sending (a body, a target, a header
+# section past its limit): read and dropped for a while, so that the client reads the
+# answer rather than a reset (RFC 9112 9.6; a 431 arrived as a reset, past the 413)
+LINGERED = frozenset({413, 414, 431})
 
 
 class Outbox:
@@ -763,7 +767,7 @@ class HttpProtocol(asyncio.Protocol):
             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
             % (status, REASONS.get(status, b"Unknown"), self.state.date, ctype,
                len(body), body))
-        if status == 413 and self.transport.can_write_eof():
+        if status in LINGERED and self.transport.can_write_eof():
             self._linger()
         else:
             self._finish(False)

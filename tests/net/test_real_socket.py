@@ -140,6 +140,24 @@ def test_a_refused_upload_reads_its_413_not_a_reset(limited: Running) -> None:
     assert got.startswith(b"HTTP/1.1 413") and got.endswith(b"bytes\n"), got[:200]
 
 
+@pytest.mark.parametrize(("head", "status"), [
+    (b"GET /echo HTTP/1.1\r\nHost: t\r\nX-Big: " + b"x" * (200 << 10), b"431"),
+    (b"GET /" + b"p" * (200 << 10), b"414"),
+])
+def test_a_refused_head_reads_its_answer_not_a_reset(limited: Running, head: bytes,
+                                                     status: bytes) -> None:
+    """A header section (or target) past its limit, the client still sending: the
+    front closed with bytes unread, and the kernel's reset could lose the answer."""
+    with socket.create_connection((limited.host, limited.port), timeout=5) as s:
+        s.sendall(head)
+        time.sleep(0.3)  # the answer is sent meanwhile
+        s.sendall(b"y" * (4 << 20))  # the client is still sending
+        got = b""
+        while chunk := s.recv(65536):  # (a ConnectionResetError: the reset)
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 " + status), got[:200]
+
+
 def test_pipelined_requests_then_a_half_close_read_every_answer(limited: Running) -> None:
     """Answers wait for the loop's turn (`Outbox`), pipelined ones in one write; the
     client's FIN then closes the connection, after what was answered went out. (echo
