@@ -164,7 +164,8 @@ class WasmConfig(Struct, forbid_unknown_fields=True, frozen=True):
     # MiB of guest memory the requests on the worker threads (WASI commands, reactors
     # with bindings or long runs) may count together, each its function's
     # limits.memory_mb; past it a request waits for one to end (an owner counts at
-    # most 3/8 of it). "auto": half of the machine's memory
+    # most 3/8 of it). "auto": half of the machine's memory. PoP-wide: with `workers`
+    # = N, each worker process holds 1/N of it (64 MiB at least)
     max_thread_memory_mb: Annotated[int, Meta(ge=64, le=1 << 24)] | Literal["auto"] = "auto"
 
     def thread_memory_mb(self) -> int:

@@ -68,7 +68,9 @@ class PoP:
         self.stores.private_hosts = config.fetch.hosts()
         self.wasm = WasmEngine(self.data_dir / "cache",
                                keep_resident=config.wasm.keep_resident_kib << 10,
-                               thread_memory_mb=config.wasm.thread_memory_mb())
+                               # PoP-wide: each of `workers` processes has its part
+                               thread_memory_mb=max(64, config.wasm.thread_memory_mb()
+                                                    // config.worker_count()))
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,
                                  self._vet)

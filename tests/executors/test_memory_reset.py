@@ -120,6 +120,9 @@ def test_the_pop_config_sets_keep_resident_and_the_threads_memory(tmp_path: Path
                                           "wasm.max_thread_memory_mb": 3000}) as pop:
         assert pop.pop.wasm.keep_resident == 8192
         assert pop.pop.wasm.thread_memory_mb == 3000
+    with pop_thread(tmp_path / "data2", **{"wasm.max_thread_memory_mb": 3000,
+                                           "workers": 2}) as pop:
+        assert pop.pop.wasm.thread_memory_mb == 1500  # each worker its part
 
 
 def test_over_the_native_lane_each_request_finds_memory_zeroed(tmp_path: Path) -> None:
