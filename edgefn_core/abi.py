@@ -72,6 +72,10 @@ README = 'see README "Guest ABI"'
 # The header fields (names and values) a function's response may carry, as a request's
 # are bounded: 200,000 fields made a 4.4 MB header block the PoP sent on
 MAX_HEAD_BYTES = 64 << 10
+# ... and so is their number: the check of the bytes came after every field was read,
+# and 1.8 million empty fields held the PoP's loop for 2 s (the C codec hands any
+# response it refuses to this module's walk, which says why)
+MAX_HEAD_FIELDS = 4096
 
 type Pairs = list[tuple[bytes, bytes]]
 
@@ -218,11 +222,15 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
 
     Raises `FunctionError` (``bad_response``, 502) if it is truncated (the
     message names the byte where it ends and what was expected there), has a
-    status outside 200..599 (a 1xx is never a final response), or carries an
-    invalid header name or value.
+    status outside 200..599 (a 1xx is never a final response), carries an
+    invalid header name or value, or more than `MAX_HEAD_FIELDS` header fields or
+    `MAX_HEAD_BYTES` of them.
     """
     try:  # the hot path: inline, and only on failure the careful walk that explains it
         status, count = _unpack2(buf, 0)
+        if count > MAX_HEAD_FIELDS:
+            raise FunctionError("bad_response", 502, f"guest returned {count} header fields: "
+                                f"more than {MAX_HEAD_FIELDS}")
         pos = size = 8
         headers = []
         for _ in range(count):
@@ -236,6 +244,8 @@ def decode_response(buf: bytes) -> tuple[int, Pairs, bytes]:
                 raise struct.error
             headers.append(check_header(name, value))
             size += n + m
+            if size > MAX_HEAD_BYTES + 8:  # said now, not after the rest is read
+                check_head_size(headers, size - 8)
         (n,) = _unpack(buf, pos)
         body = buf[pos + 4:pos + 4 + n]
         if len(body) != n:

@@ -18,6 +18,7 @@
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the ABI's u32s are copied as is");
 
 #define MAX_HEAD_BYTES (64 << 10) /* edgefn_core.abi.MAX_HEAD_BYTES */
+#define MAX_HEAD_FIELDS 4096      /* edgefn_core.abi.MAX_HEAD_FIELDS */
 #define U32_MAX 0xffffffffULL
 
 typedef struct {
@@ -217,7 +218,9 @@ twin:
 static PyObject *decode_response_buf(const uint8_t *p, uint64_t len) {
     if (len < 8) return NULL;
     uint32_t status = get_u32(p), count = get_u32(p + 4);
-    if (status < 200 || status > 599 || (uint64_t)count * 8 > len - 8) return NULL;
+    if (status < 200 || status > 599 || count > MAX_HEAD_FIELDS ||
+            (uint64_t)count * 8 > len - 8)
+        return NULL;
     PyObject *headers = PyList_New(count);
     if (!headers) return NULL;
     uint64_t pos = 8, head = 0;

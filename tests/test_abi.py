@@ -291,6 +291,26 @@ def test_a_response_s_header_fields_are_bounded() -> None:
                                    f"than {abi.MAX_HEAD_BYTES}")
 
 
+def test_a_response_s_header_fields_are_counted_before_they_are_read() -> None:
+    """1.8 million empty fields were each read and checked before the bytes were
+    counted: the PoP's loop held 2 s for one response (the C codec hands what it
+    refuses to this walk)."""
+    import struct
+
+    fields = [(b"a", b"")] * abi.MAX_HEAD_FIELDS
+    assert abi.decode_response(abi.encode_response(200, fields, b""))[1] == fields
+    with pytest.raises(FunctionError, match=r"^guest returned 4097 header fields: more than "
+                                            r"4096$"):
+        abi.decode_response(abi.encode_response(200, [*fields, (b"a", b"")], b""))
+    huge = struct.pack("<II", 200, 1_800_000) + b"\x01\0\0\0a\0\0\0\0" * 1_800_000
+    with pytest.raises(FunctionError, match=r"^guest returned 1800000 header fields"):
+        abi.decode_response(huge + b"\0\0\0\0")
+    # the bytes are said at the field that passes them, the rest unread
+    wide = [(b"x-%04d" % i, b"v" * 100) for i in range(1000)]
+    with pytest.raises(FunctionError, match=r"guest returned 619 header fields of 65614 bytes"):
+        abi.decode_response(abi.encode_response(200, wide, b""))
+
+
 def test_a_request_without_the_magic_is_refused() -> None:
     with pytest.raises(ProtocolError, match="does not start with b'EFQ1'"):
         abi.decode_request(b"EFQ2" + encode(abi.GuestRequest(b"", b"", b"", [], [], b"", [], []))[4:])

@@ -199,6 +199,8 @@ def test_decode_response_bounds_the_head_as_python() -> None:
         same("decode_response", PY.encode_response(200, [(b"x", value)], b""))
     many = [(b"x", b"y")] * (abi.MAX_HEAD_BYTES // 2 + 1)
     same("decode_response", PY.encode_response(200, many, b""))
+    for n in (abi.MAX_HEAD_FIELDS, abi.MAX_HEAD_FIELDS + 1):  # few bytes, many fields
+        same("decode_response", PY.encode_response(200, [(b"a", b"")] * n, b""))
 
 
 @settings(deadline=None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from edgefn_core.abi import TOKEN, WILDCARD, check_head_size
+from edgefn_core.abi import MAX_HEAD_BYTES, MAX_HEAD_FIELDS, TOKEN, WILDCARD, check_head_size
 from edgefn_core.errors import FunctionError
 from runtime.net.message import Request
 
@@ -19,6 +19,10 @@ _SKIP = frozenset({b"content-length", b"content-type", b"authorization"})
 # the end of the header block: the first empty line, LF or CRLF each ("\r\n\r\n" after
 # a body's "\n\n" split the body as headers when "\n\n" was looked for first)
 _BLANK_LINE = re.compile(rb"\r?\n\r?\n")
+_FIRST_BLANK = re.compile(rb"\r?\n")  # (matched at the start only)
+# the raw header block (names, values, colons, padding, line ends) a command may write:
+# what its fields may hold (`MAX_HEAD_BYTES`, `MAX_HEAD_FIELDS`) and room for the rest
+MAX_CGI_HEAD = 2 * MAX_HEAD_BYTES
 
 
 def environ(request: Request, route: str, env: dict[str, str], params: Mapping[str, str],
@@ -93,16 +97,28 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
 
     The header block ends at the first empty line, whether its lines end in LF or
     CRLF (a body may hold either). Raises `FunctionError` (``bad_response``, 502)
-    when the header block is missing or malformed.
+    when the header block is missing, empty or malformed, or past `MAX_CGI_HEAD`
+    bytes or `MAX_HEAD_FIELDS` lines.
     """
+    if _FIRST_BLANK.match(output):  # (it said "no blank line", of a blank first line)
+        raise FunctionError("bad_response", 502, "CGI output starts with a blank line: "
+                            "write a header line (Content-Type, Status or Location; RFC "
+                            "3875 6.2) before the blank line that ends them")
     end = _BLANK_LINE.search(output)  # the first one, however its line ends are written
     if end is None:
         raise FunctionError("bad_response", 502,
                             "CGI output has no blank line ending its headers")
     head, body = output[:end.start()], output[end.end():]
+    if len(head) > MAX_CGI_HEAD:  # before it is split: 5 million lines held the loop 4 s
+        raise FunctionError("bad_response", 502, f"CGI header block of {len(head)} bytes: "
+                            f"more than {MAX_CGI_HEAD}")
+    lines = head.replace(b"\r\n", b"\n").split(b"\n")
+    if len(lines) > MAX_HEAD_FIELDS:
+        raise FunctionError("bad_response", 502, f"CGI output has {len(lines)} header "
+                            f"lines: more than {MAX_HEAD_FIELDS}")
     status = size = 0
     headers: list[tuple[bytes, bytes]] = []
-    for line in head.replace(b"\r\n", b"\n").split(b"\n"):
+    for line in lines:
         name, colon, value = line.partition(b":")
         name, value = name.strip().lower(), value.strip()
         # `HEADER_NAME` and `BAD_HEADER_VALUE`, as bytes methods (`abi.check_header`'s way)

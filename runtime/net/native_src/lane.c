@@ -177,6 +177,7 @@ enum { WASI_RUN_OK = 0 };  /* wasi.c's RUN_OK: `_start` returned (or exited 0) *
 #define MAX_SEGMENTS 16  /* of a pattern route the lane serves (Python checks) */
 #define UA_SLOTS 1024  /* a power of two */
 #define MAX_HEAD_BYTES (64 << 10)  /* edgefn_core.abi.MAX_HEAD_BYTES */
+#define MAX_HEAD_FIELDS 4096       /* edgefn_core.abi.MAX_HEAD_FIELDS */
 
 typedef struct { uint32_t name, name_len, value, value_len; } hdr_t;
 
@@ -692,7 +693,9 @@ static const uint8_t *check_frame(const uint8_t *p, uint64_t len, uint32_t *stat
     if (!p || len < 8) return NULL;
     *status = get_u32(p);
     *count = get_u32(p + 4);
-    if (*status < 200 || *status > 599 || (uint64_t)*count * 8 > len - 8) return NULL;
+    if (*status < 200 || *status > 599 || *count > MAX_HEAD_FIELDS ||
+            (uint64_t)*count * 8 > len - 8)
+        return NULL;
     uint64_t pos = 8, head = 0;
     for (uint32_t i = 0; i < *count; i++) {
         if (len - pos < 4) return NULL;

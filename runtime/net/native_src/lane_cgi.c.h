@@ -152,12 +152,14 @@ static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len
     }
     if (i == len) return 0;
     end = i;
+    if (end > 2 * MAX_HEAD_BYTES) return 0;  /* wasi.MAX_CGI_HEAD */
     if (grow(buf, cap, 512)) return -1;
     size_t at = 8, size = 0;  /* where the next pair goes; names' and values' bytes */
-    uint32_t status = 0, count = 0;
+    uint32_t status = 0, count = 0, lines = 0;
     int location = 0;
     size_t line = 0;
     while (line <= end) {  /* head.replace(b"\r\n", b"\n").split(b"\n") */
+        if (++lines > MAX_HEAD_FIELDS) return 0;
         size_t stop = line;
         while (stop < end && out[stop] != '\n' && !(out[stop] == '\r' && stop + 1 < end &&
                                                      out[stop + 1] == '\n'))

@@ -340,6 +340,7 @@ static int encode(PyObject *const *a, size_t *out_len) {
 
 static unsigned char TCHAR[256];  /* RFC 9110 token characters */
 #define MAX_HEAD_BYTES (64 << 10)  /* edgefn_core.abi.MAX_HEAD_BYTES */
+#define MAX_HEAD_FIELDS 4096       /* edgefn_core.abi.MAX_HEAD_FIELDS */
 
 static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -348,7 +349,9 @@ static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return
 static PyObject *decode(const uint8_t *p, uint64_t len) {
     if (len < 8) return NULL;
     uint32_t status = get_u32(p), count = get_u32(p + 4);
-    if (status < 200 || status > 599 || (uint64_t)count * 8 > len - 8) return NULL;
+    if (status < 200 || status > 599 || count > MAX_HEAD_FIELDS ||
+            (uint64_t)count * 8 > len - 8)
+        return NULL;
     PyObject *headers = PyList_New(count);
     if (!headers) return NULL;
     uint64_t pos = 8, head = 0;
