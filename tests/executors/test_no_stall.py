@@ -431,6 +431,34 @@ def test_linear_memory_goes_back_to_the_system_after_a_burst(engine: WasmEngine,
     assert after - baseline < 16, (baseline, peak, after)  # and gave it all back
 
 
+BIG_ANSWER = """(module (memory (export "memory") 1)
+ (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 0))
+ (func (export "edgefn_handle") (param i32 i32) (result i64)
+   (drop (memory.grow (i32.const 1025)))   ;; 64 MiB more
+   (i32.store (i32.const 65536) (i32.const 200)) (i32.store (i32.const 65540) (i32.const 0))
+   (i32.store (i32.const 65544) (i32.const 67108852))
+   (i64.or (i64.shl (i64.const 65536) (i64.const 32)) (i64.const 67108864))))"""
+
+
+def test_a_large_answer_leaves_no_buffer_of_its_size_on_its_thread(engine: WasmEngine,
+                                                                   tmp_path: Path) -> None:
+    """Each worker thread kept a buffer as large as the largest response it had
+    copied out of guest memory: four 200 MiB answers pinned 800 MB for good."""
+    fn = load(engine, function_dir(tmp_path, "big", BIG_ANSWER, limits=(
+        "memory_mb = 128\ncpu_ms = 5000\nmax_response_mb = 100")))
+
+    async def burst() -> list[int]:
+        done = await asyncio.gather(*(serve(fn) for _ in range(THREAD_SHARE)))
+        return [len(r.body) if isinstance(r.body, bytes) else -1 for r in done]
+
+    gc.collect()
+    baseline = rss_mib()
+    for _ in range(3):  # on worker threads (past 16 MiB)
+        assert asyncio.run(burst()) == [67108852] * THREAD_SHARE
+    gc.collect()
+    assert rss_mib() - baseline < 64, (baseline, rss_mib())  # (4 x 64 MiB were kept)
+
+
 # -- host calls do not eat the CPU budget -------------------------------------------------------
 INCREMENT = ("(drop (call $inc (i32.const 200) (i32.const 1) (i32.const 210) (i32.const 1) "
              "(i64.const 1)))")  # kv_increment("c", "k", 1)

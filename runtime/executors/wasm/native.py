@@ -45,6 +45,7 @@ SOURCE = Path(__file__).with_name("native_src") / "reactor.c"
  BAD_FRAME) = range(10)
 EXTENSION = "_edgefn_reactor"  # the module name the C file's PyInit_ is for
 EXPORTS = ("memory", "edgefn_alloc", "edgefn_handle")
+TRIM_BYTES = 1 << 20  # reactor.c's: what a thread's response buffer keeps between calls
 
 
 class Result(ctypes.Structure):
@@ -81,6 +82,9 @@ class NativeLib:
         for f in (self.guest_begin, self.guest_end):
             f.restype = None
             f.argtypes = []
+        self.trim = lib.edgefn_trim  # this thread's response buffer, down to TRIM_BYTES
+        self.trim.restype = None
+        self.trim.argtypes = []
         self.epoch_advance = lib.edgefn_epoch_advance
         self.epoch_advance.argtypes = [c_void_p, c_uint64]
         self.lib = lib
@@ -150,7 +154,10 @@ class NativeReactorCall(CallTarget):
         if self.lib.call(self.engine, self.pre, self.memory_limit, self.deadline_ticks, request,
                          len(request), self.max_response, 1, self.result_ref, self.times_ref):
             raise self._error(r, len(request))
-        return ctypes.string_at(r.response, r.response_len)
+        out = ctypes.string_at(r.response, r.response_len)
+        if r.response_len > TRIM_BYTES:  # copied: the thread's buffer need not stay that big
+            self.lib.trim()
+        return out
 
     def serve(self, method: bytes, path: bytes, query: bytes, headers: Pairs, env_blob: bytes,
               body: bytes, params_blob: bytes, principal_blob: bytes
@@ -167,7 +174,10 @@ class NativeReactorCall(CallTarget):
             return out
         r = self.result
         if out == BAD_FRAME:  # the decoder's own words for what is wrong with it
-            return decode_response(ctypes.string_at(r.response, r.response_len))
+            raw = ctypes.string_at(r.response, r.response_len)
+            if r.response_len > TRIM_BYTES:
+                self.lib.trim()
+            return decode_response(raw)
         raise self._error(r, r.b)
 
     def prewarm(self, request: bytes) -> None:
