@@ -42,6 +42,52 @@ async def handle(request, env):
 """
 
 
+LEFT_TASK = """
+import asyncio, time
+from edgefn import Response
+
+TASKS = set()
+SEEN = []
+
+async def spin_later():
+    await asyncio.sleep(0.01)
+    started = time.thread_time()
+    while time.thread_time() - started < 0.5:
+        pass
+
+async def record_later():
+    try:
+        await asyncio.sleep(0.02)
+        SEEN.append("ran on")
+    finally:
+        SEEN.append("ended")
+
+async def handle(request, env):
+    if request.query.get("t") == "spin":
+        TASKS.add(asyncio.create_task(spin_later()))
+        return Response("started")
+    if request.query.get("t") == "record":
+        TASKS.add(asyncio.create_task(record_later()))
+        return Response("started")
+    await asyncio.sleep(0.05)
+    return Response(",".join(SEEN) or "-")
+"""
+
+
+def test_an_asyncio_task_left_pending_is_cancelled_when_its_request_ends(
+        pop: Running, tmp_path: Path) -> None:
+    """A task one request left ran during the next one's awaits: that request, which
+    spun nothing, got a 503 `cpu_limit` (3 times in 3); and a task saw (and wrote)
+    what the next request held."""
+    pop.deploy(python_function(tmp_path, "asy", LEFT_TASK, limits="cpu_ms = 100",
+                               pool="min = 1\nmax = 1\nstandby = false"))
+    for _ in range(3):
+        assert pop.get("/asy?t=spin")[::2] == (200, b"started")
+        assert pop.get("/asy")[::2] == (200, b"-")
+    assert pop.get("/asy?t=record")[::2] == (200, b"started")
+    assert pop.get("/asy")[::2] == (200, b"ended")  # cancelled: its finally ran, not its work
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of process `pid`, all its threads."""
     with open(f"/proc/{pid}/stat") as f:

@@ -381,6 +381,7 @@ class Session:
                     if served == recycle_after:  # before the response: no new job is sent here
                         self.closing()
                     self.one(payload)
+                    self.reap_tasks()
                     self.reap_threads()
                 elif kind == wire.WARM:
                     self.warm(payload)
@@ -506,6 +507,38 @@ class Session:
         self.closing()  # before the answer: no job is sent here again
         self.send_error("memory_limit", f"ran out of memory ({what}); its interpreter "
                         "is recycled")
+
+    def reap_tasks(self) -> None:
+        """Cancel the asyncio tasks the function left pending on the isolate's loop
+        when its request ended: they ran on during the next request's awaits, billed
+        to its cpu_ms (a 503 `cpu_limit` for a request that spun nothing) and seeing
+        what it held. One that does not end within `THREAD_GRACE` of its cancel (or
+        runs past the CPU limit meanwhile) costs a recycle."""
+        loop = self.loop_
+        if loop is None:  # no handler of this interpreter awaited anything
+            return
+        import asyncio
+
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        try:
+            self.dog.arm()
+            try:  # their `finally` blocks run, within the function's limits
+                loop.run_until_complete(asyncio.wait(pending, timeout=THREAD_GRACE))
+            finally:
+                self.dog.disarm()
+        except BaseException:  # (its limit's interrupt): a fresh interpreter serves next
+            self.closing()
+        ran_on = any(not t.done() for t in pending)
+        if ran_on:
+            self.closing()
+        self.call("log", {"message": f"edgefn: cancelled {len(pending)} asyncio task(s) "
+                                     "the request left pending (tasks must end before the "
+                                     "handler returns)" + ("; one ran on, so the isolate "
+                                                           "recycles" if ran_on else "")})
 
     def reap_threads(self) -> None:
         """Stop the threads the function started that outlived its request: work after
