@@ -277,7 +277,7 @@ def _check_new(m: Manifest, file: str) -> None:
     `pool` are Python's (a WASM module exports its own entry points and gets a fresh
     instance per request), `abi` is WASM's; or, for ``abi = "wasi"``, an `env` entry
     the guest would not get as written (`wasi_env_problem`: a CGI variable's name, a
-    NUL in the value)."""
+    NUL in the value); for a Python function, a NUL in an `env` value."""
     _check_new_routes(m.route_list(), file)
     if m.runtime == "wasm":
         if m.handler != "handle":
@@ -293,6 +293,17 @@ def _check_new(m: Manifest, file: str) -> None:
                     raise ManifestError(file, problem, f"env.{name}")
     elif m.abi != "auto":
         raise ManifestError(file, "`abi` applies to WASM functions only", "abi")
+    else:  # Python: the env is its host process's (`os.environ`), which holds no NUL
+        for name, value in m.env.items():  # (the host failed to start, "main.py's fault")
+            if "\0" in value:
+                raise ManifestError(file, "expected a value without NUL (a Python function's "
+                                    f"environment is its process's), got {value!r}",
+                                    f"env.{name}")
+
+
+def wasi_cgi_name(name: str) -> bool:
+    """Whether `name` is one the PoP sets for each request of a WASI command."""
+    return name in WASI_CGI_NAMES or name.startswith(WASI_CGI_PREFIXES)
 
 
 def wasi_env_problem(name: str, value: str) -> str | None:
@@ -300,7 +311,7 @@ def wasi_env_problem(name: str, value: str) -> str | None:
     PoP sets for each request (`WASI_CGI_NAMES`, `WASI_CGI_PREFIXES`; the request's
     variable wins, `runtime.executors.wasm.wasi.environ`), or a NUL in the value (the
     guest's environment is C strings: it ended there)."""
-    if name in WASI_CGI_NAMES or name.startswith(WASI_CGI_PREFIXES):
+    if wasi_cgi_name(name):
         like = next((f" (`{p}*`)" for p in WASI_CGI_PREFIXES if name.startswith(p)), "")
         return (f"{name!r} is named like a CGI variable the PoP sets for each request{like}, "
                 "which a WASI guest gets instead: choose another name")

@@ -9,16 +9,19 @@ request (decoded from its frame) gives a command is compared too."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.executors.wasm.function import WasmFunction
+from runtime.net.message import Request, Response
 from tests.net.test_native_lane import Side, both, request
 from tests.net.test_native_lane_python import exchange_rest
 from tests.support import function_dir, wait_for
@@ -334,6 +337,35 @@ def test_a_command_whose_env_a_request_may_hide_is_not_run_by_the_c(
         assert lane._cgi(fn, "/env") is None
     finally:
         del fn.env["NUL"]
+
+
+def test_an_auto_abi_command_never_gets_a_manifest_cgi_variable(tmp_path: Path) -> None:
+    """A deploy with ``abi = "wasi"`` is refused an env named like a CGI variable; one
+    with the default ``"auto"`` (a command found at load) was not, and an anonymous
+    request's REMOTE_USER was the manifest's ``admin``."""
+    from runtime.executors.wasm.engine import WasmEngine
+    from tests.test_wasm import load
+
+    d = function_dir(tmp_path, "autoenv", ENV, extra='[env]\nREMOTE_USER = "admin"\n'
+                     'PATH_INFO = "spoof"\nHTTP_X_FORWARDED_FOR = "1.2.3.4"\nMODE = "m"\n')
+    engine = WasmEngine(tmp_path / "cache")
+    try:
+        fn = load(engine, d)
+        assert fn.abi == "wasi" and fn.env == {"MODE": "m"}
+        result = fn.handle(Request(b"GET", b"/autoenv", b"", [], b"x", "1.1", True,
+                                   "127.0.0.1:5"), "/autoenv", {})
+        response = result if isinstance(result, Response) else asyncio.run(
+            _awaited(result))
+        body = response.body
+        assert isinstance(body, bytes)
+        assert body.startswith(b"MODE=m\n") and b"\nPATH_INFO=/autoenv\n" in body
+        assert b"admin" not in body and b"spoof" not in body and b"1.2.3.4\n" not in body
+    finally:
+        engine.close()
+
+
+async def _awaited(pending: Any) -> Any:
+    return await pending
 
 
 def test_a_posts_body_is_the_commands_stdin(pair: tuple[Side, Side]) -> None:

@@ -67,7 +67,7 @@ from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
 from runtime.executors.wasm.host import NO_ORIGIN, Origin
 from runtime.executors.wasm.native import NativeReactorCall
 from runtime.executors.wasm.timing import InstantiateTimes
-from runtime.functions.manifest import Manifest
+from runtime.functions.manifest import Manifest, wasi_cgi_name
 from runtime.net.message import Request, Response, cdn_loop
 
 log = logging.getLogger("edgefn.wasm")
@@ -163,6 +163,15 @@ class WasmFunction:
         self.threaded = bool(b.ai or b.kv or b.vectors or b.fetch or host_funcs
                              or limits.max_response_mb > INLINE_RESPONSE_MB)
         self.env = dict(manifest.env)
+        if self.abi == "wasi":  # a name the PoP sets per request is never the manifest's:
+            # where a request did not set it (REMOTE_USER for an anonymous caller), an
+            # `abi = "auto"` command got the manifest's (a deploy with abi = "wasi" is
+            # refused such a name; "auto" learns it is a command only here)
+            for name in [k for k, v in self.env.items() if wasi_cgi_name(k)]:
+                log.warning("%s: env %s is named like a CGI variable the PoP sets for each "
+                            "request: a WASI command never gets the manifest's (choose "
+                            "another name)", manifest.name, name)
+                del self.env[name]
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in self.env.items()])
         if self.abi == "reactor":
             if uses_wasi:

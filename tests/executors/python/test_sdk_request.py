@@ -104,6 +104,8 @@ def test_a_response_takes_a_fetch_responses_headers_and_a_dict_s_names_once() ->
                                 headers={"content-type": "application/problem+json"})
     assert problem.headers.get_all("content-type") == ["application/problem+json"]
     assert sdk.Response.json([]).headers.get("content-type") == "application/json"
+    for status in (204, 304):  # no content, so no type of it (as `Response(str)` does)
+        assert sdk.Response.json(None, status).headers.get("content-type") is None
     pairs = sdk.Response(b"", 204, [("set-cookie", "a=1"), ("set-cookie", "b=2")])
     assert pairs.headers.get_all("set-cookie") == ["a=1", "b=2"]
 

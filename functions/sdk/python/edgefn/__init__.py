@@ -213,7 +213,8 @@ class Response:
     def json(cls, data: Any, status: int = 200,
              headers: dict[str, str] | None = None) -> Response:
         r = cls(_json.dumps(data).encode(), status, headers)
-        if "content-type" not in r.headers:  # application/problem+json and the like stay
+        # application/problem+json and the like stay; a 204 or 304 carries no content
+        if "content-type" not in r.headers and status not in (204, 304):
             r.headers["content-type"] = "application/json"
         return r
 
