@@ -536,10 +536,10 @@ def test_a_reactor_allowed_large_responses_runs_on_worker_threads(engine: WasmEn
 
 
 def test_a_binding_error_quoting_the_wall_marker_stays_a_binding_error() -> None:
-    from runtime.executors.wasm.ffi import _binding_error
+    from runtime.executors.wasm.ffi import binding_error
 
-    quoted = _binding_error("edgefn binding: function 'f' did not declare KV namespace "
+    quoted = binding_error("edgefn binding: function 'f' did not declare KV namespace "
                             "'edgefn wall: x'", "edgefn_handle")
     assert quoted is not None and (quoted.code, quoted.status) == ("binding", 500)
-    wall = _binding_error("edgefn wall: a host call past the wall-time limit", "edgefn_handle")
+    wall = binding_error("edgefn wall: a host call past the wall-time limit", "edgefn_handle")
     assert wall is not None and (wall.code, wall.status) == ("wall_limit", 504)

@@ -247,6 +247,40 @@ def test_a_wasi_command_with_bindings_runs_on_a_worker_thread(tmp_path: Path,
         engine.close()
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_a_wasi_commands_failed_host_call_is_a_binding_error_with_its_reason(
+        tmp_path: Path, native: bool) -> None:
+    """It was a 500 `trap` "failed: error while executing at wasm backtrace ...", the
+    reason cut off; a reactor's is `binding` with it (README "Guest ABI")."""
+    src = wasi("""(drop (call $kv_increment (i32.const 100) (i32.const 5) (i32.const 110)
+                    (i32.const 1) (i64.const 1)))""",
+               '(data (i32.const 100) "other") (data (i32.const 110) "n")',
+               imports='(import "edgefn" "kv_increment" (func $kv_increment (param i32 i32 '
+                       'i32 i32 i64) (result i64)))')
+    d = function_dir(tmp_path, "undeclared", src, extra='abi = "wasi"\nowner = "t"\n'
+                                                         '[bindings]\nkv = ["c"]')
+    engine = WasmEngine(tmp_path / "cache", native=native)
+    stores = Stores(tmp_path / "stores")
+    try:
+        fn = load(engine, d, Bindings.prepare(stores, manifest.load(d)))
+
+        async def once() -> FunctionError:
+            result = fn.handle(request(), "/undeclared", {})
+            assert not isinstance(result, Response)
+            with pytest.raises(FunctionError) as e:
+                await result
+            return e.value
+
+        error = asyncio.run(once())
+        assert (error.code, error.status) == ("binding", 500)
+        assert str(error) == ("failed in a host call from _start: function 'undeclared' did "
+                              "not declare KV namespace 'other' (add it to [bindings] kv in "
+                              "edgefn.toml)")
+    finally:
+        engine.close()
+        stores.close()
+
+
 @pytest.mark.parametrize(("source", "abi", "message"), [
     ('(module (memory (export "memory") 1)'
      ' (func (export "edgefn_alloc") (param i32) (result i32) unreachable)'

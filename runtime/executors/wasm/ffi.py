@@ -202,7 +202,7 @@ def call_error(trap_ptr: int | None, error_ptr: int | None, what: str, outcome: 
     if error_ptr:
         ptr = ctypes.cast(error_ptr, POINTER(ffi.wasmtime_error_t))
         err = wasmtime.WasmtimeError._from_ptr(ptr)
-        return _binding_error(str(err), what) or FunctionError("trap", 500, f"{what} failed: {err}")
+        return binding_error(str(err), what) or FunctionError("trap", 500, f"{what} failed: {err}")
     raise AssertionError("call_error without a trap or an error")
 
 
@@ -214,7 +214,7 @@ def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: in
     quarter of it (at the limit ``memory.grow`` returns -1 and guests abort, so
     the trap itself does not say why)."""
     code = trap.trap_code
-    binding = _binding_error(trap.message, what)
+    binding = binding_error(trap.message, what)
     if binding is not None:
         return binding
     if code == wasmtime.TrapCode.INTERRUPT:
@@ -236,7 +236,7 @@ def trap_error(trap: wasmtime.Trap, what: str, outcome: Outcome, memory_size: in
     return FunctionError("trap", 500, f"trapped in {what} ({label}): {_first_line(trap.message)}")
 
 
-def _binding_error(message: str, what: str) -> FunctionError | None:
+def binding_error(message: str, what: str) -> FunctionError | None:
     """A trap a host function raised (see `wasm_host.TRAP_PREFIX`), with its reason;
     or the wall-time limit a host call was made past (`wasm_host.WALL_PREFIX`). A
     binding's reason may quote the guest (a namespace named "edgefn wall: x"), so it

@@ -63,7 +63,7 @@ from runtime.executors.wasm import native as wasm_native
 from runtime.executors.wasm import native_wasi, wasi_poll, wasi_stdio
 from runtime.executors.wasm import wasi as cgi
 from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine, ptr_value
-from runtime.executors.wasm.ffi import Outcome, ReactorCall, trap_error
+from runtime.executors.wasm.ffi import Outcome, ReactorCall, binding_error, trap_error
 from runtime.executors.wasm.host import NO_ORIGIN, Origin
 from runtime.executors.wasm.native import NativeReactorCall
 from runtime.executors.wasm.timing import InstantiateTimes
@@ -619,6 +619,9 @@ class WasmFunction:
                                 f"{self.manifest.limits.wall_ms} ms (sleeping)")
         if isinstance(e, wasmtime.Trap):
             raise trap_error(e, "_start", outcome, memory_size)
+        failed = binding_error(str(e), "_start")  # a host function's, as from a reactor
+        if failed is not None:  # (it was a `trap` with a backtrace, its reason cut off)
+            raise failed
         raise FunctionError("trap", 500, f"failed: {_short(str(e))}")
 
     def _stderr_dropped(self, dropped: int) -> None:
