@@ -65,6 +65,30 @@ def overrides(fields: dict[str, Any]) -> pytest.MarkDecorator:
     return pytest.mark.parametrize("hello", [fields], indirect=True, ids=list(fields))
 
 
+LOOPING = """(module (memory (export "memory") 1)
+ (func (export "edgefn_alloc") (param i32) (result i32) (i32.const 0))
+ (func (export "edgefn_handle") (param i32 i32) (result i64) (loop $l (br $l)) (i64.const 0)))"""
+
+
+def test_a_looping_pure_reactors_quiet_request_ends_at_its_slice(
+        tmp_path: Path, quiet_statuses: dict[str, int]) -> None:
+    """A pure reactor's quiet request cut at the inline slice ran again on a thread
+    to its own limits: `edgefn deploy` took 30 s (the warm-up's timeout), the guest
+    ran on after it, and a boot waited as long for each such function."""
+    import time
+
+    from tests.support import function_dir
+
+    with pop_thread(tmp_path / "data") as pop:
+        started = time.monotonic()
+        pop.deploy(function_dir(tmp_path / "fns", "looping", LOOPING,
+                                limits="cpu_ms = 60000\nwall_ms = 300000"))
+        assert time.monotonic() - started < 5
+        assert list(quiet_statuses.values()) == [503]  # cut at the slice, not run again
+        fn = pop.pop.registry.functions["looping"].executor
+        assert not getattr(fn, "verdict_pending", True)  # its state untouched
+
+
 def test_no_event_metric_or_log_line_sees_it(hello: Running) -> None:
     hello.delivered()
     assert list(hello.pop.ring.events) == []

@@ -359,6 +359,23 @@ class WasmFunction:
             self.verdict_pending = True
         return self._rerun_wasi_threaded(env, request.body, _origin(request, principal))
 
+    def handle_quiet(self, request: Request, route: str, params: Mapping[str, str],
+                     principal: Mapping[str, str] = NO_PRINCIPAL
+                     ) -> Response | Awaitable[Response]:
+        """A quiet warm-up request (`runtime.pipeline.warm`): a reactor run inline
+        once, within its slice, the function's state untouched; raises
+        `FunctionError` (``SLICE_EXPIRED``) where it is cut there. `handle` ran one cut
+        at the slice again on a thread, to its own limits: a looping handler held a
+        deploy 30 s (the warm-up's timeout) and a boot as long for each such function.
+        Any other function's as `handle`'s."""
+        if self.abi != "reactor" or self.threaded:
+            return self.handle(request, route, params, principal)
+        done = self._inline(request, encode_params(params), principal_blob(principal), 1)
+        if done is None:
+            raise FunctionError(SLICE_EXPIRED, 503, "its warm-up request was cut at the "
+                                "inline slice (not run again)")
+        return done
+
     def _inline(self, request: Request, params_blob: bytes, who: bytes, tries: int
                 ) -> Response | None:
         """`request` run inline, `tries` times at most while it is cut at the slice
