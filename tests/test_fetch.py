@@ -356,6 +356,7 @@ def test_allowed_matches_the_whole_url_and_knows_literal_hosts() -> None:
     ("64:ff9b:1:a9fe:0:a900:808:808", False), ("::", False),
     ("127.0.0.1", False), ("10.1.2.3", False), ("169.254.169.254", False), ("::1", False),
     ("fe80::1%eth0", False), ("224.0.0.1", False), ("0.0.0.0", False), ("198.18.0.1", False),
+    ("2606:4700::1%eth0", True), ("2606:4700::1%e%x", True),  # a zone is not the address
 ])
 def test_only_global_unicast_addresses_count_as_public(ip: str, public: bool) -> None:
     assert fetch_binding._public(ip) is public
@@ -503,6 +504,47 @@ def test_subrequests_count_each_tree_and_forget_old_ones() -> None:
     now[0] = 20.0  # past `seconds`: "b" and "c" forgotten, "b" counts from 1 again
     counted.take("b")
     assert counted.trees == {"b": [20.0, 1]}
+
+
+def test_the_tree_is_the_last_edgefn_entrys_whatever_follows_or_how_params_are_spaced() -> None:
+    tree = "0123456789abcdef"
+    named = fetch_binding._named_tree
+    assert named(f"edgefn; tree={tree}, fastly") == tree  # another CDN's entry after it
+    assert named(f"edgefn;a=1;tree={tree}") == tree  # parameters without spaces
+    assert named(f"fastly, edgefn; tree={tree}, edgefn; tree=zz") is None  # the last names none
+    assert named(None) is None and named("") is None
+    assert named(f"edgefn; a={tree}") is None  # a tree's digits under another name
+
+
+def test_timeout_ms_is_checked_at_its_bounds() -> None:
+    binding = FetchBinding("f", [], 1000)
+
+    async def asked(timeout_ms: float) -> str:
+        try:
+            await binding.call({"url": "http://127.0.0.1:1/", "timeout_ms": timeout_ms})
+        except (BindingError, ValueError) as e:
+            return f"{type(e).__name__}: {e}"
+        return "fetched"
+
+    for ok in (1, 1.0, 1e12 - 1):  # checked, then refused for the URL (no pattern)
+        assert asyncio.run(asked(ok)).startswith("BindingError: fetch: 'http://127.0.0.1:1/' "
+                                                 "is not allowed"), ok
+    for bad in (0.99, 1e12, 1e12 + 0.5):
+        assert asyncio.run(asked(bad)).startswith("ValueError: timeout_ms must be"), bad
+
+
+def test_a_tree_is_forgotten_exactly_seconds_after_its_first_fetch_oldest_first() -> None:
+    now = [0.0]
+    counted = fetch_binding.Subrequests(limit=3, seconds=10, most=4, clock=lambda: now[0])
+    counted.take("old")
+    now[0] = 5.0
+    counted.take("new")
+    now[0] = 10.0  # "old" is 10 s old: forgotten; "new" (5 s) kept
+    counted.take("third")
+    assert list(counted.trees) == ["new", "third"]
+    now[0] = 15.0
+    counted.take("third")
+    assert counted.trees == {"third": [10.0, 2]}
 
 
 async def _spend(binding: FetchBinding, lineage: fetch_binding.Lineage) -> str:
@@ -695,4 +737,7 @@ def test_patterns_are_named_when_none_allows_and_hosts_are_read_whole() -> None:
     assert FetchBinding("f", ["http://*"], 1).allowed("http://Api.Example.com:8080") == (
         Target("http", "api.example.com", 8080, "/"), EXPLICITLY)
     assert _pattern_host("http://10.0.0.5/go?to=http://x") == "10.0.0.5"
+    assert _pattern_host("http://u:p@Example.com/*") == "example.com"  # userinfo: not the host
+    assert _pattern_host("http://a@b@example.com:8080/*") == "example.com"
+    assert _pattern_host("http://fd00::1/*") == "fd00::1"  # an unbracketed v6 literal, whole
     assert _pattern_host("http://[FD00::A]:8080/*") == "fd00::a"

@@ -141,6 +141,30 @@ def test_memory_bounds_the_requests_on_threads_together_and_per_owner() -> None:
     asyncio.run(go())
 
 
+def test_memory_shares_are_whole_mib_and_the_part_for_anyone_is_inclusive() -> None:
+    async def go() -> ThreadShares:
+        shares = ThreadShares(total=20, per_owner=6, reserve=4, memory_mb=1001)
+        assert (shares.memory_per_owner, shares.memory_reserve) == (375, 200)
+        assert shares.counted(1024) == 375 and type(shares.counted(1024)) is int
+        await shares.acquire("a", 375)
+        await shares.acquire("b", 300)
+        await shares.acquire("e", 100)  # 775: 801 - 775 = 26 left for anyone
+        assert shares.may_take("e", 26) and not shares.may_take("e", 27)  # up to 801 itself
+        granted = asyncio.ensure_future(shares.acquire("f", 226))  # all but the reserve's 0
+        await asyncio.wait_for(granted, 1)
+        waiting = asyncio.ensure_future(shares.acquire("e", 50))
+        await asyncio.sleep(0)
+        shares.release("a", 375)  # granted to e; its task is cancelled before it runs again
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return shares
+
+    shares = asyncio.run(go())
+    assert shares.held_mb == {"b": 300, "e": 100, "f": 226} and shares.mb_in_use == 626
+    assert shares.held == {"b": 1, "e": 1, "f": 1}
+
+
 def test_without_a_memory_bound_requests_count_nothing() -> None:
     shares = ThreadShares(total=20, per_owner=6, reserve=4)
-    assert shares.counted(1024) == 0 and shares.may_take("a", 0)
+    assert shares.memory == 0 and shares.counted(1024) == 0 and shares.may_take("a", 0)
