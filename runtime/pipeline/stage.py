@@ -134,15 +134,20 @@ async def _then(pending: Awaitable[Response], after: Callable[..., Response],
     return after(await pending, *args)
 
 
-async def counted(body: AsyncIterator[bytes], done: Callable[[int], None]
-                  ) -> AsyncIterator[bytes]:
+async def counted(body: AsyncIterator[bytes], done: Callable[[int], None],
+                  failed: list[Exception] | None = None) -> AsyncIterator[bytes]:
     """`body` relayed chunk by chunk; once it ends, fails or the client goes away,
-    `body` is closed and ``done(bytes sent)`` is called (what observing stages log)."""
+    `body` is closed and ``done(bytes sent)`` is called (what observing stages log);
+    what it failed with, if it did, is added to `failed` first."""
     sent = 0
     try:
         async for chunk in body:
             sent += len(chunk)
             yield chunk
+    except Exception as e:
+        if failed is not None:
+            failed.append(e)
+        raise
     finally:
         aclose = getattr(body, "aclose", None)
         if aclose is not None:

@@ -13,6 +13,7 @@ any observer sees it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,9 @@ from typing import Any
 
 import msgspec
 
+from edgefn_core.errors import EdgefnError
 from runtime.config import PopConfig
+from runtime.executors.output import said
 from runtime.net.message import Request, Response
 from runtime.observe.event import AIUsage, Event
 from runtime.observe.observers import Observers
@@ -33,6 +36,8 @@ CLIENT_GONE = 499  # the status of a request whose client left before its answer
 
 AI_OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
                  "/v1/embeddings": "embeddings", "/v1/rerank": "rerank"}
+
+log = logging.getLogger("edgefn.pop")
 
 
 class _Asked(msgspec.Struct):
@@ -98,12 +103,29 @@ class Events:
         elif request.method == b"HEAD":  # the front takes one chunk, to start the stream's
             # wrappers, and sends none: nothing sent, whatever that chunk held
             response.body = counted(body, lambda _: self.emit(request, ctx, response, ts, 0))
-        else:
-            response.body = counted(body, partial(self.emit, request, ctx, response, ts))
+        else:  # one cut after its head (a limit, a bad chunk) is said 200 to the client,
+            # and was an event of 200 with no error, logged nowhere: its error and a warning
+            failed: list[Exception] = []
+            response.body = counted(body, partial(self._streamed, request, ctx, response, ts,
+                                                  failed), failed)
         return response
 
+    def _streamed(self, request: Request, ctx: Context, response: Response, ts: float,
+                  failed: list[Exception], sent: int) -> None:
+        """A stream's event, once it ended: what cut it (`failed`), if anything, is its
+        error (an `EdgefnError`'s code, else ``exception``), logged as a warning."""
+        error = None
+        if failed and not ctx.quiet:
+            e = failed[0]
+            error = e.code if isinstance(e, EdgefnError) else "exception"
+            target = ctx.target
+            log.warning("%s: %s: %s (its streamed response was cut after its head)",
+                        target.label if target is not None else "pipeline", error,
+                        said(str(e)) or type(e).__name__)
+        self.emit(request, ctx, response, ts, sent, error)
+
     def emit(self, request: Request, ctx: Context, response: Response, ts: float,
-             sent: int) -> None:
+             sent: int, error: str | None = None) -> None:
         """Build the event and hand it to every observer. Only the fields that
         usually hold something are passed to the constructor; the rest are set
         when present (the constructor's cost grows with its arguments). This runs
@@ -142,6 +164,8 @@ class Events:
             self._decisions(event, request, ctx.decisions)
         if status >= 400:
             event.error = _error(response)
+        elif error is not None:  # a stream cut after its head (`_streamed`)
+            event.error = error
         if status < 500 and self.sample < 1.0 and self.rand() >= self.sample:
             event.sampled = False
         if self.redact is not None:

@@ -189,3 +189,46 @@ def test_edgefn_tail_says_so_when_the_pop_stops(tmp_path: Path) -> None:
             raise
     _, err = tail.communicate(timeout=30)
     assert tail.returncode == 1 and "the PoP closed the event stream" in err, err
+
+
+CUT_STREAM = """
+from edgefn import Response
+
+def chunks():
+    yield "head\\n"
+    while True:
+        pass
+
+def handle(request, env):
+    return Response(chunks())
+"""
+
+
+def test_a_stream_cut_after_its_head_is_an_event_with_its_error(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture
+                                                                ) -> None:
+    """The client gets a 200 cut short (the status line is gone); its event said 200
+    with no error, and nothing was logged above INFO: a limit that cut a stream was
+    invisible to operators and authors."""
+    import http.client
+    import logging
+
+    from tests.support import python_function
+
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(python_function(tmp_path, "cut", CUT_STREAM, limits="cpu_ms = 100"))
+        conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+        with caplog.at_level(logging.WARNING, logger="edgefn.pop"):
+            conn.request("GET", "/cut")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            with pytest.raises(http.client.IncompleteRead):
+                resp.read()
+            conn.close()
+            wait_for(lambda: any(e.path == "/cut" for e in pop.pop.ring.events.copy()), 10,
+                     "the stream's event")
+        (event,) = [e for e in pop.pop.ring.events.copy() if e.path == "/cut"]
+        assert (event.status, event.error) == (200, "cpu_limit")
+        assert any("cut@" in r.getMessage() and ": cpu_limit: " in r.getMessage()
+                   and "streamed response was cut after its head" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
