@@ -343,7 +343,12 @@ def test_a_wasi_commands_failed_host_call_is_a_binding_error_with_its_reason(
      "main.wat: its start function did not finish within 50 ms (limits.cpu_ms / wall_ms)"),
     # one that traps: it was "cannot instantiate within limits.memory_mb = 64"
     (reactor("", prelude="(func $s unreachable) (start $s)"), "auto",
-     "main.wat: its start function trapped: "),
+     "main.wat: instantiating it trapped (in its start function, or at a data or element "
+     "segment past its memory or table): "),
+    # a data segment past its memory, no start function: it was "its start function trapped"
+    (reactor("", prelude='(data (i32.const 70000) "xx")'), "auto",
+     "main.wat: instantiating it trapped (in its start function, or at a data or element "
+     "segment past its memory or table): "),
 ])
 def test_deploy_checks_say_what_is_wrong(engine: WasmEngine, tmp_path: Path, source: str,
                                          abi: str, message: str) -> None:

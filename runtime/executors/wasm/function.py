@@ -262,7 +262,9 @@ class WasmFunction:
                                   f"within {self.outcome.limit_ms} ms (limits.cpu_ms / "
                                   "wall_ms)") from None
             if isinstance(e, wasmtime.Trap) or "wasm trap" in str(e):  # not the memory's
-                raise DeployError(f"{self.manifest.entry}: its start function trapped: "
+                raise DeployError(f"{self.manifest.entry}: instantiating it trapped (in "
+                                  "its start function, or at a data or element segment "
+                                  "past its memory or table): "
                                   f"{_short(str(e))}") from None
             raise DeployError(f"{self.manifest.entry}: cannot instantiate within "
                               f"limits.memory_mb = {self.manifest.limits.memory_mb}: "
