@@ -584,6 +584,8 @@ FORGED = {  # a RESPONSE frame's payload the SDK never sends, and what decode_re
     "truncated": (b"\xc8\x00\x00\x00\x01\x00\x00\x00", b"malformed response"),
     "a CR in a value": (encode_response(200, [(b"x-a", b"1\r\nx-b: 2")], b"hi"),
                         b"invalid value for header"),
+    "an ESC in a value": (encode_response(200, [(b"x-a", b"a\x1b[31mb")], b"hi"),
+                          b"invalid value for header"),  # (RFC 9110 5.5: it reached clients)
     "a 1xx status": (encode_response(101, [], b""), b"invalid HTTP status 101"),
     "a body past the limit": (encode_response(200, [], b"x" * ((1 << 20) + 1)),
                               b"exceeds the limit of 1048576 bytes"),

@@ -11,7 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from edgefn_core.abi import MAX_HEAD_BYTES, MAX_HEAD_FIELDS, TOKEN, WILDCARD, check_head_size
+from edgefn_core.abi import (
+    CTL,
+    MAX_HEAD_BYTES,
+    MAX_HEAD_FIELDS,
+    TOKEN,
+    WILDCARD,
+    check_head_size,
+)
 from edgefn_core.errors import FunctionError
 from runtime.net.message import Request
 
@@ -123,7 +130,7 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
         name, value = name.strip().lower(), value.strip()
         # `HEADER_NAME` and `BAD_HEADER_VALUE`, as bytes methods (`abi.check_header`'s way)
         if not colon or not name or name.translate(None, TOKEN) or \
-                13 in value or 10 in value or 0 in value:
+                len(value.translate(None, CTL)) != len(value):
             raise FunctionError("bad_response", 502, f"invalid CGI header line {line[:80]!r}")
         if name == b"status":
             status = _status(value)

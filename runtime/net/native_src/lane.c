@@ -708,7 +708,7 @@ static const uint8_t *check_frame(const uint8_t *p, uint64_t len, uint32_t *stat
         if (m > len - pos - 4) return NULL;
         for (uint32_t j = 0; j < m; j++) {
             uint8_t ch = p[pos + 4 + j];
-            if (ch == '\r' || ch == '\n' || ch == 0) return NULL;
+            if ((ch < 0x20 && ch != '\t') || ch == 0x7f) return NULL;  /* abi.CTL */
         }
         pos += 4 + (uint64_t)m;
         head += (uint64_t)n + m;

@@ -174,7 +174,8 @@ static long cgi_frame(uint8_t **buf, size_t *cap, const uint8_t *out, size_t len
         while (d > c && py_space(out[d - 1])) d--;
         if (a == b) return 0;
         for (size_t k = a; k < b; k++) if (!TCHAR[out[k]]) return 0;
-        for (size_t k = c; k < d; k++) if (out[k] == '\r' || out[k] == '\n' || !out[k]) return 0;
+        for (size_t k = c; k < d; k++)  /* abi.CTL */
+            if ((out[k] < 0x20 && out[k] != '\t') || out[k] == 0x7f) return 0;
         uint32_t n = (uint32_t)(b - a), m = (uint32_t)(d - c);
         size += (size_t)n + m;
         if (size > MAX_HEAD_BYTES) return 0;  /* check_head_size: so the frame stays small */

@@ -383,7 +383,7 @@ static PyObject *decode(const uint8_t *p, uint64_t len) {
         if (head > MAX_HEAD_BYTES) goto bad;  /* abi.decode_response says so */
         for (uint32_t j = 0; j < n; j++) if (!TCHAR[name[j]]) goto bad;
         for (uint32_t j = 0; j < m; j++)
-            if (value[j] == '\r' || value[j] == '\n' || value[j] == 0) goto bad;
+            if ((value[j] < 0x20 && value[j] != '\t') || value[j] == 0x7f) goto bad;
         PyObject *k = PyBytes_FromStringAndSize(NULL, n);
         PyObject *v = PyBytes_FromStringAndSize((const char *)value, m);
         PyObject *t = k && v ? PyTuple_New(2) : NULL;
