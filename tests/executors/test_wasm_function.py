@@ -6,6 +6,7 @@ deploy-time checks of exports and imports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -211,25 +212,38 @@ def test_a_reactor_with_bindings_runs_on_a_worker_thread(engine: WasmEngine,
         stores.close()
 
 
+KV_INCREMENT = ('(import "edgefn" "kv_increment" (func $kv_increment (param i32 i32 i32 i32 '
+                'i64) (result i64)))')
+
+
+@contextlib.contextmanager
+def kv_command(tmp_path: Path, name: str, start: str, data: str,
+               native: bool) -> Iterator[WasmFunction]:
+    """A WASI command of owner ``t`` bound to KV namespace ``c``, whose `_start` is
+    `start` (with `kv_increment` imported), loaded on an engine of its own."""
+    d = function_dir(tmp_path, name, wasi(start, data, imports=KV_INCREMENT),
+                     extra='abi = "wasi"\nowner = "t"\n[bindings]\nkv = ["c"]')
+    engine = WasmEngine(tmp_path / "cache", native=native)
+    stores = Stores(tmp_path / "stores")
+    try:
+        yield load(engine, d, Bindings.prepare(stores, manifest.load(d)))
+    finally:
+        stores.close()
+        engine.close()
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_a_wasi_command_with_bindings_runs_on_a_worker_thread(tmp_path: Path,
                                                               native: bool) -> None:
     """Its host calls reach the store from either run (the C one and wasmtime-py's),
     and it never runs inline: a host call may block (a synced write)."""
-    src = wasi("""(i64.store (i32.const 200) (call $kv_increment (i32.const 100) (i32.const 1)
-                    (i32.const 104) (i32.const 1) (i64.const 1)))
-      (i32.store8 (i32.const 72) (i32.add (i32.const 48) (i32.load (i32.const 200))))
-      (drop (call $write (i32.const 1) (i32.const 64) (i32.const 9)))""",
-               HEADER + '(data (i32.const 100) "c") (data (i32.const 104) "k")',
-               imports='(import "edgefn" "kv_increment" (func $kv_increment (param i32 i32 '
-                       'i32 i32 i64) (result i64)))')
-    d = function_dir(tmp_path, "count", src, extra='abi = "wasi"\nowner = "t"\n'
-                                                    '[bindings]\nkv = ["c"]')
-    engine = WasmEngine(tmp_path / "cache", native=native)
-    stores = Stores(tmp_path / "stores")
-    try:
-        fn = load(engine, d, Bindings.prepare(stores, manifest.load(d)))
-        assert (fn.native_wasi is not None) == (native and engine.native is not None)
+    with kv_command(tmp_path, "count", """(i64.store (i32.const 200) (call $kv_increment
+                        (i32.const 100) (i32.const 1) (i32.const 104) (i32.const 1) (i64.const 1)))
+          (i32.store8 (i32.const 72) (i32.add (i32.const 48) (i32.load (i32.const 200))))
+          (drop (call $write (i32.const 1) (i32.const 64) (i32.const 9)))""",
+                    HEADER + '(data (i32.const 100) "c") (data (i32.const 104) "k")',
+                    native) as fn:
+        assert (fn.native_wasi is not None) == (native and fn.wasm.native is not None)
 
         async def twice() -> list[bytes]:
             bodies = []
@@ -242,9 +256,6 @@ def test_a_wasi_command_with_bindings_runs_on_a_worker_thread(tmp_path: Path,
             return bodies
 
         assert asyncio.run(twice()) == [b"1", b"2"]
-    finally:
-        stores.close()
-        engine.close()
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -252,17 +263,9 @@ def test_a_wasi_commands_failed_host_call_is_a_binding_error_with_its_reason(
         tmp_path: Path, native: bool) -> None:
     """It was a 500 `trap` "failed: error while executing at wasm backtrace ...", the
     reason cut off; a reactor's is `binding` with it (README "Guest ABI")."""
-    src = wasi("""(drop (call $kv_increment (i32.const 100) (i32.const 5) (i32.const 110)
-                    (i32.const 1) (i64.const 1)))""",
-               '(data (i32.const 100) "other") (data (i32.const 110) "n")',
-               imports='(import "edgefn" "kv_increment" (func $kv_increment (param i32 i32 '
-                       'i32 i32 i64) (result i64)))')
-    d = function_dir(tmp_path, "undeclared", src, extra='abi = "wasi"\nowner = "t"\n'
-                                                         '[bindings]\nkv = ["c"]')
-    engine = WasmEngine(tmp_path / "cache", native=native)
-    stores = Stores(tmp_path / "stores")
-    try:
-        fn = load(engine, d, Bindings.prepare(stores, manifest.load(d)))
+    with kv_command(tmp_path, "undeclared", """(drop (call $kv_increment (i32.const 100)
+                        (i32.const 5) (i32.const 110) (i32.const 1) (i64.const 1)))""",
+                    '(data (i32.const 100) "other") (data (i32.const 110) "n")', native) as fn:
 
         async def once() -> FunctionError:
             result = fn.handle(request(), "/undeclared", {})
@@ -276,9 +279,6 @@ def test_a_wasi_commands_failed_host_call_is_a_binding_error_with_its_reason(
         assert str(error) == ("failed in a host call from _start: function 'undeclared' did "
                               "not declare KV namespace 'other' (add it to [bindings] kv in "
                               "edgefn.toml)")
-    finally:
-        engine.close()
-        stores.close()
 
 
 @pytest.mark.parametrize(("source", "abi", "message"), [

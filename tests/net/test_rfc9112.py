@@ -6,7 +6,7 @@ for HTTP/1.0, a 408 deadline kept across a response, and the request line."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import pytest
 
@@ -118,6 +118,17 @@ def test_trailer_fields_are_not_merged_into_the_headers() -> None:
     run(go())
 
 
+def recording() -> tuple[list[Request], Callable[[Request], Response]]:
+    """An app that answers 200 "ran", and the requests it was given."""
+    ran: list[Request] = []
+
+    def app(request: Request) -> Response:
+        ran.append(request)
+        return Response(200, [], b"ran")
+
+    return ran, app
+
+
 @pytest.mark.parametrize(("raw", "status"), [
     # a body would be skipped by the parser: refused before the function runs
     (b"POST / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
@@ -136,12 +147,7 @@ def test_trailer_fields_are_not_merged_into_the_headers() -> None:
 ])
 def test_what_the_front_does_not_serve_gets_one_answer(raw: bytes, status: int) -> None:
     async def go() -> None:
-        ran: list[Request] = []
-
-        def app(request: Request) -> Response:
-            ran.append(request)
-            return Response(200, [], b"ran")
-
+        ran, app = recording()
         proto, t = connect(app)
         proto.data_received(raw)
         assert [r[0] for r in responses(t.buffer)] == [status] and ran == []
@@ -153,12 +159,7 @@ def test_a_later_http_1_minor_version_is_served_as_1_1() -> None:
     """RFC 9110 2.5: HTTP/1.2 (or 1.9) is served as the highest 1.x the server
     speaks; it was a 400 "malformed HTTP request: Invalid HTTP version"."""
     async def go() -> None:
-        ran: list[Request] = []
-
-        def app(request: Request) -> Response:
-            ran.append(request)
-            return Response(200, [], b"ran")
-
+        ran, app = recording()
         proto, t = connect(app)
         proto.data_received(b"GET /a HTTP/1.2\r\nHost: a\r\n\r\nGET /b HTTP/1.9\r\n"
                             b"Host: a\r\n\r\n")
