@@ -64,3 +64,16 @@ def test_a_c_example_copied_out_of_the_checkout_builds_with_the_installed_sdk(
     out = tmp_path / BUILT[example]
     build_from_source(copy / "build.sh", out, {"PYTHON": sys.executable})
     assert out.read_bytes() == (EXAMPLES / example / BUILT[example]).read_bytes()
+
+
+def test_the_assemblyscript_example_copied_out_builds_with_the_installed_sdk(
+        tmp_path: Path) -> None:
+    """counter.ts imports ``../../sdk/assemblyscript/edgefn``: a copy failed with
+    "TS6054: File '../../sdk/assemblyscript/edgefn.ts' not found"."""
+    import shutil
+
+    copy = tmp_path / "counter-as"
+    shutil.copytree(EXAMPLES / "counter-as", copy)
+    out = tmp_path / "counter.wasm"
+    build_from_source(copy / "build.sh", out, {"PYTHON": sys.executable, **toolchain_env()})
+    assert out.read_bytes() == (EXAMPLES / "counter-as" / "counter.wasm").read_bytes()

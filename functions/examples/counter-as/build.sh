@@ -31,6 +31,24 @@ version=$("${asc[@]}" --version 2>/dev/null) || missing "the AssemblyScript comp
 [ "$version" = "Version $ASC_VERSION" ] \
     || missing "asc $ASC_VERSION wanted, found '${version}' (${asc[*]})"
 
+# The AssemblyScript SDK: this checkout's, or the installed edgefn's (a copy of this
+# folder elsewhere: counter.ts imports it by a relative path, so the build reads a copy
+# of counter.ts beside a copy of the SDK).
+SRC=counter.ts
+if [ ! -f ../../sdk/assemblyscript/edgefn.ts ]; then
+    SDK_TS="$("${PYTHON:-python3}" -c 'import edgefn_sdk; print(edgefn_sdk.ASSEMBLYSCRIPT)' \
+        2>/dev/null)" || {
+        echo "build.sh: edgefn.ts not found: not in a checkout, and \`import edgefn_sdk\` fails" \
+             "(set PYTHON to the python that has edgefn installed)" >&2
+        exit 2
+    }
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    cp "$SDK_TS" "$tmp/edgefn.ts"
+    sed 's#"../../sdk/assemblyscript/edgefn"#"./edgefn"#' counter.ts >"$tmp/counter.ts"
+    SRC="$tmp/counter.ts"
+fi
+
 OUT="${OUT:-counter.wasm}"
-"${asc[@]}" counter.ts -O3 --runtime stub --use abort= -o "$OUT"
+"${asc[@]}" "$SRC" -O3 --runtime stub --use abort= -o "$OUT"
 echo "built $OUT ($(wc -c <"$OUT") bytes)"
