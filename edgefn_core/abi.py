@@ -278,13 +278,18 @@ def check_header(name: bytes, value: bytes) -> tuple[bytes, bytes]:
     DEL included)."""
     if not name or name.translate(None, TOKEN):  # `HEADER_NAME`, as bytes methods
         raise FunctionError("bad_response", 502, f"guest returned invalid header name {name!r}")
-    # `BAD_HEADER_VALUE` as bytes methods: the smallest byte first (a value of text has
-    # none under 32), then the exact look for the few that do (a HTAB)
-    if value and (min(value) < 32 or 127 in value) and \
-            len(value.translate(None, CTL)) != len(value):
+    if bad_value(value):
         raise FunctionError("bad_response", 502,
                             f"guest returned invalid value for header {name.decode()!r}")
     return name.lower(), value
+
+
+def bad_value(value: bytes) -> bool:
+    """Whether a header value holds a control character but HTAB (`BAD_HEADER_VALUE`,
+    as bytes methods: the smallest byte first, as a value of text has none under 32,
+    then the exact look for the few that do, a HTAB)."""
+    return bool(value) and (min(value) < 32 or 127 in value) and \
+        len(value.translate(None, CTL)) != len(value)
 
 
 def _explain_response(buf: bytes) -> str:

@@ -12,11 +12,11 @@ import re
 from collections.abc import Mapping
 
 from edgefn_core.abi import (
-    CTL,
     MAX_HEAD_BYTES,
     MAX_HEAD_FIELDS,
     TOKEN,
     WILDCARD,
+    bad_value,
     check_head_size,
 )
 from edgefn_core.errors import FunctionError
@@ -128,9 +128,9 @@ def parse_response(output: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes
     for line in lines:
         name, colon, value = line.partition(b":")
         name, value = name.strip().lower(), value.strip()
-        # `HEADER_NAME` and `BAD_HEADER_VALUE`, as bytes methods (`abi.check_header`'s way)
+        # `HEADER_NAME` and `BAD_HEADER_VALUE`, as bytes methods (`abi.check_header`'s)
         if not colon or not name or name.translate(None, TOKEN) or \
-                len(value.translate(None, CTL)) != len(value):
+                bad_value(value):
             raise FunctionError("bad_response", 502, f"invalid CGI header line {line[:80]!r}")
         if name == b"status":
             status = _status(value)
