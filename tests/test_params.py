@@ -198,6 +198,12 @@ from edgefn import Response
 def handle(request, env):
     return Response.json({"me": True, "params": request.params})
 """))
+    pop.deploy(py_function(tmp_path, "cafe", ["/caf%c3%a9/:id"], """
+from edgefn import Response
+
+def handle(request, env):
+    return Response.json({"params": request.params, "path": request.path})
+"""))
     pop.deploy(function_dir(tmp_path, "items", PARAMS_WAT, routes=["/items/:item/*"]))
     # a WASM CPU deadline counts epochs of real time: on a loaded machine (`make mutate`'s
     # stats run, nice 10, load 7 on 2 cores) this command's first run took 423 ms and got
@@ -211,6 +217,11 @@ def handle(request, env):
     got = json.loads(pop.get("/users/a%20b/files/x/y.txt?z=1")[2])
     assert got["params"] == {"id": "a%20b", "*": "x/y.txt"}
     assert json.loads(pop.get("/users/me/files/x")[2]) == {"me": True, "params": {}}
+    # an escape matches in either case (RFC 3986 6.2.2.1); the function gets the request's
+    status, _, body = pop.get("/caf%C3%A9/a%2fB%c3")
+    assert (status, json.loads(body)) == (200, {"params": {"id": "a%2fB%c3"},
+                                                "path": "/caf%C3%A9/a%2fB%c3"})
+    assert json.loads(pop.get("/caf%c3%A9/x")[2])["path"] == "/caf%c3%A9/x"
 
     status, _, body = pop.get("/items/7/deep/er")  # the reactor echoes what follows the body
     assert (status, body) == (200, abi.encode_params({"item": "7", "*": "deep/er"})

@@ -4,6 +4,8 @@ with captures, wildcards and hosts."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,6 +111,19 @@ def test_pattern_conflicts_name_the_owner() -> None:
     router(("/u/:id", None, "a"), ("/u/:id/x", None, "b"), ("/u/x", None, "c"))
 
 
+def test_an_escape_matches_in_either_case_and_captures_keep_the_requests() -> None:
+    """RFC 3986 6.2.2.1: ``%c3%a9`` and ``%C3%A9`` are one; curl sends what was typed."""
+    r = router(("/caf%C3%A9", None, "cafe"), ("/caf%c3%a9/:id", None, "item"),
+               ("/%e9t%E9/*", "h.test", "summer"))
+    assert r.match(b"x", b"/caf%c3%a9") == ("cafe", "/caf%C3%A9", {})
+    assert r.match(b"x", b"/caf%C3%a9/") == ("cafe", "/caf%C3%A9", {})
+    assert r.match(b"x", b"/caf%c3%A9/%aa%2f") == ("item", "/caf%C3%A9/:id", {"id": "%aa%2f"})
+    assert r.match(b"h.test", b"/%E9t%e9/a%2fb") == ("summer", "/%E9t%E9/*", {"*": "a%2fb"})
+    assert r.match(b"x", b"/cafe%c3%a9") is None and r.match(b"x", b"/caf%c3%a8") is None
+    with pytest.raises(RouteConflict):  # one path, however its escapes are written
+        router(("/caf%C3%A9", None, "a"), ("/caf%c3%a9", None, "b"))
+
+
 def test_a_table_without_patterns_is_scanned_with_byte_comparisons_only() -> None:
     """The hello benchmark's path: no regex runs when no route has a pattern."""
     literal = router(("/a", None, "a"), ("/b", "h.test", "b"))
@@ -123,7 +138,8 @@ def test_a_table_without_patterns_is_scanned_with_byte_comparisons_only() -> Non
 # -- routes with patterns and hosts against a reference matcher ---------------------------------
 HOSTS = [None, "h.test", "*.w.test"]
 REQUEST_HOSTS = [b"h.test", b"a.w.test", b"other.test"]
-PATH_SEGMENT = st.sampled_from(["a", "b", "api", "", "x", "ab"])  # "ab": segment boundaries
+# "ab": segment boundaries; an escape in either case (RFC 3986 6.2.2.1: one and the same)
+PATH_SEGMENT = st.sampled_from(["a", "b", "api", "", "x", "ab", "%c3%a9", "%C3%a9", "%E9"])
 REQUEST_PATHS = st.lists(PATH_SEGMENT, max_size=4).map(lambda s: "/" + "/".join(s))
 
 
@@ -132,7 +148,7 @@ def route_paths(draw: st.DrawFn) -> str:
     segments = []
     for i in range(draw(st.integers(0, 3))):
         if draw(st.booleans()):
-            segments.append(draw(st.sampled_from(["a", "b", "api"])))
+            segments.append(draw(st.sampled_from(["a", "b", "api", "%C3%A9", "%c3%A9", "%e9"])))
         else:  # names differ between routes of one shape: those must still conflict
             segments.append(f":{draw(st.sampled_from('pq'))}{i}")
     if draw(st.booleans()):
@@ -141,9 +157,14 @@ def route_paths(draw: st.DrawFn) -> str:
     return "/" + "/".join(segments) + (trailing if segments else "")  # "//" is refused
 
 
+def canon(path: str) -> str:
+    return re.sub("%..", lambda m: m[0].upper(), path)
+
+
 def reference(path: str, route: str) -> tuple[tuple[int, ...], dict[str, str]] | None:
-    """(rank, captures) if `route` serves `path`, compared segment by segment."""
-    pattern = route.rstrip("/").split("/")[1:]
+    """(rank, captures) if `route` serves `path`, compared segment by segment, escapes
+    whatever their case; what is captured as the request has it."""
+    pattern = canon(route).rstrip("/").split("/")[1:]
     wildcard = pattern[-1:] == ["*"]
     pattern = pattern[:-1] if wildcard else pattern
     parts = path.split("/")[1:]
@@ -153,7 +174,7 @@ def reference(path: str, route: str) -> tuple[tuple[int, ...], dict[str, str]] |
     for want, part in zip(pattern, parts, strict=False):
         if want.startswith(":") and part:
             params[want[1:]] = part
-        elif want != part:
+        elif want != canon(part):
             return None
     if wildcard:
         params["*"] = "/".join(parts[len(pattern):])
@@ -161,7 +182,7 @@ def reference(path: str, route: str) -> tuple[tuple[int, ...], dict[str, str]] |
 
 
 def shape(route: str) -> str:
-    pattern = [s for s in route.rstrip("/").split("/")[1:] if s != "*"]
+    pattern = [s for s in canon(route).rstrip("/").split("/")[1:] if s != "*"]
     return "/" + "/".join(":" if s.startswith(":") else s for s in pattern)
 
 
@@ -175,7 +196,7 @@ def reference_match(routes: list[tuple[str, str | None, str]], host: bytes,
         hits = [(hit, r) for r in table if (hit := reference(path, r[0]))]
         if hits:
             (_, params), (route, _, target) = max(hits, key=lambda h: h[0][0])
-            return target, route, params
+            return target, canon(route), params
     return None
 
 

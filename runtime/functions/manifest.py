@@ -69,6 +69,16 @@ class PathPattern(NamedTuple):
         return "/" + "/".join(":" if s.startswith(":") else s for s in self.segments)
 
 
+def canonical_path(path: str) -> str:
+    """`path` with its percent-escapes' hex digits in upper case, the form RFC 3986
+    6.2.2.1 calls canonical (``/caf%c3%a9`` -> ``/caf%C3%A9``): what routes are
+    written and requests matched in (`runtime.functions.router`)."""
+    return _ESCAPE.sub(lambda m: m[0].upper(), path) if "%" in path else path
+
+
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
 def parse_path(path: str) -> PathPattern:
     """Parse a route path. A segment ``:name`` captures one non-empty segment; a last
     segment ``*`` captures the rest of the path (possibly empty) as ``*``. Every
@@ -204,8 +214,11 @@ class Manifest(Struct, forbid_unknown_fields=True, frozen=True):
     # (`runtime.functions.warmup`); it must be served by one of `routes`
     warmup: Annotated[str, Meta(pattern=r"^/[^#\s]*$", max_length=2048)] | None = None
 
-    def route_list(self) -> list[Route]:
-        return [Route(r) if isinstance(r, str) else r for r in self.routes]
+    def route_list(self, *, canonical: bool = True) -> list[Route]:
+        """The routes, their paths' percent-escapes in upper case (`canonical_path`)
+        unless `canonical` is false (as written: what a manifest error quotes)."""
+        written = [Route(r) if isinstance(r, str) else r for r in self.routes]
+        return [Route(canonical_path(r.path), r.host) for r in written] if canonical else written
 
     @property
     def policy(self) -> TargetPolicy:
@@ -265,7 +278,7 @@ def _check_semantics(m: Manifest, file: str) -> None:
                             f"{m.pool.max}", "pool.min")
     if Path(m.entry).is_absolute() or ".." in Path(m.entry).parts:
         raise ManifestError(file, "expected a path inside the function folder", "entry")
-    _check_routes(m.route_list(), file)
+    _check_routes(m.route_list(canonical=False), file)
     _check_share(m, file)
 
 
@@ -278,7 +291,7 @@ def _check_new(m: Manifest, file: str) -> None:
     instance per request), `abi` is WASM's; or, for ``abi = "wasi"``, an `env` entry
     the guest would not get as written (`wasi_env_problem`: a CGI variable's name, a
     NUL in the value); for a Python function, a NUL in an `env` value."""
-    _check_new_routes(m.route_list(), file)
+    _check_new_routes(m.route_list(canonical=False), file)
     if m.runtime == "wasm":
         if m.handler != "handle":
             raise ManifestError(file, "`handler` applies to Python functions only (a WASM "
@@ -379,7 +392,7 @@ def _check_routes(routes: list[Route], file: str) -> None:
     for i, route in enumerate(routes):
         where = f"routes[{i}]"
         try:
-            shape = parse_path(route.path).shape
+            shape = parse_path(canonical_path(route.path)).shape
         except ValueError as e:
             raise ManifestError(file, str(e), where) from None
         if route.host is not None and not re.match(HOST_PATTERN, route.host):

@@ -7,6 +7,11 @@ the rest (`runtime.functions.manifest.parse_path`): ``/users/:id`` serves
 ``/users/42`` and ``/users/42/posts`` with ``id = "42"``; ``/files/*`` serves
 ``/files``, ``/files/`` and ``/files/a/b`` with ``* = ""``, ``""`` and ``"a/b"``.
 Captured values are the raw path's bytes as latin-1 text (not percent-decoded).
+A percent-escape matches whatever case its hex digits are written in (RFC 3986
+6.2.2.1: ``/caf%c3%a9`` is ``/caf%C3%A9``): a manifest's routes are written in
+upper case (`runtime.functions.manifest.canonical_path`; a hit names the route so)
+and a request's path is matched in upper case too; what a route captures keeps the
+request's case.
 A plain prefix captures nothing: its hit carries the shared, read-only
 `NO_PARAMS`, so a hit on it allocates nothing.
 
@@ -36,7 +41,7 @@ from types import MappingProxyType
 
 from edgefn_core.abi import WILDCARD
 from edgefn_core.errors import RouteConflict
-from runtime.functions.manifest import PathPattern, Route, parse_path
+from runtime.functions.manifest import PathPattern, Route, canonical_path, parse_path
 
 type Hit[T] = tuple[T, str, Mapping[str, str]]  # (target, route path as written, captures)
 NO_PARAMS: Mapping[str, str] = MappingProxyType({})
@@ -85,7 +90,7 @@ class _Literal[T]:
         self.target = target
         self.hit: Hit[T] = (target, route, NO_PARAMS)  # built once: a hit allocates nothing
 
-    def params(self, path: bytes) -> Mapping[str, str] | None:
+    def params(self, path: bytes, raw: bytes) -> Mapping[str, str] | None:
         if path == self.exact or path.startswith(self.slash) or self.exact == b"/":
             return NO_PARAMS
         return None
@@ -110,16 +115,24 @@ class _Pattern[T]:
             parts.append(rb"(?:/|\Z)")
         self.regex = re.compile(b"".join(parts), re.DOTALL)
 
-    def params(self, path: bytes) -> Mapping[str, str] | None:
+    def params(self, path: bytes, raw: bytes) -> Mapping[str, str] | None:
+        """What the route captures of `path` (matched), taken from `raw` (the request's
+        own bytes, of `path`'s length); None if it does not match."""
         m = self.regex.match(path)
         if m is None:
             return None
-        return {n: (v or b"").decode("latin-1") for n, v in zip(self.names, m.groups(),
-                                                               strict=True)}
+        return {n: raw[m.start(i):m.end(i)].decode("latin-1") if m.start(i) >= 0 else ""
+                for i, n in enumerate(self.names, 1)}
 
 
 type _Entry[T] = _Literal[T] | _Pattern[T]
-type _Table[T] = tuple[Callable[[list, bytes], Hit[T] | None], list[_Entry[T]]]  # (scan, entries)
+type _Table[T] = tuple[Callable[[list, bytes, bytes], Hit[T] | None],
+                      list[_Entry[T]]]  # (scan, entries)
+_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
+
+
+def _upper(m: re.Match[bytes]) -> bytes:
+    return m[0].upper()
 
 
 def _rank(pattern: PathPattern) -> tuple[int, ...]:
@@ -137,12 +150,13 @@ class Router[T]:
         hosts: dict[str | None, list[_Entry[T]]] = {}
         for route, owner, target in routes:
             host = route.host.lower() if route.host else None
-            pattern = parse_path(route.path)
+            path = canonical_path(route.path)
+            pattern = parse_path(path)
             key = (host, pattern.shape)
             if owners.setdefault(key, owner) != owner:
                 raise _conflict(route, owners[key])
             kind = _Literal if pattern.literal else _Pattern
-            hosts.setdefault(host, []).append(kind(route.path, pattern, target))
+            hosts.setdefault(host, []).append(kind(path, pattern, target))
         self._any_scan, self._any = _table(hosts.pop(None, []))
         named = {h: _table(e) for h, e in hosts.items() if h is not None}
         self._exact = {h: t for h, t in named.items() if not h.startswith("*.")}
@@ -157,15 +171,18 @@ class Router[T]:
     def match(self, host: bytes, path: bytes) -> Hit[T] | None:
         """The target for a request, the route (as written) it matched and what the
         route captured; None if no route matches."""
+        raw = path
+        if b"%" in path:
+            path = _ESCAPE.sub(_upper, path)
         if self._exact or self._wild:
             name = host.split(b":", 1)[0].lower()
             table = self._exact.get(name.decode("latin-1"))
-            if table is not None and (hit := table[0](table[1], path)):
+            if table is not None and (hit := table[0](table[1], path, raw)):
                 return hit
             for suffix, (scan, entries) in self._wild:
-                if name.endswith(suffix) and (hit := scan(entries, path)):
+                if name.endswith(suffix) and (hit := scan(entries, path, raw)):
                     return hit
-        return self._any_scan(self._any, path)
+        return self._any_scan(self._any, path, raw)
 
 
 def _table[T](entries: list[_Entry[T]]) -> _Table[T]:
@@ -177,16 +194,16 @@ def _table[T](entries: list[_Entry[T]]) -> _Table[T]:
     return _scan, entries
 
 
-def _scan_literal[T](entries: list[_Literal[T]], path: bytes) -> Hit[T] | None:
+def _scan_literal[T](entries: list[_Literal[T]], path: bytes, raw: bytes) -> Hit[T] | None:
     for e in entries:
         if path == e.exact or path.startswith(e.slash) or e.exact == b"/":
             return e.hit
     return None
 
 
-def _scan[T](entries: list[_Entry[T]], path: bytes) -> Hit[T] | None:
+def _scan[T](entries: list[_Entry[T]], path: bytes, raw: bytes) -> Hit[T] | None:
     for e in entries:
-        params = e.params(path)
+        params = e.params(path, raw)
         if params is not None:
             return e.target, e.route, params
     return None
