@@ -52,6 +52,12 @@ def handle(request, env):
         raise MemoryError  # its interpreter is recycled after this request
     if q.get("crash"):
         os._exit(1)
+    if q.get("block"):
+        def blocked():
+            yield "chunk 0\\n"
+            time.sleep(float(q["block"]))  # in C: it sees a CANCEL only after this
+            yield "late\\n"
+        return Response(blocked())
     if q.get("stream"):
         def chunks():
             for i in range(60):
@@ -436,6 +442,29 @@ def test_a_stream_whose_client_leaves_is_cancelled_past_the_request_sent_ahead(
     assert fields(answer)[0] == "b"
     assert took < 2.0, f"B waited {took:.2f} s: A streamed on after its client left"
     assert fields(pop.get("/streams?id=c"))[3] == "3"  # the same interpreter: A, B, C
+
+
+def test_a_stream_blocked_in_native_code_after_its_client_left_holds_it_to_its_wall_limit(
+        pop: Running, tmp_path: Path) -> None:
+    """One isolate and a standby: A streams a chunk and then sleeps 30 s in C (no
+    CANCEL reaches it there); its client leaves. Its wall limit (1.5 s, which covers
+    a streamed body) still runs: then its isolate is handled as stuck and B, sent
+    0.75 s after A and waiting meanwhile, runs on the standby (README "Backpressure
+    end to end")."""
+    deploy(pop, tmp_path, "blocked", "min = 1\nmax = 1\nstandby = true", limits="wall_ms = 1500")
+    old = int(fields(pop.get("/blocked?id=warm"))[1])
+    started = time.monotonic()
+    conn = http.client.HTTPConnection(pop.host, pop.port, timeout=10)
+    conn.request("GET", "/blocked?id=a&block=30")
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline() == b"chunk 0\n"
+    conn.close()  # A's client leaves
+    time.sleep(0.75 - (time.monotonic() - started))  # B's own wall limit ends after A's
+    answers: dict[str, tuple[Answer, float]] = {}
+    send(pop, "/blocked?id=b", answers, "b").join()
+    took = time.monotonic() - started
+    assert fields(answers["b"][0])[0] == "b" and int(fields(answers["b"][0])[1]) != old
+    assert 1.5 <= took < 2.0, f"B answered {took:.2f} s after A started"
 
 
 @pytest.mark.parametrize(("pipeline", "ahead"), [(0, False), (2, True), (PIPELINE_AUTO, True)])
