@@ -317,8 +317,10 @@ def test_a_wasi_commands_failed_host_call_is_a_binding_error_with_its_reason(
      "(WASI command)"),
     ('(module (import "wasi_snapshot_preview1" "fd_write" (func (param i32)))'
      ' (memory (export "memory") 1) (func (export "_start")))', "auto",
-     "main.wat: cannot link module: incompatible import type for "
-     "`wasi_snapshot_preview1::fd_write`"),
+     "main.wat: cannot link module: it imports `wasi_snapshot_preview1::fd_write` as "
+     "`(func (param i32))`, but edgefn's `wasi_snapshot_preview1::fd_write` is "
+     "`(func (param i32 i32 i32 i32) (result i32))`"),
+
     ('(module (func (export "_start") (call $nope)))', "auto",
      "main.wat: not a valid WebAssembly module: unknown func: failed to find name `$nope` | "
      "--> main.wat:1:39 | 1 | (module (func (export \"_start\") (call $nope)))"),

@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -153,7 +154,8 @@ class WasmFunction:
         try:
             self.pre = linker.instantiate_pre(self.module)
         except wasmtime.WasmtimeError as e:
-            raise DeployError(f"{manifest.entry}: cannot link module: {e}") from None
+            raise DeployError(f"{manifest.entry}: cannot link module: {_link_error(str(e))}") \
+                from None
         # the engine's and the pre-linked module's C pointers, for the native run
         self.raw_pre = (ptr_value(wasm.engine), ptr_value(self.pre))
         b = manifest.bindings
@@ -704,3 +706,18 @@ def _origin(request: Request, principal: Mapping[str, str]) -> Origin:
     value = request.header(b"traceparent")
     return Origin(value.decode("latin-1") if value is not None else None,
                   principal.get("tenant"), Lineage(cdn_loop(request.headers)))
+
+
+_INCOMPATIBLE = re.compile(r"incompatible import type for `(?P<name>[^`]*)`\s*Caused by:\s*"
+                           r"types incompatible: expected type `(?P<mine>[^`]*)`, "
+                           r"found type `(?P<ours>[^`]*)`")
+
+
+def _link_error(message: str) -> str:
+    """wasmtime's link error, said from the module's side: its "expected" is the
+    module's import, "found" what edgefn defines (which read backwards to an author)."""
+    m = _INCOMPATIBLE.search(message)
+    if m is None:
+        return message
+    return (f"it imports `{m['name']}` as `{m['mine']}`, but edgefn's `{m['name']}` is "
+            f"`{m['ours']}`")
