@@ -483,6 +483,8 @@ def handle(request, env):
         return Response(123)
     if mode == "dictbody":
         return Response({"a": 1})
+    if mode == "dict":
+        return {"a": 1}
     if mode == "view":
         return Response(memoryview(b"abc"))
     if mode == "intheader":
@@ -520,6 +522,9 @@ def handle(request, env):
                          ("mode=intbody", b"response body is int"),
                          # a dict streamed its keys after a 200 (Response.json is for JSON)
                          ("mode=dictbody", b"response body is dict"),
+                         # (a handler's value that is no Response: it was a 500 `trap`)
+                         ("mode=dict", b"handler returned dict, expected edgefn.Response "
+                                       b"(Response.json(...) for JSON)"),
                          ("mode=intheader", b"response header 'x-n': name and value must be "
                                             b"str, got str and int")):
         status, headers, body = pop.get(f"/flaky?{query}")

@@ -587,7 +587,8 @@ class Session:
         """`respond` in Python: the reference for the frames `framer` makes, and what
         sends every response it leaves (streams, other types, the wrong ones)."""
         if not isinstance(result, self.sdk.Response):
-            raise TypeError(f"handler returned {type(result).__name__}, expected edgefn.Response")
+            raise BadResponse(f"handler returned {type(result).__name__}, expected "
+                              "edgefn.Response (Response.json(...) for JSON)")
         status, body = result.status, result.body
         if type(status) is not int or not 200 <= status <= 599:
             raise BadResponse(f"invalid HTTP status {status!r} (expected an int 200..599: a "
