@@ -128,11 +128,15 @@ class Job:
     def _cancelled(self) -> None:
         """The client went away before the response (the future was cancelled): stop
         the model calls the handler waits on (their error reply ends it) and tell
-        the isolate."""
+        the isolate; a job no isolate has yet (waiting in its scheduler's queue)
+        ends here, and is never started (it ran later, for no one, and held the
+        isolate from those still waiting: their wall limit ran out behind it)."""
         if not self.done:
             self.let_go()
             if self.isolate is not None:
                 self.isolate.cancel(self)
+            else:
+                self.end()
 
     def fail(self, err: BaseException) -> None:
         """Answer with `err`, or cut the stream with it if the head was sent."""

@@ -28,6 +28,19 @@ class Runner:
         pass
 
 
+def test_a_cancelled_job_no_isolate_has_yet_ends_at_once() -> None:
+    """Waiting in its scheduler's queue, it ends in the cancel (`on_end`: its
+    scheduler counts it out and skips it), and is never sent."""
+    async def main() -> None:
+        ended: list[Job] = []
+        job = Job(asyncio.get_running_loop(), b"req")
+        job.on_end = ended.append
+        assert job.future.cancel() is True
+        assert job.done and ended == [job]
+
+    asyncio.run(main())
+
+
 def test_a_cancelled_future_stops_what_the_job_left_running_and_tells_its_isolate() -> None:
     """Cancelling a job's future (`connection_lost`, or the task awaiting it
     cancelled) undoes its host calls' leftovers and tells its isolate at once, in
