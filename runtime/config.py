@@ -175,6 +175,23 @@ class WasmConfig(Struct, forbid_unknown_fields=True, frozen=True):
         return max(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 21, 64)
 
 
+class PythonConfig(Struct, forbid_unknown_fields=True, frozen=True):
+    """Python functions' isolates (`runtime.executors.python`)."""
+
+    # MiB of the PoP's memory that Python isolates' large frames (1 MiB or more: whole
+    # responses, KV values) may hold together while they arrive; past it a frame waits,
+    # its isolate's socket unread, until one ends (an owner counts at most 3/8 of it).
+    # "auto": a quarter of the machine's memory. PoP-wide: with `workers` = N, each
+    # worker process holds 1/N of it (64 MiB at least)
+    max_frame_memory_mb: Annotated[int, Meta(ge=64, le=1 << 24)] | Literal["auto"] = "auto"
+
+    def frame_memory_mb(self) -> int:
+        """`max_frame_memory_mb`, with "auto" a quarter of the machine's memory."""
+        if isinstance(self.max_frame_memory_mb, int):
+            return self.max_frame_memory_mb
+        return max(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 22, 64)
+
+
 # -- pipeline stages: a tagged union on `stage`, each with its own settings -----------------
 class StageConfig(Struct, forbid_unknown_fields=True, frozen=True, tag_field="stage"):
     """One stage of the request pipeline."""
@@ -305,6 +322,7 @@ class PopConfig(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     stores: StoresConfig = field(default_factory=StoresConfig)
     fetch: FetchConfig = field(default_factory=FetchConfig)
     wasm: WasmConfig = field(default_factory=WasmConfig)
+    python: PythonConfig = field(default_factory=PythonConfig)
     auth: AuthSettings = field(default_factory=AuthSettings)
     waf: WafSettings = field(default_factory=WafSettings)
     bots: BotSettings = field(default_factory=BotSettings)

@@ -29,7 +29,7 @@ from runtime.bindings import Stores
 from runtime.cache.http.cache import HttpCache
 from runtime.config import HttpCacheStage, PopConfig
 from runtime.executors.base import WasmEngine
-from runtime.executors.python import supervisor
+from runtime.executors.python import frame_budget, supervisor
 from runtime.functions.manifest import Manifest
 from runtime.functions.registry import Deployment, Registry
 from runtime.observe.dashboard.aggregator import Rolling
@@ -71,6 +71,9 @@ class PoP:
                                # PoP-wide: each of `workers` processes has its part
                                thread_memory_mb=max(64, config.wasm.thread_memory_mb()
                                                     // config.worker_count()))
+        # PoP-wide as the WASM threads' memory: each worker's loop its part
+        frame_budget.configure(max(64, config.python.frame_memory_mb()
+                                   // config.worker_count()) << 20)
         self.registry = Registry(self.data_dir, self.wasm, self.stores,
                                  build.reserved_paths(config), config.insecure_python,
                                  self._vet)

@@ -24,6 +24,13 @@ def test_the_threads_guest_memory_is_half_the_machines_unless_set(tmp_path: Path
     assert cfg.wasm.thread_memory_mb() == 4096
 
 
+def test_python_frames_memory_is_a_quarter_of_the_machines_unless_set(tmp_path: Path) -> None:
+    machine_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    assert config.load(None).python.frame_memory_mb() == machine_mb // 4
+    cfg = config.load(write(tmp_path, "[python]\nmax_frame_memory_mb = 512\n"))
+    assert cfg.python.frame_memory_mb() == 512
+
+
 def test_defaults_build_the_default_pipeline() -> None:
     cfg = config.load(None)
     assert (cfg.name, cfg.tier, cfg.public.port, cfg.admin.port) == ("edge-local", "edge",
@@ -89,6 +96,8 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
     ('[wasm]\nkeep_resident = 4\n', "wasm.keep_resident", "unknown field"),
     ('[wasm]\nmax_thread_memory_mb = 63\n', "wasm.max_thread_memory_mb", ">= 64"),
     ('[wasm]\nmax_thread_memory_mb = "half"\n', "wasm.max_thread_memory_mb", "auto"),
+    ('[python]\nmax_frame_memory_mb = 63\n', "python.max_frame_memory_mb", ">= 64"),
+    ('[python]\nmax_frame_memory_mb = "all"\n', "python.max_frame_memory_mb", "auto"),
     ('[fetch]\nprivate_hosts = ["db:99999"]\n', "fetch", "the port must be 1-65535"),
     ('[fetch]\nprivate_hosts = [""]\n', "fetch.private_hosts[0]", "length >= 1"),
     ('[http]\nmax_header_bytes = 0\n', "http.max_header_bytes", ">= 256"),

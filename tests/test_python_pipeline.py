@@ -399,6 +399,32 @@ def test_a_request_sent_ahead_keeps_its_wall_limit_from_when_it_arrived(
     assert s.requeued == 1
 
 
+def test_requests_whose_clients_left_while_they_waited_never_run(
+        pop: Running, tmp_path: Path) -> None:
+    """One isolate, nothing sent ahead: A sleeps 1 s; B and C (1 s each too) wait
+    behind it, and their clients give up. They never start: D, sent then, runs
+    right after A, the third request its interpreter serves (before, B and C ran for
+    no one, and D waited 3 s: with more such, past its wall limit)."""
+    deploy(pop, tmp_path, "gone", "min = 1\nmax = 1\nstandby = false\npipeline = 0",
+           limits="wall_ms = 10000")
+    s = scheduler(pop, "gone")
+    assert fields(pop.get("/gone?id=warm"))[3] == "1"
+    answers: dict[str, tuple[Answer, float]] = {}
+    a = send(pop, "/gone?id=a&sleep=1", answers, "a")
+    wait_for_state(lambda: s.isolates[0].state == "busy")
+    for key in "bc":
+        conn = http.client.HTTPConnection(pop.host, pop.port, timeout=0.2)
+        conn.request("GET", f"/gone?id={key}&sleep=1")
+        wait_for_state(lambda key=key: len(s.waiting) == "-bc".index(key))
+        conn.close()  # its client gives up
+    wait_for_state(lambda: all(job.done for job in s.waiting))
+    d = send(pop, "/gone?id=d", answers, "d")
+    for t in (a, d):
+        t.join()
+    assert fields(answers["a"][0])[3] == "2" and fields(answers["d"][0])[3] == "3"
+    assert answers["d"][1] < 1.5, f"D waited {answers['d'][1]:.2f} s"
+
+
 def test_a_deploy_drains_requests_sent_ahead_on_the_old_version(
         pop: Running, tmp_path: Path) -> None:
     """A runs, B and C wait sent ahead; a new version is deployed meanwhile. All

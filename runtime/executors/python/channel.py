@@ -21,6 +21,7 @@ from typing import Protocol
 from edgefn_core.errors import ProtocolError
 from edgefn_core.frames import Framing
 from runtime.executors.python import wire
+from runtime.executors.python.frame_budget import COUNTED_FROM, FrameBudget, budget_of
 
 RECV_SIZE = 1 << 18  # what one read takes at most (job.py bounds a stream's queue by it)
 # bytes queued for a peer that does not read them (answers to calls it never reads):
@@ -82,9 +83,11 @@ def corks_of(loop: asyncio.AbstractEventLoop) -> Corks:
 
 class Channel:
     def __init__(self, sock: socket.socket, receiver: Receiver,
-                 max_frame: int = wire.MAX_FRAME) -> None:
-        """`max_frame`: the largest frame the peer may send."""
+                 max_frame: int = wire.MAX_FRAME, owner: str = "") -> None:
+        """`max_frame`: the largest frame the peer may send; `owner`: whose large
+        frames count in the loop's `FrameBudget` (`frame_budget`)."""
         self.sock = sock
+        self.owner = owner
         self.reader = wire.Reader(Framing("<", max_frame, min_size=1))
         self.receiver = receiver
         # what waits to be written, in order: bytearrays of small writes, views of large ones
@@ -98,6 +101,15 @@ class Channel:
         self.closed = False
         self.eof = False  # the peer closed it: everything it sent was read
         self.reading = False
+        self.wanted = False  # reading, as `pause_reading`/`resume_reading` last asked
+        # A large frame begun: what it counts in the budget, granted (`counting`) or
+        # waited for (`asking`, its socket unread meanwhile), and where it ends in
+        # the bytes read (`read`)
+        self.budget: FrameBudget | None = None
+        self.counting = 0
+        self.asking = 0
+        self.read = 0
+        self.frame_end = 0
         self.held: list[bytes] | None = None  # frames for the end of the loop's turn
         self.corks: Corks | None = None  # the loop's (`attach`)
 
@@ -105,17 +117,29 @@ class Channel:
         """Start reading on `loop` (until then the socket may be used blocking)."""
         self.loop = loop
         self.corks = corks_of(loop)
+        self.budget = budget_of(loop)
         self.sock.setblocking(False)
         self.resume_reading()
 
     def pause_reading(self) -> None:
         """Stop reading the socket (the peer then blocks in its send). Frames already
         read in the current pass are still delivered."""
+        self.wanted = False
+        self._stop()
+
+    def resume_reading(self) -> None:
+        """Read the socket again (once the frame budget has room for the frame begun,
+        if it waits for that)."""
+        self.wanted = True
+        if not self.asking:
+            self._start()
+
+    def _stop(self) -> None:
         if self.reading and not self.closed and self.loop is not None:
             self.reading = False
             self.loop.remove_reader(self.sock.fileno())
 
-    def resume_reading(self) -> None:
+    def _start(self) -> None:
         if not self.reading and not self.closed and self.loop is not None:
             self.reading = True
             self.loop.add_reader(self.sock.fileno(), self._readable)
@@ -223,24 +247,50 @@ class Channel:
         if not n:
             self.eof = True
             return self.receiver.lost()
+        self.read += n
         try:
             frames = self.reader.feed(self.inbox_view[:n])  # cut from it: kept as copies
         except ProtocolError as e:
             return self.receiver.garbage(e)
         for kind, payload in frames:
             self.receiver.frame(kind, payload)
+        if self.counting and self.read >= self.frame_end:  # the large frame is whole
+            self._give_back()
         if self.reader.buf and not self.closed:  # a frame begun (most reads end whole)
             self._begun()
 
     def _begun(self) -> None:
         """A frame is begun: one larger than the receiver expects now is not kept (a
         guest that began 256 MiB frames and never ended them held that much of the PoP
-        per isolate, in a request and, from a thread of its own, between them)."""
+        per isolate, in a request and, from a thread of its own, between them); a
+        large one counts in the budget, and waits unread until it fits there."""
         held, length = self.reader.buf, self.reader.framing.length
-        if len(held) >= length.size and \
-                (size := length.unpack_from(held)[0]) > (room := self.receiver.room()):
+        if len(held) < length.size:
+            return
+        size = length.unpack_from(held)[0]
+        if size > (room := self.receiver.room()):
             self.receiver.garbage(ProtocolError(f"a frame of {size} bytes begun where at most "
                                                 f"{room} may come now"))
+        elif size >= COUNTED_FROM and not (self.counting or self.asking) \
+                and self.budget is not None:
+            self.frame_end = self.read - len(held) + length.size + size
+            n = self.budget.counted(size)
+            if self.budget.ask(self.owner, n, self._granted):
+                self.counting = n
+            else:
+                self.asking = n
+                self._stop()
+
+    def _granted(self) -> None:
+        """The frame begun fits the budget now: read on (if the receiver wants)."""
+        self.counting, self.asking = self.asking, 0
+        if self.wanted:
+            self._start()
+
+    def _give_back(self) -> None:
+        counting, self.counting = self.counting, 0
+        if self.budget is not None:
+            self.budget.give_back(self.owner, counting)
 
     def close(self) -> None:
         """Stop reading and writing; what it held, read or to write, goes at once (not
@@ -248,6 +298,11 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        if self.counting:
+            self._give_back()
+        elif self.asking and self.budget is not None:
+            self.asking = 0
+            self.budget.withdraw(self._granted)
         self.reader.buf = bytearray()
         self.out.clear()
         self.unsent = 0

@@ -28,6 +28,7 @@ class HostConfig:
     pipeline: int = 0  # jobs sent ahead to a busy isolate, at most (`pool.pipeline`), or AUTO
     env: tuple[tuple[str, str], ...] = ()  # the manifest's `env`, also set in the host's environ
     insecure: bool = False  # run even where a sandbox layer is missing (--insecure-python)
+    owner: str = ""  # `Manifest.tenant`: whose its large frames are (`frame_budget`)
     # KV reads in the host (`local_kv_env.plan`): the store's folder ("": off), its map
     # size, the declared namespaces, the owners' generation (a descriptor passed down)
     kv_dir: str = ""

@@ -32,7 +32,7 @@ class PythonFunction:
             recycle_after=pool.recycle_after, min_isolates=pool.min, max_isolates=pool.max,
             pipeline=PIPELINE_AUTO if pool.pipeline == "auto" else pool.pipeline,
             max_response_mb=limits.max_response_mb, env=tuple(manifest.env.items()),
-            insecure=insecure, **local_kv_env.plan(bindings))
+            insecure=insecure, owner=manifest.tenant, **local_kv_env.plan(bindings))
         self.standby = pool.standby
         self.env_blob = encode_pairs([(k.encode(), v.encode()) for k, v in manifest.env.items()])
         self.pool: Pool | None = None

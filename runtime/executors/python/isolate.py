@@ -132,7 +132,7 @@ class Isolate:
         self.generation = owner.generation
         # a whole response up to its limit (and its head) fits one frame
         self.max_frame = max(wire.MAX_FRAME, self.cfg.max_response + (1 << 20))
-        self.channel = Channel(sock, self, self.max_frame)
+        self.channel = Channel(sock, self, self.max_frame, self.cfg.owner)
         self.state = state  # unstarted | starting | idle | busy | recycling | dead
         self.sent = 0  # jobs sent to it, ever (its host's CPU look: `Host._look`)
         # Per-interpreter state (recycling starts a new interpreter on the same socket)
