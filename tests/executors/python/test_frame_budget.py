@@ -6,9 +6,12 @@ order, once one before it ends or goes."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,7 @@ from runtime.executors.python import frame_budget, wire
 from runtime.executors.python.channel import RECV_SIZE, Channel
 from runtime.executors.python.frame_budget import COUNTED_FROM, FrameBudget
 from tests.executors.python.test_channel import Recorder, settle
+from tests.support import pop_thread, python_function
 
 MIB = 1 << 20
 
@@ -177,3 +181,29 @@ def test_configure_sets_the_bytes_of_budgets_made_after_it() -> None:
         assert asyncio.run(made()) == frame_budget.auto_bytes()
     finally:
         frame_budget.configure(before)
+
+
+BIG = """
+from edgefn import Response
+
+def handle(request, env):
+    return Response(bytes([int(request.query["i"])]) * (40 << 20))
+"""
+
+
+def test_a_pop_with_a_small_budget_serves_large_responses_whole_in_turn(tmp_path: Path) -> None:
+    """`[python] max_frame_memory_mb = 64` (24 MiB an owner): three isolates answer
+    40 MiB each at once; each counts 24 MiB, so they arrive one by one, every one
+    whole, and nothing stays counted."""
+    with contextlib.ExitStack() as stack:
+        pop = stack.enter_context(pop_thread(tmp_path / "data",
+                                             **{"python.max_frame_memory_mb": 64}))
+        pop.deploy(python_function(tmp_path, "big", BIG, limits="max_response_mb = 64",
+                                   pool="min = 3\nmax = 3\nstandby = false"))
+        budget = frame_budget.budget_of(pop.loop)
+        assert (budget.total, budget.per_owner) == (64 * MIB, 24 * MIB)
+        with concurrent.futures.ThreadPoolExecutor(3) as workers:
+            got = list(workers.map(lambda i: pop.get(f"/big?i={i}", timeout=60), (1, 2, 3)))
+        for i, (status, _, body) in enumerate(got, 1):
+            assert status == 200 and body == bytes([i]) * (40 << 20)
+        assert budget.in_use == 0 and not budget.waiting
