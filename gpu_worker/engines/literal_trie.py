@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+from llama_cpp.llama_grammar import RESERVED_NAMES, BuiltinRule, SchemaConverter
 
 _END = ""  # a trie node's key marking that a text ends there (no unit is "")
 # a JSON text's units: a whole escape or one character. Parted inside an escape, a
@@ -26,9 +26,22 @@ _UNIT = re.compile(r"\\u[0-9a-fA-F]{4}|\\.|.", re.DOTALL)
 Trie = dict[str, "Trie"]
 
 
+# A JSON string's character as llama.cpp's own converter writes it: no raw control
+# character (U+0000-U+001F, and DEL), which JSON does not allow unescaped
+# (RFC 8259 7). llama-cpp-python's rule, ``[^"\\]``, let the model write a raw
+# newline inside a string: json_object answers `json.loads` refused ("Invalid
+# control character"), and the openai client's `parse()` a ValidationError.
+JSON_CHAR = BuiltinRule(r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] '
+                        r'[0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])', [])
+
+
 class TrieConverter(SchemaConverter):
     """`SchemaConverter` whose enums become tries (the grammar allows the same texts),
-    and whose literals escape a backslash (`gbnf_literal`)."""
+    whose literals escape a backslash (`gbnf_literal`), and whose strings hold no
+    raw control character (`JSON_CHAR`)."""
+
+    def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
+        return str(super()._add_primitive(name, JSON_CHAR if name == "char" else rule))
 
     def visit(self, schema: dict[str, Any], name: str) -> str:
         if not _plain_enum(schema):

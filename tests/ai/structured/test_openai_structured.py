@@ -91,6 +91,36 @@ def test_json_object_is_an_object(client: openai.OpenAI) -> None:
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def raw_controls_in_strings(text: str) -> list[str]:
+    """The raw control characters (U+0000-U+001F) inside the JSON strings of `text`,
+    which JSON does not allow (RFC 8259 7); `text` may be cut short."""
+    found, inside, escaped = [], False, False
+    for ch in text:
+        if inside and not escaped and ch < " ":
+            found.append(ch)
+        if escaped:
+            escaped = False
+        elif inside and ch == "\\":
+            escaped = True
+        elif ch == '"':
+            inside = not inside
+    return found
+
+
+def test_json_strings_hold_no_raw_control_character(client: openai.OpenAI) -> None:
+    """At temperature 1, seed 0, the model wrote raw newlines inside strings (the
+    grammar's `char` was llama-cpp-python's ``[^"\\]``): `json.loads` refused it."""
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=CHAT, temperature=1.0, seed=seed, max_tokens=120,
+            response_format={"type": "json_object"},
+            messages=[{"role": "user", "content": "Reply with JSON"}])
+        content = r.choices[0].message.content
+        assert raw_controls_in_strings(content) == [], (seed, content)
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(content), dict)
+
+
 def test_tools_round_trip(client: openai.OpenAI) -> None:
     r = chat(client, max_tokens=60, tools=TOOLS, tool_choice="required",
              parallel_tool_calls=False)
