@@ -68,14 +68,22 @@ class AIService:
         path = str(Path(path).resolve())
         info = await self.client.add_lora(name, path, base, scale)
         self.models_changed()
+        # (one registered before under the name did not load after a restart: replaced)
+        self.loras = [lo for lo in self.loras if lo.name != name]
         self.loras.append(Lora(name, path, base, scale))
         self._save()
         return info
 
     async def remove_lora(self, name: str) -> dict[str, Any]:
-        """Stop serving adapter `name`, now and after restarts. Raises `WorkerError`
-        (404 for an unknown model, 400 for a base model)."""
-        info = await self.client.remove_lora(name)
+        """Stop serving adapter `name`, now and after restarts; one registered that
+        no longer loads (its file gone) is forgotten. Raises `WorkerError` (404 for
+        an unknown model, 400 for a base model)."""
+        try:
+            info = await self.client.remove_lora(name)
+        except WorkerError as e:
+            if e.status != 404 or not any(lo.name == name for lo in self.loras):
+                raise
+            info = {"removed": name}  # the worker never loaded it again
         self.models_changed()
         self.loras = [lo for lo in self.loras if lo.name != name]
         self._save()

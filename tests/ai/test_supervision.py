@@ -210,6 +210,12 @@ def test_run_time_loras_are_registered_again_after_a_restart(
                                     json.dumps({"name": name, "path": str(path)}).encode())
         assert info["parent"] == CHAT
     ai_pop.admin.request("DELETE", "/v1/ai/loras/dropped")
+    for name in ("gone", "gone2"):  # registered, then its file removed: it cannot load again
+        gone = tmp_path / f"{name}.gguf"
+        shutil.copy(path, gone)
+        ai_pop.admin.request("POST", "/v1/ai/loras", json.dumps({"name": name,
+                                                                "path": str(gone)}).encode())
+        gone.unlink()
     old = kill_worker(ai_pop)
     wait_for(lambda: worker(ai_pop).restarts >= 1, 10, "the PoP noticed the worker died")
 
@@ -223,6 +229,14 @@ def test_run_time_loras_are_registered_again_after_a_restart(
     with pytest.raises(openai.NotFoundError):
         api.chat.completions.create(model="dropped", messages=STORY,  # type: ignore[arg-type]
                                     max_tokens=3)
+    # those that no longer load are unlisted; one can be removed (it stayed registered,
+    # to come back once its file was there again), one added again under its name, once
+    assert "gone" not in listed and "gone2" not in listed
+    ai_pop.admin.request("DELETE", "/v1/ai/loras/gone")
+    ai_pop.admin.request("POST", "/v1/ai/loras", json.dumps({"name": "gone2",
+                                                            "path": str(path)}).encode())
+    kept = json.loads((ai_pop.data / "ai" / "loras.json").read_text())
+    assert [(lo["name"], lo["path"]) for lo in kept] == [("kept", str(path)), ("gone2", str(path))]
 
 
 def test_a_client_that_disconnects_mid_stream_cancels_its_sequence(ai_pop: Running) -> None:
