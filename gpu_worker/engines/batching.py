@@ -499,17 +499,29 @@ class Scheduler:
 
     def plan(self, group: list[Seq]) -> Step:
         """The next decode call for `group`: one token for each sequence past its
-        prompt, then prompt chunks while the step's token budget lasts. Advances
-        the sequences' positions and prompt progress."""
+        prompt, then prompt chunks while the step's token budget lasts, the prompt
+        with the fewest tokens left first (a short prompt's first token came only
+        after a long one's whole prefill: 16 s behind 4,000 tokens on 2 cores).
+        Advances the sequences' positions and prompt progress."""
         step = Step()
+        prompts = []
         for s in group:
             if s.prefilled:
                 step.feed(s, s.last, True)
-        for s in group:
+            else:
+                prompts.append(s)
+        if len(prompts) > 1:
+            prompts.sort(key=_prompt_left)
+        for s in prompts:
             room = self.step_tokens - len(step.items)
-            if not s.prefilled and room > 0:
-                _prefill(s, step, room)
+            if room <= 0:
+                break
+            _prefill(s, step, room)
         return step
+
+
+def _prompt_left(s: Seq) -> int:
+    return len(s.prompt) - s.fed
 
 
 def _prefill(s: Seq, step: Step, room: int) -> None:

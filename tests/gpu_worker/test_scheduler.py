@@ -235,6 +235,24 @@ def test_running_streams_decode_first_and_prompts_share_the_rest_of_the_budget()
     assert (d.fed, len(step.items)) == (6, 7)  # 3 streams + d's last 4 prompt tokens
 
 
+def test_the_prompt_with_the_fewest_tokens_left_is_fed_first() -> None:
+    """A long prompt under way, and a short one arriving: the short one is fed whole
+    in the next step (its first token sampled there), the long one gets the rest of
+    the budget; it no longer waits for the long prompt's whole prefill."""
+    sched = Scheduler(slots=4, kv_tokens=10_000, step_tokens=10)
+    long = seq(1, prompt_len=40)
+    sched.add([long])
+    sched.admit()
+    sched.plan([long])
+    short = seq(2, prompt_len=3)
+    sched.add([short])
+    sched.admit()
+    step = sched.plan([long, short])
+    assert (short.fed, long.fed, len(step.items)) == (3, 17, 10)
+    assert [(s.rid, row) for s, row in step.outputs] == [(2, 2)]
+    assert [slot for _, _, slot, _ in step.items[:3]] == [short.slot] * 3
+
+
 def test_a_full_step_budget_leaves_prompts_for_later() -> None:
     sched = Scheduler(slots=4, kv_tokens=10_000, step_tokens=2)
     a, b = seq(1, prompt_len=1), seq(2, prompt_len=1)
