@@ -89,6 +89,9 @@ def _check_pattern(pattern: Any, where: str) -> None:
     while i < n:
         c = pattern[i]
         if c == "\\":
+            if pattern[i + 1:i + 2] in tuple("123456789"):
+                raise _unsupported(where, "a backreference (\\1 ...): a grammar cannot "
+                                   "hold one")
             i += 2
             quantified = False
             continue
@@ -163,6 +166,48 @@ def _check_keyword(schema: dict[str, Any], key: str, value: Any, where: str) -> 
         raise _unsupported(f"{where}.{key}", f"{key} together with pattern or format")
     if key == "$ref" and not (isinstance(value, str) and value.startswith("#/")):
         raise _unsupported(f"{where}.$ref", "only local references (#/...) are supported")
+    _check_satisfiable(schema, key, value, where)
+
+
+# JSON types of a `const` or `enum` value, as `type` names them
+_JSON_TYPES: tuple[tuple[type | tuple[type, ...], tuple[str, ...]], ...] = (
+    (bool, ("boolean",)), (int, ("integer", "number")), (float, ("number",)),
+    (str, ("string",)), (type(None), ("null",)), (list, ("array",)), (dict, ("object",)))
+
+
+def _json_types(value: Any) -> tuple[str, ...]:
+    for kind, names in _JSON_TYPES:
+        if isinstance(value, kind):
+            return names
+    return ()
+
+
+def _check_satisfiable(schema: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """Raises `EngineError` for a keyword the grammar would not hold the answer to:
+    one no value satisfies (the converter wrote a grammar for part of it, and the
+    answer did not validate), or a `required` property `properties` does not define
+    (the converter drops it)."""
+    at = f"{where}.{key}"
+    if key in ("enum", "anyOf", "type") and isinstance(value, list) and not value:
+        raise _unsupported(at, f"an empty {key}: no value satisfies it")
+    if key in ("minItems", "minLength"):
+        top = schema.get(key.replace("min", "max"))
+        if isinstance(value, int) and isinstance(top, int) and value > top:
+            raise _unsupported(at, f"{key} {value} is more than {key.replace('min', 'max')} "
+                               f"{top}: no value satisfies it")
+    if key == "required":
+        defined = schema.get("properties") or {}
+        missing = [n for n in value if n not in defined] if isinstance(value, list) else None
+        if missing is None or not all(isinstance(n, str) for n in value):
+            raise _unsupported(at, "required must be a list of property names")
+        if missing:
+            raise _unsupported(at, f"required names {missing[0]!r}, which properties does not "
+                               "define (only properties it defines can be required)")
+    if key in ("const", "enum") and isinstance(schema.get("type"), str):
+        for v in value if key == "enum" and isinstance(value, list) else [value]:
+            if schema["type"] not in _json_types(v):
+                raise _unsupported(at, f"{key} value {v!r} is not of type {schema['type']!r}: "
+                                   "no value satisfies both")
 
 
 def _children(schema: dict[str, Any], where: str) -> list[tuple[str, Any]]:

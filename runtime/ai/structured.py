@@ -26,10 +26,28 @@ def _bad(param: str, message: str) -> ApiError:
     return ApiError("invalid_request", 400, message, param=param)
 
 
+# the keys OpenAI's API takes in these objects: another is a 400 naming it, as OpenAI
+# answers (a misspelt `json_schema.schmea` dropped the schema: an object of any shape)
+KEYS = {"response_format": frozenset({"type", "json_schema"}),
+        "response_format.json_schema": frozenset({"name", "description", "schema", "strict"}),
+        "tools[]": frozenset({"type", "function"}),
+        "tools[].function": frozenset({"name", "description", "parameters", "strict"})}
+
+
+def _known(value: dict[str, Any], kind: str, where: str) -> None:
+    """Raises `ApiError` naming the first key of `value` (at `where`) OpenAI's
+    `kind` object does not have."""
+    unknown = [k for k in value if k not in KEYS[kind]]
+    if unknown:
+        raise _bad(f"{where}.{unknown[0]}", f"{where}.{unknown[0]}: unknown field (expected "
+                   f"{', '.join(sorted(KEYS[kind]))})")
+
+
 def response_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
     """Generate fields for `fmt`. Raises `ApiError` (400) for a malformed one."""
     if fmt is None:
         return {}
+    _known(fmt, "response_format", "response_format")
     if fmt.get("type") not in FORMATS:
         raise _bad("response_format.type", f"response_format.type must be one of "
                    f"{', '.join(FORMATS)}, got {fmt.get('type')!r}")
@@ -38,6 +56,7 @@ def response_format(fmt: dict[str, Any] | None) -> dict[str, Any]:
         if not isinstance(spec, dict) or not NAME.fullmatch(str(spec.get("name", ""))):
             raise _bad("response_format.json_schema.name", "response_format.json_schema needs "
                        "a 'name' of 1-64 letters, digits, '_' or '-'")
+        _known(spec, "response_format.json_schema", "response_format.json_schema")
         if not isinstance(spec.get("schema", {}), dict):
             raise _bad("response_format.json_schema.schema",
                        "response_format.json_schema.schema must be a JSON Schema object")
@@ -62,16 +81,21 @@ def tools(defs: list[dict[str, Any]] | None, choice: Any, parallel: bool | None
 
 def _tool_name(i: int, tool: dict[str, Any]) -> str:
     """Raises `ApiError` for a tool that is not ``{"type": "function", "function":
-    {"name", "description"?, "parameters"?}}``."""
-    if tool.get("type") != "function":
+    {"name", "description"?, "parameters"?, "strict"?}}`` (parameters: an object's
+    schema)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
         raise _bad(f"tools[{i}].type", f"tools[{i}].type must be 'function'")
+    _known(tool, "tools[]", f"tools[{i}]")
     fn = tool.get("function")
     if not isinstance(fn, dict) or not NAME.fullmatch(str(fn.get("name", ""))):
         raise _bad(f"tools[{i}].function.name", f"tools[{i}].function needs a 'name' of 1-64 "
                    "letters, digits, '_' or '-'")
-    if not isinstance(fn.get("parameters", {}), dict):
-        raise _bad(f"tools[{i}].function.parameters",
-                   f"tools[{i}].function.parameters must be a JSON Schema object")
+    _known(fn, "tools[].function", f"tools[{i}].function")
+    params = fn.get("parameters", {})
+    if not isinstance(params, dict) or params.get("type", "object") != "object":
+        raise _bad(f"tools[{i}].function.parameters",  # (arguments are a JSON object)
+                   f"tools[{i}].function.parameters must be a JSON Schema object of type "
+                   "'object'")
     return str(fn["name"])
 
 

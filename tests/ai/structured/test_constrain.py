@@ -48,6 +48,21 @@ def rules(grammar: str | None) -> dict[str, str]:
     ({"type": "string", "pattern": "^a{65}$"}, "pattern"),
     ({"type": "string", "pattern": "^" + "a" * 1000 + "$"}, "pattern"),
     ({"type": "string", "pattern": 5}, "pattern"),
+    ({"type": "string", "pattern": r"^(a)\1$"}, "pattern"),  # llama.cpp refused its grammar
+    # what no value satisfies, or the converter drops: the answer did not validate
+    ({"type": "object", "required": ["x"]}, "required"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]},
+     "required"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": "a"}, "required"),
+    ({"type": "array", "minItems": 5, "maxItems": 2}, "minItems"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength"),
+    ({"type": "integer", "const": "abc"}, "const"),
+    ({"type": "object", "properties": {"u": {"type": "string", "enum": ["c", 1]}}},
+     "properties.u.enum"),
+    ({"type": "boolean", "const": 1}, "const"),
+    ({"enum": []}, "enum"),
+    ({"anyOf": []}, "anyOf"),
+    ({"type": []}, "type"),
 ])
 def test_schema_parts_the_grammar_cannot_enforce_are_refused(schema: dict[str, Any],
                                                              where: str) -> None:
@@ -61,7 +76,8 @@ def test_schema_parts_the_grammar_cannot_enforce_are_refused(schema: dict[str, A
 
 
 @pytest.mark.parametrize("pattern", [r"^[0-9a-f]{32}$", r"^\d{3}-\d{4}$", r"^(ab|cd){3}$",
-                                     r"^[(?]{3}$", r"^a{64}$", r"^\(a+\)*$"])
+                                     r"^[(?]{3}$", r"^a{64}$", r"^\(a+\)*$", r"^\\1$",
+                                     r"^a\0$"])
 def test_patterns_without_nested_or_long_repetition_make_a_grammar(pattern: str) -> None:
     assert grammar_for(Generate(1, "m", response_format=fmt({"type": "string",
                                                               "pattern": pattern})))
