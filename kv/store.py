@@ -33,6 +33,7 @@ import lmdb
 
 from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
 from kv import lmdb_handles
+from kv.open_db import open_db
 from kv.quota import Quota
 
 _HEAD = struct.Struct("<QQI")
@@ -234,9 +235,10 @@ class KVStore:
                 known = txn.get(ns.encode(), db=self._names) is not None
             if not known:
                 raise UnknownNamespace(f"unknown namespace {ns!r}")
-            db = self.env.open_db(b"ns:" + ns.encode(), txn=txn, create=False)
-            if txn is None:  # a handle opened in a write transaction dies if it aborts
-                self._dbs[ns] = db
+            if txn is None:  # (a handle opened in a write transaction dies if it aborts)
+                db = self._dbs[ns] = open_db(self.env, b"ns:" + ns.encode())  # (kv.open_db)
+            else:
+                db = self.env.open_db(b"ns:" + ns.encode(), txn=txn, create=False)
         return db
 
     # -- reads ------------------------------------------------------------------------------

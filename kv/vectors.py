@@ -45,6 +45,7 @@ from edgefn_core.errors import (
     StoreClosed,
     UnknownNamespace,
 )
+from kv.open_db import open_db
 from kv.quota import Quota
 
 log = logging.getLogger("edgefn.vectors")
@@ -172,7 +173,7 @@ class VectorStore:
             state = json.loads(raw)
             del state["seq"], state["next_key"]
             config = IndexConfig(**state)
-            ids, rows, log = (self.env.open_db(f"i:{name}:{part}".encode())
+            ids, rows, log = (open_db(self.env, f"i:{name}:{part}".encode(), create=True)
                               for part in ("ids", "rows", "log"))
             opened = _Open(config, self._new_index(config), (ids, rows, log))
             with self.env.begin(buffers=True) as txn:
@@ -344,8 +345,7 @@ class VectorStore:
         with self._loading:
             db = self._counting.get(name)
             if db is None:
-                db = self._counting[name] = self.env.open_db(f"i:{name}:ids".encode(),
-                                                             create=False)
+                db = self._counting[name] = open_db(self.env, f"i:{name}:ids".encode())
         return db
 
     def delete(self, name: str, ids: Iterable[str]) -> int:

@@ -474,3 +474,49 @@ def test_a_namespace_another_process_created_serves_every_operation(tmp_path: Pa
     assert s.purge_expired() == 2
     assert s.get("late", b"n") == b"1" and s.get("late", b"k") is None
     s.close()
+
+
+FIRST_GET_DURING_A_WRITE = """
+import sys, threading, time
+from kv import KVStore
+s = KVStore(sys.argv[1])  # opened before another process created "late"
+print("open", flush=True)
+sys.stdin.readline()  # "late" was created meanwhile
+ready = threading.Event()
+def writer():  # a binding thread: holds the writer lock, then needs the GIL to commit
+    with s.env.begin(write=True) as txn:
+        ready.set()
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            pass
+        txn.put(b"x", b"1")
+t = threading.Thread(target=writer)
+t.start()
+ready.wait()
+print(s.get("late", b"k"))  # the first get of "late" opens its handle meanwhile
+t.join()
+s.close()
+"""
+
+
+def test_the_first_get_of_a_namespace_created_elsewhere_waits_out_our_own_writer(
+        tmp_path: Path) -> None:
+    """A worker that follows a deploy opens a namespace another process created at
+    its first get. py-lmdb's open_db without a transaction took the writer lock holding
+    the GIL while one of the worker's binding threads held the lock, waiting for the
+    GIL: both waited for good (the worker froze, every process's KV writes with it)."""
+    KVStore(tmp_path / "kv").close()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    child = subprocess.Popen([sys.executable, "-c", FIRST_GET_DURING_A_WRITE,
+                              str(tmp_path / "kv")], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"open\n"
+        subprocess.run([sys.executable, "-c", CREATE_LATE, str(tmp_path / "kv")], env=env,
+                       check=True, timeout=60)
+        out, _ = child.communicate(b"go\n", timeout=20)  # frozen: past this
+    finally:
+        child.kill()
+    assert (child.returncode, out) == (0, b"b'v'\n")
