@@ -253,6 +253,25 @@ def test_a_worker_that_cannot_follow_a_deploy_is_killed_before_the_call_returns(
                for line in workers.stderr)
 
 
+def test_stuck_workers_are_killed_together_past_the_grace_on_sigterm(tmp_path: Path) -> None:
+    """Both workers stopped (SIGSTOP): the primary's SIGTERM waits `grace_seconds`
+    plus `STOP_MARGIN` for all of them together, then kills them (each waited its
+    own in turn: two stuck workers took twice as long)."""
+    from runtime.workers.primary import STOP_MARGIN
+
+    with serving(tmp_path, "grace_seconds = 0.5\n" + POP_TOML) as w:
+        stuck = w.children()
+        assert len(stuck) == 2
+        for pid in stuck:
+            os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        w.proc.send_signal(signal.SIGTERM)
+        w.proc.wait(120)
+        took = time.monotonic() - started
+    assert 0.5 + STOP_MARGIN <= took < 0.5 + STOP_MARGIN + 5, took
+    assert sum("still runs after" in line for line in w.stderr) == 2
+
+
 def test_a_restarted_admin_worker_brings_the_others_to_what_was_saved(
         workers: Workers, tmp_path: Path) -> None:
     """The admin worker saves a deploy's record, then tells the others: killed in

@@ -42,6 +42,7 @@ log = logging.getLogger("edgefn.workers")
 START_TIMEOUT = 300.0  # seconds a worker has to restore its functions and listen
 PR_SET_PDEATHSIG = 1  # prctl(2)
 BACKOFF = (0.1, 5.0)  # restart delay: first, most (doubling while workers die young)
+STOP_MARGIN = 15.0  # seconds past grace_seconds workers have to end on SIGTERM
 
 
 def reserve(host: str, port: int) -> socket.socket:
@@ -139,16 +140,18 @@ class Primary:
             log.error("%s", e)
 
     async def stop(self) -> None:
-        """SIGTERM every worker, wait for each to drain (`grace_seconds` and a
-        margin), SIGKILL any still running."""
+        """SIGTERM every worker, wait for them to drain (`grace_seconds` and
+        `STOP_MARGIN`, all together), SIGKILL any still running."""
         self.stopping = True
         live = [p for p in self.procs if p is not None and p.is_alive()]
         for proc in live:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid or 0, signal.SIGTERM)
-        wait = self.config.grace_seconds + 15.0
+        wait = self.config.grace_seconds + STOP_MARGIN
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait  # one for all (each its own: N stuck workers took N x)
         for proc in live:
-            await asyncio.to_thread(proc.join, wait)
+            await asyncio.to_thread(proc.join, max(0.0, deadline - loop.time()))
             if proc.is_alive():
                 log.error("worker pid %s still runs after %.0fs: killing it", proc.pid, wait)
                 proc.kill()
