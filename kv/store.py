@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import json
 import re
 import struct
@@ -221,6 +222,14 @@ class KVStore:
         self._check_open()
         with self.env.begin() as txn:
             return [k.decode() for k, _ in txn.cursor(db=self._names)]
+
+    def open_known(self, names: Iterable[str]) -> None:
+        """Open the handles of those of namespaces `names` that exist (another process
+        may have created them since this store opened), so that no read on a request's
+        path opens one (it waits for the writer lock). Blocking."""
+        for ns in names:
+            with contextlib.suppress(UnknownNamespace):
+                self._db(ns)
 
     def _db(self, ns: str, txn: Any = None) -> Any:
         """The handle of namespace `ns`; inside a write transaction pass it as `txn`

@@ -170,10 +170,14 @@ class Bindings:
         """The capabilities `m` declares, checked against their owners on every call.
         With `create`, creates its KV namespaces now (a deploy creates them when it
         commits, `Stores.claim`; indexes are created on first write or explicitly,
-        since they need a dimension)."""
+        since they need a dimension); without, opens the handles of those that exist
+        (`KVStore.open_known`). Blocking."""
         b = m.bindings
-        for ns in b.kv if create else ():
-            stores.kv.create_namespace(ns)
+        if create:
+            for ns in b.kv:
+                stores.kv.create_namespace(ns)
+        else:  # a stored version (a worker following a deploy): its handles, now
+            stores.kv.open_known(b.kv)
         kv = kv_binding.KVBinding(stores, m.name, frozenset(b.kv), m.tenant)
         vectors = vectors_binding.VectorsBinding(stores, m.name, frozenset(b.vectors), m.tenant)
         ai = None

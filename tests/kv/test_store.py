@@ -476,6 +476,45 @@ def test_a_namespace_another_process_created_serves_every_operation(tmp_path: Pa
     s.close()
 
 
+def test_open_known_opens_what_another_process_created_and_skips_the_rest(
+        tmp_path: Path) -> None:
+    """What a worker following a deploy calls (`Bindings.prepare(create=False)`), off
+    its loop: no read on a request's path then opens a handle."""
+    s = KVStore(tmp_path / "kv")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    subprocess.run([sys.executable, "-c", CREATE_LATE, str(tmp_path / "kv")], env=env,
+                   check=True, timeout=60)
+    assert "late" not in s._dbs
+    s.open_known(["late", "never"])
+    assert "late" in s._dbs and "never" not in s._dbs
+    assert s.get("late", b"k") == b"v"
+    s.close()
+
+
+def test_a_stored_version_s_bindings_open_its_namespaces_handles(tmp_path: Path) -> None:
+    """`Bindings.prepare(create=False)` (a worker loading a version another process
+    deployed, in a thread): the handles of its namespaces are open when it returns."""
+    from runtime.bindings import Bindings, Stores
+    from runtime.functions import manifest
+    from tests.support import python_function
+
+    stores = Stores(tmp_path / "data")
+    try:
+        kv = stores.kv  # opened now, before the namespace exists
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+        subprocess.run([sys.executable, "-c", CREATE_LATE, str(tmp_path / "data" / "kv")],
+                       env=env, check=True, timeout=60)
+        d = python_function(tmp_path, "f", "", extra='[bindings]\nkv = ["late"]')
+        Bindings.prepare(stores, manifest.load(d), create=False)
+        assert "late" in kv._dbs
+    finally:
+        stores.close()
+
+
 FIRST_GET_DURING_A_WRITE = """
 import sys, threading, time
 from kv import KVStore
