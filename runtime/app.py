@@ -102,9 +102,9 @@ async def running_worker(config: PopConfig, role: Role | None, freeze_heap: bool
 
         await asyncio.to_thread(policy.report, config.insecure_python)
         await _start_ai(pop.ai)
-        # bound before the restore: a change told meanwhile waits, then is followed
-        control = await control_server(pop, role) if role is not None and not role.leader \
-            else None
+        # bound before the restore: a change told meanwhile waits, then is followed; the
+        # admin worker's answers the primary's liveness pings only
+        control = await control_server(pop, role) if role is not None else None
         if role is not None:  # started again while `edgefn dev` deploys: 503, not 404
             pop.registry.starting = starting.load(data)
         peers = await _peer_events(pop, role)

@@ -253,6 +253,29 @@ def test_a_worker_that_cannot_follow_a_deploy_is_killed_before_the_call_returns(
                for line in workers.stderr)
 
 
+def test_a_worker_whose_loop_stops_answering_is_killed_and_started_again(
+        workers: Workers) -> None:
+    """A worker stopped (SIGSTOP, as a loop frozen in a native call would be) answers
+    no liveness ping: within LIVENESS_EVERY plus twice worker_ack_timeout (3 s) the
+    primary kills it, and a new one serves (before, it served none of the connections
+    the kernel gave it, for good)."""
+    from runtime.workers.primary import LIVENESS_EVERY
+
+    time.sleep(LIVENESS_EVERY + 1)  # pinged once at least: both answer
+    assert not any("liveness" in line for line in workers.stderr)
+    admin_port = int(workers.admin.info.admin.rsplit(":", 1)[1])
+    (stuck,) = [p for p in workers.children() if admin_port in listening(p)]  # the admin one
+    (other,) = workers.children() - {stuck}
+    os.kill(stuck, signal.SIGSTOP)
+    wait_for(lambda: not running(stuck), LIVENESS_EVERY + 2 * 3 + 5, "the stuck worker killed")
+    assert any(f"(pid {stuck}) did not answer a liveness ping: no answer in 6s" in line
+               for line in workers.stderr)
+    wait_for(lambda: len(workers.children()) == 2, 60, "a worker started again")
+    wait_for(lambda: len({workers.get()[2] for _ in range(20)}) == 2, 60,
+             "the new worker serving")
+    assert running(other)
+
+
 def test_stuck_workers_are_killed_together_past_the_grace_on_sigterm(tmp_path: Path) -> None:
     """Both workers stopped (SIGSTOP): the primary's SIGTERM waits `grace_seconds`
     plus `STOP_MARGIN` for all of them together, then kills them (each waited its

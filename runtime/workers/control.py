@@ -18,6 +18,12 @@ reads the record already saved.
     {"op": "ai_purge", "model": M | null, "tenant": T | null}  purge the AI cache
                                          ("result": how many entries went)
 
+The primary asks every worker, the admin worker too, whether its loop still runs
+(`runtime.workers.primary.Primary.watch`; no answer within twice the ack timeout:
+killed and started again):
+
+    {"op": "ping"}
+
 The admin worker also asks, without killing a worker that is slow to answer
 (`Fanout.ask`: a scrape is not a change, and a missing answer loses nothing):
 

@@ -43,6 +43,12 @@ START_TIMEOUT = 300.0  # seconds a worker has to restore its functions and liste
 PR_SET_PDEATHSIG = 1  # prctl(2)
 BACKOFF = (0.1, 5.0)  # restart delay: first, most (doubling while workers die young)
 STOP_MARGIN = 15.0  # seconds past grace_seconds workers have to end on SIGTERM
+# how often each worker that said ready is asked whether its loop still runs (a control
+# "ping"); one that does not answer within twice `worker_ack_timeout` (a change it is
+# told of kills it sooner) is killed (SIGKILL) and started again: a worker whose loop
+# froze (a deadlock in a native call) served none of the connections the kernel gave
+# it, for good, and nothing noticed
+LIVENESS_EVERY = 5.0
 
 
 def reserve(host: str, port: int) -> socket.socket:
@@ -75,6 +81,7 @@ class Primary:
         self.delay: list[float] = [BACKOFF[0]] * self.count
         self.stopping = False
         self.restarts = 0
+        self.live: list[bool] = [False] * self.count  # it said ready, and is watched
         self._ctx = multiprocessing.get_context("spawn")  # no fork of a threaded parent
 
     def start(self, index: int) -> Connection:
@@ -97,6 +104,7 @@ class Primary:
         assert proc is not None
         ok = await asyncio.to_thread(_wait_ready, conn, proc, START_TIMEOUT)
         conn.close()
+        self.live[index] = ok and self.procs[index] is proc
         if not ok:
             raise Failure("worker_failed", 500, f"worker {index} did not start (exit code "
                           f"{proc.exitcode}); see its log above")
@@ -117,6 +125,44 @@ class Primary:
                         loop.remove_reader(proc.sentinel)
             await self._restart_exited()
 
+    async def watch(self, role: Role) -> None:
+        """Every `LIVENESS_EVERY` seconds, ask each live worker for a "ping" over its
+        control socket; kill one that does not answer within twice
+        `worker_ack_timeout` (`supervise` starts it again)."""
+        while not self.stopping:
+            await asyncio.sleep(LIVENESS_EVERY)
+            await asyncio.gather(*(self._ping(role, i) for i in range(self.count)
+                                   if self.live[i]))
+
+    async def _ping(self, role: Role, index: int) -> None:
+        proc = self.procs[index]
+        if proc is None or not proc.is_alive():
+            return
+        try:
+            wait = 2 * self.config.worker_ack_timeout
+            async with asyncio.timeout(wait):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                try:
+                    await asyncio.get_running_loop().sock_connect(sock, role.address(index))
+                    await asyncio.get_running_loop().sock_sendall(sock, b'{"op": "ping"}\n')
+                    answer = await asyncio.get_running_loop().sock_recv(sock, 4096)
+                finally:
+                    sock.close()
+            if answer:
+                return
+            why = "closed without an answer"
+        except TimeoutError:
+            why = f"no answer in {wait:g}s"
+        except OSError as e:
+            why = repr(e)
+        if self.stopping or self.procs[index] is not proc or not self.live[index]:
+            return
+        log.error("worker %d (pid %s) did not answer a liveness ping: %s; killing it (it "
+                  "starts again)", index, proc.pid, why)
+        self.live[index] = False
+        proc.kill()
+
     async def _restart_exited(self) -> None:
         for index, proc in enumerate(self.procs):
             if self.stopping or proc is None or proc.is_alive():
@@ -126,7 +172,7 @@ class Primary:
             self.delay[index] = min(self.delay[index] * 2, BACKOFF[1]) if young else BACKOFF[0]
             log.error("worker %d (pid %s) exited with %s; starting it again in %.1fs",
                       index, proc.pid, proc.exitcode, self.delay[index])
-            self.procs[index] = None
+            self.procs[index], self.live[index] = None, False
             await asyncio.sleep(self.delay[index])
             if not self.stopping:
                 self.restarts += 1
@@ -263,10 +309,13 @@ async def running_workers(config: PopConfig, verbosity: int = 0
                        f"{config.admin.host}:{aport}")
         (data / "pop.json").write_bytes(msgspec.json.encode(info))
         supervisor = asyncio.get_running_loop().create_task(primary.supervise())
+        watcher = asyncio.get_running_loop().create_task(primary.watch(
+            Role(0, primary.count, fixed.data_dir)))
         try:
             yield primary, info
         finally:
             supervisor.cancel()
+            watcher.cancel()
             (data / "pop.json").unlink(missing_ok=True)
     finally:
         if primary is not None:
