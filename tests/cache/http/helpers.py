@@ -139,3 +139,8 @@ def header(response: Response, name: bytes) -> bytes | None:
         if k == name:
             return v
     return None
+
+
+def outcome(r: Response) -> str:
+    """What the cache says it did (``x-edgefn-cache``)."""
+    return (header(r, b"x-edgefn-cache") or b"").decode()

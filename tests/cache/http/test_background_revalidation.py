@@ -12,14 +12,12 @@ origin answers there decides the entry as a revalidation in the foreground would
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterator
-
-import pytest
+from collections.abc import Awaitable
 
 from runtime.net.message import Request, Response
 from runtime.pipeline.stage import Context
 from runtime.security.principal import Principal
-from tests.cache.http.helpers import Harness, Origin, header, ok, request
+from tests.cache.http.helpers import Harness, Origin, ok, outcome, request
 
 SWR = "max-age=10, stale-while-revalidate=30"
 
@@ -34,17 +32,6 @@ class SeeingOrigin(Origin):
     def __call__(self, request: Request, ctx: Context) -> Response | Awaitable[Response]:
         self.principals.append(ctx.principal)
         return super().__call__(request, ctx)
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    harness = Harness()
-    yield harness
-    harness.close()
-
-
-def outcome(r: Response) -> str:
-    return (header(r, b"x-edgefn-cache") or b"").decode()
 
 
 def stale(h: Harness, principal: Principal | None = None, cc: str = SWR) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from email.utils import formatdate
 from typing import get_args
 
@@ -21,20 +20,9 @@ from runtime.observe.tracing import _decided
 from runtime.pipeline.stage import Context
 from runtime.pipeline.stages.http_cache import NOT_STORED
 from runtime.security.principal import Principal
-from tests.cache.http.helpers import Function, Harness, header, ok, request
+from tests.cache.http.helpers import Function, Harness, header, ok, outcome, request
 
 LM = "Tue, 14 Nov 2023 22:00:00 GMT"
-
-
-@pytest.fixture
-def h() -> Iterator[Harness]:
-    harness = Harness()
-    yield harness
-    harness.close()
-
-
-def outcome(r: Response) -> str:
-    return (header(r, b"x-edgefn-cache") or b"").decode()
 
 
 def test_miss_then_hit_with_age(h: Harness) -> None:
