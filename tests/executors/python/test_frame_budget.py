@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -34,6 +35,26 @@ def test_an_owner_counts_at_most_its_share_and_the_reserve_is_for_owners_countin
     assert not b.may_take("a", 1)  # under its share, but past 80: only for owners
     assert b.may_take("d", 20) and not b.may_take("d", 21)  # counting none, to the 100
     assert b.counted(500) == 37 and b.counted(12) == 12  # a frame counts a share at most
+
+
+def test_an_owners_frames_add_up_and_go_one_by_one() -> None:
+    b = FrameBudget(100)
+    assert b.ask("a", 10, lambda: None) and b.ask("a", 20, lambda: None)
+    assert b.held == {"a": 30} and b.ask("d", 37, lambda: None) and b.ask("e", 6, lambda: None)
+    assert b.may_take("a", 7)  # to exactly 100 - the reserve (80), under a's share
+    b.give_back("a", 10)
+    assert b.held == {"a": 20, "d": 37, "e": 6} and b.in_use == 63
+    b.give_back("a", 20)
+    assert b.held == {"d": 37, "e": 6}
+
+
+def test_a_budget_takes_any_positive_size_and_auto_is_a_quarter_of_the_memory() -> None:
+    assert FrameBudget(1).total == 1
+    with pytest.raises(ValueError, match=r"^a frame budget of -1 bytes$"):
+        FrameBudget(-1)
+    machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert frame_budget.auto_bytes() == machine // 4
+    assert isinstance(frame_budget.auto_bytes(), int)
 
 
 def test_waiting_frames_are_granted_in_order_each_as_soon_as_it_fits() -> None:
