@@ -240,6 +240,8 @@ def test_overlap_is_true_whenever_a_request_matches_both_routes(
     (("/a", "*.w.test"), ("/a", "x.w.test"), True), (("/a", "*.w.test"), ("/a", "*.v.w.test"),
                                                      True),
     (("/a", "*.w.test"), ("/a", "w2.test"), False),
+    (("/%c3%A9", None), ("/%C3%A9/:p1/:p2", None), True),  # escapes in either case
+    (("/%c3%a9", None), ("/%c3%a8/x", None), False),
 ])
 def test_overlap_cases(a: tuple[str, str | None], b: tuple[str, str | None], meet: bool) -> None:
     assert router_module.overlap(Route(*a), Route(*b)) is meet

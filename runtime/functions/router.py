@@ -50,10 +50,12 @@ NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 def overlap(a: Route, b: Route) -> bool:
     """Whether some request matches both routes: hosts that can be one (a host-less
     route takes every host), and paths alike segment by segment as far as the
-    shorter goes (a capture takes any segment; past its end a route takes any)."""
+    shorter goes (a capture takes any segment; past its end a route takes any;
+    percent-escapes in either case alike)."""
     if not _hosts_meet(a.host, b.host):
         return False
-    sa, sb = parse_path(a.path).segments, parse_path(b.path).segments
+    sa = parse_path(canonical_path(a.path)).segments
+    sb = parse_path(canonical_path(b.path)).segments
     return all(x == y or x.startswith(":") or y.startswith(":") for x, y in zip(sa, sb,
                                                                                 strict=False))
 
