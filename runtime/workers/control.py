@@ -173,12 +173,7 @@ class Fanout:
                    ) -> tuple[Any] | None:
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await self._connect(index, MAX_ANSWER)
-                try:
-                    writer.write(json.dumps(msg).encode() + b"\n")
-                    reply = json.loads(await reader.readline())
-                finally:
-                    writer.close()
+                reply = await exchange(self.role.address(index), msg, MAX_ANSWER)
             return (reply["result"],)
         except (OSError, ValueError, KeyError, TypeError, TimeoutError) as e:
             log.warning("worker %d did not answer %s: %r", index, msg.get("op"), e)
@@ -186,16 +181,7 @@ class Fanout:
 
     async def _connect(self, index: int, limit: int
                        ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to worker `index`'s control socket. Raises OSError
-        (ConnectionRefusedError: it is not running)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        try:  # connected here: uvloop takes no abstract address by name
-            await asyncio.get_running_loop().sock_connect(sock, self.role.address(index))
-        except BaseException:
-            sock.close()
-            raise
-        return await asyncio.open_unix_connection(sock=sock, limit=limit)
+        return await connect(self.role.address(index), limit)
 
     async def _tell(self, index: int, msg: dict[str, Any]) -> Any:
         try:
@@ -220,6 +206,31 @@ class Fanout:
                   "the saved records)", index, pid, msg.get("op"), why)
         await asyncio.to_thread(kill_and_wait, pid)
         return None
+
+
+async def connect(address: str, limit: int
+                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to a worker's control socket (`Role.address`). Raises OSError
+    (ConnectionRefusedError: it is not running)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:  # connected here: uvloop takes no abstract address by name
+        await asyncio.get_running_loop().sock_connect(sock, address)
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_unix_connection(sock=sock, limit=limit)
+
+
+async def exchange(address: str, msg: dict[str, Any], limit: int = MAX_LINE) -> Any:
+    """Send `msg` to the control socket at `address` and read its one-line answer.
+    Raises OSError, ValueError (no answer, or not JSON)."""
+    reader, writer = await connect(address, limit)
+    try:
+        writer.write(json.dumps(msg).encode() + b"\n")
+        return json.loads(await reader.readline())
+    finally:
+        writer.close()
 
 
 def peer_pid(sock: socket.socket) -> int:

@@ -36,6 +36,7 @@ from runtime.pipeline.build import wants_shared_table
 from runtime.security.bots.manager import challenge_secret
 from runtime.security.ratelimit.native import SharedTable, inherit_table
 from runtime.workers import child, starting
+from runtime.workers.control import exchange
 from runtime.workers.role import Role
 
 log = logging.getLogger("edgefn.workers")
@@ -138,23 +139,14 @@ class Primary:
         proc = self.procs[index]
         if proc is None or not proc.is_alive():
             return
+        wait = 2 * self.config.worker_ack_timeout
         try:
-            wait = 2 * self.config.worker_ack_timeout
             async with asyncio.timeout(wait):
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                try:
-                    await asyncio.get_running_loop().sock_connect(sock, role.address(index))
-                    await asyncio.get_running_loop().sock_sendall(sock, b'{"op": "ping"}\n')
-                    answer = await asyncio.get_running_loop().sock_recv(sock, 4096)
-                finally:
-                    sock.close()
-            if answer:
-                return
-            why = "closed without an answer"
+                await exchange(role.address(index), {"op": "ping"})
+            return
         except TimeoutError:
             why = f"no answer in {wait:g}s"
-        except OSError as e:
+        except (OSError, ValueError) as e:
             why = repr(e)
         if self.stopping or self.procs[index] is not proc or not self.live[index]:
             return
