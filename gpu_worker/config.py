@@ -11,6 +11,8 @@
     context = 8192                      # KV cache tokens shared by the batch
     max_queue_seconds = 60              # a request that waits longer for a batch slot gets
                                         # 503 "overloaded" (retry later); 0: wait to the timeout
+    prefill_chunk = 128                 # prompt tokens a decode call feeds while other
+                                        # sequences wait on it for a token (alone: 512)
     gpu_layers = -1                     # layers offloaded when a GPU is present
     weights = "f16"                     # as-is | f16 | q8_0 | q4_0 | f32: converted once, cached;
                                         # f16 batches far better on CPU than 4-bit Q4_1
@@ -42,6 +44,7 @@ import msgspec
 from edgefn_core import tomlconf
 from edgefn_core.errors import WorkerConfigError
 
+from .engines.batching import STEP_TOKENS
 from .models import WEIGHTS
 
 DEFAULT_CHAT = "smollm2-135m"
@@ -57,6 +60,7 @@ class ModelSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     max_batch: int = 16
     context: int = 8192
     max_queue_seconds: float = 60.0  # llamacpp: longest wait for a batch slot (0: no bound)
+    prefill_chunk: int = 128  # llamacpp: prompt tokens a call feeds beside a sampled token
     gpu_layers: int = -1
     weights: str = "f16"  # llamacpp: as-is | f16 | q8_0 | q4_0 | f32 (converted once, cached)
     url: str = ""
@@ -137,6 +141,9 @@ def _problem(m: ModelSpec) -> tuple[str, str] | None:
                                    "url of an OpenAI-compatible server")
     if m.threads < 1:
         return "threads", f"must be >= 1, got {m.threads}"
+    if not 1 <= m.prefill_chunk <= STEP_TOKENS:
+        return "prefill_chunk", (f"must be 1..{STEP_TOKENS} (a decode call's tokens), "
+                                 f"got {m.prefill_chunk}")
     if not m.max_queue_seconds >= 0:  # NaN too
         return "max_queue_seconds", f"must be >= 0 (0: no bound), got {m.max_queue_seconds}"
     if m.engine == "llamacpp" and m.weights not in WEIGHTS:

@@ -46,8 +46,13 @@ each rule has a unit test without a model (the split vLLM makes between
 - Every running sequence with flow-control credit gets one new token per step;
   one without credit sits the step out.
 - Prompts are fed in chunks within the step's token budget (llama.cpp's
-  ``n_batch``), after the running sequences' tokens, so a long prompt never
-  stalls the streams already running.
+  ``n_batch``), after the running sequences' tokens, the prompt with the fewest
+  tokens left first. A step in which any sequence samples (a running one, or a
+  prompt whose last token it feeds) feeds at most `prefill_chunk` prompt tokens:
+  a decode call's time grows with its tokens, so a long prompt fed beside others
+  costs their next token a small chunk's time, not a whole budget's (on two
+  cores, 512 tokens of the 135M model take ~1 s). Alone, a prompt takes the
+  whole budget.
 - Sequences are grouped by LoRA adapter where llama.cpp applies an adapter to a
   whole context (a stock build): each group is its own decode call. The build
   .ci/llama-wheel patches selects the adapter per sequence, so one call runs all.
@@ -69,6 +74,7 @@ if TYPE_CHECKING:
     from . import Sink
 
 STEP_TOKENS = 512  # tokens per decode call (llama.cpp's n_batch)
+PREFILL_CHUNK = 128  # prompt tokens a call feeds while some sequence waits on it for a token
 MAX_SEQ_IDS = 256  # llama.cpp's LLAMA_MAX_SEQ: the most sequence ids a context takes
 HEADROOM = 16  # KV tokens beyond its prompt that must be free to admit a sequence
 PAUSE_GRACE = 1.0  # seconds paused for credit before a sequence yields to waiting ones
@@ -204,14 +210,18 @@ class Scheduler:
 
     def __init__(self, slots: int, kv_tokens: int, step_tokens: int = STEP_TOKENS,
                  max_wait: float | None = None, headroom: int = HEADROOM,
-                 pause_grace: float = PAUSE_GRACE, seq_ids: int | None = None) -> None:
+                 pause_grace: float = PAUSE_GRACE, seq_ids: int | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         ids = seq_ids_for(slots) if seq_ids is None else seq_ids
         if ids < slots:
             raise ValueError(f"{ids} sequence ids for {slots} batch slots: at least one each")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.slots = slots
         self.kv_tokens = kv_tokens
         self.max_wait = max_wait
         self.step_tokens = step_tokens
+        self.prefill_chunk = prefill_chunk
         # a token per slot at least: the step after an admission never preempts
         self.headroom = max(headroom, slots)
         self.pause_grace = pause_grace
@@ -502,7 +512,10 @@ class Scheduler:
         prompt, then prompt chunks while the step's token budget lasts, the prompt
         with the fewest tokens left first (a short prompt's first token came only
         after a long one's whole prefill: 16 s behind 4,000 tokens on 2 cores).
-        Advances the sequences' positions and prompt progress."""
+        Once some sequence samples in the step, prompts get at most
+        `prefill_chunk` tokens of it in all (a running stream's next token, or a
+        short prompt's first, waited for 512 tokens of a long one). Advances the
+        sequences' positions and prompt progress."""
         step = Step()
         prompts = []
         for s in group:
@@ -512,11 +525,14 @@ class Scheduler:
                 prompts.append(s)
         if len(prompts) > 1:
             prompts.sort(key=_prompt_left)
+        fed = 0  # prompt tokens in the step
         for s in prompts:
             room = self.step_tokens - len(step.items)
+            if step.outputs:
+                room = min(room, self.prefill_chunk - fed)
             if room <= 0:
                 break
-            _prefill(s, step, room)
+            fed += _prefill(s, step, room)
         return step
 
 
@@ -524,8 +540,11 @@ def _prompt_left(s: Seq) -> int:
     return len(s.prompt) - s.fed
 
 
-def _prefill(s: Seq, step: Step, room: int) -> None:
-    """Feed up to `room` more prompt tokens of `s`; the prompt's last one is sampled."""
-    for token in s.prompt[s.fed:s.fed + room]:
+def _prefill(s: Seq, step: Step, room: int) -> int:
+    """Feed up to `room` more prompt tokens of `s`, and say how many; the prompt's
+    last one is sampled."""
+    chunk = s.prompt[s.fed:s.fed + room]
+    for token in chunk:
         s.fed += 1
         step.feed(s, token, s.prefilled)
+    return len(chunk)

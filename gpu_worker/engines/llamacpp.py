@@ -78,7 +78,8 @@ class LlamaEngine(Engine):
         self.limit = min(self.lm.n_ctx, self.lm.n_ctx_train or self.lm.n_ctx)
         self.grammars = Grammars(self.lm.check_grammar)
         sched = Scheduler(self.spec.max_batch, self.lm.n_ctx,
-                          max_wait=self.spec.max_queue_seconds or None, seq_ids=ids)
+                          max_wait=self.spec.max_queue_seconds or None, seq_ids=ids,
+                          prefill_chunk=self.spec.prefill_chunk)
         self.driver = Driver(self.lm, sched, self.metrics, f"llama-{self.spec.name}")
         self.driver.start()
 

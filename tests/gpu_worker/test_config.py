@@ -55,6 +55,10 @@ def test_bad_config_is_named(tmp_path: Path, text: str, message: str) -> None:
      "must be >= 0 (0: no bound), got -1"),
     ('engine = "llamacpp"\nmax_queue_seconds = nan', "models[0].max_queue_seconds",
      "must be >= 0"),
+    ('engine = "llamacpp"\nprefill_chunk = 0', "models[0].prefill_chunk",
+     "must be 1..512 (a decode call's tokens), got 0"),
+    ('engine = "llamacpp"\nprefill_chunk = 513', "models[0].prefill_chunk",
+     "must be 1..512 (a decode call's tokens), got 513"),
     ('engine = "openai"', "models[0].url", "needs the url"),
     ('engine = "onnx"\n[[loras]]\nname = "a"\npath = "a.gguf"', "loras[0].path",
      "a.gguf does not exist"),
@@ -68,6 +72,13 @@ def test_a_config_the_worker_cannot_start_on_is_refused_at_load(
     with pytest.raises(WorkerConfigError) as e:
         config.load(f)
     assert (e.value.file, e.value.field) == (str(f), field) and message in e.value.reason
+
+
+def test_prefill_chunk_reaches_the_model_and_has_a_default(tmp_path: Path) -> None:
+    f = tmp_path / "w.toml"
+    f.write_text('[[models]]\nname = "a"\nengine = "llamacpp"\nprefill_chunk = 512\n'
+                 '[[models]]\nname = "b"\nengine = "llamacpp"\n')
+    assert [m.prefill_chunk for m in config.load(f).models] == [512, 128]
 
 
 def test_model_files_that_exist_load(tmp_path: Path) -> None:

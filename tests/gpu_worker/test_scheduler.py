@@ -253,6 +253,61 @@ def test_the_prompt_with_the_fewest_tokens_left_is_fed_first() -> None:
     assert [slot for _, _, slot, _ in step.items[:3]] == [short.slot] * 3
 
 
+def test_a_step_that_samples_feeds_at_most_prefill_chunk_prompt_tokens() -> None:
+    """Streams running beside a long prompt: each step feeds the prompt only
+    `prefill_chunk` tokens, so their next token waits for a small chunk, not for the
+    whole step budget of the prompt."""
+    sched = Scheduler(slots=4, kv_tokens=10_000, step_tokens=20, prefill_chunk=5)
+    a, b = seq(1, prompt_len=2), seq(2, prompt_len=2)
+    sched.add([a, b])
+    sched.admit()
+    prefill_all(sched)
+    long = seq(3, prompt_len=12)
+    sched.add([long])
+    sched.admit()
+    sizes = []
+    while not long.prefilled:
+        sizes.append(len(sched.plan([a, b, long]).items))
+    assert sizes == [2 + 5, 2 + 5, 2 + 2]
+    assert long.fed == 12
+
+
+def test_a_short_prompt_and_a_long_one_share_prefill_chunk() -> None:
+    """A short prompt whose first token the step samples: the long one under way gets
+    what is left of `prefill_chunk`, not the rest of the step budget."""
+    sched = Scheduler(slots=4, kv_tokens=10_000, step_tokens=20, prefill_chunk=6)
+    long = seq(1, prompt_len=60)
+    sched.add([long])
+    sched.admit()
+    assert len(sched.plan([long]).items) == 20  # alone: the whole budget
+    short = seq(2, prompt_len=4)
+    sched.add([short])
+    sched.admit()
+    step = sched.plan([long, short])
+    assert (short.fed, long.fed, len(step.items)) == (4, 22, 6)
+    assert [(s.rid, row) for s, row in step.outputs] == [(2, 3)]
+    step = sched.plan([long, short])  # short now decodes: the long prompt gets the chunk
+    assert (long.fed, len(step.items)) == (28, 1 + 6)
+
+
+def test_prompts_alone_take_the_whole_step_budget_whatever_the_chunk() -> None:
+    """No sequence samples until the step's first prompt ends: two prompts, neither
+    done, share the whole budget; a prompt longer than the chunk is fed whole in the
+    step its first token is sampled in, when it comes first."""
+    sched = Scheduler(slots=4, kv_tokens=10_000, step_tokens=10, prefill_chunk=2)
+    a, b = seq(1, prompt_len=7), seq(2, prompt_len=30)
+    sched.add([a, b])
+    sched.admit()
+    step = sched.plan([a, b])
+    assert (a.fed, b.fed, len(step.items)) == (7, 0, 7)
+    assert [(s.rid, row) for s, row in step.outputs] == [(1, 6)]
+
+
+def test_prefill_chunk_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="prefill_chunk must be at least 1, got 0"):
+        Scheduler(slots=1, kv_tokens=100, prefill_chunk=0)
+
+
 def test_a_full_step_budget_leaves_prompts_for_later() -> None:
     sched = Scheduler(slots=4, kv_tokens=10_000, step_tokens=2)
     a, b = seq(1, prompt_len=1), seq(2, prompt_len=1)

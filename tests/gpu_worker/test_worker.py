@@ -98,6 +98,35 @@ def test_concurrent_requests_share_decode_steps_and_match_solo_output(worker: Ha
         assert s[:12] == t[:12], (s, t)
 
 
+def test_a_long_prompt_beside_a_stream_is_fed_in_prefill_chunks(worker: Harness) -> None:
+    """While a stream waits on every step for its next token, a long prompt is fed at
+    most `prefill_chunk` (128 by default) tokens a step, not the whole 512-token
+    budget: the stream's tokens keep coming beside it."""
+    words = " ".join(f"word{i}" for i in range(400))
+    long = [{"role": "user", "content": f"Summarize: {words}"}]
+
+    async def drain(gen: Any) -> None:
+        async for _ in gen:
+            pass
+
+    async def go() -> tuple[int, int]:
+        stream = await worker.client.generate(  # end-of-text banned: it runs on
+            CHAT, messages=HELLO, max_tokens=4000, temperature=0.0,
+            logit_bias={0: -100.0, 1: -100.0, 2: -100.0})
+        await anext(stream)
+        reading = asyncio.ensure_future(drain(stream))
+        before = (await worker.client.metrics())["decode_calls_total"]
+        _, done = await greedy(worker.client, messages=long, max_tokens=1)
+        calls = (await worker.client.metrics())["decode_calls_total"] - before
+        assert not reading.done()  # the stream ran beside it throughout
+        await stream.aclose()
+        reading.cancel()
+        return done.prompt_tokens, calls
+
+    prompt, calls = worker.run(go())
+    assert prompt > 1000 and calls >= prompt // 128, (prompt, calls)
+
+
 def test_cancel_frees_the_slot(worker: Harness) -> None:
     async def go() -> dict[str, Any]:
         gen = await worker.client.generate(CHAT, prompt="Write a long story.", max_tokens=400,
