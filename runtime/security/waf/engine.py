@@ -12,6 +12,7 @@ calls `inspect` on the event loop, and the WAF stays opt-in.
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from typing import TYPE_CHECKING
@@ -87,7 +88,7 @@ class WafEngine:
                       request.http_version)
         truncated = len(request.body) > max_body_bytes
         body = request.body[:max_body_bytes] if truncated else request.body
-        disguised = _json_in_disguise(request.headers, body)
+        disguised = _json_in_disguise(request.headers, body, truncated)
         json_body = disguised is not None
         if disguised is not None:
             body = disguised  # as UTF-8: what the rules read is what the function parses
@@ -110,32 +111,38 @@ class WafEngine:
 OPAQUE = (b"", b"text/plain")
 
 
-def _json_in_disguise(headers: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
+def _json_in_disguise(headers: list[tuple[bytes, bytes]], body: bytes,
+                      truncated: bool = False) -> bytes | None:
     """`body` as UTF-8 if it is a JSON object or array sent as text/plain (or with
     no type), or as JSON with a byte-order mark or in UTF-16 or UTF-32, else None: a
     function may parse it as JSON whatever the type says (the Python SDK's
     `request.json()` does, as `json.loads` of bytes, which takes a byte-order mark
     and UTF-16 or UTF-32 too), so the rules must read its fields as JSON (such a body
     was never inspected: a WAF bypass, with a BOM or in UTF-16 even after plain UTF-8
-    was handled; typed as JSON, the rules' parser refused it as unparseable, 10003)."""
+    was handled; typed as JSON, the rules' parser refused it as unparseable, 10003).
+    A `truncated` body (cut at ``max_body_bytes``) cannot parse whole: one that begins
+    as an object or array is read as JSON up to the cut, as one typed JSON is (it was
+    not inspected at all: an attack in its first bytes passed)."""
     if not body:
         return None
     kind = next((v for k, v in headers if k.lower() == b"content-type"), b"")
     kind = kind.split(b";", 1)[0].strip().lower()
     if kind not in OPAQUE and not (crs.is_json_type(kind) and _encoded(body)):
         return None
-    try:
-        text = body.decode(json.detect_encoding(body))
+    try:  # incremental: a cut may fall inside a character
+        text = codecs.getincrementaldecoder(json.detect_encoding(body))().decode(
+            body, final=not truncated)
     except (UnicodeDecodeError, LookupError):
         return None
     if text[:1] == "\ufeff":  # a UTF-16/32 BOM stays after the decode (utf-8-sig drops its own)
         text = text[1:]
     if text.lstrip()[:1] not in ("{", "["):
         return None
-    try:
-        json.loads(text)
-    except ValueError:
-        return None
+    if not truncated:
+        try:
+            json.loads(text)
+        except ValueError:
+            return None
     return text.encode()
 
 
