@@ -124,6 +124,9 @@ def test_an_empty_socket_or_worker_config_is_not_set(tmp_path: Path) -> None:
     ('[ai.fallback]\nbig = "big"\n', "ai.fallback.big", "two different model names"),
     ('[ai.fallback]\nbig = 3\n', "ai.fallback[...]", "expected `str`"),
     ('[ai_cache]\nstale_if_error_s = -1\n', "ai_cache.stale_if_error_s", ">= 0"),
+    # a name no tenant can have: its limit never applied
+    ('[ratelimit.tenants."Bad Tenant"]\nrpm = 5\n', "ratelimit.tenants",
+     "matching regex '^[a-z0-9][a-z0-9_-]{0,62}$' (in a key)"),
     ("name = \n", None, "not valid TOML"),
 ])
 def test_bad_config_names_the_file_and_field(tmp_path: Path, text: str, field: str | None,

@@ -32,9 +32,17 @@ class JwtVerifier:
         self.keys: dict[str | None, Any] = {}  # kid -> PyJWK (None: the only key)
         self.secret: bytes | None = None
         self.verified: dict[str, tuple[Principal, float]] = {}  # token -> (who, until)
+        allowed = settings.algorithms
+        if not allowed:
+            raise InvalidConfig(label, "allow at least one of HS256, RS256, ES256",
+                                "auth.jwt.algorithms")
+        if settings.secret_env and "HS256" not in allowed:
+            raise InvalidConfig(label, f"`secret_env` is an HS256 secret, but `algorithms` "
+                                f"({', '.join(allowed)}) does not allow HS256",
+                                "auth.jwt.algorithms")
         if settings.jwks:
             self._load_jwks(Path(settings.jwks), label)
-        if "HS256" in settings.algorithms and settings.secret_env:
+        if settings.secret_env:
             secret = os.environ.get(settings.secret_env)
             if not secret:
                 raise InvalidConfig(label, f"the environment variable {settings.secret_env!r} "
@@ -43,6 +51,11 @@ class JwtVerifier:
         if not self.keys and self.secret is None:
             raise InvalidConfig(label, "JWT auth needs `jwks` (RS256/ES256) or `secret_env` "
                                 "(HS256)", "auth.jwt")
+        kinds = {k.algorithm_name for k in self.keys.values()}
+        if self.secret is None and not kinds & set(allowed):
+            raise InvalidConfig(label, f"no key for the allowed algorithms ({', '.join(allowed)})"
+                                f": the JWKS holds {', '.join(sorted(kinds))} keys, and HS256 "
+                                "needs `secret_env`", "auth.jwt.algorithms")
 
     def _load_jwks(self, path: Path, label: str) -> None:
         try:

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
+from runtime.security.principal import TENANT_PATTERN
+
 AuthMode = Literal["none", "key", "jwt"]
 WafMode = Literal["off", "detect", "block"]
 BotClass = Literal["browser", "verified_agent", "declared_agent", "automation", "abusive"]
@@ -26,6 +28,7 @@ RuleId = Annotated[int, Meta(ge=1, le=9_999_999)]
 # a `limits` rate string: "100/minute", "10 per second", "1000/hour;50/minute"
 RateString = Annotated[str, Meta(min_length=3, max_length=200)]
 Scope = Annotated[str, Meta(pattern=r"^(\*|(fn|model|route|admin):[^\s,]{1,200})$")]
+TenantName = Annotated[str, Meta(pattern=TENANT_PATTERN)]
 
 
 # -- auth -----------------------------------------------------------------------------------
@@ -169,7 +172,8 @@ class RateLimitSettings(Struct, forbid_unknown_fields=True, frozen=True):
     # identities, and stepped round a per-IP limit by changing its last 64 bits
     ipv6_prefix: Annotated[int, Meta(ge=16, le=128)] = 64
     rules: list[RateRule] = []
-    tenants: dict[str, TenantLimits] = {}
+    # a name no tenant can have ("Bad Tenant") was accepted, its limit never applying
+    tenants: dict[TenantName, TenantLimits] = {}
     headers: bool = True  # RateLimit-Policy / RateLimit on every limited response
     # reserved when a request sets none: what the model worker generates then (256)
     default_max_tokens: Annotated[int, Meta(ge=1)] = 256

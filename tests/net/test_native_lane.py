@@ -277,6 +277,17 @@ SERVED = {  # name: (request, the lane serves it)
                                                           ("X-Api-Key", "sk-live-123")]), True),
     "bearer, no token": (request("GET", "/mirror", [("Host", "x"), ("Authorization", "Bearer")]),
                          True),
+    # a key wrapped in a Basic credential (`efn_k:` and `u:efn_k`), or after another
+    # scheme: `dispatch` takes it out, so the lane hands it over (it reached the function)
+    "basic with a key": (request("GET", "/mirror", [("Host", "x"),
+                                                    ("Authorization", "Basic ZWZuX2s6")]),
+                         False),
+    "basic with a key as password": (request("GET", "/mirror", [
+        ("Host", "x"), ("Authorization", "basic\tdTplZm5faw==")]), False),
+    "token scheme key": (request("GET", "/mirror", [("Host", "x"),
+                                                    ("Authorization", "Token efn_k")]), False),
+    "basic, not base64": (request("GET", "/mirror", [("Host", "x"),
+                                                     ("Authorization", "Basic a%b")]), False),
     "foreign, then a key": (request("GET", "/mirror", [("Host", "x"),
                                                        ("Authorization", "Basic dTpw"),
                                                        ("x-api-key", "efn_x")]), False),

@@ -3,6 +3,7 @@ over loopback with a Python function that reports `request.principal`."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import time
@@ -175,6 +176,27 @@ def test_key_mode_admits_a_valid_key_by_either_header_and_sets_the_principal(
                                           "tenant": "acme"}}
 
 
+def test_the_credential_read_does_not_depend_on_the_headers_order(tmp_path: Path) -> None:
+    """A Basic Authorization (the function's own) beside a valid `x-api-key` was a 401
+    when it came first and a 200 after; a Bearer beside an `x-api-key` won only when
+    it came first. Now a Bearer wins over an `x-api-key` and a Basic leaves it to be
+    read, in either order."""
+    auth, store = stage(tmp_path, Fn("chat", auth="key"))
+    key, record = store.create("acme", ("fn:chat",))
+    auth.keys.reload()
+    basic = (b"authorization", b"Basic dXNlcjpwdw==")
+    api = (b"x-api-key", key.encode())
+    for headers in ([basic, api], [api, basic]):
+        ctx, response = call(auth, headers)
+        assert response.body == b"ok" and ctx.principal == record.principal(), headers
+    bogus = (b"authorization", b"Bearer efn_" + b"a" * 12 + b"_" + b"b" * 43)
+    for headers in ([bogus, api], [api, bogus]):
+        err = refused(auth, headers)
+        assert (err.status, "unknown API key") == (401, str(err)), headers
+    for headers in ([basic, *bearer(key)], [*bearer(key), basic]):
+        assert call(auth, headers)[0].principal == record.principal(), headers
+
+
 @pytest.mark.parametrize(("headers", "words"), [
     ([], "needs an API key"),
     ([(b"authorization", b"Basic dXNlcjpwdw==")], "expected `Authorization: Bearer <key>`"),
@@ -327,6 +349,30 @@ def test_hs256_uses_the_secret_from_the_environment(tmp_path: Path,
     monkeypatch.delenv("EDGEFN_TEST_JWT")
     with pytest.raises(InvalidConfig, match="'EDGEFN_TEST_JWT' is not set"):
         JwtVerifier(JwtSettings(secret_env="EDGEFN_TEST_JWT", algorithms=["HS256"]))
+
+
+def test_a_jwt_config_that_can_verify_no_token_is_refused_naming_why(
+        es256: tuple[Any, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JWKS of ES256 keys with only HS256 allowed and no secret started, and then every
+    token was a 401; `algorithms = []` with a secret said "needs `jwks` or
+    `secret_env`", which was given; a secret with HS256 not allowed was ignored."""
+    _, jwks = es256
+    monkeypatch.setenv("EDGEFN_TEST_JWT", "s" * 40)
+    for settings, words in (
+            (JwtSettings(jwks=str(jwks), algorithms=["HS256"]),
+             "no key for the allowed algorithms (HS256): the JWKS holds ES256 keys"),
+            (JwtSettings(jwks=str(jwks), algorithms=["RS256"]),
+             "no key for the allowed algorithms (RS256)"),
+            (JwtSettings(secret_env="EDGEFN_TEST_JWT", algorithms=[]),
+             "allow at least one of HS256, RS256, ES256"),
+            (JwtSettings(secret_env="EDGEFN_TEST_JWT"),
+             "`secret_env` is an HS256 secret, but `algorithms` (RS256, ES256) does not "
+             "allow HS256")):
+        with pytest.raises(InvalidConfig) as e:
+            JwtVerifier(settings)
+        assert e.value.field == "auth.jwt.algorithms" and words in e.value.reason, e.value
+    JwtVerifier(JwtSettings(jwks=str(jwks), secret_env="EDGEFN_TEST_JWT",
+                            algorithms=["HS256", "RS256"]))  # HS256 has its secret
 
 
 def test_a_jwks_file_that_cannot_be_loaded_is_an_invalid_config(tmp_path: Path) -> None:
@@ -985,3 +1031,11 @@ def test_no_edgefn_key_reaches_a_function_and_the_cache_still_varies_by_it(
                      [("authorization", f"bearer {unknown}")]):
             got = raw_get(pop, "/open", sent)
             assert got["credentials"] == ([list(basic)] if basic in sent else []), sent
+        # a key in any other form (it reached the function: only `Bearer efn_` and
+        # the bare key were dropped)
+        wrapped = [f"Token {one}", f"ApiKey {one}", f"Bearer\t{one}", f"{one} extra",
+                   "Basic " + base64.b64encode(f"{one}:".encode()).decode(),
+                   "Basic " + base64.b64encode(f"user:{one}".encode()).decode()]
+        for value in wrapped:
+            got = raw_get(pop, "/open", [("authorization", value)])
+            assert got["credentials"] == [], value

@@ -441,6 +441,29 @@ static int has_key_mark(const char *v, uint32_t n) {
     return 0;
 }
 
+/* Whether `v` (n bytes) is a Basic credential whose base64 holds "efn_" once decoded
+ * (a key as either half of it: `dispatch` takes it out of a function's copy too); one
+ * that does not decode, or is too long to look at here, is handed over as well. */
+static int basic_key_mark(const char *v, uint32_t n) {
+    static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    unsigned char out[1536];
+    uint32_t len = 0, bits = 0, acc = 0;
+    if (n < 6 || strncasecmp(v, "basic", 5) || (v[5] != ' ' && v[5] != '\t')) return 0;
+    if (n > 2048) return 1;
+    for (uint32_t i = 6; i < n; i++) {
+        const char *at;
+        if (v[i] == ' ' || v[i] == '\t' || v[i] == '=') continue;
+        if (!v[i] || !(at = strchr(B64, v[i]))) return 1;
+        acc = (acc << 6) | (uint32_t)(at - B64);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[len++] = (unsigned char)(acc >> bits);
+        }
+    }
+    return has_key_mark((const char *)out, len);
+}
+
 /* Headers the lane leaves to Python: the front reads them (framing, Connection but
  * `Connection: keep-alive`, Expect, Upgrade, x-edgefn-warmup), a stage does (a
  * credential that may prove someone: an edgefn key, or any bearer token where
@@ -455,7 +478,8 @@ static int handed_over(const Lane *l, const req_t *q, const hdr_t *h) {
                                   "keep-alive", "te", "proxy-connection", "http2-settings"};
     const char *name = q->head + h->name;
     if (name_is(q, h, "authorization", 13) || name_is(q, h, "x-api-key", 9))
-        return !l->foreign || has_key_mark(q->head + h->value, h->value_len);
+        return !l->foreign || has_key_mark(q->head + h->value, h->value_len) ||
+               basic_key_mark(q->head + h->value, h->value_len);
     if (h->name_len >= 9 && !memcmp(name, "x-edgefn-", 9)) return 1;
     for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++)
         if (strlen(NAMES[i]) == h->name_len && !memcmp(name, NAMES[i], h->name_len)) return 1;

@@ -230,17 +230,30 @@ class Auth:
 
 
 def _credential(request: Request) -> tuple[str, str] | None:
-    """``("bearer" | "x-api-key", value)`` from the headers, or None. Raises
-    `Rejected` (401) for a malformed Authorization header."""
+    """``("bearer" | "x-api-key", value)`` from the headers, or None. An
+    `Authorization: Bearer` wins over an ``x-api-key``, and an Authorization of
+    another scheme (Basic: a function's own credential) leaves an ``x-api-key`` to
+    be read, whatever their order (the first header of the two decided: a Basic
+    before the key was a 401, after it a 200). Raises `Rejected` (401) for an
+    Authorization header that is not a Bearer token when no ``x-api-key`` is sent."""
+    bearer = key = None
+    other = False
     for name, value in request.headers:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
-            if scheme.lower() != b"bearer" or not token.strip():
-                raise Rejected("unauthorized", 401, "expected `Authorization: Bearer <key>`",
-                               CHALLENGE)
-            return "bearer", _text(token.strip())
-        if name == b"x-api-key":
-            return "x-api-key", _text(value.strip())
+            if scheme.lower() == b"bearer" and token.strip():
+                bearer = token.strip() if bearer is None else bearer
+            else:
+                other = True
+        elif name == b"x-api-key" and key is None:
+            key = value.strip()
+    if bearer is not None:
+        return "bearer", _text(bearer)
+    if key is not None:
+        return "x-api-key", _text(key)
+    if other:
+        raise Rejected("unauthorized", 401, "expected `Authorization: Bearer <key>`",
+                       CHALLENGE)
     return None
 
 

@@ -12,6 +12,7 @@ cannot queue up the PoP's worker threads or isolates for everyone.
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Awaitable
 
 from edgefn_core.errors import FunctionError
@@ -115,7 +116,7 @@ def _without_keys(request: Request) -> Request:
     its own included. A copy, so the stages before keep what they read (the HTTP
     cache's ``Vary: Authorization``); JWTs and other credentials stay."""
     for name, value in request.headers:
-        if name in KEY_HEADERS and b"efn_" in value:
+        if name in KEY_HEADERS and _is_key(value):
             break
     else:
         return request
@@ -128,11 +129,21 @@ def _without_keys(request: Request) -> Request:
 
 
 def _is_key(value: bytes) -> bool:
-    """An edgefn API key, as `Authorization: Bearer efn_...` or `x-api-key: efn_...`."""
-    scheme, _, token = value.strip().partition(b" ")
-    if token and scheme.lower() == b"bearer":
-        value = token
-    return value.strip().startswith(b"efn_")
+    """Whether header `value` holds an edgefn API key (``efn_...``) in any form: a
+    Bearer or any other scheme's token (``Token``, ``ApiKey``, a tab after the
+    scheme), the bare key, or either half of a Basic credential (a key sent in the
+    wrong form reached the function: only ``Bearer efn_`` and the bare key were
+    dropped)."""
+    words = value.split()
+    if any(w.startswith(b"efn_") for w in words):
+        return True
+    if len(words) == 2 and words[0].lower() == b"basic":
+        try:
+            pair = binascii.a2b_base64(words[1])
+        except binascii.Error:
+            return False
+        return any(part.strip().startswith(b"efn_") for part in pair.split(b":", 1))
+    return False
 
 
 async def counted(pending: Awaitable[Response], fn: Deployment) -> Response:
