@@ -15,7 +15,7 @@ that many bytes; *pairs* are a ``u32`` count followed by that many
 
     request  = "EFQ1" method path query  headers:pairs  env:pairs  body  params:pairs
                [principal:pairs]
-    response = u32 status  headers:pairs  body
+    response = u32 status  headers:pairs  body  [sections added later]
 
 Request header names are lower-case. ``env`` is the manifest's ``[env]``.
 
@@ -27,7 +27,8 @@ Values are exactly as they appear in the path (still percent-encoded, like
 before it existed keep working: they read the body by its length and never
 look past it. A guest that reads params checks the request's length first: a
 request that ends right after the body has no params. Sections added later go
-after ``params`` in the same way, so a decoder ignores bytes it does not know.
+after ``params`` in the same way, so a decoder ignores bytes it does not know; so
+does `decode_response` after a response's body.
 
 ``principal`` is who is calling, as the PoP's security stages found it:
 ``kind`` (key, jwt), ``tenant``, ``key_id``, ``subject``, ``scopes``
