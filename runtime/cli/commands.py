@@ -80,11 +80,12 @@ def rollback(args: argparse.Namespace) -> None:
     print(f"{r['name']} now serves version {r['version']}")
 
 
-def resolve_version(name: str, prefix: str, known: list[str]) -> str:
+def resolve_version(name: str, prefix: str, known: list[str], options: str = "") -> str:
     """The one version in `known` that is `prefix` or starts with it, as git
     resolves a short commit id (versions are lower-case hex: ``7F`` is ``7f``). Raises
-    `NotFound` if none does (an empty `prefix` names none), `Failure` (code
-    ``ambiguous_version``) listing the candidates if several do."""
+    `NotFound` if none does (an empty `prefix` names none; it points at `edgefn
+    versions NAME` with `options`), `Failure` (code ``ambiguous_version``) listing the
+    candidates if several do."""
     prefix = prefix.lower()
     if prefix in known:
         return prefix
@@ -93,7 +94,7 @@ def resolve_version(name: str, prefix: str, known: list[str]) -> str:
         return matches[0]
     if not matches:
         raise NotFound(f"function {name!r} has no version {prefix!r} "
-                       f"(see `edgefn versions {name}`)")
+                       f"(see `edgefn versions {name}{options}`)")
     raise Failure("ambiguous_version", 400, f"version prefix {prefix!r} of {name!r} is "
                   f"ambiguous: it matches {', '.join(sorted(matches))}")
 

@@ -461,7 +461,7 @@ def _topology_command(c: Commands) -> None:
                 "edge, or the nearest healthy one) and print latency and failures",
                 "edgefn topology load --geo eu-west -n 100 --path /hello")
     load.add_argument("--geo", required=True, help="the clients' geography (an edge's geo)")
-    load.add_argument("-n", type=int, default=100, help="requests, one after another "
+    load.add_argument("-n", type=positive_int, default=100, help="requests, one after another "
                                                         "(default: 100)")
     load.add_argument("--path", default="/hello", help="GET this path (default: /hello)")
     load.add_argument("--central", action="store_true",

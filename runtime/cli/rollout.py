@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgefn_core.errors import Failure
+from edgefn_core.errors import Failure, NotFound
 from runtime.cli import commands
 
 
@@ -49,8 +49,9 @@ def deploy(args: argparse.Namespace) -> None:
 
 
 def rollback(args: argparse.Namespace) -> None:
-    """Go back everywhere, or drop a canary everywhere. Raises `Failure` (usage) for
-    both VERSION and a different --to (--to was ignored)."""
+    """Go back everywhere (removing the function where no version served before), or
+    drop a canary everywhere. Raises `Failure` (usage) for both VERSION and a
+    different --to (--to was ignored), `NotFound` for a VERSION no PoP holds."""
     if args.version is not None and args.to is not None and args.version != args.to:
         raise Failure("usage", 400, f"edgefn rollback: give VERSION ({args.version}) or --to "
                       f"({args.to}), not both")
@@ -61,10 +62,11 @@ def rollback(args: argparse.Namespace) -> None:
     from runtime.topology import rollout
 
     pops = _pops(args)
-    if version is not None:
-        recs = rollout.records(pops, args.name)
-        known = set.intersection(*({v["version"] for v in r["versions"]} for r in recs.values()))
-        version = commands.resolve_version(args.name, version, sorted(known))
+    if version is not None:  # a prefix of a version any PoP holds; rollout.rollback
+        recs = rollout.records(pops, args.name)  # names the PoPs that lack it
+        known = {v["version"] for r in recs.values() for v in r["versions"]}
+        version = commands.resolve_version(args.name, version, sorted(known),
+                                           f" --topology {args.topology}")
     r = rollout.rollback(pops, args.name, version)
     if args.json:
         return commands._print_json(_builtins(r))
@@ -72,8 +74,11 @@ def rollback(args: argparse.Namespace) -> None:
         print(f"{r.name} now serves " + ", ".join(f"version {v} on {pop}" for pop, v
                                                    in sorted(r.serving.items())))
     else:
-        print(f"{r.name} now serves version {r.version} on "
-              f"{_where([p for p in pops if p[0] not in r.skipped])}")
+        served = [p for p in pops if p[0] not in r.skipped and p[0] not in r.removed]
+        print(f"{r.name} now serves version {r.version} on {_where(served)}")
+    if r.removed:
+        print(f"removed {r.name} from {', '.join(r.removed)} (no version served there "
+              f"before {r.previous[r.removed[0]]})")
     _left(r)
 
 
@@ -97,7 +102,8 @@ def _left(r: Any) -> None:
 
 
 def versions(args: argparse.Namespace) -> None:
-    """One PoP's versions of NAME, or what every PoP of a topology serves, with drift."""
+    """One PoP's versions of NAME, or what every PoP of a topology serves, with drift.
+    Raises `NotFound` for a NAME no PoP of the topology serves (each answered)."""
     if args.topology is None:
         if args.name is None:
             raise Failure("usage", 400, "edgefn versions: give a function NAME, or --topology "
@@ -109,6 +115,9 @@ def versions(args: argparse.Namespace) -> None:
     if args.name is not None:
         v.pops = {pop: {n: s for n, s in fns.items() if n == args.name}
                   for pop, fns in v.pops.items()}
+        if not v.unreachable and not any(v.pops.values()):
+            raise NotFound(f"no PoP of the topology serves {args.name!r} (`edgefn versions "
+                           f"--topology {args.topology}` lists what they serve)")
     drifted = v.drift()
     if args.json:
         commands._print_json({**_builtins(v), "drift": drifted})

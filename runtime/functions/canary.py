@@ -31,7 +31,12 @@ class Split:
     def __init__(self, fn: Deployment, percent: float) -> None:
         self.fn = fn
         self.percent = percent
-        self.threshold = round(percent * BUCKETS / 100)
+        self.threshold = threshold(percent)
+
+
+def threshold(percent: float) -> int:
+    """The buckets a share of `percent` takes: below it, a key gets the canary."""
+    return round(percent * BUCKETS / 100)
 
 
 def bucket(key: bytes) -> int:
@@ -50,10 +55,17 @@ def choose(split: Split, live: Deployment, request: Request, ctx: Context) -> De
 
 
 def check_percent(percent: float, where: str = "canary") -> float:
-    """`percent` if 0 < percent < 100. Raises `InvalidConfig` (naming `where`)."""
+    """`percent` if 0 < percent < 100 and it takes some of the `BUCKETS` buckets but
+    not all (a share is kept to 0.01 %). Raises `InvalidConfig` (naming `where`)."""
     if not 0 < percent < 100:
         raise InvalidConfig(where, f"expected a share strictly between 0% and 100% (promote "
                             f"the canary to serve it everywhere), got {percent:g}%", "canary")
+    if not 0 < threshold(percent) < BUCKETS:
+        to, who = (0, "no") if threshold(percent) == 0 else (100, "every")
+        step = 100 / BUCKETS
+        raise InvalidConfig(where, f"expected a share of {step:g}% to {100 - step:g}% (a share "
+                            f"is kept to {step:g}%), got {percent:g}%, which rounds to {to}%: "
+                            f"{who} request key would get the canary", "canary")
     return percent
 
 

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 from msgspec import Meta, Struct, field
 
 from edgefn_core.errors import InvalidConfig, Rejected
+from runtime.security.principal import TENANT, TENANT_PATTERN
 
 TENANT_HEADER = b"x-edgefn-tenant"
 # the model worker's fair share a call counts in (`runtime.security.principal.model_client`),
@@ -89,6 +90,8 @@ class ResidencySettings(Struct, forbid_unknown_fields=True, frozen=True):
         for tenant, region in self.tenants.items():
             if not tenant.strip():
                 return "tenants", "a tenant name is empty"
+            if not TENANT.match(tenant):
+                return f"tenants.{tenant}", not_a_tenant(tenant)
             if not _REGION.match(region):
                 return f"tenants.{tenant}", f"{region!r} is not a region name"
         if self.secret and len(self.secret) < MIN_SECRET:
@@ -104,6 +107,13 @@ class ResidencySettings(Struct, forbid_unknown_fields=True, frozen=True):
         if s.rate > 0 and not s.to.startswith(("http://", "https://")):
             return "samples.to", f"expected central's http(s):// ingest URL, got {s.to!r}"
         return None
+
+
+def not_a_tenant(name: str) -> str:
+    """Why `name` can never be a request's tenant (it does not match `TENANT_PATTERN`)."""
+    return (f"{name!r} is not a tenant name (API keys, JWTs and manifests name tenants as "
+            f"{TENANT_PATTERN}: lower-case letters, digits, '-' and '_'): its pin would "
+            "never apply")
 
 
 def check(settings: ResidencySettings, label: str) -> None:

@@ -6,15 +6,18 @@ staged does any PoP switch. If one fails to stage, the others abort: no PoP
 changed. The switch is sent to every PoP at once; each PoP's switch is one
 assignment, so the versions differ between PoPs only in the window between the
 first and the last switch (`Rollout.window_ms`, from the PoPs' own clocks). If a
-PoP fails to switch, those that switched go back to their previous version.
-A rollback stages a stored version the same way; a promote switches every PoP
-whose canary is the same version, after checking they all have it.
+PoP fails to switch, those that switched go back to what they served before: their
+previous version and the canary that ran beside it. A rollback stages a stored
+version the same way (and removes the function where no version served before);
+a promote switches every PoP whose canary is the same version, after checking
+they all have it.
 
 Errors are `RolloutError`s naming each PoP that failed and why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +28,7 @@ import msgspec
 
 from edgefn_core.errors import EdgefnError, InvalidConfig, RolloutError
 from runtime.admin.client import AdminClient
-from runtime.functions.deploys import FunctionRecord
+from runtime.functions.deploys import CanaryInfo, FunctionRecord
 from runtime.topology import rundir
 
 Pops = list[tuple[str, Path]]  # (PoP name, its data dir), in the topology's order
@@ -50,6 +53,7 @@ class Rollout(msgspec.Struct):
     # per PoP the live version after, where they differ (`version` is then ""): a
     # canary dropped where the PoPs' live versions had drifted apart
     serving: dict[str, str] = {}
+    removed: list[str] = []  # a rollback's PoPs where no version served before: removed
 
 
 def pops_of(run: str | Path) -> Pops:
@@ -155,7 +159,8 @@ def abort(pops: Pops, staged: list[Outcome]) -> list[Outcome]:
 
 def activate(pops: Pops, staged: list[Outcome], canary: float | None = None) -> Rollout:
     """Switch every PoP to what it staged (the same version everywhere). Raises
-    `RolloutError` if a PoP fails to: the PoPs that switched are undone first."""
+    `RolloutError` if a PoP fails to (the PoPs that switched are undone first), or
+    cannot say what it serves just before (aborted everywhere: no PoP changed)."""
     name, version = staged[0].value["name"], staged[0].value["version"]
     previous = {o.pop: o.value["previous"] for o in staged}
     if canary is None and not any(o.value["changed"] for o in staged):
@@ -166,11 +171,13 @@ def activate(pops: Pops, staged: list[Outcome], canary: float | None = None) -> 
         raise RolloutError(f"{name}@{version} is already the live version on "
                            f"{', '.join(live)}: a canary must differ from the live version; "
                            "no PoP changed")
+    before = _records_before(pops, name, staged)
     body = json.dumps({"version": version, "canary": canary}).encode()
     done = each(pops, lambda _, c: c.request("POST", f"/v1/functions/{name}/activate", body))
     failed = [o for o in done if o.error is not None]
     if failed:
-        undone = undo(pops, name, [o for o in done if o.error is None], previous, canary)
+        undone = undo(pops, name, [o for o in done if o.error is None], before,
+                      canary is None)
         abort(pops, [o for o in staged if o.pop in {f.pop for f in failed}])
         raise RolloutError(f"{_failures('activate', failed)}; {undone}")
     times = [o.value["switched_at"] for o in done if o.value["changed"]]
@@ -178,24 +185,58 @@ def activate(pops: Pops, staged: list[Outcome], canary: float | None = None) -> 
     return Rollout(name, version, previous, True, canary, round(window, 3))
 
 
-def undo(pops: Pops, name: str, switched: list[Outcome], previous: dict[str, str | None],
-         canary: float | None) -> str:
-    """Put the PoPs that switched back as they were; says what it did."""
+def _records_before(pops: Pops, name: str, staged: list[Outcome]
+                    ) -> dict[str, FunctionRecord | None]:
+    """`name`'s record on each PoP (None where it has none), read just before a
+    switch: what `undo` puts back. Raises `RolloutError` if a PoP cannot say, after
+    aborting what was staged everywhere."""
+    got = _read(pops, name)
+    failed = [o for o in got if o.error is not None and o.code != "not_found"]
+    if failed:
+        abort(pops, staged)
+        raise RolloutError(f"{_failures('reading versions', failed)}; aborted everywhere: "
+                           "no PoP changed")
+    return {o.pop: None if o.error is not None else msgspec.convert(o.value, FunctionRecord)
+            for o in got}
+
+
+def undo(pops: Pops, name: str, switched: list[Outcome],
+         before: dict[str, FunctionRecord | None], live: bool) -> str:
+    """Put the PoPs that switched back as they were (`before`: each one's record
+    then, None where it did not serve `name`): the live version, if the switch
+    changed it (`live`; else it started a canary), and the canary that ran beside
+    it (the switch ended it, or replaced it with its own). Says what it did."""
     back = {o.pop for o in switched if o.value["changed"]}
 
     def revert(pop: str, c: AdminClient) -> Any:
-        before = previous[pop]
-        if canary is not None:
-            return c.request("POST", f"/v1/functions/{name}/rollback", b"{}")  # drops it
-        if before is None:
+        was = before[pop]
+        if was is None:
             return c.request("DELETE", f"/v1/functions/{name}")
-        return c.request("POST", f"/v1/functions/{name}/rollback",
-                         json.dumps({"version": before}).encode())
+        if live:
+            c.request("POST", f"/v1/functions/{name}/rollback",
+                      json.dumps({"version": was.current}).encode())
+        elif was.canary is None:
+            return c.request("POST", f"/v1/functions/{name}/rollback", b"{}")  # drops it
+        return _restart_canary(c, name, was.canary) if was.canary is not None else None
 
     results = each([p for p in pops if p[0] in back], revert)
     bad = [o for o in results if o.error is not None]
     said = f"put back on {', '.join(sorted(back)) or 'no PoP'}"
     return said + (f"; {_failures('undo', bad)}" if bad else "")
+
+
+def _restart_canary(c: AdminClient, name: str, canary: CanaryInfo) -> Any:
+    """Run `canary` beside the live version again (it replaces any canary there).
+    Raises `EdgefnError`; then nothing stays staged."""
+    version = json.dumps({"version": canary.version}).encode()
+    c.request("POST", f"/v1/functions/{name}/stage", version)
+    try:
+        return c.request("POST", f"/v1/functions/{name}/activate", json.dumps(
+            {"version": canary.version, "canary": canary.percent}).encode())
+    except EdgefnError:
+        with contextlib.suppress(EdgefnError):  # the activate's error says what went wrong
+            c.request("POST", f"/v1/functions/{name}/abort", version)
+        raise
 
 
 # -- rollback and promote ------------------------------------------------------------------
@@ -231,9 +272,11 @@ def records(pops: Pops, name: str) -> dict[str, dict[str, Any]]:
 
 def rollback(pops: Pops, name: str, to: str | None = None) -> Rollout:
     """During a canary (and without `to`): drop the canary everywhere. Otherwise
-    stage version `to` (default: the one before the current, which must be the
-    same on every PoP) everywhere, then switch. PoPs without the function are
-    left as they are (`Rollout.skipped`). Raises `RolloutError`."""
+    stage version `to` (which every PoP must hold) everywhere, then switch; without
+    `to`, the version that served before the current one (the same everywhere)
+    where one did, and once those switched, `name` is removed where none did
+    (`Rollout.removed`). PoPs without the function are left as they are
+    (`Rollout.skipped`). Raises `RolloutError`."""
     serving, got, skipped = _serving(pops, name)
     r = _rollback(serving, got, name, to)
     r.skipped = {**skipped, **r.skipped}
@@ -255,30 +298,69 @@ def _rollback(pops: Pops, got: list[Outcome], name: str, to: str | None) -> Roll
     if failed or unreachable:
         raise RolloutError(f"{_failures('reading versions', failed + unreachable)}; "
                            "no PoP changed")
-    target = to or _previous(name, recs)
-    staged = stage(pops, lambda _, c: c.request("POST", f"/v1/functions/{name}/stage",
+    targets = _holding(name, to, recs) if to else _previous(name, recs)
+    target = next(v for v in targets.values() if v is not None)
+    back = [p for p in pops if targets[p[0]] is not None]
+    staged = stage(back, lambda _, c: c.request("POST", f"/v1/functions/{name}/stage",
                                              json.dumps({"version": target}).encode()))
-    return activate(pops, staged)
+    done = activate(back, staged)
+    gone = [p for p in pops if targets[p[0]] is None]
+    if gone:
+        done.previous = {**done.previous, **{p[0]: recs[p[0]]["current"] for p in gone}}
+        _remove(gone, name, done)
+    return done
 
 
-def _previous(name: str, recs: dict[str, dict[str, Any]]) -> str:
-    """The version before the current one, the same on every PoP. Raises `RolloutError`."""
+def _holding(name: str, to: str, recs: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """`to` for every PoP, each of which must hold it. Raises `RolloutError` naming
+    those that do not."""
+    lacking = sorted(pop for pop, r in recs.items()
+                     if to not in {v["version"] for v in r["versions"]})
+    if lacking:
+        holding = sorted(set(recs) - set(lacking))
+        raise RolloutError(f"{name}: version {to} is not stored on {', '.join(lacking)} "
+                           f"(only on {', '.join(holding) or 'no PoP'}); roll back without a "
+                           "version to go back to what served before on each PoP, or deploy "
+                           "it again; no PoP changed")
+    return dict.fromkeys(recs, to)
+
+
+def _previous(name: str, recs: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Per PoP the version before the current one: the same on every PoP where one
+    served before it, None where none did. Raises `RolloutError` if the current
+    versions differ, the previous ones do, or no PoP had one."""
     currents = {pop: r["current"] for pop, r in recs.items()}
     if len(set(currents.values())) > 1:
         raise RolloutError(f"PoPs serve different versions of {name!r} ({_listed(currents)}): "
                            "name the version to go back to")
     before = {pop: _before(r) for pop, r in recs.items()}
-    missing = sorted(pop for pop, v in before.items() if v is None)
     current = next(iter(currents.values()))
-    if missing:
-        others = sorted({v for v in before.values() if v is not None})
-        had = f" (the others had {', '.join(others)})" if others else ""
-        raise RolloutError(f"{name}: {', '.join(missing)} had no version before {current}"
-                           f"{had}; no PoP changed")
-    if len(set(before.values())) > 1:
+    had = {pop: v for pop, v in before.items() if v is not None}
+    if not had:
+        where = "any PoP" if len(before) > 1 else next(iter(before))
+        raise RolloutError(f"{name}: {current} is the oldest version that served on {where}, "
+                           f"none before it to roll back to (`edgefn rollback {name} VERSION` "
+                           "serves a stored one); no PoP changed")
+    if len(set(had.values())) > 1:
         raise RolloutError(f"PoPs served different versions of {name!r} before {current} "
-                           f"({_listed(before)}): name the version to go back to")
-    return str(next(iter(before.values())))
+                           f"({_listed(had)}): name the version to go back to")
+    return before
+
+
+def _remove(pops: Pops, name: str, done: Rollout) -> None:
+    """Remove `name` from `pops` (no version served there before the current one),
+    once the others went back: a removal cannot be undone. Records them in `done`.
+    Raises `RolloutError` naming each PoP where it failed."""
+    deleted = each(pops, lambda _, c: c.request("DELETE", f"/v1/functions/{name}"))
+    done.removed = sorted(o.pop for o in deleted if o.error is None)
+    failed = [o for o in deleted if o.error is not None]
+    if failed:
+        dirs = {p[0]: p[1] for p in pops}
+        again = "; ".join(f"`edgefn delete {name} --data {dirs[o.pop]}`" for o in failed)
+        also = f", and was removed from {', '.join(done.removed)}" if done.removed else ""
+        raise RolloutError(f"{name} went back to {done.version} where a version served before"
+                           f"{also}; {_failures('removing it', failed)}: it still serves "
+                           f"there; once the PoP is back, remove it with {again}")
 
 
 def _before(record: dict[str, Any]) -> str | None:
@@ -306,7 +388,8 @@ def _drop_canaries(pops: Pops, name: str, recs: dict[str, dict[str, Any]]) -> Ro
 def promote(pops: Pops, name: str) -> Rollout:
     """Make the canary the live version on every PoP that serves `name`. Raises
     `RolloutError` (no PoP changed) unless each of them runs the same canary; if a
-    PoP fails to switch, those that did go back to their previous live version."""
+    PoP fails to switch, those that did go back to their previous live version and
+    its canary."""
     pops, got, skipped = _serving(pops, name)
     failed = [o for o in got if o.error is not None]
     if failed:
@@ -326,7 +409,9 @@ def promote(pops: Pops, name: str) -> Rollout:
     if failed:
         ok = [msgspec.structs.replace(o, value={"changed": True}) for o in done
               if o.error is None]
+        before: dict[str, FunctionRecord | None] = {
+            pop: msgspec.convert(r, FunctionRecord) for pop, r in recs.items()}
         raise RolloutError(f"{_failures('promote', failed)}; "
-                           f"{undo(pops, name, ok, dict(previous), None)}")
+                           f"{undo(pops, name, ok, before, True)}")
     version = next(iter(canaries.values()))
     return Rollout(name, str(version), dict(previous), True, skipped=skipped)

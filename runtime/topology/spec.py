@@ -46,6 +46,8 @@ from msgspec import Meta, Struct, field
 from edgefn_core import tomlconf
 from edgefn_core.errors import InvalidConfig
 from runtime.config import NAME_PATTERN, PopConfig
+from runtime.security.principal import TENANT
+from runtime.security.residency import not_a_tenant
 from runtime.topology import models
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
@@ -151,6 +153,8 @@ def check(topo: Topology, label: str) -> None:
         _check_pop(topo, i, p, regions, label)
     _check_acyclic(topo, label)
     for i, t in enumerate(topo.tenant):
+        if not TENANT.match(t.name):
+            raise InvalidConfig(label, not_a_tenant(t.name), f"tenant[{i}].name")
         if t.residency not in regions:
             raise InvalidConfig(label, f"no [[region]] is named {t.residency!r}",
                                 f"tenant[{i}].residency")

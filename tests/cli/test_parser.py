@@ -133,6 +133,8 @@ def test_a_lora_scale_that_is_no_positive_number_is_refused_by_the_cli(
     (["events", "--limit", "0"], "argument --limit: must be 1 or more, got 0"),
     (["kv", "list", "ns", "--limit", "0"], "argument --limit: must be 1 or more"),
     (["kv", "list", "ns", "--limit", "1001"], "argument --limit: must be at most 1000"),
+    (["topology", "load", "--geo", "eu-west", "-n", "0"], "argument -n: must be 1 or more, got 0"),
+    (["topology", "load", "--geo", "eu-west", "-n", "-3"], "argument -n: must be 1 or more"),
 ])
 def test_bad_filter_values_are_refused_as_flags(argv: list[str], words: str) -> None:
     """They reached the PoP and came back as `query: field status` (exit status 1,

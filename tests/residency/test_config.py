@@ -31,6 +31,8 @@ def test_a_pinned_tenant_and_samples_load(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "field", "says"), [
     ('[residency.tenants]\n"acme" = "e u"\n', "residency.tenants.acme", "not a region name"),
     ('[residency.tenants]\n" " = "emea"\n', "residency.tenants", "empty"),
+    ('[residency.tenants]\n"Acme EU" = "emea"\n', "residency.tenants.Acme EU",
+     "'Acme EU' is not a tenant name (API keys, JWTs and manifests name tenants as ^[a-z0-9]"),
     ('[residency.tenants]\n"acme" = 3\n', "residency.tenants", "expected `str`"),
     ('[residency]\nsecret = "short"\n', "residency.secret", "at least 16"),
     ('[residency.samples]\nrate = 0.5\nto = "http://x/"\n', "residency.samples", "secret"),

@@ -60,7 +60,7 @@ def test_another_process_puts_a_key_in_the_same_bucket() -> None:
 
 
 @pytest.mark.parametrize(("text", "value"), [("10%", 10.0), ("2.5%", 2.5), ("10", 10.0),
-                                             (" 99.99% ", 99.99)])
+                                             (" 99.99% ", 99.99), ("0.01", 0.01)])
 def test_a_percentage_parses(text: str, value: float) -> None:
     assert canary.parse_percent(text) == value
 
@@ -69,9 +69,25 @@ def test_a_percentage_parses(text: str, value: float) -> None:
     ("0%", "strictly between 0% and 100%"), ("100%", "strictly between 0% and 100%"),
     ("150%", "got 150%"), ("-5%", "got -5%"), ("abc", "such as 10%, got 'abc'"),
     ("nan", "got 'nan'"), ("", "got ''"),
+    # shares finer than a bucket: 0.001% took no key, 99.996% every key
+    ("0.001%", "(a share is kept to 0.01%), got 0.001%, which rounds to 0%: no request key"),
+    ("99.996", "got 99.996%, which rounds to 100%: every request key would get the canary"),
 ])
 def test_a_bad_percentage_is_refused(text: str, why: str) -> None:
     with pytest.raises(InvalidConfig) as err:
         canary.parse_percent(text)
     assert str(err.value).startswith("--canary: field `canary`: expected")
     assert why in str(err.value)
+
+
+@pytest.mark.parametrize(("percent", "ok"), [(0.004, False), (0.01, True), (99.99, True),
+                                             (99.996, False)])
+def test_a_share_takes_some_buckets_but_not_all(percent: float, ok: bool) -> None:
+    """What an activate checks (the admin API's canary share): a share it accepts
+    takes at least one bucket and leaves at least one."""
+    if ok:
+        split = canary.Split(None, canary.check_percent(percent))  # type: ignore[arg-type]
+        assert 0 < split.threshold < canary.BUCKETS
+    else:
+        with pytest.raises(InvalidConfig, match=r"a share is kept to 0\.01%"):
+            canary.check_percent(percent)

@@ -79,12 +79,49 @@ def test_versions_flags_drift(topology: Topology, tmp_path: Path,
     assert v2 not in out
 
 
+def test_rollback_where_the_rollout_first_brought_the_function(
+        topology: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`deploy --topology` reached PoPs that never served the function: `rollback`
+    refused ("had no version before"; no PoP changed) and `rollback VERSION` of the
+    version the one PoP held said the function had no such version."""
+    run = str(topology.run)
+    v1 = topology.pops["edge-a"].deploy(Path(fn(tmp_path, "c8", 1)))["version"]
+    assert edgefn(capsys, "deploy", fn(tmp_path, "c8", 2), "--topology", run)[0] == 0
+    v2 = version(fn(tmp_path, "c8", 2))
+    assert edgefn(capsys, "rollback", "c8", v1[:8], "--topology", run) == (
+        1, "", f"edgefn: c8: version {v1} is not stored on central, edge-b (only on edge-a); "
+               "roll back without a version to go back to what served before on each PoP, "
+               "or deploy it again; no PoP changed\n")
+    assert edgefn(capsys, "rollback", "c8", "zz", "--topology", run) == (
+        1, "", f"edgefn: function 'c8' has no version 'zz' (see `edgefn versions c8 --topology "
+               f"{run}`)\n")
+    assert edgefn(capsys, "rollback", "c8", "--topology", run) == (
+        0, f"c8 now serves version {v1} on edge-a\nremoved c8 from central, edge-b (no version "
+           f"served there before {v2})\n", "")
+    out = edgefn(capsys, "versions", "c8", "--topology", run)[1]  # as before the deploy
+    assert f"edge-a           c8                   {v1}" in out
+    assert "central          c8" not in out and "edge-b           c8" not in out
+
+
+def test_versions_of_a_function_no_pop_serves_is_not_found(
+        topology: Topology, capsys: pytest.CaptureFixture[str]) -> None:
+    """It printed the header alone and exited 0."""
+    run = str(topology.run)
+    assert edgefn(capsys, "versions", "nosuch", "--topology", run) == (
+        1, "", f"edgefn: no PoP of the topology serves 'nosuch' (`edgefn versions --topology "
+               f"{run}` lists what they serve)\n")
+    status, out, err = edgefn(capsys, "versions", "nosuch", "--topology", run, "--json")
+    assert (status, out, json.loads(err)["error"]["code"]) == (1, "", "not_found")
+
+
 @pytest.mark.parametrize(("value", "why"), [
     ("0%", "expected a share strictly between 0% and 100% (promote the canary to serve it "
            "everywhere), got 0%"),
     ("150%", "expected a share strictly between 0% and 100% (promote the canary to serve it "
              "everywhere), got 150%"),
     ("abc", "expected a percentage such as 10%, got 'abc'"),
+    ("0.001%", "expected a share of 0.01% to 99.99% (a share is kept to 0.01%), got 0.001%, "
+               "which rounds to 0%: no request key would get the canary"),
 ])
 def test_a_bad_canary_share_is_refused_before_anything_is_sent(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, why: str) -> None:

@@ -104,6 +104,42 @@ def test_a_switch_that_fails_on_one_pop_is_undone_on_the_others(topology: Topolo
     assert current(topology, "t4") == dict.fromkeys(topology.pops, v1)
 
 
+def canaries(topology: Topology, name: str) -> dict[str, tuple[str, object]]:
+    """Each PoP's live version of `name` and its canary (None, or {version, percent})."""
+    return {pop: (r["current"], r.get("canary")) for pop, r in
+            rollout.records(rollout.pops_of(topology.run), name).items()}
+
+
+@pytest.mark.parametrize("share", [40.0, None], ids=["canary", "deploy"])
+def test_a_switch_that_fails_puts_back_the_canary_that_ran(topology: Topology, tmp_path: Path,
+                                                           share: float | None) -> None:
+    """A new canary (or a new live version, which ends the canary) that fails to switch
+    on one PoP: the others run the canary that ran before again (they dropped it,
+    and served the live version alone: drift with the PoP that failed)."""
+    name = f"t4c{'c' if share else 'd'}"
+    pops = rollout.pops_of(topology.run)
+    v1 = rollout.deploy(pops, package(tmp_path, name, 1)).version
+    v2 = rollout.deploy(pops, package(tmp_path, name, 2), canary=30.0).version
+    was = versions(topology.pops["edge-a"], f"/{name}", KEYS[:200])
+    assert set(was.values()) == {v1, v2}
+    blob = package(tmp_path, name, 3)
+    staged = rollout.stage(pops, lambda _, c: c.request("POST", "/v1/stage", blob))
+    v3 = staged[0].value["version"]
+    topology.pops["edge-b"].admin.request("POST", f"/v1/functions/{name}/abort",
+                                          f'{{"version": "{v3}"}}'.encode())
+    with pytest.raises(RolloutError, match=r"; put back on central, edge-a$"):
+        rollout.activate(pops, staged, share)
+    assert canaries(topology, name) == dict.fromkeys(
+        topology.pops, (v1, {"version": v2, "percent": 30.0}))
+    for p in topology.pops.values():
+        assert versions(p, f"/{name}", KEYS[:200]) == was
+    assert name not in served_versions(topology.run).drift()
+    for p in topology.pops.values():  # nothing stays staged: v3 was aborted everywhere
+        with pytest.raises(AdminError, match="is not staged on this PoP"):
+            p.admin.request("POST", f"/v1/functions/{name}/activate",
+                            f'{{"version": "{v3}"}}'.encode())
+
+
 def test_a_first_deploy_that_fails_to_switch_is_deleted_where_it_switched(
         topology: Topology, tmp_path: Path) -> None:
     pops = rollout.pops_of(topology.run)
@@ -142,20 +178,49 @@ def test_rollback_refuses_when_pops_disagree(topology: Topology, tmp_path: Path)
                               f"edge-a: {v9}, edge-b: {v1}): name the version to go back to")
 
 
-def test_rollback_names_the_pops_that_had_nothing_before(topology: Topology,
-                                                          tmp_path: Path) -> None:
-    """A function deployed on one PoP, then rolled out to all: the others have nothing
-    to go back to, and the error says which (it once said only "no version older"
-    than the current one, from the first PoP's record)."""
+def test_rollback_removes_the_function_where_nothing_served_before(topology: Topology,
+                                                                  tmp_path: Path) -> None:
+    """A function deployed on one PoP, then rolled out to all: rollback goes back on
+    that PoP and removes the function from the others, where nothing served before
+    (it refused, naming them, and changed nothing); a VERSION that only that PoP
+    holds is refused naming the PoPs that lack it."""
     pops = rollout.pops_of(topology.run)
     d = function_dir(tmp_path / "only-a", "t5c", reactor(""), extra="# edge-a's own")
     v1 = topology.pops["edge-a"].deploy(d)["version"]
     v2 = rollout.deploy(pops, package(tmp_path, "t5c", 2)).version
     with pytest.raises(RolloutError) as err:
-        rollout.rollback(pops, "t5c")
-    assert str(err.value) == (f"t5c: central, edge-b had no version before {v2} (the others "
-                              f"had {v1}); no PoP changed")
+        rollout.rollback(pops, "t5c", v1)
+    assert str(err.value) == (f"t5c: version {v1} is not stored on central, edge-b (only on "
+                              "edge-a); roll back without a version to go back to what served "
+                              "before on each PoP, or deploy it again; no PoP changed")
     assert current(topology, "t5c") == dict.fromkeys(topology.pops, v2)
+    r = rollout.rollback(pops, "t5c")
+    assert (r.version, r.removed, r.previous) == (v1, ["central", "edge-b"],
+                                                  dict.fromkeys(topology.pops, v2))
+    assert versions(topology.pops["edge-a"], "/t5c", ["k"]) == {"k": v1}
+    for name in ("central", "edge-b"):
+        assert topology.pops[name].status("/t5c") == 404
+        with pytest.raises(AdminError) as gone:
+            topology.pops[name].admin.request("GET", "/v1/functions/t5c/versions")
+        assert gone.value.status == 404
+    with pytest.raises(RolloutError) as err:  # nothing served before v1 on edge-a
+        rollout.rollback(pops, "t5c")
+    assert str(err.value) == (f"t5c: {v1} is the oldest version that served on edge-a, none "
+                              "before it to roll back to (`edgefn rollback t5c VERSION` serves "
+                              "a stored one); no PoP changed")
+
+
+def test_a_removal_that_fails_names_the_pop_and_how_to_finish(tmp_path: Path) -> None:
+    with pop_process(tmp_path) as gone:  # a PoP that ran here and stopped
+        assert gone.port
+    done = rollout.Rollout("t5e", "abc", {}, True)
+    with pytest.raises(RolloutError) as err:
+        rollout._remove([("gone", tmp_path / "data")], "t5e", done)
+    assert str(err.value).startswith("t5e went back to abc where a version served before; "
+                                     "removing it failed on PoP gone: cannot reach ")
+    assert str(err.value).endswith(f": it still serves there; once the PoP is back, remove "
+                                   f"it with `edgefn delete t5e --data {tmp_path / 'data'}`")
+    assert done.removed == []
 
 
 def test_a_canary_of_the_live_version_is_refused_and_changes_nothing(

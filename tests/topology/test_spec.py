@@ -73,6 +73,12 @@ BAD = [
     ("a tenant twice", SMALL + '[[region]]\nname = "emea"\n[[tenant]]\nname = "acme"\n'
      'residency = "emea"\n[[tenant]]\nname = "acme"\nresidency = "emea"\n',
      "tenant[1].name", "twice"),
+    # keys and JWTs name tenants in lower case: such a pin was written and never applied
+    ("a tenant no key or JWT can name", SMALL + '[[region]]\nname = "emea"\n[[tenant]]\n'
+     'name = "Acme EU"\nresidency = "emea"\n', "tenant[0].name",
+     "'Acme EU' is not a tenant name"),
+    ("a tenant in upper case", SMALL + '[[region]]\nname = "emea"\n[[tenant]]\n'
+     'name = "Acme-EU"\nresidency = "emea"\n', "tenant[0].name", "its pin would never apply"),
     ("a function folder that is not there", SMALL.replace(
         'geo = "eu-west"', 'geo = "eu-west"\nfunctions = ["nope-dir"]'),
      "pop[2].functions[0]", "nope-dir"),
