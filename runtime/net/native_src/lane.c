@@ -1138,7 +1138,9 @@ static int answer_frame(Lane *l, const route_t *r, int ri, int method, const uin
         return -1;
     }
     uint64_t took = mono_ns() - started;
-    if (add_record(events, ts, counter, kept, rid_len, ri, status, body_len, took, verdict,
+    /* a HEAD's body is not sent (its length is): no bytes out, as Python's events say */
+    if (add_record(events, ts, counter, kept, rid_len, ri, status,
+                   method == MC_HEAD ? 0 : body_len, took, verdict,
                    method, l->q.head + host->value, host->value_len, query, query_len, client,
                    l->q.body_len, l->q.sub ? l->q.url : NULL, l->q.path_len, NULL)) {
         /* not answered after all: Python answers it, with this number unused */
@@ -1309,7 +1311,8 @@ static int refuse(Lane *l, int ri, int method, const hdr_t *host, const start_t 
         return -1;
     }
     if (add_record(events, s->ts, counter, kept, rid_len, ri, (uint32_t)status,
-                   (uint32_t)PyBytes_GET_SIZE(body), mono_ns() - s->started, s->verdict,
+                   method == MC_HEAD ? 0 : (uint32_t)PyBytes_GET_SIZE(body),
+                   mono_ns() - s->started, s->verdict,
                    method, q->head + host->value, host->value_len, query, query_len, client,
                    q->body_len, q->sub ? q->url : NULL, q->path_len, refused)) {
         l->out_len = before;
@@ -1560,7 +1563,8 @@ static PyObject *respond_call(Lane *l, const pycall_t *f, uint32_t status,
                                    (int)f->method, (int)f->conn);
     Py_CLEAR(l->limit_head);
     if (unwritten) return PyErr_NoMemory();
-    if (add_record(events, f->ts, f->counter, f->rid, rid_len, (int)f->ri, status, body_len,
+    if (add_record(events, f->ts, f->counter, f->rid, rid_len, (int)f->ri, status,
+                   f->method == MC_HEAD ? 0 : body_len,
                    mono_ns() - f->started, (int)f->verdict, (int)f->method,
                    PyBytes_AS_STRING(f->host), (size_t)PyBytes_GET_SIZE(f->host),
                    PyBytes_AS_STRING(f->query), (size_t)PyBytes_GET_SIZE(f->query),

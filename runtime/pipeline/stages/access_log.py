@@ -58,8 +58,11 @@ class AccessLog:
 
     def _log(self, response: Response, request: Request, ctx: Context) -> Response:
         body = response.body
-        if isinstance(body, bytes):
-            self.write(request, ctx, response.status, len(body))
+        if isinstance(body, bytes):  # a HEAD's body is not sent
+            self.write(request, ctx, response.status,
+                       len(body) if request.method != b"HEAD" else 0)
+        elif request.method == b"HEAD":  # the front takes a chunk and sends none
+            response.body = counted(body, lambda _: self.write(request, ctx, response.status, 0))
         else:
             response.body = counted(body, partial(self.write, request, ctx, response.status))
         return response

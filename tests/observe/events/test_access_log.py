@@ -45,6 +45,19 @@ def test_the_line_from_an_event_is_the_line_the_stage_writes(fmt: str) -> None:
     assert re.search(r"ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", observed.getvalue().decode())
 
 
+def test_a_head_logs_no_body_bytes_from_the_stage_or_the_event() -> None:
+    """A HEAD's answer carries its length, not its body: both lines said bytes=4."""
+    staged, observed = io.BytesIO(), io.BytesIO()
+    stage = AccessLog(config.AccessLogStage(), staged)
+    run(Chain([RequestId(config.RequestIdStage()), stage, Answer(404, b"nope")])(
+        request(b"/a/b", method=b"HEAD", client="192.0.2.7:50000")))
+    chain, _, _ = events_chain(Answer(404, b"nope"))
+    chain.stages[1].observers.add(AccessLog(config.AccessLogStage(), observed))  # type: ignore[attr-defined]
+    run(chain(request(b"/a/b", method=b"HEAD", client="192.0.2.7:50000")))
+    assert lines(staged) == lines(observed) == [
+        "ts=* method=HEAD path=/a/b status=404 fn=- dur_ms=* bytes=0 rid=* client=192.0.2.7"]
+
+
 def test_a_pop_with_events_logs_through_them_and_one_without_through_the_stage(
         tmp_path: Path) -> None:
     with_events = PoP(config.load(None, data=str(tmp_path / "a"), **{"ai.enabled": False}))

@@ -152,6 +152,35 @@ def test_a_head_of_a_stream_sent_nothing_whatever_its_first_chunk_held() -> None
     assert (event.method, event.bytes_out) == ("HEAD", 0) and stream.closed
 
 
+def test_a_head_sends_no_body_bytes_whatever_its_length() -> None:
+    """A HEAD's answer carries its body's length, not the body: it counted as sent
+    (`bytes_out`, and so `edgefn_response_bytes_total`)."""
+    app, seen, _ = events_chain(Answer(200, b"twenty-six bytes of a body"))
+    run(app(request(method=b"HEAD")))
+    run(app(request(method=b"GET")))
+    assert [(e.method, e.bytes_out) for e in seen.events] == [("HEAD", 0), ("GET", 26)]
+
+
+def test_hosts_are_decoded_once_but_long_or_many_are_not_kept() -> None:
+    """1,024 distinct 30 KB Hosts were kept for good (~80 MB a worker), and every
+    real host after them decoded on each request."""
+    from runtime.pipeline.stages import events
+
+    events._texts.clear()
+    app, seen, _ = events_chain(Answer())
+    for i in range(events.MAX_TEXTS + 5):
+        req = request()
+        req.host = b"h%05d" % i + b"a" * (events.MAX_TEXT_BYTES if i % 2 else 10)
+        run(app(req))
+    assert len(seen.events) == events.MAX_TEXTS + 5
+    assert all(len(raw) <= events.MAX_TEXT_BYTES for raw in events._texts)
+    assert 0 < len(events._texts) <= events.MAX_TEXTS
+    req = request()
+    req.host = b"real.example"
+    run(app(req))
+    assert seen.events[-1].host == "real.example" and b"real.example" in events._texts
+
+
 def test_an_observer_that_raises_is_logged_once_and_the_rest_still_get_events(
         caplog: pytest.LogCaptureFixture) -> None:
     class Broken:
