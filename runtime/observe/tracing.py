@@ -25,15 +25,21 @@ flags. `close` sends what is queued and stops the thread.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.trace import TraceState
 
 from runtime.observe import otlp
 from runtime.observe.event import Event
 from runtime.observe.otlp_export import Exporter
 from runtime.observe.settings_tracing import TracingSettings
+
+# W3C trace-context's tracestate entry (the SDK's patterns) and the most it holds
+MEMBER = re.compile(r"([a-z][_0-9a-z\-\*\/]{0,255}|[a-z0-9][_0-9a-z\-\*\/]{0,240}"
+                    r"@[a-z][_0-9a-z\-\*\/]{0,13})"
+                    r"=([\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e])")
+MAX_MEMBERS = 32
 
 _SCALARS = (str, bool, int, float)
 SPAN_ATTRS = b"\x4a"  # Span.attributes' tag
@@ -198,12 +204,21 @@ def _decided(stage: str, record: Any) -> dict[str, Any]:
 
 
 def _state(header: Any) -> str:
-    """A ``tracestate`` as the SDK writes a span's (its entries, validated, joined
-    by commas; "" when none or invalid)."""
+    """A ``tracestate`` as the SDK writes a span's (its entries, validated, joined by
+    commas; "" when none, or when one entry is invalid or a key repeats, as the SDK's
+    `TraceState.from_header` drops it). Checked here: the SDK logs a warning for each
+    bad entry, a PoP log line any client could add to each request."""
     if not isinstance(header, str) or not header:
         return ""
-    try:
-        state = TraceState.from_header([header])
-    except ValueError:
+    pairs: dict[str, str] = {}
+    for member in header.split(","):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        found = MEMBER.fullmatch(member)
+        if found is None or found.group(1) in pairs:
+            return ""
+        pairs[found.group(1)] = found.group(2)
+    if len(pairs) > MAX_MEMBERS:
         return ""
-    return ",".join(f"{k}={v}" for k, v in state.items())
+    return ",".join(f"{k}={v}" for k, v in pairs.items())

@@ -46,9 +46,9 @@ class Tracing:
             record = {"trace_id": parent.trace_id, "span_id": span_id,
                       "parent_id": parent.span_id,
                       "sampled": parent.sampled if self.trust_sampled else self._draw()}
-            state = request.header(TRACESTATE)
+            state = tracestate(request)
             if state:
-                record["tracestate"] = state[:512].decode("latin-1")
+                record["tracestate"] = state
         else:
             record = {"trace_id": new_trace_id(), "span_id": span_id, "sampled": self._draw()}
         ctx.decide("trace", record)
@@ -73,3 +73,29 @@ class Tracing:
 def _tag(response: Response, header: bytes) -> Response:
     response.headers.append((TRACEPARENT, header))
     return response
+
+
+MAX_STATE = 512  # characters of tracestate kept (W3C trace-context 3.3.1.5: at least 512)
+MAX_ENTRY = 128  # past MAX_STATE, entries longer than this go first (ibid.)
+
+
+def tracestate(request: Request) -> str | None:
+    """The request's ``tracestate`` (its headers joined by commas, as W3C trace-context
+    says several are one list), at most `MAX_STATE` characters of whole entries: past
+    it, entries over `MAX_ENTRY` go, then those at the end (it was cut at 512
+    characters, mid-entry, and only the first header was read). None when there is none."""
+    values = [v for k, v in request.headers if k == TRACESTATE]
+    if not values:
+        return None
+    joined = b",".join(values).decode("latin-1")
+    if len(joined) <= MAX_STATE:
+        return joined
+    entries = [e for e in (e.strip(" \t") for e in joined.split(",")) if e]
+    kept: list[str] = []
+    size = -1  # the commas between them
+    for entry in (e for e in entries if len(e) <= MAX_ENTRY):
+        if size + 1 + len(entry) > MAX_STATE:
+            break
+        kept.append(entry)
+        size += 1 + len(entry)
+    return ",".join(kept)
