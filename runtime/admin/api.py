@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import time
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
@@ -66,7 +65,7 @@ from runtime.bindings.owners import WHAT, denied
 from runtime.cache.stats import merged
 from runtime.functions import deploys
 from runtime.functions.registry import Deployment
-from runtime.net.message import Request, Response, fetched, json_response
+from runtime.net.message import Request, Response, fetched, json_response, loopback
 from runtime.observe import stream
 from runtime.observe.dashboard import serve as dashboard
 from runtime.observe.dashboard.login import Logins
@@ -146,7 +145,7 @@ class AdminApp:
         return await asyncio.wrap_future(done)
 
     def __call__(self, request: Request) -> Response | object:
-        if not _is_loopback(request.client):
+        if not loopback(request.client):
             return _error(403, "forbidden", "the admin API only answers loopback clients")
         if fetched(request):  # loopback, but a function's subrequest: none of its business
             return _error(403, "forbidden", "the admin API does not answer a function's fetch")
@@ -597,9 +596,3 @@ def _error(status: int, kind: str, message: str, **extra: object) -> Response:
     return json_response({"error": {"kind": kind, "message": message, **extra}}, status)
 
 
-def _is_loopback(client: str) -> bool:
-    host = client.rsplit(":", 1)[0].strip("[]")
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -7,6 +7,7 @@ a Response directly is the fast path (no task is created); a Response whose
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -79,6 +80,15 @@ def fetched(request: Request) -> bool:
     and a function whose fetch pattern named 127.0.0.1 read every tenant's metrics
     through the admin port."""
     return hops(cdn_loop(request.headers)) > 0
+
+
+def loopback(client: str) -> bool:
+    """Whether `client` (``address:port``, as `Request.client`) is on this machine."""
+    host = client.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def json_response(data: Any, status: int = 200, headers: Headers | None = None) -> Response:

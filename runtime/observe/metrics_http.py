@@ -8,12 +8,13 @@ The format follows the scraper's ``Accept`` (Prometheus text or OpenMetrics).
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from runtime.net.message import Request, Response, fetched, json_response
+from runtime.net.message import Request, Response, fetched, json_response, loopback
 
 PATH = b"/metrics"
 
@@ -37,6 +38,15 @@ class MetricsEndpoint:
         sent = request.header(b"authorization") or b""
         return any(hmac.compare_digest(sent, t) for t in self.tokens)
 
+    def rebound(self, request: Request) -> bool:
+        """Whether a tokenless scrape from this machine names the host by a name other
+        than ``localhost``: a web page whose name was rebound to 127.0.0.1 (DNS
+        rebinding) read the series from the browser (Host ``evil.example:PORT``).
+        A scraper on this machine names it by address or as localhost; a token
+        lifts the check (the page cannot send it)."""
+        return not self.tokens and loopback(request.client) and \
+            not _named_locally(request.host)
+
     def __call__(self, request: Request) -> Response | Awaitable[Response]:
         if request.path != PATH:
             return _error(404, "not_found", "this listener serves GET /metrics only")
@@ -44,6 +54,11 @@ class MetricsEndpoint:
             return _error(405, "method_not_allowed", "use GET /metrics")
         if fetched(request):  # a function's subrequest: every tenant's series are not its own
             return _error(403, "forbidden", "metrics are not served to a function's fetch")
+        if self.rebound(request):
+            return _error(403, "forbidden", "a scrape from this machine names the host by "
+                          "address or as localhost (Host "
+                          f"{request.host.decode('latin-1')[:100]!r}; a page rebound to "
+                          "127.0.0.1 could read it), or sends the [metrics] token")
         if not self.allowed(request):
             return _error(401, "unauthorized", "missing or wrong metrics token: send "
                           "`Authorization: Bearer <[metrics] token>`",
@@ -64,3 +79,19 @@ class MetricsEndpoint:
 def _error(status: int, kind: str, message: str,
            headers: list[tuple[bytes, bytes]] | None = None) -> Response:
     return json_response({"error": {"kind": kind, "message": message}}, status, headers)
+
+
+def _named_locally(host: bytes) -> bool:
+    """Whether a Host header names this machine as an IP address or ``localhost``
+    (any port; none sent, as HTTP/1.0 may, too)."""
+    if host.startswith(b"["):
+        name = host[1:host.find(b"]")]
+    else:
+        name = host.rsplit(b":", 1)[0] if host.count(b":") == 1 else host
+    if not name or name.lower() == b"localhost":
+        return True
+    try:
+        ipaddress.ip_address(name.decode("latin-1"))
+    except ValueError:
+        return False
+    return True

@@ -32,12 +32,15 @@ TOKEN = "scrape-token-0123456789"
 
 
 def get(address: str, path: str = "/metrics", token: str | None = None,
-        accept: str | None = None, method: str = "GET") -> tuple[int, dict[str, str], str]:
+        accept: str | None = None, method: str = "GET",
+        host_header: str | None = None) -> tuple[int, dict[str, str], str]:
     host, port = address.rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     headers = {"authorization": f"Bearer {token}"} if token else {}
     if accept:
         headers["accept"] = accept
+    if host_header:
+        headers["host"] = host_header
     try:
         conn.request(method, path, headers=headers)
         resp = conn.getresponse()
@@ -108,11 +111,26 @@ def test_openmetrics_when_the_scraper_asks_for_it(secured):
 
 
 def test_without_a_token_loopback_scrapes_are_open(tmp_path):
-    with pop_thread(tmp_path / "data") as running:
-        status, _, body = get(running.admin.info.admin)
+    port = free_port()
+    with pop_thread(tmp_path / "data", **{"metrics.listen": f"127.0.0.1:{port}"}) as running:
+        admin = running.admin.info.admin
+        status, _, body = get(admin)
         assert status == 200 and "# TYPE edgefn_requests_total counter" in body
         # the rest of the admin API still wants its token
-        assert get(running.admin.info.admin, path="/v1/functions")[0] == 401
+        assert get(admin, path="/v1/functions")[0] == 401
+        # but a page whose name was rebound to 127.0.0.1 reads nothing (DNS rebinding)
+        for address in (admin, f"127.0.0.1:{port}"):
+            _, where = address.rsplit(":", 1)
+            status, _, body = get(address, host_header=f"evil.example:{where}")
+            assert status == 403 and "evil.example" in body, body
+            for named in (f"localhost:{where}", f"127.0.0.1:{where}", "[::1]", "LOCALHOST"):
+                assert get(address, host_header=named)[0] == 200, named
+
+
+def test_a_token_lets_any_host_name_scrape(secured):
+    _, listener = secured
+    assert get(listener, token=TOKEN, host_header="prometheus.internal:9464")[0] == 200
+    assert get(listener, host_header="prometheus.internal:9464")[0] == 401
 
 
 PY = """
