@@ -507,12 +507,13 @@ class Scheduler:
                 groups.setdefault(None if per_seq else s.adapter, []).append(s)
         return list(groups.values())
 
-    def plan(self, group: list[Seq]) -> Step:
+    def plan(self, group: list[Seq], sampling: bool = False) -> Step:
         """The next decode call for `group`: one token for each sequence past its
         prompt, then prompt chunks while the step's token budget lasts, the prompt
         with the fewest tokens left first (a short prompt's first token came only
         after a long one's whole prefill: 16 s behind 4,000 tokens on 2 cores).
-        Once some sequence samples in the step, prompts get at most
+        Once some sequence samples in the step, or in another group's call of the
+        same iteration (`sampling`: one call per adapter), prompts get at most
         `prefill_chunk` tokens of it in all (a running stream's next token, or a
         short prompt's first, waited for 512 tokens of a long one). Advances the
         sequences' positions and prompt progress."""
@@ -528,7 +529,7 @@ class Scheduler:
         fed = 0  # prompt tokens in the step
         for s in prompts:
             room = self.step_tokens - len(step.items)
-            if step.outputs:
+            if sampling or step.outputs:
                 room = min(room, self.prefill_chunk - fed)
             if room <= 0:
                 break

@@ -239,8 +239,11 @@ class Driver:
         groups = self.sched.groups(self.lm.per_seq)
         if not groups:  # sequences paused for credit still hold their slots
             self.metrics.idle(len(self.sched.waiting), len(self.sched.running))
+        # one call per adapter (a stock llama.cpp): a stream in one group waits for
+        # the others' calls too, so their prompts are chunked as if it were theirs
+        sampling = len(groups) > 1 and any(s.prefilled for g in groups for s in g)
         for group in groups:
-            self._step(group)
+            self._step(group, sampling)
         self._retire()
 
     def _preempted(self, preempted: list[Seq]) -> None:
@@ -312,10 +315,11 @@ class Driver:
             return
         self._send(_resolve, command.done, None)
 
-    def _step(self, group: list[Seq]) -> None:
+    def _step(self, group: list[Seq], sampling: bool = False) -> None:
         """One decode call for `group` (sequences that share an adapter, or any where
-        the model selects adapters per sequence), then their tokens."""
-        step = self.sched.plan(group)
+        the model selects adapters per sequence), then their tokens; `sampling`: a
+        sequence of another group waits on this iteration for a token."""
+        step = self.sched.plan(group, sampling)
         if self.lm.per_seq:
             self.lm.use_adapters([(s.slot, s.adapter, s.scale) for s in group])
         else:

@@ -120,3 +120,20 @@ def test_worker_refuses_to_start_with_a_clear_message(tmp_path: Path, text: str,
                           "--config", str(f)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert message in out.stderr, out.stderr
+
+
+def test_the_llama_engine_schedules_with_the_models_prefill_chunk() -> None:
+    """The model's `prefill_chunk` reaches its scheduler (the real model, loaded in
+    this process): the scheduler's own default would hide a value left out."""
+    import asyncio
+
+    from gpu_worker.engines.llamacpp import LlamaEngine
+    from gpu_worker.metrics import Metrics
+
+    engine = LlamaEngine(config.ModelSpec("smollm2-135m", "llamacpp", prefill_chunk=48,
+                                          context=1024), Metrics())
+    asyncio.run(engine.start())
+    try:
+        assert engine.driver is not None and engine.driver.sched.prefill_chunk == 48
+    finally:
+        engine.close()

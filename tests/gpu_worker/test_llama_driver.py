@@ -345,6 +345,27 @@ def test_adapter_groups_decode_in_separate_calls() -> None:
     asyncio.run(go())
 
 
+def test_a_prompt_on_another_adapter_is_chunked_while_a_stream_runs() -> None:
+    """One call per adapter (a stock llama.cpp): a stream on the base model waited for
+    the whole 512-token call of a long prompt on adapter x each iteration; that prompt
+    is fed `prefill_chunk` tokens a call while the stream runs."""
+    async def go() -> None:
+        r = Rig(kv_tokens=5000)
+        r.lm.decode_sleep = 0.001
+        stream = r.submit(1, first=10, max_tokens=300, window=1000)
+        while not stream.chunks:
+            await asyncio.sleep(0.001)
+        long = r.submit(2, first=20, prompt_len=1000, max_tokens=1, adapter="x")
+        assert (await long.result())[:2] == ("done", "length")
+        assert stream.end is None  # it ran beside the whole prefill
+        await stream.result()
+        r.close()
+        sizes = [len(items) for adapter, items in r.lm.decodes if adapter == "x"]
+        assert sum(sizes) == 1000 and max(sizes) == r.sched.prefill_chunk, sizes
+
+    asyncio.run(go())
+
+
 def test_adapters_chosen_per_sequence_share_one_decode_call() -> None:
     async def go() -> None:
         r = Rig(per_seq=True)

@@ -303,6 +303,17 @@ def test_prompts_alone_take_the_whole_step_budget_whatever_the_chunk() -> None:
     assert [(s.rid, row) for s, row in step.outputs] == [(1, 6)]
 
 
+def test_a_prompt_alone_in_its_group_is_chunked_when_another_group_samples() -> None:
+    """On a stock llama.cpp each adapter's group is its own call, one after another:
+    a stream in one group waited for a whole budget of another group's prompt."""
+    sched = Scheduler(slots=4, kv_tokens=10_000, step_tokens=20, prefill_chunk=5)
+    long = seq(1, prompt_len=60, adapter="a")
+    sched.add([long])
+    sched.admit()
+    assert len(sched.plan([long], sampling=True).items) == 5
+    assert len(sched.plan([long]).items) == 20
+
+
 def test_prefill_chunk_must_be_positive() -> None:
     with pytest.raises(ValueError, match="prefill_chunk must be at least 1, got 0"):
         Scheduler(slots=1, kv_tokens=100, prefill_chunk=0)
