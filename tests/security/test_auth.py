@@ -195,6 +195,10 @@ def test_the_credential_read_does_not_depend_on_the_headers_order(tmp_path: Path
         assert (err.status, "unknown API key") == (401, str(err)), headers
     for headers in ([basic, *bearer(key)], [*bearer(key), basic]):
         assert call(auth, headers)[0].principal == record.principal(), headers
+    # a Bearer of the function's own (no edgefn key) leaves the x-api-key to be read
+    theirs = bearer("sk-theirs")[0]
+    for headers in ([theirs, api], [api, theirs]):
+        assert call(auth, headers)[0].principal == record.principal(), headers
 
 
 @pytest.mark.parametrize(("headers", "words"), [
@@ -312,6 +316,10 @@ def test_jwt_mode_verifies_es256_against_the_jwks(tmp_path: Path,
     assert ctx.principal is not None
     assert (ctx.principal.kind, ctx.principal.tenant, ctx.principal.subject,
             ctx.principal.scopes) == ("jwt", "acme", "user-7", ("fn:chat", "model:*"))
+    # beside an x-api-key (in either order), the JWT is what jwt mode reads
+    other = (b"x-api-key", b"efn_" + b"a" * 12 + b"_" + b"b" * 43)
+    for headers in ([other, *bearer(token(private))], [*bearer(token(private)), other]):
+        assert call(auth, headers)[0].principal == ctx.principal, headers
 
 
 @pytest.mark.parametrize(("make", "words"), [
@@ -1034,8 +1042,11 @@ def test_no_edgefn_key_reaches_a_function_and_the_cache_still_varies_by_it(
         # a key in any other form (it reached the function: only `Bearer efn_` and
         # the bare key were dropped)
         wrapped = [f"Token {one}", f"ApiKey {one}", f"Bearer\t{one}", f"{one} extra",
+                   f'Token token="{one}"', f"ApiKey key={one}", f'Bearer "{one}"',
                    "Basic " + base64.b64encode(f"{one}:".encode()).decode(),
-                   "Basic " + base64.b64encode(f"user:{one}".encode()).decode()]
+                   "Basic " + base64.b64encode(f"user:{one}".encode()).decode(),
+                   "Basic " + base64.b64encode(f"us:{one}".encode()).decode().rstrip("="),
+                   "Basic " + base64.urlsafe_b64encode(f"u?:>{one}".encode()).decode()]
         for value in wrapped:
             got = raw_get(pop, "/open", [("authorization", value)])
             assert got["credentials"] == [], value

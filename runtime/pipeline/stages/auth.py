@@ -138,7 +138,7 @@ class Auth:
 
     def _authenticate(self, mode: str, request: Request, target: Target) -> Principal:
         """Raises `Rejected`: 401 without a valid credential, 403 outside its scopes."""
-        credential = _credential(request)
+        credential = _credential(request, mode == "jwt")
         if credential is None:
             if mode == "jwt":
                 raise Rejected("unauthorized", 401, f"{_what(target)} needs a JWT: send "
@@ -229,13 +229,14 @@ class Auth:
             return None
 
 
-def _credential(request: Request) -> tuple[str, str] | None:
-    """``("bearer" | "x-api-key", value)`` from the headers, or None. An
-    `Authorization: Bearer` wins over an ``x-api-key``, and an Authorization of
-    another scheme (Basic: a function's own credential) leaves an ``x-api-key`` to
-    be read, whatever their order (the first header of the two decided: a Basic
-    before the key was a 401, after it a 200). Raises `Rejected` (401) for an
-    Authorization header that is not a Bearer token when no ``x-api-key`` is sent."""
+def _credential(request: Request, jwt: bool = False) -> tuple[str, str] | None:
+    """``("bearer" | "x-api-key", value)`` from the headers, or None, whatever their
+    order (the first header of the two decided: a Basic before a valid key was a
+    401, after it a 200). An ``x-api-key`` is read unless an `Authorization: Bearer`
+    carries an edgefn key (``efn_...``), or a JWT is asked for (`jwt`); a Bearer of
+    another token (a function's own) or an Authorization of another scheme (Basic)
+    leaves it to be read. Raises `Rejected` (401) for an Authorization header that is
+    not a Bearer token when no ``x-api-key`` is sent."""
     bearer = key = None
     other = False
     for name, value in request.headers:
@@ -247,7 +248,7 @@ def _credential(request: Request) -> tuple[str, str] | None:
                 other = True
         elif name == b"x-api-key" and key is None:
             key = value.strip()
-    if bearer is not None:
+    if bearer is not None and (key is None or jwt or bearer.startswith(b"efn_")):
         return "bearer", _text(bearer)
     if key is not None:
         return "x-api-key", _text(key)

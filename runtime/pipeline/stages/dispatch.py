@@ -13,6 +13,7 @@ cannot queue up the PoP's worker threads or isolates for everyone.
 from __future__ import annotations
 
 import binascii
+import re
 from collections.abc import Awaitable
 
 from edgefn_core.errors import FunctionError
@@ -128,22 +129,27 @@ def _without_keys(request: Request) -> Request:
     return copy
 
 
+# where a key starts: the value's start, or after a separator (`Token token="efn_...`,
+# `ApiKey key=efn_...`, `user:efn_...`), not inside a token (a JWT's base64url)
+KEY_AT = re.compile(rb"(?:^|[^A-Za-z0-9_.\-])efn_")
+URLSAFE = bytes.maketrans(b"-_", b"+/")
+
+
 def _is_key(value: bytes) -> bool:
     """Whether header `value` holds an edgefn API key (``efn_...``) in any form: a
-    Bearer or any other scheme's token (``Token``, ``ApiKey``, a tab after the
-    scheme), the bare key, or either half of a Basic credential (a key sent in the
-    wrong form reached the function: only ``Bearer efn_`` and the bare key were
-    dropped)."""
-    words = value.split()
-    if any(w.startswith(b"efn_") for w in words):
-        return True
-    if len(words) == 2 and words[0].lower() == b"basic":
-        try:
-            pair = binascii.a2b_base64(words[1])
-        except binascii.Error:
-            return False
-        return any(part.strip().startswith(b"efn_") for part in pair.split(b":", 1))
-    return False
+    Bearer or any other scheme's token or parameter (``Token``, ``ApiKey``, a tab
+    after the scheme, quoted), the bare key, or either half of a Basic credential,
+    padded or not (a key sent in the wrong form reached the function: only
+    ``Bearer efn_`` and the bare key were dropped)."""
+    if b"efn_" in value:
+        return KEY_AT.search(value) is not None
+    if value[:6].lower() not in (b"basic ", b"basic\t"):
+        return False
+    try:  # padding added (a2b_base64 ignores what is too much), base64url read too
+        pair = binascii.a2b_base64(value[6:].strip().translate(URLSAFE) + b"==")
+    except binascii.Error:
+        return False
+    return KEY_AT.search(pair) is not None
 
 
 async def counted(pending: Awaitable[Response], fn: Deployment) -> Response:
