@@ -88,12 +88,22 @@ def _hash(*parts: Any) -> bytes:
 
 
 def text_of(content: Any) -> str:
-    """A message's text: a string, or the text parts of a list of content parts."""
+    """A message's text: a string, or the text parts of a list of content parts,
+    joined as the llama.cpp engine reads them (`content_text`: with nothing between)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if _is_text(p))
+        return "".join(str(p.get("text", "")) for p in content if _is_text(p))
     return "" if content is None else str(content)
+
+
+def _exact_text(content: Any) -> Any:
+    """What the exact key holds of a message's text: a string's, or each text part's
+    apart (an upstream engine gets the parts as sent: ["cat", "fish"] is neither
+    "cat\nfish" nor "catfish", which shared a key with it and got its answer)."""
+    if isinstance(content, list):
+        return [exact(str(p.get("text", ""))) for p in content if _is_text(p)]
+    return exact(text_of(content))
 
 
 def _is_text(part: Any) -> bool:
@@ -110,7 +120,7 @@ def _message(m: dict[str, Any]) -> list[Any]:
         parts = [p for p in content if not _is_text(p)]
         if parts:
             rest.append(("content parts", parts))
-    return [str(m.get("role", "")), exact(text_of(m.get("content"))), rest]
+    return [str(m.get("role", "")), _exact_text(m.get("content")), rest]
 
 
 def chat_call(tenant: str | None, model: str, messages: list[dict[str, Any]],

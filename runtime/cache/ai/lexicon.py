@@ -60,6 +60,9 @@ _POLARITY: dict[str, tuple[str, ...]] = {
     "win-": ("fail",),
     "open+": ("open",),
     "open-": ("close", "closed", "shut"),
+    # "right" is also "correct" ("the right way to turn left" holds both signs: no veto)
+    "side+": ("left", "leftward", "counterclockwise", "anticlockwise"),
+    "side-": ("right", "rightward", "clockwise"),
 }
 _COMPARATIVE: dict[str, tuple[str, ...]] = {
     "price+": ("expensive", "pricey", "pricier", "priciest", "costly"),

@@ -263,7 +263,8 @@ def _asked(kind: str, body: bytes, who: Principal | None,
             return None
         params = {"temperature": b.temperature, "top_p": b.top_p, "top_k": b.top_k,
                   "seed": b.seed, "stop": stop,
-                  "max_tokens": b.max_completion_tokens or b.max_tokens}
+                  "max_tokens": b.max_tokens if b.max_completion_tokens is None
+                  else b.max_completion_tokens}  # as the API reads them (0 is its 400)
         usage = b.stream_options is not None and b.stream_options.include_usage
         if isinstance(b, ChatBody):
             if not b.messages:

@@ -19,6 +19,9 @@ VETOED = [
     ("Should I buy bitcoin now?", "Should I sell bitcoin now?", "polarity"),
     ("How do I lock the front door remotely?", "How do I unlock the front door remotely?",
      "polarity"),
+    ("How do I turn left at a roundabout?", "How do I turn right at a roundabout?",
+     "polarity"),  # a semantic hit at similarity 0.956 before
+    ("Do I loosen the bolt clockwise?", "Do I loosen the bolt counterclockwise?", "polarity"),
     ("How long to bake 2 potatoes?", "How long to bake 5 potatoes?", "number"),
     ("Plan a dinner for a dozen guests", "Plan a dinner for twenty guests", "number"),
     ("Is it bad to water cacti twice a month?", "Is it bad to water cacti thrice a month?",

@@ -189,12 +189,20 @@ def test_content_parts_that_are_not_text_change_the_key_and_the_scope() -> None:
     assert (again.key, again.scope) == (cat.key, cat.scope)
 
 
-@given(texts=st.lists(words, min_size=1, max_size=4))
-def test_the_text_parts_of_a_content_list_are_its_text(texts: list[str]) -> None:
+@given(texts=st.lists(words, min_size=2, max_size=4))
+def test_text_parts_are_keyed_apart_and_read_as_the_model_reads_them(texts: list[str]) -> None:
+    """The exact key holds each text part apart: ["cat", "fish"] shared a key with
+    "cat\nfish" (the parts were joined by a line break for the key), whose answer it
+    got, though the llama.cpp engine reads "catfish" and an upstream gets the parts.
+    The semantic query is the parts as the engine reads them, with nothing between."""
     parts = [{"type": "text", "text": t} for t in texts]
     listed = chat_call("t", "m", [{"role": "user", "content": parts}], BASE)
-    plain = chat_call("t", "m", [{"role": "user", "content": "\n".join(texts)}], BASE)
-    assert (listed.key, listed.scope, listed.query) == (plain.key, plain.scope, plain.query)
+    for joined in ("\n".join(texts), "".join(texts)):
+        assert listed.key != chat_call("t", "m", [{"role": "user", "content": joined}],
+                                       BASE).key, joined
+    glued = chat_call("t", "m", [{"role": "user", "content": "".join(texts)}], BASE)
+    assert (listed.scope, listed.query) == (glued.scope, glued.query)
+    assert chat_call("t", "m", [{"role": "user", "content": parts}], BASE).key == listed.key
     other = chat_call("t", "m", [{"role": "user", "content": [*parts, {"type": "text",
                                                                        "text": "more"}]}], BASE)
     assert other.key != listed.key

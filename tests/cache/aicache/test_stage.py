@@ -341,3 +341,20 @@ def test_a_call_a_lower_tier_forwarded_is_scoped_to_the_tenant_it_names() -> Non
     who = Principal(kind="key", tenant="acme", key_id="k", scopes=("model:*",))
     asked = _asked("chat", body, who, "globex")
     assert asked is not None and asked.call.tenant == "acme"  # a principal comes first
+
+
+def test_max_completion_tokens_is_read_as_the_api_reads_it() -> None:
+    """`max_completion_tokens: 0` (the API's 400) fell through to `max_tokens` for the
+    key, so a stored answer to `max_tokens: 8` was served to a request the API refuses."""
+    from runtime.pipeline.stages.ai_cache import _asked
+
+    def key(**fields: Any) -> bytes:
+        body = json.dumps({"model": "m", "temperature": 0,
+                           "messages": [{"role": "user", "content": "Hi"}], **fields}).encode()
+        asked = _asked("chat", body, None, None)
+        assert asked is not None
+        return asked.call.key
+
+    stored = key(max_tokens=8)
+    assert key(max_tokens=8, max_completion_tokens=0) != stored
+    assert key(max_tokens=3, max_completion_tokens=8) == stored == key(max_completion_tokens=8)
