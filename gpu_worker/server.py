@@ -28,6 +28,7 @@ from .config import WorkerConfig
 from .engines import Engine, ModelInfo, create
 from .metrics import Metrics
 
+COLLECTED = 1 << 30  # the window of a generation collected here: never waits for credit
 log = logging.getLogger("edgefn.gpu_worker")
 MAX_INPUTS = 2048
 MAX_CLIENT = 200  # characters of a request's `client` (a key id or an owner's name)
@@ -220,8 +221,10 @@ class Connection:
             engine = self.worker.engine_for(msg.model)
             gid = next(self.worker.ids)
             sink = ReplySink(self, msg.id, gid, engine, msg.stream)
-            # a non-streamed answer is collected here, so it never waits for credit
-            window = msg.window if msg.stream else (msg.max_tokens or p.DEFAULT_MAX_TOKENS) + 2
+            # a non-streamed answer is collected here, so it never waits for credit:
+            # not max_tokens + 2 chunks, since an upstream's chunks are not tokens (one
+            # that sent more waited for credit nobody gives, until the idle timeout)
+            window = msg.window if msg.stream else COLLECTED
             engine.generate(msgspec.structs.replace(msg, id=gid, window=window), sink)
         except EngineError as e:  # a 4xx refuses the input: not the engine's error
             self.worker.metrics.request(error=e.status >= 500)

@@ -23,19 +23,21 @@ import asyncio
 import socket
 import struct
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
 from edgefn_core.errors import EngineError
+from gpu_worker.client import WorkerClient
 from gpu_worker.config import ModelSpec
 from gpu_worker.engines import upstream
 from gpu_worker.engines.upstream import UpstreamEngine
 from gpu_worker.protocol import CountTokens, Generate, Rerank
 
 MODELS = ["echo", "forever", "stall", "flood", "cut", "oops", "breaks", "junk", "embedder",
-          "short"]
+          "short", "chatty"]
 BREAKS = ["one\u2028two", "\x85", "three\u2029"]  # msgspec, like pydantic, sends them raw
 FLOOD_TOKEN = "x" * (1 << 20)
 FLOOD_TOKENS = 256  # 256 MiB: more than loopback socket buffers can hold
@@ -196,6 +198,10 @@ class FakeUpstream:
             await asyncio.sleep(30)  # cancelled when the test ends
         words = words_of(body)
         out = words[:body["max_tokens"]]
+        if body["model"] == "chatty":  # a chunk per character: chunks are not tokens
+            for char in "".join(out):
+                await send_chunk(writer, sse(delta(char)))
+            return await send_chunk(writer, b"data: [DONE]\n\n")
         await send_chunk(writer, sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
         await send_chunk(writer, b": keep-alive comment\n\nevent: ping\n\n")  # no data: skipped
         for i, word in enumerate(out):
@@ -879,3 +885,28 @@ def test_an_upstream_that_is_down_fails_a_rerank_and_a_count_as_unavailable() ->
         engine.close()
 
     asyncio.run(scenario())
+
+
+def test_a_collected_answer_of_more_chunks_than_tokens_is_not_held_for_credit(
+        tmp_path: Path) -> None:
+    """A non-streamed answer is collected in the worker, which gave it a window of
+    max_tokens + 2 chunks; an upstream that sends more chunks than tokens (one a
+    character here, as some do for tool-call deltas) waited for credit nobody gives,
+    until the 120 s idle timeout."""
+    async def scenario() -> tuple[str, Any]:
+        async with FakeUpstream() as up:
+            config = tmp_path / "worker.toml"
+            config.write_text(f'[[models]]\nname = "up"\nengine = "openai"\nurl = "{up.url}"\n'
+                              'models = ["chatty"]\ntimeout = 5\n')
+            client = WorkerClient.spawning(str(tmp_path / "w.sock"), str(config))
+            await client.start()
+            try:
+                gen = await client.generate("chatty", stream=False, max_tokens=3,
+                                            messages=[{"role": "user",
+                                                       "content": "alpha beta gamma delta"}])
+                return await asyncio.wait_for(gen.collect(), 10)
+            finally:
+                await client.close()
+
+    text, done = asyncio.run(scenario())
+    assert text == "alpha beta gamma" and done.finish_reason == "stop", (text, done)
