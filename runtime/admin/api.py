@@ -305,7 +305,7 @@ class AdminApp:
         return msgspec.to_builtins(await registry.stage_stored(name, version))
 
     def _dashboard(self, request: Request) -> Response:
-        if request.path != b"/v1/dashboard/stream":
+        if request.path not in dashboard.STREAMS:
             return dashboard.page(request, self.logins)
         refused = dashboard.allowed(request, self.logins)
         if refused is not None:

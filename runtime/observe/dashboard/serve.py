@@ -1,9 +1,11 @@
 """The dashboard's HTTP side on the admin listener: the page and its files
 (``GET /dashboard``, ``/dashboard/app.js``, ``/dashboard/style.css``) and the live
-stream (``GET /v1/dashboard/stream``: SSE, ``event: snapshot`` once a second and
-``event: events`` with the requests since the last one). All of them need a
-session cookie, which ``GET /dashboard?token=T`` sets for a one-time login token;
-without one they answer 401."""
+stream (``GET /dashboard/stream``, and ``/v1/dashboard/stream`` as before: SSE,
+``event: snapshot`` once a second and ``event: events`` with the requests since the
+last one). All of them need a session cookie, which ``GET /dashboard?token=T`` sets
+for a one-time login token; without one they answer 401. The cookie's path is
+``/dashboard``: browsers send a host's cookies to all its ports, so with ``Path=/``
+a function on the public listener of the same host got the operator's session."""
 
 from __future__ import annotations
 
@@ -35,9 +37,11 @@ _encode = msgspec.json.Encoder().encode
 Snapshot = Callable[[], Awaitable[dict[str, Any]]]
 
 
+STREAMS = (b"/dashboard/stream", b"/v1/dashboard/stream")  # the second: before the cookie's path
+
+
 def is_dashboard(path: bytes) -> bool:
-    return path == b"/dashboard" or path.startswith(b"/dashboard/") \
-        or path == b"/v1/dashboard/stream"
+    return path == b"/dashboard" or path.startswith(b"/dashboard/") or path == STREAMS[1]
 
 
 def session(request: Request) -> str | None:
@@ -61,7 +65,7 @@ def page(request: Request, logins: Logins) -> Response:
             sid = logins.redeem(token)
         except EdgefnError as e:
             return _error(e.status, e.code, str(e))
-        extra.append((b"set-cookie", f"{COOKIE}={sid}; Path=/; HttpOnly; SameSite=Strict; "
+        extra.append((b"set-cookie", f"{COOKIE}={sid}; Path=/dashboard; HttpOnly; SameSite=Strict; "
                       f"Max-Age={int(logins.session_ttl)}".encode()))
     elif not logins.valid(session(request)):
         return _unauthorized()

@@ -69,6 +69,9 @@ def test_the_page_shows_live_figures_as_traffic_flows(served: Running,
             page = browser.new_page()
             assert page.goto(url).status == 200  # type: ignore[union-attr]
             expect(page.locator("#state")).to_contain_text("live", timeout=10_000)
+            # the session is the dashboard's alone: a function on another port of this
+            # host got it with every request (browsers ignore ports for cookies)
+            assert [c["path"] for c in page.context.cookies()] == ["/dashboard"]
             before = int(page.locator("#requests").inner_text())
             sent = 0
             deadline = time.monotonic() + 20
@@ -110,7 +113,7 @@ def test_the_page_shows_live_figures_as_traffic_flows(served: Running,
 
 
 @pytest.mark.parametrize("path", ["/dashboard", "/dashboard/app.js", "/dashboard/style.css",
-                                  "/v1/dashboard/stream"])
+                                  "/dashboard/stream", "/v1/dashboard/stream"])
 def test_without_a_session_everything_is_401(served: Running, path: str) -> None:
     assert admin_get(served, path)[0] == 401
     assert admin_get(served, path, cookie="edgefn_dash=forged")[0] == 401

@@ -27,6 +27,7 @@ def test_a_token_logs_in_with_a_strict_httponly_cookie() -> None:
     assert resp.status == 200 and b"<title>edgefn dashboard</title>" in resp.body  # type: ignore[operator]
     cookie = dict(resp.headers)[b"set-cookie"].decode()
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "; Path=/dashboard;" in cookie  # not `/`: every port of the host got it
     sid = cookie.split(";")[0].split("=", 1)[1]
     js = serve.page(get(b"/dashboard/app.js", cookie=f"a=b; edgefn_dash={sid}".encode()), logins)
     assert js.status == 200 and b"EventSource" in js.body  # type: ignore[operator]

@@ -1,4 +1,4 @@
-// The edgefn dashboard: follows /v1/dashboard/stream (SSE, the session cookie) and
+// The edgefn dashboard: follows /dashboard/stream (SSE, the session cookie) and
 // renders each snapshot and the events that arrive. No libraries, no build step.
 "use strict";
 const MAX_ROWS = 50;
@@ -77,7 +77,7 @@ function events(list) {
 // the login token is used up: keep it out of the address bar (and out of a reload)
 if (location.search) history.replaceState(null, "", "/dashboard");
 
-const source = new EventSource("/v1/dashboard/stream");
+const source = new EventSource("/dashboard/stream");
 source.addEventListener("snapshot", (m) => snapshot(JSON.parse(m.data)));
 source.addEventListener("events", (m) => events(JSON.parse(m.data)));
 source.onerror = () => {
