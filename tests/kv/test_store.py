@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from edgefn_core.errors import InvalidValue, LimitExceeded, StoreClosed, UnknownNamespace
 from kv import KVStore
-from kv.store import Entry, KeyInfo, Limits, Page
+from kv.quota import Quota
+from kv.store import MAX_TTL_S, Entry, KeyInfo, Limits, Page, _ttl_key
 
 
 class Clock:
@@ -559,3 +561,283 @@ def test_the_first_get_of_a_namespace_created_elsewhere_waits_out_our_own_writer
     finally:
         child.kill()
     assert (child.returncode, out) == (0, b"b'v'\n")
+
+
+# -- from kv/store.py's surviving mutants ---------------------------------------------------
+def test_a_key_of_exactly_the_key_limit_reads_and_deletes(store: KVStore) -> None:
+    """511 bytes is a key like any other: a get returns it and a delete removes it (only a
+    longer key is "never stored", read as absent without asking LMDB)."""
+    key = b"k" * 511
+    store.put("ns", key, b"v")
+    assert store.get("ns", key) == b"v"
+    assert store.delete("ns", key) is True
+    assert store.get("ns", key) is None
+
+
+def test_the_ttl_and_the_counter_s_range_include_their_bounds(store: KVStore) -> None:
+    """A ttl of exactly 10 years is allowed, and an increment may reach -2**63, the least
+    64-bit signed integer; past it, the error names the key, the namespace and the delta."""
+    now = store.clock()
+    store.put("ns", b"decade", b"v", ttl=MAX_TTL_S)
+    assert store.get_entry("ns", b"decade") == Entry(b"v", 1, now + MAX_TTL_S)
+    assert store.increment("ns", b"min", -(1 << 63)) == -(1 << 63)
+    assert store.get("ns", b"min") == str(-(1 << 63)).encode()
+    with pytest.raises(InvalidValue, match=r"^cannot increment key 'min' in 'ns' by -1: the "
+                                           r"result would leave the 64-bit signed range$"):
+        store.increment("ns", b"min", -1)
+
+
+def test_error_messages_name_the_namespace_and_the_key(store: KVStore) -> None:
+    """A put's empty key (with a quota or without) names its namespace; a key that is not
+    UTF-8 is shown as bytes; a purge batch under 1 says what it got."""
+    quota = Quota(("ns",), 1 << 20, "o")
+    for q in (None, quota):
+        with pytest.raises(InvalidValue, match=r"^key of 0 bytes in 'ns': keys must be 1 to "
+                                               r"511 bytes$"):
+            store.put("ns", b"", b"v", quota=q)
+    store.put("ns", b"\xff", b"text")
+    with pytest.raises(InvalidValue, match=r"^cannot increment key b'\\xff' in 'ns': its "
+                                           r"value is not a decimal integer$"):
+        store.increment("ns", b"\xff")
+    with pytest.raises(InvalidValue, match=r"^a purge batch is at least 1 key, got 0$"):
+        store.purge_expired(batch=0)
+
+
+def test_a_quota_counts_what_each_kind_of_write_adds(tmp_path: Path) -> None:
+    """Under a quota the key and value count as added, less the key and record they
+    replace (its 20-byte head included): a rewrite that adds nothing passes even over the
+    quota, one byte more does not; an increment counts its key and 20 bytes; a cas is
+    checked like a put; a value of exactly `max_value_bytes` is not "past its limit"."""
+    s = KVStore(tmp_path / "kv", sync=False, limits=Limits(max_value_bytes=100))
+    s.create_namespace("ns")
+    s.create_namespace("q")
+    assert s.put("ns", b"k", b"x" * 10) == 1  # a 30-byte record
+    used = s.usage(["ns"])
+    assert used == 1 + 30
+    over = Quota(("ns",), used - 1, "o")  # lowered under what the namespace holds
+    s.put("ns", b"k", b"y" * 30, quota=over)  # 1 + 30 added, 1 + 30 replaced
+    assert s.get("ns", b"k") == b"y" * 30
+    at = Quota(("ns",), s.usage(["ns"]), "o")
+    with pytest.raises(LimitExceeded, match="1 more would pass its quota"):
+        s.put("ns", b"k", b"z" * 51, quota=at)  # 1 + 51 added, 1 + 50 replaced
+    assert s.get("ns", b"k") == b"y" * 30
+    with pytest.raises(LimitExceeded, match="4 more would pass its quota of 0 bytes"):
+        s.cas("ns", b"new", None, b"v", quota=Quota(("ns",), 0, "o"))
+    assert s.get("ns", b"new") is None
+    with pytest.raises(LimitExceeded, match="21 more would pass its quota of 20 bytes"):
+        s.increment("q", b"n", quota=Quota(("q",), 20, "o"))
+    assert s.increment("q", b"n", quota=Quota(("q",), 21, "o")) == 1
+    s.put("q", b"big", b"v" * 100, quota=Quota(("q",), 1 << 20, "o"))
+    assert s.get("q", b"big") == b"v" * 100
+    s.close()
+
+
+def test_check_room_counts_only_the_new_namespaces_and_names_five(tmp_path: Path) -> None:
+    """`max_namespaces` is inclusive; the refusal names at most five of the namespaces that
+    would not fit, in order, with "..." only where there are more."""
+    with KVStore(tmp_path / "kv", sync=False, max_namespaces=5) as s:
+        s.create_namespace("ns")
+        s.check_room(["ns", "a", "b", "c", "d"])  # 1 + 4 = 5: fits
+        with pytest.raises(LimitExceeded, match=r"^the KV store holds at most 5 namespaces "
+                                                r"and has 1; 5 more would not fit "
+                                                r"\(a, b, c, d, e\)$"):
+            s.check_room(["e", "d", "c", "b", "a", "ns"])
+        with pytest.raises(LimitExceeded, match=r"; 6 more would not fit "
+                                                r"\(a, b, c, d, e, \.\.\.\)$"):
+            s.check_room(["f", "e", "d", "c", "b", "a"])
+
+
+def test_a_cursor_is_url_safe_base64(store: KVStore) -> None:
+    """A cursor is the last key in URL-safe base64 ("-" and "_"), and is read back so."""
+    keys = [b"\xfb\xff" + bytes([i]) for i in range(3)]
+    for key in keys:
+        store.put("ns", key, b"v")
+    seen, cursor = [], None
+    while True:
+        page = store.list("ns", b"\xfb", cursor, limit=1)
+        seen += [k.key for k in page.keys]
+        if page.cursor is None:
+            break
+        assert "-" in page.cursor or "_" in page.cursor
+        cursor = page.cursor
+    assert seen == keys
+
+
+def test_a_page_ends_short_at_exactly_max_list_expired_expired_keys(tmp_path: Path) -> None:
+    """Fewer expired keys than `max_list_expired` are read past within one page; as many
+    end the page there, with a cursor."""
+    clock = Clock()
+    with KVStore(tmp_path / "kv", clock=clock, sync=False,
+                 limits=Limits(max_list_expired=3)) as s:
+        s.create_namespace("ns")
+        s.batch([("put", "ns", b"a%d" % i, b"", {"ttl": 1}) for i in range(2)])
+        s.batch([("put", "ns", b"b%d" % i, b"", {"ttl": 1}) for i in range(3)])
+        s.put("ns", b"a9", b"live")
+        s.put("ns", b"b9", b"live")
+        clock.now += 2
+        assert [k.key for k in s.list("ns", b"a").keys] == [b"a9"]
+        assert s.list("ns", b"a").cursor is None
+        page = s.list("ns", b"b")
+        assert page.keys == [] and page.cursor is not None
+        assert [k.key for k in s.list("ns", b"b", page.cursor).keys] == [b"b9"]
+
+
+def test_a_purge_counts_every_batch_and_gives_back_the_usage(store: KVStore) -> None:
+    """`purge_expired` returns the keys of all its batches (`stop` is asked before each
+    transaction), a batch may be one key, and the bytes purged keys took are no longer
+    counted against their namespace."""
+    clock: Clock = store.clock  # type: ignore[assignment]
+    store.put("ns", b"live", b"stays")
+    live = store.usage(["ns"])
+    store.batch([("put", "ns", b"k%d" % i, b"x" * 40, {"ttl": 1}) for i in range(5)])
+    assert store.usage(["ns"]) > live
+    clock.now += 2
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return False
+
+    assert store.purge_expired(batch=2, stop=stop) == 5
+    assert len(asked) == 3  # 2 + 2 + 1
+    assert store.usage(["ns"]) == live
+    store.batch([("put", "ns", b"j%d" % i, b"", {"ttl": 1}) for i in range(3)])
+    clock.now += 2
+    assert store.purge_expired(batch=1) == 3
+    assert store.usage(["ns"]) == live and store.get("ns", b"live") == b"stays"
+
+
+def write_raw(store: KVStore, db: Any, key: bytes, value: bytes) -> None:
+    """Write `key` in the store's database `db` with LMDB directly: a state the store's
+    own operations never leave (an expiry index or a count out of step with the keys)."""
+    with store.env.begin(write=True) as txn:
+        txn.put(key, value, db=db)
+
+
+def test_a_purge_deletes_only_a_key_whose_expiry_is_the_index_s(store: KVStore) -> None:
+    """An expiry index entry with no key behind it, or for a key that no longer expires
+    then, is dropped by the purge and deletes nothing."""
+    clock: Clock = store.clock  # type: ignore[assignment]
+    store.put("ns", b"live", b"v")
+    soon = store._now_ms() + 1000
+    write_raw(store, store._ttl, _ttl_key(soon, "ns", b"live"), b"")
+    write_raw(store, store._ttl, _ttl_key(soon, "ns", b"absent"), b"")
+    store.put("ns", b"due", b"v", ttl=1)
+    clock.now += 2
+    assert store.purge_expired() == 1  # "due" only
+    assert store.get("ns", b"live") == b"v" and ttl_index_size(store) == 0
+
+
+def test_removing_namespaces_skips_unknown_and_kept_ones_in_any_order(store: KVStore) -> None:
+    """An unknown name or a namespace that holds keys, listed first, does not stop the
+    empty ones after it from going."""
+    store.create_namespace("empty")
+    store.create_namespace("also-empty")
+    store.put("ns", b"k", b"v")
+    assert store.remove_empty_namespaces(["never-was", "ns", "empty", "also-empty"]) == ["ns"]
+    assert store.namespaces() == ["ns"]
+
+
+def test_a_removed_namespace_frees_its_database_for_another(tmp_path: Path) -> None:
+    """A removed namespace's LMDB database is deleted, not just emptied: its slot among
+    the store's `max_namespaces` takes a new namespace."""
+    with KVStore(tmp_path / "kv", max_namespaces=2, sync=False) as s:
+        s.create_namespace("a")
+        s.create_namespace("b")
+        assert s.remove_empty_namespaces(["b"]) == []
+        s.create_namespace("c")
+        s.put("c", b"k", b"v")
+        assert s.namespaces() == ["a", "c"] and s.get("c", b"k") == b"v"
+
+
+def test_a_removed_namespace_takes_its_expiries_and_usage_with_it(store: KVStore) -> None:
+    """Whatever is filed under a removed namespace goes with it: an expiry index entry and
+    a usage count left behind (written here with LMDB directly) are deleted; the expiry
+    entries of other namespaces, whatever their keys' bytes, stay."""
+    clock: Clock = store.clock  # type: ignore[assignment]
+    store.create_namespace("gone")
+    store.put("ns", b"\xff\xfe", b"v", ttl=10)  # not UTF-8
+    write_raw(store, store._ttl, _ttl_key(store._now_ms() + 5000, "gone", b"k"), b"")
+    write_raw(store, store._usage, b"gone", (123).to_bytes(8, "big"))
+    assert store.usage(["gone"]) == 123 and ttl_index_size(store) == 2
+    assert store.remove_empty_namespaces(["gone"]) == []
+    assert ttl_index_size(store) == 1 and store.usage(["gone"]) == 0
+    store.create_namespace("gone")
+    assert store.usage(["gone"]) == 0
+    clock.now += 11
+    assert store.purge_expired() == 1 and ttl_index_size(store) == 0
+
+
+def run_child(script: str, path: Path) -> None:
+    """Run `script` with `path` as its argument in another Python process, on this tree."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=60)
+
+
+CREATE_EMPTY_AND_FULL = """
+import sys
+from kv import KVStore
+with KVStore(sys.argv[1]) as s:
+    s.create_namespace("empty")
+    s.create_namespace("full")
+    s.put("full", b"k", b"v")
+"""
+
+
+def test_namespaces_another_process_created_take_quotas_and_are_removed(
+        tmp_path: Path) -> None:
+    """Namespaces created by another process since this store opened (no handle of them
+    here yet): a write under a quota opens its handle in its own transaction, and
+    removing them opens theirs in the removal's, dropping the empty one only."""
+    s = KVStore(tmp_path / "kv")
+    run_child(CREATE_EMPTY_AND_FULL, tmp_path / "kv")
+    assert s.put("full", b"q", b"v", quota=Quota(("full",), 1 << 20, "o")) == 2
+    assert s.remove_empty_namespaces(["empty", "full"]) == ["full"]
+    assert s.namespaces() == ["full"]
+    with pytest.raises(UnknownNamespace):
+        s.get("empty", b"k")
+    assert s.get("full", b"k") == b"v" and s.get("full", b"q") == b"v"
+    s.close()
+    with KVStore(tmp_path / "kv") as again:
+        assert again.namespaces() == ["full"]
+
+
+HOLD_THE_WRITER_LOCK = """
+import sys
+import lmdb
+env = lmdb.open(sys.argv[1], max_dbs=200)
+txn = env.begin(write=True)
+print("held", flush=True)
+sys.stdin.readline()
+txn.abort()
+"""
+
+
+def test_a_read_of_an_opened_namespace_never_waits_for_a_writer(tmp_path: Path) -> None:
+    """Once a namespace's handle is open (here: created by this store), a get does not
+    wait while another process holds the writer lock: the handle is not opened again."""
+    s = KVStore(tmp_path / "kv")
+    s.create_namespace("ns")
+    s.put("ns", b"k", b"v")
+    child = subprocess.Popen([sys.executable, "-c", HOLD_THE_WRITER_LOCK, str(tmp_path / "kv")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    got: list[bytes | None] = []
+    done = threading.Event()
+
+    def read() -> None:
+        got.append(s.get("ns", b"k"))
+        done.set()
+
+    reader = threading.Thread(target=read)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"held\n"
+        reader.start()
+        read_while_held = done.wait(10)
+    finally:
+        child.communicate(b"go\n", timeout=20)
+    if reader.ident is not None:
+        reader.join(20)
+    s.close()
+    assert read_while_held and got == [b"v"]
