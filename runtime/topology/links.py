@@ -23,7 +23,12 @@ passes, before the client does), until a probe that began after that answer says
 next connection, sent as soon as it reads the 503, must not reach the PoP again in
 the probes' gap (a passive health check, as a load balancer's outlier detection).
 A 503 to a request that asked to close (a function's own, its concurrency limit's)
-says nothing of the PoP. After each probe round the idle connections that lead
+says nothing of the PoP. With no route up, a new connection still tries them in
+order (every probe could be stale); one that reached a route marked down is reset
+(both ways) when a probe begun after it got no answer at all (a refusal, or its
+timeout: a hung PoP accepts and answers nothing) while the route has sent it no
+byte, so a client learns within a probe round what the upstream's timeout would
+have told it after minutes. After each probe round the idle connections that lead
 elsewhere than a
 new one would (to a route that is down, or to a later route once an earlier one
 is healthy again) are closed (both ways, FIN), as a load balancer closes
@@ -199,6 +204,8 @@ class _Conn:
                         httptools.HttpResponseParser(self.responses))
         self.opaque = False  # not HTTP/1.1 as parsed: never called idle
         self.kept: deque[bool] = deque()  # each unanswered request: did it ask to keep alive
+        # opened to a route marked down (none was up): when, while it has heard nothing
+        self.blind: float | None = asyncio.get_running_loop().time() if not route.up else None
 
     def _request_head(self) -> bool:
         self.kept.append(self.parsers[0].should_keep_alive())
@@ -221,6 +228,8 @@ class _Conn:
 
     def saw(self, chunk: bytes, from_server: bool) -> None:
         """Count the messages in `chunk`, read from the server or the client."""
+        if from_server:
+            self.blind = None  # the route answers: whatever its probes say
         if self.opaque:
             return
         try:
@@ -244,8 +253,15 @@ class _Conn:
 
     def close_if_astray(self, best: Route | None) -> None:
         """Close it if it is idle and leads elsewhere than a new connection would
-        (`best`: the link's first healthy route)."""
-        if self.route is not best and self.idle():
+        (`best`: the link's first healthy route); reset it if it was opened to a route
+        marked down that has sent it nothing since, and a probe begun after it was
+        opened got no answer (`Link.silent`)."""
+        if (self.blind is not None and not self.route.up
+                and self.link.silent.get(self.route.name, self.blind) > self.blind):
+            self.link.conns.discard(self)
+            self.client.transport.abort()
+            self.server.transport.abort()
+        elif self.route is not best and self.idle():
             self.link.conns.discard(self)
             self.close()
 
@@ -264,6 +280,7 @@ class Link:
         self.peak = 0  # the most bytes one direction of a connection held (flow control)
         self.conns: set[_Conn] = set()
         self.shed_at: dict[str, float] = {}  # route name: when it last answered 503, closing
+        self.silent: dict[str, float] = {}  # route name: when its last unanswered probe began
 
     async def start(self) -> None:
         """Raises OSError if the port is taken."""
@@ -280,7 +297,8 @@ class Link:
     def close_idle(self) -> None:
         """Close the idle connections (`_Conn.idle`) that lead elsewhere than a new
         one would: to a route that is down, or past the first healthy route (back
-        from a failover)."""
+        from a failover); reset those that went to a route already down and still
+        wait for its first byte after a probe got no answer (`_Conn.close_if_astray`)."""
         best = self.best()
         for conn in list(self.conns):
             conn.close_if_astray(best)
@@ -307,7 +325,10 @@ class Link:
             # a probe begun before the route's 503 may have been answered before it: stale
             route.up = (line.split(b" ")[1:2] == [b"200"]
                         and self.shed_at.get(route.name, begun - 1) < begun)
-        except (OSError, TimeoutError, IndexError):
+        except (OSError, TimeoutError):  # refused, or accepted and never answered
+            route.up = False
+            self.silent[route.name] = begun
+        except IndexError:
             route.up = False
         finally:  # a route that accepts and never answers left a socket a probe round
             if w is not None:

@@ -172,3 +172,48 @@ def test_a_hung_regional_is_gone_around_though_edges_kept_connections_to_it(
         print(f"chat after reg-a hung: {sample.status} in {sample.seconds:.3f} s")
         assert sample.status == 200, sample.error
         assert sample.seconds < 5.0  # the upstream's timeout is 30 s or more
+
+
+def test_a_hung_only_parent_is_a_prompt_error_not_the_upstreams_timeout(
+        tmp_path: Path) -> None:
+    """SIGSTOP of an edge's only parent: the link's probes mark it down, yet a new
+    connection still tries it (every probe could be stale), and the hung PoP accepts
+    it and answers nothing. Once a probe begun after that connection fails too, the
+    link resets it: the chat fails within about a probe round, not the upstream's
+    120 s; and goes through again once the parent is back."""
+    topology = (network(10, 30, 100, health_interval_s=0.2)
+                + pop("central", "central") + pop("reg-a", "regional", parents=["central"])
+                + pop("edge-1", "edge", geo="g1", parents=["reg-a"]))
+    with running(tmp_path, topology) as run:
+        state, net = read_state(run), runner.read_network(run)
+        assert state is not None
+        reg_a = next(p for p in state.pops if p.name == "reg-a")
+
+        def chat() -> Sample:
+            with Client("g1", net.entries["g1"], timeout=60) as client:
+                body = json.dumps({"model": "smollm2-135m", "max_tokens": 1,
+                                   "messages": [{"role": "user", "content": uuid.uuid4().hex}]})
+                return client.send("chat", "POST", "/v1/chat/completions", body.encode(),
+                                   {"content-type": "application/json"})
+
+        assert chat().status == 200
+        os.kill(reg_a.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while runner.ready(reg_a.public) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # a probe round times out (0.5 s): the route is down
+            hung = chat()
+        finally:
+            os.kill(reg_a.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        back = chat()
+        while back.status != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            back = chat()
+    print(f"chat with its only parent hung: {hung.status} in {hung.seconds:.3f} s; "
+          f"after SIGCONT: {back.status}")
+    assert hung.status in (502, 503, 504), (hung.status, hung.error)
+    # a probe round is 0.2 s + its 0.5 s timeout; the upstream's timeout is 120 s
+    assert hung.seconds < 3.0, hung.seconds
+    assert back.status == 200, back.error

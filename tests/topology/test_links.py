@@ -482,3 +482,61 @@ def test_a_100_continue_is_not_the_answer_a_connection_astray_waits_for() -> Non
             assert head.startswith(b"HTTP/1.1 200")
             writer.close()
     asyncio.run(main())
+
+
+def test_a_connection_to_a_route_already_down_is_reset_when_a_later_probe_goes_unanswered(
+        ) -> None:
+    """With no route up a new connection still goes to one (every probe could be
+    stale). A hung PoP accepts it and answers nothing: once a probe begun after the
+    connection gets no answer, the link resets it (its client waited out its own
+    timeout, minutes for a model call). A probe begun before it says nothing of it;
+    neither does a PoP that answers its probe, even "not ready", nor one that sent
+    the connection a byte."""
+    async def main() -> None:
+        answer = asyncio.Event()
+        asked: list[bytes] = []
+
+        async def hung(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            asked.append(head.split(b" ")[1])
+            if head.startswith(b"GET /partial"):
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            await answer.wait()  # never, in this test
+            writer.close()
+
+        async def ask(path: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET %s HTTP/1.1\r\nhost: t\r\n\r\n" % path)
+            while path not in asked:
+                await asyncio.sleep(0.005)
+            return reader, writer
+
+        async with _link_to(hung) as (link, port):
+            route = link.spec.routes[0]
+            await link._probe(route)  # times out after 0.5 s
+            assert not route.up
+            link.close_idle()
+            reader, writer = await ask(b"/chat")
+            partial, pwriter = await ask(b"/partial")
+            link.close_idle()  # the probe that failed began before it: kept
+            assert not reader.at_eof()
+            route.up = True  # a probe says "up" (a stale one): nothing to reset
+            link.silent[route.name] = asyncio.get_running_loop().time()
+            link.close_idle()
+            await asyncio.sleep(0.05)
+            assert not reader.at_eof()
+            route.up = False
+            await link._probe(route)  # begun after it, unanswered
+            t0 = time.perf_counter()
+            link.close_idle()
+            with contextlib.suppress(ConnectionError):
+                assert await asyncio.wait_for(reader.read(), 1) == b""
+            print(f"reset in {1000 * (time.perf_counter() - t0):.1f} ms")
+            # the one that heard the answer's head is left to its answer
+            assert not partial.at_eof()
+            assert (await partial.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            writer.close()
+            pwriter.close()
+            answer.set()
+            await asyncio.sleep(0.05)
+    asyncio.run(main())
