@@ -291,6 +291,10 @@ SERVED = {  # name: (request, the lane serves it)
     "foreign, then a key": (request("GET", "/mirror", [("Host", "x"),
                                                        ("Authorization", "Basic dTpw"),
                                                        ("x-api-key", "efn_x")]), False),
+    # the dashboard's session cookie: `dispatch` takes it out, so the lane hands it over
+    "dashboard cookie": (request("GET", "/mirror", [("Host", "x"),
+                                                    ("Cookie", "a=1; edgefn_dash=s")]), False),
+    "cookie": (request("GET", "/mirror", [("Host", "x"), ("Cookie", "a=1; b=2")]), True),
     "tenant": (request("GET", "/hello", [("Host", "x"), ("X-Edgefn-Tenant", "t")]), False),
     "warmup": (request("GET", "/hello", [("Host", "x"), ("X-Edgefn-Warmup", "1")]), False),
     "range": (request("GET", "/hello", [("Host", "x"), ("Range", "bytes=0-1")]), False),

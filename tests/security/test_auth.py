@@ -1050,3 +1050,36 @@ def test_no_edgefn_key_reaches_a_function_and_the_cache_still_varies_by_it(
         for value in wrapped:
             got = raw_get(pop, "/open", [("authorization", value)])
             assert got["credentials"] == [], value
+
+
+COOKIE_SEEN = """
+import json
+from edgefn import Response
+
+def handle(request, env):
+    return Response(json.dumps({"cookie": request.headers.get("cookie")}))
+"""
+
+
+def test_the_dashboards_session_cookie_never_reaches_a_function(tmp_path: Path) -> None:
+    """The dashboard's session cookie has path /dashboard, and browsers send a host's
+    cookies to all its ports: a function routed under /dashboard/ on the public port
+    got the operator's session. It is taken out of the function's copy of the
+    request (the other cookies kept, in order); a cookie merely named like it stays."""
+    from runtime.observe.dashboard.serve import COOKIE
+    from runtime.pipeline.stages.dispatch import OPERATOR_COOKIE
+    assert COOKIE.encode() == OPERATOR_COOKIE  # one name, held in two places
+    fn = python_function(tmp_path, "cookies", COOKIE_SEEN)
+    manifest = fn / "edgefn.toml"
+    manifest.write_text(manifest.read_text().replace(
+        'routes = ["/cookies"]', 'routes = ["/cookies", "/dashboard/app"]'))
+    with pop_thread(tmp_path / "data") as pop:
+        pop.deploy(fn)
+        for path in ("/dashboard/app", "/cookies"):
+            for sent, seen in (("a=1; edgefn_dash=S3CR3T; b=2", "a=1; b=2"),
+                               ("edgefn_dash=S3CR3T", None),
+                               ("edgefn_dash=S3CR3T;a=1 ;  edgefn_dash = x", "a=1"),
+                               ("edgefn_dashboard=1; x=edgefn_dash", "edgefn_dashboard=1; x=edgefn_dash"),
+                               ("a=1", "a=1")):
+                got = raw_get(pop, path, [("cookie", sent)])
+                assert got == {"cookie": seen}, (path, sent)

@@ -433,13 +433,16 @@ static int name_is(const req_t *q, const hdr_t *h, const char *s, size_t n) {
     return h->name_len == n && !memcmp(q->head + h->name, s, n);
 }
 
-/* Whether `v` (n bytes) holds "efn_": what `dispatch` takes out of a function's copy
- * of the request (`_without_keys`), and what any edgefn API key starts with. */
-static int has_key_mark(const char *v, uint32_t n) {
-    for (uint32_t i = 0; i + 4 <= n; i++)
-        if (v[i] == 'e' && !memcmp(v + i, "efn_", 4)) return 1;
+/* Whether `v` (n bytes) holds `mark` (m bytes). */
+static int has_mark(const char *v, uint32_t n, const char *mark, uint32_t m) {
+    for (uint32_t i = 0; i + m <= n; i++)
+        if (v[i] == mark[0] && !memcmp(v + i, mark, m)) return 1;
     return 0;
 }
+
+/* Whether `v` (n bytes) holds "efn_": what `dispatch` takes out of a function's copy
+ * of the request (`_without_keys`), and what any edgefn API key starts with. */
+static int has_key_mark(const char *v, uint32_t n) { return has_mark(v, n, "efn_", 4); }
 
 /* Whether `v` (n bytes) is a Basic credential whose base64 holds "efn_" once decoded
  * (a key as either half of it: `dispatch` takes it out of a function's copy too); one
@@ -468,7 +471,8 @@ static int basic_key_mark(const char *v, uint32_t n) {
  * `Connection: keep-alive`, Expect, Upgrade, x-edgefn-warmup), a stage does (a
  * credential that may prove someone: an edgefn key, or any bearer token where
  * [auth.jwt] may verify it; a Web Bot Auth signature, residency's x-edgefn-*), or a
- * function's copy of the request would differ (API keys are taken out by `dispatch`).
+ * function's copy of the request would differ (API keys, and the dashboard's session
+ * cookie, are taken out by `dispatch`).
  * A foreign credential (a function's own Basic auth or token) proves no one: auth
  * (mode none) and dispatch leave it, so the lane does. The request id header is
  * `kept_id`'s. */
@@ -481,6 +485,8 @@ static int handed_over(const Lane *l, const req_t *q, const hdr_t *h) {
         return !l->foreign || has_key_mark(q->head + h->value, h->value_len) ||
                basic_key_mark(q->head + h->value, h->value_len);
     if (h->name_len >= 9 && !memcmp(name, "x-edgefn-", 9)) return 1;
+    if (name_is(q, h, "cookie", 6) && has_mark(q->head + h->value, h->value_len, "edgefn_dash", 11))
+        return 1;
     for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++)
         if (strlen(NAMES[i]) == h->name_len && !memcmp(name, NAMES[i], h->name_len)) return 1;
     return 0;

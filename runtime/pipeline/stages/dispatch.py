@@ -108,25 +108,44 @@ def _principal(ctx: Context) -> dict[str, str]:
 
 
 KEY_HEADERS = (b"authorization", b"x-api-key")
+# the dashboard's session (runtime.observe.dashboard.serve.COOKIE): its path is
+# /dashboard, and a function routed under it on the public port got it
+OPERATOR_COOKIE = b"edgefn_dash"
 
 
 def _without_keys(request: Request) -> Request:
     """`request` as a function gets it: with no edgefn API key in it (``efn_...`` in
-    `KEY_HEADERS`, verified or not). A function knows its caller from the principal
-    section; a third party's function collected its callers' keys, scopes wider than
-    its own included. A copy, so the stages before keep what they read (the HTTP
-    cache's ``Vary: Authorization``); JWTs and other credentials stay."""
+    `KEY_HEADERS`, verified or not) and no operator's dashboard session
+    (`OPERATOR_COOKIE` out of its ``Cookie`` headers). A function knows its caller
+    from the principal section; a third party's function collected its callers'
+    keys, scopes wider than its own included. A copy, so the stages before keep what
+    they read (the HTTP cache's ``Vary: Authorization``); JWTs and other credentials
+    stay."""
     for name, value in request.headers:
-        if name in KEY_HEADERS and _is_key(value):
+        if ((name in KEY_HEADERS and _is_key(value))
+                or (name == b"cookie" and OPERATOR_COOKIE in value)):
             break
     else:
         return request
-    copy = Request(request.method, request.path, request.query,
-                   [(k, v) for k, v in request.headers
-                    if not (k in KEY_HEADERS and _is_key(v))],
+    headers = []
+    for k, v in request.headers:
+        if k in KEY_HEADERS and _is_key(v):
+            continue
+        if k == b"cookie" and OPERATOR_COOKIE in v:
+            v = _without_operator(v)
+            if not v:
+                continue
+        headers.append((k, v))
+    copy = Request(request.method, request.path, request.query, headers,
                    request.host, request.http_version, request.keep_alive, request.client)
     copy.body = request.body
     return copy
+
+
+def _without_operator(cookie: bytes) -> bytes:
+    """A ``Cookie`` header's value without the pairs named `OPERATOR_COOKIE`."""
+    return b"; ".join(pair.strip() for pair in cookie.split(b";")
+                      if pair.strip() and pair.partition(b"=")[0].strip() != OPERATOR_COOKIE)
 
 
 # where a key starts: the value's start, or after a separator (`Token token="efn_...`,
