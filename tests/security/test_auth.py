@@ -201,6 +201,38 @@ def test_the_credential_read_does_not_depend_on_the_headers_order(tmp_path: Path
         assert call(auth, headers)[0].principal == record.principal(), headers
 
 
+def test_two_credentials_of_one_kind_are_refused_not_one_of_them_picked(
+        tmp_path: Path) -> None:
+    """Two Bearer tokens (or two `x-api-key` headers): the first was verified and
+    the second handed on, so a function reading the other one (a JWT it passes on,
+    a WASM guest's own choice of the two) trusted a credential no one checked.
+    Refused with a 401 naming the header, whatever is in them (a Basic beside a
+    Bearer is the function's own: read as before); where auth is off the function
+    gets the request as sent and no principal."""
+    auth, store = stage(tmp_path, Fn("chat", auth="key"))
+    key, record = store.create("acme", ("fn:chat",))
+    other, _ = store.create("beta", ("fn:chat",))
+    auth.keys.reload()
+    off, _ = stage(tmp_path, Fn("open", auth="none"))  # the same keys
+    off.keys.reload()
+    assert call(off, bearer(key))[0].principal == record.principal()  # one: it proves
+    for name, values in ((b"authorization", (f"Bearer {key}", f"Bearer {other}")),
+                         (b"authorization", (f"Bearer {key}", "bearer eyJ.a.b")),
+                         (b"authorization", ("Bearer sk-theirs", f"Bearer {key}")),
+                         (b"x-api-key", (key, key)), (b"x-api-key", (other, key))):
+        headers = [(name, v.encode()) for v in values]
+        for sent in (headers, [(b"x-api-key", key.encode()), *headers]
+                     if name == b"authorization" else headers):
+            err = refused(auth, sent)
+            assert (err.status, err.code) == (401, "unauthorized"), sent
+            said = "Authorization: Bearer" if name == b"authorization" else "x-api-key"
+            assert f"more than one `{said}` header" in str(err), sent
+        ctx, response = call(off, headers)
+        assert response.body == b"ok" and ctx.principal is None
+    assert call(auth, [*bearer(key), (b"x-api-key", other.encode())])[0].principal == \
+        record.principal()  # one of each: the Bearer's key
+
+
 @pytest.mark.parametrize(("headers", "words"), [
     ([], "needs an API key"),
     ([(b"authorization", b"Basic dXNlcjpwdw==")], "expected `Authorization: Bearer <key>`"),

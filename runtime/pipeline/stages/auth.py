@@ -166,7 +166,10 @@ class Auth:
         if target.kind != "openai" or not self.secret:
             return None
         value = request.header(TENANT_HEADER)
-        if value is None or _credential(request) is not None:
+        try:
+            if value is None or _credential(request) is not None:
+                return None
+        except Rejected:  # a credential was sent (twice): it is the one that counts
             return None
         try:
             return verify(self.secret, value.decode("latin-1"), ctx.request_id.decode())
@@ -236,17 +239,26 @@ def _credential(request: Request, jwt: bool = False) -> tuple[str, str] | None:
     carries an edgefn key (``efn_...``), or a JWT is asked for (`jwt`); a Bearer of
     another token (a function's own) or an Authorization of another scheme (Basic)
     leaves it to be read. Raises `Rejected` (401) for an Authorization header that is
-    not a Bearer token when no ``x-api-key`` is sent."""
+    not a Bearer token when no ``x-api-key`` is sent, and for two Bearer tokens or
+    two ``x-api-key`` headers (the first was verified, and a function reading the
+    other would have trusted a token no one checked); a Basic beside a Bearer is the
+    function's own."""
     bearer = key = None
     other = False
     for name, value in request.headers:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
-            if scheme.lower() == b"bearer" and token.strip():
-                bearer = token.strip() if bearer is None else bearer
-            else:
+            if scheme.lower() != b"bearer" or not token.strip():
                 other = True
-        elif name == b"x-api-key" and key is None:
+                continue
+            if bearer is not None:
+                raise Rejected("unauthorized", 401, "more than one `Authorization: Bearer` "
+                               "header: send one credential", CHALLENGE)
+            bearer = token.strip()
+        elif name == b"x-api-key":
+            if key is not None:
+                raise Rejected("unauthorized", 401, "more than one `x-api-key` header: "
+                               "send one credential", CHALLENGE)
             key = value.strip()
     if bearer is not None and (key is None or jwt or bearer.startswith(b"efn_")):
         return "bearer", _text(bearer)
