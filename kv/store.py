@@ -231,6 +231,12 @@ class KVStore:
             with contextlib.suppress(UnknownNamespace):
                 self._db(ns)
 
+    def opened(self, ns: object) -> bool:
+        """Whether this store holds the handle of namespace `ns` (a read of it then
+        never waits for the writer lock; `_db` opens one that another process
+        created, waiting for it)."""
+        return isinstance(ns, str) and ns in self._dbs
+
     def _db(self, ns: str, txn: Any = None) -> Any:
         """The handle of namespace `ns`; inside a write transaction pass it as `txn`
         (opening a database outside it would wait for our own writer lock)."""

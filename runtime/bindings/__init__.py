@@ -218,8 +218,11 @@ class Bindings:
             raise BindingError(f"unknown binding {name!r}")
         capability: Any = self.kv if kind == "kv" else self.vectors
         # writes wait for fsync; a KV list or a vector query can take milliseconds
-        # (expired keys read past; a large k, a filter): none holds the PoP's loop
-        blocking = op in (kv_binding.SLOW if kind == "kv" else vectors_binding.SLOW)
+        # (expired keys read past; a large k, a filter); a KV read of a namespace whose
+        # handle this process has not opened yet (another process created it since)
+        # opens it, which waits for the writer lock: none holds the PoP's loop
+        blocking = (op in kv_binding.SLOW or not capability.stores.kv.opened(
+            args.get("namespace"))) if kind == "kv" else op in vectors_binding.SLOW
         call = functools.partial(self.kv.call, raw=True) if raw and kind == "kv" \
             else capability.call
         run = functools.partial(_checked, call, name, op, args)
