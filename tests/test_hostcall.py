@@ -5,6 +5,8 @@ with a message the function can read; a forged frame ends its own host."""
 
 from __future__ import annotations
 
+import base64
+import random
 import re
 import time
 from pathlib import Path
@@ -42,6 +44,35 @@ def test_refused_says_which_bound_a_call_passes() -> None:
     assert hostcall.refused(flat) == (f"its arguments hold {hostcall.MAX_VALUES + 1} values "
                                       f"(at most {hostcall.MAX_VALUES}); send fewer at a time")
     assert hostcall.refused(memoryview(flat[:-4] + b"]")) is None
+
+
+def test_numbers_near_1e308_are_counted_before_a_parse_that_they_would_hold() -> None:
+    """msgspec parses a number of 1e288..1e308 in ~10 us (1.5: 0.05 us): a call of
+    900,000 of them held the GIL 8 s, in any of its forms; other numbers pass, and so
+    does the largest value in base64 (3-digit exponents appear in it by chance)."""
+    for number in (b"1e300", b"1E+0300", b"-2.5e299", b"1.7976931348623157e308"):
+        at_bound = b"[" + b",".join([number] * hostcall.MAX_HUGE_NUMBERS) + b"]"
+        assert hostcall.refused(at_bound) is None and hostcall.huge_numbers(at_bound) is None
+        past = at_bound[:-1] + b"," + number + b"]"
+        assert hostcall.refused(past) == (
+            f"its arguments hold {hostcall.MAX_HUGE_NUMBERS + 1} numbers with exponents of 100"
+            f" or more (at most {hostcall.MAX_HUGE_NUMBERS}: each takes the JSON parser ~200 "
+            "times as long)"), number
+        assert hostcall.huge_numbers(memoryview(past)) == (
+            f"it holds {hostcall.MAX_HUGE_NUMBERS + 1} numbers with exponents of 100 or more "
+            f"(at most {hostcall.MAX_HUGE_NUMBERS}: each takes the JSON parser ~200 times as "
+            "long)")
+    for number in (b"1.5", b"1.234e-05", b"1e99", b"1e-300", b"5e-324"):
+        many = b"[" + b",".join([number] * 100_000) + b"]"
+        assert hostcall.refused(many) is None and hostcall.huge_numbers(many) is None, number
+    value = base64.b64encode(random.Random(7).randbytes(16 << 20))
+    assert hostcall.refused(b'{"value": "' + value + b'"}') is None
+    # a small frame (READY, ERROR, ...: up to 256 KiB, parsed with no other check)
+    from runtime.executors.python.isolate import read_json
+    frame = b'{"kind": "exception", "pad": [' + b",".join(
+        [b"1e300"] * (hostcall.MAX_HUGE_NUMBERS + 1)) + b"]}"
+    assert read_json(frame) == {}
+    assert read_json(frame.replace(b"1e300,", b"", 1))["kind"] == "exception"
 
 
 def caller(length: int, fill: bool) -> str:
@@ -111,6 +142,61 @@ def test_a_python_call_too_big_is_refused_by_the_sdk_and_a_forged_one_ends_its_h
         assert (status, headers.get("x-edgefn-error")) == (502, "crash"), body
         assert host_pids("sender") != before  # killed, and replaced
         assert pop.get(f"/sender?n={1 << 10}")[::2] == (200, b"stored")
+
+
+HUGE = """
+import gc, sys
+from edgefn import BindingError, Response
+
+def handle(request, env):
+    if request.query.get("forge"):  # past the SDK: a frame straight onto its socket
+        wire = sys.modules["runtime.executors.python.wire"]
+        session = next(o for o in gc.get_objects() if type(o).__name__ == "Session")
+        session._send(wire.frame(wire.CALL, b'{"id": 1, "name": "vectors.query", "args": '
+                                 b'{"index": "v", "k": 1, "vector": ['
+                                 + b",".join([b"1e300"] * 900_000) + b']}, "wait": true}'))
+        return Response("sent")
+    try:
+        env.vectors("v").query([1e300] * 900_000, k=1)
+    except BindingError as e:
+        return Response(str(e), status=400)
+    return Response("queried")
+"""
+
+
+def test_a_call_of_numbers_near_1e308_is_refused_before_the_pop_parses_it(
+        pop: Running, tmp_path: Path) -> None:
+    """900,000 x 1e300 in one vector query held the PoP's loop ~8 s (every tenant's
+    requests waited), on every call: the SDK refuses it saying why, a forged frame
+    ends its host, and a WASM guest's call traps saying why."""
+    pop.deploy(python_function(tmp_path, "huge", HUGE, extra='[bindings]\nvectors = ["v"]',
+                               limits="memory_mb = 512\nwall_ms = 10000\ncpu_ms = 5000",
+                               pool="min = 1\nmax = 1\nstandby = true"))
+    status, _, body = pop.get("/huge")
+    assert (status, body) == (400, (
+        f"vectors.query: its arguments hold 900000 numbers with exponents of 100 or more (at "
+        f"most {hostcall.MAX_HUGE_NUMBERS}: each takes the JSON parser ~200 times as long)"
+    ).encode())
+    before = host_pids("huge")
+    sent = time.monotonic()
+    status, headers, body = pop.get("/huge?forge=1")
+    assert (status, headers.get("x-edgefn-error")) == (502, "crash"), body
+    assert time.monotonic() - sent < 5
+    assert host_pids("huge") != before  # killed, and replaced
+    args = b'{"index": "w", "k": 1, "vector": [' + b",".join(
+        [b"1e300"] * (hostcall.MAX_HUGE_NUMBERS + 1)) + b"]}"
+    wat = reactor(f"""
+      (drop (call $call (i32.const 300) (i32.const 13) (i32.const 65536) (i32.const {len(args)})
+                        (i32.const 0) (i32.const 0)))""",
+                  imports='(import "edgefn" "call" (func $call (param i32 i32 i32 i32 i32 i32) '
+                          '(result i64)))',
+                  prelude='(data (i32.const 300) "vectors.query") (data (i32.const 65536) "'
+                          + args.decode().replace('"', '\\"') + '")', memory=2)
+    pop.deploy(function_dir(tmp_path, "huge-wasm", wat, extra='[bindings]\nvectors = ["w"]'))
+    status, _, body = pop.get("/huge-wasm")
+    assert status == 500 and (
+        f"call 'vectors.query': its arguments hold {hostcall.MAX_HUGE_NUMBERS + 1} numbers "
+        "with exponents of 100 or more").encode() in body, body
 
 
 RAISER = """
