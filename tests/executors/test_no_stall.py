@@ -543,3 +543,79 @@ def test_a_binding_error_quoting_the_wall_marker_stays_a_binding_error() -> None
     assert quoted is not None and (quoted.code, quoted.status) == ("binding", 500)
     wall = binding_error("edgefn wall: a host call past the wall-time limit", "edgefn_handle")
     assert wall is not None and (wall.code, wall.status) == ("wall_limit", 504)
+
+
+# -- WASI host calls that do work: random_get, poll_oneoff --------------------------------------
+RANDOM_GET = '(import "wasi_snapshot_preview1" "random_get" (func $random_get (param i32 i32) (result i32)))'
+
+
+def test_random_get_of_64_mib_again_and_again_leaves_the_loop_and_ends_at_the_wall_limit(
+        engine: WasmEngine, tmp_path: Path) -> None:
+    """wasmtime's random_get filled any length in one host call no epoch reaches, and
+    straight-line code calling it 100 times for 64 MiB held the loop 21-25 s a request
+    (cpu_ms 10, wall_ms 200): its own stops an inline run at the slice (the function
+    moves to the threads, as for a sleep) and a run at its wall-time deadline."""
+    calls = "\n".join("(drop (call $random_get (i32.const 65536) (i32.const 67108864)))"
+                      for _ in range(100))
+    src = wasi(calls + "(drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))",
+               HEADER, memory=1026, imports=RANDOM_GET)
+    fn = load(engine, function_dir(tmp_path, "entropy", src,
+                                   limits="cpu_ms = 10\nwall_ms = 200\nmemory_mb = 128"))
+
+    async def go() -> tuple[float, tuple[int, str], float]:
+        cpu_started = time.thread_time()
+        started = time.perf_counter()
+        pending = fn.handle(request(), "/", {})  # the part that runs on the loop
+        inline_cpu = time.thread_time() - cpu_started
+        assert not isinstance(pending, Response)
+        return inline_cpu, await outcome_of(pending), time.perf_counter() - started
+
+    inline_cpu, result, took = asyncio.run(go())
+    assert result == (504, "wall_limit"), result
+    assert inline_cpu < SLICE_BOUND, inline_cpu  # a slice, not 21 s
+    assert took < 0.5, took  # its wall limit, 200 ms, on a worker thread
+    assert fn.threaded
+
+
+def test_random_get_of_a_seed_is_served_inline(engine: WasmEngine, tmp_path: Path) -> None:
+    """A seed (libc's 256 bytes, Rust's 16) costs no look at the clock and keeps the
+    command on the loop; what it reads is random (two runs differ)."""
+    src = wasi("""(drop (call $random_get (i32.const 64) (i32.const 16)))
+      (drop (call $random_get (i32.const 80) (i32.const 256)))
+      (drop (call $write (i32.const 1) (i32.const 1024) (i32.const 8)))
+      (drop (call $write (i32.const 1) (i32.const 64) (i32.const 272)))""",
+               '(data (i32.const 1024) "X-A: b\\n\\n")', imports=RANDOM_GET)
+    fn = load(engine, function_dir(tmp_path, "seed", src, limits="cpu_ms = 1000"))
+
+    async def go() -> list[Response]:
+        return [await serve(fn) for _ in range(2)]
+
+    first, second = asyncio.run(go())
+    assert first.status == second.status == 200
+    assert isinstance(first.body, bytes) and len(first.body) == 272
+    assert first.body != second.body and first.body.count(0) < 20
+    assert not fn.threaded
+
+
+def test_poll_oneoff_with_millions_of_subscriptions_is_refused(engine: WasmEngine,
+                                                               tmp_path: Path) -> None:
+    """2.6 million zero-timeout clock subscriptions in one call (zeroed memory) took
+    the loop 2 s and 600 MB a request: more than MAX_SUBSCRIPTIONS is EINVAL at once
+    (the command exits 1 on it), and a call at the bound is answered."""
+    from runtime.executors.wasm.wasi_poll import MAX_SUBSCRIPTIONS
+
+    def poll(n: int) -> str:
+        return wasi(f"""(if (call $poll_oneoff (i32.const 4096) (i32.const 4000000)
+                                             (i32.const {n}) (i32.const 131000000))
+          (then (call $proc_exit (i32.const 1))))
+          (drop (call $write (i32.const 1) (i32.const 64) (i32.const 8)))""",
+                    HEADER, memory=2048)
+    limits = "cpu_ms = 1000\nwall_ms = 2000\nmemory_mb = 128"
+    many = load(engine, function_dir(tmp_path, "many", poll(2_600_000), limits=limits))
+    bound = load(engine, function_dir(tmp_path, "bound", poll(MAX_SUBSCRIPTIONS),
+                                      limits=limits))
+    started = time.perf_counter()
+    with pytest.raises(FunctionError, match="exited with status 1"):  # EINVAL, at once
+        asyncio.run(serve(many))
+    assert time.perf_counter() - started < 0.1
+    assert asyncio.run(outcome(bound)) == (200, "")

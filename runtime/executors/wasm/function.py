@@ -61,7 +61,7 @@ from runtime.executors.base import NO_PRINCIPAL, principal_blob
 from runtime.executors.output import GuestLines
 from runtime.executors.wasm import host as wasm_host
 from runtime.executors.wasm import native as wasm_native
-from runtime.executors.wasm import native_wasi, wasi_poll, wasi_stdio
+from runtime.executors.wasm import native_wasi, wasi_poll, wasi_random, wasi_stdio
 from runtime.executors.wasm import wasi as cgi
 from runtime.executors.wasm.engine import THREAD_SHARE, TICK_SECONDS, WasmEngine, ptr_value
 from runtime.executors.wasm.ffi import Outcome, ReactorCall, binding_error, trap_error
@@ -135,6 +135,7 @@ class WasmFunction:
         if uses_wasi:
             linker.define_wasi()
             wasi_poll.define(linker, wasm.deadlines, wasm.stopping)
+            wasi_random.define(linker, wasm.deadlines, wasm.stopping)
             # (a reactor may not import WASI: refused below) the engine's switch too
             # (`WasmEngine(native=False)`: the Python paths)
             self.native_wasi = native_wasi.enabled() if wasm.native is not None else None
@@ -548,7 +549,7 @@ class WasmFunction:
         outcome = Outcome(SLICE_EXPIRED, INLINE_SLICE_MS, self.memory_limit) if sliced \
             else self.outcome
         deadlines = self.wasm.deadlines
-        deadlines.start(deadline, inline)
+        deadlines.start(deadline, inline, INLINE_SLICE_MS / 1000)
         wasm_native.guest_begin()
         try:
             if self.native_wasi is not None:
@@ -633,11 +634,12 @@ class WasmFunction:
         deadlines = self.wasm.deadlines
         # wasmtime-py reports a trap raised in a host function as either
         if deadlines.slept:
-            self._to_threads("sleeps (WASI poll_oneoff)")
-            raise FunctionError(SLICE_EXPIRED, 503, "slept inline")
+            self._to_threads(f"{deadlines.doing} (WASI)" if deadlines.doing != "sleeping"
+                             else "sleeps (WASI poll_oneoff)")
+            raise FunctionError(SLICE_EXPIRED, 503, f"{deadlines.doing} inline")
         if deadlines.expired:
             raise FunctionError("wall_limit", 504, f"exceeded its wall-time limit of "
-                                f"{self.manifest.limits.wall_ms} ms (sleeping)")
+                                f"{self.manifest.limits.wall_ms} ms ({deadlines.doing})")
         if isinstance(e, wasmtime.Trap):
             raise trap_error(e, "_start", outcome, memory_size)
         failed = binding_error(str(e), "_start")  # a host function's, as from a reactor
