@@ -125,7 +125,8 @@ class Seq:
         self.max_tokens = req.max_tokens or DEFAULT_MAX_TOKENS  # (the engine sets it: `Generate`)
         self.temperature, self.top_p, self.top_k = req.temperature, req.top_p, req.top_k
         self.seed = req.seed if req.seed is not None else random.getrandbits(32)
-        self.stop = StopText(req.stop)
+        # stop strings cut the answer's text, never its tool calls (`StopText`)
+        self.stop = StopText(req.stop, calls=bool(req.tools) and req.tool_choice != "none")
         self.shaping = shaping
         self.logprobs = req.logprobs  # top alternatives per token; None: no logprobs
         self.pending: list[TokenLogprob] = []  # logprobs of tokens whose text is not sent yet
@@ -154,13 +155,16 @@ class Seq:
         generation token). Returns the text that may be sent now and the finish
         reason ("stop", "length"), or None while the sequence goes on."""
         self.generated += 1
-        if piece is None:
-            return "", "stop"
+        if piece is None:  # what the stop text held back, cut at a stop string there
+            return self.stop.flush(), "stop"
         text = self.stop.feed(piece)
         if self.stop.stopped:
             return text, "stop"
         if self.generated >= self.max_tokens:
-            return text, "length"
+            # a stop string held back (a longer one could have begun before it) ends
+            # the output there: that is a stop, not the length
+            text += self.stop.flush()
+            return text, "stop" if self.stop.stopped else "length"
         self.last = token
         self.output.append(token)
         return text, None

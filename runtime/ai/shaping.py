@@ -47,7 +47,10 @@ class ChoiceStream:
         self.index = index
         self.reader = CallReader() if chunks.chat and _reads_calls(params) else None
         self.logprobs = params.get("logprobs") is not None
-        self.seen = 0  # logprobs of the generation already sent
+        self.seen = 0  # logprobs of the generation already read
+        # logprobs read but not sent yet: those of text the call reader still holds (the
+        # markup), sent with the next piece whatever its kind, or at the end
+        self.unsent: list[TokenLogprob] = []
         self.offset = 0  # completions: where the next text starts
         self.pieces: list[Piece] = []
 
@@ -57,23 +60,35 @@ class ChoiceStream:
 
     def events(self, text: str, gen: Generation) -> list[bytes]:
         """The chunk(s) for `text`, just read from `gen`."""
-        entries, self.seen = gen.logprobs[self.seen:], len(gen.logprobs)
+        self.unsent += gen.logprobs[self.seen:]
+        self.seen = len(gen.logprobs)
         pieces = self.reader.feed(text) if self.reader else [Piece("content", text)]
-        return self._events(pieces, entries)
+        return self._events(pieces)
 
     def end(self) -> list[bytes]:
-        """Chunks for what the reader still held when the generation ended."""
-        return self._events(self.reader.end(), []) if self.reader else []
+        """Chunks for what the reader still held when the generation ended; logprobs
+        still unsent (those of a call's closing markup) come in a chunk of their own
+        with an empty delta, so that the stream lists every token the whole response
+        does."""
+        out = self._events(self.reader.end()) if self.reader else []
+        if self.unsent and self.chunks.chat:
+            choice = {"index": self.index, "delta": {}, "finish_reason": None,
+                      "logprobs": lp.chat(self.unsent)}
+            self.unsent = []
+            out.append(event({**self.chunks.head, "choices": [choice]}))
+        return out
 
     def finish(self, reason: str) -> str:
         return _finish(reason, self.pieces)
 
-    def _events(self, pieces: list[Piece], entries: list[TokenLogprob]) -> list[bytes]:
+    def _events(self, pieces: list[Piece]) -> list[bytes]:
         self.pieces += pieces
         out = []
         for p in pieces:
+            # the logprobs read so far go with the first piece: a call's start or its
+            # arguments carry theirs as content does (the whole response lists them)
+            entries, self.unsent = self.unsent, []
             choice: dict[str, Any] = self._shape(p, entries)
-            entries = []  # a chunk's logprobs go with its first piece
             out.append(event({**self.chunks.head, "choices": [choice]}))
         return out
 
@@ -84,5 +99,5 @@ class ChoiceStream:
             return {"index": self.index, "text": p.text, "logprobs": shaped, "finish_reason": None}
         out: dict[str, Any] = {"index": self.index, "delta": delta(p), "finish_reason": None}
         if self.logprobs:
-            out["logprobs"] = lp.chat(entries) if p.kind == "content" else None
+            out["logprobs"] = lp.chat(entries)
         return out
