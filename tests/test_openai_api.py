@@ -778,3 +778,116 @@ def test_a_worker_refusal_names_its_field_in_param(pop: Running, path: str,
     status, data = raw(pop, "POST", path, json.dumps(body).encode())
     assert status == 400, data
     assert json.loads(data)["error"]["param"] == param, data
+
+
+# -- never ignored: message keys, stream_options, metadata, dimensions, empty texts ----------
+def _error(status: int, data: bytes) -> dict[str, Any]:
+    assert status == 400, data
+    err = json.loads(data)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and \
+        err["type"] == "invalid_request_error", err
+    return err  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("extra", "param", "code"), [
+    ({"name": "bob"}, "messages[0].name", "unsupported_parameter"),
+    ({"foo": "bob"}, "messages[0].foo", "unrecognized_argument")])
+def test_a_message_key_the_model_would_not_read_is_a_400_naming_it(
+        pop: Running, client: openai.OpenAI, extra: dict[str, str], param: str,
+        code: str) -> None:
+    """Both read as "Hi" alone: the same prompt, silently."""
+    body = {"model": CHAT, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi",
+                                                          **extra}]}
+    for path, sent in (("/v1/chat/completions", body),
+                       ("/v1/tokenize", {"model": CHAT, "messages": body["messages"]})):
+        err = _error(*raw(pop, "POST", path, json.dumps(sent).encode()))
+        assert (err["param"], err["code"]) == (param, code), err
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=CHAT, max_tokens=2, messages=[
+            {"role": "user", "content": "Hi", **extra}])  # type: ignore[list-item,misc]
+    assert (e.value.param, e.value.code) == (param, code)
+
+
+def test_a_replayed_assistant_message_with_null_fields_is_taken(client: openai.OpenAI) -> None:
+    """The answer's message as the official client gives it back, and as its
+    `model_dump()` (every field: refusal, audio, annotations... null)."""
+    first = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                           max_tokens=4, temperature=0)
+    said = first.choices[0].message
+    assert {"refusal", "audio", "annotations"} <= set(said.model_dump())
+    for replayed in (said, said.model_dump()):
+        history = [*HELLO, replayed, {"role": "user", "content": "Again."}]
+        r = client.chat.completions.create(model=CHAT, messages=history,  # type: ignore[arg-type]
+                                           max_tokens=4, temperature=0)
+        assert r.choices[0].message.content
+
+
+def test_include_obfuscation_false_streams_and_true_is_refused(pop: Running,
+                                                               client: openai.OpenAI) -> None:
+    for create, kw in ((client.chat.completions.create, {"messages": HELLO}),
+                       (client.completions.create, {"prompt": "Hi"})):
+        chunks = list(create(model=CHAT, max_tokens=3, stream=True,  # type: ignore[operator]
+                             stream_options={"include_usage": True,
+                                             "include_obfuscation": False}, **kw))
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+    body = {"model": CHAT, "messages": HELLO, "max_tokens": 3, "stream": True,
+            "stream_options": {"include_obfuscation": True}}
+    err = _error(*raw(pop, "POST", "/v1/chat/completions", json.dumps(body).encode()))
+    assert (err["param"], err["code"]) == ("stream_options.include_obfuscation",
+                                           "unsupported_parameter")
+
+
+def test_metadata_is_taken_within_openais_bounds(pop: Running, client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=CHAT, messages=HELLO,  # type: ignore[arg-type]
+                                       max_tokens=2, metadata={"a": "b"})
+    assert r.choices[0].message.content is not None
+    for metadata in ({str(i): "v" for i in range(17)}, {"k": "v" * 513}, {"k": 1}):
+        body = {"model": CHAT, "messages": HELLO, "max_tokens": 2, "metadata": metadata}
+        err = _error(*raw(pop, "POST", "/v1/chat/completions", json.dumps(body).encode()))
+        assert err["param"] == "metadata", err
+
+
+def test_dimensions_are_checked_before_any_embedding_is_made(pop: Running) -> None:
+    """2048 texts were all embedded (and charged) before the 400 said the size."""
+    from gpu_worker import protocol as p
+
+    assert pop.pop.ai is not None
+    worker = pop.pop.ai.client
+    sent: list[Any] = []
+    real_send = worker.send
+
+    def spy(msg: Any) -> None:
+        sent.append(msg)
+        real_send(msg)
+
+    worker.send = spy  # type: ignore[method-assign]
+    try:
+        body = {"model": EMBED, "dimensions": 128,
+                "input": [f"text number {i} of a long list to embed" for i in range(2048)]}
+        err = _error(*raw(pop, "POST", "/v1/embeddings", json.dumps(body).encode()))
+    finally:
+        del worker.send
+    assert err["param"] == "dimensions"
+    assert "makes embeddings of 384 dimensions and cannot shorten them" in err["message"]
+    assert not [m for m in sent if isinstance(m, p.Embed)], "an embedding was computed"
+
+
+@pytest.mark.parametrize(("path", "body", "param", "says"), [
+    ("/v1/completions", {"model": CHAT, "prompt": ""}, "prompt",
+     "the prompt is empty: this server generates from a prompt's tokens"),
+    ("/v1/embeddings", {"model": EMBED, "input": ["a", ""]}, "input[1]",
+     "input[1] is an empty string"),
+    ("/v1/tokenize", {"model": EMBED, "input": ["", "a"]}, "input[0]",
+     "input[0] is an empty string"),
+    ("/v1/rerank", {"model": EMBED, "query": "q", "documents": ["b", {"title": "a"}]},
+     "documents[1].text", "documents[1] has no 'text'"),
+    ("/v1/chat/completions", {"model": CHAT, "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                     {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[1]", "messages[0].content[1] is not a text part"),
+])
+def test_a_refused_text_is_named_plainly(pop: Running, path: str, body: dict[str, Any],
+                                         param: str, says: str) -> None:
+    err = _error(*raw(pop, "POST", path, json.dumps(body).encode()))
+    assert err["param"] == param and err["message"].startswith(says), err
+

@@ -76,10 +76,18 @@ MODELS = b"/v1/models/"
 __all__ = ["MAX_STOPS", "PATHS", "ChatBody", "CompletionBody", "OpenAIApi", "OpenAITarget",
            "count_text", "error_response"]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+# OpenAI reads an empty prompt as the model's start-of-text token alone; this PoP's engines
+# generate from the prompt's own tokens (a llama.cpp model that adds no BOS, SmolLM2's,
+# has none to start from), so an empty prompt is refused, saying why
+EMPTY_PROMPT = ("the prompt is empty: this server generates from a prompt's tokens and an "
+                "empty prompt has none (give it at least one character)")
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
+    # OpenAI's random padding of each chunk: false (or null) only, as these streams have
+    # none; true is refused by `check_fields` (`openai_fields._NESTED_INERT`)
+    include_obfuscation: bool | None = None
 
 
 # integers the worker's wire (msgpack) carries: past them a value is a 400, not a 500
@@ -368,7 +376,9 @@ class OpenAIApi:
         if body.dimensions is not None and body.dimensions < 1:
             raise ApiError("invalid_request", 400, "dimensions must be at least 1",
                            param="dimensions")
-        inputs = [body.input] if isinstance(body.input, str) else body.input
+        inputs = _texts("input", body.input)
+        if body.dimensions is not None:  # before any work or charge
+            await self._check_dimensions(body.model, body.dimensions)
         inputs = self._inputs(ctx, body.model, inputs)  # refused before any charge
         record = UsageRecord(ctx, "embeddings", body.model)
         record.usage.user = body.user
@@ -378,16 +388,27 @@ class OpenAIApi:
                                                                    _client(ctx), **hop))
         record.counted(out["tokens"])
         size = len(out["embeddings"][0]) if out["embeddings"] else 0
-        if body.dimensions is not None and body.dimensions != size:
-            raise ApiError("invalid_request", 400, f"model {body.model!r} makes embeddings of "
-                           f"{size} dimensions and cannot shorten them: leave `dimensions` "
-                           f"out or set it to {size}", param="dimensions")
+        if body.dimensions is not None and body.dimensions != size:  # a size no listing said
+            raise _cannot_shorten(body.model, size)
         data = [{"object": "embedding", "index": i,
                  "embedding": _b64_floats(v) if body.encoding_format == "base64" else v}
                 for i, v in enumerate(out["embeddings"])]
         return json_response({"object": "list", "data": data, "model": body.model,
                               "usage": {"prompt_tokens": out["tokens"],
                                         "total_tokens": out["tokens"]}})
+
+    async def _check_dimensions(self, model: str, dimensions: int) -> None:
+        """Raises `ApiError` (400 naming ``dimensions``) unless `dimensions` is the size
+        the worker's listing gives `model`'s embeddings (``details.dim``). A model
+        whose size is not listed (another tier's, or a listing that failed) is
+        checked on its answer."""
+        try:
+            found = await self.catalog.get(model)
+        except WorkerError:
+            return
+        size = ((found or {}).get("details") or {}).get("dim")
+        if isinstance(size, int) and size != dimensions:
+            raise _cannot_shorten(model, size)
 
     async def _admit(self, ctx: Context | None, model: str, stream: bool,
                      max_tokens: int | None, hop: dict[str, Any] | None = None, **text: Any
@@ -416,9 +437,11 @@ class OpenAIApi:
     async def rerank(self, body: RerankBody, ctx: Context | None = None) -> Response:
         """`body.documents` ranked by the model; its texts leave this PoP as an
         embedding's do (`_inputs`). Raises `ApiError`, `WorkerError`, `Rejected`."""
-        texts = [d if isinstance(d, str) else str(d.get("text", "")) for d in body.documents]
         if body.top_n is not None and body.top_n < 1:
             raise ApiError("invalid_request", 400, "top_n must be at least 1", param="top_n")
+        if not body.query:
+            raise ApiError("invalid_request", 400, "query is an empty string", param="query")
+        texts = _document_texts(body.documents)
         query, *sent = self._inputs(ctx, body.model, [body.query, *texts])
         record = UsageRecord(ctx, "rerank", body.model)
         out = await self.ai.client.rerank(body.model, query, sent, body.top_n, _client(ctx),
@@ -443,8 +466,10 @@ class OpenAIApi:
                            "and 'input'")
         if body.messages is not None:
             check_messages(body.messages)
-        if isinstance(body.input, str):
-            given["inputs"] = [body.input]
+        if body.prompt is not None:
+            _one_prompt(body.prompt)  # an empty one: the completion's own 400
+        if body.input is not None:
+            given["inputs"] = _texts("input", body.input)
         text = count_text(self.egress, ctx, body.model, given)
         count = await self.ai.client.count_tokens(body.model, client=_client(ctx), **text)
         return json_response({"count": count})
@@ -538,13 +563,60 @@ def _sampling(body: _Sampling) -> dict[str, Any]:
 
 
 def _one_prompt(prompt: str | list[str]) -> str:
-    """Raises `ApiError` (400) for more than one prompt."""
-    if isinstance(prompt, str):
-        return prompt
-    if len(prompt) != 1:
-        raise ApiError("invalid_request", 400, "only one prompt per request is supported",
-                       param="prompt")
-    return prompt[0]
+    """Raises `ApiError` (400) for more than one prompt, and for an empty one."""
+    if not isinstance(prompt, str):
+        if len(prompt) != 1:
+            raise ApiError("invalid_request", 400, "only one prompt per request is supported",
+                           param="prompt")
+        prompt = prompt[0]
+    if not prompt:
+        raise ApiError("invalid_request", 400, EMPTY_PROMPT, param="prompt")
+    return prompt
+
+
+def _cannot_shorten(model: str, size: int) -> ApiError:
+    return ApiError("invalid_request", 400, f"model {model!r} makes embeddings of {size} "
+                    f"dimensions and cannot shorten them: leave `dimensions` out or set it "
+                    f"to {size}", param="dimensions")
+
+
+def _texts(field: str, texts: str | list[str]) -> list[str]:
+    """`texts` (one, or a list) as a list. Raises `ApiError` (400 naming the field)
+    for no texts or an empty one (the worker's own refusal, said before any charge
+    and with the field as OpenAI names it)."""
+    if isinstance(texts, str):
+        if not texts:
+            raise ApiError("invalid_request", 400, f"{field} is an empty string", param=field)
+        return [texts]
+    if not texts:
+        raise ApiError("invalid_request", 400, f"'{field}' must not be empty", param=field)
+    for i, text in enumerate(texts):
+        if not text:
+            raise ApiError("invalid_request", 400, f"{field}[{i}] is an empty string",
+                           param=f"{field}[{i}]")
+    return texts
+
+
+def _document_texts(documents: list[str | dict[str, Any]]) -> list[str]:
+    """The texts of a rerank's documents: strings, or objects with a string ``text``
+    (Cohere's and Jina's shape). Raises `ApiError` (400 naming the document)."""
+    if not documents:
+        raise ApiError("invalid_request", 400, "'documents' must not be empty",
+                       param="documents")
+    texts = []
+    for i, d in enumerate(documents):
+        text = d if isinstance(d, str) else d.get("text")
+        where = f"documents[{i}]" if isinstance(d, str) else f"documents[{i}].text"
+        if isinstance(d, dict) and "text" not in d:
+            raise ApiError("invalid_request", 400, f"documents[{i}] has no 'text': a document "
+                           "is a string or an object with a string 'text'", param=where)
+        if not isinstance(text, str):
+            raise ApiError("invalid_type", 400, f"{where} must be a string, got "
+                           f"{type(text).__name__}", param=where)
+        if not text:
+            raise ApiError("invalid_request", 400, f"{where} is an empty string", param=where)
+        texts.append(text)
+    return texts
 
 
 async def _fingerprint(lookup: asyncio.Future[dict[str, Any] | None],

@@ -15,6 +15,26 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _NEEDS_TOOLS = {"function": "'function' messages are deprecated by OpenAI (use 'tool' "
                 "messages with tool_call_id) and this server does not take them"}
 TOOL_FIELDS = frozenset({"tool_calls", "tool_call_id"})  # in the history of a tools chat
+# the fields OpenAI defines for each role's message besides role and content (and an
+# assistant's `annotations`, from its response's message): any other key is refused by
+# name (a typo, or a field of another API), never ignored
+_SPOKEN = frozenset({"name"})
+MESSAGE_FIELDS: dict[str, frozenset[str]] = {
+    "system": _SPOKEN, "developer": _SPOKEN, "user": _SPOKEN,
+    "assistant": _SPOKEN | {"tool_calls", "function_call", "refusal", "audio", "annotations"},
+    "tool": frozenset({"tool_call_id"})}
+# null on any message asks nothing (a client's one message type serializes them all)
+_ANY_ROLE: frozenset[str] = frozenset().union(*MESSAGE_FIELDS.values())
+# defined by OpenAI, not implemented here: refused unless null. The chat templates take a
+# role and a text per message only: nowhere to put a participant's name, and an earlier
+# refusal or spoken answer (`audio`) would have to be made up as text
+_UNSUPPORTED = {
+    "name": "a chat template takes each message's role and text, with no place for a "
+            "participant's name",
+    "refusal": "an earlier refusal is not read: send its text as the content",
+    "audio": "an earlier spoken answer is not read: send its transcript as the content",
+    # a response's message replayed as sent (the official client's `model_dump()`)
+    "annotations": "an earlier answer's citations are not read"}
 MAX_TOKENS = 1_000_000  # the worker's own ceiling (a context is far smaller)
 
 
@@ -29,8 +49,10 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
     more messages than any context holds (``context_length_exceeded``), a role
     outside `roles`, a tool call field not in `roles_fields` (the tool calls of an
     assistant message), a ``tool`` message that answers no call of the assistant
-    message before it (its ``tool_call_id`` missing or naming none of them), content
-    that is neither text nor a list of parts."""
+    message before it (its ``tool_call_id`` missing or naming none of them), a key
+    OpenAI does not define for the message's role or one that asks for what this
+    server does not implement (``name``; `_check_keys`), content that is neither text
+    nor a list of parts."""
     if not messages:
         raise ApiError("invalid_request", 400, "'messages' must not be empty", "messages")
     if len(messages) > MAX_MESSAGES:
@@ -47,6 +69,8 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
                 raise ApiError("unsupported_parameter", 400, f"messages[{i}].{key} is not "
                                f"taken (use {', '.join(sorted(roles_fields)) or 'plain text'})",
                                f"messages[{i}].{key}")
+        if len(message) > 2 or "role" not in message or "content" not in message:
+            _check_keys(message, i, role)
         calls = message.get("tool_calls")
         if calls is not None and "tool_calls" in roles_fields:
             _check_tool_calls(calls, f"messages[{i}].tool_calls")
@@ -59,6 +83,26 @@ def check_messages(messages: list[dict[str, Any]], roles: frozenset[str] = ROLES
 
 
 _TOOL_FIELDS = ("tool_calls", "function_call", "tool_call_id")
+
+
+def _check_keys(message: dict[str, Any], i: int, role: str) -> None:
+    """Raises `ApiError` (400, ``param`` ``messages[i].<key>``) for a key OpenAI does
+    not define for a `role` message (``unrecognized_argument``; null is taken for a
+    key it defines for another role) and for one this server does not implement
+    that asks for something (``unsupported_parameter``)."""
+    taken = MESSAGE_FIELDS.get(role, frozenset())
+    for key, value in message.items():
+        if key == "role" or key == "content":
+            continue
+        where = f"messages[{i}].{key}"
+        if key not in taken and (value is not None or key not in _ANY_ROLE):
+            raise ApiError("unrecognized_argument", 400, f"Unrecognized request argument "
+                           f"supplied: {where} (a message of role {role!r} takes role, content"
+                           f"{''.join(', ' + k for k in sorted(taken))})", where)
+        why = _UNSUPPORTED.get(key)
+        if why is not None and value is not None and value != []:
+            raise ApiError("unsupported_parameter", 400, f"{where} is not supported by this "
+                           f"server ({why}); leave it out or set it to null", where)
 
 
 def _check_tool_calls(calls: Any, where: str) -> None:

@@ -55,16 +55,17 @@ def param_of(error: str) -> str | None:
 
 
 _QUOTED = re.compile(r"^'([a-z_]+)'((?:\[\d+\])*)")  # "'input' must not be empty", "'input'[1] ..."
-# "input[0] is an empty string", "logit_bias: token ..."
-_FIELD = re.compile(r"^([a-z_]+)((?:\[\d+\])*)(?:\.[\w.\[\]]+)?:? ")
+# "input[0] is an empty string", "logit_bias: token ...", "messages[0].content[1] is ..."
+_FIELD = re.compile(r"^([a-z_]+)((?:\[\d+\])*(?:\.[a-z_]+(?:\[\d+\])*)*):? ")
 _WORKER_FIELDS = frozenset({"input", "documents", "query", "prompt", "messages", "model",
                             "max_tokens", "top_n", "logit_bias", "tools", "response_format"})
 
 
 def worker_param(message: str) -> str | None:
-    """The request field a model worker's refusal names at its start (``'input' must
-    not be empty``, ``input[0] is an empty string``, ``model 'x' does not embed``,
-    ``the prompt is empty``), or None: OpenAI's errors carry it in ``param``."""
+    """The request field a model worker's refusal names at its start, its whole path
+    (``'input' must not be empty``, ``input[0] is an empty string``, ``model 'x' does
+    not embed``, ``messages[0].content[1] is not a text part``, ``the prompt is
+    empty``), or None: OpenAI's errors carry it in ``param``."""
     if message == "the prompt is empty":
         return "prompt"
     quoted = _QUOTED.match(message)
