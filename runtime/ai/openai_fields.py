@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from edgefn_core.errors import ApiError
+from edgefn_core.hostcall import huge_numbers
 
 MAX_N = 8  # choices per request; each is a sequence slot of the model's batch
 MAX_STOPS = 4  # as OpenAI's API
@@ -96,7 +97,13 @@ def check_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
     """Raises `ApiError` (400, ``param`` the field) for a field of `body` that
     `kind` does not declare and that asks for something (or, for ``metadata``, is
     past OpenAI's bounds), and for one in `_NESTED_INERT` that asks for something.
-    A body that is not a JSON object is left to the typed decode to refuse."""
+    A body that is not a JSON object is left to the typed decode to refuse; one
+    holding numbers too slow to parse is refused before any decode
+    (`hostcall.huge_numbers`: 16 MiB of ``1e300`` in a tool's parameters held the
+    PoP's loop ~28 s, for any client)."""
+    why = huge_numbers(body)
+    if why is not None:
+        raise ApiError("invalid_request", 400, f"the request body is refused unread: {why}")
     try:
         fields = _KEYS.decode(body)
     except (msgspec.MsgspecError, RecursionError):  # nested too deeply: the typed decode's

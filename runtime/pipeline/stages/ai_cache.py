@@ -243,11 +243,11 @@ def _asked(kind: str, body: bytes, who: Principal | None,
     """What a cacheable request asks, or None for one the OpenAI API refuses or
     the caches do not take. Its tenant is the principal's, or the one a lower tier
     forwarded (`forwarded`: signed, checked by the residency stage)."""
+    if refusal(body, BODIES[kind]) is not None:  # a field the API refuses: never a hit
+        return None  # (first: it refuses, unread, a body too slow to decode)
     try:
         b = decode_body(body, BODIES[kind])
     except msgspec.MsgspecError:
-        return None
-    if refusal(body, BODIES[kind]) is not None:  # a field the API refuses: never a hit
         return None
     if who is not None and not who.allows("model", b.model):
         return None  # the caller gets its 403 from the API, never a cached answer
