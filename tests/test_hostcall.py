@@ -276,3 +276,49 @@ def test_a_function_error_keeps_at_most_4_kib_of_its_message() -> None:
     e = FunctionError("binding", 500, "x" * 10_000)
     assert str(e) == "x" * FunctionError.MAX_MESSAGE + " [cut: 10000 characters]"
     assert str(FunctionError("trap", 500, "short")) == "short"
+
+
+NEIGHBOURS = """
+import gc, os, stat, sys
+from edgefn import Response
+
+def handle(request, env):
+    wire = sys.modules["runtime.executors.python.wire"]
+    session = next(o for o in gc.get_objects() if type(o).__name__ == "Session")
+    own = os.fstat(session.sock.fileno()).st_ino
+    call = wire.frame(wire.CALL, b'{"id": 900001, "name": "kv.get", "args": '
+                      b'{"namespace": "hog", "key": "big"}, "wait": true}')
+    written = 0
+    for fd in range(3, 256):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISSOCK(st.st_mode) and st.st_ino != own:
+            try:
+                os.write(fd, call)
+                written += 1
+            except OSError:
+                pass
+    return Response(f"wrote {written}")
+"""
+
+
+def test_a_call_written_on_an_isolate_not_started_ends_its_host(
+        pop: Running, tmp_path: Path) -> None:
+    """The isolates of a host share its file descriptors: one wrote CALL frames on the
+    sockets of isolates whose interpreter had not started, and the answers (a 16 MiB
+    KV value each) waited there for a reader that never came, up to 128 MiB an
+    isolate, for as long as the host lived. A frame from an isolate not started is
+    forged: its host is killed (502 `crash`) and replaced."""
+    pop.deploy(python_function(tmp_path, "neighbours", NEIGHBOURS,
+                               extra='[bindings]\nkv = ["hog"]',
+                               pool="min = 1\nmax = 4\nstandby = false"))
+    before = host_pids("neighbours")
+    status, headers, body = pop.get("/neighbours")
+    assert body == b"wrote 3" or (status, headers.get("x-edgefn-error")) == (502, "crash"), \
+        body  # (answered before or after the PoP read the frames: either may come first)
+    deadline = time.monotonic() + 10
+    while host_pids("neighbours") & before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not host_pids("neighbours") & before  # killed (and replaced)

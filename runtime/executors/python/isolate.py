@@ -305,6 +305,12 @@ class Isolate:
 
     def _frame(self, kind: bytes, payload: bytes) -> None:
         """Any frame but RESPONSE (`frame` finishes a job with that at once)."""
+        if self.state == "unstarted" and kind in CALLS:  # no interpreter reads its socket
+            # another isolate of its host wrote the call there: its answer (a 16 MiB KV
+            # value each, up to MAX_UNREAD) waited for a reader that never came
+            self.garbage(ProtocolError("a host call from an isolate not started (another "
+                                       "isolate of its host wrote it)"))
+            return
         if kind in SMALL and len(payload) > MAX_SMALL_FRAME:  # before it is parsed
             self.garbage(ProtocolError(f"a frame {kind!r} of {len(payload)} bytes (at "
                                        f"most {MAX_SMALL_FRAME}; the guest sends less)"))
