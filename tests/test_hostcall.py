@@ -114,6 +114,8 @@ def handle(request, env):
         session = next(o for o in gc.get_objects() if type(o).__name__ == "Session")
         if request.query["forge"] == "value":  # its head's length past the frame's end
             session._send(wire.frame(wire.CALL_VALUE, n.to_bytes(4, "little") + b'{"id": 1'))
+        elif request.query["forge"] == "kind":  # a kind no guest sends, n of them
+            session._send(wire.frame(b"?") * n)
         else:
             session._send(wire.frame(wire.CALL, b'{"id": 1, "name": "kv.get", "args": ['
                                      + b"{}," * n + b'{}], "wait": true}'))
@@ -136,7 +138,8 @@ def test_a_python_call_too_big_is_refused_by_the_sdk_and_a_forged_one_ends_its_h
     status, _, body = pop.get(f"/sender?n={18 << 20}")  # base64: 24 MiB and more
     assert status == 413 and re.fullmatch(
         rb"kv\.put: its arguments are \d+ bytes of JSON \(at most 25165824\)", body), body
-    for forged in (f"n={hostcall.MAX_CONTAINERS}&forge=call", f"n={1 << 20}&forge=value"):
+    for forged in (f"n={hostcall.MAX_CONTAINERS}&forge=call", f"n={1 << 20}&forge=value",
+                   "n=100000&forge=kind"):
         before = host_pids("sender")
         status, headers, body = pop.get(f"/sender?{forged}")
         assert (status, headers.get("x-edgefn-error")) == (502, "crash"), body
