@@ -429,3 +429,18 @@ def test_a_deploy_answers_once_the_retired_versions_hosts_have_exited(
         assert len(new) == 2 and not new & old
         status, _, body = pop.get("/retiring")
         assert status == 200 and int(body.split()[-1]) in new
+
+
+def test_an_isolate_host_is_the_kernels_first_choice_when_memory_runs_out(
+        pop: Running, tmp_path: Path) -> None:
+    """What no limit of a tenant counts (its isolates' memory_mb added up past the
+    machine's memory; kernel socket buffers, in no process's RSS) must cost a host,
+    never the PoP: hosts run with the highest `oom_score_adj`, the PoP as it was."""
+    pop.deploy(python_function(tmp_path, "oom", 'from edgefn import Response\n\n'
+                               'def handle(request, env):\n    return Response("ok")\n'))
+    assert pop.get("/oom")[0] == 200
+    hosts = host_pids("oom")
+    assert hosts
+    for pid in hosts:
+        assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000", pid
+    assert Path("/proc/self/oom_score_adj").read_text().strip() != "1000"

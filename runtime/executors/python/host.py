@@ -242,6 +242,23 @@ class IsolateThread:
         self.go.set()
 
 
+OOM_SCORE_ADJ = 1000  # the most: of every process, a host is killed first
+
+
+def first_to_go() -> None:
+    """Make this host the kernel's first choice when the machine runs out of memory
+    (its `oom_score_adj`): a tenant's memory that no limit of its own counts (RLIMIT_AS
+    is address space, per host: `pool.max` isolates of `memory_mb` each may add up to
+    more than the machine has; kernel socket buffers count in no process) must cost a
+    host, which the PoP replaces, never the PoP or the model worker. Raising one's own
+    score needs no privilege; a /proc that cannot be written leaves it as it was."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass
+
+
 def limit_memory(memory_mb: int, isolates: int) -> None:
     """Cap the address space (`budget.cap`): what the host uses now, a share per
     isolate, and room for what recycled interpreters leave behind."""
@@ -299,6 +316,7 @@ def main() -> None:
     warnings = []
     retirement = Retirement()
     cfg["kv"] = local_kv_env.open_env(cfg)  # before the sandbox hides the data dir
+    first_to_go()  # before the sandbox hides /proc
     enter_sandbox(cfg)
     # compiled, not run: no function code runs before the isolate threads are named
     cfg["precompiled"] = precompiled.compile_modules()
