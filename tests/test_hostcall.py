@@ -325,4 +325,3 @@ def test_a_call_written_on_an_isolate_not_started_ends_its_host(
     while host_pids("neighbours") & before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not host_pids("neighbours") & before  # killed (and replaced)
-

@@ -125,6 +125,14 @@ class Seq:
         self.max_tokens = req.max_tokens or DEFAULT_MAX_TOKENS  # (the engine sets it: `Generate`)
         self.temperature, self.top_p, self.top_k = req.temperature, req.top_p, req.top_k
         self.seed = req.seed if req.seed is not None else random.getrandbits(32)
+        # the request it is a choice of (OpenAI's n: one Generate each, the same request
+        # id, client and prompt), None where the request has no id; once one of its
+        # choices was admitted, the others wait for their turn without `max_wait`
+        # (`Scheduler.overdue`): they wait for room their siblings hold, not for the
+        # model to come free
+        self.group = None if req.request_id is None else (
+            req.client, req.request_id, adapter, hash(tuple(prompt)))
+        self.sibling_admitted = False
         # stop strings cut the answer's text, never its tool calls (`StopText`)
         self.stop = StopText(req.stop, calls=bool(req.tools) and req.tool_choice != "none")
         self.shaping = shaping
@@ -207,7 +215,8 @@ class Scheduler:
     sequence ids (`seq_ids_for(slots)` by default; the model's context must take
     that many); their cells together never exceed `kv_tokens` but for a lone
     running sequence. A new sequence waits at most `max_wait` seconds for its turn
-    (`overdue`; None: no bound); a preempted one is never turned away.
+    (`overdue`; None: no bound); a preempted one is never turned away, nor one
+    whose sibling (another choice of its request: `Seq.group`) was admitted.
 
     Raises `ValueError` if `seq_ids` is less than `slots`.
     """
@@ -249,7 +258,16 @@ class Scheduler:
 
     def add(self, seqs: Iterable[Seq]) -> None:
         """Queue new sequences behind those already waiting."""
-        self.waiting.extend(seqs)
+        for s in seqs:
+            if s.group is not None and self._sibling_admitted(s.group):
+                s.sibling_admitted = True
+            self.waiting.append(s)
+
+    def _sibling_admitted(self, group: tuple[Any, ...]) -> bool:
+        """Whether a sequence of `group` runs, or waits after it was admitted once
+        (preempted) or after a sibling was."""
+        return any(s.group == group for s in self.running.values()) or any(
+            s.group == group and (s.preempted or s.sibling_admitted) for s in self.waiting)
 
     def credit(self, rid: int, n: int) -> None:
         """Give sequence `rid` (running, or waiting after a preemption) credit for `n`
@@ -314,6 +332,10 @@ class Scheduler:
             self.running[s.rid] = s
             self._reclaim(0)
             admitted.append(s)
+            if s.group is not None:  # its request got its turn: the rest of it waits on it
+                for w in self.waiting:
+                    if w.group == s.group:
+                        w.sibling_admitted = True
         return admitted
 
     def _free_id(self) -> int:
@@ -461,11 +483,15 @@ class Scheduler:
         overload a request is told early that the model is busy, rather than timing
         out after minutes behind the others. A preempted sequence was admitted
         once (and has most likely streamed already, to a client that reads it): it
-        waits for its turn again, however long."""
+        waits for its turn again, however long. So does a later choice of a request
+        one of whose choices was admitted (`Seq.group`): the model was not too busy
+        for that request; its choices, each prefilling the whole prompt, may only fit
+        in the KV cache one after another (n=3 with a 5k-token prompt in 8k tokens),
+        and the request as a whole is bounded by its caller's timeouts."""
         if self.max_wait is None:
             return []
         cutoff = now - self.max_wait
-        out = [s for s in self.waiting if not s.preempted and s.submitted <= cutoff]
+        out = [s for s in self.waiting if _bounded(s) and s.submitted <= cutoff]
         for s in out:
             self.waiting.remove(s)
         return out
@@ -476,7 +502,7 @@ class Scheduler:
         credit may yield to the queue's head (`_eviction`); perhaps a time already
         past, which `has_work` then sees. None: nothing to wait for."""
         times: list[float] = []
-        first = next((s for s in self.waiting if not s.preempted), None)
+        first = next((s for s in self.waiting if _bounded(s)), None)
         if first is not None and self.max_wait is not None:
             times.append(first.submitted + self.max_wait)
         if (found := self._eviction()) is not None:
@@ -539,6 +565,12 @@ class Scheduler:
                 break
             fed += _prefill(s, step, room)
         return step
+
+
+def _bounded(s: Seq) -> bool:
+    """Whether waiting `s` waits at most `max_wait`: neither it nor a sibling was
+    admitted before (`Scheduler.overdue`)."""
+    return not s.preempted and not s.sibling_admitted
 
 
 def _prompt_left(s: Seq) -> int:

@@ -289,15 +289,24 @@ class Driver:
             self.lm.unload_adapter(name)
 
     def _turn_away(self, overdue: list[Seq]) -> None:
-        """503 ``overloaded`` to each sequence that waited its longest for a slot:
+        """503 ``overloaded`` to each sequence that waited its longest for a slot, or,
+        where a slot is free, for room in the KV cache (the message says which):
         the OpenAI API answers it with ``Retry-After`` (clients retry), and the
         ``[ai] fallback`` model or a stale cached answer may serve it instead."""
+        sched = self.sched
         for s in overdue:
             self.metrics.failed()  # counted once, at `_take`
-            self._send(s.sink.error, "overloaded",
-                       f"the model is busy: no batch slot came free within "
-                       f"{self.sched.max_wait:g} s ({len(self.sched.waiting)} requests still "
-                       f"waiting, {len(self.sched.running)} running); retry later", 503)
+            if len(sched.running) < sched.slots:  # a slot is free: the KV cache held it back
+                why = (f"no room in its KV cache came free within {sched.max_wait:g} s for "
+                       f"a {s.prompt_tokens}-token prompt ({sched.in_use} of its "
+                       f"{sched.kv_tokens} tokens held by {len(sched.running)} running, "
+                       f"{len(sched.waiting)} requests still waiting)")
+            else:
+                why = (f"no batch slot came free within {sched.max_wait:g} s "
+                       f"({len(sched.waiting)} requests still waiting, {len(sched.running)} "
+                       "running)")
+            self._send(s.sink.error, "overloaded", f"the model is busy: {why}; retry later",
+                       503)
 
     def _cancel(self, rid: int) -> None:
         if rid in self.sched.running:

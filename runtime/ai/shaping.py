@@ -24,15 +24,21 @@ def choice(chat: bool, params: dict[str, Any], text: str, reason: str,
            entries: list[TokenLogprob], index: int = 0) -> dict[str, Any]:
     """Choice `index`, whole; `params` are the Generate fields the request asked for."""
     wants_lp = params.get("logprobs") is not None
-    if not chat:
+    if not chat:  # text_offset counts from the prompt's start, as OpenAI's does
         return {"index": index, "text": text, "finish_reason": reason,
-                "logprobs": lp.completion(entries) if wants_lp else None}
+                "logprobs": lp.completion(entries, _prompt_chars(params)) if wants_lp
+                else None}
     pieces: list[Piece] = [Piece("content", text)]
     if _reads_calls(params):
         reader = CallReader()
         pieces = reader.feed(text) + reader.end()
     return {"index": index, "message": message(pieces), "finish_reason": _finish(reason, pieces),
             "logprobs": lp.chat(entries) if wants_lp else None}
+
+
+def _prompt_chars(params: dict[str, Any]) -> int:
+    """Where a completion's output starts in OpenAI's ``text_offset``: after its prompt."""
+    return len(params.get("prompt") or "")
 
 
 def _reads_calls(params: dict[str, Any]) -> bool:
@@ -51,7 +57,7 @@ class ChoiceStream:
         # logprobs read but not sent yet: those of text the call reader still holds (the
         # markup), sent with the next piece whatever its kind, or at the end
         self.unsent: list[TokenLogprob] = []
-        self.offset = 0  # completions: where the next text starts
+        self.offset = _prompt_chars(params)  # completions: where the next text starts
         self.pieces: list[Piece] = []
 
     def plain(self) -> bool:

@@ -199,7 +199,7 @@ def test_completion_logprobs(client: openai.OpenAI) -> None:
                                   temperature=0, logprobs=2)
     lp = r.choices[0].logprobs
     assert "".join(lp.tokens) == r.choices[0].text and len(lp.top_logprobs) == len(lp.tokens)
-    assert all(x <= 0 for x in lp.token_logprobs) and lp.text_offset[0] == 0
+    assert all(x <= 0 for x in lp.token_logprobs) and lp.text_offset[0] == len("The sky is")
     assert all(len(alts) == 2 for alts in lp.top_logprobs)
 
 
