@@ -19,11 +19,13 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from runtime.topology import runner
 from runtime.topology.load import Client, Sample, failed_beyond, in_flight, recovery
-from runtime.topology.rundir import read_state
+from runtime.topology.rundir import PopEntry, read_state
 from tests.topologies import HELLO, network, pop, running
 
 REGIONALS = ["reg-a", "reg-b", "central"]
@@ -74,6 +76,30 @@ class _Closed(threading.Thread):
         if select.select([self.conn.sock], [], [], 60)[0]:
             self.at = time.monotonic()
         self.conn.close()
+
+
+def _chat(client: Client) -> Sample:
+    """A one-token chat nobody asked before (no cache answers it)."""
+    body = json.dumps({"model": "smollm2-135m", "max_tokens": 1,
+                       "messages": [{"role": "user", "content": uuid.uuid4().hex}]})
+    return client.send("chat", "POST", "/v1/chat/completions", body.encode(),
+                       {"content-type": "application/json"})
+
+
+@contextmanager
+def _hung(pop: PopEntry) -> Iterator[None]:
+    """`pop` stopped (SIGSTOP: it accepts, and answers nothing) once its own
+    `/readyz` no longer answers and a link's probe round (0.5 s timeout) has seen it
+    down; continued after."""
+    os.kill(pop.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while runner.ready(pop.public) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        yield
+    finally:
+        os.kill(pop.pid, signal.SIGCONT)
 
 
 def _chats_after(samples: list[Sample], t: float) -> int:
@@ -152,23 +178,10 @@ def test_a_hung_regional_is_gone_around_though_edges_kept_connections_to_it(
         assert state is not None
         reg_a = next(p for p in state.pops if p.name == "reg-a")
         with Client("g1", net.entries["g1"], timeout=30) as client:
-            def chat() -> Sample:
-                body = json.dumps({"model": "smollm2-135m", "max_tokens": 1,
-                                   "messages": [{"role": "user", "content": uuid.uuid4().hex}]})
-                return client.send("chat", "POST", "/v1/chat/completions", body.encode(),
-                                   {"content-type": "application/json"})
-
             for _ in range(2):  # the second on the kept connection, through reg-a
-                assert chat().status == 200
-            os.kill(reg_a.pid, signal.SIGSTOP)
-            try:
-                deadline = time.monotonic() + 10
-                while runner.ready(reg_a.public) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                time.sleep(1.0)  # a probe round times out (0.5 s), then the idle close
-                sample = chat()
-            finally:
-                os.kill(reg_a.pid, signal.SIGCONT)
+                assert _chat(client).status == 200
+            with _hung(reg_a):  # (then a probe round's idle close)
+                sample = _chat(client)
         print(f"chat after reg-a hung: {sample.status} in {sample.seconds:.3f} s")
         assert sample.status == 200, sample.error
         assert sample.seconds < 5.0  # the upstream's timeout is 30 s or more
@@ -191,21 +204,11 @@ def test_a_hung_only_parent_is_a_prompt_error_not_the_upstreams_timeout(
 
         def chat() -> Sample:
             with Client("g1", net.entries["g1"], timeout=60) as client:
-                body = json.dumps({"model": "smollm2-135m", "max_tokens": 1,
-                                   "messages": [{"role": "user", "content": uuid.uuid4().hex}]})
-                return client.send("chat", "POST", "/v1/chat/completions", body.encode(),
-                                   {"content-type": "application/json"})
+                return _chat(client)
 
         assert chat().status == 200
-        os.kill(reg_a.pid, signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + 10
-            while runner.ready(reg_a.public) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(1.0)  # a probe round times out (0.5 s): the route is down
+        with _hung(reg_a):
             hung = chat()
-        finally:
-            os.kill(reg_a.pid, signal.SIGCONT)
         deadline = time.monotonic() + 10
         back = chat()
         while back.status != 200 and time.monotonic() < deadline:
