@@ -15,7 +15,7 @@ with its status codes (`runtime.ai.openai_errors`), on every ``/v1/`` path; a
 field this PoP does not implement is refused, never ignored
 (`runtime.ai.openai_fields`). These paths are taken before function routes.
 
-With `TokenBudgets`, a caller's generation or embedding reserves its tokens at
+With `TokenBudgets`, a caller's generation, embedding or rerank reserves its tokens at
 admission and is settled with its usage when it ends (`OpenAIApi._admit`).
 """
 
@@ -444,8 +444,11 @@ class OpenAIApi:
         texts = _document_texts(body.documents)
         query, *sent = self._inputs(ctx, body.model, [body.query, *texts])
         record = UsageRecord(ctx, "rerank", body.model)
-        out = await self.ai.client.rerank(body.model, query, sent, body.top_n, _client(ctx),
-                                          **self._texts_hop(ctx, body.model))
+        hop = self._texts_hop(ctx, body.model)
+        # reserved as an embedding of its query and documents reads (the tokens it reports)
+        ticket = await self._admit(ctx, body.model, False, 0, hop, inputs=[query, *sent])
+        out = await settled_embedding(ticket, self.ai.client.rerank(
+            body.model, query, sent, body.top_n, _client(ctx), **hop))
         record.counted(out["tokens"])
         results = [{"index": r["index"], "relevance_score": r["relevance_score"],
                     **({"document": {"text": texts[r["index"]]}} if body.return_documents

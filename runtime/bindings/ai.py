@@ -429,15 +429,24 @@ class AIBinding:
 
     async def _rerank(self, model: str, query: Any, documents: list[Any],
                       top_n: int | None) -> Any:
-        """`documents` ranked; the texts leave this PoP as an embedding's do (`_embedded`).
-        Raises `Rejected`, `WorkerError`."""
+        """`documents` ranked; the texts leave this PoP, and reserve the tenant's
+        token budget (the query and documents, as an embedding of them would), as an
+        embedding's do (`_embedded`). Raises `Rejected`, `WorkerError`."""
+        for name, texts in (("query", [query]), ("documents", documents)):  # the worker's
+            if not texts:  # own refusals, said before any charge (its count names 'input')
+                raise WorkerError("invalid_request", 400, f"'{name}' must not be empty")
+            for i, text in enumerate(texts):
+                if not text:
+                    where = f"'{name}'" if name == "query" else f"'{name}'[{i}]"
+                    raise WorkerError("invalid_request", 400, f"{where} is an empty string")
         hop: dict[str, Any] = {}
-        if self.egress is not None:
+        if self.egress is not None:  # refused before any charge
             query, *documents = self.egress.inputs(self.resident, model, [query, *documents])
             hop = self.egress.embed_hop(self.resident, self.fair_client, model,
                                         f"ai-{secrets.token_hex(12)}")
-        return await self.service.client.rerank(model, query, documents, top_n,
-                                                self.fair_client, **hop)
+        ticket = await self._admit(model, False, 0, hop, inputs=[query, *documents])
+        return await settled_embedding(ticket, self.service.client.rerank(
+            model, query, documents, top_n, self.fair_client, **hop))
 
     async def _admit(self, model: str, stream: bool, max_tokens: int | None,
                      hop: dict[str, Any] | None = None, **text: Any) -> Ticket | None:
