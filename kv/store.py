@@ -119,7 +119,7 @@ class KVStore:
             if txn.stat(self._usage)["entries"] > 0:  # another process counted first
                 return
             for ns, db in self._dbs.items():
-                total = sum(len(k) + len(v) for k, v in txn.cursor(db=db))
+                total = sum(_footprint(k, v) for k, v in txn.cursor(db=db))
                 txn.put(ns.encode(), _EXP.pack(total), db=self._usage)
 
     def usage(self, names: Iterable[str]) -> int:
@@ -337,12 +337,12 @@ class KVStore:
         """Store `value`; returns the key's new version.
 
         Raises `LimitExceeded` for an oversized key, value or metadata, or past
-        `quota` (the key and value counted as added, less the record they replace),
+        `quota` (what usage is charged: the key and the whole new record, its head and
+        metadata included, less the key and record it replaces),
         `InvalidValue` for an empty key or a non-positive ttl, `UnknownNamespace`.
         """
         with self._write() as w:
-            w.room(quota, ns, key, len(value))
-            return w.put(ns, key, value, ttl=ttl, metadata=metadata)
+            return w.put(ns, key, value, ttl=ttl, metadata=metadata, quota=quota)
 
     def delete(self, ns: str, key: bytes) -> bool:
         """Remove `key`; True if it existed (and had not expired)."""
@@ -356,20 +356,19 @@ class KVStore:
         is absent). Returns the new version, or None if someone else wrote first.
         Raises as `put` does."""
         with self._write() as w:
-            w.room(quota, ns, key, len(value))
-            return w.cas(ns, key, expected_version, value, ttl=ttl, metadata=metadata)
+            return w.cas(ns, key, expected_version, value, ttl=ttl, metadata=metadata,
+                         quota=quota)
 
     def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0,
                   quota: Quota | None = None) -> int:
         """Atomically add `delta` to the integer stored at `key` (`initial` if absent).
 
         Raises `InvalidValue` if the stored value is not a decimal integer or for an
-        empty key, `LimitExceeded` for a key past its limit or past `quota` (the key
-        and 20 bytes counted as added, less the record they replace).
+        empty key, `LimitExceeded` for a key past its limit or past `quota` (counted
+        as `put` counts it: the new record, its metadata kept, less the one it replaces).
         """
         with self._write() as w:
-            w.room(quota, ns, key, 20)
-            return w.increment(ns, key, delta, initial=initial)
+            return w.increment(ns, key, delta, initial=initial, quota=quota)
 
     def batch(self, ops: Sequence[tuple[Any, ...]]) -> builtins.list[Any]:
         """Apply ``("put", ns, key, value[, options])``, ``("delete", ns, key)``,
@@ -419,7 +418,7 @@ class KVStore:
             raw = txn.get(key, db=db)
             if raw is not None and _HEAD.unpack_from(raw)[1] == exp:
                 txn.delete(key, db=db)
-                _account(txn, self._usage, ns, -len(key) - len(raw))
+                _account(txn, self._usage, ns, -_footprint(key, raw))
                 removed += 1
             txn.delete(k, db=self._ttl)
         return removed, len(due) == batch
@@ -471,26 +470,6 @@ class _Writer:
         self.txn = txn
         self.now = now_ms
 
-    def room(self, quota: Quota | None, ns: str, key: bytes, size: int) -> None:
-        """Raises `LimitExceeded` when writing `size` bytes of value to `key` of `ns`
-        would pass `quota`: the key and value count as added, less the record they
-        replace (a write that shrinks a value was refused at the quota, where
-        deleting first was the only way out); and first, as the write would, for a
-        key or value past its limit (a value past 16 MiB said it passed the quota),
-        `InvalidValue` for an empty key."""
-        if quota is None:
-            return
-        self.s.check_key(ns, key)
-        if size > self.s.limits.max_value_bytes:
-            raise LimitExceeded(f"value of {size} bytes for key {key!r} in {ns!r} exceeds "
-                                f"the limit of {self.s.limits.max_value_bytes} bytes")
-        adding = len(key) + size
-        old = self.txn.get(key, db=self.s._db(ns, self.txn))
-        if old is not None:
-            adding -= len(key) + len(old)
-        if adding > 0:
-            quota.check(self.s._used(self.txn, quota.names), adding)
-
     def apply(self, op: tuple[Any, ...]) -> Any:
         kind, args = op[0], op[1:]
         if kind == "put":
@@ -517,8 +496,18 @@ class _Writer:
         return version, exp
 
     def put(self, ns: str, key: bytes, value: bytes, *, ttl: float | None = None,
-            metadata: dict[str, Any] | None = None, expires_ms: int | None = None) -> int:
-        """`expires_ms` (absolute, internal) keeps an existing expiry exactly."""
+            metadata: dict[str, Any] | None = None, expires_ms: int | None = None,
+            quota: Quota | None = None) -> int:
+        """`expires_ms` (absolute, internal) keeps an existing expiry exactly.
+
+        Under `quota`, raises `LimitExceeded` when the write would take usage past it,
+        counting exactly what usage is charged: the key and the whole new record (head,
+        metadata, value) less the key and whole record it replaces, expired or not. (A
+        check of the new value alone let a value as long as the old record, with 1 KiB
+        of metadata each time, add 0 and grow 1 KiB a put: 3.96 MB against 1 MiB.) A
+        write that adds nothing passes even over the quota (one may shrink a value, not
+        only delete). Checked after the key, value, metadata and ttl are (a value past
+        16 MiB said it passed the quota)."""
         db = self.s._db(ns, self.txn)
         lim = self.s.limits
         self.s.check_key(ns, key)
@@ -533,16 +522,21 @@ class _Writer:
             raise InvalidValue(f"ttl must be a number of seconds above 0 and at most "
                                f"{MAX_TTL_S} (10 years), got {ttl}")
         raw_old = self.txn.get(key, db=db)
+        # what usage is charged (`_account` below): the check counts the same bytes
+        adding = len(key) + _record_len(meta, value)
+        if raw_old is not None:
+            adding -= _footprint(key, raw_old)  # (read before the write moves it)
+        if quota is not None and adding > 0:
+            quota.check(self.s._used(self.txn, quota.names), adding)
         old_version, old_exp = (_HEAD.unpack_from(raw_old)[:2] if raw_old is not None
                                 else (0, 0))
         if old_exp:
             self.txn.delete(_ttl_key(old_exp, ns, key), db=self.s._ttl)
         exp = self.now + max(1, int(ttl * 1000)) if ttl is not None else (expires_ms or 0)
         version = self._next_version(ns, old_version)
-        record = _HEAD.pack(version, exp, len(meta)) + meta + value
-        took = len(raw_old) if raw_old is not None else -len(key)  # before the write moves it
+        record = _HEAD.pack(version, exp, len(meta)) + meta + value  # _record_len bytes
         self.txn.put(key, record, db=db)
-        _account(self.txn, self.s._usage, ns, len(record) - took)
+        _account(self.txn, self.s._usage, ns, adding)
         if exp:
             self.txn.put(_ttl_key(exp, ns, key), b"", db=self.s._ttl)
         return version
@@ -566,20 +560,22 @@ class _Writer:
             return False
         _, exp, _ = _HEAD.unpack_from(raw)
         self.txn.delete(key, db=db)
-        _account(self.txn, self.s._usage, ns, -len(key) - len(raw))
+        _account(self.txn, self.s._usage, ns, -_footprint(key, raw))
         if exp:
             self.txn.delete(_ttl_key(exp, ns, key), db=self.s._ttl)
         return not (exp and exp <= self.now)
 
     def cas(self, ns: str, key: bytes, expected: int | None, value: bytes, *,
-            ttl: float | None = None, metadata: dict[str, Any] | None = None) -> int | None:
+            ttl: float | None = None, metadata: dict[str, Any] | None = None,
+            quota: Quota | None = None) -> int | None:
         self.s.check_key(ns, key)  # (not "someone else wrote first" for a key LMDB refuses)
         current = self._current(self.s._db(ns, self.txn), key)
         if (current[0] if current else None) != expected:
             return None
-        return self.put(ns, key, value, ttl=ttl, metadata=metadata)
+        return self.put(ns, key, value, ttl=ttl, metadata=metadata, quota=quota)
 
-    def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0) -> int:
+    def increment(self, ns: str, key: bytes, delta: int = 1, *, initial: int = 0,
+                  quota: Quota | None = None) -> int:
         db = self.s._db(ns, self.txn)
         self.s.check_key(ns, key)  # (LMDB's own error for an empty one named nothing)
         raw = self.txn.get(key, db=db)
@@ -597,7 +593,7 @@ class _Writer:
                                "the result would leave the 64-bit signed range")
         expires_ms = round(entry.expires_at * 1000) if entry and entry.expires_at else None
         self.put(ns, key, str(number).encode(), metadata=entry.metadata if entry else None,
-                 expires_ms=expires_ms)
+                 expires_ms=expires_ms, quota=quota)
         return number
 
 
@@ -607,6 +603,16 @@ def _shown(key: bytes) -> str:
         return repr(key.decode())
     except UnicodeDecodeError:
         return repr(key)
+
+
+def _record_len(meta: bytes, value: bytes) -> int:
+    """The bytes of the record `_Writer.put` stores for `meta` and `value`."""
+    return _HEAD.size + len(meta) + len(value)
+
+
+def _footprint(key: bytes, record: Any) -> int:
+    """What `key` and its stored `record` count in usage (`USAGE_DB`): both whole."""
+    return len(key) + len(record)
 
 
 def _account(txn: Any, usage: Any, ns: str, delta: int) -> None:

@@ -74,6 +74,7 @@ def test_the_first_read_of_a_namespace_created_elsewhere_leaves_the_loop_free(
         child.kill()
         child.communicate()  # waits, and closes its pipes
         stores.close()
-    assert returned < 0.05 and turned < 0.5, (returned, turned)
+    # (the old code held the call until the lock went, 3 s; a loaded machine, not that)
+    assert returned < 1.0 and turned < 2.0, (returned, turned)
     assert here == {"value": "aGVyZQ==", "metadata": None, "version": 1, "expires_at": None}
     assert isinstance(late, dict) and late["value"] == "dg==", late

@@ -228,7 +228,7 @@ def test_an_owner_holds_at_most_its_kv_quota_across_its_namespaces(
     ka, kb = binding(registry, a).kv.store, binding(registry, b).kv.store
     ka.put("a1", b"k1", b"x" * 6000)
     assert registry.stores.kv.usage(["a1"]) == 2 + 20 + 6000  # key, record head, value
-    with pytest.raises(LimitExceeded, match="owner 'acme' hold 6022 bytes; 6002 more would "
+    with pytest.raises(LimitExceeded, match="owner 'acme' hold 6022 bytes; 6022 more would "
                                             "pass its quota of 10000 bytes"):
         ka.put("a2", b"k2", b"x" * 6000)  # both namespaces count
     assert ka.get("a2", b"k2") is None
@@ -258,10 +258,10 @@ def test_at_its_quota_an_owner_may_shrink_a_value_but_not_grow_one(
     ka.put("a1", b"k2", b"x" * 3900)  # 9944 held
     ka.put("a1", b"k1", b"y" * 5000)  # shrinks it: no room needed
     assert ka.get("a1", b"k1") == b"y" * 5000
-    ka.put("a1", b"k1", b"z" * 5020)  # as many bytes as its record: 8964 held
-    with pytest.raises(LimitExceeded, match="owner 'acme' hold 8964 bytes; 1060 more would "
+    ka.put("a1", b"k1", b"z" * 5020)  # 20 bytes more: 8964 held
+    with pytest.raises(LimitExceeded, match="owner 'acme' hold 8964 bytes; 1080 more would "
                                             "pass its quota"):
-        ka.put("a1", b"k1", b"z" * 6100)  # 6100 + 2 - (2 + 20 + 5020): the key, head, value
+        ka.put("a1", b"k1", b"z" * 6100)  # (2 + 20 + 6100) - (2 + 20 + 5020): key, head, value
     ka.put("a1", b"k1", b"z" * 6000)
     assert ka.cas("a1", b"k2", ka.get_entry("a1", b"k2").version, b"w") is not None
     assert ka.increment("a1", b"n") == 1 and ka.increment("a1", b"n") == 2  # in place
@@ -299,7 +299,7 @@ def test_a_write_waiting_on_another_is_held_to_the_quota_that_one_left(
         assert waiting.is_alive()
     waiting.join(5)
     assert len(failed) == 1 and isinstance(failed[0], LimitExceeded), failed
-    assert "hold 6022 bytes; 4002 more would pass its quota" in str(failed[0])
+    assert "hold 6022 bytes; 4022 more would pass its quota" in str(failed[0])
     assert kv.get("a1", b"k2") is None and kv.usage(["a1"]) == 6022
 
 

@@ -604,10 +604,11 @@ def test_error_messages_name_the_namespace_and_the_key(store: KVStore) -> None:
 
 
 def test_a_quota_counts_what_each_kind_of_write_adds(tmp_path: Path) -> None:
-    """Under a quota the key and value count as added, less the key and record they
-    replace (its 20-byte head included): a rewrite that adds nothing passes even over the
-    quota, one byte more does not; an increment counts its key and 20 bytes; a cas is
-    checked like a put; a value of exactly `max_value_bytes` is not "past its limit"."""
+    """Under a quota a write counts what usage is charged: the key and the whole new
+    record (its 20-byte head and metadata included), less the key and record it replaces:
+    a rewrite that adds nothing passes even over the quota, one byte more does not; an
+    increment counts its key, head and digits; a cas is checked like a put; a value of
+    exactly `max_value_bytes` is not "past its limit"."""
     s = KVStore(tmp_path / "kv", sync=False, limits=Limits(max_value_bytes=100))
     s.create_namespace("ns")
     s.create_namespace("q")
@@ -615,18 +616,18 @@ def test_a_quota_counts_what_each_kind_of_write_adds(tmp_path: Path) -> None:
     used = s.usage(["ns"])
     assert used == 1 + 30
     over = Quota(("ns",), used - 1, "o")  # lowered under what the namespace holds
-    s.put("ns", b"k", b"y" * 30, quota=over)  # 1 + 30 added, 1 + 30 replaced
-    assert s.get("ns", b"k") == b"y" * 30
+    s.put("ns", b"k", b"y" * 10, quota=over)  # 1 + 30 added, 1 + 30 replaced
+    assert s.get("ns", b"k") == b"y" * 10
     at = Quota(("ns",), s.usage(["ns"]), "o")
     with pytest.raises(LimitExceeded, match="1 more would pass its quota"):
-        s.put("ns", b"k", b"z" * 51, quota=at)  # 1 + 51 added, 1 + 50 replaced
-    assert s.get("ns", b"k") == b"y" * 30
-    with pytest.raises(LimitExceeded, match="4 more would pass its quota of 0 bytes"):
-        s.cas("ns", b"new", None, b"v", quota=Quota(("ns",), 0, "o"))
+        s.put("ns", b"k", b"z" * 11, quota=at)  # 1 + 31 added, 1 + 30 replaced
+    assert s.get("ns", b"k") == b"y" * 10
+    with pytest.raises(LimitExceeded, match="24 more would pass its quota of 0 bytes"):
+        s.cas("ns", b"new", None, b"v", quota=Quota(("ns",), 0, "o"))  # 3 + 20 + 1
     assert s.get("ns", b"new") is None
-    with pytest.raises(LimitExceeded, match="21 more would pass its quota of 20 bytes"):
-        s.increment("q", b"n", quota=Quota(("q",), 20, "o"))
-    assert s.increment("q", b"n", quota=Quota(("q",), 21, "o")) == 1
+    with pytest.raises(LimitExceeded, match="22 more would pass its quota of 21 bytes"):
+        s.increment("q", b"n", quota=Quota(("q",), 21, "o"))  # 1 + 20 + len(b"1")
+    assert s.increment("q", b"n", quota=Quota(("q",), 22, "o")) == 1
     s.put("q", b"big", b"v" * 100, quota=Quota(("q",), 1 << 20, "o"))
     assert s.get("q", b"big") == b"v" * 100
     s.close()
