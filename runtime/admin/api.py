@@ -222,7 +222,7 @@ class AdminApp:
                     if who is not None:
                         self._check_store(kind, target, op, who)
                     result = await asyncio.to_thread(operate, self.pop.stores, kind, target, op,
-                                                     args)
+                                                     args, None if who is None else who.tenant)
                     return json_response({"result": result})
                 case ["v1", "dev", "starting"] if method == b"PUT":
                     why = msgspec.json.decode(request.body or b"{}", type=StartingBody).why

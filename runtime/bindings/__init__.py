@@ -276,16 +276,23 @@ def _embedder(ai: AIService) -> Any:
     return embed
 
 
-def operate(stores: Stores, kind: str, target: str, op: str, args: dict[str, Any]) -> Any:
-    """The operator's access (admin API, CLI): any namespace or index, plus
-    ``kv.create``, ``vectors.create`` and ``vectors.stats``. Raises `BindingError`
-    (an unknown kind or operation, bad arguments), `StoreError`, and `Failure`
-    (507 ``store_unwritable``) when LMDB cannot write (a full disk or map)."""
+def operate(stores: Stores, kind: str, target: str, op: str, args: dict[str, Any],
+            tenant: str | None = None) -> Any:
+    """The admin API's and the CLI's access: any namespace or index, plus
+    ``kv.create``, ``vectors.create`` and ``vectors.stats``; a write is held to its
+    owner's quota, as a function's is, for a tenant's key (`tenant`: the caller
+    checked its access), never for the operator (None). Raises `BindingError` (an
+    unknown kind or operation, bad arguments), `StoreError` (`LimitExceeded` past a
+    quota), and `Failure` (507 ``store_unwritable``) when LMDB cannot write (a full
+    disk or map)."""
     try:
         if kind == "kv":
-            return kv_binding.run(stores.kv, op, target, args)
+            quota = None if tenant is None else kv_binding.quota_for(stores, target, tenant)
+            return kv_binding.run(stores.kv, op, target, args, quota=quota)
         if kind == "vectors":
-            return vectors_binding.run(stores.vectors, op, target, args)
+            quota = None if tenant is None or op != "upsert" else \
+                vectors_binding.quota_for(stores, target, tenant)
+            return vectors_binding.run(stores.vectors, op, target, args, quota)
     except (KeyError, TypeError, ValueError) as e:
         raise BindingError(f"bad arguments to {kind}.{op}: {_why(e)}") from None
     except lmdb.Error as e:  # a full disk or map: named, not "internal server error"

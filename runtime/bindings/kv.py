@@ -55,16 +55,8 @@ class KVBinding:
         return ns
 
     def quota(self, ns: str) -> Quota | None:
-        """The quota (`Stores.kv_quota`) a write to namespace `ns` is held to: its
-        owner's, over all that owner's namespaces (one tenant filled the store every
-        tenant shares: MDB_MAP_FULL for all). The store checks it inside the write's
-        transaction."""
-        limit = self.stores.kv_quota
-        if not limit:
-            return None
-        owners = self.stores.owners
-        owner = owners.owner("kv", ns) or self.tenant
-        return Quota(tuple(owners.names("kv", owner) or [ns]), limit, owner)
+        """The quota a write to namespace `ns` is held to (`quota_for`)."""
+        return quota_for(self.stores, ns, self.tenant)
 
     def readable(self) -> dict[str, Any]:
         """The declared namespaces the function may read now, with the owners'
@@ -85,6 +77,19 @@ class KVBinding:
         if op not in OPS:
             raise BindingError(f"unknown KV operation {op!r}")
         return run(self.store, op, self.namespace(args["namespace"], op in WRITES), args, raw)
+
+
+def quota_for(stores: Stores, ns: str, tenant: str) -> Quota | None:
+    """The quota (`Stores.kv_quota`) a write to namespace `ns` is held to, for a
+    function or key of `tenant`: its owner's, over all that owner's namespaces (one
+    tenant filled the store every tenant shares: MDB_MAP_FULL for all). The store
+    checks it inside the write's transaction."""
+    limit = stores.kv_quota
+    if not limit:
+        return None
+    owners = stores.owners
+    owner = owners.owner("kv", ns) or tenant
+    return Quota(tuple(owners.names("kv", owner) or [ns]), limit, owner)
 
 
 class KVView:
@@ -129,11 +134,14 @@ ARGS = {"get": _KEY, "delete": _KEY, "put": _KEY | _VALUE, "increment": _KEY | {
         "list": frozenset({"namespace", "prefix", "cursor", "limit"})}
 
 
-def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any], raw: bool = False) -> Any:
+def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any], raw: bool = False,
+        quota: Quota | None = None) -> Any:
     """One KV operation on namespace `ns`; `raw`: a value read comes as bytes, not
-    base64 (for a REPLY_VALUE frame). Raises `BindingError` for an unknown one,
+    base64 (for a REPLY_VALUE frame); `quota`: what a write to the store itself is
+    held to (a `KVView` holds its own). Raises `BindingError` for an unknown one,
     `StoreError` from the store, KeyError/TypeError/ValueError/AttributeError for
     bad args (a number where a string belongs)."""
+    held: dict[str, Any] = {} if quota is None else {"quota": quota}
     if op in ARGS:
         known(a, ARGS[op], f"kv.{op}")
     key = _key(a) if op in ("get", "put", "delete", "increment", "cas") else b""
@@ -147,18 +155,18 @@ def run(kv: KVStore | KVView, op: str, ns: str, a: dict[str, Any], raw: bool = F
                     "expires_at": entry.expires_at}
         case "put":
             return kv.put(ns, key, _value(a), ttl=seconds(a, "ttl"),
-                          metadata=a.get("metadata"))
+                          metadata=a.get("metadata"), **held)
         case "delete":
             return kv.delete(ns, key)
         case "increment":
-            return kv.increment(ns, key, integer(a, "delta", 1))
+            return kv.increment(ns, key, integer(a, "delta", 1), **held)
         case "cas":
             expected = a.get("expected_version")
             if expected is not None and type(expected) is not int:  # "1" matched nothing
                 raise ValueError(f"expected_version must be an integer or null, got "
                                  f"{expected!r:.40}")
             return kv.cas(ns, key, expected, _value(a),
-                          ttl=seconds(a, "ttl"), metadata=a.get("metadata"))
+                          ttl=seconds(a, "ttl"), metadata=a.get("metadata"), **held)
         case "create" if isinstance(kv, KVStore):  # the operator's only
             kv.create_namespace(ns)
             return None

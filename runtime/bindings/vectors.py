@@ -60,17 +60,22 @@ class VectorsBinding:
         return run(self.store, op, index, args, self.quota(index) if op == "upsert" else None)
 
     def quota(self, index: str) -> Quota | None:
-        """The quota (`Stores.vectors_quota`) an upsert to `index` is held to: its
-        owner's, over all that owner's indexes (the vector store, and the PoP's memory
-        every index lives in, are shared, and one tenant could fill them). The store
-        checks it inside the write's transaction; an upsert of ids it holds counts as
-        new (delete first, near the quota)."""
-        limit = self.stores.vectors_quota
-        if not limit:
-            return None
-        owners = self.stores.owners
-        owner = owners.owner("vectors", index) or self.tenant
-        return Quota(tuple(owners.names("vectors", owner) or [index]), limit, owner, "vectors")
+        """The quota an upsert to `index` is held to (`quota_for`)."""
+        return quota_for(self.stores, index, self.tenant)
+
+
+def quota_for(stores: Stores, index: str, tenant: str) -> Quota | None:
+    """The quota (`Stores.vectors_quota`) an upsert to `index` is held to, for a
+    function or key of `tenant`: its owner's, over all that owner's indexes (the
+    vector store, and the PoP's memory every index lives in, are shared, and one
+    tenant could fill them). The store checks it inside the write's transaction; an
+    upsert of ids it holds counts as new (delete first, near the quota)."""
+    limit = stores.vectors_quota
+    if not limit:
+        return None
+    owners = stores.owners
+    owner = owners.owner("vectors", index) or tenant
+    return Quota(tuple(owners.names("vectors", owner) or [index]), limit, owner, "vectors")
 
 
 def run(vs: VectorStore, op: str, index: str, a: dict[str, Any],

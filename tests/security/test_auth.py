@@ -1115,3 +1115,36 @@ def test_the_dashboards_session_cookie_never_reaches_a_function(tmp_path: Path) 
                                ("a=1", "a=1")):
                 got = raw_get(pop, path, [("cookie", sent)])
                 assert got == {"cookie": seen}, (path, sent)
+
+
+def test_a_tenants_key_writes_to_its_stores_within_their_owners_quota(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant's key with `admin:kv`/`admin:vectors` wrote past its owner's quota
+    (18.9 MB against 1 MiB in a QA run): the admin API held only functions to it.
+    A tenant's key is held to it as its functions are; the operator is not."""
+    from edgefn_core.errors import AdminError
+    from runtime.admin.client import AdminClient
+
+    big = base64.b64encode(b"x" * (600 << 10)).decode()  # two fit under 1 MiB, three do not
+    with pop_thread(tmp_path / "data", **{"stores.kv_owner_quota_mb": 1,
+                                          "stores.vectors_owner_quota_mb": 1}) as pop:
+        pop.deploy(python_function(tmp_path, "owned", WHO, extra=(
+            'owner = "atk"\n[bindings]\nkv = ["atkdata"]\nvectors = ["atkvec"]\n')))
+        key, _ = KeyStore(pop.data).create("atk", ("admin:kv", "admin:vectors"))
+        pop.admin.request("POST", "/v1/keys/reload")
+        monkeypatch.setenv("EDGEFN_API_KEY", key)
+        tenant = AdminClient(pop.data)
+        tenant.request("POST", "/v1/kv/atkdata/put", _j({"key": "a", "value": big}))
+        with pytest.raises(AdminError) as err:
+            for name in ("b", "c"):
+                tenant.request("POST", "/v1/kv/atkdata/put", _j({"key": name, "value": big}))
+        assert "quota" in str(err.value) and "'atk'" in str(err.value), err.value
+        rows = [{"id": f"v{i}", "vector": [0.5] * 384} for i in range(700)]  # 1.07 MB
+        with pytest.raises(AdminError) as err:
+            tenant.request("POST", "/v1/vectors/atkvec/upsert", _j({"items": rows}))
+        assert "quota" in str(err.value), err.value
+        monkeypatch.delenv("EDGEFN_API_KEY")
+        operator = AdminClient(pop.data)  # not held to it
+        for name in ("b", "c"):
+            operator.request("POST", "/v1/kv/atkdata/put", _j({"key": name, "value": big}))
+        operator.request("POST", "/v1/vectors/atkvec/upsert", _j({"items": rows}))
