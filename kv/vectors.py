@@ -102,13 +102,18 @@ class _Open:
         self.lock = threading.RLock()
 
 
+PARTS = ("ids", "rows", "log")  # an index's LMDB databases
+MAX_DBS = 512  # LMDB's named databases: the configurations', then PARTS per index
+MAX_INDEXES = (MAX_DBS - 1) // len(PARTS)
+
+
 class VectorStore:
     def __init__(self, path: str | Path, *, sync: bool = True, map_size: int = 8 << 30) -> None:
         """Open (creating) the vector store in directory `path`; existing indexes are
         loaded and repaired against LMDB."""
         self.dir = Path(path)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.env = lmdb.open(str(self.dir / "meta"), map_size=map_size, max_dbs=512,
+        self.env = lmdb.open(str(self.dir / "meta"), map_size=map_size, max_dbs=MAX_DBS,
                              sync=sync, metasync=sync)
         self._configs = self.env.open_db(b"__indexes__")
         self._open: dict[str, _Open] = {}
@@ -146,7 +151,8 @@ class VectorStore:
         `IndexConfig`'s; one left out is not compared with an existing index's.
 
         Raises `InvalidValue` for a bad name, dimension, metric, dtype or graph
-        setting (outside `GRAPH_LIMITS`), or if the index exists with other settings.
+        setting (outside `GRAPH_LIMITS`), or if the index exists with other settings;
+        `LimitExceeded` past `MAX_INDEXES`.
         """
         self._check()
         _check_settings(name, dim, metric, IndexConfig.dtype if dtype is None else dtype)
@@ -156,9 +162,17 @@ class VectorStore:
         chosen = {**graph, "dtype": dtype} if dtype is not None else graph
         config = IndexConfig(name, dim, metric, **chosen)
         if name not in self._open:
-            with self.env.begin(write=True) as txn:  # the check and the put in one writer
-                if txn.get(name.encode(), db=self._configs) is None:
-                    _put_state(txn, self._configs, config, 0, 1)
+            try:
+                with self.env.begin(write=True) as txn:  # the check and the put in one writer
+                    if txn.get(name.encode(), db=self._configs) is None:
+                        for part in PARTS:  # made with its record, or neither is (below)
+                            self.env.open_db(f"i:{name}:{part}".encode(), txn=txn,
+                                             create=True)
+                        _put_state(txn, self._configs, config, 0, 1)
+            except lmdb.DbsFullError:  # the record made alone stayed, and every later
+                # count of its owner's indexes failed opening its databases
+                raise LimitExceeded(f"the vector store holds at most {MAX_INDEXES} indexes; "
+                                    f"index {name!r} would be one more") from None
             self._load(name)
         return _same(self._open[name].config, config, chosen)
 
@@ -174,7 +188,7 @@ class VectorStore:
             del state["seq"], state["next_key"]
             config = IndexConfig(**state)
             ids, rows, log = (open_db(self.env, f"i:{name}:{part}".encode(), create=True)
-                              for part in ("ids", "rows", "log"))
+                              for part in PARTS)
             opened = _Open(config, self._new_index(config), (ids, rows, log))
             with self.env.begin(buffers=True) as txn:
                 seq = _seq(txn.get(opened.key, db=self._configs))

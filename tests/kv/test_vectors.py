@@ -336,3 +336,34 @@ def test_an_index_file_damaged_in_place_is_rebuilt_from_the_records(tmp_path: Pa
         assert vs.stats("docs")["count"] == 300
         got = vs.query("docs", vecs[42], 1)
         assert [m.id for m in got] == ["d42"]
+
+
+def test_past_the_stores_last_index_a_create_is_refused_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    """LMDB's named databases run out at MAX_INDEXES indexes: the next create raised
+    MDB_DBS_FULL after it had stored the index's record, so every later count of its
+    owner's indexes (the quota, `held`) failed opening the databases of an index
+    that did not exist. Refused, saying so, and nothing of it is left."""
+    from kv.quota import Quota
+    from kv.vectors import MAX_INDEXES
+
+    vs = VectorStore(tmp_path / "v", sync=False)
+    try:
+        for i in range(MAX_INDEXES):
+            vs.create(f"i{i}", 1)
+        with pytest.raises(LimitExceeded, match=rf"^the vector store holds at most "
+                                                rf"{MAX_INDEXES} indexes; index 'one' would "
+                                                r"be one more$"):
+            vs.create("one", 1)
+        assert "one" not in vs.names() and len(vs.names()) == MAX_INDEXES
+        names = ("i0", "one")
+        assert vs.held(names) == 0
+        assert vs.upsert("i0", [("a", [1.0], None)], Quota(names, 1 << 20, "o")) == 1
+        assert vs.held(names) == 4
+    finally:
+        vs.close()
+    reopened = VectorStore(tmp_path / "v", sync=False)  # and a restart loads them all
+    try:
+        assert len(reopened.names()) == MAX_INDEXES
+    finally:
+        reopened.close()
