@@ -22,7 +22,7 @@ import pytest
 from runtime.ai.openai_api import OpenAIApi
 from runtime.security.keys import KeyStore
 from runtime.security.ratelimit.budget import MemoryBudgetStore
-from tests.support import Running, pop_thread
+from tests.support import Running, pop_thread, python_function
 
 EMBED = "all-minilm-l6-v2"
 QUERY = "fresh bread from the bakery"
@@ -130,14 +130,8 @@ def test_a_keys_rerank_reserves_its_input_and_is_refused_as_an_embedding_is(
 def test_a_functions_rerank_is_charged_to_its_tenant(pop_and_key: tuple[Running, str],
                                                      tmp_path: Path) -> None:
     pop, _ = pop_and_key
-    d = tmp_path / "ranker"
-    d.mkdir()
-    (d / "main.py").write_text(RANKER)
-    (d / "edgefn.toml").write_text(
-        'name = "ranker"\nowner = "fn-rank"\nruntime = "python"\nentry = "main.py"\n'
-        'routes = ["/ranker"]\n[limits]\nwall_ms = 60000\n[bindings]\nai = true\n'
-        '[pool]\nmin = 1\nmax = 1\nstandby = false\n')
-    pop.deploy(d)
+    pop.deploy(python_function(tmp_path, "ranker", RANKER, limits="wall_ms = 60000",
+                               extra='owner = "fn-rank"\n[bindings]\nai = true'))
     tokens = counted(pop, [QUERY, *DOCUMENTS])
     body = json.dumps({"query": QUERY, "documents": DOCUMENTS}).encode()
 
