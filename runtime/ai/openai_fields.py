@@ -99,8 +99,8 @@ def check_fields(body: bytes, kind: type[msgspec.Struct]) -> None:
     past OpenAI's bounds), and for one in `_NESTED_INERT` that asks for something.
     A body that is not a JSON object is left to the typed decode to refuse; one
     holding numbers too slow to parse is refused before any decode
-    (`hostcall.huge_numbers`: 16 MiB of ``1e300`` in a tool's parameters held the
-    PoP's loop ~28 s, for any client)."""
+    (`hostcall.huge_numbers`: 7 MB of ``1e300`` in a tool's parameters held the
+    PoP's loop ~20 s, for any client)."""
     why = huge_numbers(body)
     if why is not None:
         raise ApiError("invalid_request", 400, f"the request body is refused unread: {why}")
